@@ -1,0 +1,125 @@
+//! A batch of up to [`BATCH`] packets: the unit every port and pipeline stage works on.
+//!
+//! Fixed capacity, no heap: the slots are an array of owned [`BufId`]s with `EMPTY`
+//! placeholders, so moving packets in and out never allocates.
+
+use crate::buf::BufId;
+
+/// Packets per burst, as in DPDK and VPP.
+pub const BATCH: usize = 32;
+
+pub struct Batch {
+    bufs: [BufId; BATCH],
+    len: usize,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch::new()
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Batch({} packets)", self.len)
+    }
+}
+
+impl Batch {
+    pub const fn new() -> Batch {
+        Batch { bufs: [const { BufId::EMPTY }; BATCH], len: 0 }
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    pub fn is_full(&self) -> bool {
+        self.len == BATCH
+    }
+
+    /// Free slots.
+    #[inline(always)]
+    pub fn room(&self) -> usize {
+        BATCH - self.len
+    }
+
+    /// Adds a packet; gives it back when the batch is full.
+    #[inline(always)]
+    pub fn push(&mut self, b: BufId) -> Result<(), BufId> {
+        if self.len == BATCH {
+            return Err(b);
+        }
+        self.bufs[self.len] = b;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Removes the last packet.
+    #[inline(always)]
+    pub fn pop(&mut self) -> Option<BufId> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        Some(std::mem::replace(&mut self.bufs[self.len], BufId::EMPTY))
+    }
+
+    /// Takes packet `i` out, leaving an empty slot (see [`Batch::take_all`]).
+    #[inline(always)]
+    pub fn take(&mut self, i: usize) -> BufId {
+        std::mem::replace(&mut self.bufs[i], BufId::EMPTY)
+    }
+
+    /// Marks the batch empty after every packet was taken with [`Batch::take`].
+    #[inline(always)]
+    pub fn clear_taken(&mut self) {
+        debug_assert!(self.bufs[..self.len].iter().all(|b| *b == BufId::EMPTY));
+        self.len = 0;
+    }
+
+    /// The packets in order.
+    #[inline(always)]
+    pub fn as_slice(&self) -> &[BufId] {
+        &self.bufs[..self.len]
+    }
+
+    #[inline(always)]
+    pub fn as_mut_slice(&mut self) -> &mut [BufId] {
+        &mut self.bufs[..self.len]
+    }
+
+    /// Removes the first `n` packets (those a port accepted), keeping the rest in order.
+    #[inline]
+    pub fn consume_front(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if n == 0 {
+            return;
+        }
+        for i in n..self.len {
+            self.bufs.swap(i - n, i);
+        }
+        self.len -= n;
+        debug_assert!(self.bufs[self.len..].iter().all(|b| *b == BufId::EMPTY));
+    }
+
+    /// Moves every packet out, in order.
+    pub fn drain(&mut self) -> impl Iterator<Item = BufId> + '_ {
+        let n = std::mem::take(&mut self.len);
+        self.bufs[..n].iter_mut().map(|b| std::mem::replace(b, BufId::EMPTY))
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // A batch dropped with packets in it leaks them from the pool: a bug in the caller.
+        debug_assert!(self.len == 0 || std::thread::panicking(), "batch dropped holding {} packets", self.len);
+    }
+}

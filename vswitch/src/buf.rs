@@ -1,0 +1,516 @@
+//! Packet buffers: a fixed pool of 2 KiB chunks in one [`Region`], handed out as owned
+//! [`BufId`] handles, with per-thread caches, chains for jumbo frames and reference-counted
+//! shared segments for flooding.
+//!
+//! Layout of a chunk: `[ headroom | data .. | tailroom ]`. Every fresh buffer starts its data
+//! [`HEADROOM`] bytes in, so VLAN push and VXLAN encapsulation prepend in place and never
+//! move a payload. Metadata (data offset, length, next segment, packet length, reference
+//! count) lives in a separate array, so the region holds frame bytes only and can be an
+//! AF_XDP UMEM.
+//!
+//! Ownership rules, which make the safe API sound:
+//! - a `BufId` is not `Copy`/`Clone`; the pool creates one only for a chunk it took off the
+//!   free list, so a `BufId` is the unique owner of its head segment and of every private
+//!   segment chained behind it;
+//! - a head can be turned into a [`SharedSeg`] (`into_shared`), which gives read access only;
+//!   it can be linked behind many heads (`link_shared`), each link holding one reference.
+//!   Shared segments are never written again and return to the pool with their last reference;
+//! - therefore `&mut BufId` proves no other handle can read or write the head's bytes.
+//!
+//! Exhaustion is an `Option::None` to the caller, who counts it; nothing here allocates after
+//! [`Pool::new`] or panics on the packet path.
+
+use crate::region::{Backing, Region};
+use crossbeam_queue::ArrayQueue;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering::*};
+
+/// Size of one chunk of the region.
+pub const BUF_SIZE: usize = 2048;
+/// Bytes kept free in front of fresh data: room for an outer IPv6 VXLAN header with a VLAN tag.
+pub const HEADROOM: usize = 128;
+/// Largest frame the switch accepts (jumbo), carried as a chain.
+pub const MAX_FRAME: usize = 9216;
+/// Per-thread cache size and the bulk size moved to and from the shared free list.
+const CACHE_MAX: usize = 512;
+const CACHE_BULK: usize = 128;
+const NIL: u32 = u32::MAX;
+
+/// Errors creating a pool.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("buffer pool size {0} is out of range (16 ..= 4194304 buffers)")]
+    Size(u32),
+    #[error("cannot map {bytes} bytes for the buffer pool: {source}")]
+    Map { bytes: usize, source: std::io::Error },
+}
+
+/// The unique owner of one packet (its head segment and private chain).
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a buffer that is neither sent nor freed leaks from the pool"]
+pub struct BufId(u32);
+
+impl BufId {
+    /// A placeholder that owns nothing, used to fill empty batch slots.
+    pub(crate) const EMPTY: BufId = BufId(NIL);
+
+    /// The chunk index, for ports that exchange buffers as indices (rings, UMEM descriptors).
+    pub fn index(&self) -> u32 {
+        self.0
+    }
+
+    /// Rebuilds a handle from an index produced by [`BufId::into_index`].
+    ///
+    /// # Safety
+    /// `idx` must come from `into_index` of a handle of the same pool, and be used once.
+    pub unsafe fn from_index(idx: u32) -> BufId {
+        BufId(idx)
+    }
+
+    /// Gives up the handle as a bare index (for passing through a ring).
+    pub fn into_index(self) -> u32 {
+        self.0
+    }
+}
+
+/// A read-only segment shared by several packets (one reference per link, one for its maker).
+#[derive(Debug)]
+#[must_use = "release the maker's reference with PoolCache::release_shared"]
+pub struct SharedSeg(u32);
+
+#[derive(Default)]
+struct Meta {
+    off: AtomicU16,
+    len: AtomicU16,
+    next: AtomicU32,
+    pkt_len: AtomicU32,
+    refcnt: AtomicU32,
+}
+
+/// The pool: the region, its metadata, and the shared free list.
+pub struct Pool {
+    region: Region,
+    meta: Box<[Meta]>,
+    free: ArrayQueue<u32>,
+    alloc_failures: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("capacity", &self.capacity())
+            .field("backing", &self.region.backing())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Maps `n` buffers (hugepage-backed when `try_huge` and available) and logs the backing.
+    pub fn new(n: u32, try_huge: bool) -> Result<Arc<Pool>, PoolError> {
+        if !(16..=4 << 20).contains(&n) {
+            return Err(PoolError::Size(n));
+        }
+        let bytes = n as usize * BUF_SIZE;
+        let region = Region::new(bytes, try_huge).map_err(|source| PoolError::Map { bytes, source })?;
+        tracing::info!(buffers = n, bytes, backing = %region.backing(), "packet buffer pool mapped");
+        let free = ArrayQueue::new(n as usize);
+        for i in 0..n {
+            let _ = free.push(i);
+        }
+        let meta = (0..n).map(|_| Meta::default()).collect();
+        Ok(Arc::new(Pool { region, meta, free, alloc_failures: AtomicU64::new(0) }))
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.meta.len() as u32
+    }
+
+    pub fn backing(&self) -> Backing {
+        self.region.backing()
+    }
+
+    /// Buffers on the shared free list (per-thread caches not included).
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Allocation attempts that found the pool empty.
+    pub fn alloc_failures(&self) -> u64 {
+        self.alloc_failures.load(Relaxed)
+    }
+
+    /// Base address and length of the region (for registering it as an AF_XDP UMEM).
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.region.as_ptr(), self.region.len())
+    }
+
+    #[inline(always)]
+    fn m(&self, idx: u32) -> &Meta {
+        &self.meta[idx as usize]
+    }
+
+    #[inline(always)]
+    fn chunk(&self, idx: u32) -> *mut u8 {
+        debug_assert!((idx as usize) < self.meta.len());
+        // SAFETY: idx < capacity (metadata indexing above checks in every accessor path),
+        // so the offset stays inside the region.
+        unsafe { self.region.as_ptr().add(idx as usize * BUF_SIZE) }
+    }
+
+    /// Data of the head segment.
+    #[inline(always)]
+    pub fn head(&self, b: &BufId) -> &[u8] {
+        self.seg(b.0)
+    }
+
+    #[inline(always)]
+    fn seg(&self, idx: u32) -> &[u8] {
+        let m = self.m(idx);
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        debug_assert!(off + len <= BUF_SIZE);
+        // SAFETY: off + len <= BUF_SIZE is kept by every writer of off/len below; readers of a
+        // segment are its unique owner or holders of a shared (immutable) reference.
+        unsafe { std::slice::from_raw_parts(self.chunk(idx).add(off), len) }
+    }
+
+    /// Mutable data of the head segment; `&mut BufId` proves exclusive ownership.
+    #[inline(always)]
+    pub fn head_mut(&self, b: &mut BufId) -> &mut [u8] {
+        let m = self.m(b.0);
+        debug_assert_eq!(m.refcnt.load(Relaxed), 1, "a head segment is never shared");
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        // SAFETY: as in `seg`, and the chunk is exclusively owned through `b`.
+        unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }
+    }
+
+    /// Total length of the packet (all segments).
+    #[inline(always)]
+    pub fn pkt_len(&self, b: &BufId) -> usize {
+        self.m(b.0).pkt_len.load(Relaxed) as usize
+    }
+
+    /// Whether the packet has more than one segment.
+    #[inline(always)]
+    pub fn is_chained(&self, b: &BufId) -> bool {
+        self.m(b.0).next.load(Relaxed) != NIL
+    }
+
+    /// Free bytes in front of the head's data.
+    #[inline(always)]
+    pub fn headroom(&self, b: &BufId) -> usize {
+        self.m(b.0).off.load(Relaxed) as usize
+    }
+
+    /// Grows the head segment `n` bytes to the front and returns the new head data,
+    /// or `None` when the headroom is too small.
+    #[inline(always)]
+    pub fn prepend(&self, b: &mut BufId, n: usize) -> Option<&mut [u8]> {
+        let m = self.m(b.0);
+        let off = m.off.load(Relaxed) as usize;
+        if n > off {
+            return None;
+        }
+        m.off.store((off - n) as u16, Relaxed);
+        m.len.store(m.len.load(Relaxed) + n as u16, Relaxed);
+        m.pkt_len.store(m.pkt_len.load(Relaxed) + n as u32, Relaxed);
+        Some(self.head_mut(b))
+    }
+
+    /// Removes `n` bytes from the front of the head segment; false if it is shorter.
+    #[inline(always)]
+    pub fn strip(&self, b: &mut BufId, n: usize) -> bool {
+        let m = self.m(b.0);
+        let len = m.len.load(Relaxed) as usize;
+        if n > len {
+            return false;
+        }
+        m.off.store(m.off.load(Relaxed) + n as u16, Relaxed);
+        m.len.store((len - n) as u16, Relaxed);
+        m.pkt_len.store(m.pkt_len.load(Relaxed) - n as u32, Relaxed);
+        true
+    }
+
+    /// Shortens a single-segment packet to `len` bytes (drops trailing padding); false for
+    /// chained packets or when `len` is not shorter.
+    pub fn truncate(&self, b: &mut BufId, len: usize) -> bool {
+        let m = self.m(b.0);
+        if m.next.load(Relaxed) != NIL || len >= m.len.load(Relaxed) as usize {
+            return false;
+        }
+        m.len.store(len as u16, Relaxed);
+        m.pkt_len.store(len as u32, Relaxed);
+        true
+    }
+
+    /// Appends bytes to the head segment's tailroom (unchained packets being built only).
+    pub fn append(&self, b: &mut BufId, data: &[u8]) -> bool {
+        let m = self.m(b.0);
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        if off + len + data.len() > BUF_SIZE || m.next.load(Relaxed) != NIL {
+            return false;
+        }
+        // SAFETY: bounds checked just above; exclusive through `&mut BufId`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.chunk(b.0).add(off + len), data.len());
+        }
+        m.len.store((len + data.len()) as u16, Relaxed);
+        m.pkt_len.store(m.pkt_len.load(Relaxed) + data.len() as u32, Relaxed);
+        true
+    }
+
+    /// Iterates over the data of every segment, head first.
+    pub fn segments<'a>(&'a self, b: &'a BufId) -> Segments<'a> {
+        Segments { pool: self, idx: b.0 }
+    }
+
+    /// Copies the whole packet into `out` (tests, slow paths).
+    pub fn read_frame(&self, b: &BufId, out: &mut Vec<u8>) {
+        out.clear();
+        for s in self.segments(b) {
+            out.extend_from_slice(s);
+        }
+    }
+
+    /// Makes a head into a read-only shared segment, holding one reference for the caller.
+    pub fn into_shared(&self, b: BufId) -> SharedSeg {
+        SharedSeg(b.into_index())
+    }
+
+    /// Links `s` behind the single-segment packet `head` (one more reference on `s`).
+    pub fn link_shared(&self, head: &mut BufId, s: &SharedSeg) {
+        let h = self.m(head.0);
+        debug_assert_eq!(h.next.load(Relaxed), NIL);
+        self.m(s.0).refcnt.fetch_add(1, Relaxed);
+        h.next.store(s.0, Relaxed);
+        let total = h.len.load(Relaxed) as u32 + self.m(s.0).pkt_len.load(Relaxed);
+        h.pkt_len.store(total, Relaxed);
+    }
+}
+
+/// Iterator over a packet's segments.
+pub struct Segments<'a> {
+    pool: &'a Pool,
+    idx: u32,
+}
+
+impl<'a> Iterator for Segments<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.idx == NIL {
+            return None;
+        }
+        let s = self.pool.seg(self.idx);
+        self.idx = self.pool.m(self.idx).next.load(Relaxed);
+        Some(s)
+    }
+}
+
+/// A thread's cache of free buffers in front of the shared free list.
+pub struct PoolCache {
+    pool: Arc<Pool>,
+    stack: Vec<u32>,
+}
+
+impl PoolCache {
+    pub fn new(pool: Arc<Pool>) -> PoolCache {
+        PoolCache { pool, stack: Vec::with_capacity(CACHE_MAX) }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// A fresh empty buffer with [`HEADROOM`] in front, or `None` when the pool is exhausted.
+    #[inline]
+    pub fn alloc(&mut self) -> Option<BufId> {
+        let idx = match self.stack.pop() {
+            Some(i) => i,
+            None => self.refill()?,
+        };
+        let m = self.pool.m(idx);
+        m.off.store(HEADROOM as u16, Relaxed);
+        m.len.store(0, Relaxed);
+        m.next.store(NIL, Relaxed);
+        m.pkt_len.store(0, Relaxed);
+        m.refcnt.store(1, Relaxed);
+        Some(BufId(idx))
+    }
+
+    #[cold]
+    fn refill(&mut self) -> Option<u32> {
+        while self.stack.len() < CACHE_BULK {
+            match self.pool.free.pop() {
+                Some(i) => self.stack.push(i),
+                None => break,
+            }
+        }
+        let got = self.stack.pop();
+        if got.is_none() {
+            self.pool.alloc_failures.fetch_add(1, Relaxed);
+        }
+        got
+    }
+
+    /// Copies `frame` into a new packet, chained over several buffers when longer than one.
+    pub fn alloc_frame(&mut self, frame: &[u8]) -> Option<BufId> {
+        if frame.len() > MAX_FRAME {
+            return None;
+        }
+        let room = BUF_SIZE - HEADROOM;
+        let mut head = self.alloc()?;
+        let first = frame.len().min(room);
+        self.pool.append(&mut head, &frame[..first]);
+        let mut tail = head.0;
+        let mut rest = &frame[first..];
+        while !rest.is_empty() {
+            let Some(mut seg) = self.alloc() else {
+                self.free(head);
+                return None;
+            };
+            let n = rest.len().min(BUF_SIZE);
+            // Continuation segments need no headroom.
+            self.pool.m(seg.0).off.store(0, Relaxed);
+            self.pool.append(&mut seg, &rest[..n]);
+            rest = &rest[n..];
+            self.pool.m(tail).next.store(seg.0, Relaxed);
+            tail = seg.into_index();
+        }
+        self.pool.m(head.0).pkt_len.store(frame.len() as u32, Relaxed);
+        Some(head)
+    }
+
+    /// Returns a packet to the pool: private segments at once, shared ones with their last
+    /// reference.
+    #[inline]
+    pub fn free(&mut self, b: BufId) {
+        self.release(b.into_index());
+    }
+
+    /// Drops the maker's reference on a shared segment.
+    pub fn release_shared(&mut self, s: SharedSeg) {
+        self.release(s.0);
+    }
+
+    #[inline]
+    fn release(&mut self, mut idx: u32) {
+        while idx != NIL {
+            let m = self.pool.m(idx);
+            // The common case (sole owner) needs no atomic read-modify-write.
+            if m.refcnt.load(Acquire) != 1 && m.refcnt.fetch_sub(1, AcqRel) != 1 {
+                return; // still referenced by another packet, which owns the rest of the chain
+            }
+            let next = m.next.load(Relaxed);
+            if self.stack.len() == CACHE_MAX {
+                self.spill();
+            }
+            self.stack.push(idx);
+            idx = next;
+        }
+    }
+
+    #[cold]
+    fn spill(&mut self) {
+        for _ in 0..CACHE_BULK {
+            if let Some(i) = self.stack.pop() {
+                let _ = self.pool.free.push(i);
+            }
+        }
+    }
+
+    /// Returns every cached buffer to the shared free list.
+    pub fn flush(&mut self) {
+        for i in self.stack.drain(..) {
+            let _ = self.pool.free.push(i);
+        }
+    }
+}
+
+impl Drop for PoolCache {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn pool(n: u32) -> Arc<Pool> {
+        Pool::new(n, false).unwrap()
+    }
+
+    #[test]
+    fn alloc_free_round_trip_and_exhaustion() {
+        let p = pool(64);
+        let mut c = PoolCache::new(p.clone());
+        let mut held = Vec::new();
+        while let Some(b) = c.alloc() {
+            held.push(b);
+        }
+        assert_eq!(held.len(), 64);
+        assert!(p.alloc_failures() >= 1);
+        for b in held {
+            c.free(b);
+        }
+        c.flush();
+        assert_eq!(p.free_count(), 64);
+    }
+
+    #[test]
+    fn headroom_prepend_strip() {
+        let p = pool(16);
+        let mut c = PoolCache::new(p.clone());
+        let mut b = c.alloc_frame(&[1, 2, 3, 4]).unwrap();
+        assert_eq!(p.headroom(&b), HEADROOM);
+        p.prepend(&mut b, 2).unwrap().copy_from_slice(&[9, 9, 1, 2, 3, 4]);
+        assert_eq!(p.head(&b), &[9, 9, 1, 2, 3, 4]);
+        assert_eq!(p.pkt_len(&b), 6);
+        assert!(p.strip(&mut b, 3));
+        assert_eq!(p.head(&b), &[2, 3, 4]);
+        assert!(p.prepend(&mut b, HEADROOM + 100).is_none());
+        c.free(b);
+    }
+
+    #[test]
+    fn jumbo_chain_round_trip() {
+        let p = pool(32);
+        let mut c = PoolCache::new(p.clone());
+        let frame: Vec<u8> = (0..9000u32).map(|i| (i * 7) as u8).collect();
+        let b = c.alloc_frame(&frame).unwrap();
+        assert!(p.is_chained(&b));
+        assert_eq!(p.pkt_len(&b), 9000);
+        let mut out = Vec::new();
+        p.read_frame(&b, &mut out);
+        assert_eq!(out, frame);
+        c.free(b);
+        c.flush();
+        assert_eq!(p.free_count(), 32);
+        assert!(c.alloc_frame(&vec![0; MAX_FRAME + 1]).is_none());
+    }
+
+    #[test]
+    fn shared_segment_freed_with_last_reference() {
+        let p = pool(32);
+        let mut c = PoolCache::new(p.clone());
+        let payload = c.alloc_frame(&vec![5u8; 3000]).unwrap(); // 2 segments
+        let s = p.into_shared(payload);
+        let mut heads = Vec::new();
+        for i in 0..3u8 {
+            let mut h = c.alloc().unwrap();
+            assert!(p.append(&mut h, &[i; 14]));
+            p.link_shared(&mut h, &s);
+            assert_eq!(p.pkt_len(&h), 3014);
+            heads.push(h);
+        }
+        c.release_shared(s);
+        let mut out = Vec::new();
+        p.read_frame(&heads[1], &mut out);
+        assert_eq!(&out[..14], &[1; 14]);
+        assert!(out[14..].iter().all(|&x| x == 5));
+        for h in heads {
+            c.free(h);
+        }
+        c.flush();
+        assert_eq!(p.free_count(), 32);
+    }
+}

@@ -1,0 +1,314 @@
+//! The switch's declarative configuration: bridge domains, ports with their VLAN modes and
+//! port security, and the local VTEP with its remote peers. It is what a config file, the
+//! node API or `apply -f` describe; [`crate::snapshot`] validates it whole and compiles it.
+//!
+//! Model: a bridge domain (one per network on the node) may have a `vlan` (its tag on trunk
+//! ports) and a `vni` (its VXLAN segment). An access port belongs to one bridge domain and is
+//! untagged; a trunk port carries the bridge domains whose VLAN it allows, tagged, plus
+//! optionally one native VLAN untagged. The underlay port carries VXLAN only.
+
+use crate::wire::MacAddr;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchConfig {
+    #[serde(default)]
+    pub bridges: Vec<BridgeConfig>,
+    #[serde(default)]
+    pub ports: Vec<PortConfig>,
+    #[serde(default)]
+    pub vtep: Option<VtepConfig>,
+}
+
+/// A bridge domain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeConfig {
+    pub name: String,
+    /// Tag of this bridge domain on trunk ports (1..=4094).
+    #[serde(default)]
+    pub vlan: Option<u16>,
+    /// VXLAN network identifier (1..=16777215).
+    #[serde(default)]
+    pub vni: Option<u32>,
+    /// Remote VTEPs (underlay addresses) that receive this domain's BUM traffic and from
+    /// which it accepts VXLAN; each must be one of the VTEP's peers.
+    #[serde(default)]
+    pub flood: Vec<IpAddr>,
+    #[serde(default = "yes")]
+    pub mac_learning: bool,
+    /// Learn inner source MACs behind remote VTEPs (off when the control plane pushes MACs).
+    #[serde(default = "yes")]
+    pub remote_learning: bool,
+    #[serde(default = "default_age")]
+    pub mac_age_secs: u32,
+    #[serde(default = "default_bd_limit")]
+    pub mac_limit: u32,
+    /// Answer ARP requests (and IPv6 neighbour solicitations) for addresses in `neighbors`.
+    #[serde(default)]
+    pub arp_suppression: bool,
+    #[serde(default)]
+    pub neighbors: Vec<Neighbor>,
+    #[serde(default)]
+    pub static_macs: Vec<StaticMac>,
+}
+
+/// An IP → MAC binding the control plane knows (for ARP/ND suppression).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Neighbor {
+    pub ip: IpAddr,
+    pub mac: MacAddr,
+}
+
+/// A MAC pinned to a local port or a remote VTEP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticMac {
+    pub mac: MacAddr,
+    #[serde(default)]
+    pub port: Option<String>,
+    #[serde(default)]
+    pub remote: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortConfig {
+    /// The name the port was registered under.
+    pub name: String,
+    pub mode: PortMode,
+    /// Largest L3 payload (the interface MTU); larger frames are dropped and counted.
+    #[serde(default = "default_mtu")]
+    pub mtu: u16,
+    /// TPID of this port's tags (0x8100; 0x88a8 for 802.1ad trunks).
+    #[serde(default = "default_tpid")]
+    pub tpid: u16,
+    #[serde(default = "default_port_limit")]
+    pub mac_limit: u32,
+    /// Anti-spoofing for pod ports; `None` means the port is trusted.
+    #[serde(default)]
+    pub security: Option<PortSecurity>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
+pub enum PortMode {
+    /// Untagged member of one bridge domain.
+    Access { bridge: String },
+    /// Tagged member of the bridge domains whose VLANs are allowed, untagged on `native`.
+    Trunk {
+        allowed: Vec<u16>,
+        #[serde(default)]
+        native: Option<u16>,
+    },
+    /// Carries the VTEP's VXLAN traffic.
+    Underlay,
+}
+
+/// Allowed source addresses of a pod port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSecurity {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The pod's MAC(s).
+    pub macs: Vec<MacAddr>,
+    /// The pod's IPs; sources from the pod's MACs must be one of these.
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+    /// Extra (MAC, IP) pairs a VNF may use, such as VRRP's 00:00:5e:00:01:xx; `ip: None`
+    /// allows any source IP with that MAC.
+    #[serde(default)]
+    pub allowed_address_pairs: Vec<AddressPair>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddressPair {
+    pub mac: MacAddr,
+    #[serde(default)]
+    pub ip: Option<IpAddr>,
+}
+
+/// The local VXLAN tunnel endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VtepConfig {
+    pub local_ip: IpAddr,
+    /// The underlay port (mode `underlay`).
+    pub underlay_port: String,
+    /// Source MAC of encapsulated frames; defaults to the underlay port's own MAC.
+    #[serde(default)]
+    pub mac: Option<MacAddr>,
+    /// Tag the underlay frames carry, if the underlay is a VLAN.
+    #[serde(default)]
+    pub underlay_vlan: Option<u16>,
+    #[serde(default = "default_vxlan_port")]
+    pub udp_port: u16,
+    /// Range of UDP source ports, chosen by inner flow hash (RFC 7348 recommends 49152..).
+    #[serde(default = "default_src_lo")]
+    pub src_port_min: u16,
+    #[serde(default = "default_src_hi")]
+    pub src_port_max: u16,
+    #[serde(default = "default_ttl")]
+    pub ttl: u8,
+    /// Send IPv6 VXLAN with a zero UDP checksum (only for peers configured to accept it).
+    #[serde(default)]
+    pub ipv6_zero_checksum: bool,
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
+}
+
+/// A remote VTEP and the next-hop MAC its frames go to on the underlay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub ip: IpAddr,
+    pub next_hop_mac: MacAddr,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_age() -> u32 {
+    300
+}
+fn default_bd_limit() -> u32 {
+    65536
+}
+fn default_port_limit() -> u32 {
+    8192
+}
+fn default_mtu() -> u16 {
+    1500
+}
+fn default_tpid() -> u16 {
+    0x8100
+}
+fn default_vxlan_port() -> u16 {
+    crate::wire::vxlan::DEFAULT_PORT
+}
+fn default_src_lo() -> u16 {
+    49152
+}
+fn default_src_hi() -> u16 {
+    65535
+}
+fn default_ttl() -> u8 {
+    64
+}
+
+impl BridgeConfig {
+    /// A bridge domain with defaults (learning on, 300 s ageing).
+    pub fn new(name: &str) -> BridgeConfig {
+        BridgeConfig {
+            name: name.into(),
+            vlan: None,
+            vni: None,
+            flood: Vec::new(),
+            mac_learning: true,
+            remote_learning: true,
+            mac_age_secs: default_age(),
+            mac_limit: default_bd_limit(),
+            arp_suppression: false,
+            neighbors: Vec::new(),
+            static_macs: Vec::new(),
+        }
+    }
+
+    pub fn vlan(mut self, v: u16) -> Self {
+        self.vlan = Some(v);
+        self
+    }
+
+    pub fn vni(mut self, v: u32) -> Self {
+        self.vni = Some(v);
+        self
+    }
+
+    pub fn flood(mut self, peers: &[IpAddr]) -> Self {
+        self.flood = peers.to_vec();
+        self
+    }
+}
+
+impl PortConfig {
+    fn with_mode(name: &str, mode: PortMode) -> PortConfig {
+        PortConfig {
+            name: name.into(),
+            mode,
+            mtu: default_mtu(),
+            tpid: default_tpid(),
+            mac_limit: default_port_limit(),
+            security: None,
+        }
+    }
+
+    /// A trusted untagged port in `bridge`.
+    pub fn access(name: &str, bridge: &str) -> PortConfig {
+        PortConfig::with_mode(name, PortMode::Access { bridge: bridge.into() })
+    }
+
+    /// A pod port: untagged in `bridge`, port security on for the pod's MAC and IPs.
+    pub fn pod(name: &str, bridge: &str, mac: MacAddr, ips: &[IpAddr]) -> PortConfig {
+        let mut p = PortConfig::access(name, bridge);
+        p.security = Some(PortSecurity {
+            enabled: true,
+            macs: vec![mac],
+            ips: ips.to_vec(),
+            allowed_address_pairs: Vec::new(),
+        });
+        p
+    }
+
+    pub fn trunk(name: &str, allowed: &[u16], native: Option<u16>) -> PortConfig {
+        PortConfig::with_mode(name, PortMode::Trunk { allowed: allowed.to_vec(), native })
+    }
+
+    pub fn underlay(name: &str) -> PortConfig {
+        PortConfig::with_mode(name, PortMode::Underlay)
+    }
+}
+
+impl VtepConfig {
+    pub fn new(local_ip: IpAddr, underlay_port: &str) -> VtepConfig {
+        VtepConfig {
+            local_ip,
+            underlay_port: underlay_port.into(),
+            mac: None,
+            underlay_vlan: None,
+            udp_port: default_vxlan_port(),
+            src_port_min: default_src_lo(),
+            src_port_max: default_src_hi(),
+            ttl: default_ttl(),
+            ipv6_zero_checksum: false,
+            peers: Vec::new(),
+        }
+    }
+
+    pub fn peer(mut self, ip: IpAddr, next_hop_mac: MacAddr) -> Self {
+        self.peers.push(PeerConfig { ip, next_hop_mac });
+        self
+    }
+
+    /// Bytes VXLAN adds to an inner frame on this underlay: 50 over IPv4, 70 over IPv6,
+    /// plus 4 on a tagged underlay. The control plane subtracts it to size network MTUs.
+    pub fn overhead(&self) -> u16 {
+        let base = if self.local_ip.is_ipv4() { 50 } else { 70 };
+        base + if self.underlay_vlan.is_some() { 4 } else { 0 }
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|_| serde::de::Error::custom(format!("invalid MAC address {s:?}")))
+    }
+}

@@ -1,0 +1,272 @@
+//! Counters: drop reasons and pipeline events with their names, and the per-thread counter
+//! blocks (per port, per bridge domain) that PMD threads write and readers sum.
+//!
+//! Each PMD thread owns one [`ThreadStats`]. It is the only writer, so updates are a relaxed
+//! load and store (plain moves on x86), never a locked read-modify-write; readers on other
+//! threads sum the blocks of every thread.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! named_enum {
+    ($(#[$m:meta])* pub enum $name:ident { $($var:ident => $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum $name { $($var),+ }
+        impl $name {
+            /// Every value, in order.
+            pub const ALL: &'static [$name] = &[$($name::$var),+];
+            /// Snake-case names, for the CLI and metrics.
+            pub const NAMES: &'static [&'static str] = &[$($s),+];
+            pub const COUNT: usize = Self::ALL.len();
+            pub fn name(self) -> &'static str { Self::NAMES[self as usize] }
+        }
+    };
+}
+
+named_enum! {
+    /// Why the switch dropped a frame. The bridge drops only for L2 reasons and for headers a
+    /// decision needed (VXLAN decap, port security, suppression).
+    pub enum DropReason {
+        Runt => "runt",
+        Oversize => "oversize",
+        TaggedOnAccess => "tagged_on_access",
+        WrongTpid => "wrong_tpid",
+        VlanNotAllowed => "vlan_not_allowed",
+        UntaggedNotAllowed => "untagged_not_allowed",
+        NoBridgeDomain => "no_bridge_domain",
+        SrcMacGroup => "src_mac_group",
+        SecurityMac => "security_mac",
+        SecurityIp => "security_ip",
+        SecurityArp => "security_arp",
+        SecurityNd => "security_nd",
+        Reflect => "reflect",
+        PortDown => "port_down",
+        TxFull => "tx_full",
+        NoBuffer => "no_buffer",
+        EgressMtu => "egress_mtu",
+        EncapTooBig => "encap_too_big",
+        UnderlayNotVxlan => "underlay_not_vxlan",
+        VxlanMalformed => "vxlan_malformed",
+        VxlanBadChecksum => "vxlan_bad_checksum",
+        VxlanBadFlags => "vxlan_bad_flags",
+        VxlanUnknownVni => "vxlan_unknown_vni",
+        VxlanUnknownVtep => "vxlan_unknown_vtep",
+        VxlanNoRoute => "vxlan_no_route",
+        NoEgress => "no_egress",
+    }
+}
+
+named_enum! {
+    /// Things the pipeline did that are not drops.
+    pub enum Event {
+        Learned => "learned",
+        MacMoved => "mac_moved",
+        StaticMoveRefused => "static_move_refused",
+        LearnLimit => "learn_limit",
+        LearnBusy => "learn_busy",
+        KnownUnicast => "known_unicast",
+        Flooded => "flooded",
+        FloodCopies => "flood_copies",
+        FloodCopyFailed => "flood_copy_failed",
+        ArpSuppressed => "arp_suppressed",
+        NdSuppressed => "nd_suppressed",
+        Encapsulated => "encapsulated",
+        Decapsulated => "decapsulated",
+        StaleFdb => "stale_fdb",
+        ConfigAdopted => "config_adopted",
+    }
+}
+
+/// A counter written by one thread.
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    #[inline(always)]
+    pub fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// Per-port counters of one thread.
+#[derive(Default)]
+pub struct PortCounters {
+    pub rx_packets: Counter,
+    pub rx_bytes: Counter,
+    pub tx_packets: Counter,
+    pub tx_bytes: Counter,
+    pub drops: Counter,
+}
+
+/// Per-bridge-domain counters of one thread.
+#[derive(Default)]
+pub struct BdCounters {
+    pub packets: Counter,
+    pub bytes: Counter,
+    pub flooded: Counter,
+    pub learned: Counter,
+}
+
+/// Everything one PMD thread counts.
+pub struct ThreadStats {
+    pub drops: [Counter; DropReason::COUNT],
+    pub events: [Counter; Event::COUNT],
+    pub ports: Box<[PortCounters]>,
+    pub bds: Box<[BdCounters]>,
+    /// TSC cycles spent in iterations that moved packets, and in those that did not.
+    pub busy_cycles: Counter,
+    pub idle_cycles: Counter,
+    /// Packets received by this thread (for cycles/packet).
+    pub packets: Counter,
+    pub sleeps: Counter,
+}
+
+impl ThreadStats {
+    pub fn new(max_ports: usize, max_bds: usize) -> ThreadStats {
+        ThreadStats {
+            drops: std::array::from_fn(|_| Counter::default()),
+            events: std::array::from_fn(|_| Counter::default()),
+            ports: (0..max_ports).map(|_| PortCounters::default()).collect(),
+            bds: (0..max_bds).map(|_| BdCounters::default()).collect(),
+            busy_cycles: Counter::default(),
+            idle_cycles: Counter::default(),
+            packets: Counter::default(),
+            sleeps: Counter::default(),
+        }
+    }
+
+    #[inline(always)]
+    pub fn count_drop(&self, r: DropReason, port: u16) {
+        self.drops[r as usize].add(1);
+        if let Some(p) = self.ports.get(port as usize) {
+            p.drops.add(1);
+        }
+    }
+
+    #[inline(always)]
+    pub fn event(&self, e: Event, n: u64) {
+        self.events[e as usize].add(n);
+    }
+}
+
+/// A summed snapshot of counters for reports, tests and the API.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortTotals {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub drops: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BdTotals {
+    pub packets: u64,
+    pub bytes: u64,
+    pub flooded: u64,
+    pub learned: u64,
+}
+
+/// Sums of every thread's counters.
+#[derive(Debug, Clone, Default)]
+pub struct Totals {
+    pub drops: Vec<u64>,
+    pub events: Vec<u64>,
+    pub ports: Vec<PortTotals>,
+    pub bds: Vec<BdTotals>,
+    pub busy_cycles: u64,
+    pub idle_cycles: u64,
+    pub packets: u64,
+    pub sleeps: u64,
+}
+
+impl Totals {
+    pub fn sum<'a>(threads: impl IntoIterator<Item = &'a ThreadStats>) -> Totals {
+        let mut t = Totals { drops: vec![0; DropReason::COUNT], events: vec![0; Event::COUNT], ..Default::default() };
+        for s in threads {
+            for (a, c) in t.drops.iter_mut().zip(&s.drops) {
+                *a += c.get();
+            }
+            for (a, c) in t.events.iter_mut().zip(&s.events) {
+                *a += c.get();
+            }
+            if t.ports.len() < s.ports.len() {
+                t.ports.resize(s.ports.len(), PortTotals::default());
+            }
+            for (a, c) in t.ports.iter_mut().zip(s.ports.iter()) {
+                a.rx_packets += c.rx_packets.get();
+                a.rx_bytes += c.rx_bytes.get();
+                a.tx_packets += c.tx_packets.get();
+                a.tx_bytes += c.tx_bytes.get();
+                a.drops += c.drops.get();
+            }
+            if t.bds.len() < s.bds.len() {
+                t.bds.resize(s.bds.len(), BdTotals::default());
+            }
+            for (a, c) in t.bds.iter_mut().zip(s.bds.iter()) {
+                a.packets += c.packets.get();
+                a.bytes += c.bytes.get();
+                a.flooded += c.flooded.get();
+                a.learned += c.learned.get();
+            }
+            t.busy_cycles += s.busy_cycles.get();
+            t.idle_cycles += s.idle_cycles.get();
+            t.packets += s.packets.get();
+            t.sleeps += s.sleeps.get();
+        }
+        t
+    }
+
+    pub fn drop(&self, r: DropReason) -> u64 {
+        self.drops[r as usize]
+    }
+
+    pub fn event(&self, e: Event) -> u64 {
+        self.events[e as usize]
+    }
+
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Non-zero drop reasons as (name, count), for reports.
+    pub fn nonzero_drops(&self) -> Vec<(&'static str, u64)> {
+        DropReason::ALL.iter().filter(|r| self.drop(**r) > 0).map(|r| (r.name(), self.drop(*r))).collect()
+    }
+
+    /// Busy cycles per received packet, as `pmd-stats-show` reports "processing cycles".
+    pub fn cycles_per_packet(&self) -> Option<f64> {
+        (self.packets > 0).then(|| self.busy_cycles as f64 / self.packets as f64)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn names_line_up() {
+        assert_eq!(DropReason::NAMES.len(), DropReason::COUNT);
+        assert_eq!(DropReason::VxlanUnknownVtep.name(), "vxlan_unknown_vtep");
+        assert_eq!(Event::Flooded.name(), "flooded");
+    }
+
+    #[test]
+    fn sums_threads() {
+        let a = ThreadStats::new(4, 2);
+        let b = ThreadStats::new(4, 2);
+        a.count_drop(DropReason::Runt, 1);
+        b.count_drop(DropReason::Runt, 1);
+        b.ports[2].rx_packets.add(5);
+        let t = Totals::sum([&a, &b]);
+        assert_eq!(t.drop(DropReason::Runt), 2);
+        assert_eq!(t.ports[1].drops, 2);
+        assert_eq!(t.ports[2].rx_packets, 5);
+        assert_eq!(t.nonzero_drops(), vec![("runt", 2)]);
+    }
+}

@@ -1,0 +1,518 @@
+//! The per-thread packet pipeline: one rx batch in, per-port tx batches out.
+//!
+//! Stages, VPP-style, over the whole batch:
+//! 1. **classify** each frame: VXLAN decap on the underlay, or (port, VLAN) → bridge domain
+//!    elsewhere; L2 sanity (runts, oversize, tags, group source MACs); compute the FDB keys
+//!    of source and destination and prefetch their buckets for stage 2;
+//! 2. **forward** each frame: port security, MAC learning, ARP/ND suppression, FDB lookup,
+//!    then egress to one port (VLAN rewrite), one peer (VXLAN encap) or a flood (copies for
+//!    small frames, a private header segment sharing the payload for large ones);
+//! 3. **flush** the per-port tx batches.
+//!
+//! Every drop has a named reason ([`Drop`]); counters are per thread. Nothing here allocates,
+//! locks or makes a syscall per packet (ports may make one per burst).
+
+use crate::batch::{BATCH, Batch};
+use crate::buf::{BufId, MAX_FRAME, Pool, PoolCache};
+use crate::counters::{DropReason, Event, ThreadStats};
+use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
+use crate::security::{self, mac_u64};
+use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
+use crate::suppress::{self, Answer};
+use crate::vlan;
+use crate::vtep::{self, DecapCache};
+use crate::wire::ethernet::{self, ethertype};
+use std::sync::Arc;
+
+const NO_PEER: u16 = u16::MAX;
+/// Flooded frames up to this size are copied per egress; larger ones share their payload.
+const COPY_MAX: usize = 256;
+
+/// What stage 1 found out about one packet.
+#[derive(Clone, Copy, Default)]
+struct Ctx {
+    bd: u16,
+    drop: Option<DropReason>,
+    from_peer: u16,
+    tagged: bool,
+    pcp: u16,
+    src_key: u64,
+    dst_key: u64,
+    src_loc: Loc,
+    dst_loc: Loc,
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    Port(u16),
+    Peer(u16),
+}
+
+/// The state one PMD thread forwards with.
+pub struct Pipeline {
+    thread: usize,
+    pool: Arc<Pool>,
+    cache: PoolCache,
+    fdb: Arc<Fdb>,
+    stats: Arc<ThreadStats>,
+    tx: Vec<Batch>,
+    dirty: Vec<u16>,
+    ctx: [Ctx; BATCH],
+    targets: Vec<Target>,
+    decap_cache: DecapCache,
+    now: u32,
+}
+
+impl Pipeline {
+    pub fn new(thread: usize, pool: Arc<Pool>, fdb: Arc<Fdb>, stats: Arc<ThreadStats>) -> Pipeline {
+        Pipeline {
+            thread,
+            cache: PoolCache::new(pool.clone()),
+            pool,
+            fdb,
+            stats,
+            tx: Vec::new(),
+            dirty: Vec::with_capacity(fdb::MAX_PORTS),
+            ctx: [Ctx::default(); BATCH],
+            targets: Vec::with_capacity(fdb::MAX_PORTS + 4096),
+            decap_cache: DecapCache::default(),
+            now: 0,
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<ThreadStats> {
+        &self.stats
+    }
+
+    pub fn cache(&mut self) -> &mut PoolCache {
+        &mut self.cache
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Sets the clock (seconds) used for learning timestamps.
+    pub fn set_now(&mut self, now: u32) {
+        self.now = now;
+    }
+
+    /// Sizes per-port scratch for a snapshot (off the fast path, when a config is adopted).
+    pub fn prepare(&mut self, snap: &Snapshot) {
+        if self.tx.len() < snap.ports.len() {
+            self.tx.resize_with(snap.ports.len(), Batch::new);
+        }
+    }
+
+    /// Receives one burst from (port, queue) and forwards it; returns packets received.
+    #[inline]
+    pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
+        let Some(pe) = snap.port(port) else { return 0 };
+        let n = pe.port.rx_burst(queue, &mut self.cache, batch);
+        if n > 0 {
+            self.process(snap, port, batch);
+        }
+        n
+    }
+
+    /// Forwards a batch received on `in_port` and flushes the resulting tx batches.
+    pub fn process(&mut self, snap: &Snapshot, in_port: u16, batch: &mut Batch) {
+        self.prepare(snap);
+        let Some(port) = snap.port(in_port) else {
+            for b in batch.drain() {
+                self.stats.count_drop(DropReason::NoEgress, in_port);
+                self.cache.free(b);
+            }
+            return;
+        };
+        let n = batch.len();
+        self.decap_cache.clear();
+        let mut bytes = 0u64;
+        for i in 0..n {
+            let b = &mut batch.as_mut_slice()[i];
+            bytes += self.pool.pkt_len(b) as u64;
+            let c = if port.kind == PortKind::Underlay {
+                self.classify_underlay(snap, b)
+            } else {
+                self.classify_port(port, snap, b)
+            };
+            self.ctx[i] = match c {
+                Ok(c) => {
+                    self.fdb.prefetch(c.dst_loc);
+                    self.fdb.prefetch(c.src_loc);
+                    c
+                }
+                Err(r) => Ctx { bd: NO_BD, drop: Some(r), ..Ctx::default() },
+            };
+        }
+        let pc = &self.stats.ports[in_port as usize];
+        pc.rx_packets.add(n as u64);
+        pc.rx_bytes.add(bytes);
+        self.stats.packets.add(n as u64);
+        for i in 0..n {
+            let b = batch.take(i);
+            let c = self.ctx[i];
+            match c.drop {
+                None => self.forward(snap, port, b, &c),
+                Some(r) => self.discard(b, r, in_port),
+            }
+        }
+        batch.clear_taken();
+        self.flush(snap);
+    }
+
+    #[inline(always)]
+    fn discard(&mut self, b: BufId, r: DropReason, port: u16) {
+        self.stats.count_drop(r, port);
+        self.cache.free(b);
+    }
+
+    /// Stage 1 for a frame from a local port.
+    #[inline(always)]
+    fn classify_port(&self, port: &PortEntry, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
+        let pool = &*self.pool;
+        let len = pool.pkt_len(b);
+        let h = pool.head(b);
+        if h.len() < ethernet::HEADER_LEN {
+            return Err(DropReason::Runt);
+        }
+        let et = u16::from_be_bytes([h[12], h[13]]);
+        let (bd, tagged, pcp) = if ethernet::is_tpid(et) {
+            if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
+                return Err(DropReason::Runt);
+            }
+            let tci = u16::from_be_bytes([h[14], h[15]]);
+            let vid = tci & 0x0fff;
+            if vid == 0 {
+                // A priority tag: the frame is untagged for VLAN purposes.
+                if port.untagged_bd == NO_BD {
+                    return Err(DropReason::UntaggedNotAllowed);
+                }
+                vlan::pop(pool, b);
+                (port.untagged_bd, false, tci & 0xf000)
+            } else {
+                match port.kind {
+                    PortKind::Trunk => {
+                        if et != port.tpid {
+                            return Err(DropReason::WrongTpid);
+                        }
+                        if !port.allowed.contains(vid) {
+                            return Err(DropReason::VlanNotAllowed);
+                        }
+                        let bd = snap.vlan_bd[vid as usize];
+                        if bd == NO_BD {
+                            return Err(DropReason::NoBridgeDomain);
+                        }
+                        (bd, true, tci & 0xf000)
+                    }
+                    _ => return Err(DropReason::TaggedOnAccess),
+                }
+            }
+        } else {
+            if port.untagged_bd == NO_BD {
+                return Err(DropReason::UntaggedNotAllowed);
+            }
+            (port.untagged_bd, false, 0)
+        };
+        let l2 = if tagged { 18 } else { 14 };
+        if len > MAX_FRAME || len - l2 > port.mtu as usize {
+            return Err(DropReason::Oversize);
+        }
+        let h = pool.head(b);
+        let src = mac_u64(&h[6..12]);
+        if src & (1 << 40) != 0 {
+            return Err(DropReason::SrcMacGroup);
+        }
+        let dst = mac_u64(&h[0..6]);
+        let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
+        Ok(Ctx {
+            bd,
+            drop: None,
+            from_peer: NO_PEER,
+            tagged,
+            pcp,
+            src_key,
+            dst_key,
+            src_loc: self.fdb.locate(src_key),
+            dst_loc: self.fdb.locate(dst_key),
+        })
+    }
+
+    /// Stage 1 for a frame from the underlay: VXLAN decap, then the inner frame's keys.
+    #[inline(always)]
+    fn classify_underlay(&mut self, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
+        let vtep = snap.vtep.as_ref().ok_or(DropReason::UnderlayNotVxlan)?;
+        let (bd, peer) = vtep.decap(snap, &self.pool, b, &mut self.decap_cache)?;
+        let h = self.pool.head(b);
+        if h.len() < ethernet::HEADER_LEN {
+            return Err(DropReason::VxlanMalformed);
+        }
+        let src = mac_u64(&h[6..12]);
+        if src & (1 << 40) != 0 {
+            return Err(DropReason::SrcMacGroup);
+        }
+        let dst = mac_u64(&h[0..6]);
+        let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
+        self.stats.event(Event::Decapsulated, 1);
+        Ok(Ctx {
+            bd,
+            drop: None,
+            from_peer: peer,
+            tagged: false,
+            pcp: 0,
+            src_key,
+            dst_key,
+            src_loc: self.fdb.locate(src_key),
+            dst_loc: self.fdb.locate(dst_key),
+        })
+    }
+
+    /// Stage 2: security, learning, suppression, lookup and egress of one packet.
+    #[inline(always)]
+    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, c: &Ctx) {
+        let Some(bd) = snap.bd(c.bd) else { return self.discard(b, DropReason::NoBridgeDomain, port.id) };
+        let from_peer = c.from_peer != NO_PEER;
+        let bdc = &self.stats.bds[bd.id as usize];
+        bdc.packets.add(1);
+        bdc.bytes.add(self.pool.pkt_len(&b) as u64);
+        let l2 = if c.tagged { 18 } else { 14 };
+
+        if !from_peer {
+            if let Some(sec) = &port.security {
+                let h = self.pool.head(&b);
+                let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
+                if let Err(r) = security::check(sec, h, l2, et) {
+                    return self.discard(b, r, port.id);
+                }
+            }
+        }
+
+        let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
+        if if from_peer { bd.remote_learning } else { bd.learning } {
+            let limits =
+                Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
+            match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
+                Learn::Unchanged | Learn::Refreshed => {}
+                Learn::Learned => {
+                    self.stats.event(Event::Learned, 1);
+                    bdc.learned.add(1);
+                }
+                Learn::Moved => self.stats.event(Event::MacMoved, 1),
+                Learn::StaticRefused => self.stats.event(Event::StaticMoveRefused, 1),
+                Learn::Limit => self.stats.event(Event::LearnLimit, 1),
+                Learn::Busy => self.stats.event(Event::LearnBusy, 1),
+            }
+        }
+
+        if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
+            let h = self.pool.head(&b);
+            let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
+            if et == ethertype::ARP || et == ethertype::IPV6 {
+                if let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et) {
+                    self.stats.event(if a == Answer::Arp { Event::ArpSuppressed } else { Event::NdSuppressed }, 1);
+                    return self.emit(snap, bd, b, c, src);
+                }
+            }
+        }
+
+        if c.dst_key & (1 << 40) == 0 {
+            if let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc) {
+                match v.dest() {
+                    Dest::Port(p) if p == port.id && !from_peer => return self.discard(b, DropReason::Reflect, port.id),
+                    Dest::Peer(_) if from_peer => return self.discard(b, DropReason::Reflect, port.id),
+                    d if self.dest_valid(snap, bd, d) => {
+                        self.stats.event(Event::KnownUnicast, 1);
+                        return self.emit(snap, bd, b, c, d);
+                    }
+                    _ => self.stats.event(Event::StaleFdb, 1),
+                }
+            }
+        }
+        self.flood(snap, bd, port.id, b, c);
+    }
+
+    /// Whether an FDB destination is still a member of the bridge domain in this snapshot.
+    #[inline(always)]
+    fn dest_valid(&self, snap: &Snapshot, bd: &BdEntry, d: Dest) -> bool {
+        match d {
+            Dest::Port(p) => snap.port(p).is_some_and(|pe| pe.egress_tag(bd.id, bd.vlan).is_ok()),
+            Dest::Peer(p) => bd.peers.contains(&p) && snap.peer(p).is_some(),
+        }
+    }
+
+    #[inline(always)]
+    fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
+        match d {
+            Dest::Port(p) => match snap.port(p) {
+                Some(pe) => self.emit_port(pe, bd, b, c.tagged, c.pcp),
+                None => self.discard(b, DropReason::NoEgress, p),
+            },
+            Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+        }
+    }
+
+    /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
+    #[inline(always)]
+    fn emit_port(&mut self, pe: &PortEntry, bd: &BdEntry, mut b: BufId, tagged: bool, pcp: u16) {
+        let Ok(want) = pe.egress_tag(bd.id, bd.vlan) else { return self.discard(b, DropReason::NoEgress, pe.id) };
+        let ok = match (tagged, want) {
+            (false, None) => true,
+            (false, Some(v)) => vlan::push(&self.pool, &mut b, pe.tpid, pcp | v),
+            (true, None) => vlan::pop(&self.pool, &mut b),
+            (true, Some(_)) => {
+                vlan::set_tpid(&self.pool, &mut b, pe.tpid);
+                true
+            }
+        };
+        if !ok {
+            return self.discard(b, DropReason::Runt, pe.id);
+        }
+        let l2 = if want.is_some() { 18 } else { 14 };
+        if self.pool.pkt_len(&b) - l2 > pe.mtu as usize {
+            return self.discard(b, DropReason::EgressMtu, pe.id);
+        }
+        self.enqueue(pe.id, b);
+    }
+
+    /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
+    #[inline(always)]
+    fn emit_peer(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
+        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
+            return self.discard(b, DropReason::VxlanNoRoute, 0);
+        };
+        if tagged && !vlan::pop(&self.pool, &mut b) {
+            return self.discard(b, DropReason::Runt, vtep.underlay_port);
+        }
+        let hash = vtep::flow_hash(self.pool.head(&b));
+        match vtep.encap(&self.pool, &mut b, pe, vni, hash) {
+            Ok(()) => {
+                self.stats.event(Event::Encapsulated, 1);
+                self.enqueue(vtep.underlay_port, b)
+            }
+            Err(r) => self.discard(b, r, vtep.underlay_port),
+        }
+    }
+
+    /// Floods to every member but the ingress, and to remote VTEPs unless the frame came from
+    /// one (split horizon).
+    fn flood(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, b: BufId, c: &Ctx) {
+        let from_peer = c.from_peer != NO_PEER;
+        self.targets.clear();
+        for &p in &bd.ports {
+            if from_peer || p != in_port {
+                self.targets.push(Target::Port(p));
+            }
+        }
+        if !from_peer {
+            for &p in &bd.peers {
+                self.targets.push(Target::Peer(p));
+            }
+        }
+        let k = self.targets.len();
+        if k == 0 {
+            return self.discard(b, DropReason::NoEgress, in_port);
+        }
+        self.stats.event(Event::Flooded, 1);
+        self.stats.bds[bd.id as usize].flooded.add(1);
+        if k == 1 {
+            let t = self.targets[0];
+            return self.emit_target(snap, bd, b, c, t);
+        }
+        self.stats.event(Event::FloodCopies, (k - 1) as u64);
+        let pool = self.pool.clone();
+        if pool.pkt_len(&b) <= COPY_MAX && !pool.is_chained(&b) {
+            for i in 0..k - 1 {
+                let t = self.targets[i];
+                match self.cache.alloc() {
+                    Some(mut copy) => {
+                        pool.append(&mut copy, pool.head(&b));
+                        self.emit_target(snap, bd, copy, c, t);
+                    }
+                    None => self.flood_copy_failed(in_port),
+                }
+            }
+            let t = self.targets[k - 1];
+            return self.emit_target(snap, bd, b, c, t);
+        }
+        // Large frame: each egress gets a private header segment; the payload is shared.
+        let l2 = if c.tagged { 18 } else { 14 };
+        let mut hdr = [0u8; 18];
+        hdr[..l2].copy_from_slice(&pool.head(&b)[..l2]);
+        let mut payload = b;
+        pool.strip(&mut payload, l2);
+        let shared = pool.into_shared(payload);
+        for i in 0..k {
+            let t = self.targets[i];
+            match self.cache.alloc() {
+                Some(mut h) => {
+                    pool.append(&mut h, &hdr[..l2]);
+                    pool.link_shared(&mut h, &shared);
+                    self.emit_target(snap, bd, h, c, t);
+                }
+                None => self.flood_copy_failed(in_port),
+            }
+        }
+        self.cache.release_shared(shared);
+    }
+
+    #[cold]
+    fn flood_copy_failed(&mut self, port: u16) {
+        self.stats.event(Event::FloodCopyFailed, 1);
+        self.stats.count_drop(DropReason::NoBuffer, port);
+    }
+
+    #[inline(always)]
+    fn emit_target(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target) {
+        match t {
+            Target::Port(p) => self.emit(snap, bd, b, c, Dest::Port(p)),
+            Target::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+        }
+    }
+
+    /// Adds a packet to a port's tx batch. One rx burst yields at most one packet per
+    /// egress port for each packet received, so a tx batch flushed after every burst never
+    /// overflows; the check stays as a guard.
+    #[inline(always)]
+    fn enqueue(&mut self, port: u16, b: BufId) {
+        let q = &mut self.tx[port as usize];
+        if q.is_empty() {
+            self.dirty.push(port);
+        }
+        if let Err(b) = q.push(b) {
+            self.discard(b, DropReason::TxFull, port);
+        }
+    }
+
+    /// Sends every pending tx batch; what a port does not take is dropped and counted.
+    pub fn flush(&mut self, snap: &Snapshot) {
+        for i in 0..self.dirty.len() {
+            let p = self.dirty[i];
+            let batch = &mut self.tx[p as usize];
+            let pc = &self.stats.ports[p as usize];
+            match snap.port(p) {
+                Some(pe) if pe.port.link_up() => {
+                    let before: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                    let n = batch.len();
+                    let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
+                    let sent = pe.port.tx_burst(q, &mut self.cache, batch);
+                    let after: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                    pc.tx_packets.add(sent as u64);
+                    pc.tx_bytes.add((before - after) as u64);
+                    if sent < n {
+                        for b in batch.drain() {
+                            self.stats.count_drop(DropReason::TxFull, p);
+                            self.cache.free(b);
+                        }
+                    }
+                }
+                _ => {
+                    for b in batch.drain() {
+                        self.stats.count_drop(DropReason::PortDown, p);
+                        self.cache.free(b);
+                    }
+                }
+            }
+        }
+        self.dirty.clear();
+    }
+}

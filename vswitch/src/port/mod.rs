@@ -1,0 +1,69 @@
+//! The port abstraction every kind of port implements (ring, vhost-user, AF_XDP, DPDK):
+//! bursts of packets per queue, link state, a wake descriptor per rx queue for the adaptive
+//! idle policy, and per-queue counters.
+
+pub mod ring;
+
+use crate::batch::Batch;
+use crate::buf::PoolCache;
+use crate::wire::MacAddr;
+use std::os::fd::RawFd;
+
+/// Per-queue counters a port keeps itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    /// Packets the queue could not take (ring full).
+    pub tx_full: u64,
+}
+
+/// A switch port.
+///
+/// Concurrency contract: the PMD layer polls each rx queue from one thread at a time, but may
+/// transmit on a tx queue from several threads when a port has fewer tx queues than there are
+/// PMD threads; ports serialise that themselves (for example with a per-queue try-lock) and
+/// say how in their docs.
+pub trait Port: Send + Sync {
+    fn name(&self) -> &str;
+
+    fn rx_queues(&self) -> u16 {
+        1
+    }
+
+    fn tx_queues(&self) -> u16 {
+        1
+    }
+
+    /// Receives up to `batch.room()` packets from queue `q` into `batch`; returns how many.
+    fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
+
+    /// Sends packets from the front of `batch` on queue `q`. Sent packets leave the batch;
+    /// packets the queue could not take stay in it, in order, for the caller to count and free.
+    fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
+
+    /// Whether the link is up (a vhost-user frontend connected, a netdev running...).
+    fn link_up(&self) -> bool {
+        true
+    }
+
+    /// A descriptor that becomes readable when rx queue `q` has packets while armed.
+    fn wake_fd(&self, _q: u16) -> Option<RawFd> {
+        None
+    }
+
+    /// Arms (true) or disarms (false) wake-ups on rx queue `q`. When arming, returns true if
+    /// the queue already has packets, in which case the caller must not sleep.
+    fn arm_wake(&self, _q: u16, _armed: bool) -> bool {
+        false
+    }
+
+    fn queue_stats(&self) -> Vec<QueueStats> {
+        Vec::new()
+    }
+
+    /// The port's own MAC address, where it has one (an underlay's source MAC).
+    fn mac(&self) -> Option<MacAddr> {
+        None
+    }
+}

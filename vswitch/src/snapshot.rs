@@ -1,0 +1,490 @@
+//! The compiled, immutable form of a [`SwitchConfig`] that PMD threads read.
+//!
+//! Built off the fast path by the control side, validated whole (an invalid configuration is
+//! refused with a precise reason and nothing changes), and published RCU-style: PMD threads
+//! pick up a new `Arc<Snapshot>` between batches. Everything the per-packet code needs is
+//! precomputed here: VLAN → bridge domain table, per-port VLAN sets and egress tagging,
+//! per-domain flood lists, VNI and VTEP maps, and VXLAN header templates per peer.
+
+use crate::config::*;
+use crate::fdb::{MAX_BDS, MAX_PORTS};
+use crate::port::Port;
+use crate::util::{FxMap, VlanSet};
+use crate::vtep::{PeerEntry, VtepEntry};
+use crate::wire::MacAddr;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+/// "No bridge domain" in lookup tables.
+pub const NO_BD: u16 = u16::MAX;
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{kind} name must not be empty")]
+    EmptyName { kind: &'static str },
+    #[error("{kind} {name:?} is defined twice")]
+    Duplicate { kind: &'static str, name: String },
+    #[error("bridge {bridge:?}: VLAN {vlan} is out of range 1..=4094")]
+    BadVlan { bridge: String, vlan: u16 },
+    #[error("bridge {bridge:?}: VLAN {vlan} is already used by bridge {other:?}")]
+    VlanTaken { bridge: String, vlan: u16, other: String },
+    #[error("bridge {bridge:?}: VNI {vni} is out of range 1..=16777215")]
+    BadVni { bridge: String, vni: u32 },
+    #[error("bridge {bridge:?}: VNI {vni} is already used by bridge {other:?}")]
+    VniTaken { bridge: String, vni: u32, other: String },
+    #[error("bridge {bridge:?}: a flood list needs a VNI and a configured VTEP")]
+    FloodWithoutVxlan { bridge: String },
+    #[error("bridge {bridge:?}: {ip} is not a peer of the VTEP")]
+    UnknownPeer { bridge: String, ip: IpAddr },
+    #[error("bridge {bridge:?}: static MAC {mac} must name exactly one of port or remote")]
+    StaticMacTarget { bridge: String, mac: MacAddr },
+    #[error("bridge {bridge:?}: static MAC {mac} points at {target}, which is not in this bridge")]
+    StaticMacNotMember { bridge: String, mac: MacAddr, target: String },
+    #[error("bridge {bridge:?}: {what} {mac} is a group address")]
+    GroupMac { bridge: String, what: &'static str, mac: MacAddr },
+    #[error("port {port:?} is not registered with the switch (no such interface or socket)")]
+    UnknownPort { port: String },
+    #[error("port {port:?}: bridge {bridge:?} does not exist")]
+    UnknownBridge { port: String, bridge: String },
+    #[error("port {port:?}: VLAN {vlan} is out of range 1..=4094")]
+    PortBadVlan { port: String, vlan: u16 },
+    #[error("port {port:?}: MTU {mtu} is out of range 68..=9198")]
+    BadMtu { port: String, mtu: u16 },
+    #[error("port {port:?}: TPID {tpid:#06x} is not 0x8100, 0x88a8 or 0x9100")]
+    BadTpid { port: String, tpid: u16 },
+    #[error("port {port:?}: port security needs at least one MAC, and unicast ones")]
+    BadSecurity { port: String },
+    #[error("too many {kind} (at most {max})")]
+    TooMany { kind: &'static str, max: usize },
+    #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
+    VtepUnderlay { port: String },
+    #[error("VTEP: port {port:?} has mode underlay but is not the VTEP's underlay port")]
+    StrayUnderlay { port: String },
+    #[error("VTEP: no source MAC (set vtep.mac or give the underlay port a MAC)")]
+    VtepNoMac,
+    #[error("VTEP: {what}")]
+    Vtep { what: String },
+}
+
+/// A port as the fast path sees it.
+pub struct PortEntry {
+    pub id: u16,
+    pub name: String,
+    pub port: Arc<dyn Port>,
+    pub kind: PortKind,
+    /// VLANs accepted tagged (trunks).
+    pub allowed: VlanSet,
+    /// Bridge domain of untagged frames (access bridge, or the trunk's native VLAN's).
+    pub untagged_bd: u16,
+    pub tpid: u16,
+    pub mtu: u16,
+    pub mac_limit: u32,
+    pub security: Option<Security>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortKind {
+    Access,
+    Trunk,
+    Underlay,
+}
+
+impl PortEntry {
+    /// The tag a frame of `bd` (with trunk VLAN `vlan`) carries when leaving this port, or
+    /// `Err(())` when the port is not a member of that bridge domain.
+    #[inline(always)]
+    pub fn egress_tag(&self, bd: u16, vlan: u16) -> Result<Option<u16>, ()> {
+        if bd == self.untagged_bd {
+            Ok(None)
+        } else if self.kind == PortKind::Trunk && vlan != 0 && self.allowed.contains(vlan) {
+            Ok(Some(vlan))
+        } else {
+            Err(())
+        }
+    }
+}
+
+/// Compiled port security.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    pub macs: Vec<u64>,
+    pub ips: Vec<IpAddr>,
+    /// (MAC, IP or any).
+    pub pairs: Vec<(u64, Option<IpAddr>)>,
+}
+
+impl Security {
+    #[inline]
+    pub fn mac_allowed(&self, mac: u64) -> bool {
+        self.macs.contains(&mac) || self.pairs.iter().any(|(m, _)| *m == mac)
+    }
+
+    /// Whether `mac` may send from `ip`. With no IPs configured, the port's own MACs may use
+    /// any IP (MAC-only security).
+    #[inline]
+    pub fn ip_allowed(&self, mac: u64, ip: IpAddr) -> bool {
+        (self.macs.contains(&mac) && (self.ips.is_empty() || self.ips.contains(&ip)))
+            || self.pairs.iter().any(|(m, i)| *m == mac && i.is_none_or(|i| i == ip))
+    }
+}
+
+/// A bridge domain as the fast path sees it.
+pub struct BdEntry {
+    pub id: u16,
+    pub name: String,
+    /// Trunk tag (0: none).
+    pub vlan: u16,
+    pub vni: Option<u32>,
+    /// Local member ports, for flooding.
+    pub ports: Vec<u16>,
+    /// Remote VTEPs (peer ids), for flooding and decap admission.
+    pub peers: Vec<u16>,
+    pub learning: bool,
+    pub remote_learning: bool,
+    pub age_secs: u32,
+    pub mac_limit: u32,
+    pub arp_suppression: bool,
+    pub arp: FxMap<Ipv4Addr, MacAddr>,
+    pub nd: FxMap<Ipv6Addr, MacAddr>,
+}
+
+/// Stable ids for names across snapshots (so learned state survives unrelated changes).
+#[derive(Debug, Clone, Default)]
+pub struct Ids {
+    pub ports: HashMap<String, u16>,
+    pub bds: HashMap<String, u16>,
+    pub peers: HashMap<IpAddr, u16>,
+}
+
+impl Ids {
+    /// Gives every name in `cfg` an id, keeping existing ones and reusing the lowest free.
+    pub fn assign(&mut self, cfg: &SwitchConfig) -> Result<(), ConfigError> {
+        fn sync<K: std::hash::Hash + Eq + Clone>(
+            map: &mut HashMap<K, u16>,
+            want: Vec<K>,
+            kind: &'static str,
+            max: usize,
+        ) -> Result<(), ConfigError> {
+            let keep: HashSet<&K> = want.iter().collect();
+            map.retain(|k, _| keep.contains(k));
+            let mut used: Vec<bool> = vec![false; max];
+            for id in map.values() {
+                used[*id as usize] = true;
+            }
+            let mut next = 0usize;
+            for k in want {
+                if map.contains_key(&k) {
+                    continue;
+                }
+                while next < max && used[next] {
+                    next += 1;
+                }
+                if next == max {
+                    return Err(ConfigError::TooMany { kind, max });
+                }
+                used[next] = true;
+                map.insert(k, next as u16);
+            }
+            Ok(())
+        }
+        sync(&mut self.ports, cfg.ports.iter().map(|p| p.name.clone()).collect(), "ports", MAX_PORTS)?;
+        sync(&mut self.bds, cfg.bridges.iter().map(|b| b.name.clone()).collect(), "bridges", MAX_BDS)?;
+        let peers = cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| p.ip)).collect();
+        sync(&mut self.peers, peers, "VTEP peers", 4096)
+    }
+}
+
+/// The immutable configuration PMD threads read.
+pub struct Snapshot {
+    pub generation: u64,
+    pub ports: Vec<Option<PortEntry>>,
+    pub bds: Vec<Option<BdEntry>>,
+    /// Trunk VLAN → bridge domain.
+    pub vlan_bd: Box<[u16; 4096]>,
+    pub vni_bd: FxMap<u32, u16>,
+    pub vtep: Option<VtepEntry>,
+    pub peers: Vec<Option<PeerEntry>>,
+    pub peer_by_ip: FxMap<IpAddr, u16>,
+    /// Every (port, rx queue) to poll.
+    pub rxqs: Vec<(u16, u16)>,
+    pub config: SwitchConfig,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Snapshot(gen {}, {} ports, {} bridges)", self.generation, self.port_count(), self.bd_count())
+    }
+}
+
+fn check_name(kind: &'static str, name: &str, seen: &mut HashSet<String>) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(ConfigError::EmptyName { kind });
+    }
+    if !seen.insert(name.to_owned()) {
+        return Err(ConfigError::Duplicate { kind, name: name.to_owned() });
+    }
+    Ok(())
+}
+
+fn vlan_ok(v: u16) -> bool {
+    (1..=4094).contains(&v)
+}
+
+impl Snapshot {
+    /// An empty configuration.
+    pub fn empty() -> Snapshot {
+        Snapshot {
+            generation: 0,
+            ports: Vec::new(),
+            bds: Vec::new(),
+            vlan_bd: Box::new([NO_BD; 4096]),
+            vni_bd: FxMap::default(),
+            vtep: None,
+            peers: Vec::new(),
+            peer_by_ip: FxMap::default(),
+            rxqs: Vec::new(),
+            config: SwitchConfig::default(),
+        }
+    }
+
+    #[inline(always)]
+    pub fn port(&self, id: u16) -> Option<&PortEntry> {
+        self.ports.get(id as usize).and_then(Option::as_ref)
+    }
+
+    #[inline(always)]
+    pub fn bd(&self, id: u16) -> Option<&BdEntry> {
+        self.bds.get(id as usize).and_then(Option::as_ref)
+    }
+
+    #[inline(always)]
+    pub fn peer(&self, id: u16) -> Option<&PeerEntry> {
+        self.peers.get(id as usize).and_then(Option::as_ref)
+    }
+
+    pub fn port_count(&self) -> usize {
+        self.ports.iter().flatten().count()
+    }
+
+    pub fn bd_count(&self) -> usize {
+        self.bds.iter().flatten().count()
+    }
+
+    pub fn port_id(&self, name: &str) -> Option<u16> {
+        self.ports.iter().flatten().find(|p| p.name == name).map(|p| p.id)
+    }
+
+    pub fn bd_id(&self, name: &str) -> Option<u16> {
+        self.bds.iter().flatten().find(|b| b.name == name).map(|b| b.id)
+    }
+
+    /// Validates `cfg` whole and compiles it. `lookup` finds registered ports by name.
+    pub fn build(
+        cfg: &SwitchConfig,
+        ids: &Ids,
+        lookup: &dyn Fn(&str) -> Option<Arc<dyn Port>>,
+        generation: u64,
+    ) -> Result<Snapshot, ConfigError> {
+        let mut s = Snapshot::empty();
+        s.generation = generation;
+        s.config = cfg.clone();
+
+        // Bridge domains.
+        let mut names = HashSet::new();
+        let mut by_vlan: HashMap<u16, &str> = HashMap::new();
+        let mut by_vni: HashMap<u32, &str> = HashMap::new();
+        for b in &cfg.bridges {
+            check_name("bridge", &b.name, &mut names)?;
+            if let Some(v) = b.vlan {
+                if !vlan_ok(v) {
+                    return Err(ConfigError::BadVlan { bridge: b.name.clone(), vlan: v });
+                }
+                if let Some(o) = by_vlan.insert(v, &b.name) {
+                    return Err(ConfigError::VlanTaken { bridge: b.name.clone(), vlan: v, other: o.into() });
+                }
+            }
+            if let Some(n) = b.vni {
+                if !(1..=0xff_ffff).contains(&n) {
+                    return Err(ConfigError::BadVni { bridge: b.name.clone(), vni: n });
+                }
+                if let Some(o) = by_vni.insert(n, &b.name) {
+                    return Err(ConfigError::VniTaken { bridge: b.name.clone(), vni: n, other: o.into() });
+                }
+            }
+            if !b.flood.is_empty() && (b.vni.is_none() || cfg.vtep.is_none()) {
+                return Err(ConfigError::FloodWithoutVxlan { bridge: b.name.clone() });
+            }
+        }
+
+        // VTEP and peers.
+        if let Some(v) = &cfg.vtep {
+            let underlay = cfg.ports.iter().find(|p| p.name == v.underlay_port);
+            if !matches!(underlay.map(|p| &p.mode), Some(PortMode::Underlay)) {
+                return Err(ConfigError::VtepUnderlay { port: v.underlay_port.clone() });
+            }
+        }
+        for p in &cfg.ports {
+            if p.mode == PortMode::Underlay && cfg.vtep.as_ref().is_none_or(|v| v.underlay_port != p.name) {
+                return Err(ConfigError::StrayUnderlay { port: p.name.clone() });
+            }
+        }
+
+        // Ports.
+        let mut pnames = HashSet::new();
+        let max_port = ids.ports.values().copied().max().map_or(0, |m| m as usize + 1);
+        s.ports.resize_with(max_port, || None);
+        let bd_of = |name: &str| ids.bds.get(name).copied();
+        for p in &cfg.ports {
+            check_name("port", &p.name, &mut pnames)?;
+            let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
+            if !(68..=9198).contains(&p.mtu) {
+                return Err(ConfigError::BadMtu { port: p.name.clone(), mtu: p.mtu });
+            }
+            if !crate::wire::ethernet::is_tpid(p.tpid) {
+                return Err(ConfigError::BadTpid { port: p.name.clone(), tpid: p.tpid });
+            }
+            let mut allowed = VlanSet::default();
+            let (kind, untagged_bd) = match &p.mode {
+                PortMode::Access { bridge } => {
+                    let bd = bd_of(bridge)
+                        .ok_or_else(|| ConfigError::UnknownBridge { port: p.name.clone(), bridge: bridge.clone() })?;
+                    (PortKind::Access, bd)
+                }
+                PortMode::Trunk { allowed: vl, native } => {
+                    for v in vl.iter().chain(native) {
+                        if !vlan_ok(*v) {
+                            return Err(ConfigError::PortBadVlan { port: p.name.clone(), vlan: *v });
+                        }
+                    }
+                    for v in vl {
+                        allowed.insert(*v);
+                    }
+                    let native_bd = native
+                        .and_then(|n| cfg.bridges.iter().find(|b| b.vlan == Some(n)))
+                        .and_then(|b| bd_of(&b.name))
+                        .unwrap_or(NO_BD);
+                    (PortKind::Trunk, native_bd)
+                }
+                PortMode::Underlay => (PortKind::Underlay, NO_BD),
+            };
+            let security = match &p.security {
+                Some(sec) if sec.enabled => {
+                    if sec.macs.is_empty() || sec.macs.iter().any(MacAddr::is_group) {
+                        return Err(ConfigError::BadSecurity { port: p.name.clone() });
+                    }
+                    Some(Security {
+                        macs: sec.macs.iter().map(|m| m.to_u64()).collect(),
+                        ips: sec.ips.clone(),
+                        pairs: sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
+                    })
+                }
+                _ => None,
+            };
+            let id = ids.ports[&p.name];
+            for q in 0..port.rx_queues() {
+                s.rxqs.push((id, q));
+            }
+            s.ports[id as usize] = Some(PortEntry {
+                id,
+                name: p.name.clone(),
+                port,
+                kind,
+                allowed,
+                untagged_bd,
+                tpid: p.tpid,
+                mtu: p.mtu,
+                mac_limit: p.mac_limit,
+                security,
+            });
+        }
+
+        // VTEP entry and peer templates.
+        if let Some(v) = &cfg.vtep {
+            let underlay_id = ids.ports[&v.underlay_port];
+            let underlay = s.port(underlay_id).expect("underlay validated above");
+            let mac = v.mac.or_else(|| underlay.port.mac()).ok_or(ConfigError::VtepNoMac)?;
+            let entry = VtepEntry::new(v, underlay_id, mac, underlay.mtu)?;
+            let max_peer = ids.peers.values().copied().max().map_or(0, |m| m as usize + 1);
+            s.peers.resize_with(max_peer, || None);
+            let mut seen = HashSet::new();
+            for pc in &v.peers {
+                if !seen.insert(pc.ip) {
+                    return Err(ConfigError::Duplicate { kind: "VTEP peer", name: pc.ip.to_string() });
+                }
+                let id = ids.peers[&pc.ip];
+                s.peers[id as usize] = Some(entry.peer(id, pc)?);
+                s.peer_by_ip.insert(pc.ip, id);
+            }
+            s.vtep = Some(entry);
+        }
+
+        // Bridge domain entries with their members.
+        let max_bd = ids.bds.values().copied().max().map_or(0, |m| m as usize + 1);
+        s.bds.resize_with(max_bd, || None);
+        for b in &cfg.bridges {
+            let id = ids.bds[&b.name];
+            let vlan = b.vlan.unwrap_or(0);
+            if vlan != 0 {
+                s.vlan_bd[vlan as usize] = id;
+            }
+            if let Some(n) = b.vni {
+                s.vni_bd.insert(n, id);
+            }
+            let ports: Vec<u16> =
+                s.ports.iter().flatten().filter(|p| p.egress_tag(id, vlan).is_ok()).map(|p| p.id).collect();
+            let mut peers = Vec::new();
+            for ip in &b.flood {
+                let pid = *s
+                    .peer_by_ip
+                    .get(ip)
+                    .ok_or_else(|| ConfigError::UnknownPeer { bridge: b.name.clone(), ip: *ip })?;
+                if !peers.contains(&pid) {
+                    peers.push(pid);
+                }
+            }
+            let mut arp = FxMap::default();
+            let mut nd = FxMap::default();
+            for n in &b.neighbors {
+                if n.mac.is_group() {
+                    return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "neighbor", mac: n.mac });
+                }
+                match n.ip {
+                    IpAddr::V4(a) => arp.insert(a, n.mac),
+                    IpAddr::V6(a) => nd.insert(a, n.mac),
+                };
+            }
+            for m in &b.static_macs {
+                if m.mac.is_group() {
+                    return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
+                }
+                let member = match (&m.port, &m.remote) {
+                    (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.contains(id)),
+                    (None, Some(ip)) => s.peer_by_ip.get(ip).is_some_and(|id| peers.contains(id)),
+                    _ => return Err(ConfigError::StaticMacTarget { bridge: b.name.clone(), mac: m.mac }),
+                };
+                if !member {
+                    let target = m.port.clone().unwrap_or_else(|| m.remote.map(|r| r.to_string()).unwrap_or_default());
+                    return Err(ConfigError::StaticMacNotMember { bridge: b.name.clone(), mac: m.mac, target });
+                }
+            }
+            s.bds[id as usize] = Some(BdEntry {
+                id,
+                name: b.name.clone(),
+                vlan,
+                vni: b.vni,
+                ports,
+                peers,
+                learning: b.mac_learning,
+                remote_learning: b.remote_learning,
+                age_secs: b.mac_age_secs.max(1),
+                mac_limit: b.mac_limit,
+                arp_suppression: b.arp_suppression,
+                arp,
+                nd,
+            });
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,175 @@
+//! A bounded lock-free single-producer single-consumer ring of buffer indices, with an
+//! eventfd the producer writes when the consumer has said it is going to sleep.
+//!
+//! Single producer and single consumer are the caller's promise; [`crate::port::ring`] keeps it
+//! with a try-lock per side. The wake protocol is Dekker-style: the consumer stores
+//! `sleeping = true`, fences, and re-checks the ring before it sleeps; the producer publishes,
+//! fences, and then reads `sleeping`. One of the two always sees the other, so no wake-up is lost.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*, fence};
+
+#[repr(align(64))]
+struct Padded<T>(T);
+
+pub struct Spsc {
+    slots: Box<[AtomicU32]>,
+    mask: usize,
+    /// Next slot to read (consumer-owned).
+    head: Padded<AtomicUsize>,
+    /// Next slot to write (producer-owned).
+    tail: Padded<AtomicUsize>,
+    sleeping: Padded<AtomicBool>,
+    wake: OwnedFd,
+}
+
+impl Spsc {
+    /// A ring of `size` slots (rounded up to a power of two).
+    pub fn new(size: usize) -> std::io::Result<Spsc> {
+        let size = size.next_power_of_two().max(2);
+        // SAFETY: eventfd has no memory preconditions; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Spsc {
+            slots: (0..size).map(|_| AtomicU32::new(0)).collect(),
+            mask: size - 1,
+            head: Padded(AtomicUsize::new(0)),
+            tail: Padded(AtomicUsize::new(0)),
+            sleeping: Padded(AtomicBool::new(false)),
+            // SAFETY: fd was just created and is owned by nobody else.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
+    pub fn len(&self) -> usize {
+        self.tail.0.load(Acquire).wrapping_sub(self.head.0.load(Acquire))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Producer: appends as many of `ids` as fit; returns how many.
+    #[inline]
+    pub fn push(&self, ids: &[u32]) -> usize {
+        let tail = self.tail.0.load(Relaxed);
+        let head = self.head.0.load(Acquire);
+        let n = ids.len().min(self.capacity() - tail.wrapping_sub(head));
+        for (i, id) in ids[..n].iter().enumerate() {
+            self.slots[(tail + i) & self.mask].store(*id, Relaxed);
+        }
+        if n > 0 {
+            self.tail.0.store(tail.wrapping_add(n), Release);
+            fence(SeqCst);
+            if self.sleeping.0.load(Relaxed) {
+                self.notify();
+            }
+        }
+        n
+    }
+
+    /// Consumer: takes up to `out.len()` indices; returns how many.
+    #[inline]
+    pub fn pop(&self, out: &mut [u32]) -> usize {
+        let head = self.head.0.load(Relaxed);
+        let tail = self.tail.0.load(Acquire);
+        let n = out.len().min(tail.wrapping_sub(head));
+        for (i, o) in out[..n].iter_mut().enumerate() {
+            *o = self.slots[(head + i) & self.mask].load(Relaxed);
+        }
+        if n > 0 {
+            self.head.0.store(head.wrapping_add(n), Release);
+        }
+        n
+    }
+
+    /// Consumer: says it will sleep (true) or is awake (false). When arming, returns whether
+    /// the ring already has work (the caller must then not sleep).
+    pub fn arm(&self, sleeping: bool) -> bool {
+        self.sleeping.0.store(sleeping, Relaxed);
+        if !sleeping {
+            self.drain_wake();
+            return false;
+        }
+        fence(SeqCst);
+        !self.is_empty()
+    }
+
+    fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn drain_wake(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a valid u64 from our own non-blocking eventfd.
+        unsafe { libc::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    pub fn wake_fd(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn fifo_and_bounds() {
+        let r = Spsc::new(4).unwrap();
+        assert_eq!(r.push(&[1, 2, 3, 4, 5]), 4);
+        let mut out = [0; 3];
+        assert_eq!(r.pop(&mut out), 3);
+        assert_eq!(out, [1, 2, 3]);
+        assert_eq!(r.push(&[6, 7]), 2);
+        let mut out = [0; 8];
+        assert_eq!(r.pop(&mut out), 3);
+        assert_eq!(&out[..3], &[4, 6, 7]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn two_threads_keep_order() {
+        let r = Arc::new(Spsc::new(64).unwrap());
+        let p = r.clone();
+        let t = std::thread::spawn(move || {
+            let mut next = 0u32;
+            while next < 100_000 {
+                let ids: Vec<u32> = (next..next + 16).collect();
+                next += p.push(&ids) as u32;
+            }
+        });
+        let mut expect = 0u32;
+        let mut out = [0u32; 32];
+        while expect < 100_000 {
+            let n = r.pop(&mut out);
+            for v in &out[..n] {
+                assert_eq!(*v, expect);
+                expect += 1;
+            }
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn armed_consumer_is_woken() {
+        let r = Spsc::new(8).unwrap();
+        assert!(!r.arm(true));
+        r.push(&[1]);
+        let mut pfd = libc::pollfd { fd: r.wake_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+        assert_eq!(n, 1);
+        r.arm(false);
+        assert!(r.arm(true), "work pending: must not sleep");
+    }
+}

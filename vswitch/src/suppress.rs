@@ -1,0 +1,77 @@
+//! ARP and ND suppression: a request for an address the control plane knows is answered by
+//! the switch itself, in place in the request's buffer, instead of being flooded.
+//!
+//! Not answered (flooded as usual): gratuitous ARP, duplicate address detection (NS from ::),
+//! and requests for addresses not in the bridge domain's table.
+
+use crate::buf::{BufId, Pool};
+use crate::snapshot::BdEntry;
+use crate::wire::{MacAddr, arp, ethernet::ethertype, icmpv6, ipv6};
+
+/// What was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Arp,
+    Nd,
+}
+
+/// Turns an ARP request or neighbour solicitation in `b` into the reply, when `bd` knows the
+/// address. `l2` is the Ethernet header length (with tag).
+pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> Option<Answer> {
+    match et {
+        ethertype::ARP if !bd.arp.is_empty() => arp_reply(pool, bd, b, l2).then_some(Answer::Arp),
+        ethertype::IPV6 if !bd.nd.is_empty() => nd_reply(pool, bd, b, l2).then_some(Answer::Nd),
+        _ => None,
+    }
+}
+
+fn arp_reply(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize) -> bool {
+    let h = pool.head_mut(b);
+    let Some(body) = h.get_mut(l2..) else { return false };
+    let Ok(mut p) = arp::Packet::new_checked(body) else { return false };
+    if p.op() != arp::OP_REQUEST || p.spa() == p.tpa() {
+        return false;
+    }
+    let Some(&mac) = bd.arp.get(&p.tpa()) else { return false };
+    p.make_reply(mac);
+    swap_to_reply(h, mac);
+    true
+}
+
+fn nd_reply(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize) -> bool {
+    let h = pool.head_mut(b);
+    let Some(l3) = h.get(l2..) else { return false };
+    let Ok(ip) = ipv6::Packet::new_checked(l3) else { return false };
+    if ip.next_header() != ipv6::NEXT_ICMPV6 || ip.hop_limit() != 255 || ip.src().is_unspecified() {
+        return false;
+    }
+    let Ok(ns) = icmpv6::Ndp::new_checked(ip.payload()) else { return false };
+    if ns.msg_type() != icmpv6::TYPE_NS || ns.link_layer_option().is_none() {
+        return false;
+    }
+    let target = ns.target();
+    let Some(&mac) = bd.nd.get(&target) else { return false };
+    let requester = ip.src();
+    if l3.len() < ipv6::HEADER_LEN + icmpv6::NA_LEN {
+        return false;
+    }
+    let l3 = &mut h[l2..];
+    ipv6::Repr {
+        src: target,
+        dst: requester,
+        next_header: ipv6::NEXT_ICMPV6,
+        hop_limit: 255,
+        payload_len: icmpv6::NA_LEN as u16,
+    }
+    .emit(l3);
+    icmpv6::emit_na(&mut l3[ipv6::HEADER_LEN..], &target, &requester, &target, mac);
+    swap_to_reply(h, mac);
+    pool.truncate(b, l2 + ipv6::HEADER_LEN + icmpv6::NA_LEN);
+    true
+}
+
+/// The reply goes back to the requester, from the answered address's MAC.
+fn swap_to_reply(h: &mut [u8], from: MacAddr) {
+    h.copy_within(6..12, 0);
+    h[6..12].copy_from_slice(&from.0);
+}

@@ -1,0 +1,243 @@
+//! The control side of one switch: registered ports, stable ids, the published configuration
+//! snapshot, the FDB and the counters of every PMD thread.
+//!
+//! `apply` validates a whole [`SwitchConfig`], builds a new [`Snapshot`] and publishes it
+//! RCU-style (an `ArcSwap` plus a generation number PMD threads compare between batches).
+//! Learned state is kept for every bridge domain and port the change did not touch; entries
+//! of removed or re-numbered bridge domains, removed ports and removed peers are flushed.
+
+use crate::buf::Pool;
+use crate::config::SwitchConfig;
+use crate::counters::{ThreadStats, Totals};
+use crate::fdb::{self, Dest, Fdb};
+use crate::pipeline::Pipeline;
+use crate::port::Port;
+use crate::snapshot::{ConfigError, Ids, Snapshot};
+use arc_swap::ArcSwap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Errors of the switch's control operations.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    #[error("a port named {0:?} is already registered")]
+    PortExists(String),
+    #[error("no port named {0:?} is registered")]
+    NoSuchPort(String),
+    #[error("port {0:?} is still in the configuration; remove it from the configuration first")]
+    PortInUse(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Sizing of a switch.
+#[derive(Debug, Clone, Copy)]
+pub struct SwitchOptions {
+    /// Global FDB limit.
+    pub fdb_entries: u32,
+}
+
+impl Default for SwitchOptions {
+    fn default() -> Self {
+        SwitchOptions { fdb_entries: 1 << 18 }
+    }
+}
+
+#[derive(Default)]
+struct Control {
+    ports: BTreeMap<String, Arc<dyn Port>>,
+    ids: Ids,
+}
+
+pub struct Switch {
+    pool: Arc<Pool>,
+    fdb: Arc<Fdb>,
+    current: ArcSwap<Snapshot>,
+    generation: AtomicU64,
+    control: Mutex<Control>,
+    threads: Mutex<Vec<Arc<ThreadStats>>>,
+}
+
+impl std::fmt::Debug for Switch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Switch({:?}, {:?})", self.current.load(), self.fdb)
+    }
+}
+
+impl Switch {
+    pub fn new(pool: Arc<Pool>, opts: SwitchOptions) -> Arc<Switch> {
+        Arc::new(Switch {
+            pool,
+            fdb: Arc::new(Fdb::new(opts.fdb_entries)),
+            current: ArcSwap::from_pointee(Snapshot::empty()),
+            generation: AtomicU64::new(0),
+            control: Mutex::new(Control::default()),
+            threads: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn control(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn fdb(&self) -> &Arc<Fdb> {
+        &self.fdb
+    }
+
+    /// Makes a port known by name so a configuration can use it.
+    pub fn register_port(&self, name: &str, port: Arc<dyn Port>) -> Result<(), SwitchError> {
+        let mut c = self.control();
+        if c.ports.contains_key(name) {
+            return Err(SwitchError::PortExists(name.into()));
+        }
+        c.ports.insert(name.into(), port);
+        Ok(())
+    }
+
+    /// Forgets a port that no configuration uses any more.
+    pub fn unregister_port(&self, name: &str) -> Result<Arc<dyn Port>, SwitchError> {
+        let mut c = self.control();
+        if self.current.load().config.ports.iter().any(|p| p.name == name) {
+            return Err(SwitchError::PortInUse(name.into()));
+        }
+        c.ports.remove(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))
+    }
+
+    /// Validates and publishes a configuration; returns its generation. On error nothing
+    /// changes.
+    pub fn apply(&self, cfg: SwitchConfig) -> Result<u64, ConfigError> {
+        let mut c = self.control();
+        let mut ids = c.ids.clone();
+        ids.assign(&cfg)?;
+        let generation = self.generation.load(Acquire) + 1;
+        let ports = &c.ports;
+        let snap = Snapshot::build(&cfg, &ids, &|n| ports.get(n).cloned(), generation)?;
+        let old = self.current.load_full();
+        let flush = Flush::between(&old, &c.ids, &snap, &ids);
+        self.current.store(Arc::new(snap));
+        self.generation.store(generation, Release);
+        c.ids = ids;
+        drop(c);
+        flush.run(&self.fdb);
+        self.sync_static_macs(&self.current.load());
+        tracing::info!(generation, "configuration applied");
+        Ok(generation)
+    }
+
+    /// Makes the FDB's static entries exactly those of the snapshot.
+    fn sync_static_macs(&self, snap: &Snapshot) {
+        let mut want = HashSet::new();
+        for b in &snap.config.bridges {
+            let Some(bd) = snap.bd_id(&b.name) else { continue };
+            for m in &b.static_macs {
+                let dest = match (&m.port, &m.remote) {
+                    (Some(p), _) => snap.port_id(p).map(Dest::Port),
+                    (_, Some(ip)) => snap.peer_by_ip.get(ip).map(|id| Dest::Peer(*id)),
+                    _ => None,
+                };
+                if let Some(d) = dest {
+                    want.insert((bd, m.mac, d));
+                }
+            }
+        }
+        self.fdb.remove_where(|e| e.is_static && !want.contains(&(e.bd, e.mac, e.dest)));
+        for (bd, mac, d) in want {
+            if self.fdb.insert_static(bd, mac, d).is_err() {
+                tracing::warn!(%mac, bd, "forwarding table full: static MAC not installed");
+            }
+        }
+    }
+
+    /// The configuration PMD threads currently read.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    #[inline(always)]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Acquire)
+    }
+
+    /// A pipeline for one PMD thread (its counters join the switch's totals).
+    pub fn pipeline(&self, thread: usize) -> Pipeline {
+        let stats = Arc::new(ThreadStats::new(fdb::MAX_PORTS, fdb::MAX_BDS));
+        self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(stats.clone());
+        Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats)
+    }
+
+    /// Counters summed over every thread that ever forwarded for this switch.
+    pub fn stats(&self) -> Totals {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        Totals::sum(threads.iter().map(|t| &**t))
+    }
+
+    /// Ages out learned MACs older than their bridge domain's age; returns how many.
+    pub fn age(&self, now: u32) -> usize {
+        let snap = self.snapshot();
+        self.fdb.age(now, |bd| snap.bd(bd).map(|b| b.age_secs))
+    }
+
+    /// Removes learned entries of one bridge domain (by name); returns how many.
+    pub fn flush_bridge(&self, name: &str) -> Option<usize> {
+        let bd = self.snapshot().bd_id(name)?;
+        Some(self.fdb.remove_where(|e| !e.is_static && e.bd == bd))
+    }
+
+    /// Removes learned entries pointing at one port (by name); returns how many.
+    pub fn flush_port(&self, name: &str) -> Option<usize> {
+        let p = self.snapshot().port_id(name)?;
+        Some(self.fdb.remove_where(|e| !e.is_static && e.dest == Dest::Port(p)))
+    }
+}
+
+/// What a configuration change must remove from the FDB.
+struct Flush {
+    bds: HashSet<u16>,
+    dests: HashSet<Dest>,
+}
+
+impl Flush {
+    fn between(old: &Snapshot, old_ids: &Ids, new: &Snapshot, new_ids: &Ids) -> Flush {
+        let mut bds = HashSet::new();
+        for (name, id) in &old_ids.bds {
+            let before = old.bd(*id);
+            let after = new_ids.bds.get(name).and_then(|n| new.bd(*n));
+            let same = match (before, after) {
+                (Some(a), Some(b)) => a.id == b.id && a.vlan == b.vlan && a.vni == b.vni,
+                _ => false,
+            };
+            if !same {
+                bds.insert(*id);
+            }
+        }
+        // Ids handed out now that were not in use before may have stale entries.
+        bds.extend(new_ids.bds.iter().filter(|(n, _)| !old_ids.bds.contains_key(*n)).map(|(_, id)| *id));
+        let mut dests = HashSet::new();
+        for (name, id) in &old_ids.ports {
+            if new_ids.ports.get(name) != Some(id) {
+                dests.insert(Dest::Port(*id));
+            }
+        }
+        dests.extend(new_ids.ports.iter().filter(|(n, _)| !old_ids.ports.contains_key(*n)).map(|(_, id)| Dest::Port(*id)));
+        for (ip, id) in &old_ids.peers {
+            if new_ids.peers.get(ip) != Some(id) {
+                dests.insert(Dest::Peer(*id));
+            }
+        }
+        dests.extend(new_ids.peers.iter().filter(|(ip, _)| !old_ids.peers.contains_key(*ip)).map(|(_, id)| Dest::Peer(*id)));
+        Flush { bds, dests }
+    }
+
+    fn run(&self, fdb: &Fdb) {
+        if self.bds.is_empty() && self.dests.is_empty() {
+            return;
+        }
+        let n = fdb.remove_where(|e| self.bds.contains(&e.bd) || (!e.is_static && self.dests.contains(&e.dest)));
+        tracing::debug!(removed = n, "FDB entries flushed by configuration change");
+    }
+}

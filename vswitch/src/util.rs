@@ -1,0 +1,107 @@
+//! Small helpers shared by the control side and the fast path: a fast non-cryptographic
+//! hasher for the snapshot's lookup maps, a VLAN bitset, and the coarse clock.
+
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The Fx hash (as in rustc): a multiply-rotate over words. Keys here are switch-internal
+/// (VNIs, VTEP addresses, IPs from the control plane), so hash flooding is not a concern.
+#[derive(Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u16(&mut self, i: u16) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(K);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type FxMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A set of VLAN ids 0..4096.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VlanSet(Box<[u64; 64]>);
+
+impl Default for VlanSet {
+    fn default() -> Self {
+        VlanSet(Box::new([0; 64]))
+    }
+}
+
+impl std::fmt::Debug for VlanSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries((0..4096u16).filter(|v| self.contains(*v))).finish()
+    }
+}
+
+impl VlanSet {
+    pub fn insert(&mut self, v: u16) {
+        self.0[(v as usize >> 6) & 63] |= 1 << (v & 63);
+    }
+    #[inline(always)]
+    pub fn contains(&self, v: u16) -> bool {
+        self.0[(v as usize >> 6) & 63] & (1 << (v & 63)) != 0
+    }
+}
+
+/// Seconds of a monotonic clock, cheap enough to read once per batch (vDSO, coarse).
+pub fn coarse_secs() -> u32 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u32
+}
+
+/// The CPU's time-stamp counter (cycles), or 0 where there is none.
+#[inline(always)]
+pub fn cycles() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc has no preconditions.
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn vlan_set() {
+        let mut s = VlanSet::default();
+        s.insert(1);
+        s.insert(4094);
+        assert!(s.contains(1) && s.contains(4094) && !s.contains(2));
+    }
+}

@@ -1,0 +1,66 @@
+//! 802.1Q tag push, pop and TPID rewrite on a packet's head segment, in place.
+//!
+//! Push prepends 4 bytes into the headroom and moves only the 12 bytes of MAC addresses;
+//! pop moves them back. The payload never moves.
+
+use crate::buf::{BufId, Pool};
+
+/// Inserts a tag (TPID, TCI) after the MAC addresses; false if headroom or data is short.
+#[inline]
+pub fn push(pool: &Pool, b: &mut BufId, tpid: u16, tci: u16) -> bool {
+    if pool.head(b).len() < 12 {
+        return false;
+    }
+    let Some(h) = pool.prepend(b, 4) else { return false };
+    h.copy_within(4..16, 0);
+    h[12..14].copy_from_slice(&tpid.to_be_bytes());
+    h[14..16].copy_from_slice(&tci.to_be_bytes());
+    true
+}
+
+/// Removes the outer tag; false if the head is shorter than a tagged header.
+#[inline]
+pub fn pop(pool: &Pool, b: &mut BufId) -> bool {
+    let h = pool.head_mut(b);
+    if h.len() < 18 {
+        return false;
+    }
+    h.copy_within(0..12, 4);
+    pool.strip(b, 4)
+}
+
+/// Rewrites the TPID of an outer tag when it differs.
+#[inline]
+pub fn set_tpid(pool: &Pool, b: &mut BufId, tpid: u16) {
+    let h = pool.head_mut(b);
+    if h.len() >= 14 {
+        let t = tpid.to_be_bytes();
+        if h[12..14] != t {
+            h[12..14].copy_from_slice(&t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::buf::PoolCache;
+
+    #[test]
+    fn push_then_pop_is_identity() {
+        let pool = Pool::new(16, false).unwrap();
+        let mut c = PoolCache::new(pool.clone());
+        let frame: Vec<u8> = (0..64u8).collect();
+        let mut b = c.alloc_frame(&frame).unwrap();
+        assert!(push(&pool, &mut b, 0x8100, 0x2064));
+        let h = pool.head(&b);
+        assert_eq!(&h[..12], &frame[..12]);
+        assert_eq!(&h[12..16], &[0x81, 0x00, 0x20, 0x64]);
+        assert_eq!(&h[16..], &frame[12..]);
+        set_tpid(&pool, &mut b, 0x88a8);
+        assert_eq!(&pool.head(&b)[12..14], &[0x88, 0xa8]);
+        assert!(pop(&pool, &mut b));
+        assert_eq!(pool.head(&b), &frame[..]);
+        c.free(b);
+    }
+}

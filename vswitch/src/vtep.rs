@@ -1,0 +1,341 @@
+//! The local VXLAN tunnel endpoint (RFC 7348): outer-header templates per remote peer,
+//! encapsulation and decapsulation of packets in place.
+//!
+//! Encapsulation copies a precomputed outer header (Ethernet [+ tag] + IPv4/IPv6 + UDP +
+//! VXLAN) into the packet's headroom and patches five fields: IP length, IPv4 checksum
+//! (incrementally from a precomputed sum), UDP length, UDP source port (from the inner flow
+//! hash) and the VNI. IPv4 goes out with DF set and a zero UDP checksum; IPv6 with the UDP
+//! checksum computed over the whole frame unless the zero-checksum option is on.
+//!
+//! Decapsulation accepts a frame only if it is IPv4/IPv6 to our VTEP address, UDP to our
+//! port, unfragmented, with valid lengths, IPv4 checksum, the I flag, a known VNI, and a
+//! source VTEP in that VNI's flood list.
+
+use crate::buf::{BufId, Pool};
+use crate::config::{PeerConfig, VtepConfig};
+use crate::counters::DropReason;
+use crate::snapshot::{ConfigError, Snapshot};
+use crate::wire::{checksum, ethernet, ipv4, ipv6, udp, vxlan, MacAddr};
+use std::net::IpAddr;
+
+/// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
+pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
+
+/// The local VTEP as the fast path sees it.
+#[derive(Debug, Clone)]
+pub struct VtepEntry {
+    pub local: IpAddr,
+    local_v4: u32,
+    pub udp_port: u16,
+    pub underlay_port: u16,
+    pub mac: MacAddr,
+    pub underlay_vlan: Option<u16>,
+    src_lo: u16,
+    src_span: u32,
+    ttl: u8,
+    v6_zero_csum: bool,
+    /// Outer L2 header length (14 or 18).
+    l2_len: usize,
+    /// Whole outer header length.
+    pub outer_len: usize,
+    /// Underlay L3 MTU.
+    pub mtu: u16,
+}
+
+/// A remote VTEP with its outer-header template.
+#[derive(Debug, Clone)]
+pub struct PeerEntry {
+    pub id: u16,
+    pub ip: IpAddr,
+    template: [u8; MAX_OUTER],
+    /// One's-complement sum of the IPv4 header template without length (IPv4) or of the
+    /// pseudo-header addresses and next header (IPv6).
+    base_sum: u64,
+}
+
+impl VtepEntry {
+    pub fn new(v: &VtepConfig, underlay_port: u16, mac: MacAddr, mtu: u16) -> Result<VtepEntry, ConfigError> {
+        let err = |what: String| ConfigError::Vtep { what };
+        if v.udp_port == 0 {
+            return Err(err("UDP port 0 is not valid".into()));
+        }
+        if v.src_port_min > v.src_port_max || v.src_port_min == 0 {
+            return Err(err(format!("UDP source port range {}..={} is empty", v.src_port_min, v.src_port_max)));
+        }
+        if let Some(t) = v.underlay_vlan {
+            if !(1..=4094).contains(&t) {
+                return Err(err(format!("underlay VLAN {t} is out of range 1..=4094")));
+            }
+        }
+        if v.local_ip.is_unspecified() || v.local_ip.is_multicast() {
+            return Err(err(format!("local address {} is not a unicast address", v.local_ip)));
+        }
+        let l2_len = if v.underlay_vlan.is_some() { 18 } else { 14 };
+        let l3 = if v.local_ip.is_ipv4() { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
+        Ok(VtepEntry {
+            local: v.local_ip,
+            local_v4: match v.local_ip {
+                IpAddr::V4(a) => u32::from(a),
+                IpAddr::V6(_) => 0,
+            },
+            udp_port: v.udp_port,
+            underlay_port,
+            mac,
+            underlay_vlan: v.underlay_vlan,
+            src_lo: v.src_port_min,
+            src_span: (v.src_port_max - v.src_port_min) as u32 + 1,
+            ttl: v.ttl,
+            v6_zero_csum: v.ipv6_zero_checksum,
+            l2_len,
+            outer_len: l2_len + l3 + udp::HEADER_LEN + vxlan::HEADER_LEN,
+            mtu,
+        })
+    }
+
+    /// Builds a peer's outer-header template.
+    pub fn peer(&self, id: u16, p: &PeerConfig) -> Result<PeerEntry, ConfigError> {
+        if p.ip.is_ipv4() != self.local.is_ipv4() {
+            return Err(ConfigError::Vtep { what: format!("peer {} is not of the local address's family", p.ip) });
+        }
+        if p.next_hop_mac.is_group() {
+            return Err(ConfigError::Vtep { what: format!("peer {}: next-hop MAC is a group address", p.ip) });
+        }
+        let mut t = [0u8; MAX_OUTER];
+        let eth = ethernet::Repr {
+            dst: p.next_hop_mac,
+            src: self.mac,
+            tag: self.underlay_vlan.map(|v| (ethernet::ethertype::VLAN, v)),
+            ethertype: if p.ip.is_ipv4() { ethernet::ethertype::IPV4 } else { ethernet::ethertype::IPV6 },
+        };
+        eth.emit(&mut t);
+        let l3 = &mut t[self.l2_len..];
+        let base_sum = match (self.local, p.ip) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                ipv4::Repr { src, dst, protocol: ipv4::PROTO_UDP, ttl: self.ttl, payload_len: 0, dont_fragment: true }
+                    .emit(l3);
+                // Sum of the header with total length and checksum zeroed.
+                l3[ipv4::offsets::TOTAL_LEN..ipv4::offsets::TOTAL_LEN + 2].fill(0);
+                l3[ipv4::offsets::CHECKSUM..ipv4::offsets::CHECKSUM + 2].fill(0);
+                checksum::accumulate(0, &l3[..ipv4::HEADER_LEN], &mut false)
+            }
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                ipv6::Repr { src, dst, next_header: ipv6::NEXT_UDP, hop_limit: self.ttl, payload_len: 0 }.emit(l3);
+                ipv6::pseudo_header_sum(&src, &dst, ipv6::NEXT_UDP, 0)
+            }
+            _ => unreachable!("families checked above"),
+        };
+        let l4 = self.l2_len + if p.ip.is_ipv4() { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
+        udp::emit(&mut t[l4..], 0, self.udp_port, 0, 0);
+        vxlan::emit(&mut t[l4 + udp::HEADER_LEN..], 0);
+        Ok(PeerEntry { id, ip: p.ip, template: t, base_sum })
+    }
+
+    /// Encapsulates the (untagged) inner frame `b` toward `peer` in VNI `vni`.
+    #[inline]
+    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32, flow_hash: u32) -> Result<(), DropReason> {
+        let inner = pool.pkt_len(b);
+        let l3_len = inner + self.outer_len - self.l2_len;
+        if l3_len > self.mtu as usize {
+            return Err(DropReason::EncapTooBig);
+        }
+        let outer = self.outer_len;
+        let l2 = self.l2_len;
+        let v4 = self.local_v4 != 0;
+        let Some(h) = pool.prepend(b, outer) else { return Err(DropReason::NoBuffer) };
+        h[..outer].copy_from_slice(&peer.template[..outer]);
+        let l4 = if v4 { l2 + ipv4::HEADER_LEN } else { l2 + ipv6::HEADER_LEN };
+        let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
+        let sport = self.src_lo + (((flow_hash & 0xffff) * self.src_span) >> 16) as u16;
+        h[l4..l4 + 2].copy_from_slice(&sport.to_be_bytes());
+        h[l4 + udp::offsets::LENGTH..l4 + udp::offsets::LENGTH + 2].copy_from_slice(&udp_len.to_be_bytes());
+        let vx = l4 + udp::HEADER_LEN;
+        h[vx + 4] = (vni >> 16) as u8;
+        h[vx + 5] = (vni >> 8) as u8;
+        h[vx + 6] = vni as u8;
+        if v4 {
+            let total = l3_len as u16;
+            h[l2 + ipv4::offsets::TOTAL_LEN..l2 + ipv4::offsets::TOTAL_LEN + 2].copy_from_slice(&total.to_be_bytes());
+            let c = !checksum::fold(peer.base_sum + total as u64);
+            h[l2 + ipv4::offsets::CHECKSUM..l2 + ipv4::offsets::CHECKSUM + 2].copy_from_slice(&c.to_be_bytes());
+        } else {
+            h[l2 + ipv6::offsets::PAYLOAD_LEN..l2 + ipv6::offsets::PAYLOAD_LEN + 2]
+                .copy_from_slice(&udp_len.to_be_bytes());
+            if !self.v6_zero_csum {
+                let c = udp6_checksum(pool, b, peer.base_sum, l4, udp_len);
+                let h = pool.head_mut(b);
+                h[l4 + udp::offsets::CHECKSUM..l4 + udp::offsets::CHECKSUM + 2].copy_from_slice(&c.to_be_bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates an underlay frame and strips its outer headers, leaving the inner frame.
+    /// Returns (bridge domain, peer id). The one-entry `cache` remembers the last
+    /// (source, VNI) → (bridge domain, peer) resolution of this batch.
+    #[inline]
+    pub fn decap(
+        &self,
+        snap: &Snapshot,
+        pool: &Pool,
+        b: &mut BufId,
+        cache: &mut DecapCache,
+    ) -> Result<(u16, u16), DropReason> {
+        let total = pool.pkt_len(b);
+        let h = pool.head(b);
+        if h.len() < 14 {
+            return Err(DropReason::Runt);
+        }
+        let mut l2 = 14;
+        let mut et = u16::from_be_bytes([h[12], h[13]]);
+        if ethernet::is_tpid(et) {
+            if h.len() < 18 {
+                return Err(DropReason::Runt);
+            }
+            let vid = u16::from_be_bytes([h[14], h[15]]) & 0xfff;
+            if self.underlay_vlan.is_some_and(|v| v != vid) {
+                return Err(DropReason::UnderlayNotVxlan);
+            }
+            et = u16::from_be_bytes([h[16], h[17]]);
+            l2 = 18;
+        }
+        let (src_key, l4, l3_total) = match et {
+            ethernet::ethertype::IPV4 if self.local_v4 != 0 => {
+                let ip = h.get(l2..l2 + ipv4::HEADER_LEN).ok_or(DropReason::VxlanMalformed)?;
+                let ihl = ((ip[0] & 0x0f) as usize) * 4;
+                if ip[0] >> 4 != 4 || ihl < ipv4::HEADER_LEN || h.len() < l2 + ihl + 16 {
+                    return Err(DropReason::VxlanMalformed);
+                }
+                let dst = u32::from_be_bytes([ip[16], ip[17], ip[18], ip[19]]);
+                if dst != self.local_v4 || ip[9] != ipv4::PROTO_UDP {
+                    return Err(DropReason::UnderlayNotVxlan);
+                }
+                let tl = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+                let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
+                if tl < ihl + 16 + 14 || l2 + tl > total || frag != 0 {
+                    return Err(DropReason::VxlanMalformed);
+                }
+                if checksum::fold(checksum::accumulate(0, &h[l2..l2 + ihl], &mut false)) != 0xffff {
+                    return Err(DropReason::VxlanBadChecksum);
+                }
+                let src = u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]);
+                (src as u128, l2 + ihl, tl)
+            }
+            ethernet::ethertype::IPV6 if self.local_v4 == 0 => {
+                let ip = h.get(l2..l2 + ipv6::HEADER_LEN + 16).ok_or(DropReason::VxlanMalformed)?;
+                if ip[0] >> 4 != 6 {
+                    return Err(DropReason::VxlanMalformed);
+                }
+                let IpAddr::V6(local) = self.local else { return Err(DropReason::UnderlayNotVxlan) };
+                if ip[24..40] != local.octets() || ip[6] != ipv6::NEXT_UDP {
+                    return Err(DropReason::UnderlayNotVxlan);
+                }
+                let tl = u16::from_be_bytes([ip[4], ip[5]]) as usize + ipv6::HEADER_LEN;
+                if tl < ipv6::HEADER_LEN + 16 + 14 || l2 + tl > total {
+                    return Err(DropReason::VxlanMalformed);
+                }
+                let mut s = [0u8; 16];
+                s.copy_from_slice(&ip[8..24]);
+                (u128::from_be_bytes(s), l2 + ipv6::HEADER_LEN, tl)
+            }
+            _ => return Err(DropReason::UnderlayNotVxlan),
+        };
+        let u = &h[l4..l4 + 16];
+        if u16::from_be_bytes([u[2], u[3]]) != self.udp_port {
+            return Err(DropReason::UnderlayNotVxlan);
+        }
+        let ulen = u16::from_be_bytes([u[4], u[5]]) as usize;
+        if ulen != l2 + l3_total - l4 {
+            return Err(DropReason::VxlanMalformed);
+        }
+        if u[8] & vxlan::FLAG_I == 0 {
+            return Err(DropReason::VxlanBadFlags);
+        }
+        let vni = u32::from_be_bytes([u[12], u[13], u[14], u[15]]) >> 8;
+        let (bd, peer) = match cache.get(src_key, vni) {
+            Some(hit) => hit,
+            None => {
+                let bd = *snap.vni_bd.get(&vni).ok_or(DropReason::VxlanUnknownVni)?;
+                let src_ip = match self.local {
+                    IpAddr::V4(_) => IpAddr::V4((src_key as u32).into()),
+                    IpAddr::V6(_) => IpAddr::V6(src_key.into()),
+                };
+                let peer = *snap.peer_by_ip.get(&src_ip).ok_or(DropReason::VxlanUnknownVtep)?;
+                let e = snap.bd(bd).ok_or(DropReason::VxlanUnknownVni)?;
+                if !e.peers.contains(&peer) {
+                    return Err(DropReason::VxlanUnknownVtep);
+                }
+                cache.put(src_key, vni, bd, peer);
+                (bd, peer)
+            }
+        };
+        let outer = l4 + 16;
+        // Ethernet padding after the IP packet is not part of the inner frame.
+        let inner_len = l2 + l3_total - outer;
+        if !pool.strip(b, outer) {
+            return Err(DropReason::VxlanMalformed);
+        }
+        if pool.pkt_len(b) > inner_len {
+            pool.truncate(b, inner_len);
+        }
+        Ok((bd, peer))
+    }
+}
+
+/// A one-entry cache of the last decapsulation lookup, cleared with each batch (config may
+/// change between batches).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DecapCache {
+    key: Option<(u128, u32)>,
+    val: (u16, u16),
+}
+
+impl DecapCache {
+    #[inline(always)]
+    fn get(&self, src: u128, vni: u32) -> Option<(u16, u16)> {
+        (self.key == Some((src, vni))).then_some(self.val)
+    }
+    #[inline(always)]
+    fn put(&mut self, src: u128, vni: u32, bd: u16, peer: u16) {
+        self.key = Some((src, vni));
+        self.val = (bd, peer);
+    }
+    #[inline(always)]
+    pub fn clear(&mut self) {
+        self.key = None;
+    }
+}
+
+/// UDP checksum over IPv6: pseudo-header base + UDP header + VXLAN + inner frame (all segments).
+fn udp6_checksum(pool: &Pool, b: &BufId, base: u64, l4: usize, udp_len: u16) -> u16 {
+    let mut odd = false;
+    let mut sum = base + udp_len as u64;
+    let mut first = true;
+    for seg in pool.segments(b) {
+        let data = if first { &seg[l4..] } else { seg };
+        first = false;
+        sum = checksum::accumulate(sum, data, &mut odd);
+    }
+    match !checksum::fold(sum) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+/// A flow hash of an inner frame: MACs, and IPv4 addresses and ports when present.
+#[inline(always)]
+pub fn flow_hash(frame: &[u8]) -> u32 {
+    if frame.len() < 14 {
+        return 0;
+    }
+    let a = u64::from_ne_bytes(frame[0..8].try_into().unwrap_or([0; 8]));
+    let bb = u32::from_ne_bytes(frame[8..12].try_into().unwrap_or([0; 4])) as u64;
+    let mut h = (a ^ bb.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    if frame[12] == 0x08 && frame[13] == 0x00 && frame.len() >= 14 + 24 {
+        let ip = &frame[14..];
+        let addrs = u64::from_ne_bytes(ip[12..20].try_into().unwrap_or([0; 8]));
+        let ports = u32::from_ne_bytes(ip[20..24].try_into().unwrap_or([0; 4])) as u64;
+        h = (h ^ addrs).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ports;
+        h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    (h >> 32) as u32
+}

@@ -1,0 +1,131 @@
+//! IPv6 fixed headers (extension headers are not walked: the switch needs only addresses,
+//! the next header for ND and UDP, and the payload length).
+
+use super::{Result, WireError, be16, checksum, put16};
+use std::net::Ipv6Addr;
+
+mod field {
+    pub const VER_TC_FLOW: usize = 0;
+    pub const PAYLOAD_LEN: usize = 4;
+    pub const NEXT_HEADER: usize = 6;
+    pub const HOP_LIMIT: usize = 7;
+    pub const SRC: usize = 8;
+    pub const DST: usize = 24;
+}
+
+pub const HEADER_LEN: usize = 40;
+pub const NEXT_UDP: u8 = 17;
+pub const NEXT_ICMPV6: u8 = 58;
+
+/// A view of an IPv6 packet.
+pub struct Packet<T: AsRef<[u8]>> {
+    b: T,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub fn new_checked(b: T) -> Result<Packet<T>> {
+        let p = Packet { b };
+        let s = p.b.as_ref();
+        if s.len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        if s[field::VER_TC_FLOW] >> 4 != 6 {
+            return Err(WireError::BadVersion);
+        }
+        if s.len() < HEADER_LEN + p.payload_len() as usize {
+            return Err(WireError::Truncated);
+        }
+        Ok(p)
+    }
+    pub fn payload_len(&self) -> u16 {
+        be16(self.b.as_ref(), field::PAYLOAD_LEN)
+    }
+    pub fn next_header(&self) -> u8 {
+        self.b.as_ref()[field::NEXT_HEADER]
+    }
+    pub fn hop_limit(&self) -> u8 {
+        self.b.as_ref()[field::HOP_LIMIT]
+    }
+    pub fn src(&self) -> Ipv6Addr {
+        addr(self.b.as_ref(), field::SRC)
+    }
+    pub fn dst(&self) -> Ipv6Addr {
+        addr(self.b.as_ref(), field::DST)
+    }
+    /// The payload, bounded by the payload length.
+    pub fn payload(&self) -> &[u8] {
+        &self.b.as_ref()[HEADER_LEN..HEADER_LEN + self.payload_len() as usize]
+    }
+}
+
+pub(crate) fn addr(b: &[u8], at: usize) -> Ipv6Addr {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    Ipv6Addr::from(a)
+}
+
+/// The fields of an IPv6 header the switch emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repr {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub payload_len: u16,
+}
+
+impl Repr {
+    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Repr {
+        Repr {
+            src: p.src(),
+            dst: p.dst(),
+            next_header: p.next_header(),
+            hop_limit: p.hop_limit(),
+            payload_len: p.payload_len(),
+        }
+    }
+    pub fn emit(&self, b: &mut [u8]) {
+        b[0..4].copy_from_slice(&[0x60, 0, 0, 0]);
+        put16(b, field::PAYLOAD_LEN, self.payload_len);
+        b[field::NEXT_HEADER] = self.next_header;
+        b[field::HOP_LIMIT] = self.hop_limit;
+        b[field::SRC..field::SRC + 16].copy_from_slice(&self.src.octets());
+        b[field::DST..field::DST + 16].copy_from_slice(&self.dst.octets());
+    }
+}
+
+/// Running sum of the IPv6 pseudo-header (RFC 8200 §8.1) for an upper-layer checksum.
+pub fn pseudo_header_sum(src: &Ipv6Addr, dst: &Ipv6Addr, next_header: u8, len: u32) -> u64 {
+    let mut odd = false;
+    let mut s = checksum::accumulate(0, &src.octets(), &mut odd);
+    s = checksum::accumulate(s, &dst.octets(), &mut odd);
+    s + (len >> 16) as u64 + (len & 0xffff) as u64 + next_header as u64
+}
+
+pub(crate) mod offsets {
+    pub const PAYLOAD_LEN: usize = super::field::PAYLOAD_LEN;
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_malformed() {
+        let r = Repr {
+            src: "fd00::1".parse().unwrap(),
+            dst: "fd00::2".parse().unwrap(),
+            next_header: NEXT_UDP,
+            hop_limit: 64,
+            payload_len: 4,
+        };
+        let mut b = [0u8; 44];
+        r.emit(&mut b);
+        let p = Packet::new_checked(&b[..]).unwrap();
+        assert_eq!(Repr::parse(&p), r);
+        assert_eq!(p.payload().len(), 4);
+        assert_eq!(Packet::new_checked(&b[..43]).err(), Some(WireError::Truncated));
+        b[0] = 0x40;
+        assert_eq!(Packet::new_checked(&b[..]).err(), Some(WireError::BadVersion));
+    }
+}
