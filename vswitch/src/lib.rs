@@ -34,3 +34,4 @@ pub use config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 pub use counters::{DropReason, Event};
 pub use pmd::{IdlePolicy, PmdConfig, PmdSet};
 pub use switch::{Switch, SwitchOptions};
+pub mod testkit;

@@ -344,7 +344,7 @@ impl Pipeline {
     fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
         match d {
             Dest::Port(p) => match snap.port(p) {
-                Some(pe) => self.emit_port(pe, bd, b, c.tagged, c.pcp),
+                Some(pe) => self.emit_port(snap, pe, bd, b, c.tagged, c.pcp),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
             Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
@@ -353,7 +353,7 @@ impl Pipeline {
 
     /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
     #[inline(always)]
-    fn emit_port(&mut self, pe: &PortEntry, bd: &BdEntry, mut b: BufId, tagged: bool, pcp: u16) {
+    fn emit_port(&mut self, snap: &Snapshot, pe: &PortEntry, bd: &BdEntry, mut b: BufId, tagged: bool, pcp: u16) {
         let Ok(want) = pe.egress_tag(bd.id, bd.vlan) else { return self.discard(b, DropReason::NoEgress, pe.id) };
         let ok = match (tagged, want) {
             (false, None) => true,
@@ -371,7 +371,7 @@ impl Pipeline {
         if self.pool.pkt_len(&b) - l2 > pe.mtu as usize {
             return self.discard(b, DropReason::EgressMtu, pe.id);
         }
-        self.enqueue(pe.id, b);
+        self.enqueue(snap, pe.id, b);
     }
 
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
@@ -387,7 +387,7 @@ impl Pipeline {
         match vtep.encap(&self.pool, &mut b, pe, vni, hash) {
             Ok(()) => {
                 self.stats.event(Event::Encapsulated, 1);
-                self.enqueue(vtep.underlay_port, b)
+                self.enqueue(snap, vtep.underlay_port, b)
             }
             Err(r) => self.discard(b, r, vtep.underlay_port),
         }
@@ -469,16 +469,17 @@ impl Pipeline {
         }
     }
 
-    /// Adds a packet to a port's tx batch. One rx burst yields at most one packet per
-    /// egress port for each packet received, so a tx batch flushed after every burst never
-    /// overflows; the check stays as a guard.
+    /// Adds a packet to a port's tx batch, sending the batch first if it is full (head-end
+    /// replication can put several copies of one packet on the underlay port).
     #[inline(always)]
-    fn enqueue(&mut self, port: u16, b: BufId) {
-        let q = &mut self.tx[port as usize];
-        if q.is_empty() {
+    fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+        let q = &self.tx[port as usize];
+        if q.is_full() {
+            self.flush_port(snap, port); // the port stays on the dirty list
+        } else if q.is_empty() {
             self.dirty.push(port);
         }
-        if let Err(b) = q.push(b) {
+        if let Err(b) = self.tx[port as usize].push(b) {
             self.discard(b, DropReason::TxFull, port);
         }
     }
@@ -487,7 +488,18 @@ impl Pipeline {
     pub fn flush(&mut self, snap: &Snapshot) {
         for i in 0..self.dirty.len() {
             let p = self.dirty[i];
+            self.flush_port(snap, p);
+        }
+        self.dirty.clear();
+    }
+
+    /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing).
+    fn flush_port(&mut self, snap: &Snapshot, p: u16) {
+        {
             let batch = &mut self.tx[p as usize];
+            if batch.is_empty() {
+                return;
+            }
             let pc = &self.stats.ports[p as usize];
             match snap.port(p) {
                 Some(pe) if pe.port.link_up() => {
@@ -513,6 +525,5 @@ impl Pipeline {
                 }
             }
         }
-        self.dirty.clear();
     }
 }

@@ -1,0 +1,264 @@
+//! Bridge-domain behaviour over ring ports: learning, forwarding, flooding with split
+//! horizon, reflection, ageing, limits, static MACs, port security and ARP/ND suppression.
+
+use std::net::Ipv4Addr;
+use vswitch::config::{AddressPair, BridgeConfig, Neighbor, PortConfig, StaticMac, SwitchConfig};
+use vswitch::fdb::Dest;
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::{DropReason, Event};
+
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, n)
+}
+
+/// Three access ports p0..p2 in bridge "red".
+fn three_ports() -> Harness {
+    let mut h = Harness::new();
+    for p in ["p0", "p1", "p2"] {
+        h.ring(p);
+    }
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: ["p0", "p1", "p2"].iter().map(|p| PortConfig::access(p, "red")).collect(),
+        vtep: None,
+    })
+    .unwrap();
+    h
+}
+
+#[test]
+fn unknown_unicast_floods_then_learned_unicast_goes_to_one_port() {
+    let mut h = three_ports();
+    let a_to_b = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 64);
+    h.send("p0", &a_to_b);
+    h.step();
+    let out = h.recv_all();
+    assert!(out["p0"].is_empty(), "never back out of the ingress port");
+    assert_eq!(out["p1"], vec![a_to_b.clone()]);
+    assert_eq!(out["p2"], vec![a_to_b.clone()]);
+
+    let b_to_a = frames::udp4(mac(1), mac(2), ip(2), ip(1), 2000, 1000, 64);
+    h.send("p1", &b_to_a);
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p0"], vec![b_to_a], "mac(1) was learned on p0");
+    assert!(out["p2"].is_empty());
+
+    h.send("p0", &a_to_b);
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p1"], vec![a_to_b]);
+    assert!(out["p2"].is_empty());
+    let s = h.stats();
+    assert_eq!(s.event(Event::Learned), 2);
+    assert_eq!(s.event(Event::KnownUnicast), 2);
+    assert_eq!(s.ports[0].rx_packets, 2);
+}
+
+#[test]
+fn reflection_group_source_and_runts_are_dropped_and_counted() {
+    let mut h = three_ports();
+    h.send("p0", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 64));
+    h.step();
+    h.recv_all();
+    // mac(1) is on p0: a frame to it arriving on p0 is reflected.
+    h.send("p0", &frames::udp4(mac(1), mac(5), ip(5), ip(1), 1, 2, 64));
+    h.send("p0", &frames::udp4(mac(1), vswitch::wire::MacAddr::BROADCAST, ip(5), ip(1), 1, 2, 64));
+    h.send("p0", &[0u8; 10]);
+    h.step();
+    assert!(h.recv_all().values().all(Vec::is_empty));
+    let s = h.stats();
+    assert_eq!(s.drop(DropReason::Reflect), 1);
+    assert_eq!(s.drop(DropReason::SrcMacGroup), 1);
+    assert_eq!(s.drop(DropReason::Runt), 1);
+}
+
+#[test]
+fn odd_l3_content_is_still_switched() {
+    let mut h = three_ports();
+    // IPv4 EtherType with a garbage header: the bridge does not care.
+    let f = frames::eth(mac(2), mac(1), 0x0800, &[0xff; 30]);
+    h.send("p0", &f);
+    h.step();
+    assert_eq!(h.recv("p1"), vec![f]);
+}
+
+#[test]
+fn mac_move_and_ageing() {
+    let mut h = three_ports();
+    h.set_now(100);
+    h.send("p0", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 64));
+    h.step();
+    h.send("p1", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 64));
+    h.step();
+    h.recv_all();
+    assert_eq!(h.stats().event(Event::MacMoved), 1);
+    assert_eq!(h.switch.fdb().dump()[0].dest, Dest::Port(1));
+    // Refreshes are written at most once a second.
+    h.set_now(350);
+    h.send("p1", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 64));
+    h.step();
+    assert_eq!(h.switch.age(600), 0, "seen at 350, age 300: still fresh at 600");
+    assert_eq!(h.switch.age(650), 1);
+    assert!(h.switch.fdb().is_empty());
+}
+
+#[test]
+fn fdb_limits_per_bridge_and_port_are_counted() {
+    let mut h = Harness::new();
+    h.ring("p0").ring("p1");
+    let mut red = BridgeConfig::new("red");
+    red.mac_limit = 10;
+    let mut p0 = PortConfig::access("p0", "red");
+    p0.mac_limit = 4;
+    h.apply(SwitchConfig { bridges: vec![red], ports: vec![p0, PortConfig::access("p1", "red")], vtep: None })
+        .unwrap();
+    for i in 0..8 {
+        h.send("p0", &frames::udp4(mac(500), mac(i + 1), ip(1), ip(2), 1, 2, 64));
+    }
+    for i in 0..8 {
+        h.send("p1", &frames::udp4(mac(500), mac(i + 100), ip(1), ip(2), 1, 2, 64));
+    }
+    h.step();
+    assert_eq!(h.switch.fdb().port_len(0), 4);
+    assert_eq!(h.switch.fdb().bd_len(0), 10);
+    let s = h.stats();
+    assert_eq!(s.event(Event::LearnLimit), 6);
+    // Frames are still forwarded (flooded) when learning is refused.
+    assert_eq!(h.recv("p1").len(), 8);
+}
+
+#[test]
+fn static_macs_do_not_move_and_need_membership() {
+    let mut h = three_ports();
+    let mut cfg = h.switch.snapshot().config.clone();
+    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(7), port: Some("p2".into()), remote: None });
+    h.apply(cfg.clone()).unwrap();
+    h.send("p0", &frames::udp4(mac(9), mac(7), ip(7), ip(9), 1, 2, 64));
+    h.step();
+    h.recv_all();
+    assert_eq!(h.stats().event(Event::StaticMoveRefused), 1);
+    h.send("p1", &frames::udp4(mac(7), mac(8), ip(8), ip(7), 1, 2, 64));
+    h.step();
+    assert_eq!(h.recv("p2").len(), 1);
+    cfg.bridges[0].static_macs[0].port = Some("nope".into());
+    let e = h.apply(cfg).unwrap_err();
+    assert!(e.to_string().contains("not in this bridge"), "{e}");
+}
+
+#[test]
+fn port_security_allows_own_addresses_and_pairs_only() {
+    let mut h = Harness::new();
+    h.ring("pod").ring("net");
+    let mut pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
+    pod.security.as_mut().unwrap().allowed_address_pairs.push(AddressPair {
+        mac: "00:00:5e:00:01:07".parse().unwrap(),
+        ip: Some(ip(100).into()),
+    });
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![pod, PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    let vrrp = "00:00:5e:00:01:07".parse().unwrap();
+    let good = [
+        frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 64),
+        frames::udp4(mac(2), mac(1), Ipv4Addr::UNSPECIFIED, ip(2), 68, 67, 64),
+        frames::arp_request(mac(1), ip(1), ip(2)),
+        frames::udp4(mac(2), vrrp, ip(100), ip(2), 1, 2, 64),
+        frames::eth(mac(2), mac(1), 0x88cc, &[0; 46]),
+    ];
+    let bad = [
+        (frames::udp4(mac(2), mac(3), ip(1), ip(2), 1, 2, 64), DropReason::SecurityMac),
+        (frames::udp4(mac(2), mac(1), ip(3), ip(2), 1, 2, 64), DropReason::SecurityIp),
+        (frames::arp_request(mac(1), ip(3), ip(2)), DropReason::SecurityArp),
+        (frames::udp4(mac(2), vrrp, ip(101), ip(2), 1, 2, 64), DropReason::SecurityIp),
+    ];
+    for f in &good {
+        h.send("pod", f);
+    }
+    for (f, _) in &bad {
+        h.send("pod", f);
+    }
+    // ARP whose sender hardware address differs from the Ethernet source.
+    let mut spoof = frames::arp_request(mac(1), ip(1), ip(2));
+    spoof[22..28].copy_from_slice(&mac(3).0);
+    h.send("pod", &spoof);
+    h.step();
+    assert_eq!(h.recv("net").len(), good.len());
+    let s = h.stats();
+    for (_, r) in &bad {
+        assert!(s.drop(*r) >= 1, "{r:?}");
+    }
+    assert_eq!(s.drop(DropReason::SecurityArp), 2);
+    // Security applies to the pod port only.
+    h.send("net", &frames::udp4(mac(1), mac(3), ip(3), ip(1), 1, 2, 64));
+    h.step();
+    assert_eq!(h.recv("pod").len(), 1);
+}
+
+#[test]
+fn nd_guard_refuses_foreign_targets() {
+    let mut h = Harness::new();
+    h.ring("pod").ring("net");
+    let me: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::pod("pod", "red", mac(1), &[me.into()]), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    let other: std::net::Ipv6Addr = "fd00::2".parse().unwrap();
+    h.send("pod", &frames::na(mac(1), me, me, mac(2), other));
+    h.send("pod", &frames::na(mac(1), me, "fd00::99".parse().unwrap(), mac(2), other));
+    h.send("pod", &frames::na(mac(1), "fd00::99".parse().unwrap(), "fd00::99".parse().unwrap(), mac(2), other));
+    h.step();
+    assert_eq!(h.recv("net").len(), 1);
+    assert_eq!(h.stats().drop(DropReason::SecurityNd), 1);
+    assert_eq!(h.stats().drop(DropReason::SecurityIp), 1);
+}
+
+#[test]
+fn arp_and_nd_suppression_answer_known_addresses() {
+    let mut h = three_ports();
+    let mut cfg = h.switch.snapshot().config.clone();
+    cfg.bridges[0].arp_suppression = true;
+    cfg.bridges[0].neighbors = vec![
+        Neighbor { ip: ip(2).into(), mac: mac(2) },
+        Neighbor { ip: "fd00::2".parse().unwrap(), mac: mac(2) },
+    ];
+    h.apply(cfg).unwrap();
+    h.send("p0", &frames::arp_request(mac(1), ip(1), ip(2)));
+    h.step();
+    let out = h.recv_all();
+    assert!(out["p1"].is_empty() && out["p2"].is_empty(), "answered, not flooded");
+    assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), mac(2), ip(2), ip(1))]);
+    // Unknown target and gratuitous ARP flood.
+    h.send("p0", &frames::arp_request(mac(1), ip(1), ip(3)));
+    h.send("p0", &frames::arp_request(mac(1), ip(1), ip(1)));
+    h.step();
+    assert_eq!(h.recv("p1").len(), 2);
+    let (me, peer): (std::net::Ipv6Addr, std::net::Ipv6Addr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    h.send("p0", &frames::ns(mac(1), me, peer));
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p0"], vec![frames::na(mac(2), peer, peer, mac(1), me)]);
+    assert!(out["p1"].is_empty());
+    let s = h.stats();
+    assert_eq!((s.event(Event::ArpSuppressed), s.event(Event::NdSuppressed)), (1, 1));
+}
+
+#[test]
+fn buffers_return_to_the_pool() {
+    let mut h = three_ports();
+    let before = h.pool.free_count();
+    for i in 0..200u32 {
+        h.send("p0", &frames::udp4(mac(1000 + i % 7), mac(1), ip(1), ip(2), 1, 2, 64 + i as usize));
+        h.send("p1", &frames::udp4(mac(1), mac(1000 + i % 7), ip(2), ip(1), 1, 2, 1400));
+    }
+    h.step();
+    h.recv_all();
+    h.flush_caches();
+    assert_eq!(h.pool.free_count(), before);
+}

@@ -1,0 +1,300 @@
+//! VXLAN: encapsulation and decapsulation byte-exact over IPv4 and IPv6 underlays, decap
+//! admission (VNI, flood list, flags, checksum), split horizon, remote learning, MTU, two
+//! switches back to back with VNI isolation, and flooding to access, trunk and VXLAN at once.
+
+use std::net::{IpAddr, Ipv4Addr};
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
+use vswitch::port::ring::RingPort;
+use vswitch::testkit::{Harness, assert_frames, frames, frames::Outer, mac};
+use vswitch::wire::MacAddr;
+use vswitch::{DropReason, Event, Pool, SwitchOptions};
+
+const UP_MAC: u32 = 0xa0;
+const PEER_MAC: u32 = 0xb0;
+
+fn local4() -> IpAddr {
+    "198.51.100.1".parse().unwrap()
+}
+fn peer4(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(198, 51, 100, n))
+}
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, n)
+}
+
+/// Pods a1, a2 in red (VNI 5001, peers .2 and .3), b1 in blue (VNI 5002, peer .3 only),
+/// trunk t carrying red as VLAN 100; underlay ring "up".
+fn setup(local: IpAddr, peers: [IpAddr; 2], mtu: u16) -> Harness {
+    let mut h = Harness::new();
+    h.ring("a1").ring("a2").ring("b1").ring("t").ring_with_mac("up", Some(mac(UP_MAC)));
+    let mut up = PortConfig::underlay("up");
+    up.mtu = mtu;
+    let mut a1 = PortConfig::access("a1", "red");
+    a1.mtu = 9000;
+    let mut a2 = PortConfig::access("a2", "red");
+    a2.mtu = 9000;
+    let mut t = PortConfig::trunk("t", &[100], None);
+    t.mtu = 9000;
+    let vtep = VtepConfig::new(local, "up").peer(peers[0], mac(PEER_MAC)).peer(peers[1], mac(PEER_MAC + 1));
+    h.apply(SwitchConfig {
+        bridges: vec![
+            BridgeConfig::new("red").vlan(100).vni(5001).flood(&peers),
+            BridgeConfig::new("blue").vni(5002).flood(&peers[1..]),
+        ],
+        ports: vec![
+            a1,
+            a2,
+            PortConfig::access("b1", "blue"),
+            t,
+            up,
+        ],
+        vtep: Some(vtep),
+    })
+    .unwrap();
+    h
+}
+
+fn outer(local: IpAddr, peer: IpAddr, next_hop: MacAddr, sport: u16) -> Outer {
+    Outer { dst_mac: next_hop, src_mac: mac(UP_MAC), src: local, dst: peer, sport, dport: 4789, vlan: None }
+}
+
+fn sport_of(frame: &[u8], v4: bool) -> u16 {
+    let l4 = 14 + if v4 { 20 } else { 40 };
+    u16::from_be_bytes([frame[l4], frame[l4 + 1]])
+}
+
+fn encap_byte_exact(local: IpAddr, peers: [IpAddr; 2]) {
+    let mut h = setup(local, peers, 1500);
+    let inner = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 100);
+    h.send("a1", &inner);
+    h.step();
+    let out = h.recv("up");
+    assert_eq!(out.len(), 2, "head-end replication to both peers of red");
+    for (i, f) in out.iter().enumerate() {
+        let sport = sport_of(f, local.is_ipv4());
+        assert!(sport >= 49152, "source port {sport} in the dynamic range");
+        let want = frames::vxlan(&outer(local, peers[i], mac(PEER_MAC + i as u32), sport), 5001, &inner, false);
+        assert_eq!(f, &want, "copy {i} byte-exact");
+    }
+    assert_eq!(sport_of(&out[0], local.is_ipv4()), sport_of(&out[1], local.is_ipv4()), "one flow, one port");
+}
+
+#[test]
+fn encap_ipv4_byte_exact() {
+    encap_byte_exact(local4(), [peer4(2), peer4(3)]);
+}
+
+#[test]
+fn encap_ipv6_byte_exact_with_udp_checksum() {
+    encap_byte_exact("2001:db8::1".parse().unwrap(), ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()]);
+}
+
+#[test]
+fn flows_spread_over_source_ports() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    for i in 0..64u16 {
+        h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000 + i, 2000, 100));
+    }
+    h.step();
+    let ports: std::collections::BTreeSet<u16> = h.recv("up").iter().map(|f| sport_of(f, true)).collect();
+    assert!(ports.len() > 32, "64 flows use many source ports, got {}", ports.len());
+}
+
+fn decap(local: IpAddr, peers: [IpAddr; 2]) {
+    let mut h = setup(local, peers, 1500);
+    let inner = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    h.send("up", &frames::vxlan(&o, 5001, &inner, false));
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["a1"], vec![inner.clone()]);
+    assert_eq!(out["a2"], vec![inner.clone()]);
+    assert_eq!(out["t"], vec![frames::add_tag(&inner, 0x8100, 100)]);
+    assert!(out["up"].is_empty(), "split horizon: never tunnel to tunnel");
+    assert!(out["b1"].is_empty());
+    // mac(7) was learned behind peer 0: the answer goes only there.
+    h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
+    h.step();
+    let up = h.recv("up");
+    assert_eq!(up.len(), 1);
+    let dst_ip_at = 14 + if local.is_ipv4() { 16 } else { 24 };
+    let want: Vec<u8> = match peers[0] {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    assert_eq!(&up[0][dst_ip_at..dst_ip_at + want.len()], &want[..]);
+    assert_eq!(h.stats().event(Event::Decapsulated), 1);
+}
+
+#[test]
+fn decap_ipv4_learns_and_obeys_split_horizon() {
+    decap(local4(), [peer4(2), peer4(3)]);
+}
+
+#[test]
+fn decap_ipv6() {
+    decap("2001:db8::1".parse().unwrap(), ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()]);
+}
+
+#[test]
+fn decap_refuses_what_it_must() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    let inner = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+    let o = |src: IpAddr, dst: IpAddr, dport: u16| Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src,
+        dst,
+        sport: 50000,
+        dport,
+        vlan: None,
+    };
+    let cases: Vec<(Vec<u8>, DropReason)> = vec![
+        (frames::vxlan(&o(peer4(9), local4(), 4789), 5001, &inner, false), DropReason::VxlanUnknownVtep),
+        // .2 is a peer, but not in blue's flood list.
+        (frames::vxlan(&o(peer4(2), local4(), 4789), 5002, &inner, false), DropReason::VxlanUnknownVtep),
+        (frames::vxlan(&o(peer4(2), local4(), 4789), 7777, &inner, false), DropReason::VxlanUnknownVni),
+        (frames::vxlan(&o(peer4(2), peer4(50), 4789), 5001, &inner, false), DropReason::UnderlayNotVxlan),
+        (frames::vxlan(&o(peer4(2), local4(), 4790), 5001, &inner, false), DropReason::UnderlayNotVxlan),
+        ({
+            let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+            f[14 + 28] = 0; // VXLAN flags without I
+            f
+        }, DropReason::VxlanBadFlags),
+        ({
+            let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+            f[14 + 8] ^= 1; // TTL changed, checksum not
+            f
+        }, DropReason::VxlanBadChecksum),
+        ({
+            let f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+            f[..60].to_vec()
+        }, DropReason::VxlanMalformed),
+        (frames::udp4(mac(UP_MAC), mac(PEER_MAC), ip(1), ip(2), 1, 2, 64), DropReason::UnderlayNotVxlan),
+    ];
+    for (f, _) in &cases {
+        h.send("up", f);
+    }
+    h.step();
+    assert!(h.recv_all().values().all(Vec::is_empty));
+    let s = h.stats();
+    let mut want = std::collections::BTreeMap::new();
+    for (_, r) in &cases {
+        *want.entry(r.name()).or_insert(0u64) += 1;
+    }
+    let got: std::collections::BTreeMap<_, _> = s.nonzero_drops().into_iter().collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn encap_too_big_is_dropped_and_overhead_reported() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    // 1464-byte inner frame + 36 bytes of IP/UDP/VXLAN = 1500: fits; one more byte does not.
+    h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 1464));
+    h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 1465));
+    h.step();
+    assert_eq!(h.recv("up").len(), 2, "first frame to both peers");
+    assert_eq!(h.stats().drop(DropReason::EncapTooBig), 2);
+    let v = VtepConfig::new(local4(), "up");
+    assert_eq!(v.overhead(), 50);
+    let mut v6 = VtepConfig::new("2001:db8::1".parse().unwrap(), "up");
+    v6.underlay_vlan = Some(7);
+    assert_eq!(v6.overhead(), 74);
+}
+
+#[test]
+fn jumbo_frame_is_encapsulated_and_decapsulated_byte_exact() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 9198);
+    let inner = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 9000);
+    h.send("a1", &inner);
+    h.step();
+    let out = h.recv_all();
+    assert_frames(&out["a2"], &[inner.clone()]);
+    assert_frames(&out["t"], &[frames::add_tag(&inner, 0x8100, 100)]);
+    let up = &out["up"];
+    assert_eq!(up.len(), 2);
+    let want = frames::vxlan(&outer(local4(), peer4(2), mac(PEER_MAC), sport_of(&up[0], true)), 5001, &inner, false);
+    assert_frames(&up[..1], &[want]);
+    // And back in.
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
+    let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 9000);
+    h.send("up", &frames::vxlan(&o, 5001, &back, false));
+    h.step();
+    assert_frames(&h.recv("a1"), &[back]);
+    h.flush_caches();
+}
+
+#[test]
+fn two_switches_carry_two_vnis_in_isolation() {
+    let pool = Pool::new(16384, false).unwrap();
+    let (ua, ub) = RingPort::patch("up", "up", 1024).unwrap();
+    let mut sw = Vec::new();
+    for (i, up) in [(1u8, ua), (2u8, ub)] {
+        let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
+        h.register("up", up.with_mac(mac(0xa0 + i as u32)));
+        h.ring("red").ring("blue");
+        let other = if i == 1 { 2 } else { 1 };
+        h.apply(SwitchConfig {
+            bridges: vec![
+                BridgeConfig::new("red").vni(1).flood(&[peer4(other)]),
+                BridgeConfig::new("blue").vni(2).flood(&[peer4(other)]),
+            ],
+            ports: vec![PortConfig::access("red", "red"), PortConfig::access("blue", "blue"), PortConfig::underlay("up")],
+            vtep: Some(VtepConfig::new(peer4(i), "up").peer(peer4(other), mac(0xa0 + other as u32))),
+        })
+        .unwrap();
+        sw.push(h);
+    }
+    let (mut a, mut b) = (sw.remove(0), sw.remove(0));
+    let red = frames::udp4(mac(0x2), mac(0x1), ip(1), ip(2), 1, 2, 64);
+    let blue = frames::udp4(mac(0x4), mac(0x3), ip(3), ip(4), 1, 2, 64);
+    a.send("red", &red);
+    a.send("blue", &blue);
+    a.step();
+    b.step();
+    assert_eq!(b.recv("red"), vec![red.clone()]);
+    assert_eq!(b.recv("blue"), vec![blue.clone()]);
+    // Replies are unicast back over the tunnel, each in its own VNI.
+    let red_back = frames::udp4(mac(0x1), mac(0x2), ip(2), ip(1), 2, 1, 64);
+    b.send("red", &red_back);
+    b.step();
+    a.step();
+    assert_eq!(a.recv("red"), vec![red_back]);
+    assert!(a.recv("blue").is_empty(), "a red frame never appears in blue");
+    assert_eq!(a.stats().event(Event::Encapsulated), 2);
+    assert_eq!(b.stats().event(Event::Decapsulated), 2);
+}
+
+#[test]
+fn remote_learning_can_be_switched_off() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    let mut cfg = h.switch.snapshot().config.clone();
+    cfg.bridges[0].remote_learning = false;
+    h.apply(cfg).unwrap();
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
+    h.send("up", &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80), false));
+    h.step();
+    h.recv_all();
+    assert!(h.switch.fdb().dump().is_empty());
+}
+
+#[test]
+fn flood_reaches_access_trunk_and_vxlan_at_once_byte_exact() {
+    for size in [60usize, 300, 1400] {
+        let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+        let f = frames::udp4(MacAddr::BROADCAST, mac(1), ip(1), ip(255), 67, 68, size);
+        h.send("a1", &f);
+        h.step();
+        let out = h.recv_all();
+        assert_frames(&out["a2"], &[f.clone()]);
+        assert_frames(&out["t"], &[frames::add_tag(&f, 0x8100, 100)]);
+        let up = &out["up"];
+        let sport = sport_of(&up[0], true);
+        let want: Vec<Vec<u8>> = (0..2)
+            .map(|i| frames::vxlan(&outer(local4(), peer4(2 + i as u8), mac(PEER_MAC + i), sport), 5001, &f, false))
+            .collect();
+        assert_frames(up, &want);
+        assert!(out["a1"].is_empty() && out["b1"].is_empty());
+        h.flush_caches();
+    }
+}
