@@ -1,0 +1,196 @@
+//! Property tests: the switch against a simple reference model of a VLAN-aware learning
+//! bridge over random topologies and traffic, and VNI isolation between two switches.
+
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
+use vswitch::port::ring::RingPort;
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::{Pool, SwitchOptions};
+
+const VLANS: [u16; 3] = [10, 20, 30];
+
+#[derive(Debug, Clone)]
+enum Mode {
+    Access(usize),
+    Trunk { allowed: Vec<bool>, native: Option<usize> },
+}
+
+#[derive(Debug, Clone)]
+struct Frame {
+    port: usize,
+    src: u32,
+    dst: Option<u32>, // None: broadcast
+    tag: Option<u16>,
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![
+        (0..3usize).prop_map(Mode::Access),
+        (proptest::collection::vec(any::<bool>(), 3), proptest::option::of(0..3usize))
+            .prop_map(|(allowed, native)| Mode::Trunk { allowed, native }),
+    ]
+}
+
+fn frame(ports: usize) -> impl Strategy<Value = Frame> {
+    (0..ports, 1..6u32, proptest::option::of(1..6u32), proptest::option::of(prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)]))
+        .prop_map(|(port, src, dst, tag)| Frame { port, src, dst, tag })
+}
+
+/// The reference: which bridge a frame belongs to, and how it leaves each port.
+struct Model {
+    modes: Vec<Mode>,
+    fdb: HashMap<(usize, u32), usize>,
+}
+
+impl Model {
+    fn classify(&self, f: &Frame) -> Option<usize> {
+        let vid = f.tag.filter(|v| *v != 0);
+        match (&self.modes[f.port], vid) {
+            (Mode::Access(b), None) => Some(*b),
+            (Mode::Access(_), Some(_)) => None,
+            (Mode::Trunk { native, .. }, None) => *native,
+            (Mode::Trunk { allowed, .. }, Some(v)) => {
+                let b = VLANS.iter().position(|x| *x == v)?;
+                allowed[b].then_some(b)
+            }
+        }
+    }
+
+    /// How port `p` carries bridge `b`: Some(None) untagged, Some(Some(v)) tagged, None not at all.
+    fn egress(&self, p: usize, b: usize) -> Option<Option<u16>> {
+        match &self.modes[p] {
+            Mode::Access(x) => (*x == b).then_some(None),
+            Mode::Trunk { allowed, native } => {
+                if *native == Some(b) {
+                    Some(None)
+                } else if allowed[b] {
+                    Some(Some(VLANS[b]))
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, f: &Frame) -> BTreeMap<usize, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        let Some(b) = self.classify(f) else { return out };
+        self.fdb.insert((b, f.src), f.port);
+        let plain = plain(f);
+        let targets: Vec<usize> = match f.dst.and_then(|d| self.fdb.get(&(b, d))) {
+            Some(&p) if p == f.port => vec![],
+            Some(&p) => vec![p],
+            None => (0..self.modes.len()).filter(|p| *p != f.port).collect(),
+        };
+        for p in targets {
+            match self.egress(p, b) {
+                Some(None) => {
+                    out.insert(p, plain.clone());
+                }
+                Some(Some(v)) => {
+                    out.insert(p, frames::add_tag(&plain, 0x8100, v));
+                }
+                None => {}
+            }
+        }
+        out
+    }
+}
+
+fn plain(f: &Frame) -> Vec<u8> {
+    let dst = f.dst.map_or(vswitch::wire::MacAddr::BROADCAST, mac);
+    frames::udp4(dst, mac(f.src), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 7, 9, 64)
+}
+
+fn wire(f: &Frame) -> Vec<u8> {
+    match f.tag {
+        Some(v) => frames::add_tag(&plain(f), 0x8100, v),
+        None => plain(f),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn forwarding_matches_the_reference_model(
+        modes in proptest::collection::vec(mode(), 2..6),
+        traffic in proptest::collection::vec(frame(6), 1..60),
+    ) {
+        let mut h = Harness::new();
+        let mut cfg = SwitchConfig {
+            bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
+            ..Default::default()
+        };
+        for (i, m) in modes.iter().enumerate() {
+            let name = format!("p{i}");
+            h.ring(&name);
+            cfg.ports.push(match m {
+                Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
+                Mode::Trunk { allowed, native } => {
+                    let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
+                    PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
+                }
+            });
+        }
+        h.apply(cfg).unwrap();
+        let mut model = Model { modes: modes.clone(), fdb: HashMap::new() };
+        for f in traffic.iter().filter(|f| f.port < modes.len()) {
+            h.send(&format!("p{}", f.port), &wire(f));
+            h.step();
+            let want = model.step(f);
+            for (i, _) in modes.iter().enumerate() {
+                let got = h.recv(&format!("p{i}"));
+                let expect: Vec<Vec<u8>> = want.get(&i).cloned().into_iter().collect();
+                prop_assert_eq!(got, expect, "port p{} after {:?}", i, f);
+            }
+        }
+    }
+
+    #[test]
+    fn vnis_are_isolated_across_two_switches(
+        pods in proptest::collection::vec((0..2usize, 0..3u32), 2..8),
+        traffic in proptest::collection::vec((0..8usize, proptest::option::of(0..8usize)), 1..40),
+    ) {
+        // pods[i] = (switch, vni index); pod i has MAC mac(i + 1).
+        let pool = Pool::new(16384, false).unwrap();
+        let (ua, ub) = RingPort::patch("up", "up", 1024).unwrap();
+        let ips: [IpAddr; 2] = ["198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap()];
+        let mut sw: Vec<Harness> = Vec::new();
+        for (s, up) in [(0usize, ua), (1usize, ub)] {
+            let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
+            h.register("up", up.with_mac(mac(0xa0 + s as u32)));
+            let o = 1 - s;
+            let mut cfg = SwitchConfig {
+                bridges: (0..3u32).map(|v| BridgeConfig::new(&format!("vni{v}")).vni(100 + v).flood(&[ips[o]])).collect(),
+                ports: vec![PortConfig::underlay("up")],
+                vtep: Some(VtepConfig::new(ips[s], "up").peer(ips[o], mac(0xa0 + o as u32))),
+            };
+            for (i, (ps, v)) in pods.iter().enumerate() {
+                if *ps == s {
+                    h.ring(&format!("pod{i}"));
+                    cfg.ports.push(PortConfig::access(&format!("pod{i}"), &format!("vni{v}")));
+                }
+            }
+            h.apply(cfg).unwrap();
+            sw.push(h);
+        }
+        for (from, to) in traffic.iter().filter(|(f, _)| *f < pods.len()) {
+            let dst = to.filter(|t| *t < pods.len()).map_or(vswitch::wire::MacAddr::BROADCAST, |t| mac(t as u32 + 1));
+            let f = frames::udp4(dst, mac(*from as u32 + 1), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1, 2, 64);
+            sw[pods[*from].0].send(&format!("pod{from}"), &f);
+            for _ in 0..2 {
+                sw[0].step();
+                sw[1].step();
+            }
+            for (i, (s, v)) in pods.iter().enumerate() {
+                for g in sw[*s].recv(&format!("pod{i}")) {
+                    prop_assert_eq!(*v, pods[*from].1, "pod{} (vni{}) got a frame from pod{} (vni{})", i, v, from, pods[*from].1);
+                    prop_assert_eq!(&g, &f);
+                }
+            }
+        }
+    }
+}
