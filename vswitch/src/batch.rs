@@ -1,7 +1,8 @@
 //! A batch of up to [`BATCH`] packets: the unit every port and pipeline stage works on.
 //!
-//! Fixed capacity, no heap: the slots are an array of owned [`BufId`]s with `EMPTY`
-//! placeholders, so moving packets in and out never allocates.
+//! Fixed capacity, no heap: the slots are an array of owned [`BufId`]s, so moving packets in
+//! and out never allocates. Slots at and beyond `len` own nothing (their contents are stale
+//! and never read).
 
 use crate::buf::BufId;
 
@@ -75,7 +76,8 @@ impl Batch {
     /// Takes packet `i` out, leaving an empty slot (see [`Batch::take_all`]).
     #[inline(always)]
     pub fn take(&mut self, i: usize) -> BufId {
-        std::mem::replace(&mut self.bufs[i], BufId::EMPTY)
+        debug_assert!(i < self.len);
+        std::mem::replace(&mut self.bufs[i & (BATCH - 1)], BufId::EMPTY)
     }
 
     /// Marks the batch empty after every packet was taken with [`Batch::take`].
@@ -83,6 +85,45 @@ impl Batch {
     pub fn clear_taken(&mut self) {
         debug_assert!(self.bufs[..self.len].iter().all(|b| *b == BufId::EMPTY));
         self.len = 0;
+    }
+
+    /// Appends packets that `fill` writes as raw chunk indices into the free slots; `fill`
+    /// returns how many it wrote.
+    ///
+    /// # Safety
+    /// Every index written must come from [`BufId::into_index`] on a buffer of the pool this
+    /// batch's packets belong to, and be used once (a port's ring hands them back).
+    #[inline(always)]
+    pub unsafe fn fill_raw(&mut self, fill: impl FnOnce(&mut [u32]) -> usize) -> usize {
+        let free = &mut self.bufs[self.len..];
+        // SAFETY: BufId is repr(transparent) over u32, so the slices have the same layout;
+        // the slots are free (they own nothing), so overwriting them leaks nothing.
+        let raw = unsafe { std::slice::from_raw_parts_mut(free.as_mut_ptr().cast::<u32>(), free.len()) };
+        let n = fill(raw).min(raw.len());
+        self.len += n;
+        n
+    }
+
+    /// The packets as raw chunk indices (for a port that passes indices on).
+    #[inline(always)]
+    pub fn as_raw(&self) -> &[u32] {
+        // SAFETY: BufId is repr(transparent) over u32.
+        unsafe { std::slice::from_raw_parts(self.bufs.as_ptr().cast::<u32>(), self.len) }
+    }
+
+    /// Drops ownership of the first `n` packets, which a port has handed on as raw indices
+    /// (see [`Batch::as_raw`]); the rest move to the front in order.
+    #[inline(always)]
+    pub fn handed_on(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if n == self.len {
+            self.len = 0;
+            return;
+        }
+        for i in n..self.len {
+            self.bufs.swap(i - n, i);
+        }
+        self.len -= n;
     }
 
     /// The packets in order.
@@ -107,7 +148,6 @@ impl Batch {
             self.bufs.swap(i - n, i);
         }
         self.len -= n;
-        debug_assert!(self.bufs[self.len..].iter().all(|b| *b == BufId::EMPTY));
     }
 
     /// Moves every packet out, in order.

@@ -47,6 +47,7 @@ pub enum PoolError {
 
 /// The unique owner of one packet (its head segment and private chain).
 #[derive(Debug, PartialEq, Eq)]
+#[repr(transparent)]
 #[must_use = "a buffer that is neither sent nor freed leaks from the pool"]
 pub struct BufId(u32);
 
@@ -90,7 +91,10 @@ struct Meta {
 /// The pool: the region, its metadata, and the shared free list.
 pub struct Pool {
     region: Region,
+    /// One entry per chunk; the length is a power of two and every index is masked with
+    /// `mask`, so no index (not even a forged or `EMPTY` one) can reach outside the arrays.
     meta: Box<[Meta]>,
+    mask: u32,
     free: ArrayQueue<u32>,
     alloc_failures: AtomicU64,
 }
@@ -105,11 +109,13 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// Maps `n` buffers (hugepage-backed when `try_huge` and available) and logs the backing.
+    /// Maps `n` buffers, rounded up to a power of two (hugepage-backed when `try_huge` and
+    /// available), and logs the backing.
     pub fn new(n: u32, try_huge: bool) -> Result<Arc<Pool>, PoolError> {
         if !(16..=4 << 20).contains(&n) {
             return Err(PoolError::Size(n));
         }
+        let n = n.next_power_of_two();
         let bytes = n as usize * BUF_SIZE;
         let region = Region::new(bytes, try_huge).map_err(|source| PoolError::Map { bytes, source })?;
         tracing::info!(buffers = n, bytes, backing = %region.backing(), "packet buffer pool mapped");
@@ -118,7 +124,7 @@ impl Pool {
             let _ = free.push(i);
         }
         let meta = (0..n).map(|_| Meta::default()).collect();
-        Ok(Arc::new(Pool { region, meta, free, alloc_failures: AtomicU64::new(0) }))
+        Ok(Arc::new(Pool { region, meta, mask: n - 1, free, alloc_failures: AtomicU64::new(0) }))
     }
 
     pub fn capacity(&self) -> u32 {
@@ -146,15 +152,16 @@ impl Pool {
 
     #[inline(always)]
     fn m(&self, idx: u32) -> &Meta {
-        &self.meta[idx as usize]
+        debug_assert!(idx != NIL);
+        // SAFETY: `meta.len() == mask + 1`, so the masked index is in bounds.
+        unsafe { self.meta.get_unchecked((idx & self.mask) as usize) }
     }
 
     #[inline(always)]
     fn chunk(&self, idx: u32) -> *mut u8 {
-        debug_assert!((idx as usize) < self.meta.len());
-        // SAFETY: idx < capacity (metadata indexing above checks in every accessor path),
-        // so the offset stays inside the region.
-        unsafe { self.region.as_ptr().add(idx as usize * BUF_SIZE) }
+        // SAFETY: the region holds `mask + 1` chunks of BUF_SIZE bytes, so the masked offset
+        // stays inside it.
+        unsafe { self.region.as_ptr().add((idx & self.mask) as usize * BUF_SIZE) }
     }
 
     /// Data of the head segment.

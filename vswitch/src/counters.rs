@@ -5,6 +5,7 @@
 //! load and store (plain moves on x86), never a locked read-modify-write; readers on other
 //! threads sum the blocks of every thread.
 
+use crate::fdb::{MAX_BDS, MAX_PORTS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 macro_rules! named_enum {
@@ -116,8 +117,8 @@ pub struct BdCounters {
 pub struct ThreadStats {
     pub drops: [Counter; DropReason::COUNT],
     pub events: [Counter; Event::COUNT],
-    pub ports: Box<[PortCounters]>,
-    pub bds: Box<[BdCounters]>,
+    pub ports: Box<[PortCounters; MAX_PORTS]>,
+    pub bds: Box<[BdCounters; MAX_BDS]>,
     /// TSC cycles spent in iterations that moved packets, and in those that did not.
     pub busy_cycles: Counter,
     pub idle_cycles: Counter,
@@ -127,12 +128,16 @@ pub struct ThreadStats {
 }
 
 impl ThreadStats {
-    pub fn new(max_ports: usize, max_bds: usize) -> ThreadStats {
+    pub fn new() -> ThreadStats {
+        fn boxed<T: Default, const N: usize>() -> Box<[T; N]> {
+            let v: Box<[T]> = (0..N).map(|_| T::default()).collect();
+            v.try_into().unwrap_or_else(|_| unreachable!("length is N"))
+        }
         ThreadStats {
             drops: std::array::from_fn(|_| Counter::default()),
             events: std::array::from_fn(|_| Counter::default()),
-            ports: (0..max_ports).map(|_| PortCounters::default()).collect(),
-            bds: (0..max_bds).map(|_| BdCounters::default()).collect(),
+            ports: boxed(),
+            bds: boxed(),
             busy_cycles: Counter::default(),
             idle_cycles: Counter::default(),
             packets: Counter::default(),
@@ -143,9 +148,18 @@ impl ThreadStats {
     #[inline(always)]
     pub fn count_drop(&self, r: DropReason, port: u16) {
         self.drops[r as usize].add(1);
-        if let Some(p) = self.ports.get(port as usize) {
-            p.drops.add(1);
-        }
+        self.port(port).drops.add(1);
+    }
+
+    /// A port's counters (ids are 12 bits; the mask keeps the index in bounds).
+    #[inline(always)]
+    pub fn port(&self, id: u16) -> &PortCounters {
+        &self.ports[id as usize & (MAX_PORTS - 1)]
+    }
+
+    #[inline(always)]
+    pub fn bd(&self, id: u16) -> &BdCounters {
+        &self.bds[id as usize & (MAX_BDS - 1)]
     }
 
     #[inline(always)]
@@ -258,8 +272,8 @@ mod test {
 
     #[test]
     fn sums_threads() {
-        let a = ThreadStats::new(4, 2);
-        let b = ThreadStats::new(4, 2);
+        let a = ThreadStats::new();
+        let b = ThreadStats::new();
         a.count_drop(DropReason::Runt, 1);
         b.count_drop(DropReason::Runt, 1);
         b.ports[2].rx_packets.add(5);

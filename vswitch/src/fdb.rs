@@ -179,55 +179,83 @@ impl Fdb {
         self.per_port.get(port as usize).map_or(0, |c| c.load(Relaxed))
     }
 
+    /// Fibonacci hashing: one multiply; the first bucket comes from the top bits (the best
+    /// mixed), the second from the bits below them.
     #[inline(always)]
     pub fn locate(&self, key: u64) -> Loc {
-        let h = (key as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835);
-        let x = (h >> 64) as u64 ^ h as u64;
-        let b1 = x as u32 & self.mask;
-        let mut b2 = (x >> 32) as u32 & self.mask;
+        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let b1 = (h >> 40) as u32 & self.mask;
+        let mut b2 = (h >> 18) as u32 & self.mask;
         if b2 == b1 {
             b2 = (b1 + 1) & self.mask;
         }
         Loc { b1, b2 }
     }
 
-    /// Hints the CPU to fetch both buckets of a key (used a batch ahead of the lookups).
+    /// Hints the CPU to fetch a key's first bucket (used a batch ahead of the lookups).
+    /// Inserts are first-fit, so nearly every key lives in its first bucket.
     #[inline(always)]
     pub fn prefetch(&self, loc: Loc) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let p1: *const Bucket = &self.buckets[loc.b1 as usize];
-            let p2: *const Bucket = &self.buckets[loc.b2 as usize];
-            // SAFETY: prefetch has no memory effects; the pointers are in bounds anyway.
-            unsafe {
-                _mm_prefetch(p1.cast(), _MM_HINT_T0);
-                _mm_prefetch(p2.cast(), _MM_HINT_T0);
-            }
+            let p1: *const Bucket = self.bucket(loc.b1);
+            // SAFETY: prefetch has no memory effects; the pointer is in bounds anyway.
+            unsafe { _mm_prefetch(p1.cast(), _MM_HINT_T0) };
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = loc;
     }
 
     #[inline(always)]
+    fn bucket(&self, b: u32) -> &Bucket {
+        // SAFETY: `buckets.len() == mask + 1` (a power of two), so the masked index is in
+        // bounds whatever `Loc` it came from.
+        unsafe { self.buckets.get_unchecked((b & self.mask) as usize) }
+    }
+
+    /// Reads a bucket under its seqlock: one sequence load, three keys, the matching value,
+    /// the sequence again. Straight-line in the common case; a writer racing with the read
+    /// sends it to the (cold) retry loop.
+    #[inline(always)]
     fn find_in(&self, b: u32, key: u64) -> Option<Value> {
-        let bucket = &self.buckets[b as usize];
+        let bucket = self.bucket(b);
+        let s1 = bucket.seq.load(Acquire);
+        let v = Self::scan(bucket, key);
+        fence(Acquire);
+        if s1 & 1 == 0 && bucket.seq.load(Relaxed) == s1 {
+            return v;
+        }
+        self.find_retry(bucket, key)
+    }
+
+    #[inline(always)]
+    fn scan(bucket: &Bucket, key: u64) -> Option<Value> {
+        let k = [bucket.keys[0].load(Relaxed), bucket.keys[1].load(Relaxed), bucket.keys[2].load(Relaxed)];
+        if k[0] == key {
+            Some(Value(bucket.vals[0].load(Relaxed)))
+        } else if k[1] == key {
+            Some(Value(bucket.vals[1].load(Relaxed)))
+        } else if k[2] == key {
+            Some(Value(bucket.vals[2].load(Relaxed)))
+        } else {
+            None
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn find_retry(&self, bucket: &Bucket, key: u64) -> Option<Value> {
         for _ in 0..8 {
+            std::hint::spin_loop();
             let s1 = bucket.seq.load(Acquire);
             if s1 & 1 == 0 {
-                let mut found = None;
-                for i in 0..WAYS {
-                    if bucket.keys[i].load(Relaxed) == key {
-                        found = Some(Value(bucket.vals[i].load(Relaxed)));
-                        break;
-                    }
-                }
+                let v = Self::scan(bucket, key);
                 fence(Acquire);
                 if bucket.seq.load(Relaxed) == s1 {
-                    return found;
+                    return v;
                 }
             }
-            std::hint::spin_loop();
         }
         None // a writer kept the bucket busy: treat as unknown (flood), never wait
     }
@@ -235,11 +263,14 @@ impl Fdb {
     /// Looks a key up without writing anything.
     #[inline(always)]
     pub fn lookup(&self, key: u64, loc: Loc) -> Option<Value> {
-        self.find_in(loc.b1, key).or_else(|| self.find_in(loc.b2, key))
+        match self.find_in(loc.b1, key) {
+            Some(v) => Some(v),
+            None => self.find_in(loc.b2, key),
+        }
     }
 
     fn try_lock(&self, b: u32) -> Option<u32> {
-        let seq = &self.buckets[b as usize].seq;
+        let seq = &self.bucket(b).seq;
         let s = seq.load(Relaxed);
         if s & 1 == 1 || seq.compare_exchange(s, s + 1, Acquire, Relaxed).is_err() {
             return None;
@@ -249,7 +280,7 @@ impl Fdb {
     }
 
     fn unlock(&self, b: u32, next: u32) {
-        self.buckets[b as usize].seq.store(next, Release);
+        self.bucket(b).seq.store(next, Release);
     }
 
     fn lock_spin(&self, b: u32) -> u32 {
@@ -265,7 +296,7 @@ impl Fdb {
     #[inline]
     pub fn learn(&self, key: u64, loc: Loc, dest: Dest, now: u32, limits: Limits) -> Learn {
         if let Some(v) = self.lookup(key, loc) {
-            if v.dest() == dest && v.seen() == now {
+            if v == Value::new(dest, false, now) {
                 return Learn::Unchanged;
             }
             if v.is_static() {
@@ -292,7 +323,7 @@ impl Fdb {
     fn upsert(&self, key: u64, loc: Loc, val: Value, limits: Option<Limits>) -> Learn {
         let bd = ((key >> 48) & 0xfff) as usize;
         for b in [loc.b1, loc.b2] {
-            let bucket = &self.buckets[b as usize];
+            let bucket = self.bucket(b);
             for i in 0..WAYS {
                 if bucket.keys[i].load(Relaxed) == key {
                     let old = Value(bucket.vals[i].load(Relaxed));
@@ -317,12 +348,11 @@ impl Fdb {
                 return Learn::Limit;
             }
         }
-        let free = |b: u32| self.buckets[b as usize].keys.iter().position(|k| k.load(Relaxed) == 0);
-        let load = |b: u32| self.buckets[b as usize].keys.iter().filter(|k| k.load(Relaxed) != 0).count();
-        let (first, second) = if load(loc.b2) < load(loc.b1) { (loc.b2, loc.b1) } else { (loc.b1, loc.b2) };
-        let slot = free(first).map(|i| (first, i)).or_else(|| free(second).map(|i| (second, i)));
+        // First fit: most keys then sit in their first bucket, so most lookups end there.
+        let free = |b: u32| self.bucket(b).keys.iter().position(|k| k.load(Relaxed) == 0);
+        let slot = free(loc.b1).map(|i| (loc.b1, i)).or_else(|| free(loc.b2).map(|i| (loc.b2, i)));
         let Some((b, i)) = slot else { return Learn::Limit };
-        let bucket = &self.buckets[b as usize];
+        let bucket = self.bucket(b);
         bucket.vals[i].store(val.0, Relaxed);
         bucket.keys[i].store(key, Relaxed);
         self.total.fetch_add(1, Relaxed);

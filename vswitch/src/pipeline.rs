@@ -31,6 +31,8 @@ const COPY_MAX: usize = 256;
 /// What stage 1 found out about one packet.
 #[derive(Clone, Copy, Default)]
 struct Ctx {
+    /// Frame length as received (after a priority tag was removed).
+    len: u32,
     bd: u16,
     drop: Option<DropReason>,
     from_peer: u16,
@@ -57,7 +59,6 @@ pub struct Pipeline {
     stats: Arc<ThreadStats>,
     tx: Vec<Batch>,
     dirty: Vec<u16>,
-    ctx: [Ctx; BATCH],
     targets: Vec<Target>,
     decap_cache: DecapCache,
     now: u32,
@@ -73,7 +74,6 @@ impl Pipeline {
             stats,
             tx: Vec::new(),
             dirty: Vec::with_capacity(fdb::MAX_PORTS),
-            ctx: [Ctx::default(); BATCH],
             targets: Vec::with_capacity(fdb::MAX_PORTS + 4096),
             decap_cache: DecapCache::default(),
             now: 0,
@@ -128,32 +128,32 @@ impl Pipeline {
         let n = batch.len();
         self.decap_cache.clear();
         let mut bytes = 0u64;
-        for i in 0..n {
-            let b = &mut batch.as_mut_slice()[i];
-            bytes += self.pool.pkt_len(b) as u64;
+        let (pool, fdb) = (&*self.pool, &*self.fdb);
+        let mut ctxs = [Ctx::default(); BATCH];
+        for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
+            bytes += pool.pkt_len(b) as u64;
             let c = if port.kind == PortKind::Underlay {
-                self.classify_underlay(snap, b)
+                classify_underlay(pool, fdb, snap, b, &mut self.decap_cache)
             } else {
-                self.classify_port(port, snap, b)
+                classify_port(pool, fdb, port, snap, b)
             };
-            self.ctx[i] = match c {
+            *ctx = match c {
                 Ok(c) => {
-                    self.fdb.prefetch(c.dst_loc);
-                    self.fdb.prefetch(c.src_loc);
+                    fdb.prefetch(c.dst_loc);
+                    fdb.prefetch(c.src_loc);
                     c
                 }
                 Err(r) => Ctx { bd: NO_BD, drop: Some(r), ..Ctx::default() },
             };
         }
-        let pc = &self.stats.ports[in_port as usize];
+        let pc = self.stats.port(in_port);
         pc.rx_packets.add(n as u64);
         pc.rx_bytes.add(bytes);
         self.stats.packets.add(n as u64);
-        for i in 0..n {
+        for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
-            let c = self.ctx[i];
             match c.drop {
-                None => self.forward(snap, port, b, &c),
+                None => self.forward(snap, port, b, c),
                 Some(r) => self.discard(b, r, in_port),
             }
         }
@@ -167,114 +167,14 @@ impl Pipeline {
         self.cache.free(b);
     }
 
-    /// Stage 1 for a frame from a local port.
-    #[inline(always)]
-    fn classify_port(&self, port: &PortEntry, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
-        let pool = &*self.pool;
-        let len = pool.pkt_len(b);
-        let h = pool.head(b);
-        if h.len() < ethernet::HEADER_LEN {
-            return Err(DropReason::Runt);
-        }
-        let et = u16::from_be_bytes([h[12], h[13]]);
-        let (bd, tagged, pcp) = if ethernet::is_tpid(et) {
-            if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
-                return Err(DropReason::Runt);
-            }
-            let tci = u16::from_be_bytes([h[14], h[15]]);
-            let vid = tci & 0x0fff;
-            if vid == 0 {
-                // A priority tag: the frame is untagged for VLAN purposes.
-                if port.untagged_bd == NO_BD {
-                    return Err(DropReason::UntaggedNotAllowed);
-                }
-                vlan::pop(pool, b);
-                (port.untagged_bd, false, tci & 0xf000)
-            } else {
-                match port.kind {
-                    PortKind::Trunk => {
-                        if et != port.tpid {
-                            return Err(DropReason::WrongTpid);
-                        }
-                        if !port.allowed.contains(vid) {
-                            return Err(DropReason::VlanNotAllowed);
-                        }
-                        let bd = snap.vlan_bd[vid as usize];
-                        if bd == NO_BD {
-                            return Err(DropReason::NoBridgeDomain);
-                        }
-                        (bd, true, tci & 0xf000)
-                    }
-                    _ => return Err(DropReason::TaggedOnAccess),
-                }
-            }
-        } else {
-            if port.untagged_bd == NO_BD {
-                return Err(DropReason::UntaggedNotAllowed);
-            }
-            (port.untagged_bd, false, 0)
-        };
-        let l2 = if tagged { 18 } else { 14 };
-        if len > MAX_FRAME || len - l2 > port.mtu as usize {
-            return Err(DropReason::Oversize);
-        }
-        let h = pool.head(b);
-        let src = mac_u64(&h[6..12]);
-        if src & (1 << 40) != 0 {
-            return Err(DropReason::SrcMacGroup);
-        }
-        let dst = mac_u64(&h[0..6]);
-        let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
-        Ok(Ctx {
-            bd,
-            drop: None,
-            from_peer: NO_PEER,
-            tagged,
-            pcp,
-            src_key,
-            dst_key,
-            src_loc: self.fdb.locate(src_key),
-            dst_loc: self.fdb.locate(dst_key),
-        })
-    }
-
-    /// Stage 1 for a frame from the underlay: VXLAN decap, then the inner frame's keys.
-    #[inline(always)]
-    fn classify_underlay(&mut self, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
-        let vtep = snap.vtep.as_ref().ok_or(DropReason::UnderlayNotVxlan)?;
-        let (bd, peer) = vtep.decap(snap, &self.pool, b, &mut self.decap_cache)?;
-        let h = self.pool.head(b);
-        if h.len() < ethernet::HEADER_LEN {
-            return Err(DropReason::VxlanMalformed);
-        }
-        let src = mac_u64(&h[6..12]);
-        if src & (1 << 40) != 0 {
-            return Err(DropReason::SrcMacGroup);
-        }
-        let dst = mac_u64(&h[0..6]);
-        let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
-        self.stats.event(Event::Decapsulated, 1);
-        Ok(Ctx {
-            bd,
-            drop: None,
-            from_peer: peer,
-            tagged: false,
-            pcp: 0,
-            src_key,
-            dst_key,
-            src_loc: self.fdb.locate(src_key),
-            dst_loc: self.fdb.locate(dst_key),
-        })
-    }
-
     /// Stage 2: security, learning, suppression, lookup and egress of one packet.
     #[inline(always)]
     fn forward(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, c: &Ctx) {
         let Some(bd) = snap.bd(c.bd) else { return self.discard(b, DropReason::NoBridgeDomain, port.id) };
         let from_peer = c.from_peer != NO_PEER;
-        let bdc = &self.stats.bds[bd.id as usize];
+        let bdc = self.stats.bd(bd.id);
         bdc.packets.add(1);
-        bdc.bytes.add(self.pool.pkt_len(&b) as u64);
+        bdc.bytes.add(c.len as u64);
         let l2 = if c.tagged { 18 } else { 14 };
 
         if !from_peer {
@@ -320,32 +220,34 @@ impl Pipeline {
                 match v.dest() {
                     Dest::Port(p) if p == port.id && !from_peer => return self.discard(b, DropReason::Reflect, port.id),
                     Dest::Peer(_) if from_peer => return self.discard(b, DropReason::Reflect, port.id),
-                    d if self.dest_valid(snap, bd, d) => {
-                        self.stats.event(Event::KnownUnicast, 1);
-                        return self.emit(snap, bd, b, c, d);
+                    Dest::Port(p) => {
+                        if let Some(pe) = snap.port(p) {
+                            if let Ok(want) = pe.egress_tag(bd.id, bd.vlan) {
+                                self.stats.event(Event::KnownUnicast, 1);
+                                return self.emit_port(snap, pe, b, c.tagged, c.pcp, want);
+                            }
+                        }
                     }
-                    _ => self.stats.event(Event::StaleFdb, 1),
+                    Dest::Peer(p) => {
+                        if bd.peers.contains(&p) {
+                            self.stats.event(Event::KnownUnicast, 1);
+                            return self.emit_peer(snap, bd, b, c.tagged, p);
+                        }
+                    }
                 }
+                // The entry points somewhere no longer in this bridge domain: flood.
+                self.stats.event(Event::StaleFdb, 1);
             }
         }
         self.flood(snap, bd, port.id, b, c);
     }
 
-    /// Whether an FDB destination is still a member of the bridge domain in this snapshot.
-    #[inline(always)]
-    fn dest_valid(&self, snap: &Snapshot, bd: &BdEntry, d: Dest) -> bool {
-        match d {
-            Dest::Port(p) => snap.port(p).is_some_and(|pe| pe.egress_tag(bd.id, bd.vlan).is_ok()),
-            Dest::Peer(p) => bd.peers.contains(&p) && snap.peer(p).is_some(),
-        }
-    }
-
     #[inline(always)]
     fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
         match d {
-            Dest::Port(p) => match snap.port(p) {
-                Some(pe) => self.emit_port(snap, pe, bd, b, c.tagged, c.pcp),
-                None => self.discard(b, DropReason::NoEgress, p),
+            Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
+                Some((pe, Ok(want))) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want),
+                _ => self.discard(b, DropReason::NoEgress, p),
             },
             Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
         }
@@ -353,8 +255,7 @@ impl Pipeline {
 
     /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
     #[inline(always)]
-    fn emit_port(&mut self, snap: &Snapshot, pe: &PortEntry, bd: &BdEntry, mut b: BufId, tagged: bool, pcp: u16) {
-        let Ok(want) = pe.egress_tag(bd.id, bd.vlan) else { return self.discard(b, DropReason::NoEgress, pe.id) };
+    fn emit_port(&mut self, snap: &Snapshot, pe: &PortEntry, mut b: BufId, tagged: bool, pcp: u16, want: Option<u16>) {
         let ok = match (tagged, want) {
             (false, None) => true,
             (false, Some(v)) => vlan::push(&self.pool, &mut b, pe.tpid, pcp | v),
@@ -413,7 +314,7 @@ impl Pipeline {
             return self.discard(b, DropReason::NoEgress, in_port);
         }
         self.stats.event(Event::Flooded, 1);
-        self.stats.bds[bd.id as usize].flooded.add(1);
+        self.stats.bd(bd.id).flooded.add(1);
         if k == 1 {
             let t = self.targets[0];
             return self.emit_target(snap, bd, b, c, t);
@@ -500,7 +401,7 @@ impl Pipeline {
             if batch.is_empty() {
                 return;
             }
-            let pc = &self.stats.ports[p as usize];
+            let pc = self.stats.port(p);
             match snap.port(p) {
                 Some(pe) if pe.port.link_up() => {
                     let before: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
@@ -526,4 +427,92 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Stage 1 for a frame from a local port.
+#[inline(always)]
+fn classify_port(pool: &Pool, fdb: &Fdb, port: &PortEntry, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
+    let mut len = pool.pkt_len(b);
+    let h = pool.head(b);
+    if h.len() < ethernet::HEADER_LEN {
+        return Err(DropReason::Runt);
+    }
+    let et = u16::from_be_bytes([h[12], h[13]]);
+    let (bd, tagged, pcp) = if ethernet::is_tpid(et) {
+        if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
+            return Err(DropReason::Runt);
+        }
+        let tci = u16::from_be_bytes([h[14], h[15]]);
+        let vid = tci & 0x0fff;
+        if vid == 0 {
+            // A priority tag: the frame is untagged for VLAN purposes.
+            if port.untagged_bd == NO_BD {
+                return Err(DropReason::UntaggedNotAllowed);
+            }
+            vlan::pop(pool, b);
+            len -= ethernet::TAG_LEN;
+            (port.untagged_bd, false, tci & 0xf000)
+        } else {
+            match port.kind {
+                PortKind::Trunk => {
+                    if et != port.tpid {
+                        return Err(DropReason::WrongTpid);
+                    }
+                    if !port.allowed.contains(vid) {
+                        return Err(DropReason::VlanNotAllowed);
+                    }
+                    let bd = snap.vlan_bd[vid as usize];
+                    if bd == NO_BD {
+                        return Err(DropReason::NoBridgeDomain);
+                    }
+                    (bd, true, tci & 0xf000)
+                }
+                _ => return Err(DropReason::TaggedOnAccess),
+            }
+        }
+    } else {
+        if port.untagged_bd == NO_BD {
+            return Err(DropReason::UntaggedNotAllowed);
+        }
+        (port.untagged_bd, false, 0)
+    };
+    let l2 = if tagged { 18 } else { 14 };
+    if len > MAX_FRAME || len - l2 > port.mtu as usize {
+        return Err(DropReason::Oversize);
+    }
+    l2_ctx(fdb, pool.head(b), bd, NO_PEER, tagged, pcp, len)
+}
+
+/// The part of stage 1 every frame shares: source sanity, FDB keys and their buckets.
+#[inline(always)]
+fn l2_ctx(fdb: &Fdb, h: &[u8], bd: u16, from_peer: u16, tagged: bool, pcp: u16, len: usize) -> Result<Ctx, DropReason> {
+    if h.len() < ethernet::HEADER_LEN {
+        return Err(DropReason::Runt);
+    }
+    let src = mac_u64(&h[6..12]);
+    if src & (1 << 40) != 0 {
+        return Err(DropReason::SrcMacGroup);
+    }
+    let dst = mac_u64(&h[0..6]);
+    let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
+    Ok(Ctx {
+        len: len as u32,
+        bd,
+        drop: None,
+        from_peer,
+        tagged,
+        pcp,
+        src_key,
+        dst_key,
+        src_loc: fdb.locate(src_key),
+        dst_loc: fdb.locate(dst_key),
+    })
+}
+
+/// Stage 1 for a frame from the underlay: VXLAN decap, then the inner frame's keys.
+#[inline(always)]
+fn classify_underlay(pool: &Pool, fdb: &Fdb, snap: &Snapshot, b: &mut BufId, cache: &mut DecapCache) -> Result<Ctx, DropReason> {
+    let vtep = snap.vtep.as_ref().ok_or(DropReason::UnderlayNotVxlan)?;
+    let (bd, peer) = vtep.decap(snap, pool, b, cache)?;
+    l2_ctx(fdb, pool.head(b), bd, peer, false, 0, pool.pkt_len(b))
 }

@@ -9,7 +9,7 @@
 use crate::buf::Pool;
 use crate::config::SwitchConfig;
 use crate::counters::{ThreadStats, Totals};
-use crate::fdb::{self, Dest, Fdb};
+use crate::fdb::{Dest, Fdb};
 use crate::pipeline::Pipeline;
 use crate::port::Port;
 use crate::snapshot::{ConfigError, Ids, Snapshot};
@@ -165,7 +165,7 @@ impl Switch {
 
     /// A pipeline for one PMD thread (its counters join the switch's totals).
     pub fn pipeline(&self, thread: usize) -> Pipeline {
-        let stats = Arc::new(ThreadStats::new(fdb::MAX_PORTS, fdb::MAX_BDS));
+        let stats = Arc::new(ThreadStats::new());
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(stats.clone());
         Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats)
     }

@@ -2,6 +2,8 @@
 //! of the fast path (from the `wire` `Repr`s), and a single-threaded [`Harness`] that drives a
 //! switch's pipeline over ring ports deterministically.
 
+pub mod bench;
+
 use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};
 use crate::config::SwitchConfig;

@@ -8,7 +8,7 @@
 //! taken treats the queue as full for that burst (counted as `tx_full`).
 
 use super::{Port, QueueStats};
-use crate::batch::{BATCH, Batch};
+use crate::batch::Batch;
 use crate::buf::{BufId, PoolCache};
 use crate::counters::Counter;
 use crate::spsc::Spsc;
@@ -128,13 +128,9 @@ impl Port for RingPort {
     fn rx_burst(&self, q: u16, _cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let Some(queue) = self.queues.get(q as usize) else { return 0 };
         let Some(_g) = TryLock::take(&queue.rx_lock) else { return 0 };
-        let mut ids = [0u32; BATCH];
-        let n = queue.rx.pop(&mut ids[..batch.room()]);
-        for id in &ids[..n] {
-            // SAFETY: indices in a ring were produced by `into_index` of the same pool and
-            // are consumed exactly once here.
-            let _ = batch.push(unsafe { BufId::from_index(*id) });
-        }
+        // SAFETY: indices in a ring were produced by `into_index` of the same pool (both ends
+        // of a ring port share one pool) and are consumed exactly once here.
+        let n = unsafe { batch.fill_raw(|raw| queue.rx.pop(raw)) };
         queue.rx_packets.add(n as u64);
         n
     }
@@ -146,16 +142,9 @@ impl Port for RingPort {
             queue.tx_full.add(batch.len() as u64);
             return 0;
         };
-        let mut ids = [0u32; BATCH];
-        for (i, b) in batch.as_slice().iter().enumerate() {
-            ids[i] = b.index();
-        }
-        let n = queue.tx.push(&ids[..batch.len()]);
-        for i in 0..n {
-            // The ring now owns these buffers (as indices).
-            let _ = batch.take(i).into_index();
-        }
-        batch.consume_front(n);
+        let n = queue.tx.push(batch.as_raw());
+        // The ring now owns these buffers, as indices.
+        batch.handed_on(n);
         queue.tx_packets.add(n as u64);
         queue.tx_full.add(batch.len() as u64);
         n
@@ -193,15 +182,8 @@ impl RingPeer {
     /// Offers packets to the switch on queue `q`; those not taken stay in `batch`.
     pub fn send(&mut self, q: u16, batch: &mut Batch) -> usize {
         let ring = &self.tx[q as usize % self.tx.len()];
-        let mut ids = [0u32; BATCH];
-        for (i, b) in batch.as_slice().iter().enumerate() {
-            ids[i] = b.index();
-        }
-        let n = ring.push(&ids[..batch.len()]);
-        for i in 0..n {
-            let _ = batch.take(i).into_index();
-        }
-        batch.consume_front(n);
+        let n = ring.push(batch.as_raw());
+        batch.handed_on(n);
         n
     }
 
@@ -219,13 +201,8 @@ impl RingPeer {
     /// Takes what the switch sent on queue `q`.
     pub fn recv(&mut self, q: u16, batch: &mut Batch) -> usize {
         let ring = &self.rx[q as usize % self.rx.len()];
-        let mut ids = [0u32; BATCH];
-        let n = ring.pop(&mut ids[..batch.room()]);
-        for id in &ids[..n] {
-            // SAFETY: produced by `into_index` on the switch side of the same pool.
-            let _ = batch.push(unsafe { BufId::from_index(*id) });
-        }
-        n
+        // SAFETY: produced by `into_index` on the switch side of the same pool.
+        unsafe { batch.fill_raw(|raw| ring.pop(raw)) }
     }
 
     /// Frees everything waiting in both directions (teardown).

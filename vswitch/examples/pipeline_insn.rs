@@ -1,0 +1,35 @@
+//! Runs one benchmark scenario for a fixed number of packets, for instruction counting:
+//!
+//!     cargo build --release -p knitter-vswitch --example pipeline_insn
+//!     valgrind --tool=callgrind --toggle-collect='*Bench*poll*' \
+//!         target/release/examples/pipeline_insn l2-1k 320000
+//!
+//! callgrind then counts only the instructions of `Bench::poll` (rx burst, pipeline, tx
+//! burst); divide by the packets printed. `ci/insn-count.sh` does all of that per scenario.
+
+use vswitch::testkit::bench::{Bench, Scenario};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let name = args.next().unwrap_or_else(|| "l2-1k".into());
+    let Some(s) = Scenario::parse(&name) else {
+        let names: Vec<String> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        eprintln!("unknown scenario {name:?}; one of: {}", names.join(", "));
+        std::process::exit(2);
+    };
+    let packets: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(320_000);
+    let mut b = Bench::new(s);
+    let mut got = 0;
+    let mut out = 0;
+    for _ in 0..packets / 32 {
+        b.inject();
+        got += b.poll();
+        out += b.drain();
+    }
+    let st = b.stats();
+    println!("scenario={} packets={got} out={out} drops={}", s.name(), st.total_drops());
+    if st.total_drops() > 0 {
+        eprintln!("drops: {:?}", st.nonzero_drops());
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,279 @@
+//! Benchmark scenarios over ring ports on one thread: a generator fills the ingress ring with
+//! prepared 64-byte frames, [`Bench::poll`] runs one burst through the switch (rx burst,
+//! pipeline, tx burst), and the sinks free what came out. Criterion times `poll` alone;
+//! `examples/pipeline_insn.rs` counts its instructions under callgrind.
+
+use super::{frames, mac};
+use crate::batch::Batch;
+use crate::buf::{Pool, PoolCache};
+use crate::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig, VtepConfig};
+use crate::pipeline::Pipeline;
+use crate::port::ring::{RingPeer, RingPort};
+use crate::snapshot::Snapshot;
+use crate::switch::{Switch, SwitchOptions};
+use crate::wire::MacAddr;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+/// What a benchmark forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Known unicast between two access ports with learning on, over `macs` MACs in the FDB.
+    L2 { macs: u32 },
+    /// Access → trunk (tag pushed).
+    VlanPush,
+    /// Trunk → access (tag popped).
+    VlanPop,
+    /// Access → remote VTEP (IPv4 underlay).
+    VxlanEncap,
+    /// Remote VTEP → access.
+    VxlanDecap,
+    /// Broadcast from one port to 8 others.
+    Flood8,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Scenario::L2 { macs: 1000 },
+        Scenario::L2 { macs: 100_000 },
+        Scenario::VlanPush,
+        Scenario::VlanPop,
+        Scenario::VxlanEncap,
+        Scenario::VxlanDecap,
+        Scenario::Flood8,
+    ];
+
+    pub fn name(&self) -> String {
+        match self {
+            Scenario::L2 { macs } => format!("l2-{}k", macs / 1000),
+            Scenario::VlanPush => "vlan-push".into(),
+            Scenario::VlanPop => "vlan-pop".into(),
+            Scenario::VxlanEncap => "vxlan-encap".into(),
+            Scenario::VxlanDecap => "vxlan-decap".into(),
+            Scenario::Flood8 => "flood-8".into(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scenario> {
+        Scenario::ALL.iter().copied().find(|x| x.name() == s)
+    }
+}
+
+/// A prepared scenario.
+pub struct Bench {
+    pub pool: Arc<Pool>,
+    pub switch: Arc<Switch>,
+    pipe: Pipeline,
+    snap: Arc<Snapshot>,
+    in_port: u16,
+    input: RingPeer,
+    sinks: Vec<RingPeer>,
+    frames: Vec<Vec<u8>>,
+    next: usize,
+    cache: PoolCache,
+    batch: Batch,
+}
+
+const LOCAL: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+
+fn ip(n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(0xc000_0200 | (n & 0xff))
+}
+
+impl Bench {
+    pub fn new(s: Scenario) -> Bench {
+        let pool = Pool::new(65536, true).expect("buffer pool");
+        let switch = Switch::new(pool.clone(), SwitchOptions { fdb_entries: 1 << 18 });
+        let mut peers = std::collections::BTreeMap::new();
+        let mut ring = |name: &str, m: Option<MacAddr>| {
+            let (p, peer) = RingPort::new(name, 1, 4096).expect("ring");
+            let p = match m {
+                Some(m) => p.with_mac(m),
+                None => p,
+            };
+            switch.register_port(name, p).expect("register");
+            peers.insert(name.to_owned(), peer);
+        };
+        let red = || BridgeConfig::new("red").vlan(100);
+        let (cfg, input, frames_): (SwitchConfig, &str, Vec<Vec<u8>>) = match s {
+            Scenario::L2 { macs } => {
+                ring("a", None);
+                ring("b", None);
+                let n = (macs / 2).max(1);
+                let f = (0..n)
+                    .map(|i| frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60))
+                    .collect();
+                let mut bridge = red();
+                bridge.mac_limit = 1 << 20;
+                let mut ports = vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")];
+                for p in &mut ports {
+                    p.mac_limit = 1 << 20;
+                }
+                (SwitchConfig { bridges: vec![bridge], ports, vtep: None }, "a", f)
+            }
+            Scenario::VlanPush | Scenario::VlanPop => {
+                ring("a", None);
+                ring("t", None);
+                let cfg = SwitchConfig {
+                    bridges: vec![red()],
+                    ports: vec![PortConfig::access("a", "red"), PortConfig::trunk("t", &[100], None)],
+                    vtep: None,
+                };
+                let push = s == Scenario::VlanPush;
+                let f = (0..256u32)
+                    .map(|i| {
+                        let f = frames::udp4(mac(if push { 2000 } else { 1000 }), mac(i + 1), ip(i), ip(1), 1000 + i as u16, 2000, 60);
+                        if push { f } else { frames::add_tag(&f[..60], 0x8100, 100) }
+                    })
+                    .collect();
+                (cfg, if push { "a" } else { "t" }, f)
+            }
+            Scenario::VxlanEncap | Scenario::VxlanDecap => {
+                ring("a", None);
+                ring("up", Some(mac(0xa0)));
+                let peer = IpAddr::V4(PEER);
+                let mut b = red().vni(5001).flood(&[peer]);
+                b.static_macs.push(StaticMac { mac: mac(2000), port: None, remote: Some(peer) });
+                b.static_macs.push(StaticMac { mac: mac(1000), port: Some("a".into()), remote: None });
+                b.mac_learning = true;
+                let cfg = SwitchConfig {
+                    bridges: vec![b],
+                    ports: vec![PortConfig::access("a", "red"), PortConfig::underlay("up")],
+                    vtep: Some(VtepConfig::new(IpAddr::V4(LOCAL), "up").peer(peer, mac(0xb0))),
+                };
+                let encap = s == Scenario::VxlanEncap;
+                let f = (0..256u32)
+                    .map(|i| {
+                        if encap {
+                            frames::udp4(mac(2000), mac(i + 1), ip(i), ip(1), 1000 + i as u16, 2000, 60)
+                        } else {
+                            let inner = frames::udp4(mac(1000), mac(3000 + i), ip(i), ip(1), 1000 + i as u16, 2000, 60);
+                            let o = frames::Outer {
+                                dst_mac: mac(0xa0),
+                                src_mac: mac(0xb0),
+                                src: peer,
+                                dst: IpAddr::V4(LOCAL),
+                                sport: 49152 + i as u16,
+                                dport: 4789,
+                                vlan: None,
+                            };
+                            frames::vxlan(&o, 5001, &inner, false)
+                        }
+                    })
+                    .collect();
+                (cfg, if encap { "a" } else { "up" }, f)
+            }
+            Scenario::Flood8 => {
+                let mut ports = Vec::new();
+                for i in 0..9 {
+                    let n = format!("p{i}");
+                    ring(&n, None);
+                    ports.push(PortConfig::access(&n, "red"));
+                }
+                let f = (0..256u32)
+                    .map(|i| frames::udp4(MacAddr::BROADCAST, mac(i + 1), ip(i), ip(255), 68, 67, 60))
+                    .collect();
+                (SwitchConfig { bridges: vec![red()], ports, vtep: None }, "p0", f)
+            }
+        };
+        switch.apply(cfg).expect("benchmark configuration");
+        let snap = switch.snapshot();
+        let in_port = snap.port_id(input).expect("input port");
+        let input_peer = peers.remove(input).expect("input peer");
+        let mut b = Bench {
+            pipe: switch.pipeline(0),
+            cache: PoolCache::new(pool.clone()),
+            pool,
+            switch,
+            snap,
+            in_port,
+            input: input_peer,
+            sinks: peers.into_values().collect(),
+            frames: frames_,
+            next: 0,
+            batch: Batch::new(),
+        };
+        b.pipe.set_now(1);
+        b.learn(s);
+        b
+    }
+
+    /// Teaches the switch where destinations live, as a warm-up would.
+    fn learn(&mut self, s: Scenario) {
+        let back: Vec<Vec<u8>> = match s {
+            Scenario::L2 { macs } => {
+                let n = (macs / 2).max(1);
+                (0..n).map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60)).collect()
+            }
+            Scenario::VlanPush => vec![frames::add_tag(&frames::udp4(mac(1), mac(2000), ip(9), ip(1), 1, 2, 60), 0x8100, 100)],
+            Scenario::VlanPop => vec![frames::udp4(mac(1), mac(1000), ip(9), ip(1), 1, 2, 60)],
+            _ => vec![],
+        };
+        let snap = self.snap.clone();
+        for chunk in back.chunks(32) {
+            // Learning frames enter on the port that is not the input.
+            let port = snap.ports.iter().flatten().find(|p| p.id != self.in_port).map(|p| p.id).unwrap_or(0);
+            for f in chunk {
+                if let Some(b) = self.cache.alloc_frame(f) {
+                    let _ = self.batch.push(b);
+                }
+            }
+            let mut batch = std::mem::take(&mut self.batch);
+            self.pipe.process(&snap, port, &mut batch);
+            self.batch = batch;
+            self.drain();
+        }
+        // One pass over the input frames learns their sources.
+        for _ in 0..self.frames.len().div_ceil(32) {
+            self.inject();
+            // Not `self.poll()`: the instruction counter measures that function only.
+            self.pipe.poll(&snap, self.in_port, 0, &mut self.batch);
+            self.drain();
+        }
+    }
+
+    /// Puts one burst of prepared frames on the ingress ring.
+    pub fn inject(&mut self) {
+        for _ in 0..32 {
+            let f = &self.frames[self.next];
+            self.next = (self.next + 1) % self.frames.len();
+            if let Some(b) = self.cache.alloc_frame(f) {
+                if let Err(b) = self.input.send_one(0, b) {
+                    self.cache.free(b);
+                }
+            }
+        }
+    }
+
+    /// One burst through the switch: rx burst, pipeline, tx bursts.
+    #[inline(never)]
+    pub fn poll(&mut self) -> usize {
+        self.pipe.poll(&self.snap, self.in_port, 0, &mut self.batch)
+    }
+
+    /// Frees everything that came out of the switch; returns how many frames.
+    pub fn drain(&mut self) -> usize {
+        let mut n = 0;
+        let mut b = Batch::new();
+        for s in &mut self.sinks {
+            while s.recv(0, &mut b) > 0 {
+                for x in b.drain() {
+                    n += 1;
+                    self.cache.free(x);
+                }
+            }
+        }
+        // The learning frames' floods may have gone back to the input port.
+        while self.input.recv(0, &mut b) > 0 {
+            for x in b.drain() {
+                self.cache.free(x);
+            }
+        }
+        n
+    }
+
+    pub fn stats(&self) -> crate::counters::Totals {
+        self.switch.stats()
+    }
+}
