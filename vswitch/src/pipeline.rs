@@ -130,10 +130,13 @@ impl Pipeline {
         let mut bytes = 0u64;
         let (pool, fdb) = (&*self.pool, &*self.fdb);
         let mut ctxs = [Ctx::default(); BATCH];
+        let mut decapsulated = 0;
         for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
             bytes += pool.pkt_len(b) as u64;
             let c = if port.kind == PortKind::Underlay {
-                classify_underlay(pool, fdb, snap, b, &mut self.decap_cache)
+                let c = classify_underlay(pool, fdb, snap, b, &mut self.decap_cache);
+                decapsulated += c.is_ok() as u64;
+                c
             } else {
                 classify_port(pool, fdb, port, snap, b)
             };
@@ -150,6 +153,9 @@ impl Pipeline {
         pc.rx_packets.add(n as u64);
         pc.rx_bytes.add(bytes);
         self.stats.packets.add(n as u64);
+        if decapsulated > 0 {
+            self.stats.event(Event::Decapsulated, decapsulated);
+        }
         for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
             match c.drop {

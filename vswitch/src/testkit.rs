@@ -3,6 +3,7 @@
 //! switch's pipeline over ring ports deterministically.
 
 pub mod bench;
+pub mod fuzz;
 
 use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};

@@ -1,0 +1,67 @@
+//! A fixed switch with every kind of port and feature, driven by arbitrary bytes: shared by
+//! the libFuzzer target (`fuzz/`) and the stable property test (`tests/hostile.rs`).
+//!
+//! Input format: a sequence of records `[port selector][length hi][length lo][bytes...]`;
+//! each record is one frame offered on one port. After every frame the switch runs; at the
+//! end every buffer must be back in the pool.
+
+use super::{Harness, mac};
+use crate::config::{AddressPair, BridgeConfig, Neighbor, PortConfig, SwitchConfig, VtepConfig};
+use std::net::IpAddr;
+
+/// Ports the input can address.
+pub const PORTS: [&str; 5] = ["pod", "access", "trunk", "qinq", "up"];
+
+pub fn harness() -> Harness {
+    let mut h = Harness::new();
+    for p in PORTS {
+        h.ring_with_mac(p, Some(mac(0xa0)));
+    }
+    let local: IpAddr = "198.51.100.1".parse().expect("literal");
+    let peer: IpAddr = "198.51.100.2".parse().expect("literal");
+    let mut red = BridgeConfig::new("red").vlan(100).vni(5001).flood(&[peer]);
+    red.arp_suppression = true;
+    red.neighbors = vec![
+        Neighbor { ip: "192.0.2.2".parse().expect("literal"), mac: mac(2) },
+        Neighbor { ip: "fd00::2".parse().expect("literal"), mac: mac(2) },
+    ];
+    red.mac_limit = 64;
+    let mut pod = PortConfig::pod("pod", "red", mac(1), &["192.0.2.1".parse().expect("literal")]);
+    if let Some(s) = pod.security.as_mut() {
+        s.allowed_address_pairs.push(AddressPair { mac: mac(7), ip: None });
+    }
+    pod.mtu = 9000;
+    let mut up = PortConfig::underlay("up");
+    up.mtu = 9198;
+    let mut qinq = PortConfig::trunk("qinq", &[100, 200], Some(200));
+    qinq.tpid = 0x88a8;
+    let cfg = SwitchConfig {
+        bridges: vec![red, BridgeConfig::new("blue").vlan(200).vni(5002).flood(&[peer])],
+        ports: vec![pod, PortConfig::access("access", "blue"), PortConfig::trunk("trunk", &[100, 200], None), qinq, up],
+        vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(0xb0))),
+    };
+    h.apply(cfg).expect("fuzz configuration is valid");
+    h
+}
+
+/// Runs one input; panics (the fuzzer's finding) if a buffer leaks.
+pub fn run(h: &mut Harness, mut data: &[u8]) {
+    let before = {
+        h.flush_caches();
+        h.pool.free_count()
+    };
+    while data.len() >= 3 {
+        let port = PORTS[data[0] as usize % PORTS.len()];
+        let len = (u16::from_be_bytes([data[1], data[2]]) as usize).min(data.len() - 3);
+        let frame = &data[3..3 + len];
+        data = &data[3 + len..];
+        if frame.len() > crate::buf::MAX_FRAME {
+            continue;
+        }
+        h.send(port, frame);
+        h.step();
+        h.recv_all();
+    }
+    h.flush_caches();
+    assert_eq!(h.pool.free_count(), before, "buffers leaked");
+}
