@@ -104,3 +104,23 @@ fn pmd_adaptive_forwards_sleeps_and_stops() {
     assert!(pmd.wait_adopted(generation, Duration::from_secs(5)));
     drop(pmd);
 }
+
+/// The README's library example, as written there.
+#[test]
+fn readme_example_runs() -> Result<(), Box<dyn std::error::Error>> {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+    let pool = Pool::new(16384, true)?; // 16k buffers, hugepages if any
+    let switch = Switch::new(pool, SwitchOptions::default());
+    let (port, _wire) = RingPort::new("pod1", 1, 1024)?; // any `Port` implementation
+    switch.register_port("pod1", port)?;
+    switch.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red").vlan(100)],
+        ports: vec![PortConfig::access("pod1", "red")],
+        vtep: None,
+    })?; // refused whole, with a reason, if invalid
+    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::default() })?;
+    println!("{:?}", switch.stats().nonzero_drops());
+    pmd.stop();
+    Ok(())
+}

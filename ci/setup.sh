@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine needs to build, test and demo Knitter.
+# Idempotent; run as root (CI runs as root). Rust itself comes from the machine image (rustup).
+set -euo pipefail
+
+# Debian packages: a C toolchain for crates with C parts, and the tools the perf scripts use.
+PACKAGES="build-essential pkg-config valgrind bc iproute2"
+missing=""
+for p in $PACKAGES; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "== installing Debian packages:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq $missing >/dev/null
+fi
+
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+
+if [ "${KNITTER_FUZZ:-1}" = 1 ] && ! command -v cargo-fuzz >/dev/null; then
+  echo "== installing cargo-fuzz"
+  cargo install cargo-fuzz --locked -q
+fi

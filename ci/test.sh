@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install, bounded fuzzing, the demo, then every test.
+# Tests that start PMD threads run one at a time (nextest group `serial`, see
+# .config/nextest.toml); every test has a time limit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+bash ci/setup.sh
+
+FUZZ_SECS=${KNITTER_FUZZ_SECS:-45}
+if [ "$FUZZ_SECS" -gt 0 ]; then
+  for t in wire pipeline; do
+    echo "== fuzz $t for ${FUZZ_SECS}s"
+    corpus=$(mktemp -d)
+    (cd vswitch && RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "$corpus" "fuzz/corpus/$t" -- \
+      -max_total_time="$FUZZ_SECS" -print_final_stats=0 2>&1 | tail -n 3)
+    rm -rf "$corpus"
+  done
+fi
+
+echo "== demo"
+timeout 300 cargo run --release -q -p knitter-vswitch --example demo
+
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --profile ci -j 2
+else
+  cargo test --workspace -j 2
+fi
