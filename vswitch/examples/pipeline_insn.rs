@@ -21,13 +21,26 @@ fn main() {
     let mut b = Bench::new(s);
     let mut got = 0;
     let mut out = 0;
+    let mut cycles = 0u64;
+    let mut best = u64::MAX;
     for _ in 0..packets / 32 {
         b.inject();
-        got += b.poll();
+        let t0 = vswitch::util::cycles();
+        let n = b.poll();
+        let dt = vswitch::util::cycles() - t0;
+        cycles += dt;
+        best = best.min(dt);
+        got += n;
         out += b.drain();
     }
     let st = b.stats();
-    println!("scenario={} packets={got} out={out} drops={}", s.name(), st.total_drops());
+    println!(
+        "scenario={} packets={got} out={out} drops={} tsc_cycles_per_packet={:.1} best_burst={:.1}",
+        s.name(),
+        st.total_drops(),
+        cycles as f64 / got.max(1) as f64,
+        best as f64 / 32.0
+    );
     if st.total_drops() > 0 {
         eprintln!("drops: {:?}", st.nonzero_drops());
         std::process::exit(1);

@@ -57,8 +57,12 @@ pub struct Pipeline {
     cache: PoolCache,
     fdb: Arc<Fdb>,
     stats: Arc<ThreadStats>,
-    tx: Vec<Batch>,
-    dirty: Vec<u16>,
+    /// Pending tx batch per port id, and the ids with a non-empty batch (each once).
+    tx: Box<[Batch; fdb::MAX_PORTS]>,
+    dirty: Box<[u16; fdb::MAX_PORTS]>,
+    n_dirty: usize,
+    /// Known-unicast packets of this burst (counted once per burst).
+    known: u64,
     targets: Vec<Target>,
     decap_cache: DecapCache,
     now: u32,
@@ -72,8 +76,10 @@ impl Pipeline {
             pool,
             fdb,
             stats,
-            tx: Vec::new(),
-            dirty: Vec::with_capacity(fdb::MAX_PORTS),
+            tx: boxed_array(Batch::new),
+            dirty: Box::new([0; fdb::MAX_PORTS]),
+            n_dirty: 0,
+            known: 0,
             targets: Vec::with_capacity(fdb::MAX_PORTS + 4096),
             decap_cache: DecapCache::default(),
             now: 0,
@@ -97,13 +103,6 @@ impl Pipeline {
         self.now = now;
     }
 
-    /// Sizes per-port scratch for a snapshot (off the fast path, when a config is adopted).
-    pub fn prepare(&mut self, snap: &Snapshot) {
-        if self.tx.len() < snap.ports.len() {
-            self.tx.resize_with(snap.ports.len(), Batch::new);
-        }
-    }
-
     /// Receives one burst from (port, queue) and forwards it; returns packets received.
     #[inline]
     pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
@@ -117,7 +116,6 @@ impl Pipeline {
 
     /// Forwards a batch received on `in_port` and flushes the resulting tx batches.
     pub fn process(&mut self, snap: &Snapshot, in_port: u16, batch: &mut Batch) {
-        self.prepare(snap);
         let Some(port) = snap.port(in_port) else {
             for b in batch.drain() {
                 self.stats.count_drop(DropReason::NoEgress, in_port);
@@ -164,6 +162,9 @@ impl Pipeline {
             }
         }
         batch.clear_taken();
+        if self.known > 0 {
+            self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
+        }
         self.flush(snap);
     }
 
@@ -229,14 +230,14 @@ impl Pipeline {
                     Dest::Port(p) => {
                         if let Some(pe) = snap.port(p) {
                             if let Ok(want) = pe.egress_tag(bd.id, bd.vlan) {
-                                self.stats.event(Event::KnownUnicast, 1);
-                                return self.emit_port(snap, pe, b, c.tagged, c.pcp, want);
+                                self.known += 1;
+                                return self.emit_port(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
                             }
                         }
                     }
                     Dest::Peer(p) => {
                         if bd.peers.contains(&p) {
-                            self.stats.event(Event::KnownUnicast, 1);
+                            self.known += 1;
                             return self.emit_peer(snap, bd, b, c.tagged, p);
                         }
                     }
@@ -252,7 +253,10 @@ impl Pipeline {
     fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
         match d {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
-                Some((pe, Ok(want))) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want),
+                Some((pe, Ok(want))) => {
+                    let len = self.pool.pkt_len(&b);
+                    self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len)
+                }
                 _ => self.discard(b, DropReason::NoEgress, p),
             },
             Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
@@ -261,7 +265,17 @@ impl Pipeline {
 
     /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
     #[inline(always)]
-    fn emit_port(&mut self, snap: &Snapshot, pe: &PortEntry, mut b: BufId, tagged: bool, pcp: u16, want: Option<u16>) {
+    #[allow(clippy::too_many_arguments)]
+    fn emit_port(
+        &mut self,
+        snap: &Snapshot,
+        pe: &PortEntry,
+        mut b: BufId,
+        tagged: bool,
+        pcp: u16,
+        want: Option<u16>,
+        len: usize,
+    ) {
         let ok = match (tagged, want) {
             (false, None) => true,
             (false, Some(v)) => vlan::push(&self.pool, &mut b, pe.tpid, pcp | v),
@@ -274,8 +288,9 @@ impl Pipeline {
         if !ok {
             return self.discard(b, DropReason::Runt, pe.id);
         }
-        let l2 = if want.is_some() { 18 } else { 14 };
-        if self.pool.pkt_len(&b) - l2 > pe.mtu as usize {
+        // The L3 length is the same whatever the tagging: `len` less the ingress L2 header.
+        let l3 = len - if tagged { 18 } else { 14 };
+        if l3 > pe.mtu as usize {
             return self.discard(b, DropReason::EgressMtu, pe.id);
         }
         self.enqueue(snap, pe.id, b);
@@ -380,30 +395,32 @@ impl Pipeline {
     /// replication can put several copies of one packet on the underlay port).
     #[inline(always)]
     fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
-        let q = &self.tx[port as usize];
+        let slot = port as usize & (fdb::MAX_PORTS - 1);
+        let q = &self.tx[slot];
         if q.is_full() {
             self.flush_port(snap, port); // the port stays on the dirty list
         } else if q.is_empty() {
-            self.dirty.push(port);
+            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.n_dirty += 1;
         }
-        if let Err(b) = self.tx[port as usize].push(b) {
+        if let Err(b) = self.tx[slot].push(b) {
             self.discard(b, DropReason::TxFull, port);
         }
     }
 
     /// Sends every pending tx batch; what a port does not take is dropped and counted.
     pub fn flush(&mut self, snap: &Snapshot) {
-        for i in 0..self.dirty.len() {
-            let p = self.dirty[i];
+        for i in 0..self.n_dirty {
+            let p = self.dirty[i & (fdb::MAX_PORTS - 1)];
             self.flush_port(snap, p);
         }
-        self.dirty.clear();
+        self.n_dirty = 0;
     }
 
     /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing).
     fn flush_port(&mut self, snap: &Snapshot, p: u16) {
         {
-            let batch = &mut self.tx[p as usize];
+            let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
             if batch.is_empty() {
                 return;
             }
@@ -521,4 +538,10 @@ fn classify_underlay(pool: &Pool, fdb: &Fdb, snap: &Snapshot, b: &mut BufId, cac
     let vtep = snap.vtep.as_ref().ok_or(DropReason::UnderlayNotVxlan)?;
     let (bd, peer) = vtep.decap(snap, pool, b, cache)?;
     l2_ctx(fdb, pool.head(b), bd, peer, false, 0, pool.pkt_len(b))
+}
+
+/// A boxed array built on the heap (4096 batches would not fit a thread's stack).
+fn boxed_array<T, const N: usize>(f: impl Fn() -> T) -> Box<[T; N]> {
+    let v: Box<[T]> = (0..N).map(|_| f()).collect();
+    v.try_into().unwrap_or_else(|_| unreachable!("length is N"))
 }

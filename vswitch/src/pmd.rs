@@ -160,7 +160,6 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &Atomi
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
     let mut queues = my_queues(&snap, idx, n);
-    pipe.prepare(&snap);
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
     let mut idle_since: Option<Instant> = None;
@@ -169,7 +168,6 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &Atomi
         if switch.generation() != snap.generation {
             snap = switch.snapshot();
             queues = my_queues(&snap, idx, n);
-            pipe.prepare(&snap);
             adopted.store(snap.generation, Release);
             pipe.stats().event(Event::ConfigAdopted, 1);
         }
