@@ -190,6 +190,12 @@ impl Pool {
         unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }
     }
 
+    /// Data of the head segment and the total length of the packet, from one metadata read.
+    #[inline(always)]
+    pub fn head_and_len(&self, b: &BufId) -> (&[u8], usize) {
+        (self.seg(b.0), self.m(b.0).pkt_len.load(Relaxed) as usize)
+    }
+
     /// Total length of the packet (all segments).
     #[inline(always)]
     pub fn pkt_len(&self, b: &BufId) -> usize {

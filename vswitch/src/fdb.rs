@@ -81,12 +81,11 @@ pub fn key(bd: u16, mac: u64) -> u64 {
     VALID | ((bd as u64) << 48) | (mac & 0xffff_ffff_ffff)
 }
 
-/// The two candidate buckets of a key, computed once per packet and reused.
+/// Where a key lives: its hash, computed once per packet (one multiply) and reused for the
+/// prefetch, the lookup and the learn. The first bucket comes from the top bits (the best
+/// mixed); the second, needed only when the first misses, from the bits below them.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Loc {
-    b1: u32,
-    b2: u32,
-}
+pub struct Loc(u64);
 
 #[repr(C, align(64))]
 #[derive(Default)]
@@ -179,17 +178,21 @@ impl Fdb {
         self.per_port.get(port as usize).map_or(0, |c| c.load(Relaxed))
     }
 
-    /// Fibonacci hashing: one multiply; the first bucket comes from the top bits (the best
-    /// mixed), the second from the bits below them.
+    /// Fibonacci hashing of a key.
     #[inline(always)]
     pub fn locate(&self, key: u64) -> Loc {
-        let h = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let b1 = (h >> 40) as u32 & self.mask;
-        let mut b2 = (h >> 18) as u32 & self.mask;
-        if b2 == b1 {
-            b2 = (b1 + 1) & self.mask;
-        }
-        Loc { b1, b2 }
+        Loc(key.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    #[inline(always)]
+    fn b1(&self, loc: Loc) -> u32 {
+        (loc.0 >> 40) as u32 & self.mask
+    }
+
+    #[inline(always)]
+    fn b2(&self, loc: Loc) -> u32 {
+        let (b1, b2) = (self.b1(loc), (loc.0 >> 16) as u32 & self.mask);
+        if b2 == b1 { (b1 + 1) & self.mask } else { b2 }
     }
 
     /// Hints the CPU to fetch a key's first bucket (used a batch ahead of the lookups).
@@ -199,7 +202,7 @@ impl Fdb {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let p1: *const Bucket = self.bucket(loc.b1);
+            let p1: *const Bucket = self.bucket(self.b1(loc));
             // SAFETY: prefetch has no memory effects; the pointer is in bounds anyway.
             unsafe { _mm_prefetch(p1.cast(), _MM_HINT_T0) };
         }
@@ -263,9 +266,9 @@ impl Fdb {
     /// Looks a key up without writing anything.
     #[inline(always)]
     pub fn lookup(&self, key: u64, loc: Loc) -> Option<Value> {
-        match self.find_in(loc.b1, key) {
+        match self.find_in(self.b1(loc), key) {
             Some(v) => Some(v),
-            None => self.find_in(loc.b2, key),
+            None => self.find_in(self.b2(loc), key),
         }
     }
 
@@ -292,6 +295,20 @@ impl Fdb {
         }
     }
 
+    /// Whether `key` is already known behind `dest` as a learned entry refreshed at `now`:
+    /// the common case of learning, one bucket read and no write.
+    #[inline(always)]
+    pub fn is_fresh(&self, key: u64, loc: Loc, dest: Dest, now: u32) -> bool {
+        let want = Value::new(dest, false, now).0;
+        let bucket = self.bucket(self.b1(loc));
+        let s1 = bucket.seq.load(Acquire);
+        let hit = (bucket.keys[0].load(Relaxed) == key && bucket.vals[0].load(Relaxed) == want)
+            | (bucket.keys[1].load(Relaxed) == key && bucket.vals[1].load(Relaxed) == want)
+            | (bucket.keys[2].load(Relaxed) == key && bucket.vals[2].load(Relaxed) == want);
+        fence(Acquire);
+        hit && bucket.seq.load(Relaxed) == s1 && s1 & 1 == 0
+    }
+
     /// Learns that `key`'s MAC was seen behind `dest` at second `now`. Never waits.
     #[inline]
     pub fn learn(&self, key: u64, loc: Loc, dest: Dest, now: u32, limits: Limits) -> Learn {
@@ -308,21 +325,23 @@ impl Fdb {
 
     #[cold]
     fn learn_locked(&self, key: u64, loc: Loc, dest: Dest, now: u32, limits: Limits) -> Learn {
-        let Some(n1) = self.try_lock(loc.b1) else { return Learn::Busy };
-        let Some(n2) = self.try_lock(loc.b2) else {
-            self.unlock(loc.b1, n1); // an even bump only makes readers retry once
+        let (b1, b2) = (self.b1(loc), self.b2(loc));
+        let Some(n1) = self.try_lock(b1) else { return Learn::Busy };
+        let Some(n2) = self.try_lock(b2) else {
+            self.unlock(b1, n1); // an even bump only makes readers retry once
             return Learn::Busy;
         };
         let r = self.upsert(key, loc, Value::new(dest, false, now), Some(limits));
-        self.unlock(loc.b2, n2);
-        self.unlock(loc.b1, n1);
+        self.unlock(b2, n2);
+        self.unlock(b1, n1);
         r
     }
 
     /// With both buckets locked: update the key where it is, or insert it within limits.
     fn upsert(&self, key: u64, loc: Loc, val: Value, limits: Option<Limits>) -> Learn {
         let bd = ((key >> 48) & 0xfff) as usize;
-        for b in [loc.b1, loc.b2] {
+        let (b1, b2) = (self.b1(loc), self.b2(loc));
+        for b in [b1, b2] {
             let bucket = self.bucket(b);
             for i in 0..WAYS {
                 if bucket.keys[i].load(Relaxed) == key {
@@ -350,7 +369,7 @@ impl Fdb {
         }
         // First fit: most keys then sit in their first bucket, so most lookups end there.
         let free = |b: u32| self.bucket(b).keys.iter().position(|k| k.load(Relaxed) == 0);
-        let slot = free(loc.b1).map(|i| (loc.b1, i)).or_else(|| free(loc.b2).map(|i| (loc.b2, i)));
+        let slot = free(b1).map(|i| (b1, i)).or_else(|| free(b2).map(|i| (b2, i)));
         let Some((b, i)) = slot else { return Learn::Limit };
         let bucket = self.bucket(b);
         bucket.vals[i].store(val.0, Relaxed);
@@ -374,10 +393,11 @@ impl Fdb {
     pub fn insert_static(&self, bd: u16, mac: MacAddr, dest: Dest) -> Result<(), FdbFull> {
         let k = key(bd, mac.to_u64());
         let loc = self.locate(k);
-        let (n1, n2) = (self.lock_spin(loc.b1), self.lock_spin(loc.b2));
+        let (b1, b2) = (self.b1(loc), self.b2(loc));
+        let (n1, n2) = (self.lock_spin(b1), self.lock_spin(b2));
         let r = self.upsert(k, loc, Value::new(dest, true, 0), None);
-        self.unlock(loc.b2, n2);
-        self.unlock(loc.b1, n1);
+        self.unlock(b2, n2);
+        self.unlock(b1, n1);
         if r == Learn::Limit { Err(FdbFull) } else { Ok(()) }
     }
 

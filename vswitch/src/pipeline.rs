@@ -13,7 +13,7 @@
 //! locks or makes a syscall per packet (ports may make one per burst).
 
 use crate::batch::{BATCH, Batch};
-use crate::buf::{BufId, MAX_FRAME, Pool, PoolCache};
+use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
 use crate::security::{self, mac_u64};
@@ -124,48 +124,79 @@ impl Pipeline {
             return;
         };
         let n = batch.len();
-        self.decap_cache.clear();
-        let mut bytes = 0u64;
-        let (pool, fdb) = (&*self.pool, &*self.fdb);
         let mut ctxs = [Ctx::default(); BATCH];
-        let mut decapsulated = 0;
-        for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
-            bytes += pool.pkt_len(b) as u64;
-            let c = if port.kind == PortKind::Underlay {
-                let c = classify_underlay(pool, fdb, snap, b, &mut self.decap_cache);
-                decapsulated += c.is_ok() as u64;
-                c
-            } else {
-                classify_port(pool, fdb, port, snap, b)
-            };
-            *ctx = match c {
-                Ok(c) => {
-                    fdb.prefetch(c.dst_loc);
-                    fdb.prefetch(c.src_loc);
-                    c
-                }
-                Err(r) => Ctx { bd: NO_BD, drop: Some(r), ..Ctx::default() },
-            };
-        }
+        let bytes = if port.kind == PortKind::Underlay {
+            self.classify_underlay_burst(snap, batch, &mut ctxs)
+        } else {
+            classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
+        };
         let pc = self.stats.port(in_port);
         pc.rx_packets.add(n as u64);
         pc.rx_bytes.add(bytes);
         self.stats.packets.add(n as u64);
-        if decapsulated > 0 {
-            self.stats.event(Event::Decapsulated, decapsulated);
-        }
+
+        // Consecutive packets usually share a bridge domain: look it up once per run, and
+        // count its packets and bytes once per run.
+        let (mut run_bd, mut run_entry, mut run_pkts, mut run_bytes) = (NO_BD, None, 0u64, 0u64);
         for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
-            match c.drop {
-                None => self.forward(snap, port, b, c),
-                Some(r) => self.discard(b, r, in_port),
+            if let Some(r) = c.drop {
+                self.discard(b, r, in_port);
+                continue;
             }
+            if c.bd != run_bd {
+                self.count_bd(run_bd, run_pkts, run_bytes);
+                (run_bd, run_entry, run_pkts, run_bytes) = (c.bd, snap.bd(c.bd), 0, 0);
+            }
+            let Some(bd) = run_entry else {
+                self.discard(b, DropReason::NoBridgeDomain, in_port);
+                continue;
+            };
+            run_pkts += 1;
+            run_bytes += c.len as u64;
+            self.forward(snap, port, bd, b, c);
         }
+        self.count_bd(run_bd, run_pkts, run_bytes);
         batch.clear_taken();
         if self.known > 0 {
             self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
         }
         self.flush(snap);
+    }
+
+    #[inline(always)]
+    fn count_bd(&self, bd: u16, packets: u64, bytes: u64) {
+        if packets > 0 {
+            let c = self.stats.bd(bd);
+            c.packets.add(packets);
+            c.bytes.add(bytes);
+        }
+    }
+
+    /// Stage 1 for a burst from the underlay: VXLAN decap, then the inner frames' keys.
+    fn classify_underlay_burst(&mut self, snap: &Snapshot, batch: &mut Batch, ctxs: &mut [Ctx; BATCH]) -> u64 {
+        self.decap_cache.clear();
+        let (pool, fdb) = (&*self.pool, &*self.fdb);
+        let (mut bytes, mut decapsulated) = (0u64, 0u64);
+        for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
+            bytes += pool.pkt_len(b) as u64;
+            let r = match snap.vtep.as_ref() {
+                None => Err(DropReason::UnderlayNotVxlan),
+                Some(vtep) => vtep.decap(snap, pool, b, &mut self.decap_cache),
+            };
+            let r = r.and_then(|(bd, peer)| {
+                decapsulated += 1;
+                let (h, len) = pool.head_and_len(b);
+                fill_l2(fdb, ctx, h, bd, peer, false, 0, len)
+            });
+            if let Err(r) = r {
+                ctx.drop = Some(r);
+            }
+        }
+        if decapsulated > 0 {
+            self.stats.event(Event::Decapsulated, decapsulated);
+        }
+        bytes
     }
 
     #[inline(always)]
@@ -176,12 +207,8 @@ impl Pipeline {
 
     /// Stage 2: security, learning, suppression, lookup and egress of one packet.
     #[inline(always)]
-    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, c: &Ctx) {
-        let Some(bd) = snap.bd(c.bd) else { return self.discard(b, DropReason::NoBridgeDomain, port.id) };
+    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx) {
         let from_peer = c.from_peer != NO_PEER;
-        let bdc = self.stats.bd(bd.id);
-        bdc.packets.add(1);
-        bdc.bytes.add(c.len as u64);
         let l2 = if c.tagged { 18 } else { 14 };
 
         if !from_peer {
@@ -195,20 +222,10 @@ impl Pipeline {
         }
 
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
-        if if from_peer { bd.remote_learning } else { bd.learning } {
-            let limits =
-                Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
-            match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
-                Learn::Unchanged | Learn::Refreshed => {}
-                Learn::Learned => {
-                    self.stats.event(Event::Learned, 1);
-                    bdc.learned.add(1);
-                }
-                Learn::Moved => self.stats.event(Event::MacMoved, 1),
-                Learn::StaticRefused => self.stats.event(Event::StaticMoveRefused, 1),
-                Learn::Limit => self.stats.event(Event::LearnLimit, 1),
-                Learn::Busy => self.stats.event(Event::LearnBusy, 1),
-            }
+        if (if from_peer { bd.remote_learning } else { bd.learning })
+            && !self.fdb.is_fresh(c.src_key, c.src_loc, src, self.now)
+        {
+            self.learn(port, bd, c, src);
         }
 
         if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
@@ -247,6 +264,25 @@ impl Pipeline {
             }
         }
         self.flood(snap, bd, port.id, b, c);
+    }
+
+    /// Learning beyond the common case (a MAC that is new, moved, static, or last refreshed
+    /// in an earlier second).
+    #[inline(never)]
+    fn learn(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx, src: Dest) {
+        let from_peer = c.from_peer != NO_PEER;
+        let limits = Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
+        match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
+            Learn::Unchanged | Learn::Refreshed => {}
+            Learn::Learned => {
+                self.stats.event(Event::Learned, 1);
+                self.stats.bd(bd.id).learned.add(1);
+            }
+            Learn::Moved => self.stats.event(Event::MacMoved, 1),
+            Learn::StaticRefused => self.stats.event(Event::StaticMoveRefused, 1),
+            Learn::Limit => self.stats.event(Event::LearnLimit, 1),
+            Learn::Busy => self.stats.event(Event::LearnBusy, 1),
+        }
     }
 
     #[inline(always)]
@@ -452,92 +488,128 @@ impl Pipeline {
     }
 }
 
-/// Stage 1 for a frame from a local port.
+/// Stage 1 for a burst from a local port: (port, VLAN) → bridge domain, L2 sanity, FDB keys.
 #[inline(always)]
-fn classify_port(pool: &Pool, fdb: &Fdb, port: &PortEntry, snap: &Snapshot, b: &mut BufId) -> Result<Ctx, DropReason> {
-    let mut len = pool.pkt_len(b);
-    let h = pool.head(b);
-    if h.len() < ethernet::HEADER_LEN {
-        return Err(DropReason::Runt);
+fn classify_port_burst(
+    pool: &Pool,
+    fdb: &Fdb,
+    port: &PortEntry,
+    snap: &Snapshot,
+    batch: &mut Batch,
+    ctxs: &mut [Ctx; BATCH],
+) -> u64 {
+    let mut bytes = 0u64;
+    for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
+        let (h, len) = pool.head_and_len(b);
+        bytes += len as u64;
+        if let Err(r) = classify_port(pool, fdb, port, snap, b, h, len, ctx) {
+            ctx.drop = Some(r);
+        }
+    }
+    bytes
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn classify_port(
+    pool: &Pool,
+    fdb: &Fdb,
+    port: &PortEntry,
+    snap: &Snapshot,
+    b: &mut BufId,
+    h: &[u8],
+    len: usize,
+    ctx: &mut Ctx,
+) -> Result<(), DropReason> {
+    if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
+        return fill_untagged_or_runt(fdb, port, h, len, ctx);
     }
     let et = u16::from_be_bytes([h[12], h[13]]);
-    let (bd, tagged, pcp) = if ethernet::is_tpid(et) {
-        if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
-            return Err(DropReason::Runt);
-        }
-        let tci = u16::from_be_bytes([h[14], h[15]]);
-        let vid = tci & 0x0fff;
-        if vid == 0 {
-            // A priority tag: the frame is untagged for VLAN purposes.
-            if port.untagged_bd == NO_BD {
-                return Err(DropReason::UntaggedNotAllowed);
-            }
-            vlan::pop(pool, b);
-            len -= ethernet::TAG_LEN;
-            (port.untagged_bd, false, tci & 0xf000)
-        } else {
-            match port.kind {
-                PortKind::Trunk => {
-                    if et != port.tpid {
-                        return Err(DropReason::WrongTpid);
-                    }
-                    if !port.allowed.contains(vid) {
-                        return Err(DropReason::VlanNotAllowed);
-                    }
-                    let bd = snap.vlan_bd[vid as usize];
-                    if bd == NO_BD {
-                        return Err(DropReason::NoBridgeDomain);
-                    }
-                    (bd, true, tci & 0xf000)
-                }
-                _ => return Err(DropReason::TaggedOnAccess),
-            }
-        }
-    } else {
+    // Below 0x8100 (IPv4, ARP, ...) nothing is a tag: the common case costs one compare.
+    if et < ethertype::VLAN || !ethernet::is_tpid(et) {
         if port.untagged_bd == NO_BD {
             return Err(DropReason::UntaggedNotAllowed);
         }
-        (port.untagged_bd, false, 0)
-    };
-    let l2 = if tagged { 18 } else { 14 };
-    if len > MAX_FRAME || len - l2 > port.mtu as usize {
+        // Port MTUs are validated to at most MAX_FRAME - 18, so this also bounds `len`.
+        if len - ethernet::HEADER_LEN > port.mtu as usize {
+            return Err(DropReason::Oversize);
+        }
+        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, 0, len);
+    }
+    let tci = u16::from_be_bytes([h[14], h[15]]);
+    let vid = tci & 0x0fff;
+    if vid == 0 {
+        // A priority tag: the frame is untagged for VLAN purposes.
+        if port.untagged_bd == NO_BD {
+            return Err(DropReason::UntaggedNotAllowed);
+        }
+        vlan::pop(pool, b);
+        let (h, len) = pool.head_and_len(b);
+        if len - ethernet::HEADER_LEN > port.mtu as usize {
+            return Err(DropReason::Oversize);
+        }
+        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, tci & 0xf000, len);
+    }
+    if port.kind != PortKind::Trunk {
+        return Err(DropReason::TaggedOnAccess);
+    }
+    if et != port.tpid {
+        return Err(DropReason::WrongTpid);
+    }
+    if !port.allowed.contains(vid) {
+        return Err(DropReason::VlanNotAllowed);
+    }
+    let bd = snap.vlan_bd[vid as usize];
+    if bd == NO_BD {
+        return Err(DropReason::NoBridgeDomain);
+    }
+    if len - ethernet::HEADER_LEN - ethernet::TAG_LEN > port.mtu as usize {
         return Err(DropReason::Oversize);
     }
-    l2_ctx(fdb, pool.head(b), bd, NO_PEER, tagged, pcp, len)
+    fill_l2(fdb, ctx, h, bd, NO_PEER, true, tci & 0xf000, len)
 }
 
-/// The part of stage 1 every frame shares: source sanity, FDB keys and their buckets.
-#[inline(always)]
-fn l2_ctx(fdb: &Fdb, h: &[u8], bd: u16, from_peer: u16, tagged: bool, pcp: u16, len: usize) -> Result<Ctx, DropReason> {
+/// A head too short to hold a tag: untagged if it holds an Ethernet header at all.
+#[cold]
+fn fill_untagged_or_runt(fdb: &Fdb, port: &PortEntry, h: &[u8], len: usize, ctx: &mut Ctx) -> Result<(), DropReason> {
     if h.len() < ethernet::HEADER_LEN {
         return Err(DropReason::Runt);
     }
-    let src = mac_u64(&h[6..12]);
+    if ethernet::is_tpid(u16::from_be_bytes([h[12], h[13]])) {
+        return Err(DropReason::Runt);
+    }
+    if port.untagged_bd == NO_BD {
+        return Err(DropReason::UntaggedNotAllowed);
+    }
+    fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, 0, len)
+}
+
+/// The part of stage 1 every frame shares: source sanity, FDB keys and where they live
+/// (prefetched for stage 2).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fill_l2(
+    fdb: &Fdb,
+    ctx: &mut Ctx,
+    h: &[u8],
+    bd: u16,
+    from_peer: u16,
+    tagged: bool,
+    pcp: u16,
+    len: usize,
+) -> Result<(), DropReason> {
+    let Some(macs) = h.get(..12) else { return Err(DropReason::Runt) };
+    let src = mac_u64(&macs[6..12]);
     if src & (1 << 40) != 0 {
         return Err(DropReason::SrcMacGroup);
     }
-    let dst = mac_u64(&h[0..6]);
+    let dst = mac_u64(&macs[0..6]);
     let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
-    Ok(Ctx {
-        len: len as u32,
-        bd,
-        drop: None,
-        from_peer,
-        tagged,
-        pcp,
-        src_key,
-        dst_key,
-        src_loc: fdb.locate(src_key),
-        dst_loc: fdb.locate(dst_key),
-    })
-}
-
-/// Stage 1 for a frame from the underlay: VXLAN decap, then the inner frame's keys.
-#[inline(always)]
-fn classify_underlay(pool: &Pool, fdb: &Fdb, snap: &Snapshot, b: &mut BufId, cache: &mut DecapCache) -> Result<Ctx, DropReason> {
-    let vtep = snap.vtep.as_ref().ok_or(DropReason::UnderlayNotVxlan)?;
-    let (bd, peer) = vtep.decap(snap, pool, b, cache)?;
-    l2_ctx(fdb, pool.head(b), bd, peer, false, 0, pool.pkt_len(b))
+    let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));
+    fdb.prefetch(dst_loc);
+    fdb.prefetch(src_loc);
+    *ctx = Ctx { len: len as u32, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
+    Ok(())
 }
 
 /// A boxed array built on the heap (4096 batches would not fit a thread's stack).
