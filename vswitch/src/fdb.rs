@@ -232,18 +232,23 @@ impl Fdb {
         self.find_retry(bucket, key)
     }
 
+    /// The way holding `key`, if any.
     #[inline(always)]
-    fn scan(bucket: &Bucket, key: u64) -> Option<Value> {
-        let k = [bucket.keys[0].load(Relaxed), bucket.keys[1].load(Relaxed), bucket.keys[2].load(Relaxed)];
-        if k[0] == key {
-            Some(Value(bucket.vals[0].load(Relaxed)))
-        } else if k[1] == key {
-            Some(Value(bucket.vals[1].load(Relaxed)))
-        } else if k[2] == key {
-            Some(Value(bucket.vals[2].load(Relaxed)))
+    fn way(bucket: &Bucket, key: u64) -> Option<usize> {
+        if bucket.keys[0].load(Relaxed) == key {
+            Some(0)
+        } else if bucket.keys[1].load(Relaxed) == key {
+            Some(1)
+        } else if bucket.keys[2].load(Relaxed) == key {
+            Some(2)
         } else {
             None
         }
+    }
+
+    #[inline(always)]
+    fn scan(bucket: &Bucket, key: u64) -> Option<Value> {
+        Self::way(bucket, key).map(|i| Value(bucket.vals[i].load(Relaxed)))
     }
 
     #[cold]
@@ -299,14 +304,12 @@ impl Fdb {
     /// the common case of learning, one bucket read and no write.
     #[inline(always)]
     pub fn is_fresh(&self, key: u64, loc: Loc, dest: Dest, now: u32) -> bool {
-        let want = Value::new(dest, false, now).0;
         let bucket = self.bucket(self.b1(loc));
         let s1 = bucket.seq.load(Acquire);
-        let hit = (bucket.keys[0].load(Relaxed) == key && bucket.vals[0].load(Relaxed) == want)
-            | (bucket.keys[1].load(Relaxed) == key && bucket.vals[1].load(Relaxed) == want)
-            | (bucket.keys[2].load(Relaxed) == key && bucket.vals[2].load(Relaxed) == want);
+        let Some(i) = Self::way(bucket, key) else { return false };
+        let v = bucket.vals[i].load(Relaxed);
         fence(Acquire);
-        hit && bucket.seq.load(Relaxed) == s1 && s1 & 1 == 0
+        v == Value::new(dest, false, now).0 && bucket.seq.load(Relaxed) == s1 && s1 & 1 == 0
     }
 
     /// Learns that `key`'s MAC was seen behind `dest` at second `now`. Never waits.

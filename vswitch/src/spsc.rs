@@ -2,18 +2,22 @@
 //! eventfd the producer writes when the consumer has said it is going to sleep.
 //!
 //! Single producer and single consumer are the caller's promise; [`crate::port::ring`] keeps it
-//! with a try-lock per side. The wake protocol is Dekker-style: the consumer stores
+//! with a try-lock per side. Slots are plain memory copied in bulk (two `memcpy`s at most per
+//! burst): the producer writes only slots in `[tail, head + size)`, the consumer reads only
+//! slots in `[head, tail)`, and the release/acquire pair on `tail` (and on `head` for reuse)
+//! orders those accesses, so the two sides never touch a slot at the same time. The wake protocol is Dekker-style: the consumer stores
 //! `sleeping = true`, fences, and re-checks the ring before it sleeps; the producer publishes,
 //! fences, and then reads `sleeping`. One of the two always sees the other, so no wake-up is lost.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*, fence};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
 
 #[repr(align(64))]
 struct Padded<T>(T);
 
 pub struct Spsc {
-    slots: Box<[AtomicU32]>,
+    slots: Box<[UnsafeCell<u32>]>,
     mask: usize,
     /// Next slot to read (consumer-owned).
     head: Padded<AtomicUsize>,
@@ -22,6 +26,10 @@ pub struct Spsc {
     sleeping: Padded<AtomicBool>,
     wake: OwnedFd,
 }
+
+// SAFETY: slot access is partitioned between one producer and one consumer by the
+// head/tail protocol described above; everything else is atomic.
+unsafe impl Sync for Spsc {}
 
 impl Spsc {
     /// A ring of `size` slots (rounded up to a power of two).
@@ -33,7 +41,7 @@ impl Spsc {
             return Err(std::io::Error::last_os_error());
         }
         Ok(Spsc {
-            slots: (0..size).map(|_| AtomicU32::new(0)).collect(),
+            slots: (0..size).map(|_| UnsafeCell::new(0)).collect(),
             mask: size - 1,
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
@@ -61,8 +69,15 @@ impl Spsc {
         let tail = self.tail.0.load(Relaxed);
         let head = self.head.0.load(Acquire);
         let n = ids.len().min(self.capacity() - tail.wrapping_sub(head));
-        for (i, id) in ids[..n].iter().enumerate() {
-            self.slots[(tail + i) & self.mask].store(*id, Relaxed);
+        let at = tail & self.mask;
+        let first = n.min(self.capacity() - at);
+        // SAFETY: slots [tail, tail + n) are free (n <= size - (tail - head)), so the consumer
+        // does not read them until the release store of `tail` below; `at + first` and
+        // `n - first` stay within the slot array. UnsafeCell<u32> has u32's layout.
+        unsafe {
+            let base = UnsafeCell::raw_get(self.slots.as_ptr());
+            std::ptr::copy_nonoverlapping(ids.as_ptr(), base.add(at), first);
+            std::ptr::copy_nonoverlapping(ids.as_ptr().add(first), base, n - first);
         }
         if n > 0 {
             self.tail.0.store(tail.wrapping_add(n), Release);
@@ -80,8 +95,15 @@ impl Spsc {
         let head = self.head.0.load(Relaxed);
         let tail = self.tail.0.load(Acquire);
         let n = out.len().min(tail.wrapping_sub(head));
-        for (i, o) in out[..n].iter_mut().enumerate() {
-            *o = self.slots[(head + i) & self.mask].load(Relaxed);
+        let at = head & self.mask;
+        let first = n.min(self.capacity() - at);
+        // SAFETY: slots [head, head + n) were published by the producer's release store of
+        // `tail` (acquired above) and are not rewritten until our release store of `head`;
+        // the ranges stay within the slot array.
+        unsafe {
+            let base = UnsafeCell::raw_get(self.slots.as_ptr()).cast_const();
+            std::ptr::copy_nonoverlapping(base.add(at), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(base, out.as_mut_ptr().add(first), n - first);
         }
         if n > 0 {
             self.head.0.store(head.wrapping_add(n), Release);
