@@ -16,7 +16,7 @@ use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
-use crate::security::{self, mac_u64};
+use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
@@ -432,12 +432,13 @@ impl Pipeline {
     #[inline(always)]
     fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         let slot = port as usize & (fdb::MAX_PORTS - 1);
-        let q = &self.tx[slot];
-        if q.is_full() {
-            self.flush_port(snap, port); // the port stays on the dirty list
-        } else if q.is_empty() {
-            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
-            self.n_dirty += 1;
+        match self.tx[slot].len() {
+            0 => {
+                self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+                self.n_dirty += 1;
+            }
+            BATCH => self.flush_port(snap, port), // the port stays on the dirty list
+            _ => {}
         }
         if let Err(b) = self.tx[slot].push(b) {
             self.discard(b, DropReason::TxFull, port);
@@ -598,12 +599,16 @@ fn fill_l2(
     pcp: u16,
     len: usize,
 ) -> Result<(), DropReason> {
-    let Some(macs) = h.get(..12) else { return Err(DropReason::Runt) };
-    let src = mac_u64(&macs[6..12]);
+    // Two 8-byte loads hold both addresses: bytes 0..8 start with the destination, bytes
+    // 4..12 end with the source.
+    let (Some(a), Some(b)) = (h.first_chunk::<8>(), h.get(4..).and_then(|t| t.first_chunk::<8>())) else {
+        return Err(DropReason::Runt);
+    };
+    let (w0, w1) = (u64::from_be_bytes(*a), u64::from_be_bytes(*b));
+    let (dst, src) = (w0 >> 16, w1 & 0xffff_ffff_ffff);
     if src & (1 << 40) != 0 {
         return Err(DropReason::SrcMacGroup);
     }
-    let dst = mac_u64(&macs[0..6]);
     let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
     let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));
     fdb.prefetch(dst_loc);
