@@ -133,37 +133,53 @@ impl VtepEntry {
     /// Encapsulates the (untagged) inner frame `b` toward `peer` in VNI `vni`.
     #[inline]
     pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32, flow_hash: u32) -> Result<(), DropReason> {
+        // One monomorphic body per outer layout, so every offset below is a constant and
+        // the template copy is a fixed-size move.
+        match (self.local_v4 != 0, self.l2_len) {
+            (true, 14) => self.encap_as::<true, 14, 50>(pool, b, peer, vni, flow_hash),
+            (true, _) => self.encap_as::<true, 18, 54>(pool, b, peer, vni, flow_hash),
+            (false, 14) => self.encap_as::<false, 14, 70>(pool, b, peer, vni, flow_hash),
+            (false, _) => self.encap_as::<false, 18, 74>(pool, b, peer, vni, flow_hash),
+        }
+    }
+
+    #[inline(always)]
+    fn encap_as<const V4: bool, const L2: usize, const OUTER: usize>(
+        &self,
+        pool: &Pool,
+        b: &mut BufId,
+        peer: &PeerEntry,
+        vni: u32,
+        flow_hash: u32,
+    ) -> Result<(), DropReason> {
         let inner = pool.pkt_len(b);
-        let l3_len = inner + self.outer_len - self.l2_len;
+        let l3_len = inner + OUTER - L2;
         if l3_len > self.mtu as usize {
             return Err(DropReason::EncapTooBig);
         }
-        let outer = self.outer_len;
-        let l2 = self.l2_len;
-        let v4 = self.local_v4 != 0;
-        let Some(h) = pool.prepend(b, outer) else { return Err(DropReason::NoBuffer) };
-        h[..outer].copy_from_slice(&peer.template[..outer]);
-        let l4 = if v4 { l2 + ipv4::HEADER_LEN } else { l2 + ipv6::HEADER_LEN };
+        let Some(h) = pool.prepend(b, OUTER).and_then(|h| h.first_chunk_mut::<OUTER>()) else {
+            return Err(DropReason::NoBuffer);
+        };
+        let Some(t) = peer.template.first_chunk::<OUTER>() else { return Err(DropReason::NoBuffer) };
+        *h = *t;
+        let l4 = L2 + if V4 { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
         let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
         let sport = self.src_lo + (((flow_hash & 0xffff) * self.src_span) >> 16) as u16;
-        h[l4..l4 + 2].copy_from_slice(&sport.to_be_bytes());
-        h[l4 + udp::offsets::LENGTH..l4 + udp::offsets::LENGTH + 2].copy_from_slice(&udp_len.to_be_bytes());
+        put(h, l4, sport);
+        put(h, l4 + udp::offsets::LENGTH, udp_len);
         let vx = l4 + udp::HEADER_LEN;
         h[vx + 4] = (vni >> 16) as u8;
         h[vx + 5] = (vni >> 8) as u8;
         h[vx + 6] = vni as u8;
-        if v4 {
+        if V4 {
             let total = l3_len as u16;
-            h[l2 + ipv4::offsets::TOTAL_LEN..l2 + ipv4::offsets::TOTAL_LEN + 2].copy_from_slice(&total.to_be_bytes());
-            let c = !checksum::fold(peer.base_sum + total as u64);
-            h[l2 + ipv4::offsets::CHECKSUM..l2 + ipv4::offsets::CHECKSUM + 2].copy_from_slice(&c.to_be_bytes());
+            put(h, L2 + ipv4::offsets::TOTAL_LEN, total);
+            put(h, L2 + ipv4::offsets::CHECKSUM, !checksum::fold(peer.base_sum + total as u64));
         } else {
-            h[l2 + ipv6::offsets::PAYLOAD_LEN..l2 + ipv6::offsets::PAYLOAD_LEN + 2]
-                .copy_from_slice(&udp_len.to_be_bytes());
+            put(h, L2 + ipv6::offsets::PAYLOAD_LEN, udp_len);
             if !self.v6_zero_csum {
                 let c = udp6_checksum(pool, b, peer.base_sum, l4, udp_len);
-                let h = pool.head_mut(b);
-                h[l4 + udp::offsets::CHECKSUM..l4 + udp::offsets::CHECKSUM + 2].copy_from_slice(&c.to_be_bytes());
+                put(pool.head_mut(b), l4 + udp::offsets::CHECKSUM, c);
             }
         }
         Ok(())
@@ -279,6 +295,11 @@ impl VtepEntry {
         }
         Ok((bd, peer))
     }
+}
+
+#[inline(always)]
+fn put(h: &mut [u8], at: usize, v: u16) {
+    h[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
 /// A one-entry cache of the last decapsulation lookup, cleared with each batch (config may
