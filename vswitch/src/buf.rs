@@ -166,7 +166,7 @@ impl Pool {
 
     /// Data of the head segment.
     #[inline(always)]
-    pub fn head(&self, b: &BufId) -> &[u8] {
+    pub fn head<'a>(&'a self, b: &'a BufId) -> &'a [u8] {
         self.seg(b.0)
     }
 
@@ -182,7 +182,7 @@ impl Pool {
 
     /// Mutable data of the head segment; `&mut BufId` proves exclusive ownership.
     #[inline(always)]
-    pub fn head_mut(&self, b: &mut BufId) -> &mut [u8] {
+    pub fn head_mut<'a>(&'a self, b: &'a mut BufId) -> &'a mut [u8] {
         let m = self.m(b.0);
         debug_assert_eq!(m.refcnt.load(Relaxed), 1, "a head segment is never shared");
         let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
@@ -192,7 +192,7 @@ impl Pool {
 
     /// Data of the head segment and the total length of the packet, from one metadata read.
     #[inline(always)]
-    pub fn head_and_len(&self, b: &BufId) -> (&[u8], usize) {
+    pub fn head_and_len<'a>(&'a self, b: &'a BufId) -> (&'a [u8], usize) {
         (self.seg(b.0), self.m(b.0).pkt_len.load(Relaxed) as usize)
     }
 
@@ -217,7 +217,7 @@ impl Pool {
     /// Grows the head segment `n` bytes to the front and returns the new head data,
     /// or `None` when the headroom is too small.
     #[inline(always)]
-    pub fn prepend(&self, b: &mut BufId, n: usize) -> Option<&mut [u8]> {
+    pub fn prepend<'a>(&'a self, b: &'a mut BufId, n: usize) -> Option<&'a mut [u8]> {
         let m = self.m(b.0);
         let off = m.off.load(Relaxed) as usize;
         if n > off {

@@ -501,9 +501,7 @@ fn classify_port_burst(
 ) -> u64 {
     let mut bytes = 0u64;
     for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
-        let (h, len) = pool.head_and_len(b);
-        bytes += len as u64;
-        if let Err(r) = classify_port(pool, fdb, port, snap, b, h, len, ctx) {
+        if let Err(r) = classify_port(pool, fdb, port, snap, b, &mut bytes, ctx) {
             ctx.drop = Some(r);
         }
     }
@@ -518,10 +516,11 @@ fn classify_port(
     port: &PortEntry,
     snap: &Snapshot,
     b: &mut BufId,
-    h: &[u8],
-    len: usize,
+    bytes: &mut u64,
     ctx: &mut Ctx,
 ) -> Result<(), DropReason> {
+    let (h, len) = pool.head_and_len(b);
+    *bytes += len as u64;
     if h.len() < ethernet::HEADER_LEN + ethernet::TAG_LEN {
         return fill_untagged_or_runt(fdb, port, h, len, ctx);
     }
