@@ -262,3 +262,41 @@ fn buffers_return_to_the_pool() {
     h.flush_caches();
     assert_eq!(h.pool.free_count(), before);
 }
+
+#[test]
+fn flush_per_bridge_and_per_port() {
+    let mut h = Harness::new();
+    for p in ["p0", "p1", "p2"] {
+        h.ring(p);
+    }
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red"), BridgeConfig::new("blue")],
+        ports: vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("p2", "blue")],
+        vtep: None,
+    })
+    .unwrap();
+    for (p, m) in [("p0", 1), ("p0", 2), ("p1", 3), ("p2", 4)] {
+        h.send(p, &frames::udp4(mac(99), mac(m), ip(1), ip(2), 1, 2, 64));
+    }
+    h.step();
+    assert_eq!(h.switch.fdb().len(), 4);
+    assert_eq!(h.switch.flush_port("p0"), Some(2));
+    assert_eq!(h.switch.flush_bridge("blue"), Some(1));
+    assert_eq!(h.switch.flush_bridge("nope"), None);
+    let left = h.switch.fdb().dump();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].mac, mac(3));
+}
+
+#[test]
+fn port_security_can_be_switched_off() {
+    let mut h = Harness::new();
+    h.ring("pod").ring("net");
+    let mut pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
+    pod.security.as_mut().unwrap().enabled = false;
+    h.apply(SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports: vec![pod, PortConfig::access("net", "red")], vtep: None })
+        .unwrap();
+    h.send("pod", &frames::udp4(mac(2), mac(5), ip(5), ip(2), 1, 2, 64));
+    h.step();
+    assert_eq!(h.recv("net").len(), 1);
+}

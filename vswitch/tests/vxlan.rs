@@ -298,3 +298,59 @@ fn flood_reaches_access_trunk_and_vxlan_at_once_byte_exact() {
         h.flush_caches();
     }
 }
+
+#[test]
+fn ipv6_zero_checksum_and_tagged_underlay() {
+    let local: IpAddr = "2001:db8::1".parse().unwrap();
+    let peers: [IpAddr; 2] = ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()];
+    let mut h = setup(local, peers, 1500);
+    let mut cfg = h.switch.snapshot().config.clone();
+    let vtep = cfg.vtep.as_mut().unwrap();
+    vtep.ipv6_zero_checksum = true;
+    vtep.underlay_vlan = Some(7);
+    h.apply(cfg).unwrap();
+    let inner = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 100);
+    h.send("a1", &inner);
+    h.step();
+    let out = h.recv("up");
+    assert_eq!(out.len(), 2);
+    let l4 = 18 + 40;
+    let sport = u16::from_be_bytes([out[0][l4], out[0][l4 + 1]]);
+    let mut o = outer(local, peers[0], mac(PEER_MAC), sport);
+    o.vlan = Some(7);
+    assert_frames(&out[..1], &[frames::vxlan(&o, 5001, &inner, true)]);
+    // And a tagged underlay frame with a zero checksum decapsulates.
+    let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 80);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: Some(7) };
+    h.send("up", &frames::vxlan(&o, 5001, &back, true));
+    // A frame tagged for another underlay VLAN is not ours.
+    let wrong = Outer { vlan: Some(8), ..o };
+    h.send("up", &frames::vxlan(&wrong, 5001, &back, true));
+    h.step();
+    assert_frames(&h.recv("a1"), &[back]);
+    assert_eq!(h.stats().drop(DropReason::UnderlayNotVxlan), 1);
+}
+
+#[test]
+fn custom_udp_port_and_source_range() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    let mut cfg = h.switch.snapshot().config.clone();
+    let vtep = cfg.vtep.as_mut().unwrap();
+    vtep.udp_port = 8472;
+    vtep.src_port_min = 40000;
+    vtep.src_port_max = 40009;
+    h.apply(cfg).unwrap();
+    for i in 0..50u16 {
+        h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000 + i, 2000, 100));
+    }
+    h.step();
+    for f in h.recv("up") {
+        let sport = sport_of(&f, true);
+        assert!((40000..=40009).contains(&sport), "{sport}");
+        assert_eq!(u16::from_be_bytes([f[36], f[37]]), 8472);
+    }
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 1, dport: 4789, vlan: None };
+    h.send("up", &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 80), false));
+    h.step();
+    assert!(h.recv("a1").is_empty(), "4789 is no longer ours");
+}
