@@ -5,7 +5,7 @@
 //! each record is one frame offered on one port. After every frame the switch runs; at the
 //! end every buffer must be back in the pool.
 
-use super::{Harness, mac};
+use super::{Harness, frames, mac};
 use crate::config::{AddressPair, BridgeConfig, Neighbor, PortConfig, SwitchConfig, VtepConfig};
 use std::net::IpAddr;
 
@@ -64,4 +64,36 @@ pub fn run(h: &mut Harness, mut data: &[u8]) {
     }
     h.flush_caches();
     assert_eq!(h.pool.free_count(), before, "buffers leaked");
+}
+
+/// Valid frames for each port kind, named, as (name, port selector, frame): the seed corpus
+/// and the starting points of the mutation tests.
+pub fn samples() -> Vec<(&'static str, u8, Vec<u8>)> {
+    let o = frames::Outer {
+        dst_mac: mac(0xa0),
+        src_mac: mac(0xb0),
+        src: "198.51.100.2".parse().expect("literal"),
+        dst: "198.51.100.1".parse().expect("literal"),
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
+    let (a, b) = ("192.0.2.9".parse().expect("literal"), "192.0.2.1".parse().expect("literal"));
+    let inner = frames::udp4(mac(1), mac(9), a, b, 1, 2, 80);
+    vec![
+        ("udp4", 0, frames::udp4(mac(2), mac(1), b, "192.0.2.2".parse().expect("literal"), 1, 2, 64)),
+        ("tagged", 2, frames::add_tag(&inner, 0x8100, 100)),
+        ("qinq", 3, frames::add_tag(&inner, 0x88a8, 200)),
+        ("arp", 0, frames::arp_request(mac(1), b, "192.0.2.2".parse().expect("literal"))),
+        ("ns", 0, frames::ns(mac(1), "fe80::1".parse().expect("literal"), "fd00::2".parse().expect("literal"))),
+        ("vxlan4", 4, frames::vxlan(&o, 5001, &inner, false)),
+        ("vxlan4-blue", 4, frames::vxlan(&o, 5002, &frames::udp4(mac(1), mac(9), a, b, 1, 2, 1400), false)),
+    ]
+}
+
+/// One input record for [`run`].
+pub fn record(port: u8, frame: &[u8]) -> Vec<u8> {
+    let mut r = vec![port, (frame.len() >> 8) as u8, frame.len() as u8];
+    r.extend_from_slice(frame);
+    r
 }

@@ -61,24 +61,22 @@ pub const NA_LEN: usize = NDP_LEN + 8;
 
 /// Writes a solicited neighbour advertisement for `target` at `mac`, checksum included.
 pub fn emit_na(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, mac: MacAddr) {
-    b[..NA_LEN].fill(0);
-    b[0] = TYPE_NA;
-    b[4] = NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE;
-    b[8..24].copy_from_slice(&target.octets());
-    b[24] = OPT_TARGET_LL;
-    b[25] = 1;
-    b[26..32].copy_from_slice(&mac.0);
-    let sum = ipv6::pseudo_header_sum(src, dst, ipv6::NEXT_ICMPV6, NA_LEN as u32);
-    let c = !checksum::fold(checksum::accumulate(sum, &b[..NA_LEN], &mut false));
-    b[2..4].copy_from_slice(&c.to_be_bytes());
+    emit(b, src, dst, TYPE_NA, NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE, target, OPT_TARGET_LL, mac);
 }
 
 /// Writes a neighbour solicitation for `target` with a source link-layer option (tests, VTEP).
 pub fn emit_ns(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, mac: MacAddr) {
+    emit(b, src, dst, TYPE_NS, 0, target, OPT_SOURCE_LL, mac);
+}
+
+/// An NS or NA with one link-layer address option (`NA_LEN` bytes), checksum included.
+#[allow(clippy::too_many_arguments)]
+fn emit(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, ty: u8, flags: u8, target: &Ipv6Addr, opt: u8, mac: MacAddr) {
     b[..NA_LEN].fill(0);
-    b[0] = TYPE_NS;
+    b[0] = ty;
+    b[4] = flags;
     b[8..24].copy_from_slice(&target.octets());
-    b[24] = OPT_SOURCE_LL;
+    b[24] = opt;
     b[25] = 1;
     b[26..32].copy_from_slice(&mac.0);
     let sum = ipv6::pseudo_header_sum(src, dst, ipv6::NEXT_ICMPV6, NA_LEN as u32);
