@@ -18,6 +18,9 @@ if [ "$FUZZ_SECS" -gt 0 ]; then
   done
 fi
 
+echo "== clippy"
+cargo clippy -q --workspace --all-targets -- -D warnings
+
 echo "== demo"
 timeout 300 cargo run --release -q -p knitter-vswitch --example demo
 

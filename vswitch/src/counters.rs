@@ -127,6 +127,12 @@ pub struct ThreadStats {
     pub sleeps: Counter,
 }
 
+impl Default for ThreadStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ThreadStats {
     pub fn new() -> ThreadStats {
         fn boxed<T: Default, const N: usize>() -> Box<[T; N]> {

@@ -362,14 +362,13 @@ impl Fdb {
                 }
             }
         }
-        if let Some(l) = limits {
-            if self.total.load(Relaxed) >= self.max_entries
+        if let Some(l) = limits
+            && (self.total.load(Relaxed) >= self.max_entries
                 || self.per_bd[bd].load(Relaxed) >= l.bd_max
-                || matches!(val.dest(), Dest::Port(p) if self.port_len(p) >= l.port_max)
+                || matches!(val.dest(), Dest::Port(p) if self.port_len(p) >= l.port_max))
             {
                 return Learn::Limit;
             }
-        }
         // First fit: most keys then sit in their first bucket, so most lookups end there.
         let free = |b: u32| self.bucket(b).keys.iter().position(|k| k.load(Relaxed) == 0);
         let slot = free(b1).map(|i| (b1, i)).or_else(|| free(b2).map(|i| (b2, i)));
@@ -384,11 +383,10 @@ impl Fdb {
     }
 
     fn count_port(&self, d: Dest, add: bool) {
-        if let Dest::Port(p) = d {
-            if let Some(c) = self.per_port.get(p as usize) {
+        if let Dest::Port(p) = d
+            && let Some(c) = self.per_port.get(p as usize) {
                 if add { c.fetch_add(1, Relaxed) } else { c.fetch_sub(1, Relaxed) };
             }
-        }
     }
 
     /// Installs or replaces a static entry (control plane). Static entries never age or move;

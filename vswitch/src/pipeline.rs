@@ -211,15 +211,14 @@ impl Pipeline {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
 
-        if !from_peer {
-            if let Some(sec) = &port.security {
+        if !from_peer
+            && let Some(sec) = &port.security {
                 let h = self.pool.head(&b);
                 let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
                 if let Err(r) = security::check(sec, h, l2, et) {
                     return self.discard(b, r, port.id);
                 }
             }
-        }
 
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
         if (if from_peer { bd.remote_learning } else { bd.learning })
@@ -231,26 +230,24 @@ impl Pipeline {
         if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
             let h = self.pool.head(&b);
             let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
-            if et == ethertype::ARP || et == ethertype::IPV6 {
-                if let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et) {
+            if (et == ethertype::ARP || et == ethertype::IPV6)
+                && let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et) {
                     self.stats.event(if a == Answer::Arp { Event::ArpSuppressed } else { Event::NdSuppressed }, 1);
                     return self.emit(snap, bd, b, c, src);
                 }
-            }
         }
 
-        if c.dst_key & (1 << 40) == 0 {
-            if let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc) {
+        if c.dst_key & (1 << 40) == 0
+            && let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc) {
                 match v.dest() {
                     Dest::Port(p) if p == port.id && !from_peer => return self.discard(b, DropReason::Reflect, port.id),
                     Dest::Peer(_) if from_peer => return self.discard(b, DropReason::Reflect, port.id),
                     Dest::Port(p) => {
-                        if let Some(pe) = snap.port(p) {
-                            if let Ok(want) = pe.egress_tag(bd.id, bd.vlan) {
+                        if let Some(pe) = snap.port(p)
+                            && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
                                 self.known += 1;
                                 return self.emit_port(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
                             }
-                        }
                     }
                     Dest::Peer(p) => {
                         if bd.peers.contains(&p) {
@@ -262,7 +259,6 @@ impl Pipeline {
                 // The entry points somewhere no longer in this bridge domain: flood.
                 self.stats.event(Event::StaleFdb, 1);
             }
-        }
         self.flood(snap, bd, port.id, b, c);
     }
 
@@ -289,7 +285,7 @@ impl Pipeline {
     fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
         match d {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
-                Some((pe, Ok(want))) => {
+                Some((pe, Some(want))) => {
                     let len = self.pool.pkt_len(&b);
                     self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len)
                 }

@@ -48,11 +48,10 @@ impl Region {
     /// Maps `len` bytes (rounded up to 2 MiB). Tries hugetlb first when `try_huge`.
     pub fn new(len: usize, try_huge: bool) -> std::io::Result<Region> {
         let len = len.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
-        if try_huge {
-            if let Some(ptr) = map(len, libc::MAP_HUGETLB) {
+        if try_huge
+            && let Some(ptr) = map(len, libc::MAP_HUGETLB) {
                 return Ok(Region { ptr, len, backing: Backing::HugeTlb });
             }
-        }
         let ptr = map(len, 0).ok_or_else(std::io::Error::last_os_error)?;
         // SAFETY: ptr/len describe the mapping just created; the advice is only a hint.
         unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };

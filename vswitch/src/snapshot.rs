@@ -92,16 +92,17 @@ pub enum PortKind {
 }
 
 impl PortEntry {
-    /// The tag a frame of `bd` (with trunk VLAN `vlan`) carries when leaving this port, or
-    /// `Err(())` when the port is not a member of that bridge domain.
+    /// The tag a frame of `bd` (with trunk VLAN `vlan`) carries when leaving this port:
+    /// `Some(None)` untagged, `Some(Some(vid))` tagged, `None` when the port is not a member
+    /// of that bridge domain.
     #[inline(always)]
-    pub fn egress_tag(&self, bd: u16, vlan: u16) -> Result<Option<u16>, ()> {
+    pub fn egress_tag(&self, bd: u16, vlan: u16) -> Option<Option<u16>> {
         if bd == self.untagged_bd {
-            Ok(None)
+            Some(None)
         } else if self.kind == PortKind::Trunk && vlan != 0 && self.allowed.contains(vlan) {
-            Ok(Some(vlan))
+            Some(Some(vlan))
         } else {
-            Err(())
+            None
         }
     }
 }
@@ -433,7 +434,7 @@ impl Snapshot {
                 s.vni_bd.insert(n, id);
             }
             let ports: Vec<u16> =
-                s.ports.iter().flatten().filter(|p| p.egress_tag(id, vlan).is_ok()).map(|p| p.id).collect();
+                s.ports.iter().flatten().filter(|p| p.egress_tag(id, vlan).is_some()).map(|p| p.id).collect();
             let mut peers = Vec::new();
             for ip in &b.flood {
                 let pid = *s

@@ -62,11 +62,10 @@ impl VtepEntry {
         if v.src_port_min > v.src_port_max || v.src_port_min == 0 {
             return Err(err(format!("UDP source port range {}..={} is empty", v.src_port_min, v.src_port_max)));
         }
-        if let Some(t) = v.underlay_vlan {
-            if !(1..=4094).contains(&t) {
+        if let Some(t) = v.underlay_vlan
+            && !(1..=4094).contains(&t) {
                 return Err(err(format!("underlay VLAN {t} is out of range 1..=4094")));
             }
-        }
         if v.local_ip.is_unspecified() || v.local_ip.is_multicast() {
             return Err(err(format!("local address {} is not a unicast address", v.local_ip)));
         }

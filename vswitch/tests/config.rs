@@ -29,7 +29,8 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
     let mut h = harness();
     let before = h.switch.generation();
     let peer: IpAddr = "198.51.100.2".parse().unwrap();
-    let cases: Vec<(Box<dyn Fn(&mut SwitchConfig)>, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut SwitchConfig)>;
+    let cases: Vec<(Mutation, &str)> = vec![
         (Box::new(|c| c.bridges[1].vlan = Some(10)), "VLAN 10 is already used by bridge \"red\""),
         (Box::new(|c| c.bridges[1].vlan = Some(4095)), "out of range 1..=4094"),
         (Box::new(|c| c.bridges.push(BridgeConfig::new("red"))), "bridge \"red\" is defined twice"),

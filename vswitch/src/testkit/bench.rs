@@ -238,11 +238,10 @@ impl Bench {
         for _ in 0..32 {
             let f = &self.frames[self.next];
             self.next = (self.next + 1) % self.frames.len();
-            if let Some(b) = self.cache.alloc_frame(f) {
-                if let Err(b) = self.input.send_one(0, b) {
+            if let Some(b) = self.cache.alloc_frame(f)
+                && let Err(b) = self.input.send_one(0, b) {
                     self.cache.free(b);
                 }
-            }
         }
     }
 
