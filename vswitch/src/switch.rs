@@ -176,6 +176,14 @@ impl Switch {
         Totals::sum(threads.iter().map(|t| &**t))
     }
 
+    /// Counters of each thread separately, in the order the pipelines were made (PMD thread
+    /// `i` is entry `i` when a `PmdSet` made them): busy/idle cycles and packets per PMD,
+    /// like `ovs-appctl dpif-netdev/pmd-stats-show`.
+    pub fn thread_stats(&self) -> Vec<Totals> {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        threads.iter().map(|t| Totals::sum([&**t])).collect()
+    }
+
     /// Ages out learned MACs older than their bridge domain's age; returns how many.
     pub fn age(&self, now: u32) -> usize {
         let snap = self.snapshot();

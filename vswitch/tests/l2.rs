@@ -300,3 +300,30 @@ fn port_security_can_be_switched_off() {
     h.step();
     assert_eq!(h.recv("net").len(), 1);
 }
+
+#[test]
+fn pool_exhaustion_during_flooding_is_counted_not_fatal() {
+    // 64 buffers, 16 ports: a burst of broadcasts needs far more copies than the pool holds.
+    let pool = vswitch::Pool::new(64, false).unwrap();
+    let mut h = Harness::with_pool(pool, vswitch::SwitchOptions::default());
+    let names: Vec<String> = (0..16).map(|i| format!("p{i}")).collect();
+    for n in &names {
+        h.ring(n);
+    }
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: names.iter().map(|n| PortConfig::access(n, "red")).collect(),
+        vtep: None,
+    })
+    .unwrap();
+    for i in 0..8 {
+        h.send("p0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(i + 1), ip(1), ip(255), 1, 2, 64));
+    }
+    h.step();
+    let delivered: usize = h.recv_all().values().map(Vec::len).sum();
+    let s = h.stats();
+    assert!(s.event(Event::FloodCopyFailed) > 0, "the pool ran dry");
+    assert_eq!(delivered as u64 + s.drop(DropReason::NoBuffer), 8 * 15, "every copy delivered or counted");
+    h.flush_caches();
+    assert_eq!(h.pool.free_count(), 64, "nothing leaked");
+}

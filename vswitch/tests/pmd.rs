@@ -78,6 +78,9 @@ fn run_policy(idle: IdlePolicy) {
     assert_eq!(s.total_drops(), 0, "{:?}", s.nonzero_drops());
     assert!(s.packets >= 20_000);
     assert!(s.cycles_per_packet().is_some());
+    let per_thread = r.switch.thread_stats();
+    assert_eq!(per_thread.len(), 2);
+    assert!(per_thread.iter().all(|t| t.packets > 0 && t.busy_cycles > 0), "both PMDs polled their queues");
 }
 
 #[test]
