@@ -392,6 +392,36 @@ impl PoolCache {
         Some(head)
     }
 
+    /// Builds one packet from several pieces, one segment each (as a port receiving a
+    /// descriptor chain would); `None` if a piece is too large or the pool runs dry.
+    pub fn alloc_chain(&mut self, pieces: &[&[u8]]) -> Option<BufId> {
+        let (first, rest) = pieces.split_first()?;
+        let mut head = self.alloc()?;
+        let mut total = first.len();
+        if !self.pool.append(&mut head, first) {
+            self.free(head);
+            return None;
+        }
+        let mut tail = head.0;
+        for p in rest {
+            let Some(mut seg) = self.alloc() else {
+                self.free(head);
+                return None;
+            };
+            self.pool.m(seg.0).off.store(0, Relaxed);
+            let ok = self.pool.append(&mut seg, p);
+            self.pool.m(tail).next.store(seg.0, Relaxed);
+            tail = seg.into_index();
+            if !ok {
+                self.free(head);
+                return None;
+            }
+            total += p.len();
+        }
+        self.pool.m(head.0).pkt_len.store(total as u32, Relaxed);
+        Some(head)
+    }
+
     /// Returns a packet to the pool: private segments at once, shared ones with their last
     /// reference.
     #[inline]

@@ -337,7 +337,7 @@ impl Pipeline {
         if tagged && !vlan::pop(&self.pool, &mut b) {
             return self.discard(b, DropReason::Runt, vtep.underlay_port);
         }
-        let hash = vtep::flow_hash(self.pool.head(&b));
+        let hash = vtep::packet_flow_hash(&self.pool, &b);
         match vtep.encap(&self.pool, &mut b, pe, vni, hash) {
             Ok(()) => {
                 self.stats.event(Event::Encapsulated, 1);
@@ -594,6 +594,12 @@ fn fill_l2(
     pcp: u16,
     len: usize,
 ) -> Result<(), DropReason> {
+    // Later stages index the L2 header in the head segment without further checks: a port
+    // that hands over a chain whose head is shorter than the header is refused here.
+    let l2 = if tagged { ethernet::HEADER_LEN + ethernet::TAG_LEN } else { ethernet::HEADER_LEN };
+    if h.len() < l2 {
+        return Err(DropReason::Runt);
+    }
     // Two 8-byte loads hold both addresses: bytes 0..8 start with the destination, bytes
     // 4..12 end with the source.
     let (Some(a), Some(b)) = (h.first_chunk::<8>(), h.get(4..).and_then(|t| t.first_chunk::<8>())) else {

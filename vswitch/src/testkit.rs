@@ -248,6 +248,26 @@ impl Harness {
         }
     }
 
+    /// Offers a frame split into the given segment sizes (the last takes the rest).
+    pub fn send_chain(&mut self, port: &str, frame: &[u8], sizes: &[usize]) {
+        let mut pieces = Vec::new();
+        let mut rest = frame;
+        for &n in sizes {
+            let n = n.min(rest.len());
+            pieces.push(&rest[..n]);
+            rest = &rest[n..];
+        }
+        if !rest.is_empty() {
+            pieces.push(rest);
+        }
+        let b = self.cache.alloc_chain(&pieces).expect("buffers for test chain");
+        let peer = self.peers.get_mut(port).expect("ring port registered with the harness");
+        if let Err(b) = peer.send_one(0, b) {
+            self.cache.free(b);
+            panic!("ring of {port} is full");
+        }
+    }
+
     /// Polls every rx queue of the current configuration until nothing moves.
     pub fn step(&mut self) -> usize {
         let snap = self.switch.snapshot();

@@ -398,6 +398,35 @@ fn udp6_checksum(pool: &Pool, b: &BufId, base: u64, l4: usize, udp_len: u16) -> 
     }
 }
 
+/// Bytes of the inner frame the flow hash reads (Ethernet + IPv4 addresses and ports).
+const HASHED: usize = 14 + 24;
+
+/// The flow hash of a packet however it is segmented: packets of one flow always get the
+/// same UDP source port (ECMP paths must not reorder a flow).
+#[inline(always)]
+pub fn packet_flow_hash(pool: &Pool, b: &BufId) -> u32 {
+    let (h, len) = pool.head_and_len(b);
+    if h.len() >= HASHED || h.len() == len {
+        return flow_hash(h);
+    }
+    gathered_flow_hash(pool, b)
+}
+
+#[cold]
+fn gathered_flow_hash(pool: &Pool, b: &BufId) -> u32 {
+    let mut buf = [0u8; HASHED];
+    let mut n = 0;
+    for seg in pool.segments(b) {
+        let take = seg.len().min(HASHED - n);
+        buf[n..n + take].copy_from_slice(&seg[..take]);
+        n += take;
+        if n == HASHED {
+            break;
+        }
+    }
+    flow_hash(&buf[..n])
+}
+
 /// A flow hash of an inner frame: MACs, and IPv4 addresses and ports when present.
 #[inline(always)]
 pub fn flow_hash(frame: &[u8]) -> u32 {
@@ -407,7 +436,7 @@ pub fn flow_hash(frame: &[u8]) -> u32 {
     let a = u64::from_ne_bytes(frame[0..8].try_into().unwrap_or([0; 8]));
     let bb = u32::from_ne_bytes(frame[8..12].try_into().unwrap_or([0; 4])) as u64;
     let mut h = (a ^ bb.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    if frame[12] == 0x08 && frame[13] == 0x00 && frame.len() >= 14 + 24 {
+    if frame[12] == 0x08 && frame[13] == 0x00 && frame.len() >= HASHED {
         let ip = &frame[14..];
         let addrs = u64::from_ne_bytes(ip[12..20].try_into().unwrap_or([0; 8]));
         let ports = u32::from_ne_bytes(ip[20..24].try_into().unwrap_or([0; 4])) as u64;
