@@ -248,18 +248,19 @@ impl Harness {
         }
     }
 
-    /// Offers a frame split into the given segment sizes (the last takes the rest).
+    /// Offers a frame split into the given segment sizes; what is left follows in full
+    /// buffers.
     pub fn send_chain(&mut self, port: &str, frame: &[u8], sizes: &[usize]) {
+        use crate::buf::{BUF_SIZE, HEADROOM};
         let mut pieces = Vec::new();
         let mut rest = frame;
-        for &n in sizes {
-            let n = n.min(rest.len());
+        for (i, &n) in sizes.iter().enumerate() {
+            let room = if i == 0 { BUF_SIZE - HEADROOM } else { BUF_SIZE };
+            let n = n.min(rest.len()).min(room);
             pieces.push(&rest[..n]);
             rest = &rest[n..];
         }
-        if !rest.is_empty() {
-            pieces.push(rest);
-        }
+        pieces.extend(rest.chunks(BUF_SIZE));
         let b = self.cache.alloc_chain(&pieces).expect("buffers for test chain");
         let peer = self.peers.get_mut(port).expect("ring port registered with the harness");
         if let Err(b) = peer.send_one(0, b) {

@@ -2,8 +2,10 @@
 //! the libFuzzer target (`fuzz/`) and the stable property test (`tests/hostile.rs`).
 //!
 //! Input format: a sequence of records `[port selector][length hi][length lo][bytes...]`;
-//! each record is one frame offered on one port. After every frame the switch runs; at the
-//! end every buffer must be back in the pool.
+//! each record is one frame offered on one port. A selector with its top bit set takes one
+//! more byte, the size of the first segment: the frame then arrives as a two-segment chain, as
+//! from a guest's descriptors. After every frame the switch runs; at the end every buffer must
+//! be back in the pool.
 
 use super::{Harness, frames, mac};
 use crate::config::{AddressPair, BridgeConfig, Neighbor, PortConfig, SwitchConfig, VtepConfig};
@@ -52,14 +54,27 @@ pub fn run(h: &mut Harness, mut data: &[u8]) {
         h.pool.free_count()
     };
     while data.len() >= 3 {
-        let port = PORTS[data[0] as usize % PORTS.len()];
+        let port = PORTS[(data[0] & 0x7f) as usize % PORTS.len()];
+        let cut = if data[0] & 0x80 != 0 {
+            let c = data.get(3).copied().unwrap_or(0) as usize;
+            data = &data[1..];
+            Some(c.max(1))
+        } else {
+            None
+        };
+        if data.len() < 3 {
+            break;
+        }
         let len = (u16::from_be_bytes([data[1], data[2]]) as usize).min(data.len() - 3);
         let frame = &data[3..3 + len];
         data = &data[3 + len..];
-        if frame.len() > crate::buf::MAX_FRAME {
+        if frame.len() > crate::buf::MAX_FRAME || frame.is_empty() {
             continue;
         }
-        h.send(port, frame);
+        match cut {
+            Some(c) => h.send_chain(port, frame, &[c]),
+            None => h.send(port, frame),
+        }
         h.step();
         h.recv_all();
     }
