@@ -44,9 +44,10 @@ struct Ctx {
     dst_loc: Loc,
 }
 
+/// A flood egress: a local port with the tag frames carry there, or a remote VTEP.
 #[derive(Clone, Copy)]
 enum Target {
-    Port(u16),
+    Port(u16, Option<u16>),
     Peer(u16),
 }
 
@@ -63,7 +64,6 @@ pub struct Pipeline {
     n_dirty: usize,
     /// Known-unicast packets of this burst (counted once per burst).
     known: u64,
-    targets: Vec<Target>,
     decap_cache: DecapCache,
     now: u32,
 }
@@ -80,7 +80,6 @@ impl Pipeline {
             dirty: Box::new([0; fdb::MAX_PORTS]),
             n_dirty: 0,
             known: 0,
-            targets: Vec::with_capacity(fdb::MAX_PORTS + 4096),
             decap_cache: DecapCache::default(),
             now: 0,
         }
@@ -348,45 +347,53 @@ impl Pipeline {
     }
 
     /// Floods to every member but the ingress, and to remote VTEPs unless the frame came from
-    /// one (split horizon).
+    /// one (split horizon). Every egress but the last gets a copy (small frames) or a private
+    /// header segment over the shared payload (large ones); the last gets the original.
+    #[inline(never)]
     fn flood(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, b: BufId, c: &Ctx) {
         let from_peer = c.from_peer != NO_PEER;
-        self.targets.clear();
-        for &p in &bd.ports {
-            if from_peer || p != in_port {
-                self.targets.push(Target::Port(p));
-            }
-        }
-        if !from_peer {
-            for &p in &bd.peers {
-                self.targets.push(Target::Peer(p));
-            }
-        }
-        let k = self.targets.len();
+        let ingress_member = !from_peer && bd.ports.iter().any(|(p, _)| *p == in_port);
+        let peers: &[u16] = if from_peer { &[] } else { &bd.peers };
+        let k = bd.ports.len() - ingress_member as usize + peers.len();
         if k == 0 {
             return self.discard(b, DropReason::NoEgress, in_port);
         }
         self.stats.event(Event::Flooded, 1);
         self.stats.bd(bd.id).flooded.add(1);
-        if k == 1 {
-            let t = self.targets[0];
-            return self.emit_target(snap, bd, b, c, t);
-        }
         self.stats.event(Event::FloodCopies, (k - 1) as u64);
         let pool = self.pool.clone();
-        if pool.pkt_len(&b) <= COPY_MAX && !pool.is_chained(&b) {
-            for i in 0..k - 1 {
-                let t = self.targets[i];
-                match self.cache.alloc() {
-                    Some(mut copy) => {
-                        pool.append(&mut copy, pool.head(&b));
-                        self.emit_target(snap, bd, copy, c, t);
+        let len = pool.pkt_len(&b);
+        let targets = bd
+            .ports
+            .iter()
+            .filter(|(p, _)| from_peer || *p != in_port)
+            .map(|&(p, want)| Target::Port(p, want))
+            .chain(peers.iter().map(|&p| Target::Peer(p)));
+        if k == 1 || (len <= COPY_MAX && !pool.is_chained(&b)) {
+            let mut original = Some(b);
+            for (i, t) in targets.enumerate() {
+                let frame = if i + 1 == k {
+                    original.take()
+                } else {
+                    let copy = self.cache.alloc().map(|mut copy| {
+                        if let Some(o) = &original {
+                            pool.append(&mut copy, pool.head(o));
+                        }
+                        copy
+                    });
+                    if copy.is_none() {
+                        self.flood_copy_failed(in_port);
                     }
-                    None => self.flood_copy_failed(in_port),
+                    copy
+                };
+                if let Some(f) = frame {
+                    self.emit_target(snap, bd, f, c, t, len);
                 }
             }
-            let t = self.targets[k - 1];
-            return self.emit_target(snap, bd, b, c, t);
+            if let Some(o) = original {
+                self.discard(o, DropReason::NoEgress, in_port); // only if `k` miscounted
+            }
+            return;
         }
         // Large frame: each egress gets a private header segment; the payload is shared.
         let l2 = if c.tagged { 18 } else { 14 };
@@ -395,13 +402,12 @@ impl Pipeline {
         let mut payload = b;
         pool.strip(&mut payload, l2);
         let shared = pool.into_shared(payload);
-        for i in 0..k {
-            let t = self.targets[i];
+        for t in targets {
             match self.cache.alloc() {
                 Some(mut h) => {
                     pool.append(&mut h, &hdr[..l2]);
                     pool.link_shared(&mut h, &shared);
-                    self.emit_target(snap, bd, h, c, t);
+                    self.emit_target(snap, bd, h, c, t, len);
                 }
                 None => self.flood_copy_failed(in_port),
             }
@@ -416,9 +422,12 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn emit_target(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target) {
+    fn emit_target(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
         match t {
-            Target::Port(p) => self.emit(snap, bd, b, c, Dest::Port(p)),
+            Target::Port(p, want) => match snap.port(p) {
+                Some(pe) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len),
+                None => self.discard(b, DropReason::NoEgress, p),
+            },
             Target::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
         }
     }

@@ -138,8 +138,8 @@ pub struct BdEntry {
     /// Trunk tag (0: none).
     pub vlan: u16,
     pub vni: Option<u32>,
-    /// Local member ports, for flooding.
-    pub ports: Vec<u16>,
+    /// Local member ports and the tag frames of this domain carry on each, for flooding.
+    pub ports: Vec<(u16, Option<u16>)>,
     /// Remote VTEPs (peer ids), for flooding and decap admission.
     pub peers: Vec<u16>,
     pub learning: bool,
@@ -433,8 +433,8 @@ impl Snapshot {
             if let Some(n) = b.vni {
                 s.vni_bd.insert(n, id);
             }
-            let ports: Vec<u16> =
-                s.ports.iter().flatten().filter(|p| p.egress_tag(id, vlan).is_some()).map(|p| p.id).collect();
+            let ports: Vec<(u16, Option<u16>)> =
+                s.ports.iter().flatten().filter_map(|p| Some((p.id, p.egress_tag(id, vlan)?))).collect();
             let mut peers = Vec::new();
             for ip in &b.flood {
                 let pid = *s
@@ -461,7 +461,7 @@ impl Snapshot {
                     return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
                 }
                 let member = match (&m.port, &m.remote) {
-                    (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.contains(id)),
+                    (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.iter().any(|(q, _)| q == id)),
                     (None, Some(ip)) => s.peer_by_ip.get(ip).is_some_and(|id| peers.contains(id)),
                     _ => return Err(ConfigError::StaticMacTarget { bridge: b.name.clone(), mac: m.mac }),
                 };
