@@ -4,7 +4,7 @@
 set -euo pipefail
 
 # Debian packages: a C toolchain for crates with C parts, and the tools the perf scripts use.
-PACKAGES="build-essential pkg-config valgrind bc iproute2"
+PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

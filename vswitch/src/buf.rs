@@ -366,29 +366,43 @@ impl PoolCache {
 
     /// Copies `frame` into a new packet, chained over several buffers when longer than one.
     pub fn alloc_frame(&mut self, frame: &[u8]) -> Option<BufId> {
-        if frame.len() > MAX_FRAME {
+        self.alloc_gather(&[frame])
+    }
+
+    /// Copies the concatenation of `parts` into a new packet, filling each buffer before
+    /// chaining the next (a port that must insert bytes, such as a VLAN tag, builds the frame
+    /// this way without a temporary copy).
+    pub fn alloc_gather(&mut self, parts: &[&[u8]]) -> Option<BufId> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total > MAX_FRAME {
             return None;
         }
-        let room = BUF_SIZE - HEADROOM;
-        let mut head = self.alloc()?;
-        let first = frame.len().min(room);
-        self.pool.append(&mut head, &frame[..first]);
-        let mut tail = head.0;
-        let mut rest = &frame[first..];
-        while !rest.is_empty() {
-            let Some(mut seg) = self.alloc() else {
-                self.free(head);
-                return None;
-            };
-            let n = rest.len().min(BUF_SIZE);
-            // Continuation segments need no headroom.
-            self.pool.m(seg.0).off.store(0, Relaxed);
-            self.pool.append(&mut seg, &rest[..n]);
-            rest = &rest[n..];
-            self.pool.m(tail).next.store(seg.0, Relaxed);
-            tail = seg.into_index();
+        let head = self.alloc()?;
+        let mut cur = head.0;
+        for part in parts {
+            let mut rest = *part;
+            while !rest.is_empty() {
+                let m = self.pool.m(cur);
+                let used = m.off.load(Relaxed) as usize + m.len.load(Relaxed) as usize;
+                if used == BUF_SIZE {
+                    let Some(seg) = self.alloc() else {
+                        self.free(head);
+                        return None;
+                    };
+                    // Continuation segments need no headroom.
+                    self.pool.m(seg.0).off.store(0, Relaxed);
+                    self.pool.m(cur).next.store(seg.0, Relaxed);
+                    cur = seg.into_index();
+                    continue;
+                }
+                let n = rest.len().min(BUF_SIZE - used);
+                // SAFETY: `used + n <= BUF_SIZE` within chunk `cur`, which this packet owns.
+                unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), self.pool.chunk(cur).add(used), n) };
+                m.len.store(m.len.load(Relaxed) + n as u16, Relaxed);
+                rest = &rest[n..];
+            }
         }
-        self.pool.m(head.0).pkt_len.store(frame.len() as u32, Relaxed);
+        self.pool.m(head.0).pkt_len.store(total as u32, Relaxed);
         Some(head)
     }
 
@@ -529,6 +543,25 @@ mod test {
         c.flush();
         assert_eq!(p.free_count(), 32);
         assert!(c.alloc_frame(&vec![0; MAX_FRAME + 1]).is_none());
+    }
+
+    #[test]
+    fn gather_packs_parts_across_segments() {
+        let p = pool(32);
+        let mut c = PoolCache::new(p.clone());
+        let a: Vec<u8> = (0..12u8).collect();
+        let big: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let b = c.alloc_gather(&[&a, &[0x81, 0, 0, 100], &big]).unwrap();
+        let mut out = Vec::new();
+        p.read_frame(&b, &mut out);
+        assert_eq!(out.len(), 12 + 4 + 5000);
+        assert_eq!(&out[..12], &a[..]);
+        assert_eq!(&out[12..16], &[0x81, 0, 0, 100]);
+        assert_eq!(&out[16..], &big[..]);
+        assert_eq!(p.head(&b).len(), BUF_SIZE - HEADROOM, "the head is filled before chaining");
+        c.free(b);
+        c.flush();
+        assert_eq!(p.free_count(), 32);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod fuzz;
+pub mod netns;
 
 use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};

@@ -2,6 +2,7 @@
 //! bursts of packets per queue, link state, a wake descriptor per rx queue for the adaptive
 //! idle policy, and per-queue counters.
 
+pub mod afpacket;
 pub mod ring;
 
 use crate::batch::Batch;
@@ -13,6 +14,8 @@ use std::os::fd::RawFd;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
     pub rx_packets: u64,
+    /// Frames the port received but could not hand over (malformed, no buffer).
+    pub rx_dropped: u64,
     pub tx_packets: u64,
     /// Packets the queue could not take (ring full).
     pub tx_full: u64,

@@ -84,10 +84,12 @@ impl RingPort {
         RingPort { name: name.to_owned(), queues: qs.into(), up: AtomicBool::new(true), mac: None }
     }
 
-    /// Sets the MAC the port reports (used when the port is a VTEP underlay).
+    /// Sets the MAC the port reports (used when the port is a VTEP underlay). Call it
+    /// before the port is shared (registered with a switch).
     pub fn with_mac(mut self: Arc<Self>, mac: MacAddr) -> Arc<Self> {
-        if let Some(p) = Arc::get_mut(&mut self) {
-            p.mac = Some(mac);
+        match Arc::get_mut(&mut self) {
+            Some(p) => p.mac = Some(mac),
+            None => tracing::warn!(port = %self.name, "with_mac on a shared ring port is ignored"),
         }
         self
     }
@@ -167,6 +169,7 @@ impl Port for RingPort {
             .iter()
             .map(|q| QueueStats {
                 rx_packets: q.rx_packets.get(),
+                rx_dropped: 0,
                 tx_packets: q.tx_packets.get(),
                 tx_full: q.tx_full.get(),
             })
@@ -243,7 +246,7 @@ mod test {
         for x in back.drain() {
             c.free(x);
         }
-        assert_eq!(port.queue_stats()[0], QueueStats { rx_packets: 3, tx_packets: 3, tx_full: 0 });
+        assert_eq!(port.queue_stats()[0], QueueStats { rx_packets: 3, rx_dropped: 0, tx_packets: 3, tx_full: 0 });
     }
 
     #[test]

@@ -1,0 +1,428 @@
+//! An AF_PACKET port on a kernel network device: the fallback where AF_XDP is not available.
+//!
+//! Receive uses a TPACKET_V3 ring (blocks of frames the kernel fills; one block is handed back
+//! at a time), transmit a TPACKET_V2 ring on a second socket bound with protocol 0 (so it
+//! receives nothing) and one `sendto` kick per burst. Frames are copied between the rings and
+//! pool buffers: this port trades a copy for portability.
+//!
+//! The kernel strips the outer 802.1Q tag on receive when the device offloads it and reports
+//! it in the frame header (`TP_STATUS_VLAN_VALID`, with the TPID when
+//! `TP_STATUS_VLAN_TPID_VALID`); the port puts the tag back into the frame, so **a tagged frame
+//! is never seen as untagged**. Frames this socket sends are not received again
+//! (`PACKET_IGNORE_OUTGOING`).
+//!
+//! Unsafe code is confined here: the two ring mappings, with these invariants:
+//! - each mapping is `len` bytes long and lives as long as the `Rings` value;
+//! - the kernel owns a block/frame until its status word says the user owns it; the port
+//!   reads a frame only after an acquire load of that status, and hands it back with a
+//!   release store, after which it never touches it again;
+//! - every offset read from a header is checked against the block/frame bounds before use.
+
+use super::{Port, QueueStats};
+use crate::batch::Batch;
+use crate::buf::{BufId, MAX_FRAME, PoolCache};
+use crate::counters::Counter;
+use crate::wire::MacAddr;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+const TPACKET_V2: libc::c_int = 1;
+const TPACKET_V3: libc::c_int = 2;
+const PACKET_RX_RING: libc::c_int = 5;
+const PACKET_VERSION: libc::c_int = 10;
+const PACKET_TX_RING: libc::c_int = 13;
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+const TP_STATUS_KERNEL: u32 = 0;
+const TP_STATUS_USER: u32 = 1;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
+const TP_STATUS_AVAILABLE: u32 = 0;
+const TP_STATUS_SEND_REQUEST: u32 = 1;
+const TP_STATUS_WRONG_FORMAT: u32 = 1 << 2;
+
+/// Sizes of the rings.
+const RX_BLOCK: usize = 1 << 17; // 128 KiB
+const RX_BLOCKS: usize = 16;
+const RX_FRAME: usize = 2048;
+const TX_FRAME: usize = 1 << 14; // room for a 9216-byte jumbo frame
+const TX_FRAMES: usize = 256;
+/// Offset of frame data in a TPACKET_V2 tx frame: TPACKET2_HDRLEN - sizeof(sockaddr_ll).
+const TX_DATA: usize = 32;
+/// Offsets in `struct tpacket_block_desc` (TPACKET_V3).
+mod block {
+    pub const STATUS: usize = 8;
+    pub const NUM_PKTS: usize = 12;
+    pub const FIRST: usize = 16;
+}
+/// Offsets in `struct tpacket3_hdr`.
+mod v3 {
+    pub const NEXT: usize = 0;
+    pub const SNAPLEN: usize = 12;
+    pub const STATUS: usize = 20;
+    pub const MAC: usize = 24;
+    pub const VLAN_TCI: usize = 32;
+    pub const VLAN_TPID: usize = 36;
+    pub const LEN: usize = 40;
+}
+/// Offsets in `struct tpacket2_hdr`.
+mod v2 {
+    pub const STATUS: usize = 0;
+    pub const LEN: usize = 4;
+}
+
+#[repr(C)]
+struct TpacketReq3 {
+    block_size: u32,
+    block_nr: u32,
+    frame_size: u32,
+    frame_nr: u32,
+    retire_blk_tov: u32,
+    sizeof_priv: u32,
+    feature_req_word: u32,
+}
+
+#[repr(C)]
+struct TpacketReq {
+    block_size: u32,
+    block_nr: u32,
+    frame_size: u32,
+    frame_nr: u32,
+}
+
+/// One mmap'ed ring.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a shared mapping of a packet socket's ring; the kernel validated the ring
+        // size when the ring was set up, and we map exactly that size.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    /// The status word at `off` (a u32 the kernel and we hand over ownership with).
+    fn status(&self, off: usize) -> &AtomicU32 {
+        assert!(off + 4 <= self.len && off.is_multiple_of(4));
+        // SAFETY: in bounds and aligned (checked); the word lives as long as the mapping and
+        // is only accessed atomically by us.
+        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    fn u32_at(&self, off: usize) -> u32 {
+        assert!(off + 4 <= self.len);
+        // SAFETY: in bounds (checked); unaligned read of kernel-written memory we own now.
+        unsafe { self.ptr.add(off).cast::<u32>().read_unaligned() }
+    }
+
+    fn u16_at(&self, off: usize) -> u16 {
+        assert!(off + 2 <= self.len);
+        // SAFETY: as above.
+        unsafe { self.ptr.add(off).cast::<u16>().read_unaligned() }
+    }
+
+    /// Bytes `[off, off + len)`, which must be in bounds and owned by us (status says so).
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked); the region is ours until we hand the block back.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked); a tx frame is ours while its status is AVAILABLE and
+        // only the single tx user (under the port's tx lock) writes it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping created in `new`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+struct RxState {
+    block: usize,
+}
+
+struct TxState {
+    frame: usize,
+}
+
+/// An AF_PACKET port bound to one kernel interface.
+pub struct AfPacketPort {
+    name: String,
+    ifname: String,
+    rx_fd: OwnedFd,
+    tx_fd: OwnedFd,
+    rx: Mapping,
+    tx: Mapping,
+    rx_state: std::sync::Mutex<RxState>,
+    tx_state: std::sync::Mutex<TxState>,
+    mac: Option<MacAddr>,
+    rx_packets: Counter,
+    rx_dropped: Counter,
+    tx_packets: Counter,
+    tx_full: Counter,
+}
+
+// SAFETY: the mappings are only touched through the rx/tx paths, each serialised by its own
+// mutex (taken with try_lock: one poller, senders one at a time); see the module invariants.
+unsafe impl Send for AfPacketPort {}
+// SAFETY: as above.
+unsafe impl Sync for AfPacketPort {}
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` points at a live T of the size passed.
+    check(unsafe {
+        libc::setsockopt(fd, level, name, (val as *const T).cast(), std::mem::size_of::<T>() as libc::socklen_t)
+    })
+    .map(drop)
+}
+
+fn packet_socket(protocol: u16) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation; the result is checked.
+    let fd = check(unsafe {
+        libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, protocol.to_be() as i32)
+    })?;
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data; zeroed is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = protocol.to_be();
+    sll.sll_ifindex = ifindex;
+    // SAFETY: binds to a sockaddr_ll we own, with its size.
+    check(unsafe {
+        libc::bind(fd, (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32)
+    })
+    .map(drop)
+}
+
+fn if_mac(ifname: &str) -> Option<MacAddr> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address")).ok()?;
+    s.trim().parse().ok()
+}
+
+impl AfPacketPort {
+    /// Opens the port on interface `ifname` (in the calling thread's network namespace).
+    pub fn open(name: &str, ifname: &str) -> io::Result<AfPacketPort> {
+        let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        // SAFETY: a valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) } as i32;
+        if ifindex == 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}")));
+        }
+        const ETH_P_ALL: u16 = 0x0003;
+        let rx_fd = packet_socket(ETH_P_ALL)?;
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V3)?;
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)?;
+        let req = TpacketReq3 {
+            block_size: RX_BLOCK as u32,
+            block_nr: RX_BLOCKS as u32,
+            frame_size: RX_FRAME as u32,
+            frame_nr: (RX_BLOCK / RX_FRAME * RX_BLOCKS) as u32,
+            retire_blk_tov: 1, // ms: a partly filled block is handed over quickly
+            sizeof_priv: 0,
+            feature_req_word: 0,
+        };
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_RX_RING, &req)?;
+        let rx = Mapping::new(rx_fd.as_raw_fd(), RX_BLOCK * RX_BLOCKS)?;
+        bind(rx_fd.as_raw_fd(), ifindex, ETH_P_ALL)?;
+
+        let tx_fd = packet_socket(0)?;
+        setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
+        // Best effort: skip the qdisc layer (as DPDK's af_packet PMD does).
+        let _ = setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32);
+        let treq = TpacketReq {
+            block_size: (TX_FRAME * 4) as u32,
+            block_nr: (TX_FRAMES / 4) as u32,
+            frame_size: TX_FRAME as u32,
+            frame_nr: TX_FRAMES as u32,
+        };
+        setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_TX_RING, &treq)?;
+        let tx = Mapping::new(tx_fd.as_raw_fd(), TX_FRAME * TX_FRAMES)?;
+        bind(tx_fd.as_raw_fd(), ifindex, 0)?;
+        tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V3 rx, TPACKET_V2 tx)");
+        Ok(AfPacketPort {
+            name: name.into(),
+            ifname: ifname.into(),
+            rx_fd,
+            tx_fd,
+            rx,
+            tx,
+            rx_state: std::sync::Mutex::new(RxState { block: 0 }),
+            tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
+            mac: if_mac(ifname),
+            rx_packets: Counter::default(),
+            rx_dropped: Counter::default(),
+            tx_packets: Counter::default(),
+            tx_full: Counter::default(),
+        })
+    }
+
+    /// Copies one received frame into a pool buffer, putting back a tag the kernel stripped.
+    fn frame_to_buf(&self, cache: &mut PoolCache, hdr: usize, block_end: usize) -> Option<BufId> {
+        let mac = self.rx.u16_at(hdr + v3::MAC) as usize;
+        let snap = self.rx.u32_at(hdr + v3::SNAPLEN) as usize;
+        let status = self.rx.u32_at(hdr + v3::STATUS);
+        if hdr + mac + snap > block_end || !(14..=MAX_FRAME - 4).contains(&snap) {
+            return None;
+        }
+        let data = self.rx.bytes(hdr + mac, snap);
+        if status & TP_STATUS_VLAN_VALID == 0 {
+            return cache.alloc_frame(data);
+        }
+        let tci = self.rx.u32_at(hdr + v3::VLAN_TCI) as u16;
+        let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v3::VLAN_TPID) } else { 0x8100 };
+        let mut tag = [0u8; 4];
+        tag[..2].copy_from_slice(&tpid.to_be_bytes());
+        tag[2..].copy_from_slice(&tci.to_be_bytes());
+        cache.alloc_gather(&[&data[..12], &tag, &data[12..]])
+    }
+}
+
+impl AfPacketPort {
+    /// The kernel interface this port is bound to.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+}
+
+impl Port for AfPacketPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        // One poller at a time; a second one finds the lock taken and returns empty-handed.
+        let Ok(mut st) = self.rx_state.try_lock() else { return 0 };
+        let mut got = 0;
+        // Hand over whole blocks only: a block with more frames than the batch has room for
+        // waits for the next burst.
+        while batch.room() > 0 {
+            let base = st.block * RX_BLOCK;
+            let status = self.rx.status(base + block::STATUS);
+            if status.load(Acquire) & TP_STATUS_USER == 0 {
+                break;
+            }
+            let n = self.rx.u32_at(base + block::NUM_PKTS) as usize;
+            if n > batch.room() && got > 0 {
+                break;
+            }
+            let mut hdr = base + self.rx.u32_at(base + block::FIRST) as usize;
+            let end = base + RX_BLOCK;
+            for _ in 0..n {
+                if hdr + v3::LEN > end {
+                    break;
+                }
+                // A frame the kernel reports out of bounds, or no buffer for it: counted.
+                match self.frame_to_buf(cache, hdr, end).map(|b| batch.push(b)) {
+                    Some(Ok(())) => got += 1,
+                    Some(Err(b)) => {
+                        cache.free(b);
+                        self.rx_dropped.add(1);
+                    }
+                    None => self.rx_dropped.add(1),
+                }
+                let next = self.rx.u32_at(hdr + v3::NEXT) as usize;
+                if next == 0 {
+                    break;
+                }
+                hdr += next;
+            }
+            status.store(TP_STATUS_KERNEL, Release);
+            st.block = (st.block + 1) % RX_BLOCKS;
+        }
+        self.rx_packets.add(got as u64);
+        got
+    }
+
+    fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        // Senders are serialised; one that finds the ring busy treats it as full this burst.
+        let Ok(mut st) = self.tx_state.try_lock() else {
+            self.tx_full.add(batch.len() as u64);
+            return 0;
+        };
+        let pool = cache.pool().clone();
+        let mut sent = 0;
+        for b in batch.as_slice() {
+            let base = st.frame * TX_FRAME;
+            let status = self.tx.status(base + v2::STATUS);
+            let s = status.load(Acquire);
+            if s != TP_STATUS_AVAILABLE && s & TP_STATUS_WRONG_FORMAT == 0 {
+                break; // ring full: the rest stays in the batch
+            }
+            let len = pool.pkt_len(b);
+            let out = self.tx.bytes_mut(base + TX_DATA, len.min(TX_FRAME - TX_DATA));
+            let mut at = 0;
+            for seg in pool.segments(b) {
+                let n = seg.len().min(out.len() - at);
+                out[at..at + n].copy_from_slice(&seg[..n]);
+                at += n;
+            }
+            self.tx.bytes_mut(base + v2::LEN, 4).copy_from_slice(&(at as u32).to_ne_bytes());
+            status.store(TP_STATUS_SEND_REQUEST, Release);
+            st.frame = (st.frame + 1) % TX_FRAMES;
+            sent += 1;
+        }
+        if sent > 0 {
+            // One kick per burst. EAGAIN/ENOBUFS leave frames queued for the next kick.
+            // SAFETY: sendto with no buffer on our own packet socket flushes its tx ring.
+            unsafe { libc::sendto(self.tx_fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        }
+        for i in 0..sent {
+            let b = batch.take(i);
+            cache.free(b);
+        }
+        batch.consume_front(sent);
+        self.tx_packets.add(sent as u64);
+        self.tx_full.add(batch.len() as u64);
+        sent
+    }
+
+    fn wake_fd(&self, _q: u16) -> Option<RawFd> {
+        Some(self.rx_fd.as_raw_fd())
+    }
+
+    fn arm_wake(&self, _q: u16, armed: bool) -> bool {
+        if !armed {
+            return false;
+        }
+        let Ok(st) = self.rx_state.try_lock() else { return true };
+        self.rx.status(st.block * RX_BLOCK + block::STATUS).load(Acquire) & TP_STATUS_USER != 0
+    }
+
+    fn queue_stats(&self) -> Vec<QueueStats> {
+        vec![QueueStats {
+            rx_packets: self.rx_packets.get(),
+            rx_dropped: self.rx_dropped.get(),
+            tx_packets: self.tx_packets.get(),
+            tx_full: self.tx_full.get(),
+        }]
+    }
+
+    fn mac(&self) -> Option<MacAddr> {
+        self.mac
+    }
+}

@@ -1,0 +1,202 @@
+//! AF_PACKET ports against the kernel's own stack: veth pairs between network namespaces the
+//! test creates (and removes, even on failure), pods pinging through the switch, and a trunk
+//! toward Linux 802.1Q subinterfaces with the kernel's VLAN offloads on and off.
+//!
+//! Needs root (namespaces); without it each test says so and passes vacuously. Starts PMD
+//! threads, so it runs in the `serial` nextest group, one test at a time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::port::afpacket::AfPacketPort;
+use vswitch::testkit::netns::{self, Netns};
+use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn skip() -> bool {
+    if !netns::available() {
+        eprintln!("skipped: needs root and iproute2 to create network namespaces");
+        return true;
+    }
+    false
+}
+
+/// A switch in its own namespace with AF_PACKET ports on the given interfaces.
+struct Node {
+    switch: Arc<Switch>,
+    pmd: Option<PmdSet>,
+    _ns: Netns,
+}
+
+impl Node {
+    fn start(ns: Netns, ports: &[&str], cfg: SwitchConfig) -> Node {
+        let pool = Pool::new(8192, false).unwrap();
+        let switch = Switch::new(pool, SwitchOptions::default());
+        for p in ports {
+            let port = ns.enter(|| AfPacketPort::open(p, p)).unwrap().unwrap();
+            switch.register_port(p, Arc::new(port)).unwrap();
+        }
+        switch.apply(cfg).unwrap();
+        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() })
+            .unwrap();
+        Node { switch, pmd: Some(pmd), _ns: ns }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(p) = self.pmd.take() {
+            p.stop();
+        }
+    }
+}
+
+fn ping(ns: &Netns, to: &str) -> std::io::Result<String> {
+    ns.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", to])
+}
+
+#[test]
+fn pods_ping_through_the_switch() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if skip() {
+        return;
+    }
+    let sw = Netns::new("sw").unwrap();
+    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
+    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let node = Node::start(
+        sw,
+        &["swa", "swb"],
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
+            vtep: None,
+        },
+    );
+    ping(&pa, "192.0.2.2").expect("pa reaches pb");
+    ping(&pb, "192.0.2.1").expect("pb reaches pa");
+    let s = node.switch.stats();
+    assert!(s.event(vswitch::Event::Learned) >= 2);
+    assert!(s.event(vswitch::Event::KnownUnicast) >= 6);
+}
+
+/// A raw endpoint in a namespace: an AF_PACKET socket pair the test drives by hand.
+struct Raw {
+    port: AfPacketPort,
+    cache: vswitch::PoolCache,
+}
+
+impl Raw {
+    fn open(ns: &Netns, ifname: &str, pool: &Arc<Pool>) -> Raw {
+        let port = ns.enter(|| AfPacketPort::open(ifname, ifname)).unwrap().unwrap();
+        Raw { port, cache: vswitch::PoolCache::new(pool.clone()) }
+    }
+
+    fn send(&mut self, frame: &[u8]) {
+        use vswitch::port::Port;
+        let mut b = vswitch::Batch::new();
+        b.push(self.cache.alloc_frame(frame).unwrap()).unwrap();
+        assert_eq!(self.port.tx_burst(0, &mut self.cache, &mut b), 1);
+    }
+
+    /// Frames received within `wait` (the kernel's own IPv6 chatter filtered out).
+    fn recv(&mut self, wait: Duration) -> Vec<Vec<u8>> {
+        use vswitch::port::Port;
+        let end = std::time::Instant::now() + wait;
+        let mut out = Vec::new();
+        let mut b = vswitch::Batch::new();
+        while std::time::Instant::now() < end {
+            if self.port.rx_burst(0, &mut self.cache, &mut b) == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for x in b.drain() {
+                let mut f = Vec::new();
+                self.cache.pool().read_frame(&x, &mut f);
+                self.cache.free(x);
+                let multicast_v6 = f[0] == 0x33 && f[1] == 0x33;
+                if !multicast_v6 {
+                    out.push(f);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A trunk toward a raw endpoint sending and receiving 802.1Q frames. This machine's kernel
+/// has no 802.1Q driver (CONFIG_VLAN_8021Q is off), so Linux VLAN subinterfaces cannot be the
+/// peer; the receive path still strips tags into metadata (rx VLAN offload) on the switch's
+/// veth, which is exactly what the port must undo. Both offload settings are exercised.
+fn trunk_keeps_tags(rxvlan: &str) {
+    use vswitch::testkit::{frames, mac};
+    let sw = Netns::new("sw").unwrap();
+    let (host, p100, p200) = (Netns::new("h").unwrap(), Netns::new("p1").unwrap(), Netns::new("p2").unwrap());
+    netns::veth(&host, "eth0", &sw, "swt").unwrap();
+    netns::veth(&p100, "eth0", &sw, "sw1").unwrap();
+    netns::veth(&p200, "eth0", &sw, "sw2").unwrap();
+    // Keep the pods' own stacks quiet: no IPv6 (router solicitations, DAD).
+    for ns in [&host, &p100, &p200] {
+        let _ = ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
+    }
+    let _ = sw.run(&["ethtool", "-K", "swt", "rxvlan", rxvlan]);
+    let pool = Pool::new(4096, false).unwrap();
+    let mut h = Raw::open(&host, "eth0", &pool);
+    let mut a = Raw::open(&p100, "eth0", &pool);
+    let mut b = Raw::open(&p200, "eth0", &pool);
+    let node = Node::start(
+        sw,
+        &["swt", "sw1", "sw2"],
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("v100").vlan(100), BridgeConfig::new("v200").vlan(200)],
+            ports: vec![
+                PortConfig::trunk("swt", &[100, 200], None),
+                PortConfig::access("sw1", "v100"),
+                PortConfig::access("sw2", "v200"),
+            ],
+            vtep: None,
+        },
+    );
+    let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
+    let plain = |dst: u32, src: u32| frames::udp4(mac(dst), mac(src), ip(1), ip(2), 1000, 2000, 100);
+    // Tagged in on the trunk → untagged out of the right access port only.
+    h.send(&frames::add_tag(&plain(0xa1, 0x11), 0x8100, 100));
+    h.send(&frames::add_tag(&plain(0xb1, 0x12), 0x8100, 200));
+    let (got_a, got_b) = (a.recv(Duration::from_millis(500)), b.recv(Duration::from_millis(200)));
+    assert_eq!(got_a, vec![plain(0xa1, 0x11)], "VLAN 100 frame, untagged, at the VLAN 100 pod only");
+    assert_eq!(got_b, vec![plain(0xb1, 0x12)], "VLAN 200 frame, untagged, at the VLAN 200 pod only");
+    // Untagged in on the access ports → tagged out of the trunk; replies are unicast.
+    a.send(&plain(0x11, 0xa1));
+    b.send(&plain(0x12, 0xb1));
+    let mut got_h = h.recv(Duration::from_millis(500));
+    got_h.sort();
+    let mut want = vec![
+        frames::add_tag(&plain(0x11, 0xa1), 0x8100, 100),
+        frames::add_tag(&plain(0x12, 0xb1), 0x8100, 200),
+    ];
+    want.sort();
+    assert_eq!(got_h, want, "each tagged with its own VLAN");
+    let s = node.switch.stats();
+    assert_eq!(s.drop(vswitch::DropReason::UntaggedNotAllowed), 0, "no tagged frame was seen untagged");
+}
+
+#[test]
+fn trunk_keeps_tags_with_rx_vlan_offload() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if skip() {
+        return;
+    }
+    trunk_keeps_tags("on");
+}
+
+#[test]
+fn trunk_keeps_tags_without_rx_vlan_offload() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if skip() {
+        return;
+    }
+    trunk_keeps_tags("off");
+}
