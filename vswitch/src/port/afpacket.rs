@@ -219,9 +219,29 @@ fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
     .map(drop)
 }
 
-fn if_mac(ifname: &str) -> Option<MacAddr> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{ifname}/address")).ok()?;
-    s.trim().parse().ok()
+/// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
+/// the mount namespace's, which differs when the caller entered another netns).
+fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+    // SAFETY: ifreq is plain data; zeroed is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = ifname.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {
+        return None;
+    }
+    // SAFETY: after SIOCGIFHWADDR the union holds ifru_hwaddr.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut m = [0u8; 6];
+    for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Some(MacAddr(m))
 }
 
 impl AfPacketPort {
@@ -263,6 +283,7 @@ impl AfPacketPort {
         setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_TX_RING, &treq)?;
         let tx = Mapping::new(tx_fd.as_raw_fd(), TX_FRAME * TX_FRAMES)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
+        let mac = if_mac(rx_fd.as_raw_fd(), ifname);
         tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V3 rx, TPACKET_V2 tx)");
         Ok(AfPacketPort {
             name: name.into(),
@@ -273,7 +294,7 @@ impl AfPacketPort {
             tx,
             rx_state: std::sync::Mutex::new(RxState { block: 0 }),
             tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
-            mac: if_mac(ifname),
+            mac,
             rx_packets: Counter::default(),
             rx_dropped: Counter::default(),
             tx_packets: Counter::default(),
