@@ -22,7 +22,7 @@ use super::{Port, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, MAX_FRAME, PoolCache};
 use crate::counters::Counter;
-use crate::wire::MacAddr;
+use crate::wire::{MacAddr, checksum};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -37,6 +37,7 @@ const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
+const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const TP_STATUS_AVAILABLE: u32 = 0;
@@ -311,15 +312,23 @@ impl AfPacketPort {
             return None;
         }
         let data = self.rx.bytes(hdr + mac, snap);
-        if status & TP_STATUS_VLAN_VALID == 0 {
-            return cache.alloc_frame(data);
+        let mut b = if status & TP_STATUS_VLAN_VALID == 0 {
+            cache.alloc_frame(data)?
+        } else {
+            let tci = self.rx.u32_at(hdr + v3::VLAN_TCI) as u16;
+            let tpid =
+                if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v3::VLAN_TPID) } else { 0x8100 };
+            let mut tag = [0u8; 4];
+            tag[..2].copy_from_slice(&tpid.to_be_bytes());
+            tag[2..].copy_from_slice(&tci.to_be_bytes());
+            cache.alloc_gather(&[&data[..12], &tag, &data[12..]])?
+        };
+        // A sender on this host left the L4 checksum to "hardware" that will never run:
+        // finish it, or the receiver drops the frame.
+        if status & TP_STATUS_CSUMNOTREADY != 0 && !cache.pool().is_chained(&b) {
+            checksum::complete_l4(cache.pool().head_mut(&mut b));
         }
-        let tci = self.rx.u32_at(hdr + v3::VLAN_TCI) as u16;
-        let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v3::VLAN_TPID) } else { 0x8100 };
-        let mut tag = [0u8; 4];
-        tag[..2].copy_from_slice(&tpid.to_be_bytes());
-        tag[2..].copy_from_slice(&tci.to_be_bytes());
-        cache.alloc_gather(&[&data[..12], &tag, &data[12..]])
+        Some(b)
     }
 }
 
