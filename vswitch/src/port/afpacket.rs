@@ -1,8 +1,11 @@
 //! An AF_PACKET port on a kernel network device: the fallback where AF_XDP is not available.
 //!
-//! Receive uses a TPACKET_V3 ring (blocks of frames the kernel fills; one block is handed back
-//! at a time), transmit a TPACKET_V2 ring on a second socket bound with protocol 0 (so it
-//! receives nothing) and one `sendto` kick per burst. Frames are copied between the rings and
+//! Receive and transmit use TPACKET_V2 rings (a status word per frame): receive on a socket
+//! bound to every protocol, transmit on a second socket bound with protocol 0 (so it receives
+//! nothing) with one `sendto` kick per burst. TPACKET_V3's block rings were tried first: the
+//! kernel hands a block over only when it is full or its timer (≥ 1 ms) expires, which adds a
+//! millisecond of latency to a lightly loaded port and cut TCP throughput by an order of
+//! magnitude. Frames are copied between the rings and
 //! pool buffers: this port trades a copy for portability.
 //!
 //! The kernel strips the outer 802.1Q tag on receive when the device offloads it and reports
@@ -29,7 +32,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
 const TPACKET_V2: libc::c_int = 1;
-const TPACKET_V3: libc::c_int = 2;
 const PACKET_RX_RING: libc::c_int = 5;
 const PACKET_VERSION: libc::c_int = 10;
 const PACKET_TX_RING: libc::c_int = 13;
@@ -44,45 +46,21 @@ const TP_STATUS_AVAILABLE: u32 = 0;
 const TP_STATUS_SEND_REQUEST: u32 = 1;
 const TP_STATUS_WRONG_FORMAT: u32 = 1 << 2;
 
-/// Sizes of the rings.
-const RX_BLOCK: usize = 1 << 17; // 128 KiB
-const RX_BLOCKS: usize = 16;
-const RX_FRAME: usize = 2048;
+/// Sizes of the rings: frames big enough for a 9216-byte jumbo frame plus headers.
+const RX_FRAME: usize = 1 << 14;
+const RX_FRAMES: usize = 512;
 const TX_FRAME: usize = 1 << 14; // room for a 9216-byte jumbo frame
 const TX_FRAMES: usize = 256;
 /// Offset of frame data in a TPACKET_V2 tx frame: TPACKET2_HDRLEN - sizeof(sockaddr_ll).
 const TX_DATA: usize = 32;
-/// Offsets in `struct tpacket_block_desc` (TPACKET_V3).
-mod block {
-    pub const STATUS: usize = 8;
-    pub const NUM_PKTS: usize = 12;
-    pub const FIRST: usize = 16;
-}
-/// Offsets in `struct tpacket3_hdr`.
-mod v3 {
-    pub const NEXT: usize = 0;
-    pub const SNAPLEN: usize = 12;
-    pub const STATUS: usize = 20;
-    pub const MAC: usize = 24;
-    pub const VLAN_TCI: usize = 32;
-    pub const VLAN_TPID: usize = 36;
-    pub const LEN: usize = 40;
-}
 /// Offsets in `struct tpacket2_hdr`.
 mod v2 {
     pub const STATUS: usize = 0;
     pub const LEN: usize = 4;
-}
-
-#[repr(C)]
-struct TpacketReq3 {
-    block_size: u32,
-    block_nr: u32,
-    frame_size: u32,
-    frame_nr: u32,
-    retire_blk_tov: u32,
-    sizeof_priv: u32,
-    feature_req_word: u32,
+    pub const SNAPLEN: usize = 8;
+    pub const MAC: usize = 12;
+    pub const VLAN_TCI: usize = 24;
+    pub const VLAN_TPID: usize = 26;
 }
 
 #[repr(C)]
@@ -156,7 +134,7 @@ impl Drop for Mapping {
 }
 
 struct RxState {
-    block: usize,
+    frame: usize,
 }
 
 struct TxState {
@@ -256,19 +234,16 @@ impl AfPacketPort {
         }
         const ETH_P_ALL: u16 = 0x0003;
         let rx_fd = packet_socket(ETH_P_ALL)?;
-        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V3)?;
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
         setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)?;
-        let req = TpacketReq3 {
-            block_size: RX_BLOCK as u32,
-            block_nr: RX_BLOCKS as u32,
+        let req = TpacketReq {
+            block_size: (RX_FRAME * 4) as u32,
+            block_nr: (RX_FRAMES / 4) as u32,
             frame_size: RX_FRAME as u32,
-            frame_nr: (RX_BLOCK / RX_FRAME * RX_BLOCKS) as u32,
-            retire_blk_tov: 1, // ms: a partly filled block is handed over quickly
-            sizeof_priv: 0,
-            feature_req_word: 0,
+            frame_nr: RX_FRAMES as u32,
         };
         setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_RX_RING, &req)?;
-        let rx = Mapping::new(rx_fd.as_raw_fd(), RX_BLOCK * RX_BLOCKS)?;
+        let rx = Mapping::new(rx_fd.as_raw_fd(), RX_FRAME * RX_FRAMES)?;
         bind(rx_fd.as_raw_fd(), ifindex, ETH_P_ALL)?;
 
         let tx_fd = packet_socket(0)?;
@@ -285,7 +260,7 @@ impl AfPacketPort {
         let tx = Mapping::new(tx_fd.as_raw_fd(), TX_FRAME * TX_FRAMES)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
         let mac = if_mac(rx_fd.as_raw_fd(), ifname);
-        tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V3 rx, TPACKET_V2 tx)");
+        tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V2 rings)");
         Ok(AfPacketPort {
             name: name.into(),
             ifname: ifname.into(),
@@ -293,7 +268,7 @@ impl AfPacketPort {
             tx_fd,
             rx,
             tx,
-            rx_state: std::sync::Mutex::new(RxState { block: 0 }),
+            rx_state: std::sync::Mutex::new(RxState { frame: 0 }),
             tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
             mac,
             rx_packets: Counter::default(),
@@ -304,20 +279,21 @@ impl AfPacketPort {
     }
 
     /// Copies one received frame into a pool buffer, putting back a tag the kernel stripped.
-    fn frame_to_buf(&self, cache: &mut PoolCache, hdr: usize, block_end: usize) -> Option<BufId> {
-        let mac = self.rx.u16_at(hdr + v3::MAC) as usize;
-        let snap = self.rx.u32_at(hdr + v3::SNAPLEN) as usize;
-        let status = self.rx.u32_at(hdr + v3::STATUS);
-        if hdr + mac + snap > block_end || !(14..=MAX_FRAME - 4).contains(&snap) {
+    fn frame_to_buf(&self, cache: &mut PoolCache, hdr: usize, status: u32) -> Option<BufId> {
+        let mac = self.rx.u16_at(hdr + v2::MAC) as usize;
+        let snap = self.rx.u32_at(hdr + v2::SNAPLEN) as usize;
+        let len = self.rx.u32_at(hdr + v2::LEN) as usize;
+        // Truncated (a GSO super-frame or a frame over the ring's size) or malformed: refused.
+        if mac + snap > RX_FRAME || snap != len || !(14..=MAX_FRAME - 4).contains(&snap) {
             return None;
         }
         let data = self.rx.bytes(hdr + mac, snap);
         let mut b = if status & TP_STATUS_VLAN_VALID == 0 {
             cache.alloc_frame(data)?
         } else {
-            let tci = self.rx.u32_at(hdr + v3::VLAN_TCI) as u16;
+            let tci = self.rx.u16_at(hdr + v2::VLAN_TCI);
             let tpid =
-                if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v3::VLAN_TPID) } else { 0x8100 };
+                if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v2::VLAN_TPID) } else { 0x8100 };
             let mut tag = [0u8; 4];
             tag[..2].copy_from_slice(&tpid.to_be_bytes());
             tag[2..].copy_from_slice(&tci.to_be_bytes());
@@ -348,41 +324,24 @@ impl Port for AfPacketPort {
         // One poller at a time; a second one finds the lock taken and returns empty-handed.
         let Ok(mut st) = self.rx_state.try_lock() else { return 0 };
         let mut got = 0;
-        // Hand over whole blocks only: a block with more frames than the batch has room for
-        // waits for the next burst.
         while batch.room() > 0 {
-            let base = st.block * RX_BLOCK;
-            let status = self.rx.status(base + block::STATUS);
-            if status.load(Acquire) & TP_STATUS_USER == 0 {
+            let hdr = st.frame * RX_FRAME;
+            let status = self.rx.status(hdr + v2::STATUS);
+            let s = status.load(Acquire);
+            if s & TP_STATUS_USER == 0 {
                 break;
             }
-            let n = self.rx.u32_at(base + block::NUM_PKTS) as usize;
-            if n > batch.room() && got > 0 {
-                break;
-            }
-            let mut hdr = base + self.rx.u32_at(base + block::FIRST) as usize;
-            let end = base + RX_BLOCK;
-            for _ in 0..n {
-                if hdr + v3::LEN > end {
-                    break;
+            // A frame the kernel reports out of bounds, or no buffer for it: counted.
+            match self.frame_to_buf(cache, hdr, s).map(|b| batch.push(b)) {
+                Some(Ok(())) => got += 1,
+                Some(Err(b)) => {
+                    cache.free(b);
+                    self.rx_dropped.add(1);
                 }
-                // A frame the kernel reports out of bounds, or no buffer for it: counted.
-                match self.frame_to_buf(cache, hdr, end).map(|b| batch.push(b)) {
-                    Some(Ok(())) => got += 1,
-                    Some(Err(b)) => {
-                        cache.free(b);
-                        self.rx_dropped.add(1);
-                    }
-                    None => self.rx_dropped.add(1),
-                }
-                let next = self.rx.u32_at(hdr + v3::NEXT) as usize;
-                if next == 0 {
-                    break;
-                }
-                hdr += next;
+                None => self.rx_dropped.add(1),
             }
             status.store(TP_STATUS_KERNEL, Release);
-            st.block = (st.block + 1) % RX_BLOCKS;
+            st.frame = (st.frame + 1) % RX_FRAMES;
         }
         self.rx_packets.add(got as u64);
         got
@@ -440,7 +399,7 @@ impl Port for AfPacketPort {
             return false;
         }
         let Ok(st) = self.rx_state.try_lock() else { return true };
-        self.rx.status(st.block * RX_BLOCK + block::STATUS).load(Acquire) & TP_STATUS_USER != 0
+        self.rx.status(st.frame * RX_FRAME + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {

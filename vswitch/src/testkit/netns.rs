@@ -89,10 +89,10 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> io::Result<()> {
     let setup = || -> io::Result<()> {
         run(&["ip", "link", "set", &tmp_a, "netns", &a.name])?;
         run(&["ip", "link", "set", &tmp_b, "netns", &b.name])?;
-        a.run(&["ip", "link", "set", &tmp_a, "name", a_if])?;
-        b.run(&["ip", "link", "set", &tmp_b, "name", b_if])?;
-        a.run(&["ip", "link", "set", a_if, "up"])?;
-        b.run(&["ip", "link", "set", b_if, "up"])?;
+        a.run(&["ip", "link", "set", "dev", &tmp_a, "name", a_if])?;
+        b.run(&["ip", "link", "set", "dev", &tmp_b, "name", b_if])?;
+        a.run(&["ip", "link", "set", "dev", a_if, "up"])?;
+        b.run(&["ip", "link", "set", "dev", b_if, "up"])?;
         Ok(())
     };
     setup().inspect_err(|_| {
