@@ -56,7 +56,7 @@ fn iperf(t: &Topology, udp: bool, secs: u32) -> Result<f64> {
     let bps = out
         .rmatch_indices(key)
         .next()
-        .and_then(|(i, _)| out[i + key.len()..].split(|c| c == ',' || c == '}').next())
+        .and_then(|(i, _)| out[i + key.len()..].split([',', '}']).next())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .context("iperf3 output without a rate")?;
     Ok(bps / 1e6)
