@@ -33,7 +33,7 @@ fn topology() -> Result<Topology> {
     Ok(Topology { mid, a, b })
 }
 
-/// iperf3 from pod A to pod B; returns (Mbit/s, packets/s estimate for UDP).
+/// iperf3 from pod A to pod B; returns the receiver-side rate in Mbit/s.
 fn iperf(t: &Topology, udp: bool, secs: u32) -> Result<f64> {
     let server = std::process::Command::new("ip")
         .args(["netns", "exec", &t.b.name, "iperf3", "-s", "-1", "-B", "192.0.2.2"])

@@ -417,3 +417,60 @@ fn vxlan_interop_with_linux_ipv6() {
     }
     vxlan_with_linux(true);
 }
+
+/// Two Knitter switches as VTEPs over a veth underlay (AF_PACKET), carrying two VNIs: pods in
+/// the same VNI talk, a frame in one VNI never reaches the other's pods.
+#[test]
+fn two_switches_as_vteps_keep_vnis_apart() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if skip() {
+        return;
+    }
+    let (sw1, sw2) = (Netns::new("s1").unwrap(), Netns::new("s2").unwrap());
+    netns::veth(&sw1, "ul", &sw2, "ul").unwrap();
+    let mut pods = Vec::new();
+    for (sw, side) in [(&sw1, 1u8), (&sw2, 2u8)] {
+        for (vni_i, name) in [(0u8, "red"), (1u8, "blue")] {
+            let pod = Netns::new("p").unwrap();
+            let dev = format!("{name}{side}");
+            netns::veth(&pod, "eth0", sw, &dev).unwrap();
+            // Both VNIs use the same subnet: only the VNI keeps them apart.
+            let addr = format!("192.0.2.{}/24", side * 10 + vni_i);
+            pod.run(&["ip", "addr", "add", &addr, "dev", "eth0"]).unwrap();
+            pods.push((side, name, pod));
+        }
+    }
+    let mac_of = |ns: &Netns| -> vswitch::wire::MacAddr {
+        ns.run(&["cat", "/sys/class/net/ul/address"]).unwrap().trim().parse().unwrap()
+    };
+    let (mac1, mac2) = (mac_of(&sw1), mac_of(&sw2));
+    let ip = |n: u8| -> std::net::IpAddr { std::net::Ipv4Addr::new(198, 51, 100, n).into() };
+    let start = |ns: Netns, side: u8, peer_mac| {
+        let other = 3 - side;
+        let (red, blue) = (format!("red{side}"), format!("blue{side}"));
+        Node::start(
+            ns,
+            &["ul", &red, &blue],
+            SwitchConfig {
+                bridges: vec![
+                    BridgeConfig::new("red").vni(1001).flood(&[ip(other)]),
+                    BridgeConfig::new("blue").vni(1002).flood(&[ip(other)]),
+                ],
+                ports: vec![PortConfig::underlay("ul"), PortConfig::access(&red, "red"), PortConfig::access(&blue, "blue")],
+                vtep: Some(vswitch::VtepConfig::new(ip(side), "ul").peer(ip(other), peer_mac)),
+            },
+        )
+    };
+    let n1 = start(sw1, 1, mac2);
+    let n2 = start(sw2, 2, mac1);
+    let pod = |side: u8, name: &str| &pods.iter().find(|(s, n, _)| *s == side && *n == name).unwrap().2;
+    ping(pod(1, "red"), "192.0.2.20").expect("red 1 reaches red 2");
+    ping(pod(1, "blue"), "192.0.2.21").expect("blue 1 reaches blue 2");
+    // red 1 looking for blue 2's address: the ARP request floods in VNI 1001 only.
+    assert!(pod(1, "red").run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "-q", "192.0.2.21"]).is_err());
+    for n in [&n1, &n2] {
+        let s = n.switch.stats();
+        assert!(s.event(vswitch::Event::Decapsulated) > 0);
+        assert_eq!(s.drop(vswitch::DropReason::VxlanUnknownVtep), 0);
+    }
+}
