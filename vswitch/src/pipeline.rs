@@ -33,6 +33,9 @@ const COPY_MAX: usize = 256;
 struct Ctx {
     /// Frame length as received (after a priority tag was removed).
     len: u32,
+    /// The frame was turned into an answer (ARP/ND for the VTEP address) to send back out of
+    /// the ingress port.
+    reply: bool,
     bd: u16,
     drop: Option<DropReason>,
     from_peer: u16,
@@ -143,6 +146,11 @@ impl Pipeline {
                 self.discard(b, r, in_port);
                 continue;
             }
+            if c.reply {
+                self.stats.event(Event::VtepNeighborAnswered, 1);
+                self.enqueue(snap, in_port, b);
+                continue;
+            }
             if c.bd != run_bd {
                 self.count_bd(run_bd, run_pkts, run_bytes);
                 (run_bd, run_entry, run_pkts, run_bytes) = (c.bd, snap.bd(c.bd), 0, 0);
@@ -188,8 +196,15 @@ impl Pipeline {
                 let (h, len) = pool.head_and_len(b);
                 fill_l2(fdb, ctx, h, bd, peer, false, 0, len)
             });
-            if let Err(r) = r {
-                ctx.drop = Some(r);
+            match r {
+                Ok(()) => {}
+                // Not VXLAN: maybe a neighbour asking for the VTEP's own address.
+                Err(DropReason::UnderlayNotVxlan)
+                    if snap.vtep.as_ref().is_some_and(|v| suppress::answer_for(pool, b, v.local, v.mac).is_some()) =>
+                {
+                    *ctx = Ctx { reply: true, ..Ctx::default() };
+                }
+                Err(r) => ctx.drop = Some(r),
             }
         }
         if decapsulated > 0 {
@@ -623,7 +638,7 @@ fn fill_l2(
     let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));
     fdb.prefetch(dst_loc);
     fdb.prefetch(src_loc);
-    *ctx = Ctx { len: len as u32, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
+    *ctx = Ctx { len: len as u32, reply: false, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
     Ok(())
 }
 

@@ -1,8 +1,9 @@
-//! ARP and ND suppression: a request for an address the control plane knows is answered by
-//! the switch itself, in place in the request's buffer, instead of being flooded.
+//! ARP and ND answers made by the switch itself, in place in the request's buffer: for
+//! addresses the control plane knows in a bridge domain (suppression, instead of flooding),
+//! and for the local VTEP's own address on the underlay.
 //!
-//! Not answered (flooded as usual): gratuitous ARP, duplicate address detection (NS from ::),
-//! and requests for addresses not in the bridge domain's table.
+//! Not answered: gratuitous ARP, duplicate address detection (NS from ::), and requests for
+//! addresses not known.
 
 use crate::buf::{BufId, Pool};
 use crate::snapshot::BdEntry;
@@ -19,26 +20,46 @@ pub enum Answer {
 /// address. `l2` is the Ethernet header length (with tag).
 pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> Option<Answer> {
     match et {
-        ethertype::ARP if !bd.arp.is_empty() => arp_reply(pool, bd, b, l2).then_some(Answer::Arp),
-        ethertype::IPV6 if !bd.nd.is_empty() => nd_reply(pool, bd, b, l2).then_some(Answer::Nd),
+        ethertype::ARP if !bd.arp.is_empty() => {
+            arp_reply(pool, b, l2, |ip| bd.arp.get(&ip).copied()).then_some(Answer::Arp)
+        }
+        ethertype::IPV6 if !bd.nd.is_empty() => {
+            nd_reply(pool, b, l2, |ip| bd.nd.get(&ip).copied()).then_some(Answer::Nd)
+        }
         _ => None,
     }
 }
 
-fn arp_reply(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize) -> bool {
+/// Answers an ARP request or neighbour solicitation for `ip` itself, from `mac` (the VTEP's
+/// own address on the underlay).
+pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr) -> Option<Answer> {
+    let h = pool.head(b);
+    let et = u16::from_be_bytes([*h.get(12)?, *h.get(13)?]);
+    match (et, ip) {
+        (ethertype::ARP, std::net::IpAddr::V4(a)) => {
+            arp_reply(pool, b, 14, |q| (q == a).then_some(mac)).then_some(Answer::Arp)
+        }
+        (ethertype::IPV6, std::net::IpAddr::V6(a)) => {
+            nd_reply(pool, b, 14, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
+        }
+        _ => None,
+    }
+}
+
+fn arp_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv4Addr) -> Option<MacAddr>) -> bool {
     let h = pool.head_mut(b);
     let Some(body) = h.get_mut(l2..) else { return false };
     let Ok(mut p) = arp::Packet::new_checked(body) else { return false };
     if p.op() != arp::OP_REQUEST || p.spa() == p.tpa() {
         return false;
     }
-    let Some(&mac) = bd.arp.get(&p.tpa()) else { return false };
+    let Some(mac) = known(p.tpa()) else { return false };
     p.make_reply(mac);
     swap_to_reply(h, mac);
     true
 }
 
-fn nd_reply(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize) -> bool {
+fn nd_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv6Addr) -> Option<MacAddr>) -> bool {
     let h = pool.head_mut(b);
     let Some(l3) = h.get(l2..) else { return false };
     let Ok(ip) = ipv6::Packet::new_checked(l3) else { return false };
@@ -50,7 +71,7 @@ fn nd_reply(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize) -> bool {
         return false;
     }
     let target = ns.target();
-    let Some(&mac) = bd.nd.get(&target) else { return false };
+    let Some(mac) = known(target) else { return false };
     let requester = ip.src();
     if l3.len() < ipv6::HEADER_LEN + icmpv6::NA_LEN {
         return false;

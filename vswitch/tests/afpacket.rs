@@ -377,10 +377,9 @@ fn vxlan_with_linux(v6: bool) {
         ns.run(&["cat", &format!("/sys/class/net/{dev}/address")]).unwrap().trim().parse().unwrap()
     };
     let ul1_mac = mac_of(&node_b, "ul1");
-    let ul0_mac = mac_of(&sw, "ul0");
-    // The switch does not answer ARP/ND for its VTEP address yet (the underlay host stack is
-    // the next step of the kernel-port issue): node B gets a static neighbour entry.
-    node_b.run(&["ip", "neigh", "replace", local, "lladdr", &ul0_mac.to_string(), "dev", "ul1", "nud", "permanent"]).unwrap();
+    // Node B resolves the switch's VTEP address by ARP/ND, which the switch answers; the
+    // switch's own next hop toward node B is configuration (resolution comes with the
+    // underlay host stack).
     let peer: std::net::IpAddr = remote.parse().unwrap();
     let node = Node::start(
         sw,
@@ -398,6 +397,7 @@ fn vxlan_with_linux(v6: bool) {
     assert_eq!(s.drop(vswitch::DropReason::VxlanBadChecksum), 0);
     let fdb = node_b.run(&["bridge", "fdb", "show", "dev", "vxlan0"]).unwrap();
     assert!(fdb.contains(local), "Linux learned pod A behind the switch's VTEP: {fdb}");
+    assert!(s.event(vswitch::Event::VtepNeighborAnswered) >= 1, "node B asked for the VTEP address");
 }
 
 #[test]

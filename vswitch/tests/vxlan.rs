@@ -354,3 +354,24 @@ fn custom_udp_port_and_source_range() {
     h.step();
     assert!(h.recv("a1").is_empty(), "4789 is no longer ours");
 }
+
+#[test]
+fn vtep_answers_arp_and_nd_for_its_own_address() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    let req = frames::arp_request(mac(PEER_MAC), Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(198, 51, 100, 1));
+    h.send("up", &req);
+    let other = frames::arp_request(mac(PEER_MAC), Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(198, 51, 100, 9));
+    h.send("up", &other);
+    h.step();
+    let want = frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
+    assert_frames(&h.recv("up"), &[want]);
+    assert_eq!(h.stats().event(Event::VtepNeighborAnswered), 1);
+    assert_eq!(h.stats().drop(DropReason::UnderlayNotVxlan), 1, "someone else's address: not ours to answer");
+
+    let local6: IpAddr = "2001:db8::1".parse().unwrap();
+    let mut h = setup(local6, ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()], 1500);
+    let (me, them): (std::net::Ipv6Addr, std::net::Ipv6Addr) = ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
+    h.send("up", &frames::ns(mac(PEER_MAC), them, me));
+    h.step();
+    assert_frames(&h.recv("up"), &[frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)]);
+}
