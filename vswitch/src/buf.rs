@@ -271,6 +271,33 @@ impl Pool {
         true
     }
 
+    /// Offset of the head segment's data in the region, and its length (for a port that
+    /// hands the buffer to the kernel by address, as an AF_XDP UMEM descriptor).
+    pub fn head_addr(&self, b: &BufId) -> (u64, usize) {
+        let m = self.m(b.0);
+        let base = ((b.0 & self.mask) as usize * BUF_SIZE) as u64;
+        (base + m.off.load(Relaxed) as u64, m.len.load(Relaxed) as usize)
+    }
+
+    /// Takes back a buffer the kernel filled: chunk `idx` now holds `len` bytes at `off`.
+    /// Returns `None` (and keeps nothing) if the range does not fit the chunk.
+    ///
+    /// # Safety
+    /// `idx` must come from `BufId::into_index` of this pool (given to the kernel) and be
+    /// claimed once.
+    pub unsafe fn claim_filled(&self, idx: u32, off: usize, len: usize) -> Option<BufId> {
+        if off.checked_add(len)? > BUF_SIZE {
+            return None;
+        }
+        let m = self.m(idx);
+        m.off.store(off as u16, Relaxed);
+        m.len.store(len as u16, Relaxed);
+        m.pkt_len.store(len as u32, Relaxed);
+        m.next.store(NIL, Relaxed);
+        m.refcnt.store(1, Relaxed);
+        Some(BufId(idx))
+    }
+
     /// Iterates over the data of every segment, head first.
     pub fn segments<'a>(&'a self, b: &'a BufId) -> Segments<'a> {
         Segments { pool: self, idx: b.0 }

@@ -200,7 +200,7 @@ fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
 
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
-fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
     // SAFETY: ifreq is plain data; zeroed is valid.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     let name = ifname.as_bytes();

@@ -3,6 +3,8 @@
 //! idle policy, and per-queue counters.
 
 pub mod afpacket;
+pub mod afxdp;
+pub mod bpf;
 pub mod ring;
 
 use crate::batch::Batch;

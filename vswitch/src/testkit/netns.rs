@@ -99,3 +99,43 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> io::Result<()> {
         let _ = run(&["ip", "link", "del", &tmp_a]);
     })
 }
+
+/// A switch running in its own namespace on kernel ports opened there, with one adaptive PMD
+/// thread; stopped on drop.
+pub struct SwitchNode {
+    pub switch: std::sync::Arc<crate::switch::Switch>,
+    pub pool: std::sync::Arc<crate::buf::Pool>,
+    pmd: Option<crate::pmd::PmdSet>,
+    pub ns: Netns,
+}
+
+impl SwitchNode {
+    /// Opens `ports` inside `ns` with `open(name, pool)`, applies `cfg`, starts the PMD.
+    pub fn start(
+        ns: Netns,
+        ports: &[&str],
+        open: impl Fn(&str, &std::sync::Arc<crate::buf::Pool>) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
+        cfg: crate::config::SwitchConfig,
+    ) -> io::Result<SwitchNode> {
+        let pool = crate::buf::Pool::new(8192, false).map_err(io::Error::other)?;
+        let switch = crate::switch::Switch::new(pool.clone(), crate::switch::SwitchOptions::default());
+        for p in ports {
+            let port = ns.enter(|| open(p, &pool))??;
+            switch.register_port(p, port).map_err(io::Error::other)?;
+        }
+        switch.apply(cfg).map_err(io::Error::other)?;
+        let pmd = crate::pmd::PmdSet::start(
+            switch.clone(),
+            &crate::pmd::PmdConfig { threads: 1, cores: vec![], idle: crate::pmd::IdlePolicy::default() },
+        )?;
+        Ok(SwitchNode { switch, pool, pmd: Some(pmd), ns })
+    }
+}
+
+impl Drop for SwitchNode {
+    fn drop(&mut self) {
+        if let Some(p) = self.pmd.take() {
+            p.stop();
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! An AF_XDP port on a kernel network device, with the switch's own buffer pool registered as
+//! the socket's UMEM: received frames land directly in pool buffers and transmitted ones leave
+//! from them, so the port adds no copy of its own (in XDP copy mode the kernel copies once, as
+//! on veth; zero-copy drivers copy nothing).
+//!
+//! Knitter's XDP program ([`super::bpf`]) redirects the queue to the socket. Rings: fill
+//! (buffers handed to the kernel for receive), rx, tx, completion (sent buffers coming back).
+//! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
+//! is accepted only if it names a lent buffer, and dropping the port returns every buffer
+//! still lent once the socket is closed. Frames must fit one pool buffer after the kernel's
+//! 256-byte XDP headroom (MTU up to 1500); jumbo frames need multi-buffer AF_XDP (not yet).
+//!
+//! Unsafe code is confined to the ring mappings, with these invariants:
+//! - each ring mapping lives as long as the port; producer/consumer words are accessed
+//!   atomically (acquire for the other side's index, release to publish ours);
+//! - descriptor slots between our consumer and the kernel's producer (or our producer and the
+//!   kernel's consumer) belong to us; indices are masked by the ring size.
+
+use super::bpf::{XDP_FLAGS_SKB_MODE, XdpRedirect};
+use super::{Port, QueueStats};
+use crate::batch::Batch;
+use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
+use crate::counters::Counter;
+use crate::wire::MacAddr;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+const AF_XDP: libc::c_int = 44;
+const SOL_XDP: libc::c_int = 283;
+const XDP_MMAP_OFFSETS: libc::c_int = 1;
+const XDP_RX_RING: libc::c_int = 2;
+const XDP_TX_RING: libc::c_int = 3;
+const XDP_UMEM_REG: libc::c_int = 4;
+const XDP_UMEM_FILL_RING: libc::c_int = 5;
+const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_COPY: u16 = 1 << 1;
+const PGOFF_RX: i64 = 0;
+const PGOFF_TX: i64 = 0x8000_0000;
+const PGOFF_FILL: i64 = 0x1_0000_0000;
+const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
+const RING: u32 = 1024;
+
+#[repr(C)]
+struct UmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct RingOffsets {
+    producer: u64,
+    consumer: u64,
+    desc: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MmapOffsets {
+    rx: RingOffsets,
+    tx: RingOffsets,
+    fr: RingOffsets,
+    cr: RingOffsets,
+}
+
+#[repr(C)]
+struct SockaddrXdp {
+    family: u16,
+    flags: u16,
+    ifindex: u32,
+    queue_id: u32,
+    shared_umem_fd: u32,
+}
+
+/// One mapped ring: `entry` bytes per descriptor (16 for rx/tx, 8 for fill/completion).
+struct Ring {
+    base: *mut u8,
+    len: usize,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    desc: *mut u8,
+    entry: usize,
+}
+
+impl Ring {
+    fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize) -> io::Result<Ring> {
+        let len = off.desc as usize + RING as usize * entry;
+        // SAFETY: maps the ring the kernel created for this socket at its page offset; the
+        // length covers the descriptor array the kernel reported.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base: *mut u8 = p.cast();
+        // SAFETY: the offsets come from XDP_MMAP_OFFSETS for this ring and lie inside `len`.
+        unsafe {
+            Ok(Ring {
+                base,
+                len,
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                desc: base.add(off.desc as usize),
+                entry,
+            })
+        }
+    }
+
+    fn prod(&self) -> &AtomicU32 {
+        // SAFETY: a u32 index word inside the live mapping, shared with the kernel atomically.
+        unsafe { &*self.producer }
+    }
+
+    fn cons(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+
+    fn slot(&self, i: u32) -> *mut u8 {
+        // SAFETY: the index is masked to the ring size, so the slot is inside the mapping.
+        unsafe { self.desc.add((i & (RING - 1)) as usize * self.entry) }
+    }
+
+    fn write_addr(&self, i: u32, addr: u64) {
+        // SAFETY: a slot we own (between our producer and the kernel's consumer).
+        unsafe { self.slot(i).cast::<u64>().write_unaligned(addr) }
+    }
+
+    fn read_addr(&self, i: u32) -> u64 {
+        // SAFETY: a slot the kernel published (between our consumer and its producer).
+        unsafe { self.slot(i).cast::<u64>().read_unaligned() }
+    }
+
+    fn write_desc(&self, i: u32, addr: u64, len: u32) {
+        let s = self.slot(i);
+        // SAFETY: a 16-byte xdp_desc slot we own.
+        unsafe {
+            s.cast::<u64>().write_unaligned(addr);
+            s.add(8).cast::<u32>().write_unaligned(len);
+            s.add(12).cast::<u32>().write_unaligned(0);
+        }
+    }
+
+    fn read_desc(&self, i: u32) -> (u64, u32) {
+        let s = self.slot(i);
+        // SAFETY: a 16-byte xdp_desc slot the kernel published.
+        unsafe { (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned()) }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Pool buffers the kernel holds, one bit each.
+struct Lent(Vec<u64>);
+
+impl Lent {
+    fn new(buffers: usize) -> Lent {
+        Lent(vec![0; buffers.div_ceil(64)])
+    }
+
+    fn set(&mut self, idx: u32) {
+        if let Some(w) = self.0.get_mut(idx as usize / 64) {
+            *w |= 1 << (idx % 64);
+        }
+    }
+
+    /// Whether `idx` was lent; marks it returned.
+    fn take(&mut self, idx: u32) -> bool {
+        match self.0.get_mut(idx as usize / 64) {
+            Some(w) if *w & (1 << (idx % 64)) != 0 => {
+                *w &= !(1 << (idx % 64));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter_mut().enumerate().flat_map(|(w, word)| {
+            let mut bits = std::mem::take(word);
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    (w * 64) as u32 + b
+                })
+            })
+        })
+    }
+}
+
+/// The receive side: rx and fill rings and the buffers lent through the fill ring.
+struct RxSide {
+    rx: Ring,
+    fill: Ring,
+    lent: Lent,
+}
+
+/// The transmit side: tx and completion rings and the buffers lent through the tx ring.
+struct TxSide {
+    tx: Ring,
+    comp: Ring,
+    lent: Lent,
+}
+
+/// An AF_XDP port bound to one queue of a kernel interface.
+pub struct AfXdpPort {
+    name: String,
+    pool: Arc<Pool>,
+    /// `None` only while dropping.
+    rx: Mutex<Option<RxSide>>,
+    tx: Mutex<Option<TxSide>>,
+    mac: Option<MacAddr>,
+    rx_packets: Counter,
+    rx_dropped: Counter,
+    tx_packets: Counter,
+    tx_full: Counter,
+    fd: RawFd,
+    xdp: Option<XdpRedirect>,
+    sock: Option<OwnedFd>,
+}
+
+// SAFETY: the rings are only touched under their side's mutex (taken with try_lock).
+unsafe impl Send for AfXdpPort {}
+// SAFETY: as above.
+unsafe impl Sync for AfXdpPort {}
+
+fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+fn setopt<T>(fd: RawFd, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` is a live T of the size passed.
+    check(unsafe { libc::setsockopt(fd, SOL_XDP, name, (val as *const T).cast(), std::mem::size_of::<T>() as u32) })
+        .map(drop)
+}
+
+impl AfXdpPort {
+    /// Opens queue 0 of `ifname` (in the calling thread's network namespace) over `pool`'s
+    /// region, in generic (SKB) XDP mode and copy mode, which every device supports.
+    pub fn open(name: &str, ifname: &str, pool: Arc<Pool>) -> io::Result<AfXdpPort> {
+        let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+        // SAFETY: a valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}")));
+        }
+        // SAFETY: plain socket creation, checked.
+        let sock = unsafe { OwnedFd::from_raw_fd(check(libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0))?) };
+        let fd = sock.as_raw_fd();
+        let (addr, len) = pool.region();
+        setopt(fd, XDP_UMEM_REG, &UmemReg { addr: addr as u64, len: len as u64, chunk_size: BUF_SIZE as u32, headroom: 0 })?;
+        for opt in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
+            setopt(fd, opt, &RING)?;
+        }
+        let mut off = MmapOffsets::default();
+        let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `olen` bytes into `off`.
+        check(unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&mut off as *mut MmapOffsets).cast(), &mut olen) })?;
+        let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16)?;
+        let tx = Ring::map(fd, &off.tx, PGOFF_TX, 16)?;
+        let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8)?;
+        let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8)?;
+        let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: 0, shared_umem_fd: 0 };
+        // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
+        let mut tries = 0;
+        loop {
+            // SAFETY: binds to a sockaddr_xdp we own, with its size.
+            let r = unsafe {
+                libc::bind(fd, (&sa as *const SockaddrXdp).cast(), std::mem::size_of::<SockaddrXdp>() as u32)
+            };
+            match check(r) {
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10 << tries.min(4)));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let xdp = XdpRedirect::attach(ifindex, XDP_FLAGS_SKB_MODE, 1)?;
+        xdp.register(0, fd)?;
+        let mac = super::afpacket::if_mac(fd, ifname);
+        tracing::info!(port = name, ifname, "AF_XDP port open (generic XDP, copy mode, UMEM = buffer pool)");
+        let n = pool.capacity() as usize;
+        Ok(AfXdpPort {
+            name: name.into(),
+            pool,
+            rx: Mutex::new(Some(RxSide { rx, fill, lent: Lent::new(n) })),
+            tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n) })),
+            mac,
+            rx_packets: Counter::default(),
+            rx_dropped: Counter::default(),
+            tx_packets: Counter::default(),
+            tx_full: Counter::default(),
+            fd,
+            xdp: Some(xdp),
+            sock: Some(sock),
+        })
+    }
+
+    /// Tops the fill ring up with fresh pool buffers.
+    fn refill(side: &mut RxSide, cache: &mut PoolCache) {
+        let prod = side.fill.prod().load(Relaxed);
+        let free = RING - prod.wrapping_sub(side.fill.cons().load(Acquire));
+        let mut n = 0;
+        while n < free {
+            let Some(b) = cache.alloc() else { break };
+            let idx = b.into_index();
+            side.lent.set(idx);
+            side.fill.write_addr(prod.wrapping_add(n), (idx as u64) * BUF_SIZE as u64);
+            n += 1;
+        }
+        if n > 0 {
+            side.fill.prod().store(prod.wrapping_add(n), Release);
+        }
+    }
+
+    fn rx_pending(side: &RxSide) -> bool {
+        side.rx.prod().load(Acquire) != side.rx.cons().load(Relaxed)
+    }
+}
+
+impl Port for AfXdpPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let Ok(mut guard) = self.rx.try_lock() else { return 0 };
+        let Some(side) = guard.as_mut() else { return 0 };
+        let cons = side.rx.cons().load(Relaxed);
+        let avail = side.rx.prod().load(Acquire).wrapping_sub(cons);
+        let n = avail.min(batch.room() as u32);
+        let mut got = 0;
+        for i in 0..n {
+            let (addr, len) = side.rx.read_desc(cons.wrapping_add(i));
+            let idx = (addr / BUF_SIZE as u64) as u32;
+            let off = (addr % BUF_SIZE as u64) as usize;
+            // SAFETY: `idx` was lent to the kernel through the fill ring (checked in the
+            // bitmap) and comes back once, here.
+            let b = if side.lent.take(idx) { unsafe { self.pool.claim_filled(idx, off, len as usize) } } else { None };
+            match b.map(|b| batch.push(b)) {
+                Some(Ok(())) => got += 1,
+                Some(Err(b)) => {
+                    cache.free(b);
+                    self.rx_dropped.add(1);
+                }
+                None => self.rx_dropped.add(1),
+            }
+        }
+        if n > 0 {
+            side.rx.cons().store(cons.wrapping_add(n), Release);
+        }
+        Self::refill(side, cache);
+        self.rx_packets.add(got as u64);
+        got
+    }
+
+    fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let Ok(mut guard) = self.tx.try_lock() else {
+            self.tx_full.add(batch.len() as u64);
+            return 0;
+        };
+        let Some(side) = guard.as_mut() else { return 0 };
+        // Buffers the kernel finished sending come back to the pool.
+        let ccons = side.comp.cons().load(Relaxed);
+        let done = side.comp.prod().load(Acquire).wrapping_sub(ccons);
+        for i in 0..done {
+            let idx = (side.comp.read_addr(ccons.wrapping_add(i)) / BUF_SIZE as u64) as u32;
+            if side.lent.take(idx) {
+                // SAFETY: lent through the tx ring and returned once by the completion ring.
+                cache.free(unsafe { BufId::from_index(idx) });
+            }
+        }
+        if done > 0 {
+            side.comp.cons().store(ccons.wrapping_add(done), Release);
+        }
+        let prod = side.tx.prod().load(Relaxed);
+        let room = RING - prod.wrapping_sub(side.tx.cons().load(Acquire));
+        let mut sent = 0u32;
+        while (sent as usize) < batch.len() && sent < room {
+            let i = sent as usize;
+            // Chained or shared packets are flattened into one buffer first (rare: jumbo
+            // frames or flood copies with a shared payload).
+            if self.pool.is_chained(&batch.as_slice()[i]) {
+                let mut parts: [&[u8]; 8] = [&[]; 8];
+                let mut k = 0;
+                for seg in self.pool.segments(&batch.as_slice()[i]).take(8) {
+                    parts[k] = seg;
+                    k += 1;
+                }
+                let flat = cache.alloc_gather(&parts[..k]);
+                match flat.filter(|f| !self.pool.is_chained(f)) {
+                    Some(f) => {
+                        let old = std::mem::replace(&mut batch.as_mut_slice()[i], f);
+                        cache.free(old);
+                    }
+                    None => break,
+                }
+            }
+            let (addr, len) = self.pool.head_addr(&batch.as_slice()[i]);
+            side.tx.write_desc(prod.wrapping_add(sent), addr, len as u32);
+            sent += 1;
+        }
+        if sent > 0 {
+            side.tx.prod().store(prod.wrapping_add(sent), Release);
+            for i in 0..sent as usize {
+                side.lent.set(batch.take(i).into_index());
+            }
+            batch.consume_front(sent as usize);
+            // Generic XDP transmits only when kicked: one kick per burst.
+            // SAFETY: sendto with no data on our own socket.
+            unsafe { libc::sendto(self.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        }
+        self.tx_packets.add(sent as u64);
+        self.tx_full.add(batch.len() as u64);
+        sent as usize
+    }
+
+    fn wake_fd(&self, _q: u16) -> Option<RawFd> {
+        Some(self.fd)
+    }
+
+    fn arm_wake(&self, _q: u16, armed: bool) -> bool {
+        armed && self.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending))
+    }
+
+    fn queue_stats(&self) -> Vec<QueueStats> {
+        vec![QueueStats {
+            rx_packets: self.rx_packets.get(),
+            rx_dropped: self.rx_dropped.get(),
+            tx_packets: self.tx_packets.get(),
+            tx_full: self.tx_full.get(),
+        }]
+    }
+
+    fn mac(&self) -> Option<MacAddr> {
+        self.mac
+    }
+}
+
+impl Drop for AfXdpPort {
+    fn drop(&mut self) {
+        // Unmap the rings, detach the program and close the socket first: after that the
+        // kernel holds no buffer, and every lent one goes back to the pool.
+        let rx = self.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let tx = self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let mut lent: Vec<Lent> = Vec::new();
+        if let Some(RxSide { rx, fill, lent: l }) = rx {
+            drop((rx, fill));
+            lent.push(l);
+        }
+        if let Some(TxSide { tx, comp, lent: l }) = tx {
+            drop((tx, comp));
+            lent.push(l);
+        }
+        drop(self.xdp.take());
+        drop(self.sock.take());
+        let mut cache = PoolCache::new(self.pool.clone());
+        for l in &mut lent {
+            for idx in l.drain() {
+                // SAFETY: lent to the kernel, which released it when the socket closed.
+                cache.free(unsafe { BufId::from_index(idx) });
+            }
+        }
+    }
+}
