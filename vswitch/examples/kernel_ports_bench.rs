@@ -1,5 +1,5 @@
-//! veth ↔ veth throughput through the switch's AF_PACKET ports, side by side with a Linux
-//! bridge on the same topology, alternated A/B in one run (this VM's CPU supply swings).
+//! veth ↔ veth throughput through the switch's AF_XDP and AF_PACKET ports, side by side with a
+//! Linux bridge on the same topology, alternated in one run (this VM's CPU supply swings).
 //! Needs root and `iperf3`; creates and removes its own network namespaces.
 //!
 //!     cargo run --release -p knitter-vswitch --example kernel_ports_bench -- [rounds] [seconds]
@@ -11,7 +11,9 @@ use anyhow::{Context, Result};
 use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
+use vswitch::port::afxdp::AfXdpPort;
 use vswitch::testkit::netns::{self, Netns};
 use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
@@ -62,12 +64,16 @@ fn iperf(t: &Topology, udp: bool, secs: u32) -> Result<f64> {
     Ok(bps / 1e6)
 }
 
-fn with_switch<R>(t: &Topology, f: impl FnOnce() -> Result<R>) -> Result<(R, Option<f64>)> {
+fn with_switch<R>(t: &Topology, xdp: bool, f: impl FnOnce() -> Result<R>) -> Result<(R, Option<f64>)> {
     let pool = Pool::new(16384, true)?;
-    let switch = Switch::new(pool, SwitchOptions::default());
+    let switch = Switch::new(pool.clone(), SwitchOptions::default());
     for p in ["ma", "mb"] {
-        let port = t.mid.enter(|| AfPacketPort::open(p, p))??;
-        switch.register_port(p, Arc::new(port))?;
+        let port: Arc<dyn Port> = if xdp {
+            Arc::new(t.mid.enter(|| AfXdpPort::open(p, p, pool.clone()))??)
+        } else {
+            Arc::new(t.mid.enter(|| AfPacketPort::open(p, p))??)
+        };
+        switch.register_port(p, port)?;
     }
     switch.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
@@ -96,14 +102,14 @@ fn main() -> Result<()> {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
     let secs: u32 = args.next().and_then(|a| a.parse().ok()).unwrap_or(5);
     let t = topology()?;
-    println!("round  switch TCP Mb/s  bridge TCP Mb/s  switch UDP-64 Mb/s  bridge UDP-64 Mb/s  switch cycles/pkt");
+    println!("round  kind        TCP Mb/s  UDP-64 Mb/s  PMD busy cycles/pkt");
     for r in 0..rounds {
-        let ((s_tcp, s_udp), cpp) = with_switch(&t, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
-        let (b_tcp, b_udp) = with_bridge(&t, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
-        println!(
-            "{r:>5}  {s_tcp:>15.0}  {b_tcp:>15.0}  {s_udp:>18.1}  {b_udp:>18.1}  {:>17.0}",
-            cpp.unwrap_or(f64::NAN)
-        );
+        for (kind, xdp) in [("AF_XDP", true), ("AF_PACKET", false)] {
+            let ((tcp, udp), cpp) = with_switch(&t, xdp, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
+            println!("{r:>5}  {kind:<10}  {tcp:>8.0}  {udp:>11.1}  {:>19.0}", cpp.unwrap_or(f64::NAN));
+        }
+        let (tcp, udp) = with_bridge(&t, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
+        println!("{r:>5}  {:<10}  {tcp:>8.0}  {udp:>11.1}", "bridge");
     }
     Ok(())
 }
