@@ -485,3 +485,24 @@ impl Drop for AfXdpPort {
         }
     }
 }
+
+#[cfg(test)]
+mod test {
+    use super::Lent;
+
+    #[test]
+    fn lent_buffers_are_taken_back_once() {
+        let mut l = Lent::new(200);
+        for i in [0u32, 63, 64, 199] {
+            l.set(i);
+        }
+        assert!(l.take(63));
+        assert!(!l.take(63), "a descriptor naming a buffer twice is refused the second time");
+        assert!(!l.take(5), "never lent");
+        assert!(!l.take(10_000), "out of range");
+        let mut rest: Vec<u32> = l.drain().collect();
+        rest.sort();
+        assert_eq!(rest, vec![0, 64, 199]);
+        assert_eq!(l.drain().count(), 0);
+    }
+}
