@@ -198,9 +198,22 @@ fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
     .map(drop)
 }
 
+/// The interface's MAC in the calling thread's network namespace (through a throwaway socket:
+/// not every socket family answers the ioctl).
+pub(super) fn interface_mac(ifname: &str) -> Option<MacAddr> {
+    // SAFETY: plain socket creation; the result is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    if_mac(sock.as_raw_fd(), ifname)
+}
+
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
-pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
     // SAFETY: ifreq is plain data; zeroed is valid.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     let name = ifname.as_bytes();

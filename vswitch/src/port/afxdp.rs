@@ -256,8 +256,31 @@ fn setopt<T>(fd: RawFd, name: libc::c_int, val: &T) -> io::Result<()> {
 
 impl AfXdpPort {
     /// Opens queue 0 of `ifname` (in the calling thread's network namespace) over `pool`'s
-    /// region, in generic (SKB) XDP mode and copy mode, which every device supports.
+    /// region, in generic (SKB) XDP mode and copy mode, which every device supports; every
+    /// frame of the queue comes to the port (a pod's veth).
     pub fn open(name: &str, ifname: &str, pool: Arc<Pool>) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, None)
+    }
+
+    /// Opens an underlay port for a VTEP with a dedicated IPv4 address: only VXLAN to
+    /// `vtep`:`udp_port` and ARP asking for `vtep` come to the port; the node keeps every
+    /// other frame of the interface (its own address, SSH, the API server...).
+    pub fn open_underlay(
+        name: &str,
+        ifname: &str,
+        pool: Arc<Pool>,
+        vtep: std::net::Ipv4Addr,
+        udp_port: u16,
+    ) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, Some((vtep, udp_port)))
+    }
+
+    fn open_with(
+        name: &str,
+        ifname: &str,
+        pool: Arc<Pool>,
+        underlay: Option<(std::net::Ipv4Addr, u16)>,
+    ) -> io::Result<AfXdpPort> {
         let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
         // SAFETY: a valid C string.
         let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
@@ -297,9 +320,12 @@ impl AfXdpPort {
                 Err(e) => return Err(e),
             }
         }
-        let xdp = XdpRedirect::attach(ifindex, XDP_FLAGS_SKB_MODE, 1)?;
+        let xdp = match underlay {
+            None => XdpRedirect::attach(ifindex, XDP_FLAGS_SKB_MODE, 1)?,
+            Some((ip, port)) => XdpRedirect::attach_underlay(ifindex, XDP_FLAGS_SKB_MODE, 1, ip, port)?,
+        };
         xdp.register(0, fd)?;
-        let mac = super::afpacket::if_mac(fd, ifname);
+        let mac = super::afpacket::interface_mac(ifname);
         tracing::info!(port = name, ifname, "AF_XDP port open (generic XDP, copy mode, UMEM = buffer pool)");
         let n = pool.capacity() as usize;
         Ok(AfXdpPort {

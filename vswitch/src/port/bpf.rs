@@ -2,8 +2,11 @@
 //! XDP program (five instructions, assembled here) and its attachment through a BPF link,
 //! which the kernel removes when the link's descriptor is closed.
 //!
-//! The program redirects every frame of an rx queue to the AF_XDP socket registered for that
-//! queue and passes frames of queues without a socket to the kernel:
+//! Two programs. [`XdpRedirect::attach`] redirects every frame of an rx queue to the AF_XDP
+//! socket registered for that queue and passes frames of queues without a socket to the
+//! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns, IPv4
+//! VXLAN to its address and ARP asking for it, and passes everything else, so the node keeps
+//! its own traffic on a shared interface. The first:
 //!
 //! ```text
 //! r2 = *(u32 *)(r1 + 16)        ; xdp_md->rx_queue_index
@@ -67,6 +70,65 @@ const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
     Insn { code, regs: (src << 4) | dst, off, imm }
 }
 
+/// A tiny assembler: instructions with symbolic jump targets resolved at the end.
+struct Asm {
+    insns: Vec<Insn>,
+    fixups: Vec<(usize, &'static str)>,
+    labels: Vec<(&'static str, usize)>,
+}
+
+impl Asm {
+    fn new() -> Asm {
+        Asm { insns: Vec::new(), fixups: Vec::new(), labels: Vec::new() }
+    }
+    fn op(&mut self, i: Insn) -> &mut Self {
+        self.insns.push(i);
+        self
+    }
+    fn jump(&mut self, i: Insn, to: &'static str) -> &mut Self {
+        self.fixups.push((self.insns.len(), to));
+        self.insns.push(i);
+        self
+    }
+    fn label(&mut self, name: &'static str) -> &mut Self {
+        self.labels.push((name, self.insns.len()));
+        self
+    }
+    fn finish(mut self) -> Vec<Insn> {
+        for (at, to) in &self.fixups {
+            let target = self.labels.iter().find(|(n, _)| n == to).map(|(_, p)| *p).expect("label defined");
+            self.insns[*at].off = (target as isize - *at as isize - 1) as i16;
+        }
+        self.insns
+    }
+}
+
+// Opcodes (linux/bpf.h): loads, 64-bit moves/adds, 32-bit conditional jumps, call, exit.
+const LDXW: u8 = 0x61;
+const LDXH: u8 = 0x69;
+const LDXB: u8 = 0x71;
+const MOV64_X: u8 = 0xbf;
+const MOV64_K: u8 = 0xb7;
+const ADD64_K: u8 = 0x07;
+const JGT_X: u8 = 0x2d;
+const JA: u8 = 0x05;
+const JEQ32_K: u8 = 0x16;
+const JNE32_K: u8 = 0x56;
+const LD_IMM64: u8 = 0x18;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const PSEUDO_MAP_FD: u8 = 1;
+
+/// Appends "redirect to the queue's socket, or pass" (r6 holds the context).
+fn redirect_tail(a: &mut Asm, map: RawFd) {
+    a.op(insn(LDXW, 2, 6, 16, 0)) // r2 = ctx->rx_queue_index
+        .op(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, map))
+        .op(insn(0, 0, 0, 0, 0))
+        .op(insn(MOV64_K, 3, 0, 0, XDP_PASS))
+        .op(insn(CALL, 0, 0, 0, BPF_FUNC_REDIRECT_MAP))
+        .op(insn(EXIT, 0, 0, 0, 0));
+}
+
 /// An XDP program with its XSKMAP, attached to one interface while this value lives.
 pub struct XdpRedirect {
     map: OwnedFd,
@@ -75,8 +137,58 @@ pub struct XdpRedirect {
 }
 
 impl XdpRedirect {
-    /// Loads the program and attaches it to `ifindex` with `flags` (SKB or DRV mode).
+    /// Loads the redirect-everything program and attaches it to `ifindex` with `flags`.
     pub fn attach(ifindex: u32, flags: u32, max_queues: u32) -> io::Result<XdpRedirect> {
+        Self::load(ifindex, flags, max_queues, |a, _map| {
+            a.op(insn(MOV64_X, 6, 1, 0, 0));
+        })
+    }
+
+    /// Loads the underlay filter: IPv4 (no options) UDP to `vtep`:`udp_port`, and ARP whose
+    /// target is `vtep`, go to the socket; everything else to the kernel.
+    pub fn attach_underlay(
+        ifindex: u32,
+        flags: u32,
+        max_queues: u32,
+        vtep: std::net::Ipv4Addr,
+        udp_port: u16,
+    ) -> io::Result<XdpRedirect> {
+        // Loads are in host byte order: compare against the wire bytes read the same way.
+        let ip = i32::from_ne_bytes(vtep.octets());
+        let port = u16::from_ne_bytes(udp_port.to_be_bytes()) as i32;
+        let (ipv4, arp) = (u16::from_ne_bytes([0x08, 0x00]) as i32, u16::from_ne_bytes([0x08, 0x06]) as i32);
+        Self::load(ifindex, flags, max_queues, |a, _map| {
+            a.op(insn(MOV64_X, 6, 1, 0, 0)) // r6 = ctx
+                .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
+                .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
+                .op(insn(MOV64_X, 4, 2, 0, 0))
+                .op(insn(ADD64_K, 4, 0, 0, 42)) // Ethernet + IPv4 + UDP, or Ethernet + ARP
+                .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
+                .op(insn(LDXH, 5, 2, 12, 0)) // EtherType
+                .jump(insn(JEQ32_K, 5, 0, 0, arp), "arp")
+                .jump(insn(JNE32_K, 5, 0, 0, ipv4), "pass")
+                .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
+                .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
+                .op(insn(LDXB, 5, 2, 23, 0)) // protocol
+                .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
+                .op(insn(LDXW, 5, 2, 30, 0)) // destination address
+                .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
+                .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
+                .jump(insn(JA, 0, 0, 0, 0), "redirect")
+                .label("arp")
+                .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
+                .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                .jump(insn(JA, 0, 0, 0, 0), "redirect")
+                .label("pass")
+                .op(insn(MOV64_K, 0, 0, 0, XDP_PASS))
+                .op(insn(EXIT, 0, 0, 0, 0))
+                .label("redirect");
+        })
+    }
+
+    /// Creates the XSKMAP, assembles `head` followed by the redirect tail, loads and attaches.
+    fn load(ifindex: u32, flags: u32, max_queues: u32, head: impl FnOnce(&mut Asm, RawFd)) -> io::Result<XdpRedirect> {
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
         put_u32(&mut a, 4, 4); // key: queue index
@@ -84,16 +196,12 @@ impl XdpRedirect {
         put_u32(&mut a, 12, max_queues.max(1));
         let map = fd(bpf(BPF_MAP_CREATE, &a)?);
 
-        let prog = [
-            insn(0x61, 2, 1, 16, 0),                                 // r2 = *(u32 *)(r1 + 16)
-            insn(0x18, 1, 1, 0, map.as_raw_fd()),                    // r1 = map (pseudo fd)
-            insn(0, 0, 0, 0, 0),                                     //   second half of ld_imm64
-            insn(0xb7, 3, 0, 0, XDP_PASS),                           // r3 = XDP_PASS
-            insn(0x85, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),              // call bpf_redirect_map
-            insn(0x95, 0, 0, 0, 0),                                  // exit
-        ];
+        let mut asm = Asm::new();
+        head(&mut asm, map.as_raw_fd());
+        redirect_tail(&mut asm, map.as_raw_fd());
+        let prog = asm.finish();
         let license = c"GPL";
-        let mut log = vec![0u8; 4096];
+        let mut log = vec![0u8; 16384];
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
         put_u32(&mut a, 4, prog.len() as u32);
