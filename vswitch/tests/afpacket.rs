@@ -1,16 +1,18 @@
 //! AF_PACKET ports against the kernel's own stack: veth pairs between network namespaces the
-//! test creates (and removes, even on failure), pods pinging through the switch, and a trunk
-//! toward Linux 802.1Q subinterfaces with the kernel's VLAN offloads on and off.
+//! test creates (and removes, even on failure): pods pinging and transferring through the
+//! switch, a trunk keeping its tags through the kernel's tag stripping, VXLAN against Linux's
+//! own `vxlan` device, and two Knitter switches as VTEPs.
 //!
 //! Needs root (namespaces); without it each test says so and passes vacuously. Starts PMD
 //! threads, so it runs in the `serial` nextest group, one test at a time.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
+use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
-use vswitch::testkit::netns::{self, Netns};
-use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
+use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
+use vswitch::{DropReason, Event, Pool};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -22,38 +24,30 @@ fn skip() -> bool {
     false
 }
 
-/// A switch in its own namespace with AF_PACKET ports on the given interfaces.
-struct Node {
-    switch: Arc<Switch>,
-    pmd: Option<PmdSet>,
-    _ns: Netns,
+fn open(name: &str, _pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
+    Ok(Arc::new(AfPacketPort::open(name, name)?))
 }
 
-impl Node {
-    fn start(ns: Netns, ports: &[&str], cfg: SwitchConfig) -> Node {
-        let pool = Pool::new(8192, false).unwrap();
-        let switch = Switch::new(pool, SwitchOptions::default());
-        for p in ports {
-            let port = ns.enter(|| AfPacketPort::open(p, p)).unwrap().unwrap();
-            switch.register_port(p, Arc::new(port)).unwrap();
-        }
-        switch.apply(cfg).unwrap();
-        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() })
-            .unwrap();
-        Node { switch, pmd: Some(pmd), _ns: ns }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(p) = self.pmd.take() {
-            p.stop();
-        }
-    }
-}
-
-fn ping(ns: &Netns, to: &str) -> std::io::Result<String> {
-    ns.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", to])
+/// Two pods (192.0.2.1 and .2) on access ports of one bridge domain.
+fn pods() -> (SwitchNode, Netns, Netns) {
+    let sw = Netns::new("sw").unwrap();
+    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
+    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let node = SwitchNode::start(
+        sw,
+        &["swa", "swb"],
+        open,
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
+            vtep: None,
+        },
+    )
+    .unwrap();
+    (node, pa, pb)
 }
 
 #[test]
@@ -62,168 +56,38 @@ fn pods_ping_through_the_switch() {
     if skip() {
         return;
     }
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
-    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    let node = Node::start(
-        sw,
-        &["swa", "swb"],
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
-            vtep: None,
-        },
-    );
+    let (node, pa, pb) = pods();
     ping(&pa, "192.0.2.2").expect("pa reaches pb");
     ping(&pb, "192.0.2.1").expect("pb reaches pa");
     let s = node.switch.stats();
-    assert!(s.event(vswitch::Event::Learned) >= 2);
-    assert!(s.event(vswitch::Event::KnownUnicast) >= 6);
+    assert!(s.event(Event::Learned) >= 2);
+    assert!(s.event(Event::KnownUnicast) >= 6);
 }
 
-/// What the CNI does to a pod's veth (the kernel-port issue): no tx checksum offload and no
-/// TSO/GSO, so frames leave the pod whole and with complete checksums.
-fn cni_offloads(ns: &Netns) {
-    ns.run(&["ethtool", "-K", "eth0", "tx", "off", "tso", "off", "gso", "off"]).expect("ethtool in the pod namespace");
-}
-
-/// A TCP transfer (1 MiB, Python's socket module on both ends) from pod A to pod B.
+/// 1 MiB over TCP, pod veths set as the CNI will.
 #[test]
 fn tcp_transfer_through_the_switch() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if skip() {
         return;
     }
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
-    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    cni_offloads(&pa);
-    cni_offloads(&pb);
-    let _node = Node::start(
-        sw,
-        &["swa", "swb"],
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
-            vtep: None,
-        },
-    );
-    let server = r#"
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("192.0.2.2", 5001))
-s.listen(1)
-s.settimeout(20)
-c, _ = s.accept()
-c.settimeout(20)
-n = 0
-while True:
-    d = c.recv(65536)
-    if not d:
-        break
-    n += len(d)
-print(n)
-"#;
-    let client = r#"
-import socket, time
-for i in range(50):
-    try:
-        c = socket.create_connection(("192.0.2.2", 5001), timeout=5)
-        break
-    except OSError:
-        time.sleep(0.1)
-c.sendall(bytes(range(256)) * 4096)
-c.close()
-"#;
-    let srv = std::process::Command::new("ip")
-        .args(["netns", "exec", &pb.name, "timeout", "30", "python3", "-c", server])
-        .output_async();
-    let cli = pa.run(&["timeout", "30", "python3", "-c", client]);
-    let out = srv.wait().expect("server ran");
-    cli.expect("client sent");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (256 * 4096).to_string(), "every byte arrived");
+    let (_node, pa, pb) = pods();
+    netns::cni_offloads(&pa, "eth0").unwrap();
+    netns::cni_offloads(&pb, "eth0").unwrap();
+    assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5001, 1024).unwrap(), 1024 * 1024);
 }
 
 /// UDP between pods whose veths keep the kernel's default offloads: the sender leaves the UDP
 /// checksum to "hardware" (CHECKSUM_PARTIAL); the port finishes it, so the receiver accepts
-/// the datagrams.
+/// every datagram.
 #[test]
 fn udp_with_default_pod_offloads() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if skip() {
         return;
     }
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
-    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    let _node = Node::start(
-        sw,
-        &["swa", "swb"],
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
-            vtep: None,
-        },
-    );
-    let server = r#"
-import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("192.0.2.2", 5002))
-s.settimeout(5)
-n = 0
-try:
-    while n < 20:
-        d, _ = s.recvfrom(2048)
-        n += 1
-except socket.timeout:
-    pass
-print(n)
-"#;
-    let client = r#"
-import socket, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-time.sleep(0.5)
-for i in range(20):
-    s.sendto(b"x" * 1000, ("192.0.2.2", 5002))
-    time.sleep(0.01)
-"#;
-    let srv = std::process::Command::new("ip")
-        .args(["netns", "exec", &pb.name, "timeout", "20", "python3", "-c", server])
-        .output_async();
-    pa.run(&["timeout", "20", "python3", "-c", client]).expect("client sent");
-    let out = srv.wait().expect("server ran");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "20", "every datagram accepted by the receiver");
-}
-
-/// Runs a command in the background; `wait` collects its output.
-trait OutputAsync {
-    fn output_async(&mut self) -> Pending;
-}
-
-struct Pending(std::thread::JoinHandle<std::io::Result<std::process::Output>>);
-
-impl Pending {
-    fn wait(self) -> std::io::Result<std::process::Output> {
-        self.0.join().unwrap_or_else(|_| Err(std::io::Error::other("command thread panicked")))
-    }
-}
-
-impl OutputAsync for std::process::Command {
-    fn output_async(&mut self) -> Pending {
-        let prog = self.get_program().to_owned();
-        let args: Vec<_> = self.get_args().map(|a| a.to_owned()).collect();
-        Pending(std::thread::spawn(move || std::process::Command::new(prog).args(args).output()))
-    }
+    let (_node, pa, pb) = pods();
+    assert_eq!(netns::udp_burst(&pb, &pa, "192.0.2.2", 5002, 20).unwrap(), 20);
 }
 
 /// A raw endpoint in a namespace: an AF_PACKET socket pair the test drives by hand.
@@ -239,7 +103,6 @@ impl Raw {
     }
 
     fn send(&mut self, frame: &[u8]) {
-        use vswitch::port::Port;
         let mut b = vswitch::Batch::new();
         b.push(self.cache.alloc_frame(frame).unwrap()).unwrap();
         assert_eq!(self.port.tx_burst(0, &mut self.cache, &mut b), 1);
@@ -247,7 +110,6 @@ impl Raw {
 
     /// Frames received within `wait` (the kernel's own IPv6 chatter filtered out).
     fn recv(&mut self, wait: Duration) -> Vec<Vec<u8>> {
-        use vswitch::port::Port;
         let end = std::time::Instant::now() + wait;
         let mut out = Vec::new();
         let mut b = vswitch::Batch::new();
@@ -289,9 +151,10 @@ fn trunk_keeps_tags(rxvlan: &str) {
     let mut h = Raw::open(&host, "eth0", &pool);
     let mut a = Raw::open(&p100, "eth0", &pool);
     let mut b = Raw::open(&p200, "eth0", &pool);
-    let node = Node::start(
+    let node = SwitchNode::start(
         sw,
         &["swt", "sw1", "sw2"],
+        open,
         SwitchConfig {
             bridges: vec![BridgeConfig::new("v100").vlan(100), BridgeConfig::new("v200").vlan(200)],
             ports: vec![
@@ -301,7 +164,8 @@ fn trunk_keeps_tags(rxvlan: &str) {
             ],
             vtep: None,
         },
-    );
+    )
+    .unwrap();
     let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
     let plain = |dst: u32, src: u32| frames::udp4(mac(dst), mac(src), ip(1), ip(2), 1000, 2000, 100);
     // Tagged in on the trunk → untagged out of the right access port only.
@@ -322,7 +186,7 @@ fn trunk_keeps_tags(rxvlan: &str) {
     want.sort();
     assert_eq!(got_h, want, "each tagged with its own VLAN");
     let s = node.switch.stats();
-    assert_eq!(s.drop(vswitch::DropReason::UntaggedNotAllowed), 0, "no tagged frame was seen untagged");
+    assert_eq!(s.drop(DropReason::UntaggedNotAllowed), 0, "no tagged frame was seen untagged");
 }
 
 #[test]
@@ -345,59 +209,42 @@ fn trunk_keeps_tags_without_rx_vlan_offload() {
 
 /// VXLAN against Linux's own `vxlan` device: the switch's VTEP on an AF_PACKET underlay in
 /// one namespace; in another, a kernel VXLAN device (VNI 5001, port 4789) bridged with a pod.
-/// Pods on both sides ping each other; the kernel learns the switch's inner MACs and the
-/// switch learns the kernel's.
+/// Pods on both sides ping each other; Linux resolves the VTEP by ARP/ND, which the switch
+/// answers, and learns the switch's inner MACs.
 fn vxlan_with_linux(v6: bool) {
     let sw = Netns::new("sw").unwrap();
     let (pod_a, node_b, pod_b) = (Netns::new("pa").unwrap(), Netns::new("nb").unwrap(), Netns::new("pb").unwrap());
     netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
     netns::veth(&node_b, "ul1", &sw, "ul0").unwrap();
     netns::veth(&pod_b, "eth0", &node_b, "vb0").unwrap();
-    for ns in [&pod_a, &pod_b, &node_b] {
-        let _ = ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=0"]);
-    }
     pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
     pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
     let (local, remote, plen) =
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
     node_b.run(&["ip", "addr", "add", &format!("{remote}/{plen}"), "dev", "ul1", "nodad"]).unwrap();
-    node_b
-        .run(&[
-            "ip", "link", "add", "vxlan0", "type", "vxlan", "id", "5001", "local", remote, "remote", local, "dstport",
-            "4789", "dev", "ul1",
-        ])
-        .unwrap();
-    node_b.run(&["ip", "link", "add", "br0", "type", "bridge"]).unwrap();
-    for dev in ["vxlan0", "vb0"] {
-        node_b.run(&["ip", "link", "set", dev, "master", "br0"]).unwrap();
-    }
-    node_b.run(&["ip", "link", "set", "vxlan0", "up"]).unwrap();
-    node_b.run(&["ip", "link", "set", "br0", "up"]).unwrap();
-    let mac_of = |ns: &Netns, dev: &str| -> vswitch::wire::MacAddr {
-        ns.run(&["cat", &format!("/sys/class/net/{dev}/address")]).unwrap().trim().parse().unwrap()
-    };
-    let ul1_mac = mac_of(&node_b, "ul1");
-    // Node B resolves the switch's VTEP address by ARP/ND, which the switch answers; the
-    // switch's own next hop toward node B is configuration (resolution comes with the
-    // underlay host stack).
+    netns::linux_vtep(&node_b, "ul1", remote, local, 5001, "vb0").unwrap();
     let peer: std::net::IpAddr = remote.parse().unwrap();
-    let node = Node::start(
+    let node = SwitchNode::start(
         sw,
         &["pa0", "ul0"],
+        open,
         SwitchConfig {
             bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
             ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(vswitch::VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, ul1_mac)),
+            // The switch's own next hop toward node B is configuration (resolution comes with
+            // the rest of the underlay host stack).
+            vtep: Some(VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, netns::mac_of(&node_b, "ul1").unwrap())),
         },
-    );
+    )
+    .unwrap();
     ping(&pod_a, "192.0.2.2").expect("pod A reaches pod B through the switch and Linux VXLAN");
     ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
     let s = node.switch.stats();
-    assert!(s.event(vswitch::Event::Encapsulated) >= 6 && s.event(vswitch::Event::Decapsulated) >= 6);
-    assert_eq!(s.drop(vswitch::DropReason::VxlanBadChecksum), 0);
+    assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6);
+    assert_eq!(s.drop(DropReason::VxlanBadChecksum), 0);
+    assert!(s.event(Event::VtepNeighborAnswered) >= 1, "node B asked for the VTEP address");
     let fdb = node_b.run(&["bridge", "fdb", "show", "dev", "vxlan0"]).unwrap();
     assert!(fdb.contains(local), "Linux learned pod A behind the switch's VTEP: {fdb}");
-    assert!(s.event(vswitch::Event::VtepNeighborAnswered) >= 1, "node B asked for the VTEP address");
 }
 
 #[test]
@@ -440,26 +287,25 @@ fn two_switches_as_vteps_keep_vnis_apart() {
             pods.push((side, name, pod));
         }
     }
-    let mac_of = |ns: &Netns| -> vswitch::wire::MacAddr {
-        ns.run(&["cat", "/sys/class/net/ul/address"]).unwrap().trim().parse().unwrap()
-    };
-    let (mac1, mac2) = (mac_of(&sw1), mac_of(&sw2));
+    let (mac1, mac2) = (netns::mac_of(&sw1, "ul").unwrap(), netns::mac_of(&sw2, "ul").unwrap());
     let ip = |n: u8| -> std::net::IpAddr { std::net::Ipv4Addr::new(198, 51, 100, n).into() };
     let start = |ns: Netns, side: u8, peer_mac| {
         let other = 3 - side;
         let (red, blue) = (format!("red{side}"), format!("blue{side}"));
-        Node::start(
+        SwitchNode::start(
             ns,
             &["ul", &red, &blue],
+            open,
             SwitchConfig {
                 bridges: vec![
                     BridgeConfig::new("red").vni(1001).flood(&[ip(other)]),
                     BridgeConfig::new("blue").vni(1002).flood(&[ip(other)]),
                 ],
                 ports: vec![PortConfig::underlay("ul"), PortConfig::access(&red, "red"), PortConfig::access(&blue, "blue")],
-                vtep: Some(vswitch::VtepConfig::new(ip(side), "ul").peer(ip(other), peer_mac)),
+                vtep: Some(VtepConfig::new(ip(side), "ul").peer(ip(other), peer_mac)),
             },
         )
+        .unwrap()
     };
     let n1 = start(sw1, 1, mac2);
     let n2 = start(sw2, 2, mac1);
@@ -470,7 +316,7 @@ fn two_switches_as_vteps_keep_vnis_apart() {
     assert!(pod(1, "red").run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "-q", "192.0.2.21"]).is_err());
     for n in [&n1, &n2] {
         let s = n.switch.stats();
-        assert!(s.event(vswitch::Event::Decapsulated) > 0);
-        assert_eq!(s.drop(vswitch::DropReason::VxlanUnknownVtep), 0);
+        assert!(s.event(Event::Decapsulated) > 0);
+        assert_eq!(s.drop(DropReason::VxlanUnknownVtep), 0);
     }
 }

@@ -139,3 +139,124 @@ impl Drop for SwitchNode {
         }
     }
 }
+
+/// `ping` from a namespace (3 echoes, bounded).
+pub fn ping(ns: &Netns, to: &str) -> io::Result<String> {
+    ns.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", to])
+}
+
+/// What the CNI does to a pod's veth: no tx checksum offload and no TSO/GSO, so frames leave
+/// the pod whole and with complete checksums.
+pub fn cni_offloads(ns: &Netns, dev: &str) -> io::Result<()> {
+    ns.run(&["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off"]).map(drop)
+}
+
+/// Sends `kib` KiB over TCP from `client` to a server on `ip`:`port` in `server` (Python's
+/// socket module on both ends, bounded to 30 s); returns the bytes the server received.
+pub fn tcp_transfer(server: &Netns, client: &Netns, ip: &str, port: u16, kib: usize) -> io::Result<usize> {
+    let srv = format!(
+        r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("{ip}", {port}))
+s.listen(1)
+s.settimeout(20)
+c, _ = s.accept()
+c.settimeout(20)
+n = 0
+while True:
+    d = c.recv(65536)
+    if not d:
+        break
+    n += len(d)
+print(n)
+"#
+    );
+    let cli = format!(
+        r#"
+import socket, time
+for i in range(50):
+    try:
+        c = socket.create_connection(("{ip}", {port}), timeout=5)
+        break
+    except OSError:
+        time.sleep(0.1)
+c.sendall(bytes(range(256)) * {n})
+c.close()
+"#,
+        n = kib * 4
+    );
+    run_pair(server, &srv, client, &cli)
+}
+
+/// Sends `count` 1000-byte UDP datagrams from `client` to `ip`:`port` in `server`; returns
+/// how many the server's stack accepted (a bad checksum is dropped by the receiver).
+pub fn udp_burst(server: &Netns, client: &Netns, ip: &str, port: u16, count: usize) -> io::Result<usize> {
+    let srv = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("{ip}", {port}))
+s.settimeout(5)
+n = 0
+try:
+    while n < {count}:
+        s.recvfrom(2048)
+        n += 1
+except socket.timeout:
+    pass
+print(n)
+"#
+    );
+    let cli = format!(
+        r#"
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+time.sleep(0.5)
+for i in range({count}):
+    s.sendto(b"x" * 1000, ("{ip}", {port}))
+    time.sleep(0.01)
+"#
+    );
+    run_pair(server, &srv, client, &cli)
+}
+
+/// Runs a Python server script in the background and a client script, both bounded; returns
+/// the number the server printed.
+fn run_pair(server: &Netns, srv: &str, client: &Netns, cli: &str) -> io::Result<usize> {
+    let (name, srv) = (server.name.clone(), srv.to_owned());
+    let handle = std::thread::spawn(move || {
+        Command::new("ip").args(["netns", "exec", &name, "timeout", "30", "python3", "-c", &srv]).output()
+    });
+    let sent = client.run(&["timeout", "30", "python3", "-c", cli]);
+    let out = handle.join().map_err(|_| io::Error::other("server thread panicked"))??;
+    sent?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().map_err(|_| {
+        io::Error::other(format!("server printed {:?}", String::from_utf8_lossy(&out.stderr)))
+    })
+}
+
+/// Linux's own VXLAN endpoint in `node`: a `vxlan` device for `vni` from `local` to
+/// `remote` (port 4789) over `dev`, bridged with `pod_dev` (the node's end of a pod veth).
+pub fn linux_vtep(node: &Netns, dev: &str, local: &str, remote: &str, vni: u32, pod_dev: &str) -> io::Result<()> {
+    let vni = vni.to_string();
+    node.run(&[
+        "ip", "link", "add", "vxlan0", "type", "vxlan", "id", &vni, "local", local, "remote", remote, "dstport",
+        "4789", "dev", dev,
+    ])?;
+    node.run(&["ip", "link", "add", "br0", "type", "bridge"])?;
+    for d in ["vxlan0", pod_dev] {
+        node.run(&["ip", "link", "set", "dev", d, "master", "br0"])?;
+    }
+    node.run(&["ip", "link", "set", "dev", "vxlan0", "up"])?;
+    node.run(&["ip", "link", "set", "dev", "br0", "up"]).map(drop)
+}
+
+/// The MAC of `dev` in `ns`.
+pub fn mac_of(ns: &Netns, dev: &str) -> io::Result<crate::wire::MacAddr> {
+    ns.run(&["cat", &format!("/sys/class/net/{dev}/address")])?
+        .trim()
+        .parse()
+        .map_err(|_| io::Error::other(format!("no MAC for {dev}")))
+}
