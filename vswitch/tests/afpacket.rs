@@ -16,44 +16,19 @@ use vswitch::{DropReason, Event, Pool};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn skip() -> bool {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2 to create network namespaces");
-        return true;
-    }
-    false
-}
 
 fn open(name: &str, _pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
     Ok(Arc::new(AfPacketPort::open(name, name)?))
 }
 
-/// Two pods (192.0.2.1 and .2) on access ports of one bridge domain.
 fn pods() -> (SwitchNode, Netns, Netns) {
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
-    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    let node = SwitchNode::start(
-        sw,
-        &["swa", "swb"],
-        open,
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
-            vtep: None,
-        },
-    )
-    .unwrap();
-    (node, pa, pb)
+    netns::two_pods(open).unwrap()
 }
 
 #[test]
 fn pods_ping_through_the_switch() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (node, pa, pb) = pods();
@@ -68,7 +43,7 @@ fn pods_ping_through_the_switch() {
 #[test]
 fn tcp_transfer_through_the_switch() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (_node, pa, pb) = pods();
@@ -83,7 +58,7 @@ fn tcp_transfer_through_the_switch() {
 #[test]
 fn udp_with_default_pod_offloads() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (_node, pa, pb) = pods();
@@ -192,7 +167,7 @@ fn trunk_keeps_tags(rxvlan: &str) {
 #[test]
 fn trunk_keeps_tags_with_rx_vlan_offload() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     trunk_keeps_tags("on");
@@ -201,7 +176,7 @@ fn trunk_keeps_tags_with_rx_vlan_offload() {
 #[test]
 fn trunk_keeps_tags_without_rx_vlan_offload() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     trunk_keeps_tags("off");
@@ -250,7 +225,7 @@ fn vxlan_with_linux(v6: bool) {
 #[test]
 fn vxlan_interop_with_linux_ipv4() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     vxlan_with_linux(false);
@@ -259,7 +234,7 @@ fn vxlan_interop_with_linux_ipv4() {
 #[test]
 fn vxlan_interop_with_linux_ipv6() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     vxlan_with_linux(true);
@@ -270,7 +245,7 @@ fn vxlan_interop_with_linux_ipv6() {
 #[test]
 fn two_switches_as_vteps_keep_vnis_apart() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (sw1, sw2) = (Netns::new("s1").unwrap(), Netns::new("s2").unwrap());

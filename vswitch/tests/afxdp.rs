@@ -11,43 +11,19 @@ use vswitch::{DropReason, Event, Pool};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn skip() -> bool {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2 to create network namespaces");
-        return true;
-    }
-    false
-}
 
 fn open(name: &str, pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
     Ok(Arc::new(AfXdpPort::open(name, name, pool.clone())?))
 }
 
 fn pods() -> (SwitchNode, Netns, Netns) {
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "swa").unwrap();
-    netns::veth(&pb, "eth0", &sw, "swb").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    let node = SwitchNode::start(
-        sw,
-        &["swa", "swb"],
-        open,
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
-            vtep: None,
-        },
-    )
-    .unwrap();
-    (node, pa, pb)
+    netns::two_pods(open).unwrap()
 }
 
 #[test]
 fn pods_ping_through_af_xdp_ports() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (node, pa, pb) = pods();
@@ -67,7 +43,7 @@ fn pods_ping_through_af_xdp_ports() {
 #[test]
 fn tcp_through_af_xdp_ports() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let (node, pa, pb) = pods();
@@ -86,7 +62,7 @@ fn tcp_through_af_xdp_ports() {
 #[test]
 fn underlay_shared_with_the_node_and_vxlan_with_linux() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if skip() {
+    if netns::skip_without_root() {
         return;
     }
     let sw = Netns::new("na").unwrap();

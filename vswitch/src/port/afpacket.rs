@@ -21,10 +21,9 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
-use super::{Port, QueueStats};
+use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, MAX_FRAME, PoolCache};
-use crate::counters::Counter;
 use crate::wire::{MacAddr, checksum};
 use std::ffi::CString;
 use std::io;
@@ -152,10 +151,7 @@ pub struct AfPacketPort {
     rx_state: std::sync::Mutex<RxState>,
     tx_state: std::sync::Mutex<TxState>,
     mac: Option<MacAddr>,
-    rx_packets: Counter,
-    rx_dropped: Counter,
-    tx_packets: Counter,
-    tx_full: Counter,
+    counters: QueueCounters,
 }
 
 // SAFETY: the mappings are only touched through the rx/tx paths, each serialised by its own
@@ -284,10 +280,7 @@ impl AfPacketPort {
             rx_state: std::sync::Mutex::new(RxState { frame: 0 }),
             tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
             mac,
-            rx_packets: Counter::default(),
-            rx_dropped: Counter::default(),
-            tx_packets: Counter::default(),
-            tx_full: Counter::default(),
+            counters: QueueCounters::default(),
         })
     }
 
@@ -349,21 +342,21 @@ impl Port for AfPacketPort {
                 Some(Ok(())) => got += 1,
                 Some(Err(b)) => {
                     cache.free(b);
-                    self.rx_dropped.add(1);
+                    self.counters.rx_dropped.add(1);
                 }
-                None => self.rx_dropped.add(1),
+                None => self.counters.rx_dropped.add(1),
             }
             status.store(TP_STATUS_KERNEL, Release);
             st.frame = (st.frame + 1) % RX_FRAMES;
         }
-        self.rx_packets.add(got as u64);
+        self.counters.rx_packets.add(got as u64);
         got
     }
 
     fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
         // Senders are serialised; one that finds the ring busy treats it as full this burst.
         let Ok(mut st) = self.tx_state.try_lock() else {
-            self.tx_full.add(batch.len() as u64);
+            self.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
         let pool = cache.pool().clone();
@@ -398,8 +391,8 @@ impl Port for AfPacketPort {
             cache.free(b);
         }
         batch.consume_front(sent);
-        self.tx_packets.add(sent as u64);
-        self.tx_full.add(batch.len() as u64);
+        self.counters.tx_packets.add(sent as u64);
+        self.counters.tx_full.add(batch.len() as u64);
         sent
     }
 
@@ -416,12 +409,7 @@ impl Port for AfPacketPort {
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
-        vec![QueueStats {
-            rx_packets: self.rx_packets.get(),
-            rx_dropped: self.rx_dropped.get(),
-            tx_packets: self.tx_packets.get(),
-            tx_full: self.tx_full.get(),
-        }]
+        vec![self.counters.read()]
     }
 
     fn mac(&self) -> Option<MacAddr> {

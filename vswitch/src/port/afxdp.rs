@@ -17,10 +17,9 @@
 //!   kernel's consumer) belong to us; indices are masked by the ring size.
 
 use super::bpf::{XDP_FLAGS_SKB_MODE, XdpRedirect};
-use super::{Port, QueueStats};
+use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
-use crate::counters::Counter;
 use crate::wire::MacAddr;
 use std::ffi::CString;
 use std::io;
@@ -230,10 +229,7 @@ pub struct AfXdpPort {
     rx: Mutex<Option<RxSide>>,
     tx: Mutex<Option<TxSide>>,
     mac: Option<MacAddr>,
-    rx_packets: Counter,
-    rx_dropped: Counter,
-    tx_packets: Counter,
-    tx_full: Counter,
+    counters: QueueCounters,
     fd: RawFd,
     xdp: Option<XdpRedirect>,
     sock: Option<OwnedFd>,
@@ -334,10 +330,7 @@ impl AfXdpPort {
             rx: Mutex::new(Some(RxSide { rx, fill, lent: Lent::new(n) })),
             tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n) })),
             mac,
-            rx_packets: Counter::default(),
-            rx_dropped: Counter::default(),
-            tx_packets: Counter::default(),
-            tx_full: Counter::default(),
+            counters: QueueCounters::default(),
             fd,
             xdp: Some(xdp),
             sock: Some(sock),
@@ -389,22 +382,22 @@ impl Port for AfXdpPort {
                 Some(Ok(())) => got += 1,
                 Some(Err(b)) => {
                     cache.free(b);
-                    self.rx_dropped.add(1);
+                    self.counters.rx_dropped.add(1);
                 }
-                None => self.rx_dropped.add(1),
+                None => self.counters.rx_dropped.add(1),
             }
         }
         if n > 0 {
             side.rx.cons().store(cons.wrapping_add(n), Release);
         }
         Self::refill(side, cache);
-        self.rx_packets.add(got as u64);
+        self.counters.rx_packets.add(got as u64);
         got
     }
 
     fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let Ok(mut guard) = self.tx.try_lock() else {
-            self.tx_full.add(batch.len() as u64);
+            self.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
         let Some(side) = guard.as_mut() else { return 0 };
@@ -458,8 +451,8 @@ impl Port for AfXdpPort {
             // SAFETY: sendto with no data on our own socket.
             unsafe { libc::sendto(self.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
         }
-        self.tx_packets.add(sent as u64);
-        self.tx_full.add(batch.len() as u64);
+        self.counters.tx_packets.add(sent as u64);
+        self.counters.tx_full.add(batch.len() as u64);
         sent as usize
     }
 
@@ -472,12 +465,7 @@ impl Port for AfXdpPort {
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
-        vec![QueueStats {
-            rx_packets: self.rx_packets.get(),
-            rx_dropped: self.rx_dropped.get(),
-            tx_packets: self.tx_packets.get(),
-            tx_full: self.tx_full.get(),
-        }]
+        vec![self.counters.read()]
     }
 
     fn mac(&self) -> Option<MacAddr> {

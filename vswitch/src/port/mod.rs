@@ -23,6 +23,26 @@ pub struct QueueStats {
     pub tx_full: u64,
 }
 
+/// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
+#[derive(Default)]
+pub struct QueueCounters {
+    pub rx_packets: crate::counters::Counter,
+    pub rx_dropped: crate::counters::Counter,
+    pub tx_packets: crate::counters::Counter,
+    pub tx_full: crate::counters::Counter,
+}
+
+impl QueueCounters {
+    pub fn read(&self) -> QueueStats {
+        QueueStats {
+            rx_packets: self.rx_packets.get(),
+            rx_dropped: self.rx_dropped.get(),
+            tx_packets: self.tx_packets.get(),
+            tx_full: self.tx_full.get(),
+        }
+    }
+}
+
 /// A switch port.
 ///
 /// Concurrency contract: the PMD layer polls each rx queue from one thread at a time, but may

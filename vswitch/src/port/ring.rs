@@ -7,10 +7,9 @@
 //! promise holds even when several PMD threads share a tx queue: a thread that finds the lock
 //! taken treats the queue as full for that burst (counted as `tx_full`).
 
-use super::{Port, QueueStats};
+use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, PoolCache};
-use crate::counters::Counter;
 use crate::spsc::Spsc;
 use crate::wire::MacAddr;
 use std::os::fd::RawFd;
@@ -24,9 +23,7 @@ struct Queue {
     tx: Arc<Spsc>,
     rx_lock: AtomicBool,
     tx_lock: AtomicBool,
-    rx_packets: Counter,
-    tx_packets: Counter,
-    tx_full: Counter,
+    counters: QueueCounters,
 }
 
 struct TryLock<'a>(&'a AtomicBool);
@@ -106,9 +103,7 @@ impl Queue {
             tx,
             rx_lock: AtomicBool::new(false),
             tx_lock: AtomicBool::new(false),
-            rx_packets: Counter::default(),
-            tx_packets: Counter::default(),
-            tx_full: Counter::default(),
+            counters: QueueCounters::default(),
         }
     }
 }
@@ -133,7 +128,7 @@ impl Port for RingPort {
         // SAFETY: indices in a ring were produced by `into_index` of the same pool (both ends
         // of a ring port share one pool) and are consumed exactly once here.
         let n = unsafe { batch.fill_raw(|raw| queue.rx.pop(raw)) };
-        queue.rx_packets.add(n as u64);
+        queue.counters.rx_packets.add(n as u64);
         n
     }
 
@@ -141,14 +136,14 @@ impl Port for RingPort {
     fn tx_burst(&self, q: u16, _cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let queue = &self.queues[q as usize % self.queues.len()];
         let Some(_g) = TryLock::take(&queue.tx_lock) else {
-            queue.tx_full.add(batch.len() as u64);
+            queue.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
         let n = queue.tx.push(batch.as_raw());
         // The ring now owns these buffers, as indices.
         batch.handed_on(n);
-        queue.tx_packets.add(n as u64);
-        queue.tx_full.add(batch.len() as u64);
+        queue.counters.tx_packets.add(n as u64);
+        queue.counters.tx_full.add(batch.len() as u64);
         n
     }
 
@@ -165,15 +160,7 @@ impl Port for RingPort {
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
-        self.queues
-            .iter()
-            .map(|q| QueueStats {
-                rx_packets: q.rx_packets.get(),
-                rx_dropped: 0,
-                tx_packets: q.tx_packets.get(),
-                tx_full: q.tx_full.get(),
-            })
-            .collect()
+        self.queues.iter().map(|q| q.counters.read()).collect()
     }
 
     fn mac(&self) -> Option<MacAddr> {

@@ -17,6 +17,16 @@ pub fn available() -> bool {
     root && Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success())
 }
 
+/// For tests: true (after saying why) when namespaces cannot be made here, so the test
+/// returns early instead of failing on a machine without root.
+pub fn skip_without_root() -> bool {
+    if !available() {
+        eprintln!("skipped: needs root and iproute2 to create network namespaces");
+        return true;
+    }
+    false
+}
+
 /// A short unique name (interface names are limited to 15 bytes).
 pub fn unique(tag: &str) -> String {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -259,4 +269,29 @@ pub fn mac_of(ns: &Netns, dev: &str) -> io::Result<crate::wire::MacAddr> {
         .trim()
         .parse()
         .map_err(|_| io::Error::other(format!("no MAC for {dev}")))
+}
+
+/// Two pods (192.0.2.1 and .2 on `eth0`) on access ports `swa` and `swb` of one bridge
+/// domain of a switch whose ports `open` makes.
+pub fn two_pods(
+    open: impl Fn(&str, &std::sync::Arc<crate::buf::Pool>) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
+) -> io::Result<(SwitchNode, Netns, Netns)> {
+    use crate::config::{BridgeConfig, PortConfig, SwitchConfig};
+    let sw = Netns::new("sw")?;
+    let (pa, pb) = (Netns::new("pa")?, Netns::new("pb")?);
+    veth(&pa, "eth0", &sw, "swa")?;
+    veth(&pb, "eth0", &sw, "swb")?;
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"])?;
+    pb.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"])?;
+    let node = SwitchNode::start(
+        sw,
+        &["swa", "swb"],
+        open,
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("swa", "red"), PortConfig::access("swb", "red")],
+            vtep: None,
+        },
+    )?;
+    Ok((node, pa, pb))
 }
