@@ -52,7 +52,9 @@ fn tcp_through_af_xdp_ports() {
     assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5003, 1024).unwrap(), 1024 * 1024);
     let snap = node.switch.snapshot();
     let q = snap.port(snap.port_id("swb").unwrap()).unwrap().port.queue_stats()[0];
-    assert!(q.tx_packets > 700 && q.rx_packets > 300, "{q:?}");
+    // 1 MiB in ~1448-byte segments toward pod B, and its acknowledgements back (how many
+    // depends on delayed ACKs).
+    assert!(q.tx_packets > 700 && q.rx_packets > 10, "{q:?}");
 }
 
 /// The underlay on AF_XDP with Knitter's filter program: the node keeps its own address on
