@@ -59,14 +59,9 @@ fn tcp_through_af_xdp_ports() {
 
 /// The underlay on AF_XDP with Knitter's filter program: the node keeps its own address on
 /// the same interface (a TCP session to it works while VXLAN runs), the switch's dedicated
-/// VTEP address carries VXLAN to Linux's own `vxlan` device, and ARP for it is answered by the
-/// switch.
-#[test]
-fn underlay_shared_with_the_node_and_vxlan_with_linux() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+/// VTEP address carries VXLAN to Linux's own `vxlan` device, and ARP/ND for it is answered by
+/// the switch.
+fn underlay_shared_with_the_node(v6: bool) {
     let sw = Netns::new("na").unwrap();
     let (pod_a, node_b, pod_b) = (Netns::new("pa").unwrap(), Netns::new("nb").unwrap(), Netns::new("pb").unwrap());
     netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
@@ -74,12 +69,17 @@ fn underlay_shared_with_the_node_and_vxlan_with_linux() {
     netns::veth(&pod_b, "eth0", &node_b, "vb0").unwrap();
     pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
     pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
-    // Node A's own address on the underlay, owned by its kernel; the VTEP's is .1.
-    sw.run(&["ip", "addr", "add", "198.51.100.10/24", "dev", "ul0"]).unwrap();
-    node_b.run(&["ip", "addr", "add", "198.51.100.2/24", "dev", "ul1"]).unwrap();
-    netns::linux_vtep(&node_b, "ul1", "198.51.100.2", "198.51.100.1", 5001, "vb0").unwrap();
-    let vtep: std::net::Ipv4Addr = "198.51.100.1".parse().unwrap();
-    let peer: std::net::IpAddr = "198.51.100.2".parse().unwrap();
+    let (own, vtep, remote, plen) = if v6 {
+        ("2001:db8::10", "2001:db8::1", "2001:db8::2", "64")
+    } else {
+        ("198.51.100.10", "198.51.100.1", "198.51.100.2", "24")
+    };
+    // Node A's own address on the underlay, owned by its kernel; the VTEP's is separate.
+    sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
+    node_b.run(&["ip", "addr", "add", &format!("{remote}/{plen}"), "dev", "ul1", "nodad"]).unwrap();
+    netns::linux_vtep(&node_b, "ul1", remote, vtep, 5001, "vb0").unwrap();
+    let vtep: std::net::IpAddr = vtep.parse().unwrap();
+    let peer: std::net::IpAddr = remote.parse().unwrap();
     let node = SwitchNode::start(
         sw,
         &["pa0", "ul0"],
@@ -93,12 +93,12 @@ fn underlay_shared_with_the_node_and_vxlan_with_linux() {
         SwitchConfig {
             bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
             ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig::new(vtep.into(), "ul0").peer(peer, netns::mac_of(&node_b, "ul1").unwrap())),
+            vtep: Some(VtepConfig::new(vtep, "ul0").peer(peer, netns::mac_of(&node_b, "ul1").unwrap())),
         },
     )
     .unwrap();
     // The node's own address answers through its kernel while the port is attached.
-    ping(&node_b, "198.51.100.10").expect("node A's own address");
+    ping(&node_b, own).expect("node A's own address");
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
     // A TCP session to node A's own address while pods keep pinging across VXLAN.
     let pinger = {
@@ -109,10 +109,28 @@ fn underlay_shared_with_the_node_and_vxlan_with_linux() {
                 .status()
         })
     };
-    assert_eq!(netns::tcp_transfer(&node.ns, &node_b, "198.51.100.10", 5004, 256).unwrap(), 256 * 1024);
+    assert_eq!(netns::tcp_transfer(&node.ns, &node_b, own, 5004, 256).unwrap(), 256 * 1024);
     assert!(pinger.join().unwrap().unwrap().success(), "VXLAN kept working");
     let s = node.switch.stats();
     assert!(s.event(Event::VtepNeighborAnswered) >= 1);
     assert!(s.event(Event::Decapsulated) >= 5);
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only VTEP traffic through");
+}
+
+#[test]
+fn underlay_shared_with_the_node_ipv4() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if netns::skip_without_root() {
+        return;
+    }
+    underlay_shared_with_the_node(false);
+}
+
+#[test]
+fn underlay_shared_with_the_node_ipv6() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if netns::skip_without_root() {
+        return;
+    }
+    underlay_shared_with_the_node(true);
 }

@@ -258,14 +258,15 @@ impl AfXdpPort {
         Self::open_with(name, ifname, pool, None)
     }
 
-    /// Opens an underlay port for a VTEP with a dedicated IPv4 address: only VXLAN to
-    /// `vtep`:`udp_port` and ARP asking for `vtep` come to the port; the node keeps every
-    /// other frame of the interface (its own address, SSH, the API server...).
+    /// Opens an underlay port for a VTEP with a dedicated address (IPv4 or IPv6): only VXLAN
+    /// to `vtep`:`udp_port` and ARP / neighbour solicitations asking for `vtep` come to the
+    /// port; the node keeps every other frame of the interface (its own address, SSH, the API
+    /// server...).
     pub fn open_underlay(
         name: &str,
         ifname: &str,
         pool: Arc<Pool>,
-        vtep: std::net::Ipv4Addr,
+        vtep: std::net::IpAddr,
         udp_port: u16,
     ) -> io::Result<AfXdpPort> {
         Self::open_with(name, ifname, pool, Some((vtep, udp_port)))
@@ -275,7 +276,7 @@ impl AfXdpPort {
         name: &str,
         ifname: &str,
         pool: Arc<Pool>,
-        underlay: Option<(std::net::Ipv4Addr, u16)>,
+        underlay: Option<(std::net::IpAddr, u16)>,
     ) -> io::Result<AfXdpPort> {
         let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
         // SAFETY: a valid C string.

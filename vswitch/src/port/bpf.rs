@@ -144,46 +144,76 @@ impl XdpRedirect {
         })
     }
 
-    /// Loads the underlay filter: IPv4 (no options) UDP to `vtep`:`udp_port`, and ARP whose
-    /// target is `vtep`, go to the socket; everything else to the kernel.
+    /// Loads the underlay filter: VXLAN (UDP to `vtep`:`udp_port`; IPv4 without options or
+    /// IPv6 without extension headers) and ARP / neighbour solicitations asking for `vtep` go
+    /// to the socket; everything else to the kernel.
     pub fn attach_underlay(
         ifindex: u32,
         flags: u32,
         max_queues: u32,
-        vtep: std::net::Ipv4Addr,
+        vtep: std::net::IpAddr,
         udp_port: u16,
     ) -> io::Result<XdpRedirect> {
         // Loads are in host byte order: compare against the wire bytes read the same way.
-        let ip = i32::from_ne_bytes(vtep.octets());
         let port = u16::from_ne_bytes(udp_port.to_be_bytes()) as i32;
-        let (ipv4, arp) = (u16::from_ne_bytes([0x08, 0x00]) as i32, u16::from_ne_bytes([0x08, 0x06]) as i32);
+        let et = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
         Self::load(ifindex, flags, max_queues, |a, _map| {
             a.op(insn(MOV64_X, 6, 1, 0, 0)) // r6 = ctx
                 .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
                 .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
-                .op(insn(MOV64_X, 4, 2, 0, 0))
-                .op(insn(ADD64_K, 4, 0, 0, 42)) // Ethernet + IPv4 + UDP, or Ethernet + ARP
-                .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
-                .op(insn(LDXH, 5, 2, 12, 0)) // EtherType
-                .jump(insn(JEQ32_K, 5, 0, 0, arp), "arp")
-                .jump(insn(JNE32_K, 5, 0, 0, ipv4), "pass")
-                .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
-                .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
-                .op(insn(LDXB, 5, 2, 23, 0)) // protocol
-                .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
-                .op(insn(LDXW, 5, 2, 30, 0)) // destination address
-                .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
-                .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
-                .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
-                .jump(insn(JA, 0, 0, 0, 0), "redirect")
-                .label("arp")
-                .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
-                .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
-                .jump(insn(JA, 0, 0, 0, 0), "redirect")
-                .label("pass")
-                .op(insn(MOV64_K, 0, 0, 0, XDP_PASS))
-                .op(insn(EXIT, 0, 0, 0, 0))
-                .label("redirect");
+                .op(insn(MOV64_X, 4, 2, 0, 0));
+            match vtep {
+                std::net::IpAddr::V4(ip) => {
+                    let ip = i32::from_ne_bytes(ip.octets());
+                    a.op(insn(ADD64_K, 4, 0, 0, 42)) // Ethernet + IPv4 + UDP, or Ethernet + ARP
+                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
+                        .op(insn(LDXH, 5, 2, 12, 0)) // EtherType
+                        .jump(insn(JEQ32_K, 5, 0, 0, et(0x0806)), "arp")
+                        .jump(insn(JNE32_K, 5, 0, 0, et(0x0800)), "pass")
+                        .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
+                        .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
+                        .op(insn(LDXB, 5, 2, 23, 0)) // protocol
+                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
+                        .op(insn(LDXW, 5, 2, 30, 0)) // destination address
+                        .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                        .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
+                        .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
+                        .jump(insn(JA, 0, 0, 0, 0), "redirect")
+                        .label("arp")
+                        .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
+                        .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                        .jump(insn(JA, 0, 0, 0, 0), "redirect");
+                }
+                std::net::IpAddr::V6(ip) => {
+                    let o = ip.octets();
+                    let words: Vec<i32> = o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+                    // Ethernet + IPv6 + the larger of UDP (8) and a solicitation up to its
+                    // target (24).
+                    a.op(insn(ADD64_K, 4, 0, 0, 14 + 40 + 24))
+                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
+                        .op(insn(LDXH, 5, 2, 12, 0))
+                        .jump(insn(JNE32_K, 5, 0, 0, et(0x86dd)), "pass")
+                        .op(insn(LDXB, 5, 2, 20, 0)) // next header
+                        .jump(insn(JEQ32_K, 5, 0, 0, 58), "nd")
+                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
+                    for (k, w) in words.iter().enumerate() {
+                        a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
+                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                    }
+                    a.op(insn(LDXH, 5, 2, 56, 0)) // UDP destination port
+                        .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
+                        .jump(insn(JA, 0, 0, 0, 0), "redirect")
+                        .label("nd")
+                        .op(insn(LDXB, 5, 2, 54, 0)) // ICMPv6 type
+                        .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
+                    for (k, w) in words.iter().enumerate() {
+                        a.op(insn(LDXW, 5, 2, 62 + 4 * k as i16, 0)) // solicited target
+                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                    }
+                    a.jump(insn(JA, 0, 0, 0, 0), "redirect");
+                }
+            }
+            a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");
         })
     }
 

@@ -167,7 +167,7 @@ pub fn tcp_transfer(server: &Netns, client: &Netns, ip: &str, port: u16, kib: us
     let srv = format!(
         r#"
 import socket
-s = socket.socket()
+s = socket.socket(socket.AF_INET6 if ":" in "{ip}" else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("{ip}", {port}))
 s.listen(1)
