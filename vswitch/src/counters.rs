@@ -72,7 +72,7 @@ named_enum! {
         FloodCopyFailed => "flood_copy_failed",
         ArpSuppressed => "arp_suppressed",
         NdSuppressed => "nd_suppressed",
-        VtepNeighborAnswered => "vtep_neighbor_answered",
+        VtepAnswered => "vtep_answered",
         Encapsulated => "encapsulated",
         Decapsulated => "decapsulated",
         StaleFdb => "stale_fdb",

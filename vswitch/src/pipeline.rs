@@ -147,7 +147,7 @@ impl Pipeline {
                 continue;
             }
             if c.reply {
-                self.stats.event(Event::VtepNeighborAnswered, 1);
+                self.stats.event(Event::VtepAnswered, 1);
                 self.enqueue(snap, in_port, b);
                 continue;
             }

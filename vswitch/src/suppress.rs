@@ -14,6 +14,8 @@ use crate::wire::{MacAddr, arp, ethernet::ethertype, icmpv6, ipv6};
 pub enum Answer {
     Arp,
     Nd,
+    /// ICMP echo reply (for the VTEP's own IPv4 address).
+    Echo,
 }
 
 /// Turns an ARP request or neighbour solicitation in `b` into the reply, when `bd` knows the
@@ -42,8 +44,41 @@ pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr
         (ethertype::IPV6, std::net::IpAddr::V6(a)) => {
             nd_reply(pool, b, 14, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
         }
+        (ethertype::IPV4, std::net::IpAddr::V4(a)) => echo_reply(pool, b, a, mac).then_some(Answer::Echo),
         _ => None,
     }
+}
+
+/// Turns an ICMP echo request to `ip` into the reply, in place.
+fn echo_reply(pool: &Pool, b: &mut BufId, ip: std::net::Ipv4Addr, mac: MacAddr) -> bool {
+    use crate::wire::{checksum, ipv4};
+    let h = pool.head_mut(b);
+    let Some(l3) = h.get(14..) else { return false };
+    let Ok(p) = ipv4::Packet::new_checked(l3) else { return false };
+    let (ihl, total) = (p.header_len(), p.total_len() as usize);
+    if p.dst() != ip || p.protocol() != 1 || p.flags_frag() & 0x3fff != 0 || total < ihl + 8 {
+        return false;
+    }
+    let src = p.src();
+    let icmp = &l3[ihl..total];
+    if icmp[0] != 8 || icmp[1] != 0 || checksum::of(icmp) != 0 {
+        return false;
+    }
+    let payload_len = (total - ihl) as u16;
+    // Options are not echoed: the ICMP message moves up behind a fresh 20-byte header.
+    ipv4::Repr { src: ip, dst: src, protocol: 1, ttl: 64, payload_len, dont_fragment: false }.emit(&mut h[14..]);
+    if ihl != ipv4::HEADER_LEN {
+        h.copy_within(14 + ihl..14 + total, 14 + ipv4::HEADER_LEN);
+    }
+    let l3 = &mut h[14..];
+    let icmp = &mut l3[ipv4::HEADER_LEN..ipv4::HEADER_LEN + payload_len as usize];
+    icmp[0] = 0;
+    icmp[2..4].fill(0);
+    let c = checksum::of(icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    swap_to_reply(h, mac);
+    pool.truncate(b, 14 + ipv4::HEADER_LEN + payload_len as usize);
+    true
 }
 
 fn arp_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv4Addr) -> Option<MacAddr>) -> bool {

@@ -96,6 +96,21 @@ pub mod frames {
         eth(dst, src, ethernet::ethertype::IPV4, &l3)
     }
 
+    /// An ICMP echo request (`reply`: an echo reply) with a 16-byte payload.
+    pub fn icmp_echo(dst: MacAddr, src: MacAddr, sip: Ipv4Addr, dip: Ipv4Addr, reply: bool, ttl: u8) -> Vec<u8> {
+        let mut l3 = vec![0u8; 20 + 8 + 16];
+        ipv4::Repr { src: sip, dst: dip, protocol: 1, ttl, payload_len: 24, dont_fragment: false }.emit(&mut l3);
+        let icmp = &mut l3[20..];
+        icmp[0] = if reply { 0 } else { 8 };
+        icmp[4..8].copy_from_slice(&[0x12, 0x34, 0, 1]);
+        for (i, b) in icmp[8..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let c = checksum::of(icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        eth(dst, src, ethernet::ethertype::IPV4, &l3)
+    }
+
     /// An ARP request from (mac, spa) for tpa, broadcast.
     pub fn arp_request(src: MacAddr, spa: Ipv4Addr, tpa: Ipv4Addr) -> Vec<u8> {
         let mut a = [0u8; 28];

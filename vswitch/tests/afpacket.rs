@@ -217,7 +217,7 @@ fn vxlan_with_linux(v6: bool) {
     let s = node.switch.stats();
     assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6);
     assert_eq!(s.drop(DropReason::VxlanBadChecksum), 0);
-    assert!(s.event(Event::VtepNeighborAnswered) >= 1, "node B asked for the VTEP address");
+    assert!(s.event(Event::VtepAnswered) >= 1, "node B asked for the VTEP address");
     let fdb = node_b.run(&["bridge", "fdb", "show", "dev", "vxlan0"]).unwrap();
     assert!(fdb.contains(local), "Linux learned pod A behind the switch's VTEP: {fdb}");
 }

@@ -365,8 +365,13 @@ fn vtep_answers_arp_and_nd_for_its_own_address() {
     h.step();
     let want = frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
     assert_frames(&h.recv("up"), &[want]);
-    assert_eq!(h.stats().event(Event::VtepNeighborAnswered), 1);
+    assert_eq!(h.stats().event(Event::VtepAnswered), 1);
     assert_eq!(h.stats().drop(DropReason::UnderlayNotVxlan), 1, "someone else's address: not ours to answer");
+    // ICMP echo to the VTEP address is answered too.
+    let (vt, pe) = (Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
+    h.send("up", &frames::icmp_echo(mac(UP_MAC), mac(PEER_MAC), pe, vt, false, 61));
+    h.step();
+    assert_frames(&h.recv("up"), &[frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), vt, pe, true, 64)]);
 
     let local6: IpAddr = "2001:db8::1".parse().unwrap();
     let mut h = setup(local6, ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()], 1500);

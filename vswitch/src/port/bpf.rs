@@ -145,8 +145,8 @@ impl XdpRedirect {
     }
 
     /// Loads the underlay filter: VXLAN (UDP to `vtep`:`udp_port`; IPv4 without options or
-    /// IPv6 without extension headers) and ARP / neighbour solicitations asking for `vtep` go
-    /// to the socket; everything else to the kernel.
+    /// IPv6 without extension headers), ARP / neighbour solicitations asking for `vtep` and
+    /// ICMP to an IPv4 `vtep` go to the socket; everything else to the kernel.
     pub fn attach_underlay(
         ifindex: u32,
         flags: u32,
@@ -172,10 +172,11 @@ impl XdpRedirect {
                         .jump(insn(JNE32_K, 5, 0, 0, et(0x0800)), "pass")
                         .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
                         .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
-                        .op(insn(LDXB, 5, 2, 23, 0)) // protocol
-                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
                         .op(insn(LDXW, 5, 2, 30, 0)) // destination address
                         .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                        .op(insn(LDXB, 5, 2, 23, 0)) // protocol: ICMP to the VTEP is ours
+                        .jump(insn(JEQ32_K, 5, 0, 0, 1), "redirect")
+                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
                         .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
                         .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
                         .jump(insn(JA, 0, 0, 0, 0), "redirect")
