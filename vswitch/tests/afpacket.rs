@@ -6,15 +6,13 @@
 //! Needs root (namespaces); without it each test says so and passes vacuously. Starts PMD
 //! threads, so it runs in the `serial` nextest group, one test at a time.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 
 fn open(name: &str, _pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
@@ -27,10 +25,7 @@ fn pods() -> (SwitchNode, Netns, Netns) {
 
 #[test]
 fn pods_ping_through_the_switch() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (node, pa, pb) = pods();
     ping(&pa, "192.0.2.2").expect("pa reaches pb");
     ping(&pb, "192.0.2.1").expect("pb reaches pa");
@@ -42,10 +37,7 @@ fn pods_ping_through_the_switch() {
 /// 1 MiB over TCP, pod veths set as the CNI will.
 #[test]
 fn tcp_transfer_through_the_switch() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (_node, pa, pb) = pods();
     netns::cni_offloads(&pa, "eth0").unwrap();
     netns::cni_offloads(&pb, "eth0").unwrap();
@@ -57,10 +49,7 @@ fn tcp_transfer_through_the_switch() {
 /// every datagram.
 #[test]
 fn udp_with_default_pod_offloads() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (_node, pa, pb) = pods();
     assert_eq!(netns::udp_burst(&pb, &pa, "192.0.2.2", 5002, 20).unwrap(), 20);
 }
@@ -166,19 +155,13 @@ fn trunk_keeps_tags(rxvlan: &str) {
 
 #[test]
 fn trunk_keeps_tags_with_rx_vlan_offload() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     trunk_keeps_tags("on");
 }
 
 #[test]
 fn trunk_keeps_tags_without_rx_vlan_offload() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     trunk_keeps_tags("off");
 }
 
@@ -224,19 +207,13 @@ fn vxlan_with_linux(v6: bool) {
 
 #[test]
 fn vxlan_interop_with_linux_ipv4() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     vxlan_with_linux(false);
 }
 
 #[test]
 fn vxlan_interop_with_linux_ipv6() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     vxlan_with_linux(true);
 }
 
@@ -244,10 +221,7 @@ fn vxlan_interop_with_linux_ipv6() {
 /// the same VNI talk, a frame in one VNI never reaches the other's pods.
 #[test]
 fn two_switches_as_vteps_keep_vnis_apart() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (sw1, sw2) = (Netns::new("s1").unwrap(), Netns::new("s2").unwrap());
     netns::veth(&sw1, "ul", &sw2, "ul").unwrap();
     let mut pods = Vec::new();

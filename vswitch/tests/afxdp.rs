@@ -2,14 +2,12 @@
 //! removes), Knitter's XDP programs attached in generic mode, the buffer pool as UMEM.
 //! Needs root; runs in the `serial` nextest group.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
 use vswitch::port::afxdp::AfXdpPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 
 fn open(name: &str, pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
@@ -22,10 +20,7 @@ fn pods() -> (SwitchNode, Netns, Netns) {
 
 #[test]
 fn pods_ping_through_af_xdp_ports() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (node, pa, pb) = pods();
     ping(&pa, "192.0.2.2").expect("pa reaches pb");
     ping(&pb, "192.0.2.1").expect("pb reaches pa");
@@ -42,10 +37,7 @@ fn pods_ping_through_af_xdp_ports() {
 /// with tx checksum offload on would send unfinished checksums the port cannot tell apart).
 #[test]
 fn tcp_through_af_xdp_ports() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     let (node, pa, pb) = pods();
     netns::cni_offloads(&pa, "eth0").unwrap();
     netns::cni_offloads(&pb, "eth0").unwrap();
@@ -122,18 +114,12 @@ fn underlay_shared_with_the_node(v6: bool) {
 
 #[test]
 fn underlay_shared_with_the_node_ipv4() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     underlay_shared_with_the_node(false);
 }
 
 #[test]
 fn underlay_shared_with_the_node_ipv6() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if netns::skip_without_root() {
-        return;
-    }
+    let Some(_g) = netns::exclusive() else { return };
     underlay_shared_with_the_node(true);
 }

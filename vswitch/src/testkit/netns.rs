@@ -17,14 +17,18 @@ pub fn available() -> bool {
     root && Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success())
 }
 
-/// For tests: true (after saying why) when namespaces cannot be made here, so the test
-/// returns early instead of failing on a machine without root.
-pub fn skip_without_root() -> bool {
+static EXCLUSIVE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// For kernel-port tests: the right to run (one such test at a time in this process, as they
+/// start PMD threads), or `None` after saying why when namespaces cannot be made here, so the
+/// test returns early instead of failing on a machine without root.
+pub fn exclusive() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let guard = EXCLUSIVE.lock().unwrap_or_else(|e| e.into_inner());
     if !available() {
         eprintln!("skipped: needs root and iproute2 to create network namespaces");
-        return true;
+        return None;
     }
-    false
+    Some(guard)
 }
 
 /// A short unique name (interface names are limited to 15 bytes).
