@@ -21,11 +21,11 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
+use super::sys::{check, if_mac, ifindex, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, MAX_FRAME, PoolCache};
 use crate::wire::{MacAddr, checksum};
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
@@ -160,18 +160,6 @@ unsafe impl Send for AfPacketPort {}
 // SAFETY: as above.
 unsafe impl Sync for AfPacketPort {}
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
-}
-
-fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: `val` points at a live T of the size passed.
-    check(unsafe {
-        libc::setsockopt(fd, level, name, (val as *const T).cast(), std::mem::size_of::<T>() as libc::socklen_t)
-    })
-    .map(drop)
-}
-
 fn packet_socket(protocol: u16) -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the result is checked.
     let fd = check(unsafe {
@@ -179,6 +167,20 @@ fn packet_socket(protocol: u16) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets the socket to TPACKET_V2 and maps a `frames`-frame ring of the kind `which`
+/// (PACKET_RX_RING or PACKET_TX_RING), four frames to a block.
+fn map_ring(fd: &OwnedFd, which: libc::c_int, frame: usize, frames: usize) -> io::Result<Mapping> {
+    setopt(fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
+    let req = TpacketReq {
+        block_size: (frame * 4) as u32,
+        block_nr: (frames / 4) as u32,
+        frame_size: frame as u32,
+        frame_nr: frames as u32,
+    };
+    setopt(fd.as_raw_fd(), libc::SOL_PACKET, which, &req)?;
+    Mapping::new(fd.as_raw_fd(), frame * frames)
 }
 
 fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
@@ -194,79 +196,20 @@ fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
     .map(drop)
 }
 
-/// The interface's MAC in the calling thread's network namespace (through a throwaway socket:
-/// not every socket family answers the ioctl).
-pub(super) fn interface_mac(ifname: &str) -> Option<MacAddr> {
-    // SAFETY: plain socket creation; the result is checked and owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    if_mac(sock.as_raw_fd(), ifname)
-}
-
-/// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
-/// the mount namespace's, which differs when the caller entered another netns).
-fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
-    // SAFETY: ifreq is plain data; zeroed is valid.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    let name = ifname.as_bytes();
-    if name.len() >= req.ifr_name.len() {
-        return None;
-    }
-    for (d, s) in req.ifr_name.iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
-    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {
-        return None;
-    }
-    // SAFETY: after SIOCGIFHWADDR the union holds ifru_hwaddr.
-    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
-    let mut m = [0u8; 6];
-    for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
-        *d = *s as u8;
-    }
-    Some(MacAddr(m))
-}
-
 impl AfPacketPort {
     /// Opens the port on interface `ifname` (in the calling thread's network namespace).
     pub fn open(name: &str, ifname: &str) -> io::Result<AfPacketPort> {
-        let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
-        // SAFETY: a valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) } as i32;
-        if ifindex == 0 {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}")));
-        }
+        let ifindex = ifindex(ifname)? as i32;
         const ETH_P_ALL: u16 = 0x0003;
         let rx_fd = packet_socket(ETH_P_ALL)?;
-        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
         setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)?;
-        let req = TpacketReq {
-            block_size: (RX_FRAME * 4) as u32,
-            block_nr: (RX_FRAMES / 4) as u32,
-            frame_size: RX_FRAME as u32,
-            frame_nr: RX_FRAMES as u32,
-        };
-        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_RX_RING, &req)?;
-        let rx = Mapping::new(rx_fd.as_raw_fd(), RX_FRAME * RX_FRAMES)?;
+        let rx = map_ring(&rx_fd, PACKET_RX_RING, RX_FRAME, RX_FRAMES)?;
         bind(rx_fd.as_raw_fd(), ifindex, ETH_P_ALL)?;
 
         let tx_fd = packet_socket(0)?;
-        setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
         // Best effort: skip the qdisc layer (as DPDK's af_packet PMD does).
         let _ = setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32);
-        let treq = TpacketReq {
-            block_size: (TX_FRAME * 4) as u32,
-            block_nr: (TX_FRAMES / 4) as u32,
-            frame_size: TX_FRAME as u32,
-            frame_nr: TX_FRAMES as u32,
-        };
-        setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_TX_RING, &treq)?;
-        let tx = Mapping::new(tx_fd.as_raw_fd(), TX_FRAME * TX_FRAMES)?;
+        let tx = map_ring(&tx_fd, PACKET_TX_RING, TX_FRAME, TX_FRAMES)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
         let mac = if_mac(rx_fd.as_raw_fd(), ifname);
         tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V2 rings)");
@@ -359,7 +302,7 @@ impl Port for AfPacketPort {
             self.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
-        let pool = cache.pool().clone();
+        let pool = cache.pool();
         let mut sent = 0;
         for b in batch.as_slice() {
             let base = st.frame * TX_FRAME;

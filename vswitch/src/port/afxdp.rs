@@ -17,11 +17,11 @@
 //!   kernel's consumer) belong to us; indices are masked by the ring size.
 
 use super::bpf::{XDP_FLAGS_SKB_MODE, XdpRedirect};
+use super::sys::{check, ifindex, interface_mac, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
 use crate::wire::MacAddr;
-use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
@@ -240,16 +240,6 @@ unsafe impl Send for AfXdpPort {}
 // SAFETY: as above.
 unsafe impl Sync for AfXdpPort {}
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
-}
-
-fn setopt<T>(fd: RawFd, name: libc::c_int, val: &T) -> io::Result<()> {
-    // SAFETY: `val` is a live T of the size passed.
-    check(unsafe { libc::setsockopt(fd, SOL_XDP, name, (val as *const T).cast(), std::mem::size_of::<T>() as u32) })
-        .map(drop)
-}
-
 impl AfXdpPort {
     /// Opens queue 0 of `ifname` (in the calling thread's network namespace) over `pool`'s
     /// region, in generic (SKB) XDP mode and copy mode, which every device supports; every
@@ -278,19 +268,14 @@ impl AfXdpPort {
         pool: Arc<Pool>,
         underlay: Option<(std::net::IpAddr, u16)>,
     ) -> io::Result<AfXdpPort> {
-        let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
-        // SAFETY: a valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}")));
-        }
+        let ifindex = ifindex(ifname)?;
         // SAFETY: plain socket creation, checked.
         let sock = unsafe { OwnedFd::from_raw_fd(check(libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0))?) };
         let fd = sock.as_raw_fd();
         let (addr, len) = pool.region();
-        setopt(fd, XDP_UMEM_REG, &UmemReg { addr: addr as u64, len: len as u64, chunk_size: BUF_SIZE as u32, headroom: 0 })?;
+        setopt(fd, SOL_XDP, XDP_UMEM_REG, &UmemReg { addr: addr as u64, len: len as u64, chunk_size: BUF_SIZE as u32, headroom: 0 })?;
         for opt in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
-            setopt(fd, opt, &RING)?;
+            setopt(fd, SOL_XDP, opt, &RING)?;
         }
         let mut off = MmapOffsets::default();
         let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
@@ -322,7 +307,7 @@ impl AfXdpPort {
             Some((ip, port)) => XdpRedirect::attach_underlay(ifindex, XDP_FLAGS_SKB_MODE, 1, ip, port)?,
         };
         xdp.register(0, fd)?;
-        let mac = super::afpacket::interface_mac(ifname);
+        let mac = interface_mac(ifname);
         tracing::info!(port = name, ifname, "AF_XDP port open (generic XDP, copy mode, UMEM = buffer pool)");
         let n = pool.capacity() as usize;
         Ok(AfXdpPort {

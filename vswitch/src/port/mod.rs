@@ -6,6 +6,7 @@ pub mod afpacket;
 pub mod afxdp;
 pub mod bpf;
 pub mod ring;
+mod sys;
 
 use crate::batch::Batch;
 use crate::buf::PoolCache;

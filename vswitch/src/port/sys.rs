@@ -1,0 +1,66 @@
+//! The socket plumbing the kernel-backed ports share (AF_PACKET, AF_XDP): errno checks,
+//! typed `setsockopt`, interface index and MAC lookups. Control path only.
+
+use crate::wire::MacAddr;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// A libc return value as a `Result`: negative means `errno` says why.
+pub(super) fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+/// `setsockopt` with a typed value.
+pub(super) fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+    // SAFETY: `val` points at a live T of the size passed.
+    check(unsafe {
+        libc::setsockopt(fd, level, name, (val as *const T).cast(), std::mem::size_of::<T>() as libc::socklen_t)
+    })
+    .map(drop)
+}
+
+/// The index of `ifname` in the calling thread's network namespace.
+pub(super) fn ifindex(ifname: &str) -> io::Result<u32> {
+    let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+    // SAFETY: a valid C string.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}"))),
+        i => Ok(i),
+    }
+}
+
+/// The interface's MAC in the calling thread's network namespace (through a throwaway socket:
+/// not every socket family answers the ioctl).
+pub(super) fn interface_mac(ifname: &str) -> Option<MacAddr> {
+    // SAFETY: plain socket creation; the result is checked and owned below.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).ok()?;
+    // SAFETY: a fresh descriptor owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    if_mac(sock.as_raw_fd(), ifname)
+}
+
+/// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
+/// the mount namespace's, which differs when the caller entered another netns).
+pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+    // SAFETY: ifreq is plain data; zeroed is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = ifname.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return None;
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {
+        return None;
+    }
+    // SAFETY: after SIOCGIFHWADDR the union holds ifru_hwaddr.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut m = [0u8; 6];
+    for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Some(MacAddr(m))
+}
