@@ -376,15 +376,14 @@ impl Pipeline {
         self.stats.event(Event::Flooded, 1);
         self.stats.bd(bd.id).flooded.add(1);
         self.stats.event(Event::FloodCopies, (k - 1) as u64);
-        let pool = self.pool.clone();
-        let len = pool.pkt_len(&b);
+        let len = self.pool.pkt_len(&b);
         let targets = bd
             .ports
             .iter()
             .filter(|(p, _)| from_peer || *p != in_port)
             .map(|&(p, want)| Target::Port(p, want))
             .chain(peers.iter().map(|&p| Target::Peer(p)));
-        if k == 1 || (len <= COPY_MAX && !pool.is_chained(&b)) {
+        if k == 1 || (len <= COPY_MAX && !self.pool.is_chained(&b)) {
             let mut original = Some(b);
             for (i, t) in targets.enumerate() {
                 let frame = if i + 1 == k {
@@ -392,7 +391,7 @@ impl Pipeline {
                 } else {
                     let copy = self.cache.alloc().map(|mut copy| {
                         if let Some(o) = &original {
-                            pool.append(&mut copy, pool.head(o));
+                            self.pool.append(&mut copy, self.pool.head(o));
                         }
                         copy
                     });
@@ -413,15 +412,15 @@ impl Pipeline {
         // Large frame: each egress gets a private header segment; the payload is shared.
         let l2 = if c.tagged { 18 } else { 14 };
         let mut hdr = [0u8; 18];
-        hdr[..l2].copy_from_slice(&pool.head(&b)[..l2]);
+        hdr[..l2].copy_from_slice(&self.pool.head(&b)[..l2]);
         let mut payload = b;
-        pool.strip(&mut payload, l2);
-        let shared = pool.into_shared(payload);
+        self.pool.strip(&mut payload, l2);
+        let shared = self.pool.into_shared(payload);
         for t in targets {
             match self.cache.alloc() {
                 Some(mut h) => {
-                    pool.append(&mut h, &hdr[..l2]);
-                    pool.link_shared(&mut h, &shared);
+                    self.pool.append(&mut h, &hdr[..l2]);
+                    self.pool.link_shared(&mut h, &shared);
                     self.emit_target(snap, bd, h, c, t, len);
                 }
                 None => self.flood_copy_failed(in_port),
