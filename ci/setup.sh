@@ -3,8 +3,9 @@
 # Idempotent; run as root (CI runs as root). Rust itself comes from the machine image (rustup).
 set -euo pipefail
 
-# Debian packages: a C toolchain for crates with C parts, and the tools the perf scripts use.
-PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool"
+# Debian packages: a C toolchain for crates with C parts, and the tools the kernel-port tests
+# (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints) and the perf scripts use.
+PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

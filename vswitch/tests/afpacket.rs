@@ -3,8 +3,9 @@
 //! switch, a trunk keeping its tags through the kernel's tag stripping, VXLAN against Linux's
 //! own `vxlan` device, and two Knitter switches as VTEPs.
 //!
-//! Needs root (namespaces); without it each test says so and passes vacuously. Starts PMD
-//! threads, so it runs in the `serial` nextest group, one test at a time.
+//! Needs root (namespaces); without it each test says so and passes vacuously (under CI it
+//! fails instead). Starts PMD threads, so it runs in the `serial` nextest group, one test at a
+//! time.
 
 use std::sync::Arc;
 use std::time::Duration;

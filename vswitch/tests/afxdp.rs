@@ -1,6 +1,6 @@
 //! AF_XDP ports against the kernel: veth pairs between namespaces the test creates (and
 //! removes), Knitter's XDP programs attached in generic mode, the buffer pool as UMEM.
-//! Needs root; runs in the `serial` nextest group.
+//! Needs root (skipped without, failed under CI); runs in the `serial` nextest group.
 
 use std::sync::Arc;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
