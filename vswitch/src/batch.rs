@@ -55,7 +55,8 @@ impl Batch {
     /// Adds a packet; gives it back when the batch is full.
     #[inline(always)]
     pub fn push(&mut self, b: BufId) -> Result<(), BufId> {
-        if self.len == BATCH {
+        // `>=`, not `==`: then the compiler knows the index below is in bounds.
+        if self.len >= BATCH {
             return Err(b);
         }
         self.bufs[self.len] = b;

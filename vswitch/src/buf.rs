@@ -74,6 +74,51 @@ impl BufId {
     }
 }
 
+/// The pool's layout (metadata array, region base, index mask) by value. A burst loop that
+/// also stores to memory keeps these in registers, where a `&Pool` would be re-read after
+/// every store the compiler cannot prove unrelated.
+#[derive(Clone, Copy)]
+pub struct PoolView<'a> {
+    meta: &'a [Meta],
+    region: *mut u8,
+    mask: u32,
+}
+
+impl<'a> PoolView<'a> {
+    #[inline(always)]
+    fn m(self, idx: u32) -> &'a Meta {
+        debug_assert!(idx != NIL);
+        // SAFETY: `meta.len() == mask + 1`, so the masked index is in bounds.
+        unsafe { self.meta.get_unchecked((idx & self.mask) as usize) }
+    }
+
+    #[inline(always)]
+    fn chunk(self, idx: u32) -> *mut u8 {
+        // SAFETY: the region holds `mask + 1` chunks of BUF_SIZE bytes, so the masked offset
+        // stays inside it.
+        unsafe { self.region.add((idx & self.mask) as usize * BUF_SIZE) }
+    }
+
+    #[inline(always)]
+    fn seg(self, idx: u32) -> &'a [u8] {
+        let m = self.m(idx);
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        debug_assert!(off + len <= BUF_SIZE);
+        // SAFETY: off + len <= BUF_SIZE is kept by every writer of off/len in `Pool`; readers
+        // of a segment are its unique owner or holders of a shared (immutable) reference.
+        unsafe { std::slice::from_raw_parts(self.chunk(idx).add(off), len) }
+    }
+
+    /// As [`Pool::head_and_len`].
+    #[inline(always)]
+    pub fn head_and_len<'b>(self, b: &'b BufId) -> (&'b [u8], usize)
+    where
+        'a: 'b,
+    {
+        (self.seg(b.0), self.m(b.0).pkt_len.load(Relaxed) as usize)
+    }
+}
+
 /// A read-only segment shared by several packets (one reference per link, one for its maker).
 #[derive(Debug)]
 #[must_use = "release the maker's reference with PoolCache::release_shared"]
@@ -150,18 +195,20 @@ impl Pool {
         (self.region.as_ptr(), self.region.len())
     }
 
+    /// The pool's layout as a copyable value, for burst loops (see [`PoolView`]).
+    #[inline(always)]
+    pub fn view(&self) -> PoolView<'_> {
+        PoolView { meta: &self.meta, region: self.region.as_ptr(), mask: self.mask }
+    }
+
     #[inline(always)]
     fn m(&self, idx: u32) -> &Meta {
-        debug_assert!(idx != NIL);
-        // SAFETY: `meta.len() == mask + 1`, so the masked index is in bounds.
-        unsafe { self.meta.get_unchecked((idx & self.mask) as usize) }
+        self.view().m(idx)
     }
 
     #[inline(always)]
     fn chunk(&self, idx: u32) -> *mut u8 {
-        // SAFETY: the region holds `mask + 1` chunks of BUF_SIZE bytes, so the masked offset
-        // stays inside it.
-        unsafe { self.region.as_ptr().add((idx & self.mask) as usize * BUF_SIZE) }
+        self.view().chunk(idx)
     }
 
     /// Data of the head segment.
@@ -172,12 +219,7 @@ impl Pool {
 
     #[inline(always)]
     fn seg(&self, idx: u32) -> &[u8] {
-        let m = self.m(idx);
-        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
-        debug_assert!(off + len <= BUF_SIZE);
-        // SAFETY: off + len <= BUF_SIZE is kept by every writer of off/len below; readers of a
-        // segment are its unique owner or holders of a shared (immutable) reference.
-        unsafe { std::slice::from_raw_parts(self.chunk(idx).add(off), len) }
+        self.view().seg(idx)
     }
 
     /// Mutable data of the head segment; `&mut BufId` proves exclusive ownership.
@@ -193,7 +235,7 @@ impl Pool {
     /// Data of the head segment and the total length of the packet, from one metadata read.
     #[inline(always)]
     pub fn head_and_len<'a>(&'a self, b: &'a BufId) -> (&'a [u8], usize) {
-        (self.seg(b.0), self.m(b.0).pkt_len.load(Relaxed) as usize)
+        self.view().head_and_len(b)
     }
 
     /// Total length of the packet (all segments).

@@ -67,6 +67,8 @@ named_enum! {
         LearnLimit => "learn_limit",
         LearnBusy => "learn_busy",
         KnownUnicast => "known_unicast",
+        // Known-unicast frames forwarded from the exact-match cache (a subset of the above).
+        CacheHits => "emc_hits",
         Flooded => "flooded",
         FloodCopies => "flood_copies",
         FloodCopyFailed => "flood_copy_failed",

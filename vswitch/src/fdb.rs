@@ -133,6 +133,10 @@ pub struct Fdb {
     mask: u32,
     max_entries: u32,
     total: AtomicU32,
+    /// Bumped by every change that can alter a forwarding decision already made: a move, a
+    /// removal, a static entry (not by learning a new MAC or refreshing one). PMD threads'
+    /// exact-match caches drop their entries when it changes.
+    generation: AtomicU32,
     per_bd: Box<[AtomicU32]>,
     per_port: Box<[AtomicU32]>,
 }
@@ -153,6 +157,7 @@ impl Fdb {
             mask: buckets as u32 - 1,
             max_entries,
             total: AtomicU32::new(0),
+            generation: AtomicU32::new(0),
             per_bd: (0..MAX_BDS).map(|_| AtomicU32::new(0)).collect(),
             per_port: (0..MAX_PORTS).map(|_| AtomicU32::new(0)).collect(),
         }
@@ -168,6 +173,16 @@ impl Fdb {
 
     pub fn capacity(&self) -> u32 {
         self.max_entries
+    }
+
+    /// See the field: changes whenever a cached forwarding decision may have become wrong.
+    #[inline(always)]
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Acquire)
+    }
+
+    fn changed(&self) {
+        self.generation.fetch_add(1, Release);
     }
 
     pub fn bd_len(&self, bd: u16) -> u32 {
@@ -358,6 +373,7 @@ impl Fdb {
                     }
                     self.count_port(old.dest(), false);
                     self.count_port(val.dest(), true);
+                    self.changed();
                     return Learn::Moved;
                 }
             }
@@ -399,6 +415,7 @@ impl Fdb {
         let r = self.upsert(k, loc, Value::new(dest, true, 0), None);
         self.unlock(b2, n2);
         self.unlock(b1, n1);
+        self.changed();
         if r == Learn::Limit { Err(FdbFull) } else { Ok(()) }
     }
 
@@ -426,6 +443,9 @@ impl Fdb {
                 }
             }
             self.unlock(b, n);
+        }
+        if removed > 0 {
+            self.changed();
         }
         removed
     }

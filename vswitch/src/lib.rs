@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod buf;
 pub mod counters;
+pub mod emc;
 pub mod fdb;
 pub mod port;
 pub mod region;

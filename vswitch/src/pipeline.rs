@@ -1,6 +1,9 @@
 //! The per-thread packet pipeline: one rx batch in, per-port tx batches out.
 //!
 //! Stages, VPP-style, over the whole batch:
+//! 0. **exact-match cache** (ports without port security): a frame whose flow the cache
+//!    knows goes straight to egress; the rest go on, in order, to stages 1 and 2, which fill
+//!    the cache when they forward a frame as known unicast (see [`crate::emc`]);
 //! 1. **classify** each frame: VXLAN decap on the underlay, or (port, VLAN) → bridge domain
 //!    elsewhere; L2 sanity (runts, oversize, tags, group source MACs); compute the FDB keys
 //!    of source and destination and prefetch their buckets for stage 2;
@@ -13,8 +16,9 @@
 //! locks or makes a syscall per packet (ports may make one per burst).
 
 use crate::batch::{BATCH, Batch};
-use crate::buf::{BufId, Pool, PoolCache};
+use crate::buf::{BufId, Pool, PoolCache, PoolView};
 use crate::counters::{DropReason, Event, ThreadStats};
+use crate::emc::{Action, Emc, Hit, Key};
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
 use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
@@ -69,10 +73,16 @@ pub struct Pipeline {
     known: u64,
     decap_cache: DecapCache,
     now: u32,
+    emc: Emc,
+    /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
+    /// `i`th frame the cache missed (the slow path's `i`th).
+    cached: bool,
+    miss_keys: [Option<Key>; BATCH],
 }
 
 impl Pipeline {
-    pub fn new(thread: usize, pool: Arc<Pool>, fdb: Arc<Fdb>, stats: Arc<ThreadStats>) -> Pipeline {
+    /// `emc_entries` sizes the exact-match cache (0: none).
+    pub fn new(thread: usize, pool: Arc<Pool>, fdb: Arc<Fdb>, stats: Arc<ThreadStats>, emc_entries: usize) -> Pipeline {
         Pipeline {
             thread,
             cache: PoolCache::new(pool.clone()),
@@ -85,6 +95,9 @@ impl Pipeline {
             known: 0,
             decap_cache: DecapCache::default(),
             now: 0,
+            emc: Emc::new(emc_entries),
+            cached: false,
+            miss_keys: [None; BATCH],
         }
     }
 
@@ -126,16 +139,111 @@ impl Pipeline {
             return;
         };
         let n = batch.len();
+        self.emc.sync(snap.generation, self.fdb.generation(), self.now);
+        // Port security looks past the Ethernet header, which the cache's keys do not cover.
+        self.cached = port.kind != PortKind::Underlay && port.security.is_none();
+        let bytes = if self.cached {
+            let mut found = [(Hit::default(), 0u32); BATCH];
+            let (bytes, hits) = probe_burst(self.pool.view(), &self.emc, port.id, batch.as_slice(), &mut found);
+            if hits == 0 {
+                for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
+                    *k = Key::from_port(port.id, self.pool.head(b));
+                }
+                self.forward_slow(snap, port, batch);
+            } else {
+                self.known += hits;
+                self.stats.event(Event::CacheHits, hits);
+                // An access port's frames all belong to its one bridge domain.
+                if port.kind == PortKind::Access {
+                    self.forward_cached::<true>(snap, port, batch, &found);
+                } else {
+                    self.forward_cached::<false>(snap, port, batch, &found);
+                }
+            }
+            bytes
+        } else {
+            self.forward_slow(snap, port, batch)
+        };
+        let pc = self.stats.port(in_port);
+        pc.rx_packets.add(n as u64);
+        pc.rx_bytes.add(bytes);
+        self.stats.packets.add(n as u64);
+        if self.known > 0 {
+            self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
+        }
+        self.flush(snap);
+    }
+
+    /// Stage 0: frames whose flow the exact-match cache knows go to the shared egress code
+    /// (tagging, tx batch); a frame it misses takes stages 1 and 2 in its place in the burst,
+    /// so no frame passes another of its flow (whose key may differ, e.g. by an ECN mark).
+    #[inline(always)]
+    fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &[(Hit, u32); BATCH]) {
+        let mut run_bd = if ACCESS { port.untagged_bd } else { NO_BD };
+        let (mut run_pkts, mut run_bytes) = (0u64, 0u64);
+        for i in 0..batch.len() {
+            let b = batch.take(i);
+            let (hit, len) = found[i & (BATCH - 1)];
+            let len = len as usize;
+            // A frame too long for the cached path takes stage 1, which counts its drop.
+            if len > hit.max_len() {
+                self.forward_missed(snap, port, b, i);
+                continue;
+            }
+            if !ACCESS && hit.bd() != run_bd {
+                self.count_bd(run_bd, run_pkts, run_bytes);
+                (run_bd, run_pkts, run_bytes) = (hit.bd(), 0, 0);
+            }
+            run_pkts += 1;
+            run_bytes += len as u64;
+            if let Some(p) = hit.plain_port() {
+                self.enqueue(snap, p, b);
+                continue;
+            }
+            let tagged = hit.tagged_in();
+            match hit.action() {
+                Action::Port { port: p, want } => {
+                    let mut b = b;
+                    let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
+                    if self.retag(&mut b, tagged, pcp, want) {
+                        self.enqueue(snap, p, b);
+                    } else {
+                        self.discard(b, DropReason::Runt, p);
+                    }
+                }
+                Action::Peer { peer, vni } => self.emit_peer(snap, Some(vni), b, tagged, peer),
+            }
+        }
+        batch.clear_taken();
+        self.count_bd(run_bd, run_pkts, run_bytes);
+    }
+
+    /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed.
+    #[inline(never)]
+    fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize) {
+        self.miss_keys[i & (BATCH - 1)] = Key::from_port(port.id, self.pool.head(&b));
+        let (mut ctx, mut bytes) = (Ctx::default(), 0);
+        if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
+            return self.discard(b, r, port.id);
+        }
+        let Some(bd) = snap.bd(ctx.bd) else {
+            return self.discard(b, DropReason::NoBridgeDomain, port.id);
+        };
+        self.count_bd(ctx.bd, 1, ctx.len as u64);
+        self.forward(snap, port, bd, b, &ctx, i);
+    }
+
+    /// Stages 1 and 2 for a whole burst; returns its bytes.
+    #[inline(never)]
+    fn forward_slow(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        let in_port = port.id;
+        let n = batch.len();
         let mut ctxs = [Ctx::default(); BATCH];
         let bytes = if port.kind == PortKind::Underlay {
             self.classify_underlay_burst(snap, batch, &mut ctxs)
         } else {
             classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
         };
-        let pc = self.stats.port(in_port);
-        pc.rx_packets.add(n as u64);
-        pc.rx_bytes.add(bytes);
-        self.stats.packets.add(n as u64);
 
         // Consecutive packets usually share a bridge domain: look it up once per run, and
         // count its packets and bytes once per run.
@@ -161,14 +269,24 @@ impl Pipeline {
             };
             run_pkts += 1;
             run_bytes += c.len as u64;
-            self.forward(snap, port, bd, b, c);
+            self.forward(snap, port, bd, b, c, i);
         }
         self.count_bd(run_bd, run_pkts, run_bytes);
         batch.clear_taken();
-        if self.known > 0 {
-            self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
+        bytes
+    }
+
+    /// Remembers the slow path's decision for its `i`th frame in the exact-match cache.
+    #[inline(always)]
+    fn remember(&mut self, i: usize, hit: impl FnOnce() -> Option<Hit>) {
+        if self.cached
+            && let Some(k) = self.miss_keys[i & (BATCH - 1)]
+            // A priority-tagged frame was classified after its tag was removed.
+            && !(ethernet::is_tpid(k.ethertype()) && k.tci() & 0xfff == 0)
+            && let Some(h) = hit()
+        {
+            self.emc.insert(&k, h);
         }
-        self.flush(snap);
     }
 
     #[inline(always)]
@@ -219,9 +337,9 @@ impl Pipeline {
         self.cache.free(b);
     }
 
-    /// Stage 2: security, learning, suppression, lookup and egress of one packet.
+    /// Stage 2: security, learning, suppression, lookup and egress of the `i`th packet.
     #[inline(always)]
-    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx) {
+    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize) {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
 
@@ -235,10 +353,12 @@ impl Pipeline {
             }
 
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
+        // Whether the FDB now holds the source as learning wants it (else, not cacheable).
+        let mut learnt = true;
         if (if from_peer { bd.remote_learning } else { bd.learning })
             && !self.fdb.is_fresh(c.src_key, c.src_loc, src, self.now)
         {
-            self.learn(port, bd, c, src);
+            learnt = self.learn(port, bd, c, src);
         }
 
         if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
@@ -260,13 +380,22 @@ impl Pipeline {
                         if let Some(pe) = snap.port(p)
                             && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
                                 self.known += 1;
+                                if learnt {
+                                    let max = l2 + port.mtu.min(pe.mtu) as usize;
+                                    let want = want.map(|v| (pe.tpid, v));
+                                    self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
+                                }
                                 return self.emit_port(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
                             }
                     }
                     Dest::Peer(p) => {
                         if bd.peers.contains(&p) {
                             self.known += 1;
-                            return self.emit_peer(snap, bd, b, c.tagged, p);
+                            if learnt && let Some(vni) = bd.vni {
+                                let max = l2 + port.mtu as usize;
+                                self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
+                            }
+                            return self.emit_peer(snap, bd.vni, b, c.tagged, p);
                         }
                     }
                 }
@@ -278,21 +407,25 @@ impl Pipeline {
 
     /// Learning beyond the common case (a MAC that is new, moved, static, or last refreshed
     /// in an earlier second).
+    /// Returns whether the FDB now holds the source behind `src` (false when a static entry,
+    /// a limit or a busy bucket stopped it).
     #[inline(never)]
-    fn learn(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx, src: Dest) {
+    fn learn(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx, src: Dest) -> bool {
         let from_peer = c.from_peer != NO_PEER;
         let limits = Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
-        match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
-            Learn::Unchanged | Learn::Refreshed => {}
+        let (event, done) = match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
+            Learn::Unchanged | Learn::Refreshed => return true,
             Learn::Learned => {
-                self.stats.event(Event::Learned, 1);
                 self.stats.bd(bd.id).learned.add(1);
+                (Event::Learned, true)
             }
-            Learn::Moved => self.stats.event(Event::MacMoved, 1),
-            Learn::StaticRefused => self.stats.event(Event::StaticMoveRefused, 1),
-            Learn::Limit => self.stats.event(Event::LearnLimit, 1),
-            Learn::Busy => self.stats.event(Event::LearnBusy, 1),
-        }
+            Learn::Moved => (Event::MacMoved, true),
+            Learn::StaticRefused => (Event::StaticMoveRefused, false),
+            Learn::Limit => (Event::LearnLimit, false),
+            Learn::Busy => (Event::LearnBusy, false),
+        };
+        self.stats.event(event, 1);
+        done
     }
 
     #[inline(always)]
@@ -305,7 +438,7 @@ impl Pipeline {
                 }
                 _ => self.discard(b, DropReason::NoEgress, p),
             },
-            Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+            Dest::Peer(p) => self.emit_peer(snap, bd.vni, b, c.tagged, p),
         }
     }
 
@@ -322,16 +455,7 @@ impl Pipeline {
         want: Option<u16>,
         len: usize,
     ) {
-        let ok = match (tagged, want) {
-            (false, None) => true,
-            (false, Some(v)) => vlan::push(&self.pool, &mut b, pe.tpid, pcp | v),
-            (true, None) => vlan::pop(&self.pool, &mut b),
-            (true, Some(_)) => {
-                vlan::set_tpid(&self.pool, &mut b, pe.tpid);
-                true
-            }
-        };
-        if !ok {
+        if !self.retag(&mut b, tagged, pcp, want.map(|v| (pe.tpid, v))) {
             return self.discard(b, DropReason::Runt, pe.id);
         }
         // The L3 length is the same whatever the tagging: `len` less the ingress L2 header.
@@ -342,10 +466,25 @@ impl Pipeline {
         self.enqueue(snap, pe.id, b);
     }
 
+    /// Gives a frame the tagging of its egress: `want` is the (TPID, VLAN ID) it leaves with,
+    /// or none; `pcp` is the priority of a pushed tag. False if the frame is too short.
+    #[inline(always)]
+    fn retag(&self, b: &mut BufId, tagged: bool, pcp: u16, want: Option<(u16, u16)>) -> bool {
+        match (tagged, want) {
+            (false, None) => true,
+            (false, Some((tpid, v))) => vlan::push(&self.pool, b, tpid, pcp | v),
+            (true, None) => vlan::pop(&self.pool, b),
+            (true, Some((tpid, _))) => {
+                vlan::set_tpid(&self.pool, b, tpid);
+                true
+            }
+        }
+    }
+
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
     #[inline(always)]
-    fn emit_peer(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
-        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
+    fn emit_peer(&mut self, snap: &Snapshot, vni: Option<u32>, mut b: BufId, tagged: bool, peer: u16) {
+        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
         if tagged && !vlan::pop(&self.pool, &mut b) {
@@ -442,7 +581,7 @@ impl Pipeline {
                 Some(pe) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
-            Target::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+            Target::Peer(p) => self.emit_peer(snap, bd.vni, b, c.tagged, p),
         }
     }
 
@@ -450,17 +589,23 @@ impl Pipeline {
     /// replication can put several copies of one packet on the underlay port).
     #[inline(always)]
     fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
-        let slot = port as usize & (fdb::MAX_PORTS - 1);
-        match self.tx[slot].len() {
-            0 => {
-                self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
-                self.n_dirty += 1;
-            }
-            BATCH => self.flush_port(snap, port), // the port stays on the dirty list
-            _ => {}
+        let tx = &mut self.tx[port as usize & (fdb::MAX_PORTS - 1)];
+        if tx.is_empty() {
+            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.n_dirty += 1;
         }
-        if let Err(b) = self.tx[slot].push(b) {
-            self.discard(b, DropReason::TxFull, port);
+        if let Err(b) = tx.push(b) {
+            self.enqueue_full(snap, port, b);
+        }
+    }
+
+    /// A full tx batch: send it (the port stays on the dirty list), then queue the packet.
+    #[cold]
+    #[inline(never)]
+    fn enqueue_full(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+        self.flush_port(snap, port);
+        if let Err(b) = self.tx[port as usize & (fdb::MAX_PORTS - 1)].push(b) {
+            self.discard(b, DropReason::TxFull, port); // flush_port empties the batch: unreachable
         }
     }
 
@@ -483,13 +628,13 @@ impl Pipeline {
             let pc = self.stats.port(p);
             match snap.port(p) {
                 Some(pe) if pe.port.link_up() => {
-                    let before: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                    let bytes: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
                     let n = batch.len();
                     let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
                     let sent = pe.port.tx_burst(q, &mut self.cache, batch);
-                    let after: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                    let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum() } else { 0 };
                     pc.tx_packets.add(sent as u64);
-                    pc.tx_bytes.add((before - after) as u64);
+                    pc.tx_bytes.add((bytes - unsent) as u64);
                     if sent < n {
                         for b in batch.drain() {
                             self.stats.count_drop(DropReason::TxFull, p);
@@ -506,6 +651,28 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
+/// their bytes and how many were found. It only reads, so the pool's and the cache's fields
+/// stay in registers.
+#[inline(always)]
+fn probe_burst(pool: PoolView, emc: &Emc, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    let (mut bytes, mut hits) = (0u64, 0u64);
+    for (b, f) in bufs.iter().zip(found.iter_mut()) {
+        let (h, len) = pool.head_and_len(b);
+        bytes += len as u64;
+        let hit = Key::from_port(port, h).and_then(|k| emc.lookup(&k)).unwrap_or_default();
+        hits += (len <= hit.max_len()) as u64;
+        *f = (hit, len as u32);
+    }
+    (bytes, hits)
+}
+
+/// The TCI of a tagged frame whose head holds its tag.
+#[inline(always)]
+fn tci_of(h: &[u8]) -> u16 {
+    h.get(14..16).map_or(0, |t| u16::from_be_bytes([t[0], t[1]]))
 }
 
 /// Stage 1 for a burst from a local port: (port, VLAN) → bridge domain, L2 sanity, FDB keys.

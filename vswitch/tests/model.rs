@@ -149,6 +149,55 @@ proptest! {
         }
     }
 
+    /// The exact-match cache changes nothing a port or a counter shows: the same traffic,
+    /// in bursts of several frames, through a switch without the cache and through one whose
+    /// cache is two entries (so flows evict each other), with MAC moves and an FDB flush.
+    #[test]
+    fn the_exact_match_cache_is_invisible(
+        modes in proptest::collection::vec(mode(), 2..6),
+        bursts in proptest::collection::vec(proptest::collection::vec(frame(6), 1..8), 1..30),
+        flush_at in 0..30usize,
+    ) {
+        let run = |emc_entries: usize| {
+            let pool = Pool::new(16384, false).unwrap();
+            let mut h = Harness::with_pool(pool, SwitchOptions { emc_entries, ..SwitchOptions::default() });
+            let mut cfg = SwitchConfig {
+                bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
+                ..Default::default()
+            };
+            for (i, m) in modes.iter().enumerate() {
+                let name = format!("p{i}");
+                h.ring(&name);
+                cfg.ports.push(match m {
+                    Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
+                    Mode::Trunk { allowed, native } => {
+                        let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
+                        PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
+                    }
+                });
+            }
+            h.apply(cfg).unwrap();
+            let mut out = Vec::new();
+            for (n, burst) in bursts.iter().enumerate() {
+                if n == flush_at {
+                    h.switch.flush_bridge("b0");
+                }
+                for f in burst.iter().filter(|f| f.port < modes.len()) {
+                    h.send(&format!("p{}", f.port), &wire(f));
+                }
+                h.step();
+                out.push(h.recv_all());
+            }
+            let s = h.stats();
+            let events: Vec<(&str, u64)> = vswitch::Event::ALL.iter().filter(|e| **e != vswitch::Event::CacheHits).map(|e| (e.name(), s.event(*e))).collect();
+            (out, s.nonzero_drops(), events)
+        };
+        let (without, with) = (run(0), run(2));
+        prop_assert_eq!(&without.0, &with.0);
+        prop_assert_eq!(&without.1, &with.1);
+        prop_assert_eq!(&without.2, &with.2);
+    }
+
     #[test]
     fn vnis_are_isolated_across_two_switches(
         pods in proptest::collection::vec((0..2usize, 0..3u32), 2..8),

@@ -84,7 +84,7 @@ fn ip(n: u32) -> Ipv4Addr {
 impl Bench {
     pub fn new(s: Scenario) -> Bench {
         let pool = Pool::new(65536, true).expect("buffer pool");
-        let switch = Switch::new(pool.clone(), SwitchOptions { fdb_entries: 1 << 18 });
+        let switch = Switch::new(pool.clone(), SwitchOptions::default());
         let mut peers = std::collections::BTreeMap::new();
         let mut ring = |name: &str, m: Option<MacAddr>| {
             let (p, peer) = RingPort::new(name, 1, 4096).expect("ring");

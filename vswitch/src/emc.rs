@@ -1,0 +1,429 @@
+//! The exact-match cache: per PMD thread, the forwarding decision of recent flows, so a
+//! known-unicast frame skips classification, learning and the FDB (OVS's EMC, for L2).
+//!
+//! A key is everything the decision depends on: the ingress (a port, or a remote VTEP and
+//! bridge domain after decapsulation), both MACs, the EtherType and the two bytes after it
+//! (the VLAN tag when there is one). The value is the egress (a port and the tag frames carry
+//! there, or a peer and a VNI) and the bridge domain, for its counters. Entries are written
+//! only by the slow path, after it forwarded a frame as known unicast *and* learning had
+//! nothing to change, so a hit means the slow path would do the same thing again.
+//!
+//! Entries stay true only while nothing they were derived from changes: the configuration
+//! snapshot, the FDB (its generation moves on every move, removal and static entry; learning
+//! a new MAC cannot change a known-unicast decision), and the current second (learning
+//! refreshes a MAC's timestamp once a second, through the slow path). [`Emc::sync`] compares
+//! the three once per burst and, when any changed, starts a new epoch: entries of an older
+//! epoch never match, without touching the table. What each hit still checks per frame
+//! (ingress MTU; egress MTU and tagging happen in the shared egress code) stays per frame.
+//!
+//! Two entries of 32 bytes per 64-byte line; a key may sit in either (set-associative).
+
+/// What a hit forwards to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A local port, untagged or with a VLAN tag (`want`: TPID and VLAN ID).
+    Port { port: u16, want: Option<(u16, u16)> },
+    /// A remote VTEP, in a VNI.
+    Peer { peer: u16, vni: u32 },
+}
+
+/// A cached decision, packed into 64 bits so an entry fills half a cache line:
+///
+/// | bits | port egress | peer egress |
+/// |---|---|---|
+/// | 0..12 | port id | peer id |
+/// | 12..24 | bridge domain | bridge domain |
+/// | 24 | 0 | 1 |
+/// | 25 | the frame arrived tagged | same |
+/// | 26..50 | bit 26: tagged out; 27..29: TPID index; 32..44: VLAN ID | VNI |
+/// | 50..64 | longest frame allowed through (ingress and egress MTU) | longest (ingress MTU) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hit(u64);
+
+impl Default for Hit {
+    /// No decision: its longest frame is 0 bytes, so no frame passes with it.
+    fn default() -> Hit {
+        Hit(0)
+    }
+}
+
+const PEER: u64 = 1 << 24;
+const TAGGED_IN: u64 = 1 << 25;
+const TAGGED_OUT: u64 = 1 << 26;
+/// TPIDs by index (four entries, so a two-bit index needs no bounds check).
+const TPIDS: [u16; 4] = [0x8100, 0x88a8, 0x9100, 0x8100];
+const ID_MAX: u16 = 0xfff;
+/// Longest frame length a hit can carry (jumbo frames are longer: the slow path takes them).
+pub const MAX_LEN: usize = (1 << 14) - 1;
+
+impl Hit {
+    /// The decision to send a frame of bridge domain `bd` to a local port; `None` when a
+    /// field does not fit (the frame then always takes the slow path).
+    pub fn to_port(bd: u16, port: u16, tagged_in: bool, want: Option<(u16, u16)>, max_len: usize) -> Option<Hit> {
+        let out = match want {
+            None => 0,
+            Some((tpid, vid)) => {
+                let i = TPIDS[..3].iter().position(|t| *t == tpid)? as u64;
+                if vid > ID_MAX {
+                    return None;
+                }
+                TAGGED_OUT | i << 27 | (vid as u64) << 32
+            }
+        };
+        Self::pack(bd, port, tagged_in, out, max_len)
+    }
+
+    /// The decision to send a frame of bridge domain `bd` to a remote VTEP.
+    pub fn to_peer(bd: u16, peer: u16, tagged_in: bool, vni: u32, max_len: usize) -> Option<Hit> {
+        if vni > 0xff_ffff {
+            return None;
+        }
+        Self::pack(bd, peer, tagged_in, PEER | (vni as u64) << 26, max_len)
+    }
+
+    fn pack(bd: u16, id: u16, tagged_in: bool, rest: u64, max_len: usize) -> Option<Hit> {
+        if bd > ID_MAX || id > ID_MAX || max_len > MAX_LEN {
+            return None;
+        }
+        let t = if tagged_in { TAGGED_IN } else { 0 };
+        Some(Hit(id as u64 | (bd as u64) << 12 | t | rest | (max_len as u64) << 50))
+    }
+
+    #[inline(always)]
+    pub fn bd(self) -> u16 {
+        (self.0 >> 12) as u16 & ID_MAX
+    }
+
+    #[inline(always)]
+    pub fn max_len(self) -> usize {
+        (self.0 >> 50) as usize
+    }
+
+    /// Whether the frame arrived with a VLAN tag.
+    #[inline(always)]
+    pub fn tagged_in(self) -> bool {
+        self.0 & TAGGED_IN != 0
+    }
+
+    /// The egress port when the frame leaves as it came (untagged in and out): the common
+    /// case, decided with one test.
+    #[inline(always)]
+    pub fn plain_port(self) -> Option<u16> {
+        (self.0 & (PEER | TAGGED_IN | TAGGED_OUT) == 0).then_some(self.0 as u16 & ID_MAX)
+    }
+
+    #[inline(always)]
+    pub fn action(self) -> Action {
+        let id = self.0 as u16 & ID_MAX;
+        if self.0 & PEER != 0 {
+            return Action::Peer { peer: id, vni: (self.0 >> 26) as u32 & 0xff_ffff };
+        }
+        let want = (self.0 & TAGGED_OUT != 0)
+            .then(|| (TPIDS[(self.0 >> 27) as usize & 3], (self.0 >> 32) as u16 & ID_MAX));
+        Action::Port { port: id, want }
+    }
+}
+
+/// The key of one frame. `k0` is the destination MAC (and, after decapsulation, the bridge
+/// domain), `k1` the source MAC and EtherType as they lie in the frame, `k2` the ingress and
+/// the two bytes after the EtherType.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    k0: u64,
+    k1: u64,
+    k2: u64,
+}
+
+/// Head bytes a key needs (an Ethernet header and a tag).
+pub const KEY_BYTES: usize = 18;
+/// Ingress ids at or above this are remote VTEPs (peer id added), not ports.
+const FROM_PEER: u64 = 0x8000;
+
+impl Key {
+    /// The key of a frame received on local port `port`; `None` when the head is too short.
+    #[inline(always)]
+    pub fn from_port(port: u16, h: &[u8]) -> Option<Key> {
+        Self::new(port as u64, 0, h)
+    }
+
+    /// The key of an inner frame decapsulated from `peer` into bridge domain `bd`.
+    #[inline(always)]
+    pub fn from_peer(peer: u16, bd: u16, h: &[u8]) -> Option<Key> {
+        Self::new(FROM_PEER | peer as u64, bd as u64, h)
+    }
+
+    #[inline(always)]
+    fn new(ingress: u64, bd: u64, h: &[u8]) -> Option<Key> {
+        let h = h.first_chunk::<KEY_BYTES>()?;
+        let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
+        // Bytes 0..8 hold the destination and the first two bytes of the source, which `k1`
+        // (bytes 6..14) holds too: shift them out.
+        let k0 = w(0) << 16 | bd;
+        let k1 = w(6);
+        let k2 = ingress | (u16::from_le_bytes([h[14], h[15]]) as u64) << 16;
+        Some(Key { k0, k1, k2 })
+    }
+
+    /// The EtherType (or TPID) of the frame.
+    #[inline(always)]
+    pub fn ethertype(&self) -> u16 {
+        ((self.k1 >> 48) as u16).swap_bytes()
+    }
+
+    /// The two bytes after the EtherType, big-endian (the TCI when the frame is tagged).
+    #[inline(always)]
+    pub fn tci(&self) -> u16 {
+        ((self.k2 >> 16) as u16).swap_bytes()
+    }
+
+    #[inline(always)]
+    fn bucket(&self, mask: u32) -> usize {
+        // k2's ingress and tag bits lie under k0's zeroed low bits and the destination's
+        // lowest bytes: a plain XOR keeps them; the multiply mixes everything into the top.
+        let h = (self.k0 ^ self.k1 ^ self.k2).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((h >> 32) as u32 & mask) as usize
+    }
+}
+
+#[repr(C, align(32))]
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    k0: u64,
+    k1: u64,
+    /// `Key::k2` with the epoch in the top 32 bits (epoch 0: empty).
+    k2: u64,
+    hit: u64,
+}
+
+impl Entry {
+    #[inline(always)]
+    fn matches(&self, k0: u64, k1: u64, k2: u64) -> bool {
+        ((self.k0 ^ k0) | (self.k1 ^ k1) | (self.k2 ^ k2)) == 0
+    }
+}
+
+/// What the cache's entries were derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sources {
+    snapshot: u64,
+    fdb: u32,
+    now: u32,
+}
+
+pub struct Emc {
+    sets: Box<[[Entry; 2]]>,
+    mask: u32,
+    epoch: u32,
+    sources: Option<Sources>,
+}
+
+impl std::fmt::Debug for Emc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Emc({} entries, epoch {})", self.capacity(), self.epoch)
+    }
+}
+
+impl Emc {
+    /// A cache of at least `entries` entries (rounded up to a power of two; 0 disables it).
+    pub fn new(entries: usize) -> Emc {
+        let sets = entries.div_ceil(2).next_power_of_two().clamp(1, 1 << 24);
+        let enabled = entries > 0;
+        Emc {
+            sets: zeroed(sets),
+            mask: sets as u32 - 1,
+            // Epoch 0 never matches a key (it marks empty entries); a disabled cache stays there.
+            epoch: if enabled { 1 } else { 0 },
+            sources: None,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        if self.epoch == 0 { 0 } else { self.sets.len() * 2 }
+    }
+
+    /// Called once per burst: starts a new epoch if the configuration, the FDB or the second
+    /// changed since the entries were made.
+    #[inline(always)]
+    pub fn sync(&mut self, snapshot: u64, fdb: u32, now: u32) {
+        let s = Some(Sources { snapshot, fdb, now });
+        if s != self.sources && self.epoch != 0 {
+            self.sources = s;
+            self.next_epoch();
+        }
+    }
+
+    #[cold]
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // After 2^32 epochs an old entry's epoch could come round again: forget them all.
+            self.sets.fill([Entry::default(); 2]); // no allocation on a PMD thread
+            self.epoch = 1;
+        }
+    }
+
+    #[inline(always)]
+    fn k2(&self, k: &Key) -> u64 {
+        k.k2 | (self.epoch as u64) << 32
+    }
+
+    /// The cached decision for `k`, if one of this epoch exists.
+    #[inline(always)]
+    pub fn lookup(&self, k: &Key) -> Option<Hit> {
+        let k2 = self.k2(k);
+        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
+        let set = unsafe { self.sets.get_unchecked(k.bucket(self.mask)) };
+        if set[0].matches(k.k0, k.k1, k2) {
+            return Some(Hit(set[0].hit));
+        }
+        if set[1].matches(k.k0, k.k1, k2) {
+            return Some(Hit(set[1].hit));
+        }
+        None
+    }
+
+    /// Hints the CPU to fetch `k`'s set (used a burst ahead of the lookups).
+    #[inline(always)]
+    pub fn prefetch(&self, k: &Key) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let p: *const [Entry; 2] = &self.sets[k.bucket(self.mask)];
+            // SAFETY: prefetch has no memory effects.
+            unsafe { _mm_prefetch(p.cast(), _MM_HINT_T0) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = k;
+    }
+
+    /// Remembers a decision. The newer entry of a set sits first; a third key replaces the
+    /// older one (stale entries count as free).
+    pub fn insert(&mut self, k: &Key, hit: Hit) {
+        if self.epoch == 0 {
+            return;
+        }
+        let (k2, epoch) = (self.k2(k), self.epoch);
+        let set = &mut self.sets[k.bucket(self.mask)];
+        let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
+        let current = |x: &Entry| (x.k2 >> 32) as u32 == epoch;
+        if set[0].matches(k.k0, k.k1, k2) || !current(&set[0]) {
+            set[0] = e;
+        } else if set[1].matches(k.k0, k.k1, k2) {
+            set[1] = e;
+        } else {
+            set[1] = set[0];
+            set[0] = e;
+        }
+    }
+}
+
+/// A table of empty entries straight from zeroed pages (untouched until used).
+fn zeroed(sets: usize) -> Box<[[Entry; 2]]> {
+    let b = Box::<[[Entry; 2]]>::new_zeroed_slice(sets);
+    // SAFETY: an entry is four integers, for which all-zero bits are valid (and mean empty).
+    unsafe { b.assume_init() }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn frame(dst: u8, src: u8, et: u16, tci: u16) -> [u8; 18] {
+        let mut f = [0u8; 18];
+        f[..6].copy_from_slice(&[2, 0, 0, 0, 0, dst]);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, src]);
+        f[12..14].copy_from_slice(&et.to_be_bytes());
+        f[14..16].copy_from_slice(&tci.to_be_bytes());
+        f
+    }
+
+    fn to_3() -> Hit {
+        Hit::to_port(7, 3, false, Some((0x88a8, 100)), 1518).unwrap()
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for (bd, id, tin, want, max) in [(7, 3, false, Some((0x88a8, 100)), 1518), (4095, 4095, true, None, MAX_LEN), (0, 0, true, Some((0x9100, 4095)), 0)] {
+            let h = Hit::to_port(bd, id, tin, want, max).unwrap();
+            assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (bd, tin, max, Action::Port { port: id, want }));
+        }
+        let h = Hit::to_peer(9, 12, true, 0xff_ffff, 9000).unwrap();
+        assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (9, true, 9000, Action::Peer { peer: 12, vni: 0xff_ffff }));
+        assert_eq!(Hit::to_port(1, 4096, false, None, 1518), None);
+        assert_eq!(Hit::to_port(1, 1, false, Some((0x0800, 1)), 1518), None);
+        assert_eq!(Hit::to_port(1, 1, false, None, MAX_LEN + 1), None);
+        assert_eq!(Hit::to_peer(1, 1, false, 1 << 24, 1518), None);
+    }
+
+    #[test]
+    fn key_covers_ingress_macs_type_and_tag() {
+        let f = frame(1, 2, 0x8100, 0x2064);
+        let k = Key::from_port(5, &f).unwrap();
+        assert_eq!((k.ethertype(), k.tci()), (0x8100, 0x2064));
+        let differ = [
+            Key::from_port(6, &f),
+            Key::from_port(5, &frame(9, 2, 0x8100, 0x2064)),
+            Key::from_port(5, &frame(1, 9, 0x8100, 0x2064)),
+            Key::from_port(5, &frame(1, 2, 0x88a8, 0x2064)),
+            Key::from_port(5, &frame(1, 2, 0x8100, 0x2065)),
+            Key::from_peer(5, 0, &f),
+            Key::from_peer(5, 1, &f),
+        ];
+        for d in differ {
+            assert_ne!(d, Some(k));
+        }
+        assert_eq!(Key::from_port(5, &f[..17]), None);
+    }
+
+    #[test]
+    fn hits_until_any_source_changes() {
+        let mut c = Emc::new(64);
+        c.sync(1, 1, 1);
+        let k = Key::from_port(1, &frame(1, 2, 0x0800, 0x4500)).unwrap();
+        assert_eq!(c.lookup(&k), None);
+        c.insert(&k, to_3());
+        assert_eq!(c.lookup(&k), Some(to_3()));
+        c.sync(1, 1, 1);
+        assert_eq!(c.lookup(&k), Some(to_3()));
+        for (s, f, n) in [(2, 1, 1), (2, 2, 1), (2, 2, 2)] {
+            c.insert(&k, to_3());
+            c.sync(s, f, n);
+            assert_eq!(c.lookup(&k), None, "after a change to {:?}", (s, f, n));
+        }
+    }
+
+    #[test]
+    fn colliding_keys_share_a_set_of_two() {
+        let mut c = Emc::new(2); // one set: every key collides
+        c.sync(0, 0, 0);
+        let keys: Vec<Key> = (0..3).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
+        c.insert(&keys[0], to_3());
+        c.insert(&keys[1], to_3());
+        assert!(c.lookup(&keys[0]).is_some() && c.lookup(&keys[1]).is_some());
+        c.insert(&keys[2], to_3());
+        assert!(c.lookup(&keys[2]).is_some() && c.lookup(&keys[1]).is_some());
+        assert_eq!(c.lookup(&keys[0]), None, "the older way is replaced");
+    }
+
+    #[test]
+    fn disabled_cache_never_hits() {
+        let mut c = Emc::new(0);
+        c.sync(0, 0, 0);
+        let k = Key::from_port(1, &frame(1, 2, 0x0800, 0)).unwrap();
+        c.insert(&k, to_3());
+        assert_eq!(c.lookup(&k), None);
+        assert_eq!(c.capacity(), 0);
+    }
+
+    #[test]
+    fn epoch_wrap_forgets_everything() {
+        let mut c = Emc::new(4);
+        c.sync(0, 0, 0);
+        let k = Key::from_port(1, &frame(1, 2, 0x0800, 0)).unwrap();
+        c.epoch = u32::MAX;
+        c.insert(&k, to_3());
+        c.sync(0, 0, 1);
+        assert_eq!(c.epoch, 1);
+        assert_eq!(c.lookup(&k), None);
+    }
+}

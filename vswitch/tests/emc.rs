@@ -1,0 +1,209 @@
+//! The exact-match cache never changes what the switch does: after a flow is cached, MAC
+//! moves, FDB flushes, configuration changes, a new second (learning refresh), oversize
+//! frames and refused learning all behave as without it.
+
+use std::net::Ipv4Addr;
+use vswitch::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig};
+use vswitch::fdb::Dest;
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::{DropReason, Event};
+
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, n)
+}
+
+fn config(mtu: u16) -> SwitchConfig {
+    let mut ports: Vec<PortConfig> = ["p0", "p1", "p2"].iter().map(|p| PortConfig::access(p, "red")).collect();
+    for p in &mut ports {
+        p.mtu = mtu;
+    }
+    SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports, vtep: None }
+}
+
+/// p0 (mac 1) and p1 (mac 2) have talked, so 1 → 2 is known unicast and cached.
+fn cached_flow() -> (Harness, Vec<u8>) {
+    let mut h = Harness::new();
+    for p in ["p0", "p1", "p2"] {
+        h.ring(p);
+    }
+    h.apply(config(1500)).unwrap();
+    h.set_now(1);
+    let a_to_b = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 64);
+    h.send("p0", &a_to_b);
+    h.send("p1", &frames::udp4(mac(1), mac(2), ip(2), ip(1), 2000, 1000, 64));
+    h.step();
+    h.recv_all();
+    for _ in 0..2 {
+        h.send("p0", &a_to_b);
+        h.step();
+    }
+    assert_eq!(h.recv("p1"), vec![a_to_b.clone(), a_to_b.clone()]);
+    assert_eq!(h.stats().event(Event::CacheHits), 1, "the second frame of the flow hit");
+    (h, a_to_b)
+}
+
+fn hits(h: &Harness) -> u64 {
+    h.stats().event(Event::CacheHits)
+}
+
+#[test]
+fn a_cached_flow_is_forwarded_byte_exact() {
+    let (mut h, f) = cached_flow();
+    for _ in 0..40 {
+        h.send("p0", &f);
+    }
+    h.step();
+    assert_eq!(h.recv("p1"), vec![f; 40]);
+    assert!(h.recv("p2").is_empty());
+    let s = h.stats();
+    assert_eq!(s.event(Event::CacheHits), 41);
+    assert_eq!(s.ports[0].rx_packets, 43);
+    assert_eq!(s.total_drops(), 0);
+}
+
+#[test]
+fn a_moved_destination_is_followed_at_once() {
+    let (mut h, f) = cached_flow();
+    // mac(2) now speaks from p2.
+    h.send("p2", &frames::udp4(mac(1), mac(2), ip(2), ip(1), 2000, 1000, 64));
+    h.step();
+    h.recv_all();
+    h.send("p0", &f);
+    h.step();
+    assert_eq!(h.recv("p2"), vec![f]);
+    assert!(h.recv("p1").is_empty());
+    assert_eq!(h.stats().event(Event::MacMoved), 1);
+}
+
+#[test]
+fn a_moved_source_is_learned_even_when_its_flow_was_cached() {
+    let (mut h, f) = cached_flow();
+    // mac(1) moves to p2 and sends the same flow from there.
+    h.send("p2", &f);
+    h.step();
+    assert_eq!(h.recv("p1"), vec![f]);
+    let fdb = h.switch.fdb().dump();
+    let p2 = h.switch.snapshot().port_id("p2").unwrap();
+    assert!(fdb.iter().any(|e| e.mac == mac(1) && e.dest == Dest::Port(p2)));
+}
+
+#[test]
+fn a_flushed_fdb_floods_again() {
+    let (mut h, f) = cached_flow();
+    assert!(h.switch.flush_bridge("red").unwrap() >= 2);
+    h.send("p0", &f);
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p1"], vec![f.clone()]);
+    assert_eq!(out["p2"], vec![f], "unknown again: flooded");
+    assert_eq!(h.stats().event(Event::Flooded), 2);
+}
+
+#[test]
+fn learning_still_refreshes_once_a_second() {
+    let (mut h, f) = cached_flow();
+    h.set_now(7);
+    h.send("p0", &f);
+    h.send("p0", &f);
+    h.step();
+    assert_eq!(h.recv("p1").len(), 2);
+    let seen = h.switch.fdb().dump().into_iter().find(|e| e.mac == mac(1)).unwrap().seen;
+    assert_eq!(seen, 7, "the first frame of a new second went through learning");
+    assert_eq!(hits(&h), 1, "and so did the second frame of that burst, which missed too");
+    h.send("p0", &f);
+    h.step();
+    assert_eq!(hits(&h), 2, "cached again for the rest of the second");
+}
+
+#[test]
+fn a_configuration_change_applies_to_cached_flows() {
+    let (mut h, f) = cached_flow();
+    // p1 leaves the bridge: the cached egress must not be used.
+    let mut cfg = config(1500);
+    cfg.ports[1] = PortConfig::access("p1", "blue");
+    cfg.bridges.push(BridgeConfig::new("blue").vlan(200));
+    h.apply(cfg).unwrap();
+    h.send("p0", &f);
+    h.step();
+    let out = h.recv_all();
+    assert!(out["p1"].is_empty());
+    assert_eq!(out["p2"], vec![f]);
+}
+
+#[test]
+fn oversize_frames_of_a_cached_flow_are_dropped_and_counted() {
+    let (mut h, small) = cached_flow();
+    let big = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 1600);
+    h.send("p0", &big);
+    h.send("p0", &small);
+    h.step();
+    assert_eq!(h.recv("p1"), vec![small]);
+    assert_eq!(h.stats().drop(DropReason::Oversize), 1);
+}
+
+#[test]
+fn a_lowered_egress_mtu_applies_to_cached_flows() {
+    let (mut h, _) = cached_flow();
+    let mut cfg = config(1500);
+    cfg.ports[1].mtu = 1000;
+    h.apply(cfg).unwrap();
+    let f = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 1200);
+    for _ in 0..3 {
+        h.send("p0", &f);
+        h.step();
+    }
+    assert!(h.recv("p1").is_empty());
+    assert_eq!(h.stats().drop(DropReason::EgressMtu), 3);
+}
+
+#[test]
+fn refused_learning_is_never_cached() {
+    let mut h = Harness::new();
+    for p in ["p0", "p1", "p2"] {
+        h.ring(p);
+    }
+    let mut cfg = config(1500);
+    // mac(1) is pinned to p2; frames from it on p0 still go out, and every one counts.
+    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(1), port: Some("p2".into()), remote: None });
+    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(2), port: Some("p1".into()), remote: None });
+    h.apply(cfg).unwrap();
+    let f = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 64);
+    for _ in 0..5 {
+        h.send("p0", &f);
+        h.step();
+    }
+    assert_eq!(h.recv("p1").len(), 5);
+    let s = h.stats();
+    assert_eq!(s.event(Event::StaticMoveRefused), 5);
+    assert_eq!(s.event(Event::CacheHits), 0);
+}
+
+#[test]
+fn tagged_flows_are_cached_with_their_priority() {
+    let mut h = Harness::new();
+    h.ring("a").ring("t");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red").vlan(100)],
+        ports: vec![PortConfig::access("a", "red"), PortConfig::trunk("t", &[100], None)],
+        vtep: None,
+    })
+    .unwrap();
+    let from_trunk = |pcp: u16| frames::add_tag(&frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 60), 0x8100, pcp << 13 | 100);
+    let to_trunk = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 60);
+    h.send("a", &to_trunk);
+    h.send("t", &from_trunk(5));
+    h.step();
+    h.recv_all();
+    for _ in 0..3 {
+        h.send("t", &from_trunk(5));
+        h.send("a", &to_trunk);
+        h.step();
+    }
+    assert_eq!(h.recv("a"), vec![frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 60); 3]);
+    assert_eq!(h.recv("t"), vec![frames::add_tag(&to_trunk, 0x8100, 100); 3]);
+    assert!(hits(&h) >= 4, "both directions cached");
+    // Another priority is another key: the tag's bytes are part of it.
+    h.send("t", &from_trunk(3));
+    h.step();
+    assert_eq!(h.recv("a").len(), 1);
+}
