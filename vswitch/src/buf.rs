@@ -23,7 +23,7 @@
 use crate::region::{Backing, Region};
 use crossbeam_queue::ArrayQueue;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 /// Size of one chunk of the region.
 pub const BUF_SIZE: usize = 2048;
@@ -124,13 +124,44 @@ impl<'a> PoolView<'a> {
 #[must_use = "release the maker's reference with PoolCache::release_shared"]
 pub struct SharedSeg(u32);
 
+/// A chunk's metadata. Only the reference count is atomic: the other fields are written only
+/// by the chunk's unique owner (a `BufId`, or the pool while the chunk is free) and read by its
+/// owner or, once shared, by holders of a reference while nobody writes (see [`Owned`]).
 #[derive(Default)]
 struct Meta {
-    off: AtomicU16,
-    len: AtomicU16,
-    next: AtomicU32,
-    pkt_len: AtomicU32,
+    off: Owned<u16>,
+    len: Owned<u16>,
+    next: Owned<u32>,
+    pkt_len: Owned<u32>,
     refcnt: AtomicU32,
+}
+
+/// A metadata field that the ownership rules of this module keep free of data races: one
+/// thread writes it while it owns the chunk; ownership moves between threads only through
+/// synchronizing hand-offs (the free list, SPSC rings, AF_XDP rings with release/acquire
+/// indices, the reference count's `AcqRel` decrement). A plain cell rather than an atomic,
+/// so the compiler may keep a value it just read or wrote in a register (atomic loads are
+/// never merged, which cost every packet several reloads). The `Ordering` arguments mirror
+/// the atomic API and are ignored.
+#[derive(Default)]
+struct Owned<T>(std::cell::UnsafeCell<T>);
+
+// SAFETY: see the type's documentation: no two threads access one field at the same time
+// unless both only read it.
+unsafe impl<T: Send> Sync for Owned<T> {}
+
+impl<T: Copy> Owned<T> {
+    #[inline(always)]
+    fn load(&self, _: std::sync::atomic::Ordering) -> T {
+        // SAFETY: no concurrent writer (see the type's documentation).
+        unsafe { *self.0.get() }
+    }
+
+    #[inline(always)]
+    fn store(&self, v: T, _: std::sync::atomic::Ordering) {
+        // SAFETY: the caller owns the chunk, so no other thread reads or writes this field.
+        unsafe { *self.0.get() = v }
+    }
 }
 
 /// The pool: the region, its metadata, and the shared free list.
@@ -260,15 +291,25 @@ impl Pool {
     /// or `None` when the headroom is too small.
     #[inline(always)]
     pub fn prepend<'a>(&'a self, b: &'a mut BufId, n: usize) -> Option<&'a mut [u8]> {
+        self.prepend_counted(b, n).map(|(h, _)| h)
+    }
+
+    /// [`Pool::prepend`], also returning the packet's length before it grew (one metadata
+    /// read for both).
+    #[inline(always)]
+    pub fn prepend_counted<'a>(&'a self, b: &'a mut BufId, n: usize) -> Option<(&'a mut [u8], usize)> {
         let m = self.m(b.0);
         let off = m.off.load(Relaxed) as usize;
         if n > off {
             return None;
         }
-        m.off.store((off - n) as u16, Relaxed);
-        m.len.store(m.len.load(Relaxed) + n as u16, Relaxed);
-        m.pkt_len.store(m.pkt_len.load(Relaxed) + n as u32, Relaxed);
-        Some(self.head_mut(b))
+        let (off, len, pkt_len) = (off - n, m.len.load(Relaxed) as usize + n, m.pkt_len.load(Relaxed));
+        m.off.store(off as u16, Relaxed);
+        m.len.store(len as u16, Relaxed);
+        m.pkt_len.store(pkt_len + n as u32, Relaxed);
+        // SAFETY: the new segment [off, off + len) is the old one grown into its headroom, so
+        // it stays inside the chunk; `b` (borrowed mutably) owns it.
+        Some((unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }, pkt_len as usize))
     }
 
     /// Removes `n` bytes from the front of the head segment; false if it is shorter.

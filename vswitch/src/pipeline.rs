@@ -24,7 +24,7 @@ use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
-use crate::vtep::{self, DecapCache};
+use crate::vtep::{DecapCache, Layout, PeerEntry, VtepEntry};
 use crate::wire::ethernet::{self, ethertype};
 use std::sync::Arc;
 
@@ -74,6 +74,9 @@ pub struct Pipeline {
     decap_cache: DecapCache,
     now: u32,
     emc: Emc,
+    /// Cache hits of this burst for remote VTEPs, encapsulated together.
+    to_peer: Batch,
+    to_peer_hits: [Hit; BATCH],
     /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
     /// `i`th frame the cache missed (the slow path's `i`th).
     cached: bool,
@@ -96,6 +99,8 @@ impl Pipeline {
             decap_cache: DecapCache::default(),
             now: 0,
             emc: Emc::new(emc_entries),
+            to_peer: Batch::new(),
+            to_peer_hits: [Hit::default(); BATCH],
             cached: false,
             miss_keys: [None; BATCH],
         }
@@ -211,16 +216,28 @@ impl Pipeline {
                         self.discard(b, DropReason::Runt, p);
                     }
                 }
-                Action::Peer { peer, vni } => self.emit_peer(snap, Some(vni), b, tagged, peer),
+                Action::Peer { .. } => {
+                    self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
+                    if let Err(b) = self.to_peer.push(b) {
+                        self.discard(b, DropReason::NoEgress, 0); // holds a burst: unreachable
+                    }
+                }
             }
         }
         batch.clear_taken();
+        if !self.to_peer.is_empty() {
+            self.encap_pending(snap);
+        }
         self.count_bd(run_bd, run_pkts, run_bytes);
     }
 
     /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed.
     #[inline(never)]
     fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize) {
+        // Frames before this one go first, whatever path they took.
+        if !self.to_peer.is_empty() {
+            self.encap_pending(snap);
+        }
         self.miss_keys[i & (BATCH - 1)] = Key::from_port(port.id, self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
         if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
@@ -487,17 +504,79 @@ impl Pipeline {
         let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
-        if tagged && !vlan::pop(&self.pool, &mut b) {
-            return self.discard(b, DropReason::Runt, vtep.underlay_port);
+        let r = self.untag(&mut b, tagged).and_then(|()| vtep.encap(&self.pool, &mut b, pe, vni));
+        if self.sent_encapsulated(snap, vtep, b, r) {
+            self.stats.event(Event::Encapsulated, 1);
         }
-        let hash = vtep::packet_flow_hash(&self.pool, &b);
-        match vtep.encap(&self.pool, &mut b, pe, vni, hash) {
+    }
+
+    /// Removes the tag of a frame that arrived tagged (VXLAN carries inner frames untagged).
+    #[inline(always)]
+    fn untag(&self, b: &mut BufId, tagged: bool) -> Result<(), DropReason> {
+        if tagged && !vlan::pop(&self.pool, b) { Err(DropReason::Runt) } else { Ok(()) }
+    }
+
+    /// Queues an encapsulated frame on the underlay port, or drops it for the reason the
+    /// encapsulation gave; true if queued.
+    #[inline(always)]
+    fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, b: BufId, r: Result<(), DropReason>) -> bool {
+        match r {
             Ok(()) => {
-                self.stats.event(Event::Encapsulated, 1);
-                self.enqueue(snap, vtep.underlay_port, b)
+                self.enqueue(snap, vtep.underlay_port, b);
+                true
             }
-            Err(r) => self.discard(b, r, vtep.underlay_port),
+            Err(r) => {
+                self.discard(b, r, vtep.underlay_port);
+                false
+            }
         }
+    }
+
+    /// Encapsulates the frames the cache sent to remote VTEPs (VPP's encap node): the outer
+    /// layout chosen once, the peer looked up once per run of frames to it.
+    #[inline(never)]
+    fn encap_pending(&mut self, snap: &Snapshot) {
+        let Some(vtep) = snap.vtep.as_ref() else {
+            for b in self.to_peer.drain() {
+                self.stats.count_drop(DropReason::VxlanNoRoute, 0);
+                self.cache.free(b);
+            }
+            return;
+        };
+        match vtep.layout() {
+            Layout::V4 => self.encap_pending_as::<true, 14, 50>(snap, vtep),
+            Layout::V4Tagged => self.encap_pending_as::<true, 18, 54>(snap, vtep),
+            Layout::V6 => self.encap_pending_as::<false, 14, 70>(snap, vtep),
+            Layout::V6Tagged => self.encap_pending_as::<false, 18, 74>(snap, vtep),
+        }
+    }
+
+    #[inline(always)]
+    fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
+        let mut last: Option<&PeerEntry> = None;
+        let mut sent = 0;
+        for i in 0..self.to_peer.len() {
+            let mut b = self.to_peer.take(i);
+            let hit = self.to_peer_hits[i & (BATCH - 1)];
+            let Action::Peer { peer, vni } = hit.action() else {
+                self.discard(b, DropReason::NoEgress, 0); // only peer hits are queued here
+                continue;
+            };
+            let pe = match last {
+                Some(pe) if pe.id == peer => pe,
+                _ => match snap.peer(peer) {
+                    Some(pe) => *last.insert(pe),
+                    None => {
+                        self.discard(b, DropReason::VxlanNoRoute, 0);
+                        continue;
+                    }
+                },
+            };
+            let r = self.untag(&mut b, hit.tagged_in()).and_then(|()| vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni));
+            sent += self.sent_encapsulated(snap, vtep, b, r) as u64;
+        }
+        self.to_peer.clear_taken();
+        self.stats.event(Event::Encapsulated, sent);
     }
 
     /// Floods to every member but the ingress, and to remote VTEPs unless the frame came from

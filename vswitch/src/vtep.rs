@@ -21,6 +21,15 @@ use std::net::IpAddr;
 /// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
 pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
 
+/// Outer header layouts: IPv4 or IPv6, with or without an underlay VLAN tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    V4,
+    V4Tagged,
+    V6,
+    V6Tagged,
+}
+
 /// The local VTEP as the fast path sees it.
 #[derive(Debug, Clone)]
 pub struct VtepEntry {
@@ -126,62 +135,119 @@ impl VtepEntry {
         let l4 = self.l2_len + if p.ip.is_ipv4() { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
         udp::emit(&mut t[l4..], 0, self.udp_port, 0, 0);
         vxlan::emit(&mut t[l4 + udp::HEADER_LEN..], 0);
+        let base_sum = checksum::fold(base_sum) as u64;
         Ok(PeerEntry { id, ip: p.ip, template: t, base_sum })
+    }
+
+    /// The outer header's layout; [`VtepEntry::encap_as`] has one body per layout.
+    pub fn layout(&self) -> Layout {
+        match (self.local_v4 != 0, self.l2_len) {
+            (true, 14) => Layout::V4,
+            (true, _) => Layout::V4Tagged,
+            (false, 14) => Layout::V6,
+            (false, _) => Layout::V6Tagged,
+        }
     }
 
     /// Encapsulates the (untagged) inner frame `b` toward `peer` in VNI `vni`.
     #[inline]
-    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32, flow_hash: u32) -> Result<(), DropReason> {
-        // One monomorphic body per outer layout, so every offset below is a constant and
-        // the template copy is a fixed-size move.
-        match (self.local_v4 != 0, self.l2_len) {
-            (true, 14) => self.encap_as::<true, 14, 50>(pool, b, peer, vni, flow_hash),
-            (true, _) => self.encap_as::<true, 18, 54>(pool, b, peer, vni, flow_hash),
-            (false, 14) => self.encap_as::<false, 14, 70>(pool, b, peer, vni, flow_hash),
-            (false, _) => self.encap_as::<false, 18, 74>(pool, b, peer, vni, flow_hash),
+    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32) -> Result<(), DropReason> {
+        match self.layout() {
+            Layout::V4 => self.encap_as::<true, 14, 50>(pool, b, peer, vni),
+            Layout::V4Tagged => self.encap_as::<true, 18, 54>(pool, b, peer, vni),
+            Layout::V6 => self.encap_as::<false, 14, 70>(pool, b, peer, vni),
+            Layout::V6Tagged => self.encap_as::<false, 18, 74>(pool, b, peer, vni),
         }
     }
 
+    /// [`VtepEntry::encap`] for one layout (`V4`, outer L2 length, whole outer length), which
+    /// must be this VTEP's: every offset is a constant and the template copy a fixed-size
+    /// move. A caller encapsulating a burst picks the layout once.
     #[inline(always)]
-    fn encap_as<const V4: bool, const L2: usize, const OUTER: usize>(
+    pub fn encap_as<const V4: bool, const L2: usize, const OUTER: usize>(
         &self,
         pool: &Pool,
         b: &mut BufId,
         peer: &PeerEntry,
         vni: u32,
-        flow_hash: u32,
     ) -> Result<(), DropReason> {
-        let inner = pool.pkt_len(b);
-        let l3_len = inner + OUTER - L2;
-        if l3_len > self.mtu as usize {
+        debug_assert_eq!(OUTER, self.outer_len);
+        // Grow into the headroom first: one metadata read gives the room, the inner length
+        // and the inner bytes to hash; a frame refused below is shrunk back.
+        let Some((h, inner)) = pool.prepend_counted(b, OUTER) else { return Err(DropReason::NoBuffer) };
+        if inner + OUTER - L2 > self.mtu as usize {
+            pool.strip(b, OUTER);
             return Err(DropReason::EncapTooBig);
         }
-        let Some(h) = pool.prepend(b, OUTER).and_then(|h| h.first_chunk_mut::<OUTER>()) else {
-            return Err(DropReason::NoBuffer);
-        };
-        let Some(t) = peer.template.first_chunk::<OUTER>() else { return Err(DropReason::NoBuffer) };
+        if h.len() < OUTER + HASHED && h.len() != OUTER + inner {
+            return self.encap_gathered::<V4, L2, OUTER>(pool, b, peer, vni, inner);
+        }
+        let hash = flow_hash(&h[OUTER..]);
+        self.write_outer::<V4, L2, OUTER>(h, peer, vni, inner, hash);
+        self.finish_v6::<V4, L2>(pool, b, peer, inner);
+        Ok(())
+    }
+
+    /// `encap_as` for a chained frame whose head is too short to hash in place.
+    #[cold]
+    #[inline(never)]
+    fn encap_gathered<const V4: bool, const L2: usize, const OUTER: usize>(
+        &self,
+        pool: &Pool,
+        b: &mut BufId,
+        peer: &PeerEntry,
+        vni: u32,
+        inner: usize,
+    ) -> Result<(), DropReason> {
+        pool.strip(b, OUTER);
+        let hash = gathered_flow_hash(pool, b);
+        let Some(h) = pool.prepend(b, OUTER) else { return Err(DropReason::NoBuffer) };
+        self.write_outer::<V4, L2, OUTER>(h, peer, vni, inner, hash);
+        self.finish_v6::<V4, L2>(pool, b, peer, inner);
+        Ok(())
+    }
+
+    /// Writes the outer headers from the peer's template into the first `OUTER` bytes of `h`.
+    #[inline(always)]
+    fn write_outer<const V4: bool, const L2: usize, const OUTER: usize>(
+        &self,
+        h: &mut [u8],
+        peer: &PeerEntry,
+        vni: u32,
+        inner: usize,
+        flow_hash: u32,
+    ) {
+        let (Some(h), Some(t)) = (h.first_chunk_mut::<OUTER>(), peer.template.first_chunk::<OUTER>()) else { return };
         *h = *t;
         let l4 = L2 + if V4 { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
         let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
-        let sport = self.src_lo + (((flow_hash & 0xffff) * self.src_span) >> 16) as u16;
+        // The hash's top half: the multiply mixed every input bit into it.
+        let sport = self.src_lo + (((flow_hash >> 16) * self.src_span) >> 16) as u16;
         put(h, l4, sport);
         put(h, l4 + udp::offsets::LENGTH, udp_len);
         let vx = l4 + udp::HEADER_LEN;
-        h[vx + 4] = (vni >> 16) as u8;
-        h[vx + 5] = (vni >> 8) as u8;
-        h[vx + 6] = vni as u8;
+        // VNI and the reserved byte after it, in one store.
+        h[vx + 4..vx + 8].copy_from_slice(&(vni << 8).to_be_bytes());
         if V4 {
-            let total = l3_len as u16;
+            let total = (inner + OUTER - L2) as u16;
             put(h, L2 + ipv4::offsets::TOTAL_LEN, total);
-            put(h, L2 + ipv4::offsets::CHECKSUM, !checksum::fold(peer.base_sum + total as u64));
+            // `base_sum` is folded to 16 bits, so one fold finishes the sum.
+            let sum = peer.base_sum + total as u64;
+            put(h, L2 + ipv4::offsets::CHECKSUM, !(((sum & 0xffff) + (sum >> 16)) as u16));
         } else {
             put(h, L2 + ipv6::offsets::PAYLOAD_LEN, udp_len);
-            if !self.v6_zero_csum {
-                let c = udp6_checksum(pool, b, peer.base_sum, l4, udp_len);
-                put(pool.head_mut(b), l4 + udp::offsets::CHECKSUM, c);
-            }
         }
-        Ok(())
+    }
+
+    /// The UDP checksum an IPv6 outer header needs (unless zero checksums are configured).
+    #[inline(always)]
+    fn finish_v6<const V4: bool, const L2: usize>(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, inner: usize) {
+        if !V4 && !self.v6_zero_csum {
+            let l4 = L2 + ipv6::HEADER_LEN;
+            let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
+            let c = udp6_checksum(pool, b, peer.base_sum, l4, udp_len);
+            put(pool.head_mut(b), l4 + udp::offsets::CHECKSUM, c);
+        }
     }
 
     /// Validates an underlay frame and strips its outer headers, leaving the inner frame.
@@ -401,17 +467,8 @@ fn udp6_checksum(pool: &Pool, b: &BufId, base: u64, l4: usize, udp_len: u16) -> 
 /// Bytes of the inner frame the flow hash reads (Ethernet + IPv4 addresses and ports).
 const HASHED: usize = 14 + 24;
 
-/// The flow hash of a packet however it is segmented: packets of one flow always get the
-/// same UDP source port (ECMP paths must not reorder a flow).
-#[inline(always)]
-pub fn packet_flow_hash(pool: &Pool, b: &BufId) -> u32 {
-    let (h, len) = pool.head_and_len(b);
-    if h.len() >= HASHED || h.len() == len {
-        return flow_hash(h);
-    }
-    gathered_flow_hash(pool, b)
-}
-
+/// The flow hash of a packet whose head is too short to hash in place: packets of one flow
+/// get the same UDP source port however they are segmented (ECMP must not reorder a flow).
 #[cold]
 fn gathered_flow_hash(pool: &Pool, b: &BufId) -> u32 {
     let mut buf = [0u8; HASHED];
@@ -427,21 +484,21 @@ fn gathered_flow_hash(pool: &Pool, b: &BufId) -> u32 {
     flow_hash(&buf[..n])
 }
 
-/// A flow hash of an inner frame: MACs, and IPv4 addresses and ports when present.
+/// A flow hash of an inner frame: MACs, and IPv4 addresses and ports when present. The words
+/// are XORed (each at its own rotation) and mixed by one multiply, whose top half depends on
+/// every input bit.
 #[inline(always)]
 pub fn flow_hash(frame: &[u8]) -> u32 {
-    if frame.len() < 14 {
-        return 0;
+    let Some(f) = frame.first_chunk::<14>() else { return 0 };
+    let w8 = |b: &[u8; 8]| u64::from_le_bytes(*b);
+    let w4 = |b: &[u8; 4]| u32::from_le_bytes(*b) as u64;
+    let (Some(a), Some(b)) = (f.first_chunk::<8>(), f[8..].first_chunk::<4>()) else { return 0 };
+    let mut h = w8(a) ^ w4(b).rotate_left(32);
+    if f[12] == 0x08 && f[13] == 0x00
+        && let Some(ip) = frame.get(14..HASHED)
+        && let (Some(addrs), Some(ports)) = (ip[12..].first_chunk::<8>(), ip[20..].first_chunk::<4>())
+    {
+        h ^= w8(addrs).rotate_left(16) ^ w4(ports).rotate_left(48);
     }
-    let a = u64::from_ne_bytes(frame[0..8].try_into().unwrap_or([0; 8]));
-    let bb = u32::from_ne_bytes(frame[8..12].try_into().unwrap_or([0; 4])) as u64;
-    let mut h = (a ^ bb.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    if frame[12] == 0x08 && frame[13] == 0x00 && frame.len() >= HASHED {
-        let ip = &frame[14..];
-        let addrs = u64::from_ne_bytes(ip[12..20].try_into().unwrap_or([0; 8]));
-        let ports = u32::from_ne_bytes(ip[20..24].try_into().unwrap_or([0; 4])) as u64;
-        h = (h ^ addrs).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ports;
-        h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    (h >> 32) as u32
+    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
 }
