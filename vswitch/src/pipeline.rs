@@ -24,7 +24,7 @@ use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
-use crate::vtep::{DecapCache, Layout, PeerEntry, VtepEntry};
+use crate::vtep::{Decap, DecapCache, Layout, PeerEntry, VtepEntry};
 use crate::wire::ethernet::{self, ethertype};
 use std::sync::Arc;
 
@@ -146,8 +146,11 @@ impl Pipeline {
         let n = batch.len();
         self.emc.sync(snap.generation, self.fdb.generation(), self.now);
         // Port security looks past the Ethernet header, which the cache's keys do not cover.
-        self.cached = port.kind != PortKind::Underlay && port.security.is_none();
-        let bytes = if self.cached {
+        self.cached = self.emc.capacity() > 0 && port.security.is_none();
+        let vtep = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
+        let bytes = if let Some(vtep) = vtep.filter(|_| self.cached) {
+            self.forward_underlay_cached(snap, vtep, port, batch)
+        } else if self.cached && port.kind != PortKind::Underlay {
             let mut found = [(Hit::default(), 0u32); BATCH];
             let (bytes, hits) = probe_burst(self.pool.view(), &self.emc, port.id, batch.as_slice(), &mut found);
             if hits == 0 {
@@ -201,53 +204,58 @@ impl Pipeline {
             }
             run_pkts += 1;
             run_bytes += len as u64;
-            if let Some(p) = hit.plain_port() {
-                self.enqueue(snap, p, b);
-                continue;
-            }
-            let tagged = hit.tagged_in();
-            match hit.action() {
-                Action::Port { port: p, want } => {
-                    let mut b = b;
-                    let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
-                    if self.retag(&mut b, tagged, pcp, want) {
-                        self.enqueue(snap, p, b);
-                    } else {
-                        self.discard(b, DropReason::Runt, p);
-                    }
+            self.forward_hit(snap, b, hit);
+        }
+        batch.clear_taken();
+        self.flush_pending(snap);
+        self.count_bd(run_bd, run_pkts, run_bytes);
+    }
+
+    /// Egress of a frame the cache knows.
+    #[inline(always)]
+    fn forward_hit(&mut self, snap: &Snapshot, b: BufId, hit: Hit) {
+        if let Some(p) = hit.plain_port() {
+            return self.enqueue(snap, p, b);
+        }
+        let tagged = hit.tagged_in();
+        match hit.action() {
+            Action::Port { port: p, want } => {
+                let mut b = b;
+                let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
+                if self.retag(&mut b, tagged, pcp, want) {
+                    self.enqueue(snap, p, b);
+                } else {
+                    self.discard(b, DropReason::Runt, p);
                 }
-                Action::Peer { .. } => {
-                    self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
-                    if let Err(b) = self.to_peer.push(b) {
-                        self.discard(b, DropReason::NoEgress, 0); // holds a burst: unreachable
-                    }
+            }
+            Action::Peer { .. } => {
+                self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
+                if let Err(b) = self.to_peer.push(b) {
+                    self.discard(b, DropReason::NoEgress, 0); // holds a burst: unreachable
                 }
             }
         }
-        batch.clear_taken();
+    }
+
+    /// Sends what the cache queued for encapsulation (before a frame that took the slow path,
+    /// so frames leave in the order they came).
+    #[inline(always)]
+    fn flush_pending(&mut self, snap: &Snapshot) {
         if !self.to_peer.is_empty() {
             self.encap_pending(snap);
         }
-        self.count_bd(run_bd, run_pkts, run_bytes);
     }
 
     /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed.
     #[inline(never)]
     fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize) {
-        // Frames before this one go first, whatever path they took.
-        if !self.to_peer.is_empty() {
-            self.encap_pending(snap);
-        }
+        self.flush_pending(snap);
         self.miss_keys[i & (BATCH - 1)] = Key::from_port(port.id, self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
         if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
-            return self.discard(b, r, port.id);
+            ctx.drop = Some(r);
         }
-        let Some(bd) = snap.bd(ctx.bd) else {
-            return self.discard(b, DropReason::NoBridgeDomain, port.id);
-        };
-        self.count_bd(ctx.bd, 1, ctx.len as u64);
-        self.forward(snap, port, bd, b, &ctx, i);
+        self.forward_ctx(snap, port, b, &ctx, i);
     }
 
     /// Stages 1 and 2 for a whole burst; returns its bytes.
@@ -317,35 +325,126 @@ impl Pipeline {
 
     /// Stage 1 for a burst from the underlay: VXLAN decap, then the inner frames' keys.
     fn classify_underlay_burst(&mut self, snap: &Snapshot, batch: &mut Batch, ctxs: &mut [Ctx; BATCH]) -> u64 {
-        self.decap_cache.clear();
-        let (pool, fdb) = (&*self.pool, &*self.fdb);
+        self.decap_cache.sync(snap.generation);
         let (mut bytes, mut decapsulated) = (0u64, 0u64);
         for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
-            bytes += pool.pkt_len(b) as u64;
-            let r = match snap.vtep.as_ref() {
-                None => Err(DropReason::UnderlayNotVxlan),
-                Some(vtep) => vtep.decap(snap, pool, b, &mut self.decap_cache),
-            };
-            let r = r.and_then(|(bd, peer)| {
-                decapsulated += 1;
-                let (h, len) = pool.head_and_len(b);
-                fill_l2(fdb, ctx, h, bd, peer, false, 0, len)
-            });
-            match r {
-                Ok(()) => {}
-                // Not VXLAN: maybe a neighbour asking for the VTEP's own address.
-                Err(DropReason::UnderlayNotVxlan)
-                    if snap.vtep.as_ref().is_some_and(|v| suppress::answer_for(pool, b, v.local, v.mac).is_some()) =>
-                {
-                    *ctx = Ctx { reply: true, ..Ctx::default() };
-                }
-                Err(r) => ctx.drop = Some(r),
-            }
+            bytes += self.pool.pkt_len(b) as u64;
+            let r = self.decap(snap, b);
+            decapsulated += r.is_ok() as u64;
+            self.underlay_ctx(snap, b, r, ctx);
         }
         if decapsulated > 0 {
             self.stats.event(Event::Decapsulated, decapsulated);
         }
         bytes
+    }
+
+    /// Validates and strips the outer headers of an underlay frame: (bridge domain, peer).
+    #[inline(always)]
+    fn decap(&mut self, snap: &Snapshot, b: &mut BufId) -> Result<(u16, u16), DropReason> {
+        match snap.vtep.as_ref() {
+            None => Err(DropReason::UnderlayNotVxlan),
+            Some(vtep) => vtep.decap(snap, &self.pool, b, &mut self.decap_cache),
+        }
+    }
+
+    /// Stage 1 for an underlay frame after [`Pipeline::decap`]: the inner frame's keys, or an
+    /// answer for a neighbour asking for the VTEP's address, or a drop.
+    #[inline(always)]
+    fn underlay_ctx(&self, snap: &Snapshot, b: &mut BufId, r: Result<(u16, u16), DropReason>, ctx: &mut Ctx) {
+        let pool = &*self.pool;
+        let r = r.and_then(|(bd, peer)| {
+            let (h, len) = pool.head_and_len(b);
+            fill_l2(&self.fdb, ctx, h, bd, peer, false, 0, len)
+        });
+        match r {
+            Ok(()) => {}
+            // Not VXLAN: maybe a neighbour asking for the VTEP's own address.
+            Err(DropReason::UnderlayNotVxlan)
+                if snap.vtep.as_ref().is_some_and(|v| suppress::answer_for(pool, b, v.local, v.mac).is_some()) =>
+            {
+                *ctx = Ctx { reply: true, ..Ctx::default() };
+            }
+            Err(r) => ctx.drop = Some(r),
+        }
+    }
+
+    /// Stage 0 for a burst from the underlay: the outer headers of every frame are checked
+    /// and the inner frame looked up in place; then, in order, inner frames whose flow the
+    /// cache knows lose their outer headers and go straight to egress, and the others take
+    /// the whole decapsulation again and stages 1 and 2. Returns the bytes received.
+    #[inline(never)]
+    fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> u64 {
+        self.decap_cache.sync(snap.generation);
+        let n = batch.len();
+        // Per frame: the cached decision, the inner length, and the decapsulation (packed; 0
+        // for a frame that takes the slow path).
+        let mut found = [(Hit::default(), 0u32, 0u16); BATCH];
+        let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
+        let view = self.pool.view();
+        for (b, f) in batch.as_slice().iter().zip(found.iter_mut()) {
+            let (h, total) = view.head_and_len(b);
+            bytes += total as u64;
+            let Ok(d) = vtep.classify(snap, h, total, &mut self.decap_cache) else { continue };
+            decapsulated += 1;
+            if let Some(inner) = h.get(d.outer_len as usize..)
+                && let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| self.emc.lookup(&k))
+                && d.inner_len as usize <= hit.max_len()
+            {
+                hits += 1;
+                *f = (hit, d.inner_len, d.strip_code());
+            }
+        }
+        if decapsulated > 0 {
+            self.stats.event(Event::Decapsulated, decapsulated);
+        }
+        self.known += hits;
+        self.stats.event(Event::CacheHits, hits);
+        let (mut run_bd, mut run_pkts, mut run_bytes) = (NO_BD, 0u64, 0u64);
+        for i in 0..n {
+            let mut b = batch.take(i);
+            let (hit, len, d) = found[i & (BATCH - 1)];
+            let stripped = d != 0 && Decap::strip_as(d, len, &self.pool, &mut b).is_ok();
+            if !stripped {
+                self.flush_pending(snap);
+                let r = self.decap(snap, &mut b);
+                if let Ok((bd, peer)) = r {
+                    self.miss_keys[i & (BATCH - 1)] = Key::from_peer(peer, bd, self.pool.head(&b));
+                }
+                let mut ctx = Ctx::default();
+                self.underlay_ctx(snap, &mut b, r, &mut ctx);
+                self.forward_ctx(snap, port, b, &ctx, i);
+                continue;
+            }
+            if hit.bd() != run_bd {
+                self.count_bd(run_bd, run_pkts, run_bytes);
+                (run_bd, run_pkts, run_bytes) = (hit.bd(), 0, 0);
+            }
+            run_pkts += 1;
+            run_bytes += len as u64;
+            self.forward_hit(snap, b, hit);
+        }
+        batch.clear_taken();
+        self.flush_pending(snap);
+        self.count_bd(run_bd, run_pkts, run_bytes);
+        bytes
+    }
+
+    /// After stage 1 of one frame: its drop, its answer, or stage 2 in its bridge domain.
+    #[inline(always)]
+    fn forward_ctx(&mut self, snap: &Snapshot, port: &PortEntry, b: BufId, c: &Ctx, i: usize) {
+        if let Some(r) = c.drop {
+            return self.discard(b, r, port.id);
+        }
+        if c.reply {
+            self.stats.event(Event::VtepAnswered, 1);
+            return self.enqueue(snap, port.id, b);
+        }
+        let Some(bd) = snap.bd(c.bd) else {
+            return self.discard(b, DropReason::NoBridgeDomain, port.id);
+        };
+        self.count_bd(c.bd, 1, c.len as u64);
+        self.forward(snap, port, bd, b, c, i);
     }
 
     #[inline(always)]
@@ -398,7 +497,8 @@ impl Pipeline {
                             && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
                                 self.known += 1;
                                 if learnt {
-                                    let max = l2 + port.mtu.min(pe.mtu) as usize;
+                                    // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
+                                    let max = l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
                                     let want = want.map(|v| (pe.tpid, v));
                                     self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
                                 }

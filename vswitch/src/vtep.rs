@@ -253,7 +253,7 @@ impl VtepEntry {
     /// Validates an underlay frame and strips its outer headers, leaving the inner frame.
     /// Returns (bridge domain, peer id). The one-entry `cache` remembers the last
     /// (source, VNI) → (bridge domain, peer) resolution of this batch.
-    #[inline]
+    #[inline(always)]
     pub fn decap(
         &self,
         snap: &Snapshot,
@@ -262,26 +262,34 @@ impl VtepEntry {
         cache: &mut DecapCache,
     ) -> Result<(u16, u16), DropReason> {
         let (h, total) = pool.head_and_len(b);
+        let d = self.classify(snap, h, total, cache)?;
+        d.strip(pool, b)?;
+        Ok((d.bd, d.peer))
+    }
+
+    /// [`VtepEntry::decap`] without touching the frame: what its outer headers say. The
+    /// caller strips them with [`Decap::strip`] (after reading the inner frame in place).
+    #[inline(always)]
+    pub fn classify(&self, snap: &Snapshot, h: &[u8], total: usize, cache: &mut DecapCache) -> Result<Decap, DropReason> {
         let o = match self.outer_v4_plain(h, total) {
             Some(o) => o?,
             None => self.outer_general(h, total)?,
         };
         let (bd, peer) = match cache.get(o.src, o.vni) {
             Some(hit) => hit,
-            None => {
-                let r = self.admit(snap, o.src, o.vni)?;
-                cache.put(o.src, o.vni, r.0, r.1);
-                r
-            }
+            None => self.admit_cached(snap, cache, o.src, o.vni)?,
         };
-        if !pool.strip(b, o.outer_len) {
-            return Err(DropReason::VxlanMalformed);
-        }
-        // Ethernet padding after the IP packet is not part of the inner frame.
-        if total - o.outer_len > o.inner_len {
-            pool.truncate(b, o.inner_len);
-        }
-        Ok((bd, peer))
+        let padded = total - o.outer_len > o.inner_len;
+        Ok(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32 })
+    }
+
+    /// [`VtepEntry::admit`], remembered in the burst's cache.
+    #[cold]
+    #[inline(never)]
+    fn admit_cached(&self, snap: &Snapshot, cache: &mut DecapCache, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
+        let r = self.admit(snap, src, vni)?;
+        cache.put(src, vni, r.0, r.1);
+        Ok(r)
     }
 
     /// VNI → bridge domain, source → peer, and the peer must be in that domain's flood list.
@@ -314,16 +322,24 @@ impl VtepEntry {
         }
         let be16 = |i: usize| u16::from_be_bytes([f[i], f[i + 1]]);
         let be32 = |i: usize| u32::from_be_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
+        // Compares and the checksum work on the bytes as they lie (no byte swaps): a
+        // one's-complement sum of byte-swapped words is the byte-swapped sum, and 0xffff
+        // reads the same both ways.
+        let le32 = |i: usize| u32::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
         Some((|| {
-            if be32(IP + 16) != self.local_v4 || f[IP + 9] != ipv4::PROTO_UDP || be16(UDP + 2) != self.udp_port {
+            if le32(IP + 16) != self.local_v4.swap_bytes() || f[IP + 9] != ipv4::PROTO_UDP || be16(UDP + 2) != self.udp_port {
                 return Err(DropReason::UnderlayNotVxlan);
             }
             let tl = be16(IP + 2) as usize;
-            if tl < OUTER - L2 + 14 || L2 + tl > total || be16(IP + 6) & 0x3fff != 0 {
+            if tl < OUTER - L2 + 14 || L2 + tl > total || f[IP + 6] & 0x3f != 0 || f[IP + 7] != 0 {
                 return Err(DropReason::VxlanMalformed);
             }
-            let sum: u64 = (0..5).map(|w| be32(IP + 4 * w) as u64).sum();
-            if checksum::fold(sum) != 0xffff {
+            // Five 32-bit words: three fixed folds bring the sum to 16 bits.
+            let sum: u64 = (0..5).map(|w| le32(IP + 4 * w) as u64).sum();
+            let sum = (sum & 0xffff_ffff) + (sum >> 32);
+            let sum = (sum & 0xffff) + (sum >> 16);
+            let sum = (sum & 0xffff) + (sum >> 16);
+            if sum != 0xffff {
                 return Err(DropReason::VxlanBadChecksum);
             }
             if be16(UDP + 4) as usize != tl - ipv4::HEADER_LEN {
@@ -337,6 +353,7 @@ impl VtepEntry {
     }
 
     /// Any underlay frame: optional tag, IPv4 with options or IPv6.
+    #[inline(never)]
     fn outer_general(&self, h: &[u8], total: usize) -> Result<Outer, DropReason> {
         if h.len() < 14 {
             return Err(DropReason::Runt);
@@ -424,27 +441,75 @@ struct Outer {
     inner_len: usize,
 }
 
-/// A one-entry cache of the last decapsulation lookup, cleared with each batch (config may
-/// change between batches).
+/// What [`VtepEntry::classify`] found: the inner frame's bridge domain and peer, and where
+/// it lies in the underlay frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decap {
+    pub bd: u16,
+    pub peer: u16,
+    /// Outer header bytes (at most [`MAX_OUTER`] + IPv4 options).
+    pub outer_len: u8,
+    /// Ethernet padding follows the inner frame.
+    padded: bool,
+    pub inner_len: u32,
+}
+
+impl Decap {
+    /// How to strip the outer headers, packed into 16 bits (never 0) for a per-burst array.
+    #[inline(always)]
+    pub fn strip_code(&self) -> u16 {
+        1 << 15 | (self.padded as u16) << 8 | self.outer_len as u16
+    }
+
+    /// Strips a frame as [`Decap::strip`] would for the `Decap` whose `strip_code` is `code`,
+    /// knowing its inner length.
+    #[inline(always)]
+    pub fn strip_as(code: u16, inner_len: u32, pool: &Pool, b: &mut BufId) -> Result<(), DropReason> {
+        let d = Decap { bd: 0, peer: 0, outer_len: code as u8, padded: code & (1 << 8) != 0, inner_len };
+        d.strip(pool, b)
+    }
+
+    /// Removes the outer headers (and any padding after the inner frame).
+    #[inline(always)]
+    pub fn strip(&self, pool: &Pool, b: &mut BufId) -> Result<(), DropReason> {
+        if !pool.strip(b, self.outer_len as usize) {
+            return Err(DropReason::VxlanMalformed);
+        }
+        if self.padded {
+            pool.truncate(b, self.inner_len as usize);
+        }
+        Ok(())
+    }
+}
+
+/// A one-entry cache of the last decapsulation lookup, valid for one configuration snapshot
+/// (see [`DecapCache::sync`]).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct DecapCache {
-    key: Option<(u128, u32)>,
+    src: u128,
+    /// The VNI with bit 32 set; 0 when empty (one compare covers both).
+    vni: u64,
     val: (u16, u16),
+    generation: u64,
 }
+
+const CACHED: u64 = 1 << 32;
 
 impl DecapCache {
     #[inline(always)]
     fn get(&self, src: u128, vni: u32) -> Option<(u16, u16)> {
-        (self.key == Some((src, vni))).then_some(self.val)
+        ((self.src ^ src) as u64 | ((self.src ^ src) >> 64) as u64 | (self.vni ^ (CACHED | vni as u64)) == 0).then_some(self.val)
     }
     #[inline(always)]
     fn put(&mut self, src: u128, vni: u32, bd: u16, peer: u16) {
-        self.key = Some((src, vni));
-        self.val = (bd, peer);
+        (self.src, self.vni, self.val) = (src, CACHED | vni as u64, (bd, peer));
     }
+    /// Forgets the entry when the snapshot it came from is not `generation`'s.
     #[inline(always)]
-    pub fn clear(&mut self) {
-        self.key = None;
+    pub fn sync(&mut self, generation: u64) {
+        if self.generation != generation {
+            (self.vni, self.generation) = (0, generation);
+        }
     }
 }
 

@@ -203,43 +203,73 @@ proptest! {
         pods in proptest::collection::vec((0..2usize, 0..3u32), 2..8),
         traffic in proptest::collection::vec((0..8usize, proptest::option::of(0..8usize)), 1..40),
     ) {
-        // pods[i] = (switch, vni index); pod i has MAC mac(i + 1).
-        let pool = Pool::new(16384, false).unwrap();
-        let (ua, ub) = RingPort::patch("up", "up", 1024).unwrap();
-        let ips: [IpAddr; 2] = ["198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap()];
-        let mut sw: Vec<Harness> = Vec::new();
-        for (s, up) in [(0usize, ua), (1usize, ub)] {
-            let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
-            h.register("up", up.with_mac(mac(0xa0 + s as u32)));
-            let o = 1 - s;
-            let mut cfg = SwitchConfig {
-                bridges: (0..3u32).map(|v| BridgeConfig::new(&format!("vni{v}")).vni(100 + v).flood(&[ips[o]])).collect(),
-                ports: vec![PortConfig::underlay("up")],
-                vtep: Some(VtepConfig::new(ips[s], "up").peer(ips[o], mac(0xa0 + o as u32))),
-            };
-            for (i, (ps, v)) in pods.iter().enumerate() {
-                if *ps == s {
-                    h.ring(&format!("pod{i}"));
-                    cfg.ports.push(PortConfig::access(&format!("pod{i}"), &format!("vni{v}")));
-                }
+        two_switches(&pods, &traffic, SwitchOptions::default().emc_entries)?;
+    }
+
+    /// Over VXLAN too (encapsulation, decapsulation, remote learning), the exact-match
+    /// cache changes nothing: no cache against a two-entry one.
+    #[test]
+    fn the_exact_match_cache_is_invisible_over_vxlan(
+        pods in proptest::collection::vec((0..2usize, 0..3u32), 2..8),
+        traffic in proptest::collection::vec((0..8usize, proptest::option::of(0..8usize)), 1..40),
+    ) {
+        let without = two_switches(&pods, &traffic, 0)?;
+        let with = two_switches(&pods, &traffic, 2)?;
+        prop_assert_eq!(without, with);
+    }
+}
+
+type Seen = (Vec<Vec<Vec<u8>>>, Vec<(&'static str, u64)>, Vec<(&'static str, u64)>);
+
+/// Two switches joined by a VXLAN underlay; pods[i] = (switch, VNI index), pod i has MAC
+/// mac(i + 1). Checks VNI isolation and returns every pod's frames and both switches'
+/// drops and events (but cache hits).
+fn two_switches(pods: &[(usize, u32)], traffic: &[(usize, Option<usize>)], emc_entries: usize) -> Result<Seen, TestCaseError> {
+    let pool = Pool::new(16384, false).unwrap();
+    let (ua, ub) = RingPort::patch("up", "up", 1024).unwrap();
+    let ips: [IpAddr; 2] = ["198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap()];
+    let mut sw: Vec<Harness> = Vec::new();
+    for (s, up) in [(0usize, ua), (1usize, ub)] {
+        let mut h = Harness::with_pool(pool.clone(), SwitchOptions { emc_entries, ..SwitchOptions::default() });
+        h.register("up", up.with_mac(mac(0xa0 + s as u32)));
+        let o = 1 - s;
+        let mut cfg = SwitchConfig {
+            bridges: (0..3u32).map(|v| BridgeConfig::new(&format!("vni{v}")).vni(100 + v).flood(&[ips[o]])).collect(),
+            ports: vec![PortConfig::underlay("up")],
+            vtep: Some(VtepConfig::new(ips[s], "up").peer(ips[o], mac(0xa0 + o as u32))),
+        };
+        for (i, (ps, v)) in pods.iter().enumerate() {
+            if *ps == s {
+                h.ring(&format!("pod{i}"));
+                cfg.ports.push(PortConfig::access(&format!("pod{i}"), &format!("vni{v}")));
             }
-            h.apply(cfg).unwrap();
-            sw.push(h);
         }
-        for (from, to) in traffic.iter().filter(|(f, _)| *f < pods.len()) {
-            let dst = to.filter(|t| *t < pods.len()).map_or(vswitch::wire::MacAddr::BROADCAST, |t| mac(t as u32 + 1));
-            let f = frames::udp4(dst, mac(*from as u32 + 1), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1, 2, 64);
-            sw[pods[*from].0].send(&format!("pod{from}"), &f);
-            for _ in 0..2 {
-                sw[0].step();
-                sw[1].step();
+        h.apply(cfg).unwrap();
+        sw.push(h);
+    }
+    let mut seen = Vec::new();
+    for (from, to) in traffic.iter().filter(|(f, _)| *f < pods.len()) {
+        let dst = to.filter(|t| *t < pods.len()).map_or(vswitch::wire::MacAddr::BROADCAST, |t| mac(t as u32 + 1));
+        let f = frames::udp4(dst, mac(*from as u32 + 1), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1, 2, 64);
+        sw[pods[*from].0].send(&format!("pod{from}"), &f);
+        for _ in 0..2 {
+            sw[0].step();
+            sw[1].step();
+        }
+        for (i, (s, v)) in pods.iter().enumerate() {
+            let got = sw[*s].recv(&format!("pod{i}"));
+            for g in &got {
+                prop_assert_eq!(*v, pods[*from].1, "pod{} (vni{}) got a frame from pod{} (vni{})", i, v, from, pods[*from].1);
+                prop_assert_eq!(g, &f);
             }
-            for (i, (s, v)) in pods.iter().enumerate() {
-                for g in sw[*s].recv(&format!("pod{i}")) {
-                    prop_assert_eq!(*v, pods[*from].1, "pod{} (vni{}) got a frame from pod{} (vni{})", i, v, from, pods[*from].1);
-                    prop_assert_eq!(&g, &f);
-                }
-            }
+            seen.push(got);
         }
     }
+    let (mut drops, mut events) = (Vec::new(), Vec::new());
+    for h in &sw {
+        let s = h.stats();
+        drops.extend(s.nonzero_drops());
+        events.extend(vswitch::Event::ALL.iter().filter(|e| **e != vswitch::Event::CacheHits).map(|e| (e.name(), s.event(*e))));
+    }
+    Ok((seen, drops, events))
 }

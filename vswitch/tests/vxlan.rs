@@ -380,3 +380,47 @@ fn vtep_answers_arp_and_nd_for_its_own_address() {
     h.step();
     assert_frames(&h.recv("up"), &[frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)]);
 }
+
+/// Known-unicast VXLAN flows are forwarded from the exact-match cache in both directions,
+/// byte-exact (decapsulated to an access port and to a trunk, encapsulated with the flow's
+/// source port), and the cache never answers for a frame the slow path would treat
+/// differently (a bad checksum after a cached flow is still dropped).
+#[test]
+fn cached_vxlan_flows_both_ways() {
+    let (local, peers) = (local4(), [peer4(2), peer4(3)]);
+    let mut h = setup(local, peers, 1500);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+    let to_t = frames::udp4(mac(9), mac(7), ip(7), ip(9), 1, 2, 80);
+    let from_a1 = frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80);
+    // Learn mac(1) on a1, mac(9) on t and mac(7) behind peer 0.
+    h.send("a1", &from_a1);
+    h.send("t", &frames::add_tag(&frames::udp4(mac(7), mac(9), ip(9), ip(7), 2, 1, 80), 0x8100, 100));
+    h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+    h.step();
+    h.recv_all();
+    let before = h.stats().event(Event::CacheHits);
+    for _ in 0..3 {
+        h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+        h.send("up", &frames::vxlan(&o, 5001, &to_t, false));
+        h.send("a1", &from_a1);
+        h.step();
+    }
+    let out = h.recv_all();
+    assert_eq!(out["a1"], vec![to_a1.clone(); 3]);
+    assert_eq!(out["t"], vec![frames::add_tag(&to_t, 0x8100, 100); 3]);
+    assert_eq!(out["up"].len(), 3);
+    let sport = sport_of(&out["up"][0], true);
+    let want = frames::vxlan(&outer(local, peers[0], mac(PEER_MAC), sport), 5001, &from_a1, false);
+    for f in &out["up"] {
+        assert_eq!(f, &want);
+    }
+    assert!(h.stats().event(Event::CacheHits) - before >= 6, "both directions hit after the first round");
+    // A corrupted outer checksum on a cached flow is still dropped.
+    let mut bad = frames::vxlan(&o, 5001, &to_a1, false);
+    bad[24] ^= 0xff;
+    h.send("up", &bad);
+    h.step();
+    assert!(h.recv("a1").is_empty());
+    assert_eq!(h.stats().drop(DropReason::VxlanBadChecksum), 1);
+}
