@@ -385,8 +385,8 @@ impl Pipeline {
         for (b, f) in batch.as_slice().iter().zip(found.iter_mut()) {
             let (h, total) = view.head_and_len(b);
             bytes += total as u64;
-            let Ok(d) = vtep.classify(snap, h, total, &mut self.decap_cache) else { continue };
-            decapsulated += 1;
+            // The first frame of a (source, VNI) takes the slow path, which fills the cache.
+            let Some(d) = vtep.classify_plain(h, total, &self.decap_cache) else { continue };
             if let Some(inner) = h.get(d.outer_len as usize..)
                 && let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| self.emc.lookup(&k))
                 && d.inner_len as usize <= hit.max_len()
@@ -395,11 +395,9 @@ impl Pipeline {
                 *f = (hit, d.inner_len, d.strip_code());
             }
         }
-        if decapsulated > 0 {
-            self.stats.event(Event::Decapsulated, decapsulated);
-        }
         self.known += hits;
         self.stats.event(Event::CacheHits, hits);
+        decapsulated += hits;
         let (mut run_bd, mut run_pkts, mut run_bytes) = (NO_BD, 0u64, 0u64);
         for i in 0..n {
             let mut b = batch.take(i);
@@ -409,6 +407,7 @@ impl Pipeline {
                 self.flush_pending(snap);
                 let r = self.decap(snap, &mut b);
                 if let Ok((bd, peer)) = r {
+                    decapsulated += 1;
                     self.miss_keys[i & (BATCH - 1)] = Key::from_peer(peer, bd, self.pool.head(&b));
                 }
                 let mut ctx = Ctx::default();
@@ -427,6 +426,7 @@ impl Pipeline {
         batch.clear_taken();
         self.flush_pending(snap);
         self.count_bd(run_bd, run_pkts, run_bytes);
+        self.stats.event(Event::Decapsulated, decapsulated);
         bytes
     }
 

@@ -283,6 +283,17 @@ impl VtepEntry {
         Ok(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32 })
     }
 
+    /// The common case of [`VtepEntry::classify`] alone: an untagged IPv4 outer header
+    /// without options from the (source, VNI) in `cache`. `None` means "take `classify`",
+    /// not "drop".
+    #[inline(always)]
+    pub fn classify_plain(&self, h: &[u8], total: usize, cache: &DecapCache) -> Option<Decap> {
+        let o = self.outer_v4_plain(h, total)?.ok()?;
+        let (bd, peer) = cache.get(o.src, o.vni)?;
+        let padded = total - o.outer_len > o.inner_len;
+        Some(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32 })
+    }
+
     /// [`VtepEntry::admit`], remembered in the burst's cache.
     #[cold]
     #[inline(never)]
