@@ -2,6 +2,7 @@
 # Instructions per packet of the switch's fast path (rx burst + pipeline + tx burst), counted
 # by callgrind on a fixed workload: repeatable whatever the VM's CPU supply does.
 #   ci/insn-count.sh [packets] [scenario...]
+# NO_CACHE=1 measures the slow path alone (the exact-match cache off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packets=${1:-320000}
@@ -15,7 +16,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf '%-12s %12s %10s\n' scenario instructions insn/packet
 for s in $scenarios; do
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$s" --toggle-collect='*Bench*poll*' \
-    "$bin" "$s" "$packets" >"$tmp/out.$s" 2>"$tmp/err.$s" || { cat "$tmp/err.$s" >&2; exit 1; }
+    "$bin" "$s" "$packets" ${NO_CACHE:+--no-cache} >"$tmp/out.$s" 2>"$tmp/err.$s" || { cat "$tmp/err.$s" >&2; exit 1; }
   ir=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/err.$s")
   n=$(sed -n 's/.*packets=\([0-9]*\).*/\1/p' "$tmp/out.$s")
   printf '%-12s %12s %10.1f\n' "$s" "$ir" "$(echo "$ir / $n" | bc -l)"

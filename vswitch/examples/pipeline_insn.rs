@@ -2,7 +2,7 @@
 //!
 //!     cargo build --release -p knitter-vswitch --example pipeline_insn
 //!     valgrind --tool=callgrind --toggle-collect='*Bench*poll*' \
-//!         target/release/examples/pipeline_insn l2-1k 320000
+//!         target/release/examples/pipeline_insn l2-1k 320000 [--no-cache]
 //!
 //! callgrind then counts only the instructions of `Bench::poll` (rx burst, pipeline, tx
 //! burst); divide by the packets printed. `ci/insn-count.sh` does all of that per scenario.
@@ -18,7 +18,12 @@ fn main() {
         std::process::exit(2);
     };
     let packets: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(320_000);
-    let mut b = Bench::new(s);
+    // `--no-cache`: the slow path alone (stages 1-2 for every frame).
+    let mut opts = vswitch::SwitchOptions::default();
+    if args.next().as_deref() == Some("--no-cache") {
+        opts.emc_entries = 0;
+    }
+    let mut b = Bench::with_options(s, opts);
     let mut got = 0;
     let mut out = 0;
     let mut cycles = 0u64;

@@ -83,8 +83,14 @@ fn ip(n: u32) -> Ipv4Addr {
 
 impl Bench {
     pub fn new(s: Scenario) -> Bench {
+        Bench::with_options(s, SwitchOptions::default())
+    }
+
+    /// A scenario on a switch with these options (e.g. without the exact-match cache, to
+    /// measure the slow path).
+    pub fn with_options(s: Scenario, opts: SwitchOptions) -> Bench {
         let pool = Pool::new(65536, true).expect("buffer pool");
-        let switch = Switch::new(pool.clone(), SwitchOptions::default());
+        let switch = Switch::new(pool.clone(), opts);
         let mut peers = std::collections::BTreeMap::new();
         let mut ring = |name: &str, m: Option<MacAddr>| {
             let (p, peer) = RingPort::new(name, 1, 4096).expect("ring");
