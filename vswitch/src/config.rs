@@ -160,12 +160,17 @@ pub struct VtepConfig {
     pub peers: Vec<PeerConfig>,
 }
 
-/// A remote VTEP and the next-hop MAC its frames go to on the underlay.
+/// A remote VTEP and how its frames reach it on the underlay: to a configured next-hop MAC,
+/// or to the MAC that ARP / neighbour discovery finds for `next_hop` (default: the peer's own
+/// address, for a peer on the underlay's subnet; a gateway's address otherwise).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     pub ip: IpAddr,
-    pub next_hop_mac: MacAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop_mac: Option<MacAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop: Option<IpAddr>,
 }
 
 fn yes() -> bool {
@@ -287,8 +292,15 @@ impl VtepConfig {
         }
     }
 
+    /// A peer reached through a configured next-hop MAC.
     pub fn peer(mut self, ip: IpAddr, next_hop_mac: MacAddr) -> Self {
-        self.peers.push(PeerConfig { ip, next_hop_mac });
+        self.peers.push(PeerConfig { ip, next_hop_mac: Some(next_hop_mac), next_hop: None });
+        self
+    }
+
+    /// A peer whose next hop (itself, or `via`) the switch resolves.
+    pub fn peer_resolved(mut self, ip: IpAddr, via: Option<IpAddr>) -> Self {
+        self.peers.push(PeerConfig { ip, next_hop_mac: None, next_hop: via });
         self
     }
 

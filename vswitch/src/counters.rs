@@ -55,6 +55,8 @@ named_enum! {
         VxlanUnknownVtep => "vxlan_unknown_vtep",
         VxlanNoRoute => "vxlan_no_route",
         NoEgress => "no_egress",
+        NeighborQueueFull => "neighbor_queue_full",
+        NeighborUnresolved => "neighbor_unresolved",
     }
 }
 
@@ -78,6 +80,8 @@ named_enum! {
         Encapsulated => "encapsulated",
         Decapsulated => "decapsulated",
         StaleFdb => "stale_fdb",
+        NeighborRequests => "neighbor_requests",
+        NeighborLearned => "neighbor_learned",
         ConfigAdopted => "config_adopted",
     }
 }

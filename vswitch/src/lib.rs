@@ -14,6 +14,7 @@ pub mod buf;
 pub mod counters;
 pub mod emc;
 pub mod fdb;
+pub mod neigh;
 pub mod port;
 pub mod region;
 pub mod spsc;

@@ -19,6 +19,9 @@ use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool, PoolCache, PoolView};
 use crate::counters::{DropReason, Event, ThreadStats};
 use crate::emc::{Action, Emc, Hit, Key};
+use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
+use crate::wire::MacAddr;
+use std::net::IpAddr;
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
 use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
@@ -40,6 +43,8 @@ struct Ctx {
     /// The frame was turned into an answer (ARP/ND for the VTEP address) to send back out of
     /// the ingress port.
     reply: bool,
+    /// The frame was an answer to the VTEP's neighbour requests, learned and done with.
+    taken: bool,
     bd: u16,
     drop: Option<DropReason>,
     from_peer: u16,
@@ -74,6 +79,9 @@ pub struct Pipeline {
     decap_cache: DecapCache,
     now: u32,
     emc: Emc,
+    /// Next-hop resolution shared with the other threads, and this thread's waiting frames.
+    neigh: Arc<Neighbors>,
+    parked: Parked,
     /// Cache hits of this burst for remote VTEPs, encapsulated together.
     to_peer: Batch,
     to_peer_hits: [Hit; BATCH],
@@ -99,6 +107,8 @@ impl Pipeline {
             decap_cache: DecapCache::default(),
             now: 0,
             emc: Emc::new(emc_entries),
+            neigh: Arc::new(Neighbors::new(0)),
+            parked: Parked::new(),
             to_peer: Batch::new(),
             to_peer_hits: [Hit::default(); BATCH],
             cached: false,
@@ -116,6 +126,11 @@ impl Pipeline {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// Uses the switch's next-hop resolution state (a pipeline made alone resolves nothing).
+    pub fn set_neighbors(&mut self, n: Arc<Neighbors>) {
+        self.neigh = n;
     }
 
     /// Sets the clock (seconds) used for learning timestamps.
@@ -178,6 +193,9 @@ impl Pipeline {
         self.stats.packets.add(n as u64);
         if self.known > 0 {
             self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
+        }
+        if self.parked.due(self.neigh.generation(), self.now) {
+            self.retry_parked(snap);
         }
         self.flush(snap);
     }
@@ -284,6 +302,10 @@ impl Pipeline {
                 self.enqueue(snap, in_port, b);
                 continue;
             }
+            if c.taken {
+                self.cache.free(b);
+                continue;
+            }
             if c.bd != run_bd {
                 self.count_bd(run_bd, run_pkts, run_bytes);
                 (run_bd, run_entry, run_pkts, run_bytes) = (c.bd, snap.bd(c.bd), 0, 0);
@@ -357,16 +379,34 @@ impl Pipeline {
             let (h, len) = pool.head_and_len(b);
             fill_l2(&self.fdb, ctx, h, bd, peer, false, 0, len)
         });
-        match r {
-            Ok(()) => {}
-            // Not VXLAN: maybe a neighbour asking for the VTEP's own address.
-            Err(DropReason::UnderlayNotVxlan)
-                if snap.vtep.as_ref().is_some_and(|v| suppress::answer_for(pool, b, v.local, v.mac).is_some()) =>
-            {
-                *ctx = Ctx { reply: true, ..Ctx::default() };
+        match (r, snap.vtep.as_ref()) {
+            (Ok(()), _) => {}
+            // Not VXLAN: maybe a next hop's answer, or a neighbour asking for the VTEP's own
+            // address (a next hop's request teaches its MAC too).
+            (Err(DropReason::UnderlayNotVxlan), Some(v)) => {
+                let learned = self.learn_next_hop(snap, pool, b, v.local);
+                if suppress::answer_for(pool, b, v.local, v.mac).is_some() {
+                    *ctx = Ctx { reply: true, ..Ctx::default() };
+                } else if learned {
+                    *ctx = Ctx { taken: true, ..Ctx::default() };
+                } else {
+                    ctx.drop = Some(DropReason::UnderlayNotVxlan);
+                }
             }
-            Err(r) => ctx.drop = Some(r),
+            (Err(r), _) => ctx.drop = Some(r),
         }
+    }
+
+    /// Learns a next hop's MAC from an ARP packet or neighbour advertisement in `b`.
+    #[cold]
+    fn learn_next_hop(&self, snap: &Snapshot, pool: &Pool, b: &BufId, local: IpAddr) -> bool {
+        let Some((ip, mac)) = neigh::answer_in(pool, b, local) else { return false };
+        let Some(peers) = snap.next_hops.get(&ip) else { return false };
+        for p in peers {
+            self.neigh.learn(*p, mac, self.now);
+        }
+        self.stats.event(Event::NeighborLearned, 1);
+        true
     }
 
     /// Stage 0 for a burst from the underlay: the outer headers of every frame are checked
@@ -439,6 +479,9 @@ impl Pipeline {
         if c.reply {
             self.stats.event(Event::VtepAnswered, 1);
             return self.enqueue(snap, port.id, b);
+        }
+        if c.taken {
+            return self.cache.free(b);
         }
         let Some(bd) = snap.bd(c.bd) else {
             return self.discard(b, DropReason::NoBridgeDomain, port.id);
@@ -604,10 +647,98 @@ impl Pipeline {
         let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
-        let r = self.untag(&mut b, tagged).and_then(|()| vtep.encap(&self.pool, &mut b, pe, vni));
-        if self.sent_encapsulated(snap, vtep, b, r) {
+        if let Err(r) = self.untag(&mut b, tagged) {
+            return self.discard(b, r, vtep.underlay_port);
+        }
+        let Ok(mac) = self.next_hop(snap, vtep, pe) else {
+            return self.park(vtep, b, peer, vni);
+        };
+        let r = vtep.encap(&self.pool, &mut b, pe, vni);
+        if self.sent_encapsulated(snap, vtep, b, r, mac) {
             self.stats.event(Event::Encapsulated, 1);
         }
+    }
+
+    /// The next hop of a frame to `pe`: `Ok(None)` the template's (configured), `Ok(mac)`
+    /// the resolved one, `Err` not known yet (the caller parks the frame). Sends this
+    /// second's request when this thread is elected.
+    #[inline(always)]
+    fn next_hop(&mut self, snap: &Snapshot, vtep: &VtepEntry, pe: &PeerEntry) -> Result<Option<MacAddr>, ()> {
+        let Some(target) = pe.resolve else {
+            return Ok(None);
+        };
+        // The common case, a MAC confirmed recently, without any write.
+        if let Some(m) = self.neigh.fresh_mac(pe.id, self.now) {
+            return Ok(Some(m));
+        }
+        self.resolve(snap, vtep, pe.id, target).map(Some).ok_or(())
+    }
+
+    /// Leaves an (untagged, not yet encapsulated) frame waiting for its peer's next hop, or
+    /// drops it when too many wait.
+    #[cold]
+    fn park(&mut self, vtep: &VtepEntry, b: BufId, peer: u16, vni: u32) {
+        if let Err(w) = self.parked.park(Waiting { b, peer, vni, since: self.now }) {
+            self.discard(w.b, DropReason::NeighborQueueFull, vtep.underlay_port);
+        }
+    }
+
+    /// Asks for `target` (at most once a second across threads) and returns the MAC to use
+    /// now, if any.
+    #[cold]
+    #[inline(never)]
+    fn resolve(&mut self, snap: &Snapshot, vtep: &VtepEntry, peer: u16, target: IpAddr) -> Option<MacAddr> {
+        let (next, ask) = self.neigh.next(peer, self.now);
+        if ask {
+            match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
+                Some(req) => {
+                    self.stats.event(Event::NeighborRequests, 1);
+                    self.enqueue(snap, vtep.underlay_port, req);
+                }
+                None => self.stats.count_drop(DropReason::NoBuffer, vtep.underlay_port),
+            }
+        }
+        match next {
+            Next::Send(m) => Some(m),
+            Next::Wait => None,
+        }
+    }
+
+    /// Sends or drops the frames waiting for resolution, now that an answer came or a second
+    /// passed; the others keep waiting, in order.
+    #[cold]
+    #[inline(never)]
+    fn retry_parked(&mut self, snap: &Snapshot) {
+        let mut parked = std::mem::take(&mut self.parked);
+        let mut sent = 0;
+        parked.retry(|w| {
+            let (Some(vtep), Some(pe)) = (snap.vtep.as_ref(), snap.peer(w.peer)) else {
+                self.discard(w.b, DropReason::VxlanNoRoute, 0);
+                return None;
+            };
+            let Some(target) = pe.resolve else {
+                // Configured with a MAC since the frame was parked.
+                let (mut b, r) = (w.b, Ok(()));
+                let r = r.and_then(|()| vtep.encap(&self.pool, &mut b, pe, w.vni));
+                sent += self.sent_encapsulated(snap, vtep, b, r, None) as u64;
+                return None;
+            };
+            match self.resolve(snap, vtep, pe.id, target) {
+                Some(m) => {
+                    let mut b = w.b;
+                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni);
+                    sent += self.sent_encapsulated(snap, vtep, b, r, Some(m)) as u64;
+                    None
+                }
+                None if self.neigh.given_up(w.peer, w.since, self.now) => {
+                    self.discard(w.b, DropReason::NeighborUnresolved, vtep.underlay_port);
+                    None
+                }
+                None => Some(w),
+            }
+        });
+        self.parked = parked;
+        self.stats.event(Event::Encapsulated, sent);
     }
 
     /// Removes the tag of a frame that arrived tagged (VXLAN carries inner frames untagged).
@@ -616,12 +747,17 @@ impl Pipeline {
         if tagged && !vlan::pop(&self.pool, b) { Err(DropReason::Runt) } else { Ok(()) }
     }
 
-    /// Queues an encapsulated frame on the underlay port, or drops it for the reason the
-    /// encapsulation gave; true if queued.
+    /// Queues an encapsulated frame on the underlay port (to the resolved next hop `mac`,
+    /// when given), or drops it for the reason the encapsulation gave; true if queued.
     #[inline(always)]
-    fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, b: BufId, r: Result<(), DropReason>) -> bool {
+    fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, mut b: BufId, r: Result<(), DropReason>, mac: Option<MacAddr>) -> bool {
         match r {
             Ok(()) => {
+                if let Some(m) = mac
+                    && let Some(dst) = self.pool.head_mut(&mut b).first_chunk_mut::<6>()
+                {
+                    *dst = m.0;
+                }
                 self.enqueue(snap, vtep.underlay_port, b);
                 true
             }
@@ -672,8 +808,16 @@ impl Pipeline {
                     }
                 },
             };
-            let r = self.untag(&mut b, hit.tagged_in()).and_then(|()| vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni));
-            sent += self.sent_encapsulated(snap, vtep, b, r) as u64;
+            if let Err(r) = self.untag(&mut b, hit.tagged_in()) {
+                self.discard(b, r, vtep.underlay_port);
+                continue;
+            }
+            let Ok(mac) = self.next_hop(snap, vtep, pe) else {
+                self.park(vtep, b, peer, vni);
+                continue;
+            };
+            let r = vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni);
+            sent += self.sent_encapsulated(snap, vtep, b, r, mac) as u64;
         }
         self.to_peer.clear_taken();
         self.stats.event(Event::Encapsulated, sent);
@@ -983,7 +1127,7 @@ fn fill_l2(
     let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));
     fdb.prefetch(dst_loc);
     fdb.prefetch(src_loc);
-    *ctx = Ctx { len: len as u32, reply: false, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
+    *ctx = Ctx { len: len as u32, reply: false, taken: false, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
     Ok(())
 }
 

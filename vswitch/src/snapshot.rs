@@ -16,6 +16,9 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
+/// Remote VTEPs one switch knows (their ids are below this).
+pub const MAX_PEERS: usize = 4096;
+
 /// "No bridge domain" in lookup tables.
 pub const NO_BD: u16 = u16::MAX;
 
@@ -193,7 +196,7 @@ impl Ids {
         sync(&mut self.ports, cfg.ports.iter().map(|p| p.name.clone()).collect(), "ports", MAX_PORTS)?;
         sync(&mut self.bds, cfg.bridges.iter().map(|b| b.name.clone()).collect(), "bridges", MAX_BDS)?;
         let peers = cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| p.ip)).collect();
-        sync(&mut self.peers, peers, "VTEP peers", 4096)
+        sync(&mut self.peers, peers, "VTEP peers", MAX_PEERS)
     }
 }
 
@@ -208,6 +211,8 @@ pub struct Snapshot {
     pub vtep: Option<VtepEntry>,
     pub peers: Vec<Option<PeerEntry>>,
     pub peer_by_ip: FxMap<IpAddr, u16>,
+    /// Next-hop address → the peers that resolve it.
+    pub next_hops: FxMap<IpAddr, Vec<u16>>,
     /// Every (port, rx queue) to poll.
     pub rxqs: Vec<(u16, u16)>,
     pub config: SwitchConfig,
@@ -245,6 +250,7 @@ impl Snapshot {
             vtep: None,
             peers: Vec::new(),
             peer_by_ip: FxMap::default(),
+            next_hops: FxMap::default(),
             rxqs: Vec::new(),
             config: SwitchConfig::default(),
         }
@@ -415,7 +421,11 @@ impl Snapshot {
                     return Err(ConfigError::Duplicate { kind: "VTEP peer", name: pc.ip.to_string() });
                 }
                 let id = ids.peers[&pc.ip];
-                s.peers[id as usize] = Some(entry.peer(id, pc)?);
+                let pe = entry.peer(id, pc)?;
+                if let Some(nh) = pe.resolve {
+                    s.next_hops.entry(nh).or_default().push(id);
+                }
+                s.peers[id as usize] = Some(pe);
                 s.peer_by_ip.insert(pc.ip, id);
             }
             s.vtep = Some(entry);

@@ -10,6 +10,9 @@ use crate::buf::Pool;
 use crate::config::SwitchConfig;
 use crate::counters::{ThreadStats, Totals};
 use crate::fdb::{Dest, Fdb};
+use crate::neigh::{NeighborState, Neighbors};
+use crate::snapshot::MAX_PEERS;
+use std::net::IpAddr;
 use crate::pipeline::Pipeline;
 use crate::port::Port;
 use crate::snapshot::{ConfigError, Ids, Snapshot};
@@ -56,6 +59,7 @@ struct Control {
 pub struct Switch {
     pool: Arc<Pool>,
     fdb: Arc<Fdb>,
+    neighbors: Arc<Neighbors>,
     opts: SwitchOptions,
     current: ArcSwap<Snapshot>,
     generation: AtomicU64,
@@ -74,6 +78,7 @@ impl Switch {
         Arc::new(Switch {
             pool,
             fdb: Arc::new(Fdb::new(opts.fdb_entries)),
+            neighbors: Arc::new(Neighbors::new(MAX_PEERS)),
             opts,
             current: ArcSwap::from_pointee(Snapshot::empty()),
             generation: AtomicU64::new(0),
@@ -92,6 +97,17 @@ impl Switch {
 
     pub fn fdb(&self) -> &Arc<Fdb> {
         &self.fdb
+    }
+
+    /// The resolution state of every peer whose next hop the switch resolves: (peer address,
+    /// next-hop address, state).
+    pub fn neighbors(&self) -> Vec<(IpAddr, IpAddr, NeighborState)> {
+        let snap = self.snapshot();
+        snap.peers
+            .iter()
+            .flatten()
+            .filter_map(|p| Some((p.ip, p.resolve?, self.neighbors.state(p.id)?)))
+            .collect()
     }
 
     /// Makes a port known by name so a configuration can use it.
@@ -124,6 +140,13 @@ impl Switch {
         let snap = Snapshot::build(&cfg, &ids, &|n| ports.get(n).cloned(), generation)?;
         let old = self.current.load_full();
         let flush = Flush::between(&old, &c.ids, &snap, &ids);
+        // A peer id whose next hop changed starts its resolution again.
+        for id in 0..old.peers.len().max(snap.peers.len()) as u16 {
+            let resolve = |s: &Snapshot| s.peer(id).and_then(|p| p.resolve);
+            if resolve(&old) != resolve(&snap) {
+                self.neighbors.reset(id);
+            }
+        }
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
         c.ids = ids;
@@ -172,7 +195,9 @@ impl Switch {
     pub fn pipeline(&self, thread: usize) -> Pipeline {
         let stats = Arc::new(ThreadStats::new());
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(stats.clone());
-        Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries)
+        let mut p = Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries);
+        p.set_neighbors(self.neighbors.clone());
+        p
     }
 
     /// Counters summed over every thread that ever forwarded for this switch.

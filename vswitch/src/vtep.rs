@@ -56,6 +56,9 @@ pub struct VtepEntry {
 pub struct PeerEntry {
     pub id: u16,
     pub ip: IpAddr,
+    /// The next-hop address to resolve, when no next-hop MAC is configured (the template's
+    /// destination MAC is then written per frame).
+    pub resolve: Option<IpAddr>,
     template: [u8; MAX_OUTER],
     /// One's-complement sum of the IPv4 header template without length (IPv4) or of the
     /// pseudo-header addresses and next header (IPv6).
@@ -105,12 +108,21 @@ impl VtepEntry {
         if p.ip.is_ipv4() != self.local.is_ipv4() {
             return Err(ConfigError::Vtep { what: format!("peer {} is not of the local address's family", p.ip) });
         }
-        if p.next_hop_mac.is_group() {
+        if p.next_hop_mac.is_some_and(|m| m.is_group()) {
             return Err(ConfigError::Vtep { what: format!("peer {}: next-hop MAC is a group address", p.ip) });
         }
+        if let Some(nh) = p.next_hop {
+            if nh.is_ipv4() != self.local.is_ipv4() || nh.is_unspecified() || nh.is_multicast() {
+                return Err(ConfigError::Vtep { what: format!("peer {}: next hop {nh} is not a unicast address of the local family", p.ip) });
+            }
+            if p.next_hop_mac.is_some() {
+                return Err(ConfigError::Vtep { what: format!("peer {}: give a next-hop address or a next-hop MAC, not both", p.ip) });
+            }
+        }
+        let resolve = p.next_hop_mac.is_none().then(|| p.next_hop.unwrap_or(p.ip));
         let mut t = [0u8; MAX_OUTER];
         let eth = ethernet::Repr {
-            dst: p.next_hop_mac,
+            dst: p.next_hop_mac.unwrap_or(MacAddr([0; 6])),
             src: self.mac,
             tag: self.underlay_vlan.map(|v| (ethernet::ethertype::VLAN, v)),
             ethertype: if p.ip.is_ipv4() { ethernet::ethertype::IPV4 } else { ethernet::ethertype::IPV6 },
@@ -136,7 +148,7 @@ impl VtepEntry {
         udp::emit(&mut t[l4..], 0, self.udp_port, 0, 0);
         vxlan::emit(&mut t[l4 + udp::HEADER_LEN..], 0);
         let base_sum = checksum::fold(base_sum) as u64;
-        Ok(PeerEntry { id, ip: p.ip, template: t, base_sum })
+        Ok(PeerEntry { id, ip: p.ip, resolve, template: t, base_sum })
     }
 
     /// The outer header's layout; [`VtepEntry::encap_as`] has one body per layout.
