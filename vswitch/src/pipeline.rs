@@ -932,6 +932,16 @@ impl Pipeline {
         }
     }
 
+    /// Work that does not wait for a burst: frames waiting for next-hop resolution are sent
+    /// or given up (checked at most once per answer learned or second; cheap when idle).
+    #[inline]
+    pub fn housekeeping(&mut self, snap: &Snapshot) {
+        if self.parked.due(self.neigh.generation(), self.now) {
+            self.retry_parked(snap);
+            self.flush(snap);
+        }
+    }
+
     /// Sends every pending tx batch; what a port does not take is dropped and counted.
     pub fn flush(&mut self, snap: &Snapshot) {
         for i in 0..self.n_dirty {

@@ -185,6 +185,8 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &Atomi
             continue;
         }
         pipe.stats().idle_cycles.add(spent);
+        // Frames waiting for a next hop are retried (or given up) even without traffic.
+        pipe.housekeeping(&snap);
         if let IdlePolicy::Adaptive { spin_us, max_sleep_us } = idle {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= Duration::from_micros(spin_us as u64) {

@@ -51,8 +51,8 @@ fn tcp_through_af_xdp_ports() {
 
 /// The underlay on AF_XDP with Knitter's filter program: the node keeps its own address on
 /// the same interface (a TCP session to it works while VXLAN runs), the switch's dedicated
-/// VTEP address carries VXLAN to Linux's own `vxlan` device, and ARP/ND for it is answered by
-/// the switch.
+/// VTEP address carries VXLAN to Linux's own `vxlan` device, ARP/ND for it is answered by
+/// the switch, and the switch resolves the peer's MAC itself (Linux answers its ARP/NS).
 fn underlay_shared_with_the_node(v6: bool) {
     let sw = Netns::new("na").unwrap();
     let (pod_a, node_b, pod_b) = (Netns::new("pa").unwrap(), Netns::new("nb").unwrap(), Netns::new("pb").unwrap());
@@ -85,7 +85,7 @@ fn underlay_shared_with_the_node(v6: bool) {
         SwitchConfig {
             bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
             ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig::new(vtep, "ul0").peer(peer, netns::mac_of(&node_b, "ul1").unwrap())),
+            vtep: Some(VtepConfig::new(vtep, "ul0").peer_resolved(peer, None)),
         },
     )
     .unwrap();
@@ -106,9 +106,15 @@ fn underlay_shared_with_the_node(v6: bool) {
     };
     assert_eq!(netns::tcp_transfer(&node.ns, &node_b, own, 5004, 256).unwrap(), 256 * 1024);
     assert!(pinger.join().unwrap().unwrap().success(), "VXLAN kept working");
+    // Node B learned the VTEP's MAC from the switch's own request; make it ask.
+    node_b.run(&["ip", "neigh", "flush", "dev", "ul1"]).unwrap();
+    ping(&pod_b, "192.0.2.1").expect("pods across VXLAN after node B forgot the VTEP's MAC");
     let s = node.switch.stats();
     assert!(s.event(Event::VtepAnswered) >= 1);
     assert!(s.event(Event::Decapsulated) >= 5);
+    assert!(s.event(Event::NeighborRequests) >= 1 && s.event(Event::NeighborLearned) >= 1);
+    let n = node.switch.neighbors();
+    assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to node B's MAC");
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only VTEP traffic through");
 }
 

@@ -145,8 +145,9 @@ impl XdpRedirect {
     }
 
     /// Loads the underlay filter: VXLAN (UDP to `vtep`:`udp_port`; IPv4 without options or
-    /// IPv6 without extension headers), ARP / neighbour solicitations asking for `vtep` and
-    /// ICMP to an IPv4 `vtep` go to the socket; everything else to the kernel.
+    /// IPv6 without extension headers), ARP targeting `vtep` (requests for it and replies to
+    /// it), neighbour solicitations for `vtep` and advertisements sent to it, and ICMP to an
+    /// IPv4 `vtep` go to the socket; everything else to the kernel.
     pub fn attach_underlay(
         ifindex: u32,
         flags: u32,
@@ -206,9 +207,16 @@ impl XdpRedirect {
                         .jump(insn(JA, 0, 0, 0, 0), "redirect")
                         .label("nd")
                         .op(insn(LDXB, 5, 2, 54, 0)) // ICMPv6 type
+                        .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
                         .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
                     for (k, w) in words.iter().enumerate() {
                         a.op(insn(LDXW, 5, 2, 62 + 4 * k as i16, 0)) // solicited target
+                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                    }
+                    a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
+                    // Advertisements sent to the VTEP's address: answers to its solicitations.
+                    for (k, w) in words.iter().enumerate() {
+                        a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
                             .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
                     }
                     a.jump(insn(JA, 0, 0, 0, 0), "redirect");
