@@ -270,3 +270,32 @@ fn two_switches_as_vteps_keep_vnis_apart() {
         assert_eq!(s.drop(DropReason::VxlanUnknownVtep), 0);
     }
 }
+
+/// Offload control over ethtool netlink, checked with the `ethtool` program: the pod-side
+/// offloads go off and come back on, one by one, on a veth in a namespace of its own.
+#[test]
+fn ethtool_netlink_turns_pod_offloads_off() {
+    let Some(_g) = netns::exclusive() else { return };
+    use vswitch::port::ethtool::{Ethtool, POD_OFFLOADS, pod_offloads_off};
+    let ns = Netns::new("et").unwrap();
+    ns.run(&["ip", "link", "add", "ea", "type", "veth", "peer", "name", "eb"]).unwrap();
+    let shown = |name: &str| -> String {
+        let out = ns.run(&["ethtool", "-k", "ea"]).unwrap();
+        out.lines().find_map(|l| l.trim().strip_prefix(&format!("{name}: "))).unwrap_or("absent").to_string()
+    };
+    assert!(shown("tx-checksum-ip-generic").starts_with("on"), "veth starts with tx checksum offload");
+    let kept = ns.enter(|| pod_offloads_off("ea")).unwrap().unwrap();
+    assert!(kept.is_empty(), "veth lets every pod offload go: {kept:?}");
+    // `ethtool -k` shows some features under their legacy names.
+    for name in ["tx-checksum-ip-generic", "tx-tcp-segmentation", "generic-segmentation-offload", "tx-vlan-offload"] {
+        assert!(shown(name).starts_with("off"), "{name} is {}", shown(name));
+    }
+    let f = ns.enter(|| Ethtool::open().and_then(|mut e| e.features("ea"))).unwrap().unwrap();
+    assert!(POD_OFFLOADS.iter().all(|n| !f.is_on(n)));
+    assert!(f.is_on("tx-scatter-gather"), "other features untouched");
+    // And back on, as `ethtool -K ea tx on` would.
+    let still = ns.enter(|| Ethtool::open().and_then(|mut e| e.set("ea", &[("tx-checksum-ip-generic", true)]))).unwrap().unwrap();
+    assert!(still.is_empty());
+    assert!(shown("tx-checksum-ip-generic").starts_with("on"));
+    assert!(ns.enter(|| Ethtool::open().and_then(|mut e| e.features("no-such-dev"))).unwrap().is_err());
+}

@@ -5,6 +5,8 @@
 pub mod afpacket;
 pub mod afxdp;
 pub mod bpf;
+pub mod ethtool;
+pub mod netlink;
 pub mod ring;
 mod sys;
 

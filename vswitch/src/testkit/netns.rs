@@ -165,7 +165,7 @@ pub fn ping(ns: &Netns, to: &str) -> io::Result<String> {
 /// What the CNI does to a pod's veth: no tx checksum offload and no TSO/GSO, so frames leave
 /// the pod whole and with complete checksums.
 pub fn cni_offloads(ns: &Netns, dev: &str) -> io::Result<()> {
-    ns.run(&["ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off"]).map(drop)
+    ns.enter(|| crate::port::ethtool::pod_offloads_off(dev))?.map(drop)
 }
 
 /// Sends `kib` KiB over TCP from `client` to a server on `ip`:`port` in `server` (Python's
