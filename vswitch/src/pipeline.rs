@@ -56,6 +56,41 @@ struct Ctx {
     dst_loc: Loc,
 }
 
+/// Packets and bytes of consecutive frames of one bridge domain: consecutive frames usually
+/// share one, so its counters are written once per run.
+#[derive(Clone, Copy)]
+struct BdRun {
+    bd: u16,
+    packets: u64,
+    bytes: u64,
+}
+
+impl BdRun {
+    fn new(bd: u16) -> BdRun {
+        BdRun { bd, packets: 0, bytes: 0 }
+    }
+
+    /// Adds a frame; when it starts a new run, returns the finished one (to count).
+    #[inline(always)]
+    fn add(&mut self, bd: u16, len: usize) -> Option<BdRun> {
+        let done = self.switch_to(bd);
+        self.count(len);
+        done
+    }
+
+    /// Starts a run of `bd` unless this is one; returns the finished run.
+    #[inline(always)]
+    fn switch_to(&mut self, bd: u16) -> Option<BdRun> {
+        (bd != self.bd).then(|| std::mem::replace(self, BdRun::new(bd)))
+    }
+
+    #[inline(always)]
+    fn count(&mut self, len: usize) {
+        self.packets += 1;
+        self.bytes += len as u64;
+    }
+}
+
 /// A flood egress: a local port with the tag frames carry there, or a remote VTEP.
 #[derive(Clone, Copy)]
 enum Target {
@@ -205,8 +240,7 @@ impl Pipeline {
     /// so no frame passes another of its flow (whose key may differ, e.g. by an ECN mark).
     #[inline(always)]
     fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &[(Hit, u32); BATCH]) {
-        let mut run_bd = if ACCESS { port.untagged_bd } else { NO_BD };
-        let (mut run_pkts, mut run_bytes) = (0u64, 0u64);
+        let mut run = BdRun::new(if ACCESS { port.untagged_bd } else { NO_BD });
         for i in 0..batch.len() {
             let b = batch.take(i);
             let (hit, len) = found[i & (BATCH - 1)];
@@ -216,22 +250,20 @@ impl Pipeline {
                 self.forward_missed(snap, port, b, i);
                 continue;
             }
-            if !ACCESS && hit.bd() != run_bd {
-                self.count_bd(run_bd, run_pkts, run_bytes);
-                (run_bd, run_pkts, run_bytes) = (hit.bd(), 0, 0);
-            }
-            run_pkts += 1;
-            run_bytes += len as u64;
-            self.forward_hit(snap, b, hit);
+            // An access port's frames all belong to its one bridge domain.
+            let bd = if ACCESS { run.bd } else { hit.bd() };
+            self.forward_hit(snap, b, hit, &mut run, bd, len);
         }
         batch.clear_taken();
-        self.flush_pending(snap);
-        self.count_bd(run_bd, run_pkts, run_bytes);
+        self.end_hits(snap, run);
     }
 
-    /// Egress of a frame the cache knows.
+    /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
     #[inline(always)]
-    fn forward_hit(&mut self, snap: &Snapshot, b: BufId, hit: Hit) {
+    fn forward_hit(&mut self, snap: &Snapshot, b: BufId, hit: Hit, run: &mut BdRun, bd: u16, len: usize) {
+        if let Some(done) = run.add(bd, len) {
+            self.count_run(done);
+        }
         if let Some(p) = hit.plain_port() {
             return self.enqueue(snap, p, b);
         }
@@ -253,6 +285,13 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// After the last hit of a burst: what waits for encapsulation goes, the last run counts.
+    #[inline(always)]
+    fn end_hits(&mut self, snap: &Snapshot, run: BdRun) {
+        self.flush_pending(snap);
+        self.count_run(run);
     }
 
     /// Sends what the cache queued for encapsulation (before a frame that took the slow path,
@@ -290,7 +329,7 @@ impl Pipeline {
 
         // Consecutive packets usually share a bridge domain: look it up once per run, and
         // count its packets and bytes once per run.
-        let (mut run_bd, mut run_entry, mut run_pkts, mut run_bytes) = (NO_BD, None, 0u64, 0u64);
+        let (mut run, mut run_entry) = (BdRun::new(NO_BD), None);
         for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
             if let Some(r) = c.drop {
@@ -306,19 +345,18 @@ impl Pipeline {
                 self.cache.free(b);
                 continue;
             }
-            if c.bd != run_bd {
-                self.count_bd(run_bd, run_pkts, run_bytes);
-                (run_bd, run_entry, run_pkts, run_bytes) = (c.bd, snap.bd(c.bd), 0, 0);
+            if let Some(done) = run.switch_to(c.bd) {
+                self.count_run(done);
+                run_entry = snap.bd(c.bd);
             }
             let Some(bd) = run_entry else {
                 self.discard(b, DropReason::NoBridgeDomain, in_port);
                 continue;
             };
-            run_pkts += 1;
-            run_bytes += c.len as u64;
+            run.count(c.len as usize);
             self.forward(snap, port, bd, b, c, i);
         }
-        self.count_bd(run_bd, run_pkts, run_bytes);
+        self.count_run(run);
         batch.clear_taken();
         bytes
     }
@@ -343,6 +381,11 @@ impl Pipeline {
             c.packets.add(packets);
             c.bytes.add(bytes);
         }
+    }
+
+    #[inline(always)]
+    fn count_run(&self, run: BdRun) {
+        self.count_bd(run.bd, run.packets, run.bytes);
     }
 
     /// Stage 1 for a burst from the underlay: VXLAN decap, then the inner frames' keys.
@@ -438,7 +481,7 @@ impl Pipeline {
         self.known += hits;
         self.stats.event(Event::CacheHits, hits);
         decapsulated += hits;
-        let (mut run_bd, mut run_pkts, mut run_bytes) = (NO_BD, 0u64, 0u64);
+        let mut run = BdRun::new(NO_BD);
         for i in 0..n {
             let mut b = batch.take(i);
             let (hit, len, d) = found[i & (BATCH - 1)];
@@ -455,17 +498,10 @@ impl Pipeline {
                 self.forward_ctx(snap, port, b, &ctx, i);
                 continue;
             }
-            if hit.bd() != run_bd {
-                self.count_bd(run_bd, run_pkts, run_bytes);
-                (run_bd, run_pkts, run_bytes) = (hit.bd(), 0, 0);
-            }
-            run_pkts += 1;
-            run_bytes += len as u64;
-            self.forward_hit(snap, b, hit);
+            self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
         }
         batch.clear_taken();
-        self.flush_pending(snap);
-        self.count_bd(run_bd, run_pkts, run_bytes);
+        self.end_hits(snap, run);
         self.stats.event(Event::Decapsulated, decapsulated);
         bytes
     }

@@ -99,6 +99,28 @@ impl Model {
     }
 }
 
+/// Ring ports p0.. in the given modes over bridges b0..b2 (VLANs 10, 20, 30).
+fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
+    let mut h = Harness::with_pool(Pool::new(16384, false).unwrap(), opts);
+    let mut cfg = SwitchConfig {
+        bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
+        ..Default::default()
+    };
+    for (i, m) in modes.iter().enumerate() {
+        let name = format!("p{i}");
+        h.ring(&name);
+        cfg.ports.push(match m {
+            Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
+            Mode::Trunk { allowed, native } => {
+                let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
+                PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
+            }
+        });
+    }
+    h.apply(cfg).unwrap();
+    h
+}
+
 fn plain(f: &Frame) -> Vec<u8> {
     let dst = f.dst.map_or(vswitch::wire::MacAddr::BROADCAST, mac);
     frames::udp4(dst, mac(f.src), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 7, 9, 64)
@@ -119,23 +141,7 @@ proptest! {
         modes in proptest::collection::vec(mode(), 2..6),
         traffic in proptest::collection::vec(frame(6), 1..60),
     ) {
-        let mut h = Harness::new();
-        let mut cfg = SwitchConfig {
-            bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
-            ..Default::default()
-        };
-        for (i, m) in modes.iter().enumerate() {
-            let name = format!("p{i}");
-            h.ring(&name);
-            cfg.ports.push(match m {
-                Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
-                Mode::Trunk { allowed, native } => {
-                    let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
-                    PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
-                }
-            });
-        }
-        h.apply(cfg).unwrap();
+        let mut h = bridges(&modes, SwitchOptions::default());
         let mut model = Model { modes: modes.clone(), fdb: HashMap::new() };
         for f in traffic.iter().filter(|f| f.port < modes.len()) {
             h.send(&format!("p{}", f.port), &wire(f));
@@ -159,24 +165,7 @@ proptest! {
         flush_at in 0..30usize,
     ) {
         let run = |emc_entries: usize| {
-            let pool = Pool::new(16384, false).unwrap();
-            let mut h = Harness::with_pool(pool, SwitchOptions { emc_entries, ..SwitchOptions::default() });
-            let mut cfg = SwitchConfig {
-                bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
-                ..Default::default()
-            };
-            for (i, m) in modes.iter().enumerate() {
-                let name = format!("p{i}");
-                h.ring(&name);
-                cfg.ports.push(match m {
-                    Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
-                    Mode::Trunk { allowed, native } => {
-                        let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
-                        PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
-                    }
-                });
-            }
-            h.apply(cfg).unwrap();
+            let mut h = bridges(&modes, SwitchOptions { emc_entries, ..SwitchOptions::default() });
             let mut out = Vec::new();
             for (n, burst) in bursts.iter().enumerate() {
                 if n == flush_at {
