@@ -158,6 +158,12 @@ pub struct VtepConfig {
     pub ipv6_zero_checksum: bool,
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
+    /// The VTEP's address is the node's own (the kernel answers ARP/ND for it and resolves
+    /// next hops; the switch follows the kernel's neighbour table, see
+    /// `kernel_neigh::KernelNeighbors`). Default: a dedicated address the switch answers for
+    /// and resolves from.
+    #[serde(default)]
+    pub shared_address: bool,
 }
 
 /// A remote VTEP and how its frames reach it on the underlay: to a configured next-hop MAC,
@@ -289,6 +295,7 @@ impl VtepConfig {
             ttl: default_ttl(),
             ipv6_zero_checksum: false,
             peers: Vec::new(),
+            shared_address: false,
         }
     }
 

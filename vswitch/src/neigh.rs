@@ -111,13 +111,14 @@ impl Neighbors {
     }
 
     /// Decides for a frame to `peer` at second `now`, and whether this thread must send a
-    /// request now (at most one request per peer and second across all threads).
-    pub fn next(&self, peer: u16, now: u32) -> (Next, bool) {
+    /// request now (at most one request per peer and second across all threads). With
+    /// `may_ask` false (the kernel resolves, see `kernel_neigh.rs`) nobody is elected here.
+    pub fn next(&self, peer: u16, now: u32, may_ask: bool) -> (Next, bool) {
         let Some(s) = self.slot(peer) else { return (Next::Wait, false) };
         let v = s.mac.load(Acquire);
         let known = v & VALID != 0;
         let fresh = known && now.wrapping_sub(s.confirmed.load(Relaxed)) < REACHABLE_SECS;
-        let ask = !fresh && self.claim(s, now);
+        let ask = may_ask && !fresh && self.claim(s, now);
         // The claim may just have forgotten the MAC.
         let v = if ask { s.mac.load(Acquire) } else { v };
         let known = v & VALID != 0;
@@ -136,6 +137,12 @@ impl Neighbors {
             self.learned.fetch_add(1, Release);
         }
         true
+    }
+
+    /// Elects the caller to ask for `peer`'s next hop this second (as [`Neighbors::next`]
+    /// does for the PMD threads); counts the request as unanswered until an answer comes.
+    pub fn request_due(&self, peer: u16, now: u32) -> bool {
+        self.slot(peer).is_some_and(|s| self.claim(s, now))
     }
 
     /// Whether frames waiting since `since` for `peer` should be given up at `now`.
@@ -318,29 +325,29 @@ mod test {
     #[test]
     fn one_request_per_second_then_forget() {
         let n = Neighbors::new(4);
-        assert_eq!(n.next(1, 10), (Next::Wait, true));
-        assert_eq!(n.next(1, 10), (Next::Wait, false), "one request per second");
+        assert_eq!(n.next(1, 10, true), (Next::Wait, true));
+        assert_eq!(n.next(1, 10, true), (Next::Wait, false), "one request per second");
         assert!(!n.given_up(1, 10, 11));
-        assert_eq!(n.next(1, 11), (Next::Wait, true));
-        assert_eq!(n.next(1, 12), (Next::Wait, true));
+        assert_eq!(n.next(1, 11, true), (Next::Wait, true));
+        assert_eq!(n.next(1, 12, true), (Next::Wait, true));
         assert!(n.given_up(1, 10, 13));
         let g = n.generation();
         let m = MacAddr([2, 0, 0, 0, 0, 7]);
         n.learn(1, m, 13);
         assert!(n.generation() != g);
-        assert_eq!(n.next(1, 14), (Next::Send(m), false));
+        assert_eq!(n.next(1, 14, true), (Next::Send(m), false));
         assert!(!n.given_up(1, 10, 20));
         // Stale after REACHABLE_SECS: re-confirmed while still sending, forgotten after
         // MAX_PROBES unanswered requests.
         let t = 13 + REACHABLE_SECS;
-        assert_eq!(n.next(1, t), (Next::Send(m), true));
-        assert_eq!(n.next(1, t + 1), (Next::Send(m), true));
-        assert_eq!(n.next(1, t + 2), (Next::Send(m), true));
-        assert_eq!(n.next(1, t + 3), (Next::Wait, true));
+        assert_eq!(n.next(1, t, true), (Next::Send(m), true));
+        assert_eq!(n.next(1, t + 1, true), (Next::Send(m), true));
+        assert_eq!(n.next(1, t + 2, true), (Next::Send(m), true));
+        assert_eq!(n.next(1, t + 3, true), (Next::Wait, true));
         assert_eq!(n.mac(1), None);
         n.reset(1);
         assert_eq!(n.state(1), Some(NeighborState { mac: None, confirmed: None, unanswered: 0 }));
-        assert_eq!(n.next(9, 1), (Next::Wait, false), "no such slot");
+        assert_eq!(n.next(9, 1, true), (Next::Wait, false), "no such slot");
     }
 
     #[test]

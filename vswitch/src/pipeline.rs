@@ -426,7 +426,7 @@ impl Pipeline {
             (Ok(()), _) => {}
             // Not VXLAN: maybe a next hop's answer, or a neighbour asking for the VTEP's own
             // address (a next hop's request teaches its MAC too).
-            (Err(DropReason::UnderlayNotVxlan), Some(v)) => {
+            (Err(DropReason::UnderlayNotVxlan), Some(v)) if !v.shared => {
                 let learned = self.learn_next_hop(snap, pool, b, v.local);
                 if suppress::answer_for(pool, b, v.local, v.mac).is_some() {
                     *ctx = Ctx { reply: true, ..Ctx::default() };
@@ -724,7 +724,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     fn resolve(&mut self, snap: &Snapshot, vtep: &VtepEntry, peer: u16, target: IpAddr) -> Option<MacAddr> {
-        let (next, ask) = self.neigh.next(peer, self.now);
+        let (next, ask) = self.neigh.next(peer, self.now, !vtep.shared);
         if ask {
             match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
                 Some(req) => {

@@ -99,6 +99,12 @@ impl Switch {
         &self.fdb
     }
 
+    /// The next-hop table the PMD threads read (written by them, or by a
+    /// `kernel_neigh::KernelNeighbors` in the shared-address mode).
+    pub fn neighbor_table(&self) -> &Arc<Neighbors> {
+        &self.neighbors
+    }
+
     /// The resolution state of every peer whose next hop the switch resolves: (peer address,
     /// next-hop address, state).
     pub fn neighbors(&self) -> Vec<(IpAddr, IpAddr, NeighborState)> {

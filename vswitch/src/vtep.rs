@@ -49,6 +49,8 @@ pub struct VtepEntry {
     pub outer_len: usize,
     /// Underlay L3 MTU.
     pub mtu: u16,
+    /// The node's kernel owns the address (see `VtepConfig::shared_address`).
+    pub shared: bool,
 }
 
 /// A remote VTEP with its outer-header template.
@@ -100,6 +102,7 @@ impl VtepEntry {
             l2_len,
             outer_len: l2_len + l3 + udp::HEADER_LEN + vxlan::HEADER_LEN,
             mtu,
+            shared: v.shared_address,
         })
     }
 

@@ -3,6 +3,8 @@
 //! Needs root (skipped without, failed under CI); runs in the `serial` nextest group.
 
 use std::sync::Arc;
+use std::time::Duration;
+use vswitch::kernel_neigh::KernelNeighbors;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
 use vswitch::port::afxdp::AfXdpPort;
@@ -53,7 +55,9 @@ fn tcp_through_af_xdp_ports() {
 /// the same interface (a TCP session to it works while VXLAN runs), the switch's dedicated
 /// VTEP address carries VXLAN to Linux's own `vxlan` device, ARP/ND for it is answered by
 /// the switch, and the switch resolves the peer's MAC itself (Linux answers its ARP/NS).
-fn underlay_shared_with_the_node(v6: bool) {
+/// With `shared`, the VTEP's address is node A's own: its kernel answers ARP/ND, and the
+/// switch takes the peer's MAC from the kernel's neighbour table.
+fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     let sw = Netns::new("na").unwrap();
     let (pod_a, node_b, pod_b) = (Netns::new("pa").unwrap(), Netns::new("nb").unwrap(), Netns::new("pb").unwrap());
     netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
@@ -66,6 +70,7 @@ fn underlay_shared_with_the_node(v6: bool) {
     } else {
         ("198.51.100.10", "198.51.100.1", "198.51.100.2", "24")
     };
+    let vtep = if shared { own } else { vtep };
     // Node A's own address on the underlay, owned by its kernel; the VTEP's is separate.
     sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
     node_b.run(&["ip", "addr", "add", &format!("{remote}/{plen}"), "dev", "ul1", "nodad"]).unwrap();
@@ -77,7 +82,7 @@ fn underlay_shared_with_the_node(v6: bool) {
         &["pa0", "ul0"],
         |name, pool| -> std::io::Result<Arc<dyn Port>> {
             Ok(if name == "ul0" {
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), vtep, 4789)?)
+                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), vtep, 4789, shared)?)
             } else {
                 Arc::new(AfXdpPort::open(name, name, pool.clone())?)
             })
@@ -85,14 +90,17 @@ fn underlay_shared_with_the_node(v6: bool) {
         SwitchConfig {
             bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
             ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig::new(vtep, "ul0").peer_resolved(peer, None)),
+            vtep: Some(VtepConfig { shared_address: shared, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
         },
     )
     .unwrap();
+    let _follower = shared.then(|| {
+        node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap()
+    });
     // The node's own address answers through its kernel while the port is attached.
     ping(&node_b, own).expect("node A's own address");
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
-    if !v6 {
+    if !v6 && !shared {
         ping(&node_b, &vtep.to_string()).expect("the switch answers ICMP echo for its VTEP address");
     }
     // A TCP session to node A's own address while pods keep pinging across VXLAN.
@@ -110,9 +118,14 @@ fn underlay_shared_with_the_node(v6: bool) {
     node_b.run(&["ip", "neigh", "flush", "dev", "ul1"]).unwrap();
     ping(&pod_b, "192.0.2.1").expect("pods across VXLAN after node B forgot the VTEP's MAC");
     let s = node.switch.stats();
-    assert!(s.event(Event::VtepAnswered) >= 1);
     assert!(s.event(Event::Decapsulated) >= 5);
-    assert!(s.event(Event::NeighborRequests) >= 1 && s.event(Event::NeighborLearned) >= 1);
+    if shared {
+        // The kernel answered for the address and resolved the peer; the switch only read.
+        assert_eq!((s.event(Event::VtepAnswered), s.event(Event::NeighborRequests)), (0, 0));
+    } else {
+        assert!(s.event(Event::VtepAnswered) >= 1);
+        assert!(s.event(Event::NeighborRequests) >= 1 && s.event(Event::NeighborLearned) >= 1);
+    }
     let n = node.switch.neighbors();
     assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to node B's MAC");
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only VTEP traffic through");
@@ -121,11 +134,23 @@ fn underlay_shared_with_the_node(v6: bool) {
 #[test]
 fn underlay_shared_with_the_node_ipv4() {
     let Some(_g) = netns::exclusive() else { return };
-    underlay_shared_with_the_node(false);
+    underlay_shared_with_the_node(false, false);
 }
 
 #[test]
 fn underlay_shared_with_the_node_ipv6() {
     let Some(_g) = netns::exclusive() else { return };
-    underlay_shared_with_the_node(true);
+    underlay_shared_with_the_node(true, false);
+}
+
+#[test]
+fn vtep_on_the_nodes_own_address_ipv4() {
+    let Some(_g) = netns::exclusive() else { return };
+    underlay_shared_with_the_node(false, true);
+}
+
+#[test]
+fn vtep_on_the_nodes_own_address_ipv6() {
+    let Some(_g) = netns::exclusive() else { return };
+    underlay_shared_with_the_node(true, true);
 }

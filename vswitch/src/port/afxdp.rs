@@ -252,21 +252,24 @@ impl AfXdpPort {
     /// to `vtep`:`udp_port` and ARP / neighbour solicitations asking for `vtep` come to the
     /// port; the node keeps every other frame of the interface (its own address, SSH, the API
     /// server...).
+    /// `shared`: the node's kernel owns the VTEP address (it keeps ARP/ND/ICMP for it; see
+    /// `VtepConfig::shared_address`).
     pub fn open_underlay(
         name: &str,
         ifname: &str,
         pool: Arc<Pool>,
         vtep: std::net::IpAddr,
         udp_port: u16,
+        shared: bool,
     ) -> io::Result<AfXdpPort> {
-        Self::open_with(name, ifname, pool, Some((vtep, udp_port)))
+        Self::open_with(name, ifname, pool, Some((vtep, udp_port, shared)))
     }
 
     fn open_with(
         name: &str,
         ifname: &str,
         pool: Arc<Pool>,
-        underlay: Option<(std::net::IpAddr, u16)>,
+        underlay: Option<(std::net::IpAddr, u16, bool)>,
     ) -> io::Result<AfXdpPort> {
         let ifindex = ifindex(ifname)?;
         // SAFETY: plain socket creation, checked.
@@ -304,7 +307,7 @@ impl AfXdpPort {
         }
         let xdp = match underlay {
             None => XdpRedirect::attach(ifindex, XDP_FLAGS_SKB_MODE, 1)?,
-            Some((ip, port)) => XdpRedirect::attach_underlay(ifindex, XDP_FLAGS_SKB_MODE, 1, ip, port)?,
+            Some((ip, port, shared)) => XdpRedirect::attach_underlay(ifindex, XDP_FLAGS_SKB_MODE, 1, ip, port, shared)?,
         };
         xdp.register(0, fd)?;
         let mac = interface_mac(ifname);

@@ -148,13 +148,17 @@ impl XdpRedirect {
     /// IPv6 without extension headers), ARP targeting `vtep` (requests for it and replies to
     /// it), neighbour solicitations for `vtep` and advertisements sent to it, and ICMP to an
     /// IPv4 `vtep` go to the socket; everything else to the kernel.
+    /// With `shared` (the node's kernel owns the VTEP address) only VXLAN is taken: ARP, ND
+    /// and ICMP for the address stay with the kernel.
     pub fn attach_underlay(
         ifindex: u32,
         flags: u32,
         max_queues: u32,
         vtep: std::net::IpAddr,
         udp_port: u16,
+        shared: bool,
     ) -> io::Result<XdpRedirect> {
+        let (arp, icmp, nd) = if shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
         // Loads are in host byte order: compare against the wire bytes read the same way.
         let port = u16::from_ne_bytes(udp_port.to_be_bytes()) as i32;
         let et = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
@@ -169,22 +173,25 @@ impl XdpRedirect {
                     a.op(insn(ADD64_K, 4, 0, 0, 42)) // Ethernet + IPv4 + UDP, or Ethernet + ARP
                         .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
                         .op(insn(LDXH, 5, 2, 12, 0)) // EtherType
-                        .jump(insn(JEQ32_K, 5, 0, 0, et(0x0806)), "arp")
+                        .jump(insn(JEQ32_K, 5, 0, 0, et(0x0806)), arp)
                         .jump(insn(JNE32_K, 5, 0, 0, et(0x0800)), "pass")
                         .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
                         .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
                         .op(insn(LDXW, 5, 2, 30, 0)) // destination address
                         .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
                         .op(insn(LDXB, 5, 2, 23, 0)) // protocol: ICMP to the VTEP is ours
-                        .jump(insn(JEQ32_K, 5, 0, 0, 1), "redirect")
+                        .jump(insn(JEQ32_K, 5, 0, 0, 1), icmp)
                         .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
                         .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
                         .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
-                        .jump(insn(JA, 0, 0, 0, 0), "redirect")
-                        .label("arp")
-                        .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
-                        .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
                         .jump(insn(JA, 0, 0, 0, 0), "redirect");
+                    // (The verifier refuses unreachable code: the ARP block only when used.)
+                    if !shared {
+                        a.label("arp")
+                            .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
+                            .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                            .jump(insn(JA, 0, 0, 0, 0), "redirect");
+                    }
                 }
                 std::net::IpAddr::V6(ip) => {
                     let o = ip.octets();
@@ -196,7 +203,7 @@ impl XdpRedirect {
                         .op(insn(LDXH, 5, 2, 12, 0))
                         .jump(insn(JNE32_K, 5, 0, 0, et(0x86dd)), "pass")
                         .op(insn(LDXB, 5, 2, 20, 0)) // next header
-                        .jump(insn(JEQ32_K, 5, 0, 0, 58), "nd")
+                        .jump(insn(JEQ32_K, 5, 0, 0, 58), nd)
                         .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
                     for (k, w) in words.iter().enumerate() {
                         a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
@@ -204,22 +211,24 @@ impl XdpRedirect {
                     }
                     a.op(insn(LDXH, 5, 2, 56, 0)) // UDP destination port
                         .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
-                        .jump(insn(JA, 0, 0, 0, 0), "redirect")
-                        .label("nd")
-                        .op(insn(LDXB, 5, 2, 54, 0)) // ICMPv6 type
-                        .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
-                        .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
-                    for (k, w) in words.iter().enumerate() {
-                        a.op(insn(LDXW, 5, 2, 62 + 4 * k as i16, 0)) // solicited target
-                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                        .jump(insn(JA, 0, 0, 0, 0), "redirect");
+                    if !shared {
+                        a.label("nd")
+                            .op(insn(LDXB, 5, 2, 54, 0)) // ICMPv6 type
+                            .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
+                            .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
+                        for (k, w) in words.iter().enumerate() {
+                            a.op(insn(LDXW, 5, 2, 62 + 4 * k as i16, 0)) // solicited target
+                                .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                        }
+                        a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
+                        // Advertisements sent to the VTEP's address: answers to its solicitations.
+                        for (k, w) in words.iter().enumerate() {
+                            a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
+                                .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                        }
+                        a.jump(insn(JA, 0, 0, 0, 0), "redirect");
                     }
-                    a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
-                    // Advertisements sent to the VTEP's address: answers to its solicitations.
-                    for (k, w) in words.iter().enumerate() {
-                        a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
-                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
-                    }
-                    a.jump(insn(JA, 0, 0, 0, 0), "redirect");
                 }
             }
             a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");

@@ -11,6 +11,9 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 pub const NLM_F_REQUEST: u16 = 1;
 pub const NLM_F_ACK: u16 = 4;
+/// A dump: every object of the kind, ended by `NLMSG_DONE`.
+pub const NLM_F_DUMP: u16 = 0x300;
+pub const NETLINK_ROUTE: i32 = 0;
 /// Set on nested attributes.
 pub const NLA_F_NESTED: u16 = 1 << 15;
 const GENL_ID_CTRL: u16 = 0x10;
@@ -27,14 +30,20 @@ pub struct Msg {
 }
 
 impl Msg {
+    /// A request of message type `ty` whose payload starts with the fixed header `fixed`.
+    pub fn new(ty: u16, flags: u16, fixed: &[u8]) -> Msg {
+        let mut buf = vec![0u8; HDR];
+        buf[4..6].copy_from_slice(&ty.to_ne_bytes());
+        buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        buf.extend_from_slice(fixed);
+        let mut m = Msg { buf, nests: Vec::new() };
+        m.pad();
+        m
+    }
+
     /// A generic netlink request of `family` with command `cmd`.
     pub fn genl(family: u16, cmd: u8, version: u8, flags: u16) -> Msg {
-        let mut buf = vec![0u8; HDR + GENL_HDR];
-        buf[4..6].copy_from_slice(&family.to_ne_bytes());
-        buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        buf[HDR] = cmd;
-        buf[HDR + 1] = version;
-        Msg { buf, nests: Vec::new() }
+        Msg::new(family, flags, &[cmd, version, 0, 0])
     }
 
     fn pad(&mut self) {
