@@ -88,7 +88,8 @@ pub fn sync_once(switch: &Switch, now: u32) -> io::Result<usize> {
             }
             None => {
                 // One kick per next hop and second, counted as a request of each peer's slot.
-                let due = peers.iter().fold(false, |any, p| slots.request_due(*p, now) || any);
+                // Every peer's slot counts the request (no short circuit).
+                let due = peers.iter().filter(|p| slots.request_due(**p, now)).count() > 0;
                 if due && let Err(e) = kick_kernel(*nh) {
                     tracing::debug!(next_hop = %nh, error = %e, "could not make the kernel resolve a next hop");
                 }
