@@ -55,6 +55,8 @@ pub enum ConfigError {
     PortBadVlan { port: String, vlan: u16 },
     #[error("port {port:?}: MTU {mtu} is out of range 68..=9198")]
     BadMtu { port: String, mtu: u16 },
+    #[error("port {port:?}: MTU {mtu} is more than this port can carry (at most {max})")]
+    MtuAbovePort { port: String, mtu: u16, max: usize },
     #[error("port {port:?}: TPID {tpid:#06x} is not 0x8100, 0x88a8 or 0x9100")]
     BadTpid { port: String, tpid: u16 },
     #[error("port {port:?}: port security needs at least one MAC, and unicast ones")]
@@ -348,6 +350,11 @@ impl Snapshot {
             let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
             if !(68..=9198).contains(&p.mtu) {
                 return Err(ConfigError::BadMtu { port: p.name.clone(), mtu: p.mtu });
+            }
+            // The MTU bounds the L3 packet; the port carries it with an Ethernet header and a tag.
+            let max = port.max_frame().saturating_sub(18);
+            if p.mtu as usize > max {
+                return Err(ConfigError::MtuAbovePort { port: p.name.clone(), mtu: p.mtu, max });
             }
             if !crate::wire::ethernet::is_tpid(p.tpid) {
                 return Err(ConfigError::BadTpid { port: p.name.clone(), tpid: p.tpid });

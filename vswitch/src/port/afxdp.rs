@@ -41,6 +41,8 @@ const PGOFF_TX: i64 = 0x8000_0000;
 const PGOFF_FILL: i64 = 0x1_0000_0000;
 const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
 const RING: u32 = 1024;
+/// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
+const XDP_PACKET_HEADROOM: usize = 256;
 
 #[repr(C)]
 struct UmemReg {
@@ -459,6 +461,11 @@ impl Port for AfXdpPort {
 
     fn mac(&self) -> Option<MacAddr> {
         self.mac
+    }
+
+    /// One UMEM chunk per frame after the kernel's XDP headroom (no multi-buffer yet).
+    fn max_frame(&self) -> usize {
+        BUF_SIZE - XDP_PACKET_HEADROOM
     }
 }
 

@@ -94,4 +94,10 @@ pub trait Port: Send + Sync {
     fn mac(&self) -> Option<MacAddr> {
         None
     }
+
+    /// The longest frame (with one VLAN tag) the port can carry; configurations asking for
+    /// a larger MTU are refused.
+    fn max_frame(&self) -> usize {
+        crate::buf::MAX_FRAME
+    }
 }
