@@ -8,7 +8,8 @@
 //! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
 //! is accepted only if it names a lent buffer, and dropping the port returns every buffer
 //! still lent once the socket is closed. Frames must fit one pool buffer after the kernel's
-//! 256-byte XDP headroom (MTU up to 1500); jumbo frames need multi-buffer AF_XDP (not yet).
+//! 256-byte XDP headroom (MTU up to 1774, larger refused); jumbo frames need multi-buffer
+//! AF_XDP (not yet).
 //!
 //! Unsafe code is confined to the ring mappings, with these invariants:
 //! - each ring mapping lives as long as the port; producer/consumer words are accessed
