@@ -24,6 +24,9 @@ fn pods() -> (SwitchNode, Netns, Netns) {
 fn pods_ping_through_af_xdp_ports() {
     let Some(_g) = netns::exclusive() else { return };
     let (node, pa, pb) = pods();
+    // veth has native XDP: the program is attached there, not in the generic hook.
+    let link = node.ns.run(&["ip", "link", "show", "dev", "swa"]).unwrap();
+    assert!(link.contains(" xdp ") && !link.contains("xdpgeneric"), "{link}");
     ping(&pa, "192.0.2.2").expect("pa reaches pb");
     ping(&pb, "192.0.2.1").expect("pb reaches pa");
     assert!(node.switch.stats().event(Event::KnownUnicast) >= 6);

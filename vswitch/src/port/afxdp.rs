@@ -17,7 +17,7 @@
 //! - descriptor slots between our consumer and the kernel's producer (or our producer and the
 //!   kernel's consumer) belong to us; indices are masked by the ring size.
 
-use super::bpf::{XDP_FLAGS_SKB_MODE, XdpRedirect};
+use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
 use super::sys::{check, ifindex, interface_mac, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
@@ -308,13 +308,21 @@ impl AfXdpPort {
                 Err(e) => return Err(e),
             }
         }
-        let xdp = match underlay {
-            None => XdpRedirect::attach(ifindex, XDP_FLAGS_SKB_MODE, 1)?,
-            Some((ip, port, shared)) => XdpRedirect::attach_underlay(ifindex, XDP_FLAGS_SKB_MODE, 1, ip, port, shared)?,
+        // Native XDP where the driver has it (veth does), generic otherwise.
+        let attach = |flags| match underlay {
+            None => XdpRedirect::attach(ifindex, flags, 1),
+            Some((ip, port, shared)) => XdpRedirect::attach_underlay(ifindex, flags, 1, ip, port, shared),
+        };
+        let (xdp, mode) = match attach(XDP_FLAGS_DRV_MODE) {
+            Ok(x) => (x, "native"),
+            Err(e) => {
+                tracing::info!(port = name, ifname, error = %e, "no native XDP on this device: generic XDP");
+                (attach(XDP_FLAGS_SKB_MODE)?, "generic")
+            }
         };
         xdp.register(0, fd)?;
         let mac = interface_mac(ifname);
-        tracing::info!(port = name, ifname, "AF_XDP port open (generic XDP, copy mode, UMEM = buffer pool)");
+        tracing::info!(port = name, ifname, mode, "AF_XDP port open (copy mode, UMEM = buffer pool)");
         let n = pool.capacity() as usize;
         Ok(AfXdpPort {
             name: name.into(),
