@@ -195,9 +195,13 @@ impl Pipeline {
         };
         let n = batch.len();
         self.emc.sync(snap.generation, self.fdb.generation(), self.now);
-        // Port security looks past the Ethernet header, which the cache's keys do not cover.
-        self.cached = self.emc.capacity() > 0 && port.security.is_none();
         let vtep = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
+        // Port security looks past the Ethernet header, which the cache's keys do not cover;
+        // an underlay without a VTEP has nothing to cache. (When set, every path below fills
+        // `miss_keys` for the frames it hands to stage 2.)
+        self.cached = self.emc.capacity() > 0
+            && port.security.is_none()
+            && (port.kind != PortKind::Underlay || vtep.is_some());
         let bytes = if let Some(vtep) = vtep.filter(|_| self.cached) {
             self.forward_underlay_cached(snap, vtep, port, batch)
         } else if self.cached && port.kind != PortKind::Underlay {
@@ -489,10 +493,8 @@ impl Pipeline {
             if !stripped {
                 self.flush_pending(snap);
                 let r = self.decap(snap, &mut b);
-                if let Ok((bd, peer)) = r {
-                    decapsulated += 1;
-                    self.miss_keys[i & (BATCH - 1)] = Key::from_peer(peer, bd, self.pool.head(&b));
-                }
+                decapsulated += r.is_ok() as u64;
+                self.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
                 let mut ctx = Ctx::default();
                 self.underlay_ctx(snap, &mut b, r, &mut ctx);
                 self.forward_ctx(snap, port, b, &ctx, i);
