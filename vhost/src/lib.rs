@@ -1,0 +1,11 @@
+//! Knitter's vhost-user virtio-net backend, the port VNF pods live on.
+//!
+//! This crate owns the fast path the rust-vmm crates leave to the device: guest memory as
+//! host mappings with every guest-named range checked once ([`memory`]), split virtqueues
+//! polled in batches with each descriptor chain validated before use ([`vring`]). The
+//! vhost-user protocol, the virtio-net header and the switch port come next (issue:
+//! "vhost-user ports for VNF pods"); `testkit` has a simulated guest driver for tests.
+
+pub mod memory;
+pub mod testkit;
+pub mod vring;

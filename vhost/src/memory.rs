@@ -1,0 +1,210 @@
+//! Guest memory as the backend sees it: the regions of the frontend's memory table, each a
+//! host mapping, and the translation of guest physical ranges into host slices.
+//!
+//! Everything a guest names (descriptor addresses and lengths, ring addresses) goes through
+//! [`GuestMemory::slice`], which checks the whole range against one region, with overflow
+//! checks, before any byte is touched. A range that crosses regions is refused (frontends
+//! allocate each buffer inside one region; the caller counts the refusal).
+//!
+//! # Safety of the mappings
+//! A [`Region`] holds a raw host pointer to memory the guest shares with us. Invariants:
+//! - the mapping stays valid for `len` bytes while the `GuestMemory` lives: it is owned by a
+//!   [`Mapping`] the memory table keeps (an `mmap` of the frontend's file descriptor, or an
+//!   anonymous one in tests);
+//! - the guest may write any byte at any time. The backend therefore never forms Rust
+//!   references whose contents it relies on being stable across a read it trusts: ring
+//!   fields are read once into locals with volatile loads, and frame bytes are only copied.
+//!   Slices handed out ([`GuestMemory::slice`]) are for copying in or out, immediately.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// A guest physical address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GuestAddr(pub u64);
+
+/// Why a guest range cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    #[error("guest range {addr:#x}+{len} is not inside one memory region")]
+    OutOfRange { addr: u64, len: u64 },
+    #[error("guest address {addr:#x} is not aligned to {align}")]
+    Misaligned { addr: u64, align: u64 },
+}
+
+/// One host mapping of guest memory; unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; who may touch which bytes when is the
+// virtqueue protocol's business, enforced by the ring code, not by the mapping.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of a frontend's memory file at `offset` (vhost-user SET_MEM_TABLE).
+    pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
+        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset as libc::off_t)
+    }
+
+    /// Anonymous zeroed memory (tests and simulated guests).
+    pub fn anonymous(len: usize) -> std::io::Result<Mapping> {
+        Self::map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    }
+
+    fn map(len: usize, flags: i32, fd: i32, off: libc::off_t) -> std::io::Result<Mapping> {
+        if len == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty memory region"));
+        }
+        // SAFETY: a fresh mapping chosen by the kernel; checked below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, off) };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map` mapped; no slice into it outlives the memory
+        // table that owns this mapping.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One region of the memory table: guest range → host mapping (and the frontend's own
+/// virtual address of it, which ring addresses use).
+#[derive(Debug)]
+pub struct Region {
+    pub guest: u64,
+    pub len: u64,
+    /// The frontend's virtual address of the region (vhost-user ring addresses are in it).
+    pub user: u64,
+    map: Mapping,
+}
+
+/// The guest's memory table.
+#[derive(Debug, Default)]
+pub struct GuestMemory {
+    regions: Vec<Region>,
+}
+
+impl GuestMemory {
+    /// A table of `(guest address, frontend address, mapping)` regions, which must not
+    /// overlap in guest space.
+    pub fn new(regions: Vec<(u64, u64, Mapping)>) -> Result<GuestMemory, MemError> {
+        let mut rs: Vec<Region> =
+            regions.into_iter().map(|(guest, user, map)| Region { guest, len: map.len as u64, user, map }).collect();
+        rs.sort_by_key(|r| r.guest);
+        for w in rs.windows(2) {
+            if w[0].guest.checked_add(w[0].len).is_none_or(|end| end > w[1].guest) {
+                return Err(MemError::OutOfRange { addr: w[1].guest, len: w[1].len });
+            }
+        }
+        Ok(GuestMemory { regions: rs })
+    }
+
+    fn region(&self, addr: u64) -> Option<&Region> {
+        // Few regions (frontends use one to eight): a linear scan beats a search.
+        self.regions.iter().find(|r| addr >= r.guest && addr - r.guest < r.len)
+    }
+
+    /// The host pointer of `len` bytes at guest `addr`, all inside one region.
+    #[inline]
+    pub fn host(&self, addr: GuestAddr, len: u64) -> Result<*mut u8, MemError> {
+        let err = MemError::OutOfRange { addr: addr.0, len };
+        let r = self.region(addr.0).ok_or(err)?;
+        let off = addr.0 - r.guest;
+        if len > r.len - off {
+            return Err(err);
+        }
+        // SAFETY: `off + len <= r.len`, the mapping's length: the result stays inside it.
+        Ok(unsafe { r.map.ptr.add(off as usize) })
+    }
+
+    /// `len` bytes at guest `addr` for copying out of the guest, immediately (the guest may
+    /// change them at any time).
+    #[inline]
+    pub fn slice(&self, addr: GuestAddr, len: usize) -> Result<&[u8], MemError> {
+        let p = self.host(addr, len as u64)?;
+        // SAFETY: in bounds of a live mapping (checked by `host`); bytes, so any value is valid.
+        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
+    /// `len` bytes at guest `addr` for copying into the guest, immediately.
+    #[inline]
+    #[allow(clippy::mut_from_ref)] // guest memory is shared by nature; see the module doc
+    pub fn slice_mut(&self, addr: GuestAddr, len: usize) -> Result<&mut [u8], MemError> {
+        let p = self.host(addr, len as u64)?;
+        // SAFETY: in bounds of a live mapping; the backend writes only into buffers the
+        // guest made device-writable and holds no other reference to them meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+    }
+
+    /// The guest address of a frontend virtual address (vhost-user SET_VRING_ADDR).
+    pub fn guest_of_user(&self, user: u64) -> Option<GuestAddr> {
+        self.regions.iter().find(|r| user >= r.user && user - r.user < r.len).map(|r| GuestAddr(r.guest + (user - r.user)))
+    }
+
+    /// A guest field of `size` bytes aligned to `align`, as a host pointer.
+    pub fn field(&self, addr: GuestAddr, size: u64, align: u64) -> Result<*mut u8, MemError> {
+        if !addr.0.is_multiple_of(align) {
+            return Err(MemError::Misaligned { addr: addr.0, align });
+        }
+        self.host(addr, size)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn mem() -> GuestMemory {
+        GuestMemory::new(vec![
+            (0x1000, 0x7f00_0000_1000, Mapping::anonymous(0x2000).unwrap()),
+            (0x10000, 0x7f00_0001_0000, Mapping::anonymous(0x1000).unwrap()),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn ranges_inside_one_region_only() {
+        let m = mem();
+        assert!(m.slice(GuestAddr(0x1000), 0x2000).is_ok());
+        assert!(m.slice(GuestAddr(0x2fff), 1).is_ok());
+        assert!(m.slice(GuestAddr(0x2fff), 2).is_err(), "past the region's end");
+        assert!(m.slice(GuestAddr(0x3000), 1).is_err(), "between regions");
+        assert!(m.slice(GuestAddr(0xfff), 2).is_err(), "before the first region");
+        assert!(m.slice(GuestAddr(u64::MAX), 2).is_err(), "overflow");
+        assert!(m.slice(GuestAddr(0x10000), usize::MAX).is_err(), "huge length");
+        m.slice_mut(GuestAddr(0x10010), 4).unwrap().copy_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(m.slice(GuestAddr(0x10012), 2).unwrap(), &[3, 4]);
+    }
+
+    #[test]
+    fn frontend_addresses_and_alignment() {
+        let m = mem();
+        assert_eq!(m.guest_of_user(0x7f00_0001_0010), Some(GuestAddr(0x10010)));
+        assert_eq!(m.guest_of_user(0x7f00_0000_0fff), None);
+        assert_eq!(m.field(GuestAddr(0x1002), 4, 4), Err(MemError::Misaligned { addr: 0x1002, align: 4 }));
+        assert!(m.field(GuestAddr(0x1004), 4, 4).is_ok());
+    }
+
+    #[test]
+    fn overlapping_regions_are_refused() {
+        let r = GuestMemory::new(vec![(0x1000, 0, Mapping::anonymous(0x2000).unwrap()), (0x2000, 0, Mapping::anonymous(0x1000).unwrap())]);
+        assert!(r.is_err());
+    }
+}

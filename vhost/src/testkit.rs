@@ -1,0 +1,138 @@
+//! A simulated guest driver for tests: guest memory with a split virtqueue laid out in it
+//! (as a virtio driver lays it out), chains posted and completions read back as a guest
+//! would, and raw access for writing hostile rings.
+
+use crate::memory::{GuestAddr, GuestMemory, Mapping};
+use crate::vring::{SplitQueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+
+/// Guest memory layout of the simulated guest: rings at the bottom, buffers above.
+pub const DESC_AT: u64 = 0x1_0000;
+pub const BUFS_AT: u64 = 0x10_0000;
+pub const MEM_LEN: usize = 0x40_0000;
+
+/// A guest with one queue of `size` descriptors in `MEM_LEN` bytes at guest address 0.
+pub struct Guest {
+    pub mem: GuestMemory,
+    pub size: u16,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    next_free: u16,
+    avail_idx: u16,
+    used_seen: u16,
+    buf_top: u64,
+}
+
+/// One buffer a guest posts: bytes for the device to read, or room for it to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Buf {
+    Read(Vec<u8>),
+    Write(u32),
+}
+
+impl Guest {
+    pub fn new(size: u16) -> Guest {
+        let mem = GuestMemory::new(vec![(0, 0x7f00_0000_0000, Mapping::anonymous(MEM_LEN).expect("guest memory"))])
+            .expect("one region");
+        let desc = DESC_AT;
+        let avail = desc + 16 * size as u64;
+        let used = (avail + 6 + 2 * size as u64).next_multiple_of(4);
+        Guest { mem, size, desc, avail, used, next_free: 0, avail_idx: 0, used_seen: 0, buf_top: BUFS_AT }
+    }
+
+    /// The device's view of this queue.
+    pub fn queue(&self) -> SplitQueue {
+        SplitQueue::new(self.size, GuestAddr(self.desc), GuestAddr(self.avail), GuestAddr(self.used), 0).expect("valid queue")
+    }
+
+    pub fn write(&self, at: u64, bytes: &[u8]) {
+        self.mem.slice_mut(GuestAddr(at), bytes.len()).expect("inside guest memory").copy_from_slice(bytes);
+    }
+
+    pub fn read(&self, at: u64, len: usize) -> Vec<u8> {
+        self.mem.slice(GuestAddr(at), len).expect("inside guest memory").to_vec()
+    }
+
+    fn u16_at(&self, at: u64) -> u16 {
+        let b = self.read(at, 2);
+        u16::from_le_bytes([b[0], b[1]])
+    }
+
+    /// Writes descriptor `i` of the table.
+    pub fn put_desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..].copy_from_slice(&next.to_le_bytes());
+        self.write(self.desc + 16 * i as u64, &d);
+    }
+
+    /// Makes `head` available and publishes the new index.
+    pub fn make_available(&mut self, head: u16) {
+        let slot = self.avail_idx % self.size;
+        self.write(self.avail + 4 + 2 * slot as u64, &head.to_le_bytes());
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.write(self.avail + 2, &self.avail_idx.to_le_bytes());
+    }
+
+    /// Posts a chain of buffers (placed in fresh guest memory); returns its head and the
+    /// guest address of each buffer.
+    pub fn post(&mut self, bufs: &[Buf]) -> (u16, Vec<u64>) {
+        let head = self.next_free;
+        let mut addrs = Vec::new();
+        for (k, b) in bufs.iter().enumerate() {
+            let i = (head + k as u16) % self.size;
+            let len = match b {
+                Buf::Read(v) => v.len() as u32,
+                Buf::Write(n) => *n,
+            };
+            let at = self.buf_top;
+            self.buf_top = (self.buf_top + len as u64 + 64).next_multiple_of(64);
+            if let Buf::Read(v) = b {
+                self.write(at, v);
+            }
+            let mut flags = if matches!(b, Buf::Write(_)) { VIRTQ_DESC_F_WRITE } else { 0 };
+            if k + 1 < bufs.len() {
+                flags |= VIRTQ_DESC_F_NEXT;
+            }
+            self.put_desc(i, at, len, flags, (i + 1) % self.size);
+            addrs.push(at);
+        }
+        self.next_free = (head + bufs.len() as u16) % self.size;
+        self.make_available(head);
+        (head, addrs)
+    }
+
+    /// Completions published since the last call: (head, length written).
+    pub fn completions(&mut self) -> Vec<(u16, u32)> {
+        let idx = self.u16_at(self.used + 2);
+        let mut out = Vec::new();
+        while self.used_seen != idx {
+            let slot = self.used_seen % self.size;
+            let e = self.read(self.used + 4 + 8 * slot as u64, 8);
+            out.push((u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as u16, u32::from_le_bytes([e[4], e[5], e[6], e[7]])));
+            self.used_seen = self.used_seen.wrapping_add(1);
+        }
+        out
+    }
+
+    /// The guest's `used_event` (what it asks for with `EVENT_IDX`).
+    pub fn set_used_event(&self, v: u16) {
+        self.write(self.avail + 4 + 2 * self.size as u64, &v.to_le_bytes());
+    }
+
+    /// Sets the available ring's flags (`VIRTQ_AVAIL_F_NO_INTERRUPT` = 1).
+    pub fn set_avail_flags(&self, f: u16) {
+        self.write(self.avail, &f.to_le_bytes());
+    }
+
+    /// The used ring's flags and `avail_event`, as the device left them.
+    pub fn used_flags(&self) -> u16 {
+        self.u16_at(self.used)
+    }
+
+    pub fn avail_event(&self) -> u16 {
+        self.u16_at(self.used + 4 + 8 * self.size as u64)
+    }
+}

@@ -1,0 +1,349 @@
+//! Split virtqueues (virtio 1.x, 2.6) driven by a polling device: descriptor chains popped
+//! from the available ring and validated once, completions pushed to the used ring and
+//! published once per burst, notification suppression both ways (flags or `EVENT_IDX`).
+//!
+//! The guest is not trusted. Every chain is checked before any of its bytes is used: head
+//! and `next` indices inside the table, no loops (a chain is never longer than its table),
+//! indirect tables only when negotiated, never nested and never with `NEXT`, a length that
+//! is a whole number of descriptors, device-readable descriptors before device-writable
+//! ones, every buffer inside one guest memory region, at most [`MAX_SEGS`] buffers. A chain
+//! that fails is still consumed: the caller returns its head with length 0 (so the guest
+//! gets the buffers back) and counts it. An available index more than a queue ahead of the
+//! device's is a broken driver: the queue stops ([`SplitQueue::is_broken`]) until the
+//! frontend sets it up again, rather than re-reading ring slots as new chains.
+//!
+//! # Safety
+//! [`Ring`] holds host pointers to the three ring areas, obtained from the [`GuestMemory`]
+//! it borrows (so the mappings outlive it), each checked for its whole size and alignment.
+//! All reads and writes of ring fields are volatile or atomic: the guest writes them
+//! concurrently and the code never assumes two reads agree.
+
+use crate::memory::{GuestAddr, GuestMemory, MemError};
+use std::sync::atomic::{AtomicU16, Ordering, fence};
+
+pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
+/// Buffers one chain may have (a 64 KiB frame in 4 KiB pages, plus a header).
+pub const MAX_SEGS: usize = 18;
+/// Largest queue (virtio's limit for split rings).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+const DESC: u64 = 16;
+
+/// Why a queue cannot be set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("queue size {0} is not a power of two in 1..=32768")]
+    Size(u16),
+    #[error(transparent)]
+    Memory(#[from] MemError),
+}
+
+/// Why a chain was refused (it is consumed all the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    #[error("descriptor index {0} is outside its table")]
+    Index(u16),
+    #[error("descriptor chain loops or is longer than its table")]
+    Loop,
+    #[error("indirect descriptor not negotiated, nested, chained or of a bad length")]
+    Indirect,
+    #[error("a device-readable descriptor follows a device-writable one")]
+    ReadAfterWrite,
+    #[error("more than {MAX_SEGS} buffers in one chain")]
+    TooLong,
+    #[error(transparent)]
+    Memory(#[from] MemError),
+}
+
+/// One buffer of a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub addr: GuestAddr,
+    pub len: u32,
+    /// Device-writable (the device fills it) rather than device-readable.
+    pub writable: bool,
+}
+
+/// A popped descriptor chain: its head (to return in the used ring) and its buffers, the
+/// device-readable ones first.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    pub head: u16,
+    segs: [Segment; MAX_SEGS],
+    n: usize,
+    /// Total bytes of the device-readable, and of the device-writable, buffers.
+    pub readable: u64,
+    pub writable: u64,
+}
+
+impl Default for Chain {
+    fn default() -> Chain {
+        Chain { head: 0, segs: [Segment { addr: GuestAddr(0), len: 0, writable: false }; MAX_SEGS], n: 0, readable: 0, writable: 0 }
+    }
+}
+
+impl Chain {
+    pub fn segments(&self) -> &[Segment] {
+        &self.segs[..self.n]
+    }
+
+    fn clear(&mut self, head: u16) {
+        (self.head, self.n, self.readable, self.writable) = (head, 0, 0, 0);
+    }
+
+    fn push(&mut self, s: Segment) -> Result<(), ChainError> {
+        if s.writable {
+            self.writable += s.len as u64;
+        } else if self.writable > 0 {
+            return Err(ChainError::ReadAfterWrite);
+        } else {
+            self.readable += s.len as u64;
+        }
+        *self.segs.get_mut(self.n).ok_or(ChainError::TooLong)? = s;
+        self.n += 1;
+        Ok(())
+    }
+}
+
+/// A split virtqueue's device-side state: where its rings are and how far it got.
+#[derive(Debug, Clone)]
+pub struct SplitQueue {
+    size: u16,
+    desc: GuestAddr,
+    avail: GuestAddr,
+    used: GuestAddr,
+    event_idx: bool,
+    indirect: bool,
+    last_avail: u16,
+    used_idx: u16,
+    /// The used index when the guest was last notified (for `EVENT_IDX`).
+    signalled: u16,
+    broken: bool,
+}
+
+impl SplitQueue {
+    /// A queue of `size` descriptors with its rings at these guest addresses, starting at
+    /// `base` (the frontend's SET_VRING_BASE). The rings are checked when first used.
+    pub fn new(size: u16, desc: GuestAddr, avail: GuestAddr, used: GuestAddr, base: u16) -> Result<SplitQueue, QueueError> {
+        if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
+            return Err(QueueError::Size(size));
+        }
+        Ok(SplitQueue {
+            size,
+            desc,
+            avail,
+            used,
+            event_idx: false,
+            indirect: false,
+            last_avail: base,
+            used_idx: base,
+            signalled: base,
+            broken: false,
+        })
+    }
+
+    /// Negotiated features that change the rings' behaviour.
+    pub fn set_features(&mut self, event_idx: bool, indirect: bool) {
+        (self.event_idx, self.indirect) = (event_idx, indirect);
+    }
+
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+
+    /// The driver made more than a queue's worth available: the queue has stopped.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// The next available index to read (what GET_VRING_BASE returns).
+    pub fn next_avail(&self) -> u16 {
+        self.last_avail
+    }
+
+    /// The ring areas in `mem`, checked for size and alignment, for one burst.
+    pub fn ring<'m>(&'m mut self, mem: &'m GuestMemory) -> Result<Ring<'m>, QueueError> {
+        let n = self.size as u64;
+        let desc = mem.field(self.desc, DESC * n, 16)?;
+        let avail = mem.field(self.avail, 6 + 2 * n, 2)?;
+        let used = mem.field(self.used, 6 + 8 * n, 4)?;
+        Ok(Ring { q: self, mem, desc, avail, used, published: true })
+    }
+}
+
+/// One burst's access to a queue's rings; publishes the used index when dropped.
+pub struct Ring<'m> {
+    q: &'m mut SplitQueue,
+    mem: &'m GuestMemory,
+    desc: *mut u8,
+    avail: *mut u8,
+    used: *mut u8,
+    published: bool,
+}
+
+impl Ring<'_> {
+    fn atomic16<'a>(area: *mut u8, off: usize) -> &'a AtomicU16 {
+        // SAFETY: callers pass offsets inside a ring area checked for its whole size in
+        // `SplitQueue::ring`, at even offsets of 2-aligned areas; AtomicU16 has u16's layout.
+        // Callers use the reference at once, within the Ring's (and so the memory's) life.
+        unsafe { &*(area.add(off) as *const AtomicU16) }
+    }
+
+    fn load16(area: *mut u8, off: usize, o: Ordering) -> u16 {
+        Self::atomic16(area, off).load(o)
+    }
+
+    fn store16(area: *mut u8, off: usize, v: u16, o: Ordering) {
+        Self::atomic16(area, off).store(v, o)
+    }
+
+    fn avail_idx(&self) -> u16 {
+        Self::load16(self.avail, 2, Ordering::Acquire)
+    }
+
+    /// Chains the guest has made available and the device has not taken yet; 0 (and the
+    /// queue stops) if the guest claims more than a queue's worth.
+    pub fn pending(&mut self) -> u16 {
+        let n = self.avail_idx().wrapping_sub(self.q.last_avail);
+        if n > self.q.size || self.q.broken {
+            self.q.broken = true;
+            return 0;
+        }
+        n
+    }
+
+    /// Pops the next available chain into `chain`: `None` when there is none, `Some(Err)`
+    /// for a chain that failed validation (consumed: return `chain.head` with length 0).
+    pub fn pop(&mut self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
+        if self.pending() == 0 {
+            return None;
+        }
+        let slot = (self.q.last_avail & (self.q.size - 1)) as usize;
+        let head = Self::load16(self.avail, 4 + 2 * slot, Ordering::Relaxed);
+        self.q.last_avail = self.q.last_avail.wrapping_add(1);
+        chain.clear(head);
+        Some(self.walk(head, chain))
+    }
+
+    fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {
+        // SAFETY: `i` is below the table's length (checked by the caller) and the table was
+        // checked for its whole size; unaligned and volatile because the guest owns it.
+        let d = unsafe { std::ptr::read_volatile(table.add(i as usize * DESC as usize) as *const [u8; 16]) };
+        let le16 = |o: usize| u16::from_le_bytes([d[o], d[o + 1]]);
+        (
+            u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]),
+            u32::from_le_bytes([d[8], d[9], d[10], d[11]]),
+            le16(12),
+            le16(14),
+        )
+    }
+
+    fn walk(&mut self, head: u16, chain: &mut Chain) -> Result<(), ChainError> {
+        let (mut table, mut table_len) = (self.desc as *const u8, self.q.size);
+        let (mut i, mut seen, mut indirect) = (head, 0u32, false);
+        loop {
+            if i >= table_len {
+                return Err(ChainError::Index(i));
+            }
+            seen += 1;
+            if seen > table_len as u32 {
+                return Err(ChainError::Loop);
+            }
+            let (addr, len, flags, next) = Self::read_desc(table, i);
+            if flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                if !self.q.indirect || indirect || flags & VIRTQ_DESC_F_NEXT != 0 || len == 0 || !(len as u64).is_multiple_of(DESC) {
+                    return Err(ChainError::Indirect);
+                }
+                let n = len as u64 / DESC;
+                if n > MAX_QUEUE_SIZE as u64 {
+                    return Err(ChainError::Indirect);
+                }
+                table = self.mem.host(GuestAddr(addr), len as u64)?;
+                (table_len, i, seen, indirect) = (n as u16, 0, 0, true);
+                continue;
+            }
+            let writable = flags & VIRTQ_DESC_F_WRITE != 0;
+            if len > 0 {
+                self.mem.host(GuestAddr(addr), len as u64)?;
+                chain.push(Segment { addr: GuestAddr(addr), len, writable })?;
+            }
+            if flags & VIRTQ_DESC_F_NEXT == 0 {
+                return Ok(());
+            }
+            i = next;
+        }
+    }
+
+    /// Returns a chain to the guest with `len` bytes written into it (0 for a read-only or
+    /// refused chain). Visible to the guest once published.
+    pub fn push_used(&mut self, head: u16, len: u32) {
+        let slot = (self.q.used_idx & (self.q.size - 1)) as usize;
+        let mut e = [0u8; 8];
+        e[..4].copy_from_slice(&(head as u32).to_le_bytes());
+        e[4..].copy_from_slice(&len.to_le_bytes());
+        // SAFETY: the used ring was checked for 6 + 8 * size bytes; slot < size.
+        unsafe { std::ptr::write_volatile(self.used.add(4 + 8 * slot) as *mut [u8; 8], e) };
+        self.q.used_idx = self.q.used_idx.wrapping_add(1);
+        self.published = false;
+    }
+
+    /// Makes every pushed completion visible to the guest (one index store per burst).
+    pub fn publish(&mut self) {
+        if !self.published {
+            // The entries before the index: release ordering on the index store.
+            Self::store16(self.used, 2, self.q.used_idx, Ordering::Release);
+            self.published = true;
+        }
+    }
+
+    /// Whether the guest wants an interrupt for what was published since the last one
+    /// (and records that it gets one).
+    pub fn needs_interrupt(&mut self) -> bool {
+        self.publish();
+        // The index store before reading the guest's wish (virtio's full barrier).
+        fence(Ordering::SeqCst);
+        let (new, old) = (self.q.used_idx, self.q.signalled);
+        let want = if self.q.event_idx {
+            let event = Self::load16(self.avail, 4 + 2 * self.q.size as usize, Ordering::Relaxed);
+            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+        } else {
+            new != old && Self::load16(self.avail, 0, Ordering::Relaxed) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
+        };
+        if want {
+            self.q.signalled = new;
+        }
+        want
+    }
+
+    /// Asks the guest to kick (or not) when it makes chains available. While a PMD thread
+    /// polls the queue, kicks are suppressed; before it sleeps it enables them and must
+    /// check [`Ring::pending`] again (a chain may have come meanwhile).
+    pub fn set_kicks(&mut self, on: bool) {
+        if self.q.event_idx {
+            if on {
+                Self::store16(self.used, 4 + 8 * self.q.size as usize, self.q.last_avail, Ordering::Relaxed);
+            }
+        } else {
+            let f = Self::load16(self.used, 0, Ordering::Relaxed);
+            let f = if on { f & !VIRTQ_USED_F_NO_NOTIFY } else { f | VIRTQ_USED_F_NO_NOTIFY };
+            Self::store16(self.used, 0, f, Ordering::Relaxed);
+        }
+        if on {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// Guest memory, for copying a popped chain's bytes.
+    pub fn memory(&self) -> &GuestMemory {
+        self.mem
+    }
+}
+
+impl Drop for Ring<'_> {
+    fn drop(&mut self) {
+        self.publish();
+    }
+}
