@@ -2,10 +2,12 @@
 //!
 //! This crate owns the fast path the rust-vmm crates leave to the device: guest memory as
 //! host mappings with every guest-named range checked once ([`memory`]), split virtqueues
-//! polled in batches with each descriptor chain validated before use ([`vring`]). The
-//! vhost-user protocol, the virtio-net header and the switch port come next (issue:
-//! "vhost-user ports for VNF pods"); `testkit` has a simulated guest driver for tests.
+//! polled in batches with each descriptor chain validated before use ([`vring`]), and the
+//! virtio-net header with the copies between guest buffers and pool packets ([`net`]). The
+//! vhost-user protocol and the switch port come next (issue: "vhost-user ports for VNF
+//! pods"); `testkit` has a simulated guest driver for tests.
 
 pub mod memory;
+pub mod net;
 pub mod testkit;
 pub mod vring;

@@ -277,6 +277,12 @@ impl Ring<'_> {
         }
     }
 
+    /// Puts the chain popped last back, untouched, for a later pop (a receive chain too small
+    /// for this frame may fit the next one). Only right after [`Ring::pop`].
+    pub fn unpop(&mut self) {
+        self.q.last_avail = self.q.last_avail.wrapping_sub(1);
+    }
+
     /// Returns a chain to the guest with `len` bytes written into it (0 for a read-only or
     /// refused chain). Visible to the guest once published.
     pub fn push_used(&mut self, head: u16, len: u32) {

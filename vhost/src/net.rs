@@ -1,0 +1,110 @@
+//! The virtio-net side of a vhost-user port: frames from a guest's transmit chains into pool
+//! packets, and pool packets into a guest's receive chains, each behind the 12-byte
+//! `virtio_net_hdr_v1` (VERSION_1 or MRG_RXBUF).
+//!
+//! Guest bytes are copied once, at once (see `memory.rs`): the guest may rewrite a buffer
+//! at any time, and whatever it wrote is what the frame carries. A transmit header asking
+//! for checksum or segmentation work that was not negotiated is refused (the frame would
+//! leave with a wrong checksum or as a super-frame), as is a frame shorter than an Ethernet
+//! header or longer than the switch's largest.
+
+use crate::memory::{GuestMemory, MemError};
+use crate::vring::{Chain, MAX_SEGS};
+use vswitch::buf::MAX_FRAME;
+use vswitch::{BufId, Pool, PoolCache};
+
+/// Bytes of `virtio_net_hdr_v1`.
+pub const HDR_LEN: usize = 12;
+const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+const VIRTIO_NET_HDR_GSO_NONE: u8 = 0;
+const ETH_HLEN: usize = 14;
+
+/// Why a frame could not cross between guest and switch (counted by the port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NetError {
+    #[error("frame shorter than the virtio-net and Ethernet headers")]
+    Runt,
+    #[error("frame longer than {MAX_FRAME} bytes")]
+    TooLong,
+    #[error("the guest asked for checksum offload, which was not negotiated")]
+    CsumNotNegotiated,
+    #[error("the guest asked for segmentation offload, which was not negotiated")]
+    GsoNotNegotiated,
+    #[error("the buffer pool is empty")]
+    NoBuffer,
+    #[error("the guest's receive buffers are too small for the frame")]
+    GuestBufferTooSmall,
+    #[error(transparent)]
+    Memory(#[from] MemError),
+}
+
+/// Offloads negotiated with the guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offloads {
+    /// `VIRTIO_NET_F_CSUM`: the guest may send frames with a partial checksum.
+    pub csum: bool,
+    /// Any `VIRTIO_NET_F_HOST_*` segmentation feature.
+    pub gso: bool,
+}
+
+/// Copies the frame of a transmit chain (header and frame, device-readable, the header
+/// possibly in its own buffer) into a new packet.
+pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+    let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
+    let (mut n, mut hdr, mut got) = (0, [0u8; HDR_LEN], 0);
+    for s in chain.segments().iter().filter(|s| !s.writable) {
+        let mut b = mem.slice(s.addr, s.len as usize)?;
+        if got < HDR_LEN {
+            let take = (HDR_LEN - got).min(b.len());
+            hdr[got..got + take].copy_from_slice(&b[..take]);
+            got += take;
+            b = &b[take..];
+        }
+        if !b.is_empty() {
+            parts[n] = b;
+            n += 1;
+        }
+    }
+    let len: usize = parts[..n].iter().map(|p| p.len()).sum();
+    if got < HDR_LEN || len < ETH_HLEN {
+        return Err(NetError::Runt);
+    }
+    if len > MAX_FRAME {
+        return Err(NetError::TooLong);
+    }
+    if hdr[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 && !offloads.csum {
+        return Err(NetError::CsumNotNegotiated);
+    }
+    if hdr[1] != VIRTIO_NET_HDR_GSO_NONE && !offloads.gso {
+        return Err(NetError::GsoNotNegotiated);
+    }
+    cache.alloc_gather(&parts[..n]).ok_or(NetError::NoBuffer)
+}
+
+/// Copies a packet into a receive chain (device-writable buffers), behind a header that
+/// says one buffer and no offload; returns the bytes written, header included.
+pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Result<u32, NetError> {
+    let total = HDR_LEN + pool.pkt_len(b);
+    if chain.writable < total as u64 {
+        return Err(NetError::GuestBufferTooSmall);
+    }
+    let mut hdr = [0u8; HDR_LEN];
+    hdr[10..12].copy_from_slice(&1u16.to_le_bytes()); // num_buffers
+    let mut src = std::iter::once(&hdr[..]).chain(pool.segments(b)).filter(|s| !s.is_empty());
+    let mut cur: &[u8] = src.next().unwrap_or_default();
+    for s in chain.segments().iter().filter(|s| s.writable) {
+        let mut dst = mem.slice_mut(s.addr, s.len as usize)?;
+        while !dst.is_empty() && !cur.is_empty() {
+            let k = dst.len().min(cur.len());
+            dst[..k].copy_from_slice(&cur[..k]);
+            (dst, cur) = (&mut dst[k..], &cur[k..]);
+            if cur.is_empty() {
+                cur = src.next().unwrap_or_default();
+            }
+        }
+        if cur.is_empty() {
+            break;
+        }
+    }
+    Ok(total as u32)
+}
