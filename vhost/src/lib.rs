@@ -9,5 +9,6 @@
 
 pub mod memory;
 pub mod net;
+pub mod port;
 pub mod testkit;
 pub mod vring;

@@ -4,15 +4,17 @@
 
 use crate::memory::{GuestAddr, GuestMemory, Mapping};
 use crate::vring::{SplitQueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use std::sync::Arc;
 
 /// Guest memory layout of the simulated guest: rings at the bottom, buffers above.
 pub const DESC_AT: u64 = 0x1_0000;
 pub const BUFS_AT: u64 = 0x10_0000;
 pub const MEM_LEN: usize = 0x40_0000;
 
-/// A guest with one queue of `size` descriptors in `MEM_LEN` bytes at guest address 0.
+/// A guest with one queue of `size` descriptors in `MEM_LEN` bytes at guest address 0 (or
+/// a further queue in the same memory, see [`Guest::another_queue`]).
 pub struct Guest {
-    pub mem: GuestMemory,
+    pub mem: Arc<GuestMemory>,
     pub size: u16,
     pub desc: u64,
     pub avail: u64,
@@ -21,6 +23,9 @@ pub struct Guest {
     avail_idx: u16,
     used_seen: u16,
     buf_top: u64,
+    /// This queue's buffer area (reused from the start when full: tests keep fewer buffers
+    /// in flight than it holds).
+    bufs: (u64, u64),
 }
 
 /// One buffer a guest posts: bytes for the device to read, or room for it to write.
@@ -34,10 +39,22 @@ impl Guest {
     pub fn new(size: u16) -> Guest {
         let mem = GuestMemory::new(vec![(0, 0x7f00_0000_0000, Mapping::anonymous(MEM_LEN).expect("guest memory"))])
             .expect("one region");
-        let desc = DESC_AT;
+        Self::queue_in(Arc::new(mem), size, 0)
+    }
+
+    /// Queue number `k` of a guest: its rings and buffers apart from the other queues'.
+    fn queue_in(mem: Arc<GuestMemory>, size: u16, k: u64) -> Guest {
+        let desc = DESC_AT + k * 0x4_0000;
         let avail = desc + 16 * size as u64;
         let used = (avail + 6 + 2 * size as u64).next_multiple_of(4);
-        Guest { mem, size, desc, avail, used, next_free: 0, avail_idx: 0, used_seen: 0, buf_top: BUFS_AT }
+        let area = (MEM_LEN as u64 - BUFS_AT) / 4;
+        let bufs = (BUFS_AT + k * area, BUFS_AT + (k + 1) * area);
+        Guest { mem, size, desc, avail, used, next_free: 0, avail_idx: 0, used_seen: 0, buf_top: bufs.0, bufs }
+    }
+
+    /// Queue `k` (1..4) of the same guest, in the same memory.
+    pub fn another_queue(&self, k: u64) -> Guest {
+        Self::queue_in(self.mem.clone(), self.size, k)
     }
 
     /// The device's view of this queue.
@@ -87,6 +104,9 @@ impl Guest {
                 Buf::Read(v) => v.len() as u32,
                 Buf::Write(n) => *n,
             };
+            if self.buf_top + len as u64 > self.bufs.1 {
+                self.buf_top = self.bufs.0;
+            }
             let at = self.buf_top;
             self.buf_top = (self.buf_top + len as u64 + 64).next_multiple_of(64);
             if let Buf::Read(v) = b {
