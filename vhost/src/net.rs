@@ -50,6 +50,35 @@ pub struct Offloads {
 /// Copies the frame of a transmit chain (header and frame, device-readable, the header
 /// possibly in its own buffer) into a new packet.
 pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+    // The common case (DPDK's virtio-user, Linux with VERSION_1): header and frame in one
+    // buffer.
+    if let [s] = chain.segments()
+        && !s.writable
+        && s.len as usize >= HDR_LEN + ETH_HLEN
+    {
+        let b = mem.slice(s.addr, s.len as usize)?;
+        let (hdr, frame) = b.split_at(HDR_LEN);
+        check_header([hdr[0], hdr[1]], offloads)?;
+        return cache.alloc_frame(frame).ok_or(if frame.len() > MAX_FRAME { NetError::TooLong } else { NetError::NoBuffer });
+    }
+    from_guest_gathered(mem, chain, cache, offloads)
+}
+
+/// What a transmit header asks for, against what was negotiated.
+#[inline]
+fn check_header(flags_gso: [u8; 2], offloads: Offloads) -> Result<(), NetError> {
+    if flags_gso[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 && !offloads.csum {
+        return Err(NetError::CsumNotNegotiated);
+    }
+    if flags_gso[1] != VIRTIO_NET_HDR_GSO_NONE && !offloads.gso {
+        return Err(NetError::GsoNotNegotiated);
+    }
+    Ok(())
+}
+
+/// `from_guest` for a chain of several buffers.
+#[cold]
+fn from_guest_gathered(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
     let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
     let (mut n, mut hdr, mut got) = (0, [0u8; HDR_LEN], 0);
     for s in chain.segments().iter().filter(|s| !s.writable) {
@@ -72,12 +101,7 @@ pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offlo
     if len > MAX_FRAME {
         return Err(NetError::TooLong);
     }
-    if hdr[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 && !offloads.csum {
-        return Err(NetError::CsumNotNegotiated);
-    }
-    if hdr[1] != VIRTIO_NET_HDR_GSO_NONE && !offloads.gso {
-        return Err(NetError::GsoNotNegotiated);
-    }
+    check_header([hdr[0], hdr[1]], offloads)?;
     cache.alloc_gather(&parts[..n]).ok_or(NetError::NoBuffer)
 }
 
@@ -90,6 +114,16 @@ pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Res
     }
     let mut hdr = [0u8; HDR_LEN];
     hdr[10..12].copy_from_slice(&1u16.to_le_bytes()); // num_buffers
+    // The common case: one receive buffer, an unchained packet.
+    if let [s] = chain.segments()
+        && !pool.is_chained(b)
+    {
+        let dst = mem.slice_mut(s.addr, total)?;
+        let (h, f) = dst.split_at_mut(HDR_LEN);
+        h.copy_from_slice(&hdr);
+        f.copy_from_slice(pool.head(b));
+        return Ok(total as u32);
+    }
     let mut src = std::iter::once(&hdr[..]).chain(pool.segments(b)).filter(|s| !s.is_empty());
     let mut cur: &[u8] = src.next().unwrap_or_default();
     for s in chain.segments().iter().filter(|s| s.writable) {

@@ -4,8 +4,8 @@
 //!
 //! The guest is not trusted. Every chain is checked before any of its bytes is used: head
 //! and `next` indices inside the table, no loops (a chain is never longer than its table),
-//! indirect tables only when negotiated, never nested and never with `NEXT`, a length that
-//! is a whole number of descriptors, device-readable descriptors before device-writable
+//! indirect tables only when negotiated, never nested and never with `NEXT`, 16-byte
+//! aligned (as drivers allocate them), a length that is a whole number of descriptors, device-readable descriptors before device-writable
 //! ones, every buffer inside one guest memory region, at most [`MAX_SEGS`] buffers. A chain
 //! that fails is still consumed: the caller returns its head with length 0 (so the guest
 //! gets the buffers back) and counts it. An available index more than a queue ahead of the
@@ -229,16 +229,15 @@ impl Ring<'_> {
     }
 
     fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {
-        // SAFETY: `i` is below the table's length (checked by the caller) and the table was
-        // checked for its whole size; unaligned and volatile because the guest owns it.
-        let d = unsafe { std::ptr::read_volatile(table.add(i as usize * DESC as usize) as *const [u8; 16]) };
-        let le16 = |o: usize| u16::from_le_bytes([d[o], d[o + 1]]);
-        (
-            u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]),
-            u32::from_le_bytes([d[8], d[9], d[10], d[11]]),
-            le16(12),
-            le16(14),
-        )
+        // SAFETY: `i` is below the table's length (checked by the caller), the table was
+        // checked for its whole size and 16-byte alignment; volatile because the guest owns
+        // it. Two 8-byte loads: the address, then length, flags and next.
+        let (a, b) = unsafe {
+            let p = table.add(i as usize * DESC as usize) as *const u64;
+            (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)))
+        };
+        let (a, b) = (u64::from_le(a), u64::from_le(b));
+        (a, b as u32, (b >> 32) as u16, (b >> 48) as u16)
     }
 
     fn walk(&mut self, head: u16, chain: &mut Chain) -> Result<(), ChainError> {
@@ -261,7 +260,7 @@ impl Ring<'_> {
                 if n > MAX_QUEUE_SIZE as u64 {
                     return Err(ChainError::Indirect);
                 }
-                table = self.mem.host(GuestAddr(addr), len as u64)?;
+                table = self.mem.field(GuestAddr(addr), len as u64, DESC).map_err(|_| ChainError::Indirect)?;
                 (table_len, i, seen, indirect) = (n as u16, 0, 0, true);
                 continue;
             }

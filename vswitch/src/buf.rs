@@ -476,6 +476,16 @@ impl PoolCache {
 
     /// Copies `frame` into a new packet, chained over several buffers when longer than one.
     pub fn alloc_frame(&mut self, frame: &[u8]) -> Option<BufId> {
+        // The common case, a frame that fits one buffer behind its headroom: one copy.
+        if frame.len() <= BUF_SIZE - HEADROOM {
+            let b = self.alloc()?;
+            let m = self.pool.m(b.0);
+            // SAFETY: HEADROOM + len <= BUF_SIZE inside chunk `b`, which we own.
+            unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), self.pool.chunk(b.0).add(HEADROOM), frame.len()) };
+            m.len.store(frame.len() as u16, Relaxed);
+            m.pkt_len.store(frame.len() as u32, Relaxed);
+            return Some(b);
+        }
         self.alloc_gather(&[frame])
     }
 
