@@ -7,6 +7,7 @@
 //! vhost-user protocol and the switch port come next (issue: "vhost-user ports for VNF
 //! pods"); `testkit` has a simulated guest driver for tests.
 
+pub mod backend;
 pub mod memory;
 pub mod net;
 pub mod port;

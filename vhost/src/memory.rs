@@ -34,6 +34,10 @@ pub enum MemError {
 /// One host mapping of guest memory; unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
+    /// What was mapped (for munmap) ...
+    base: *mut u8,
+    mapped: usize,
+    /// ... and the part that is guest memory.
     ptr: *mut u8,
     len: usize,
 }
@@ -45,9 +49,16 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes of a frontend's memory file at `offset` (vhost-user SET_MEM_TABLE).
+    /// Maps the `len` bytes at `offset` of a frontend's memory file (vhost-user
+    /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned.
     pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
-        Self::map(len, libc::MAP_SHARED, fd.as_raw_fd(), offset as libc::off_t)
+        let off = usize::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let total = len.checked_add(off).ok_or(std::io::ErrorKind::InvalidInput)?;
+        let mut m = Self::map(total, libc::MAP_SHARED, fd.as_raw_fd(), 0)?;
+        // SAFETY: `off < total`, inside the mapping just made.
+        m.ptr = unsafe { m.base.add(off) };
+        m.len = len;
+        Ok(m)
     }
 
     /// Anonymous zeroed memory (tests and simulated guests).
@@ -64,7 +75,7 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Mapping { ptr: p.cast(), len })
+        Ok(Mapping { base: p.cast(), mapped: len, ptr: p.cast(), len })
     }
 
     pub fn len(&self) -> usize {
@@ -74,13 +85,18 @@ impl Mapping {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The guest memory's address in this process.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly what `map` mapped; no slice into it outlives the memory
         // table that owns this mapping.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        unsafe { libc::munmap(self.base.cast(), self.mapped) };
     }
 }
 

@@ -42,8 +42,9 @@ impl Guest {
         Self::queue_in(Arc::new(mem), size, 0)
     }
 
-    /// Queue number `k` of a guest: its rings and buffers apart from the other queues'.
-    fn queue_in(mem: Arc<GuestMemory>, size: u16, k: u64) -> Guest {
+    /// Queue number `k` (0..4) of a guest whose memory is `mem` (at guest address 0, at
+    /// least `MEM_LEN` bytes): its rings and buffers apart from the other queues'.
+    pub fn queue_in(mem: Arc<GuestMemory>, size: u16, k: u64) -> Guest {
         let desc = DESC_AT + k * 0x4_0000;
         let avail = desc + 16 * size as u64;
         let used = (avail + 6 + 2 * size as u64).next_multiple_of(4);

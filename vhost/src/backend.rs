@@ -1,0 +1,367 @@
+//! The vhost-user protocol side of a port: rust-vmm's `vhost` crate parses the frontend's
+//! messages; this handler turns them into the [`VhostPort`]'s device state (memory table,
+//! rings, enabled queues, interrupt descriptors). The PMD threads never see a message: they
+//! poll the rings the last message set up.
+//!
+//! What is offered: `VERSION_1`, `EVENT_IDX`, `INDIRECT_DESC` and
+//! `VHOST_USER_F_PROTOCOL_FEATURES` (rings then start disabled until SET_VRING_ENABLE), with
+//! the protocol feature `REPLY_ACK`. One queue pair. Not offered (not built yet):
+//! `MRG_RXBUF`, `CTRL_VQ`/`MQ`, `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed
+//! rings, inflight descriptors, dirty logging.
+//!
+//! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
+//! `server=off` or DPDK's virtio-user do), one connection at a time, and takes the next when
+//! one ends (a frontend that restarts reconnects; its rings restart from its avail index).
+
+use crate::memory::{GuestMemory, Mapping};
+use crate::port::{RXQ, TXQ, VhostPort};
+use crate::vring::SplitQueue;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight, VhostUserLog,
+    VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserSharedMsg,
+    VhostUserSingleMemoryRegion, VhostUserVirtioFeatures, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{BackendReqHandler, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
+use vhost::VhostUserMemoryRegionBase;
+
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+/// The features this device offers.
+pub const FEATURES: u64 =
+    VIRTIO_F_VERSION_1 | VIRTIO_RING_F_INDIRECT_DESC | VIRTIO_RING_F_EVENT_IDX | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// Largest queue accepted (QEMU's virtio-net allows 1024).
+pub const MAX_QUEUE: u32 = 1024;
+
+/// A ring as the frontend described it so far.
+#[derive(Debug, Default, Clone, Copy)]
+struct VringConfig {
+    num: u32,
+    /// Frontend virtual addresses of the descriptor table, used and available rings.
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kicked: bool,
+    enabled: bool,
+}
+
+/// One connection's protocol state.
+pub struct NetBackend {
+    port: Arc<VhostPort>,
+    owned: bool,
+    acked: u64,
+    protocol: u64,
+    memory: Option<Arc<GuestMemory>>,
+    vrings: [VringConfig; 2],
+}
+
+impl NetBackend {
+    pub fn new(port: Arc<VhostPort>) -> NetBackend {
+        NetBackend { port, owned: false, acked: 0, protocol: 0, memory: None, vrings: [VringConfig::default(); 2] }
+    }
+
+    fn vring(&mut self, index: u32) -> Result<&mut VringConfig> {
+        self.vrings.get_mut(index as usize).ok_or(Error::InvalidParam)
+    }
+
+    /// Rebuilds ring `i` in the port from its configuration: running only when complete,
+    /// kicked (started) and enabled; otherwise stopped, keeping where it got to.
+    fn apply(&mut self, i: usize) -> Result<()> {
+        let c = self.vrings[i];
+        let queue = match (&self.memory, c.addrs) {
+            (Some(mem), Some((desc, used, avail))) if c.kicked && c.enabled => {
+                let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
+                let mut q = SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, c.base).map_err(|_| Error::InvalidParam)?;
+                q.set_features(self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
+                Some(q)
+            }
+            _ => None,
+        };
+        let mem = self.memory.clone();
+        let old = self.port.configure(|d| {
+            d.memory = mem;
+            std::mem::replace(&mut d.queues[i], queue)
+        });
+        // A ring that stops remembers where the device got to (GET_VRING_BASE reports it).
+        if let Some(q) = old
+            && self.vrings[i].addrs.is_some()
+            && !(self.vrings[i].kicked && self.vrings[i].enabled)
+        {
+            self.vrings[i].base = q.next_avail();
+        }
+        Ok(())
+    }
+
+    fn stop_all(&mut self) {
+        for i in [RXQ, TXQ] {
+            self.vrings[i].kicked = false;
+            let _ = self.apply(i);
+        }
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for NetBackend {
+    fn set_owner(&mut self) -> Result<()> {
+        if self.owned {
+            return Err(Error::InvalidOperation("already owned"));
+        }
+        self.owned = true;
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> Result<()> {
+        self.owned = false;
+        self.stop_all();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> Result<()> {
+        self.stop_all();
+        self.vrings = [VringConfig::default(); 2];
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> Result<u64> {
+        Ok(FEATURES)
+    }
+
+    fn set_features(&mut self, features: u64) -> Result<()> {
+        if features & !FEATURES != 0 {
+            return Err(Error::InvalidParam);
+        }
+        self.acked = features;
+        // Without protocol features a ring is enabled as soon as it is started.
+        let enabled = features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0;
+        for v in &mut self.vrings {
+            v.enabled = enabled;
+        }
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy: Option<bool>,
+    ) -> Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        if ctx.len() != files.len() {
+            return Err(Error::InvalidParam);
+        }
+        let mut regions = Vec::new();
+        for (r, f) in ctx.iter().zip(&files) {
+            let len = usize::try_from(r.memory_size).map_err(|_| Error::InvalidParam)?;
+            let map = Mapping::shared(f.as_fd(), r.mmap_offset, len).map_err(Error::ReqHandlerError)?;
+            regions.push((r.guest_phys_addr, r.user_addr, map));
+        }
+        self.memory = Some(Arc::new(GuestMemory::new(regions).map_err(|_| Error::InvalidParam)?));
+        for i in [RXQ, TXQ] {
+            self.apply(i)?;
+        }
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
+        if num == 0 || num > MAX_QUEUE || !num.is_power_of_two() {
+            return Err(Error::InvalidParam);
+        }
+        self.vring(index)?.num = num;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> Result<()> {
+        self.vring(index)?.addrs = Some((descriptor, used, available));
+        self.apply(index as usize)
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
+        self.vring(index)?.base = base as u16;
+        self.apply(index as usize)
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> Result<VhostUserVringState> {
+        // The frontend stops the ring this way.
+        self.vring(index)?.kicked = false;
+        self.apply(index as usize)?;
+        Ok(VhostUserVringState::new(index, self.vrings[index as usize].base as u32))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, _fd: Option<File>) -> Result<()> {
+        // Polled: kicks are not waited for; the first one starts the ring.
+        self.vring(index as u32)?.kicked = true;
+        self.apply(index as usize)
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        self.vring(index as u32)?;
+        let fd = fd.map(OwnedFd::from);
+        self.port.configure(|d| d.call[index as usize] = fd);
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> Result<()> {
+        self.vring(index as u32).map(drop)
+    }
+
+    fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::REPLY_ACK)
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> Result<()> {
+        self.protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> Result<u64> {
+        Ok(1)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
+        self.vring(index)?.enabled = enable;
+        self.apply(index as usize)
+    }
+
+    fn get_config(&mut self, _offset: u32, _size: u32, _flags: VhostUserConfigFlags) -> Result<Vec<u8>> {
+        Err(Error::InvalidOperation("no config space"))
+    }
+
+    fn set_config(&mut self, _offset: u32, _buf: &[u8], _flags: VhostUserConfigFlags) -> Result<()> {
+        Err(Error::InvalidOperation("no config space"))
+    }
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {
+        Err(Error::InvalidOperation("not a GPU"))
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> Result<File> {
+        Err(Error::InvalidOperation("no shared objects"))
+    }
+
+    fn get_inflight_fd(&mut self, _inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+        Err(Error::InvalidOperation("no inflight descriptors"))
+    }
+
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        Err(Error::InvalidOperation("no inflight descriptors"))
+    }
+
+    fn get_max_mem_slots(&mut self) -> Result<u64> {
+        Err(Error::InvalidOperation("no memory slots"))
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy: Option<bool>,
+    ) -> Result<Option<VhostUserMemoryRegionBase>> {
+        Err(Error::InvalidOperation("no memory slots"))
+    }
+
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> Result<()> {
+        Err(Error::InvalidOperation("no memory slots"))
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> Result<Option<File>> {
+        Err(Error::InvalidOperation("no device state transfer"))
+    }
+
+    fn check_device_state(&mut self) -> Result<()> {
+        Err(Error::InvalidOperation("no device state transfer"))
+    }
+
+    fn get_shmem_config(&mut self) -> Result<VhostUserShMemConfig> {
+        Err(Error::InvalidOperation("no shared memory"))
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
+        Err(Error::InvalidOperation("no dirty logging"))
+    }
+}
+
+/// The server thread of one port's socket; stops (and closes the connection) on drop.
+pub struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Listens on `path` (replacing a stale socket) and serves one frontend at a time for `port`.
+pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    listener.set_nonblocking(true)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let name = port_name(&port);
+    let thread = std::thread::Builder::new().name(format!("vhost-{name}")).spawn(move || {
+        while !flag.load(Ordering::Acquire) {
+            let stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(port = %name, error = %e, "vhost-user accept failed");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let _ = stream.set_nonblocking(false);
+            // Messages are waited for with a timeout, so a stop is seen.
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
+            tracing::info!(port = %name, "vhost-user frontend connected");
+            let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
+            let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
+            while !flag.load(Ordering::Acquire) {
+                match handler.handle_request() {
+                    Ok(()) => {}
+                    Err(Error::SocketRetry(_)) => {}
+                    Err(e) if is_timeout(&e) => {}
+                    Err(e) => {
+                        tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
+                        break;
+                    }
+                }
+            }
+            backend.lock().unwrap_or_else(|e| e.into_inner()).stop_all();
+        }
+    })?;
+    Ok(Server { stop, thread: Some(thread) })
+}
+
+fn is_timeout(e: &Error) -> bool {
+    matches!(e, Error::SocketError(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+}
+
+fn port_name(p: &VhostPort) -> String {
+    use vswitch::port::Port;
+    p.name().to_string()
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

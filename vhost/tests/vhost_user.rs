@@ -1,0 +1,141 @@
+//! The vhost-user protocol end to end: rust-vmm's frontend (as QEMU or DPDK's virtio-user
+//! would) connects to the port's socket, shares a memfd as guest memory, sets up both rings
+//! and enables them; a simulated guest in that memory then exchanges frames with a ring port
+//! through the switch. The frontend goes away and comes back: the port follows.
+
+use knitter_vhost::backend::{FEATURES, serve};
+use knitter_vhost::memory::{GuestMemory, Mapping};
+use knitter_vhost::net::HDR_LEN;
+use knitter_vhost::port::VhostPort;
+use knitter_vhost::testkit::{Buf, Guest, MEM_LEN};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::port::Port;
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::{Pool, SwitchOptions};
+
+fn memfd(len: usize) -> OwnedFd {
+    // SAFETY: memfd_create with a static name; the descriptor is owned below.
+    let fd = unsafe { libc::memfd_create(c"knitter-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: fd was just created and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own descriptor.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as i64) }, 0);
+    fd
+}
+
+/// A frontend with its guest memory and the guest's two queues.
+struct Vm {
+    fe: Frontend,
+    rx: Guest,
+    tx: Guest,
+    _events: Vec<EventFd>,
+}
+
+fn connect(path: &std::path::Path) -> Vm {
+    let fd = memfd(MEM_LEN);
+    let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
+    let user = map.as_ptr() as u64;
+    let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
+    let rx = Guest::queue_in(mem.clone(), 64, 0);
+    let tx = Guest::queue_in(mem, 64, 1);
+    let mut fe = Frontend::connect(path, 2).expect("connect to the port's socket");
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    assert_eq!(features, FEATURES);
+    fe.set_features(features).unwrap();
+    let pf = fe.get_protocol_features().unwrap();
+    assert!(pf.contains(VhostUserProtocolFeatures::REPLY_ACK));
+    fe.set_protocol_features(pf).unwrap();
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: MEM_LEN as u64,
+        userspace_addr: user,
+        mmap_offset: 0,
+        mmap_handle: fd.as_raw_fd(),
+    };
+    fe.set_mem_table(&[region]).unwrap();
+    let mut events = Vec::new();
+    for (i, g) in [(0usize, &rx), (1, &tx)] {
+        fe.set_vring_num(i, g.size).unwrap();
+        let cfg = VringConfigData {
+            queue_max_size: g.size,
+            queue_size: g.size,
+            flags: 0,
+            desc_table_addr: user + g.desc,
+            used_ring_addr: user + g.used,
+            avail_ring_addr: user + g.avail,
+            log_addr: None,
+        };
+        fe.set_vring_addr(i, &cfg).unwrap();
+        fe.set_vring_base(i, 0).unwrap();
+        let (call, kick) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+        fe.set_vring_call(i, &call).unwrap();
+        fe.set_vring_kick(i, &kick).unwrap();
+        fe.set_vring_enable(i, true).unwrap();
+        events.extend([call, kick]);
+    }
+    drop(fd); // both sides keep their own mapping
+    Vm { fe, rx, tx, _events: events }
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_vhost_user_frontend_talks_through_the_switch() {
+    let dir = std::env::temp_dir().join(format!("knitter-vu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vu0.sock");
+    let pool = Pool::new(4096, false).unwrap();
+    let port = Arc::new(VhostPort::new("vu0", pool.clone()));
+    let server = serve(&path, port.clone()).unwrap();
+    let mut h = Harness::with_pool(pool, SwitchOptions::default());
+    h.ring("r0").register("vu0", port.clone());
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("r0", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    assert!(!port.link_up(), "no frontend yet");
+
+    for round in 0..2 {
+        let mut vm = connect(&path);
+        wait_for("the rings to run", || port.link_up());
+        let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
+        let out = frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100 + round);
+        let mut b = vec![0u8; HDR_LEN];
+        b.extend_from_slice(&out);
+        vm.tx.post(&[Buf::Read(b)]);
+        let rx_buf = vm.rx.post(&[Buf::Write(2048)]).1[0];
+        h.step();
+        assert_eq!(h.recv("r0"), vec![out], "guest → switch → ring port (round {round})");
+        let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 2, 1, 200);
+        h.send("r0", &back);
+        h.step();
+        let done = vm.rx.completions();
+        assert_eq!(done.len(), 1, "ring port → switch → guest (round {round})");
+        assert_eq!(vm.rx.read(rx_buf + HDR_LEN as u64, back.len()), back);
+        assert_eq!(vm.tx.completions().len(), 1);
+        // The frontend goes away: the port stops; the next round reconnects.
+        vm.fe.get_vring_base(0).unwrap();
+        drop(vm);
+        wait_for("the port to stop", || !port.link_up());
+    }
+    drop(server);
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
