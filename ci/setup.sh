@@ -4,8 +4,9 @@
 set -euo pipefail
 
 # Debian packages: a C toolchain for crates with C parts, and the tools the kernel-port tests
-# (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints) and the perf scripts use.
-PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3"
+# (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints), DPDK's testpmd (dpdk-dev: the
+# vhost-user interop test's frontend) and the perf scripts use.
+PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 dpdk-dev"
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
