@@ -56,5 +56,8 @@ fn main() -> anyhow::Result<()> {
     drop(servers);
     let st = switch.stats();
     println!("drops: {:?}", st.nonzero_drops());
+    if let Some(c) = st.cycles_per_packet() {
+        println!("PMD busy cycles per packet: {c:.0}");
+    }
     Ok(())
 }
