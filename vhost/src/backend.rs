@@ -17,7 +17,7 @@ use crate::memory::{GuestMemory, Mapping};
 use crate::port::{RXQ, TXQ, VhostPort};
 use crate::vring::SplitQueue;
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,6 +86,7 @@ impl NetBackend {
         let mem = self.memory.clone();
         let old = self.port.configure(|d| {
             d.memory = mem;
+            d.kicks_on |= i == TXQ && queue.is_some();
             std::mem::replace(&mut d.queues[i], queue)
         });
         // A ring that stops remembers where the device got to (GET_VRING_BASE reports it).
@@ -199,9 +200,18 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
         Ok(VhostUserVringState::new(index, self.vrings[index as usize].base as u32))
     }
 
-    fn set_vring_kick(&mut self, index: u8, _fd: Option<File>) -> Result<()> {
-        // Polled: kicks are not waited for; the first one starts the ring.
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        // Polled: kicks only wake a sleeping PMD thread; this message starts the ring.
         self.vring(index as u32)?.kicked = true;
+        let fd = fd.map(OwnedFd::from);
+        if let Some(f) = &fd {
+            // SAFETY: fcntl on a descriptor we own; O_NONBLOCK so draining it never waits.
+            unsafe {
+                let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+                libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
+        }
+        self.port.configure(|d| d.kick[index as usize] = fd);
         self.apply(index as usize)
     }
 

@@ -33,6 +33,11 @@ pub struct Device {
     /// Where to signal the guest that its receive queue (0) or transmit queue (1) has
     /// completions, when it asks for interrupts (an eventfd from SET_VRING_CALL).
     pub call: [Option<OwnedFd>; 2],
+    /// Where the guest kicks after making buffers available (SET_VRING_KICK), non-blocking:
+    /// the transmit queue's is the port's wake descriptor while its PMD thread sleeps.
+    pub kick: [Option<OwnedFd>; 2],
+    /// A (re)started transmit queue whose guest still kicks: the next burst tells it not to.
+    pub kicks_on: bool,
 }
 
 /// Frames the port refused, by reason (beyond the queue counters).
@@ -86,6 +91,10 @@ impl Port for VhostPort {
         let dev = &mut *guard;
         let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[TXQ].as_mut()) else { return 0 };
         let Ok(mut ring) = q.ring(mem) else { return 0 };
+        if dev.kicks_on {
+            ring.set_kicks(false); // polled: kicks would only cost the guest system calls
+            dev.kicks_on = false;
+        }
         let (mut chain, mut got, mut used) = (Chain::default(), 0, 0);
         while batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
@@ -162,7 +171,28 @@ impl Port for VhostPort {
     }
 
     fn wake_fd(&self, _q: u16) -> Option<RawFd> {
-        None
+        let d = self.dev.try_lock().ok()?;
+        d.kick[TXQ].as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Before the PMD thread sleeps, the guest is asked to kick when it transmits (and the
+    /// queue checked once more); after, kicks are suppressed again and the kick counter
+    /// cleared.
+    fn arm_wake(&self, _q: u16, armed: bool) -> bool {
+        let Ok(mut guard) = self.dev.try_lock() else { return armed };
+        let dev = &mut *guard;
+        let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[TXQ].as_mut()) else { return false };
+        let Ok(mut ring) = q.ring(mem) else { return false };
+        ring.set_kicks(armed);
+        if !armed {
+            if let Some(fd) = &dev.kick[TXQ] {
+                let mut v = 0u64;
+                // SAFETY: an 8-byte read from our non-blocking eventfd into a u64.
+                unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            }
+            return false;
+        }
+        ring.pending() > 0
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
