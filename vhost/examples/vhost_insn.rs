@@ -10,29 +10,10 @@
 //! Arguments: frame size (bytes), packets.
 
 use knitter_vhost::net::HDR_LEN;
-use knitter_vhost::port::VhostPort;
-use knitter_vhost::testkit::{Buf, Guest};
-use std::sync::Arc;
+use knitter_vhost::testkit::{Buf, Vm};
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::testkit::{frames, mac};
 use vswitch::{Batch, Pool, Switch, SwitchOptions};
-
-struct Vm {
-    rx: Guest,
-    tx: Guest,
-    port: Arc<VhostPort>,
-}
-
-fn vm(name: &str, pool: &Arc<Pool>) -> Vm {
-    let rx = Guest::new(256);
-    let tx = rx.another_queue(1);
-    let port = Arc::new(VhostPort::new(name, pool.clone()));
-    port.configure(|d| {
-        d.memory = Some(rx.mem.clone());
-        d.queues = [Some(rx.queue()), Some(tx.queue())];
-    });
-    Vm { rx, tx, port }
-}
 
 /// One burst through the switch: what is measured.
 #[inline(never)]
@@ -46,7 +27,7 @@ fn main() {
     let packets: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64_000);
     let pool = Pool::new(8192, true).expect("pool");
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
-    let (mut a, mut b) = (vm("vm-a", &pool), vm("vm-b", &pool));
+    let (mut a, mut b) = (Vm::new("vm-a", &pool, 256), Vm::new("vm-b", &pool, 256));
     switch.register_port("vm-a", a.port.clone()).expect("register");
     switch.register_port("vm-b", b.port.clone()).expect("register");
     switch

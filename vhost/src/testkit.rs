@@ -3,6 +3,8 @@
 //! would, and raw access for writing hostile rings.
 
 use crate::memory::{GuestAddr, GuestMemory, Mapping};
+use crate::net::HDR_LEN;
+use crate::port::VhostPort;
 use crate::vring::{SplitQueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use std::sync::Arc;
 
@@ -155,5 +157,51 @@ impl Guest {
 
     pub fn avail_event(&self) -> u16 {
         self.u16_at(self.used + 4 + 8 * self.size as u64)
+    }
+}
+
+/// A simulated virtio-net guest on a [`VhostPort`]: its receive (virtqueue 0) and transmit
+/// (virtqueue 1) queues in one memory, the port set up as the vhost-user protocol would.
+pub struct Vm {
+    pub rx: Guest,
+    pub tx: Guest,
+    pub port: Arc<VhostPort>,
+}
+
+impl Vm {
+    pub fn new(name: &str, pool: &Arc<vswitch::Pool>, queue_size: u16) -> Vm {
+        let rx = Guest::new(queue_size);
+        let tx = rx.another_queue(1);
+        let port = Arc::new(VhostPort::new(name, pool.clone()));
+        port.configure(|d| {
+            d.memory = Some(rx.mem.clone());
+            d.queues = [Some(rx.queue()), Some(tx.queue())];
+        });
+        Vm { rx, tx, port }
+    }
+
+    /// Transmits a frame (behind an empty header, in one buffer).
+    pub fn send(&mut self, frame: &[u8]) {
+        let mut b = vec![0u8; HDR_LEN];
+        b.extend_from_slice(frame);
+        self.tx.post(&[Buf::Read(b)]);
+    }
+
+    /// Posts `n` receive buffers of 2 KiB; returns their guest addresses.
+    pub fn give_rx_buffers(&mut self, n: usize) -> Vec<u64> {
+        (0..n).map(|_| self.rx.post(&[Buf::Write(2048)]).1[0]).collect()
+    }
+
+    /// Frames the device wrote into receive buffers, oldest first: each completion takes the
+    /// next address of `addrs`; the header is checked (no offload, one buffer) and removed.
+    pub fn received(&mut self, addrs: &mut std::collections::VecDeque<u64>) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for (_head, len) in self.rx.completions() {
+            let at = addrs.pop_front().expect("a buffer for each completion");
+            let bytes = self.rx.read(at, len as usize);
+            assert_eq!(&bytes[..HDR_LEN], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "header: no offload, one buffer");
+            out.push(bytes[HDR_LEN..].to_vec());
+        }
+        out
     }
 }

@@ -2,56 +2,11 @@
 //! byte for byte, flooded first, then as known unicast (through the exact-match cache), and
 //! a guest that posts no receive buffers only loses the frames meant for it.
 
-use knitter_vhost::net::HDR_LEN;
-use knitter_vhost::port::VhostPort;
-use knitter_vhost::testkit::{Buf, Guest};
-use std::sync::Arc;
+use knitter_vhost::testkit::Vm;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
 use vswitch::testkit::{Harness, frames, mac};
 use vswitch::{Event, Pool, SwitchOptions};
-
-/// A guest's two queues: receive (virtqueue 0) and transmit (1).
-struct Vm {
-    rx: Guest,
-    tx: Guest,
-    port: Arc<VhostPort>,
-}
-
-impl Vm {
-    fn new(name: &str, pool: &Arc<Pool>) -> Vm {
-        let rx = Guest::new(64);
-        let tx = rx.another_queue(1);
-        let port = Arc::new(VhostPort::new(name, pool.clone()));
-        port.configure(|d| {
-            d.memory = Some(rx.mem.clone());
-            d.queues = [Some(rx.queue()), Some(tx.queue())];
-        });
-        Vm { rx, tx, port }
-    }
-
-    fn send(&mut self, frame: &[u8]) {
-        let mut b = vec![0u8; HDR_LEN];
-        b.extend_from_slice(frame);
-        self.tx.post(&[Buf::Read(b)]);
-    }
-
-    fn give_rx_buffers(&mut self, n: usize) -> Vec<u64> {
-        (0..n).map(|_| self.rx.post(&[Buf::Write(2048)]).1[0]).collect()
-    }
-
-    /// Frames the device wrote into receive buffers, in order (header checked and removed).
-    fn received(&mut self, addrs: &mut std::collections::VecDeque<u64>) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        for (_head, len) in self.rx.completions() {
-            let at = addrs.pop_front().expect("a buffer for each completion");
-            let bytes = self.rx.read(at, len as usize);
-            assert_eq!(&bytes[..HDR_LEN], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "header: no offload, one buffer");
-            out.push(bytes[HDR_LEN..].to_vec());
-        }
-        out
-    }
-}
 
 fn ip(n: u8) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(192, 0, 2, n)
@@ -61,7 +16,7 @@ fn ip(n: u8) -> std::net::Ipv4Addr {
 fn frames_cross_between_two_guests() {
     let pool = Pool::new(4096, false).unwrap();
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
-    let (mut a, mut b) = (Vm::new("vm-a", &pool), Vm::new("vm-b", &pool));
+    let (mut a, mut b) = (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64));
     h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone());
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
@@ -98,7 +53,7 @@ fn frames_cross_between_two_guests() {
 fn a_guest_without_receive_buffers_loses_only_its_frames() {
     let pool = Pool::new(4096, false).unwrap();
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
-    let (mut a, mut b, mut c) = (Vm::new("vm-a", &pool), Vm::new("vm-b", &pool), Vm::new("vm-c", &pool));
+    let (mut a, mut b, mut c) = (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64), Vm::new("vm-c", &pool, 64));
     h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone()).register("vm-c", c.port.clone());
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
