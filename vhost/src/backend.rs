@@ -12,13 +12,15 @@
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
 //! `server=off` or DPDK's virtio-user do), one connection at a time, and takes the next when
 //! one ends (a frontend that restarts reconnects; its rings restart from its avail index).
+//! [`connect`] is client mode (the frontend listens, as QEMU with `server=on`): it connects,
+//! and connects again after the connection ends, so the switch may restart too.
 
 use crate::memory::{GuestMemory, Mapping};
 use crate::port::{RXQ, TXQ, VhostPort};
 use crate::vring::SplitQueue;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -313,49 +315,69 @@ pub struct Server {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Listens on `path` (replacing a stale socket) and serves one frontend at a time for `port`.
+/// Listens on `path` (replacing a stale socket) and serves one frontend at a time for `port`
+/// (server mode: QEMU's `server=off`, DPDK's virtio-user).
 pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     listener.set_nonblocking(true)?;
+    spawn(port, move |name| match listener.accept() {
+        Ok((s, _)) => Some(s),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::WouldBlock {
+                tracing::warn!(port = %name, error = %e, "vhost-user accept failed");
+            }
+            None
+        }
+    })
+}
+
+/// Connects to a frontend listening on `path` (client mode: QEMU's `server=on`, OVS's
+/// `dpdkvhostuserclient`), and connects again whenever the connection ends, so either side
+/// may restart.
+pub fn connect(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
+    let path = path.to_path_buf();
+    spawn(port, move |_| UnixStream::connect(&path).ok())
+}
+
+/// The connection thread: `next` yields a connection to serve (or none yet, tried again
+/// shortly); each is served until it ends, then the port's rings stop.
+fn spawn(port: Arc<VhostPort>, mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static) -> std::io::Result<Server> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let name = port_name(&port);
     let thread = std::thread::Builder::new().name(format!("vhost-{name}")).spawn(move || {
         while !flag.load(Ordering::Acquire) {
-            let stream = match listener.accept() {
-                Ok((s, _)) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(port = %name, error = %e, "vhost-user accept failed");
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    continue;
-                }
+            let Some(stream) = next(&name) else {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
             };
-            let _ = stream.set_nonblocking(false);
-            // Messages are waited for with a timeout, so a stop is seen.
-            let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
-            tracing::info!(port = %name, "vhost-user frontend connected");
-            let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
-            let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
-            while !flag.load(Ordering::Acquire) {
-                match handler.handle_request() {
-                    Ok(()) => {}
-                    Err(Error::SocketRetry(_)) => {}
-                    Err(e) if is_timeout(&e) => {}
-                    Err(e) => {
-                        tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
-                        break;
-                    }
-                }
-            }
-            backend.lock().unwrap_or_else(|e| e.into_inner()).stop_all();
+            serve_connection(stream, &port, &flag, &name);
         }
     })?;
     Ok(Server { stop, thread: Some(thread) })
+}
+
+/// Handles one frontend's messages until it goes away or the server stops.
+fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str) {
+    let _ = stream.set_nonblocking(false);
+    // Messages are waited for with a timeout, so a stop is seen.
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
+    tracing::info!(port = %name, "vhost-user frontend connected");
+    let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
+    let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
+    while !stop.load(Ordering::Acquire) {
+        match handler.handle_request() {
+            Ok(()) => {}
+            Err(Error::SocketRetry(_)) => {}
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => {
+                tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
+                break;
+            }
+        }
+    }
+    backend.lock().unwrap_or_else(|e| e.into_inner()).stop_all();
 }
 
 fn is_timeout(e: &Error) -> bool {

@@ -3,7 +3,7 @@
 //! and enables them; a simulated guest in that memory then exchanges frames with a ring port
 //! through the switch. The frontend goes away and comes back: the port follows.
 
-use knitter_vhost::backend::{FEATURES, serve};
+use knitter_vhost::backend::{FEATURES, connect, serve};
 use knitter_vhost::memory::{GuestMemory, Mapping};
 use knitter_vhost::net::HDR_LEN;
 use knitter_vhost::port::VhostPort;
@@ -39,14 +39,18 @@ struct Vm {
     _events: Vec<EventFd>,
 }
 
-fn connect(path: &std::path::Path) -> Vm {
+fn frontend(path: &std::path::Path) -> Vm {
+    set_up(Frontend::connect(path, 2).expect("connect to the port's socket"))
+}
+
+/// Sets up a connected frontend as QEMU or virtio-user would.
+fn set_up(mut fe: Frontend) -> Vm {
     let fd = memfd(MEM_LEN);
     let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
     let user = map.as_ptr() as u64;
     let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
     let rx = Guest::queue_in(mem.clone(), 64, 0);
     let tx = Guest::queue_in(mem, 64, 1);
-    let mut fe = Frontend::connect(path, 2).expect("connect to the port's socket");
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
@@ -113,29 +117,67 @@ fn a_vhost_user_frontend_talks_through_the_switch() {
     assert!(!port.link_up(), "no frontend yet");
 
     for round in 0..2 {
-        let mut vm = connect(&path);
-        wait_for("the rings to run", || port.link_up());
-        let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
-        let out = frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100 + round);
-        let mut b = vec![0u8; HDR_LEN];
-        b.extend_from_slice(&out);
-        vm.tx.post(&[Buf::Read(b)]);
-        let rx_buf = vm.rx.post(&[Buf::Write(2048)]).1[0];
-        h.step();
-        assert_eq!(h.recv("r0"), vec![out], "guest → switch → ring port (round {round})");
-        let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 2, 1, 200);
-        h.send("r0", &back);
-        h.step();
-        let done = vm.rx.completions();
-        assert_eq!(done.len(), 1, "ring port → switch → guest (round {round})");
-        assert_eq!(vm.rx.read(rx_buf + HDR_LEN as u64, back.len()), back);
-        assert_eq!(vm.tx.completions().len(), 1);
+        let mut vm = frontend(&path);
+        exchange(&mut h, &port, &mut vm, round);
         // The frontend goes away: the port stops; the next round reconnects.
         vm.fe.get_vring_base(0).unwrap();
         drop(vm);
         wait_for("the port to stop", || !port.link_up());
     }
     drop(server);
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One frame each way between the guest and the ring port "r0".
+fn exchange(h: &mut Harness, port: &VhostPort, vm: &mut Vm, round: usize) {
+    wait_for("the rings to run", || port.link_up());
+    let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
+    let out = frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100 + round);
+    let mut b = vec![0u8; HDR_LEN];
+    b.extend_from_slice(&out);
+    vm.tx.post(&[Buf::Read(b)]);
+    let rx_buf = vm.rx.post(&[Buf::Write(2048)]).1[0];
+    h.step();
+    assert_eq!(h.recv("r0"), vec![out], "guest → switch → ring port (round {round})");
+    let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 2, 1, 200);
+    h.send("r0", &back);
+    h.step();
+    assert_eq!(vm.rx.completions().len(), 1, "ring port → switch → guest (round {round})");
+    assert_eq!(vm.rx.read(rx_buf + HDR_LEN as u64, back.len()), back);
+    assert_eq!(vm.tx.completions().len(), 1);
+}
+
+/// Client mode: the frontend listens (QEMU `server=on`); the port connects, and connects
+/// again after the frontend restarts.
+#[test]
+fn client_mode_connects_and_reconnects() {
+    let dir = std::env::temp_dir().join(format!("knitter-vuc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vm.sock");
+    let pool = Pool::new(4096, false).unwrap();
+    let port = Arc::new(VhostPort::new("vc0", pool.clone()));
+    let mut h = Harness::with_pool(pool, SwitchOptions::default());
+    h.ring("r0").register("vc0", port.clone());
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("vc0", "red"), PortConfig::access("r0", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    // The port starts first and keeps trying until the frontend listens.
+    let client = connect(&path, port.clone()).unwrap();
+    for round in 0..2 {
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let mut vm = set_up(Frontend::from_stream(stream, 2));
+        exchange(&mut h, &port, &mut vm, round);
+        drop(vm);
+        drop(listener);
+        std::fs::remove_file(&path).unwrap();
+        wait_for("the port to stop", || !port.link_up());
+    }
+    drop(client);
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);
 }
