@@ -3,10 +3,10 @@
 //! rings, enabled queues, interrupt descriptors). The PMD threads never see a message: they
 //! poll the rings the last message set up.
 //!
-//! What is offered: `VERSION_1`, `EVENT_IDX`, `INDIRECT_DESC` and
+//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC` and
 //! `VHOST_USER_F_PROTOCOL_FEATURES` (rings then start disabled until SET_VRING_ENABLE), with
 //! the protocol feature `REPLY_ACK`. One queue pair. Not offered (not built yet):
-//! `MRG_RXBUF`, `CTRL_VQ`/`MQ`, `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed
+//! `CTRL_VQ`/`MQ`, `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed
 //! rings, inflight descriptors, dirty logging.
 //!
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
@@ -34,11 +34,15 @@ use vhost::vhost_user::{BackendReqHandler, Error, GpuBackend, Result, VhostUserB
 use vhost::VhostUserMemoryRegionBase;
 
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 /// The features this device offers.
-pub const FEATURES: u64 =
-    VIRTIO_F_VERSION_1 | VIRTIO_RING_F_INDIRECT_DESC | VIRTIO_RING_F_EVENT_IDX | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+pub const FEATURES: u64 = VIRTIO_F_VERSION_1
+    | VIRTIO_NET_F_MRG_RXBUF
+    | VIRTIO_RING_F_INDIRECT_DESC
+    | VIRTIO_RING_F_EVENT_IDX
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// Largest queue accepted (QEMU's virtio-net allows 1024).
 pub const MAX_QUEUE: u32 = 1024;
 
@@ -139,6 +143,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             return Err(Error::InvalidParam);
         }
         self.acked = features;
+        self.port.configure(|d| d.mrg_rxbuf = features & VIRTIO_NET_F_MRG_RXBUF != 0);
         // Without protocol features a ring is enabled as soon as it is started.
         let enabled = features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0;
         for v in &mut self.vrings {

@@ -9,7 +9,7 @@
 //! header or longer than the switch's largest.
 
 use crate::memory::{GuestMemory, MemError};
-use crate::vring::{Chain, MAX_SEGS};
+use crate::vring::{Chain, MAX_SEGS, Ring};
 use vswitch::buf::MAX_FRAME;
 use vswitch::{BufId, Pool, PoolCache};
 
@@ -34,6 +34,8 @@ pub enum NetError {
     NoBuffer,
     #[error("the guest's receive buffers are too small for the frame")]
     GuestBufferTooSmall,
+    #[error("a receive chain was malformed")]
+    BadChain,
     #[error(transparent)]
     Memory(#[from] MemError),
 }
@@ -124,21 +126,148 @@ pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Res
         f.copy_from_slice(pool.head(b));
         return Ok(total as u32);
     }
-    let mut src = std::iter::once(&hdr[..]).chain(pool.segments(b)).filter(|s| !s.is_empty());
-    let mut cur: &[u8] = src.next().unwrap_or_default();
-    for s in chain.segments().iter().filter(|s| s.writable) {
-        let mut dst = mem.slice_mut(s.addr, s.len as usize)?;
-        while !dst.is_empty() && !cur.is_empty() {
-            let k = dst.len().min(cur.len());
-            dst[..k].copy_from_slice(&cur[..k]);
-            (dst, cur) = (&mut dst[k..], &cur[k..]);
-            if cur.is_empty() {
-                cur = src.next().unwrap_or_default();
+    let mut src = Source::new(&hdr, pool, b);
+    fill(mem, chain, &mut src)?;
+    Ok(total as u32)
+}
+
+/// The bytes a receive chain gets: the header, then the packet's segments.
+struct Source<'a, I: Iterator<Item = &'a [u8]>> {
+    rest: I,
+    cur: &'a [u8],
+}
+
+impl<'a> Source<'a, std::iter::Chain<std::iter::Once<&'a [u8]>, vswitch::buf::Segments<'a>>> {
+    fn new(hdr: &'a [u8], pool: &'a Pool, b: &'a BufId) -> Self {
+        let mut rest = std::iter::once(hdr).chain(pool.segments(b));
+        let cur = rest.next().unwrap_or_default();
+        Source { rest, cur }
+    }
+}
+
+impl<'a, I: Iterator<Item = &'a [u8]>> Source<'a, I> {
+    fn is_empty(&self) -> bool {
+        self.cur.is_empty()
+    }
+
+    /// Copies as much as fits into `dst`; returns how much.
+    fn copy_into(&mut self, mut dst: &mut [u8]) -> usize {
+        let mut n = 0;
+        while !dst.is_empty() && !self.cur.is_empty() {
+            let k = dst.len().min(self.cur.len());
+            dst[..k].copy_from_slice(&self.cur[..k]);
+            (dst, self.cur, n) = (&mut dst[k..], &self.cur[k..], n + k);
+            while self.cur.is_empty() {
+                match self.rest.next() {
+                    Some(next) => self.cur = next,
+                    None => break,
+                }
             }
         }
-        if cur.is_empty() {
+        n
+    }
+}
+
+/// Fills a chain's writable buffers from `src`; returns the bytes written.
+fn fill<'a, I: Iterator<Item = &'a [u8]>>(mem: &GuestMemory, chain: &Chain, src: &mut Source<'a, I>) -> Result<u32, NetError> {
+    let mut written = 0;
+    for s in chain.segments().iter().filter(|s| s.writable) {
+        if src.is_empty() {
+            break;
+        }
+        written += src.copy_into(mem.slice_mut(s.addr, s.len as usize)?) as u32;
+    }
+    Ok(written)
+}
+
+/// Copies a packet into as many receive chains as it needs (`MRG_RXBUF`), the first header
+/// saying how many. With too few chains available, none is used (they are put back for a
+/// later frame) and the packet is refused. A malformed chain on the way ends the frame: it
+/// and the chains already filled go back to the guest empty (its driver drops them).
+pub fn to_guest_merged(ring: &mut Ring<'_>, pool: &Pool, b: &BufId) -> Result<(), NetError> {
+    let mut chain = Chain::default();
+    // The common case: the first chain holds the whole frame (`to_guest`, with its fast path).
+    match ring.pop(&mut chain) {
+        None => return Err(NetError::GuestBufferTooSmall),
+        Some(Err(_)) => {
+            ring.push_used(chain.head, 0);
+            return Err(NetError::BadChain);
+        }
+        Some(Ok(())) if chain.writable >= (HDR_LEN + pool.pkt_len(b)) as u64 => {
+            let r = to_guest(ring.memory(), &chain, pool, b);
+            ring.push_used(chain.head, *r.as_ref().unwrap_or(&0));
+            return r.map(drop);
+        }
+        Some(Ok(())) => ring.unpop(),
+    }
+    let mut hdr = [0u8; HDR_LEN];
+    let mut src = Source::new(&hdr, pool, b);
+    let mut used: [(u16, u32); MAX_MERGED] = [(0, 0); MAX_MERGED];
+    let (mut n, mut first) = (0, None);
+    while !src.is_empty() {
+        let filled = match ring.pop(&mut chain) {
+            None => Err(NetError::GuestBufferTooSmall),
+            Some(Ok(())) if n == MAX_MERGED => {
+                ring.unpop();
+                Err(NetError::GuestBufferTooSmall)
+            }
+            Some(Ok(())) => {
+                if first.is_none() {
+                    first = Some(chain.clone());
+                }
+                fill(ring.memory(), &chain, &mut src)
+            }
+            Some(Err(_)) => Err(NetError::BadChain),
+        };
+        match filled {
+            Ok(w) => {
+                used[n] = (chain.head, w);
+                n += 1;
+            }
+            Err(NetError::GuestBufferTooSmall) => {
+                for _ in 0..n {
+                    ring.unpop();
+                }
+                return Err(NetError::GuestBufferTooSmall);
+            }
+            Err(e) => {
+                ring.push_used(chain.head, 0);
+                for &(head, _) in &used[..n] {
+                    ring.push_used(head, 0);
+                }
+                return Err(e);
+            }
+        }
+    }
+    // The header went into the first chain before its count was known: patch num_buffers
+    // (header bytes 10 and 11, wherever the chain's buffers put them).
+    hdr[10..12].copy_from_slice(&(n as u16).to_le_bytes());
+    if let Some(c) = &first {
+        write_at(ring.memory(), c, 10, &hdr[10..12])?;
+    }
+    for &(head, len) in &used[..n] {
+        ring.push_used(head, len);
+    }
+    Ok(())
+}
+
+/// Writes `bytes` at logical offset `at` of a chain's writable buffers.
+fn write_at(mem: &GuestMemory, chain: &Chain, mut at: usize, mut bytes: &[u8]) -> Result<(), NetError> {
+    for s in chain.segments().iter().filter(|s| s.writable) {
+        let len = s.len as usize;
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let k = (len - at).min(bytes.len());
+        mem.slice_mut(crate::memory::GuestAddr(s.addr.0 + at as u64), k)?.copy_from_slice(&bytes[..k]);
+        (bytes, at) = (&bytes[k..], 0);
+        if bytes.is_empty() {
             break;
         }
     }
-    Ok(total as u32)
+    Ok(())
 }
+
+/// Receive chains one frame may take with `MRG_RXBUF` (a 9216-byte frame in 1 KiB buffers).
+const MAX_MERGED: usize = 16;

@@ -15,6 +15,7 @@ use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
 use crate::vring::{Chain, SplitQueue};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use vswitch::port::{Port, QueueCounters, QueueStats};
 use vswitch::{Batch, Pool, PoolCache};
@@ -38,6 +39,8 @@ pub struct Device {
     pub kick: [Option<OwnedFd>; 2],
     /// A (re)started transmit queue whose guest still kicks: the next burst tells it not to.
     pub kicks_on: bool,
+    /// `VIRTIO_NET_F_MRG_RXBUF`: a frame may take several receive chains.
+    pub mrg_rxbuf: bool,
 }
 
 /// Frames the port refused, by reason (beyond the queue counters).
@@ -52,19 +55,42 @@ pub struct VhostPort {
     name: String,
     pool: Arc<Pool>,
     dev: Mutex<Device>,
+    /// Memory and both rings are set up (kept by `configure`, read without the lock).
+    up: AtomicBool,
     counters: QueueCounters,
     pub net: NetCounters,
 }
 
 impl VhostPort {
     pub fn new(name: &str, pool: Arc<Pool>) -> VhostPort {
-        VhostPort { name: name.into(), pool, dev: Mutex::new(Device::default()), counters: QueueCounters::default(), net: NetCounters::default() }
+        VhostPort {
+            name: name.into(),
+            pool,
+            dev: Mutex::new(Device::default()),
+            up: AtomicBool::new(false),
+            counters: QueueCounters::default(),
+            net: NetCounters::default(),
+        }
     }
 
     /// Changes the device state (control side; may wait for a PMD thread's burst to end).
     pub fn configure<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        f(&mut self.dev.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut d = self.dev.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut d);
+        self.up.store(d.memory.is_some() && d.queues.iter().all(Option::is_some), Ordering::Release);
+        r
     }
+}
+
+/// What became of one packet on its way into the guest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Sent,
+    /// Dropped (counted): the guest will not take it.
+    Refused,
+    /// No receive buffers now: it and the packets after it stay for a later burst.
+    NoRoom,
+    BadChain,
 }
 
 /// Signals an eventfd (the guest's interrupt).
@@ -83,7 +109,7 @@ impl Port for VhostPort {
     }
 
     fn link_up(&self) -> bool {
-        self.dev.try_lock().map_or(true, |d| d.memory.is_some() && d.queues.iter().all(Option::is_some))
+        self.up.load(Ordering::Acquire)
     }
 
     fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
@@ -129,29 +155,50 @@ impl Port for VhostPort {
         let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[RXQ].as_mut()) else { return 0 };
         let Ok(mut ring) = q.ring(mem) else { return 0 };
         let mut chain = Chain::default();
-        let mut done = 0; // packets taken from the front of the batch (sent or refused)
-        let mut sent = 0;
-        for b in batch.as_slice() {
-            let Some(r) = ring.pop(&mut chain) else { break };
-            if r.is_err() {
+        let (mut done, mut sent) = (0, 0); // packets taken from the front (sent or refused); sent
+        'packets: for b in batch.as_slice() {
+            // A malformed chain is returned empty and the same frame tries the next one.
+            let outcome = loop {
+                let o = if dev.mrg_rxbuf {
+                    match net::to_guest_merged(&mut ring, &self.pool, b) {
+                        Ok(()) => Outcome::Sent,
+                        Err(NetError::GuestBufferTooSmall) => Outcome::NoRoom,
+                        Err(NetError::BadChain) => Outcome::BadChain,
+                        Err(_) => Outcome::Refused,
+                    }
+                } else {
+                    match ring.pop(&mut chain) {
+                        None => Outcome::NoRoom,
+                        Some(Err(_)) => {
+                            ring.push_used(chain.head, 0);
+                            Outcome::BadChain
+                        }
+                        Some(Ok(())) => match net::to_guest(mem, &chain, &self.pool, b) {
+                            Ok(n) => {
+                                ring.push_used(chain.head, n);
+                                Outcome::Sent
+                            }
+                            Err(NetError::GuestBufferTooSmall) => {
+                                ring.unpop(); // the chain may fit a smaller frame
+                                self.net.guest_buffer_too_small.add(1);
+                                Outcome::Refused
+                            }
+                            Err(_) => {
+                                ring.push_used(chain.head, 0);
+                                Outcome::Refused
+                            }
+                        },
+                    }
+                };
+                if o != Outcome::BadChain {
+                    break o;
+                }
                 self.net.bad_chains.add(1);
-                ring.push_used(chain.head, 0);
-                // The packet waits for the next chain.
-                continue;
-            }
-            match net::to_guest(mem, &chain, &self.pool, b) {
-                Ok(n) => {
-                    ring.push_used(chain.head, n);
-                    sent += 1;
-                }
-                Err(NetError::GuestBufferTooSmall) => {
-                    ring.unpop();
-                    self.net.guest_buffer_too_small.add(1);
-                }
-                Err(_) => {
-                    ring.push_used(chain.head, 0);
-                    self.net.refused_frames.add(1);
-                }
+            };
+            match outcome {
+                Outcome::Sent => sent += 1,
+                Outcome::Refused => self.net.refused_frames.add(1),
+                Outcome::NoRoom | Outcome::BadChain => break 'packets,
             }
             done += 1;
         }

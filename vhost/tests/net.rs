@@ -125,3 +125,36 @@ fn a_receive_chain_too_small_stays_for_a_smaller_frame() {
     cache.free(big);
     cache.free(small);
 }
+
+/// With MRG_RXBUF a frame spreads over several receive chains; the first header says how
+/// many. Too few chains: none is used and the frame is refused.
+#[test]
+fn mergeable_receive_buffers() {
+    let (pool, mut cache) = pool();
+    let f = frame(1514);
+    let b = cache.alloc_frame(&f).unwrap();
+    let mut g = Guest::new(16);
+    let mut q = g.queue();
+    // Three chains of 600 bytes hold the 12-byte header and 1514 bytes; a fourth is spare.
+    let posted: Vec<(u16, u64)> = (0..4).map(|_| g.post(&[Buf::Write(600)])).map(|(h, a)| (h, a[0])).collect();
+    {
+        let mut r = q.ring(&g.mem).unwrap();
+        net::to_guest_merged(&mut r, &pool, &b).unwrap();
+    }
+    let done = g.completions();
+    assert_eq!(done, vec![(posted[0].0, 600), (posted[1].0, 600), (posted[2].0, (HDR_LEN + 1514 - 1200) as u32)]);
+    let mut got = Vec::new();
+    for (i, (_, len)) in done.iter().enumerate() {
+        got.extend(g.read(posted[i].1, *len as usize));
+    }
+    assert_eq!(u16::from_le_bytes([got[10], got[11]]), 3, "num_buffers");
+    assert_eq!(&got[HDR_LEN..], &f[..]);
+    // One 600-byte chain left: not enough for the next 1514-byte frame.
+    {
+        let mut r = q.ring(&g.mem).unwrap();
+        assert_eq!(net::to_guest_merged(&mut r, &pool, &b), Err(NetError::GuestBufferTooSmall));
+        assert_eq!(r.pending(), 1, "the chain is put back");
+    }
+    assert_eq!(g.completions(), vec![]);
+    cache.free(b);
+}
