@@ -206,6 +206,7 @@ impl Ring<'_> {
 
     /// Chains the guest has made available and the device has not taken yet; 0 (and the
     /// queue stops) if the guest claims more than a queue's worth.
+    #[inline]
     pub fn pending(&mut self) -> u16 {
         let n = self.avail_idx().wrapping_sub(self.q.last_avail);
         if n > self.q.size || self.q.broken {
@@ -217,6 +218,7 @@ impl Ring<'_> {
 
     /// Pops the next available chain into `chain`: `None` when there is none, `Some(Err)`
     /// for a chain that failed validation (consumed: return `chain.head` with length 0).
+    #[inline]
     pub fn pop(&mut self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
         if self.pending() == 0 {
             return None;
@@ -240,6 +242,7 @@ impl Ring<'_> {
         (a, b as u32, (b >> 32) as u16, (b >> 48) as u16)
     }
 
+    #[inline]
     fn walk(&mut self, head: u16, chain: &mut Chain) -> Result<(), ChainError> {
         let (mut table, mut table_len) = (self.desc as *const u8, self.q.size);
         let (mut i, mut seen, mut indirect) = (head, 0u32, false);
@@ -284,6 +287,7 @@ impl Ring<'_> {
 
     /// Returns a chain to the guest with `len` bytes written into it (0 for a read-only or
     /// refused chain). Visible to the guest once published.
+    #[inline]
     pub fn push_used(&mut self, head: u16, len: u32) {
         let slot = (self.q.used_idx & (self.q.size - 1)) as usize;
         let mut e = [0u8; 8];
