@@ -53,6 +53,8 @@ struct VringConfig {
     /// Frontend virtual addresses of the descriptor table, used and available rings.
     addrs: Option<(u64, u64, u64)>,
     base: u16,
+    /// SET_VRING_BASE was sent since the ring last ran: start from `base`.
+    fresh_base: bool,
     kicked: bool,
     enabled: bool,
 }
@@ -77,32 +79,40 @@ impl NetBackend {
     }
 
     /// Rebuilds ring `i` in the port from its configuration: running only when complete,
-    /// kicked (started) and enabled; otherwise stopped, keeping where it got to.
+    /// kicked (started) and enabled; otherwise stopped. A ring rebuilt while it ran (a new
+    /// memory table, say) continues where the device got to; a ring stopped remembers that
+    /// place for GET_VRING_BASE; only SET_VRING_BASE moves it.
     fn apply(&mut self, i: usize) -> Result<()> {
         let c = self.vrings[i];
-        let queue = match (&self.memory, c.addrs) {
-            (Some(mem), Some((desc, used, avail))) if c.kicked && c.enabled => {
-                let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
-                let mut q = SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, c.base).map_err(|_| Error::InvalidParam)?;
-                q.set_features(self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
-                Some(q)
-            }
-            _ => None,
-        };
+        let features = (self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
         let mem = self.memory.clone();
-        let old = self.port.configure(|d| {
-            d.memory = mem;
-            d.kicks_on |= i == TXQ && queue.is_some();
-            std::mem::replace(&mut d.queues[i], queue)
+        let run = c.kicked && c.enabled;
+        let (place, result) = self.port.configure(|d| {
+            d.memory = mem.clone();
+            let progress = d.queues[i].take().map(|q| q.next_avail());
+            let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
+            let queue = match (&mem, c.addrs) {
+                (Some(mem), Some((desc, used, avail))) if run => (|| {
+                    let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
+                    let mut q = SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?;
+                    q.set_features(features.0, features.1);
+                    Ok(Some(q))
+                })(),
+                _ => Ok(None),
+            };
+            let started = matches!(queue, Ok(Some(_)));
+            d.kicks_on |= i == TXQ && started;
+            match queue {
+                Ok(q) => {
+                    d.queues[i] = q;
+                    (base, Ok(()))
+                }
+                Err(e) => (base, Err(e)),
+            }
         });
-        // A ring that stops remembers where the device got to (GET_VRING_BASE reports it).
-        if let Some(q) = old
-            && self.vrings[i].addrs.is_some()
-            && !(self.vrings[i].kicked && self.vrings[i].enabled)
-        {
-            self.vrings[i].base = q.next_avail();
-        }
-        Ok(())
+        self.vrings[i].base = place;
+        self.vrings[i].fresh_base = false;
+        result
     }
 
     fn stop_all(&mut self) {
@@ -196,7 +206,8 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
-        self.vring(index)?.base = base as u16;
+        let v = self.vring(index)?;
+        (v.base, v.fresh_base) = (base as u16, true);
         self.apply(index as usize)
     }
 
