@@ -123,7 +123,7 @@ fn a_vhost_user_frontend_talks_through_the_switch() {
         exchange(&mut h, &port, &mut vm, round);
         // The memory table again while the rings run: they go on where they were (nothing
         // replayed, nothing skipped).
-        let region = vm.region.clone();
+        let region = vm.region;
         vm.fe.set_mem_table(&[region]).unwrap();
         exchange(&mut h, &port, &mut vm, round + 10);
         // The frontend goes away: the port stops; the next round reconnects.
