@@ -195,36 +195,24 @@ impl Pipeline {
         };
         let n = batch.len();
         self.emc.sync(snap.generation, self.fdb.generation(), self.now);
-        let vtep = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
-        // Port security looks past the Ethernet header, which the cache's keys do not cover;
-        // an underlay without a VTEP has nothing to cache. (When set, every path below fills
-        // `miss_keys` for the frames it hands to stage 2.)
-        self.cached = self.emc.capacity() > 0
-            && port.security.is_none()
-            && (port.kind != PortKind::Underlay || vtep.is_some());
-        let bytes = if let Some(vtep) = vtep.filter(|_| self.cached) {
-            self.forward_underlay_cached(snap, vtep, port, batch)
-        } else if self.cached && port.kind != PortKind::Underlay {
-            let mut found = [(Hit::default(), 0u32); BATCH];
-            let (bytes, hits) = probe_burst(self.pool.view(), &self.emc, port.id, batch.as_slice(), &mut found);
-            if hits == 0 {
-                for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
-                    *k = Key::from_port(port.id, self.pool.head(b));
+        // The cache serves ports without port security (it looks past the Ethernet header,
+        // which the keys do not cover) and an underlay with a VTEP. When set, every path
+        // below fills `miss_keys` for the frames it hands to stage 2.
+        let cache_on = self.emc.capacity() > 0 && port.security.is_none();
+        let bytes = if port.kind != PortKind::Underlay {
+            self.cached = cache_on;
+            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow(snap, port, batch) }
+        } else {
+            match snap.vtep.as_ref().filter(|_| cache_on) {
+                Some(vtep) => {
+                    self.cached = true;
+                    self.forward_underlay_cached(snap, vtep, port, batch)
                 }
-                self.forward_slow(snap, port, batch);
-            } else {
-                self.known += hits;
-                self.stats.event(Event::CacheHits, hits);
-                // An access port's frames all belong to its one bridge domain.
-                if port.kind == PortKind::Access {
-                    self.forward_cached::<true>(snap, port, batch, &found);
-                } else {
-                    self.forward_cached::<false>(snap, port, batch, &found);
+                None => {
+                    self.cached = false;
+                    self.forward_slow(snap, port, batch)
                 }
             }
-            bytes
-        } else {
-            self.forward_slow(snap, port, batch)
         };
         let pc = self.stats.port(in_port);
         pc.rx_packets.add(n as u64);
@@ -233,10 +221,35 @@ impl Pipeline {
         if self.known > 0 {
             self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
         }
-        if self.parked.due(self.neigh.generation(), self.now) {
+        if !self.parked.is_empty() && self.parked.due(self.neigh.generation(), self.now) {
             self.retry_parked(snap);
         }
         self.flush(snap);
+    }
+
+    /// Stage 0 for a burst from a local port: a read-only lookup of every frame, then the
+    /// hits and misses in order (or stages 1-2 for the whole burst when nothing hit).
+    /// Returns the bytes received.
+    #[inline(always)]
+    fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        let mut found = [(Hit::default(), 0u32); BATCH];
+        let (bytes, hits) = probe_burst(self.pool.view(), &self.emc, port.id, batch.as_slice(), &mut found);
+        if hits == 0 {
+            for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
+                *k = Key::from_port(port.id, self.pool.head(b));
+            }
+            self.forward_slow(snap, port, batch);
+            return bytes;
+        }
+        self.known += hits;
+        self.stats.event(Event::CacheHits, hits);
+        // An access port's frames all belong to its one bridge domain.
+        if port.kind == PortKind::Access {
+            self.forward_cached::<true>(snap, port, batch, &found);
+        } else {
+            self.forward_cached::<false>(snap, port, batch, &found);
+        }
+        bytes
     }
 
     /// Stage 0: frames whose flow the exact-match cache knows go to the shared egress code
