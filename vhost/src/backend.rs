@@ -374,19 +374,25 @@ fn spawn(port: Arc<VhostPort>, mut next: impl FnMut(&str) -> Option<UnixStream> 
     Ok(Server { stop, thread: Some(thread) })
 }
 
-/// Handles one frontend's messages until it goes away or the server stops.
+/// Handles one frontend's messages until it goes away or the server stops. The socket is
+/// polled (100 ms) between messages so a stop is seen; a message is read only once its
+/// first bytes are there, and then whole (a timeout inside a message would lose its place
+/// in the stream).
 fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str) {
     let _ = stream.set_nonblocking(false);
-    // Messages are waited for with a timeout, so a stop is seen.
-    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
+    let fd = stream.as_raw_fd();
     tracing::info!(port = %name, "vhost-user frontend connected");
     let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
     while !stop.load(Ordering::Acquire) {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on the connection's descriptor, which `handler` keeps open.
+        if unsafe { libc::poll(&mut p, 1, 100) } <= 0 {
+            continue;
+        }
         match handler.handle_request() {
             Ok(()) => {}
             Err(Error::SocketRetry(_)) => {}
-            Err(e) if is_timeout(&e) => {}
             Err(e) => {
                 tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
                 break;
@@ -394,10 +400,6 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         }
     }
     backend.lock().unwrap_or_else(|e| e.into_inner()).stop_all();
-}
-
-fn is_timeout(e: &Error) -> bool {
-    matches!(e, Error::SocketError(io) if matches!(io.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
 }
 
 fn port_name(p: &VhostPort) -> String {
