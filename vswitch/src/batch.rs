@@ -64,6 +64,17 @@ impl Batch {
         Ok(())
     }
 
+    /// Moves as many of `other`'s packets as fit to the end of this batch, in order; the rest
+    /// move to the front of `other`.
+    #[inline(always)]
+    pub fn append(&mut self, other: &mut Batch) {
+        let n = other.len.min(self.room());
+        // Swapping leaves this batch's stale free slots in `other`, past its new length.
+        self.bufs[self.len..self.len + n].swap_with_slice(&mut other.bufs[..n]);
+        self.len += n;
+        other.consume_front(n);
+    }
+
     /// Removes the last packet.
     #[inline(always)]
     pub fn pop(&mut self) -> Option<BufId> {

@@ -76,7 +76,8 @@ impl BufId {
 
 /// The pool's layout (metadata array, region base, index mask) by value. A burst loop that
 /// also stores to memory keeps these in registers, where a `&Pool` would be re-read after
-/// every store the compiler cannot prove unrelated.
+/// every store the compiler cannot prove unrelated. Reads anyone may do; the writes it has
+/// take the packet's `&mut BufId`, as `Pool`'s do.
 #[derive(Clone, Copy)]
 pub struct PoolView<'a> {
     meta: &'a [Meta],
@@ -107,6 +108,31 @@ impl<'a> PoolView<'a> {
         // SAFETY: off + len <= BUF_SIZE is kept by every writer of off/len in `Pool`; readers
         // of a segment are its unique owner or holders of a shared (immutable) reference.
         unsafe { std::slice::from_raw_parts(self.chunk(idx).add(off), len) }
+    }
+
+    /// As [`Pool::strip`] (the owner `b` may write its metadata through a view).
+    #[inline(always)]
+    pub fn strip(self, b: &mut BufId, n: usize) -> bool {
+        let m = self.m(b.0);
+        let len = m.len.load(Relaxed) as usize;
+        if n > len {
+            return false;
+        }
+        m.off.store(m.off.load(Relaxed) + n as u16, Relaxed);
+        m.len.store((len - n) as u16, Relaxed);
+        m.pkt_len.store(m.pkt_len.load(Relaxed) - n as u32, Relaxed);
+        true
+    }
+
+    /// As [`Pool::truncate`].
+    pub fn truncate(self, b: &mut BufId, len: usize) -> bool {
+        let m = self.m(b.0);
+        if m.next.load(Relaxed) != NIL || len >= m.len.load(Relaxed) as usize {
+            return false;
+        }
+        m.len.store(len as u16, Relaxed);
+        m.pkt_len.store(len as u32, Relaxed);
+        true
     }
 
     /// As [`Pool::head_and_len`].
@@ -304,38 +330,27 @@ impl Pool {
             return None;
         }
         let (off, len, pkt_len) = (off - n, m.len.load(Relaxed) as usize + n, m.pkt_len.load(Relaxed));
+        // The chunk's address before the stores below, which the compiler cannot tell from
+        // the pool's own fields (it would load those again).
+        let chunk = self.chunk(b.0);
         m.off.store(off as u16, Relaxed);
         m.len.store(len as u16, Relaxed);
         m.pkt_len.store(pkt_len + n as u32, Relaxed);
         // SAFETY: the new segment [off, off + len) is the old one grown into its headroom, so
         // it stays inside the chunk; `b` (borrowed mutably) owns it.
-        Some((unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }, pkt_len as usize))
+        Some((unsafe { std::slice::from_raw_parts_mut(chunk.add(off), len) }, pkt_len as usize))
     }
 
     /// Removes `n` bytes from the front of the head segment; false if it is shorter.
     #[inline(always)]
     pub fn strip(&self, b: &mut BufId, n: usize) -> bool {
-        let m = self.m(b.0);
-        let len = m.len.load(Relaxed) as usize;
-        if n > len {
-            return false;
-        }
-        m.off.store(m.off.load(Relaxed) + n as u16, Relaxed);
-        m.len.store((len - n) as u16, Relaxed);
-        m.pkt_len.store(m.pkt_len.load(Relaxed) - n as u32, Relaxed);
-        true
+        self.view().strip(b, n)
     }
 
     /// Shortens a single-segment packet to `len` bytes (drops trailing padding); false for
     /// chained packets or when `len` is not shorter.
     pub fn truncate(&self, b: &mut BufId, len: usize) -> bool {
-        let m = self.m(b.0);
-        if m.next.load(Relaxed) != NIL || len >= m.len.load(Relaxed) as usize {
-            return false;
-        }
-        m.len.store(len as u16, Relaxed);
-        m.pkt_len.store(len as u32, Relaxed);
-        true
+        self.view().truncate(b, len)
     }
 
     /// Appends bytes to the head segment's tailroom (unchained packets being built only).

@@ -99,6 +99,12 @@ impl Hit {
         (self.0 >> 50) as usize
     }
 
+    /// Whether the egress is a remote VTEP.
+    #[inline(always)]
+    pub fn is_peer(self) -> bool {
+        self.0 & PEER != 0
+    }
+
     /// Whether the frame arrived with a VLAN tag.
     #[inline(always)]
     pub fn tagged_in(self) -> bool {
@@ -164,6 +170,12 @@ impl Key {
         Some(Key { k0, k1, k2 })
     }
 
+    /// The third key word as entries of `epoch` hold it.
+    #[inline(always)]
+    fn with_epoch(&self, epoch: u32) -> u64 {
+        self.k2 | (epoch as u64) << 32
+    }
+
     /// The EtherType (or TPID) of the frame.
     #[inline(always)]
     pub fn ethertype(&self) -> u16 {
@@ -217,6 +229,33 @@ pub struct Emc {
     sources: Option<Sources>,
 }
 
+/// What a lookup reads, by value: a burst loop that also stores to memory (buffer metadata)
+/// keeps it in registers or on its stack, where `&Emc`'s fields would be read again after
+/// every store the compiler cannot prove unrelated.
+#[derive(Clone, Copy)]
+pub struct EmcView<'a> {
+    sets: &'a [[Entry; 2]],
+    mask: u32,
+    epoch: u32,
+}
+
+impl EmcView<'_> {
+    /// As [`Emc::lookup`].
+    #[inline(always)]
+    pub fn lookup(self, k: &Key) -> Option<Hit> {
+        let k2 = k.with_epoch(self.epoch);
+        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
+        let set = unsafe { self.sets.get_unchecked(k.bucket(self.mask)) };
+        if set[0].matches(k.k0, k.k1, k2) {
+            return Some(Hit(set[0].hit));
+        }
+        if set[1].matches(k.k0, k.k1, k2) {
+            return Some(Hit(set[1].hit));
+        }
+        None
+    }
+}
+
 impl std::fmt::Debug for Emc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Emc({} entries, epoch {})", self.capacity(), self.epoch)
@@ -262,24 +301,16 @@ impl Emc {
         }
     }
 
-    #[inline(always)]
-    fn k2(&self, k: &Key) -> u64 {
-        k.k2 | (self.epoch as u64) << 32
-    }
-
     /// The cached decision for `k`, if one of this epoch exists.
     #[inline(always)]
     pub fn lookup(&self, k: &Key) -> Option<Hit> {
-        let k2 = self.k2(k);
-        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
-        let set = unsafe { self.sets.get_unchecked(k.bucket(self.mask)) };
-        if set[0].matches(k.k0, k.k1, k2) {
-            return Some(Hit(set[0].hit));
-        }
-        if set[1].matches(k.k0, k.k1, k2) {
-            return Some(Hit(set[1].hit));
-        }
-        None
+        self.view().lookup(k)
+    }
+
+    /// The fields lookups read, by value (see [`EmcView`]).
+    #[inline(always)]
+    pub fn view(&self) -> EmcView<'_> {
+        EmcView { sets: &self.sets, mask: self.mask, epoch: self.epoch }
     }
 
     /// Hints the CPU to fetch `k`'s set (used a burst ahead of the lookups).
@@ -302,7 +333,8 @@ impl Emc {
         if self.epoch == 0 {
             return;
         }
-        let (k2, epoch) = (self.k2(k), self.epoch);
+        let epoch = self.epoch;
+        let k2 = k.with_epoch(epoch);
         let set = &mut self.sets[k.bucket(self.mask)];
         let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
         let current = |x: &Entry| (x.k2 >> 32) as u32 == epoch;

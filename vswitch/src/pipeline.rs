@@ -18,7 +18,7 @@
 use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool, PoolCache, PoolView};
 use crate::counters::{DropReason, Event, ThreadStats};
-use crate::emc::{Action, Emc, Hit, Key};
+use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
 use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
 use crate::wire::MacAddr;
 use std::net::IpAddr;
@@ -27,7 +27,7 @@ use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
-use crate::vtep::{Decap, DecapCache, Layout, PeerEntry, VtepEntry};
+use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
 use crate::wire::ethernet::{self, ethertype};
 use std::sync::Arc;
 
@@ -233,7 +233,7 @@ impl Pipeline {
     #[inline(always)]
     fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
         let mut found = [(Hit::default(), 0u32); BATCH];
-        let (bytes, hits) = probe_burst(self.pool.view(), &self.emc, port.id, batch.as_slice(), &mut found);
+        let (bytes, hits) = probe_burst(self.pool.view(), self.emc.view(), port.id, batch.as_slice(), &mut found);
         if hits == 0 {
             for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
                 *k = Key::from_port(port.id, self.pool.head(b));
@@ -241,10 +241,16 @@ impl Pipeline {
             self.forward_slow(snap, port, batch);
             return bytes;
         }
+        // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
+        // need no in-order pass. A burst to local ports stops at its first frame.
+        if hits == batch.len() as u64 && all_to_peers(&found[..batch.len()]) {
+            self.encap_burst(snap, port, batch, &found, bytes);
+            return bytes;
+        }
         self.known += hits;
         self.stats.event(Event::CacheHits, hits);
-        // An access port's frames all belong to its one bridge domain.
         if port.kind == PortKind::Access {
+            // An access port's frames all belong to its one bridge domain.
             self.forward_cached::<true>(snap, port, batch, &found);
         } else {
             self.forward_cached::<false>(snap, port, batch, &found);
@@ -479,30 +485,40 @@ impl Pipeline {
         let n = batch.len();
         // Per frame: the cached decision, the inner length, and the decapsulation (packed; 0
         // for a frame that takes the slow path).
-        let mut found = [(Hit::default(), 0u32, 0u16); BATCH];
+        let mut found = [(Hit::default(), 0u32, false); BATCH];
         let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
-        let view = self.pool.view();
-        for (b, f) in batch.as_slice().iter().zip(found.iter_mut()) {
+        // By value: the stores below (to buffer metadata) cannot be proved not to touch
+        // `self`, so its fields would be read again for every frame.
+        let (view, emc, decap_cache) = (self.pool.view(), self.emc.view(), self.decap_cache);
+        for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
             let (h, total) = view.head_and_len(b);
             bytes += total as u64;
+            // One bounds check for the outer headers and the inner frame's key.
+            let Some((outer, inner)) = h.first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>().map(|h| h.split_at(vtep::PLAIN_OUTER)) else {
+                continue;
+            };
             // The first frame of a (source, VNI) takes the slow path, which fills the cache.
-            let Some(d) = vtep.classify_plain(h, total, &self.decap_cache) else { continue };
-            if let Some(inner) = h.get(d.outer_len as usize..)
-                && let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| self.emc.lookup(&k))
+            let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, &decap_cache)) else { continue };
+            if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
                 && d.inner_len as usize <= hit.max_len()
+                && d.strip(view, b).is_ok()
             {
                 hits += 1;
-                *f = (hit, d.inner_len, d.strip_code());
+                *f = (hit, d.inner_len, true);
             }
         }
         self.known += hits;
         self.stats.event(Event::CacheHits, hits);
+        if hits == n as u64 {
+            self.forward_hits(snap, batch, &found);
+            self.stats.event(Event::Decapsulated, hits);
+            return bytes;
+        }
         decapsulated += hits;
         let mut run = BdRun::new(NO_BD);
         for i in 0..n {
             let mut b = batch.take(i);
-            let (hit, len, d) = found[i & (BATCH - 1)];
-            let stripped = d != 0 && Decap::strip_as(d, len, &self.pool, &mut b).is_ok();
+            let (hit, len, stripped) = found[i & (BATCH - 1)];
             if !stripped {
                 self.flush_pending(snap);
                 let r = self.decap(snap, &mut b);
@@ -519,6 +535,20 @@ impl Pipeline {
         self.end_hits(snap, run);
         self.stats.event(Event::Decapsulated, decapsulated);
         bytes
+    }
+
+    /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
+    /// lost its outer headers in the first): each goes to egress.
+    #[inline(never)]
+    fn forward_hits(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[(Hit, u32, bool); BATCH]) {
+        let mut run = BdRun::new(NO_BD);
+        for i in 0..batch.len() {
+            let b = batch.take(i);
+            let (hit, len, _) = found[i & (BATCH - 1)];
+            self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+        }
+        batch.clear_taken();
+        self.end_hits(snap, run);
     }
 
     /// After stage 1 of one frame: its drop, its answer, or stage 2 in its bridge domain.
@@ -804,10 +834,8 @@ impl Pipeline {
     fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, mut b: BufId, r: Result<(), DropReason>, mac: Option<MacAddr>) -> bool {
         match r {
             Ok(()) => {
-                if let Some(m) = mac
-                    && let Some(dst) = self.pool.head_mut(&mut b).first_chunk_mut::<6>()
-                {
-                    *dst = m.0;
+                if let Some(m) = mac {
+                    self.set_next_hop(&mut b, m);
                 }
                 self.enqueue(snap, vtep.underlay_port, b);
                 true
@@ -840,38 +868,132 @@ impl Pipeline {
 
     #[inline(always)]
     fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
-        let mut last: Option<&PeerEntry> = None;
-        let mut sent = 0;
+        let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
         for i in 0..self.to_peer.len() {
-            let mut b = self.to_peer.take(i);
+            let b = self.to_peer.take(i);
             let hit = self.to_peer_hits[i & (BATCH - 1)];
-            let Action::Peer { peer, vni } = hit.action() else {
-                self.discard(b, DropReason::NoEgress, 0); // only peer hits are queued here
-                continue;
-            };
-            let pe = match last {
-                Some(pe) if pe.id == peer => pe,
-                _ => match snap.peer(peer) {
-                    Some(pe) => *last.insert(pe),
-                    None => {
-                        self.discard(b, DropReason::VxlanNoRoute, 0);
-                        continue;
-                    }
-                },
-            };
-            if let Err(r) = self.untag(&mut b, hit.tagged_in()) {
-                self.discard(b, r, vtep.underlay_port);
-                continue;
-            }
-            let Ok(mac) = self.next_hop(snap, vtep, pe) else {
-                self.park(vtep, b, peer, vni);
-                continue;
-            };
-            let r = vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni);
-            sent += self.sent_encapsulated(snap, vtep, b, r, mac) as u64;
+            self.encap_hit::<V4, L2, OUTER>(snap, vtep, &mut last, b, hit, &mut out);
         }
         self.to_peer.clear_taken();
-        self.stats.event(Event::Encapsulated, sent);
+        self.send_encapsulated(snap, vtep, &mut out);
+    }
+
+    /// A burst from a local port whose every frame the cache sends to a remote VTEP (the
+    /// common case of a pod talking across nodes): straight from the probe to encapsulation,
+    /// without the in-order pass and the encapsulation queue. `bytes`: the burst's.
+    #[inline(never)]
+    fn encap_burst(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &[(Hit, u32); BATCH], bytes: u64) {
+        // Bridge domain counters first, apart from the loop: an access port's frames all
+        // belong to its one domain.
+        let burst = &found[..batch.len()];
+        self.known += burst.len() as u64;
+        self.stats.event(Event::CacheHits, burst.len() as u64);
+        if port.kind == PortKind::Access {
+            self.count_bd(port.untagged_bd, burst.len() as u64, bytes);
+        } else {
+            let mut run = BdRun::new(NO_BD);
+            for (hit, len) in burst {
+                if let Some(done) = run.add(hit.bd(), *len as usize) {
+                    self.count_run(done);
+                }
+            }
+            self.count_run(run);
+        }
+        match snap.vtep.as_ref().map(|v| (v, v.layout())) {
+            Some((vtep, Layout::V4)) => self.encap_burst_as::<true, 14, 50>(snap, vtep, batch, found),
+            Some((vtep, Layout::V4Tagged)) => self.encap_burst_as::<true, 18, 54>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6)) => self.encap_burst_as::<false, 14, 70>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6Tagged)) => self.encap_burst_as::<false, 18, 74>(snap, vtep, batch, found),
+            None => {
+                for b in batch.drain() {
+                    self.discard(b, DropReason::VxlanNoRoute, 0);
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn encap_burst_as<const V4: bool, const L2: usize, const OUTER: usize>(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        batch: &mut Batch,
+        found: &[(Hit, u32); BATCH],
+    ) {
+        let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
+        for i in 0..batch.len() {
+            let b = batch.take(i);
+            self.encap_hit::<V4, L2, OUTER>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
+        }
+        batch.clear_taken();
+        self.send_encapsulated(snap, vtep, &mut out);
+    }
+
+    /// Encapsulates one frame the cache sends to a peer (`last`: the previous frame's peer,
+    /// looked up again only when it changes) and adds it to `out`, for the underlay; true if
+    /// added.
+    #[inline(always)]
+    fn encap_hit<'s, const V4: bool, const L2: usize, const OUTER: usize>(
+        &mut self,
+        snap: &'s Snapshot,
+        vtep: &VtepEntry,
+        last: &mut Option<&'s PeerEntry>,
+        mut b: BufId,
+        hit: Hit,
+        out: &mut Batch,
+    ) -> bool {
+        let Action::Peer { peer, vni } = hit.action() else {
+            self.discard(b, DropReason::NoEgress, 0); // only peer hits come here
+            return false;
+        };
+        let pe = match *last {
+            Some(pe) if pe.id == peer => pe,
+            _ => match snap.peer(peer) {
+                Some(pe) => *last.insert(pe),
+                None => {
+                    self.discard(b, DropReason::VxlanNoRoute, 0);
+                    return false;
+                }
+            },
+        };
+        if let Err(r) = self.untag(&mut b, hit.tagged_in()) {
+            self.discard(b, r, vtep.underlay_port);
+            return false;
+        }
+        // A peer whose next hop is resolved: the MAC first (or the frame waits).
+        let mac = if pe.resolve.is_some() {
+            match self.next_hop(snap, vtep, pe) {
+                Ok(mac) => mac,
+                Err(()) => {
+                    self.park(vtep, b, peer, vni);
+                    return false;
+                }
+            }
+        } else {
+            None
+        };
+        if let Err(r) = vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni) {
+            self.discard(b, r, vtep.underlay_port);
+            return false;
+        }
+        if let Some(m) = mac {
+            self.set_next_hop(&mut b, m);
+        }
+        match out.push(b) {
+            Ok(()) => true,
+            Err(b) => {
+                self.discard(b, DropReason::NoEgress, 0); // `out` holds a burst: unreachable
+                false
+            }
+        }
+    }
+
+    /// Writes the next hop's MAC as an encapsulated frame's destination.
+    #[inline(always)]
+    fn set_next_hop(&self, b: &mut BufId, mac: MacAddr) {
+        if let Some(dst) = self.pool.head_mut(b).first_chunk_mut::<6>() {
+            *dst = mac.0;
+        }
     }
 
     /// Floods to every member but the ingress, and to remote VTEPs unless the frame came from
@@ -983,6 +1105,33 @@ impl Pipeline {
         }
     }
 
+    /// Queues a burst's encapsulated frames on the underlay port at once.
+    #[inline(always)]
+    fn send_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, out: &mut Batch) {
+        self.stats.event(Event::Encapsulated, out.len() as u64);
+        self.enqueue_batch(snap, vtep.underlay_port, out);
+    }
+
+    /// [`Pipeline::enqueue`] for a batch of frames to one port: one move of the indices.
+    #[inline(always)]
+    fn enqueue_batch(&mut self, snap: &Snapshot, port: u16, frames: &mut Batch) {
+        if frames.is_empty() {
+            return;
+        }
+        let i = port as usize & (fdb::MAX_PORTS - 1);
+        if self.tx[i].is_empty() {
+            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.n_dirty += 1;
+        } else if self.tx[i].room() < frames.len() {
+            self.flush_port(snap, port);
+        }
+        self.tx[i].append(frames);
+        // The tx batch was empty or had room for all: nothing is left (defensive).
+        for b in frames.drain() {
+            self.discard(b, DropReason::TxFull, port);
+        }
+    }
+
     /// Work that does not wait for a burst: frames waiting for next-hop resolution are sent
     /// or given up (checked at most once per answer learned or second; cheap when idle).
     #[inline]
@@ -1041,7 +1190,7 @@ impl Pipeline {
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
 /// stay in registers.
 #[inline(always)]
-fn probe_burst(pool: PoolView, emc: &Emc, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+fn probe_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);
     for (b, f) in bufs.iter().zip(found.iter_mut()) {
         let (h, len) = pool.head_and_len(b);
@@ -1051,6 +1200,12 @@ fn probe_burst(pool: PoolView, emc: &Emc, port: u16, bufs: &[BufId], found: &mut
         *f = (hit, len as u32);
     }
     (bytes, hits)
+}
+
+/// Whether every hit of a burst goes to a remote VTEP (the first to a local port stops it).
+#[inline(never)]
+fn all_to_peers(found: &[(Hit, u32)]) -> bool {
+    found.iter().all(|(h, _)| h.is_peer())
 }
 
 /// The TCI of a tagged frame whose head holds its tag.

@@ -11,12 +11,15 @@
 //! port, unfragmented, with valid lengths, IPv4 checksum, the I flag, a known VNI, and a
 //! source VTEP in that VNI's flood list.
 
-use crate::buf::{BufId, Pool};
+use crate::buf::{BufId, Pool, PoolView};
 use crate::config::{PeerConfig, VtepConfig};
 use crate::counters::DropReason;
 use crate::snapshot::{ConfigError, Snapshot};
 use crate::wire::{checksum, ethernet, ipv4, ipv6, udp, vxlan, MacAddr};
 use std::net::IpAddr;
+
+/// The outer header [`VtepEntry::classify_plain`] reads: Ethernet + IPv4 + UDP + VXLAN.
+pub const PLAIN_OUTER: usize = 14 + 20 + 8 + 8;
 
 /// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
 pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
@@ -194,19 +197,20 @@ impl VtepEntry {
             pool.strip(b, OUTER);
             return Err(DropReason::EncapTooBig);
         }
-        if h.len() < OUTER + HASHED && h.len() != OUTER + inner {
-            return self.encap_gathered::<V4, L2, OUTER>(pool, b, peer, vni, inner);
-        }
-        let hash = flow_hash(&h[OUTER..]);
+        let Some(hashed) = h.get(OUTER..).and_then(|f| f.first_chunk::<HASHED>()) else {
+            return self.encap_short::<V4, L2, OUTER>(pool, b, peer, vni, inner);
+        };
+        let hash = flow_hash_of(hashed);
         self.write_outer::<V4, L2, OUTER>(h, peer, vni, inner, hash);
         self.finish_v6::<V4, L2>(pool, b, peer, inner);
         Ok(())
     }
 
-    /// `encap_as` for a chained frame whose head is too short to hash in place.
+    /// `encap_as` for a frame whose head holds less than the hashed bytes: a short frame, or
+    /// a chained one (hashed over its segments).
     #[cold]
     #[inline(never)]
-    fn encap_gathered<const V4: bool, const L2: usize, const OUTER: usize>(
+    fn encap_short<const V4: bool, const L2: usize, const OUTER: usize>(
         &self,
         pool: &Pool,
         b: &mut BufId,
@@ -278,7 +282,7 @@ impl VtepEntry {
     ) -> Result<(u16, u16), DropReason> {
         let (h, total) = pool.head_and_len(b);
         let d = self.classify(snap, h, total, cache)?;
-        d.strip(pool, b)?;
+        d.strip(pool.view(), b)?;
         Ok((d.bd, d.peer))
     }
 
@@ -286,10 +290,7 @@ impl VtepEntry {
     /// caller strips them with [`Decap::strip`] (after reading the inner frame in place).
     #[inline(always)]
     pub fn classify(&self, snap: &Snapshot, h: &[u8], total: usize, cache: &mut DecapCache) -> Result<Decap, DropReason> {
-        let o = match self.outer_v4_plain(h, total) {
-            Some(o) => o?,
-            None => self.outer_general(h, total)?,
-        };
+        let o = self.outer(h, total)?;
         let (bd, peer) = match cache.get(o.src, o.vni) {
             Some(hit) => hit,
             None => self.admit_cached(snap, cache, o.src, o.vni)?,
@@ -300,13 +301,36 @@ impl VtepEntry {
 
     /// The common case of [`VtepEntry::classify`] alone: an untagged IPv4 outer header
     /// without options from the (source, VNI) in `cache`. `None` means "take `classify`",
-    /// not "drop".
+    /// not "drop": every test is folded into a few masked word compares against what the
+    /// cache expects (see [`DecapCache::put`]), the lengths and the checksum.
     #[inline(always)]
-    pub fn classify_plain(&self, h: &[u8], total: usize, cache: &DecapCache) -> Option<Decap> {
-        let o = self.outer_v4_plain(h, total)?.ok()?;
-        let (bd, peer) = cache.get(o.src, o.vni)?;
-        let padded = total - o.outer_len > o.inner_len;
-        Some(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32 })
+    pub fn classify_plain(&self, f: &[u8; PLAIN_OUTER], total: usize, cache: &DecapCache) -> Option<Decap> {
+        const L2: usize = 14;
+        const OUTER: usize = PLAIN_OUTER;
+        let w = |i: usize| u64::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 6], f[i + 7]]);
+        let odd = ((w(12) ^ plain::E12) & plain::M12)
+            | ((w(20) ^ plain::E20) & plain::M20)
+            | (w(26) ^ cache.e26)
+            | ((w(34) ^ cache.e34) & plain::M34)
+            | ((w(42) ^ cache.e42) & plain::M42);
+        let be16 = |i: usize| u16::from_be_bytes([f[i], f[i + 1]]) as usize;
+        let (tl, udp_len) = (be16(16), be16(38));
+        if odd != 0 || !cache.plain || tl < OUTER - L2 + 14 || L2 + tl > total || udp_len + ipv4::HEADER_LEN != tl {
+            return None;
+        }
+        // The header checksum: the addresses were compared above, so their part of the sum
+        // is the cache's; the rest is three 32-bit words. The header is valid when its one's
+        // complement sum is 0xffff, that is when the plain sum (not zero: the addresses are
+        // not) is a multiple of 0xffff — whatever the byte order of the words, since swapping
+        // a 16-bit word's bytes multiplies it by 256 modulo 0xffff.
+        let a = w(L2);
+        let c = u32::from_le_bytes([f[L2 + 8], f[L2 + 9], f[L2 + 10], f[L2 + 11]]) as u64;
+        if !((a & 0xffff_ffff) + (a >> 32) + c + cache.addr_sum).is_multiple_of(0xffff) {
+            return None;
+        }
+        let inner_len = L2 + tl - OUTER;
+        let (bd, peer) = cache.val;
+        Some(Decap { bd, peer, outer_len: OUTER as u8, padded: total - OUTER > inner_len, inner_len: inner_len as u32 })
     }
 
     /// [`VtepEntry::admit`], remembered in the burst's cache.
@@ -314,7 +338,7 @@ impl VtepEntry {
     #[inline(never)]
     fn admit_cached(&self, snap: &Snapshot, cache: &mut DecapCache, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
         let r = self.admit(snap, src, vni)?;
-        cache.put(src, vni, r.0, r.1);
+        cache.put(self, src, vni, r.0, r.1);
         Ok(r)
     }
 
@@ -333,54 +357,9 @@ impl VtepEntry {
         Ok((bd, peer))
     }
 
-    /// The common case in one fixed-layout read: untagged IPv4 without options. `None` sends
-    /// the frame to the general parser.
-    #[inline(always)]
-    fn outer_v4_plain(&self, h: &[u8], total: usize) -> Option<Result<Outer, DropReason>> {
-        const L2: usize = 14;
-        const IP: usize = L2;
-        const UDP: usize = IP + ipv4::HEADER_LEN;
-        const VX: usize = UDP + udp::HEADER_LEN;
-        const OUTER: usize = VX + vxlan::HEADER_LEN;
-        let f = h.first_chunk::<OUTER>()?;
-        if self.local_v4 == 0 || self.underlay_vlan.is_some() || f[12..14] != [0x08, 0x00] || f[IP] != 0x45 {
-            return None;
-        }
-        let be16 = |i: usize| u16::from_be_bytes([f[i], f[i + 1]]);
-        let be32 = |i: usize| u32::from_be_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
-        // Compares and the checksum work on the bytes as they lie (no byte swaps): a
-        // one's-complement sum of byte-swapped words is the byte-swapped sum, and 0xffff
-        // reads the same both ways.
-        let le32 = |i: usize| u32::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3]]);
-        Some((|| {
-            if le32(IP + 16) != self.local_v4.swap_bytes() || f[IP + 9] != ipv4::PROTO_UDP || be16(UDP + 2) != self.udp_port {
-                return Err(DropReason::UnderlayNotVxlan);
-            }
-            let tl = be16(IP + 2) as usize;
-            if tl < OUTER - L2 + 14 || L2 + tl > total || f[IP + 6] & 0x3f != 0 || f[IP + 7] != 0 {
-                return Err(DropReason::VxlanMalformed);
-            }
-            // Five 32-bit words: three fixed folds bring the sum to 16 bits.
-            let sum: u64 = (0..5).map(|w| le32(IP + 4 * w) as u64).sum();
-            let sum = (sum & 0xffff_ffff) + (sum >> 32);
-            let sum = (sum & 0xffff) + (sum >> 16);
-            let sum = (sum & 0xffff) + (sum >> 16);
-            if sum != 0xffff {
-                return Err(DropReason::VxlanBadChecksum);
-            }
-            if be16(UDP + 4) as usize != tl - ipv4::HEADER_LEN {
-                return Err(DropReason::VxlanMalformed);
-            }
-            if f[VX] & vxlan::FLAG_I == 0 {
-                return Err(DropReason::VxlanBadFlags);
-            }
-            Ok(Outer { src: be32(IP + 12) as u128, vni: be32(VX + 4) >> 8, outer_len: OUTER, inner_len: L2 + tl - OUTER })
-        })())
-    }
-
     /// Any underlay frame: optional tag, IPv4 with options or IPv6.
     #[inline(never)]
-    fn outer_general(&self, h: &[u8], total: usize) -> Result<Outer, DropReason> {
+    fn outer(&self, h: &[u8], total: usize) -> Result<Outer, DropReason> {
         if h.len() < 14 {
             return Err(DropReason::Runt);
         }
@@ -481,23 +460,9 @@ pub struct Decap {
 }
 
 impl Decap {
-    /// How to strip the outer headers, packed into 16 bits (never 0) for a per-burst array.
-    #[inline(always)]
-    pub fn strip_code(&self) -> u16 {
-        1 << 15 | (self.padded as u16) << 8 | self.outer_len as u16
-    }
-
-    /// Strips a frame as [`Decap::strip`] would for the `Decap` whose `strip_code` is `code`,
-    /// knowing its inner length.
-    #[inline(always)]
-    pub fn strip_as(code: u16, inner_len: u32, pool: &Pool, b: &mut BufId) -> Result<(), DropReason> {
-        let d = Decap { bd: 0, peer: 0, outer_len: code as u8, padded: code & (1 << 8) != 0, inner_len };
-        d.strip(pool, b)
-    }
-
     /// Removes the outer headers (and any padding after the inner frame).
     #[inline(always)]
-    pub fn strip(&self, pool: &Pool, b: &mut BufId) -> Result<(), DropReason> {
+    pub fn strip(&self, pool: PoolView, b: &mut BufId) -> Result<(), DropReason> {
         if !pool.strip(b, self.outer_len as usize) {
             return Err(DropReason::VxlanMalformed);
         }
@@ -517,6 +482,31 @@ pub struct DecapCache {
     vni: u64,
     val: (u16, u16),
     generation: u64,
+    /// [`VtepEntry::classify_plain`] may use the words below (an untagged IPv4 VTEP).
+    plain: bool,
+    /// Frame bytes 26..34 (source and destination address) as a little-endian word.
+    e26: u64,
+    /// Bytes 34..42 (UDP header): the destination port under [`plain::M34`].
+    e34: u64,
+    /// The 32-bit words of `e26` added (the addresses' part of the IPv4 header checksum).
+    addr_sum: u64,
+    /// Bytes 42..50 (VXLAN header): the I flag and the VNI under [`plain::M42`].
+    e42: u64,
+}
+
+/// The fixed fields of an untagged IPv4 outer header as masked little-endian words of the
+/// frame (bytes 12..20 and 20..28; see [`DecapCache`] for the others).
+mod plain {
+    /// EtherType IPv4, version 4 with a 20-byte header.
+    pub const M12: u64 = 0xff_ffff;
+    pub const E12: u64 = 0x45_0008;
+    /// Not a fragment (MF and offset zero; DF free) and protocol UDP.
+    pub const M20: u64 = 0xff00_ff3f;
+    pub const E20: u64 = 0x1100_0000;
+    /// The UDP destination port.
+    pub const M34: u64 = 0xffff_0000;
+    /// The I flag and the VNI (the reserved bits are ignored on receipt).
+    pub const M42: u64 = 0x00ff_ffff_0000_0008;
 }
 
 const CACHED: u64 = 1 << 32;
@@ -527,14 +517,19 @@ impl DecapCache {
         ((self.src ^ src) as u64 | ((self.src ^ src) >> 64) as u64 | (self.vni ^ (CACHED | vni as u64)) == 0).then_some(self.val)
     }
     #[inline(always)]
-    fn put(&mut self, src: u128, vni: u32, bd: u16, peer: u16) {
+    fn put(&mut self, vtep: &VtepEntry, src: u128, vni: u32, bd: u16, peer: u16) {
         (self.src, self.vni, self.val) = (src, CACHED | vni as u64, (bd, peer));
+        self.plain = vtep.local_v4 != 0 && vtep.underlay_vlan.is_none();
+        self.e26 = (src as u32).swap_bytes() as u64 | ((vtep.local_v4.swap_bytes() as u64) << 32);
+        self.e34 = (vtep.udp_port.swap_bytes() as u64) << 16;
+        self.addr_sum = (self.e26 & 0xffff_ffff) + (self.e26 >> 32);
+        self.e42 = 0x08 | ((vni.swap_bytes() >> 8) as u64) << 32;
     }
     /// Forgets the entry when the snapshot it came from is not `generation`'s.
     #[inline(always)]
     pub fn sync(&mut self, generation: u64) {
         if self.generation != generation {
-            (self.vni, self.generation) = (0, generation);
+            (self.vni, self.plain, self.generation) = (0, false, generation);
         }
     }
 }
@@ -580,16 +575,32 @@ fn gathered_flow_hash(pool: &Pool, b: &BufId) -> u32 {
 /// every input bit.
 #[inline(always)]
 pub fn flow_hash(frame: &[u8]) -> u32 {
-    let Some(f) = frame.first_chunk::<14>() else { return 0 };
-    let w8 = |b: &[u8; 8]| u64::from_le_bytes(*b);
-    let w4 = |b: &[u8; 4]| u32::from_le_bytes(*b) as u64;
-    let (Some(a), Some(b)) = (f.first_chunk::<8>(), f[8..].first_chunk::<4>()) else { return 0 };
-    let mut h = w8(a) ^ w4(b).rotate_left(32);
-    if f[12] == 0x08 && f[13] == 0x00
-        && let Some(ip) = frame.get(14..HASHED)
-        && let (Some(addrs), Some(ports)) = (ip[12..].first_chunk::<8>(), ip[20..].first_chunk::<4>())
-    {
-        h ^= w8(addrs).rotate_left(16) ^ w4(ports).rotate_left(48);
+    if let Some(f) = frame.first_chunk::<HASHED>() {
+        return flow_hash_of(f);
     }
+    let Some(f) = frame.first_chunk::<14>() else { return 0 };
+    mix(mac_words(f))
+}
+
+/// [`flow_hash`] of a frame at least [`HASHED`] bytes long: no bounds to check.
+#[inline(always)]
+fn flow_hash_of(f: &[u8; HASHED]) -> u32 {
+    let (w8, w4) = (|b: [u8; 8]| u64::from_le_bytes(b), |b: [u8; 4]| u32::from_le_bytes(b) as u64);
+    let mut h = mac_words(&[f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13]]);
+    if f[12] == 0x08 && f[13] == 0x00 {
+        let addrs = [f[26], f[27], f[28], f[29], f[30], f[31], f[32], f[33]];
+        h ^= w8(addrs).rotate_left(16) ^ w4([f[34], f[35], f[36], f[37]]).rotate_left(48);
+    }
+    mix(h)
+}
+
+#[inline(always)]
+fn mac_words(f: &[u8; 14]) -> u64 {
+    let a = u64::from_le_bytes([f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]]);
+    a ^ (u32::from_le_bytes([f[8], f[9], f[10], f[11]]) as u64).rotate_left(32)
+}
+
+#[inline(always)]
+fn mix(h: u64) -> u32 {
     (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
 }

@@ -25,7 +25,11 @@ fn ip(n: u8) -> Ipv4Addr {
 /// Pods a1, a2 in red (VNI 5001, peers .2 and .3), b1 in blue (VNI 5002, peer .3 only),
 /// trunk t carrying red as VLAN 100; underlay ring "up".
 fn setup(local: IpAddr, peers: [IpAddr; 2], mtu: u16) -> Harness {
-    let mut h = Harness::new();
+    setup_with(local, peers, mtu, SwitchOptions::default())
+}
+
+fn setup_with(local: IpAddr, peers: [IpAddr; 2], mtu: u16, opts: SwitchOptions) -> Harness {
+    let mut h = Harness::with_pool(Pool::new(16384, false).expect("buffer pool"), opts);
     h.ring("a1").ring("a2").ring("b1").ring("t").ring_with_mac("up", Some(mac(UP_MAC)));
     let mut up = PortConfig::underlay("up");
     up.mtu = mtu;
@@ -423,4 +427,51 @@ fn cached_vxlan_flows_both_ways() {
     h.step();
     assert!(h.recv("a1").is_empty());
     assert_eq!(h.stats().drop(DropReason::VxlanBadChecksum), 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// The cached decapsulation (its outer header checks folded into a few word compares)
+    /// decides as the full parser does: a frame of a cached flow with any bytes of its outer
+    /// headers or the inner key changed, or cut short, or padded, is forwarded or dropped
+    /// (for the same reason) by a switch with the cache exactly as by one without.
+    #[test]
+    fn cached_decapsulation_decides_as_the_parser(
+        // Mostly the outer IPv4, UDP and VXLAN headers (bytes 12..50), which the checks cover.
+        changes in proptest::collection::vec((proptest::prop_oneof![1 => 0..68usize, 3 => 12..50usize], 1..=255u8), 0..3),
+        cut in proptest::option::of(0..120usize),
+        pad in 0..8usize,
+    ) {
+        let run = |emc_entries: usize| {
+            let (local, peers) = (local4(), [peer4(2), peer4(3)]);
+            let mut h = setup_with(local, peers, 1500, SwitchOptions { emc_entries, ..SwitchOptions::default() });
+            let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+            let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+            // Learn mac(1) on a1, then warm the cache with the flow.
+            h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
+            for _ in 0..3 {
+                h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+                h.step();
+            }
+            h.recv_all();
+            let mut f = frames::vxlan(&o, 5001, &to_a1, false);
+            for (at, x) in &changes {
+                f[*at] ^= x;
+            }
+            if let Some(n) = cut {
+                f.truncate(n);
+            }
+            f.extend(std::iter::repeat_n(0, pad));
+            // The changed frame, then the original: a refused frame must not disturb its flow.
+            h.send("up", &f);
+            h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+            h.step();
+            let s = h.stats();
+            let events: Vec<(&str, u64)> = Event::ALL.iter().filter(|e| **e != Event::CacheHits).map(|e| (e.name(), s.event(*e))).collect();
+            (h.recv_all(), s.nonzero_drops(), events)
+        };
+        let (without, with) = (run(0), run(1 << 10));
+        proptest::prop_assert_eq!(without, with);
+    }
 }
