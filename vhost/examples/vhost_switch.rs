@@ -46,8 +46,16 @@ fn main() -> anyhow::Result<()> {
         let line: Vec<String> = ports
             .iter()
             .map(|(n, p)| {
-                let q = p.queue_stats()[0];
-                format!("{n}: link={} rx={} tx={} tx_full={}", p.link_up(), q.rx_packets, q.tx_packets, q.tx_full)
+                let q = p.queue_stats();
+                let sum = |f: fn(&vswitch::port::QueueStats) -> u64| q.iter().map(f).sum::<u64>();
+                format!(
+                    "{n}: link={} pairs={} rx={} tx={} tx_full={}",
+                    p.link_up(),
+                    p.running_pairs(),
+                    sum(|q| q.rx_packets),
+                    sum(|q| q.tx_packets),
+                    sum(|q| q.tx_full)
+                )
             })
             .collect();
         println!("{}", line.join("  "));

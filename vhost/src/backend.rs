@@ -3,11 +3,12 @@
 //! rings, enabled queues, interrupt descriptors). The PMD threads never see a message: they
 //! poll the rings the last message set up.
 //!
-//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC` and
-//! `VHOST_USER_F_PROTOCOL_FEATURES` (rings then start disabled until SET_VRING_ENABLE), with
-//! the protocol feature `REPLY_ACK`. One queue pair. Not offered (not built yet):
-//! `CTRL_VQ`/`MQ`, `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed
-//! rings, inflight descriptors, dirty logging.
+//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `CTRL_VQ` and
+//! `MQ` ([`MAX_PAIRS`] queue pairs; the frontend owns the control queue and enables rings
+//! with SET_VRING_ENABLE) and `VHOST_USER_F_PROTOCOL_FEATURES` (rings then start disabled
+//! until SET_VRING_ENABLE), with the protocol features `MQ` and `REPLY_ACK`. Not offered
+//! (not built yet): `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed rings,
+//! inflight descriptors, dirty logging.
 //!
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
 //! `server=off` or DPDK's virtio-user do), one connection at a time, and takes the next when
@@ -16,7 +17,7 @@
 //! and connects again after the connection ends, so the switch may restart too.
 
 use crate::memory::{GuestMemory, Mapping};
-use crate::port::{RXQ, TXQ, VhostPort};
+use crate::port::{MAX_PAIRS, TXQ, VhostPort};
 use crate::vring::SplitQueue;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -37,9 +38,15 @@ const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+const VIRTIO_NET_F_CTRL_VQ: u64 = 1 << 17;
+const VIRTIO_NET_F_MQ: u64 = 1 << 22;
+/// Virtqueues of the data path (two per pair; the control queue stays with the frontend).
+const VQS: usize = 2 * MAX_PAIRS;
 /// The features this device offers.
 pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_NET_F_MRG_RXBUF
+    | VIRTIO_NET_F_CTRL_VQ
+    | VIRTIO_NET_F_MQ
     | VIRTIO_RING_F_INDIRECT_DESC
     | VIRTIO_RING_F_EVENT_IDX
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
@@ -66,12 +73,12 @@ pub struct NetBackend {
     acked: u64,
     protocol: u64,
     memory: Option<Arc<GuestMemory>>,
-    vrings: [VringConfig; 2],
+    vrings: [VringConfig; VQS],
 }
 
 impl NetBackend {
     pub fn new(port: Arc<VhostPort>) -> NetBackend {
-        NetBackend { port, owned: false, acked: 0, protocol: 0, memory: None, vrings: [VringConfig::default(); 2] }
+        NetBackend { port, owned: false, acked: 0, protocol: 0, memory: None, vrings: [VringConfig::default(); VQS] }
     }
 
     fn vring(&mut self, index: u32) -> Result<&mut VringConfig> {
@@ -88,8 +95,10 @@ impl NetBackend {
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
         let (place, result) = self.port.configure(|d| {
-            d.memory = mem.clone();
-            let progress = d.queues[i].take().map(|q| q.next_avail());
+            d.set_memory(mem.clone());
+            let Some(pair) = d.pair_of(i) else { return (c.base, Err(Error::InvalidParam)) };
+            let slot = &mut pair.queues[i % 2];
+            let progress = slot.take().map(|q| q.next_avail());
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
             let queue = match (&mem, c.addrs) {
                 (Some(mem), Some((desc, used, avail))) if run => (|| {
@@ -101,10 +110,10 @@ impl NetBackend {
                 _ => Ok(None),
             };
             let started = matches!(queue, Ok(Some(_)));
-            d.kicks_on |= i == TXQ && started;
+            pair.kicks_on |= i % 2 == TXQ && started;
             match queue {
                 Ok(q) => {
-                    d.queues[i] = q;
+                    pair.queues[i % 2] = q;
                     (base, Ok(()))
                 }
                 Err(e) => (base, Err(e)),
@@ -116,7 +125,7 @@ impl NetBackend {
     }
 
     fn stop_all(&mut self) {
-        for i in [RXQ, TXQ] {
+        for i in 0..VQS {
             self.vrings[i].kicked = false;
             let _ = self.apply(i);
         }
@@ -140,7 +149,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
 
     fn reset_device(&mut self) -> Result<()> {
         self.stop_all();
-        self.vrings = [VringConfig::default(); 2];
+        self.vrings = [VringConfig::default(); VQS];
         Ok(())
     }
 
@@ -153,7 +162,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             return Err(Error::InvalidParam);
         }
         self.acked = features;
-        self.port.configure(|d| d.mrg_rxbuf = features & VIRTIO_NET_F_MRG_RXBUF != 0);
+        self.port.configure(|d| d.set_mrg_rxbuf(features & VIRTIO_NET_F_MRG_RXBUF != 0));
         // Without protocol features a ring is enabled as soon as it is started.
         let enabled = features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0;
         for v in &mut self.vrings {
@@ -178,7 +187,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             regions.push((r.guest_phys_addr, r.user_addr, map));
         }
         self.memory = Some(Arc::new(GuestMemory::new(regions).map_err(|_| Error::InvalidParam)?));
-        for i in [RXQ, TXQ] {
+        for i in 0..VQS {
             self.apply(i)?;
         }
         Ok(None)
@@ -229,14 +238,14 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
                 libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
             }
         }
-        self.port.configure(|d| d.kick[index as usize] = fd);
+        self.port.configure(|d| d.pair_of(index as usize).map(|p| p.kick[index as usize % 2] = fd));
         self.apply(index as usize)
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         self.vring(index as u32)?;
         let fd = fd.map(OwnedFd::from);
-        self.port.configure(|d| d.call[index as usize] = fd);
+        self.port.configure(|d| d.pair_of(index as usize).map(|p| p.call[index as usize % 2] = fd));
         Ok(())
     }
 
@@ -245,7 +254,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::REPLY_ACK)
+        Ok(VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
@@ -254,7 +263,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn get_queue_num(&mut self) -> Result<u64> {
-        Ok(1)
+        Ok(MAX_PAIRS as u64)
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {

@@ -1,46 +1,86 @@
-//! A virtio-net device as a switch port: the PMD thread that polls the port pops the guest's
-//! transmit queue into packets and fills its receive queue from the switch, in bursts.
+//! A virtio-net device as a switch port: the PMD threads that poll the port pop the guest's
+//! transmit queues into packets and fill its receive queues from the switch, in bursts.
 //!
-//! Queue pair 0 only for now: virtqueue 0 is the guest's receive queue (the port transmits
-//! into it), virtqueue 1 its transmit queue (the port receives from it). The device state
-//! (guest memory, ring addresses, enabled queues, the call descriptor) is set by the control
-//! side, in the vhost-user protocol's terms (SET_MEM_TABLE, SET_VRING_*), through
-//! [`VhostPort::configure`]; the PMD side takes the state's lock with `try_lock` once per
-//! burst and skips the burst if the control side holds it (never waits).
+//! Up to [`MAX_PAIRS`] queue pairs (virtio-net's multiqueue): virtqueue `2p` is pair `p`'s
+//! guest receive queue (the port transmits into it), `2p + 1` its transmit queue (the port
+//! receives from it). The port has one switch rx queue and one tx queue per pair; the
+//! switch spreads rx queues over its PMD threads. The guest decides how many pairs run
+//! (the frontend turns its control-queue command into SET_VRING_ENABLE per ring); a queue
+//! that does not run is skipped without a lock.
+//!
+//! Each pair's state (rings, interrupt and kick descriptors, and the guest memory they use)
+//! sits behind its own lock. The control side sets it, in the vhost-user protocol's terms
+//! (SET_MEM_TABLE, SET_VRING_*), through [`VhostPort::configure`], which takes every pair's
+//! lock. A PMD thread receiving on a pair takes that pair's lock with `try_lock` once per
+//! burst and skips the burst if it is held. Transmission is arbitrated like OVS's dynamic
+//! XPS: switch tx queue `q` goes to pair `q` when the guest runs that pair's receive queue,
+//! else to one of the pairs it runs (never to a queue the guest has not enabled); several
+//! PMD threads landing on one pair take its lock in turn (a wait of at most one burst).
 //!
 //! Every frame is copied twice today, guest → pool packet → guest (the single-copy path for
-//! vhost → vhost is the next step of the vhost-user issue).
+//! vhost → vhost is designed in docs/architecture.md, not built).
 
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
 use crate::vring::{Chain, SplitQueue};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use vswitch::port::{Port, QueueCounters, QueueStats};
 use vswitch::{Batch, Pool, PoolCache};
 
-/// Virtqueue numbers of queue pair 0.
+/// Direction within a queue pair: the guest's receive queue (even virtqueue numbers) and
+/// transmit queue (odd).
 pub const RXQ: usize = 0;
 pub const TXQ: usize = 1;
 
-/// The device state the control side sets up.
+/// Queue pairs a port offers (`VIRTIO_NET_F_MQ`; the frontend may use fewer).
+pub const MAX_PAIRS: usize = 4;
+
+/// One queue pair's state.
 #[derive(Default)]
-pub struct Device {
+pub struct Pair {
+    /// The guest memory the rings live in (every pair holds the current table).
     pub memory: Option<Arc<GuestMemory>>,
-    /// Virtqueues 0 (guest receive) and 1 (guest transmit), when set up and enabled.
+    /// The receive (RXQ) and transmit (TXQ) rings, when set up and enabled.
     pub queues: [Option<SplitQueue>; 2],
-    pub offloads: Offloads,
-    /// Where to signal the guest that its receive queue (0) or transmit queue (1) has
-    /// completions, when it asks for interrupts (an eventfd from SET_VRING_CALL).
+    /// Where to signal the guest that a ring has completions, when it asks for interrupts
+    /// (an eventfd from SET_VRING_CALL).
     pub call: [Option<OwnedFd>; 2],
     /// Where the guest kicks after making buffers available (SET_VRING_KICK), non-blocking:
-    /// the transmit queue's is the port's wake descriptor while its PMD thread sleeps.
+    /// the transmit ring's is the wake descriptor of the pair's rx queue while its PMD
+    /// thread sleeps.
     pub kick: [Option<OwnedFd>; 2],
-    /// A (re)started transmit queue whose guest still kicks: the next burst tells it not to.
+    /// A (re)started transmit ring whose guest still kicks: the next burst tells it not to.
     pub kicks_on: bool,
+    pub offloads: Offloads,
     /// `VIRTIO_NET_F_MRG_RXBUF`: a frame may take several receive chains.
     pub mrg_rxbuf: bool,
+}
+
+/// Every pair's state, locked by [`VhostPort::configure`]; virtqueue `vq` is
+/// `pairs[vq / 2].queues[vq % 2]`.
+pub struct Device<'a> {
+    pub pairs: Vec<MutexGuard<'a, Pair>>,
+}
+
+impl Device<'_> {
+    /// The pair virtqueue `vq` belongs to; `None` past the last pair.
+    pub fn pair_of(&mut self, vq: usize) -> Option<&mut Pair> {
+        self.pairs.get_mut(vq / 2).map(|g| &mut **g)
+    }
+
+    pub fn set_memory(&mut self, memory: Option<Arc<GuestMemory>>) {
+        for p in &mut self.pairs {
+            p.memory = memory.clone();
+        }
+    }
+
+    pub fn set_mrg_rxbuf(&mut self, on: bool) {
+        for p in &mut self.pairs {
+            p.mrg_rxbuf = on;
+        }
+    }
 }
 
 /// Frames the port refused, by reason (beyond the queue counters).
@@ -54,10 +94,15 @@ pub struct NetCounters {
 pub struct VhostPort {
     name: String,
     pool: Arc<Pool>,
-    dev: Mutex<Device>,
-    /// Memory and both rings are set up (kept by `configure`, read without the lock).
+    pairs: [Mutex<Pair>; MAX_PAIRS],
+    /// Memory and a receive and a transmit ring run (kept by `configure`, read without a
+    /// lock).
     up: AtomicBool,
-    counters: QueueCounters,
+    /// Pairs whose receive ring runs (bit p): where the port may transmit.
+    rx_running: AtomicU32,
+    /// Pairs whose transmit ring runs: where the port receives.
+    tx_running: AtomicU32,
+    counters: [QueueCounters; MAX_PAIRS],
     pub net: NetCounters,
 }
 
@@ -66,19 +111,53 @@ impl VhostPort {
         VhostPort {
             name: name.into(),
             pool,
-            dev: Mutex::new(Device::default()),
+            pairs: Default::default(),
             up: AtomicBool::new(false),
-            counters: QueueCounters::default(),
+            rx_running: AtomicU32::new(0),
+            tx_running: AtomicU32::new(0),
+            counters: Default::default(),
             net: NetCounters::default(),
         }
     }
 
-    /// Changes the device state (control side; may wait for a PMD thread's burst to end).
+    /// Changes the device state (control side; may wait for PMD threads' bursts to end).
     pub fn configure<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        let mut d = self.dev.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = Device { pairs: self.pairs.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner())).collect() };
         let r = f(&mut d);
-        self.up.store(d.memory.is_some() && d.queues.iter().all(Option::is_some), Ordering::Release);
+        let running = |dir: usize| {
+            d.pairs.iter().enumerate().filter(|(_, p)| p.memory.is_some() && p.queues[dir].is_some()).fold(0, |m, (i, _)| m | 1 << i)
+        };
+        let (rx, tx) = (running(RXQ), running(TXQ));
+        self.rx_running.store(rx, Ordering::Release);
+        self.tx_running.store(tx, Ordering::Release);
+        self.up.store(rx != 0 && tx != 0, Ordering::Release);
         r
+    }
+
+    /// Queue pairs whose both rings run.
+    pub fn running_pairs(&self) -> usize {
+        (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire)).count_ones() as usize
+    }
+
+    /// The pair switch tx queue `q` sends on: pair `q` if its receive ring runs, else one of
+    /// the running ones; `None` when none runs.
+    fn tx_pair(&self, q: u16) -> Option<usize> {
+        let running = self.rx_running.load(Ordering::Acquire);
+        if running == 0 {
+            return None;
+        }
+        let q = q as usize % MAX_PAIRS;
+        if running & 1 << q != 0 {
+            return Some(q);
+        }
+        // The (q mod n)-th running pair.
+        let mut k = q % running.count_ones() as usize;
+        let mut m = running;
+        while k > 0 {
+            m &= m - 1;
+            k -= 1;
+        }
+        Some(m.trailing_zeros() as usize)
     }
 }
 
@@ -112,20 +191,32 @@ impl Port for VhostPort {
         self.up.load(Ordering::Acquire)
     }
 
-    fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
-        let Ok(mut guard) = self.dev.try_lock() else { return 0 };
-        let dev = &mut *guard;
-        let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[TXQ].as_mut()) else { return 0 };
-        let Ok(mut ring) = q.ring(mem) else { return 0 };
-        if dev.kicks_on {
+    fn rx_queues(&self) -> u16 {
+        MAX_PAIRS as u16
+    }
+
+    fn tx_queues(&self) -> u16 {
+        MAX_PAIRS as u16
+    }
+
+    fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let p = q as usize % MAX_PAIRS;
+        if self.tx_running.load(Ordering::Acquire) & 1 << p == 0 {
+            return 0;
+        }
+        let Ok(mut guard) = self.pairs[p].try_lock() else { return 0 };
+        let pair = &mut *guard;
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return 0 };
+        let Ok(mut ring) = queue.ring(mem) else { return 0 };
+        if pair.kicks_on {
             ring.set_kicks(false); // polled: kicks would only cost the guest system calls
-            dev.kicks_on = false;
+            pair.kicks_on = false;
         }
         let (mut chain, mut got, mut used) = (Chain::default(), 0, 0);
         while batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
-            match r.map_err(|_| None).and_then(|()| net::from_guest(mem, &chain, cache, dev.offloads).map_err(Some)) {
+            match r.map_err(|_| None).and_then(|()| net::from_guest(mem, &chain, cache, pair.offloads).map_err(Some)) {
                 Ok(b) => {
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
@@ -133,33 +224,32 @@ impl Port for VhostPort {
                 Err(None) => self.net.bad_chains.add(1),
                 Err(Some(e)) => {
                     self.net.refused_frames.add(1);
-                    self.counters.rx_dropped.add(1);
+                    self.counters[p].rx_dropped.add(1);
                     tracing::trace!(port = %self.name, error = %e, "frame from the guest refused");
                 }
             }
             ring.push_used(chain.head, 0);
         }
         if used > 0 && ring.needs_interrupt() {
-            signal(&dev.call[TXQ]);
+            signal(&pair.call[TXQ]);
         }
-        self.counters.rx_packets.add(got as u64);
+        self.counters[p].rx_packets.add(got as u64);
         got
     }
 
-    fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
-        let Ok(mut guard) = self.dev.try_lock() else {
-            self.counters.tx_full.add(batch.len() as u64);
-            return 0;
-        };
-        let dev = &mut *guard;
-        let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[RXQ].as_mut()) else { return 0 };
-        let Ok(mut ring) = q.ring(mem) else { return 0 };
+    fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let Some(p) = self.tx_pair(q) else { return 0 };
+        // Another PMD thread sending on this pair holds the lock for one burst: wait for it.
+        let mut guard = self.pairs[p].lock().unwrap_or_else(|e| e.into_inner());
+        let pair = &mut *guard;
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) else { return 0 };
+        let Ok(mut ring) = queue.ring(mem) else { return 0 };
         let mut chain = Chain::default();
         let (mut done, mut sent) = (0, 0); // packets taken from the front (sent or refused); sent
         'packets: for b in batch.as_slice() {
             // A malformed chain is returned empty and the same frame tries the next one.
             let outcome = loop {
-                let o = if dev.mrg_rxbuf {
+                let o = if pair.mrg_rxbuf {
                     match net::to_guest_merged(&mut ring, &self.pool, b) {
                         Ok(()) => Outcome::Sent,
                         Err(NetError::GuestBufferTooSmall) => Outcome::NoRoom,
@@ -203,7 +293,7 @@ impl Port for VhostPort {
             done += 1;
         }
         if sent > 0 && ring.needs_interrupt() {
-            signal(&dev.call[RXQ]);
+            signal(&pair.call[RXQ]);
         }
         drop(ring);
         drop(guard);
@@ -212,27 +302,28 @@ impl Port for VhostPort {
             cache.free(batch.take(i));
         }
         batch.consume_front(done);
-        self.counters.tx_packets.add(sent as u64);
-        self.counters.tx_full.add(batch.len() as u64);
+        self.counters[p].tx_packets.add(sent as u64);
+        self.counters[p].tx_full.add(batch.len() as u64);
         done
     }
 
-    fn wake_fd(&self, _q: u16) -> Option<RawFd> {
-        let d = self.dev.try_lock().ok()?;
-        d.kick[TXQ].as_ref().map(|f| f.as_raw_fd())
+    fn wake_fd(&self, q: u16) -> Option<RawFd> {
+        let pair = self.pairs.get(q as usize)?.try_lock().ok()?;
+        pair.kick[TXQ].as_ref().map(|f| f.as_raw_fd())
     }
 
     /// Before the PMD thread sleeps, the guest is asked to kick when it transmits (and the
     /// queue checked once more); after, kicks are suppressed again and the kick counter
     /// cleared.
-    fn arm_wake(&self, _q: u16, armed: bool) -> bool {
-        let Ok(mut guard) = self.dev.try_lock() else { return armed };
-        let dev = &mut *guard;
-        let (Some(mem), Some(q)) = (dev.memory.as_ref(), dev.queues[TXQ].as_mut()) else { return false };
-        let Ok(mut ring) = q.ring(mem) else { return false };
+    fn arm_wake(&self, q: u16, armed: bool) -> bool {
+        let Some(lock) = self.pairs.get(q as usize) else { return false };
+        let Ok(mut guard) = lock.try_lock() else { return armed };
+        let pair = &mut *guard;
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return false };
+        let Ok(mut ring) = queue.ring(mem) else { return false };
         ring.set_kicks(armed);
         if !armed {
-            if let Some(fd) = &dev.kick[TXQ] {
+            if let Some(fd) = &pair.kick[TXQ] {
                 let mut v = 0u64;
                 // SAFETY: an 8-byte read from our non-blocking eventfd into a u64.
                 unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -242,7 +333,8 @@ impl Port for VhostPort {
         ring.pending() > 0
     }
 
+    /// One entry per queue pair.
     fn queue_stats(&self) -> Vec<QueueStats> {
-        vec![self.counters.read()]
+        self.counters.iter().map(QueueCounters::read).collect()
     }
 }

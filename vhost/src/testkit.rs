@@ -174,8 +174,8 @@ impl Vm {
         let tx = rx.another_queue(1);
         let port = Arc::new(VhostPort::new(name, pool.clone()));
         port.configure(|d| {
-            d.memory = Some(rx.mem.clone());
-            d.queues = [Some(rx.queue()), Some(tx.queue())];
+            d.set_memory(Some(rx.mem.clone()));
+            d.pairs[0].queues = [Some(rx.queue()), Some(tx.queue())];
         });
         Vm { rx, tx, port }
     }

@@ -31,11 +31,13 @@ fn memfd(len: usize) -> OwnedFd {
     fd
 }
 
-/// A frontend with its guest memory and the guest's two queues.
+/// A frontend with its guest memory and the guest's queues (pair 0's two, then the
+/// others' in virtqueue order).
 struct Vm {
     fe: Frontend,
     rx: Guest,
     tx: Guest,
+    more: Vec<Guest>,
     /// The memory table's one region (its fd stays open for a later SET_MEM_TABLE).
     region: VhostUserMemoryRegionInfo,
     _memfd: OwnedFd,
@@ -46,21 +48,25 @@ fn frontend(path: &std::path::Path) -> Vm {
     set_up(Frontend::connect(path, 2).expect("connect to the port's socket"))
 }
 
-/// Sets up a connected frontend as QEMU or virtio-user would.
-fn set_up(mut fe: Frontend) -> Vm {
+/// Sets up a connected frontend as QEMU or virtio-user would, with one queue pair.
+fn set_up(fe: Frontend) -> Vm {
+    set_up_pairs(fe, 1)
+}
+
+fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
     let fd = memfd(MEM_LEN);
     let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
     let user = map.as_ptr() as u64;
     let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
-    let rx = Guest::queue_in(mem.clone(), 64, 0);
-    let tx = Guest::queue_in(mem, 64, 1);
+    let mut queues: Vec<Guest> = (0..2 * pairs as u64).map(|k| Guest::queue_in(mem.clone(), 64, k)).collect();
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
     fe.set_features(features).unwrap();
     let pf = fe.get_protocol_features().unwrap();
-    assert!(pf.contains(VhostUserProtocolFeatures::REPLY_ACK));
+    assert!(pf.contains(VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ));
     fe.set_protocol_features(pf).unwrap();
+    assert_eq!(fe.get_queue_num().unwrap(), knitter_vhost::port::MAX_PAIRS as u64);
     let region = VhostUserMemoryRegionInfo {
         guest_phys_addr: 0,
         memory_size: MEM_LEN as u64,
@@ -70,7 +76,7 @@ fn set_up(mut fe: Frontend) -> Vm {
     };
     fe.set_mem_table(&[region]).unwrap();
     let mut events = Vec::new();
-    for (i, g) in [(0usize, &rx), (1, &tx)] {
+    for (i, g) in queues.iter().enumerate() {
         fe.set_vring_num(i, g.size).unwrap();
         let cfg = VringConfigData {
             queue_max_size: g.size,
@@ -89,7 +95,10 @@ fn set_up(mut fe: Frontend) -> Vm {
         fe.set_vring_enable(i, true).unwrap();
         events.extend([call, kick]);
     }
-    Vm { fe, rx, tx, region, _memfd: fd, _events: events }
+    let more = queues.split_off(2);
+    let tx = queues.pop().unwrap();
+    let rx = queues.pop().unwrap();
+    Vm { fe, rx, tx, more, region, _memfd: fd, _events: events }
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -185,6 +194,65 @@ fn client_mode_connects_and_reconnects() {
         wait_for("the port to stop", || !port.link_up());
     }
     drop(client);
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two queue pairs: the guest transmits on either, the port receives from both; with pair
+/// 0's receive ring disabled, the port sends only into pair 1's.
+#[test]
+fn two_queue_pairs() {
+    let dir = std::env::temp_dir().join(format!("knitter-vumq-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vu0.sock");
+    let pool = Pool::new(4096, false).unwrap();
+    let port = Arc::new(VhostPort::new("vu0", pool.clone()));
+    let server = serve(&path, port.clone()).unwrap();
+    let mut h = Harness::with_pool(pool, SwitchOptions::default());
+    h.ring("r0").register("vu0", port.clone());
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("r0", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    let mut vm = set_up_pairs(Frontend::connect(&path, 4).expect("connect"), 2);
+    wait_for("both pairs to run", || port.running_pairs() == 2);
+    let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
+    let with_header = |f: &[u8]| [vec![0u8; HDR_LEN], f.to_vec()].concat();
+    // One frame on each transmit ring.
+    let (f0, f1) = (frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100), frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 3, 100));
+    vm.tx.post(&[Buf::Read(with_header(&f0))]);
+    vm.more[1].post(&[Buf::Read(with_header(&f1))]);
+    h.step();
+    let mut got = h.recv("r0");
+    got.sort();
+    let mut want = vec![f0, f1];
+    want.sort();
+    assert_eq!(got, want, "both transmit rings polled");
+    let stats = port.queue_stats();
+    assert_eq!((stats[0].rx_packets, stats[1].rx_packets), (1, 1));
+    // The guest stops pair 0's receive ring: frames go to pair 1's.
+    vm.fe.set_vring_enable(0, false).unwrap();
+    wait_for("pair 0 to stop", || port.running_pairs() == 1);
+    let rx0 = vm.rx.post(&[Buf::Write(2048)]).1[0];
+    let rx1 = vm.more[0].post(&[Buf::Write(2048)]).1[0];
+    let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 2, 1, 200);
+    h.send("r0", &back);
+    h.step();
+    assert!(vm.rx.completions().is_empty(), "nothing into a disabled ring");
+    assert_eq!(vm.more[0].completions().len(), 1);
+    assert_eq!(vm.more[0].read(rx1 + HDR_LEN as u64, back.len()), back);
+    // Enabled again: pair 0 (the switch's one PMD thread sends on tx queue 0).
+    vm.fe.set_vring_enable(0, true).unwrap();
+    wait_for("pair 0 to run", || port.running_pairs() == 2);
+    h.send("r0", &back);
+    h.step();
+    assert_eq!(vm.rx.completions().len(), 1);
+    assert_eq!(vm.rx.read(rx0 + HDR_LEN as u64, back.len()), back);
+    drop(vm);
+    wait_for("the port to stop", || !port.link_up());
+    drop(server);
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);
 }
