@@ -94,9 +94,9 @@ impl NetBackend {
         let features = (self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
-        let (place, result) = self.port.configure(|d| {
+        let (place, started, result) = self.port.configure(|d| {
             d.set_memory(mem.clone());
-            let Some(pair) = d.pair_of(i) else { return (c.base, Err(Error::InvalidParam)) };
+            let Some(pair) = d.pair_of(i) else { return (c.base, false, Err(Error::InvalidParam)) };
             let slot = &mut pair.queues[i % 2];
             let progress = slot.take().map(|q| q.next_avail());
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
@@ -105,6 +105,9 @@ impl NetBackend {
                     let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
                     let mut q = SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?;
                     q.set_features(features.0, features.1);
+                    if c.fresh_base && let Some(at) = q.resume_from_used(mem).map_err(|_| Error::InvalidParam)? {
+                        tracing::warn!(port = %port_name(&self.port), ring = i, base, resumed = at, "ring base and used index disagree: resuming from the used index");
+                    }
                     Ok(Some(q))
                 })(),
                 _ => Ok(None),
@@ -114,13 +117,14 @@ impl NetBackend {
             match queue {
                 Ok(q) => {
                     pair.queues[i % 2] = q;
-                    (base, Ok(()))
+                    (base, started, Ok(()))
                 }
-                Err(e) => (base, Err(e)),
+                Err(e) => (base, started, Err(e)),
             }
         });
         self.vrings[i].base = place;
-        self.vrings[i].fresh_base = false;
+        // A base set before the ring starts waits for the start (it is checked then).
+        self.vrings[i].fresh_base &= !started;
         result
     }
 

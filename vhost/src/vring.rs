@@ -164,6 +164,23 @@ impl SplitQueue {
         self.last_avail
     }
 
+    /// Starts from the used index in guest memory when `base` (the frontend's
+    /// SET_VRING_BASE) disagrees with it, as DPDK's vhost library does: a frontend that
+    /// outlived the device (the switch restarted; DPDK's virtio-user then sends base 0)
+    /// resumes where the device's last published completion left it. Chains the old device
+    /// had taken without completing are lost (no inflight tracking). Returns the index
+    /// taken when it differed from `base`.
+    pub fn resume_from_used(&mut self, mem: &GuestMemory) -> Result<Option<u16>, QueueError> {
+        let ring = self.ring(mem)?;
+        let used = Ring::load16(ring.used, 2, Ordering::Acquire);
+        drop(ring);
+        if used == self.last_avail {
+            return Ok(None);
+        }
+        (self.last_avail, self.used_idx, self.signalled) = (used, used, used);
+        Ok(Some(used))
+    }
+
     /// The ring areas in `mem`, checked for size and alignment, for one burst.
     pub fn ring<'m>(&'m mut self, mem: &'m GuestMemory) -> Result<Ring<'m>, QueueError> {
         let n = self.size as u64;

@@ -59,6 +59,23 @@ fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
     let user = map.as_ptr() as u64;
     let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
     let mut queues: Vec<Guest> = (0..2 * pairs as u64).map(|k| Guest::queue_in(mem.clone(), 64, k)).collect();
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: MEM_LEN as u64,
+        userspace_addr: user,
+        mmap_offset: 0,
+        mmap_handle: fd.as_raw_fd(),
+    };
+    let events = negotiate(&mut fe, &region, &queues.iter().collect::<Vec<_>>());
+    let more = queues.split_off(2);
+    let tx = queues.pop().unwrap();
+    let rx = queues.pop().unwrap();
+    Vm { fe, rx, tx, more, region, _memfd: fd, _events: events }
+}
+
+/// The protocol from SET_OWNER to enabled rings, for `queues` in `region` (each ring from
+/// base 0, as DPDK's virtio-user always sends). Returns the call and kick eventfds.
+fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&Guest]) -> Vec<EventFd> {
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
@@ -67,14 +84,8 @@ fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
     assert!(pf.contains(VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ));
     fe.set_protocol_features(pf).unwrap();
     assert_eq!(fe.get_queue_num().unwrap(), knitter_vhost::port::MAX_PAIRS as u64);
-    let region = VhostUserMemoryRegionInfo {
-        guest_phys_addr: 0,
-        memory_size: MEM_LEN as u64,
-        userspace_addr: user,
-        mmap_offset: 0,
-        mmap_handle: fd.as_raw_fd(),
-    };
-    fe.set_mem_table(&[region]).unwrap();
+    fe.set_mem_table(std::slice::from_ref(region)).unwrap();
+    let user = region.userspace_addr;
     let mut events = Vec::new();
     for (i, g) in queues.iter().enumerate() {
         fe.set_vring_num(i, g.size).unwrap();
@@ -95,10 +106,7 @@ fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
         fe.set_vring_enable(i, true).unwrap();
         events.extend([call, kick]);
     }
-    let more = queues.split_off(2);
-    let tx = queues.pop().unwrap();
-    let rx = queues.pop().unwrap();
-    Vm { fe, rx, tx, more, region, _memfd: fd, _events: events }
+    events
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -253,6 +261,55 @@ fn two_queue_pairs() {
     drop(vm);
     wait_for("the port to stop", || !port.link_up());
     drop(server);
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The switch restarts under a frontend that stays (client mode; DPDK's virtio-user then
+/// sets every ring up again from base 0): the new port resumes each ring from the used
+/// index in guest memory, so frames the guest posts next are the ones that go, and nothing
+/// completed before is replayed.
+#[test]
+fn a_restarted_switch_resumes_from_the_used_index() {
+    let dir = std::env::temp_dir().join(format!("knitter-vur-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("vm.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let switch = |name: &str| {
+        let pool = Pool::new(4096, false).unwrap();
+        let port = Arc::new(VhostPort::new(name, pool.clone()));
+        let mut h = Harness::with_pool(pool, SwitchOptions::default());
+        h.ring("r0").register(name, port.clone());
+        h.apply(SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access(name, "red"), PortConfig::access("r0", "red")],
+            vtep: None,
+        })
+        .unwrap();
+        let client = connect(&path, port.clone()).unwrap();
+        (h, port, client)
+    };
+    let (mut h, port, client) = switch("before");
+    let (stream, _) = listener.accept().unwrap();
+    let mut vm = set_up(Frontend::from_stream(stream, 2));
+    for round in 0..3 {
+        exchange(&mut h, &port, &mut vm, round);
+    }
+    // The switch goes away (its connection closes) and a new one starts.
+    drop(client);
+    h.flush_caches();
+    drop(h);
+    let (mut h, port, client) = switch("after");
+    let (stream, _) = listener.accept().unwrap();
+    vm.fe = Frontend::from_stream(stream, 2);
+    let region = vm.region;
+    vm._events = negotiate(&mut vm.fe, &region, &[&vm.rx, &vm.tx]);
+    for round in 3..5 {
+        exchange(&mut h, &port, &mut vm, round);
+    }
+    drop(vm);
+    wait_for("the port to stop", || !port.link_up());
+    drop(client);
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);
 }
