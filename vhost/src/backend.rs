@@ -134,6 +134,19 @@ impl NetBackend {
             let _ = self.apply(i);
         }
     }
+
+    /// The frontend is gone: rings stop and the port lets go of its memory and eventfds
+    /// (nothing of a dead frontend stays mapped or open until the next one comes).
+    fn disconnected(&mut self) {
+        self.stop_all();
+        self.memory = None;
+        self.port.configure(|d| {
+            d.set_memory(None);
+            for p in &mut d.pairs {
+                (p.call, p.kick) = Default::default();
+            }
+        });
+    }
 }
 
 impl VhostUserBackendReqHandlerMut for NetBackend {
@@ -412,7 +425,7 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
             }
         }
     }
-    backend.lock().unwrap_or_else(|e| e.into_inner()).stop_all();
+    backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
 }
 
 fn port_name(p: &VhostPort) -> String {

@@ -43,73 +43,158 @@ fn testpmd_with_two_queue_pairs() {
     testpmd_loop("", 2);
 }
 
+/// A switch with two vhost-user ports (server mode) in one bridge domain and one PMD thread.
+struct Rig {
+    dir: std::path::PathBuf,
+    pool: Arc<Pool>,
+    switch: Arc<Switch>,
+    ports: Vec<Arc<VhostPort>>,
+    servers: Vec<knitter_vhost::backend::Server>,
+    pmd: Option<PmdSet>,
+}
+
+impl Rig {
+    /// `None` when testpmd is not installed (outside CI).
+    fn new(tag: &str) -> Option<Rig> {
+        if Command::new("dpdk-testpmd").arg("--version").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "dpdk-testpmd is missing (ci/setup.sh installs dpdk-dev)");
+            eprintln!("skipped: dpdk-testpmd not installed");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("knitter-testpmd-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pool = Pool::new(16384, false).unwrap();
+        let switch = Switch::new(pool.clone(), SwitchOptions::default());
+        let (mut servers, mut ports) = (Vec::new(), Vec::new());
+        for name in ["vu0", "vu1"] {
+            let port = Arc::new(VhostPort::new(name, pool.clone()));
+            servers.push(serve(&dir.join(format!("{name}.sock")), port.clone()).unwrap());
+            switch.register_port(name, port.clone()).unwrap();
+            ports.push(port);
+        }
+        switch
+            .apply(SwitchConfig {
+                bridges: vec![BridgeConfig::new("red")],
+                ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("vu1", "red")],
+                vtep: None,
+            })
+            .unwrap();
+        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
+        Some(Rig { dir, pool, switch, ports, servers, pmd: Some(pmd) })
+    }
+
+    /// Starts testpmd on both ports: `virtio_user` options `opts` (after the path),
+    /// `queues` queue pairs, DPDK runtime files under `prefix`.
+    fn testpmd(&self, opts: &str, queues: usize, prefix: &str) -> Testpmd {
+        let vdev = |i: usize| format!("--vdev=net_virtio_user{i},path={},queues={queues}{opts}", self.dir.join(format!("vu{i}.sock")).display());
+        let child = Command::new("dpdk-testpmd")
+            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
+            .arg(format!("--file-prefix={prefix}"))
+            .arg(vdev(0))
+            .arg(vdev(1))
+            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=4096"])
+            .arg(format!("--rxq={queues}"))
+            .arg(format!("--txq={queues}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start dpdk-testpmd");
+        Testpmd { child: Some(child), prefix: prefix.into() }
+    }
+
+    /// Waits until both ports run `queues` pairs (or, with 0, until both links are down).
+    fn wait_pairs(&self, queues: usize) {
+        let t = std::time::Instant::now();
+        let ok = || if queues == 0 { self.ports.iter().all(|p| !p.link_up()) } else { self.ports.iter().all(|p| p.link_up() && p.running_pairs() == queues) };
+        while !ok() {
+            assert!(t.elapsed() < Duration::from_secs(20), "ports did not reach {queues} running pairs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(p) = self.pmd.take() {
+            p.stop();
+        }
+        self.servers.clear();
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A testpmd process, killed on drop (a failing test leaves nothing running); its DPDK
+/// runtime directory is removed.
+struct Testpmd {
+    child: Option<std::process::Child>,
+    prefix: String,
+}
+
+impl Testpmd {
+    fn stdin(&mut self) -> std::process::ChildStdin {
+        self.child.as_mut().and_then(|c| c.stdin.take()).expect("testpmd's stdin")
+    }
+
+    /// Waits for it to end by itself (bounded) and returns what it printed.
+    fn output(mut self) -> String {
+        let mut child = self.child.take().expect("running");
+        let t = std::time::Instant::now();
+        while child.try_wait().ok().flatten().is_none() {
+            if t.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("testpmd's output");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGKILL, as a crashing VNF would go.
+    fn kill(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
+    }
+}
+
 /// testpmd with `virtio_user` options `opts` (after the path) and `queues` queue pairs.
 fn testpmd_loop(opts: &str, queues: usize) {
-    if Command::new("dpdk-testpmd").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "dpdk-testpmd is missing (ci/setup.sh installs dpdk-dev)");
-        eprintln!("skipped: dpdk-testpmd not installed");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("knitter-testpmd-{}-{queues}{}", std::process::id(), opts.len()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let pool = Pool::new(16384, false).unwrap();
-    let switch = Switch::new(pool.clone(), SwitchOptions::default());
-    let mut servers = Vec::new();
-    let mut ports = Vec::new();
-    for name in ["vu0", "vu1"] {
-        let port = Arc::new(VhostPort::new(name, pool.clone()));
-        servers.push(serve(&dir.join(format!("{name}.sock")), port.clone()).unwrap());
-        switch.register_port(name, port.clone()).unwrap();
-        ports.push(port);
-    }
-    switch
-        .apply(SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("vu1", "red")],
-            vtep: None,
-        })
-        .unwrap();
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
-
-    let vdev = |i: usize| format!("--vdev=net_virtio_user{i},path={},queues={queues}{opts}", dir.join(format!("vu{i}.sock")).display());
-    let prefix = format!("--file-prefix=knitter{}", std::process::id());
-    let mut child = Command::new("timeout")
-        .args(["60", "dpdk-testpmd", "-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
-        .arg(&prefix)
-        .arg(vdev(0))
-        .arg(vdev(1))
-        .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=4096"])
-        .arg(format!("--rxq={queues}"))
-        .arg(format!("--txq={queues}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start dpdk-testpmd");
-    let mut stdin = child.stdin.take().unwrap();
+    let Some(mut rig) = Rig::new(&format!("{queues}{}", opts.len())) else { return };
+    let mut tp = rig.testpmd(opts, queues, &format!("knitter{}-{queues}", std::process::id()));
+    let mut stdin = tp.stdin();
     // Connected and both links up before traffic.
-    let t = std::time::Instant::now();
-    while !ports.iter().all(|p| p.link_up() && p.running_pairs() == queues) {
-        assert!(t.elapsed() < Duration::from_secs(20), "testpmd did not set up its rings");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    rig.wait_pairs(queues);
     writeln!(stdin, "set fwd io\nstart tx_first").unwrap();
     std::thread::sleep(Duration::from_secs(3));
     writeln!(stdin, "stop").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     writeln!(stdin, "quit").unwrap();
     drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&out.stdout);
-    pmd.stop();
-    drop(servers);
+    let out = tp.output();
+    rig.stop();
 
     let (rx, tx) = (accumulated(&out, "RX-packets:"), accumulated(&out, "TX-packets:"));
     let (rx, tx) = (rx.expect("testpmd's statistics"), tx.expect("testpmd's statistics"));
-    let ours: Vec<_> = ports.iter().flat_map(|p| p.queue_stats()).collect();
+    let ours: Vec<_> = rig.ports.iter().flat_map(|p| p.queue_stats()).collect();
     let (our_rx, our_tx) = (ours.iter().map(|q| q.rx_packets).sum::<u64>(), ours.iter().map(|q| q.tx_packets).sum::<u64>());
     // tx_first sends a burst on every queue: each pair's transmit ring was received from.
-    for p in &ports {
+    for p in &rig.ports {
         let used = p.queue_stats().iter().filter(|q| q.rx_packets > 0).count();
         assert_eq!(used, queues, "{}: received on {used} queue pairs", p.name());
     }
@@ -119,6 +204,42 @@ fn testpmd_loop(opts: &str, queues: usize) {
     // it stopped) are not in its statistics: at most what its receive rings hold.
     assert!(our_tx >= rx && our_tx - rx <= 2 * 4096, "testpmd received what the switch sent: {our_tx} sent, {rx} counted");
     assert_eq!(accumulated(&out, "RX-dropped:"), Some(0));
-    assert_eq!(switch.stats().total_drops(), 0, "{:?}", switch.stats().nonzero_drops());
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(rig.switch.stats().total_drops(), 0, "{:?}", rig.switch.stats().nonzero_drops());
+}
+
+/// Descriptors this process has open.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// testpmd SIGKILLed mid-traffic and started again, 20 times: each time both ports come
+/// back and forward; afterwards the process has the descriptors it had before the first
+/// frontend, and once the PMD thread stops every buffer is back in the pool.
+#[test]
+fn testpmd_killed_and_restarted_twenty_times() {
+    let Some(mut rig) = Rig::new("kill") else { return };
+    let fds = open_fds();
+    let capacity = rig.pool.capacity() as usize;
+    for round in 0..20 {
+        let mut tp = rig.testpmd("", 1, &format!("knitter{}-kill", std::process::id()));
+        let mut stdin = tp.stdin();
+        rig.wait_pairs(1);
+        let before: u64 = rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum();
+        writeln!(stdin, "set fwd io\nstart tx_first").unwrap();
+        let t = std::time::Instant::now();
+        while rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum::<u64>() < before + 1000 {
+            assert!(t.elapsed() < Duration::from_secs(10), "round {round}: no traffic after a restart");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tp.kill();
+        rig.wait_pairs(0);
+    }
+    // The last connection's thread lets go of its descriptors just after the links drop.
+    let t = std::time::Instant::now();
+    while open_fds() != fds && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(open_fds(), fds, "descriptors left behind by 20 frontends");
+    rig.stop();
+    assert_eq!(rig.pool.free_count(), capacity, "buffers left behind by 20 frontends");
 }
