@@ -419,6 +419,12 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         match handler.handle_request() {
             Ok(()) => {}
             Err(Error::SocketRetry(_)) => {}
+            Err(e) if refused_request(&e) => {
+                // The message was read whole (and answered, if the frontend asked): the
+                // connection goes on. DPDK's virtio-user, reconnecting, stops its old rings
+                // before it negotiates anything, for one.
+                tracing::debug!(port = %name, error = %e, "vhost-user request refused");
+            }
             Err(e) => {
                 tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
                 break;
@@ -426,6 +432,21 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         }
     }
     backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
+}
+
+/// Errors about one request (its content, or the state it came in), after which the stream
+/// is still in step; the others (socket, framing) end the connection.
+fn refused_request(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidParam
+            | Error::InvalidOperation(_)
+            | Error::InactiveFeature(_)
+            | Error::InactiveOperation(_)
+            | Error::FeatureMismatch
+            | Error::ReqHandlerError(_)
+            | Error::IncorrectFds
+    )
 }
 
 fn port_name(p: &VhostPort) -> String {

@@ -6,9 +6,9 @@
 //! with two queue pairs. Needs `dpdk-testpmd` (Debian's dpdk-dev; fails under CI without
 //! it, skips elsewhere); runs in the `serial` nextest group.
 
-use knitter_vhost::backend::serve;
+use knitter_vhost::backend::{connect, serve};
 use knitter_vhost::port::VhostPort;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,9 +16,12 @@ use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
-/// The numbers after `label` in testpmd's "Accumulated forward statistics" block.
+/// The numbers after `label` in testpmd's (first) "Accumulated forward statistics" block.
 fn accumulated(out: &str, label: &str) -> Option<u64> {
-    let block = out.split("Accumulated forward statistics").nth(1)?;
+    accumulated_in(out.split("Accumulated forward statistics").nth(1)?, label)
+}
+
+fn accumulated_in(block: &str, label: &str) -> Option<u64> {
     let at = block.find(label)? + label.len();
     block[at..].split_whitespace().next()?.parse().ok()
 }
@@ -140,18 +143,42 @@ impl Testpmd {
         self.child.as_mut().and_then(|c| c.stdin.take()).expect("testpmd's stdin")
     }
 
-    /// Waits for it to end by itself (bounded) and returns what it printed.
+    /// Waits for it to end by itself (killed after 20 s) and returns what it printed
+    /// (standard output, then standard error when piped).
     fn output(mut self) -> String {
-        let mut child = self.child.take().expect("running");
-        let t = std::time::Instant::now();
-        while child.try_wait().ok().flatten().is_none() {
-            if t.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
+        let child = self.child.take().expect("running");
+        let (pid, done) = (child.id() as libc::pid_t, Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let flag = done.clone();
+        let watchdog = std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+                if t.elapsed() > Duration::from_secs(20) {
+                    // SAFETY: a signal to our own child, which has not been reaped yet.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        });
         let out = child.wait_with_output().expect("testpmd's output");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let _ = watchdog.join();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    }
+
+    /// Waits for it to end (killed after 20 s) when `readers` drain its output.
+    fn output_after(mut self, readers: Vec<std::thread::JoinHandle<()>>) {
+        if let Some(mut c) = self.child.take() {
+            let t = std::time::Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for r in readers {
+            let _ = r.join();
+        }
     }
 
     /// SIGKILL, as a crashing VNF would go.
@@ -242,4 +269,138 @@ fn testpmd_killed_and_restarted_twenty_times() {
     assert_eq!(open_fds(), fds, "descriptors left behind by 20 frontends");
     rig.stop();
     assert_eq!(rig.pool.free_count(), capacity, "buffers left behind by 20 frontends");
+}
+
+/// Not a test by itself: the switch process of `a_killed_switch_comes_back_in_client_mode`
+/// (this binary, run again as a child). Two vhost-user ports in client mode, one PMD
+/// thread; it runs until killed (at most a minute).
+#[test]
+#[ignore = "the child process of a_killed_switch_comes_back_in_client_mode"]
+fn switch_process() {
+    let Some(dir) = std::env::var_os("KNITTER_SWITCH_DIR").map(std::path::PathBuf::from) else { return };
+    let pool = Pool::new(16384, false).unwrap();
+    let switch = Switch::new(pool.clone(), SwitchOptions::default());
+    let mut clients = Vec::new();
+    for name in ["vu0", "vu1"] {
+        let port = Arc::new(VhostPort::new(name, pool.clone()));
+        clients.push(connect(&dir.join(format!("{name}.sock")), port.clone()).unwrap());
+        switch.register_port(name, port).unwrap();
+    }
+    switch
+        .apply(SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("vu1", "red")],
+            vtep: None,
+        })
+        .unwrap();
+    let pmd = PmdSet::start(switch, &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+    pmd.stop();
+}
+
+/// A child process running [`switch_process`], killed on drop.
+struct SwitchProcess(std::process::Child);
+
+impl SwitchProcess {
+    fn start(dir: &std::path::Path) -> SwitchProcess {
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "switch_process", "--ignored", "--nocapture"])
+            .env("KNITTER_SWITCH_DIR", dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the switch process");
+        SwitchProcess(child)
+    }
+}
+
+impl Drop for SwitchProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Client mode, as the CNI sets ports up: testpmd listens (`server=1`), the switch
+/// connects. The switch is SIGKILLed mid-traffic and started again: testpmd, not
+/// restarted, reconnects and traffic flows again (its rings resume from the used index).
+#[test]
+fn a_killed_switch_comes_back_in_client_mode() {
+    let Some(rig) = Rig::new("client") else { return };
+    // Only the directory: the switch runs in the child processes.
+    let dir = rig.dir.join("client");
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = SwitchProcess::start(&dir);
+    let prefix = format!("knitter{}-client", std::process::id());
+    let vdev = |i: usize| format!("--vdev=net_virtio_user{i},path={},server=1,queues=1", dir.join(format!("vu{i}.sock")).display());
+    let mut cmd = Command::new("dpdk-testpmd");
+    // DPDK's virtio-user writes to the vhost-user socket without MSG_NOSIGNAL: an app that
+    // is to outlive its switch must ignore SIGPIPE (testpmd does not; VNFs should).
+    // SAFETY: signal() is async-signal-safe, as pre_exec requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
+        .arg(format!("--file-prefix={prefix}"))
+        .arg(vdev(0))
+        .arg(vdev(1))
+        .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=4096"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start dpdk-testpmd");
+    // Its output as it comes, to wait for what it says.
+    let out = Arc::new(std::sync::Mutex::new(String::new()));
+    let readers: Vec<_> = [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as _)]
+        .into_iter()
+        .flatten()
+        .map(|mut r| {
+            let out = out.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = r.read(&mut buf) {
+                    out.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        })
+        .collect();
+    let mut stdin = child.stdin.take().unwrap();
+    let tp = Testpmd { child: Some(child), prefix };
+    let wait_for = |what: &str, n: usize| {
+        let t = std::time::Instant::now();
+        while out.lock().unwrap().matches(what).count() < n {
+            assert!(t.elapsed() < Duration::from_secs(20), "testpmd never said {what:?} {n} times: {}", out.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Both ports connected (testpmd then reads its commands) and forwarding.
+    writeln!(stdin, "set fwd io\nstart tx_first").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    drop(first); // SIGKILL
+    wait_for("is down", 2);
+    let _second = SwitchProcess::start(&dir);
+    // virtio-user reconnects when it next checks the link; testpmd checks on "show port info".
+    let t = std::time::Instant::now();
+    while out.lock().unwrap().matches("reconnection succeeds").count() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "testpmd did not reconnect: {}", out.lock().unwrap());
+        writeln!(stdin, "show port info all").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    writeln!(stdin, "stop\nstart tx_first").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    writeln!(stdin, "stop\nquit").unwrap();
+    drop(stdin);
+    tp.output_after(readers);
+    let out = out.lock().unwrap().clone();
+    let blocks: Vec<&str> = out.split("Accumulated forward statistics").skip(1).collect();
+    assert_eq!(blocks.len(), 2, "two forwarding runs: {out}");
+    let before = accumulated_in(blocks[0], "RX-packets:").expect("testpmd's statistics");
+    let after = accumulated_in(blocks[1], "RX-packets:").expect("testpmd's statistics");
+    assert!(before > 1000, "traffic before the switch was killed: {before}");
+    assert!(after > 1000, "traffic after it came back: {after}; testpmd said: {out}");
 }
