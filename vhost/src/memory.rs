@@ -48,12 +48,36 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
+/// The size of the file behind `fd`.
+fn file_size(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    // SAFETY: fstat fills the zeroed stat buffer for a descriptor we borrow.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointer is to our local.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.st_size.max(0) as u64)
+}
+
 impl Mapping {
     /// Maps the `len` bytes at `offset` of a frontend's memory file (vhost-user
     /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned.
+    ///
+    /// The file must hold the whole region: a page of a mapping past the end of its file
+    /// raises SIGBUS when touched, so a frontend's short (or truncated) file is refused here
+    /// rather than bringing the switch down later. (A frontend that shrinks its file after
+    /// handing it over can still do that; QEMU and DPDK do not, and sealing is theirs to
+    /// set.)
     pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
         let off = usize::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
         let total = len.checked_add(off).ok_or(std::io::ErrorKind::InvalidInput)?;
+        let size = file_size(fd)?;
+        if (size as u128) < total as u128 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("memory region of {len} bytes at offset {off} extends past its file ({size} bytes)"),
+            ));
+        }
         let mut m = Self::map(total, libc::MAP_SHARED, fd.as_raw_fd(), 0)?;
         // SAFETY: `off < total`, inside the mapping just made.
         m.ptr = unsafe { m.base.add(off) };

@@ -87,6 +87,9 @@ impl Device<'_> {
 #[derive(Default)]
 pub struct NetCounters {
     pub bad_chains: vswitch::counters::Counter,
+    /// Rings stopped because the driver made more than a queue's worth available (the
+    /// port's error state; a new connection starts the rings afresh).
+    pub broken_rings: vswitch::counters::Counter,
     pub refused_frames: vswitch::counters::Counter,
     pub guest_buffer_too_small: vswitch::counters::Counter,
 }
@@ -137,6 +140,14 @@ impl VhostPort {
     /// Queue pairs whose both rings run.
     pub fn running_pairs(&self) -> usize {
         (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire)).count_ones() as usize
+    }
+
+    /// Counts and logs (once) a ring its driver broke.
+    fn check_broken(&self, queue: &mut SplitQueue, pair: usize, dir: usize) {
+        if queue.newly_broken() {
+            self.net.broken_rings.add(1);
+            tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "the guest made more than a queue's worth available: ring stopped until it reconnects");
+        }
     }
 
     /// The pair switch tx queue `q` sends on: pair `q` if its receive ring runs, else one of
@@ -233,6 +244,8 @@ impl Port for VhostPort {
         if used > 0 && ring.needs_interrupt() {
             signal(&pair.call[TXQ]);
         }
+        drop(ring);
+        self.check_broken(queue, p, TXQ);
         self.counters[p].rx_packets.add(got as u64);
         got
     }
@@ -296,6 +309,7 @@ impl Port for VhostPort {
             signal(&pair.call[RXQ]);
         }
         drop(ring);
+        self.check_broken(queue, p, RXQ);
         drop(guard);
         // Every packet taken was copied into the guest (or refused, counted): free them.
         for i in 0..done {

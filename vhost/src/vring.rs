@@ -122,6 +122,8 @@ pub struct SplitQueue {
     /// The used index when the guest was last notified (for `EVENT_IDX`).
     signalled: u16,
     broken: bool,
+    /// `broken` was reported (see [`SplitQueue::newly_broken`]).
+    reported: bool,
 }
 
 impl SplitQueue {
@@ -142,6 +144,7 @@ impl SplitQueue {
             used_idx: base,
             signalled: base,
             broken: false,
+            reported: false,
         })
     }
 
@@ -157,6 +160,14 @@ impl SplitQueue {
     /// The driver made more than a queue's worth available: the queue has stopped.
     pub fn is_broken(&self) -> bool {
         self.broken
+    }
+
+    /// True once, the first time it is asked after the queue stopped (to count and log a
+    /// broken driver once, not every burst).
+    pub fn newly_broken(&mut self) -> bool {
+        let new = self.broken && !self.reported;
+        self.reported |= self.broken;
+        new
     }
 
     /// The next available index to read (what GET_VRING_BASE returns).

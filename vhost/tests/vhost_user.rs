@@ -313,3 +313,88 @@ fn a_restarted_switch_resumes_from_the_used_index() {
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A frontend that breaks the rules harms only its own port: a memory table whose region
+/// runs past its file is refused (the switch would die of SIGBUS touching it), and a
+/// driver that claims more than a queue's worth stops its ring (counted once); meanwhile
+/// another port forwards, and the bad port works again once its frontend reconnects.
+#[test]
+fn a_bad_frontend_harms_only_its_port() {
+    let dir = std::env::temp_dir().join(format!("knitter-vub-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pool = Pool::new(4096, false).unwrap();
+    let good = Arc::new(VhostPort::new("good", pool.clone()));
+    let bad = Arc::new(VhostPort::new("bad", pool.clone()));
+    let servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let mut h = Harness::with_pool(pool, SwitchOptions::default());
+    h.ring("r0").register("good", good.clone()).register("bad", bad.clone());
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("good", "red"), PortConfig::access("bad", "red"), PortConfig::access("r0", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    let mut vm = frontend(&dir.join("good.sock"));
+    exchange(&mut h, &good, &mut vm, 0);
+
+    // A region of MEM_LEN bytes in a file of half that.
+    let mut fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_features(features).unwrap();
+    fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
+    let short = memfd(MEM_LEN / 2);
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: MEM_LEN as u64,
+        userspace_addr: 0x7000_0000_0000,
+        mmap_offset: 0,
+        mmap_handle: short.as_raw_fd(),
+    };
+    let _ = fe.set_mem_table(&[region]); // refused (answered only where the frontend waits)
+    // Rings in the half with no file behind it: touching them would raise SIGBUS.
+    let far = region.userspace_addr + MEM_LEN as u64 * 3 / 4;
+    let mut events = Vec::new();
+    for i in 0..2 {
+        fe.set_vring_num(i, 64).unwrap();
+        let cfg = VringConfigData {
+            queue_max_size: 64,
+            queue_size: 64,
+            flags: 0,
+            desc_table_addr: far + i as u64 * 0x4000,
+            used_ring_addr: far + i as u64 * 0x4000 + 0x2000,
+            avail_ring_addr: far + i as u64 * 0x4000 + 0x1000,
+            log_addr: None,
+        };
+        let _ = fe.set_vring_addr(i, &cfg);
+        let kick = EventFd::new(0).unwrap();
+        let _ = fe.set_vring_kick(i, &kick);
+        let _ = fe.set_vring_enable(i, true);
+        events.push(kick);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    h.step();
+    assert!(!bad.link_up(), "no memory, no rings");
+    exchange(&mut h, &good, &mut vm, 1);
+    drop((fe, events));
+
+    // A driver that claims 500 chains in a queue of 64.
+    let rogue = frontend(&dir.join("bad.sock"));
+    wait_for("the bad port's rings", || bad.link_up());
+    rogue.tx.write(rogue.tx.avail + 2, &500u16.to_le_bytes());
+    for round in 2..5 {
+        exchange(&mut h, &good, &mut vm, round);
+    }
+    assert_eq!(bad.net.broken_rings.get(), 1, "the broken ring is counted once");
+    assert_eq!(bad.queue_stats()[0].rx_packets, 0);
+    drop(rogue);
+    wait_for("the bad port to stop", || !bad.link_up());
+
+    // Reconnected, it works again.
+    let mut again = frontend(&dir.join("bad.sock"));
+    exchange(&mut h, &bad, &mut again, 9);
+    drop((again, vm, servers));
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
