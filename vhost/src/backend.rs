@@ -5,10 +5,14 @@
 //!
 //! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `CTRL_VQ` and
 //! `MQ` ([`MAX_PAIRS`] queue pairs; the frontend owns the control queue and enables rings
-//! with SET_VRING_ENABLE) and `VHOST_USER_F_PROTOCOL_FEATURES` (rings then start disabled
-//! until SET_VRING_ENABLE), with the protocol features `MQ` and `REPLY_ACK`. Not offered
-//! (not built yet): `MTU`, `GUEST_ANNOUNCE`/RARP, offloads, `IN_ORDER`, packed rings,
-//! inflight descriptors, dirty logging.
+//! with SET_VRING_ENABLE), `MTU` and `GUEST_ANNOUNCE` (both the frontend's: it keeps the
+//! config space and asks the guest to announce itself) and `VHOST_USER_F_PROTOCOL_FEATURES`
+//! (rings then start disabled until SET_VRING_ENABLE), with the protocol features `MQ`,
+//! `REPLY_ACK`, `NET_MTU` (NET_SET_MTU: recorded, refused above the port's longest frame)
+//! and `RARP` (SEND_RARP: a RARP frame from the guest's MAC goes into its bridge domain).
+//! rust-vmm's handler does not know the last two messages; [`serve_connection`] reads them
+//! itself. Not offered (not built yet): offloads, `IN_ORDER`, packed rings, inflight
+//! descriptors, dirty logging.
 //!
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
 //! `server=off` or DPDK's virtio-user do), one connection at a time, and takes the next when
@@ -38,14 +42,18 @@ const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+const VIRTIO_NET_F_MTU: u64 = 1 << 3;
 const VIRTIO_NET_F_CTRL_VQ: u64 = 1 << 17;
+const VIRTIO_NET_F_GUEST_ANNOUNCE: u64 = 1 << 21;
 const VIRTIO_NET_F_MQ: u64 = 1 << 22;
 /// Virtqueues of the data path (two per pair; the control queue stays with the frontend).
 const VQS: usize = 2 * MAX_PAIRS;
 /// The features this device offers.
 pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_NET_F_MRG_RXBUF
+    | VIRTIO_NET_F_MTU
     | VIRTIO_NET_F_CTRL_VQ
+    | VIRTIO_NET_F_GUEST_ANNOUNCE
     | VIRTIO_NET_F_MQ
     | VIRTIO_RING_F_INDIRECT_DESC
     | VIRTIO_RING_F_EVENT_IDX
@@ -271,7 +279,10 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ)
+        Ok(VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::MTU
+            | VhostUserProtocolFeatures::RARP)
     }
 
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
@@ -416,6 +427,14 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         if unsafe { libc::poll(&mut p, 1, 100) } <= 0 {
             continue;
         }
+        match net_request(fd, &backend, port) {
+            Some(Ok(())) => continue,
+            Some(Err(e)) => {
+                tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
+                break;
+            }
+            None => {}
+        }
         match handler.handle_request() {
             Ok(()) => {}
             Err(Error::SocketRetry(_)) => {}
@@ -432,6 +451,87 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         }
     }
     backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
+}
+
+const SEND_RARP: u32 = 19;
+const NET_SET_MTU: u32 = 20;
+/// Header flags: protocol version 1, a reply, and "reply wanted" (REPLY_ACK).
+const VERSION_1: u32 = 0x1;
+const REPLY: u32 = 0x4;
+const NEED_REPLY: u32 = 0x8;
+
+/// Handles the next message on `fd` if it is one rust-vmm's handler does not know
+/// (SEND_RARP, NET_SET_MTU: a 12-byte header and a u64); `None` leaves it to the handler.
+/// Each is refused unless its protocol feature was acknowledged, and answered when the
+/// frontend asks.
+fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -> Option<std::io::Result<()>> {
+    let mut hdr = [0u8; 12];
+    // SAFETY: a peek into our 12-byte buffer from the connection's descriptor.
+    let n = unsafe { libc::recv(fd, hdr.as_mut_ptr().cast(), hdr.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n != hdr.len() as isize {
+        return None;
+    }
+    let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+    let (request, flags, size) = (word(0), word(4), word(8));
+    let feature = match request {
+        SEND_RARP => VhostUserProtocolFeatures::RARP,
+        NET_SET_MTU => VhostUserProtocolFeatures::MTU,
+        _ => return None,
+    };
+    if size != 8 {
+        return Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("request {request} with a {size}-byte body"))));
+    }
+    let mut msg = [0u8; 20];
+    if let Err(e) = read_whole(fd, &mut msg) {
+        return Some(Err(e));
+    }
+    let value = u64::from_le_bytes(msg[12..20].try_into().unwrap_or([0; 8]));
+    let acked = backend.lock().unwrap_or_else(|e| e.into_inner()).protocol & feature.bits() != 0;
+    let ok = acked
+        && match request {
+            SEND_RARP => {
+                let b = value.to_le_bytes();
+                port.announce(vswitch::wire::MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]]));
+                true
+            }
+            _ => port.set_guest_mtu(value).is_ok(),
+        };
+    if !ok {
+        tracing::warn!(port = %port_name(port), request, value, acked, "vhost-user request refused");
+    }
+    if flags & NEED_REPLY != 0 {
+        let mut reply = [0u8; 20];
+        reply[..4].copy_from_slice(&request.to_le_bytes());
+        reply[4..8].copy_from_slice(&(VERSION_1 | REPLY).to_le_bytes());
+        reply[8..12].copy_from_slice(&8u32.to_le_bytes());
+        reply[12..].copy_from_slice(&u64::from(!ok).to_le_bytes());
+        // SAFETY: a send of our 20-byte buffer on the connection's descriptor.
+        let sent = unsafe { libc::send(fd, reply.as_ptr().cast(), reply.len(), libc::MSG_NOSIGNAL) };
+        if sent != reply.len() as isize {
+            return Some(Err(std::io::Error::last_os_error()));
+        }
+    }
+    Some(Ok(()))
+}
+
+/// Reads exactly `buf.len()` bytes (the socket is blocking).
+fn read_whole(fd: libc::c_int, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        // SAFETY: a read into the unread part of `buf`.
+        let n = unsafe { libc::recv(fd, buf[at..].as_mut_ptr().cast(), buf.len() - at, 0) };
+        match n {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            n => at += n as usize,
+        }
+    }
+    Ok(())
 }
 
 /// Errors about one request (its content, or the state it came in), after which the stream

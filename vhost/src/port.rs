@@ -24,7 +24,7 @@ use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
 use crate::vring::{Chain, SplitQueue};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use vswitch::port::{Port, QueueCounters, QueueStats};
 use vswitch::{Batch, Pool, PoolCache};
@@ -107,7 +107,15 @@ pub struct VhostPort {
     tx_running: AtomicU32,
     counters: [QueueCounters; MAX_PAIRS],
     pub net: NetCounters,
+    /// A MAC to announce (SEND_RARP, after a migration): bit 48 set when one waits; the
+    /// next burst from the guest carries a RARP frame from it.
+    announce: AtomicU64,
+    /// The MTU the frontend gave (NET_SET_MTU), 0 when none.
+    guest_mtu: AtomicU32,
 }
+
+/// The largest MTU a frontend may set: a frame with one tag within the port's longest.
+pub const MAX_MTU: u32 = (vswitch::buf::MAX_FRAME - 18) as u32;
 
 impl VhostPort {
     pub fn new(name: &str, pool: Arc<Pool>) -> VhostPort {
@@ -120,7 +128,47 @@ impl VhostPort {
             tx_running: AtomicU32::new(0),
             counters: Default::default(),
             net: NetCounters::default(),
+            announce: AtomicU64::new(0),
+            guest_mtu: AtomicU32::new(0),
         }
+    }
+
+    /// Sends a RARP frame from `mac` into the switch with the next burst from the guest,
+    /// as QEMU does for a migrated guest (switches along the way learn where it is now).
+    pub fn announce(&self, mac: vswitch::wire::MacAddr) {
+        self.announce.store(mac.to_u64() | 1 << 48, Ordering::Release);
+    }
+
+    /// The MTU the frontend set (NET_SET_MTU); `None` before it did.
+    pub fn guest_mtu(&self) -> Option<u32> {
+        Some(self.guest_mtu.load(Ordering::Acquire)).filter(|m| *m > 0)
+    }
+
+    /// Records the MTU the frontend set; refused outside 68..=[`MAX_MTU`].
+    pub fn set_guest_mtu(&self, mtu: u64) -> Result<(), u64> {
+        match u32::try_from(mtu) {
+            Ok(m) if (68..=MAX_MTU).contains(&m) => {
+                self.guest_mtu.store(m, Ordering::Release);
+                Ok(())
+            }
+            _ => Err(mtu),
+        }
+    }
+
+    /// The announcement waiting, if any, as a frame in a new packet.
+    #[cold]
+    fn take_announcement(&self, cache: &mut PoolCache) -> Option<vswitch::BufId> {
+        let v = self.announce.swap(0, Ordering::AcqRel);
+        if v == 0 {
+            return None;
+        }
+        let frame = rarp_frame(vswitch::wire::MacAddr::from_u64(v & 0xffff_ffff_ffff));
+        let mut b = cache.alloc()?;
+        if !self.pool.append(&mut b, &frame) {
+            cache.free(b);
+            return None;
+        }
+        Some(b)
     }
 
     /// Changes the device state (control side; may wait for PMD threads' bursts to end).
@@ -212,18 +260,25 @@ impl Port for VhostPort {
 
     fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let p = q as usize % MAX_PAIRS;
-        if self.tx_running.load(Ordering::Acquire) & 1 << p == 0 {
-            return 0;
+        let mut got = 0;
+        if self.announce.load(Ordering::Relaxed) != 0
+            && let Some(b) = self.take_announcement(cache)
+        {
+            let _ = batch.push(b).map_err(|b| cache.free(b));
+            got += 1;
         }
-        let Ok(mut guard) = self.pairs[p].try_lock() else { return 0 };
+        if self.tx_running.load(Ordering::Acquire) & 1 << p == 0 {
+            return got;
+        }
+        let Ok(mut guard) = self.pairs[p].try_lock() else { return got };
         let pair = &mut *guard;
-        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return 0 };
-        let Ok(mut ring) = queue.ring(mem) else { return 0 };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return got };
+        let Ok(mut ring) = queue.ring(mem) else { return got };
         if pair.kicks_on {
             ring.set_kicks(false); // polled: kicks would only cost the guest system calls
             pair.kicks_on = false;
         }
-        let (mut chain, mut got, mut used) = (Chain::default(), 0, 0);
+        let (mut chain, mut used) = (Chain::default(), 0);
         while batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
@@ -351,4 +406,19 @@ impl Port for VhostPort {
     fn queue_stats(&self) -> Vec<QueueStats> {
         self.counters.iter().map(QueueCounters::read).collect()
     }
+}
+
+/// The frame QEMU (and DPDK's vhost library) sends for a migrated guest: a broadcast RARP
+/// "reverse request" from its MAC, padded to 60 bytes.
+pub fn rarp_frame(mac: vswitch::wire::MacAddr) -> [u8; 60] {
+    let mut f = [0u8; 60];
+    f[..6].fill(0xff);
+    f[6..12].copy_from_slice(&mac.0);
+    f[12..14].copy_from_slice(&0x8035u16.to_be_bytes());
+    // Ethernet, IPv4, 6- and 4-byte addresses, operation 3; sender and target hardware
+    // addresses the guest's, protocol addresses zero.
+    f[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 3]);
+    f[22..28].copy_from_slice(&mac.0);
+    f[32..38].copy_from_slice(&mac.0);
+    f
 }
