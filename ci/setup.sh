@@ -7,6 +7,11 @@ set -euo pipefail
 # (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints), DPDK's testpmd (dpdk-dev: the
 # vhost-user interop test's frontend) and the perf scripts use.
 PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 dpdk-dev"
+# The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
+# builds its kernel and initramfs).
+if [ "${KNITTER_TEST_DEPS:-0}" = 1 ]; then
+  PACKAGES="$PACKAGES qemu-system-x86 busybox-static"
+fi
 missing=""
 for p in $PACKAGES; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
-bash ci/setup.sh
+KNITTER_TEST_DEPS=1 bash ci/setup.sh
+bash ci/guest.sh
 
 FUZZ_SECS=${KNITTER_FUZZ_SECS:-45}
 if [ "$FUZZ_SECS" -gt 0 ]; then

@@ -17,6 +17,7 @@ use vswitch::port::Port;
 use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
 fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().unwrap_or_else(|| "/tmp/knitter".into()));
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);

@@ -99,6 +99,7 @@ impl NetBackend {
     /// place for GET_VRING_BASE; only SET_VRING_BASE moves it.
     fn apply(&mut self, i: usize) -> Result<()> {
         let c = self.vrings[i];
+        tracing::debug!(port = %port_name(&self.port), ring = i, num = c.num, addrs = c.addrs.is_some(), kicked = c.kicked, enabled = c.enabled, memory = self.memory.is_some(), "ring state");
         let features = (self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
@@ -183,15 +184,18 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn set_features(&mut self, features: u64) -> Result<()> {
+        tracing::debug!(port = %port_name(&self.port), features = format!("{features:#x}"), "SET_FEATURES");
         if features & !FEATURES != 0 {
             return Err(Error::InvalidParam);
         }
         self.acked = features;
         self.port.configure(|d| d.set_mrg_rxbuf(features & VIRTIO_NET_F_MRG_RXBUF != 0));
-        // Without protocol features a ring is enabled as soon as it is started.
-        let enabled = features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0;
-        for v in &mut self.vrings {
-            v.enabled = enabled;
+        // Without protocol features a ring is enabled as soon as it is started; with them,
+        // SET_VRING_ENABLE decides (and may have come before this message).
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() == 0 {
+            for v in &mut self.vrings {
+                v.enabled = true;
+            }
         }
         Ok(())
     }
@@ -453,6 +457,7 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
     backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
 }
 
+const SET_VRING_ENABLE: u32 = 18;
 const SEND_RARP: u32 = 19;
 const NET_SET_MTU: u32 = 20;
 /// Header flags: protocol version 1, a reply, and "reply wanted" (REPLY_ACK).
@@ -461,9 +466,11 @@ const REPLY: u32 = 0x4;
 const NEED_REPLY: u32 = 0x8;
 
 /// Handles the next message on `fd` if it is one rust-vmm's handler does not know
-/// (SEND_RARP, NET_SET_MTU: a 12-byte header and a u64); `None` leaves it to the handler.
-/// Each is refused unless its protocol feature was acknowledged, and answered when the
-/// frontend asks.
+/// (SEND_RARP, NET_SET_MTU) or handles too strictly (SET_VRING_ENABLE, which it refuses
+/// before SET_FEATURES while QEMU sends it right after the protocol features are agreed,
+/// as the specification allows) — each a 12-byte header and 8 bytes; `None` leaves the
+/// message to the handler. SEND_RARP and NET_SET_MTU are refused unless their protocol
+/// feature was acknowledged; every one is answered when the frontend asks.
 fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -> Option<std::io::Result<()>> {
     let mut hdr = [0u8; 12];
     // SAFETY: a peek into our 12-byte buffer from the connection's descriptor.
@@ -473,9 +480,11 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
     }
     let word = |i: usize| u32::from_le_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
     let (request, flags, size) = (word(0), word(4), word(8));
+    tracing::trace!(port = %port_name(port), request, flags, size, "vhost-user message");
     let feature = match request {
         SEND_RARP => VhostUserProtocolFeatures::RARP,
         NET_SET_MTU => VhostUserProtocolFeatures::MTU,
+        SET_VRING_ENABLE => VhostUserProtocolFeatures::empty(),
         _ => return None,
     };
     if size != 8 {
@@ -486,7 +495,8 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
         return Some(Err(e));
     }
     let value = u64::from_le_bytes(msg[12..20].try_into().unwrap_or([0; 8]));
-    let acked = backend.lock().unwrap_or_else(|e| e.into_inner()).protocol & feature.bits() != 0;
+    let mut backend = backend.lock().unwrap_or_else(|e| e.into_inner());
+    let acked = backend.protocol & feature.bits() == feature.bits();
     let ok = acked
         && match request {
             SEND_RARP => {
@@ -494,8 +504,14 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
                 port.announce(vswitch::wire::MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]]));
                 true
             }
-            _ => port.set_guest_mtu(value).is_ok(),
+            NET_SET_MTU => port.set_guest_mtu(value).is_ok(),
+            // A vring state: index, then 0 (disable) or 1 (enable).
+            _ => {
+                let (index, state) = (value as u32, (value >> 32) as u32);
+                state <= 1 && backend.set_vring_enable(index, state == 1).is_ok()
+            }
         };
+    drop(backend);
     if !ok {
         tracing::warn!(port = %port_name(port), request, value, acked, "vhost-user request refused");
     }
