@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight, VhostUserLog,
     VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserSharedMsg,
@@ -372,13 +373,52 @@ pub struct Server {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Who may connect to a server socket: its mode and owner, set right after it is created
+/// (QEMU or a pod's DPDK app often runs as another user than the switch). `None` keeps what
+/// the process's umask and identity give.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SocketPerms {
+    pub mode: Option<u32>,
+    pub owner: Option<u32>,
+    pub group: Option<u32>,
+}
+
+/// The longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Refuses a socket path the kernel cannot hold, saying so (the kernel's own error is a
+/// bare "invalid argument").
+fn check_socket_path(path: &Path) -> std::io::Result<()> {
+    let n = path.as_os_str().len();
+    if n > MAX_SOCKET_PATH {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("vhost-user socket path {} is {n} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}", path.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Listens on `path` (replacing a stale socket) and serves one frontend at a time for `port`
 /// (server mode: QEMU's `server=off`, DPDK's virtio-user).
 pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
+    serve_with(path, port, SocketPerms::default())
+}
+
+/// [`serve`] with the socket's mode and owner set.
+pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std::io::Result<Server> {
+    check_socket_path(path)?;
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
+    if let Some(mode) = perms.mode {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    if perms.owner.is_some() || perms.group.is_some() {
+        std::os::unix::fs::chown(path, perms.owner, perms.group)?;
+    }
     listener.set_nonblocking(true)?;
-    spawn(port, move |name| match listener.accept() {
+    spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
         Ok((s, _)) => Some(s),
         Err(e) => {
             if e.kind() != std::io::ErrorKind::WouldBlock {
@@ -391,24 +431,38 @@ pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
 
 /// Connects to a frontend listening on `path` (client mode: QEMU's `server=on`, OVS's
 /// `dpdkvhostuserclient`), and connects again whenever the connection ends, so either side
-/// may restart.
+/// may restart. Tries again after 20 ms, doubling up to a second while nobody listens.
 pub fn connect(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
+    check_socket_path(path)?;
     let path = path.to_path_buf();
-    spawn(port, move |_| UnixStream::connect(&path).ok())
+    spawn(port, CONNECT_BACKOFF, move |_| UnixStream::connect(&path).ok())
 }
+
+/// How long a server thread waits between accepts that found nobody.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// The longest a client waits between attempts (from 20 ms, doubling).
+const CONNECT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The connection thread: `next` yields a connection to serve (or none yet, tried again
 /// shortly); each is served until it ends, then the port's rings stop.
-fn spawn(port: Arc<VhostPort>, mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static) -> std::io::Result<Server> {
+/// Waits between fruitless tries start at 20 ms and double up to `max_wait`.
+fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static) -> std::io::Result<Server> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let name = port_name(&port);
     let thread = std::thread::Builder::new().name(format!("vhost-{name}")).spawn(move || {
+        let mut wait = ACCEPT_POLL;
         while !flag.load(Ordering::Acquire) {
             let Some(stream) = next(&name) else {
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                // In steps of at most 20 ms, so a stop is seen promptly.
+                let until = std::time::Instant::now() + wait;
+                while std::time::Instant::now() < until && !flag.load(Ordering::Acquire) {
+                    std::thread::sleep(ACCEPT_POLL.min(until.saturating_duration_since(std::time::Instant::now())));
+                }
+                wait = (wait * 2).min(max_wait);
                 continue;
             };
+            wait = ACCEPT_POLL;
             serve_connection(stream, &port, &flag, &name);
         }
     })?;

@@ -453,3 +453,27 @@ fn mtu_and_rarp() {
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A server socket gets the mode and group asked for; a path longer than a unix socket
+/// address holds is refused with the reason, in both modes.
+#[test]
+fn socket_permissions_and_path_length() {
+    use knitter_vhost::backend::{MAX_SOCKET_PATH, SocketPerms, serve_with};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = std::env::temp_dir().join(format!("knitter-vup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pool = Pool::new(1024, false).unwrap();
+    let port = Arc::new(VhostPort::new("vu0", pool));
+    let path = dir.join("vu0.sock");
+    let server = serve_with(&path, port.clone(), SocketPerms { mode: Some(0o660), owner: None, group: Some(100) }).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), 100);
+    drop(server);
+    let long = dir.join("x".repeat(MAX_SOCKET_PATH));
+    for e in [serve(&long, port.clone()).err(), connect(&long, port.clone()).err()] {
+        let e = e.expect("refused");
+        assert!(e.to_string().contains("holds at most 107"), "{e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
