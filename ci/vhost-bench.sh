@@ -49,12 +49,20 @@ for size in sizes:
 pcap(f"{work}/b.pcap", [frame(A, B, 64)])
 PY
 
+# DPDK memory: hugepages when there are enough free (as perf-lab.md measured), else plain
+# pages (slower: page faults and TLB misses on both sides of every copy).
+if [ "$(awk '/HugePages_Free/ {print $2}' /proc/meminfo)" -ge 1100 ]; then
+  MEM="--in-memory -m 1024 --single-file-segments"
+else
+  echo "(no free hugepages: echo 1200 > /proc/sys/vm/nr_hugepages for the real numbers)" >&2
+  MEM="--no-huge -m 1024 --single-file-segments"
+fi
+
 # The generator: ports 0 pcap (replays A → B) ↔ 1 virtio-user A; 2 virtio-user B ↔ 3 pcap
 # (sends B → A once, drops what it receives).
 start_generator() {
   local size=$1
-  stdbuf -oL -eL dpdk-testpmd -l 0,1 --main-lcore 1 --no-pci --no-huge -m 1024 --single-file-segments \
-    --file-prefix=kb-gen \
+  stdbuf -oL -eL dpdk-testpmd -l 0,1 --main-lcore 1 --no-pci $MEM --file-prefix=kb-gen \
     --vdev="net_pcap0,rx_pcap=$work/a-$size.pcap,tx_pcap=/dev/null,infinite_rx=1" \
     --vdev="net_virtio_user0,path=$work/a.sock,queues=1" \
     --vdev="net_virtio_user1,path=$work/b.sock,queues=1" \
@@ -80,8 +88,9 @@ trial() {
   echo "quit" >&7
   exec 7>&-
   wait "${pids[-1]}" 2>/dev/null || true
+  cp "$work/gen.out" /tmp/knitter-bench-gen.out 2>/dev/null || true
   # Port 2's RX-packets after the clear, over 10 s.
-  awk '/Port statistics for port 2/ {p=1} p && /RX-packets:/ {print $2 / 10e6; exit}' "$work/gen.out"
+  awk '/statistics for port 2 / {p=1} p && /RX-packets:/ {print $2 / 10e6; exit}' "$work/gen.out"
 }
 
 knitter_trial() {
@@ -103,8 +112,7 @@ yardstick_trial() {
   local size=$1
   rm -f "$work"/a.sock "$work"/b.sock
   # Non-interactive testpmd exits at its first byte of input: give it none.
-  sleep 40 | stdbuf -oL dpdk-testpmd -l 0,1 --main-lcore 0 --no-pci --no-huge -m 1024 --single-file-segments \
-    --file-prefix=kb-sw \
+  sleep 40 | stdbuf -oL dpdk-testpmd -l 0,1 --main-lcore 0 --no-pci $MEM --file-prefix=kb-sw \
     --vdev="net_vhost0,iface=$work/a.sock,queues=1" --vdev="net_vhost1,iface=$work/b.sock,queues=1" \
     -- --forward-mode=io --nb-cores=1 --auto-start --total-num-mbufs=16384 \
     > "$work/ys.out" 2>&1 &

@@ -7,7 +7,8 @@
 //!     valgrind --tool=callgrind --toggle-collect='*measured_poll*' \
 //!         target/release/examples/vhost_insn 64 64000
 //!
-//! Arguments: frame size (bytes), packets.
+//! Arguments: frame size (bytes), packets, and `mrg` to negotiate mergeable receive buffers
+//! (as DPDK's virtio-user and Linux do by default).
 
 use knitter_vhost::net::HDR_LEN;
 use knitter_vhost::testkit::{Buf, Vm};
@@ -25,9 +26,13 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let packets: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64_000);
+    let mrg = args.next().is_some_and(|a| a == "mrg");
     let pool = Pool::new(8192, true).expect("pool");
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
     let (mut a, mut b) = (Vm::new("vm-a", &pool, 256), Vm::new("vm-b", &pool, 256));
+    for vm in [&a, &b] {
+        vm.port.configure(|d| d.set_mrg_rxbuf(mrg));
+    }
     switch.register_port("vm-a", a.port.clone()).expect("register");
     switch.register_port("vm-b", b.port.clone()).expect("register");
     switch

@@ -318,7 +318,7 @@ impl Port for VhostPort {
             // A malformed chain is returned empty and the same frame tries the next one.
             let outcome = loop {
                 let o = if pair.mrg_rxbuf {
-                    match net::to_guest_merged(&mut ring, &self.pool, b) {
+                    match net::to_guest_merged(&mut ring, &self.pool, b, &mut chain) {
                         Ok(()) => Outcome::Sent,
                         Err(NetError::GuestBufferTooSmall) => Outcome::NoRoom,
                         Err(NetError::BadChain) => Outcome::BadChain,

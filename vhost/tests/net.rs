@@ -139,7 +139,7 @@ fn mergeable_receive_buffers() {
     let posted: Vec<(u16, u64)> = (0..4).map(|_| g.post(&[Buf::Write(600)])).map(|(h, a)| (h, a[0])).collect();
     {
         let mut r = q.ring(&g.mem).unwrap();
-        net::to_guest_merged(&mut r, &pool, &b).unwrap();
+        net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()).unwrap();
     }
     let done = g.completions();
     assert_eq!(done, vec![(posted[0].0, 600), (posted[1].0, 600), (posted[2].0, (HDR_LEN + 1514 - 1200) as u32)]);
@@ -152,7 +152,7 @@ fn mergeable_receive_buffers() {
     // One 600-byte chain left: not enough for the next 1514-byte frame.
     {
         let mut r = q.ring(&g.mem).unwrap();
-        assert_eq!(net::to_guest_merged(&mut r, &pool, &b), Err(NetError::GuestBufferTooSmall));
+        assert_eq!(net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()), Err(NetError::GuestBufferTooSmall));
         assert_eq!(r.pending(), 1, "the chain is put back");
     }
     assert_eq!(g.completions(), vec![]);
