@@ -254,6 +254,16 @@ impl Port for VhostPort {
         MAX_PAIRS as u16
     }
 
+    /// The guest enables pairs as it likes; a pair's receive side is serialised by its
+    /// try-lock, so two threads polling it during a rebalance is harmless.
+    fn rx_queues_dynamic(&self) -> bool {
+        true
+    }
+
+    fn rx_queue_active(&self, q: u16) -> bool {
+        self.tx_running.load(Ordering::Acquire) & 1 << (q as usize % MAX_PAIRS) != 0
+    }
+
     fn tx_queues(&self) -> u16 {
         MAX_PAIRS as u16
     }

@@ -76,3 +76,38 @@ fn a_guest_without_receive_buffers_loses_only_its_frames() {
     drop(b);
     h.flush_caches();
 }
+
+/// The PMD threads share a guest's running queue pairs whichever pairs it enables, and
+/// follow when it enables others; a ring port's queue stays where it was.
+#[test]
+fn running_pairs_spread_over_pmd_threads() {
+    use vswitch::pmd::assignment;
+    let pool = Pool::new(1024, false).unwrap();
+    let switch = vswitch::Switch::new(pool.clone(), SwitchOptions::default());
+    let (ring, _peer) = vswitch::port::ring::RingPort::new("r0", 1, 64).unwrap();
+    switch.register_port("r0", ring).unwrap();
+    let vm = Vm::new("vm", &pool, 64); // pair 0 runs
+    let (g2, g3) = (vm.rx.another_queue(2), vm.rx.another_queue(3));
+    vm.port.configure(|d| d.pairs[2].queues = [Some(g2.queue()), Some(g3.queue())]);
+    switch.register_port("vm", vm.port.clone()).unwrap();
+    switch
+        .apply(SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("r0", "red"), PortConfig::access("vm", "red")],
+            vtep: None,
+        })
+        .unwrap();
+    let snap = switch.snapshot();
+    let (r, v) = (snap.port_id("r0").unwrap(), snap.port_id("vm").unwrap());
+    let threads = |s: &vswitch::snapshot::Snapshot| (assignment(s, 0, 2), assignment(s, 1, 2));
+    // Pairs 0 and 2 run: one on each thread (the ring port's queue on the first).
+    assert_eq!(threads(&snap), (vec![(r, 0), (v, 2)], vec![(v, 0)]));
+    // The guest stops pair 0 and starts pair 1.
+    vm.port.configure(|d| {
+        let (g0, g1) = (vm.rx.another_queue(0), vm.rx.another_queue(1));
+        d.pairs[0].queues = [None, None];
+        d.pairs[1].queues = [Some(g0.queue()), Some(g1.queue())];
+    });
+    assert_eq!(threads(&snap), (vec![(r, 0), (v, 2)], vec![(v, 1)]));
+    assert_eq!(vm.port.running_pairs(), 2);
+}

@@ -151,25 +151,42 @@ impl Drop for PmdSet {
     }
 }
 
-/// This thread's share of the rx queues: every n-th pair, so queues spread evenly.
-fn my_queues(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
-    snap.rxqs.iter().enumerate().filter(|(i, _)| i % n == idx).map(|(_, q)| *q).collect()
+/// Thread `idx`'s share (of `n`) of the rx queues: every n-th queue, so queues spread
+/// evenly. Queues of ports whose queues come and go ([`crate::port::Port::rx_queues_dynamic`])
+/// are dealt after the others, only while active, so a guest's running queue pairs land on
+/// different threads whichever pairs it enables (the others never move: a ring port's queue
+/// must never be polled by two threads).
+pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
+    let dynamic = |&(p, _): &(u16, u16)| snap.port(p).is_some_and(|pe| pe.port.rx_queues_dynamic());
+    let fixed = snap.rxqs.iter().filter(|q| !dynamic(q));
+    let active = snap.rxqs.iter().filter(|q| dynamic(q)).filter(|&&(p, q)| snap.port(p).is_some_and(|pe| pe.port.rx_queue_active(q)));
+    fixed.chain(active).enumerate().filter(|(i, _)| i % n == idx).map(|(_, q)| *q).collect()
 }
+
+/// How often a PMD thread looks again at which dynamic queues are active.
+const REBALANCE: Duration = Duration::from_millis(100);
 
 fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &AtomicU64, kick_fd: RawFd, idle: IdlePolicy) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
-    let mut queues = my_queues(&snap, idx, n);
+    let mut queues = assignment(&snap, idx, n);
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
     let mut idle_since: Option<Instant> = None;
     let mut last = cycles();
+    let (mut loops, mut next_rebalance) = (0u32, Instant::now() + REBALANCE);
     while !stop.load(Acquire) {
         if switch.generation() != snap.generation {
             snap = switch.snapshot();
-            queues = my_queues(&snap, idx, n);
+            queues = assignment(&snap, idx, n);
             adopted.store(snap.generation, Release);
             pipe.stats().event(Event::ConfigAdopted, 1);
+        }
+        // Busy threads look every 1024 polls, idle ones every time (a clock read).
+        loops = loops.wrapping_add(1);
+        if (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
+            queues = assignment(&snap, idx, n);
+            next_rebalance = Instant::now() + REBALANCE;
         }
         pipe.set_now(coarse_secs());
         let mut got = 0;

@@ -63,6 +63,21 @@ pub trait Port: Send + Sync {
         1
     }
 
+    /// Whether rx queues of this port come and go at run time (a vhost-user guest enables
+    /// as many queue pairs as it likes), and may be polled by two threads at once for a
+    /// moment while PMD threads rebalance (the port serialises each queue itself, e.g. with
+    /// a try-lock). Such queues are spread over the PMD threads by [`Port::rx_queue_active`]
+    /// and re-spread when that changes; the others are assigned once per configuration.
+    fn rx_queues_dynamic(&self) -> bool {
+        false
+    }
+
+    /// Whether rx queue `q` has anything to poll now (only asked when
+    /// [`Port::rx_queues_dynamic`]).
+    fn rx_queue_active(&self, _q: u16) -> bool {
+        true
+    }
+
     /// Receives up to `batch.room()` packets from queue `q` into `batch`; returns how many.
     fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
 
