@@ -451,7 +451,7 @@ impl Pipeline {
             // address (a next hop's request teaches its MAC too).
             (Err(DropReason::UnderlayNotVxlan), Some(v)) if !v.shared => {
                 let learned = self.learn_next_hop(snap, pool, b, v.local);
-                if suppress::answer_for(pool, b, v.local, v.mac).is_some() {
+                if suppress::answer_for(pool, b, v.local, v.mac, v.underlay_vlan).is_some() {
                     *ctx = Ctx { reply: true, ..Ctx::default() };
                 } else if learned {
                     *ctx = Ctx { taken: true, ..Ctx::default() };

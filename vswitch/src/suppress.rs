@@ -32,28 +32,39 @@ pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> O
     }
 }
 
-/// Answers an ARP request or neighbour solicitation for `ip` itself, from `mac` (the VTEP's
-/// own address on the underlay).
-pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr) -> Option<Answer> {
+/// Answers an ARP request, neighbour solicitation or ICMP echo request for `ip` itself, from
+/// `mac` (the VTEP's own address on the underlay): untagged, or tagged in `vlan` (the
+/// underlay's VLAN; the reply keeps the tag).
+pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr, vlan: Option<u16>) -> Option<Answer> {
     let h = pool.head(b);
-    let et = u16::from_be_bytes([*h.get(12)?, *h.get(13)?]);
+    let mut et = u16::from_be_bytes([*h.get(12)?, *h.get(13)?]);
+    let mut l2 = 14;
+    // On a tagged underlay the neighbours ask in its VLAN; the reply keeps the tag.
+    if crate::wire::ethernet::is_tpid(et) {
+        let vid = u16::from_be_bytes([*h.get(14)?, *h.get(15)?]) & 0xfff;
+        if vlan != Some(vid) {
+            return None;
+        }
+        et = u16::from_be_bytes([*h.get(16)?, *h.get(17)?]);
+        l2 = 18;
+    }
     match (et, ip) {
         (ethertype::ARP, std::net::IpAddr::V4(a)) => {
-            arp_reply(pool, b, 14, |q| (q == a).then_some(mac)).then_some(Answer::Arp)
+            arp_reply(pool, b, l2, |q| (q == a).then_some(mac)).then_some(Answer::Arp)
         }
         (ethertype::IPV6, std::net::IpAddr::V6(a)) => {
-            nd_reply(pool, b, 14, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
+            nd_reply(pool, b, l2, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
         }
-        (ethertype::IPV4, std::net::IpAddr::V4(a)) => echo_reply(pool, b, a, mac).then_some(Answer::Echo),
+        (ethertype::IPV4, std::net::IpAddr::V4(a)) => echo_reply(pool, b, l2, a, mac).then_some(Answer::Echo),
         _ => None,
     }
 }
 
-/// Turns an ICMP echo request to `ip` into the reply, in place.
-fn echo_reply(pool: &Pool, b: &mut BufId, ip: std::net::Ipv4Addr, mac: MacAddr) -> bool {
+/// Turns an ICMP echo request to `ip` (its IPv4 header at `l2`) into the reply, in place.
+fn echo_reply(pool: &Pool, b: &mut BufId, l2: usize, ip: std::net::Ipv4Addr, mac: MacAddr) -> bool {
     use crate::wire::{checksum, ipv4};
     let h = pool.head_mut(b);
-    let Some(l3) = h.get(14..) else { return false };
+    let Some(l3) = h.get(l2..) else { return false };
     let Ok(p) = ipv4::Packet::new_checked(l3) else { return false };
     let (ihl, total) = (p.header_len(), p.total_len() as usize);
     if p.dst() != ip || p.protocol() != 1 || p.flags_frag() & 0x3fff != 0 || total < ihl + 8 {
@@ -66,18 +77,18 @@ fn echo_reply(pool: &Pool, b: &mut BufId, ip: std::net::Ipv4Addr, mac: MacAddr) 
     }
     let payload_len = (total - ihl) as u16;
     // Options are not echoed: the ICMP message moves up behind a fresh 20-byte header.
-    ipv4::Repr { src: ip, dst: src, protocol: 1, ttl: 64, payload_len, dont_fragment: false }.emit(&mut h[14..]);
+    ipv4::Repr { src: ip, dst: src, protocol: 1, ttl: 64, payload_len, dont_fragment: false }.emit(&mut h[l2..]);
     if ihl != ipv4::HEADER_LEN {
-        h.copy_within(14 + ihl..14 + total, 14 + ipv4::HEADER_LEN);
+        h.copy_within(l2 + ihl..l2 + total, l2 + ipv4::HEADER_LEN);
     }
-    let l3 = &mut h[14..];
+    let l3 = &mut h[l2..];
     let icmp = &mut l3[ipv4::HEADER_LEN..ipv4::HEADER_LEN + payload_len as usize];
     icmp[0] = 0;
     icmp[2..4].fill(0);
     let c = checksum::of(icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     swap_to_reply(h, mac);
-    pool.truncate(b, 14 + ipv4::HEADER_LEN + payload_len as usize);
+    pool.truncate(b, l2 + ipv4::HEADER_LEN + payload_len as usize);
     true
 }
 

@@ -475,3 +475,37 @@ proptest::proptest! {
         proptest::prop_assert_eq!(without, with);
     }
 }
+
+/// On a tagged underlay the VTEP answers ARP, neighbour solicitations and pings asked in
+/// the underlay's VLAN, with the tag kept; asked in another VLAN, it does not.
+#[test]
+fn vtep_answers_on_a_tagged_underlay() {
+    let tagged = |vlan: u16, f: &[u8]| frames::add_tag(f, 0x8100, vlan);
+    for local in [local4(), "2001:db8::1".parse().unwrap()] {
+        let peers: [IpAddr; 2] = if local.is_ipv4() { [peer4(2), peer4(3)] } else { ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()] };
+        let mut h = setup(local, peers, 1500);
+        let mut cfg = h.switch.snapshot().config.clone();
+        cfg.vtep.as_mut().unwrap().underlay_vlan = Some(7);
+        h.apply(cfg).unwrap();
+        let (asks, answer): (Vec<Vec<u8>>, Vec<Vec<u8>>) = match local {
+            IpAddr::V4(me) => {
+                let them = Ipv4Addr::new(198, 51, 100, 2);
+                (
+                    vec![frames::arp_request(mac(PEER_MAC), them, me), frames::icmp_echo(mac(UP_MAC), mac(PEER_MAC), them, me, false, 61)],
+                    vec![frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), me, them), frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), me, them, true, 64)],
+                )
+            }
+            IpAddr::V6(me) => {
+                let them: std::net::Ipv6Addr = "2001:db8::2".parse().unwrap();
+                (vec![frames::ns(mac(PEER_MAC), them, me)], vec![frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)])
+            }
+        };
+        for (ask, want) in asks.iter().zip(&answer) {
+            h.send("up", &tagged(7, ask));
+            h.send("up", &tagged(8, ask));
+            h.step();
+            assert_frames(&h.recv("up"), &[tagged(7, want)]);
+        }
+        assert_eq!(h.stats().event(Event::VtepAnswered), asks.len() as u64);
+    }
+}
