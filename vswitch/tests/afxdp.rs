@@ -7,7 +7,9 @@ use std::time::Duration;
 use vswitch::kernel_neigh::KernelNeighbors;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
+use vswitch::port::afpacket::AfPacketPort;
 use vswitch::port::afxdp::AfXdpPort;
+use vswitch::port::bpf::UnderlayFilter;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
 
@@ -85,7 +87,7 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
         &["pa0", "ul0"],
         |name, pool| -> std::io::Result<Arc<dyn Port>> {
             Ok(if name == "ul0" {
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), vtep, 4789, shared)?)
+                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared })?)
             } else {
                 Arc::new(AfXdpPort::open(name, name, pool.clone())?)
             })
@@ -156,6 +158,58 @@ fn vtep_on_the_nodes_own_address_ipv4() {
 fn vtep_on_the_nodes_own_address_ipv6() {
     let Some(_g) = netns::exclusive() else { return };
     underlay_shared_with_the_node(true, true);
+}
+
+/// VXLAN in VLAN 100 on an interface whose untagged traffic is the node's own. This kernel has
+/// no 802.1Q devices, so node B is a second Knitter switch (AF_PACKET ports) with the same
+/// tagged underlay; node A's AF_XDP filter takes only tagged VXLAN, ARP and ICMP for its VTEP.
+#[test]
+fn underlay_in_a_vlan() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (na, nb) = (Netns::new("na").unwrap(), Netns::new("nb").unwrap());
+    let (pod_a, pod_b) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pod_a, "eth0", &na, "pa0").unwrap();
+    netns::veth(&pod_b, "eth0", &nb, "pb0").unwrap();
+    netns::veth(&na, "ul0", &nb, "ul1").unwrap();
+    pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    // The nodes' own (untagged) addresses on the shared interface.
+    na.run(&["ip", "addr", "add", "198.51.100.10/24", "dev", "ul0"]).unwrap();
+    nb.run(&["ip", "addr", "add", "198.51.100.20/24", "dev", "ul1"]).unwrap();
+    let (va, vb): (std::net::IpAddr, std::net::IpAddr) = ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
+    let cfg = |pod: &str, ul: &str, me, peer| SwitchConfig {
+        bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+        ports: vec![PortConfig::access(pod, "red"), PortConfig::underlay(ul)],
+        vtep: Some(VtepConfig { underlay_vlan: Some(100), ..VtepConfig::new(me, ul).peer_resolved(peer, None) }),
+    };
+    let a = SwitchNode::start(
+        na,
+        &["pa0", "ul0"],
+        |name, pool| -> std::io::Result<Arc<dyn Port>> {
+            Ok(if name == "ul0" {
+                let f = UnderlayFilter { vtep: va, udp_port: 4789, vlan: Some(100), shared: false };
+                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), f)?)
+            } else {
+                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
+            })
+        },
+        cfg("pa0", "ul0", va, vb),
+    )
+    .unwrap();
+    let b = SwitchNode::start(
+        nb,
+        &["pb0", "ul1"],
+        |name, _pool| -> std::io::Result<Arc<dyn Port>> { Ok(Arc::new(AfPacketPort::open(name, name)?)) },
+        cfg("pb0", "ul1", vb, va),
+    )
+    .unwrap();
+    ping(&pod_a, "192.0.2.2").expect("pods across VXLAN in VLAN 100");
+    ping(&b.ns, "198.51.100.10").expect("node A's own untagged address, through its kernel");
+    let (s, sb) = (a.switch.stats(), b.switch.stats());
+    assert!(s.event(Event::Decapsulated) >= 3, "tagged VXLAN reached node A's switch");
+    // Node A asked for node B's VTEP in the VLAN and took the tagged answer through its filter.
+    assert!(s.event(Event::NeighborLearned) >= 1 && sb.event(Event::VtepAnswered) >= 1);
+    assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only the VTEP's frames through");
 }
 
 /// Jumbo frames need multi-buffer AF_XDP, which the port does not do yet: a configuration

@@ -17,6 +17,7 @@
 //! - descriptor slots between our consumer and the kernel's producer (or our producer and the
 //!   kernel's consumer) belong to us; indices are masked by the ring size.
 
+pub use super::bpf::UnderlayFilter;
 use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
 use super::sys::{check, ifindex, interface_mac, setopt};
 use super::{Port, QueueCounters, QueueStats};
@@ -251,28 +252,19 @@ impl AfXdpPort {
         Self::open_with(name, ifname, pool, None)
     }
 
-    /// Opens an underlay port for a VTEP with a dedicated address (IPv4 or IPv6): only VXLAN
-    /// to `vtep`:`udp_port` and ARP / neighbour solicitations asking for `vtep` come to the
-    /// port; the node keeps every other frame of the interface (its own address, SSH, the API
+    /// Opens an underlay port for a VTEP: only what `filter` takes (VXLAN to the VTEP, ARP /
+    /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
+    /// the node keeps every other frame of the interface (its own address, SSH, the API
     /// server...).
-    /// `shared`: the node's kernel owns the VTEP address (it keeps ARP/ND/ICMP for it; see
-    /// `VtepConfig::shared_address`).
-    pub fn open_underlay(
-        name: &str,
-        ifname: &str,
-        pool: Arc<Pool>,
-        vtep: std::net::IpAddr,
-        udp_port: u16,
-        shared: bool,
-    ) -> io::Result<AfXdpPort> {
-        Self::open_with(name, ifname, pool, Some((vtep, udp_port, shared)))
+    pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, Some(filter))
     }
 
     fn open_with(
         name: &str,
         ifname: &str,
         pool: Arc<Pool>,
-        underlay: Option<(std::net::IpAddr, u16, bool)>,
+        underlay: Option<UnderlayFilter>,
     ) -> io::Result<AfXdpPort> {
         let ifindex = ifindex(ifname)?;
         // SAFETY: plain socket creation, checked.
@@ -311,7 +303,7 @@ impl AfXdpPort {
         // Native XDP where the driver has it (veth does), generic otherwise.
         let attach = |flags| match underlay {
             None => XdpRedirect::attach(ifindex, flags, 1),
-            Some((ip, port, shared)) => XdpRedirect::attach_underlay(ifindex, flags, 1, ip, port, shared),
+            Some(f) => XdpRedirect::attach_underlay(ifindex, flags, 1, &f),
         };
         let (xdp, mode) = match attach(XDP_FLAGS_DRV_MODE) {
             Ok(x) => (x, "native"),

@@ -4,9 +4,10 @@
 //!
 //! Two programs. [`XdpRedirect::attach`] redirects every frame of an rx queue to the AF_XDP
 //! socket registered for that queue and passes frames of queues without a socket to the
-//! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns, IPv4
-//! VXLAN to its address and ARP asking for it, and passes everything else, so the node keeps
-//! its own traffic on a shared interface. The first:
+//! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
+//! to its address, ARP/ND asking for it, ICMP to it; in the underlay's VLAN when it has
+//! one) and passes everything else, so the node keeps its own traffic on a shared
+//! interface. The first:
 //!
 //! ```text
 //! r2 = *(u32 *)(r1 + 16)        ; xdp_md->rx_queue_index
@@ -110,6 +111,7 @@ const LDXB: u8 = 0x71;
 const MOV64_X: u8 = 0xbf;
 const MOV64_K: u8 = 0xb7;
 const ADD64_K: u8 = 0x07;
+const AND32_K: u8 = 0x54;
 const JGT_X: u8 = 0x2d;
 const JA: u8 = 0x05;
 const JEQ32_K: u8 = 0x16;
@@ -129,6 +131,19 @@ fn redirect_tail(a: &mut Asm, map: RawFd) {
         .op(insn(EXIT, 0, 0, 0, 0));
 }
 
+/// What an underlay port's XDP program takes from its interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnderlayFilter {
+    /// The VTEP's address (IPv4 or IPv6).
+    pub vtep: std::net::IpAddr,
+    /// The VXLAN UDP destination port.
+    pub udp_port: u16,
+    /// The underlay's 802.1Q VLAN, when VXLAN travels tagged (`VtepConfig::underlay_vlan`).
+    pub vlan: Option<u16>,
+    /// The node's kernel owns the VTEP address: ARP, ND and ICMP for it stay with the kernel.
+    pub shared: bool,
+}
+
 /// An XDP program with its XSKMAP, attached to one interface while this value lives.
 pub struct XdpRedirect {
     map: OwnedFd,
@@ -144,51 +159,56 @@ impl XdpRedirect {
         })
     }
 
-    /// Loads the underlay filter: VXLAN (UDP to `vtep`:`udp_port`; IPv4 without options or
-    /// IPv6 without extension headers), ARP targeting `vtep` (requests for it and replies to
-    /// it), neighbour solicitations for `vtep` and advertisements sent to it, and ICMP to an
-    /// IPv4 `vtep` go to the socket; everything else to the kernel.
-    /// With `shared` (the node's kernel owns the VTEP address) only VXLAN is taken: ARP, ND
-    /// and ICMP for the address stay with the kernel.
-    pub fn attach_underlay(
-        ifindex: u32,
-        flags: u32,
-        max_queues: u32,
-        vtep: std::net::IpAddr,
-        udp_port: u16,
-        shared: bool,
-    ) -> io::Result<XdpRedirect> {
-        let (arp, icmp, nd) = if shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
+    /// Loads the underlay filter (see [`UnderlayFilter`]): VXLAN (UDP to the VTEP's port;
+    /// IPv4 without options or IPv6 without extension headers), ARP targeting the VTEP
+    /// (requests for it and replies to it), neighbour solicitations for it and advertisements
+    /// sent to it, and ICMP to an IPv4 VTEP go to the socket; everything else to the kernel.
+    /// With `shared` only VXLAN is taken: ARP, ND and ICMP for the address stay with the
+    /// kernel. With `vlan`, only frames carrying that 802.1Q tag are considered.
+    pub fn attach_underlay(ifindex: u32, flags: u32, max_queues: u32, f: &UnderlayFilter) -> io::Result<XdpRedirect> {
+        let (arp, icmp, nd) = if f.shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
         // Loads are in host byte order: compare against the wire bytes read the same way.
-        let port = u16::from_ne_bytes(udp_port.to_be_bytes()) as i32;
-        let et = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
+        let be = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
+        let port = be(f.udp_port);
+        // Offsets below are from the network header: after the tag when there is one.
+        let l2: i16 = if f.vlan.is_some() { 18 } else { 14 };
         Self::load(ifindex, flags, max_queues, |a, _map| {
             a.op(insn(MOV64_X, 6, 1, 0, 0)) // r6 = ctx
                 .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
                 .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
                 .op(insn(MOV64_X, 4, 2, 0, 0));
-            match vtep {
+            let tag_check = |a: &mut Asm| {
+                if let Some(vid) = f.vlan {
+                    a.op(insn(LDXH, 5, 2, 12, 0)) // TPID
+                        .jump(insn(JNE32_K, 5, 0, 0, be(0x8100)), "pass")
+                        .op(insn(LDXH, 5, 2, 14, 0)) // TCI: the VLAN ID, priority and DEI masked off
+                        .op(insn(AND32_K, 5, 0, 0, be(0x0fff)))
+                        .jump(insn(JNE32_K, 5, 0, 0, be(vid & 0x0fff)), "pass");
+                }
+            };
+            match f.vtep {
                 std::net::IpAddr::V4(ip) => {
                     let ip = i32::from_ne_bytes(ip.octets());
-                    a.op(insn(ADD64_K, 4, 0, 0, 42)) // Ethernet + IPv4 + UDP, or Ethernet + ARP
-                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
-                        .op(insn(LDXH, 5, 2, 12, 0)) // EtherType
-                        .jump(insn(JEQ32_K, 5, 0, 0, et(0x0806)), arp)
-                        .jump(insn(JNE32_K, 5, 0, 0, et(0x0800)), "pass")
-                        .op(insn(LDXB, 5, 2, 14, 0)) // version and IHL
+                    a.op(insn(ADD64_K, 4, 0, 0, (l2 + 28) as i32)) // IPv4 + UDP, or ARP
+                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass");
+                    tag_check(a);
+                    a.op(insn(LDXH, 5, 2, l2 - 2, 0)) // EtherType
+                        .jump(insn(JEQ32_K, 5, 0, 0, be(0x0806)), arp)
+                        .jump(insn(JNE32_K, 5, 0, 0, be(0x0800)), "pass")
+                        .op(insn(LDXB, 5, 2, l2, 0)) // version and IHL
                         .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
-                        .op(insn(LDXW, 5, 2, 30, 0)) // destination address
+                        .op(insn(LDXW, 5, 2, l2 + 16, 0)) // destination address
                         .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
-                        .op(insn(LDXB, 5, 2, 23, 0)) // protocol: ICMP to the VTEP is ours
+                        .op(insn(LDXB, 5, 2, l2 + 9, 0)) // protocol: ICMP to the VTEP is ours
                         .jump(insn(JEQ32_K, 5, 0, 0, 1), icmp)
                         .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
-                        .op(insn(LDXH, 5, 2, 36, 0)) // UDP destination port
+                        .op(insn(LDXH, 5, 2, l2 + 22, 0)) // UDP destination port
                         .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
                         .jump(insn(JA, 0, 0, 0, 0), "redirect");
                     // (The verifier refuses unreachable code: the ARP block only when used.)
-                    if !shared {
+                    if !f.shared {
                         a.label("arp")
-                            .op(insn(LDXW, 5, 2, 38, 0)) // target protocol address
+                            .op(insn(LDXW, 5, 2, l2 + 24, 0)) // target protocol address
                             .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
                             .jump(insn(JA, 0, 0, 0, 0), "redirect");
                     }
@@ -196,37 +216,32 @@ impl XdpRedirect {
                 std::net::IpAddr::V6(ip) => {
                     let o = ip.octets();
                     let words: Vec<i32> = o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    // Ethernet + IPv6 + the larger of UDP (8) and a solicitation up to its
-                    // target (24).
-                    a.op(insn(ADD64_K, 4, 0, 0, 14 + 40 + 24))
-                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass")
-                        .op(insn(LDXH, 5, 2, 12, 0))
-                        .jump(insn(JNE32_K, 5, 0, 0, et(0x86dd)), "pass")
-                        .op(insn(LDXB, 5, 2, 20, 0)) // next header
+                    // IPv6 + the larger of UDP (8) and a solicitation up to its target (24).
+                    a.op(insn(ADD64_K, 4, 0, 0, (l2 + 40 + 24) as i32)).jump(insn(JGT_X, 4, 3, 0, 0), "pass");
+                    tag_check(a);
+                    a.op(insn(LDXH, 5, 2, l2 - 2, 0))
+                        .jump(insn(JNE32_K, 5, 0, 0, be(0x86dd)), "pass")
+                        .op(insn(LDXB, 5, 2, l2 + 6, 0)) // next header
                         .jump(insn(JEQ32_K, 5, 0, 0, 58), nd)
                         .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
-                    for (k, w) in words.iter().enumerate() {
-                        a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
-                            .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
-                    }
-                    a.op(insn(LDXH, 5, 2, 56, 0)) // UDP destination port
+                    let address_is_vtep = |a: &mut Asm, at: i16| {
+                        for (k, w) in words.iter().enumerate() {
+                            a.op(insn(LDXW, 5, 2, at + 4 * k as i16, 0)).jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                        }
+                    };
+                    address_is_vtep(a, l2 + 24); // destination address
+                    a.op(insn(LDXH, 5, 2, l2 + 42, 0)) // UDP destination port
                         .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
                         .jump(insn(JA, 0, 0, 0, 0), "redirect");
-                    if !shared {
+                    if !f.shared {
                         a.label("nd")
-                            .op(insn(LDXB, 5, 2, 54, 0)) // ICMPv6 type
+                            .op(insn(LDXB, 5, 2, l2 + 40, 0)) // ICMPv6 type
                             .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
                             .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
-                        for (k, w) in words.iter().enumerate() {
-                            a.op(insn(LDXW, 5, 2, 62 + 4 * k as i16, 0)) // solicited target
-                                .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
-                        }
+                        address_is_vtep(a, l2 + 48); // solicited target
                         a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
                         // Advertisements sent to the VTEP's address: answers to its solicitations.
-                        for (k, w) in words.iter().enumerate() {
-                            a.op(insn(LDXW, 5, 2, 38 + 4 * k as i16, 0)) // destination address
-                                .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
-                        }
+                        address_is_vtep(a, l2 + 24);
                         a.jump(insn(JA, 0, 0, 0, 0), "redirect");
                     }
                 }
