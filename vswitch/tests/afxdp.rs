@@ -162,7 +162,8 @@ fn vtep_on_the_nodes_own_address_ipv6() {
 
 /// VXLAN in VLAN 100 on an interface whose untagged traffic is the node's own. This kernel has
 /// no 802.1Q devices, so node B is a second Knitter switch (AF_PACKET ports) with the same
-/// tagged underlay; node A's AF_XDP filter takes only tagged VXLAN, ARP and ICMP for its VTEP.
+/// tagged underlay; node A's AF_XDP filter takes only tagged VXLAN, ARP and ICMP for its VTEP,
+/// swapped in while the port runs.
 #[test]
 fn underlay_in_a_vlan() {
     let Some(_g) = netns::exclusive() else { return };
@@ -182,20 +183,24 @@ fn underlay_in_a_vlan() {
         ports: vec![PortConfig::access(pod, "red"), PortConfig::underlay(ul)],
         vtep: Some(VtepConfig { underlay_vlan: Some(100), ..VtepConfig::new(me, ul).peer_resolved(peer, None) }),
     };
+    // The underlay opens taking every frame (as when its VTEP is not known yet); the filter
+    // is swapped in once the switch runs, with the socket bound throughout.
+    let underlay = std::sync::OnceLock::new();
     let a = SwitchNode::start(
         na,
         &["pa0", "ul0"],
         |name, pool| -> std::io::Result<Arc<dyn Port>> {
-            Ok(if name == "ul0" {
-                let f = UnderlayFilter { vtep: va, udp_port: 4789, vlan: Some(100), shared: false };
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), f)?)
-            } else {
-                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
-            })
+            let port = Arc::new(AfXdpPort::open(name, name, pool.clone())?);
+            if name == "ul0" {
+                let _ = underlay.set(port.clone());
+            }
+            Ok(port)
         },
         cfg("pa0", "ul0", va, vb),
     )
     .unwrap();
+    let f = UnderlayFilter { vtep: va, udp_port: 4789, vlan: Some(100), shared: false };
+    underlay.get().unwrap().set_underlay_filter(Some(f)).unwrap();
     let b = SwitchNode::start(
         nb,
         &["pb0", "ul1"],

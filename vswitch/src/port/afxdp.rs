@@ -235,7 +235,8 @@ pub struct AfXdpPort {
     mac: Option<MacAddr>,
     counters: QueueCounters,
     fd: RawFd,
-    xdp: Option<XdpRedirect>,
+    /// The attached program; `None` only while dropping.
+    xdp: Mutex<Option<XdpRedirect>>,
     sock: Option<OwnedFd>,
 }
 
@@ -258,6 +259,15 @@ impl AfXdpPort {
     /// server...).
     pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
         Self::open_with(name, ifname, pool, Some(filter))
+    }
+
+    /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
+    /// (with `None`) every frame of the queue to the port. The socket stays bound.
+    pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
+        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(x) => x.set_filter(filter.as_ref()),
+            None => Ok(()),
+        }
     }
 
     fn open_with(
@@ -324,7 +334,7 @@ impl AfXdpPort {
             mac,
             counters: QueueCounters::default(),
             fd,
-            xdp: Some(xdp),
+            xdp: Mutex::new(Some(xdp)),
             sock: Some(sock),
         })
     }
@@ -485,7 +495,7 @@ impl Drop for AfXdpPort {
             drop((tx, comp));
             lent.push(l);
         }
-        drop(self.xdp.take());
+        drop(self.xdp.get_mut().unwrap_or_else(|e| e.into_inner()).take());
         drop(self.sock.take());
         let mut cache = PoolCache::new(self.pool.clone());
         for l in &mut lent {

@@ -24,6 +24,7 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
@@ -131,6 +132,128 @@ fn redirect_tail(a: &mut Asm, map: RawFd) {
         .op(insn(EXIT, 0, 0, 0, 0));
 }
 
+/// The program: the underlay filter for `f` (or nothing: every frame) followed by the
+/// redirect to the queue's socket.
+fn assemble(map: RawFd, f: Option<&UnderlayFilter>) -> Vec<Insn> {
+    let mut a = Asm::new();
+    match f {
+        None => {
+            a.op(insn(MOV64_X, 6, 1, 0, 0));
+        }
+        Some(f) => underlay_head(&mut a, f),
+    }
+    redirect_tail(&mut a, map);
+    a.finish()
+}
+
+/// The underlay filter's checks; frames it passes jump to "pass", the rest fall through to
+/// the redirect (r6 holds the context).
+fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
+    let (arp, icmp, nd) = if f.shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
+    // Loads are in host byte order: compare against the wire bytes read the same way.
+    let be = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
+    let port = be(f.udp_port);
+    // Offsets below are from the network header: after the tag when there is one.
+    let l2: i16 = if f.vlan.is_some() { 18 } else { 14 };
+    a.op(insn(MOV64_X, 6, 1, 0, 0)) // r6 = ctx
+        .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
+        .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
+        .op(insn(MOV64_X, 4, 2, 0, 0));
+    let tag_check = |a: &mut Asm| {
+        if let Some(vid) = f.vlan {
+            a.op(insn(LDXH, 5, 2, 12, 0)) // TPID
+                .jump(insn(JNE32_K, 5, 0, 0, be(0x8100)), "pass")
+                .op(insn(LDXH, 5, 2, 14, 0)) // TCI: the VLAN ID, priority and DEI masked off
+                .op(insn(AND32_K, 5, 0, 0, be(0x0fff)))
+                .jump(insn(JNE32_K, 5, 0, 0, be(vid & 0x0fff)), "pass");
+        }
+    };
+    match f.vtep {
+        std::net::IpAddr::V4(ip) => {
+            let ip = i32::from_ne_bytes(ip.octets());
+            a.op(insn(ADD64_K, 4, 0, 0, (l2 + 28) as i32)) // IPv4 + UDP, or ARP
+                .jump(insn(JGT_X, 4, 3, 0, 0), "pass");
+            tag_check(a);
+            a.op(insn(LDXH, 5, 2, l2 - 2, 0)) // EtherType
+                .jump(insn(JEQ32_K, 5, 0, 0, be(0x0806)), arp)
+                .jump(insn(JNE32_K, 5, 0, 0, be(0x0800)), "pass")
+                .op(insn(LDXB, 5, 2, l2, 0)) // version and IHL
+                .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
+                .op(insn(LDXW, 5, 2, l2 + 16, 0)) // destination address
+                .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                .op(insn(LDXB, 5, 2, l2 + 9, 0)) // protocol: ICMP to the VTEP is ours
+                .jump(insn(JEQ32_K, 5, 0, 0, 1), icmp)
+                .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
+                .op(insn(LDXH, 5, 2, l2 + 22, 0)) // UDP destination port
+                .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
+                .jump(insn(JA, 0, 0, 0, 0), "redirect");
+            // (The verifier refuses unreachable code: the ARP block only when used.)
+            if !f.shared {
+                a.label("arp")
+                    .op(insn(LDXW, 5, 2, l2 + 24, 0)) // target protocol address
+                    .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
+                    .jump(insn(JA, 0, 0, 0, 0), "redirect");
+            }
+        }
+        std::net::IpAddr::V6(ip) => {
+            let o = ip.octets();
+            let words: Vec<i32> = o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+            // IPv6 + the larger of UDP (8) and a solicitation up to its target (24).
+            a.op(insn(ADD64_K, 4, 0, 0, (l2 + 40 + 24) as i32)).jump(insn(JGT_X, 4, 3, 0, 0), "pass");
+            tag_check(a);
+            a.op(insn(LDXH, 5, 2, l2 - 2, 0))
+                .jump(insn(JNE32_K, 5, 0, 0, be(0x86dd)), "pass")
+                .op(insn(LDXB, 5, 2, l2 + 6, 0)) // next header
+                .jump(insn(JEQ32_K, 5, 0, 0, 58), nd)
+                .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
+            let address_is_vtep = |a: &mut Asm, at: i16| {
+                for (k, w) in words.iter().enumerate() {
+                    a.op(insn(LDXW, 5, 2, at + 4 * k as i16, 0)).jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                }
+            };
+            address_is_vtep(a, l2 + 24); // destination address
+            a.op(insn(LDXH, 5, 2, l2 + 42, 0)) // UDP destination port
+                .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
+                .jump(insn(JA, 0, 0, 0, 0), "redirect");
+            if !f.shared {
+                a.label("nd")
+                    .op(insn(LDXB, 5, 2, l2 + 40, 0)) // ICMPv6 type
+                    .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
+                    .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
+                address_is_vtep(a, l2 + 48); // solicited target
+                a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
+                // Advertisements sent to the VTEP's address: answers to its solicitations.
+                address_is_vtep(a, l2 + 24);
+                a.jump(insn(JA, 0, 0, 0, 0), "redirect");
+            }
+        }
+    }
+    a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");
+}
+
+/// Loads an XDP program; the verifier's log is the error when it refuses.
+fn load_program(prog: &[Insn]) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 16384];
+    let mut a: Attr = [0; 128];
+    put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
+    put_u32(&mut a, 4, prog.len() as u32);
+    put_u64(&mut a, 8, prog.as_ptr() as u64);
+    put_u64(&mut a, 16, license.as_ptr() as u64);
+    put_u32(&mut a, 24, 1); // log level
+    put_u32(&mut a, 28, log.len() as u32);
+    put_u64(&mut a, 32, log.as_mut_ptr() as u64);
+    a[48..48 + 12].copy_from_slice(b"knitter_xsk\0");
+    put_u32(&mut a, 68, BPF_XDP); // expected attach type
+    match bpf(BPF_PROG_LOAD, &a) {
+        Ok(r) => Ok(fd(r)),
+        Err(e) => {
+            let msg = String::from_utf8_lossy(&log);
+            Err(io::Error::other(format!("XDP program refused: {e}: {}", msg.trim_end_matches('\0'))))
+        }
+    }
+}
+
 /// What an underlay port's XDP program takes from its interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnderlayFilter {
@@ -148,15 +271,13 @@ pub struct UnderlayFilter {
 pub struct XdpRedirect {
     map: OwnedFd,
     _prog: OwnedFd,
-    _link: OwnedFd,
+    link: OwnedFd,
 }
 
 impl XdpRedirect {
     /// Loads the redirect-everything program and attaches it to `ifindex` with `flags`.
     pub fn attach(ifindex: u32, flags: u32, max_queues: u32) -> io::Result<XdpRedirect> {
-        Self::load(ifindex, flags, max_queues, |a, _map| {
-            a.op(insn(MOV64_X, 6, 1, 0, 0));
-        })
+        Self::load(ifindex, flags, max_queues, None)
     }
 
     /// Loads the underlay filter (see [`UnderlayFilter`]): VXLAN (UDP to the VTEP's port;
@@ -166,130 +287,38 @@ impl XdpRedirect {
     /// With `shared` only VXLAN is taken: ARP, ND and ICMP for the address stay with the
     /// kernel. With `vlan`, only frames carrying that 802.1Q tag are considered.
     pub fn attach_underlay(ifindex: u32, flags: u32, max_queues: u32, f: &UnderlayFilter) -> io::Result<XdpRedirect> {
-        let (arp, icmp, nd) = if f.shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
-        // Loads are in host byte order: compare against the wire bytes read the same way.
-        let be = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
-        let port = be(f.udp_port);
-        // Offsets below are from the network header: after the tag when there is one.
-        let l2: i16 = if f.vlan.is_some() { 18 } else { 14 };
-        Self::load(ifindex, flags, max_queues, |a, _map| {
-            a.op(insn(MOV64_X, 6, 1, 0, 0)) // r6 = ctx
-                .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
-                .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
-                .op(insn(MOV64_X, 4, 2, 0, 0));
-            let tag_check = |a: &mut Asm| {
-                if let Some(vid) = f.vlan {
-                    a.op(insn(LDXH, 5, 2, 12, 0)) // TPID
-                        .jump(insn(JNE32_K, 5, 0, 0, be(0x8100)), "pass")
-                        .op(insn(LDXH, 5, 2, 14, 0)) // TCI: the VLAN ID, priority and DEI masked off
-                        .op(insn(AND32_K, 5, 0, 0, be(0x0fff)))
-                        .jump(insn(JNE32_K, 5, 0, 0, be(vid & 0x0fff)), "pass");
-                }
-            };
-            match f.vtep {
-                std::net::IpAddr::V4(ip) => {
-                    let ip = i32::from_ne_bytes(ip.octets());
-                    a.op(insn(ADD64_K, 4, 0, 0, (l2 + 28) as i32)) // IPv4 + UDP, or ARP
-                        .jump(insn(JGT_X, 4, 3, 0, 0), "pass");
-                    tag_check(a);
-                    a.op(insn(LDXH, 5, 2, l2 - 2, 0)) // EtherType
-                        .jump(insn(JEQ32_K, 5, 0, 0, be(0x0806)), arp)
-                        .jump(insn(JNE32_K, 5, 0, 0, be(0x0800)), "pass")
-                        .op(insn(LDXB, 5, 2, l2, 0)) // version and IHL
-                        .jump(insn(JNE32_K, 5, 0, 0, 0x45), "pass")
-                        .op(insn(LDXW, 5, 2, l2 + 16, 0)) // destination address
-                        .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
-                        .op(insn(LDXB, 5, 2, l2 + 9, 0)) // protocol: ICMP to the VTEP is ours
-                        .jump(insn(JEQ32_K, 5, 0, 0, 1), icmp)
-                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass")
-                        .op(insn(LDXH, 5, 2, l2 + 22, 0)) // UDP destination port
-                        .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
-                        .jump(insn(JA, 0, 0, 0, 0), "redirect");
-                    // (The verifier refuses unreachable code: the ARP block only when used.)
-                    if !f.shared {
-                        a.label("arp")
-                            .op(insn(LDXW, 5, 2, l2 + 24, 0)) // target protocol address
-                            .jump(insn(JNE32_K, 5, 0, 0, ip), "pass")
-                            .jump(insn(JA, 0, 0, 0, 0), "redirect");
-                    }
-                }
-                std::net::IpAddr::V6(ip) => {
-                    let o = ip.octets();
-                    let words: Vec<i32> = o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
-                    // IPv6 + the larger of UDP (8) and a solicitation up to its target (24).
-                    a.op(insn(ADD64_K, 4, 0, 0, (l2 + 40 + 24) as i32)).jump(insn(JGT_X, 4, 3, 0, 0), "pass");
-                    tag_check(a);
-                    a.op(insn(LDXH, 5, 2, l2 - 2, 0))
-                        .jump(insn(JNE32_K, 5, 0, 0, be(0x86dd)), "pass")
-                        .op(insn(LDXB, 5, 2, l2 + 6, 0)) // next header
-                        .jump(insn(JEQ32_K, 5, 0, 0, 58), nd)
-                        .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
-                    let address_is_vtep = |a: &mut Asm, at: i16| {
-                        for (k, w) in words.iter().enumerate() {
-                            a.op(insn(LDXW, 5, 2, at + 4 * k as i16, 0)).jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
-                        }
-                    };
-                    address_is_vtep(a, l2 + 24); // destination address
-                    a.op(insn(LDXH, 5, 2, l2 + 42, 0)) // UDP destination port
-                        .jump(insn(JNE32_K, 5, 0, 0, port), "pass")
-                        .jump(insn(JA, 0, 0, 0, 0), "redirect");
-                    if !f.shared {
-                        a.label("nd")
-                            .op(insn(LDXB, 5, 2, l2 + 40, 0)) // ICMPv6 type
-                            .jump(insn(JEQ32_K, 5, 0, 0, 136), "na")
-                            .jump(insn(JNE32_K, 5, 0, 0, 135), "pass");
-                        address_is_vtep(a, l2 + 48); // solicited target
-                        a.jump(insn(JA, 0, 0, 0, 0), "redirect").label("na");
-                        // Advertisements sent to the VTEP's address: answers to its solicitations.
-                        address_is_vtep(a, l2 + 24);
-                        a.jump(insn(JA, 0, 0, 0, 0), "redirect");
-                    }
-                }
-            }
-            a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");
-        })
+        Self::load(ifindex, flags, max_queues, Some(f))
     }
 
-    /// Creates the XSKMAP, assembles `head` followed by the redirect tail, loads and attaches.
-    fn load(ifindex: u32, flags: u32, max_queues: u32, head: impl FnOnce(&mut Asm, RawFd)) -> io::Result<XdpRedirect> {
+    /// Replaces the attached program (the sockets and their map stay): the underlay filter
+    /// for `f`, or redirect-everything. The kernel swaps it atomically: no frame goes
+    /// through neither.
+    pub fn set_filter(&mut self, f: Option<&UnderlayFilter>) -> io::Result<()> {
+        let prog = load_program(&assemble(self.map.as_raw_fd(), f))?;
+        let mut a: Attr = [0; 128];
+        put_u32(&mut a, 0, self.link.as_raw_fd() as u32);
+        put_u32(&mut a, 4, prog.as_raw_fd() as u32);
+        bpf(BPF_LINK_UPDATE, &a)?;
+        self._prog = prog;
+        Ok(())
+    }
+
+    /// Creates the XSKMAP, assembles the program for `f`, loads and attaches it.
+    fn load(ifindex: u32, flags: u32, max_queues: u32, f: Option<&UnderlayFilter>) -> io::Result<XdpRedirect> {
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
         put_u32(&mut a, 4, 4); // key: queue index
         put_u32(&mut a, 8, 4); // value: socket fd
         put_u32(&mut a, 12, max_queues.max(1));
         let map = fd(bpf(BPF_MAP_CREATE, &a)?);
-
-        let mut asm = Asm::new();
-        head(&mut asm, map.as_raw_fd());
-        redirect_tail(&mut asm, map.as_raw_fd());
-        let prog = asm.finish();
-        let license = c"GPL";
-        let mut log = vec![0u8; 16384];
+        let prog = load_program(&assemble(map.as_raw_fd(), f))?;
         let mut a: Attr = [0; 128];
-        put_u32(&mut a, 0, BPF_PROG_TYPE_XDP);
-        put_u32(&mut a, 4, prog.len() as u32);
-        put_u64(&mut a, 8, prog.as_ptr() as u64);
-        put_u64(&mut a, 16, license.as_ptr() as u64);
-        put_u32(&mut a, 24, 1); // log level
-        put_u32(&mut a, 28, log.len() as u32);
-        put_u64(&mut a, 32, log.as_mut_ptr() as u64);
-        a[48..48 + 12].copy_from_slice(b"knitter_xsk\0");
-        put_u32(&mut a, 68, BPF_XDP); // expected attach type
-        let prog_fd = match bpf(BPF_PROG_LOAD, &a) {
-            Ok(r) => fd(r),
-            Err(e) => {
-                let msg = String::from_utf8_lossy(&log);
-                return Err(io::Error::other(format!("XDP program refused: {e}: {}", msg.trim_end_matches('\0'))));
-            }
-        };
-
-        let mut a: Attr = [0; 128];
-        put_u32(&mut a, 0, prog_fd.as_raw_fd() as u32);
+        put_u32(&mut a, 0, prog.as_raw_fd() as u32);
         put_u32(&mut a, 4, ifindex);
         put_u32(&mut a, 8, BPF_XDP);
         put_u32(&mut a, 12, flags);
         let link = fd(bpf(BPF_LINK_CREATE, &a)?);
-        Ok(XdpRedirect { map, _prog: prog_fd, _link: link })
+        Ok(XdpRedirect { map, _prog: prog, link })
     }
 
     /// Directs rx queue `queue` to the AF_XDP socket `xsk`.
