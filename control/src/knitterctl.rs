@@ -1,0 +1,522 @@
+//! knitterctl: the operator's CLI. Talks to a node's knitter-vswitchd over its unix socket:
+//! `node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`. Human tables by default, `-o json`
+//! for scripts; a refused request prints the daemon's reason and exits non-zero.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use knitter_api::node as pb;
+use pb::node_client::NodeClient;
+use std::path::PathBuf;
+use std::time::Duration;
+use tonic::transport::Channel;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Knitter's operator CLI")]
+struct Cli {
+    /// The node daemon's API socket.
+    #[arg(long, global = true, env = "KNITTER_NODE_SOCKET", default_value = knitter_api::DEFAULT_NODE_SOCKET)]
+    socket: PathBuf,
+    /// Output format.
+    #[arg(long, short, global = true, value_enum, default_value = "table")]
+    output: Output,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The node: bridge domains, ports, VTEP, PMD threads (like `ovs-vsctl show`).
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// Bridge domains.
+    Bridge {
+        #[command(subcommand)]
+        cmd: BridgeCmd,
+    },
+    /// Ports.
+    Port {
+        #[command(subcommand)]
+        cmd: PortCmd,
+    },
+    /// The VXLAN tunnel endpoint.
+    Vtep {
+        #[command(subcommand)]
+        cmd: VtepCmd,
+    },
+    /// The forwarding table.
+    Fdb {
+        #[command(subcommand)]
+        cmd: FdbCmd,
+    },
+    /// Counters; with --interval, repeated with rates (like `vppctl show int`).
+    Stats {
+        /// Seconds between reports.
+        #[arg(long)]
+        interval: Option<f64>,
+        /// Reports to print with --interval.
+        #[arg(long, default_value_t = 5)]
+        count: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCmd {
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+enum BridgeCmd {
+    /// Add a bridge domain (one per network on the node).
+    Add {
+        name: String,
+        /// Its tag on trunk ports.
+        #[arg(long)]
+        vlan: Option<u32>,
+        /// Its VXLAN segment.
+        #[arg(long)]
+        vni: Option<u32>,
+        /// Remote VTEPs that get its broadcast/unknown traffic (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        flood: Vec<String>,
+        /// Answer ARP/ND for known addresses.
+        #[arg(long)]
+        arp_suppression: bool,
+        /// Replace a bridge domain of this name.
+        #[arg(long)]
+        replace: bool,
+    },
+    Del {
+        name: String,
+    },
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum PortCmd {
+    /// Add a port: one device, one mode.
+    Add(Box<PortAdd>),
+    Del {
+        name: String,
+    },
+    List,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user"])))]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["access", "trunk", "underlay"])))]
+struct PortAdd {
+    name: String,
+    /// A kernel interface, through AF_XDP.
+    #[arg(long, value_name = "IFNAME")]
+    af_xdp: Option<String>,
+    /// A kernel interface, through AF_PACKET.
+    #[arg(long, value_name = "IFNAME")]
+    af_packet: Option<String>,
+    /// A vhost-user socket (the switch listens; with --client it connects).
+    #[arg(long, value_name = "SOCKET")]
+    vhost_user: Option<String>,
+    #[arg(long, requires = "vhost_user")]
+    client: bool,
+    /// The kernel interface's network namespace (as in /run/netns).
+    #[arg(long)]
+    netns: Option<String>,
+    /// Untagged member of this bridge domain.
+    #[arg(long, value_name = "BRIDGE")]
+    access: Option<String>,
+    /// Tagged member of the bridge domains with these VLANs (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "VLANS")]
+    trunk: Option<Vec<u32>>,
+    /// The untagged VLAN of a trunk.
+    #[arg(long, requires = "trunk")]
+    native: Option<u32>,
+    /// Carries the VTEP's VXLAN traffic.
+    #[arg(long)]
+    underlay: bool,
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Port security: the pod's MAC (with --ip, its addresses).
+    #[arg(long)]
+    mac: Option<String>,
+    #[arg(long, requires = "mac")]
+    ip: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum VtepCmd {
+    /// Set the VTEP.
+    Set {
+        /// Its underlay address.
+        #[arg(long)]
+        local: String,
+        /// The underlay port.
+        #[arg(long)]
+        underlay: String,
+        /// Remote VTEPs (resolved with ARP/ND; comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        peer: Vec<String>,
+        /// The underlay's 802.1Q VLAN.
+        #[arg(long)]
+        vlan: Option<u32>,
+        /// The address is the node's own (its kernel answers ARP/ND).
+        #[arg(long)]
+        shared: bool,
+    },
+    Clear,
+    Show,
+}
+
+#[derive(Debug, Subcommand)]
+enum FdbCmd {
+    Show {
+        #[arg(long)]
+        bridge: Option<String>,
+    },
+    /// Remove learned entries of a bridge domain or a port.
+    Flush {
+        #[arg(long, conflicts_with = "port", required_unless_present = "port")]
+        bridge: Option<String>,
+        #[arg(long)]
+        port: Option<String>,
+    },
+}
+
+/// Prints rows as aligned columns.
+fn table(head: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<0$}", w[i])).collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(head.iter().map(|h| h.to_uppercase()).collect());
+    rows.into_iter().for_each(line);
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
+fn owner(o: i32) -> &'static str {
+    if o == pb::Owner::Manager as i32 { "manager" } else { "local" }
+}
+
+fn device(d: &Option<pb::Device>) -> String {
+    use pb::device::Kind;
+    let ns = |n: &str| if n.is_empty() { String::new() } else { format!(" (netns {n})") };
+    match d.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::AfXdp(k)) => format!("af_xdp {}{}", k.ifname, ns(&k.netns)),
+        Some(Kind::AfPacket(k)) => format!("af_packet {}{}", k.ifname, ns(&k.netns)),
+        Some(Kind::VhostUser(v)) => format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" }),
+        None => "-".into(),
+    }
+}
+
+fn mode(p: &pb::Port) -> String {
+    use pb::port::Mode;
+    match &p.mode {
+        Some(Mode::Access(a)) => format!("access {}", a.bridge),
+        Some(Mode::Trunk(t)) => {
+            let v: Vec<String> = t.allowed.iter().map(|v| v.to_string()).collect();
+            format!("trunk {}{}", v.join(","), t.native.map(|n| format!(" native {n}")).unwrap_or_default())
+        }
+        Some(Mode::Underlay(_)) => "underlay".into(),
+        None => "-".into(),
+    }
+}
+
+fn print_bridges(b: &[pb::Bridge]) {
+    table(
+        &["name", "vlan", "vni", "flood", "arp-suppression", "owner"],
+        b.iter()
+            .map(|b| {
+                vec![
+                    b.name.clone(),
+                    opt(b.vlan),
+                    opt(b.vni),
+                    if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
+                    if b.arp_suppression { "on" } else { "off" }.into(),
+                    owner(b.owner).into(),
+                ]
+            })
+            .collect(),
+    );
+}
+
+fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
+    table(
+        &["name", "device", "mode", "mtu", "link", "owner"],
+        p.iter()
+            .map(|p| {
+                let link = match status.iter().find(|s| s.name == p.name) {
+                    Some(s) if !s.error.is_empty() => format!("not running: {}", s.error),
+                    Some(s) if s.vhost_connected == Some(false) => "waiting for the frontend".into(),
+                    Some(s) if s.link_up => "up".into(),
+                    Some(_) => "down".into(),
+                    None => "?".into(),
+                };
+                vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into()]
+            })
+            .collect(),
+    );
+}
+
+fn print_vtep(v: &pb::Vtep) {
+    let peers: Vec<&str> = v.peers.iter().map(|p| p.ip.as_str()).collect();
+    println!(
+        "vtep {} on {}{}, udp {}, peers {}{} ({})",
+        v.local_ip,
+        v.underlay_port,
+        v.underlay_vlan.map(|t| format!(" vlan {t}")).unwrap_or_default(),
+        opt(v.udp_port),
+        if peers.is_empty() { "-".into() } else { peers.join(",") },
+        if v.shared_address { ", the node's own address" } else { "" },
+        owner(v.owner),
+    );
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn port_request(a: PortAdd) -> pb::Port {
+    use pb::device::Kind;
+    use pb::port::Mode;
+    let netns = a.netns.unwrap_or_default();
+    let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
+        (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
+        (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
+        (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client }),
+    };
+    let mode = match (a.access, a.trunk) {
+        (Some(b), _) => Mode::Access(pb::Access { bridge: b }),
+        (_, Some(allowed)) => Mode::Trunk(pb::Trunk { allowed, native: a.native }),
+        _ => Mode::Underlay(pb::Underlay {}),
+    };
+    pb::Port {
+        name: a.name,
+        device: Some(pb::Device { kind: Some(kind) }),
+        mode: Some(mode),
+        mtu: a.mtu,
+        security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, allowed_address_pairs: vec![] }),
+        ..Default::default()
+    }
+}
+
+async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, count: u32) -> Result<()> {
+    let mut prev: Option<pb::StatsReply> = None;
+    let reports = if interval.is_some() { count.max(1) } else { 1 };
+    for i in 0..reports {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_secs_f64(interval.unwrap_or(1.0))).await;
+        }
+        let s = c.stats(pb::StatsRequest {}).await?.into_inner();
+        if out == Output::Json {
+            json(&s)?;
+            prev = Some(s);
+            continue;
+        }
+        let rate = |now: u64, name: &str, f: fn(&pb::PortStatus) -> u64| -> String {
+            let Some(p) = &prev else { return "-".into() };
+            let secs = (s.at_unix_nanos.saturating_sub(p.at_unix_nanos)) as f64 / 1e9;
+            let before = p.ports.iter().find(|x| x.name == name).map(f).unwrap_or(0);
+            if secs > 0.0 { format!("{:.0}", now.saturating_sub(before) as f64 / secs) } else { "-".into() }
+        };
+        table(
+            &["port", "rx packets", "rx bytes", "tx packets", "tx bytes", "drops", "rx pps", "tx pps"],
+            s.ports
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.name.clone(),
+                        p.rx_packets.to_string(),
+                        p.rx_bytes.to_string(),
+                        p.tx_packets.to_string(),
+                        p.tx_bytes.to_string(),
+                        p.drops.to_string(),
+                        rate(p.rx_packets, &p.name, |x| x.rx_packets),
+                        rate(p.tx_packets, &p.name, |x| x.tx_packets),
+                    ]
+                })
+                .collect(),
+        );
+        println!();
+        table(
+            &["bridge", "packets", "flooded", "learned", "fdb entries"],
+            s.bridges
+                .iter()
+                .map(|b| vec![b.name.clone(), b.packets.to_string(), b.flooded.to_string(), b.learned.to_string(), b.fdb_entries.to_string()])
+                .collect(),
+        );
+        println!();
+        table(
+            &["pmd", "packets", "busy cycles", "idle cycles", "cycles/packet"],
+            s.pmds
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.thread.to_string(),
+                        p.packets.to_string(),
+                        p.busy_cycles.to_string(),
+                        p.idle_cycles.to_string(),
+                        format!("{:.0}", p.cycles_per_packet),
+                    ]
+                })
+                .collect(),
+        );
+        if !s.drops.is_empty() {
+            println!();
+            table(&["drop reason", "count"], s.drops.iter().map(|d| vec![d.name.clone(), d.value.to_string()]).collect());
+        }
+        if !s.events.is_empty() {
+            println!();
+            table(&["event", "count"], s.events.iter().map(|d| vec![d.name.clone(), d.value.to_string()]).collect());
+        }
+        if i + 1 < reports {
+            println!("--");
+        }
+        prev = Some(s);
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let mut c = knitter_api::node_client(&cli.socket);
+    let out = cli.output;
+    let applied = |a: pb::Applied| -> Result<()> {
+        if out == Output::Json {
+            return json(&a);
+        }
+        println!("ok (configuration generation {})", a.generation);
+        Ok(())
+    };
+    match cli.cmd {
+        Cmd::Node { cmd: NodeCmd::Show } => {
+            let v = c.show(pb::ShowRequest {}).await?.into_inner();
+            if out == Output::Json {
+                return json(&v);
+            }
+            println!(
+                "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{}",
+                v.version,
+                v.generation,
+                v.pmd_threads,
+                v.idle_policy,
+                v.buffers_free,
+                v.buffers,
+                if v.hugepages { " (hugepages)" } else { "" }
+            );
+            match &v.vtep {
+                Some(t) => print_vtep(t),
+                None => println!("vtep: none"),
+            }
+            println!();
+            print_bridges(&v.bridges);
+            println!();
+            print_ports(&v.ports, &v.status);
+        }
+        Cmd::Bridge { cmd } => match cmd {
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, replace } => {
+                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, ..Default::default() };
+                applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
+            }
+            BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+            BridgeCmd::List => {
+                let l = c.list_bridges(pb::ListRequest {}).await?.into_inner();
+                if out == Output::Json { json(&l)? } else { print_bridges(&l.bridges) }
+            }
+        },
+        Cmd::Port { cmd } => match cmd {
+            PortCmd::Add(a) => applied(c.add_port(pb::AddPortRequest { port: Some(port_request(*a)) }).await?.into_inner())?,
+            PortCmd::Del { name } => applied(c.delete_port(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+            PortCmd::List => {
+                let l = c.list_ports(pb::ListRequest {}).await?.into_inner();
+                if out == Output::Json {
+                    json(&l)?
+                } else {
+                    let status = c.show(pb::ShowRequest {}).await?.into_inner().status;
+                    print_ports(&l.ports, &status)
+                }
+            }
+        },
+        Cmd::Vtep { cmd } => match cmd {
+            VtepCmd::Set { local, underlay, peer, vlan, shared } => {
+                let vtep = pb::Vtep {
+                    local_ip: local,
+                    underlay_port: underlay,
+                    underlay_vlan: vlan,
+                    peers: peer.into_iter().map(|ip| pb::Peer { ip, ..Default::default() }).collect(),
+                    shared_address: shared,
+                    ..Default::default()
+                };
+                applied(c.set_vtep(pb::SetVtepRequest { vtep: Some(vtep) }).await?.into_inner())?
+            }
+            VtepCmd::Clear => applied(c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await?.into_inner())?,
+            VtepCmd::Show => {
+                let v = c.show(pb::ShowRequest {}).await?.into_inner().vtep;
+                match (out, v) {
+                    (Output::Json, v) => json(&v)?,
+                    (_, Some(v)) => print_vtep(&v),
+                    (_, None) => println!("vtep: none"),
+                }
+            }
+        },
+        Cmd::Fdb { cmd: FdbCmd::Show { bridge } } => {
+            let f = c.fdb_dump(pb::FdbRequest { bridge: bridge.unwrap_or_default() }).await?.into_inner();
+            if out == Output::Json {
+                return json(&f);
+            }
+            table(
+                &["bridge", "mac", "dest", "type", "age"],
+                f.entries
+                    .iter()
+                    .map(|e| {
+                        let age = if e.is_static { "-".into() } else { format!("{}s", e.age_secs) };
+                        vec![e.bridge.clone(), e.mac.clone(), e.dest.clone(), if e.is_static { "static" } else { "learned" }.into(), age]
+                    })
+                    .collect(),
+            );
+        }
+        Cmd::Fdb { cmd: FdbCmd::Flush { bridge, port } } => {
+            let r = c.fdb_flush(pb::FdbFlushRequest { bridge: bridge.unwrap_or_default(), port: port.unwrap_or_default() }).await?;
+            let r = r.into_inner();
+            if out == Output::Json { json(&r)? } else { println!("{} entries removed", r.removed) }
+        }
+        Cmd::Stats { interval, count } => stats(&mut c, out, interval, count).await?,
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let socket = cli.socket.clone();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("knitterctl: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display())) {
+        match e.root_cause().downcast_ref::<tonic::Status>() {
+            Some(s) if s.code() == tonic::Code::Unavailable && s.message().contains("transport") => {
+                eprintln!("knitterctl: cannot reach knitter-vswitchd at {}: is it running? ({})", socket.display(), s.message())
+            }
+            Some(s) => eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message()),
+            None => eprintln!("knitterctl: {e:#}"),
+        }
+        std::process::exit(1);
+    }
+}

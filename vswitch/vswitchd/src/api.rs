@@ -1,0 +1,232 @@
+//! The node gRPC API (`knitter.node.v1.Node`) over a [`Node`]: requests are converted,
+//! handed to the node (which validates and applies them whole) and refusals mapped to gRPC
+//! status codes with the node's reason as the message. One error table: [`status`].
+
+use crate::convert::{self, FieldError};
+use crate::node::{Node, NodeError};
+use knitter_api::node as pb;
+use knitter_api::node::node_server::Node as NodeApi;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+use vswitch::Event;
+use vswitch::fdb::Dest;
+
+pub struct Api {
+    pub node: Arc<Node>,
+}
+
+/// How each refusal reaches a client.
+fn status(e: NodeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        NodeError::Exists { .. } => Status::already_exists(msg),
+        NodeError::NotFound { .. } => Status::not_found(msg),
+        NodeError::NotOwner { .. } => Status::failed_precondition(msg),
+        NodeError::Invalid(_) => Status::invalid_argument(msg),
+        NodeError::Device(_) => Status::unavailable(msg),
+        NodeError::State(_) => Status::internal(msg),
+    }
+}
+
+fn field(e: FieldError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn applied(r: Result<u64, NodeError>) -> Result<Response<pb::Applied>, Status> {
+    r.map(|generation| Response::new(pb::Applied { generation })).map_err(status)
+}
+
+/// Runs a blocking node operation (device opens, PMD hand-over) off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("operation panicked: {e}")))
+}
+
+impl Api {
+    fn bridges(&self) -> Vec<pb::Bridge> {
+        self.node.state().bridges.iter().map(|b| convert::bridge_to(&b.item, b.owner)).collect()
+    }
+
+    fn ports(&self) -> Vec<pb::Port> {
+        self.node.state().ports.iter().map(|p| convert::port_to(&p.item, p.owner)).collect()
+    }
+
+    fn port_status(&self) -> Vec<pb::PortStatus> {
+        let snap = self.node.switch.snapshot();
+        let totals = self.node.switch.stats();
+        let running = snap.ports.iter().flatten().map(|p| {
+            let t = totals.ports.get(p.id as usize).cloned().unwrap_or_default();
+            pb::PortStatus {
+                name: p.name.clone(),
+                link_up: p.port.link_up(),
+                rx_packets: t.rx_packets,
+                rx_bytes: t.rx_bytes,
+                tx_packets: t.tx_packets,
+                tx_bytes: t.tx_bytes,
+                drops: t.drops,
+                error: String::new(),
+                vhost_connected: self.node.vhost_connected(&p.name),
+            }
+        });
+        let failed = self.node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });
+        running.chain(failed).collect()
+    }
+}
+
+#[tonic::async_trait]
+impl NodeApi for Api {
+    async fn show(&self, _: Request<pb::ShowRequest>) -> Result<Response<pb::NodeView>, Status> {
+        let state = self.node.state();
+        let pool = &self.node.pool;
+        Ok(Response::new(pb::NodeView {
+            version: env!("CARGO_PKG_VERSION").into(),
+            generation: self.node.switch.generation(),
+            bridges: self.bridges(),
+            ports: self.ports(),
+            vtep: state.vtep.as_ref().map(|v| convert::vtep_to(&v.item, v.owner)),
+            status: self.port_status(),
+            pmd_threads: self.node.opts.pmd.threads as u32,
+            idle_policy: match self.node.opts.pmd.idle {
+                vswitch::IdlePolicy::Busy => "busy".into(),
+                vswitch::IdlePolicy::Adaptive { spin_us, max_sleep_us } => {
+                    format!("adaptive (spin {spin_us} us, sleep up to {max_sleep_us} us)")
+                }
+            },
+            buffers: pool.capacity(),
+            buffers_free: pool.free_count() as u32,
+            hugepages: matches!(pool.backing(), vswitch::region::Backing::HugeTlb),
+        }))
+    }
+
+    async fn add_bridge(&self, r: Request<pb::AddBridgeRequest>) -> Result<Response<pb::Applied>, Status> {
+        let r = r.into_inner();
+        let b = r.bridge.ok_or_else(|| Status::invalid_argument("bridge: missing"))?;
+        let owner = convert::owner_from(b.owner).map_err(field)?;
+        let cfg = convert::bridge_from(&b).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.add_bridge(cfg, owner, r.replace)).await?)
+    }
+
+    async fn delete_bridge(&self, r: Request<pb::DeleteRequest>) -> Result<Response<pb::Applied>, Status> {
+        let r = r.into_inner();
+        let owner = convert::owner_from(r.owner).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.delete_bridge(&r.name, owner)).await?)
+    }
+
+    async fn list_bridges(&self, _: Request<pb::ListRequest>) -> Result<Response<pb::BridgeList>, Status> {
+        Ok(Response::new(pb::BridgeList { bridges: self.bridges() }))
+    }
+
+    async fn add_port(&self, r: Request<pb::AddPortRequest>) -> Result<Response<pb::Applied>, Status> {
+        let p = r.into_inner().port.ok_or_else(|| Status::invalid_argument("port: missing"))?;
+        let owner = convert::owner_from(p.owner).map_err(field)?;
+        let spec = convert::port_from(&p).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.add_port(spec, owner)).await?)
+    }
+
+    async fn delete_port(&self, r: Request<pb::DeleteRequest>) -> Result<Response<pb::Applied>, Status> {
+        let r = r.into_inner();
+        let owner = convert::owner_from(r.owner).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.delete_port(&r.name, owner)).await?)
+    }
+
+    async fn list_ports(&self, _: Request<pb::ListRequest>) -> Result<Response<pb::PortList>, Status> {
+        Ok(Response::new(pb::PortList { ports: self.ports() }))
+    }
+
+    async fn set_vtep(&self, r: Request<pb::SetVtepRequest>) -> Result<Response<pb::Applied>, Status> {
+        let v = r.into_inner().vtep.ok_or_else(|| Status::invalid_argument("vtep: missing"))?;
+        let owner = convert::owner_from(v.owner).map_err(field)?;
+        let cfg = convert::vtep_from(&v).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.set_vtep(cfg, owner)).await?)
+    }
+
+    async fn clear_vtep(&self, r: Request<pb::ClearVtepRequest>) -> Result<Response<pb::Applied>, Status> {
+        let owner = convert::owner_from(r.into_inner().owner).map_err(field)?;
+        let node = self.node.clone();
+        applied(blocking(move || node.clear_vtep(owner)).await?)
+    }
+
+    async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        let sw = &self.node.switch;
+        let snap = sw.snapshot();
+        let totals = sw.stats();
+        let at_unix_nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let bridges = snap
+            .bds
+            .iter()
+            .flatten()
+            .map(|b| {
+                let t = totals.bds.get(b.id as usize).cloned().unwrap_or_default();
+                pb::BridgeStats {
+                    name: b.name.clone(),
+                    packets: t.packets,
+                    bytes: t.bytes,
+                    flooded: t.flooded,
+                    learned: t.learned,
+                    fdb_entries: sw.fdb().bd_len(b.id).into(),
+                }
+            })
+            .collect();
+        let count = |(name, value): (&str, u64)| pb::Count { name: name.into(), value };
+        Ok(Response::new(pb::StatsReply {
+            ports: self.port_status(),
+            bridges,
+            drops: totals.nonzero_drops().into_iter().map(count).collect(),
+            events: Event::ALL.iter().map(|e| (e.name(), totals.event(*e))).filter(|c| c.1 > 0).map(count).collect(),
+            pmds: sw
+                .thread_stats()
+                .iter()
+                .enumerate()
+                .map(|(i, t)| pb::PmdStats {
+                    thread: i as u32,
+                    busy_cycles: t.busy_cycles,
+                    idle_cycles: t.idle_cycles,
+                    packets: t.packets,
+                    cycles_per_packet: t.cycles_per_packet().unwrap_or(0.0),
+                })
+                .collect(),
+            at_unix_nanos,
+        }))
+    }
+
+    async fn fdb_dump(&self, r: Request<pb::FdbRequest>) -> Result<Response<pb::FdbReply>, Status> {
+        let only = r.into_inner().bridge;
+        let snap = self.node.switch.snapshot();
+        let now = vswitch::util::coarse_secs();
+        let entries = self
+            .node
+            .switch
+            .fdb()
+            .dump()
+            .into_iter()
+            .filter_map(|e| {
+                let bridge = snap.bd(e.bd)?.name.clone();
+                if !only.is_empty() && bridge != only {
+                    return None;
+                }
+                let dest = match e.dest {
+                    Dest::Port(p) => format!("port {}", snap.ports.get(p as usize)?.as_ref()?.name),
+                    Dest::Peer(p) => format!("remote {}", snap.peer(p)?.ip),
+                };
+                Some(pb::FdbEntry { bridge, mac: e.mac.to_string(), dest, is_static: e.is_static, age_secs: now.saturating_sub(e.seen) })
+            })
+            .collect();
+        Ok(Response::new(pb::FdbReply { entries }))
+    }
+
+    async fn fdb_flush(&self, r: Request<pb::FdbFlushRequest>) -> Result<Response<pb::FdbFlushReply>, Status> {
+        let r = r.into_inner();
+        let sw = &self.node.switch;
+        let removed = match (r.bridge.is_empty(), r.port.is_empty()) {
+            (false, true) => sw.flush_bridge(&r.bridge).ok_or_else(|| Status::not_found(format!("no bridge named {:?}", r.bridge)))?,
+            (true, false) => sw.flush_port(&r.port).ok_or_else(|| Status::not_found(format!("no port named {:?}", r.port)))?,
+            _ => return Err(Status::invalid_argument("name exactly one of bridge and port")),
+        };
+        Ok(Response::new(pb::FdbFlushReply { removed: removed as u64 }))
+    }
+}

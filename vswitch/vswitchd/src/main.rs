@@ -1,0 +1,95 @@
+//! knitter-vswitchd: one per node. Runs the switch (PMD threads) over the ports it is told
+//! about, serves the node API on a unix socket, ages the forwarding table, persists what it
+//! runs, and stops cleanly on SIGTERM or SIGINT.
+
+mod api;
+mod convert;
+mod devices;
+mod node;
+mod settings;
+mod state;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::net::UnixListener;
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = settings::Args::parse();
+    let s = settings::Settings::from_args(&args)?;
+    let persisted = match &s.state_file {
+        Some(p) => state::NodeState::load(p)?,
+        None => state::NodeState::default(),
+    };
+    let start = settings::converge(persisted, &s.objects);
+    let opts = node::NodeOptions {
+        pmd: s.pmd.clone(),
+        buffers: s.pool.buffers,
+        hugepages: s.pool.hugepages,
+        state_file: s.state_file.clone(),
+    };
+    let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);
+    if let Some(p) = &s.state_file {
+        node.state().save(p)?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let served = rt.block_on(serve(node.clone(), &s.api));
+    node.stop();
+    let _ = std::fs::remove_file(&s.api.socket);
+    tracing::info!("stopped");
+    served
+}
+
+/// A listener on `path`: its directory made, a stale socket replaced, the mode set.
+fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!("another daemon already serves {}", path.display());
+    }
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(l)
+}
+
+async fn serve(node: Arc<node::Node>, api: &settings::ApiSection) -> Result<()> {
+    let listener = bind(&api.socket, api.socket_mode)?;
+    let aging = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                node.switch.age(vswitch::util::coarse_secs());
+            }
+        })
+    };
+    tracing::info!(socket = %api.socket.display(), "node API ready");
+    let service = knitter_api::node::node_server::NodeServer::new(api::Api { node });
+    let r = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stop_signal())
+        .await;
+    aging.abort();
+    r.context("node API server")
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping"),
+    }
+}

@@ -1,0 +1,261 @@
+//! The daemon's config file (TOML) and command line. Every key has a default, so the daemon
+//! runs with no file at all; the command line overrides the file. Bridge domains, ports and
+//! the VTEP in the file are `local` objects, converged into the persisted state at start.
+
+use crate::state::{NodeState, Owned, Owner, PortSpec};
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use vswitch::config::{BridgeConfig, VtepConfig};
+use vswitch::{IdlePolicy, PmdConfig};
+
+pub const DEFAULT_CONFIG: &str = "/etc/knitter/vswitchd.toml";
+pub const DEFAULT_STATE: &str = "/var/lib/knitter/vswitchd.json";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiSection {
+    /// The node API's unix socket.
+    pub socket: PathBuf,
+    /// Its mode (owner and group read/write by default).
+    pub socket_mode: u32,
+}
+
+impl Default for ApiSection {
+    fn default() -> Self {
+        ApiSection { socket: knitter_api::DEFAULT_NODE_SOCKET.into(), socket_mode: 0o660 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PmdSection {
+    pub threads: usize,
+    /// CPU of each thread; missing entries are not pinned.
+    pub cores: Vec<usize>,
+    pub idle: IdlePolicy,
+}
+
+impl Default for PmdSection {
+    fn default() -> Self {
+        PmdSection { threads: 1, cores: Vec::new(), idle: IdlePolicy::default() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSection {
+    /// Packet buffers of 2 KiB.
+    pub buffers: u32,
+    /// Back them with explicit hugepages when the system has them.
+    pub hugepages: bool,
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        PoolSection { buffers: 16384, hugepages: true }
+    }
+}
+
+/// The config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub api: ApiSection,
+    #[serde(default)]
+    pub pmd: PmdSection,
+    #[serde(default)]
+    pub pool: PoolSection,
+    /// Where runtime state is persisted; `""` keeps none.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+    #[serde(default)]
+    pub bridges: Vec<Owned<BridgeConfig>>,
+    #[serde(default)]
+    pub ports: Vec<Owned<PortSpec>>,
+    #[serde(default)]
+    pub vtep: Option<Owned<VtepConfig>>,
+}
+
+/// The idle policy on the command line.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Idle {
+    /// Spin on the ports without rest (dedicated cores, benchmarks).
+    Busy,
+    /// Spin a while, then sleep on the ports' wake descriptors (shared cores).
+    Adaptive,
+}
+
+/// knitter-vswitchd: the Knitter node daemon (switch, ports, node API).
+#[derive(Debug, clap::Parser)]
+#[command(version)]
+pub struct Args {
+    /// Config file (TOML). Default: /etc/knitter/vswitchd.toml when it exists, else defaults.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// The node API's unix socket.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Where runtime state is persisted (default /var/lib/knitter/vswitchd.json).
+    #[arg(long, conflicts_with = "no_state")]
+    pub state_file: Option<PathBuf>,
+    /// Persist nothing: every start begins from the config file alone.
+    #[arg(long)]
+    pub no_state: bool,
+    /// PMD threads.
+    #[arg(long)]
+    pub pmd_threads: Option<usize>,
+    /// CPUs to pin PMD threads to, in order (e.g. 2,3).
+    #[arg(long, value_delimiter = ',')]
+    pub pmd_cores: Option<Vec<usize>>,
+    /// What PMD threads do when idle.
+    #[arg(long, value_enum)]
+    pub idle: Option<Idle>,
+    /// Packet buffers (2 KiB each).
+    #[arg(long)]
+    pub buffers: Option<u32>,
+    /// Do not use explicit hugepages for packet buffers.
+    #[arg(long)]
+    pub no_hugepages: bool,
+}
+
+/// Everything the daemon runs with, file and command line merged.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub api: ApiSection,
+    pub pmd: PmdConfig,
+    pub pool: PoolSection,
+    pub state_file: Option<PathBuf>,
+    /// The file's objects (all `local`).
+    pub objects: NodeState,
+}
+
+fn read_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+impl Settings {
+    pub fn from_args(args: &Args) -> Result<Settings> {
+        let file = match &args.config {
+            Some(p) => read_file(p)?,
+            None if Path::new(DEFAULT_CONFIG).exists() => read_file(Path::new(DEFAULT_CONFIG))?,
+            None => FileConfig::default(),
+        };
+        let objects = NodeState { bridges: file.bridges, ports: file.ports, vtep: file.vtep };
+        let managed = objects.bridges.iter().any(|b| b.owner != Owner::Local)
+            || objects.ports.iter().any(|p| p.owner != Owner::Local)
+            || objects.vtep.as_ref().is_some_and(|v| v.owner != Owner::Local);
+        if managed {
+            bail!("the config file declares an object owned by the manager; the file owns only local objects");
+        }
+        let mut api = file.api;
+        if let Some(s) = &args.socket {
+            api.socket = s.clone();
+        }
+        let mut pmd = file.pmd;
+        pmd.threads = args.pmd_threads.unwrap_or(pmd.threads);
+        pmd.cores = args.pmd_cores.clone().unwrap_or(pmd.cores);
+        pmd.idle = match args.idle {
+            Some(Idle::Busy) => IdlePolicy::Busy,
+            Some(Idle::Adaptive) if pmd.idle == IdlePolicy::Busy => IdlePolicy::default(),
+            _ => pmd.idle,
+        };
+        if pmd.threads == 0 {
+            bail!("pmd.threads must be at least 1");
+        }
+        let mut pool = file.pool;
+        pool.buffers = args.buffers.unwrap_or(pool.buffers);
+        pool.hugepages &= !args.no_hugepages;
+        let state_file = match (&args.state_file, args.no_state, file.state_file) {
+            (_, true, _) => None,
+            (Some(p), _, _) => Some(p.clone()),
+            (None, _, Some(p)) if p.as_os_str().is_empty() => None,
+            (None, _, Some(p)) => Some(p),
+            (None, _, None) => Some(DEFAULT_STATE.into()),
+        };
+        Ok(Settings {
+            api,
+            pmd: PmdConfig { threads: pmd.threads, cores: pmd.cores, idle: pmd.idle },
+            pool,
+            state_file,
+            objects,
+        })
+    }
+}
+
+/// The state to start from: the persisted one with the config file's objects laid over it
+/// (added, or replacing a `local` object of the same name; an object the manager owns is
+/// kept and the file's is skipped with a warning). Nothing is removed.
+pub fn converge(mut state: NodeState, file: &NodeState) -> NodeState {
+    for b in &file.bridges {
+        match state.bridges.iter_mut().find(|x| x.item.name == b.item.name) {
+            Some(x) if x.owner == Owner::Local => *x = b.clone(),
+            Some(_) => tracing::warn!(bridge = %b.item.name, "config file's bridge skipped: the manager owns it"),
+            None => state.bridges.push(b.clone()),
+        }
+    }
+    for p in &file.ports {
+        match state.ports.iter_mut().find(|x| x.item.config.name == p.item.config.name) {
+            Some(x) if x.owner == Owner::Local => *x = p.clone(),
+            Some(_) => tracing::warn!(port = %p.item.config.name, "config file's port skipped: the manager owns it"),
+            None => state.ports.push(p.clone()),
+        }
+    }
+    if let Some(v) = &file.vtep {
+        match &state.vtep {
+            Some(x) if x.owner == Owner::Manager => tracing::warn!("config file's vtep skipped: the manager owns it"),
+            _ => state.vtep = Some(v.clone()),
+        }
+    }
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_file_and_no_flags_run_on_defaults() {
+        let args = <Args as clap::Parser>::parse_from(["knitter-vswitchd", "--config", "/dev/null"]);
+        let s = Settings::from_args(&args).unwrap();
+        assert_eq!(s.api.socket, Path::new(knitter_api::DEFAULT_NODE_SOCKET));
+        assert_eq!((s.pmd.threads, s.pmd.idle), (1, IdlePolicy::default()));
+        assert_eq!(s.state_file.as_deref(), Some(Path::new(DEFAULT_STATE)));
+    }
+
+    #[test]
+    fn the_command_line_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, "[pmd]\nthreads = 2\nidle = { policy = \"busy\" }\n[pool]\nbuffers = 4096\n").unwrap();
+        let p = path.to_str().unwrap();
+        let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--pmd-threads", "1", "--idle", "adaptive", "--no-state"]);
+        let s = Settings::from_args(&args).unwrap();
+        assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers, s.state_file), (1, IdlePolicy::default(), 4096, None));
+    }
+
+    #[test]
+    fn a_typo_in_the_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, "[pmd]\nthread = 2\n").unwrap();
+        let args = <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap()]);
+        let e = format!("{:#}", Settings::from_args(&args).unwrap_err());
+        assert!(e.contains("thread") && e.contains("v.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_file_converges_only_local_objects() {
+        let mut managed = Owned::local(BridgeConfig::new("blue").vlan(200));
+        managed.owner = Owner::Manager;
+        let state = NodeState { bridges: vec![Owned::local(BridgeConfig::new("red")), managed.clone()], ..Default::default() };
+        let file = NodeState {
+            bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001)), Owned::local(BridgeConfig::new("blue").vlan(300))],
+            ..Default::default()
+        };
+        let s = converge(state, &file);
+        assert_eq!(s.bridges, vec![Owned::local(BridgeConfig::new("red").vni(5001)), managed]);
+    }
+}
