@@ -371,6 +371,8 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
 pub struct Server {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The socket this server listens on, removed when it stops (server mode only).
+    listening: Option<std::path::PathBuf>,
 }
 
 /// Who may connect to a server socket: its mode and owner, set right after it is created
@@ -418,7 +420,7 @@ pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std:
         std::os::unix::fs::chown(path, perms.owner, perms.group)?;
     }
     listener.set_nonblocking(true)?;
-    spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
+    let mut server = spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
         Ok((s, _)) => Some(s),
         Err(e) => {
             if e.kind() != std::io::ErrorKind::WouldBlock {
@@ -426,7 +428,9 @@ pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std:
             }
             None
         }
-    })
+    })?;
+    server.listening = Some(path.to_path_buf());
+    Ok(server)
 }
 
 /// Connects to a frontend listening on `path` (client mode: QEMU's `server=on`, OVS's
@@ -466,7 +470,7 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
             serve_connection(stream, &port, &flag, &name);
         }
     })?;
-    Ok(Server { stop, thread: Some(thread) })
+    Ok(Server { stop, thread: Some(thread), listening: None })
 }
 
 /// Handles one frontend's messages until it goes away or the server stops. The socket is
@@ -629,6 +633,9 @@ impl Drop for Server {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(p) = self.listening.take() {
+            let _ = std::fs::remove_file(p);
         }
     }
 }

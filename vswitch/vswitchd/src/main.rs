@@ -73,13 +73,32 @@ async fn serve(node: Arc<node::Node>, api: &settings::ApiSection) -> Result<()> 
     };
     tracing::info!(socket = %api.socket.display(), "node API ready");
     let service = knitter_api::node::node_server::NodeServer::new(api::Api { node });
-    let r = tonic::transport::Server::builder()
+    let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
+    let signalled = {
+        let stopping = stopping.clone();
+        async move {
+            stop_signal().await;
+            stopping.notify_one();
+        }
+    };
+    let server = tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stop_signal())
-        .await;
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), signalled);
+    // Open connections get a moment to finish their calls; a client that never lets go
+    // does not hold the stop.
+    let r = tokio::select! {
+        r = server => r.context("node API server"),
+        _ = async { stopping.notified().await; tokio::time::sleep(GRACE).await } => {
+            tracing::warn!("clients still connected after {GRACE:?}: stopping anyway");
+            Ok(())
+        }
+    };
     aging.abort();
-    r.context("node API server")
+    r
 }
+
+/// How long a stop waits for API calls in flight.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Resolves on SIGTERM or SIGINT.
 async fn stop_signal() {

@@ -1,0 +1,310 @@
+//! knitter-vswitchd as users run it: the binary started with a config file and flags,
+//! driven over its unix socket by the generated client, stopped with SIGTERM or SIGKILL and
+//! started again. Ports here are vhost-user (server sockets, no frontend needed) or, with
+//! root, AF_XDP/AF_PACKET on veth pairs in namespaces the test makes. Runs in the `serial`
+//! nextest group (the daemon starts a PMD thread).
+
+use knitter_api::node as pb;
+use pb::node_client::NodeClient;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with `args` and waits until its API answers.
+    async fn start(dir: &Path, args: &[&str]) -> Daemon {
+        let socket = dir.join("api.sock");
+        let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
+        let child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
+            .args(["--socket", socket.to_str().unwrap(), "--no-hugepages", "--buffers", "4096"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut d = Daemon { child, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if d.client().show(pb::ShowRequest {}).await.is_ok() {
+                return d;
+            }
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("daemon exited ({status}): {}", std::fs::read_to_string(&d.log).unwrap_or_default());
+            }
+            assert!(Instant::now() < deadline, "daemon not ready: {}", std::fs::read_to_string(&d.log).unwrap_or_default());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn client(&self) -> NodeClient<Channel> {
+        knitter_api::node_client(&self.socket)
+    }
+
+    /// Sends `signal` and waits (bounded) for the process to end.
+    async fn stop_with(mut self, signal: i32) -> std::process::ExitStatus {
+        // SAFETY: signals our own child process.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "daemon did not stop on signal {signal}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_tag() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+fn bridge(name: &str) -> pb::Bridge {
+    pb::Bridge { name: name.into(), ..Default::default() }
+}
+
+fn vhost_port(dir: &Path, name: &str, bridge: &str) -> pb::Port {
+    pb::Port {
+        name: name.into(),
+        device: Some(pb::Device {
+            kind: Some(pb::device::Kind::VhostUser(pb::VhostUser {
+                socket: dir.join(format!("{name}.sock")).display().to_string(),
+                client: false,
+            })),
+        }),
+        mode: Some(pb::port::Mode::Access(pb::Access { bridge: bridge.into() })),
+        ..Default::default()
+    }
+}
+
+async fn add_bridge(c: &mut NodeClient<Channel>, b: pb::Bridge) -> Result<u64, tonic::Status> {
+    c.add_bridge(pb::AddBridgeRequest { bridge: Some(b), replace: false }).await.map(|r| r.into_inner().generation)
+}
+
+async fn add_port(c: &mut NodeClient<Channel>, p: pb::Port) -> Result<u64, tonic::Status> {
+    c.add_port(pb::AddPortRequest { port: Some(p) }).await.map(|r| r.into_inner().generation)
+}
+
+fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, says: &str) {
+    let e = r.expect_err("the request should be refused");
+    assert_eq!(e.code(), code, "{}", e.message());
+    assert!(e.message().contains(says), "{:?} does not say {says:?}", e.message());
+}
+
+async fn names(c: &mut NodeClient<Channel>) -> (Vec<String>, Vec<String>) {
+    let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    (v.bridges.into_iter().map(|b| b.name).collect(), v.ports.into_iter().map(|p| p.name).collect())
+}
+
+#[tokio::test]
+async fn every_call_round_trips_and_refusals_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let g1 = add_bridge(&mut c, pb::Bridge { vni: Some(5001), ..bridge("red") }).await.unwrap();
+    refused(add_bridge(&mut c, bridge("red")).await, Code::AlreadyExists, "bridge \"red\" already exists");
+    refused(add_bridge(&mut c, pb::Bridge { vni: Some(5001), ..bridge("blue") }).await, Code::InvalidArgument, "5001");
+    refused(add_bridge(&mut c, pb::Bridge { vlan: Some(5000), ..bridge("blue") }).await, Code::InvalidArgument, "5000");
+    refused(
+        add_bridge(&mut c, pb::Bridge { flood: vec!["198.51.100.300".into()], ..bridge("blue") }).await,
+        Code::InvalidArgument,
+        "flood: \"198.51.100.300\" is not an IPv4 or IPv6 address",
+    );
+    let g2 = add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await.unwrap();
+    assert!(g2 > g1);
+    assert!(dir.path().join("vnf0.sock").exists(), "the vhost-user socket listens");
+    refused(add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await, Code::AlreadyExists, "port \"vnf0\" already exists");
+    refused(add_port(&mut c, vhost_port(dir.path(), "vnf1", "green")).await, Code::InvalidArgument, "bridge \"green\" does not exist");
+    assert!(!dir.path().join("vnf1.sock").exists(), "a refused port's device is closed again");
+    refused(add_port(&mut c, pb::Port { mode: None, ..vhost_port(dir.path(), "x", "red") }).await, Code::InvalidArgument, "mode: missing");
+    refused(c.delete_bridge(pb::DeleteRequest { name: "red".into(), owner: 0 }).await, Code::InvalidArgument, "red");
+    refused(c.delete_port(pb::DeleteRequest { name: "nope".into(), owner: 0 }).await, Code::NotFound, "no port named \"nope\"");
+    let vtep = pb::Vtep { local_ip: "198.51.100.1".into(), underlay_port: "ul0".into(), ..Default::default() };
+    refused(c.set_vtep(pb::SetVtepRequest { vtep: Some(vtep) }).await, Code::InvalidArgument, "ul0");
+    refused(c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await, Code::NotFound, "vtep");
+
+    let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert_eq!(v.generation, g2, "refusals changed nothing");
+    assert_eq!((v.bridges.len(), v.ports.len(), v.pmd_threads, v.buffers), (1, 1, 1, 4096));
+    let st = v.status.iter().find(|s| s.name == "vnf0").unwrap();
+    assert_eq!((st.vhost_connected, st.error.as_str()), (Some(false), ""));
+    assert_eq!(c.list_bridges(pb::ListRequest {}).await.unwrap().into_inner().bridges[0].vni, Some(5001));
+    let p = &c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports[0];
+    assert_eq!(p, &pb::Port { mtu: Some(1500), tpid: Some(0x8100), mac_limit: p.mac_limit, ..vhost_port(dir.path(), "vnf0", "red") });
+    let s = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!((s.ports.len(), s.bridges.len(), s.pmds.len()), (1, 1, 1));
+    assert!(s.at_unix_nanos > 0);
+    assert!(c.fdb_dump(pb::FdbRequest::default()).await.unwrap().into_inner().entries.is_empty());
+    refused(c.fdb_flush(pb::FdbFlushRequest::default()).await, Code::InvalidArgument, "exactly one");
+    let f = c.fdb_flush(pb::FdbFlushRequest { bridge: "red".into(), port: String::new() }).await.unwrap().into_inner();
+    assert_eq!(f.removed, 0);
+    refused(c.fdb_flush(pb::FdbFlushRequest { bridge: "nope".into(), port: String::new() }).await, Code::NotFound, "nope");
+
+    c.delete_port(pb::DeleteRequest { name: "vnf0".into(), owner: 0 }).await.unwrap();
+    c.delete_bridge(pb::DeleteRequest { name: "red".into(), owner: 0 }).await.unwrap();
+    assert_eq!(names(&mut c).await, (vec![], vec![]));
+    assert!(d.stop_with(libc::SIGTERM).await.success(), "SIGTERM stops cleanly");
+    assert!(!dir.path().join("api.sock").exists(), "the API socket is removed on stop");
+}
+
+#[tokio::test]
+async fn each_source_changes_only_what_it_owns() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let manager = pb::Owner::Manager as i32;
+    add_bridge(&mut c, pb::Bridge { owner: manager, ..bridge("net1") }).await.unwrap();
+    refused(c.delete_bridge(pb::DeleteRequest { name: "net1".into(), owner: 0 }).await, Code::FailedPrecondition, "owned by manager");
+    let replace = pb::AddBridgeRequest { bridge: Some(pb::Bridge { vlan: Some(10), ..bridge("net1") }), replace: true };
+    refused(c.add_bridge(replace).await, Code::FailedPrecondition, "owned by manager");
+    add_port(&mut c, pb::Port { owner: manager, ..vhost_port(dir.path(), "p1", "net1") }).await.unwrap();
+    refused(c.delete_port(pb::DeleteRequest { name: "p1".into(), owner: 0 }).await, Code::FailedPrecondition, "owned by manager");
+    c.delete_port(pb::DeleteRequest { name: "p1".into(), owner: manager }).await.unwrap();
+    c.delete_bridge(pb::DeleteRequest { name: "net1".into(), owner: manager }).await.unwrap();
+    refused(add_bridge(&mut c, pb::Bridge { owner: 7, ..bridge("x") }).await, Code::InvalidArgument, "owner");
+}
+
+#[tokio::test]
+async fn state_survives_sigterm_and_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let args = ["--state-file", state.to_str().unwrap()];
+    let d = Daemon::start(dir.path(), &args).await;
+    let mut c = d.client();
+    add_bridge(&mut c, pb::Bridge { vlan: Some(100), ..bridge("blue") }).await.unwrap();
+    add_bridge(&mut c, pb::Bridge { owner: pb::Owner::Manager as i32, vni: Some(7), ..bridge("red") }).await.unwrap();
+    add_port(&mut c, vhost_port(dir.path(), "vnf0", "blue")).await.unwrap();
+    let before = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert!(d.stop_with(libc::SIGTERM).await.success());
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        let d = Daemon::start(dir.path(), &args).await;
+        let mut c = d.client();
+        let after = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+        assert_eq!((&after.bridges, &after.ports, &after.vtep), (&before.bridges, &before.ports, &before.vtep));
+        assert!(dir.path().join("vnf0.sock").exists(), "the port's socket listens again");
+        d.stop_with(signal).await;
+    }
+    // A change made just before a SIGKILL is there after it.
+    let d = Daemon::start(dir.path(), &args).await;
+    d.client().delete_port(pb::DeleteRequest { name: "vnf0".into(), owner: 0 }).await.unwrap();
+    d.stop_with(libc::SIGKILL).await;
+    let d = Daemon::start(dir.path(), &args).await;
+    assert_eq!(names(&mut d.client()).await, (vec!["blue".into(), "red".into()], vec![]));
+}
+
+#[tokio::test]
+async fn the_config_file_declares_local_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vnf0.sock");
+    let cfg = dir.path().join("vswitchd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+state_file = ""
+[pmd]
+threads = 1
+idle = {{ policy = "adaptive", spin_us = 100, max_sleep_us = 5000 }}
+
+[[bridges]]
+name = "red"
+vni = 5001
+
+[[ports]]
+name = "vnf0"
+device = {{ kind = "vhost_user", socket = "{}" }}
+mode = {{ kind = "access", bridge = "red" }}
+mtu = 9000
+"#,
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path(), &["--config", cfg.to_str().unwrap()]).await;
+    let v = d.client().show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert_eq!((v.ports[0].mtu, v.ports[0].owner, v.bridges[0].vni), (Some(9000), 0, Some(5001)));
+    assert!(v.idle_policy.contains("spin 100 us"), "{}", v.idle_policy);
+    drop(d);
+
+    // A typo is named, and the daemon does not start.
+    std::fs::write(&cfg, "[pmd]\nthread = 2\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd")).args(["--config", cfg.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("thread") && err.contains("vswitchd.toml"), "{err}");
+}
+
+fn kernel_port(name: &str, ifname: &str, netns: &str, af_xdp: bool, bridge: &str) -> pb::Port {
+    let k = pb::KernelPort { ifname: ifname.into(), netns: netns.into() };
+    let kind = if af_xdp { pb::device::Kind::AfXdp(k) } else { pb::device::Kind::AfPacket(k) };
+    pb::Port {
+        name: name.into(),
+        device: Some(pb::Device { kind: Some(kind) }),
+        mode: Some(pb::port::Mode::Access(pb::Access { bridge: bridge.into() })),
+        ..Default::default()
+    }
+}
+
+/// Two pods ping each other every 10 ms through the daemon (AF_XDP and AF_PACKET ports on
+/// veths in the switch's namespace) while 100 other ports are added and removed: not one
+/// echo is lost.
+#[tokio::test]
+// The guard is the process-wide right to make namespaces, held for the whole test on a
+// single-threaded runtime: no other task waits for it.
+#[allow(clippy::await_holding_lock)]
+async fn changes_never_disturb_traffic_on_other_ports() {
+    use vswitch::testkit::netns::{self, Netns};
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Netns::new("sw").unwrap();
+    let (pa, pb_) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pa, "eth0", &sw, "pa0").unwrap();
+    netns::veth(&pb_, "eth0", &sw, "pb0").unwrap();
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pb_.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
+    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+
+    let pinger = {
+        let name = pa.name.clone();
+        std::thread::spawn(move || {
+            Command::new("ip")
+                .args(["netns", "exec", &name, "ping", "-c", "400", "-i", "0.01", "-W", "1", "-q", "192.0.2.2"])
+                .output()
+        })
+    };
+    let mut changes = 0;
+    for round in 0..2 {
+        for i in 0..50 {
+            add_port(&mut c, vhost_port(dir.path(), &format!("v{round}-{i}"), "red")).await.unwrap();
+            changes += 1;
+        }
+        for i in 0..50 {
+            c.delete_port(pb::DeleteRequest { name: format!("v{round}-{i}"), owner: 0 }).await.unwrap();
+            changes += 1;
+        }
+    }
+    assert!(!pinger.is_finished(), "the changes were made while the pods pinged");
+    let out = pinger.join().unwrap().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("400 packets transmitted, 400 received"), "{changes} changes during: {text}");
+    assert_eq!(names(&mut c).await.1, vec!["pa0".to_string(), "pb0".into()]);
+}
