@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: install what is needed, then run the data-plane demo.
+# The main job: install what is needed, build, and run the two-node demo (ci/demo-run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KNITTER_FUZZ=0 bash ci/setup.sh
-cargo run --release -q -p knitter-vswitch --example demo
+echo "== building knitter-vswitchd and knitterctl (release)"
+cargo build --release -q -p knitter-vswitchd -p knitter-control
+exec bash ci/demo-run.sh

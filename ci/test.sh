@@ -22,8 +22,12 @@ fi
 echo "== clippy"
 cargo clippy -q --workspace --all-targets -- -D warnings
 
-echo "== demo"
+echo "== demo (in-process data plane)"
 timeout 300 cargo run --release -q -p knitter-vswitch --example demo
+
+echo "== demo (two nodes, knitter-vswitchd + knitterctl)"
+cargo build --release -q -p knitter-vswitchd -p knitter-control
+timeout 300 bash ci/demo-run.sh
 
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then

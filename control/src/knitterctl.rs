@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use knitter_api::node as pb;
 use pb::node_client::NodeClient;
+use std::error::Error as _;
 use std::path::PathBuf;
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -510,9 +511,13 @@ fn main() {
         }
     };
     if let Err(e) = rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display())) {
-        match e.root_cause().downcast_ref::<tonic::Status>() {
-            Some(s) if s.code() == tonic::Code::Unavailable && s.message().contains("transport") => {
-                eprintln!("knitterctl: cannot reach knitter-vswitchd at {}: is it running? ({})", socket.display(), s.message())
+        match e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
+            Some(s) if s.code() == tonic::Code::Unavailable && s.source().is_some() => {
+                let mut cause: &dyn std::error::Error = s;
+                while let Some(next) = cause.source() {
+                    cause = next;
+                }
+                eprintln!("knitterctl: cannot reach knitter-vswitchd at {}: {cause}; is it running?", socket.display())
             }
             Some(s) => eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message()),
             None => eprintln!("knitterctl: {e:#}"),

@@ -65,8 +65,8 @@ pub enum ConfigError {
     TooMany { kind: &'static str, max: usize },
     #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
     VtepUnderlay { port: String },
-    #[error("VTEP: port {port:?} has mode underlay but is not the VTEP's underlay port")]
-    StrayUnderlay { port: String },
+    #[error("VTEP: port {port:?} has mode underlay but the VTEP's underlay port is {vtep_port:?}")]
+    StrayUnderlay { port: String, vtep_port: String },
     #[error("VTEP: no source MAC (set vtep.mac or give the underlay port a MAC)")]
     VtepNoMac,
     #[error("VTEP: {what}")]
@@ -334,9 +334,11 @@ impl Snapshot {
                 return Err(ConfigError::VtepUnderlay { port: v.underlay_port.clone() });
             }
         }
+        // An underlay port may come before its VTEP (it drops what it receives until then,
+        // counted as `underlay_not_vxlan`): the node API adds one object at a time.
         for p in &cfg.ports {
-            if p.mode == PortMode::Underlay && cfg.vtep.as_ref().is_none_or(|v| v.underlay_port != p.name) {
-                return Err(ConfigError::StrayUnderlay { port: p.name.clone() });
+            if let Some(v) = cfg.vtep.as_ref().filter(|v| p.mode == PortMode::Underlay && v.underlay_port != p.name) {
+                return Err(ConfigError::StrayUnderlay { port: p.name.clone(), vtep_port: v.underlay_port.clone() });
             }
         }
 

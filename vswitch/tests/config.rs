@@ -48,7 +48,14 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
         (Box::new(|c| c.ports[0].mtu = 10), "MTU 10 is out of range"),
         (Box::new(|c| c.ports[0].tpid = 0x1234), "TPID 0x1234"),
         (Box::new(|c| c.bridges[0].flood = vec!["198.51.100.2".parse().unwrap()]), "needs a VNI and a configured VTEP"),
-        (Box::new(|c| c.ports.push(PortConfig::underlay("up"))), "is not the VTEP's underlay port"),
+        (
+            Box::new(|c| {
+                c.ports.push(PortConfig::underlay("up"));
+                c.ports.push(PortConfig::underlay("p3"));
+                c.vtep = Some(VtepConfig { mac: Some(mac(8)), ..VtepConfig::new("198.51.100.1".parse().unwrap(), "up") });
+            }),
+            "port \"p3\" has mode underlay but the VTEP's underlay port is \"up\"",
+        ),
         (
             Box::new(move |c| {
                 c.ports.push(PortConfig::underlay("up"));
@@ -207,4 +214,17 @@ fn config_swap_under_traffic_loses_nothing_on_untouched_ports() {
     assert_eq!(got, sent, "every frame between a and b arrived");
     let s = switch.stats();
     assert_eq!(s.total_drops(), 0, "{:?}", s.nonzero_drops());
+}
+
+/// The node API adds one object at a time, so an underlay port may come before its VTEP:
+/// accepted, and what it receives until then is dropped and counted.
+#[test]
+fn an_underlay_port_may_come_before_its_vtep() {
+    let mut h = harness();
+    let mut cfg = base();
+    cfg.ports.push(PortConfig::underlay("up"));
+    h.apply(cfg).expect("an underlay port without a VTEP yet");
+    h.send("up", &frames::arp_request(mac(1), "198.51.100.2".parse().unwrap(), "198.51.100.1".parse().unwrap()));
+    h.step();
+    assert_eq!(h.stats().drop(vswitch::DropReason::UnderlayNotVxlan), 1);
 }

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# The Knitter demo: two nodes (network namespaces), each with its own knitter-vswitchd
+# (idle policy adaptive), joined by a VXLAN underlay and an 802.1Q trunk; pods are
+# namespaces with veth interfaces on a VXLAN plane ("red", VNI 5001) and a VLAN plane
+# ("blue", VLAN 200); with dpdk-testpmd installed, a VNF on a vhost-user port answers too.
+# Everything is configured with knitterctl, checked, shown and torn down (also on Ctrl-C).
+# No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh builds them).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${KNITTER_BIN:-target/release}
+RUN=/run/knitter-demo
+N1=kdemo-node1 N2=kdemo-node2
+PODS="kdemo-a kdemo-b kdemo-c kdemo-d"
+PASS=0 FAIL=0
+TESTPMD_PID=""
+
+bold() { printf '\033[1m%s\033[0m\n' "$*"; }
+step() { echo; bold "[$1] $2"; }
+check() { # check "what" command...
+  local what=$1; shift
+  if "$@" >/dev/null 2>&1; then
+    printf '  \033[32m✓\033[0m %s\n' "$what"; PASS=$((PASS + 1))
+  else
+    printf '  \033[31m✗\033[0m %s\n' "$what"; FAIL=$((FAIL + 1))
+  fi
+}
+refuses() { ! "$@"; }
+ctl() { local node=$1; shift; "$BIN/knitterctl" --socket "$RUN/$node.sock" "$@"; }
+in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+cleanup() {
+  trap - EXIT INT TERM
+  [ -n "$TESTPMD_PID" ] && kill "$TESTPMD_PID" 2>/dev/null && wait "$TESTPMD_PID" 2>/dev/null
+  for n in node1 node2; do
+    [ -f "$RUN/$n.pid" ] && kill "$(cat "$RUN/$n.pid")" 2>/dev/null
+  done
+  for n in node1 node2; do   # SIGTERM stops a daemon cleanly within a few seconds
+    [ -f "$RUN/$n.pid" ] || continue
+    for _ in $(seq 50); do kill -0 "$(cat "$RUN/$n.pid")" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$(cat "$RUN/$n.pid")" 2>/dev/null
+  done
+  for ns in $N1 $N2 $PODS; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$RUN" /var/run/dpdk/kdemo
+}
+on_signal() { echo; echo "interrupted: tearing down"; cleanup; exit 130; }
+trap cleanup EXIT
+trap on_signal INT TERM
+
+[ "$(id -u)" = 0 ] || { echo "the demo needs root (network namespaces)" >&2; exit 1; }
+for b in knitter-vswitchd knitterctl; do
+  [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: run ci/demo.sh (it builds it)" >&2; exit 1; }
+done
+for ns in $N1 $N2 $PODS; do ip netns del "$ns" 2>/dev/null; done   # a previous run killed hard
+rm -rf "$RUN"; mkdir -p "$RUN"
+
+bold "Knitter demo: two nodes, a VXLAN plane and a VLAN plane, pods on both"
+
+step 1/7 "nodes: namespaces $N1 and $N2, an underlay link and a trunk link between them"
+for ns in $N1 $N2; do ip netns add "$ns"; in_ns "$ns" ip link set lo up; done
+ip link add kdemo-ul1 type veth peer name kdemo-ul2
+ip link add kdemo-tr1 type veth peer name kdemo-tr2
+for i in 1 2; do
+  ns=kdemo-node$i
+  ip link set kdemo-ul$i netns "$ns"; in_ns "$ns" ip link set kdemo-ul$i name ul0
+  ip link set kdemo-tr$i netns "$ns"; in_ns "$ns" ip link set kdemo-tr$i name trunk0
+  in_ns "$ns" ip link set ul0 up; in_ns "$ns" ip link set trunk0 up
+  # The node's own address on the underlay: its kernel keeps it while the switch shares the link.
+  in_ns "$ns" ip addr add 198.51.100.$i/24 dev ul0
+done
+echo "  underlay 198.51.100.0/24 (nodes .1 and .2, VTEPs .11 and .12), trunk carrying VLAN 200"
+
+step 2/7 "starting knitter-vswitchd on each node (1 PMD thread, idle policy adaptive)"
+for i in 1 2; do
+  # `ip netns exec` execs the daemon: $! is the daemon itself.
+  ip netns exec kdemo-node$i "$BIN/knitter-vswitchd" --socket "$RUN/node$i.sock" --no-state --pmd-threads 1 \
+    --idle adaptive --buffers 8192 >"$RUN/node$i.log" 2>&1 &
+  echo $! >"$RUN/node$i.pid"
+done
+for i in 1 2; do
+  for _ in $(seq 100); do ctl node$i node show >/dev/null 2>&1 && break; sleep 0.1; done
+  ctl node$i node show >/dev/null || { echo "node$i did not start:"; cat "$RUN/node$i.log"; exit 1; }
+  echo "  node$i: API on $RUN/node$i.sock, log $RUN/node$i.log"
+done
+
+step 3/7 "configuring both nodes with knitterctl"
+for i in 1 2; do
+  me=$((10 + i)) peer=$((13 - i))
+  ctl node$i port add ul0 --af-xdp ul0 --underlay >/dev/null &&
+    ctl node$i vtep set --local 198.51.100.$me --underlay ul0 --peer 198.51.100.$peer >/dev/null &&
+    ctl node$i bridge add red --vni 5001 --flood 198.51.100.$peer >/dev/null &&
+    ctl node$i bridge add blue --vlan 200 >/dev/null &&
+    ctl node$i port add trunk0 --af-xdp trunk0 --trunk 200 >/dev/null || exit 1
+  echo "  node$i: bridge red (VNI 5001), bridge blue (VLAN 200), VTEP 198.51.100.$me on ul0, trunk0"
+done
+
+step 4/7 "pods: namespaces with a veth each, plugged into the nodes' switches"
+pod() { # pod NAME NODE BRIDGE IP MTU
+  local name=$1 node=$2 bridge=$3 ip=$4 mtu=$5 port=${1#kdemo-}
+  ip netns add "$name"; in_ns "$name" ip link set lo up
+  ip link add "kdemo-$port" type veth peer name "kdemo-$port-p"
+  ip link set "kdemo-$port-p" netns "$name"; in_ns "$name" ip link set "kdemo-$port-p" name eth0
+  ip link set "kdemo-$port" netns "kdemo-$node"; in_ns "kdemo-$node" ip link set "kdemo-$port" name "pod-$port"
+  in_ns "kdemo-$node" ip link set "pod-$port" up
+  in_ns "$name" ip addr add "$ip/24" dev eth0; in_ns "$name" ip link set eth0 mtu "$mtu" up
+  # As the CNI does: no offloads, so frames leave the pod whole and checksummed.
+  in_ns "$name" ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1
+  local mac; mac=$(in_ns "$name" cat /sys/class/net/eth0/address)
+  ctl "$node" port add "pod-$port" --af-xdp "pod-$port" --access "$bridge" --mac "$mac" --ip "$ip" \
+    --mtu "$mtu" >/dev/null || exit 1
+  printf '  %-5s on %s, %-4s  %s  MTU %s  (port security: %s)\n' "${name#kdemo-}" "$node" "$bridge" "$ip" "$mtu" "$mac"
+}
+# A VXLAN plane's pods get 50 bytes less MTU than the underlay's (the encapsulation).
+pod kdemo-a node1 red 10.0.0.1 1450
+pod kdemo-b node1 blue 10.0.0.3 1500
+pod kdemo-c node2 red 10.0.0.2 1450
+pod kdemo-d node2 blue 10.0.0.4 1500
+step 5/7 "checks"
+check "red: pod a (node1) pings pod c (node2) across VXLAN" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 10.0.0.2
+check "blue: pod b (node1) pings pod d (node2) across the VLAN 200 trunk" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.4
+check "red: TCP, 4 MiB from pod c to pod a across VXLAN" python3 - <<'PY'
+import socket, subprocess, sys, threading
+srv = subprocess.Popen(["ip", "netns", "exec", "kdemo-a", "python3", "-c", """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('10.0.0.1', 5201)); s.listen(1); s.settimeout(20)
+c, _ = s.accept(); c.settimeout(20); n = 0
+while True:
+    d = c.recv(65536)
+    if not d: break
+    n += len(d)
+print(n)
+"""], stdout=subprocess.PIPE, text=True)
+cli = subprocess.run(["ip", "netns", "exec", "kdemo-c", "python3", "-c", """
+import socket, time
+for i in range(50):
+    try:
+        c = socket.create_connection(('10.0.0.1', 5201), timeout=5); break
+    except OSError: time.sleep(0.1)
+c.sendall(b'k' * (4 << 20)); c.close()
+"""], timeout=30)
+out, _ = srv.communicate(timeout=30)
+sys.exit(0 if out.strip() == str(4 << 20) else 1)
+PY
+check "isolation: red pod a cannot reach blue pod d (same subnet, other plane)" refuses in_ns kdemo-a ping -c 2 -i 0.2 -W 1 10.0.0.4
+check "isolation: blue pod b cannot reach red pod c" refuses in_ns kdemo-b ping -c 2 -i 0.2 -W 1 10.0.0.2
+check "the nodes' own addresses still work on the shared underlay link" in_ns $N2 ping -c 2 -i 0.2 -W 2 198.51.100.1
+check "a conflicting request is refused with a reason (VNI 5001 twice)" refuses ctl node1 bridge add green --vni 5001
+
+step 6/7 "a DPDK VNF on a vhost-user port"
+if command -v dpdk-testpmd >/dev/null; then
+  ctl node1 port add vnf --vhost-user "$RUN/vnf.sock" --access red >/dev/null || exit 1
+  dpdk-testpmd -l 0,1 --no-pci --no-huge -m 512 --single-file-segments --file-prefix=kdemo \
+    --vdev="net_virtio_user0,path=$RUN/vnf.sock,mac=02:00:00:00:00:99" -- \
+    --forward-mode=icmpecho --nb-cores=1 --total-num-mbufs=4096 --stats-period=3600 \
+    >"$RUN/testpmd.log" 2>&1 </dev/null &
+  TESTPMD_PID=$!
+  for _ in $(seq 100); do
+    ctl node1 -o json node show 2>/dev/null | grep -q '"vhost_connected": true' && break; sleep 0.1
+  done
+  echo "  dpdk-testpmd (virtio-user, forward mode icmpecho: it answers ARP and ping for any address)"
+  echo "  on a vhost-user port of node1's red plane"
+  check "vhost-user: pod c (node2) pings the DPDK VNF on node1 across VXLAN" in_ns kdemo-c ping -c 3 -i 0.2 -W 2 10.0.0.9
+else
+  echo "  (dpdk-testpmd is not installed: no vhost-user VNF this time)"
+fi
+
+
+step 7/7 "what node1 looks like"
+ctl node1 node show | sed 's/^/  /'
+echo
+ctl node1 stats | sed 's/^/  /'
+echo
+ctl node1 fdb show | sed 's/^/  /'
+
+echo
+if [ $FAIL = 0 ]; then
+  bold "Summary: all $PASS checks passed. Tearing down."
+else
+  bold "Summary: $FAIL of $((PASS + FAIL)) checks FAILED (logs: $RUN/*.log, shown below). Tearing down."
+  tail -n 20 "$RUN"/*.log
+fi
+[ $FAIL = 0 ]
