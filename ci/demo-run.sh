@@ -145,6 +145,10 @@ check "isolation: red pod a cannot reach blue pod d (same subnet, other plane)" 
 check "isolation: blue pod b cannot reach red pod c" refuses in_ns kdemo-b ping -c 2 -i 0.2 -W 1 10.0.0.2
 check "the nodes' own addresses still work on the shared underlay link" in_ns $N2 ping -c 2 -i 0.2 -W 2 198.51.100.1
 check "a conflicting request is refused with a reason (VNI 5001 twice)" refuses ctl node1 bridge add green --vni 5001
+check "Prometheus metrics on node1 (127.0.0.1:9477/metrics in its namespace)" in_ns $N1 python3 -c '
+import urllib.request, sys
+body = urllib.request.urlopen("http://127.0.0.1:9477/metrics", timeout=5).read().decode()
+sys.exit(0 if "knitter_port_rx_packets_total{port=\"pod-a\"}" in body else 1)'
 
 step 6/7 "a DPDK VNF on a vhost-user port"
 if command -v dpdk-testpmd >/dev/null; then

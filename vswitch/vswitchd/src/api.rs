@@ -49,26 +49,72 @@ impl Api {
     fn ports(&self) -> Vec<pb::Port> {
         self.node.state().ports.iter().map(|p| convert::port_to(&p.item, p.owner)).collect()
     }
+}
 
-    fn port_status(&self) -> Vec<pb::PortStatus> {
-        let snap = self.node.switch.snapshot();
-        let totals = self.node.switch.stats();
-        let running = snap.ports.iter().flatten().map(|p| {
-            let t = totals.ports.get(p.id as usize).cloned().unwrap_or_default();
-            pb::PortStatus {
-                name: p.name.clone(),
-                link_up: p.port.link_up(),
-                rx_packets: t.rx_packets,
-                rx_bytes: t.rx_bytes,
-                tx_packets: t.tx_packets,
-                tx_bytes: t.tx_bytes,
-                drops: t.drops,
-                error: String::new(),
-                vhost_connected: self.node.vhost_connected(&p.name),
+/// Counters and state of every port, running or not.
+pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
+    let snap = node.switch.snapshot();
+    let totals = node.switch.stats();
+    let running = snap.ports.iter().flatten().map(|p| {
+        let t = totals.ports.get(p.id as usize).cloned().unwrap_or_default();
+        pb::PortStatus {
+            name: p.name.clone(),
+            link_up: p.port.link_up(),
+            rx_packets: t.rx_packets,
+            rx_bytes: t.rx_bytes,
+            tx_packets: t.tx_packets,
+            tx_bytes: t.tx_bytes,
+            drops: t.drops,
+            error: String::new(),
+            vhost_connected: node.vhost_connected(&p.name),
+        }
+    });
+    let failed = node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });
+    running.chain(failed).collect()
+}
+
+/// Every counter of the node at once (the API's `Stats`, the metrics endpoint's source).
+pub fn stats_reply(node: &Node) -> pb::StatsReply {
+    let sw = &node.switch;
+    let snap = sw.snapshot();
+    let totals = sw.stats();
+    let at_unix_nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let bridges = snap
+        .bds
+        .iter()
+        .flatten()
+        .map(|b| {
+            let t = totals.bds.get(b.id as usize).cloned().unwrap_or_default();
+            pb::BridgeStats {
+                name: b.name.clone(),
+                packets: t.packets,
+                bytes: t.bytes,
+                flooded: t.flooded,
+                learned: t.learned,
+                fdb_entries: sw.fdb().bd_len(b.id).into(),
             }
-        });
-        let failed = self.node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });
-        running.chain(failed).collect()
+        })
+        .collect();
+    let count = |(name, value): (&str, u64)| pb::Count { name: name.into(), value };
+    pb::StatsReply {
+        ports: port_status(node),
+        bridges,
+        drops: totals.nonzero_drops().into_iter().map(count).collect(),
+        events: Event::ALL.iter().map(|e| (e.name(), totals.event(*e))).filter(|c| c.1 > 0).map(count).collect(),
+        pmds: sw
+            .thread_stats()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| pb::PmdStats {
+                thread: i as u32,
+                busy_cycles: t.busy_cycles,
+                idle_cycles: t.idle_cycles,
+                packets: t.packets,
+                cycles_per_packet: t.cycles_per_packet().unwrap_or(0.0),
+            })
+            .collect(),
+        at_unix_nanos,
     }
 }
 
@@ -83,7 +129,7 @@ impl NodeApi for Api {
             bridges: self.bridges(),
             ports: self.ports(),
             vtep: state.vtep.as_ref().map(|v| convert::vtep_to(&v.item, v.owner)),
-            status: self.port_status(),
+            status: port_status(&self.node),
             pmd_threads: self.node.opts.pmd.threads as u32,
             idle_policy: match self.node.opts.pmd.idle {
                 vswitch::IdlePolicy::Busy => "busy".into(),
@@ -151,47 +197,7 @@ impl NodeApi for Api {
     }
 
     async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
-        let sw = &self.node.switch;
-        let snap = sw.snapshot();
-        let totals = sw.stats();
-        let at_unix_nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        let bridges = snap
-            .bds
-            .iter()
-            .flatten()
-            .map(|b| {
-                let t = totals.bds.get(b.id as usize).cloned().unwrap_or_default();
-                pb::BridgeStats {
-                    name: b.name.clone(),
-                    packets: t.packets,
-                    bytes: t.bytes,
-                    flooded: t.flooded,
-                    learned: t.learned,
-                    fdb_entries: sw.fdb().bd_len(b.id).into(),
-                }
-            })
-            .collect();
-        let count = |(name, value): (&str, u64)| pb::Count { name: name.into(), value };
-        Ok(Response::new(pb::StatsReply {
-            ports: self.port_status(),
-            bridges,
-            drops: totals.nonzero_drops().into_iter().map(count).collect(),
-            events: Event::ALL.iter().map(|e| (e.name(), totals.event(*e))).filter(|c| c.1 > 0).map(count).collect(),
-            pmds: sw
-                .thread_stats()
-                .iter()
-                .enumerate()
-                .map(|(i, t)| pb::PmdStats {
-                    thread: i as u32,
-                    busy_cycles: t.busy_cycles,
-                    idle_cycles: t.idle_cycles,
-                    packets: t.packets,
-                    cycles_per_packet: t.cycles_per_packet().unwrap_or(0.0),
-                })
-                .collect(),
-            at_unix_nanos,
-        }))
+        Ok(Response::new(stats_reply(&self.node)))
     }
 
     async fn fdb_dump(&self, r: Request<pb::FdbRequest>) -> Result<Response<pb::FdbReply>, Status> {

@@ -5,6 +5,7 @@
 mod api;
 mod convert;
 mod devices;
+mod metrics;
 mod node;
 mod settings;
 mod state;
@@ -37,7 +38,7 @@ fn main() -> Result<()> {
         node.state().save(p)?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let served = rt.block_on(serve(node.clone(), &s.api));
+    let served = rt.block_on(serve(node.clone(), &s));
     node.stop();
     let _ = std::fs::remove_file(&s.api.socket);
     tracing::info!("stopped");
@@ -59,8 +60,17 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
     Ok(l)
 }
 
-async fn serve(node: Arc<node::Node>, api: &settings::ApiSection) -> Result<()> {
+async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
+    let api = &s.api;
     let listener = bind(&api.socket, api.socket_mode)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
     let aging = {
         let node = node.clone();
         tokio::spawn(async move {
@@ -71,24 +81,26 @@ async fn serve(node: Arc<node::Node>, api: &settings::ApiSection) -> Result<()> 
             }
         })
     };
+    if let Some(addr) = s.metrics {
+        let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics endpoint {addr}"))?;
+        tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
+        let (node, stop) = (node.clone(), stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve(node, l, stop).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
     tracing::info!(socket = %api.socket.display(), "node API ready");
     let service = knitter_api::node::node_server::NodeServer::new(api::Api { node });
-    let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
-    let signalled = {
-        let stopping = stopping.clone();
-        async move {
-            stop_signal().await;
-            stopping.notify_one();
-        }
-    };
     let server = tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), signalled);
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stopped(stop_rx.clone()));
     // Open connections get a moment to finish their calls; a client that never lets go
     // does not hold the stop.
     let r = tokio::select! {
         r = server => r.context("node API server"),
-        _ = async { stopping.notified().await; tokio::time::sleep(GRACE).await } => {
+        _ = async { stopped(stop_rx).await; tokio::time::sleep(GRACE).await } => {
             tracing::warn!("clients still connected after {GRACE:?}: stopping anyway");
             Ok(())
         }

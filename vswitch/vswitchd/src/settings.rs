@@ -11,6 +11,7 @@ use vswitch::{IdlePolicy, PmdConfig};
 
 pub const DEFAULT_CONFIG: &str = "/etc/knitter/vswitchd.toml";
 pub const DEFAULT_STATE: &str = "/var/lib/knitter/vswitchd.json";
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9477";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -57,6 +58,19 @@ impl Default for PoolSection {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Where Prometheus scrapes `/metrics`; `""` turns the endpoint off.
+    pub listen: String,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection { listen: DEFAULT_METRICS.into() }
+    }
+}
+
 /// The config file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +81,8 @@ pub struct FileConfig {
     pub pmd: PmdSection,
     #[serde(default)]
     pub pool: PoolSection,
+    #[serde(default)]
+    pub metrics: MetricsSection,
     /// Where runtime state is persisted; `""` keeps none.
     #[serde(default)]
     pub state_file: Option<PathBuf>,
@@ -118,6 +134,12 @@ pub struct Args {
     /// Do not use explicit hugepages for packet buffers.
     #[arg(long)]
     pub no_hugepages: bool,
+    /// Address of the Prometheus endpoint (default 127.0.0.1:9477).
+    #[arg(long, conflicts_with = "no_metrics")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// No Prometheus endpoint.
+    #[arg(long)]
+    pub no_metrics: bool,
 }
 
 /// Everything the daemon runs with, file and command line merged.
@@ -127,6 +149,7 @@ pub struct Settings {
     pub pmd: PmdConfig,
     pub pool: PoolSection,
     pub state_file: Option<PathBuf>,
+    pub metrics: Option<std::net::SocketAddr>,
     /// The file's objects (all `local`).
     pub objects: NodeState,
 }
@@ -175,7 +198,13 @@ impl Settings {
             (None, _, Some(p)) => Some(p),
             (None, _, None) => Some(DEFAULT_STATE.into()),
         };
+        let metrics = match (args.no_metrics, args.metrics_listen, file.metrics.listen.as_str()) {
+            (true, _, _) | (false, None, "") => None,
+            (false, Some(a), _) => Some(a),
+            (false, None, a) => Some(a.parse().with_context(|| format!("metrics.listen {a:?} is not an address:port"))?),
+        };
         Ok(Settings {
+            metrics,
             api,
             pmd: PmdConfig { threads: pmd.threads, cores: pmd.cores, idle: pmd.idle },
             pool,
@@ -223,6 +252,7 @@ mod tests {
         assert_eq!(s.api.socket, Path::new(knitter_api::DEFAULT_NODE_SOCKET));
         assert_eq!((s.pmd.threads, s.pmd.idle), (1, IdlePolicy::default()));
         assert_eq!(s.state_file.as_deref(), Some(Path::new(DEFAULT_STATE)));
+        assert_eq!(s.metrics, Some(DEFAULT_METRICS.parse().unwrap()));
     }
 
     #[test]

@@ -23,8 +23,10 @@ impl Daemon {
     async fn start(dir: &Path, args: &[&str]) -> Daemon {
         let socket = dir.join("api.sock");
         let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
+        let metrics = if args.contains(&"--metrics-listen") { None } else { Some("--no-metrics") };
         let child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
             .args(["--socket", socket.to_str().unwrap(), "--no-hugepages", "--buffers", "4096"])
+            .args(metrics)
             .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -307,4 +309,38 @@ async fn changes_never_disturb_traffic_on_other_ports() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("400 packets transmitted, 400 received"), "{changes} changes during: {text}");
     assert_eq!(names(&mut c).await.1, vec!["pa0".to_string(), "pb0".into()]);
+}
+
+/// `GET /metrics` over plain HTTP/1.0, the body.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let d = Daemon::start(dir.path(), &["--no-state", "--metrics-listen", &addr]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await.unwrap();
+    let body = tokio::task::spawn_blocking(move || scrape(&addr)).await.unwrap();
+    for line in [
+        "# TYPE knitter_port_rx_packets_total counter",
+        "knitter_port_rx_packets_total{port=\"vnf0\"} 0",
+        "knitter_vhost_user_connected{port=\"vnf0\"} 0",
+        "knitter_fdb_entries{bridge=\"red\"} 0",
+        "knitter_pmd_utilization{thread=\"0\"}",
+        "knitter_buffers 4096",
+        "# TYPE knitter_drops_total counter",
+    ] {
+        assert!(body.contains(line), "no {line:?} in:\n{body}");
+    }
 }

@@ -1,0 +1,71 @@
+//! The Prometheus endpoint (`GET /metrics`, text exposition format 0.0.4): the same counters
+//! as the API's `Stats`, read when scraped, plus buffer-pool and configuration gauges.
+
+use crate::api::stats_reply;
+use crate::node::Node;
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// One metric family: its help, type and samples (label value, value).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl IntoIterator<Item = (String, f64)>) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (l, v) in samples {
+        if label.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let l = l.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(out, "{name}{{{label}=\"{l}\"}} {v}");
+        }
+    }
+}
+
+/// The exposition text of `node` now.
+pub fn render(node: &Node) -> String {
+    let s = stats_reply(node);
+    let mut o = String::with_capacity(4096);
+    let ports = |f: fn(&knitter_api::node::PortStatus) -> f64| s.ports.iter().map(move |p| (p.name.clone(), f(p)));
+    family(&mut o, "knitter_port_rx_packets_total", "counter", "Frames received from the port.", "port", ports(|p| p.rx_packets as f64));
+    family(&mut o, "knitter_port_rx_bytes_total", "counter", "Bytes received from the port.", "port", ports(|p| p.rx_bytes as f64));
+    family(&mut o, "knitter_port_tx_packets_total", "counter", "Frames sent to the port.", "port", ports(|p| p.tx_packets as f64));
+    family(&mut o, "knitter_port_tx_bytes_total", "counter", "Bytes sent to the port.", "port", ports(|p| p.tx_bytes as f64));
+    family(&mut o, "knitter_port_drops_total", "counter", "Frames of the port dropped (any reason).", "port", ports(|p| p.drops as f64));
+    family(&mut o, "knitter_port_up", "gauge", "1 when the port runs and its link is up.", "port", ports(|p| (p.error.is_empty() && p.link_up) as u8 as f64));
+    let vhost = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
+    family(&mut o, "knitter_vhost_user_connected", "gauge", "1 when a vhost-user frontend is connected and its rings run.", "port", vhost);
+    let counts = |c: &[knitter_api::node::Count]| c.iter().map(|c| (c.name.clone(), c.value as f64)).collect::<Vec<_>>();
+    family(&mut o, "knitter_drops_total", "counter", "Frames dropped, by reason.", "reason", counts(&s.drops));
+    family(&mut o, "knitter_events_total", "counter", "Pipeline events (learning, flooding, encapsulation...).", "event", counts(&s.events));
+    let bds = |f: fn(&knitter_api::node::BridgeStats) -> f64| s.bridges.iter().map(move |b| (b.name.clone(), f(b)));
+    family(&mut o, "knitter_bridge_packets_total", "counter", "Frames forwarded in the bridge domain.", "bridge", bds(|b| b.packets as f64));
+    family(&mut o, "knitter_bridge_flooded_total", "counter", "Frames flooded in the bridge domain.", "bridge", bds(|b| b.flooded as f64));
+    family(&mut o, "knitter_bridge_learned_total", "counter", "MACs learned in the bridge domain.", "bridge", bds(|b| b.learned as f64));
+    family(&mut o, "knitter_fdb_entries", "gauge", "Forwarding-table entries of the bridge domain.", "bridge", bds(|b| b.fdb_entries as f64));
+    let pmds = |f: fn(&knitter_api::node::PmdStats) -> f64| s.pmds.iter().map(move |p| (p.thread.to_string(), f(p)));
+    family(&mut o, "knitter_pmd_busy_cycles_total", "counter", "TSC cycles the PMD thread spent on packets.", "thread", pmds(|p| p.busy_cycles as f64));
+    family(&mut o, "knitter_pmd_idle_cycles_total", "counter", "TSC cycles the PMD thread polled empty queues.", "thread", pmds(|p| p.idle_cycles as f64));
+    family(&mut o, "knitter_pmd_packets_total", "counter", "Frames the PMD thread received.", "thread", pmds(|p| p.packets as f64));
+    family(&mut o, "knitter_pmd_cycles_per_packet", "gauge", "Busy cycles per received frame since start.", "thread", pmds(|p| p.cycles_per_packet));
+    let util = |p: &knitter_api::node::PmdStats| {
+        let all = p.busy_cycles + p.idle_cycles;
+        if all == 0 { 0.0 } else { p.busy_cycles as f64 / all as f64 }
+    };
+    family(&mut o, "knitter_pmd_utilization", "gauge", "Busy share of the PMD thread's polling cycles since start.", "thread", pmds(util));
+    let one = |v: f64| [(String::new(), v)];
+    family(&mut o, "knitter_buffers", "gauge", "Packet buffers in the pool.", "", one(node.pool.capacity() as f64));
+    family(&mut o, "knitter_buffers_free", "gauge", "Packet buffers free now.", "", one(node.pool.free_count() as f64));
+    family(&mut o, "knitter_config_generation", "gauge", "Configuration generation the PMD threads read.", "", one(node.switch.generation() as f64));
+    o
+}
+
+/// Serves `/metrics` on `listener` until `stop` resolves.
+pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let node = node.clone();
+            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&node)) }
+        }),
+    );
+    axum::serve(listener, app).with_graceful_shutdown(stop).await
+}
