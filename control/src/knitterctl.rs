@@ -57,6 +57,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: FdbCmd,
     },
+    /// Converge the node's local objects to a topology file (the config file's bridges,
+    /// ports and vtep; YAML, TOML or JSON by extension): add, change, remove.
+    Apply {
+        #[arg(long, short)]
+        file: PathBuf,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -494,6 +503,25 @@ async fn run(cli: Cli) -> Result<()> {
             let r = c.fdb_flush(pb::FdbFlushRequest { bridge: bridge.unwrap_or_default(), port: port.unwrap_or_default() }).await?;
             let r = r.into_inner();
             if out == Output::Json { json(&r)? } else { println!("{} entries removed", r.removed) }
+        }
+        Cmd::Apply { file, dry_run } => {
+            let document = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let format = file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string();
+            let r = c.apply(pb::ApplyRequest { document, format, dry_run }).await?.into_inner();
+            if out == Output::Json {
+                return json(&r);
+            }
+            let verb = if dry_run { "would be " } else { "" };
+            for (what, list) in [("added", &r.added), ("changed", &r.changed), ("removed", &r.removed)] {
+                for o in list {
+                    println!("{o}: {verb}{what}");
+                }
+            }
+            if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() {
+                println!("nothing to change (configuration generation {})", r.generation);
+            } else if !dry_run {
+                println!("ok (configuration generation {})", r.generation);
+            }
         }
         Cmd::Stats { interval, count } => stats(&mut c, out, interval, count).await?,
     }

@@ -23,6 +23,7 @@ fn status(e: NodeError) -> Status {
         NodeError::NotFound { .. } => Status::not_found(msg),
         NodeError::NotOwner { .. } => Status::failed_precondition(msg),
         NodeError::Invalid(_) => Status::invalid_argument(msg),
+        NodeError::DeviceChanged { .. } => Status::failed_precondition(msg),
         NodeError::Device(_) => Status::unavailable(msg),
         NodeError::State(_) => Status::internal(msg),
     }
@@ -198,6 +199,19 @@ impl NodeApi for Api {
 
     async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
         Ok(Response::new(stats_reply(&self.node)))
+    }
+
+    async fn apply(&self, r: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyReply>, Status> {
+        let r = r.into_inner();
+        let doc = crate::state::NodeState::parse(&r.document, &r.format).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let node = self.node.clone();
+        let report = blocking(move || node.apply(doc, r.dry_run)).await?.map_err(status)?;
+        Ok(Response::new(pb::ApplyReply {
+            generation: report.generation,
+            added: report.added,
+            changed: report.changed,
+            removed: report.removed,
+        }))
     }
 
     async fn fdb_dump(&self, r: Request<pb::FdbRequest>) -> Result<Response<pb::FdbReply>, Status> {

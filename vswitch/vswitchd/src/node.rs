@@ -26,8 +26,19 @@ pub enum NodeError {
     Invalid(#[from] ConfigError),
     #[error(transparent)]
     Device(#[from] DeviceError),
+    #[error("port {port:?}: its device differs from the running one; delete the port first, then apply")]
+    DeviceChanged { port: String },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
+}
+
+/// What an apply changed (or, dry, would change).
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub generation: u64,
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
 }
 
 /// How the node runs.
@@ -156,17 +167,12 @@ impl Node {
         if let Some(p) = inner.state.port(&name) {
             return Err(NodeError::Exists { kind: "port", name, owner: p.owner });
         }
-        let open = Self::open_device(&self.pool, &inner.state, &spec)?;
-        if let Err(e) = self.switch.register_port(&name, open.port.clone()) {
-            return Err(NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") }));
-        }
-        inner.open.insert(name.clone(), open);
         let mut candidate = inner.state.clone();
         candidate.ports.push(Owned { owner, item: spec });
+        self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name))?;
         let r = self.commit(&mut inner, candidate);
-        if r.is_err() && inner.state.port(&name).is_none() {
-            inner.open.remove(&name);
-            let _ = self.switch.unregister_port(&name);
+        if r.is_err() {
+            self.close_ports(&mut inner, &[name], None);
         }
         r
     }
@@ -179,15 +185,136 @@ impl Node {
         owned_by(p, "port", name, owner)?;
         candidate.ports.retain(|p| p.item.config.name != name);
         let generation = self.commit(&mut inner, candidate)?;
-        inner.failed.remove(name);
-        // PMD threads may still hold the old snapshot for a burst: wait until they read the
-        // new one before the device goes.
-        if let Some(pmd) = self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            pmd.wait_adopted(generation, std::time::Duration::from_secs(2));
-        }
-        let _ = self.switch.unregister_port(name);
-        inner.open.remove(name);
+        self.close_ports(&mut inner, &[name.to_string()], Some(generation));
         Ok(generation)
+    }
+
+    /// Opens and registers the devices of `names` (ports of `candidate`), all or none.
+    fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
+        for (i, name) in names.iter().enumerate() {
+            let Some(p) = candidate.port(name) else { continue };
+            let opened = Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from).and_then(|open| {
+                self.switch.register_port(name, open.port.clone()).map_err(|e| {
+                    NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
+                })?;
+                inner.open.insert(name.clone(), open);
+                Ok(())
+            });
+            if let Err(e) = opened {
+                self.close_ports(inner, &names[..i], None);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Unregisters and closes the devices of `names`. After a change that removed them
+    /// (`generation`), PMD threads may still hold the old snapshot for a burst: wait until
+    /// they read the new one before the devices go.
+    fn close_ports(&self, inner: &mut Inner, names: &[String], generation: Option<u64>) {
+        if let (Some(g), Some(pmd)) = (generation, self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
+            pmd.wait_adopted(g, std::time::Duration::from_secs(2));
+        }
+        for name in names {
+            inner.failed.remove(name);
+            let _ = self.switch.unregister_port(name);
+            inner.open.remove(name);
+        }
+    }
+
+    /// Converges the `local` objects to `doc` (every object in it local): one atomic change.
+    /// An object of `doc` the manager owns, or a port whose device differs from the running
+    /// one, refuses the whole document. With `dry_run`, only reports.
+    pub fn apply(&self, doc: NodeState, dry_run: bool) -> Result<ApplyReport, NodeError> {
+        let mut inner = self.inner();
+        let state = &inner.state;
+        let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
+        let mut candidate = NodeState::default();
+        // Bridges: the manager's stay; the document's replace every local one.
+        for b in &doc.bridges {
+            match state.bridge(&b.item.name) {
+                Some(o) if o.owner != Owner::Local => owned_by(o, "bridge", &b.item.name, Owner::Local)?,
+                Some(o) if o.item != b.item => report.changed.push(format!("bridge {}", b.item.name)),
+                Some(_) => {}
+                None => report.added.push(format!("bridge {}", b.item.name)),
+            }
+        }
+        for b in &state.bridges {
+            match b.owner {
+                Owner::Local if doc.bridge(&b.item.name).is_none() => report.removed.push(format!("bridge {}", b.item.name)),
+                Owner::Local => {}
+                Owner::Manager => candidate.bridges.push(b.clone()),
+            }
+        }
+        candidate.bridges.extend(doc.bridges.iter().map(|b| Owned { owner: Owner::Local, item: b.item.clone() }));
+        // Ports, the same way; a device is not changed in place.
+        let mut new_ports = Vec::new();
+        let mut gone_ports = Vec::new();
+        for p in &doc.ports {
+            let name = &p.item.config.name;
+            match state.port(name) {
+                Some(o) if o.owner != Owner::Local => owned_by(o, "port", name, Owner::Local)?,
+                Some(o) if o.item.device != p.item.device => return Err(NodeError::DeviceChanged { port: name.clone() }),
+                Some(o) if o.item != p.item => report.changed.push(format!("port {name}")),
+                Some(_) => {}
+                None => {
+                    report.added.push(format!("port {name}"));
+                    new_ports.push(name.clone());
+                }
+            }
+        }
+        for p in &state.ports {
+            let name = &p.item.config.name;
+            match p.owner {
+                Owner::Local if doc.port(name).is_none() => {
+                    report.removed.push(format!("port {name}"));
+                    gone_ports.push(name.clone());
+                }
+                Owner::Local => {}
+                Owner::Manager => candidate.ports.push(p.clone()),
+            }
+        }
+        candidate.ports.extend(doc.ports.iter().map(|p| Owned { owner: Owner::Local, item: p.item.clone() }));
+        // The VTEP.
+        candidate.vtep = match (&state.vtep, &doc.vtep) {
+            (Some(o), Some(_)) if o.owner != Owner::Local => return Err(NodeError::NotOwner { kind: "vtep", name: "vtep".into(), owner: o.owner, by: Owner::Local }),
+            (Some(o), None) if o.owner != Owner::Local => Some(o.clone()),
+            (old, new) => {
+                match (old, new) {
+                    (None, Some(_)) => report.added.push("vtep".into()),
+                    (Some(_), None) => report.removed.push("vtep".into()),
+                    (Some(o), Some(n)) if o.item != n.item => report.changed.push("vtep".into()),
+                    _ => {}
+                }
+                new.as_ref().map(|v| Owned { owner: Owner::Local, item: v.item.clone() })
+            }
+        };
+        if dry_run || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty()) {
+            return Ok(report);
+        }
+        self.open_ports(&mut inner, &candidate, &new_ports)?;
+        match self.commit(&mut inner, candidate) {
+            Ok(generation) => {
+                report.generation = generation;
+                self.close_ports(&mut inner, &gone_ports, Some(generation));
+                self.refresh_underlay_filter(&inner);
+                Ok(report)
+            }
+            Err(e) => {
+                self.close_ports(&mut inner, &new_ports, None);
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives the running VTEP's underlay port the filter for it (AF_XDP only).
+    fn refresh_underlay_filter(&self, inner: &Inner) {
+        let Some(v) = &inner.state.vtep else { return };
+        if let Some(open) = inner.open.get(&v.item.underlay_port)
+            && let Err(e) = open.set_underlay_filter(Some(underlay_filter(&v.item)))
+        {
+            tracing::warn!(port = %v.item.underlay_port, error = %e, "underlay filter not updated");
+        }
     }
 
     pub fn set_vtep(&self, vtep: VtepConfig, owner: Owner) -> Result<u64, NodeError> {
@@ -196,15 +323,9 @@ impl Node {
         if let Some(v) = &candidate.vtep {
             owned_by(v, "vtep", "vtep", owner)?;
         }
-        let filter = underlay_filter(&vtep);
-        let underlay = vtep.underlay_port.clone();
         candidate.vtep = Some(Owned { owner, item: vtep });
         let generation = self.commit(&mut inner, candidate)?;
-        if let Some(open) = inner.open.get(&underlay)
-            && let Err(e) = open.set_underlay_filter(Some(filter))
-        {
-            tracing::warn!(port = %underlay, error = %e, "underlay filter not updated");
-        }
+        self.refresh_underlay_filter(&inner);
         Ok(generation)
     }
 

@@ -167,11 +167,8 @@ impl Settings {
             None => FileConfig::default(),
         };
         let objects = NodeState { bridges: file.bridges, ports: file.ports, vtep: file.vtep };
-        let managed = objects.bridges.iter().any(|b| b.owner != Owner::Local)
-            || objects.ports.iter().any(|p| p.owner != Owner::Local)
-            || objects.vtep.as_ref().is_some_and(|v| v.owner != Owner::Local);
-        if managed {
-            bail!("the config file declares an object owned by the manager; the file owns only local objects");
+        if let Some(what) = objects.first_not_local() {
+            bail!("the config file declares local objects only; {what} says otherwise");
         }
         let mut api = file.api;
         if let Some(s) = &args.socket {

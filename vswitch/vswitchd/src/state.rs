@@ -158,7 +158,45 @@ pub enum StateError {
     Write { path: String, source: std::io::Error },
 }
 
+/// Why a topology document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("topology document (YAML): {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("topology document (TOML): {0}")]
+    Toml(#[from] toml::de::Error),
+    #[error("topology document (JSON): {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("unknown document format {0:?}: use yaml, toml or json")]
+    Format(String),
+    #[error("a topology document declares local objects only; {0} says otherwise")]
+    NotLocal(String),
+}
+
 impl NodeState {
+    /// Parses a topology document (`knitterctl apply -f`): the config file's `bridges`,
+    /// `ports` and `vtep`, every object local.
+    pub fn parse(text: &str, format: &str) -> Result<NodeState, DocumentError> {
+        let doc: NodeState = match format {
+            "" | "yaml" | "yml" => serde_yaml::from_str(text)?,
+            "toml" => toml::from_str(text)?,
+            "json" => serde_json::from_str(text)?,
+            f => return Err(DocumentError::Format(f.into())),
+        };
+        match doc.first_not_local() {
+            Some(what) => Err(DocumentError::NotLocal(what)),
+            None => Ok(doc),
+        }
+    }
+
+    /// The first object another source than `local` owns, named.
+    pub fn first_not_local(&self) -> Option<String> {
+        let bridge = self.bridges.iter().find(|b| b.owner != Owner::Local).map(|b| format!("bridge {:?}", b.item.name));
+        let port = || self.ports.iter().find(|p| p.owner != Owner::Local).map(|p| format!("port {:?}", p.item.config.name));
+        let vtep = || self.vtep.as_ref().filter(|v| v.owner != Owner::Local).map(|_| "the vtep".to_string());
+        bridge.or_else(port).or_else(vtep)
+    }
+
     /// The switch configuration of the ports in `open` (ports whose device did not open are
     /// left out).
     pub fn switch_config(&self, open: impl Fn(&str) -> bool) -> SwitchConfig {

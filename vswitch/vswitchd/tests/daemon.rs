@@ -344,3 +344,64 @@ async fn prometheus_scrapes_the_counters() {
         assert!(body.contains(line), "no {line:?} in:\n{body}");
     }
 }
+
+async fn apply(c: &mut NodeClient<Channel>, doc: &str, dry_run: bool) -> Result<pb::ApplyReply, tonic::Status> {
+    c.apply(pb::ApplyRequest { document: doc.into(), format: "yaml".into(), dry_run }).await.map(|r| r.into_inner())
+}
+
+fn strs(l: &[String]) -> Vec<&str> {
+    l.iter().map(|s| s.as_str()).collect()
+}
+
+fn changes(r: &pb::ApplyReply) -> (Vec<&str>, Vec<&str>, Vec<&str>) {
+    (strs(&r.added), strs(&r.changed), strs(&r.removed))
+}
+
+#[tokio::test]
+async fn apply_converges_local_objects_to_a_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let sock = |n: &str| dir.path().join(format!("{n}.sock")).display().to_string();
+    let doc1 = format!(
+        "bridges:\n  - {{name: red, vni: 5001}}\n  - {{name: blue, vlan: 100}}\nports:\n  - name: vnf0\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: red}}\n",
+        sock("vnf0")
+    );
+    // The manager's bridge is not the document's to touch.
+    add_bridge(&mut c, pb::Bridge { owner: pb::Owner::Manager as i32, vlan: Some(300), ..bridge("net9") }).await.unwrap();
+
+    let dry = apply(&mut c, &doc1, true).await.unwrap();
+    assert_eq!(changes(&dry), (vec!["bridge red", "bridge blue", "port vnf0"], vec![], vec![]));
+    assert_eq!(names(&mut c).await, (vec!["net9".into()], vec![]), "a dry run changes nothing");
+    let r = apply(&mut c, &doc1, false).await.unwrap();
+    assert_eq!(changes(&r), (vec!["bridge red", "bridge blue", "port vnf0"], vec![], vec![]));
+    assert_eq!(names(&mut c).await, (vec!["net9".into(), "red".into(), "blue".into()], vec!["vnf0".into()]));
+    assert_eq!(changes(&apply(&mut c, &doc1, false).await.unwrap()), (vec![], vec![], vec![]), "applying again changes nothing");
+
+    let doc2 = format!(
+        "bridges:\n  - {{name: red, vni: 5001}}\nports:\n  - name: vnf0\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: red}}\n    mtu: 9000\n  - name: vnf1\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: red}}\n",
+        sock("vnf0"),
+        sock("vnf1")
+    );
+    let r = apply(&mut c, &doc2, false).await.unwrap();
+    assert_eq!(changes(&r), (vec!["port vnf1"], vec!["port vnf0"], vec!["bridge blue"]));
+    assert_eq!(names(&mut c).await, (vec!["net9".into(), "red".into()], vec!["vnf0".into(), "vnf1".into()]));
+
+    // Refused whole, with the reason.
+    let before = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    refused(apply(&mut c, "bridges:\n  - {name: net9}\n", false).await, Code::FailedPrecondition, "owned by manager");
+    refused(apply(&mut c, "bridges:\n  - {name: red, vnii: 1}\n", false).await, Code::InvalidArgument, "vnii");
+    refused(apply(&mut c, "bridges:\n  - {name: red, owner: manager}\n", false).await, Code::InvalidArgument, "local objects only");
+    let moved = doc2.replace(&sock("vnf1"), &sock("elsewhere"));
+    refused(apply(&mut c, &moved, false).await, Code::FailedPrecondition, "port \"vnf1\": its device differs");
+    let conflict = format!("{doc2}  - name: vnf2\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: green}}\n", sock("vnf2"));
+    refused(apply(&mut c, &conflict, false).await, Code::InvalidArgument, "bridge \"green\" does not exist");
+    assert!(!dir.path().join("vnf2.sock").exists(), "the refused document's new port was closed again");
+    let after = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert_eq!((after.generation, after.ports, after.bridges), (before.generation, before.ports, before.bridges));
+
+    // An empty document removes every local object and keeps the manager's.
+    let r = apply(&mut c, "{}", false).await.unwrap();
+    assert_eq!(changes(&r), (vec![], vec![], vec!["bridge red", "port vnf0", "port vnf1"]));
+    assert_eq!(names(&mut c).await, (vec!["net9".into()], vec![]));
+}

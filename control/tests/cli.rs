@@ -1,0 +1,93 @@
+//! knitterctl as an operator runs it, against a real knitter-vswitchd (the workspace's
+//! build of it, next to knitterctl): tables, `-o json`, `apply -f`, refusals with the
+//! daemon's reason and a non-zero exit, an unreachable daemon named plainly. In the
+//! `serial` nextest group (the daemon starts a PMD thread).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn knitterctl(socket: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_knitterctl")).arg("--socket").arg(socket).args(args).output().unwrap()
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "knitterctl failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn start(dir: &Path) -> (Daemon, PathBuf) {
+    let daemon = Path::new(env!("CARGO_BIN_EXE_knitterctl")).with_file_name("knitter-vswitchd");
+    assert!(daemon.exists(), "{} is not built (cargo build --workspace)", daemon.display());
+    let socket = dir.join("api.sock");
+    let child = Command::new(daemon)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !knitterctl(&socket, &["node", "show"]).status.success() {
+        assert!(Instant::now() < deadline, "daemon not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (d, socket)
+}
+
+#[test]
+fn an_operator_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, s) = start(dir.path());
+    let vnf = dir.path().join("vnf0.sock");
+    assert!(ok(knitterctl(&s, &["bridge", "add", "red", "--vni", "5001"])).starts_with("ok (configuration generation"));
+    ok(knitterctl(&s, &["port", "add", "vnf0", "--vhost-user", vnf.to_str().unwrap(), "--access", "red", "--mtu", "9000"]));
+    let show = ok(knitterctl(&s, &["node", "show"]));
+    assert!(show.contains("knitter-vswitchd") && show.contains("1 PMD thread"), "{show}");
+    let ports = ok(knitterctl(&s, &["port", "list"]));
+    let row = ports.lines().find(|l| l.starts_with("vnf0")).unwrap_or_else(|| panic!("{ports}"));
+    assert!(row.contains("vhost-user") && row.contains("access red") && row.contains("9000") && row.contains("waiting for the frontend"), "{row}");
+
+    let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();
+    assert_eq!(json["bridges"][0]["vni"], 5001);
+    let stats = ok(knitterctl(&s, &["stats", "--interval", "0.2", "--count", "2"]));
+    assert!(stats.contains("RX PPS") && stats.contains("--"), "{stats}");
+
+    // A refusal: the daemon's reason on stderr, exit status 1, nothing changed.
+    let o = knitterctl(&s, &["bridge", "add", "blue", "--vni", "5001"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("refused") && err.contains("VNI 5001"), "{err}");
+    // A usage error is clap's: exit status 2.
+    assert_eq!(knitterctl(&s, &["port", "add", "x", "--access", "red"]).status.code(), Some(2));
+
+    let topo = dir.path().join("topology.yaml");
+    std::fs::write(&topo, "bridges:\n  - {name: red, vni: 5001}\n  - {name: blue, vlan: 100}\n").unwrap();
+    let dry = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap(), "--dry-run"]));
+    assert!(dry.contains("bridge blue: would be added") && dry.contains("port vnf0: would be removed"), "{dry}");
+    let done = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()]));
+    assert!(done.contains("bridge blue: added") && done.contains("port vnf0: removed"), "{done}");
+    assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()])).contains("nothing to change"));
+    assert!(!vnf.exists(), "the removed port's socket is gone");
+    let fdb = ok(knitterctl(&s, &["fdb", "show"]));
+    assert!(fdb.starts_with("BRIDGE"), "{fdb}");
+    assert!(ok(knitterctl(&s, &["fdb", "flush", "--bridge", "red"])).contains("0 entries removed"));
+}
+
+#[test]
+fn an_unreachable_daemon_is_named() {
+    let o = knitterctl(Path::new("/nonexistent/knitter.sock"), &["node", "show"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cannot reach knitter-vswitchd at /nonexistent/knitter.sock") && err.contains("is it running?"), "{err}");
+}
