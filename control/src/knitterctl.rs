@@ -66,6 +66,13 @@ enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Follow the node's events (ports added and removed, links up and down, vhost-user
+    /// frontends connecting, configuration generations) until Ctrl-C.
+    Events {
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -524,6 +531,22 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Stats { interval, count } => stats(&mut c, out, interval, count).await?,
+        Cmd::Events { count } => {
+            let mut stream = c.events(pb::EventsRequest {}).await?.into_inner();
+            let mut seen = 0;
+            while count.is_none_or(|n| seen < n) {
+                let Some(e) = stream.message().await? else { break };
+                seen += 1;
+                if out == Output::Json {
+                    println!("{}", serde_json::to_string(&e)?);
+                } else {
+                    let secs = e.at_unix_nanos / 1_000_000_000;
+                    let (h, m, s, ms) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60, (e.at_unix_nanos / 1_000_000) % 1000);
+                    let port = if e.port.is_empty() { "-" } else { e.port.as_str() };
+                    println!("{h:02}:{m:02}:{s:02}.{ms:03} UTC  {:<15} {port:<12} {}", e.kind, e.detail);
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -79,6 +79,18 @@ fn an_operator_session() {
     assert!(done.contains("bridge blue: added") && done.contains("port vnf0: removed"), "{done}");
     assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()])).contains("nothing to change"));
     assert!(!vnf.exists(), "the removed port's socket is gone");
+    // Events: a follower started first sees the next change.
+    let follower = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+        .arg("--socket")
+        .arg(&s)
+        .args(["events", "--count", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    ok(knitterctl(&s, &["bridge", "add", "green", "--vlan", "300"]));
+    let seen = ok(follower.wait_with_output().unwrap());
+    assert!(seen.contains("config_applied"), "{seen}");
     let fdb = ok(knitterctl(&s, &["fdb", "show"]));
     assert!(fdb.starts_with("BRIDGE"), "{fdb}");
     assert!(ok(knitterctl(&s, &["fdb", "flush", "--bridge", "red"])).contains("0 entries removed"));

@@ -10,6 +10,9 @@ pub mod node {
     tonic::include_proto!("knitter.node.v1");
 }
 
+/// The encoded descriptors of every Knitter proto, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("knitter_descriptor");
+
 /// Where `knitter-vswitchd` listens unless told otherwise.
 pub const DEFAULT_NODE_SOCKET: &str = "/run/knitter/vswitchd.sock";
 

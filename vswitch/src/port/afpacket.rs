@@ -21,7 +21,7 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
-use super::sys::{check, if_mac, ifindex, setopt};
+use super::sys::{check, if_mac, if_running, ifindex, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, MAX_FRAME, PoolCache};
@@ -152,6 +152,8 @@ pub struct AfPacketPort {
     tx_state: std::sync::Mutex<TxState>,
     mac: Option<MacAddr>,
     counters: QueueCounters,
+    /// The interface's link (up and running), as last asked by `refresh_link`.
+    link: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mappings are only touched through the rx/tx paths, each serialised by its own
@@ -212,6 +214,7 @@ impl AfPacketPort {
         let tx = map_ring(&tx_fd, PACKET_TX_RING, TX_FRAME, TX_FRAMES)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
         let mac = if_mac(rx_fd.as_raw_fd(), ifname);
+        let link = std::sync::atomic::AtomicBool::new(if_running(rx_fd.as_raw_fd(), ifname).unwrap_or(false));
         tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V2 rings)");
         Ok(AfPacketPort {
             name: name.into(),
@@ -224,6 +227,7 @@ impl AfPacketPort {
             tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
             mac,
             counters: QueueCounters::default(),
+            link,
         })
     }
 
@@ -357,5 +361,14 @@ impl Port for AfPacketPort {
 
     fn mac(&self) -> Option<MacAddr> {
         self.mac
+    }
+
+    fn link_up(&self) -> bool {
+        self.link.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn refresh_link(&self) {
+        let up = if_running(self.rx_fd.as_raw_fd(), &self.ifname).unwrap_or(false);
+        self.link.store(up, std::sync::atomic::Ordering::Relaxed);
     }
 }

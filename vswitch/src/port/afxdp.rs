@@ -19,7 +19,7 @@
 
 pub use super::bpf::UnderlayFilter;
 use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
-use super::sys::{check, ifindex, interface_mac, setopt};
+use super::sys::{check, control_socket, if_running, ifindex, interface_mac, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
@@ -235,6 +235,11 @@ pub struct AfXdpPort {
     mac: Option<MacAddr>,
     counters: QueueCounters,
     fd: RawFd,
+    ifname: String,
+    /// For interface ioctls in the port's namespace (link state).
+    control: OwnedFd,
+    /// The interface's link (up and running), as last asked by `refresh_link`.
+    link: std::sync::atomic::AtomicBool,
     /// The attached program; `None` only while dropping.
     xdp: Mutex<Option<XdpRedirect>>,
     sock: Option<OwnedFd>,
@@ -324,6 +329,7 @@ impl AfXdpPort {
         };
         xdp.register(0, fd)?;
         let mac = interface_mac(ifname);
+        let control = control_socket()?;
         tracing::info!(port = name, ifname, mode, "AF_XDP port open (copy mode, UMEM = buffer pool)");
         let n = pool.capacity() as usize;
         Ok(AfXdpPort {
@@ -334,6 +340,9 @@ impl AfXdpPort {
             mac,
             counters: QueueCounters::default(),
             fd,
+            ifname: ifname.into(),
+            link: std::sync::atomic::AtomicBool::new(if_running(control.as_raw_fd(), ifname).unwrap_or(false)),
+            control,
             xdp: Mutex::new(Some(xdp)),
             sock: Some(sock),
         })
@@ -472,6 +481,14 @@ impl Port for AfXdpPort {
 
     fn mac(&self) -> Option<MacAddr> {
         self.mac
+    }
+
+    fn link_up(&self) -> bool {
+        self.link.load(Relaxed)
+    }
+
+    fn refresh_link(&self) {
+        self.link.store(if_running(self.control.as_raw_fd(), &self.ifname).unwrap_or(false), Relaxed);
     }
 
     /// One UMEM chunk per frame after the kernel's XDP headroom (no multi-buffer yet).

@@ -85,10 +85,16 @@ pub trait Port: Send + Sync {
     /// packets the queue could not take stay in it, in order, for the caller to count and free.
     fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
 
-    /// Whether the link is up (a vhost-user frontend connected, a netdev running...).
+    /// Whether the link is up (a vhost-user frontend connected, a netdev running...). Read
+    /// on the fast path: an atomic load, never a syscall.
     fn link_up(&self) -> bool {
         true
     }
+
+    /// Asks the device for its link state and records it for [`Port::link_up`]. Called by
+    /// the control plane now and then (never by PMD threads); ports that always know
+    /// (vhost-user, rings) need nothing here.
+    fn refresh_link(&self) {}
 
     /// A descriptor that becomes readable when rx queue `q` has packets while armed.
     fn wake_fd(&self, _q: u16) -> Option<RawFd> {

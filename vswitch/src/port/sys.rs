@@ -33,16 +33,20 @@ pub(super) fn ifindex(ifname: &str) -> io::Result<u32> {
 /// The interface's MAC in the calling thread's network namespace (through a throwaway socket:
 /// not every socket family answers the ioctl).
 pub(super) fn interface_mac(ifname: &str) -> Option<MacAddr> {
-    // SAFETY: plain socket creation; the result is checked and owned below.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).ok()?;
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    if_mac(sock.as_raw_fd(), ifname)
+    if_mac(control_socket().ok()?.as_raw_fd(), ifname)
 }
 
-/// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
-/// the mount namespace's, which differs when the caller entered another netns).
-pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+/// A socket for interface ioctls in the calling thread's network namespace (AF_XDP sockets
+/// answer none themselves).
+pub(super) fn control_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket creation; the result is checked and owned below.
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An ifreq naming `ifname`, or `None` when the name does not fit.
+fn ifreq(ifname: &str) -> Option<libc::ifreq> {
     // SAFETY: ifreq is plain data; zeroed is valid.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     let name = ifname.as_bytes();
@@ -52,6 +56,26 @@ pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
     for (d, s) in req.ifr_name.iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
+    Some(req)
+}
+
+/// Whether the interface is up and running (carrier), asked of the socket's own network
+/// namespace; `None` when the kernel does not say (the interface is gone).
+pub(super) fn if_running(fd: RawFd, ifname: &str) -> Option<bool> {
+    let mut req = ifreq(ifname)?;
+    // SAFETY: SIOCGIFFLAGS fills the ifreq we pass.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } != 0 {
+        return None;
+    }
+    // SAFETY: after SIOCGIFFLAGS the union holds ifru_flags.
+    let flags = unsafe { req.ifr_ifru.ifru_flags } as libc::c_int;
+    Some(flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0)
+}
+
+/// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
+/// the mount namespace's, which differs when the caller entered another netns).
+pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+    let mut req = ifreq(ifname)?;
     // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {
         return None;

@@ -119,8 +119,22 @@ pub fn stats_reply(node: &Node) -> pb::StatsReply {
     }
 }
 
+type EventStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::NodeEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl NodeApi for Api {
+    type EventsStream = EventStream;
+
+    async fn events(&self, _: Request<pb::EventsRequest>) -> Result<Response<EventStream>, Status> {
+        use tokio_stream::StreamExt;
+        use tokio_stream::wrappers::{BroadcastStream, errors::BroadcastStreamRecvError};
+        let stream = BroadcastStream::new(self.node.events.subscribe()).map(|e| match e {
+            Ok(e) => Ok(e),
+            Err(BroadcastStreamRecvError::Lagged(n)) => Ok(crate::events::lost(n)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn show(&self, _: Request<pb::ShowRequest>) -> Result<Response<pb::NodeView>, Status> {
         let state = self.node.state();
         let pool = &self.node.pool;

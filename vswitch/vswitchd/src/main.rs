@@ -5,6 +5,7 @@
 mod api;
 mod convert;
 mod devices;
+mod events;
 mod metrics;
 mod node;
 mod settings;
@@ -81,6 +82,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
             }
         })
     };
+    let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
     if let Some(addr) = s.metrics {
         let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics endpoint {addr}"))?;
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
@@ -93,7 +95,16 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     }
     tracing::info!(socket = %api.socket.display(), "node API ready");
     let service = knitter_api::node::node_server::NodeServer::new(api::Api { node });
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<knitter_api::node::node_server::NodeServer<api::Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(knitter_api::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("gRPC reflection")?;
     let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(service)
         .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stopped(stop_rx.clone()));
     // Open connections get a moment to finish their calls; a client that never lets go
@@ -106,8 +117,12 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         }
     };
     aging.abort();
+    links.abort();
     r
 }
+
+/// How often port links are asked for (events, `link_up` for kernel ports).
+const LINK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How long a stop waits for API calls in flight.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);

@@ -60,6 +60,7 @@ struct Inner {
 
 pub struct Node {
     pub switch: Arc<Switch>,
+    pub events: crate::events::Events,
     pub pool: Arc<Pool>,
     pub opts: NodeOptions,
     pmd: Mutex<Option<PmdSet>>,
@@ -101,7 +102,8 @@ impl Node {
         switch.apply(cfg)?;
         inner.state = state;
         let pmd = PmdSet::start(switch.clone(), &opts.pmd)?;
-        Ok(Node { switch, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner) })
+        let events = crate::events::Events::default();
+        Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner) })
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -120,6 +122,7 @@ impl Node {
     fn commit(&self, inner: &mut Inner, candidate: NodeState) -> Result<u64, NodeError> {
         let cfg = candidate.switch_config(|n| inner.open.contains_key(n));
         let generation = self.switch.apply(cfg)?;
+        self.events.emit("config_applied", "", format!("generation {generation}"), generation);
         inner.state = candidate;
         if let Some(path) = &self.opts.state_file {
             inner.state.save(path)?;
@@ -200,6 +203,10 @@ impl Node {
                 inner.open.insert(name.clone(), open);
                 Ok(())
             });
+            match &opened {
+                Ok(()) => self.events.emit("port_added", name, format!("{:?}", p.item.device), self.switch.generation()),
+                Err(e) => self.events.emit("port_error", name, e.to_string(), self.switch.generation()),
+            }
             if let Err(e) = opened {
                 self.close_ports(inner, &names[..i], None);
                 return Err(e);
@@ -218,7 +225,9 @@ impl Node {
         for name in names {
             inner.failed.remove(name);
             let _ = self.switch.unregister_port(name);
-            inner.open.remove(name);
+            if inner.open.remove(name).is_some() {
+                self.events.emit("port_removed", name, "", self.switch.generation());
+            }
         }
     }
 

@@ -309,6 +309,16 @@ async fn changes_never_disturb_traffic_on_other_ports() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("400 packets transmitted, 400 received"), "{changes} changes during: {text}");
     assert_eq!(names(&mut c).await.1, vec!["pa0".to_string(), "pb0".into()]);
+
+    // The pod's end going down takes pb0's carrier: the daemon sees it and says so.
+    let mut events = c.events(pb::EventsRequest {}).await.unwrap().into_inner();
+    pb_.run(&["ip", "link", "set", "eth0", "down"]).unwrap();
+    next_event(&mut events, "link_down", "pb0").await;
+    let up = |v: pb::NodeView| v.status.iter().find(|s| s.name == "pb0").map(|s| s.link_up);
+    assert_eq!(up(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), Some(false));
+    pb_.run(&["ip", "link", "set", "eth0", "up"]).unwrap();
+    next_event(&mut events, "link_up", "pb0").await;
+    netns::ping(&pa, "192.0.2.2").expect("traffic again once the link is back");
 }
 
 /// `GET /metrics` over plain HTTP/1.0, the body.
@@ -404,4 +414,49 @@ async fn apply_converges_local_objects_to_a_document() {
     let r = apply(&mut c, "{}", false).await.unwrap();
     assert_eq!(changes(&r), (vec![], vec![], vec!["bridge red", "port vnf0", "port vnf1"]));
     assert_eq!(names(&mut c).await, (vec!["net9".into()], vec![]));
+}
+
+/// Waits (bounded) for an event of `kind` about `port`.
+async fn next_event(s: &mut tonic::Streaming<pb::NodeEvent>, kind: &str, port: &str) -> pb::NodeEvent {
+    let wait = async {
+        loop {
+            let e = s.message().await.unwrap().expect("the event stream ended");
+            if e.kind == kind && e.port == port {
+                return e;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), wait).await.unwrap_or_else(|_| panic!("no {kind} event for {port:?}"))
+}
+
+#[tokio::test]
+async fn events_health_and_reflection() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let mut events = c.events(pb::EventsRequest {}).await.unwrap().into_inner();
+    let g = add_bridge(&mut c, bridge("red")).await.unwrap();
+    assert_eq!(next_event(&mut events, "config_applied", "").await.generation, g);
+    add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await.unwrap();
+    assert!(next_event(&mut events, "port_added", "vnf0").await.detail.contains("VhostUser"));
+    c.delete_port(pb::DeleteRequest { name: "vnf0".into(), owner: 0 }).await.unwrap();
+    next_event(&mut events, "port_removed", "vnf0").await;
+
+    // gRPC health, as Kubernetes probes and grpc_health_probe ask it.
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    let mut h = HealthClient::new(knitter_api::unix_channel(&d.socket));
+    let r = h.check(HealthCheckRequest { service: "knitter.node.v1.Node".into() }).await.unwrap().into_inner();
+    assert_eq!(r.status(), ServingStatus::Serving);
+
+    // Server reflection, which grpcurl uses to list and call without the protos.
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, server_reflection_client::ServerReflectionClient};
+    use tonic_reflection::pb::v1::{server_reflection_request::MessageRequest, server_reflection_response::MessageResponse};
+    let mut r = ServerReflectionClient::new(knitter_api::unix_channel(&d.socket));
+    let ask = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut answers = r.server_reflection_info(tokio_stream::once(ask)).await.unwrap().into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response else {
+        panic!("not a service list")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"knitter.node.v1.Node".to_string()) && names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
 }
