@@ -17,6 +17,20 @@ struct Cli {
     /// The node daemon's API socket.
     #[arg(long, global = true, env = "KNITTER_NODE_SOCKET", default_value = knitter_api::DEFAULT_NODE_SOCKET)]
     socket: PathBuf,
+    /// Reach the daemon over TCP with TLS instead (host:port).
+    #[arg(long, global = true, requires = "ca")]
+    tcp: Option<String>,
+    /// CA (PEM) the daemon's certificate must chain to (with --tcp).
+    #[arg(long, global = true)]
+    ca: Option<PathBuf>,
+    /// The name in the daemon's certificate (with --tcp; default: the host of --tcp).
+    #[arg(long, global = true)]
+    server_name: Option<String>,
+    /// A client certificate and key (PEM), for daemons that ask for one.
+    #[arg(long, global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    #[arg(long, global = true)]
+    key: Option<PathBuf>,
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
     output: Output,
@@ -409,8 +423,23 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
     Ok(())
 }
 
+/// The client for where the daemon is: its unix socket, or TCP with TLS.
+fn client(cli: &Cli) -> Result<NodeClient<Channel>> {
+    let Some(addr) = &cli.tcp else { return Ok(knitter_api::node_client(&cli.socket)) };
+    let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let ca = read(cli.ca.as_ref().context("--tcp needs --ca")?)?;
+    let identity = match (&cli.cert, &cli.key) {
+        (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+        _ => None,
+    };
+    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).trim_matches(['[', ']']);
+    let server_name = cli.server_name.clone().unwrap_or_else(|| host.to_string());
+    let channel = knitter_api::tls_channel(addr, knitter_api::ClientTls { ca, server_name, identity })?;
+    Ok(NodeClient::new(channel))
+}
+
 async fn run(cli: Cli) -> Result<()> {
-    let mut c = knitter_api::node_client(&cli.socket);
+    let mut c = client(&cli)?;
     let out = cli.output;
     let applied = |a: pb::Applied| -> Result<()> {
         if out == Output::Json {
@@ -553,7 +582,10 @@ async fn run(cli: Cli) -> Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    let socket = cli.socket.clone();
+    let socket = match &cli.tcp {
+        Some(addr) => PathBuf::from(addr),
+        None => cli.socket.clone(),
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

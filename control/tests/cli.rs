@@ -103,3 +103,62 @@ fn an_unreachable_daemon_is_named() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot reach knitter-vswitchd at /nonexistent/knitter.sock") && err.contains("is it running?"), "{err}");
 }
+
+/// A CA, a server certificate for `localhost` and a client certificate, made with openssl.
+fn certificates(dir: &Path) {
+    let sh = |args: &[&str]| {
+        let o = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl (ci/setup.sh installs it)");
+        assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    for ca in ["ca", "other-ca"] {
+        sh(&[&["req", "-x509"][..], &ec, &["-keyout", &format!("{ca}.key"), "-out", &format!("{ca}.pem"), "-days", "1", "-subj", "/CN=knitter test CA"]].concat());
+    }
+    std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n").unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for who in ["server", "client"] {
+        sh(&[&["req"][..], &ec, &["-keyout", &format!("{who}.key"), "-out", &format!("{who}.csr"), "-subj", &format!("/CN={who}")]].concat());
+        sh(&["x509", "-req", "-in", &format!("{who}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-out", &format!("{who}.pem"), "-extfile", &format!("{who}.ext")]);
+    }
+}
+
+#[test]
+fn over_tcp_the_api_needs_tls_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    certificates(dir.path());
+    let f = |n: &str| dir.path().join(n).display().to_string();
+    let daemon = Path::new(env!("CARGO_BIN_EXE_knitterctl")).with_file_name("knitter-vswitchd");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let socket = dir.path().join("api.sock");
+    let _d = Daemon(
+        Command::new(&daemon)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--api-tcp", &addr])
+            .args(["--tls-cert", &f("server.pem"), "--tls-key", &f("server.key"), "--tls-client-ca", &f("ca.pem")])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let tcp = |ca: &str, cert: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_knitterctl"));
+        cmd.args(["--tcp", &addr, "--ca", &f(ca), "--server-name", "localhost"]);
+        if cert {
+            cmd.args(["--cert", &f("client.pem"), "--key", &f("client.key")]);
+        }
+        cmd.args(["node", "show"]).output().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !tcp("ca.pem", true).status.success() {
+        assert!(Instant::now() < deadline, "no answer over TCP with TLS: {}", String::from_utf8_lossy(&tcp("ca.pem", true).stderr));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ok(tcp("ca.pem", true)).contains("knitter-vswitchd"));
+    assert_eq!(tcp("ca.pem", false).status.code(), Some(1), "no client certificate: refused");
+    assert_eq!(tcp("other-ca.pem", true).status.code(), Some(1), "a server the client's CA did not sign");
+
+    // TCP without TLS files is refused at start, with the reason.
+    let out = Command::new(&daemon).args(["--no-state", "--no-metrics", "--api-tcp", &addr]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--tls-cert"), "{err}");
+}

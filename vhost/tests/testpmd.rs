@@ -378,7 +378,9 @@ fn a_killed_switch_comes_back_in_client_mode() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    // Both ports connected (testpmd then reads its commands) and forwarding.
+    // Both ports connected and started (the switch, a client backing off up to a second,
+    // may connect well after testpmd listens), then forwarding.
+    wait_for("Checking link statuses", 1);
     writeln!(stdin, "set fwd io\nstart tx_first").unwrap();
     std::thread::sleep(Duration::from_secs(2));
     drop(first); // SIGKILL

@@ -31,3 +31,23 @@ pub fn unix_channel(path: &Path) -> Channel {
 pub fn node_client(path: &Path) -> node::node_client::NodeClient<Channel> {
     node::node_client::NodeClient::new(unix_channel(path))
 }
+
+/// TLS settings of a client reaching a daemon over TCP.
+pub struct ClientTls {
+    /// CA (PEM) the server's certificate must chain to.
+    pub ca: Vec<u8>,
+    /// The name the server's certificate must carry.
+    pub server_name: String,
+    /// A client certificate and key (PEM), for servers that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// A channel to a gRPC server on TCP with TLS (`host:port`). Connects lazily.
+pub fn tls_channel(addr: &str, tls: ClientTls) -> Result<Channel, tonic::transport::Error> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(tls.ca)).domain_name(tls.server_name);
+    if let Some((cert, key)) = tls.identity {
+        cfg = cfg.identity(Identity::from_pem(cert, key));
+    }
+    Ok(Endpoint::from_shared(format!("https://{addr}"))?.tls_config(cfg)?.connect_lazy())
+}

@@ -102,6 +102,27 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("gRPC reflection")?;
+    if let Some((addr, tls)) = api.tcp_tls()? {
+        use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+        let mut cfg = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            cfg = cfg.client_ca_root(Certificate::from_pem(ca));
+        }
+        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("node API on {addr}"))?;
+        tracing::info!(addr = %tcp.local_addr()?, client_certs = tls.client_ca.is_some(), "node API on TCP with TLS");
+        let server = tonic::transport::Server::builder()
+            .tls_config(cfg)
+            .context("TLS configuration")?
+            .add_service(health_service.clone())
+            .add_service(reflection.clone())
+            .add_service(service.clone())
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(tcp), stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "node API on TCP failed");
+            }
+        });
+    }
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)

@@ -20,11 +20,49 @@ pub struct ApiSection {
     pub socket: PathBuf,
     /// Its mode (owner and group read/write by default).
     pub socket_mode: u32,
+    /// Also serve the API on this TCP address, with TLS (never in the clear).
+    pub tcp: Option<std::net::SocketAddr>,
+    /// The server's certificate chain and key (PEM), required with `tcp`.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to; absent: clients are not asked for one.
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for ApiSection {
     fn default() -> Self {
-        ApiSection { socket: knitter_api::DEFAULT_NODE_SOCKET.into(), socket_mode: 0o660 }
+        ApiSection {
+            socket: knitter_api::DEFAULT_NODE_SOCKET.into(),
+            socket_mode: 0o660,
+            tcp: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+        }
+    }
+}
+
+/// The TLS files of the TCP listener, read.
+pub struct Tls {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub client_ca: Option<Vec<u8>>,
+}
+
+impl ApiSection {
+    /// The TCP listener's address and TLS material, when one is configured.
+    pub fn tcp_tls(&self) -> Result<Option<(std::net::SocketAddr, Tls)>> {
+        let Some(addr) = self.tcp else { return Ok(None) };
+        let read = |p: &Option<PathBuf>, what: &str| -> Result<Vec<u8>> {
+            let p = p.as_ref().with_context(|| format!("api.tcp needs api.{what} (the API is never served in the clear over TCP)"))?;
+            std::fs::read(p).with_context(|| format!("reading api.{what} {}", p.display()))
+        };
+        let tls = Tls {
+            cert: read(&self.tls_cert, "tls_cert")?,
+            key: read(&self.tls_key, "tls_key")?,
+            client_ca: self.tls_client_ca.as_ref().map(|_| read(&self.tls_client_ca, "tls_client_ca")).transpose()?,
+        };
+        Ok(Some((addr, tls)))
     }
 }
 
@@ -113,6 +151,18 @@ pub struct Args {
     /// The node API's unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Also serve the API on this TCP address with TLS (needs --tls-cert and --tls-key).
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub api_tcp: Option<std::net::SocketAddr>,
+    /// The TLS server certificate chain (PEM).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS server key (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates from this CA (PEM).
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
     /// Where runtime state is persisted (default /var/lib/knitter/vswitchd.json).
     #[arg(long, conflicts_with = "no_state")]
     pub state_file: Option<PathBuf>,
@@ -174,6 +224,10 @@ impl Settings {
         if let Some(s) = &args.socket {
             api.socket = s.clone();
         }
+        api.tcp = args.api_tcp.or(api.tcp);
+        api.tls_cert = args.tls_cert.clone().or(api.tls_cert);
+        api.tls_key = args.tls_key.clone().or(api.tls_key);
+        api.tls_client_ca = args.tls_client_ca.clone().or(api.tls_client_ca);
         let mut pmd = file.pmd;
         pmd.threads = args.pmd_threads.unwrap_or(pmd.threads);
         pmd.cores = args.pmd_cores.clone().unwrap_or(pmd.cores);
@@ -284,5 +338,22 @@ mod tests {
         };
         let s = converge(state, &file);
         assert_eq!(s.bridges, vec![Owned::local(BridgeConfig::new("red").vni(5001)), managed]);
+    }
+}
+
+#[cfg(test)]
+mod docs {
+    /// The config file and the topology document shown in docs/operations.md parse.
+    #[test]
+    fn the_documented_examples_parse() {
+        let doc = include_str!("../../../docs/operations.md");
+        let block = |fence: &str| {
+            let start = doc.find(fence).unwrap_or_else(|| panic!("no {fence} block")) + fence.len();
+            &doc[start..start + doc[start..].find("```").unwrap()]
+        };
+        let file: super::FileConfig = toml::from_str(&format!("state_file{}", block("```toml\nstate_file"))).unwrap();
+        assert_eq!((file.bridges.len(), file.ports.len(), file.pmd.cores.clone()), (2, 3, vec![1]));
+        let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap();
+        assert_eq!((topo.bridges.len(), topo.ports.len()), (1, 2));
     }
 }

@@ -460,3 +460,4 @@ async fn events_health_and_reflection() {
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     assert!(names.contains(&"knitter.node.v1.Node".to_string()) && names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
 }
+
