@@ -14,14 +14,15 @@ PODS="kdemo-a kdemo-b kdemo-c kdemo-d"
 PASS=0 FAIL=0
 TESTPMD_PID=""
 
-bold() { printf '\033[1m%s\033[0m\n' "$*"; }
+if [ -t 1 ]; then B=$'\033[1m' G=$'\033[32m' R=$'\033[31m' N=$'\033[0m'; else B= G= R= N=; fi
+bold() { printf '%s%s%s\n' "$B" "$*" "$N"; }
 step() { echo; bold "[$1] $2"; }
 check() { # check "what" command...
   local what=$1; shift
   if "$@" >/dev/null 2>&1; then
-    printf '  \033[32m✓\033[0m %s\n' "$what"; PASS=$((PASS + 1))
+    printf '  %s✓%s %s\n' "$G" "$N" "$what"; PASS=$((PASS + 1))
   else
-    printf '  \033[31m✗\033[0m %s\n' "$what"; FAIL=$((FAIL + 1))
+    printf '  %s✗%s %s\n' "$R" "$N" "$what"; FAIL=$((FAIL + 1))
   fi
 }
 refuses() { ! "$@"; }

@@ -95,6 +95,9 @@ enum Cmd {
         /// Reports to print with --interval.
         #[arg(long, default_value_t = 5)]
         count: u32,
+        /// Also each port's queues.
+        #[arg(long)]
+        queues: bool,
     },
 }
 
@@ -120,6 +123,12 @@ enum BridgeCmd {
         /// Answer ARP/ND for known addresses.
         #[arg(long)]
         arp_suppression: bool,
+        /// A known address for ARP/ND suppression: IP=MAC (repeatable).
+        #[arg(long, value_name = "IP=MAC")]
+        neighbor: Vec<String>,
+        /// A static MAC: MAC=PORT, or MAC=@REMOTE-VTEP-IP (repeatable).
+        #[arg(long, value_name = "MAC=PORT|MAC=@IP")]
+        static_mac: Vec<String>,
         /// Replace a bridge domain of this name.
         #[arg(long)]
         replace: bool,
@@ -346,7 +355,7 @@ fn port_request(a: PortAdd) -> pb::Port {
     }
 }
 
-async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, count: u32) -> Result<()> {
+async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, count: u32, queues: bool) -> Result<()> {
     let mut prev: Option<pb::StatsReply> = None;
     let reports = if interval.is_some() { count.max(1) } else { 1 };
     for i in 0..reports {
@@ -383,6 +392,27 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                 })
                 .collect(),
         );
+        if queues {
+            println!();
+            table(
+                &["port", "queue", "rx packets", "rx dropped", "tx packets", "tx full"],
+                s.ports
+                    .iter()
+                    .flat_map(|p| {
+                        p.queues.iter().map(|q| {
+                            vec![
+                                p.name.clone(),
+                                q.queue.to_string(),
+                                q.rx_packets.to_string(),
+                                q.rx_dropped.to_string(),
+                                q.tx_packets.to_string(),
+                                q.tx_full.to_string(),
+                            ]
+                        })
+                    })
+                    .collect(),
+            );
+        }
         println!();
         table(
             &["bridge", "packets", "flooded", "learned", "fdb entries"],
@@ -474,8 +504,26 @@ async fn run(cli: Cli) -> Result<()> {
             print_ports(&v.ports, &v.status);
         }
         Cmd::Bridge { cmd } => match cmd {
-            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, replace } => {
-                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, ..Default::default() };
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, neighbor, static_mac, replace } => {
+                let pair = |s: &str, what: &str| -> Result<(String, String)> {
+                    let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
+                    Ok((a.to_string(), b.to_string()))
+                };
+                let neighbors = neighbor
+                    .iter()
+                    .map(|n| pair(n, "--neighbor").map(|(ip, mac)| pb::Neighbor { ip, mac }))
+                    .collect::<Result<_>>()?;
+                let static_macs = static_mac
+                    .iter()
+                    .map(|m| {
+                        let (mac, to) = pair(m, "--static-mac")?;
+                        Ok(match to.strip_prefix('@') {
+                            Some(ip) => pb::StaticMac { mac, port: None, remote: Some(ip.into()) },
+                            None => pb::StaticMac { mac, port: Some(to), remote: None },
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, ..Default::default() };
                 applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
             }
             BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
@@ -559,7 +607,7 @@ async fn run(cli: Cli) -> Result<()> {
                 println!("ok (configuration generation {})", r.generation);
             }
         }
-        Cmd::Stats { interval, count } => stats(&mut c, out, interval, count).await?,
+        Cmd::Stats { interval, count, queues } => stats(&mut c, out, interval, count, queues).await?,
         Cmd::Events { count } => {
             let mut stream = c.events(pb::EventsRequest {}).await?.into_inner();
             let mut seen = 0;

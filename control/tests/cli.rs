@@ -52,6 +52,10 @@ fn an_operator_session() {
     let vnf = dir.path().join("vnf0.sock");
     assert!(ok(knitterctl(&s, &["bridge", "add", "red", "--vni", "5001"])).starts_with("ok (configuration generation"));
     ok(knitterctl(&s, &["port", "add", "vnf0", "--vhost-user", vnf.to_str().unwrap(), "--access", "red", "--mtu", "9000"]));
+    let replace = ["bridge", "add", "red", "--vni", "5001", "--replace", "--arp-suppression"];
+    ok(knitterctl(&s, &[&replace[..], &["--neighbor", "10.0.0.1=02:00:00:00:00:01", "--static-mac", "02:00:00:00:00:01=vnf0"]].concat()));
+    let fdb = ok(knitterctl(&s, &["fdb", "show"]));
+    assert!(fdb.contains("02:00:00:00:00:01  port vnf0  static"), "{fdb}");
     let show = ok(knitterctl(&s, &["node", "show"]));
     assert!(show.contains("knitter-vswitchd") && show.contains("1 PMD thread"), "{show}");
     let ports = ok(knitterctl(&s, &["port", "list"]));
@@ -60,8 +64,8 @@ fn an_operator_session() {
 
     let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();
     assert_eq!(json["bridges"][0]["vni"], 5001);
-    let stats = ok(knitterctl(&s, &["stats", "--interval", "0.2", "--count", "2"]));
-    assert!(stats.contains("RX PPS") && stats.contains("--"), "{stats}");
+    let stats = ok(knitterctl(&s, &["stats", "--interval", "0.2", "--count", "2", "--queues"]));
+    assert!(stats.contains("RX PPS") && stats.contains("--") && stats.contains("TX FULL"), "{stats}");
 
     // A refusal: the daemon's reason on stderr, exit status 1, nothing changed.
     let o = knitterctl(&s, &["bridge", "add", "blue", "--vni", "5001"]);

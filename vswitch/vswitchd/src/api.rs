@@ -68,6 +68,19 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             drops: t.drops,
             error: String::new(),
             vhost_connected: node.vhost_connected(&p.name),
+            queues: p
+                .port
+                .queue_stats()
+                .iter()
+                .enumerate()
+                .map(|(q, s)| pb::QueueStats {
+                    queue: q as u32,
+                    rx_packets: s.rx_packets,
+                    rx_dropped: s.rx_dropped,
+                    tx_packets: s.tx_packets,
+                    tx_full: s.tx_full,
+                })
+                .collect(),
         }
     });
     let failed = node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });

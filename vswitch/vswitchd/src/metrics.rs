@@ -6,6 +6,11 @@ use crate::node::Node;
 use std::fmt::Write;
 use std::sync::Arc;
 
+/// A label value as the exposition format quotes it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// One metric family: its help, type and samples (label value, value).
 fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl IntoIterator<Item = (String, f64)>) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -13,8 +18,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, sam
         if label.is_empty() {
             let _ = writeln!(out, "{name} {v}");
         } else {
-            let l = l.replace('\\', "\\\\").replace('"', "\\\"");
-            let _ = writeln!(out, "{name}{{{label}=\"{l}\"}} {v}");
+            let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", escape(&l));
         }
     }
 }
@@ -32,6 +36,19 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_port_up", "gauge", "1 when the port runs and its link is up.", "port", ports(|p| (p.error.is_empty() && p.link_up) as u8 as f64));
     let vhost = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
     family(&mut o, "knitter_vhost_user_connected", "gauge", "1 when a vhost-user frontend is connected and its rings run.", "port", vhost);
+    // Per queue: (port, queue) as one label pair.
+    let queue_family = |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for p in &s.ports {
+            for q in &p.queues {
+                let _ = writeln!(o, "{name}{{port=\"{}\",queue=\"{}\"}} {}", escape(&p.name), q.queue, f(q));
+            }
+        }
+    };
+    queue_family(&mut o, "knitter_queue_rx_packets_total", "Frames the port's queue received.", |q| q.rx_packets);
+    queue_family(&mut o, "knitter_queue_rx_dropped_total", "Frames the queue received but could not hand over.", |q| q.rx_dropped);
+    queue_family(&mut o, "knitter_queue_tx_packets_total", "Frames the queue sent.", |q| q.tx_packets);
+    queue_family(&mut o, "knitter_queue_tx_full_total", "Frames the queue could not take (full).", |q| q.tx_full);
     let counts = |c: &[knitter_api::node::Count]| c.iter().map(|c| (c.name.clone(), c.value as f64)).collect::<Vec<_>>();
     family(&mut o, "knitter_drops_total", "counter", "Frames dropped, by reason.", "reason", counts(&s.drops));
     family(&mut o, "knitter_events_total", "counter", "Pipeline events (learning, flooding, encapsulation...).", "event", counts(&s.events));

@@ -144,7 +144,7 @@ async fn every_call_round_trips_and_refusals_say_why() {
     assert_eq!(v.generation, g2, "refusals changed nothing");
     assert_eq!((v.bridges.len(), v.ports.len(), v.pmd_threads, v.buffers), (1, 1, 1, 4096));
     let st = v.status.iter().find(|s| s.name == "vnf0").unwrap();
-    assert_eq!((st.vhost_connected, st.error.as_str()), (Some(false), ""));
+    assert_eq!((st.vhost_connected, st.error.as_str(), st.queues.len()), (Some(false), "", 4), "a queue per pair");
     assert_eq!(c.list_bridges(pb::ListRequest {}).await.unwrap().into_inner().bridges[0].vni, Some(5001));
     let p = &c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports[0];
     assert_eq!(p, &pb::Port { mtu: Some(1500), tpid: Some(0x8100), mac_limit: p.mac_limit, ..vhost_port(dir.path(), "vnf0", "red") });
@@ -349,6 +349,7 @@ async fn prometheus_scrapes_the_counters() {
         "knitter_fdb_entries{bridge=\"red\"} 0",
         "knitter_pmd_utilization{thread=\"0\"}",
         "knitter_buffers 4096",
+        "knitter_queue_rx_packets_total{port=\"vnf0\",queue=\"3\"} 0",
         "# TYPE knitter_drops_total counter",
     ] {
         assert!(body.contains(line), "no {line:?} in:\n{body}");
