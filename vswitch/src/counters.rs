@@ -199,6 +199,31 @@ pub struct BdTotals {
     pub learned: u64,
 }
 
+impl PortTotals {
+    /// What was counted since `base` was read.
+    pub fn since(&self, base: &PortTotals) -> PortTotals {
+        PortTotals {
+            rx_packets: self.rx_packets.saturating_sub(base.rx_packets),
+            rx_bytes: self.rx_bytes.saturating_sub(base.rx_bytes),
+            tx_packets: self.tx_packets.saturating_sub(base.tx_packets),
+            tx_bytes: self.tx_bytes.saturating_sub(base.tx_bytes),
+            drops: self.drops.saturating_sub(base.drops),
+        }
+    }
+}
+
+impl BdTotals {
+    /// What was counted since `base` was read.
+    pub fn since(&self, base: &BdTotals) -> BdTotals {
+        BdTotals {
+            packets: self.packets.saturating_sub(base.packets),
+            bytes: self.bytes.saturating_sub(base.bytes),
+            flooded: self.flooded.saturating_sub(base.flooded),
+            learned: self.learned.saturating_sub(base.learned),
+        }
+    }
+}
+
 /// Sums of every thread's counters.
 #[derive(Debug, Clone, Default)]
 pub struct Totals {

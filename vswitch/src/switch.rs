@@ -8,7 +8,7 @@
 
 use crate::buf::Pool;
 use crate::config::SwitchConfig;
-use crate::counters::{ThreadStats, Totals};
+use crate::counters::{BdTotals, PortTotals, ThreadStats, Totals};
 use crate::fdb::{Dest, Fdb};
 use crate::neigh::{NeighborState, Neighbors};
 use crate::snapshot::MAX_PEERS;
@@ -56,6 +56,14 @@ struct Control {
     ids: Ids,
 }
 
+/// Counters of port and bridge-domain ids when their last holder went: ids are reused, and
+/// a new port or bridge domain counts from zero.
+#[derive(Default)]
+struct Baselines {
+    ports: BTreeMap<u16, PortTotals>,
+    bds: BTreeMap<u16, BdTotals>,
+}
+
 pub struct Switch {
     pool: Arc<Pool>,
     fdb: Arc<Fdb>,
@@ -65,6 +73,7 @@ pub struct Switch {
     generation: AtomicU64,
     control: Mutex<Control>,
     threads: Mutex<Vec<Arc<ThreadStats>>>,
+    baselines: Mutex<Baselines>,
 }
 
 impl std::fmt::Debug for Switch {
@@ -84,6 +93,7 @@ impl Switch {
             generation: AtomicU64::new(0),
             control: Mutex::new(Control::default()),
             threads: Mutex::new(Vec::new()),
+            baselines: Mutex::new(Baselines::default()),
         })
     }
 
@@ -146,6 +156,7 @@ impl Switch {
         let snap = Snapshot::build(&cfg, &ids, &|n| ports.get(n).cloned(), generation)?;
         let old = self.current.load_full();
         let flush = Flush::between(&old, &c.ids, &snap, &ids);
+        self.retire_ids(&c.ids, &ids);
         // A peer id whose next hop changed starts its resolution again.
         for id in 0..old.peers.len().max(snap.peers.len()) as u16 {
             let resolve = |s: &Snapshot| s.peer(id).and_then(|p| p.resolve);
@@ -206,10 +217,46 @@ impl Switch {
         p
     }
 
-    /// Counters summed over every thread that ever forwarded for this switch.
-    pub fn stats(&self) -> Totals {
+    /// Records the counters of ids whose name goes (a port or bridge domain removed), so
+    /// the next holder of the id counts from zero. Frames the old holder still counts in the
+    /// moment before PMD threads adopt the change go to the new one (a burst at most).
+    fn retire_ids(&self, old: &Ids, new: &Ids) {
+        let gone_ports: Vec<u16> = old.ports.iter().filter(|(n, _)| !new.ports.contains_key(*n)).map(|(_, id)| *id).collect();
+        let gone_bds: Vec<u16> = old.bds.iter().filter(|(n, _)| !new.bds.contains_key(*n)).map(|(_, id)| *id).collect();
+        if gone_ports.is_empty() && gone_bds.is_empty() {
+            return;
+        }
+        let raw = self.raw_stats();
+        let mut b = self.baselines.lock().unwrap_or_else(|e| e.into_inner());
+        for id in gone_ports {
+            b.ports.insert(id, raw.ports.get(id as usize).cloned().unwrap_or_default());
+        }
+        for id in gone_bds {
+            b.bds.insert(id, raw.bds.get(id as usize).cloned().unwrap_or_default());
+        }
+    }
+
+    fn raw_stats(&self) -> Totals {
         let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         Totals::sum(threads.iter().map(|t| &**t))
+    }
+
+    /// Counters summed over every thread that ever forwarded for this switch; a port or
+    /// bridge domain's counters start when it was added (ids are reused).
+    pub fn stats(&self) -> Totals {
+        let mut t = self.raw_stats();
+        let b = self.baselines.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, base) in &b.ports {
+            if let Some(p) = t.ports.get_mut(*id as usize) {
+                *p = p.since(base);
+            }
+        }
+        for (id, base) in &b.bds {
+            if let Some(d) = t.bds.get_mut(*id as usize) {
+                *d = d.since(base);
+            }
+        }
+        t
     }
 
     /// Counters of each thread separately, in the order the pipelines were made (PMD thread

@@ -228,3 +228,30 @@ fn an_underlay_port_may_come_before_its_vtep() {
     h.step();
     assert_eq!(h.stats().drop(vswitch::DropReason::UnderlayNotVxlan), 1);
 }
+
+/// Ids are reused: a port added where another was removed counts from zero, and so does a
+/// bridge domain.
+#[test]
+fn a_reused_id_counts_from_zero() {
+    let mut h = harness();
+    let f = frames::eth(mac(1), mac(2), 0x0800, &[0u8; 46]);
+    h.send("p0", &f);
+    h.step();
+    let snap = h.switch.snapshot();
+    let (p0, red) = (snap.port_id("p0").unwrap(), snap.bd_id("red").unwrap());
+    assert_eq!(h.stats().ports[p0 as usize].rx_packets, 1);
+    let mut cfg = base();
+    cfg.ports.remove(0);
+    cfg.bridges[0].name = "green".into();
+    for p in &mut cfg.ports {
+        if p.mode == (vswitch::config::PortMode::Access { bridge: "red".into() }) {
+            p.mode = vswitch::config::PortMode::Access { bridge: "green".into() };
+        }
+    }
+    cfg.ports.push(PortConfig::access("p3", "green"));
+    h.apply(cfg).unwrap();
+    let snap = h.switch.snapshot();
+    assert_eq!((snap.port_id("p3"), snap.bd_id("green")), (Some(p0), Some(red)), "the ids were reused");
+    let s = h.stats();
+    assert_eq!((s.ports[p0 as usize].rx_packets, s.bds[red as usize].packets), (0, 0));
+}

@@ -462,3 +462,89 @@ async fn events_health_and_reflection() {
     assert!(names.contains(&"knitter.node.v1.Node".to_string()) && names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
 }
 
+
+/// dpdk-testpmd listening on one vhost-user socket (`server=1`), as a VNF pod whose port
+/// the switch connects to (client mode); killed and its runtime files removed on drop.
+struct ListeningVnf {
+    child: Child,
+    prefix: String,
+    stdin: std::process::ChildStdin,
+}
+
+impl ListeningVnf {
+    fn start(socket: &Path) -> Option<ListeningVnf> {
+        if Command::new("dpdk-testpmd").arg("--version").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "dpdk-testpmd is missing (ci/setup.sh installs dpdk-dev)");
+            eprintln!("skipped: dpdk-testpmd not installed");
+            return None;
+        }
+        let prefix = format!("knitterd{}", std::process::id());
+        let mut child = Command::new("dpdk-testpmd")
+            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
+            .arg(format!("--file-prefix={prefix}"))
+            .arg(format!("--vdev=net_virtio_user0,path={},server=1,queues=1", socket.display()))
+            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=2048"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        Some(ListeningVnf { child, prefix, stdin })
+    }
+
+    /// testpmd's virtio-user notices a lost backend, and takes a new one, when it checks
+    /// the link: make it check.
+    fn poke(&mut self) {
+        use std::io::Write;
+        let _ = writeln!(self.stdin, "show port info all");
+    }
+}
+
+impl Drop for ListeningVnf {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
+    }
+}
+
+/// Waits (bounded) until the daemon says a frontend runs port `name`'s rings.
+async fn vhost_connected(d: &Daemon, vnf: &mut ListeningVnf, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = d.client().show(pb::ShowRequest {}).await.unwrap().into_inner();
+        if v.status.iter().any(|s| s.name == name && s.vhost_connected == Some(true)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never connected");
+        vnf.poke();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A client-mode vhost-user port (the VNF listens, as QEMU with `server=on` or DPDK with
+/// `server=1`) is connected again by the daemon after SIGTERM and after SIGKILL, from the
+/// persisted state alone: the pod does nothing.
+#[tokio::test]
+async fn client_mode_vhost_user_pods_reconnect_after_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vnf0.sock");
+    let Some(mut vnf) = ListeningVnf::start(&socket) else { return };
+    let state = dir.path().join("state.json");
+    let args = ["--state-file", state.to_str().unwrap()];
+    let mut d = Daemon::start(dir.path(), &args).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    let mut port = vhost_port(dir.path(), "vnf0", "red");
+    if let Some(pb::device::Kind::VhostUser(v)) = port.device.as_mut().and_then(|d| d.kind.as_mut()) {
+        v.client = true;
+    }
+    add_port(&mut c, port).await.unwrap();
+    vhost_connected(&d, &mut vnf, "vnf0").await;
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        d.stop_with(signal).await;
+        d = Daemon::start(dir.path(), &args).await;
+        vhost_connected(&d, &mut vnf, "vnf0").await;
+    }
+}
