@@ -1,0 +1,261 @@
+//! Address management for one network's subnet: parsing and checking the subnet, its
+//! gateway and allocation pools, the order addresses are offered in, and the allocator that
+//! claims them through a [`Store`](crate::store::Store). The store makes each claim atomic
+//! (an address key and an owner key created together, or neither); this module decides which
+//! addresses may be claimed: never the network or broadcast address, never the gateway or a
+//! reserved one, only inside the pools.
+
+use crate::store::{Claim, OwnerKey, Store, StoreError};
+use std::net::IpAddr;
+
+/// Why a subnet, a pool or an address was refused, or an allocation failed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IpamError {
+    #[error("{0:?} is not a subnet (address/prefix, e.g. 10.0.0.0/24 or 2001:db8::/64)")]
+    BadCidr(String),
+    #[error("subnet {cidr}: host bits are set (did you mean {network}/{prefix}?)")]
+    HostBits { cidr: String, network: IpAddr, prefix: u8 },
+    #[error("subnet {0} is too small to hand out addresses")]
+    TooSmall(String),
+    #[error("{what} {ip} is outside subnet {subnet}")]
+    Outside { what: &'static str, ip: IpAddr, subnet: String },
+    #[error("allocation pool {start}-{end} is empty (start after end)")]
+    EmptyPool { start: IpAddr, end: IpAddr },
+    #[error("allocation pools {a} and {b} overlap")]
+    PoolsOverlap { a: String, b: String },
+    #[error("{ip} cannot be allocated: it is the subnet's {what}")]
+    Reserved { ip: IpAddr, what: &'static str },
+    #[error("{ip} is already allocated to {by}")]
+    Taken { ip: IpAddr, by: String },
+    #[error("subnet {0} has no free address left")]
+    Exhausted(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A subnet: an address family, a network address and a prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subnet {
+    network: IpAddr,
+    prefix: u8,
+}
+
+fn bits(ip: IpAddr) -> (u128, u8) {
+    match ip {
+        IpAddr::V4(a) => (u32::from(a) as u128, 32),
+        IpAddr::V6(a) => (u128::from(a), 128),
+    }
+}
+
+fn addr(v4: bool, n: u128) -> IpAddr {
+    if v4 { IpAddr::V4((n as u32).into()) } else { IpAddr::V6(n.into()) }
+}
+
+impl std::fmt::Display for Subnet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl std::str::FromStr for Subnet {
+    type Err = IpamError;
+
+    fn from_str(s: &str) -> Result<Subnet, IpamError> {
+        let bad = || IpamError::BadCidr(s.into());
+        let (a, p) = s.split_once('/').ok_or_else(bad)?;
+        let ip: IpAddr = a.parse().map_err(|_| bad())?;
+        let prefix: u8 = p.parse().map_err(|_| bad())?;
+        let (n, width) = bits(ip);
+        if prefix > width {
+            return Err(bad());
+        }
+        let sub = Subnet { network: addr(ip.is_ipv4(), n & Subnet::mask(prefix, width)), prefix };
+        if sub.network != ip {
+            return Err(IpamError::HostBits { cidr: s.into(), network: sub.network, prefix });
+        }
+        Ok(sub)
+    }
+}
+
+impl Subnet {
+    /// The network part of an address of `width` bits.
+    fn mask(prefix: u8, width: u8) -> u128 {
+        let all = if width == 32 { u32::MAX as u128 } else { u128::MAX };
+        match width - prefix {
+            _ if prefix == 0 => 0,
+            0 => all,
+            host => all & !((1u128 << host) - 1),
+        }
+    }
+
+    pub fn is_ipv4(&self) -> bool {
+        self.network.is_ipv4()
+    }
+
+    fn width(&self) -> u8 {
+        if self.is_ipv4() { 32 } else { 128 }
+    }
+
+    /// The first and last address of the subnet.
+    fn span(&self) -> (u128, u128) {
+        let (n, w) = bits(self.network);
+        let host = match w - self.prefix {
+            128 => u128::MAX,
+            h => (1u128 << h) - 1,
+        };
+        (n, n | host)
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        if ip.is_ipv4() != self.is_ipv4() {
+            return false;
+        }
+        let (lo, hi) = self.span();
+        (lo..=hi).contains(&bits(ip).0)
+    }
+
+    /// Whether two subnets share an address.
+    pub fn overlaps(&self, other: &Subnet) -> bool {
+        let ((a0, a1), (b0, b1)) = (self.span(), other.span());
+        self.is_ipv4() == other.is_ipv4() && a0 <= b1 && b0 <= a1
+    }
+
+    /// The addresses a host may use: all but the network and (IPv4) broadcast addresses;
+    /// for IPv6 all but the subnet-router anycast address (the network address).
+    fn hosts(&self) -> Option<(u128, u128)> {
+        let (lo, hi) = self.span();
+        let (lo, hi) = match (self.is_ipv4(), self.width() - self.prefix) {
+            (true, 0) | (false, 0) => return None,
+            (true, 1) => (lo, hi), // a /31 point-to-point link: both usable (RFC 3021)
+            (true, _) => (lo + 1, hi - 1),
+            (false, _) => (lo + 1, hi),
+        };
+        (lo <= hi).then_some((lo, hi))
+    }
+}
+
+/// An inclusive range of addresses to hand out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool {
+    pub start: IpAddr,
+    pub end: IpAddr,
+}
+
+/// A network's addressing: its subnet, gateway, pools and reserved addresses, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addressing {
+    subnet: Subnet,
+    gateway: Option<IpAddr>,
+    /// Inclusive ranges (as numbers), sorted, not overlapping, inside the hosts.
+    pools: Vec<(u128, u128)>,
+    reserved: Vec<IpAddr>,
+}
+
+impl Addressing {
+    /// Checks a subnet with its gateway, pools (none: every host address) and reserved
+    /// addresses.
+    pub fn new(subnet: Subnet, gateway: Option<IpAddr>, pools: &[Pool], reserved: &[IpAddr]) -> Result<Addressing, IpamError> {
+        let (hlo, hhi) = subnet.hosts().ok_or_else(|| IpamError::TooSmall(subnet.to_string()))?;
+        let inside = |what, ip: IpAddr| {
+            if subnet.contains(ip) { Ok(bits(ip).0) } else { Err(IpamError::Outside { what, ip, subnet: subnet.to_string() }) }
+        };
+        if let Some(g) = gateway {
+            inside("gateway", g)?;
+        }
+        for r in reserved {
+            inside("reserved address", *r)?;
+        }
+        let mut ranges = Vec::new();
+        for p in pools {
+            let (s, e) = (inside("pool start", p.start)?, inside("pool end", p.end)?);
+            if s > e {
+                return Err(IpamError::EmptyPool { start: p.start, end: p.end });
+            }
+            ranges.push((s.max(hlo), e.min(hhi)));
+        }
+        if ranges.is_empty() {
+            ranges.push((hlo, hhi));
+        }
+        ranges.sort();
+        for w in ranges.windows(2) {
+            if w[1].0 <= w[0].1 {
+                let v4 = subnet.is_ipv4();
+                let show = |r: (u128, u128)| format!("{}-{}", addr(v4, r.0), addr(v4, r.1));
+                return Err(IpamError::PoolsOverlap { a: show(w[0]), b: show(w[1]) });
+            }
+        }
+        Ok(Addressing { subnet, gateway, pools: ranges, reserved: reserved.to_vec() })
+    }
+
+    pub fn subnet(&self) -> Subnet {
+        self.subnet
+    }
+
+    /// Why `ip` may not be handed out, if it may not.
+    pub fn check(&self, ip: IpAddr) -> Result<(), IpamError> {
+        if !self.subnet.contains(ip) {
+            return Err(IpamError::Outside { what: "address", ip, subnet: self.subnet.to_string() });
+        }
+        let n = bits(ip).0;
+        let (lo, hi) = self.subnet.span();
+        let what = if Some(ip) == self.gateway {
+            Some("gateway")
+        } else if self.reserved.contains(&ip) {
+            Some("reserved address")
+        } else if n == lo && self.subnet.hosts().is_some_and(|h| h.0 != lo) {
+            Some("network address")
+        } else if n == hi && self.subnet.hosts().is_some_and(|h| h.1 != hi) {
+            Some("broadcast address")
+        } else {
+            None
+        };
+        match what {
+            Some(what) => Err(IpamError::Reserved { ip, what }),
+            None => Ok(()),
+        }
+    }
+
+    /// Every address that may be handed out, in pool order, starting after `after` (so
+    /// successive allocations do not all contend for the lowest free address) and wrapping.
+    pub fn candidates(&self, after: u128) -> impl Iterator<Item = IpAddr> + '_ {
+        let v4 = self.subnet.is_ipv4();
+        // The ranges from just after `after` to the end, then from the start up to `after`.
+        let tail = self.pools.iter().filter(move |p| p.1 > after).map(move |&(s, e)| (s.max(after.saturating_add(1)), e));
+        let head = self.pools.iter().filter(move |p| p.0 <= after).map(move |&(s, e)| (s, e.min(after)));
+        tail.chain(head).flat_map(|(s, e)| s..=e).map(move |n| addr(v4, n)).filter(|ip| self.check(*ip).is_ok())
+    }
+
+    /// How many addresses the pools hold (before reservations).
+    pub fn size(&self) -> u128 {
+        self.pools.iter().map(|(s, e)| e - s + 1).sum()
+    }
+}
+
+/// Allocates an address of `network` for `owner`: the address the owner already holds (a
+/// request retried after a timeout gets the same address), or the first free candidate
+/// after `hint`, claimed atomically in the store. Losing a race for a candidate moves on
+/// to the next.
+pub fn allocate(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128) -> Result<IpAddr, IpamError> {
+    if let Some(ip) = store.owned(network, owner)? {
+        return Ok(ip);
+    }
+    match store.claim_first(network, &mut a.candidates(hint), owner)? {
+        Some(ip) => Ok(ip),
+        None => Err(IpamError::Exhausted(a.subnet.to_string())),
+    }
+}
+
+/// Allocates exactly `ip` for `owner` (a fixed address, an IP group member).
+pub fn allocate_fixed(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, ip: IpAddr) -> Result<IpAddr, IpamError> {
+    a.check(ip)?;
+    match store.claim(network, ip, owner)? {
+        Claim::Claimed | Claim::AlreadyYours => Ok(ip),
+        Claim::OwnerHas(other) => Err(IpamError::Taken { ip: other, by: format!("{owner} (it already holds {other})") }),
+        Claim::Taken(by) => Err(IpamError::Taken { ip, by: by.to_string() }),
+    }
+}
+
+/// A numeric hint from an address (for `allocate`'s starting point).
+pub fn hint_of(ip: IpAddr) -> u128 {
+    bits(ip).0
+}

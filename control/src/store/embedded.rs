@@ -1,0 +1,168 @@
+//! The embedded store: one `redb` file, for a single manager (the default). Every change is
+//! one write transaction, made durable before it returns (redb's default: the commit is
+//! fsynced), so a kill -9 leaves the store as it was before or after a change. Addresses
+//! and owners are two tables, written in the same transaction; a revision counter counts
+//! changes.
+
+use super::{Claim, OwnerKey, Store, StoreError};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::net::IpAddr;
+use std::path::Path;
+
+/// `network \0 ip` → `container \0 interface`.
+const ADDRS: TableDefinition<&str, &str> = TableDefinition::new("addrs");
+/// `network \0 container \0 interface` → `ip`.
+const OWNERS: TableDefinition<&str, &str> = TableDefinition::new("owners");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const REVISION: &str = "revision";
+
+pub struct Embedded {
+    db: Database,
+}
+
+fn addr_key(network: &str, ip: IpAddr) -> String {
+    // Fixed-width hex keeps address order in key order within a family.
+    let n = match ip {
+        IpAddr::V4(a) => format!("4{:08x}", u32::from(a)),
+        IpAddr::V6(a) => format!("6{:032x}", u128::from(a)),
+    };
+    format!("{network}\0{n}")
+}
+
+fn owner_key(network: &str, o: &OwnerKey) -> String {
+    format!("{network}\0{}\0{}", o.container, o.interface)
+}
+
+fn owner_value(o: &OwnerKey) -> String {
+    format!("{}\0{}", o.container, o.interface)
+}
+
+fn parse_owner(v: &str) -> OwnerKey {
+    let (c, i) = v.split_once('\0').unwrap_or((v, ""));
+    OwnerKey::new(c, i)
+}
+
+fn parse_ip(v: &str) -> Result<IpAddr, StoreError> {
+    v.parse().map_err(|_| StoreError(format!("corrupt address {v:?} in the store")))
+}
+
+impl Embedded {
+    /// Opens (or creates) the store file.
+    pub fn open(path: &Path) -> Result<Embedded, StoreError> {
+        let db = Database::create(path).map_err(|e| StoreError(format!("opening {}: {e}", path.display())))?;
+        let tx = db.begin_write().map_err(StoreError::from)?;
+        {
+            tx.open_table(ADDRS).map_err(StoreError::from)?;
+            tx.open_table(OWNERS).map_err(StoreError::from)?;
+            tx.open_table(META).map_err(StoreError::from)?;
+        }
+        tx.commit().map_err(StoreError::from)?;
+        Ok(Embedded { db })
+    }
+
+    /// Runs `f` in one write transaction; commits (and counts a revision) when it says so.
+    fn write<R>(&self, f: impl FnOnce(&mut redb::Table<&str, &str>, &mut redb::Table<&str, &str>) -> Result<(R, bool), StoreError>) -> Result<R, StoreError> {
+        let tx = self.db.begin_write().map_err(StoreError::from)?;
+        let (r, changed) = {
+            let mut addrs = tx.open_table(ADDRS).map_err(StoreError::from)?;
+            let mut owners = tx.open_table(OWNERS).map_err(StoreError::from)?;
+            f(&mut addrs, &mut owners)?
+        };
+        if changed {
+            {
+                let mut meta = tx.open_table(META).map_err(StoreError::from)?;
+                let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value());
+                meta.insert(REVISION, rev + 1).map_err(StoreError::from)?;
+            }
+            tx.commit().map_err(StoreError::from)?;
+        } else {
+            tx.abort().map_err(StoreError::from)?;
+        }
+        Ok(r)
+    }
+}
+
+impl Store for Embedded {
+    fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
+        let (ak, ok) = (addr_key(network, ip), owner_key(network, owner));
+        self.write(|addrs, owners| {
+            if let Some(held) = owners.get(ok.as_str()).map_err(StoreError::from)? {
+                let held = parse_ip(held.value())?;
+                return Ok((if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) }, false));
+            }
+            if let Some(by) = addrs.get(ak.as_str()).map_err(StoreError::from)? {
+                return Ok((Claim::Taken(parse_owner(by.value())), false));
+            }
+            addrs.insert(ak.as_str(), owner_value(owner).as_str()).map_err(StoreError::from)?;
+            owners.insert(ok.as_str(), ip.to_string().as_str()).map_err(StoreError::from)?;
+            Ok((Claim::Claimed, true))
+        })
+    }
+
+    /// One write transaction: the owner's key, then candidates until a free one.
+    fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        let ok = owner_key(network, owner);
+        self.write(|addrs, owners| {
+            if let Some(held) = owners.get(ok.as_str()).map_err(StoreError::from)? {
+                return Ok((Some(parse_ip(held.value())?), false));
+            }
+            for ip in candidates {
+                let ak = addr_key(network, ip);
+                if addrs.get(ak.as_str()).map_err(StoreError::from)?.is_none() {
+                    addrs.insert(ak.as_str(), owner_value(owner).as_str()).map_err(StoreError::from)?;
+                    owners.insert(ok.as_str(), ip.to_string().as_str()).map_err(StoreError::from)?;
+                    return Ok((Some(ip), true));
+                }
+            }
+            Ok((None, false))
+        })
+    }
+
+    fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let owners = tx.open_table(OWNERS).map_err(StoreError::from)?;
+        let held = owners.get(owner_key(network, owner).as_str()).map_err(StoreError::from)?;
+        held.map(|v| parse_ip(v.value())).transpose()
+    }
+
+    fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        let ok = owner_key(network, owner);
+        self.write(|addrs, owners| {
+            let Some(held) = owners.remove(ok.as_str()).map_err(StoreError::from)? else { return Ok((None, false)) };
+            let ip = parse_ip(held.value())?;
+            drop(held);
+            // Guarded by the owner: the address key goes only if it names this owner.
+            let ak = addr_key(network, ip);
+            let mine = addrs.get(ak.as_str()).map_err(StoreError::from)?.is_some_and(|v| parse_owner(v.value()) == *owner);
+            if mine {
+                addrs.remove(ak.as_str()).map_err(StoreError::from)?;
+            }
+            Ok((Some(ip), true))
+        })
+    }
+
+    fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let addrs = tx.open_table(ADDRS).map_err(StoreError::from)?;
+        let (from, to) = (format!("{network}\0"), format!("{network}\u{1}"));
+        let mut out = Vec::new();
+        for row in addrs.range(from.as_str()..to.as_str()).map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            let hex = k.value().rsplit('\0').next().unwrap_or("");
+            let ip = match hex.split_at_checked(1) {
+                Some(("4", h)) => u32::from_str_radix(h, 16).ok().map(|n| IpAddr::V4(n.into())),
+                Some(("6", h)) => u128::from_str_radix(h, 16).ok().map(|n| IpAddr::V6(n.into())),
+                _ => None,
+            };
+            let ip = ip.ok_or_else(|| StoreError(format!("corrupt address key {:?}", k.value())))?;
+            out.push((ip, parse_owner(v.value())));
+        }
+        Ok(out)
+    }
+
+    fn revision(&self) -> Result<u64, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let meta = tx.open_table(META).map_err(StoreError::from)?;
+        Ok(meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()))
+    }
+}
