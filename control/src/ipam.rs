@@ -259,3 +259,57 @@ pub fn allocate_fixed(store: &dyn Store, network: &str, a: &Addressing, owner: &
 pub fn hint_of(ip: IpAddr) -> u128 {
     bits(ip).0
 }
+
+/// An IP group (Knitter's): a named set of addresses of one network. A pod naming the group
+/// takes a free member; released, a member sticks to its pod (namespace/name) for `grace`
+/// seconds, so a re-created pod gets its own address back even when several members restart
+/// at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpGroup {
+    pub name: String,
+    pub members: Vec<IpAddr>,
+    pub grace_secs: u64,
+}
+
+impl IpGroup {
+    /// Checks every member against the network's addressing.
+    pub fn new(name: &str, a: &Addressing, members: &[IpAddr], grace_secs: u64) -> Result<IpGroup, IpamError> {
+        for m in members {
+            a.check(*m)?;
+        }
+        Ok(IpGroup { name: name.into(), members: members.to_vec(), grace_secs })
+    }
+
+    /// An address of the group for `owner` of `pod` at time `now` (Unix seconds): the one it
+    /// holds; else the member remembered for this pod; else a member nobody else's grace
+    /// holds; else one whose grace ran out.
+    pub fn allocate(&self, store: &dyn Store, network: &str, owner: &OwnerKey, pod: &str, now: u64) -> Result<IpAddr, IpamError> {
+        if let Some(ip) = store.owned(network, owner)? {
+            return Ok(ip);
+        }
+        let mut mine = Vec::new();
+        let mut free = Vec::new();
+        let mut expired = Vec::new();
+        for ip in &self.members {
+            match store.remembered(network, *ip)? {
+                Some((p, _)) if p == pod => mine.push(*ip),
+                Some((_, until)) if until > now => {}
+                Some(_) => expired.push(*ip),
+                None => free.push(*ip),
+            }
+        }
+        let mut order = mine.into_iter().chain(free).chain(expired);
+        store
+            .claim_first(network, &mut order, owner)?
+            .ok_or_else(|| IpamError::Exhausted(format!("IP group {:?}", self.name)))
+    }
+
+    /// Releases `owner`'s address and keeps it for `pod` for the group's grace period.
+    pub fn release(&self, store: &dyn Store, network: &str, owner: &OwnerKey, pod: &str, now: u64) -> Result<Option<IpAddr>, IpamError> {
+        let ip = store.release(network, owner)?;
+        if let Some(ip) = ip.filter(|ip| self.members.contains(ip)) {
+            store.remember(network, ip, pod, now + self.grace_secs)?;
+        }
+        Ok(ip)
+    }
+}

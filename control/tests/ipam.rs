@@ -187,3 +187,32 @@ proptest! {
         }
     }
 }
+
+/// Three pods of an IP group are deleted at once and re-created in reverse order: each gets
+/// its own address back; a fourth pod finds the group full while their grace lasts, and
+/// takes an address whose grace ran out.
+#[test]
+fn an_ip_group_gives_each_pod_its_address_back() {
+    use knitter_control::ipam::IpGroup;
+    let (_dir, s) = store();
+    let a = net("10.9.0.0/24", Some("10.9.0.1"));
+    let g = IpGroup::new("sip", &a, &[ip("10.9.0.10"), ip("10.9.0.11"), ip("10.9.0.12")], 300).unwrap();
+    assert!(matches!(IpGroup::new("bad", &a, &[ip("10.9.0.1")], 300), Err(IpamError::Reserved { .. })));
+    let pods = ["ims/sip-0", "ims/sip-1", "ims/sip-2"];
+    let owner = |pod: &str, generation: u32| OwnerKey::new(&format!("{pod}-container-{generation}"), "net1");
+    let t0 = 1_000_000;
+    let first: Vec<IpAddr> = pods.iter().map(|p| g.allocate(&s, "media", &owner(p, 0), p, t0).unwrap()).collect();
+    assert_eq!(first.iter().collect::<HashSet<_>>().len(), 3);
+    assert!(matches!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0), Err(IpamError::Exhausted(_))));
+    for p in pods {
+        assert!(g.release(&s, "media", &owner(p, 0), p, t0 + 1).unwrap().is_some());
+    }
+    // New containers (new ids), the pods in reverse order.
+    for (i, p) in pods.iter().enumerate().rev() {
+        assert_eq!(g.allocate(&s, "media", &owner(p, 1), p, t0 + 5).unwrap(), first[i], "{p} got its own address back");
+    }
+    // sip-1 goes for good; within its grace nobody else takes its address.
+    g.release(&s, "media", &owner(pods[1], 1), pods[1], t0 + 10).unwrap();
+    assert!(matches!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 20), Err(IpamError::Exhausted(_))));
+    assert_eq!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 311).unwrap(), first[1], "after the grace");
+}

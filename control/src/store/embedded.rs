@@ -14,6 +14,8 @@ const ADDRS: TableDefinition<&str, &str> = TableDefinition::new("addrs");
 /// `network \0 container \0 interface` → `ip`.
 const OWNERS: TableDefinition<&str, &str> = TableDefinition::new("owners");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// `network \0 ip` → `pod \0 until` (IP groups' stickiness).
+const STICKY: TableDefinition<&str, &str> = TableDefinition::new("sticky");
 const REVISION: &str = "revision";
 
 pub struct Embedded {
@@ -55,6 +57,7 @@ impl Embedded {
             tx.open_table(ADDRS).map_err(StoreError::from)?;
             tx.open_table(OWNERS).map_err(StoreError::from)?;
             tx.open_table(META).map_err(StoreError::from)?;
+            tx.open_table(STICKY).map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)?;
         Ok(Embedded { db })
@@ -139,6 +142,24 @@ impl Store for Embedded {
             }
             Ok((Some(ip), true))
         })
+    }
+
+    fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(StoreError::from)?;
+        {
+            let mut sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
+            sticky.insert(addr_key(network, ip).as_str(), format!("{pod}\0{until}").as_str()).map_err(StoreError::from)?;
+        }
+        tx.commit().map_err(StoreError::from)
+    }
+
+    fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
+        let Some(v) = sticky.get(addr_key(network, ip).as_str()).map_err(StoreError::from)? else { return Ok(None) };
+        let (pod, until) = v.value().rsplit_once('\0').ok_or_else(|| StoreError(format!("corrupt sticky record {:?}", v.value())))?;
+        let until = until.parse().map_err(|_| StoreError(format!("corrupt sticky record {:?}", v.value())))?;
+        Ok(Some((pod.to_string(), until)))
     }
 
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {

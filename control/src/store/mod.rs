@@ -72,6 +72,11 @@ pub trait Store: Send + Sync {
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError>;
     /// Deletes both keys of `owner`'s address, if it holds one; returns the address.
     fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError>;
+    /// Remembers that `pod` (namespace/name) held `ip` until `until` (Unix seconds): an IP
+    /// group's address sticks to its pod for a grace period after release.
+    fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError>;
+    /// Which pod `ip` is remembered for, and until when.
+    fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError>;
     /// Every address of `network` and who holds it, in address order.
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError>;
     /// Increases with every change.
