@@ -10,7 +10,7 @@ PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool p
 # The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
 # builds its kernel and initramfs).
 if [ "${KNITTER_TEST_DEPS:-0}" = 1 ]; then
-  PACKAGES="$PACKAGES qemu-system-x86 busybox-static"
+  PACKAGES="$PACKAGES qemu-system-x86 busybox-static etcd-server"
 fi
 missing=""
 for p in $PACKAGES; do

@@ -4,7 +4,7 @@
 //! and owners are two tables, written in the same transaction; a revision counter counts
 //! changes.
 
-use super::{Claim, OwnerKey, Store, StoreError};
+use super::{Claim, OwnerKey, Store, StoreError, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::net::IpAddr;
 use std::path::Path;
@@ -23,29 +23,11 @@ pub struct Embedded {
 }
 
 fn addr_key(network: &str, ip: IpAddr) -> String {
-    // Fixed-width hex keeps address order in key order within a family.
-    let n = match ip {
-        IpAddr::V4(a) => format!("4{:08x}", u32::from(a)),
-        IpAddr::V6(a) => format!("6{:032x}", u128::from(a)),
-    };
-    format!("{network}\0{n}")
+    format!("{network}\0{}", ip_key(ip))
 }
 
 fn owner_key(network: &str, o: &OwnerKey) -> String {
     format!("{network}\0{}\0{}", o.container, o.interface)
-}
-
-fn owner_value(o: &OwnerKey) -> String {
-    format!("{}\0{}", o.container, o.interface)
-}
-
-fn parse_owner(v: &str) -> OwnerKey {
-    let (c, i) = v.split_once('\0').unwrap_or((v, ""));
-    OwnerKey::new(c, i)
-}
-
-fn parse_ip(v: &str) -> Result<IpAddr, StoreError> {
-    v.parse().map_err(|_| StoreError(format!("corrupt address {v:?} in the store")))
 }
 
 impl Embedded {
@@ -148,7 +130,7 @@ impl Store for Embedded {
         let tx = self.db.begin_write().map_err(StoreError::from)?;
         {
             let mut sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
-            sticky.insert(addr_key(network, ip).as_str(), format!("{pod}\0{until}").as_str()).map_err(StoreError::from)?;
+            sticky.insert(addr_key(network, ip).as_str(), sticky_value(pod, until).as_str()).map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)
     }
@@ -157,9 +139,7 @@ impl Store for Embedded {
         let tx = self.db.begin_read().map_err(StoreError::from)?;
         let sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
         let Some(v) = sticky.get(addr_key(network, ip).as_str()).map_err(StoreError::from)? else { return Ok(None) };
-        let (pod, until) = v.value().rsplit_once('\0').ok_or_else(|| StoreError(format!("corrupt sticky record {:?}", v.value())))?;
-        let until = until.parse().map_err(|_| StoreError(format!("corrupt sticky record {:?}", v.value())))?;
-        Ok(Some((pod.to_string(), until)))
+        parse_sticky(v.value()).map(Some)
     }
 
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
@@ -169,13 +149,7 @@ impl Store for Embedded {
         let mut out = Vec::new();
         for row in addrs.range(from.as_str()..to.as_str()).map_err(StoreError::from)? {
             let (k, v) = row.map_err(StoreError::from)?;
-            let hex = k.value().rsplit('\0').next().unwrap_or("");
-            let ip = match hex.split_at_checked(1) {
-                Some(("4", h)) => u32::from_str_radix(h, 16).ok().map(|n| IpAddr::V4(n.into())),
-                Some(("6", h)) => u128::from_str_radix(h, 16).ok().map(|n| IpAddr::V6(n.into())),
-                _ => None,
-            };
-            let ip = ip.ok_or_else(|| StoreError(format!("corrupt address key {:?}", k.value())))?;
+            let ip = parse_ip_key(k.value().rsplit('\0').next().unwrap_or(""))?;
             out.push((ip, parse_owner(v.value())));
         }
         Ok(out)

@@ -4,6 +4,7 @@
 //! address and a retried request finds the address its first attempt took.
 
 pub mod embedded;
+pub mod etcd;
 
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -25,6 +26,50 @@ impl std::fmt::Display for OwnerKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.container, self.interface)
     }
+}
+
+/// An address as a key part: fixed-width hex after the family, so key order is address
+/// order within a family.
+pub(crate) fn ip_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("4{:08x}", u32::from(a)),
+        IpAddr::V6(a) => format!("6{:032x}", u128::from(a)),
+    }
+}
+
+/// The address an [`ip_key`] names.
+pub(crate) fn parse_ip_key(k: &str) -> Result<IpAddr, StoreError> {
+    let ip = match k.split_at_checked(1) {
+        Some(("4", h)) => u32::from_str_radix(h, 16).ok().map(|n| IpAddr::V4(n.into())),
+        Some(("6", h)) => u128::from_str_radix(h, 16).ok().map(|n| IpAddr::V6(n.into())),
+        _ => None,
+    };
+    ip.ok_or_else(|| StoreError(format!("corrupt address key {k:?}")))
+}
+
+/// An owner as a stored value.
+pub(crate) fn owner_value(o: &OwnerKey) -> String {
+    format!("{}\0{}", o.container, o.interface)
+}
+
+pub(crate) fn parse_owner(v: &str) -> OwnerKey {
+    let (c, i) = v.split_once('\0').unwrap_or((v, ""));
+    OwnerKey::new(c, i)
+}
+
+pub(crate) fn parse_ip(v: &str) -> Result<IpAddr, StoreError> {
+    v.parse().map_err(|_| StoreError(format!("corrupt address {v:?} in the store")))
+}
+
+/// A remembered pod as a stored value, and back.
+pub(crate) fn sticky_value(pod: &str, until: u64) -> String {
+    format!("{pod}\0{until}")
+}
+
+pub(crate) fn parse_sticky(v: &str) -> Result<(String, u64), StoreError> {
+    let bad = || StoreError(format!("corrupt sticky record {v:?}"));
+    let (pod, until) = v.rsplit_once('\0').ok_or_else(bad)?;
+    Ok((pod.to_string(), until.parse().map_err(|_| bad())?))
 }
 
 /// What a claim found.

@@ -1,0 +1,168 @@
+//! The etcd store: several managers on one etcd cluster, all serving. One key per address
+//! and one per owner, under a configurable prefix:
+//!
+//! ```text
+//! <prefix>/addrs/<network>/<ip-key>             → container \0 interface
+//! <prefix>/owners/<network>/<container>/<iface> → ip
+//! <prefix>/sticky/<network>/<ip-key>            → pod \0 until
+//! ```
+//!
+//! A claim is one transaction that creates both keys only if neither exists (create-revision
+//! compares), and otherwise reads them back: no key that every allocation contends on, and a
+//! retried request finds the address its first attempt took. Release deletes both keys only
+//! while they still name each other. The trait is synchronous: calls run on the store's own
+//! small runtime (call them from blocking threads, not from async tasks).
+
+use super::{Claim, OwnerKey, Store, StoreError, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use std::net::IpAddr;
+
+pub struct Etcd {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    prefix: String,
+}
+
+fn err(e: etcd_client::Error) -> StoreError {
+    StoreError(format!("etcd: {e}"))
+}
+
+fn text(v: &[u8]) -> Result<&str, StoreError> {
+    std::str::from_utf8(v).map_err(|_| StoreError("etcd: a value that is not UTF-8 under the prefix".into()))
+}
+
+impl Etcd {
+    /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); keys go under `prefix`.
+    pub fn connect(endpoints: &[String], prefix: &str) -> Result<Etcd, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(StoreError::from)?;
+        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)).with_timeout(std::time::Duration::from_secs(10));
+        let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(err)?;
+        Ok(Etcd { rt, client, prefix: prefix.trim_end_matches('/').to_string() })
+    }
+
+    fn addr_key(&self, network: &str, ip: IpAddr) -> String {
+        format!("{}/addrs/{network}/{}", self.prefix, ip_key(ip))
+    }
+
+    fn owner_key(&self, network: &str, o: &OwnerKey) -> String {
+        format!("{}/owners/{network}/{}/{}", self.prefix, o.container, o.interface)
+    }
+
+    fn sticky_key(&self, network: &str, ip: IpAddr) -> String {
+        format!("{}/sticky/{network}/{}", self.prefix, ip_key(ip))
+    }
+
+    /// The value of `key`, if it exists.
+    fn get(&self, key: String) -> Result<Option<String>, StoreError> {
+        let mut c = self.client.clone();
+        let r = self.rt.block_on(c.get(key, None)).map_err(err)?;
+        r.kvs().first().map(|kv| text(kv.value()).map(str::to_string)).transpose()
+    }
+}
+
+/// The first key-value of a transaction's get responses, for each get in order.
+fn gets(r: &etcd_client::TxnResponse) -> Vec<Option<String>> {
+    r.op_responses()
+        .iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| text(kv.value()).ok().map(str::to_string)),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Store for Etcd {
+    fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
+        let (ak, ok) = (self.addr_key(network, ip), self.owner_key(network, owner));
+        let txn = Txn::new()
+            .when(vec![
+                Compare::create_revision(ak.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(ok.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then(vec![TxnOp::put(ak.as_str(), owner_value(owner), None), TxnOp::put(ok.as_str(), ip.to_string(), None)])
+            .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
+        let mut c = self.client.clone();
+        let r = self.rt.block_on(c.txn(txn)).map_err(err)?;
+        if r.succeeded() {
+            return Ok(Claim::Claimed);
+        }
+        match gets(&r).as_slice() {
+            [Some(held), _] => {
+                let held = parse_ip(held)?;
+                Ok(if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) })
+            }
+            [None, Some(by)] => Ok(Claim::Taken(parse_owner(by))),
+            // Both gone between the compare and the read: a release raced us; say taken
+            // and let the caller move on (or retry).
+            _ => Ok(Claim::Taken(OwnerKey::new("(released meanwhile)", ""))),
+        }
+    }
+
+    fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.get(self.owner_key(network, owner))?.map(|v| parse_ip(&v)).transpose()
+    }
+
+    fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        let ok = self.owner_key(network, owner);
+        // A few rounds: another manager may release or claim in between.
+        for _ in 0..5 {
+            let Some(held) = self.get(ok.clone())? else { return Ok(None) };
+            let ip = parse_ip(&held)?;
+            let ak = self.addr_key(network, ip);
+            let txn = Txn::new()
+                .when(vec![
+                    Compare::value(ok.as_str(), CompareOp::Equal, held.as_str()),
+                    Compare::value(ak.as_str(), CompareOp::Equal, owner_value(owner)),
+                ])
+                .and_then(vec![TxnOp::delete(ak.as_str(), None), TxnOp::delete(ok.as_str(), None)])
+                .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
+            let mut c = self.client.clone();
+            let r = self.rt.block_on(c.txn(txn)).map_err(err)?;
+            if r.succeeded() {
+                return Ok(Some(ip));
+            }
+            if let [Some(now), by] = gets(&r).as_slice()
+                && *now == held
+                && by.as_deref() != Some(owner_value(owner).as_str())
+            {
+                // The owner key names an address another owner holds: drop only ours.
+                let txn = Txn::new()
+                    .when(vec![Compare::value(ok.as_str(), CompareOp::Equal, held.as_str())])
+                    .and_then(vec![TxnOp::delete(ok.as_str(), None)]);
+                let mut c = self.client.clone();
+                if self.rt.block_on(c.txn(txn)).map_err(err)?.succeeded() {
+                    return Ok(Some(ip));
+                }
+            }
+        }
+        Err(StoreError(format!("etcd: releasing {owner} in {network} kept racing; try again")))
+    }
+
+    fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
+        let mut c = self.client.clone();
+        self.rt.block_on(c.put(self.sticky_key(network, ip), sticky_value(pod, until), None)).map_err(err).map(drop)
+    }
+
+    fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
+        self.get(self.sticky_key(network, ip))?.map(|v| parse_sticky(&v)).transpose()
+    }
+
+    fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
+        let from = format!("{}/addrs/{network}/", self.prefix);
+        let mut c = self.client.clone();
+        let r = self.rt.block_on(c.get(from.as_str(), Some(GetOptions::new().with_prefix()))).map_err(err)?;
+        let mut out = Vec::with_capacity(r.kvs().len());
+        for kv in r.kvs() {
+            let k = text(kv.key())?;
+            out.push((parse_ip_key(&k[from.len()..])?, parse_owner(text(kv.value())?)));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn revision(&self) -> Result<u64, StoreError> {
+        let mut c = self.client.clone();
+        let r = self.rt.block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only()))).map_err(err)?;
+        Ok(r.header().map_or(0, |h| h.revision().max(0) as u64))
+    }
+}
