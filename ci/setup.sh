@@ -8,7 +8,7 @@ set -euo pipefail
 # vhost-user interop test's frontend) and the perf scripts use; protoc compiles the gRPC API.
 PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl dpdk-dev protobuf-compiler"
 # The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
-# builds its kernel and initramfs).
+# builds its kernel and initramfs) and starts its own etcd for the manager's store.
 if [ "${KNITTER_TEST_DEPS:-0}" = 1 ]; then
   PACKAGES="$PACKAGES qemu-system-x86 busybox-static etcd-server"
 fi
