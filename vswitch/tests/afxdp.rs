@@ -210,10 +210,12 @@ fn underlay_in_a_vlan() {
     .unwrap();
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN in VLAN 100");
     ping(&b.ns, "198.51.100.10").expect("node A's own untagged address, through its kernel");
-    let (s, sb) = (a.switch.stats(), b.switch.stats());
+    let s = a.switch.stats();
     assert!(s.event(Event::Decapsulated) >= 3, "tagged VXLAN reached node A's switch");
-    // Node A asked for node B's VTEP in the VLAN and took the tagged answer through its filter.
-    assert!(s.event(Event::NeighborLearned) >= 1 && sb.event(Event::VtepAnswered) >= 1);
+    // Whichever node asked first (pods' IPv6 chatter can make node B flood first), tagged ARP
+    // reached node A's switch through its filter: A answered B's request or learned from
+    // B's answer.
+    assert!(s.event(Event::VtepAnswered) + s.event(Event::NeighborLearned) >= 1);
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only the VTEP's frames through");
 }
 
