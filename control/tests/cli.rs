@@ -84,15 +84,23 @@ fn an_operator_session() {
     assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()])).contains("nothing to change"));
     assert!(!vnf.exists(), "the removed port's socket is gone");
     // Events: a follower started first sees the next change.
-    let follower = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+    let mut follower = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
         .arg("--socket")
         .arg(&s)
         .args(["events", "--count", "1"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    ok(knitterctl(&s, &["bridge", "add", "green", "--vlan", "300"]));
+    // Changes until the follower (subscribed at some point) has seen one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for i in 0.. {
+        if follower.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "knitterctl events saw nothing");
+        ok(knitterctl(&s, &["bridge", "add", &format!("green{i}"), "--vlan", &(300 + i).to_string()]));
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let seen = ok(follower.wait_with_output().unwrap());
     assert!(seen.contains("config_applied"), "{seen}");
     let fdb = ok(knitterctl(&s, &["fdb", "show"]));
