@@ -1,6 +1,8 @@
-//! Knitter's control plane. Today: the IPAM core (`ipam`) and the manager's store
-//! (`store`: the trait and the embedded backend) that knitter-manager will serve; the
+//! Knitter's control plane. Today: the IPAM core (`ipam`), networks checked against each
+//! other and the underlay (`network`), and the manager's store
+//! (`store`: the trait, the embedded and etcd backends) that knitter-manager will serve; the
 //! `knitterctl` binary lives in `src/knitterctl.rs`.
 
 pub mod ipam;
+pub mod network;
 pub mod store;

@@ -1,0 +1,243 @@
+//! A network as the manager defines it (Knitter's network: one subnet per family on one
+//! segment), checked against the networks and nodes that exist: its kind and segment (a
+//! VXLAN VNI or a VLAN ID, given or taken from the configured range), its plane, its
+//! addressing (IPv4 and/or IPv6, no overlap with another network of the same tenant or a
+//! shared one), and its MTU (defaulting to the smallest node underlay MTU minus the
+//! encapsulation, larger values refused). Every refusal names what is wrong.
+
+use crate::ipam::{Addressing, IpamError, Pool, Subnet};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+
+/// How a network's frames travel between nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Vxlan,
+    Vlan,
+}
+
+/// Knitter's planes (network functions): which traffic a network carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Plane {
+    #[default]
+    Std,
+    Control,
+    Media,
+    Eio,
+    Oam,
+}
+
+/// One family's addressing as asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubnetSpec {
+    pub cidr: String,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+    #[serde(default)]
+    pub pools: Vec<(IpAddr, IpAddr)>,
+}
+
+/// A network as asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkSpec {
+    pub name: String,
+    pub tenant: String,
+    pub kind: Kind,
+    #[serde(default)]
+    pub plane: Plane,
+    /// The VNI (vxlan) or VLAN ID (vlan); absent: the first free one of the range.
+    #[serde(default)]
+    pub segment: Option<u32>,
+    #[serde(default)]
+    pub ipv4: Option<SubnetSpec>,
+    #[serde(default)]
+    pub ipv6: Option<SubnetSpec>,
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// Usable by every tenant.
+    #[serde(default)]
+    pub shared: bool,
+}
+
+/// A network the manager holds: the spec with its segment and MTU decided, its addressing
+/// checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    pub spec: NetworkSpec,
+    pub segment: u32,
+    pub mtu: u32,
+    pub ipv4: Option<Addressing>,
+    pub ipv6: Option<Addressing>,
+}
+
+/// The manager's limits for new networks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub vni_range: RangeInclusive<u32>,
+    pub vlan_range: RangeInclusive<u32>,
+    /// The smallest underlay MTU of the nodes (or the default when there are none yet).
+    pub underlay_mtu: u32,
+    /// Bytes VXLAN adds (50 over an IPv4 underlay, 70 over IPv6).
+    pub vxlan_overhead: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // Knitter's embedded VNI range; VLANs 1 and 4095 are never ours.
+        Limits { vni_range: 5000..=15000, vlan_range: 2..=4094, underlay_mtu: 1500, vxlan_overhead: 50 }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NetworkError {
+    #[error("network name must be 1-63 characters of a-z, 0-9 and '-', got {0:?}")]
+    BadName(String),
+    #[error("network {0:?} has no subnet: give ipv4, ipv6 or both")]
+    NoSubnet(String),
+    #[error("network {name:?}: {family} subnet {cidr} is not {family}")]
+    WrongFamily { name: String, family: &'static str, cidr: String },
+    #[error("network {name:?}: {source}")]
+    Addressing { name: String, source: IpamError },
+    #[error("network {name:?}: subnet {cidr} overlaps {other_cidr} of network {other:?}")]
+    Overlap { name: String, cidr: String, other: String, other_cidr: String },
+    #[error("network {name:?}: {what} {segment} is outside the configured range {lo}..={hi}")]
+    SegmentOutOfRange { name: String, what: &'static str, segment: u32, lo: u32, hi: u32 },
+    #[error("network {name:?}: {what} {segment} is already used by network {other:?}")]
+    SegmentTaken { name: String, what: &'static str, segment: u32, other: String },
+    #[error("no free {what} left in {lo}..={hi}")]
+    SegmentsExhausted { what: &'static str, lo: u32, hi: u32 },
+    #[error("network {name:?}: MTU {mtu} is larger than the underlay allows ({max}: the smallest node underlay MTU {underlay} minus {overhead} bytes of encapsulation)")]
+    MtuTooLarge { name: String, mtu: u32, max: u32, underlay: u32, overhead: u32 },
+    #[error("network {name:?}: MTU {mtu} is below 576 (IPv4) or 1280 (IPv6)")]
+    MtuTooSmall { name: String, mtu: u32 },
+}
+
+fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Result<Addressing, NetworkError> {
+    let wrap = |source| NetworkError::Addressing { name: name.into(), source };
+    let subnet: Subnet = s.cidr.parse().map_err(wrap)?;
+    if subnet.is_ipv4() != v4 {
+        return Err(NetworkError::WrongFamily { name: name.into(), family, cidr: s.cidr.clone() });
+    }
+    let pools: Vec<Pool> = s.pools.iter().map(|(start, end)| Pool { start: *start, end: *end }).collect();
+    Addressing::new(subnet, s.gateway, &pools, &[]).map_err(wrap)
+}
+
+impl Network {
+    /// Checks `spec` against the networks that exist and decides its segment and MTU.
+    pub fn define(spec: NetworkSpec, existing: &[Network], limits: &Limits) -> Result<Network, NetworkError> {
+        let name = spec.name.clone();
+        let valid_name = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !valid_name {
+            return Err(NetworkError::BadName(name));
+        }
+        let ipv4 = spec.ipv4.as_ref().map(|s| addressing(&name, "IPv4", true, s)).transpose()?;
+        let ipv6 = spec.ipv6.as_ref().map(|s| addressing(&name, "IPv6", false, s)).transpose()?;
+        if ipv4.is_none() && ipv6.is_none() {
+            return Err(NetworkError::NoSubnet(name));
+        }
+        // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
+        for other in existing.iter().filter(|o| o.spec.name != name && (o.spec.tenant == spec.tenant || o.spec.shared || spec.shared)) {
+            for (mine, theirs) in [(&ipv4, &other.ipv4), (&ipv6, &other.ipv6)] {
+                if let (Some(m), Some(t)) = (mine, theirs)
+                    && m.subnet().overlaps(&t.subnet())
+                {
+                    return Err(NetworkError::Overlap {
+                        name,
+                        cidr: m.subnet().to_string(),
+                        other: other.spec.name.clone(),
+                        other_cidr: t.subnet().to_string(),
+                    });
+                }
+            }
+        }
+        let (what, range) = match spec.kind {
+            Kind::Vxlan => ("VNI", &limits.vni_range),
+            Kind::Vlan => ("VLAN", &limits.vlan_range),
+        };
+        let taken = |seg: u32| existing.iter().find(|o| o.spec.kind == spec.kind && o.segment == seg && o.spec.name != spec.name);
+        let segment = match spec.segment {
+            Some(seg) => {
+                if !range.contains(&seg) {
+                    return Err(NetworkError::SegmentOutOfRange { name, what, segment: seg, lo: *range.start(), hi: *range.end() });
+                }
+                if let Some(o) = taken(seg) {
+                    return Err(NetworkError::SegmentTaken { name, what, segment: seg, other: o.spec.name.clone() });
+                }
+                seg
+            }
+            None => range.clone().find(|s| taken(*s).is_none()).ok_or(NetworkError::SegmentsExhausted {
+                what,
+                lo: *range.start(),
+                hi: *range.end(),
+            })?,
+        };
+        let overhead = if spec.kind == Kind::Vxlan { limits.vxlan_overhead } else { 0 };
+        let max = limits.underlay_mtu.saturating_sub(overhead);
+        let mtu = spec.mtu.unwrap_or(max);
+        if mtu > max {
+            return Err(NetworkError::MtuTooLarge { name, mtu, max, underlay: limits.underlay_mtu, overhead });
+        }
+        if mtu < if ipv6.is_some() { 1280 } else { 576 } {
+            return Err(NetworkError::MtuTooSmall { name, mtu });
+        }
+        Ok(Network { spec, segment, mtu, ipv4, ipv6 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, tenant: &str, kind: Kind, cidr: &str) -> NetworkSpec {
+        NetworkSpec {
+            name: name.into(),
+            tenant: tenant.into(),
+            kind,
+            plane: Plane::Media,
+            segment: None,
+            ipv4: Some(SubnetSpec { cidr: cidr.into(), gateway: None, pools: vec![] }),
+            ipv6: None,
+            mtu: None,
+            shared: false,
+        }
+    }
+
+    #[test]
+    fn segments_and_mtu_are_decided() {
+        let l = Limits::default();
+        let a = Network::define(spec("media-a", "t1", Kind::Vxlan, "10.0.0.0/24"), &[], &l).unwrap();
+        assert_eq!((a.segment, a.mtu), (5000, 1450), "the first VNI of the range; the underlay MTU minus VXLAN");
+        let b = Network::define(spec("media-b", "t1", Kind::Vxlan, "10.0.1.0/24"), std::slice::from_ref(&a), &l).unwrap();
+        assert_eq!(b.segment, 5001);
+        let v = Network::define(spec("oam", "t1", Kind::Vlan, "10.0.2.0/24"), &[a.clone(), b.clone()], &l).unwrap();
+        assert_eq!((v.segment, v.mtu), (2, 1500), "VLANs have no encapsulation to subtract");
+    }
+
+    #[test]
+    fn bad_networks_are_refused_with_the_reason() {
+        let l = Limits::default();
+        let a = Network::define(NetworkSpec { segment: Some(7000), ..spec("a", "t1", Kind::Vxlan, "10.0.0.0/24") }, &[], &l).unwrap();
+        let existing = [a];
+        let err = |s: NetworkSpec| Network::define(s, &existing, &l).unwrap_err().to_string();
+        assert_eq!(err(spec("b", "t1", Kind::Vxlan, "10.0.0.128/25")), "network \"b\": subnet 10.0.0.128/25 overlaps 10.0.0.0/24 of network \"a\"");
+        assert!(Network::define(spec("b", "t2", Kind::Vxlan, "10.0.0.0/24"), &existing, &l).is_ok(), "another tenant's private subnet may repeat");
+        assert_eq!(err(NetworkSpec { segment: Some(7000), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }), "network \"b\": VNI 7000 is already used by network \"a\"");
+        assert!(err(NetworkSpec { segment: Some(1), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("outside the configured range 5000..=15000"));
+        assert!(err(NetworkSpec { mtu: Some(1500), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("MTU 1500 is larger than the underlay allows (1450"));
+        assert!(err(spec("B_", "t1", Kind::Vxlan, "10.9.0.0/24")).contains("network name"));
+        assert!(err(NetworkSpec { ipv4: None, ..spec("b", "t1", Kind::Vxlan, "") }).contains("no subnet"));
+        assert!(err(spec("b", "t1", Kind::Vxlan, "2001:db8::/64")).contains("is not IPv4"));
+        assert!(err(spec("b", "t1", Kind::Vxlan, "10.9.0.1/24")).contains("host bits are set"));
+        let gw = SubnetSpec { cidr: "10.9.0.0/24".into(), gateway: Some("10.8.0.1".parse().unwrap()), pools: vec![] };
+        assert!(err(NetworkSpec { ipv4: Some(gw), ..spec("b", "t1", Kind::Vxlan, "") }).contains("gateway 10.8.0.1 is outside subnet 10.9.0.0/24"));
+        let tiny = Limits { vlan_range: 10..=10, ..Limits::default() };
+        let v = Network::define(spec("v", "t1", Kind::Vlan, "10.5.0.0/24"), &[], &tiny).unwrap();
+        let e = Network::define(spec("w", "t1", Kind::Vlan, "10.6.0.0/24"), &[v], &tiny).unwrap_err();
+        assert_eq!(e.to_string(), "no free VLAN left in 10..=10");
+    }
+}
