@@ -21,6 +21,8 @@ pub enum IpamError {
     Outside { what: &'static str, ip: IpAddr, subnet: String },
     #[error("allocation pool {start}-{end} is empty (start after end)")]
     EmptyPool { start: IpAddr, end: IpAddr },
+    #[error("IPv6 allocation pool {start}-{end} spans more than one /96: ports' MACs come from the last 32 bits of their address, so a pool must stay within one /96")]
+    PoolTooWide { start: IpAddr, end: IpAddr },
     #[error("allocation pools {a} and {b} overlap")]
     PoolsOverlap { a: String, b: String },
     #[error("{ip} cannot be allocated: it is the subnet's {what}")]
@@ -174,7 +176,13 @@ impl Addressing {
             ranges.push((s.max(hlo), e.min(hhi)));
         }
         if ranges.is_empty() {
-            ranges.push((hlo, hhi));
+            // A large IPv6 subnet hands out its first /96 only (see `mac_for`).
+            ranges.push((hlo, if subnet.is_ipv4() { hhi } else { hhi.min(hlo | 0xffff_ffff) }));
+        }
+        if !subnet.is_ipv4()
+            && let Some(&(s, e)) = ranges.iter().find(|(s, e)| s >> 32 != e >> 32)
+        {
+            return Err(IpamError::PoolTooWide { start: addr(false, s), end: addr(false, e) });
         }
         ranges.sort();
         for w in ranges.windows(2) {
@@ -311,5 +319,24 @@ impl IpGroup {
             store.remember(network, ip, pod, now + self.grace_secs)?;
         }
         Ok(ip)
+    }
+}
+
+/// The MAC of the port that holds `ip`: locally administered, derived from the address
+/// (IPv4: `0a:58` and its 4 bytes, as OVN-Kubernetes does; IPv6: `0a:59` and its last 4
+/// bytes). An address is unique in its network, so its MAC is unique in the network's bridge
+/// domain, and a pod that gets its address back (IP groups, restarts) gets its MAC back:
+/// neighbours' ARP/ND caches stay right. For IPv6 this needs every address of the network
+/// to differ only in its last 32 bits: [`Addressing::new`] refuses pools that span more.
+pub fn mac_for(ip: IpAddr) -> [u8; 6] {
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            [0x0a, 0x58, o[0], o[1], o[2], o[3]]
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [0x0a, 0x59, o[12], o[13], o[14], o[15]]
+        }
     }
 }

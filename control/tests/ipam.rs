@@ -216,3 +216,22 @@ fn an_ip_group_gives_each_pod_its_address_back() {
     assert!(matches!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 20), Err(IpamError::Exhausted(_))));
     assert_eq!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 311).unwrap(), first[1], "after the grace");
 }
+
+/// A port's MAC follows its address: unique in the network, and the same when a pod gets its
+/// address back. IPv6 pools stay within one /96 so that holds there too.
+#[test]
+fn macs_follow_addresses() {
+    assert_eq!(ipam::mac_for(ip("10.0.0.7")), [0x0a, 0x58, 10, 0, 0, 7]);
+    assert_eq!(ipam::mac_for(ip("2001:db8::1:2")), [0x0a, 0x59, 0, 1, 0, 2]);
+    let wide = Pool { start: ip("2001:db8::1"), end: ip("2001:db8::1:0:0:1") };
+    let e = Addressing::new("2001:db8::/64".parse().unwrap(), None, &[wide], &[]).unwrap_err();
+    assert!(matches!(e, IpamError::PoolTooWide { .. }), "{e}");
+    // A /64 without pools hands out its first /96: distinct MACs for all of it.
+    let a = Addressing::new("2001:db8::/64".parse().unwrap(), None, &[], &[]).unwrap();
+    assert_eq!(a.size(), 0xffff_ffff);
+    let (_dir, s) = store();
+    let macs: HashSet<[u8; 6]> = (0..300)
+        .map(|i| ipam::mac_for(ipam::allocate(&s, "v6", &a, &OwnerKey::new(&format!("c{i}"), "eth0"), 0).unwrap()))
+        .collect();
+    assert_eq!(macs.len(), 300);
+}
