@@ -3,9 +3,8 @@
 //! a guest that posts no receive buffers only loses the frames meant for it.
 
 use knitter_vhost::testkit::Vm;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
-use vswitch::testkit::{Harness, frames, mac};
+use vswitch::testkit::{self, Harness, frames, mac};
 use vswitch::{Event, Pool, SwitchOptions};
 
 fn ip(n: u8) -> std::net::Ipv4Addr {
@@ -18,12 +17,7 @@ fn frames_cross_between_two_guests() {
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
     let (mut a, mut b) = (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64));
     h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("vm-a", "red"), PortConfig::access("vm-b", "red")],
-        vtep: None,
-    })
-    .unwrap();
+    h.apply(testkit::one_bridge(&["vm-a", "vm-b"])).unwrap();
     let mut a_bufs: std::collections::VecDeque<u64> = a.give_rx_buffers(32).into();
     let mut b_bufs: std::collections::VecDeque<u64> = b.give_rx_buffers(32).into();
 
@@ -55,12 +49,7 @@ fn a_guest_without_receive_buffers_loses_only_its_frames() {
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
     let (mut a, mut b, mut c) = (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64), Vm::new("vm-c", &pool, 64));
     h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone()).register("vm-c", c.port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: ["vm-a", "vm-b", "vm-c"].iter().map(|p| PortConfig::access(p, "red")).collect(),
-        vtep: None,
-    })
-    .unwrap();
+    h.apply(testkit::one_bridge(&["vm-a", "vm-b", "vm-c"])).unwrap();
     let mut c_bufs: std::collections::VecDeque<u64> = c.give_rx_buffers(8).into();
     // vm-b posts none.
     let bcast = frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(1), ip(1), ip(255), 68, 67, 300);
@@ -91,11 +80,7 @@ fn running_pairs_spread_over_pmd_threads() {
     vm.port.configure(|d| d.pairs[2].queues = [Some(g2.queue()), Some(g3.queue())]);
     switch.register_port("vm", vm.port.clone()).unwrap();
     switch
-        .apply(SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("r0", "red"), PortConfig::access("vm", "red")],
-            vtep: None,
-        })
+        .apply(testkit::one_bridge(&["r0", "vm"]))
         .unwrap();
     let snap = switch.snapshot();
     let (r, v) = (snap.port_id("r0").unwrap(), snap.port_id("vm").unwrap());

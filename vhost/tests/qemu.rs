@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns};
+use vswitch::testkit;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
 /// The guest's kernel and initramfs, when built.
@@ -45,11 +45,7 @@ impl Node {
         let port = Arc::new(VhostPort::new("vm", pool));
         switch.register_port("vm", port.clone()).unwrap();
         switch
-            .apply(SwitchConfig {
-                bridges: vec![BridgeConfig::new("red")],
-                ports: vec![PortConfig::access("pod", "red"), PortConfig::access("vm", "red")],
-                vtep: None,
-            })
+            .apply(testkit::one_bridge(&["pod", "vm"]))
             .unwrap();
         let client = connect(socket, port.clone()).unwrap();
         let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
@@ -131,12 +127,9 @@ impl Drop for Qemu {
 
 #[test]
 fn a_linux_guest_pings_through_the_switch_and_survives_its_restart() {
-    let present = Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
     let image = guest_image();
-    if !present || image.is_none() {
-        let why = "needs qemu-system-x86_64 and the guest image (ci/guest.sh)";
-        assert!(std::env::var_os("CI").is_none(), "{why}: ci/setup.sh installs both");
-        eprintln!("skipped: {why}");
+    let ready = vswitch::testkit::runs("qemu-system-x86_64") && image.is_some();
+    if !vswitch::testkit::peer_available(ready, "qemu-system-x86_64 or the guest image", "ci/setup.sh and ci/guest.sh") {
         return;
     }
     let Some(_g) = netns::exclusive() else { return };

@@ -12,8 +12,8 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
+use vswitch::testkit;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
 /// The numbers after `label` in testpmd's (first) "Accumulated forward statistics" block.
@@ -59,9 +59,7 @@ struct Rig {
 impl Rig {
     /// `None` when testpmd is not installed (outside CI).
     fn new(tag: &str) -> Option<Rig> {
-        if Command::new("dpdk-testpmd").arg("--version").output().is_err() {
-            assert!(std::env::var_os("CI").is_none(), "dpdk-testpmd is missing (ci/setup.sh installs dpdk-dev)");
-            eprintln!("skipped: dpdk-testpmd not installed");
+        if !testkit::peer_available(testkit::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
             return None;
         }
         let dir = std::env::temp_dir().join(format!("knitter-testpmd-{}-{tag}", std::process::id()));
@@ -76,11 +74,7 @@ impl Rig {
             ports.push(port);
         }
         switch
-            .apply(SwitchConfig {
-                bridges: vec![BridgeConfig::new("red")],
-                ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("vu1", "red")],
-                vtep: None,
-            })
+            .apply(testkit::one_bridge(&["vu0", "vu1"]))
             .unwrap();
         let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
         Some(Rig { dir, pool, switch, ports, servers, pmd: Some(pmd) })
@@ -287,11 +281,7 @@ fn switch_process() {
         switch.register_port(name, port).unwrap();
     }
     switch
-        .apply(SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("vu1", "red")],
-            vtep: None,
-        })
+        .apply(testkit::one_bridge(&["vu0", "vu1"]))
         .unwrap();
     let pmd = PmdSet::start(switch, &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
     std::thread::sleep(Duration::from_secs(60));

@@ -15,9 +15,8 @@ use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
-use vswitch::testkit::{Harness, frames, mac};
+use vswitch::testkit::{self, Harness, frames, mac};
 use vswitch::{Pool, SwitchOptions};
 
 fn memfd(len: usize) -> OwnedFd {
@@ -117,22 +116,35 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// A switch (harness) with vhost-user ports `names` and the ring port "r0" in one bridge
+/// domain.
+fn bridged(names: &[&str]) -> (Harness, Vec<Arc<VhostPort>>) {
+    let pool = Pool::new(4096, false).unwrap();
+    let ports: Vec<Arc<VhostPort>> = names.iter().map(|n| Arc::new(VhostPort::new(n, pool.clone()))).collect();
+    let mut h = Harness::with_pool(pool, SwitchOptions::default());
+    h.ring("r0");
+    for (n, p) in names.iter().zip(&ports) {
+        h.register(n, p.clone());
+    }
+    let all: Vec<&str> = names.iter().copied().chain(["r0"]).collect();
+    h.apply(testkit::one_bridge(&all)).unwrap();
+    (h, ports)
+}
+
+/// A scratch directory for one test's sockets (removed at its end).
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("knitter-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn a_vhost_user_frontend_talks_through_the_switch() {
-    let dir = std::env::temp_dir().join(format!("knitter-vu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vu");
     let path = dir.join("vu0.sock");
-    let pool = Pool::new(4096, false).unwrap();
-    let port = Arc::new(VhostPort::new("vu0", pool.clone()));
+    let (mut h, ports) = bridged(&["vu0"]);
+    let port = ports[0].clone();
     let server = serve(&path, port.clone()).unwrap();
-    let mut h = Harness::with_pool(pool, SwitchOptions::default());
-    h.ring("r0").register("vu0", port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("r0", "red")],
-        vtep: None,
-    })
-    .unwrap();
     assert!(!port.link_up(), "no frontend yet");
 
     for round in 0..2 {
@@ -176,19 +188,10 @@ fn exchange(h: &mut Harness, port: &VhostPort, vm: &mut Vm, round: usize) {
 /// again after the frontend restarts.
 #[test]
 fn client_mode_connects_and_reconnects() {
-    let dir = std::env::temp_dir().join(format!("knitter-vuc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vuc");
     let path = dir.join("vm.sock");
-    let pool = Pool::new(4096, false).unwrap();
-    let port = Arc::new(VhostPort::new("vc0", pool.clone()));
-    let mut h = Harness::with_pool(pool, SwitchOptions::default());
-    h.ring("r0").register("vc0", port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("vc0", "red"), PortConfig::access("r0", "red")],
-        vtep: None,
-    })
-    .unwrap();
+    let (mut h, ports) = bridged(&["vc0"]);
+    let port = ports[0].clone();
     // The port starts first and keeps trying until the frontend listens.
     let client = connect(&path, port.clone()).unwrap();
     for round in 0..2 {
@@ -210,20 +213,11 @@ fn client_mode_connects_and_reconnects() {
 /// 0's receive ring disabled, the port sends only into pair 1's.
 #[test]
 fn two_queue_pairs() {
-    let dir = std::env::temp_dir().join(format!("knitter-vumq-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vumq");
     let path = dir.join("vu0.sock");
-    let pool = Pool::new(4096, false).unwrap();
-    let port = Arc::new(VhostPort::new("vu0", pool.clone()));
+    let (mut h, ports) = bridged(&["vu0"]);
+    let port = ports[0].clone();
     let server = serve(&path, port.clone()).unwrap();
-    let mut h = Harness::with_pool(pool, SwitchOptions::default());
-    h.ring("r0").register("vu0", port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("r0", "red")],
-        vtep: None,
-    })
-    .unwrap();
     let mut vm = set_up_pairs(Frontend::connect(&path, 4).expect("connect"), 2);
     wait_for("both pairs to run", || port.running_pairs() == 2);
     let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
@@ -271,23 +265,13 @@ fn two_queue_pairs() {
 /// completed before is replayed.
 #[test]
 fn a_restarted_switch_resumes_from_the_used_index() {
-    let dir = std::env::temp_dir().join(format!("knitter-vur-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vur");
     let path = dir.join("vm.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let switch = |name: &str| {
-        let pool = Pool::new(4096, false).unwrap();
-        let port = Arc::new(VhostPort::new(name, pool.clone()));
-        let mut h = Harness::with_pool(pool, SwitchOptions::default());
-        h.ring("r0").register(name, port.clone());
-        h.apply(SwitchConfig {
-            bridges: vec![BridgeConfig::new("red")],
-            ports: vec![PortConfig::access(name, "red"), PortConfig::access("r0", "red")],
-            vtep: None,
-        })
-        .unwrap();
-        let client = connect(&path, port.clone()).unwrap();
-        (h, port, client)
+        let (h, ports) = bridged(&[name]);
+        let client = connect(&path, ports[0].clone()).unwrap();
+        (h, ports[0].clone(), client)
     };
     let (mut h, port, client) = switch("before");
     let (stream, _) = listener.accept().unwrap();
@@ -320,20 +304,10 @@ fn a_restarted_switch_resumes_from_the_used_index() {
 /// another port forwards, and the bad port works again once its frontend reconnects.
 #[test]
 fn a_bad_frontend_harms_only_its_port() {
-    let dir = std::env::temp_dir().join(format!("knitter-vub-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let pool = Pool::new(4096, false).unwrap();
-    let good = Arc::new(VhostPort::new("good", pool.clone()));
-    let bad = Arc::new(VhostPort::new("bad", pool.clone()));
+    let dir = scratch("vub");
+    let (mut h, ports) = bridged(&["good", "bad"]);
+    let (good, bad) = (ports[0].clone(), ports[1].clone());
     let servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
-    let mut h = Harness::with_pool(pool, SwitchOptions::default());
-    h.ring("r0").register("good", good.clone()).register("bad", bad.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("good", "red"), PortConfig::access("bad", "red"), PortConfig::access("r0", "red")],
-        vtep: None,
-    })
-    .unwrap();
     let mut vm = frontend(&dir.join("good.sock"));
     exchange(&mut h, &good, &mut vm, 0);
 
@@ -406,20 +380,11 @@ fn a_bad_frontend_harms_only_its_port() {
 #[test]
 fn mtu_and_rarp() {
     use std::io::{Read, Write};
-    let dir = std::env::temp_dir().join(format!("knitter-vum-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vum");
     let path = dir.join("vu0.sock");
-    let pool = Pool::new(4096, false).unwrap();
-    let port = Arc::new(VhostPort::new("vu0", pool.clone()));
+    let (mut h, ports) = bridged(&["vu0"]);
+    let port = ports[0].clone();
     let server = serve(&path, port.clone()).unwrap();
-    let mut h = Harness::with_pool(pool, SwitchOptions::default());
-    h.ring("r0").register("vu0", port.clone());
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("vu0", "red"), PortConfig::access("r0", "red")],
-        vtep: None,
-    })
-    .unwrap();
     let stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
     let mut raw = stream.try_clone().unwrap();
     let mut vm = set_up(Frontend::from_stream(stream, 2));

@@ -21,6 +21,31 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 /// A locally administered unicast MAC with `n` in its low bytes.
+/// Whether a test's external peer can run: `false` (the test returns early, saying why) when
+/// `ready` is not, on a developer's machine; under CI (`CI` set) a skip would be a test that
+/// cannot fail, so there it panics, naming what installs the peer.
+pub fn peer_available(ready: bool, what: &str, installed_by: &str) -> bool {
+    if !ready {
+        assert!(std::env::var_os("CI").is_none(), "{what} is missing: {installed_by} provides it");
+        eprintln!("skipped: {what} is missing ({installed_by} provides it)");
+    }
+    ready
+}
+
+/// Whether `program` runs (`program --version` succeeds to start).
+pub fn runs(program: &str) -> bool {
+    std::process::Command::new(program).arg("--version").output().is_ok()
+}
+
+/// The smallest useful configuration: every port an untagged member of bridge domain "red".
+pub fn one_bridge(ports: &[&str]) -> crate::config::SwitchConfig {
+    crate::config::SwitchConfig {
+        bridges: vec![crate::config::BridgeConfig::new("red")],
+        ports: ports.iter().map(|p| crate::config::PortConfig::access(p, "red")).collect(),
+        vtep: None,
+    }
+}
+
 pub fn mac(n: u32) -> MacAddr {
     let b = n.to_be_bytes();
     MacAddr([0x02, 0x00, b[0], b[1], b[2], b[3]])
