@@ -18,7 +18,9 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 
 fn main() -> Result<()> {
+    // Logs on stderr, as docs/operations.md says (stdout stays free for whoever runs us).
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = settings::Args::parse();
