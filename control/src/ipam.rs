@@ -94,6 +94,10 @@ impl Subnet {
         self.network.is_ipv4()
     }
 
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
     fn width(&self) -> u8 {
         if self.is_ipv4() { 32 } else { 128 }
     }
@@ -197,6 +201,10 @@ impl Addressing {
 
     pub fn subnet(&self) -> Subnet {
         self.subnet
+    }
+
+    pub fn gateway(&self) -> Option<IpAddr> {
+        self.gateway
     }
 
     /// Why `ip` may not be handed out, if it may not.

@@ -4,5 +4,6 @@
 //! `knitterctl` binary lives in `src/knitterctl.rs`.
 
 pub mod ipam;
+pub mod manager;
 pub mod network;
 pub mod store;

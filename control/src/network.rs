@@ -126,20 +126,53 @@ fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Res
 }
 
 impl Network {
-    /// Checks `spec` against the networks that exist and decides its segment and MTU.
-    pub fn define(spec: NetworkSpec, existing: &[Network], limits: &Limits) -> Result<Network, NetworkError> {
-        let name = spec.name.clone();
+    /// The name and each family's addressing of `spec`, checked.
+    fn addressings(spec: &NetworkSpec) -> Result<(Option<Addressing>, Option<Addressing>), NetworkError> {
+        let name = &spec.name;
         let valid_name = !name.is_empty()
             && name.len() <= 63
             && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !valid_name {
-            return Err(NetworkError::BadName(name));
+            return Err(NetworkError::BadName(name.clone()));
         }
-        let ipv4 = spec.ipv4.as_ref().map(|s| addressing(&name, "IPv4", true, s)).transpose()?;
-        let ipv6 = spec.ipv6.as_ref().map(|s| addressing(&name, "IPv6", false, s)).transpose()?;
+        let ipv4 = spec.ipv4.as_ref().map(|s| addressing(name, "IPv4", true, s)).transpose()?;
+        let ipv6 = spec.ipv6.as_ref().map(|s| addressing(name, "IPv6", false, s)).transpose()?;
         if ipv4.is_none() && ipv6.is_none() {
-            return Err(NetworkError::NoSubnet(name));
+            return Err(NetworkError::NoSubnet(name.clone()));
         }
+        Ok((ipv4, ipv6))
+    }
+
+    /// The spec as stored: the segment and MTU decided.
+    pub fn record(&self) -> NetworkSpec {
+        NetworkSpec { segment: Some(self.segment), mtu: Some(self.mtu), ..self.spec.clone() }
+    }
+
+    /// A network from its stored spec ([`Network::record`]): the addressing is checked
+    /// again, the segment and MTU are taken as decided (ranges and nodes may have changed
+    /// since).
+    pub fn restore(stored: NetworkSpec) -> Result<Network, NetworkError> {
+        let (ipv4, ipv6) = Network::addressings(&stored)?;
+        let (segment, mtu) = (stored.segment.unwrap_or(0), stored.mtu.unwrap_or(0));
+        Ok(Network { spec: stored, segment, mtu, ipv4, ipv6 })
+    }
+
+    /// Whether `spec` asks for what this network is (an idempotent create): the same
+    /// definition, with the segment and MTU either left open or as decided.
+    pub fn matches(&self, spec: &NetworkSpec) -> bool {
+        let decided = NetworkSpec { segment: spec.segment.or(Some(self.segment)), mtu: spec.mtu.or(Some(self.mtu)), ..spec.clone() };
+        decided == self.record()
+    }
+
+    /// Each family's addressing, IPv4 first.
+    pub fn families(&self) -> impl Iterator<Item = &Addressing> {
+        self.ipv4.iter().chain(&self.ipv6)
+    }
+
+    /// Checks `spec` against the networks that exist and decides its segment and MTU.
+    pub fn define(spec: NetworkSpec, existing: &[Network], limits: &Limits) -> Result<Network, NetworkError> {
+        let (ipv4, ipv6) = Network::addressings(&spec)?;
+        let name = spec.name.clone();
         // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
         for other in existing.iter().filter(|o| o.spec.name != name && (o.spec.tenant == spec.tenant || o.spec.shared || spec.shared)) {
             for (mine, theirs) in [(&ipv4, &other.ipv4), (&ipv6, &other.ipv6)] {

@@ -2,9 +2,10 @@
 //! one write transaction, made durable before it returns (redb's default: the commit is
 //! fsynced), so a kill -9 leaves the store as it was before or after a change. Addresses
 //! and owners are two tables, written in the same transaction; a revision counter counts
-//! changes.
+//! changes. Records are a third table, each value kept with the revision that wrote it (its
+//! version).
 
-use super::{Claim, OwnerKey, Store, StoreError, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use super::{Claim, Op, OwnerKey, Store, StoreError, Versioned, holds, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::net::IpAddr;
 use std::path::Path;
@@ -16,6 +17,8 @@ const OWNERS: TableDefinition<&str, &str> = TableDefinition::new("owners");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// `network \0 ip` → `pod \0 until` (IP groups' stickiness).
 const STICKY: TableDefinition<&str, &str> = TableDefinition::new("sticky");
+/// Records: relative key → (version, JSON).
+const RECORDS: TableDefinition<&str, (u64, &str)> = TableDefinition::new("records");
 const REVISION: &str = "revision";
 
 pub struct Embedded {
@@ -40,6 +43,7 @@ impl Embedded {
             tx.open_table(OWNERS).map_err(StoreError::from)?;
             tx.open_table(META).map_err(StoreError::from)?;
             tx.open_table(STICKY).map_err(StoreError::from)?;
+            tx.open_table(RECORDS).map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)?;
         Ok(Embedded { db })
@@ -159,5 +163,57 @@ impl Store for Embedded {
         let tx = self.db.begin_read().map_err(StoreError::from)?;
         let meta = tx.open_table(META).map_err(StoreError::from)?;
         Ok(meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let records = tx.open_table(RECORDS).map_err(StoreError::from)?;
+        let row = records.get(key).map_err(StoreError::from)?;
+        Ok(row.map(|v| {
+            let (version, value) = v.value();
+            Versioned { value: value.to_string(), version }
+        }))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let tx = self.db.begin_read().map_err(StoreError::from)?;
+        let records = tx.open_table(RECORDS).map_err(StoreError::from)?;
+        let mut out = Vec::new();
+        for row in records.range(prefix..).map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            let (version, value) = v.value();
+            out.push((k.value().to_string(), Versioned { value: value.to_string(), version }));
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+        let tx = self.db.begin_write().map_err(StoreError::from)?;
+        {
+            let mut records = tx.open_table(RECORDS).map_err(StoreError::from)?;
+            for op in ops {
+                let version = records.get(op.key.as_str()).map_err(StoreError::from)?.map(|v| v.value().0);
+                if !holds(op.cond, version) {
+                    drop(records);
+                    tx.abort().map_err(StoreError::from)?;
+                    return Ok(false);
+                }
+            }
+            let mut meta = tx.open_table(META).map_err(StoreError::from)?;
+            let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1;
+            meta.insert(REVISION, rev).map_err(StoreError::from)?;
+            for op in ops {
+                if let Some(value) = &op.put {
+                    records.insert(op.key.as_str(), (rev, value.as_str())).map_err(StoreError::from)?;
+                } else if op.delete {
+                    records.remove(op.key.as_str()).map_err(StoreError::from)?;
+                }
+            }
+        }
+        tx.commit().map_err(StoreError::from)?;
+        Ok(true)
     }
 }

@@ -5,6 +5,7 @@
 //! <prefix>/addrs/<network>/<ip-key>             → container \0 interface
 //! <prefix>/owners/<network>/<container>/<iface> → ip
 //! <prefix>/sticky/<network>/<ip-key>            → pod \0 until
+//! <prefix>/records/<key>                         → JSON (version: the key's mod revision)
 //! ```
 //!
 //! A claim is one transaction that creates both keys only if neither exists (create-revision
@@ -13,7 +14,7 @@
 //! while they still name each other. The trait is synchronous: calls run on the store's own
 //! small runtime (call them from blocking threads, not from async tasks).
 
-use super::{Claim, OwnerKey, Store, StoreError, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use super::{Claim, Cond, Op, OwnerKey, Store, StoreError, Versioned, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use std::net::IpAddr;
 
@@ -50,6 +51,10 @@ impl Etcd {
 
     fn sticky_key(&self, network: &str, ip: IpAddr) -> String {
         format!("{}/sticky/{network}/{}", self.prefix, ip_key(ip))
+    }
+
+    fn record_key(&self, key: &str) -> String {
+        format!("{}/records/{key}", self.prefix)
     }
 
     /// The value of `key`, if it exists.
@@ -164,5 +169,54 @@ impl Store for Etcd {
         let mut c = self.client.clone();
         let r = self.rt.block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only()))).map_err(err)?;
         Ok(r.header().map_or(0, |h| h.revision().max(0) as u64))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        Ok(self.list_raw(&self.record_key(key), false)?.into_iter().next().map(|(_, v)| v))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let base = self.record_key("");
+        let rows = self.list_raw(&self.record_key(prefix), true)?;
+        Ok(rows.into_iter().map(|(k, v)| (k[base.len()..].to_string(), v)).collect())
+    }
+
+    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+        let keys: Vec<String> = ops.iter().map(|op| self.record_key(&op.key)).collect();
+        let when = ops
+            .iter()
+            .zip(&keys)
+            .filter_map(|(op, k)| match op.cond? {
+                Cond::Absent => Some(Compare::create_revision(k.as_str(), CompareOp::Equal, 0)),
+                Cond::Version(v) => Some(Compare::mod_revision(k.as_str(), CompareOp::Equal, v as i64)),
+            })
+            .collect::<Vec<_>>();
+        let then = ops
+            .iter()
+            .zip(&keys)
+            .filter_map(|(op, k)| match (&op.put, op.delete) {
+                (Some(v), _) => Some(TxnOp::put(k.as_str(), v.as_str(), None)),
+                (None, true) => Some(TxnOp::delete(k.as_str(), None)),
+                (None, false) => None,
+            })
+            .collect::<Vec<_>>();
+        let mut c = self.client.clone();
+        Ok(self.rt.block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?.succeeded())
+    }
+}
+
+impl Etcd {
+    /// The records at `key` (or under it, as a prefix), with their versions.
+    fn list_raw(&self, key: &str, prefix: bool) -> Result<Vec<(String, Versioned)>, StoreError> {
+        let mut c = self.client.clone();
+        let opts = prefix.then(|| GetOptions::new().with_prefix());
+        let r = self.rt.block_on(c.get(key, opts)).map_err(err)?;
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                let v = Versioned { value: text(kv.value())?.to_string(), version: kv.mod_revision().max(0) as u64 };
+                Ok((text(kv.key())?.to_string(), v))
+            })
+            .collect()
     }
 }

@@ -1,7 +1,12 @@
-//! The manager's store: one trait, two backends (embedded `redb` here; etcd to come). The
-//! IPAM's atomic step lives here: an address is claimed by creating its address key and its
-//! owner's key together, only if neither exists, so two allocators never hand out one
-//! address and a retried request finds the address its first attempt took.
+//! The manager's store: one trait, two backends (embedded `redb`, etcd). Two kinds of
+//! state live in it:
+//! - **addresses**: the IPAM's atomic step: an address is claimed by creating its address
+//!   key and its owner's key together, only if neither exists, so two allocators never hand
+//!   out one address and a retried request finds the address its first attempt took;
+//! - **records**: the manager's objects (tenants, networks, IP groups, ports, nodes) as JSON
+//!   under relative keys (`networks/red`), each with a version (the revision of its last
+//!   change), changed by [`Store::commit`]: every condition holds and every change happens,
+//!   or nothing does.
 
 pub mod embedded;
 pub mod etcd;
@@ -96,7 +101,62 @@ impl StoreError {
     }
 }
 
-/// Address ownership per network. Every method is atomic on its own.
+/// A record's value and version (the store revision that last changed it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    pub value: String,
+    pub version: u64,
+}
+
+/// What must hold of a key for a commit to happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cond {
+    /// The key does not exist.
+    Absent,
+    /// The key exists at exactly this version.
+    Version(u64),
+}
+
+/// One step of a [`Store::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub key: String,
+    pub cond: Option<Cond>,
+    /// `Some`: write this value; `None` with `delete`: remove the key; neither: only check.
+    pub put: Option<String>,
+    pub delete: bool,
+}
+
+impl Op {
+    /// Creates `key` only if it does not exist.
+    pub fn create(key: impl Into<String>, value: impl Into<String>) -> Op {
+        Op { key: key.into(), cond: Some(Cond::Absent), put: Some(value.into()), delete: false }
+    }
+    /// Writes `key` only if it is still at `version` (`None`: only if it is absent).
+    pub fn replace(key: impl Into<String>, version: Option<u64>, value: impl Into<String>) -> Op {
+        Op { key: key.into(), cond: Some(version.map_or(Cond::Absent, Cond::Version)), put: Some(value.into()), delete: false }
+    }
+    /// Deletes `key` only if it is still at `version`.
+    pub fn delete(key: impl Into<String>, version: u64) -> Op {
+        Op { key: key.into(), cond: Some(Cond::Version(version)), put: None, delete: true }
+    }
+    /// Changes nothing; the commit happens only if `key` is in this state.
+    pub fn check(key: impl Into<String>, cond: Cond) -> Op {
+        Op { key: key.into(), cond: Some(cond), put: None, delete: false }
+    }
+}
+
+/// Whether `cond` holds of a key currently at `version` (`None`: absent).
+pub(crate) fn holds(cond: Option<Cond>, version: Option<u64>) -> bool {
+    match cond {
+        None => true,
+        Some(Cond::Absent) => version.is_none(),
+        Some(Cond::Version(v)) => version == Some(v),
+    }
+}
+
+/// Address ownership per network, and the manager's records. Every method is atomic on
+/// its own.
 pub trait Store: Send + Sync {
     /// Creates `network`'s key for `ip` and `owner`'s key together, only if neither exists.
     fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError>;
@@ -126,4 +186,10 @@ pub trait Store: Send + Sync {
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError>;
     /// Increases with every change.
     fn revision(&self) -> Result<u64, StoreError>;
+    /// The record at `key`.
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError>;
+    /// Every record whose key starts with `prefix`, in key order.
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError>;
+    /// Applies every op if every op's condition holds, else none; says which.
+    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError>;
 }

@@ -1,0 +1,121 @@
+//! knitter-manager: the central manager. Serves the REST API over its store (embedded by
+//! default, etcd with `--etcd`), and stops cleanly on SIGTERM or SIGINT.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use knitter_control::manager::objects::Quota;
+use knitter_control::manager::{Config, Manager, rest};
+use knitter_control::network::Limits;
+use knitter_control::store::Store;
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Parser)]
+#[command(name = "knitter-manager", version, about = "Knitter's manager: tenants, networks, IP addresses, nodes")]
+struct Args {
+    /// Address of the REST API.
+    #[arg(long, env = "KNITTER_MANAGER_LISTEN", default_value = "127.0.0.1:9480")]
+    listen: String,
+    /// Where the embedded store and the generated token live.
+    #[arg(long, env = "KNITTER_MANAGER_DATA", default_value = "/var/lib/knitter/manager")]
+    data_dir: PathBuf,
+    /// etcd endpoints (comma-separated, e.g. http://10.0.0.1:2379); the embedded store otherwise.
+    #[arg(long, env = "KNITTER_ETCD", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, default_value = "/knitter")]
+    etcd_prefix: String,
+    /// File holding the bearer token; created with a random token (mode 0600) if missing.
+    /// Default: <data-dir>/token.
+    #[arg(long, env = "KNITTER_MANAGER_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// VNIs given to VXLAN networks that do not name one.
+    #[arg(long, default_value = "5000-15000", value_parser = range)]
+    vni_range: RangeInclusive<u32>,
+    /// VLAN IDs given to VLAN networks that do not name one.
+    #[arg(long, default_value = "2-4094", value_parser = range)]
+    vlan_range: RangeInclusive<u32>,
+    /// Underlay MTU assumed until a node registers its own.
+    #[arg(long, default_value_t = 1500)]
+    underlay_mtu: u32,
+    /// Networks a new tenant may own unless its request says otherwise.
+    #[arg(long, default_value_t = 10)]
+    network_quota: u32,
+}
+
+fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
+    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?} is not a range like 5000-15000"))?;
+    let (a, b): (u32, u32) = (a.trim().parse().map_err(|e| format!("{a:?}: {e}"))?, b.trim().parse().map_err(|e| format!("{b:?}: {e}"))?);
+    if a > b {
+        return Err(format!("range {s:?} is empty"));
+    }
+    Ok(a..=b)
+}
+
+/// The token in `path`, or a new random one written there (mode 0600).
+fn token(path: &Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(t) = std::fs::read_to_string(path) {
+        let t = t.trim().to_string();
+        if t.is_empty() {
+            bail!("token file {} is empty", path.display());
+        }
+        return Ok(t);
+    }
+    let mut raw = [0u8; 24];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut raw)).context("reading /dev/urandom")?;
+    let t: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut f, format!("{t}\n").as_bytes())?;
+    tracing::info!(file = %path.display(), "generated a bearer token");
+    Ok(t)
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("stopping");
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let a = Args::parse();
+    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
+    let token = token(&a.token_file.clone().unwrap_or_else(|| a.data_dir.join("token")))?;
+    let store: Arc<dyn Store> = if a.etcd.is_empty() {
+        let path = a.data_dir.join("store.redb");
+        tracing::info!(store = %path.display(), "embedded store");
+        Arc::new(knitter_control::store::embedded::Embedded::open(&path)?)
+    } else {
+        tracing::info!(endpoints = ?a.etcd, prefix = %a.etcd_prefix, "etcd store");
+        Arc::new(knitter_control::store::etcd::Etcd::connect(&a.etcd, &a.etcd_prefix)?)
+    };
+    let config = Config {
+        limits: Limits { vni_range: a.vni_range.clone(), vlan_range: a.vlan_range.clone(), underlay_mtu: a.underlay_mtu, ..Limits::default() },
+        default_quota: Quota { networks: a.network_quota },
+    };
+    let manager = Arc::new(Manager::new(store, config).context("preparing the store")?);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("binding {}", a.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, "serving the REST API (/v1, /v1/openapi.json)");
+        rest::serve(listener, rest::Api { manager, token: token.into() }, stop_signal()).await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,650 @@
+//! knitter-manager's core: tenants, networks, IP groups, ports and nodes over a [`Store`],
+//! with one error table ([`ManagerError`]) that both APIs map to their codes. Every
+//! operation is blocking (the store is) and safe to run from several threads and several
+//! manager replicas on one store:
+//! - a port's record is written (empty) before its addresses are claimed, so a delete
+//!   always finds what to release, and a retried create finishes the first attempt's work
+//!   with the same addresses (claims are keyed by container and interface);
+//! - network and node changes compare the version of one guard key, so overlap, segment,
+//!   MTU and quota checks see a consistent set of networks and nodes;
+//! - an IP group's members are held in the network's address space by the group itself
+//!   (so nothing else takes them) and handed to pods in the group's own address space.
+
+pub mod objects;
+pub mod rest;
+
+use crate::ipam::{self, Addressing, IpGroup, IpamError};
+use crate::network::{Kind, Limits, Network, NetworkError, NetworkSpec};
+use crate::store::{Cond, Op, OwnerKey, Store, StoreError};
+use objects::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+/// Everything an operation can refuse or fail with; each has one HTTP status and one gRPC
+/// code (see `rest.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{what} {name:?} not found")]
+    NotFound { what: &'static str, name: String },
+    /// Exists with another definition, or an address/segment someone else holds.
+    #[error("{0}")]
+    Conflict(String),
+    /// Refused because something still uses it.
+    #[error("{0}")]
+    InUse(String),
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Quota(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Concurrent changes kept winning; the request may be retried.
+    #[error("{0}; try again")]
+    Busy(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<NetworkError> for ManagerError {
+    fn from(e: NetworkError) -> Self {
+        match e {
+            NetworkError::Overlap { .. } | NetworkError::SegmentTaken { .. } => ManagerError::Conflict(e.to_string()),
+            NetworkError::SegmentsExhausted { .. } => ManagerError::Exhausted(e.to_string()),
+            _ => ManagerError::Invalid(e.to_string()),
+        }
+    }
+}
+
+impl From<IpamError> for ManagerError {
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::Taken { .. } => ManagerError::Conflict(e.to_string()),
+            IpamError::Exhausted(_) => ManagerError::Exhausted(e.to_string()),
+            IpamError::Store(s) => ManagerError::Store(s),
+            _ => ManagerError::Invalid(e.to_string()),
+        }
+    }
+}
+
+pub type Result<T, E = ManagerError> = std::result::Result<T, E>;
+
+/// The manager's settings that shape new objects.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub limits: Limits,
+    pub default_quota: Quota,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { limits: Limits::default(), default_quota: Quota::default() }
+    }
+}
+
+/// The tenant every manager starts with (Knitter's `admin`, with its larger quota).
+pub const ADMIN: &str = "admin";
+
+/// How many times an operation re-reads and retries when a concurrent change wins.
+const ROUNDS: usize = 8;
+
+/// Filters of the list operations; empty fields match everything.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Filter {
+    pub tenant: String,
+    pub network: String,
+    pub node: String,
+    pub pod: String,
+    pub kind: Option<Kind>,
+}
+
+pub struct Manager {
+    store: Arc<dyn Store>,
+    config: Config,
+    /// Per address space, where the last allocation ended (spreads concurrent allocations).
+    cursors: Mutex<HashMap<String, u128>>,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Names become store keys: 1-253 characters, none of them '/', whitespace or control.
+fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty() && name.len() <= 253 && !name.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control());
+    if ok { Ok(()) } else { Err(ManagerError::Invalid(format!("{what} {name:?} must be 1-253 characters without '/', spaces or control characters"))) }
+}
+
+fn json<T: Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| ManagerError::Store(StoreError::from(e)))
+}
+
+/// A network's address space for one family (its addresses and owners in the store).
+fn space(network: &str, v4: bool) -> String {
+    format!("{network}.{}", if v4 { "v4" } else { "v6" })
+}
+
+/// An IP group's own address space: which pod holds which member.
+fn group_space(network: &str, v4: bool, group: &str) -> String {
+    format!("{}~{group}", space(network, v4))
+}
+
+/// The owner that holds an IP group's `i`th member in the network's address space.
+fn member_owner(group: &str, i: usize) -> OwnerKey {
+    OwnerKey::new(&format!("ipgroup:{group}"), &format!("#{i}"))
+}
+
+fn family(ip: &IpAddr) -> &'static str {
+    if ip.is_ipv4() { "IPv4" } else { "IPv6" }
+}
+
+fn mac_text(ip: IpAddr) -> String {
+    let m = ipam::mac_for(ip);
+    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+}
+
+impl Manager {
+    /// A manager over `store`; makes sure the admin tenant exists.
+    pub fn new(store: Arc<dyn Store>, config: Config) -> Result<Manager> {
+        let m = Manager { store, config, cursors: Mutex::default() };
+        if m.load::<Tenant>(&tenant_key(ADMIN))?.is_none() {
+            m.create_tenant(ADMIN, Some(Quota { networks: 100 }))?;
+        }
+        Ok(m)
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>> {
+        let Some(v) = self.store.get(key)? else { return Ok(None) };
+        let t = serde_json::from_str(&v.value).map_err(|e| StoreError(format!("corrupt record {key}: {e}")))?;
+        Ok(Some((t, v.version)))
+    }
+
+    fn load_all<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(T, u64)>> {
+        let rows = self.store.list(prefix)?;
+        rows.into_iter()
+            .map(|(k, v)| {
+                let t = serde_json::from_str(&v.value).map_err(|e| StoreError(format!("corrupt record {k}: {e}")))?;
+                Ok((t, v.version))
+            })
+            .collect()
+    }
+
+    fn guard(&self) -> Result<(Option<u64>, u64)> {
+        let g = self.store.get(NETWORKS_GUARD)?;
+        let count = g.as_ref().and_then(|g| g.value.parse().ok()).unwrap_or(0);
+        Ok((g.map(|g| g.version), count))
+    }
+
+    fn bump_guard(&self, guard: (Option<u64>, u64)) -> Op {
+        Op::replace(NETWORKS_GUARD, guard.0, (guard.1 + 1).to_string())
+    }
+
+    // ---- tenants ----
+
+    /// Creates a tenant (with the configured default quota unless given); the same tenant
+    /// again is a no-op (`false`), another quota a conflict.
+    pub fn create_tenant(&self, name: &str, quota: Option<Quota>) -> Result<(Tenant, bool)> {
+        check_name("tenant", name)?;
+        let t = Tenant { name: name.into(), quota: quota.unwrap_or(self.config.default_quota), created: now() };
+        let key = tenant_key(name);
+        for _ in 0..ROUNDS {
+            if let Some((have, _)) = self.load::<Tenant>(&key)? {
+                if quota.is_none_or(|q| q == have.quota) {
+                    return Ok((have, false));
+                }
+                return Err(ManagerError::Conflict(format!("tenant {name:?} exists with another quota (change it with a quota update)")));
+            }
+            if self.store.commit(&[Op::create(&key, json(&t)?)])? {
+                return Ok((t, true));
+            }
+        }
+        Err(ManagerError::Busy(format!("tenant {name:?} kept changing")))
+    }
+
+    pub fn tenant(&self, name: &str) -> Result<Tenant> {
+        self.load(&tenant_key(name))?.map(|(t, _)| t).ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })
+    }
+
+    pub fn tenants(&self) -> Result<Vec<Tenant>> {
+        Ok(self.load_all("tenants/")?.into_iter().map(|(t, _)| t).collect())
+    }
+
+    pub fn set_quota(&self, name: &str, quota: Quota) -> Result<Tenant> {
+        let key = tenant_key(name);
+        for _ in 0..ROUNDS {
+            let (mut t, v) = self.load::<Tenant>(&key)?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
+            t.quota = quota;
+            if self.store.commit(&[Op::replace(&key, Some(v), json(&t)?)])? {
+                return Ok(t);
+            }
+        }
+        Err(ManagerError::Busy(format!("tenant {name:?} kept changing")))
+    }
+
+    /// Deletes a tenant that owns no network; `None` if there was none.
+    pub fn delete_tenant(&self, name: &str) -> Result<Option<Tenant>> {
+        if name == ADMIN {
+            return Err(ManagerError::Invalid("the admin tenant cannot be deleted".into()));
+        }
+        for _ in 0..ROUNDS {
+            let guard = self.guard()?;
+            let Some((t, v)) = self.load::<Tenant>(&tenant_key(name))? else { return Ok(None) };
+            let owned: Vec<String> = self.networks()?.into_iter().filter(|n| n.spec.tenant == name).map(|n| n.spec.name).collect();
+            if !owned.is_empty() {
+                return Err(ManagerError::InUse(format!("tenant {name:?} still owns networks {}: delete them first", owned.join(", "))));
+            }
+            if self.store.commit(&[self.bump_guard(guard), Op::delete(tenant_key(name), v)])? {
+                return Ok(Some(t));
+            }
+        }
+        Err(ManagerError::Busy(format!("tenant {name:?} kept changing")))
+    }
+
+    // ---- networks ----
+
+    fn networks(&self) -> Result<Vec<Network>> {
+        let stored: Vec<(NetworkSpec, u64)> = self.load_all("networks/")?;
+        stored.into_iter().map(|(s, _)| Network::restore(s).map_err(|e| ManagerError::Store(StoreError(format!("corrupt network: {e}"))))).collect()
+    }
+
+    fn network(&self, name: &str) -> Result<(Network, u64)> {
+        let (spec, v) = self.load::<NetworkSpec>(&network_key(name))?.ok_or_else(|| ManagerError::NotFound { what: "network", name: name.into() })?;
+        let n = Network::restore(spec).map_err(|e| ManagerError::Store(StoreError(format!("corrupt network {name:?}: {e}"))))?;
+        Ok((n, v))
+    }
+
+    /// The limits for a new network: the configured ranges, the smallest registered
+    /// underlay MTU (the configured default while no node has registered).
+    fn limits(&self) -> Result<Limits> {
+        let nodes: Vec<(Node, u64)> = self.load_all("nodes/")?;
+        let underlay_mtu = nodes.iter().map(|(n, _)| n.underlay_mtu).min().unwrap_or(self.config.limits.underlay_mtu);
+        Ok(Limits { underlay_mtu, ..self.config.limits.clone() })
+    }
+
+    /// Defines a network; the same definition again is a no-op (`false`).
+    pub fn create_network(&self, spec: NetworkSpec) -> Result<(NetworkSpec, bool)> {
+        for _ in 0..ROUNDS {
+            let guard = self.guard()?;
+            let (tenant, tv) = self.load::<Tenant>(&tenant_key(&spec.tenant))?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: spec.tenant.clone() })?;
+            let existing = self.networks()?;
+            if let Some(have) = existing.iter().find(|n| n.spec.name == spec.name) {
+                if have.matches(&spec) {
+                    return Ok((have.record(), false));
+                }
+                return Err(ManagerError::Conflict(format!("network {:?} exists with another definition (see it with a get; delete it first to change it)", spec.name)));
+            }
+            let owned = existing.iter().filter(|n| n.spec.tenant == spec.tenant).count();
+            if owned >= tenant.quota.networks as usize {
+                return Err(ManagerError::Quota(format!("tenant {:?} has {owned} networks, its quota is {}", spec.tenant, tenant.quota.networks)));
+            }
+            let net = Network::define(spec.clone(), &existing, &self.limits()?)?;
+            let record = net.record();
+            let ops = [self.bump_guard(guard), Op::create(network_key(&record.name), json(&record)?), Op::check(tenant_key(&record.tenant), Cond::Version(tv))];
+            if self.store.commit(&ops)? {
+                return Ok((record, true));
+            }
+        }
+        Err(ManagerError::Busy("networks kept changing".into()))
+    }
+
+    pub fn get_network(&self, name: &str) -> Result<NetworkSpec> {
+        Ok(self.network(name)?.0.record())
+    }
+
+    pub fn list_networks(&self, f: &Filter) -> Result<Vec<NetworkSpec>> {
+        let all = self.networks()?.into_iter().map(|n| n.record());
+        Ok(all.filter(|n| (f.tenant.is_empty() || n.tenant == f.tenant || n.shared) && f.kind.is_none_or(|k| k == n.kind)).collect())
+    }
+
+    /// Deletes a network nothing uses; `None` if there was none.
+    pub fn delete_network(&self, name: &str) -> Result<Option<NetworkSpec>> {
+        for _ in 0..ROUNDS {
+            let guard = self.guard()?;
+            let (net, v) = match self.network(name) {
+                Err(ManagerError::NotFound { .. }) => return Ok(None),
+                r => r?,
+            };
+            let ports = self.list_ports(&Filter { network: name.into(), ..Filter::default() })?;
+            if let Some(p) = ports.first() {
+                return Err(ManagerError::InUse(format!("network {name:?} still has {} ports (first: {}/{} of pod {:?})", ports.len(), p.spec.container, p.spec.interface, p.spec.pod)));
+            }
+            let groups = self.list_groups(name)?;
+            if !groups.is_empty() {
+                let names: Vec<_> = groups.iter().map(|g| g.name.as_str()).collect();
+                return Err(ManagerError::InUse(format!("network {name:?} still has IP groups {}: delete them first", names.join(", "))));
+            }
+            for a in net.families() {
+                if let Some((ip, by)) = self.store.allocations(&space(name, a.subnet().is_ipv4()))?.first() {
+                    return Err(ManagerError::InUse(format!("network {name:?} still has address {ip} allocated to {by}")));
+                }
+            }
+            if self.store.commit(&[self.bump_guard(guard), Op::delete(network_key(name), v)])? {
+                return Ok(Some(net.record()));
+            }
+        }
+        Err(ManagerError::Busy("networks kept changing".into()))
+    }
+
+    // ---- IP groups ----
+
+    fn addressing_for<'n>(net: &'n Network, v4: bool) -> Result<&'n Addressing> {
+        net.families().find(|a| a.subnet().is_ipv4() == v4).ok_or_else(|| {
+            ManagerError::Invalid(format!("network {:?} has no {} subnet", net.spec.name, if v4 { "IPv4" } else { "IPv6" }))
+        })
+    }
+
+    /// Where the next allocation in `space` should start looking.
+    fn cursor(&self, space: &str) -> u128 {
+        self.cursors.lock().map_or(0, |c| c.get(space).copied().unwrap_or(0))
+    }
+
+    fn advance(&self, space: &str, ip: IpAddr) {
+        if let Ok(mut c) = self.cursors.lock() {
+            c.insert(space.to_string(), ipam::hint_of(ip));
+        }
+    }
+
+    fn allocate(&self, space: &str, a: &Addressing, owner: &OwnerKey) -> Result<IpAddr> {
+        let ip = ipam::allocate(self.store.as_ref(), space, a, owner, self.cursor(space))?;
+        self.advance(space, ip);
+        Ok(ip)
+    }
+
+    /// Reserves a group's members in the network's address space (claimed by the group).
+    pub fn create_group(&self, spec: IpGroupSpec) -> Result<(IpGroupRecord, bool)> {
+        check_name("IP group", &spec.name)?;
+        let (net, _) = self.network(&spec.network)?;
+        let key = group_key(&spec.network, &spec.name);
+        let same = |have: &IpGroupRecord| {
+            have.grace_secs == spec.grace_secs
+                && if spec.members.is_empty() { spec.size == Some(have.members.len() as u32) } else { have.members == spec.members }
+        };
+        if let Some((have, _)) = self.load::<IpGroupRecord>(&key)? {
+            return if same(&have) { Ok((have, false)) } else { Err(ManagerError::Conflict(format!("IP group {:?} of network {:?} exists with other members", spec.name, spec.network))) };
+        }
+        let count = if spec.members.is_empty() { spec.size.unwrap_or(0) as usize } else { spec.members.len() };
+        if !(1..=32).contains(&count) || (!spec.members.is_empty() && spec.size.is_some_and(|s| s as usize != count)) {
+            return Err(ManagerError::Invalid("an IP group has 1-32 members: give `members`, or `size` for that many free addresses".into()));
+        }
+        let v4 = spec.members.first().map_or(net.ipv4.is_some(), IpAddr::is_ipv4);
+        if let Some(m) = spec.members.iter().find(|m| m.is_ipv4() != v4) {
+            return Err(ManagerError::Invalid(format!("IP group members are of one family: {m} is not {}", family(&spec.members[0]))));
+        }
+        if let Some((i, m)) = spec.members.iter().enumerate().find(|(i, m)| spec.members[..*i].contains(m)) {
+            return Err(ManagerError::Invalid(format!("IP group member {m} is listed twice (position {i})")));
+        }
+        let a = Self::addressing_for(&net, v4)?;
+        let sp = space(&spec.network, v4);
+        let mut members = Vec::with_capacity(count);
+        for i in 0..count {
+            let owner = member_owner(&spec.name, i);
+            let r = match spec.members.get(i) {
+                Some(m) => ipam::allocate_fixed(self.store.as_ref(), &sp, a, &owner, *m).map_err(ManagerError::from),
+                None => self.allocate(&sp, a, &owner),
+            };
+            match r {
+                Ok(ip) => members.push(ip),
+                Err(e) => {
+                    self.release_members(&sp, &spec.name, i)?;
+                    return Err(e);
+                }
+            }
+        }
+        let record = IpGroupRecord { name: spec.name.clone(), network: spec.network.clone(), members, grace_secs: spec.grace_secs };
+        if self.store.commit(&[Op::create(&key, json(&record)?), Op::check(network_key(&spec.network), Cond::Version(self.network(&spec.network)?.1))])? {
+            return Ok((record, true));
+        }
+        // A concurrent create of the same group won (it holds these very claims): its record
+        // is ours. Anything else: give the members back.
+        match self.load::<IpGroupRecord>(&key)? {
+            Some((have, _)) if have == record => Ok((have, false)),
+            _ => {
+                self.release_members(&sp, &spec.name, count)?;
+                Err(ManagerError::Conflict(format!("IP group {:?} of network {:?} changed while being created", spec.name, spec.network)))
+            }
+        }
+    }
+
+    fn release_members(&self, sp: &str, group: &str, count: usize) -> Result<()> {
+        for i in 0..count {
+            self.store.release(sp, &member_owner(group, i))?;
+        }
+        Ok(())
+    }
+
+    pub fn get_group(&self, network: &str, name: &str) -> Result<IpGroupRecord> {
+        self.load(&group_key(network, name))?.map(|(g, _)| g).ok_or_else(|| ManagerError::NotFound { what: "IP group", name: format!("{network}/{name}") })
+    }
+
+    /// The IP groups of `network` (every network's when empty).
+    pub fn list_groups(&self, network: &str) -> Result<Vec<IpGroupRecord>> {
+        let prefix = if network.is_empty() { "ipgroups/".to_string() } else { format!("ipgroups/{network}/") };
+        Ok(self.load_all(&prefix)?.into_iter().map(|(g, _)| g).collect())
+    }
+
+    /// Deletes a group none of whose members a pod holds; its members go back to the network.
+    pub fn delete_group(&self, network: &str, name: &str) -> Result<Option<IpGroupRecord>> {
+        let key = group_key(network, name);
+        let Some((g, v)) = self.load::<IpGroupRecord>(&key)? else { return Ok(None) };
+        let v4 = g.members.first().is_none_or(IpAddr::is_ipv4);
+        let held = self.store.allocations(&group_space(network, v4, name))?;
+        if let Some((ip, by)) = held.first() {
+            return Err(ManagerError::InUse(format!("IP group {name:?} still has {} members in use ({ip} by {by})", held.len())));
+        }
+        if !self.store.commit(&[Op::delete(&key, v)])? {
+            return Err(ManagerError::Busy(format!("IP group {name:?} changed meanwhile")));
+        }
+        self.release_members(&space(network, v4), name, g.members.len())?;
+        Ok(Some(g))
+    }
+
+    // ---- ports ----
+
+    /// Creates a port: addresses (fixed, from an IP group, or the next free ones), a MAC
+    /// derived from the first. The same request again returns the same port (`false`).
+    pub fn create_port(&self, spec: PortSpec) -> Result<(Port, bool)> {
+        check_name("container", &spec.container)?;
+        if spec.interface.is_empty() || spec.interface.len() > 15 || spec.interface.contains(['/', ' ', '\0']) {
+            return Err(ManagerError::Invalid(format!("interface name {:?} must be 1-15 characters without '/' or spaces", spec.interface)));
+        }
+        let (net, _) = self.network(&spec.network)?;
+        for (i, ip) in spec.ips.iter().enumerate() {
+            if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
+                return Err(ManagerError::Invalid(format!("at most one fixed {} address per port", family(ip))));
+            }
+            Self::addressing_for(&net, ip.is_ipv4())?;
+        }
+        let group = spec.ip_group.as_deref().map(|g| self.get_group(&spec.network, g)).transpose()?;
+        let group_v4 = group.as_ref().map(|g| g.members.first().is_none_or(IpAddr::is_ipv4));
+        if let Some(ip) = spec.ips.iter().find(|ip| Some(ip.is_ipv4()) == group_v4) {
+            return Err(ManagerError::Invalid(format!("a fixed {} address and an IP group of that family are exclusive", family(ip))));
+        }
+        let key = port_key(&spec.container, &spec.interface);
+        let mut pending = None;
+        for _ in 0..ROUNDS {
+            match self.load::<Port>(&key)? {
+                Some((have, _)) if have.spec.network != spec.network => {
+                    return Err(ManagerError::Conflict(format!(
+                        "container {} interface {} is already a port of network {:?}",
+                        spec.container, spec.interface, have.spec.network
+                    )));
+                }
+                Some((have, _)) if !have.addresses.is_empty() => return Ok((have, false)),
+                Some((have, v)) => {
+                    pending = Some((have, v));
+                    break;
+                }
+                None => {
+                    let port = Port {
+                        spec: spec.clone(),
+                        tenant: net.spec.tenant.clone(),
+                        kind: net.spec.kind,
+                        plane: net.spec.plane,
+                        segment: net.segment,
+                        mtu: net.mtu,
+                        addresses: vec![],
+                        mac: String::new(),
+                        created: now(),
+                    };
+                    let _ = self.store.commit(&[Op::create(&key, json(&port)?)])?;
+                }
+            }
+        }
+        let Some((mut port, v)) = pending else { return Err(ManagerError::Busy(format!("port {key} kept changing"))) };
+        let owner = OwnerKey::new(&spec.container, &spec.interface);
+        match self.claim_addresses(&net, &port.spec, group.as_ref(), &owner) {
+            Ok(addresses) => {
+                port.mac = addresses.first().map(|a| mac_text(a.address)).unwrap_or_default();
+                port.addresses = addresses;
+            }
+            Err(e) => {
+                self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+                let _ = self.store.commit(&[Op::delete(&key, v)])?;
+                return Err(e);
+            }
+        }
+        if self.store.commit(&[Op::replace(&key, Some(v), json(&port)?)])? {
+            return Ok((port, true));
+        }
+        // A retry of this very request finished first (same owner, same addresses), or a
+        // delete raced the create.
+        match self.load::<Port>(&key)? {
+            Some((have, _)) if have.addresses == port.addresses => Ok((have, false)),
+            _ => {
+                self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+                Err(ManagerError::Conflict(format!("port {key} was deleted while being created")))
+            }
+        }
+    }
+
+    fn claim_addresses(&self, net: &Network, spec: &PortSpec, group: Option<&IpGroupRecord>, owner: &OwnerKey) -> Result<Vec<PortIp>> {
+        let mut out = Vec::new();
+        for a in net.families() {
+            let v4 = a.subnet().is_ipv4();
+            let sp = space(&net.spec.name, v4);
+            let fixed = spec.ips.iter().find(|ip| ip.is_ipv4() == v4);
+            let ip = match (fixed, group.filter(|g| g.members.first().is_none_or(|m| m.is_ipv4() == v4))) {
+                (Some(ip), _) => ipam::allocate_fixed(self.store.as_ref(), &sp, a, owner, *ip)?,
+                (None, Some(g)) => {
+                    let ipg = IpGroup { name: g.name.clone(), members: g.members.clone(), grace_secs: g.grace_secs };
+                    ipg.allocate(self.store.as_ref(), &group_space(&net.spec.name, v4, &g.name), owner, &spec.pod, now())?
+                }
+                (None, None) => self.allocate(&sp, a, owner)?,
+            };
+            out.push(PortIp { address: ip, prefix: a.subnet().prefix(), gateway: a.gateway() });
+        }
+        Ok(out)
+    }
+
+    /// Gives back whatever `owner` holds for `port` (idempotent): plain addresses to the
+    /// network, a group member to its group (kept for the pod for the group's grace).
+    fn release_addresses(&self, net: &Network, port: &Port, group: Option<&IpGroupRecord>, owner: &OwnerKey) -> Result<()> {
+        for a in net.families() {
+            let v4 = a.subnet().is_ipv4();
+            self.store.release(&space(&net.spec.name, v4), owner)?;
+            if let Some(g) = group.filter(|g| g.members.first().is_none_or(|m| m.is_ipv4() == v4)) {
+                let ipg = IpGroup { name: g.name.clone(), members: g.members.clone(), grace_secs: g.grace_secs };
+                ipg.release(self.store.as_ref(), &group_space(&net.spec.name, v4, &g.name), owner, &port.spec.pod, now())?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get_port(&self, container: &str, interface: &str) -> Result<Port> {
+        self.load(&port_key(container, interface))?.map(|(p, _)| p).ok_or_else(|| ManagerError::NotFound { what: "port", name: format!("{container}/{interface}") })
+    }
+
+    pub fn list_ports(&self, f: &Filter) -> Result<Vec<Port>> {
+        let all: Vec<(Port, u64)> = self.load_all("ports/")?;
+        let keep = |p: &Port| {
+            (f.network.is_empty() || p.spec.network == f.network)
+                && (f.node.is_empty() || p.spec.node == f.node)
+                && (f.pod.is_empty() || p.spec.pod == f.pod)
+                && (f.tenant.is_empty() || p.tenant == f.tenant)
+        };
+        Ok(all.into_iter().map(|(p, _)| p).filter(keep).collect())
+    }
+
+    /// Deletes a port and releases its addresses; `None` if there was none (deletes are
+    /// idempotent, as CNI DEL must be).
+    pub fn delete_port(&self, container: &str, interface: &str) -> Result<Option<Port>> {
+        let key = port_key(container, interface);
+        for _ in 0..ROUNDS {
+            let Some((port, v)) = self.load::<Port>(&key)? else { return Ok(None) };
+            match self.network(&port.spec.network) {
+                Ok((net, _)) => {
+                    let group = match port.spec.ip_group.as_deref().map(|g| self.get_group(&port.spec.network, g)) {
+                        Some(Err(ManagerError::NotFound { .. })) | None => None,
+                        Some(r) => Some(r?),
+                    };
+                    self.release_addresses(&net, &port, group.as_ref(), &OwnerKey::new(container, interface))?;
+                }
+                Err(ManagerError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if self.store.commit(&[Op::delete(&key, v)])? {
+                return Ok(Some(port));
+            }
+        }
+        Err(ManagerError::Busy(format!("port {key} kept changing")))
+    }
+
+    // ---- nodes ----
+
+    /// Registers (or updates) a node. Refused when its underlay could not carry a network
+    /// that exists, or its VTEP address is another node's.
+    pub fn register_node(&self, mut node: Node) -> Result<Node> {
+        check_name("node", &node.name)?;
+        if node.vtep.is_unspecified() || node.vtep.is_multicast() {
+            return Err(ManagerError::Invalid(format!("node {:?}: VTEP address {} is not a unicast address", node.name, node.vtep)));
+        }
+        if !(576..=65535).contains(&node.underlay_mtu) {
+            return Err(ManagerError::Invalid(format!("node {:?}: underlay MTU {} is outside 576..=65535", node.name, node.underlay_mtu)));
+        }
+        let key = node_key(&node.name);
+        for _ in 0..ROUNDS {
+            let guard = self.guard()?;
+            let nodes: Vec<(Node, u64)> = self.load_all("nodes/")?;
+            if let Some((other, _)) = nodes.iter().find(|(n, _)| n.vtep == node.vtep && n.name != node.name) {
+                return Err(ManagerError::Conflict(format!("VTEP address {} is node {:?}'s", node.vtep, other.name)));
+            }
+            for net in self.networks()? {
+                let overhead = if net.spec.kind == Kind::Vxlan { self.config.limits.vxlan_overhead } else { 0 };
+                if net.mtu + overhead > node.underlay_mtu {
+                    return Err(ManagerError::Conflict(format!(
+                        "node {:?}: underlay MTU {} cannot carry network {:?} (MTU {} + {overhead} bytes of encapsulation); raise the underlay MTU or recreate the network smaller",
+                        node.name, node.underlay_mtu, net.spec.name, net.mtu
+                    )));
+                }
+            }
+            let have = nodes.iter().find(|(n, _)| n.name == node.name);
+            node.registered = have.map_or_else(now, |(n, _)| n.registered);
+            if self.store.commit(&[self.bump_guard(guard), Op::replace(&key, have.map(|(_, v)| *v), json(&node)?)])? {
+                return Ok(node);
+            }
+        }
+        Err(ManagerError::Busy("nodes kept changing".into()))
+    }
+
+    pub fn get_node(&self, name: &str) -> Result<Node> {
+        self.load(&node_key(name))?.map(|(n, _)| n).ok_or_else(|| ManagerError::NotFound { what: "node", name: name.into() })
+    }
+
+    pub fn list_nodes(&self) -> Result<Vec<Node>> {
+        Ok(self.load_all("nodes/")?.into_iter().map(|(n, _)| n).collect())
+    }
+
+    pub fn delete_node(&self, name: &str) -> Result<Option<Node>> {
+        let Some((n, v)) = self.load::<Node>(&node_key(name))? else { return Ok(None) };
+        if self.store.commit(&[Op::delete(node_key(name), v)])? { Ok(Some(n)) } else { Err(ManagerError::Busy(format!("node {name:?} changed meanwhile"))) }
+    }
+}

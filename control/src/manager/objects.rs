@@ -1,0 +1,152 @@
+//! The manager's objects as the APIs and the store see them (JSON), and the store keys they
+//! live under. Networks are stored as their [`NetworkSpec`] with the segment and MTU decided.
+
+use crate::network::{Kind, Plane};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// Bumped by every network create and delete: commits that change the set of networks
+/// compare its version, so overlap, segment and quota checks see a consistent set.
+/// Networks change rarely (not per pod), so this key is not an allocation hot spot.
+pub const NETWORKS_GUARD: &str = "meta/networks";
+
+pub fn tenant_key(name: &str) -> String {
+    format!("tenants/{name}")
+}
+
+pub fn network_key(name: &str) -> String {
+    format!("networks/{name}")
+}
+
+pub fn group_key(network: &str, name: &str) -> String {
+    format!("ipgroups/{network}/{name}")
+}
+
+pub fn port_key(container: &str, interface: &str) -> String {
+    format!("ports/{container}/{interface}")
+}
+
+pub fn node_key(name: &str) -> String {
+    format!("nodes/{name}")
+}
+
+/// What a tenant may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Networks the tenant may own (Knitter's `quotas.network`).
+    pub networks: u32,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        // Knitter's default for a tenant that is not admin.
+        Quota { networks: 10 }
+    }
+}
+
+/// A tenant as asked for: the quota defaults to the manager's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantSpec {
+    pub name: String,
+    #[serde(default)]
+    pub quota: Option<Quota>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenant {
+    pub name: String,
+    #[serde(default)]
+    pub quota: Quota,
+    /// Unix seconds.
+    #[serde(default)]
+    pub created: u64,
+}
+
+/// An IP group as asked for: its members, or how many free addresses to take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpGroupSpec {
+    pub name: String,
+    pub network: String,
+    #[serde(default)]
+    pub members: Vec<IpAddr>,
+    /// Without members: take this many free addresses of the network.
+    #[serde(default)]
+    pub size: Option<u32>,
+    /// How long a released member stays reserved for its pod (seconds).
+    #[serde(default = "default_grace")]
+    pub grace_secs: u64,
+}
+
+fn default_grace() -> u64 {
+    300
+}
+
+/// An IP group as held: its members decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpGroupRecord {
+    pub name: String,
+    pub network: String,
+    pub members: Vec<IpAddr>,
+    pub grace_secs: u64,
+}
+
+/// A port as asked for (by the CNI, or an operator): a container's interface on a network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    pub network: String,
+    pub container: String,
+    pub interface: String,
+    /// The pod as namespace/name (IP groups give a re-created pod its address back by it).
+    #[serde(default)]
+    pub pod: String,
+    #[serde(default)]
+    pub node: String,
+    /// Fixed addresses, at most one per family.
+    #[serde(default)]
+    pub ips: Vec<IpAddr>,
+    #[serde(default)]
+    pub ip_group: Option<String>,
+}
+
+/// One address of a port, with what the pod needs to configure it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortIp {
+    pub address: IpAddr,
+    pub prefix: u8,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+}
+
+/// A port as held: addresses, MAC and the network's segment and MTU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    #[serde(flatten)]
+    pub spec: PortSpec,
+    pub tenant: String,
+    pub kind: Kind,
+    pub plane: Plane,
+    pub segment: u32,
+    pub mtu: u32,
+    /// Empty while the port is being created (its record is written before its addresses
+    /// are claimed, so a delete always finds what to release).
+    pub addresses: Vec<PortIp>,
+    pub mac: String,
+    pub created: u64,
+}
+
+/// A node as it registers: its switch's VTEP and underlay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub vtep: IpAddr,
+    #[serde(default = "default_underlay_mtu")]
+    pub underlay_mtu: u32,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub registered: u64,
+}
+
+fn default_underlay_mtu() -> u32 {
+    1500
+}

@@ -1,0 +1,295 @@
+//! The manager's REST/JSON API (`/v1/...`, described by `/v1/openapi.json`): thin handlers
+//! over [`Manager`], run on blocking threads (the store is blocking), one error table
+//! mapping [`ManagerError`] to an HTTP status and a `{"code", "reason"}` body. Mutations
+//! need `Authorization: Bearer <token>`; reads need it too unless they come from loopback.
+
+use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
+use super::{Filter, Manager, ManagerError};
+use crate::network::NetworkSpec;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The OpenAPI 3 document of this API (kept beside the code; a test checks every route is
+/// in it).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+#[derive(Clone)]
+pub struct Api {
+    pub manager: Arc<Manager>,
+    /// The bearer token mutations (and non-loopback reads) must carry.
+    pub token: Arc<str>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'a str,
+    reason: String,
+}
+
+/// The one error table: status and code per error.
+pub fn status_of(e: &ManagerError) -> (StatusCode, &'static str) {
+    match e {
+        ManagerError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
+        ManagerError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        ManagerError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+        ManagerError::InUse(_) => (StatusCode::CONFLICT, "in_use"),
+        ManagerError::Exhausted(_) => (StatusCode::CONFLICT, "exhausted"),
+        ManagerError::Quota(_) => (StatusCode::FORBIDDEN, "quota_exceeded"),
+        ManagerError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+        ManagerError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
+        ManagerError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+    }
+}
+
+impl IntoResponse for ManagerError {
+    fn into_response(self) -> Response {
+        let (status, code) = status_of(&self);
+        let mut r = (status, axum::Json(ErrorBody { code, reason: self.to_string() })).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+type Reply = Result<Response, ManagerError>;
+
+/// Runs `f` on a blocking thread.
+async fn blocking<T: Send + 'static>(api: &Api, f: impl FnOnce(&Manager) -> Result<T, ManagerError> + Send + 'static) -> Result<T, ManagerError> {
+    let m = api.manager.clone();
+    tokio::task::spawn_blocking(move || f(&m)).await.map_err(|e| ManagerError::Busy(format!("request failed: {e}")))?
+}
+
+fn ok<T: Serialize>(v: T) -> Reply {
+    Ok(axum::Json(v).into_response())
+}
+
+/// 201 when the create made something, 200 when it was there already (idempotent).
+fn created<T: Serialize>((v, new): (T, bool)) -> Reply {
+    Ok((if new { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(v)).into_response())
+}
+
+/// A deleted object, or 404 when there was none.
+fn deleted<T: Serialize>(what: &'static str, name: String, v: Option<T>) -> Reply {
+    v.map(|v| axum::Json(v).into_response()).ok_or(ManagerError::NotFound { what, name })
+}
+
+/// A JSON body, refused with the parser's reason (line and column) when malformed.
+fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ManagerError> {
+    serde_json::from_slice(b).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))
+}
+
+/// List filters from the query string (`?network=red&node=n1`), refused when malformed.
+fn filter(RawQuery(q): RawQuery) -> Result<Filter, ManagerError> {
+    serde_urlencoded::from_str(q.as_deref().unwrap_or("")).map_err(|e| ManagerError::Invalid(format!("query: {e}")))
+}
+
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let authorized = given.is_some_and(|t| same_bytes(t.trim().as_bytes(), api.token.as_bytes()));
+    if authorized || (read && peer.ip().is_loopback()) {
+        return next.run(req).await;
+    }
+    let why = match (given, read) {
+        (Some(_), _) => "the bearer token is not this manager's",
+        (None, true) => "reads from outside this host need a bearer token",
+        (None, false) => "changes need a bearer token (Authorization: Bearer <token>; see the manager's token file)",
+    };
+    ManagerError::Unauthenticated(why.into()).into_response()
+}
+
+async fn health(State(api): State<Api>) -> Reply {
+    let rev = blocking(&api, |m| Ok(m.store().revision()?)).await?;
+    ok(serde_json::json!({ "status": "serving", "revision": rev }))
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn list_tenants(State(api): State<Api>) -> Reply {
+    ok(blocking(&api, |m| m.tenants()).await?)
+}
+
+async fn create_tenant(State(api): State<Api>, b: Bytes) -> Reply {
+    let t: TenantSpec = body(&b)?;
+    created(blocking(&api, move |m| m.create_tenant(&t.name, t.quota)).await?)
+}
+
+async fn get_tenant(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    ok(blocking(&api, move |m| m.tenant(&name)).await?)
+}
+
+async fn delete_tenant(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let n = name.clone();
+    deleted("tenant", name, blocking(&api, move |m| m.delete_tenant(&n)).await?)
+}
+
+async fn set_quota(State(api): State<Api>, Path(name): Path<String>, b: Bytes) -> Reply {
+    let q: Quota = body(&b)?;
+    ok(blocking(&api, move |m| m.set_quota(&name, q)).await?)
+}
+
+async fn list_networks(State(api): State<Api>, q: RawQuery) -> Reply {
+    let f = filter(q)?;
+    ok(blocking(&api, move |m| m.list_networks(&f)).await?)
+}
+
+async fn create_network(State(api): State<Api>, b: Bytes) -> Reply {
+    let spec: NetworkSpec = body(&b)?;
+    created(blocking(&api, move |m| m.create_network(spec)).await?)
+}
+
+async fn get_network(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    ok(blocking(&api, move |m| m.get_network(&name)).await?)
+}
+
+async fn delete_network(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let n = name.clone();
+    deleted("network", name, blocking(&api, move |m| m.delete_network(&n)).await?)
+}
+
+async fn list_all_groups(State(api): State<Api>, q: RawQuery) -> Reply {
+    let f = filter(q)?;
+    ok(blocking(&api, move |m| m.list_groups(&f.network)).await?)
+}
+
+async fn list_groups(State(api): State<Api>, Path(network): Path<String>) -> Reply {
+    ok(blocking(&api, move |m| m.list_groups(&network)).await?)
+}
+
+/// The body's `network` may be left out: the path names it.
+async fn create_group(State(api): State<Api>, Path(network): Path<String>, b: Bytes) -> Reply {
+    let mut v: serde_json::Value = body(&b)?;
+    if let Some(o) = v.as_object_mut() {
+        let given = o.entry("network").or_insert_with(|| network.clone().into());
+        if given.as_str() != Some(network.as_str()) {
+            return Err(ManagerError::Invalid(format!("the body names network {given}, the path {network:?}")));
+        }
+    }
+    let spec: IpGroupSpec = serde_json::from_value(v).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
+    created(blocking(&api, move |m| m.create_group(spec)).await?)
+}
+
+async fn get_group(State(api): State<Api>, Path((network, name)): Path<(String, String)>) -> Reply {
+    ok(blocking(&api, move |m| m.get_group(&network, &name)).await?)
+}
+
+async fn delete_group(State(api): State<Api>, Path((network, name)): Path<(String, String)>) -> Reply {
+    let id = format!("{network}/{name}");
+    deleted("IP group", id, blocking(&api, move |m| m.delete_group(&network, &name)).await?)
+}
+
+async fn list_ports(State(api): State<Api>, q: RawQuery) -> Reply {
+    let f = filter(q)?;
+    ok(blocking(&api, move |m| m.list_ports(&f)).await?)
+}
+
+async fn create_port(State(api): State<Api>, b: Bytes) -> Reply {
+    let spec: PortSpec = body(&b)?;
+    created(blocking(&api, move |m| m.create_port(spec)).await?)
+}
+
+async fn get_port(State(api): State<Api>, Path((c, i)): Path<(String, String)>) -> Reply {
+    ok(blocking(&api, move |m| m.get_port(&c, &i)).await?)
+}
+
+async fn delete_port(State(api): State<Api>, Path((c, i)): Path<(String, String)>) -> Reply {
+    let id = format!("{c}/{i}");
+    deleted("port", id, blocking(&api, move |m| m.delete_port(&c, &i)).await?)
+}
+
+async fn list_nodes(State(api): State<Api>) -> Reply {
+    ok(blocking(&api, |m| m.list_nodes()).await?)
+}
+
+async fn register_node(State(api): State<Api>, Path(name): Path<String>, b: Bytes) -> Reply {
+    let mut v: serde_json::Value = body(&b)?;
+    if let Some(o) = v.as_object_mut() {
+        o.insert("name".into(), name.into());
+    }
+    let node: Node = serde_json::from_value(v).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
+    ok(blocking(&api, move |m| m.register_node(node)).await?)
+}
+
+async fn get_node(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    ok(blocking(&api, move |m| m.get_node(&name)).await?)
+}
+
+async fn delete_node(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let n = name.clone();
+    deleted("node", name, blocking(&api, move |m| m.delete_node(&n)).await?)
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ManagerError {
+    ManagerError::NotFound { what: "route", name: format!("{method} {}", uri.path()) }
+}
+
+/// Every route of the API, `(method, path)` as in the OpenAPI document.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/health"),
+    ("get", "/v1/openapi.json"),
+    ("get", "/v1/tenants"),
+    ("post", "/v1/tenants"),
+    ("get", "/v1/tenants/{name}"),
+    ("delete", "/v1/tenants/{name}"),
+    ("put", "/v1/tenants/{name}/quota"),
+    ("get", "/v1/networks"),
+    ("post", "/v1/networks"),
+    ("get", "/v1/networks/{name}"),
+    ("delete", "/v1/networks/{name}"),
+    ("get", "/v1/ipgroups"),
+    ("get", "/v1/networks/{network}/ipgroups"),
+    ("post", "/v1/networks/{network}/ipgroups"),
+    ("get", "/v1/networks/{network}/ipgroups/{name}"),
+    ("delete", "/v1/networks/{network}/ipgroups/{name}"),
+    ("get", "/v1/ports"),
+    ("post", "/v1/ports"),
+    ("get", "/v1/ports/{container}/{interface}"),
+    ("delete", "/v1/ports/{container}/{interface}"),
+    ("get", "/v1/nodes"),
+    ("get", "/v1/nodes/{name}"),
+    ("put", "/v1/nodes/{name}"),
+    ("delete", "/v1/nodes/{name}"),
+];
+
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/tenants", get(list_tenants).post(create_tenant))
+        .route("/v1/tenants/{name}", get(get_tenant).delete(delete_tenant))
+        .route("/v1/tenants/{name}/quota", axum::routing::put(set_quota))
+        .route("/v1/networks", get(list_networks).post(create_network))
+        .route("/v1/networks/{name}", get(get_network).delete(delete_network))
+        .route("/v1/ipgroups", get(list_all_groups))
+        .route("/v1/networks/{network}/ipgroups", get(list_groups).post(create_group))
+        .route("/v1/networks/{network}/ipgroups/{name}", get(get_group).delete(delete_group))
+        .route("/v1/ports", get(list_ports).post(create_port))
+        .route("/v1/ports/{container}/{interface}", get(get_port).delete(delete_port))
+        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes/{name}", get(get_node).put(register_node).delete(delete_node))
+        .fallback(no_route)
+        .layer(middleware::from_fn_with_state(api.clone(), auth))
+        .with_state(api)
+}
+
+/// Serves the API on `listener` until `stop` resolves.
+pub async fn serve(listener: tokio::net::TcpListener, api: Api, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app).with_graceful_shutdown(stop).await
+}
