@@ -141,7 +141,7 @@ impl Subnet {
 }
 
 /// An inclusive range of addresses to hand out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Pool {
     pub start: IpAddr,
     pub end: IpAddr,

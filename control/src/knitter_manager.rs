@@ -4,7 +4,8 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use knitter_control::manager::objects::Quota;
-use knitter_control::manager::{Config, Manager, rest};
+use knitter_control::manager::sync::Liveness;
+use knitter_control::manager::{Config, Manager, grpc, rest};
 use knitter_control::network::Limits;
 use knitter_control::store::Store;
 use std::ops::RangeInclusive;
@@ -42,6 +43,15 @@ struct Args {
     /// Networks a new tenant may own unless its request says otherwise.
     #[arg(long, default_value_t = 10)]
     network_quota: u32,
+    /// Address of the gRPC API (and the nodes' sync streams).
+    #[arg(long, env = "KNITTER_MANAGER_GRPC", default_value = knitter_api::DEFAULT_MANAGER_GRPC)]
+    grpc_listen: String,
+    /// Seconds a node counts as alive after its last heartbeat.
+    #[arg(long, default_value_t = 15)]
+    node_lease: u64,
+    /// Seconds a node whose lease ran out stays in the other nodes' flood lists.
+    #[arg(long, default_value_t = 60)]
+    node_grace: u64,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -108,13 +118,40 @@ fn main() -> Result<()> {
     let config = Config {
         limits: Limits { vni_range: a.vni_range.clone(), vlan_range: a.vlan_range.clone(), underlay_mtu: a.underlay_mtu, ..Limits::default() },
         default_quota: Quota { networks: a.network_quota },
+        liveness: Liveness { lease_secs: a.node_lease.max(1), grace_secs: a.node_grace },
     };
     let manager = Arc::new(Manager::new(store, config).context("preparing the store")?);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let token: Arc<str> = token.into();
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("binding {}", a.listen))?;
-        tracing::info!(listen = %listener.local_addr()?, "serving the REST API (/v1, /v1/openapi.json)");
-        rest::serve(listener, rest::Api { manager, token: token.into() }, stop_signal()).await?;
+        let grpc_listener = tokio::net::TcpListener::bind(&a.grpc_listen).await.with_context(|| format!("binding {}", a.grpc_listen))?;
+        tracing::info!(rest = %listener.local_addr()?, grpc = %grpc_listener.local_addr()?, "serving (REST: /v1, /v1/openapi.json; gRPC: knitter.manager.v1)");
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            stop_signal().await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
+        let grpc = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), stopped(stop_rx.clone()));
+        let rest = rest::serve(listener, rest::Api { manager, token }, stopped(stop_rx.clone()));
+        // Sync streams stay open until their nodes go: give them 2 s after a stop.
+        let deadline = async {
+            stopped(stop_rx).await;
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        };
+        tokio::select! {
+            (g, r) = async { tokio::join!(grpc, rest) } => {
+                g.context("gRPC server")?;
+                r.context("REST server")?;
+            }
+            _ = deadline => tracing::info!("streams still open after 2 s; stopping anyway"),
+        }
         tracing::info!("stopped");
         Ok(())
     })

@@ -37,7 +37,7 @@ pub struct SubnetSpec {
     #[serde(default)]
     pub gateway: Option<IpAddr>,
     #[serde(default)]
-    pub pools: Vec<(IpAddr, IpAddr)>,
+    pub pools: Vec<Pool>,
 }
 
 /// A network as asked for.
@@ -121,8 +121,7 @@ fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Res
     if subnet.is_ipv4() != v4 {
         return Err(NetworkError::WrongFamily { name: name.into(), family, cidr: s.cidr.clone() });
     }
-    let pools: Vec<Pool> = s.pools.iter().map(|(start, end)| Pool { start: *start, end: *end }).collect();
-    Addressing::new(subnet, s.gateway, &pools, &[]).map_err(wrap)
+    Addressing::new(subnet, s.gateway, &s.pools, &[]).map_err(wrap)
 }
 
 impl Network {

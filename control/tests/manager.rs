@@ -114,7 +114,7 @@ fn bad_requests_are_refused_with_the_reason() {
 
     // Nodes: the smallest underlay MTU bounds new networks; a node that cannot carry an
     // existing network is refused.
-    let node = |name: &str, vtep: &str, mtu| Node { name: name.into(), vtep: ip(vtep), underlay_mtu: mtu, capabilities: vec![], registered: 0 };
+    let node = |name: &str, vtep: &str, mtu| Node { name: name.into(), vtep: ip(vtep), underlay_mtu: mtu, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() };
     assert!(reason(m.register_node(node("n1", "192.168.0.1", 1400))).contains("underlay MTU 1400 cannot carry network \"a\" (MTU 1450 + 50 bytes"));
     m.register_node(node("n1", "192.168.0.1", 9000)).unwrap();
     m.register_node(node("n2", "192.168.0.2", 1600)).unwrap();
@@ -155,7 +155,7 @@ fn an_ip_group_gives_recreated_pods_their_own_addresses() {
     let m = manager(&dir);
     m.create_network(net("media", "admin", "10.7.0.0/24")).unwrap();
     let members = vec![ip("10.7.0.10"), ip("10.7.0.11"), ip("10.7.0.12")];
-    let spec = IpGroupSpec { name: "sbc".into(), network: "media".into(), members: members.clone(), size: None, grace_secs: 600 };
+    let spec = IpGroupSpec { name: "sbc".into(), network: "media".into(), members: members.clone(), size: None, grace_secs: Some(600) };
     assert!(m.create_group(spec.clone()).unwrap().1);
     assert!(!m.create_group(spec.clone()).unwrap().1, "idempotent");
 
@@ -186,10 +186,10 @@ fn an_ip_group_gives_recreated_pods_their_own_addresses() {
     assert!(m.store().allocations("media.v4").unwrap().iter().all(|(a, _)| !members.contains(a)), "members went back to the network");
 
     // Count mode, and members that are already taken.
-    let (g, _) = m.create_group(IpGroupSpec { name: "n3".into(), network: "media".into(), members: vec![], size: Some(3), grace_secs: 60 }).unwrap();
+    let (g, _) = m.create_group(IpGroupSpec { name: "n3".into(), network: "media".into(), members: vec![], size: Some(3), grace_secs: Some(60) }).unwrap();
     assert_eq!(g.members.len(), 3);
     let taken = m.get_port("plain0", "eth1").unwrap().addresses[0].address;
-    let bad = IpGroupSpec { name: "bad".into(), network: "media".into(), members: vec![ip("10.7.0.200"), taken], size: None, grace_secs: 60 };
+    let bad = IpGroupSpec { name: "bad".into(), network: "media".into(), members: vec![ip("10.7.0.200"), taken], size: None, grace_secs: Some(60) };
     assert_eq!(reason(m.create_group(bad)), format!("{taken} is already allocated to plain0/eth1"));
     assert!(m.store().allocations("media.v4").unwrap().iter().all(|(a, _)| *a != ip("10.7.0.200")), "a refused group gives back what it took");
 }

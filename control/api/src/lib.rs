@@ -10,6 +10,14 @@ pub mod node {
     tonic::include_proto!("knitter.node.v1");
 }
 
+/// The API of `knitter-manager` (`knitter.manager.v1`).
+pub mod manager {
+    tonic::include_proto!("knitter.manager.v1");
+}
+
+/// Where `knitter-manager` serves gRPC unless told otherwise (REST is on 9480).
+pub const DEFAULT_MANAGER_GRPC: &str = "127.0.0.1:9481";
+
 /// The encoded descriptors of every Knitter proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("knitter_descriptor");
 

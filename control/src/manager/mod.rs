@@ -10,8 +10,10 @@
 //! - an IP group's members are held in the network's address space by the group itself
 //!   (so nothing else takes them) and handed to pods in the group's own address space.
 
+pub mod grpc;
 pub mod objects;
 pub mod rest;
+pub mod sync;
 
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
 use crate::network::{Kind, Limits, Network, NetworkError, NetworkSpec};
@@ -50,6 +52,24 @@ pub enum ManagerError {
     Store(#[from] StoreError),
 }
 
+impl ManagerError {
+    /// The one error table: the REST code, the HTTP status, the gRPC code.
+    pub fn codes(&self) -> (&'static str, u16, tonic::Code) {
+        use tonic::Code;
+        match self {
+            ManagerError::Invalid(_) => ("invalid_argument", 400, Code::InvalidArgument),
+            ManagerError::NotFound { .. } => ("not_found", 404, Code::NotFound),
+            ManagerError::Conflict(_) => ("conflict", 409, Code::AlreadyExists),
+            ManagerError::InUse(_) => ("in_use", 409, Code::FailedPrecondition),
+            ManagerError::Exhausted(_) => ("exhausted", 409, Code::ResourceExhausted),
+            ManagerError::Quota(_) => ("quota_exceeded", 403, Code::ResourceExhausted),
+            ManagerError::Unauthenticated(_) => ("unauthenticated", 401, Code::Unauthenticated),
+            ManagerError::Busy(_) => ("busy", 503, Code::Unavailable),
+            ManagerError::Store(_) => ("store_unavailable", 503, Code::Unavailable),
+        }
+    }
+}
+
 impl From<NetworkError> for ManagerError {
     fn from(e: NetworkError) -> Self {
         match e {
@@ -75,15 +95,11 @@ pub type Result<T, E = ManagerError> = std::result::Result<T, E>;
 
 /// The manager's settings that shape new objects.
 #[derive(Debug, Clone)]
+#[derive(Default)]
 pub struct Config {
     pub limits: Limits,
     pub default_quota: Quota,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config { limits: Limits::default(), default_quota: Quota::default() }
-    }
+    pub liveness: sync::Liveness,
 }
 
 /// The tenant every manager starts with (Knitter's `admin`, with its larger quota).
@@ -110,7 +126,7 @@ pub struct Manager {
     cursors: Mutex<HashMap<String, u128>>,
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -160,6 +176,10 @@ impl Manager {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    pub fn liveness(&self) -> sync::Liveness {
+        self.config.liveness
     }
 
     fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>> {
@@ -365,7 +385,7 @@ impl Manager {
         let (net, _) = self.network(&spec.network)?;
         let key = group_key(&spec.network, &spec.name);
         let same = |have: &IpGroupRecord| {
-            have.grace_secs == spec.grace_secs
+            have.grace_secs == spec.grace()
                 && if spec.members.is_empty() { spec.size == Some(have.members.len() as u32) } else { have.members == spec.members }
         };
         if let Some((have, _)) = self.load::<IpGroupRecord>(&key)? {
@@ -399,7 +419,7 @@ impl Manager {
                 }
             }
         }
-        let record = IpGroupRecord { name: spec.name.clone(), network: spec.network.clone(), members, grace_secs: spec.grace_secs };
+        let record = IpGroupRecord { name: spec.name.clone(), network: spec.network.clone(), members, grace_secs: spec.grace() };
         if self.store.commit(&[Op::create(&key, json(&record)?), Op::check(network_key(&spec.network), Cond::Version(self.network(&spec.network)?.1))])? {
             return Ok((record, true));
         }
@@ -628,23 +648,32 @@ impl Manager {
             }
             let have = nodes.iter().find(|(n, _)| n.name == node.name);
             node.registered = have.map_or_else(now, |(n, _)| n.registered);
+            (node.last_seen, node.state) = (0, String::new());
             if self.store.commit(&[self.bump_guard(guard), Op::replace(&key, have.map(|(_, v)| *v), json(&node)?)])? {
-                return Ok(node);
+                return Ok(self.with_liveness(node, &self.heartbeats()?));
             }
         }
         Err(ManagerError::Busy("nodes kept changing".into()))
     }
 
+    /// A node with its liveness.
     pub fn get_node(&self, name: &str) -> Result<Node> {
-        self.load(&node_key(name))?.map(|(n, _)| n).ok_or_else(|| ManagerError::NotFound { what: "node", name: name.into() })
+        let (n, _) = self.load::<Node>(&node_key(name))?.ok_or_else(|| ManagerError::NotFound { what: "node", name: name.into() })?;
+        Ok(self.with_liveness(n, &self.heartbeats()?))
     }
 
     pub fn list_nodes(&self) -> Result<Vec<Node>> {
-        Ok(self.load_all("nodes/")?.into_iter().map(|(n, _)| n).collect())
+        let seen = self.heartbeats()?;
+        Ok(self.load_all("nodes/")?.into_iter().map(|(n, _)| self.with_liveness(n, &seen)).collect())
     }
 
+    /// Forgets a node (it leaves flood lists at once); `None` if there was none.
     pub fn delete_node(&self, name: &str) -> Result<Option<Node>> {
         let Some((n, v)) = self.load::<Node>(&node_key(name))? else { return Ok(None) };
-        if self.store.commit(&[Op::delete(node_key(name), v)])? { Ok(Some(n)) } else { Err(ManagerError::Busy(format!("node {name:?} changed meanwhile"))) }
+        let mut ops = vec![Op::delete(node_key(name), v)];
+        if let Some(a) = self.store.get(&alive_key(name))? {
+            ops.push(Op::delete(alive_key(name), a.version));
+        }
+        if self.store.commit(&ops)? { Ok(Some(n)) } else { Err(ManagerError::Busy(format!("node {name:?} changed meanwhile"))) }
     }
 }

@@ -30,6 +30,11 @@ pub fn node_key(name: &str) -> String {
     format!("nodes/{name}")
 }
 
+/// A node's last heartbeat (Unix seconds), written while its sync stream is open.
+pub fn alive_key(name: &str) -> String {
+    format!("alive/{name}")
+}
+
 /// What a tenant may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quota {
@@ -72,13 +77,15 @@ pub struct IpGroupSpec {
     /// Without members: take this many free addresses of the network.
     #[serde(default)]
     pub size: Option<u32>,
-    /// How long a released member stays reserved for its pod (seconds).
-    #[serde(default = "default_grace")]
-    pub grace_secs: u64,
+    /// How long a released member stays reserved for its pod (seconds); default 300.
+    #[serde(default)]
+    pub grace_secs: Option<u64>,
 }
 
-fn default_grace() -> u64 {
-    300
+impl IpGroupSpec {
+    pub fn grace(&self) -> u64 {
+        self.grace_secs.unwrap_or(300)
+    }
 }
 
 /// An IP group as held: its members decided.
@@ -145,6 +152,12 @@ pub struct Node {
     pub capabilities: Vec<String>,
     #[serde(default)]
     pub registered: u64,
+    /// Unix seconds of the last heartbeat (filled in when read; not stored here).
+    #[serde(default)]
+    pub last_seen: u64,
+    /// alive, down, gone or unknown (filled in when read).
+    #[serde(default)]
+    pub state: String,
 }
 
 fn default_underlay_mtu() -> u32 {

@@ -35,24 +35,10 @@ struct ErrorBody<'a> {
     reason: String,
 }
 
-/// The one error table: status and code per error.
-pub fn status_of(e: &ManagerError) -> (StatusCode, &'static str) {
-    match e {
-        ManagerError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
-        ManagerError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
-        ManagerError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-        ManagerError::InUse(_) => (StatusCode::CONFLICT, "in_use"),
-        ManagerError::Exhausted(_) => (StatusCode::CONFLICT, "exhausted"),
-        ManagerError::Quota(_) => (StatusCode::FORBIDDEN, "quota_exceeded"),
-        ManagerError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
-        ManagerError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
-        ManagerError::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
-    }
-}
-
 impl IntoResponse for ManagerError {
     fn into_response(self) -> Response {
-        let (status, code) = status_of(&self);
+        let (code, status, _) = self.codes();
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = (status, axum::Json(ErrorBody { code, reason: self.to_string() })).into_response();
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
@@ -93,7 +79,7 @@ fn filter(RawQuery(q): RawQuery) -> Result<Filter, ManagerError> {
     serde_urlencoded::from_str(q.as_deref().unwrap_or("")).map_err(|e| ManagerError::Invalid(format!("query: {e}")))
 }
 
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

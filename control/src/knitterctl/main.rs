@@ -1,6 +1,9 @@
-//! knitterctl: the operator's CLI. Talks to a node's knitter-vswitchd over its unix socket:
-//! `node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`. Human tables by default, `-o json`
-//! for scripts; a refused request prints the daemon's reason and exits non-zero.
+//! knitterctl: the operator's CLI. Talks to a node's knitter-vswitchd over its unix socket
+//! (`node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`, `apply`, `events`) and to the
+//! manager over gRPC (`manager tenant|network|ipgroup|port|node`). Human tables by
+//! default, `-o json` for scripts; a refused request prints the reason and exits non-zero.
+
+mod manager;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -34,18 +37,26 @@ struct Cli {
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
     output: Output,
+    #[command(flatten)]
+    target: manager::Target,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
-enum Output {
+pub(crate) enum Output {
     Table,
     Json,
 }
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// The manager's objects: tenants, networks, IP groups, ports, nodes (over gRPC).
+    #[command(alias = "m")]
+    Manager {
+        #[command(subcommand)]
+        cmd: manager::ManagerCmd,
+    },
     /// The node: bridge domains, ports, VTEP, PMD threads (like `ovs-vsctl show`).
     Node {
         #[command(subcommand)]
@@ -229,7 +240,7 @@ enum FdbCmd {
 }
 
 /// Prints rows as aligned columns.
-fn table(head: &[&str], rows: Vec<Vec<String>>) {
+pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) {
     let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -244,7 +255,7 @@ fn table(head: &[&str], rows: Vec<Vec<String>>) {
     rows.into_iter().for_each(line);
 }
 
-fn opt<T: ToString>(v: Option<T>) -> String {
+pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or("-".into(), |v| v.to_string())
 }
 
@@ -326,7 +337,7 @@ fn print_vtep(v: &pb::Vtep) {
     );
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Result<()> {
+pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
@@ -466,6 +477,10 @@ fn client(cli: &Cli) -> Result<NodeClient<Channel>> {
     let server_name = cli.server_name.clone().unwrap_or_else(|| host.to_string());
     let channel = knitter_api::tls_channel(addr, knitter_api::ClientTls { ca, server_name, identity })?;
     Ok(NodeClient::new(channel))
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -608,6 +623,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Stats { interval, count, queues } => stats(&mut c, out, interval, count, queues).await?,
+        Cmd::Manager { .. } => unreachable!("manager commands run in main"),
         Cmd::Events { count } => {
             let mut stream = c.events(pb::EventsRequest {}).await?.into_inner();
             let mut seen = 0;
@@ -641,14 +657,21 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display())) {
+    let (what, target, result) = match cli.cmd {
+        Cmd::Manager { cmd } => {
+            let t = cli.target.manager.clone();
+            ("knitter-manager", t.clone(), rt.block_on(manager::run(&cli.target, cli.output, cmd)).with_context(|| format!("manager API at {t}")))
+        }
+        _ => ("knitter-vswitchd", socket.display().to_string(), rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display()))),
+    };
+    if let Err(e) = result {
         match e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
             Some(s) if s.code() == tonic::Code::Unavailable && s.source().is_some() => {
                 let mut cause: &dyn std::error::Error = s;
                 while let Some(next) = cause.source() {
                     cause = next;
                 }
-                eprintln!("knitterctl: cannot reach knitter-vswitchd at {}: {cause}; is it running?", socket.display())
+                eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?")
             }
             Some(s) => eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message()),
             None => eprintln!("knitterctl: {e:#}"),

@@ -1,0 +1,385 @@
+//! `knitterctl manager ...`: the manager's objects (tenants, networks, IP groups, ports,
+//! nodes) over its gRPC API, as tables or `-o json`.
+
+use crate::{Output, json, opt, table};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use knitter_api::manager as pb;
+use pb::manager_client::ManagerClient;
+use std::path::PathBuf;
+use tonic::transport::Channel;
+
+/// Where the manager is and how to prove who we are.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// The manager's gRPC address.
+    #[arg(long, global = true, env = "KNITTER_MANAGER", default_value = knitter_api::DEFAULT_MANAGER_GRPC)]
+    pub manager: String,
+    /// The bearer token (default: read from --token-file).
+    #[arg(long, global = true, env = "KNITTER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// File holding the bearer token.
+    #[arg(long, global = true, env = "KNITTER_TOKEN_FILE", default_value = "/var/lib/knitter/manager/token")]
+    token_file: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ManagerCmd {
+    /// Tenants and their quotas.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
+    /// Networks (one subnet per family on one VXLAN or VLAN segment).
+    Network {
+        #[command(subcommand)]
+        cmd: NetworkCmd,
+    },
+    /// IP groups: named sets of a network's addresses that stick to their pods.
+    Ipgroup {
+        #[command(subcommand)]
+        cmd: GroupCmd,
+    },
+    /// Ports: a container interface's addresses and MAC.
+    Port {
+        #[command(subcommand)]
+        cmd: PortCmd,
+    },
+    /// Nodes and their liveness.
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    List,
+    Show { name: String },
+    Create {
+        name: String,
+        /// Networks the tenant may own (default: the manager's).
+        #[arg(long)]
+        quota: Option<u32>,
+    },
+    Delete { name: String },
+    /// Set how many networks the tenant may own.
+    Quota { name: String, networks: u32 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NetworkCmd {
+    List {
+        /// The tenant's networks and the shared ones.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// vxlan or vlan.
+        #[arg(long)]
+        kind: Option<String>,
+    },
+    Show { name: String },
+    Create(NetworkCreate),
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct NetworkCreate {
+    name: String,
+    #[arg(long, default_value = "admin")]
+    tenant: String,
+    /// vxlan or vlan.
+    #[arg(long, default_value = "vxlan")]
+    kind: String,
+    /// std, control, media, eio or oam.
+    #[arg(long)]
+    plane: Option<String>,
+    /// VNI or VLAN ID (default: the first free one).
+    #[arg(long)]
+    segment: Option<u32>,
+    /// IPv4 subnet, e.g. 10.10.0.0/24.
+    #[arg(long)]
+    ipv4: Option<String>,
+    #[arg(long)]
+    gateway4: Option<String>,
+    /// Allocation pool FIRST-LAST (repeatable).
+    #[arg(long)]
+    pool4: Vec<String>,
+    /// IPv6 subnet, e.g. fd00:10::/64.
+    #[arg(long)]
+    ipv6: Option<String>,
+    #[arg(long)]
+    gateway6: Option<String>,
+    #[arg(long)]
+    pool6: Vec<String>,
+    /// Default: the smallest node underlay MTU minus the encapsulation.
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Usable by every tenant.
+    #[arg(long)]
+    shared: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GroupCmd {
+    List {
+        #[arg(long)]
+        network: Option<String>,
+    },
+    Show { network: String, name: String },
+    Create {
+        network: String,
+        name: String,
+        /// The members (comma-separated addresses).
+        #[arg(long, value_delimiter = ',', conflicts_with = "size")]
+        members: Vec<String>,
+        /// Or take this many free addresses.
+        #[arg(long)]
+        size: Option<u32>,
+        /// Seconds a released member stays reserved for its pod (default 300).
+        #[arg(long)]
+        grace: Option<u64>,
+    },
+    Delete { network: String, name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PortCmd {
+    List {
+        #[arg(long)]
+        network: Option<String>,
+        #[arg(long)]
+        node: Option<String>,
+        /// namespace/name
+        #[arg(long)]
+        pod: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    Show { container: String, interface: String },
+    Create {
+        #[arg(long)]
+        network: String,
+        #[arg(long)]
+        container: String,
+        #[arg(long, default_value = "eth0")]
+        interface: String,
+        /// namespace/name
+        #[arg(long, default_value = "")]
+        pod: String,
+        #[arg(long, default_value = "")]
+        node: String,
+        /// A fixed address (one per family; repeatable).
+        #[arg(long)]
+        ip: Vec<String>,
+        #[arg(long)]
+        ip_group: Option<String>,
+    },
+    Delete { container: String, interface: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    List,
+    Show { name: String },
+    /// Register a node by hand (nodes register themselves through their sync stream).
+    Register {
+        name: String,
+        #[arg(long)]
+        vtep: String,
+        #[arg(long)]
+        underlay_mtu: Option<u32>,
+    },
+    Delete { name: String },
+}
+
+fn pool(s: &str) -> Result<pb::Pool> {
+    let (start, end) = s.split_once('-').with_context(|| format!("pool {s:?} is not FIRST-LAST"))?;
+    Ok(pb::Pool { start: start.trim().into(), end: end.trim().into() })
+}
+
+fn subnet(cidr: Option<String>, gateway: Option<String>, pools: &[String]) -> Result<Option<pb::SubnetSpec>> {
+    let Some(cidr) = cidr else {
+        if gateway.is_some() || !pools.is_empty() {
+            bail!("a gateway or pool needs its subnet (--ipv4 / --ipv6)");
+        }
+        return Ok(None);
+    };
+    Ok(Some(pb::SubnetSpec { cidr, gateway, pools: pools.iter().map(|p| pool(p)).collect::<Result<_>>()? }))
+}
+
+/// A request with the bearer token, when there is one.
+fn authed<T>(t: &Target, msg: T) -> Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    let token = match &t.token {
+        Some(tok) => Some(tok.clone()),
+        None => std::fs::read_to_string(&t.token_file).ok().map(|s| s.trim().to_string()),
+    };
+    if let Some(tok) = token {
+        r.metadata_mut().insert("authorization", format!("Bearer {tok}").parse().context("the token is not valid metadata")?);
+    }
+    Ok(r)
+}
+
+fn print_networks(items: &[pb::Network]) {
+    let family = |s: &Option<pb::SubnetSpec>| s.as_ref().map(|s| format!("{}{}", s.cidr, s.gateway.as_ref().map_or(String::new(), |g| format!(" gw {g}"))));
+    table(
+        &["name", "tenant", "kind", "segment", "plane", "ipv4", "ipv6", "mtu", "shared"],
+        items
+            .iter()
+            .map(|n| {
+                vec![
+                    n.name.clone(),
+                    n.tenant.clone(),
+                    n.kind.clone(),
+                    opt(n.segment),
+                    n.plane.clone().unwrap_or_else(|| "std".into()),
+                    opt(family(&n.ipv4)),
+                    opt(family(&n.ipv6)),
+                    opt(n.mtu),
+                    if n.shared { "yes".into() } else { "no".into() },
+                ]
+            })
+            .collect(),
+    );
+}
+
+fn print_ports(items: &[pb::Port]) {
+    table(
+        &["container", "interface", "network", "pod", "node", "addresses", "mac", "segment", "mtu"],
+        items
+            .iter()
+            .map(|p| {
+                let addrs: Vec<String> = p.addresses.iter().map(|a| format!("{}/{}", a.address, a.prefix)).collect();
+                let addrs = if addrs.is_empty() { "(being created)".into() } else { addrs.join(",") };
+                vec![p.container.clone(), p.interface.clone(), p.network.clone(), p.pod.clone(), p.node.clone(), addrs, p.mac.clone(), p.segment.to_string(), p.mtu.to_string()]
+            })
+            .collect(),
+    );
+}
+
+fn print_groups(items: &[pb::IpGroup]) {
+    table(
+        &["network", "name", "members", "grace"],
+        items.iter().map(|g| vec![g.network.clone(), g.name.clone(), g.members.join(","), format!("{}s", g.grace_secs)]).collect(),
+    );
+}
+
+fn print_nodes(items: &[pb::Node]) {
+    table(
+        &["name", "vtep", "underlay mtu", "state", "last seen"],
+        items
+            .iter()
+            .map(|n| {
+                let seen = if n.last_seen == 0 { "-".into() } else { format!("{}s ago", crate::unix_now().saturating_sub(n.last_seen)) };
+                vec![n.name.clone(), n.vtep.clone(), opt(n.underlay_mtu), n.state.clone(), seen]
+            })
+            .collect(),
+    );
+}
+
+fn print_tenants(items: &[pb::Tenant]) {
+    table(&["name", "network quota"], items.iter().map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks))]).collect());
+}
+
+/// Prints `v` as JSON, or as a table with `print`.
+fn show<T: serde::Serialize>(out: Output, v: T, print: impl FnOnce(&T)) -> Result<()> {
+    if out == Output::Json {
+        return json(&v);
+    }
+    print(&v);
+    Ok(())
+}
+
+fn created(out: Output, what: &str, name: &str, new: bool, v: impl serde::Serialize, print: impl FnOnce()) -> Result<()> {
+    if out == Output::Json {
+        return json(&v);
+    }
+    println!("{what} {name} {}", if new { "created" } else { "already there, unchanged" });
+    print();
+    Ok(())
+}
+
+fn list(tenant: Option<String>, network: Option<String>, node: Option<String>, pod: Option<String>, kind: Option<String>) -> pb::ListRequest {
+    pb::ListRequest {
+        tenant: tenant.unwrap_or_default(),
+        network: network.unwrap_or_default(),
+        node: node.unwrap_or_default(),
+        pod: pod.unwrap_or_default(),
+        kind: kind.unwrap_or_default(),
+    }
+}
+
+pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
+    let channel = Channel::from_shared(format!("http://{}", t.manager))?.connect_lazy();
+    let mut c = ManagerClient::new(channel);
+    let none = || list(None, None, None, None, None);
+    match cmd {
+        ManagerCmd::Tenant { cmd } => match cmd {
+            TenantCmd::List => show(out, c.list_tenants(authed(t, none())?).await?.into_inner().items, |v| print_tenants(v))?,
+            TenantCmd::Show { name } => show(out, c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_tenants(std::slice::from_ref(v)))?,
+            TenantCmd::Create { name, quota } => {
+                let r = c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: quota.map(|networks| pb::Quota { networks }) })?).await?.into_inner();
+                created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
+            }
+            TenantCmd::Delete { name } => show(out, c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("tenant {name} deleted"))?,
+            TenantCmd::Quota { name, networks } => {
+                let r = c.set_quota(authed(t, pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) })?).await?.into_inner();
+                show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
+            }
+        },
+        ManagerCmd::Network { cmd } => match cmd {
+            NetworkCmd::List { tenant, kind } => show(out, c.list_networks(authed(t, list(tenant, None, None, None, kind))?).await?.into_inner().items, |v| print_networks(v))?,
+            NetworkCmd::Show { name } => show(out, c.get_network(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_networks(std::slice::from_ref(v)))?,
+            NetworkCmd::Create(n) => {
+                let spec = pb::Network {
+                    name: n.name.clone(),
+                    tenant: n.tenant,
+                    kind: n.kind,
+                    plane: n.plane,
+                    segment: n.segment,
+                    ipv4: subnet(n.ipv4, n.gateway4, &n.pool4)?,
+                    ipv6: subnet(n.ipv6, n.gateway6, &n.pool6)?,
+                    mtu: n.mtu,
+                    shared: n.shared,
+                };
+                let r = c.create_network(authed(t, spec)?).await?.into_inner();
+                created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?
+            }
+            NetworkCmd::Delete { name } => show(out, c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("network {name} deleted"))?,
+        },
+        ManagerCmd::Ipgroup { cmd } => match cmd {
+            GroupCmd::List { network } => show(out, c.list_ip_groups(authed(t, list(None, network, None, None, None))?).await?.into_inner().items, |v| print_groups(v))?,
+            GroupCmd::Show { network, name } => show(out, c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner(), |v| print_groups(std::slice::from_ref(v)))?,
+            GroupCmd::Create { network, name, members, size, grace } => {
+                let r = c.create_ip_group(authed(t, pb::IpGroupSpec { name: name.clone(), network, members, size, grace_secs: grace })?).await?.into_inner();
+                created(out, "IP group", &name, r.created, &r, || print_groups(r.group.as_slice()))?
+            }
+            GroupCmd::Delete { network, name } => {
+                show(out, c.delete_ip_group(authed(t, pb::GroupName { network, name: name.clone() })?).await?.into_inner(), |_| println!("IP group {name} deleted"))?
+            }
+        },
+        ManagerCmd::Port { cmd } => match cmd {
+            PortCmd::List { network, node, pod, tenant } => show(out, c.list_ports(authed(t, list(tenant, network, node, pod, None))?).await?.into_inner().items, |v| print_ports(v))?,
+            PortCmd::Show { container, interface } => show(out, c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |v| print_ports(std::slice::from_ref(v)))?,
+            PortCmd::Create { network, container, interface, pod, node, ip, ip_group } => {
+                let id = format!("{container}/{interface}");
+                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group })?).await?.into_inner();
+                created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
+            }
+            PortCmd::Delete { container, interface } => {
+                let id = format!("{container}/{interface}");
+                show(out, c.delete_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |_| println!("port {id} deleted"))?
+            }
+        },
+        ManagerCmd::Node { cmd } => match cmd {
+            NodeCmd::List => show(out, c.list_nodes(authed(t, none())?).await?.into_inner().items, |v| print_nodes(v))?,
+            NodeCmd::Show { name } => show(out, c.get_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_nodes(std::slice::from_ref(v)))?,
+            NodeCmd::Register { name, vtep, underlay_mtu } => {
+                let r = c.register_node(authed(t, pb::Node { name, vtep, underlay_mtu, ..Default::default() })?).await?.into_inner();
+                show(out, r, |v| print_nodes(std::slice::from_ref(v)))?
+            }
+            NodeCmd::Delete { name } => show(out, c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("node {name} deleted"))?,
+        },
+    }
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! The manager's gRPC API (`knitter.manager.v1`): the same operations as the REST API over
+//! the same [`Manager`]. The proto messages carry the REST JSON field for field, so a
+//! request is converted by serde (JSON in between, absent optionals dropped) and a refused
+//! conversion is INVALID_ARGUMENT with serde's reason. Auth as REST: mutations need the
+//! bearer token, reads need it unless they come from loopback.
+
+use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
+use super::{Filter, Manager, ManagerError};
+use crate::network::NetworkSpec;
+use knitter_api::manager as pb;
+use knitter_api::manager::manager_server::ManagerServer;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use super::sync::{ClusterView, Desired};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status};
+
+impl From<ManagerError> for Status {
+    fn from(e: ManagerError) -> Status {
+        Status::new(e.codes().2, e.to_string())
+    }
+}
+
+/// `v` without its null fields (an absent proto optional is an absent JSON field, so the
+/// REST defaults apply).
+fn drop_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, drop_nulls(v))).collect()),
+        Value::Array(a) => Value::Array(a.into_iter().map(drop_nulls).collect()),
+        v => v,
+    }
+}
+
+/// A message as another type with the same JSON shape.
+pub fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, ManagerError> {
+    let v = serde_json::to_value(a).map_err(|e| ManagerError::Invalid(e.to_string()))?;
+    serde_json::from_value(drop_nulls(v)).map_err(|e| ManagerError::Invalid(format!("request: {e}")))
+}
+
+#[derive(Clone)]
+pub struct Grpc {
+    manager: Arc<Manager>,
+    token: Arc<str>,
+    /// The latest cluster view, for every sync stream.
+    views: watch::Receiver<Option<Arc<ClusterView>>>,
+}
+
+/// How often the store's revision is polled for a new cluster view.
+const VIEW_POLL: Duration = Duration::from_millis(500);
+
+impl Grpc {
+    /// The service, and the task that keeps the cluster view current (call from within a
+    /// runtime).
+    pub fn new(manager: Arc<Manager>, token: Arc<str>) -> Grpc {
+        let (tx, views) = watch::channel(None);
+        let m = manager.clone();
+        tokio::spawn(async move {
+            let mut seen = None;
+            while !tx.is_closed() {
+                let m2 = m.clone();
+                let read = tokio::task::spawn_blocking(move || -> Result<Option<ClusterView>, ManagerError> {
+                    let rev = m2.store().revision()?;
+                    if Some(rev) == seen { Ok(None) } else { m2.cluster_view().map(Some) }
+                })
+                .await;
+                match read {
+                    Ok(Ok(Some(view))) => {
+                        seen = Some(view.revision);
+                        let _ = tx.send(Some(Arc::new(view)));
+                    }
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "cluster view not refreshed; nodes keep their last desired state"),
+                    Err(e) => tracing::error!(error = %e, "cluster view task failed"),
+                }
+                tokio::time::sleep(VIEW_POLL).await;
+            }
+        });
+        Grpc { manager, token, views }
+    }
+
+    pub fn server(self) -> ManagerServer<Grpc> {
+        ManagerServer::new(self)
+    }
+
+    fn authorize<T>(&self, req: &Request<T>, write: bool) -> Result<(), Status> {
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let authorized = given.is_some_and(|t| super::rest::same_bytes(t.trim().as_bytes(), self.token.as_bytes()));
+        let loopback = req.remote_addr().is_some_and(|a| a.ip().is_loopback());
+        if authorized || (!write && loopback) {
+            return Ok(());
+        }
+        Err(ManagerError::Unauthenticated(
+            (if given.is_some() { "the bearer token is not this manager's" } else { "changes (and reads from outside this host) need metadata authorization: Bearer <token>" }).into(),
+        )
+        .into())
+    }
+
+    /// Authorizes, converts the request to `In`, runs `f` on a blocking thread and converts
+    /// what it returns to the reply message.
+    async fn call<Req, In, Reply>(
+        &self,
+        req: Request<Req>,
+        write: bool,
+        f: impl FnOnce(&Manager, In) -> Result<Value, ManagerError> + Send + 'static,
+    ) -> Result<Response<Reply>, Status>
+    where
+        Req: Serialize,
+        In: DeserializeOwned + Send + 'static,
+        Reply: DeserializeOwned,
+    {
+        self.authorize(&req, write)?;
+        let input: In = convert(req.get_ref())?;
+        let m = self.manager.clone();
+        let out = tokio::task::spawn_blocking(move || f(&m, input)).await.map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(serde_json::from_value(out).map_err(|e| Status::internal(format!("reply: {e}")))?))
+    }
+}
+
+fn value<T: Serialize>(v: T) -> Result<Value, ManagerError> {
+    serde_json::to_value(v).map_err(|e| ManagerError::Invalid(e.to_string()))
+}
+
+fn created<T: Serialize>(field: &str, (v, new): (T, bool)) -> Result<Value, ManagerError> {
+    Ok(json!({ field: value(v)?, "created": new }))
+}
+
+fn items<T: Serialize>(v: Vec<T>) -> Result<Value, ManagerError> {
+    Ok(json!({ "items": value(v)? }))
+}
+
+/// A delete's reply: what was deleted, or NOT_FOUND.
+fn deleted<T: Serialize>(what: &'static str, name: String, v: Option<T>) -> Result<Value, ManagerError> {
+    value(v.ok_or(ManagerError::NotFound { what, name })?)
+}
+
+fn filter(r: &pb::ListRequest) -> Result<Filter, ManagerError> {
+    let kind = if r.kind.is_empty() { None } else { Some(convert(&r.kind)?) };
+    Ok(Filter { tenant: r.tenant.clone(), network: r.network.clone(), node: r.node.clone(), pod: r.pod.clone(), kind })
+}
+
+/// Feeds one node's sync stream until it closes: its desired state whenever it changes
+/// (the view changed, or a peer's lease or grace ran out), and its heartbeats.
+async fn stream_desired(m: Arc<Manager>, mut views: watch::Receiver<Option<Arc<ClusterView>>>, node: String, tx: mpsc::Sender<Result<pb::DesiredState, Status>>) {
+    let live = m.liveness();
+    let mut beat = tokio::time::interval(live.heartbeat_every());
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last: Option<Desired> = None;
+    loop {
+        // No view yet (a manager just started): send nothing rather than an empty state,
+        // which would make the node drop what it runs.
+        let view = views.borrow_and_update().clone();
+        if let Some(view) = view {
+            let d = view.desired_for(&node, super::now(), &live);
+            if last.as_ref().is_none_or(|l| (&l.networks, &l.peers) != (&d.networks, &d.peers)) {
+                let msg = convert::<_, pb::DesiredState>(&d).map_err(Status::from);
+                if tx.send(msg).await.is_err() {
+                    break;
+                }
+                last = Some(d);
+            }
+        }
+        tokio::select! {
+            _ = tx.closed() => break,
+            _ = beat.tick() => {
+                let (m, n) = (m.clone(), node.clone());
+                match tokio::task::spawn_blocking(move || m.heartbeat(&n)).await {
+                    Ok(Err(e)) => tracing::warn!(node = %node, error = %e, "heartbeat not recorded"),
+                    Err(e) => tracing::warn!(node = %node, error = %e, "heartbeat failed"),
+                    Ok(Ok(())) => {}
+                }
+            }
+            changed = views.changed() => if changed.is_err() { break },
+            _ = tick.tick() => {}
+        }
+    }
+    tracing::info!(node = %node, "node sync stream closed");
+}
+
+type SyncStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DesiredState, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::manager_server::Manager for Grpc {
+    async fn create_tenant(&self, r: Request<pb::TenantSpec>) -> Result<Response<pb::TenantReply>, Status> {
+        self.call(r, true, |m, t: TenantSpec| created("tenant", m.create_tenant(&t.name, t.quota)?)).await
+    }
+
+    async fn get_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, false, |m, n: pb::Name| value(m.tenant(&n.name)?)).await
+    }
+
+    async fn list_tenants(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::TenantList>, Status> {
+        self.call(r, false, |m, _: pb::ListRequest| items(m.tenants()?)).await
+    }
+
+    async fn delete_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, true, |m, n: pb::Name| deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)).await
+    }
+
+    async fn set_quota(&self, r: Request<pb::SetQuotaRequest>) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, true, |m, q: pb::SetQuotaRequest| value(m.set_quota(&q.name, convert::<_, Quota>(&q.quota.unwrap_or_default())?)?)).await
+    }
+
+    async fn create_network(&self, r: Request<pb::Network>) -> Result<Response<pb::NetworkReply>, Status> {
+        self.call(r, true, |m, spec: NetworkSpec| created("network", m.create_network(spec)?)).await
+    }
+
+    async fn get_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
+        self.call(r, false, |m, n: pb::Name| value(m.get_network(&n.name)?)).await
+    }
+
+    async fn list_networks(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NetworkList>, Status> {
+        self.call(r, false, |m, l: pb::ListRequest| items(m.list_networks(&filter(&l)?)?)).await
+    }
+
+    async fn delete_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
+        self.call(r, true, |m, n: pb::Name| deleted("network", n.name.clone(), m.delete_network(&n.name)?)).await
+    }
+
+    async fn create_ip_group(&self, r: Request<pb::IpGroupSpec>) -> Result<Response<pb::IpGroupReply>, Status> {
+        self.call(r, true, |m, g: IpGroupSpec| created("group", m.create_group(g)?)).await
+    }
+
+    async fn get_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
+        self.call(r, false, |m, g: pb::GroupName| value(m.get_group(&g.network, &g.name)?)).await
+    }
+
+    async fn list_ip_groups(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::IpGroupList>, Status> {
+        self.call(r, false, |m, l: pb::ListRequest| items(m.list_groups(&l.network)?)).await
+    }
+
+    async fn delete_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
+        self.call(r, true, |m, g: pb::GroupName| deleted("IP group", format!("{}/{}", g.network, g.name), m.delete_group(&g.network, &g.name)?)).await
+    }
+
+    async fn create_port(&self, r: Request<pb::PortSpec>) -> Result<Response<pb::PortReply>, Status> {
+        self.call(r, true, |m, p: PortSpec| created("port", m.create_port(p)?)).await
+    }
+
+    async fn get_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
+        self.call(r, false, |m, p: pb::PortName| value(m.get_port(&p.container, &p.interface)?)).await
+    }
+
+    async fn list_ports(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::PortList>, Status> {
+        self.call(r, false, |m, l: pb::ListRequest| items(m.list_ports(&filter(&l)?)?)).await
+    }
+
+    async fn delete_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
+        self.call(r, true, |m, p: pb::PortName| deleted("port", format!("{}/{}", p.container, p.interface), m.delete_port(&p.container, &p.interface)?))
+            .await
+    }
+
+    async fn register_node(&self, r: Request<pb::Node>) -> Result<Response<pb::Node>, Status> {
+        self.call(r, true, |m, n: Node| value(m.register_node(n)?)).await
+    }
+
+    async fn get_node(&self, r: Request<pb::Name>) -> Result<Response<pb::Node>, Status> {
+        self.call(r, false, |m, n: pb::Name| value(m.get_node(&n.name)?)).await
+    }
+
+    async fn list_nodes(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NodeList>, Status> {
+        self.call(r, false, |m, _: pb::ListRequest| items(m.list_nodes()?)).await
+    }
+
+    async fn delete_node(&self, r: Request<pb::Name>) -> Result<Response<pb::Node>, Status> {
+        self.call(r, true, |m, n: pb::Name| deleted("node", n.name.clone(), m.delete_node(&n.name)?)).await
+    }
+
+    type SyncStream = SyncStream;
+
+    async fn sync(&self, r: Request<pb::SyncRequest>) -> Result<Response<SyncStream>, Status> {
+        self.authorize(&r, true)?;
+        let req = r.into_inner();
+        let node: Node = convert(&req.node.unwrap_or_default())?;
+        let name = node.name.clone();
+        let m = self.manager.clone();
+        let registered = {
+            let n = name.clone();
+            tokio::task::spawn_blocking(move || {
+                let node = m.register_node(node)?;
+                m.heartbeat(&n)?;
+                Ok::<_, ManagerError>(node)
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??
+        };
+        tracing::info!(node = %name, vtep = %registered.vtep, last_revision = req.revision, "node sync stream opened");
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(stream_desired(self.manager.clone(), self.views.clone(), name, tx));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+}
