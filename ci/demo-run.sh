@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The Knitter demo: two nodes (network namespaces), each with its own knitter-vswitchd
-# (idle policy adaptive), joined by a VXLAN underlay and an 802.1Q trunk; pods are
-# namespaces with veth interfaces on a VXLAN plane ("red", VNI 5001) and a VLAN plane
-# ("blue", VLAN 200); with dpdk-testpmd installed, a VNF on a vhost-user port answers too.
-# Everything is configured with knitterctl, checked, shown and torn down (also on Ctrl-C).
-# No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh builds them).
+# (idle policy adaptive), joined by a VXLAN underlay and an 802.1Q trunk, and
+# knitter-manager (embedded store) on node1. Pods are namespaces with veth interfaces on a
+# VXLAN plane ("red", VNI 5001: defined on the manager, which gives the pods their
+# addresses and MACs and pushes the plane to the nodes) and a VLAN plane ("blue", VLAN 200:
+# configured on the nodes by hand); with dpdk-testpmd installed, a VNF on a vhost-user port
+# answers too. Everything is configured with knitterctl, checked, shown and torn down (also
+# on Ctrl-C). No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${KNITTER_BIN:-target/release}
@@ -27,15 +29,20 @@ check() { # check "what" command...
 }
 refuses() { ! "$@"; }
 ctl() { local node=$1; shift; "$BIN/knitterctl" --socket "$RUN/$node.sock" "$@"; }
+MANAGER=198.51.100.1:9481
+# The manager's CLI, from node1 (where the manager listens), with the manager's token.
+mctl() { ip netns exec $N1 "$BIN/knitterctl" --manager $MANAGER --token-file "$RUN/manager/token" manager "$@"; }
+# A manager port's address or MAC: mport CONTAINER FIELD
+mport() { mctl -o json port show "$1" eth0 | python3 -c "import json,sys; p=json.load(sys.stdin); print(p['addresses'][0]['address'] if sys.argv[1]=='ip' else p['mac'])" "$2"; }
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 cleanup() {
   trap - EXIT INT TERM
   [ -n "$TESTPMD_PID" ] && kill "$TESTPMD_PID" 2>/dev/null && wait "$TESTPMD_PID" 2>/dev/null
-  for n in node1 node2; do
+  for n in node1 node2 manager; do
     [ -f "$RUN/$n.pid" ] && kill "$(cat "$RUN/$n.pid")" 2>/dev/null
   done
-  for n in node1 node2; do   # SIGTERM stops a daemon cleanly within a few seconds
+  for n in node1 node2 manager; do   # SIGTERM stops a daemon cleanly within a few seconds
     [ -f "$RUN/$n.pid" ] || continue
     for _ in $(seq 50); do kill -0 "$(cat "$RUN/$n.pid")" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$(cat "$RUN/$n.pid")" 2>/dev/null
@@ -48,15 +55,15 @@ trap cleanup EXIT
 trap on_signal INT TERM
 
 [ "$(id -u)" = 0 ] || { echo "the demo needs root (network namespaces)" >&2; exit 1; }
-for b in knitter-vswitchd knitterctl; do
+for b in knitter-vswitchd knitterctl knitter-manager; do
   [ -x "$BIN/$b" ] || { echo "$BIN/$b is missing: run ci/demo.sh (it builds it)" >&2; exit 1; }
 done
 for ns in $N1 $N2 $PODS; do ip netns del "$ns" 2>/dev/null; done   # a previous run killed hard
 rm -rf "$RUN"; mkdir -p "$RUN"
 
-bold "Knitter demo: two nodes, a VXLAN plane and a VLAN plane, pods on both"
+bold "Knitter demo: two nodes and a manager, a VXLAN plane and a VLAN plane, pods on both"
 
-step 1/7 "nodes: namespaces $N1 and $N2, an underlay link and a trunk link between them"
+step 1/8 "nodes: namespaces $N1 and $N2, an underlay link and a trunk link between them"
 for ns in $N1 $N2; do ip netns add "$ns"; in_ns "$ns" ip link set lo up; done
 ip link add kdemo-ul1 type veth peer name kdemo-ul2
 ip link add kdemo-tr1 type veth peer name kdemo-tr2
@@ -70,11 +77,18 @@ for i in 1 2; do
 done
 echo "  underlay 198.51.100.0/24 (nodes .1 and .2, VTEPs .11 and .12), trunk carrying VLAN 200"
 
-step 2/7 "starting knitter-vswitchd on each node (1 PMD thread, idle policy adaptive)"
+step 2/8 "starting knitter-manager on node1 and knitter-vswitchd on each node (1 PMD thread, idle adaptive)"
+# `ip netns exec` execs the daemon: $! is the daemon itself.
+ip netns exec $N1 "$BIN/knitter-manager" --data-dir "$RUN/manager" --listen 198.51.100.1:9480 \
+  --grpc-listen $MANAGER >"$RUN/manager.log" 2>&1 &
+echo $! >"$RUN/manager.pid"
+for _ in $(seq 100); do mctl tenant list >/dev/null 2>&1 && break; sleep 0.1; done
+mctl tenant list >/dev/null || { echo "the manager did not start:"; cat "$RUN/manager.log"; exit 1; }
+echo "  manager: REST on 198.51.100.1:9480, gRPC on $MANAGER, embedded store and token in $RUN/manager"
 for i in 1 2; do
-  # `ip netns exec` execs the daemon: $! is the daemon itself.
   ip netns exec kdemo-node$i "$BIN/knitter-vswitchd" --socket "$RUN/node$i.sock" --no-state --pmd-threads 1 \
-    --idle adaptive --buffers 8192 >"$RUN/node$i.log" 2>&1 &
+    --idle adaptive --buffers 8192 --manager $MANAGER --node-name node$i \
+    --manager-token-file "$RUN/manager/token" >"$RUN/node$i.log" 2>&1 &
   echo $! >"$RUN/node$i.pid"
 done
 for i in 1 2; do
@@ -83,25 +97,35 @@ for i in 1 2; do
   echo "  node$i: API on $RUN/node$i.sock, log $RUN/node$i.log"
 done
 
-step 3/7 "configuring both nodes with knitterctl"
+step 3/8 "configuring both nodes with knitterctl: underlay, VTEP, the VLAN plane"
 for i in 1 2; do
-  me=$((10 + i)) peer=$((13 - i))
+  me=$((10 + i))
   ctl node$i port add ul0 --af-xdp ul0 --underlay >/dev/null &&
-    ctl node$i vtep set --local 198.51.100.$me --underlay ul0 --peer 198.51.100.$peer >/dev/null &&
-    ctl node$i bridge add red --vni 5001 --flood 198.51.100.$peer >/dev/null &&
+    ctl node$i vtep set --local 198.51.100.$me --underlay ul0 >/dev/null &&
     ctl node$i bridge add blue --vlan 200 >/dev/null &&
     ctl node$i port add trunk0 --af-xdp trunk0 --trunk 200 >/dev/null || exit 1
-  echo "  node$i: bridge red (VNI 5001), bridge blue (VLAN 200), VTEP 198.51.100.$me on ul0, trunk0"
+  echo "  node$i: bridge blue (VLAN 200), VTEP 198.51.100.$me on ul0 (peers: from the manager), trunk0"
 done
 
-step 4/7 "pods: namespaces with a veth each, plugged into the nodes' switches"
-pod() { # pod NAME NODE BRIDGE IP MTU
+step 4/8 "the manager: the red plane, and the red pods' ports (addresses and MACs)"
+mctl network create red --kind vxlan --segment 5001 --plane media --ipv4 10.0.0.0/24 | sed 's/^/  /'
+for p in a:node1 c:node2; do
+  mctl port create --network red --container "kdemo-${p%%:*}" --interface eth0 --pod "demo/${p%%:*}" --node "${p#*:}" >/dev/null || exit 1
+done
+mctl port list --network red | sed 's/^/  /'
+for i in 1 2; do   # the nodes' sync streams bring the plane
+  for _ in $(seq 100); do ctl node$i -o json bridge list 2>/dev/null | grep -q '"red"' && break; sleep 0.1; done
+done
+
+step 5/8 "pods: namespaces with a veth each, plugged into the nodes' switches"
+pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
   local name=$1 node=$2 bridge=$3 ip=$4 mtu=$5 port=${1#kdemo-}
   ip netns add "$name"; in_ns "$name" ip link set lo up
   ip link add "kdemo-$port" type veth peer name "kdemo-$port-p"
   ip link set "kdemo-$port-p" netns "$name"; in_ns "$name" ip link set "kdemo-$port-p" name eth0
   ip link set "kdemo-$port" netns "kdemo-$node"; in_ns "kdemo-$node" ip link set "kdemo-$port" name "pod-$port"
   in_ns "kdemo-$node" ip link set "pod-$port" up
+  [ -n "${6:-}" ] && in_ns "$name" ip link set eth0 address "$6"
   in_ns "$name" ip addr add "$ip/24" dev eth0; in_ns "$name" ip link set eth0 mtu "$mtu" up
   # As the CNI does: no offloads, so frames leave the pod whole and checksummed.
   in_ns "$name" ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1
@@ -110,20 +134,27 @@ pod() { # pod NAME NODE BRIDGE IP MTU
     --mtu "$mtu" >/dev/null || exit 1
   printf '  %-5s on %s, %-4s  %s  MTU %s  (port security: %s)\n' "${name#kdemo-}" "$node" "$bridge" "$ip" "$mtu" "$mac"
 }
-# A VXLAN plane's pods get 50 bytes less MTU than the underlay's (the encapsulation).
-pod kdemo-a node1 red 10.0.0.1 1450
-pod kdemo-b node1 blue 10.0.0.3 1500
-pod kdemo-c node2 red 10.0.0.2 1450
-pod kdemo-d node2 blue 10.0.0.4 1500
-step 5/7 "checks"
-check "red: pod a (node1) pings pod c (node2) across VXLAN" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 10.0.0.2
-check "blue: pod b (node1) pings pod d (node2) across the VLAN 200 trunk" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.4
+# Red pods take what the manager gave them (the network's MTU is the underlay's minus the
+# 50 bytes of VXLAN); blue pods are set by hand.
+IP_A=$(mport kdemo-a ip) IP_C=$(mport kdemo-c ip)
+export IP_A
+pod kdemo-a node1 red "$IP_A" 1450 "$(mport kdemo-a mac)"
+pod kdemo-b node1 blue 10.0.0.103 1500
+pod kdemo-c node2 red "$IP_C" 1450 "$(mport kdemo-c mac)"
+pod kdemo-d node2 blue 10.0.0.104 1500
+step 6/8 "checks"
+from_manager() { for i in 1 2; do ctl node$i bridge list | grep -w red | grep -qw manager || return 1; done; }
+both_alive() { [ "$(mctl node list | grep -cw alive)" = 2 ]; }
+check "the manager's red plane reached both nodes (bridge red, owner manager)" from_manager
+check "both nodes are alive on the manager (their sync streams)" both_alive
+check "red: pod a (node1) pings pod c (node2) across VXLAN" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
+check "blue: pod b (node1) pings pod d (node2) across the VLAN 200 trunk" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.104
 check "red: TCP, 4 MiB from pod c to pod a across VXLAN" python3 - <<'PY'
-import socket, subprocess, sys, threading
+import os, socket, subprocess, sys, threading
 srv = subprocess.Popen(["ip", "netns", "exec", "kdemo-a", "python3", "-c", """
 import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('10.0.0.1', 5201)); s.listen(1); s.settimeout(20)
+s.bind(('""" + os.environ['IP_A'] + """', 5201)); s.listen(1); s.settimeout(20)
 c, _ = s.accept(); c.settimeout(20); n = 0
 while True:
     d = c.recv(65536)
@@ -135,15 +166,15 @@ cli = subprocess.run(["ip", "netns", "exec", "kdemo-c", "python3", "-c", """
 import socket, time
 for i in range(50):
     try:
-        c = socket.create_connection(('10.0.0.1', 5201), timeout=5); break
+        c = socket.create_connection(('""" + os.environ['IP_A'] + """', 5201), timeout=5); break
     except OSError: time.sleep(0.1)
 c.sendall(b'k' * (4 << 20)); c.close()
 """], timeout=30)
 out, _ = srv.communicate(timeout=30)
 sys.exit(0 if out.strip() == str(4 << 20) else 1)
 PY
-check "isolation: red pod a cannot reach blue pod d (same subnet, other plane)" refuses in_ns kdemo-a ping -c 2 -i 0.2 -W 1 10.0.0.4
-check "isolation: blue pod b cannot reach red pod c" refuses in_ns kdemo-b ping -c 2 -i 0.2 -W 1 10.0.0.2
+check "isolation: red pod a cannot reach blue pod d (same subnet, other plane)" refuses in_ns kdemo-a ping -c 2 -i 0.2 -W 1 10.0.0.104
+check "isolation: blue pod b cannot reach red pod c" refuses in_ns kdemo-b ping -c 2 -i 0.2 -W 1 "$IP_C"
 check "the nodes' own addresses still work on the shared underlay link" in_ns $N2 ping -c 2 -i 0.2 -W 2 198.51.100.1
 check "a conflicting request is refused with a reason (VNI 5001 twice)" refuses ctl node1 bridge add green --vni 5001
 check "Prometheus metrics on node1 (127.0.0.1:9477/metrics in its namespace)" in_ns $N1 python3 -c '
@@ -151,11 +182,12 @@ import urllib.request, sys
 body = urllib.request.urlopen("http://127.0.0.1:9477/metrics", timeout=5).read().decode()
 sys.exit(0 if "knitter_port_rx_packets_total{port=\"pod-a\"}" in body else 1)'
 
-step 6/7 "a DPDK VNF on a vhost-user port"
+step 7/8 "a DPDK VNF on a vhost-user port; then the manager goes away and comes back"
 if command -v dpdk-testpmd >/dev/null; then
+  mctl port create --network red --container kdemo-vnf --interface eth0 --pod demo/vnf --node node1 --ip 10.0.0.9 >/dev/null || exit 1
   ctl node1 port add vnf --vhost-user "$RUN/vnf.sock" --access red >/dev/null || exit 1
   dpdk-testpmd -l 0,1 --no-pci --no-huge -m 512 --single-file-segments --file-prefix=kdemo \
-    --vdev="net_virtio_user0,path=$RUN/vnf.sock,mac=02:00:00:00:00:99" -- \
+    --vdev="net_virtio_user0,path=$RUN/vnf.sock,mac=$(mport kdemo-vnf mac)" -- \
     --forward-mode=icmpecho --nb-cores=1 --total-num-mbufs=4096 --stats-period=3600 \
     >"$RUN/testpmd.log" 2>&1 </dev/null &
   TESTPMD_PID=$!
@@ -163,19 +195,31 @@ if command -v dpdk-testpmd >/dev/null; then
     ctl node1 -o json node show 2>/dev/null | grep -q '"vhost_connected": true' && break; sleep 0.1
   done
   echo "  dpdk-testpmd (virtio-user, forward mode icmpecho: it answers ARP and ping for any address)"
-  echo "  on a vhost-user port of node1's red plane"
+  echo "  on a vhost-user port of node1's red plane (address 10.0.0.9 and its MAC from the manager)"
   check "vhost-user: pod c (node2) pings the DPDK VNF on node1 across VXLAN" in_ns kdemo-c ping -c 3 -i 0.2 -W 2 10.0.0.9
 else
   echo "  (dpdk-testpmd is not installed: no vhost-user VNF this time)"
 fi
+{ kill -9 "$(cat "$RUN/manager.pid")"; wait "$(cat "$RUN/manager.pid")"; } 2>/dev/null; rm -f "$RUN/manager.pid"; sleep 1
+echo "  knitter-manager killed (SIGKILL)"
+check "with the manager down, pod a still pings pod c (the nodes keep their last state)" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
+ip netns exec $N1 "$BIN/knitter-manager" --data-dir "$RUN/manager" --listen 198.51.100.1:9480 \
+  --grpc-listen $MANAGER >>"$RUN/manager.log" 2>&1 &
+echo $! >"$RUN/manager.pid"
+for _ in $(seq 300); do both_alive 2>/dev/null && break; sleep 0.1; done
+echo "  knitter-manager restarted on the same store"
+check "after the restart: both nodes back on their sync streams" both_alive
+check "after the restart: pod a pings pod c" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
 
 
-step 7/7 "what node1 looks like"
+step 8/8 "what node1 and the manager look like"
 ctl node1 node show | sed 's/^/  /'
 echo
 ctl node1 stats | sed 's/^/  /'
 echo
 ctl node1 fdb show | sed 's/^/  /'
+echo
+mctl node list | sed 's/^/  /'
 
 echo
 if [ $FAIL = 0 ]; then

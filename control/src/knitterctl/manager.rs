@@ -78,7 +78,7 @@ pub enum NetworkCmd {
         kind: Option<String>,
     },
     Show { name: String },
-    Create(NetworkCreate),
+    Create(Box<NetworkCreate>),
     Delete { name: String },
 }
 

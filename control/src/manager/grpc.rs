@@ -294,3 +294,61 @@ impl pb::manager_server::Manager for Grpc {
     }
 
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::objects::{IpGroupRecord, Port, PortIp, Tenant};
+    use crate::network::{Kind, Plane, SubnetSpec};
+
+    /// A Rust object through its proto message and back is unchanged: the two APIs carry
+    /// the same objects.
+    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug, P: Serialize + DeserializeOwned>(v: T) {
+        let p: P = convert(&v).unwrap();
+        let back: T = convert(&p).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[test]
+    fn proto_messages_carry_the_rest_objects() {
+        let ip = |s: &str| s.parse().unwrap();
+        let net = NetworkSpec {
+            name: "red".into(),
+            tenant: "t".into(),
+            kind: Kind::Vlan,
+            plane: Plane::Eio,
+            segment: Some(7),
+            ipv4: Some(SubnetSpec { cidr: "10.0.0.0/24".into(), gateway: Some(ip("10.0.0.1")), pools: vec![crate::ipam::Pool { start: ip("10.0.0.10"), end: ip("10.0.0.20") }] }),
+            ipv6: None,
+            mtu: Some(1400),
+            shared: true,
+        };
+        round_trip::<_, pb::Network>(net);
+        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()) };
+        round_trip::<_, pb::PortSpec>(spec.clone());
+        let port = Port {
+            spec,
+            tenant: "t".into(),
+            kind: Kind::Vxlan,
+            plane: Plane::Media,
+            segment: 5000,
+            mtu: 1450,
+            addresses: vec![PortIp { address: ip("10.0.0.5"), prefix: 24, gateway: None }],
+            mac: "0a:58:0a:00:00:05".into(),
+            created: 1,
+        };
+        round_trip::<_, pb::Port>(port);
+        round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2 });
+        round_trip::<_, pb::IpGroup>(IpGroupRecord { name: "g".into(), network: "red".into(), members: vec![ip("10.0.0.9")], grace_secs: 30 });
+        round_trip::<_, pb::IpGroupSpec>(IpGroupSpec { name: "g".into(), network: "red".into(), members: vec![], size: Some(2), grace_secs: None });
+        let node = Node { name: "n".into(), vtep: ip("192.0.2.1"), underlay_mtu: 9000, capabilities: vec!["af-xdp".into()], registered: 3, last_seen: 4, state: "alive".into() };
+        round_trip::<_, pb::Node>(node);
+        // Defaults apply to what a gRPC client leaves out.
+        let n: Node = convert(&pb::Node { name: "n".into(), vtep: "192.0.2.1".into(), ..Default::default() }).unwrap();
+        assert_eq!(n.underlay_mtu, 1500);
+        let g: IpGroupSpec = convert(&pb::IpGroupSpec { name: "g".into(), network: "red".into(), size: Some(1), ..Default::default() }).unwrap();
+        assert_eq!(g.grace(), 300);
+        let bad: Result<NetworkSpec, _> = convert(&pb::Network { name: "x".into(), kind: "geneve".into(), ..Default::default() });
+        assert!(bad.unwrap_err().to_string().contains("unknown variant `geneve`"));
+    }
+}

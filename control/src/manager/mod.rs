@@ -356,7 +356,7 @@ impl Manager {
 
     // ---- IP groups ----
 
-    fn addressing_for<'n>(net: &'n Network, v4: bool) -> Result<&'n Addressing> {
+    fn addressing_for(net: &Network, v4: bool) -> Result<&Addressing> {
         net.families().find(|a| a.subnet().is_ipv4() == v4).ok_or_else(|| {
             ManagerError::Invalid(format!("network {:?} has no {} subnet", net.spec.name, if v4 { "IPv4" } else { "IPv6" }))
         })

@@ -156,7 +156,7 @@ impl NodeApi for Api {
             generation: self.node.switch.generation(),
             bridges: self.bridges(),
             ports: self.ports(),
-            vtep: state.vtep.as_ref().map(|v| convert::vtep_to(&v.item, v.owner)),
+            vtep: state.vtep.as_ref().zip(state.running_vtep()).map(|(v, running)| convert::vtep_to(&running, v.owner)),
             status: port_status(&self.node),
             pmd_threads: self.node.opts.pmd.threads as u32,
             idle_policy: match self.node.opts.pmd.idle {

@@ -10,6 +10,7 @@ mod metrics;
 mod node;
 mod settings;
 mod state;
+mod sync;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -85,6 +86,10 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         })
     };
     let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
+    let manager = s.manager.clone().map(|link| {
+        tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");
+        tokio::spawn(sync::run(node.clone(), link))
+    });
     if let Some(addr) = s.metrics {
         let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics endpoint {addr}"))?;
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
@@ -141,6 +146,9 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     aging.abort();
     links.abort();
+    if let Some(m) = manager {
+        m.abort();
+    }
     r
 }
 

@@ -8,7 +8,7 @@ use crate::state::{NodeState, Owned, Owner, PortSpec, StateError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use vswitch::config::{BridgeConfig, PortMode, VtepConfig};
+use vswitch::config::{PeerConfig, BridgeConfig, PortMode, VtepConfig};
 use vswitch::port::afxdp::UnderlayFilter;
 use vswitch::snapshot::ConfigError;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
@@ -39,6 +39,8 @@ pub struct ApplyReport {
     pub added: Vec<String>,
     pub changed: Vec<String>,
     pub removed: Vec<String>,
+    /// What was not applied, with why (the manager's objects a local one shadows).
+    pub skipped: Vec<String>,
 }
 
 /// How the node runs.
@@ -314,6 +316,44 @@ impl Node {
                 Err(e)
             }
         }
+    }
+
+    /// Converges the `manager` objects to the manager's desired state: its bridge domains
+    /// (added, changed, or removed when no longer desired) and the remote VTEPs it adds to
+    /// the VTEP's peers. A local bridge of the same name wins and is reported as skipped.
+    /// One atomic change; nothing happens when nothing differs.
+    pub fn converge_manager(&self, bridges: Vec<BridgeConfig>, peers: Vec<PeerConfig>) -> Result<ApplyReport, NodeError> {
+        let mut inner = self.inner();
+        let state = &inner.state;
+        let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
+        let mut candidate = state.clone();
+        candidate.bridges.retain(|b| b.owner != Owner::Manager);
+        for b in bridges {
+            match state.bridge(&b.name) {
+                Some(o) if o.owner != Owner::Manager => {
+                    report.skipped.push(format!("bridge {} (a {} bridge of that name exists)", b.name, o.owner));
+                    continue;
+                }
+                Some(o) if o.item != b => report.changed.push(format!("bridge {}", b.name)),
+                Some(_) => {}
+                None => report.added.push(format!("bridge {}", b.name)),
+            }
+            candidate.bridges.push(Owned { owner: Owner::Manager, item: b });
+        }
+        for b in state.bridges.iter().filter(|b| b.owner == Owner::Manager) {
+            if candidate.bridge(&b.item.name).is_none_or(|c| c.owner != Owner::Manager) {
+                report.removed.push(format!("bridge {}", b.item.name));
+            }
+        }
+        if peers != state.manager_peers {
+            report.changed.push("vtep peers".into());
+            candidate.manager_peers = peers;
+        }
+        if report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty() {
+            return Ok(report);
+        }
+        report.generation = self.commit(&mut inner, candidate)?;
+        Ok(report)
     }
 
     /// Gives the running VTEP's underlay port the filter for it (AF_XDP only).

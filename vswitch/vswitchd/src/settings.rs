@@ -109,6 +109,18 @@ impl Default for MetricsSection {
     }
 }
 
+/// The manager this node syncs with.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagerSection {
+    /// host:port of knitter-manager's gRPC API; `""`: no manager (the default).
+    pub address: String,
+    /// This node's name to the manager (default: the host name).
+    pub node_name: String,
+    /// File holding the manager's bearer token.
+    pub token_file: Option<PathBuf>,
+}
+
 /// The config file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,6 +133,8 @@ pub struct FileConfig {
     pub pool: PoolSection,
     #[serde(default)]
     pub metrics: MetricsSection,
+    #[serde(default)]
+    pub manager: ManagerSection,
     /// Where runtime state is persisted; `""` keeps none.
     #[serde(default)]
     pub state_file: Option<PathBuf>,
@@ -190,6 +204,15 @@ pub struct Args {
     /// No Prometheus endpoint.
     #[arg(long)]
     pub no_metrics: bool,
+    /// Sync with knitter-manager at this gRPC address (host:port).
+    #[arg(long)]
+    pub manager: Option<String>,
+    /// This node's name to the manager (default: the host name).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// File holding the manager's bearer token.
+    #[arg(long)]
+    pub manager_token_file: Option<PathBuf>,
 }
 
 /// Everything the daemon runs with, file and command line merged.
@@ -200,6 +223,7 @@ pub struct Settings {
     pub pool: PoolSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
+    pub manager: Option<crate::sync::ManagerLink>,
     /// The file's objects (all `local`).
     pub objects: NodeState,
 }
@@ -216,7 +240,7 @@ impl Settings {
             None if Path::new(DEFAULT_CONFIG).exists() => read_file(Path::new(DEFAULT_CONFIG))?,
             None => FileConfig::default(),
         };
-        let objects = NodeState { bridges: file.bridges, ports: file.ports, vtep: file.vtep };
+        let objects = NodeState { bridges: file.bridges, ports: file.ports, vtep: file.vtep, ..NodeState::default() };
         if let Some(what) = objects.first_not_local() {
             bail!("the config file declares local objects only; {what} says otherwise");
         }
@@ -254,7 +278,22 @@ impl Settings {
             (false, Some(a), _) => Some(a),
             (false, None, a) => Some(a.parse().with_context(|| format!("metrics.listen {a:?} is not an address:port"))?),
         };
+        let address = args.manager.clone().unwrap_or(file.manager.address);
+        let manager = if address.is_empty() {
+            None
+        } else {
+            let node_name = match args.node_name.clone().unwrap_or(file.manager.node_name) {
+                n if n.is_empty() => host_name()?,
+                n => n,
+            };
+            let token = match args.manager_token_file.clone().or(file.manager.token_file) {
+                Some(p) => Some(std::fs::read_to_string(&p).with_context(|| format!("reading the manager token {}", p.display()))?.trim().to_string()),
+                None => None,
+            };
+            Some(crate::sync::ManagerLink { address, node_name, token })
+        };
         Ok(Settings {
+            manager,
             metrics,
             api,
             pmd: PmdConfig { threads: pmd.threads, cores: pmd.cores, idle: pmd.idle },
@@ -263,6 +302,11 @@ impl Settings {
             objects,
         })
     }
+}
+
+fn host_name() -> Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").context("reading the host name (give --node-name)")?;
+    Ok(name.trim().to_string())
 }
 
 /// The state to start from: the persisted one with the config file's objects laid over it

@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use std::io::Write;
 use std::path::Path;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
+use vswitch::config::{BridgeConfig, PeerConfig, PortConfig, SwitchConfig, VtepConfig};
 
 /// Which source converges an object; each changes only what it owns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +145,10 @@ pub struct NodeState {
     pub ports: Vec<Owned<PortSpec>>,
     #[serde(default)]
     pub vtep: Option<Owned<VtepConfig>>,
+    /// Remote VTEPs the manager's stream adds to the VTEP's peers (the VTEP itself stays
+    /// whoever's it is).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub manager_peers: Vec<PeerConfig>,
 }
 
 /// Errors reading or writing the persisted state.
@@ -203,8 +207,21 @@ impl NodeState {
         SwitchConfig {
             bridges: self.bridges.iter().map(|b| b.item.clone()).collect(),
             ports: self.ports.iter().filter(|p| open(&p.item.config.name)).map(|p| p.item.config.clone()).collect(),
-            vtep: self.vtep.as_ref().map(|v| v.item.clone()),
+            vtep: self.running_vtep(),
         }
+    }
+
+    /// The VTEP as the switch runs it: its own peers and the manager's.
+    pub fn running_vtep(&self) -> Option<VtepConfig> {
+        self.vtep.as_ref().map(|v| {
+            let mut vtep = v.item.clone();
+            for p in &self.manager_peers {
+                if !vtep.peers.iter().any(|q| q.ip == p.ip) {
+                    vtep.peers.push(p.clone());
+                }
+            }
+            vtep
+        })
     }
 
     pub fn port(&self, name: &str) -> Option<&Owned<PortSpec>> {

@@ -1,0 +1,121 @@
+//! The REST API as curl users meet it, through the real router: bearer tokens (reads open
+//! on loopback only), 201 vs 200 for idempotent creates, errors as `{code, reason}` with
+//! their statuses, filters, malformed bodies and queries, and every route in the OpenAPI
+//! document.
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
+use knitter_control::manager::rest::{self, Api, OPENAPI, ROUTES};
+use knitter_control::manager::{Config, Manager};
+use knitter_control::store::embedded::Embedded;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+const TOKEN: &str = "t0ken";
+
+struct Client {
+    app: axum::Router,
+    _dir: tempfile::TempDir,
+}
+
+impl Client {
+    fn new() -> Client {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Manager::new(Arc::new(Embedded::open(&dir.path().join("s.redb")).unwrap()), Config::default()).unwrap();
+        Client { app: rest::router(Api { manager: Arc::new(m), token: TOKEN.into() }), _dir: dir }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>, from: &str) -> (StatusCode, Value) {
+        let mut r = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        let mut req = r.body(body.map_or(Body::empty(), |b| Body::from(b.to_string()))).unwrap();
+        req.extensions_mut().insert(ConnectInfo(from.parse::<SocketAddr>().unwrap()));
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(method, path, Some(body), Some(TOKEN), "127.0.0.1:5000").await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call("GET", path, None, None, "127.0.0.1:5000").await
+    }
+}
+
+#[tokio::test]
+async fn curl_users_get_codes_reasons_and_idempotent_creates() {
+    let c = Client::new();
+    let red = json!({"name": "red", "tenant": "admin", "kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/24", "gateway": "10.1.0.1"}});
+
+    // Tokens.
+    let (s, e) = c.call("POST", "/v1/networks", Some(red.clone()), None, "127.0.0.1:5000").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthenticated")));
+    let (s, _) = c.call("POST", "/v1/networks", Some(red.clone()), Some("wrong"), "127.0.0.1:5000").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(c.call("GET", "/v1/networks", None, None, "192.0.2.7:5000").await.0, StatusCode::UNAUTHORIZED, "remote reads need the token");
+    assert_eq!(c.call("GET", "/v1/networks", None, Some(TOKEN), "192.0.2.7:5000").await.0, StatusCode::OK);
+
+    // Idempotent creates: 201, then 200 with the same object.
+    let (s, first) = c.send("POST", "/v1/networks", red.clone()).await;
+    assert_eq!((s, first["segment"].as_u64(), first["mtu"].as_u64()), (StatusCode::CREATED, Some(5000), Some(1450)));
+    let (s, again) = c.send("POST", "/v1/networks", red.clone()).await;
+    assert_eq!((s, &again), (StatusCode::OK, &first));
+
+    // Errors carry a code and a reason.
+    let (s, e) = c.send("POST", "/v1/networks", json!({"name": "blue", "tenant": "admin", "kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/16"}})).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("conflict")));
+    assert_eq!(e["reason"], "network \"blue\": subnet 10.1.0.0/16 overlaps 10.1.0.0/24 of network \"red\"");
+    let (s, e) = c.send("POST", "/v1/networks", json!({"name": "x", "kind": "geneve"})).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_argument")));
+    assert!(e["reason"].as_str().unwrap().starts_with("request body: unknown variant `geneve`"), "{e}");
+    let (s, e) = c.send("POST", "/v1/ports", json!({"network": "red", "container": "c1", "interface": "eth0", "ips": ["10.2.0.1"]})).await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("address 10.2.0.1 is outside subnet 10.1.0.0/24")));
+    let (s, e) = c.get("/v1/networks/nope").await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::NOT_FOUND, Some("network \"nope\" not found")));
+    let (s, e) = c.get("/v1/ports?netwrok=red").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "a misspelt filter is refused, not ignored: {e}");
+    let (s, e) = c.get("/v2/whatever").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+
+    // Ports, groups, nodes, tenants; filters; deletes.
+    let (s, p) = c.send("POST", "/v1/ports", json!({"network": "red", "container": "c1", "interface": "eth0", "pod": "ns/a", "node": "n1"})).await;
+    assert_eq!((s, p["addresses"][0]["address"].as_str(), p["mac"].as_str()), (StatusCode::CREATED, Some("10.1.0.2"), Some("0a:58:0a:01:00:02")));
+    let (s, g) = c.send("POST", "/v1/networks/red/ipgroups", json!({"name": "g", "members": ["10.1.0.50", "10.1.0.51"]})).await;
+    assert_eq!((s, g["grace_secs"].as_u64()), (StatusCode::CREATED, Some(300)));
+    let (s, _) = c.send("POST", "/v1/networks/red/ipgroups", json!({"name": "h", "network": "blue", "size": 1})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "body and path disagree on the network");
+    assert_eq!(c.get("/v1/ipgroups?network=red").await.1.as_array().map(Vec::len), Some(1));
+    assert_eq!(c.get("/v1/ports?node=n1").await.1.as_array().map(Vec::len), Some(1));
+    assert_eq!(c.get("/v1/ports?node=n2").await.1.as_array().map(Vec::len), Some(0));
+    let (s, n) = c.send("PUT", "/v1/nodes/n1", json!({"vtep": "192.0.2.1", "underlay_mtu": 9000})).await;
+    assert_eq!((s, n["name"].as_str(), n["state"].as_str()), (StatusCode::OK, Some("n1"), Some("unknown")));
+    let (s, e) = c.send("DELETE", "/v1/networks/red", json!(null)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("in_use")));
+    let (s, t) = c.send("POST", "/v1/tenants", json!({"name": "acme", "quota": {"networks": 1}})).await;
+    assert_eq!((s, t["quota"]["networks"].as_u64()), (StatusCode::CREATED, Some(1)));
+    c.send("POST", "/v1/networks", json!({"name": "a1", "tenant": "acme", "kind": "vlan", "ipv4": {"cidr": "10.9.0.0/24"}})).await;
+    let (s, e) = c.send("POST", "/v1/networks", json!({"name": "a2", "tenant": "acme", "kind": "vlan", "ipv4": {"cidr": "10.8.0.0/24"}})).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::FORBIDDEN, Some("quota_exceeded")));
+    assert_eq!(c.send("DELETE", "/v1/ports/c1/eth0", json!(null)).await.0, StatusCode::OK);
+    assert_eq!(c.send("DELETE", "/v1/ports/c1/eth0", json!(null)).await.0, StatusCode::NOT_FOUND);
+    let (s, h) = c.get("/v1/health").await;
+    assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("serving")));
+}
+
+#[test]
+fn every_route_is_in_the_openapi_document() {
+    let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+    for (method, path) in ROUTES {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not documented");
+    }
+    let documented: usize = doc["paths"].as_object().unwrap().values().map(|p| p.as_object().unwrap().keys().filter(|k| *k != "parameters").count()).sum();
+    assert_eq!(documented, ROUTES.len(), "the document has routes the server lacks");
+}

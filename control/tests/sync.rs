@@ -1,0 +1,157 @@
+//! Node sync over the real gRPC service (embedded store, loopback): each node's stream
+//! carries its networks, flood lists, endpoints and peers; a node whose stream goes quiet
+//! leaves the others' flood lists only after its lease and the grace; a restarted manager
+//! serves the same state to a reconnecting node; a sync without the token is refused.
+
+use knitter_api::manager as pb;
+use knitter_control::manager::objects::PortSpec;
+use knitter_control::manager::sync::Liveness;
+use knitter_control::manager::{Config, Manager, grpc};
+use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use knitter_control::store::embedded::Embedded;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::Streaming;
+
+const TOKEN: &str = "sync-test-token";
+
+/// A manager serving gRPC on a loopback port until dropped.
+struct Served {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start(store: &Path, live: Liveness) -> Served {
+        // A stopped manager's tasks let go of the store within a poll period (a restarted
+        // process would not wait at all).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let store = loop {
+            match Embedded::open(store) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => panic!("{e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        let manager = Arc::new(Manager::new(Arc::new(store), Config { liveness: live, ..Config::default() }).unwrap());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = grpc::Grpc::new(manager, TOKEN.into()).server();
+        let task = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Served { addr, stop: Some(tx), task }
+    }
+
+    /// Stops serving and waits until the manager (and its store) is gone.
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
+    async fn client(&self) -> pb::manager_client::ManagerClient<tonic::transport::Channel> {
+        pb::manager_client::ManagerClient::connect(format!("http://{}", self.addr)).await.unwrap()
+    }
+
+    async fn sync(&self, node: &str, vtep: &str, token: Option<&str>) -> Result<Streaming<pb::DesiredState>, tonic::Status> {
+        let me = pb::Node { name: node.into(), vtep: vtep.into(), underlay_mtu: Some(1600), ..Default::default() };
+        let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: 0 });
+        if let Some(t) = token {
+            req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        Ok(self.client().await.sync(req).await?.into_inner())
+    }
+}
+
+/// The next state on `s` that satisfies `ok`, within 15 s.
+async fn until(s: &mut Streaming<pb::DesiredState>, what: &str, ok: impl Fn(&pb::DesiredState) -> bool) -> pb::DesiredState {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.message()).await {
+            Ok(Ok(Some(d))) if ok(&d) => return d,
+            Ok(Ok(Some(_))) => {}
+            other => panic!("waiting for {what}: {other:?}"),
+        }
+    }
+}
+
+fn network(name: &str, cidr: &str) -> NetworkSpec {
+    NetworkSpec {
+        name: name.into(),
+        tenant: "admin".into(),
+        kind: Kind::Vxlan,
+        plane: Plane::Media,
+        segment: Some(7001),
+        ipv4: Some(SubnetSpec { cidr: cidr.into(), gateway: None, pools: vec![] }),
+        ipv6: None,
+        mtu: None,
+        shared: false,
+    }
+}
+
+fn port(container: &str, node: &str) -> PortSpec {
+    PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: node.into(), ips: vec![], ip_group: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let live = Liveness { lease_secs: 1, grace_secs: 1 };
+    {
+        let m = Manager::new(Arc::new(Embedded::open(&path).unwrap()), Config::default()).unwrap();
+        m.create_network(network("red", "10.40.0.0/24")).unwrap();
+        m.create_network(NetworkSpec { segment: Some(7002), ..network("idle", "10.41.0.0/24") }).unwrap();
+        m.create_port(port("a", "n1")).unwrap();
+        m.create_port(port("b", "n2")).unwrap();
+    }
+    let served = Served::start(&path, live).await;
+    assert_eq!(served.sync("n1", "192.0.2.1", None).await.err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+
+    let mut n1 = served.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
+    let mut n2 = served.sync("n2", "192.0.2.2", Some(TOKEN)).await.unwrap();
+    let d = until(&mut n1, "n2 in n1's flood list", |d| d.peers == ["192.0.2.2"]).await;
+    assert_eq!(d.networks.len(), 1, "only networks with pods on the node: {d:?}");
+    let red = &d.networks[0];
+    assert_eq!((red.name.as_str(), red.kind.as_str(), red.segment, red.mtu), ("red", "vxlan", 7001, 1450));
+    assert_eq!(red.flood, ["192.0.2.2"]);
+    let mut eps: Vec<_> = red.endpoints.iter().map(|e| (e.node.as_str(), e.vtep.as_str(), e.ips.clone(), e.mac.as_str())).collect();
+    eps.sort();
+    assert_eq!(
+        eps,
+        [("n1", "192.0.2.1", vec!["10.40.0.1".to_string()], "0a:58:0a:28:00:01"), ("n2", "192.0.2.2", vec!["10.40.0.2".to_string()], "0a:58:0a:28:00:02")]
+    );
+    until(&mut n2, "n1 in n2's flood list", |d| d.peers == ["192.0.2.1"]).await;
+
+    // n2 goes quiet: it stays in n1's flood list through its lease and the grace.
+    drop(n2);
+    let quiet = Instant::now();
+    let d = until(&mut n1, "n2 out of n1's flood list", |d| d.peers.is_empty()).await;
+    assert!(quiet.elapsed() >= Duration::from_secs(2) - Duration::from_millis(300), "left after {:?}", quiet.elapsed());
+    assert!(d.networks[0].flood.is_empty() && d.networks[0].endpoints.len() == 1, "{d:?}");
+    let nodes = served.client().await.list_nodes(pb::ListRequest::default()).await.unwrap().into_inner().items;
+    let states: Vec<_> = nodes.iter().map(|n| (n.name.as_str(), n.state.as_str())).collect();
+    assert_eq!(states, [("n1", "alive"), ("n2", "gone")]);
+
+    // The manager restarts on the same store; n1 reconnects and gets its whole state again.
+    drop(n1);
+    served.stop().await;
+    let served = Served::start(&path, live).await;
+    let mut n1 = served.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
+    let d = until(&mut n1, "n1's state after the restart", |d| !d.networks.is_empty()).await;
+    assert_eq!(d.networks[0].name, "red");
+    served.stop().await;
+}

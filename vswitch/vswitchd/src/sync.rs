@@ -1,0 +1,196 @@
+//! Node sync, the node's side: registers with knitter-manager over its gRPC `Sync` stream
+//! and converges the `manager` objects to each desired state it sends (a bridge domain per
+//! network with pods here: VNI or VLAN, flood list, the pods' MACs behind their VTEPs,
+//! ARP/ND suppression; the other nodes' VTEPs as peers). When the manager is unreachable
+//! the node keeps forwarding on the last state it applied (persisted with the rest) and
+//! reconnects with back-off; every stream starts with a whole state, so nothing is
+//! replayed.
+
+use crate::node::Node;
+use anyhow::{Context, Result, bail};
+use knitter_api::manager as pb;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use vswitch::config::{BridgeConfig, Neighbor, PeerConfig, StaticMac};
+use vswitch::wire::MacAddr;
+
+/// Where the manager is and who this node is to it.
+#[derive(Debug, Clone)]
+pub struct ManagerLink {
+    /// host:port of the manager's gRPC API.
+    pub address: String,
+    pub node_name: String,
+    pub token: Option<String>,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Keeps a sync stream open for as long as the daemon runs.
+pub async fn run(node: Arc<Node>, link: ManagerLink) {
+    let mut backoff = Duration::from_secs(1);
+    let mut revision = 0;
+    let mut waiting_for_vtep = false;
+    loop {
+        // Nothing to register before the VTEP is set: check each second, quietly.
+        if let Err(e) = registration(&node, &link.node_name) {
+            if !waiting_for_vtep {
+                tracing::info!(reason = %e, "not syncing with the manager yet");
+                waiting_for_vtep = true;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        waiting_for_vtep = false;
+        let before = revision;
+        match session(&node, &link, &mut revision).await {
+            Ok(()) => tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state"),
+            Err(e) => tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state"),
+        }
+        if revision != before {
+            backoff = Duration::from_secs(1);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One stream: register, then apply each desired state until the stream ends.
+async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Result<()> {
+    let me = registration(node, &link.node_name)?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", link.address))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .context("connecting")?;
+    let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: *revision });
+    if let Some(t) = &link.token {
+        req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().context("the token is not valid metadata")?);
+    }
+    let mut stream = pb::manager_client::ManagerClient::new(channel).sync(req).await.context("opening the sync stream")?.into_inner();
+    tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
+    while let Some(d) = stream.message().await.context("sync stream")? {
+        let (bridges, peers) = match desired(&d, &link.node_name) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!(revision = d.revision, error = %format!("{e:#}"), "desired state not applied");
+                continue;
+            }
+        };
+        let n = node.clone();
+        match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers)).await? {
+            Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => {}
+            Ok(r) => tracing::info!(revision = d.revision, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state"),
+            Err(e) => tracing::error!(revision = d.revision, error = %e, "the manager's state was refused; keeping the last one"),
+        }
+        *revision = d.revision;
+    }
+    Ok(())
+}
+
+/// This node as it registers: its VTEP and its underlay's MTU.
+fn registration(node: &Node, name: &str) -> Result<pb::Node> {
+    let state = node.state();
+    let Some(vtep) = &state.vtep else { bail!("no VTEP configured: the manager knows nodes by their VTEP address (set [vtep] or `knitterctl vtep set`)") };
+    let mtu = state.port(&vtep.item.underlay_port).map_or(1500, |p| p.item.config.mtu);
+    Ok(pb::Node {
+        name: name.into(),
+        vtep: vtep.item.local_ip.to_string(),
+        underlay_mtu: Some(u32::from(mtu)),
+        capabilities: vec!["vhost-user".into(), "af-xdp".into(), "af-packet".into()],
+        ..Default::default()
+    })
+}
+
+fn parse<T: FromStr>(what: &str, s: &str) -> Result<T> {
+    s.parse().map_err(|_| anyhow::anyhow!("{what} {s:?} is malformed"))
+}
+
+/// The bridge domains and VTEP peers a desired state asks of node `me`.
+pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec<PeerConfig>)> {
+    let mut bridges = Vec::with_capacity(d.networks.len());
+    for n in &d.networks {
+        let mut b = BridgeConfig::new(&n.name);
+        let vxlan = match n.kind.as_str() {
+            "vxlan" => {
+                b.vni = Some(n.segment);
+                true
+            }
+            "vlan" => {
+                b.vlan = Some(u16::try_from(n.segment).with_context(|| format!("network {}: VLAN {} is out of range", n.name, n.segment))?);
+                false
+            }
+            k => bail!("network {}: kind {k:?} is unknown", n.name),
+        };
+        // The manager knows every pod's MAC: flood lists and static MACs replace learning
+        // behind remote VTEPs.
+        b.arp_suppression = true;
+        b.remote_learning = !vxlan;
+        for e in &n.endpoints {
+            let mac: MacAddr = parse("MAC", &e.mac)?;
+            for ip in &e.ips {
+                b.neighbors.push(Neighbor { ip: parse("address", ip)?, mac });
+            }
+            if vxlan && e.node != me {
+                b.static_macs.push(StaticMac { mac, port: None, remote: Some(parse("VTEP", &e.vtep)?) });
+            }
+        }
+        if vxlan {
+            b.flood = n.flood.iter().map(|f| parse::<IpAddr>("VTEP", f)).collect::<Result<_>>()?;
+        }
+        bridges.push(b);
+    }
+    let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
+    Ok((bridges, peers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(mac: &str, ip: &str, node: &str, vtep: &str) -> pb::Endpoint {
+        pb::Endpoint { mac: mac.into(), ips: vec![ip.into()], node: node.into(), vtep: vtep.into() }
+    }
+
+    #[test]
+    fn a_desired_state_becomes_bridges_and_peers() {
+        let d = pb::DesiredState {
+            revision: 9,
+            networks: vec![
+                pb::NetworkOnNode {
+                    name: "red".into(),
+                    kind: "vxlan".into(),
+                    segment: 5001,
+                    mtu: 1450,
+                    flood: vec!["192.0.2.2".into()],
+                    endpoints: vec![endpoint("0a:58:0a:00:00:01", "10.0.0.1", "n1", "192.0.2.1"), endpoint("0a:58:0a:00:00:02", "10.0.0.2", "n2", "192.0.2.2")],
+                },
+                pb::NetworkOnNode { name: "blue".into(), kind: "vlan".into(), segment: 200, mtu: 1500, flood: vec![], endpoints: vec![endpoint("0a:58:0a:01:00:05", "10.1.0.5", "n2", "192.0.2.2")] },
+            ],
+            peers: vec!["192.0.2.2".into()],
+        };
+        let (bridges, peers) = desired(&d, "n1").unwrap();
+        let red = &bridges[0];
+        assert_eq!((red.vni, red.vlan, red.flood.clone()), (Some(5001), None, vec!["192.0.2.2".parse().unwrap()]));
+        assert!(red.arp_suppression && !red.remote_learning, "the manager's MACs replace learning behind VTEPs");
+        assert_eq!(red.neighbors.len(), 2, "both pods' addresses are answered locally");
+        assert_eq!(red.static_macs.len(), 1, "only the other node's pod is pinned to a VTEP");
+        assert_eq!(red.static_macs[0].remote, Some("192.0.2.2".parse().unwrap()));
+        let blue = &bridges[1];
+        assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
+        assert_eq!(peers, vec![PeerConfig { ip: "192.0.2.2".parse().unwrap(), next_hop_mac: None, next_hop: None }]);
+
+        let bad = |f: &dyn Fn(&mut pb::DesiredState)| {
+            let mut d = d.clone();
+            f(&mut d);
+            format!("{:#}", desired(&d, "n1").unwrap_err())
+        };
+        assert!(bad(&|d| d.networks[0].kind = "geneve".into()).contains("kind \"geneve\" is unknown"));
+        assert!(bad(&|d| d.networks[1].segment = 70000).contains("VLAN 70000 is out of range"));
+        assert!(bad(&|d| d.networks[0].endpoints[0].mac = "zz".into()).contains("MAC \"zz\" is malformed"));
+        assert!(bad(&|d| d.peers[0] = "not-an-ip".into()).contains("VTEP \"not-an-ip\" is malformed"));
+    }
+}
