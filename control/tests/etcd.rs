@@ -3,64 +3,14 @@
 //! manager replicas (two store clients) racing 50 threads for 2 000 addresses, retries, IP
 //! groups, and an etcd killed with SIGKILL and restarted on the same data.
 
+mod common;
+
+use common::{EtcdServer, free_port};
 use knitter_control::ipam::{self, Addressing, IpGroup};
-use knitter_control::store::etcd::Etcd;
 use knitter_control::store::{OwnerKey, Store};
 use std::collections::HashSet;
 use std::net::IpAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One etcd member on loopback; killed (SIGKILL) on drop.
-struct EtcdServer {
-    child: Child,
-    client_url: String,
-}
-
-impl EtcdServer {
-    fn start(data: &Path, client: u16, peer: u16) -> Option<EtcdServer> {
-        if Command::new("etcd").arg("--version").output().is_err() {
-            assert!(std::env::var_os("CI").is_none(), "etcd is missing (ci/setup.sh installs etcd-server)");
-            eprintln!("skipped: etcd not installed");
-            return None;
-        }
-        let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
-        let child = Command::new("etcd")
-            .args(["--name", "knitter-test", "--data-dir"])
-            .arg(data)
-            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
-            .args(["--initial-cluster", &format!("knitter-test={p}"), "--log-level", "error"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd");
-        let s = EtcdServer { child, client_url: c };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Etcd::connect(std::slice::from_ref(&s.client_url), "/probe").and_then(|e| e.revision()).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not come up");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Some(s)
-    }
-
-    fn store(&self) -> Etcd {
-        Etcd::connect(std::slice::from_ref(&self.client_url), "/knitter-test").unwrap()
-    }
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

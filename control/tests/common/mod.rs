@@ -1,0 +1,116 @@
+//! What several test files share: a real etcd started on loopback ports (killed with
+//! SIGKILL on drop), free ports, and knitter-manager processes.
+#![allow(dead_code)]
+
+use knitter_control::store::Store;
+use knitter_control::store::etcd::Etcd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One etcd member on loopback; killed (SIGKILL) on drop.
+pub struct EtcdServer {
+    child: Child,
+    pub client_url: String,
+}
+
+impl EtcdServer {
+    pub fn start(data: &Path, client: u16, peer: u16) -> Option<EtcdServer> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "etcd is missing (ci/setup.sh installs etcd-server)");
+            eprintln!("skipped: etcd not installed");
+            return None;
+        }
+        let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+        let child = Command::new("etcd")
+            .args(["--name", "knitter-test", "--data-dir"])
+            .arg(data)
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args(["--initial-cluster", &format!("knitter-test={p}"), "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let s = EtcdServer { child, client_url: c };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Etcd::connect(std::slice::from_ref(&s.client_url), "/probe").and_then(|e| e.revision()).is_err() {
+            assert!(Instant::now() < deadline, "etcd did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(s)
+    }
+
+    /// A store client under `prefix`.
+    pub fn store_at(&self, prefix: &str) -> Etcd {
+        Etcd::connect(std::slice::from_ref(&self.client_url), prefix).unwrap()
+    }
+
+    pub fn store(&self) -> Etcd {
+        Etcd::connect(std::slice::from_ref(&self.client_url), "/knitter-test").unwrap()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+
+/// A knitter-manager process (the workspace's build), killed with SIGKILL on drop.
+pub struct ManagerProc {
+    child: Child,
+    pub rest: String,
+    pub grpc: String,
+}
+
+impl ManagerProc {
+    /// Starts a manager with `args` (store options) and the token in `dir/token`.
+    pub fn start(dir: &Path, args: &[&str]) -> ManagerProc {
+        Self::start_on(dir, args, &format!("127.0.0.1:{}", free_port()), &format!("127.0.0.1:{}", free_port()))
+    }
+
+    /// The same, on given REST and gRPC addresses (a restart where clients expect it).
+    pub fn start_on(dir: &Path, args: &[&str], rest: &str, grpc: &str) -> ManagerProc {
+        let bin = env!("CARGO_BIN_EXE_knitter-manager");
+        let (rest, grpc) = (rest.to_string(), grpc.to_string());
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("token"), TOKEN).unwrap();
+        let child = Command::new(bin)
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", &rest, "--grpc-listen", &grpc])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start knitter-manager");
+        let m = ManagerProc { child, rest, grpc };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&m.grpc).is_err() {
+            assert!(Instant::now() < deadline, "knitter-manager did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    /// SIGKILL, now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagerProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub const TOKEN: &str = "replica-test-token";
