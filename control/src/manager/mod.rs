@@ -362,20 +362,34 @@ impl Manager {
         })
     }
 
-    /// Where the next allocation in `space` should start looking.
-    fn cursor(&self, space: &str) -> u128 {
-        self.cursors.lock().map_or(0, |c| c.get(space).copied().unwrap_or(0))
+    /// Where an allocation in `space` starts looking: each concurrent request gets the
+    /// next ticket, so requests in flight on this manager try different addresses instead
+    /// of racing for one.
+    fn ticket(&self, space: &str) -> u128 {
+        let Ok(mut c) = self.cursors.lock() else { return 0 };
+        let t = c.entry(space.to_string()).or_insert(0);
+        let mine = *t;
+        *t = t.wrapping_add(1);
+        mine
     }
 
-    fn advance(&self, space: &str, ip: IpAddr) {
+    /// After an allocation from ticket `t` got `ip`: skip what it found taken, or follow
+    /// it back to the pools' start when it wrapped.
+    fn advance(&self, space: &str, t: u128, ip: IpAddr) {
+        let n = ipam::hint_of(ip);
+        if n == t.wrapping_add(1) {
+            return;
+        }
         if let Ok(mut c) = self.cursors.lock() {
-            c.insert(space.to_string(), ipam::hint_of(ip));
+            let cur = c.entry(space.to_string()).or_insert(0);
+            *cur = if n <= t { n } else { (*cur).max(n) };
         }
     }
 
     fn allocate(&self, space: &str, a: &Addressing, owner: &OwnerKey) -> Result<IpAddr> {
-        let ip = ipam::allocate(self.store.as_ref(), space, a, owner, self.cursor(space))?;
-        self.advance(space, ip);
+        let t = self.ticket(space);
+        let ip = ipam::allocate(self.store.as_ref(), space, a, owner, t)?;
+        self.advance(space, t, ip);
         Ok(ip)
     }
 
