@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{EtcdServer, free_port};
+use common::{EtcdServer, free_port, scenarios};
 use knitter_control::ipam::{self, Addressing, IpGroup};
 use knitter_control::store::{OwnerKey, Store};
 use std::collections::HashSet;
@@ -79,4 +79,17 @@ fn state_survives_an_etcd_kill_and_ip_groups_stick() {
     for (i, p) in pods.iter().enumerate().rev() {
         assert_eq!(g.allocate(&s, "media", &owner(p, 1), p, 1010).unwrap(), first[i], "{p} got its own address back");
     }
+}
+
+#[test]
+fn the_manager_scenarios_pass_on_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else { return };
+    let manager = |prefix: &str| {
+        let config = knitter_control::manager::Config::default();
+        knitter_control::manager::Manager::new(Arc::new(etcd.store_at(prefix)), config).unwrap()
+    };
+    scenarios::objects(&manager("/objects"));
+    scenarios::refusals(&manager("/refusals"));
+    scenarios::ip_group(&manager("/groups"));
 }

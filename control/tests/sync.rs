@@ -1,13 +1,18 @@
-//! Node sync over the real gRPC service (embedded store, loopback): each node's stream
-//! carries its networks, flood lists, endpoints and peers; a node whose stream goes quiet
-//! leaves the others' flood lists only after its lease and the grace; a restarted manager
-//! serves the same state to a reconnecting node; a sync without the token is refused.
+//! Node sync over the real gRPC service (loopback): each node's stream carries its
+//! networks, flood lists, endpoints and peers; a node whose stream goes quiet leaves the
+//! others' flood lists only after its lease and the grace; a restarted manager serves the
+//! same state to a reconnecting node; a sync without the token is refused. On a real etcd:
+//! two manager replicas serve streams that follow each other's changes, through a
+//! compaction of etcd's history.
+
+mod common;
 
 use knitter_api::manager as pb;
 use knitter_control::manager::objects::PortSpec;
 use knitter_control::manager::sync::Liveness;
 use knitter_control::manager::{Config, Manager, grpc};
 use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use knitter_control::store::Store;
 use knitter_control::store::embedded::Embedded;
 use std::path::Path;
 use std::sync::Arc;
@@ -25,7 +30,7 @@ struct Served {
 
 impl Served {
     async fn start(store: &Path, live: Liveness) -> Served {
-        // A stopped manager's tasks let go of the store within a poll period (a restarted
+        // A stopped manager's tasks let go of the store within a second (a restarted
         // process would not wait at all).
         let deadline = Instant::now() + Duration::from_secs(10);
         let store = loop {
@@ -35,7 +40,12 @@ impl Served {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         };
-        let manager = Arc::new(Manager::new(Arc::new(store), Config { liveness: live, ..Config::default() }).unwrap());
+        Served::on(Arc::new(store), live).await
+    }
+
+    async fn on(store: Arc<dyn Store>, live: Liveness) -> Served {
+        let config = Config { liveness: live, ..Config::default() };
+        let manager = Arc::new(tokio::task::block_in_place(|| Manager::new(store, config)).unwrap());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -154,4 +164,59 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     let d = until(&mut n1, "n1's state after the restart", |d| !d.networks.is_empty()).await;
     assert_eq!(d.networks[0].name, "red");
     served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_two_replicas_on_etcd_stream_each_others_changes_through_a_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = tokio::task::block_in_place(|| common::EtcdServer::start(&dir.path().join("etcd"), common::free_port(), common::free_port())) else {
+        return;
+    };
+    let store = |p: &str| -> Arc<dyn Store> { Arc::new(tokio::task::block_in_place(|| etcd.store_at(p))) };
+    let live = Liveness { lease_secs: 5, grace_secs: 5 };
+    let a = Served::on(store("/sync"), live).await;
+    let b = Served::on(store("/sync"), live).await;
+    let created = |c: &mut pb::manager_client::ManagerClient<tonic::transport::Channel>, msg| {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+        let mut c = c.clone();
+        async move { c.create_port(r).await.unwrap() }
+    };
+    let mut ca = a.client().await;
+    let mut req = tonic::Request::new(pb::Network {
+        name: "red".into(),
+        tenant: "admin".into(),
+        kind: "vxlan".into(),
+        segment: Some(7001),
+        ipv4: Some(pb::SubnetSpec { cidr: "10.40.0.0/24".into(), ..Default::default() }),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    ca.create_network(req).await.unwrap();
+    let port = |c: &str, node: &str| pb::PortSpec { network: "red".into(), container: c.into(), interface: "eth0".into(), node: node.into(), ..Default::default() };
+    created(&mut ca, port("a", "n1")).await;
+    created(&mut ca, port("b", "n2")).await;
+
+    // n1 on replica a, n2 on replica b: each sees the other.
+    let mut n1 = a.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
+    let mut n2 = b.sync("n2", "192.0.2.2", Some(TOKEN)).await.unwrap();
+    until(&mut n1, "n2 as n1's peer", |d| d.peers == ["192.0.2.2"]).await;
+    until(&mut n2, "n1 as n2's peer", |d| d.peers == ["192.0.2.1"]).await;
+
+    // etcd's history is compacted under both replicas' watches; a port made through a
+    // reaches n2's stream on b.
+    let compacted = tokio::task::block_in_place(|| etcd.store_at("/sync").compact()).unwrap();
+    assert!(compacted > 0);
+    created(&mut ca, port("c", "n1")).await;
+    let d = until(&mut n2, "the new port on n2's stream (replica b)", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 3)).await;
+    assert_eq!(d.networks[0].flood, ["192.0.2.1"]);
+
+    // Replica a goes; n1 reconnects to b and gets its whole state.
+    drop(n1);
+    a.stop().await;
+    let mut n1 = b.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
+    let d = until(&mut n1, "n1's state from replica b", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 3)).await;
+    assert_eq!(d.peers, ["192.0.2.2"]);
+    drop((n1, n2));
+    b.stop().await;
 }

@@ -49,8 +49,9 @@ pub struct Grpc {
     views: watch::Receiver<Option<Arc<ClusterView>>>,
 }
 
-/// How often the store's revision is polled for a new cluster view.
-const VIEW_POLL: Duration = Duration::from_millis(500);
+/// How long the view task waits for a change before looking again (and how long it waits
+/// after the store failed).
+const VIEW_WAIT: Duration = Duration::from_secs(1);
 
 impl Grpc {
     /// The service, and the task that keeps the cluster view current (call from within a
@@ -63,7 +64,10 @@ impl Grpc {
             while !tx.is_closed() {
                 let m2 = m.clone();
                 let read = tokio::task::spawn_blocking(move || -> Result<Option<ClusterView>, ManagerError> {
-                    let rev = m2.store().revision()?;
+                    let rev = match seen {
+                        Some(s) => m2.store().wait_change(s, VIEW_WAIT)?,
+                        None => m2.store().revision()?,
+                    };
                     if Some(rev) == seen { Ok(None) } else { m2.cluster_view().map(Some) }
                 })
                 .await;
@@ -73,10 +77,12 @@ impl Grpc {
                         let _ = tx.send(Some(Arc::new(view)));
                     }
                     Ok(Ok(None)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "cluster view not refreshed; nodes keep their last desired state"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "cluster view not refreshed; nodes keep their last desired state");
+                        tokio::time::sleep(VIEW_WAIT).await;
+                    }
                     Err(e) => tracing::error!(error = %e, "cluster view task failed"),
                 }
-                tokio::time::sleep(VIEW_POLL).await;
             }
         });
         Grpc { manager, token, views }

@@ -4,12 +4,12 @@
 //! does it leave the other nodes' flood lists and peers (a manager restart or a short
 //! network cut must not tear tunnels down). Desired states are whole (not deltas): a
 //! stream starts with one and sends another whenever it changes, so a reconnect needs no
-//! history and survives etcd compaction or a manager restart as it is.
+//! history and survives etcd compaction or a manager restart as it is. The view is re-read
+//! when the store changes (an etcd watch; the embedded store is polled).
 
 use super::objects::{Node, Port, alive_key};
 use super::{Manager, Result};
 use crate::network::{Kind, NetworkSpec};
-use crate::store::Op;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -143,12 +143,11 @@ impl Manager {
         Ok(rows.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("alive/")?.to_string(), v.value.parse().ok()?))).collect())
     }
 
-    /// Records that `node` was heard from now.
+    /// Records that `node` was heard from now. The record expires (an etcd lease) an hour
+    /// after the node is `gone`, so nodes that never come back leave no heartbeat behind.
     pub fn heartbeat(&self, node: &str) -> Result<()> {
-        let key = alive_key(node);
-        let version = self.store.get(&key)?.map(|v| v.version);
-        // A lost race means another stream of the same node just wrote: as good.
-        let _ = self.store.commit(&[Op::replace(&key, version, super::now().to_string())])?;
+        let live = self.config.liveness;
+        self.store.put_expiring(&alive_key(node), &super::now().to_string(), live.lease_secs + live.grace_secs + 3600)?;
         Ok(())
     }
 

@@ -19,6 +19,12 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const STICKY: TableDefinition<&str, &str> = TableDefinition::new("sticky");
 /// Records: relative key → (version, JSON).
 const RECORDS: TableDefinition<&str, (u64, &str)> = TableDefinition::new("records");
+/// Records written with a time to live: key → expiry (Unix seconds).
+const EXPIRES: TableDefinition<&str, u64> = TableDefinition::new("expires");
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
 const REVISION: &str = "revision";
 
 pub struct Embedded {
@@ -44,6 +50,7 @@ impl Embedded {
             tx.open_table(META).map_err(StoreError::from)?;
             tx.open_table(STICKY).map_err(StoreError::from)?;
             tx.open_table(RECORDS).map_err(StoreError::from)?;
+            tx.open_table(EXPIRES).map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)?;
         Ok(Embedded { db })
@@ -69,6 +76,12 @@ impl Embedded {
         }
         Ok(r)
     }
+}
+
+/// Whether `key` was written with a time to live that has run out.
+fn expired(tx: &redb::ReadTransaction, key: &str) -> Result<bool, StoreError> {
+    let expires = tx.open_table(EXPIRES).map_err(StoreError::from)?;
+    Ok(expires.get(key).map_err(StoreError::from)?.is_some_and(|t| t.value() <= unix_now()))
 }
 
 impl Store for Embedded {
@@ -168,6 +181,9 @@ impl Store for Embedded {
     fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
         let tx = self.db.begin_read().map_err(StoreError::from)?;
         let records = tx.open_table(RECORDS).map_err(StoreError::from)?;
+        if expired(&tx, key)? {
+            return Ok(None);
+        }
         let row = records.get(key).map_err(StoreError::from)?;
         Ok(row.map(|v| {
             let (version, value) = v.value();
@@ -184,10 +200,25 @@ impl Store for Embedded {
             if !k.value().starts_with(prefix) {
                 break;
             }
+            if expired(&tx, k.value())? {
+                continue;
+            }
             let (version, value) = v.value();
             out.push((k.value().to_string(), Versioned { value: value.to_string(), version }));
         }
         Ok(out)
+    }
+
+    fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(StoreError::from)?;
+        {
+            let mut meta = tx.open_table(META).map_err(StoreError::from)?;
+            let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1;
+            meta.insert(REVISION, rev).map_err(StoreError::from)?;
+            tx.open_table(RECORDS).map_err(StoreError::from)?.insert(key, (rev, value)).map_err(StoreError::from)?;
+            tx.open_table(EXPIRES).map_err(StoreError::from)?.insert(key, unix_now() + ttl_secs).map_err(StoreError::from)?;
+        }
+        tx.commit().map_err(StoreError::from)
     }
 
     fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
@@ -205,11 +236,15 @@ impl Store for Embedded {
             let mut meta = tx.open_table(META).map_err(StoreError::from)?;
             let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1;
             meta.insert(REVISION, rev).map_err(StoreError::from)?;
+            let mut expires = tx.open_table(EXPIRES).map_err(StoreError::from)?;
             for op in ops {
                 if let Some(value) = &op.put {
                     records.insert(op.key.as_str(), (rev, value.as_str())).map_err(StoreError::from)?;
                 } else if op.delete {
                     records.remove(op.key.as_str()).map_err(StoreError::from)?;
+                }
+                if op.put.is_some() || op.delete {
+                    expires.remove(op.key.as_str()).map_err(StoreError::from)?;
                 }
             }
         }

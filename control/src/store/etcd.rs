@@ -15,13 +15,17 @@
 //! small runtime (call them from blocking threads, not from async tasks).
 
 use super::{Claim, Cond, Op, OwnerKey, Store, StoreError, Versioned, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use std::net::IpAddr;
 
 pub struct Etcd {
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until dropped (then shut down without blocking, so an `Etcd` may be
+    /// dropped anywhere, async tasks included).
+    rt: Option<tokio::runtime::Runtime>,
     client: Client,
     prefix: String,
+    /// The lease each expiring record is attached to (kept alive on each write).
+    leases: std::sync::Mutex<std::collections::HashMap<String, i64>>,
 }
 
 fn err(e: etcd_client::Error) -> StoreError {
@@ -38,7 +42,7 @@ impl Etcd {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(StoreError::from)?;
         let opts = etcd_client::ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)).with_timeout(std::time::Duration::from_secs(10));
         let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(err)?;
-        Ok(Etcd { rt, client, prefix: prefix.trim_end_matches('/').to_string() })
+        Ok(Etcd { rt: Some(rt), client, prefix: prefix.trim_end_matches('/').to_string(), leases: Default::default() })
     }
 
     fn addr_key(&self, network: &str, ip: IpAddr) -> String {
@@ -60,7 +64,7 @@ impl Etcd {
     /// The value of `key`, if it exists.
     fn get(&self, key: String) -> Result<Option<String>, StoreError> {
         let mut c = self.client.clone();
-        let r = self.rt.block_on(c.get(key, None)).map_err(err)?;
+        let r = self.rt().block_on(c.get(key, None)).map_err(err)?;
         r.kvs().first().map(|kv| text(kv.value()).map(str::to_string)).transpose()
     }
 }
@@ -87,7 +91,7 @@ impl Store for Etcd {
             .and_then(vec![TxnOp::put(ak.as_str(), owner_value(owner), None), TxnOp::put(ok.as_str(), ip.to_string(), None)])
             .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
         let mut c = self.client.clone();
-        let r = self.rt.block_on(c.txn(txn)).map_err(err)?;
+        let r = self.rt().block_on(c.txn(txn)).map_err(err)?;
         if r.succeeded() {
             return Ok(Claim::Claimed);
         }
@@ -122,7 +126,7 @@ impl Store for Etcd {
                 .and_then(vec![TxnOp::delete(ak.as_str(), None), TxnOp::delete(ok.as_str(), None)])
                 .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
             let mut c = self.client.clone();
-            let r = self.rt.block_on(c.txn(txn)).map_err(err)?;
+            let r = self.rt().block_on(c.txn(txn)).map_err(err)?;
             if r.succeeded() {
                 return Ok(Some(ip));
             }
@@ -135,7 +139,7 @@ impl Store for Etcd {
                     .when(vec![Compare::value(ok.as_str(), CompareOp::Equal, held.as_str())])
                     .and_then(vec![TxnOp::delete(ok.as_str(), None)]);
                 let mut c = self.client.clone();
-                if self.rt.block_on(c.txn(txn)).map_err(err)?.succeeded() {
+                if self.rt().block_on(c.txn(txn)).map_err(err)?.succeeded() {
                     return Ok(Some(ip));
                 }
             }
@@ -145,7 +149,7 @@ impl Store for Etcd {
 
     fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
         let mut c = self.client.clone();
-        self.rt.block_on(c.put(self.sticky_key(network, ip), sticky_value(pod, until), None)).map_err(err).map(drop)
+        self.rt().block_on(c.put(self.sticky_key(network, ip), sticky_value(pod, until), None)).map_err(err).map(drop)
     }
 
     fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
@@ -155,7 +159,7 @@ impl Store for Etcd {
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
         let from = format!("{}/addrs/{network}/", self.prefix);
         let mut c = self.client.clone();
-        let r = self.rt.block_on(c.get(from.as_str(), Some(GetOptions::new().with_prefix()))).map_err(err)?;
+        let r = self.rt().block_on(c.get(from.as_str(), Some(GetOptions::new().with_prefix()))).map_err(err)?;
         let mut out = Vec::with_capacity(r.kvs().len());
         for kv in r.kvs() {
             let k = text(kv.key())?;
@@ -167,7 +171,7 @@ impl Store for Etcd {
 
     fn revision(&self) -> Result<u64, StoreError> {
         let mut c = self.client.clone();
-        let r = self.rt.block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only()))).map_err(err)?;
+        let r = self.rt().block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only()))).map_err(err)?;
         Ok(r.header().map_or(0, |h| h.revision().max(0) as u64))
     }
 
@@ -179,6 +183,39 @@ impl Store for Etcd {
         let base = self.record_key("");
         let rows = self.list_raw(&self.record_key(prefix), true)?;
         Ok(rows.into_iter().map(|(k, v)| (k[base.len()..].to_string(), v)).collect())
+    }
+
+    fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError> {
+        let k = self.record_key(key);
+        self.rt().block_on(async {
+            let id = self.lease_for(key, ttl_secs).await.map_err(err)?;
+            let mut c = self.client.clone();
+            c.put(k, value, Some(PutOptions::new().with_lease(id))).await.map_err(err).map(drop)
+        })
+    }
+
+    /// An etcd watch on the records from `after + 1`; a compacted start revision ends it at
+    /// once (the caller re-reads everything, which is what a compaction asks for).
+    fn wait_change(&self, after: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+        let mut c = self.client.clone();
+        let opts = WatchOptions::new().with_prefix().with_start_revision(after as i64 + 1);
+        let changed = self.rt().block_on(async {
+            let mut stream = c.watch(self.record_key(""), Some(opts)).await.map_err(err)?;
+            let watched = async {
+                while let Some(r) = stream.message().await.map_err(err)? {
+                    if r.canceled() || !r.events().is_empty() {
+                        return Ok::<_, StoreError>(());
+                    }
+                }
+                Ok(())
+            };
+            match tokio::time::timeout(timeout, watched).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
+        });
+        changed?;
+        self.revision()
     }
 
     fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
@@ -201,16 +238,55 @@ impl Store for Etcd {
             })
             .collect::<Vec<_>>();
         let mut c = self.client.clone();
-        Ok(self.rt.block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?.succeeded())
+        Ok(self.rt().block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?.succeeded())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
 impl Etcd {
+    /// Compacts etcd's history up to now (operators schedule this; etcd can do it itself
+    /// with `--auto-compaction-retention`). Watches from before it end, and readers re-read.
+    pub fn compact(&self) -> Result<u64, StoreError> {
+        let rev = self.revision()?;
+        let mut c = self.client.clone();
+        self.rt().block_on(c.compact(rev as i64, None)).map_err(err)?;
+        Ok(rev)
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime lives as long as the store")
+    }
+
+    /// A lease of `ttl_secs` for `key`: the one it has, kept alive, or a new one.
+    async fn lease_for(&self, key: &str, ttl_secs: u64) -> Result<i64, etcd_client::Error> {
+        let mut c = self.client.clone();
+        let held = self.leases.lock().ok().and_then(|l| l.get(key).copied());
+        if let Some(id) = held {
+            let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
+            keeper.keep_alive().await?;
+            if answers.message().await?.is_some_and(|a| a.ttl() > 0) {
+                return Ok(id);
+            }
+        }
+        let id = c.lease_grant(ttl_secs.max(1) as i64, None).await?.id();
+        if let Ok(mut l) = self.leases.lock() {
+            l.insert(key.to_string(), id);
+        }
+        Ok(id)
+    }
+
     /// The records at `key` (or under it, as a prefix), with their versions.
     fn list_raw(&self, key: &str, prefix: bool) -> Result<Vec<(String, Versioned)>, StoreError> {
         let mut c = self.client.clone();
         let opts = prefix.then(|| GetOptions::new().with_prefix());
-        let r = self.rt.block_on(c.get(key, opts)).map_err(err)?;
+        let r = self.rt().block_on(c.get(key, opts)).map_err(err)?;
         r.kvs()
             .iter()
             .map(|kv| {

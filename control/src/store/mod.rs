@@ -192,4 +192,19 @@ pub trait Store: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError>;
     /// Applies every op if every op's condition holds, else none; says which.
     fn commit(&self, ops: &[Op]) -> Result<bool, StoreError>;
+    /// Writes the record `key` for `ttl_secs`: unless written again, it is gone after that
+    /// (etcd: a lease; embedded: reads skip it and the next write replaces it).
+    fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError>;
+    /// Returns once a record changed after revision `after` (the revision then), or when
+    /// `timeout` passed (the revision now). etcd watches; the default polls.
+    fn wait_change(&self, after: u64, timeout: std::time::Duration) -> Result<u64, StoreError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let rev = self.revision()?;
+            if rev != after || std::time::Instant::now() >= deadline {
+                return Ok(rev);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 }

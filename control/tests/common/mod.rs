@@ -2,6 +2,8 @@
 //! SIGKILL on drop), free ports, and knitter-manager processes.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use knitter_control::store::Store;
 use knitter_control::store::etcd::Etcd;
 use std::path::Path;

@@ -1,0 +1,180 @@
+//! Manager scenarios every store must pass (run on the embedded store by tests/manager.rs,
+//! on a real etcd by tests/etcd.rs): every object's create / get / list / delete,
+//! idempotent creates, refusals with their reasons, quotas, IP groups giving re-created
+//! pods their addresses back.
+
+use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota};
+use knitter_control::manager::{Filter, Manager, ManagerError};
+use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use std::net::IpAddr;
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
+    NetworkSpec {
+        name: name.into(),
+        tenant: tenant.into(),
+        kind: Kind::Vxlan,
+        plane: Plane::Media,
+        segment: None,
+        ipv4: Some(SubnetSpec { cidr: cidr.into(), gateway: None, pools: vec![] }),
+        ipv6: None,
+        mtu: None,
+        shared: false,
+    }
+}
+
+pub fn port(network: &str, container: &str, pod: &str) -> PortSpec {
+    PortSpec {
+        network: network.into(),
+        container: container.into(),
+        interface: "eth1".into(),
+        pod: pod.into(),
+        node: "n1".into(),
+        ips: vec![],
+        ip_group: None,
+    }
+}
+
+pub fn reason<T: std::fmt::Debug>(r: Result<T, ManagerError>) -> String {
+    r.unwrap_err().to_string()
+}
+
+pub fn objects(m: &Manager) {
+    assert_eq!(m.tenants().unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["admin"]);
+    let (t, new) = m.create_tenant("acme", None).unwrap();
+    assert!(new && t.quota == Quota { networks: 10 });
+    assert!(!m.create_tenant("acme", None).unwrap().1, "a repeated create is a no-op");
+
+    let dual = NetworkSpec {
+        ipv4: Some(SubnetSpec { cidr: "10.1.0.0/24".into(), gateway: Some(ip("10.1.0.1")), pools: vec![] }),
+        ipv6: Some(SubnetSpec { cidr: "fd00:1::/64".into(), gateway: Some(ip("fd00:1::1")), pools: vec![] }),
+        ..net("media", "acme", "")
+    };
+    let (n, new) = m.create_network(dual.clone()).unwrap();
+    assert!(new && n.segment == Some(5000) && n.mtu == Some(1450));
+    assert_eq!(m.create_network(dual.clone()).unwrap(), (n.clone(), false), "idempotent");
+    assert!(reason(m.create_network(NetworkSpec { mtu: Some(1400), ..dual })).contains("exists with another definition"));
+
+    let (p, new) = m.create_port(port("media", "c1", "ns/a")).unwrap();
+    assert!(new);
+    let got: Vec<_> = p.addresses.iter().map(|a| (a.address, a.prefix, a.gateway)).collect();
+    assert_eq!(got, [(ip("10.1.0.2"), 24, Some(ip("10.1.0.1"))), (ip("fd00:1::2"), 64, Some(ip("fd00:1::1")))]);
+    assert_eq!(p.mac, "0a:58:0a:01:00:02");
+    assert_eq!((p.segment, p.mtu, p.tenant.as_str()), (5000, 1450, "acme"));
+    assert_eq!(m.create_port(port("media", "c1", "ns/a")).unwrap(), (p.clone(), false), "a retried ADD gets the same port");
+    assert!(reason(m.create_port(port("other", "c1", "ns/a"))).contains("network \"other\" not found"));
+
+    let mut fixed = port("media", "c2", "ns/b");
+    fixed.ips = vec![ip("10.1.0.77")];
+    let p2 = m.create_port(fixed.clone()).unwrap().0;
+    assert_eq!(p2.addresses[0].address, ip("10.1.0.77"));
+    fixed.container = "c3".into();
+    assert_eq!(reason(m.create_port(fixed.clone())), "10.1.0.77 is already allocated to c2/eth1");
+    fixed.ips = vec![ip("10.2.0.5")];
+    assert_eq!(reason(m.create_port(fixed.clone())), "address 10.2.0.5 is outside subnet 10.1.0.0/24");
+    fixed.ips = vec![ip("10.1.0.1")];
+    assert_eq!(reason(m.create_port(fixed.clone())), "10.1.0.1 cannot be allocated: it is the subnet's gateway");
+    assert!(m.get_port("c3", "eth1").is_err(), "a refused create leaves no port behind");
+
+    assert_eq!(m.list_ports(&Filter { network: "media".into(), ..Filter::default() }).unwrap().len(), 2);
+    assert_eq!(m.list_ports(&Filter { pod: "ns/b".into(), ..Filter::default() }).unwrap().len(), 1);
+    assert!(reason(m.delete_network("media")).contains("still has 2 ports"));
+    assert!(reason(m.delete_tenant("acme")).contains("still owns networks media"));
+
+    assert_eq!(m.delete_port("c1", "eth1").unwrap().unwrap().addresses, p.addresses);
+    assert!(m.delete_port("c1", "eth1").unwrap().is_none(), "a repeated DEL is fine");
+    m.delete_port("c2", "eth1").unwrap();
+    assert!(m.delete_network("media").unwrap().is_some());
+    assert!(m.delete_tenant("acme").unwrap().is_some());
+    assert!(m.store().allocations("media.v4").unwrap().is_empty(), "every address went back");
+}
+
+pub fn refusals(m: &Manager) {
+    m.create_network(NetworkSpec { segment: Some(6000), ..net("a", "admin", "10.0.0.0/24") }).unwrap();
+    assert_eq!(reason(m.create_network(net("b", "admin", "10.0.0.0/25"))), "network \"b\": subnet 10.0.0.0/25 overlaps 10.0.0.0/24 of network \"a\"");
+    assert_eq!(reason(m.create_network(NetworkSpec { segment: Some(6000), ..net("b", "admin", "10.9.0.0/24") })), "network \"b\": VNI 6000 is already used by network \"a\"");
+    assert!(reason(m.create_network(NetworkSpec { mtu: Some(1500), ..net("b", "admin", "10.9.0.0/24") })).contains("MTU 1500 is larger than the underlay allows (1450"));
+    assert_eq!(reason(m.create_network(net("b", "nobody", "10.9.0.0/24"))), "tenant \"nobody\" not found");
+    assert!(matches!(m.create_network(net("b", "admin", "10.9.0.0/24")), Ok((_, true))));
+
+    // Nodes: the smallest underlay MTU bounds new networks; a node that cannot carry an
+    // existing network is refused.
+    let node = |name: &str, vtep: &str, mtu| Node { name: name.into(), vtep: ip(vtep), underlay_mtu: mtu, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() };
+    assert!(reason(m.register_node(node("n1", "192.168.0.1", 1400))).contains("underlay MTU 1400 cannot carry network \"a\" (MTU 1450 + 50 bytes"));
+    m.register_node(node("n1", "192.168.0.1", 9000)).unwrap();
+    m.register_node(node("n2", "192.168.0.2", 1600)).unwrap();
+    assert_eq!(m.create_network(net("c", "admin", "10.3.0.0/24")).unwrap().0.mtu, Some(1550), "the smallest underlay (1600) minus VXLAN");
+    assert_eq!(reason(m.register_node(node("n3", "192.168.0.2", 9000))), "VTEP address 192.168.0.2 is node \"n2\"'s");
+    assert_eq!(m.list_nodes().unwrap().len(), 2);
+    assert!(m.delete_node("n2").unwrap().is_some());
+
+    // Quotas.
+    m.create_tenant("small", Some(Quota { networks: 1 })).unwrap();
+    m.create_network(net("s1", "small", "10.50.0.0/24")).unwrap();
+    assert_eq!(reason(m.create_network(net("s2", "small", "10.51.0.0/24"))), "tenant \"small\" has 1 networks, its quota is 1");
+    m.set_quota("small", Quota { networks: 2 }).unwrap();
+    m.create_network(net("s2", "small", "10.51.0.0/24")).unwrap();
+    assert!(reason(m.create_tenant("small", Some(Quota { networks: 5 }))).contains("exists with another quota"));
+
+    // Names and shapes.
+    assert!(reason(m.create_tenant("a/b", None)).contains("without '/'"));
+    let mut p = port("a", "c1", "ns/p");
+    p.interface = "an-interface-name-too-long".into();
+    assert!(reason(m.create_port(p)).contains("1-15 characters"));
+    let mut p = port("a", "c1", "ns/p");
+    p.ips = vec![ip("fd00::5")];
+    assert_eq!(reason(m.create_port(p)), "network \"a\" has no IPv6 subnet");
+    assert!(reason(m.delete_tenant("admin")).contains("cannot be deleted"));
+
+    // Exhaustion is a clear error, and leaves nothing behind.
+    m.create_network(NetworkSpec { ipv4: Some(SubnetSpec { cidr: "10.60.0.0/30".into(), gateway: None, pools: vec![] }), ..net("tiny", "admin", "") }).unwrap();
+    m.create_port(port("tiny", "t1", "ns/t1")).unwrap();
+    m.create_port(port("tiny", "t2", "ns/t2")).unwrap();
+    assert_eq!(reason(m.create_port(port("tiny", "t3", "ns/t3"))), "subnet 10.60.0.0/30 has no free address left");
+    assert!(m.get_port("t3", "eth1").is_err());
+}
+
+pub fn ip_group(m: &Manager) {
+    m.create_network(net("media", "admin", "10.7.0.0/24")).unwrap();
+    let members = vec![ip("10.7.0.10"), ip("10.7.0.11"), ip("10.7.0.12")];
+    let spec = IpGroupSpec { name: "sbc".into(), network: "media".into(), members: members.clone(), size: None, grace_secs: Some(600) };
+    assert!(m.create_group(spec.clone()).unwrap().1);
+    assert!(!m.create_group(spec.clone()).unwrap().1, "idempotent");
+
+    // Plain allocations never take a member.
+    for i in 0..20 {
+        let a = m.create_port(port("media", &format!("plain{i}"), "ns/plain")).unwrap().0.addresses[0].address;
+        assert!(!members.contains(&a), "{a} is a group member");
+    }
+    let pods = ["ns/sbc-0", "ns/sbc-1", "ns/sbc-2"];
+    let in_group = |c: &str, pod: &str| PortSpec { ip_group: Some("sbc".into()), ..port("media", c, pod) };
+    let first: Vec<IpAddr> = pods.iter().enumerate().map(|(i, p)| m.create_port(in_group(&format!("a{i}"), p)).unwrap().0.addresses[0].address).collect();
+    assert_eq!(first, members);
+    assert!(reason(m.create_port(in_group("x", "ns/extra"))).contains("IP group \"sbc\""), "a full group says so");
+    assert!(reason(m.delete_group("media", "sbc")).contains("still has 3 members in use"));
+
+    // All three pods go away, then come back in reverse order with new containers.
+    for i in 0..3 {
+        m.delete_port(&format!("a{i}"), "eth1").unwrap();
+    }
+    for (i, p) in pods.iter().enumerate().rev() {
+        let again = m.create_port(in_group(&format!("b{i}"), p)).unwrap().0.addresses[0].address;
+        assert_eq!(again, first[i], "{p} gets its own address back");
+    }
+    for i in 0..3 {
+        m.delete_port(&format!("b{i}"), "eth1").unwrap();
+    }
+    assert!(m.delete_group("media", "sbc").unwrap().is_some());
+    assert!(m.store().allocations("media.v4").unwrap().iter().all(|(a, _)| !members.contains(a)), "members went back to the network");
+
+    // Count mode, and members that are already taken.
+    let (g, _) = m.create_group(IpGroupSpec { name: "n3".into(), network: "media".into(), members: vec![], size: Some(3), grace_secs: Some(60) }).unwrap();
+    assert_eq!(g.members.len(), 3);
+    let taken = m.get_port("plain0", "eth1").unwrap().addresses[0].address;
+    let bad = IpGroupSpec { name: "bad".into(), network: "media".into(), members: vec![ip("10.7.0.200"), taken], size: None, grace_secs: Some(60) };
+    assert_eq!(reason(m.create_group(bad)), format!("{taken} is already allocated to plain0/eth1"));
+    assert!(m.store().allocations("media.v4").unwrap().iter().all(|(a, _)| *a != ip("10.7.0.200")), "a refused group gives back what it took");
+}
