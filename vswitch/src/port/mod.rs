@@ -6,6 +6,7 @@ pub mod afpacket;
 pub mod afxdp;
 pub mod bpf;
 pub mod ethtool;
+pub mod link;
 pub mod netlink;
 pub mod ring;
 mod sys;

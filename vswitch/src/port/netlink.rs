@@ -60,6 +60,13 @@ impl Msg {
         self
     }
 
+    /// Bytes as they are (a fixed header inside a nested attribute).
+    pub fn raw(&mut self, b: &[u8]) -> &mut Msg {
+        self.buf.extend_from_slice(b);
+        self.pad();
+        self
+    }
+
     pub fn str(&mut self, ty: u16, s: &str) -> &mut Msg {
         let mut v = s.as_bytes().to_vec();
         v.push(0);

@@ -5,7 +5,6 @@
 use crate::state::Device;
 use knitter_vhost::backend::{self, Server};
 use knitter_vhost::port::VhostPort;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use vswitch::Pool;
 use vswitch::port::Port;
@@ -38,20 +37,9 @@ pub struct DeviceError {
     source: std::io::Error,
 }
 
-/// Runs `f` on a fresh thread inside the network namespace `netns` (as in /run/netns), so
-/// the sockets it opens live there while the daemon's threads stay where they are.
+/// Runs `f` on a fresh thread inside the network namespace `netns` (as in /run/netns).
 fn in_netns<R: Send + 'static>(netns: &str, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
-    let path = format!("/run/netns/{netns}");
-    let ns = std::fs::File::open(&path).map_err(|e| std::io::Error::new(e.kind(), format!("network namespace {path}: {e}")))?;
-    std::thread::spawn(move || {
-        // SAFETY: setns on a descriptor we own; it moves only this short-lived thread.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .map_err(|_| std::io::Error::other("the namespace thread panicked"))?
+    vswitch::port::link::in_netns(&format!("/run/netns/{netns}"), f)
 }
 
 fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
