@@ -260,7 +260,11 @@ pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
 }
 
 fn owner(o: i32) -> &'static str {
-    if o == pb::Owner::Manager as i32 { "manager" } else { "local" }
+    match pb::Owner::try_from(o) {
+        Ok(pb::Owner::Manager) => "manager",
+        Ok(pb::Owner::Attach) => "attach",
+        _ => "local",
+    }
 }
 
 fn device(d: &Option<pb::Device>) -> String {

@@ -16,7 +16,7 @@ pub struct Api {
 }
 
 /// How each refusal reaches a client.
-fn status(e: NodeError) -> Status {
+pub(crate) fn status(e: NodeError) -> Status {
     let msg = e.to_string();
     match e {
         NodeError::Exists { .. } => Status::already_exists(msg),
@@ -38,7 +38,7 @@ fn applied(r: Result<u64, NodeError>) -> Result<Response<pb::Applied>, Status> {
 }
 
 /// Runs a blocking node operation (device opens, PMD hand-over) off the async workers.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
     tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("operation panicked: {e}")))
 }
 

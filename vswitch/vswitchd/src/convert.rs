@@ -38,6 +38,7 @@ pub fn owner_from(o: i32) -> Result<Owner, FieldError> {
     match pb::Owner::try_from(o) {
         Ok(pb::Owner::Local) => Ok(Owner::Local),
         Ok(pb::Owner::Manager) => Ok(Owner::Manager),
+        Ok(pb::Owner::Attach) => Ok(Owner::Attach),
         Err(_) => Err(bad("owner", format!("{o} is not an owner"))),
     }
 }
@@ -46,6 +47,7 @@ pub fn owner_to(o: Owner) -> i32 {
     match o {
         Owner::Local => pb::Owner::Local as i32,
         Owner::Manager => pb::Owner::Manager as i32,
+        Owner::Attach => pb::Owner::Attach as i32,
     }
 }
 

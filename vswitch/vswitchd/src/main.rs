@@ -3,11 +3,13 @@
 //! runs, and stops cleanly on SIGTERM or SIGINT.
 
 mod api;
+mod attach;
 mod convert;
 mod devices;
 mod events;
 mod metrics;
 mod node;
+mod plumb;
 mod settings;
 mod state;
 mod sync;
@@ -86,6 +88,8 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         })
     };
     let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
+    let attacher = attach::Attacher { node: node.clone(), manager: s.manager.clone() };
+    let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");
         tokio::spawn(sync::run(node.clone(), link))
@@ -134,6 +138,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service)
+        .add_service(knitter_api::node::attach_server::AttachServer::new(attacher))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stopped(stop_rx.clone()));
     // Open connections get a moment to finish their calls; a client that never lets go
     // does not hold the stop.
@@ -146,6 +151,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     aging.abort();
     links.abort();
+    releases.abort();
     if let Some(m) = manager {
         m.abort();
     }

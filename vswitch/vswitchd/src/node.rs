@@ -182,6 +182,67 @@ impl Node {
         r
     }
 
+    /// Attaches a pod's port (owner `attach`) and records its attachment, in one change; on
+    /// refusal the device is closed again.
+    pub fn attach_port(&self, spec: PortSpec, record: crate::attach::Record) -> Result<u64, NodeError> {
+        let mut inner = self.inner();
+        let name = spec.config.name.clone();
+        if let Some(p) = inner.state.port(&name) {
+            return Err(NodeError::Exists { kind: "port", name, owner: p.owner });
+        }
+        let mut candidate = inner.state.clone();
+        candidate.ports.push(Owned { owner: Owner::Attach, item: spec });
+        candidate.attachments.retain(|a| a.key() != record.key());
+        candidate.attachments.push(record);
+        self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name))?;
+        let r = self.commit(&mut inner, candidate);
+        if r.is_err() {
+            self.close_ports(&mut inner, &[name], None);
+        }
+        r
+    }
+
+    /// Removes an attachment's port and record in one change; the record, if there was one.
+    pub fn detach_port(&self, key: &crate::attach::Key) -> Result<Option<crate::attach::Record>, NodeError> {
+        let mut inner = self.inner();
+        let Some(record) = inner.state.attachments.iter().find(|a| a.key() == *key).cloned() else { return Ok(None) };
+        let mut candidate = inner.state.clone();
+        candidate.attachments.retain(|a| a.key() != *key);
+        let port = record.host_ifname.clone();
+        let had_port = candidate.port(&port).is_some_and(|p| p.owner == Owner::Attach);
+        if had_port {
+            candidate.ports.retain(|p| p.item.config.name != port);
+        }
+        let generation = self.commit(&mut inner, candidate)?;
+        if had_port {
+            self.close_ports(&mut inner, &[port], Some(generation));
+        }
+        Ok(Some(record))
+    }
+
+    /// Changes what the state holds beside the switch's configuration (pending releases)
+    /// and persists it.
+    pub fn edit_state(&self, f: impl FnOnce(&mut NodeState)) -> Result<(), NodeError> {
+        let mut inner = self.inner();
+        f(&mut inner.state);
+        if let Some(path) = &self.opts.state_file {
+            inner.state.save(path)?;
+        }
+        Ok(())
+    }
+
+    /// Adds the manager's bridge domain for a network a pod is being attached to, unless it
+    /// runs already (the sync stream converges it with flood lists and MACs after).
+    pub fn ensure_manager_bridge(&self, bridge: BridgeConfig) -> Result<(), NodeError> {
+        if self.inner().state.bridge(&bridge.name).is_some() {
+            return Ok(());
+        }
+        match self.add_bridge(bridge, Owner::Manager, false) {
+            Ok(_) | Err(NodeError::Exists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes a port from the switch, then closes its device.
     pub fn delete_port(&self, name: &str, owner: Owner) -> Result<u64, NodeError> {
         let mut inner = self.inner();
@@ -254,7 +315,7 @@ impl Node {
             match b.owner {
                 Owner::Local if doc.bridge(&b.item.name).is_none() => report.removed.push(format!("bridge {}", b.item.name)),
                 Owner::Local => {}
-                Owner::Manager => candidate.bridges.push(b.clone()),
+                Owner::Manager | Owner::Attach => candidate.bridges.push(b.clone()),
             }
         }
         candidate.bridges.extend(doc.bridges.iter().map(|b| Owned { owner: Owner::Local, item: b.item.clone() }));
@@ -282,7 +343,7 @@ impl Node {
                     gone_ports.push(name.clone());
                 }
                 Owner::Local => {}
-                Owner::Manager => candidate.ports.push(p.clone()),
+                Owner::Manager | Owner::Attach => candidate.ports.push(p.clone()),
             }
         }
         candidate.ports.extend(doc.ports.iter().map(|p| Owned { owner: Owner::Local, item: p.item.clone() }));
@@ -341,8 +402,16 @@ impl Node {
             candidate.bridges.push(Owned { owner: Owner::Manager, item: b });
         }
         for b in state.bridges.iter().filter(|b| b.owner == Owner::Manager) {
-            if candidate.bridge(&b.item.name).is_none_or(|c| c.owner != Owner::Manager) {
+            if candidate.bridge(&b.item.name).is_some() {
+                continue;
+            }
+            let users: Vec<&str> = state.ports.iter().filter(|p| matches!(&p.item.config.mode, PortMode::Access { bridge } if *bridge == b.item.name)).map(|p| p.item.config.name.as_str()).collect();
+            if users.is_empty() {
                 report.removed.push(format!("bridge {}", b.item.name));
+            } else {
+                // Ports still use it (a pod attached before the manager's next state): keep it.
+                report.skipped.push(format!("removing bridge {} (ports {} use it)", b.item.name, users.join(", ")));
+                candidate.bridges.push(b.clone());
             }
         }
         if peers != state.manager_peers {
@@ -398,6 +467,11 @@ impl Node {
         let inner = self.inner();
         let v = inner.open.get(name)?.vhost.as_ref()?;
         Some(v.running_pairs() > 0)
+    }
+
+    /// Whether the PMD threads run (until `stop`).
+    pub fn running(&self) -> bool {
+        self.pmd.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     /// Stops the PMD threads and closes every device.

@@ -18,6 +18,8 @@ pub enum Owner {
     Local,
     /// knitter-manager's stream.
     Manager,
+    /// Pod attachments (the attach API, knitter-cni).
+    Attach,
 }
 
 impl std::fmt::Display for Owner {
@@ -25,6 +27,7 @@ impl std::fmt::Display for Owner {
         f.write_str(match self {
             Owner::Local => "local",
             Owner::Manager => "manager",
+            Owner::Attach => "attach",
         })
     }
 }
@@ -149,6 +152,12 @@ pub struct NodeState {
     /// whoever's it is).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub manager_peers: Vec<PeerConfig>,
+    /// Pods' interfaces attached through the attach API (their ports are owned by `attach`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<crate::attach::Record>,
+    /// Port releases the manager has not acknowledged yet (it was unreachable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_releases: Vec<crate::attach::Key>,
 }
 
 /// Errors reading or writing the persisted state.

@@ -1,0 +1,451 @@
+//! Pod attachments (`knitter.node.v1.Attach`, after the KNI proposal): the node's side of
+//! knitter-cni. Attaching asks the manager for the port (addresses, MAC, segment, MTU),
+//! makes sure the network's bridge domain runs here, plumbs the pod's interface
+//! (`plumb.rs`) and attaches its host end to the switch with port security, recording the
+//! attachment in the node's persisted state together with the port (owner `attach`).
+//! Detaching undoes it without needing the pod's namespace and releases the port on the
+//! manager, or queues the release (persisted) and retries it while the manager is away.
+
+use crate::api::{blocking, status as node_status};
+use crate::node::Node;
+use crate::plumb::{self, Plan};
+use crate::state::{Device, Owner, PortSpec};
+use crate::sync::ManagerLink;
+use knitter_api::manager as mpb;
+use knitter_api::node as pb;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+use vswitch::config::{BridgeConfig, PortConfig};
+use vswitch::wire::MacAddr;
+
+/// An attachment's key: the container's interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Address {
+    pub ip: IpAddr,
+    pub prefix: u8,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub dst: IpAddr,
+    pub prefix: u8,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+}
+
+/// An attachment as the node keeps it (in its state file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub network: String,
+    pub cni_network: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    pub addresses: Vec<Address>,
+    pub routes: Vec<Route>,
+    pub host_ifname: String,
+    pub network_kind: String,
+    pub segment: u32,
+}
+
+impl Record {
+    pub fn key(&self) -> Key {
+        Key { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+    }
+
+    fn plan(&self) -> Plan {
+        Plan {
+            host: self.host_ifname.clone(),
+            temp: temp_name(&self.key()),
+            netns: self.netns.clone(),
+            ifname: self.ifname.clone(),
+            mac: self.mac,
+            mtu: self.mtu,
+            addresses: self.addresses.iter().map(|a| (a.ip, a.prefix)).collect(),
+            routes: self.routes.iter().map(|r| (r.dst, r.prefix, r.gateway)).collect(),
+        }
+    }
+
+    fn to_pb(&self, problems: Vec<String>) -> pb::Attachment {
+        pb::Attachment {
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
+            netns: self.netns.clone(),
+            network: self.network.clone(),
+            cni_network: self.cni_network.clone(),
+            pod_namespace: self.pod_namespace.clone(),
+            pod_name: self.pod_name.clone(),
+            mac: plumb::mac_text(self.mac),
+            mtu: self.mtu,
+            ips: self.addresses.iter().map(|a| pb::IpConfig { address: format!("{}/{}", a.ip, a.prefix), gateway: a.gateway.map(|g| g.to_string()) }).collect(),
+            routes: self.routes.iter().map(|r| pb::RouteConfig { dst: format!("{}/{}", r.dst, r.prefix), gateway: r.gateway.map(|g| g.to_string()) }).collect(),
+            host_ifname: self.host_ifname.clone(),
+            network_kind: self.network_kind.clone(),
+            segment: self.segment,
+            problems,
+        }
+    }
+}
+
+/// A short stable name for a key's interface on the node (≤ 15 bytes): `prefix` and 10 hex
+/// digits of an FNV-1a hash of the key.
+fn short_name(prefix: &str, k: &Key) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in k.container_id.bytes().chain([0]).chain(k.ifname.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{prefix}{:010x}", h & 0xff_ffff_ffff)
+}
+
+fn host_name(k: &Key) -> String {
+    short_name("kn", k)
+}
+
+fn temp_name(k: &Key) -> String {
+    short_name("kt", k)
+}
+
+/// The attach service over a node and, when configured, its manager.
+#[derive(Clone)]
+pub struct Attacher {
+    pub node: Arc<Node>,
+    pub manager: Option<ManagerLink>,
+}
+
+/// How often queued releases are retried.
+const RELEASE_RETRY: Duration = Duration::from_secs(5);
+
+impl Attacher {
+    fn link(&self) -> Result<&ManagerLink, Status> {
+        self.manager.as_ref().ok_or_else(|| Status::failed_precondition("knitter-vswitchd has no manager configured (--manager): pods get their addresses from it"))
+    }
+
+    fn client(link: &ManagerLink) -> Result<mpb::manager_client::ManagerClient<tonic::transport::Channel>, Status> {
+        let ch = tonic::transport::Channel::from_shared(format!("http://{}", link.address))
+            .map_err(|e| Status::invalid_argument(format!("manager address {:?}: {e}", link.address)))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .connect_lazy();
+        Ok(mpb::manager_client::ManagerClient::new(ch))
+    }
+
+    fn authed<T>(link: &ManagerLink, msg: T) -> Result<Request<T>, Status> {
+        let mut r = Request::new(msg);
+        if let Some(t) = &link.token {
+            r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| Status::internal("the manager token is not valid metadata"))?);
+        }
+        Ok(r)
+    }
+
+    /// The manager's refusal, or its absence, said for a CNI user.
+    fn manager_error(s: Status) -> Status {
+        match s.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => Status::unavailable(format!("the manager is unreachable: {}", s.message())),
+            code => Status::new(code, format!("the manager refused: {}", s.message())),
+        }
+    }
+
+    pub async fn attach(&self, r: pb::AttachRequest) -> Result<pb::Attachment, Status> {
+        if r.container_id.is_empty() || r.network.is_empty() || r.netns.is_empty() {
+            return Err(Status::invalid_argument("container_id, network and netns are required"));
+        }
+        if r.ifname.is_empty() || r.ifname.len() > 15 || r.ifname.contains(['/', ' ', '\0']) {
+            return Err(Status::invalid_argument(format!("interface name {:?} must be 1-15 characters without '/' or spaces", r.ifname)));
+        }
+        let key = Key { container_id: r.container_id.clone(), ifname: r.ifname.clone() };
+        if let Some(have) = self.node.state().attachments.iter().find(|a| a.key() == key) {
+            if have.network == r.network && have.netns == r.netns {
+                return Ok(have.to_pb(Vec::new()));
+            }
+            return Err(Status::already_exists(format!("{}/{} is attached to network {} in {}", key.container_id, key.ifname, have.network, have.netns)));
+        }
+        let mac_override = r.mac.as_deref().map(|m| m.parse::<MacAddr>().map_err(|_| Status::invalid_argument(format!("MAC {m:?} is malformed")))).transpose()?;
+        let link = self.link()?.clone();
+        let spec = mpb::PortSpec {
+            network: r.network.clone(),
+            container: r.container_id.clone(),
+            interface: r.ifname.clone(),
+            pod: if r.pod_namespace.is_empty() && r.pod_name.is_empty() { String::new() } else { format!("{}/{}", r.pod_namespace, r.pod_name) },
+            node: link.node_name.clone(),
+            ips: r.ips.clone(),
+            ip_group: r.ip_group.clone(),
+        };
+        let port = Self::client(&link)?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
+        let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
+        let made = self.plumb_and_attach(&r, &key, &port, mac_override).await;
+        if made.is_err() {
+            self.release(&key).await;
+        }
+        made
+    }
+
+    /// Everything after the manager's port: the bridge, the interface, the switch port.
+    async fn plumb_and_attach(&self, r: &pb::AttachRequest, key: &Key, port: &mpb::Port, mac: Option<MacAddr>) -> Result<pb::Attachment, Status> {
+        let bad = |what: &str, v: &str| Status::internal(format!("the manager sent a malformed {what} {v:?}"));
+        let mac = match mac {
+            Some(m) => m,
+            None => port.mac.parse::<MacAddr>().map_err(|_| bad("MAC", &port.mac))?,
+        };
+        let mut addresses = Vec::new();
+        for a in &port.addresses {
+            let ip: IpAddr = a.address.parse().map_err(|_| bad("address", &a.address))?;
+            let gateway = a.gateway.as_deref().map(|g| g.parse::<IpAddr>().map_err(|_| bad("gateway", g))).transpose()?;
+            addresses.push(Address { ip, prefix: a.prefix as u8, gateway });
+        }
+        let routes = if r.default_route {
+            addresses
+                .iter()
+                .filter_map(|a| {
+                    let any = if a.ip.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
+                    a.gateway.map(|g| Route { dst: any, prefix: 0, gateway: Some(g) })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let record = Record {
+            container_id: key.container_id.clone(),
+            ifname: key.ifname.clone(),
+            netns: r.netns.clone(),
+            network: r.network.clone(),
+            cni_network: r.cni_network.clone(),
+            pod_namespace: r.pod_namespace.clone(),
+            pod_name: r.pod_name.clone(),
+            mac: mac.0,
+            mtu: port.mtu,
+            addresses,
+            routes,
+            host_ifname: host_name(key),
+            network_kind: port.kind.clone(),
+            segment: port.segment,
+        };
+        let mut bridge = BridgeConfig::new(&r.network);
+        match port.kind.as_str() {
+            "vlan" => bridge.vlan = Some(u16::try_from(port.segment).map_err(|_| bad("VLAN", &port.segment.to_string()))?),
+            _ => bridge.vni = Some(port.segment),
+        }
+        let node = self.node.clone();
+        blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
+        let plan = record.plan();
+        blocking(move || plumb::plumb(&plan))
+            .await?
+            .map_err(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) })?;
+        let ips: Vec<IpAddr> = record.addresses.iter().map(|a| a.ip).collect();
+        let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
+        config.mtu = u16::try_from(record.mtu).unwrap_or(u16::MAX);
+        let spec = PortSpec { device: Device::AfXdp { ifname: record.host_ifname.clone(), netns: None }, config };
+        let (node, rec) = (self.node.clone(), record.clone());
+        let attached = blocking(move || node.attach_port(spec, rec)).await?;
+        if let Err(e) = attached {
+            let host = record.host_ifname.clone();
+            let _ = blocking(move || plumb::unplumb(&host)).await;
+            return Err(node_status(e));
+        }
+        tracing::info!(container = %key.container_id, ifname = %key.ifname, network = %record.network, port = %record.host_ifname, "pod attached");
+        Ok(record.to_pb(Vec::new()))
+    }
+
+    /// Releases the key's port on the manager, or queues the release when it cannot be
+    /// reached; says whether it was queued.
+    async fn release(&self, key: &Key) -> bool {
+        let Ok(link) = self.link().cloned() else { return false };
+        let msg = mpb::PortName { container: key.container_id.clone(), interface: key.ifname.clone() };
+        let done = match (Self::client(&link), Self::authed(&link, msg)) {
+            (Ok(mut c), Ok(req)) => match c.delete_port(req).await {
+                Ok(_) => true,
+                Err(s) if s.code() == tonic::Code::NotFound => true,
+                Err(s) => {
+                    tracing::warn!(container = %key.container_id, ifname = %key.ifname, error = %s.message(), "port release queued");
+                    false
+                }
+            },
+            _ => false,
+        };
+        if !done {
+            let (node, k) = (self.node.clone(), key.clone());
+            let _ = blocking(move || {
+                node.edit_state(|s| {
+                    if !s.pending_releases.contains(&k) {
+                        s.pending_releases.push(k);
+                    }
+                })
+            })
+            .await;
+        }
+        !done
+    }
+
+    pub async fn detach(&self, r: pb::DetachRequest) -> Result<pb::DetachReply, Status> {
+        if r.container_id.is_empty() {
+            return Err(Status::invalid_argument("container_id is required"));
+        }
+        let keys: Vec<Key> = match r.ifname.as_str() {
+            "" => self.node.state().attachments.iter().filter(|a| a.container_id == r.container_id).map(Record::key).collect(),
+            i => vec![Key { container_id: r.container_id.clone(), ifname: i.into() }],
+        };
+        let mut reply = pb::DetachReply::default();
+        for key in keys {
+            let (node, k) = (self.node.clone(), key.clone());
+            let record = blocking(move || node.detach_port(&k)).await?.map_err(node_status)?;
+            if let Some(rec) = &record {
+                let host = rec.host_ifname.clone();
+                blocking(move || plumb::unplumb(&host)).await?.map_err(|e| Status::internal(format!("removing the pod's interface: {e}")))?;
+                reply.detached.push(key.ifname.clone());
+                tracing::info!(container = %key.container_id, ifname = %key.ifname, "pod detached");
+            }
+            reply.release_queued |= self.release(&key).await;
+        }
+        Ok(reply)
+    }
+
+    pub async fn query(&self, r: pb::QueryPodRequest) -> Result<pb::PodNetwork, Status> {
+        let records: Vec<Record> = self
+            .node
+            .state()
+            .attachments
+            .into_iter()
+            .filter(|a| a.container_id == r.container_id && (r.ifname.is_empty() || a.ifname == r.ifname))
+            .collect();
+        let mut out = pb::PodNetwork::default();
+        for rec in records {
+            let problems = if r.verify {
+                let (node, rec2) = (self.node.clone(), rec.clone());
+                blocking(move || {
+                    let mut p = plumb::verify(&rec2.plan());
+                    if node.state().port(&rec2.host_ifname).is_none() {
+                        p.push(format!("switch port {} is gone", rec2.host_ifname));
+                    } else if let Some(why) = node.failed_ports().get(&rec2.host_ifname) {
+                        p.push(format!("switch port {} is not running: {why}", rec2.host_ifname));
+                    }
+                    p
+                })
+                .await?
+            } else {
+                Vec::new()
+            };
+            out.attachments.push(rec.to_pb(problems));
+        }
+        Ok(out)
+    }
+
+    pub fn node_networks(&self) -> pb::NodeNetworks {
+        let state = self.node.state();
+        let mut names: Vec<String> = state.bridges.iter().filter(|b| b.owner == Owner::Manager).map(|b| b.item.name.clone()).collect();
+        names.extend(state.attachments.iter().map(|a| a.network.clone()));
+        names.sort();
+        names.dedup();
+        let networks = names
+            .into_iter()
+            .map(|n| pb::NodeNetwork {
+                ready: state.bridge(&n).is_some(),
+                attachments: state.attachments.iter().filter(|a| a.network == n).count() as u32,
+                name: n,
+            })
+            .collect();
+        pb::NodeNetworks { networks }
+    }
+
+    pub async fn gc(&self, r: pb::GcRequest) -> Result<pb::GcReply, Status> {
+        let valid: Vec<Key> = r.valid.iter().map(|k| Key { container_id: k.container_id.clone(), ifname: k.ifname.clone() }).collect();
+        let stale: Vec<Key> = self.node.state().attachments.iter().filter(|a| a.cni_network == r.cni_network).map(Record::key).filter(|k| !valid.contains(k)).collect();
+        let mut reply = pb::GcReply::default();
+        for k in stale {
+            self.detach(pb::DetachRequest { container_id: k.container_id.clone(), ifname: k.ifname.clone() }).await?;
+            reply.removed.push(pb::AttachmentKey { container_id: k.container_id, ifname: k.ifname });
+        }
+        Ok(reply)
+    }
+
+    pub async fn status(&self) -> pb::AttachStatus {
+        let mut s = pb::AttachStatus { switch_running: self.node.running(), manager_reachable: false, reason: String::new() };
+        match self.link() {
+            Err(e) => s.reason = e.message().to_string(),
+            Ok(link) => {
+                let reached = match (Self::client(link), Self::authed(link, mpb::ListRequest::default())) {
+                    (Ok(mut c), Ok(req)) => tokio::time::timeout(Duration::from_secs(3), c.list_nodes(req)).await.map_err(|_| "timed out".to_string()).and_then(|r| r.map_err(|e| e.message().to_string())),
+                    _ => Err("no client".into()),
+                };
+                match reached {
+                    Ok(_) => s.manager_reachable = true,
+                    Err(why) => s.reason = format!("the manager at {} is unreachable: {why}", link.address),
+                }
+            }
+        }
+        if !s.switch_running {
+            s.reason = "the switch's PMD threads are not running".into();
+        }
+        s
+    }
+
+    /// Retries queued releases until the daemon stops.
+    pub async fn retry_releases(self) {
+        loop {
+            tokio::time::sleep(RELEASE_RETRY).await;
+            for key in self.node.state().pending_releases {
+                let (node, k) = (self.node.clone(), key.clone());
+                let _ = blocking(move || node.edit_state(|s| s.pending_releases.retain(|p| *p != k))).await;
+                if !self.release(&key).await {
+                    tracing::info!(container = %key.container_id, ifname = %key.ifname, "queued port release done");
+                }
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::attach_server::Attach for Attacher {
+    async fn attach_interface(&self, r: Request<pb::AttachRequest>) -> Result<Response<pb::Attachment>, Status> {
+        self.attach(r.into_inner()).await.map(Response::new)
+    }
+
+    async fn detach_interface(&self, r: Request<pb::DetachRequest>) -> Result<Response<pb::DetachReply>, Status> {
+        self.detach(r.into_inner()).await.map(Response::new)
+    }
+
+    async fn query_pod_network(&self, r: Request<pb::QueryPodRequest>) -> Result<Response<pb::PodNetwork>, Status> {
+        self.query(r.into_inner()).await.map(Response::new)
+    }
+
+    async fn query_node_networks(&self, _: Request<pb::QueryNodeNetworksRequest>) -> Result<Response<pb::NodeNetworks>, Status> {
+        Ok(Response::new(self.node_networks()))
+    }
+
+    async fn garbage_collect(&self, r: Request<pb::GcRequest>) -> Result<Response<pb::GcReply>, Status> {
+        self.gc(r.into_inner()).await.map(Response::new)
+    }
+
+    async fn status(&self, _: Request<pb::AttachStatusRequest>) -> Result<Response<pb::AttachStatus>, Status> {
+        Ok(Response::new(self.status().await))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_on_the_node_are_short_stable_and_distinct() {
+        let k = |c: &str, i: &str| Key { container_id: c.into(), ifname: i.into() };
+        let a = host_name(&k("3f2a9c", "eth0"));
+        assert_eq!(a.len(), 12);
+        assert_eq!(a, host_name(&k("3f2a9c", "eth0")));
+        assert_ne!(a, host_name(&k("3f2a9c", "net1")));
+        assert_ne!(host_name(&k("ab", "c")), host_name(&k("a", "bc")), "the separator counts");
+        assert_ne!(temp_name(&k("3f2a9c", "eth0")), a);
+    }
+}
