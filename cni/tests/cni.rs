@@ -7,155 +7,12 @@
 //! network; STATUS with the switch down; ADD/DEL churn leaves nothing behind. In the
 //! `serial` nextest group (the daemon runs a PMD thread).
 
-use serde_json::{Value, json};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod lab;
+
+use lab::{Lab, addr, cni_raw, pod};
+use serde_json::json;
 use std::time::{Duration, Instant};
-use vswitch::testkit::netns::{self, Netns};
-
-fn bin(name: &str) -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_knitter-cni")).with_file_name(name);
-    assert!(p.exists(), "{} is not built (cargo build --workspace)", p.display());
-    p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A node namespace running a manager and a switch.
-struct Lab {
-    dir: tempfile::TempDir,
-    node: Netns,
-    grpc: String,
-    manager: Option<Proc>,
-    switch: Option<Proc>,
-}
-
-impl Lab {
-    fn start() -> Lab {
-        let dir = tempfile::tempdir().unwrap();
-        let node = Netns::new("cn").unwrap();
-        node.run(&["ip", "link", "set", "lo", "up"]).unwrap();
-        let grpc = format!("127.0.0.1:{}", free_port());
-        let mut lab = Lab { dir, node, grpc, manager: None, switch: None };
-        lab.start_manager();
-        let socket = lab.socket();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &lab.node.name])
-            .arg(bin("knitter-vswitchd"))
-            .arg("--socket")
-            .arg(&socket)
-            .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
-            .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-token-file"])
-            .arg(lab.dir.path().join("m/token"))
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        lab.switch = Some(Proc(child));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "knitter-vswitchd did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        lab
-    }
-
-    fn start_manager(&mut self) {
-        let data = self.dir.path().join("m");
-        std::fs::create_dir_all(&data).unwrap();
-        std::fs::write(data.join("token"), "cni-test-token").unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.node.name])
-            .arg(bin("knitter-manager"))
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--grpc-listen", &self.grpc])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.manager = Some(Proc(child));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.mctl(&["tenant", "list"]).status.success() {
-            assert!(Instant::now() < deadline, "knitter-manager did not come up");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("vswitchd.sock")
-    }
-
-    /// `knitterctl manager ...` inside the node namespace.
-    fn mctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.node.name])
-            .arg(bin("knitterctl"))
-            .args(["--manager", &self.grpc, "--token-file"])
-            .arg(self.dir.path().join("m/token"))
-            .arg("manager")
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn ctl(&self, args: &[&str]) -> String {
-        let o = Command::new(bin("knitterctl")).arg("--socket").arg(self.socket()).args(args).output().unwrap();
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    fn conf(&self, version: &str, network: &str) -> Value {
-        json!({ "cniVersion": version, "name": "knitter", "type": "knitter-cni", "network": network, "socket": self.socket() })
-    }
-
-    /// Runs knitter-cni; (success, what it printed).
-    fn cni(&self, cmd: &str, container: &str, netns: &str, ifname: &str, conf: &Value) -> (bool, Value) {
-        cni_raw(cmd, container, netns, ifname, &conf.to_string())
-    }
-}
-
-fn cni_raw(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str) -> (bool, Value) {
-    let mut c = Command::new(bin("knitter-cni"))
-        .env_clear()
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", "/opt/cni/bin")
-        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let o = c.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    (o.status.success(), serde_json::from_str(out.trim()).unwrap_or(Value::Null))
-}
-
-/// A pod: its own namespace, and its path for CNI_NETNS.
-fn pod(tag: &str) -> (Netns, String) {
-    let ns = Netns::new(tag).unwrap();
-    ns.run(&["ip", "link", "set", "lo", "up"]).unwrap();
-    let path = format!("/run/netns/{}", ns.name);
-    (ns, path)
-}
-
-fn addr(result: &Value) -> String {
-    result["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap_or_default().to_string()
-}
+use vswitch::testkit::netns;
 
 #[test]
 fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
@@ -262,4 +119,36 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     assert!(!ok && r["code"] == 51, "switch down: {r}");
     let (ok, r) = lab.cni("STATUS", "", "", "", &lab.conf("1.0.0", "red"));
     assert!(!ok && r["code"] == 1, "STATUS needs 1.1.0: {r}");
+}
+
+#[test]
+fn adding_and_deleting_two_hundred_pods_leaves_nothing_behind() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["network", "create", "churn", "--ipv4", "10.62.0.0/22"]).status.success());
+    let conf = lab.conf("1.1.0", "churn");
+    // 20 pods with 10 interfaces each: 200 attachments.
+    let pods: Vec<_> = (0..20).map(|i| pod(&format!("ch{i}"))).collect();
+    let mut addresses = std::collections::HashSet::new();
+    for (i, (_, path)) in pods.iter().enumerate() {
+        for n in 0..10 {
+            let (ok, r) = lab.cni("ADD", &format!("churn-{i}"), path, &format!("net{n}"), &conf);
+            assert!(ok, "{r}");
+            assert!(addresses.insert(addr(&r)), "an address twice: {r}");
+        }
+    }
+    assert_eq!(lab.ctl(&["port", "list"]).matches(" attach").count(), 200);
+    for (i, (_, path)) in pods.iter().enumerate() {
+        for n in 0..10 {
+            assert!(lab.cni("DEL", &format!("churn-{i}"), path, &format!("net{n}"), &conf).0);
+        }
+    }
+    let node_links = lab.node.run(&["ip", "-o", "link"]).unwrap();
+    assert!(!node_links.contains(": kn"), "a veth is left on the node: {node_links}");
+    assert!(!lab.ctl(&["port", "list"]).contains("attach"), "a switch port is left");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["-o", "json", "port", "list"]).stdout).into_owned();
+    assert_eq!(ports.trim(), "[]", "a port is left on the manager");
+    for (ns, _) in &pods {
+        assert_eq!(ns.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "only lo is left in {}", ns.name);
+    }
 }

@@ -138,7 +138,7 @@ fn main() -> Result<()> {
         let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
         let grpc = tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), stopped(stop_rx.clone()));
+            .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped(stop_rx.clone()));
         let rest = rest::serve(listener, rest::Api { manager, token }, stopped(stop_rx.clone()));
         // Sync streams stay open until their nodes go: give them 2 s after a stop.
         let deadline = async {

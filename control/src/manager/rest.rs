@@ -276,6 +276,11 @@ pub fn router(api: Api) -> Router {
 
 /// Serves the API on `listener` until `stop` resolves.
 pub async fn serve(listener: tokio::net::TcpListener, api: Api, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
+    // Small replies must not wait for Nagle.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }

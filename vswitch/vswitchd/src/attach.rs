@@ -123,24 +123,39 @@ fn temp_name(k: &Key) -> String {
 /// The attach service over a node and, when configured, its manager.
 #[derive(Clone)]
 pub struct Attacher {
-    pub node: Arc<Node>,
-    pub manager: Option<ManagerLink>,
+    node: Arc<Node>,
+    /// The manager and one channel to it, kept (a connection per call costs a handshake).
+    manager: Option<(ManagerLink, tonic::transport::Channel)>,
 }
 
 /// How often queued releases are retried.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 impl Attacher {
-    fn link(&self) -> Result<&ManagerLink, Status> {
-        self.manager.as_ref().ok_or_else(|| Status::failed_precondition("knitter-vswitchd has no manager configured (--manager): pods get their addresses from it"))
+    /// The service (call within the runtime: the manager's channel connects lazily).
+    pub fn new(node: Arc<Node>, link: Option<ManagerLink>) -> anyhow::Result<Attacher> {
+        let manager = match link {
+            None => None,
+            Some(link) => {
+                let ch = tonic::transport::Channel::from_shared(format!("http://{}", link.address))
+                    .map_err(|e| anyhow::anyhow!("manager address {:?}: {e}", link.address))?
+                    .connect_timeout(Duration::from_secs(2))
+                    .timeout(Duration::from_secs(10))
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                Some((link, ch))
+            }
+        };
+        Ok(Attacher { node, manager })
     }
 
-    fn client(link: &ManagerLink) -> Result<mpb::manager_client::ManagerClient<tonic::transport::Channel>, Status> {
-        let ch = tonic::transport::Channel::from_shared(format!("http://{}", link.address))
-            .map_err(|e| Status::invalid_argument(format!("manager address {:?}: {e}", link.address)))?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(10))
-            .connect_lazy();
+    fn link(&self) -> Result<&ManagerLink, Status> {
+        self.manager.as_ref().map(|(l, _)| l).ok_or_else(|| Status::failed_precondition("knitter-vswitchd has no manager configured (--manager): pods get their addresses from it"))
+    }
+
+    fn client(&self) -> Result<mpb::manager_client::ManagerClient<tonic::transport::Channel>, Status> {
+        self.link()?;
+        let ch = self.manager.as_ref().map(|(_, c)| c.clone()).ok_or_else(|| Status::internal("no channel"))?;
         Ok(mpb::manager_client::ManagerClient::new(ch))
     }
 
@@ -185,7 +200,9 @@ impl Attacher {
             ips: r.ips.clone(),
             ip_group: r.ip_group.clone(),
         };
-        let port = Self::client(&link)?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
+        let t0 = std::time::Instant::now();
+        let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: manager port");
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
         let made = self.plumb_and_attach(&r, &key, &port, mac_override).await;
         if made.is_err() {
@@ -241,9 +258,12 @@ impl Attacher {
         }
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
+        let t0 = std::time::Instant::now();
         let plan = record.plan();
-        blocking(move || plumb::plumb(&plan))
-            .await?
+        let plumbed = blocking(move || plumb::plumb(&plan)).await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: plumbed");
+        let t0 = std::time::Instant::now();
+        plumbed
             .map_err(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) })?;
         let ips: Vec<IpAddr> = record.addresses.iter().map(|a| a.ip).collect();
         let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
@@ -251,6 +271,7 @@ impl Attacher {
         let spec = PortSpec { device: Device::AfXdp { ifname: record.host_ifname.clone(), netns: None }, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: switch port");
         if let Err(e) = attached {
             let host = record.host_ifname.clone();
             let _ = blocking(move || plumb::unplumb(&host)).await;
@@ -265,7 +286,7 @@ impl Attacher {
     async fn release(&self, key: &Key) -> bool {
         let Ok(link) = self.link().cloned() else { return false };
         let msg = mpb::PortName { container: key.container_id.clone(), interface: key.ifname.clone() };
-        let done = match (Self::client(&link), Self::authed(&link, msg)) {
+        let done = match (self.client(), Self::authed(&link, msg)) {
             (Ok(mut c), Ok(req)) => match c.delete_port(req).await {
                 Ok(_) => true,
                 Err(s) if s.code() == tonic::Code::NotFound => true,
@@ -376,7 +397,7 @@ impl Attacher {
         match self.link() {
             Err(e) => s.reason = e.message().to_string(),
             Ok(link) => {
-                let reached = match (Self::client(link), Self::authed(link, mpb::ListRequest::default())) {
+                let reached = match (self.client(), Self::authed(link, mpb::ListRequest::default())) {
                     (Ok(mut c), Ok(req)) => tokio::time::timeout(Duration::from_secs(3), c.list_nodes(req)).await.map_err(|_| "timed out".to_string()).and_then(|r| r.map_err(|e| e.message().to_string())),
                     _ => Err("no client".into()),
                 };

@@ -88,7 +88,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         })
     };
     let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
-    let attacher = attach::Attacher { node: node.clone(), manager: s.manager.clone() };
+    let attacher = attach::Attacher::new(node.clone(), s.manager.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");
@@ -127,7 +127,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
             .add_service(health_service.clone())
             .add_service(reflection.clone())
             .add_service(service.clone())
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(tcp), stopped(stop_rx.clone()));
+            .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(tcp).with_nodelay(Some(true)), stopped(stop_rx.clone()));
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "node API on TCP failed");

@@ -1,0 +1,156 @@
+//! The test lab: a "node" network namespace running knitter-manager and knitter-vswitchd
+//! (the workspace's builds), pods as namespaces, and knitter-cni run as runtimes run it.
+//! Shared by tests/cni.rs and benches/attach.rs.
+#![allow(dead_code)]
+
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vswitch::testkit::netns::Netns;
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_knitter-cni")).with_file_name(name);
+    assert!(p.exists(), "{} is not built (cargo build --workspace)", p.display());
+    p
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A process killed on drop.
+pub struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node namespace running a manager and a switch.
+pub struct Lab {
+    pub dir: tempfile::TempDir,
+    pub node: Netns,
+    pub grpc: String,
+    pub manager: Option<Proc>,
+    pub switch: Option<Proc>,
+}
+
+impl Lab {
+    pub fn start() -> Lab {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Netns::new("cn").unwrap();
+        node.run(&["ip", "link", "set", "lo", "up"]).unwrap();
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let mut lab = Lab { dir, node, grpc, manager: None, switch: None };
+        lab.start_manager();
+        let socket = lab.socket();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &lab.node.name])
+            .arg(bin("knitter-vswitchd"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
+            .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-token-file"])
+            .arg(lab.dir.path().join("m/token"))
+            .env("RUST_LOG", std::env::var("KNITTER_LAB_LOG").unwrap_or_else(|_| "warn".into()))
+            .stderr(std::env::var_os("KNITTER_LAB_LOG").map_or(Stdio::null(), |_| Stdio::inherit()))
+            .spawn()
+            .unwrap();
+        lab.switch = Some(Proc(child));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "knitter-vswitchd did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        lab
+    }
+
+    pub fn start_manager(&mut self) {
+        let data = self.dir.path().join("m");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("token"), "cni-test-token").unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.node.name])
+            .arg(bin("knitter-manager"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--grpc-listen", &self.grpc])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.manager = Some(Proc(child));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.mctl(&["tenant", "list"]).status.success() {
+            assert!(Instant::now() < deadline, "knitter-manager did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("vswitchd.sock")
+    }
+
+    /// `knitterctl manager ...` inside the node namespace.
+    pub fn mctl(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.node.name])
+            .arg(bin("knitterctl"))
+            .args(["--manager", &self.grpc, "--token-file"])
+            .arg(self.dir.path().join("m/token"))
+            .arg("manager")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let o = Command::new(bin("knitterctl")).arg("--socket").arg(self.socket()).args(args).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    pub fn conf(&self, version: &str, network: &str) -> Value {
+        json!({ "cniVersion": version, "name": "knitter", "type": "knitter-cni", "network": network, "socket": self.socket() })
+    }
+
+    /// Runs knitter-cni; (success, what it printed).
+    pub fn cni(&self, cmd: &str, container: &str, netns: &str, ifname: &str, conf: &Value) -> (bool, Value) {
+        cni_raw(cmd, container, netns, ifname, &conf.to_string())
+    }
+}
+
+pub fn cni_raw(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str) -> (bool, Value) {
+    let mut c = Command::new(bin("knitter-cni"))
+        .env_clear()
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", "/opt/cni/bin")
+        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    (o.status.success(), serde_json::from_str(out.trim()).unwrap_or(Value::Null))
+}
+
+/// A pod: its own namespace, and its path for CNI_NETNS.
+pub fn pod(tag: &str) -> (Netns, String) {
+    let ns = Netns::new(tag).unwrap();
+    ns.run(&["ip", "link", "set", "lo", "up"]).unwrap();
+    let path = format!("/run/netns/{}", ns.name);
+    (ns, path)
+}
+
+pub fn addr(result: &Value) -> String {
+    result["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap_or_default().to_string()
+}
+
