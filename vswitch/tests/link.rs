@@ -55,4 +55,16 @@ fn a_pod_interface_is_plumbed_and_read_back() {
     assert!(link::in_netns(&host_path, || link::delete("kn-host0")).unwrap());
     assert!(!link::in_netns(&host_path, || link::delete("kn-host0")).unwrap(), "a second delete finds nothing");
     assert!(link::in_netns(&pod_path, || link::link("net1")).unwrap().is_none(), "the pod end went with it");
+    // A pair made with its peer already in the pod, named, with its MAC and MTU.
+    let p = pod_path.clone();
+    link::in_netns(&host_path, move || {
+        let ns = std::fs::File::open(&p)?;
+        link::add_veth_to("kn-host1", Some(1400), &link::VethPeer { name: "net2", netns: Some(&ns), mac: Some(mac), mtu: Some(1400) })?;
+        assert_eq!(link::link("kn-host1")?.map(|l| l.mtu), Some(1400));
+        Ok(())
+    })
+    .unwrap();
+    let peer = link::in_netns(&pod_path, || link::link("net2")).unwrap().expect("net2 was made in the pod");
+    assert_eq!((peer.mac, peer.mtu), (mac, 1400));
+    assert!(link::in_netns(&host_path, || link::delete("kn-host1")).unwrap());
 }

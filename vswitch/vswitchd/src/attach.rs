@@ -71,7 +71,6 @@ impl Record {
     fn plan(&self) -> Plan {
         Plan {
             host: self.host_ifname.clone(),
-            temp: temp_name(&self.key()),
             netns: self.netns.clone(),
             ifname: self.ifname.clone(),
             mac: self.mac,
@@ -116,9 +115,6 @@ fn host_name(k: &Key) -> String {
     short_name("kn", k)
 }
 
-fn temp_name(k: &Key) -> String {
-    short_name("kt", k)
-}
 
 /// The attach service over a node and, when configured, its manager.
 #[derive(Clone)]
@@ -200,9 +196,7 @@ impl Attacher {
             ips: r.ips.clone(),
             ip_group: r.ip_group.clone(),
         };
-        let t0 = std::time::Instant::now();
         let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: manager port");
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
         let made = self.plumb_and_attach(&r, &key, &port, mac_override).await;
         if made.is_err() {
@@ -258,11 +252,8 @@ impl Attacher {
         }
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
-        let t0 = std::time::Instant::now();
         let plan = record.plan();
         let plumbed = blocking(move || plumb::plumb(&plan)).await?;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: plumbed");
-        let t0 = std::time::Instant::now();
         plumbed
             .map_err(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) })?;
         let ips: Vec<IpAddr> = record.addresses.iter().map(|a| a.ip).collect();
@@ -271,7 +262,6 @@ impl Attacher {
         let spec = PortSpec { device: Device::AfXdp { ifname: record.host_ifname.clone(), netns: None }, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "attach: switch port");
         if let Err(e) = attached {
             let host = record.host_ifname.clone();
             let _ = blocking(move || plumb::unplumb(&host)).await;
@@ -467,6 +457,5 @@ mod tests {
         assert_eq!(a, host_name(&k("3f2a9c", "eth0")));
         assert_ne!(a, host_name(&k("3f2a9c", "net1")));
         assert_ne!(host_name(&k("ab", "c")), host_name(&k("a", "bc")), "the separator counts");
-        assert_ne!(temp_name(&k("3f2a9c", "eth0")), a);
     }
 }

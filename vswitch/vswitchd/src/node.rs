@@ -215,7 +215,9 @@ impl Node {
         }
         let generation = self.commit(&mut inner, candidate)?;
         if had_port {
-            self.close_ports(&mut inner, &[port], Some(generation));
+            // Closing an AF_XDP socket waits for the kernel (about 20 ms); the pod's veth is
+            // deleted next, so nothing reuses the device: close it on the side.
+            drop_later(self.take_ports(&mut inner, &[port], Some(generation)));
         }
         Ok(Some(record))
     }
@@ -282,16 +284,24 @@ impl Node {
     /// (`generation`), PMD threads may still hold the old snapshot for a burst: wait until
     /// they read the new one before the devices go.
     fn close_ports(&self, inner: &mut Inner, names: &[String], generation: Option<u64>) {
+        drop(self.take_ports(inner, names, generation));
+    }
+
+    /// [`Node::close_ports`], handing the devices to the caller to close.
+    fn take_ports(&self, inner: &mut Inner, names: &[String], generation: Option<u64>) -> Vec<(Option<Arc<dyn vswitch::port::Port>>, OpenPort)> {
         if let (Some(g), Some(pmd)) = (generation, self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
             pmd.wait_adopted(g, std::time::Duration::from_secs(2));
         }
+        let mut taken = Vec::new();
         for name in names {
             inner.failed.remove(name);
-            let _ = self.switch.unregister_port(name);
-            if inner.open.remove(name).is_some() {
+            let port = self.switch.unregister_port(name).ok();
+            if let Some(open) = inner.open.remove(name) {
+                taken.push((port, open));
                 self.events.emit("port_removed", name, "", self.switch.generation());
             }
         }
+        taken
     }
 
     /// Converges the `local` objects to `doc` (every object in it local): one atomic change.
@@ -481,4 +491,10 @@ impl Node {
         }
         self.inner().open.clear();
     }
+}
+
+/// Drops `v` on a short-lived thread (closing devices can block in the kernel); inline when
+/// no thread can be made (a failed spawn drops the closure, and `v` with it).
+fn drop_later<T: Send + 'static>(v: T) {
+    let _ = std::thread::Builder::new().name("knitter-close".into()).spawn(move || drop(v));
 }

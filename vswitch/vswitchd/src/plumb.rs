@@ -6,14 +6,13 @@
 
 use std::io;
 use std::net::IpAddr;
-use vswitch::port::link::{self, LinkChange};
+use vswitch::port::link::{self, LinkChange, VethPeer};
 
 /// What to make.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The host end (also the switch port's name) and the pod end's name until it is moved.
+    /// The host end (also the switch port's name).
     pub host: String,
-    pub temp: String,
     /// The pod's namespace (a path) and the interface's name there.
     pub netns: String,
     pub ifname: String,
@@ -30,7 +29,8 @@ pub fn plumb(p: &Plan) -> io::Result<()> {
     if link::in_netns(&netns, move || link::link(&ifname))?.is_some() {
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("the pod already has an interface {}", p.ifname)));
     }
-    link::add_veth(&p.host, &p.temp)?;
+    let ns = std::fs::File::open(&p.netns).map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", p.netns)))?;
+    link::add_veth_to(&p.host, Some(p.mtu), &VethPeer { name: &p.ifname, netns: Some(&ns), mac: Some(p.mac), mtu: Some(p.mtu) })?;
     let made = configure(p);
     if made.is_err() {
         let _ = link::delete(&p.host);
@@ -39,13 +39,10 @@ pub fn plumb(p: &Plan) -> io::Result<()> {
 }
 
 fn configure(p: &Plan) -> io::Result<()> {
-    let ns = std::fs::File::open(&p.netns).map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", p.netns)))?;
-    link::change(&p.temp, &LinkChange { netns: Some(&ns), ..Default::default() })?;
-    link::change(&p.host, &LinkChange { mtu: Some(p.mtu), up: true, ..Default::default() })?;
+    link::change(&p.host, &LinkChange { up: true, ..Default::default() })?;
     let plan = p.clone();
     link::in_netns(&p.netns, move || {
-        let change = LinkChange { rename: Some(&plan.ifname), mac: Some(plan.mac), mtu: Some(plan.mtu), up: true, ..Default::default() };
-        link::change(&plan.temp, &change)?;
+        link::change(&plan.ifname, &LinkChange { up: true, ..Default::default() })?;
         for (ip, prefix) in &plan.addresses {
             link::add_address(&plan.ifname, *ip, *prefix)?;
         }
