@@ -1,14 +1,17 @@
 //! knitter-cni: the CNI plugin. A thin client of the node's attach API
 //! (`knitter.node.v1.Attach` on knitter-vswitchd's socket): it reads what the runtime
 //! gives (environment, configuration), asks the node, and answers in the configuration's
-//! CNI version. `spec.rs` holds the protocol; this file the verbs.
+//! CNI version. `spec.rs` holds the protocol, `planes.rs` the networks a pod asks for;
+//! this file the verbs.
 
+pub mod planes;
 pub mod spec;
 
 use knitter_api::node as pb;
 use pb::attach_client::AttachClient;
 use serde_json::Value;
-use spec::{AddResult, CniError, Code, Command, Env, Interface, IpResult, NetConf, RouteResult};
+use planes::Plane;
+use spec::{AddResult, CniError, Code, Command, Env, InterfaceType, Interface, IpResult, NetConf, RouteResult};
 use tonic::transport::Channel;
 
 /// What a successful call prints (nothing for DEL, CHECK, GC, STATUS).
@@ -62,21 +65,25 @@ async fn call(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
     let sock = socket(conf);
     let mut node = AttachClient::new(knitter_api::unix_channel(std::path::Path::new(&sock)));
     match env.command {
-        Command::Add => add(env, conf, &mut node).await.map(Some).map_err(|s| node_error(&sock, s)),
+        Command::Add => add(env, conf, &mut node, &sock).await.map(Some),
         Command::Del => {
-            let req = pb::DetachRequest { container_id: env.container_id.clone(), ifname: env.ifname.clone() };
+            let req = pb::DetachRequest { container_id: env.container_id.clone(), ifname: scope(env, conf) };
             node.detach_interface(req).await.map_err(|s| node_error(&sock, s))?;
+            if let Some(f) = &conf.runtime_config.device_info_file {
+                let _ = std::fs::remove_file(f);
+            }
             Ok(None)
         }
         Command::Check => {
             needs(conf, "CHECK", "0.4.0")?;
-            let req = pb::QueryPodRequest { container_id: env.container_id.clone(), ifname: env.ifname.clone(), verify: true };
+            let req = pb::QueryPodRequest { container_id: env.container_id.clone(), ifname: scope(env, conf), verify: true };
             let found = node.query_pod_network(req).await.map_err(|s| node_error(&sock, s))?.into_inner().attachments;
-            let Some(a) = found.first() else {
+            if !found.iter().any(|a| a.ifname == env.ifname) {
                 return Err(CniError::new(Code::CheckFailed, format!("no attachment of {} for container {}", env.ifname, env.container_id)));
-            };
-            if !a.problems.is_empty() {
-                return Err(CniError::new(Code::CheckFailed, format!("{} of container {}: {}", env.ifname, env.container_id, a.problems.join("; "))));
+            }
+            let problems: Vec<String> = found.iter().filter(|a| !a.problems.is_empty()).map(|a| format!("{}: {}", a.ifname, a.problems.join("; "))).collect();
+            if !problems.is_empty() {
+                return Err(CniError::new(Code::CheckFailed, format!("container {}: {}", env.container_id, problems.join("; "))));
             }
             Ok(None)
         }
@@ -107,38 +114,124 @@ async fn call(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
     }
 }
 
-/// Addresses asked for by `runtimeConfig`, `args.cni` or `CNI_ARGS IP=` (with or without a
-/// prefix), and a MAC the same ways.
-fn requested(env: &Env, conf: &NetConf) -> (Vec<String>, Option<String>) {
-    let from_args = env.args.get("IP").map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
-    let ips = conf.runtime_config.ips.iter().chain(&conf.args.cni.ips).chain(&from_args).map(|ip| ip.split('/').next().unwrap_or("").to_string()).filter(|ip| !ip.is_empty()).collect();
-    let mac = conf.runtime_config.mac.clone().or_else(|| conf.args.cni.mac.clone()).or_else(|| env.args.get("MAC").cloned());
-    (ips, mac)
+/// The interfaces a DEL or CHECK covers: the call's own, or in standalone mode every
+/// interface of the container (one ADD made them all).
+fn scope(env: &Env, conf: &NetConf) -> String {
+    if conf.standalone { String::new() } else { env.ifname.clone() }
 }
 
-async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>) -> Result<Value, tonic::Status> {
-    let (ips, mac) = requested(env, conf);
-    let req = pb::AttachRequest {
-        container_id: env.container_id.clone(),
+/// The call's own interface: its network, and addresses, MAC, IP group and type asked for
+/// by `runtimeConfig`, `args.cni` or `CNI_ARGS` (`IP=` with or without a prefix, `MAC=`,
+/// `IP_GROUP=`).
+fn own_plane(env: &Env, conf: &NetConf) -> Plane {
+    let (rc, cni) = (&conf.runtime_config, &conf.args.cni);
+    let from_args = env.args.get("IP").map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
+    Plane {
+        network: conf.network().to_string(),
         ifname: env.ifname.clone(),
+        ips: rc.ips.iter().chain(&cni.ips).chain(&from_args).map(|ip| ip.split('/').next().unwrap_or("").to_string()).filter(|ip| !ip.is_empty()).collect(),
+        mac: rc.mac.clone().or_else(|| cni.mac.clone()).or_else(|| env.args.get("MAC").cloned()),
+        ip_group: cni.ip_group.clone().or_else(|| conf.ip_group.clone()).or_else(|| env.args.get("IP_GROUP").cloned()),
+        vhost: cni.interface_type.unwrap_or(conf.interface_type) == InterfaceType::VhostUser,
+        default_route: conf.default_route.unwrap_or(env.ifname == "eth0"),
+    }
+}
+
+/// Every interface this ADD makes, the call's own first. Standalone, the pod's further
+/// planes come from `args.cni.networks`, `CNI_ARGS` `NETWORKS=` or its annotations; a plane
+/// naming the call's own interface (Knitter's form lists eth0 too) defines it.
+fn wanted(env: &Env, conf: &NetConf) -> Result<Vec<Plane>, CniError> {
+    let mut own = own_plane(env, conf);
+    if !conf.standalone {
+        return Ok(vec![own]);
+    }
+    let extra = match (&conf.args.cni.networks, env.args.get("NETWORKS")) {
+        (Some(v), _) => planes::from_value(v)?,
+        (None, Some(s)) => planes::multus(s)?,
+        (None, None) => planes::from_annotations(&conf.runtime_config.pod_annotations)?,
+    };
+    let mut all = Vec::with_capacity(extra.len() + 1);
+    for p in extra {
+        if p.ifname == own.ifname {
+            own = Plane { default_route: own.default_route, ..p };
+        } else {
+            all.push(p);
+        }
+    }
+    all.insert(0, own);
+    planes::check_names(all.iter().map(|p| p.ifname.as_str()))?;
+    Ok(all)
+}
+
+fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, CniError> {
+    let vhost = conf.vhost_user.clone();
+    Ok(pb::AttachRequest {
+        container_id: env.container_id.clone(),
+        ifname: p.ifname.clone(),
         netns: env.netns.clone(),
         pod_namespace: env.args.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default(),
         pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
-        network: conf.network().to_string(),
+        network: p.network.clone(),
         cni_network: conf.name.clone(),
-        ips,
-        mac,
-        ip_group: conf.ip_group.clone().or_else(|| env.args.get("IP_GROUP").cloned()),
-        default_route: conf.default_route.unwrap_or(env.ifname == "eth0"),
-    };
-    let a = node.attach_interface(req).await?.into_inner();
-    let result = AddResult {
-        interfaces: vec![
-            Interface { name: a.host_ifname.clone(), mac: String::new(), mtu: a.mtu, sandbox: String::new(), socket_path: String::new() },
-            Interface { name: a.ifname.clone(), mac: a.mac.clone(), mtu: a.mtu, sandbox: a.netns.clone(), socket_path: String::new() },
-        ],
-        ips: a.ips.iter().map(|ip| IpResult { address: ip.address.clone(), gateway: ip.gateway.clone(), interface: 1 }).collect(),
-        routes: a.routes.iter().map(|r| RouteResult { dst: r.dst.clone(), gw: r.gateway.clone() }).collect(),
-    };
-    Ok(result.to_json(&conf.cni_version))
+        ips: p.ips.clone(),
+        mac: p.mac.clone(),
+        ip_group: p.ip_group.clone(),
+        default_route: p.default_route,
+        vhost_user: match p.vhost {
+            false => None,
+            true => Some(pb::VhostUserHandoff { dir: vhost.dir.unwrap_or_default(), switch_listens: vhost.switch_listens, mode: conf.vhost_mode()?, owner: vhost.owner, group: vhost.group }),
+        },
+    })
+}
+
+/// Attaches every wanted interface; a failure undoes the ones this call made.
+async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>, sock: &str) -> Result<Value, CniError> {
+    let wanted = wanted(env, conf)?;
+    let mut made: Vec<pb::Attachment> = Vec::with_capacity(wanted.len());
+    for p in &wanted {
+        match node.attach_interface(request(env, conf, p)?).await {
+            Ok(a) => made.push(a.into_inner()),
+            Err(s) => {
+                for a in &made {
+                    let _ = node.detach_interface(pb::DetachRequest { container_id: a.container_id.clone(), ifname: a.ifname.clone() }).await;
+                }
+                let e = node_error(sock, s);
+                return Err(if wanted.len() > 1 { CniError { msg: format!("{} (network {}): {}", p.ifname, p.network, e.msg), ..e } } else { e });
+            }
+        }
+    }
+    if let (Some(file), Some(own)) = (&conf.runtime_config.device_info_file, made.first())
+        && !own.socket_path.is_empty()
+    {
+        write_device_info(file, own).map_err(|e| CniError::new(Code::Io, format!("writing the device-info file {file}: {e}")))?;
+    }
+    Ok(result(&made).to_json(&conf.cni_version))
+}
+
+/// The result of the attachments: a veth adds its node end and its pod end, a vhost-user
+/// interface one entry with its socket; each address names its interface.
+fn result(made: &[pb::Attachment]) -> AddResult {
+    let mut r = AddResult::default();
+    for a in made {
+        if a.socket_path.is_empty() {
+            r.interfaces.push(Interface { name: a.host_ifname.clone(), mac: String::new(), mtu: a.mtu, sandbox: String::new(), socket_path: String::new() });
+        }
+        r.interfaces.push(Interface { name: a.ifname.clone(), mac: a.mac.clone(), mtu: a.mtu, sandbox: a.netns.clone(), socket_path: a.socket_path.clone() });
+        let index = r.interfaces.len() - 1;
+        r.ips.extend(a.ips.iter().map(|ip| IpResult { address: ip.address.clone(), gateway: ip.gateway.clone(), interface: index }));
+        r.routes.extend(a.routes.iter().map(|rt| RouteResult { dst: rt.dst.clone(), gw: rt.gateway.clone() }));
+    }
+    r
+}
+
+/// The NPWG device-info file Multus reads (`CNIDeviceInfoFile`): the socket and the role
+/// the pod's app plays on it.
+fn write_device_info(file: &str, a: &pb::Attachment) -> std::io::Result<()> {
+    let mode = if a.switch_listens { "client" } else { "server" };
+    let info = serde_json::json!({ "type": "vhost-user", "version": "1.1.0", "vhost-user": { "mode": mode, "path": a.socket_path } });
+    let path = std::path::Path::new(file);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_vec(&info).map_err(std::io::Error::other)?)
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Every version this plugin answers in, oldest first.
 pub const SUPPORTED: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -124,15 +124,51 @@ impl Env {
 }
 
 /// `args.cni` and `runtimeConfig`: addresses and a MAC asked for (Multus passes the
-/// network selection's `ips` and `mac` this way).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default)]
+/// network selection's `ips` and `mac` this way, and its `cni-args` as `args.cni`), the
+/// interface type and IP group, further planes (`networks`), the pod's annotations and
+/// where Multus wants the device-info file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct Requested {
     pub ips: Vec<String>,
     pub mac: Option<String>,
+    pub interface_type: Option<InterfaceType>,
+    pub ip_group: Option<String>,
+    pub networks: Option<Value>,
+    #[serde(rename = "io.kubernetes.cri.pod-annotations")]
+    pub pod_annotations: BTreeMap<String, String>,
+    #[serde(rename = "CNIDeviceInfoFile")]
+    pub device_info_file: Option<String>,
 }
 
+/// What the pod's side of an attachment is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum InterfaceType {
+    /// A kernel interface (a veth pair) in the pod's namespace.
+    #[default]
+    #[serde(rename = "veth")]
+    Veth,
+    /// A vhost-user socket for a DPDK app in the pod.
+    #[serde(rename = "vhost-user")]
+    VhostUser,
+}
+
+/// Where vhost-user sockets are handed to pods and who listens on them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct VhostUserConf {
+    /// The host directory pods mount (default /run/knitter/vhost).
+    pub dir: Option<String>,
+    /// The switch listens and the app connects (default: the app listens, the switch
+    /// connects and reconnects).
+    pub switch_listens: bool,
+    /// The pod directory's mode, octal text such as "0770".
+    pub mode: Option<String>,
+    pub owner: Option<u32>,
+    pub group: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct Args {
     pub cni: Requested,
@@ -159,6 +195,15 @@ pub struct NetConf {
     /// This interface carries the default routes (default: when it is eth0).
     #[serde(default)]
     pub default_route: Option<bool>,
+    /// The interface's type (default veth; `args.cni.interfaceType` overrides it per call).
+    #[serde(default)]
+    pub interface_type: InterfaceType,
+    #[serde(default)]
+    pub vhost_user: VhostUserConf,
+    /// One ADD attaches the pod to every network it asks for (Knitter alone on the node);
+    /// otherwise one network per call (Multus delegates each).
+    #[serde(default)]
+    pub standalone: bool,
     #[serde(default)]
     pub args: Args,
     #[serde(default)]
@@ -192,11 +237,22 @@ impl NetConf {
         if conf.name.is_empty() {
             return Err(CniError::new(Code::InvalidConfig, "network configuration: \"name\" is empty"));
         }
+        conf.vhost_mode()?;
         Ok(conf)
     }
 
     pub fn network(&self) -> &str {
         self.network.as_deref().unwrap_or(&self.name)
+    }
+
+    /// `vhostUser.mode` as a number.
+    pub fn vhost_mode(&self) -> Result<Option<u32>, CniError> {
+        self.vhost_user
+            .mode
+            .as_deref()
+            .map(|m| u32::from_str_radix(m.trim_start_matches("0o"), 8).ok().filter(|m| *m <= 0o7777))
+            .map(|m| m.ok_or_else(|| CniError::new(Code::InvalidConfig, format!("vhostUser.mode {:?} is not an octal mode such as \"0770\"", self.vhost_user.mode.as_deref().unwrap_or("")))))
+            .transpose()
     }
 }
 
@@ -317,6 +373,13 @@ mod tests {
         let ok = NetConf::parse(br#"{"cniVersion":"0.4.0","name":"red","type":"knitter-cni","runtimeConfig":{"ips":["10.0.0.5/24"]},"prevResult":{}}"#).unwrap();
         assert_eq!((ok.network(), ok.runtime_config.ips.len()), ("red", 1));
         assert!(ok.other.contains_key("prevResult"));
+        let v = NetConf::parse(br#"{"cniVersion":"1.1.0","name":"dp","type":"knitter-cni","interfaceType":"vhost-user","vhostUser":{"dir":"/v","mode":"0750"},
+            "args":{"cni":{"interfaceType":"veth","networks":"red"}},"runtimeConfig":{"CNIDeviceInfoFile":"/d.json","io.kubernetes.cri.pod-annotations":{"networks":"{}"}}}"#)
+        .unwrap();
+        assert_eq!((v.interface_type, v.vhost_mode().unwrap(), v.args.cni.interface_type), (InterfaceType::VhostUser, Some(0o750), Some(InterfaceType::Veth)));
+        assert_eq!((v.runtime_config.device_info_file.as_deref(), v.runtime_config.pod_annotations.len()), (Some("/d.json"), 1));
+        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"a","type":"x","interfaceType":"tap"}"#).unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"a","type":"x","vhostUser":{"mode":"rw"}}"#).unwrap_err().code, Code::InvalidConfig);
         assert_eq!(NetConf::parse(b"{not json").unwrap_err().code, Code::Decode);
         assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","type":"knitter-cni"}"#).unwrap_err().code, Code::InvalidConfig);
         assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"","type":"x"}"#).unwrap_err().code, Code::InvalidConfig);

@@ -152,3 +152,220 @@ fn adding_and_deleting_two_hundred_pods_leaves_nothing_behind() {
         assert_eq!(ns.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "only lo is left in {}", ns.name);
     }
 }
+
+/// dpdk-testpmd as a DPDK pod's app: in a mount namespace of its own where the host's
+/// vhost-user directory is hidden and seen only through a bind mount at `mnt` (as a pod's
+/// hostPath volume), listening on `socket` (a path under `mnt`) with `mac`, answering ARP
+/// and ping (`icmpecho`). Killed and its runtime files removed on drop.
+struct DpdkPod {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    prefix: String,
+}
+
+impl DpdkPod {
+    fn start(host_dir: &std::path::Path, mnt: &std::path::Path, socket: &std::path::Path, mac: &str) -> Option<DpdkPod> {
+        use std::process::{Command, Stdio};
+        use vswitch::testkit::{peer_available, runs};
+        if !peer_available(runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
+            return None;
+        }
+        let prefix = format!("kncni{}", std::process::id());
+        let script = r#"mount --bind "$1" "$2" && mount -t tmpfs knitter-hidden "$1" && shift 2 && exec dpdk-testpmd "$@""#;
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
+            .arg(host_dir)
+            .arg(mnt)
+            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
+            .arg(format!("--file-prefix={prefix}"))
+            .arg(format!("--vdev=net_virtio_user0,path={},server=1,queues=1,mac={mac}", socket.display()))
+            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=2048"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut pod = DpdkPod { child, stdin, prefix };
+        pod.say("set fwd icmpecho");
+        pod.say("start");
+        Some(pod)
+    }
+
+    fn say(&mut self, line: &str) {
+        use std::io::Write;
+        let _ = writeln!(self.stdin, "{line}");
+    }
+}
+
+impl Drop for DpdkPod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
+    }
+}
+
+#[test]
+fn a_dpdk_pod_gets_a_vhost_user_socket_and_talks_to_a_kernel_pod() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["network", "create", "media", "--ipv4", "10.66.0.0/24", "--gateway4", "10.66.0.1"]).status.success());
+    let vhost_dir = lab.dir.path().join("vhost");
+    let devinfo = lab.dir.path().join("devinfo/cni/knitter-ctr-dpdk-net1-deviceinfo.json");
+    let mut conf = lab.conf("1.1.0", "media");
+    conf["interfaceType"] = "vhost-user".into();
+    conf["vhostUser"] = json!({ "dir": vhost_dir, "mode": "0750" });
+    conf["runtimeConfig"] = json!({ "CNIDeviceInfoFile": devinfo });
+    let (dp, dp_path) = pod("pv");
+    let container = "ctr-dpdk-0123456789abcdef";
+
+    // ADD: a socket path (the app makes the socket), the JSON beside it, the device-info file.
+    let (ok, r) = lab.cni("ADD", container, &dp_path, "net1", &conf);
+    assert!(ok, "{r}");
+    let socket = vhost_dir.join("ctr-dpdk-012/net1.sock");
+    assert_eq!(r["interfaces"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["interfaces"][0]["socketPath"], socket.display().to_string());
+    assert_eq!((r["interfaces"][0]["name"].as_str(), r["ips"][0]["interface"].as_u64()), (Some("net1"), Some(0)));
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(vhost_dir.join("ctr-dpdk-012/net1.json")).unwrap()).unwrap();
+    assert_eq!((info["socket"].as_str(), info["mode"].as_str(), info["mtu"].as_u64()), (Some("net1.sock"), Some("server"), Some(1450)));
+    assert_eq!(info["mac"], r["interfaces"][0]["mac"]);
+    assert_eq!(info["ips"][0], r["ips"][0]["address"]);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(vhost_dir.join("ctr-dpdk-012")).unwrap().permissions().mode() & 0o777, 0o750);
+    let di: serde_json::Value = serde_json::from_slice(&std::fs::read(&devinfo).unwrap()).unwrap();
+    assert_eq!(di, json!({"type": "vhost-user", "version": "1.1.0", "vhost-user": {"mode": "server", "path": socket.display().to_string()}}));
+    let (ok, old) = lab.cni("ADD", container, &dp_path, "net1", &lab.conf("1.0.0", "media").as_object().cloned().map(|mut c| {
+        c.insert("interfaceType".into(), "vhost-user".into());
+        c.insert("vhostUser".into(), json!({ "dir": vhost_dir }));
+        serde_json::Value::Object(c)
+    }).unwrap());
+    assert!(ok && old["interfaces"][0].get("socketPath").is_none(), "socketPath is 1.1.0's: {old}");
+    // CHECK passes while the app has not started: the link is just down.
+    let (ok, c) = lab.cni("CHECK", container, &dp_path, "net1", &conf);
+    assert!(ok, "{c}");
+
+    // The app starts in its own mount namespace and listens; the switch connects; a kernel
+    // pod on the same network pings it.
+    let mnt = lab.dir.path().join("pod-root-vhu");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mac = info["mac"].as_str().unwrap().to_string();
+    let Some(mut app) = DpdkPod::start(&vhost_dir, &mnt, &mnt.join("ctr-dpdk-012/net1.sock"), &mac) else { return };
+    let (k, k_path) = pod("pk");
+    let (ok, rk) = lab.cni("ADD", "ctr-kernel", &k_path, "eth0", &lab.conf("1.1.0", "media"));
+    assert!(ok, "{rk}");
+    let target = addr(&r);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while let Err(e) = netns::ping(&k, &target) {
+        assert!(Instant::now() < deadline, "the kernel pod never reached the DPDK pod at {target}: {e}");
+        // testpmd's virtio-user takes its backend's connection when it checks the link.
+        app.say("show port info all");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let shown = lab.ctl(&["port", "list"]);
+    assert!(shown.contains("vhost"), "{shown}");
+    let (ok, c) = lab.cni("CHECK", container, &dp_path, "net1", &conf);
+    assert!(ok, "{c}");
+
+    // DEL: the hand-off files and the device-info file go; the kernel pod's port stays.
+    assert!(lab.cni("DEL", container, &dp_path, "net1", &conf).0);
+    assert!(!vhost_dir.join("ctr-dpdk-012").exists(), "the pod's vhost directory is removed");
+    assert!(!devinfo.exists(), "the device-info file is removed");
+    assert!(lab.cni("DEL", container, "", "net1", &conf).0, "DEL again");
+    drop(app);
+    assert!(lab.cni("DEL", "ctr-kernel", &k_path, "eth0", &lab.conf("1.1.0", "media")).0);
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(!ports.contains("ctr-"), "{ports}");
+    drop((dp, k));
+}
+
+#[test]
+fn one_standalone_add_attaches_every_plane_the_pod_asks_for() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    for (n, net) in [("alpha", "10.64.1.0/24"), ("beta", "10.64.2.0/24"), ("gamma", "10.64.3.0/24")] {
+        assert!(lab.mctl(&["network", "create", n, "--ipv4", net]).status.success());
+    }
+    // Multus's JSON form, as the runtime passes the pod's annotations.
+    let mut conf = lab.conf("1.1.0", "alpha");
+    conf["standalone"] = true.into();
+    let mut with_multus = conf.clone();
+    with_multus["runtimeConfig"] = json!({ "io.kubernetes.cri.pod-annotations": {
+        "k8s.v1.cni.cncf.io/networks": r#"[{"name":"beta","interface":"b0","ips":["10.64.2.9/24"]},{"name":"ns1/gamma"}]"#
+    }});
+    let (p1, p1_path) = pod("s1");
+    let (ok, r) = lab.cni("ADD", "ctr-s1", &p1_path, "eth0", &with_multus);
+    assert!(ok, "{r}");
+    let names: Vec<&str> = r["interfaces"].as_array().unwrap().iter().filter(|i| i.get("sandbox").is_some()).map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["eth0", "b0", "net2"], "{r}");
+    for ip in r["ips"].as_array().unwrap() {
+        let i = ip["interface"].as_u64().unwrap() as usize;
+        let iface = r["interfaces"][i]["name"].as_str().unwrap();
+        let shown = p1.run(&["ip", "-o", "addr", "show", "dev", iface]).unwrap();
+        assert!(shown.contains(ip["address"].as_str().unwrap()), "{iface}: {shown}");
+    }
+    assert!(p1.run(&["ip", "-o", "addr", "show", "dev", "b0"]).unwrap().contains("10.64.2.9/24"));
+    assert!(lab.cni("CHECK", "ctr-s1", &p1_path, "eth0", &with_multus).0);
+
+    // Knitter's form in args.cni.networks: it names eth0's network too.
+    let mut with_knitter = conf.clone();
+    with_knitter["args"] = json!({ "cni": { "networks": { "ports": [
+        { "attach_to_network": "gamma", "attributes": { "nic_name": "eth0", "function": "std" } },
+        { "attach_to_network": "beta", "attributes": { "nic_name": "ctl0", "function": "control" } }
+    ]}}});
+    let (p2, p2_path) = pod("s2");
+    let (ok, r2) = lab.cni("ADD", "ctr-s2", &p2_path, "eth0", &with_knitter);
+    assert!(ok, "{r2}");
+    assert!(r2["ips"][0]["address"].as_str().unwrap().starts_with("10.64.3."), "eth0 is on gamma: {r2}");
+    lab::reach(&p2, "10.64.2.9");
+
+    // CNI_ARGS NETWORKS= (the comma string) without Kubernetes.
+    let (p3, p3_path) = pod("s3");
+    let (ok, r3) = lab::cni_args("ADD", "ctr-s3", &p3_path, "eth0", &conf.to_string(), "IgnoreUnknown=1;NETWORKS=beta@x1");
+    assert!(ok, "{r3}");
+    assert!(p3.run(&["ip", "link", "show", "x1"]).is_ok());
+
+    // A plane that cannot be made undoes the whole ADD; names used twice are refused.
+    let (p4, p4_path) = pod("s4");
+    let (ok, e) = lab::cni_args("ADD", "ctr-s4", &p4_path, "eth0", &conf.to_string(), "IgnoreUnknown=1;NETWORKS=beta,nope");
+    assert!(!ok && e["msg"].as_str().unwrap().contains("net2 (network nope)"), "{e}");
+    assert!(p4.run(&["ip", "link", "show", "eth0"]).is_err(), "eth0 was undone");
+    let (ok, e) = lab::cni_args("ADD", "ctr-s4", &p4_path, "eth0", &conf.to_string(), "IgnoreUnknown=1;NETWORKS=beta@eth1,gamma@eth1");
+    assert!(!ok && e["code"] == 7, "{e}");
+
+    // DEL removes every interface the ADD made.
+    for (c, path) in [("ctr-s1", &p1_path), ("ctr-s2", &p2_path), ("ctr-s3", &p3_path)] {
+        assert!(lab.cni("DEL", c, path, "eth0", &conf).0);
+    }
+    assert_eq!(p1.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "only lo is left");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(!ports.contains("ctr-"), "{ports}");
+    drop((p2, p3, p4));
+}
+
+#[test]
+fn an_ip_group_pod_keeps_its_address_across_delete_and_recreate() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["network", "create", "grp", "--ipv4", "10.65.0.0/24"]).status.success());
+    assert!(lab.mctl(&["ipgroup", "create", "grp", "g1", "--size", "3"]).status.success());
+    let mut conf = lab.conf("1.1.0", "grp");
+    conf["ipGroup"] = "g1".into();
+    let add = |container: &str, pod_name: &str| {
+        let (ns, path) = pod("g");
+        let (ok, r) = lab::cni_args("ADD", container, &path, "eth0", &conf.to_string(), &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=apps;K8S_POD_NAME={pod_name}"));
+        assert!(ok, "{r}");
+        (ns, path, addr(&r))
+    };
+    let (n0, p0, ip0) = add("c-web0-a", "web-0");
+    let (n1, p1, ip1) = add("c-web1-a", "web-1");
+    assert_ne!(ip0, ip1);
+    // Both pods restart at once: deleted, then created again in the other order with new
+    // containers.
+    assert!(lab.cni("DEL", "c-web0-a", &p0, "eth0", &conf).0);
+    assert!(lab.cni("DEL", "c-web1-a", &p1, "eth0", &conf).0);
+    drop((n0, n1));
+    let (_m1, _, again1) = add("c-web1-b", "web-1");
+    let (_m0, _, again0) = add("c-web0-b", "web-0");
+    assert_eq!((again0, again1), (ip0, ip1), "each pod got its own address back");
+}

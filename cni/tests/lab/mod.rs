@@ -123,6 +123,11 @@ impl Lab {
 }
 
 pub fn cni_raw(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str) -> (bool, Value) {
+    cni_args(cmd, container, netns, ifname, stdin, &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"))
+}
+
+/// [`cni_raw`] with `CNI_ARGS` given.
+pub fn cni_args(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str, args: &str) -> (bool, Value) {
     let mut c = Command::new(bin("knitter-cni"))
         .env_clear()
         .env("CNI_COMMAND", cmd)
@@ -130,7 +135,7 @@ pub fn cni_raw(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &st
         .env("CNI_NETNS", netns)
         .env("CNI_IFNAME", ifname)
         .env("CNI_PATH", "/opt/cni/bin")
-        .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"))
+        .env("CNI_ARGS", args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -154,3 +159,12 @@ pub fn addr(result: &Value) -> String {
     result["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap_or_default().to_string()
 }
 
+
+/// Pings `ip` from `ns` until it answers (at most 10 s): the first frames of a pod attached
+/// a moment ago can take a second to get through (see notes: first-ARP delay).
+pub fn reach(ns: &Netns, ip: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = ns.run(&["ping", "-c", "1", "-W", "1", "-q", ip]) {
+        assert!(Instant::now() < deadline, "{ip} never answered: {e}");
+    }
+}

@@ -176,6 +176,14 @@ struct PortAdd {
     vhost_user: Option<String>,
     #[arg(long, requires = "vhost_user")]
     client: bool,
+    /// The mode bits (octal, e.g. 0660) of a socket the switch listens on.
+    #[arg(long, requires = "vhost_user", value_parser = octal)]
+    socket_mode: Option<u32>,
+    /// The owner and group (numeric) of a socket the switch listens on.
+    #[arg(long, requires = "vhost_user")]
+    socket_owner: Option<u32>,
+    #[arg(long, requires = "vhost_user")]
+    socket_group: Option<u32>,
     /// The kernel interface's network namespace (as in /run/netns).
     #[arg(long)]
     netns: Option<String>,
@@ -346,6 +354,10 @@ pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+fn octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("{s:?} is not an octal mode such as 0660"))
+}
+
 fn port_request(a: PortAdd) -> pb::Port {
     use pb::device::Kind;
     use pb::port::Mode;
@@ -353,7 +365,7 @@ fn port_request(a: PortAdd) -> pb::Port {
     let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
         (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
         (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
-        (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client }),
+        (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client, mode: a.socket_mode, owner: a.socket_owner, group: a.socket_group }),
     };
     let mode = match (a.access, a.trunk) {
         (Some(b), _) => Mode::Access(pb::Access { bridge: b }),

@@ -5,8 +5,11 @@
 //! attachment in the node's persisted state together with the port (owner `attach`).
 //! Detaching undoes it without needing the pod's namespace and releases the port on the
 //! manager, or queues the release (persisted) and retries it while the manager is away.
+//! A DPDK pod's interface is a vhost-user socket instead of a veth (`handoff.rs`): the
+//! switch connects to the socket the pod's app makes, or listens on it.
 
 use crate::api::{blocking, status as node_status};
+use crate::handoff::{self, Layout};
 use crate::node::Node;
 use crate::plumb::{self, Plan};
 use crate::state::{Device, Owner, PortSpec};
@@ -61,6 +64,17 @@ pub struct Record {
     pub host_ifname: String,
     pub network_kind: String,
     pub segment: u32,
+    /// A vhost-user interface's hand-off; `None`: a veth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost: Option<VhostHandoff>,
+}
+
+/// Where a vhost-user interface's socket is and who listens on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostHandoff {
+    /// The host directory pods mount.
+    pub dir: std::path::PathBuf,
+    pub switch_listens: bool,
 }
 
 impl Record {
@@ -80,7 +94,12 @@ impl Record {
         }
     }
 
-    fn to_pb(&self, problems: Vec<String>) -> pb::Attachment {
+    /// The vhost-user files of this attachment, if it is one.
+    fn layout(&self) -> Option<Layout> {
+        self.vhost.as_ref().and_then(|v| handoff::layout(&v.dir, &self.container_id, &self.ifname).ok())
+    }
+
+    fn to_pb(&self, problems: Vec<String>, connected: bool) -> pb::Attachment {
         pb::Attachment {
             container_id: self.container_id.clone(),
             ifname: self.ifname.clone(),
@@ -97,6 +116,9 @@ impl Record {
             network_kind: self.network_kind.clone(),
             segment: self.segment,
             problems,
+            socket_path: self.layout().map(|l| l.socket.display().to_string()).unwrap_or_default(),
+            switch_listens: self.vhost.as_ref().is_some_and(|v| v.switch_listens),
+            connected,
         }
     }
 }
@@ -181,7 +203,7 @@ impl Attacher {
         let key = Key { container_id: r.container_id.clone(), ifname: r.ifname.clone() };
         if let Some(have) = self.node.state().attachments.iter().find(|a| a.key() == key) {
             if have.network == r.network && have.netns == r.netns {
-                return Ok(have.to_pb(Vec::new()));
+                return Ok(have.to_pb(Vec::new(), self.node.vhost_connected(&have.host_ifname).unwrap_or(false)));
             }
             return Err(Status::already_exists(format!("{}/{} is attached to network {} in {}", key.container_id, key.ifname, have.network, have.netns)));
         }
@@ -244,6 +266,10 @@ impl Attacher {
             host_ifname: host_name(key),
             network_kind: port.kind.clone(),
             segment: port.segment,
+            vhost: r.vhost_user.as_ref().map(|v| VhostHandoff {
+                dir: if v.dir.is_empty() { handoff::DEFAULT_DIR.into() } else { v.dir.clone().into() },
+                switch_listens: v.switch_listens,
+            }),
         };
         let mut bridge = BridgeConfig::new(&r.network);
         match port.kind.as_str() {
@@ -252,23 +278,58 @@ impl Attacher {
         }
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
-        let plan = record.plan();
-        let plumbed = blocking(move || plumb::plumb(&plan)).await?;
-        plumbed
-            .map_err(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) })?;
+        let device = self.make_interface(&record, r.vhost_user.as_ref()).await?;
         let ips: Vec<IpAddr> = record.addresses.iter().map(|a| a.ip).collect();
         let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
         config.mtu = u16::try_from(record.mtu).unwrap_or(u16::MAX);
-        let spec = PortSpec { device: Device::AfXdp { ifname: record.host_ifname.clone(), netns: None }, config };
+        let spec = PortSpec { device, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;
         if let Err(e) = attached {
-            let host = record.host_ifname.clone();
-            let _ = blocking(move || plumb::unplumb(&host)).await;
+            let _ = Self::remove_interface(&record).await;
             return Err(node_status(e));
         }
         tracing::info!(container = %key.container_id, ifname = %key.ifname, network = %record.network, port = %record.host_ifname, "pod attached");
-        Ok(record.to_pb(Vec::new()))
+        Ok(record.to_pb(Vec::new(), false))
+    }
+
+    /// The pod's side of an attachment: a veth plumbed into its namespace, or the vhost-user
+    /// hand-off files; the switch's device for it.
+    async fn make_interface(&self, record: &Record, vhost: Option<&pb::VhostUserHandoff>) -> Result<Device, Status> {
+        let Some(v) = vhost else {
+            let plan = record.plan();
+            blocking(move || plumb::plumb(&plan)).await?.map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) }
+            })?;
+            return Ok(Device::AfXdp { ifname: record.host_ifname.clone(), netns: None });
+        };
+        let dir = record.vhost.as_ref().map(|h| h.dir.clone()).unwrap_or_else(|| handoff::DEFAULT_DIR.into());
+        let layout = handoff::layout(&dir, &record.container_id, &record.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let access = handoff::Access { mode: v.mode, owner: v.owner, group: v.group };
+        let info = handoff::Info {
+            interface: record.ifname.clone(),
+            socket: format!("{}.sock", record.ifname),
+            mode: if v.switch_listens { "client" } else { "server" },
+            mac: plumb::mac_text(record.mac),
+            mtu: record.mtu,
+            ips: record.addresses.iter().map(|a| format!("{}/{}", a.ip, a.prefix)).collect(),
+            gateways: record.addresses.iter().filter_map(|a| a.gateway.map(|g| g.to_string())).collect(),
+            routes: record.routes.iter().map(|r| handoff::InfoRoute { dst: format!("{}/{}", r.dst, r.prefix), gw: r.gateway.map(|g| g.to_string()) }).collect(),
+        };
+        let l = layout.clone();
+        blocking(move || handoff::prepare(&l, access, &info)).await?.map_err(|e| Status::internal(format!("preparing the vhost-user hand-off: {e}")))?;
+        // A socket the switch listens on gets the same mode and owner as the directory.
+        let socket_mode = v.mode.map(|m| m & 0o666);
+        Ok(Device::VhostUser { socket: layout.socket, client: !v.switch_listens, mode: socket_mode, owner: v.owner, group: v.group })
+    }
+
+    /// Undoes [`Attacher::make_interface`] (nothing there: nothing done).
+    async fn remove_interface(record: &Record) -> Result<(), Status> {
+        if let Some(l) = record.layout() {
+            return blocking(move || handoff::remove(&l)).await;
+        }
+        let host = record.host_ifname.clone();
+        blocking(move || plumb::unplumb(&host)).await?.map(drop).map_err(|e| Status::internal(format!("removing the pod's interface: {e}")))
     }
 
     /// Releases the key's port on the manager, or queues the release when it cannot be
@@ -314,8 +375,7 @@ impl Attacher {
             let (node, k) = (self.node.clone(), key.clone());
             let record = blocking(move || node.detach_port(&k)).await?.map_err(node_status)?;
             if let Some(rec) = &record {
-                let host = rec.host_ifname.clone();
-                blocking(move || plumb::unplumb(&host)).await?.map_err(|e| Status::internal(format!("removing the pod's interface: {e}")))?;
+                Self::remove_interface(rec).await?;
                 reply.detached.push(key.ifname.clone());
                 tracing::info!(container = %key.container_id, ifname = %key.ifname, "pod detached");
             }
@@ -337,7 +397,10 @@ impl Attacher {
             let problems = if r.verify {
                 let (node, rec2) = (self.node.clone(), rec.clone());
                 blocking(move || {
-                    let mut p = plumb::verify(&rec2.plan());
+                    let mut p = match rec2.layout() {
+                        Some(l) => handoff::verify(&l),
+                        None => plumb::verify(&rec2.plan()),
+                    };
                     if node.state().port(&rec2.host_ifname).is_none() {
                         p.push(format!("switch port {} is gone", rec2.host_ifname));
                     } else if let Some(why) = node.failed_ports().get(&rec2.host_ifname) {
@@ -349,7 +412,8 @@ impl Attacher {
             } else {
                 Vec::new()
             };
-            out.attachments.push(rec.to_pb(problems));
+            let connected = self.node.vhost_connected(&rec.host_ifname).unwrap_or(false);
+            out.attachments.push(rec.to_pb(problems, connected));
         }
         Ok(out)
     }

@@ -110,7 +110,7 @@ pub fn device_from(d: Option<&pb::Device>) -> Result<Device, FieldError> {
     match d.and_then(|d| d.kind.as_ref()) {
         Some(Kind::AfXdp(k)) => Ok(Device::AfXdp { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
         Some(Kind::AfPacket(k)) => Ok(Device::AfPacket { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
-        Some(Kind::VhostUser(v)) => Ok(Device::VhostUser { socket: v.socket.clone().into(), client: v.client }),
+        Some(Kind::VhostUser(v)) => Ok(Device::VhostUser { socket: v.socket.clone().into(), client: v.client, mode: v.mode, owner: v.owner, group: v.group }),
         None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user")),
     }
 }
@@ -122,8 +122,8 @@ pub fn device_to(d: &Device) -> pb::Device {
         kind: Some(match d {
             Device::AfXdp { ifname, netns } => Kind::AfXdp(kernel(ifname, netns)),
             Device::AfPacket { ifname, netns } => Kind::AfPacket(kernel(ifname, netns)),
-            Device::VhostUser { socket, client } => {
-                Kind::VhostUser(pb::VhostUser { socket: socket.display().to_string(), client: *client })
+            Device::VhostUser { socket, client, mode, owner, group } => {
+                Kind::VhostUser(pb::VhostUser { socket: socket.display().to_string(), client: *client, mode: *mode, owner: *owner, group: *group })
             }
         }),
     }
@@ -250,7 +250,7 @@ mod tests {
         b.neighbors.push(Neighbor { ip: "192.0.2.1".parse().unwrap(), mac: "02:00:00:00:00:01".parse().unwrap() });
         assert_eq!(bridge_from(&bridge_to(&b, Owner::Local)).unwrap(), b);
         let p = PortSpec {
-            device: Device::VhostUser { socket: "/run/knitter/vnf0.sock".into(), client: true },
+            device: Device::VhostUser { socket: "/run/knitter/vnf0.sock".into(), client: true, mode: Some(0o660), owner: None, group: Some(1000) },
             config: PortConfig::pod("vnf0", "red", "02:00:00:00:00:02".parse().unwrap(), &["192.0.2.2".parse().unwrap()]),
         };
         assert_eq!(port_from(&port_to(&p, Owner::Manager)).unwrap(), p);

@@ -70,12 +70,12 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(fail(format!("AF_PACKET on {ifname}")))?;
             Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, _server: None })
         }
-        Device::VhostUser { socket, client } => {
+        Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));
             if let Some(dir) = socket.parent() {
                 std::fs::create_dir_all(dir).map_err(fail(format!("socket directory {}", dir.display())))?;
             }
-            let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve(socket, port.clone()) }
+            let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve_with(socket, port.clone(), backend::SocketPerms { mode: *mode, owner: *owner, group: *group }) }
                 .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
             Ok(OpenPort { port: port.clone(), vhost: Some(port), afxdp: None, _server: Some(server) })
         }

@@ -7,6 +7,7 @@ mod attach;
 mod convert;
 mod devices;
 mod events;
+mod handoff;
 mod metrics;
 mod node;
 mod plumb;

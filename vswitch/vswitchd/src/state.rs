@@ -49,10 +49,17 @@ pub enum Device {
         netns: Option<String>,
     },
     /// A vhost-user socket: the switch listens, or with `client` connects (and reconnects).
+    /// A socket it listens on gets `mode`, `owner` and `group` when given.
     VhostUser {
         socket: std::path::PathBuf,
         #[serde(default)]
         client: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<u32>,
     },
 }
 

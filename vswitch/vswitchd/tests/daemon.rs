@@ -87,6 +87,7 @@ fn vhost_port(dir: &Path, name: &str, bridge: &str) -> pb::Port {
             kind: Some(pb::device::Kind::VhostUser(pb::VhostUser {
                 socket: dir.join(format!("{name}.sock")).display().to_string(),
                 client: false,
+                ..Default::default()
             })),
         }),
         mode: Some(pb::port::Mode::Access(pb::Access { bridge: bridge.into() })),
