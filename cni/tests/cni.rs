@@ -317,7 +317,7 @@ fn one_standalone_add_attaches_every_plane_the_pod_asks_for() {
     let (ok, r2) = lab.cni("ADD", "ctr-s2", &p2_path, "eth0", &with_knitter);
     assert!(ok, "{r2}");
     assert!(r2["ips"][0]["address"].as_str().unwrap().starts_with("10.64.3."), "eth0 is on gamma: {r2}");
-    lab::reach(&p2, "10.64.2.9");
+    netns::ping(&p2, "10.64.2.9").expect("the pods meet on beta");
 
     // CNI_ARGS NETWORKS= (the comma string) without Kubernetes.
     let (p3, p3_path) = pod("s3");

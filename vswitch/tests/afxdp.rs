@@ -232,3 +232,28 @@ fn an_mtu_above_one_chunk_is_refused() {
     cfg.ports[0].mtu = 1774;
     node.switch.apply(cfg).expect("the largest MTU a chunk carries");
 }
+
+/// An idle pod port lends the pool a few bursts' worth of buffers for its fill ring, not a
+/// whole ring: ports that each took 1 024 starved every port opened after the pool ran out
+/// (a node's 17th pod lost its first frames until traffic elsewhere returned buffers). And
+/// the fill ring is filled at open, before frames are redirected to the socket.
+#[test]
+fn idle_ports_lend_a_few_bursts_of_buffers_each() {
+    let Some(_g) = netns::exclusive() else { return };
+    let ns = Netns::new("fl").unwrap();
+    for i in 0..3 {
+        ns.run(&["ip", "link", "add", &format!("fa{i}"), "type", "veth", "peer", "name", &format!("fb{i}")]).unwrap();
+        ns.run(&["ip", "link", "set", &format!("fa{i}"), "up"]).unwrap();
+        ns.run(&["ip", "link", "set", &format!("fb{i}"), "up"]).unwrap();
+    }
+    let pool = Pool::new(512, false).unwrap();
+    let ports: Vec<AfXdpPort> = (0..3)
+        .map(|i| {
+            let (name, p) = (format!("fa{i}"), pool.clone());
+            ns.enter(move || AfXdpPort::open(&name, &name, p)).unwrap().unwrap()
+        })
+        .collect();
+    assert_eq!(pool.free_count(), 512 - 3 * 128, "each port lends 128 buffers to its fill ring");
+    drop(ports);
+    assert_eq!(pool.free_count(), 512, "and gets them back when it closes");
+}

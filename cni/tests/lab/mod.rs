@@ -160,11 +160,3 @@ pub fn addr(result: &Value) -> String {
 }
 
 
-/// Pings `ip` from `ns` until it answers (at most 10 s): the first frames of a pod attached
-/// a moment ago can take a second to get through (see notes: first-ARP delay).
-pub fn reach(ns: &Netns, ip: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(e) = ns.run(&["ping", "-c", "1", "-W", "1", "-q", ip]) {
-        assert!(Instant::now() < deadline, "{ip} never answered: {e}");
-    }
-}

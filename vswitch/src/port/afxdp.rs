@@ -43,6 +43,13 @@ const PGOFF_TX: i64 = 0x8000_0000;
 const PGOFF_FILL: i64 = 0x1_0000_0000;
 const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
 const RING: u32 = 1024;
+/// Buffers a pod-facing port keeps in its fill ring. Every port lends them from the shared
+/// pool while idle, so this bounds what idle pods hold (16 384 buffers serve 128 pods);
+/// a polled port refills every burst, so a few bursts' worth is enough. A port whose
+/// fill ring runs dry drops what arrives (the kernel counts it on the interface).
+const FILL_POD: u32 = 128;
+/// An underlay carries every pod's traffic: its fill ring is kept full.
+const FILL_UNDERLAY: u32 = RING;
 /// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
 const XDP_PACKET_HEADROOM: usize = 256;
 
@@ -216,6 +223,8 @@ struct RxSide {
     rx: Ring,
     fill: Ring,
     lent: Lent,
+    /// Entries the fill ring is topped up to (at most `RING`).
+    fill_target: u32,
 }
 
 /// The transmit side: tx and completion rings and the buffers lent through the tx ring.
@@ -269,6 +278,9 @@ impl AfXdpPort {
     /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
     /// (with `None`) every frame of the queue to the port. The socket stays bound.
     pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
+        if let Some(side) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            side.fill_target = if filter.is_some() { FILL_UNDERLAY } else { FILL_POD };
+        }
         match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             Some(x) => x.set_filter(filter.as_ref()),
             None => Ok(()),
@@ -327,15 +339,31 @@ impl AfXdpPort {
                 (attach(XDP_FLAGS_SKB_MODE)?, "generic")
             }
         };
-        xdp.register(0, fd)?;
         let mac = interface_mac(ifname);
         let control = control_socket()?;
         tracing::info!(port = name, ifname, mode, "AF_XDP port open (copy mode, UMEM = buffer pool)");
         let n = pool.capacity() as usize;
+        // The fill ring is filled before frames are redirected here: a socket without fill
+        // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
+        // moment ago loses its first ARP request (a one-second stall).
+        let fill_target = if underlay.is_some() { FILL_UNDERLAY } else { FILL_POD };
+        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target };
+        let mut cache = PoolCache::new(pool.clone());
+        Self::refill(&mut rx_side, &mut cache);
+        if let Err(e) = xdp.register(0, fd) {
+            // The socket goes first: then the kernel holds none of the lent buffers.
+            drop((xdp, rx_side.rx, rx_side.fill, tx, comp, sock));
+            for idx in rx_side.lent.drain() {
+                // SAFETY: lent through the fill ring of a socket now closed.
+                cache.free(unsafe { BufId::from_index(idx) });
+            }
+            return Err(e);
+        }
+        cache.flush();
         Ok(AfXdpPort {
             name: name.into(),
             pool,
-            rx: Mutex::new(Some(RxSide { rx, fill, lent: Lent::new(n) })),
+            rx: Mutex::new(Some(rx_side)),
             tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n) })),
             mac,
             counters: QueueCounters::default(),
@@ -351,7 +379,7 @@ impl AfXdpPort {
     /// Tops the fill ring up with fresh pool buffers.
     fn refill(side: &mut RxSide, cache: &mut PoolCache) {
         let prod = side.fill.prod().load(Relaxed);
-        let free = RING - prod.wrapping_sub(side.fill.cons().load(Acquire));
+        let free = side.fill_target.saturating_sub(prod.wrapping_sub(side.fill.cons().load(Acquire)));
         let mut n = 0;
         while n < free {
             let Some(b) = cache.alloc() else { break };
@@ -504,7 +532,7 @@ impl Drop for AfXdpPort {
         let rx = self.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         let tx = self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         let mut lent: Vec<Lent> = Vec::new();
-        if let Some(RxSide { rx, fill, lent: l }) = rx {
+        if let Some(RxSide { rx, fill, lent: l, .. }) = rx {
             drop((rx, fill));
             lent.push(l);
         }
