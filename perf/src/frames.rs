@@ -1,0 +1,106 @@
+//! The frames a scenario offers, written as pcap files for the generator to replay: UDP over
+//! IPv4 between two MACs, a given size on the wire (the 4-byte FCS counted, as RFC 2544 and
+//! FD.io CSIT count it), spread over a number of flows (UDP source ports).
+
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Bytes on the wire that are not in the buffer: the FCS.
+const FCS: usize = 4;
+/// The smallest frame on the wire.
+pub const MIN_SIZE: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    pub mac: [u8; 6],
+    pub ip: [u8; 4],
+}
+
+/// A UDP frame of `size` bytes on the wire from `src` to `dst`, source port `sport`.
+pub fn udp(src: Endpoint, dst: Endpoint, size: usize, sport: u16) -> Vec<u8> {
+    let n = size.max(MIN_SIZE) - FCS;
+    let ip_len = (n - 14) as u16;
+    let mut f = Vec::with_capacity(n);
+    f.extend_from_slice(&dst.mac);
+    f.extend_from_slice(&src.mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[6] = 0x40; // don't fragment
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.ip);
+    ip[16..20].copy_from_slice(&dst.ip);
+    let sum = ipv4_checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&1024u16.to_be_bytes());
+    f.extend_from_slice(&(ip_len - 20).to_be_bytes());
+    f.extend_from_slice(&[0, 0]); // no UDP checksum
+    f.resize(n, 0);
+    f
+}
+
+fn ipv4_checksum(h: &[u8; 20]) -> u16 {
+    let mut s: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// `flows` frames from `src` to `dst` differing in their UDP source port.
+pub fn flows(src: Endpoint, dst: Endpoint, size: usize, flows: u16) -> Vec<Vec<u8>> {
+    (0..flows.max(1)).map(|i| udp(src, dst, size, 1024 + i)).collect()
+}
+
+/// Writes `frames` as a classic pcap file (microsecond timestamps, Ethernet).
+pub fn write_pcap(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
+    let mut o = io::BufWriter::new(std::fs::File::create(path)?);
+    for v in [0xa1b2_c3d4u32.to_le_bytes().as_slice(), &2u16.to_le_bytes(), &4u16.to_le_bytes(), &0i32.to_le_bytes(), &0u32.to_le_bytes(), &65535u32.to_le_bytes(), &1u32.to_le_bytes()] {
+        o.write_all(v)?;
+    }
+    for f in frames {
+        let len = f.len() as u32;
+        for v in [0u32, 0, len, len] {
+            o.write_all(&v.to_le_bytes())?;
+        }
+        o.write_all(f)?;
+    }
+    o.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Endpoint = Endpoint { mac: [2, 0, 0, 0, 0, 1], ip: [10, 0, 0, 1] };
+    const B: Endpoint = Endpoint { mac: [2, 0, 0, 0, 0, 2], ip: [10, 0, 0, 2] };
+
+    #[test]
+    fn frames_have_their_size_and_a_valid_header() {
+        for size in [64, 114, 512, 1518] {
+            let f = udp(A, B, size, 7);
+            assert_eq!(f.len(), size - 4);
+            assert_eq!(&f[0..6], &B.mac);
+            let ip: [u8; 20] = f[14..34].try_into().unwrap();
+            assert_eq!(ipv4_checksum(&ip), 0, "a header with its checksum sums to zero");
+            assert_eq!(u16::from_be_bytes([f[16], f[17]]) as usize, size - 4 - 14);
+            assert_eq!(u16::from_be_bytes([f[34], f[35]]), 7);
+        }
+        assert_eq!(udp(A, B, 10, 1).len(), 60, "never below the minimum");
+        assert_eq!(flows(A, B, 64, 4).len(), 4);
+    }
+
+    #[test]
+    fn pcap_layout() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.pcap");
+        write_pcap(&p, &flows(A, B, 64, 2)).unwrap();
+        let b = std::fs::read(&p).unwrap();
+        assert_eq!(b.len(), 24 + 2 * (16 + 60));
+        assert_eq!(&b[0..4], &0xa1b2_c3d4u32.to_le_bytes());
+    }
+}

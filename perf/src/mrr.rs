@@ -1,0 +1,175 @@
+//! The headline comparison: the maximum receive rate (MRR) of each switch, offered more
+//! than it can forward, the switches alternated A/B/A/B in one time window, each trial
+//! checked for the CPU it really got (repeated when starved) and, where the switch reports
+//! its own counters, for whether the switch was the bottleneck (its PMD ≥ 95 % busy).
+
+use crate::cpu::{self, Supply};
+use crate::frames::{self, Endpoint};
+use crate::stats::{self, Summary};
+use crate::switches::{Kind, Own, Running};
+use crate::testpmd::{Generator, Layout, Memory};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub switches: Vec<Kind>,
+    /// Frame sizes on the wire (FCS counted).
+    pub sizes: Vec<usize>,
+    pub flows: u16,
+    /// Rounds of every switch at every size.
+    pub pairs: usize,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub layout: Layout,
+    pub memory: Memory,
+    /// A trial whose CPUs got less than this share of their time is repeated.
+    pub min_supply: f64,
+    pub retries: usize,
+    #[serde(skip)]
+    pub work: PathBuf,
+}
+
+/// One trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub switch: Kind,
+    pub size: usize,
+    pub round: usize,
+    pub offered_mpps: f64,
+    pub received_mpps: f64,
+    /// The switch's own view of the window, when it has an API.
+    pub switch_cycles_per_packet: Option<f64>,
+    pub switch_busy: Option<f64>,
+    pub switch_drops: Option<u64>,
+    /// `None` when unknown (the switch has no counters to tell).
+    pub switch_was_bottleneck: Option<bool>,
+    /// The CPU supply measured right after the trial, per CPU of the layout.
+    pub supply: Vec<Supply>,
+    /// Earlier attempts of this trial thrown away because the machine was starved.
+    pub repeated: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SwitchSummary {
+    pub switch: Kind,
+    pub mpps: Summary,
+    /// Per-round ratio to the yardstick (rounds share the machine's state of the moment).
+    pub vs_yardstick: Option<Summary>,
+    pub cycles_per_packet: Option<Summary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeSummary {
+    pub size: usize,
+    pub switches: Vec<SwitchSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    pub config: Config,
+    pub samples: Vec<Sample>,
+    pub summary: Vec<SizeSummary>,
+}
+
+const A: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0a], ip: [10, 99, 0, 1] };
+const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0, 2] };
+
+/// Runs every round; `progress` hears about each trial.
+pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
+    std::fs::create_dir_all(&cfg.work)?;
+    let b_pcap = cfg.work.join("b.pcap");
+    frames::write_pcap(&b_pcap, &[frames::udp(B, A, 64, 1024)])?;
+    for &size in &cfg.sizes {
+        frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, size, cfg.flows))?;
+    }
+    let mut samples = Vec::new();
+    for round in 0..cfg.pairs {
+        for &size in &cfg.sizes {
+            for &switch in &cfg.switches {
+                let mut repeated = 0;
+                let sample = loop {
+                    let s = trial(cfg, switch, size, round, repeated)?;
+                    let starved = s.supply.iter().any(|c| c.fraction < cfg.min_supply);
+                    if !starved || repeated >= cfg.retries {
+                        break s;
+                    }
+                    progress(&format!("round {round} {}@{size}: CPU supply {:.0} % — repeating", switch.name(), min_supply(&s) * 100.0));
+                    repeated += 1;
+                };
+                progress(&format!(
+                    "round {round} {}@{size}: {:.2} Mpps received of {:.2} offered{}",
+                    switch.name(),
+                    sample.received_mpps,
+                    sample.offered_mpps,
+                    sample.switch_cycles_per_packet.map(|c| format!(", {c:.0} cycles/packet")).unwrap_or_default()
+                ));
+                samples.push(sample);
+            }
+        }
+    }
+    let summary = summarize(cfg, &samples);
+    Ok(Results { config: cfg.clone(), samples, summary })
+}
+
+fn min_supply(s: &Sample) -> f64 {
+    s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
+}
+
+fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
+    let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout)?;
+    let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
+    let mut generator = Generator::start(&cfg.work, &tag, &sockets.a, &sockets.b, &cfg.work.join(format!("a-{size}.pcap")), &cfg.work.join("b.pcap"), cfg.memory, cfg.layout)?;
+    std::thread::sleep(cfg.warmup);
+    let before = running.own();
+    generator.clear();
+    let t0 = Instant::now();
+    std::thread::sleep(cfg.window);
+    let after = running.own();
+    let rates = generator.read(t0.elapsed().as_secs_f64())?;
+    drop(generator);
+    drop(running);
+    let supply = [cfg.layout.generator_cpu, cfg.layout.switch_cpu].iter().map(|&c| cpu::probe(c, Duration::from_millis(200))).collect::<Result<Vec<_>, _>>()?;
+    let own = before.zip(after);
+    let busy = own.and_then(|(b, a)| Own::busy_fraction(b, a));
+    Ok(Sample {
+        switch,
+        size,
+        round,
+        offered_mpps: rates.offered / 1e6,
+        received_mpps: rates.received / 1e6,
+        switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
+        switch_busy: busy,
+        switch_drops: own.map(|(b, a)| a.drops.saturating_sub(b.drops)),
+        switch_was_bottleneck: busy.map(|b| b >= 0.95),
+        supply,
+        repeated,
+    })
+}
+
+fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
+    cfg.sizes
+        .iter()
+        .map(|&size| {
+            let of = |k: Kind| -> Vec<&Sample> { samples.iter().filter(|s| s.size == size && s.switch == k).collect() };
+            let yard: Vec<f64> = of(Kind::Yardstick).iter().map(|s| s.received_mpps).collect();
+            let switches = cfg
+                .switches
+                .iter()
+                .filter_map(|&k| {
+                    let mine = of(k);
+                    let mpps: Vec<f64> = mine.iter().map(|s| s.received_mpps).collect();
+                    let cycles: Vec<f64> = mine.iter().filter_map(|s| s.switch_cycles_per_packet).collect();
+                    Some(SwitchSummary {
+                        switch: k,
+                        mpps: stats::summarize(&mpps)?,
+                        vs_yardstick: if k == Kind::Yardstick || yard.is_empty() { None } else { stats::pair_ratios(&mpps, &yard) },
+                        cycles_per_packet: stats::summarize(&cycles),
+                    })
+                })
+                .collect();
+            SizeSummary { size, switches }
+        })
+        .collect()
+}

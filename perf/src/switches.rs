@@ -1,0 +1,179 @@
+//! The switches under test, each started for one trial with two vhost-user sockets (A and
+//! B) in one L2 domain, its forwarding thread on the layout's switch CPU, and stopped when
+//! dropped: **Knitter** (`knitter-vswitchd`, one busy PMD thread, two vhost-user ports in
+//! one bridge domain with MAC learning; its PMD cycles and drops read over its API) and the
+//! **yardstick** (testpmd's own `net_vhost` `io` forwarding). The switch listens on both
+//! sockets; the generator connects.
+
+use crate::testpmd::{self, Layout, Memory, Testpmd};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Knitter,
+    Yardstick,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Knitter => "knitter",
+            Kind::Yardstick => "yardstick",
+        }
+    }
+}
+
+/// What the switch's own counters say about a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Own {
+    pub busy_cycles: u64,
+    pub idle_cycles: u64,
+    pub packets: u64,
+    pub drops: u64,
+}
+
+impl Own {
+    /// The window between two readings, as cycles per packet.
+    pub fn cycles_per_packet(before: Own, after: Own) -> Option<f64> {
+        let p = after.packets.checked_sub(before.packets)?;
+        (p > 0).then(|| after.busy_cycles.saturating_sub(before.busy_cycles) as f64 / p as f64)
+    }
+
+    /// The share of the window the forwarding thread spent on packets.
+    pub fn busy_fraction(before: Own, after: Own) -> Option<f64> {
+        let busy = after.busy_cycles.checked_sub(before.busy_cycles)? as f64;
+        let idle = after.idle_cycles.checked_sub(before.idle_cycles)? as f64;
+        (busy + idle > 0.0).then(|| busy / (busy + idle))
+    }
+}
+
+/// A switch running for one trial.
+pub enum Running {
+    Knitter { child: Child, api: PathBuf },
+    Yardstick(Testpmd),
+}
+
+/// Where the binaries are: next to this one (`cargo build --release --workspace`).
+pub fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe().ok().and_then(|p| Some(p.parent()?.join(name))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from(name))
+}
+
+pub struct Sockets {
+    pub a: PathBuf,
+    pub b: PathBuf,
+}
+
+impl Running {
+    pub fn start(kind: Kind, work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<(Running, Sockets)> {
+        let s = Sockets { a: work.join("a.sock"), b: work.join("b.sock") };
+        for p in [&s.a, &s.b] {
+            let _ = std::fs::remove_file(p);
+        }
+        let running = match kind {
+            Kind::Yardstick => Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?),
+            Kind::Knitter => {
+                let api = work.join("knitter.sock");
+                let conf = work.join("knitter.toml");
+                std::fs::write(&conf, knitter_config(&api, &s, mem, layout))?;
+                let bin = sibling("knitter-vswitchd");
+                let child = Command::new(&bin)
+                    .arg("--config")
+                    .arg(&conf)
+                    .env("RUST_LOG", "warn")
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(work.join("knitter.log"))?)
+                    .spawn()
+                    .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
+                Running::Knitter { child, api }
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(s.a.exists() && s.b.exists()) {
+            anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets", kind.name());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((running, s))
+    }
+
+    /// The switch's own counters, when it has an API for them.
+    pub fn own(&self) -> Option<Own> {
+        let Running::Knitter { api, .. } = self else { return None };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        let reply = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default())).await }).ok()?.ok()?.into_inner();
+        Some(Own {
+            busy_cycles: reply.pmds.iter().map(|p| p.busy_cycles).sum(),
+            packets: reply.pmds.iter().map(|p| p.packets).sum(),
+            drops: reply.drops.iter().map(|d| d.value).sum(),
+            idle_cycles: reply.pmds.iter().map(|p| p.idle_cycles).sum(),
+        })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Running::Knitter { child, .. } = self {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// knitter-vswitchd for one trial: no state, no metrics, one busy PMD on the switch CPU,
+/// two vhost-user servers in one bridge domain.
+fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout) -> String {
+    format!(
+        r#"state_file = ""
+[api]
+socket = "{api}"
+[pmd]
+threads = 1
+cores = [{cpu}]
+idle = {{ policy = "busy" }}
+[pool]
+buffers = 16384
+hugepages = {huge}
+[metrics]
+listen = ""
+[[bridges]]
+name = "l2"
+[[ports]]
+name = "a"
+device = {{ kind = "vhost_user", socket = "{a}" }}
+mode = {{ kind = "access", bridge = "l2" }}
+[[ports]]
+name = "b"
+device = {{ kind = "vhost_user", socket = "{b}" }}
+mode = {{ kind = "access", bridge = "l2" }}
+"#,
+        api = api.display(),
+        cpu = layout.switch_cpu,
+        huge = mem == Memory::Hugepages,
+        a = s.a.display(),
+        b = s.b.display(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_per_packet_of_a_window() {
+        let a = Own { busy_cycles: 1000, idle_cycles: 0, packets: 10, drops: 0 };
+        let b = Own { busy_cycles: 3000, idle_cycles: 2000, packets: 20, drops: 0 };
+        assert_eq!(Own::busy_fraction(a, b), Some(0.5));
+        assert_eq!(Own::cycles_per_packet(a, b), Some(200.0));
+        assert_eq!(Own::cycles_per_packet(b, b), None);
+        assert_eq!(Own::cycles_per_packet(b, a), None);
+    }
+}

@@ -1,0 +1,220 @@
+//! dpdk-testpmd in the lab's two roles: the **generator** (a pcap port replays the offered
+//! frames into virtio-user port A; what reaches virtio-user port B is counted and dropped
+//! into a second pcap port, which also sends one frame B → A first so a learning switch
+//! knows B), and the **yardstick** (two `net_vhost` ports with `io` forwarding: no
+//! switching at all, two copies per frame). Both run with their forwarding lcore where the
+//! layout says and their main lcore elsewhere, in memory of their own (`--in-memory`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How DPDK gets its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Memory {
+    /// 2 MiB hugepages (the real numbers).
+    Hugepages,
+    /// Plain pages: works anywhere, slower (page faults, TLB misses on every copy).
+    Plain,
+}
+
+impl Memory {
+    /// Hugepages when enough are free for two DPDK processes and a switch.
+    pub fn detect() -> Memory {
+        let free = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| m.lines().find(|l| l.starts_with("HugePages_Free:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+            .unwrap_or(0);
+        if free >= 1100 { Memory::Hugepages } else { Memory::Plain }
+    }
+
+    fn eal(self) -> &'static [&'static str] {
+        match self {
+            Memory::Hugepages => &["--in-memory", "-m", "1024", "--single-file-segments"],
+            Memory::Plain => &["--no-huge", "-m", "1024", "--single-file-segments"],
+        }
+    }
+}
+
+/// Is dpdk-testpmd installed?
+pub fn available() -> bool {
+    Command::new("dpdk-testpmd").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+}
+
+/// An interactive testpmd: commands on stdin, output in a file.
+pub struct Testpmd {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: PathBuf,
+}
+
+impl Testpmd {
+    fn spawn(out: PathBuf, args: &[String]) -> anyhow::Result<Testpmd> {
+        let log = std::fs::File::create(&out)?;
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "-eL", "dpdk-testpmd"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting dpdk-testpmd: {e}"))?;
+        let stdin = child.stdin.take();
+        Ok(Testpmd { child, stdin, out })
+    }
+
+    pub fn say(&mut self, line: &str) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = writeln!(s, "{line}");
+        }
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the output contains `what`.
+    pub fn wait_for(&self, what: &str, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        while !self.output().contains(what) {
+            anyhow::ensure!(Instant::now() < deadline, "dpdk-testpmd never said {what:?}; its output: {}", tail(&self.output()));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        self.say("stop");
+        self.say("quit");
+        self.stdin = None;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Where the generator and the switch run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Layout {
+    /// The generator's forwarding lcore (and every other thread of the lab).
+    pub generator_cpu: usize,
+    /// The switch's forwarding thread (PMD).
+    pub switch_cpu: usize,
+}
+
+/// The generator of one trial: offers `a_pcap` (replayed forever) into `a_sock` and counts
+/// what comes out of `b_sock`.
+pub struct Generator(Testpmd);
+
+/// What a measurement window gave, in packets per second.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Rates {
+    /// Sent into the switch on A.
+    pub offered: f64,
+    /// Received from the switch on B.
+    pub received: f64,
+}
+
+impl Generator {
+    pub fn start(work: &Path, tag: &str, a_sock: &Path, b_sock: &Path, a_pcap: &Path, b_pcap: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
+        let other = layout.switch_cpu;
+        let mut args: Vec<String> = vec![
+            "-l".into(),
+            format!("{},{}", layout.generator_cpu, other),
+            "--main-lcore".into(),
+            other.to_string(),
+            "--no-pci".into(),
+            format!("--file-prefix=kp-gen-{tag}"),
+        ];
+        args.extend(mem.eal().iter().map(|s| s.to_string()));
+        args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", a_pcap.display()));
+        args.push(format!("--vdev=net_virtio_user0,path={},queues=1", a_sock.display()));
+        args.push(format!("--vdev=net_virtio_user1,path={},queues=1", b_sock.display()));
+        args.push(format!("--vdev=net_pcap1,rx_pcap={},tx_pcap=/dev/null", b_pcap.display()));
+        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384"].map(String::from));
+        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &args)?;
+        t.wait_for("testpmd>", Duration::from_secs(30))?;
+        t.say("set fwd io");
+        t.say("start");
+        Ok(Generator(t))
+    }
+
+    /// Starts a measurement window (the counters from zero).
+    pub fn clear(&mut self) {
+        self.0.say("clear port stats all");
+    }
+
+    /// The rates since [`Generator::clear`], `secs` ago.
+    pub fn read(&mut self, secs: f64) -> anyhow::Result<Rates> {
+        let before = self.0.output().len();
+        self.0.say("show port stats 1");
+        self.0.say("show port stats 2");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = self.0.output();
+            let fresh = out.get(before..).unwrap_or("");
+            if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "TX-packets:"), last_count(fresh, 2, "RX-packets:")) {
+                return Ok(Rates { offered: tx as f64 / secs, received: rx as f64 / secs });
+            }
+            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator: {}", tail(&out));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The count after `field` in the last "statistics for port `port`" block of `out`.
+fn last_count(out: &str, port: u16, field: &str) -> Option<u64> {
+    let at = out.rfind(&format!("statistics for port {port} "))?;
+    let block = &out[at..];
+    let i = block.find(field)? + field.len();
+    block[i..].split_whitespace().next()?.parse().ok()
+}
+
+/// The yardstick: testpmd forwarding between two `net_vhost` servers on `a_sock`, `b_sock`.
+pub fn yardstick(work: &Path, a_sock: &Path, b_sock: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
+    let mut args: Vec<String> = vec![
+        "-l".into(),
+        format!("{},{}", layout.generator_cpu, layout.switch_cpu),
+        "--main-lcore".into(),
+        layout.generator_cpu.to_string(),
+        "--no-pci".into(),
+        "--file-prefix=kp-yardstick".into(),
+    ];
+    args.extend(mem.eal().iter().map(|s| s.to_string()));
+    args.push(format!("--vdev=net_vhost0,iface={},queues=1", a_sock.display()));
+    args.push(format!("--vdev=net_vhost1,iface={},queues=1", b_sock.display()));
+    args.extend(["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"].map(String::from));
+    let mut t = Testpmd::spawn(work.join("yardstick.out"), &args)?;
+    t.wait_for("testpmd>", Duration::from_secs(30))?;
+    t.say("start");
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_statistics_are_read_from_the_last_block() {
+        let out = "  ######## NIC statistics for port 2  ########\n  RX-packets: 5 RX-missed: 0\n  TX-packets: 1\n\
+                   ######## NIC statistics for port 1  ########\n  RX-packets: 0\n  TX-packets: 777\n\
+                   ######## NIC statistics for port 2  ########\n  RX-packets: 123456  RX-missed: 0\n";
+        assert_eq!(last_count(out, 2, "RX-packets:"), Some(123456));
+        assert_eq!(last_count(out, 1, "TX-packets:"), Some(777));
+        assert_eq!(last_count(out, 3, "RX-packets:"), None);
+    }
+}
