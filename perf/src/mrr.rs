@@ -7,7 +7,7 @@ use crate::cpu::{self, Supply};
 use crate::frames::{self, Endpoint};
 use crate::stats::{self, Summary};
 use crate::switches::{Kind, Own, Running};
-use crate::testpmd::{Generator, Layout, Memory};
+use crate::testpmd::{Generator, Layout, Memory, Wiring};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -120,7 +120,9 @@ fn min_supply(s: &Sample) -> f64 {
 fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
     let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
-    let mut generator = Generator::start(&cfg.work, &tag, &sockets.a, &sockets.b, &cfg.work.join(format!("a-{size}.pcap")), &cfg.work.join("b.pcap"), cfg.memory, cfg.layout)?;
+    let (a_pcap, b_pcap) = (cfg.work.join(format!("a-{size}.pcap")), cfg.work.join("b.pcap"));
+    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, b_pcap: &b_pcap };
+    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout)?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();
     generator.clear();

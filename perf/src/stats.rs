@@ -105,7 +105,7 @@ mod tests {
         // 0.3 % loss everywhere: no NDR at all, a PDR at the capacity.
         assert_eq!(search(1e5, 20e6, 0.001, 0.0, model(7.5e6, 0.003)).unwrap(), None);
         let pdr = search(1e5, 20e6, 0.001, PDR_LOSS, model(7.5e6, 0.003)).unwrap().unwrap();
-        assert!(pdr >= 7.5e6 * 0.998 && pdr <= 7.5e6 * 1.003, "{pdr}");
+        assert!((7.5e6 * 0.998..=7.5e6 * 1.003).contains(&pdr), "{pdr}");
         assert_eq!(search(1e5, 1e6, 0.001, 0.0, model(7.5e6, 0.0)).unwrap(), Some(1e6), "the top of the range when it passes");
     }
 

@@ -129,8 +129,18 @@ pub struct Rates {
     pub received: f64,
 }
 
+/// What the generator connects: the switch's two sockets and the frames offered on each
+/// (A's replayed forever, B's once).
+pub struct Wiring<'a> {
+    pub a_sock: &'a Path,
+    pub b_sock: &'a Path,
+    pub a_pcap: &'a Path,
+    pub b_pcap: &'a Path,
+}
+
 impl Generator {
-    pub fn start(work: &Path, tag: &str, a_sock: &Path, b_sock: &Path, a_pcap: &Path, b_pcap: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
+    pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
+        let Wiring { a_sock, b_sock, a_pcap, b_pcap } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
             "-l".into(),

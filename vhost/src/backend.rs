@@ -3,7 +3,7 @@
 //! rings, enabled queues, interrupt descriptors). The PMD threads never see a message: they
 //! poll the rings the last message set up.
 //!
-//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `CTRL_VQ` and
+//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `IN_ORDER`, `CTRL_VQ` and
 //! `MQ` ([`MAX_PAIRS`] queue pairs; the frontend owns the control queue and enables rings
 //! with SET_VRING_ENABLE), `MTU` and `GUEST_ANNOUNCE` (both the frontend's: it keeps the
 //! config space and asks the guest to announce itself) and `VHOST_USER_F_PROTOCOL_FEATURES`
@@ -11,7 +11,7 @@
 //! `REPLY_ACK`, `NET_MTU` (NET_SET_MTU: recorded, refused above the port's longest frame)
 //! and `RARP` (SEND_RARP: a RARP frame from the guest's MAC goes into its bridge domain).
 //! rust-vmm's handler does not know the last two messages; [`serve_connection`] reads them
-//! itself. Not offered (not built yet): offloads, `IN_ORDER`, packed rings, inflight
+//! itself. Not offered (not built yet): offloads, packed rings, inflight
 //! descriptors, dirty logging.
 //!
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
@@ -47,6 +47,11 @@ const VIRTIO_NET_F_MTU: u64 = 1 << 3;
 const VIRTIO_NET_F_CTRL_VQ: u64 = 1 << 17;
 const VIRTIO_NET_F_GUEST_ANNOUNCE: u64 = 1 << 21;
 const VIRTIO_NET_F_MQ: u64 = 1 << 22;
+/// Buffers are used in the order they were made available. The port always does so (one
+/// thread per ring at a time, chains taken and returned in ring order, a refused chain
+/// returned in its place with length 0); offering it lets DPDK's virtio-user take its
+/// in-order paths, which read descriptors and used entries by position.
+const VIRTIO_F_IN_ORDER: u64 = 1 << 35;
 /// Virtqueues of the data path (two per pair; the control queue stays with the frontend).
 const VQS: usize = 2 * MAX_PAIRS;
 /// The features this device offers.
@@ -58,6 +63,7 @@ pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_NET_F_MQ
     | VIRTIO_RING_F_INDIRECT_DESC
     | VIRTIO_RING_F_EVENT_IDX
+    | VIRTIO_F_IN_ORDER
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// Largest queue accepted (QEMU's virtio-net allows 1024).
 pub const MAX_QUEUE: u32 = 1024;

@@ -232,10 +232,11 @@ pub fn to_guest_merged(ring: &mut Ring<'_>, pool: &Pool, b: &BufId, chain: &mut 
                 return Err(NetError::GuestBufferTooSmall);
             }
             Err(e) => {
-                ring.push_used(chain.head, 0);
+                // In ring order (IN_ORDER): the chains filled before the bad one, then it.
                 for &(head, _) in &used[..n] {
                     ring.push_used(head, 0);
                 }
+                ring.push_used(chain.head, 0);
                 return Err(e);
             }
         }

@@ -158,3 +158,22 @@ fn mergeable_receive_buffers() {
     assert_eq!(g.completions(), vec![]);
     cache.free(b);
 }
+
+/// IN_ORDER is offered: a bad chain met in the middle of a merged frame goes back to the
+/// guest after the chains filled before it, in ring order, all empty.
+#[test]
+fn a_bad_chain_mid_frame_returns_every_chain_in_ring_order() {
+    let (pool, mut cache) = pool();
+    let b = cache.alloc_frame(&frame(1514)).unwrap();
+    let mut g = Guest::new(16);
+    let mut q = g.queue();
+    let heads: Vec<u16> = (0..3).map(|_| g.post(&[Buf::Write(600)]).0).collect();
+    // The third chain points outside guest memory.
+    g.put_desc(heads[2], 0x7e00_0000_0000, 600, 2, 0);
+    {
+        let mut r = q.ring(&g.mem).unwrap();
+        assert_eq!(net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()), Err(NetError::BadChain));
+    }
+    assert_eq!(g.completions(), vec![(heads[0], 0), (heads[1], 0), (heads[2], 0)]);
+    cache.free(b);
+}
