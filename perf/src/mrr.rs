@@ -10,7 +10,7 @@ use crate::switches::{Kind, Own, Running};
 use crate::testpmd::{Generator, Layout, Memory, Wiring};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Config {
@@ -126,10 +126,9 @@ fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize)
     std::thread::sleep(cfg.warmup);
     let before = running.own();
     generator.clear();
-    let t0 = Instant::now();
     std::thread::sleep(cfg.window);
     let after = running.own();
-    let rates = generator.read(t0.elapsed().as_secs_f64())?;
+    let rates = generator.read()?;
     drop(generator);
     drop(running);
     let supply = [cfg.layout.generator_cpu, cfg.layout.switch_cpu].iter().map(|&c| cpu::probe(c, Duration::from_millis(200))).collect::<Result<Vec<_>, _>>()?;

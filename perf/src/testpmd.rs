@@ -163,13 +163,16 @@ impl Generator {
         Ok(Generator(t))
     }
 
-    /// Starts a measurement window (the counters from zero).
+    /// Starts a measurement window: testpmd reports each port's rate since the previous
+    /// `show port stats` of it, timed by its own clock — the CLI runs on a busy CPU and may
+    /// answer late, so our own clock would be wrong by that much.
     pub fn clear(&mut self) {
-        self.0.say("clear port stats all");
+        self.0.say("show port stats 1");
+        self.0.say("show port stats 2");
     }
 
-    /// The rates since [`Generator::clear`], `secs` ago.
-    pub fn read(&mut self, secs: f64) -> anyhow::Result<Rates> {
+    /// The rates since [`Generator::clear`].
+    pub fn read(&mut self) -> anyhow::Result<Rates> {
         let before = self.0.output().len();
         self.0.say("show port stats 1");
         self.0.say("show port stats 2");
@@ -177,8 +180,8 @@ impl Generator {
         loop {
             let out = self.0.output();
             let fresh = out.get(before..).unwrap_or("");
-            if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "TX-packets:"), last_count(fresh, 2, "RX-packets:")) {
-                return Ok(Rates { offered: tx as f64 / secs, received: rx as f64 / secs });
+            if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "Tx-pps:"), last_count(fresh, 2, "Rx-pps:")) {
+                return Ok(Rates { offered: tx as f64, received: rx as f64 });
             }
             anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator: {}", tail(&out));
             std::thread::sleep(Duration::from_millis(50));
@@ -222,9 +225,13 @@ mod tests {
     fn port_statistics_are_read_from_the_last_block() {
         let out = "  ######## NIC statistics for port 2  ########\n  RX-packets: 5 RX-missed: 0\n  TX-packets: 1\n\
                    ######## NIC statistics for port 1  ########\n  RX-packets: 0\n  TX-packets: 777\n\
-                   ######## NIC statistics for port 2  ########\n  RX-packets: 123456  RX-missed: 0\n";
+                   Throughput (since last show)\n  Rx-pps:            0          Rx-bps:            0\n  Tx-pps:      7123456          Tx-bps:   3647209472\n\
+                   ######## NIC statistics for port 2  ########\n  RX-packets: 123456  RX-missed: 0\n\
+                   Throughput (since last show)\n  Rx-pps:      7012345          Rx-bps:   3590320640\n";
         assert_eq!(last_count(out, 2, "RX-packets:"), Some(123456));
         assert_eq!(last_count(out, 1, "TX-packets:"), Some(777));
+        assert_eq!(last_count(out, 1, "Tx-pps:"), Some(7123456));
+        assert_eq!(last_count(out, 2, "Rx-pps:"), Some(7012345));
         assert_eq!(last_count(out, 3, "RX-packets:"), None);
     }
 }
