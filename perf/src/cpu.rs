@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// Gaps longer than this are time the thread did not run.
 const GAP: Duration = Duration::from_micros(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Supply {
     pub cpu: usize,
     /// The fraction of the probe's time the thread ran (0..=1).

@@ -51,10 +51,22 @@ enum Cmd {
         #[arg(long, default_value = "perf-results")]
         out: PathBuf,
     },
+    /// Writes report.md again from a run's results.json (after the report's format changed).
+    Report {
+        results: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Report { results, out } => {
+            let text = std::fs::read(&results).with_context(|| format!("reading {}", results.display()))?;
+            let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| format!("{} is not a knitter-perf results file", results.display()))?;
+            r.summary = mrr::summarize(&r.config, &r.samples);
+            knitter_perf::report::write(&out, &r)
+        }
         Cmd::Mrr { switches, sizes, flows, rounds, warmup, window, generator_cpu, switch_cpu, memory, min_supply, retries, out } => {
             anyhow::ensure!(testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
             anyhow::ensure!(generator_cpu != switch_cpu, "the generator and the switch need a CPU each");

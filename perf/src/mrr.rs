@@ -12,7 +12,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Config {
     pub switches: Vec<Kind>,
     /// Frame sizes on the wire (FCS counted).
@@ -32,7 +32,7 @@ pub struct Config {
 }
 
 /// One trial.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Sample {
     pub switch: Kind,
     pub size: usize,
@@ -51,22 +51,24 @@ pub struct Sample {
     pub repeated: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SwitchSummary {
     pub switch: Kind,
     pub mpps: Summary,
     /// Per-round ratio to the yardstick (rounds share the machine's state of the moment).
     pub vs_yardstick: Option<Summary>,
+    /// Per-round ratio to Open vSwitch with DPDK, when it ran.
+    pub vs_ovs: Option<Summary>,
     pub cycles_per_packet: Option<Summary>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SizeSummary {
     pub size: usize,
     pub switches: Vec<SwitchSummary>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Results {
     pub config: Config,
     pub samples: Vec<Sample>,
@@ -149,12 +151,14 @@ fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize)
     })
 }
 
-fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
+/// The per-size summaries of `samples`.
+pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
     cfg.sizes
         .iter()
         .map(|&size| {
             let of = |k: Kind| -> Vec<&Sample> { samples.iter().filter(|s| s.size == size && s.switch == k).collect() };
-            let yard: Vec<f64> = of(Kind::Yardstick).iter().map(|s| s.received_mpps).collect();
+            let rates = |k: Kind| -> Vec<f64> { of(k).iter().map(|s| s.received_mpps).collect() };
+            let (yard, ovs) = (rates(Kind::Yardstick), rates(Kind::Ovs));
             let switches = cfg
                 .switches
                 .iter()
@@ -166,6 +170,7 @@ fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
                         switch: k,
                         mpps: stats::summarize(&mpps)?,
                         vs_yardstick: if k == Kind::Yardstick || yard.is_empty() { None } else { stats::pair_ratios(&mpps, &yard) },
+                        vs_ovs: if k == Kind::Ovs || ovs.is_empty() { None } else { stats::pair_ratios(&mpps, &ovs) },
                         cycles_per_packet: stats::summarize(&cycles),
                     })
                 })

@@ -21,6 +21,10 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+fn ratio(r: Option<crate::stats::Summary>) -> String {
+    r.map(|v| format!("{:.2} ({:.2} – {:.2})", v.median, v.min, v.max)).unwrap_or_else(|| "—".into())
+}
+
 pub fn markdown(r: &Results) -> String {
     let c = &r.config;
     let mut o = String::new();
@@ -52,18 +56,19 @@ pub fn markdown(r: &Results) -> String {
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {} bytes\n", s.size);
-        let _ = writeln!(o, "| switch | Mpps median | min – max | spread | × yardstick (median of rounds) | switch cycles/packet |");
-        let _ = writeln!(o, "|---|---|---|---|---|---|");
+        let _ = writeln!(o, "| switch | Mpps median | min – max | spread | × yardstick (median of rounds) | × OVS (median of rounds) | switch cycles/packet |");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|");
         for w in &s.switches {
             let _ = writeln!(
                 o,
-                "| {} | {:.2} | {:.2} – {:.2} | {:.0} % | {} | {} |",
+                "| {} | {:.2} | {:.2} – {:.2} | {:.0} % | {} | {} | {} |",
                 w.switch.name(),
                 w.mpps.median,
                 w.mpps.min,
                 w.mpps.max,
                 w.mpps.spread * 100.0,
-                w.vs_yardstick.map(|v| format!("{:.2} ({:.2} – {:.2})", v.median, v.min, v.max)).unwrap_or_else(|| "—".into()),
+                ratio(w.vs_yardstick),
+                ratio(w.vs_ovs),
                 w.cycles_per_packet.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
             );
         }

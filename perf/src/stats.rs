@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 /// Repeated measurements of one thing.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Summary {
     pub n: usize,
     pub median: f64,
@@ -38,7 +38,7 @@ pub fn pair_ratios(a: &[f64], b: &[f64]) -> Option<Summary> {
 }
 
 /// What one trial at an offered rate gave.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Trial {
     /// Offered and received, packets per second.
     pub offered: f64,

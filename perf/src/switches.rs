@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Knitter,
     Yardstick,
+    Ovs,
 }
 
 impl Kind {
@@ -23,6 +24,7 @@ impl Kind {
         match self {
             Kind::Knitter => "knitter",
             Kind::Yardstick => "yardstick",
+            Kind::Ovs => "ovs",
         }
     }
 }
@@ -55,6 +57,7 @@ impl Own {
 pub enum Running {
     Knitter { child: Child, api: PathBuf },
     Yardstick(Testpmd),
+    Ovs(crate::ovs::Ovs),
 }
 
 /// Where the binaries are: next to this one (`cargo build --release --workspace`).
@@ -73,8 +76,12 @@ impl Running {
         for p in [&s.a, &s.b] {
             let _ = std::fs::remove_file(p);
         }
-        let running = match kind {
-            Kind::Yardstick => Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?),
+        let (running, s) = match kind {
+            Kind::Ovs => {
+                let (ovs, s) = crate::ovs::Ovs::start(work, mem, layout)?;
+                (Running::Ovs(ovs), s)
+            }
+            Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
             Kind::Knitter => {
                 let api = work.join("knitter.sock");
                 let conf = work.join("knitter.toml");
@@ -88,7 +95,7 @@ impl Running {
                     .stderr(std::fs::File::create(work.join("knitter.log"))?)
                     .spawn()
                     .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
-                Running::Knitter { child, api }
+                (Running::Knitter { child, api }, s)
             }
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -101,7 +108,11 @@ impl Running {
 
     /// The switch's own counters, when it has an API for them.
     pub fn own(&self) -> Option<Own> {
-        let Running::Knitter { api, .. } = self else { return None };
+        let api = match self {
+            Running::Knitter { api, .. } => api,
+            Running::Ovs(ovs) => return ovs.own(),
+            Running::Yardstick(_) => return None,
+        };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
         let reply = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default())).await }).ok()?.ok()?.into_inner();
         Some(Own {

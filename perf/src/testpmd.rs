@@ -11,7 +11,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How DPDK gets its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Memory {
     /// 2 MiB hugepages (the real numbers).
     Hugepages,
@@ -108,7 +108,7 @@ fn tail(s: &str) -> String {
 }
 
 /// Where the generator and the switch run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Layout {
     /// The generator's forwarding lcore (and every other thread of the lab).
     pub generator_cpu: usize,

@@ -1,0 +1,170 @@
+//! Open vSwitch with DPDK as a switch under test (Debian's `openvswitch-switch-dpdk`):
+//! its own ovsdb-server and ovs-vswitchd-dpdk, started in a directory of their own and a
+//! network namespace of their own (the netdev datapath's bridge port is a tap), a
+//! `datapath_type=netdev` bridge with the NORMAL action (MAC learning) and two
+//! `dpdkvhostuser` ports (OVS listens, as Knitter and the yardstick do), its PMD thread on
+//! the switch CPU and DPDK's main lcore on the generator's. Its PMD cycles come from
+//! `dpif-netdev/pmd-stats-show`. Stopped (and the namespace removed) on drop.
+
+use crate::switches::{Own, Sockets};
+use crate::testpmd::{Layout, Memory};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const VSWITCHD: &str = "/usr/lib/openvswitch-switch-dpdk/ovs-vswitchd-dpdk";
+const SCHEMA: &str = "/usr/share/openvswitch/vswitch.ovsschema";
+
+/// Is Open vSwitch with DPDK installed?
+pub fn available() -> bool {
+    Path::new(VSWITCHD).exists() && Path::new(SCHEMA).exists()
+}
+
+pub struct Ovs {
+    dir: PathBuf,
+    netns: String,
+    db: Option<Child>,
+    vswitchd: Option<Child>,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let o = cmd.output().map_err(|e| anyhow::anyhow!("{cmd:?}: {e}"))?;
+    anyhow::ensure!(o.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+impl Ovs {
+    pub fn start(work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<(Ovs, Sockets)> {
+        anyhow::ensure!(available(), "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)");
+        let dir = work.join("ovs");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let netns = format!("kp-ovs-{}", std::process::id());
+        let _ = run(Command::new("ip").args(["netns", "del", &netns]));
+        run(Command::new("ip").args(["netns", "add", &netns]))?;
+        let mut ovs = Ovs { dir: dir.clone(), netns, db: None, vswitchd: None };
+        let db = dir.join("conf.db");
+        run(Command::new("ovsdb-tool").arg("create").arg(&db).arg(SCHEMA))?;
+        ovs.db = Some(
+            ovs.in_netns("ovsdb-server")
+                .arg(&db)
+                .arg(format!("--remote=punix:{}", dir.join("db.sock").display()))
+                .arg(format!("--unixctl={}", dir.join("ovsdb.ctl").display()))
+                .arg(format!("--log-file={}", dir.join("ovsdb.log").display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+        ovs.wait_path(&dir.join("db.sock"))?;
+        let extra = match mem {
+            Memory::Hugepages => "--no-pci --in-memory --single-file-segments -m 1024 --file-prefix=kp-ovs",
+            Memory::Plain => "--no-pci --no-huge -m 1024 --single-file-segments --file-prefix=kp-ovs",
+        };
+        ovs.vsctl(&["--no-wait", "init"])?;
+        ovs.vsctl(&[
+            "--no-wait",
+            "set",
+            "Open_vSwitch",
+            ".",
+            "other_config:dpdk-init=true",
+            &format!("other_config:dpdk-lcore-mask={:#x}", 1u64 << layout.generator_cpu),
+            &format!("other_config:pmd-cpu-mask={:#x}", 1u64 << layout.switch_cpu),
+            &format!("other_config:dpdk-extra={extra}"),
+        ])?;
+        ovs.vswitchd = Some(
+            ovs.in_netns(VSWITCHD)
+                .arg(format!("unix:{}", dir.join("db.sock").display()))
+                .arg(format!("--unixctl={}", dir.join("vswitchd.ctl").display()))
+                .arg(format!("--log-file={}", dir.join("vswitchd.log").display()))
+                .env("OVS_RUNDIR", &dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+        ovs.wait_path(&dir.join("vswitchd.ctl"))?;
+        ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
+        for p in ["a", "b"] {
+            ovs.vsctl(&["add-port", "br0", p, "--", "set", "Interface", p, "type=dpdkvhostuser"])?;
+        }
+        let s = Sockets { a: dir.join("a"), b: dir.join("b") };
+        ovs.wait_path(&s.a)?;
+        ovs.wait_path(&s.b)?;
+        Ok((ovs, s))
+    }
+
+    fn in_netns(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns, program]);
+        c
+    }
+
+    fn vsctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(Command::new("ovs-vsctl").arg(format!("--db=unix:{}", self.dir.join("db.sock").display())).arg("--timeout=30").args(args))
+    }
+
+    fn wait_path(&self, p: &Path) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !p.exists() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "Open vSwitch never made {}; its log: {}",
+                p.display(),
+                std::fs::read_to_string(self.dir.join("vswitchd.log")).unwrap_or_default().lines().rev().take(10).collect::<Vec<_>>().join(" | ")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Its PMD threads' counters since start (`dpif-netdev/pmd-stats-show`).
+    pub fn own(&self) -> Option<Own> {
+        let out = run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).arg("dpif-netdev/pmd-stats-show")).ok()?;
+        Some(parse_pmd_stats(&out))
+    }
+}
+
+/// Sums the PMD threads' `packets received`, `idle cycles` and `processing cycles`.
+fn parse_pmd_stats(out: &str) -> Own {
+    let mut own = Own::default();
+    for line in out.lines().map(str::trim) {
+        let num = |l: &str| l.split(':').nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        if line.starts_with("packets received:") {
+            own.packets += num(line);
+        } else if line.starts_with("idle cycles:") {
+            own.idle_cycles += num(line);
+        } else if line.starts_with("processing cycles:") {
+            own.busy_cycles += num(line);
+        }
+    }
+    own
+}
+
+impl Drop for Ovs {
+    fn drop(&mut self) {
+        let _ = run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(["exit", "--cleanup"]));
+        for child in [self.vswitchd.take(), self.db.take()].into_iter().flatten() {
+            let mut child = child;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pmd_stats_are_summed() {
+        let out = "pmd thread numa_id 0 core_id 1:\n  packets received: 1000\n  packet recirculations: 0\n  idle cycles: 500 (33.33%)\n  processing cycles: 1000 (66.67%)\n  avg cycles per packet: 1.50 (1500/1000)\n\
+                   main thread:\n  packets received: 3\n  idle cycles: 0\n";
+        assert_eq!(parse_pmd_stats(out), Own { busy_cycles: 1000, idle_cycles: 500, packets: 1003, drops: 0 });
+    }
+}
