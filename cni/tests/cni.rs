@@ -13,6 +13,7 @@ use lab::{Lab, addr, cni_raw, pod};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use vswitch::testkit::netns;
+use vswitch::testkit::vnf::ListeningVnf;
 
 #[test]
 fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
@@ -153,57 +154,18 @@ fn adding_and_deleting_two_hundred_pods_leaves_nothing_behind() {
     }
 }
 
-/// dpdk-testpmd as a DPDK pod's app: in a mount namespace of its own where the host's
+/// dpdk-testpmd as a DPDK pod's app, in a mount namespace of its own where the host's
 /// vhost-user directory is hidden and seen only through a bind mount at `mnt` (as a pod's
 /// hostPath volume), listening on `socket` (a path under `mnt`) with `mac`, answering ARP
-/// and ping (`icmpecho`). Killed and its runtime files removed on drop.
-struct DpdkPod {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    prefix: String,
-}
-
-impl DpdkPod {
-    fn start(host_dir: &std::path::Path, mnt: &std::path::Path, socket: &std::path::Path, mac: &str) -> Option<DpdkPod> {
-        use std::process::{Command, Stdio};
-        use vswitch::testkit::{peer_available, runs};
-        if !peer_available(runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
-            return None;
-        }
-        let prefix = format!("kncni{}", std::process::id());
-        let script = r#"mount --bind "$1" "$2" && mount -t tmpfs knitter-hidden "$1" && shift 2 && exec dpdk-testpmd "$@""#;
-        let mut child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
-            .arg(host_dir)
-            .arg(mnt)
-            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
-            .arg(format!("--file-prefix={prefix}"))
-            .arg(format!("--vdev=net_virtio_user0,path={},server=1,queues=1,mac={mac}", socket.display()))
-            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=2048"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut pod = DpdkPod { child, stdin, prefix };
-        pod.say("set fwd icmpecho");
-        pod.say("start");
-        Some(pod)
-    }
-
-    fn say(&mut self, line: &str) {
-        use std::io::Write;
-        let _ = writeln!(self.stdin, "{line}");
-    }
-}
-
-impl Drop for DpdkPod {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
-    }
+/// and ping (`icmpecho`).
+fn dpdk_pod(host_dir: &std::path::Path, mnt: &std::path::Path, socket: &std::path::Path, mac: &str) -> Option<ListeningVnf> {
+    let script = r#"mount --bind "$1" "$2" && mount -t tmpfs knitter-hidden "$1" && shift 2 && exec dpdk-testpmd "$@""#;
+    let mut wrapper = std::process::Command::new("unshare");
+    wrapper.args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"]).arg(host_dir).arg(mnt);
+    let mut app = ListeningVnf::start_with(wrapper, socket, Some(mac))?;
+    app.say("set fwd icmpecho");
+    app.say("start");
+    Some(app)
 }
 
 #[test]
@@ -250,7 +212,7 @@ fn a_dpdk_pod_gets_a_vhost_user_socket_and_talks_to_a_kernel_pod() {
     let mnt = lab.dir.path().join("pod-root-vhu");
     std::fs::create_dir_all(&mnt).unwrap();
     let mac = info["mac"].as_str().unwrap().to_string();
-    let Some(mut app) = DpdkPod::start(&vhost_dir, &mnt, &mnt.join("ctr-dpdk-012/net1.sock"), &mac) else { return };
+    let Some(mut app) = dpdk_pod(&vhost_dir, &mnt, &mnt.join("ctr-dpdk-012/net1.sock"), &mac) else { return };
     let (k, k_path) = pod("pk");
     let (ok, rk) = lab.cni("ADD", "ctr-kernel", &k_path, "eth0", &lab.conf("1.1.0", "media"));
     assert!(ok, "{rk}");
@@ -258,8 +220,7 @@ fn a_dpdk_pod_gets_a_vhost_user_socket_and_talks_to_a_kernel_pod() {
     let deadline = Instant::now() + Duration::from_secs(40);
     while let Err(e) = netns::ping(&k, &target) {
         assert!(Instant::now() < deadline, "the kernel pod never reached the DPDK pod at {target}: {e}");
-        // testpmd's virtio-user takes its backend's connection when it checks the link.
-        app.say("show port info all");
+        app.poke();
         std::thread::sleep(Duration::from_millis(300));
     }
     let shown = lab.ctl(&["port", "list"]);

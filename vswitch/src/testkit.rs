@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod fuzz;
 pub mod netns;
+pub mod vnf;
 
 use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};
@@ -20,7 +21,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-/// A locally administered unicast MAC with `n` in its low bytes.
 /// Whether a test's external peer can run: `false` (the test returns early, saying why) when
 /// `ready` is not, on a developer's machine; under CI (`CI` set) a skip would be a test that
 /// cannot fail, so there it panics, naming what installs the peer.
@@ -46,6 +46,7 @@ pub fn one_bridge(ports: &[&str]) -> crate::config::SwitchConfig {
     }
 }
 
+/// A locally administered unicast MAC with `n` in its low bytes.
 pub fn mac(n: u32) -> MacAddr {
     let b = n.to_be_bytes();
     MacAddr([0x02, 0x00, b[0], b[1], b[2], b[3]])

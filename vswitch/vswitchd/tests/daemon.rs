@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::Code;
 use tonic::transport::Channel;
+use vswitch::testkit::vnf::ListeningVnf;
 
 struct Daemon {
     child: Child,
@@ -463,51 +464,6 @@ async fn events_health_and_reflection() {
     assert!(names.contains(&"knitter.node.v1.Node".to_string()) && names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
 }
 
-
-/// dpdk-testpmd listening on one vhost-user socket (`server=1`), as a VNF pod whose port
-/// the switch connects to (client mode); killed and its runtime files removed on drop.
-struct ListeningVnf {
-    child: Child,
-    prefix: String,
-    stdin: std::process::ChildStdin,
-}
-
-impl ListeningVnf {
-    fn start(socket: &Path) -> Option<ListeningVnf> {
-        use vswitch::testkit::{peer_available, runs};
-        if !peer_available(runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
-            return None;
-        }
-        let prefix = format!("knitterd{}", std::process::id());
-        let mut child = Command::new("dpdk-testpmd")
-            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
-            .arg(format!("--file-prefix={prefix}"))
-            .arg(format!("--vdev=net_virtio_user0,path={},server=1,queues=1", socket.display()))
-            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=2048"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        Some(ListeningVnf { child, prefix, stdin })
-    }
-
-    /// testpmd's virtio-user notices a lost backend, and takes a new one, when it checks
-    /// the link: make it check.
-    fn poke(&mut self) {
-        use std::io::Write;
-        let _ = writeln!(self.stdin, "show port info all");
-    }
-}
-
-impl Drop for ListeningVnf {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
-    }
-}
 
 /// Waits (bounded) until the daemon says a frontend runs port `name`'s rings.
 async fn vhost_connected(d: &Daemon, vnf: &mut ListeningVnf, name: &str) {
