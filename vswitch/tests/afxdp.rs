@@ -254,6 +254,20 @@ fn idle_ports_lend_a_few_bursts_of_buffers_each() {
         })
         .collect();
     assert_eq!(pool.free_count(), 512 - 3 * 128, "each port lends 128 buffers to its fill ring");
+    assert_eq!(ports[0].device_rx_queues(), Some(1));
     drop(ports);
     assert_eq!(pool.free_count(), 512, "and gets them back when it closes");
+}
+
+/// A device with several receive queues is opened (queue 0 is read) with a warning, and says
+/// how many it has.
+#[test]
+fn a_multi_queue_device_says_how_many_queues_it_has() {
+    let Some(_g) = netns::exclusive() else { return };
+    let ns = Netns::new("mq").unwrap();
+    ns.run(&["ip", "link", "add", "mqa", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "name", "mqb"]).unwrap();
+    ns.run(&["ip", "link", "set", "mqa", "up"]).unwrap();
+    let pool = Pool::new(512, false).unwrap();
+    let port = ns.enter(move || AfXdpPort::open("mqa", "mqa", pool)).unwrap().unwrap();
+    assert_eq!(port.device_rx_queues(), Some(4));
 }

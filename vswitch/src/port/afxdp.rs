@@ -19,7 +19,7 @@
 
 pub use super::bpf::UnderlayFilter;
 use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
-use super::sys::{check, control_socket, if_running, ifindex, interface_mac, setopt};
+use super::sys::{check, control_socket, if_running, ifindex, interface_mac, rx_queues, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
@@ -275,6 +275,11 @@ impl AfXdpPort {
         Self::open_with(name, ifname, pool, Some(filter))
     }
 
+    /// The device's receive queues (this port reads queue 0 only), when its driver says.
+    pub fn device_rx_queues(&self) -> Option<u32> {
+        rx_queues(self.control.as_raw_fd(), &self.ifname)
+    }
+
     /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
     /// (with `None`) every frame of the queue to the port. The socket stays bound.
     pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
@@ -342,6 +347,11 @@ impl AfXdpPort {
         let mac = interface_mac(ifname);
         let control = control_socket()?;
         tracing::info!(port = name, ifname, mode, "AF_XDP port open (copy mode, UMEM = buffer pool)");
+        // One socket, bound to queue 0: what the device steers to its other queues is dropped
+        // by the program's redirect (the kernel counts it on the interface).
+        if let Some(n) = rx_queues(control.as_raw_fd(), ifname).filter(|n| *n > 1) {
+            tracing::warn!(port = name, ifname, queues = n, "the device has {n} receive queues and this port reads queue 0 only: frames on the others are lost; `ethtool -L {ifname} combined 1` (or rx 1), or use an AF_PACKET port");
+        }
         let n = pool.capacity() as usize;
         // The fill ring is filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a

@@ -72,6 +72,24 @@ pub(super) fn if_running(fd: RawFd, ifname: &str) -> Option<bool> {
     Some(flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0)
 }
 
+/// How many receive queues the interface has (its rx or combined channels, the larger),
+/// asked of the socket's own network namespace; `None` when the driver does not say.
+pub(super) fn rx_queues(fd: RawFd, ifname: &str) -> Option<u32> {
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    // struct ethtool_channels: cmd, max_rx, max_tx, max_other, max_combined, rx_count,
+    // tx_count, other_count, combined_count.
+    let mut ch = [0u32; 9];
+    ch[0] = ETHTOOL_GCHANNELS;
+    let mut req = ifreq(ifname)?;
+    req.ifr_ifru.ifru_data = ch.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL with ETHTOOL_GCHANNELS writes one ethtool_channels (9 u32) to the
+    // buffer ifru_data points at, which lives until the call returns.
+    if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut req) } != 0 {
+        return None;
+    }
+    Some(ch[5].max(ch[8]))
+}
+
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
 pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
