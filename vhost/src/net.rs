@@ -122,7 +122,14 @@ pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Res
     {
         let dst = mem.slice_mut(s.addr, total)?;
         let (h, f) = dst.split_at_mut(HDR_LEN);
-        h.copy_from_slice(&hdr);
+        // The header usually holds these bytes already (the buffer's previous frame had
+        // them) and, with DPDK's virtio-user, sits in a cache line of its own in front of
+        // the frame: writing it anyway moves that line to this core and the guest's driver
+        // stalls reading num_buffers from it (as DPDK's own vhost library, write only what
+        // differs).
+        if *h != hdr {
+            h.copy_from_slice(&hdr);
+        }
         f.copy_from_slice(pool.head(b));
         return Ok(total as u32);
     }
