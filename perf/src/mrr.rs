@@ -81,8 +81,6 @@ const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0, 2]
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
-    let b_pcap = cfg.work.join("b.pcap");
-    frames::write_pcap(&b_pcap, &[frames::udp(B, A, 64, 1024)])?;
     for &size in &cfg.sizes {
         frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, size, cfg.flows))?;
     }
@@ -115,6 +113,10 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
     Ok(Results { config: cfg.clone(), samples, summary })
 }
 
+fn mac_text(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
 fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
@@ -122,8 +124,8 @@ fn min_supply(s: &Sample) -> f64 {
 fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
     let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
-    let (a_pcap, b_pcap) = (cfg.work.join(format!("a-{size}.pcap")), cfg.work.join("b.pcap"));
-    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, b_pcap: &b_pcap };
+    let a_pcap = cfg.work.join(format!("a-{size}.pcap"));
+    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, a_mac: &mac_text(A.mac), b_mac: &mac_text(B.mac) };
     let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout)?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();

@@ -47,7 +47,8 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         o,
         "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into virtio-user \
-         port A, counting what virtio-user port B receives) offers more than the switch forwards; \
+         port A, counting what virtio-user port B receives and dropping it in a null port) offers \
+         more than the switch forwards; \
          the received rate on B is the MRR. Ratios are per round (both switches measured back to \
          back), then the median. A trial is repeated when a CPU got < {:.0} % of its time \
          (a TSC spin probe after it). The yardstick is testpmd's own `net_vhost` io forwarding: \

@@ -1,7 +1,8 @@
 //! dpdk-testpmd in the lab's two roles: the **generator** (a pcap port replays the offered
 //! frames into virtio-user port A; what reaches virtio-user port B is counted and dropped
-//! into a second pcap port, which also sends one frame B → A first so a learning switch
-//! knows B), and the **yardstick** (two `net_vhost` ports with `io` forwarding: no
+//! by a `net_null` port — a pcap port writing to /dev/null cost the generator ~30 % of its
+//! time — and a first burst from every port, `start tx_first`, lets a learning switch know
+//! B's MAC), and the **yardstick** (two `net_vhost` ports with `io` forwarding: no
 //! switching at all, two copies per frame). Both run with their forwarding lcore where the
 //! layout says and their main lcore elsewhere, in memory of their own (`--in-memory`).
 
@@ -129,18 +130,20 @@ pub struct Rates {
     pub received: f64,
 }
 
-/// What the generator connects: the switch's two sockets and the frames offered on each
-/// (A's replayed forever, B's once).
+/// What the generator connects: the switch's two sockets, the frames offered on A
+/// (replayed forever) and the MACs of its two virtio-user ports (the frames' source and
+/// destination).
 pub struct Wiring<'a> {
     pub a_sock: &'a Path,
     pub b_sock: &'a Path,
     pub a_pcap: &'a Path,
-    pub b_pcap: &'a Path,
+    pub a_mac: &'a str,
+    pub b_mac: &'a str,
 }
 
 impl Generator {
     pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
-        let Wiring { a_sock, b_sock, a_pcap, b_pcap } = w;
+        let Wiring { a_sock, b_sock, a_pcap, a_mac, b_mac } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
             "-l".into(),
@@ -152,14 +155,14 @@ impl Generator {
         ];
         args.extend(mem.eal().iter().map(|s| s.to_string()));
         args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", a_pcap.display()));
-        args.push(format!("--vdev=net_virtio_user0,path={},queues=1", a_sock.display()));
-        args.push(format!("--vdev=net_virtio_user1,path={},queues=1", b_sock.display()));
-        args.push(format!("--vdev=net_pcap1,rx_pcap={},tx_pcap=/dev/null", b_pcap.display()));
+        args.push(format!("--vdev=net_virtio_user0,path={},queues=1,mac={a_mac}", a_sock.display()));
+        args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
+        args.push("--vdev=net_null0,no-rx=1".into());
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384"].map(String::from));
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &args)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
-        t.say("start");
+        t.say("start tx_first");
         Ok(Generator(t))
     }
 
