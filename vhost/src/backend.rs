@@ -396,7 +396,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Refuses a socket path the kernel cannot hold, saying so (the kernel's own error is a
 /// bare "invalid argument").
-fn check_socket_path(path: &Path) -> std::io::Result<()> {
+pub fn check_socket_path(path: &Path) -> std::io::Result<()> {
     let n = path.as_os_str().len();
     if n > MAX_SOCKET_PATH {
         return Err(std::io::Error::new(

@@ -17,9 +17,6 @@ pub const DEFAULT_DIR: &str = "/run/knitter/vhost";
 /// (root in most DPDK images) may create sockets in it, nobody else may look.
 const DEFAULT_MODE: u32 = 0o770;
 
-/// The longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
-
 /// Where one interface's files go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -71,13 +68,7 @@ pub fn layout(base: &Path, container_id: &str, ifname: &str) -> io::Result<Layou
     }
     let dir = base.join(short);
     let socket = dir.join(format!("{ifname}.sock"));
-    let n = socket.as_os_str().len();
-    if n > MAX_SOCKET_PATH {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("the vhost-user socket path {} is {n} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}: use a shorter directory", socket.display()),
-        ));
-    }
+    knitter_vhost::backend::check_socket_path(&socket).map_err(|e| io::Error::new(e.kind(), format!("{e}: use a shorter directory")))?;
     let info = dir.join(format!("{ifname}.json"));
     Ok(Layout { dir, socket, info })
 }
