@@ -16,7 +16,7 @@ pub struct ListeningVnf {
 
 impl ListeningVnf {
     /// testpmd listening on `socket`; `None` (the test returns) when it is not installed
-    /// outside CI.
+    /// outside CI. A command that does not start fails the test (a skip would hide it).
     pub fn start(socket: &Path) -> Option<ListeningVnf> {
         ListeningVnf::start_with(Command::new("dpdk-testpmd"), socket, None)
     }
@@ -39,8 +39,8 @@ impl ListeningVnf {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .ok()?;
-        let stdin = child.stdin.take()?;
+            .expect("starting dpdk-testpmd (or its wrapper)");
+        let stdin = child.stdin.take().expect("testpmd's stdin");
         Some(ListeningVnf { child, stdin, prefix })
     }
 
