@@ -142,17 +142,10 @@ fn parse_pmd_stats(out: &str) -> Own {
 impl Drop for Ovs {
     fn drop(&mut self) {
         let _ = run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(["exit", "--cleanup"]));
-        for child in [self.vswitchd.take(), self.db.take()].into_iter().flatten() {
-            let mut child = child;
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        for mut child in [self.vswitchd.take(), self.db.take()].into_iter().flatten() {
+            crate::testpmd::stop_child(&mut child, Some(libc::SIGTERM));
         }
+        crate::testpmd::remove_runtime_dir("kp-ovs");
         let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
     }
 }

@@ -127,14 +127,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         if let Running::Knitter { child, .. } = self {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            testpmd::stop_child(child, Some(libc::SIGTERM));
         }
     }
 }

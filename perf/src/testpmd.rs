@@ -48,13 +48,16 @@ pub struct Testpmd {
     child: Child,
     stdin: Option<ChildStdin>,
     out: PathBuf,
+    /// Its `--file-prefix`: DPDK leaves /var/run/dpdk/<prefix> behind, even in memory.
+    prefix: String,
 }
 
 impl Testpmd {
-    fn spawn(out: PathBuf, args: &[String]) -> anyhow::Result<Testpmd> {
+    fn spawn(out: PathBuf, prefix: &str, args: &[String]) -> anyhow::Result<Testpmd> {
         let log = std::fs::File::create(&out)?;
         let mut child = Command::new("stdbuf")
             .args(["-oL", "-eL", "dpdk-testpmd"])
+            .arg(format!("--file-prefix={prefix}"))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(log.try_clone()?)
@@ -62,7 +65,7 @@ impl Testpmd {
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting dpdk-testpmd: {e}"))?;
         let stdin = child.stdin.take();
-        Ok(Testpmd { child, stdin, out })
+        Ok(Testpmd { child, stdin, out, prefix: prefix.to_string() })
     }
 
     pub fn say(&mut self, line: &str) {
@@ -91,16 +94,29 @@ impl Drop for Testpmd {
         self.say("stop");
         self.say("quit");
         self.stdin = None;
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child, None);
+        remove_runtime_dir(&self.prefix);
     }
+}
+
+/// Waits up to 5 s for `child` to end — sending `signal` first, and again while it runs,
+/// when given — then kills it.
+pub fn stop_child(child: &mut Child, signal: Option<i32>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+        if let Some(sig) = signal {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as i32, sig) };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// DPDK keeps a runtime directory per file prefix, even with `--in-memory`.
+pub fn remove_runtime_dir(prefix: &str) {
+    let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(prefix));
 }
 
 fn tail(s: &str) -> String {
@@ -151,7 +167,6 @@ impl Generator {
             "--main-lcore".into(),
             other.to_string(),
             "--no-pci".into(),
-            format!("--file-prefix=kp-gen-{tag}"),
         ];
         args.extend(mem.eal().iter().map(|s| s.to_string()));
         args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", a_pcap.display()));
@@ -159,7 +174,7 @@ impl Generator {
         args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
         args.push("--vdev=net_null0,no-rx=1".into());
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384"].map(String::from));
-        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &args)?;
+        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
         t.say("start tx_first");
@@ -208,13 +223,12 @@ pub fn yardstick(work: &Path, a_sock: &Path, b_sock: &Path, mem: Memory, layout:
         "--main-lcore".into(),
         layout.generator_cpu.to_string(),
         "--no-pci".into(),
-        "--file-prefix=kp-yardstick".into(),
     ];
     args.extend(mem.eal().iter().map(|s| s.to_string()));
     args.push(format!("--vdev=net_vhost0,iface={},queues=1", a_sock.display()));
     args.push(format!("--vdev=net_vhost1,iface={},queues=1", b_sock.display()));
     args.extend(["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"].map(String::from));
-    let mut t = Testpmd::spawn(work.join("yardstick.out"), &args)?;
+    let mut t = Testpmd::spawn(work.join("yardstick.out"), "kp-yardstick", &args)?;
     t.wait_for("testpmd>", Duration::from_secs(30))?;
     t.say("start");
     Ok(t)
