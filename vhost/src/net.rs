@@ -56,14 +56,21 @@ pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offlo
     // buffer.
     if let [s] = chain.segments()
         && !s.writable
-        && s.len as usize >= HDR_LEN + ETH_HLEN
     {
-        let b = mem.slice(s.addr, s.len as usize)?;
-        let (hdr, frame) = b.split_at(HDR_LEN);
-        check_header([hdr[0], hdr[1]], offloads)?;
-        return cache.alloc_frame(frame).ok_or(if frame.len() > MAX_FRAME { NetError::TooLong } else { NetError::NoBuffer });
+        return from_buffer(mem.slice(s.addr, s.len as usize)?, cache, offloads);
     }
     from_guest_gathered(mem, chain, cache, offloads)
+}
+
+/// Copies the frame of a transmit chain of one buffer (header and frame) into a new packet.
+#[inline]
+pub fn from_buffer(b: &[u8], cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+    if b.len() < HDR_LEN + ETH_HLEN {
+        return Err(NetError::Runt);
+    }
+    let (hdr, frame) = b.split_at(HDR_LEN);
+    check_header([hdr[0], hdr[1]], offloads)?;
+    cache.alloc_frame(frame).ok_or(if frame.len() > MAX_FRAME { NetError::TooLong } else { NetError::NoBuffer })
 }
 
 /// What a transmit header asks for, against what was negotiated.
@@ -114,27 +121,36 @@ pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Res
     if chain.writable < total as u64 {
         return Err(NetError::GuestBufferTooSmall);
     }
-    let mut hdr = [0u8; HDR_LEN];
-    hdr[10..12].copy_from_slice(&1u16.to_le_bytes()); // num_buffers
     // The common case: one receive buffer, an unchained packet.
     if let [s] = chain.segments()
         && !pool.is_chained(b)
     {
-        let dst = mem.slice_mut(s.addr, total)?;
-        let (h, f) = dst.split_at_mut(HDR_LEN);
-        // The header usually holds these bytes already (the buffer's previous frame had
-        // them) and, with DPDK's virtio-user, sits in a cache line of its own in front of
-        // the frame: writing it anyway moves that line to this core and the guest's driver
-        // stalls reading num_buffers from it (as DPDK's own vhost library, write only what
-        // differs).
-        if *h != hdr {
-            h.copy_from_slice(&hdr);
-        }
-        f.copy_from_slice(pool.head(b));
-        return Ok(total as u32);
+        return to_buffer(mem.slice_mut(s.addr, total)?, pool, b);
     }
-    let mut src = Source::new(&hdr, pool, b);
+    let mut src = Source::new(&ONE_BUFFER, pool, b);
     fill(mem, chain, &mut src)?;
+    Ok(total as u32)
+}
+
+/// The receive header of a frame in one buffer without offloads: only num_buffers (1) set.
+const ONE_BUFFER: [u8; HDR_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+
+/// Copies an unchained packet into one receive buffer behind [`ONE_BUFFER`]; returns the
+/// bytes written, header included.
+#[inline]
+pub fn to_buffer(dst: &mut [u8], pool: &Pool, b: &BufId) -> Result<u32, NetError> {
+    let frame = pool.head(b);
+    let total = HDR_LEN + frame.len();
+    let Some(dst) = dst.get_mut(..total) else { return Err(NetError::GuestBufferTooSmall) };
+    let (h, f) = dst.split_at_mut(HDR_LEN);
+    // The header usually holds these bytes already (the buffer's previous frame had them)
+    // and, with DPDK's virtio-user, sits in a cache line of its own in front of the frame:
+    // writing it anyway moves that line to this core and the guest's driver stalls reading
+    // num_buffers from it (as DPDK's own vhost library, write only what differs).
+    if *h != ONE_BUFFER {
+        h.copy_from_slice(&ONE_BUFFER);
+    }
+    f.copy_from_slice(frame);
     Ok(total as u32)
 }
 

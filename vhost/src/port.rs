@@ -22,7 +22,7 @@
 
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
-use crate::vring::{Chain, SplitQueue};
+use crate::vring::{Chain, Flat, SplitQueue};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -198,6 +198,13 @@ impl VhostPort {
         }
     }
 
+    /// Counts a frame from the guest that the switch does not take.
+    fn refuse_from_guest(&self, pair: usize, e: NetError) {
+        self.net.refused_frames.add(1);
+        self.counters[pair].rx_dropped.add(1);
+        tracing::trace!(port = %self.name, error = %e, "frame from the guest refused");
+    }
+
     /// The pair switch tx queue `q` sends on: pair `q` if its receive ring runs, else one of
     /// the running ones; `None` when none runs.
     fn tx_pair(&self, q: u16) -> Option<usize> {
@@ -288,7 +295,29 @@ impl Port for VhostPort {
             ring.set_kicks(false); // polled: kicks would only cost the guest system calls
             pair.kicks_on = false;
         }
-        let (mut chain, mut used) = (Chain::default(), 0);
+        // Chains of one buffer (every frame from DPDK's virtio-user and most from Linux): all
+        // popped first, their buffers prefetched, then copied, then returned.
+        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
+        let mut n = 0;
+        while n < batch.room().min(flats.len())
+            && let Some(f) = ring.pop_flat(false)
+        {
+            flats[n] = f;
+            n += 1;
+        }
+        for f in &flats[..n] {
+            match net::from_buffer(f.bytes(), cache, pair.offloads) {
+                Ok(b) => {
+                    let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
+                    got += 1;
+                }
+                Err(e) => self.refuse_from_guest(p, e),
+            }
+        }
+        for f in &flats[..n] {
+            ring.push_used(f.head, 0);
+        }
+        let (mut chain, mut used) = (Chain::default(), n);
         while batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
@@ -298,11 +327,7 @@ impl Port for VhostPort {
                     got += 1;
                 }
                 Err(None) => self.net.bad_chains.add(1),
-                Err(Some(e)) => {
-                    self.net.refused_frames.add(1);
-                    self.counters[p].rx_dropped.add(1);
-                    tracing::trace!(port = %self.name, error = %e, "frame from the guest refused");
-                }
+                Err(Some(e)) => self.refuse_from_guest(p, e),
             }
             ring.push_used(chain.head, 0);
         }
@@ -322,9 +347,26 @@ impl Port for VhostPort {
         let pair = &mut *guard;
         let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) else { return 0 };
         let Ok(mut ring) = queue.ring(mem) else { return 0 };
+        // Unchained packets into receive chains of one buffer that holds them: every chain
+        // popped first (their buffers prefetched), then the copies, then the completions.
+        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
+        let mut n = 0;
+        for b in batch.as_slice().iter().take(flats.len()) {
+            let Some(f) = ring.pop_flat(true) else { break };
+            if self.pool.is_chained(b) || f.len() < net::HDR_LEN + self.pool.pkt_len(b) {
+                ring.unpop();
+                break;
+            }
+            flats[n] = f;
+            n += 1;
+        }
+        for (f, b) in flats[..n].iter_mut().zip(batch.as_slice()) {
+            let len = net::to_buffer(f.bytes_mut(), &self.pool, b).unwrap_or(0); // the size was checked
+            ring.push_used(f.head, len);
+        }
         let mut chain = Chain::default();
-        let (mut done, mut sent) = (0, 0); // packets taken from the front (sent or refused); sent
-        'packets: for b in batch.as_slice() {
+        let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
+        'packets: for b in &batch.as_slice()[n..] {
             // A malformed chain is returned empty and the same frame tries the next one.
             let outcome = loop {
                 let o = if pair.mrg_rxbuf {
