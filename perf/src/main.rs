@@ -47,6 +47,9 @@ enum Cmd {
         min_supply: f64,
         #[arg(long, default_value_t = 2)]
         retries: usize,
+        /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
         /// Where results.json and report.md go.
         #[arg(long, default_value = "perf-results")]
         out: PathBuf,
@@ -67,7 +70,7 @@ fn main() -> anyhow::Result<()> {
             r.summary = mrr::summarize(&r.config, &r.samples);
             knitter_perf::report::write(&out, &r)
         }
-        Cmd::Mrr { switches, sizes, flows, rounds, warmup, window, generator_cpu, switch_cpu, memory, min_supply, retries, out } => {
+        Cmd::Mrr { switches, sizes, flows, rounds, warmup, window, generator_cpu, switch_cpu, memory, min_supply, retries, baseline, out } => {
             anyhow::ensure!(testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
             anyhow::ensure!(generator_cpu != switch_cpu, "the generator and the switch need a CPU each");
             let memory = match memory.as_str() {
@@ -88,6 +91,7 @@ fn main() -> anyhow::Result<()> {
                 memory,
                 min_supply,
                 retries,
+                baseline,
                 work: work.path().to_path_buf(),
             };
             let results = mrr::run(&cfg, |line| eprintln!("{line}"))?;

@@ -27,6 +27,9 @@ pub struct Config {
     /// A trial whose CPUs got less than this share of their time is repeated.
     pub min_supply: f64,
     pub retries: usize,
+    /// The knitter-vswitchd binary the `baseline` switch runs.
+    #[serde(default)]
+    pub baseline: Option<PathBuf>,
     #[serde(skip)]
     pub work: PathBuf,
 }
@@ -122,7 +125,7 @@ fn min_supply(s: &Sample) -> f64 {
 }
 
 fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout)?;
+    let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout, cfg.baseline.as_deref())?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let a_pcap = cfg.work.join(format!("a-{size}.pcap"));
     let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, a_mac: &mac_text(A.mac), b_mac: &mac_text(B.mac) };

@@ -17,6 +17,9 @@ pub enum Kind {
     Knitter,
     Yardstick,
     Ovs,
+    /// knitter-vswitchd from another build (`--baseline PATH`): a change measured against
+    /// the build before it in the same window.
+    Baseline,
 }
 
 impl Kind {
@@ -25,6 +28,7 @@ impl Kind {
             Kind::Knitter => "knitter",
             Kind::Yardstick => "yardstick",
             Kind::Ovs => "ovs",
+            Kind::Baseline => "baseline",
         }
     }
 }
@@ -71,7 +75,8 @@ pub struct Sockets {
 }
 
 impl Running {
-    pub fn start(kind: Kind, work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<(Running, Sockets)> {
+    /// Starts `kind`; `baseline` is the knitter-vswitchd binary [`Kind::Baseline`] runs.
+    pub fn start(kind: Kind, work: &Path, mem: Memory, layout: Layout, baseline: Option<&Path>) -> anyhow::Result<(Running, Sockets)> {
         let s = Sockets { a: work.join("a.sock"), b: work.join("b.sock") };
         for p in [&s.a, &s.b] {
             let _ = std::fs::remove_file(p);
@@ -82,11 +87,15 @@ impl Running {
                 (Running::Ovs(ovs), s)
             }
             Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
-            Kind::Knitter => {
+            Kind::Knitter | Kind::Baseline => {
                 let api = work.join("knitter.sock");
                 let conf = work.join("knitter.toml");
                 std::fs::write(&conf, knitter_config(&api, &s, mem, layout))?;
-                let bin = sibling("knitter-vswitchd");
+                let bin = match (kind, baseline) {
+                    (Kind::Baseline, Some(b)) => b.to_path_buf(),
+                    (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
+                    _ => sibling("knitter-vswitchd"),
+                };
                 let child = Command::new(&bin)
                     .arg("--config")
                     .arg(&conf)
