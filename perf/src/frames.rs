@@ -16,6 +16,10 @@ pub struct Endpoint {
     pub ip: [u8; 4],
 }
 
+/// The generator's two ends: A offers frames to B through the switch.
+pub const A: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0a], ip: [10, 99, 0, 1] };
+pub const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0, 2] };
+
 /// A UDP frame of `size` bytes on the wire from `src` to `dst`, source port `sport`.
 pub fn udp(src: Endpoint, dst: Endpoint, size: usize, sport: u16) -> Vec<u8> {
     let n = size.max(MIN_SIZE) - FCS;

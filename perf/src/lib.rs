@@ -2,13 +2,20 @@
 //! dpdk-testpmd as generator and yardstick, `switches.rs` starts the switches under test (`ovs.rs`: Open vSwitch with DPDK),
 //! `cpu.rs` measures the CPU the VM really gives, `stats.rs` holds medians, ratios and the
 //! NDR/PDR search, `mrr.rs` runs the interleaved maximum-receive-rate comparison and
-//! `report.rs` writes its JSON and Markdown.
+//! `report.rs` writes its JSON and Markdown. `vgen.rs` is Knitter's own generator (a
+//! vhost-user frontend offering frames at a set rate, timing each), on `driver.rs` (the
+//! driver side of split virtqueues in memory it shares with the switch); `ndr.rs` runs the
+//! NDR/PDR searches and latency trials with it, `plots.rs` draws their SVG plots.
 
 pub mod cpu;
+pub mod driver;
 pub mod frames;
 pub mod mrr;
+pub mod ndr;
 pub mod ovs;
+pub mod plots;
 pub mod report;
 pub mod stats;
 pub mod switches;
 pub mod testpmd;
+pub mod vgen;

@@ -1,10 +1,10 @@
 //! knitter-perf: sets up a scenario, drives a generator, measures, tears down, reports.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use knitter_perf::mrr::{self, Config};
+use clap::{Args, Parser, Subcommand};
 use knitter_perf::switches::Kind;
 use knitter_perf::testpmd::{self, Layout, Memory};
+use knitter_perf::{mrr, ndr, report};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,17 +15,60 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// What every run takes: the switches, the frames, the CPU layout, where results go.
+#[derive(Args)]
+struct Common {
+    #[arg(long, value_delimiter = ',', default_value = "knitter,yardstick")]
+    switches: Vec<Kind>,
+    /// Frame sizes on the wire (FCS counted).
+    #[arg(long, value_delimiter = ',', default_value = "64,512")]
+    sizes: Vec<usize>,
+    #[arg(long, default_value_t = 1)]
+    flows: u16,
+    #[arg(long, default_value_t = 0)]
+    generator_cpu: usize,
+    #[arg(long, default_value_t = 1)]
+    switch_cpu: usize,
+    /// auto: hugepages when 1 100 are free.
+    #[arg(long, default_value = "auto")]
+    memory: String,
+    /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Where results.json and report.md go.
+    #[arg(long, default_value = "perf-results")]
+    out: PathBuf,
+}
+
+impl Common {
+    fn layout(&self) -> anyhow::Result<Layout> {
+        anyhow::ensure!(self.generator_cpu != self.switch_cpu, "the generator and the switch need a CPU each");
+        Ok(Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu })
+    }
+
+    fn memory(&self) -> anyhow::Result<Memory> {
+        Ok(match self.memory.as_str() {
+            "auto" => Memory::detect(),
+            "hugepages" => Memory::Hugepages,
+            "plain" => Memory::Plain,
+            m => anyhow::bail!("--memory {m}: auto, hugepages or plain"),
+        })
+    }
+
+    fn work(&self) -> anyhow::Result<tempfile::TempDir> {
+        let needs_testpmd = self.switches.contains(&Kind::Yardstick);
+        anyhow::ensure!(!needs_testpmd || testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
+        tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// L2 vhost-user ↔ vhost-user: the maximum receive rate of each switch, alternated.
+    /// L2 vhost-user ↔ vhost-user: the maximum receive rate of each switch, alternated
+    /// (dpdk-testpmd as the generator).
     Mrr {
-        #[arg(long, value_delimiter = ',', default_value = "knitter,yardstick")]
-        switches: Vec<Kind>,
-        /// Frame sizes on the wire (FCS counted).
-        #[arg(long, value_delimiter = ',', default_value = "64,512")]
-        sizes: Vec<usize>,
-        #[arg(long, default_value_t = 1)]
-        flows: u16,
+        #[command(flatten)]
+        common: Common,
         /// Rounds (each switch once per size per round).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
@@ -35,24 +78,26 @@ enum Cmd {
         /// Seconds measured.
         #[arg(long, default_value_t = 10.0)]
         window: f64,
-        #[arg(long, default_value_t = 0)]
-        generator_cpu: usize,
-        #[arg(long, default_value_t = 1)]
-        switch_cpu: usize,
-        /// auto: hugepages when 1 100 are free.
-        #[arg(long, default_value = "auto")]
-        memory: String,
         /// Repeat a trial when a CPU got less than this share of its time.
         #[arg(long, default_value_t = 0.85)]
         min_supply: f64,
         #[arg(long, default_value_t = 2)]
         retries: usize,
-        /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
-        #[arg(long)]
-        baseline: Option<PathBuf>,
-        /// Where results.json and report.md go.
-        #[arg(long, default_value = "perf-results")]
-        out: PathBuf,
+    },
+    /// L2 vhost-user ↔ vhost-user with Knitter's own generator: MRR, NDR and PDR by binary
+    /// search, the NDR confirmed, latency percentiles at a common load.
+    Ndr {
+        #[command(flatten)]
+        common: Common,
+        /// Seconds per search trial (FD.io CSIT: 10).
+        #[arg(long, default_value_t = 10.0)]
+        trial: f64,
+        /// Seconds of the NDR's confirmation trial (0: none).
+        #[arg(long, default_value_t = 60.0)]
+        confirm: f64,
+        /// The searches stop when their bounds are this close (relative).
+        #[arg(long, default_value_t = 0.005)]
+        precision: f64,
     },
     /// Writes report.md again from a run's results.json (after the report's format changed).
     Report {
@@ -63,41 +108,68 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     match Cli::parse().cmd {
         Cmd::Report { results, out } => {
             let text = std::fs::read(&results).with_context(|| format!("reading {}", results.display()))?;
+            if let Ok(r) = serde_json::from_slice::<ndr::Results>(&text) {
+                return report::write_ndr(&out, &r);
+            }
             let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| format!("{} is not a knitter-perf results file", results.display()))?;
             r.summary = mrr::summarize(&r.config, &r.samples);
-            knitter_perf::report::write(&out, &r)
+            report::write(&out, &r)
         }
-        Cmd::Mrr { switches, sizes, flows, rounds, warmup, window, generator_cpu, switch_cpu, memory, min_supply, retries, baseline, out } => {
+        Cmd::Mrr { common, rounds, warmup, window, min_supply, retries } => {
             anyhow::ensure!(testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
-            anyhow::ensure!(generator_cpu != switch_cpu, "the generator and the switch need a CPU each");
-            let memory = match memory.as_str() {
-                "auto" => Memory::detect(),
-                "hugepages" => Memory::Hugepages,
-                "plain" => Memory::Plain,
-                m => anyhow::bail!("--memory {m}: auto, hugepages or plain"),
-            };
-            let work = tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")?;
-            let cfg = Config {
-                switches,
-                sizes,
-                flows,
+            let work = common.work()?;
+            let cfg = mrr::Config {
+                layout: common.layout()?,
+                memory: common.memory()?,
+                switches: common.switches,
+                sizes: common.sizes,
+                flows: common.flows,
                 pairs: rounds,
                 warmup: Duration::from_secs_f64(warmup),
                 window: Duration::from_secs_f64(window),
-                layout: Layout { generator_cpu, switch_cpu },
-                memory,
                 min_supply,
                 retries,
-                baseline,
+                baseline: common.baseline,
                 work: work.path().to_path_buf(),
             };
             let results = mrr::run(&cfg, |line| eprintln!("{line}"))?;
-            knitter_perf::report::write(&out, &results)?;
-            print!("{}", knitter_perf::report::markdown(&results).split("## Every trial").next().unwrap_or(""));
-            eprintln!("results: {}/results.json, {}/report.md", out.display(), out.display());
+            report::write(&common.out, &results)?;
+            print!("{}", report::markdown(&results).split("## Every trial").next().unwrap_or(""));
+            eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
+            Ok(())
+        }
+        Cmd::Ndr { common, trial, confirm, precision } => {
+            let work = common.work()?;
+            let cfg = ndr::Config {
+                layout: common.layout()?,
+                memory: common.memory()?,
+                switches: common.switches,
+                sizes: common.sizes,
+                flows: common.flows,
+                trial: Duration::from_secs_f64(trial),
+                confirm: Duration::from_secs_f64(confirm),
+                precision,
+                baseline: common.baseline,
+                work: work.path().to_path_buf(),
+            };
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.enable_steady_tick(Duration::from_millis(200));
+            let results = ndr::run(&cfg, |line| {
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                    bar.set_message(line.to_string());
+                }
+            })?;
+            bar.finish_and_clear();
+            report::write_ndr(&common.out, &results)?;
+            print!("{}", report::ndr_markdown(&results).split("## Every trial").next().unwrap_or(""));
+            eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
             Ok(())
         }
     }

@@ -4,7 +4,7 @@
 //! its own counters, for whether the switch was the bottleneck (its PMD ≥ 95 % busy).
 
 use crate::cpu::{self, Supply};
-use crate::frames::{self, Endpoint};
+use crate::frames::{self, A, B};
 use crate::stats::{self, Summary};
 use crate::switches::{Kind, Own, Running};
 use crate::testpmd::{Generator, Layout, Memory, Wiring};
@@ -42,6 +42,9 @@ pub struct Sample {
     pub round: usize,
     pub offered_mpps: f64,
     pub received_mpps: f64,
+    /// Bytes per frame received (no FCS), when the generator tells.
+    #[serde(default)]
+    pub received_frame_bytes: Option<f64>,
     /// The switch's own view of the window, when it has an API.
     pub switch_cycles_per_packet: Option<f64>,
     pub switch_busy: Option<f64>,
@@ -77,9 +80,6 @@ pub struct Results {
     pub samples: Vec<Sample>,
     pub summary: Vec<SizeSummary>,
 }
-
-const A: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0a], ip: [10, 99, 0, 1] };
-const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0, 2] };
 
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
@@ -147,6 +147,7 @@ fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize)
         round,
         offered_mpps: rates.offered / 1e6,
         received_mpps: rates.received / 1e6,
+        received_frame_bytes: rates.received_frame_bytes,
         switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
         switch_busy: busy,
         switch_drops: own.map(|(b, a)| a.drops.saturating_sub(b.drops)),

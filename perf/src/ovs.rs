@@ -94,7 +94,7 @@ impl Ovs {
 
     fn in_netns(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.netns, program]);
+        crate::testpmd::die_with_parent(&mut c).args(["netns", "exec", &self.netns, program]);
         c
     }
 

@@ -76,18 +76,19 @@ pub fn markdown(r: &Results) -> String {
         let _ = writeln!(o);
     }
     let _ = writeln!(o, "## Every trial\n");
-    let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | cycles/packet | PMD busy | bottleneck | CPU supply | repeated |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | CPU supply | repeated |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
     for t in &r.samples {
         let supply: Vec<String> = t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
             t.round,
             t.size,
             t.switch.name(),
             t.offered_mpps,
             t.received_mpps,
+            t.received_frame_bytes.map(|b| format!("{b:.0}")).unwrap_or_else(|| "—".into()),
             t.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
             t.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
             match t.switch_was_bottleneck {
@@ -98,6 +99,133 @@ pub fn markdown(r: &Results) -> String {
             supply.join(", "),
             t.repeated
         );
+    }
+    o
+}
+
+/// Writes an NDR run's `results.json` and `report.md`.
+pub fn write_ndr(dir: &Path, r: &crate::ndr::Results) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(r)?)?;
+    std::fs::write(dir.join("report.md"), ndr_markdown(r))?;
+    crate::plots::throughput(r, &dir.join("throughput.svg"))?;
+    for &size in &r.config.sizes {
+        crate::plots::latency(r, size, &dir.join(format!("latency-{size}.svg")))?;
+    }
+    Ok(())
+}
+
+fn mpps(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.2}", v / 1e6)).unwrap_or_else(|| "—".into())
+}
+
+/// `a / b` of two optional rates, as "1.23×".
+fn times(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "—".into(),
+    }
+}
+
+pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
+    use crate::switches::Kind;
+    let c = &r.config;
+    let mut o = String::new();
+    let _ = writeln!(o, "# knitter-perf: L2 vhost-user ↔ vhost-user, NDR, PDR and latency\n");
+    let _ = writeln!(
+        o,
+        "Machine: {} vCPUs, {}. Memory: {:?}. Switch forwarding thread on CPU {}, generator on CPU {}. \
+         {} flow(s); frame sizes count the FCS.\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        cpu_model(),
+        c.memory,
+        c.layout.switch_cpu,
+        c.layout.generator_cpu,
+        c.flows
+    );
+    let _ = writeln!(
+        o,
+        "Method: Knitter's own generator (a vhost-user frontend on each socket, one pinned thread, \
+         one queue pair of {} descriptors, VERSION_1 + MRG_RXBUF) offers frames on A and counts \
+         them on B. MRR: offering as fast as the switch takes frames, {} s. NDR (no loss) and PDR \
+         (≤ 0.5 % loss) by binary search over {} s trials to {:.1} %, the NDR confirmed by one {} s \
+         trial. Latency: every frame stamped with the TSC when offered, its age recorded on arrival \
+         (HDR histogram), at half the size's lowest NDR for every switch alike. The generator's own \
+         ceiling is the yardstick's MRR (testpmd `io` forwarding between two `net_vhost` ports).\n",
+        crate::vgen::QUEUE,
+        c.trial.as_secs_f64(),
+        c.trial.as_secs_f64(),
+        c.precision * 100.0,
+        c.confirm.as_secs_f64()
+    );
+    let _ = writeln!(o, "![NDR and MRR against frame size](throughput.svg)\n");
+    for &size in &c.sizes {
+        let here: Vec<&crate::ndr::Measured> = r.measured.iter().filter(|m| m.size == size).collect();
+        let of = |k: Kind| here.iter().find(|m| m.switch == k);
+        let ovs_ndr = of(Kind::Ovs).and_then(|m| m.ndr);
+        let ovs_mrr = of(Kind::Ovs).map(|m| m.mrr.received);
+        let _ = writeln!(o, "## {size} bytes\n");
+        let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × OVS | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × OVS | cycles/packet |");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+        for m in &here {
+            let _ = writeln!(
+                o,
+                "| {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+                m.switch.name(),
+                m.mrr.received / 1e6,
+                m.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
+                if m.switch == Kind::Ovs { "—".into() } else { times(Some(m.mrr.received), ovs_mrr) },
+                mpps(m.ndr),
+                mpps(m.pdr),
+                m.ndr_confirmed.map(|p| format!("{:.0} s ({:.4} %)", p.seconds, p.loss * 100.0)).unwrap_or_else(|| "—".into()),
+                if m.switch == Kind::Ovs { "—".into() } else { times(m.ndr, ovs_ndr) },
+                m.switch_cycles_per_packet.map(|v| format!("{v:.0}")).unwrap_or_else(|| "—".into()),
+            );
+        }
+        let _ = writeln!(o);
+        if let Some(load) = here.iter().find_map(|m| m.latency.map(|l| l.load)) {
+            let _ = writeln!(o, "Latency at {:.2} Mpps (µs):\n", load / 1e6);
+            let _ = writeln!(o, "| switch | p50 | p90 | p99 | p99.9 | max | loss | samples |");
+            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+            for m in &here {
+                if let Some(l) = m.latency {
+                    let _ = writeln!(
+                        o,
+                        "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.4} % | {} |",
+                        m.switch.name(),
+                        l.p50,
+                        l.p90,
+                        l.p99,
+                        l.p999,
+                        l.max,
+                        l.loss * 100.0,
+                        l.samples
+                    );
+                }
+            }
+            let _ = writeln!(o, "\n![latency against load, {size} B](latency-{size}.svg)\n");
+        }
+    }
+    let _ = writeln!(o, "## Every trial\n");
+    let _ = writeln!(o, "| size | switch | asked Mpps | offered Mpps | received Mpps | loss | seconds | generator's longest stall µs | repeated |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+    for m in &r.measured {
+        for p in std::iter::once(&m.mrr).chain(&m.trials).chain(&m.ndr_confirmed) {
+            let asked = if p.asked > 0.0 { format!("{:.3}", p.asked / 1e6) } else { "MRR".into() };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {:.3} | {:.3} | {:.4} % | {:.1} | {:.0} | {} |",
+                m.size,
+                m.switch.name(),
+                asked,
+                p.offered / 1e6,
+                p.received / 1e6,
+                p.loss * 100.0,
+                p.seconds,
+                p.longest_gap_us,
+                p.repeated
+            );
+        }
     }
     o
 }

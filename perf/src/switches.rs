@@ -96,7 +96,7 @@ impl Running {
                     (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
                     _ => sibling("knitter-vswitchd"),
                 };
-                let child = Command::new(&bin)
+                let child = testpmd::die_with_parent(&mut Command::new(&bin))
                     .arg("--config")
                     .arg(&conf)
                     .env("RUST_LOG", "warn")

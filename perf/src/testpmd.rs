@@ -52,10 +52,25 @@ pub struct Testpmd {
     prefix: String,
 }
 
+/// Has the child stopped (SIGTERM) when knitter-perf goes away, even killed: a switch or
+/// generator left behind would spin a CPU forever.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 impl Testpmd {
     fn spawn(out: PathBuf, prefix: &str, args: &[String]) -> anyhow::Result<Testpmd> {
         let log = std::fs::File::create(&out)?;
-        let mut child = Command::new("stdbuf")
+        let mut child = die_with_parent(&mut Command::new("stdbuf"))
             .args(["-oL", "-eL", "dpdk-testpmd"])
             .arg(format!("--file-prefix={prefix}"))
             .args(args)
@@ -144,6 +159,9 @@ pub struct Rates {
     pub offered: f64,
     /// Received from the switch on B.
     pub received: f64,
+    /// Bytes per frame received on B (testpmd's Rx-bps over Rx-pps; no FCS): a check that
+    /// the frames that came out are the size offered.
+    pub received_frame_bytes: Option<f64>,
 }
 
 /// What the generator connects: the switch's two sockets, the frames offered on A
@@ -199,7 +217,8 @@ impl Generator {
             let out = self.0.output();
             let fresh = out.get(before..).unwrap_or("");
             if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "Tx-pps:"), last_count(fresh, 2, "Rx-pps:")) {
-                return Ok(Rates { offered: tx as f64, received: rx as f64 });
+                let bytes = last_count(fresh, 2, "Rx-bps:").filter(|_| rx > 0).map(|bps| bps as f64 / 8.0 / rx as f64);
+                return Ok(Rates { offered: tx as f64, received: rx as f64, received_frame_bytes: bytes });
             }
             anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator: {}", tail(&out));
             std::thread::sleep(Duration::from_millis(50));

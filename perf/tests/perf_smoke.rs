@@ -33,3 +33,34 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
 }
+
+/// The NDR/PDR run with Knitter's own generator, in short trials: MRR, both searches, the
+/// confirmation and the latency trials all happen, and the report says so.
+#[test]
+fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(["ndr", "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let m = &r["measured"][0];
+    assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "nothing came through: {m}");
+    assert!(!m["trials"].as_array().unwrap().is_empty(), "no search trials: {m}");
+    assert!(m["pdr"].as_f64().is_some_and(|p| p > 0.0), "a PDR exists below the MRR: {m}");
+    assert!(m["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's counters were read: {m}");
+    let lat = &m["latency"];
+    assert!(lat["samples"].as_u64().unwrap() > 0 && lat["p50"].as_f64().unwrap() > 0.0, "latency measured: {m}");
+    assert!(lat["p50"].as_f64() <= lat["p99"].as_f64() && lat["p99"].as_f64() <= lat["max"].as_f64(), "{lat}");
+    assert_eq!(m["latency_curve"].as_array().unwrap().len(), 3, "{m}");
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("| knitter |") && md.contains("Latency at"), "{md}");
+}

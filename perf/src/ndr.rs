@@ -1,0 +1,237 @@
+//! NDR, PDR and latency with Knitter's own generator ([`crate::vgen`]), as FD.io CSIT
+//! defines them: per frame size and switch, the maximum receive rate (offering as fast as
+//! the switch takes frames), then the highest offered rate with no loss (NDR) and with at
+//! most 0.5 % (PDR), each by binary search over `trial`-second trials, the NDR confirmed
+//! once by a `confirm`-second trial. Then latency, at the same absolute load for every
+//! switch (half the lowest NDR of the size), plus at 10/50/90 % of each switch's own NDR
+//! for its latency-vs-load curve.
+//!
+//! A switch with its own counters (Knitter, OVS) tells whether it was the bottleneck in the
+//! MRR trial (its forwarding thread ≥ 95 % busy); the generator's own ceiling is the
+//! yardstick's MRR.
+
+use crate::frames::{self, A, B};
+use crate::stats::{self, PDR_LOSS};
+use crate::switches::{Kind, Own, Running};
+use crate::testpmd::{Layout, Memory};
+use crate::vgen::{Outcome, Vgen};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Config {
+    pub switches: Vec<Kind>,
+    pub sizes: Vec<usize>,
+    pub flows: u16,
+    /// One search trial.
+    pub trial: Duration,
+    /// The NDR's confirmation trial (zero: none).
+    pub confirm: Duration,
+    /// The searches stop when the bounds are this close (relative).
+    pub precision: f64,
+    pub layout: Layout,
+    pub memory: Memory,
+    #[serde(default)]
+    pub baseline: Option<PathBuf>,
+    #[serde(skip)]
+    pub work: PathBuf,
+}
+
+/// One trial at an asked rate.
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
+pub struct Point {
+    /// What the trial asked for and what the generator really offered, frames per second.
+    pub asked: f64,
+    pub offered: f64,
+    pub received: f64,
+    pub loss: f64,
+    pub seconds: f64,
+    /// The generator's longest stall, µs, and the earlier tries of this trial thrown away
+    /// because the generator stalled longer than B's ring lasts and frames were lost.
+    #[serde(default)]
+    pub longest_gap_us: f64,
+    #[serde(default)]
+    pub repeated: usize,
+}
+
+impl Point {
+    fn of(asked: f64, o: &Outcome) -> Point {
+        Point { asked, offered: o.offered_pps(), received: o.received_pps(), loss: o.loss(), seconds: o.seconds, longest_gap_us: o.longest_gap_us, repeated: 0 }
+    }
+}
+
+/// Tries a lossy trial again (up to twice) when the generator stalled: a loss caused by
+/// the VM taking the generator's CPU away says nothing about the switch.
+const RETRIES: usize = 2;
+
+/// Frame ages at one offered load, microseconds.
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
+pub struct Latency {
+    pub load: f64,
+    pub loss: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub samples: u64,
+}
+
+impl Latency {
+    fn of(load: f64, o: &Outcome) -> Option<Latency> {
+        let h = o.latency.as_ref().filter(|h| !h.is_empty())?;
+        let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+        Some(Latency { load, loss: o.loss(), p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: h.max() as f64 / 1e3, samples: h.len() })
+    }
+}
+
+/// Everything measured for one switch at one size.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Measured {
+    pub switch: Kind,
+    pub size: usize,
+    pub mrr: Point,
+    pub switch_cycles_per_packet: Option<f64>,
+    pub switch_busy: Option<f64>,
+    pub switch_was_bottleneck: Option<bool>,
+    pub ndr: Option<f64>,
+    pub pdr: Option<f64>,
+    pub ndr_confirmed: Option<Point>,
+    /// Every search trial, in order.
+    pub trials: Vec<Point>,
+    /// At the common load (half the size's lowest NDR).
+    pub latency: Option<Latency>,
+    /// At 10, 50 and 90 % of this switch's own NDR.
+    pub latency_curve: Vec<Latency>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Results {
+    pub config: Config,
+    pub measured: Vec<Measured>,
+}
+
+/// A switch started and the generator connected to it, warmed up (learning done).
+struct Bench {
+    generator: Vgen,
+    running: Running,
+}
+
+impl Bench {
+    fn start(cfg: &Config, switch: Kind, size: usize) -> anyhow::Result<Bench> {
+        let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout, cfg.baseline.as_deref())?;
+        let offered = frames::flows(A, B, size, cfg.flows);
+        let back = frames::udp(B, A, frames::MIN_SIZE, 1024);
+        let mut generator = Vgen::connect(&sockets.a, &sockets.b, &offered, &back, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
+        generator.trial(None, Duration::from_millis(500), false)?;
+        Ok(Bench { generator, running })
+    }
+}
+
+/// Runs every size and switch; `progress` hears about each trial.
+pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
+    std::fs::create_dir_all(&cfg.work)?;
+    let mut measured = Vec::new();
+    for &size in &cfg.sizes {
+        for &switch in &cfg.switches {
+            measured.push(throughput(cfg, switch, size, &mut progress)?);
+        }
+        // The common load: half the lowest NDR among the switches (PDR when one has no NDR).
+        let lowest = measured.iter().filter(|m| m.size == size).filter_map(|m| m.ndr.or(m.pdr)).fold(f64::INFINITY, f64::min);
+        for m in measured.iter_mut().filter(|m| m.size == size) {
+            let mut b = Bench::start(cfg, m.switch, size)?;
+            let mut at = |load: f64| -> anyhow::Result<Option<Latency>> {
+                let o = b.generator.trial(Some(load), cfg.trial, true)?;
+                let l = Latency::of(load, &o);
+                if let Some(l) = &l {
+                    progress(&format!("{}@{size}: latency at {:.2} Mpps: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", m.switch.name(), load / 1e6, l.p50, l.p99, l.max));
+                }
+                Ok(l)
+            };
+            if lowest.is_finite() {
+                m.latency = at(lowest / 2.0)?;
+            }
+            if let Some(ndr) = m.ndr.or(m.pdr) {
+                for share in [0.1, 0.5, 0.9] {
+                    m.latency_curve.extend(at(ndr * share)?);
+                }
+            }
+        }
+    }
+    Ok(Results { config: cfg.clone(), measured })
+}
+
+/// MRR, NDR, PDR and the NDR's confirmation for one switch at one size.
+fn throughput(cfg: &Config, switch: Kind, size: usize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Measured> {
+    let mut b = Bench::start(cfg, switch, size)?;
+    let before = b.running.own();
+    let o = b.generator.trial(None, cfg.trial, false)?;
+    let after = b.running.own();
+    anyhow::ensure!(o.received > 0, "{} forwarded nothing at {size} bytes", switch.name());
+    let mrr = Point::of(0.0, &o); // asked 0: as fast as the switch takes them
+    let own = before.zip(after);
+    let busy = own.and_then(|(b, a)| Own::busy_fraction(b, a));
+    progress(&format!(
+        "{}@{size}: MRR {:.2} Mpps{}",
+        switch.name(),
+        mrr.received / 1e6,
+        busy.map(|b| format!(" (switch {:.0} % busy)", b * 100.0)).unwrap_or_default()
+    ));
+    let mut trials = Vec::new();
+    let name = switch.name();
+    let mut trial = |rate: f64| -> anyhow::Result<stats::Trial> {
+        let mut repeated = 0;
+        let o = loop {
+            let o = b.generator.trial(Some(rate), cfg.trial, false)?;
+            if o.sent == o.received || !o.starved() || repeated == RETRIES {
+                break o;
+            }
+            progress(&format!("{name}@{size}: generator stalled {:.0} µs with loss — repeating", o.longest_gap_us));
+            repeated += 1;
+        };
+        let p = Point { repeated, ..Point::of(rate, &o) };
+        progress(&format!(
+            "{name}@{size}: {:.3} Mpps asked, {:.3} offered, loss {:.4} % (generator's longest stall {:.0} µs)",
+            rate / 1e6,
+            p.offered / 1e6,
+            p.loss * 100.0,
+            p.longest_gap_us
+        ));
+        trials.push(p);
+        Ok(stats::Trial { offered: p.offered, received: p.received })
+    };
+    let top = mrr.received;
+    let find = |lo: f64, loss: f64, trial: &mut dyn FnMut(f64) -> anyhow::Result<stats::Trial>| -> anyhow::Result<Option<f64>> {
+        match stats::search(lo, top, cfg.precision, loss, &mut *trial)? {
+            Some(r) => Ok(Some(r)),
+            None if lo > top * 0.02 => stats::search(top * 0.01, lo, cfg.precision, loss, trial),
+            None => Ok(None),
+        }
+    };
+    let ndr = find(top * 0.5, 0.0, &mut trial)?;
+    let pdr = find(ndr.unwrap_or(top * 0.5), PDR_LOSS, &mut trial)?;
+    let ndr_confirmed = match ndr {
+        Some(r) if !cfg.confirm.is_zero() => {
+            let o = b.generator.trial(Some(r), cfg.confirm, false)?;
+            let p = Point::of(r, &o);
+            progress(&format!("{name}@{size}: NDR {:.3} Mpps confirmed over {:.0} s: loss {:.4} %", r / 1e6, p.seconds, p.loss * 100.0));
+            Some(p)
+        }
+        _ => None,
+    };
+    Ok(Measured {
+        switch,
+        size,
+        mrr,
+        switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
+        switch_busy: busy,
+        switch_was_bottleneck: busy.map(|b| b >= 0.95),
+        ndr,
+        pdr,
+        ndr_confirmed,
+        trials,
+        latency: None,
+        latency_curve: Vec::new(),
+    })
+}

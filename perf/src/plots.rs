@@ -1,0 +1,86 @@
+//! The NDR report's plots, as SVG (plotters): throughput against frame size (NDR solid,
+//! MRR thin) and latency against offered load (p99 solid, p50 thin), one colour per switch.
+
+use crate::ndr::{Latency, Measured, Results};
+use plotters::prelude::*;
+use std::path::Path;
+
+const COLORS: [RGBColor; 5] =
+    [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xd6, 0x27, 0x28), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0x94, 0x67, 0xbd), RGBColor(0x8c, 0x56, 0x4b)];
+
+/// The switches of a run, in the order asked, with their colour.
+fn switches(r: &Results) -> impl Iterator<Item = (crate::switches::Kind, RGBColor)> + '_ {
+    r.config.switches.iter().enumerate().map(|(i, k)| (*k, COLORS[i % COLORS.len()]))
+}
+
+/// A range around `lo..hi` with room at both ends (and some width when they are equal).
+fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
+    let pad = ((hi - lo) * 0.08).max(hi.abs() * 0.1).max(1.0);
+    (lo - pad).max(0.0)..hi + pad
+}
+
+/// NDR and MRR (Mpps) against frame size.
+pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
+    let sizes = &r.config.sizes;
+    let (lo, hi) = (sizes.iter().copied().min().unwrap_or(64) as f64, sizes.iter().copied().max().unwrap_or(64) as f64);
+    let top = r.measured.iter().map(|m| m.mrr.received / 1e6).fold(1.0, f64::max) * 1.15;
+    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("L2 vhost-user: NDR (thick) and MRR (thin), Mpps", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(padded(lo, hi), 0f64..top)?;
+    chart.configure_mesh().x_desc("frame size on the wire, bytes").y_desc("Mpps").draw()?;
+    for (kind, color) in switches(r) {
+        let of = |f: &dyn Fn(&Measured) -> Option<f64>| -> Vec<(f64, f64)> {
+            r.measured.iter().filter(|m| m.switch == kind).filter_map(|m| Some((m.size as f64, f(m)? / 1e6))).collect()
+        };
+        chart
+            .draw_series(LineSeries::new(of(&|m| m.ndr), color.stroke_width(3)))?
+            .label(format!("{} NDR", kind.name()))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+        chart.draw_series(LineSeries::new(of(&|m| Some(m.mrr.received)), color.stroke_width(1)))?;
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// p50 and p99 latency (µs) against offered load (Mpps) at one frame size.
+pub fn latency(r: &Results, size: usize, path: &Path) -> anyhow::Result<()> {
+    let curve = |m: &Measured| -> Vec<Latency> {
+        let mut v: Vec<Latency> = m.latency_curve.iter().chain(&m.latency).copied().collect();
+        v.sort_by(|a, b| a.load.total_cmp(&b.load));
+        v
+    };
+    let here: Vec<&Measured> = r.measured.iter().filter(|m| m.size == size).collect();
+    let all: Vec<Latency> = here.iter().flat_map(|m| curve(m)).collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let right = all.iter().map(|l| l.load / 1e6).fold(0.0, f64::max) * 1.1;
+    let top = all.iter().map(|l| l.p99).fold(1.0, f64::max) * 1.15;
+    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("L2 vhost-user, {size} B: latency p99 (thick) and p50 (thin), µs"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..right, 0f64..top)?;
+    chart.configure_mesh().x_desc("offered load, Mpps").y_desc("µs").draw()?;
+    for (kind, color) in switches(r) {
+        let Some(m) = here.iter().find(|m| m.switch == kind) else { continue };
+        let c = curve(m);
+        chart
+            .draw_series(LineSeries::new(c.iter().map(|l| (l.load / 1e6, l.p99)), color.stroke_width(3)))?
+            .label(kind.name())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+        chart.draw_series(LineSeries::new(c.iter().map(|l| (l.load / 1e6, l.p50)), color.stroke_width(1)))?;
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! Knitter's own traffic generator: a vhost-user frontend on each of the switch's two
+//! sockets (A offers, B receives), as a DPDK VNF's virtio-user would be, driven by one
+//! thread pinned to the generator CPU. It maps its own memory (a memfd, on hugepages when
+//! asked), offers prepared frames at a set rate or as fast as it can, and counts what comes
+//! out of B. In latency trials every frame carries the TSC at the moment it was offered
+//! and B records its age in an HDR histogram.
+//!
+//! Cheaper per frame than testpmd replaying a pcap (no mbufs, no copies: the frames sit in
+//! their buffers and only their descriptors go round), so a fast switch is the bottleneck
+//! more often; its own ceiling is what the yardstick (testpmd's `io` forwarding) measures
+//! through it.
+//!
+//! Features offered to every switch alike: `VERSION_1` and `MRG_RXBUF` (what virtio-user
+//! asks for), protocol features `REPLY_ACK` when the switch has them; one queue pair of
+//! [`QUEUE`] descriptors per port; interrupts off, kicks sent only when the switch asks.
+
+use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Descriptors per queue: the most virtio-user and the switches take (FD.io CSIT's vhost
+/// tests use 1024 too). A switch's PMD or the generator that misses a turn (this VM's vCPUs
+/// do, for up to milliseconds) overflows a small ring at once: loss the NDR would count.
+pub const QUEUE: u16 = 1024;
+/// Frames offered per burst at most.
+const BURST: usize = 32;
+const BUF: u64 = 2048;
+const HDR_LEN: usize = knitter_vhost::net::HDR_LEN;
+/// Where in the frame the offer timestamp goes: the UDP payload (the frames carry no UDP
+/// checksum, so the stamp keeps them valid).
+const STAMP_AT: usize = 42;
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// Virtqueues: A's rx and tx, B's rx and tx (ring areas 0..4 in the shared memory).
+const A_RX: usize = 0;
+const A_TX: usize = 1;
+const B_RX: usize = 2;
+const B_TX: usize = 3;
+
+/// One socket's frontend and its two queues.
+struct Port {
+    /// Kept open: closing the socket is a disconnect.
+    _fe: Frontend,
+    /// The guest's receive (virtqueue 0) and transmit (1) queues.
+    rx: Queue,
+    tx: Queue,
+    kicks: [EventFd; 2],
+    _calls: [EventFd; 2],
+}
+
+impl Port {
+    fn kick(&self, q: usize) {
+        let _ = self.kicks[q].write(1);
+    }
+}
+
+/// What one trial gave.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    /// Frames offered on A and received on B in the trial (those still in flight at its
+    /// end were waited for).
+    pub sent: u64,
+    pub received: u64,
+    /// Frames that came back out of A (floods while the switch learns).
+    pub stray: u64,
+    /// The trial's length (offering).
+    pub seconds: f64,
+    /// Frame ages on arrival, nanoseconds (latency trials only).
+    #[serde(skip)]
+    pub latency: Option<Histogram<u64>>,
+    /// Completions from the switch that named no descriptor (a switch bug).
+    pub bad_completions: u64,
+    /// The longest the generator's loop went without running, µs: when the VM took its
+    /// CPU away for longer than B's ring lasts at the offered rate, the switch had to drop
+    /// and the loss is the machine's, not the switch's.
+    pub longest_gap_us: f64,
+}
+
+impl Outcome {
+    pub fn offered_pps(&self) -> f64 {
+        self.sent as f64 / self.seconds.max(1e-9)
+    }
+
+    pub fn received_pps(&self) -> f64 {
+        self.received as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Whether the generator stopped running for longer than B's ring lasts at the rate
+    /// it offered (so a loss may be the machine's).
+    pub fn starved(&self) -> bool {
+        let ring_us = QUEUE as f64 / self.offered_pps().max(1.0) * 1e6;
+        self.longest_gap_us > ring_us
+    }
+
+    pub fn loss(&self) -> f64 {
+        if self.sent == 0 { 0.0 } else { self.sent.saturating_sub(self.received) as f64 / self.sent as f64 }
+    }
+}
+
+/// The generator, connected to a switch's two sockets.
+pub struct Vgen {
+    mem: Shared,
+    a: Port,
+    b: Port,
+    /// A's transmit descriptors not in the switch's hands.
+    free: Vec<u16>,
+    /// B's, for the learning frames.
+    b_free: Vec<u16>,
+    cpu: usize,
+    tsc_hz: f64,
+}
+
+impl Vgen {
+    /// Connects to `a_sock` and `b_sock` (vhost-user servers), offering `frames` (in turn)
+    /// on A; `back` is what B sends now and then so a learning switch knows where B is.
+    pub fn connect(a_sock: &Path, b_sock: &Path, frames: &[Vec<u8>], back: &[u8], huge: bool, cpu: usize) -> anyhow::Result<Vgen> {
+        anyhow::ensure!(!frames.is_empty(), "no frames to offer");
+        let len = Shared::buffers_from(4) + 4 * QUEUE as u64 * BUF;
+        let mem = match Shared::new(len as usize, huge) {
+            Ok(m) => m,
+            Err(e) if huge => {
+                tracing::warn!(error = %e, "no hugepages for the generator's memory: plain pages");
+                Shared::new(len as usize, false)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
+        let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
+        let mut g = Vgen { mem, a, b, free: Vec::new(), b_free: Vec::new(), cpu, tsc_hz: tsc_hz() };
+        for i in 0..QUEUE {
+            let f = &frames[i as usize % frames.len()];
+            let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
+            g.free.push(a);
+            g.b_free.push(b);
+            for (k, q) in [(A_RX, &mut g.a.rx), (B_RX, &mut g.b.rx)] {
+                q.set_desc(i, buf_addr(k, i), BUF as u32, VIRTQ_DESC_F_WRITE);
+                q.post(i);
+            }
+        }
+        for (p, q) in [(&mut g.a, 0), (&mut g.b, 0)] {
+            if p.rx.publish() {
+                p.kick(q);
+            }
+        }
+        Ok(g)
+    }
+
+    /// Writes `frame` behind a zero header into transmit buffer `i` of queue area `k` and
+    /// points descriptor `i` at it; returns `i`.
+    fn fill(&mut self, k: usize, i: u16, frame: &[u8]) -> anyhow::Result<u16> {
+        anyhow::ensure!(frame.len() + HDR_LEN <= BUF as usize, "a {}-byte frame does not fit a buffer", frame.len());
+        let addr = buf_addr(k, i);
+        let b = self.mem.buffer(addr, HDR_LEN + frame.len()).context("buffer outside the generator's memory")?;
+        b[..HDR_LEN].fill(0);
+        b[HDR_LEN..].copy_from_slice(frame);
+        let q = if k == A_TX { &mut self.a.tx } else { &mut self.b.tx };
+        q.set_desc(i, addr, (HDR_LEN + frame.len()) as u32, 0);
+        Ok(i)
+    }
+
+    /// Offers frames on A for `dur` at `rate` frames per second (`None`: as fast as the
+    /// switch takes them), then waits for the ones in flight. `latency` stamps every frame
+    /// and records ages.
+    pub fn trial(&mut self, rate: Option<f64>, dur: Duration, latency: bool) -> anyhow::Result<Outcome> {
+        let cpu = self.cpu;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                crate::cpu::pin(cpu)?;
+                Ok(self.run(rate, dur, latency))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the generator thread panicked")))
+        })
+    }
+
+    fn run(&mut self, rate: Option<f64>, dur: Duration, latency: bool) -> Outcome {
+        self.learn();
+        let mut hist = latency.then(|| Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds"));
+        let per_cycle = rate.map(|r| r / self.tsc_hz);
+        let ns_per_cycle = 1e9 / self.tsc_hz;
+        let (t0, span) = (tsc(), (dur.as_secs_f64() * self.tsc_hz) as u64);
+        let (mut sent, mut received, mut stray) = (0u64, 0u64, 0u64);
+        let (mut now, mut gap) = (t0, 0u64);
+        while now.wrapping_sub(t0) < span {
+            self.reclaim();
+            let mut k = self.free.len().min(BURST);
+            if let Some(pc) = per_cycle {
+                let due = (now.wrapping_sub(t0) as f64 * pc) as u64;
+                k = k.min(due.saturating_sub(sent) as usize);
+            }
+            for _ in 0..k {
+                let Some(h) = self.free.pop() else { break };
+                if latency {
+                    self.stamp(h, tsc());
+                }
+                self.a.tx.post(h);
+                sent += 1;
+            }
+            if k > 0 && self.a.tx.publish() {
+                self.a.kick(1);
+            }
+            received += self.receive(hist.as_mut(), ns_per_cycle);
+            stray += self.drain_a();
+            let t = tsc();
+            gap = gap.max(t.wrapping_sub(now));
+            now = t;
+        }
+        let seconds = now.wrapping_sub(t0) as f64 / self.tsc_hz;
+        // The frames in flight: wait until B has them all, or nothing came for 20 ms.
+        let mut quiet = Instant::now();
+        while received < sent && quiet.elapsed() < Duration::from_millis(20) {
+            let got = self.receive(hist.as_mut(), ns_per_cycle);
+            if got > 0 {
+                received += got;
+                quiet = Instant::now();
+            }
+            stray += self.drain_a();
+            self.reclaim();
+        }
+        let bad = [&self.a.rx, &self.a.tx, &self.b.rx, &self.b.tx].iter().map(|q| q.bad_completions).sum();
+        Outcome { sent, received, stray, seconds, latency: hist, bad_completions: bad, longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
+    }
+
+    /// One frame from B, so a learning switch knows where B is (and keeps knowing).
+    fn learn(&mut self) {
+        let n = self.b.tx.completed();
+        for _ in 0..n {
+            if let Some((h, _)) = self.b.tx.take_used() {
+                self.b_free.push(h);
+            }
+        }
+        if let Some(h) = self.b_free.pop() {
+            self.b.tx.post(h);
+            if self.b.tx.publish() {
+                self.b.kick(1);
+            }
+        }
+    }
+
+    /// A's transmit descriptors the switch is done with.
+    #[inline]
+    fn reclaim(&mut self) {
+        let n = self.a.tx.completed();
+        for _ in 0..n {
+            if let Some((h, _)) = self.a.tx.take_used() {
+                self.free.push(h);
+            }
+        }
+    }
+
+    #[inline]
+    fn stamp(&self, h: u16, t: u64) {
+        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + STAMP_AT) as u64, 8) {
+            b.copy_from_slice(&t.to_le_bytes());
+        }
+    }
+
+    /// Frames out of B: counted (and aged), their buffers posted again.
+    #[inline]
+    fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> u64 {
+        let n = self.b.rx.completed();
+        if n == 0 {
+            return 0;
+        }
+        let now = tsc();
+        for _ in 0..n {
+            let Some((h, len)) = self.b.rx.take_used() else { continue };
+            if let Some(hist) = hist.as_deref_mut()
+                && len as usize >= HDR_LEN + STAMP_AT + 8
+                && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + STAMP_AT) as u64, 8)
+            {
+                let sent = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+                hist.saturating_record((now.saturating_sub(sent) as f64 * ns_per_cycle) as u64);
+            }
+            self.b.rx.post(h);
+        }
+        if self.b.rx.publish() {
+            self.b.kick(0);
+        }
+        n as u64
+    }
+
+    /// Frames out of A (floods before the switch learned B): counted, buffers reposted.
+    #[inline]
+    fn drain_a(&mut self) -> u64 {
+        let n = self.a.rx.completed();
+        for _ in 0..n {
+            if let Some((h, _)) = self.a.rx.take_used() {
+                self.a.rx.post(h);
+            }
+        }
+        if n > 0 && self.a.rx.publish() {
+            self.a.kick(0);
+        }
+        n as u64
+    }
+}
+
+/// Buffer `i` of queue area `k`.
+fn buf_addr(k: usize, i: u16) -> u64 {
+    Shared::buffers_from(4) + (k as u64 * QUEUE as u64 + i as u64) * BUF
+}
+
+/// Connects a frontend to `sock` and sets up its queue pair in ring areas `rx_area`,
+/// `tx_area`, as QEMU or virtio-user would: features, memory table, rings, enable.
+fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Result<Port> {
+    let mut fe = Frontend::connect(sock, 2)?;
+    fe.set_owner()?;
+    let offered = fe.get_features()?;
+    anyhow::ensure!(offered & VIRTIO_F_VERSION_1 != 0, "the switch does not offer VIRTIO_F_VERSION_1");
+    let features = offered & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF | VHOST_USER_F_PROTOCOL_FEATURES);
+    fe.set_features(features)?;
+    if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+        let pf = fe.get_protocol_features()?;
+        fe.set_protocol_features(pf & VhostUserProtocolFeatures::REPLY_ACK)?;
+    }
+    let user = mem.user_base();
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: mem.len() as u64,
+        userspace_addr: user,
+        mmap_offset: 0,
+        mmap_handle: mem.fd().as_raw_fd(),
+    };
+    fe.set_mem_table(std::slice::from_ref(&region))?;
+    let rx = mem.queue(rx_area, QUEUE).context("ring area")?;
+    let tx = mem.queue(tx_area, QUEUE).context("ring area")?;
+    let kicks = [EventFd::new(libc::EFD_NONBLOCK)?, EventFd::new(libc::EFD_NONBLOCK)?];
+    let calls = [EventFd::new(libc::EFD_NONBLOCK)?, EventFd::new(libc::EFD_NONBLOCK)?];
+    for (i, q) in [&rx, &tx].into_iter().enumerate() {
+        fe.set_vring_num(i, q.size)?;
+        let [d, a, u] = q.offsets;
+        let cfg = VringConfigData {
+            queue_max_size: q.size,
+            queue_size: q.size,
+            flags: 0,
+            desc_table_addr: user + d,
+            used_ring_addr: user + u,
+            avail_ring_addr: user + a,
+            log_addr: None,
+        };
+        fe.set_vring_addr(i, &cfg)?;
+        fe.set_vring_base(i, 0)?;
+        fe.set_vring_call(i, &calls[i])?;
+        fe.set_vring_kick(i, &kicks[i])?;
+        if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
+            fe.set_vring_enable(i, true)?;
+        }
+    }
+    Ok(Port { _fe: fe, rx, tx, kicks, _calls: calls })
+}
+
+#[inline(always)]
+fn tsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc has no memory effects and exists on every x86-64 CPU.
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        use std::sync::OnceLock;
+        static T0: OnceLock<Instant> = OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// The TSC's rate, against the monotonic clock over 100 ms.
+fn tsc_hz() -> f64 {
+    let (i0, t0) = (Instant::now(), tsc());
+    std::thread::sleep(Duration::from_millis(100));
+    let (i1, t1) = (Instant::now(), tsc());
+    t1.wrapping_sub(t0) as f64 / (i1 - i0).as_secs_f64()
+}
