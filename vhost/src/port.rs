@@ -17,8 +17,11 @@
 //! else to one of the pairs it runs (never to a queue the guest has not enabled); several
 //! PMD threads landing on one pair take its lock in turn (a wait of at most one burst).
 //!
-//! Every frame is copied twice today, guest → pool packet → guest (the single-copy path for
-//! vhost → vhost is designed in docs/architecture.md, not built).
+//! A burst works in passes: every one-buffer chain popped first (its buffer prefetched),
+//! then the copies, then the completions, so the cross-core misses of a burst's packets
+//! overlap instead of queueing one packet behind the other; other chains take the general
+//! path after them, in ring order. Every frame is copied twice, guest → pool packet → guest
+//! (the single-copy path for vhost → vhost is designed in docs/architecture.md, not built).
 
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
