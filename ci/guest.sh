@@ -2,7 +2,8 @@
 # Builds the Linux guest that the vhost-user QEMU test boots: Debian's kernel, taken from its
 # package (extracted, not installed), and an initramfs of busybox, the virtio-net modules and
 # an /init that sets eth0 up from the kernel command line and reports on the serial console
-# whether it reaches its peer.
+# whether it reaches its peer; with ethtool (and its libraries) when the host has it, the
+# guest also goes down to one queue pair and back to two (`ethtool -L eth0 combined N`).
 #   ci/guest.sh [out-dir]        (default: target/guest; does nothing when it is up to date)
 # Needs: apt (to fetch the kernel package), busybox-static, gzip.
 set -euo pipefail
@@ -22,6 +23,14 @@ kver=$(ls "$work/k/lib/modules")
 root="$work/root"
 mkdir -p "$root"/bin "$root"/dev "$root"/proc "$root"/sys "$root"/lib/modules
 cp "$(command -v busybox)" "$root/bin/busybox"
+if e=$(command -v ethtool); then
+  mkdir -p "$root/sbin"
+  cp "$e" "$root/sbin/ethtool"
+  for lib in $(ldd "$e" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+fi
 # Load order: virtio core, PCI transport, failover (virtio_net depends on it), the driver.
 modules="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci failover net_failover virtio_net"
 for m in $modules; do
@@ -39,7 +48,7 @@ done
 cat > "$root/init" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin
+export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -56,6 +65,26 @@ ip link set lo up
 ip link set eth0 up
 ip addr add \$ip dev eth0
 echo "KNITTER-QUEUES \$(ls /sys/class/net/eth0/queues | tr '\n' ' ')"
+# reach: pings the peer up to \$1 times; prints KNITTER-\$2 when it answers.
+reach() {
+  i=0
+  while [ \$i -lt \$1 ]; do
+    if ping -c 1 -W 1 \$peer > /dev/null 2>&1; then echo KNITTER-\$2; return 0; fi
+    echo KNITTER-DOWN
+    i=\$((i + 1))
+    sleep 0.3
+  done
+  return 1
+}
+if [ -x /sbin/ethtool ]; then
+  # Down to one queue pair (the switch must stop sending on the second), then back.
+  reach 200 UP
+  /sbin/ethtool -L eth0 combined 1 && echo "KNITTER-COMBINED 1"
+  sleep 3
+  reach 30 UP-ONE-PAIR
+  /sbin/ethtool -L eth0 combined 2 && echo "KNITTER-COMBINED 2"
+  echo "KNITTER-CHANNELS \$(/sbin/ethtool -l eth0 | tail -n 2 | tr -s ' \t\n' ' ')"
+fi
 n=0
 while [ \$n -lt 1000 ]; do
   if ping -c 1 -W 1 \$peer > /dev/null 2>&1; then echo KNITTER-UP; else echo KNITTER-DOWN; fi

@@ -2,8 +2,10 @@
 //! Debian's kernel with a busybox initramfs (`ci/guest.sh` builds both into
 //! `target/guest`), its interrupt-driven virtio-net driver with two queue pairs on two
 //! vCPUs. The guest pings a pod (a network namespace on an AF_PACKET port of the same
-//! bridge domain) and says on its serial console whether each ping came back; the switch
-//! then restarts (client mode: QEMU listens and waits for it) and the pings come back again.
+//! bridge domain) and says on its serial console whether each ping came back; it goes down
+//! to one queue pair with `ethtool -L eth0 combined 1` (the port follows, and still
+//! answers) and back to two (ethtool and its libraries are copied into the image from the
+//! host by `ci/guest.sh`; CI installs it); the switch then restarts (client mode: QEMU listens and waits for it) and the pings come back again.
 //! Needs `qemu-system-x86_64`, root and iproute2 (fails under CI without them, skips
 //! elsewhere); runs in the `serial` nextest group.
 
@@ -152,9 +154,25 @@ fn a_linux_guest_pings_through_the_switch_and_survives_its_restart() {
     let node = Node::start(&sw, &socket);
     let queues = qemu.wait_for("KNITTER-QUEUES", 0, Duration::from_secs(90));
     assert!(qemu.lines()[queues].contains("rx-1"), "the guest has two queue pairs: {}", qemu.lines()[queues]);
-    qemu.wait_for("KNITTER-UP", queues, Duration::from_secs(60));
-    // The guest's driver enabled its second pair (one per vCPU) through the control queue.
-    assert_eq!(node.port.running_pairs(), 2);
+    let up = qemu.wait_for("KNITTER-UP", queues, Duration::from_secs(60));
+    // The guest's driver enabled its second pair (one per vCPU) through the control queue;
+    // `ethtool -L eth0 combined 1` takes it away (the switch must then send on the first
+    // only: the guest still gets its pings answered) and `combined 2` gives it back.
+    let pairs_become = |n: usize| {
+        let t = Instant::now();
+        while node.port.running_pairs() != n {
+            assert!(t.elapsed() < Duration::from_secs(10), "the port runs {} pairs, not {n}", node.port.running_pairs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let one = qemu.wait_for("KNITTER-COMBINED 1", up, Duration::from_secs(30));
+    pairs_become(1);
+    let again = qemu.wait_for("KNITTER-UP-ONE-PAIR", one, Duration::from_secs(30));
+    let two = qemu.wait_for("KNITTER-COMBINED 2", again, Duration::from_secs(30));
+    pairs_become(2);
+    let channels = qemu.wait_for("KNITTER-CHANNELS", two, Duration::from_secs(30));
+    assert!(qemu.lines()[channels].contains("Combined: 2"), "{}", qemu.lines()[channels]);
+    qemu.wait_for("KNITTER-UP", channels, Duration::from_secs(60));
 
     // The switch restarts: the guest loses its peer, QEMU waits, the new switch connects.
     drop(node);
