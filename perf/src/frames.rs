@@ -16,6 +16,17 @@ pub struct Endpoint {
     pub ip: [u8; 4],
 }
 
+impl Endpoint {
+    /// The MAC as `02:00:00:00:00:0a`.
+    pub fn mac_text(&self) -> String {
+        self.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    }
+
+    pub fn ip_addr(&self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::from(self.ip)
+    }
+}
+
 /// The generator's two ends: A offers frames to B through the switch.
 pub const A: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0a], ip: [10, 99, 0, 1] };
 pub const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0, 2] };
@@ -23,8 +34,40 @@ pub const B: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0, 0x0b], ip: [10, 99, 0
 /// A UDP frame of `size` bytes on the wire from `src` to `dst`, source port `sport`.
 pub fn udp(src: Endpoint, dst: Endpoint, size: usize, sport: u16) -> Vec<u8> {
     let n = size.max(MIN_SIZE) - FCS;
-    let ip_len = (n - 14) as u16;
     let mut f = Vec::with_capacity(n);
+    push_udp_headers(&mut f, src, dst, sport, 1024, n - 14 - 28);
+    f.resize(n, 0);
+    f
+}
+
+/// The VXLAN port (IANA).
+pub const VXLAN_PORT: u16 = 4789;
+
+/// `inner` (a frame without its FCS) in VXLAN from VTEP `src` to VTEP `dst` in segment
+/// `vni`, outer UDP source port `sport`: 50 bytes more on the wire (RFC 7348).
+pub fn vxlan(src: Endpoint, dst: Endpoint, vni: u32, sport: u16, inner: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(50 + inner.len());
+    push_udp_headers(&mut f, src, dst, sport, VXLAN_PORT, 8 + inner.len());
+    f.extend_from_slice(&[0x08, 0, 0, 0]);
+    f.extend_from_slice(&(vni << 8).to_be_bytes());
+    f.extend_from_slice(inner);
+    f
+}
+
+/// `frame` with an 802.1Q tag for `vid` after its MACs: 4 bytes more on the wire.
+pub fn tagged(frame: &[u8], vid: u16) -> Vec<u8> {
+    let mut f = Vec::with_capacity(frame.len() + 4);
+    f.extend_from_slice(&frame[..12]);
+    f.extend_from_slice(&[0x81, 0x00]);
+    f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+    f.extend_from_slice(&frame[12..]);
+    f
+}
+
+/// Ethernet, IPv4 (don't fragment, TTL 64, checksum) and UDP (no checksum) headers for
+/// `payload` bytes after them.
+fn push_udp_headers(f: &mut Vec<u8>, src: Endpoint, dst: Endpoint, sport: u16, dport: u16, payload: usize) {
+    let ip_len = (20 + 8 + payload) as u16;
     f.extend_from_slice(&dst.mac);
     f.extend_from_slice(&src.mac);
     f.extend_from_slice(&[0x08, 0x00]);
@@ -40,11 +83,9 @@ pub fn udp(src: Endpoint, dst: Endpoint, size: usize, sport: u16) -> Vec<u8> {
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     f.extend_from_slice(&ip);
     f.extend_from_slice(&sport.to_be_bytes());
-    f.extend_from_slice(&1024u16.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
     f.extend_from_slice(&(ip_len - 20).to_be_bytes());
     f.extend_from_slice(&[0, 0]); // no UDP checksum
-    f.resize(n, 0);
-    f
 }
 
 fn ipv4_checksum(h: &[u8; 20]) -> u16 {
@@ -96,6 +137,31 @@ mod tests {
         }
         assert_eq!(udp(A, B, 10, 1).len(), 60, "never below the minimum");
         assert_eq!(flows(A, B, 64, 4).len(), 4);
+    }
+
+    #[test]
+    fn vxlan_wraps_a_frame_in_50_bytes() {
+        let inner = udp(A, B, 64, 7);
+        let f = vxlan(B, A, 100, 49152, &inner);
+        assert_eq!(f.len(), 114 - 4, "64 bytes inner are 114 on the wire");
+        assert_eq!(&f[0..6], &A.mac);
+        let ip: [u8; 20] = f[14..34].try_into().unwrap();
+        assert_eq!(ipv4_checksum(&ip), 0);
+        assert_eq!(u16::from_be_bytes([f[16], f[17]]) as usize, f.len() - 14);
+        assert_eq!(u16::from_be_bytes([f[36], f[37]]), VXLAN_PORT);
+        assert_eq!(u16::from_be_bytes([f[38], f[39]]) as usize, f.len() - 34, "UDP length");
+        assert_eq!(&f[42..50], &[0x08, 0, 0, 0, 0, 0, 100, 0], "flags and VNI 100");
+        assert_eq!(&f[50..], &inner[..]);
+    }
+
+    #[test]
+    fn a_tag_goes_after_the_macs() {
+        let f = udp(A, B, 64, 7);
+        let t = tagged(&f, 100);
+        assert_eq!(t.len(), f.len() + 4);
+        assert_eq!(&t[..12], &f[..12]);
+        assert_eq!(&t[12..16], &[0x81, 0x00, 0, 100]);
+        assert_eq!(&t[16..], &f[12..]);
     }
 
     #[test]

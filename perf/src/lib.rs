@@ -5,7 +5,8 @@
 //! `report.rs` writes its JSON and Markdown. `vgen.rs` is Knitter's own generator (a
 //! vhost-user frontend offering frames at a set rate, timing each), on `driver.rs` (the
 //! driver side of split virtqueues in memory it shares with the switch); `ndr.rs` runs the
-//! NDR/PDR searches and latency trials with it, `plots.rs` draws their SVG plots.
+//! NDR/PDR searches and latency trials with it, `plots.rs` draws their SVG plots; `scenario.rs` says what is offered where (L2, VXLAN
+//! encapsulation, decapsulation).
 
 pub mod cpu;
 pub mod driver;
@@ -15,6 +16,7 @@ pub mod ndr;
 pub mod ovs;
 pub mod plots;
 pub mod report;
+pub mod scenario;
 pub mod stats;
 pub mod switches;
 pub mod testpmd;

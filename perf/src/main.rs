@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
 use knitter_perf::testpmd::{self, Layout, Memory};
 use knitter_perf::{mrr, ndr, report};
@@ -89,6 +90,10 @@ enum Cmd {
     Ndr {
         #[command(flatten)]
         common: Common,
+        /// l2, vlan-push (access → trunk), vxlan-encap or vxlan-decap (the VTEP's underlay on
+        /// the second vhost-user port; sizes are the inner frame's).
+        #[arg(long, value_enum, default_value = "l2")]
+        scenario: Scenario,
         /// Seconds per search trial (FD.io CSIT: 10).
         #[arg(long, default_value_t = 10.0)]
         trial: f64,
@@ -142,9 +147,10 @@ fn main() -> anyhow::Result<()> {
             eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
             Ok(())
         }
-        Cmd::Ndr { common, trial, confirm, precision } => {
+        Cmd::Ndr { common, scenario, trial, confirm, precision } => {
             let work = common.work()?;
             let cfg = ndr::Config {
+                scenario,
                 layout: common.layout()?,
                 memory: common.memory()?,
                 switches: common.switches,

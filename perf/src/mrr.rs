@@ -6,7 +6,8 @@
 use crate::cpu::{self, Supply};
 use crate::frames::{self, A, B};
 use crate::stats::{self, Summary};
-use crate::switches::{Kind, Own, Running};
+use crate::scenario::Scenario;
+use crate::switches::{Kind, Own, Running, Setup};
 use crate::testpmd::{Generator, Layout, Memory, Wiring};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -116,19 +117,17 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
     Ok(Results { config: cfg.clone(), samples, summary })
 }
 
-fn mac_text(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
-}
 
 fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
 
 fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout, cfg.baseline.as_deref())?;
+    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: Scenario::L2 };
+    let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let a_pcap = cfg.work.join(format!("a-{size}.pcap"));
-    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, a_mac: &mac_text(A.mac), b_mac: &mac_text(B.mac) };
+    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, a_mac: &A.mac_text(), b_mac: &B.mac_text() };
     let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout)?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();

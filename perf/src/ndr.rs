@@ -1,5 +1,6 @@
 //! NDR, PDR and latency with Knitter's own generator ([`crate::vgen`]), as FD.io CSIT
-//! defines them: per frame size and switch, the maximum receive rate (offering as fast as
+//! defines them, in one scenario (`scenario.rs`: L2, VXLAN encapsulation or
+//! decapsulation): per frame size and switch, the maximum receive rate (offering as fast as
 //! the switch takes frames), then the highest offered rate with no loss (NDR) and with at
 //! most 0.5 % (PDR), each by binary search over `trial`-second trials, the NDR confirmed
 //! once by a `confirm`-second trial. Then latency, at the same absolute load for every
@@ -10,9 +11,9 @@
 //! MRR trial (its forwarding thread ≥ 95 % busy); the generator's own ceiling is the
 //! yardstick's MRR.
 
-use crate::frames::{self, A, B};
+use crate::scenario::Scenario;
 use crate::stats::{self, PDR_LOSS};
-use crate::switches::{Kind, Own, Running};
+use crate::switches::{Kind, Own, Running, Setup};
 use crate::testpmd::{Layout, Memory};
 use crate::vgen::{Outcome, Vgen};
 use serde::Serialize;
@@ -21,6 +22,8 @@ use std::time::Duration;
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Config {
+    #[serde(default = "l2")]
+    pub scenario: Scenario,
     pub switches: Vec<Kind>,
     pub sizes: Vec<usize>,
     pub flows: u16,
@@ -38,6 +41,10 @@ pub struct Config {
     pub work: PathBuf,
 }
 
+fn l2() -> Scenario {
+    Scenario::L2
+}
+
 /// One trial at an asked rate.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
 pub struct Point {
@@ -51,13 +58,16 @@ pub struct Point {
     /// because the generator stalled longer than B's ring lasts and frames were lost.
     #[serde(default)]
     pub longest_gap_us: f64,
+    /// Bytes per frame received (no FCS).
+    #[serde(default)]
+    pub frame_bytes: Option<f64>,
     #[serde(default)]
     pub repeated: usize,
 }
 
 impl Point {
     fn of(asked: f64, o: &Outcome) -> Point {
-        Point { asked, offered: o.offered_pps(), received: o.received_pps(), loss: o.loss(), seconds: o.seconds, longest_gap_us: o.longest_gap_us, repeated: 0 }
+        Point { asked, offered: o.offered_pps(), received: o.received_pps(), loss: o.loss(), seconds: o.seconds, longest_gap_us: o.longest_gap_us, frame_bytes: o.frame_bytes(), repeated: 0 }
     }
 }
 
@@ -120,10 +130,11 @@ struct Bench {
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: usize) -> anyhow::Result<Bench> {
-        let (running, sockets) = Running::start(switch, &cfg.work, cfg.memory, cfg.layout, cfg.baseline.as_deref())?;
-        let offered = frames::flows(A, B, size, cfg.flows);
-        let back = frames::udp(B, A, frames::MIN_SIZE, 1024);
-        let mut generator = Vgen::connect(&sockets.a, &sockets.b, &offered, &back, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
+        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario };
+        let (running, sockets) = Running::start(switch, &setup)?;
+        let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
+        let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
+        let mut generator = Vgen::connect(offer, count, &t.offered, &t.back, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
         generator.trial(None, Duration::from_millis(500), false)?;
         Ok(Bench { generator, running })
     }

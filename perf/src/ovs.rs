@@ -2,10 +2,12 @@
 //! its own ovsdb-server and ovs-vswitchd-dpdk, started in a directory of their own and a
 //! network namespace of their own (the netdev datapath's bridge port is a tap), a
 //! `datapath_type=netdev` bridge with the NORMAL action (MAC learning) and two
-//! `dpdkvhostuser` ports (OVS listens, as Knitter and the yardstick do), its PMD thread on
+//! `dpdkvhostuser` ports (in VXLAN scenarios: `br-int` with the pod port and a `vxlan` port,
+//! `br-phy` with the underlay port and the VTEP address) (OVS listens, as Knitter and the yardstick do), its PMD thread on
 //! the switch CPU and DPDK's main lcore on the generator's. Its PMD cycles come from
 //! `dpif-netdev/pmd-stats-show`. Stopped (and the namespace removed) on drop.
 
+use crate::scenario::{self, Scenario};
 use crate::switches::{Own, Sockets};
 use crate::testpmd::{Layout, Memory};
 use std::path::{Path, PathBuf};
@@ -34,7 +36,7 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 impl Ovs {
-    pub fn start(work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<(Ovs, Sockets)> {
+    pub fn start(work: &Path, mem: Memory, layout: Layout, scenario: Scenario) -> anyhow::Result<(Ovs, Sockets)> {
         anyhow::ensure!(available(), "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)");
         let dir = work.join("ovs");
         let _ = std::fs::remove_dir_all(&dir);
@@ -82,14 +84,55 @@ impl Ovs {
                 .spawn()?,
         );
         ovs.wait_path(&dir.join("vswitchd.ctl"))?;
-        ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
-        for p in ["a", "b"] {
-            ovs.vsctl(&["add-port", "br0", p, "--", "set", "Interface", p, "type=dpdkvhostuser"])?;
-        }
-        let s = Sockets { a: dir.join("a"), b: dir.join("b") };
+        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario == Scenario::VlanPush)? };
         ovs.wait_path(&s.a)?;
         ovs.wait_path(&s.b)?;
         Ok((ovs, s))
+    }
+
+    /// One bridge, NORMAL, the two pod ports; with `vlan`, `a` an access port of the
+    /// scenario's VLAN and `b` a trunk carrying it.
+    fn l2_bridge(&self, vlan: bool) -> anyhow::Result<Sockets> {
+        self.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
+        for p in ["a", "b"] {
+            self.vhost_port("br0", p)?;
+        }
+        if vlan {
+            self.vsctl(&["set", "port", "a", &format!("tag={}", scenario::VLAN)])?;
+            self.vsctl(&["set", "port", "b", &format!("trunks={}", scenario::VLAN)])?;
+        }
+        Ok(Sockets { a: self.dir.join("a"), b: self.dir.join("b") })
+    }
+
+    /// OVS's userspace VXLAN as its documentation sets it up: `br-int` with the pod port and
+    /// a `vxlan` port (key = the VNI, the peer as remote), `br-phy` with the underlay port
+    /// and the VTEP address on its internal port; the route to the peer and the peer's MAC
+    /// (`tnl/arp/set`, as the generator answers no ARP) given to OVS's tunnel tables.
+    fn vxlan_bridges(&self) -> anyhow::Result<Sockets> {
+        let (local, peer) = (scenario::LOCAL, scenario::PEER);
+        let hwaddr = format!("other-config:hwaddr={}", local.mac_text());
+        self.vsctl(&["add-br", "br-phy", "--", "set", "bridge", "br-phy", "datapath_type=netdev", &hwaddr])?;
+        self.vhost_port("br-phy", "ul")?;
+        self.vsctl(&["add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev"])?;
+        self.vhost_port("br-int", "a")?;
+        let remote = format!("options:remote_ip={}", peer.ip_addr());
+        let key = format!("options:key={}", scenario::VNI);
+        self.vsctl(&["add-port", "br-int", "vx", "--", "set", "Interface", "vx", "type=vxlan", &remote, &key])?;
+        run(self.in_netns("ip").args(["addr", "add", &format!("{}/24", local.ip_addr()), "dev", "br-phy"]))?;
+        run(self.in_netns("ip").args(["link", "set", "br-phy", "up"]))?;
+        // The kernel route of br-phy's subnet reaches OVS over netlink; adding it again is
+        // refused then, which is fine.
+        let _ = self.appctl(&["ovs/route/add", &format!("{}/24", peer.ip_addr()), "br-phy"]);
+        self.appctl(&["tnl/arp/set", "br-phy", &peer.ip_addr().to_string(), &peer.mac_text()])?;
+        Ok(Sockets { a: self.dir.join("a"), b: self.dir.join("ul") })
+    }
+
+    fn vhost_port(&self, bridge: &str, name: &str) -> anyhow::Result<String> {
+        self.vsctl(&["add-port", bridge, name, "--", "set", "Interface", name, "type=dpdkvhostuser"])
+    }
+
+    fn appctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(args))
     }
 
     fn in_netns(&self, program: &str) -> Command {
@@ -118,7 +161,7 @@ impl Ovs {
 
     /// Its PMD threads' counters since start (`dpif-netdev/pmd-stats-show`).
     pub fn own(&self) -> Option<Own> {
-        let out = run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).arg("dpif-netdev/pmd-stats-show")).ok()?;
+        let out = self.appctl(&["dpif-netdev/pmd-stats-show"]).ok()?;
         Some(parse_pmd_stats(&out))
     }
 }
@@ -141,7 +184,7 @@ fn parse_pmd_stats(out: &str) -> Own {
 
 impl Drop for Ovs {
     fn drop(&mut self) {
-        let _ = run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(["exit", "--cleanup"]));
+        let _ = self.appctl(&["exit", "--cleanup"]);
         for mut child in [self.vswitchd.take(), self.db.take()].into_iter().flatten() {
             crate::testpmd::stop_child(&mut child, Some(libc::SIGTERM));
         }

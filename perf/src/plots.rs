@@ -27,7 +27,7 @@ pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("L2 vhost-user: NDR (thick) and MRR (thin), Mpps", ("sans-serif", 18))
+        .caption(format!("{}: NDR (thick) and MRR (thin), Mpps", r.config.scenario.name()), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -65,7 +65,7 @@ pub fn latency(r: &Results, size: usize, path: &Path) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("L2 vhost-user, {size} B: latency p99 (thick) and p50 (thin), µs"), ("sans-serif", 18))
+        .caption(format!("{}, {size} B: latency p99 (thick) and p50 (thin), µs", r.config.scenario.name()), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)

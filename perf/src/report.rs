@@ -131,7 +131,13 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     use crate::switches::Kind;
     let c = &r.config;
     let mut o = String::new();
-    let _ = writeln!(o, "# knitter-perf: L2 vhost-user ↔ vhost-user, NDR, PDR and latency\n");
+    let what = match c.scenario {
+        crate::scenario::Scenario::L2 => "L2 vhost-user ↔ vhost-user",
+        crate::scenario::Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
+        crate::scenario::Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
+        crate::scenario::Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
+    };
+    let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Switch forwarding thread on CPU {}, generator on CPU {}. \
@@ -177,7 +183,12 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                 if m.switch == Kind::Ovs { "—".into() } else { times(Some(m.mrr.received), ovs_mrr) },
                 mpps(m.ndr),
                 mpps(m.pdr),
-                m.ndr_confirmed.map(|p| format!("{:.0} s ({:.4} %)", p.seconds, p.loss * 100.0)).unwrap_or_else(|| "—".into()),
+                m.ndr_confirmed
+                    .map(|p| match ((p.offered - p.received) * p.seconds).round() {
+                        lost if lost >= 1.0 => format!("{:.0} s: {lost:.0} frames lost ({:.5} %) — not confirmed", p.seconds, p.loss * 100.0),
+                        _ => format!("{:.0} s: no loss", p.seconds),
+                    })
+                    .unwrap_or_else(|| "—".into()),
                 if m.switch == Kind::Ovs { "—".into() } else { times(m.ndr, ovs_ndr) },
                 m.switch_cycles_per_packet.map(|v| format!("{v:.0}")).unwrap_or_else(|| "—".into()),
             );
@@ -207,19 +218,20 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         }
     }
     let _ = writeln!(o, "## Every trial\n");
-    let _ = writeln!(o, "| size | switch | asked Mpps | offered Mpps | received Mpps | loss | seconds | generator's longest stall µs | repeated |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| size | switch | asked Mpps | offered Mpps | received Mpps | bytes/frame out | loss | seconds | generator's longest stall µs | repeated |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
     for m in &r.measured {
         for p in std::iter::once(&m.mrr).chain(&m.trials).chain(&m.ndr_confirmed) {
             let asked = if p.asked > 0.0 { format!("{:.3}", p.asked / 1e6) } else { "MRR".into() };
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {:.3} | {:.3} | {:.4} % | {:.1} | {:.0} | {} |",
+                "| {} | {} | {} | {:.3} | {:.3} | {} | {:.4} % | {:.1} | {:.0} | {} |",
                 m.size,
                 m.switch.name(),
                 asked,
                 p.offered / 1e6,
                 p.received / 1e6,
+                p.frame_bytes.map(|b| format!("{b:.0}")).unwrap_or_else(|| "—".into()),
                 p.loss * 100.0,
                 p.seconds,
                 p.longest_gap_us,

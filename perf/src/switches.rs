@@ -5,6 +5,7 @@
 //! **yardstick** (testpmd's own `net_vhost` `io` forwarding). The switch listens on both
 //! sockets; the generator connects.
 
+use crate::scenario::{self, Scenario};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -69,29 +70,42 @@ pub fn sibling(name: &str) -> PathBuf {
     std::env::current_exe().ok().and_then(|p| Some(p.parent()?.join(name))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// The two vhost-user sockets a switch serves: `a` a pod's, `b` another pod's (L2) or the
+/// VTEP's underlay (VXLAN scenarios).
 pub struct Sockets {
     pub a: PathBuf,
     pub b: PathBuf,
 }
 
+/// Where and how a switch runs for a trial.
+pub struct Setup<'a> {
+    pub work: &'a Path,
+    pub memory: Memory,
+    pub layout: Layout,
+    /// The knitter-vswitchd binary [`Kind::Baseline`] runs.
+    pub baseline: Option<&'a Path>,
+    pub scenario: Scenario,
+}
+
 impl Running {
-    /// Starts `kind`; `baseline` is the knitter-vswitchd binary [`Kind::Baseline`] runs.
-    pub fn start(kind: Kind, work: &Path, mem: Memory, layout: Layout, baseline: Option<&Path>) -> anyhow::Result<(Running, Sockets)> {
+    /// Starts `kind` as `setup` says.
+    pub fn start(kind: Kind, setup: &Setup) -> anyhow::Result<(Running, Sockets)> {
+        let (work, mem, layout) = (setup.work, setup.memory, setup.layout);
         let s = Sockets { a: work.join("a.sock"), b: work.join("b.sock") };
         for p in [&s.a, &s.b] {
             let _ = std::fs::remove_file(p);
         }
         let (running, s) = match kind {
             Kind::Ovs => {
-                let (ovs, s) = crate::ovs::Ovs::start(work, mem, layout)?;
+                let (ovs, s) = crate::ovs::Ovs::start(work, mem, layout, setup.scenario)?;
                 (Running::Ovs(ovs), s)
             }
             Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
             Kind::Knitter | Kind::Baseline => {
                 let api = work.join("knitter.sock");
                 let conf = work.join("knitter.toml");
-                std::fs::write(&conf, knitter_config(&api, &s, mem, layout))?;
-                let bin = match (kind, baseline) {
+                std::fs::write(&conf, knitter_config(&api, &s, mem, layout, setup.scenario))?;
+                let bin = match (kind, setup.baseline) {
                     (Kind::Baseline, Some(b)) => b.to_path_buf(),
                     (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
                     _ => sibling("knitter-vswitchd"),
@@ -143,8 +157,8 @@ impl Drop for Running {
 
 /// knitter-vswitchd for one trial: no state, no metrics, one busy PMD on the switch CPU,
 /// two vhost-user servers in one bridge domain.
-fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout) -> String {
-    format!(
+fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario: Scenario) -> String {
+    let mut c = format!(
         r#"state_file = ""
 [api]
 socket = "{api}"
@@ -157,23 +171,64 @@ buffers = 16384
 hugepages = {huge}
 [metrics]
 listen = ""
-[[bridges]]
-name = "l2"
 [[ports]]
 name = "a"
 device = {{ kind = "vhost_user", socket = "{a}" }}
-mode = {{ kind = "access", bridge = "l2" }}
-[[ports]]
-name = "b"
-device = {{ kind = "vhost_user", socket = "{b}" }}
 mode = {{ kind = "access", bridge = "l2" }}
 "#,
         api = api.display(),
         cpu = layout.switch_cpu,
         huge = mem == Memory::Hugepages,
         a = s.a.display(),
-        b = s.b.display(),
-    )
+    );
+    let b = s.b.display();
+    if scenario.is_vxlan() {
+        let (local, peer) = (scenario::LOCAL, scenario::PEER);
+        c += &format!(
+            r#"[[bridges]]
+name = "l2"
+vni = {vni}
+flood = ["{peer_ip}"]
+[[ports]]
+name = "ul"
+device = {{ kind = "vhost_user", socket = "{b}" }}
+mode = {{ kind = "underlay" }}
+[vtep]
+local_ip = "{local_ip}"
+mac = "{local_mac}"
+underlay_port = "ul"
+peers = [{{ ip = "{peer_ip}", next_hop_mac = "{peer_mac}" }}]
+"#,
+            vni = scenario::VNI,
+            peer_ip = peer.ip_addr(),
+            local_ip = local.ip_addr(),
+            local_mac = local.mac_text(),
+            peer_mac = peer.mac_text(),
+        );
+    } else if scenario == Scenario::VlanPush {
+        c += &format!(
+            r#"[[bridges]]
+name = "l2"
+vlan = {vlan}
+[[ports]]
+name = "b"
+device = {{ kind = "vhost_user", socket = "{b}" }}
+mode = {{ kind = "trunk", allowed = [{vlan}] }}
+"#,
+            vlan = scenario::VLAN
+        );
+    } else {
+        c += &format!(
+            r#"[[bridges]]
+name = "l2"
+[[ports]]
+name = "b"
+device = {{ kind = "vhost_user", socket = "{b}" }}
+mode = {{ kind = "access", bridge = "l2" }}
+"#
+        );
+    }
+    c
 }
 
 #[cfg(test)]

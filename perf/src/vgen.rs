@@ -69,6 +69,9 @@ pub struct Outcome {
     /// end were waited for).
     pub sent: u64,
     pub received: u64,
+    /// Bytes of the frames received (without the virtio-net header): a check that what
+    /// came out is what the scenario expects (VXLAN adds 50 bytes).
+    pub received_bytes: u64,
     /// Frames that came back out of A (floods while the switch learns).
     pub stray: u64,
     /// The trial's length (offering).
@@ -87,6 +90,11 @@ pub struct Outcome {
 impl Outcome {
     pub fn offered_pps(&self) -> f64 {
         self.sent as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Bytes per frame received (no FCS), when any came.
+    pub fn frame_bytes(&self) -> Option<f64> {
+        (self.received > 0).then(|| self.received_bytes as f64 / self.received as f64)
     }
 
     pub fn received_pps(&self) -> f64 {
@@ -187,7 +195,7 @@ impl Vgen {
         let per_cycle = rate.map(|r| r / self.tsc_hz);
         let ns_per_cycle = 1e9 / self.tsc_hz;
         let (t0, span) = (tsc(), (dur.as_secs_f64() * self.tsc_hz) as u64);
-        let (mut sent, mut received, mut stray) = (0u64, 0u64, 0u64);
+        let (mut sent, mut received, mut stray, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         let (mut now, mut gap) = (t0, 0u64);
         let (mut tokens, mut filled) = (0.0f64, t0);
         while now.wrapping_sub(t0) < span {
@@ -213,7 +221,8 @@ impl Vgen {
             if k > 0 && self.a.tx.publish() {
                 self.a.kick(1);
             }
-            received += self.receive(hist.as_mut(), ns_per_cycle);
+            let (n, b) = self.receive(hist.as_mut(), ns_per_cycle);
+            (received, bytes) = (received + n, bytes + b);
             stray += self.drain_a();
             let t = tsc();
             gap = gap.max(t.wrapping_sub(now));
@@ -223,16 +232,16 @@ impl Vgen {
         // The frames in flight: wait until B has them all, or nothing came for 20 ms.
         let mut quiet = Instant::now();
         while received < sent && quiet.elapsed() < Duration::from_millis(20) {
-            let got = self.receive(hist.as_mut(), ns_per_cycle);
-            if got > 0 {
-                received += got;
+            let (n, b) = self.receive(hist.as_mut(), ns_per_cycle);
+            if n > 0 {
+                (received, bytes) = (received + n, bytes + b);
                 quiet = Instant::now();
             }
             stray += self.drain_a();
             self.reclaim();
         }
         let bad = [&self.a.rx, &self.a.tx, &self.b.rx, &self.b.tx].iter().map(|q| q.bad_completions).sum();
-        Outcome { sent, received, stray, seconds, latency: hist, bad_completions: bad, longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
+        Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: hist, bad_completions: bad, longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
     }
 
     /// One frame from B, so a learning switch knows where B is (and keeps knowing).
@@ -269,16 +278,18 @@ impl Vgen {
         }
     }
 
-    /// Frames out of B: counted (and aged), their buffers posted again.
+    /// Frames out of B: counted (and aged), their buffers posted again; how many and their
+    /// bytes.
     #[inline]
-    fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> u64 {
+    fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> (u64, u64) {
         let n = self.b.rx.completed();
         if n == 0 {
-            return 0;
+            return (0, 0);
         }
-        let now = tsc();
+        let (now, mut bytes) = (tsc(), 0);
         for _ in 0..n {
             let Some((h, len)) = self.b.rx.take_used() else { continue };
+            bytes += (len as usize).saturating_sub(HDR_LEN) as u64;
             if let Some(hist) = hist.as_deref_mut()
                 && len as usize >= HDR_LEN + STAMP_AT + 8
                 && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + STAMP_AT) as u64, 8)
@@ -291,7 +302,7 @@ impl Vgen {
         if self.b.rx.publish() {
             self.b.kick(0);
         }
-        n as u64
+        (n as u64, bytes)
     }
 
     /// Frames out of A (floods before the switch learned B): counted, buffers reposted.

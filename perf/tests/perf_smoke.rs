@@ -1,36 +1,46 @@
-//! A short smoke run of knitter-perf's L2 scenario as a user runs it: one round, 64-byte
-//! frames, one second of warm-up and one of measurement, Knitter against the yardstick.
-//! Checks the plumbing (both switches forward, the report is written, Knitter's own
-//! counters were read), never a number. Needs root and dpdk-testpmd (fails under CI
-//! without them, skips elsewhere); in the `serial` nextest group (PMD threads).
+//! Short smoke runs of knitter-perf as a user runs it, seconds each: the L2 MRR comparison
+//! (testpmd as the generator, Knitter against the yardstick), and `ndr` with Knitter's own
+//! generator in the L2 and both VXLAN scenarios. They check the plumbing (frames come out,
+//! searches and latency trials happen, Knitter's counters are read, the report is
+//! written), never a number. Need root (and dpdk-testpmd for the MRR run): they fail under
+//! CI without them and skip elsewhere; in the `serial` nextest group (PMD threads).
 
 use std::process::Command;
 
-#[test]
-fn a_short_l2_run_forwards_through_both_switches_and_reports() {
-    let has_testpmd = Command::new("dpdk-testpmd").arg("--version").output().is_ok();
+/// Whether the machine can run these; under CI it must.
+fn can_run(testpmd: bool) -> bool {
+    let has_testpmd = !testpmd || Command::new("dpdk-testpmd").arg("--version").output().is_ok();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !(has_testpmd && root) {
         assert!(std::env::var_os("CI").is_none(), "CI must run this: root and dpdk-testpmd (ci/setup.sh) are needed");
         eprintln!("skipped: needs root and dpdk-testpmd");
+    }
+    has_testpmd && root
+}
+
+/// Runs `knitter-perf ARGS --out TMP`; its results.json and report.md.
+fn knitter_perf(args: &[&str]) -> (serde_json::Value, String) {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(args).arg("--out").arg(out.path()).output().unwrap();
+    assert!(run.status.success(), "knitter-perf {args:?}: {}", String::from_utf8_lossy(&run.stderr));
+    let r = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    (r, std::fs::read_to_string(out.path().join("report.md")).unwrap())
+}
+
+#[test]
+fn a_short_l2_run_forwards_through_both_switches_and_reports() {
+    if !can_run(true) {
         return;
     }
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
-        .args(["mrr", "--rounds", "1", "--sizes", "64", "--warmup", "1", "--window", "1", "--retries", "0", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let (r, md) = knitter_perf(&["mrr", "--rounds", "1", "--sizes", "64", "--warmup", "1", "--window", "1", "--retries", "0"]);
     let samples = r["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 2, "{r}");
     for s in samples {
         assert!(s["received_mpps"].as_f64().unwrap() > 0.0, "nothing came through: {s}");
+        assert_eq!(s["received_frame_bytes"].as_f64().map(f64::round), Some(60.0), "64-byte frames arrive whole: {s}");
     }
     assert!(samples[0]["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's counters were read: {}", samples[0]);
-    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
 }
 
@@ -38,20 +48,10 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
 /// confirmation and the latency trials all happen, and the report says so.
 #[test]
 fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
-        eprintln!("skipped: needs root");
+    if !can_run(false) {
         return;
     }
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
-        .args(["ndr", "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25", "--out"])
-        .arg(out.path())
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let (r, md) = knitter_perf(&["ndr", "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25"]);
     let m = &r["measured"][0];
     assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "nothing came through: {m}");
     assert!(!m["trials"].as_array().unwrap().is_empty(), "no search trials: {m}");
@@ -61,6 +61,25 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     assert!(lat["samples"].as_u64().unwrap() > 0 && lat["p50"].as_f64().unwrap() > 0.0, "latency measured: {m}");
     assert!(lat["p50"].as_f64() <= lat["p99"].as_f64() && lat["p99"].as_f64() <= lat["max"].as_f64(), "{lat}");
     assert_eq!(m["latency_curve"].as_array().unwrap().len(), 3, "{m}");
-    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.contains("| knitter |") && md.contains("Latency at"), "{md}");
+}
+
+/// VLAN access → trunk, and VXLAN encapsulation and decapsulation through Knitter (its
+/// underlay on the second vhost-user port, the generator playing the remote VTEP): frames
+/// come out, of the size the scenario makes them.
+#[test]
+fn short_vlan_and_vxlan_runs_tag_encapsulate_and_decapsulate() {
+    if !can_run(false) {
+        return;
+    }
+    // What comes out of 64-byte frames: tagged (68 on the wire), in VXLAN (114), or inner.
+    for (scenario, out) in [("vlan-push", 64.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0)] {
+        let (r, md) =
+            knitter_perf(&["ndr", "--scenario", scenario, "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0", "--precision", "0.5"]);
+        let m = &r["measured"][0];
+        assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "{scenario}: nothing came through: {m}");
+        assert_eq!(m["mrr"]["frame_bytes"].as_f64().map(f64::round), Some(out), "{scenario}: {m}");
+        assert_eq!(r["config"]["scenario"], scenario);
+        assert!(md.contains("VXLAN") || md.contains("VLAN"), "{md}");
+    }
 }

@@ -1,0 +1,112 @@
+//! What a run measures, beyond the frame size: plain L2 between two vhost-user pods, VLAN
+//! from an access port to a trunk (the second port carries the pod's VLAN tagged), or
+//! VXLAN with the VTEP's underlay on the second vhost-user port, encapsulation (inner
+//! frames offered on the pod port, VXLAN frames counted on the underlay) and decapsulation
+//! (VXLAN frames offered on the underlay, inner frames counted on the pod port) measured
+//! separately. The switch under test is the VTEP `LOCAL`; the generator plays the remote
+//! VTEP `PEER` (a learning switch hears from it first, so the inner destination is known
+//! on both sides and nothing is flooded). The yardstick does no switching: in a VXLAN
+//! scenario it forwards plain frames of the outer size (64 B inner: 114 B), as FD.io CSIT
+//! compares.
+
+use crate::frames::{self, A, B, Endpoint};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    L2,
+    VlanPush,
+    VxlanEncap,
+    VxlanDecap,
+}
+
+/// The switch's VTEP and the remote one the generator plays.
+pub const LOCAL: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0x01, 0x01], ip: [10, 99, 1, 1] };
+pub const PEER: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0x01, 0x02], ip: [10, 99, 1, 2] };
+pub const VNI: u32 = 100;
+/// The pod's VLAN on the trunk (`VlanPush`).
+pub const VLAN: u16 = 100;
+
+/// Bytes VXLAN adds on the wire.
+const OVERHEAD: usize = 50;
+
+/// The frames of one trial and where they go. Socket `a` is the pod port, `b` the second
+/// pod port (L2) or the underlay (VXLAN).
+pub struct Traffic {
+    pub offered: Vec<Vec<u8>>,
+    /// What the receiving side sends first, so a learning switch knows where it is.
+    pub back: Vec<u8>,
+    /// Offered on socket `b` and counted on `a` (decapsulation), not the other way round.
+    pub reversed: bool,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::L2 => "l2",
+            Scenario::VlanPush => "vlan-push",
+            Scenario::VxlanEncap => "vxlan-encap",
+            Scenario::VxlanDecap => "vxlan-decap",
+        }
+    }
+
+    pub fn is_vxlan(self) -> bool {
+        matches!(self, Scenario::VxlanEncap | Scenario::VxlanDecap)
+    }
+
+    /// The frames for a switch (`switching`: false for the yardstick), `size` bytes on the
+    /// wire (the inner frame's size in VXLAN scenarios), over `flows` UDP source ports.
+    pub fn traffic(self, switching: bool, size: usize, flows: u16) -> Traffic {
+        let wrap = |inner: &[u8], i: u16| frames::vxlan(PEER, LOCAL, VNI, 49152 + i, inner);
+        match self {
+            Scenario::L2 => Traffic { offered: frames::flows(A, B, size, flows), back: frames::udp(B, A, frames::MIN_SIZE, 1024), reversed: false },
+            _ if !switching => {
+                let grown = if self == Scenario::VlanPush { 4 } else { OVERHEAD };
+                Traffic { offered: frames::flows(A, B, size + grown, flows), back: frames::udp(B, A, frames::MIN_SIZE, 1024), reversed: false }
+            }
+            Scenario::VlanPush => Traffic {
+                offered: frames::flows(A, B, size, flows),
+                // B speaks first, tagged, on the trunk.
+                back: frames::tagged(&frames::udp(B, A, frames::MIN_SIZE, 1024), VLAN),
+                reversed: false,
+            },
+            Scenario::VxlanEncap => Traffic {
+                offered: frames::flows(A, B, size, flows),
+                // From B behind the remote VTEP: the switch learns B there, and (OVS) the
+                // remote VTEP's MAC on the underlay.
+                back: wrap(&frames::udp(B, A, frames::MIN_SIZE, 1024), 0),
+                reversed: false,
+            },
+            Scenario::VxlanDecap => Traffic {
+                offered: frames::flows(B, A, size, flows).iter().enumerate().map(|(i, f)| wrap(f, i as u16)).collect(),
+                back: frames::udp(A, B, frames::MIN_SIZE, 1024),
+                reversed: true,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_scenario_offers_what_its_side_expects() {
+        let l2 = Scenario::L2.traffic(true, 64, 2);
+        assert_eq!((l2.offered.len(), l2.offered[0].len(), l2.reversed), (2, 60, false));
+        let encap = Scenario::VxlanEncap.traffic(true, 64, 1);
+        assert_eq!(encap.offered[0].len(), 60, "inner frames into the pod port");
+        assert_eq!(encap.back.len(), 110, "the remote VTEP speaks VXLAN");
+        assert_eq!(&encap.back[0..6], &LOCAL.mac);
+        let decap = Scenario::VxlanDecap.traffic(true, 64, 3);
+        assert!(decap.reversed);
+        assert_eq!(decap.offered[0].len(), 110, "114 bytes on the wire");
+        assert_ne!(decap.offered[0][34..36], decap.offered[1][34..36], "flows differ in the outer source port");
+        assert_eq!(&decap.offered[0][50..56], &A.mac, "inner frames to the pod");
+        let vlan = Scenario::VlanPush.traffic(true, 64, 1);
+        assert_eq!((vlan.offered[0].len(), vlan.back.len()), (60, 64), "untagged in, B tagged on the trunk");
+        assert_eq!(&vlan.back[12..16], &[0x81, 0, 0, 100]);
+        let yard = Scenario::VxlanDecap.traffic(false, 64, 1);
+        assert_eq!((yard.offered[0].len(), yard.reversed), (110, false), "the yardstick forwards the outer size");
+    }
+}
