@@ -134,7 +134,7 @@ impl Bench {
         let (running, sockets) = Running::start(switch, &setup)?;
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
         let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
-        let mut generator = Vgen::connect(offer, count, &t.offered, &t.back, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
+        let mut generator = Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
         generator.trial(None, Duration::from_millis(500), false)?;
         Ok(Bench { generator, running })
     }

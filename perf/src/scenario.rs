@@ -38,7 +38,14 @@ pub struct Traffic {
     pub back: Vec<u8>,
     /// Offered on socket `b` and counted on `a` (decapsulation), not the other way round.
     pub reversed: bool,
+    /// Where the inner UDP payload starts in an offered and in a received frame: the
+    /// latency stamp goes there (a VXLAN or VLAN header moves it).
+    pub stamp_offered: usize,
+    pub stamp_received: usize,
 }
+
+/// Where a plain frame's UDP payload starts.
+const UDP_PAYLOAD: usize = 42;
 
 impl Scenario {
     pub fn name(self) -> &'static str {
@@ -59,16 +66,30 @@ impl Scenario {
     pub fn traffic(self, switching: bool, size: usize, flows: u16) -> Traffic {
         let wrap = |inner: &[u8], i: u16| frames::vxlan(PEER, LOCAL, VNI, 49152 + i, inner);
         match self {
-            Scenario::L2 => Traffic { offered: frames::flows(A, B, size, flows), back: frames::udp(B, A, frames::MIN_SIZE, 1024), reversed: false },
+            Scenario::L2 => Traffic {
+                offered: frames::flows(A, B, size, flows),
+                back: frames::udp(B, A, frames::MIN_SIZE, 1024),
+                reversed: false,
+                stamp_offered: UDP_PAYLOAD,
+                stamp_received: UDP_PAYLOAD,
+            },
             _ if !switching => {
                 let grown = if self == Scenario::VlanPush { 4 } else { OVERHEAD };
-                Traffic { offered: frames::flows(A, B, size + grown, flows), back: frames::udp(B, A, frames::MIN_SIZE, 1024), reversed: false }
+                Traffic {
+                    offered: frames::flows(A, B, size + grown, flows),
+                    back: frames::udp(B, A, frames::MIN_SIZE, 1024),
+                    reversed: false,
+                    stamp_offered: UDP_PAYLOAD,
+                    stamp_received: UDP_PAYLOAD,
+                }
             }
             Scenario::VlanPush => Traffic {
                 offered: frames::flows(A, B, size, flows),
                 // B speaks first, tagged, on the trunk.
                 back: frames::tagged(&frames::udp(B, A, frames::MIN_SIZE, 1024), VLAN),
                 reversed: false,
+                stamp_offered: UDP_PAYLOAD,
+                stamp_received: UDP_PAYLOAD + 4,
             },
             Scenario::VxlanEncap => Traffic {
                 offered: frames::flows(A, B, size, flows),
@@ -76,11 +97,15 @@ impl Scenario {
                 // remote VTEP's MAC on the underlay.
                 back: wrap(&frames::udp(B, A, frames::MIN_SIZE, 1024), 0),
                 reversed: false,
+                stamp_offered: UDP_PAYLOAD,
+                stamp_received: OVERHEAD + UDP_PAYLOAD,
             },
             Scenario::VxlanDecap => Traffic {
                 offered: frames::flows(B, A, size, flows).iter().enumerate().map(|(i, f)| wrap(f, i as u16)).collect(),
                 back: frames::udp(A, B, frames::MIN_SIZE, 1024),
                 reversed: true,
+                stamp_offered: OVERHEAD + UDP_PAYLOAD,
+                stamp_received: UDP_PAYLOAD,
             },
         }
     }
@@ -100,6 +125,11 @@ mod tests {
         assert_eq!(&encap.back[0..6], &LOCAL.mac);
         let decap = Scenario::VxlanDecap.traffic(true, 64, 3);
         assert!(decap.reversed);
+        // The stamps land in the inner UDP payload, never on a header the switch reads.
+        for t in [&l2, &encap, &decap] {
+            assert_eq!(t.offered[0][t.stamp_offered - 8..t.stamp_offered - 6], 1024u16.to_be_bytes()[..], "the inner UDP source port");
+        }
+        assert_eq!(encap.stamp_received, 92);
         assert_eq!(decap.offered[0].len(), 110, "114 bytes on the wire");
         assert_ne!(decap.offered[0][34..36], decap.offered[1][34..36], "flows differ in the outer source port");
         assert_eq!(&decap.offered[0][50..56], &A.mac, "inner frames to the pod");

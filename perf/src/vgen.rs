@@ -15,12 +15,14 @@
 //! [`QUEUE`] descriptors per port; interrupts off, kicks sent only when the switch asks.
 
 use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
+use crate::scenario::Traffic;
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use knitter_vhost::backend::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
@@ -33,12 +35,7 @@ pub const QUEUE: u16 = 1024;
 const BURST: usize = 32;
 const BUF: u64 = 2048;
 const HDR_LEN: usize = knitter_vhost::net::HDR_LEN;
-/// Where in the frame the offer timestamp goes: the UDP payload (the frames carry no UDP
-/// checksum, so the stamp keeps them valid).
-const STAMP_AT: usize = 42;
-const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
-const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// Virtqueues: A's rx and tx, B's rx and tx (ring areas 0..4 in the shared memory).
 const A_RX: usize = 0;
 const A_TX: usize = 1;
@@ -124,13 +121,20 @@ pub struct Vgen {
     b_free: Vec<u16>,
     cpu: usize,
     tsc_hz: f64,
+    /// Where the latency stamp goes in an offered frame and is read in a received one
+    /// (the inner UDP payload: the frames carry no UDP checksum, so it keeps them valid).
+    stamps: [usize; 2],
 }
 
 impl Vgen {
-    /// Connects to `a_sock` and `b_sock` (vhost-user servers), offering `frames` (in turn)
-    /// on A; `back` is what B sends now and then so a learning switch knows where B is.
-    pub fn connect(a_sock: &Path, b_sock: &Path, frames: &[Vec<u8>], back: &[u8], huge: bool, cpu: usize) -> anyhow::Result<Vgen> {
+    /// Connects to `a_sock` and `b_sock` (vhost-user servers), offering the traffic's frames
+    /// (in turn) on A; its `back` frame is what B sends now and then so a learning switch
+    /// knows where B is.
+    pub fn connect(a_sock: &Path, b_sock: &Path, traffic: &Traffic, huge: bool, cpu: usize) -> anyhow::Result<Vgen> {
+        let (frames, back) = (&traffic.offered, &traffic.back);
         anyhow::ensure!(!frames.is_empty(), "no frames to offer");
+        let stamps = [traffic.stamp_offered, traffic.stamp_received];
+        anyhow::ensure!(frames.iter().all(|f| f.len() >= stamps[0] + 8), "frames too short for the latency stamp");
         let len = Shared::buffers_from(4) + 4 * QUEUE as u64 * BUF;
         let mem = match Shared::new(len as usize, huge) {
             Ok(m) => m,
@@ -142,7 +146,7 @@ impl Vgen {
         };
         let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
         let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
-        let mut g = Vgen { mem, a, b, free: Vec::new(), b_free: Vec::new(), cpu, tsc_hz: tsc_hz() };
+        let mut g = Vgen { mem, a, b, free: Vec::new(), b_free: Vec::new(), cpu, tsc_hz: tsc_hz(), stamps };
         for i in 0..QUEUE {
             let f = &frames[i as usize % frames.len()];
             let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
@@ -273,7 +277,7 @@ impl Vgen {
 
     #[inline]
     fn stamp(&self, h: u16, t: u64) {
-        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + STAMP_AT) as u64, 8) {
+        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64, 8) {
             b.copy_from_slice(&t.to_le_bytes());
         }
     }
@@ -291,8 +295,8 @@ impl Vgen {
             let Some((h, len)) = self.b.rx.take_used() else { continue };
             bytes += (len as usize).saturating_sub(HDR_LEN) as u64;
             if let Some(hist) = hist.as_deref_mut()
-                && len as usize >= HDR_LEN + STAMP_AT + 8
-                && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + STAMP_AT) as u64, 8)
+                && len as usize >= HDR_LEN + self.stamps[1] + 8
+                && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
             {
                 let sent = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
                 hist.saturating_record((now.saturating_sub(sent) as f64 * ns_per_cycle) as u64);

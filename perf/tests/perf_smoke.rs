@@ -79,6 +79,11 @@ fn short_vlan_and_vxlan_runs_tag_encapsulate_and_decapsulate() {
         let m = &r["measured"][0];
         assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "{scenario}: nothing came through: {m}");
         assert_eq!(m["mrr"]["frame_bytes"].as_f64().map(f64::round), Some(out), "{scenario}: {m}");
+        // The latency stamp is found where the scenario moved it (a stamp read from the
+        // wrong place gives ages of zero or of hours).
+        let lat = &m["latency"];
+        let (p50, max) = (lat["p50"].as_f64().unwrap(), lat["max"].as_f64().unwrap());
+        assert!(p50 > 0.0 && max < 1e6, "{scenario}: latency {lat}");
         assert_eq!(r["config"]["scenario"], scenario);
         assert!(md.contains("VXLAN") || md.contains("VLAN"), "{md}");
     }

@@ -39,8 +39,8 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{BackendReqHandler, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
 use vhost::VhostUserMemoryRegionBase;
 
-const VIRTIO_F_VERSION_1: u64 = 1 << 32;
-const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 const VIRTIO_NET_F_MTU: u64 = 1 << 3;
