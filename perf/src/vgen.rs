@@ -18,6 +18,7 @@ use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
 use crate::scenario::Traffic;
 use anyhow::Context;
 use hdrhistogram::Histogram;
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -115,8 +116,9 @@ pub struct Vgen {
     mem: Shared,
     a: Port,
     b: Port,
-    /// A's transmit descriptors not in the switch's hands.
-    free: Vec<u16>,
+    /// A's transmit descriptors not in the switch's hands, oldest first: every descriptor
+    /// (so every flow's frame) takes its turn; a stack would offer the same few again.
+    free: VecDeque<u16>,
     /// B's, for the learning frames.
     b_free: Vec<u16>,
     cpu: usize,
@@ -146,11 +148,11 @@ impl Vgen {
         };
         let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
         let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
-        let mut g = Vgen { mem, a, b, free: Vec::new(), b_free: Vec::new(), cpu, tsc_hz: tsc_hz(), stamps };
+        let mut g = Vgen { mem, a, b, free: VecDeque::with_capacity(QUEUE as usize), b_free: Vec::new(), cpu, tsc_hz: tsc_hz(), stamps };
         for i in 0..QUEUE {
             let f = &frames[i as usize % frames.len()];
             let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
-            g.free.push(a);
+            g.free.push_back(a);
             g.b_free.push(b);
             for (k, q) in [(A_RX, &mut g.a.rx), (B_RX, &mut g.b.rx)] {
                 q.set_desc(i, buf_addr(k, i), BUF as u32, VIRTQ_DESC_F_WRITE);
@@ -215,7 +217,7 @@ impl Vgen {
                 tokens -= k as f64;
             }
             for _ in 0..k {
-                let Some(h) = self.free.pop() else { break };
+                let Some(h) = self.free.pop_front() else { break };
                 if latency {
                     self.stamp(h, tsc());
                 }
@@ -270,7 +272,7 @@ impl Vgen {
         let n = self.a.tx.completed();
         for _ in 0..n {
             if let Some((h, _)) = self.a.tx.take_used() {
-                self.free.push(h);
+                self.free.push_back(h);
             }
         }
     }
