@@ -352,11 +352,6 @@ impl<'m> Ring<'m> {
         Some(Flat { head, addr: GuestAddr(addr), ptr, len, _mem: PhantomData })
     }
 
-    /// Puts the last `n` popped chains back, untouched (as [`Ring::unpop`] does for one).
-    pub fn unpop_n(&mut self, n: u16) {
-        self.q.last_avail = self.q.last_avail.wrapping_sub(n);
-    }
-
     fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {
         // SAFETY: `i` is below the table's length (checked by the caller), the table was
         // checked for its whole size and 16-byte alignment; volatile because the guest owns
@@ -409,7 +404,7 @@ impl<'m> Ring<'m> {
     /// Puts the chain popped last back, untouched, for a later pop (a receive chain too small
     /// for this frame may fit the next one). Only right after [`Ring::pop`].
     pub fn unpop(&mut self) {
-        self.unpop_n(1);
+        self.q.last_avail = self.q.last_avail.wrapping_sub(1);
     }
 
     /// Returns a chain to the guest with `len` bytes written into it (0 for a read-only or
