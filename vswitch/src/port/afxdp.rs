@@ -11,6 +11,13 @@
 //! 256-byte XDP headroom (MTU up to 1774, larger refused); jumbo frames need multi-buffer
 //! AF_XDP (not yet).
 //!
+//! The socket binds without forcing a mode: zero-copy where the driver has it (the NIC DMAs
+//! straight into pool buffers), copy mode otherwise (veth). It asks for `need_wakeup`: the
+//! port kicks the kernel (`sendto` for transmit, `recvfrom` for the fill ring) only when the
+//! ring's flag says the driver sleeps. In copy mode the kernel keeps the transmit flag set
+//! (it transmits only inside `sendto`), so that is one kick per burst as before; a
+//! zero-copy driver busy with the queue clears it and the port makes no system call at all.
+//!
 //! Unsafe code is confined to the ring mappings, with these invariants:
 //! - each ring mapping lives as long as the port; producer/consumer words are accessed
 //!   atomically (acquire for the other side's index, release to publish ours);
@@ -37,7 +44,10 @@ const XDP_TX_RING: libc::c_int = 3;
 const XDP_UMEM_REG: libc::c_int = 4;
 const XDP_UMEM_FILL_RING: libc::c_int = 5;
 const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
-const XDP_COPY: u16 = 1 << 1;
+const XDP_OPTIONS: libc::c_int = 8;
+const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_RING_NEED_WAKEUP: u32 = 1;
 const PGOFF_RX: i64 = 0;
 const PGOFF_TX: i64 = 0x8000_0000;
 const PGOFF_FILL: i64 = 0x1_0000_0000;
@@ -94,12 +104,15 @@ struct Ring {
     len: usize,
     producer: *const AtomicU32,
     consumer: *const AtomicU32,
+    /// The ring's flags word (`XDP_RING_NEED_WAKEUP`), when the kernel reports one.
+    flags: Option<*const AtomicU32>,
     desc: *mut u8,
     entry: usize,
 }
 
 impl Ring {
-    fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize) -> io::Result<Ring> {
+    /// `with_flags`: the kernel's offsets include the flags word (Linux ≥ 5.4).
+    fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize, with_flags: bool) -> io::Result<Ring> {
         let len = off.desc as usize + RING as usize * entry;
         // SAFETY: maps the ring the kernel created for this socket at its page offset; the
         // length covers the descriptor array the kernel reported.
@@ -124,6 +137,7 @@ impl Ring {
                 len,
                 producer: base.add(off.producer as usize).cast(),
                 consumer: base.add(off.consumer as usize).cast(),
+                flags: with_flags.then(|| base.add(off.flags as usize).cast_const().cast()),
                 desc: base.add(off.desc as usize),
                 entry,
             })
@@ -138,6 +152,12 @@ impl Ring {
     fn cons(&self) -> &AtomicU32 {
         // SAFETY: as above.
         unsafe { &*self.consumer }
+    }
+
+    /// Whether the kernel asks to be woken up to use this ring.
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: the flags word inside the live mapping, written by the kernel.
+        self.flags.is_none_or(|f| unsafe { &*f }.load(Relaxed) & XDP_RING_NEED_WAKEUP != 0)
     }
 
     fn slot(&self, i: u32) -> *mut u8 {
@@ -225,6 +245,9 @@ struct RxSide {
     lent: Lent,
     /// Entries the fill ring is topped up to (at most `RING`).
     fill_target: u32,
+    /// Zero-copy with `need_wakeup`: the driver may sleep, and is kicked when the fill
+    /// ring's flag asks (copy mode receives in the kernel's own softirq: never kicked).
+    wakeup: bool,
 }
 
 /// The transmit side: tx and completion rings and the buffers lent through the tx ring.
@@ -232,6 +255,17 @@ struct TxSide {
     tx: Ring,
     comp: Ring,
     lent: Lent,
+    /// Bound with `need_wakeup`: kick only when the tx ring's flag asks.
+    wakeup: bool,
+}
+
+/// How the kernel bound the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The driver moves frames in and out of pool buffers itself (no kernel copy).
+    pub zero_copy: bool,
+    /// The kernel tells through the rings' flags when it needs a kick.
+    pub need_wakeup: bool,
 }
 
 /// An AF_XDP port bound to one queue of a kernel interface.
@@ -252,6 +286,7 @@ pub struct AfXdpPort {
     /// The attached program; `None` only while dropping.
     xdp: Mutex<Option<XdpRedirect>>,
     sock: Option<OwnedFd>,
+    binding: Binding,
 }
 
 // SAFETY: the rings are only touched under their side's mutex (taken with try_lock).
@@ -273,6 +308,11 @@ impl AfXdpPort {
     /// server...).
     pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
         Self::open_with(name, ifname, pool, Some(filter))
+    }
+
+    /// The mode the kernel bound the socket in.
+    pub fn binding(&self) -> Binding {
+        self.binding
     }
 
     /// The device's receive queues (this port reads queue 0 only), when its driver says.
@@ -311,11 +351,14 @@ impl AfXdpPort {
         let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `olen` bytes into `off`.
         check(unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&mut off as *mut MmapOffsets).cast(), &mut olen) })?;
-        let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16)?;
-        let tx = Ring::map(fd, &off.tx, PGOFF_TX, 16)?;
-        let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8)?;
-        let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8)?;
-        let sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_COPY, ifindex, queue_id: 0, shared_umem_fd: 0 };
+        // Older kernels report offsets without the flags words.
+        let with_flags = olen as usize == std::mem::size_of::<MmapOffsets>();
+        let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16, with_flags)?;
+        let tx = Ring::map(fd, &off.tx, PGOFF_TX, 16, with_flags)?;
+        let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
+        let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
+        // No mode forced: zero-copy where the driver has it, copy otherwise.
+        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP, ifindex, queue_id: 0, shared_umem_fd: 0 };
         // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
         let mut tries = 0;
         loop {
@@ -325,6 +368,10 @@ impl AfXdpPort {
             };
             match check(r) {
                 Ok(_) => break,
+                // A kernel without need_wakeup refuses the flag: kick every burst there.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && sa.flags & XDP_USE_NEED_WAKEUP != 0 => {
+                    sa.flags &= !XDP_USE_NEED_WAKEUP;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(10 << tries.min(4)));
@@ -346,7 +393,10 @@ impl AfXdpPort {
         };
         let mac = interface_mac(ifname);
         let control = control_socket()?;
-        tracing::info!(port = name, ifname, mode, "AF_XDP port open (copy mode, UMEM = buffer pool)");
+        let zc = zero_copy(fd);
+        let copy = if zc { "zero-copy" } else { "copy" };
+        let wakeup = sa.flags & XDP_USE_NEED_WAKEUP != 0;
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = wakeup, "AF_XDP port open (UMEM = buffer pool)");
         // One socket, bound to queue 0: what the device steers to its other queues is dropped
         // by the program's redirect (the kernel counts it on the interface).
         if let Some(n) = rx_queues(control.as_raw_fd(), ifname).filter(|n| *n > 1) {
@@ -357,7 +407,7 @@ impl AfXdpPort {
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
         let fill_target = if underlay.is_some() { FILL_UNDERLAY } else { FILL_POD };
-        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target };
+        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target, wakeup: wakeup && zc };
         let mut cache = PoolCache::new(pool.clone());
         Self::refill(&mut rx_side, &mut cache);
         if let Err(e) = xdp.register(0, fd) {
@@ -374,7 +424,7 @@ impl AfXdpPort {
             name: name.into(),
             pool,
             rx: Mutex::new(Some(rx_side)),
-            tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n) })),
+            tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n), wakeup })),
             mac,
             counters: QueueCounters::default(),
             fd,
@@ -383,6 +433,7 @@ impl AfXdpPort {
             control,
             xdp: Mutex::new(Some(xdp)),
             sock: Some(sock),
+            binding: Binding { zero_copy: zc, need_wakeup: wakeup },
         })
     }
 
@@ -440,6 +491,11 @@ impl Port for AfXdpPort {
             side.rx.cons().store(cons.wrapping_add(n), Release);
         }
         Self::refill(side, cache);
+        if n == 0 && side.wakeup && side.fill.needs_wakeup() {
+            // A zero-copy driver went to sleep with our fill ring empty: wake it.
+            // SAFETY: recvfrom with no buffer on our own socket.
+            unsafe { libc::recvfrom(self.fd, std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+        }
         self.counters.rx_packets.add(got as u64);
         got
     }
@@ -496,9 +552,11 @@ impl Port for AfXdpPort {
                 side.lent.set(batch.take(i).into_index());
             }
             batch.consume_front(sent as usize);
-            // Generic XDP transmits only when kicked: one kick per burst.
-            // SAFETY: sendto with no data on our own socket.
-            unsafe { libc::sendto(self.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+            // Copy mode transmits only when kicked (the flag stays set): one kick per burst.
+            if !side.wakeup || side.tx.needs_wakeup() {
+                // SAFETY: sendto with no data on our own socket.
+                unsafe { libc::sendto(self.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+            }
         }
         self.counters.tx_packets.add(sent as u64);
         self.counters.tx_full.add(batch.len() as u64);
@@ -535,6 +593,15 @@ impl Port for AfXdpPort {
     }
 }
 
+/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`, Linux ≥ 5.3).
+fn zero_copy(fd: RawFd) -> bool {
+    let mut opts = 0u32;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `opts`.
+    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_OPTIONS, (&mut opts as *mut u32).cast(), &mut len) };
+    r == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
+}
+
 impl Drop for AfXdpPort {
     fn drop(&mut self) {
         // Unmap the rings, detach the program and close the socket first: after that the
@@ -546,7 +613,7 @@ impl Drop for AfXdpPort {
             drop((rx, fill));
             lent.push(l);
         }
-        if let Some(TxSide { tx, comp, lent: l }) = tx {
+        if let Some(TxSide { tx, comp, lent: l, .. }) = tx {
             drop((tx, comp));
             lent.push(l);
         }
