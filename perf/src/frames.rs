@@ -1,6 +1,7 @@
 //! The frames a scenario offers, written as pcap files for the generator to replay: UDP over
 //! IPv4 between two MACs, a given size on the wire (the 4-byte FCS counted, as RFC 2544 and
-//! FD.io CSIT count it), spread over a number of flows (UDP source ports).
+//! FD.io CSIT count it) or the IMIX mix of sizes, spread over a number of flows (UDP source
+//! ports).
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -96,9 +97,102 @@ fn ipv4_checksum(h: &[u8; 20]) -> u16 {
     !(s as u16)
 }
 
-/// `flows` frames from `src` to `dst` differing in their UDP source port.
-pub fn flows(src: Endpoint, dst: Endpoint, size: usize, flows: u16) -> Vec<Vec<u8>> {
-    (0..flows.max(1)).map(|i| udp(src, dst, size, 1024 + i)).collect()
+/// What a trial offers: frames of one size on the wire (FCS counted), or IMIX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameSize {
+    Bytes(usize),
+    /// The simple IMIX of FD.io CSIT and most labs: 64, 570 and 1518 bytes in 7 : 4 : 1
+    /// (353.83 bytes on average), interleaved.
+    Imix,
+}
+
+/// One IMIX period: 7 × 64, 4 × 570, 1 × 1518, spread out.
+const IMIX: [usize; 12] = [64, 570, 64, 64, 570, 64, 1518, 64, 570, 64, 64, 570];
+
+impl FrameSize {
+    /// The sizes frames take in turn.
+    pub fn pattern(self) -> Vec<usize> {
+        match self {
+            FrameSize::Bytes(n) => vec![n],
+            FrameSize::Imix => IMIX.to_vec(),
+        }
+    }
+
+    /// The mean size on the wire, bytes (where a plot puts it).
+    pub fn mean(self) -> f64 {
+        let p = self.pattern();
+        p.iter().sum::<usize>() as f64 / p.len() as f64
+    }
+
+    /// The same sizes `n` bytes larger (the yardstick forwards what a switch's encapsulation
+    /// would make of them).
+    pub fn grown(self, n: usize) -> Vec<usize> {
+        self.pattern().iter().map(|s| s + n).collect()
+    }
+}
+
+impl std::fmt::Display for FrameSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameSize::Bytes(n) => write!(f, "{n}"),
+            FrameSize::Imix => f.write_str("imix"),
+        }
+    }
+}
+
+impl std::str::FromStr for FrameSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<FrameSize, String> {
+        match s.trim() {
+            t if t.eq_ignore_ascii_case("imix") => Ok(FrameSize::Imix),
+            t => match t.parse::<usize>() {
+                Ok(n) if (MIN_SIZE..=9018).contains(&n) => Ok(FrameSize::Bytes(n)),
+                _ => Err(format!("{t:?}: a frame size from {MIN_SIZE} to 9018 bytes, or imix")),
+            },
+        }
+    }
+}
+
+/// A size as a number, IMIX as `"imix"`.
+impl serde::Serialize for FrameSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FrameSize::Bytes(n) => s.serialize_u64(*n as u64),
+            FrameSize::Imix => s.serialize_str("imix"),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for FrameSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FrameSize, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(usize),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(FrameSize::Bytes(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Frames from `src` to `dst`: frame `j` is `sizes[j % len]` bytes on the wire, in flow
+/// (UDP source port) `j % flows`, so every size meets every flow; one period of both.
+pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<Vec<u8>> {
+    let flows = flows.max(1) as usize;
+    let k = sizes.len().max(1);
+    // lcm(k, flows): the period after which size and flow repeat together.
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let n = k / gcd(k, flows) * flows;
+    (0..n).map(|j| udp(src, dst, sizes.get(j % k).copied().unwrap_or(MIN_SIZE), 1024 + (j % flows) as u16)).collect()
 }
 
 /// Writes `frames` as a classic pcap file (microsecond timestamps, Ethernet).
@@ -121,6 +215,25 @@ pub fn write_pcap(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn imix_is_seven_four_one_and_meets_every_flow() {
+        assert_eq!("IMIX".parse(), Ok(FrameSize::Imix));
+        assert_eq!("512".parse(), Ok(FrameSize::Bytes(512)));
+        assert!("12".parse::<FrameSize>().is_err() && "big".parse::<FrameSize>().is_err());
+        assert!((FrameSize::Imix.mean() - 353.83).abs() < 0.01);
+        let f = flows(A, B, &FrameSize::Imix.pattern(), 3);
+        assert_eq!(f.len(), 12, "lcm(12, 3)");
+        let count = |n: usize| f.iter().filter(|f| f.len() + 4 == n).count();
+        assert_eq!((count(64), count(570), count(1518)), (7, 4, 1));
+        assert_eq!(flows(A, B, &[64], 5).len(), 5);
+        assert_eq!(flows(A, B, &FrameSize::Imix.pattern(), 8).len(), 24);
+        for s in [FrameSize::Imix, FrameSize::Bytes(64)] {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(serde_json::from_str::<FrameSize>(&json).unwrap(), s);
+        }
+        assert_eq!(FrameSize::Bytes(64).grown(50), vec![114]);
+    }
+
     const A: Endpoint = Endpoint { mac: [2, 0, 0, 0, 0, 1], ip: [10, 0, 0, 1] };
     const B: Endpoint = Endpoint { mac: [2, 0, 0, 0, 0, 2], ip: [10, 0, 0, 2] };
 
@@ -136,7 +249,7 @@ mod tests {
             assert_eq!(u16::from_be_bytes([f[34], f[35]]), 7);
         }
         assert_eq!(udp(A, B, 10, 1).len(), 60, "never below the minimum");
-        assert_eq!(flows(A, B, 64, 4).len(), 4);
+        assert_eq!(flows(A, B, &[64], 4).len(), 4);
     }
 
     #[test]
@@ -168,7 +281,7 @@ mod tests {
     fn pcap_layout() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x.pcap");
-        write_pcap(&p, &flows(A, B, 64, 2)).unwrap();
+        write_pcap(&p, &flows(A, B, &[64], 2)).unwrap();
         let b = std::fs::read(&p).unwrap();
         assert_eq!(b.len(), 24 + 2 * (16 + 60));
         assert_eq!(&b[0..4], &0xa1b2_c3d4u32.to_le_bytes());

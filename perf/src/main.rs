@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use knitter_perf::frames::FrameSize;
 use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
 use knitter_perf::testpmd::{self, Layout, Memory};
@@ -21,9 +22,9 @@ struct Cli {
 struct Common {
     #[arg(long, value_delimiter = ',', default_value = "knitter,yardstick")]
     switches: Vec<Kind>,
-    /// Frame sizes on the wire (FCS counted).
+    /// Frame sizes on the wire (FCS counted), or imix (64/570/1518 B, 7:4:1).
     #[arg(long, value_delimiter = ',', default_value = "64,512")]
-    sizes: Vec<usize>,
+    sizes: Vec<FrameSize>,
     #[arg(long, default_value_t = 1)]
     flows: u16,
     #[arg(long, default_value_t = 0)]

@@ -4,7 +4,7 @@
 //! its own counters, for whether the switch was the bottleneck (its PMD ≥ 95 % busy).
 
 use crate::cpu::{self, Supply};
-use crate::frames::{self, A, B};
+use crate::frames::{self, A, B, FrameSize};
 use crate::stats::{self, Summary};
 use crate::scenario::Scenario;
 use crate::switches::{Kind, Own, Running, Setup};
@@ -17,7 +17,7 @@ use std::time::Duration;
 pub struct Config {
     pub switches: Vec<Kind>,
     /// Frame sizes on the wire (FCS counted).
-    pub sizes: Vec<usize>,
+    pub sizes: Vec<FrameSize>,
     pub flows: u16,
     /// Rounds of every switch at every size.
     pub pairs: usize,
@@ -39,7 +39,7 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Sample {
     pub switch: Kind,
-    pub size: usize,
+    pub size: FrameSize,
     pub round: usize,
     pub offered_mpps: f64,
     pub received_mpps: f64,
@@ -71,7 +71,7 @@ pub struct SwitchSummary {
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SizeSummary {
-    pub size: usize,
+    pub size: FrameSize,
     pub switches: Vec<SwitchSummary>,
 }
 
@@ -86,7 +86,7 @@ pub struct Results {
 pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
     for &size in &cfg.sizes {
-        frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, size, cfg.flows))?;
+        frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, &size.pattern(), cfg.flows))?;
     }
     let mut samples = Vec::new();
     for round in 0..cfg.pairs {
@@ -122,7 +122,7 @@ fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
 
-fn trial(cfg: &Config, switch: Kind, size: usize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
+fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
     let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: Scenario::L2 };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());

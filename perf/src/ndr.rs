@@ -11,6 +11,7 @@
 //! MRR trial (its forwarding thread ≥ 95 % busy); the generator's own ceiling is the
 //! yardstick's MRR.
 
+use crate::frames::FrameSize;
 use crate::scenario::Scenario;
 use crate::stats::{self, PDR_LOSS};
 use crate::switches::{Kind, Own, Running, Setup};
@@ -25,7 +26,7 @@ pub struct Config {
     #[serde(default = "l2")]
     pub scenario: Scenario,
     pub switches: Vec<Kind>,
-    pub sizes: Vec<usize>,
+    pub sizes: Vec<FrameSize>,
     pub flows: u16,
     /// One search trial.
     pub trial: Duration,
@@ -100,7 +101,7 @@ impl Latency {
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Measured {
     pub switch: Kind,
-    pub size: usize,
+    pub size: FrameSize,
     pub mrr: Point,
     pub switch_cycles_per_packet: Option<f64>,
     pub switch_busy: Option<f64>,
@@ -129,7 +130,7 @@ struct Bench {
 }
 
 impl Bench {
-    fn start(cfg: &Config, switch: Kind, size: usize) -> anyhow::Result<Bench> {
+    fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
         let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario };
         let (running, sockets) = Running::start(switch, &setup)?;
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
@@ -174,7 +175,7 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
 }
 
 /// MRR, NDR, PDR and the NDR's confirmation for one switch at one size.
-fn throughput(cfg: &Config, switch: Kind, size: usize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Measured> {
+fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Measured> {
     let mut b = Bench::start(cfg, switch, size)?;
     let before = b.running.own();
     let o = b.generator.trial(None, cfg.trial, false)?;

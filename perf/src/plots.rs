@@ -22,7 +22,8 @@ fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
 /// NDR and MRR (Mpps) against frame size.
 pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
     let sizes = &r.config.sizes;
-    let (lo, hi) = (sizes.iter().copied().min().unwrap_or(64) as f64, sizes.iter().copied().max().unwrap_or(64) as f64);
+    let (lo, hi) = sizes.iter().map(|s| s.mean()).fold((f64::INFINITY, 0f64), |(lo, hi), m| (lo.min(m), hi.max(m)));
+    let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (64.0, 64.0) };
     let top = r.measured.iter().map(|m| m.mrr.received / 1e6).fold(1.0, f64::max) * 1.15;
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -32,10 +33,13 @@ pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(padded(lo, hi), 0f64..top)?;
-    chart.configure_mesh().x_desc("frame size on the wire, bytes").y_desc("Mpps").draw()?;
+    chart.configure_mesh().x_desc("frame size on the wire, bytes (IMIX at its mean)").y_desc("Mpps").draw()?;
     for (kind, color) in switches(r) {
         let of = |f: &dyn Fn(&Measured) -> Option<f64>| -> Vec<(f64, f64)> {
-            r.measured.iter().filter(|m| m.switch == kind).filter_map(|m| Some((m.size as f64, f(m)? / 1e6))).collect()
+            // IMIX sits at its mean size.
+            let mut v: Vec<(f64, f64)> = r.measured.iter().filter(|m| m.switch == kind).filter_map(|m| Some((m.size.mean(), f(m)? / 1e6))).collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            v
         };
         chart
             .draw_series(LineSeries::new(of(&|m| m.ndr), color.stroke_width(3)))?
@@ -49,7 +53,7 @@ pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
 }
 
 /// p50 and p99 latency (µs) against offered load (Mpps) at one frame size.
-pub fn latency(r: &Results, size: usize, path: &Path) -> anyhow::Result<()> {
+pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyhow::Result<()> {
     let curve = |m: &Measured| -> Vec<Latency> {
         let mut v: Vec<Latency> = m.latency_curve.iter().chain(&m.latency).copied().collect();
         v.sort_by(|a, b| a.load.total_cmp(&b.load));

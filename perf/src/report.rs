@@ -56,7 +56,7 @@ pub fn markdown(r: &Results) -> String {
         c.min_supply * 100.0
     );
     for s in &r.summary {
-        let _ = writeln!(o, "## {} bytes\n", s.size);
+        let _ = writeln!(o, "## {}\n", heading(s.size));
         let _ = writeln!(o, "| switch | Mpps median | min – max | spread | × yardstick (median of rounds) | × OVS (median of rounds) | switch cycles/packet |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|");
         for w in &s.switches {
@@ -115,6 +115,14 @@ pub fn write_ndr(dir: &Path, r: &crate::ndr::Results) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A section's title for a frame size.
+fn heading(size: crate::frames::FrameSize) -> String {
+    match size {
+        crate::frames::FrameSize::Bytes(n) => format!("{n} bytes"),
+        crate::frames::FrameSize::Imix => "IMIX (64, 570 and 1518 bytes, 7 : 4 : 1; 353.83 bytes on average)".into(),
+    }
+}
+
 fn mpps(v: Option<f64>) -> String {
     v.map(|v| format!("{:.2}", v / 1e6)).unwrap_or_else(|| "—".into())
 }
@@ -170,7 +178,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let of = |k: Kind| here.iter().find(|m| m.switch == k);
         let ovs_ndr = of(Kind::Ovs).and_then(|m| m.ndr);
         let ovs_mrr = of(Kind::Ovs).map(|m| m.mrr.received);
-        let _ = writeln!(o, "## {size} bytes\n");
+        let _ = writeln!(o, "## {}\n", heading(size));
         let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × OVS | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × OVS | cycles/packet |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for m in &here {

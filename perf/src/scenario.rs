@@ -9,7 +9,7 @@
 //! scenario it forwards plain frames of the outer size (64 B inner: 114 B), as FD.io CSIT
 //! compares.
 
-use crate::frames::{self, A, B, Endpoint};
+use crate::frames::{self, A, B, Endpoint, FrameSize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -61,13 +61,15 @@ impl Scenario {
         matches!(self, Scenario::VxlanEncap | Scenario::VxlanDecap)
     }
 
-    /// The frames for a switch (`switching`: false for the yardstick), `size` bytes on the
-    /// wire (the inner frame's size in VXLAN scenarios), over `flows` UDP source ports.
-    pub fn traffic(self, switching: bool, size: usize, flows: u16) -> Traffic {
-        let wrap = |inner: &[u8], i: u16| frames::vxlan(PEER, LOCAL, VNI, 49152 + i, inner);
+    /// The frames for a switch (`switching`: false for the yardstick), `size` on the wire
+    /// (the inner frames' in VXLAN scenarios), over `flows` UDP source ports (the outer
+    /// one too in VXLAN, as a VTEP hashes the inner flow into it).
+    pub fn traffic(self, switching: bool, size: FrameSize, flows: u16) -> Traffic {
+        let wrap = |inner: &[u8], i: usize| frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner);
+        let sizes = size.pattern();
         match self {
             Scenario::L2 => Traffic {
-                offered: frames::flows(A, B, size, flows),
+                offered: frames::flows(A, B, &sizes, flows),
                 back: frames::udp(B, A, frames::MIN_SIZE, 1024),
                 reversed: false,
                 stamp_offered: UDP_PAYLOAD,
@@ -76,7 +78,7 @@ impl Scenario {
             _ if !switching => {
                 let grown = if self == Scenario::VlanPush { 4 } else { OVERHEAD };
                 Traffic {
-                    offered: frames::flows(A, B, size + grown, flows),
+                    offered: frames::flows(A, B, &size.grown(grown), flows),
                     back: frames::udp(B, A, frames::MIN_SIZE, 1024),
                     reversed: false,
                     stamp_offered: UDP_PAYLOAD,
@@ -84,7 +86,7 @@ impl Scenario {
                 }
             }
             Scenario::VlanPush => Traffic {
-                offered: frames::flows(A, B, size, flows),
+                offered: frames::flows(A, B, &sizes, flows),
                 // B speaks first, tagged, on the trunk.
                 back: frames::tagged(&frames::udp(B, A, frames::MIN_SIZE, 1024), VLAN),
                 reversed: false,
@@ -92,7 +94,7 @@ impl Scenario {
                 stamp_received: UDP_PAYLOAD + 4,
             },
             Scenario::VxlanEncap => Traffic {
-                offered: frames::flows(A, B, size, flows),
+                offered: frames::flows(A, B, &sizes, flows),
                 // From B behind the remote VTEP: the switch learns B there, and (OVS) the
                 // remote VTEP's MAC on the underlay.
                 back: wrap(&frames::udp(B, A, frames::MIN_SIZE, 1024), 0),
@@ -101,7 +103,7 @@ impl Scenario {
                 stamp_received: OVERHEAD + UDP_PAYLOAD,
             },
             Scenario::VxlanDecap => Traffic {
-                offered: frames::flows(B, A, size, flows).iter().enumerate().map(|(i, f)| wrap(f, i as u16)).collect(),
+                offered: frames::flows(B, A, &sizes, flows).iter().enumerate().map(|(i, f)| wrap(f, i)).collect(),
                 back: frames::udp(A, B, frames::MIN_SIZE, 1024),
                 reversed: true,
                 stamp_offered: OVERHEAD + UDP_PAYLOAD,
@@ -117,13 +119,13 @@ mod tests {
 
     #[test]
     fn each_scenario_offers_what_its_side_expects() {
-        let l2 = Scenario::L2.traffic(true, 64, 2);
+        let l2 = Scenario::L2.traffic(true, FrameSize::Bytes(64), 2);
         assert_eq!((l2.offered.len(), l2.offered[0].len(), l2.reversed), (2, 60, false));
-        let encap = Scenario::VxlanEncap.traffic(true, 64, 1);
+        let encap = Scenario::VxlanEncap.traffic(true, FrameSize::Bytes(64), 1);
         assert_eq!(encap.offered[0].len(), 60, "inner frames into the pod port");
         assert_eq!(encap.back.len(), 110, "the remote VTEP speaks VXLAN");
         assert_eq!(&encap.back[0..6], &LOCAL.mac);
-        let decap = Scenario::VxlanDecap.traffic(true, 64, 3);
+        let decap = Scenario::VxlanDecap.traffic(true, FrameSize::Bytes(64), 3);
         assert!(decap.reversed);
         // The stamps land in the inner UDP payload, never on a header the switch reads.
         for t in [&l2, &encap, &decap] {
@@ -133,10 +135,10 @@ mod tests {
         assert_eq!(decap.offered[0].len(), 110, "114 bytes on the wire");
         assert_ne!(decap.offered[0][34..36], decap.offered[1][34..36], "flows differ in the outer source port");
         assert_eq!(&decap.offered[0][50..56], &A.mac, "inner frames to the pod");
-        let vlan = Scenario::VlanPush.traffic(true, 64, 1);
+        let vlan = Scenario::VlanPush.traffic(true, FrameSize::Bytes(64), 1);
         assert_eq!((vlan.offered[0].len(), vlan.back.len()), (60, 64), "untagged in, B tagged on the trunk");
         assert_eq!(&vlan.back[12..16], &[0x81, 0, 0, 100]);
-        let yard = Scenario::VxlanDecap.traffic(false, 64, 1);
+        let yard = Scenario::VxlanDecap.traffic(false, FrameSize::Bytes(64), 1);
         assert_eq!((yard.offered[0].len(), yard.reversed), (110, false), "the yardstick forwards the outer size");
     }
 }
