@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod driver;
 pub mod frames;
+pub mod trial;
 pub mod mrr;
 pub mod ndr;
 pub mod ovs;
@@ -20,4 +21,6 @@ pub mod scenario;
 pub mod stats;
 pub mod switches;
 pub mod testpmd;
+pub mod veth;
 pub mod vgen;
+pub mod xgen;

@@ -16,7 +16,10 @@ use crate::scenario::Scenario;
 use crate::stats::{self, PDR_LOSS};
 use crate::switches::{Kind, Own, Running, Setup};
 use crate::testpmd::{Layout, Memory};
-use crate::vgen::{Outcome, Vgen};
+use crate::trial::{Generator, Outcome, Wire};
+use crate::veth::Veths;
+use crate::vgen::Vgen;
+use crate::xgen::Xgen;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -87,13 +90,17 @@ pub struct Latency {
     pub p999: f64,
     pub max: f64,
     pub samples: u64,
+    /// The switch's own cycles per packet over the trial (Knitter, OVS): what a switch
+    /// costs at the same offered load as the others.
+    #[serde(default)]
+    pub switch_cycles_per_packet: Option<f64>,
 }
 
 impl Latency {
     fn of(load: f64, o: &Outcome) -> Option<Latency> {
         let h = o.latency.as_ref().filter(|h| !h.is_empty())?;
         let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
-        Some(Latency { load, loss: o.loss(), p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: h.max() as f64 / 1e3, samples: h.len() })
+        Some(Latency { load, loss: o.loss(), p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: h.max() as f64 / 1e3, samples: h.len(), switch_cycles_per_packet: None })
     }
 }
 
@@ -123,21 +130,30 @@ pub struct Results {
     pub measured: Vec<Measured>,
 }
 
-/// A switch started and the generator connected to it, warmed up (learning done).
+/// A switch started and the generator connected to it, warmed up (learning done). Dropped
+/// in this order: generator, switch, then the veths (kernel scenario) they were on.
 struct Bench {
-    generator: Vgen,
+    generator: Generator,
     running: Running,
+    _veths: Option<Veths>,
 }
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
         let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario };
-        let (running, sockets) = Running::start(switch, &setup)?;
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
-        let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
-        let mut generator = Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages, cfg.layout.generator_cpu)?;
+        let (wire, running, veths): (Box<dyn Wire>, Running, Option<Veths>) = if cfg.scenario.is_kernel() {
+            let veths = Veths::new()?;
+            let running = Running::start_veth(switch, &setup, &veths)?;
+            (Box::new(Xgen::open(&veths, &t)?), running, Some(veths))
+        } else {
+            let (running, sockets) = Running::start(switch, &setup)?;
+            let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
+            (Box::new(Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages)?), running, None)
+        };
+        let mut generator = Generator::new(wire, cfg.layout.generator_cpu);
         generator.trial(None, Duration::from_millis(500), false)?;
-        Ok(Bench { generator, running })
+        Ok(Bench { generator, running, _veths: veths })
     }
 }
 
@@ -154,8 +170,10 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
         for m in measured.iter_mut().filter(|m| m.size == size) {
             let mut b = Bench::start(cfg, m.switch, size)?;
             let mut at = |load: f64| -> anyhow::Result<Option<Latency>> {
+                let before = b.running.own();
                 let o = b.generator.trial(Some(load), cfg.trial, true)?;
-                let l = Latency::of(load, &o);
+                let cycles = before.zip(b.running.own()).and_then(|(b, a)| Own::cycles_per_packet(b, a));
+                let l = Latency::of(load, &o).map(|l| Latency { switch_cycles_per_packet: cycles, ..l });
                 if let Some(l) = &l {
                     progress(&format!("{}@{size}: latency at {:.2} Mpps: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", m.switch.name(), load / 1e6, l.p50, l.p99, l.max));
                 }

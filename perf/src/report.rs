@@ -144,6 +144,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         crate::scenario::Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
         crate::scenario::Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
         crate::scenario::Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
+        crate::scenario::Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",
     };
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     let _ = writeln!(
@@ -157,16 +158,28 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         c.layout.generator_cpu,
         c.flows
     );
+    let generator = if c.scenario.is_kernel() {
+        format!(
+            "AF_XDP sockets, copy mode, on the generator's ends of two veth pairs whose other ends \
+             the switch serves (Knitter: AF_XDP or AF_PACKET ports; the Linux bridge; the yardstick: \
+             testpmd `io` forwarding between DPDK's `net_af_xdp` ports), rings of {} descriptors. On \
+             veth the kernel runs the receiving side's XDP program and copy inside the sender's \
+             `sendto`, so each CPU pays for the other side's receive, and the bridge runs entirely \
+             on the generator's CPU",
+            crate::trial::RING
+        )
+    } else {
+        format!("a vhost-user frontend on each socket, one queue pair of {} descriptors, VERSION_1 + MRG_RXBUF", crate::vgen::QUEUE)
+    };
+    let reference = if c.scenario.is_kernel() { Kind::Bridge } else { Kind::Ovs };
     let _ = writeln!(
         o,
-        "Method: Knitter's own generator (a vhost-user frontend on each socket, one pinned thread, \
-         one queue pair of {} descriptors, VERSION_1 + MRG_RXBUF) offers frames on A and counts \
+        "Method: Knitter's own generator ({generator}; one pinned thread) offers frames on A and counts \
          them on B. MRR: offering as fast as the switch takes frames, {} s. NDR (no loss) and PDR \
          (≤ 0.5 % loss) by binary search over {} s trials to {:.1} %, the NDR confirmed by one {} s \
          trial. Latency: every frame stamped with the TSC when offered, its age recorded on arrival \
          (HDR histogram), at half the size's lowest NDR for every switch alike. The generator's own \
-         ceiling is the yardstick's MRR (testpmd `io` forwarding between two `net_vhost` ports).\n",
-        crate::vgen::QUEUE,
+         ceiling is the yardstick's MRR (testpmd `io` forwarding: no switching).\n",
         c.trial.as_secs_f64(),
         c.trial.as_secs_f64(),
         c.precision * 100.0,
@@ -176,10 +189,11 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     for &size in &c.sizes {
         let here: Vec<&crate::ndr::Measured> = r.measured.iter().filter(|m| m.size == size).collect();
         let of = |k: Kind| here.iter().find(|m| m.switch == k);
-        let ovs_ndr = of(Kind::Ovs).and_then(|m| m.ndr);
-        let ovs_mrr = of(Kind::Ovs).map(|m| m.mrr.received);
+        let ref_ndr = of(reference).and_then(|m| m.ndr);
+        let ref_mrr = of(reference).map(|m| m.mrr.received);
         let _ = writeln!(o, "## {}\n", heading(size));
-        let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × OVS | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × OVS | cycles/packet |");
+        let r = reference.name();
+        let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × {r} | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × {r} | cycles/packet |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for m in &here {
             let _ = writeln!(
@@ -188,7 +202,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                 m.switch.name(),
                 m.mrr.received / 1e6,
                 m.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
-                if m.switch == Kind::Ovs { "—".into() } else { times(Some(m.mrr.received), ovs_mrr) },
+                if m.switch == reference { "—".into() } else { times(Some(m.mrr.received), ref_mrr) },
                 mpps(m.ndr),
                 mpps(m.pdr),
                 m.ndr_confirmed
@@ -197,20 +211,20 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                         _ => format!("{:.0} s: no loss", p.seconds),
                     })
                     .unwrap_or_else(|| "—".into()),
-                if m.switch == Kind::Ovs { "—".into() } else { times(m.ndr, ovs_ndr) },
+                if m.switch == reference { "—".into() } else { times(m.ndr, ref_ndr) },
                 m.switch_cycles_per_packet.map(|v| format!("{v:.0}")).unwrap_or_else(|| "—".into()),
             );
         }
         let _ = writeln!(o);
         if let Some(load) = here.iter().find_map(|m| m.latency.map(|l| l.load)) {
             let _ = writeln!(o, "Latency at {:.2} Mpps (µs):\n", load / 1e6);
-            let _ = writeln!(o, "| switch | p50 | p90 | p99 | p99.9 | max | loss | samples |");
-            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(o, "| switch | p50 | p90 | p99 | p99.9 | max | loss | samples | switch cycles/packet |");
+            let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
             for m in &here {
                 if let Some(l) = m.latency {
                     let _ = writeln!(
                         o,
-                        "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.4} % | {} |",
+                        "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.4} % | {} | {} |",
                         m.switch.name(),
                         l.p50,
                         l.p90,
@@ -218,7 +232,8 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                         l.p999,
                         l.max,
                         l.loss * 100.0,
-                        l.samples
+                        l.samples,
+                        l.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into())
                     );
                 }
             }

@@ -3,7 +3,9 @@
 //! VXLAN with the VTEP's underlay on the second vhost-user port, encapsulation (inner
 //! frames offered on the pod port, VXLAN frames counted on the underlay) and decapsulation
 //! (VXLAN frames offered on the underlay, inner frames counted on the pod port) measured
-//! separately. The switch under test is the VTEP `LOCAL`; the generator plays the remote
+//! separately; or plain L2 between two kernel interfaces (`veth`: veth pairs from the
+//! generator's namespace to the switch's, which serves them with AF_XDP or AF_PACKET
+//! ports, or bridges them). The switch under test is the VTEP `LOCAL`; the generator plays the remote
 //! VTEP `PEER` (a learning switch hears from it first, so the inner destination is known
 //! on both sides and nothing is flooded). The yardstick does no switching: in a VXLAN
 //! scenario it forwards plain frames of the outer size (64 B inner: 114 B), as FD.io CSIT
@@ -18,6 +20,8 @@ pub enum Scenario {
     VlanPush,
     VxlanEncap,
     VxlanDecap,
+    /// L2 between two veths (`veth.rs`), the generator on AF_XDP sockets at their other ends.
+    Veth,
 }
 
 /// The switch's VTEP and the remote one the generator plays.
@@ -54,7 +58,13 @@ impl Scenario {
             Scenario::VlanPush => "vlan-push",
             Scenario::VxlanEncap => "vxlan-encap",
             Scenario::VxlanDecap => "vxlan-decap",
+            Scenario::Veth => "veth",
         }
+    }
+
+    /// Whether the switch's ports are kernel interfaces (veths), not vhost-user sockets.
+    pub fn is_kernel(self) -> bool {
+        self == Scenario::Veth
     }
 
     pub fn is_vxlan(self) -> bool {
@@ -68,7 +78,7 @@ impl Scenario {
         let wrap = |inner: &[u8], i: usize| frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner);
         let sizes = size.pattern();
         match self {
-            Scenario::L2 => Traffic {
+            Scenario::L2 | Scenario::Veth => Traffic {
                 offered: frames::flows(A, B, &sizes, flows),
                 back: frames::udp(B, A, frames::MIN_SIZE, 1024),
                 reversed: false,

@@ -3,10 +3,14 @@
 //! dropped: **Knitter** (`knitter-vswitchd`, one busy PMD thread, two vhost-user ports in
 //! one bridge domain with MAC learning; its PMD cycles and drops read over its API) and the
 //! **yardstick** (testpmd's own `net_vhost` `io` forwarding). The switch listens on both
-//! sockets; the generator connects.
+//! sockets; the generator connects. In the kernel-interface scenario the switch serves the
+//! switch-side ends of two veths instead (`veth.rs`): Knitter with AF_XDP ports or (as
+//! `knitter-afpacket`) AF_PACKET ones, the Linux **bridge**, and the yardstick on DPDK's
+//! own AF_XDP ports.
 
 use crate::scenario::{self, Scenario};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
+use crate::veth::{SW_A, SW_B, Veths};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,6 +25,10 @@ pub enum Kind {
     /// knitter-vswitchd from another build (`--baseline PATH`): a change measured against
     /// the build before it in the same window.
     Baseline,
+    /// Knitter with AF_PACKET ports (kernel-interface scenario only).
+    KnitterAfpacket,
+    /// The Linux bridge (kernel-interface scenario only): no process, no counters.
+    Bridge,
 }
 
 impl Kind {
@@ -30,6 +38,8 @@ impl Kind {
             Kind::Yardstick => "yardstick",
             Kind::Ovs => "ovs",
             Kind::Baseline => "baseline",
+            Kind::KnitterAfpacket => "knitter-afpacket",
+            Kind::Bridge => "bridge",
         }
     }
 }
@@ -63,6 +73,8 @@ pub enum Running {
     Knitter { child: Child, api: PathBuf },
     Yardstick(Testpmd),
     Ovs(crate::ovs::Ovs),
+    /// The Linux bridge in the switch namespace: it goes with the namespace.
+    Bridge,
 }
 
 /// Where the binaries are: next to this one (`cargo build --release --workspace`).
@@ -102,24 +114,10 @@ impl Running {
             }
             Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
             Kind::Knitter | Kind::Baseline => {
-                let api = work.join("knitter.sock");
-                let conf = work.join("knitter.toml");
-                std::fs::write(&conf, knitter_config(&api, &s, mem, layout, setup.scenario))?;
-                let bin = match (kind, setup.baseline) {
-                    (Kind::Baseline, Some(b)) => b.to_path_buf(),
-                    (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
-                    _ => sibling("knitter-vswitchd"),
-                };
-                let child = testpmd::die_with_parent(&mut Command::new(&bin))
-                    .arg("--config")
-                    .arg(&conf)
-                    .env("RUST_LOG", "warn")
-                    .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(work.join("knitter.log"))?)
-                    .spawn()
-                    .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
-                (Running::Knitter { child, api }, s)
+                let running = Running::knitter(kind, setup, &knitter_config(&work.join("knitter.sock"), &s, mem, layout, setup.scenario))?;
+                (running, s)
             }
+            Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(s.a.exists() && s.b.exists()) {
@@ -129,12 +127,63 @@ impl Running {
         Ok((running, s))
     }
 
+    /// Starts `kind` on the switch ends of `veths` (the kernel-interface scenario).
+    pub fn start_veth(kind: Kind, setup: &Setup, veths: &Veths) -> anyhow::Result<Running> {
+        let (work, mem, layout) = (setup.work, setup.memory, setup.layout);
+        let ns = &veths.switch.name;
+        match kind {
+            Kind::Bridge => {
+                veths.bridge()?;
+                Ok(Running::Bridge)
+            }
+            Kind::Yardstick => Ok(Running::Yardstick(testpmd::yardstick_af_xdp(work, ns, SW_A, SW_B, mem, layout)?)),
+            Kind::Ovs => anyhow::bail!("Open vSwitch on veths (its afxdp ports) is not set up by knitter-perf yet"),
+            Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => {
+                let device = if kind == Kind::KnitterAfpacket { "af_packet" } else { "af_xdp" };
+                let port = |name: &str, ifname: &str| access_port(name, &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#));
+                let api = work.join("knitter.sock");
+                let conf = daemon_config(&api, mem, layout) + L2_BRIDGE + &port("a", SW_A) + &port("b", SW_B);
+                let running = Running::knitter(kind, setup, &conf)?;
+                // The ports open once the daemon runs: wait until both serve.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while running.own().is_none() {
+                    anyhow::ensure!(Instant::now() < deadline, "knitter-vswitchd never answered on its API (see knitter.log)");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Ok(running)
+            }
+        }
+    }
+
+    /// knitter-vswitchd (or the baseline build) with `config`.
+    fn knitter(kind: Kind, setup: &Setup, config: &str) -> anyhow::Result<Running> {
+        let work = setup.work;
+        let api = work.join("knitter.sock");
+        let _ = std::fs::remove_file(&api);
+        let conf = work.join("knitter.toml");
+        std::fs::write(&conf, config)?;
+        let bin = match (kind, setup.baseline) {
+            (Kind::Baseline, Some(b)) => b.to_path_buf(),
+            (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
+            _ => sibling("knitter-vswitchd"),
+        };
+        let child = testpmd::die_with_parent(&mut Command::new(&bin))
+            .arg("--config")
+            .arg(&conf)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(work.join("knitter.log"))?)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
+        Ok(Running::Knitter { child, api })
+    }
+
     /// The switch's own counters, when it has an API for them.
     pub fn own(&self) -> Option<Own> {
         let api = match self {
             Running::Knitter { api, .. } => api,
             Running::Ovs(ovs) => return ovs.own(),
-            Running::Yardstick(_) => return None,
+            Running::Yardstick(_) | Running::Bridge => return None,
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
         let reply = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default())).await }).ok()?.ok()?.into_inner();
@@ -155,10 +204,9 @@ impl Drop for Running {
     }
 }
 
-/// knitter-vswitchd for one trial: no state, no metrics, one busy PMD on the switch CPU,
-/// two vhost-user servers in one bridge domain.
-fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario: Scenario) -> String {
-    let mut c = format!(
+/// knitter-vswitchd for one trial: no state, no metrics, one busy PMD on the switch CPU.
+fn daemon_config(api: &Path, mem: Memory, layout: Layout) -> String {
+    format!(
         r#"state_file = ""
 [api]
 socket = "{api}"
@@ -171,16 +219,24 @@ buffers = 16384
 hugepages = {huge}
 [metrics]
 listen = ""
-[[ports]]
-name = "a"
-device = {{ kind = "vhost_user", socket = "{a}" }}
-mode = {{ kind = "access", bridge = "l2" }}
 "#,
         api = api.display(),
         cpu = layout.switch_cpu,
         huge = mem == Memory::Hugepages,
-        a = s.a.display(),
-    );
+    )
+}
+
+const L2_BRIDGE: &str = "[[bridges]]\nname = \"l2\"\n";
+
+/// Port `name` on `device` (the inside of its TOML table), an access port of bridge `l2`.
+fn access_port(name: &str, device: &str) -> String {
+    format!("[[ports]]\nname = \"{name}\"\ndevice = {{ {device} }}\nmode = {{ kind = \"access\", bridge = \"l2\" }}\n")
+}
+
+/// The daemon with pod port A on socket `s.a` and, for the scenario, what `s.b` is:
+/// another pod port, a trunk, or the VTEP's underlay.
+fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario: Scenario) -> String {
+    let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()));
     let b = s.b.display();
     if scenario.is_vxlan() {
         let (local, peer) = (scenario::LOCAL, scenario::PEER);
@@ -218,15 +274,8 @@ mode = {{ kind = "trunk", allowed = [{vlan}] }}
             vlan = scenario::VLAN
         );
     } else {
-        c += &format!(
-            r#"[[bridges]]
-name = "l2"
-[[ports]]
-name = "b"
-device = {{ kind = "vhost_user", socket = "{b}" }}
-mode = {{ kind = "access", bridge = "l2" }}
-"#
-        );
+        c += L2_BRIDGE;
+        c += &access_port("b", &format!(r#"kind = "vhost_user", socket = "{b}""#));
     }
     c
 }

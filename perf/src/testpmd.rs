@@ -68,9 +68,18 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
 }
 
 impl Testpmd {
-    fn spawn(out: PathBuf, prefix: &str, args: &[String]) -> anyhow::Result<Testpmd> {
+    /// Starts dpdk-testpmd (inside network namespace `netns` when given).
+    fn spawn(out: PathBuf, prefix: &str, args: &[String], netns: Option<&str>) -> anyhow::Result<Testpmd> {
         let log = std::fs::File::create(&out)?;
-        let mut child = die_with_parent(&mut Command::new("stdbuf"))
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "stdbuf"]);
+                c
+            }
+            None => Command::new("stdbuf"),
+        };
+        let mut child = die_with_parent(&mut cmd)
             .args(["-oL", "-eL", "dpdk-testpmd"])
             .arg(format!("--file-prefix={prefix}"))
             .args(args)
@@ -192,7 +201,7 @@ impl Generator {
         args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
         args.push("--vdev=net_null0,no-rx=1".into());
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384"].map(String::from));
-        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args)?;
+        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
         t.say("start tx_first");
@@ -236,6 +245,21 @@ fn last_count(out: &str, port: u16, field: &str) -> Option<u64> {
 
 /// The yardstick: testpmd forwarding between two `net_vhost` servers on `a_sock`, `b_sock`.
 pub fn yardstick(work: &Path, a_sock: &Path, b_sock: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
+    let vdevs = [format!("net_vhost0,iface={},queues=1", a_sock.display()), format!("net_vhost1,iface={},queues=1", b_sock.display())];
+    io_forwarding(work, &vdevs, None, mem, layout)
+}
+
+/// The yardstick on kernel interfaces: testpmd's `io` forwarding between DPDK's own AF_XDP
+/// ports on `a_if` and `b_if` in network namespace `netns` (DPDK loads its default XDP
+/// program: every frame of queue 0 to the socket).
+pub fn yardstick_af_xdp(work: &Path, netns: &str, a_if: &str, b_if: &str, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
+    let vdevs = [format!("net_af_xdp0,iface={a_if},start_queue=0,queue_count=1"), format!("net_af_xdp1,iface={b_if},start_queue=0,queue_count=1")];
+    io_forwarding(work, &vdevs, Some(netns), mem, layout)
+}
+
+/// testpmd forwarding between two ports (`io`: no switching), its forwarding core on the
+/// switch CPU.
+fn io_forwarding(work: &Path, vdevs: &[String; 2], netns: Option<&str>, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
     let mut args: Vec<String> = vec![
         "-l".into(),
         format!("{},{}", layout.generator_cpu, layout.switch_cpu),
@@ -244,10 +268,9 @@ pub fn yardstick(work: &Path, a_sock: &Path, b_sock: &Path, mem: Memory, layout:
         "--no-pci".into(),
     ];
     args.extend(mem.eal().iter().map(|s| s.to_string()));
-    args.push(format!("--vdev=net_vhost0,iface={},queues=1", a_sock.display()));
-    args.push(format!("--vdev=net_vhost1,iface={},queues=1", b_sock.display()));
+    args.extend(vdevs.iter().map(|v| format!("--vdev={v}")));
     args.extend(["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"].map(String::from));
-    let mut t = Testpmd::spawn(work.join("yardstick.out"), "kp-yardstick", &args)?;
+    let mut t = Testpmd::spawn(work.join("yardstick.out"), "kp-yardstick", &args, netns)?;
     t.wait_for("testpmd>", Duration::from_secs(30))?;
     t.say("start");
     Ok(t)

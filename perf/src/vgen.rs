@@ -1,6 +1,6 @@
-//! Knitter's own traffic generator: a vhost-user frontend on each of the switch's two
-//! sockets (A offers, B receives), as a DPDK VNF's virtio-user would be, driven by one
-//! thread pinned to the generator CPU. It maps its own memory (a memfd, on hugepages when
+//! Knitter's own traffic generator on vhost-user: a frontend on each of the switch's two
+//! sockets (A offers, B receives), as a DPDK VNF's virtio-user would be, driven by the
+//! trial loop of [`crate::trial`] on one thread pinned to the generator CPU. It maps its own memory (a memfd, on hugepages when
 //! asked), offers prepared frames at a set rate or as fast as it can, and counts what comes
 //! out of B. In latency trials every frame carries the TSC at the moment it was offered
 //! and B records its age in an HDR histogram.
@@ -16,12 +16,12 @@
 
 use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
 use crate::scenario::Traffic;
+use crate::trial::{Wire, record_age, tsc};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::time::{Duration, Instant};
 use knitter_vhost::backend::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -31,9 +31,7 @@ use vmm_sys_util::eventfd::EventFd;
 /// Descriptors per queue: the most virtio-user and the switches take (FD.io CSIT's vhost
 /// tests use 1024 too). A switch's PMD or the generator that misses a turn (this VM's vCPUs
 /// do, for up to milliseconds) overflows a small ring at once: loss the NDR would count.
-pub const QUEUE: u16 = 1024;
-/// Frames offered per burst at most.
-const BURST: usize = 32;
+pub const QUEUE: u16 = crate::trial::RING as u16;
 const BUF: u64 = 2048;
 const HDR_LEN: usize = knitter_vhost::net::HDR_LEN;
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
@@ -60,58 +58,7 @@ impl Port {
     }
 }
 
-/// What one trial gave.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Outcome {
-    /// Frames offered on A and received on B in the trial (those still in flight at its
-    /// end were waited for).
-    pub sent: u64,
-    pub received: u64,
-    /// Bytes of the frames received (without the virtio-net header): a check that what
-    /// came out is what the scenario expects (VXLAN adds 50 bytes).
-    pub received_bytes: u64,
-    /// Frames that came back out of A (floods while the switch learns).
-    pub stray: u64,
-    /// The trial's length (offering).
-    pub seconds: f64,
-    /// Frame ages on arrival, nanoseconds (latency trials only).
-    #[serde(skip)]
-    pub latency: Option<Histogram<u64>>,
-    /// Completions from the switch that named no descriptor (a switch bug).
-    pub bad_completions: u64,
-    /// The longest the generator's loop went without running, µs: when the VM took its
-    /// CPU away for longer than B's ring lasts at the offered rate, the switch had to drop
-    /// and the loss is the machine's, not the switch's.
-    pub longest_gap_us: f64,
-}
-
-impl Outcome {
-    pub fn offered_pps(&self) -> f64 {
-        self.sent as f64 / self.seconds.max(1e-9)
-    }
-
-    /// Bytes per frame received (no FCS), when any came.
-    pub fn frame_bytes(&self) -> Option<f64> {
-        (self.received > 0).then(|| self.received_bytes as f64 / self.received as f64)
-    }
-
-    pub fn received_pps(&self) -> f64 {
-        self.received as f64 / self.seconds.max(1e-9)
-    }
-
-    /// Whether the generator stopped running for longer than B's ring lasts at the rate
-    /// it offered (so a loss may be the machine's).
-    pub fn starved(&self) -> bool {
-        let ring_us = QUEUE as f64 / self.offered_pps().max(1.0) * 1e6;
-        self.longest_gap_us > ring_us
-    }
-
-    pub fn loss(&self) -> f64 {
-        if self.sent == 0 { 0.0 } else { self.sent.saturating_sub(self.received) as f64 / self.sent as f64 }
-    }
-}
-
-/// The generator, connected to a switch's two sockets.
+/// The generator's wire: frontends on a switch's two sockets.
 pub struct Vgen {
     mem: Shared,
     a: Port,
@@ -121,8 +68,6 @@ pub struct Vgen {
     free: VecDeque<u16>,
     /// B's, for the learning frames.
     b_free: Vec<u16>,
-    cpu: usize,
-    tsc_hz: f64,
     /// Where the latency stamp goes in an offered frame and is read in a received one
     /// (the inner UDP payload: the frames carry no UDP checksum, so it keeps them valid).
     stamps: [usize; 2],
@@ -132,7 +77,7 @@ impl Vgen {
     /// Connects to `a_sock` and `b_sock` (vhost-user servers), offering the traffic's frames
     /// (in turn) on A; its `back` frame is what B sends now and then so a learning switch
     /// knows where B is.
-    pub fn connect(a_sock: &Path, b_sock: &Path, traffic: &Traffic, huge: bool, cpu: usize) -> anyhow::Result<Vgen> {
+    pub fn connect(a_sock: &Path, b_sock: &Path, traffic: &Traffic, huge: bool) -> anyhow::Result<Vgen> {
         let (frames, back) = (&traffic.offered, &traffic.back);
         anyhow::ensure!(!frames.is_empty(), "no frames to offer");
         let stamps = [traffic.stamp_offered, traffic.stamp_received];
@@ -148,7 +93,7 @@ impl Vgen {
         };
         let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
         let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
-        let mut g = Vgen { mem, a, b, free: VecDeque::with_capacity(QUEUE as usize), b_free: Vec::new(), cpu, tsc_hz: tsc_hz(), stamps };
+        let mut g = Vgen { mem, a, b, free: VecDeque::with_capacity(QUEUE as usize), b_free: Vec::new(), stamps };
         for i in 0..QUEUE {
             let f = &frames[i as usize % frames.len()];
             let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
@@ -180,76 +125,15 @@ impl Vgen {
         Ok(i)
     }
 
-    /// Offers frames on A for `dur` at `rate` frames per second (`None`: as fast as the
-    /// switch takes them), then waits for the ones in flight. `latency` stamps every frame
-    /// and records ages.
-    pub fn trial(&mut self, rate: Option<f64>, dur: Duration, latency: bool) -> anyhow::Result<Outcome> {
-        let cpu = self.cpu;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                crate::cpu::pin(cpu)?;
-                Ok(self.run(rate, dur, latency))
-            })
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the generator thread panicked")))
-        })
-    }
-
-    fn run(&mut self, rate: Option<f64>, dur: Duration, latency: bool) -> Outcome {
-        self.learn();
-        let mut hist = latency.then(|| Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds"));
-        let per_cycle = rate.map(|r| r / self.tsc_hz);
-        let ns_per_cycle = 1e9 / self.tsc_hz;
-        let (t0, span) = (tsc(), (dur.as_secs_f64() * self.tsc_hz) as u64);
-        let (mut sent, mut received, mut stray, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        let (mut now, mut gap) = (t0, 0u64);
-        let (mut tokens, mut filled) = (0.0f64, t0);
-        while now.wrapping_sub(t0) < span {
-            self.reclaim();
-            let mut k = self.free.len().min(BURST);
-            if let Some(pc) = per_cycle {
-                // A token bucket two bursts deep: after a stall (this VM takes its vCPUs away
-                // for milliseconds) the generator does not catch up in one flood, which a
-                // constant-rate generator on real hardware would never send either.
-                tokens = (tokens + now.wrapping_sub(filled) as f64 * pc).min(2.0 * BURST as f64);
-                filled = now;
-                k = k.min(tokens as usize);
-                tokens -= k as f64;
-            }
-            for _ in 0..k {
-                let Some(h) = self.free.pop_front() else { break };
-                if latency {
-                    self.stamp(h, tsc());
-                }
-                self.a.tx.post(h);
-                sent += 1;
-            }
-            if k > 0 && self.a.tx.publish() {
-                self.a.kick(1);
-            }
-            let (n, b) = self.receive(hist.as_mut(), ns_per_cycle);
-            (received, bytes) = (received + n, bytes + b);
-            stray += self.drain_a();
-            let t = tsc();
-            gap = gap.max(t.wrapping_sub(now));
-            now = t;
+    #[inline]
+    fn stamp(&self, h: u16, t: u64) {
+        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64, 8) {
+            b.copy_from_slice(&t.to_le_bytes());
         }
-        let seconds = now.wrapping_sub(t0) as f64 / self.tsc_hz;
-        // The frames in flight: wait until B has them all, or nothing came for 20 ms.
-        let mut quiet = Instant::now();
-        while received < sent && quiet.elapsed() < Duration::from_millis(20) {
-            let (n, b) = self.receive(hist.as_mut(), ns_per_cycle);
-            if n > 0 {
-                (received, bytes) = (received + n, bytes + b);
-                quiet = Instant::now();
-            }
-            stray += self.drain_a();
-            self.reclaim();
-        }
-        let bad = [&self.a.rx, &self.a.tx, &self.b.rx, &self.b.tx].iter().map(|q| q.bad_completions).sum();
-        Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: hist, bad_completions: bad, longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
     }
+}
 
+impl Wire for Vgen {
     /// One frame from B, so a learning switch knows where B is (and keeps knowing).
     fn learn(&mut self) {
         let n = self.b.tx.completed();
@@ -266,26 +150,36 @@ impl Vgen {
         }
     }
 
-    /// A's transmit descriptors the switch is done with.
+    /// A's transmit descriptors the switch is done with come back first.
     #[inline]
-    fn reclaim(&mut self) {
+    fn room(&mut self) -> usize {
         let n = self.a.tx.completed();
         for _ in 0..n {
             if let Some((h, _)) = self.a.tx.take_used() {
                 self.free.push_back(h);
             }
         }
+        self.free.len()
     }
 
     #[inline]
-    fn stamp(&self, h: u16, t: u64) {
-        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64, 8) {
-            b.copy_from_slice(&t.to_le_bytes());
+    fn offer(&mut self, k: usize, stamp: bool) -> usize {
+        let mut sent = 0;
+        for _ in 0..k {
+            let Some(h) = self.free.pop_front() else { break };
+            if stamp {
+                self.stamp(h, tsc());
+            }
+            self.a.tx.post(h);
+            sent += 1;
         }
+        if sent > 0 && self.a.tx.publish() {
+            self.a.kick(1);
+        }
+        sent
     }
 
-    /// Frames out of B: counted (and aged), their buffers posted again; how many and their
-    /// bytes.
+    /// Frames out of B: counted (and aged), their buffers posted again.
     #[inline]
     fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> (u64, u64) {
         let n = self.b.rx.completed();
@@ -300,8 +194,7 @@ impl Vgen {
                 && len as usize >= HDR_LEN + self.stamps[1] + 8
                 && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
             {
-                let sent = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
-                hist.saturating_record((now.saturating_sub(sent) as f64 * ns_per_cycle) as u64);
+                record_age(hist, b, now, ns_per_cycle);
             }
             self.b.rx.post(h);
         }
@@ -313,7 +206,7 @@ impl Vgen {
 
     /// Frames out of A (floods before the switch learned B): counted, buffers reposted.
     #[inline]
-    fn drain_a(&mut self) -> u64 {
+    fn drain_stray(&mut self) -> u64 {
         let n = self.a.rx.completed();
         for _ in 0..n {
             if let Some((h, _)) = self.a.rx.take_used() {
@@ -324,6 +217,10 @@ impl Vgen {
             self.a.kick(0);
         }
         n as u64
+    }
+
+    fn bad_completions(&self) -> u64 {
+        [&self.a.rx, &self.a.tx, &self.b.rx, &self.b.tx].iter().map(|q| q.bad_completions).sum()
     }
 }
 
@@ -381,25 +278,3 @@ fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Re
     Ok(Port { _fe: fe, rx, tx, kicks, _calls: calls })
 }
 
-#[inline(always)]
-fn tsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: rdtsc has no memory effects and exists on every x86-64 CPU.
-    unsafe {
-        std::arch::x86_64::_rdtsc()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        use std::sync::OnceLock;
-        static T0: OnceLock<Instant> = OnceLock::new();
-        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-}
-
-/// The TSC's rate, against the monotonic clock over 100 ms.
-fn tsc_hz() -> f64 {
-    let (i0, t0) = (Instant::now(), tsc());
-    std::thread::sleep(Duration::from_millis(100));
-    let (i1, t1) = (Instant::now(), tsc());
-    t1.wrapping_sub(t0) as f64 / (i1 - i0).as_secs_f64()
-}

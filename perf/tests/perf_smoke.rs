@@ -1,8 +1,8 @@
 //! Short smoke runs of knitter-perf as a user runs it, seconds each: the L2 MRR comparison
 //! (testpmd as the generator, Knitter against the yardstick), and `ndr` with Knitter's own
-//! generator in the L2 and both VXLAN scenarios. They check the plumbing (frames come out,
-//! searches and latency trials happen, Knitter's counters are read, the report is
-//! written), never a number. Need root (and dpdk-testpmd for the MRR run): they fail under
+//! generator in the L2 (with IMIX), VLAN, both VXLAN and the veth scenarios. They check the
+//! plumbing (frames come out, searches and latency trials happen, Knitter's counters are
+//! read, the report is written), never a number. Need root (and dpdk-testpmd for the MRR run): they fail under
 //! CI without them and skip elsewhere; in the `serial` nextest group (PMD threads).
 
 use std::process::Command;
@@ -95,4 +95,30 @@ fn short_vlan_and_vxlan_runs_tag_encapsulate_and_decapsulate() {
         assert_eq!(r["config"]["scenario"], scenario);
         assert!(md.contains("VXLAN") || md.contains("VLAN"), "{md}");
     }
+}
+
+/// The kernel-interface scenario: the generator on AF_XDP sockets at one end of two veth
+/// pairs, and at the other Knitter (AF_XDP ports, then AF_PACKET ports), the Linux bridge
+/// and the yardstick on DPDK's AF_XDP ports: frames come out whole through each, and
+/// Knitter's cycles are read at the common load too.
+#[test]
+fn a_short_veth_run_forwards_through_kernel_ports_and_the_bridge() {
+    if !can_run(true) {
+        return;
+    }
+    let (r, md) = knitter_perf(&[
+        "ndr", "--scenario", "veth", "--switches", "knitter,knitter-afpacket,bridge,yardstick", "--sizes", "64", "--trial", "0.3", "--confirm", "0",
+        "--precision", "0.5",
+    ]);
+    let measured = r["measured"].as_array().unwrap();
+    assert_eq!(measured.len(), 4, "{r}");
+    for m in measured {
+        assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "nothing came through: {m}");
+        assert_eq!(m["mrr"]["frame_bytes"].as_f64().map(f64::round), Some(60.0), "{m}");
+        assert!(m["latency"]["p50"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    for m in &measured[..2] {
+        assert!(m["latency"]["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's cycles at the common load: {m}");
+    }
+    assert!(md.contains("| bridge |") && md.contains("× bridge"), "{md}");
 }
