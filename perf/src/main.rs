@@ -31,6 +31,9 @@ struct Common {
     generator_cpu: usize,
     #[arg(long, default_value_t = 1)]
     switch_cpu: usize,
+    /// The second switch's PMD in `--scenario vxlan-2vteps` (default: the switch CPU, shared).
+    #[arg(long)]
+    second_switch_cpu: Option<usize>,
     /// auto: hugepages when 1 100 are free.
     #[arg(long, default_value = "auto")]
     memory: String,
@@ -45,7 +48,7 @@ struct Common {
 impl Common {
     fn layout(&self) -> anyhow::Result<Layout> {
         anyhow::ensure!(self.generator_cpu != self.switch_cpu, "the generator and the switch need a CPU each");
-        Ok(Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu })
+        Ok(Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu, second_switch_cpu: self.second_switch_cpu })
     }
 
     fn memory(&self) -> anyhow::Result<Memory> {

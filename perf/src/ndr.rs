@@ -17,7 +17,7 @@ use crate::stats::{self, PDR_LOSS};
 use crate::switches::{Kind, Own, Running, Setup};
 use crate::testpmd::{Layout, Memory};
 use crate::trial::{Generator, Outcome, Wire};
-use crate::veth::Veths;
+use crate::veth::{Underlay, Veths};
 use crate::vgen::Vgen;
 use crate::xgen::Xgen;
 use serde::Serialize;
@@ -136,24 +136,37 @@ struct Bench {
     generator: Generator,
     running: Running,
     _veths: Option<Veths>,
+    _underlay: Option<Underlay>,
 }
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
         let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
-        let (wire, running, veths): (Box<dyn Wire>, Running, Option<Veths>) = if cfg.scenario.is_kernel() {
-            let veths = Veths::new()?;
-            let running = Running::start_veth(switch, &setup, &veths)?;
-            (Box::new(Xgen::open(&veths, &t)?), running, Some(veths))
+        let (mut veths, mut underlay) = (None, None);
+        let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {
+            let v = veths.insert(Veths::new()?);
+            let running = Running::start_veth(switch, &setup, v)?;
+            (Box::new(Xgen::open(v, &t)?), running)
         } else {
-            let (running, sockets) = Running::start(switch, &setup)?;
+            let (running, sockets) = if cfg.scenario == Scenario::VxlanTwoVteps {
+                Running::start_two_vteps(switch, &setup, underlay.insert(Underlay::new()?))?
+            } else {
+                Running::start(switch, &setup)?
+            };
             let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
-            (Box::new(Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages)?), running, None)
+            (Box::new(Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages)?), running)
         };
         let mut generator = Generator::new(wire, cfg.layout.generator_cpu);
-        generator.trial(None, Duration::from_millis(500), false)?;
-        Ok(Bench { generator, running, _veths: veths })
+        // Warm up until frames come through: learning, and in the two-VTEP scenario ARP
+        // between the VTEPs (a request lost while the other switch was still opening its
+        // underlay is asked again a second later).
+        for _ in 0..10 {
+            if generator.trial(None, Duration::from_millis(500), false)?.received > 0 {
+                break;
+            }
+        }
+        Ok(Bench { generator, running, _veths: veths, _underlay: underlay })
     }
 }
 

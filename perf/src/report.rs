@@ -145,6 +145,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         crate::scenario::Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
         crate::scenario::Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
         crate::scenario::Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",
+        crate::scenario::Scenario::VxlanTwoVteps => "VXLAN between two Knitter switches (vhost-user pod → VTEP → AF_XDP veth underlay → VTEP → vhost-user pod)",
     };
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     let _ = writeln!(

@@ -22,6 +22,12 @@ pub enum Scenario {
     VxlanDecap,
     /// L2 between two veths (`veth.rs`), the generator on AF_XDP sockets at their other ends.
     Veth,
+    /// Two Knitter switches as VTEPs, a vhost-user pod on each, VXLAN between them over a
+    /// veth underlay served by AF_XDP ports (each switch answers ARP for its VTEP address
+    /// and resolves the other's): pod → encap → underlay → decap → pod.
+    #[value(name = "vxlan-2vteps")]
+    #[serde(rename = "vxlan-2vteps")]
+    VxlanTwoVteps,
 }
 
 /// The switch's VTEP and the remote one the generator plays.
@@ -59,6 +65,7 @@ impl Scenario {
             Scenario::VxlanEncap => "vxlan-encap",
             Scenario::VxlanDecap => "vxlan-decap",
             Scenario::Veth => "veth",
+            Scenario::VxlanTwoVteps => "vxlan-2vteps",
         }
     }
 
@@ -78,7 +85,7 @@ impl Scenario {
         let wrap = |inner: &[u8], i: usize| frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner);
         let sizes = size.pattern();
         match self {
-            Scenario::L2 | Scenario::Veth => Traffic {
+            Scenario::L2 | Scenario::Veth | Scenario::VxlanTwoVteps => Traffic {
                 offered: frames::flows(A, B, &sizes, flows),
                 back: frames::udp(B, A, frames::MIN_SIZE, 1024),
                 reversed: false,

@@ -10,7 +10,8 @@
 
 use crate::scenario::{self, Scenario};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
-use crate::veth::{SW_A, SW_B, Veths};
+use crate::frames::Endpoint;
+use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, Underlay, Veths};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -75,6 +76,8 @@ pub enum Running {
     Ovs(crate::ovs::Ovs),
     /// The Linux bridge in the switch namespace: it goes with the namespace.
     Bridge,
+    /// Two switches in one scenario (two VTEPs).
+    Pair(Box<[Running; 2]>),
 }
 
 /// Where the binaries are: next to this one (`cargo build --release --workspace`).
@@ -119,11 +122,7 @@ impl Running {
             }
             Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(s.a.exists() && s.b.exists()) {
-            anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets", kind.name());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(&[&s.a, &s.b], kind)?;
         Ok((running, s))
     }
 
@@ -155,12 +154,48 @@ impl Running {
         }
     }
 
+    /// Two Knitter switches as VTEPs on `underlay`'s nodes, each with one vhost-user pod
+    /// port (`a` on the first, `b` on the second); the second switch's PMD on the layout's
+    /// `second_switch_cpu` (else sharing the switch CPU).
+    pub fn start_two_vteps(kind: Kind, setup: &Setup, underlay: &Underlay) -> anyhow::Result<(Running, Sockets)> {
+        anyhow::ensure!(matches!(kind, Kind::Knitter | Kind::Baseline), "--scenario vxlan-2vteps runs Knitter switches only, not {}", kind.name());
+        let (work, mem, layout) = (setup.work, setup.memory, setup.layout);
+        let s = Sockets { a: work.join("a.sock"), b: work.join("b.sock") };
+        let (local, peer) = (scenario::LOCAL, scenario::PEER);
+        let shared = layout.second_switch_cpu.is_none_or(|c| c == layout.switch_cpu);
+        let node = |i: usize, sock: &Path, ifname: &str, me: Endpoint, other: Endpoint| -> anyhow::Result<Running> {
+            let _ = std::fs::remove_file(sock);
+            let tag = format!("knitter{}", i + 1);
+            let cpu = if i == 0 { layout.switch_cpu } else { layout.second_switch_cpu.unwrap_or(layout.switch_cpu) };
+            let layout = Layout { switch_cpu: cpu, ..layout };
+            let ns = &underlay.nodes[i].name;
+            // Two busy loops on one CPU would each hold it for a scheduler slice (ms) while the
+            // other's rings overflow: sharing a CPU, they sleep as soon as they find nothing.
+            let idle = if shared { r#"{ policy = "adaptive", spin_us = 0, max_sleep_us = 1000 }"# } else { r#"{ policy = "busy" }"# };
+            let mut conf = daemon_config_idle(&work.join(format!("{tag}.sock")), mem, layout, idle);
+            conf += &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()));
+            // No next hop given: each switch answers ARP for its own VTEP address and asks for the other's.
+            conf += &vxlan_node(&format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#), me, other, false);
+            Running::knitter_as(&tag, kind, setup, &conf)
+        };
+        let first = node(0, &s.a, NODE_1, local, peer)?;
+        let second = node(1, &s.b, NODE_2, peer, local)?;
+        let running = Running::Pair(Box::new([first, second]));
+        wait_for(&[&s.a, &s.b], kind)?;
+        Ok((running, s))
+    }
+
     /// knitter-vswitchd (or the baseline build) with `config`.
     fn knitter(kind: Kind, setup: &Setup, config: &str) -> anyhow::Result<Running> {
+        Running::knitter_as("knitter", kind, setup, config)
+    }
+
+    /// The same, its API socket, config and log named after `tag` in the work directory.
+    fn knitter_as(tag: &str, kind: Kind, setup: &Setup, config: &str) -> anyhow::Result<Running> {
         let work = setup.work;
-        let api = work.join("knitter.sock");
+        let api = work.join(format!("{tag}.sock"));
         let _ = std::fs::remove_file(&api);
-        let conf = work.join("knitter.toml");
+        let conf = work.join(format!("{tag}.toml"));
         std::fs::write(&conf, config)?;
         let bin = match (kind, setup.baseline) {
             (Kind::Baseline, Some(b)) => b.to_path_buf(),
@@ -172,7 +207,7 @@ impl Running {
             .arg(&conf)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(work.join("knitter.log"))?)
+            .stderr(std::fs::File::create(work.join(format!("{tag}.log")))?)
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
         Ok(Running::Knitter { child, api })
@@ -184,6 +219,16 @@ impl Running {
             Running::Knitter { api, .. } => api,
             Running::Ovs(ovs) => return ovs.own(),
             Running::Yardstick(_) | Running::Bridge => return None,
+            // Both switches: cycles per packet per switch, busy share of both threads.
+            Running::Pair(p) => {
+                let [a, b] = [p[0].own()?, p[1].own()?];
+                return Some(Own {
+                    busy_cycles: a.busy_cycles + b.busy_cycles,
+                    idle_cycles: a.idle_cycles + b.idle_cycles,
+                    packets: a.packets + b.packets,
+                    drops: a.drops + b.drops,
+                });
+            }
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
         let reply = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default())).await }).ok()?.ok()?.into_inner();
@@ -204,8 +249,50 @@ impl Drop for Running {
     }
 }
 
+/// Waits (30 s at most) until the switch made its sockets.
+fn wait_for(sockets: &[&Path], kind: Kind) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sockets.iter().all(|p| p.exists()) {
+        anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets", kind.name());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A VTEP `me` with its underlay port on `device` (the inside of its TOML table), bridge
+/// `l2` in VNI 100 flooding to VTEP `other`; `other`'s MAC given as the next hop when
+/// `static_next_hop` (else the switch resolves it with ARP).
+fn vxlan_node(device: &str, me: Endpoint, other: Endpoint, static_next_hop: bool) -> String {
+    let next_hop = if static_next_hop { format!(r#", next_hop_mac = "{}""#, other.mac_text()) } else { String::new() };
+    format!(
+        r#"[[bridges]]
+name = "l2"
+vni = {vni}
+flood = ["{other_ip}"]
+[[ports]]
+name = "ul"
+device = {{ {device} }}
+mode = {{ kind = "underlay" }}
+[vtep]
+local_ip = "{ip}"
+mac = "{mac}"
+underlay_port = "ul"
+peers = [{{ ip = "{other_ip}"{next_hop} }}]
+"#,
+        vni = scenario::VNI,
+        other_ip = other.ip_addr(),
+        ip = me.ip_addr(),
+        mac = me.mac_text(),
+    )
+}
+
 /// knitter-vswitchd for one trial: no state, no metrics, one busy PMD on the switch CPU.
 fn daemon_config(api: &Path, mem: Memory, layout: Layout) -> String {
+    daemon_config_idle(api, mem, layout, r#"{ policy = "busy" }"#)
+}
+
+/// The same with PMD idle policy `idle` (a TOML inline table).
+fn daemon_config_idle(api: &Path, mem: Memory, layout: Layout, idle: &str) -> String {
     format!(
         r#"state_file = ""
 [api]
@@ -213,7 +300,7 @@ socket = "{api}"
 [pmd]
 threads = 1
 cores = [{cpu}]
-idle = {{ policy = "busy" }}
+idle = {idle}
 [pool]
 buffers = 16384
 hugepages = {huge}
@@ -239,28 +326,8 @@ fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario
     let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()));
     let b = s.b.display();
     if scenario.is_vxlan() {
-        let (local, peer) = (scenario::LOCAL, scenario::PEER);
-        c += &format!(
-            r#"[[bridges]]
-name = "l2"
-vni = {vni}
-flood = ["{peer_ip}"]
-[[ports]]
-name = "ul"
-device = {{ kind = "vhost_user", socket = "{b}" }}
-mode = {{ kind = "underlay" }}
-[vtep]
-local_ip = "{local_ip}"
-mac = "{local_mac}"
-underlay_port = "ul"
-peers = [{{ ip = "{peer_ip}", next_hop_mac = "{peer_mac}" }}]
-"#,
-            vni = scenario::VNI,
-            peer_ip = peer.ip_addr(),
-            local_ip = local.ip_addr(),
-            local_mac = local.mac_text(),
-            peer_mac = peer.mac_text(),
-        );
+        // The generator plays the remote VTEP and answers no ARP: its MAC is given.
+        c += &vxlan_node(&format!(r#"kind = "vhost_user", socket = "{b}""#), scenario::LOCAL, scenario::PEER, true);
     } else if scenario == Scenario::VlanPush {
         c += &format!(
             r#"[[bridges]]

@@ -155,6 +155,9 @@ pub struct Layout {
     pub generator_cpu: usize,
     /// The switch's forwarding thread (PMD).
     pub switch_cpu: usize,
+    /// The second switch's PMD in the two-VTEP scenario (none: the switch CPU, shared).
+    #[serde(default)]
+    pub second_switch_cpu: Option<usize>,
 }
 
 /// The generator of one trial: offers `a_pcap` (replayed forever) into `a_sock` and counts

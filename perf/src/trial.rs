@@ -22,8 +22,8 @@ pub trait Wire: Send {
     /// Offers up to `k` frames, each stamped with the TSC when `stamp`; how many went.
     fn offer(&mut self, k: usize, stamp: bool) -> usize;
     /// Frames that came out of the counting side: how many and their bytes (no FCS); with
-    /// `hist`, their ages recorded.
-    fn receive(&mut self, hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> (u64, u64);
+    /// `ages`, their ages recorded.
+    fn receive(&mut self, ages: Option<&mut Ages>) -> (u64, u64);
     /// Frames that came back out of the offering side (floods while the switch learns).
     fn drain_stray(&mut self) -> u64;
     /// Completions from the switch that named no descriptor (a switch bug).
@@ -112,21 +112,51 @@ impl Generator {
     }
 }
 
-/// Records the age of a frame whose stamp (the TSC when offered, little-endian) is `stamp`,
-/// received at TSC `now`.
-#[inline]
-pub fn record_age(hist: &mut Histogram<u64>, stamp: &[u8], now: u64, ns_per_cycle: f64) {
-    if let Some(sent) = stamp.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes) {
-        hist.saturating_record((now.saturating_sub(sent) as f64 * ns_per_cycle) as u64);
+/// Frame ages of one latency trial.
+pub struct Ages {
+    pub hist: Histogram<u64>,
+    /// The trial's start (TSC): a stamp older than this belongs to a frame of an earlier
+    /// trial (or to one never stamped) that a switch held on to.
+    since: u64,
+    ns_per_cycle: f64,
+    /// Frames whose stamp was not from this trial.
+    pub stale: u64,
+}
+
+impl Ages {
+    /// Records the age of a frame whose stamp (the TSC when offered, little-endian) is
+    /// `stamp`, received at TSC `now`.
+    #[inline]
+    pub fn record(&mut self, stamp: &[u8], now: u64) {
+        match stamp.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes) {
+            Some(sent) if (self.since..=now).contains(&sent) => {
+                self.hist.saturating_record(((now - sent) as f64 * self.ns_per_cycle) as u64);
+            }
+            _ => self.stale += 1,
+        }
     }
 }
 
 fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency: bool) -> Outcome {
+    // Frames of an earlier trial still in a switch's queues are not this trial's: they go
+    // first (until nothing came for 5 ms), or they would hide this trial's losses.
+    let mut quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_millis(5) {
+        if w.receive(None).0 + w.drain_stray() > 0 {
+            quiet = Instant::now();
+        }
+        w.room();
+    }
     w.learn();
-    let mut hist = latency.then(|| Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds"));
     let per_cycle = rate.map(|r| r / tsc_hz);
     let ns_per_cycle = 1e9 / tsc_hz;
     let (t0, span) = (tsc(), (dur.as_secs_f64() * tsc_hz) as u64);
+    let mut ages = latency.then(|| Ages {
+        hist: Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds"),
+        since: t0,
+        ns_per_cycle,
+        stale: 0,
+    });
     let (mut sent, mut received, mut stray, mut bytes) = (0u64, 0u64, 0u64, 0u64);
     let (mut now, mut gap) = (t0, 0u64);
     let (mut tokens, mut filled) = (0.0f64, t0);
@@ -145,7 +175,7 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
             tokens -= n as f64;
             sent += n as u64;
         }
-        let (n, b) = w.receive(hist.as_mut(), ns_per_cycle);
+        let (n, b) = w.receive(ages.as_mut());
         (received, bytes) = (received + n, bytes + b);
         stray += w.drain_stray();
         let t = tsc();
@@ -156,7 +186,7 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
     // The frames in flight: wait until B has them all, or nothing came for 20 ms.
     let mut quiet = Instant::now();
     while received < sent && quiet.elapsed() < Duration::from_millis(20) {
-        let (n, b) = w.receive(hist.as_mut(), ns_per_cycle);
+        let (n, b) = w.receive(ages.as_mut());
         if n > 0 {
             (received, bytes) = (received + n, bytes + b);
             quiet = Instant::now();
@@ -164,7 +194,10 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
         stray += w.drain_stray();
         w.room();
     }
-    Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: hist, bad_completions: w.bad_completions(), longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
+    if let Some(a) = ages.as_ref().filter(|a| a.stale > 0) {
+        tracing::debug!(stale = a.stale, "frames from an earlier trial arrived");
+    }
+    Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: ages.map(|a| a.hist), bad_completions: w.bad_completions(), longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
 }
 
 #[inline(always)]

@@ -1,9 +1,10 @@
-//! The topology of the kernel-interface scenario: two veth pairs between a generator
+//! The veth topologies of the kernel scenarios: two veth pairs between a generator
 //! namespace (`ga`, `gb`) and a switch namespace (`sa`, `sb`), as a node's pods are joined
-//! to the switch. Both namespaces are made for one trial and removed when it ends, even
-//! after a failure; IPv6 is off in them so the kernel sends nothing of its own through the
-//! switch (router solicitations, MLD reports), and no address is set: only the generator's
-//! frames cross.
+//! to the switch ([`Veths`]); or one veth pair between two "nodes" (`u1`, `u2`), the
+//! underlay of two VTEPs ([`Underlay`]). Namespaces are made for one trial and removed when
+//! it ends, even after a failure; IPv6 is off in them so the kernel sends nothing of its own
+//! through the switch (router solicitations, MLD reports), and no address is set: only the
+//! generator's frames (and the switches' ARP) cross.
 
 use vswitch::testkit::netns::{self, Netns};
 
@@ -21,12 +22,7 @@ pub struct Veths {
 
 impl Veths {
     pub fn new() -> anyhow::Result<Veths> {
-        let (generator, switch) = (Netns::new("pg")?, Netns::new("ps")?);
-        for ns in [&generator, &switch] {
-            for key in ["all", "default"] {
-                ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")])?;
-            }
-        }
+        let (generator, switch) = (quiet("pg")?, quiet("ps")?);
         netns::veth(&generator, GEN_A, &switch, SW_A)?;
         netns::veth(&generator, GEN_B, &switch, SW_B)?;
         Ok(Veths { generator, switch })
@@ -42,4 +38,30 @@ impl Veths {
         ns.run(&["ip", "link", "set", "br0", "up"])?;
         Ok(())
     }
+}
+
+/// The underlay ends of the two nodes.
+pub const NODE_1: &str = "u1";
+pub const NODE_2: &str = "u2";
+
+/// Two node namespaces joined by a veth pair, each node's end its VTEP's underlay.
+pub struct Underlay {
+    pub nodes: [Netns; 2],
+}
+
+impl Underlay {
+    pub fn new() -> anyhow::Result<Underlay> {
+        let nodes = [quiet("n1")?, quiet("n2")?];
+        netns::veth(&nodes[0], NODE_1, &nodes[1], NODE_2)?;
+        Ok(Underlay { nodes })
+    }
+}
+
+/// A namespace where the kernel keeps quiet: IPv6 off before any interface arrives.
+fn quiet(tag: &str) -> anyhow::Result<Netns> {
+    let ns = Netns::new(tag)?;
+    for key in ["all", "default"] {
+        ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")])?;
+    }
+    Ok(ns)
 }

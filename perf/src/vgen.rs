@@ -16,9 +16,8 @@
 
 use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
 use crate::scenario::Traffic;
-use crate::trial::{Wire, record_age, tsc};
+use crate::trial::{Ages, Wire, tsc};
 use anyhow::Context;
-use hdrhistogram::Histogram;
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -181,7 +180,7 @@ impl Wire for Vgen {
 
     /// Frames out of B: counted (and aged), their buffers posted again.
     #[inline]
-    fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> (u64, u64) {
+    fn receive(&mut self, mut ages: Option<&mut Ages>) -> (u64, u64) {
         let n = self.b.rx.completed();
         if n == 0 {
             return (0, 0);
@@ -190,11 +189,11 @@ impl Wire for Vgen {
         for _ in 0..n {
             let Some((h, len)) = self.b.rx.take_used() else { continue };
             bytes += (len as usize).saturating_sub(HDR_LEN) as u64;
-            if let Some(hist) = hist.as_deref_mut()
+            if let Some(ages) = ages.as_deref_mut()
                 && len as usize >= HDR_LEN + self.stamps[1] + 8
                 && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
             {
-                record_age(hist, b, now, ns_per_cycle);
+                ages.record(b, now);
             }
             self.b.rx.post(h);
         }

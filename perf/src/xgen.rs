@@ -10,9 +10,8 @@
 //! CPU for the generator's; a Linux bridge runs entirely on the generator's CPU.
 
 use crate::scenario::Traffic;
-use crate::trial::{BURST, Wire, record_age, tsc};
+use crate::trial::{Ages, BURST, Wire, tsc};
 use crate::veth::{GEN_A, GEN_B, Veths};
-use hdrhistogram::Histogram;
 use std::sync::Arc;
 use vswitch::port::Port;
 use vswitch::port::afxdp::AfXdpPort;
@@ -92,7 +91,7 @@ impl Wire for Xgen {
     }
 
     #[inline]
-    fn receive(&mut self, mut hist: Option<&mut Histogram<u64>>, ns_per_cycle: f64) -> (u64, u64) {
+    fn receive(&mut self, mut ages: Option<&mut Ages>) -> (u64, u64) {
         let (mut frames, mut bytes) = (0, 0);
         // A few bursts per turn: the switch may have queued up to a ring's worth.
         for _ in 0..8 {
@@ -104,10 +103,10 @@ impl Wire for Xgen {
             for buf in self.batch.drain() {
                 let head = self.pool.head(&buf);
                 bytes += self.pool.pkt_len(&buf) as u64;
-                if let Some(h) = hist.as_deref_mut()
+                if let Some(a) = ages.as_deref_mut()
                     && let Some(s) = head.get(self.stamps[1]..self.stamps[1] + 8)
                 {
-                    record_age(h, s, now, ns_per_cycle);
+                    a.record(s, now);
                 }
                 self.cache.free(buf);
             }
