@@ -4,8 +4,10 @@
 //! `datapath_type=netdev` bridge with the NORMAL action (MAC learning) and two
 //! `dpdkvhostuser` ports (in VXLAN scenarios: `br-int` with the pod port and a `vxlan` port,
 //! `br-phy` with the underlay port and the VTEP address) (OVS listens, as Knitter and the yardstick do), its PMD thread on
-//! the switch CPU and DPDK's main lcore on the generator's. Its PMD cycles come from
-//! `dpif-netdev/pmd-stats-show`. Stopped (and the namespace removed) on drop.
+//! the switch CPU and DPDK's main lcore on the generator's. On veths (the kernel scenario)
+//! it runs in the switch's namespace with two `afxdp` ports (its AF_XDP netdev, XDP mode
+//! `best-effort`: native on veth). Its PMD cycles come from `dpif-netdev/pmd-stats-show`.
+//! Stopped (and its own namespace removed) on drop.
 
 use crate::scenario::{self, Scenario};
 use crate::switches::{Own, Sockets};
@@ -25,6 +27,8 @@ pub fn available() -> bool {
 pub struct Ovs {
     dir: PathBuf,
     netns: String,
+    /// The namespace is OVS's own (removed on drop), not the scenario's.
+    own_netns: bool,
     db: Option<Child>,
     vswitchd: Option<Child>,
 }
@@ -36,15 +40,45 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 impl Ovs {
+    /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own.
     pub fn start(work: &Path, mem: Memory, layout: Layout, scenario: Scenario) -> anyhow::Result<(Ovs, Sockets)> {
+        let netns = format!("kp-ovs-{}", std::process::id());
+        let _ = run(Command::new("ip").args(["netns", "del", &netns]));
+        run(Command::new("ip").args(["netns", "add", &netns]))?;
+        let ovs = Ovs::launch(work, mem, layout, netns, true)?;
+        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario == Scenario::VlanPush)? };
+        ovs.wait_path(&s.a)?;
+        ovs.wait_path(&s.b)?;
+        Ok((ovs, s))
+    }
+
+    /// OVS in namespace `netns` bridging kernel interfaces `a` and `b` with its AF_XDP
+    /// netdev (`type=afxdp`, one queue each).
+    pub fn start_afxdp(work: &Path, mem: Memory, layout: Layout, netns: &str, a: &str, b: &str) -> anyhow::Result<Ovs> {
+        let ovs = Ovs::launch(work, mem, layout, netns.to_string(), false)?;
+        ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
+        for p in [a, b] {
+            ovs.vsctl(&["add-port", "br0", p, "--", "set", "Interface", p, "type=afxdp", "options:n_rxq=1"])?;
+        }
+        // Ports are configured asynchronously: wait until both are up in the datapath.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let show = ovs.appctl(&["dpif/show"]).unwrap_or_default();
+            if [a, b].iter().all(|p| show.lines().any(|l| l.trim_start().starts_with(&format!("{p} ")) && l.contains("afxdp"))) {
+                return Ok(ovs);
+            }
+            anyhow::ensure!(Instant::now() < deadline, "Open vSwitch never added its afxdp ports: {show}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// ovsdb-server and ovs-vswitchd-dpdk in `netns`, DPDK initialised, no bridges yet.
+    fn launch(work: &Path, mem: Memory, layout: Layout, netns: String, own_netns: bool) -> anyhow::Result<Ovs> {
         anyhow::ensure!(available(), "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)");
         let dir = work.join("ovs");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let netns = format!("kp-ovs-{}", std::process::id());
-        let _ = run(Command::new("ip").args(["netns", "del", &netns]));
-        run(Command::new("ip").args(["netns", "add", &netns]))?;
-        let mut ovs = Ovs { dir: dir.clone(), netns, db: None, vswitchd: None };
+        let mut ovs = Ovs { dir: dir.clone(), netns, own_netns, db: None, vswitchd: None };
         let db = dir.join("conf.db");
         run(Command::new("ovsdb-tool").arg("create").arg(&db).arg(SCHEMA))?;
         ovs.db = Some(
@@ -84,10 +118,7 @@ impl Ovs {
                 .spawn()?,
         );
         ovs.wait_path(&dir.join("vswitchd.ctl"))?;
-        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario == Scenario::VlanPush)? };
-        ovs.wait_path(&s.a)?;
-        ovs.wait_path(&s.b)?;
-        Ok((ovs, s))
+        Ok(ovs)
     }
 
     /// One bridge, NORMAL, the two pod ports; with `vlan`, `a` an access port of the
@@ -189,7 +220,9 @@ impl Drop for Ovs {
             crate::testpmd::stop_child(&mut child, Some(libc::SIGTERM));
         }
         crate::testpmd::remove_runtime_dir("kp-ovs");
-        let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
+        if self.own_netns {
+            let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
+        }
     }
 }
 

@@ -136,7 +136,7 @@ impl Running {
                 Ok(Running::Bridge)
             }
             Kind::Yardstick => Ok(Running::Yardstick(testpmd::yardstick_af_xdp(work, ns, SW_A, SW_B, mem, layout)?)),
-            Kind::Ovs => anyhow::bail!("Open vSwitch on veths (its afxdp ports) is not set up by knitter-perf yet"),
+            Kind::Ovs => Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(work, mem, layout, ns, SW_A, SW_B)?)),
             Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => {
                 let device = if kind == Kind::KnitterAfpacket { "af_packet" } else { "af_xdp" };
                 let port = |name: &str, ifname: &str| access_port(name, &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#));

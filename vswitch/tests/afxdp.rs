@@ -263,6 +263,50 @@ fn idle_ports_lend_a_few_bursts_of_buffers_each() {
     assert_eq!(pool.free_count(), 512, "and gets them back when it closes");
 }
 
+/// A pod port whose traffic empties its fill ring between two polls (its PMD missed a few
+/// turns) grows the ring, doubling up to the ring size while the pool has half its buffers
+/// free; an idle port keeps its 128.
+#[test]
+fn a_busy_pod_port_grows_its_fill_ring() {
+    let Some(_g) = netns::exclusive() else { return };
+    let ns = Netns::new("fg").unwrap();
+    ns.run(&["ip", "link", "add", "ga", "type", "veth", "peer", "name", "gb"]).unwrap();
+    for dev in ["ga", "gb"] {
+        ns.run(&["ip", "link", "set", dev, "up"]).unwrap();
+    }
+    let pool = Pool::new(8192, false).unwrap();
+    let open = |name: &'static str| {
+        let p = pool.clone();
+        ns.enter(move || AfXdpPort::open(name, name, p)).unwrap().unwrap()
+    };
+    let (rx, tx) = (open("ga"), open("gb"));
+    assert_eq!(rx.fill_target(), 128);
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    // Nobody polls `ga` while 8 bursts arrive: the kernel takes all 128 fill buffers.
+    let frame = [[0xffu8; 6].as_slice(), &[2, 0, 0, 0, 0, 1], &[0x88, 0xb5], &[0u8; 46]].concat();
+    for _ in 0..8 {
+        for _ in 0..32 {
+            batch.push(cache.alloc_frame(&frame).unwrap()).unwrap();
+        }
+        tx.tx_burst(0, &mut cache, &mut batch);
+        for b in batch.drain() {
+            cache.free(b);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let mut got = 0;
+    for _ in 0..20 {
+        got += rx.rx_burst(0, &mut cache, &mut batch);
+        for b in batch.drain() {
+            cache.free(b);
+        }
+    }
+    assert_eq!(got, 128, "the kernel filled every fill buffer and dropped the rest");
+    assert!(rx.fill_target() >= 256, "the ring grew: {}", rx.fill_target());
+    assert_eq!(tx.fill_target(), 128, "the idle port did not");
+}
+
 /// A device with several receive queues is opened (queue 0 is read) with a warning, and says
 /// how many it has.
 #[test]

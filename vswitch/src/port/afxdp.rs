@@ -53,10 +53,12 @@ const PGOFF_TX: i64 = 0x8000_0000;
 const PGOFF_FILL: i64 = 0x1_0000_0000;
 const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
 const RING: u32 = 1024;
-/// Buffers a pod-facing port keeps in its fill ring. Every port lends them from the shared
-/// pool while idle, so this bounds what idle pods hold (16 384 buffers serve 128 pods);
-/// a polled port refills every burst, so a few bursts' worth is enough. A port whose
-/// fill ring runs dry drops what arrives (the kernel counts it on the interface).
+/// Buffers a pod-facing port keeps in its fill ring at first. Every port lends them from the
+/// shared pool while idle, so this bounds what idle pods hold (16 384 buffers serve 128
+/// pods); a polled port refills every burst, so a few bursts' worth is enough while its PMD
+/// runs. A port whose fill ring runs dry drops what arrives (the kernel counts it on the
+/// interface): when its traffic empties the ring by half between two refills, the ring
+/// grows (see [`RxSide::grow`]).
 const FILL_POD: u32 = 128;
 /// An underlay carries every pod's traffic: its fill ring is kept full.
 const FILL_UNDERLAY: u32 = RING;
@@ -245,6 +247,8 @@ struct RxSide {
     lent: Lent,
     /// Entries the fill ring is topped up to (at most `RING`).
     fill_target: u32,
+    /// Whether `fill_target` may grow with the port's traffic (pod ports).
+    elastic: bool,
     /// Zero-copy with `need_wakeup`: the driver may sleep, and is kicked when the fill
     /// ring's flag asks (copy mode receives in the kernel's own softirq: never kicked).
     wakeup: bool,
@@ -310,6 +314,11 @@ impl AfXdpPort {
         Self::open_with(name, ifname, pool, Some(filter))
     }
 
+    /// Buffers the port keeps in its fill ring now (it grows with traffic on pod ports).
+    pub fn fill_target(&self) -> u32 {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |s| s.fill_target)
+    }
+
     /// The mode the kernel bound the socket in.
     pub fn binding(&self) -> Binding {
         self.binding
@@ -324,7 +333,8 @@ impl AfXdpPort {
     /// (with `None`) every frame of the queue to the port. The socket stays bound.
     pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
         if let Some(side) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            side.fill_target = if filter.is_some() { FILL_UNDERLAY } else { FILL_POD };
+            side.fill_target = if filter.is_some() { FILL_UNDERLAY } else { side.fill_target.min(FILL_POD) };
+            side.elastic = filter.is_none();
         }
         match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             Some(x) => x.set_filter(filter.as_ref()),
@@ -407,9 +417,10 @@ impl AfXdpPort {
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
         let fill_target = if underlay.is_some() { FILL_UNDERLAY } else { FILL_POD };
-        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target, wakeup: wakeup && zc };
+        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target, elastic: false, wakeup: wakeup && zc };
         let mut cache = PoolCache::new(pool.clone());
         Self::refill(&mut rx_side, &mut cache);
+        rx_side.elastic = underlay.is_none();
         if let Err(e) = xdp.register(0, fd) {
             // The socket goes first: then the kernel holds none of the lent buffers.
             drop((xdp, rx_side.rx, rx_side.fill, tx, comp, sock));
@@ -440,7 +451,11 @@ impl AfXdpPort {
     /// Tops the fill ring up with fresh pool buffers.
     fn refill(side: &mut RxSide, cache: &mut PoolCache) {
         let prod = side.fill.prod().load(Relaxed);
-        let free = side.fill_target.saturating_sub(prod.wrapping_sub(side.fill.cons().load(Acquire)));
+        let held = prod.wrapping_sub(side.fill.cons().load(Acquire));
+        if side.elastic && side.fill_target < RING && held < side.fill_target / 2 {
+            side.grow(cache);
+        }
+        let free = side.fill_target.saturating_sub(held);
         let mut n = 0;
         while n < free {
             let Some(b) = cache.alloc() else { break };
@@ -456,6 +471,22 @@ impl AfXdpPort {
 
     fn rx_pending(side: &RxSide) -> bool {
         side.rx.prod().load(Acquire) != side.rx.cons().load(Relaxed)
+    }
+}
+
+impl RxSide {
+    /// The kernel took more than half the fill ring since the last refill: a PMD that
+    /// misses a few turns (preempted, or a VM's vCPU stopped for milliseconds) would see it
+    /// run dry and the kernel drop frames. The ring doubles, up to `RING`, while the pool
+    /// has more than half its buffers free: buffers in a fill ring stay lent until frames
+    /// arrive in them, so growth is bounded by what the pool can spare, and idle pods,
+    /// which never grow, keep `FILL_POD` each.
+    #[cold]
+    fn grow(&mut self, cache: &PoolCache) {
+        let pool = cache.pool();
+        if pool.free_count() > pool.capacity() as usize / 2 {
+            self.fill_target = (self.fill_target * 2).min(RING);
+        }
     }
 }
 
