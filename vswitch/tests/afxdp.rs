@@ -280,7 +280,7 @@ fn a_busy_pod_port_grows_its_fill_ring() {
         ns.enter(move || AfXdpPort::open(name, name, p)).unwrap().unwrap()
     };
     let (rx, tx) = (open("ga"), open("gb"));
-    assert_eq!(rx.fill_target(), 128);
+    assert_eq!(rx.fill_target(0), 128);
     let mut cache = vswitch::PoolCache::new(pool.clone());
     let mut batch = vswitch::Batch::new();
     // Nobody polls `ga` while 8 bursts arrive: the kernel takes all 128 fill buffers.
@@ -303,19 +303,68 @@ fn a_busy_pod_port_grows_its_fill_ring() {
         }
     }
     assert_eq!(got, 128, "the kernel filled every fill buffer and dropped the rest");
-    assert!(rx.fill_target() >= 256, "the ring grew: {}", rx.fill_target());
-    assert_eq!(tx.fill_target(), 128, "the idle port did not");
+    assert!(rx.fill_target(0) >= 256, "the ring grew: {}", rx.fill_target(0));
+    assert_eq!(tx.fill_target(0), 128, "the idle port did not");
 }
 
-/// A device with several receive queues is opened (queue 0 is read) with a warning, and says
-/// how many it has.
+/// A device with several receive queues gets a socket on each: frames the device spreads
+/// over its queues (16 UDP flows over 4) all arrive, on more than one queue, and each
+/// queue transmits.
 #[test]
-fn a_multi_queue_device_says_how_many_queues_it_has() {
+fn a_multi_queue_device_is_read_on_every_queue() {
     let Some(_g) = netns::exclusive() else { return };
     let ns = Netns::new("mq").unwrap();
-    ns.run(&["ip", "link", "add", "mqa", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "name", "mqb"]).unwrap();
-    ns.run(&["ip", "link", "set", "mqa", "up"]).unwrap();
-    let pool = Pool::new(512, false).unwrap();
-    let port = ns.enter(move || AfXdpPort::open("mqa", "mqa", pool)).unwrap().unwrap();
-    assert_eq!(port.device_rx_queues(), Some(4));
+    // No IPv6: the kernel's own router solicitations and MLD reports would be counted too.
+    for key in ["all", "default"] {
+        ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")]).unwrap();
+    }
+    ns.run(&["ip", "link", "add", "mqa", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "name", "mqb", "numrxqueues", "4", "numtxqueues", "4"]).unwrap();
+    for dev in ["mqa", "mqb"] {
+        ns.run(&["ip", "link", "set", dev, "up"]).unwrap();
+    }
+    ns.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "mqb"]).unwrap();
+    ns.run(&["ip", "neigh", "add", "192.0.2.1", "lladdr", "02:00:00:00:00:01", "dev", "mqb"]).unwrap();
+    let pool = Pool::new(2048, false).unwrap();
+    let p = pool.clone();
+    let port = ns.enter(move || AfXdpPort::open("mqa", "mqa", p)).unwrap().unwrap();
+    assert_eq!((port.device_rx_queues(), port.rx_queues(), port.tx_queues()), (Some(4), 4, 4));
+    ns.enter(|| {
+        for i in 0..16u16 {
+            let s = std::net::UdpSocket::bind(("192.0.2.2", 20000 + i)).unwrap();
+            for _ in 0..4 {
+                s.send_to(&[0u8; 100], "192.0.2.1:9").unwrap();
+            }
+        }
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    let mut per_queue = [0usize; 4];
+    for _ in 0..10 {
+        for (q, n) in per_queue.iter_mut().enumerate() {
+            *n += port.rx_burst(q as u16, &mut cache, &mut batch);
+            for b in batch.drain() {
+                cache.free(b);
+            }
+        }
+    }
+    assert_eq!(per_queue.iter().sum::<usize>(), 64, "every datagram arrived: {per_queue:?}");
+    assert!(per_queue.iter().filter(|n| **n > 0).count() >= 2, "spread over the queues: {per_queue:?}");
+    let stats = port.queue_stats();
+    assert_eq!(stats.iter().map(|s| s.rx_packets as usize).collect::<Vec<_>>(), per_queue.to_vec());
+    // Queue 2 transmits (the frames reach the peer).
+    let rx_before: u64 = ns.run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"]).unwrap().trim().parse().unwrap();
+    let frame = [[0xffu8; 6].as_slice(), &[2, 0, 0, 0, 0, 1], &[0x88, 0xb5], &[0u8; 46]].concat();
+    for _ in 0..8 {
+        batch.push(cache.alloc_frame(&frame).unwrap()).unwrap();
+    }
+    assert_eq!(port.tx_burst(2, &mut cache, &mut batch), 8);
+    std::thread::sleep(Duration::from_millis(50));
+    let rx_after: u64 = ns.run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"]).unwrap().trim().parse().unwrap();
+    assert_eq!(rx_after - rx_before, 8);
+    assert_eq!(port.queue_stats()[2].tx_packets, 8);
+    drop(port);
+    drop(cache);
+    assert_eq!(pool.free_count(), 2048, "every buffer came back");
 }

@@ -3,7 +3,10 @@
 //! from them, so the port adds no copy of its own (in XDP copy mode the kernel copies once, as
 //! on veth; zero-copy drivers copy nothing).
 //!
-//! Knitter's XDP program ([`super::bpf`]) redirects the queue to the socket. Rings: fill
+//! The port opens one socket per receive queue of the device (a NIC's RSS queues; pod veths
+//! have one), each bound to its queue and transmitting on the same-numbered queue, so PMD
+//! threads can share the queues out. Knitter's XDP program ([`super::bpf`]) redirects each
+//! queue to its socket. Rings per socket: fill
 //! (buffers handed to the kernel for receive), rx, tx, completion (sent buffers coming back).
 //! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
 //! is accepted only if it names a lent buffer, and dropping the port returns every buffer
@@ -60,8 +63,6 @@ const RING: u32 = 1024;
 /// interface): when its traffic empties the ring by half between two refills, the ring
 /// grows (see [`RxSide::grow`]).
 const FILL_POD: u32 = 128;
-/// An underlay carries every pod's traffic: its fill ring is kept full.
-const FILL_UNDERLAY: u32 = RING;
 /// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
 const XDP_PACKET_HEADROOM: usize = 256;
 
@@ -272,16 +273,25 @@ pub struct Binding {
     pub need_wakeup: bool,
 }
 
-/// An AF_XDP port bound to one queue of a kernel interface.
-pub struct AfXdpPort {
-    name: String,
-    pool: Arc<Pool>,
+/// One receive queue's socket (it also transmits on the same-numbered queue): its rings
+/// and the buffers lent through them. The pool's region is registered as each socket's
+/// UMEM (the kernel pins the same pages once per socket).
+struct Xsk {
     /// `None` only while dropping.
     rx: Mutex<Option<RxSide>>,
     tx: Mutex<Option<TxSide>>,
-    mac: Option<MacAddr>,
-    counters: QueueCounters,
     fd: RawFd,
+    /// `None` only while dropping.
+    sock: Option<OwnedFd>,
+    counters: QueueCounters,
+}
+
+/// An AF_XDP port on a kernel interface: one socket per receive queue of the device.
+pub struct AfXdpPort {
+    name: String,
+    pool: Arc<Pool>,
+    queues: Box<[Xsk]>,
+    mac: Option<MacAddr>,
     ifname: String,
     /// For interface ioctls in the port's namespace (link state).
     control: OwnedFd,
@@ -289,7 +299,6 @@ pub struct AfXdpPort {
     link: std::sync::atomic::AtomicBool,
     /// The attached program; `None` only while dropping.
     xdp: Mutex<Option<XdpRedirect>>,
-    sock: Option<OwnedFd>,
     binding: Binding,
 }
 
@@ -298,57 +307,23 @@ unsafe impl Send for AfXdpPort {}
 // SAFETY: as above.
 unsafe impl Sync for AfXdpPort {}
 
-impl AfXdpPort {
-    /// Opens queue 0 of `ifname` (in the calling thread's network namespace) over `pool`'s
-    /// region, in generic (SKB) XDP mode and copy mode, which every device supports; every
-    /// frame of the queue comes to the port (a pod's veth).
-    pub fn open(name: &str, ifname: &str, pool: Arc<Pool>) -> io::Result<AfXdpPort> {
-        Self::open_with(name, ifname, pool, None)
-    }
+/// Sockets per port at most (a NIC with more queues gets its first 64 read).
+const MAX_QUEUES: u32 = 64;
 
-    /// Opens an underlay port for a VTEP: only what `filter` takes (VXLAN to the VTEP, ARP /
-    /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
-    /// the node keeps every other frame of the interface (its own address, SSH, the API
-    /// server...).
-    pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
-        Self::open_with(name, ifname, pool, Some(filter))
-    }
+/// A socket bound to one queue, its rings mapped, before any buffer is lent.
+struct Bound {
+    sock: OwnedFd,
+    rx: Ring,
+    tx: Ring,
+    fill: Ring,
+    comp: Ring,
+    binding: Binding,
+}
 
-    /// Buffers the port keeps in its fill ring now (it grows with traffic on pod ports).
-    pub fn fill_target(&self) -> u32 {
-        self.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |s| s.fill_target)
-    }
-
-    /// The mode the kernel bound the socket in.
-    pub fn binding(&self) -> Binding {
-        self.binding
-    }
-
-    /// The device's receive queues (this port reads queue 0 only), when its driver says.
-    pub fn device_rx_queues(&self) -> Option<u32> {
-        rx_queues(self.control.as_raw_fd(), &self.ifname)
-    }
-
-    /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
-    /// (with `None`) every frame of the queue to the port. The socket stays bound.
-    pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
-        if let Some(side) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            side.fill_target = if filter.is_some() { FILL_UNDERLAY } else { side.fill_target.min(FILL_POD) };
-            side.elastic = filter.is_none();
-        }
-        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            Some(x) => x.set_filter(filter.as_ref()),
-            None => Ok(()),
-        }
-    }
-
-    fn open_with(
-        name: &str,
-        ifname: &str,
-        pool: Arc<Pool>,
-        underlay: Option<UnderlayFilter>,
-    ) -> io::Result<AfXdpPort> {
-        let ifindex = ifindex(ifname)?;
+impl Bound {
+    /// Creates an AF_XDP socket over `pool`'s region and binds it to queue `queue` of
+    /// `ifindex`: zero-copy where the driver has it, with `need_wakeup` where the kernel has it.
+    fn new(ifindex: u32, queue: u32, pool: &Pool) -> io::Result<Bound> {
         // SAFETY: plain socket creation, checked.
         let sock = unsafe { OwnedFd::from_raw_fd(check(libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0))?) };
         let fd = sock.as_raw_fd();
@@ -368,7 +343,7 @@ impl AfXdpPort {
         let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
         let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
         // No mode forced: zero-copy where the driver has it, copy otherwise.
-        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP, ifindex, queue_id: 0, shared_umem_fd: 0 };
+        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP, ifindex, queue_id: queue, shared_umem_fd: 0 };
         // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
         let mut tries = 0;
         loop {
@@ -389,10 +364,73 @@ impl AfXdpPort {
                 Err(e) => return Err(e),
             }
         }
+        let binding = Binding { zero_copy: zero_copy(fd), need_wakeup: sa.flags & XDP_USE_NEED_WAKEUP != 0 };
+        Ok(Bound { sock, rx, tx, fill, comp, binding })
+    }
+}
+
+impl AfXdpPort {
+    /// Opens every receive queue of `ifname` (in the calling thread's network namespace)
+    /// over `pool`'s region, a socket each; every frame of the device comes to the port (a
+    /// pod's veth). XDP runs natively where the driver has it (veth does), generically
+    /// otherwise.
+    pub fn open(name: &str, ifname: &str, pool: Arc<Pool>) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, None)
+    }
+
+    /// Opens an underlay port for a VTEP: only what `filter` takes (VXLAN to the VTEP, ARP /
+    /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
+    /// the node keeps every other frame of the interface (its own address, SSH, the API
+    /// server...).
+    pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, Some(filter))
+    }
+
+    /// Buffers queue `q` keeps in its fill ring now (it grows with traffic).
+    pub fn fill_target(&self, q: u16) -> u32 {
+        self.queues.get(q as usize).and_then(|x| x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.fill_target)).unwrap_or(0)
+    }
+
+    /// The mode the kernel bound the sockets in.
+    pub fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    /// The device's receive queues, when its driver says (the port has a socket on each,
+    /// up to 64).
+    pub fn device_rx_queues(&self) -> Option<u32> {
+        rx_queues(self.control.as_raw_fd(), &self.ifname)
+    }
+
+    /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
+    /// (with `None`) every frame of the device to the port. The sockets stay bound.
+    pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
+        let n = self.queues.len() as u32;
+        for x in self.queues.iter() {
+            if let Some(side) = x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                side.fill_target = if filter.is_some() { side.fill_target.max(underlay_fill(n)) } else { side.fill_target.min(FILL_POD) };
+            }
+        }
+        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(x) => x.set_filter(filter.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    fn open_with(
+        name: &str,
+        ifname: &str,
+        pool: Arc<Pool>,
+        underlay: Option<UnderlayFilter>,
+    ) -> io::Result<AfXdpPort> {
+        let ifindex = ifindex(ifname)?;
+        let control = control_socket()?;
+        let n = rx_queues(control.as_raw_fd(), ifname).unwrap_or(1).clamp(1, MAX_QUEUES);
+        let bound = (0..n).map(|q| Bound::new(ifindex, q, &pool)).collect::<io::Result<Vec<_>>>()?;
         // Native XDP where the driver has it (veth does), generic otherwise.
         let attach = |flags| match underlay {
-            None => XdpRedirect::attach(ifindex, flags, 1),
-            Some(f) => XdpRedirect::attach_underlay(ifindex, flags, 1, &f),
+            None => XdpRedirect::attach(ifindex, flags, n),
+            Some(f) => XdpRedirect::attach_underlay(ifindex, flags, n, &f),
         };
         let (xdp, mode) = match attach(XDP_FLAGS_DRV_MODE) {
             Ok(x) => (x, "native"),
@@ -402,50 +440,49 @@ impl AfXdpPort {
             }
         };
         let mac = interface_mac(ifname);
-        let control = control_socket()?;
-        let zc = zero_copy(fd);
-        let copy = if zc { "zero-copy" } else { "copy" };
-        let wakeup = sa.flags & XDP_USE_NEED_WAKEUP != 0;
-        tracing::info!(port = name, ifname, mode, copy, need_wakeup = wakeup, "AF_XDP port open (UMEM = buffer pool)");
-        // One socket, bound to queue 0: what the device steers to its other queues is dropped
-        // by the program's redirect (the kernel counts it on the interface).
-        if let Some(n) = rx_queues(control.as_raw_fd(), ifname).filter(|n| *n > 1) {
-            tracing::warn!(port = name, ifname, queues = n, "the device has {n} receive queues and this port reads queue 0 only: frames on the others are lost; `ethtool -L {ifname} combined 1` (or rx 1), or use an AF_PACKET port");
-        }
-        let n = pool.capacity() as usize;
-        // The fill ring is filled before frames are redirected here: a socket without fill
+        let binding = bound[0].binding;
+        let copy = if binding.zero_copy { "zero-copy" } else { "copy" };
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, queues = n, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
+        // Fill rings are filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
-        let fill_target = if underlay.is_some() { FILL_UNDERLAY } else { FILL_POD };
-        let mut rx_side = RxSide { rx, fill, lent: Lent::new(n), fill_target, elastic: false, wakeup: wakeup && zc };
+        let fill_target = if underlay.is_some() { underlay_fill(n) } else { FILL_POD };
+        let capacity = pool.capacity() as usize;
         let mut cache = PoolCache::new(pool.clone());
-        Self::refill(&mut rx_side, &mut cache);
-        rx_side.elastic = underlay.is_none();
-        if let Err(e) = xdp.register(0, fd) {
-            // The socket goes first: then the kernel holds none of the lent buffers.
-            drop((xdp, rx_side.rx, rx_side.fill, tx, comp, sock));
-            for idx in rx_side.lent.drain() {
-                // SAFETY: lent through the fill ring of a socket now closed.
-                cache.free(unsafe { BufId::from_index(idx) });
-            }
-            return Err(e);
+        let mut queues = Vec::with_capacity(n as usize);
+        for b in bound {
+            let wakeup = b.binding.need_wakeup;
+            let mut rx = RxSide { rx: b.rx, fill: b.fill, lent: Lent::new(capacity), fill_target, elastic: false, wakeup: wakeup && b.binding.zero_copy };
+            Self::refill(&mut rx, &mut cache);
+            rx.elastic = true;
+            queues.push(Xsk {
+                rx: Mutex::new(Some(rx)),
+                tx: Mutex::new(Some(TxSide { tx: b.tx, comp: b.comp, lent: Lent::new(capacity), wakeup })),
+                fd: b.sock.as_raw_fd(),
+                sock: Some(b.sock),
+                counters: QueueCounters::default(),
+            });
         }
-        cache.flush();
-        Ok(AfXdpPort {
+        let port = AfXdpPort {
             name: name.into(),
             pool,
-            rx: Mutex::new(Some(rx_side)),
-            tx: Mutex::new(Some(TxSide { tx, comp, lent: Lent::new(n), wakeup })),
+            queues: queues.into(),
             mac,
-            counters: QueueCounters::default(),
-            fd,
             ifname: ifname.into(),
             link: std::sync::atomic::AtomicBool::new(if_running(control.as_raw_fd(), ifname).unwrap_or(false)),
             control,
             xdp: Mutex::new(Some(xdp)),
-            sock: Some(sock),
-            binding: Binding { zero_copy: zc, need_wakeup: wakeup },
-        })
+            binding,
+        };
+        cache.flush();
+        // Registered last: only then does the program redirect (dropping the port on an
+        // error closes the sockets first and returns every lent buffer).
+        if let Some(x) = port.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            for (q, xsk) in port.queues.iter().enumerate() {
+                x.register(q as u32, xsk.fd)?;
+            }
+        }
+        Ok(port)
     }
 
     /// Tops the fill ring up with fresh pool buffers.
@@ -474,6 +511,12 @@ impl AfXdpPort {
     }
 }
 
+/// An underlay's fill ring per queue: a full ring on one queue, less per queue on many
+/// (traffic spreads), growing with it.
+fn underlay_fill(queues: u32) -> u32 {
+    (RING / queues.max(1)).max(2 * FILL_POD)
+}
+
 impl RxSide {
     /// The kernel took more than half the fill ring since the last refill: a PMD that
     /// misses a few turns (preempted, or a VM's vCPU stopped for milliseconds) would see it
@@ -495,8 +538,17 @@ impl Port for AfXdpPort {
         &self.name
     }
 
-    fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
-        let Ok(mut guard) = self.rx.try_lock() else { return 0 };
+    fn rx_queues(&self) -> u16 {
+        self.queues.len() as u16
+    }
+
+    fn tx_queues(&self) -> u16 {
+        self.queues.len() as u16
+    }
+
+    fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let Some(xsk) = self.queues.get(q as usize) else { return 0 };
+        let Ok(mut guard) = xsk.rx.try_lock() else { return 0 };
         let Some(side) = guard.as_mut() else { return 0 };
         let cons = side.rx.cons().load(Relaxed);
         let avail = side.rx.prod().load(Acquire).wrapping_sub(cons);
@@ -506,16 +558,16 @@ impl Port for AfXdpPort {
             let (addr, len) = side.rx.read_desc(cons.wrapping_add(i));
             let idx = (addr / BUF_SIZE as u64) as u32;
             let off = (addr % BUF_SIZE as u64) as usize;
-            // SAFETY: `idx` was lent to the kernel through the fill ring (checked in the
-            // bitmap) and comes back once, here.
+            // SAFETY: `idx` was lent to the kernel through this socket's fill ring (checked
+            // in its bitmap) and comes back once, here.
             let b = if side.lent.take(idx) { unsafe { self.pool.claim_filled(idx, off, len as usize) } } else { None };
             match b.map(|b| batch.push(b)) {
                 Some(Ok(())) => got += 1,
                 Some(Err(b)) => {
                     cache.free(b);
-                    self.counters.rx_dropped.add(1);
+                    xsk.counters.rx_dropped.add(1);
                 }
-                None => self.counters.rx_dropped.add(1),
+                None => xsk.counters.rx_dropped.add(1),
             }
         }
         if n > 0 {
@@ -525,15 +577,16 @@ impl Port for AfXdpPort {
         if n == 0 && side.wakeup && side.fill.needs_wakeup() {
             // A zero-copy driver went to sleep with our fill ring empty: wake it.
             // SAFETY: recvfrom with no buffer on our own socket.
-            unsafe { libc::recvfrom(self.fd, std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+            unsafe { libc::recvfrom(xsk.fd, std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
         }
-        self.counters.rx_packets.add(got as u64);
+        xsk.counters.rx_packets.add(got as u64);
         got
     }
 
-    fn tx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
-        let Ok(mut guard) = self.tx.try_lock() else {
-            self.counters.tx_full.add(batch.len() as u64);
+    fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let xsk = &self.queues[q as usize % self.queues.len()];
+        let Ok(mut guard) = xsk.tx.try_lock() else {
+            xsk.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
         let Some(side) = guard.as_mut() else { return 0 };
@@ -543,7 +596,8 @@ impl Port for AfXdpPort {
         for i in 0..done {
             let idx = (side.comp.read_addr(ccons.wrapping_add(i)) / BUF_SIZE as u64) as u32;
             if side.lent.take(idx) {
-                // SAFETY: lent through the tx ring and returned once by the completion ring.
+                // SAFETY: lent through this socket's tx ring and returned once by its
+                // completion ring.
                 cache.free(unsafe { BufId::from_index(idx) });
             }
         }
@@ -586,24 +640,24 @@ impl Port for AfXdpPort {
             // Copy mode transmits only when kicked (the flag stays set): one kick per burst.
             if !side.wakeup || side.tx.needs_wakeup() {
                 // SAFETY: sendto with no data on our own socket.
-                unsafe { libc::sendto(self.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+                unsafe { libc::sendto(xsk.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
             }
         }
-        self.counters.tx_packets.add(sent as u64);
-        self.counters.tx_full.add(batch.len() as u64);
+        xsk.counters.tx_packets.add(sent as u64);
+        xsk.counters.tx_full.add(batch.len() as u64);
         sent as usize
     }
 
-    fn wake_fd(&self, _q: u16) -> Option<RawFd> {
-        Some(self.fd)
+    fn wake_fd(&self, q: u16) -> Option<RawFd> {
+        self.queues.get(q as usize).map(|x| x.fd)
     }
 
-    fn arm_wake(&self, _q: u16, armed: bool) -> bool {
-        armed && self.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending))
+    fn arm_wake(&self, q: u16, armed: bool) -> bool {
+        armed && self.queues.get(q as usize).is_some_and(|x| x.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending)))
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
-        vec![self.counters.read()]
+        self.queues.iter().map(|x| x.counters.read()).collect()
     }
 
     fn mac(&self) -> Option<MacAddr> {
@@ -635,21 +689,23 @@ fn zero_copy(fd: RawFd) -> bool {
 
 impl Drop for AfXdpPort {
     fn drop(&mut self) {
-        // Unmap the rings, detach the program and close the socket first: after that the
+        // Unmap the rings, detach the program and close the sockets first: after that the
         // kernel holds no buffer, and every lent one goes back to the pool.
-        let rx = self.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        let tx = self.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         let mut lent: Vec<Lent> = Vec::new();
-        if let Some(RxSide { rx, fill, lent: l, .. }) = rx {
-            drop((rx, fill));
-            lent.push(l);
-        }
-        if let Some(TxSide { tx, comp, lent: l, .. }) = tx {
-            drop((tx, comp));
-            lent.push(l);
+        for x in self.queues.iter_mut() {
+            if let Some(RxSide { rx, fill, lent: l, .. }) = x.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                drop((rx, fill));
+                lent.push(l);
+            }
+            if let Some(TxSide { tx, comp, lent: l, .. }) = x.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                drop((tx, comp));
+                lent.push(l);
+            }
         }
         drop(self.xdp.get_mut().unwrap_or_else(|e| e.into_inner()).take());
-        drop(self.sock.take());
+        for x in self.queues.iter_mut() {
+            drop(x.sock.take());
+        }
         let mut cache = PoolCache::new(self.pool.clone());
         for l in &mut lent {
             for idx in l.drain() {

@@ -8,6 +8,17 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+/// The namespaces this process made and has not removed yet.
+static LIVE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes every namespace this process made that is still there: for a program
+/// interrupted by a signal, whose destructors will not run.
+pub fn remove_all() {
+    let names = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
+    for name in names {
+        let _ = run(&["ip", "netns", "del", &name]);
+    }
+}
 
 /// Whether this process may create namespaces (root with `ip` available); tests that need
 /// them say so and return early otherwise.
@@ -62,6 +73,7 @@ impl Netns {
     pub fn new(tag: &str) -> io::Result<Netns> {
         let name = unique(tag);
         run(&["ip", "netns", "add", &name])?;
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(name.clone());
         let ns = Netns { name };
         ns.run(&["ip", "link", "set", "lo", "up"])?;
         Ok(ns)
@@ -94,6 +106,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| *n != self.name);
         let _ = run(&["ip", "netns", "del", &self.name]);
     }
 }
