@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod driver;
 pub mod frames;
+pub mod interrupt;
 pub mod trial;
 pub mod mrr;
 pub mod ndr;

@@ -63,7 +63,10 @@ impl Common {
     fn work(&self) -> anyhow::Result<tempfile::TempDir> {
         let needs_testpmd = self.switches.contains(&Kind::Yardstick);
         anyhow::ensure!(!needs_testpmd || testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
-        tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")
+        let dir = tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")?;
+        // Before any thread starts: an interrupted run still removes what it made.
+        knitter_perf::interrupt::install(dir.path().to_path_buf()).context("signal handling")?;
+        Ok(dir)
     }
 }
 

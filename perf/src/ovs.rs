@@ -24,6 +24,11 @@ pub fn available() -> bool {
     Path::new(VSWITCHD).exists() && Path::new(SCHEMA).exists()
 }
 
+/// OVS's own namespace in vhost-user scenarios.
+pub fn netns_name() -> String {
+    format!("kp-ovs-{}", std::process::id())
+}
+
 pub struct Ovs {
     dir: PathBuf,
     netns: String,
@@ -42,11 +47,11 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 impl Ovs {
     /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own.
     pub fn start(work: &Path, mem: Memory, layout: Layout, scenario: Scenario) -> anyhow::Result<(Ovs, Sockets)> {
-        let netns = format!("kp-ovs-{}", std::process::id());
+        let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
         let ovs = Ovs::launch(work, mem, layout, netns, true)?;
-        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario == Scenario::VlanPush)? };
+        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario.is_vlan())? };
         ovs.wait_path(&s.a)?;
         ovs.wait_path(&s.b)?;
         Ok((ovs, s))

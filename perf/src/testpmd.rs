@@ -56,10 +56,19 @@ pub struct Testpmd {
 /// generator left behind would spin a CPU forever.
 pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    // SAFETY: prctl, sigemptyset and pthread_sigmask are async-signal-safe and touch only
+    // the child's own state.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // knitter-perf blocks SIGINT and SIGTERM in its threads (`interrupt.rs`); the
+            // mask is inherited across exec, and a child with SIGTERM blocked would never
+            // hear its parent die (nor stop on the SIGTERM sent to stop it).
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
