@@ -142,6 +142,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     let what = match c.scenario {
         crate::scenario::Scenario::L2 => "L2 vhost-user ↔ vhost-user",
         crate::scenario::Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
+        crate::scenario::Scenario::VlanPop => "VLAN, vhost-user trunk → vhost-user access port (tag popped)",
         crate::scenario::Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
         crate::scenario::Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
         crate::scenario::Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",

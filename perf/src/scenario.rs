@@ -18,6 +18,8 @@ use crate::frames::{self, A, B, Endpoint, FrameSize};
 pub enum Scenario {
     L2,
     VlanPush,
+    /// The other way: tagged frames offered on the trunk, counted untagged on the access port.
+    VlanPop,
     VxlanEncap,
     VxlanDecap,
     /// L2 between two veths (`veth.rs`), the generator on AF_XDP sockets at their other ends.
@@ -34,7 +36,7 @@ pub enum Scenario {
 pub const LOCAL: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0x01, 0x01], ip: [10, 99, 1, 1] };
 pub const PEER: Endpoint = Endpoint { mac: [0x02, 0, 0, 0, 0x01, 0x02], ip: [10, 99, 1, 2] };
 pub const VNI: u32 = 100;
-/// The pod's VLAN on the trunk (`VlanPush`).
+/// The pod's VLAN on the trunk (`VlanPush`, `VlanPop`).
 pub const VLAN: u16 = 100;
 
 /// Bytes VXLAN adds on the wire.
@@ -62,6 +64,7 @@ impl Scenario {
         match self {
             Scenario::L2 => "l2",
             Scenario::VlanPush => "vlan-push",
+            Scenario::VlanPop => "vlan-pop",
             Scenario::VxlanEncap => "vxlan-encap",
             Scenario::VxlanDecap => "vxlan-decap",
             Scenario::Veth => "veth",
@@ -72,6 +75,11 @@ impl Scenario {
     /// Whether the switch's ports are kernel interfaces (veths), not vhost-user sockets.
     pub fn is_kernel(self) -> bool {
         self == Scenario::Veth
+    }
+
+    /// An access port and a trunk.
+    pub fn is_vlan(self) -> bool {
+        matches!(self, Scenario::VlanPush | Scenario::VlanPop)
     }
 
     pub fn is_vxlan(self) -> bool {
@@ -93,7 +101,7 @@ impl Scenario {
                 stamp_received: UDP_PAYLOAD,
             },
             _ if !switching => {
-                let grown = if self == Scenario::VlanPush { 4 } else { OVERHEAD };
+                let grown = if self.is_vlan() { 4 } else { OVERHEAD };
                 Traffic {
                     offered: frames::flows(A, B, &size.grown(grown), flows),
                     back: frames::udp(B, A, frames::MIN_SIZE, 1024),
@@ -109,6 +117,14 @@ impl Scenario {
                 reversed: false,
                 stamp_offered: UDP_PAYLOAD,
                 stamp_received: UDP_PAYLOAD + 4,
+            },
+            Scenario::VlanPop => Traffic {
+                offered: frames::flows(B, A, &sizes, flows).iter().map(|f| frames::tagged(f, VLAN)).collect(),
+                // A speaks first, untagged, on its access port.
+                back: frames::udp(A, B, frames::MIN_SIZE, 1024),
+                reversed: true,
+                stamp_offered: UDP_PAYLOAD + 4,
+                stamp_received: UDP_PAYLOAD,
             },
             Scenario::VxlanEncap => Traffic {
                 offered: frames::flows(A, B, &sizes, flows),
@@ -155,6 +171,11 @@ mod tests {
         let vlan = Scenario::VlanPush.traffic(true, FrameSize::Bytes(64), 1);
         assert_eq!((vlan.offered[0].len(), vlan.back.len()), (60, 64), "untagged in, B tagged on the trunk");
         assert_eq!(&vlan.back[12..16], &[0x81, 0, 0, 100]);
+        let pop = Scenario::VlanPop.traffic(true, FrameSize::Bytes(64), 1);
+        assert_eq!((pop.offered[0].len(), pop.back.len(), pop.reversed), (64, 60, true), "tagged in on the trunk, A untagged");
+        assert_eq!(&pop.offered[0][12..16], &[0x81, 0, 0, 100]);
+        assert_eq!(&pop.offered[0][0..6], &A.mac, "to the pod behind the access port");
+        assert_eq!(pop.offered[0][pop.stamp_offered - 8..pop.stamp_offered - 6], 1024u16.to_be_bytes()[..]);
         let yard = Scenario::VxlanDecap.traffic(false, FrameSize::Bytes(64), 1);
         assert_eq!((yard.offered[0].len(), yard.reversed), (110, false), "the yardstick forwards the outer size");
     }

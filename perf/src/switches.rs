@@ -328,7 +328,7 @@ fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario
     if scenario.is_vxlan() {
         // The generator plays the remote VTEP and answers no ARP: its MAC is given.
         c += &vxlan_node(&format!(r#"kind = "vhost_user", socket = "{b}""#), scenario::LOCAL, scenario::PEER, true);
-    } else if scenario == Scenario::VlanPush {
+    } else if scenario.is_vlan() {
         c += &format!(
             r#"[[bridges]]
 name = "l2"

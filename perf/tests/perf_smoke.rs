@@ -72,7 +72,7 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     assert!(md.contains("| knitter |") && md.contains("Latency at"), "{md}");
 }
 
-/// VLAN access → trunk, VXLAN encapsulation and decapsulation through Knitter (its
+/// VLAN access → trunk and back, VXLAN encapsulation and decapsulation through Knitter (its
 /// underlay on the second vhost-user port, the generator playing the remote VTEP), and two
 /// Knitter VTEPs: frames come out, of the size the scenario makes them.
 #[test]
@@ -80,9 +80,10 @@ fn short_vlan_and_vxlan_runs_tag_encapsulate_and_decapsulate() {
     if !can_run(false) {
         return;
     }
-    // What comes out of 64-byte frames: tagged (68 on the wire), in VXLAN (114), or inner.
+    // What comes out of 64-byte frames: tagged (68 on the wire), untagged, in VXLAN (114),
+    // or inner.
     // Two Knitter switches as VTEPs over an AF_XDP veth underlay: pod to pod, 60 bytes.
-    for (scenario, out) in [("vlan-push", 64.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0), ("vxlan-2vteps", 60.0)] {
+    for (scenario, out) in [("vlan-push", 64.0), ("vlan-pop", 60.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0), ("vxlan-2vteps", 60.0)] {
         let (r, md) =
             knitter_perf(&["ndr", "--scenario", scenario, "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0", "--precision", "0.5"]);
         let m = &r["measured"][0];
