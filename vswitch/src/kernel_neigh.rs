@@ -4,12 +4,15 @@
 //!
 //! A control thread reads the table over rtnetlink once per period and copies the MAC of
 //! every next hop the kernel holds in a usable state into the switch's next-hop slots (which
-//! the PMD threads read per frame). For a next hop the kernel does not know, it makes the
-//! kernel resolve it (a zero-length UDP datagram to its discard port starts ARP/ND), once a
-//! second, counting each as a request: the slot's timers (waiting frames given up, a
-//! MAC forgotten) then work as in the dedicated mode.
+//! the PMD threads read per frame). A next hop is where the kernel's routing table sends
+//! the peer's address: the peer itself when it is on the underlay's link, else the
+//! route's gateway (asked with `RTM_GETROUTE`, as `ip route get` does, every period, so a
+//! changed route is followed). For a next hop the kernel does not know, it makes the
+//! kernel resolve it (a zero-length UDP datagram to the peer's discard port starts ARP/ND
+//! for the route's next hop), once a second, counting each as a request: the slot's timers
+//! (waiting frames given up, a MAC forgotten) then work as in the dedicated mode.
 
-use crate::port::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_DUMP, Socket};
+use crate::port::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
 use crate::switch::Switch;
 use crate::util::coarse_secs;
 use crate::wire::MacAddr;
@@ -22,6 +25,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 const RTM_GETNEIGH: u16 = 30;
+const RTM_GETROUTE: u16 = 26;
+const RTA_DST: u16 = 1;
+const RTA_GATEWAY: u16 = 5;
+const RTMSG_LEN: usize = 12;
 const NDA_DST: u16 = 1;
 const NDA_LLADDR: u16 = 2;
 const NDMSG_LEN: usize = 12;
@@ -45,20 +52,43 @@ pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
             continue;
         }
         let (Some(dst), Some(ll)) = (netlink::find(attrs, NDA_DST), netlink::find(attrs, NDA_LLADDR)) else { continue };
-        let ip = match dst.len() {
-            4 => IpAddr::V4(Ipv4Addr::new(dst[0], dst[1], dst[2], dst[3])),
-            16 => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(dst);
-                IpAddr::V6(Ipv6Addr::from(o))
-            }
-            _ => continue,
-        };
+        let Some(ip) = ip_of(dst) else { continue };
         if ll.len() == 6 {
             table.insert(ip, MacAddr::from_bytes(ll));
         }
     }
     Ok(table)
+}
+
+/// Where the kernel's routing table sends `dst`: the gateway of its route, or `None` when
+/// `dst` is on a link (or unreachable: then there is nothing to follow either).
+pub fn kernel_route_gateway(dst: IpAddr) -> io::Result<Option<IpAddr>> {
+    let mut sock = Socket::open(NETLINK_ROUTE)?;
+    let (family, bits, addr) = match dst {
+        IpAddr::V4(a) => (libc::AF_INET as u8, 32, a.octets().to_vec()),
+        IpAddr::V6(a) => (libc::AF_INET6 as u8, 128, a.octets().to_vec()),
+    };
+    let mut rtmsg = [0u8; RTMSG_LEN];
+    (rtmsg[0], rtmsg[1]) = (family, bits);
+    let replies = match sock.request(Msg::new(RTM_GETROUTE, NLM_F_ACK, &rtmsg).attr(RTA_DST, &addr)) {
+        Ok(r) => r,
+        Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) || e.raw_os_error() == Some(libc::EHOSTUNREACH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let gateway = replies.iter().filter_map(|r| netlink::find(r.get(RTMSG_LEN..)?, RTA_GATEWAY)).next();
+    Ok(gateway.and_then(ip_of))
+}
+
+fn ip_of(b: &[u8]) -> Option<IpAddr> {
+    match b.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
+        16 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(b);
+            Some(IpAddr::V6(Ipv6Addr::from(o)))
+        }
+        _ => None,
+    }
 }
 
 /// Makes the kernel resolve `ip`: a zero-length UDP datagram to its discard port.
@@ -79,7 +109,15 @@ pub fn sync_once(switch: &Switch, now: u32) -> io::Result<usize> {
     let slots = switch.neighbor_table();
     let mut known = 0;
     for (nh, peers) in &snap.next_hops {
-        match table.get(nh) {
+        // The peer behind a router: the route's gateway is the hop whose MAC frames need.
+        let via = match kernel_route_gateway(*nh) {
+            Ok(gw) => gw.unwrap_or(*nh),
+            Err(e) => {
+                tracing::debug!(next_hop = %nh, error = %e, "no route lookup: the peer taken as on-link");
+                *nh
+            }
+        };
+        match table.get(&via) {
             Some(mac) => {
                 known += 1;
                 for p in peers {

@@ -160,6 +160,71 @@ fn vtep_on_the_nodes_own_address_ipv6() {
     underlay_shared_with_the_node(true, true);
 }
 
+/// Shared-address mode with the peer VTEP in another subnet: node A's kernel routes it via
+/// a gateway, so the next hop whose MAC VXLAN frames need is the gateway's, found by
+/// following the kernel's route (as `ip route get` does), not the peer's own neighbour
+/// entry (which never exists). Node B plays the router: it owns the gateway address on the
+/// underlay and its VTEP address on its loopback (this kernel has no dummy devices).
+#[test]
+fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
+    let Some(_g) = netns::exclusive() else { return };
+    let sw = Netns::new("ra").unwrap();
+    let (pod_a, node_b, pod_b) = (Netns::new("rp").unwrap(), Netns::new("rb").unwrap(), Netns::new("rq").unwrap());
+    // Nothing reaches node A from node B before node A asks (IPv6 off: no solicitations or
+    // MLD reports flooded over VXLAN), and node B, as a router does, asks for node A's MAC
+    // from its underlay address (arp_announce 2): node A's kernel never learns the peer's
+    // own address as a neighbour, only the gateway.
+    for ns in [&sw, &pod_a, &node_b, &pod_b] {
+        for key in ["all", "default"] {
+            ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")]).unwrap();
+        }
+    }
+    node_b.run(&["sysctl", "-qw", "net.ipv4.conf.all.arp_announce=2"]).unwrap();
+    netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
+    netns::veth(&node_b, "ul1", &sw, "ul0").unwrap();
+    netns::veth(&pod_b, "eth0", &node_b, "vb0").unwrap();
+    pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let (own, gateway, remote) = ("198.51.100.10", "198.51.100.20", "203.0.113.2");
+    sw.run(&["ip", "addr", "add", &format!("{own}/24"), "dev", "ul0"]).unwrap();
+    sw.run(&["ip", "route", "add", &format!("{remote}/32"), "via", gateway]).unwrap();
+    node_b.run(&["ip", "addr", "add", &format!("{gateway}/24"), "dev", "ul1"]).unwrap();
+    node_b.run(&["ip", "addr", "add", &format!("{remote}/32"), "dev", "lo"]).unwrap();
+    netns::linux_vtep(&node_b, "ul1", remote, own, 5001, "vb0").unwrap();
+    assert_eq!(
+        sw.enter(|| vswitch::kernel_neigh::kernel_route_gateway(remote.parse().unwrap())).unwrap().unwrap(),
+        Some(gateway.parse().unwrap()),
+        "the route lookup finds the gateway"
+    );
+    assert_eq!(sw.enter(|| vswitch::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
+    let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) = (own.parse().unwrap(), remote.parse().unwrap());
+    let node = SwitchNode::start(
+        sw,
+        &["pa0", "ul0"],
+        |name, pool| -> std::io::Result<Arc<dyn Port>> {
+            Ok(if name == "ul0" {
+                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared: true })?)
+            } else {
+                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
+            })
+        },
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
+            vtep: Some(VtepConfig { shared_address: true, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
+        },
+    )
+    .unwrap();
+    let _follower = node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap();
+    ping(&pod_a, "192.0.2.2").expect("pods across VXLAN through the gateway");
+    ping(&pod_b, "192.0.2.1").expect("and back");
+    let n = node.switch.neighbors();
+    assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to the gateway's MAC");
+    assert!(node.switch.stats().event(Event::Decapsulated) >= 5);
+    let neigh = node.ns.run(&["ip", "neigh"]).unwrap();
+    assert!(!neigh.contains(remote), "the kernel never held the peer itself: {neigh}");
+}
+
 /// VXLAN in VLAN 100 on an interface whose untagged traffic is the node's own. This kernel has
 /// no 802.1Q devices, so node B is a second Knitter switch (AF_PACKET ports) with the same
 /// tagged underlay; node A's AF_XDP filter takes only tagged VXLAN, ARP and ICMP for its VTEP,
