@@ -11,7 +11,7 @@
 use crate::scenario::{self, Scenario};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
 use crate::frames::Endpoint;
-use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, Underlay, Veths};
+use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, UNDERLAY_MTU, Underlay, Veths};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -175,7 +175,7 @@ impl Running {
             let mut conf = daemon_config_idle(&work.join(format!("{tag}.sock")), mem, layout, idle);
             conf += &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()));
             // No next hop given: each switch answers ARP for its own VTEP address and asks for the other's.
-            conf += &vxlan_node(&format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#), me, other, false);
+            conf += &vxlan_node(&format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#), me, other, false, Some(UNDERLAY_MTU));
             Running::knitter_as(&tag, kind, setup, &conf)
         };
         let first = node(0, &s.a, NODE_1, local, peer)?;
@@ -261,9 +261,10 @@ fn wait_for(sockets: &[&Path], kind: Kind) -> anyhow::Result<()> {
 
 /// A VTEP `me` with its underlay port on `device` (the inside of its TOML table), bridge
 /// `l2` in VNI 100 flooding to VTEP `other`; `other`'s MAC given as the next hop when
-/// `static_next_hop` (else the switch resolves it with ARP).
-fn vxlan_node(device: &str, me: Endpoint, other: Endpoint, static_next_hop: bool) -> String {
+/// `static_next_hop` (else the switch resolves it with ARP); the underlay port's `mtu`.
+fn vxlan_node(device: &str, me: Endpoint, other: Endpoint, static_next_hop: bool, mtu: Option<u16>) -> String {
     let next_hop = if static_next_hop { format!(r#", next_hop_mac = "{}""#, other.mac_text()) } else { String::new() };
+    let mtu = mtu.map(|m| format!("mtu = {m}\n")).unwrap_or_default();
     format!(
         r#"[[bridges]]
 name = "l2"
@@ -273,7 +274,7 @@ flood = ["{other_ip}"]
 name = "ul"
 device = {{ {device} }}
 mode = {{ kind = "underlay" }}
-[vtep]
+{mtu}[vtep]
 local_ip = "{ip}"
 mac = "{mac}"
 underlay_port = "ul"
@@ -327,7 +328,7 @@ fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario
     let b = s.b.display();
     if scenario.is_vxlan() {
         // The generator plays the remote VTEP and answers no ARP: its MAC is given.
-        c += &vxlan_node(&format!(r#"kind = "vhost_user", socket = "{b}""#), scenario::LOCAL, scenario::PEER, true);
+        c += &vxlan_node(&format!(r#"kind = "vhost_user", socket = "{b}""#), scenario::LOCAL, scenario::PEER, true, None);
     } else if scenario.is_vlan() {
         c += &format!(
             r#"[[bridges]]

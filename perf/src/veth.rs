@@ -44,6 +44,10 @@ impl Veths {
 pub const NODE_1: &str = "u1";
 pub const NODE_2: &str = "u2";
 
+/// The underlay's MTU: room for VXLAN's 50 bytes around a 1 500-byte inner packet, as a
+/// VXLAN deployment gives its underlay (else IMIX's 1518-byte frames would not fit).
+pub const UNDERLAY_MTU: u16 = 1600;
+
 /// Two node namespaces joined by a veth pair, each node's end its VTEP's underlay.
 pub struct Underlay {
     pub nodes: [Netns; 2],
@@ -53,6 +57,9 @@ impl Underlay {
     pub fn new() -> anyhow::Result<Underlay> {
         let nodes = [quiet("n1")?, quiet("n2")?];
         netns::veth(&nodes[0], NODE_1, &nodes[1], NODE_2)?;
+        for (ns, dev) in [(&nodes[0], NODE_1), (&nodes[1], NODE_2)] {
+            ns.run(&["ip", "link", "set", dev, "mtu", &UNDERLAY_MTU.to_string()])?;
+        }
         Ok(Underlay { nodes })
     }
 }
