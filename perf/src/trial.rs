@@ -200,20 +200,8 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
     Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: ages.map(|a| a.hist), bad_completions: w.bad_completions(), longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
 }
 
-#[inline(always)]
-pub fn tsc() -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: rdtsc has no memory effects and exists on every x86-64 CPU.
-    unsafe {
-        std::arch::x86_64::_rdtsc()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        use std::sync::OnceLock;
-        static T0: OnceLock<Instant> = OnceLock::new();
-        T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
-    }
-}
+/// The TSC (`vswitch::util::cycles`): stamps and the loop's clock.
+pub use vswitch::util::cycles as tsc;
 
 /// The TSC's rate, against the monotonic clock over 100 ms.
 fn tsc_hz() -> f64 {

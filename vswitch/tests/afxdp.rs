@@ -56,6 +56,33 @@ fn tcp_through_af_xdp_ports() {
     assert!(q.tx_packets > 700 && q.rx_packets > 10, "{q:?}");
 }
 
+/// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001
+/// bridge flooding to `peer`, its VTEP at `vtep` (the node's own address when `shared`,
+/// whose next hops then come from the kernel's tables: the follower is returned too).
+fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: bool) -> (SwitchNode, Option<KernelNeighbors>) {
+    let node = SwitchNode::start(
+        sw,
+        &["pa0", "ul0"],
+        |name, pool| -> std::io::Result<Arc<dyn Port>> {
+            Ok(if name == "ul0" {
+                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared })?)
+            } else {
+                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
+            })
+        },
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
+            vtep: Some(VtepConfig { shared_address: shared, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
+        },
+    )
+    .unwrap();
+    let follower = shared.then(|| {
+        node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap()
+    });
+    (node, follower)
+}
+
 /// The underlay on AF_XDP with Knitter's filter program: the node keeps its own address on
 /// the same interface (a TCP session to it works while VXLAN runs), the switch's dedicated
 /// VTEP address carries VXLAN to Linux's own `vxlan` device, ARP/ND for it is answered by
@@ -82,26 +109,7 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     netns::linux_vtep(&node_b, "ul1", remote, vtep, 5001, "vb0").unwrap();
     let vtep: std::net::IpAddr = vtep.parse().unwrap();
     let peer: std::net::IpAddr = remote.parse().unwrap();
-    let node = SwitchNode::start(
-        sw,
-        &["pa0", "ul0"],
-        |name, pool| -> std::io::Result<Arc<dyn Port>> {
-            Ok(if name == "ul0" {
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared })?)
-            } else {
-                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
-            })
-        },
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
-            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig { shared_address: shared, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
-        },
-    )
-    .unwrap();
-    let _follower = shared.then(|| {
-        node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap()
-    });
+    let (node, _follower) = vtep_node(sw, vtep, peer, shared);
     // The node's own address answers through its kernel while the port is attached.
     ping(&node_b, own).expect("node A's own address");
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
@@ -198,24 +206,7 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     );
     assert_eq!(sw.enter(|| vswitch::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
     let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) = (own.parse().unwrap(), remote.parse().unwrap());
-    let node = SwitchNode::start(
-        sw,
-        &["pa0", "ul0"],
-        |name, pool| -> std::io::Result<Arc<dyn Port>> {
-            Ok(if name == "ul0" {
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared: true })?)
-            } else {
-                Arc::new(AfXdpPort::open(name, name, pool.clone())?)
-            })
-        },
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
-            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig { shared_address: true, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
-        },
-    )
-    .unwrap();
-    let _follower = node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap();
+    let (node, _follower) = vtep_node(sw, vtep, peer, true);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN through the gateway");
     ping(&pod_b, "192.0.2.1").expect("and back");
     let n = node.switch.neighbors();
