@@ -97,10 +97,15 @@ enum Cmd {
     Ndr {
         #[command(flatten)]
         common: Common,
-        /// l2, vlan-push (access → trunk), vxlan-encap or vxlan-decap (the VTEP's underlay on
-        /// the second vhost-user port; sizes are the inner frame's).
+        /// l2, vlan-push (access → trunk), vlan-pop, vxlan-encap or vxlan-decap (the VTEP's
+        /// underlay on the second vhost-user port; sizes are the inner frame's), veth (kernel
+        /// interfaces), vxlan-2vteps (two Knitter switches).
         #[arg(long, value_enum, default_value = "l2")]
         scenario: Scenario,
+        /// Rounds of MRR trials, the switches alternated within each (the headline
+        /// comparison: median and spread), before the searches; 1: the searches' own MRR.
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Seconds per search trial (FD.io CSIT: 10).
         #[arg(long, default_value_t = 10.0)]
         trial: f64,
@@ -154,7 +159,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
             Ok(())
         }
-        Cmd::Ndr { common, scenario, trial, confirm, precision } => {
+        Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
             let work = common.work()?;
             let cfg = ndr::Config {
                 scenario,
@@ -166,6 +171,7 @@ fn main() -> anyhow::Result<()> {
                 trial: Duration::from_secs_f64(trial),
                 confirm: Duration::from_secs_f64(confirm),
                 precision,
+                rounds,
                 baseline: common.baseline,
                 work: work.path().to_path_buf(),
             };

@@ -37,6 +37,9 @@ pub struct Config {
     pub confirm: Duration,
     /// The searches stop when the bounds are this close (relative).
     pub precision: f64,
+    /// Rounds of alternated MRR trials before the searches (1: none beyond the searches').
+    #[serde(default = "one")]
+    pub rounds: usize,
     pub layout: Layout,
     pub memory: Memory,
     #[serde(default)]
@@ -47,6 +50,10 @@ pub struct Config {
 
 fn l2() -> Scenario {
     Scenario::L2
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One trial at an asked rate.
@@ -122,6 +129,9 @@ pub struct Measured {
     pub latency: Option<Latency>,
     /// At 10, 50 and 90 % of this switch's own NDR.
     pub latency_curve: Vec<Latency>,
+    /// MRR (frames per second received) of each alternated round, in order (`--rounds`).
+    #[serde(default)]
+    pub mrr_rounds: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -175,8 +185,11 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
     std::fs::create_dir_all(&cfg.work)?;
     let mut measured = Vec::new();
     for &size in &cfg.sizes {
-        for &switch in &cfg.switches {
-            measured.push(throughput(cfg, switch, size, &mut progress)?);
+        let rounds = alternated_mrr(cfg, size, &mut progress)?;
+        for (i, &switch) in cfg.switches.iter().enumerate() {
+            let mut m = throughput(cfg, switch, size, &mut progress)?;
+            m.mrr_rounds = rounds.iter().map(|r| r[i]).collect();
+            measured.push(m);
         }
         // The common load: half the lowest NDR among the switches (PDR when one has no NDR).
         let lowest = measured.iter().filter(|m| m.size == size).filter_map(|m| m.ndr.or(m.pdr)).fold(f64::INFINITY, f64::min);
@@ -203,6 +216,27 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
         }
     }
     Ok(Results { config: cfg.clone(), measured })
+}
+
+/// The headline comparison: `cfg.rounds` rounds of one MRR trial per switch, the switches
+/// alternated within each round (this VM's CPU supply swings over minutes), each switch
+/// started afresh. Per round, every switch's received rate (none when `rounds` is 1).
+fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Vec<Vec<f64>>> {
+    if cfg.rounds <= 1 {
+        return Ok(Vec::new());
+    }
+    let mut rounds = Vec::with_capacity(cfg.rounds);
+    for round in 0..cfg.rounds {
+        let mut r = Vec::with_capacity(cfg.switches.len());
+        for &switch in &cfg.switches {
+            let mut b = Bench::start(cfg, switch, size)?;
+            let o = b.generator.trial(None, cfg.trial, false)?;
+            progress(&format!("round {round} {}@{size}: MRR {:.2} Mpps", switch.name(), o.received_pps() / 1e6));
+            r.push(o.received_pps());
+        }
+        rounds.push(r);
+    }
+    Ok(rounds)
 }
 
 /// MRR, NDR, PDR and the NDR's confirmation for one switch at one size.
@@ -276,5 +310,6 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl F
         trials,
         latency: None,
         latency_curve: Vec::new(),
+        mrr_rounds: Vec::new(),
     })
 }

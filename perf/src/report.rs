@@ -195,6 +195,27 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let ref_mrr = of(reference).map(|m| m.mrr.received);
         let _ = writeln!(o, "## {}\n", heading(size));
         let r = reference.name();
+        if let Some(rounds) = here.first().map(|m| m.mrr_rounds.len()).filter(|n| *n > 1) {
+            let ref_rounds: Vec<f64> = of(reference).map(|m| m.mrr_rounds.clone()).unwrap_or_default();
+            let _ = writeln!(o, "MRR over {rounds} rounds, the switches alternated within each (the headline comparison):\n");
+            let _ = writeln!(o, "| switch | MRR Mpps median | min – max | spread | × {r} (median of rounds) |");
+            let _ = writeln!(o, "|---|---|---|---|---|");
+            for m in &here {
+                let Some(sum) = crate::stats::summarize(&m.mrr_rounds) else { continue };
+                let vs = if m.switch == reference || ref_rounds.is_empty() { None } else { crate::stats::pair_ratios(&m.mrr_rounds, &ref_rounds) };
+                let _ = writeln!(
+                    o,
+                    "| {} | {:.2} | {:.2} – {:.2} | {:.0} % | {} |",
+                    m.switch.name(),
+                    sum.median / 1e6,
+                    sum.min / 1e6,
+                    sum.max / 1e6,
+                    sum.spread * 100.0,
+                    vs.map(|v| format!("{:.2}×", v.median)).unwrap_or_else(|| "—".into())
+                );
+            }
+            let _ = writeln!(o, "\nEach switch's searches:\n");
+        }
         let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × {r} | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × {r} | cycles/packet |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for m in &here {

@@ -44,15 +44,16 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
     assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
 }
 
-/// The NDR/PDR run with Knitter's own generator, in short trials: MRR, both searches, the
-/// confirmation and the latency trials all happen, and the report says so; IMIX frames come
-/// out in their mix.
+/// The NDR/PDR run with Knitter's own generator, in short trials: alternated MRR rounds,
+/// MRR, both searches, the confirmation and the latency trials all happen, and the report
+/// says so; IMIX frames come out in their mix.
 #[test]
 fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     if !can_run(false) {
         return;
     }
-    let (r, md) = knitter_perf(&["ndr", "--switches", "knitter", "--sizes", "64,imix", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25"]);
+    let (r, md) =
+        knitter_perf(&["ndr", "--switches", "knitter", "--sizes", "64,imix", "--rounds", "2", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25"]);
     let imix = &r["measured"][1];
     assert_eq!(imix["size"], "imix");
     // 7 × 60, 4 × 566, 1 × 1514 bytes without FCS: ~350 on average (the 1 024 descriptors
@@ -60,6 +61,8 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     let bytes = imix["mrr"]["frame_bytes"].as_f64().unwrap();
     assert!((340.0..360.0).contains(&bytes), "IMIX came out at {bytes} bytes per frame: {imix}");
     assert!(md.contains("## IMIX"), "{md}");
+    assert_eq!(imix["mrr_rounds"].as_array().map(Vec::len), Some(2), "two alternated MRR rounds: {imix}");
+    assert!(md.contains("MRR over 2 rounds"), "{md}");
     let m = &r["measured"][0];
     assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "nothing came through: {m}");
     assert!(!m["trials"].as_array().unwrap().is_empty(), "no search trials: {m}");
