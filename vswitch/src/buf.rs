@@ -425,6 +425,67 @@ impl Pool {
     }
 }
 
+/// A packet built a segment at a time (a port receiving a frame in several buffers, as
+/// multi-buffer AF_XDP delivers jumbo frames).
+pub struct Chain {
+    head: BufId,
+    tail: u32,
+}
+
+impl Chain {
+    pub fn new(head: BufId) -> Chain {
+        let tail = head.0;
+        Chain { head, tail }
+    }
+
+    /// Appends the packet `seg` (a lone buffer, as ports append, or a chain of its own).
+    pub fn push(&mut self, pool: &Pool, seg: BufId) {
+        let add = pool.m(seg.0).pkt_len.load(Relaxed);
+        let idx = seg.into_index();
+        pool.m(self.tail).next.store(idx, Relaxed);
+        let mut tail = idx;
+        while let next = pool.m(tail).next.load(Relaxed)
+            && next != NIL
+        {
+            tail = next;
+        }
+        let h = pool.m(self.head.0);
+        h.pkt_len.store(h.pkt_len.load(Relaxed) + add, Relaxed);
+        self.tail = tail;
+    }
+
+    pub fn finish(self) -> BufId {
+        self.head
+    }
+}
+
+impl Pool {
+    /// Splits a packet into its segments as lone buffers (a port handing each to a device
+    /// that takes a frame in pieces), when no segment is shared with another packet and
+    /// there are at most `out.len()`: how many were written to `out`; otherwise the packet
+    /// comes back whole.
+    pub fn split(&self, head: BufId, out: &mut [BufId]) -> Result<usize, BufId> {
+        let (mut n, mut i) = (0, head.0);
+        while i != NIL {
+            if n == out.len() || self.m(i).refcnt.load(Acquire) != 1 {
+                return Err(head);
+            }
+            n += 1;
+            i = self.m(i).next.load(Relaxed);
+        }
+        let mut i = head.into_index();
+        for slot in out.iter_mut().take(n) {
+            let m = self.m(i);
+            let next = m.next.load(Relaxed);
+            m.next.store(NIL, Relaxed);
+            m.pkt_len.store(m.len.load(Relaxed) as u32, Relaxed);
+            *slot = BufId(i);
+            i = next;
+        }
+        Ok(n)
+    }
+}
+
 /// Iterator over a packet's segments.
 pub struct Segments<'a> {
     pool: &'a Pool,
@@ -629,6 +690,46 @@ mod test {
 
     fn pool(n: u32) -> Arc<Pool> {
         Pool::new(n, false).unwrap()
+    }
+
+    /// Pieces chained as a port receives them make one packet; split, each piece is a lone
+    /// buffer again; a packet with a shared segment, or more pieces than room, stays whole;
+    /// every buffer comes back.
+    #[test]
+    fn chains_are_built_and_split_piece_by_piece() {
+        let p = pool(64);
+        let mut c = PoolCache::new(p.clone());
+        let pieces: Vec<BufId> = [&[1u8; 100][..], &[2; 2000], &[3; 50]].iter().map(|d| c.alloc_frame(d).unwrap()).collect();
+        let mut it = pieces.into_iter();
+        let mut chain = Chain::new(it.next().unwrap());
+        for seg in it {
+            chain.push(&p, seg);
+        }
+        let head = chain.finish();
+        assert_eq!(p.pkt_len(&head), 2150);
+        let mut flat = Vec::new();
+        p.read_frame(&head, &mut flat);
+        assert_eq!((flat[0], flat[100], flat[2100], flat.len()), (1, 2, 3, 2150));
+        // The 2 000-byte piece took two buffers (1 920 after the headroom, and 80).
+        let mut three = [BufId::EMPTY, BufId::EMPTY, BufId::EMPTY];
+        let head = p.split(head, &mut three).expect_err("four pieces, room for three");
+        let mut out = [BufId::EMPTY, BufId::EMPTY, BufId::EMPTY, BufId::EMPTY];
+        assert_eq!(p.split(head, &mut out), Ok(4));
+        let lens: Vec<usize> = out.iter().map(|b| p.pkt_len(b)).collect();
+        assert_eq!(lens, vec![100, 1920, 80, 50]);
+        assert!(out.iter().all(|b| !p.is_chained(b)));
+        for b in out.iter_mut() {
+            c.free(std::mem::replace(b, BufId::EMPTY));
+        }
+        // A packet whose payload another packet shares is not split.
+        let shared = p.into_shared(c.alloc_frame(&[9; 64]).unwrap());
+        let mut head = c.alloc_frame(&[8; 14]).unwrap();
+        p.link_shared(&mut head, &shared);
+        let head = p.split(head, &mut out).expect_err("a shared segment");
+        c.free(head);
+        c.release_shared(shared);
+        c.flush();
+        assert_eq!(p.free_count(), 64);
     }
 
     #[test]

@@ -10,9 +10,12 @@
 //! (buffers handed to the kernel for receive), rx, tx, completion (sent buffers coming back).
 //! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
 //! is accepted only if it names a lent buffer, and dropping the port returns every buffer
-//! still lent once the socket is closed. Frames must fit one pool buffer after the kernel's
-//! 256-byte XDP headroom (MTU up to 1774, larger refused); jumbo frames need multi-buffer
-//! AF_XDP (not yet).
+//! still lent once the socket is closed. Where the kernel has multi-buffer AF_XDP
+//! (`XDP_USE_SG`, Linux ≥ 6.6; the XDP program loaded frags-aware), a frame larger than one
+//! buffer arrives in several descriptors (`XDP_PKT_CONTD` on all but the last), chained into
+//! one packet, and a chained packet leaves the same way: jumbo frames up to 9 216 bytes.
+//! Elsewhere a frame must fit one pool buffer after the kernel's 256-byte XDP headroom (MTU
+//! up to 1774, larger refused).
 //!
 //! The socket binds without forcing a mode: zero-copy where the driver has it (the NIC DMAs
 //! straight into pool buffers), copy mode otherwise (veth). It asks for `need_wakeup`: the
@@ -32,7 +35,7 @@ use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
 use super::sys::{check, control_socket, if_running, ifindex, interface_mac, rx_queues, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
-use crate::buf::{BUF_SIZE, BufId, Pool, PoolCache};
+use crate::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
 use crate::wire::MacAddr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -50,6 +53,11 @@ const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
 const XDP_OPTIONS: libc::c_int = 8;
 const XDP_OPTIONS_ZEROCOPY: u32 = 1;
 const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_USE_SG: u16 = 1 << 4;
+/// In a descriptor's options: the frame continues in the next descriptor.
+const XDP_PKT_CONTD: u32 = 1;
+/// Descriptors one frame may take at most (a 9 216-byte frame in 2 KiB buffers takes 5).
+const MAX_FRAGS: usize = 8;
 const XDP_RING_NEED_WAKEUP: u32 = 1;
 const PGOFF_RX: i64 = 0;
 const PGOFF_TX: i64 = 0x8000_0000;
@@ -178,20 +186,23 @@ impl Ring {
         unsafe { self.slot(i).cast::<u64>().read_unaligned() }
     }
 
-    fn write_desc(&self, i: u32, addr: u64, len: u32) {
+    fn write_desc(&self, i: u32, addr: u64, len: u32, options: u32) {
         let s = self.slot(i);
         // SAFETY: a 16-byte xdp_desc slot we own.
         unsafe {
             s.cast::<u64>().write_unaligned(addr);
             s.add(8).cast::<u32>().write_unaligned(len);
-            s.add(12).cast::<u32>().write_unaligned(0);
+            s.add(12).cast::<u32>().write_unaligned(options);
         }
     }
 
-    fn read_desc(&self, i: u32) -> (u64, u32) {
+    /// Address, length and options of a descriptor.
+    fn read_desc(&self, i: u32) -> (u64, u32, u32) {
         let s = self.slot(i);
         // SAFETY: a 16-byte xdp_desc slot the kernel published.
-        unsafe { (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned()) }
+        unsafe {
+            (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned(), s.add(12).cast::<u32>().read_unaligned())
+        }
     }
 }
 
@@ -271,6 +282,8 @@ pub struct Binding {
     pub zero_copy: bool,
     /// The kernel tells through the rings' flags when it needs a kick.
     pub need_wakeup: bool,
+    /// Frames may take several buffers (multi-buffer AF_XDP): jumbo frames pass.
+    pub multi_buffer: bool,
 }
 
 /// One receive queue's socket (it also transmits on the same-numbered queue): its rings
@@ -343,7 +356,7 @@ impl Bound {
         let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
         let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
         // No mode forced: zero-copy where the driver has it, copy otherwise.
-        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP, ifindex, queue_id: queue, shared_umem_fd: 0 };
+        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP | XDP_USE_SG, ifindex, queue_id: queue, shared_umem_fd: 0 };
         // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
         let mut tries = 0;
         loop {
@@ -353,7 +366,11 @@ impl Bound {
             };
             match check(r) {
                 Ok(_) => break,
-                // A kernel without need_wakeup refuses the flag: kick every burst there.
+                // A kernel (or zero-copy driver) without multi-buffer refuses it: one buffer
+                // per frame there. A kernel without need_wakeup: kick every burst there.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) && sa.flags & XDP_USE_SG != 0 => {
+                    sa.flags &= !XDP_USE_SG;
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) && sa.flags & XDP_USE_NEED_WAKEUP != 0 => {
                     sa.flags &= !XDP_USE_NEED_WAKEUP;
                 }
@@ -364,7 +381,11 @@ impl Bound {
                 Err(e) => return Err(e),
             }
         }
-        let binding = Binding { zero_copy: zero_copy(fd), need_wakeup: sa.flags & XDP_USE_NEED_WAKEUP != 0 };
+        let binding = Binding {
+            zero_copy: zero_copy(fd),
+            need_wakeup: sa.flags & XDP_USE_NEED_WAKEUP != 0,
+            multi_buffer: sa.flags & XDP_USE_SG != 0,
+        };
         Ok(Bound { sock, rx, tx, fill, comp, binding })
     }
 }
@@ -442,7 +463,7 @@ impl AfXdpPort {
         let mac = interface_mac(ifname);
         let binding = bound[0].binding;
         let copy = if binding.zero_copy { "zero-copy" } else { "copy" };
-        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, queues = n, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
         // Fill rings are filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
@@ -485,6 +506,24 @@ impl AfXdpPort {
         Ok(port)
     }
 
+    /// A copy of a chained packet in buffers of its own (no segment shared); `None` when
+    /// the pool is dry.
+    fn private_copy(&self, b: &BufId, cache: &mut PoolCache) -> Option<BufId> {
+        let (parts, k) = self.pieces(b);
+        cache.alloc_chain(&parts[..k])
+    }
+
+    /// A packet's segments (the first `MAX_FRAGS`) and how many.
+    fn pieces<'a>(&'a self, b: &'a BufId) -> ([&'a [u8]; MAX_FRAGS], usize) {
+        let mut parts: [&[u8]; MAX_FRAGS] = [&[]; MAX_FRAGS];
+        let mut k = 0;
+        for seg in self.pool.segments(b).take(MAX_FRAGS) {
+            parts[k] = seg;
+            k += 1;
+        }
+        (parts, k)
+    }
+
     /// Tops the fill ring up with fresh pool buffers.
     fn refill(side: &mut RxSide, cache: &mut PoolCache) {
         let prod = side.fill.prod().load(Relaxed);
@@ -508,6 +547,23 @@ impl AfXdpPort {
 
     fn rx_pending(side: &RxSide) -> bool {
         side.rx.prod().load(Acquire) != side.rx.cons().load(Relaxed)
+    }
+
+    /// Descriptors from `cons` that hold whole frames, at most `room` of them: a frame whose
+    /// last piece is not published yet waits for the next burst. A ring full of pieces with
+    /// no end (never from a sane kernel) is taken whole, to be dropped.
+    #[inline]
+    fn whole_frames(rx: &Ring, cons: u32, avail: u32, room: usize) -> u32 {
+        let (mut end, mut frames) = (0, 0);
+        for i in 0..avail {
+            if frames == room {
+                break;
+            }
+            if rx.read_desc(cons.wrapping_add(i)).2 & XDP_PKT_CONTD == 0 {
+                (end, frames) = (i + 1, frames + 1);
+            }
+        }
+        if frames == 0 && avail >= RING { avail } else { end }
     }
 }
 
@@ -552,16 +608,56 @@ impl Port for AfXdpPort {
         let Some(side) = guard.as_mut() else { return 0 };
         let cons = side.rx.cons().load(Relaxed);
         let avail = side.rx.prod().load(Acquire).wrapping_sub(cons);
-        let n = avail.min(batch.room() as u32);
-        let mut got = 0;
+        let n = Self::whole_frames(&side.rx, cons, avail, batch.room());
+        let (mut got, mut chain, mut bad) = (0, None::<Chain>, false);
         for i in 0..n {
-            let (addr, len) = side.rx.read_desc(cons.wrapping_add(i));
+            let (addr, len, options) = side.rx.read_desc(cons.wrapping_add(i));
             let idx = (addr / BUF_SIZE as u64) as u32;
             let off = (addr % BUF_SIZE as u64) as usize;
             // SAFETY: `idx` was lent to the kernel through this socket's fill ring (checked
             // in its bitmap) and comes back once, here.
             let b = if side.lent.take(idx) { unsafe { self.pool.claim_filled(idx, off, len as usize) } } else { None };
-            match b.map(|b| batch.push(b)) {
+            let last = options & XDP_PKT_CONTD == 0;
+            let frame = match (b, chain.take()) {
+                (Some(b), None) if last => Some(b),
+                (Some(b), None) => {
+                    chain = Some(Chain::new(b));
+                    None
+                }
+                (Some(b), Some(mut c)) => {
+                    c.push(&self.pool, b);
+                    if last {
+                        Some(c.finish())
+                    } else {
+                        chain = Some(c);
+                        None
+                    }
+                }
+                (None, c) => {
+                    // A descriptor naming no lent buffer: the frame it belongs to is lost.
+                    bad = true;
+                    if last {
+                        if let Some(c) = c {
+                            cache.free(c.finish());
+                        }
+                    } else {
+                        chain = c;
+                    }
+                    None
+                }
+            };
+            if !last {
+                continue;
+            }
+            if std::mem::take(&mut bad) {
+                // Some piece of this frame was unusable: the rest goes back to the pool.
+                if let Some(b) = frame {
+                    cache.free(b);
+                }
+                xsk.counters.rx_dropped.add(1);
+                continue;
+            }
+            match frame.map(|b| batch.push(b)) {
                 Some(Ok(())) => got += 1,
                 Some(Err(b)) => {
                     cache.free(b);
@@ -569,6 +665,11 @@ impl Port for AfXdpPort {
                 }
                 None => xsk.counters.rx_dropped.add(1),
             }
+        }
+        if let Some(c) = chain {
+            // Only when a frame's pieces filled the ring without an end (a kernel bug).
+            cache.free(c.finish());
+            xsk.counters.rx_dropped.add(1);
         }
         if n > 0 {
             side.rx.cons().store(cons.wrapping_add(n), Release);
@@ -606,46 +707,75 @@ impl Port for AfXdpPort {
         }
         let prod = side.tx.prod().load(Relaxed);
         let room = RING - prod.wrapping_sub(side.tx.cons().load(Acquire));
-        let mut sent = 0u32;
-        while (sent as usize) < batch.len() && sent < room {
-            let i = sent as usize;
-            // Chained or shared packets are flattened into one buffer first (rare: jumbo
-            // frames or flood copies with a shared payload).
-            if self.pool.is_chained(&batch.as_slice()[i]) {
-                let mut parts: [&[u8]; 8] = [&[]; 8];
-                let mut k = 0;
-                for seg in self.pool.segments(&batch.as_slice()[i]).take(8) {
-                    parts[k] = seg;
-                    k += 1;
+        let (mut descs, mut sent) = (0u32, 0usize);
+        while sent < batch.len() && descs < room {
+            let b = &batch.as_slice()[sent];
+            if !self.pool.is_chained(b) {
+                let (addr, len) = self.pool.head_addr(b);
+                side.tx.write_desc(prod.wrapping_add(descs), addr, len as u32, 0);
+                side.lent.set(batch.take(sent).into_index());
+                (descs, sent) = (descs + 1, sent + 1);
+                continue;
+            }
+            // A chained packet: in pieces where the kernel takes them, else in one buffer.
+            let pieces = self.pool.segments(b).count();
+            if self.binding.multi_buffer && pieces <= MAX_FRAGS {
+                if descs + pieces as u32 > room {
+                    break;
                 }
-                let flat = cache.alloc_gather(&parts[..k]);
-                match flat.filter(|f| !self.pool.is_chained(f)) {
-                    Some(f) => {
-                        let old = std::mem::replace(&mut batch.as_mut_slice()[i], f);
-                        cache.free(old);
+                let mut segs: [BufId; MAX_FRAGS] = [const { BufId::EMPTY }; MAX_FRAGS];
+                let k = match self.pool.split(batch.take(sent), &mut segs) {
+                    Ok(k) => k,
+                    Err(b) => {
+                        // Shared with another packet (a flood copy's payload): a private
+                        // copy goes instead, or the packet waits (the pool is dry).
+                        match self.private_copy(&b, cache) {
+                            Some(c) => {
+                                cache.free(b);
+                                batch.as_mut_slice()[sent] = c;
+                                continue;
+                            }
+                            None => {
+                                batch.as_mut_slice()[sent] = b;
+                                break;
+                            }
+                        }
                     }
-                    None => break,
+                };
+                for (j, seg) in segs.iter_mut().take(k).enumerate() {
+                    let (addr, len) = self.pool.head_addr(seg);
+                    let more = if j + 1 < k { XDP_PKT_CONTD } else { 0 };
+                    side.tx.write_desc(prod.wrapping_add(descs), addr, len as u32, more);
+                    side.lent.set(std::mem::replace(seg, BufId::EMPTY).into_index());
+                    descs += 1;
                 }
+                sent += 1;
+                continue;
             }
-            let (addr, len) = self.pool.head_addr(&batch.as_slice()[i]);
-            side.tx.write_desc(prod.wrapping_add(sent), addr, len as u32);
-            sent += 1;
+            // Rare without multi-buffer: flood copies with a shared payload, flattened.
+            let (parts, k) = self.pieces(b);
+            match cache.alloc_gather(&parts[..k]).filter(|f| !self.pool.is_chained(f)) {
+                Some(f) => {
+                    let old = std::mem::replace(&mut batch.as_mut_slice()[sent], f);
+                    cache.free(old);
+                }
+                None => break,
+            }
         }
-        if sent > 0 {
-            side.tx.prod().store(prod.wrapping_add(sent), Release);
-            for i in 0..sent as usize {
-                side.lent.set(batch.take(i).into_index());
-            }
-            batch.consume_front(sent as usize);
+        if descs > 0 {
+            side.tx.prod().store(prod.wrapping_add(descs), Release);
+            batch.consume_front(sent);
             // Copy mode transmits only when kicked (the flag stays set): one kick per burst.
             if !side.wakeup || side.tx.needs_wakeup() {
                 // SAFETY: sendto with no data on our own socket.
                 unsafe { libc::sendto(xsk.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
             }
+        } else if sent > 0 {
+            batch.consume_front(sent);
         }
         xsk.counters.tx_packets.add(sent as u64);
         xsk.counters.tx_full.add(batch.len() as u64);
-        sent as usize
+        sent
     }
 
     fn wake_fd(&self, q: u16) -> Option<RawFd> {
@@ -672,9 +802,10 @@ impl Port for AfXdpPort {
         self.link.store(if_running(self.control.as_raw_fd(), &self.ifname).unwrap_or(false), Relaxed);
     }
 
-    /// One UMEM chunk per frame after the kernel's XDP headroom (no multi-buffer yet).
+    /// Jumbo frames with multi-buffer AF_XDP; else one UMEM chunk after the kernel's XDP
+    /// headroom.
     fn max_frame(&self) -> usize {
-        BUF_SIZE - XDP_PACKET_HEADROOM
+        if self.binding.multi_buffer { crate::buf::MAX_FRAME } else { BUF_SIZE - XDP_PACKET_HEADROOM }
     }
 }
 

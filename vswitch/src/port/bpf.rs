@@ -23,6 +23,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
+/// `prog_flags`: the XDP program handles frames in several buffers.
+const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
@@ -231,8 +233,15 @@ fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
     a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");
 }
 
-/// Loads an XDP program; the verifier's log is the error when it refuses.
+/// Loads an XDP program, frags-aware where the kernel knows the flag (Linux ≥ 5.18: it
+/// then runs on frames in several buffers, so multi-buffer AF_XDP and jumbo MTUs on veth
+/// work; the programs read only the first buffer's headers, which the kernel guarantees
+/// are in it); the verifier's log is the error when it refuses.
 fn load_program(prog: &[Insn]) -> io::Result<OwnedFd> {
+    load_program_with(prog, BPF_F_XDP_HAS_FRAGS).or_else(|_| load_program_with(prog, 0))
+}
+
+fn load_program_with(prog: &[Insn], flags: u32) -> io::Result<OwnedFd> {
     let license = c"GPL";
     let mut log = vec![0u8; 16384];
     let mut a: Attr = [0; 128];
@@ -243,6 +252,7 @@ fn load_program(prog: &[Insn]) -> io::Result<OwnedFd> {
     put_u32(&mut a, 24, 1); // log level
     put_u32(&mut a, 28, log.len() as u32);
     put_u64(&mut a, 32, log.as_mut_ptr() as u64);
+    put_u32(&mut a, 44, flags); // prog_flags
     a[48..48 + 12].copy_from_slice(b"knitter_xsk\0");
     put_u32(&mut a, 68, BPF_XDP); // expected attach type
     match bpf(BPF_PROG_LOAD, &a) {
