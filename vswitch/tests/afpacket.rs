@@ -8,11 +8,11 @@
 //! time.
 
 use std::sync::Arc;
-use std::time::Duration;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
+use vswitch::testkit::trunk;
 use vswitch::{DropReason, Event, Pool};
 
 
@@ -55,115 +55,18 @@ fn udp_with_default_pod_offloads() {
     assert_eq!(netns::udp_burst(&pb, &pa, "192.0.2.2", 5002, 20).unwrap(), 20);
 }
 
-/// A raw endpoint in a namespace: an AF_PACKET socket pair the test drives by hand.
-struct Raw {
-    port: AfPacketPort,
-    cache: vswitch::PoolCache,
-}
-
-impl Raw {
-    fn open(ns: &Netns, ifname: &str, pool: &Arc<Pool>) -> Raw {
-        let port = ns.enter(|| AfPacketPort::open(ifname, ifname)).unwrap().unwrap();
-        Raw { port, cache: vswitch::PoolCache::new(pool.clone()) }
-    }
-
-    fn send(&mut self, frame: &[u8]) {
-        let mut b = vswitch::Batch::new();
-        b.push(self.cache.alloc_frame(frame).unwrap()).unwrap();
-        assert_eq!(self.port.tx_burst(0, &mut self.cache, &mut b), 1);
-    }
-
-    /// Frames received within `wait` (the kernel's own IPv6 chatter filtered out).
-    fn recv(&mut self, wait: Duration) -> Vec<Vec<u8>> {
-        let end = std::time::Instant::now() + wait;
-        let mut out = Vec::new();
-        let mut b = vswitch::Batch::new();
-        while std::time::Instant::now() < end {
-            if self.port.rx_burst(0, &mut self.cache, &mut b) == 0 {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            for x in b.drain() {
-                let mut f = Vec::new();
-                self.cache.pool().read_frame(&x, &mut f);
-                self.cache.free(x);
-                let multicast_v6 = f[0] == 0x33 && f[1] == 0x33;
-                if !multicast_v6 {
-                    out.push(f);
-                }
-            }
-        }
-        out
-    }
-}
-
-/// A trunk toward a raw endpoint sending and receiving 802.1Q frames. This machine's kernel
-/// has no 802.1Q driver (CONFIG_VLAN_8021Q is off), so Linux VLAN subinterfaces cannot be the
-/// peer; the receive path still strips tags into metadata (rx VLAN offload) on the switch's
-/// veth, which is exactly what the port must undo. Both offload settings are exercised.
-fn trunk_keeps_tags(rxvlan: &str) {
-    use vswitch::testkit::{frames, mac};
-    let sw = Netns::new("sw").unwrap();
-    let (host, p100, p200) = (Netns::new("h").unwrap(), Netns::new("p1").unwrap(), Netns::new("p2").unwrap());
-    netns::veth(&host, "eth0", &sw, "swt").unwrap();
-    netns::veth(&p100, "eth0", &sw, "sw1").unwrap();
-    netns::veth(&p200, "eth0", &sw, "sw2").unwrap();
-    // Keep the pods' own stacks quiet: no IPv6 (router solicitations, DAD).
-    for ns in [&host, &p100, &p200] {
-        let _ = ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]);
-    }
-    let _ = sw.run(&["ethtool", "-K", "swt", "rxvlan", rxvlan]);
-    let pool = Pool::new(4096, false).unwrap();
-    let mut h = Raw::open(&host, "eth0", &pool);
-    let mut a = Raw::open(&p100, "eth0", &pool);
-    let mut b = Raw::open(&p200, "eth0", &pool);
-    let node = SwitchNode::start(
-        sw,
-        &["swt", "sw1", "sw2"],
-        open,
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("v100").vlan(100), BridgeConfig::new("v200").vlan(200)],
-            ports: vec![
-                PortConfig::trunk("swt", &[100, 200], None),
-                PortConfig::access("sw1", "v100"),
-                PortConfig::access("sw2", "v200"),
-            ],
-            vtep: None,
-        },
-    )
-    .unwrap();
-    let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
-    let plain = |dst: u32, src: u32| frames::udp4(mac(dst), mac(src), ip(1), ip(2), 1000, 2000, 100);
-    // Tagged in on the trunk → untagged out of the right access port only.
-    h.send(&frames::add_tag(&plain(0xa1, 0x11), 0x8100, 100));
-    h.send(&frames::add_tag(&plain(0xb1, 0x12), 0x8100, 200));
-    let (got_a, got_b) = (a.recv(Duration::from_millis(500)), b.recv(Duration::from_millis(200)));
-    assert_eq!(got_a, vec![plain(0xa1, 0x11)], "VLAN 100 frame, untagged, at the VLAN 100 pod only");
-    assert_eq!(got_b, vec![plain(0xb1, 0x12)], "VLAN 200 frame, untagged, at the VLAN 200 pod only");
-    // Untagged in on the access ports → tagged out of the trunk; replies are unicast.
-    a.send(&plain(0x11, 0xa1));
-    b.send(&plain(0x12, 0xb1));
-    let mut got_h = h.recv(Duration::from_millis(500));
-    got_h.sort();
-    let mut want = vec![
-        frames::add_tag(&plain(0x11, 0xa1), 0x8100, 100),
-        frames::add_tag(&plain(0x12, 0xb1), 0x8100, 200),
-    ];
-    want.sort();
-    assert_eq!(got_h, want, "each tagged with its own VLAN");
-    let s = node.switch.stats();
-    assert_eq!(s.drop(DropReason::UntaggedNotAllowed), 0, "no tagged frame was seen untagged");
+/// A trunk toward Linux's 802.1Q handling (a bridge in another namespace): the receive path
+/// moves tags out of band whatever the offloads say; the port puts them back.
+#[test]
+fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
+    let Some(_g) = netns::exclusive() else { return };
+    trunk::trunk_through_a_linux_bridge(open, true).unwrap();
 }
 
 #[test]
-fn trunk_keeps_tags_with_rx_vlan_offload() {
+fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
     let Some(_g) = netns::exclusive() else { return };
-    trunk_keeps_tags("on");
-}
-
-#[test]
-fn trunk_keeps_tags_without_rx_vlan_offload() {
-    let Some(_g) = netns::exclusive() else { return };
-    trunk_keeps_tags("off");
+    trunk::trunk_through_a_linux_bridge(open, false).unwrap();
 }
 
 /// VXLAN against Linux's own `vxlan` device: the switch's VTEP on an AF_PACKET underlay in

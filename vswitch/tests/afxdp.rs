@@ -11,6 +11,7 @@ use vswitch::port::afpacket::AfPacketPort;
 use vswitch::port::afxdp::{AfXdpPort, Binding};
 use vswitch::port::bpf::UnderlayFilter;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
+use vswitch::testkit::trunk;
 use vswitch::{DropReason, Event, Pool};
 
 
@@ -54,6 +55,21 @@ fn tcp_through_af_xdp_ports() {
     // 1 MiB in ~1448-byte segments toward pod B, and its acknowledgements back (how many
     // depends on delayed ACKs).
     assert!(q.tx_packets > 700 && q.rx_packets > 10, "{q:?}");
+}
+
+/// A trunk toward Linux's 802.1Q handling (a bridge in another namespace) with tx VLAN
+/// offload on: the tag reaches the switch's veth out of band, where XDP sees only the
+/// frame's bytes; the program puts it back from the rx VLAN hint.
+#[test]
+fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
+    let Some(_g) = netns::exclusive() else { return };
+    trunk::trunk_through_a_linux_bridge(open, true).unwrap();
+}
+
+#[test]
+fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
+    let Some(_g) = netns::exclusive() else { return };
+    trunk::trunk_through_a_linux_bridge(open, false).unwrap();
 }
 
 /// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001

@@ -417,6 +417,16 @@ impl AfXdpPort {
         self.binding
     }
 
+    /// Whether frames whose outer 802.1Q tag the driver holds out of band (a veth peer
+    /// sending with tx VLAN offload on) arrive tagged; why not, when they would look
+    /// untagged (a trunk must then not be served by this port).
+    pub fn restores_vlan_tags(&self) -> Result<(), String> {
+        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(x) => x.restores_vlan_tags().map_err(str::to_owned),
+            None => Err("no XDP program".into()),
+        }
+    }
+
     /// The device's receive queues, when its driver says (the port has a socket on each,
     /// up to 64).
     pub fn device_rx_queues(&self) -> Option<u32> {
@@ -463,7 +473,11 @@ impl AfXdpPort {
         let mac = interface_mac(ifname);
         let binding = bound[0].binding;
         let copy = if binding.zero_copy { "zero-copy" } else { "copy" };
-        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
+        let vlan_tags = match xdp.restores_vlan_tags() {
+            Ok(()) => "restored from the rx VLAN hint",
+            Err(why) => why,
+        };
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, vlan_tags, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
         // Fill rings are filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).

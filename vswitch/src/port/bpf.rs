@@ -4,7 +4,8 @@
 //!
 //! Two programs. [`XdpRedirect::attach`] redirects every frame of an rx queue to the AF_XDP
 //! socket registered for that queue and passes frames of queues without a socket to the
-//! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
+//! kernel (pod veths); attached natively on a kernel with the rx VLAN hint, it is bound to
+//! its device and first writes back an 802.1Q tag the driver holds out of band. [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
 //! to its address, ARP/ND asking for it, ICMP to it; in the underlay's VLAN when it has
 //! one) and passes everything else, so the node keeps its own traffic on a shared
 //! interface. The first:
@@ -25,13 +26,19 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 /// `prog_flags`: the XDP program handles frames in several buffers.
 const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
+/// `prog_flags`: bound to one device (`prog_ifindex`), which its metadata kfuncs need.
+const BPF_F_XDP_DEV_BOUND_ONLY: u32 = 1 << 6;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
+const XDP_DROP: i32 = 1;
 const XDP_PASS: i32 = 2;
 const BPF_FUNC_REDIRECT_MAP: i32 = 51;
+const BPF_FUNC_XDP_ADJUST_HEAD: i32 = 44;
+/// The rx VLAN metadata hint (Linux ≥ 6.8): the outer tag a driver took out of the frame.
+const VLAN_TAG_KFUNC: &str = "bpf_xdp_metadata_rx_vlan_tag";
 /// `XDP_FLAGS_SKB_MODE`: generic XDP, works on every device (veth included).
 pub const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
 /// `XDP_FLAGS_DRV_MODE`: native XDP in the driver.
@@ -111,6 +118,10 @@ impl Asm {
 const LDXW: u8 = 0x61;
 const LDXH: u8 = 0x69;
 const LDXB: u8 = 0x71;
+const STXW: u8 = 0x63;
+const STXH: u8 = 0x6b;
+const STW: u8 = 0x62;
+const BE: u8 = 0xdc;
 const MOV64_X: u8 = 0xbf;
 const MOV64_K: u8 = 0xb7;
 const ADD64_K: u8 = 0x07;
@@ -123,6 +134,7 @@ const LD_IMM64: u8 = 0x18;
 const CALL: u8 = 0x85;
 const EXIT: u8 = 0x95;
 const PSEUDO_MAP_FD: u8 = 1;
+const PSEUDO_KFUNC_CALL: u8 = 2;
 
 /// Appends "redirect to the queue's socket, or pass" (r6 holds the context).
 fn redirect_tail(a: &mut Asm, map: RawFd) {
@@ -146,6 +158,59 @@ fn assemble(map: RawFd, f: Option<&UnderlayFilter>) -> Vec<Insn> {
     }
     redirect_tail(&mut a, map);
     a.finish()
+}
+
+/// Redirect-everything that first puts back an 802.1Q tag the driver holds out of band
+/// (`vlan_tag_kfunc`: the BTF id of the rx VLAN hint). A veth hands its peer's tag over
+/// that way when the sender had tx VLAN offload on; read from the bytes alone, the frame
+/// would look untagged. Dropped when there is no headroom for the tag (veth has 256 bytes).
+///
+/// ```text
+/// *(u32 *)(fp - 4) = 0                       ; proto at fp-4, TCI at fp-2
+/// r0 = bpf_xdp_metadata_rx_vlan_tag(ctx, fp - 4, fp - 2)
+/// if r0 != 0 goto redirect                    ; no tag out of band (or no hint here)
+/// if bpf_xdp_adjust_head(ctx, -4) != 0 goto drop
+/// move both MACs 4 bytes forward; write TPID (as given) and TCI (to network order)
+/// ```
+fn assemble_tag_restoring(map: RawFd, vlan_tag_kfunc: u32) -> Vec<Insn> {
+    let mut a = Asm::new();
+    a.op(insn(MOV64_X, 6, 1, 0, 0))
+        .op(insn(STW, 10, 0, -4, 0))
+        .op(insn(MOV64_X, 2, 10, 0, 0))
+        .op(insn(ADD64_K, 2, 0, 0, -4))
+        .op(insn(MOV64_X, 3, 10, 0, 0))
+        .op(insn(ADD64_K, 3, 0, 0, -2))
+        .op(insn(CALL, 0, PSEUDO_KFUNC_CALL, 0, vlan_tag_kfunc as i32))
+        .jump(insn(JNE32_K, 0, 0, 0, 0), "redirect")
+        .op(insn(MOV64_X, 1, 6, 0, 0))
+        .op(insn(MOV64_K, 2, 0, 0, -4))
+        .op(insn(CALL, 0, 0, 0, BPF_FUNC_XDP_ADJUST_HEAD))
+        .jump(insn(JNE32_K, 0, 0, 0, 0), "drop")
+        .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
+        .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
+        .op(insn(MOV64_X, 4, 2, 0, 0))
+        .op(insn(ADD64_K, 4, 0, 0, 18))
+        .jump(insn(JGT_X, 4, 3, 0, 0), "drop");
+    for at in [0, 4, 8] {
+        a.op(insn(LDXW, 5, 2, at + 4, 0)).op(insn(STXW, 2, 5, at, 0));
+    }
+    a.op(insn(LDXH, 5, 10, -4, 0))
+        .op(insn(STXH, 2, 5, 12, 0))
+        .op(insn(LDXH, 5, 10, -2, 0))
+        .op(insn(BE, 5, 0, 0, 16))
+        .op(insn(STXH, 2, 5, 14, 0))
+        .label("redirect");
+    redirect_tail(&mut a, map);
+    a.label("drop").op(insn(MOV64_K, 0, 0, 0, XDP_DROP)).op(insn(EXIT, 0, 0, 0, 0));
+    a.finish()
+}
+
+/// The BTF id of the rx VLAN hint in the running kernel, looked up once.
+fn vlan_tag_kfunc() -> io::Result<u32> {
+    static ID: std::sync::OnceLock<Result<u32, String>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| super::btf::kernel_func_id(VLAN_TAG_KFUNC).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(io::Error::other)
 }
 
 /// The underlay filter's checks; frames it passes jump to "pass", the rest fall through to
@@ -238,10 +303,17 @@ fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
 /// work; the programs read only the first buffer's headers, which the kernel guarantees
 /// are in it); the verifier's log is the error when it refuses.
 fn load_program(prog: &[Insn]) -> io::Result<OwnedFd> {
-    load_program_with(prog, BPF_F_XDP_HAS_FRAGS).or_else(|_| load_program_with(prog, 0))
+    load_program_with(prog, BPF_F_XDP_HAS_FRAGS, 0).or_else(|_| load_program_with(prog, 0, 0))
 }
 
-fn load_program_with(prog: &[Insn], flags: u32) -> io::Result<OwnedFd> {
+/// [`load_program`] for a program bound to device `ifindex` (it may call the device's
+/// metadata kfuncs; it attaches to that device only, natively).
+fn load_bound_program(prog: &[Insn], ifindex: u32) -> io::Result<OwnedFd> {
+    let bound = BPF_F_XDP_DEV_BOUND_ONLY;
+    load_program_with(prog, bound | BPF_F_XDP_HAS_FRAGS, ifindex).or_else(|_| load_program_with(prog, bound, ifindex))
+}
+
+fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<OwnedFd> {
     let license = c"GPL";
     let mut log = vec![0u8; 16384];
     let mut a: Attr = [0; 128];
@@ -254,6 +326,7 @@ fn load_program_with(prog: &[Insn], flags: u32) -> io::Result<OwnedFd> {
     put_u64(&mut a, 32, log.as_mut_ptr() as u64);
     put_u32(&mut a, 44, flags); // prog_flags
     a[48..48 + 12].copy_from_slice(b"knitter_xsk\0");
+    put_u32(&mut a, 64, ifindex); // prog_ifindex (with DEV_BOUND_ONLY: bound, not offloaded)
     put_u32(&mut a, 68, BPF_XDP); // expected attach type
     match bpf(BPF_PROG_LOAD, &a) {
         Ok(r) => Ok(fd(r)),
@@ -262,6 +335,26 @@ fn load_program_with(prog: &[Insn], flags: u32) -> io::Result<OwnedFd> {
             Err(io::Error::other(format!("XDP program refused: {e}: {}", msg.trim_end_matches('\0'))))
         }
     }
+}
+
+/// An XSKMAP for `max_queues` queues (key: queue index, value: socket).
+fn xskmap(max_queues: u32) -> io::Result<OwnedFd> {
+    let mut a: Attr = [0; 128];
+    put_u32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
+    put_u32(&mut a, 4, 4);
+    put_u32(&mut a, 8, 4);
+    put_u32(&mut a, 12, max_queues.max(1));
+    Ok(fd(bpf(BPF_MAP_CREATE, &a)?))
+}
+
+/// Attaches `prog` to `ifindex` in mode `flags` through a BPF link (gone when it closes).
+fn link(prog: &OwnedFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    let mut a: Attr = [0; 128];
+    put_u32(&mut a, 0, prog.as_raw_fd() as u32);
+    put_u32(&mut a, 4, ifindex);
+    put_u32(&mut a, 8, BPF_XDP);
+    put_u32(&mut a, 12, flags);
+    Ok(fd(bpf(BPF_LINK_CREATE, &a)?))
 }
 
 /// What an underlay port's XDP program takes from its interface.
@@ -282,12 +375,40 @@ pub struct XdpRedirect {
     map: OwnedFd,
     _prog: OwnedFd,
     link: OwnedFd,
+    /// Why the program cannot put back 802.1Q tags the driver holds out of band, if it can't.
+    tags_hidden: Option<String>,
 }
 
 impl XdpRedirect {
     /// Loads the redirect-everything program and attaches it to `ifindex` with `flags`.
+    /// Natively attached, it puts back tags the driver took out of the frame (the rx VLAN
+    /// hint, bound to the device) where the kernel has the hint; see
+    /// [`XdpRedirect::restores_vlan_tags`].
     pub fn attach(ifindex: u32, flags: u32, max_queues: u32) -> io::Result<XdpRedirect> {
-        Self::load(ifindex, flags, max_queues, None)
+        if flags & XDP_FLAGS_DRV_MODE == 0 {
+            let mut x = Self::load(ifindex, flags, max_queues, None)?;
+            x.tags_hidden = Some("generic XDP has no metadata hints".into());
+            return Ok(x);
+        }
+        let map = xskmap(max_queues)?;
+        let restoring = vlan_tag_kfunc()
+            .and_then(|id| load_bound_program(&assemble_tag_restoring(map.as_raw_fd(), id), ifindex))
+            .and_then(|prog| Ok((link(&prog, ifindex, flags)?, prog)));
+        match restoring {
+            Ok((link, prog)) => Ok(XdpRedirect { map, _prog: prog, link, tags_hidden: None }),
+            Err(e) => {
+                let mut x = Self::load(ifindex, flags, max_queues, None)?;
+                x.tags_hidden = Some(format!("no rx VLAN hint: {e}"));
+                Ok(x)
+            }
+        }
+    }
+
+    /// Whether frames whose outer 802.1Q tag the driver holds out of band (a veth peer
+    /// sending with tx VLAN offload on; a NIC stripping tags) reach the socket tagged; the
+    /// reason when they would arrive looking untagged.
+    pub fn restores_vlan_tags(&self) -> Result<(), &str> {
+        self.tags_hidden.as_deref().map_or(Ok(()), Err)
     }
 
     /// Loads the underlay filter (see [`UnderlayFilter`]): VXLAN (UDP to the VTEP's port;
@@ -310,25 +431,17 @@ impl XdpRedirect {
         put_u32(&mut a, 4, prog.as_raw_fd() as u32);
         bpf(BPF_LINK_UPDATE, &a)?;
         self._prog = prog;
+        self.tags_hidden = Some("swapped for a program without the rx VLAN hint".into());
         Ok(())
     }
 
     /// Creates the XSKMAP, assembles the program for `f`, loads and attaches it.
     fn load(ifindex: u32, flags: u32, max_queues: u32, f: Option<&UnderlayFilter>) -> io::Result<XdpRedirect> {
-        let mut a: Attr = [0; 128];
-        put_u32(&mut a, 0, BPF_MAP_TYPE_XSKMAP);
-        put_u32(&mut a, 4, 4); // key: queue index
-        put_u32(&mut a, 8, 4); // value: socket fd
-        put_u32(&mut a, 12, max_queues.max(1));
-        let map = fd(bpf(BPF_MAP_CREATE, &a)?);
+        let map = xskmap(max_queues)?;
         let prog = load_program(&assemble(map.as_raw_fd(), f))?;
-        let mut a: Attr = [0; 128];
-        put_u32(&mut a, 0, prog.as_raw_fd() as u32);
-        put_u32(&mut a, 4, ifindex);
-        put_u32(&mut a, 8, BPF_XDP);
-        put_u32(&mut a, 12, flags);
-        let link = fd(bpf(BPF_LINK_CREATE, &a)?);
-        Ok(XdpRedirect { map, _prog: prog, link })
+        let link = link(&prog, ifindex, flags)?;
+        let tags_hidden = Some("the underlay filter reads tags from the frame only".into());
+        Ok(XdpRedirect { map, _prog: prog, link, tags_hidden })
     }
 
     /// Directs rx queue `queue` to the AF_XDP socket `xsk`.

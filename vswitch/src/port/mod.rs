@@ -5,6 +5,7 @@
 pub mod afpacket;
 pub mod afxdp;
 pub mod bpf;
+mod btf;
 pub mod ethtool;
 pub mod link;
 pub mod netlink;

@@ -26,6 +26,12 @@ impl OpenPort {
     pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> std::io::Result<()> {
         self.afxdp.as_ref().map_or(Ok(()), |p| p.set_underlay_filter(filter))
     }
+
+    /// Why frames whose 802.1Q tag the kernel holds out of band would reach the switch
+    /// looking untagged on this device (an AF_XDP port without the rx VLAN hint), if so.
+    pub fn hides_vlan_tags(&self) -> Option<String> {
+        self.afxdp.as_ref().and_then(|p| p.restores_vlan_tags().err())
+    }
 }
 
 /// Why a device did not open.
@@ -50,26 +56,39 @@ fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std::io
 }
 
 /// Opens `device` for the port `name`. `underlay`: the VTEP's filter when the port is the
-/// underlay (AF_XDP then takes only the VTEP's traffic and leaves the rest to the node).
-pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<UnderlayFilter>) -> Result<OpenPort, DeviceError> {
+/// underlay (AF_XDP then takes only the VTEP's traffic and leaves the rest to the node);
+/// `trunk`: the port carries tagged frames.
+///
+/// An AF_XDP device falls back to AF_PACKET, saying why in the log, when AF_XDP does not
+/// open on it (no XDP, no AF_XDP in the kernel, no room for a socket), and for a trunk when
+/// its XDP program cannot put back tags the driver holds out of band (such frames would look
+/// untagged; AF_PACKET gets them as metadata). Not for an underlay sharing the node's
+/// address: AF_PACKET copies frames, so the node's kernel would see VXLAN too.
+pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<UnderlayFilter>, trunk: bool) -> Result<OpenPort, DeviceError> {
     let fail = |what: String| move |source| DeviceError { port: name.into(), what, source };
     let (n, pool) = (name.to_string(), pool.clone());
     match device {
         Device::AfXdp { ifname, netns } => {
             let i = ifname.clone();
-            let port = kernel(netns, move || match underlay {
+            let opened = kernel(netns, move || match underlay {
                 Some(f) => AfXdpPort::open_underlay(&n, &i, pool, f),
                 None => AfXdpPort::open(&n, &i, pool),
-            })
-            .map_err(fail(format!("AF_XDP on {ifname}")))?;
-            let port = Arc::new(port);
-            Ok(OpenPort { port: port.clone(), vhost: None, afxdp: Some(port), _server: None })
+            });
+            let why_not = match opened {
+                Ok(port) => match port.restores_vlan_tags() {
+                    Err(why) if trunk => format!("a trunk, and this device's XDP cannot see tags held out of band ({why})"),
+                    _ => {
+                        let port = Arc::new(port);
+                        return Ok(OpenPort { port: port.clone(), vhost: None, afxdp: Some(port), _server: None });
+                    }
+                },
+                Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),
+                Err(e) => format!("AF_XDP did not open: {e}"),
+            };
+            tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
+            open_af_packet(name, ifname, netns)
         }
-        Device::AfPacket { ifname, netns } => {
-            let i = ifname.clone();
-            let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(fail(format!("AF_PACKET on {ifname}")))?;
-            Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, _server: None })
-        }
+        Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns),
         Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));
             if let Some(dir) = socket.parent() {
@@ -79,5 +98,39 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                 .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
             Ok(OpenPort { port: port.clone(), vhost: Some(port), afxdp: None, _server: Some(server) })
         }
+    }
+}
+
+fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>) -> Result<OpenPort, DeviceError> {
+    let (n, i) = (name.to_string(), ifname.to_string());
+    let port = kernel(netns, move || AfPacketPort::open(&n, &i))
+        .map_err(|source| DeviceError { port: name.into(), what: format!("AF_PACKET on {ifname}"), source })?;
+    Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, _server: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vswitch::testkit::netns::{self, Netns};
+
+    /// A device AF_XDP cannot serve (its queue already has a socket: AF_XDP allows one)
+    /// opens with AF_PACKET; an underlay on the node's own address refuses instead; once the
+    /// queue is free, AF_XDP serves it again. (Serial: it binds AF_XDP sockets.)
+    #[test]
+    fn serial_an_af_xdp_device_that_af_xdp_cannot_serve_opens_with_af_packet() {
+        let Some(_g) = netns::exclusive() else { return };
+        let (a, b) = (Netns::new("fa").unwrap(), Netns::new("fb").unwrap());
+        netns::veth(&a, "eth0", &b, "eth0").unwrap();
+        let pool = Pool::new(4096, false).unwrap();
+        let holder = a.enter(|| AfXdpPort::open("holder", "eth0", pool.clone())).unwrap().unwrap();
+        let device = Device::AfXdp { ifname: "eth0".into(), netns: Some(a.name.clone()) };
+        let fallback = open("p", &device, &pool, None, false).expect("AF_PACKET serves it");
+        assert!(fallback.afxdp.is_none(), "not AF_XDP");
+        let shared = UnderlayFilter { vtep: "192.0.2.1".parse().unwrap(), udp_port: 4789, vlan: None, shared: true };
+        let refused = open("u", &device, &pool, Some(shared), false).err().expect("a shared underlay does not fall back");
+        assert!(refused.to_string().contains("node's own address"), "{refused}");
+        drop(holder);
+        let again = open("p2", &device, &pool, None, false).expect("AF_XDP serves it");
+        assert!(again.afxdp.is_some(), "AF_XDP again");
     }
 }

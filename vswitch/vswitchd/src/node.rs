@@ -28,6 +28,8 @@ pub enum NodeError {
     Device(#[from] DeviceError),
     #[error("port {port:?}: its device differs from the running one; delete the port first, then apply")]
     DeviceChanged { port: String },
+    #[error("port {port:?} cannot become a trunk on its running AF_XDP device: {why}; delete the port and add it again (a trunk opens on AF_PACKET there)")]
+    TrunkTagsHidden { port: String, why: String },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
 }
@@ -117,7 +119,8 @@ impl Node {
             (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => Some(underlay_filter(&v.item)),
             _ => None,
         };
-        devices::open(&spec.config.name, &spec.device, pool, filter)
+        let trunk = matches!(spec.config.mode, PortMode::Trunk { .. });
+        devices::open(&spec.config.name, &spec.device, pool, filter, trunk)
     }
 
     /// Applies `candidate` (the ports in `open`), then makes it the state and persists it.
@@ -337,7 +340,13 @@ impl Node {
             match state.port(name) {
                 Some(o) if o.owner != Owner::Local => owned_by(o, "port", name, Owner::Local)?,
                 Some(o) if o.item.device != p.item.device => return Err(NodeError::DeviceChanged { port: name.clone() }),
-                Some(o) if o.item != p.item => report.changed.push(format!("port {name}")),
+                Some(o) if o.item != p.item => {
+                    let hidden = inner.open.get(name).and_then(OpenPort::hides_vlan_tags);
+                    if let (PortMode::Trunk { .. }, Some(why)) = (&p.item.config.mode, hidden) {
+                        return Err(NodeError::TrunkTagsHidden { port: name.clone(), why });
+                    }
+                    report.changed.push(format!("port {name}"))
+                }
                 Some(_) => {}
                 None => {
                     report.added.push(format!("port {name}"));
