@@ -235,15 +235,30 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
 /// VXLAN in VLAN 100 on an interface whose untagged traffic is the node's own. This kernel has
 /// no 802.1Q devices, so node B is a second Knitter switch (AF_PACKET ports) with the same
 /// tagged underlay; node A's AF_XDP filter takes only tagged VXLAN, ARP and ICMP for its VTEP,
-/// swapped in while the port runs.
-#[test]
-fn underlay_in_a_vlan() {
-    let Some(_g) = netns::exclusive() else { return };
+/// swapped in while the port runs. `through_bridge`: a Linux bridge between the nodes hands
+/// node A's veth every tag out of band (tx VLAN offload on), so its filter sees them only
+/// because the program puts them back first.
+fn underlay_in_a_vlan(through_bridge: bool) {
     let (na, nb) = (Netns::new("na").unwrap(), Netns::new("nb").unwrap());
     let (pod_a, pod_b) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
     netns::veth(&pod_a, "eth0", &na, "pa0").unwrap();
     netns::veth(&pod_b, "eth0", &nb, "pb0").unwrap();
-    netns::veth(&na, "ul0", &nb, "ul1").unwrap();
+    let _mid = if through_bridge {
+        let mid = Netns::new("mid").unwrap();
+        mid.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]).unwrap();
+        netns::veth(&na, "ul0", &mid, "x0").unwrap();
+        netns::veth(&nb, "ul1", &mid, "x1").unwrap();
+        mid.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]).unwrap();
+        for x in ["x0", "x1"] {
+            mid.run(&["ip", "link", "set", x, "master", "br0"]).unwrap();
+            mid.run(&["ethtool", "-K", x, "txvlan", "on"]).unwrap();
+        }
+        mid.run(&["ip", "link", "set", "br0", "up"]).unwrap();
+        Some(mid)
+    } else {
+        netns::veth(&na, "ul0", &nb, "ul1").unwrap();
+        None
+    };
     pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
     pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
     // The nodes' own (untagged) addresses on the shared interface.
@@ -289,6 +304,18 @@ fn underlay_in_a_vlan() {
     // B's answer.
     assert!(s.event(Event::VtepAnswered) + s.event(Event::NeighborLearned) >= 1);
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only the VTEP's frames through");
+}
+
+#[test]
+fn underlay_in_a_vlan_tags_in_the_frame() {
+    let Some(_g) = netns::exclusive() else { return };
+    underlay_in_a_vlan(false);
+}
+
+#[test]
+fn underlay_in_a_vlan_tags_out_of_band() {
+    let Some(_g) = netns::exclusive() else { return };
+    underlay_in_a_vlan(true);
 }
 
 /// Jumbo frames cross AF_XDP ports in pieces (multi-buffer AF_XDP: the kernel hands a 8 028-

@@ -1,14 +1,15 @@
 //! The little of `bpf(2)` the AF_XDP port needs, without a C toolchain: an XSKMAP, Knitter's
-//! XDP program (five instructions, assembled here) and its attachment through a BPF link,
-//! which the kernel removes when the link's descriptor is closed.
+//! XDP programs (assembled here) and their attachment through a BPF link, which the kernel
+//! removes when the link's descriptor is closed.
 //!
 //! Two programs. [`XdpRedirect::attach`] redirects every frame of an rx queue to the AF_XDP
 //! socket registered for that queue and passes frames of queues without a socket to the
-//! kernel (pod veths); attached natively on a kernel with the rx VLAN hint, it is bound to
-//! its device and first writes back an 802.1Q tag the driver holds out of band. [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
+//! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
 //! to its address, ARP/ND asking for it, ICMP to it; in the underlay's VLAN when it has
 //! one) and passes everything else, so the node keeps its own traffic on a shared
-//! interface. The first:
+//! interface. Attached natively on a kernel with the rx VLAN hint, either is bound to its
+//! device and first writes back an 802.1Q tag the driver holds out of band ([`restore_tag`]).
+//! The first, without that:
 //!
 //! ```text
 //! r2 = *(u32 *)(r1 + 16)        ; xdp_md->rx_queue_index
@@ -146,10 +147,14 @@ fn redirect_tail(a: &mut Asm, map: RawFd) {
         .op(insn(EXIT, 0, 0, 0, 0));
 }
 
-/// The program: the underlay filter for `f` (or nothing: every frame) followed by the
-/// redirect to the queue's socket.
-fn assemble(map: RawFd, f: Option<&UnderlayFilter>) -> Vec<Insn> {
+/// The program: with `vlan_hint` (the BTF id of the rx VLAN hint), first the tag
+/// restore ([`restore_tag`]); then the underlay filter for `f` (or nothing: every frame);
+/// then the redirect to the queue's socket.
+fn assemble(map: RawFd, f: Option<&UnderlayFilter>, vlan_hint: Option<u32>) -> Vec<Insn> {
     let mut a = Asm::new();
+    if let Some(id) = vlan_hint {
+        restore_tag(&mut a, id);
+    }
     match f {
         None => {
             a.op(insn(MOV64_X, 6, 1, 0, 0));
@@ -157,40 +162,43 @@ fn assemble(map: RawFd, f: Option<&UnderlayFilter>) -> Vec<Insn> {
         Some(f) => underlay_head(&mut a, f),
     }
     redirect_tail(&mut a, map);
+    if vlan_hint.is_some() {
+        a.label("tag_drop").op(insn(MOV64_K, 0, 0, 0, XDP_DROP)).op(insn(EXIT, 0, 0, 0, 0));
+    }
     a.finish()
 }
 
-/// Redirect-everything that first puts back an 802.1Q tag the driver holds out of band
-/// (`vlan_tag_kfunc`: the BTF id of the rx VLAN hint). A veth hands its peer's tag over
-/// that way when the sender had tx VLAN offload on; read from the bytes alone, the frame
-/// would look untagged. Dropped when there is no headroom for the tag (veth has 256 bytes).
+/// Puts back an 802.1Q tag the driver holds out of band (`kfunc`: the BTF id of the rx
+/// VLAN hint), so that what follows reads it from the frame. A veth hands its peer's tag
+/// over that way when the sender had tx VLAN offload on, a NIC when it strips tags; read
+/// from the bytes alone, the frame would look untagged. Jumps to "tag_drop" when there is no
+/// headroom for the tag (veth has 256 bytes); ends with r1 = r6 = ctx.
 ///
 /// ```text
 /// *(u32 *)(fp - 4) = 0                       ; proto at fp-4, TCI at fp-2
 /// r0 = bpf_xdp_metadata_rx_vlan_tag(ctx, fp - 4, fp - 2)
-/// if r0 != 0 goto redirect                    ; no tag out of band (or no hint here)
-/// if bpf_xdp_adjust_head(ctx, -4) != 0 goto drop
+/// if r0 != 0 goto done                        ; no tag out of band (or no hint here)
+/// if bpf_xdp_adjust_head(ctx, -4) != 0 goto tag_drop
 /// move both MACs 4 bytes forward; write TPID (as given) and TCI (to network order)
 /// ```
-fn assemble_tag_restoring(map: RawFd, vlan_tag_kfunc: u32) -> Vec<Insn> {
-    let mut a = Asm::new();
+fn restore_tag(a: &mut Asm, kfunc: u32) {
     a.op(insn(MOV64_X, 6, 1, 0, 0))
         .op(insn(STW, 10, 0, -4, 0))
         .op(insn(MOV64_X, 2, 10, 0, 0))
         .op(insn(ADD64_K, 2, 0, 0, -4))
         .op(insn(MOV64_X, 3, 10, 0, 0))
         .op(insn(ADD64_K, 3, 0, 0, -2))
-        .op(insn(CALL, 0, PSEUDO_KFUNC_CALL, 0, vlan_tag_kfunc as i32))
-        .jump(insn(JNE32_K, 0, 0, 0, 0), "redirect")
+        .op(insn(CALL, 0, PSEUDO_KFUNC_CALL, 0, kfunc as i32))
+        .jump(insn(JNE32_K, 0, 0, 0, 0), "tag_done")
         .op(insn(MOV64_X, 1, 6, 0, 0))
         .op(insn(MOV64_K, 2, 0, 0, -4))
         .op(insn(CALL, 0, 0, 0, BPF_FUNC_XDP_ADJUST_HEAD))
-        .jump(insn(JNE32_K, 0, 0, 0, 0), "drop")
+        .jump(insn(JNE32_K, 0, 0, 0, 0), "tag_drop")
         .op(insn(LDXW, 2, 6, 0, 0)) // r2 = data
         .op(insn(LDXW, 3, 6, 4, 0)) // r3 = data_end
         .op(insn(MOV64_X, 4, 2, 0, 0))
         .op(insn(ADD64_K, 4, 0, 0, 18))
-        .jump(insn(JGT_X, 4, 3, 0, 0), "drop");
+        .jump(insn(JGT_X, 4, 3, 0, 0), "tag_drop");
     for at in [0, 4, 8] {
         a.op(insn(LDXW, 5, 2, at + 4, 0)).op(insn(STXW, 2, 5, at, 0));
     }
@@ -199,10 +207,8 @@ fn assemble_tag_restoring(map: RawFd, vlan_tag_kfunc: u32) -> Vec<Insn> {
         .op(insn(LDXH, 5, 10, -2, 0))
         .op(insn(BE, 5, 0, 0, 16))
         .op(insn(STXH, 2, 5, 14, 0))
-        .label("redirect");
-    redirect_tail(&mut a, map);
-    a.label("drop").op(insn(MOV64_K, 0, 0, 0, XDP_DROP)).op(insn(EXIT, 0, 0, 0, 0));
-    a.finish()
+        .label("tag_done")
+        .op(insn(MOV64_X, 1, 6, 0, 0));
 }
 
 /// The BTF id of the rx VLAN hint in the running kernel, looked up once.
@@ -337,6 +343,19 @@ fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<Owne
     }
 }
 
+/// Loads the program for `f` (`None`: every frame) to attach to `ifindex` in mode `flags`:
+/// natively, bound to the device with the tag restore where the kernel has the rx VLAN hint;
+/// otherwise without it, and why.
+fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>) -> io::Result<(OwnedFd, Option<String>)> {
+    if flags & XDP_FLAGS_DRV_MODE == 0 {
+        return Ok((load_program(&assemble(map, f, None))?, Some("generic XDP has no metadata hints".into())));
+    }
+    match vlan_tag_kfunc().and_then(|id| load_bound_program(&assemble(map, f, Some(id)), ifindex)) {
+        Ok(prog) => Ok((prog, None)),
+        Err(e) => Ok((load_program(&assemble(map, f, None))?, Some(format!("no rx VLAN hint: {e}")))),
+    }
+}
+
 /// An XSKMAP for `max_queues` queues (key: queue index, value: socket).
 fn xskmap(max_queues: u32) -> io::Result<OwnedFd> {
     let mut a: Attr = [0; 128];
@@ -371,42 +390,31 @@ pub struct UnderlayFilter {
 }
 
 /// An XDP program with its XSKMAP, attached to one interface while this value lives.
+///
+/// Attached natively on a kernel with the rx VLAN hint, each program is bound to its device
+/// and first puts back an 802.1Q tag the driver holds out of band ([`restore_tag`]); see
+/// [`XdpRedirect::restores_vlan_tags`].
 pub struct XdpRedirect {
     map: OwnedFd,
     _prog: OwnedFd,
     link: OwnedFd,
+    ifindex: u32,
+    flags: u32,
+    /// The network namespace `ifindex` belongs to (a bound program names its device by it).
+    netns: std::fs::File,
     /// Why the program cannot put back 802.1Q tags the driver holds out of band, if it can't.
     tags_hidden: Option<String>,
 }
 
 impl XdpRedirect {
     /// Loads the redirect-everything program and attaches it to `ifindex` with `flags`.
-    /// Natively attached, it puts back tags the driver took out of the frame (the rx VLAN
-    /// hint, bound to the device) where the kernel has the hint; see
-    /// [`XdpRedirect::restores_vlan_tags`].
     pub fn attach(ifindex: u32, flags: u32, max_queues: u32) -> io::Result<XdpRedirect> {
-        if flags & XDP_FLAGS_DRV_MODE == 0 {
-            let mut x = Self::load(ifindex, flags, max_queues, None)?;
-            x.tags_hidden = Some("generic XDP has no metadata hints".into());
-            return Ok(x);
-        }
-        let map = xskmap(max_queues)?;
-        let restoring = vlan_tag_kfunc()
-            .and_then(|id| load_bound_program(&assemble_tag_restoring(map.as_raw_fd(), id), ifindex))
-            .and_then(|prog| Ok((link(&prog, ifindex, flags)?, prog)));
-        match restoring {
-            Ok((link, prog)) => Ok(XdpRedirect { map, _prog: prog, link, tags_hidden: None }),
-            Err(e) => {
-                let mut x = Self::load(ifindex, flags, max_queues, None)?;
-                x.tags_hidden = Some(format!("no rx VLAN hint: {e}"));
-                Ok(x)
-            }
-        }
+        Self::load(ifindex, flags, max_queues, None)
     }
 
     /// Whether frames whose outer 802.1Q tag the driver holds out of band (a veth peer
-    /// sending with tx VLAN offload on; a NIC stripping tags) reach the socket tagged; the
-    /// reason when they would arrive looking untagged.
+    /// sending with tx VLAN offload on; a NIC stripping tags) reach the program, and so the
+    /// socket, tagged; the reason when they would look untagged.
     pub fn restores_vlan_tags(&self) -> Result<(), &str> {
         self.tags_hidden.as_deref().map_or(Ok(()), Err)
     }
@@ -425,23 +433,27 @@ impl XdpRedirect {
     /// for `f`, or redirect-everything. The kernel swaps it atomically: no frame goes
     /// through neither.
     pub fn set_filter(&mut self, f: Option<&UnderlayFilter>) -> io::Result<()> {
-        let prog = load_program(&assemble(self.map.as_raw_fd(), f))?;
+        let (map, ifindex, flags, f) = (self.map.as_raw_fd(), self.ifindex, self.flags, f.copied());
+        // Loaded in the device's namespace: the caller may be elsewhere (the daemon's control
+        // thread, for a device in a pod's or a node's namespace).
+        let netns = format!("/proc/self/fd/{}", self.netns.as_raw_fd());
+        let (prog, tags_hidden) = super::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref()))?;
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, self.link.as_raw_fd() as u32);
         put_u32(&mut a, 4, prog.as_raw_fd() as u32);
         bpf(BPF_LINK_UPDATE, &a)?;
         self._prog = prog;
-        self.tags_hidden = Some("swapped for a program without the rx VLAN hint".into());
+        self.tags_hidden = tags_hidden;
         Ok(())
     }
 
-    /// Creates the XSKMAP, assembles the program for `f`, loads and attaches it.
+    /// Creates the XSKMAP, loads the program for `f` and attaches it.
     fn load(ifindex: u32, flags: u32, max_queues: u32, f: Option<&UnderlayFilter>) -> io::Result<XdpRedirect> {
         let map = xskmap(max_queues)?;
-        let prog = load_program(&assemble(map.as_raw_fd(), f))?;
+        let (prog, tags_hidden) = program(map.as_raw_fd(), ifindex, flags, f)?;
         let link = link(&prog, ifindex, flags)?;
-        let tags_hidden = Some("the underlay filter reads tags from the frame only".into());
-        Ok(XdpRedirect { map, _prog: prog, link, tags_hidden })
+        let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
+        Ok(XdpRedirect { map, _prog: prog, link, ifindex, flags, netns, tags_hidden })
     }
 
     /// Directs rx queue `queue` to the AF_XDP socket `xsk`.
