@@ -356,6 +356,35 @@ fn jumbo_frames_cross_af_xdp_ports_in_pieces() {
 /// whole ring: ports that each took 1 024 starved every port opened after the pool ran out
 /// (a node's 17th pod lost its first frames until traffic elsewhere returned buffers). And
 /// the fill ring is filled at open, before frames are redirected to the socket.
+/// A burst of jumbo frames is more descriptors than copy mode sends per `sendto` (32): one
+/// `tx_burst` still puts every frame on the wire, with no later burst to push the rest (the
+/// port kicks again while the kernel stops at its budget with descriptors left).
+#[test]
+fn a_burst_of_jumbo_frames_leaves_in_one_tx_burst() {
+    use vswitch::testkit::{frames, mac};
+    let Some(_g) = netns::exclusive() else { return };
+    let (a, b) = (Netns::new("ja").unwrap(), Netns::new("jb").unwrap());
+    netns::veth(&a, "eth0", &b, "eth0").unwrap();
+    for ns in [&a, &b] {
+        ns.run(&["ip", "link", "set", "eth0", "mtu", "9000"]).unwrap();
+    }
+    let pool = Pool::new(4096, false).unwrap();
+    let port = a.enter(|| AfXdpPort::open("ja", "eth0", pool.clone())).unwrap().unwrap();
+    assert!(port.binding().multi_buffer, "this kernel has multi-buffer AF_XDP");
+    let received = || -> u64 { b.run(&["cat", "/sys/class/net/eth0/statistics/rx_packets"]).unwrap().trim().parse().unwrap() };
+    let before = received();
+    let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
+    let frame = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 8000);
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    for _ in 0..vswitch::BATCH {
+        batch.push(cache.alloc_frame(&frame).unwrap()).unwrap();
+    }
+    assert_eq!(port.tx_burst(0, &mut cache, &mut batch), vswitch::BATCH, "the ring took the burst");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(received() - before, vswitch::BATCH as u64, "every frame of the burst on the wire");
+}
+
 #[test]
 fn idle_ports_lend_a_few_bursts_of_buffers_each() {
     let Some(_g) = netns::exclusive() else { return };

@@ -21,7 +21,8 @@
 //! straight into pool buffers), copy mode otherwise (veth). It asks for `need_wakeup`: the
 //! port kicks the kernel (`sendto` for transmit, `recvfrom` for the fill ring) only when the
 //! ring's flag says the driver sleeps. In copy mode the kernel keeps the transmit flag set
-//! (it transmits only inside `sendto`), so that is one kick per burst as before; a
+//! (it transmits only inside `sendto`, 32 descriptors a call), so that is a kick per burst,
+//! repeated while the kernel stops at its budget with descriptors left (jumbo frames); a
 //! zero-copy driver busy with the queue clears it and the port makes no system call at all.
 //!
 //! Unsafe code is confined to the ring mappings, with these invariants:
@@ -387,6 +388,25 @@ impl Bound {
             multi_buffer: sa.flags & XDP_USE_SG != 0,
         };
         Ok(Bound { sock, rx, tx, fill, comp, binding })
+    }
+}
+
+/// At most this many `sendto` kicks per burst: enough for a burst of jumbo frames in pieces
+/// (32 × 8 descriptors at 32 a kick), few enough that a device answering "busy" is not
+/// spun on.
+const MAX_KICKS: u32 = 8;
+
+/// Makes the kernel transmit what the tx ring holds. In copy mode it sends only inside
+/// `sendto`, at most 32 descriptors a call (`TX_BATCH_SIZE`), answering `EAGAIN` when it
+/// stops with descriptors left; kicked again then, while the ring still holds some.
+fn kick_tx(fd: RawFd, tx: &Ring) {
+    for _ in 0..MAX_KICKS {
+        // SAFETY: sendto with no data on our own socket.
+        let r = unsafe { libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        let stopped_at_budget = r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+        if !stopped_at_budget || tx.cons().load(Acquire) == tx.prod().load(Relaxed) {
+            break;
+        }
     }
 }
 
@@ -779,10 +799,9 @@ impl Port for AfXdpPort {
         if descs > 0 {
             side.tx.prod().store(prod.wrapping_add(descs), Release);
             batch.consume_front(sent);
-            // Copy mode transmits only when kicked (the flag stays set): one kick per burst.
+            // Copy mode transmits only when kicked (the flag stays set): a kick per burst.
             if !side.wakeup || side.tx.needs_wakeup() {
-                // SAFETY: sendto with no data on our own socket.
-                unsafe { libc::sendto(xsk.fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+                kick_tx(xsk.fd, &side.tx);
             }
         } else if sent > 0 {
             batch.consume_front(sent);
