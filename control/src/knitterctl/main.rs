@@ -322,12 +322,17 @@ fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
         &["name", "device", "mode", "mtu", "link", "owner"],
         p.iter()
             .map(|p| {
-                let link = match status.iter().find(|s| s.name == p.name) {
+                let s = status.iter().find(|s| s.name == p.name);
+                let link = match s {
                     Some(s) if !s.error.is_empty() => format!("not running: {}", s.error),
                     Some(s) if s.vhost_connected == Some(false) => "waiting for the frontend".into(),
                     Some(s) if s.link_up => "up".into(),
                     Some(_) => "down".into(),
                     None => "?".into(),
+                };
+                let link = match s {
+                    Some(s) if !s.fallback.is_empty() => format!("{link}, on AF_PACKET: {}", s.fallback),
+                    _ => link,
                 };
                 vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into()]
             })

@@ -68,6 +68,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             drops: t.drops,
             error: String::new(),
             vhost_connected: node.vhost_connected(&p.name),
+            fallback: node.fallback(&p.name).unwrap_or_default(),
             queues: p
                 .port
                 .queue_stats()

@@ -17,6 +17,8 @@ pub struct OpenPort {
     /// The vhost-user port, for its connection state.
     pub vhost: Option<Arc<VhostPort>>,
     afxdp: Option<Arc<AfXdpPort>>,
+    /// Why an `af_xdp` device runs on AF_PACKET, when it does.
+    pub fallback: Option<String>,
     _server: Option<Server>,
 }
 
@@ -79,14 +81,14 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                     Err(why) if trunk => format!("a trunk, and this device's XDP cannot see tags held out of band ({why})"),
                     _ => {
                         let port = Arc::new(port);
-                        return Ok(OpenPort { port: port.clone(), vhost: None, afxdp: Some(port), _server: None });
+                        return Ok(OpenPort { port: port.clone(), vhost: None, afxdp: Some(port), fallback: None, _server: None });
                     }
                 },
                 Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),
                 Err(e) => format!("AF_XDP did not open: {e}"),
             };
             tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
-            open_af_packet(name, ifname, netns)
+            Ok(OpenPort { fallback: Some(why_not), ..open_af_packet(name, ifname, netns)? })
         }
         Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns),
         Device::VhostUser { socket, client, mode, owner, group } => {
@@ -96,7 +98,7 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             }
             let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve_with(socket, port.clone(), backend::SocketPerms { mode: *mode, owner: *owner, group: *group }) }
                 .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
-            Ok(OpenPort { port: port.clone(), vhost: Some(port), afxdp: None, _server: Some(server) })
+            Ok(OpenPort { port: port.clone(), vhost: Some(port), afxdp: None, fallback: None, _server: Some(server) })
         }
     }
 }
@@ -105,7 +107,7 @@ fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>) -> Result<Op
     let (n, i) = (name.to_string(), ifname.to_string());
     let port = kernel(netns, move || AfPacketPort::open(&n, &i))
         .map_err(|source| DeviceError { port: name.into(), what: format!("AF_PACKET on {ifname}"), source })?;
-    Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, _server: None })
+    Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, fallback: None, _server: None })
 }
 
 #[cfg(test)]
@@ -126,11 +128,13 @@ mod tests {
         let device = Device::AfXdp { ifname: "eth0".into(), netns: Some(a.name.clone()) };
         let fallback = open("p", &device, &pool, None, false).expect("AF_PACKET serves it");
         assert!(fallback.afxdp.is_none(), "not AF_XDP");
+        let why = fallback.fallback.as_deref().unwrap_or_default();
+        assert!(why.contains("AF_XDP did not open"), "the port says why: {why}");
         let shared = UnderlayFilter { vtep: "192.0.2.1".parse().unwrap(), udp_port: 4789, vlan: None, shared: true };
         let refused = open("u", &device, &pool, Some(shared), false).err().expect("a shared underlay does not fall back");
         assert!(refused.to_string().contains("node's own address"), "{refused}");
         drop(holder);
         let again = open("p2", &device, &pool, None, false).expect("AF_XDP serves it");
-        assert!(again.afxdp.is_some(), "AF_XDP again");
+        assert!(again.afxdp.is_some() && again.fallback.is_none(), "AF_XDP again");
     }
 }
