@@ -12,7 +12,6 @@ use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
 use vswitch::port::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
-use vswitch::testkit::trunk;
 use vswitch::{DropReason, Event, Pool};
 
 
@@ -55,19 +54,9 @@ fn udp_with_default_pod_offloads() {
     assert_eq!(netns::udp_burst(&pb, &pa, "192.0.2.2", 5002, 20).unwrap(), 20);
 }
 
-/// A trunk toward Linux's 802.1Q handling (a bridge in another namespace): the receive path
-/// moves tags out of band whatever the offloads say; the port puts them back.
-#[test]
-fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
-    let Some(_g) = netns::exclusive() else { return };
-    trunk::trunk_through_a_linux_bridge(open, true).unwrap();
-}
-
-#[test]
-fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
-    let Some(_g) = netns::exclusive() else { return };
-    trunk::trunk_through_a_linux_bridge(open, false).unwrap();
-}
+// A trunk toward Linux's 802.1Q handling (a bridge in another namespace): the receive path
+// moves tags out of band whatever the offloads say; the port puts them back.
+vswitch::trunk_tests!(open);
 
 /// VXLAN against Linux's own `vxlan` device: the switch's VTEP on an AF_PACKET underlay in
 /// one namespace; in another, a kernel VXLAN device (VNI 5001, port 4789) bridged with a pod.

@@ -11,7 +11,6 @@ use vswitch::port::afpacket::AfPacketPort;
 use vswitch::port::afxdp::{AfXdpPort, Binding};
 use vswitch::port::bpf::UnderlayFilter;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
-use vswitch::testkit::trunk;
 use vswitch::{DropReason, Event, Pool};
 
 
@@ -57,20 +56,10 @@ fn tcp_through_af_xdp_ports() {
     assert!(q.tx_packets > 700 && q.rx_packets > 10, "{q:?}");
 }
 
-/// A trunk toward Linux's 802.1Q handling (a bridge in another namespace) with tx VLAN
-/// offload on: the tag reaches the switch's veth out of band, where XDP sees only the
-/// frame's bytes; the program puts it back from the rx VLAN hint.
-#[test]
-fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
-    let Some(_g) = netns::exclusive() else { return };
-    trunk::trunk_through_a_linux_bridge(open, true).unwrap();
-}
-
-#[test]
-fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
-    let Some(_g) = netns::exclusive() else { return };
-    trunk::trunk_through_a_linux_bridge(open, false).unwrap();
-}
+// A trunk toward Linux's 802.1Q handling (a bridge in another namespace) with tx VLAN
+// offload on: the tag reaches the switch's veth out of band, where XDP sees only the
+// frame's bytes; the program puts it back from the rx VLAN hint.
+vswitch::trunk_tests!(open);
 
 /// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001
 /// bridge flooding to `peer`, its VTEP at `vtep` (the node's own address when `shared`,

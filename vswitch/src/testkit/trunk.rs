@@ -134,3 +134,22 @@ pub fn trunk_through_a_linux_bridge(
     assert_eq!(got_t, want, "each tagged with its own VLAN");
     Ok(())
 }
+
+/// The two trunk tests ([`trunk_through_a_linux_bridge`] with tx VLAN offload on and off) for
+/// a kernel-port test file whose ports `$open` makes; each takes the namespace lock.
+#[macro_export]
+macro_rules! trunk_tests {
+    ($open:path) => {
+        #[test]
+        fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
+            let Some(_g) = $crate::testkit::netns::exclusive() else { return };
+            $crate::testkit::trunk::trunk_through_a_linux_bridge($open, true).unwrap();
+        }
+
+        #[test]
+        fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
+            let Some(_g) = $crate::testkit::netns::exclusive() else { return };
+            $crate::testkit::trunk::trunk_through_a_linux_bridge($open, false).unwrap();
+        }
+    };
+}
