@@ -344,13 +344,20 @@ fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<Owne
 }
 
 /// Loads the program for `f` (`None`: every frame) to attach to `ifindex` in mode `flags`:
-/// natively, bound to the device with the tag restore where the kernel has the rx VLAN hint;
-/// otherwise without it, and why.
+/// natively, bound to the device with the tag restore where the kernel and the device's
+/// driver have the rx VLAN hint; otherwise without it, and why.
 fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>) -> io::Result<(OwnedFd, Option<String>)> {
     if flags & XDP_FLAGS_DRV_MODE == 0 {
         return Ok((load_program(&assemble(map, f, None))?, Some("generic XDP has no metadata hints".into())));
     }
-    match vlan_tag_kfunc().and_then(|id| load_bound_program(&assemble(map, f, Some(id)), ifindex)) {
+    let restoring = vlan_tag_kfunc().and_then(|id| {
+        let hints = super::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's XDP hints unknown: {e}")))?;
+        if hints & super::netdev::RX_METADATA_VLAN_TAG == 0 {
+            return Err(io::Error::other("the driver gives no rx VLAN hint"));
+        }
+        load_bound_program(&assemble(map, f, Some(id)), ifindex)
+    });
+    match restoring {
         Ok(prog) => Ok((prog, None)),
         Err(e) => Ok((load_program(&assemble(map, f, None))?, Some(format!("no rx VLAN hint: {e}")))),
     }

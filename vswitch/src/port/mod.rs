@@ -8,6 +8,7 @@ pub mod bpf;
 mod btf;
 pub mod ethtool;
 pub mod link;
+mod netdev;
 pub mod netlink;
 pub mod ring;
 mod sys;

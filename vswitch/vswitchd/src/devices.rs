@@ -137,4 +137,23 @@ mod tests {
         let again = open("p2", &device, &pool, None, false).expect("AF_XDP serves it");
         assert!(again.afxdp.is_some() && again.fallback.is_none(), "AF_XDP again");
     }
+
+    /// A trunk on a device whose driver gives XDP no rx VLAN hint (a tap: its tags held out
+    /// of band would look untagged) opens with AF_PACKET, saying why; an access port there
+    /// keeps AF_XDP.
+    #[test]
+    fn serial_a_trunk_on_a_driver_without_the_vlan_hint_opens_with_af_packet() {
+        let Some(_g) = netns::exclusive() else { return };
+        let ns = Netns::new("tp").unwrap();
+        ns.run(&["ip", "tuntap", "add", "dev", "tap0", "mode", "tap"]).unwrap();
+        ns.run(&["ip", "link", "set", "tap0", "up"]).unwrap();
+        let pool = Pool::new(4096, false).unwrap();
+        let device = Device::AfXdp { ifname: "tap0".into(), netns: Some(ns.name.clone()) };
+        let trunk = open("t", &device, &pool, None, true).expect("AF_PACKET serves the trunk");
+        let why = trunk.fallback.clone().unwrap_or_default();
+        assert!(trunk.afxdp.is_none() && why.contains("no rx VLAN hint"), "{why}");
+        drop(trunk);
+        let access = open("a", &device, &pool, None, false).expect("AF_XDP serves an access port");
+        assert!(access.afxdp.is_some() && access.fallback.is_none());
+    }
 }
