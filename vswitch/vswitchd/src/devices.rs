@@ -87,10 +87,11 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                 Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),
                 Err(e) => format!("AF_XDP did not open: {e}"),
             };
+            let open = open_af_packet(name, ifname, netns, format!("AF_XDP on {ifname} ({why_not}), then AF_PACKET"))?;
             tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
-            Ok(OpenPort { fallback: Some(why_not), ..open_af_packet(name, ifname, netns)? })
+            Ok(OpenPort { fallback: Some(why_not), ..open })
         }
-        Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns),
+        Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
         Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));
             if let Some(dir) = socket.parent() {
@@ -103,10 +104,10 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
     }
 }
 
-fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>) -> Result<OpenPort, DeviceError> {
+/// Opens `ifname` with AF_PACKET; `what` names the attempt in an error.
+fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>, what: String) -> Result<OpenPort, DeviceError> {
     let (n, i) = (name.to_string(), ifname.to_string());
-    let port = kernel(netns, move || AfPacketPort::open(&n, &i))
-        .map_err(|source| DeviceError { port: name.into(), what: format!("AF_PACKET on {ifname}"), source })?;
+    let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(|source| DeviceError { port: name.into(), what, source })?;
     Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, fallback: None, _server: None })
 }
 
@@ -133,6 +134,9 @@ mod tests {
         let shared = UnderlayFilter { vtep: "192.0.2.1".parse().unwrap(), udp_port: 4789, vlan: None, shared: true };
         let refused = open("u", &device, &pool, Some(shared), false).err().expect("a shared underlay does not fall back");
         assert!(refused.to_string().contains("node's own address"), "{refused}");
+        let missing = Device::AfXdp { ifname: "nosuch0".into(), netns: Some(a.name.clone()) };
+        let gone = open("m", &missing, &pool, None, false).err().expect("no device, no port").to_string();
+        assert!(gone.contains("AF_XDP on nosuch0") && gone.contains("then AF_PACKET"), "{gone}");
         drop(holder);
         let again = open("p2", &device, &pool, None, false).expect("AF_XDP serves it");
         assert!(again.afxdp.is_some() && again.fallback.is_none(), "AF_XDP again");

@@ -419,6 +419,35 @@ async fn apply_converges_local_objects_to_a_document() {
     assert_eq!(names(&mut c).await, (vec!["net9".into()], vec![]));
 }
 
+/// An af_xdp port on a device whose driver gives XDP no rx VLAN hint (a tap: tags held out
+/// of band would look untagged there): an access port runs on AF_XDP; making it a trunk in
+/// place is refused with the reason; added as a trunk it runs on AF_PACKET, and says so.
+#[tokio::test]
+// As above: the namespace guard is held on a single-threaded runtime.
+#[allow(clippy::await_holding_lock)]
+async fn a_trunk_where_xdp_cannot_see_tags_runs_on_af_packet() {
+    use vswitch::testkit::netns::{self, Netns};
+    let Some(_g) = netns::exclusive() else { return };
+    let ns = Netns::new("tp").unwrap();
+    ns.run(&["ip", "tuntap", "add", "dev", "tap0", "mode", "tap"]).unwrap();
+    ns.run(&["ip", "link", "set", "tap0", "up"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let doc = |mode: &str| {
+        format!("bridges:\n  - {{name: blue, vlan: 100}}\nports:\n  - name: t0\n    device: {{kind: af_xdp, ifname: tap0, netns: {}}}\n    mode: {mode}\n", ns.name)
+    };
+    let (access, trunk) = (doc("{kind: access, bridge: blue}"), doc("{kind: trunk, allowed: [100]}"));
+    let fallback = |v: pb::NodeView| v.status.iter().find(|s| s.name == "t0").map(|s| s.fallback.clone());
+    apply(&mut c, &access, false).await.unwrap();
+    assert_eq!(fallback(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), Some(String::new()), "access: AF_XDP");
+    refused(apply(&mut c, &trunk, false).await, Code::FailedPrecondition, "cannot become a trunk");
+    apply(&mut c, "{}", false).await.unwrap();
+    apply(&mut c, &trunk, false).await.unwrap();
+    let why = fallback(c.show(pb::ShowRequest {}).await.unwrap().into_inner()).unwrap_or_default();
+    assert!(why.contains("no rx VLAN hint"), "a trunk runs on AF_PACKET and says why: {why:?}");
+}
+
 /// Waits (bounded) for an event of `kind` about `port`.
 async fn next_event(s: &mut tonic::Streaming<pb::NodeEvent>, kind: &str, port: &str) -> pb::NodeEvent {
     let wait = async {
