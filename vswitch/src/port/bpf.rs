@@ -7,8 +7,8 @@
 //! kernel (pod veths). [`XdpRedirect::attach_underlay`] takes only what the VTEP owns (VXLAN
 //! to its address, ARP/ND asking for it, ICMP to it; in the underlay's VLAN when it has
 //! one) and passes everything else, so the node keeps its own traffic on a shared
-//! interface. Attached natively on a kernel with the rx VLAN hint, either is bound to its
-//! device and first writes back an 802.1Q tag the driver holds out of band ([`restore_tag`]).
+//! interface. Attached natively where the kernel and the device's driver have the rx VLAN
+//! hint, either is bound to its device and first writes back an 802.1Q tag the driver holds out of band ([`restore_tag`]).
 //! The first, without that:
 //!
 //! ```text
@@ -351,9 +351,9 @@ fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>) -> 
         return Ok((load_program(&assemble(map, f, None))?, Some("generic XDP has no metadata hints".into())));
     }
     let restoring = vlan_tag_kfunc().and_then(|id| {
-        let hints = super::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's XDP hints unknown: {e}")))?;
+        let hints = super::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
         if hints & super::netdev::RX_METADATA_VLAN_TAG == 0 {
-            return Err(io::Error::other("the driver gives no rx VLAN hint"));
+            return Err(io::Error::other("the device's driver has none"));
         }
         load_bound_program(&assemble(map, f, Some(id)), ifindex)
     });
@@ -398,8 +398,8 @@ pub struct UnderlayFilter {
 
 /// An XDP program with its XSKMAP, attached to one interface while this value lives.
 ///
-/// Attached natively on a kernel with the rx VLAN hint, each program is bound to its device
-/// and first puts back an 802.1Q tag the driver holds out of band ([`restore_tag`]); see
+/// Attached natively where the kernel and the device's driver have the rx VLAN hint, each
+/// program is bound to its device and first puts back an 802.1Q tag the driver holds out of band ([`restore_tag`]); see
 /// [`XdpRedirect::restores_vlan_tags`].
 pub struct XdpRedirect {
     map: OwnedFd,

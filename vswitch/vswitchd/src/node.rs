@@ -480,13 +480,13 @@ impl Node {
         Ok(generation)
     }
 
-    /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
-    /// vhost-user port).
     /// Why the `af_xdp` port `name` runs on AF_PACKET, when it does.
     pub fn fallback(&self, name: &str) -> Option<String> {
         self.inner().open.get(name)?.fallback.clone()
     }
 
+    /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
+    /// vhost-user port).
     pub fn vhost_connected(&self, name: &str) -> Option<bool> {
         let inner = self.inner();
         let v = inner.open.get(name)?.vhost.as_ref()?;
