@@ -22,7 +22,7 @@ pub struct Veths {
 
 impl Veths {
     pub fn new() -> anyhow::Result<Veths> {
-        let (generator, switch) = (quiet("pg")?, quiet("ps")?);
+        let (generator, switch) = (Netns::quiet("pg")?, Netns::quiet("ps")?);
         netns::veth(&generator, GEN_A, &switch, SW_A)?;
         netns::veth(&generator, GEN_B, &switch, SW_B)?;
         Ok(Veths { generator, switch })
@@ -55,20 +55,11 @@ pub struct Underlay {
 
 impl Underlay {
     pub fn new() -> anyhow::Result<Underlay> {
-        let nodes = [quiet("n1")?, quiet("n2")?];
+        let nodes = [Netns::quiet("n1")?, Netns::quiet("n2")?];
         netns::veth(&nodes[0], NODE_1, &nodes[1], NODE_2)?;
         for (ns, dev) in [(&nodes[0], NODE_1), (&nodes[1], NODE_2)] {
             ns.run(&["ip", "link", "set", dev, "mtu", &UNDERLAY_MTU.to_string()])?;
         }
         Ok(Underlay { nodes })
     }
-}
-
-/// A namespace where the kernel keeps quiet: IPv6 off before any interface arrives.
-fn quiet(tag: &str) -> anyhow::Result<Netns> {
-    let ns = Netns::new(tag)?;
-    for key in ["all", "default"] {
-        ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")])?;
-    }
-    Ok(ns)
 }

@@ -181,17 +181,12 @@ fn vtep_on_the_nodes_own_address_ipv6() {
 #[test]
 fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     let Some(_g) = netns::exclusive() else { return };
-    let sw = Netns::new("ra").unwrap();
-    let (pod_a, node_b, pod_b) = (Netns::new("rp").unwrap(), Netns::new("rb").unwrap(), Netns::new("rq").unwrap());
-    // Nothing reaches node A from node B before node A asks (IPv6 off: no solicitations or
+    // Nothing reaches node A from node B before node A asks (quiet: no IPv6 solicitations or
     // MLD reports flooded over VXLAN), and node B, as a router does, asks for node A's MAC
     // from its underlay address (arp_announce 2): node A's kernel never learns the peer's
     // own address as a neighbour, only the gateway.
-    for ns in [&sw, &pod_a, &node_b, &pod_b] {
-        for key in ["all", "default"] {
-            ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")]).unwrap();
-        }
-    }
+    let sw = Netns::quiet("ra").unwrap();
+    let (pod_a, node_b, pod_b) = (Netns::quiet("rp").unwrap(), Netns::quiet("rb").unwrap(), Netns::quiet("rq").unwrap());
     node_b.run(&["sysctl", "-qw", "net.ipv4.conf.all.arp_announce=2"]).unwrap();
     netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
     netns::veth(&node_b, "ul1", &sw, "ul0").unwrap();
@@ -233,8 +228,7 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     netns::veth(&pod_a, "eth0", &na, "pa0").unwrap();
     netns::veth(&pod_b, "eth0", &nb, "pb0").unwrap();
     let _mid = if through_bridge {
-        let mid = Netns::new("mid").unwrap();
-        mid.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]).unwrap();
+        let mid = Netns::quiet("mid").unwrap();
         netns::veth(&na, "ul0", &mid, "x0").unwrap();
         netns::veth(&nb, "ul1", &mid, "x1").unwrap();
         mid.run(&["ip", "link", "add", "br0", "type", "bridge", "mcast_snooping", "0"]).unwrap();
@@ -341,10 +335,6 @@ fn jumbo_frames_cross_af_xdp_ports_in_pieces() {
     assert_eq!(pool.free_count(), cap);
 }
 
-/// An idle pod port lends the pool a few bursts' worth of buffers for its fill ring, not a
-/// whole ring: ports that each took 1 024 starved every port opened after the pool ran out
-/// (a node's 17th pod lost its first frames until traffic elsewhere returned buffers). And
-/// the fill ring is filled at open, before frames are redirected to the socket.
 /// A burst of jumbo frames is more descriptors than copy mode sends per `sendto` (32): one
 /// `tx_burst` still puts every frame on the wire, with no later burst to push the rest (the
 /// port kicks again while the kernel stops at its budget with descriptors left).
@@ -352,7 +342,8 @@ fn jumbo_frames_cross_af_xdp_ports_in_pieces() {
 fn a_burst_of_jumbo_frames_leaves_in_one_tx_burst() {
     use vswitch::testkit::{frames, mac};
     let Some(_g) = netns::exclusive() else { return };
-    let (a, b) = (Netns::new("ja").unwrap(), Netns::new("jb").unwrap());
+    // The count is the receiving veth's: the namespaces' own chatter must not add to it.
+    let (a, b) = (Netns::quiet("ja").unwrap(), Netns::quiet("jb").unwrap());
     netns::veth(&a, "eth0", &b, "eth0").unwrap();
     for ns in [&a, &b] {
         ns.run(&["ip", "link", "set", "eth0", "mtu", "9000"]).unwrap();
@@ -374,6 +365,10 @@ fn a_burst_of_jumbo_frames_leaves_in_one_tx_burst() {
     assert_eq!(received() - before, vswitch::BATCH as u64, "every frame of the burst on the wire");
 }
 
+/// An idle pod port lends the pool a few bursts' worth of buffers for its fill ring, not a
+/// whole ring: ports that each took 1 024 starved every port opened after the pool ran out
+/// (a node's 17th pod lost its first frames until traffic elsewhere returned buffers). And
+/// the fill ring is filled at open, before frames are redirected to the socket.
 #[test]
 fn idle_ports_lend_a_few_bursts_of_buffers_each() {
     let Some(_g) = netns::exclusive() else { return };
@@ -450,11 +445,8 @@ fn a_busy_pod_port_grows_its_fill_ring() {
 #[test]
 fn a_multi_queue_device_is_read_on_every_queue() {
     let Some(_g) = netns::exclusive() else { return };
-    let ns = Netns::new("mq").unwrap();
-    // No IPv6: the kernel's own router solicitations and MLD reports would be counted too.
-    for key in ["all", "default"] {
-        ns.run(&["sysctl", "-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")]).unwrap();
-    }
+    // Quiet: the kernel's own router solicitations and MLD reports would be counted too.
+    let ns = Netns::quiet("mq").unwrap();
     ns.run(&["ip", "link", "add", "mqa", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "name", "mqb", "numrxqueues", "4", "numtxqueues", "4"]).unwrap();
     for dev in ["mqa", "mqb"] {
         ns.run(&["ip", "link", "set", dev, "up"]).unwrap();

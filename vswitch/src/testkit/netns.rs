@@ -79,6 +79,15 @@ impl Netns {
         Ok(ns)
     }
 
+    /// A namespace whose kernel keeps quiet: IPv6 off (no MLD reports, router solicitations
+    /// or DAD) before any interface arrives, so tests that count or compare frames see only
+    /// their own.
+    pub fn quiet(tag: &str) -> io::Result<Netns> {
+        let ns = Netns::new(tag)?;
+        ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])?;
+        Ok(ns)
+    }
+
     /// Runs a command inside the namespace.
     pub fn run(&self, cmd: &[&str]) -> io::Result<String> {
         let mut full = vec!["ip", "netns", "exec", &self.name];

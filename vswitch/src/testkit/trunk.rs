@@ -73,15 +73,11 @@ pub fn trunk_through_a_linux_bridge(
     open: impl Fn(&str, &Arc<Pool>) -> io::Result<Arc<dyn Port>>,
     txvlan: bool,
 ) -> io::Result<()> {
-    let sw = Netns::new("sw")?;
-    let (host, tagger) = (Netns::new("h")?, Netns::new("t")?);
-    let (p100, p200) = (Netns::new("p1")?, Netns::new("p2")?);
-    // Keep the namespaces' own stacks quiet before any interface comes up: no IPv6 (MLD,
-    // router solicitations, DAD), no IGMP from the bridge (multicast snooping joins a group):
-    // untagged frames on the trunk.
-    for ns in [&host, &tagger, &p100, &p200] {
-        ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])?;
-    }
+    // The namespaces' own stacks keep quiet (no IPv6; no IGMP from the bridge, whose
+    // multicast snooping joins a group): their chatter would be untagged frames on the trunk.
+    let sw = Netns::quiet("sw")?;
+    let (host, tagger) = (Netns::quiet("h")?, Netns::quiet("t")?);
+    let (p100, p200) = (Netns::quiet("p1")?, Netns::quiet("p2")?);
     netns::veth(&host, "eth0", &sw, "swt")?;
     netns::veth(&tagger, "eth0", &host, "tg")?;
     netns::veth(&p100, "eth0", &sw, "sw1")?;
