@@ -36,12 +36,12 @@ pub enum Action {
 /// | 24 | 0 | 1 |
 /// | 25 | the frame arrived tagged | same |
 /// | 26..50 | bit 26: tagged out; 27..29: TPID index; 32..44: VLAN ID | VNI |
-/// | 50..64 | longest frame allowed through (ingress and egress MTU) | longest (ingress MTU) |
+/// | 50..64 | one more than the longest frame allowed through (ingress and egress MTU) | same (ingress MTU) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hit(u64);
 
 impl Default for Hit {
-    /// No decision: its longest frame is 0 bytes, so no frame passes with it.
+    /// No decision: no frame passes with it, not even an empty one.
     fn default() -> Hit {
         Hit(0)
     }
@@ -54,7 +54,7 @@ const TAGGED_OUT: u64 = 1 << 26;
 const TPIDS: [u16; 4] = [0x8100, 0x88a8, 0x9100, 0x8100];
 const ID_MAX: u16 = 0xfff;
 /// Longest frame length a hit can carry (jumbo frames are longer: the slow path takes them).
-pub const MAX_LEN: usize = (1 << 14) - 1;
+pub const MAX_LEN: usize = (1 << 14) - 2;
 
 impl Hit {
     /// The decision to send a frame of bridge domain `bd` to a local port; `None` when a
@@ -86,7 +86,7 @@ impl Hit {
             return None;
         }
         let t = if tagged_in { TAGGED_IN } else { 0 };
-        Some(Hit(id as u64 | (bd as u64) << 12 | t | rest | (max_len as u64) << 50))
+        Some(Hit(id as u64 | (bd as u64) << 12 | t | rest | (max_len as u64 + 1) << 50))
     }
 
     #[inline(always)]
@@ -96,7 +96,19 @@ impl Hit {
 
     #[inline(always)]
     pub fn max_len(self) -> usize {
+        self.len_limit().saturating_sub(1)
+    }
+
+    #[inline(always)]
+    fn len_limit(self) -> usize {
         (self.0 >> 50) as usize
+    }
+
+    /// Whether a frame of `len` bytes may take this decision (none may take
+    /// [`Hit::default`]'s).
+    #[inline(always)]
+    pub fn admits(self, len: u32) -> bool {
+        (len as usize) < self.len_limit()
     }
 
     /// Whether the egress is a remote VTEP.
@@ -291,6 +303,14 @@ impl Emc {
         }
     }
 
+    /// Whether the FDB changed since this burst's [`Emc::sync`]: a frame of the burst that
+    /// took the slow path moved or removed a MAC, so the lookups made for the frames after it
+    /// (all made before it) may be stale.
+    #[inline(always)]
+    pub fn outdated_by(&self, fdb: u32) -> bool {
+        self.sources.is_some_and(|s| s.fdb != fdb)
+    }
+
     #[cold]
     fn next_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
@@ -378,7 +398,9 @@ mod test {
         for (bd, id, tin, want, max) in [(7, 3, false, Some((0x88a8, 100)), 1518), (4095, 4095, true, None, MAX_LEN), (0, 0, true, Some((0x9100, 4095)), 0)] {
             let h = Hit::to_port(bd, id, tin, want, max).unwrap();
             assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (bd, tin, max, Action::Port { port: id, want }));
+            assert!(h.admits(max as u32) && !h.admits(max as u32 + 1));
         }
+        assert!(!Hit::default().admits(0), "no decision admits even an empty frame");
         let h = Hit::to_peer(9, 12, true, 0xff_ffff, 9000).unwrap();
         assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (9, true, 9000, Action::Peer { peer: 12, vni: 0xff_ffff }));
         assert_eq!(Hit::to_port(1, 4096, false, None, 1518), None);

@@ -247,38 +247,55 @@ impl Pipeline {
             self.encap_burst(snap, port, batch, &found, bytes);
             return bytes;
         }
+        let demoted = if port.kind == PortKind::Access {
+            // An access port's frames all belong to its one bridge domain.
+            self.forward_cached::<true>(snap, port, batch, &mut found)
+        } else {
+            self.forward_cached::<false>(snap, port, batch, &mut found)
+        };
+        self.count_hits(hits - demoted);
+        bytes
+    }
+
+    #[inline(always)]
+    fn count_hits(&mut self, hits: u64) {
         self.known += hits;
         self.stats.event(Event::CacheHits, hits);
-        if port.kind == PortKind::Access {
-            // An access port's frames all belong to its one bridge domain.
-            self.forward_cached::<true>(snap, port, batch, &found);
-        } else {
-            self.forward_cached::<false>(snap, port, batch, &found);
-        }
-        bytes
+    }
+
+    /// After a frame of the burst took the slow path: whether it changed the FDB, so the
+    /// burst's remaining lookups can no longer be trusted.
+    #[inline(always)]
+    fn lookups_outdated(&self) -> bool {
+        self.emc.outdated_by(self.fdb.generation())
     }
 
     /// Stage 0: frames whose flow the exact-match cache knows go to the shared egress code
     /// (tagging, tx batch); a frame it misses takes stages 1 and 2 in its place in the burst,
     /// so no frame passes another of its flow (whose key may differ, e.g. by an ECN mark).
+    /// Once a missed frame changed the FDB (a MAC moved), the hits after it take stages 1
+    /// and 2 too. Returns how many hits did.
     #[inline(always)]
-    fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &[(Hit, u32); BATCH]) {
+    fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &mut [(Hit, u32); BATCH]) -> u64 {
         let mut run = BdRun::new(if ACCESS { port.untagged_bd } else { NO_BD });
-        for i in 0..batch.len() {
+        let n = batch.len();
+        let mut demoted = 0;
+        for i in 0..n {
             let b = batch.take(i);
             let (hit, len) = found[i & (BATCH - 1)];
-            let len = len as usize;
             // A frame too long for the cached path takes stage 1, which counts its drop.
-            if len > hit.max_len() {
-                self.forward_missed(snap, port, b, i);
+            if !hit.admits(len) {
+                demoted += self.forward_missed(snap, port, b, i, &mut found[..n]);
                 continue;
             }
+            let len = len as usize;
             // An access port's frames all belong to its one bridge domain.
             let bd = if ACCESS { run.bd } else { hit.bd() };
             self.forward_hit(snap, b, hit, &mut run, bd, len);
         }
         batch.clear_taken();
         self.end_hits(snap, run);
+        demoted
     }
 
     /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
@@ -326,9 +343,11 @@ impl Pipeline {
         }
     }
 
-    /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed.
+    /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed. When they
+    /// changed the FDB, the hits of the frames after it in `found` become misses; returns how
+    /// many did.
     #[inline(never)]
-    fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize) {
+    fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize, found: &mut [(Hit, u32)]) -> u64 {
         self.flush_pending(snap);
         self.miss_keys[i & (BATCH - 1)] = Key::from_port(port.id, self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
@@ -336,6 +355,17 @@ impl Pipeline {
             ctx.drop = Some(r);
         }
         self.forward_ctx(snap, port, b, &ctx, i);
+        self.forget_outdated(found, i)
+    }
+
+    /// After stage 2 of the `i`th frame of a burst: when it changed the FDB, the lookups made
+    /// for the frames after it are outdated, and their hits become misses. Returns how many.
+    #[inline(always)]
+    fn forget_outdated<F: Found>(&self, found: &mut [F], i: usize) -> u64 {
+        match found.get_mut(i + 1..) {
+            Some(rest) if self.lookups_outdated() => forget_hits(rest),
+            _ => 0,
+        }
     }
 
     /// Stages 1 and 2 for a whole burst; returns its bytes.
@@ -483,8 +513,9 @@ impl Pipeline {
     fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> u64 {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
-        // Per frame: the cached decision, the inner length, and the decapsulation (packed; 0
-        // for a frame that takes the slow path).
+        // Per frame: the cached decision, the inner length, and whether the frame hit and
+        // lost its outer headers (a hit the burst cannot trust then admits no frame: see
+        // `forget_hits`).
         let mut found = [(Hit::default(), 0u32, false); BATCH];
         let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
         // By value: the stores below (to buffer metadata) cannot be proved not to touch
@@ -500,41 +531,56 @@ impl Pipeline {
             // The first frame of a (source, VNI) takes the slow path, which fills the cache.
             let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, &decap_cache)) else { continue };
             if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
-                && d.inner_len as usize <= hit.max_len()
+                && hit.admits(d.inner_len)
                 && d.strip(view, b).is_ok()
             {
                 hits += 1;
                 *f = (hit, d.inner_len, true);
             }
         }
-        self.known += hits;
-        self.stats.event(Event::CacheHits, hits);
         if hits == n as u64 {
             self.forward_hits(snap, batch, &found);
+            self.count_hits(hits);
             self.stats.event(Event::Decapsulated, hits);
             return bytes;
         }
         decapsulated += hits;
         let mut run = BdRun::new(NO_BD);
+        // Every frame the first pass stripped came from the one (source, VNI) in its copy of
+        // the decapsulation cache.
+        let stripped_from = decap_cache.admitted();
+        let mut demoted = 0;
         for i in 0..n {
-            let mut b = batch.take(i);
+            let b = batch.take(i);
             let (hit, len, stripped) = found[i & (BATCH - 1)];
-            if !stripped {
-                self.flush_pending(snap);
-                let r = self.decap(snap, &mut b);
-                decapsulated += r.is_ok() as u64;
-                self.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
-                let mut ctx = Ctx::default();
-                self.underlay_ctx(snap, &mut b, r, &mut ctx);
-                self.forward_ctx(snap, port, b, &ctx, i);
+            if hit.admits(len) {
+                self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
                 continue;
             }
-            self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+            decapsulated += self.forward_underlay_missed(snap, port, b, stripped.then_some(stripped_from), i);
+            demoted += self.forget_outdated(&mut found[..n], i);
         }
         batch.clear_taken();
         self.end_hits(snap, run);
+        self.count_hits(hits - demoted);
         self.stats.event(Event::Decapsulated, decapsulated);
         bytes
+    }
+
+    /// Stages 1 and 2 for the `i`th frame of an underlay burst, in its place in the burst:
+    /// decapsulation first unless the frame already lost its outer headers (`stripped`: its
+    /// bridge domain and peer, counted as decapsulated already). Returns whether this call
+    /// decapsulated it.
+    #[inline(never)]
+    fn forward_underlay_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, stripped: Option<(u16, u16)>, i: usize) -> u64 {
+        self.flush_pending(snap);
+        let r = stripped.ok_or(()).or_else(|()| self.decap(snap, &mut b));
+        let decapsulated = (stripped.is_none() && r.is_ok()) as u64;
+        self.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
+        let mut ctx = Ctx::default();
+        self.underlay_ctx(snap, &mut b, r, &mut ctx);
+        self.forward_ctx(snap, port, b, &ctx, i);
+        decapsulated
     }
 
     /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
@@ -1196,10 +1242,41 @@ fn probe_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &
         let (h, len) = pool.head_and_len(b);
         bytes += len as u64;
         let hit = Key::from_port(port, h).and_then(|k| emc.lookup(&k)).unwrap_or_default();
-        hits += (len <= hit.max_len()) as u64;
+        hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
     (bytes, hits)
+}
+
+/// Turns the remaining hits of a burst into misses (their lookups are outdated); returns how
+/// many there were.
+#[cold]
+#[inline(never)]
+fn forget_hits<F: Found>(found: &mut [F]) -> u64 {
+    let mut hits = 0;
+    for f in found {
+        let (hit, len) = f.hit_and_len();
+        hits += hit.admits(len) as u64;
+        *hit = Hit::default();
+    }
+    hits
+}
+
+/// A burst's per-frame lookup result: the hit and the frame's length first.
+trait Found {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32);
+}
+
+impl Found for (Hit, u32) {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32) {
+        (&mut self.0, self.1)
+    }
+}
+
+impl Found for (Hit, u32, bool) {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32) {
+        (&mut self.0, self.1)
+    }
 }
 
 /// Whether every hit of a burst goes to a remote VTEP (the first to a local port stops it).

@@ -525,6 +525,12 @@ impl DecapCache {
         self.addr_sum = (self.e26 & 0xffff_ffff) + (self.e26 >> 32);
         self.e42 = 0x08 | ((vni.swap_bytes() >> 8) as u64) << 32;
     }
+    /// The (bridge domain, peer) of the entry: of every frame [`VtepEntry::classify_plain`]
+    /// admitted with this cache.
+    #[inline(always)]
+    pub fn admitted(&self) -> (u16, u16) {
+        self.val
+    }
     /// Forgets the entry when the snapshot it came from is not `generation`'s.
     #[inline(always)]
     pub fn sync(&mut self, generation: u64) {

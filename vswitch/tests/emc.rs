@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use vswitch::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig};
 use vswitch::fdb::Dest;
 use vswitch::testkit::{Harness, frames, mac};
+use vswitch::wire::MacAddr;
 use vswitch::{DropReason, Event};
 
 fn ip(n: u8) -> Ipv4Addr {
@@ -85,6 +86,25 @@ fn a_moved_source_is_learned_even_when_its_flow_was_cached() {
     let fdb = h.switch.fdb().dump();
     let p2 = h.switch.snapshot().port_id("p2").unwrap();
     assert!(fdb.iter().any(|e| e.mac == mac(1) && e.dest == Dest::Port(p2)));
+}
+
+/// The lookups of a burst are made before any of its frames is forwarded: a frame that
+/// moves a MAC must still decide for the cached frames after it in the same burst.
+#[test]
+fn a_mac_move_inside_a_burst_applies_to_the_frames_after_it() {
+    let (mut h, f) = cached_flow();
+    // mac(2) speaks from p0 between two frames of the cached flow 1 → 2: the second now
+    // goes back where it came from.
+    let moved = frames::udp4(MacAddr::BROADCAST, mac(2), ip(2), ip(9), 2000, 3000, 64);
+    for frame in [&f, &moved, &f] {
+        h.send("p0", frame);
+    }
+    h.step();
+    assert_eq!(h.recv("p1"), vec![f, moved.clone()]);
+    assert_eq!(h.recv("p2"), vec![moved]);
+    let s = h.stats();
+    assert_eq!((s.event(Event::MacMoved), s.drop(DropReason::Reflect)), (1, 1));
+    assert_eq!(s.event(Event::CacheHits), 2, "the frame after the move counts as no hit");
 }
 
 #[test]

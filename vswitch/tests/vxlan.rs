@@ -429,6 +429,35 @@ fn cached_vxlan_flows_both_ways() {
     assert_eq!(h.stats().drop(DropReason::VxlanBadChecksum), 1);
 }
 
+/// A burst from the underlay is looked up before any of its frames is forwarded: an inner
+/// frame that moves a MAC behind the peer must still decide for the cached frames after it.
+#[test]
+fn a_mac_move_inside_an_underlay_burst_applies_to_the_frames_after_it() {
+    let (local, peers) = (local4(), [peer4(2), peer4(3)]);
+    let mut h = setup(local, peers, 1500);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+    h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
+    for _ in 0..2 {
+        h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+        h.step();
+    }
+    h.recv_all();
+    let hits = h.stats().event(Event::CacheHits);
+    assert_eq!(hits, 1, "the flow from peer .2 to a1 is cached");
+    // mac(1) now speaks from behind peer .2, between two frames of the cached flow.
+    let moved = frames::udp4(MacAddr::BROADCAST, mac(1), ip(1), ip(9), 2, 3, 80);
+    for inner in [&to_a1, &moved, &to_a1] {
+        h.send("up", &frames::vxlan(&o, 5001, inner, false));
+    }
+    h.step();
+    assert_eq!(h.recv("a1"), vec![to_a1, moved]);
+    let s = h.stats();
+    assert_eq!((s.event(Event::MacMoved), s.drop(DropReason::Reflect)), (1, 1));
+    assert_eq!(s.event(Event::CacheHits), hits + 1, "the frame after the move counts as no hit");
+    assert_eq!(s.event(Event::Decapsulated), 5);
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
 
