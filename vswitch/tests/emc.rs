@@ -227,3 +227,16 @@ fn tagged_flows_are_cached_with_their_priority() {
     h.step();
     assert_eq!(h.recv("a").len(), 1);
 }
+
+/// An empty frame (a hostile guest can offer one) has no key: it must not take the cache's
+/// "no decision" for a hit, which would send it to port 0.
+#[test]
+fn an_empty_frame_is_a_counted_runt_not_a_hit() {
+    let (mut h, _) = cached_flow();
+    h.send("p1", &[]);
+    h.step();
+    let out = h.recv_all();
+    assert!(out.values().all(|frames| frames.is_empty()), "{out:?}");
+    assert_eq!(h.stats().drop(DropReason::Runt), 1);
+    assert_eq!(hits(&h), 1, "no new hit");
+}
