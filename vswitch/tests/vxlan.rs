@@ -429,20 +429,28 @@ fn cached_vxlan_flows_both_ways() {
     assert_eq!(h.stats().drop(DropReason::VxlanBadChecksum), 1);
 }
 
-/// A burst from the underlay is looked up before any of its frames is forwarded: an inner
-/// frame that moves a MAC behind the peer must still decide for the cached frames after it.
-#[test]
-fn a_mac_move_inside_an_underlay_burst_applies_to_the_frames_after_it() {
+/// An IPv4 VTEP ([`setup_with`]) where mac(1) was learned on a1 and mac(7), behind peer .2,
+/// sent it `warmup` frames, one burst each (the flow cached from the second on): the
+/// harness, peer .2's outer header towards the VTEP, and the inner frame.
+fn flow_from_peer_to_a1(opts: SwitchOptions, warmup: usize) -> (Harness, Outer, Vec<u8>) {
     let (local, peers) = (local4(), [peer4(2), peer4(3)]);
-    let mut h = setup(local, peers, 1500);
+    let mut h = setup_with(local, peers, 1500, opts);
     let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
     let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
     h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
-    for _ in 0..2 {
+    for _ in 0..warmup {
         h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
         h.step();
     }
     h.recv_all();
+    (h, o, to_a1)
+}
+
+/// A burst from the underlay is looked up before any of its frames is forwarded: an inner
+/// frame that moves a MAC behind the peer must still decide for the cached frames after it.
+#[test]
+fn a_mac_move_inside_an_underlay_burst_applies_to_the_frames_after_it() {
+    let (mut h, o, to_a1) = flow_from_peer_to_a1(SwitchOptions::default(), 2);
     let hits = h.stats().event(Event::CacheHits);
     assert_eq!(hits, 1, "the flow from peer .2 to a1 is cached");
     // mac(1) now speaks from behind peer .2, between two frames of the cached flow.
@@ -473,17 +481,7 @@ proptest::proptest! {
         pad in 0..8usize,
     ) {
         let run = |emc_entries: usize| {
-            let (local, peers) = (local4(), [peer4(2), peer4(3)]);
-            let mut h = setup_with(local, peers, 1500, SwitchOptions { emc_entries, ..SwitchOptions::default() });
-            let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
-            let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
-            // Learn mac(1) on a1, then warm the cache with the flow.
-            h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
-            for _ in 0..3 {
-                h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
-                h.step();
-            }
-            h.recv_all();
+            let (mut h, o, to_a1) = flow_from_peer_to_a1(SwitchOptions { emc_entries, ..SwitchOptions::default() }, 3);
             let mut f = frames::vxlan(&o, 5001, &to_a1, false);
             for (at, x) in &changes {
                 f[*at] ^= x;
