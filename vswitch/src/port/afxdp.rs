@@ -820,7 +820,12 @@ impl Port for AfXdpPort {
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
-        self.queues.iter().map(|x| x.counters.read()).collect()
+        let mut stats: Vec<QueueStats> = self.queues.iter().map(|x| x.counters.read()).collect();
+        // What the XDP program dropped never reached a queue: counted on the first.
+        if let (Some(first), Some(x)) = (stats.first_mut(), self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
+            first.rx_dropped += x.dropped();
+        }
+        stats
     }
 
     fn mac(&self) -> Option<MacAddr> {

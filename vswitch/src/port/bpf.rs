@@ -23,6 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_PROG_LOAD: libc::c_long = 5;
 /// `prog_flags`: the XDP program handles frames in several buffers.
@@ -31,11 +32,13 @@ const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
 const BPF_F_XDP_DEV_BOUND_ONLY: u32 = 1 << 6;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_XDP: u32 = 37;
 const XDP_DROP: i32 = 1;
 const XDP_PASS: i32 = 2;
+const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_FUNC_REDIRECT_MAP: i32 = 51;
 const BPF_FUNC_XDP_ADJUST_HEAD: i32 = 44;
 /// The rx VLAN metadata hint (Linux ≥ 6.8): the outer tag a driver took out of the frame.
@@ -122,6 +125,8 @@ const LDXB: u8 = 0x71;
 const STXW: u8 = 0x63;
 const STXH: u8 = 0x6b;
 const STW: u8 = 0x62;
+/// `lock *(u64 *)(dst + off) += src` (BPF_STX | BPF_DW | BPF_ATOMIC, imm BPF_ADD).
+const ATOMIC_ADD64: u8 = 0xdb;
 const BE: u8 = 0xdc;
 const MOV64_X: u8 = 0xbf;
 const MOV64_K: u8 = 0xb7;
@@ -130,6 +135,7 @@ const AND32_K: u8 = 0x54;
 const JGT_X: u8 = 0x2d;
 const JA: u8 = 0x05;
 const JEQ32_K: u8 = 0x16;
+const JEQ_K: u8 = 0x15;
 const JNE32_K: u8 = 0x56;
 const LD_IMM64: u8 = 0x18;
 const CALL: u8 = 0x85;
@@ -150,7 +156,7 @@ fn redirect_tail(a: &mut Asm, map: RawFd) {
 /// The program: with `vlan_hint` (the BTF id of the rx VLAN hint), first the tag
 /// restore ([`restore_tag`]); then the underlay filter for `f` (or nothing: every frame);
 /// then the redirect to the queue's socket.
-fn assemble(map: RawFd, f: Option<&UnderlayFilter>, vlan_hint: Option<u32>) -> Vec<Insn> {
+fn assemble(map: RawFd, f: Option<&UnderlayFilter>, vlan_hint: Option<u32>, drops: RawFd) -> Vec<Insn> {
     let mut a = Asm::new();
     if let Some(id) = vlan_hint {
         restore_tag(&mut a, id);
@@ -163,9 +169,33 @@ fn assemble(map: RawFd, f: Option<&UnderlayFilter>, vlan_hint: Option<u32>) -> V
     }
     redirect_tail(&mut a, map);
     if vlan_hint.is_some() {
-        a.label("tag_drop").op(insn(MOV64_K, 0, 0, 0, XDP_DROP)).op(insn(EXIT, 0, 0, 0, 0));
+        a.label("tag_drop");
+        drop_counted(&mut a, drops);
     }
     a.finish()
+}
+
+/// Appends "count the frame in `drops` (an array of one u64), then drop it":
+///
+/// ```text
+/// *(u32 *)(fp - 8) = 0
+/// r0 = bpf_map_lookup_elem(drops, fp - 8)
+/// if r0 != 0: lock *(u64 *)r0 += 1
+/// return XDP_DROP
+/// ```
+fn drop_counted(a: &mut Asm, drops: RawFd) {
+    a.op(insn(STW, 10, 0, -8, 0))
+        .op(insn(LD_IMM64, 1, PSEUDO_MAP_FD, 0, drops))
+        .op(insn(0, 0, 0, 0, 0))
+        .op(insn(MOV64_X, 2, 10, 0, 0))
+        .op(insn(ADD64_K, 2, 0, 0, -8))
+        .op(insn(CALL, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM))
+        .jump(insn(JEQ_K, 0, 0, 0, 0), "counted")
+        .op(insn(MOV64_K, 1, 0, 0, 1))
+        .op(insn(ATOMIC_ADD64, 0, 1, 0, 0))
+        .label("counted")
+        .op(insn(MOV64_K, 0, 0, 0, XDP_DROP))
+        .op(insn(EXIT, 0, 0, 0, 0));
 }
 
 /// Puts back an 802.1Q tag the driver holds out of band (`kfunc`: the BTF id of the rx
@@ -346,20 +376,20 @@ fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<Owne
 /// Loads the program for `f` (`None`: every frame) to attach to `ifindex` in mode `flags`:
 /// natively, bound to the device with the tag restore where the kernel and the device's
 /// driver have the rx VLAN hint; otherwise without it, and why.
-fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>) -> io::Result<(OwnedFd, Option<String>)> {
+fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>, drops: RawFd) -> io::Result<(OwnedFd, Option<String>)> {
     if flags & XDP_FLAGS_DRV_MODE == 0 {
-        return Ok((load_program(&assemble(map, f, None))?, Some("generic XDP has no metadata hints".into())));
+        return Ok((load_program(&assemble(map, f, None, drops))?, Some("generic XDP has no metadata hints".into())));
     }
     let restoring = vlan_tag_kfunc().and_then(|id| {
         let hints = super::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
         if hints & super::netdev::RX_METADATA_VLAN_TAG == 0 {
             return Err(io::Error::other("the device's driver has none"));
         }
-        load_bound_program(&assemble(map, f, Some(id)), ifindex)
+        load_bound_program(&assemble(map, f, Some(id), drops), ifindex)
     });
     match restoring {
         Ok(prog) => Ok((prog, None)),
-        Err(e) => Ok((load_program(&assemble(map, f, None))?, Some(format!("no rx VLAN hint: {e}")))),
+        Err(e) => Ok((load_program(&assemble(map, f, None, drops))?, Some(format!("no rx VLAN hint: {e}")))),
     }
 }
 
@@ -371,6 +401,27 @@ fn xskmap(max_queues: u32) -> io::Result<OwnedFd> {
     put_u32(&mut a, 8, 4);
     put_u32(&mut a, 12, max_queues.max(1));
     Ok(fd(bpf(BPF_MAP_CREATE, &a)?))
+}
+
+/// An array of one u64: frames a program dropped (a tag it could not put back).
+fn drop_counter() -> io::Result<OwnedFd> {
+    let mut a: Attr = [0; 128];
+    put_u32(&mut a, 0, BPF_MAP_TYPE_ARRAY);
+    put_u32(&mut a, 4, 4);
+    put_u32(&mut a, 8, 8);
+    put_u32(&mut a, 12, 1);
+    Ok(fd(bpf(BPF_MAP_CREATE, &a)?))
+}
+
+/// The count in a [`drop_counter`].
+fn read_counter(map: &OwnedFd) -> io::Result<u64> {
+    let (key, mut value) = (0u32, 0u64);
+    let mut a: Attr = [0; 128];
+    put_u32(&mut a, 0, map.as_raw_fd() as u32);
+    put_u64(&mut a, 8, &key as *const u32 as u64);
+    put_u64(&mut a, 16, &mut value as *mut u64 as u64);
+    bpf(BPF_MAP_LOOKUP_ELEM, &a)?;
+    Ok(value)
 }
 
 /// Attaches `prog` to `ifindex` in mode `flags` through a BPF link (gone when it closes).
@@ -403,6 +454,8 @@ pub struct UnderlayFilter {
 /// [`XdpRedirect::restores_vlan_tags`].
 pub struct XdpRedirect {
     map: OwnedFd,
+    /// Frames the program dropped ([`XdpRedirect::dropped`]); kept across [`XdpRedirect::set_filter`].
+    drops: OwnedFd,
     _prog: OwnedFd,
     link: OwnedFd,
     ifindex: u32,
@@ -440,11 +493,11 @@ impl XdpRedirect {
     /// for `f`, or redirect-everything. The kernel swaps it atomically: no frame goes
     /// through neither.
     pub fn set_filter(&mut self, f: Option<&UnderlayFilter>) -> io::Result<()> {
-        let (map, ifindex, flags, f) = (self.map.as_raw_fd(), self.ifindex, self.flags, f.copied());
+        let (map, ifindex, flags, f, drops) = (self.map.as_raw_fd(), self.ifindex, self.flags, f.copied(), self.drops.as_raw_fd());
         // Loaded in the device's namespace: the caller may be elsewhere (the daemon's control
         // thread, for a device in a pod's or a node's namespace).
         let netns = format!("/proc/self/fd/{}", self.netns.as_raw_fd());
-        let (prog, tags_hidden) = super::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref()))?;
+        let (prog, tags_hidden) = super::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref(), drops))?;
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, self.link.as_raw_fd() as u32);
         put_u32(&mut a, 4, prog.as_raw_fd() as u32);
@@ -456,11 +509,18 @@ impl XdpRedirect {
 
     /// Creates the XSKMAP, loads the program for `f` and attaches it.
     fn load(ifindex: u32, flags: u32, max_queues: u32, f: Option<&UnderlayFilter>) -> io::Result<XdpRedirect> {
-        let map = xskmap(max_queues)?;
-        let (prog, tags_hidden) = program(map.as_raw_fd(), ifindex, flags, f)?;
+        let (map, drops) = (xskmap(max_queues)?, drop_counter()?);
+        let (prog, tags_hidden) = program(map.as_raw_fd(), ifindex, flags, f, drops.as_raw_fd())?;
         let link = link(&prog, ifindex, flags)?;
         let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
-        Ok(XdpRedirect { map, _prog: prog, link, ifindex, flags, netns, tags_hidden })
+        Ok(XdpRedirect { map, drops, _prog: prog, link, ifindex, flags, netns, tags_hidden })
+    }
+
+    /// Frames the program dropped: frames whose out-of-band 802.1Q tag it could not put
+    /// back (no headroom, or shorter than an Ethernet header). 0 when the counter cannot
+    /// be read.
+    pub fn dropped(&self) -> u64 {
+        read_counter(&self.drops).unwrap_or(0)
     }
 
     /// Directs rx queue `queue` to the AF_XDP socket `xsk`.
@@ -471,5 +531,50 @@ impl XdpRedirect {
         put_u64(&mut a, 8, &key as *const u32 as u64);
         put_u64(&mut a, 16, &value as *const u32 as u64);
         bpf(BPF_MAP_UPDATE_ELEM, &a).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+    /// Runs `prog` once on `frame` (BPF_PROG_TEST_RUN); its return value.
+    fn run(prog: &OwnedFd, frame: &[u8]) -> io::Result<u32> {
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut a: Attr = [0; 128];
+        put_u32(&mut a, 0, prog.as_raw_fd() as u32);
+        put_u32(&mut a, 8, frame.len() as u32);
+        put_u32(&mut a, 12, out.len() as u32);
+        put_u64(&mut a, 16, frame.as_ptr() as u64);
+        put_u64(&mut a, 24, out.as_mut_ptr() as u64);
+        put_u32(&mut a, 32, 1);
+        // SAFETY: as in `bpf`, and the kernel writes the result back into `a`, which is
+        // mutable here; `frame` and `out` outlive the call.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, a.as_mut_ptr(), a.len() as u32) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(u32::from_ne_bytes([a[4], a[5], a[6], a[7]]))
+    }
+
+    /// The tail the tag restore jumps to when it cannot put a tag back: the frame is
+    /// dropped and counted, and the count reads back.
+    #[test]
+    fn dropped_frames_are_counted() {
+        // SAFETY: geteuid has no preconditions.
+        if !crate::testkit::peer_available(unsafe { libc::geteuid() } == 0, "root (for bpf(2))", "running the tests as root") {
+            return;
+        }
+        let drops = drop_counter().expect("an array map");
+        let mut a = Asm::new();
+        drop_counted(&mut a, drops.as_raw_fd());
+        let prog = load_program(&a.finish()).expect("the verifier takes the counting tail");
+        assert_eq!(read_counter(&drops).unwrap(), 0);
+        for n in 1..=3 {
+            assert_eq!(run(&prog, &[0u8; 64]).unwrap(), XDP_DROP as u32);
+            assert_eq!(read_counter(&drops).unwrap(), n);
+        }
     }
 }
