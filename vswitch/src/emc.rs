@@ -13,7 +13,10 @@
 //! a new MAC cannot change a known-unicast decision), and the current second (learning
 //! refreshes a MAC's timestamp once a second, through the slow path). [`Emc::sync`] compares
 //! the three once per burst and, when any changed, starts a new epoch: entries of an older
-//! epoch never match, without touching the table. What each hit still checks per frame
+//! epoch never match, without touching the table. A burst's lookups are all made before its
+//! first frame is forwarded, so the pipeline also asks [`Emc::outdated_by`] after each frame
+//! that took the slow path: when that frame moved a MAC, the burst's later hits are dropped
+//! and take the slow path too. What each hit still checks per frame
 //! (ingress MTU; egress MTU and tagging happen in the shared egress code) stays per frame.
 //!
 //! Two entries of 32 bytes per 64-byte line; a key may sit in either (set-associative).
@@ -94,21 +97,11 @@ impl Hit {
         (self.0 >> 12) as u16 & ID_MAX
     }
 
-    #[inline(always)]
-    pub fn max_len(self) -> usize {
-        self.len_limit().saturating_sub(1)
-    }
-
-    #[inline(always)]
-    fn len_limit(self) -> usize {
-        (self.0 >> 50) as usize
-    }
-
-    /// Whether a frame of `len` bytes may take this decision (none may take
-    /// [`Hit::default`]'s).
+    /// Whether a frame of `len` bytes may take this decision: not longer than the longest
+    /// it was made with (none may take [`Hit::default`]'s, not even an empty one).
     #[inline(always)]
     pub fn admits(self, len: u32) -> bool {
-        (len as usize) < self.len_limit()
+        (len as u64) < self.0 >> 50
     }
 
     /// Whether the egress is a remote VTEP.
@@ -397,12 +390,13 @@ mod test {
     fn codes_round_trip() {
         for (bd, id, tin, want, max) in [(7, 3, false, Some((0x88a8, 100)), 1518), (4095, 4095, true, None, MAX_LEN), (0, 0, true, Some((0x9100, 4095)), 0)] {
             let h = Hit::to_port(bd, id, tin, want, max).unwrap();
-            assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (bd, tin, max, Action::Port { port: id, want }));
+            assert_eq!((h.bd(), h.tagged_in(), h.action()), (bd, tin, Action::Port { port: id, want }));
             assert!(h.admits(max as u32) && !h.admits(max as u32 + 1));
         }
         assert!(!Hit::default().admits(0), "no decision admits even an empty frame");
         let h = Hit::to_peer(9, 12, true, 0xff_ffff, 9000).unwrap();
-        assert_eq!((h.bd(), h.tagged_in(), h.max_len(), h.action()), (9, true, 9000, Action::Peer { peer: 12, vni: 0xff_ffff }));
+        assert_eq!((h.bd(), h.tagged_in(), h.action()), (9, true, Action::Peer { peer: 12, vni: 0xff_ffff }));
+        assert!(h.admits(9000) && !h.admits(9001));
         assert_eq!(Hit::to_port(1, 4096, false, None, 1518), None);
         assert_eq!(Hit::to_port(1, 1, false, Some((0x0800, 1)), 1518), None);
         assert_eq!(Hit::to_port(1, 1, false, None, MAX_LEN + 1), None);

@@ -320,7 +320,7 @@ fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: u
     let pod_mac = |p: Option<usize>| p.filter(|p| *p < pods.len()).map(|p| mac(p as u32 + 1));
     let mut seen = Vec::new();
     for burst in traffic {
-        // Each frame with its sender's VNI; the sender's index in the UDP source port keeps
+        // Each frame with its sender's VNI and index; the index in the UDP source port keeps
         // frames apart.
         let mut sent = Vec::new();
         for f in burst.iter().filter(|f| f.from < pods.len()) {
@@ -328,7 +328,7 @@ fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: u
             let src = pod_mac(f.posing).unwrap_or(mac(f.from as u32 + 1));
             let frame = frames::udp4(dst, src, "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1 + f.from as u16, 2, 64);
             sw[pods[f.from].0].send(&format!("pod{}", f.from), &frame);
-            sent.push((frame, pods[f.from].1));
+            sent.push((frame, pods[f.from].1, f.from));
         }
         for _ in 0..2 {
             sw[0].step();
@@ -337,7 +337,12 @@ fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: u
         for (i, (s, v)) in pods.iter().enumerate() {
             let got = sw[*s].recv(&format!("pod{i}"));
             for g in &got {
-                prop_assert!(sent.iter().any(|(f, fv)| f == g && fv == v), "pod{} (vni{}) got a frame not sent in its VNI", i, v);
+                prop_assert!(
+                    sent.iter().any(|(f, fv, from)| f == g && fv == v && *from != i),
+                    "pod{} (vni{}) got a frame not sent to it in its VNI",
+                    i,
+                    v
+                );
             }
             seen.push(got);
         }

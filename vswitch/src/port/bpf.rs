@@ -1,6 +1,7 @@
-//! The little of `bpf(2)` the AF_XDP port needs, without a C toolchain: an XSKMAP, Knitter's
-//! XDP programs (assembled here) and their attachment through a BPF link, which the kernel
-//! removes when the link's descriptor is closed.
+//! The little of `bpf(2)` the AF_XDP port needs, without a C toolchain: an XSKMAP, a counter
+//! of the frames a program drops, Knitter's XDP programs (assembled here) and their
+//! attachment through a BPF link, which the kernel removes when the link's descriptor is
+//! closed.
 //!
 //! Two programs. [`XdpRedirect::attach`] redirects every frame of an rx queue to the AF_XDP
 //! socket registered for that queue and passes frames of queues without a socket to the
