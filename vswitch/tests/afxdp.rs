@@ -271,6 +271,11 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     .unwrap();
     let f = UnderlayFilter { vtep: va, udp_port: 4789, vlan: Some(100), shared: false };
     underlay.get().unwrap().set_underlay_filter(Some(f)).unwrap();
+    // Until the swap the port took every frame, the nodes' own IPv6 chatter too (counted as
+    // not VXLAN); what the filter let through is counted from a moment after it, once the
+    // PMD has drained frames the old program had already taken.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let before_filter = a.switch.stats().drop(DropReason::UnderlayNotVxlan);
     let b = SwitchNode::start(
         nb,
         &["pb0", "ul1"],
@@ -286,7 +291,7 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     // reached node A's switch through its filter: A answered B's request or learned from
     // B's answer.
     assert!(s.event(Event::VtepAnswered) + s.event(Event::NeighborLearned) >= 1);
-    assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only the VTEP's frames through");
+    assert_eq!(s.drop(DropReason::UnderlayNotVxlan), before_filter, "the filter let only the VTEP's frames through");
 }
 
 #[test]
