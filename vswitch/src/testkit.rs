@@ -33,6 +33,22 @@ pub fn peer_available(ready: bool, what: &str, installed_by: &str) -> bool {
     ready
 }
 
+/// Polls `done` every few milliseconds until it holds or `within` has passed; whether it held.
+/// For tests waiting on another thread or the kernel: a fixed sleep before an assertion fails
+/// whenever the machine stalls a little longer than the sleep (a VM's vCPU can stop for 10 ms).
+pub fn eventually(within: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + within;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Whether `program` runs (`program --version` succeeds to start).
 pub fn runs(program: &str) -> bool {
     std::process::Command::new(program).arg("--version").output().is_ok()

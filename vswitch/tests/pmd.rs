@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::ring::{RingPeer, RingPort};
-use vswitch::testkit::{frames, mac};
+use vswitch::testkit::{eventually, frames, mac};
 use vswitch::{Batch, IdlePolicy, PmdConfig, PmdSet, Pool, PoolCache, Switch, SwitchOptions};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -95,9 +95,7 @@ fn pmd_adaptive_forwards_sleeps_and_stops() {
     let mut r = rig(2);
     let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![0], idle: IdlePolicy::default() })
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let sleeps = r.switch.stats().sleeps;
-    assert!(sleeps > 0, "an idle adaptive thread sleeps");
+    assert!(eventually(Duration::from_secs(5), || r.switch.stats().sleeps > 0), "an idle adaptive thread sleeps");
     // A frame arriving while the thread sleeps wakes it.
     assert_eq!(pump(&mut r, 1, Duration::from_secs(5)), 1);
     // Config changes are adopted and acknowledged.
