@@ -136,6 +136,15 @@ impl Switch {
         Ok(())
     }
 
+    /// Puts `port` in the place of the one registered as `name` (its device opened again),
+    /// for the next configuration applied to take; returns the one it replaces, which the
+    /// running configuration keeps using until then.
+    pub fn replace_port(&self, name: &str, port: Arc<dyn Port>) -> Result<Arc<dyn Port>, SwitchError> {
+        let mut c = self.control();
+        let slot = c.ports.get_mut(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))?;
+        Ok(std::mem::replace(slot, port))
+    }
+
     /// Forgets a port that no configuration uses any more.
     pub fn unregister_port(&self, name: &str) -> Result<Arc<dyn Port>, SwitchError> {
         let mut c = self.control();

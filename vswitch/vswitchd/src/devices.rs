@@ -19,10 +19,16 @@ pub struct OpenPort {
     afxdp: Option<Arc<AfXdpPort>>,
     /// Why an `af_xdp` device runs on AF_PACKET, when it does.
     pub fallback: Option<String>,
+    /// The fallback was for the port being a trunk (AF_XDP opened, but hides tags).
+    trunk_fallback: bool,
     _server: Option<Server>,
 }
 
 impl OpenPort {
+    fn plain(port: Arc<dyn Port>) -> OpenPort {
+        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, _server: None }
+    }
+
     /// Makes an AF_XDP port take only its VTEP's traffic (or, with `None`, every frame);
     /// other devices need no filter.
     pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> std::io::Result<()> {
@@ -33,6 +39,13 @@ impl OpenPort {
     /// looking untagged on this device (an AF_XDP port without the rx VLAN hint), if so.
     pub fn hides_vlan_tags(&self) -> Option<String> {
         self.afxdp.as_ref().and_then(|p| p.restores_vlan_tags().err())
+    }
+
+    /// Whether this open device serves the port as [`open`] would open it for `trunk` now:
+    /// not an AF_XDP socket that hides tags for a trunk (AF_PACKET would serve it), nor
+    /// AF_PACKET taken only because the port was a trunk (AF_XDP would serve it again).
+    pub fn serves(&self, trunk: bool) -> bool {
+        if trunk { self.hides_vlan_tags().is_none() } else { !self.trunk_fallback }
     }
 }
 
@@ -76,20 +89,18 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                 Some(f) => AfXdpPort::open_underlay(&n, &i, pool, f),
                 None => AfXdpPort::open(&n, &i, pool),
             });
-            let why_not = match opened {
+            let (why_not, trunk_fallback) = match opened {
                 Ok(port) => match port.restores_vlan_tags() {
-                    Err(why) if trunk => format!("a trunk, and this device's XDP cannot see tags held out of band ({why})"),
+                    Err(why) if trunk => (hidden_tags(&why), true),
                     _ => {
                         let port = Arc::new(port);
-                        return Ok(OpenPort { port: port.clone(), vhost: None, afxdp: Some(port), fallback: None, _server: None });
+                        return Ok(OpenPort { afxdp: Some(port.clone()), ..OpenPort::plain(port) });
                     }
                 },
                 Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),
-                Err(e) => format!("AF_XDP did not open: {e}"),
+                Err(e) => (format!("AF_XDP did not open: {e}"), false),
             };
-            let open = open_af_packet(name, ifname, netns, format!("AF_XDP on {ifname} ({why_not}), then AF_PACKET"))?;
-            tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
-            Ok(OpenPort { fallback: Some(why_not), ..open })
+            fall_back(name, ifname, netns, why_not, trunk_fallback)
         }
         Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
         Device::VhostUser { socket, client, mode, owner, group } => {
@@ -99,16 +110,37 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             }
             let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve_with(socket, port.clone(), backend::SocketPerms { mode: *mode, owner: *owner, group: *group }) }
                 .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
-            Ok(OpenPort { port: port.clone(), vhost: Some(port), afxdp: None, fallback: None, _server: Some(server) })
+            Ok(OpenPort { vhost: Some(port.clone()), _server: Some(server), ..OpenPort::plain(port) })
         }
     }
+}
+
+/// Opens an `af_xdp` device with AF_PACKET for a trunk where its running AF_XDP port hides
+/// tags (`why`), as [`open`] would: without trying AF_XDP first, whose queue the running
+/// socket still holds.
+pub fn open_trunk_on_af_packet(name: &str, device: &Device, why: &str) -> Result<OpenPort, DeviceError> {
+    match device {
+        Device::AfXdp { ifname, netns } => fall_back(name, ifname, netns, hidden_tags(why), true),
+        _ => Err(DeviceError { port: name.into(), what: "AF_PACKET for a trunk".into(), source: std::io::Error::other("not an af_xdp device") }),
+    }
+}
+
+fn hidden_tags(why: &str) -> String {
+    format!("a trunk, and this device's XDP cannot see tags held out of band ({why})")
+}
+
+/// Serves an `af_xdp` device with AF_PACKET, saying why (`why_not`) in the log and the port.
+fn fall_back(name: &str, ifname: &str, netns: &Option<String>, why_not: String, trunk_fallback: bool) -> Result<OpenPort, DeviceError> {
+    let open = open_af_packet(name, ifname, netns, format!("AF_XDP on {ifname} ({why_not}), then AF_PACKET"))?;
+    tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
+    Ok(OpenPort { trunk_fallback, fallback: Some(why_not), ..open })
 }
 
 /// Opens `ifname` with AF_PACKET; `what` names the attempt in an error.
 fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>, what: String) -> Result<OpenPort, DeviceError> {
     let (n, i) = (name.to_string(), ifname.to_string());
     let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(|source| DeviceError { port: name.into(), what, source })?;
-    Ok(OpenPort { port: Arc::new(port), vhost: None, afxdp: None, fallback: None, _server: None })
+    Ok(OpenPort::plain(Arc::new(port)))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! name are untouched), then persisted. A refused change leaves everything as it was.
 
 use crate::devices::{self, DeviceError, OpenPort};
-use crate::state::{NodeState, Owned, Owner, PortSpec, StateError};
+use crate::state::{Device, NodeState, Owned, Owner, PortSpec, StateError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,10 +26,8 @@ pub enum NodeError {
     Invalid(#[from] ConfigError),
     #[error(transparent)]
     Device(#[from] DeviceError),
-    #[error("port {port:?}: its device differs from the running one; delete the port first, then apply")]
+    #[error("port {port:?}: another vhost-user device on the running one's socket cannot open beside it; delete the port first, then apply")]
     DeviceChanged { port: String },
-    #[error("port {port:?} cannot become a trunk on its running AF_XDP device: {why}; delete the port and add it again (a trunk opens on AF_PACKET there)")]
-    TrunkTagsHidden { port: String, why: String },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
 }
@@ -119,8 +117,7 @@ impl Node {
             (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => Some(underlay_filter(&v.item)),
             _ => None,
         };
-        let trunk = matches!(spec.config.mode, PortMode::Trunk { .. });
-        devices::open(&spec.config.name, &spec.device, pool, filter, trunk)
+        devices::open(&spec.config.name, &spec.device, pool, filter, is_trunk(spec))
     }
 
     /// Applies `candidate` (the ports in `open`), then makes it the state and persists it.
@@ -179,7 +176,7 @@ impl Node {
         candidate.ports.push(Owned { owner, item: spec });
         self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name))?;
         let r = self.commit(&mut inner, candidate);
-        if r.is_err() {
+        if refused(&r) {
             self.close_ports(&mut inner, &[name], None);
         }
         r
@@ -199,7 +196,7 @@ impl Node {
         candidate.attachments.push(record);
         self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name))?;
         let r = self.commit(&mut inner, candidate);
-        if r.is_err() {
+        if refused(&r) {
             self.close_ports(&mut inner, &[name], None);
         }
         r
@@ -269,6 +266,7 @@ impl Node {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
                 inner.open.insert(name.clone(), open);
+                inner.failed.remove(name);
                 Ok(())
             });
             match &opened {
@@ -283,6 +281,76 @@ impl Node {
         Ok(())
     }
 
+    /// Opens the devices of `names` again as `candidate` describes them and registers each
+    /// in the place of the running one (all or none), for the next configuration to take.
+    /// Returns the devices replaced, which the running configuration still uses: for
+    /// [`Node::retire`] once the change is published, or [`Node::restore`] if it is refused.
+    /// The new device opens while the old one runs, so traffic on the port pauses only
+    /// between the two snapshots (AF_XDP's socket and AF_PACKET's share a device; the one
+    /// case where they would compete, a vhost-user socket path, is refused before).
+    fn reopen_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<Vec<(String, OpenPort)>, NodeError> {
+        let mut replaced = Vec::new();
+        for name in names {
+            let (Some(p), Some(running)) = (candidate.port(name), inner.open.get(name)) else { continue };
+            let opened = match running.hides_vlan_tags() {
+                // AF_XDP's queue is still the running socket's: straight to AF_PACKET.
+                Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
+                    devices::open_trunk_on_af_packet(name, &p.item.device, &why)
+                }
+                _ => Self::open_device(&self.pool, candidate, &p.item),
+            };
+            match opened {
+                Ok(open) => {
+                    let _ = self.switch.replace_port(name, open.port.clone());
+                    if let Some(old) = inner.open.insert(name.clone(), open) {
+                        replaced.push((name.clone(), old));
+                    }
+                }
+                Err(e) => {
+                    self.events.emit("port_error", name, e.to_string(), self.switch.generation());
+                    self.restore(inner, replaced);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(replaced)
+    }
+
+    /// Puts back devices [`Node::reopen_ports`] replaced (the change was refused); the new
+    /// ones close.
+    fn restore(&self, inner: &mut Inner, replaced: Vec<(String, OpenPort)>) {
+        for (name, old) in replaced {
+            let _ = self.switch.replace_port(&name, old.port.clone());
+            inner.open.insert(name, old);
+        }
+    }
+
+    /// Closes devices [`Node::reopen_ports`] replaced, once PMD threads run `generation`
+    /// (the change that took the new ones), and says what each port runs on now.
+    fn retire(&self, inner: &Inner, replaced: Vec<(String, OpenPort)>, generation: u64) {
+        if replaced.is_empty() {
+            return;
+        }
+        self.wait_adopted(generation);
+        for (name, _) in &replaced {
+            let device = inner.state.port(name).map(|p| format!("{:?}", p.item.device)).unwrap_or_default();
+            let detail = match inner.open.get(name).and_then(|o| o.fallback.as_ref()) {
+                Some(why) => format!("{device}, on AF_PACKET: {why}"),
+                None => device,
+            };
+            self.events.emit("port_reopened", name, detail, generation);
+        }
+        drop(replaced);
+    }
+
+    /// Waits (bounded) until PMD threads read configuration `generation`: until then they may
+    /// still use a device it removed or replaced.
+    fn wait_adopted(&self, generation: u64) {
+        if let Some(pmd) = self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            pmd.wait_adopted(generation, std::time::Duration::from_secs(2));
+        }
+    }
+
     /// Unregisters and closes the devices of `names`. After a change that removed them
     /// (`generation`), PMD threads may still hold the old snapshot for a burst: wait until
     /// they read the new one before the devices go.
@@ -292,8 +360,8 @@ impl Node {
 
     /// [`Node::close_ports`], handing the devices to the caller to close.
     fn take_ports(&self, inner: &mut Inner, names: &[String], generation: Option<u64>) -> Vec<(Option<Arc<dyn vswitch::port::Port>>, OpenPort)> {
-        if let (Some(g), Some(pmd)) = (generation, self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
-            pmd.wait_adopted(g, std::time::Duration::from_secs(2));
+        if let Some(g) = generation {
+            self.wait_adopted(g);
         }
         let mut taken = Vec::new();
         for name in names {
@@ -308,8 +376,10 @@ impl Node {
     }
 
     /// Converges the `local` objects to `doc` (every object in it local): one atomic change.
-    /// An object of `doc` the manager owns, or a port whose device differs from the running
-    /// one, refuses the whole document. With `dry_run`, only reports.
+    /// A port whose device changes, or whose new mode its device should be opened otherwise
+    /// for (a trunk where AF_XDP hides tags), is opened again in place. An object of `doc`
+    /// the manager owns, or a vhost-user port moved to other settings on the same socket,
+    /// refuses the whole document. With `dry_run`, only reports.
     pub fn apply(&self, doc: NodeState, dry_run: bool) -> Result<ApplyReport, NodeError> {
         let mut inner = self.inner();
         let state = &inner.state;
@@ -332,18 +402,18 @@ impl Node {
             }
         }
         candidate.bridges.extend(doc.bridges.iter().map(|b| Owned { owner: Owner::Local, item: b.item.clone() }));
-        // Ports, the same way; a device is not changed in place.
-        let mut new_ports = Vec::new();
-        let mut gone_ports = Vec::new();
+        // Ports, the same way; a device changed is opened again.
+        let (mut new_ports, mut gone_ports, mut reopened) = (Vec::new(), Vec::new(), Vec::new());
         for p in &doc.ports {
             let name = &p.item.config.name;
             match state.port(name) {
                 Some(o) if o.owner != Owner::Local => owned_by(o, "port", name, Owner::Local)?,
-                Some(o) if o.item.device != p.item.device => return Err(NodeError::DeviceChanged { port: name.clone() }),
                 Some(o) if o.item != p.item => {
-                    let hidden = inner.open.get(name).and_then(OpenPort::hides_vlan_tags);
-                    if let (PortMode::Trunk { .. }, Some(why)) = (&p.item.config.mode, hidden) {
-                        return Err(NodeError::TrunkTagsHidden { port: name.clone(), why });
+                    match inner.open.get(name) {
+                        Some(running) if reopens(running, &o.item, &p.item)? => reopened.push(name.clone()),
+                        // A port whose device did not open at start: its new device may.
+                        None if o.item.device != p.item.device => new_ports.push(name.clone()),
+                        _ => {}
                     }
                     report.changed.push(format!("port {name}"))
                 }
@@ -384,18 +454,25 @@ impl Node {
             return Ok(report);
         }
         self.open_ports(&mut inner, &candidate, &new_ports)?;
-        match self.commit(&mut inner, candidate) {
-            Ok(generation) => {
-                report.generation = generation;
-                self.close_ports(&mut inner, &gone_ports, Some(generation));
-                self.refresh_underlay_filter(&inner);
-                Ok(report)
-            }
+        let replaced = match self.reopen_ports(&mut inner, &candidate, &reopened) {
+            Ok(replaced) => replaced,
             Err(e) => {
                 self.close_ports(&mut inner, &new_ports, None);
-                Err(e)
+                return Err(e);
             }
+        };
+        let r = self.commit(&mut inner, candidate);
+        if refused(&r) {
+            self.restore(&mut inner, replaced);
+            self.close_ports(&mut inner, &new_ports, None);
+            return r.map(|_| report);
         }
+        let generation = self.switch.generation();
+        report.generation = generation;
+        self.close_ports(&mut inner, &gone_ports, Some(generation));
+        self.retire(&inner, replaced, generation);
+        self.refresh_underlay_filter(&inner);
+        r.map(|_| report)
     }
 
     /// Converges the `manager` objects to the manager's desired state: its bridge domains
@@ -504,6 +581,29 @@ impl Node {
             p.stop();
         }
         self.inner().open.clear();
+    }
+}
+
+/// Whether a change was refused (nothing changed), rather than applied, persisted or not.
+fn refused(r: &Result<u64, NodeError>) -> bool {
+    r.as_ref().is_err_and(|e| !matches!(e, NodeError::State(_)))
+}
+
+fn is_trunk(spec: &PortSpec) -> bool {
+    matches!(spec.config.mode, PortMode::Trunk { .. })
+}
+
+/// Whether a running port (device `running`) changed from `old` to `new` needs its device
+/// opened again: another device, or a mode the open one does not serve. Refused for a
+/// vhost-user socket path kept with other settings: a second server there would take the
+/// running one's socket file, which the running one removes as it closes.
+fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, NodeError> {
+    match (&old.device, &new.device) {
+        (a, b) if a == b => Ok(!running.serves(is_trunk(new))),
+        (Device::VhostUser { socket: a, .. }, Device::VhostUser { socket: b, .. }) if a == b => {
+            Err(NodeError::DeviceChanged { port: new.config.name.clone() })
+        }
+        _ => Ok(true),
     }
 }
 

@@ -211,6 +211,25 @@ async fn state_survives_sigterm_and_sigkill() {
     assert_eq!(names(&mut d.client()).await, (vec!["blue".into(), "red".into()], vec![]));
 }
 
+/// A change the switch took but the state file could not keep is reported (internal: "applied
+/// but not persisted") and stays applied: the port's device stays open, not half removed.
+#[tokio::test]
+async fn a_change_applied_but_not_persisted_stays_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let d = Daemon::start(dir.path(), &["--state-file", state.to_str().unwrap()]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("blue")).await.unwrap();
+    // The state is written to state.json.tmp first: a directory there fails it, even for root.
+    std::fs::create_dir(dir.path().join("state.json.tmp")).unwrap();
+    refused(add_port(&mut c, vhost_port(dir.path(), "vnf0", "blue")).await, Code::Internal, "applied but not persisted");
+    assert_eq!(names(&mut c).await.1, vec!["vnf0".to_string()], "the port runs");
+    assert!(dir.path().join("vnf0.sock").exists(), "and its socket still listens");
+    std::fs::remove_dir(dir.path().join("state.json.tmp")).unwrap();
+    c.delete_port(pb::DeleteRequest { name: "vnf0".into(), owner: 0 }).await.unwrap();
+    assert!(!dir.path().join("vnf0.sock").exists(), "deleted, the socket goes");
+}
+
 #[tokio::test]
 async fn the_config_file_declares_local_objects() {
     let dir = tempfile::tempdir().unwrap();
@@ -405,13 +424,18 @@ async fn apply_converges_local_objects_to_a_document() {
     refused(apply(&mut c, "bridges:\n  - {name: net9}\n", false).await, Code::FailedPrecondition, "owned by manager");
     refused(apply(&mut c, "bridges:\n  - {name: red, vnii: 1}\n", false).await, Code::InvalidArgument, "vnii");
     refused(apply(&mut c, "bridges:\n  - {name: red, owner: manager}\n", false).await, Code::InvalidArgument, "local objects only");
-    let moved = doc2.replace(&sock("vnf1"), &sock("elsewhere"));
-    refused(apply(&mut c, &moved, false).await, Code::FailedPrecondition, "port \"vnf1\": its device differs");
+    let same_socket = doc2.replace(&format!("socket: {}}}", sock("vnf1")), &format!("socket: {}, mode: 432}}", sock("vnf1")));
+    refused(apply(&mut c, &same_socket, false).await, Code::FailedPrecondition, "port \"vnf1\": another vhost-user device on the running one's socket");
     let conflict = format!("{doc2}  - name: vnf2\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: green}}\n", sock("vnf2"));
     refused(apply(&mut c, &conflict, false).await, Code::InvalidArgument, "bridge \"green\" does not exist");
     assert!(!dir.path().join("vnf2.sock").exists(), "the refused document's new port was closed again");
     let after = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
     assert_eq!((after.generation, after.ports, after.bridges), (before.generation, before.ports, before.bridges));
+
+    // A port moved to another socket is opened there in place; the old socket goes.
+    let moved = doc2.replace(&sock("vnf1"), &sock("elsewhere"));
+    assert_eq!(changes(&apply(&mut c, &moved, false).await.unwrap()), (vec![], vec!["port vnf1"], vec![]));
+    assert!(dir.path().join("elsewhere.sock").exists() && !dir.path().join("vnf1.sock").exists(), "listening on the new socket only");
 
     // An empty document removes every local object and keeps the manager's.
     let r = apply(&mut c, "{}", false).await.unwrap();
@@ -420,8 +444,8 @@ async fn apply_converges_local_objects_to_a_document() {
 }
 
 /// An af_xdp port on a device whose driver gives XDP no rx VLAN hint (a tap: tags held out
-/// of band would look untagged there): an access port runs on AF_XDP; making it a trunk in
-/// place is refused with the reason; added as a trunk it runs on AF_PACKET, and says so.
+/// of band would look untagged there): an access port runs on AF_XDP; made a trunk in place
+/// it is opened again on AF_PACKET, and says why; an access port again, back on AF_XDP.
 #[tokio::test]
 // As above: the namespace guard is held on a single-threaded runtime.
 #[allow(clippy::await_holding_lock)]
@@ -439,13 +463,57 @@ async fn a_trunk_where_xdp_cannot_see_tags_runs_on_af_packet() {
     };
     let (access, trunk) = (doc("{kind: access, bridge: blue}"), doc("{kind: trunk, allowed: [100]}"));
     let fallback = |v: pb::NodeView| v.status.iter().find(|s| s.name == "t0").map(|s| s.fallback.clone());
+    let mut events = c.events(pb::EventsRequest {}).await.unwrap().into_inner();
     apply(&mut c, &access, false).await.unwrap();
     assert_eq!(fallback(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), Some(String::new()), "access: AF_XDP");
-    refused(apply(&mut c, &trunk, false).await, Code::FailedPrecondition, "cannot become a trunk");
-    apply(&mut c, "{}", false).await.unwrap();
-    apply(&mut c, &trunk, false).await.unwrap();
+    assert_eq!(changes(&apply(&mut c, &trunk, false).await.unwrap()), (vec![], vec!["port t0"], vec![]));
     let why = fallback(c.show(pb::ShowRequest {}).await.unwrap().into_inner()).unwrap_or_default();
-    assert!(why.contains("no rx VLAN hint"), "a trunk runs on AF_PACKET and says why: {why:?}");
+    assert!(why.contains("no rx VLAN hint"), "the trunk runs on AF_PACKET and says why: {why:?}");
+    assert!(next_event(&mut events, "port_reopened", "t0").await.detail.contains("on AF_PACKET"));
+    apply(&mut c, &access, false).await.unwrap();
+    assert_eq!(fallback(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), Some(String::new()), "access again: AF_XDP");
+}
+
+/// A port whose device changes (AF_PACKET to AF_XDP on the same veth, and back) is opened
+/// again in place: the pods keep reaching each other, the XDP program comes with the AF_XDP
+/// socket and goes with it. A port whose device did not open at start opens once moved.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn a_port_moved_to_another_device_is_opened_again_in_place() {
+    use vswitch::testkit::netns::{self, Netns};
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sw = Netns::new("sw").unwrap();
+    let (pa, pb_) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pa, "eth0", &sw, "pa0").unwrap();
+    netns::veth(&pb_, "eth0", &sw, "pb0").unwrap();
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pb_.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    // The daemon starts with pa0 on an interface that is not there: the port is left out.
+    let cfg = dir.path().join("vswitchd.toml");
+    let declared = format!("state_file = \"\"\n[[bridges]]\nname = \"red\"\n[[ports]]\nname = \"pa0\"\ndevice = {{ kind = \"af_packet\", ifname = \"nosuch0\", netns = \"{}\" }}\nmode = {{ kind = \"access\", bridge = \"red\" }}\n", sw.name);
+    std::fs::write(&cfg, declared).unwrap();
+    let d = Daemon::start(dir.path(), &["--config", cfg.to_str().unwrap()]).await;
+    let mut c = d.client();
+    let errors = |v: pb::NodeView| v.status.iter().filter(|s| s.name == "pa0").map(|s| s.error.clone()).collect::<Vec<_>>();
+    let left_out = errors(c.show(pb::ShowRequest {}).await.unwrap().into_inner());
+    assert!(left_out.len() == 1 && left_out[0].contains("nosuch0"), "{left_out:?}");
+    let doc = |pa0: &str| {
+        let port = |name: &str, kind: &str| format!("  - name: {name}\n    device: {{kind: {kind}, ifname: {name}, netns: {}}}\n    mode: {{kind: access, bridge: red}}\n", sw.name);
+        format!("bridges:\n  - {{name: red}}\nports:\n{}{}", port("pa0", pa0), port("pb0", "af_packet"))
+    };
+    let xdp_on_pa0 = || sw.run(&["ip", "link", "show", "pa0"]).unwrap().contains("xdp");
+    // Moved to an interface that is there, it opens.
+    assert_eq!(changes(&apply(&mut c, &doc("af_packet"), false).await.unwrap()), (vec!["port pb0"], vec!["port pa0"], vec![]));
+    assert_eq!(errors(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), vec![String::new()], "pa0 runs, and only runs");
+    netns::ping(&pa, "192.0.2.2").expect("pods reach each other over AF_PACKET");
+    assert!(!xdp_on_pa0());
+    assert_eq!(changes(&apply(&mut c, &doc("af_xdp"), false).await.unwrap()), (vec![], vec!["port pa0"], vec![]));
+    assert!(xdp_on_pa0(), "AF_XDP's program on the device");
+    netns::ping(&pa, "192.0.2.2").expect("and over AF_XDP, the port opened again");
+    apply(&mut c, &doc("af_packet"), false).await.unwrap();
+    assert!(!xdp_on_pa0(), "the AF_XDP socket closed, and its program went with it");
+    netns::ping(&pa, "192.0.2.2").expect("and over AF_PACKET again");
 }
 
 /// Waits (bounded) for an event of `kind` about `port`.
