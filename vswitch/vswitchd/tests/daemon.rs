@@ -282,6 +282,19 @@ fn kernel_port(name: &str, ifname: &str, netns: &str, af_xdp: bool, bridge: &str
     }
 }
 
+/// The switch's namespace and two pods (192.0.2.1 and .2) on veths whose switch ends are
+/// `pa0` and `pb0`.
+fn two_pods() -> (vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns) {
+    use vswitch::testkit::netns::{self, Netns};
+    let sw = Netns::new("sw").unwrap();
+    let (pa, pb_) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
+    netns::veth(&pa, "eth0", &sw, "pa0").unwrap();
+    netns::veth(&pb_, "eth0", &sw, "pb0").unwrap();
+    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
+    pb_.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    (sw, pa, pb_)
+}
+
 /// Two pods ping each other every 10 ms through the daemon (AF_XDP and AF_PACKET ports on
 /// veths in the switch's namespace) while rounds of 100 other ports are added and removed:
 /// not one echo is lost.
@@ -290,15 +303,10 @@ fn kernel_port(name: &str, ifname: &str, netns: &str, af_xdp: bool, bridge: &str
 // single-threaded runtime: no other task waits for it.
 #[allow(clippy::await_holding_lock)]
 async fn changes_never_disturb_traffic_on_other_ports() {
-    use vswitch::testkit::netns::{self, Netns};
+    use vswitch::testkit::netns;
     let Some(_g) = netns::exclusive() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb_) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "pa0").unwrap();
-    netns::veth(&pb_, "eth0", &sw, "pb0").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb_.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let (sw, pa, pb_) = two_pods();
     let d = Daemon::start(dir.path(), &["--no-state"]).await;
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
@@ -480,15 +488,10 @@ async fn a_trunk_where_xdp_cannot_see_tags_runs_on_af_packet() {
 #[tokio::test]
 #[allow(clippy::await_holding_lock)]
 async fn a_port_moved_to_another_device_is_opened_again_in_place() {
-    use vswitch::testkit::netns::{self, Netns};
+    use vswitch::testkit::netns;
     let Some(_g) = netns::exclusive() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let sw = Netns::new("sw").unwrap();
-    let (pa, pb_) = (Netns::new("pa").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pa, "eth0", &sw, "pa0").unwrap();
-    netns::veth(&pb_, "eth0", &sw, "pb0").unwrap();
-    pa.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pb_.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
+    let (sw, pa, _pod_b) = two_pods();
     // The daemon starts with pa0 on an interface that is not there: the port is left out.
     let cfg = dir.path().join("vswitchd.toml");
     let declared = format!("state_file = \"\"\n[[bridges]]\nname = \"red\"\n[[ports]]\nname = \"pa0\"\ndevice = {{ kind = \"af_packet\", ifname = \"nosuch0\", netns = \"{}\" }}\nmode = {{ kind = \"access\", bridge = \"red\" }}\n", sw.name);
