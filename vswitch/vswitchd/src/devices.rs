@@ -21,18 +21,25 @@ pub struct OpenPort {
     pub fallback: Option<String>,
     /// The fallback was for the port being a trunk (AF_XDP opened, but hides tags).
     trunk_fallback: bool,
+    /// The underlay filter the AF_XDP port's program runs, if any.
+    filter: Option<UnderlayFilter>,
     _server: Option<Server>,
 }
 
 impl OpenPort {
     fn plain(port: Arc<dyn Port>) -> OpenPort {
-        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, _server: None }
+        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, filter: None, _server: None }
     }
 
-    /// Makes an AF_XDP port take only its VTEP's traffic (or, with `None`, every frame);
-    /// other devices need no filter.
-    pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> std::io::Result<()> {
-        self.afxdp.as_ref().map_or(Ok(()), |p| p.set_underlay_filter(filter))
+    /// Makes an AF_XDP port take only its VTEP's traffic (or, with `None`, every frame),
+    /// unless it does already; other devices need no filter.
+    pub fn set_underlay_filter(&mut self, filter: Option<UnderlayFilter>) -> std::io::Result<()> {
+        let Some(p) = &self.afxdp else { return Ok(()) };
+        if self.filter != filter {
+            p.set_underlay_filter(filter)?;
+            self.filter = filter;
+        }
+        Ok(())
     }
 
     /// Why frames whose 802.1Q tag the kernel holds out of band would reach the switch
@@ -94,7 +101,7 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                     Err(why) if trunk => (hidden_tags(&why), true),
                     _ => {
                         let port = Arc::new(port);
-                        return Ok(OpenPort { afxdp: Some(port.clone()), ..OpenPort::plain(port) });
+                        return Ok(OpenPort { afxdp: Some(port.clone()), filter: underlay, ..OpenPort::plain(port) });
                     }
                 },
                 Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),

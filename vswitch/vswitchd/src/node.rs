@@ -113,11 +113,7 @@ impl Node {
     }
 
     fn open_device(pool: &Arc<Pool>, state: &NodeState, spec: &PortSpec) -> Result<OpenPort, DeviceError> {
-        let filter = match (&spec.config.mode, &state.vtep) {
-            (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => Some(underlay_filter(&v.item)),
-            _ => None,
-        };
-        devices::open(&spec.config.name, &spec.device, pool, filter, is_trunk(spec))
+        devices::open(&spec.config.name, &spec.device, pool, wanted_filter(state, spec), is_trunk(spec))
     }
 
     /// Applies `candidate` (the ports in `open`), then makes it the state and persists it.
@@ -471,7 +467,7 @@ impl Node {
         report.generation = generation;
         self.close_ports(&mut inner, &gone_ports, Some(generation));
         self.retire(&inner, replaced, generation);
-        self.refresh_underlay_filter(&inner);
+        self.refresh_underlay_filters(&mut inner);
         r.map(|_| report)
     }
 
@@ -521,13 +517,16 @@ impl Node {
         Ok(report)
     }
 
-    /// Gives the running VTEP's underlay port the filter for it (AF_XDP only).
-    fn refresh_underlay_filter(&self, inner: &Inner) {
-        let Some(v) = &inner.state.vtep else { return };
-        if let Some(open) = inner.open.get(&v.item.underlay_port)
-            && let Err(e) = open.set_underlay_filter(Some(underlay_filter(&v.item)))
-        {
-            tracing::warn!(port = %v.item.underlay_port, error = %e, "underlay filter not updated");
+    /// Gives every open port the underlay filter its place wants: the VTEP's underlay takes
+    /// only the VTEP's traffic; any other port (one that stopped being the underlay, or every
+    /// port once the VTEP is gone) takes every frame.
+    fn refresh_underlay_filters(&self, inner: &mut Inner) {
+        let Inner { state, open, .. } = inner;
+        for (name, port) in open.iter_mut() {
+            let want = state.port(name).and_then(|p| wanted_filter(state, &p.item));
+            if let Err(e) = port.set_underlay_filter(want) {
+                tracing::warn!(port = %name, error = %e, "underlay filter not updated");
+            }
         }
     }
 
@@ -539,7 +538,7 @@ impl Node {
         }
         candidate.vtep = Some(Owned { owner, item: vtep });
         let generation = self.commit(&mut inner, candidate)?;
-        self.refresh_underlay_filter(&inner);
+        self.refresh_underlay_filters(&mut inner);
         Ok(generation)
     }
 
@@ -548,12 +547,9 @@ impl Node {
         let mut candidate = inner.state.clone();
         let v = candidate.vtep.as_ref().ok_or_else(|| NodeError::NotFound { kind: "vtep", name: "vtep".into() })?;
         owned_by(v, "vtep", "vtep", owner)?;
-        let underlay = v.item.underlay_port.clone();
         candidate.vtep = None;
         let generation = self.commit(&mut inner, candidate)?;
-        if let Some(open) = inner.open.get(&underlay) {
-            let _ = open.set_underlay_filter(None);
-        }
+        self.refresh_underlay_filters(&mut inner);
         Ok(generation)
     }
 
@@ -587,6 +583,14 @@ impl Node {
 /// Whether a change was refused (nothing changed), rather than applied, persisted or not.
 fn refused(r: &Result<u64, NodeError>) -> bool {
     r.as_ref().is_err_and(|e| !matches!(e, NodeError::State(_)))
+}
+
+/// The underlay filter a port of `state` wants: the VTEP's, on the VTEP's underlay port.
+fn wanted_filter(state: &NodeState, spec: &PortSpec) -> Option<UnderlayFilter> {
+    match (&spec.config.mode, &state.vtep) {
+        (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => Some(underlay_filter(&v.item)),
+        _ => None,
+    }
 }
 
 fn is_trunk(spec: &PortSpec) -> bool {

@@ -519,6 +519,36 @@ async fn a_port_moved_to_another_device_is_opened_again_in_place() {
     netns::ping(&pa, "192.0.2.2").expect("and over AF_PACKET again");
 }
 
+/// An AF_XDP port that stops being the VTEP's underlay loses the underlay filter: made an
+/// access port (the VTEP gone), it takes every frame again, and the pods reach each other
+/// through it. Then the other way: made the underlay again, it takes only the VTEP's.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn a_port_that_stops_being_the_underlay_takes_every_frame_again() {
+    use vswitch::testkit::netns;
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (sw, pa, _pod_b) = two_pods();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let port = |name: &str, mode: &str| format!("  - name: {name}\n    device: {{kind: af_xdp, ifname: {name}, netns: {}}}\n    mode: {mode}\n", sw.name);
+    let access = "{kind: access, bridge: red}";
+    let underlay = format!(
+        "bridges:\n  - {{name: red, vni: 5001}}\nports:\n{}{}vtep: {{local_ip: 198.51.100.1, underlay_port: pb0}}\n",
+        port("pa0", access),
+        port("pb0", "{kind: underlay}")
+    );
+    let bridged = format!("bridges:\n  - {{name: red}}\nports:\n{}{}", port("pa0", access), port("pb0", access));
+    apply(&mut c, &underlay, false).await.unwrap();
+    assert!(netns::ping(&pa, "192.0.2.2").is_err(), "pb0 is the underlay: the pod behind it is not in red");
+    // The pod's kernel would keep the failed resolution for a while: make it ask again.
+    pa.run(&["ip", "neigh", "flush", "dev", "eth0"]).unwrap();
+    apply(&mut c, &bridged, false).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("pb0, an access port now, takes the pod's frames");
+    apply(&mut c, &underlay, false).await.unwrap();
+    assert!(netns::ping(&pa, "192.0.2.2").is_err(), "the underlay again");
+}
+
 /// Waits (bounded) for an event of `kind` about `port`.
 async fn next_event(s: &mut tonic::Streaming<pb::NodeEvent>, kind: &str, port: &str) -> pb::NodeEvent {
     let wait = async {
