@@ -511,7 +511,12 @@ async fn a_port_moved_to_another_device_is_opened_again_in_place() {
     assert_eq!(errors(c.show(pb::ShowRequest {}).await.unwrap().into_inner()), vec![String::new()], "pa0 runs, and only runs");
     netns::ping(&pa, "192.0.2.2").expect("pods reach each other over AF_PACKET");
     assert!(!xdp_on_pa0());
+    let on_pa0 = |r: pb::FdbReply| r.entries.iter().filter(|e| e.dest == "port pa0").map(|e| e.mac.clone()).collect::<Vec<_>>();
+    let learnt = on_pa0(c.fdb_dump(pb::FdbRequest::default()).await.unwrap().into_inner());
+    assert_eq!(learnt.len(), 1, "pod A's MAC learnt on pa0: {learnt:?}");
     assert_eq!(changes(&apply(&mut c, &doc("af_xdp"), false).await.unwrap()), (vec![], vec!["port pa0"], vec![]));
+    let kept = on_pa0(c.fdb_dump(pb::FdbRequest::default()).await.unwrap().into_inner());
+    assert_eq!(kept, learnt, "the port kept its id, and its learnt MAC");
     assert!(xdp_on_pa0(), "AF_XDP's program on the device");
     netns::ping(&pa, "192.0.2.2").expect("and over AF_XDP, the port opened again");
     apply(&mut c, &doc("af_packet"), false).await.unwrap();
