@@ -484,7 +484,8 @@ async fn a_trunk_where_xdp_cannot_see_tags_runs_on_af_packet() {
 
 /// A port whose device changes (AF_PACKET to AF_XDP on the same veth, and back) is opened
 /// again in place: the pods keep reaching each other, the XDP program comes with the AF_XDP
-/// socket and goes with it. A port whose device did not open at start opens once moved.
+/// socket and goes with it. A port whose device did not open at start opens once moved; a
+/// refused change leaves the running device in place.
 #[tokio::test]
 #[allow(clippy::await_holding_lock)]
 async fn a_port_moved_to_another_device_is_opened_again_in_place() {
@@ -522,6 +523,14 @@ async fn a_port_moved_to_another_device_is_opened_again_in_place() {
     apply(&mut c, &doc("af_packet"), false).await.unwrap();
     assert!(!xdp_on_pa0(), "the AF_XDP socket closed, and its program went with it");
     netns::ping(&pa, "192.0.2.2").expect("and over AF_PACKET again");
+    // A document the switch refuses (pb0 in a bridge that does not exist) reopens nothing:
+    // the AF_XDP socket it opened for pa0 closes again, and pa0 runs on as it was.
+    let d = doc("af_xdp");
+    let at = d.rfind("bridge: red").unwrap();
+    let bad = format!("{}bridge: green{}", &d[..at], &d[at + "bridge: red".len()..]);
+    refused(apply(&mut c, &bad, false).await, Code::InvalidArgument, "green");
+    assert!(!xdp_on_pa0(), "the refused change's AF_XDP socket closed");
+    netns::ping(&pa, "192.0.2.2").expect("pa0 still on AF_PACKET");
 }
 
 /// An AF_XDP port that stops being the VTEP's underlay loses the underlay filter: made an
