@@ -10,7 +10,7 @@ use knitter_vhost::port::VhostPort;
 use knitter_vhost::testkit::{Buf, Guest, MEM_LEN};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -108,12 +108,8 @@ fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&G
     events
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+fn wait_for(what: &str, ok: impl FnMut() -> bool) {
+    assert!(testkit::eventually(Duration::from_secs(5), ok), "timed out waiting for {what}");
 }
 
 /// A switch (harness) with vhost-user ports `names` and the ring port "r0" in one bridge

@@ -23,7 +23,7 @@ pub(crate) fn status(e: NodeError) -> Status {
         NodeError::NotFound { .. } => Status::not_found(msg),
         NodeError::NotOwner { .. } => Status::failed_precondition(msg),
         NodeError::Invalid(_) => Status::invalid_argument(msg),
-        NodeError::DeviceChanged { .. } => Status::failed_precondition(msg),
+        NodeError::SocketKept { .. } => Status::failed_precondition(msg),
         NodeError::Device(_) => Status::unavailable(msg),
         NodeError::State(_) => Status::internal(msg),
     }

@@ -27,7 +27,7 @@ pub enum NodeError {
     #[error(transparent)]
     Device(#[from] DeviceError),
     #[error("port {port:?}: another vhost-user device on the running one's socket cannot open beside it; delete the port first, then apply")]
-    DeviceChanged { port: String },
+    SocketKept { port: String },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
 }
@@ -605,7 +605,7 @@ fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, N
     match (&old.device, &new.device) {
         (a, b) if a == b => Ok(!running.serves(is_trunk(new))),
         (Device::VhostUser { socket: a, .. }, Device::VhostUser { socket: b, .. }) if a == b => {
-            Err(NodeError::DeviceChanged { port: new.config.name.clone() })
+            Err(NodeError::SocketKept { port: new.config.name.clone() })
         }
         _ => Ok(true),
     }
