@@ -21,7 +21,7 @@
 //! and connects again after the connection ends, so the switch may restart too.
 
 use crate::memory::{GuestMemory, Mapping};
-use crate::port::{MAX_PAIRS, TXQ, VhostPort};
+use crate::port::{MAX_PAIRS, RXQ, TXQ, VhostPort};
 use crate::vring::SplitQueue;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -116,6 +116,9 @@ impl NetBackend {
             let slot = &mut pair.queues[i % 2];
             let progress = slot.take().map(|q| q.next_avail());
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
+            // A ring set up afresh whose driver ran it before: a base other than 0 (QEMU
+            // gives back what GET_VRING_BASE said), or used entries the base does not know.
+            let mut resumed = c.fresh_base && base != 0;
             let queue = match (&mem, c.addrs) {
                 (Some(mem), Some((desc, used, avail))) if run => (|| {
                     let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
@@ -123,6 +126,7 @@ impl NetBackend {
                     q.set_features(features.0, features.1);
                     if c.fresh_base && let Some(at) = q.resume_from_used(mem).map_err(|_| Error::InvalidParam)? {
                         tracing::warn!(port = %port_name(&self.port), ring = i, base, resumed = at, "ring base and used index disagree: resuming from the used index");
+                        resumed = true;
                     }
                     Ok(Some(q))
                 })(),
@@ -130,13 +134,19 @@ impl NetBackend {
             };
             let started = matches!(queue, Ok(Some(_)));
             pair.kicks_on |= i % 2 == TXQ && started;
-            match queue {
+            let result = match queue {
                 Ok(q) => {
                     pair.queues[i % 2] = q;
-                    (base, started, Ok(()))
+                    Ok(())
                 }
-                Err(e) => (base, started, Err(e)),
+                Err(e) => Err(e),
+            };
+            // Readiness is decided when a receive ring starts afresh; a ring rebuilt
+            // while it ran (a new memory table) or enabled again keeps it.
+            if started && c.fresh_base && i % 2 == RXQ {
+                d.rx_started(i / 2, resumed);
             }
+            (base, started, result)
         });
         self.vrings[i].base = place;
         // A base set before the ring starts waits for the start (it is checked then).
@@ -158,6 +168,7 @@ impl NetBackend {
         self.memory = None;
         self.port.configure(|d| {
             d.set_memory(None);
+            d.forget_rx_ready();
             for p in &mut d.pairs {
                 (p.call, p.kick) = Default::default();
             }
@@ -490,9 +501,7 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
     let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
     while !stop.load(Ordering::Acquire) {
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd on the connection's descriptor, which `handler` keeps open.
-        if unsafe { libc::poll(&mut p, 1, 100) } <= 0 {
+        if !wait_for_message(fd, port) {
             continue;
         }
         match net_request(fd, &backend, port) {
@@ -519,6 +528,40 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         }
     }
     backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
+}
+
+/// Waits up to 100 ms for the frontend's next message, and meanwhile for the first kick of
+/// every receive ring that is not ready yet (see `Pair::rx_ready`), which it reports to the
+/// port; true when a message is there. Only this thread changes kick descriptors (on
+/// SET_VRING_KICK and when the frontend goes), so those it polls stay open meanwhile.
+fn wait_for_message(fd: libc::c_int, port: &VhostPort) -> bool {
+    let unready = port.unready_rx();
+    let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }; 1 + MAX_PAIRS];
+    let mut pairs = [0usize; 1 + MAX_PAIRS];
+    let mut n = 1;
+    for (pair, kick) in &unready {
+        if let Some(k) = kick
+            && n < fds.len()
+        {
+            (fds[n].fd, pairs[n]) = (*k, *pair);
+            n += 1;
+        }
+    }
+    // SAFETY: `n` pollfds of our array, on the connection's descriptor (which the caller's
+    // handler keeps open) and on kick eventfds the port keeps open (see above).
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 100) };
+    for (p, pair) in fds[1..n].iter().zip(&pairs[1..n]) {
+        if p.revents & libc::POLLIN != 0 {
+            let mut v = 0u64;
+            // SAFETY: an 8-byte read from a non-blocking kick eventfd into a u64.
+            unsafe { libc::read(p.fd, (&mut v as *mut u64).cast(), 8) };
+            port.rx_kicked(*pair);
+        }
+    }
+    if !unready.is_empty() {
+        port.rx_ready_after_grace(std::time::Instant::now());
+    }
+    ready > 0 && fds[0].revents != 0
 }
 
 const SET_VRING_ENABLE: u32 = 18;

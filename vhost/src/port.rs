@@ -29,6 +29,7 @@ use crate::vring::{Chain, Flat, SplitQueue};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use vswitch::port::{Port, QueueCounters, QueueStats};
 use vswitch::{Batch, Pool, PoolCache};
 
@@ -59,6 +60,42 @@ pub struct Pair {
     pub offloads: Offloads,
     /// `VIRTIO_NET_F_MRG_RXBUF`: a frame may take several receive chains.
     pub mrg_rxbuf: bool,
+    /// The guest's driver runs its receive ring: frames sent into it are read, not thrown
+    /// away. A ring that starts afresh (SET_VRING_BASE 0, nothing used yet) is not ready
+    /// until the driver shows it started: it kicks the ring (DPDK's virtio-user does so at
+    /// the end of `rte_eth_dev_start`, after it filled the ring and *flushed whatever was
+    /// written into it before*; Linux after its first fill), or it transmits on the pair, or
+    /// the ring has held buffers for [`RX_READY_GRACE`] without either. A ring resumed where
+    /// a driver had run it (a frontend that outlived the switch) is ready at once. Until
+    /// then the port does not send on the pair, and its link is down.
+    pub rx_ready: bool,
+    /// Since when an unready receive ring has held buffers (for [`RX_READY_GRACE`]).
+    pub rx_posted_since: Option<Instant>,
+}
+
+/// How long a receive ring that starts afresh may hold buffers, with no kick and nothing
+/// transmitted, before the port trusts it: a driver that never kicks a polled ring still
+/// gets its frames, a second late. DPDK's virtio-user kicks within microseconds of filling.
+pub const RX_READY_GRACE: Duration = Duration::from_secs(1);
+
+impl Pair {
+    /// The receive ring is ready (see [`Pair::rx_ready`]): from now on the guest is not
+    /// asked to kick it (the port polls it; a kick per refill would cost the guest a system
+    /// call a burst).
+    fn make_rx_ready(&mut self) {
+        self.rx_ready = true;
+        self.rx_posted_since = None;
+        if let (Some(mem), Some(q)) = (self.memory.as_ref(), self.queues[RXQ].as_mut())
+            && let Ok(mut ring) = q.ring(mem)
+        {
+            ring.set_kicks(false);
+        }
+    }
+
+    /// A receive ring that runs (memory and ring set up, enabled).
+    fn rx_runs(&self) -> bool {
+        self.memory.is_some() && self.queues[RXQ].is_some()
+    }
 }
 
 /// Every pair's state, locked by [`VhostPort::configure`]; virtqueue `vq` is
@@ -82,6 +119,38 @@ impl Device<'_> {
     pub fn set_mrg_rxbuf(&mut self, on: bool) {
         for p in &mut self.pairs {
             p.mrg_rxbuf = on;
+        }
+    }
+
+    /// Runs pair `p` on these rings with a driver already running them (a simulated guest,
+    /// or a ring resumed after a reconnect): its receive ring is ready at once.
+    pub fn run_pair(&mut self, p: usize, rx: SplitQueue, tx: SplitQueue) {
+        let pair = &mut *self.pairs[p];
+        pair.queues = [Some(rx), Some(tx)];
+        pair.make_rx_ready();
+    }
+
+    /// Pair `p`'s receive ring started: ready at once when `resumed` (a driver ran it
+    /// before), else once the driver shows it runs it (see [`Pair::rx_ready`]); the guest
+    /// is asked to kick it meanwhile, so that it can show it.
+    pub fn rx_started(&mut self, p: usize, resumed: bool) {
+        let Some(pair) = self.pairs.get_mut(p).map(|g| &mut **g) else { return };
+        if resumed {
+            pair.make_rx_ready();
+            return;
+        }
+        (pair.rx_ready, pair.rx_posted_since) = (false, None);
+        if let (Some(mem), Some(q)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut())
+            && let Ok(mut ring) = q.ring(mem)
+        {
+            ring.set_kicks(true);
+        }
+    }
+
+    /// The frontend is gone: no receive ring is ready.
+    pub fn forget_rx_ready(&mut self) {
+        for p in &mut self.pairs {
+            (p.rx_ready, p.rx_posted_since) = (false, None);
         }
     }
 }
@@ -108,6 +177,8 @@ pub struct VhostPort {
     rx_running: AtomicU32,
     /// Pairs whose transmit ring runs: where the port receives.
     tx_running: AtomicU32,
+    /// Pairs whose receive ring runs but is not ready yet (see [`Pair::rx_ready`]).
+    rx_waiting: AtomicU32,
     counters: [QueueCounters; MAX_PAIRS],
     pub net: NetCounters,
     /// A MAC to announce (SEND_RARP, after a migration): bit 48 set when one waits; the
@@ -129,6 +200,7 @@ impl VhostPort {
             up: AtomicBool::new(false),
             rx_running: AtomicU32::new(0),
             tx_running: AtomicU32::new(0),
+            rx_waiting: AtomicU32::new(0),
             counters: Default::default(),
             net: NetCounters::default(),
             announce: AtomicU64::new(0),
@@ -179,13 +251,87 @@ impl VhostPort {
         let mut d = Device { pairs: self.pairs.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner())).collect() };
         let r = f(&mut d);
         let running = |dir: usize| {
-            d.pairs.iter().enumerate().filter(|(_, p)| p.memory.is_some() && p.queues[dir].is_some()).fold(0, |m, (i, _)| m | 1 << i)
+            d.pairs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.memory.is_some() && p.queues[dir].is_some() && (dir == TXQ || p.rx_ready))
+                .fold(0, |m, (i, _)| m | 1 << i)
         };
         let (rx, tx) = (running(RXQ), running(TXQ));
+        let waiting = d.pairs.iter().enumerate().filter(|(_, p)| p.rx_runs() && !p.rx_ready).fold(0, |m, (i, _)| m | 1 << i);
+        self.rx_waiting.store(waiting, Ordering::Release);
         self.rx_running.store(rx, Ordering::Release);
         self.tx_running.store(tx, Ordering::Release);
         self.up.store(rx != 0 && tx != 0, Ordering::Release);
         r
+    }
+
+    /// Receive rings that run but whose driver has not shown yet that it started them
+    /// (see [`Pair::rx_ready`]), with their kick descriptors when they have one: the
+    /// connection thread waits on those descriptors and calls [`VhostPort::rx_kicked`].
+    /// Empty (and cheap) once every running ring is ready.
+    pub fn unready_rx(&self) -> Vec<(usize, Option<RawFd>)> {
+        let waiting = self.rx_waiting.load(Ordering::Acquire);
+        if waiting == 0 {
+            return Vec::new();
+        }
+        self.configure(|d| {
+            d.pairs
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.rx_runs() && !p.rx_ready)
+                .map(|(i, p)| (i, p.kick[RXQ].as_ref().map(|f| f.as_raw_fd())))
+                .collect()
+        })
+    }
+
+    /// The guest kicked pair `p`'s receive ring while it was not ready: its driver runs it.
+    pub fn rx_kicked(&self, p: usize) {
+        self.configure(|d| {
+            if let Some(pair) = d.pair_of(2 * p)
+                && pair.rx_runs()
+                && !pair.rx_ready
+            {
+                tracing::debug!(port = %self.name, pair = p, "receive ring ready: the guest kicked it");
+                pair.make_rx_ready();
+            }
+        })
+    }
+
+    /// Receive rings that have held buffers for [`RX_READY_GRACE`] with no kick become ready
+    /// (called by the connection thread while [`VhostPort::unready_rx`] lists some).
+    pub fn rx_ready_after_grace(&self, now: Instant) {
+        self.configure(|d| {
+            for (i, pair) in d.pairs.iter_mut().map(|g| &mut **g).enumerate() {
+                if !pair.rx_runs() || pair.rx_ready {
+                    continue;
+                }
+                let posted = match (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) {
+                    (Some(mem), Some(q)) => q.ring(mem).map(|mut r| r.pending() > 0).unwrap_or(false),
+                    _ => false,
+                };
+                let since = if posted { *pair.rx_posted_since.get_or_insert(now) } else { now };
+                if !posted {
+                    pair.rx_posted_since = None;
+                } else if now.duration_since(since) >= RX_READY_GRACE {
+                    tracing::debug!(port = %self.name, pair = i, "receive ring ready: buffers posted, no kick");
+                    pair.make_rx_ready();
+                }
+            }
+        })
+    }
+
+    /// The guest transmitted on pair `p` (whose lock the caller holds), so its driver runs:
+    /// the receive ring is ready if it was not.
+    #[cold]
+    fn rx_ready_by_transmission(&self, pair: &mut Pair, p: usize) {
+        if !pair.rx_runs() {
+            return;
+        }
+        pair.make_rx_ready();
+        self.rx_waiting.fetch_and(!(1 << p), Ordering::AcqRel);
+        self.rx_running.fetch_or(1 << p, Ordering::AcqRel);
+        self.up.store(self.tx_running.load(Ordering::Acquire) != 0, Ordering::Release);
     }
 
     /// Queue pairs whose both rings run.
@@ -339,6 +485,9 @@ impl Port for VhostPort {
         }
         drop(ring);
         self.check_broken(queue, p, TXQ);
+        if used > 0 && !pair.rx_ready {
+            self.rx_ready_by_transmission(pair, p);
+        }
         self.counters[p].rx_packets.add(got as u64);
         got
     }

@@ -175,7 +175,7 @@ impl Vm {
         let port = Arc::new(VhostPort::new(name, pool.clone()));
         port.configure(|d| {
             d.set_memory(Some(rx.mem.clone()));
-            d.pairs[0].queues = [Some(rx.queue()), Some(tx.queue())];
+            d.run_pair(0, rx.queue(), tx.queue());
         });
         Vm { rx, tx, port }
     }

@@ -77,7 +77,7 @@ fn running_pairs_spread_over_pmd_threads() {
     switch.register_port("r0", ring).unwrap();
     let vm = Vm::new("vm", &pool, 64); // pair 0 runs
     let (g2, g3) = (vm.rx.another_queue(2), vm.rx.another_queue(3));
-    vm.port.configure(|d| d.pairs[2].queues = [Some(g2.queue()), Some(g3.queue())]);
+    vm.port.configure(|d| d.run_pair(2, g2.queue(), g3.queue()));
     switch.register_port("vm", vm.port.clone()).unwrap();
     switch
         .apply(testkit::one_bridge(&["r0", "vm"]))
@@ -91,7 +91,7 @@ fn running_pairs_spread_over_pmd_threads() {
     vm.port.configure(|d| {
         let (g0, g1) = (vm.rx.another_queue(0), vm.rx.another_queue(1));
         d.pairs[0].queues = [None, None];
-        d.pairs[1].queues = [Some(g0.queue()), Some(g1.queue())];
+        d.run_pair(1, g0.queue(), g1.queue());
     });
     assert_eq!(threads(&snap), (vec![(r, 0), (v, 2)], vec![(v, 1)]));
     assert_eq!(vm.port.running_pairs(), 2);

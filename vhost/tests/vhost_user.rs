@@ -105,7 +105,17 @@ fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&G
         fe.set_vring_enable(i, true).unwrap();
         events.extend([call, kick]);
     }
+    start_driver(&events);
     events
+}
+
+/// What a driver does once its rings are set up and filled: it kicks its receive rings
+/// (DPDK's virtio-user at the end of `rte_eth_dev_start`), which tells the port that frames
+/// sent to it from then on are read. `events` holds each ring's call and kick eventfds.
+fn start_driver(events: &[EventFd]) {
+    for kick in events.chunks(2).step_by(2).filter_map(|e| e.get(1)) {
+        kick.write(1).unwrap();
+    }
 }
 
 fn wait_for(what: &str, ok: impl FnMut() -> bool) {
