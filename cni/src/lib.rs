@@ -4,6 +4,8 @@
 //! CNI version. `spec.rs` holds the protocol, `planes.rs` the networks a pod asks for;
 //! this file the verbs.
 
+#![forbid(unsafe_code)]
+
 pub mod planes;
 pub mod spec;
 

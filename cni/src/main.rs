@@ -1,6 +1,8 @@
 //! knitter-cni: run by the container runtime (or Multus) with the CNI environment and the
 //! network configuration on stdin; prints the result (or a CNI error result) on stdout.
 
+#![forbid(unsafe_code)]
+
 use std::io::Read;
 
 fn main() {

@@ -1,6 +1,8 @@
 //! knitter-manager: the central manager. Serves the REST API over its store (embedded by
 //! default, etcd with `--etcd`), and stops cleanly on SIGTERM or SIGINT.
 
+#![forbid(unsafe_code)]
+
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use knitter_control::manager::objects::Quota;

@@ -3,6 +3,8 @@
 //! (`store`: the trait, the embedded and etcd backends) that knitter-manager will serve; the
 //! `knitterctl` binary lives in `src/knitterctl.rs`.
 
+#![forbid(unsafe_code)]
+
 pub mod ipam;
 pub mod manager;
 pub mod network;

@@ -155,15 +155,16 @@ impl Device<'_> {
     }
 }
 
-/// Frames the port refused, by reason (beyond the queue counters).
+/// Frames the port refused, by reason (beyond the queue counters); added to by every PMD
+/// thread that serves the port.
 #[derive(Default)]
 pub struct NetCounters {
-    pub bad_chains: vswitch::counters::Counter,
+    pub bad_chains: vswitch::counters::SharedCounter,
     /// Rings stopped because the driver made more than a queue's worth available (the
     /// port's error state; a new connection starts the rings afresh).
-    pub broken_rings: vswitch::counters::Counter,
-    pub refused_frames: vswitch::counters::Counter,
-    pub guest_buffer_too_small: vswitch::counters::Counter,
+    pub broken_rings: vswitch::counters::SharedCounter,
+    pub refused_frames: vswitch::counters::SharedCounter,
+    pub guest_buffer_too_small: vswitch::counters::SharedCounter,
 }
 
 pub struct VhostPort {

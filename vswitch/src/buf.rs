@@ -52,7 +52,9 @@ pub enum PoolError {
 pub struct BufId(u32);
 
 impl BufId {
-    /// A placeholder that owns nothing, used to fill empty batch slots.
+    /// A placeholder that owns nothing, used to fill empty batch slots. Its index masks to
+    /// the pool's last chunk, which is never handed out (see [`Pool::new`]): a placeholder
+    /// used by mistake reads and writes a chunk no packet owns, and freeing it does nothing.
     pub(crate) const EMPTY: BufId = BufId(NIL);
 
     /// The chunk index, for ports that exchange buffers as indices (rings, UMEM descriptors).
@@ -212,7 +214,7 @@ impl std::fmt::Debug for Pool {
 
 impl Pool {
     /// Maps `n` buffers, rounded up to a power of two (hugepage-backed when `try_huge` and
-    /// available), and logs the backing.
+    /// available), and logs the backing. One of them is kept back for [`BufId::EMPTY`].
     pub fn new(n: u32, try_huge: bool) -> Result<Arc<Pool>, PoolError> {
         if !(16..=4 << 20).contains(&n) {
             return Err(PoolError::Size(n));
@@ -221,16 +223,20 @@ impl Pool {
         let bytes = n as usize * BUF_SIZE;
         let region = Region::new(bytes, try_huge).map_err(|source| PoolError::Map { bytes, source })?;
         tracing::info!(buffers = n, bytes, backing = %region.backing(), "packet buffer pool mapped");
-        let free = ArrayQueue::new(n as usize);
-        for i in 0..n {
+        // The last chunk stays out of the free list: it is where `BufId::EMPTY` (and any
+        // index masked like it) lands, so no packet may own it.
+        let free = ArrayQueue::new(n as usize - 1);
+        for i in 0..n - 1 {
             let _ = free.push(i);
         }
         let meta = (0..n).map(|_| Meta::default()).collect();
         Ok(Arc::new(Pool { region, meta, mask: n - 1, free, alloc_failures: AtomicU64::new(0) }))
     }
 
+    /// Buffers packets can own: one less than the chunks mapped (the last is the
+    /// placeholder's, see [`BufId::EMPTY`]).
     pub fn capacity(&self) -> u32 {
-        self.meta.len() as u32
+        self.meta.len() as u32 - 1
     }
 
     pub fn backing(&self) -> Backing {
@@ -378,22 +384,22 @@ impl Pool {
     }
 
     /// Takes back a buffer the kernel filled: chunk `idx` now holds `len` bytes at `off`.
-    /// Returns `None` (and keeps nothing) if the range does not fit the chunk.
+    /// A range that does not fit the chunk is `Err` with the buffer (empty), which the
+    /// caller frees: the chunk comes back to the pool either way.
     ///
     /// # Safety
     /// `idx` must come from `BufId::into_index` of this pool (given to the kernel) and be
     /// claimed once.
-    pub unsafe fn claim_filled(&self, idx: u32, off: usize, len: usize) -> Option<BufId> {
-        if off.checked_add(len)? > BUF_SIZE {
-            return None;
-        }
+    pub unsafe fn claim_filled(&self, idx: u32, off: usize, len: usize) -> Result<BufId, BufId> {
+        let fits = off.checked_add(len).is_some_and(|end| end <= BUF_SIZE);
+        let (off, len) = if fits { (off, len) } else { (HEADROOM, 0) };
         let m = self.m(idx);
         m.off.store(off as u16, Relaxed);
         m.len.store(len as u16, Relaxed);
         m.pkt_len.store(len as u32, Relaxed);
         m.next.store(NIL, Relaxed);
         m.refcnt.store(1, Relaxed);
-        Some(BufId(idx))
+        if fits { Ok(BufId(idx)) } else { Err(BufId(idx)) }
     }
 
     /// Iterates over the data of every segment, head first.
@@ -729,7 +735,7 @@ mod test {
         c.free(head);
         c.release_shared(shared);
         c.flush();
-        assert_eq!(p.free_count(), 64);
+        assert_eq!(p.free_count(), p.capacity() as usize);
     }
 
     #[test]
@@ -740,13 +746,51 @@ mod test {
         while let Some(b) = c.alloc() {
             held.push(b);
         }
-        assert_eq!(held.len(), 64);
+        assert_eq!(held.len(), 63, "64 chunks, one kept for the placeholder");
+        assert_eq!(p.capacity(), 63);
         assert!(p.alloc_failures() >= 1);
         for b in held {
             c.free(b);
         }
         c.flush();
-        assert_eq!(p.free_count(), 64);
+        assert_eq!(p.free_count(), 63);
+    }
+
+    /// A kernel descriptor whose range does not fit its chunk still gives the chunk back
+    /// (it was leaked: neither lent any more nor in the pool).
+    #[test]
+    fn a_filled_buffer_with_a_bad_range_comes_back() {
+        let p = pool(16);
+        let mut c = PoolCache::new(p.clone());
+        let idx = c.alloc().unwrap().into_index();
+        // SAFETY: `idx` came from `into_index` of this pool and is claimed once.
+        let claimed = unsafe { p.claim_filled(idx, BUF_SIZE - 10, 100) };
+        let empty = claimed.expect_err("a range past the chunk's end is refused");
+        assert_eq!(p.pkt_len(&empty), 0);
+        c.free(empty);
+        c.flush();
+        assert_eq!(p.free_count(), p.capacity() as usize);
+    }
+
+    /// `BufId::EMPTY` masks to the last chunk: no packet ever owns it, so a placeholder used
+    /// by mistake aliases nobody's data, and freeing one leaves the pool as it was.
+    #[test]
+    fn the_placeholder_aliases_no_packet() {
+        let p = pool(16);
+        let last = p.mask;
+        assert_eq!(BufId::EMPTY.index() & p.mask, last);
+        let mut c = PoolCache::new(p.clone());
+        let mut held = Vec::new();
+        while let Some(b) = c.alloc() {
+            assert_ne!(b.index() & p.mask, last, "a packet got the placeholder's chunk");
+            held.push(b);
+        }
+        c.free(BufId::EMPTY);
+        for b in held {
+            c.free(b);
+        }
+        c.flush();
+        assert_eq!(p.free_count(), p.capacity() as usize, "freeing the placeholder added nothing");
     }
 
     #[test]
@@ -777,7 +821,7 @@ mod test {
         assert_eq!(out, frame);
         c.free(b);
         c.flush();
-        assert_eq!(p.free_count(), 32);
+        assert_eq!(p.free_count(), p.capacity() as usize);
         assert!(c.alloc_frame(&vec![0; MAX_FRAME + 1]).is_none());
     }
 
@@ -797,7 +841,7 @@ mod test {
         assert_eq!(p.head(&b).len(), BUF_SIZE - HEADROOM, "the head is filled before chaining");
         c.free(b);
         c.flush();
-        assert_eq!(p.free_count(), 32);
+        assert_eq!(p.free_count(), p.capacity() as usize);
     }
 
     #[test]
@@ -823,6 +867,6 @@ mod test {
             c.free(h);
         }
         c.flush();
-        assert_eq!(p.free_count(), 32);
+        assert_eq!(p.free_count(), p.capacity() as usize);
     }
 }

@@ -86,9 +86,26 @@ named_enum! {
     }
 }
 
-/// A counter written by one thread.
+/// A counter written by one thread (a relaxed load and store: a second writer would lose
+/// counts). Counters that several threads add to are [`SharedCounter`]s.
 #[derive(Default)]
 pub struct Counter(AtomicU64);
+
+/// A counter several threads add to (a port's queue counters, which every PMD thread
+/// sending on the queue updates): one atomic add per burst, exact under contention.
+#[derive(Default)]
+pub struct SharedCounter(AtomicU64);
+
+impl SharedCounter {
+    #[inline(always)]
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
 
 impl Counter {
     #[inline(always)]

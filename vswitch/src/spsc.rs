@@ -1,8 +1,23 @@
 //! A bounded lock-free single-producer single-consumer ring of buffer indices, with an
 //! eventfd the producer writes when the consumer has said it is going to sleep.
 //!
-//! Single producer and single consumer are the caller's promise; [`crate::port::ring`] keeps it
-//! with a try-lock per side. Slots are plain memory copied in bulk (two `memcpy`s at most per
+//! Single producer and single consumer are the types' promise, not the caller's: [`channel`]
+//! makes one [`Producer`] and one [`Consumer`], neither of which can be cloned, and pushing
+//! or popping takes `&mut` of its handle, so two threads can never push (or pop) at once
+//! without a lock around the handle ([`crate::port::ring`] keeps a try-lock per side).
+//!
+//! ```compile_fail
+//! // Two producers cannot be made: a handle is not Clone, and push needs `&mut`.
+//! let (producer, _consumer) = vswitch::spsc::channel(8).unwrap();
+//! let second = producer.clone();
+//! ```
+//! ```compile_fail
+//! fn push_through_a_shared_reference(p: &vswitch::spsc::Producer) {
+//!     p.push(&[1]);
+//! }
+//! ```
+//!
+//! Slots are plain memory copied in bulk (two `memcpy`s at most per
 //! burst): the producer writes only slots in `[tail, head + size)`, the consumer reads only
 //! slots in `[head, tail)`, and the release/acquire pair on `tail` (and on `head` for reuse)
 //! orders those accesses, so the two sides never touch a slot at the same time. The wake protocol is Dekker-style: the consumer stores
@@ -11,11 +26,14 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::cell::UnsafeCell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
 
 #[repr(align(64))]
 struct Padded<T>(T);
 
+/// The ring both handles share: its length and the consumer's wake protocol are open to
+/// anyone holding it; slots are reached only through [`Producer`] and [`Consumer`].
 pub struct Spsc {
     slots: Box<[UnsafeCell<u32>]>,
     mask: usize,
@@ -28,12 +46,48 @@ pub struct Spsc {
 }
 
 // SAFETY: slot access is partitioned between one producer and one consumer by the
-// head/tail protocol described above; everything else is atomic.
+// head/tail protocol described above, and only the one `Producer` (`&mut`) pushes and the
+// one `Consumer` (`&mut`) pops; everything else is atomic.
 unsafe impl Sync for Spsc {}
 
+/// The one writer of a ring.
+pub struct Producer(Arc<Spsc>);
+
+/// The one reader of a ring.
+pub struct Consumer(Arc<Spsc>);
+
+/// A ring of `size` slots (rounded up to a power of two) and its two ends.
+pub fn channel(size: usize) -> std::io::Result<(Producer, Consumer)> {
+    let ring = Arc::new(Spsc::new(size)?);
+    Ok((Producer(ring.clone()), Consumer(ring)))
+}
+
+impl Producer {
+    /// Appends as many of `ids` as fit; returns how many.
+    #[inline]
+    pub fn push(&mut self, ids: &[u32]) -> usize {
+        self.0.push(ids)
+    }
+
+    pub fn ring(&self) -> &Arc<Spsc> {
+        &self.0
+    }
+}
+
+impl Consumer {
+    /// Takes up to `out.len()` indices; returns how many.
+    #[inline]
+    pub fn pop(&mut self, out: &mut [u32]) -> usize {
+        self.0.pop(out)
+    }
+
+    pub fn ring(&self) -> &Arc<Spsc> {
+        &self.0
+    }
+}
+
 impl Spsc {
-    /// A ring of `size` slots (rounded up to a power of two).
-    pub fn new(size: usize) -> std::io::Result<Spsc> {
+    fn new(size: usize) -> std::io::Result<Spsc> {
         let size = size.next_power_of_two().max(2);
         // SAFETY: eventfd has no memory preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -63,9 +117,9 @@ impl Spsc {
         self.len() == 0
     }
 
-    /// Producer: appends as many of `ids` as fit; returns how many.
+    /// Only through the one [`Producer`] (see the `Sync` impl).
     #[inline]
-    pub fn push(&self, ids: &[u32]) -> usize {
+    fn push(&self, ids: &[u32]) -> usize {
         let tail = self.tail.0.load(Relaxed);
         let head = self.head.0.load(Acquire);
         let n = ids.len().min(self.capacity() - tail.wrapping_sub(head));
@@ -89,9 +143,9 @@ impl Spsc {
         n
     }
 
-    /// Consumer: takes up to `out.len()` indices; returns how many.
+    /// Only through the one [`Consumer`] (see the `Sync` impl).
     #[inline]
-    pub fn pop(&self, out: &mut [u32]) -> usize {
+    fn pop(&self, out: &mut [u32]) -> usize {
         let head = self.head.0.load(Relaxed);
         let tail = self.tail.0.load(Acquire);
         let n = out.len().min(tail.wrapping_sub(head));
@@ -143,26 +197,24 @@ impl Spsc {
 #[cfg(test)]
 mod test {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn fifo_and_bounds() {
-        let r = Spsc::new(4).unwrap();
-        assert_eq!(r.push(&[1, 2, 3, 4, 5]), 4);
+        let (mut p, mut c) = channel(4).unwrap();
+        assert_eq!(p.push(&[1, 2, 3, 4, 5]), 4);
         let mut out = [0; 3];
-        assert_eq!(r.pop(&mut out), 3);
+        assert_eq!(c.pop(&mut out), 3);
         assert_eq!(out, [1, 2, 3]);
-        assert_eq!(r.push(&[6, 7]), 2);
+        assert_eq!(p.push(&[6, 7]), 2);
         let mut out = [0; 8];
-        assert_eq!(r.pop(&mut out), 3);
+        assert_eq!(c.pop(&mut out), 3);
         assert_eq!(&out[..3], &[4, 6, 7]);
-        assert!(r.is_empty());
+        assert!(c.ring().is_empty());
     }
 
     #[test]
     fn two_threads_keep_order() {
-        let r = Arc::new(Spsc::new(64).unwrap());
-        let p = r.clone();
+        let (mut p, mut r) = channel(64).unwrap();
         let t = std::thread::spawn(move || {
             let mut next = 0u32;
             while next < 100_000 {
@@ -184,9 +236,10 @@ mod test {
 
     #[test]
     fn armed_consumer_is_woken() {
-        let r = Spsc::new(8).unwrap();
+        let (mut p, c) = channel(8).unwrap();
+        let r = c.ring();
         assert!(!r.arm(true));
-        r.push(&[1]);
+        p.push(&[1]);
         let mut pfd = libc::pollfd { fd: r.wake_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, 1000) };

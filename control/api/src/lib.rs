@@ -2,6 +2,8 @@
 //! reaches a daemon over its unix socket. A leaf crate: the data plane, the CNI plugin and
 //! the control plane all depend on it, and it on none of them.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use tonic::transport::{Channel, Endpoint, Uri};
 

@@ -3,6 +3,8 @@
 //! manager over gRPC (`manager tenant|network|ipgroup|port|node`). Human tables by
 //! default, `-o json` for scripts; a refused request prints the reason and exits non-zero.
 
+#![forbid(unsafe_code)]
+
 mod manager;
 
 use anyhow::{Context, Result};

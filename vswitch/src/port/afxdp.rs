@@ -648,9 +648,19 @@ impl Port for AfXdpPort {
             let (addr, len, options) = side.rx.read_desc(cons.wrapping_add(i));
             let idx = (addr / BUF_SIZE as u64) as u32;
             let off = (addr % BUF_SIZE as u64) as usize;
-            // SAFETY: `idx` was lent to the kernel through this socket's fill ring (checked
-            // in its bitmap) and comes back once, here.
-            let b = if side.lent.take(idx) { unsafe { self.pool.claim_filled(idx, off, len as usize) } } else { None };
+            let b = if side.lent.take(idx) {
+                // SAFETY: lent through this socket's fill ring (its bitmap says so) and
+                // returned once, here.
+                match unsafe { self.pool.claim_filled(idx, off, len as usize) } {
+                    Ok(b) => Some(b),
+                    Err(empty) => {
+                        cache.free(empty); // a range outside its chunk: the chunk comes back
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             let last = options & XDP_PKT_CONTD == 0;
             let frame = match (b, chain.take()) {
                 (Some(b), None) if last => Some(b),
@@ -788,10 +798,14 @@ impl Port for AfXdpPort {
             }
             // Rare without multi-buffer: flood copies with a shared payload, flattened.
             let (parts, k) = self.pieces(b);
-            match cache.alloc_gather(&parts[..k]).filter(|f| !self.pool.is_chained(f)) {
-                Some(f) => {
+            match cache.alloc_gather(&parts[..k]) {
+                Some(f) if !self.pool.is_chained(&f) => {
                     let old = std::mem::replace(&mut batch.as_mut_slice()[sent], f);
                     cache.free(old);
+                }
+                Some(chained) => {
+                    cache.free(chained); // does not fit one buffer: the packet waits
+                    break;
                 }
                 None => break,
             }

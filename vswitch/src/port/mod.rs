@@ -32,10 +32,10 @@ pub struct QueueStats {
 /// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
 #[derive(Default)]
 pub struct QueueCounters {
-    pub rx_packets: crate::counters::Counter,
-    pub rx_dropped: crate::counters::Counter,
-    pub tx_packets: crate::counters::Counter,
-    pub tx_full: crate::counters::Counter,
+    pub rx_packets: crate::counters::SharedCounter,
+    pub rx_dropped: crate::counters::SharedCounter,
+    pub tx_packets: crate::counters::SharedCounter,
+    pub tx_full: crate::counters::SharedCounter,
 }
 
 impl QueueCounters {

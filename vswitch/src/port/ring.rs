@@ -10,35 +10,20 @@
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, PoolCache};
-use crate::spsc::Spsc;
+use crate::spsc::{self, Consumer, Producer, Spsc};
 use crate::wire::MacAddr;
 use std::os::fd::RawFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Mutex};
 
 struct Queue {
     /// Toward the switch (peer produces, switch consumes).
-    rx: Arc<Spsc>,
+    rx: Mutex<Consumer>,
+    /// The same ring, for its wake protocol (atomics and an eventfd: no lock needed).
+    rx_ring: Arc<Spsc>,
     /// From the switch (switch produces, peer consumes).
-    tx: Arc<Spsc>,
-    rx_lock: AtomicBool,
-    tx_lock: AtomicBool,
+    tx: Mutex<Producer>,
     counters: QueueCounters,
-}
-
-struct TryLock<'a>(&'a AtomicBool);
-
-impl<'a> TryLock<'a> {
-    #[inline(always)]
-    fn take(flag: &'a AtomicBool) -> Option<TryLock<'a>> {
-        flag.compare_exchange(false, true, Acquire, Relaxed).is_ok().then_some(TryLock(flag))
-    }
-}
-
-impl Drop for TryLock<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Release);
-    }
 }
 
 /// The switch side of an in-memory port.
@@ -51,8 +36,8 @@ pub struct RingPort {
 
 /// The wire side of a [`RingPort`]: what a test or generator sends and receives.
 pub struct RingPeer {
-    rx: Vec<Arc<Spsc>>,
-    tx: Vec<Arc<Spsc>>,
+    rx: Vec<Consumer>,
+    tx: Vec<Producer>,
 }
 
 impl RingPort {
@@ -61,19 +46,19 @@ impl RingPort {
         let mut qs = Vec::new();
         let mut peer = RingPeer { rx: Vec::new(), tx: Vec::new() };
         for _ in 0..queues.max(1) {
-            let (to_switch, from_switch) = (Arc::new(Spsc::new(size)?), Arc::new(Spsc::new(size)?));
-            peer.tx.push(to_switch.clone());
-            peer.rx.push(from_switch.clone());
-            qs.push(Queue::new(to_switch, from_switch));
+            let ((to_switch, switch_rx), (switch_tx, from_switch)) = (spsc::channel(size)?, spsc::channel(size)?);
+            peer.tx.push(to_switch);
+            peer.rx.push(from_switch);
+            qs.push(Queue::new(switch_rx, switch_tx));
         }
         Ok((Arc::new(RingPort::from_queues(name, qs)), peer))
     }
 
     /// Two switch-side ports joined back to back: what one sends the other receives.
     pub fn patch(a: &str, b: &str, size: usize) -> std::io::Result<(Arc<RingPort>, Arc<RingPort>)> {
-        let (ab, ba) = (Arc::new(Spsc::new(size)?), Arc::new(Spsc::new(size)?));
-        let pa = RingPort::from_queues(a, vec![Queue::new(ba.clone(), ab.clone())]);
-        let pb = RingPort::from_queues(b, vec![Queue::new(ab, ba)]);
+        let ((a_tx, b_rx), (b_tx, a_rx)) = (spsc::channel(size)?, spsc::channel(size)?);
+        let pa = RingPort::from_queues(a, vec![Queue::new(a_rx, a_tx)]);
+        let pb = RingPort::from_queues(b, vec![Queue::new(b_rx, b_tx)]);
         Ok((Arc::new(pa), Arc::new(pb)))
     }
 
@@ -97,14 +82,8 @@ impl RingPort {
 }
 
 impl Queue {
-    fn new(rx: Arc<Spsc>, tx: Arc<Spsc>) -> Queue {
-        Queue {
-            rx,
-            tx,
-            rx_lock: AtomicBool::new(false),
-            tx_lock: AtomicBool::new(false),
-            counters: QueueCounters::default(),
-        }
+    fn new(rx: Consumer, tx: Producer) -> Queue {
+        Queue { rx_ring: rx.ring().clone(), rx: Mutex::new(rx), tx: Mutex::new(tx), counters: QueueCounters::default() }
     }
 }
 
@@ -124,10 +103,10 @@ impl Port for RingPort {
     #[inline]
     fn rx_burst(&self, q: u16, _cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let Some(queue) = self.queues.get(q as usize) else { return 0 };
-        let Some(_g) = TryLock::take(&queue.rx_lock) else { return 0 };
+        let Ok(mut rx) = queue.rx.try_lock() else { return 0 };
         // SAFETY: indices in a ring were produced by `into_index` of the same pool (both ends
         // of a ring port share one pool) and are consumed exactly once here.
-        let n = unsafe { batch.fill_raw(|raw| queue.rx.pop(raw)) };
+        let n = unsafe { batch.fill_raw(|raw| rx.pop(raw)) };
         queue.counters.rx_packets.add(n as u64);
         n
     }
@@ -135,11 +114,11 @@ impl Port for RingPort {
     #[inline]
     fn tx_burst(&self, q: u16, _cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let queue = &self.queues[q as usize % self.queues.len()];
-        let Some(_g) = TryLock::take(&queue.tx_lock) else {
+        let Ok(mut tx) = queue.tx.try_lock() else {
             queue.counters.tx_full.add(batch.len() as u64);
             return 0;
         };
-        let n = queue.tx.push(batch.as_raw());
+        let n = tx.push(batch.as_raw());
         // The ring now owns these buffers, as indices.
         batch.handed_on(n);
         queue.counters.tx_packets.add(n as u64);
@@ -152,11 +131,11 @@ impl Port for RingPort {
     }
 
     fn wake_fd(&self, q: u16) -> Option<RawFd> {
-        self.queues.get(q as usize).map(|x| x.rx.wake_fd())
+        self.queues.get(q as usize).map(|x| x.rx_ring.wake_fd())
     }
 
     fn arm_wake(&self, q: u16, armed: bool) -> bool {
-        self.queues.get(q as usize).is_some_and(|x| x.rx.arm(armed))
+        self.queues.get(q as usize).is_some_and(|x| x.rx_ring.arm(armed))
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
@@ -171,16 +150,16 @@ impl Port for RingPort {
 impl RingPeer {
     /// Offers packets to the switch on queue `q`; those not taken stay in `batch`.
     pub fn send(&mut self, q: u16, batch: &mut Batch) -> usize {
-        let ring = &self.tx[q as usize % self.tx.len()];
-        let n = ring.push(batch.as_raw());
+        let k = q as usize % self.tx.len();
+        let n = self.tx[k].push(batch.as_raw());
         batch.handed_on(n);
         n
     }
 
     /// Sends one packet; gives it back if the ring is full.
     pub fn send_one(&mut self, q: u16, b: BufId) -> Result<(), BufId> {
-        let ring = &self.tx[q as usize % self.tx.len()];
-        if ring.push(&[b.index()]) == 1 {
+        let k = q as usize % self.tx.len();
+        if self.tx[k].push(&[b.index()]) == 1 {
             let _ = b.into_index();
             Ok(())
         } else {
@@ -190,7 +169,8 @@ impl RingPeer {
 
     /// Takes what the switch sent on queue `q`.
     pub fn recv(&mut self, q: u16, batch: &mut Batch) -> usize {
-        let ring = &self.rx[q as usize % self.rx.len()];
+        let k = q as usize % self.rx.len();
+        let ring = &mut self.rx[k];
         // SAFETY: produced by `into_index` on the switch side of the same pool.
         unsafe { batch.fill_raw(|raw| ring.pop(raw)) }
     }
@@ -236,6 +216,59 @@ mod test {
         assert_eq!(port.queue_stats()[0], QueueStats { rx_packets: 3, rx_dropped: 0, tx_packets: 3, tx_full: 0 });
     }
 
+    /// Two threads transmitting on one queue: the loser of the try-lock counts its burst
+    /// as `tx_full` while the winner counts its own; no count is lost (every packet offered
+    /// is either sent or counted full). A load-and-store counter lost some here.
+    #[test]
+    fn queue_counters_are_exact_under_contention() {
+        let pool = Pool::new(4096, false).unwrap();
+        let (port, mut peer) = RingPort::new("r0", 1, 1024).unwrap();
+        let offered = std::sync::atomic::AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let drainer = s.spawn(|| {
+                let mut c = PoolCache::new(pool.clone());
+                let mut b = Batch::new();
+                while !stop.load(Relaxed) {
+                    peer.recv(0, &mut b);
+                    for x in b.drain() {
+                        c.free(x);
+                    }
+                }
+                c.flush();
+            });
+            let senders: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut c = PoolCache::new(pool.clone());
+                        for _ in 0..20_000 {
+                            let mut b = Batch::new();
+                            for _ in 0..4 {
+                                if let Some(x) = c.alloc_frame(&[0; 60]) {
+                                    let _ = b.push(x).map_err(|x| c.free(x));
+                                }
+                            }
+                            offered.fetch_add(b.len() as u64, Relaxed);
+                            port.tx_burst(0, &mut c, &mut b);
+                            for x in b.drain() {
+                                c.free(x);
+                            }
+                        }
+                        c.flush();
+                    })
+                })
+                .collect();
+            for t in senders {
+                t.join().unwrap();
+            }
+            stop.store(true, Relaxed);
+            drainer.join().unwrap();
+        });
+        let q = port.queue_stats()[0];
+        assert!(q.tx_full > 0, "the senders never met: {q:?}");
+        assert_eq!(q.tx_packets + q.tx_full, offered.load(Relaxed), "{q:?}");
+    }
+
     #[test]
     fn full_ring_leaves_packets_in_batch() {
         let pool = Pool::new(64, false).unwrap();
@@ -252,6 +285,6 @@ mod test {
         }
         peer.drain(&mut c);
         c.flush();
-        assert_eq!(pool.free_count(), 64);
+        assert_eq!(pool.free_count(), pool.capacity() as usize);
     }
 }

@@ -2,6 +2,8 @@
 //! about, serves the node API on a unix socket, ages the forwarding table, persists what it
 //! runs, and stops cleanly on SIGTERM or SIGINT.
 
+#![forbid(unsafe_code)]
+
 mod api;
 mod attach;
 mod convert;
