@@ -2,6 +2,7 @@
 # The main job: install what is needed, build, and run the two-node demo (ci/demo-run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. ci/as-root.sh
 KNITTER_FUZZ=0 bash ci/setup.sh
 echo "== building knitter-vswitchd and knitterctl (release)"
 cargo build --release -q -p knitter-vswitchd -p knitter-control

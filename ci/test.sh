@@ -4,6 +4,7 @@
 # .config/nextest.toml); every test has a time limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. ci/as-root.sh
 export CARGO_TERM_COLOR=never
 KNITTER_TEST_DEPS=1 bash ci/setup.sh
 bash ci/guest.sh

@@ -122,6 +122,33 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     assert!(!ok && r["code"] == 1, "STATUS needs 1.1.0: {r}");
 }
 
+/// A pod forwards from the moment ADD returns, with the other core busy: its first ping is
+/// answered and the switch drops nothing as `port_down`. ADD used to return before the
+/// switch saw the new veth's carrier (the kernel turns it on a moment after both ends are
+/// up), so a pod's first ARP request was dropped until the link watcher's next poll.
+#[test]
+fn a_pod_forwards_the_moment_add_returns() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["network", "create", "red", "--ipv4", "10.62.0.0/24"]).status.success());
+    let (_a, a_path) = pod("fa");
+    let (ok, ra) = lab.cni("ADD", "ctr-fa", &a_path, "eth0", &lab.conf("1.1.0", "red"));
+    assert!(ok, "{ra}");
+    let _busy = [vswitch::testkit::BusyCpu::start(0), vswitch::testkit::BusyCpu::start(1)];
+    for round in 0..5 {
+        let (b, b_path) = pod(&format!("fb{round}"));
+        let container = format!("ctr-fb{round}");
+        let (ok, rb) = lab.cni("ADD", &container, &b_path, "eth0", &lab.conf("1.1.0", "red"));
+        assert!(ok, "{rb}");
+        let one = b.run(&["ping", "-c", "1", "-W", "1", &addr(&ra)]);
+        assert!(one.is_ok(), "round {round}: the first ping after ADD: {one:?}");
+        assert!(lab.cni("DEL", &container, &b_path, "eth0", &lab.conf("1.1.0", "red")).0);
+    }
+    let stats = lab.ctl(&["stats"]);
+    let port_down = stats.lines().find(|l| l.starts_with("port_down")).map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string());
+    assert_eq!(port_down, None, "frames dropped as port_down: {stats}");
+}
+
 #[test]
 fn adding_and_deleting_two_hundred_pods_leaves_nothing_behind() {
     let Some(_g) = netns::exclusive() else { return };

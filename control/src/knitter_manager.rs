@@ -17,6 +17,9 @@ use std::sync::Arc;
 #[derive(Debug, Parser)]
 #[command(name = "knitter-manager", version, about = "Knitter's manager: tenants, networks, IP addresses, nodes")]
 struct Args {
+    /// Log lines as `text` (coloured only on a terminal; `NO_COLOR` honoured) or `json`.
+    #[arg(long, env = "KNITTER_LOG_FORMAT", default_value_t = knitter_api::logging::LogFormat::Text)]
+    log_format: knitter_api::logging::LogFormat,
     /// Address of the REST API.
     #[arg(long, env = "KNITTER_MANAGER_LISTEN", default_value = "127.0.0.1:9480")]
     listen: String,
@@ -102,11 +105,8 @@ async fn stop_signal() {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let a = Args::parse();
+    knitter_api::logging::init(a.log_format);
     std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
     let token = token(&a.token_file.clone().unwrap_or_else(|| a.data_dir.join("token")))?;
     let store: Arc<dyn Store> = if a.etcd.is_empty() {

@@ -58,6 +58,14 @@ fn an_operator_session() {
     assert!(fdb.contains("02:00:00:00:00:01  port vnf0  static"), "{fdb}");
     let show = ok(knitterctl(&s, &["node", "show"]));
     assert!(show.contains("knitter-vswitchd") && show.contains("1 PMD thread"), "{show}");
+    // Output into a closed pipe (`knitterctl node show | head -1`): a quiet end with 141, as
+    // a shell reports SIGPIPE, not a panic (exit 101 and a panic message, before).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(env!("CARGO_BIN_EXE_knitterctl")).arg("--socket").arg(&s).args(["node", "show"]).stdout(writer).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{:?}: {err}", o.status);
+    assert!(err.is_empty(), "{err}");
     let ports = ok(knitterctl(&s, &["port", "list"]));
     let row = ports.lines().find(|l| l.starts_with("vnf0")).unwrap_or_else(|| panic!("{ports}"));
     assert!(row.contains("vhost-user") && row.contains("access red") && row.contains("9000") && row.contains("waiting for the frontend"), "{row}");

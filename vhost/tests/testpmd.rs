@@ -402,42 +402,6 @@ fn a_killed_switch_comes_back_in_client_mode() {
     assert!(after > 1000, "traffic after it came back: {after}; testpmd said: {out}");
 }
 
-/// A thread spinning on CPU 0 until dropped: the demo's flake showed when the other core
-/// was busy (DPDK's start then takes long enough for frames to arrive in between).
-struct BusyCpu0 {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl BusyCpu0 {
-    fn start() -> BusyCpu0 {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: a CPU set on the stack, for this thread only.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(0, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
-            let t = std::time::Instant::now();
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) && t.elapsed() < Duration::from_secs(60) {
-                std::hint::spin_loop();
-            }
-        });
-        BusyCpu0 { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for BusyCpu0 {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The moment a vhost-user port says it is connected, frames sent to it are delivered:
 /// testpmd (icmpecho, as the demo's VNF) on a vhost-user port, a pod's ARP request and three
 /// pings sent from a ring port the instant the port's link comes up, every answer back, no
@@ -462,7 +426,7 @@ fn testpmd_answers_the_moment_its_port_is_connected() {
     let (pod, vnf) = (testkit::mac(1), vswitch::wire::MacAddr([0x02, 0, 0, 0, 0, 0x09]));
     let (pod_ip, vnf_ip) = (std::net::Ipv4Addr::new(10, 0, 0, 1), std::net::Ipv4Addr::new(10, 0, 0, 9));
     for round in 0..6 {
-        let _busy = (round >= 3).then(BusyCpu0::start);
+        let _busy = (round >= 3).then(|| testkit::BusyCpu::start(0));
         let prefix = format!("knitter{}-ready", std::process::id());
         let child = Command::new("dpdk-testpmd")
             .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])

@@ -48,6 +48,7 @@ named_enum! {
         EgressMtu => "egress_mtu",
         EncapTooBig => "encap_too_big",
         UnderlayNotVxlan => "underlay_not_vxlan",
+        UnderlayForeignMac => "underlay_foreign_mac",
         VxlanMalformed => "vxlan_malformed",
         VxlanBadChecksum => "vxlan_bad_checksum",
         VxlanBadFlags => "vxlan_bad_flags",

@@ -48,7 +48,7 @@ impl Default for Slot {
 }
 
 /// The state of one peer's next hop, as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NeighborState {
     pub mac: Option<MacAddr>,
     /// Second of the last answer.

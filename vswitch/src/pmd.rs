@@ -30,12 +30,26 @@ use std::time::{Duration, Instant};
 #[serde(rename_all = "snake_case", tag = "policy")]
 pub enum IdlePolicy {
     Busy,
-    Adaptive { spin_us: u32, max_sleep_us: u32 },
+    /// Either field may be left out (`{ policy = "adaptive" }`): the defaults apply.
+    Adaptive {
+        #[serde(default = "default_spin_us")]
+        spin_us: u32,
+        #[serde(default = "default_max_sleep_us")]
+        max_sleep_us: u32,
+    },
+}
+
+fn default_spin_us() -> u32 {
+    200
+}
+
+fn default_max_sleep_us() -> u32 {
+    10_000
 }
 
 impl Default for IdlePolicy {
     fn default() -> Self {
-        IdlePolicy::Adaptive { spin_us: 200, max_sleep_us: 10_000 }
+        IdlePolicy::Adaptive { spin_us: default_spin_us(), max_sleep_us: default_max_sleep_us() }
     }
 }
 
@@ -72,6 +86,11 @@ fn kick(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64 to an eventfd.
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Pins the calling thread to `core` (a warning, not an error, when it cannot).
+pub fn pin_current_thread(core: usize) {
+    pin(core)
 }
 
 fn pin(core: usize) {

@@ -49,6 +49,38 @@ pub fn eventually(within: std::time::Duration, mut done: impl FnMut() -> bool) -
     }
 }
 
+/// A thread spinning on one CPU until dropped (at most a minute): "the machine loaded", for
+/// tests of what must hold while the other core is busy (a VNF's start, a pod's first frames).
+pub struct BusyCpu {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BusyCpu {
+    pub fn start(cpu: usize) -> BusyCpu {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            crate::pmd::pin_current_thread(cpu);
+            let t = std::time::Instant::now();
+            while !flag.load(Relaxed) && t.elapsed() < std::time::Duration::from_secs(60) {
+                std::hint::spin_loop();
+            }
+        });
+        BusyCpu { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for BusyCpu {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Whether `program` runs (`program --version` succeeds to start).
 pub fn runs(program: &str) -> bool {
     std::process::Command::new(program).arg("--version").output().is_ok()

@@ -308,7 +308,8 @@ impl VtepEntry {
         const L2: usize = 14;
         const OUTER: usize = PLAIN_OUTER;
         let w = |i: usize| u64::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 6], f[i + 7]]);
-        let odd = ((w(12) ^ plain::E12) & plain::M12)
+        let odd = ((w(0) ^ cache.e0) & plain::M0)
+            | ((w(12) ^ plain::E12) & plain::M12)
             | ((w(20) ^ plain::E20) & plain::M20)
             | (w(26) ^ cache.e26)
             | ((w(34) ^ cache.e34) & plain::M34)
@@ -357,11 +358,17 @@ impl VtepEntry {
         Ok((bd, peer))
     }
 
-    /// Any underlay frame: optional tag, IPv4 with options or IPv6.
+    /// Any underlay frame: to the VTEP's MAC (or a group address), optional tag, IPv4 with
+    /// options or IPv6. A frame to another host's MAC (a promiscuous underlay, a bridge
+    /// flooding an unknown unicast) is not this VTEP's, whatever its addresses say.
     #[inline(never)]
     fn outer(&self, h: &[u8], total: usize) -> Result<Outer, DropReason> {
         if h.len() < 14 {
             return Err(DropReason::Runt);
+        }
+        let dst = MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+        if dst != self.mac && !dst.is_group() {
+            return Err(DropReason::UnderlayForeignMac);
         }
         let mut l2 = 14;
         let mut et = u16::from_be_bytes([h[12], h[13]]);
@@ -484,6 +491,8 @@ pub struct DecapCache {
     generation: u64,
     /// [`VtepEntry::classify_plain`] may use the words below (an untagged IPv4 VTEP).
     plain: bool,
+    /// Bytes 0..8: the VTEP's MAC (the destination) under [`plain::M0`].
+    e0: u64,
     /// Frame bytes 26..34 (source and destination address) as a little-endian word.
     e26: u64,
     /// Bytes 34..42 (UDP header): the destination port under [`plain::M34`].
@@ -497,6 +506,8 @@ pub struct DecapCache {
 /// The fixed fields of an untagged IPv4 outer header as masked little-endian words of the
 /// frame (bytes 12..20 and 20..28; see [`DecapCache`] for the others).
 mod plain {
+    /// The destination MAC.
+    pub const M0: u64 = 0xffff_ffff_ffff;
     /// EtherType IPv4, version 4 with a 20-byte header.
     pub const M12: u64 = 0xff_ffff;
     pub const E12: u64 = 0x45_0008;
@@ -520,6 +531,8 @@ impl DecapCache {
     fn put(&mut self, vtep: &VtepEntry, src: u128, vni: u32, bd: u16, peer: u16) {
         (self.src, self.vni, self.val) = (src, CACHED | vni as u64, (bd, peer));
         self.plain = vtep.local_v4 != 0 && vtep.underlay_vlan.is_none();
+        let m = vtep.mac.0;
+        self.e0 = u64::from_le_bytes([m[0], m[1], m[2], m[3], m[4], m[5], 0, 0]);
         self.e26 = (src as u32).swap_bytes() as u64 | ((vtep.local_v4.swap_bytes() as u64) << 32);
         self.e34 = (vtep.udp_port.swap_bytes() as u64) << 16;
         self.addr_sum = (self.e26 & 0xffff_ffff) + (self.e26 >> 32);

@@ -63,17 +63,9 @@ vswitch::trunk_tests!(open);
 /// Pods on both sides ping each other; Linux resolves the VTEP by ARP/ND, which the switch
 /// answers, and learns the switch's inner MACs.
 fn vxlan_with_linux(v6: bool) {
-    let sw = Netns::new("sw").unwrap();
-    let (pod_a, node_b, pod_b) = (Netns::new("pa").unwrap(), Netns::new("nb").unwrap(), Netns::new("pb").unwrap());
-    netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
-    netns::veth(&node_b, "ul1", &sw, "ul0").unwrap();
-    netns::veth(&pod_b, "eth0", &node_b, "vb0").unwrap();
-    pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"]).unwrap();
-    pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"]).unwrap();
     let (local, remote, plen) =
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
-    node_b.run(&["ip", "addr", "add", &format!("{remote}/{plen}"), "dev", "ul1", "nodad"]).unwrap();
-    netns::linux_vtep(&node_b, "ul1", remote, local, 5001, "vb0").unwrap();
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
     let peer: std::net::IpAddr = remote.parse().unwrap();
     let node = SwitchNode::start(
         sw,

@@ -536,3 +536,41 @@ fn vtep_answers_on_a_tagged_underlay() {
         assert_eq!(h.stats().event(Event::VtepAnswered), asks.len() as u64);
     }
 }
+
+/// Decapsulation only takes frames sent to the VTEP's MAC (or to a group address): a
+/// VXLAN frame for this VTEP's address but to another host's MAC (a promiscuous underlay,
+/// a bridge flooding an unknown unicast) is dropped as `underlay_foreign_mac`, off the
+/// cached path and on it (a flow the exact-match cache knows, from a peer and VNI the
+/// burst's decapsulation cache holds).
+#[test]
+fn decap_refuses_a_foreign_destination_mac() {
+    let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
+    let foreign = Outer { dst_mac: mac(0x77), ..o };
+    // a1 is known (mac 1); the remote pod's flow to it is one inner frame, again and again.
+    h.send("a1", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 2, 1, 64));
+    h.step();
+    h.recv_all();
+    let inner = frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 64);
+    let good = frames::vxlan(&o, 5001, &inner, false);
+    let bad = frames::vxlan(&foreign, 5001, &inner, false);
+    // Cold: the foreign frame before and after a good one, in one burst.
+    for f in [&bad, &good, &bad] {
+        h.send("up", f);
+    }
+    h.step();
+    assert_eq!(h.recv("a1").len(), 1);
+    // Warm: the flow is cached; the foreign frame takes the cached path with the good ones.
+    for f in [&good, &bad, &good, &bad] {
+        h.send("up", f);
+    }
+    h.step();
+    assert!(h.stats().event(Event::CacheHits) >= 2, "the warm burst hit the cache");
+    assert_eq!(h.recv("a1").len(), 2);
+    // A group destination is taken (an underlay that floods, a multicast group).
+    h.send("up", &frames::vxlan(&Outer { dst_mac: MacAddr::BROADCAST, ..o }, 5001, &inner, false));
+    h.step();
+    assert_eq!(h.recv("a1"), vec![inner]);
+    assert_eq!(h.stats().drop(DropReason::UnderlayForeignMac), 4, "{:?}", h.stats().nonzero_drops());
+    h.flush_caches();
+}

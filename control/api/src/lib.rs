@@ -4,6 +4,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod logging;
+
 use std::path::{Path, PathBuf};
 use tonic::transport::{Channel, Endpoint, Uri};
 

@@ -5,6 +5,17 @@
 
 #![forbid(unsafe_code)]
 
+/// Every line knitterctl prints goes through [`out::line`]: output into a pipe that closed
+/// (`knitterctl fdb show | head -1`) ends the process quietly with status 141, as a
+/// SIGPIPE would end other Unix tools. (Rust ignores SIGPIPE, so std's `println!` panics
+/// there; restoring the signal would also kill it on a TLS peer that hangs up.)
+macro_rules! println {
+    () => { $crate::out::line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::out::line(format_args!($($arg)*)) };
+}
+
+mod out;
+
 mod manager;
 
 use anyhow::{Context, Result};
@@ -356,6 +367,19 @@ fn print_vtep(v: &pb::Vtep) {
     );
 }
 
+/// Each peer's next hop: resolved (and how fresh), or not (and how many requests went
+/// unanswered: its frames are being dropped as `neighbor_unresolved`).
+fn print_peers(peers: &[pb::PeerStatus]) {
+    for p in peers {
+        let state = match (&p.next_hop_mac, p.confirmed_secs_ago) {
+            (Some(m), Some(s)) => format!("next hop {m}, confirmed {s}s ago"),
+            (Some(m), None) => format!("next hop {m}"),
+            (None, _) => format!("unresolved ({} requests unanswered)", p.unanswered),
+        };
+        println!("  peer {}: {state}", p.ip);
+    }
+}
+
 pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
@@ -597,10 +621,13 @@ async fn run(cli: Cli) -> Result<()> {
             }
             VtepCmd::Clear => applied(c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await?.into_inner())?,
             VtepCmd::Show => {
-                let v = c.show(pb::ShowRequest {}).await?.into_inner().vtep;
-                match (out, v) {
-                    (Output::Json, v) => json(&v)?,
-                    (_, Some(v)) => print_vtep(&v),
+                let view = c.show(pb::ShowRequest {}).await?.into_inner();
+                match (out, &view.vtep) {
+                    (Output::Json, v) => json(&serde_json::json!({ "vtep": v, "peers": view.peers }))?,
+                    (_, Some(v)) => {
+                        print_vtep(v);
+                        print_peers(&view.peers);
+                    }
                     (_, None) => println!("vtep: none"),
                 }
             }

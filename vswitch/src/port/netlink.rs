@@ -146,6 +146,42 @@ pub struct Socket {
 
 impl Socket {
     pub fn open(protocol: i32) -> io::Result<Socket> {
+        Self::bound(protocol, 0)
+    }
+
+    /// A socket that also receives the multicast `groups` (`RTMGRP_*` bits) of `protocol`:
+    /// the kernel's notifications, read with [`Socket::wait`].
+    pub fn subscribe(protocol: i32, groups: u32) -> io::Result<Socket> {
+        Self::bound(protocol, groups)
+    }
+
+    /// Waits up to `timeout` for notifications and reads every one there is; true when any
+    /// came. A receive buffer that overflowed (`ENOBUFS`: notifications were lost) counts as
+    /// one, since the caller looks again at the state they were about.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one pollfd on our own descriptor.
+        if check(unsafe { libc::poll(&mut p, 1, ms) })? == 0 {
+            return Ok(false);
+        }
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: `buf` is writable for its length; non-blocking, so it returns when drained.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(true),
+                Some(libc::ENOBUFS) | Some(libc::EINTR) => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
+    fn bound(protocol: i32, groups: u32) -> io::Result<Socket> {
         // SAFETY: plain socket(2); the descriptor is owned below.
         let fd = check(unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) })?;
         // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
@@ -153,6 +189,7 @@ impl Socket {
         // SAFETY: sockaddr_nl is plain data; zero means "kernel assigns the port id".
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         sa.nl_family = libc::AF_NETLINK as u16;
+        sa.nl_groups = groups;
         let len = std::mem::size_of::<libc::sockaddr_nl>() as u32;
         // SAFETY: `sa` is a valid sockaddr_nl of `len` bytes.
         check(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_nl).cast(), len) })?;

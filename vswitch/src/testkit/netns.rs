@@ -292,6 +292,30 @@ pub fn linux_vtep(node: &Netns, dev: &str, local: &str, remote: &str, vni: u32, 
     node.run(&["ip", "link", "set", "dev", "br0", "up"]).map(drop)
 }
 
+/// Two nodes for VXLAN against Linux's own device: the switch's namespace `sw` with pod
+/// A's veth end `pa0` and the underlay `ul0`; node B holding `remote/plen` on `ul1` (the
+/// other end of `ul0`) and pod B behind a Linux `vxlan` device (VNI 5001, toward `vtep`)
+/// bridged with pod B's veth. Pods are 192.0.2.1 (A) and 192.0.2.2 (B).
+pub struct LinuxVxlanPeer {
+    pub sw: Netns,
+    pub pod_a: Netns,
+    pub node_b: Netns,
+    pub pod_b: Netns,
+}
+
+pub fn linux_vxlan_peer(remote: &str, plen: &str, vtep: &str) -> io::Result<LinuxVxlanPeer> {
+    let sw = Netns::new("sw")?;
+    let (pod_a, node_b, pod_b) = (Netns::new("pa")?, Netns::new("nb")?, Netns::new("pb")?);
+    veth(&pod_a, "eth0", &sw, "pa0")?;
+    veth(&node_b, "ul1", &sw, "ul0")?;
+    veth(&pod_b, "eth0", &node_b, "vb0")?;
+    pod_a.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"])?;
+    pod_b.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "eth0"])?;
+    node_b.run(&["ip", "addr", "add", &format!("{remote}/{plen}"), "dev", "ul1", "nodad"])?;
+    linux_vtep(&node_b, "ul1", remote, vtep, 5001, "vb0")?;
+    Ok(LinuxVxlanPeer { sw, pod_a, node_b, pod_b })
+}
+
 /// The MAC of `dev` in `ns`.
 pub fn mac_of(ns: &Netns, dev: &str) -> io::Result<crate::wire::MacAddr> {
     ns.run(&["cat", &format!("/sys/class/net/{dev}/address")])?

@@ -169,6 +169,7 @@ impl NodeApi for Api {
             buffers: pool.capacity(),
             buffers_free: pool.free_count() as u32,
             hugepages: matches!(pool.backing(), vswitch::region::Backing::HugeTlb),
+            peers: peer_status(&self.node),
         }))
     }
 
@@ -277,4 +278,24 @@ impl NodeApi for Api {
         };
         Ok(Response::new(pb::FdbFlushReply { removed: removed as u64 }))
     }
+}
+
+/// Every remote VTEP the switch runs, with its next hop's resolution.
+fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
+    let snap = node.switch.snapshot();
+    let neighbors = node.switch.neighbor_table();
+    let now = vswitch::util::coarse_secs();
+    let configured = |ip| snap.config.vtep.as_ref()?.peers.iter().find(|p| p.ip == ip)?.next_hop_mac;
+    snap.peers
+        .iter()
+        .flatten()
+        .map(|p| {
+            let st = neighbors.state(p.id).unwrap_or_default();
+            let (mac, confirmed) = match p.resolve {
+                None => (configured(p.ip), None),
+                Some(_) => (st.mac, st.confirmed.map(|c| now.saturating_sub(c))),
+            };
+            pb::PeerStatus { ip: p.ip.to_string(), next_hop_mac: mac.map(|m| m.to_string()), confirmed_secs_ago: confirmed, unanswered: st.unanswered }
+        })
+        .collect()
 }

@@ -289,8 +289,26 @@ impl Attacher {
             let _ = Self::remove_interface(&record).await;
             return Err(node_status(e));
         }
+        if record.vhost.is_none() {
+            self.wait_for_carrier(&record.host_ifname).await;
+        }
         tracing::info!(container = %key.container_id, ifname = %key.ifname, network = %record.network, port = %record.host_ifname, "pod attached");
         Ok(record.to_pb(Vec::new(), false))
+    }
+
+    /// Waits (at most [`CARRIER_WAIT`]) until the switch sees a freshly plumbed veth's link
+    /// up: the kernel turns the carrier on a moment after both ends are up (its link watch
+    /// runs apart), and until the link watcher's next poll the switch dropped the pod's
+    /// first frames as `port_down`. ADD returns once the pod's frames are forwarded.
+    async fn wait_for_carrier(&self, port: &str) {
+        let deadline = tokio::time::Instant::now() + CARRIER_WAIT;
+        while !self.node.link_up_now(port) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(port, waited = ?CARRIER_WAIT, "the pod's interface has no carrier yet; attached anyway");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     /// The pod's side of an attachment: a veth plumbed into its namespace, or the vhost-user
@@ -508,6 +526,9 @@ impl pb::attach_server::Attach for Attacher {
         Ok(Response::new(self.status().await))
     }
 }
+
+/// The longest ADD waits for a pod's new interface to carry frames.
+const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

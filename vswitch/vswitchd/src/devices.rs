@@ -70,7 +70,8 @@ fn in_netns<R: Send + 'static>(netns: &str, f: impl FnOnce() -> std::io::Result<
     vswitch::port::link::in_netns(&format!("/run/netns/{netns}"), f)
 }
 
-fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
+/// Runs `f` in the network namespace `netns` (as in /run/netns), or here for `None`.
+pub fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
     match netns {
         Some(ns) => in_netns(ns, f),
         None => f(),

@@ -39,18 +39,53 @@ impl Events {
     }
 }
 
+/// A thread that waits on rtnetlink's link notifications and wakes `changed` for each
+/// batch of them; without netlink, polling alone follows links.
+fn kernel_link_changes(changed: Arc<tokio::sync::Notify>) {
+    use vswitch::port::netlink::Socket;
+    let mut socket = match Socket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "no rtnetlink link notifications: links are polled only");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new().name("link-events".into()).spawn(move || {
+        loop {
+            match socket.wait(Duration::from_secs(1)) {
+                Ok(true) => changed.notify_one(),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "rtnetlink link notifications failed: links are polled only");
+                    return;
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no link-events thread: links are polled only");
+    }
+}
+
 /// The event a subscriber gets instead of `n` it was too slow for.
 pub fn lost(n: u64) -> NodeEvent {
     NodeEvent { at_unix_nanos: now_nanos(), kind: "events_lost".into(), detail: format!("{n} events lost: read faster"), ..Default::default() }
 }
 
-/// Asks every running port for its link every `every` and reports changes. The first look
-/// at a port reports nothing (its `port_added` did).
+/// Asks every running port for its link when the kernel announces a link change in the
+/// daemon's namespace (rtnetlink's link group) and every `every` besides (for ports in
+/// other namespaces, and vhost-user ports), and reports changes. The first look at a port
+/// reports nothing (its `port_added` did).
 pub async fn watch_links(node: Arc<Node>, every: Duration) {
     let mut seen: HashMap<String, bool> = HashMap::new();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    kernel_link_changes(changed.clone());
     let mut tick = tokio::time::interval(every);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = changed.notified() => {}
+        }
         let snap = node.switch.snapshot();
         let mut now = HashMap::with_capacity(seen.len());
         for p in snap.ports.iter().flatten() {

@@ -16,6 +16,7 @@ mod plumb;
 mod settings;
 mod state;
 mod sync;
+mod underlay;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -24,13 +25,12 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 
 fn main() -> Result<()> {
-    // Logs on stderr, as docs/operations.md says (stdout stays free for whoever runs us).
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = settings::Args::parse();
+    // Logs on stderr, as docs/operations.md says (stdout stays free for whoever runs us).
+    knitter_api::logging::init(args.log_format);
     let s = settings::Settings::from_args(&args)?;
+    // Before anything is opened, loaded or bound: a second daemon for this socket stops here.
+    let _lock = lock_socket(&s.api.socket)?;
     let persisted = match &s.state_file {
         Some(p) => state::NodeState::load(p)?,
         None => state::NodeState::default(),
@@ -49,29 +49,78 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let served = rt.block_on(serve(node.clone(), &s));
     node.stop();
-    let _ = std::fs::remove_file(&s.api.socket);
     tracing::info!("stopped");
     served
 }
 
-/// A listener on `path`: its directory made, a stale socket replaced, the mode set.
-fn bind(path: &Path, mode: u32) -> Result<UnixListener> {
+/// The lock file beside the node API's socket (`<socket>.lock`), held locked (`flock`) for
+/// the daemon's life and holding its pid: a second daemon for the same socket is refused
+/// before it touches ports, state or the socket, and is told which process runs. The kernel
+/// drops the lock when the process ends however it ends, so a stale file locks nothing.
+fn lock_socket(socket: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut path = socket.as_os_str().to_owned();
+    path.push(".lock");
+    let path = std::path::PathBuf::from(path);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening the lock file {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let who = match pid.trim() {
+                "" => "another knitter-vswitchd".to_string(),
+                p => format!("another knitter-vswitchd (pid {p})"),
+            };
+            anyhow::bail!("{who} already runs the node API on {} (it holds {}); stop it first", socket.display(), path.display());
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+/// The node API's socket file, removed when dropped: only by the daemon that made it.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A listener on `path`: its directory made, a stale socket replaced (the lock says no
+/// daemon serves it), the mode set; the file goes when the returned guard does.
+fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        // A daemon from before the lock file, or one that was given another lock's path.
         anyhow::bail!("another daemon already serves {}", path.display());
     }
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let file = SocketFile(path.to_path_buf());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(l)
+    Ok((l, file))
 }
 
 async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     let api = &s.api;
-    let listener = bind(&api.socket, api.socket_mode)?;
+    let (listener, _socket_file) = bind(&api.socket, api.socket_mode)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         stop_signal().await;
@@ -91,6 +140,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         })
     };
     let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
+    let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
     let attacher = attach::Attacher::new(node.clone(), s.manager.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
@@ -154,6 +204,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     aging.abort();
     links.abort();
+    neighbours.abort();
     releases.abort();
     if let Some(m) = manager {
         m.abort();

@@ -566,6 +566,26 @@ impl Node {
         Some(v.running_pairs() > 0)
     }
 
+    /// The network namespace of the shared-address VTEP's underlay device (`Some(None)`:
+    /// the daemon's own); `None` when there is no VTEP, or it has an address of its own.
+    pub fn shared_vtep_netns(&self) -> Option<Option<String>> {
+        let inner = self.inner();
+        let vtep = inner.state.vtep.as_ref().filter(|v| v.item.shared_address)?;
+        match &inner.state.port(&vtep.item.underlay_port)?.item.device {
+            Device::AfXdp { netns, .. } | Device::AfPacket { netns, .. } => Some(netns.clone()),
+            _ => Some(None),
+        }
+    }
+
+    /// Reads port `name`'s link state from its device now (between the link watcher's
+    /// polls) and says whether it is up; `false` for a port the switch does not run.
+    pub fn link_up_now(&self, name: &str) -> bool {
+        let snap = self.switch.snapshot();
+        let Some(p) = snap.port_id(name).and_then(|id| snap.port(id)) else { return false };
+        p.port.refresh_link();
+        p.port.link_up()
+    }
+
     /// Whether the PMD threads run (until `stop`).
     pub fn running(&self) -> bool {
         self.pmd.lock().unwrap_or_else(|e| e.into_inner()).is_some()

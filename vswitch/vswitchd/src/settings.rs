@@ -159,6 +159,9 @@ pub enum Idle {
 #[derive(Debug, clap::Parser)]
 #[command(version)]
 pub struct Args {
+    /// Log lines as `text` (coloured only on a terminal; `NO_COLOR` honoured) or `json`.
+    #[arg(long, env = "KNITTER_LOG_FORMAT", default_value_t = knitter_api::logging::LogFormat::Text)]
+    pub log_format: knitter_api::logging::LogFormat,
     /// Config file (TOML). Default: /etc/knitter/vswitchd.toml when it exists, else defaults.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
@@ -348,6 +351,19 @@ mod tests {
         assert_eq!((s.pmd.threads, s.pmd.idle), (1, IdlePolicy::default()));
         assert_eq!(s.state_file.as_deref(), Some(Path::new(DEFAULT_STATE)));
         assert_eq!(s.metrics, Some(DEFAULT_METRICS.parse().unwrap()));
+    }
+
+    /// Every documented key is optional, inside the idle policy too.
+    #[test]
+    fn the_minimal_adaptive_idle_policy_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vswitchd.toml");
+        std::fs::write(&path, "[pmd]\nidle = { policy = \"adaptive\" }\n").unwrap();
+        let args = <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap(), "--no-state"]);
+        assert_eq!(Settings::from_args(&args).unwrap().pmd.idle, IdlePolicy::default());
+        std::fs::write(&path, "[pmd]\nidle = { policy = \"adaptive\", spin_us = 50 }\n").unwrap();
+        let s = Settings::from_args(&args).unwrap();
+        assert_eq!(s.pmd.idle, IdlePolicy::Adaptive { spin_us: 50, max_sleep_us: 10_000 });
     }
 
     #[test]

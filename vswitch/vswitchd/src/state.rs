@@ -176,7 +176,20 @@ pub enum StateError {
     Parse { path: String, source: serde_json::Error },
     #[error("writing {path}: {source}")]
     Write { path: String, source: std::io::Error },
+    #[error(
+        "{path} is in state format {format}, newer than this daemon's ({ours}), and has no {backup} beside it: \
+         run the newer knitter-vswitchd, or start this one with --no-state"
+    )]
+    Newer { path: String, format: u64, ours: u32, backup: String },
 }
+
+/// The state file's format: a `format` key beside the state's own. 1 is the files written
+/// before formats were numbered (no key); 2 adds the key and nothing else. A daemon reads
+/// every format up to its own, and writes its own plus, beside it, the one before
+/// (`<file>.format-1` now), so that the previous daemon can be brought back with the state
+/// as it is then: a daemon that knows formats finds that file by itself when the main
+/// one is newer than it; one from before formats needs it moved over the main file.
+pub const FORMAT: u32 = 2;
 
 /// Why a topology document was refused.
 #[derive(Debug, thiserror::Error)]
@@ -248,30 +261,81 @@ impl NodeState {
         self.bridges.iter().find(|b| b.item.name == name)
     }
 
-    /// Reads the state file; a missing file is an empty state.
+    /// Reads the state file, of any format up to [`FORMAT`] (an older one is migrated: it
+    /// is written in this format at the next save); a missing file is an empty state. A
+    /// file of a newer format is read from the copy in this daemon's format beside it
+    /// (which the newer daemon keeps up to date), with a warning; without that copy, refused.
     pub fn load(path: &Path) -> Result<NodeState, StateError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(NodeState::default()),
-            Err(source) => return Err(StateError::Read { path: path.display().to_string(), source }),
-        };
-        serde_json::from_str(&text).map_err(|source| StateError::Parse { path: path.display().to_string(), source })
+        let Some((format, state)) = Self::read(path)? else { return Ok(NodeState::default()) };
+        if format <= FORMAT as u64 {
+            if format < FORMAT as u64 {
+                tracing::info!(path = %path.display(), from = format, to = FORMAT, "state file of an older format: migrated");
+            }
+            return Ok(state);
+        }
+        let backup = backup_path(path, FORMAT);
+        match Self::read(&backup)? {
+            Some((f, state)) if f == FORMAT as u64 => {
+                tracing::warn!(path = %path.display(), format, backup = %backup.display(), ours = FORMAT, "state file of a newer format: reading the copy in this daemon's format (a rollback)");
+                Ok(state)
+            }
+            _ => Err(StateError::Newer { path: path.display().to_string(), format, ours: FORMAT, backup: backup.display().to_string() }),
+        }
     }
 
-    /// Writes the state file atomically: a temporary file in the same directory, synced,
-    /// renamed over the old one, and the directory synced, so a crash leaves the old state
-    /// or the new one, never a mix.
+    /// A state file's format and state; `None` when there is no file.
+    fn read(path: &Path) -> Result<Option<(u64, NodeState)>, StateError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Read { path: path.display().to_string(), source }),
+        };
+        let parse = |source| StateError::Parse { path: path.display().to_string(), source };
+        let mut value: Value = serde_json::from_str(&text).map_err(parse)?;
+        let format = match value.as_object_mut().and_then(|m| m.remove("format")) {
+            None => 1,
+            Some(f) => f.as_u64().filter(|f| *f >= 1).ok_or_else(|| parse(serde::de::Error::custom(format!("format {f} is not a format number"))))?,
+        };
+        if format > FORMAT as u64 {
+            return Ok(Some((format, NodeState::default())));
+        }
+        Ok(Some((format, serde_json::from_value(value).map_err(parse)?)))
+    }
+
+    /// Writes the state file in [`FORMAT`], and beside it in the format before (see
+    /// [`FORMAT`]), each atomically: a temporary file in the same directory, synced, renamed
+    /// over the old one, and the directory synced, so a crash leaves the old state or the
+    /// new one, never a mix.
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let err = |source| StateError::Write { path: path.display().to_string(), source };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(err)?;
-        let tmp = path.with_extension("json.tmp");
-        let json = serde_json::to_vec_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
-        f.write_all(&json).and_then(|_| f.sync_all()).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)?;
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)
+        let mut value = serde_json::to_value(self).map_err(|e| err(std::io::Error::other(e)))?;
+        // Format 1 is format 2 without its key.
+        write_atomically(&backup_path(path, FORMAT - 1), &value).map_err(err)?;
+        if let Some(m) = value.as_object_mut() {
+            m.insert("format".into(), FORMAT.into());
+        }
+        write_atomically(path, &value).map_err(err)
     }
+}
+
+/// Where the copy of the state in format `format` is kept: `<file>.format-N`.
+pub fn backup_path(path: &Path, format: u32) -> std::path::PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".format-{format}"));
+    p.into()
+}
+
+fn write_atomically(path: &Path, value: &Value) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let json = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&json).and_then(|_| f.sync_all())?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all())
 }
 
 #[cfg(test)]
@@ -302,6 +366,39 @@ mod tests {
         assert!(e.to_string().contains("mtuu"), "{e}");
         let e = toml::from_str::<NodeState>("[[bridges]]\nname = \"b\"\nowner = \"somebody\"\n").unwrap_err();
         assert!(e.to_string().contains("owner"), "{e}");
+    }
+
+    /// Today's files (format 1, no key) load; a save writes format 2 and, beside it, the
+    /// state as a format-1 daemon reads it (with its strict parser: no unknown key).
+    #[test]
+    fn an_older_format_is_migrated_and_the_previous_one_kept_beside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let s = NodeState { bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001))], ..Default::default() };
+        std::fs::write(&path, serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(NodeState::load(&path).unwrap(), s);
+        s.save(&path).unwrap();
+        let main: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(main["format"], FORMAT);
+        let old = std::fs::read_to_string(backup_path(&path, 1)).unwrap();
+        assert_eq!(serde_json::from_str::<NodeState>(&old).unwrap(), s, "a format-1 daemon reads the copy");
+        assert_eq!(NodeState::load(&path).unwrap(), s);
+    }
+
+    /// A rollback: the main file is of a newer format; the copy in ours beside it is read.
+    /// Without that copy the daemon refuses, naming both formats.
+    #[test]
+    fn a_newer_format_reads_the_copy_in_ours_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let s = NodeState { bridges: vec![Owned::local(BridgeConfig::new("blue").vlan(7))], ..Default::default() };
+        std::fs::write(&path, r#"{"format": 3, "bridges": [], "something_new": true}"#).unwrap();
+        let e = NodeState::load(&path).unwrap_err().to_string();
+        assert!(e.contains("format 3") && e.contains("(2)") && e.contains("state.json.format-2"), "{e}");
+        let mut ours = serde_json::to_value(&s).unwrap();
+        ours["format"] = FORMAT.into();
+        std::fs::write(backup_path(&path, FORMAT), ours.to_string()).unwrap();
+        assert_eq!(NodeState::load(&path).unwrap(), s);
     }
 
     #[test]

@@ -144,7 +144,7 @@ async fn every_call_round_trips_and_refusals_say_why() {
 
     let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
     assert_eq!(v.generation, g2, "refusals changed nothing");
-    assert_eq!((v.bridges.len(), v.ports.len(), v.pmd_threads, v.buffers), (1, 1, 1, 4096));
+    assert_eq!((v.bridges.len(), v.ports.len(), v.pmd_threads, v.buffers), (1, 1, 1, 4095));
     let st = v.status.iter().find(|s| s.name == "vnf0").unwrap();
     assert_eq!((st.vhost_connected, st.error.as_str(), st.queues.len()), (Some(false), "", 4), "a queue per pair");
     assert_eq!(c.list_bridges(pb::ListRequest {}).await.unwrap().into_inner().bridges[0].vni, Some(5001));
@@ -164,6 +164,56 @@ async fn every_call_round_trips_and_refusals_say_why() {
     assert_eq!(names(&mut c).await, (vec![], vec![]));
     assert!(d.stop_with(libc::SIGTERM).await.success(), "SIGTERM stops cleanly");
     assert!(!dir.path().join("api.sock").exists(), "the API socket is removed on stop");
+}
+
+/// A second daemon for the same socket is refused before it touches anything: it names the
+/// running one and exits with an error, and the first's socket and API go on working (the
+/// second used to start fully, fail to bind, and delete the first's socket on its way out).
+#[tokio::test]
+async fn a_second_daemon_on_the_same_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Daemon::start(dir.path(), &[]).await;
+    let mut second = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
+        .args(["--socket", first.socket.to_str().unwrap(), "--no-hugepages", "--buffers", "4096", "--no-metrics"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("the second daemon did not stop by itself");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut why = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut why).unwrap();
+    assert!(!status.success(), "the second daemon ran: {why}");
+    assert!(why.contains(&format!("pid {}", first.child.id())), "it names the running daemon: {why}");
+    assert!(first.socket.exists(), "the first daemon's socket was removed");
+    first.client().show(pb::ShowRequest {}).await.expect("the first daemon still answers");
+}
+
+/// Logs written into a file carry no colour codes (they did: every line had them);
+/// `--log-format json` writes one JSON object a line, for log collectors.
+#[tokio::test]
+async fn logs_are_plain_in_files_and_json_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &[]).await;
+    let text = std::fs::read_to_string(&d.log).unwrap();
+    assert!(text.contains("node API ready") && !text.contains('\x1b'), "{text}");
+    drop(d);
+    let d = Daemon::start(dir.path(), &["--log-format", "json"]).await;
+    let json = std::fs::read_to_string(&d.log).unwrap();
+    assert!(json.contains("node API ready"), "{json}");
+    for line in json.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v.get("level").is_some() && v.get("fields").is_some(), "{line}");
+    }
 }
 
 #[tokio::test]
@@ -295,6 +345,54 @@ fn two_pods() -> (vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns
     (sw, pa, pb_)
 }
 
+/// A VTEP on the node's own address (`knitterctl vtep set --shared`) through the daemon:
+/// the node's kernel answers ARP for that address and resolves the peers, the daemon copies
+/// their next hops from the kernel's tables, and a pod pings a pod behind Linux's own VXLAN
+/// device (the daemon used to leave shared-mode peers unresolved: nothing was sent). The
+/// API shows the peer's next hop, and a peer that does not answer as unresolved with its
+/// requests.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn a_shared_address_vtep_resolves_its_peers_from_the_kernel() {
+    use vswitch::testkit::netns;
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b: _pod_b } = netns::linux_vxlan_peer("198.51.100.2", "24", "198.51.100.10").unwrap();
+    sw.run(&["ip", "addr", "add", "198.51.100.10/24", "dev", "ul0", "nodad"]).unwrap();
+
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    let mut ul0 = kernel_port("ul0", "ul0", &sw.name, true, "");
+    ul0.mode = Some(pb::port::Mode::Underlay(pb::Underlay {}));
+    add_port(&mut c, ul0).await.unwrap();
+    let peer = |ip: &str| pb::Peer { ip: ip.into(), ..Default::default() };
+    let vtep = pb::Vtep {
+        local_ip: "198.51.100.10".into(),
+        underlay_port: "ul0".into(),
+        peers: vec![peer("198.51.100.2"), peer("198.51.100.99")],
+        shared_address: true,
+        ..Default::default()
+    };
+    c.set_vtep(pb::SetVtepRequest { vtep: Some(vtep) }).await.unwrap();
+    let red = pb::Bridge { vni: Some(5001), flood: vec!["198.51.100.2".into(), "198.51.100.99".into()], ..bridge("red") };
+    add_bridge(&mut c, red).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
+
+    netns::ping(&pod_a, "192.0.2.2").expect("a pod reaches a pod behind Linux's VXLAN device");
+    let b_mac = netns::mac_of(&node_b, "ul1").unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let peers = c.show(pb::ShowRequest {}).await.unwrap().into_inner().peers;
+        let of = |ip: &str| peers.iter().find(|p| p.ip == ip).cloned().unwrap_or_default();
+        let (known, missing) = (of("198.51.100.2"), of("198.51.100.99"));
+        if known.next_hop_mac.as_deref() == Some(b_mac.as_str()) && missing.next_hop_mac.is_none() && missing.unanswered > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "peer status: {peers:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Two pods ping each other every 10 ms through the daemon (AF_XDP and AF_PACKET ports on
 /// veths in the switch's namespace) while rounds of 100 other ports are added and removed:
 /// not one echo is lost.
@@ -377,7 +475,7 @@ async fn prometheus_scrapes_the_counters() {
         "knitter_vhost_user_connected{port=\"vnf0\"} 0",
         "knitter_fdb_entries{bridge=\"red\"} 0",
         "knitter_pmd_utilization{thread=\"0\"}",
-        "knitter_buffers 4096",
+        "knitter_buffers 4095",
         "knitter_queue_rx_packets_total{port=\"vnf0\",queue=\"3\"} 0",
         "# TYPE knitter_drops_total counter",
     ] {
