@@ -149,7 +149,7 @@ fn wanted(env: &Env, conf: &NetConf) -> Result<Vec<Plane>, CniError> {
     }
     let extra = match (&conf.args.cni.networks, env.args.get("NETWORKS")) {
         (Some(v), _) => planes::from_value(v)?,
-        (None, Some(s)) => planes::multus(s)?,
+        (None, Some(s)) => planes::multus(s, "CNI_ARGS NETWORKS")?,
         (None, None) => planes::from_annotations(&conf.runtime_config.pod_annotations)?,
     };
     let mut all = Vec::with_capacity(extra.len() + 1);
@@ -159,6 +159,16 @@ fn wanted(env: &Env, conf: &NetConf) -> Result<Vec<Plane>, CniError> {
         } else {
             all.push(p);
         }
+    }
+    // A pod that asks for its default route on another plane (Multus's `default-route`)
+    // gets it there, and only there: the call's own interface gives its default up, whatever
+    // the configuration's `defaultRoute` said (the pod's request is the more specific).
+    let asked: Vec<&str> = all.iter().filter(|p| p.default_route).map(|p| p.ifname.as_str()).collect();
+    if asked.len() > 1 {
+        return Err(CniError::new(Code::InvalidConfig, format!("default-route is asked for on {}: one interface carries it", asked.join(" and "))));
+    }
+    if !asked.is_empty() {
+        own.default_route = false;
     }
     all.insert(0, own);
     planes::check_names(all.iter().map(|p| p.ifname.as_str()))?;

@@ -32,30 +32,32 @@ fn invalid(msg: String) -> CniError {
     CniError::new(Code::InvalidConfig, msg)
 }
 
-/// The Multus annotation's planes, named `net1`, `net2`… by position unless they say.
-pub fn multus(text: &str) -> Result<Vec<Plane>, CniError> {
+/// The Multus form's planes, named `net1`, `net2`… by position unless they say; `from`
+/// names where the text came from in errors ("the k8s.v1.cni.cncf.io/networks
+/// annotation", "args.cni.networks", "CNI_ARGS NETWORKS").
+pub fn multus(text: &str, from: &str) -> Result<Vec<Plane>, CniError> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(Vec::new());
     }
     let planes: Vec<Plane> = if text.starts_with('[') {
-        let list: Vec<Selection> = serde_json::from_str(text).map_err(|e| invalid(format!("the {MULTUS_ANNOTATION} annotation is not a list of network selections: {e}")))?;
-        list.into_iter().enumerate().map(|(i, s)| s.plane(i)).collect::<Result<_, _>>()?
+        let list: Vec<Selection> = serde_json::from_str(text).map_err(|e| invalid(format!("{from} is not a list of network selections: {e}")))?;
+        list.into_iter().enumerate().map(|(i, s)| s.plane(i, from)).collect::<Result<_, _>>()?
     } else {
-        text.split(',').map(str::trim).filter(|s| !s.is_empty()).enumerate().map(|(i, s)| selection_text(s, i)).collect::<Result<_, _>>()?
+        text.split(',').map(str::trim).filter(|s| !s.is_empty()).enumerate().map(|(i, s)| selection_text(s, i, from)).collect::<Result<_, _>>()?
     };
     Ok(planes)
 }
 
 /// `[namespace/]name[@ifname]`
-fn selection_text(s: &str, index: usize) -> Result<Plane, CniError> {
+fn selection_text(s: &str, index: usize, from: &str) -> Result<Plane, CniError> {
     let (name, ifname) = match s.split_once('@') {
         Some((n, i)) => (n, Some(i.to_string())),
         None => (s, None),
     };
     let network = name.rsplit('/').next().unwrap_or(name).trim();
     if network.is_empty() {
-        return Err(invalid(format!("{s:?} in the {MULTUS_ANNOTATION} annotation names no network")));
+        return Err(invalid(format!("{s:?} in {from} names no network")));
     }
     Ok(Plane { network: network.into(), ifname: ifname.unwrap_or_else(|| format!("net{}", index + 1)), ..Default::default() })
 }
@@ -78,8 +80,8 @@ struct Selection {
 }
 
 impl Selection {
-    fn plane(self, index: usize) -> Result<Plane, CniError> {
-        let mut p = selection_text(&self.name, index)?;
+    fn plane(self, index: usize, from: &str) -> Result<Plane, CniError> {
+        let mut p = selection_text(&self.name, index, from)?;
         if let Some(i) = self.interface {
             p.ifname = i;
         }
@@ -92,8 +94,8 @@ impl Selection {
     }
 }
 
-/// The original Knitter annotation's planes.
-pub fn knitter(text: &str) -> Result<Vec<Plane>, CniError> {
+/// The original Knitter form's planes (`from` as for [`multus`]).
+pub fn knitter(text: &str, from: &str) -> Result<Vec<Plane>, CniError> {
     #[derive(Deserialize)]
     struct Doc {
         ports: Vec<Port>,
@@ -104,7 +106,7 @@ pub fn knitter(text: &str) -> Result<Vec<Plane>, CniError> {
         #[serde(default)]
         attributes: BTreeMap<String, Value>,
     }
-    let doc: Doc = serde_json::from_str(text).map_err(|e| invalid(format!("the {KNITTER_ANNOTATION} annotation is not {{\"ports\":[{{\"attach_to_network\":…}}]}}: {e}")))?;
+    let doc: Doc = serde_json::from_str(text).map_err(|e| invalid(format!("{from} is not {{\"ports\":[{{\"attach_to_network\":…}}]}}: {e}")))?;
     let text_of = |a: &BTreeMap<String, Value>, k: &str| -> Option<String> {
         match a.get(k) {
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -118,7 +120,7 @@ pub fn knitter(text: &str) -> Result<Vec<Plane>, CniError> {
             let a = &p.attributes;
             let network = p.attach_to_network.trim().to_string();
             if network.is_empty() {
-                return Err(invalid(format!("a port of the {KNITTER_ANNOTATION} annotation has no attach_to_network")));
+                return Err(invalid(format!("a port of {from} has no attach_to_network")));
             }
             match text_of(a, "nic_type").as_deref() {
                 None | Some("normal") => {}
@@ -149,18 +151,18 @@ pub fn knitter(text: &str) -> Result<Vec<Plane>, CniError> {
 /// The planes the pod's annotations ask for (Knitter's form wins when both are there).
 pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Vec<Plane>, CniError> {
     if let Some(k) = annotations.get(KNITTER_ANNOTATION) {
-        return knitter(k);
+        return knitter(k, &format!("the {KNITTER_ANNOTATION} annotation"));
     }
-    annotations.get(MULTUS_ANNOTATION).map_or(Ok(Vec::new()), |m| multus(m))
+    annotations.get(MULTUS_ANNOTATION).map_or(Ok(Vec::new()), |m| multus(m, &format!("the {MULTUS_ANNOTATION} annotation")))
 }
 
 /// The planes asked for as `args.cni.networks`: a Multus string or list, or a Knitter
 /// document.
 pub fn from_value(v: &Value) -> Result<Vec<Plane>, CniError> {
     match v {
-        Value::String(s) => multus(s),
-        Value::Array(_) => multus(&v.to_string()),
-        Value::Object(o) if o.contains_key("ports") => knitter(&v.to_string()),
+        Value::String(s) => multus(s, "args.cni.networks"),
+        Value::Array(_) => multus(&v.to_string(), "args.cni.networks"),
+        Value::Object(o) if o.contains_key("ports") => knitter(&v.to_string(), "args.cni.networks"),
         other => Err(invalid(format!("args.cni.networks must be a Multus network list or a Knitter {{\"ports\":…}} document, not {other}"))),
     }
 }
@@ -185,20 +187,33 @@ mod tests {
 
     #[test]
     fn the_multus_string_form() {
-        let p = multus("red, ns1/blue@media0 ,green").unwrap();
+        let p = multus("red, ns1/blue@media0 ,green", "test").unwrap();
         assert_eq!(p.iter().map(|p| (p.network.as_str(), p.ifname.as_str())).collect::<Vec<_>>(), [("red", "net1"), ("blue", "media0"), ("green", "net3")]);
-        assert!(multus("").unwrap().is_empty());
-        assert_eq!(multus("ns/@x").unwrap_err().code, Code::InvalidConfig);
+        assert!(multus("", "test").unwrap().is_empty());
+        assert_eq!(multus("ns/@x", "test").unwrap_err().code, Code::InvalidConfig);
+    }
+
+    /// A malformed request says where it came from: the annotation, args.cni.networks or
+    /// CNI_ARGS (it always said "the ... annotation").
+    #[test]
+    fn errors_name_the_source() {
+        let e = from_value(&Value::String("[{oops".into())).unwrap_err();
+        assert!(e.msg.contains("args.cni.networks is not a list"), "{}", e.msg);
+        let mut a = BTreeMap::new();
+        a.insert(MULTUS_ANNOTATION.to_string(), "[{oops".to_string());
+        let e = from_annotations(&a).unwrap_err();
+        assert!(e.msg.contains(&format!("the {MULTUS_ANNOTATION} annotation is not a list")), "{}", e.msg);
+        assert!(multus("ns/@x", "CNI_ARGS NETWORKS").unwrap_err().msg.contains("in CNI_ARGS NETWORKS names no network"));
     }
 
     #[test]
     fn the_multus_json_form() {
         let p = multus(r#"[{"name":"red","interface":"r0","ips":["10.1.0.7/24"],"mac":"0a:00:00:00:00:07","default-route":["10.1.0.1"]},
-                           {"name":"dp","namespace":"ns","cni-args":{"interfaceType":"vhost-user","ipGroup":"g1"}}]"#)
+                           {"name":"dp","namespace":"ns","cni-args":{"interfaceType":"vhost-user","ipGroup":"g1"}}]"#, "test")
             .unwrap();
         assert_eq!(p[0], Plane { network: "red".into(), ifname: "r0".into(), ips: vec!["10.1.0.7".into()], mac: Some("0a:00:00:00:00:07".into()), default_route: true, ..Default::default() });
         assert_eq!((p[1].ifname.as_str(), p[1].vhost, p[1].ip_group.as_deref()), ("net2", true, Some("g1")));
-        assert_eq!(multus("[{\"nam\":1}]").unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(multus("[{\"nam\":1}]", "test").unwrap_err().code, Code::InvalidConfig);
     }
 
     #[test]
@@ -206,14 +221,15 @@ mod tests {
         let p = knitter(
             r#"{"ports":[{"attach_to_network":"control","attributes":{"nic_name":"eth1","function":"control","accelerate":"true","ip_group_name":"g"}},
                         {"attach_to_network":"oam_net","attributes":{"function":"std","accelerate":"true","ip_addr":"10.9.0.5"}}]}"#,
+            "test",
         )
         .unwrap();
         assert_eq!((p[0].ifname.as_str(), p[0].vhost, p[0].ip_group.as_deref()), ("eth1", true, Some("g")));
         assert_eq!((p[1].ifname.as_str(), p[1].vhost, p[1].ips.clone()), ("eth_oam_net", false, vec!["10.9.0.5".to_string()]), "std is never accelerated");
-        let e = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"direct"}}]}"#).unwrap_err();
+        let e = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"direct"}}]}"#, "test").unwrap_err();
         assert!(e.code == Code::Refused && e.msg.contains("SR-IOV"), "{e:?}");
-        assert_eq!(knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_name":"much_too_long0"}}]}"#).unwrap_err().code, Code::InvalidConfig);
-        assert_eq!(knitter("[]").unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_name":"much_too_long0"}}]}"#, "test").unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(knitter("[]", "test").unwrap_err().code, Code::InvalidConfig);
     }
 
     #[test]

@@ -298,7 +298,11 @@ impl AddResult {
             .interfaces
             .iter()
             .map(|i| {
-                let mut v = json!({ "name": i.name, "mac": i.mac });
+                // The node's end of a veth has no MAC worth reporting: omitted, not "".
+                let mut v = json!({ "name": i.name });
+                if !i.mac.is_empty() {
+                    v["mac"] = i.mac.clone().into();
+                }
                 if !i.sandbox.is_empty() {
                     v["sandbox"] = i.sandbox.clone().into();
                 }

@@ -279,7 +279,7 @@ fn one_standalone_add_attaches_every_plane_the_pod_asks_for() {
     conf["standalone"] = true.into();
     let mut with_multus = conf.clone();
     with_multus["runtimeConfig"] = json!({ "io.kubernetes.cri.pod-annotations": {
-        "k8s.v1.cni.cncf.io/networks": r#"[{"name":"beta","interface":"b0","ips":["10.64.2.9/24"]},{"name":"ns1/gamma"}]"#
+        "k8s.v1.cni.cncf.io/networks": r#"[{"name":"beta","interface":"b0","ips":["10.64.2.9/24"],"mac":"02:00:00:00:72:50"},{"name":"ns1/gamma"}]"#
     }});
     let (p1, p1_path) = pod("s1");
     let (ok, r) = lab.cni("ADD", "ctr-s1", &p1_path, "eth0", &with_multus);
@@ -294,6 +294,18 @@ fn one_standalone_add_attaches_every_plane_the_pod_asks_for() {
     }
     assert!(p1.run(&["ip", "-o", "addr", "show", "dev", "b0"]).unwrap().contains("10.64.2.9/24"));
     assert!(lab.cni("CHECK", "ctr-s1", &p1_path, "eth0", &with_multus).0);
+    // The requested MAC is the pod's and the manager's (which pushes it to other nodes);
+    // it was only the pod's: the manager kept the derived one.
+    assert!(p1.run(&["ip", "link", "show", "b0"]).unwrap().contains("02:00:00:00:72:50"));
+    let shown: serde_json::Value = serde_json::from_slice(&lab.mctl(&["-o", "json", "port", "show", "ctr-s1", "b0"]).stdout).unwrap();
+    assert_eq!(shown["mac"], "02:00:00:00:72:50", "{shown}");
+    let mut same_mac = conf.clone();
+    same_mac["runtimeConfig"] = json!({ "io.kubernetes.cri.pod-annotations": {
+        "k8s.v1.cni.cncf.io/networks": r#"[{"name":"beta","interface":"b0","mac":"02:00:00:00:72:50"}]"#
+    }});
+    let (_p5, p5_path) = pod("s5");
+    let (ok, e) = lab.cni("ADD", "ctr-s5", &p5_path, "eth0", &same_mac);
+    assert!(!ok && e["msg"].as_str().unwrap().contains("MAC 02:00:00:00:72:50 is already port ctr-s1/b0's"), "{e}");
 
     // Knitter's form in args.cni.networks: it names eth0's network too.
     let mut with_knitter = conf.clone();
@@ -329,6 +341,41 @@ fn one_standalone_add_attaches_every_plane_the_pod_asks_for() {
     let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
     assert!(!ports.contains("ctr-"), "{ports}");
     drop((p2, p3, p4));
+}
+
+/// Multus's `default-route` on a secondary plane moves the pod's default route there, and
+/// only there, with and without `defaultRoute` in the configuration (it failed with "File
+/// exists": eth0 had installed its own default first). Asked on two planes: refused.
+#[test]
+fn default_route_on_a_secondary_plane_moves_the_default_route() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    for (n, cidr, gw) in [("dra", "10.65.1.0/24", "10.65.1.1"), ("drb", "10.65.2.0/24", "10.65.2.1"), ("drc", "10.65.3.0/24", "10.65.3.1")] {
+        assert!(lab.mctl(&["network", "create", n, "--ipv4", cidr, "--gateway4", gw]).status.success());
+    }
+    let conf_with = |default_route: Option<bool>, networks: &str| {
+        let mut conf = lab.conf("1.1.0", "dra");
+        conf["standalone"] = true.into();
+        if let Some(d) = default_route {
+            conf["defaultRoute"] = d.into();
+        }
+        conf["runtimeConfig"] = json!({ "io.kubernetes.cri.pod-annotations": { "k8s.v1.cni.cncf.io/networks": networks } });
+        conf
+    };
+    let media = r#"[{"name":"drb","interface":"media0","default-route":["10.65.2.1"]}]"#;
+    for (i, explicit) in [None, Some(true)].into_iter().enumerate() {
+        let conf = conf_with(explicit, media);
+        let (p, path) = pod(&format!("dr{i}"));
+        let (ok, r) = lab.cni("ADD", &format!("ctr-dr{i}"), &path, "eth0", &conf);
+        assert!(ok, "defaultRoute {explicit:?}: {r}");
+        let routes = p.run(&["ip", "-4", "route", "show", "default"]).unwrap();
+        assert_eq!(routes.trim(), "default via 10.65.2.1 dev media0", "defaultRoute {explicit:?}");
+        assert!(lab.cni("DEL", &format!("ctr-dr{i}"), &path, "eth0", &conf).0);
+    }
+    let both = r#"[{"name":"drb","interface":"media0","default-route":["10.65.2.1"]},{"name":"drc","interface":"oam0","default-route":["10.65.3.1"]}]"#;
+    let (_p, path) = pod("dr9");
+    let (ok, e) = lab.cni("ADD", "ctr-dr9", &path, "eth0", &conf_with(None, both));
+    assert!(!ok && e["code"] == 7 && e["msg"].as_str().unwrap().contains("media0 and oam0"), "{e}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn run(label: &'static str, store: Arc<dyn Store>, clients: usize, ports: usize)
             std::thread::spawn(move || {
                 (0..per)
                     .map(|i| {
-                        let spec = PortSpec { network: "bench".into(), container: format!("{label}-{t}-{i}"), interface: "eth0".into(), pod: String::new(), node: String::new(), ips: vec![], ip_group: None };
+                        let spec = PortSpec { network: "bench".into(), container: format!("{label}-{t}-{i}"), interface: "eth0".into(), pod: String::new(), node: String::new(), ips: vec![], ip_group: None, requested_mac: None };
                         let t0 = Instant::now();
                         m.create_port(spec).expect("create");
                         t0.elapsed()

@@ -29,7 +29,8 @@ pub enum IpamError {
     Reserved { ip: IpAddr, what: &'static str },
     #[error("{ip} is already allocated to {by}")]
     Taken { ip: IpAddr, by: String },
-    #[error("subnet {0} has no free address left")]
+    /// What ran out: "subnet 10.0.0.0/24", "IP group \"sbc\"".
+    #[error("{0} has no free address left")]
     Exhausted(String),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -257,7 +258,7 @@ pub fn allocate(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerK
     }
     match store.claim_first(network, &mut a.candidates(hint), owner)? {
         Some(ip) => Ok(ip),
-        None => Err(IpamError::Exhausted(a.subnet.to_string())),
+        None => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
     }
 }
 

@@ -92,4 +92,5 @@ fn the_manager_scenarios_pass_on_etcd() {
     scenarios::objects(&manager("/objects"));
     scenarios::refusals(&manager("/refusals"));
     scenarios::ip_group(&manager("/groups"));
+    scenarios::requested_mac(&manager("/macs"));
 }

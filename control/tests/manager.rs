@@ -26,6 +26,12 @@ fn bad_requests_are_refused_with_the_reason() {
 }
 
 #[test]
+fn a_requested_mac_is_recorded_and_held_by_one_port() {
+    let dir = tempfile::tempdir().unwrap();
+    scenarios::requested_mac(&manager(&dir));
+}
+
+#[test]
 fn an_ip_group_gives_recreated_pods_their_own_addresses() {
     let dir = tempfile::tempdir().unwrap();
     scenarios::ip_group(&manager(&dir));

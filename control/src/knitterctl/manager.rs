@@ -173,6 +173,9 @@ pub enum PortCmd {
         ip: Vec<String>,
         #[arg(long)]
         ip_group: Option<String>,
+        /// A MAC of its own instead of the one derived from its address.
+        #[arg(long)]
+        mac: Option<String>,
     },
     Delete { container: String, interface: String },
 }
@@ -361,9 +364,9 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
         ManagerCmd::Port { cmd } => match cmd {
             PortCmd::List { network, node, pod, tenant } => show(out, c.list_ports(authed(t, list(tenant, network, node, pod, None))?).await?.into_inner().items, |v| print_ports(v))?,
             PortCmd::Show { container, interface } => show(out, c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |v| print_ports(std::slice::from_ref(v)))?,
-            PortCmd::Create { network, container, interface, pod, node, ip, ip_group } => {
+            PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
                 let id = format!("{container}/{interface}");
-                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group })?).await?.into_inner();
+                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac })?).await?.into_inner();
                 created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
             }
             PortCmd::Delete { container, interface } => {

@@ -159,6 +159,26 @@ fn family(ip: &IpAddr) -> &'static str {
     if ip.is_ipv4() { "IPv4" } else { "IPv6" }
 }
 
+/// A requested MAC in its canonical form (lower case, colons), or why it cannot be one.
+fn requested_mac(text: &str) -> Result<String> {
+    let bytes: Vec<u8> = text.split(':').filter_map(|b| (b.len() == 2).then(|| u8::from_str_radix(b, 16).ok()).flatten()).collect();
+    let bad = |why: &str| Err(ManagerError::Invalid(format!("requested MAC {text:?} {why}")));
+    let [a, b, c, d, e, f] = bytes[..] else { return bad("is not six hexadecimal bytes separated by colons") };
+    if text.split(':').count() != 6 {
+        return bad("is not six hexadecimal bytes separated by colons");
+    }
+    if a & 1 != 0 {
+        return bad("is a group (multicast) address");
+    }
+    if bytes.iter().all(|x| *x == 0) {
+        return bad("is all zeros");
+    }
+    if a == 0x0a && (b == 0x58 || b == 0x59) {
+        return bad("is in the range of MACs derived from addresses (0a:58, 0a:59)");
+    }
+    Ok(format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}"))
+}
+
 fn mac_text(ip: IpAddr) -> String {
     let m = ipam::mac_for(ip);
     format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
@@ -485,8 +505,9 @@ impl Manager {
 
     /// Creates a port: addresses (fixed, from an IP group, or the next free ones), a MAC
     /// derived from the first. The same request again returns the same port (`false`).
-    pub fn create_port(&self, spec: PortSpec) -> Result<(Port, bool)> {
+    pub fn create_port(&self, mut spec: PortSpec) -> Result<(Port, bool)> {
         check_name("container", &spec.container)?;
+        spec.requested_mac = spec.requested_mac.as_deref().map(requested_mac).transpose()?;
         if spec.interface.is_empty() || spec.interface.len() > 15 || spec.interface.contains(['/', ' ', '\0']) {
             return Err(ManagerError::Invalid(format!("interface name {:?} must be 1-15 characters without '/' or spaces", spec.interface)));
         }
@@ -535,19 +556,36 @@ impl Manager {
         }
         let Some((mut port, v)) = pending else { return Err(ManagerError::Busy(format!("port {key} kept changing"))) };
         let owner = OwnerKey::new(&spec.container, &spec.interface);
-        match self.claim_addresses(&net, &port.spec, group.as_ref(), &owner) {
-            Ok(addresses) => {
-                port.mac = addresses.first().map(|a| mac_text(a.address)).unwrap_or_default();
+        let claimed = self.claim_addresses(&net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
+            let mac = self.mac_claim(&port.spec, &key)?;
+            Ok((addresses, mac))
+        });
+        let mac_claim = match claimed {
+            Ok((addresses, mac_claim)) => {
+                port.mac = match &port.spec.requested_mac {
+                    Some(m) => m.clone(),
+                    None => addresses.first().map(|a| mac_text(a.address)).unwrap_or_default(),
+                };
                 port.addresses = addresses;
+                mac_claim
             }
             Err(e) => {
                 self.release_addresses(&net, &port, group.as_ref(), &owner)?;
                 let _ = self.store.commit(&[Op::delete(&key, v)])?;
                 return Err(e);
             }
-        }
-        if self.store.commit(&[Op::replace(&key, Some(v), json(&port)?)])? {
+        };
+        // The port and its requested MAC's claim are written in one transaction: two ports
+        // asking for one MAC at once cannot both get it.
+        let mut ops = vec![Op::replace(&key, Some(v), json(&port)?)];
+        ops.extend(mac_claim);
+        if self.store.commit(&ops)? {
             return Ok((port, true));
+        }
+        if let Err(e) = self.mac_claim(&port.spec, &key) {
+            self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+            let _ = self.store.commit(&[Op::delete(&key, v)])?;
+            return Err(e);
         }
         // A retry of this very request finished first (same owner, same addresses), or a
         // delete raced the create.
@@ -610,6 +648,22 @@ impl Manager {
 
     /// Deletes a port and releases its addresses; `None` if there was none (deletes are
     /// idempotent, as CNI DEL must be).
+    /// The write that claims `spec`'s requested MAC for the port `key` (none when it asks for
+    /// none, or holds it already); refused when another port of the network holds it.
+    fn mac_claim(&self, spec: &PortSpec, key: &str) -> Result<Option<Op>> {
+        let Some(mac) = &spec.requested_mac else { return Ok(None) };
+        let claim = mac_key(&spec.network, mac);
+        match self.load::<String>(&claim)? {
+            None => Ok(Some(Op::create(&claim, json(&key.to_string())?))),
+            Some((holder, _)) if holder == key => Ok(None),
+            Some((holder, _)) => Err(ManagerError::Conflict(format!(
+                "MAC {mac} is already port {}'s in network {:?}",
+                holder.trim_start_matches("ports/"),
+                spec.network
+            ))),
+        }
+    }
+
     pub fn delete_port(&self, container: &str, interface: &str) -> Result<Option<Port>> {
         let key = port_key(container, interface);
         for _ in 0..ROUNDS {
@@ -625,7 +679,16 @@ impl Manager {
                 Err(ManagerError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
             }
-            if self.store.commit(&[Op::delete(&key, v)])? {
+            let mut ops = vec![Op::delete(&key, v)];
+            if let Some(mac) = &port.spec.requested_mac {
+                let claim = mac_key(&port.spec.network, mac);
+                if let Some((holder, mv)) = self.load::<String>(&claim)?
+                    && holder == key
+                {
+                    ops.push(Op::delete(&claim, mv));
+                }
+            }
+            if self.store.commit(&ops)? {
                 return Ok(Some(port));
             }
         }

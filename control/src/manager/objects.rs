@@ -26,6 +26,11 @@ pub fn port_key(container: &str, interface: &str) -> String {
     format!("ports/{container}/{interface}")
 }
 
+/// A requested MAC held by a port of `network` (the value: the port's key).
+pub fn mac_key(network: &str, mac: &str) -> String {
+    format!("macs/{network}/{mac}")
+}
+
 pub fn node_key(name: &str) -> String {
     format!("nodes/{name}")
 }
@@ -113,6 +118,11 @@ pub struct PortSpec {
     pub ips: Vec<IpAddr>,
     #[serde(default)]
     pub ip_group: Option<String>,
+    /// A MAC the pod asks for (a VNF's fixed or licensed MAC) instead of the one derived from
+    /// its address: unicast, outside the derived ranges (0a:58, 0a:59), and no other port's
+    /// in the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_mac: Option<String>,
 }
 
 /// One address of a port, with what the pod needs to configure it.

@@ -35,6 +35,7 @@ pub fn port(network: &str, container: &str, pod: &str) -> PortSpec {
         node: "n1".into(),
         ips: vec![],
         ip_group: None,
+        requested_mac: None,
     }
 }
 
@@ -135,6 +136,41 @@ pub fn refusals(m: &Manager) {
     m.create_port(port("tiny", "t2", "ns/t2")).unwrap();
     assert_eq!(reason(m.create_port(port("tiny", "t3", "ns/t3"))), "subnet 10.60.0.0/30 has no free address left");
     assert!(m.get_port("t3", "eth1").is_err());
+}
+
+/// A port asking for its own MAC (a VNF's fixed MAC): recorded as the port's MAC (what the
+/// manager pushes to other nodes), one port's per network, held until the port goes; MACs
+/// that cannot be a port's are refused with the reason.
+pub fn requested_mac(m: &Manager) {
+    m.create_network(net("vnf", "admin", "10.8.0.0/24")).unwrap();
+    m.create_network(net("oam", "admin", "10.9.0.0/24")).unwrap();
+    let with_mac = |net: &str, c: &str, mac: &str| PortSpec { requested_mac: Some(mac.into()), ..port(net, c, "ns/vnf") };
+    let (p, created) = m.create_port(with_mac("vnf", "v1", "02:00:00:00:72:50")).unwrap();
+    assert!(created);
+    assert_eq!(p.mac, "02:00:00:00:72:50", "the MAC in force is the one asked for");
+    assert_eq!(m.get_port("v1", "eth1").unwrap().mac, "02:00:00:00:72:50");
+    assert_eq!(m.create_port(with_mac("vnf", "v1", "02:00:00:00:72:50")).unwrap(), (p.clone(), false), "a retry: the same port");
+    let e = reason(m.create_port(with_mac("vnf", "v2", "02:00:00:00:72:50")));
+    assert!(e.contains("MAC 02:00:00:00:72:50 is already port v1/eth1's in network \"vnf\""), "{e}");
+    assert!(m.get_port("v2", "eth1").is_err(), "a refused port leaves nothing");
+    assert_eq!(m.create_port(with_mac("oam", "v2", "02:00:00:00:72:50")).unwrap().0.mac, "02:00:00:00:72:50", "another network");
+    // Upper case is the same MAC.
+    assert!(reason(m.create_port(with_mac("vnf", "v3", "02:00:00:00:72:50".to_uppercase().as_str()))).contains("already port v1/eth1's"));
+    for (bad, why) in [
+        ("03:00:00:00:00:01", "group"),
+        ("00:00:00:00:00:00", "all zeros"),
+        ("0a:58:0a:08:00:05", "derived"),
+        ("02:00:00:00:72", "six hexadecimal bytes"),
+        ("02:00:00:00:72:5g", "six hexadecimal bytes"),
+    ] {
+        let e = reason(m.create_port(with_mac("vnf", "v4", bad)));
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    // Deleted, the MAC is free again.
+    m.delete_port("v1", "eth1").unwrap();
+    assert_eq!(m.create_port(with_mac("vnf", "v5", "02:00:00:00:72:50")).unwrap().0.mac, "02:00:00:00:72:50");
+    // Without a request: derived from the address.
+    assert!(m.create_port(port("vnf", "v6", "ns/p")).unwrap().0.mac.starts_with("0a:58:0a:08:00:"));
 }
 
 pub fn ip_group(m: &Manager) {

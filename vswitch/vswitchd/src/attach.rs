@@ -217,6 +217,7 @@ impl Attacher {
             node: link.node_name.clone(),
             ips: r.ips.clone(),
             ip_group: r.ip_group.clone(),
+            requested_mac: r.mac.clone(),
         };
         let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
