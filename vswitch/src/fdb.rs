@@ -406,15 +406,19 @@ impl Fdb {
     }
 
     /// Installs or replaces a static entry (control plane). Static entries never age or move;
-    /// they count toward the global limit only.
+    /// they count toward the global limit only. Safe from any number of threads at once: the
+    /// two buckets are locked lowest first (one key's pair is another's in the other order,
+    /// so taking them first-bucket-first could deadlock two callers), and PMD threads only
+    /// ever try-lock.
     pub fn insert_static(&self, bd: u16, mac: MacAddr, dest: Dest) -> Result<(), FdbFull> {
         let k = key(bd, mac.to_u64());
         let loc = self.locate(k);
         let (b1, b2) = (self.b1(loc), self.b2(loc));
-        let (n1, n2) = (self.lock_spin(b1), self.lock_spin(b2));
+        let (lo, hi) = (b1.min(b2), b1.max(b2));
+        let (n_lo, n_hi) = (self.lock_spin(lo), self.lock_spin(hi));
         let r = self.upsert(k, loc, Value::new(dest, true, 0), None);
-        self.unlock(b2, n2);
-        self.unlock(b1, n1);
+        self.unlock(hi, n_hi);
+        self.unlock(lo, n_lo);
         self.changed();
         if r == Learn::Limit { Err(FdbFull) } else { Ok(()) }
     }
@@ -492,6 +496,37 @@ mod test {
     use super::*;
 
     const L: Limits = Limits { bd_max: u32::MAX, port_max: u32::MAX };
+
+    #[test]
+    /// Two threads installing static entries whose bucket pairs are each other's in the
+    /// other order finish (with the first bucket locked first they could deadlock: each held
+    /// one and spun on the other's).
+    #[test]
+    fn static_inserts_from_two_threads_never_deadlock() {
+        let f = std::sync::Arc::new(Fdb::new(64));
+        let pairs: Vec<(u64, (u32, u32))> = (1..100_000u64)
+            .map(|m| {
+                let k = key(1, 0x0200_0000_0000 | m);
+                let loc = f.locate(k);
+                (m, (f.b1(loc), f.b2(loc)))
+            })
+            .collect();
+        let (a, (a1, a2)) = pairs[0];
+        let b = pairs.iter().find(|(_, (b1, b2))| (*b1, *b2) == (a2, a1)).map(|(m, _)| *m).expect("a key with the pair reversed");
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for m in [a, b] {
+            let (f, done) = (f.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                for i in 0..20_000u16 {
+                    let _ = f.insert_static(1, MacAddr::from_u64(0x0200_0000_0000 | m), Dest::Port(i % 8));
+                }
+                let _ = done.send(());
+            });
+        }
+        for _ in 0..2 {
+            done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("static inserts deadlocked");
+        }
+    }
 
     #[test]
     fn learn_lookup_move_refresh() {
