@@ -497,7 +497,6 @@ mod test {
 
     const L: Limits = Limits { bd_max: u32::MAX, port_max: u32::MAX };
 
-    #[test]
     /// Two threads installing static entries whose bucket pairs are each other's in the
     /// other order finish (with the first bucket locked first they could deadlock: each held
     /// one and spun on the other's).
