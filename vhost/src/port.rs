@@ -85,10 +85,15 @@ impl Pair {
     fn make_rx_ready(&mut self) {
         self.rx_ready = true;
         self.rx_posted_since = None;
+        self.set_rx_kicks(false);
+    }
+
+    /// Asks the guest to kick its receive ring when it refills it, or not.
+    fn set_rx_kicks(&mut self, on: bool) {
         if let (Some(mem), Some(q)) = (self.memory.as_ref(), self.queues[RXQ].as_mut())
             && let Ok(mut ring) = q.ring(mem)
         {
-            ring.set_kicks(false);
+            ring.set_kicks(on);
         }
     }
 
@@ -140,11 +145,7 @@ impl Device<'_> {
             return;
         }
         (pair.rx_ready, pair.rx_posted_since) = (false, None);
-        if let (Some(mem), Some(q)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut())
-            && let Ok(mut ring) = q.ring(mem)
-        {
-            ring.set_kicks(true);
-        }
+        pair.set_rx_kicks(true);
     }
 
     /// The frontend is gone: no receive ring is ready.
@@ -251,15 +252,10 @@ impl VhostPort {
     pub fn configure<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
         let mut d = Device { pairs: self.pairs.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner())).collect() };
         let r = f(&mut d);
-        let running = |dir: usize| {
-            d.pairs
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.memory.is_some() && p.queues[dir].is_some() && (dir == TXQ || p.rx_ready))
-                .fold(0, |m, (i, _)| m | 1 << i)
-        };
-        let (rx, tx) = (running(RXQ), running(TXQ));
-        let waiting = d.pairs.iter().enumerate().filter(|(_, p)| p.rx_runs() && !p.rx_ready).fold(0, |m, (i, _)| m | 1 << i);
+        let pairs_where = |f: &dyn Fn(&Pair) -> bool| d.pairs.iter().enumerate().filter(|(_, p)| f(p)).fold(0, |m, (i, _)| m | 1 << i);
+        let rx = pairs_where(&|p| p.rx_runs() && p.rx_ready);
+        let tx = pairs_where(&|p| p.memory.is_some() && p.queues[TXQ].is_some());
+        let waiting = pairs_where(&|p| p.rx_runs() && !p.rx_ready);
         self.rx_waiting.store(waiting, Ordering::Release);
         self.rx_running.store(rx, Ordering::Release);
         self.tx_running.store(tx, Ordering::Release);
@@ -311,10 +307,11 @@ impl VhostPort {
                     (Some(mem), Some(q)) => q.ring(mem).map(|mut r| r.pending() > 0).unwrap_or(false),
                     _ => false,
                 };
-                let since = if posted { *pair.rx_posted_since.get_or_insert(now) } else { now };
                 if !posted {
                     pair.rx_posted_since = None;
-                } else if now.duration_since(since) >= RX_READY_GRACE {
+                    continue;
+                }
+                if now.duration_since(*pair.rx_posted_since.get_or_insert(now)) >= RX_READY_GRACE {
                     tracing::debug!(port = %self.name, pair = i, "receive ring ready: buffers posted, no kick");
                     pair.make_rx_ready();
                 }

@@ -161,16 +161,13 @@ fn family(ip: &IpAddr) -> &'static str {
 
 /// A requested MAC in its canonical form (lower case, colons), or why it cannot be one.
 fn requested_mac(text: &str) -> Result<String> {
-    let bytes: Vec<u8> = text.split(':').filter_map(|b| (b.len() == 2).then(|| u8::from_str_radix(b, 16).ok()).flatten()).collect();
     let bad = |why: &str| Err(ManagerError::Invalid(format!("requested MAC {text:?} {why}")));
-    let [a, b, c, d, e, f] = bytes[..] else { return bad("is not six hexadecimal bytes separated by colons") };
-    if text.split(':').count() != 6 {
-        return bad("is not six hexadecimal bytes separated by colons");
-    }
+    let bytes: Option<Vec<u8>> = text.split(':').map(|b| (b.len() == 2).then(|| u8::from_str_radix(b, 16).ok()).flatten()).collect();
+    let Some(&[a, b, c, d, e, f]) = bytes.as_deref() else { return bad("is not six hexadecimal bytes separated by colons") };
     if a & 1 != 0 {
         return bad("is a group (multicast) address");
     }
-    if bytes.iter().all(|x| *x == 0) {
+    if [a, b, c, d, e, f] == [0; 6] {
         return bad("is all zeros");
     }
     if a == 0x0a && (b == 0x58 || b == 0x59) {
