@@ -15,6 +15,7 @@ pub mod counters;
 pub mod emc;
 pub mod fdb;
 pub mod neigh;
+pub mod offload;
 pub mod kernel_neigh;
 pub mod port;
 pub mod region;

@@ -44,6 +44,15 @@ fn tcp_transfer_through_the_switch() {
     assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5001, 1024).unwrap(), 1024 * 1024);
 }
 
+/// 1 MiB over TCP between pods whose veths keep the kernel's default offloads (TSO, tx
+/// checksumming): the port cuts their super-frames and finishes their checksums.
+#[test]
+fn tcp_with_default_pod_offloads() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (_node, pa, pb) = pods();
+    assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5005, 1024).unwrap(), 1024 * 1024);
+}
+
 /// UDP between pods whose veths keep the kernel's default offloads: the sender leaves the UDP
 /// checksum to "hardware" (CHECKSUM_PARTIAL); the port finishes it, so the receiver accepts
 /// every datagram.
@@ -58,6 +67,25 @@ fn udp_with_default_pod_offloads() {
 // moves tags out of band whatever the offloads say; the port puts them back.
 vswitch::trunk_tests!(open);
 
+/// Node A's switch in `sw`: `pod` (on `pa0`) and the underlay `ul0` in one VNI-5001 bridge
+/// flooding to node B's VTEP at `remote`, its own at `local`.
+fn vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: PortConfig) -> SwitchNode {
+    let peer: std::net::IpAddr = remote.parse().unwrap();
+    SwitchNode::start(
+        sw,
+        &["pa0", "ul0"],
+        open,
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+            ports: vec![pod, PortConfig::underlay("ul0")],
+            // The switch's own next hop toward node B is configuration (resolution comes with
+            // the rest of the underlay host stack).
+            vtep: Some(VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, netns::mac_of(node_b, "ul1").unwrap())),
+        },
+    )
+    .unwrap()
+}
+
 /// VXLAN against Linux's own `vxlan` device: the switch's VTEP on an AF_PACKET underlay in
 /// one namespace; in another, a kernel VXLAN device (VNI 5001, port 4789) bridged with a pod.
 /// Pods on both sides ping each other; Linux resolves the VTEP by ARP/ND, which the switch
@@ -66,20 +94,7 @@ fn vxlan_with_linux(v6: bool) {
     let (local, remote, plen) =
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
     let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
-    let peer: std::net::IpAddr = remote.parse().unwrap();
-    let node = SwitchNode::start(
-        sw,
-        &["pa0", "ul0"],
-        open,
-        SwitchConfig {
-            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
-            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            // The switch's own next hop toward node B is configuration (resolution comes with
-            // the rest of the underlay host stack).
-            vtep: Some(VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, netns::mac_of(&node_b, "ul1").unwrap())),
-        },
-    )
-    .unwrap();
+    let node = vtep_node(sw, &node_b, local, remote, PortConfig::access("pa0", "red"));
     ping(&pod_a, "192.0.2.2").expect("pod A reaches pod B through the switch and Linux VXLAN");
     ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
     let s = node.switch.stats();
@@ -182,4 +197,26 @@ fn ethtool_netlink_turns_pod_offloads_off() {
     assert!(still.is_empty());
     assert!(shown("tx-checksum-ip-generic").starts_with("on"));
     assert!(ns.enter(|| Ethtool::open().and_then(|mut e| e.features("no-such-dev"))).unwrap().is_err());
+}
+
+/// TCP between a pod and a pod behind Linux's own VXLAN device with the kernel's default
+/// offloads on node B (its `vxlan0`, bridge, pod and underlay veths keep tx checksumming, TSO
+/// and GSO): Linux hands the underlay checksum-partial frames and 64 KB VXLAN super-frames;
+/// the port finishes the inner checksum and cuts them. 1 MiB each way.
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (local, remote) = ("198.51.100.1", "198.51.100.2");
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", local).unwrap();
+    netns::cni_offloads(&pod_a, "eth0").unwrap();
+    let pod = PortConfig::pod("pa0", "red", netns::mac_of(&pod_a, "eth0").unwrap(), &["192.0.2.1".parse().unwrap()]);
+    let node = vtep_node(sw, &node_b, local, remote, pod);
+    ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
+    assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");
+    assert_eq!(netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(), 1024 * 1024, "pod A sends");
+    let snap = node.switch.snapshot();
+    let q = snap.port(snap.port_id("ul0").unwrap()).unwrap().port.queue_stats()[0];
+    assert!(q.rx_gso > 0, "Linux sent super-frames and the port cut them: {q:?}");
+    assert!(q.rx_csum > 0, "Linux left checksums partial and the port finished them: {q:?}");
+    assert_eq!(q.rx_dropped, 0, "{q:?}");
 }

@@ -41,8 +41,7 @@ fn pods_ping_through_af_xdp_ports() {
     assert_eq!(pool.free_count(), cap, "buffers lent to the kernel all returned");
 }
 
-/// 1 MiB over TCP, pod veths set as the CNI will (AF_XDP has no checksum metadata: a pod
-/// with tx checksum offload on would send unfinished checksums the port cannot tell apart).
+/// 1 MiB over TCP, pod veths set as the CNI will.
 #[test]
 fn tcp_through_af_xdp_ports() {
     let Some(_g) = netns::exclusive() else { return };
@@ -495,4 +494,37 @@ fn a_multi_queue_device_is_read_on_every_queue() {
     drop(port);
     drop(cache);
     assert_eq!(pool.free_count(), pool.capacity() as usize, "every buffer came back");
+}
+
+/// TCP between a pod and a pod behind Linux's own VXLAN device keeping the kernel's default
+/// offloads, over an AF_XDP underlay: XDP on the switch's veth makes the kernel stop sending
+/// super-frames to it (veth drops GSO toward a peer running XDP), and checksums Linux leaves
+/// partial are recognised and finished by the underlay port (a software device: it looks
+/// inside VXLAN frames; see `vswitch::offload::finish_if_partial`).
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (vtep, remote) = ("198.51.100.1", "198.51.100.2");
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", vtep).unwrap();
+    netns::cni_offloads(&pod_a, "eth0").unwrap();
+    let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false);
+    ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
+    assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");
+    assert_eq!(netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(), 1024 * 1024, "pod A sends");
+    let snap = node.switch.snapshot();
+    let q = snap.port(snap.port_id("ul0").unwrap()).unwrap().port.queue_stats()[0];
+    assert!(q.rx_csum > 0, "Linux left checksums partial and the port finished them: {q:?}");
+    assert_eq!(q.rx_dropped, 0, "{q:?}");
+}
+
+/// 1 MiB over TCP between pods whose veths keep the kernel's default offloads: no
+/// super-frames reach a veth running XDP, and the pod's partial checksums are finished.
+#[test]
+fn tcp_with_default_pod_offloads() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (node, pa, pb) = pods();
+    assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5013, 1024).unwrap(), 1024 * 1024);
+    let snap = node.switch.snapshot();
+    let q = snap.port(snap.port_id("swa").unwrap()).unwrap().port.queue_stats()[0];
+    assert!(q.rx_csum > 0, "{q:?}");
 }

@@ -453,7 +453,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         if queues {
             println!();
             table(
-                &["port", "queue", "rx packets", "rx dropped", "tx packets", "tx full"],
+                &["port", "queue", "rx packets", "rx dropped", "tx packets", "tx full", "rx gso", "rx csum"],
                 s.ports
                     .iter()
                     .flat_map(|p| {
@@ -465,6 +465,8 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                                 q.rx_dropped.to_string(),
                                 q.tx_packets.to_string(),
                                 q.tx_full.to_string(),
+                                q.rx_gso.to_string(),
+                                q.rx_csum.to_string(),
                             ]
                         })
                     })

@@ -8,6 +8,15 @@
 //! magnitude. Frames are copied between the rings and
 //! pool buffers: this port trades a copy for portability.
 //!
+//! Frames from a sender on this host (a pod's veth, Linux's own VXLAN device on a veth
+//! underlay) may carry the sender's offloads: a checksum left partial, or a GSO super-frame of
+//! up to 64 KiB. The receive socket asks for the virtio-net header (`PACKET_VNET_HDR`, set
+//! before its ring) that says exactly which checksum to finish (the inner one of a VXLAN
+//! frame) and how to cut a super-frame ([`crate::offload`]). A super-frame larger than a ring
+//! slot is queued whole on the socket (`PACKET_COPY_THRESH`, `TP_STATUS_COPY` in its slot) and
+//! read with one `recv` into the port's scratch buffer: one system call per ~45 segments.
+//! Segments that do not fit this burst wait in the port for the next.
+//!
 //! The kernel strips the outer 802.1Q tag on receive when the device offloads it and reports
 //! it in the frame header (`TP_STATUS_VLAN_VALID`, with the TPID when
 //! `TP_STATUS_VLAN_TPID_VALID`); the port puts the tag back into the frame, so **a tagged frame
@@ -24,21 +33,24 @@
 use super::sys::{check, if_mac, if_running, ifindex, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
-use crate::buf::{BufId, MAX_FRAME, PoolCache};
-use crate::wire::{MacAddr, checksum};
+use crate::buf::{BufId, PoolCache};
+use crate::offload::{MAX_HEADERS, Segmenter, VNET_HDR_LEN, VnetHdr, finish_checksum};
+use crate::wire::MacAddr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
 const TPACKET_V2: libc::c_int = 1;
 const PACKET_RX_RING: libc::c_int = 5;
+const PACKET_COPY_THRESH: libc::c_int = 7;
+const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_VERSION: libc::c_int = 10;
 const PACKET_TX_RING: libc::c_int = 13;
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
-const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
+const TP_STATUS_COPY: u32 = 1 << 1;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const TP_STATUS_VLAN_TPID_VALID: u32 = 1 << 6;
 const TP_STATUS_AVAILABLE: u32 = 0;
@@ -50,6 +62,11 @@ const RX_FRAME: usize = 1 << 14;
 const RX_FRAMES: usize = 512;
 const TX_FRAME: usize = 1 << 14; // room for a 9216-byte jumbo frame
 const TX_FRAMES: usize = 256;
+/// The largest frame the kernel hands over: a 64 KiB IP packet behind Ethernet, two tags and
+/// the virtio-net header.
+const SCRATCH: usize = 65_535 + 14 + 8 + VNET_HDR_LEN;
+/// Receive buffer for super-frames queued whole (`TP_STATUS_COPY`): room for a few dozen.
+const RCVBUF: i32 = 4 << 20;
 /// Offset of frame data in a TPACKET_V2 tx frame: TPACKET2_HDRLEN - sizeof(sockaddr_ll).
 const TX_DATA: usize = 32;
 /// Offsets in `struct tpacket2_hdr`.
@@ -120,7 +137,8 @@ impl Mapping {
     fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
         // SAFETY: in bounds (checked); a tx frame is ours while its status is AVAILABLE and
-        // only the single tx user (under the port's tx lock) writes it.
+        // only the single tx user (under the port's tx lock) writes it; an rx frame is ours
+        // while its status says USER and only the single poller (under the rx lock) touches it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
 }
@@ -134,6 +152,19 @@ impl Drop for Mapping {
 
 struct RxState {
     frame: usize,
+    /// A super-frame being cut (at `staged` in `scratch`), its segments not all delivered.
+    pending: Option<Segmenter>,
+    scratch: Box<[u8]>,
+    staged: std::ops::Range<usize>,
+    headers: [u8; MAX_HEADERS],
+}
+
+/// What became of one ring slot.
+enum Taken {
+    Frame(BufId),
+    /// A super-frame now staged for cutting.
+    Staged,
+    Dropped,
 }
 
 struct TxState {
@@ -205,6 +236,12 @@ impl AfPacketPort {
         const ETH_P_ALL: u16 = 0x0003;
         let rx_fd = packet_socket(ETH_P_ALL)?;
         setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)?;
+        // Before the ring exists (the kernel refuses it after): each slot then starts with the
+        // virtio-net header.
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)?;
+        setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_COPY_THRESH, &1i32)?;
+        // Beyond rmem_max needs CAP_NET_ADMIN, which the daemon has; otherwise the default.
+        let _ = setopt(rx_fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF);
         let rx = map_ring(&rx_fd, PACKET_RX_RING, RX_FRAME, RX_FRAMES)?;
         bind(rx_fd.as_raw_fd(), ifindex, ETH_P_ALL)?;
 
@@ -223,7 +260,13 @@ impl AfPacketPort {
             tx_fd,
             rx,
             tx,
-            rx_state: std::sync::Mutex::new(RxState { frame: 0 }),
+            rx_state: std::sync::Mutex::new(RxState {
+                frame: 0,
+                pending: None,
+                scratch: vec![0u8; SCRATCH].into_boxed_slice(),
+                staged: 0..0,
+                headers: [0; MAX_HEADERS],
+            }),
             tx_state: std::sync::Mutex::new(TxState { frame: 0 }),
             mac,
             counters: QueueCounters::default(),
@@ -231,33 +274,145 @@ impl AfPacketPort {
         })
     }
 
-    /// Copies one received frame into a pool buffer, putting back a tag the kernel stripped.
-    fn frame_to_buf(&self, cache: &mut PoolCache, hdr: usize, status: u32) -> Option<BufId> {
+    /// Takes the frame in the slot at `hdr`: copied into a pool buffer with its checksum
+    /// finished and a tag the kernel stripped put back, or, for a super-frame, staged in the
+    /// scratch buffer for cutting.
+    fn take(&self, st: &mut RxState, cache: &mut PoolCache, hdr: usize, status: u32) -> Taken {
         let mac = self.rx.u16_at(hdr + v2::MAC) as usize;
         let snap = self.rx.u32_at(hdr + v2::SNAPLEN) as usize;
         let len = self.rx.u32_at(hdr + v2::LEN) as usize;
-        // Truncated (a GSO super-frame or a frame over the ring's size) or malformed: refused.
-        if mac + snap > RX_FRAME || snap != len || !(14..=MAX_FRAME - 4).contains(&snap) {
-            return None;
+        if mac < VNET_HDR_LEN || mac + snap > RX_FRAME || len < 14 {
+            return Taken::Dropped;
         }
-        let data = self.rx.bytes(hdr + mac, snap);
-        let mut b = if status & TP_STATUS_VLAN_VALID == 0 {
-            cache.alloc_frame(data)?
-        } else {
+        let mut vnet = [0u8; VNET_HDR_LEN];
+        vnet.copy_from_slice(self.rx.bytes(hdr + mac - VNET_HDR_LEN, VNET_HDR_LEN));
+        let vnet = VnetHdr::parse(&vnet);
+        let tag = (status & TP_STATUS_VLAN_VALID != 0).then(|| {
             let tci = self.rx.u16_at(hdr + v2::VLAN_TCI);
             let tpid =
                 if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v2::VLAN_TPID) } else { 0x8100 };
             let mut tag = [0u8; 4];
             tag[..2].copy_from_slice(&tpid.to_be_bytes());
             tag[2..].copy_from_slice(&tci.to_be_bytes());
-            cache.alloc_gather(&[&data[..12], &tag, &data[12..]])?
-        };
-        // A sender on this host left the L4 checksum to "hardware" that will never run:
-        // finish it, or the receiver drops the frame.
-        if status & TP_STATUS_CSUMNOTREADY != 0 && !cache.pool().is_chained(&b) {
-            checksum::complete_l4(cache.pool().head_mut(&mut b));
+            tag
+        });
+        let shift = if tag.is_some() { 4 } else { 0 };
+        if status & TP_STATUS_COPY != 0 {
+            // Too large for its slot: queued whole on the socket, read into the scratch buffer
+            // with the tag put back there.
+            let Some(range) = self.recv_whole(st, len, tag) else { return Taken::Dropped };
+            if vnet.is_gso() {
+                return stage(st, &self.counters, range, &vnet.shifted(shift));
+            }
+            let frame = &mut st.scratch[range];
+            if vnet.needs_csum && !self.finish_checksum(frame, vnet.shifted(shift)) {
+                return Taken::Dropped;
+            }
+            return cache.alloc_frame(frame).map_or(Taken::Dropped, Taken::Frame);
         }
-        Some(b)
+        if snap != len {
+            return Taken::Dropped; // truncated and no copy queued (the receive buffer was full)
+        }
+        let frame = self.rx.bytes_mut(hdr + mac, snap);
+        if vnet.is_gso() {
+            let n = frame.len() + shift as usize;
+            let out = &mut st.scratch[..n];
+            match tag {
+                None => out.copy_from_slice(frame),
+                Some(tag) => {
+                    out[..12].copy_from_slice(&frame[..12]);
+                    out[12..16].copy_from_slice(&tag);
+                    out[16..].copy_from_slice(&frame[12..]);
+                }
+            }
+            return stage(st, &self.counters, 0..n, &vnet.shifted(shift));
+        }
+        // The slot is ours until handed back: the checksum is finished in place.
+        if vnet.needs_csum && !self.finish_checksum(frame, vnet) {
+            return Taken::Dropped;
+        }
+        let got = match tag {
+            None => cache.alloc_frame(frame),
+            Some(tag) => cache.alloc_gather(&[&frame[..12], &tag, &frame[12..]]),
+        };
+        got.map_or(Taken::Dropped, Taken::Frame)
+    }
+
+    /// Finishes the checksum `vnet` says the sender left partial; counted.
+    fn finish_checksum(&self, frame: &mut [u8], vnet: VnetHdr) -> bool {
+        self.counters.rx_csum.add(1);
+        finish_checksum(frame, vnet.csum_start.into(), vnet.csum_offset.into())
+    }
+
+    /// Reads the `len`-byte frame the kernel queued whole into the scratch buffer (after its
+    /// virtio-net header, which the slot already gave), putting `tag` back in front of its
+    /// EtherType; the frame's range there.
+    fn recv_whole(&self, st: &mut RxState, len: usize, tag: Option<[u8; 4]>) -> Option<std::ops::Range<usize>> {
+        // SAFETY: receives into the scratch buffer we own, at most its length.
+        let n = unsafe {
+            libc::recv(
+                self.rx_fd.as_raw_fd(),
+                st.scratch.as_mut_ptr().cast(),
+                st.scratch.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        if n < 0 || n as usize != len + VNET_HDR_LEN || n as usize > st.scratch.len() {
+            return None;
+        }
+        let end = VNET_HDR_LEN + len;
+        Some(match tag {
+            None => VNET_HDR_LEN..end,
+            Some(tag) => {
+                // The header is no longer needed: the MACs move into its last four bytes.
+                st.scratch.copy_within(VNET_HDR_LEN..VNET_HDR_LEN + 12, VNET_HDR_LEN - 4);
+                st.scratch[VNET_HDR_LEN + 8..VNET_HDR_LEN + 12].copy_from_slice(&tag);
+                VNET_HDR_LEN - 4..end
+            }
+        })
+    }
+
+    /// Delivers segments of the staged super-frame while the batch has room.
+    fn deliver_segments(&self, st: &mut RxState, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let RxState { pending, scratch, staged, headers, .. } = st;
+        let Some(seg) = pending.as_mut() else { return 0 };
+        let frame = &scratch[staged.clone()];
+        let mut got = 0;
+        while batch.room() > 0 {
+            let Some((h, payload)) = seg.next(frame, headers) else {
+                *pending = None;
+                break;
+            };
+            match cache.alloc_gather(&[&headers[..h], &frame[payload]]).map(|b| batch.push(b)) {
+                Some(Ok(())) => got += 1,
+                Some(Err(b)) => {
+                    cache.free(b);
+                    self.counters.rx_dropped.add(1);
+                }
+                None => self.counters.rx_dropped.add(1),
+            }
+        }
+        if pending.as_ref().is_some_and(|s| s.is_done(frame)) {
+            *pending = None;
+        }
+        got
+    }
+}
+
+/// Stages the super-frame at `range` of the scratch buffer for cutting; refused (dropped) when
+/// its headers do not say how.
+fn stage(st: &mut RxState, counters: &QueueCounters, range: std::ops::Range<usize>, vnet: &VnetHdr) -> Taken {
+    match Segmenter::new(&st.scratch[range.clone()], vnet) {
+        Ok(seg) => {
+            counters.rx_gso.add(1);
+            st.pending = Some(seg);
+            st.staged = range;
+            Taken::Staged
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "GSO super-frame dropped");
+            Taken::Dropped
+        }
     }
 }
 
@@ -276,8 +431,10 @@ impl Port for AfPacketPort {
     fn rx_burst(&self, _q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
         // One poller at a time; a second one finds the lock taken and returns empty-handed.
         let Ok(mut st) = self.rx_state.try_lock() else { return 0 };
-        let mut got = 0;
-        while batch.room() > 0 {
+        let st = &mut *st;
+        let mut got = self.deliver_segments(st, cache, batch);
+        // A super-frame still being cut keeps the slots behind it waiting, in order.
+        while batch.room() > 0 && st.pending.is_none() {
             let hdr = st.frame * RX_FRAME;
             let status = self.rx.status(hdr + v2::STATUS);
             let s = status.load(Acquire);
@@ -285,13 +442,16 @@ impl Port for AfPacketPort {
                 break;
             }
             // A frame the kernel reports out of bounds, or no buffer for it: counted.
-            match self.frame_to_buf(cache, hdr, s).map(|b| batch.push(b)) {
-                Some(Ok(())) => got += 1,
-                Some(Err(b)) => {
-                    cache.free(b);
-                    self.counters.rx_dropped.add(1);
-                }
-                None => self.counters.rx_dropped.add(1),
+            match self.take(st, cache, hdr, s) {
+                Taken::Frame(b) => match batch.push(b) {
+                    Ok(()) => got += 1,
+                    Err(b) => {
+                        cache.free(b);
+                        self.counters.rx_dropped.add(1);
+                    }
+                },
+                Taken::Staged => got += self.deliver_segments(st, cache, batch),
+                Taken::Dropped => self.counters.rx_dropped.add(1),
             }
             status.store(TP_STATUS_KERNEL, Release);
             st.frame = (st.frame + 1) % RX_FRAMES;
@@ -352,7 +512,7 @@ impl Port for AfPacketPort {
             return false;
         }
         let Ok(st) = self.rx_state.try_lock() else { return true };
-        self.rx.status(st.frame * RX_FRAME + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
+        st.pending.is_some() || self.rx.status(st.frame * RX_FRAME + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {

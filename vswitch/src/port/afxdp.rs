@@ -33,7 +33,7 @@
 
 pub use super::bpf::UnderlayFilter;
 use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
-use super::sys::{check, control_socket, if_running, ifindex, interface_mac, rx_queues, setopt};
+use super::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
@@ -314,6 +314,19 @@ pub struct AfXdpPort {
     /// The attached program; `None` only while dropping.
     xdp: Mutex<Option<XdpRedirect>>,
     binding: Binding,
+    partial: PartialChecksums,
+}
+
+/// Where the port looks for checksums a sender on this host left partial (AF_XDP carries no
+/// checksum metadata: see [`crate::offload::finish_if_partial`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartialChecksums {
+    /// A device with hardware behind it: frames come off a wire, their checksums whole.
+    NotLooked,
+    /// A software device (veth): in each frame's own TCP/UDP packet.
+    Frames,
+    /// A software underlay: inside VXLAN frames to this UDP port, and in other frames.
+    InVxlan(u16),
 }
 
 // SAFETY: the rings are only touched under their side's mutex (taken with try_lock).
@@ -492,12 +505,17 @@ impl AfXdpPort {
         };
         let mac = interface_mac(ifname);
         let binding = bound[0].binding;
+        let partial = match (is_software_device(control.as_raw_fd(), ifname), underlay) {
+            (Some(true), Some(f)) => PartialChecksums::InVxlan(f.udp_port),
+            (Some(true), None) => PartialChecksums::Frames,
+            _ => PartialChecksums::NotLooked,
+        };
         let copy = if binding.zero_copy { "zero-copy" } else { "copy" };
         let vlan_tags = match xdp.restores_vlan_tags() {
             Ok(()) => "restored from the rx VLAN hint",
             Err(why) => why,
         };
-        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, vlan_tags, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, vlan_tags, partial_checksums = ?partial, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
         // Fill rings are filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
@@ -528,6 +546,7 @@ impl AfXdpPort {
             control,
             xdp: Mutex::new(Some(xdp)),
             binding,
+            partial,
         };
         cache.flush();
         // Registered last: only then does the program redirect (dropping the port on an
@@ -538,6 +557,19 @@ impl AfXdpPort {
             }
         }
         Ok(port)
+    }
+
+    /// Finishes a checksum a sender on this host left partial, where this device can carry one.
+    #[inline]
+    fn finish_partial(&self, b: &mut BufId, counters: &QueueCounters) {
+        let vxlan = match self.partial {
+            PartialChecksums::NotLooked => return,
+            PartialChecksums::Frames => None,
+            PartialChecksums::InVxlan(port) => Some(port),
+        };
+        if !self.pool.is_chained(b) && crate::offload::finish_if_partial(self.pool.head_mut(b), vxlan) {
+            counters.rx_csum.add(1);
+        }
     }
 
     /// A copy of a chained packet in buffers of its own (no segment shared); `None` when
@@ -701,7 +733,10 @@ impl Port for AfXdpPort {
                 xsk.counters.rx_dropped.add(1);
                 continue;
             }
-            match frame.map(|b| batch.push(b)) {
+            match frame.map(|mut b| {
+                self.finish_partial(&mut b, &xsk.counters);
+                batch.push(b)
+            }) {
                 Some(Ok(())) => got += 1,
                 Some(Err(b)) => {
                     cache.free(b);

@@ -27,6 +27,11 @@ pub struct QueueStats {
     pub tx_packets: u64,
     /// Packets the queue could not take (ring full).
     pub tx_full: u64,
+    /// GSO super-frames the port received and cut into segments itself (counted once each;
+    /// their segments count in `rx_packets`).
+    pub rx_gso: u64,
+    /// Frames whose L4 checksum the sender left partial and the port finished.
+    pub rx_csum: u64,
 }
 
 /// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
@@ -36,6 +41,8 @@ pub struct QueueCounters {
     pub rx_dropped: crate::counters::SharedCounter,
     pub tx_packets: crate::counters::SharedCounter,
     pub tx_full: crate::counters::SharedCounter,
+    pub rx_gso: crate::counters::SharedCounter,
+    pub rx_csum: crate::counters::SharedCounter,
 }
 
 impl QueueCounters {
@@ -45,6 +52,8 @@ impl QueueCounters {
             rx_dropped: self.rx_dropped.get(),
             tx_packets: self.tx_packets.get(),
             tx_full: self.tx_full.get(),
+            rx_gso: self.rx_gso.get(),
+            rx_csum: self.rx_csum.get(),
         }
     }
 }

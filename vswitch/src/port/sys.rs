@@ -90,6 +90,26 @@ pub(super) fn rx_queues(fd: RawFd, ifname: &str) -> Option<u32> {
     Some(ch[5].max(ch[8]))
 }
 
+/// Whether the interface has no bus device behind it (veth, tap: a software device whose
+/// senders are this host's own kernel), asked of the socket's own network namespace; `None`
+/// when the driver does not say.
+pub(super) fn is_software_device(fd: RawFd, ifname: &str) -> Option<bool> {
+    const ETHTOOL_GDRVINFO: u32 = 0x03;
+    // struct ethtool_drvinfo: cmd, driver[32], version[32], fw_version[32], bus_info[32],
+    // erom_version[32], reserved2[12], five u32 counts: 196 bytes.
+    let mut info = [0u8; 196];
+    info[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+    let mut req = ifreq(ifname)?;
+    req.ifr_ifru.ifru_data = info.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL with ETHTOOL_GDRVINFO writes one ethtool_drvinfo (196 bytes) to the
+    // buffer ifru_data points at, which lives until the call returns.
+    if unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut req) } != 0 {
+        return None;
+    }
+    const BUS_INFO: usize = 4 + 3 * 32;
+    Some(info[BUS_INFO] == 0)
+}
+
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
 pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {

@@ -80,6 +80,8 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
                     rx_dropped: s.rx_dropped,
                     tx_packets: s.tx_packets,
                     tx_full: s.tx_full,
+                    rx_gso: s.rx_gso,
+                    rx_csum: s.rx_csum,
                 })
                 .collect(),
         }
