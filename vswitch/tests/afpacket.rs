@@ -202,12 +202,12 @@ fn ethtool_netlink_turns_pod_offloads_off() {
 /// TCP between a pod and a pod behind Linux's own VXLAN device with the kernel's default
 /// offloads on node B (its `vxlan0`, bridge, pod and underlay veths keep tx checksumming, TSO
 /// and GSO): Linux hands the underlay checksum-partial frames and 64 KB VXLAN super-frames;
-/// the port finishes the inner checksum and cuts them. 1 MiB each way.
-#[test]
-fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
-    let Some(_g) = netns::exclusive() else { return };
-    let (local, remote) = ("198.51.100.1", "198.51.100.2");
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", local).unwrap();
+/// the port finishes the inner checksum and cuts them (over IPv6 with the outer UDP checksum
+/// Linux asks for). 1 MiB each way.
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
+    let (local, remote, plen) =
+        if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
     netns::cni_offloads(&pod_a, "eth0").unwrap();
     let pod = PortConfig::pod("pa0", "red", netns::mac_of(&pod_a, "eth0").unwrap(), &["192.0.2.1".parse().unwrap()]);
     let node = vtep_node(sw, &node_b, local, remote, pod);
@@ -219,4 +219,16 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
     assert!(q.rx_gso > 0, "Linux sent super-frames and the port cut them: {q:?}");
     assert!(q.rx_csum > 0, "Linux left checksums partial and the port finished them: {q:?}");
     assert_eq!(q.rx_dropped, 0, "{q:?}");
+}
+
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv4() {
+    let Some(_g) = netns::exclusive() else { return };
+    tcp_with_a_linux_vxlan_peer_keeping_default_offloads(false);
+}
+
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv6() {
+    let Some(_g) = netns::exclusive() else { return };
+    tcp_with_a_linux_vxlan_peer_keeping_default_offloads(true);
 }

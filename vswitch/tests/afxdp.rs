@@ -501,11 +501,10 @@ fn a_multi_queue_device_is_read_on_every_queue() {
 /// super-frames to it (veth drops GSO toward a peer running XDP), and checksums Linux leaves
 /// partial are recognised and finished by the underlay port (a software device: it looks
 /// inside VXLAN frames; see `vswitch::offload::finish_if_partial`).
-#[test]
-fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
-    let Some(_g) = netns::exclusive() else { return };
-    let (vtep, remote) = ("198.51.100.1", "198.51.100.2");
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", vtep).unwrap();
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
+    let (vtep, remote, plen) =
+        if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
     netns::cni_offloads(&pod_a, "eth0").unwrap();
     let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
@@ -515,6 +514,18 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads() {
     let q = snap.port(snap.port_id("ul0").unwrap()).unwrap().port.queue_stats()[0];
     assert!(q.rx_csum > 0, "Linux left checksums partial and the port finished them: {q:?}");
     assert_eq!(q.rx_dropped, 0, "{q:?}");
+}
+
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv4() {
+    let Some(_g) = netns::exclusive() else { return };
+    tcp_with_a_linux_vxlan_peer_keeping_default_offloads(false);
+}
+
+#[test]
+fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv6() {
+    let Some(_g) = netns::exclusive() else { return };
+    tcp_with_a_linux_vxlan_peer_keeping_default_offloads(true);
 }
 
 /// 1 MiB over TCP between pods whose veths keep the kernel's default offloads: no
