@@ -20,6 +20,9 @@ if [ "$FUZZ_SECS" -gt 0 ]; then
   done
 fi
 
+echo "== loom models (lock-free structures, every interleaving up to 3 preemptions)"
+RUSTFLAGS="--cfg loom" cargo test -q -p knitter-vswitch --test loom --release --target-dir target/loom
+
 echo "== clippy"
 cargo clippy -q --workspace --all-targets -- -D warnings
 

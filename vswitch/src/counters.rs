@@ -6,7 +6,8 @@
 //! threads sum the blocks of every thread.
 
 use crate::fdb::{MAX_BDS, MAX_PORTS};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sync::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 
 macro_rules! named_enum {
     ($(#[$m:meta])* pub enum $name:ident { $($var:ident => $s:literal),+ $(,)? }) => {

@@ -17,7 +17,10 @@
 //! ageing removes entries older than the bridge domain's age.
 
 use crate::wire::MacAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*, fence};
+use crate::sync::{AtomicU32, AtomicU64, fence};
+use std::sync::atomic::Ordering::*;
+// Counts of entries are not part of the seqlock protocol: plain std atomics even under loom.
+use std::sync::atomic::AtomicU32 as CountU32;
 
 /// Ports and bridge domains have 12-bit ids.
 pub const MAX_PORTS: usize = 4096;
@@ -132,13 +135,13 @@ pub struct Fdb {
     buckets: Box<[Bucket]>,
     mask: u32,
     max_entries: u32,
-    total: AtomicU32,
+    total: CountU32,
     /// Bumped by every change that can alter a forwarding decision already made: a move, a
     /// removal, a static entry (not by learning a new MAC or refreshing one). PMD threads'
     /// exact-match caches drop their entries when it changes.
     generation: AtomicU32,
-    per_bd: Box<[AtomicU32]>,
-    per_port: Box<[AtomicU32]>,
+    per_bd: Box<[CountU32]>,
+    per_port: Box<[CountU32]>,
 }
 
 impl std::fmt::Debug for Fdb {
@@ -156,10 +159,10 @@ impl Fdb {
             buckets: (0..buckets).map(|_| Bucket::default()).collect(),
             mask: buckets as u32 - 1,
             max_entries,
-            total: AtomicU32::new(0),
+            total: CountU32::new(0),
             generation: AtomicU32::new(0),
-            per_bd: (0..MAX_BDS).map(|_| AtomicU32::new(0)).collect(),
-            per_port: (0..MAX_PORTS).map(|_| AtomicU32::new(0)).collect(),
+            per_bd: (0..MAX_BDS).map(|_| CountU32::new(0)).collect(),
+            per_port: (0..MAX_PORTS).map(|_| CountU32::new(0)).collect(),
         }
     }
 
@@ -197,6 +200,12 @@ impl Fdb {
     #[inline(always)]
     pub fn locate(&self, key: u64) -> Loc {
         Loc(key.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// The first bucket a key may live in (for tests that need two keys to share one).
+    #[doc(hidden)]
+    pub fn first_bucket(&self, loc: Loc) -> u32 {
+        self.b1(loc)
     }
 
     #[inline(always)]
@@ -311,7 +320,7 @@ impl Fdb {
             if let Some(n) = self.try_lock(b) {
                 return n;
             }
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
 

@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod security;
 pub mod snapshot;
 pub mod suppress;
+mod sync;
 pub mod util;
 pub mod vlan;
 pub mod vtep;

@@ -24,10 +24,62 @@
 //! `sleeping = true`, fences, and re-checks the ring before it sleeps; the producer publishes,
 //! fences, and then reads `sleeping`. One of the two always sees the other, so no wake-up is lost.
 
+use crate::sync::{AtomicBool, AtomicUsize, fence};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::cell::UnsafeCell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*, fence};
+use std::sync::atomic::Ordering::*;
+use slot::Slot;
+
+/// A slot: a plain cell copied in bulk, or under loom a tracked cell, so the models catch a
+/// slot read while it is written.
+#[cfg(not(loom))]
+mod slot {
+    pub(super) type Slot = std::cell::UnsafeCell<u32>;
+
+    /// Writes `ids` into `slots[at..]`.
+    ///
+    /// # Safety
+    /// `at + ids.len() <= slots.len()`, and no other thread touches those slots meanwhile.
+    #[inline(always)]
+    pub(super) unsafe fn write(slots: &[Slot], at: usize, ids: &[u32]) {
+        // SAFETY: in bounds and unshared (the caller's promise); UnsafeCell<u32> has u32's
+        // layout, so the slots are a contiguous run of u32s.
+        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), Slot::raw_get(slots.as_ptr()).add(at), ids.len()) }
+    }
+
+    /// Reads `slots[at..at + out.len()]` into `out`.
+    ///
+    /// # Safety
+    /// In bounds, and no other thread writes those slots meanwhile.
+    #[inline(always)]
+    pub(super) unsafe fn read(slots: &[Slot], at: usize, out: &mut [u32]) {
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(Slot::raw_get(slots.as_ptr()).add(at), out.as_mut_ptr(), out.len()) }
+    }
+}
+
+#[cfg(loom)]
+mod slot {
+    pub(super) type Slot = loom::cell::UnsafeCell<u32>;
+
+    /// # Safety
+    /// As the plain version's.
+    pub(super) unsafe fn write(slots: &[Slot], at: usize, ids: &[u32]) {
+        for (s, v) in slots[at..at + ids.len()].iter().zip(ids) {
+            // SAFETY: unshared (the caller's promise; loom checks it).
+            s.with_mut(|p| unsafe { *p = *v });
+        }
+    }
+
+    /// # Safety
+    /// As the plain version's.
+    pub(super) unsafe fn read(slots: &[Slot], at: usize, out: &mut [u32]) {
+        for (s, o) in slots[at..at + out.len()].iter().zip(out) {
+            // SAFETY: as above.
+            *o = s.with(|p| unsafe { *p });
+        }
+    }
+}
 
 #[repr(align(64))]
 struct Padded<T>(T);
@@ -35,7 +87,7 @@ struct Padded<T>(T);
 /// The ring both handles share: its length and the consumer's wake protocol are open to
 /// anyone holding it; slots are reached only through [`Producer`] and [`Consumer`].
 pub struct Spsc {
-    slots: Box<[UnsafeCell<u32>]>,
+    slots: Box<[Slot]>,
     mask: usize,
     /// Next slot to read (consumer-owned).
     head: Padded<AtomicUsize>,
@@ -95,7 +147,7 @@ impl Spsc {
             return Err(std::io::Error::last_os_error());
         }
         Ok(Spsc {
-            slots: (0..size).map(|_| UnsafeCell::new(0)).collect(),
+            slots: (0..size).map(|_| Slot::new(0)).collect(),
             mask: size - 1,
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
@@ -127,11 +179,10 @@ impl Spsc {
         let first = n.min(self.capacity() - at);
         // SAFETY: slots [tail, tail + n) are free (n <= size - (tail - head)), so the consumer
         // does not read them until the release store of `tail` below; `at + first` and
-        // `n - first` stay within the slot array. UnsafeCell<u32> has u32's layout.
+        // `n - first` stay within the slot array.
         unsafe {
-            let base = UnsafeCell::raw_get(self.slots.as_ptr());
-            std::ptr::copy_nonoverlapping(ids.as_ptr(), base.add(at), first);
-            std::ptr::copy_nonoverlapping(ids.as_ptr().add(first), base, n - first);
+            slot::write(&self.slots, at, &ids[..first]);
+            slot::write(&self.slots, 0, &ids[first..n]);
         }
         if n > 0 {
             self.tail.0.store(tail.wrapping_add(n), Release);
@@ -155,9 +206,9 @@ impl Spsc {
         // `tail` (acquired above) and are not rewritten until our release store of `head`;
         // the ranges stay within the slot array.
         unsafe {
-            let base = UnsafeCell::raw_get(self.slots.as_ptr()).cast_const();
-            std::ptr::copy_nonoverlapping(base.add(at), out.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(base, out.as_mut_ptr().add(first), n - first);
+            let (a, b) = out[..n].split_at_mut(first);
+            slot::read(&self.slots, at, a);
+            slot::read(&self.slots, 0, b);
         }
         if n > 0 {
             self.head.0.store(head.wrapping_add(n), Release);
