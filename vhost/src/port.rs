@@ -396,6 +396,10 @@ fn signal(fd: &Option<OwnedFd>) {
 }
 
 impl Port for VhostPort {
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -96,3 +96,18 @@ fn running_pairs_spread_over_pmd_threads() {
     assert_eq!(threads(&snap), (vec![(r, 0), (v, 2)], vec![(v, 1)]));
     assert_eq!(vm.port.running_pairs(), 2);
 }
+
+/// Buffer handles are indices into one pool: a vhost-user port made over a second pool is
+/// refused by the switch (registering and replacing), so its indices never reach the
+/// pipeline.
+#[test]
+fn a_port_over_another_pool_is_refused() {
+    let pool = Pool::new(256, false).unwrap();
+    let other = Pool::new(256, false).unwrap();
+    let switch = vswitch::Switch::new(pool.clone(), SwitchOptions::default());
+    let foreign = std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", other));
+    let err = switch.register_port("vm", foreign.clone()).unwrap_err();
+    assert!(matches!(err, vswitch::switch::SwitchError::ForeignPool(_)), "{err}");
+    switch.register_port("vm", std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", pool))).unwrap();
+    assert!(matches!(switch.replace_port("vm", foreign), Err(vswitch::switch::SwitchError::ForeignPool(_))));
+}

@@ -30,6 +30,8 @@ pub enum SwitchError {
     NoSuchPort(String),
     #[error("port {0:?} is still in the configuration; remove it from the configuration first")]
     PortInUse(String),
+    #[error("port {0:?} was opened over another buffer pool than the switch's")]
+    ForeignPool(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
@@ -128,6 +130,7 @@ impl Switch {
 
     /// Makes a port known by name so a configuration can use it.
     pub fn register_port(&self, name: &str, port: Arc<dyn Port>) -> Result<(), SwitchError> {
+        self.check_pool(name, &*port)?;
         let mut c = self.control();
         if c.ports.contains_key(name) {
             return Err(SwitchError::PortExists(name.into()));
@@ -140,9 +143,19 @@ impl Switch {
     /// for the next configuration applied to take; returns the one it replaces, which the
     /// running configuration keeps using until then.
     pub fn replace_port(&self, name: &str, port: Arc<dyn Port>) -> Result<Arc<dyn Port>, SwitchError> {
+        self.check_pool(name, &*port)?;
         let mut c = self.control();
         let slot = c.ports.get_mut(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))?;
         Ok(std::mem::replace(slot, port))
+    }
+
+    /// Buffer handles are indices into one pool: a port holding another pool would hand the
+    /// pipeline indices of chunks it does not own.
+    fn check_pool(&self, name: &str, port: &dyn Port) -> Result<(), SwitchError> {
+        match port.pool() {
+            Some(p) if !Arc::ptr_eq(p, &self.pool) => Err(SwitchError::ForeignPool(name.into())),
+            _ => Ok(()),
+        }
     }
 
     /// Forgets a port that no configuration uses any more.

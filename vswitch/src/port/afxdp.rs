@@ -877,6 +877,10 @@ impl Port for AfXdpPort {
         stats
     }
 
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
     fn mac(&self) -> Option<MacAddr> {
         self.mac
     }
@@ -905,10 +909,22 @@ fn zero_copy(fd: RawFd) -> bool {
     r == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
 }
 
+/// How long buffers a zero-copy driver had in its fill ring stay out of the pool after the
+/// socket closed: the kernel stops the driver's zero-copy queue in work it defers past
+/// `close()` (the pool's deferred release turns `XDP_SETUP_XSK_POOL` off), and until then the
+/// NIC may still write into them.
+const ZERO_COPY_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Drop for AfXdpPort {
     fn drop(&mut self) {
-        // Unmap the rings, detach the program and close the sockets first: after that the
+        // The sockets leave the XSKMAP first (nothing more is redirected to them), then the
+        // rings are unmapped, the program detached and the sockets closed: after that the
         // kernel holds no buffer, and every lent one goes back to the pool.
+        if let Some(x) = self.xdp.get_mut().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            for q in 0..self.queues.len() as u32 {
+                let _ = x.unregister(q);
+            }
+        }
         let mut lent: Vec<Lent> = Vec::new();
         for x in self.queues.iter_mut() {
             if let Some(RxSide { rx, fill, lent: l, .. }) = x.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
@@ -924,19 +940,59 @@ impl Drop for AfXdpPort {
         for x in self.queues.iter_mut() {
             drop(x.sock.take());
         }
-        let mut cache = PoolCache::new(self.pool.clone());
+        let grace = if self.binding.zero_copy { ZERO_COPY_GRACE } else { std::time::Duration::ZERO };
+        return_lent(self.pool.clone(), lent, grace);
+    }
+}
+
+/// Gives the buffers `lent` names back to `pool`: at once, or after `grace` from a thread of
+/// their own (so dropping a zero-copy port does not stall its caller).
+fn return_lent(pool: Arc<Pool>, mut lent: Vec<Lent>, grace: std::time::Duration) {
+    let give_back = move || {
+        let mut cache = PoolCache::new(pool);
         for l in &mut lent {
             for idx in l.drain() {
-                // SAFETY: lent to the kernel, which released it when the socket closed.
+                // SAFETY: lent to the kernel, which released it when the socket closed (and,
+                // for a zero-copy driver, when the grace period ran out).
                 cache.free(unsafe { BufId::from_index(idx) });
             }
         }
+    };
+    if grace.is_zero() {
+        give_back();
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("xsk-grace".into()).spawn(move || {
+        std::thread::sleep(grace);
+        give_back();
+    });
+    if let Err(e) = spawned {
+        // No thread: the buffers stay out of the pool rather than go back too early.
+        tracing::warn!(error = %e, "zero-copy buffers not returned to the pool");
     }
 }
 
 #[cfg(test)]
 mod test {
-    use super::Lent;
+    use super::{Lent, return_lent};
+    use crate::buf::Pool;
+    use std::time::Duration;
+
+    #[test]
+    fn zero_copy_buffers_come_back_only_after_the_grace_period() {
+        let pool = Pool::new(64, false).unwrap();
+        let mut cache = crate::buf::PoolCache::new(pool.clone());
+        let mut lent = Lent::new(pool.capacity() as usize);
+        for _ in 0..8 {
+            lent.set(cache.alloc().unwrap().into_index());
+        }
+        cache.flush();
+        let before = pool.free_count();
+        return_lent(pool.clone(), vec![lent], Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(pool.free_count(), before, "still the driver's during the grace period");
+        assert!(crate::testkit::eventually(Duration::from_secs(3), || pool.free_count() == before + 8));
+    }
 
     #[test]
     fn lent_buffers_are_taken_back_once() {

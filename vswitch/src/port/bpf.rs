@@ -26,6 +26,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 /// `prog_flags`: the XDP program handles frames in several buffers.
 const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
@@ -532,6 +533,15 @@ impl XdpRedirect {
         put_u64(&mut a, 8, &key as *const u32 as u64);
         put_u64(&mut a, 16, &value as *const u32 as u64);
         bpf(BPF_MAP_UPDATE_ELEM, &a).map(drop)
+    }
+
+    /// Takes queue `queue`'s socket out of the XSKMAP: nothing more is redirected to it.
+    pub fn unregister(&self, queue: u32) -> io::Result<()> {
+        let key = queue;
+        let mut a: Attr = [0; 128];
+        put_u32(&mut a, 0, self.map.as_raw_fd() as u32);
+        put_u64(&mut a, 8, &key as *const u32 as u64);
+        bpf(BPF_MAP_DELETE_ELEM, &a).map(drop)
     }
 }
 

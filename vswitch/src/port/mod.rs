@@ -123,6 +123,14 @@ pub trait Port: Send + Sync {
         Vec::new()
     }
 
+    /// The pool the port takes its buffers from and lends to the kernel or a guest, when it
+    /// holds one itself (AF_XDP's UMEM, vhost-user): it must be the switch's, or the
+    /// indices it hands over would name another pool's chunks. [`crate::Switch`] refuses a
+    /// port whose pool is not its own.
+    fn pool(&self) -> Option<&std::sync::Arc<crate::buf::Pool>> {
+        None
+    }
+
     /// The port's own MAC address, where it has one (an underlay's source MAC).
     fn mac(&self) -> Option<MacAddr> {
         None
