@@ -13,9 +13,15 @@
 //!   anonymous one in tests);
 //! - the guest may write any byte at any time. The backend therefore never forms Rust
 //!   references whose contents it relies on being stable across a read it trusts: ring
-//!   fields are read once into locals with volatile loads, and frame bytes are only copied.
-//!   Slices handed out ([`GuestMemory::slice`]) are for copying in or out, immediately.
+//!   fields are read once into locals with volatile loads, and frame bytes are only copied,
+//!   through the one accessor [`GuestSlice`]: a checked range that is never turned into a
+//!   Rust reference (a `&[u8]` over bytes another party writes is undefined behaviour, and a
+//!   `&mut [u8]` would promise exclusivity the guest does not grant). It copies in and out
+//!   with `copy_nonoverlapping` between raw guest pointers and the switch's own buffers, as
+//!   vm-memory's `VolatileSlice` does for bulk copies; measured against the slices it
+//!   replaced: the same instructions per packet (docs/perf.md).
 
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// A guest physical address.
@@ -174,23 +180,13 @@ impl GuestMemory {
         Ok(unsafe { r.map.ptr.add(off as usize) })
     }
 
-    /// `len` bytes at guest `addr` for copying out of the guest, immediately (the guest may
-    /// change them at any time).
+    /// `len` bytes at guest `addr`, all inside one region, to copy in or out of.
     #[inline]
-    pub fn slice(&self, addr: GuestAddr, len: usize) -> Result<&[u8], MemError> {
+    pub fn slice(&self, addr: GuestAddr, len: usize) -> Result<GuestSlice<'_>, MemError> {
         let p = self.host(addr, len as u64)?;
-        // SAFETY: in bounds of a live mapping (checked by `host`); bytes, so any value is valid.
-        Ok(unsafe { std::slice::from_raw_parts(p, len) })
-    }
-
-    /// `len` bytes at guest `addr` for copying into the guest, immediately.
-    #[inline]
-    #[allow(clippy::mut_from_ref)] // guest memory is shared by nature; see the module doc
-    pub fn slice_mut(&self, addr: GuestAddr, len: usize) -> Result<&mut [u8], MemError> {
-        let p = self.host(addr, len as u64)?;
-        // SAFETY: in bounds of a live mapping; the backend writes only into buffers the
-        // guest made device-writable and holds no other reference to them meanwhile.
-        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+        // SAFETY: `len` bytes at `p` lie inside a mapping of this table (checked by `host`),
+        // which lives as long as the borrow of `self`.
+        Ok(unsafe { GuestSlice::new(p, len) })
     }
 
     /// The guest address of a frontend virtual address (vhost-user SET_VRING_ADDR).
@@ -204,6 +200,103 @@ impl GuestMemory {
             return Err(MemError::Misaligned { addr: addr.0, align });
         }
         self.host(addr, size)
+    }
+}
+
+/// A range of guest memory inside one mapping of a memory table (`'m`), reached only by
+/// copying: it hands out no Rust reference to the bytes, which the guest may change at any
+/// time. Copies of it may alias freely (no exclusivity is promised or needed); which side may
+/// write a buffer when is the virtqueue protocol's business, kept by the ring code.
+#[derive(Debug, Clone, Copy)]
+pub struct GuestSlice<'m> {
+    ptr: *mut u8,
+    len: usize,
+    _mem: PhantomData<&'m GuestMemory>,
+}
+
+impl<'m> GuestSlice<'m> {
+    /// An empty range (a placeholder).
+    pub const EMPTY: GuestSlice<'static> = GuestSlice { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, _mem: PhantomData };
+
+    /// # Safety
+    /// `len` bytes at `ptr` must stay mapped for `'m` (inside a mapping of the memory table
+    /// borrowed for `'m`).
+    #[inline(always)]
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> GuestSlice<'m> {
+        GuestSlice { ptr, len, _mem: PhantomData }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The host address of the first byte (for prefetching and identity checks only).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The bytes from `at` on (empty past the end).
+    #[inline(always)]
+    pub fn from(self, at: usize) -> GuestSlice<'m> {
+        let at = at.min(self.len);
+        // SAFETY: `at <= len`: the result is a suffix of this range.
+        unsafe { GuestSlice::new(self.ptr.add(at), self.len - at) }
+    }
+
+    /// The first `len` bytes (all of them when shorter).
+    #[inline(always)]
+    pub fn prefix(self, len: usize) -> GuestSlice<'m> {
+        GuestSlice { len: len.min(self.len), ..self }
+    }
+
+    /// Copies the range's first bytes into `dst`, as many as both hold; returns how many.
+    #[inline(always)]
+    pub fn read(&self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.len);
+        // SAFETY: `n` bytes are inside this range (mapped for 'm) and inside `dst`; `dst` is
+        // the switch's own memory, so the two never overlap. No reference to guest bytes is
+        // formed.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.cast_const(), dst.as_mut_ptr(), n) };
+        n
+    }
+
+    /// Copies `src` to the range's start, as much as fits; returns how much.
+    #[inline(always)]
+    pub fn write(&self, src: &[u8]) -> usize {
+        let n = src.len().min(self.len);
+        // SAFETY: as in `read`, the other way.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr, n) };
+        n
+    }
+
+    /// The first `N` bytes, `None` when the range is shorter (a fixed-size copy the compiler
+    /// makes a few moves, where `read` would call `memcpy`).
+    #[inline(always)]
+    pub fn read_array<const N: usize>(&self) -> Option<[u8; N]> {
+        // SAFETY: `N` bytes inside this range (checked), read without forming a reference.
+        (self.len >= N).then(|| unsafe { self.ptr.cast::<[u8; N]>().read_unaligned() })
+    }
+
+    /// Writes `bytes` at the range's start; `false` (nothing written) when it is shorter.
+    #[inline(always)]
+    pub fn write_array<const N: usize>(&self, bytes: &[u8; N]) -> bool {
+        if self.len < N {
+            return false;
+        }
+        // SAFETY: as in `read_array`, the other way.
+        unsafe { self.ptr.cast::<[u8; N]>().write_unaligned(*bytes) };
+        true
+    }
+
+    /// A copy of the bytes (tests, diagnostics).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        self.read(&mut v);
+        v
     }
 }
 
@@ -229,8 +322,8 @@ mod test {
         assert!(m.slice(GuestAddr(0xfff), 2).is_err(), "before the first region");
         assert!(m.slice(GuestAddr(u64::MAX), 2).is_err(), "overflow");
         assert!(m.slice(GuestAddr(0x10000), usize::MAX).is_err(), "huge length");
-        m.slice_mut(GuestAddr(0x10010), 4).unwrap().copy_from_slice(&[1, 2, 3, 4]);
-        assert_eq!(m.slice(GuestAddr(0x10012), 2).unwrap(), &[3, 4]);
+        assert_eq!(m.slice(GuestAddr(0x10010), 4).unwrap().write(&[1, 2, 3, 4, 5]), 4);
+        assert_eq!(m.slice(GuestAddr(0x10012), 2).unwrap().to_vec(), [3, 4]);
     }
 
     #[test]

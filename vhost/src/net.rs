@@ -8,7 +8,7 @@
 //! leave with a wrong checksum or as a super-frame), as is a frame shorter than an Ethernet
 //! header or longer than the switch's largest.
 
-use crate::memory::{GuestMemory, MemError};
+use crate::memory::{GuestMemory, GuestSlice, MemError};
 use crate::vring::{Chain, MAX_SEGS, Ring};
 use vswitch::buf::MAX_FRAME;
 use vswitch::{BufId, Pool, PoolCache};
@@ -64,13 +64,17 @@ pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offlo
 
 /// Copies the frame of a transmit chain of one buffer (header and frame) into a new packet.
 #[inline]
-pub fn from_buffer(b: &[u8], cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+pub fn from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
     if b.len() < HDR_LEN + ETH_HLEN {
         return Err(NetError::Runt);
     }
-    let (hdr, frame) = b.split_at(HDR_LEN);
-    check_header([hdr[0], hdr[1]], offloads)?;
-    cache.alloc_frame(frame).ok_or(if frame.len() > MAX_FRAME { NetError::TooLong } else { NetError::NoBuffer })
+    check_header(b.read_array().unwrap_or_default(), offloads)?;
+    let frame = b.from(HDR_LEN);
+    if frame.len() > MAX_FRAME {
+        return Err(NetError::TooLong);
+    }
+    let mut at = 0;
+    cache.alloc_filled(frame.len(), |dst| at += frame.from(at).read(dst)).ok_or(NetError::NoBuffer)
 }
 
 /// What a transmit header asks for, against what was negotiated.
@@ -88,15 +92,14 @@ fn check_header(flags_gso: [u8; 2], offloads: Offloads) -> Result<(), NetError> 
 /// `from_guest` for a chain of several buffers.
 #[cold]
 fn from_guest_gathered(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
-    let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
+    let mut parts = [GuestSlice::EMPTY; MAX_SEGS];
     let (mut n, mut hdr, mut got) = (0, [0u8; HDR_LEN], 0);
     for s in chain.segments().iter().filter(|s| !s.writable) {
         let mut b = mem.slice(s.addr, s.len as usize)?;
         if got < HDR_LEN {
-            let take = (HDR_LEN - got).min(b.len());
-            hdr[got..got + take].copy_from_slice(&b[..take]);
+            let take = b.read(&mut hdr[got..]);
             got += take;
-            b = &b[take..];
+            b = b.from(take);
         }
         if !b.is_empty() {
             parts[n] = b;
@@ -111,7 +114,19 @@ fn from_guest_gathered(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, 
         return Err(NetError::TooLong);
     }
     check_header([hdr[0], hdr[1]], offloads)?;
-    cache.alloc_gather(&parts[..n]).ok_or(NetError::NoBuffer)
+    let (mut parts, mut cur) = (parts[..n].iter(), GuestSlice::EMPTY);
+    cache
+        .alloc_filled(len, |mut dst| {
+            while !dst.is_empty() {
+                while cur.is_empty() {
+                    let Some(next) = parts.next() else { return };
+                    cur = *next;
+                }
+                let k = cur.read(dst);
+                (dst, cur) = (&mut dst[k..], cur.from(k));
+            }
+        })
+        .ok_or(NetError::NoBuffer)
 }
 
 /// Copies a packet into a receive chain (device-writable buffers), behind a header that
@@ -125,7 +140,7 @@ pub fn to_guest(mem: &GuestMemory, chain: &Chain, pool: &Pool, b: &BufId) -> Res
     if let [s] = chain.segments()
         && !pool.is_chained(b)
     {
-        return to_buffer(mem.slice_mut(s.addr, total)?, pool, b);
+        return to_buffer(mem.slice(s.addr, total)?, pool, b);
     }
     let mut src = Source::new(&ONE_BUFFER, pool, b);
     fill(mem, chain, &mut src)?;
@@ -138,19 +153,20 @@ const ONE_BUFFER: [u8; HDR_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 /// Copies an unchained packet into one receive buffer behind [`ONE_BUFFER`]; returns the
 /// bytes written, header included.
 #[inline]
-pub fn to_buffer(dst: &mut [u8], pool: &Pool, b: &BufId) -> Result<u32, NetError> {
+pub fn to_buffer(dst: GuestSlice<'_>, pool: &Pool, b: &BufId) -> Result<u32, NetError> {
     let frame = pool.head(b);
     let total = HDR_LEN + frame.len();
-    let Some(dst) = dst.get_mut(..total) else { return Err(NetError::GuestBufferTooSmall) };
-    let (h, f) = dst.split_at_mut(HDR_LEN);
+    if dst.len() < total {
+        return Err(NetError::GuestBufferTooSmall);
+    }
     // The header usually holds these bytes already (the buffer's previous frame had them)
     // and, with DPDK's virtio-user, sits in a cache line of its own in front of the frame:
     // writing it anyway moves that line to this core and the guest's driver stalls reading
     // num_buffers from it (as DPDK's own vhost library, write only what differs).
-    if *h != ONE_BUFFER {
-        h.copy_from_slice(&ONE_BUFFER);
+    if dst.read_array() != Some(ONE_BUFFER) {
+        dst.write_array(&ONE_BUFFER);
     }
-    f.copy_from_slice(frame);
+    dst.from(HDR_LEN).write(frame);
     Ok(total as u32)
 }
 
@@ -174,12 +190,11 @@ impl<'a, I: Iterator<Item = &'a [u8]>> Source<'a, I> {
     }
 
     /// Copies as much as fits into `dst`; returns how much.
-    fn copy_into(&mut self, mut dst: &mut [u8]) -> usize {
+    fn copy_into(&mut self, mut dst: GuestSlice<'_>) -> usize {
         let mut n = 0;
         while !dst.is_empty() && !self.cur.is_empty() {
-            let k = dst.len().min(self.cur.len());
-            dst[..k].copy_from_slice(&self.cur[..k]);
-            (dst, self.cur, n) = (&mut dst[k..], &self.cur[k..], n + k);
+            let k = dst.write(self.cur);
+            (dst, self.cur, n) = (dst.from(k), &self.cur[k..], n + k);
             while self.cur.is_empty() {
                 match self.rest.next() {
                     Some(next) => self.cur = next,
@@ -198,7 +213,7 @@ fn fill<'a, I: Iterator<Item = &'a [u8]>>(mem: &GuestMemory, chain: &Chain, src:
         if src.is_empty() {
             break;
         }
-        written += src.copy_into(mem.slice_mut(s.addr, s.len as usize)?) as u32;
+        written += src.copy_into(mem.slice(s.addr, s.len as usize)?) as u32;
     }
     Ok(written)
 }
@@ -285,7 +300,7 @@ fn write_at(mem: &GuestMemory, chain: &Chain, mut at: usize, mut bytes: &[u8]) -
             continue;
         }
         let k = (len - at).min(bytes.len());
-        mem.slice_mut(crate::memory::GuestAddr(s.addr.0 + at as u64), k)?.copy_from_slice(&bytes[..k]);
+        mem.slice(crate::memory::GuestAddr(s.addr.0 + at as u64), k)?.write(&bytes[..k]);
         (bytes, at) = (&bytes[k..], 0);
         if bytes.is_empty() {
             break;

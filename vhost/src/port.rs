@@ -457,7 +457,7 @@ impl Port for VhostPort {
             n += 1;
         }
         for f in &flats[..n] {
-            match net::from_buffer(f.bytes(), cache, pair.offloads) {
+            match net::from_buffer(f.buffer(), cache, pair.offloads) {
                 Ok(b) => {
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
@@ -515,7 +515,7 @@ impl Port for VhostPort {
             n += 1;
         }
         for (f, b) in flats[..n].iter_mut().zip(batch.as_slice()) {
-            let len = net::to_buffer(f.bytes_mut(), &self.pool, b).unwrap_or(0); // the size was checked
+            let len = net::to_buffer(f.buffer(), &self.pool, b).unwrap_or(0); // the size was checked
             ring.push_used(f.head, len);
         }
         let mut chain = Chain::default();

@@ -66,7 +66,7 @@ impl Guest {
     }
 
     pub fn write(&self, at: u64, bytes: &[u8]) {
-        self.mem.slice_mut(GuestAddr(at), bytes.len()).expect("inside guest memory").copy_from_slice(bytes);
+        self.mem.slice(GuestAddr(at), bytes.len()).expect("inside guest memory").write(bytes);
     }
 
     pub fn read(&self, at: u64, len: usize) -> Vec<u8> {

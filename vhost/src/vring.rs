@@ -18,9 +18,7 @@
 //! All reads and writes of ring fields are volatile or atomic: the guest writes them
 //! concurrently and the code never assumes two reads agree.
 
-use crate::memory::{GuestAddr, GuestMemory, MemError};
-use std::marker::PhantomData;
-use std::ptr::NonNull;
+use crate::memory::{GuestAddr, GuestMemory, GuestSlice, MemError};
 use std::sync::atomic::{AtomicU16, Ordering, fence};
 
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
@@ -117,17 +115,15 @@ impl Chain {
 pub struct Flat<'m> {
     pub head: u16,
     addr: GuestAddr,
-    ptr: NonNull<u8>,
-    len: u32,
-    _mem: PhantomData<&'m GuestMemory>,
+    buf: GuestSlice<'m>,
 }
 
 impl<'m> Flat<'m> {
     /// A placeholder for arrays of flat chains.
-    pub const EMPTY: Flat<'static> = Flat { head: 0, addr: GuestAddr(0), ptr: NonNull::dangling(), len: 0, _mem: PhantomData };
+    pub const EMPTY: Flat<'static> = Flat { head: 0, addr: GuestAddr(0), buf: GuestSlice::EMPTY };
 
     pub fn len(&self) -> usize {
-        self.len as usize
+        self.buf.len()
     }
 
     /// Where the buffer is in guest memory.
@@ -136,22 +132,13 @@ impl<'m> Flat<'m> {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.buf.is_empty()
     }
 
-    /// The buffer, for copying out of the guest at once (the guest may rewrite it any time).
-    pub fn bytes(&self) -> &'m [u8] {
-        // SAFETY: `ptr` is `len` bytes inside a mapping of the memory table borrowed for 'm
-        // (checked by `GuestMemory::host` in `Ring::pop_flat`), or dangling with length 0.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
-    }
-
-    /// The buffer, for copying into the guest at once: only for chains popped as writable.
-    #[allow(clippy::mut_from_ref)] // guest memory is shared by nature; see memory.rs
-    pub fn bytes_mut(&mut self) -> &'m mut [u8] {
-        // SAFETY: as in `bytes`; the guest made this buffer device-writable (`pop_flat` with
-        // `writable`) and `&mut self` keeps a second slice of it from this Flat away.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len as usize) }
+    /// The buffer, to copy out of (a transmit chain) or into (a receive chain popped as
+    /// writable) at once: the guest may change it any time.
+    pub fn buffer(&self) -> GuestSlice<'m> {
+        self.buf
     }
 }
 
@@ -345,11 +332,11 @@ impl<'m> Ring<'m> {
         if flags & (VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_WRITE) != want || len == 0 {
             return None;
         }
-        let ptr = NonNull::new(self.mem.host(GuestAddr(addr), len as u64).ok()?)?;
-        prefetch(ptr.as_ptr());
-        prefetch(ptr.as_ptr().wrapping_add(64));
+        let buf = self.mem.slice(GuestAddr(addr), len as usize).ok()?;
+        prefetch(buf.as_ptr());
+        prefetch(buf.as_ptr().wrapping_add(64));
         self.q.last_avail = self.q.last_avail.wrapping_add(1);
-        Some(Flat { head, addr: GuestAddr(addr), ptr, len, _mem: PhantomData })
+        Some(Flat { head, addr: GuestAddr(addr), buf })
     }
 
     fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {

@@ -557,18 +557,13 @@ impl PoolCache {
     }
 
     /// Copies `frame` into a new packet, chained over several buffers when longer than one.
+    #[inline]
     pub fn alloc_frame(&mut self, frame: &[u8]) -> Option<BufId> {
-        // The common case, a frame that fits one buffer behind its headroom: one copy.
-        if frame.len() <= BUF_SIZE - HEADROOM {
-            let b = self.alloc()?;
-            let m = self.pool.m(b.0);
-            // SAFETY: HEADROOM + len <= BUF_SIZE inside chunk `b`, which we own.
-            unsafe { std::ptr::copy_nonoverlapping(frame.as_ptr(), self.pool.chunk(b.0).add(HEADROOM), frame.len()) };
-            m.len.store(frame.len() as u16, Relaxed);
-            m.pkt_len.store(frame.len() as u32, Relaxed);
-            return Some(b);
-        }
-        self.alloc_gather(&[frame])
+        let mut at = 0;
+        self.alloc_filled(frame.len(), |dst| {
+            dst.copy_from_slice(&frame[at..at + dst.len()]);
+            at += dst.len();
+        })
     }
 
     /// Copies the concatenation of `parts` into a new packet, filling each buffer before
@@ -576,35 +571,71 @@ impl PoolCache {
     /// this way without a temporary copy).
     pub fn alloc_gather(&mut self, parts: &[&[u8]]) -> Option<BufId> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        if total > MAX_FRAME {
+        let (mut parts, mut cur): (_, &[u8]) = (parts.iter(), &[]);
+        self.alloc_filled(total, |mut dst| {
+            while !dst.is_empty() {
+                while cur.is_empty() {
+                    let Some(next) = parts.next() else { return };
+                    cur = next;
+                }
+                let n = dst.len().min(cur.len());
+                dst[..n].copy_from_slice(&cur[..n]);
+                (dst, cur) = (&mut dst[n..], &cur[n..]);
+            }
+        })
+    }
+
+    /// A new packet of `len` bytes (chained over several buffers when longer than one) whose
+    /// bytes `fill` writes, in order, one buffer's part at a time: for sources that are not
+    /// one Rust slice (parts to gather; guest memory, which is only ever copied). `None` when
+    /// `len` is over [`MAX_FRAME`] or the pool runs dry.
+    #[inline(always)]
+    pub fn alloc_filled(&mut self, len: usize, mut fill: impl FnMut(&mut [u8])) -> Option<BufId> {
+        // The common case, a frame that fits one buffer behind its headroom: one call.
+        if len <= BUF_SIZE - HEADROOM {
+            let b = self.alloc()?;
+            let m = self.pool.m(b.0);
+            // SAFETY: HEADROOM + len <= BUF_SIZE inside chunk `b`, which we own and no other
+            // handle reaches yet.
+            fill(unsafe { std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), len) });
+            m.len.store(len as u16, Relaxed);
+            m.pkt_len.store(len as u32, Relaxed);
+            return Some(b);
+        }
+        self.alloc_chained(len, fill)
+    }
+
+    /// [`PoolCache::alloc_filled`] for a packet longer than one buffer.
+    #[cold]
+    #[inline(never)]
+    fn alloc_chained(&mut self, len: usize, mut fill: impl FnMut(&mut [u8])) -> Option<BufId> {
+        if len > MAX_FRAME {
             return None;
         }
         let head = self.alloc()?;
-        let mut cur = head.0;
-        for part in parts {
-            let mut rest = *part;
-            while !rest.is_empty() {
-                let m = self.pool.m(cur);
-                let used = m.off.load(Relaxed) as usize + m.len.load(Relaxed) as usize;
-                if used == BUF_SIZE {
-                    let Some(seg) = self.alloc() else {
-                        self.free(head);
-                        return None;
-                    };
-                    // Continuation segments need no headroom.
-                    self.pool.m(seg.0).off.store(0, Relaxed);
-                    self.pool.m(cur).next.store(seg.0, Relaxed);
-                    cur = seg.into_index();
-                    continue;
-                }
-                let n = rest.len().min(BUF_SIZE - used);
-                // SAFETY: `used + n <= BUF_SIZE` within chunk `cur`, which this packet owns.
-                unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), self.pool.chunk(cur).add(used), n) };
-                m.len.store(m.len.load(Relaxed) + n as u16, Relaxed);
-                rest = &rest[n..];
+        let (mut cur, mut rest) = (head.0, len);
+        loop {
+            let m = self.pool.m(cur);
+            let used = m.off.load(Relaxed) as usize + m.len.load(Relaxed) as usize;
+            let n = rest.min(BUF_SIZE - used);
+            // SAFETY: `used + n <= BUF_SIZE` within chunk `cur`, which this packet owns and no
+            // other handle reaches yet.
+            fill(unsafe { std::slice::from_raw_parts_mut(self.pool.chunk(cur).add(used), n) });
+            m.len.store(m.len.load(Relaxed) + n as u16, Relaxed);
+            rest -= n;
+            if rest == 0 {
+                break;
             }
+            let Some(seg) = self.alloc() else {
+                self.free(head);
+                return None;
+            };
+            // Continuation segments need no headroom.
+            self.pool.m(seg.0).off.store(0, Relaxed);
+            self.pool.m(cur).next.store(seg.0, Relaxed);
+            cur = seg.into_index();
         }
-        self.pool.m(head.0).pkt_len.store(total as u32, Relaxed);
+        self.pool.m(head.0).pkt_len.store(len as u32, Relaxed);
         Some(head)
     }
 
