@@ -7,17 +7,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packets=${1:-320000}
 shift || true
-scenarios=${*:-l2-1k l2-100k vlan-push vlan-pop vxlan-encap vxlan-decap flood-8}
+scenarios=${*:-l2-1k l2-100k vlan-push vlan-pop vxlan-encap vxlan-decap flood-8 l2-pod-1k vxlan-encap-pod}
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 cargo build --release -q -p knitter-vswitch --example pipeline_insn
 bin=target/release/examples/pipeline_insn
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf '%-12s %12s %10s\n' scenario instructions insn/packet
+printf '%-16s %12s %10s %10s\n' scenario instructions insn/packet cache-hits
 for s in $scenarios; do
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$s" --toggle-collect='*Bench*poll*' \
     "$bin" "$s" "$packets" ${NO_CACHE:+--no-cache} >"$tmp/out.$s" 2>"$tmp/err.$s" || { cat "$tmp/err.$s" >&2; exit 1; }
   ir=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/err.$s")
   n=$(sed -n 's/.*packets=\([0-9]*\).*/\1/p' "$tmp/out.$s")
-  printf '%-12s %12s %10.1f\n' "$s" "$ir" "$(echo "$ir / $n" | bc -l)"
+  hits=$(sed -n 's/.*cache_hits=\([0-9.]*%\).*/\1/p' "$tmp/out.$s")
+  printf '%-16s %12s %10.1f %10s\n' "$s" "$ir" "$(echo "$ir / $n" | bc -l)" "$hits"
 done

@@ -28,6 +28,7 @@ fn main() {
     let mut out = 0;
     let mut cycles = 0u64;
     let mut best = u64::MAX;
+    let hits_before = b.stats().event(vswitch::Event::CacheHits);
     for _ in 0..packets / 32 {
         b.inject();
         let t0 = vswitch::util::cycles();
@@ -39,10 +40,12 @@ fn main() {
         out += b.drain();
     }
     let st = b.stats();
+    let hits = st.event(vswitch::Event::CacheHits) - hits_before;
     println!(
-        "scenario={} packets={got} out={out} drops={} tsc_cycles_per_packet={:.1} best_burst={:.1}",
+        "scenario={} packets={got} out={out} drops={} cache_hits={:.1}% tsc_cycles_per_packet={:.1} best_burst={:.1}",
         s.name(),
         st.total_drops(),
+        100.0 * hits as f64 / got.max(1) as f64,
         cycles as f64 / got.max(1) as f64,
         best as f64 / 32.0
     );

@@ -147,6 +147,9 @@ pub struct Key {
 
 /// Head bytes a key needs (an Ethernet header and a tag).
 pub const KEY_BYTES: usize = 18;
+/// Head bytes a key from a port with port security needs: Ethernet and an IPv4 header (the
+/// check wants one whole), so the source address at 26..30 is in it.
+pub const SECURED_KEY_BYTES: usize = 34;
 /// Ingress ids at or above this are remote VTEPs (peer id added), not ports.
 const FROM_PEER: u64 = 0x8000;
 
@@ -155,6 +158,27 @@ impl Key {
     #[inline(always)]
     pub fn from_port(port: u16, h: &[u8]) -> Option<Key> {
         Self::new(port as u64, 0, h)
+    }
+
+    /// The key of a frame received on local port `port` that has port security: only an
+    /// untagged IPv4 frame of at least an IPv4 header gets one, and it holds, besides the
+    /// MACs and the EtherType, every other byte the security check reads — the IP version
+    /// and the source address (in place of the two bytes after the EtherType, which decide
+    /// nothing for an untagged frame, and in `k0`'s low bits, which only decapsulated frames'
+    /// bridge domains use). A hit therefore means the check would pass again: a spoofed
+    /// source address has another key. ARP, IPv6 (ND guard, 16-byte sources) and tagged
+    /// frames from such a port get none and always take the slow path.
+    #[inline(always)]
+    pub fn from_secured_port(port: u16, h: &[u8]) -> Option<Key> {
+        let h = h.first_chunk::<SECURED_KEY_BYTES>()?;
+        if h[12..14] != [0x08, 0x00] || h[14] >> 4 != 4 {
+            return None;
+        }
+        let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
+        let src_ip = u32::from_le_bytes([h[26], h[27], h[28], h[29]]) as u64;
+        let k0 = w(0) << 16 | (src_ip & 0xffff);
+        let k2 = port as u64 | (src_ip >> 16) << 16;
+        Some(Key { k0, k1: w(6), k2 })
     }
 
     /// The key of an inner frame decapsulated from `peer` into bridge domain `bd`.
@@ -392,6 +416,30 @@ mod test {
         f[12..14].copy_from_slice(&et.to_be_bytes());
         f[14..16].copy_from_slice(&tci.to_be_bytes());
         f
+    }
+
+    #[test]
+    fn a_secured_port_keys_ipv4_by_source_address_and_nothing_else() {
+        use crate::testkit::{frames, mac};
+        let udp = |ip: [u8; 4]| frames::udp4(mac(2), mac(1), ip.into(), [192, 0, 2, 9].into(), 1, 2, 64);
+        let a = Key::from_secured_port(3, &udp([192, 0, 2, 1])).unwrap();
+        assert_eq!(a, Key::from_secured_port(3, &udp([192, 0, 2, 1])).unwrap(), "the same flow");
+        for other in [[192, 0, 2, 2], [192, 0, 3, 1], [10, 0, 2, 1], [0, 0, 0, 0]] {
+            assert_ne!(a, Key::from_secured_port(3, &udp(other)).unwrap(), "source {other:?}");
+        }
+        assert_ne!(a, Key::from_secured_port(4, &udp([192, 0, 2, 1])).unwrap(), "another port");
+        let mut not_v4 = udp([192, 0, 2, 1]);
+        not_v4[14] = 0x65;
+        let ip = [192, 0, 2, 1].into();
+        for (what, f) in [
+            ("ARP", frames::arp_request(mac(1), ip, ip)),
+            ("IPv6", frames::ns(mac(1), "fe80::1".parse().unwrap(), "fd00::1".parse().unwrap())),
+            ("tagged", frames::add_tag(&udp([192, 0, 2, 1]), 0x8100, 10)),
+            ("not version 4", not_v4),
+            ("shorter than an IPv4 header", udp([192, 0, 2, 1])[..33].to_vec()),
+        ] {
+            assert_eq!(Key::from_secured_port(3, &f), None, "{what}: always the slow path");
+        }
     }
 
     fn to_3() -> Hit {

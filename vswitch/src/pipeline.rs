@@ -1,9 +1,10 @@
 //! The per-thread packet pipeline: one rx batch in, per-port tx batches out.
 //!
 //! Stages, VPP-style, over the whole batch:
-//! 0. **exact-match cache** (ports without port security): a frame whose flow the cache
-//!    knows goes straight to egress; the rest go on, in order, to stages 1 and 2, which fill
-//!    the cache when they forward a frame as known unicast (see [`crate::emc`]);
+//! 0. **exact-match cache**: a frame whose flow the cache knows goes straight to egress;
+//!    the rest go on, in order, to stages 1 and 2, which fill the cache when they forward a
+//!    frame as known unicast (see [`crate::emc`]). From a port with port security only
+//!    untagged IPv4 frames are looked up, keyed on their source address too;
 //! 1. **classify** each frame: VXLAN decap on the underlay, or (port, VLAN) → bridge domain
 //!    elsewhere; L2 sanity (runts, oversize, tags, group source MACs); compute the FDB keys
 //!    of source and destination and prefetch their buckets for stage 2;
@@ -195,10 +196,11 @@ impl Pipeline {
         };
         let n = batch.len();
         self.emc.sync(snap.generation, self.fdb.generation(), self.now);
-        // The cache serves ports without port security (it looks past the Ethernet header,
-        // which the keys do not cover) and an underlay with a VTEP. When set, every path
-        // below fills `miss_keys` for the frames it hands to stage 2.
-        let cache_on = self.emc.capacity() > 0 && port.security.is_none();
+        // The cache serves every port (a port with port security only for the frames whose
+        // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
+        // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
+        // stage 2.
+        let cache_on = self.emc.capacity() > 0;
         let bytes = if port.kind != PortKind::Underlay {
             self.cached = cache_on;
             if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow(snap, port, batch) }
@@ -233,10 +235,16 @@ impl Pipeline {
     #[inline(always)]
     fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
         let mut found = [(Hit::default(), 0u32); BATCH];
-        let (bytes, hits) = probe_burst(self.pool.view(), self.emc.view(), port.id, batch.as_slice(), &mut found);
+        let secured = port.security.is_some();
+        let (pool, emc) = (self.pool.view(), self.emc.view());
+        let (bytes, hits) = if secured {
+            probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
+        } else {
+            probe_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found)
+        };
         if hits == 0 {
             for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
-                *k = Key::from_port(port.id, self.pool.head(b));
+                *k = port_key(port.id, secured, self.pool.head(b));
             }
             self.forward_slow(snap, port, batch);
             return bytes;
@@ -349,7 +357,7 @@ impl Pipeline {
     #[inline(never)]
     fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize, found: &mut [(Hit, u32)]) -> u64 {
         self.flush_pending(snap);
-        self.miss_keys[i & (BATCH - 1)] = Key::from_port(port.id, self.pool.head(&b));
+        self.miss_keys[i & (BATCH - 1)] = port_key(port.id, port.security.is_some(), self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
         if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
             ctx.drop = Some(r);
@@ -1236,16 +1244,22 @@ impl Pipeline {
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
 /// stay in registers.
 #[inline(always)]
-fn probe_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);
     for (b, f) in bufs.iter().zip(found.iter_mut()) {
         let (h, len) = pool.head_and_len(b);
         bytes += len as u64;
-        let hit = Key::from_port(port, h).and_then(|k| emc.lookup(&k)).unwrap_or_default();
+        let hit = port_key(port, SECURED, h).and_then(|k| emc.lookup(&k)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
     (bytes, hits)
+}
+
+/// The cache key of a frame from local port `port` (`secured`: it has port security).
+#[inline(always)]
+fn port_key(port: u16, secured: bool, h: &[u8]) -> Option<Key> {
+    if secured { Key::from_secured_port(port, h) } else { Key::from_port(port, h) }
 }
 
 /// Turns the remaining hits of a burst into misses (their lookups are outdated); returns how

@@ -198,6 +198,48 @@ fn port_security_allows_own_addresses_and_pairs_only() {
     assert_eq!(h.recv("pod").len(), 1);
 }
 
+/// A pod port's flows go through the exact-match cache, and nothing spoofed rides them: with
+/// the pod's flow cached, frames with its MACs but another source IP, a non-IPv4 version, a
+/// header too short for the check, or ARP from a foreign sender address are still dropped
+/// for the reason the slow path gives, in the same bursts as cached good frames.
+#[test]
+fn spoofed_sources_never_ride_a_cached_flow() {
+    let mut h = Harness::new();
+    h.ring("pod").ring("net");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    h.send("net", &frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 64));
+    h.step();
+    h.recv("pod");
+    let good = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 64);
+    for _ in 0..3 {
+        h.send("pod", &good);
+        h.step();
+    }
+    assert!(h.stats().event(Event::CacheHits) >= 1, "a pod port's flow is cached");
+    let spoofed_ip = frames::udp4(mac(2), mac(1), ip(3), ip(2), 1, 2, 64);
+    let mut not_v4 = good.clone();
+    not_v4[14] = 0x65;
+    let short = good[..30].to_vec();
+    let mut arp = frames::arp_request(mac(1), ip(1), ip(2));
+    arp[28..32].copy_from_slice(&ip(3).octets());
+    for _ in 0..2 {
+        for f in [&good, &spoofed_ip, &good, &not_v4, &short, &good, &arp] {
+            h.send("pod", f);
+        }
+        h.step();
+    }
+    assert_eq!(h.recv("net").len(), 3 + 6, "the good frames, all of them");
+    let s = h.stats();
+    assert_eq!(s.drop(DropReason::SecurityIp), 6, "spoofed source, IPv6 version, short header: {:?}", s.nonzero_drops());
+    assert_eq!(s.drop(DropReason::SecurityArp), 2);
+    assert!(s.event(Event::CacheHits) >= 7, "good frames kept hitting");
+}
+
 #[test]
 fn nd_guard_refuses_foreign_targets() {
     let mut h = Harness::new();

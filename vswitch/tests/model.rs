@@ -14,6 +14,9 @@ const VLANS: [u16; 3] = [10, 20, 30];
 #[derive(Debug, Clone)]
 enum Mode {
     Access(usize),
+    /// An access port with port security, as the CNI makes a pod's: port p may send only
+    /// from MAC p + 1 and IPv4 192.0.2.(p + 1).
+    Pod(usize),
     Trunk { allowed: Vec<bool>, native: Option<usize> },
 }
 
@@ -23,44 +26,50 @@ struct Frame {
     src: u32,
     dst: Option<u32>, // None: broadcast
     tag: Option<u16>,
+    /// The last byte of the IPv4 source, 192.0.2.x.
+    ip: u8,
 }
 
 fn mode() -> impl Strategy<Value = Mode> {
     prop_oneof![
         (0..3usize).prop_map(Mode::Access),
+        (0..3usize).prop_map(Mode::Pod),
         (proptest::collection::vec(any::<bool>(), 3), proptest::option::of(0..3usize))
             .prop_map(|(allowed, native)| Mode::Trunk { allowed, native }),
     ]
 }
 
 fn frame(ports: usize) -> impl Strategy<Value = Frame> {
-    (0..ports, 1..6u32, proptest::option::of(1..6u32), proptest::option::of(prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)]))
-        .prop_map(|(port, src, dst, tag)| Frame { port, src, dst, tag })
+    (0..ports, 1..6u32, proptest::option::of(1..6u32), proptest::option::of(prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)]), 1..6u8)
+        .prop_map(|(port, src, dst, tag, ip)| Frame { port, src, dst, tag, ip })
 }
 
 /// A frame of a one-port burst: from a port's MAC (the sending port's own, seven times in
 /// eight: another's is a MAC move) to another port's MAC (or, one time in four, broadcast),
-/// untagged two times in three. So flows repeat, get cached and see their MACs move in the
-/// middle of a burst.
+/// untagged two times in three, from the port's own IPv4 address seven times in eight
+/// (another is a spoofed source on a pod port). So flows repeat, get cached and see their
+/// MACs move, and spoofed frames meet cached flows, in the middle of a burst.
 #[derive(Debug, Clone)]
 struct BurstFrame {
     src: Option<usize>,
     dst: Option<usize>,
     tag: Option<u16>,
+    ip: Option<u8>,
 }
 
 fn burst_frame() -> impl Strategy<Value = BurstFrame> {
     let tag = prop_oneof![2 => Just(None), 1 => prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)].prop_map(Some)];
     let src = prop_oneof![7 => Just(None), 1 => (0..3usize).prop_map(Some)];
     let dst = prop_oneof![3 => (0..3usize).prop_map(Some), 1 => Just(None)];
-    (src, dst, tag).prop_map(|(src, dst, tag)| BurstFrame { src, dst, tag })
+    let ip = prop_oneof![7 => Just(None), 1 => (1..5u8).prop_map(Some)];
+    (src, dst, tag, ip).prop_map(|(src, dst, tag, ip)| BurstFrame { src, dst, tag, ip })
 }
 
 impl BurstFrame {
     /// The frame as sent from `port` (port p's MAC is p + 1).
     fn on(&self, port: usize) -> Frame {
         let mac_of = |p: usize| p as u32 + 1;
-        Frame { port, src: mac_of(self.src.unwrap_or(port)), dst: self.dst.map(mac_of), tag: self.tag }
+        Frame { port, src: mac_of(self.src.unwrap_or(port)), dst: self.dst.map(mac_of), tag: self.tag, ip: self.ip.unwrap_or(port as u8 + 1) }
     }
 }
 
@@ -76,6 +85,9 @@ impl Model {
         match (&self.modes[f.port], vid) {
             (Mode::Access(b), None) => Some(*b),
             (Mode::Access(_), Some(_)) => None,
+            // Port security: the pod's own MAC and address only.
+            (Mode::Pod(b), None) => (f.src == f.port as u32 + 1 && f.ip == f.port as u8 + 1).then_some(*b),
+            (Mode::Pod(_), Some(_)) => None,
             (Mode::Trunk { native, .. }, None) => *native,
             (Mode::Trunk { allowed, .. }, Some(v)) => {
                 let b = VLANS.iter().position(|x| *x == v)?;
@@ -87,7 +99,7 @@ impl Model {
     /// How port `p` carries bridge `b`: Some(None) untagged, Some(Some(v)) tagged, None not at all.
     fn egress(&self, p: usize, b: usize) -> Option<Option<u16>> {
         match &self.modes[p] {
-            Mode::Access(x) => (*x == b).then_some(None),
+            Mode::Access(x) | Mode::Pod(x) => (*x == b).then_some(None),
             Mode::Trunk { allowed, native } => {
                 if *native == Some(b) {
                     Some(None)
@@ -137,6 +149,9 @@ fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
         h.ring(&name);
         cfg.ports.push(match m {
             Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
+            Mode::Pod(b) => {
+                PortConfig::pod(&name, &format!("b{b}"), mac(i as u32 + 1), &[IpAddr::from([192, 0, 2, i as u8 + 1])])
+            }
             Mode::Trunk { allowed, native } => {
                 let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
                 PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
@@ -149,7 +164,7 @@ fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
 
 fn plain(f: &Frame) -> Vec<u8> {
     let dst = f.dst.map_or(vswitch::wire::MacAddr::BROADCAST, mac);
-    frames::udp4(dst, mac(f.src), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 7, 9, 64)
+    frames::udp4(dst, mac(f.src), [192, 0, 2, f.ip].into(), "192.0.2.200".parse().unwrap(), 7, 9, 64)
 }
 
 fn wire(f: &Frame) -> Vec<u8> {
@@ -238,7 +253,7 @@ proptest! {
     /// of two entries (hits, misses and MAC moves mixed in one burst) or without one.
     #[test]
     fn bursts_match_the_reference_model(
-        modes in proptest::collection::vec(prop_oneof![3 => (0..2usize).prop_map(Mode::Access), 1 => mode()], 2..4),
+        modes in proptest::collection::vec(prop_oneof![3 => (0..2usize).prop_map(Mode::Access), 2 => (0..2usize).prop_map(Mode::Pod), 1 => mode()], 2..4),
         bursts in proptest::collection::vec((0..3usize, proptest::collection::vec(burst_frame(), 1..8)), 1..40),
         emc_entries in prop_oneof![Just(0usize), Just(2)],
     ) {

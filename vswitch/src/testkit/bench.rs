@@ -30,10 +30,16 @@ pub enum Scenario {
     VxlanDecap,
     /// Broadcast from one port to 8 others.
     Flood8,
+    /// A pod port as the CNI makes it (port security on: its one MAC and IPv4 address)
+    /// sending to `hosts` destinations behind another port, whose MACs are the manager's
+    /// (`0a:58:` + an IPv4 address in 10.1.0.0/16): fan-out, as a pod talking to many does.
+    PodL2 { hosts: u32 },
+    /// A pod port (port security on) → a remote VTEP (IPv4 underlay), 256 flows.
+    PodEncap,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::L2 { macs: 1000 },
         Scenario::L2 { macs: 100_000 },
         Scenario::VlanPush,
@@ -41,6 +47,8 @@ impl Scenario {
         Scenario::VxlanEncap,
         Scenario::VxlanDecap,
         Scenario::Flood8,
+        Scenario::PodL2 { hosts: 1000 },
+        Scenario::PodEncap,
     ];
 
     pub fn name(&self) -> String {
@@ -51,6 +59,8 @@ impl Scenario {
             Scenario::VxlanEncap => "vxlan-encap".into(),
             Scenario::VxlanDecap => "vxlan-decap".into(),
             Scenario::Flood8 => "flood-8".into(),
+            Scenario::PodL2 { hosts } => format!("l2-pod-{}k", hosts / 1000),
+            Scenario::PodEncap => "vxlan-encap-pod".into(),
         }
     }
 
@@ -79,6 +89,20 @@ const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
 
 fn ip(n: u32) -> Ipv4Addr {
     Ipv4Addr::from(0xc000_0200 | (n & 0xff))
+}
+
+/// The manager's MAC for host `n` of 10.1.0.0/16: `0a:58:` and the address.
+fn manager_mac(n: u32) -> MacAddr {
+    let a = 0x0a01_0000u32 | (n & 0xffff);
+    let b = a.to_be_bytes();
+    MacAddr([0x0a, 0x58, b[0], b[1], b[2], b[3]])
+}
+
+/// The pod of the pod scenarios: its MAC and address.
+const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 255, 1);
+
+fn pod_port(name: &str, bridge: &str) -> PortConfig {
+    PortConfig::pod(name, bridge, manager_mac(0xff01), &[IpAddr::V4(POD_IP)])
 }
 
 impl Bench {
@@ -134,6 +158,37 @@ impl Bench {
                     })
                     .collect();
                 (cfg, if push { "a" } else { "t" }, f)
+            }
+            Scenario::PodL2 { hosts } => {
+                ring("a", None);
+                ring("b", None);
+                let f = (0..hosts)
+                    .map(|i| {
+                        let dst = Ipv4Addr::from(0x0a01_0000 | i);
+                        frames::udp4(manager_mac(i), manager_mac(0xff01), POD_IP, dst, 1000, 2000, 60)
+                    })
+                    .collect();
+                let mut bridge = red();
+                bridge.mac_limit = 1 << 20;
+                let mut b = PortConfig::access("b", "red");
+                b.mac_limit = 1 << 20;
+                (SwitchConfig { bridges: vec![bridge], ports: vec![pod_port("a", "red"), b], vtep: None }, "a", f)
+            }
+            Scenario::PodEncap => {
+                ring("a", None);
+                ring("up", Some(mac(0xa0)));
+                let peer = IpAddr::V4(PEER);
+                let mut b = red().vni(5001).flood(&[peer]);
+                b.static_macs.push(StaticMac { mac: mac(2000), port: None, remote: Some(peer) });
+                let cfg = SwitchConfig {
+                    bridges: vec![b],
+                    ports: vec![pod_port("a", "red"), PortConfig::underlay("up")],
+                    vtep: Some(VtepConfig::new(IpAddr::V4(LOCAL), "up").peer(peer, mac(0xb0))),
+                };
+                let f = (0..256u32)
+                    .map(|i| frames::udp4(mac(2000), manager_mac(0xff01), POD_IP, ip(1), 1000 + i as u16, 2000, 60))
+                    .collect();
+                (cfg, "a", f)
             }
             Scenario::VxlanEncap | Scenario::VxlanDecap => {
                 ring("a", None);
@@ -212,6 +267,9 @@ impl Bench {
                 let n = (macs / 2).max(1);
                 (0..n).map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60)).collect()
             }
+            Scenario::PodL2 { hosts } => (0..hosts)
+                .map(|i| frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1, 2, 60))
+                .collect(),
             Scenario::VlanPush => vec![frames::add_tag(&frames::udp4(mac(1), mac(2000), ip(9), ip(1), 1, 2, 60), 0x8100, 100)],
             Scenario::VlanPop => vec![frames::udp4(mac(1), mac(1000), ip(9), ip(1), 1, 2, 60)],
             _ => vec![],
