@@ -11,5 +11,6 @@ pub mod backend;
 pub mod memory;
 pub mod net;
 pub mod port;
+pub mod sigbus;
 pub mod testkit;
 pub mod vring;

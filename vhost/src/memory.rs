@@ -46,6 +46,9 @@ pub struct Mapping {
     /// ... and the part that is guest memory.
     ptr: *mut u8,
     len: usize,
+    /// A frontend's file can shrink under the mapping: its SIGBUS guard (`None` for
+    /// anonymous memory, or when the guard table is full).
+    guard: Option<crate::sigbus::Guard>,
 }
 
 // SAFETY: the mapping is plain shared memory; who may touch which bytes when is the
@@ -70,10 +73,10 @@ impl Mapping {
     /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned.
     ///
     /// The file must hold the whole region: a page of a mapping past the end of its file
-    /// raises SIGBUS when touched, so a frontend's short (or truncated) file is refused here
-    /// rather than bringing the switch down later. (A frontend that shrinks its file after
-    /// handing it over can still do that; QEMU and DPDK do not, and sealing is theirs to
-    /// set.)
+    /// raises SIGBUS when touched, so a frontend's short (or truncated) file is refused here.
+    /// A frontend that shrinks its file afterwards is caught by the mapping's SIGBUS guard
+    /// (`sigbus.rs`): the fault is recovered from, the mapping reads as zeroes and
+    /// [`Mapping::faulted`] says so.
     pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
         let off = usize::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
         let total = len.checked_add(off).ok_or(std::io::ErrorKind::InvalidInput)?;
@@ -88,6 +91,7 @@ impl Mapping {
         // SAFETY: `off < total`, inside the mapping just made.
         m.ptr = unsafe { m.base.add(off) };
         m.len = len;
+        m.guard = crate::sigbus::Guard::register(m.base, m.mapped);
         Ok(m)
     }
 
@@ -105,7 +109,7 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Mapping { base: p.cast(), mapped: len, ptr: p.cast(), len })
+        Ok(Mapping { base: p.cast(), mapped: len, ptr: p.cast(), len, guard: None })
     }
 
     pub fn len(&self) -> usize {
@@ -120,10 +124,18 @@ impl Mapping {
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
+
+    /// Whether the frontend's file shrank under the mapping and a fault was recovered from:
+    /// the memory reads as zeroes now, not as the guest's (see `sigbus.rs`).
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(|g| g.faulted())
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // Unguarded first: the range is no longer ours once unmapped.
+        drop(self.guard.take());
         // SAFETY: unmaps exactly what `map` mapped; no slice into it outlives the memory
         // table that owns this mapping.
         unsafe { libc::munmap(self.base.cast(), self.mapped) };
@@ -160,6 +172,12 @@ impl GuestMemory {
             }
         }
         Ok(GuestMemory { regions: rs })
+    }
+
+    /// Whether a region's file shrank under its mapping (see [`Mapping::faulted`]): the
+    /// rings in this table must stop.
+    pub fn faulted(&self) -> bool {
+        self.regions.iter().any(|r| r.map.faulted())
     }
 
     fn region(&self, addr: u64) -> Option<&Region> {

@@ -166,6 +166,9 @@ pub struct NetCounters {
     pub broken_rings: vswitch::counters::SharedCounter,
     pub refused_frames: vswitch::counters::SharedCounter,
     pub guest_buffer_too_small: vswitch::counters::SharedCounter,
+    /// Rings stopped because the frontend's memory file shrank under its memory table (a
+    /// SIGBUS the switch recovered from; counted in `broken_rings` too).
+    pub memory_faults: vswitch::counters::SharedCounter,
 }
 
 pub struct VhostPort {
@@ -337,8 +340,18 @@ impl VhostPort {
         (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire)).count_ones() as usize
     }
 
-    /// Counts and logs (once) a ring its driver broke.
-    fn check_broken(&self, queue: &mut SplitQueue, pair: usize, dir: usize) {
+    /// Counts and logs (once) a ring its driver broke, and stops one whose memory the
+    /// frontend took away (its file shrank: the memory reads as zeroes since).
+    fn check_broken(&self, queue: &mut SplitQueue, mem: &GuestMemory, pair: usize, dir: usize) {
+        // Checked first: zeroes where the rings were may also look like a broken driver.
+        if mem.faulted() {
+            if queue.stop() {
+                self.net.broken_rings.add(1);
+                self.net.memory_faults.add(1);
+                tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "the frontend's memory file shrank under its memory table: ring stopped until it reconnects");
+            }
+            return;
+        }
         if queue.newly_broken() {
             self.net.broken_rings.add(1);
             tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "the guest made more than a queue's worth available: ring stopped until it reconnects");
@@ -486,7 +499,7 @@ impl Port for VhostPort {
             signal(&pair.call[TXQ]);
         }
         drop(ring);
-        self.check_broken(queue, p, TXQ);
+        self.check_broken(queue, mem, p, TXQ);
         if used > 0 && !pair.rx_ready {
             self.rx_ready_by_transmission(pair, p);
         }
@@ -570,7 +583,7 @@ impl Port for VhostPort {
             signal(&pair.call[RXQ]);
         }
         drop(ring);
-        self.check_broken(queue, p, RXQ);
+        self.check_broken(queue, mem, p, RXQ);
         drop(guard);
         // Every packet taken was copied into the guest (or refused, counted): free them.
         for i in 0..done {

@@ -209,6 +209,15 @@ impl SplitQueue {
         self.broken
     }
 
+    /// Stops the queue for a reason the caller reports itself (its memory went away);
+    /// whether that is news (the stop was not reported before).
+    pub fn stop(&mut self) -> bool {
+        let new = !self.reported;
+        self.broken = true;
+        self.reported = true;
+        new
+    }
+
     /// True once, the first time it is asked after the queue stopped (to count and log a
     /// broken driver once, not every burst).
     pub fn newly_broken(&mut self) -> bool {

@@ -39,7 +39,7 @@ struct Vm {
     more: Vec<Guest>,
     /// The memory table's one region (its fd stays open for a later SET_MEM_TABLE).
     region: VhostUserMemoryRegionInfo,
-    _memfd: OwnedFd,
+    memfd: OwnedFd,
     _events: Vec<EventFd>,
 }
 
@@ -52,7 +52,12 @@ fn set_up(fe: Frontend) -> Vm {
     set_up_pairs(fe, 1)
 }
 
-fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
+fn set_up_pairs(fe: Frontend, pairs: usize) -> Vm {
+    set_up_with(fe, pairs, |_| {})
+}
+
+/// `set_up_pairs`, with `after_mem_table` run on the memory file once the switch has it.
+fn set_up_with(mut fe: Frontend, pairs: usize, after_mem_table: impl FnOnce(&OwnedFd)) -> Vm {
     let fd = memfd(MEM_LEN);
     let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
     let user = map.as_ptr() as u64;
@@ -65,16 +70,16 @@ fn set_up_pairs(mut fe: Frontend, pairs: usize) -> Vm {
         mmap_offset: 0,
         mmap_handle: fd.as_raw_fd(),
     };
-    let events = negotiate(&mut fe, &region, &queues.iter().collect::<Vec<_>>());
+    let events = negotiate(&mut fe, &region, &queues.iter().collect::<Vec<_>>(), || after_mem_table(&fd));
     let more = queues.split_off(2);
     let tx = queues.pop().unwrap();
     let rx = queues.pop().unwrap();
-    Vm { fe, rx, tx, more, region, _memfd: fd, _events: events }
+    Vm { fe, rx, tx, more, region, memfd: fd, _events: events }
 }
 
 /// The protocol from SET_OWNER to enabled rings, for `queues` in `region` (each ring from
 /// base 0, as DPDK's virtio-user always sends). Returns the call and kick eventfds.
-fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&Guest]) -> Vec<EventFd> {
+fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&Guest], after_mem_table: impl FnOnce()) -> Vec<EventFd> {
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
@@ -84,6 +89,9 @@ fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&G
     fe.set_protocol_features(pf).unwrap();
     assert_eq!(fe.get_queue_num().unwrap(), knitter_vhost::port::MAX_PAIRS as u64);
     fe.set_mem_table(std::slice::from_ref(region)).unwrap();
+    // A request with a reply: once answered, the port has mapped the table.
+    fe.get_queue_num().unwrap();
+    after_mem_table();
     let user = region.userspace_addr;
     let mut events = Vec::new();
     for (i, g) in queues.iter().enumerate() {
@@ -293,7 +301,7 @@ fn a_restarted_switch_resumes_from_the_used_index() {
     let (stream, _) = listener.accept().unwrap();
     vm.fe = Frontend::from_stream(stream, 2);
     let region = vm.region;
-    vm._events = negotiate(&mut vm.fe, &region, &[&vm.rx, &vm.tx]);
+    vm._events = negotiate(&mut vm.fe, &region, &[&vm.rx, &vm.tx], || {});
     for round in 3..5 {
         exchange(&mut h, &port, &mut vm, round);
     }
@@ -372,6 +380,61 @@ fn a_bad_frontend_harms_only_its_port() {
     wait_for("the bad port to stop", || !bad.link_up());
 
     // Reconnected, it works again.
+    let mut again = frontend(&dir.join("bad.sock"));
+    exchange(&mut h, &bad, &mut again, 9);
+    drop((again, vm, servers));
+    h.flush_caches();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A frontend that truncates its memory file takes down only its own port, whether it
+/// truncates while the switch polls its rings or between SET_MEM_TABLE and its first kick:
+/// the switch recovers from the SIGBUS (the mapping becomes zeroes), stops that port's
+/// rings and counts it; the other port forwards throughout, and the bad one works again once
+/// its frontend reconnects with a new memory table.
+#[test]
+fn a_frontend_truncating_its_memory_takes_down_only_its_port() {
+    let dir = scratch("vut");
+    let (mut h, ports) = bridged(&["good", "bad"]);
+    let (good, bad) = (ports[0].clone(), ports[1].clone());
+    let servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let mut vm = frontend(&dir.join("good.sock"));
+    exchange(&mut h, &good, &mut vm, 0);
+
+    // While the switch polls.
+    let mut rogue = frontend(&dir.join("bad.sock"));
+    exchange(&mut h, &bad, &mut rogue, 1);
+    // SAFETY: ftruncate on the test's own descriptor.
+    assert_eq!(unsafe { libc::ftruncate(rogue.memfd.as_raw_fd(), 0) }, 0);
+    for round in 2..5 {
+        exchange(&mut h, &good, &mut vm, round);
+    }
+    // A broadcast reaches the bad port's receive ring too.
+    h.send("r0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), [192, 0, 2, 9].into(), [192, 0, 2, 255].into(), 1, 2, 64));
+    h.step();
+    assert_eq!(vm.rx.completions().len(), 0, "the good guest gave no receive buffer this time");
+    assert_eq!(bad.net.memory_faults.get(), 2, "both of the bad port's rings stopped");
+    drop(rogue);
+    wait_for("the bad port to stop", || !bad.link_up());
+
+    // Between SET_MEM_TABLE and the first kick.
+    let fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
+    let late = set_up_with(fe, 1, |memfd| {
+        // SAFETY: ftruncate on the test's own descriptor.
+        assert_eq!(unsafe { libc::ftruncate(memfd.as_raw_fd(), 0) }, 0);
+    });
+    wait_for("the new table's rings to stop", || {
+        h.step();
+        bad.net.memory_faults.get() >= 3
+    });
+    for round in 5..8 {
+        exchange(&mut h, &good, &mut vm, round);
+    }
+    assert_eq!(bad.queue_stats()[0].rx_packets, 1, "nothing more from the bad port");
+    drop(late);
+    wait_for("the bad port to stop", || !bad.link_up());
+
+    // Reconnected with a whole file, it works again.
     let mut again = frontend(&dir.join("bad.sock"));
     exchange(&mut h, &bad, &mut again, 9);
     drop((again, vm, servers));
