@@ -497,7 +497,9 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
 fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str) {
     let _ = stream.set_nonblocking(false);
     let fd = stream.as_raw_fd();
-    tracing::info!(port = %name, "vhost-user frontend connected");
+    if let Some(suppressed) = port.conn_log.allow() {
+        tracing::info!(port = %name, suppressed, "vhost-user frontend connected");
+    }
     let backend = Arc::new(Mutex::new(NetBackend::new(port.clone())));
     let mut handler = BackendReqHandler::from_stream(stream, backend.clone());
     while !stop.load(Ordering::Acquire) {
@@ -507,7 +509,9 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         match net_request(fd, &backend, port) {
             Some(Ok(())) => continue,
             Some(Err(e)) => {
-                tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
+                if let Some(suppressed) = port.conn_log.allow() {
+                    tracing::info!(port = %name, error = %e, suppressed, "vhost-user frontend gone");
+                }
                 break;
             }
             None => {}
@@ -522,7 +526,9 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
                 tracing::debug!(port = %name, error = %e, "vhost-user request refused");
             }
             Err(e) => {
-                tracing::info!(port = %name, error = %e, "vhost-user frontend gone");
+                if let Some(suppressed) = port.conn_log.allow() {
+                    tracing::info!(port = %name, error = %e, suppressed, "vhost-user frontend gone");
+                }
                 break;
             }
         }
@@ -619,8 +625,8 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
             }
         };
     drop(backend);
-    if !ok {
-        tracing::warn!(port = %port_name(port), request, value, acked, "vhost-user request refused");
+    if !ok && let Some(suppressed) = port.conn_log.allow() {
+        tracing::warn!(port = %port_name(port), request, value, acked, suppressed, "vhost-user request refused");
     }
     if flags & NEED_REPLY != 0 {
         let mut reply = [0u8; 20];

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod memory;
 pub mod net;
 pub mod port;
+pub mod ratelimit;
 pub mod sigbus;
 pub mod testkit;
 pub mod vring;

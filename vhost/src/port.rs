@@ -73,6 +73,9 @@ pub struct Pair {
     pub rx_posted_since: Option<Instant>,
 }
 
+/// Why the rings of a memory table stop when its file shrank under it.
+const MEMORY_FAULT: &str = "the frontend's memory file shrank under its memory table";
+
 /// How long a receive ring that starts afresh may hold buffers, with no kick and nothing
 /// transmitted, before the port trusts it: a driver that never kicks a polled ring still
 /// gets its frames, a second late. DPDK's virtio-user kicks within microseconds of filling.
@@ -186,6 +189,8 @@ pub struct VhostPort {
     rx_waiting: AtomicU32,
     counters: [QueueCounters; MAX_PAIRS],
     pub net: NetCounters,
+    /// Connection log lines (a frontend reconnecting in a loop must not flood the log).
+    pub(crate) conn_log: crate::ratelimit::LogLimit,
     /// A MAC to announce (SEND_RARP, after a migration): bit 48 set when one waits; the
     /// next burst from the guest carries a RARP frame from it.
     announce: AtomicU64,
@@ -208,6 +213,7 @@ impl VhostPort {
             rx_waiting: AtomicU32::new(0),
             counters: Default::default(),
             net: NetCounters::default(),
+            conn_log: Default::default(),
             announce: AtomicU64::new(0),
             guest_mtu: AtomicU32::new(0),
         }
@@ -345,17 +351,30 @@ impl VhostPort {
     fn check_broken(&self, queue: &mut SplitQueue, mem: &GuestMemory, pair: usize, dir: usize) {
         // Checked first: zeroes where the rings were may also look like a broken driver.
         if mem.faulted() {
-            if queue.stop() {
+            if queue.stop(MEMORY_FAULT) {
                 self.net.broken_rings.add(1);
                 self.net.memory_faults.add(1);
-                tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "the frontend's memory file shrank under its memory table: ring stopped until it reconnects");
+                tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "{MEMORY_FAULT}: ring stopped until it reconnects");
             }
             return;
         }
         if queue.newly_broken() {
             self.net.broken_rings.add(1);
-            tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "the guest made more than a queue's worth available: ring stopped until it reconnects");
+            tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "{}: ring stopped until it reconnects", crate::vring::OVERRUN);
         }
+    }
+
+    /// Why a ring of the connected frontend is stopped ("virtqueue N: why"), while one is: the
+    /// port's error state, until the frontend reconnects (control path: takes the pairs'
+    /// locks).
+    pub fn ring_error(&self) -> Option<String> {
+        self.pairs.iter().enumerate().find_map(|(p, pair)| {
+            let pair = pair.lock().unwrap_or_else(|e| e.into_inner());
+            pair.queues.iter().enumerate().find_map(|(dir, q)| {
+                let why = q.as_ref()?.broken_reason()?;
+                Some(format!("virtqueue {}: {why}", 2 * p + dir))
+            })
+        })
     }
 
     /// Counts a frame from the guest that the switch does not take.

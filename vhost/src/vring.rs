@@ -21,6 +21,9 @@
 use crate::memory::{GuestAddr, GuestMemory, GuestSlice, MemError};
 use std::sync::atomic::{AtomicU16, Ordering, fence};
 
+/// Why a queue stops when its driver claims more than a queue's worth of chains.
+pub const OVERRUN: &str = "the guest made more than a queue's worth of chains available";
+
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
 pub const VIRTQ_DESC_F_WRITE: u16 = 2;
 pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
@@ -171,6 +174,8 @@ pub struct SplitQueue {
     broken: bool,
     /// `broken` was reported (see [`SplitQueue::newly_broken`]).
     reported: bool,
+    /// Why the queue stopped, when a caller said ([`SplitQueue::stop`]).
+    why: Option<&'static str>,
 }
 
 impl SplitQueue {
@@ -192,6 +197,7 @@ impl SplitQueue {
             signalled: base,
             broken: false,
             reported: false,
+            why: None,
         })
     }
 
@@ -211,11 +217,17 @@ impl SplitQueue {
 
     /// Stops the queue for a reason the caller reports itself (its memory went away);
     /// whether that is news (the stop was not reported before).
-    pub fn stop(&mut self) -> bool {
+    pub fn stop(&mut self, why: &'static str) -> bool {
         let new = !self.reported;
         self.broken = true;
         self.reported = true;
+        self.why = Some(why);
         new
+    }
+
+    /// Why the queue stopped, while it is stopped.
+    pub fn broken_reason(&self) -> Option<&'static str> {
+        self.broken.then(|| self.why.unwrap_or(OVERRUN))
     }
 
     /// True once, the first time it is asked after the queue stopped (to count and log a

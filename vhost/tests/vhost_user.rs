@@ -375,6 +375,7 @@ fn a_bad_frontend_harms_only_its_port() {
         exchange(&mut h, &good, &mut vm, round);
     }
     assert_eq!(bad.net.broken_rings.get(), 1, "the broken ring is counted once");
+    assert_eq!(bad.ring_error().as_deref(), Some("virtqueue 1: the guest made more than a queue's worth of chains available"));
     assert_eq!(bad.queue_stats()[0].rx_packets, 0);
     drop(rogue);
     wait_for("the bad port to stop", || !bad.link_up());
@@ -414,6 +415,9 @@ fn a_frontend_truncating_its_memory_takes_down_only_its_port() {
     h.step();
     assert_eq!(vm.rx.completions().len(), 0, "the good guest gave no receive buffer this time");
     assert_eq!(bad.net.memory_faults.get(), 2, "both of the bad port's rings stopped");
+    let why = bad.ring_error().expect("the port is in error");
+    assert!(why.contains("memory file shrank"), "{why}");
+    assert_eq!(good.ring_error(), None);
     drop(rogue);
     wait_for("the bad port to stop", || !bad.link_up());
 
@@ -437,6 +441,7 @@ fn a_frontend_truncating_its_memory_takes_down_only_its_port() {
     // Reconnected with a whole file, it works again.
     let mut again = frontend(&dir.join("bad.sock"));
     exchange(&mut h, &bad, &mut again, 9);
+    assert_eq!(bad.ring_error(), None, "a new connection clears the error");
     drop((again, vm, servers));
     h.flush_caches();
     let _ = std::fs::remove_dir_all(&dir);

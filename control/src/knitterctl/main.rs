@@ -338,6 +338,7 @@ fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
                 let s = status.iter().find(|s| s.name == p.name);
                 let link = match s {
                     Some(s) if !s.error.is_empty() => format!("not running: {}", s.error),
+                    Some(s) if !s.ring_error.is_empty() => format!("error: {}", s.ring_error),
                     Some(s) if s.vhost_connected == Some(false) => "waiting for the frontend".into(),
                     Some(s) if s.link_up => "up".into(),
                     Some(_) => "down".into(),

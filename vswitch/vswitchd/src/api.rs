@@ -69,6 +69,8 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             error: String::new(),
             vhost_connected: node.vhost_connected(&p.name),
             fallback: node.fallback(&p.name).unwrap_or_default(),
+            ring_error: node.vhost_ring_error(&p.name).unwrap_or_default(),
+            vhost_errors: node.vhost_errors(&p.name),
             queues: p
                 .port
                 .queue_stats()

@@ -78,6 +78,8 @@ pub fn lost(n: u64) -> NodeEvent {
 /// reports nothing (its `port_added` did).
 pub async fn watch_links(node: Arc<Node>, every: Duration) {
     let mut seen: HashMap<String, bool> = HashMap::new();
+    // vhost-user ports whose stopped ring was reported (a `port_error` once per stop).
+    let mut ring_errors: HashMap<String, String> = HashMap::new();
     let changed = Arc::new(tokio::sync::Notify::new());
     kernel_link_changes(changed.clone());
     let mut tick = tokio::time::interval(every);
@@ -102,6 +104,16 @@ pub async fn watch_links(node: Arc<Node>, every: Duration) {
                 node.events.emit(if up { "link_up" } else { "link_down" }, &p.name, detail, snap.generation);
             }
             now.insert(p.name.clone(), up);
+            match node.vhost_ring_error(&p.name) {
+                Some(why) if ring_errors.get(&p.name) != Some(&why) => {
+                    node.events.emit("port_error", &p.name, format!("vhost-user ring stopped: {why}"), snap.generation);
+                    ring_errors.insert(p.name.clone(), why);
+                }
+                Some(_) => {}
+                None => {
+                    ring_errors.remove(&p.name);
+                }
+            }
         }
         seen = now;
     }

@@ -33,9 +33,17 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_port_tx_packets_total", "counter", "Frames sent to the port.", "port", ports(|p| p.tx_packets as f64));
     family(&mut o, "knitter_port_tx_bytes_total", "counter", "Bytes sent to the port.", "port", ports(|p| p.tx_bytes as f64));
     family(&mut o, "knitter_port_drops_total", "counter", "Frames of the port dropped (any reason).", "port", ports(|p| p.drops as f64));
-    family(&mut o, "knitter_port_up", "gauge", "1 when the port runs and its link is up.", "port", ports(|p| (p.error.is_empty() && p.link_up) as u8 as f64));
+    family(&mut o, "knitter_port_up", "gauge", "1 when the port runs, its link is up and no vhost-user ring is stopped.", "port", ports(|p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64));
     let vhost = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
     family(&mut o, "knitter_vhost_user_connected", "gauge", "1 when a vhost-user frontend is connected and its rings run.", "port", vhost);
+    let vhost_errors = |f: fn(&knitter_api::node::VhostErrors) -> u64| {
+        s.ports.iter().filter_map(move |p| Some((p.name.clone(), f(p.vhost_errors.as_ref()?) as f64)))
+    };
+    family(&mut o, "knitter_vhost_user_broken_rings_total", "counter", "Rings stopped: a driver claiming more than a queue's worth, or a memory file that shrank.", "port", vhost_errors(|e| e.broken_rings));
+    family(&mut o, "knitter_vhost_user_bad_chains_total", "counter", "Descriptor chains from the guest refused as malformed.", "port", vhost_errors(|e| e.bad_chains));
+    family(&mut o, "knitter_vhost_user_refused_frames_total", "counter", "Frames from the guest refused (runt, oversize, offload not negotiated, no buffer).", "port", vhost_errors(|e| e.refused_frames));
+    family(&mut o, "knitter_vhost_user_guest_buffer_too_small_total", "counter", "Frames for the guest that its receive buffers could not hold.", "port", vhost_errors(|e| e.guest_buffer_too_small));
+    family(&mut o, "knitter_vhost_user_memory_faults_total", "counter", "Rings stopped because the frontend's memory file shrank under its memory table.", "port", vhost_errors(|e| e.memory_faults));
     // Per queue: (port, queue) as one label pair.
     let queue_family = |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");

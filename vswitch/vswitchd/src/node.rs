@@ -560,6 +560,25 @@ impl Node {
 
     /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
     /// vhost-user port).
+    /// Why a ring of the vhost-user port `name` is stopped, while one is.
+    pub fn vhost_ring_error(&self, name: &str) -> Option<String> {
+        let vhost = self.inner().open.get(name)?.vhost.clone()?;
+        vhost.ring_error()
+    }
+
+    /// What the frontend of the vhost-user port `name` got wrong, since the port opened.
+    pub fn vhost_errors(&self, name: &str) -> Option<knitter_api::node::VhostErrors> {
+        let inner = self.inner();
+        let n = &inner.open.get(name)?.vhost.as_ref()?.net;
+        Some(knitter_api::node::VhostErrors {
+            broken_rings: n.broken_rings.get(),
+            bad_chains: n.bad_chains.get(),
+            refused_frames: n.refused_frames.get(),
+            guest_buffer_too_small: n.guest_buffer_too_small.get(),
+            memory_faults: n.memory_faults.get(),
+        })
+    }
+
     pub fn vhost_connected(&self, name: &str) -> Option<bool> {
         let inner = self.inner();
         let v = inner.open.get(name)?.vhost.as_ref()?;

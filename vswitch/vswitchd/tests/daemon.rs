@@ -147,6 +147,7 @@ async fn every_call_round_trips_and_refusals_say_why() {
     assert_eq!((v.bridges.len(), v.ports.len(), v.pmd_threads, v.buffers), (1, 1, 1, 4095));
     let st = v.status.iter().find(|s| s.name == "vnf0").unwrap();
     assert_eq!((st.vhost_connected, st.error.as_str(), st.queues.len()), (Some(false), "", 4), "a queue per pair");
+    assert_eq!((st.ring_error.as_str(), st.vhost_errors), ("", Some(pb::VhostErrors::default())), "a vhost-user port's error state");
     assert_eq!(c.list_bridges(pb::ListRequest {}).await.unwrap().into_inner().bridges[0].vni, Some(5001));
     let p = &c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports[0];
     assert_eq!(p, &pb::Port { mtu: Some(1500), tpid: Some(0x8100), mac_limit: p.mac_limit, ..vhost_port(dir.path(), "vnf0", "red") });
@@ -473,6 +474,8 @@ async fn prometheus_scrapes_the_counters() {
         "# TYPE knitter_port_rx_packets_total counter",
         "knitter_port_rx_packets_total{port=\"vnf0\"} 0",
         "knitter_vhost_user_connected{port=\"vnf0\"} 0",
+        "knitter_vhost_user_broken_rings_total{port=\"vnf0\"} 0",
+        "knitter_vhost_user_memory_faults_total{port=\"vnf0\"} 0",
         "knitter_fdb_entries{bridge=\"red\"} 0",
         "knitter_pmd_utilization{thread=\"0\"}",
         "knitter_buffers 4095",
