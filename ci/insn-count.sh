@@ -2,7 +2,8 @@
 # Instructions per packet of the switch's fast path (rx burst + pipeline + tx burst), counted
 # by callgrind on a fixed workload: repeatable whatever the VM's CPU supply does.
 #   ci/insn-count.sh [packets] [scenario...]
-# NO_CACHE=1 measures the slow path alone (the exact-match cache off).
+# NO_CACHE=1 measures the slow path alone (the exact-match cache off); EMC_ENTRIES=2 a cache
+# every flow misses (what a miss costs: lookup, slow path, fill).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packets=${1:-320000}
@@ -16,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf '%-16s %12s %10s %10s\n' scenario instructions insn/packet cache-hits
 for s in $scenarios; do
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$s" --toggle-collect='*Bench*poll*' \
-    "$bin" "$s" "$packets" ${NO_CACHE:+--no-cache} >"$tmp/out.$s" 2>"$tmp/err.$s" || { cat "$tmp/err.$s" >&2; exit 1; }
+    "$bin" "$s" "$packets" ${NO_CACHE:+--no-cache} ${EMC_ENTRIES:+--emc-entries "$EMC_ENTRIES"} >"$tmp/out.$s" 2>"$tmp/err.$s" || { cat "$tmp/err.$s" >&2; exit 1; }
   ir=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$tmp/err.$s")
   n=$(sed -n 's/.*packets=\([0-9]*\).*/\1/p' "$tmp/out.$s")
   hits=$(sed -n 's/.*cache_hits=\([0-9.]*%\).*/\1/p' "$tmp/out.$s")

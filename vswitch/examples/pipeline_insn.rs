@@ -18,10 +18,14 @@ fn main() {
         std::process::exit(2);
     };
     let packets: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(320_000);
-    // `--no-cache`: the slow path alone (stages 1-2 for every frame).
+    // `--no-cache`: the slow path alone (stages 1-2 for every frame); `--emc-entries N`: a
+    // cache of N entries (2: every flow of a 1k workload misses, and the cost of a miss
+    // shows).
     let mut opts = vswitch::SwitchOptions::default();
-    if args.next().as_deref() == Some("--no-cache") {
-        opts.emc_entries = 0;
+    match args.next().as_deref() {
+        Some("--no-cache") => opts.emc_entries = 0,
+        Some("--emc-entries") => opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2),
+        _ => {}
     }
     let mut b = Bench::with_options(s, opts);
     let mut got = 0;

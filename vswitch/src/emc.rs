@@ -265,6 +265,11 @@ pub struct Emc {
     shift: u32,
     epoch: u32,
     sources: Option<Sources>,
+    /// Entries filled, and of them those that pushed out an entry of the current epoch
+    /// (running counts, wrapping; a cache that evicts live entries as fast as it fills
+    /// churns through more flows than it holds).
+    fills: u32,
+    evictions: u32,
 }
 
 /// What a lookup reads, by value: a burst loop that also stores to memory (buffer metadata)
@@ -314,6 +319,8 @@ impl Emc {
             // Epoch 0 never matches a key (it marks empty entries); a disabled cache stays there.
             epoch: if enabled { 1 } else { 0 },
             sources: None,
+            fills: 0,
+            evictions: 0,
         }
     }
 
@@ -387,14 +394,23 @@ impl Emc {
         let set = &mut self.sets[k.bucket(self.mask, self.shift)];
         let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
         let current = |x: &Entry| (x.k2 >> 32) as u32 == epoch;
+        self.fills = self.fills.wrapping_add(1);
         if set[0].matches(k.k0, k.k1, k2) || !current(&set[0]) {
             set[0] = e;
         } else if set[1].matches(k.k0, k.k1, k2) {
             set[1] = e;
         } else {
+            self.evictions = self.evictions.wrapping_add(current(&set[1]) as u32);
             set[1] = set[0];
             set[0] = e;
         }
+    }
+
+    /// Entries filled so far, and how many of them pushed out a live entry (running counts,
+    /// wrapping: callers subtract two readings).
+    #[inline(always)]
+    pub fn fills(&self) -> (u32, u32) {
+        (self.fills, self.evictions)
     }
 }
 

@@ -125,7 +125,21 @@ pub struct Pipeline {
     /// `i`th frame the cache missed (the slow path's `i`th).
     cached: bool,
     miss_keys: [Option<Key>; BATCH],
+    /// Per ingress port, the bursts in a row whose lookups all missed (saturating): past
+    /// [`THRASHING_AFTER`], the port's bursts mostly skip the cache (see
+    /// [`Pipeline::worth_looking_up`]).
+    missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
+    /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
+    sampled: u32,
 }
+
+/// Bursts in a row that found nothing in the cache and filled it only by pushing out live
+/// entries (or not at all) after which a port is taken to churn through more flows than the
+/// cache holds (or to send what is never cached: floods).
+const THRASHING_AFTER: u8 = 8;
+/// One burst in this many of a thrashing port still goes through the cache, to notice flows
+/// that repeat again.
+const SAMPLE_EVERY: u32 = 16;
 
 impl Pipeline {
     /// `emc_entries` sizes the exact-match cache (0: none).
@@ -149,6 +163,8 @@ impl Pipeline {
             to_peer_hits: [Hit::default(); BATCH],
             cached: false,
             miss_keys: [None; BATCH],
+            missed_bursts: Box::new([0; fdb::MAX_PORTS]),
+            sampled: 0,
         }
     }
 
@@ -200,7 +216,7 @@ impl Pipeline {
         // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
         // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
         // stage 2.
-        let cache_on = self.emc.capacity() > 0;
+        let cache_on = self.emc.capacity() > 0 && self.worth_looking_up(in_port);
         let bytes = if port.kind != PortKind::Underlay {
             self.cached = cache_on;
             if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow(snap, port, batch) }
@@ -208,7 +224,10 @@ impl Pipeline {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
                     self.cached = true;
-                    self.forward_underlay_cached(snap, vtep, port, batch)
+                    let before = self.emc.fills();
+                    let (bytes, hits) = self.forward_underlay_cached(snap, vtep, port, batch);
+                    self.note_burst(port.id, hits, n, before);
+                    bytes
                 }
                 None => {
                     self.cached = false;
@@ -240,14 +259,19 @@ impl Pipeline {
         let (bytes, hits) = if secured {
             probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
         } else {
-            probe_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found)
+            probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found)
         };
         if hits == 0 {
             for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
                 *k = port_key(port.id, secured, self.pool.head(b));
             }
+            let before = self.emc.fills();
             self.forward_slow(snap, port, batch);
+            self.note_missed_burst(port.id, before);
             return bytes;
+        }
+        if hits * 8 >= batch.len() as u64 {
+            self.note_hit_burst(port.id);
         }
         // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
         // need no in-order pass. A burst to local ports stops at its first frame.
@@ -263,6 +287,51 @@ impl Pipeline {
         };
         self.count_hits(hits - demoted);
         bytes
+    }
+
+    /// Whether this burst from `port` goes through the cache: always, unless the port's last
+    /// [`THRASHING_AFTER`] bursts were wasted on it — no hit (a few, under an eighth of a
+    /// burst, do not end it), and fills that only pushed out live entries, or none: a churn of flows the cache cannot hold, or floods, where every
+    /// lookup and fill is work for nothing (a miss cost ~200 instructions on top of the slow
+    /// path) — and then one burst in [`SAMPLE_EVERY`], to notice when flows repeat again (a
+    /// burst with a hit ends it). New flows that fit (a cold start) fill free entries and
+    /// never count as waste. OVS's EMC answers the same churn by filling only one miss in a
+    /// hundred, which also slows a cold start a hundredfold.
+    #[inline(never)]
+    fn worth_looking_up(&mut self, port: u16) -> bool {
+        if self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] < THRASHING_AFTER {
+            return true;
+        }
+        self.sampled = self.sampled.wrapping_add(1);
+        self.sampled.is_multiple_of(SAMPLE_EVERY)
+    }
+
+    /// After a burst from `port` went through the cache and hit nothing: whether it was
+    /// wasted on the cache (see [`Pipeline::worth_looking_up`]); `before` is the cache's
+    /// [`Emc::fills`] at the burst's start.
+    #[inline(never)]
+    fn note_missed_burst(&mut self, port: u16, before: (u32, u32)) {
+        let (fills, evictions) = self.emc.fills();
+        let (fills, evictions) = (fills.wrapping_sub(before.0), evictions.wrapping_sub(before.1));
+        let m = &mut self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)];
+        *m = if 2 * evictions >= fills { m.saturating_add(1) } else { 0 };
+    }
+
+    /// After a burst of `n` frames from `port` whose lookups hit `hits` times; `before` is
+    /// the cache's [`Emc::fills`] at its start.
+    #[inline(always)]
+    fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: (u32, u32)) {
+        if hits * 8 < n as u64 {
+            self.note_missed_burst(port, before);
+        } else {
+            self.note_hit_burst(port);
+        }
+    }
+
+    /// After a burst from `port` hit the cache.
+    #[inline(always)]
+    fn note_hit_burst(&mut self, port: u16) {
+        self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] = 0;
     }
 
     #[inline(always)]
@@ -516,9 +585,10 @@ impl Pipeline {
     /// Stage 0 for a burst from the underlay: the outer headers of every frame are checked
     /// and the inner frame looked up in place; then, in order, inner frames whose flow the
     /// cache knows lose their outer headers and go straight to egress, and the others take
-    /// the whole decapsulation again and stages 1 and 2. Returns the bytes received.
+    /// the whole decapsulation again and stages 1 and 2. Returns the bytes received and the
+    /// lookups that hit.
     #[inline(never)]
-    fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> u64 {
+    fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
         // Per frame: the cached decision, the inner length, and whether the frame hit and
@@ -550,7 +620,7 @@ impl Pipeline {
             self.forward_hits(snap, batch, &found);
             self.count_hits(hits);
             self.stats.event(Event::Decapsulated, hits);
-            return bytes;
+            return (bytes, hits);
         }
         decapsulated += hits;
         let mut run = BdRun::new(NO_BD);
@@ -572,7 +642,7 @@ impl Pipeline {
         self.end_hits(snap, run);
         self.count_hits(hits - demoted);
         self.stats.event(Event::Decapsulated, decapsulated);
-        bytes
+        (bytes, hits)
     }
 
     /// Stages 1 and 2 for the `i`th frame of an underlay burst, in its place in the burst:
@@ -1243,6 +1313,15 @@ impl Pipeline {
 /// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
 /// stay in registers.
+/// [`probe_burst`] for a port without port security, out of line: its loop is the hit
+/// path's hottest code, compiled the same whatever its callers grow (inlined, its lookups
+/// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping;
+/// the secured loop is the other way round, and stays inline).
+#[inline(never)]
+fn probe_trusted_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    probe_burst::<false>(pool, emc, port, bufs, found)
+}
+
 #[inline(always)]
 fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);

@@ -240,3 +240,47 @@ fn an_empty_frame_is_a_counted_runt_not_a_hit() {
     assert_eq!(h.stats().drop(DropReason::Runt), 1);
     assert_eq!(hits(&h), 1, "no new hit");
 }
+
+/// A port whose flows churn through more than the cache holds stops paying for it (its
+/// bursts mostly skip the lookups and fills that would be wasted), and goes back to the cache
+/// as soon as its flows repeat: a sampled burst hits, and the rest of its bursts hit too.
+#[test]
+fn a_port_churning_through_the_cache_skips_it_until_its_flows_repeat() {
+    let mut h = Harness::with_pool(vswitch::Pool::new(4096, false).unwrap(), vswitch::SwitchOptions { emc_entries: 2, ..Default::default() });
+    for p in ["p0", "p1", "p2"] {
+        h.ring(p);
+    }
+    h.apply(config(1500)).unwrap();
+    h.set_now(1);
+    // 64 destinations behind p1, known to the FDB.
+    for d in 0..64u32 {
+        h.send("p1", &frames::udp4(mac(1), mac(100 + d), ip(2), ip(1), 1, 2, 64));
+        h.step();
+    }
+    h.recv_all();
+    // p0 sends to all 64 in turn, a burst of 32 at a time: a two-entry cache holds none of
+    // them long enough to hit.
+    let churn = |h: &mut Harness, bursts: usize| {
+        for b in 0..bursts {
+            for d in 0..32u32 {
+                h.send("p0", &frames::udp4(mac(100 + (b as u32 * 32 + d) % 64), mac(1), ip(1), ip(2), 1, 2, 64));
+            }
+            h.step();
+        }
+        h.recv_all();
+    };
+    churn(&mut h, 40);
+    let before = hits(&h);
+    // One flow, over and over: within a sampled burst (one in 16) it is cached, then hits.
+    let one = frames::udp4(mac(100), mac(1), ip(1), ip(2), 1, 2, 64);
+    let mut got = 0;
+    for _ in 0..40 {
+        for _ in 0..32 {
+            h.send("p0", &one);
+        }
+        h.step();
+        got += h.recv("p1").len();
+    }
+    assert_eq!(got, 40 * 32, "every frame forwarded, cached or not");
+    assert!(hits(&h) - before >= 20 * 32, "the repeating flow went back to the cache: {} hits", hits(&h) - before);
+}
