@@ -51,10 +51,13 @@ fn socket(conf: &NetConf) -> String {
     conf.socket.clone().unwrap_or_else(|| knitter_api::DEFAULT_NODE_SOCKET.into())
 }
 
-/// A node's refusal or absence as a CNI error.
+/// A node's refusal or absence as a CNI error. A status the client made itself (it carries
+/// the connection's error as its source: no socket file, nobody listening, a socket that is
+/// not the daemon's) says where it looked and what to check; one the daemon sent is its
+/// reason, as it is.
 fn node_error(socket: &str, s: tonic::Status) -> CniError {
     use tonic::Code as G;
-    let transport = s.code() == G::Unavailable && s.message().contains("transport");
+    let transport = std::error::Error::source(&s).is_some() || (s.code() == G::Unavailable && s.message().contains("transport"));
     match s.code() {
         _ if transport => CniError::new(Code::TryAgainLater, format!("cannot reach knitter-vswitchd at {socket}: is it running?")).details(s.message().to_string()),
         G::Unavailable | G::DeadlineExceeded => CniError::new(Code::TryAgainLater, s.message().to_string()),

@@ -105,6 +105,10 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     let mut lab = lab;
     lab.manager = None; // SIGKILL
     assert!(lab.cni("DEL", "ctr-d", &d_path, "eth0", &other).0, "DEL with the manager down");
+    let (_e, e_path) = pod("pe");
+    let (ok, r) = lab.cni("ADD", "ctr-e", &e_path, "eth0", &lab.conf("1.1.0", "red"));
+    assert!(!ok && r["code"] == 11, "ADD with the manager down: {r}");
+    assert!(r["msg"].as_str().is_some_and(|m| m.contains(&lab.grpc) && m.contains("is knitter-manager running")), "names the manager: {r}");
     let (ok, r) = lab.cni("STATUS", "", "", "", &lab.conf("1.1.0", "red"));
     assert!(!ok && r["code"] == 50, "manager down: {r}");
     lab.start_manager();
@@ -120,6 +124,23 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     assert!(!ok && r["code"] == 51, "switch down: {r}");
     let (ok, r) = lab.cni("STATUS", "", "", "", &lab.conf("1.0.0", "red"));
     assert!(!ok && r["code"] == 1, "STATUS needs 1.1.0: {r}");
+}
+
+/// With no node daemon where the configuration says (no socket file), every verb answers
+/// "try again later" naming the socket and what to check, as STATUS does — not a bare
+/// "No such file or directory". DEL too: the runtime retries it, and nothing was attached
+/// that the daemon could have removed.
+#[test]
+fn every_verb_names_the_socket_when_the_node_daemon_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("none.sock");
+    let conf = json!({"cniVersion": "1.1.0", "name": "n", "type": "knitter-cni", "socket": sock, "network": "red"}).to_string();
+    for verb in ["ADD", "DEL", "CHECK", "GC"] {
+        let (ok, r) = cni_raw(verb, "ctr", "/var/run/netns/none", "eth0", &conf);
+        assert!(!ok && r["code"] == 11, "{verb}: {r}");
+        let msg = r["msg"].as_str().unwrap_or_default();
+        assert!(msg.contains(sock.to_str().unwrap()) && msg.contains("is it running?"), "{verb}: {r}");
+    }
 }
 
 /// A pod forwards from the moment ADD returns, with the other core busy: its first ping is

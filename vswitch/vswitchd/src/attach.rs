@@ -185,12 +185,18 @@ impl Attacher {
         Ok(r)
     }
 
-    /// The manager's refusal, or its absence, said for a CNI user.
-    fn manager_error(s: Status) -> Status {
-        match s.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => Status::unavailable(format!("the manager is unreachable: {}", s.message())),
-            code => Status::new(code, format!("the manager refused: {}", s.message())),
+    /// The manager's refusal, or its absence, said for a CNI user: where the node looked
+    /// for it, and what to check.
+    fn manager_error(address: &str, s: Status) -> Status {
+        let unreachable = std::error::Error::source(&s).is_some()
+            || matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown);
+        if unreachable {
+            return Status::unavailable(format!(
+                "the manager at {address} is unreachable (is knitter-manager running, and is --manager right?): {}",
+                s.message()
+            ));
         }
+        Status::new(s.code(), format!("the manager at {address} refused: {}", s.message()))
     }
 
     pub async fn attach(&self, r: pb::AttachRequest) -> Result<pb::Attachment, Status> {
@@ -219,7 +225,7 @@ impl Attacher {
             ip_group: r.ip_group.clone(),
             requested_mac: r.mac.clone(),
         };
-        let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(Self::manager_error)?.into_inner().port;
+        let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(|s| Self::manager_error(&link.address, s))?.into_inner().port;
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
         let made = self.plumb_and_attach(&r, &key, &port, mac_override).await;
         if made.is_err() {
