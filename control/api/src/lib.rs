@@ -19,6 +19,17 @@ pub mod manager {
     tonic::include_proto!("knitter.manager.v1");
 }
 
+/// An object's owner in JSON by name, as knitterctl's tables say it ("local", "manager",
+/// "attach"), not as the enum's number.
+pub fn owner_name<S: serde::Serializer>(owner: &i32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match node::Owner::try_from(*owner) {
+        Ok(node::Owner::Manager) => "manager",
+        Ok(node::Owner::Attach) => "attach",
+        Ok(node::Owner::Local) => "local",
+        Err(_) => "unknown",
+    })
+}
+
 /// Where `knitter-manager` serves gRPC unless told otherwise (REST is on 9480).
 pub const DEFAULT_MANAGER_GRPC: &str = "127.0.0.1:9481";
 
@@ -62,4 +73,19 @@ pub fn tls_channel(addr: &str, tls: ClientTls) -> Result<Channel, tonic::transpo
         cfg = cfg.identity(Identity::from_pem(cert, key));
     }
     Ok(Endpoint::from_shared(format!("https://{addr}"))?.tls_config(cfg)?.connect_lazy())
+}
+
+#[cfg(test)]
+mod test {
+    #[test]
+    fn owners_are_named_in_json() {
+        let b = super::node::Bridge { name: "red".into(), owner: super::node::Owner::Attach as i32, ..Default::default() };
+        let v = serde_json::to_value(&b).unwrap();
+        assert_eq!(v["owner"], "attach");
+        let p = super::node::Port { owner: super::node::Owner::Manager as i32, ..Default::default() };
+        assert_eq!(serde_json::to_value(&p).unwrap()["owner"], "manager");
+        // A vhost-user socket's owner is a user id, not an object's owner: still a number.
+        let vu = super::node::VhostUser { owner: Some(1000), ..Default::default() };
+        assert_eq!(serde_json::to_value(&vu).unwrap()["owner"], 1000);
+    }
 }
