@@ -103,11 +103,11 @@ pub enum NetworkError {
     Addressing { name: String, source: IpamError },
     #[error("network {name:?}: subnet {cidr} overlaps {other_cidr} of network {other:?}")]
     Overlap { name: String, cidr: String, other: String, other_cidr: String },
-    #[error("network {name:?}: {what} {segment} is outside the configured range {lo}..={hi}")]
+    #[error("network {name:?}: {what} {segment} is not a valid {what} ({lo}-{hi})")]
     SegmentOutOfRange { name: String, what: &'static str, segment: u32, lo: u32, hi: u32 },
     #[error("network {name:?}: {what} {segment} is already used by network {other:?}")]
     SegmentTaken { name: String, what: &'static str, segment: u32, other: String },
-    #[error("no free {what} left in {lo}..={hi}")]
+    #[error("no free {what} left in {lo}-{hi} (the range networks that name none get theirs from)")]
     SegmentsExhausted { what: &'static str, lo: u32, hi: u32 },
     #[error("network {name:?}: MTU {mtu} is larger than the underlay allows ({max}: the smallest node underlay MTU {underlay} minus {overhead} bytes of encapsulation)")]
     MtuTooLarge { name: String, mtu: u32, max: u32, underlay: u32, overhead: u32 },
@@ -187,15 +187,17 @@ impl Network {
                 }
             }
         }
-        let (what, range) = match spec.kind {
-            Kind::Vxlan => ("VNI", &limits.vni_range),
-            Kind::Vlan => ("VLAN", &limits.vlan_range),
+        // The configured range is where networks that name no segment get theirs; one that
+        // names its own may use any the protocol allows.
+        let (what, range, valid) = match spec.kind {
+            Kind::Vxlan => ("VNI", &limits.vni_range, 1..=0xff_ffff),
+            Kind::Vlan => ("VLAN", &limits.vlan_range, 1..=4094),
         };
         let taken = |seg: u32| existing.iter().find(|o| o.spec.kind == spec.kind && o.segment == seg && o.spec.name != spec.name);
         let segment = match spec.segment {
             Some(seg) => {
-                if !range.contains(&seg) {
-                    return Err(NetworkError::SegmentOutOfRange { name, what, segment: seg, lo: *range.start(), hi: *range.end() });
+                if !valid.contains(&seg) {
+                    return Err(NetworkError::SegmentOutOfRange { name, what, segment: seg, lo: *valid.start(), hi: *valid.end() });
                 }
                 if let Some(o) = taken(seg) {
                     return Err(NetworkError::SegmentTaken { name, what, segment: seg, other: o.spec.name.clone() });
@@ -259,7 +261,12 @@ mod tests {
         assert_eq!(err(spec("b", "t1", Kind::Vxlan, "10.0.0.128/25")), "network \"b\": subnet 10.0.0.128/25 overlaps 10.0.0.0/24 of network \"a\"");
         assert!(Network::define(spec("b", "t2", Kind::Vxlan, "10.0.0.0/24"), &existing, &l).is_ok(), "another tenant's private subnet may repeat");
         assert_eq!(err(NetworkSpec { segment: Some(7000), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }), "network \"b\": VNI 7000 is already used by network \"a\"");
-        assert!(err(NetworkSpec { segment: Some(1), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("outside the configured range 5000..=15000"));
+        // The configured range is for networks that name no segment; a named one may be any
+        // the protocol allows.
+        assert!(Network::define(NetworkSpec { segment: Some(1), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }, &existing, &l).is_ok());
+        assert_eq!(err(NetworkSpec { segment: Some(0), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }), "network \"b\": VNI 0 is not a valid VNI (1-16777215)");
+        assert!(err(NetworkSpec { segment: Some(1 << 24), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("not a valid VNI"));
+        assert!(err(NetworkSpec { segment: Some(4095), ..spec("b", "t1", Kind::Vlan, "10.9.0.0/24") }).contains("VLAN 4095 is not a valid VLAN (1-4094)"));
         assert!(err(NetworkSpec { mtu: Some(1500), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("MTU 1500 is larger than the underlay allows (1450"));
         assert!(err(spec("B_", "t1", Kind::Vxlan, "10.9.0.0/24")).contains("network name"));
         assert!(err(NetworkSpec { ipv4: None, ..spec("b", "t1", Kind::Vxlan, "") }).contains("no subnet"));
@@ -270,6 +277,6 @@ mod tests {
         let tiny = Limits { vlan_range: 10..=10, ..Limits::default() };
         let v = Network::define(spec("v", "t1", Kind::Vlan, "10.5.0.0/24"), &[], &tiny).unwrap();
         let e = Network::define(spec("w", "t1", Kind::Vlan, "10.6.0.0/24"), &[v], &tiny).unwrap_err();
-        assert_eq!(e.to_string(), "no free VLAN left in 10..=10");
+        assert_eq!(e.to_string(), "no free VLAN left in 10-10 (the range networks that name none get theirs from)");
     }
 }

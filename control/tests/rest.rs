@@ -119,3 +119,38 @@ fn every_route_is_in_the_openapi_document() {
     let documented: usize = doc["paths"].as_object().unwrap().values().map(|p| p.as_object().unwrap().keys().filter(|k| *k != "parameters").count()).sum();
     assert_eq!(documented, ROUTES.len(), "the document has routes the server lacks");
 }
+
+/// What the docs say, the API does: the same container and interface asking for another
+/// pod, node, fixed address or IP group is a conflict (a retry of the same request gets the
+/// same port); a network may name any valid VNI (the configured range is for networks that
+/// name none); a body field the API does not know is refused by name.
+#[tokio::test]
+async fn docs_and_behaviour_agree() {
+    let c = Client::new();
+    let red = json!({"name": "red", "tenant": "admin", "kind": "vxlan", "segment": 1, "ipv4": {"cidr": "10.1.0.0/24"}});
+    let (s, n) = c.send("POST", "/v1/networks", red).await;
+    assert_eq!((s, n["segment"].as_u64()), (StatusCode::CREATED, Some(1)), "a VNI outside the automatic range: {n}");
+    let (s, e) = c.send("POST", "/v1/networks", json!({"name": "b", "tenant": "admin", "kind": "vxlan", "segment": 0, "ipv4": {"cidr": "10.2.0.0/24"}})).await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("network \"b\": VNI 0 is not a valid VNI (1-16777215)")));
+    c.send("POST", "/v1/networks/red/ipgroups", json!({"name": "g", "members": ["10.1.0.50"]})).await;
+
+    let port = json!({"network": "red", "container": "c1", "interface": "eth0", "pod": "ns/a", "node": "n1"});
+    assert_eq!(c.send("POST", "/v1/ports", port.clone()).await.0, StatusCode::CREATED);
+    assert_eq!(c.send("POST", "/v1/ports", port.clone()).await.0, StatusCode::OK, "a retry");
+    for (field, value, says) in [
+        ("pod", json!("ns/b"), "another pod"),
+        ("node", json!("n2"), "another node"),
+        ("ips", json!(["10.1.0.9"]), "another fixed address"),
+        ("ip_group", json!("g"), "another IP group"),
+    ] {
+        let mut other = port.clone();
+        other[field] = value;
+        let (s, e) = c.send("POST", "/v1/ports", other).await;
+        assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("conflict")), "{field}: {e}");
+        assert_eq!(e["reason"], format!("container c1 interface eth0 is already a port with {says}"));
+    }
+
+    let (s, e) = c.send("POST", "/v1/ports", json!({"network": "red", "container": "c2", "interface": "eth0", "ip": ["10.1.0.9"]})).await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("request body: unknown field \"ip\"")), "not a dynamic address");
+    assert_eq!(c.get("/v1/ports/c2/eth0").await.0, StatusCode::NOT_FOUND, "nothing made");
+}

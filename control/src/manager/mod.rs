@@ -176,6 +176,29 @@ fn requested_mac(text: &str) -> Result<String> {
     Ok(format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}"))
 }
 
+/// The first field in which `want` asks for another port than `have` is (the pod, the node,
+/// the fixed addresses, the IP group, the MAC); `None` for a retry of the same request.
+fn another_request(have: &PortSpec, want: &PortSpec) -> Option<&'static str> {
+    let sorted = |ips: &[IpAddr]| {
+        let mut v = ips.to_vec();
+        v.sort();
+        v
+    };
+    if have.pod != want.pod {
+        Some("pod")
+    } else if have.node != want.node {
+        Some("node")
+    } else if sorted(&have.ips) != sorted(&want.ips) {
+        Some("fixed address")
+    } else if have.ip_group != want.ip_group {
+        Some("IP group")
+    } else if have.requested_mac != want.requested_mac {
+        Some("requested MAC")
+    } else {
+        None
+    }
+}
+
 fn mac_text(ip: IpAddr) -> String {
     let m = ipam::mac_for(ip);
     format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
@@ -528,6 +551,14 @@ impl Manager {
                     return Err(ManagerError::Conflict(format!(
                         "container {} interface {} is already a port of network {:?}",
                         spec.container, spec.interface, have.spec.network
+                    )));
+                }
+                // A retry gets the same port; the same container and interface asking for
+                // something else is another request, refused.
+                Some((have, _)) if let Some(field) = another_request(&have.spec, &spec) => {
+                    return Err(ManagerError::Conflict(format!(
+                        "container {} interface {} is already a port with another {field}",
+                        spec.container, spec.interface
                     )));
                 }
                 Some((have, _)) if !have.addresses.is_empty() => return Ok((have, false)),

@@ -69,9 +69,19 @@ fn deleted<T: Serialize>(what: &'static str, name: String, v: Option<T>) -> Repl
     v.map(|v| axum::Json(v).into_response()).ok_or(ManagerError::NotFound { what, name })
 }
 
-/// A JSON body, refused with the parser's reason (line and column) when malformed.
+/// A JSON body, refused with the parser's reason (line and column) when malformed, and
+/// with the names of fields it does not know (`"ip"` for `"ips"` would otherwise silently
+/// give a dynamic address), as misspelt query filters are.
 fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ManagerError> {
-    serde_json::from_slice(b).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))
+    let invalid = |e: serde_json::Error| ManagerError::Invalid(format!("request body: {e}"));
+    let mut unknown = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(b);
+    let v = serde_ignored::deserialize(&mut de, |path| unknown.push(format!("{path:?}", path = path.to_string()))).map_err(invalid)?;
+    de.end().map_err(invalid)?;
+    if !unknown.is_empty() {
+        return Err(ManagerError::Invalid(format!("request body: unknown field {}", unknown.join(", "))));
+    }
+    Ok(v)
 }
 
 /// List filters from the query string (`?network=red&node=n1`), refused when malformed.
