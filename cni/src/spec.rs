@@ -355,6 +355,29 @@ pub fn version_result(asked: Option<&str>) -> Value {
 mod tests {
     use super::*;
 
+    /// The conflist docs/cni.md tells users to install works with runtimes whose libcni is
+    /// older than 1.2 (which know result versions up to 1.0.0 and ignore `cniVersions`) and
+    /// lets newer ones pick 1.1.0; an ADD result in the list's version is one those runtimes
+    /// accept.
+    #[test]
+    fn the_documented_conflist_works_with_libcni_before_1_2() {
+        let doc = include_str!("../../docs/cni.md");
+        let start = doc.find("10-knitter.conflist\n").expect("the conflist example") + "10-knitter.conflist\n".len();
+        let end = start + doc[start..].find("\nEOF").expect("its end");
+        let conf: Value = serde_json::from_str(&doc[start..end]).expect("the example is JSON");
+        let version = conf["cniVersion"].as_str().unwrap();
+        assert_eq!(version, "1.0.0");
+        assert_eq!(conf["cniVersions"], json!(["1.0.0", "1.1.0"]));
+        const LIBCNI_1_1: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+        let r = AddResult {
+            interfaces: vec![Interface { name: "net1".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: "/run/knitter/vhost/abc/net1.sock".into() }],
+            ..Default::default()
+        }
+        .to_json(version);
+        assert!(LIBCNI_1_1.contains(&r["cniVersion"].as_str().unwrap()), "{r}");
+        assert!(r["interfaces"][0].get("socketPath").is_none(), "1.1.0's field: the JSON beside the socket says it");
+    }
+
     fn env(vars: &[(&str, &str)]) -> Result<Env, CniError> {
         let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Env::read(|k| m.get(k).cloned())
