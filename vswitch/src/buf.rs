@@ -856,6 +856,25 @@ mod test {
         assert!(c.alloc_frame(&vec![0; MAX_FRAME + 1]).is_none());
     }
 
+    /// A pool that runs dry in the middle of a chained packet gets every buffer back: the
+    /// ones the packet already held are freed with it.
+    #[test]
+    fn a_packet_the_pool_cannot_finish_leaves_nothing_taken() {
+        let p = pool(64);
+        let mut c = PoolCache::new(p.clone());
+        // All but three buffers held elsewhere.
+        let held: Vec<BufId> = (0..p.free_count() - 3).map(|_| c.alloc().unwrap()).collect();
+        c.flush();
+        let before = p.free_count();
+        assert!(c.alloc_gather(&[&[1u8; 12], &vec![2u8; 8000]]).is_none(), "needs five buffers");
+        assert!(c.alloc_filled(8000, |d| d.fill(3)).is_none());
+        c.flush();
+        assert_eq!(p.free_count(), before);
+        for b in held {
+            c.free(b);
+        }
+    }
+
     #[test]
     fn gather_packs_parts_across_segments() {
         let p = pool(32);
