@@ -27,24 +27,39 @@ impl EtcdServer {
             eprintln!("skipped: etcd not installed");
             return None;
         }
-        let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
-        let child = Command::new("etcd")
-            .args(["--name", "knitter-test", "--data-dir"])
-            .arg(data)
-            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
-            .args(["--initial-cluster", &format!("knitter-test={p}"), "--log-level", "error"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd");
-        let s = EtcdServer { child, client_url: c };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Etcd::connect(std::slice::from_ref(&s.client_url), "/probe").and_then(|e| e.revision()).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not come up");
-            std::thread::sleep(Duration::from_millis(100));
+        // The ports were free when picked, but another process may take one before etcd
+        // binds it (tests run side by side): etcd then exits at once, and is started again on
+        // new ports. Its log goes beside the data directory, shown if it never comes up.
+        let log = data.with_extension("log");
+        let (mut client, mut peer) = (client, peer);
+        for _ in 0..3 {
+            let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+            let child = Command::new("etcd")
+                .args(["--name", "knitter-test", "--data-dir"])
+                .arg(data)
+                .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+                .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+                .args(["--initial-cluster", &format!("knitter-test={p}"), "--log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).map_or(Stdio::null(), Stdio::from))
+                .spawn()
+                .expect("start etcd");
+            let mut s = EtcdServer { child, client_url: c };
+            let deadline = Instant::now() + Duration::from_secs(40);
+            loop {
+                if Etcd::connect(std::slice::from_ref(&s.client_url), "/probe").and_then(|e| e.revision()).is_ok() {
+                    return Some(s);
+                }
+                if let Ok(Some(status)) = s.child.try_wait() {
+                    eprintln!("etcd exited ({status}) on ports {client}/{peer}: {}", std::fs::read_to_string(&log).unwrap_or_default());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "etcd did not come up: {}", std::fs::read_to_string(&log).unwrap_or_default());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (client, peer) = (free_port(), free_port());
         }
-        Some(s)
+        panic!("etcd exited three times: {}", std::fs::read_to_string(&log).unwrap_or_default())
     }
 
     /// A store client under `prefix`.
