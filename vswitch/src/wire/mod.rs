@@ -94,51 +94,11 @@ pub mod checksum {
     pub fn of(data: &[u8]) -> u16 {
         !fold(accumulate(0, data, &mut false))
     }
-
-    /// Finishes the TCP or UDP checksum of a frame whose sender left it to the hardware
-    /// (Linux `CHECKSUM_PARTIAL`: the field holds the pseudo-header sum, the rest is to be
-    /// summed). Handles Ethernet with at most one tag, IPv4 and IPv6 without extension
-    /// headers; returns false (and changes nothing) for anything else.
-    pub fn complete_l4(frame: &mut [u8]) -> bool {
-        let Some(et) = frame.get(12..14) else { return false };
-        let (et, l3) = match u16::from_be_bytes([et[0], et[1]]) {
-            t if crate::wire::ethernet::is_tpid(t) => match frame.get(16..18) {
-                Some(i) => (u16::from_be_bytes([i[0], i[1]]), 18),
-                None => return false,
-            },
-            t => (t, 14),
-        };
-        let (proto, l4, end) = match et {
-            0x0800 => {
-                let Some(ip) = frame.get(l3..l3 + 20) else { return false };
-                let ihl = ((ip[0] & 0x0f) as usize) * 4;
-                let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-                (ip[9], l3 + ihl, l3 + total)
-            }
-            0x86dd => {
-                let Some(ip) = frame.get(l3..l3 + 40) else { return false };
-                (ip[6], l3 + 40, l3 + 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize)
-            }
-            _ => return false,
-        };
-        let field = match proto {
-            6 => 16,
-            17 => 6,
-            _ => return false,
-        };
-        if end > frame.len() || l4 + field + 2 > end {
-            return false;
-        }
-        let c = !fold(accumulate(0, &frame[l4..end], &mut false));
-        let c = if c == 0 && proto == 17 { 0xffff } else { c };
-        frame[l4 + field..l4 + field + 2].copy_from_slice(&c.to_be_bytes());
-        true
-    }
 }
 
 #[cfg(test)]
 mod test {
-    use super::checksum::{self, accumulate, fold};
+    use super::checksum;
 
     #[test]
     fn checksum_known_ipv4_header() {
@@ -148,32 +108,6 @@ mod test {
             0xa8, 0x00, 0xc7,
         ];
         assert_eq!(checksum::of(&h), 0);
-    }
-
-    #[test]
-    fn partial_udp_checksum_is_completed() {
-        use crate::wire::{ipv4, udp};
-        // A UDP/IPv4 frame as a sender with checksum offload leaves it: the field holds the
-        // folded pseudo-header sum.
-        let mut f = vec![0u8; 14 + 20 + 8 + 5];
-        f[12..14].copy_from_slice(&[0x08, 0x00]);
-        let (src, dst) = ([192, 0, 2, 1], [192, 0, 2, 2]);
-        ipv4::Repr { src: src.into(), dst: dst.into(), protocol: 17, ttl: 64, payload_len: 13, dont_fragment: false }
-            .emit(&mut f[14..]);
-        udp::emit(&mut f[34..], 1000, 2000, 13, 0);
-        f[42..].copy_from_slice(b"hello");
-        let mut pseudo = Vec::new();
-        pseudo.extend_from_slice(&src);
-        pseudo.extend_from_slice(&dst);
-        pseudo.extend_from_slice(&[0, 17, 0, 13]);
-        let partial = fold(accumulate(0, &pseudo, &mut false));
-        f[40..42].copy_from_slice(&partial.to_be_bytes());
-        assert!(checksum::complete_l4(&mut f));
-        // The finished checksum verifies over pseudo-header + datagram.
-        let mut all = pseudo.clone();
-        all.extend_from_slice(&f[34..]);
-        assert_eq!(fold(accumulate(0, &all, &mut false)), 0xffff);
-        assert!(!checksum::complete_l4(&mut f[..20]), "truncated: untouched");
     }
 
     #[test]
