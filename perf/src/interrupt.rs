@@ -1,5 +1,6 @@
 //! An interrupted run (Ctrl-C, SIGTERM) cleans up before it exits: the network namespaces
-//! it made, Open vSwitch's, DPDK's runtime directories and its work directory. Its
+//! it made, Open vSwitch's, DPDK's runtime directories, its work directory, and it gives
+//! back the hugepages it reserved. Its
 //! children (switches, testpmd, OVS) die with it (PR_SET_PDEATHSIG), but destructors do
 //! not run on a signal, so without this a stopped run would leave veths and namespaces
 //! behind.
@@ -31,6 +32,7 @@ pub fn install(work: PathBuf) -> std::io::Result<()> {
                 crate::testpmd::remove_runtime_dir(prefix);
             }
             let _ = std::fs::remove_dir_all(&work);
+            crate::machine::restore();
             std::process::exit(128 + sig);
         }
     })?;

@@ -1,6 +1,7 @@
 //! knitter-perf: the perf lab. `frames.rs` makes the offered frames, `testpmd.rs` drives
 //! dpdk-testpmd as generator and yardstick, `switches.rs` starts the switches under test (`ovs.rs`: Open vSwitch with DPDK),
-//! `cpu.rs` measures the CPU the VM really gives, `stats.rs` holds medians, ratios and the
+//! `cpu.rs` measures the CPU the VM really gives, `machine.rs` reserves the hugepages a run
+//! needs and `doctor.rs` checks the rest before it starts, `progress.rs` shows how far it is, `stats.rs` holds medians, ratios and the
 //! NDR/PDR search, `mrr.rs` runs the interleaved maximum-receive-rate comparison and
 //! `report.rs` writes its JSON and Markdown. `vgen.rs` is Knitter's own generator (a
 //! vhost-user frontend offering frames at a set rate, timing each), on `driver.rs` (the
@@ -9,14 +10,17 @@
 //! encapsulation, decapsulation).
 
 pub mod cpu;
+pub mod doctor;
 pub mod driver;
 pub mod frames;
 pub mod interrupt;
+pub mod machine;
 pub mod trial;
 pub mod mrr;
 pub mod ndr;
 pub mod ovs;
 pub mod plots;
+pub mod progress;
 pub mod report;
 pub mod scenario;
 pub mod stats;

@@ -5,9 +5,11 @@ use clap::{Args, Parser, Subcommand};
 use knitter_perf::frames::FrameSize;
 use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
-use knitter_perf::testpmd::{self, Layout, Memory};
-use knitter_perf::{mrr, ndr, report};
+use knitter_perf::progress::Progress;
+use knitter_perf::testpmd::{Layout, Memory};
+use knitter_perf::{doctor, machine, mrr, ndr, report};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -34,7 +36,9 @@ struct Common {
     /// The second switch's PMD in `--scenario vxlan-2vteps` (default: the switch CPU, shared).
     #[arg(long)]
     second_switch_cpu: Option<usize>,
-    /// auto: hugepages when 1 100 are free.
+    /// auto: hugepages, reserved for the run when too few are free (as root) and given back
+    /// after it, plain pages when they cannot be had (not with ovs); hugepages: the same,
+    /// but stop when they cannot be had; plain: no hugepages (slower numbers).
     #[arg(long, default_value = "auto")]
     memory: String,
     /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
@@ -45,28 +49,78 @@ struct Common {
     out: PathBuf,
 }
 
+/// What a run holds while it runs: its work directory (logs of every switch and
+/// generator; kept when the run fails) and the hugepages it reserved (given back when it
+/// ends).
+struct Lab {
+    work: tempfile::TempDir,
+    memory: Memory,
+    _hugepages: Option<machine::Reservation>,
+}
+
+impl Lab {
+    /// The run's result; when it failed, the work directory is kept and named.
+    fn finish<T>(self, r: anyhow::Result<T>) -> anyhow::Result<T> {
+        r.map_err(|e| {
+            let kept = self.work.keep();
+            e.context(format!("the run's logs are kept in {}", kept.display()))
+        })
+    }
+}
+
 impl Common {
-    fn layout(&self) -> anyhow::Result<Layout> {
-        anyhow::ensure!(self.generator_cpu != self.switch_cpu, "the generator and the switch need a CPU each");
-        Ok(Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu, second_switch_cpu: self.second_switch_cpu })
+    fn layout(&self) -> Layout {
+        Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu, second_switch_cpu: self.second_switch_cpu }
     }
 
-    fn memory(&self) -> anyhow::Result<Memory> {
-        Ok(match self.memory.as_str() {
-            "auto" => Memory::detect(),
-            "hugepages" => Memory::Hugepages,
-            "plain" => Memory::Plain,
+    /// `--memory` as the doctor reads it: hugepages required, never, or when possible.
+    fn wants_hugepages(&self) -> anyhow::Result<Option<bool>> {
+        match self.memory.as_str() {
+            "auto" => Ok(None),
+            "hugepages" => Ok(Some(true)),
+            "plain" => Ok(Some(false)),
             m => anyhow::bail!("--memory {m}: auto, hugepages or plain"),
+        }
+    }
+
+    fn plan(&self, scenario: Scenario, testpmd_generator: bool) -> anyhow::Result<doctor::Plan<'_>> {
+        Ok(doctor::Plan {
+            switches: &self.switches,
+            scenario,
+            testpmd_generator,
+            cpus: [self.generator_cpu, self.switch_cpu],
+            baseline: self.baseline.as_deref(),
+            hugepages: self.wants_hugepages()?,
         })
     }
 
-    fn work(&self) -> anyhow::Result<tempfile::TempDir> {
-        let needs_testpmd = self.switches.contains(&Kind::Yardstick);
-        anyhow::ensure!(!needs_testpmd || testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
-        let dir = tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")?;
-        // Before any thread starts: an interrupted run still removes what it made.
-        knitter_perf::interrupt::install(dir.path().to_path_buf()).context("signal handling")?;
-        Ok(dir)
+    /// Checks the machine (stopping with what is missing), makes the work directory,
+    /// prepares the memory.
+    fn lab(&self, scenario: Scenario, testpmd_generator: bool) -> anyhow::Result<Lab> {
+        let plan = self.plan(scenario, testpmd_generator)?;
+        doctor::require(&plan)?;
+        let work = tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")?;
+        // Before any thread starts: an interrupted run still removes what it made and gives
+        // back the hugepages it reserved.
+        knitter_perf::interrupt::install(work.path().to_path_buf()).context("signal handling")?;
+        let need = machine::mib_needed(&self.switches, scenario, testpmd_generator);
+        let (memory, hugepages) = match plan.hugepages {
+            Some(false) => (Memory::Plain, None),
+            wanted => match machine::reserve(need) {
+                Ok(r) => {
+                    for line in &r.did {
+                        eprintln!("knitter-perf: {line} (given back at the end)");
+                    }
+                    (Memory::Hugepages, Some(r))
+                }
+                Err(e) if wanted.is_none() && !machine::hugepages_required(&self.switches) => {
+                    eprintln!("knitter-perf: warning: plain pages, numbers will be lower: {e}");
+                    (Memory::Plain, None)
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        Ok(Lab { work, memory, _hugepages: hugepages })
     }
 }
 
@@ -116,6 +170,18 @@ enum Cmd {
         #[arg(long, default_value_t = 0.005)]
         precision: f64,
     },
+    /// Lists what the machine has and lacks for a run (of `ndr`, or of `mrr` with
+    /// `--mrr`): root, CPUs, binaries, Open vSwitch, hugepages; exits 1 when a run would
+    /// stop.
+    Doctor {
+        #[command(flatten)]
+        common: Common,
+        #[arg(long, value_enum, default_value = "l2")]
+        scenario: Scenario,
+        /// For `mrr` (testpmd generating) rather than `ndr`.
+        #[arg(long)]
+        mrr: bool,
+    },
     /// Writes report.md again from a run's results.json (after the report's format changed).
     Report {
         results: PathBuf,
@@ -124,72 +190,85 @@ enum Cmd {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
-    match Cli::parse().cmd {
+    match run(Cli::parse().cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            // One line, the step that failed and its causes; no backtrace.
+            eprintln!("knitter-perf: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Cmd::Doctor { common, scenario, mrr } => {
+            let checks = doctor::checks(&common.plan(scenario, mrr)?);
+            print!("{}", doctor::render(&checks));
+            Ok(if checks.iter().all(|c| c.ok || c.optional) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
         Cmd::Report { results, out } => {
             let text = std::fs::read(&results).with_context(|| format!("reading {}", results.display()))?;
             if let Ok(r) = serde_json::from_slice::<ndr::Results>(&text) {
-                return report::write_ndr(&out, &r);
+                report::write_ndr(&out, &r)?;
+                return Ok(ExitCode::SUCCESS);
             }
             let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| format!("{} is not a knitter-perf results file", results.display()))?;
             r.summary = mrr::summarize(&r.config, &r.samples);
-            report::write(&out, &r)
+            report::write(&out, &r)?;
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Mrr { common, rounds, warmup, window, min_supply, retries } => {
-            anyhow::ensure!(testpmd::available(), "dpdk-testpmd is not installed (apt-get install dpdk)");
-            let work = common.work()?;
+            let lab = common.lab(Scenario::L2, true)?;
             let cfg = mrr::Config {
-                layout: common.layout()?,
-                memory: common.memory()?,
-                switches: common.switches,
-                sizes: common.sizes,
+                layout: common.layout(),
+                memory: lab.memory,
+                switches: common.switches.clone(),
+                sizes: common.sizes.clone(),
                 flows: common.flows,
                 pairs: rounds,
                 warmup: Duration::from_secs_f64(warmup),
                 window: Duration::from_secs_f64(window),
                 min_supply,
                 retries,
-                baseline: common.baseline,
-                work: work.path().to_path_buf(),
+                baseline: common.baseline.clone(),
+                work: lab.work.path().to_path_buf(),
             };
-            let results = mrr::run(&cfg, |line| eprintln!("{line}"))?;
+            let progress = Progress::new(mrr::planned(&cfg));
+            let r = mrr::run(&cfg, &progress);
+            progress.finish();
+            let results = lab.finish(r)?;
             report::write(&common.out, &results)?;
             print!("{}", report::markdown(&results).split("## Every trial").next().unwrap_or(""));
             eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
-            let work = common.work()?;
+            let lab = common.lab(scenario, false)?;
             let cfg = ndr::Config {
                 scenario,
-                layout: common.layout()?,
-                memory: common.memory()?,
-                switches: common.switches,
-                sizes: common.sizes,
+                layout: common.layout(),
+                memory: lab.memory,
+                switches: common.switches.clone(),
+                sizes: common.sizes.clone(),
                 flows: common.flows,
                 trial: Duration::from_secs_f64(trial),
                 confirm: Duration::from_secs_f64(confirm),
                 precision,
                 rounds,
-                baseline: common.baseline,
-                work: work.path().to_path_buf(),
+                baseline: common.baseline.clone(),
+                work: lab.work.path().to_path_buf(),
             };
-            let bar = indicatif::ProgressBar::new_spinner();
-            bar.enable_steady_tick(Duration::from_millis(200));
-            let results = ndr::run(&cfg, |line| {
-                if bar.is_hidden() {
-                    eprintln!("{line}");
-                } else {
-                    bar.println(line);
-                    bar.set_message(line.to_string());
-                }
-            })?;
-            bar.finish_and_clear();
+            let progress = Progress::new(ndr::planned(&cfg));
+            let r = ndr::run(&cfg, &progress);
+            progress.finish();
+            let results = lab.finish(r)?;
             report::write_ndr(&common.out, &results)?;
             print!("{}", report::ndr_markdown(&results).split("## Every trial").next().unwrap_or(""));
             eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::cpu::{self, Supply};
 use crate::frames::{self, A, B, FrameSize};
+use crate::progress::Progress;
 use crate::stats::{self, Summary};
 use crate::scenario::Scenario;
 use crate::switches::{Kind, Own, Running, Setup};
@@ -82,8 +83,21 @@ pub struct Results {
     pub summary: Vec<SizeSummary>,
 }
 
+/// About what one trial takes beyond its warm-up and window: starting the switch and
+/// testpmd, the supply probe.
+const SETUP: Duration = Duration::from_secs(3);
+
+/// About how long a run takes, retries aside (for the progress bar: its pace corrects it).
+pub fn planned(cfg: &Config) -> Duration {
+    trial_time(cfg) * (cfg.pairs * cfg.sizes.len() * cfg.switches.len()) as u32
+}
+
+fn trial_time(cfg: &Config) -> Duration {
+    SETUP + cfg.warmup + cfg.window
+}
+
 /// Runs every round; `progress` hears about each trial.
-pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
+pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
     for &size in &cfg.sizes {
         frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, &size.pattern(), cfg.flows))?;
@@ -95,14 +109,15 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
                 let mut repeated = 0;
                 let sample = loop {
                     let s = trial(cfg, switch, size, round, repeated)?;
+                    progress.advance(trial_time(cfg));
                     let starved = s.supply.iter().any(|c| c.fraction < cfg.min_supply);
                     if !starved || repeated >= cfg.retries {
                         break s;
                     }
-                    progress(&format!("round {round} {}@{size}: CPU supply {:.0} % — repeating", switch.name(), min_supply(&s) * 100.0));
+                    progress.line(&format!("round {round} {}@{size}: CPU supply {:.0} % — repeating", switch.name(), min_supply(&s) * 100.0));
                     repeated += 1;
                 };
-                progress(&format!(
+                progress.line(&format!(
                     "round {round} {}@{size}: {:.2} Mpps received of {:.2} offered{}",
                     switch.name(),
                     sample.received_mpps,

@@ -11,7 +11,9 @@
 //! MRR trial (its forwarding thread ≥ 95 % busy); the generator's own ceiling is the
 //! yardstick's MRR.
 
+use crate::cpu::{self, Supply};
 use crate::frames::FrameSize;
+use crate::progress::Progress;
 use crate::scenario::Scenario;
 use crate::stats::{self, PDR_LOSS};
 use crate::switches::{Kind, Own, Running, Setup};
@@ -84,7 +86,7 @@ impl Point {
 
 /// Tries a lossy trial again (up to twice) when the generator stalled: a loss caused by
 /// the VM taking the generator's CPU away says nothing about the switch.
-const RETRIES: usize = 2;
+pub const RETRIES: usize = 2;
 
 /// Frame ages at one offered load, microseconds.
 #[derive(Debug, Clone, Copy, Serialize, serde::Deserialize)]
@@ -129,9 +131,43 @@ pub struct Measured {
     pub latency: Option<Latency>,
     /// At 10, 50 and 90 % of this switch's own NDR.
     pub latency_curve: Vec<Latency>,
-    /// MRR (frames per second received) of each alternated round, in order (`--rounds`).
+    /// MRR (frames per second received) of each alternated round, in order (`--rounds`);
+    /// none for a round whose trial was starved of CPU every time it was tried.
     #[serde(default)]
-    pub mrr_rounds: Vec<f64>,
+    pub mrr_rounds: Vec<Option<f64>>,
+    /// Round trials repeated because a CPU got less than [`MIN_SUPPLY`] of its time, and
+    /// rounds dropped because every try was starved.
+    #[serde(default)]
+    pub rounds_repeated: usize,
+    #[serde(default)]
+    pub rounds_dropped: usize,
+    /// Every try of every round, in order: what tells a swing's cause (the switch busy or
+    /// not, its cycles per packet, the CPU supply).
+    #[serde(default)]
+    pub round_trials: Vec<RoundTrial>,
+}
+
+/// A round's trial is repeated (up to [`RETRIES`] times, then dropped) when the spin probe
+/// after it found a CPU given less than this share of its time.
+pub const MIN_SUPPLY: f64 = 0.85;
+/// The spin probe of each CPU after a round's trial.
+const PROBE: Duration = Duration::from_millis(200);
+/// About what starting a switch and its generator and warming up takes (the plan's ETA).
+const START: Duration = Duration::from_secs(3);
+
+/// About how long a run takes (for the progress bar: its pace corrects it).
+pub fn planned(cfg: &Config) -> Duration {
+    let t = cfg.trial;
+    let n = cfg.switches.len() as u32;
+    let rounds = if cfg.rounds > 1 { (START + t + 2 * PROBE) * (cfg.rounds as u32 * n) } else { Duration::ZERO };
+    let throughput = (START + t + t * search_trials(cfg.precision) + cfg.confirm) * n;
+    let latency = (START + t * 4) * n;
+    (rounds + throughput + latency) * cfg.sizes.len() as u32
+}
+
+/// The trials of the NDR and PDR searches together, at most (both ends, then halvings).
+fn search_trials(precision: f64) -> u32 {
+    2 * (2 + (0.5 / precision.max(1e-6)).log2().ceil().max(0.0) as u32)
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -181,27 +217,32 @@ impl Bench {
 }
 
 /// Runs every size and switch; `progress` hears about each trial.
-pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Results> {
+pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
     let mut measured = Vec::new();
     for &size in &cfg.sizes {
-        let rounds = alternated_mrr(cfg, size, &mut progress)?;
+        let rounds = alternated_mrr(cfg, size, progress)?;
         for (i, &switch) in cfg.switches.iter().enumerate() {
-            let mut m = throughput(cfg, switch, size, &mut progress)?;
-            m.mrr_rounds = rounds.iter().map(|r| r[i]).collect();
+            let mut m = throughput(cfg, switch, size, progress)?;
+            m.mrr_rounds = rounds.iter().map(|r| r[i].mpps).collect();
+            m.rounds_repeated = rounds.iter().map(|r| r[i].tries.len() - 1).sum();
+            m.rounds_dropped = rounds.iter().filter(|r| r[i].mpps.is_none()).count();
+            m.round_trials = rounds.iter().flat_map(|r| r[i].tries.clone()).collect();
             measured.push(m);
         }
         // The common load: half the lowest NDR among the switches (PDR when one has no NDR).
         let lowest = measured.iter().filter(|m| m.size == size).filter_map(|m| m.ndr.or(m.pdr)).fold(f64::INFINITY, f64::min);
         for m in measured.iter_mut().filter(|m| m.size == size) {
             let mut b = Bench::start(cfg, m.switch, size)?;
+            progress.advance(START);
             let mut at = |load: f64| -> anyhow::Result<Option<Latency>> {
                 let before = b.running.own();
                 let o = b.generator.trial(Some(load), cfg.trial, true)?;
+                progress.advance(cfg.trial);
                 let cycles = before.zip(b.running.own()).and_then(|(b, a)| Own::cycles_per_packet(b, a));
                 let l = Latency::of(load, &o).map(|l| Latency { switch_cycles_per_packet: cycles, ..l });
                 if let Some(l) = &l {
-                    progress(&format!("{}@{size}: latency at {:.2} Mpps: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", m.switch.name(), load / 1e6, l.p50, l.p99, l.max));
+                    progress.line(&format!("{}@{size}: latency at {:.2} Mpps: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", m.switch.name(), load / 1e6, l.p50, l.p99, l.max));
                 }
                 Ok(l)
             };
@@ -218,10 +259,34 @@ pub fn run(cfg: &Config, mut progress: impl FnMut(&str)) -> anyhow::Result<Resul
     Ok(Results { config: cfg.clone(), measured })
 }
 
+/// One try of one switch in one round.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct RoundTrial {
+    pub round: usize,
+    /// Frames per second received.
+    pub received: f64,
+    pub switch_busy: Option<f64>,
+    pub switch_cycles_per_packet: Option<f64>,
+    /// The generator's longest stall in the trial, µs.
+    pub longest_gap_us: f64,
+    /// The CPU given the least of its time in the probe right after.
+    pub supply: Supply,
+    /// Kept for the headline (false: repeated or, after the last try, dropped).
+    pub kept: bool,
+}
+
+/// One switch in one round: the rate kept (none when every try was starved) and its tries.
+struct Round {
+    mpps: Option<f64>,
+    tries: Vec<RoundTrial>,
+}
+
 /// The headline comparison: `cfg.rounds` rounds of one MRR trial per switch, the switches
 /// alternated within each round (this VM's CPU supply swings over minutes), each switch
-/// started afresh. Per round, every switch's received rate (none when `rounds` is 1).
-fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Vec<Vec<f64>>> {
+/// started afresh, each trial checked for the CPU it got (the spin probe of `cpu.rs` on
+/// both CPUs right after it) and repeated or dropped when starved. Per round, every
+/// switch's trial (none when `rounds` is 1).
+fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &Progress) -> anyhow::Result<Vec<Vec<Round>>> {
     if cfg.rounds <= 1 {
         return Ok(Vec::new());
     }
@@ -229,27 +294,72 @@ fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &mut impl FnMut(&str)
     for round in 0..cfg.rounds {
         let mut r = Vec::with_capacity(cfg.switches.len());
         for &switch in &cfg.switches {
-            let mut b = Bench::start(cfg, switch, size)?;
-            let o = b.generator.trial(None, cfg.trial, false)?;
-            progress(&format!("round {round} {}@{size}: MRR {:.2} Mpps", switch.name(), o.received_pps() / 1e6));
-            r.push(o.received_pps());
+            let mut tries = Vec::new();
+            let mpps = loop {
+                let mut b = Bench::start(cfg, switch, size)?;
+                let before = b.running.own();
+                let o = b.generator.trial(None, cfg.trial, false)?;
+                let own = before.zip(b.running.own());
+                drop(b);
+                let supply = lowest_supply(cfg)?;
+                progress.advance(START + cfg.trial + 2 * PROBE);
+                let starved = supply.fraction < MIN_SUPPLY;
+                let t = RoundTrial {
+                    round,
+                    received: o.received_pps(),
+                    switch_busy: own.and_then(|(b, a)| Own::busy_fraction(b, a)),
+                    switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
+                    longest_gap_us: o.longest_gap_us,
+                    supply,
+                    kept: !starved,
+                };
+                progress.line(&format!(
+                    "round {round} {}@{size}: MRR {:.2} Mpps{}{}",
+                    switch.name(),
+                    t.received / 1e6,
+                    t.switch_cycles_per_packet.zip(t.switch_busy).map(|(c, b)| format!(", {c:.0} cycles/packet, {:.0} % busy", b * 100.0)).unwrap_or_default(),
+                    if starved { format!(" — CPU {} got {:.0} % of its time", supply.cpu, supply.fraction * 100.0) } else { String::new() }
+                ));
+                tries.push(t);
+                if !starved {
+                    break Some(o.received_pps());
+                }
+                if tries.len() > RETRIES {
+                    progress.line(&format!("round {round} {}@{size}: dropped, starved {} times", switch.name(), RETRIES + 1));
+                    break None;
+                }
+            };
+            r.push(Round { mpps, tries });
         }
         rounds.push(r);
     }
     Ok(rounds)
 }
 
+/// The CPU of the layout given the least of its time, probed now.
+fn lowest_supply(cfg: &Config) -> anyhow::Result<Supply> {
+    let mut lowest: Option<Supply> = None;
+    for c in [cfg.layout.generator_cpu, cfg.layout.switch_cpu] {
+        let s = cpu::probe(c, PROBE)?;
+        if lowest.is_none_or(|l| s.fraction < l.fraction) {
+            lowest = Some(s);
+        }
+    }
+    lowest.ok_or_else(|| anyhow::anyhow!("no CPU to probe"))
+}
+
 /// MRR, NDR, PDR and the NDR's confirmation for one switch at one size.
-fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl FnMut(&str)) -> anyhow::Result<Measured> {
+fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &Progress) -> anyhow::Result<Measured> {
     let mut b = Bench::start(cfg, switch, size)?;
     let before = b.running.own();
     let o = b.generator.trial(None, cfg.trial, false)?;
     let after = b.running.own();
+    progress.advance(START + cfg.trial);
     anyhow::ensure!(o.received > 0, "{} forwarded nothing at {size} bytes", switch.name());
     let mrr = Point::of(0.0, &o); // asked 0: as fast as the switch takes them
     let own = before.zip(after);
     let busy = own.and_then(|(b, a)| Own::busy_fraction(b, a));
-    progress(&format!(
+    progress.line(&format!(
         "{}@{size}: MRR {:.2} Mpps{}",
         switch.name(),
         mrr.received / 1e6,
@@ -261,14 +371,15 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl F
         let mut repeated = 0;
         let o = loop {
             let o = b.generator.trial(Some(rate), cfg.trial, false)?;
+            progress.advance(cfg.trial);
             if o.sent == o.received || !o.starved() || repeated == RETRIES {
                 break o;
             }
-            progress(&format!("{name}@{size}: generator stalled {:.0} µs with loss — repeating", o.longest_gap_us));
+            progress.line(&format!("{name}@{size}: generator stalled {:.0} µs with loss — repeating", o.longest_gap_us));
             repeated += 1;
         };
         let p = Point { repeated, ..Point::of(rate, &o) };
-        progress(&format!(
+        progress.line(&format!(
             "{name}@{size}: {:.3} Mpps asked, {:.3} offered, loss {:.4} % (generator's longest stall {:.0} µs)",
             rate / 1e6,
             p.offered / 1e6,
@@ -291,8 +402,9 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl F
     let ndr_confirmed = match ndr {
         Some(r) if !cfg.confirm.is_zero() => {
             let o = b.generator.trial(Some(r), cfg.confirm, false)?;
+            progress.advance(cfg.confirm);
             let p = Point::of(r, &o);
-            progress(&format!("{name}@{size}: NDR {:.3} Mpps confirmed over {:.0} s: loss {:.4} %", r / 1e6, p.seconds, p.loss * 100.0));
+            progress.line(&format!("{name}@{size}: NDR {:.3} Mpps confirmed over {:.0} s: loss {:.4} %", r / 1e6, p.seconds, p.loss * 100.0));
             Some(p)
         }
         _ => None,
@@ -311,5 +423,8 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &mut impl F
         latency: None,
         latency_curve: Vec::new(),
         mrr_rounds: Vec::new(),
+        rounds_repeated: 0,
+        rounds_dropped: 0,
+        round_trials: Vec::new(),
     })
 }

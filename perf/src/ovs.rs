@@ -12,6 +12,7 @@
 use crate::scenario::{self, Scenario};
 use crate::switches::{Own, Sockets};
 use crate::testpmd::{Layout, Memory};
+use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,8 +40,9 @@ pub struct Ovs {
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let o = cmd.output().map_err(|e| anyhow::anyhow!("{cmd:?}: {e}"))?;
-    anyhow::ensure!(o.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    let o = cmd.output().map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    anyhow::ensure!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr).trim().replace('\n', " | "));
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
@@ -168,7 +170,12 @@ impl Ovs {
     }
 
     fn appctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(args))
+        run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(args)).with_context(|| self.step("ovs-appctl", args))
+    }
+
+    /// An Open vSwitch step that failed, named with how ovs-vswitchd's log ends.
+    fn step(&self, program: &str, args: &[&str]) -> String {
+        format!("Open vSwitch: `{program} {}` failed (ovs-vswitchd's log {})", args.join(" "), crate::testpmd::log_tail(&self.dir.join("vswitchd.log")))
     }
 
     fn in_netns(&self, program: &str) -> Command {
@@ -178,7 +185,7 @@ impl Ovs {
     }
 
     fn vsctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(Command::new("ovs-vsctl").arg(format!("--db=unix:{}", self.dir.join("db.sock").display())).arg("--timeout=30").args(args))
+        run(Command::new("ovs-vsctl").arg(format!("--db=unix:{}", self.dir.join("db.sock").display())).arg("--timeout=30").args(args)).with_context(|| self.step("ovs-vsctl", args))
     }
 
     fn wait_path(&self, p: &Path) -> anyhow::Result<()> {
@@ -186,9 +193,9 @@ impl Ovs {
         while !p.exists() {
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "Open vSwitch never made {}; its log: {}",
+                "Open vSwitch never made {} (ovs-vswitchd's log {})",
                 p.display(),
-                std::fs::read_to_string(self.dir.join("vswitchd.log")).unwrap_or_default().lines().rev().take(10).collect::<Vec<_>>().join(" | ")
+                crate::testpmd::log_tail(&self.dir.join("vswitchd.log"))
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -4,6 +4,7 @@
 //! machine starved it).
 
 use crate::mrr::Results;
+use crate::stats::Summary;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -21,8 +22,62 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-fn ratio(r: Option<crate::stats::Summary>) -> String {
-    r.map(|v| format!("{:.2} ({:.2} – {:.2})", v.median, v.min, v.max)).unwrap_or_else(|| "—".into())
+/// A per-round ratio: its median, the rounds' range and the median's 95 % interval, and
+/// whether it can be told from 1.
+fn ratio(r: Option<Summary>) -> String {
+    let Some(v) = r else { return "—".into() };
+    let interval = match v.interval {
+        Some((lo, hi)) => format!("; 95 % CI {lo:.2} – {hi:.2}"),
+        None => format!("; < {} rounds: no interval", crate::stats::MIN_FOR_INTERVAL),
+    };
+    let verdict = if v.excludes(1.0) == Some(false) { " — **not distinguishable from 1**" } else { "" };
+    format!("{:.2}× (rounds {:.2} – {:.2}{interval}){verdict}", v.median, v.min, v.max)
+}
+
+/// A median of Mpps with its 95 % interval.
+fn median_mpps(s: &Summary, scale: f64) -> String {
+    match s.interval {
+        Some((lo, hi)) => format!("{:.2} ({:.2} – {:.2})", s.median / scale, lo / scale, hi / scale),
+        None => format!("{:.2}", s.median / scale),
+    }
+}
+
+/// The alternated MRR rounds of one size: every switch's median with its interval, spread,
+/// and its per-round ratio to OVS and to the yardstick where they ran.
+fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
+    use crate::switches::Kind;
+    let mut o = String::new();
+    let values = |m: &crate::ndr::Measured| -> Vec<f64> { m.mrr_rounds.iter().map(|v| v.unwrap_or(f64::NAN)).collect() };
+    let refs: Vec<(Kind, Vec<f64>)> = [Kind::Ovs, Kind::Yardstick].into_iter().filter_map(|k| here.iter().find(|m| m.switch == k).map(|m| (k, values(m)))).collect();
+    let _ = writeln!(
+        o,
+        "MRR over {rounds} rounds, the switches alternated within each, each trial checked for the CPU it got \
+         (repeated when a CPU had < {:.0} % of its time, dropped after {} tries) — the headline comparison. \
+         Medians with their 95 % confidence interval (percentile bootstrap over the rounds); ratios per round \
+         (both switches in the same minute), then their median:\n",
+        crate::ndr::MIN_SUPPLY * 100.0,
+        crate::ndr::RETRIES + 1
+    );
+    let heads: String = refs.iter().map(|(k, _)| format!(" × {} |", k.name())).collect();
+    let _ = writeln!(o, "| switch | MRR Mpps median (95 % CI) | min – max | spread |{heads} repeated / dropped |");
+    let _ = writeln!(o, "|---|---|---|---|{}---|", "---|".repeat(refs.len()));
+    for m in here {
+        let v = values(m);
+        let Some(sum) = crate::stats::summarize(&v) else { continue };
+        let ratios: String = refs.iter().map(|(k, r)| format!(" {} |", if *k == m.switch { "—".into() } else { ratio(crate::stats::pair_ratios(&v, r)) })).collect();
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.2} – {:.2} | {:.0} % |{ratios} {} / {} |",
+            m.switch.name(),
+            median_mpps(&sum, 1e6),
+            sum.min / 1e6,
+            sum.max / 1e6,
+            sum.spread * 100.0,
+            m.rounds_repeated,
+            m.rounds_dropped
+        );
+    }
+    o
 }
 
 pub fn markdown(r: &Results) -> String {
@@ -57,14 +112,14 @@ pub fn markdown(r: &Results) -> String {
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {}\n", heading(s.size));
-        let _ = writeln!(o, "| switch | Mpps median | min – max | spread | × yardstick (median of rounds) | × OVS (median of rounds) | switch cycles/packet |");
+        let _ = writeln!(o, "| switch | Mpps median (95 % CI) | min – max | spread | × yardstick (per round) | × OVS (per round) | switch cycles/packet |");
         let _ = writeln!(o, "|---|---|---|---|---|---|---|");
         for w in &s.switches {
             let _ = writeln!(
                 o,
-                "| {} | {:.2} | {:.2} – {:.2} | {:.0} % | {} | {} | {} |",
+                "| {} | {} | {:.2} – {:.2} | {:.0} % | {} | {} | {} |",
                 w.switch.name(),
-                w.mpps.median,
+                median_mpps(&w.mpps, 1.0),
                 w.mpps.min,
                 w.mpps.max,
                 w.mpps.spread * 100.0,
@@ -196,24 +251,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let _ = writeln!(o, "## {}\n", heading(size));
         let r = reference.name();
         if let Some(rounds) = here.first().map(|m| m.mrr_rounds.len()).filter(|n| *n > 1) {
-            let ref_rounds: Vec<f64> = of(reference).map(|m| m.mrr_rounds.clone()).unwrap_or_default();
-            let _ = writeln!(o, "MRR over {rounds} rounds, the switches alternated within each (the headline comparison):\n");
-            let _ = writeln!(o, "| switch | MRR Mpps median | min – max | spread | × {r} (median of rounds) |");
-            let _ = writeln!(o, "|---|---|---|---|---|");
-            for m in &here {
-                let Some(sum) = crate::stats::summarize(&m.mrr_rounds) else { continue };
-                let vs = if m.switch == reference || ref_rounds.is_empty() { None } else { crate::stats::pair_ratios(&m.mrr_rounds, &ref_rounds) };
-                let _ = writeln!(
-                    o,
-                    "| {} | {:.2} | {:.2} – {:.2} | {:.0} % | {} |",
-                    m.switch.name(),
-                    sum.median / 1e6,
-                    sum.min / 1e6,
-                    sum.max / 1e6,
-                    sum.spread * 100.0,
-                    vs.map(|v| format!("{:.2}×", v.median)).unwrap_or_else(|| "—".into())
-                );
-            }
+            let _ = writeln!(o, "{}", rounds_table(&here, rounds));
             let _ = writeln!(o, "\nEach switch's searches:\n");
         }
         let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × {r} | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × {r} | cycles/packet |");
@@ -262,6 +300,30 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
             }
             let _ = writeln!(o, "\n![latency against load, {size} B](latency-{size}.svg)\n");
         }
+    }
+    if r.measured.iter().any(|m| !m.round_trials.is_empty()) {
+        let _ = writeln!(o, "## Every round\n");
+        let _ = writeln!(o, "| size | round | switch | MRR Mpps | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+        for m in &r.measured {
+            for t in &m.round_trials {
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {:.2} | {} | {} | {:.0} | {:.0} % (CPU {}) | {} |",
+                    m.size,
+                    t.round,
+                    m.switch.name(),
+                    t.received / 1e6,
+                    t.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
+                    t.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
+                    t.longest_gap_us,
+                    t.supply.fraction * 100.0,
+                    t.supply.cpu,
+                    if t.kept { "yes" } else { "no: starved" }
+                );
+            }
+        }
+        let _ = writeln!(o);
     }
     let _ = writeln!(o, "## Every trial\n");
     let _ = writeln!(o, "| size | switch | asked Mpps | offered Mpps | received Mpps | bytes/frame out | loss | seconds | generator's longest stall µs | repeated |");

@@ -13,6 +13,24 @@ pub struct Summary {
     pub max: f64,
     /// (max − min) / median: how far to trust the median.
     pub spread: f64,
+    /// A 95 % confidence interval of the median (percentile bootstrap over the values;
+    /// none for fewer than [`MIN_FOR_INTERVAL`] values).
+    #[serde(default)]
+    pub interval: Option<(f64, f64)>,
+}
+
+/// Fewer values than this give no interval worth stating.
+pub const MIN_FOR_INTERVAL: usize = 3;
+/// The bootstrap's resamples and confidence level.
+const RESAMPLES: usize = 4000;
+const LEVEL: f64 = 0.95;
+
+impl Summary {
+    /// Whether the interval excludes `x` (a ratio's 1.0): when it does not, the values are
+    /// not distinguishable from `x`; with no interval, nothing can be said.
+    pub fn excludes(&self, x: f64) -> Option<bool> {
+        self.interval.map(|(lo, hi)| x < lo || x > hi)
+    }
 }
 
 /// `None` for no values.
@@ -23,10 +41,50 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    let median = median_of_sorted(&v);
     let (min, max) = (v[0], v[n - 1]);
     let spread = if median > 0.0 { (max - min) / median } else { 0.0 };
-    Some(Summary { n, median, min, max, spread })
+    // The percentiles may fall a hair beside the median itself with few values.
+    let interval = (n >= MIN_FOR_INTERVAL).then(|| median_interval(&v)).map(|(lo, hi)| (lo.min(median), hi.max(median)));
+    Some(Summary { n, median, min, max, spread, interval })
+}
+
+fn median_of_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// The percentile bootstrap of the median of `v` (sorted): the median of `RESAMPLES`
+/// resamples with replacement, the central `LEVEL` of them. Seeded by the values, so a
+/// report written again from the same results says the same.
+fn median_interval(v: &[f64]) -> (f64, f64) {
+    let mut rng = SplitMix(v.iter().fold(0x9e37_79b9_7f4a_7c15, |h, x| (h ^ x.to_bits()).wrapping_mul(0x100_0000_01b3)));
+    let mut sample = vec![0.0; v.len()];
+    let mut medians: Vec<f64> = (0..RESAMPLES)
+        .map(|_| {
+            for s in sample.iter_mut() {
+                *s = v[(rng.next() % v.len() as u64) as usize];
+            }
+            sample.sort_by(f64::total_cmp);
+            median_of_sorted(&sample)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    let at = |q: f64| medians[((q * (RESAMPLES - 1) as f64).round() as usize).min(RESAMPLES - 1)];
+    (at((1.0 - LEVEL) / 2.0), at((1.0 + LEVEL) / 2.0))
+}
+
+/// splitmix64: a small, good, deterministic generator for the bootstrap.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
 }
 
 /// The ratio of `a` to `b` per interleaved pair (trials `i` of both ran back to back), then
@@ -91,6 +149,31 @@ mod tests {
         assert!(summarize(&[f64::NAN]).is_none());
         let r = pair_ratios(&[2.0, 4.0, 9.0], &[1.0, 4.0, 0.0]).unwrap();
         assert_eq!((r.n, r.median), (2, 1.5), "a pair whose reference got nothing is left out");
+    }
+
+    #[test]
+    fn the_median_has_an_interval_and_a_ratio_says_when_it_is_no_ratio() {
+        assert_eq!(summarize(&[1.0, 2.0]).unwrap().interval, None, "two values: no interval");
+        let s = summarize(&[10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3]).unwrap();
+        let (lo, hi) = s.interval.unwrap();
+        assert!(lo <= s.median && s.median <= hi && lo >= s.min && hi <= s.max, "{s:?}");
+        assert_eq!(summarize(&[10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3]).unwrap().interval, s.interval, "the same values, the same interval");
+        // Knitter twice OVS in every round: distinguishable from 1.
+        let twice = pair_ratios(&[20.0, 21.0, 19.0, 20.5, 19.5], &[10.0, 10.4, 9.6, 10.1, 9.9]).unwrap();
+        assert_eq!(twice.excludes(1.0), Some(true), "{twice:?}");
+        // Ahead in some rounds, behind in others: not distinguishable from 1.
+        let even = pair_ratios(&[10.0, 11.0, 9.0, 10.5, 9.5], &[10.0, 10.0, 10.0, 10.0, 10.0]).unwrap();
+        assert_eq!(even.excludes(1.0), Some(false), "{even:?}");
+        assert_eq!(pair_ratios(&[2.0, 3.0], &[1.0, 1.0]).unwrap().excludes(1.0), None, "two rounds say nothing");
+    }
+
+    proptest! {
+        #[test]
+        fn the_interval_holds_the_median(v in proptest::collection::vec(0.0f64..100.0, 3..15)) {
+            let s = summarize(&v).unwrap();
+            let (lo, hi) = s.interval.unwrap();
+            prop_assert!(s.min <= lo && lo <= s.median && s.median <= hi && hi <= s.max, "{s:?}");
+        }
     }
 
     /// A switch that forwards up to `cap` and drops the excess, plus `noise` of loss.

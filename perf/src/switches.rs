@@ -122,8 +122,18 @@ impl Running {
             }
             Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
         };
-        wait_for(&[&s.a, &s.b], kind)?;
+        wait_for(&[&s.a, &s.b], kind, &running.log(work))?;
         Ok((running, s))
+    }
+
+    /// Where the switch's log is (for the error when it does not come up).
+    fn log(&self, work: &Path) -> PathBuf {
+        match self {
+            Running::Ovs(_) => work.join("ovs/vswitchd.log"),
+            Running::Yardstick(_) => work.join("yardstick.out"),
+            Running::Pair(_) => work.join("knitter1.log"),
+            Running::Knitter { .. } | Running::Bridge => work.join("knitter.log"),
+        }
     }
 
     /// Starts `kind` on the switch ends of `veths` (the kernel-interface scenario).
@@ -146,7 +156,7 @@ impl Running {
                 // The ports open once the daemon runs: wait until both serve.
                 let deadline = Instant::now() + Duration::from_secs(30);
                 while running.own().is_none() {
-                    anyhow::ensure!(Instant::now() < deadline, "knitter-vswitchd never answered on its API (see knitter.log)");
+                    anyhow::ensure!(Instant::now() < deadline, "knitter-vswitchd never answered on its API (its log {})", testpmd::log_tail(&work.join("knitter.log")));
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 Ok(running)
@@ -181,7 +191,7 @@ impl Running {
         let first = node(0, &s.a, NODE_1, local, peer)?;
         let second = node(1, &s.b, NODE_2, peer, local)?;
         let running = Running::Pair(Box::new([first, second]));
-        wait_for(&[&s.a, &s.b], kind)?;
+        wait_for(&[&s.a, &s.b], kind, &running.log(work))?;
         Ok((running, s))
     }
 
@@ -249,11 +259,12 @@ impl Drop for Running {
     }
 }
 
-/// Waits (30 s at most) until the switch made its sockets.
-fn wait_for(sockets: &[&Path], kind: Kind) -> anyhow::Result<()> {
+/// Waits (30 s at most) until the switch made its sockets; when it does not, the error
+/// ends with how its `log` ends.
+fn wait_for(sockets: &[&Path], kind: Kind, log: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sockets.iter().all(|p| p.exists()) {
-        anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets", kind.name());
+        anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets (its log {})", kind.name(), testpmd::log_tail(log));
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())

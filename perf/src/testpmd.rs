@@ -21,15 +21,6 @@ pub enum Memory {
 }
 
 impl Memory {
-    /// Hugepages when enough are free for two DPDK processes and a switch.
-    pub fn detect() -> Memory {
-        let free = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| m.lines().find(|l| l.starts_with("HugePages_Free:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
-            .unwrap_or(0);
-        if free >= 1100 { Memory::Hugepages } else { Memory::Plain }
-    }
-
     fn eal(self) -> &'static [&'static str] {
         match self {
             Memory::Hugepages => &["--in-memory", "-m", "1024", "--single-file-segments"],
@@ -115,7 +106,7 @@ impl Testpmd {
     pub fn wait_for(&self, what: &str, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         while !self.output().contains(what) {
-            anyhow::ensure!(Instant::now() < deadline, "dpdk-testpmd never said {what:?}; its output: {}", tail(&self.output()));
+            anyhow::ensure!(Instant::now() < deadline, "dpdk-testpmd never said {what:?} (its output {})", log_tail(&self.out));
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
@@ -152,9 +143,19 @@ pub fn remove_runtime_dir(prefix: &str) {
     let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(prefix));
 }
 
+/// The last lines of a program's output, on one line (an error message's).
 fn tail(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+/// Where a program's log is and how it ends, for an error message: `path: last | lines`.
+pub fn log_tail(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(s) if !s.trim().is_empty() => format!("{}: {}", path.display(), tail(&s)),
+        Ok(_) => format!("{} (empty)", path.display()),
+        Err(e) => format!("{}: {e}", path.display()),
+    }
 }
 
 /// Where the generator and the switch run.
@@ -241,7 +242,7 @@ impl Generator {
                 let bytes = last_count(fresh, 2, "Rx-bps:").filter(|_| rx > 0).map(|bps| bps as f64 / 8.0 / rx as f64);
                 return Ok(Rates { offered: tx as f64, received: rx as f64, received_frame_bytes: bytes });
             }
-            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator: {}", tail(&out));
+            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator (its output {})", log_tail(&self.0.out));
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -127,3 +127,59 @@ fn a_short_veth_run_forwards_through_kernel_ports_and_the_bridge() {
     }
     assert!(md.contains("| bridge |") && md.contains("× bridge"), "{md}");
 }
+
+fn hugepages_total() -> u64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap();
+    m.lines().find_map(|l| l.strip_prefix("HugePages_Total:")).and_then(|v| v.trim().parse().ok()).unwrap()
+}
+
+/// A run on a machine with too few hugepages reserved prepares them (as root) and gives
+/// them back when it ends; its headline carries a confidence interval and every round's
+/// details. As another user it stops at once, in one line, with what to do — no backtrace.
+#[test]
+fn the_lab_prepares_hugepages_and_gives_them_back() {
+    if !can_run(false) {
+        return;
+    }
+    let before = hugepages_total();
+    let out = tempfile::tempdir().unwrap();
+    let args = ["ndr", "--switches", "knitter", "--memory", "hugepages", "--sizes", "64", "--rounds", "3", "--trial", "0.3", "--confirm", "0", "--precision", "0.5"];
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(args).arg("--out").arg(out.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert_eq!(hugepages_total(), before, "the hugepages the run reserved were given back: {stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    assert_eq!(r["config"]["memory"], "Hugepages", "{r}");
+    let m = &r["measured"][0];
+    assert_eq!(m["round_trials"].as_array().map(Vec::len).unwrap_or(0) as u64, 3 + m["rounds_repeated"].as_u64().unwrap(), "{m}");
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("MRR Mpps median (95 % CI)") && md.contains("## Every round"), "{md}");
+
+    // The same as an unprivileged user: refused before anything starts.
+    let bin = tempfile::Builder::new().prefix("kp-bin.").tempdir().unwrap();
+    let exe = bin.path().join("knitter-perf");
+    std::fs::copy(env!("CARGO_BIN_EXE_knitter-perf"), &exe).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(args)
+        .arg("--out")
+        .arg(bin.path().join("out"))
+        .env("RUST_BACKTRACE", "1")
+        .current_dir(bin.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line, no backtrace: {stderr}");
+    assert!(stderr.starts_with("knitter-perf: this machine cannot run it yet") && stderr.contains("root: run as root"), "{stderr}");
+    assert_eq!(hugepages_total(), before);
+
+    // The doctor names what is missing and fails.
+    let doc = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(["doctor", "--switch-cpu", "0"]).output().unwrap();
+    let text = String::from_utf8_lossy(&doc.stdout);
+    assert_eq!(doc.status.code(), Some(1), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("MISSING CPUs")) && text.lines().any(|l| l.starts_with("ok      knitter-vswitchd")), "{text}");
+}
