@@ -44,6 +44,10 @@ struct Common {
     /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// Knitter's pod ports without port security (by default they have it, allowing the
+    /// pod's MAC and IP address only, as the CNI makes them).
+    #[arg(long)]
+    no_port_security: bool,
     /// Where results.json and report.md go.
     #[arg(long, default_value = "perf-results")]
     out: PathBuf,
@@ -229,6 +233,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 sizes: common.sizes.clone(),
                 flows: common.flows,
                 pairs: rounds,
+                port_security: !common.no_port_security,
                 warmup: Duration::from_secs_f64(warmup),
                 window: Duration::from_secs_f64(window),
                 min_supply,
@@ -258,6 +263,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 confirm: Duration::from_secs_f64(confirm),
                 precision,
                 rounds,
+                port_security: !common.no_port_security,
                 baseline: common.baseline.clone(),
                 work: lab.work.path().to_path_buf(),
             };

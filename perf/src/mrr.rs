@@ -32,6 +32,9 @@ pub struct Config {
     /// The knitter-vswitchd binary the `baseline` switch runs.
     #[serde(default)]
     pub baseline: Option<PathBuf>,
+    /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
+    #[serde(default)]
+    pub port_security: bool,
     #[serde(skip)]
     pub work: PathBuf,
 }
@@ -138,7 +141,7 @@ fn min_supply(s: &Sample) -> f64 {
 }
 
 fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: Scenario::L2 };
+    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: Scenario::L2, port_security: cfg.port_security };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let a_pcap = cfg.work.join(format!("a-{size}.pcap"));

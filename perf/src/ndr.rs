@@ -46,6 +46,9 @@ pub struct Config {
     pub memory: Memory,
     #[serde(default)]
     pub baseline: Option<PathBuf>,
+    /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
+    #[serde(default)]
+    pub port_security: bool,
     #[serde(skip)]
     pub work: PathBuf,
 }
@@ -187,7 +190,7 @@ struct Bench {
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
-        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario };
+        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
         let (mut veths, mut underlay) = (None, None);
         let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {

@@ -34,6 +34,10 @@ fn ratio(r: Option<Summary>) -> String {
     format!("{:.2}× (rounds {:.2} – {:.2}{interval}){verdict}", v.median, v.min, v.max)
 }
 
+fn security(on: bool) -> &'static str {
+    if on { "port security on (the pod's MAC and IP only, as the CNI makes them)" } else { "no port security" }
+}
+
 /// A median of Mpps with its 95 % interval.
 fn median_mpps(s: &Summary, scale: f64) -> String {
     match s.interval {
@@ -86,12 +90,13 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "# knitter-perf: L2 vhost-user ↔ vhost-user, maximum receive rate\n");
     let _ = writeln!(
         o,
-        "Machine: {} vCPUs, {}. Memory: {:?}. Switch forwarding thread on CPU {}, generator on CPU {}. \
+        "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
          {} round(s), switches alternated in each; {} s warm-up, {} s window; {} flow(s); \
          frame sizes count the FCS.\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         cpu_model(),
         c.memory,
+        security(c.port_security),
         c.layout.switch_cpu,
         c.layout.generator_cpu,
         c.pairs,
@@ -206,11 +211,12 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     let _ = writeln!(
         o,
-        "Machine: {} vCPUs, {}. Memory: {:?}. Switch forwarding thread on CPU {}, generator on CPU {}. \
+        "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
          {} flow(s); frame sizes count the FCS.\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         cpu_model(),
         c.memory,
+        security(c.port_security),
         c.layout.switch_cpu,
         c.layout.generator_cpu,
         c.flows

@@ -10,7 +10,7 @@
 
 use crate::scenario::{self, Scenario};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
-use crate::frames::Endpoint;
+use crate::frames::{self, Endpoint};
 use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, UNDERLAY_MTU, Underlay, Veths};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -100,6 +100,8 @@ pub struct Setup<'a> {
     /// The knitter-vswitchd binary [`Kind::Baseline`] runs.
     pub baseline: Option<&'a Path>,
     pub scenario: Scenario,
+    /// Knitter's pod ports with port security, as the CNI makes them.
+    pub port_security: bool,
 }
 
 impl Running {
@@ -117,7 +119,7 @@ impl Running {
             }
             Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
             Kind::Knitter | Kind::Baseline => {
-                let running = Running::knitter(kind, setup, &knitter_config(&work.join("knitter.sock"), &s, mem, layout, setup.scenario))?;
+                let running = Running::knitter(kind, setup, &knitter_config(&work.join("knitter.sock"), &s, setup))?;
                 (running, s)
             }
             Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
@@ -149,9 +151,9 @@ impl Running {
             Kind::Ovs => Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(work, mem, layout, ns, SW_A, SW_B)?)),
             Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => {
                 let device = if kind == Kind::KnitterAfpacket { "af_packet" } else { "af_xdp" };
-                let port = |name: &str, ifname: &str| access_port(name, &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#));
+                let port = |name: &str, ifname: &str, pod| access_port(name, &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#), setup.pod(pod));
                 let api = work.join("knitter.sock");
-                let conf = daemon_config(&api, mem, layout) + L2_BRIDGE + &port("a", SW_A) + &port("b", SW_B);
+                let conf = daemon_config(&api, mem, layout) + L2_BRIDGE + &port("a", SW_A, frames::A) + &port("b", SW_B, frames::B);
                 let running = Running::knitter(kind, setup, &conf)?;
                 // The ports open once the daemon runs: wait until both serve.
                 let deadline = Instant::now() + Duration::from_secs(30);
@@ -183,7 +185,7 @@ impl Running {
             // other's rings overflow: sharing a CPU, they sleep as soon as they find nothing.
             let idle = if shared { r#"{ policy = "adaptive", spin_us = 0, max_sleep_us = 1000 }"# } else { r#"{ policy = "busy" }"# };
             let mut conf = daemon_config_idle(&work.join(format!("{tag}.sock")), mem, layout, idle);
-            conf += &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()));
+            conf += &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()), setup.pod(if i == 0 { frames::A } else { frames::B }));
             // No next hop given: each switch answers ARP for its own VTEP address and asks for the other's.
             conf += &vxlan_node(&format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#), me, other, false, Some(UNDERLAY_MTU));
             Running::knitter_as(&tag, kind, setup, &conf)
@@ -327,15 +329,26 @@ listen = ""
 
 const L2_BRIDGE: &str = "[[bridges]]\nname = \"l2\"\n";
 
-/// Port `name` on `device` (the inside of its TOML table), an access port of bridge `l2`.
-fn access_port(name: &str, device: &str) -> String {
-    format!("[[ports]]\nname = \"{name}\"\ndevice = {{ {device} }}\nmode = {{ kind = \"access\", bridge = \"l2\" }}\n")
+/// Port `name` on `device` (the inside of its TOML table), an access port of bridge `l2`;
+/// with `pod`, a pod port as the CNI makes it: port security allowing only the pod's MAC
+/// and IP address.
+fn access_port(name: &str, device: &str, pod: Option<Endpoint>) -> String {
+    let security = pod.map(|p| format!("security = {{ macs = [\"{}\"], ips = [\"{}\"] }}\n", p.mac_text(), p.ip_addr())).unwrap_or_default();
+    format!("[[ports]]\nname = \"{name}\"\ndevice = {{ {device} }}\nmode = {{ kind = \"access\", bridge = \"l2\" }}\n{security}")
+}
+
+impl Setup<'_> {
+    /// The pod behind a pod port, when pod ports have port security.
+    fn pod(&self, e: Endpoint) -> Option<Endpoint> {
+        self.port_security.then_some(e)
+    }
 }
 
 /// The daemon with pod port A on socket `s.a` and, for the scenario, what `s.b` is:
 /// another pod port, a trunk, or the VTEP's underlay.
-fn knitter_config(api: &Path, s: &Sockets, mem: Memory, layout: Layout, scenario: Scenario) -> String {
-    let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()));
+fn knitter_config(api: &Path, s: &Sockets, setup: &Setup) -> String {
+    let (mem, layout, scenario) = (setup.memory, setup.layout, setup.scenario);
+    let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()), setup.pod(frames::A));
     let b = s.b.display();
     if scenario.is_vxlan() {
         // The generator plays the remote VTEP and answers no ARP: its MAC is given.
@@ -354,7 +367,7 @@ mode = {{ kind = "trunk", allowed = [{vlan}] }}
         );
     } else {
         c += L2_BRIDGE;
-        c += &access_port("b", &format!(r#"kind = "vhost_user", socket = "{b}""#));
+        c += &access_port("b", &format!(r#"kind = "vhost_user", socket = "{b}""#), setup.pod(frames::B));
     }
     c
 }
