@@ -105,7 +105,7 @@ fn hugepages(plan: &Plan, root: bool) -> Check {
     } else if root {
         check(what, true, format!("{state}: the run reserves {} and gives them back", need - pool.free))
     } else {
-        let c = check(what, false, format!("{state}: run as root, or reserve them first (echo {} > /proc/sys/vm/nr_hugepages){}", pool.total + need - pool.free, if required { "" } else { ", or --memory plain" }));
+        let c = check(what, false, format!("{state}: run as root, or reserve them first (echo {} > /proc/sys/vm/nr_hugepages){}", machine::total_to_ask(pool, need).unwrap_or(pool.persistent()), if required { "" } else { ", or --memory plain" }));
         Check { optional: !required, ..c }
     }
 }

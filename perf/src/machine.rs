@@ -21,6 +21,9 @@ pub struct Pool {
     pub page_kib: u64,
     pub total: u64,
     pub free: u64,
+    /// Pages above the persistent pool: in use after the pool was lowered beneath them (a
+    /// DPDK process still exiting when a run gave its pages back), freed when released.
+    pub surplus: u64,
 }
 
 impl Pool {
@@ -33,7 +36,12 @@ impl Pool {
         let field = |name: &str| {
             meminfo.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()).unwrap_or(0)
         };
-        Pool { page_kib: field("Hugepagesize:").max(1), total: field("HugePages_Total:"), free: field("HugePages_Free:") }
+        Pool { page_kib: field("Hugepagesize:").max(1), total: field("HugePages_Total:"), free: field("HugePages_Free:"), surplus: field("HugePages_Surp:") }
+    }
+
+    /// The pool's own size, `nr_hugepages` (surplus pages go away by themselves).
+    pub fn persistent(&self) -> u64 {
+        self.total.saturating_sub(self.surplus)
     }
 
     /// Pages of this size holding `mib` MiB.
@@ -69,9 +77,9 @@ pub fn hugepages_required(switches: &[Kind]) -> bool {
     switches.contains(&Kind::Ovs)
 }
 
-/// What to do to have `pages` free: the new total to ask the kernel for, if any.
+/// What to do to have `pages` free: the new `nr_hugepages` to ask the kernel for, if any.
 pub fn total_to_ask(pool: Pool, pages: u64) -> Option<u64> {
-    (pool.free < pages).then(|| pool.total + (pages - pool.free))
+    (pool.free < pages).then(|| pool.persistent() + (pages - pool.free))
 }
 
 /// The first hugetlbfs mount of `page_kib` pages in /proc/mounts (DPDK looks there).
@@ -143,13 +151,13 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
             return Err(Unprepared::NotRoot { need, free: pool.free, ask, kib: pool.page_kib, plain_note: PLAIN_NOTE });
         }
         std::fs::write(pool.sysfs(), ask.to_string())?;
-        undo.total = Some((pool.total, pool.sysfs()));
+        undo.total = Some((pool.persistent(), pool.sysfs()));
         let now = Pool::read()?;
         if now.free < need {
             put_back(&undo);
             return Err(Unprepared::Short { got: now.free, need, plain_note: PLAIN_NOTE });
         }
-        did.push(format!("reserved {} hugepages of {} KiB ({} → {})", now.total - pool.total, pool.page_kib, pool.total, now.total));
+        did.push(format!("reserved {} hugepages of {} KiB ({} → {})", now.persistent().saturating_sub(pool.persistent()), pool.page_kib, pool.persistent(), now.persistent()));
     }
     let mounts = std::fs::read_to_string("/proc/mounts")?;
     if mount_of(&mounts, pool.page_kib).is_none() && root {
@@ -207,18 +215,19 @@ impl Drop for Reservation {
 mod tests {
     use super::*;
 
-    const MEMINFO: &str = "MemTotal: 24608000 kB\nHugePages_Total:     200\nHugePages_Free:      150\nHugePages_Rsvd:        0\nHugepagesize:       2048 kB\n";
+    const MEMINFO: &str = "MemTotal: 24608000 kB\nHugePages_Total:     200\nHugePages_Free:      150\nHugePages_Rsvd:        0\nHugePages_Surp:       20\nHugepagesize:       2048 kB\n";
 
     #[test]
     fn the_pool_and_its_arithmetic() {
         let p = Pool::parse(MEMINFO);
-        assert_eq!(p, Pool { page_kib: 2048, total: 200, free: 150 });
+        assert_eq!(p, Pool { page_kib: 2048, total: 200, free: 150, surplus: 20 });
+        assert_eq!(p.persistent(), 180);
         assert_eq!(p.pages_for(1024), 512);
         assert_eq!(p.pages_for(1025), 513, "a part page is a page");
         assert_eq!(total_to_ask(p, 100), None, "enough free: nothing asked");
         assert_eq!(total_to_ask(p, 150), None);
-        assert_eq!(total_to_ask(p, 600), Some(650), "the pages in use stay in use: total grows by the shortfall");
-        let gig = Pool { page_kib: 1024 * 1024, total: 0, free: 0 };
+        assert_eq!(total_to_ask(p, 600), Some(630), "the pool grows by the shortfall; surplus pages, going away, are not kept");
+        let gig = Pool { page_kib: 1024 * 1024, total: 0, free: 0, surplus: 0 };
         assert_eq!(gig.pages_for(1040), 2);
         assert_eq!(Pool::parse("").page_kib, 1, "no hugepage support: no division by zero");
     }

@@ -56,6 +56,9 @@ pub struct Sample {
     pub switch_drops: Option<u64>,
     /// `None` when unknown (the switch has no counters to tell).
     pub switch_was_bottleneck: Option<bool>,
+    /// What the switch cost the VNF (the generator: DPDK's net_virtio_user) over the window.
+    #[serde(default)]
+    pub vnf: crate::testpmd::VnfCost,
     /// The CPU supply measured right after the trial, per CPU of the layout.
     pub supply: Vec<Supply>,
     /// Earlier attempts of this trial thrown away because the machine was starved.
@@ -71,6 +74,11 @@ pub struct SwitchSummary {
     /// Per-round ratio to Open vSwitch with DPDK, when it ran.
     pub vs_ovs: Option<Summary>,
     pub cycles_per_packet: Option<Summary>,
+    /// What the switch cost the VNF: its cycles per packet and write system calls a second.
+    #[serde(default)]
+    pub vnf_cycles_per_packet: Option<Summary>,
+    #[serde(default)]
+    pub vnf_writes_per_s: Option<Summary>,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -153,6 +161,7 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
     std::thread::sleep(cfg.window);
     let after = running.own();
     let rates = generator.read()?;
+    let vnf = generator.cost();
     drop(generator);
     drop(running);
     let supply = [cfg.layout.generator_cpu, cfg.layout.switch_cpu].iter().map(|&c| cpu::probe(c, Duration::from_millis(200))).collect::<Result<Vec<_>, _>>()?;
@@ -165,6 +174,7 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
         offered_mpps: rates.offered / 1e6,
         received_mpps: rates.received / 1e6,
         received_frame_bytes: rates.received_frame_bytes,
+        vnf,
         switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
         switch_busy: busy,
         switch_drops: own.map(|(b, a)| a.drops.saturating_sub(b.drops)),
@@ -195,6 +205,8 @@ pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
                         vs_yardstick: if k == Kind::Yardstick || yard.is_empty() { None } else { stats::pair_ratios(&mpps, &yard) },
                         vs_ovs: if k == Kind::Ovs || ovs.is_empty() { None } else { stats::pair_ratios(&mpps, &ovs) },
                         cycles_per_packet: stats::summarize(&cycles),
+                        vnf_cycles_per_packet: stats::summarize(&mine.iter().filter_map(|s| s.vnf.cycles_per_packet).collect::<Vec<_>>()),
+                        vnf_writes_per_s: stats::summarize(&mine.iter().filter_map(|s| s.vnf.writes_per_s).collect::<Vec<_>>()),
                     })
                 })
                 .collect();

@@ -272,6 +272,12 @@ pub struct RoundTrial {
     pub switch_cycles_per_packet: Option<f64>,
     /// The generator's longest stall in the trial, µs.
     pub longest_gap_us: f64,
+    /// Bytes per frame received (no FCS) and completions naming no descriptor: a rate
+    /// that swings with frames of the wrong size, or with bogus completions, is not a rate.
+    #[serde(default)]
+    pub frame_bytes: Option<f64>,
+    #[serde(default)]
+    pub bad_completions: u64,
     /// The CPU given the least of its time in the probe right after.
     pub supply: Supply,
     /// Kept for the headline (false: repeated or, after the last try, dropped).
@@ -313,6 +319,8 @@ fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &Progress) -> anyhow:
                     switch_busy: own.and_then(|(b, a)| Own::busy_fraction(b, a)),
                     switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
                     longest_gap_us: o.longest_gap_us,
+                    frame_bytes: o.frame_bytes(),
+                    bad_completions: o.bad_completions,
                     supply,
                     kept: !starved,
                 };

@@ -112,17 +112,23 @@ pub fn markdown(r: &Results) -> String {
          the received rate on B is the MRR. Ratios are per round (both switches measured back to \
          back), then the median. A trial is repeated when a CPU got < {:.0} % of its time \
          (a TSC spin probe after it). The yardstick is testpmd's own `net_vhost` io forwarding: \
-         no switching, two copies per frame.\n",
+         no switching, two copies per frame. The generator is the VNF (DPDK's own \
+         `net_virtio_user` driver): what each switch costs it is read over the same window — \
+         its forwarding cycles per frame received (testpmd `--record-core-cycles`; its pcap \
+         replay included, the same for every switch) and its write system calls a second \
+         (kicks to the switch are eventfd writes; /proc/PID/io). On two vCPUs a DPDK generator \
+         cannot outrun a switch, so these trials compare what each switch forwards plus what it \
+         costs the VNF; the switches' ceilings come from `ndr` (Knitter's own generator).\n",
         c.min_supply * 100.0
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {}\n", heading(s.size));
-        let _ = writeln!(o, "| switch | Mpps median (95 % CI) | min – max | spread | × yardstick (per round) | × OVS (per round) | switch cycles/packet |");
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(o, "| switch | Mpps median (95 % CI) | min – max | spread | × yardstick (per round) | × OVS (per round) | switch cycles/packet | VNF cycles/packet | VNF writes/s |");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for w in &s.switches {
             let _ = writeln!(
                 o,
-                "| {} | {} | {:.2} – {:.2} | {:.0} % | {} | {} | {} |",
+                "| {} | {} | {:.2} – {:.2} | {:.0} % | {} | {} | {} | {} | {} |",
                 w.switch.name(),
                 median_mpps(&w.mpps, 1.0),
                 w.mpps.min,
@@ -131,18 +137,20 @@ pub fn markdown(r: &Results) -> String {
                 ratio(w.vs_yardstick),
                 ratio(w.vs_ovs),
                 w.cycles_per_packet.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
+                w.vnf_cycles_per_packet.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
+                w.vnf_writes_per_s.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
             );
         }
         let _ = writeln!(o);
     }
     let _ = writeln!(o, "## Every trial\n");
-    let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | CPU supply | repeated |");
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | repeated |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for t in &r.samples {
         let supply: Vec<String> = t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
             t.round,
             t.size,
             t.switch.name(),
@@ -156,6 +164,8 @@ pub fn markdown(r: &Results) -> String {
                 Some(false) => "**no**",
                 None => "unknown",
             },
+            t.vnf.cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
+            t.vnf.writes_per_s.map(|w| format!("{w:.0}")).unwrap_or_else(|| "—".into()),
             supply.join(", "),
             t.repeated
         );
@@ -309,17 +319,19 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     }
     if r.measured.iter().any(|m| !m.round_trials.is_empty()) {
         let _ = writeln!(o, "## Every round\n");
-        let _ = writeln!(o, "| size | round | switch | MRR Mpps | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |");
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(o, "| size | round | switch | MRR Mpps | bytes/frame out | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.measured {
             for t in &m.round_trials {
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {:.2} | {} | {} | {:.0} | {:.0} % (CPU {}) | {} |",
+                    "| {} | {} | {} | {:.2} | {}{} | {} | {} | {:.0} | {:.0} % (CPU {}) | {} |",
                     m.size,
                     t.round,
                     m.switch.name(),
                     t.received / 1e6,
+                    t.frame_bytes.map(|b| format!("{b:.0}")).unwrap_or_else(|| "—".into()),
+                    if t.bad_completions > 0 { format!(", {} bad completions", t.bad_completions) } else { String::new() },
                     t.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
                     t.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
                     t.longest_gap_us,

@@ -120,6 +120,14 @@ impl Running {
             Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
             Kind::Knitter | Kind::Baseline => {
                 let running = Running::knitter(kind, setup, &knitter_config(&work.join("knitter.sock"), &s, setup))?;
+                wait_for(&[&s.a, &s.b], kind, &running.log(work))?;
+                // The daemon falls back to plain pages quietly; a run that reserved
+                // hugepages must not measure it there.
+                anyhow::ensure!(
+                    mem != Memory::Hugepages || running.on_hugepages() != Some(false),
+                    "knitter-vswitchd's buffers are not on hugepages although the run reserved them (its log {})",
+                    testpmd::log_tail(&running.log(work))
+                );
                 (running, s)
             }
             Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
@@ -223,6 +231,14 @@ impl Running {
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
         Ok(Running::Knitter { child, api })
+    }
+
+    /// Whether Knitter's buffer pool is on hugepages (none: not Knitter, or no answer).
+    fn on_hugepages(&self) -> Option<bool> {
+        let Running::Knitter { api, .. } = self else { return None };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        let view = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).show(knitter_api::node::ShowRequest::default())).await }).ok()?.ok()?.into_inner();
+        Some(view.hugepages)
     }
 
     /// The switch's own counters, when it has an API for them.

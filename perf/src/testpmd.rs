@@ -171,8 +171,38 @@ pub struct Layout {
 }
 
 /// The generator of one trial: offers `a_pcap` (replayed forever) into `a_sock` and counts
-/// what comes out of `b_sock`.
-pub struct Generator(Testpmd);
+/// what comes out of `b_sock`. It is the VNF of the comparison (DPDK's own virtio-user
+/// driver), so what each switch costs it is read too: its forwarding cycles
+/// (`--record-core-cycles`) and its system calls (kicks are eventfd writes).
+pub struct Generator {
+    pmd: Testpmd,
+    /// At [`Generator::clear`]: the VNF's counters, to take the window's share.
+    start: Option<VnfCounters>,
+}
+
+/// The VNF's own counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct VnfCounters {
+    at: Instant,
+    /// testpmd's forwarding cycles (busy bursts only) since `start`.
+    busy_cycles: Option<u64>,
+    /// Frames received on B since start.
+    received: Option<u64>,
+    /// `syscw` and `syscr` of /proc/PID/io: write and read system calls.
+    writes: Option<u64>,
+    reads: Option<u64>,
+}
+
+/// What a switch cost the VNF over a window.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct VnfCost {
+    /// The generator's forwarding cycles per frame received on B (its pcap replay
+    /// included: the same for every switch, so the differences are the switch's).
+    pub cycles_per_packet: Option<f64>,
+    /// Write system calls a second (eventfd kicks to the switch) and read ones.
+    pub writes_per_s: Option<f64>,
+    pub reads_per_s: Option<f64>,
+}
 
 /// What a measurement window gave, in packets per second.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -213,39 +243,86 @@ impl Generator {
         args.push(format!("--vdev=net_virtio_user0,path={},queues=1,mac={a_mac}", a_sock.display()));
         args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
         args.push("--vdev=net_null0,no-rx=1".into());
-        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384"].map(String::from));
+        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384", "--record-core-cycles"].map(String::from));
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
         t.say("start tx_first");
-        Ok(Generator(t))
+        Ok(Generator { pmd: t, start: None })
+    }
+
+    /// Its counters now (the CLI answers in its output file).
+    fn counters(&mut self) -> VnfCounters {
+        let before = self.pmd.output().len();
+        self.pmd.say("show fwd stats all");
+        self.pmd.say("show port stats 2");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let io = std::fs::read_to_string(format!("/proc/{}/io", self.pmd.child.id())).unwrap_or_default();
+        let at = Instant::now();
+        loop {
+            let out = self.pmd.output();
+            let fresh = out.get(before..).unwrap_or("");
+            let received = last_count(fresh, 2, "RX-packets:");
+            if received.is_some() || Instant::now() >= deadline {
+                return VnfCounters { at, busy_cycles: busy_cycles(fresh), received, writes: io_count(&io, "syscw:"), reads: io_count(&io, "syscr:") };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What the switch cost the VNF since [`Generator::clear`].
+    pub fn cost(&mut self) -> VnfCost {
+        let Some(a) = self.start else { return VnfCost::default() };
+        let b = self.counters();
+        let secs = (b.at - a.at).as_secs_f64().max(1e-9);
+        let delta = |x: Option<u64>, y: Option<u64>| Some(y?.checked_sub(x?)? as f64);
+        let frames = delta(a.received, b.received).filter(|f| *f > 0.0);
+        VnfCost {
+            cycles_per_packet: delta(a.busy_cycles, b.busy_cycles).zip(frames).map(|(c, f)| c / f),
+            writes_per_s: delta(a.writes, b.writes).map(|w| w / secs),
+            reads_per_s: delta(a.reads, b.reads).map(|r| r / secs),
+        }
     }
 
     /// Starts a measurement window: testpmd reports each port's rate since the previous
     /// `show port stats` of it, timed by its own clock — the CLI runs on a busy CPU and may
     /// answer late, so our own clock would be wrong by that much.
     pub fn clear(&mut self) {
-        self.0.say("show port stats 1");
-        self.0.say("show port stats 2");
+        self.pmd.say("show port stats 1");
+        self.pmd.say("show port stats 2");
+        self.start = Some(self.counters());
     }
 
     /// The rates since [`Generator::clear`].
     pub fn read(&mut self) -> anyhow::Result<Rates> {
-        let before = self.0.output().len();
-        self.0.say("show port stats 1");
-        self.0.say("show port stats 2");
+        let before = self.pmd.output().len();
+        self.pmd.say("show port stats 1");
+        self.pmd.say("show port stats 2");
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let out = self.0.output();
+            let out = self.pmd.output();
             let fresh = out.get(before..).unwrap_or("");
             if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "Tx-pps:"), last_count(fresh, 2, "Rx-pps:")) {
                 let bytes = last_count(fresh, 2, "Rx-bps:").filter(|_| rx > 0).map(|bps| bps as f64 / 8.0 / rx as f64);
                 return Ok(Rates { offered: tx as f64, received: rx as f64, received_frame_bytes: bytes });
             }
-            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator (its output {})", log_tail(&self.0.out));
+            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator (its output {})", log_tail(&self.pmd.out));
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// testpmd's forwarding cycles in the last `show fwd stats` of `out`
+/// (`CPU cycles/packet=… (total cycles=N / total io packets=…` in DPDK 22.11, `busy
+/// cycles=N` in later releases).
+fn busy_cycles(out: &str) -> Option<u64> {
+    let at = out.rfind(" cycles=")? + " cycles=".len();
+    out[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// A counter of /proc/PID/io.
+fn io_count(io: &str, field: &str) -> Option<u64> {
+    io.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok())
 }
 
 /// The count after `field` in the last "statistics for port `port`" block of `out`.
@@ -305,5 +382,17 @@ mod tests {
         assert_eq!(last_count(out, 1, "Tx-pps:"), Some(7123456));
         assert_eq!(last_count(out, 2, "Rx-pps:"), Some(7012345));
         assert_eq!(last_count(out, 3, "RX-packets:"), None);
+    }
+
+    #[test]
+    fn the_vnfs_own_counters_are_read() {
+        let out = "  CPU cycles/packet=50.00 (busy cycles=1000 / total io packets=20) at 2600 MHz Clock\n\
+                   ...\n  CPU cycles/packet=61.25 (busy cycles=4900 / total io packets=80) at 2600 MHz Clock\n";
+        assert_eq!(busy_cycles(out), Some(4900), "the last reading");
+        let dpdk_22_11 = "  CPU cycles/packet=44.70 (total cycles=4372591900 / total io packets=97829344) at 2300 MHz Clock\n";
+        assert_eq!(busy_cycles(dpdk_22_11), Some(4372591900));
+        assert_eq!(busy_cycles("no cycles recorded"), None);
+        let io = "rchar: 1\nwchar: 2\nsyscr: 123\nsyscw: 456789\n";
+        assert_eq!((io_count(io, "syscw:"), io_count(io, "syscr:")), (Some(456789), Some(123)));
     }
 }

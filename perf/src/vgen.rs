@@ -82,14 +82,9 @@ impl Vgen {
         let stamps = [traffic.stamp_offered, traffic.stamp_received];
         anyhow::ensure!(frames.iter().all(|f| f.len() >= stamps[0] + 8), "frames too short for the latency stamp");
         let len = Shared::buffers_from(4) + 4 * QUEUE as u64 * BUF;
-        let mem = match Shared::new(len as usize, huge) {
-            Ok(m) => m,
-            Err(e) if huge => {
-                tracing::warn!(error = %e, "no hugepages for the generator's memory: plain pages");
-                Shared::new(len as usize, false)?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        // No quiet fallback to plain pages: every copy a switch makes from or to this memory
+        // would miss the TLB more, and the run would measure something else than it says.
+        let mem = Shared::new(len as usize, huge).with_context(|| format!("the generator's memory ({} MiB{})", len >> 20, if huge { " of hugepages" } else { "" }))?;
         let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
         let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
         let mut g = Vgen { mem, a, b, free: VecDeque::with_capacity(QUEUE as usize), b_free: Vec::new(), stamps };
