@@ -54,6 +54,9 @@ pub struct Sample {
     pub switch_cycles_per_packet: Option<f64>,
     pub switch_busy: Option<f64>,
     pub switch_drops: Option<u64>,
+    /// Frames the switch flooded in the window (Knitter): a steady trial floods none.
+    #[serde(default)]
+    pub switch_flooded: Option<u64>,
     /// `None` when unknown (the switch has no counters to tell).
     pub switch_was_bottleneck: Option<bool>,
     /// What the switch cost the VNF (the generator: DPDK's net_virtio_user) over the window.
@@ -178,6 +181,7 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
         switch_cycles_per_packet: own.and_then(|(b, a)| Own::cycles_per_packet(b, a)),
         switch_busy: busy,
         switch_drops: own.map(|(b, a)| a.drops.saturating_sub(b.drops)),
+        switch_flooded: own.and_then(|(b, a)| Some(a.flooded?.saturating_sub(b.flooded?))),
         switch_was_bottleneck: busy.map(|b| b >= 0.95),
         supply,
         repeated,

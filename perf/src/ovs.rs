@@ -246,6 +246,6 @@ mod tests {
     fn pmd_stats_are_summed() {
         let out = "pmd thread numa_id 0 core_id 1:\n  packets received: 1000\n  packet recirculations: 0\n  idle cycles: 500 (33.33%)\n  processing cycles: 1000 (66.67%)\n  avg cycles per packet: 1.50 (1500/1000)\n\
                    main thread:\n  packets received: 3\n  idle cycles: 0\n";
-        assert_eq!(parse_pmd_stats(out), Own { busy_cycles: 1000, idle_cycles: 500, packets: 1003, drops: 0 });
+        assert_eq!(parse_pmd_stats(out), Own { busy_cycles: 1000, idle_cycles: 500, packets: 1003, drops: 0, flooded: None });
     }
 }

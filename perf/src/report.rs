@@ -143,6 +143,17 @@ pub fn markdown(r: &Results) -> String {
         }
         let _ = writeln!(o);
     }
+    for t in r.samples.iter().filter(|t| t.switch_flooded.is_some_and(|f| f as f64 > 0.01 * t.received_mpps * 1e6 * r.config.window.as_secs_f64())) {
+        let _ = writeln!(
+            o,
+            "**Warning**: {} flooded {} frames in round {} ({} B): it never learned where B is (its learning frame dropped?), \
+             so that trial measured flooding, not forwarding to a known destination.\n",
+            t.switch.name(),
+            t.switch_flooded.unwrap_or(0),
+            t.round,
+            t.size
+        );
+    }
     let _ = writeln!(o, "## Every trial\n");
     let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | repeated |");
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");

@@ -52,6 +52,10 @@ pub struct Own {
     pub idle_cycles: u64,
     pub packets: u64,
     pub drops: u64,
+    /// Frames flooded for want of a known destination (Knitter's bridges; none: not told).
+    /// In a steady trial a learning switch floods nothing: flooding means it never learned
+    /// where B is (its learning frame dropped — by port security, say).
+    pub flooded: Option<u64>,
 }
 
 impl Own {
@@ -255,6 +259,7 @@ impl Running {
                     idle_cycles: a.idle_cycles + b.idle_cycles,
                     packets: a.packets + b.packets,
                     drops: a.drops + b.drops,
+                    flooded: a.flooded.zip(b.flooded).map(|(a, b)| a + b),
                 });
             }
         };
@@ -264,6 +269,7 @@ impl Running {
             busy_cycles: reply.pmds.iter().map(|p| p.busy_cycles).sum(),
             packets: reply.pmds.iter().map(|p| p.packets).sum(),
             drops: reply.drops.iter().map(|d| d.value).sum(),
+            flooded: Some(reply.bridges.iter().map(|b| b.flooded).sum()),
             idle_cycles: reply.pmds.iter().map(|p| p.idle_cycles).sum(),
         })
     }
@@ -394,8 +400,8 @@ mod tests {
 
     #[test]
     fn cycles_per_packet_of_a_window() {
-        let a = Own { busy_cycles: 1000, idle_cycles: 0, packets: 10, drops: 0 };
-        let b = Own { busy_cycles: 3000, idle_cycles: 2000, packets: 20, drops: 0 };
+        let a = Own { busy_cycles: 1000, idle_cycles: 0, packets: 10, drops: 0, flooded: None };
+        let b = Own { busy_cycles: 3000, idle_cycles: 2000, packets: 20, drops: 0, flooded: None };
         assert_eq!(Own::busy_fraction(a, b), Some(0.5));
         assert_eq!(Own::cycles_per_packet(a, b), Some(200.0));
         assert_eq!(Own::cycles_per_packet(b, b), None);

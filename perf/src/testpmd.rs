@@ -244,6 +244,10 @@ impl Generator {
         args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
         args.push("--vdev=net_null0,no-rx=1".into());
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384", "--record-core-cycles"].map(String::from));
+        // `start tx_first` sends testpmd's txonly frames, by default from 198.18.0.1: a pod
+        // port with port security drops them, the switch never learns B, and every frame
+        // to B is flooded. B's own address, as a VNF would send from.
+        args.push(format!("--tx-ip={},{}", crate::frames::B.ip_addr(), crate::frames::A.ip_addr()));
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");

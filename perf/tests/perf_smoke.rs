@@ -41,6 +41,15 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
         assert_eq!(s["received_frame_bytes"].as_f64().map(f64::round), Some(60.0), "64-byte frames arrive whole: {s}");
     }
     assert!(samples[0]["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's counters were read: {}", samples[0]);
+    for s in samples {
+        // What the switch cost the VNF: testpmd's forwarding cycles and its system calls.
+        assert!(s["vnf"]["cycles_per_packet"].as_f64().is_some_and(|c| c > 0.0), "the VNF's cycles were read: {s}");
+        assert!(s["vnf"]["writes_per_s"].as_f64().is_some(), "the VNF's system calls were read: {s}");
+    }
+    assert!(md.contains("VNF cycles/packet"), "{md}");
+    // Knitter learned B from the generator's first burst (B's own MAC and IP, through B's
+    // port security): nothing is flooded in the window.
+    assert_eq!(samples[0]["switch_flooded"].as_u64(), Some(0), "{}", samples[0]);
     assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
 }
 
