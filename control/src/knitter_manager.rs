@@ -104,6 +104,16 @@ async fn stop_signal() {
     tracing::info!("stopping");
 }
 
+/// Removes the records of port creates that a crash or a kill cut off (never served; their
+/// addresses given back).
+fn sweep(manager: &Manager) {
+    match manager.sweep_placeholders(knitter_control::manager::PLACEHOLDER_AGE_SECS) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(ports = n, "removed ports whose create was cut off"),
+        Err(e) => tracing::warn!(error = %e, "sweeping ports whose create was cut off"),
+    }
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     knitter_api::logging::init(a.log_format);
@@ -123,6 +133,7 @@ fn main() -> Result<()> {
         liveness: Liveness { lease_secs: a.node_lease.max(1), grace_secs: a.node_grace },
     };
     let manager = Arc::new(Manager::new(store, config).context("preparing the store")?);
+    sweep(&manager);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let token: Arc<str> = token.into();
     rt.block_on(async {
@@ -137,6 +148,16 @@ fn main() -> Result<()> {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
+        let sweeper = manager.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let m = sweeper.clone();
+                let _ = tokio::task::spawn_blocking(move || sweep(&m)).await;
+            }
+        });
         let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
         let grpc = tonic::transport::Server::builder()
             .add_service(service)

@@ -38,6 +38,12 @@ fn an_ip_group_gives_recreated_pods_their_own_addresses() {
 }
 
 #[test]
+fn a_create_cut_off_by_a_kill_is_never_served_and_is_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    scenarios::cut_off_creates(Arc::new(Embedded::open(&dir.path().join("store.redb")).unwrap()));
+}
+
+#[test]
 fn state_survives_reopening_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let p = {

@@ -108,6 +108,11 @@ pub const ADMIN: &str = "admin";
 /// How many times an operation re-reads and retries when a concurrent change wins.
 const ROUNDS: usize = 8;
 
+/// A port record still without addresses this long after it was written is a create that
+/// was cut off (a create writes it, claims the addresses and finishes it within
+/// milliseconds, seconds under heavy contention): `sweep_placeholders` removes it.
+pub const PLACEHOLDER_AGE_SECS: u64 = 120;
+
 /// Filters of the list operations; empty fields match everything.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -373,7 +378,8 @@ impl Manager {
                 Err(ManagerError::NotFound { .. }) => return Ok(None),
                 r => r?,
             };
-            let ports = self.list_ports(&Filter { network: name.into(), ..Filter::default() })?;
+            // Creates in progress count: their records would outlive the network.
+            let ports: Vec<Port> = self.load_all::<Port>("ports/")?.into_iter().map(|(p, _)| p).filter(|p| p.spec.network == name).collect();
             if let Some(p) = ports.first() {
                 return Err(ManagerError::InUse(format!("network {name:?} still has {} ports (first: {}/{} of pod {:?})", ports.len(), p.spec.container, p.spec.interface, p.spec.pod)));
             }
@@ -547,6 +553,10 @@ impl Manager {
         let mut pending = None;
         for _ in 0..ROUNDS {
             match self.load::<Port>(&key)? {
+                // A create cut off long ago: whatever it asked for, it is nobody's now.
+                Some((have, v)) if !have.is_complete() && now().saturating_sub(have.created) >= PLACEHOLDER_AGE_SECS => {
+                    self.remove_port(&key, &have, v)?;
+                }
                 Some((have, _)) if have.spec.network != spec.network => {
                     return Err(ManagerError::Conflict(format!(
                         "container {} interface {} is already a port of network {:?}",
@@ -660,18 +670,43 @@ impl Manager {
     }
 
     pub fn get_port(&self, container: &str, interface: &str) -> Result<Port> {
-        self.load(&port_key(container, interface))?.map(|(p, _)| p).ok_or_else(|| ManagerError::NotFound { what: "port", name: format!("{container}/{interface}") })
+        self.load::<Port>(&port_key(container, interface))?
+            .map(|(p, _)| p)
+            .filter(Port::is_complete)
+            .ok_or_else(|| ManagerError::NotFound { what: "port", name: format!("{container}/{interface}") })
     }
 
+    /// The ports created whole (not the records of creates in progress or cut off).
     pub fn list_ports(&self, f: &Filter) -> Result<Vec<Port>> {
         let all: Vec<(Port, u64)> = self.load_all("ports/")?;
+        let all = all.into_iter().filter(|(p, _)| p.is_complete());
         let keep = |p: &Port| {
             (f.network.is_empty() || p.spec.network == f.network)
                 && (f.node.is_empty() || p.spec.node == f.node)
                 && (f.pod.is_empty() || p.spec.pod == f.pod)
                 && (f.tenant.is_empty() || p.tenant == f.tenant)
         };
-        Ok(all.into_iter().map(|(p, _)| p).filter(keep).collect())
+        Ok(all.map(|(p, _)| p).filter(keep).collect())
+    }
+
+    /// Removes the records of port creates cut off (by a crash, a kill, a lost connection,
+    /// never retried) at least `age_secs` ago, giving back what they had claimed; how many.
+    /// A create retried before the sweep finishes its port instead. Runs at the manager's
+    /// start and every minute ([`PLACEHOLDER_AGE_SECS`]).
+    pub fn sweep_placeholders(&self, age_secs: u64) -> Result<usize> {
+        let now = now();
+        let mut swept = 0;
+        for (port, v) in self.load_all::<Port>("ports/")? {
+            if port.is_complete() || now.saturating_sub(port.created) < age_secs {
+                continue;
+            }
+            let key = port_key(&port.spec.container, &port.spec.interface);
+            if self.remove_port(&key, &port, v)? {
+                tracing::warn!(port = %key, network = %port.spec.network, pod = %port.spec.pod, "removed a port whose create was cut off");
+                swept += 1;
+            }
+        }
+        Ok(swept)
     }
 
     /// Deletes a port and releases its addresses; `None` if there was none (deletes are
@@ -696,31 +731,37 @@ impl Manager {
         let key = port_key(container, interface);
         for _ in 0..ROUNDS {
             let Some((port, v)) = self.load::<Port>(&key)? else { return Ok(None) };
-            match self.network(&port.spec.network) {
-                Ok((net, _)) => {
-                    let group = match port.spec.ip_group.as_deref().map(|g| self.get_group(&port.spec.network, g)) {
-                        Some(Err(ManagerError::NotFound { .. })) | None => None,
-                        Some(r) => Some(r?),
-                    };
-                    self.release_addresses(&net, &port, group.as_ref(), &OwnerKey::new(container, interface))?;
-                }
-                Err(ManagerError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
-            let mut ops = vec![Op::delete(&key, v)];
-            if let Some(mac) = &port.spec.requested_mac {
-                let claim = mac_key(&port.spec.network, mac);
-                if let Some((holder, mv)) = self.load::<String>(&claim)?
-                    && holder == key
-                {
-                    ops.push(Op::delete(&claim, mv));
-                }
-            }
-            if self.store.commit(&ops)? {
+            if self.remove_port(&key, &port, v)? {
                 return Ok(Some(port));
             }
         }
         Err(ManagerError::Busy(format!("port {key} kept changing")))
+    }
+
+    /// Gives back what port record `key` (at version `v`) holds — its owner's addresses,
+    /// its requested MAC's claim — and deletes it; false when the record changed meanwhile.
+    fn remove_port(&self, key: &str, port: &Port, v: u64) -> Result<bool> {
+        match self.network(&port.spec.network) {
+            Ok((net, _)) => {
+                let group = match port.spec.ip_group.as_deref().map(|g| self.get_group(&port.spec.network, g)) {
+                    Some(Err(ManagerError::NotFound { .. })) | None => None,
+                    Some(r) => Some(r?),
+                };
+                self.release_addresses(&net, port, group.as_ref(), &OwnerKey::new(&port.spec.container, &port.spec.interface))?;
+            }
+            Err(ManagerError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let mut ops = vec![Op::delete(key, v)];
+        if let Some(mac) = &port.spec.requested_mac {
+            let claim = mac_key(&port.spec.network, mac);
+            if let Some((holder, mv)) = self.load::<String>(&claim)?
+                && holder == key
+            {
+                ops.push(Op::delete(&claim, mv));
+            }
+        }
+        Ok(self.store.commit(&ops)?)
     }
 
     // ---- nodes ----

@@ -151,6 +151,16 @@ pub struct Port {
     pub created: u64,
 }
 
+impl Port {
+    /// Whether the port was created whole. Every network has a subnet, so a finished port
+    /// has an address; one without is a create in progress, or one a crash cut off (it is
+    /// never served: not listed, not found, not sent to nodes; `Manager::sweep_placeholders`
+    /// removes it).
+    pub fn is_complete(&self) -> bool {
+        !self.addresses.is_empty()
+    }
+}
+
 /// A node as it registers: its switch's VTEP and underlay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {

@@ -128,7 +128,7 @@ impl Manager {
             let view = ClusterView {
                 revision,
                 networks: self.load_all("networks/")?.into_iter().map(|(n, _)| n).collect(),
-                ports: self.load_all("ports/")?.into_iter().map(|(p, _)| p).collect(),
+                ports: self.load_all::<Port>("ports/")?.into_iter().map(|(p, _)| p).filter(Port::is_complete).collect(),
                 nodes: self.load_all("nodes/")?.into_iter().map(|(n, _)| n).collect(),
                 seen: self.heartbeats()?,
             };

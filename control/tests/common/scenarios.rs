@@ -1,11 +1,12 @@
 //! Manager scenarios every store must pass (run on the embedded store by tests/manager.rs,
 //! on a real etcd by tests/etcd.rs): every object's create / get / list / delete,
 //! idempotent creates, refusals with their reasons, quotas, IP groups giving re-created
-//! pods their addresses back.
+//! pods their addresses back, creates cut off by a kill never served and swept.
 
 use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota};
 use knitter_control::manager::{Filter, Manager, ManagerError};
 use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use knitter_control::store::{Claim, Op, OwnerKey, Store, StoreError, Versioned};
 use std::net::IpAddr;
 
 pub fn ip(s: &str) -> IpAddr {
@@ -213,4 +214,125 @@ pub fn ip_group(m: &Manager) {
     let bad = IpGroupSpec { name: "bad".into(), network: "media".into(), members: vec![ip("10.7.0.200"), taken], size: None, grace_secs: Some(60) };
     assert_eq!(reason(m.create_group(bad)), format!("{taken} is already allocated to plain0/eth1"));
     assert!(m.store().allocations("media.v4").unwrap().iter().all(|(a, _)| *a != ip("10.7.0.200")), "a refused group gives back what it took");
+}
+
+/// A store that dies after a given number of calls, as a manager killed mid-request leaves
+/// it: what was written stays, nothing after it happens (not even the request's own
+/// clean-up).
+pub struct Dying {
+    inner: std::sync::Arc<dyn Store>,
+    calls_left: std::sync::atomic::AtomicI64,
+}
+
+impl Dying {
+    pub fn new(inner: std::sync::Arc<dyn Store>) -> Dying {
+        Dying { inner, calls_left: std::sync::atomic::AtomicI64::new(i64::MAX) }
+    }
+
+    /// From now on, `calls` more calls succeed.
+    pub fn die_after(&self, calls: i64) {
+        self.calls_left.store(calls, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn call(&self) -> Result<(), StoreError> {
+        if self.calls_left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) <= 0 {
+            return Err(StoreError("the manager was killed".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Store for Dying {
+    fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
+        self.call()?;
+        self.inner.claim(network, ip, owner)
+    }
+    fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.call()?;
+        self.inner.claim_first(network, candidates, owner)
+    }
+    fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.call()?;
+        self.inner.owned(network, owner)
+    }
+    fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.call()?;
+        self.inner.release(network, owner)
+    }
+    fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
+        self.call()?;
+        self.inner.remember(network, ip, pod, until)
+    }
+    fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
+        self.call()?;
+        self.inner.remembered(network, ip)
+    }
+    fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
+        self.call()?;
+        self.inner.allocations(network)
+    }
+    fn revision(&self) -> Result<u64, StoreError> {
+        self.call()?;
+        self.inner.revision()
+    }
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        self.call()?;
+        self.inner.get(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.call()?;
+        self.inner.list(prefix)
+    }
+    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+        self.call()?;
+        self.inner.commit(ops)
+    }
+    fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError> {
+        self.call()?;
+        self.inner.put_expiring(key, value, ttl_secs)
+    }
+}
+
+/// Port creates cut off at every point (a manager killed after 1, 2, … store calls, its
+/// store left as it was): the half-made port is never served — not found, not listed —
+/// a retry finishes it, and a sweep removes the rest and gives back their addresses, so
+/// every address held afterwards is a whole port's. `store` is the real store; the manager
+/// that dies runs on it through [`Dying`].
+pub fn cut_off_creates(store: std::sync::Arc<dyn Store>) {
+    let m = Manager::new(store.clone(), Default::default()).unwrap();
+    m.create_tenant("cutco", None).unwrap();
+    m.create_network(net("cut", "cutco", "10.77.0.0/24")).unwrap();
+    let mut cut = Vec::new();
+    for calls in 1.. {
+        let dying = std::sync::Arc::new(Dying::new(store.clone()));
+        let killed = Manager::new(dying.clone(), Default::default()).unwrap();
+        let container = format!("cut{calls}");
+        dying.die_after(calls);
+        if killed.create_port(port("cut", &container, "ns/cut")).is_ok() {
+            break;
+        }
+        assert!(calls < 100, "a create needs fewer than 100 store calls");
+        assert!(matches!(m.get_port(&container, "eth1"), Err(ManagerError::NotFound { .. })), "cut off after {calls} calls: a half-made port is not found");
+        assert!(m.list_ports(&Filter::default()).unwrap().iter().all(|p| p.spec.container != container && !p.addresses.is_empty()), "nor listed");
+        cut.push(container);
+    }
+    assert!(cut.len() >= 2, "creates were cut off at several points: {cut:?}");
+    // A retry finishes the first one; a sweep removes the others and what they claimed.
+    let retried = m.create_port(port("cut", &cut[0], "ns/cut")).unwrap().0;
+    assert_eq!(retried.addresses.len(), 1);
+    assert_eq!(m.sweep_placeholders(3600).unwrap(), 0, "none is old enough yet");
+    let swept = m.sweep_placeholders(0).unwrap();
+    assert!(swept >= 1 && swept < cut.len(), "{swept} swept of {}", cut.len());
+    let ports = m.list_ports(&Filter { network: "cut".into(), ..Filter::default() }).unwrap();
+    let held = store.allocations("cut.v4").unwrap();
+    let owners: Vec<String> = held.iter().map(|(_, o)| format!("{o:?}")).collect();
+    assert_eq!(held.len(), ports.len(), "every address held is a whole port's: {owners:?} vs {ports:?}");
+    for p in &ports {
+        assert!(held.iter().any(|(ip, _)| *ip == p.addresses[0].address), "{p:?}");
+    }
+    // The network can go once its ports do: nothing half-made is left behind.
+    for p in ports {
+        m.delete_port(&p.spec.container, &p.spec.interface).unwrap();
+    }
+    m.delete_network("cut").unwrap();
 }
