@@ -152,7 +152,19 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
         }
         std::fs::write(pool.sysfs(), ask.to_string())?;
         undo.total = Some((pool.persistent(), pool.sysfs()));
-        let now = Pool::read()?;
+        // Pages a DPDK process of a run just ended still holds (it is exiting) count as
+        // surplus, and a larger pool takes them over first: they come back free in a moment.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let now = loop {
+            let now = Pool::read()?;
+            if now.free >= need || std::time::Instant::now() >= deadline {
+                break now;
+            }
+            if let Some(more) = total_to_ask(now, need).filter(|m| *m > now.persistent()) {
+                std::fs::write(pool.sysfs(), more.to_string())?;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
         if now.free < need {
             put_back(&undo);
             return Err(Unprepared::Short { got: now.free, need, plain_note: PLAIN_NOTE });
