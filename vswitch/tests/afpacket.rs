@@ -232,3 +232,54 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv6() {
     let Some(_g) = netns::exclusive() else { return };
     tcp_with_a_linux_vxlan_peer_keeping_default_offloads(true);
 }
+
+fn vm_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+}
+
+/// Pod ports cost what a pod needs: rings sized from the veth's MTU (2 KiB slots for 1500),
+/// so 32 ports add well under 1 MiB each to the process (they used to map 12 MiB each).
+/// A frame longer than the send slots (the MTU raised after the port opened) is dropped and
+/// counted, not sent cut short; a frame that fits goes out whole.
+#[test]
+fn pod_ports_rings_fit_the_mtu() {
+    use vswitch::testkit::{frames, mac};
+    let Some(_g) = netns::exclusive() else { return };
+    let (a, b) = (Netns::quiet("ra").unwrap(), Netns::quiet("rb").unwrap());
+    const PORTS: usize = 32;
+    for i in 0..PORTS {
+        netns::veth(&a, &format!("p{i}"), &b, &format!("p{i}")).unwrap();
+    }
+    let pool = Pool::new(4096, false).unwrap();
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    let before = vm_rss_kib();
+    let ports: Vec<AfPacketPort> = (0..PORTS).map(|i| a.enter(|| AfPacketPort::open(&format!("p{i}"), &format!("p{i}"))).unwrap().unwrap()).collect();
+    // Touch every ring page the kernel maps (RSS counts mapped pages once used).
+    for p in &ports {
+        p.rx_burst(0, &mut cache, &mut batch);
+        for b in batch.drain() {
+            cache.free(b);
+        }
+    }
+    let per_port = (vm_rss_kib().saturating_sub(before)) / PORTS as u64;
+    eprintln!("{per_port} KiB of RSS per AF_PACKET pod port");
+    assert!(per_port < 1024, "{per_port} KiB per AF_PACKET pod port");
+
+    let port = &ports[0];
+    let sent = || -> u64 { a.run(&["cat", "/sys/class/net/p0/statistics/tx_packets"]).unwrap().trim().parse().unwrap() };
+    let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
+    let (fits, too_long) = (frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 1400), frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 3000));
+    let before = sent();
+    batch.push(cache.alloc_frame(&too_long).unwrap()).unwrap();
+    batch.push(cache.alloc_frame(&fits).unwrap()).unwrap();
+    assert_eq!(port.tx_burst(0, &mut cache, &mut batch), 2, "both taken off the batch");
+    let q = port.queue_stats()[0];
+    assert_eq!((q.tx_dropped, q.tx_packets), (1, 1), "{q:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while sent() - before < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(sent() - before, 1, "the frame that fits went out");
+}

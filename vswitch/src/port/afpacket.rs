@@ -17,6 +17,12 @@
 //! read with one `recv` into the port's scratch buffer: one system call per ~45 segments.
 //! Segments that do not fit this burst wait in the port for the next.
 //!
+//! The rings are sized from the interface's MTU when the port opens ([`Rings::for_mtu`]): a
+//! pod's veth (MTU 1500) gets 2 KiB slots, 256 to receive and 128 to send — 768 KiB of ring
+//! (16 KiB slots, 12 MiB, made 200 pod ports cost 2.5 GiB). A frame longer than a receive
+//! slot still arrives whole (the copy path above); one longer than a send slot (the MTU
+//! raised after the port opened) is dropped and counted (`tx_dropped`), never cut short.
+//!
 //! The kernel strips the outer 802.1Q tag on receive when the device offloads it and reports
 //! it in the frame header (`TP_STATUS_VLAN_VALID`, with the TPID when
 //! `TP_STATUS_VLAN_TPID_VALID`); the port puts the tag back into the frame, so **a tagged frame
@@ -30,7 +36,7 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
-use super::sys::{check, if_mac, if_running, ifindex, setopt};
+use super::sys::{check, if_mac, if_mtu, if_running, ifindex, setopt};
 use super::{Port, QueueCounters, QueueStats};
 use crate::batch::Batch;
 use crate::buf::{BufId, PoolCache};
@@ -57,11 +63,35 @@ const TP_STATUS_AVAILABLE: u32 = 0;
 const TP_STATUS_SEND_REQUEST: u32 = 1;
 const TP_STATUS_WRONG_FORMAT: u32 = 1 << 2;
 
-/// Sizes of the rings: frames big enough for a 9216-byte jumbo frame plus headers.
-const RX_FRAME: usize = 1 << 14;
-const RX_FRAMES: usize = 512;
-const TX_FRAME: usize = 1 << 14; // room for a 9216-byte jumbo frame
-const TX_FRAMES: usize = 256;
+/// The slot and ring sizes of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    /// Bytes per slot (a power of two, ≥ 2 KiB): the frame header, the virtio-net header, an
+    /// MTU-sized frame with its Ethernet header and two tags.
+    pub frame: usize,
+    pub rx_frames: usize,
+    pub tx_frames: usize,
+}
+
+impl Rings {
+    /// Slots per ring: at the ~1 Mpps an AF_PACKET port moves, 256 received frames are
+    /// ~250 µs of traffic, far more than the PMD's gap between two polls.
+    pub const RX_FRAMES: usize = 256;
+    pub const TX_FRAMES: usize = 128;
+
+    /// Rings for an interface of `mtu` bytes.
+    pub fn for_mtu(mtu: u32) -> Rings {
+        // TPACKET2_HDRLEN (52) aligned to 16, the virtio-net header, Ethernet with two tags.
+        let overhead = 64 + VNET_HDR_LEN + 14 + 8;
+        let frame = (overhead + mtu as usize).next_power_of_two().max(2048);
+        Rings { frame, rx_frames: Self::RX_FRAMES, tx_frames: Self::TX_FRAMES }
+    }
+
+    /// Bytes both rings map.
+    pub fn bytes(&self) -> usize {
+        self.frame * (self.rx_frames + self.tx_frames)
+    }
+}
 /// The largest frame the kernel hands over: a 64 KiB IP packet behind Ethernet, two tags and
 /// the virtio-net header.
 const SCRATCH: usize = 65_535 + 14 + 8 + VNET_HDR_LEN;
@@ -179,6 +209,7 @@ pub struct AfPacketPort {
     tx_fd: OwnedFd,
     rx: Mapping,
     tx: Mapping,
+    rings: Rings,
     rx_state: std::sync::Mutex<RxState>,
     tx_state: std::sync::Mutex<TxState>,
     mac: Option<MacAddr>,
@@ -203,12 +234,13 @@ fn packet_socket(protocol: u16) -> io::Result<OwnedFd> {
 }
 
 /// Sets the socket to TPACKET_V2 and maps a `frames`-frame ring of the kind `which`
-/// (PACKET_RX_RING or PACKET_TX_RING), four frames to a block.
+/// (PACKET_RX_RING or PACKET_TX_RING), blocks of at least a page and four frames.
 fn map_ring(fd: &OwnedFd, which: libc::c_int, frame: usize, frames: usize) -> io::Result<Mapping> {
     setopt(fd.as_raw_fd(), libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V2)?;
+    let per_block = (4096 / frame).max(4);
     let req = TpacketReq {
-        block_size: (frame * 4) as u32,
-        block_nr: (frames / 4) as u32,
+        block_size: (frame * per_block) as u32,
+        block_nr: (frames / per_block) as u32,
         frame_size: frame as u32,
         frame_nr: frames as u32,
     };
@@ -242,17 +274,18 @@ impl AfPacketPort {
         setopt(rx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_COPY_THRESH, &1i32)?;
         // Beyond rmem_max needs CAP_NET_ADMIN, which the daemon has; otherwise the default.
         let _ = setopt(rx_fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF);
-        let rx = map_ring(&rx_fd, PACKET_RX_RING, RX_FRAME, RX_FRAMES)?;
+        let rings = Rings::for_mtu(if_mtu(rx_fd.as_raw_fd(), ifname).unwrap_or(9216));
+        let rx = map_ring(&rx_fd, PACKET_RX_RING, rings.frame, rings.rx_frames)?;
         bind(rx_fd.as_raw_fd(), ifindex, ETH_P_ALL)?;
 
         let tx_fd = packet_socket(0)?;
         // Best effort: skip the qdisc layer (as DPDK's af_packet PMD does).
         let _ = setopt(tx_fd.as_raw_fd(), libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32);
-        let tx = map_ring(&tx_fd, PACKET_TX_RING, TX_FRAME, TX_FRAMES)?;
+        let tx = map_ring(&tx_fd, PACKET_TX_RING, rings.frame, rings.tx_frames)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
         let mac = if_mac(rx_fd.as_raw_fd(), ifname);
         let link = std::sync::atomic::AtomicBool::new(if_running(rx_fd.as_raw_fd(), ifname).unwrap_or(false));
-        tracing::info!(port = name, ifname, "AF_PACKET port open (TPACKET_V2 rings)");
+        tracing::info!(port = name, ifname, slot = rings.frame, ring_kib = rings.bytes() >> 10, "AF_PACKET port open (TPACKET_V2 rings)");
         Ok(AfPacketPort {
             name: name.into(),
             ifname: ifname.into(),
@@ -260,6 +293,7 @@ impl AfPacketPort {
             tx_fd,
             rx,
             tx,
+            rings,
             rx_state: std::sync::Mutex::new(RxState {
                 frame: 0,
                 pending: None,
@@ -281,7 +315,7 @@ impl AfPacketPort {
         let mac = self.rx.u16_at(hdr + v2::MAC) as usize;
         let snap = self.rx.u32_at(hdr + v2::SNAPLEN) as usize;
         let len = self.rx.u32_at(hdr + v2::LEN) as usize;
-        if mac < VNET_HDR_LEN || mac + snap > RX_FRAME || len < 14 {
+        if mac < VNET_HDR_LEN || mac + snap > self.rings.frame || len < 14 {
             return Taken::Dropped;
         }
         let mut vnet = [0u8; VNET_HDR_LEN];
@@ -435,7 +469,7 @@ impl Port for AfPacketPort {
         let mut got = self.deliver_segments(st, cache, batch);
         // A super-frame still being cut keeps the slots behind it waiting, in order.
         while batch.room() > 0 && st.pending.is_none() {
-            let hdr = st.frame * RX_FRAME;
+            let hdr = st.frame * self.rings.frame;
             let status = self.rx.status(hdr + v2::STATUS);
             let s = status.load(Acquire);
             if s & TP_STATUS_USER == 0 {
@@ -454,7 +488,7 @@ impl Port for AfPacketPort {
                 Taken::Dropped => self.counters.rx_dropped.add(1),
             }
             status.store(TP_STATUS_KERNEL, Release);
-            st.frame = (st.frame + 1) % RX_FRAMES;
+            st.frame = (st.frame + 1) % self.rings.rx_frames;
         }
         self.counters.rx_packets.add(got as u64);
         got
@@ -467,28 +501,35 @@ impl Port for AfPacketPort {
             return 0;
         };
         let pool = cache.pool();
-        let mut sent = 0;
+        let (slot, room) = (self.rings.frame, self.rings.frame - TX_DATA);
+        let (mut sent, mut oversize) = (0, 0);
         for b in batch.as_slice() {
-            let base = st.frame * TX_FRAME;
+            let base = st.frame * slot;
             let status = self.tx.status(base + v2::STATUS);
             let s = status.load(Acquire);
             if s != TP_STATUS_AVAILABLE && s & TP_STATUS_WRONG_FORMAT == 0 {
                 break; // ring full: the rest stays in the batch
             }
             let len = pool.pkt_len(b);
-            let out = self.tx.bytes_mut(base + TX_DATA, len.min(TX_FRAME - TX_DATA));
-            let mut at = 0;
-            for seg in pool.segments(b) {
-                let n = seg.len().min(out.len() - at);
-                out[at..at + n].copy_from_slice(&seg[..n]);
-                at += n;
+            // Longer than a slot (the MTU raised since the port opened): dropped below,
+            // counted, never sent cut short.
+            if len <= room {
+                let out = self.tx.bytes_mut(base + TX_DATA, len);
+                let mut at = 0;
+                for seg in pool.segments(b) {
+                    let n = seg.len().min(out.len() - at);
+                    out[at..at + n].copy_from_slice(&seg[..n]);
+                    at += n;
+                }
+                self.tx.bytes_mut(base + v2::LEN, 4).copy_from_slice(&(at as u32).to_ne_bytes());
+                status.store(TP_STATUS_SEND_REQUEST, Release);
+                st.frame = (st.frame + 1) % self.rings.tx_frames;
+            } else {
+                oversize += 1;
             }
-            self.tx.bytes_mut(base + v2::LEN, 4).copy_from_slice(&(at as u32).to_ne_bytes());
-            status.store(TP_STATUS_SEND_REQUEST, Release);
-            st.frame = (st.frame + 1) % TX_FRAMES;
             sent += 1;
         }
-        if sent > 0 {
+        if sent > oversize {
             // One kick per burst. EAGAIN/ENOBUFS leave frames queued for the next kick.
             // SAFETY: sendto with no buffer on our own packet socket flushes its tx ring.
             unsafe { libc::sendto(self.tx_fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
@@ -498,7 +539,10 @@ impl Port for AfPacketPort {
             cache.free(b);
         }
         batch.consume_front(sent);
-        self.counters.tx_packets.add(sent as u64);
+        self.counters.tx_packets.add((sent - oversize) as u64);
+        if oversize > 0 {
+            self.counters.tx_dropped.add(oversize as u64);
+        }
         self.counters.tx_full.add(batch.len() as u64);
         sent
     }
@@ -512,7 +556,7 @@ impl Port for AfPacketPort {
             return false;
         }
         let Ok(st) = self.rx_state.try_lock() else { return true };
-        st.pending.is_some() || self.rx.status(st.frame * RX_FRAME + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
+        st.pending.is_some() || self.rx.status(st.frame * self.rings.frame + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
@@ -530,5 +574,25 @@ impl Port for AfPacketPort {
     fn refresh_link(&self) {
         let up = if_running(self.rx_fd.as_raw_fd(), &self.ifname).unwrap_or(false);
         self.link.store(up, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rings;
+
+    #[test]
+    fn rings_are_sized_from_the_mtu() {
+        let pod = Rings::for_mtu(1500);
+        assert_eq!(pod.frame, 2048);
+        assert!(pod.bytes() <= 1 << 20, "a pod port's rings within 1 MiB: {pod:?}");
+        assert_eq!(Rings::for_mtu(1952).frame, 2048, "the largest MTU a 2 KiB slot holds");
+        assert_eq!(Rings::for_mtu(1953).frame, 4096);
+        assert_eq!(Rings::for_mtu(9000).frame, 16384, "jumbo frames");
+        assert_eq!(Rings::for_mtu(68).frame, 2048, "never below 2 KiB");
+        for mtu in [68, 1500, 4000, 9000, 65535] {
+            let r = Rings::for_mtu(mtu);
+            assert!(r.frame.is_power_of_two() && r.frame >= 64 + 10 + 22 + mtu as usize, "{mtu}: {r:?}");
+        }
     }
 }

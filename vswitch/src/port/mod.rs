@@ -32,6 +32,8 @@ pub struct QueueStats {
     pub rx_gso: u64,
     /// Frames whose L4 checksum the sender left partial and the port finished.
     pub rx_csum: u64,
+    /// Frames the queue took but could not send (longer than its slots), dropped.
+    pub tx_dropped: u64,
 }
 
 /// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
@@ -43,6 +45,7 @@ pub struct QueueCounters {
     pub tx_full: crate::counters::SharedCounter,
     pub rx_gso: crate::counters::SharedCounter,
     pub rx_csum: crate::counters::SharedCounter,
+    pub tx_dropped: crate::counters::SharedCounter,
 }
 
 impl QueueCounters {
@@ -54,6 +57,7 @@ impl QueueCounters {
             tx_full: self.tx_full.get(),
             rx_gso: self.rx_gso.get(),
             rx_csum: self.rx_csum.get(),
+            tx_dropped: self.tx_dropped.get(),
         }
     }
 }

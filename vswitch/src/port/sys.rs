@@ -110,6 +110,18 @@ pub(super) fn is_software_device(fd: RawFd, ifname: &str) -> Option<bool> {
     Some(info[BUS_INFO] == 0)
 }
 
+/// The interface's MTU, asked of the socket's own network namespace; `None` when the
+/// kernel does not say.
+pub(super) fn if_mtu(fd: RawFd, ifname: &str) -> Option<u32> {
+    let mut req = ifreq(ifname)?;
+    // SAFETY: SIOCGIFMTU fills the ifreq we pass.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) } != 0 {
+        return None;
+    }
+    // SAFETY: after SIOCGIFMTU the union holds ifru_mtu.
+    u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).ok()
+}
+
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
 pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {

@@ -84,6 +84,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
                     tx_full: s.tx_full,
                     rx_gso: s.rx_gso,
                     rx_csum: s.rx_csum,
+                    tx_dropped: s.tx_dropped,
                 })
                 .collect(),
         }

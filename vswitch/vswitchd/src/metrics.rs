@@ -59,6 +59,7 @@ pub fn render(node: &Node) -> String {
     queue_family(&mut o, "knitter_queue_tx_full_total", "Frames the queue could not take (full).", |q| q.tx_full);
     queue_family(&mut o, "knitter_queue_rx_gso_total", "GSO super-frames the queue received and cut into segments.", |q| q.rx_gso);
     queue_family(&mut o, "knitter_queue_rx_csum_total", "Frames whose partial L4 checksum the queue finished.", |q| q.rx_csum);
+    queue_family(&mut o, "knitter_queue_tx_dropped_total", "Frames the queue could not send (longer than its slots), dropped.", |q| q.tx_dropped);
     let counts = |c: &[knitter_api::node::Count]| c.iter().map(|c| (c.name.clone(), c.value as f64)).collect::<Vec<_>>();
     family(&mut o, "knitter_drops_total", "counter", "Frames dropped, by reason.", "reason", counts(&s.drops));
     family(&mut o, "knitter_events_total", "counter", "Pipeline events (learning, flooding, encapsulation...).", "event", counts(&s.events));
