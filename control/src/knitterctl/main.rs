@@ -551,14 +551,17 @@ async fn run(cli: Cli) -> Result<()> {
                 return json(&v);
             }
             println!(
-                "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{}",
+                "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{}, FDB {}/{} entries, cache {} entries per thread",
                 v.version,
                 v.generation,
                 v.pmd_threads,
                 v.idle_policy,
                 v.buffers_free,
                 v.buffers,
-                if v.hugepages { " (hugepages)" } else { "" }
+                if v.hugepages { " (hugepages)" } else { "" },
+                v.fdb_entries,
+                v.fdb_capacity,
+                v.emc_entries
             );
             match &v.vtep {
                 Some(t) => print_vtep(t),

@@ -175,6 +175,9 @@ impl NodeApi for Api {
             buffers_free: pool.free_count() as u32,
             hugepages: matches!(pool.backing(), vswitch::region::Backing::HugeTlb),
             peers: peer_status(&self.node),
+            fdb_entries: self.node.switch.fdb().len() as u32,
+            fdb_capacity: self.node.switch.fdb().capacity(),
+            emc_entries: self.node.opts.tables.emc_entries as u32,
         }))
     }
 

@@ -40,6 +40,7 @@ fn main() -> Result<()> {
         pmd: s.pmd.clone(),
         buffers: s.pool.buffers,
         hugepages: s.pool.hugepages,
+        tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize },
         state_file: s.state_file.clone(),
     };
     let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);

@@ -49,6 +49,8 @@ pub struct NodeOptions {
     pub pmd: PmdConfig,
     pub buffers: u32,
     pub hugepages: bool,
+    /// The FDB's and the exact-match caches' sizes.
+    pub tables: SwitchOptions,
     /// Where the state is persisted; `None`: nowhere (tests, the demo).
     pub state_file: Option<PathBuf>,
 }
@@ -85,7 +87,8 @@ impl Node {
     pub fn start(opts: NodeOptions, state: NodeState) -> anyhow::Result<Node> {
         let pool = Pool::new(opts.buffers, opts.hugepages)?;
         tracing::info!(buffers = opts.buffers, backing = %pool.backing(), "buffer pool ready");
-        let switch = Switch::new(pool.clone(), SwitchOptions::default());
+        let switch = Switch::new(pool.clone(), opts.tables);
+        tracing::info!(fdb_entries = opts.tables.fdb_entries, emc_entries = opts.tables.emc_entries, "forwarding tables ready");
         let mut inner = Inner { state: NodeState::default(), open: BTreeMap::new(), failed: BTreeMap::new() };
         for p in &state.ports {
             let name = &p.item.config.name;

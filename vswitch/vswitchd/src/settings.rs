@@ -96,6 +96,33 @@ impl Default for PoolSection {
     }
 }
 
+/// The forwarding tables' sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TablesSection {
+    /// MAC entries the FDB holds at most (all bridge domains together): ~64 bytes each,
+    /// allocated up front (the table has a power of two of 64-byte buckets of 3, at most 2/3
+    /// full: 262 144 entries take 16 MiB, 1 048 576 take 64 MiB).
+    pub fdb_entries: u32,
+    /// Entries of each PMD thread's exact-match cache, 32 bytes each (0: none): the
+    /// default, 131 072 (4 MiB per thread), holds the flows of ~100 000 MACs.
+    pub emc_entries: u32,
+}
+
+impl TablesSection {
+    /// The largest FDB: 16 Mi entries (1 GiB of table).
+    pub const MAX_FDB: u32 = 1 << 24;
+    /// The largest cache per thread: 16 Mi entries (512 MiB).
+    pub const MAX_EMC: u32 = 1 << 24;
+}
+
+impl Default for TablesSection {
+    fn default() -> Self {
+        let d = vswitch::SwitchOptions::default();
+        TablesSection { fdb_entries: d.fdb_entries, emc_entries: d.emc_entries as u32 }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsSection {
@@ -131,6 +158,8 @@ pub struct FileConfig {
     pub pmd: PmdSection,
     #[serde(default)]
     pub pool: PoolSection,
+    #[serde(default)]
+    pub tables: TablesSection,
     #[serde(default)]
     pub metrics: MetricsSection,
     #[serde(default)]
@@ -201,6 +230,12 @@ pub struct Args {
     /// Do not use explicit hugepages for packet buffers.
     #[arg(long)]
     pub no_hugepages: bool,
+    /// MAC entries the FDB holds at most (~64 bytes each, allocated at start).
+    #[arg(long)]
+    pub fdb_entries: Option<u32>,
+    /// Entries of each PMD thread's exact-match cache (32 bytes each; 0: none).
+    #[arg(long)]
+    pub emc_entries: Option<u32>,
     /// Address of the Prometheus endpoint (default 127.0.0.1:9477).
     #[arg(long, conflicts_with = "no_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -224,6 +259,7 @@ pub struct Settings {
     pub api: ApiSection,
     pub pmd: PmdConfig,
     pub pool: PoolSection,
+    pub tables: TablesSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
     pub manager: Option<crate::sync::ManagerLink>,
@@ -269,6 +305,15 @@ impl Settings {
         let mut pool = file.pool;
         pool.buffers = args.buffers.unwrap_or(pool.buffers);
         pool.hugepages &= !args.no_hugepages;
+        let mut tables = file.tables;
+        tables.fdb_entries = args.fdb_entries.unwrap_or(tables.fdb_entries);
+        tables.emc_entries = args.emc_entries.unwrap_or(tables.emc_entries);
+        if !(16..=TablesSection::MAX_FDB).contains(&tables.fdb_entries) {
+            bail!("tables.fdb_entries {} is outside 16..{} (entries of the MAC table)", tables.fdb_entries, TablesSection::MAX_FDB);
+        }
+        if tables.emc_entries > TablesSection::MAX_EMC {
+            bail!("tables.emc_entries {} is above {} (entries of each PMD thread's cache; 0 turns it off)", tables.emc_entries, TablesSection::MAX_EMC);
+        }
         let state_file = match (&args.state_file, args.no_state, file.state_file) {
             (_, true, _) => None,
             (Some(p), _, _) => Some(p.clone()),
@@ -301,6 +346,7 @@ impl Settings {
             api,
             pmd: PmdConfig { threads: pmd.threads, cores: pmd.cores, idle: pmd.idle },
             pool,
+            tables,
             state_file,
             objects,
         })
@@ -375,6 +421,24 @@ mod tests {
         let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--pmd-threads", "1", "--idle", "adaptive", "--no-state"]);
         let s = Settings::from_args(&args).unwrap();
         assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers, s.state_file), (1, IdlePolicy::default(), 4096, None));
+    }
+
+    /// A million-MAC node: the FDB and cache sizes from the file, the command line above it,
+    /// sizes out of range refused with the range.
+    #[test]
+    fn the_tables_are_sized_by_the_file_and_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, "[tables]\nfdb_entries = 1048576\nemc_entries = 262144\n").unwrap();
+        let p = path.to_str().unwrap();
+        let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"])).unwrap();
+        assert_eq!(s.tables, TablesSection { fdb_entries: 1 << 20, emc_entries: 1 << 18 });
+        let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state", "--emc-entries", "0"])).unwrap();
+        assert_eq!(s.tables.emc_entries, 0, "the cache off");
+        let d = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", "/dev/null", "--no-state"])).unwrap();
+        assert_eq!(d.tables, TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 17 }, "the defaults");
+        let e = format!("{:#}", Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--fdb-entries", "33554432"])).unwrap_err());
+        assert!(e.contains("fdb_entries 33554432 is outside 16..16777216"), "{e}");
     }
 
     #[test]
