@@ -258,19 +258,22 @@ impl Generator {
     /// Its counters now (the CLI answers in its output file).
     fn counters(&mut self) -> VnfCounters {
         let before = self.pmd.output().len();
-        self.pmd.say("show fwd stats all");
+        // The port's counters, then the forwarding statistics, whose last line is the
+        // cycles one (printed only once something moved): wait for that line, not for the
+        // first block that names port 2 (the forwarding statistics have one of their own).
         self.pmd.say("show port stats 2");
-        let deadline = Instant::now() + Duration::from_secs(5);
+        self.pmd.say("show fwd stats all");
         let io = std::fs::read_to_string(format!("/proc/{}/io", self.pmd.child.id())).unwrap_or_default();
         let at = Instant::now();
         loop {
             let out = self.pmd.output();
             let fresh = out.get(before..).unwrap_or("");
-            let received = last_count(fresh, 2, "RX-packets:");
-            if received.is_some() || Instant::now() >= deadline {
-                return VnfCounters { at, busy_cycles: busy_cycles(fresh), received, writes: io_count(&io, "syscw:"), reads: io_count(&io, "syscr:") };
+            let (received, cycles) = (last_count(fresh, 2, "RX-packets:"), busy_cycles(fresh));
+            let waited = at.elapsed();
+            if (received.is_some() && (cycles.is_some() || waited > Duration::from_secs(2))) || waited > Duration::from_secs(5) {
+                return VnfCounters { at, busy_cycles: cycles, received, writes: io_count(&io, "syscw:"), reads: io_count(&io, "syscr:") };
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -329,9 +332,10 @@ fn io_count(io: &str, field: &str) -> Option<u64> {
     io.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse().ok())
 }
 
-/// The count after `field` in the last "statistics for port `port`" block of `out`.
+/// The count after `field` in the last "NIC statistics for port `port`" block of `out`
+/// (`show port stats`; not the "Forward statistics" block of `show fwd stats`).
 fn last_count(out: &str, port: u16, field: &str) -> Option<u64> {
-    let at = out.rfind(&format!("statistics for port {port} "))?;
+    let at = out.rfind(&format!("NIC statistics for port {port} "))?;
     let block = &out[at..];
     let i = block.find(field)? + field.len();
     block[i..].split_whitespace().next()?.parse().ok()
@@ -386,6 +390,8 @@ mod tests {
         assert_eq!(last_count(out, 1, "Tx-pps:"), Some(7123456));
         assert_eq!(last_count(out, 2, "Rx-pps:"), Some(7012345));
         assert_eq!(last_count(out, 3, "RX-packets:"), None);
+        let fwd = "  ---------------------- Forward statistics for port 2  ----------------------\n  RX-packets: 99\n";
+        assert_eq!(last_count(fwd, 2, "RX-packets:"), None, "the forwarding statistics count since start, not the port's");
     }
 
     #[test]
