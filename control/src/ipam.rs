@@ -5,7 +5,7 @@
 //! addresses may be claimed: never the network or broadcast address, never the gateway or a
 //! reserved one, only inside the pools.
 
-use crate::store::{Claim, OwnerKey, Store, StoreError};
+use crate::store::{Claim, First, OwnerKey, Store, StoreError};
 use std::net::IpAddr;
 
 /// Why a subnet, a pool or an address was refused, or an allocation failed.
@@ -32,6 +32,9 @@ pub enum IpamError {
     /// What ran out: "subnet 10.0.0.0/24", "IP group \"sbc\"".
     #[error("{0} has no free address left")]
     Exhausted(String),
+    /// Other allocators kept claiming the addresses this one had read as free.
+    #[error("allocating in subnet {0} kept losing races to other allocators")]
+    Contended(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -242,24 +245,75 @@ impl Addressing {
         tail.chain(head).flat_map(|(s, e)| s..=e).map(move |n| addr(v4, n)).filter(|ip| self.check(*ip).is_ok())
     }
 
+    /// The pools' beginning, as a `candidates` start.
+    pub fn start_point(&self) -> u128 {
+        self.pools.first().map_or(0, |p| p.0.saturating_sub(1))
+    }
+
+    /// A random place of the pools, as a `candidates` start (uniform over their addresses).
+    pub fn random_point(&self) -> u128 {
+        let mut i = random_u128() % self.size().max(1);
+        for &(s, e) in &self.pools {
+            if i <= e - s {
+                return (s + i).saturating_sub(1);
+            }
+            i -= e - s + 1;
+        }
+        0
+    }
+
     /// How many addresses the pools hold (before reservations).
     pub fn size(&self) -> u128 {
         self.pools.iter().map(|(s, e)| e - s + 1).sum()
     }
 }
 
+/// How many candidates after the hint an allocation tries before it moves to a random place
+/// of the pools.
+pub const NEAR: usize = 256;
+
+/// How many random places an allocation tries when it keeps losing races there.
+const JUMPS: usize = 8;
+
 /// Allocates an address of `network` for `owner`: the address the owner already holds (a
-/// request retried after a timeout gets the same address), or the first free candidate
-/// after `hint`, claimed atomically in the store. Losing a race for a candidate moves on
-/// to the next.
+/// request retried after a timeout gets the same address), or a free one, claimed atomically
+/// in the store. Addresses are handed out in order from just after `hint`; where the next
+/// [`NEAR`] are all held (another replica's run, a pool that wrapped, a manager new to a
+/// network whose first thousands are taken) or a race for one was lost to another allocator,
+/// the search moves to a random place of the pools and goes on in order from there. So
+/// replicas sharing a store separate after their first collision instead of racing address
+/// by address, and nobody walks a long taken run.
 pub fn allocate(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128) -> Result<IpAddr, IpamError> {
-    if let Some(ip) = store.owned(network, owner)? {
+    let near = store.claim_near(network, &mut a.candidates(hint).take(NEAR), owner)?;
+    if let First::Claimed(ip) = near {
         return Ok(ip);
     }
-    match store.claim_first(network, &mut a.candidates(hint), owner)? {
-        Some(ip) => Ok(ip),
-        None => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
+    let whole_pool_seen = near == First::AllTaken && a.size() <= NEAR as u128;
+    for _ in 0..JUMPS {
+        if whole_pool_seen {
+            break;
+        }
+        match store.claim_near(network, &mut a.candidates(a.random_point()), owner)? {
+            First::Claimed(ip) => return Ok(ip),
+            First::AllTaken => break,
+            First::Raced => {}
+        }
     }
+    // Every address is held; a retry of a request that got the last one still gets it.
+    match store.owned(network, owner)? {
+        Some(ip) => Ok(ip),
+        None if whole_pool_seen || near == First::AllTaken => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
+        None => Err(IpamError::Contended(a.subnet.to_string())),
+    }
+}
+
+/// Not for secrets: where an allocation jumps to. `RandomState` is seeded from the OS once
+/// per thread and moves on with every instance.
+fn random_u128() -> u128 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let (hi, lo) = (std::hash::RandomState::new().hash_one(nanos), std::hash::RandomState::new().hash_one(nanos));
+    (hi as u128) << 64 | lo as u128
 }
 
 /// Allocates exactly `ip` for `owner` (a fixed address, an IP group member).

@@ -5,7 +5,8 @@
 
 use knitter_control::ipam::{self, Addressing, IpamError, Pool, Subnet};
 use knitter_control::store::embedded::Embedded;
-use knitter_control::store::{OwnerKey, Store};
+use knitter_control::store::{Claim, First, Op as StoreOp, OwnerKey, Store, StoreError, Versioned};
+use std::sync::atomic::Ordering::SeqCst;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
@@ -234,4 +235,97 @@ fn macs_follow_addresses() {
         .map(|i| ipam::mac_for(ipam::allocate(&s, "v6", &a, &OwnerKey::new(&format!("c{i}"), "eth0"), 0).unwrap()))
         .collect();
     assert_eq!(macs.len(), 300);
+}
+
+/// A store where another allocator wins the first `races` claims an allocation makes (as a
+/// second manager replica working at the same addresses would).
+struct Contended {
+    inner: Embedded,
+    races: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for Contended {
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<First, StoreError> {
+        let lose = self.races.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
+        if lose {
+            return Ok(First::Raced);
+        }
+        self.inner.claim_near(network, candidates, owner)
+    }
+    fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
+        self.inner.claim(network, ip, owner)
+    }
+    fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.inner.owned(network, owner)
+    }
+    fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        self.inner.release(network, owner)
+    }
+    fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
+        self.inner.remember(network, ip, pod, until)
+    }
+    fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
+        self.inner.remembered(network, ip)
+    }
+    fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
+        self.inner.allocations(network)
+    }
+    fn revision(&self) -> Result<u64, StoreError> {
+        self.inner.revision()
+    }
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        self.inner.get(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError> {
+        self.inner.list(prefix)
+    }
+    fn commit_at(&self, ops: &[StoreOp]) -> Result<Option<u64>, StoreError> {
+        self.inner.commit_at(ops)
+    }
+    fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError> {
+        self.inner.put_expiring(key, value, ttl_secs)
+    }
+}
+
+/// Allocation order: in order after the hint; past a run of held addresses longer than
+/// `ipam::NEAR`, or after losing a race, from a random free place; a pool whose every
+/// address is held is exhausted; races lost everywhere are a retryable store error, with
+/// nothing claimed.
+#[test]
+fn allocations_go_in_order_and_move_away_from_held_runs_and_races() {
+    let (_dir, inner) = store();
+    let s = Contended { inner, races: 0.into() };
+    let a = net("10.40.0.0/22", Some("10.40.0.1"));
+    let owner = |i: usize| OwnerKey::new(&format!("c{i}"), "eth0");
+    // One allocator with its cursor (the last address it got), as a manager keeps one.
+    let mut hint = a.start_point();
+    let run: Vec<IpAddr> = (0..300)
+        .map(|i| {
+            let got = ipam::allocate(&s, "n", &a, &owner(i), hint).unwrap();
+            hint = ipam::hint_of(got);
+            got
+        })
+        .collect();
+    assert_eq!((run[0], run[299]), (ip("10.40.0.2"), ip("10.40.1.45")), "in order from the pools' start");
+    // Past the run (longer than NEAR): somewhere free, not the run's end.
+    let away = ipam::allocate(&s, "n", &a, &owner(300), a.start_point()).unwrap();
+    assert!(!run.contains(&away) && a.check(away).is_ok(), "{away}");
+    // Near the hint, but a race lost there: elsewhere.
+    s.races.store(3, SeqCst);
+    let hint = ipam::hint_of(ip("10.40.2.0"));
+    let moved = ipam::allocate(&s, "n", &a, &owner(301), hint).unwrap();
+    assert!(moved != away && !run.contains(&moved), "{moved}");
+    assert_eq!(s.inner.allocations("n").unwrap().len(), 302);
+    // Every race lost: retry later, nothing claimed.
+    s.races.store(usize::MAX, SeqCst);
+    let e = ipam::allocate(&s, "n", &a, &owner(302), hint).unwrap_err();
+    assert_eq!(e, IpamError::Contended("10.40.0.0/22".into()));
+    assert_eq!(e.to_string(), "allocating in subnet 10.40.0.0/22 kept losing races to other allocators");
+    assert_eq!(s.inner.owned("n", &owner(302)).unwrap(), None);
+    s.races.store(0, SeqCst);
+    // A /29 filled: exhausted, and a retry of the last request still gets its address.
+    let small = net("192.0.2.0/29", None);
+    let got: Vec<IpAddr> = (0..6).map(|i| ipam::allocate(&s, "small", &small, &owner(i), small.start_point()).unwrap()).collect();
+    assert_eq!(ipam::allocate(&s, "small", &small, &owner(5), 0).unwrap(), got[5]);
+    assert!(matches!(ipam::allocate(&s, "small", &small, &owner(9), 0), Err(IpamError::Exhausted(_))));
 }

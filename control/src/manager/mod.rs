@@ -86,6 +86,7 @@ impl From<IpamError> for ManagerError {
             IpamError::Taken { .. } => ManagerError::Conflict(e.to_string()),
             IpamError::Exhausted(_) => ManagerError::Exhausted(e.to_string()),
             IpamError::Store(s) => ManagerError::Store(s),
+            IpamError::Contended(_) => ManagerError::Busy(e.to_string()),
             _ => ManagerError::Invalid(e.to_string()),
         }
     }
@@ -411,9 +412,9 @@ impl Manager {
     /// Where an allocation in `space` starts looking: each concurrent request gets the
     /// next ticket, so requests in flight on this manager try different addresses instead
     /// of racing for one.
-    fn ticket(&self, space: &str) -> u128 {
-        let Ok(mut c) = self.cursors.lock() else { return 0 };
-        let t = c.entry(space.to_string()).or_insert(0);
+    fn ticket(&self, space: &str, a: &Addressing) -> u128 {
+        let Ok(mut c) = self.cursors.lock() else { return a.start_point() };
+        let t = c.entry(space.to_string()).or_insert_with(|| a.start_point());
         let mine = *t;
         *t = t.wrapping_add(1);
         mine
@@ -433,7 +434,7 @@ impl Manager {
     }
 
     fn allocate(&self, space: &str, a: &Addressing, owner: &OwnerKey) -> Result<IpAddr> {
-        let t = self.ticket(space);
+        let t = self.ticket(space, a);
         let ip = ipam::allocate(self.store.as_ref(), space, a, owner, t)?;
         self.advance(space, t, ip);
         Ok(ip)
@@ -588,7 +589,10 @@ impl Manager {
                         mac: String::new(),
                         created: now(),
                     };
-                    let _ = self.store.commit(&[Op::create(&key, json(&port)?)])?;
+                    if let Some(v) = self.store.commit_at(&[Op::create(&key, json(&port)?)])? {
+                        pending = Some((port, v));
+                        break;
+                    }
                 }
             }
         }

@@ -221,16 +221,16 @@ impl Store for Embedded {
         tx.commit().map_err(StoreError::from)
     }
 
-    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+    fn commit_at(&self, ops: &[Op]) -> Result<Option<u64>, StoreError> {
         let tx = self.db.begin_write().map_err(StoreError::from)?;
-        {
+        let rev = {
             let mut records = tx.open_table(RECORDS).map_err(StoreError::from)?;
             for op in ops {
                 let version = records.get(op.key.as_str()).map_err(StoreError::from)?.map(|v| v.value().0);
                 if !holds(op.cond, version) {
                     drop(records);
                     tx.abort().map_err(StoreError::from)?;
-                    return Ok(false);
+                    return Ok(None);
                 }
             }
             let mut meta = tx.open_table(META).map_err(StoreError::from)?;
@@ -247,8 +247,9 @@ impl Store for Embedded {
                     expires.remove(op.key.as_str()).map_err(StoreError::from)?;
                 }
             }
-        }
+            rev
+        };
         tx.commit().map_err(StoreError::from)?;
-        Ok(true)
+        Ok(Some(rev))
     }
 }

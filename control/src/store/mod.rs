@@ -90,6 +90,19 @@ pub enum Claim {
     Taken(OwnerKey),
 }
 
+/// What [`Store::claim_near`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum First {
+    /// The address is the owner's now (or already was: a retry).
+    Claimed(IpAddr),
+    /// Every candidate is held.
+    AllTaken,
+    /// A candidate read as free was claimed by someone else first: another allocator (a
+    /// request of another replica) works in the same place, and the caller does better
+    /// elsewhere than racing it address by address.
+    Raced,
+}
+
 /// A store that failed (I/O, corruption, a lost connection); never "not found".
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("store: {0}")]
@@ -173,6 +186,12 @@ pub trait Store: Send + Sync {
         }
         Ok(None)
     }
+    /// As [`Store::claim_first`], but stops at the first race it loses ([`First::Raced`])
+    /// instead of following the winner address by address. Backends whose claims can lose
+    /// races (several managers on one etcd) override it.
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<First, StoreError> {
+        Ok(self.claim_first(network, candidates, owner)?.map_or(First::AllTaken, First::Claimed))
+    }
     /// The address `owner` holds in `network`.
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError>;
     /// Deletes both keys of `owner`'s address, if it holds one; returns the address.
@@ -191,7 +210,12 @@ pub trait Store: Send + Sync {
     /// Every record whose key starts with `prefix`, in key order.
     fn list(&self, prefix: &str) -> Result<Vec<(String, Versioned)>, StoreError>;
     /// Applies every op if every op's condition holds, else none; says which.
-    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError>;
+    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+        Ok(self.commit_at(ops)?.is_some())
+    }
+    /// As [`Store::commit`], returning the revision it wrote at (the version of every record
+    /// it wrote), so a writer need not read its record back; `None`: a condition failed.
+    fn commit_at(&self, ops: &[Op]) -> Result<Option<u64>, StoreError>;
     /// Writes the record `key` for `ttl_secs`: unless written again, it is gone after that
     /// (etcd: a lease; embedded: reads skip it and the next write replaces it).
     fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError>;

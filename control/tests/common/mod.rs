@@ -2,6 +2,7 @@
 //! SIGKILL on drop), free ports, and knitter-manager processes.
 #![allow(dead_code)]
 
+pub mod etcd_requests;
 pub mod scenarios;
 
 use knitter_control::store::Store;

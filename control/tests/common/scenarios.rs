@@ -283,9 +283,9 @@ impl Store for Dying {
         self.call()?;
         self.inner.list(prefix)
     }
-    fn commit(&self, ops: &[Op]) -> Result<bool, StoreError> {
+    fn commit_at(&self, ops: &[Op]) -> Result<Option<u64>, StoreError> {
         self.call()?;
-        self.inner.commit(ops)
+        self.inner.commit_at(ops)
     }
     fn put_expiring(&self, key: &str, value: &str, ttl_secs: u64) -> Result<(), StoreError> {
         self.call()?;
