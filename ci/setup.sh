@@ -6,7 +6,7 @@ set -euo pipefail
 # Debian packages: a C toolchain for crates with C parts, and the tools the kernel-port tests
 # (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints), DPDK's testpmd (dpdk-dev: the
 # vhost-user interop test's frontend) and the perf scripts use; protoc compiles the gRPC API.
-PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl dpdk-dev protobuf-compiler"
+PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl curl dpdk-dev protobuf-compiler"
 # The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
 # builds its kernel and initramfs) and starts its own etcd for the manager's store.
 if [ "${KNITTER_TEST_DEPS:-0}" = 1 ]; then

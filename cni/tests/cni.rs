@@ -15,6 +15,26 @@ use std::time::{Duration, Instant};
 use vswitch::testkit::netns;
 use vswitch::testkit::vnf::ListeningVnf;
 
+/// A node whose manager serves TLS with client certificates (`--manager-ca`,
+/// `--manager-cert`): ADD gets the manager's address through the switch's TLS channel (the
+/// sync stream's channel is made by the same `knitter_api::endpoint`); DEL gives it back.
+#[test]
+fn a_node_reaches_its_manager_over_tls() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start_tls();
+    assert!(lab.mctl(&["network", "create", "red", "--ipv4", "10.62.0.0/24", "--gateway4", "10.62.0.1"]).status.success());
+    let (_a, a_path) = pod("pt");
+    let (ok, r) = lab.cni("ADD", "ctr-t", &a_path, "eth0", &lab.conf("1.1.0", "red"));
+    assert!(ok, "{r}");
+    assert_eq!(addr(&r), "10.62.0.2");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(ports.contains("10.62.0.2"), "{ports}");
+    let (ok, r) = lab.cni("DEL", "ctr-t", &a_path, "eth0", &lab.conf("1.1.0", "red"));
+    assert!(ok, "{r}");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(!ports.contains("10.62.0.2"), "{ports}");
+}
+
 #[test]
 fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     let Some(_g) = netns::exclusive() else { return };

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use knitter_control::manager::objects::Quota;
 use knitter_control::manager::sync::Liveness;
+use knitter_control::manager::tls::{ServerTls, TlsListener};
 use knitter_control::manager::{Config, Manager, grpc, rest};
 use knitter_control::network::Limits;
 use knitter_control::store::Store;
@@ -57,6 +58,16 @@ struct Args {
     /// Seconds a node whose lease ran out stays in the other nodes' flood lists.
     #[arg(long, default_value_t = 60)]
     node_grace: u64,
+    /// Serve both APIs over TLS with this certificate chain (PEM); clients then need the CA
+    /// that signed it (`knitterctl --manager-ca`, knitter-vswitchd `--manager-ca`, `curl --cacert`).
+    #[arg(long, env = "KNITTER_MANAGER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, env = "KNITTER_MANAGER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Also require client certificates signed by this CA (PEM) on both APIs.
+    #[arg(long, env = "KNITTER_MANAGER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -132,6 +143,10 @@ fn main() -> Result<()> {
         default_quota: Quota { networks: a.network_quota },
         liveness: Liveness { lease_secs: a.node_lease.max(1), grace_secs: a.node_grace },
     };
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::read(cert, key, a.tls_client_ca.as_deref())?),
+        _ => None,
+    };
     let manager = Arc::new(Manager::new(store, config).context("preparing the store")?);
     sweep(&manager);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -139,7 +154,13 @@ fn main() -> Result<()> {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("binding {}", a.listen))?;
         let grpc_listener = tokio::net::TcpListener::bind(&a.grpc_listen).await.with_context(|| format!("binding {}", a.grpc_listen))?;
-        tracing::info!(rest = %listener.local_addr()?, grpc = %grpc_listener.local_addr()?, "serving (REST: /v1, /v1/openapi.json; gRPC: knitter.manager.v1)");
+        tracing::info!(
+            rest = %listener.local_addr()?,
+            grpc = %grpc_listener.local_addr()?,
+            tls = tls.is_some(),
+            client_certificates = tls.as_ref().is_some_and(ServerTls::requires_client_certificates),
+            "serving (REST: /v1, /v1/openapi.json; gRPC: knitter.manager.v1)"
+        );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             stop_signal().await;
@@ -159,10 +180,22 @@ fn main() -> Result<()> {
             }
         });
         let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
-        let grpc = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &tls {
+            builder = builder.tls_config(tls.tonic()).context("gRPC TLS")?;
+        }
+        let grpc = builder
             .add_service(service)
             .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped(stop_rx.clone()));
-        let rest = rest::serve(listener, rest::Api { manager, token }, stopped(stop_rx.clone()));
+        let api = rest::Api { manager, token };
+        let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
+        let rest_stop = stopped(stop_rx.clone());
+        let rest = async move {
+            match rest_tls {
+                Some(cfg) => rest::serve_tls(TlsListener::new(listener, cfg)?, api, rest_stop).await,
+                None => rest::serve(listener, api, rest_stop).await,
+            }
+        };
         // Sync streams stay open until their nodes go: give them 2 s after a stop.
         let deadline = async {
             stopped(stop_rx).await;

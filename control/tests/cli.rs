@@ -3,6 +3,8 @@
 //! daemon's reason and a non-zero exit, an unreachable daemon named plainly. In the
 //! `serial` nextest group (the daemon starts a PMD thread).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -124,28 +126,10 @@ fn an_unreachable_daemon_is_named() {
     assert!(err.contains("cannot reach knitter-vswitchd at /nonexistent/knitter.sock") && err.contains("is it running?"), "{err}");
 }
 
-/// A CA, a server certificate for `localhost` and a client certificate, made with openssl.
-fn certificates(dir: &Path) {
-    let sh = |args: &[&str]| {
-        let o = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl (ci/setup.sh installs it)");
-        assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    for ca in ["ca", "other-ca"] {
-        sh(&[&["req", "-x509"][..], &ec, &["-keyout", &format!("{ca}.key"), "-out", &format!("{ca}.pem"), "-days", "1", "-subj", "/CN=knitter test CA"]].concat());
-    }
-    std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n").unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for who in ["server", "client"] {
-        sh(&[&["req"][..], &ec, &["-keyout", &format!("{who}.key"), "-out", &format!("{who}.csr"), "-subj", &format!("/CN={who}")]].concat());
-        sh(&["x509", "-req", "-in", &format!("{who}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-out", &format!("{who}.pem"), "-extfile", &format!("{who}.ext")]);
-    }
-}
-
 #[test]
 fn over_tcp_the_api_needs_tls_and_a_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    certificates(dir.path());
+    common::certificates(dir.path());
     let f = |n: &str| dir.path().join(n).display().to_string();
     let daemon = Path::new(env!("CARGO_BIN_EXE_knitterctl")).with_file_name("knitter-vswitchd");
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();

@@ -37,15 +37,38 @@ pub struct Lab {
     pub grpc: String,
     pub manager: Option<Proc>,
     pub switch: Option<Proc>,
+    /// The manager's TLS options (empty: plain), and its clients' (knitterctl and
+    /// knitter-vswitchd spell them alike).
+    manager_tls: Vec<String>,
+    client_tls: Vec<String>,
 }
 
 impl Lab {
     pub fn start() -> Lab {
+        Lab::start_with(false)
+    }
+
+    /// A lab whose manager serves TLS and requires client certificates: the switch and
+    /// knitterctl reach it with `--manager-ca` and a client certificate.
+    pub fn start_tls() -> Lab {
+        Lab::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Lab {
         let dir = tempfile::tempdir().unwrap();
         let node = Netns::new("cn").unwrap();
         node.run(&["ip", "link", "set", "lo", "up"]).unwrap();
         let grpc = format!("127.0.0.1:{}", free_port());
-        let mut lab = Lab { dir, node, grpc, manager: None, switch: None };
+        let (mut manager_tls, mut client_tls) = (vec![], vec![]);
+        if tls {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/test-certs.sh");
+            let o = Command::new("bash").arg(script).arg(dir.path()).output().unwrap();
+            assert!(o.status.success(), "ci/test-certs.sh: {}", String::from_utf8_lossy(&o.stderr));
+            let f = |n: &str| dir.path().join(n).display().to_string();
+            manager_tls = vec!["--tls-cert".into(), f("server.pem"), "--tls-key".into(), f("server.key"), "--tls-client-ca".into(), f("ca.pem")];
+            client_tls = vec!["--manager-ca".into(), f("ca.pem"), "--manager-server-name".into(), "localhost".into(), "--manager-cert".into(), f("client.pem"), "--manager-key".into(), f("client.key")];
+        }
+        let mut lab = Lab { dir, node, grpc, manager: None, switch: None, manager_tls, client_tls };
         lab.start_manager();
         let socket = lab.socket();
         let child = Command::new("ip")
@@ -56,6 +79,7 @@ impl Lab {
             .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
             .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-token-file"])
             .arg(lab.dir.path().join("m/token"))
+            .args(&lab.client_tls)
             .env("RUST_LOG", std::env::var("KNITTER_LAB_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(std::env::var_os("KNITTER_LAB_LOG").map_or(Stdio::null(), |_| Stdio::inherit()))
             .spawn()
@@ -79,6 +103,7 @@ impl Lab {
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--grpc-listen", &self.grpc])
+            .args(&self.manager_tls)
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -101,6 +126,7 @@ impl Lab {
             .arg(bin("knitterctl"))
             .args(["--manager", &self.grpc, "--token-file"])
             .arg(self.dir.path().join("m/token"))
+            .args(&self.client_tls)
             .arg("manager")
             .args(args)
             .output()

@@ -55,7 +55,8 @@ pub fn node_client(path: &Path) -> node::node_client::NodeClient<Channel> {
     node::node_client::NodeClient::new(unix_channel(path))
 }
 
-/// TLS settings of a client reaching a daemon over TCP.
+/// TLS settings of a client reaching a daemon or the manager over TCP.
+#[derive(Clone)]
 pub struct ClientTls {
     /// CA (PEM) the server's certificate must chain to.
     pub ca: Vec<u8>,
@@ -65,14 +66,41 @@ pub struct ClientTls {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-/// A channel to a gRPC server on TCP with TLS (`host:port`). Connects lazily.
-pub fn tls_channel(addr: &str, tls: ClientTls) -> Result<Channel, tonic::transport::Error> {
+/// Names the server and says whether a client certificate is shown; never prints the key.
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls").field("server_name", &self.server_name).field("client_certificate", &self.identity.is_some()).finish()
+    }
+}
+
+impl ClientTls {
+    /// Reads the files for a server at `addr` (`host:port`); the name to check defaults to
+    /// the host.
+    pub fn read(addr: &str, ca: &Path, server_name: Option<&str>, identity: Option<(&Path, &Path)>) -> std::io::Result<ClientTls> {
+        let read = |p: &Path| std::fs::read(p).map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", p.display())));
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']);
+        Ok(ClientTls {
+            ca: read(ca)?,
+            server_name: server_name.unwrap_or(host).to_string(),
+            identity: identity.map(|(c, k)| Ok::<_, std::io::Error>((read(c)?, read(k)?))).transpose()?,
+        })
+    }
+}
+
+/// An endpoint for a gRPC server on TCP (`host:port`): plain HTTP/2, or TLS when given.
+pub fn endpoint(addr: &str, tls: Option<ClientTls>) -> Result<Endpoint, tonic::transport::Error> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let Some(tls) = tls else { return Endpoint::from_shared(format!("http://{addr}")) };
     let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(tls.ca)).domain_name(tls.server_name);
     if let Some((cert, key)) = tls.identity {
         cfg = cfg.identity(Identity::from_pem(cert, key));
     }
-    Ok(Endpoint::from_shared(format!("https://{addr}"))?.tls_config(cfg)?.connect_lazy())
+    Endpoint::from_shared(format!("https://{addr}"))?.tls_config(cfg)
+}
+
+/// A channel to a gRPC server on TCP with TLS (`host:port`). Connects lazily.
+pub fn tls_channel(addr: &str, tls: ClientTls) -> Result<Channel, tonic::transport::Error> {
+    Ok(endpoint(addr, Some(tls))?.connect_lazy())
 }
 
 #[cfg(test)]

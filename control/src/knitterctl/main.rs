@@ -28,24 +28,24 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Knitter's operator CLI")]
+#[command(version, about = "Knitter's operator CLI", after_help = EXAMPLES)]
 struct Cli {
     /// The node daemon's API socket.
-    #[arg(long, global = true, env = "KNITTER_NODE_SOCKET", default_value = knitter_api::DEFAULT_NODE_SOCKET)]
+    #[arg(long, global = true, env = "KNITTER_NODE_SOCKET", default_value = knitter_api::DEFAULT_NODE_SOCKET, help_heading = NODE_HEADING)]
     socket: PathBuf,
     /// Reach the daemon over TCP with TLS instead (host:port).
-    #[arg(long, global = true, requires = "ca")]
+    #[arg(long, global = true, requires = "ca", help_heading = NODE_HEADING)]
     tcp: Option<String>,
     /// CA (PEM) the daemon's certificate must chain to (with --tcp).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = NODE_HEADING)]
     ca: Option<PathBuf>,
     /// The name in the daemon's certificate (with --tcp; default: the host of --tcp).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = NODE_HEADING)]
     server_name: Option<String>,
     /// A client certificate and key (PEM), for daemons that ask for one.
-    #[arg(long, global = true, requires = "key")]
+    #[arg(long, global = true, requires = "key", help_heading = NODE_HEADING)]
     cert: Option<PathBuf>,
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = NODE_HEADING)]
     key: Option<PathBuf>,
     /// Output format.
     #[arg(long, short, global = true, value_enum, default_value = "table")]
@@ -54,6 +54,43 @@ struct Cli {
     target: manager::Target,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+const NODE_HEADING: &str = "Node daemon (node, bridge, port, vtep, fdb, apply, events, stats)";
+
+/// Every option that reaches the node daemon (`knitterctl manager ...` hides them).
+const NODE_OPTIONS: [&str; 6] = ["socket", "tcp", "ca", "server_name", "cert", "key"];
+
+const EXAMPLES: &str = "Examples:
+  knitterctl node show                                  the node on this host (its unix socket)
+  knitterctl --socket /run/knitter/n2.sock fdb show     another daemon on this host
+  knitterctl --tcp node2:9470 --ca ca.pem stats --queues
+  knitterctl manager network list                       the manager on 127.0.0.1:9481
+  knitterctl --manager 10.0.0.5:9481 --token-file token --manager-ca ca.pem manager port list --node n1
+  knitterctl -o json manager node list";
+
+const MANAGER_EXAMPLES: &str = "Examples:
+  knitterctl manager network create red --ipv4 10.1.0.0/24 --gateway4 10.1.0.1
+  knitterctl manager network create media --kind vlan --segment 100 --plane media --ipv4 10.9.0.0/24
+  knitterctl manager ipgroup create red sbc --size 4 --grace 300
+  knitterctl manager port list --node node1
+  knitterctl manager node list
+  knitterctl --manager mgr.example:9481 --manager-ca ca.pem --token-file token manager tenant list";
+
+/// The command line, with each subcommand's help showing only the options that apply to it
+/// (they stay global: they may come before or after the subcommand). A subcommand that
+/// already has an argument keeps it when clap propagates the globals, so each subcommand
+/// gets hidden copies of the options that do not apply to it.
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let hidden = |ids: &[&str]| -> Vec<clap::Arg> { cmd.get_arguments().filter(|a| ids.contains(&a.get_id().as_str())).map(|a| a.clone().hide(true)).collect() };
+    let (node, manager) = (hidden(&NODE_OPTIONS), hidden(&manager::TARGET_OPTIONS));
+    let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
+    subs.into_iter().fold(cmd, |cmd, name| {
+        let copies = if name == "manager" { node.clone() } else { manager.clone() };
+        cmd.mut_subcommand(name, |sc| sc.args(copies))
+    })
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
@@ -65,7 +102,7 @@ pub(crate) enum Output {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// The manager's objects: tenants, networks, IP groups, ports, nodes (over gRPC).
-    #[command(alias = "m")]
+    #[command(alias = "m", after_help = MANAGER_EXAMPLES)]
     Manager {
         #[command(subcommand)]
         cmd: manager::ManagerCmd,
@@ -518,16 +555,9 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
 /// The client for where the daemon is: its unix socket, or TCP with TLS.
 fn client(cli: &Cli) -> Result<NodeClient<Channel>> {
     let Some(addr) = &cli.tcp else { return Ok(knitter_api::node_client(&cli.socket)) };
-    let read = |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-    let ca = read(cli.ca.as_ref().context("--tcp needs --ca")?)?;
-    let identity = match (&cli.cert, &cli.key) {
-        (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
-        _ => None,
-    };
-    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).trim_matches(['[', ']']);
-    let server_name = cli.server_name.clone().unwrap_or_else(|| host.to_string());
-    let channel = knitter_api::tls_channel(addr, knitter_api::ClientTls { ca, server_name, identity })?;
-    Ok(NodeClient::new(channel))
+    let identity = cli.cert.as_deref().zip(cli.key.as_deref());
+    let tls = knitter_api::ClientTls::read(addr, cli.ca.as_deref().context("--tcp needs --ca")?, cli.server_name.as_deref(), identity)?;
+    Ok(NodeClient::new(knitter_api::tls_channel(addr, tls)?))
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -702,7 +732,8 @@ async fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    use clap::FromArgMatches;
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let socket = match &cli.tcp {
         Some(addr) => PathBuf::from(addr),
         None => cli.socket.clone(),

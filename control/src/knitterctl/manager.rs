@@ -9,8 +9,9 @@ use pb::manager_client::ManagerClient;
 use std::path::PathBuf;
 use tonic::transport::Channel;
 
-/// Where the manager is and how to prove who we are.
+/// Where the manager is and how to prove who we are (shown under `knitterctl manager`).
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Manager (knitterctl manager ...)")]
 pub struct Target {
     /// The manager's gRPC address.
     #[arg(long, global = true, env = "KNITTER_MANAGER", default_value = knitter_api::DEFAULT_MANAGER_GRPC)]
@@ -21,6 +22,31 @@ pub struct Target {
     /// File holding the bearer token.
     #[arg(long, global = true, env = "KNITTER_TOKEN_FILE", default_value = "/var/lib/knitter/manager/token")]
     token_file: PathBuf,
+    /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
+    #[arg(long, global = true, env = "KNITTER_MANAGER_CA")]
+    manager_ca: Option<PathBuf>,
+    /// The name in the manager's certificate (default: the host of --manager).
+    #[arg(long, global = true, requires = "manager_ca")]
+    manager_server_name: Option<String>,
+    /// A client certificate (PEM), for a manager that asks for one (with --manager-key).
+    #[arg(long, global = true, requires_all = ["manager_key", "manager_ca"])]
+    manager_cert: Option<PathBuf>,
+    /// The key of --manager-cert (PEM).
+    #[arg(long, global = true, requires = "manager_cert")]
+    manager_key: Option<PathBuf>,
+}
+
+/// Every option of [`Target`] (`knitterctl node ...` and the other node commands hide them).
+pub const TARGET_OPTIONS: [&str; 7] = ["manager", "token", "token_file", "manager_ca", "manager_server_name", "manager_cert", "manager_key"];
+
+impl Target {
+    fn channel(&self) -> Result<Channel> {
+        let tls = match &self.manager_ca {
+            None => None,
+            Some(ca) => Some(knitter_api::ClientTls::read(&self.manager, ca, self.manager_server_name.as_deref(), self.manager_cert.as_deref().zip(self.manager_key.as_deref()))?),
+        };
+        Ok(knitter_api::endpoint(&self.manager, tls)?.connect_lazy())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,8 +339,7 @@ fn list(tenant: Option<String>, network: Option<String>, node: Option<String>, p
 }
 
 pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
-    let channel = Channel::from_shared(format!("http://{}", t.manager))?.connect_lazy();
-    let mut c = ManagerClient::new(channel);
+    let mut c = ManagerClient::new(t.channel()?);
     let none = || list(None, None, None, None, None);
     match cmd {
         ManagerCmd::Tenant { cmd } => match cmd {

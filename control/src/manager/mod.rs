@@ -14,6 +14,7 @@ pub mod grpc;
 pub mod objects;
 pub mod rest;
 pub mod sync;
+pub mod tls;
 
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
 use crate::network::{Kind, Limits, Network, NetworkError, NetworkSpec};

@@ -294,3 +294,10 @@ pub async fn serve(listener: tokio::net::TcpListener, api: Api, stop: impl std::
     });
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }
+
+/// As [`serve`], over TLS.
+pub async fn serve_tls(listener: super::tls::TlsListener, api: Api, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener.tap_io(|_| {}), app).with_graceful_shutdown(stop).await
+}

@@ -132,3 +132,11 @@ impl Drop for ManagerProc {
 }
 
 pub const TOKEN: &str = "replica-test-token";
+
+/// A CA, a server certificate for `localhost` and a client certificate, made with openssl
+/// (`ci/test-certs.sh`), and a second CA that signed neither.
+pub fn certificates(dir: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/test-certs.sh");
+    let o = Command::new("bash").arg(script).arg(dir).output().expect("bash");
+    assert!(o.status.success(), "ci/test-certs.sh (needs openssl: ci/setup.sh installs it): {}", String::from_utf8_lossy(&o.stderr));
+}

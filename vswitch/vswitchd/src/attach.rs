@@ -155,7 +155,7 @@ impl Attacher {
         let manager = match link {
             None => None,
             Some(link) => {
-                let ch = tonic::transport::Channel::from_shared(format!("http://{}", link.address))
+                let ch = knitter_api::endpoint(&link.address, link.tls.clone())
                     .map_err(|e| anyhow::anyhow!("manager address {:?}: {e}", link.address))?
                     .connect_timeout(Duration::from_secs(2))
                     .timeout(Duration::from_secs(10))

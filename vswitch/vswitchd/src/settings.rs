@@ -146,6 +146,13 @@ pub struct ManagerSection {
     pub node_name: String,
     /// File holding the manager's bearer token.
     pub token_file: Option<PathBuf>,
+    /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// The name in the manager's certificate (default: the host of `address`).
+    pub server_name: String,
+    /// A client certificate and its key (PEM), for a manager that asks for one.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
 }
 
 /// The config file.
@@ -251,6 +258,18 @@ pub struct Args {
     /// File holding the manager's bearer token.
     #[arg(long)]
     pub manager_token_file: Option<PathBuf>,
+    /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
+    #[arg(long)]
+    pub manager_ca: Option<PathBuf>,
+    /// The name in the manager's certificate (default: the host of --manager).
+    #[arg(long)]
+    pub manager_server_name: Option<String>,
+    /// A client certificate (PEM), for a manager that asks for one (with --manager-key).
+    #[arg(long, requires = "manager_key")]
+    pub manager_cert: Option<PathBuf>,
+    /// The key of --manager-cert (PEM).
+    #[arg(long, requires = "manager_cert")]
+    pub manager_key: Option<PathBuf>,
 }
 
 /// Everything the daemon runs with, file and command line merged.
@@ -338,7 +357,25 @@ impl Settings {
                 Some(p) => Some(std::fs::read_to_string(&p).with_context(|| format!("reading the manager token {}", p.display()))?.trim().to_string()),
                 None => None,
             };
-            Some(crate::sync::ManagerLink { address, node_name, token })
+            let ca = args.manager_ca.clone().or(file.manager.ca);
+            let identity = match (args.manager_cert.clone().or(file.manager.cert), args.manager_key.clone().or(file.manager.key)) {
+                (Some(c), Some(k)) => Some((c, k)),
+                (None, None) => None,
+                _ => bail!("manager.cert and manager.key go together"),
+            };
+            if ca.is_none() && identity.is_some() {
+                bail!("a client certificate for the manager needs its CA too (--manager-ca / manager.ca)");
+            }
+            let server_name = args.manager_server_name.clone().unwrap_or(file.manager.server_name);
+            let tls = match ca {
+                None => None,
+                Some(ca) => {
+                    let name = Some(server_name.as_str()).filter(|n| !n.is_empty());
+                    let identity = identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+                    Some(knitter_api::ClientTls::read(&address, &ca, name, identity).context("the manager's TLS files")?)
+                }
+            };
+            Some(crate::sync::ManagerLink { address, node_name, token, tls })
         };
         Ok(Settings {
             manager,

@@ -23,6 +23,8 @@ pub struct ManagerLink {
     pub address: String,
     pub node_name: String,
     pub token: Option<String>,
+    /// TLS to the manager (`--manager-ca`); plain HTTP/2 without.
+    pub tls: Option<knitter_api::ClientTls>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -59,7 +61,7 @@ pub async fn run(node: Arc<Node>, link: ManagerLink) {
 /// One stream: register, then apply each desired state until the stream ends.
 async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Result<()> {
     let me = registration(node, &link.node_name)?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", link.address))?
+    let channel = knitter_api::endpoint(&link.address, link.tls.clone())?
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
