@@ -16,8 +16,12 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-/// Remote VTEPs one switch knows (their ids are below this).
-pub const MAX_PEERS: usize = 4096;
+/// Remote VTEPs one switch knows (their ids are below this): a VXLAN network spanning a
+/// large cluster has thousands. A configured peer costs its header template and its next
+/// hop's slot (24 bytes, reserved for every id up front). The exact-match cache holds decisions
+/// for the first 4 096 ids only (12 bits of its 64-bit entry, `emc::Hit`); frames to peers
+/// with higher ids take the slow path (docs/operations.md "Limits").
+pub const MAX_PEERS: usize = 16384;
 
 /// "No bridge domain" in lookup tables.
 pub const NO_BD: u16 = u16::MAX;

@@ -574,3 +574,44 @@ fn decap_refuses_a_foreign_destination_mac() {
     assert_eq!(h.stats().drop(DropReason::UnderlayForeignMac), 4, "{:?}", h.stats().nonzero_drops());
     h.flush_caches();
 }
+
+/// A VTEP with 10 000 peers (a VXLAN network across a large cluster): accepted; frames to and
+/// from the 10 000th (an id the exact-match cache cannot name) are encapsulated and
+/// decapsulated byte-exact, burst after burst, by the slow path; one peer more than
+/// `MAX_PEERS` is refused with the number.
+#[test]
+fn ten_thousand_peers_are_served_and_one_too_many_refused() {
+    let peer = |n: u32| IpAddr::V4(Ipv4Addr::from(0xc633_0000 + n)); // 198.51.0.0/16
+    let local = local4();
+    let config = |count: u32| {
+        let mut vtep = VtepConfig::new(local, "up");
+        for n in 1..=count {
+            vtep = vtep.peer(peer(n), mac(PEER_MAC));
+        }
+        let far = peer(count);
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[far])],
+            ports: vec![PortConfig::access("a1", "red"), PortConfig::underlay("up")],
+            vtep: Some(vtep),
+        }
+    };
+    let mut h = Harness::with_pool(Pool::new(16384, false).expect("buffer pool"), SwitchOptions::default());
+    h.ring("a1").ring_with_mac("up", Some(mac(UP_MAC)));
+    let too_many = vswitch::snapshot::MAX_PEERS as u32 + 1;
+    assert_eq!(h.apply(config(too_many)).unwrap_err().to_string(), format!("too many VTEP peers (at most {})", too_many - 1));
+    h.apply(config(10_000)).unwrap();
+    let far = peer(10_000);
+    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: far, dst: local, sport: 50000, dport: 4789, vlan: None };
+    let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
+    let from_a1 = frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80);
+    for round in 0..4 {
+        h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
+        h.send("a1", &from_a1);
+        h.step();
+        let out = h.recv_all();
+        assert_eq!(out["a1"], vec![to_a1.clone()], "round {round}: decapsulated from the 10 000th peer");
+        assert_eq!(out["up"].len(), 1, "round {round}");
+        let sport = sport_of(&out["up"][0], true);
+        assert_eq!(out["up"][0], frames::vxlan(&outer(local, far, mac(PEER_MAC), sport), 5001, &from_a1, false), "round {round}");
+    }
+}
