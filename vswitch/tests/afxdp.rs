@@ -362,34 +362,53 @@ fn a_burst_of_jumbo_frames_leaves_in_one_tx_burst() {
     assert_eq!(received() - before, vswitch::BATCH as u64, "every frame of the burst on the wire");
 }
 
-/// An idle pod port lends the pool a few bursts' worth of buffers for its fill ring, not a
-/// whole ring: ports that each took 1 024 starved every port opened after the pool ran out
-/// (a node's 17th pod lost its first frames until traffic elsewhere returned buffers). And
-/// the fill ring is filled at open, before frames are redirected to the socket.
+/// Idle pods keep what their fill rings hold (the kernel owns those buffers until frames
+/// arrive), so a pod port lends 128 while the pool stays more than half free after lending
+/// them and 32 after that: 200 pods fit the default pool. A port that finds the pool empty
+/// is reported (`rx_starved`, once per time it runs dry) and takes buffers again once they
+/// come back. The fill ring is filled at open, before frames are redirected to the socket.
 #[test]
-fn idle_ports_lend_a_few_bursts_of_buffers_each() {
+fn idle_ports_lend_a_share_of_the_pool_and_a_starved_port_is_reported() {
     let Some(_g) = netns::exclusive() else { return };
     let ns = Netns::new("fl").unwrap();
-    for i in 0..3 {
+    const PORTS: usize = 14;
+    for i in 0..PORTS {
         ns.run(&["ip", "link", "add", &format!("fa{i}"), "type", "veth", "peer", "name", &format!("fb{i}")]).unwrap();
         ns.run(&["ip", "link", "set", &format!("fa{i}"), "up"]).unwrap();
         ns.run(&["ip", "link", "set", &format!("fb{i}"), "up"]).unwrap();
     }
     let pool = Pool::new(512, false).unwrap();
-    let ports: Vec<AfXdpPort> = (0..3)
+    let mut ports: Vec<AfXdpPort> = (0..PORTS)
         .map(|i| {
             let (name, p) = (format!("fa{i}"), pool.clone());
             ns.enter(move || AfXdpPort::open(&name, &name, p)).unwrap().unwrap()
         })
         .collect();
-    assert_eq!(pool.free_count(), 511 - 3 * 128, "each port lends 128 buffers to its fill ring");
+    assert_eq!(ports[0].fill_target(0), 128, "the first port: the pool stays more than half free");
+    assert!(ports[1..].iter().all(|p| p.fill_target(0) == 32), "the others a burst's worth");
+    assert_eq!(pool.free_count(), 0, "511 = 128 + 11 × 32 + 31: the 13th got what was left, the 14th none");
+    let starved = |p: &AfXdpPort| p.queue_stats()[0].rx_starved;
+    assert_eq!(ports[..PORTS - 1].iter().map(starved).sum::<u64>(), 0);
+    assert_eq!(starved(&ports[PORTS - 1]), 1, "the port that got no buffer is reported");
     assert_eq!(ports[0].device_rx_queues(), Some(1));
     // veth has no zero-copy: the unforced bind falls back to copy mode, with need_wakeup
     // (Linux ≥ 5.4), whose transmit flag copy mode keeps set (so every burst still kicks:
     // the ping and TCP tests above fail otherwise).
     assert_eq!(ports[0].binding(), Binding { zero_copy: false, need_wakeup: true, multi_buffer: true });
+    // The first port goes: its buffers come back, and the starved port takes its share at
+    // its next poll; once, not again.
+    drop(ports.remove(0));
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    let last = ports.last().unwrap();
+    for _ in 0..3 {
+        assert_eq!(last.rx_burst(0, &mut cache, &mut batch), 0);
+    }
+    cache.flush();
+    assert_eq!(pool.free_count(), 128 - 32, "the starved port took 32");
+    assert_eq!(starved(last), 1);
     drop(ports);
-    assert_eq!(pool.free_count(), pool.capacity() as usize, "and gets them back when it closes");
+    assert_eq!(pool.free_count(), pool.capacity() as usize, "and every buffer comes back when the ports close");
 }
 
 /// A pod port whose traffic empties its fill ring between two polls (its PMD missed a few

@@ -491,7 +491,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         if queues {
             println!();
             table(
-                &["port", "queue", "rx packets", "rx dropped", "tx packets", "tx full", "tx dropped", "rx gso", "rx csum"],
+                &["port", "queue", "rx packets", "rx dropped", "rx starved", "tx packets", "tx full", "tx dropped", "rx gso", "rx csum"],
                 s.ports
                     .iter()
                     .flat_map(|p| {
@@ -501,6 +501,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                                 q.queue.to_string(),
                                 q.rx_packets.to_string(),
                                 q.rx_dropped.to_string(),
+                                q.rx_starved.to_string(),
                                 q.tx_packets.to_string(),
                                 q.tx_full.to_string(),
                                 q.tx_dropped.to_string(),

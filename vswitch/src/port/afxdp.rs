@@ -72,6 +72,9 @@ const RING: u32 = 1024;
 /// interface): when its traffic empties the ring by half between two refills, the ring
 /// grows (see [`RxSide::grow`]).
 const FILL_POD: u32 = 128;
+/// A pod queue's fill ring when the pool is already half lent out (see [`pod_fill`]): a
+/// burst's worth, refilled every time a PMD thread polls it.
+const FILL_MIN: u32 = 32;
 /// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
 const XDP_PACKET_HEADROOM: usize = 256;
 
@@ -262,6 +265,8 @@ struct RxSide {
     fill_target: u32,
     /// Whether `fill_target` may grow with the port's traffic (pod ports).
     elastic: bool,
+    /// The pool could not keep the fill ring above [`STARVED`] at the last refill.
+    starved: bool,
     /// Zero-copy with `need_wakeup`: the driver may sleep, and is kicked when the fill
     /// ring's flag asks (copy mode receives in the kernel's own softirq: never kicked).
     wakeup: bool,
@@ -519,21 +524,22 @@ impl AfXdpPort {
         // Fill rings are filled before frames are redirected here: a socket without fill
         // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
         // moment ago loses its first ARP request (a one-second stall).
-        let fill_target = if underlay.is_some() { underlay_fill(n) } else { FILL_POD };
+        let fill_target = if underlay.is_some() { underlay_fill(n) } else { pod_fill(&pool, n) };
         let capacity = pool.capacity() as usize;
         let mut cache = PoolCache::new(pool.clone());
         let mut queues = Vec::with_capacity(n as usize);
         for b in bound {
             let wakeup = b.binding.need_wakeup;
-            let mut rx = RxSide { rx: b.rx, fill: b.fill, lent: Lent::new(capacity), fill_target, elastic: false, wakeup: wakeup && b.binding.zero_copy };
-            Self::refill(&mut rx, &mut cache);
+            let mut rx = RxSide { rx: b.rx, fill: b.fill, lent: Lent::new(capacity), fill_target, elastic: false, starved: false, wakeup: wakeup && b.binding.zero_copy };
+            let counters = QueueCounters::default();
+            Self::refill(&mut rx, &mut cache, &counters, name);
             rx.elastic = true;
             queues.push(Xsk {
                 rx: Mutex::new(Some(rx)),
                 tx: Mutex::new(Some(TxSide { tx: b.tx, comp: b.comp, lent: Lent::new(capacity), wakeup })),
                 fd: b.sock.as_raw_fd(),
                 sock: Some(b.sock),
-                counters: QueueCounters::default(),
+                counters,
             });
         }
         let port = AfXdpPort {
@@ -590,8 +596,10 @@ impl AfXdpPort {
         (parts, k)
     }
 
-    /// Tops the fill ring up with fresh pool buffers.
-    fn refill(side: &mut RxSide, cache: &mut PoolCache) {
+    /// Tops the fill ring up with fresh pool buffers. A ring the pool could not keep above
+    /// [`STARVED`] buffers starves: frames arriving then are dropped by the kernel, so the
+    /// queue counts it (`rx_starved`, once per time it runs short) and says it once.
+    fn refill(side: &mut RxSide, cache: &mut PoolCache, counters: &QueueCounters, port: &str) {
         let prod = side.fill.prod().load(Relaxed);
         let held = prod.wrapping_sub(side.fill.cons().load(Acquire));
         if side.elastic && side.fill_target < RING && held < side.fill_target / 2 {
@@ -609,6 +617,25 @@ impl AfXdpPort {
         if n > 0 {
             side.fill.prod().store(prod.wrapping_add(n), Release);
         }
+        let starved = n < free && held + n < STARVED;
+        if starved != side.starved {
+            side.starved = starved;
+            if starved {
+                Self::starving(counters, cache, port);
+            }
+        }
+    }
+
+    #[cold]
+    fn starving(counters: &QueueCounters, cache: &PoolCache, port: &str) {
+        counters.rx_starved.add(1);
+        let pool = cache.pool();
+        tracing::warn!(
+            port,
+            free = pool.free_count(),
+            buffers = pool.capacity(),
+            "an AF_XDP queue's fill ring ran dry with the buffer pool empty: frames arriving on it are dropped until buffers come back (raise --buffers: 128 per pod queue, 1 024 per underlay)"
+        );
     }
 
     fn rx_pending(side: &RxSide) -> bool {
@@ -631,6 +658,20 @@ impl AfXdpPort {
         }
         if frames == 0 && avail >= RING { avail } else { end }
     }
+}
+
+/// A fill ring holding fewer buffers than this, with the pool unable to top it up, starves.
+const STARVED: u32 = 8;
+
+/// A pod port's fill ring per queue at first: [`FILL_POD`] while the pool keeps more than
+/// half its buffers free after lending them, else [`FILL_MIN`]. Idle pods keep what their
+/// rings hold (the kernel owns it until frames arrive), so the share given at open is what
+/// many pods hold for good: on the default 16 384 buffers the first ~60 pods get 128 and the
+/// rest 32 (200 pods hold ~12 000, where 128 each, 25 600, left the last 72 none). A busy
+/// pod's ring still doubles while the pool is more than half free ([`RxSide::grow`]).
+fn pod_fill(pool: &Pool, queues: u32) -> u32 {
+    let lent = FILL_POD as usize * queues as usize;
+    if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 { FILL_POD } else { FILL_MIN }
 }
 
 /// An underlay's fill ring per queue: a full ring on one queue, less per queue on many
@@ -753,7 +794,7 @@ impl Port for AfXdpPort {
         if n > 0 {
             side.rx.cons().store(cons.wrapping_add(n), Release);
         }
-        Self::refill(side, cache);
+        Self::refill(side, cache, &xsk.counters, &self.name);
         if n == 0 && side.wakeup && side.fill.needs_wakeup() {
             // A zero-copy driver went to sleep with our fill ring empty: wake it.
             // SAFETY: recvfrom with no buffer on our own socket.

@@ -34,6 +34,9 @@ pub struct QueueStats {
     pub rx_csum: u64,
     /// Frames the queue took but could not send (longer than its slots), dropped.
     pub tx_dropped: u64,
+    /// Times the queue's receive buffers ran out with the buffer pool empty (AF_XDP: its
+    /// fill ring; frames arriving then are dropped by the kernel).
+    pub rx_starved: u64,
 }
 
 /// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
@@ -46,6 +49,7 @@ pub struct QueueCounters {
     pub rx_gso: crate::counters::SharedCounter,
     pub rx_csum: crate::counters::SharedCounter,
     pub tx_dropped: crate::counters::SharedCounter,
+    pub rx_starved: crate::counters::SharedCounter,
 }
 
 impl QueueCounters {
@@ -58,6 +62,7 @@ impl QueueCounters {
             rx_gso: self.rx_gso.get(),
             rx_csum: self.rx_csum.get(),
             tx_dropped: self.tx_dropped.get(),
+            rx_starved: self.rx_starved.get(),
         }
     }
 }

@@ -85,6 +85,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
                     rx_gso: s.rx_gso,
                     rx_csum: s.rx_csum,
                     tx_dropped: s.tx_dropped,
+                    rx_starved: s.rx_starved,
                 })
                 .collect(),
         }

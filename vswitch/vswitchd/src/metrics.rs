@@ -60,6 +60,7 @@ pub fn render(node: &Node) -> String {
     queue_family(&mut o, "knitter_queue_rx_gso_total", "GSO super-frames the queue received and cut into segments.", |q| q.rx_gso);
     queue_family(&mut o, "knitter_queue_rx_csum_total", "Frames whose partial L4 checksum the queue finished.", |q| q.rx_csum);
     queue_family(&mut o, "knitter_queue_tx_dropped_total", "Frames the queue could not send (longer than its slots), dropped.", |q| q.tx_dropped);
+    queue_family(&mut o, "knitter_queue_rx_starved_total", "Times the queue's receive buffers ran out with the buffer pool empty (frames arriving then were dropped).", |q| q.rx_starved);
     let counts = |c: &[knitter_api::node::Count]| c.iter().map(|c| (c.name.clone(), c.value as f64)).collect::<Vec<_>>();
     family(&mut o, "knitter_drops_total", "counter", "Frames dropped, by reason.", "reason", counts(&s.drops));
     family(&mut o, "knitter_events_total", "counter", "Pipeline events (learning, flooding, encapsulation...).", "event", counts(&s.events));
