@@ -5,7 +5,7 @@
 //! addresses may be claimed: never the network or broadcast address, never the gateway or a
 //! reserved one, only inside the pools.
 
-use crate::store::{Claim, First, OwnerKey, Store, StoreError};
+use crate::store::{Claim, First, OwnerKey, Store, StoreError, With, nothing};
 use std::net::IpAddr;
 
 /// Why a subnet, a pool or an address was refused, or an allocation failed.
@@ -35,6 +35,9 @@ pub enum IpamError {
     /// Other allocators kept claiming the addresses this one had read as free.
     #[error("allocating in subnet {0} kept losing races to other allocators")]
     Contended(String),
+    /// A record to be written with the claim changed meanwhile: nothing was claimed.
+    #[error("a record written with the address changed meanwhile")]
+    RecordsChanged,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -284,23 +287,35 @@ const JUMPS: usize = 8;
 /// replicas sharing a store separate after their first collision instead of racing address
 /// by address, and nobody walks a long taken run.
 pub fn allocate(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128) -> Result<IpAddr, IpamError> {
-    let near = store.claim_near(network, &mut a.candidates(hint).take(NEAR), owner)?;
-    if let First::Claimed(ip) = near {
-        return Ok(ip);
+    allocate_with(store, network, a, owner, hint, &nothing)
+}
+
+/// As [`allocate`], writing the records `with` makes for the address in the claim's own
+/// transaction: the address and the records exist together or not at all
+/// ([`IpamError::RecordsChanged`] when a record was not as its op expected).
+pub fn allocate_with(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128, with: With) -> Result<IpAddr, IpamError> {
+    let near = store.claim_near(network, &mut a.candidates(hint).take(NEAR), owner, with)?;
+    match near {
+        First::Claimed(ip) => return Ok(ip),
+        First::Refused => return Err(IpamError::RecordsChanged),
+        First::AllTaken | First::Raced => {}
     }
     let whole_pool_seen = near == First::AllTaken && a.size() <= NEAR as u128;
     for _ in 0..JUMPS {
         if whole_pool_seen {
             break;
         }
-        match store.claim_near(network, &mut a.candidates(a.random_point()), owner)? {
+        match store.claim_near(network, &mut a.candidates(a.random_point()), owner, with)? {
             First::Claimed(ip) => return Ok(ip),
+            First::Refused => return Err(IpamError::RecordsChanged),
             First::AllTaken => break,
             First::Raced => {}
         }
     }
-    // Every address is held; a retry of a request that got the last one still gets it.
+    // Every address is held; a retry of a request that got the last one still gets it
+    // (when records were to go with it, they were not written: the caller finds out).
     match store.owned(network, owner)? {
+        Some(_) if !with(a.subnet.network)?.is_empty() => Err(IpamError::RecordsChanged),
         Some(ip) => Ok(ip),
         None if whole_pool_seen || near == First::AllTaken => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
         None => Err(IpamError::Contended(a.subnet.to_string())),

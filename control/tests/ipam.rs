@@ -5,7 +5,7 @@
 
 use knitter_control::ipam::{self, Addressing, IpamError, Pool, Subnet};
 use knitter_control::store::embedded::Embedded;
-use knitter_control::store::{Claim, First, Op as StoreOp, OwnerKey, Store, StoreError, Versioned};
+use knitter_control::store::{Claim, First, Op as StoreOp, OwnerKey, Store, StoreError, Versioned, With};
 use std::sync::atomic::Ordering::SeqCst;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
@@ -245,12 +245,12 @@ struct Contended {
 }
 
 impl Store for Contended {
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<First, StoreError> {
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
         let lose = self.races.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
         if lose {
             return Ok(First::Raced);
         }
-        self.inner.claim_near(network, candidates, owner)
+        self.inner.claim_near(network, candidates, owner, with)
     }
     fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
         self.inner.claim(network, ip, owner)

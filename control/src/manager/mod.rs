@@ -87,7 +87,7 @@ impl From<IpamError> for ManagerError {
             IpamError::Taken { .. } => ManagerError::Conflict(e.to_string()),
             IpamError::Exhausted(_) => ManagerError::Exhausted(e.to_string()),
             IpamError::Store(s) => ManagerError::Store(s),
-            IpamError::Contended(_) => ManagerError::Busy(e.to_string()),
+            IpamError::Contended(_) | IpamError::RecordsChanged => ManagerError::Busy(e.to_string()),
             _ => ManagerError::Invalid(e.to_string()),
         }
     }
@@ -553,6 +553,8 @@ impl Manager {
         }
         let key = port_key(&spec.container, &spec.interface);
         let mut pending = None;
+        // One dynamic address: the claim writes the whole port in its transaction.
+        let mut whole = self.single_dynamic(&net, &spec, group.as_ref());
         for _ in 0..ROUNDS {
             match self.load::<Port>(&key)? {
                 // A create cut off long ago: whatever it asked for, it is nobody's now.
@@ -590,6 +592,19 @@ impl Manager {
                         mac: String::new(),
                         created: now(),
                     };
+                    if let Some(a) = whole {
+                        match self.create_whole(&key, port.clone(), a) {
+                            Ok(port) => return Ok((port, true)),
+                            // The record appeared meanwhile (a retry of this request through
+                            // another replica): read it again; if something else is odd,
+                            // the three-step path sorts it out.
+                            Err(ManagerError::Conflict(_)) => {
+                                whole = None;
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
                     if let Some(v) = self.store.commit_at(&[Op::create(&key, json(&port)?)])? {
                         pending = Some((port, v));
                         break;
@@ -638,6 +653,38 @@ impl Manager {
                 self.release_addresses(&net, &port, group.as_ref(), &owner)?;
                 Err(ManagerError::Conflict(format!("port {key} was deleted while being created")))
             }
+        }
+    }
+
+    /// The addressing of a port that gets exactly one address, dynamic, from its network
+    /// (one family, no fixed address, no IP group, no requested MAC): its claim can carry
+    /// the whole record ([`Manager::create_whole`]).
+    fn single_dynamic<'n>(&self, net: &'n Network, spec: &PortSpec, group: Option<&IpGroupRecord>) -> Option<&'n Addressing> {
+        let mut families = net.families();
+        let (Some(a), None) = (families.next(), families.next()) else { return None };
+        (spec.ips.is_empty() && group.is_none() && spec.requested_mac.is_none()).then_some(a)
+    }
+
+    /// Creates `port` whole in one transaction with its address's claim: it exists with its
+    /// address or not at all (no placeholder to finish or sweep), one write instead of
+    /// three. `Conflict` when the record appeared meanwhile (nothing claimed).
+    fn create_whole(&self, key: &str, mut port: Port, a: &Addressing) -> Result<Port> {
+        let owner = OwnerKey::new(&port.spec.container, &port.spec.interface);
+        let sp = space(&port.spec.network, a.subnet().is_ipv4());
+        let whole = |ip: IpAddr| Port { addresses: vec![PortIp { address: ip, prefix: a.subnet().prefix(), gateway: a.gateway() }], mac: mac_text(ip), ..port.clone() };
+        let record = |ip: IpAddr| -> Result<Vec<Op>, StoreError> {
+            let v = serde_json::to_string(&whole(ip)).map_err(|e| StoreError(format!("port record: {e}")))?;
+            Ok(vec![Op::create(key, v)])
+        };
+        let t = self.ticket(&sp, a);
+        match ipam::allocate_with(self.store.as_ref(), &sp, a, &owner, t, &record) {
+            Ok(ip) => {
+                self.advance(&sp, t, ip);
+                port = whole(ip);
+                Ok(port)
+            }
+            Err(IpamError::RecordsChanged) => Err(ManagerError::Conflict(format!("port {key} was written meanwhile"))),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -5,7 +5,7 @@
 //! changes. Records are a third table, each value kept with the revision that wrote it (its
 //! version).
 
-use super::{Claim, Op, OwnerKey, Store, StoreError, Versioned, holds, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use super::{Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With, holds, nothing, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::net::IpAddr;
 use std::path::Path;
@@ -78,6 +78,36 @@ impl Embedded {
     }
 }
 
+/// The revision the transaction's changes will carry.
+fn next_revision(tx: &redb::WriteTransaction) -> Result<u64, StoreError> {
+    let meta = tx.open_table(META).map_err(StoreError::from)?;
+    Ok(meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1)
+}
+
+/// Applies every record op at revision `rev` if every op's condition holds; says which.
+/// The caller records the revision and commits (or aborts on `false`).
+fn apply(tx: &redb::WriteTransaction, ops: &[Op], rev: u64) -> Result<bool, StoreError> {
+    let mut records = tx.open_table(RECORDS).map_err(StoreError::from)?;
+    for op in ops {
+        let version = records.get(op.key.as_str()).map_err(StoreError::from)?.map(|v| v.value().0);
+        if !holds(op.cond, version) {
+            return Ok(false);
+        }
+    }
+    let mut expires = tx.open_table(EXPIRES).map_err(StoreError::from)?;
+    for op in ops {
+        if let Some(value) = &op.put {
+            records.insert(op.key.as_str(), (rev, value.as_str())).map_err(StoreError::from)?;
+        } else if op.delete {
+            records.remove(op.key.as_str()).map_err(StoreError::from)?;
+        }
+        if op.put.is_some() || op.delete {
+            expires.remove(op.key.as_str()).map_err(StoreError::from)?;
+        }
+    }
+    Ok(true)
+}
+
 /// Whether `key` was written with a time to live that has run out.
 fn expired(tx: &redb::ReadTransaction, key: &str) -> Result<bool, StoreError> {
     let expires = tx.open_table(EXPIRES).map_err(StoreError::from)?;
@@ -101,23 +131,56 @@ impl Store for Embedded {
         })
     }
 
-    /// One write transaction: the owner's key, then candidates until a free one.
     fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+        match self.claim_near(network, candidates, owner, &nothing)? {
+            First::Claimed(ip) => Ok(Some(ip)),
+            First::AllTaken | First::Raced | First::Refused => Ok(None),
+        }
+    }
+
+    /// One write transaction: the owner's key, then candidates until a free one, then the
+    /// records `with` makes for it (one writer at a time: no race is ever lost here).
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
         let ok = owner_key(network, owner);
-        self.write(|addrs, owners| {
-            if let Some(held) = owners.get(ok.as_str()).map_err(StoreError::from)? {
-                return Ok((Some(parse_ip(held.value())?), false));
-            }
-            for ip in candidates {
-                let ak = addr_key(network, ip);
-                if addrs.get(ak.as_str()).map_err(StoreError::from)?.is_none() {
-                    addrs.insert(ak.as_str(), owner_value(owner).as_str()).map_err(StoreError::from)?;
-                    owners.insert(ok.as_str(), ip.to_string().as_str()).map_err(StoreError::from)?;
-                    return Ok((Some(ip), true));
+        let tx = self.db.begin_write().map_err(StoreError::from)?;
+        let found = {
+            let mut addrs = tx.open_table(ADDRS).map_err(StoreError::from)?;
+            let mut owners = tx.open_table(OWNERS).map_err(StoreError::from)?;
+            let held = owners.get(ok.as_str()).map_err(StoreError::from)?.map(|v| parse_ip(v.value())).transpose()?;
+            match held {
+                Some(ip) => Some((ip, false)),
+                None => {
+                    let mut free = None;
+                    for ip in candidates {
+                        let ak = addr_key(network, ip);
+                        if addrs.get(ak.as_str()).map_err(StoreError::from)?.is_none() {
+                            addrs.insert(ak.as_str(), owner_value(owner).as_str()).map_err(StoreError::from)?;
+                            owners.insert(ok.as_str(), ip.to_string().as_str()).map_err(StoreError::from)?;
+                            free = Some((ip, true));
+                            break;
+                        }
+                    }
+                    free
                 }
             }
-            Ok((None, false))
-        })
+        };
+        let Some((ip, claimed)) = found else {
+            tx.abort().map_err(StoreError::from)?;
+            return Ok(First::AllTaken);
+        };
+        let ops = with(ip)?;
+        let rev = next_revision(&tx)?;
+        if !apply(&tx, &ops, rev)? {
+            tx.abort().map_err(StoreError::from)?;
+            return Ok(First::Refused);
+        }
+        if claimed || !ops.is_empty() {
+            tx.open_table(META).map_err(StoreError::from)?.insert(REVISION, rev).map_err(StoreError::from)?;
+            tx.commit().map_err(StoreError::from)?;
+        } else {
+            tx.abort().map_err(StoreError::from)?;
+        }
+        Ok(First::Claimed(ip))
     }
 
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
@@ -223,32 +286,12 @@ impl Store for Embedded {
 
     fn commit_at(&self, ops: &[Op]) -> Result<Option<u64>, StoreError> {
         let tx = self.db.begin_write().map_err(StoreError::from)?;
-        let rev = {
-            let mut records = tx.open_table(RECORDS).map_err(StoreError::from)?;
-            for op in ops {
-                let version = records.get(op.key.as_str()).map_err(StoreError::from)?.map(|v| v.value().0);
-                if !holds(op.cond, version) {
-                    drop(records);
-                    tx.abort().map_err(StoreError::from)?;
-                    return Ok(None);
-                }
-            }
-            let mut meta = tx.open_table(META).map_err(StoreError::from)?;
-            let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1;
-            meta.insert(REVISION, rev).map_err(StoreError::from)?;
-            let mut expires = tx.open_table(EXPIRES).map_err(StoreError::from)?;
-            for op in ops {
-                if let Some(value) = &op.put {
-                    records.insert(op.key.as_str(), (rev, value.as_str())).map_err(StoreError::from)?;
-                } else if op.delete {
-                    records.remove(op.key.as_str()).map_err(StoreError::from)?;
-                }
-                if op.put.is_some() || op.delete {
-                    expires.remove(op.key.as_str()).map_err(StoreError::from)?;
-                }
-            }
-            rev
-        };
+        let rev = next_revision(&tx)?;
+        if !apply(&tx, ops, rev)? {
+            tx.abort().map_err(StoreError::from)?;
+            return Ok(None);
+        }
+        tx.open_table(META).map_err(StoreError::from)?.insert(REVISION, rev).map_err(StoreError::from)?;
         tx.commit().map_err(StoreError::from)?;
         Ok(Some(rev))
     }

@@ -14,7 +14,7 @@
 //! while they still name each other. The trait is synchronous: calls run on the store's own
 //! small runtime (call them from blocking threads, not from async tasks).
 
-use super::{Claim, Cond, First, Op, OwnerKey, Store, StoreError, Versioned, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use super::{Claim, Cond, First, Op, OwnerKey, Store, StoreError, Versioned, With, nothing, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use std::net::IpAddr;
 
@@ -85,40 +85,19 @@ fn gets(r: &etcd_client::TxnResponse) -> Vec<Option<String>> {
 
 impl Store for Etcd {
     fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
-        let (ak, ok) = (self.addr_key(network, ip), self.owner_key(network, owner));
-        let txn = Txn::new()
-            .when(vec![
-                Compare::create_revision(ak.as_str(), CompareOp::Equal, 0),
-                Compare::create_revision(ok.as_str(), CompareOp::Equal, 0),
-            ])
-            .and_then(vec![TxnOp::put(ak.as_str(), owner_value(owner), None), TxnOp::put(ok.as_str(), ip.to_string(), None)])
-            .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
-        let mut c = self.client.clone();
-        let r = self.rt().block_on(c.txn(txn)).map_err(err)?;
-        if r.succeeded() {
-            return Ok(Claim::Claimed);
-        }
-        match gets(&r).as_slice() {
-            [Some(held), _] => {
-                let held = parse_ip(held)?;
-                Ok(if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) })
-            }
-            [None, Some(by)] => Ok(Claim::Taken(parse_owner(by))),
-            // Both gone between the compare and the read: a release raced us; say taken
-            // and let the caller move on (or retry).
-            _ => Ok(Claim::Taken(OwnerKey::new("(released meanwhile)", ""))),
-        }
+        // Without records to write nothing but the claim's own keys can refuse it.
+        Ok(self.claim_with(network, ip, owner, &[])?.unwrap_or(Claim::Taken(OwnerKey::new("(released meanwhile)", ""))))
     }
 
     fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
-        match self.scan_and_claim(network, candidates, owner, false)? {
+        match self.scan_and_claim(network, candidates, owner, false, &nothing)? {
             First::Claimed(ip) => Ok(Some(ip)),
-            First::AllTaken | First::Raced => Ok(None),
+            First::AllTaken | First::Raced | First::Refused => Ok(None),
         }
     }
 
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<First, StoreError> {
-        self.scan_and_claim(network, candidates, owner, true)
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
+        self.scan_and_claim(network, candidates, owner, true, with)
     }
 
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
@@ -233,24 +212,7 @@ impl Store for Etcd {
     }
 
     fn commit_at(&self, ops: &[Op]) -> Result<Option<u64>, StoreError> {
-        let keys: Vec<String> = ops.iter().map(|op| self.record_key(&op.key)).collect();
-        let when = ops
-            .iter()
-            .zip(&keys)
-            .filter_map(|(op, k)| match op.cond? {
-                Cond::Absent => Some(Compare::create_revision(k.as_str(), CompareOp::Equal, 0)),
-                Cond::Version(v) => Some(Compare::mod_revision(k.as_str(), CompareOp::Equal, v as i64)),
-            })
-            .collect::<Vec<_>>();
-        let then = ops
-            .iter()
-            .zip(&keys)
-            .filter_map(|(op, k)| match (&op.put, op.delete) {
-                (Some(v), _) => Some(TxnOp::put(k.as_str(), v.as_str(), None)),
-                (None, true) => Some(TxnOp::delete(k.as_str(), None)),
-                (None, false) => None,
-            })
-            .collect::<Vec<_>>();
+        let (when, then) = self.txn_parts(ops);
         let mut c = self.client.clone();
         let r = self.rt().block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?;
         Ok(r.succeeded().then(|| r.header().map_or(0, |h| h.revision().max(0) as u64)))
@@ -297,6 +259,67 @@ impl Etcd {
         Ok(id)
     }
 
+    /// Record ops as a transaction's compares and writes.
+    fn txn_parts(&self, ops: &[Op]) -> (Vec<Compare>, Vec<TxnOp>) {
+        let keys: Vec<String> = ops.iter().map(|op| self.record_key(&op.key)).collect();
+        let when = ops
+            .iter()
+            .zip(&keys)
+            .filter_map(|(op, k)| match op.cond? {
+                Cond::Absent => Some(Compare::create_revision(k.as_str(), CompareOp::Equal, 0)),
+                Cond::Version(v) => Some(Compare::mod_revision(k.as_str(), CompareOp::Equal, v as i64)),
+            })
+            .collect();
+        let then = ops
+            .iter()
+            .zip(&keys)
+            .filter_map(|(op, k)| match (&op.put, op.delete) {
+                (Some(v), _) => Some(TxnOp::put(k.as_str(), v.as_str(), None)),
+                (None, true) => Some(TxnOp::delete(k.as_str(), None)),
+                (None, false) => None,
+            })
+            .collect();
+        (when, then)
+    }
+
+    /// One transaction that creates `ip`'s and `owner`'s keys, and applies the record `ops`,
+    /// only if neither key exists and every op's condition holds; otherwise reads the keys
+    /// back. `None`: the keys were free but an op's condition failed (nothing written).
+    fn claim_with(&self, network: &str, ip: IpAddr, owner: &OwnerKey, ops: &[Op]) -> Result<Option<Claim>, StoreError> {
+        let (ak, ok) = (self.addr_key(network, ip), self.owner_key(network, owner));
+        let (mut when, mut then) = self.txn_parts(ops);
+        when.extend([Compare::create_revision(ak.as_str(), CompareOp::Equal, 0), Compare::create_revision(ok.as_str(), CompareOp::Equal, 0)]);
+        then.extend([TxnOp::put(ak.as_str(), owner_value(owner), None), TxnOp::put(ok.as_str(), ip.to_string(), None)]);
+        let txn = Txn::new().when(when).and_then(then).or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
+        let mut c = self.client.clone();
+        let r = self.rt().block_on(c.txn(txn)).map_err(err)?;
+        if r.succeeded() {
+            return Ok(Some(Claim::Claimed));
+        }
+        match gets(&r).as_slice() {
+            [Some(held), _] => {
+                let held = parse_ip(held)?;
+                Ok(Some(if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) }))
+            }
+            [None, Some(by)] => Ok(Some(Claim::Taken(parse_owner(by)))),
+            // Both free: an op's condition failed, or a release raced us (without ops).
+            _ => Ok(None),
+        }
+    }
+
+    /// Applies the record `ops` for an address `owner` already holds, only while it holds
+    /// it and every op's condition holds.
+    fn records_for_held(&self, network: &str, owner: &OwnerKey, held: IpAddr, ops: &[Op]) -> Result<bool, StoreError> {
+        if ops.is_empty() {
+            return Ok(true);
+        }
+        let ok = self.owner_key(network, owner);
+        let (mut when, then) = self.txn_parts(ops);
+        when.push(Compare::value(ok.as_str(), CompareOp::Equal, held.to_string()));
+        let mut c = self.client.clone();
+        Ok(self.rt().block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?.succeeded())
+    }
+
     /// Claims the first free address of `candidates` for `owner`, reading which are held a
     /// window at a time (one keys-only range read of the window's span) and claiming only
     /// addresses read as free: a claim costs one read and one transaction however many
@@ -304,7 +327,7 @@ impl Etcd {
     /// transaction each (3 003 for a replica's first allocation with 3 000 taken). A
     /// candidate read as free but claimed first by another allocator is a lost race: with
     /// `stop_on_race` the scan ends there ([`First::Raced`]); else it goes on.
-    fn scan_and_claim(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, stop_on_race: bool) -> Result<First, StoreError> {
+    fn scan_and_claim(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, stop_on_race: bool, with: With) -> Result<First, StoreError> {
         let mut window = Vec::with_capacity(WINDOW);
         let mut next = candidates.next();
         while let Some(first) = next.take() {
@@ -320,12 +343,19 @@ impl Etcd {
             }
             let (held, read_up_to) = self.held_between(network, &window)?;
             for &ip in window.iter().filter(|ip| held.binary_search(ip).is_err()) {
-                match self.claim(network, ip, owner)? {
-                    Claim::Claimed | Claim::AlreadyYours => return Ok(First::Claimed(ip)),
-                    Claim::OwnerHas(held) => return Ok(First::Claimed(held)),
-                    Claim::Taken(_) if stop_on_race && ip <= read_up_to => return Ok(First::Raced),
-                    Claim::Taken(_) => {}
-                }
+                let ops = with(ip)?;
+                let owned = match self.claim_with(network, ip, owner, &ops)? {
+                    Some(Claim::Claimed) => return Ok(First::Claimed(ip)),
+                    Some(Claim::AlreadyYours) => ip,
+                    Some(Claim::OwnerHas(held)) => held,
+                    Some(Claim::Taken(_)) if stop_on_race && ip <= read_up_to => return Ok(First::Raced),
+                    Some(Claim::Taken(_)) => continue,
+                    None if ops.is_empty() => continue,
+                    None => return Ok(First::Refused),
+                };
+                // A retry: the owner holds an address already; its records go with it.
+                let ops = if owned == ip { ops } else { with(owned)? };
+                return Ok(if self.records_for_held(network, owner, owned, &ops)? { First::Claimed(owned) } else { First::Refused });
             }
         }
         Ok(First::AllTaken)

@@ -101,6 +101,18 @@ pub enum First {
     /// request of another replica) works in the same place, and the caller does better
     /// elsewhere than racing it address by address.
     Raced,
+    /// A record written with the claim was not in the state its op asked for: nothing was
+    /// written, no address claimed.
+    Refused,
+}
+
+/// Records to write in a claim's own transaction, made for the address claimed (a port's
+/// whole record: the claim and the port exist together or not at all).
+pub type With<'a> = &'a dyn Fn(IpAddr) -> Result<Vec<Op>, StoreError>;
+
+/// No records with the claim.
+pub fn nothing(_: IpAddr) -> Result<Vec<Op>, StoreError> {
+    Ok(Vec::new())
 }
 
 /// A store that failed (I/O, corruption, a lost connection); never "not found".
@@ -187,11 +199,10 @@ pub trait Store: Send + Sync {
         Ok(None)
     }
     /// As [`Store::claim_first`], but stops at the first race it loses ([`First::Raced`])
-    /// instead of following the winner address by address. Backends whose claims can lose
-    /// races (several managers on one etcd) override it.
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<First, StoreError> {
-        Ok(self.claim_first(network, candidates, owner)?.map_or(First::AllTaken, First::Claimed))
-    }
+    /// instead of following the winner address by address, and writes the records `with`
+    /// makes for the address in the claim's transaction (for an address the owner already
+    /// holds too): they happen together or not at all ([`First::Refused`]).
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError>;
     /// The address `owner` holds in `network`.
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError>;
     /// Deletes both keys of `owner`'s address, if it holds one; returns the address.

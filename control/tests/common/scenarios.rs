@@ -6,7 +6,7 @@
 use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota};
 use knitter_control::manager::{Filter, Manager, ManagerError};
 use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
-use knitter_control::store::{Claim, Op, OwnerKey, Store, StoreError, Versioned};
+use knitter_control::store::{Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With};
 use std::net::IpAddr;
 
 pub fn ip(s: &str) -> IpAddr {
@@ -251,6 +251,10 @@ impl Store for Dying {
         self.call()?;
         self.inner.claim_first(network, candidates, owner)
     }
+    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
+        self.call()?;
+        self.inner.claim_near(network, candidates, owner, with)
+    }
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
         self.call()?;
         self.inner.owned(network, owner)
@@ -294,31 +298,41 @@ impl Store for Dying {
 }
 
 /// Port creates cut off at every point (a manager killed after 1, 2, … store calls, its
-/// store left as it was): the half-made port is never served — not found, not listed —
-/// a retry finishes it, and a sweep removes the rest and gives back their addresses, so
-/// every address held afterwards is a whole port's. `store` is the real store; the manager
-/// that dies runs on it through [`Dying`].
+/// store left as it was): a port with one dynamic address is written whole with its claim,
+/// so a cut leaves nothing at all; a port made in three steps (here: a fixed address)
+/// leaves a half-made record that is never served — not found, not listed — which a retry
+/// finishes and a sweep removes with what it claimed. Every address held afterwards is a
+/// whole port's. `store` is the real store; the managers that die run on it through [`Dying`].
 pub fn cut_off_creates(store: std::sync::Arc<dyn Store>) {
     let m = Manager::new(store.clone(), Default::default()).unwrap();
     m.create_tenant("cutco", None).unwrap();
     m.create_network(net("cut", "cutco", "10.77.0.0/24")).unwrap();
-    let mut cut = Vec::new();
-    for calls in 1.. {
-        let dying = std::sync::Arc::new(Dying::new(store.clone()));
-        let killed = Manager::new(dying.clone(), Default::default()).unwrap();
-        let container = format!("cut{calls}");
-        dying.die_after(calls);
-        if killed.create_port(port("cut", &container, "ns/cut")).is_ok() {
-            break;
+    // Cuts every create of `spec(n)` after 1, 2, … calls until one goes through: the cut ones.
+    let cut_all = |tag: &str, spec: &dyn Fn(usize, &str) -> PortSpec| -> Vec<(String, usize)> {
+        let mut cut = Vec::new();
+        for calls in 1.. {
+            let dying = std::sync::Arc::new(Dying::new(store.clone()));
+            let killed = Manager::new(dying.clone(), Default::default()).unwrap();
+            let container = format!("{tag}{calls}");
+            dying.die_after(calls as i64);
+            if killed.create_port(spec(calls, &container)).is_ok() {
+                break;
+            }
+            assert!(calls < 100, "a create needs fewer than 100 store calls");
+            assert!(matches!(m.get_port(&container, "eth1"), Err(ManagerError::NotFound { .. })), "cut off after {calls} calls: a half-made port is not found");
+            assert!(m.list_ports(&Filter::default()).unwrap().iter().all(|p| p.spec.container != container && !p.addresses.is_empty()), "nor listed");
+            cut.push((container, calls));
         }
-        assert!(calls < 100, "a create needs fewer than 100 store calls");
-        assert!(matches!(m.get_port(&container, "eth1"), Err(ManagerError::NotFound { .. })), "cut off after {calls} calls: a half-made port is not found");
-        assert!(m.list_ports(&Filter::default()).unwrap().iter().all(|p| p.spec.container != container && !p.addresses.is_empty()), "nor listed");
-        cut.push(container);
-    }
+        cut
+    };
+    let whole_or_nothing = cut_all("cut", &|_, c| port("cut", c, "ns/cut"));
+    assert!(whole_or_nothing.len() >= 2, "creates were cut off at several points: {whole_or_nothing:?}");
+    assert_eq!(m.sweep_placeholders(0).unwrap(), 0, "a port with one dynamic address is never half-made");
+    let fixed = |n: usize, c: &str| PortSpec { ips: vec![format!("10.77.0.{}", 100 + n).parse().unwrap()], ..port("cut", c, "ns/cut") };
+    let cut = cut_all("fixed", &fixed);
     assert!(cut.len() >= 2, "creates were cut off at several points: {cut:?}");
     // A retry finishes the first one; a sweep removes the others and what they claimed.
-    let retried = m.create_port(port("cut", &cut[0], "ns/cut")).unwrap().0;
+    let retried = m.create_port(fixed(cut[0].1, &cut[0].0)).unwrap().0;
     assert_eq!(retried.addresses.len(), 1);
     assert_eq!(m.sweep_placeholders(3600).unwrap(), 0, "none is old enough yet");
     let swept = m.sweep_placeholders(0).unwrap();
