@@ -275,7 +275,8 @@ impl Addressing {
 /// of the pools.
 pub const NEAR: usize = 256;
 
-/// How many random places an allocation tries when it keeps losing races there.
+/// How many random places an allocation tries (NEAR candidates each) when it keeps finding
+/// them held or losing races there, before it looks through the whole pool.
 const JUMPS: usize = 8;
 
 /// Allocates an address of `network` for `owner`: the address the owner already holds (a
@@ -300,15 +301,19 @@ pub fn allocate_with(store: &dyn Store, network: &str, a: &Addressing, owner: &O
         First::Refused => return Err(IpamError::RecordsChanged),
         First::AllTaken | First::Raced => {}
     }
-    let whole_pool_seen = near == First::AllTaken && a.size() <= NEAR as u128;
-    for _ in 0..JUMPS {
+    let mut whole_pool_seen = near == First::AllTaken && a.size() <= NEAR as u128;
+    // Random places, NEAR candidates each (a place inside a long held run is left for
+    // another rather than walked); the last looks through the whole pool from its place.
+    for jump in 0..=JUMPS {
         if whole_pool_seen {
             break;
         }
-        match store.claim_near(network, &mut a.candidates(a.random_point()), owner, with)? {
+        let last = jump == JUMPS;
+        let candidates = a.candidates(a.random_point()).take(if last { usize::MAX } else { NEAR });
+        match store.claim_near(network, &mut { candidates }, owner, with)? {
             First::Claimed(ip) => return Ok(ip),
             First::Refused => return Err(IpamError::RecordsChanged),
-            First::AllTaken => break,
+            First::AllTaken => whole_pool_seen = last,
             First::Raced => {}
         }
     }
@@ -317,7 +322,7 @@ pub fn allocate_with(store: &dyn Store, network: &str, a: &Addressing, owner: &O
     match store.owned(network, owner)? {
         Some(_) if !with(a.subnet.network)?.is_empty() => Err(IpamError::RecordsChanged),
         Some(ip) => Ok(ip),
-        None if whole_pool_seen || near == First::AllTaken => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
+        None if whole_pool_seen => Err(IpamError::Exhausted(format!("subnet {}", a.subnet))),
         None => Err(IpamError::Contended(a.subnet.to_string())),
     }
 }
