@@ -20,6 +20,9 @@ use std::sync::Arc;
 pub enum Scenario {
     /// Known unicast between two access ports with learning on, over `macs` MACs in the FDB.
     L2 { macs: u32 },
+    /// The same both ways: `macs / 2` flows from one port and `macs / 2` answering them from
+    /// the other, bursts taken from each port in turn (`macs` MACs, `macs` flows).
+    L2Both { macs: u32 },
     /// Access → trunk (tag pushed).
     VlanPush,
     /// Trunk → access (tag popped).
@@ -36,12 +39,19 @@ pub enum Scenario {
     PodL2 { hosts: u32 },
     /// A pod port (port security on) → a remote VTEP (IPv4 underlay), 256 flows.
     PodEncap,
+    /// A remote VTEP → a pod port (port security on), 256 flows from 256 remote hosts.
+    PodDecap,
+    /// Many to many: `hosts` hosts with the manager's MACs behind one access port talking to
+    /// `hosts` others behind another, 4 096 flows (each source to four destinations, each
+    /// destination from four sources), as pods of two nodes' networks meet on a trunk.
+    Mesh { hosts: u32 },
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::L2 { macs: 1000 },
         Scenario::L2 { macs: 100_000 },
+        Scenario::L2Both { macs: 100_000 },
         Scenario::VlanPush,
         Scenario::VlanPop,
         Scenario::VxlanEncap,
@@ -49,11 +59,14 @@ impl Scenario {
         Scenario::Flood8,
         Scenario::PodL2 { hosts: 1000 },
         Scenario::PodEncap,
+        Scenario::PodDecap,
+        Scenario::Mesh { hosts: 1000 },
     ];
 
     pub fn name(&self) -> String {
         match self {
             Scenario::L2 { macs } => format!("l2-{}k", macs / 1000),
+            Scenario::L2Both { macs } => format!("l2-{}k-both", macs / 1000),
             Scenario::VlanPush => "vlan-push".into(),
             Scenario::VlanPop => "vlan-pop".into(),
             Scenario::VxlanEncap => "vxlan-encap".into(),
@@ -61,6 +74,8 @@ impl Scenario {
             Scenario::Flood8 => "flood-8".into(),
             Scenario::PodL2 { hosts } => format!("l2-pod-{}k", hosts / 1000),
             Scenario::PodEncap => "vxlan-encap-pod".into(),
+            Scenario::PodDecap => "vxlan-decap-pod".into(),
+            Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
         }
     }
 
@@ -80,6 +95,11 @@ pub struct Bench {
     sinks: Vec<RingPeer>,
     frames: Vec<Vec<u8>>,
     next: usize,
+    /// A second input taking every other burst: its port, its index in `sinks`, its frames
+    /// and the next of them.
+    back: Option<(u16, usize, Vec<Vec<u8>>, usize)>,
+    /// Whether the next burst is the second input's.
+    turn: bool,
     cache: PoolCache,
     batch: Batch,
 }
@@ -105,6 +125,16 @@ fn pod_port(name: &str, bridge: &str) -> PortConfig {
     PortConfig::pod(name, bridge, manager_mac(0xff01), &[IpAddr::V4(POD_IP)])
 }
 
+/// Bridge "red" (VLAN 100) with `ports`, learning up to a million MACs on each.
+fn many_macs(mut ports: Vec<PortConfig>) -> SwitchConfig {
+    let mut bridge = BridgeConfig::new("red").vlan(100);
+    bridge.mac_limit = 1 << 20;
+    for p in &mut ports {
+        p.mac_limit = 1 << 20;
+    }
+    SwitchConfig { bridges: vec![bridge], ports, vtep: None }
+}
+
 impl Bench {
     pub fn new(s: Scenario) -> Bench {
         Bench::with_options(s, SwitchOptions::default())
@@ -126,7 +156,16 @@ impl Bench {
             peers.insert(name.to_owned(), peer);
         };
         let red = || BridgeConfig::new("red").vlan(100);
+        let mut back_frames = Vec::new();
         let (cfg, input, frames_): (SwitchConfig, &str, Vec<Vec<u8>>) = match s {
+            Scenario::L2Both { macs } => {
+                ring("a", None);
+                ring("b", None);
+                let n = (macs / 2).max(1);
+                let f = (0..n).map(|i| frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)).collect();
+                back_frames = (0..n).map(|i| frames::udp4(mac(i + 1), mac(n + i + 1), ip(i + 1), ip(i), 2000, 1000, 60)).collect();
+                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+            }
             Scenario::L2 { macs } => {
                 ring("a", None);
                 ring("b", None);
@@ -134,13 +173,7 @@ impl Bench {
                 let f = (0..n)
                     .map(|i| frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60))
                     .collect();
-                let mut bridge = red();
-                bridge.mac_limit = 1 << 20;
-                let mut ports = vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")];
-                for p in &mut ports {
-                    p.mac_limit = 1 << 20;
-                }
-                (SwitchConfig { bridges: vec![bridge], ports, vtep: None }, "a", f)
+                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
             }
             Scenario::VlanPush | Scenario::VlanPop => {
                 ring("a", None);
@@ -168,11 +201,40 @@ impl Bench {
                         frames::udp4(manager_mac(i), manager_mac(0xff01), POD_IP, dst, 1000, 2000, 60)
                     })
                     .collect();
-                let mut bridge = red();
-                bridge.mac_limit = 1 << 20;
-                let mut b = PortConfig::access("b", "red");
-                b.mac_limit = 1 << 20;
-                (SwitchConfig { bridges: vec![bridge], ports: vec![pod_port("a", "red"), b], vtep: None }, "a", f)
+                (many_macs(vec![pod_port("a", "red"), PortConfig::access("b", "red")]), "a", f)
+            }
+            Scenario::Mesh { hosts } => {
+                ring("a", None);
+                ring("b", None);
+                // Sources manager_mac(0..hosts) behind a, destinations manager_mac(hosts..2 hosts)
+                // behind b; flow k from source k % hosts to destination (k × 7 + k / hosts) % hosts.
+                let f = (0..4096u32)
+                    .map(|k| {
+                        let (src, dst) = (k % hosts, hosts + (k * 7 + k / hosts) % hosts);
+                        frames::udp4(manager_mac(dst), manager_mac(src), Ipv4Addr::from(0x0a01_0000 | src), Ipv4Addr::from(0x0a01_0000 | dst), 1000, 2000, 60)
+                    })
+                    .collect();
+                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+            }
+            Scenario::PodDecap => {
+                ring("a", None);
+                ring("up", Some(mac(0xa0)));
+                let peer = IpAddr::V4(PEER);
+                let mut b = red().vni(5001).flood(&[peer]);
+                b.static_macs.push(StaticMac { mac: manager_mac(0xff01), port: Some("a".into()), remote: None });
+                let cfg = SwitchConfig {
+                    bridges: vec![b],
+                    ports: vec![pod_port("a", "red"), PortConfig::underlay("up")],
+                    vtep: Some(VtepConfig::new(IpAddr::V4(LOCAL), "up").peer(peer, mac(0xb0))),
+                };
+                let f = (0..256u32)
+                    .map(|i| {
+                        let inner = frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1000 + i as u16, 2000, 60);
+                        let o = frames::Outer { dst_mac: mac(0xa0), src_mac: mac(0xb0), src: peer, dst: IpAddr::V4(LOCAL), sport: 49152 + i as u16, dport: 4789, vlan: None };
+                        frames::vxlan(&o, 5001, &inner, false)
+                    })
+                    .collect();
+                (cfg, "up", f)
             }
             Scenario::PodEncap => {
                 ring("a", None);
@@ -242,6 +304,10 @@ impl Bench {
         let snap = switch.snapshot();
         let in_port = snap.port_id(input).expect("input port");
         let input_peer = peers.remove(input).expect("input peer");
+        let back = (!back_frames.is_empty()).then(|| {
+            let idx = peers.keys().position(|k| k == "b").expect("the second input is b");
+            (snap.port_id("b").expect("port b"), idx, back_frames, 0)
+        });
         let mut b = Bench {
             pipe: switch.pipeline(0),
             cache: PoolCache::new(pool.clone()),
@@ -253,6 +319,8 @@ impl Bench {
             sinks: peers.into_values().collect(),
             frames: frames_,
             next: 0,
+            back,
+            turn: false,
             batch: Batch::new(),
         };
         b.pipe.set_now(1);
@@ -269,6 +337,9 @@ impl Bench {
             }
             Scenario::PodL2 { hosts } => (0..hosts)
                 .map(|i| frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1, 2, 60))
+                .collect(),
+            Scenario::Mesh { hosts } => (hosts..2 * hosts)
+                .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
                 .collect(),
             Scenario::VlanPush => vec![frames::add_tag(&frames::udp4(mac(1), mac(2000), ip(9), ip(1), 1, 2, 60), 0x8100, 100)],
             Scenario::VlanPop => vec![frames::udp4(mac(1), mac(1000), ip(9), ip(1), 1, 2, 60)],
@@ -288,31 +359,57 @@ impl Bench {
             self.batch = batch;
             self.drain();
         }
-        // One pass over the input frames learns their sources.
-        for _ in 0..self.frames.len().div_ceil(32) {
+        // One pass over the input frames learns their sources. With two inputs, two passes
+        // over both: the first one's frames flood until the second has answered (floods are
+        // not cached), so only the second pass leaves the steady state measured.
+        let bursts = self.frames.len().div_ceil(32) * if self.back.is_some() { 4 } else { 1 };
+        for _ in 0..bursts {
             self.inject();
             // Not `self.poll()`: the instruction counter measures that function only.
-            self.pipe.poll(&snap, self.in_port, 0, &mut self.batch);
+            let port = self.next_port();
+            self.pipe.poll(&snap, port, 0, &mut self.batch);
+            self.turn = self.back.is_some() && !self.turn;
             self.drain();
         }
     }
 
-    /// Puts one burst of prepared frames on the ingress ring.
-    pub fn inject(&mut self) {
-        for _ in 0..32 {
-            let f = &self.frames[self.next];
-            self.next = (self.next + 1) % self.frames.len();
-            if let Some(b) = self.cache.alloc_frame(f)
-                && let Err(b) = self.input.send_one(0, b) {
-                    self.cache.free(b);
-                }
+    /// The port whose burst is next.
+    fn next_port(&self) -> u16 {
+        match &self.back {
+            Some((port, ..)) if self.turn => *port,
+            _ => self.in_port,
         }
     }
 
-    /// One burst through the switch: rx burst, pipeline, tx bursts.
+    /// Puts one burst of prepared frames on the ingress ring (of the input whose turn it is).
+    pub fn inject(&mut self) {
+        for _ in 0..32 {
+            let (f, peer) = match &mut self.back {
+                Some((_, idx, frames, next)) if self.turn => {
+                    let f = &frames[*next];
+                    *next = (*next + 1) % frames.len();
+                    (f, &mut self.sinks[*idx])
+                }
+                _ => {
+                    let f = &self.frames[self.next];
+                    self.next = (self.next + 1) % self.frames.len();
+                    (f, &mut self.input)
+                }
+            };
+            if let Some(b) = self.cache.alloc_frame(f)
+                && let Err(b) = peer.send_one(0, b)
+            {
+                self.cache.free(b);
+            }
+        }
+    }
+
+    /// One burst through the switch: rx burst, pipeline, tx bursts (from each input in turn).
     #[inline(never)]
     pub fn poll(&mut self) -> usize {
-        self.pipe.poll(&self.snap, self.in_port, 0, &mut self.batch)
+        let port = self.next_port();
+        self.turn = self.back.is_some() && !self.turn;
+        self.pipe.poll(&self.snap, port, 0, &mut self.batch)
     }
 
     /// Frees everything that came out of the switch; returns how many frames.
@@ -327,9 +424,12 @@ impl Bench {
                 }
             }
         }
-        // The learning frames' floods may have gone back to the input port.
+        // The learning frames' floods may have gone back to the input port; with two inputs
+        // it is where the second one's frames go.
+        let count = self.back.is_some();
         while self.input.recv(0, &mut b) > 0 {
             for x in b.drain() {
+                n += count as usize;
                 self.cache.free(x);
             }
         }
