@@ -41,6 +41,10 @@ pub enum Scenario {
     PodEncap,
     /// A remote VTEP → a pod port (port security on), 256 flows from 256 remote hosts.
     PodDecap,
+    /// Trunk to trunk over `bds` bridge domains (VLANs 1..=bds, one bridge domain each),
+    /// 4 096 flows spread over all of them (consecutive frames in different ones): what a
+    /// node carrying many networks on one trunk does, and what the per-domain counters cost.
+    Trunk { bds: u16 },
     /// Many to many: `hosts` hosts with the manager's MACs behind one access port talking to
     /// `hosts` others behind another, 4 096 flows (each source to four destinations, each
     /// destination from four sources), as pods of two nodes' networks meet on a trunk.
@@ -48,7 +52,9 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 14] = [
+        Scenario::Trunk { bds: 1 },
+        Scenario::Trunk { bds: 4094 },
         Scenario::L2 { macs: 1000 },
         Scenario::L2 { macs: 100_000 },
         Scenario::L2Both { macs: 100_000 },
@@ -76,6 +82,7 @@ impl Scenario {
             Scenario::PodEncap => "vxlan-encap-pod".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
+            Scenario::Trunk { bds } => format!("trunk-{bds}bd"),
         }
     }
 
@@ -202,6 +209,22 @@ impl Bench {
                     })
                     .collect();
                 (many_macs(vec![pod_port("a", "red"), PortConfig::access("b", "red")]), "a", f)
+            }
+            Scenario::Trunk { bds } => {
+                ring("t1", None);
+                ring("t2", None);
+                let vlans: Vec<u16> = (1..=bds).collect();
+                let bridges = vlans.iter().map(|v| BridgeConfig::new(&format!("bd{v}")).vlan(*v)).collect();
+                let ports = vec![PortConfig::trunk("t1", &vlans, None), PortConfig::trunk("t2", &vlans, None)];
+                // Flow k in VLAN k % bds + 1, from host k behind t1 to host 10 000 + k % bds behind t2.
+                let f = (0..4096u32)
+                    .map(|k| {
+                        let vlan = (k % bds as u32) as u16 + 1;
+                        let inner = frames::udp4(mac(10_000 + k % bds as u32), mac(k + 1), ip(k), ip(1), 1000, 2000, 60);
+                        frames::add_tag(&inner[..60], 0x8100, vlan)
+                    })
+                    .collect();
+                (SwitchConfig { bridges, ports, vtep: None }, "t1", f)
             }
             Scenario::Mesh { hosts } => {
                 ring("a", None);
@@ -337,6 +360,9 @@ impl Bench {
             }
             Scenario::PodL2 { hosts } => (0..hosts)
                 .map(|i| frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1, 2, 60))
+                .collect(),
+            Scenario::Trunk { bds } => (0..bds as u32)
+                .map(|i| frames::add_tag(&frames::udp4(mac(1), mac(10_000 + i), ip(9), ip(1), 1, 2, 60)[..60], 0x8100, i as u16 + 1))
                 .collect(),
             Scenario::Mesh { hosts } => (hosts..2 * hosts)
                 .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
