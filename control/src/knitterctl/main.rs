@@ -594,6 +594,18 @@ async fn run(cli: Cli) -> Result<()> {
                 v.fdb_capacity,
                 v.emc_entries
             );
+            // Ports whose receive buffers ran out with the pool empty (frames were lost).
+            let starved: Vec<String> = v
+                .status
+                .iter()
+                .filter_map(|p| {
+                    let n: u64 = p.queues.iter().map(|q| q.rx_starved).sum();
+                    (n > 0).then(|| format!("{} ({n}×)", p.name))
+                })
+                .collect();
+            if !starved.is_empty() {
+                println!("buffers ran out on: {} (raise --buffers; knitterctl stats --queues)", starved.join(", "));
+            }
             match &v.vtep {
                 Some(t) => print_vtep(t),
                 None => println!("vtep: none"),
