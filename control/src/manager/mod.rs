@@ -18,7 +18,7 @@ pub mod tls;
 
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
 use crate::network::{Kind, Limits, Network, NetworkError, NetworkSpec};
-use crate::store::{Cond, Op, OwnerKey, Store, StoreError};
+use crate::store::{Cond, Op, OwnerKey, Store, StoreError, With, nothing};
 use objects::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -434,9 +434,11 @@ impl Manager {
         }
     }
 
-    fn allocate(&self, space: &str, a: &Addressing, owner: &OwnerKey) -> Result<IpAddr> {
+    /// An address of `space` for `owner` from this manager's cursor, with the records `with`
+    /// makes for it written in the claim's transaction ([`ipam::allocate_with`]).
+    fn allocate(&self, space: &str, a: &Addressing, owner: &OwnerKey, with: With) -> Result<IpAddr, IpamError> {
         let t = self.ticket(space, a);
-        let ip = ipam::allocate(self.store.as_ref(), space, a, owner, t)?;
+        let ip = ipam::allocate_with(self.store.as_ref(), space, a, owner, t, with)?;
         self.advance(space, t, ip);
         Ok(ip)
     }
@@ -471,7 +473,7 @@ impl Manager {
             let owner = member_owner(&spec.name, i);
             let r = match spec.members.get(i) {
                 Some(m) => ipam::allocate_fixed(self.store.as_ref(), &sp, a, &owner, *m).map_err(ManagerError::from),
-                None => self.allocate(&sp, a, &owner),
+                None => self.allocate(&sp, a, &owner, &nothing).map_err(ManagerError::from),
             };
             match r {
                 Ok(ip) => members.push(ip),
@@ -593,16 +595,15 @@ impl Manager {
                         created: now(),
                     };
                     if let Some(a) = whole {
-                        match self.create_whole(&key, port.clone(), a) {
-                            Ok(port) => return Ok((port, true)),
+                        match self.create_whole(&key, &port, a)? {
+                            Some(port) => return Ok((port, true)),
                             // The record appeared meanwhile (a retry of this request through
                             // another replica): read it again; if something else is odd,
                             // the three-step path sorts it out.
-                            Err(ManagerError::Conflict(_)) => {
+                            None => {
                                 whole = None;
                                 continue;
                             }
-                            Err(e) => return Err(e),
                         }
                     }
                     if let Some(v) = self.store.commit_at(&[Op::create(&key, json(&port)?)])? {
@@ -665,25 +666,20 @@ impl Manager {
         (spec.ips.is_empty() && group.is_none() && spec.requested_mac.is_none()).then_some(a)
     }
 
-    /// Creates `port` whole in one transaction with its address's claim: it exists with its
-    /// address or not at all (no placeholder to finish or sweep), one write instead of
-    /// three. `Conflict` when the record appeared meanwhile (nothing claimed).
-    fn create_whole(&self, key: &str, mut port: Port, a: &Addressing) -> Result<Port> {
+    /// Creates `port` (its record as yet without addresses) whole in one transaction with
+    /// its address's claim: it exists with its address or not at all (no placeholder to
+    /// finish or sweep), one write instead of three. `None` when the record appeared
+    /// meanwhile (nothing claimed).
+    fn create_whole(&self, key: &str, port: &Port, a: &Addressing) -> Result<Option<Port>> {
         let owner = OwnerKey::new(&port.spec.container, &port.spec.interface);
-        let sp = space(&port.spec.network, a.subnet().is_ipv4());
         let whole = |ip: IpAddr| Port { addresses: vec![PortIp { address: ip, prefix: a.subnet().prefix(), gateway: a.gateway() }], mac: mac_text(ip), ..port.clone() };
         let record = |ip: IpAddr| -> Result<Vec<Op>, StoreError> {
             let v = serde_json::to_string(&whole(ip)).map_err(|e| StoreError(format!("port record: {e}")))?;
             Ok(vec![Op::create(key, v)])
         };
-        let t = self.ticket(&sp, a);
-        match ipam::allocate_with(self.store.as_ref(), &sp, a, &owner, t, &record) {
-            Ok(ip) => {
-                self.advance(&sp, t, ip);
-                port = whole(ip);
-                Ok(port)
-            }
-            Err(IpamError::RecordsChanged) => Err(ManagerError::Conflict(format!("port {key} was written meanwhile"))),
+        match self.allocate(&space(&port.spec.network, a.subnet().is_ipv4()), a, &owner, &record) {
+            Ok(ip) => Ok(Some(whole(ip))),
+            Err(IpamError::RecordsChanged) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -700,7 +696,7 @@ impl Manager {
                     let ipg = IpGroup { name: g.name.clone(), members: g.members.clone(), grace_secs: g.grace_secs };
                     ipg.allocate(self.store.as_ref(), &group_space(&net.spec.name, v4, &g.name), owner, &spec.pod, now())?
                 }
-                (None, None) => self.allocate(&sp, a, owner)?,
+                (None, None) => self.allocate(&sp, a, owner, &nothing)?,
             };
             out.push(PortIp { address: ip, prefix: a.subnet().prefix(), gateway: a.gateway() });
         }
