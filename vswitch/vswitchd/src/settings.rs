@@ -460,6 +460,31 @@ mod tests {
         assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers, s.state_file), (1, IdlePolicy::default(), 4096, None));
     }
 
+    /// The manager reached over TLS from the config file: the CA, the client certificate and
+    /// its key read at start, the name to check defaulting to the address's host; a
+    /// certificate without its key, or without a CA, refused with the reason.
+    #[test]
+    fn the_managers_tls_comes_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["ca.pem", "node.pem", "node.key", "token"] {
+            std::fs::write(dir.path().join(f), "pem").unwrap();
+        }
+        let d = dir.path().display();
+        let cfg = |tls: &str| {
+            let path = dir.path().join("v.toml");
+            std::fs::write(&path, format!("[manager]\naddress = \"mgr.example:9481\"\nnode_name = \"n1\"\ntoken_file = \"{d}/token\"\n{tls}")).unwrap();
+            Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap(), "--no-state"]))
+        };
+        let s = cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n")).unwrap();
+        let tls = s.manager.and_then(|m| m.tls).expect("TLS to the manager");
+        assert_eq!(format!("{tls:?}"), r#"ClientTls { server_name: "mgr.example", client_certificate: true }"#);
+        let e = format!("{:#}", cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\n")).unwrap_err());
+        assert!(e.contains("manager.cert and manager.key go together"), "{e}");
+        let e = format!("{:#}", cfg(&format!("cert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n")).unwrap_err());
+        assert!(e.contains("needs its CA too"), "{e}");
+        assert!(cfg("").unwrap().manager.is_some_and(|m| m.tls.is_none()), "plain without a CA");
+    }
+
     /// A million-MAC node: the FDB and cache sizes from the file, the command line above it,
     /// sizes out of range refused with the range.
     #[test]
