@@ -130,11 +130,16 @@ impl Common {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// L2 vhost-user ↔ vhost-user: the maximum receive rate of each switch, alternated
-    /// (dpdk-testpmd as the generator).
+    /// The maximum receive rate of each switch, alternated, with DPDK's testpmd and its
+    /// `net_virtio_user` driver as the generator (the VNF users run): L2, VLAN or VXLAN
+    /// between two vhost-user sockets.
     Mrr {
         #[command(flatten)]
         common: Common,
+        /// l2, vlan-push (access → trunk), vlan-pop, vxlan-encap or vxlan-decap (the VTEP's
+        /// underlay on the second vhost-user port; sizes are the inner frame's).
+        #[arg(long, value_enum, default_value = "l2")]
+        scenario: Scenario,
         /// Rounds (each switch once per size per round).
         #[arg(long, default_value_t = 5)]
         rounds: usize,
@@ -224,9 +229,11 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mrr { common, rounds, warmup, window, min_supply, retries } => {
-            let lab = common.lab(Scenario::L2, true)?;
+        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries } => {
+            anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
+            let lab = common.lab(scenario, true)?;
             let cfg = mrr::Config {
+                scenario,
                 layout: common.layout(),
                 memory: lab.memory,
                 switches: common.switches.clone(),

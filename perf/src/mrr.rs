@@ -35,8 +35,15 @@ pub struct Config {
     /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
     #[serde(default)]
     pub port_security: bool,
+    /// What is measured: L2, VLAN or VXLAN between the switch's two vhost-user sockets.
+    #[serde(default = "l2")]
+    pub scenario: Scenario,
     #[serde(skip)]
     pub work: PathBuf,
+}
+
+fn l2() -> Scenario {
+    Scenario::L2
 }
 
 /// One trial.
@@ -113,8 +120,14 @@ fn trial_time(cfg: &Config) -> Duration {
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
+    anyhow::ensure!(cfg.scenario.on_two_vhost_user_sockets(), "mrr measures vhost-user scenarios (l2, vlan-*, vxlan-*), not {}: run ndr", cfg.scenario.name());
     for &size in &cfg.sizes {
-        frames::write_pcap(&cfg.work.join(format!("a-{size}.pcap")), &frames::flows(A, B, &size.pattern(), cfg.flows))?;
+        for switching in [true, false] {
+            let t = cfg.scenario.traffic(switching, size, cfg.flows);
+            let (offer, back) = pcaps(cfg, size, switching);
+            frames::write_pcap(&offer, &t.offered)?;
+            frames::write_pcap(&back, &[t.back])?;
+        }
     }
     let mut samples = Vec::new();
     for round in 0..cfg.pairs {
@@ -147,16 +160,28 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
 }
 
 
+/// The frames offered (replayed forever) and the learning frame the counting side sends
+/// once, for a switch (`switching`) or for the yardstick.
+fn pcaps(cfg: &Config, size: FrameSize, switching: bool) -> (PathBuf, PathBuf) {
+    let kind = if switching { "switch" } else { "plain" };
+    (cfg.work.join(format!("offer-{size}-{kind}.pcap")), cfg.work.join(format!("back-{size}-{kind}.pcap")))
+}
+
 fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
 
 fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: Scenario::L2, port_security: cfg.port_security };
+    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
-    let a_pcap = cfg.work.join(format!("a-{size}.pcap"));
-    let wiring = Wiring { a_sock: &sockets.a, b_sock: &sockets.b, a_pcap: &a_pcap, a_mac: &A.mac_text(), b_mac: &B.mac_text() };
+    let switching = switch != Kind::Yardstick;
+    let (offer_pcap, back_pcap) = pcaps(cfg, size, switching);
+    // Decapsulation and tag popping are offered on the second socket (the underlay, the
+    // trunk) and counted on the pod's.
+    let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
+    let (offer_sock, count_sock) = if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
+    let wiring = Wiring { offer_sock, count_sock, offer_pcap: &offer_pcap, back_pcap: &back_pcap, offer_mac: &A.mac_text(), count_mac: &B.mac_text() };
     let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout)?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();

@@ -87,7 +87,7 @@ fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
 pub fn markdown(r: &Results) -> String {
     let c = &r.config;
     let mut o = String::new();
-    let _ = writeln!(o, "# knitter-perf: L2 vhost-user ↔ vhost-user, maximum receive rate\n");
+    let _ = writeln!(o, "# knitter-perf: {}, maximum receive rate\n", c.scenario.describe());
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
@@ -106,10 +106,11 @@ pub fn markdown(r: &Results) -> String {
     );
     let _ = writeln!(
         o,
-        "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into virtio-user \
-         port A, counting what virtio-user port B receives and dropping it in a null port) offers \
+        "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into one virtio-user \
+         port, counting what the other virtio-user port receives and dropping it; that port first \
+         sends the scenario's one learning frame, from a second pcap port) offers \
          more than the switch forwards; \
-         the received rate on B is the MRR. Ratios are per round (both switches measured back to \
+         the rate received on the counting port is the MRR. Ratios are per round (both switches measured back to \
          back), then the median. A trial is repeated when a CPU got < {:.0} % of its time \
          (a TSC spin probe after it). The yardstick is testpmd's own `net_vhost` io forwarding: \
          no switching, two copies per frame. The generator is the VNF (DPDK's own \
@@ -146,7 +147,7 @@ pub fn markdown(r: &Results) -> String {
     for t in r.samples.iter().filter(|t| t.switch_flooded.is_some_and(|f| f as f64 > 0.01 * t.received_mpps * 1e6 * r.config.window.as_secs_f64())) {
         let _ = writeln!(
             o,
-            "**Warning**: {} flooded {} frames in round {} ({} B): it never learned where B is (its learning frame dropped?), \
+            "**Warning**: {} flooded {} frames in round {} ({} B): it never learned where the receiving side is (its learning frame dropped?), \
              so that trial measured flooding, not forwarding to a known destination.\n",
             t.switch.name(),
             t.switch_flooded.unwrap_or(0),
@@ -220,15 +221,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     use crate::switches::Kind;
     let c = &r.config;
     let mut o = String::new();
-    let what = match c.scenario {
-        crate::scenario::Scenario::L2 => "L2 vhost-user ↔ vhost-user",
-        crate::scenario::Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
-        crate::scenario::Scenario::VlanPop => "VLAN, vhost-user trunk → vhost-user access port (tag popped)",
-        crate::scenario::Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
-        crate::scenario::Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
-        crate::scenario::Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",
-        crate::scenario::Scenario::VxlanTwoVteps => "VXLAN between two Knitter switches (vhost-user pod → VTEP → AF_XDP veth underlay → VTEP → vhost-user pod)",
-    };
+    let what = c.scenario.describe();
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     let _ = writeln!(
         o,

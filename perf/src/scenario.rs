@@ -72,6 +72,24 @@ impl Scenario {
         }
     }
 
+    /// What the scenario measures, for a report's title.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scenario::L2 => "L2 vhost-user ↔ vhost-user",
+            Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
+            Scenario::VlanPop => "VLAN, vhost-user trunk → vhost-user access port (tag popped)",
+            Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
+            Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
+            Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",
+            Scenario::VxlanTwoVteps => "VXLAN between two Knitter switches (vhost-user pod → VTEP → AF_XDP veth underlay → VTEP → vhost-user pod)",
+        }
+    }
+
+    /// Whether DPDK's testpmd can generate it (`mrr`): two vhost-user sockets of one switch.
+    pub fn on_two_vhost_user_sockets(self) -> bool {
+        !matches!(self, Scenario::Veth | Scenario::VxlanTwoVteps)
+    }
+
     /// Whether the switch's ports are kernel interfaces (veths), not vhost-user sockets.
     pub fn is_kernel(self) -> bool {
         self == Scenario::Veth

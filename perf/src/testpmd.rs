@@ -1,8 +1,7 @@
 //! dpdk-testpmd in the lab's two roles: the **generator** (a pcap port replays the offered
-//! frames into virtio-user port A; what reaches virtio-user port B is counted and dropped
-//! by a `net_null` port — a pcap port writing to /dev/null cost the generator ~30 % of its
-//! time — and a first burst from every port, `start tx_first`, lets a learning switch know
-//! B's MAC), and the **yardstick** (two `net_vhost` ports with `io` forwarding: no
+//! frames into one virtio-user port; what reaches the other is counted and dropped, and
+//! that port first sends the scenario's learning frame so a learning switch knows where it
+//! is), and the **yardstick** (two `net_vhost` ports with `io` forwarding: no
 //! switching at all, two copies per frame). Both run with their forwarding lcore where the
 //! layout says and their main lcore elsewhere, in memory of their own (`--in-memory`).
 
@@ -216,20 +215,23 @@ pub struct Rates {
     pub received_frame_bytes: Option<f64>,
 }
 
-/// What the generator connects: the switch's two sockets, the frames offered on A
-/// (replayed forever) and the MACs of its two virtio-user ports (the frames' source and
-/// destination).
+/// What the generator connects: the switch's socket it offers frames to and the one it
+/// counts frames from, the frames offered (replayed forever), the one frame the counting
+/// side sends first (so a learning switch knows where it is: a tagged frame on a trunk, a
+/// VXLAN frame from the remote VTEP on an underlay), and the MACs of its two virtio-user
+/// ports.
 pub struct Wiring<'a> {
-    pub a_sock: &'a Path,
-    pub b_sock: &'a Path,
-    pub a_pcap: &'a Path,
-    pub a_mac: &'a str,
-    pub b_mac: &'a str,
+    pub offer_sock: &'a Path,
+    pub count_sock: &'a Path,
+    pub offer_pcap: &'a Path,
+    pub back_pcap: &'a Path,
+    pub offer_mac: &'a str,
+    pub count_mac: &'a str,
 }
 
 impl Generator {
     pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
-        let Wiring { a_sock, b_sock, a_pcap, a_mac, b_mac } = w;
+        let Wiring { offer_sock, count_sock, offer_pcap, back_pcap, offer_mac, count_mac } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
             "-l".into(),
@@ -239,19 +241,22 @@ impl Generator {
             "--no-pci".into(),
         ];
         args.extend(mem.eal().iter().map(|s| s.to_string()));
-        args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", a_pcap.display()));
-        args.push(format!("--vdev=net_virtio_user0,path={},queues=1,mac={a_mac}", a_sock.display()));
-        args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={b_mac}", b_sock.display()));
-        args.push("--vdev=net_null0,no-rx=1".into());
+        // io forwarding pairs ports 0↔1 and 2↔3: the offered frames go 0 → 1 (into the
+        // switch); what the switch sends to port 2 goes to port 3, a pcap port with no
+        // transmit file, which drops it for nothing (a pcap writing /dev/null cost the
+        // generator ~30 % of its time). Port 3 replays its file once: the learning frame,
+        // sent into the switch from port 2. testpmd's own `start tx_first` burst cannot be
+        // tagged or encapsulated, and a pod port with port security drops its default
+        // addresses.
+        args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", offer_pcap.display()));
+        args.push(format!("--vdev=net_virtio_user0,path={},queues=1,mac={offer_mac}", offer_sock.display()));
+        args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={count_mac}", count_sock.display()));
+        args.push(format!("--vdev=net_pcap1,rx_pcap={}", back_pcap.display()));
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384", "--record-core-cycles"].map(String::from));
-        // `start tx_first` sends testpmd's txonly frames, by default from 198.18.0.1: a pod
-        // port with port security drops them, the switch never learns B, and every frame
-        // to B is flooded. B's own address, as a VNF would send from.
-        args.push(format!("--tx-ip={},{}", crate::frames::B.ip_addr(), crate::frames::A.ip_addr()));
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
-        t.say("start tx_first");
+        t.say("start");
         Ok(Generator { pmd: t, start: None })
     }
 

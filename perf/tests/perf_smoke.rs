@@ -1,5 +1,5 @@
-//! Short smoke runs of knitter-perf as a user runs it, seconds each: the L2 MRR comparison
-//! (testpmd as the generator, Knitter against the yardstick), and `ndr` with Knitter's own
+//! Short smoke runs of knitter-perf as a user runs it, seconds each: the MRR comparison
+//! (testpmd as the generator; L2 with Knitter against the yardstick, VLAN and VXLAN), and `ndr` with Knitter's own
 //! generator in the L2 (with IMIX), VLAN, both VXLAN and the veth scenarios. They check the
 //! plumbing (frames come out, searches and latency trials happen, Knitter's counters are
 //! read, the report is written), never a number. Need root (and dpdk-testpmd for the MRR run): they fail under
@@ -51,6 +51,30 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
     // port security): nothing is flooded in the window.
     assert_eq!(samples[0]["switch_flooded"].as_u64(), Some(0), "{}", samples[0]);
     assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
+}
+
+/// The MRR comparison in the VLAN and VXLAN scenarios, testpmd's `net_virtio_user` as the
+/// generator: the learning frame (tagged on the trunk, from the remote VTEP on the underlay)
+/// teaches the switch where the counting side is, so frames come out of the scenario's size
+/// and nothing is flooded; a scenario testpmd cannot drive is refused in one line.
+#[test]
+fn short_vlan_and_vxlan_mrr_runs_learn_and_forward() {
+    if !can_run(true) {
+        return;
+    }
+    for (scenario, out) in [("vlan-push", 64.0), ("vlan-pop", 60.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0)] {
+        let (r, md) = knitter_perf(&["mrr", "--scenario", scenario, "--switches", "knitter", "--rounds", "1", "--sizes", "64", "--warmup", "1", "--window", "1", "--retries", "0"]);
+        let s = &r["samples"][0];
+        assert!(s["received_mpps"].as_f64().unwrap() > 0.0, "{scenario}: nothing came through: {s}");
+        assert_eq!(s["received_frame_bytes"].as_f64().map(f64::round), Some(out), "{scenario}: {s}");
+        assert_eq!(s["switch_flooded"].as_u64(), Some(0), "{scenario}: the learning frame was heard: {s}");
+        assert_eq!(r["config"]["scenario"], scenario);
+        assert!(md.contains("VXLAN") || md.contains("VLAN"), "{md}");
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(["mrr", "--scenario", "veth", "--out"]).arg(out.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && err.contains("runs with ndr") && err.lines().count() == 1, "{err}");
 }
 
 /// The NDR/PDR run with Knitter's own generator, in short trials: alternated MRR rounds,
