@@ -44,6 +44,11 @@ struct Common {
     /// A knitter-vswitchd binary from another build, run as the switch `baseline`.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// TOML the `baseline` switch's config file starts with (dotted keys, such as
+    /// `vhost.single_copy = false`): a setting measured against the default in one window.
+    /// Without --baseline, the baseline runs this build's knitter-vswitchd.
+    #[arg(long)]
+    baseline_toml: Option<String>,
     /// Knitter's pod ports without port security (by default they have it, allowing the
     /// pod's MAC and IP address only, as the CNI makes them).
     #[arg(long)]
@@ -85,6 +90,14 @@ impl Common {
             "plain" => Ok(Some(false)),
             m => anyhow::bail!("--memory {m}: auto, hugepages or plain"),
         }
+    }
+
+    /// With `--baseline-toml` and no `--baseline`, the baseline is this build's daemon.
+    fn resolved(mut self) -> Common {
+        if self.baseline.is_none() && self.baseline_toml.is_some() {
+            self.baseline = Some(knitter_perf::switches::sibling("knitter-vswitchd"));
+        }
+        self
     }
 
     fn plan(&self, scenario: Scenario, testpmd_generator: bool) -> anyhow::Result<doctor::Plan<'_>> {
@@ -214,6 +227,7 @@ fn main() -> ExitCode {
 fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Doctor { common, scenario, mrr } => {
+            let common = common.resolved();
             let checks = doctor::checks(&common.plan(scenario, mrr)?);
             print!("{}", doctor::render(&checks));
             Ok(if checks.iter().all(|c| c.ok || c.optional) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -230,6 +244,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries } => {
+            let common = common.resolved();
             anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
             let lab = common.lab(scenario, true)?;
             let cfg = mrr::Config {
@@ -246,6 +261,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 min_supply,
                 retries,
                 baseline: common.baseline.clone(),
+                baseline_toml: common.baseline_toml.clone(),
                 work: lab.work.path().to_path_buf(),
             };
             let progress = Progress::new(mrr::planned(&cfg));
@@ -258,6 +274,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
+            let common = common.resolved();
             let lab = common.lab(scenario, false)?;
             let cfg = ndr::Config {
                 scenario,
@@ -272,6 +289,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 rounds,
                 port_security: !common.no_port_security,
                 baseline: common.baseline.clone(),
+                baseline_toml: common.baseline_toml.clone(),
                 work: lab.work.path().to_path_buf(),
             };
             let progress = Progress::new(ndr::planned(&cfg));

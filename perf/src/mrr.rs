@@ -32,6 +32,9 @@ pub struct Config {
     /// The knitter-vswitchd binary the `baseline` switch runs.
     #[serde(default)]
     pub baseline: Option<PathBuf>,
+    /// What the baseline's config file starts with (`--baseline-toml`).
+    #[serde(default)]
+    pub baseline_toml: Option<String>,
     /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
     #[serde(default)]
     pub port_security: bool,
@@ -172,7 +175,7 @@ fn min_supply(s: &Sample) -> f64 {
 }
 
 fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
+    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let switching = switch != Kind::Yardstick;

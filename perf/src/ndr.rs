@@ -46,6 +46,9 @@ pub struct Config {
     pub memory: Memory,
     #[serde(default)]
     pub baseline: Option<PathBuf>,
+    /// What the baseline's config file starts with (`--baseline-toml`).
+    #[serde(default)]
+    pub baseline_toml: Option<String>,
     /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
     #[serde(default)]
     pub port_security: bool,
@@ -190,7 +193,7 @@ struct Bench {
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
-        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
+        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
         let (mut veths, mut underlay) = (None, None);
         let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {

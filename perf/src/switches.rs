@@ -103,6 +103,8 @@ pub struct Setup<'a> {
     pub layout: Layout,
     /// The knitter-vswitchd binary [`Kind::Baseline`] runs.
     pub baseline: Option<&'a Path>,
+    /// What the baseline's config file starts with.
+    pub baseline_toml: Option<&'a str>,
     pub scenario: Scenario,
     /// Knitter's pod ports with port security, as the CNI makes them.
     pub port_security: bool,
@@ -220,7 +222,11 @@ impl Running {
         let api = work.join(format!("{tag}.sock"));
         let _ = std::fs::remove_file(&api);
         let conf = work.join(format!("{tag}.toml"));
-        std::fs::write(&conf, config)?;
+        match (kind, setup.baseline_toml) {
+            // Dotted keys are valid only before the first table.
+            (Kind::Baseline, Some(t)) => std::fs::write(&conf, format!("{t}\n{config}"))?,
+            _ => std::fs::write(&conf, config)?,
+        }
         let bin = match (kind, setup.baseline) {
             (Kind::Baseline, Some(b)) => b.to_path_buf(),
             (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),

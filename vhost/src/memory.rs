@@ -291,6 +291,22 @@ impl<'m> GuestSlice<'m> {
         n
     }
 
+    /// Copies `n` bytes from `src` to the range's start, as many as fit; returns how many.
+    ///
+    /// # Safety
+    /// `src` must be readable for `n` bytes: another guest's buffer lent to the switch
+    /// (`vswitch::LentTail`), a region of a mapping that outlives the call.
+    #[inline(always)]
+    pub unsafe fn copy_from_raw(&self, src: *const u8, n: usize) -> usize {
+        let n = n.min(self.len);
+        // SAFETY: `n` bytes inside this range and readable at `src` (the caller's promise);
+        // two guests' buffers may be in one mapping only when they are one guest's, whose
+        // transmit and receive buffers are distinct descriptors — an overlap would be the
+        // guest's own doing and costs only its own bytes.
+        unsafe { std::ptr::copy(src, self.ptr, n) };
+        n
+    }
+
     /// The first `N` bytes, `None` when the range is shorter (a fixed-size copy the compiler
     /// makes a few moves, where `read` would call `memcpy`).
     #[inline(always)]

@@ -77,6 +77,38 @@ pub fn from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads)
     cache.alloc_filled(frame.len(), |dst| at += frame.from(at).read(dst)).ok_or(NetError::NoBuffer)
 }
 
+/// Frames at least this long (after the virtio-net header) are lent, not copied, when the
+/// switch may lend (`VhostPort::set_single_copy`): below it, one more copy costs less than
+/// keeping the guest's buffer for the burst.
+pub const LEND_MIN: usize = 512;
+/// Bytes of a lent frame copied into switch memory before the pipeline decides on it: every
+/// header it reads (VXLAN outer and inner, VLAN, IP, ARP and ND for port security), so a
+/// guest rewriting its buffer after the check changes only payload.
+pub const LENT_HEAD: usize = 128;
+
+/// A transmit chain of one buffer (header and frame) as a lent packet: its first
+/// [`LENT_HEAD`] bytes copied, the rest left in the guest's buffer, which the caller keeps
+/// (does not return to the guest) until the port's `rx_done`. Frames that ask for offload
+/// work are copied whole (`from_buffer`), as the offload code reads the whole frame.
+///
+/// # Safety
+/// `b` must stay mapped and its descriptor unreturned until the port's `rx_done` for this
+/// burst (see `vswitch::LentTail`).
+#[inline]
+pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+    if b.read_array::<2>() != Some([0, VIRTIO_NET_HDR_GSO_NONE]) || b.len() < HDR_LEN + LENT_HEAD {
+        return from_buffer(b, cache, offloads);
+    }
+    let frame = b.from(HDR_LEN);
+    if frame.len() > MAX_FRAME {
+        return Err(NetError::TooLong);
+    }
+    let tail = frame.from(LENT_HEAD);
+    let tail = vswitch::LentTail { ptr: tail.as_ptr(), len: tail.len() as u32 };
+    // SAFETY: the tail is inside `b`, which the caller keeps as the function requires.
+    unsafe { cache.alloc_lent(LENT_HEAD, |dst| _ = frame.read(dst), tail) }.ok_or(NetError::NoBuffer)
+}
+
 /// What a transmit header asks for, against what was negotiated.
 #[inline]
 fn check_header(flags_gso: [u8; 2], offloads: Offloads) -> Result<(), NetError> {
@@ -154,10 +186,19 @@ const ONE_BUFFER: [u8; HDR_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 /// bytes written, header included.
 #[inline]
 pub fn to_buffer(dst: GuestSlice<'_>, pool: &Pool, b: &BufId) -> Result<u32, NetError> {
-    let frame = pool.head(b);
-    let total = HDR_LEN + frame.len();
+    let (frame, len) = pool.head_and_len(b);
+    let total = HDR_LEN + len;
     if dst.len() < total {
         return Err(NetError::GuestBufferTooSmall);
+    }
+    // A lent packet (the single-copy path): its tail goes straight from the source guest's
+    // buffer into this one.
+    if frame.len() < len
+        && let Some(t) = pool.lent_tail(b)
+    {
+        // SAFETY: the lending invariant (`vswitch::LentTail`): the tail is readable until the
+        // lending port's `rx_done`, which comes after this burst.
+        unsafe { dst.from(HDR_LEN + frame.len()).copy_from_raw(t.ptr, t.len as usize) };
     }
     // The header usually holds these bytes already (the buffer's previous frame had them)
     // and, with DPDK's virtio-user, sits in a cache line of its own in front of the frame:

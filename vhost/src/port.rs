@@ -20,8 +20,15 @@
 //! A burst works in passes: every one-buffer chain popped first (its buffer prefetched),
 //! then the copies, then the completions, so the cross-core misses of a burst's packets
 //! overlap instead of queueing one packet behind the other; other chains take the general
-//! path after them, in ring order. Every frame is copied twice, guest → pool packet → guest
-//! (the single-copy path for vhost → vhost is designed in docs/architecture.md, not built).
+//! path after them, in ring order.
+//!
+//! Frames of [`net::LEND_MIN`] bytes or more take the single-copy path: their first
+//! [`net::LENT_HEAD`] bytes are copied into a pool packet (what the pipeline decides on,
+//! safe from a guest rewriting it), the rest is *lent* (`vswitch::LentTail`): the burst's
+//! descriptors are kept (`Pair::lent`, with the memory table) until the pipeline has sent the
+//! burst, and a vhost-user port it goes to copies the tail straight from the source guest's
+//! buffer into its own guest's (`net::to_buffer`); other ports get it copied into the pool
+//! first. Then `rx_done` returns every descriptor of the burst in ring order.
 
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
@@ -71,6 +78,20 @@ pub struct Pair {
     pub rx_ready: bool,
     /// Since when an unready receive ring has held buffers (for [`RX_READY_GRACE`]).
     pub rx_posted_since: Option<Instant>,
+    /// Transmit descriptors whose frames were lent this burst, to give back at `rx_done`.
+    lent: Lent,
+}
+
+/// The transmit descriptors of one burst that lent frames (the single-copy path): none of
+/// the burst's descriptors is returned until the burst is processed, so that they go back in
+/// ring order (`IN_ORDER`), and the memory table they are in stays mapped until then.
+#[derive(Default)]
+struct Lent {
+    heads: [u16; vswitch::batch::BATCH],
+    n: usize,
+    /// The queue they came from ([`SplitQueue::id`]) and its memory.
+    queue: u64,
+    memory: Option<Arc<GuestMemory>>,
 }
 
 /// Why the rings of a memory table stop when its file shrank under it.
@@ -172,6 +193,8 @@ pub struct NetCounters {
     /// Rings stopped because the frontend's memory file shrank under its memory table (a
     /// SIGBUS the switch recovered from; counted in `broken_rings` too).
     pub memory_faults: vswitch::counters::SharedCounter,
+    /// Frames that took the single-copy path (lent, not copied into the pool).
+    pub lent_frames: vswitch::counters::SharedCounter,
 }
 
 pub struct VhostPort {
@@ -196,6 +219,18 @@ pub struct VhostPort {
     announce: AtomicU64,
     /// The MTU the frontend gave (NET_SET_MTU), 0 when none.
     guest_mtu: AtomicU32,
+    /// Frames of [`net::LEND_MIN`] bytes or more are lent (one copy guest → guest), not
+    /// copied into the pool (see [`VhostPort::set_single_copy`]).
+    single_copy: AtomicBool,
+}
+
+/// Whether ports made from now on take the single-copy path (see
+/// [`VhostPort::set_single_copy`]): the node's setting (`[vhost] single_copy`).
+static SINGLE_COPY: AtomicBool = AtomicBool::new(true);
+
+/// Sets whether ports made from now on take the single-copy path.
+pub fn set_single_copy_default(on: bool) {
+    SINGLE_COPY.store(on, Ordering::Relaxed);
 }
 
 /// The largest MTU a frontend may set: a frame with one tag within the port's longest.
@@ -216,7 +251,17 @@ impl VhostPort {
             conn_log: Default::default(),
             announce: AtomicU64::new(0),
             guest_mtu: AtomicU32::new(0),
+            single_copy: AtomicBool::new(SINGLE_COPY.load(Ordering::Relaxed)),
         }
+    }
+
+    /// Whether frames of [`net::LEND_MIN`] bytes or more cross to another vhost-user port
+    /// with one copy (the default): their headers are copied into the switch, the rest
+    /// stays in the guest's transmit buffer until the burst is processed and is copied
+    /// straight into the receiving guest's buffer (into a pool buffer for other ports).
+    /// Off: every frame is copied into the pool first (two copies), as before.
+    pub fn set_single_copy(&self, on: bool) {
+        self.single_copy.store(on, Ordering::Relaxed);
     }
 
     /// Sends a RARP frame from `mac` into the switch with the next burst from the guest,
@@ -473,6 +518,12 @@ impl Port for VhostPort {
         let Ok(mut guard) = self.pairs[p].try_lock() else { return got };
         let pair = &mut *guard;
         let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return got };
+        // Another PMD thread's lent burst from this ring (both poll it for a moment while
+        // they rebalance) is not back yet: descriptors go back in ring order, so wait.
+        if pair.lent.n > 0 {
+            return got;
+        }
+        let queue_id = queue.id();
         let Ok(mut ring) = queue.ring(mem) else { return got };
         if pair.kicks_on {
             ring.set_kicks(false); // polled: kicks would only cost the guest system calls
@@ -488,8 +539,18 @@ impl Port for VhostPort {
             flats[n] = f;
             n += 1;
         }
+        let lend = self.single_copy.load(Ordering::Relaxed);
+        let mut lent_frames = 0;
         for f in &flats[..n] {
-            match net::from_buffer(f.buffer(), cache, pair.offloads) {
+            let r = if lend && f.len() >= net::HDR_LEN + net::LEND_MIN {
+                lent_frames += 1;
+                // SAFETY: the burst's descriptors are kept (`pair.lent`, with the memory
+                // table) until `rx_done`, which the pipeline calls once it processed them.
+                unsafe { net::lend_from_buffer(f.buffer(), cache, pair.offloads) }
+            } else {
+                net::from_buffer(f.buffer(), cache, pair.offloads)
+            };
+            match r {
                 Ok(b) => {
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
@@ -497,11 +558,24 @@ impl Port for VhostPort {
                 Err(e) => self.refuse_from_guest(p, e),
             }
         }
-        for f in &flats[..n] {
-            ring.push_used(f.head, 0);
-        }
         let (mut chain, mut used) = (Chain::default(), n);
-        while batch.room() > 0 {
+        // The pipeline calls `rx_done` when the cache lent (it starts every poll not lending).
+        let lent = cache.lending();
+        if lent {
+            // Given back at `rx_done`, all of them in ring order; longer chains wait for
+            // the next burst (they would be returned ahead of these).
+            let l = &mut pair.lent;
+            for (h, f) in l.heads.iter_mut().zip(&flats[..n]) {
+                *h = f.head;
+            }
+            (l.n, l.queue, l.memory) = (n, queue_id, Some(mem.clone()));
+            self.net.lent_frames.add(lent_frames);
+        } else {
+            for f in &flats[..n] {
+                ring.push_used(f.head, 0);
+            }
+        }
+        while !lent && batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
             match r.map_err(|_| None).and_then(|()| net::from_guest(mem, &chain, cache, pair.offloads).map_err(Some)) {
@@ -514,7 +588,7 @@ impl Port for VhostPort {
             }
             ring.push_used(chain.head, 0);
         }
-        if used > 0 && ring.needs_interrupt() {
+        if used > 0 && !lent && ring.needs_interrupt() {
             signal(&pair.call[TXQ]);
         }
         drop(ring);
@@ -539,7 +613,7 @@ impl Port for VhostPort {
         let mut n = 0;
         for b in batch.as_slice().iter().take(flats.len()) {
             let Some(f) = ring.pop_flat(true) else { break };
-            if self.pool.is_chained(b) || f.len() < net::HDR_LEN + self.pool.pkt_len(b) {
+            if (self.pool.is_chained(b) && self.pool.lent_tail(b).is_none()) || f.len() < net::HDR_LEN + self.pool.pkt_len(b) {
                 ring.unpop();
                 break;
             }
@@ -552,6 +626,14 @@ impl Port for VhostPort {
         }
         let mut chain = Chain::default();
         let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
+        if cache.lending() {
+            // The general path reads a packet by its pool segments.
+            for b in &mut batch.as_mut_slice()[n..] {
+                if !self.pool.linearize(b, cache) {
+                    break; // the pool ran dry: the rest stays lent and is not sent below
+                }
+            }
+        }
         'packets: for b in &batch.as_slice()[n..] {
             // A malformed chain is returned empty and the same frame tries the next one.
             let outcome = loop {
@@ -612,6 +694,32 @@ impl Port for VhostPort {
         self.counters[p].tx_packets.add(sent as u64);
         self.counters[p].tx_full.add(batch.len() as u64);
         done
+    }
+
+    fn rx_done(&self, q: u16) {
+        let p = q as usize % MAX_PAIRS;
+        // Not `try_lock`: the descriptors must go back (a configuring control thread or a PMD
+        // thread transmitting on the pair holds the lock for a moment).
+        let mut guard = self.pairs[p].lock().unwrap_or_else(|e| e.into_inner());
+        let pair = &mut *guard;
+        let lent = std::mem::take(&mut pair.lent.memory);
+        let n = std::mem::take(&mut pair.lent.n);
+        let (Some(lent), Some(mem), Some(queue)) = (lent, pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return };
+        // A ring set up again meanwhile (the frontend restarted it) has other descriptors.
+        if queue.id() != pair.lent.queue || !Arc::ptr_eq(&lent, mem) {
+            return;
+        }
+        let Ok(mut ring) = queue.ring(mem) else { return };
+        for &h in &pair.lent.heads[..n] {
+            ring.push_used(h, 0);
+        }
+        if ring.needs_interrupt() {
+            signal(&pair.call[TXQ]);
+        }
+    }
+
+    fn takes_lent(&self) -> bool {
+        true
     }
 
     fn wake_fd(&self, q: u16) -> Option<RawFd> {

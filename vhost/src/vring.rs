@@ -176,7 +176,12 @@ pub struct SplitQueue {
     reported: bool,
     /// Why the queue stopped, when a caller said ([`SplitQueue::stop`]).
     why: Option<&'static str>,
+    /// Which queue this is (see [`SplitQueue::id`]).
+    id: u64,
 }
+
+/// The next [`SplitQueue::id`].
+static NEXT_QUEUE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl SplitQueue {
     /// A queue of `size` descriptors with its rings at these guest addresses, starting at
@@ -198,7 +203,14 @@ impl SplitQueue {
             broken: false,
             reported: false,
             why: None,
+            id: NEXT_QUEUE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
+    }
+
+    /// A number no other queue made by this process has: descriptors taken from a queue
+    /// are given back only to the same queue, not to one the frontend set up since.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Negotiated features that change the rings' behaviour.

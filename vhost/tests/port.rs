@@ -111,3 +111,61 @@ fn a_port_over_another_pool_is_refused() {
     switch.register_port("vm", std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", pool))).unwrap();
     assert!(matches!(switch.replace_port("vm", foreign), Err(vswitch::switch::SwitchError::ForeignPool(_))));
 }
+
+/// The single-copy path: frames of `LEND_MIN` bytes or more cross from one guest to another
+/// byte for byte whether lent (on) or copied twice (off); to a ring port (which may keep
+/// a buffer) and flooded they arrive whole too, a jumbo one chained; the sending guest gets
+/// every transmit descriptor back in the order it posted them, and every pool buffer comes
+/// back.
+#[test]
+fn large_frames_cross_with_one_copy_and_reach_other_ports_whole() {
+    for single_copy in [true, false] {
+        let pool = Pool::new(4096, false).unwrap();
+        let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
+        let (mut a, mut b) = (Vm::new("vm-a", &pool, 128), Vm::new("vm-b", &pool, 128));
+        a.port.set_single_copy(single_copy);
+        b.port.set_single_copy(single_copy);
+        h.ring("r0");
+        h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone());
+        let mut config = testkit::one_bridge(&["vm-a", "vm-b", "r0"]);
+        for p in &mut config.ports {
+            p.mtu = 9000; // jumbo frames
+        }
+        h.apply(config).unwrap();
+        let mut a_bufs: std::collections::VecDeque<u64> = a.give_rx_buffers(8).into();
+        let mut b_bufs: std::collections::VecDeque<u64> = b.give_rx_buffers(64).into();
+        // vm-b and r0 speak first: the switch knows where they are.
+        b.send(&frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 1, 60));
+        h.send("r0", &frames::udp4(mac(1), mac(3), ip(3), ip(1), 1, 1, 60));
+        h.step();
+        let _ = (h.recv_all(), a.received(&mut a_bufs), b.received(&mut b_bufs));
+        h.flush_caches();
+        let free = pool.free_count();
+
+        let sizes = [100, 511, 512, 513, 1000, 1514, 2000];
+        let to_b: Vec<Vec<u8>> = sizes.iter().map(|&n| frames::udp4(mac(2), mac(1), ip(1), ip(2), 5, n as u16, n)).collect();
+        let to_r0: Vec<Vec<u8>> = [1514, 4000, 9014].iter().map(|&n| frames::udp4(mac(3), mac(1), ip(1), ip(3), 5, n as u16, n)).collect();
+        let flooded = frames::udp4(mac(7), mac(1), ip(1), ip(7), 5, 7, 1400);
+        let mut posted = Vec::new();
+        for f in to_b.iter().chain(&to_r0).chain([&flooded]) {
+            let mut buf = vec![0u8; knitter_vhost::net::HDR_LEN];
+            buf.extend_from_slice(f);
+            posted.push(a.tx.post(&[knitter_vhost::testkit::Buf::Read(buf)]).0);
+        }
+        h.step();
+        assert_eq!(h.stats().total_drops(), 0, "{:?} (single copy {single_copy})", h.stats().nonzero_drops());
+        let mut want_b = to_b.clone();
+        want_b.push(flooded.clone());
+        assert_eq!(b.received(&mut b_bufs), want_b, "guest to guest (single copy {single_copy})");
+        let mut want_r0 = to_r0.clone();
+        want_r0.push(flooded.clone());
+        assert_eq!(h.recv("r0"), want_r0, "guest to a ring port (single copy {single_copy})");
+        let returned: Vec<u16> = a.tx.completions().iter().map(|c| c.0).collect();
+        assert_eq!(returned, posted, "every descriptor back, in ring order");
+        h.flush_caches();
+        assert_eq!(pool.free_count(), free, "every pool buffer back");
+        // 512 bytes and more: 513, 1000, 1514, 2000, three to r0 and the flooded one (the
+        // frame of 512 bytes exactly too).
+        assert_eq!(a.port.net.lent_frames.get(), if single_copy { 9 } else { 0 });
+    }
+}

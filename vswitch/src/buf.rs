@@ -19,6 +19,12 @@
 //!
 //! Exhaustion is an `Option::None` to the caller, who counts it; nothing here allocates after
 //! [`Pool::new`] or panics on the packet path.
+//!
+//! A **lent** packet (the single-copy vhost-user path) holds only its first bytes in its head
+//! segment; the rest is still in the buffer a guest transmitted from, which the port lends
+//! for one poll: see [`LentTail`] and [`PoolCache::alloc_lent`]. Pool code never reads a
+//! lent tail except to copy it out ([`Pool::linearize`], [`Pool::read_frame`]); chains,
+//! shared segments and kernel ports see only linearized packets.
 
 use crate::region::{Backing, Region};
 use crossbeam_queue::ArrayQueue;
@@ -35,6 +41,29 @@ pub const MAX_FRAME: usize = 9216;
 const CACHE_MAX: usize = 512;
 const CACHE_BULK: usize = 128;
 const NIL: u32 = u32::MAX;
+/// `next` of a lent packet's head: its frame goes on in guest memory ([`LentTail`]). Never a
+/// chunk index (a pool has at most `4 << 20` chunks), so walks stop at `idx >= LENT`.
+const LENT: u32 = NIL - 1;
+/// Where a lent packet's [`LentTail`] is kept: the last bytes of its head chunk, which its
+/// head (at most [`LENT_HEAD_MAX`] bytes from [`HEADROOM`] on) never reaches.
+const TAIL_AT: usize = BUF_SIZE - std::mem::size_of::<LentTail>();
+/// The most a lent packet's head may hold.
+pub const LENT_HEAD_MAX: usize = 256;
+
+/// The rest of a lent packet's frame: `len` bytes at `ptr`, in a buffer a vhost-user guest
+/// transmitted from and the port has not given back yet.
+///
+/// Invariant (kept by the port that lends, see [`PoolCache::alloc_lent`]): the bytes stay
+/// mapped until the port's `rx_done` for the burst, which the pipeline calls after the
+/// burst's `process` returned — by then every lent packet was sent (copied out), freed or
+/// linearized. The guest may still write them (they are its memory): they are only ever
+/// copied, with `copy_nonoverlapping`, never seen through a Rust reference.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct LentTail {
+    pub ptr: *const u8,
+    pub len: u32,
+}
 
 /// Errors creating a pool.
 #[derive(Debug, thiserror::Error)]
@@ -129,12 +158,49 @@ impl<'a> PoolView<'a> {
     /// As [`Pool::truncate`].
     pub fn truncate(self, b: &mut BufId, len: usize) -> bool {
         let m = self.m(b.0);
+        if m.next.load(Relaxed) == LENT {
+            return self.truncate_lent(b, len);
+        }
         if m.next.load(Relaxed) != NIL || len >= m.len.load(Relaxed) as usize {
             return false;
         }
         m.len.store(len as u16, Relaxed);
         m.pkt_len.store(len as u32, Relaxed);
         true
+    }
+
+    /// [`PoolView::truncate`] of a lent packet: its tail shortens, or goes when `len` ends
+    /// inside the head.
+    #[cold]
+    fn truncate_lent(self, b: &mut BufId, len: usize) -> bool {
+        let m = self.m(b.0);
+        let (head, total) = (m.len.load(Relaxed) as usize, m.pkt_len.load(Relaxed) as usize);
+        if len >= total {
+            return false;
+        }
+        if len <= head {
+            m.len.store(len as u16, Relaxed);
+            m.next.store(NIL, Relaxed);
+        } else {
+            let mut t = self.lent_tail(b.0);
+            t.len = (len - head) as u32;
+            self.set_lent_tail(b.0, t);
+        }
+        m.pkt_len.store(len as u32, Relaxed);
+        true
+    }
+
+    /// The tail descriptor kept in lent head `idx`'s chunk.
+    fn lent_tail(self, idx: u32) -> LentTail {
+        // SAFETY: TAIL_AT + size_of::<LentTail>() == BUF_SIZE: inside the chunk; written by
+        // `set_lent_tail` when the packet was lent (read unaligned: a chunk is only 2 KiB
+        // aligned, which is enough, but the compiler need not know).
+        unsafe { self.chunk(idx).add(TAIL_AT).cast::<LentTail>().read_unaligned() }
+    }
+
+    fn set_lent_tail(self, idx: u32, t: LentTail) {
+        // SAFETY: as in `lent_tail`; the caller owns the chunk.
+        unsafe { self.chunk(idx).add(TAIL_AT).cast::<LentTail>().write_unaligned(t) }
     }
 
     /// As [`Pool::head_and_len`].
@@ -307,10 +373,48 @@ impl Pool {
         self.m(b.0).pkt_len.load(Relaxed) as usize
     }
 
-    /// Whether the packet has more than one segment.
+    /// Whether the packet has more than its head segment (more segments, or a lent tail).
     #[inline(always)]
     pub fn is_chained(&self, b: &BufId) -> bool {
         self.m(b.0).next.load(Relaxed) != NIL
+    }
+
+    /// The guest bytes a lent packet's frame goes on with, `None` for every other packet.
+    #[inline(always)]
+    pub fn lent_tail(&self, b: &BufId) -> Option<LentTail> {
+        (self.m(b.0).next.load(Relaxed) == LENT).then(|| self.view().lent_tail(b.0))
+    }
+
+    /// Copies a lent packet's tail into pool buffers (the head's chunk when it fits, else a
+    /// chain behind it): the packet no longer depends on the guest. `false` when the pool ran
+    /// dry (the packet is unchanged, still lent: the caller drops it). Nothing to do for
+    /// other packets.
+    pub fn linearize(&self, b: &mut BufId, cache: &mut PoolCache) -> bool {
+        let Some(t) = self.lent_tail(b) else { return true };
+        let m = self.m(b.0);
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        let n = t.len as usize;
+        if off + len + n <= BUF_SIZE {
+            // SAFETY: `t` is readable for `n` bytes (the lending invariant, see `LentTail`);
+            // the destination is inside chunk `b`, owned through `&mut BufId`; guest memory
+            // and the pool never overlap.
+            unsafe { std::ptr::copy_nonoverlapping(t.ptr, self.chunk(b.0).add(off + len), n) };
+            m.len.store((len + n) as u16, Relaxed);
+            m.next.store(NIL, Relaxed);
+            return true;
+        }
+        let mut at = 0;
+        // SAFETY: as above; `fill` is called with consecutive pieces that add up to `n`.
+        let Some(rest) = cache.alloc_filled(n, |dst| {
+            unsafe { std::ptr::copy_nonoverlapping(t.ptr.add(at), dst.as_mut_ptr(), dst.len()) };
+            at += dst.len();
+        }) else {
+            return false;
+        };
+        // The head's length already counts the tail; the tail's first segment keeps a
+        // headroom it does not need (harmless).
+        m.next.store(rest.into_index(), Relaxed);
+        true
     }
 
     /// Free bytes in front of the head's data.
@@ -402,21 +506,44 @@ impl Pool {
         if fits { Ok(BufId(idx)) } else { Err(BufId(idx)) }
     }
 
-    /// Iterates over the data of every segment, head first.
+    /// Iterates over the data of every segment, head first. A lent packet must be
+    /// [linearized](Pool::linearize) first (its tail is not in the pool).
     pub fn segments<'a>(&'a self, b: &'a BufId) -> Segments<'a> {
+        debug_assert!(self.lent_tail(b).is_none(), "segments of a lent packet: linearize it first");
         Segments { pool: self, idx: b.0 }
+    }
+
+    /// Calls `f` with the packet's bytes in order, a piece at a time: each segment, then a
+    /// lent tail through a bounce buffer (it is guest memory, only ever copied).
+    pub fn each_piece(&self, b: &BufId, mut f: impl FnMut(&[u8])) {
+        let mut i = b.0;
+        while i < LENT {
+            f(self.seg(i));
+            i = self.m(i).next.load(Relaxed);
+        }
+        if let Some(t) = self.lent_tail(b) {
+            let mut bounce = [0u8; 256];
+            let mut at = 0;
+            while at < t.len as usize {
+                let n = (t.len as usize - at).min(bounce.len());
+                // SAFETY: the lending invariant (see `LentTail`): `at + n <= t.len`.
+                unsafe { std::ptr::copy_nonoverlapping(t.ptr.add(at), bounce.as_mut_ptr(), n) };
+                f(&bounce[..n]);
+                at += n;
+            }
+        }
     }
 
     /// Copies the whole packet into `out` (tests, slow paths).
     pub fn read_frame(&self, b: &BufId, out: &mut Vec<u8>) {
         out.clear();
-        for s in self.segments(b) {
-            out.extend_from_slice(s);
-        }
+        self.each_piece(b, |p| out.extend_from_slice(p));
     }
 
-    /// Makes a head into a read-only shared segment, holding one reference for the caller.
+    /// Makes a head into a read-only shared segment, holding one reference for the caller
+    /// (not a lent one: [linearize](Pool::linearize) it first).
     pub fn into_shared(&self, b: BufId) -> SharedSeg {
+        debug_assert!(self.lent_tail(&b).is_none(), "a lent packet cannot be shared");
         SharedSeg(b.into_index())
     }
 
@@ -451,7 +578,7 @@ impl Chain {
         pool.m(self.tail).next.store(idx, Relaxed);
         let mut tail = idx;
         while let next = pool.m(tail).next.load(Relaxed)
-            && next != NIL
+            && next < LENT
         {
             tail = next;
         }
@@ -471,8 +598,9 @@ impl Pool {
     /// there are at most `out.len()`: how many were written to `out`; otherwise the packet
     /// comes back whole.
     pub fn split(&self, head: BufId, out: &mut [BufId]) -> Result<usize, BufId> {
+        debug_assert!(self.lent_tail(&head).is_none(), "split of a lent packet: linearize it first");
         let (mut n, mut i) = (0, head.0);
-        while i != NIL {
+        while i < LENT {
             if n == out.len() || self.m(i).refcnt.load(Acquire) != 1 {
                 return Err(head);
             }
@@ -501,7 +629,7 @@ pub struct Segments<'a> {
 impl<'a> Iterator for Segments<'a> {
     type Item = &'a [u8];
     fn next(&mut self) -> Option<&'a [u8]> {
-        if self.idx == NIL {
+        if self.idx >= LENT {
             return None;
         }
         let s = self.pool.seg(self.idx);
@@ -514,11 +642,13 @@ impl<'a> Iterator for Segments<'a> {
 pub struct PoolCache {
     pool: Arc<Pool>,
     stack: Vec<u32>,
+    /// Packets were lent this burst ([`PoolCache::alloc_lent`]).
+    lending: bool,
 }
 
 impl PoolCache {
     pub fn new(pool: Arc<Pool>) -> PoolCache {
-        PoolCache { pool, stack: Vec::with_capacity(CACHE_MAX) }
+        PoolCache { pool, stack: Vec::with_capacity(CACHE_MAX), lending: false }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -639,6 +769,45 @@ impl PoolCache {
         Some(head)
     }
 
+    /// A lent packet: a head of `head_len` bytes (at most [`LENT_HEAD_MAX`]) that `fill`
+    /// writes, followed by `tail`, which stays in guest memory. The cache remembers that it
+    /// lent ([`PoolCache::lending`]) until [`PoolCache::end_lending`].
+    ///
+    /// # Safety
+    /// `tail.ptr` must be readable for `tail.len` bytes until the lending port's `rx_done`
+    /// for this burst (see [`LentTail`]); the caller's pipeline calls it once the burst is
+    /// processed, when no lent packet is left.
+    #[inline]
+    pub unsafe fn alloc_lent(&mut self, head_len: usize, fill: impl FnOnce(&mut [u8]), tail: LentTail) -> Option<BufId> {
+        if head_len > LENT_HEAD_MAX || head_len + tail.len as usize > MAX_FRAME {
+            return None;
+        }
+        let b = self.alloc()?;
+        let view = self.pool.view();
+        let m = self.pool.m(b.0);
+        // SAFETY: HEADROOM + head_len <= HEADROOM + LENT_HEAD_MAX < TAIL_AT inside chunk
+        // `b`, which we own and no other handle reaches yet.
+        fill(unsafe { std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), head_len) });
+        m.len.store(head_len as u16, Relaxed);
+        m.pkt_len.store((head_len + tail.len as usize) as u32, Relaxed);
+        m.next.store(LENT, Relaxed);
+        view.set_lent_tail(b.0, tail);
+        self.lending = true;
+        Some(b)
+    }
+
+    /// Whether packets were lent since [`PoolCache::end_lending`].
+    #[inline(always)]
+    pub fn lending(&self) -> bool {
+        self.lending
+    }
+
+    /// The lending port got its buffers back: no lent packet is left.
+    #[inline(always)]
+    pub fn end_lending(&mut self) {
+        self.lending = false;
+    }
+
     /// Builds one packet from several pieces, one segment each (as a port receiving a
     /// descriptor chain would); `None` if a piece is too large or the pool runs dry.
     pub fn alloc_chain(&mut self, pieces: &[&[u8]]) -> Option<BufId> {
@@ -683,7 +852,8 @@ impl PoolCache {
 
     #[inline]
     fn release(&mut self, mut idx: u32) {
-        while idx != NIL {
+        // A lent packet's walk ends at its head: its tail is the guest's.
+        while idx < LENT {
             let m = self.pool.m(idx);
             // The common case (sole owner) needs no atomic read-modify-write.
             if m.refcnt.load(Acquire) != 1 && m.refcnt.fetch_sub(1, AcqRel) != 1 {
@@ -727,6 +897,122 @@ mod test {
 
     fn pool(n: u32) -> Arc<Pool> {
         Pool::new(n, false).unwrap()
+    }
+
+    /// A frame of `len` bytes (each byte its offset, mod 251) lent from `guest`: its first
+    /// `head` bytes copied, the rest left there.
+    fn lend(c: &mut PoolCache, guest: &[u8], head: usize) -> BufId {
+        let tail = LentTail { ptr: guest[head..].as_ptr(), len: (guest.len() - head) as u32 };
+        // SAFETY: `guest` outlives every packet of these tests.
+        unsafe { c.alloc_lent(head, |d| d.copy_from_slice(&guest[..head]), tail) }.unwrap()
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// What may happen to a lent packet in the pipeline, against a model of its bytes.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Prepend(usize),
+        Strip(usize),
+        Truncate(usize),
+        Linearize,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![(1usize..=74).prop_map(Op::Prepend), (1usize..=60).prop_map(Op::Strip), (0usize..9300).prop_map(Op::Truncate), Just(Op::Linearize)]
+    }
+
+    proptest::proptest! {
+        /// Headers prepended and stripped, truncation and linearizing in any order: the
+        /// packet always reads as the model says, its length agrees, and freeing it returns
+        /// every pool buffer (the guest's bytes never counted as the pool's).
+        #[test]
+        fn a_lent_packet_reads_as_its_model_whatever_happens_to_it(len in 129usize..=MAX_FRAME, ops in proptest::collection::vec(op(), 0..8)) {
+            let p = pool(64);
+            let mut c = PoolCache::new(p.clone());
+            let free = p.free_count() + c.stack.len();
+            let guest = pattern(len);
+            let mut model = guest.clone();
+            let mut b = lend(&mut c, &guest, 128);
+            for o in ops {
+                match o {
+                    Op::Prepend(n) => {
+                        if let Some(h) = p.prepend(&mut b, n) {
+                            h[..n].fill(0xee);
+                            model.splice(0..0, std::iter::repeat_n(0xee, n));
+                        }
+                    }
+                    Op::Strip(n) => {
+                        if p.strip(&mut b, n) {
+                            model.drain(..n);
+                        }
+                    }
+                    Op::Truncate(n) => {
+                        if p.truncate(&mut b, n) {
+                            model.truncate(n);
+                        }
+                    }
+                    Op::Linearize => proptest::prop_assert!(p.linearize(&mut b, &mut c)),
+                }
+                let mut out = Vec::new();
+                p.read_frame(&b, &mut out);
+                proptest::prop_assert_eq!(&out, &model);
+                proptest::prop_assert_eq!(p.pkt_len(&b), model.len());
+            }
+            c.free(b);
+            proptest::prop_assert_eq!(p.free_count() + c.stack.len(), free);
+        }
+    }
+
+    /// A lent packet reads as the whole frame; linearized it is an ordinary packet (in its
+    /// head's chunk, or chained for a jumbo frame), truncated it shortens its tail or loses
+    /// it; freeing returns only pool buffers; the cache says it lent until told it ended.
+    #[test]
+    fn lent_packets_read_linearize_truncate_and_free_whole() {
+        let p = pool(64);
+        let mut c = PoolCache::new(p.clone());
+        let free = p.free_count() + c.stack.len();
+        for len in [600, 1514, 9000] {
+            let guest = pattern(len);
+            let mut b = lend(&mut c, &guest, 128);
+            assert!(c.lending());
+            assert_eq!((p.pkt_len(&b), p.head(&b).len(), p.is_chained(&b)), (len, 128, true));
+            assert_eq!(p.lent_tail(&b).map(|t| t.len as usize), Some(len - 128));
+            let mut out = Vec::new();
+            p.read_frame(&b, &mut out);
+            assert_eq!(out, guest, "{len}: head and tail in order");
+            let mut pieces = Vec::new();
+            p.each_piece(&b, |x| pieces.extend_from_slice(x));
+            assert_eq!(pieces, guest);
+            assert!(p.linearize(&mut b, &mut c));
+            assert!(p.lent_tail(&b).is_none());
+            assert_eq!(p.is_chained(&b), len > BUF_SIZE - HEADROOM, "{len}: in the head's chunk when it fits");
+            let got: Vec<u8> = p.segments(&b).flatten().copied().collect();
+            assert_eq!((got, p.pkt_len(&b)), (guest.clone(), len));
+            c.free(b);
+        }
+        let guest = pattern(1000);
+        let mut b = lend(&mut c, &guest, 128);
+        assert!(p.truncate(&mut b, 900), "inside the tail");
+        let mut out = Vec::new();
+        p.read_frame(&b, &mut out);
+        assert_eq!((out.as_slice(), p.lent_tail(&b).map(|t| t.len)), (&guest[..900], Some(772)));
+        assert!(p.truncate(&mut b, 100), "inside the head: the tail goes");
+        assert!(p.lent_tail(&b).is_none() && !p.is_chained(&b));
+        assert_eq!(p.head(&b), &guest[..100]);
+        assert!(!p.truncate(&mut b, 100), "not shorter");
+        c.free(b);
+        let b = lend(&mut c, &guest, 128);
+        c.free(b); // only its head is the pool's
+        c.end_lending();
+        assert!(!c.lending());
+        assert_eq!(p.free_count() + c.stack.len(), free, "every buffer back");
+        let too_long = LentTail { ptr: guest.as_ptr(), len: MAX_FRAME as u32 };
+        // SAFETY: refused before anything is read.
+        assert!(unsafe { c.alloc_lent(128, |_| (), too_long) }.is_none(), "longer than the largest frame");
     }
 
     /// Pieces chained as a port receives them make one packet; split, each piece is a lone

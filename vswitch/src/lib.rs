@@ -34,7 +34,7 @@ pub mod pmd;
 pub mod switch;
 
 pub use batch::{BATCH, Batch};
-pub use buf::{BufId, Pool, PoolCache};
+pub use buf::{BufId, LentTail, Pool, PoolCache};
 pub use config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 pub use counters::{DropReason, Event};
 pub use pmd::{IdlePolicy, PmdConfig, PmdSet};

@@ -198,6 +198,12 @@ impl Pipeline {
         if n > 0 {
             self.process(snap, port, batch);
         }
+        if self.cache.lending() {
+            // Every lent packet was sent, freed or linearized by `process`: the guest gets
+            // its buffers back.
+            self.cache.end_lending();
+            pe.port.rx_done(queue);
+        }
         n
     }
 
@@ -882,7 +888,11 @@ impl Pipeline {
     /// Leaves an (untagged, not yet encapsulated) frame waiting for its peer's next hop, or
     /// drops it when too many wait.
     #[cold]
-    fn park(&mut self, vtep: &VtepEntry, b: BufId, peer: u16, vni: u32) {
+    fn park(&mut self, vtep: &VtepEntry, mut b: BufId, peer: u16, vni: u32) {
+        // It waits beyond this burst: nothing of it may stay in a guest's buffer.
+        if !self.pool.linearize(&mut b, &mut self.cache) {
+            return self.discard(b, DropReason::NoBuffer, vtep.underlay_port);
+        }
         if let Err(w) = self.parked.park(Waiting { b, peer, vni, since: self.now }) {
             self.discard(w.b, DropReason::NeighborQueueFull, vtep.underlay_port);
         }
@@ -1124,7 +1134,11 @@ impl Pipeline {
     /// one (split horizon). Every egress but the last gets a copy (small frames) or a private
     /// header segment over the shared payload (large ones); the last gets the original.
     #[inline(never)]
-    fn flood(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, b: BufId, c: &Ctx) {
+    fn flood(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
+        // Copies share the payload: it must be in the pool.
+        if !self.pool.linearize(&mut b, &mut self.cache) {
+            return self.discard(b, DropReason::NoBuffer, in_port);
+        }
         let from_peer = c.from_peer != NO_PEER;
         let ingress_member = !from_peer && bd.ports.iter().any(|(p, _)| *p == in_port);
         let peers: &[u16] = if from_peer { &[] } else { &bd.peers };
@@ -1285,6 +1299,9 @@ impl Pipeline {
             let pc = self.stats.port(p);
             match snap.port(p) {
                 Some(pe) if pe.port.link_up() => {
+                    if self.cache.lending() && !pe.port.takes_lent() {
+                        Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
+                    }
                     let bytes: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
                     let n = batch.len();
                     let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
@@ -1307,6 +1324,25 @@ impl Pipeline {
                 }
             }
         }
+    }
+}
+
+impl Pipeline {
+    /// Copies the lent tails of a tx batch for a port that may keep its buffers beyond the
+    /// burst (kernel ports, rings); a packet that finds no buffer is dropped.
+    #[cold]
+    #[inline(never)]
+    fn linearize_all(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, port: u16, batch: &mut Batch) {
+        let mut kept = Batch::new();
+        for mut b in batch.drain() {
+            if pool.linearize(&mut b, cache) {
+                let _ = kept.push(b).map_err(|b| cache.free(b)); // never fuller than `batch` was
+            } else {
+                stats.count_drop(DropReason::NoBuffer, port);
+                cache.free(b);
+            }
+        }
+        std::mem::swap(batch, &mut kept);
     }
 }
 

@@ -558,11 +558,11 @@ fn udp6_checksum(pool: &Pool, b: &BufId, base: u64, l4: usize, udp_len: u16) -> 
     let mut odd = false;
     let mut sum = base + udp_len as u64;
     let mut first = true;
-    for seg in pool.segments(b) {
-        let data = if first { &seg[l4..] } else { seg };
+    pool.each_piece(b, |seg| {
+        let data = if first { seg.get(l4..).unwrap_or_default() } else { seg };
         first = false;
         sum = checksum::accumulate(sum, data, &mut odd);
-    }
+    });
     match !checksum::fold(sum) {
         0 => 0xffff,
         c => c,
@@ -578,14 +578,11 @@ const HASHED: usize = 14 + 24;
 fn gathered_flow_hash(pool: &Pool, b: &BufId) -> u32 {
     let mut buf = [0u8; HASHED];
     let mut n = 0;
-    for seg in pool.segments(b) {
+    pool.each_piece(b, |seg| {
         let take = seg.len().min(HASHED - n);
         buf[n..n + take].copy_from_slice(&seg[..take]);
         n += take;
-        if n == HASHED {
-            break;
-        }
-    }
+    });
     flow_hash(&buf[..n])
 }
 

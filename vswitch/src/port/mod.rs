@@ -106,6 +106,19 @@ pub trait Port: Send + Sync {
     /// packets the queue could not take stay in it, in order, for the caller to count and free.
     fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
 
+    /// The burst last received on rx queue `q` is processed: a port that lent packets
+    /// (`PoolCache::alloc_lent`: frames left in a guest's buffers) gives those buffers back.
+    /// Called by the pipeline when the cache says it lent, after the burst's packets were
+    /// sent, freed or linearized.
+    fn rx_done(&self, _q: u16) {}
+
+    /// Whether `tx_burst` copies a lent packet's tail out of the guest itself (before it
+    /// returns); the pipeline [linearizes](crate::Pool::linearize) lent packets for every
+    /// other port, which may keep a buffer beyond the burst.
+    fn takes_lent(&self) -> bool {
+        false
+    }
+
     /// Whether the link is up (a vhost-user frontend connected, a netdev running...). Read
     /// on the fast path: an atomic load, never a syscall.
     fn link_up(&self) -> bool {

@@ -36,6 +36,7 @@ fn main() -> Result<()> {
         None => state::NodeState::default(),
     };
     let start = settings::converge(persisted, &s.objects);
+    knitter_vhost::port::set_single_copy_default(s.vhost.single_copy);
     let opts = node::NodeOptions {
         pmd: s.pmd.clone(),
         buffers: s.pool.buffers,

@@ -96,6 +96,21 @@ impl Default for PoolSection {
     }
 }
 
+/// vhost-user ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VhostSection {
+    /// Frames of 512 bytes or more from a guest cross to another guest with one copy (their
+    /// headers copied into the switch first); `false`: two copies, through the pool.
+    pub single_copy: bool,
+}
+
+impl Default for VhostSection {
+    fn default() -> Self {
+        VhostSection { single_copy: true }
+    }
+}
+
 /// The forwarding tables' sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -167,6 +182,8 @@ pub struct FileConfig {
     pub pool: PoolSection,
     #[serde(default)]
     pub tables: TablesSection,
+    #[serde(default)]
+    pub vhost: VhostSection,
     #[serde(default)]
     pub metrics: MetricsSection,
     #[serde(default)]
@@ -279,6 +296,7 @@ pub struct Settings {
     pub pmd: PmdConfig,
     pub pool: PoolSection,
     pub tables: TablesSection,
+    pub vhost: VhostSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
     pub manager: Option<crate::sync::ManagerLink>,
@@ -384,6 +402,7 @@ impl Settings {
             pmd: PmdConfig { threads: pmd.threads, cores: pmd.cores, idle: pmd.idle },
             pool,
             tables,
+            vhost: file.vhost,
             state_file,
             objects,
         })
@@ -491,14 +510,16 @@ mod tests {
     fn the_tables_are_sized_by_the_file_and_the_command_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.toml");
-        std::fs::write(&path, "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\n").unwrap();
+        std::fs::write(&path, "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\n[vhost]\nsingle_copy = false\n").unwrap();
         let p = path.to_str().unwrap();
         let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"])).unwrap();
         assert_eq!(s.tables, TablesSection { fdb_entries: 1 << 20, emc_entries: 1 << 19 });
+        assert!(!s.vhost.single_copy, "two copies, as the file says");
         let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state", "--emc-entries", "0"])).unwrap();
         assert_eq!(s.tables.emc_entries, 0, "the cache off");
         let d = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", "/dev/null", "--no-state"])).unwrap();
         assert_eq!(d.tables, TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 18 }, "the defaults");
+        assert!(d.vhost.single_copy, "one copy by default");
         let e = format!("{:#}", Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--fdb-entries", "33554432"])).unwrap_err());
         assert!(e.contains("fdb_entries 33554432 is outside 16..16777216"), "{e}");
     }
