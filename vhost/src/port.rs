@@ -542,8 +542,8 @@ impl Port for VhostPort {
         let lend = self.single_copy.load(Ordering::Relaxed);
         let mut lent_frames = 0;
         for f in &flats[..n] {
-            let r = if lend && f.len() >= net::HDR_LEN + net::LEND_MIN {
-                lent_frames += 1;
+            let lends = lend && f.len() >= net::HDR_LEN + net::LEND_MIN;
+            let r = if lends {
                 // SAFETY: the burst's descriptors are kept (`pair.lent`, with the memory
                 // table) until `rx_done`, which the pipeline calls once it processed them.
                 unsafe { net::lend_from_buffer(f.buffer(), cache, pair.offloads) }
@@ -552,6 +552,7 @@ impl Port for VhostPort {
             };
             match r {
                 Ok(b) => {
+                    lent_frames += lends as u64;
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
                 }
@@ -626,15 +627,15 @@ impl Port for VhostPort {
         }
         let mut chain = Chain::default();
         let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
-        if cache.lending() {
-            // The general path reads a packet by its pool segments.
-            for b in &mut batch.as_mut_slice()[n..] {
-                if !self.pool.linearize(b, cache) {
-                    break; // the pool ran dry: the rest stays lent and is not sent below
-                }
-            }
+        // The general path reads a packet by its pool segments: a lent one is copied into the
+        // pool first; from one that finds no buffer on, the rest stay (unsent, dropped).
+        let mut end = batch.len();
+        if cache.lending()
+            && let Some(i) = batch.as_mut_slice()[n..].iter_mut().position(|b| !self.pool.linearize(b, cache))
+        {
+            end = n + i;
         }
-        'packets: for b in &batch.as_slice()[n..] {
+        'packets: for b in &batch.as_slice()[n..end] {
             // A malformed chain is returned empty and the same frame tries the next one.
             let outcome = loop {
                 let o = if pair.mrg_rxbuf {
@@ -702,11 +703,13 @@ impl Port for VhostPort {
         // thread transmitting on the pair holds the lock for a moment).
         let mut guard = self.pairs[p].lock().unwrap_or_else(|e| e.into_inner());
         let pair = &mut *guard;
-        let lent = std::mem::take(&mut pair.lent.memory);
+        // The memory table the tails were read from; the burst is sent, so it may go now
+        // (a new table since — SET_MEM_TABLE while the rings run — maps the same rings).
+        let _lent_from = std::mem::take(&mut pair.lent.memory);
         let n = std::mem::take(&mut pair.lent.n);
-        let (Some(lent), Some(mem), Some(queue)) = (lent, pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return };
         // A ring set up again meanwhile (the frontend restarted it) has other descriptors.
-        if queue.id() != pair.lent.queue || !Arc::ptr_eq(&lent, mem) {
+        if n == 0 || queue.id() != pair.lent.queue {
             return;
         }
         let Ok(mut ring) = queue.ring(mem) else { return };
