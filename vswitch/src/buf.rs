@@ -158,9 +158,6 @@ impl<'a> PoolView<'a> {
     /// As [`Pool::truncate`].
     pub fn truncate(self, b: &mut BufId, len: usize) -> bool {
         let m = self.m(b.0);
-        if m.next.load(Relaxed) == LENT {
-            return self.truncate_lent(b, len);
-        }
         if m.next.load(Relaxed) != NIL || len >= m.len.load(Relaxed) as usize {
             return false;
         }
@@ -172,6 +169,7 @@ impl<'a> PoolView<'a> {
     /// [`PoolView::truncate`] of a lent packet: its tail shortens, or goes when `len` ends
     /// inside the head.
     #[cold]
+    #[inline(never)]
     fn truncate_lent(self, b: &mut BufId, len: usize) -> bool {
         let m = self.m(b.0);
         let (head, total) = (m.len.load(Relaxed) as usize, m.pkt_len.load(Relaxed) as usize);
@@ -404,8 +402,9 @@ impl Pool {
             return true;
         }
         let mut at = 0;
-        // SAFETY: as above; `fill` is called with consecutive pieces that add up to `n`.
         let Some(rest) = cache.alloc_filled(n, |dst| {
+            // SAFETY: as above; `fill` is called with consecutive pieces that add up to `n`,
+            // so `at + dst.len() <= n`.
             unsafe { std::ptr::copy_nonoverlapping(t.ptr.add(at), dst.as_mut_ptr(), dst.len()) };
             at += dst.len();
         }) else {
@@ -457,9 +456,14 @@ impl Pool {
         self.view().strip(b, n)
     }
 
-    /// Shortens a single-segment packet to `len` bytes (drops trailing padding); false for
-    /// chained packets or when `len` is not shorter.
+    /// Shortens a single-segment packet to `len` bytes (drops trailing padding), or a lent
+    /// one (its tail shortens or goes); false for chained packets or when `len` is not
+    /// shorter. ([`PoolView::truncate`], on the decapsulation path, leaves lent packets
+    /// as chained ones: whole.)
     pub fn truncate(&self, b: &mut BufId, len: usize) -> bool {
+        if self.m(b.0).next.load(Relaxed) == LENT {
+            return self.view().truncate_lent(b, len);
+        }
         self.view().truncate(b, len)
     }
 

@@ -12,8 +12,20 @@ use crate::wire::{arp, ethernet::ethertype, icmpv6, ipv6};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Checks a frame's sources; `l2` is the length of its Ethernet header (with tag).
-#[inline]
+#[inline(always)]
 pub fn check(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Result<(), DropReason> {
+    if let Some((own_mac, own_ip)) = sec.one_v4
+        && ethertype == ethertype::IPV4
+        && let (Some(src_mac), Some(l3)) = (frame.get(6..12), frame.get(l2..))
+    {
+        return check_one_v4(own_mac, own_ip, mac_u64(src_mac), l3);
+    }
+    check_general(sec, frame, l2, ethertype)
+}
+
+/// [`check`] for every other configuration and frame.
+#[inline(never)]
+fn check_general(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Result<(), DropReason> {
     let mac = mac_u64(&frame[6..12]);
     if !sec.mac_allowed(mac) {
         return Err(DropReason::SecurityMac);
@@ -50,6 +62,18 @@ pub fn check(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Result<
     }
 }
 
+/// [`check`] of an IPv4 frame from a port allowing one MAC and one IPv4 address: the same
+/// verdicts as the general path for that configuration.
+#[inline(always)]
+fn check_one_v4(own_mac: u64, own_ip: u32, mac: u64, l3: &[u8]) -> Result<(), DropReason> {
+    if mac != own_mac {
+        return Err(DropReason::SecurityMac);
+    }
+    let Some(h) = l3.first_chunk::<20>().filter(|h| h[0] >> 4 == 4) else { return Err(DropReason::SecurityIp) };
+    let src = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+    if src == own_ip || src == 0 { Ok(()) } else { Err(DropReason::SecurityIp) }
+}
+
 fn nd_guard(sec: &Security, mac: u64, icmp: &[u8]) -> Result<(), DropReason> {
     let Some(&t) = icmp.first() else { return Ok(()) };
     if t != icmpv6::TYPE_NS && t != icmpv6::TYPE_NA {
@@ -75,4 +99,46 @@ fn is_link_local(a: &Ipv6Addr) -> bool {
 #[inline(always)]
 pub(crate) fn mac_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An IPv4 frame from `mac`, `ip`, `len` bytes long, IP version `version`.
+    fn v4(mac: [u8; 6], ip: [u8; 4], version: u8, len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; len.max(14)];
+        f[6..12].copy_from_slice(&mac);
+        f[12..14].copy_from_slice(&ethertype::IPV4.to_be_bytes());
+        if len >= 34 {
+            f[14] = version << 4 | 5;
+            f[26..30].copy_from_slice(&ip);
+        }
+        f
+    }
+
+    /// The one-MAC-one-IPv4 shortcut gives the general path's verdict on every frame.
+    #[test]
+    fn a_pods_shortcut_agrees_with_the_general_check() {
+        let (mac, ip) = ([2, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
+        let fast = Security::new(vec![mac_u64(&mac)], vec![IpAddr::V4(ip.into())], vec![]);
+        assert_eq!(fast.one_v4, Some((mac_u64(&mac), u32::from_be_bytes(ip))));
+        let slow = Security { one_v4: None, ..Security::new(fast.macs.clone(), fast.ips.clone(), vec![]) };
+        let frames = [
+            v4(mac, ip, 4, 60),
+            v4(mac, [0, 0, 0, 0], 4, 60),
+            v4(mac, [10, 0, 0, 2], 4, 60),
+            v4([2, 0, 0, 0, 0, 9], ip, 4, 60),
+            v4(mac, ip, 6, 60),
+            v4(mac, ip, 4, 20),
+        ];
+        let verdicts: Vec<_> = frames.iter().map(|f| check(&fast, f, 14, ethertype::IPV4)).collect();
+        assert_eq!(verdicts, frames.iter().map(|f| check(&slow, f, 14, ethertype::IPV4)).collect::<Vec<_>>());
+        assert_eq!(
+            verdicts,
+            vec![Ok(()), Ok(()), Err(DropReason::SecurityIp), Err(DropReason::SecurityMac), Err(DropReason::SecurityIp), Err(DropReason::SecurityIp)]
+        );
+        let pairs = Security::new(fast.macs.clone(), fast.ips.clone(), vec![(mac_u64(&[0, 0, 0x5e, 0, 1, 1]), None)]);
+        assert_eq!(pairs.one_v4, None, "allowed-address pairs take the general path");
+    }
 }

@@ -123,9 +123,20 @@ pub struct Security {
     pub ips: Vec<IpAddr>,
     /// (MAC, IP or any).
     pub pairs: Vec<(u64, Option<IpAddr>)>,
+    /// The shape the CNI gives a pod — one MAC, one IPv4 address, no pairs — as (MAC,
+    /// address): checked with two compares instead of walking the lists.
+    pub one_v4: Option<(u64, u32)>,
 }
 
 impl Security {
+    pub fn new(macs: Vec<u64>, ips: Vec<IpAddr>, pairs: Vec<(u64, Option<IpAddr>)>) -> Security {
+        let one_v4 = match (macs.as_slice(), ips.as_slice(), pairs.is_empty()) {
+            ([mac], [IpAddr::V4(ip)], true) => Some((*mac, u32::from(*ip))),
+            _ => None,
+        };
+        Security { macs, ips, pairs, one_v4 }
+    }
+
     #[inline]
     pub fn mac_allowed(&self, mac: u64) -> bool {
         self.macs.contains(&mac) || self.pairs.iter().any(|(m, _)| *m == mac)
@@ -394,11 +405,11 @@ impl Snapshot {
                     if sec.macs.is_empty() || sec.macs.iter().any(MacAddr::is_group) {
                         return Err(ConfigError::BadSecurity { port: p.name.clone() });
                     }
-                    Some(Security {
-                        macs: sec.macs.iter().map(|m| m.to_u64()).collect(),
-                        ips: sec.ips.clone(),
-                        pairs: sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
-                    })
+                    Some(Security::new(
+                        sec.macs.iter().map(|m| m.to_u64()).collect(),
+                        sec.ips.clone(),
+                        sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
+                    ))
                 }
                 _ => None,
             };
