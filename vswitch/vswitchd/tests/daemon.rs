@@ -13,6 +13,9 @@ use tonic::Code;
 use tonic::transport::Channel;
 use vswitch::testkit::vnf::ListeningVnf;
 
+#[path = "../../../vhost/tests/common/frontend.rs"]
+mod frontend;
+
 struct Daemon {
     child: Child,
     socket: PathBuf,
@@ -833,4 +836,74 @@ async fn two_hundred_pod_ports_fit_and_every_one_receives() {
     let rss_mib = rss_kib(d.child.id()) >> 10;
     assert!(rss_mib as usize <= limit_mib, "RSS {rss_mib} MiB after traffic, over {limit_mib} MiB");
     eprintln!("{PODS} pod ports: RSS {rss_mib} MiB (limit {limit_mib}); added in {opened:.1?}, a frame through each in {:.1?}", t0.elapsed() - opened);
+}
+
+/// A frontend whose driver breaks its transmit ring (500 chains made available in a queue of
+/// 64), against the daemon as users run it: `Show` names the stopped ring (`ring_error`,
+/// `vhost_errors`), the event stream says `port_error` once, the metrics count the broken
+/// ring and read the port down; the daemon and the port beside it go on, and a reconnected
+/// frontend clears the error.
+#[tokio::test]
+async fn a_rogue_frontend_breaks_only_its_port_and_every_view_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let d = Daemon::start(dir.path(), &["--no-state", "--metrics-listen", &addr]).await;
+    let mut c = d.client();
+    let mut events = c.events(pb::EventsRequest {}).await.unwrap().into_inner();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    for name in ["vnf0", "vnf1"] {
+        add_port(&mut c, vhost_port(dir.path(), name, "red")).await.unwrap();
+    }
+    let sock = dir.path().join("vnf0.sock");
+    let status = |v: &pb::NodeView| v.status.iter().find(|s| s.name == "vnf0").cloned().unwrap();
+    let connected = |c: &mut NodeClient<Channel>| {
+        let mut c = c.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+                if v.status.iter().any(|s| s.name == "vnf0" && s.vhost_connected == Some(true)) {
+                    return v;
+                }
+                assert!(Instant::now() < deadline, "vnf0 never connected");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let rogue = frontend::frontend(&sock);
+    let v = connected(&mut c).await;
+    assert_eq!(status(&v).ring_error, "", "a well-behaved start");
+
+    rogue.tx.write(rogue.tx.avail + 2, &500u16.to_le_bytes());
+    rogue.events[3].write(1).unwrap(); // the transmit ring's kick, for a PMD thread asleep
+    let e = next_event(&mut events, "port_error", "vnf0").await;
+    assert!(e.detail.contains("more than a queue's worth"), "{e:?}");
+    let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    let st = status(&v);
+    assert_eq!(st.ring_error, "virtqueue 1: the guest made more than a queue's worth of chains available");
+    assert_eq!(st.vhost_errors.map(|e| e.broken_rings), Some(1));
+    let other = v.status.iter().find(|s| s.name == "vnf1").unwrap();
+    assert_eq!(other.ring_error, "", "the port beside it is untouched");
+    // knitterctl, built beside the daemon by a workspace build (as CI's).
+    let ctl = Path::new(env!("CARGO_BIN_EXE_knitter-vswitchd")).with_file_name("knitterctl");
+    if ctl.exists() {
+        let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["port", "list"]).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        let row = out.lines().find(|l| l.starts_with("vnf0")).unwrap_or_else(|| panic!("{out}"));
+        assert!(row.contains("error: virtqueue 1"), "{row}");
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "{} is not built (cargo build --workspace)", ctl.display());
+    }
+    let a = addr.clone();
+    let body = tokio::task::spawn_blocking(move || scrape(&a)).await.unwrap();
+    for line in ["knitter_vhost_user_broken_rings_total{port=\"vnf0\"} 1", "knitter_port_up{port=\"vnf0\"} 0", "knitter_vhost_user_broken_rings_total{port=\"vnf1\"} 0"] {
+        assert!(body.contains(line), "no {line:?} in:\n{body}");
+    }
+
+    // The frontend reconnects: its rings start afresh, the error goes.
+    drop(rogue);
+    let again = frontend::frontend(&sock);
+    let v = connected(&mut c).await;
+    assert_eq!(status(&v).ring_error, "", "cleared by the new connection");
+    drop(again);
 }
