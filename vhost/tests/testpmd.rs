@@ -57,9 +57,13 @@ fn testpmd_with_two_queue_pairs() {
 #[test]
 fn testpmd_large_frames_cross_with_one_copy() {
     for opts in ["", ",in_order=0"] {
-        let lent = testpmd_loop_sized(opts, 1, 1500);
+        let lent = testpmd_loop_sized(opts, 1, 1500, 1);
         assert!(lent > 10_000, "{opts}: frames took the single-copy path: {lent}");
     }
+    // Two PMD threads, two queue pairs: a thread gives a burst's descriptors back while the
+    // other transmits into the same port (both take the pair's lock).
+    let lent = testpmd_loop_sized("", 2, 1500, 2);
+    assert!(lent > 10_000, "two threads: frames took the single-copy path: {lent}");
 }
 
 /// A switch with two vhost-user ports (server mode) in one bridge domain and one PMD thread.
@@ -75,6 +79,11 @@ struct Rig {
 impl Rig {
     /// `None` when testpmd is not installed (outside CI).
     fn new(tag: &str) -> Option<Rig> {
+        Rig::with_threads(tag, 1)
+    }
+
+    /// [`Rig::new`] with `threads` PMD threads.
+    fn with_threads(tag: &str, threads: usize) -> Option<Rig> {
         if !testkit::peer_available(testkit::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
             return None;
         }
@@ -92,7 +101,7 @@ impl Rig {
         switch
             .apply(testkit::one_bridge(&["vu0", "vu1"]))
             .unwrap();
-        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
+        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads, ..PmdConfig::default() }).unwrap();
         Some(Rig { dir, pool, switch, ports, servers, pmd: Some(pmd) })
     }
 
@@ -212,13 +221,13 @@ impl Drop for Testpmd {
 
 /// testpmd with `virtio_user` options `opts` (after the path) and `queues` queue pairs.
 fn testpmd_loop(opts: &str, queues: usize) {
-    testpmd_loop_sized(opts, queues, 64);
+    testpmd_loop_sized(opts, queues, 64, 1);
 }
 
-/// [`testpmd_loop`] with frames of `len` bytes; returns how many frames the switch lent
-/// (took the single-copy path).
-fn testpmd_loop_sized(opts: &str, queues: usize, len: usize) -> u64 {
-    let Some(mut rig) = Rig::new(&format!("{queues}{}-{len}", opts.len())) else { return u64::MAX };
+/// [`testpmd_loop`] with frames of `len` bytes and `threads` PMD threads; returns how many
+/// frames the switch lent (took the single-copy path).
+fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> u64 {
+    let Some(mut rig) = Rig::with_threads(&format!("{queues}{}-{len}-{threads}", opts.len()), threads) else { return u64::MAX };
     let mut tp = rig.testpmd(opts, queues, &format!("knitter{}-{queues}-{len}", std::process::id()));
     let mut stdin = tp.stdin();
     // Connected and both links up before traffic.
