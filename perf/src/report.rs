@@ -84,10 +84,23 @@ fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
     o
 }
 
+/// What the `baseline` switch ran, when it ran: another build, or this one with settings.
+fn baseline_line(switches: &[crate::switches::Kind], binary: Option<&std::path::Path>, toml: Option<&str>) -> String {
+    if !switches.contains(&crate::switches::Kind::Baseline) {
+        return String::new();
+    }
+    let bin = binary.map(|b| b.display().to_string()).unwrap_or_else(|| "—".into());
+    match toml {
+        Some(t) => format!("The `baseline` switch: {bin} with `{t}` at the top of its config file.\n\n"),
+        None => format!("The `baseline` switch: {bin}.\n\n"),
+    }
+}
+
 pub fn markdown(r: &Results) -> String {
     let c = &r.config;
     let mut o = String::new();
     let _ = writeln!(o, "# knitter-perf: {}, maximum receive rate\n", c.scenario.describe());
+    o += &baseline_line(&c.switches, c.baseline.as_deref(), c.baseline_toml.as_deref());
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
@@ -223,6 +236,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     let mut o = String::new();
     let what = c.scenario.describe();
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
+    o += &baseline_line(&c.switches, c.baseline.as_deref(), c.baseline_toml.as_deref());
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
