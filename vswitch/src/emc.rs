@@ -137,7 +137,9 @@ impl Hit {
 
 /// The key of one frame. `k0` is the destination MAC (and, after decapsulation, the bridge
 /// domain), `k1` the source MAC and EtherType as they lie in the frame, `k2` the ingress and
-/// the two bytes after the EtherType.
+/// the two bytes after the EtherType, in its low 48 bits (the top 16 hold an entry's epoch).
+/// A port with port security has keys of its own layout (see [`Key::from_secured_port`]);
+/// they never meet other keys, whose ingress differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Key {
     k0: u64,
@@ -152,6 +154,10 @@ pub const KEY_BYTES: usize = 18;
 pub const SECURED_KEY_BYTES: usize = 34;
 /// Ingress ids at or above this are remote VTEPs (peer id added), not ports.
 const FROM_PEER: u64 = 0x8000;
+/// Where an entry's epoch sits in its third key word (16 bits: a key's own bits end at 48).
+const EPOCH_SHIFT: u32 = 48;
+/// Epochs are counted modulo this; when the count comes round, every entry is forgotten.
+const EPOCHS: u32 = 1 << (64 - EPOCH_SHIFT);
 
 impl Key {
     /// The key of a frame received on local port `port`; `None` when the head is too short.
@@ -160,25 +166,32 @@ impl Key {
         Self::new(port as u64, 0, h)
     }
 
-    /// The key of a frame received on local port `port` that has port security: only an
-    /// untagged IPv4 frame of at least an IPv4 header gets one, and it holds, besides the
-    /// MACs and the EtherType, every other byte the security check reads — the IP version
-    /// and the source address (in place of the two bytes after the EtherType, which decide
-    /// nothing for an untagged frame, and in `k0`'s low bits, which only decapsulated frames'
-    /// bridge domains use). A hit therefore means the check would pass again: a spoofed
-    /// source address has another key. ARP, IPv6 (ND guard, 16-byte sources) and tagged
-    /// frames from such a port get none and always take the slow path.
+    /// The key under which the decision for a frame received on local port `port`, which
+    /// has port security, is filled: only an untagged IPv4 frame of at least an IPv4 header
+    /// gets one, and it holds every byte the security check reads — the source MAC, the
+    /// EtherType, the IP version (bytes 0..16 of the frame, in `k0` and `k1`) and
+    /// the source address (`k2`, beside the port). A hit therefore means the check would
+    /// pass again: a spoofed source address has another key. ARP, IPv6 (ND guard, 16-byte
+    /// sources) and tagged frames from such a port get none and always take the slow path.
     #[inline(always)]
     pub fn from_secured_port(port: u16, h: &[u8]) -> Option<Key> {
+        let k = Self::lookup_from_secured_port(port, h)?;
+        // The EtherType (0x0800, big-endian) and the IP version (4), as they lie in `k1`.
+        (k.k1 >> 32 & 0xf0_ffff == 0x40_0008).then_some(k)
+    }
+
+    /// [`Key::from_secured_port`] for a lookup, without its check: the same key for a frame
+    /// that has one, and for any other frame (an ARP or a tagged frame, another IP version)
+    /// a key that no entry holds, since the bytes that tell them apart are part of the key.
+    /// `None` only when the head is too short.
+    #[inline(always)]
+    pub fn lookup_from_secured_port(port: u16, h: &[u8]) -> Option<Key> {
         let h = h.first_chunk::<SECURED_KEY_BYTES>()?;
-        if h[12..14] != [0x08, 0x00] || h[14] >> 4 != 4 {
-            return None;
-        }
         let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
         let src_ip = u32::from_le_bytes([h[26], h[27], h[28], h[29]]) as u64;
-        let k0 = w(0) << 16 | (src_ip & 0xffff);
-        let k2 = port as u64 | (src_ip >> 16) << 16;
-        Some(Key { k0, k1: w(6), k2 })
+        // Rotated so the destination's last bytes, which tell a pod's flows apart, sit where
+        // other keys have them, the top (see `Key::bucket`).
+        Some(Key { k0: w(0).rotate_left(16), k1: w(8), k2: port as u64 | src_ip << 16 })
     }
 
     /// The key of an inner frame decapsulated from `peer` into bridge domain `bd`.
@@ -202,7 +215,7 @@ impl Key {
     /// The third key word as entries of `epoch` hold it.
     #[inline(always)]
     fn with_epoch(&self, epoch: u32) -> u64 {
-        self.k2 | (epoch as u64) << 32
+        self.k2 | (epoch as u64) << EPOCH_SHIFT
     }
 
     /// The EtherType (or TPID) of the frame.
@@ -221,7 +234,8 @@ impl Key {
     #[inline(always)]
     fn bucket(&self, mask: u32, shift: u32) -> usize {
         // k2's ingress and tag bits lie under k0's zeroed low bits and the destination's
-        // lowest bytes: a plain XOR keeps them. Fibonacci hashing: the set is the product's
+        // lowest bytes (or, for a port with port security, the source address's under the
+        // EtherType and the destination's first bytes): a plain XOR keeps them. Fibonacci hashing: the set is the product's
         // *top* bits, the only ones every bit of the key reaches (a product's bit i depends
         // on the factor's bits up to i; bits 32 and up, taken before, never saw the key's
         // bits 48..63 — the destination MAC's last two bytes, all that tells apart the
@@ -238,7 +252,7 @@ impl Key {
 struct Entry {
     k0: u64,
     k1: u64,
-    /// `Key::k2` with the epoch in the top 32 bits (epoch 0: empty).
+    /// `Key::k2` with the epoch in the top 16 bits (epoch 0: empty).
     k2: u64,
     hit: u64,
 }
@@ -364,9 +378,10 @@ impl Emc {
     fn next_epoch(&mut self) {
         // Every entry is stale: the cache has room again.
         (self.window, self.sparse) = ((0, 0), false);
-        self.epoch = self.epoch.wrapping_add(1);
+        self.epoch = (self.epoch + 1) % EPOCHS;
         if self.epoch == 0 {
-            // After 2^32 epochs an old entry's epoch could come round again: forget them all.
+            // After 2^16 epochs (a new one each second, and on each FDB or configuration
+            // change) an old entry's epoch could come round again: forget them all.
             self.sets.fill([Entry::default(); 2]); // no allocation on a PMD thread
             self.epoch = 1;
         }
@@ -421,7 +436,7 @@ impl Emc {
         let k2 = k.with_epoch(epoch);
         let set = &mut self.sets[k.bucket(self.mask, self.shift)];
         let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
-        let current = |x: &Entry| (x.k2 >> 32) as u32 == epoch;
+        let current = |x: &Entry| (x.k2 >> EPOCH_SHIFT) as u32 == epoch;
         self.fills = self.fills.wrapping_add(1);
         let mut evicted = false;
         if set[0].matches(k.k0, k.k1, k2) || !current(&set[0]) {
@@ -530,6 +545,38 @@ mod test {
         }
     }
 
+    /// Lookups skip the fill key's check: a frame that may be cached looks up the key it is
+    /// filled under, and one that may not (same MACs and the same bytes where an IPv4
+    /// source address lies) looks up a key that no fill made.
+    #[test]
+    fn a_secured_ports_lookups_find_only_what_its_fills_made() {
+        use crate::testkit::{frames, mac};
+        let ip = [192, 0, 2, 1];
+        let good = frames::udp4(mac(2), mac(1), ip.into(), [192, 0, 2, 9].into(), 1, 2, 64);
+        let filled = Key::from_secured_port(3, &good).unwrap();
+        assert_eq!(Key::lookup_from_secured_port(3, &good), Some(filled));
+        let same_source = |mut f: Vec<u8>| {
+            f.resize(f.len().max(SECURED_KEY_BYTES), 0);
+            f[..6].copy_from_slice(&good[..6]);
+            f[26..30].copy_from_slice(&ip);
+            f
+        };
+        let mut v6 = good.clone();
+        v6[14] = 0x65;
+        let mut tagged = frames::add_tag(&good, 0x8100, 10);
+        tagged[26..30].copy_from_slice(&ip);
+        for (what, f) in [
+            ("ARP", same_source(frames::arp_request(mac(1), ip.into(), ip.into()))),
+            ("IPv6", same_source(frames::ns(mac(1), "fe80::1".parse().unwrap(), "fd00::1".parse().unwrap()))),
+            ("tagged", same_source(tagged)),
+            ("not version 4", v6),
+        ] {
+            assert_eq!(Key::from_secured_port(3, &f), None, "{what}: never filled");
+            let k = Key::lookup_from_secured_port(3, &f).unwrap();
+            assert_ne!(k, filled, "{what}: finds nothing the good frame filled");
+        }
+    }
+
     fn to_3() -> Hit {
         Hit::to_port(7, 3, false, Some((0x88a8, 100)), 1518).unwrap()
     }
@@ -564,7 +611,20 @@ mod test {
             let [a, b] = (i * 61).to_be_bytes();
             key([0x0a, 0x58, 10, 72, a, b], [0x0a, 0x58, 10, 72, 0, 2])
         }).collect();
-        for (what, keys) in [("last two bytes", &last_two), ("manager MACs", &manager)] {
+        let pod: Vec<Key> = (0..1000u16).map(|i| {
+            let [a, b] = (i * 61).to_be_bytes();
+            let f = crate::testkit::frames::udp4(
+                crate::wire::MacAddr([0x0a, 0x58, 10, 72, a, b]),
+                crate::wire::MacAddr([0x0a, 0x58, 10, 72, 0, 2]),
+                [10, 72, 0, 2].into(),
+                [10, 72, a, b].into(),
+                1,
+                2,
+                64,
+            );
+            Key::from_secured_port(1, &f).unwrap()
+        }).collect();
+        for (what, keys) in [("last two bytes", &last_two), ("manager MACs", &manager), ("from a pod port", &pod)] {
             // 4 096 entries for 1 000 keys: a uniform spread keeps nearly all of them.
             let n = held(keys, 2048);
             assert!(n >= 990, "{what}: {n} of 1000 kept");
@@ -653,7 +713,7 @@ mod test {
         let mut c = Emc::new(4);
         c.sync(0, 0, 0);
         let k = Key::from_port(1, &frame(1, 2, 0x0800, 0)).unwrap();
-        c.epoch = u32::MAX;
+        c.epoch = EPOCHS - 1;
         c.insert(&k, to_3());
         c.sync(0, 0, 1);
         assert_eq!(c.epoch, 1);

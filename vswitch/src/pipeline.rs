@@ -25,7 +25,7 @@ use crate::wire::MacAddr;
 use std::net::IpAddr;
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
 use crate::security;
-use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
+use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
 use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
@@ -556,7 +556,7 @@ impl Pipeline {
         let pool = &*self.pool;
         let r = r.and_then(|(bd, peer)| {
             let (h, len) = pool.head_and_len(b);
-            fill_l2(&self.fdb, ctx, h, bd, peer, false, 0, len)
+            fill_l2(&self.fdb, ctx, h, bd, peer, None, false, 0, len)
         });
         match (r, snap.vtep.as_ref()) {
             (Ok(()), _) => {}
@@ -712,15 +712,6 @@ impl Pipeline {
     fn forward(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize) {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
-
-        if !from_peer
-            && let Some(sec) = &port.security {
-                let h = self.pool.head(&b);
-                let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
-                if let Err(r) = security::check(sec, h, l2, et) {
-                    return self.discard(b, r, port.id);
-                }
-            }
 
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
         // Whether the FDB now holds the source as learning wants it (else, not cacheable).
@@ -1364,14 +1355,16 @@ fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, buf
     for (b, f) in bufs.iter().zip(found.iter_mut()) {
         let (h, len) = pool.head_and_len(b);
         bytes += len as u64;
-        let hit = port_key(port, SECURED, h).and_then(|k| emc.lookup(&k)).unwrap_or_default();
+        let key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        let hit = key.and_then(|k| emc.lookup(&k)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
     (bytes, hits)
 }
 
-/// The cache key of a frame from local port `port` (`secured`: it has port security).
+/// The key a frame from local port `port` (`secured`: it has port security) fills the
+/// cache under (lookups of secured ports' frames use [`Key::lookup_from_secured_port`]).
 #[inline(always)]
 fn port_key(port: u16, secured: bool, h: &[u8]) -> Option<Key> {
     if secured { Key::from_secured_port(port, h) } else { Key::from_port(port, h) }
@@ -1465,7 +1458,7 @@ fn classify_port(
         if len - ethernet::HEADER_LEN > port.mtu as usize {
             return Err(DropReason::Oversize);
         }
-        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, 0, len);
+        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, port.security.as_ref(), false, 0, len);
     }
     let tci = u16::from_be_bytes([h[14], h[15]]);
     let vid = tci & 0x0fff;
@@ -1479,7 +1472,7 @@ fn classify_port(
         if len - ethernet::HEADER_LEN > port.mtu as usize {
             return Err(DropReason::Oversize);
         }
-        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, tci & 0xf000, len);
+        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, port.security.as_ref(), false, tci & 0xf000, len);
     }
     if port.kind != PortKind::Trunk {
         return Err(DropReason::TaggedOnAccess);
@@ -1497,7 +1490,7 @@ fn classify_port(
     if len - ethernet::HEADER_LEN - ethernet::TAG_LEN > port.mtu as usize {
         return Err(DropReason::Oversize);
     }
-    fill_l2(fdb, ctx, h, bd, NO_PEER, true, tci & 0xf000, len)
+    fill_l2(fdb, ctx, h, bd, NO_PEER, port.security.as_ref(), true, tci & 0xf000, len)
 }
 
 /// A head too short to hold a tag: untagged if it holds an Ethernet header at all.
@@ -1512,11 +1505,11 @@ fn fill_untagged_or_runt(fdb: &Fdb, port: &PortEntry, h: &[u8], len: usize, ctx:
     if port.untagged_bd == NO_BD {
         return Err(DropReason::UntaggedNotAllowed);
     }
-    fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, false, 0, len)
+    fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, port.security.as_ref(), false, 0, len)
 }
 
-/// The part of stage 1 every frame shares: source sanity, FDB keys and where they live
-/// (prefetched for stage 2).
+/// The part of stage 1 every frame shares: source sanity, port security (`sec`, a local
+/// port's), FDB keys and where they live (prefetched for stage 2).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn fill_l2(
@@ -1525,6 +1518,7 @@ fn fill_l2(
     h: &[u8],
     bd: u16,
     from_peer: u16,
+    sec: Option<&Security>,
     tagged: bool,
     pcp: u16,
     len: usize,
@@ -1544,6 +1538,9 @@ fn fill_l2(
     let (dst, src) = (w0 >> 16, w1 & 0xffff_ffff_ffff);
     if src & (1 << 40) != 0 {
         return Err(DropReason::SrcMacGroup);
+    }
+    if let Some(sec) = sec {
+        security::check(sec, h, l2, src)?;
     }
     let (src_key, dst_key) = (fdb::key(bd, src), fdb::key(bd, dst));
     let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));

@@ -8,30 +8,35 @@
 
 use crate::counters::DropReason;
 use crate::snapshot::Security;
-use crate::wire::{arp, ethernet::ethertype, icmpv6, ipv6};
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{arp, icmpv6, ipv6};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Checks a frame's sources; `l2` is the length of its Ethernet header (with tag).
+/// Checks a frame's sources; `l2` is the length of its Ethernet header (with tag; the head
+/// holds at least that), `mac` its source MAC as [`mac_u64`] reads it (the classifier has it).
 #[inline(always)]
-pub fn check(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Result<(), DropReason> {
+pub fn check(sec: &Security, frame: &[u8], l2: usize, mac: u64) -> Result<(), DropReason> {
     if let Some((own_mac, own_ip)) = sec.one_v4
-        && ethertype == ethertype::IPV4
-        && let (Some(src_mac), Some(l3)) = (frame.get(6..12), frame.get(l2..))
+        && l2 == ethernet::HEADER_LEN
+        && let Some((eth, l3)) = frame.split_first_chunk::<{ ethernet::HEADER_LEN }>()
+        && let Some(ip) = l3.first_chunk::<20>()
+        && eth[12..14] == ethertype::IPV4.to_be_bytes()
     {
-        return check_one_v4(own_mac, own_ip, mac_u64(src_mac), l3);
+        return check_one_v4(own_mac, own_ip, mac, ip);
     }
-    check_general(sec, frame, l2, ethertype)
+    check_general(sec, frame, l2, mac)
 }
 
 /// [`check`] for every other configuration and frame.
 #[inline(never)]
-fn check_general(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Result<(), DropReason> {
-    let mac = mac_u64(&frame[6..12]);
+fn check_general(sec: &Security, frame: &[u8], l2: usize, mac: u64) -> Result<(), DropReason> {
     if !sec.mac_allowed(mac) {
         return Err(DropReason::SecurityMac);
     }
-    let l3 = &frame[l2..];
-    match ethertype {
+    let Some((et, l3)) = frame.get(l2 - 2..).and_then(|t| t.split_first_chunk::<2>()) else {
+        return Err(DropReason::SecurityIp);
+    };
+    match u16::from_be_bytes(*et) {
         ethertype::IPV4 => {
             if l3.len() < 20 || l3[0] >> 4 != 4 {
                 return Err(DropReason::SecurityIp);
@@ -62,15 +67,19 @@ fn check_general(sec: &Security, frame: &[u8], l2: usize, ethertype: u16) -> Res
     }
 }
 
-/// [`check`] of an IPv4 frame from a port allowing one MAC and one IPv4 address: the same
-/// verdicts as the general path for that configuration.
+/// [`check`] of an untagged IPv4 frame (`ip`: its first 20 bytes after the Ethernet header)
+/// from a port allowing one MAC and one IPv4 address: the same verdicts as the general path
+/// for that configuration.
 #[inline(always)]
-fn check_one_v4(own_mac: u64, own_ip: u32, mac: u64, l3: &[u8]) -> Result<(), DropReason> {
+fn check_one_v4(own_mac: u64, own_ip: u32, mac: u64, ip: &[u8; 20]) -> Result<(), DropReason> {
     if mac != own_mac {
         return Err(DropReason::SecurityMac);
     }
-    let Some(h) = l3.first_chunk::<20>().filter(|h| h[0] >> 4 == 4) else { return Err(DropReason::SecurityIp) };
-    let src = u32::from_be_bytes([h[12], h[13], h[14], h[15]]);
+    if ip[0] >> 4 != 4 {
+        return Err(DropReason::SecurityIp);
+    }
+    // `own_ip` is in the order the bytes sit in the frame (see `Security::one_v4`).
+    let src = u32::from_ne_bytes([ip[12], ip[13], ip[14], ip[15]]);
     if src == own_ip || src == 0 { Ok(()) } else { Err(DropReason::SecurityIp) }
 }
 
@@ -122,7 +131,7 @@ mod tests {
     fn a_pods_shortcut_agrees_with_the_general_check() {
         let (mac, ip) = ([2, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
         let fast = Security::new(vec![mac_u64(&mac)], vec![IpAddr::V4(ip.into())], vec![]);
-        assert_eq!(fast.one_v4, Some((mac_u64(&mac), u32::from_be_bytes(ip))));
+        assert_eq!(fast.one_v4, Some((mac_u64(&mac), u32::from_ne_bytes(ip))));
         let slow = Security { one_v4: None, ..Security::new(fast.macs.clone(), fast.ips.clone(), vec![]) };
         let frames = [
             v4(mac, ip, 4, 60),
@@ -132,8 +141,8 @@ mod tests {
             v4(mac, ip, 6, 60),
             v4(mac, ip, 4, 20),
         ];
-        let verdicts: Vec<_> = frames.iter().map(|f| check(&fast, f, 14, ethertype::IPV4)).collect();
-        assert_eq!(verdicts, frames.iter().map(|f| check(&slow, f, 14, ethertype::IPV4)).collect::<Vec<_>>());
+        let verdicts: Vec<_> = frames.iter().map(|f| check(&fast, f, 14, mac_u64(&f[6..12]))).collect();
+        assert_eq!(verdicts, frames.iter().map(|f| check(&slow, f, 14, mac_u64(&f[6..12]))).collect::<Vec<_>>());
         assert_eq!(
             verdicts,
             vec![Ok(()), Ok(()), Err(DropReason::SecurityIp), Err(DropReason::SecurityMac), Err(DropReason::SecurityIp), Err(DropReason::SecurityIp)]

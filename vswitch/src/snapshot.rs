@@ -124,14 +124,15 @@ pub struct Security {
     /// (MAC, IP or any).
     pub pairs: Vec<(u64, Option<IpAddr>)>,
     /// The shape the CNI gives a pod — one MAC, one IPv4 address, no pairs — as (MAC,
-    /// address): checked with two compares instead of walking the lists.
+    /// address, its bytes in frame order as a native-endian `u32`): checked with two compares
+    /// instead of walking the lists.
     pub one_v4: Option<(u64, u32)>,
 }
 
 impl Security {
     pub fn new(macs: Vec<u64>, ips: Vec<IpAddr>, pairs: Vec<(u64, Option<IpAddr>)>) -> Security {
         let one_v4 = match (macs.as_slice(), ips.as_slice(), pairs.is_empty()) {
-            ([mac], [IpAddr::V4(ip)], true) => Some((*mac, u32::from(*ip))),
+            ([mac], [IpAddr::V4(ip)], true) => Some((*mac, u32::from_ne_bytes(ip.octets()))),
             _ => None,
         };
         Security { macs, ips, pairs, one_v4 }
