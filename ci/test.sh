@@ -29,6 +29,9 @@ cargo clippy -q --workspace --all-targets -- -D warnings
 echo "== demo (in-process data plane)"
 timeout 300 cargo run --release -q -p knitter-vswitch --example demo
 
+echo "== configuration changes at scale (small: keeps the benchmark working; docs/perf.md 'Scale')"
+timeout 120 cargo run --release -q -p knitter-vswitch --example apply_bench -- --bds 512 --peers 2048 --applies 20
+
 echo "== demo (two nodes, knitter-vswitchd + knitterctl)"
 cargo build --release -q -p knitter-vswitchd -p knitter-control
 timeout 300 bash ci/demo-run.sh

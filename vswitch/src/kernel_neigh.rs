@@ -108,7 +108,7 @@ pub fn sync_once(switch: &Switch, now: u32) -> io::Result<usize> {
     let table = kernel_neighbors(vtep.local.is_ipv4())?;
     let slots = switch.neighbor_table();
     let mut known = 0;
-    for (nh, peers) in &snap.next_hops {
+    for (nh, peers) in snap.next_hops.iter() {
         // The peer behind a router: the route's gateway is the hop whose MAC frames need.
         let via = match kernel_route_gateway(*nh) {
             Ok(gw) => gw.unwrap_or(*nh),

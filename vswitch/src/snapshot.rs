@@ -9,10 +9,9 @@
 use crate::config::*;
 use crate::fdb::{MAX_BDS, MAX_PORTS};
 use crate::port::Port;
-use crate::util::{FxMap, VlanSet};
+use crate::util::{FxMap, FxSet, VlanSet};
 use crate::vtep::{PeerEntry, VtepEntry};
 use crate::wire::MacAddr;
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -174,22 +173,35 @@ pub struct BdEntry {
 
 /// Stable ids for names across snapshots (so learned state survives unrelated changes).
 #[derive(Debug, Clone, Default)]
+/// Each map is shared with the previous `Ids` until a change touches it (so keeping a copy
+/// to go back to on error costs nothing).
 pub struct Ids {
-    pub ports: HashMap<String, u16>,
-    pub bds: HashMap<String, u16>,
-    pub peers: HashMap<IpAddr, u16>,
+    pub ports: Arc<FxMap<String, u16>>,
+    pub bds: Arc<FxMap<String, u16>>,
+    pub peers: Arc<FxMap<IpAddr, u16>>,
 }
 
 impl Ids {
     /// Gives every name in `cfg` an id, keeping existing ones and reusing the lowest free.
     pub fn assign(&mut self, cfg: &SwitchConfig) -> Result<(), ConfigError> {
-        fn sync<K: std::hash::Hash + Eq + Clone>(
-            map: &mut HashMap<K, u16>,
-            want: Vec<K>,
+        fn sync<'a, K: std::hash::Hash + Eq + Clone + 'a>(
+            map: &mut Arc<FxMap<K, u16>>,
+            want: impl Iterator<Item = &'a K> + Clone,
             kind: &'static str,
             max: usize,
         ) -> Result<(), ConfigError> {
-            let keep: HashSet<&K> = want.iter().collect();
+            // The same names as before (a change to one object leaves the others' alone):
+            // nothing to do, and nothing allocated.
+            let mut n = 0;
+            if want.clone().all(|k| {
+                n += 1;
+                map.contains_key(k)
+            }) && n == map.len()
+            {
+                return Ok(());
+            }
+            let keep: FxSet<&K> = want.clone().collect();
+            let map = Arc::make_mut(map);
             map.retain(|k, _| keep.contains(k));
             let mut used: Vec<bool> = vec![false; max];
             for id in map.values() {
@@ -197,7 +209,7 @@ impl Ids {
             }
             let mut next = 0usize;
             for k in want {
-                if map.contains_key(&k) {
+                if map.contains_key(k) {
                     continue;
                 }
                 while next < max && used[next] {
@@ -207,30 +219,61 @@ impl Ids {
                     return Err(ConfigError::TooMany { kind, max });
                 }
                 used[next] = true;
-                map.insert(k, next as u16);
+                map.insert(k.clone(), next as u16);
             }
             Ok(())
         }
-        sync(&mut self.ports, cfg.ports.iter().map(|p| p.name.clone()).collect(), "ports", MAX_PORTS)?;
-        sync(&mut self.bds, cfg.bridges.iter().map(|b| b.name.clone()).collect(), "bridges", MAX_BDS)?;
-        let peers = cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| p.ip)).collect();
-        sync(&mut self.peers, peers, "VTEP peers", MAX_PEERS)
+        sync(&mut self.ports, cfg.ports.iter().map(|p| &p.name), "ports", MAX_PORTS)?;
+        sync(&mut self.bds, cfg.bridges.iter().map(|b| &b.name), "bridges", MAX_BDS)?;
+        sync(&mut self.peers, cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| &p.ip)), "VTEP peers", MAX_PEERS)
+    }
+}
+
+/// The previous snapshot's bridge domains, found by the position of their configuration
+/// (the same, when a change leaves the order alone) or else by name.
+struct PrevBridges<'a> {
+    prev: &'a Snapshot,
+    by_name: Option<FxMap<&'a str, usize>>,
+}
+
+impl<'a> PrevBridges<'a> {
+    fn new(prev: &'a Snapshot) -> Self {
+        PrevBridges { prev, by_name: None }
+    }
+
+    /// The previous entry of bridge `b` (at `i` in the new configuration, id `id`), when its
+    /// configuration was the same and so was its id.
+    fn entry(&mut self, i: usize, b: &BridgeConfig, id: u16) -> Option<&'a Arc<BdEntry>> {
+        let bridges = &self.prev.config.bridges;
+        let at = match bridges.get(i) {
+            Some(p) if p.name == b.name => i,
+            _ => *self
+                .by_name
+                .get_or_insert_with(|| bridges.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect())
+                .get(b.name.as_str())?,
+        };
+        let e = self.prev.bds.get(id as usize)?.as_ref()?;
+        (bridges[at] == *b && e.name == b.name).then_some(e)
     }
 }
 
 /// The immutable configuration PMD threads read.
+///
+/// The costly pieces are shared with the snapshot before it while what they were compiled
+/// from stays the same (see [`Snapshot::build`]): each bridge domain's entry, and the peers
+/// with their maps.
 pub struct Snapshot {
     pub generation: u64,
     pub ports: Vec<Option<PortEntry>>,
-    pub bds: Vec<Option<BdEntry>>,
+    pub bds: Vec<Option<Arc<BdEntry>>>,
     /// Trunk VLAN → bridge domain.
     pub vlan_bd: Box<[u16; 4096]>,
     pub vni_bd: FxMap<u32, u16>,
     pub vtep: Option<VtepEntry>,
-    pub peers: Vec<Option<PeerEntry>>,
-    pub peer_by_ip: FxMap<IpAddr, u16>,
+    pub peers: Arc<[Option<PeerEntry>]>,
+    pub peer_by_ip: Arc<FxMap<IpAddr, u16>>,
     /// Next-hop address → the peers that resolve it.
-    pub next_hops: FxMap<IpAddr, Vec<u16>>,
+    pub next_hops: Arc<FxMap<IpAddr, Vec<u16>>>,
     /// Every (port, rx queue) to poll.
     pub rxqs: Vec<(u16, u16)>,
     pub config: SwitchConfig,
@@ -242,11 +285,11 @@ impl std::fmt::Debug for Snapshot {
     }
 }
 
-fn check_name(kind: &'static str, name: &str, seen: &mut HashSet<String>) -> Result<(), ConfigError> {
+fn check_name<'a>(kind: &'static str, name: &'a str, seen: &mut FxSet<&'a str>) -> Result<(), ConfigError> {
     if name.is_empty() {
         return Err(ConfigError::EmptyName { kind });
     }
-    if !seen.insert(name.to_owned()) {
+    if !seen.insert(name) {
         return Err(ConfigError::Duplicate { kind, name: name.to_owned() });
     }
     Ok(())
@@ -266,9 +309,9 @@ impl Snapshot {
             vlan_bd: Box::new([NO_BD; 4096]),
             vni_bd: FxMap::default(),
             vtep: None,
-            peers: Vec::new(),
-            peer_by_ip: FxMap::default(),
-            next_hops: FxMap::default(),
+            peers: Arc::new([]),
+            peer_by_ip: Arc::default(),
+            next_hops: Arc::default(),
             rxqs: Vec::new(),
             config: SwitchConfig::default(),
         }
@@ -281,7 +324,7 @@ impl Snapshot {
 
     #[inline(always)]
     pub fn bd(&self, id: u16) -> Option<&BdEntry> {
-        self.bds.get(id as usize).and_then(Option::as_ref)
+        self.bds.get(id as usize).and_then(Option::as_deref)
     }
 
     #[inline(always)]
@@ -305,21 +348,65 @@ impl Snapshot {
         self.bds.iter().flatten().find(|b| b.name == name).map(|b| b.id)
     }
 
+    /// Every bridge domain's local members (`max_bd` domains, whose VLANs are in `vlan_bd`
+    /// already) and the tag each carries there, in port order: [`PortEntry::egress_tag`]
+    /// for every (port, domain), from one pass over the ports and their VLANs.
+    fn members(&self, max_bd: usize) -> Vec<Vec<(u16, Option<u16>)>> {
+        let mut members = vec![Vec::new(); max_bd];
+        for p in self.ports.iter().flatten() {
+            if let Some(m) = members.get_mut(p.untagged_bd as usize) {
+                m.push((p.id, None));
+            }
+            if p.kind == PortKind::Trunk {
+                for v in p.allowed.iter() {
+                    let bd = self.vlan_bd[v as usize];
+                    if bd != p.untagged_bd
+                        && let Some(m) = members.get_mut(bd as usize)
+                    {
+                        m.push((p.id, Some(v)));
+                    }
+                }
+            }
+        }
+        members
+    }
+
     /// Validates `cfg` whole and compiles it. `lookup` finds registered ports by name.
+    ///
+    /// `prev` is the snapshot this one follows (ids in `ids` kept for names that stayed):
+    /// the VTEP's peers, their maps and templates are taken from it whole while the VTEP's
+    /// configuration, its underlay port's MAC and MTU stay the same, and each bridge domain's
+    /// entry while its configuration and its local members do too (and the peers were
+    /// taken). What is taken is not validated again: the same configuration passed before.
+    /// A change therefore costs the validation of the names, VLANs and VNIs of the whole
+    /// configuration and the compilation of what it touched (docs/perf.md "Scale").
     pub fn build(
-        cfg: &SwitchConfig,
+        cfg: SwitchConfig,
         ids: &Ids,
         lookup: &dyn Fn(&str) -> Option<Arc<dyn Port>>,
         generation: u64,
+        prev: &Snapshot,
     ) -> Result<Snapshot, ConfigError> {
         let mut s = Snapshot::empty();
         s.generation = generation;
-        s.config = cfg.clone();
+        s.compile(&cfg, ids, lookup, prev)?;
+        s.config = cfg;
+        Ok(s)
+    }
 
+    fn compile(
+        &mut self,
+        cfg: &SwitchConfig,
+        ids: &Ids,
+        lookup: &dyn Fn(&str) -> Option<Arc<dyn Port>>,
+        prev: &Snapshot,
+    ) -> Result<(), ConfigError> {
+        let s = self;
         // Bridge domains.
-        let mut names = HashSet::new();
-        let mut by_vlan: HashMap<u16, &str> = HashMap::new();
-        let mut by_vni: HashMap<u32, &str> = HashMap::new();
+        let mut names = FxSet::default();
+        names.reserve(cfg.bridges.len());
+        let mut by_vlan: FxMap<u16, &str> = FxMap::default();
+        let mut by_vni: FxMap<u32, &str> = FxMap::default();
         for b in &cfg.bridges {
             check_name("bridge", &b.name, &mut names)?;
             if let Some(v) = b.vlan {
@@ -359,7 +446,7 @@ impl Snapshot {
         }
 
         // Ports.
-        let mut pnames = HashSet::new();
+        let mut pnames = FxSet::default();
         let max_port = ids.ports.values().copied().max().map_or(0, |m| m as usize + 1);
         s.ports.resize_with(max_port, || None);
         let bd_of = |name: &str| ids.bds.get(name).copied();
@@ -433,52 +520,57 @@ impl Snapshot {
         }
 
         // VTEP entry and peer templates.
+        let mut peers_taken = false;
         if let Some(v) = &cfg.vtep {
             let underlay_id = ids.ports[&v.underlay_port];
             let underlay = s.port(underlay_id).expect("underlay validated above");
             let mac = v.mac.or_else(|| underlay.port.mac()).ok_or(ConfigError::VtepNoMac)?;
-            let entry = VtepEntry::new(v, underlay_id, mac, underlay.mtu)?;
-            let max_peer = ids.peers.values().copied().max().map_or(0, |m| m as usize + 1);
-            s.peers.resize_with(max_peer, || None);
-            let mut seen = HashSet::new();
-            for pc in &v.peers {
-                if !seen.insert(pc.ip) {
-                    return Err(ConfigError::Duplicate { kind: "VTEP peer", name: pc.ip.to_string() });
-                }
-                let id = ids.peers[&pc.ip];
-                let pe = entry.peer(id, pc)?;
-                if let Some(nh) = pe.resolve {
-                    s.next_hops.entry(nh).or_default().push(id);
-                }
-                s.peers[id as usize] = Some(pe);
-                s.peer_by_ip.insert(pc.ip, id);
+            peers_taken = prev.config.vtep.as_ref() == Some(v)
+                && prev.vtep.as_ref().is_some_and(|p| (p.underlay_port, p.mac, p.mtu) == (underlay_id, mac, underlay.mtu));
+            if peers_taken {
+                (s.peers, s.peer_by_ip, s.next_hops) = (prev.peers.clone(), prev.peer_by_ip.clone(), prev.next_hops.clone());
+                s.vtep = prev.vtep.clone();
+            } else {
+                s.compile_peers(v, ids, VtepEntry::new(v, underlay_id, mac, underlay.mtu)?)?;
             }
-            s.vtep = Some(entry);
         }
 
         // Bridge domain entries with their members.
         let max_bd = ids.bds.values().copied().max().map_or(0, |m| m as usize + 1);
         s.bds.resize_with(max_bd, || None);
         for b in &cfg.bridges {
+            if let Some(v) = b.vlan.filter(|v| *v != 0) {
+                s.vlan_bd[v as usize] = ids.bds[&b.name];
+            }
+        }
+        let mut members = s.members(max_bd);
+        let mut flooded = vec![false; s.peers.len()];
+        let mut before = PrevBridges::new(prev);
+        for (i, b) in cfg.bridges.iter().enumerate() {
             let id = ids.bds[&b.name];
             let vlan = b.vlan.unwrap_or(0);
-            if vlan != 0 {
-                s.vlan_bd[vlan as usize] = id;
-            }
             if let Some(n) = b.vni {
                 s.vni_bd.insert(n, id);
             }
-            let ports: Vec<(u16, Option<u16>)> =
-                s.ports.iter().flatten().filter_map(|p| Some((p.id, p.egress_tag(id, vlan)?))).collect();
-            let mut peers = Vec::new();
+            let ports = std::mem::take(&mut members[id as usize]);
+            if peers_taken
+                && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports)
+            {
+                s.bds[id as usize] = Some(e.clone());
+                continue;
+            }
+            let mut peers = Vec::with_capacity(b.flood.len());
             for ip in &b.flood {
                 let pid = *s
                     .peer_by_ip
                     .get(ip)
                     .ok_or_else(|| ConfigError::UnknownPeer { bridge: b.name.clone(), ip: *ip })?;
-                if !peers.contains(&pid) {
+                if !std::mem::replace(&mut flooded[pid as usize], true) {
                     peers.push(pid);
                 }
+            }
+            for p in &peers {
+                flooded[*p as usize] = false;
             }
             let mut arp = FxMap::default();
             let mut nd = FxMap::default();
@@ -505,7 +597,7 @@ impl Snapshot {
                     return Err(ConfigError::StaticMacNotMember { bridge: b.name.clone(), mac: m.mac, target });
                 }
             }
-            s.bds[id as usize] = Some(BdEntry {
+            s.bds[id as usize] = Some(Arc::new(BdEntry {
                 id,
                 name: b.name.clone(),
                 vlan,
@@ -519,8 +611,31 @@ impl Snapshot {
                 arp_suppression: b.arp_suppression,
                 arp,
                 nd,
-            });
+            }));
         }
-        Ok(s)
+        Ok(())
+    }
+
+    /// The VTEP `entry` of configuration `v`, its peers' templates and their maps.
+    fn compile_peers(&mut self, v: &VtepConfig, ids: &Ids, entry: VtepEntry) -> Result<(), ConfigError> {
+        let max_peer = ids.peers.values().copied().max().map_or(0, |m| m as usize + 1);
+        let mut peers: Vec<Option<PeerEntry>> = Vec::new();
+        peers.resize_with(max_peer, || None);
+        let (mut by_ip, mut next_hops) = (FxMap::default(), FxMap::<IpAddr, Vec<u16>>::default());
+        by_ip.reserve(v.peers.len());
+        for pc in &v.peers {
+            let id = ids.peers[&pc.ip];
+            if by_ip.insert(pc.ip, id).is_some() {
+                return Err(ConfigError::Duplicate { kind: "VTEP peer", name: pc.ip.to_string() });
+            }
+            let pe = entry.peer(id, pc)?;
+            if let Some(nh) = pe.resolve {
+                next_hops.entry(nh).or_default().push(id);
+            }
+            peers[id as usize] = Some(pe);
+        }
+        (self.peers, self.peer_by_ip, self.next_hops) = (peers.into(), Arc::new(by_ip), Arc::new(next_hops));
+        self.vtep = Some(entry);
+        Ok(())
     }
 }

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use crate::pipeline::Pipeline;
 use crate::port::Port;
 use crate::snapshot::{ConfigError, Ids, Snapshot};
+use crate::wire::MacAddr;
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -57,7 +58,12 @@ impl Default for SwitchOptions {
 struct Control {
     ports: BTreeMap<String, Arc<dyn Port>>,
     ids: Ids,
+    /// The static FDB entries installed (so an apply touches only those that change).
+    statics: HashSet<Static>,
 }
+
+/// A static FDB entry: bridge domain, MAC, destination.
+type Static = (u16, MacAddr, Dest);
 
 /// Counters of port and bridge-domain ids when their last holder went: ids are reused, and
 /// a new port or bridge domain counts from zero.
@@ -176,12 +182,14 @@ impl Switch {
         ids.assign(&cfg)?;
         let generation = self.generation.load(Acquire) + 1;
         let ports = &c.ports;
-        let snap = Snapshot::build(&cfg, &ids, &|n| ports.get(n).cloned(), generation)?;
         let old = self.current.load_full();
-        let flush = Flush::between(&old, &c.ids, &snap, &ids);
+        let snap = Snapshot::build(cfg, &ids, &|n| ports.get(n).cloned(), generation, &old)?;
+        // Peers taken whole from the old snapshot: the same addresses, ids and next hops.
+        let peers_kept = Arc::ptr_eq(&old.peers, &snap.peers);
+        let flush = Flush::between(&old, &c.ids, &snap, &ids, peers_kept);
         self.retire_ids(&c.ids, &ids);
         // A peer id whose next hop changed starts its resolution again.
-        for id in 0..old.peers.len().max(snap.peers.len()) as u16 {
+        for id in 0..if peers_kept { 0 } else { old.peers.len().max(snap.peers.len()) as u16 } {
             let resolve = |s: &Snapshot| s.peer(id).and_then(|p| p.resolve);
             if resolve(&old) != resolve(&snap) {
                 self.neighbors.reset(id);
@@ -190,21 +198,24 @@ impl Switch {
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
         c.ids = ids;
-        drop(c);
         flush.run(&self.fdb);
-        self.sync_static_macs(&self.current.load());
+        let snap = self.current.load();
+        self.sync_static_macs(&mut c, &snap, &flush);
         tracing::info!(generation, "configuration applied");
         Ok(generation)
     }
 
-    /// Makes the FDB's static entries exactly those of the snapshot.
-    fn sync_static_macs(&self, snap: &Snapshot) {
+    /// Makes the FDB's static entries exactly those of the snapshot, touching only those
+    /// that changed (or that `flush` just removed with their bridge domain): an apply that
+    /// leaves them alone neither walks the FDB nor moves its generation, which would empty
+    /// every PMD thread's exact-match cache.
+    fn sync_static_macs(&self, c: &mut Control, snap: &Snapshot, flush: &Flush) {
         let mut want = HashSet::new();
-        for b in &snap.config.bridges {
-            let Some(bd) = snap.bd_id(&b.name) else { continue };
+        for b in snap.config.bridges.iter().filter(|b| !b.static_macs.is_empty()) {
+            let Some(&bd) = c.ids.bds.get(&b.name) else { continue };
             for m in &b.static_macs {
                 let dest = match (&m.port, &m.remote) {
-                    (Some(p), _) => snap.port_id(p).map(Dest::Port),
+                    (Some(p), _) => c.ids.ports.get(p).map(|id| Dest::Port(*id)),
                     (_, Some(ip)) => snap.peer_by_ip.get(ip).map(|id| Dest::Peer(*id)),
                     _ => None,
                 };
@@ -213,10 +224,20 @@ impl Switch {
                 }
             }
         }
-        self.fdb.remove_where(|e| e.is_static && !want.contains(&(e.bd, e.mac, e.dest)));
+        c.statics.retain(|(bd, _, _)| !flush.bds.contains(bd));
+        let stale: HashSet<Static> = c.statics.difference(&want).copied().collect();
+        if !stale.is_empty() {
+            self.fdb.remove_where(|e| e.is_static && stale.contains(&(e.bd, e.mac, e.dest)));
+            c.statics.retain(|s| !stale.contains(s));
+        }
         for (bd, mac, d) in want {
+            if c.statics.contains(&(bd, mac, d)) {
+                continue;
+            }
             if self.fdb.insert_static(bd, mac, d).is_err() {
                 tracing::warn!(%mac, bd, "forwarding table full: static MAC not installed");
+            } else {
+                c.statics.insert((bd, mac, d));
             }
         }
     }
@@ -244,6 +265,9 @@ impl Switch {
     /// the next holder of the id counts from zero. Frames the old holder still counts in the
     /// moment before PMD threads adopt the change go to the new one (a burst at most).
     fn retire_ids(&self, old: &Ids, new: &Ids) {
+        if Arc::ptr_eq(&old.ports, &new.ports) && Arc::ptr_eq(&old.bds, &new.bds) {
+            return;
+        }
         let gone_ports: Vec<u16> = old.ports.iter().filter(|(n, _)| !new.ports.contains_key(*n)).map(|(_, id)| *id).collect();
         let gone_bds: Vec<u16> = old.bds.iter().filter(|(n, _)| !new.bds.contains_key(*n)).map(|(_, id)| *id).collect();
         if gone_ports.is_empty() && gone_bds.is_empty() {
@@ -316,9 +340,9 @@ struct Flush {
 }
 
 impl Flush {
-    fn between(old: &Snapshot, old_ids: &Ids, new: &Snapshot, new_ids: &Ids) -> Flush {
+    fn between(old: &Snapshot, old_ids: &Ids, new: &Snapshot, new_ids: &Ids, peers_kept: bool) -> Flush {
         let mut bds = HashSet::new();
-        for (name, id) in &old_ids.bds {
+        for (name, id) in old_ids.bds.iter() {
             let before = old.bd(*id);
             let after = new_ids.bds.get(name).and_then(|n| new.bd(*n));
             let same = match (before, after) {
@@ -332,23 +356,31 @@ impl Flush {
         // Ids handed out now that were not in use before may have stale entries.
         bds.extend(new_ids.bds.iter().filter(|(n, _)| !old_ids.bds.contains_key(*n)).map(|(_, id)| *id));
         let mut dests = HashSet::new();
-        for (name, id) in &old_ids.ports {
+        for (name, id) in old_ids.ports.iter() {
             if new_ids.ports.get(name) != Some(id) {
                 dests.insert(Dest::Port(*id));
             }
         }
         dests.extend(new_ids.ports.iter().filter(|(n, _)| !old_ids.ports.contains_key(*n)).map(|(_, id)| Dest::Port(*id)));
-        for (ip, id) in &old_ids.peers {
-            if new_ids.peers.get(ip) != Some(id) {
-                dests.insert(Dest::Peer(*id));
+        if !peers_kept {
+            for (ip, id) in old_ids.peers.iter() {
+                if new_ids.peers.get(ip) != Some(id) {
+                    dests.insert(Dest::Peer(*id));
+                }
             }
+            dests.extend(new_ids.peers.iter().filter(|(ip, _)| !old_ids.peers.contains_key(*ip)).map(|(_, id)| Dest::Peer(*id)));
         }
-        dests.extend(new_ids.peers.iter().filter(|(ip, _)| !old_ids.peers.contains_key(*ip)).map(|(_, id)| Dest::Peer(*id)));
         Flush { bds, dests }
     }
 
     fn run(&self, fdb: &Fdb) {
-        if self.bds.is_empty() && self.dests.is_empty() {
+        // The FDB counts entries per bridge domain and per port: a walk of the whole table
+        // (a new port's id is flushed of a former holder's entries) only when one has any.
+        let held = |d: &Dest| match d {
+            Dest::Port(p) => fdb.port_len(*p) > 0,
+            Dest::Peer(_) => true,
+        };
+        if !self.bds.iter().any(|bd| fdb.bd_len(*bd) > 0) && !self.dests.iter().any(held) {
             return;
         }
         let n = fdb.remove_where(|e| self.bds.contains(&e.bd) || (!e.is_static && self.dests.contains(&e.dest)));

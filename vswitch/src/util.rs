@@ -39,13 +39,19 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, i: usize) {
         self.write_u64(i as u64);
     }
+    /// The product's top bits, the only ones every input bit reaches, rotated down to where
+    /// the table takes its bucket index (the low bits; as rustc-hash 2 does). Without it,
+    /// 16 384 VTEP addresses counting in their last two bytes shared a few dozen buckets
+    /// (an IPv4 address is hashed as one word whose low bits hold its first, constant bytes)
+    /// and a snapshot build of 4 096 flood lists took ~300 ms in lookups.
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        self.0.rotate_left(26)
     }
 }
 
 pub type FxMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// A set of VLAN ids 0..4096.
 #[derive(Clone, PartialEq, Eq)]
@@ -70,6 +76,20 @@ impl VlanSet {
     #[inline(always)]
     pub fn contains(&self, v: u16) -> bool {
         self.0[(v as usize >> 6) & 63] & (1 << (v & 63)) != 0
+    }
+
+    /// The VLANs in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, w)| {
+            let mut w = *w;
+            std::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = w.trailing_zeros();
+                    w &= w - 1;
+                    (i as u32 * 64 + b) as u16
+                })
+            })
+        })
     }
 }
 
@@ -108,5 +128,20 @@ mod test {
         s.insert(1);
         s.insert(4094);
         assert!(s.contains(1) && s.contains(4094) && !s.contains(2));
+        s.insert(64);
+        s.insert(63);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![1, 63, 64, 4094]);
+    }
+
+    /// Addresses that count in their last bytes spread over a table's buckets (its low bits).
+    #[test]
+    fn fx_hash_spreads_counting_addresses_over_low_bits() {
+        use std::hash::BuildHasher;
+        let b = BuildHasherDefault::<FxHasher>::default();
+        let mask = (1u64 << 14) - 1;
+        let buckets: std::collections::HashSet<u64> = (0..16384u32)
+            .map(|n| b.hash_one(std::net::IpAddr::V4(std::net::Ipv4Addr::from(0xc633_0000 + n))) & mask)
+            .collect();
+        assert!(buckets.len() > 16384 / 2, "{} buckets of 16384 used", buckets.len());
     }
 }

@@ -255,3 +255,66 @@ fn a_reused_id_counts_from_zero() {
     let s = h.stats();
     assert_eq!((s.ports[p0 as usize].rx_packets, s.bds[red as usize].packets), (0, 0));
 }
+
+/// A change rebuilds only what it touches: the compiled bridge domains it leaves alone, and
+/// the VTEP's peers while the VTEP stays the same, are the previous snapshot's own (shared,
+/// not copied); what a change touches is compiled again, and static MACs are reinstalled
+/// only when theirs change (an unrelated apply leaves the FDB's generation alone).
+#[test]
+fn a_change_rebuilds_only_what_it_touches() {
+    use std::sync::Arc;
+    use vswitch::config::StaticMac;
+    let mut h = harness();
+    let peer = |n: u8| -> IpAddr { format!("198.51.100.{n}").parse().unwrap() };
+    let mut c = base();
+    c.bridges[0] = c.bridges[0].clone().vni(5001).flood(&[peer(1)]);
+    c.bridges[1].static_macs.push(StaticMac { mac: mac(7), port: Some("p2".into()), remote: None });
+    c.ports.push(PortConfig::underlay("up"));
+    let mut vtep = VtepConfig::new("192.0.2.1".parse().unwrap(), "up").peer(peer(1), mac(51)).peer(peer(2), mac(52));
+    vtep.mac = Some(mac(50));
+    c.vtep = Some(vtep);
+    h.apply(c.clone()).unwrap();
+    let (red, blue) = { let s = h.switch.snapshot(); (s.bd_id("red").unwrap() as usize, s.bd_id("blue").unwrap() as usize) };
+    let shared = |a: &vswitch::snapshot::Snapshot, b: &vswitch::snapshot::Snapshot, bd: usize| {
+        Arc::ptr_eq(a.bds[bd].as_ref().unwrap(), b.bds[bd].as_ref().unwrap())
+    };
+
+    // A port joins blue: red and the peers are shared, blue is rebuilt with its new member.
+    let before = h.switch.snapshot();
+    let fdb_generation = h.switch.fdb().generation();
+    c.ports.push(PortConfig::access("p3", "blue"));
+    h.apply(c.clone()).unwrap();
+    let after = h.switch.snapshot();
+    assert!(shared(&before, &after, red), "red untouched: shared");
+    assert!(!shared(&before, &after, blue), "blue has a new member: rebuilt");
+    assert_eq!(after.bd(blue as u16).unwrap().ports.len(), 2);
+    assert!(Arc::ptr_eq(&before.peers, &after.peers) && Arc::ptr_eq(&before.peer_by_ip, &after.peer_by_ip));
+    assert_eq!(h.switch.fdb().generation(), fdb_generation, "static MACs left alone: the caches stay");
+    assert_eq!(h.switch.fdb().dump().iter().filter(|e| e.is_static).count(), 1);
+
+    // A new peer: the peers are compiled again, and so is every bridge with a flood list.
+    let before = after;
+    let mut v = c.vtep.clone().unwrap();
+    v = v.peer(peer(3), mac(53));
+    c.vtep = Some(v);
+    h.apply(c.clone()).unwrap();
+    let after = h.switch.snapshot();
+    assert!(!Arc::ptr_eq(&before.peers, &after.peers));
+    assert!(!shared(&before, &after, red) && !shared(&before, &after, blue));
+    assert_eq!(after.peer_by_ip.len(), 3);
+
+    // Blue's VLAN changes: blue is rebuilt (its learned entries flushed), red is shared.
+    let before = after;
+    c.bridges[1].vlan = Some(21);
+    h.apply(c.clone()).unwrap();
+    let after = h.switch.snapshot();
+    assert!(shared(&before, &after, red) && !shared(&before, &after, blue));
+    assert_eq!(after.bd(blue as u16).unwrap().vlan, 21);
+    assert_eq!(h.switch.fdb().dump().iter().filter(|e| e.is_static).count(), 1, "blue's static MAC reinstalled after its flush");
+
+    // The same configuration again shares everything.
+    let before = after;
+    h.apply(c).unwrap();
+    let after = h.switch.snapshot();
+    assert!(shared(&before, &after, red) && shared(&before, &after, blue) && Arc::ptr_eq(&before.peers, &after.peers));
+}
