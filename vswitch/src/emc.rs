@@ -473,7 +473,11 @@ impl Emc {
 fn zeroed(sets: usize) -> Box<[[Entry; 2]]> {
     let b = Box::<[[Entry; 2]]>::new_zeroed_slice(sets);
     // SAFETY: an entry is four integers, for which all-zero bits are valid (and mean empty).
-    unsafe { b.assume_init() }
+    let b = unsafe { b.assume_init() };
+    // Lookups land anywhere in the table: with 4 KiB pages, a 64 MiB cache missed the TLB on
+    // nearly every one.
+    crate::util::back_with_huge_pages(&b);
+    b
 }
 
 #[cfg(test)]

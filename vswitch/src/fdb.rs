@@ -155,8 +155,11 @@ impl Fdb {
     pub fn new(max_entries: u32) -> Fdb {
         let max_entries = max_entries.max(16);
         let buckets = ((max_entries as usize * 2).div_ceil(WAYS)).next_power_of_two().max(4);
+        let table: Box<[Bucket]> = (0..buckets).map(|_| Bucket::default()).collect();
+        // Lookups land anywhere in the table (a million MACs: 128 MiB).
+        crate::util::back_with_huge_pages(&table);
         Fdb {
-            buckets: (0..buckets).map(|_| Bucket::default()).collect(),
+            buckets: table,
             mask: buckets as u32 - 1,
             max_entries,
             total: CountU32::new(0),

@@ -51,6 +51,33 @@ impl Hasher for FxHasher {
 }
 
 pub type FxMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// Backs the 2 MiB-aligned part of a large table with transparent huge pages, so that
+/// lookups spread over the table miss the TLB less: marks it for THP (whose "madvise" mode is
+/// the common default) and collapses the pages it already has into huge ones at once
+/// (`MADV_COLLAPSE`, Linux 6.1: a zeroed allocation of this alignment was written whole, in
+/// small pages, before it gets here). Best effort: where THP is off or the kernel is older,
+/// pages stay small and nothing else changes.
+pub fn back_with_huge_pages<T>(table: &[T]) {
+    const HUGE: usize = 2 << 20;
+    /// Not in the `libc` crate yet (include/uapi/asm-generic/mman-common.h).
+    const MADV_COLLAPSE: libc::c_int = 25;
+    let bytes = std::mem::size_of_val(table);
+    if bytes < 2 * HUGE {
+        return;
+    }
+    let start = table.as_ptr() as usize;
+    let (from, to) = (start.next_multiple_of(HUGE), (start + bytes) & !(HUGE - 1));
+    if to <= from {
+        return;
+    }
+    for advice in [libc::MADV_HUGEPAGE, MADV_COLLAPSE] {
+        // SAFETY: the range lies inside `table`'s own allocation, page-aligned; both advices
+        // only change how the kernel backs those pages (collapsing copies them into huge
+        // pages), never their contents.
+        unsafe { libc::madvise(from as *mut libc::c_void, to - from, advice) };
+    }
+}
+
 pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// A set of VLAN ids 0..4096.
