@@ -186,6 +186,7 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
         netns: env.netns.clone(),
         pod_namespace: env.args.get("K8S_POD_NAMESPACE").cloned().unwrap_or_default(),
         pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
+        pod_uid: env.args.get("K8S_POD_UID").cloned().unwrap_or_default(),
         network: p.network.clone(),
         cni_network: conf.name.clone(),
         ips: p.ips.clone(),

@@ -8,6 +8,7 @@ use clap::Parser;
 use knitter_control::manager::objects::Quota;
 use knitter_control::manager::sync::Liveness;
 use knitter_control::manager::tls::{ServerTls, TlsListener};
+use knitter_control::manager::cluster::{self, lease::LeaseOptions};
 use knitter_control::manager::{Config, Manager, grpc, rest};
 use knitter_control::network::Limits;
 use knitter_control::store::Store;
@@ -68,6 +69,28 @@ struct Args {
     /// Also require client certificates signed by this CA (PEM) on both APIs.
     #[arg(long, env = "KNITTER_MANAGER_TLS_CLIENT_CA", requires = "tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// Watch the Kubernetes cluster: release the ports of deleted pods and the ports and
+    /// flood-list place of deleted nodes (docs/kubernetes.md). In-cluster credentials, or
+    /// --kubeconfig / $KUBECONFIG.
+    #[arg(long, env = "KNITTER_KUBERNETES")]
+    kubernetes: bool,
+    /// The kubeconfig to use with --kubernetes (default: in-cluster, then $KUBECONFIG, then
+    /// ~/.kube/config).
+    #[arg(long, requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// The Lease managers elect their leader over: namespace/name.
+    #[arg(long, env = "KNITTER_LEASE", default_value = "kube-system/knitter-manager")]
+    lease: String,
+    /// This manager's identity in the Lease (default: the host name).
+    #[arg(long, env = "KNITTER_IDENTITY")]
+    identity: Option<String>,
+    /// Seconds a leader that stopped renewing keeps the Lease.
+    #[arg(long, default_value_t = 15)]
+    lease_secs: u64,
+    /// Leave the manager's nodes alone when the cluster deletes them (by default their
+    /// ports are released and they leave the flood lists).
+    #[arg(long)]
+    keep_deleted_nodes: bool,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -100,6 +123,32 @@ fn token(path: &Path) -> Result<String> {
     std::io::Write::write_all(&mut f, format!("{t}\n").as_bytes())?;
     tracing::info!(file = %path.display(), "generated a bearer token");
     Ok(t)
+}
+
+/// The Kubernetes controller of `--kubernetes`.
+async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controller> {
+    let config = match &a.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.context("the kubeconfig")?
+        }
+        None => kube::Config::infer().await.context("no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
+    };
+    let client = kube::Client::try_from(config).context("a Kubernetes client")?;
+    let (namespace, name) = a.lease.split_once('/').with_context(|| format!("--lease {:?} is not namespace/name", a.lease))?;
+    let identity = match &a.identity {
+        Some(i) => i.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).context("the host name (set --identity)")?,
+    };
+    let secs = a.lease_secs.max(3);
+    let lease = LeaseOptions {
+        namespace: namespace.into(),
+        name: name.into(),
+        identity,
+        duration: std::time::Duration::from_secs(secs),
+        retry: std::time::Duration::from_millis(secs * 1000 / 3),
+    };
+    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes }))
 }
 
 async fn stop_signal() {
@@ -179,6 +228,10 @@ fn main() -> Result<()> {
                 let _ = tokio::task::spawn_blocking(move || sweep(&m)).await;
             }
         });
+        if a.kubernetes {
+            let c = controller(&a, manager.clone()).await?;
+            tokio::spawn(c.run(stop_rx.clone()));
+        }
         let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &tls {

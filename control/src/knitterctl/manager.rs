@@ -391,7 +391,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             PortCmd::Show { container, interface } => show(out, c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |v| print_ports(std::slice::from_ref(v)))?,
             PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
                 let id = format!("{container}/{interface}");
-                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac })?).await?.into_inner();
+                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac, pod_uid: String::new() })?).await?.into_inner();
                 created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
             }
             PortCmd::Delete { container, interface } => {

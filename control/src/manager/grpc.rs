@@ -330,7 +330,7 @@ mod tests {
             shared: true,
         };
         round_trip::<_, pb::Network>(net);
-        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()) };
+        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into() };
         round_trip::<_, pb::PortSpec>(spec.clone());
         let port = Port {
             spec,

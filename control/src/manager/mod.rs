@@ -10,6 +10,7 @@
 //! - an IP group's members are held in the network's address space by the group itself
 //!   (so nothing else takes them) and handed to pods in the group's own address space.
 
+pub mod cluster;
 pub mod grpc;
 pub mod objects;
 pub mod rest;

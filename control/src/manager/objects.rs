@@ -123,6 +123,10 @@ pub struct PortSpec {
     /// in the network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_mac: Option<String>,
+    /// The pod's UID, when a Kubernetes pod asked (CNI_ARGS `K8S_POD_UID`): the manager's
+    /// Kubernetes controller releases the port once that pod is gone (docs/kubernetes.md).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_uid: String,
 }
 
 /// One address of a port, with what the pod needs to configure it.

@@ -37,6 +37,7 @@ pub fn port(network: &str, container: &str, pod: &str) -> PortSpec {
         ips: vec![],
         ip_group: None,
         requested_mac: None,
+        pod_uid: String::new(),
     }
 }
 

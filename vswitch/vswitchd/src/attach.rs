@@ -224,6 +224,7 @@ impl Attacher {
             ips: r.ips.clone(),
             ip_group: r.ip_group.clone(),
             requested_mac: r.mac.clone(),
+            pod_uid: r.pod_uid.clone(),
         };
         let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(|s| Self::manager_error(&link.address, s))?.into_inner().port;
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;

@@ -1,0 +1,283 @@
+//! The manager's Kubernetes controller (`knitter-manager --kubernetes`): watches the
+//! cluster's pods and nodes and gives back what the gone ones held — a deleted pod's ports
+//! (IP-group members keep their grace period, as on CNI DEL), a deleted node's ports and its
+//! place in the flood lists. After a restart or a watch gap (410 Gone) the watchers list
+//! again and the controller reconciles both ways ([`reconcile`]: never a port a live pod may
+//! hold, nothing newer than the list). Several managers elect one leader over a Lease
+//! ([`lease`]); only the leader acts, the others serve their APIs and wait.
+
+pub mod lease;
+pub mod reconcile;
+
+use crate::manager::{Filter, Manager};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use lease::{Elector, LeaseOptions};
+use reconcile::{Cluster, PodRef};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub lease: LeaseOptions,
+    /// Release the ports and flood-list place of nodes the cluster no longer has.
+    pub release_nodes: bool,
+}
+
+/// What the controller has done, for the API and metrics.
+#[derive(Debug, Default)]
+pub struct Status {
+    pub leader: AtomicBool,
+    /// Complete lists of pods or nodes taken (the first ones and every one after a watch gap).
+    pub relists: AtomicU64,
+    pub released_ports: AtomicU64,
+    pub released_nodes: AtomicU64,
+    /// How long the last reconcile after a list took.
+    pub last_reconcile_micros: AtomicU64,
+    pub pods: AtomicU64,
+    pub nodes: AtomicU64,
+    /// Watch errors seen (the watchers retry with a backoff).
+    pub watch_errors: AtomicU64,
+}
+
+pub struct Controller {
+    manager: Arc<Manager>,
+    client: Client,
+    opts: Options,
+    status: Arc<Status>,
+}
+
+/// A list in progress: its objects so far, and when it started (Unix seconds).
+struct Relist<T> {
+    items: Vec<T>,
+    started: u64,
+}
+
+impl Controller {
+    pub fn new(manager: Arc<Manager>, client: Client, opts: Options) -> Controller {
+        Controller { manager, client, opts, status: Arc::default() }
+    }
+
+    pub fn status(&self) -> Arc<Status> {
+        self.status.clone()
+    }
+
+    /// Runs until `stop` is set: the election, and the watchers while this manager leads
+    /// (both in this one future: whatever ends it ends both).
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        let (leader_tx, leader) = watch::channel(false);
+        let elector = Elector::new(self.client.clone(), self.opts.lease.clone());
+        tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
+    }
+
+    /// Leads whenever elected, until `stop` is set or the election ends.
+    async fn serve(&self, mut leader: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
+        let mut stopping = stop.clone();
+        loop {
+            tokio::select! {
+                led = until(&mut leader, true) => if !led { break },
+                _ = until(&mut stopping, true) => break,
+            }
+            tracing::info!(identity = %self.opts.lease.identity, "leading: watching pods and nodes");
+            self.status.leader.store(true, Relaxed);
+            self.lead(leader.clone(), stop.clone()).await;
+            self.status.leader.store(false, Relaxed);
+            if stop_set(&stop) {
+                break;
+            }
+            tracing::info!(identity = %self.opts.lease.identity, "no longer leading");
+        }
+    }
+
+    /// Watches pods and nodes and acts on them until leadership is lost or `stop` is set.
+    async fn lead(&self, mut leader: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+        let config = watcher::Config::default();
+        let mut pods = watcher(Api::<Pod>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        let mut nodes = watcher(Api::<KubeNode>::all(self.client.clone()), config).default_backoff().boxed();
+        let mut cluster = Cluster::default();
+        let (mut pod_list, mut node_list) = (None, None);
+        loop {
+            tokio::select! {
+                e = pods.next() => match e {
+                    Some(Ok(e)) => self.on_pod(e, &mut cluster, &mut pod_list).await,
+                    Some(Err(e)) => self.watch_error("pods", e),
+                    None => break,
+                },
+                e = nodes.next() => match e {
+                    Some(Ok(e)) => self.on_node(e, &mut cluster, &mut node_list).await,
+                    Some(Err(e)) => self.watch_error("nodes", e),
+                    None => break,
+                },
+                _ = until(&mut leader, false) => break,
+                _ = until(&mut stop, true) => break,
+            }
+            self.status.pods.store(cluster.pod_count() as u64, Relaxed);
+            self.status.nodes.store(cluster.node_count() as u64, Relaxed);
+        }
+    }
+
+    fn watch_error(&self, what: &str, e: watcher::Error) {
+        self.status.watch_errors.fetch_add(1, Relaxed);
+        tracing::warn!(watch = what, error = %e, "watch failed; retrying");
+    }
+
+    async fn on_pod(&self, e: watcher::Event<Pod>, cluster: &mut Cluster, list: &mut Option<Relist<(String, PodRef)>>) {
+        match e {
+            watcher::Event::Init => *list = Some(Relist { items: Vec::new(), started: crate::manager::now() }),
+            watcher::Event::InitApply(p) => {
+                if let (Some(l), Some(p)) = (list.as_mut(), pod_ref(&p)) {
+                    l.items.push(p);
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(l) = list.take() else { return };
+                self.status.relists.fetch_add(1, Relaxed);
+                cluster.set_pods(l.items);
+                let t = Instant::now();
+                let (view, cutoff) = (cluster.clone(), l.started);
+                let released = self
+                    .release(move |m| {
+                        let ports = m.list_ports(&Filter::default())?;
+                        Ok(reconcile::orphans(&ports, &view, cutoff).into_iter().cloned().collect())
+                    })
+                    .await;
+                self.status.last_reconcile_micros.store(t.elapsed().as_micros() as u64, Relaxed);
+                tracing::info!(pods = cluster.pod_count(), released, "pods listed and ports reconciled");
+            }
+            watcher::Event::Apply(p) => {
+                if let Some((uid, r)) = pod_ref(&p) {
+                    cluster.pod_applied(&uid, r);
+                }
+            }
+            watcher::Event::Delete(p) => {
+                let Some((uid, r)) = pod_ref(&p) else { return };
+                cluster.pod_deleted(&uid);
+                let view = cluster.clone();
+                self.release(move |m| {
+                    let ports = m.list_ports(&Filter { pod: r.name.clone(), ..Default::default() })?;
+                    Ok(reconcile::of_deleted_pod(&ports, &view, &uid, &r.name).into_iter().cloned().collect())
+                })
+                .await;
+            }
+        }
+    }
+
+    async fn on_node(&self, e: watcher::Event<KubeNode>, cluster: &mut Cluster, list: &mut Option<Relist<String>>) {
+        match e {
+            watcher::Event::Init => *list = Some(Relist { items: Vec::new(), started: crate::manager::now() }),
+            watcher::Event::InitApply(n) => {
+                if let (Some(l), Some(name)) = (list.as_mut(), n.metadata.name) {
+                    l.items.push(name);
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(l) = list.take() else { return };
+                self.status.relists.fetch_add(1, Relaxed);
+                cluster.set_nodes(l.items);
+                if cluster.node_count() == 0 {
+                    tracing::warn!("the cluster lists no nodes: releasing none");
+                    return;
+                }
+                let gone: Vec<String> = match self.blocking(|m| m.list_nodes()).await {
+                    Ok(nodes) => nodes.into_iter().map(|n| n.name).filter(|n| !cluster.has_node(n)).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listing the manager's nodes");
+                        return;
+                    }
+                };
+                for name in gone {
+                    self.release_node(name).await;
+                }
+            }
+            watcher::Event::Apply(n) => {
+                if let Some(name) = n.metadata.name {
+                    cluster.node_applied(&name);
+                }
+            }
+            watcher::Event::Delete(n) => {
+                if let Some(name) = n.metadata.name {
+                    cluster.node_deleted(&name);
+                    self.release_node(name).await;
+                }
+            }
+        }
+    }
+
+    /// Releases a node the cluster no longer has: its ports, and its place in the other
+    /// nodes' flood lists (the manager forgets it; nodes' sync streams drop it).
+    async fn release_node(&self, name: String) {
+        if !self.opts.release_nodes {
+            return;
+        }
+        let node = name.clone();
+        self.release(move |m| m.list_ports(&Filter { node: node.clone(), ..Default::default() })).await;
+        let node = name.clone();
+        match self.blocking(move |m| m.delete_node(&node)).await {
+            Ok(Some(_)) => {
+                self.status.released_nodes.fetch_add(1, Relaxed);
+                tracing::info!(node = %name, "node gone from the cluster: forgotten");
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(node = %name, error = %e, "forgetting a node gone from the cluster"),
+        }
+    }
+
+    /// Deletes the ports `pick` chooses (on a blocking thread: the store may be etcd); how
+    /// many went.
+    async fn release(&self, pick: impl FnOnce(&Manager) -> crate::manager::Result<Vec<crate::manager::objects::Port>> + Send + 'static) -> usize {
+        let r = self
+            .blocking(move |m| {
+                let mut gone = Vec::new();
+                for p in pick(m)? {
+                    if m.delete_port(&p.spec.container, &p.spec.interface)?.is_some() {
+                        gone.push(p);
+                    }
+                }
+                Ok(gone)
+            })
+            .await;
+        match r {
+            Ok(gone) => {
+                for p in &gone {
+                    tracing::info!(port = %format!("{}/{}", p.spec.container, p.spec.interface), pod = %p.spec.pod, uid = %p.spec.pod_uid, node = %p.spec.node, "released: its pod is gone");
+                }
+                self.status.released_ports.fetch_add(gone.len() as u64, Relaxed);
+                gone.len()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing ports of gone pods (retried at the next list)");
+                0
+            }
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Manager) -> crate::manager::Result<T> + Send + 'static) -> crate::manager::Result<T> {
+        let m = self.manager.clone();
+        tokio::task::spawn_blocking(move || f(&m))
+            .await
+            .unwrap_or_else(|e| Err(crate::manager::ManagerError::Busy(format!("controller task: {e}"))))
+    }
+}
+
+/// Waits until `rx` holds `want`; false when its sender is gone first.
+async fn until(rx: &mut watch::Receiver<bool>, want: bool) -> bool {
+    rx.wait_for(|v| *v == want).await.is_ok()
+}
+
+fn stop_set(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow()
+}
+
+/// A pod's UID and reference; `None` without a UID or name.
+fn pod_ref(p: &Pod) -> Option<(String, PodRef)> {
+    let m = &p.metadata;
+    let (uid, name) = (m.uid.clone()?, m.name.as_deref()?);
+    let ns = m.namespace.as_deref().unwrap_or("default");
+    let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    Some((uid, PodRef { name: format!("{ns}/{name}"), node }))
+}

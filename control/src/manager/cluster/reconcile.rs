@@ -1,0 +1,184 @@
+//! What the cluster's pods and nodes say about the manager's ports: which ports no pod holds
+//! any more. Pure decisions over a view of the cluster, so the rules are tested without one.
+//!
+//! The rules (docs/kubernetes.md):
+//! - Only ports that name a pod (`namespace/name`, as the CNI creates them) are the
+//!   cluster's; a port an operator made without a pod is never touched.
+//! - A port that recorded its pod's UID is released when no pod has that UID: a pod
+//!   re-created under the same name (a StatefulSet's) is another pod, with another port.
+//! - A port without a UID (made before the CNI passed one) is released only when no pod
+//!   has its name: while one does, it may be the holder.
+//! - Nothing created at or after the cut-off (the start of the relist the view came from)
+//!   is collected: a port made while the list was read may belong to a pod the list missed.
+//! - A port on a node the cluster no longer has is released with the node.
+
+use crate::manager::objects::Port;
+use std::collections::{HashMap, HashSet};
+
+/// A pod as the controller keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// `namespace/name`.
+    pub name: String,
+    pub node: String,
+}
+
+/// The cluster's pods (by UID) and nodes, as the last complete list and the events since
+/// made them.
+#[derive(Debug, Default, Clone)]
+pub struct Cluster {
+    pods: HashMap<String, PodRef>,
+    /// `namespace/name` → how many pods have it (two, briefly, while a StatefulSet's pod
+    /// is replaced).
+    names: HashMap<String, usize>,
+    nodes: HashSet<String>,
+}
+
+impl Cluster {
+    pub fn pod_applied(&mut self, uid: &str, pod: PodRef) {
+        if let Some(old) = self.pods.insert(uid.to_string(), pod.clone()) {
+            self.forget_name(&old.name);
+        }
+        *self.names.entry(pod.name).or_default() += 1;
+    }
+
+    /// Forgets a pod; returns it if it was known.
+    pub fn pod_deleted(&mut self, uid: &str) -> Option<PodRef> {
+        let old = self.pods.remove(uid)?;
+        self.forget_name(&old.name);
+        Some(old)
+    }
+
+    fn forget_name(&mut self, name: &str) {
+        if let Some(n) = self.names.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                self.names.remove(name);
+            }
+        }
+    }
+
+    pub fn node_applied(&mut self, name: &str) {
+        self.nodes.insert(name.to_string());
+    }
+
+    pub fn node_deleted(&mut self, name: &str) -> bool {
+        self.nodes.remove(name)
+    }
+
+    pub fn has_node(&self, name: &str) -> bool {
+        self.nodes.contains(name)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Replaces the pods with a complete list's.
+    pub fn set_pods(&mut self, pods: impl IntoIterator<Item = (String, PodRef)>) {
+        (self.pods, self.names) = Default::default();
+        for (uid, p) in pods {
+            self.pod_applied(&uid, p);
+        }
+    }
+
+    /// Replaces the nodes with a complete list's.
+    pub fn set_nodes(&mut self, nodes: impl IntoIterator<Item = String>) {
+        self.nodes = nodes.into_iter().collect();
+    }
+
+    /// Whether a pod may still hold `port`.
+    pub fn holds(&self, port: &Port) -> bool {
+        if port.spec.pod.is_empty() {
+            return true;
+        }
+        if port.spec.pod_uid.is_empty() {
+            self.names.contains_key(&port.spec.pod)
+        } else {
+            self.pods.contains_key(&port.spec.pod_uid)
+        }
+    }
+}
+
+/// The ports of `ports` no pod of `cluster` holds, made before `cutoff` (Unix seconds).
+pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> Vec<&'a Port> {
+    ports.iter().filter(|p| p.created < cutoff && !cluster.holds(p)).collect()
+}
+
+/// The ports of a pod just deleted (UID `uid`, `name`): those that recorded its UID, and
+/// those without a UID that name it when no other pod has the name now.
+pub fn of_deleted_pod<'a>(ports: &'a [Port], cluster: &Cluster, uid: &str, name: &str) -> Vec<&'a Port> {
+    ports
+        .iter()
+        .filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || (p.spec.pod_uid.is_empty() && !cluster.holds(p))))
+        .collect()
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::manager::objects::PortSpec;
+    use crate::network::{Kind, Plane};
+
+    fn port(container: &str, pod: &str, uid: &str, created: u64) -> Port {
+        Port {
+            spec: PortSpec {
+                network: "red".into(),
+                container: container.into(),
+                interface: "eth0".into(),
+                pod: pod.into(),
+                node: "n1".into(),
+                ips: vec![],
+                ip_group: None,
+                requested_mac: None,
+                pod_uid: uid.into(),
+            },
+            tenant: "admin".into(),
+            kind: Kind::Vxlan,
+            plane: Plane::default(),
+            segment: 5000,
+            mtu: 1450,
+            addresses: vec![],
+            mac: String::new(),
+            created,
+        }
+    }
+
+    fn pod(name: &str) -> PodRef {
+        PodRef { name: name.into(), node: "n1".into() }
+    }
+
+    #[test]
+    fn a_port_is_released_only_when_no_pod_can_hold_it() {
+        let mut c = Cluster::default();
+        c.set_pods([("u1".to_string(), pod("ns/web-0")), ("u3".to_string(), pod("ns/old"))]);
+        let ports = [
+            port("a", "ns/web-0", "u1", 10),  // its pod lives
+            port("b", "ns/web-0", "u0", 10),  // the same name, an earlier pod: gone
+            port("c", "ns/old", "", 10),      // no UID, a pod has the name
+            port("d", "ns/gone", "", 10),     // no UID, no pod has the name
+            port("e", "", "", 10),            // an operator's port
+            port("f", "ns/gone", "u9", 100),  // made after the list started
+        ];
+        let out: Vec<&str> = orphans(&ports, &c, 50).iter().map(|p| p.spec.container.as_str()).collect();
+        assert_eq!(out, ["b", "d"]);
+    }
+
+    #[test]
+    fn a_deleted_pod_takes_its_ports_and_no_namesakes() {
+        let mut c = Cluster::default();
+        c.pod_applied("u1", pod("ns/web-0"));
+        c.pod_applied("u2", pod("ns/web-0")); // its replacement, briefly beside it
+        let ports = [port("a", "ns/web-0", "u1", 1), port("b", "ns/web-0", "u2", 1), port("c", "ns/web-0", "", 1)];
+        assert_eq!(c.pod_deleted("u1"), Some(pod("ns/web-0")));
+        let out: Vec<&str> = of_deleted_pod(&ports, &c, "u1", "ns/web-0").iter().map(|p| p.spec.container.as_str()).collect();
+        assert_eq!(out, ["a"], "the name is still held: the port without a UID stays");
+        c.pod_deleted("u2");
+        let out: Vec<&str> = of_deleted_pod(&ports, &c, "u2", "ns/web-0").iter().map(|p| p.spec.container.as_str()).collect();
+        assert_eq!(out, ["b", "c"]);
+    }
+}

@@ -1,0 +1,281 @@
+//! A Kubernetes API server stand-in for the controller's tests (no kube-apiserver runs on
+//! these machines): pods and nodes with list and watch, Leases with `resourceVersion`
+//! preconditions, over plain HTTP, answering the real `kube` client as an API server does.
+//!
+//! What it models: one `resourceVersion` counter across objects; `GET /api/v1/{pods,nodes}`
+//! lists (any `limit` is ignored: everything in one page, no `continue`); `?watch=true`
+//! streams newline-delimited watch events after the given version (`ADDED`, `MODIFIED`,
+//! `DELETED`; a `BOOKMARK` after a quiet second when `allowWatchBookmarks`), and a watch
+//! from a version older than the history it keeps gets the `ERROR` event with the `Expired`
+//! Status and code 410, as the API server sends it; `timeoutSeconds` ends a watch.
+//! `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409
+//! `AlreadyExists`, 409 `Conflict` on a stale `resourceVersion`. Objects are k8s-openapi's
+//! own serialisations. What it does not model: authentication, field and label selectors,
+//! paging, other resources, `sendInitialEvents`, admission, and server-side defaulting.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use kube::api::ObjectMeta;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Pods,
+    Nodes,
+}
+
+struct Event {
+    rv: u64,
+    kind: Kind,
+    typ: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct Objects {
+    rv: u64,
+    objects: BTreeMap<(Kind, String), Value>,
+    leases: BTreeMap<String, Value>,
+    log: Vec<Event>,
+    /// Watches from a version below this get 410 (their history is gone).
+    oldest: u64,
+    /// Bumped to end every open watch.
+    cut: u64,
+    /// Requests seen, as "METHOD path?query".
+    requests: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    objects: Arc<Mutex<Objects>>,
+    changed: watch::Sender<u64>,
+}
+
+pub struct ApiServer {
+    pub url: String,
+    shared: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn status(code: u16, reason: &str, message: String) -> Response {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
+    (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response()
+}
+
+impl ApiServer {
+    pub async fn start() -> ApiServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr: SocketAddr = listener.local_addr().expect("address");
+        let shared = Shared { objects: Arc::default(), changed: watch::channel(0).0 };
+        let app = Router::new()
+            .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
+            .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
+            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
+            .fallback(|uri: axum::http::Uri| async move { status(404, "NotFound", format!("the stand-in does not serve {uri}")) })
+            .with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        ApiServer { url: format!("http://{addr}"), shared, task }
+    }
+
+    /// A client of this server, as the controller makes one from a kubeconfig.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url.parse().expect("url"));
+        kube::Client::try_from(config).expect("client")
+    }
+
+    fn change(&self, f: impl FnOnce(&mut Objects)) {
+        let cut = {
+            let mut o = self.shared.objects.lock().unwrap();
+            f(&mut o);
+            o.rv
+        };
+        self.shared.changed.send_replace(cut);
+    }
+
+    fn put(&self, kind: Kind, key: String, mut object: Value, typ: &'static str) {
+        self.change(|o| {
+            o.rv += 1;
+            object["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+            let rv = o.rv;
+            if typ == "DELETED" {
+                o.objects.remove(&(kind, key));
+            } else {
+                o.objects.insert((kind, key), object.clone());
+            }
+            o.log.push(Event { rv, kind, typ, object });
+        });
+    }
+
+    pub fn add_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) {
+        let pod = Pod {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), uid: Some(uid.into()), ..Default::default() },
+            spec: Some(PodSpec { node_name: Some(node.into()), containers: vec![Container { name: "app".into(), image: Some("app:1".into()), ..Default::default() }], ..Default::default() }),
+            status: None,
+        };
+        let v = serde_json::to_value(&pod).expect("a pod serialises");
+        self.put(Kind::Pods, format!("{namespace}/{name}"), v, "ADDED");
+    }
+
+    pub fn delete_pod(&self, namespace: &str, name: &str) {
+        let key = format!("{namespace}/{name}");
+        let Some(v) = self.shared.objects.lock().unwrap().objects.get(&(Kind::Pods, key.clone())).cloned() else { return };
+        self.put(Kind::Pods, key, v, "DELETED");
+    }
+
+    pub fn add_node(&self, name: &str) {
+        let node = Node { metadata: ObjectMeta { name: Some(name.into()), uid: Some(format!("node-{name}")), ..Default::default() }, ..Default::default() };
+        self.put(Kind::Nodes, name.into(), serde_json::to_value(&node).expect("a node serialises"), "ADDED");
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        let Some(v) = self.shared.objects.lock().unwrap().objects.get(&(Kind::Nodes, name.to_string())).cloned() else { return };
+        self.put(Kind::Nodes, name.into(), v, "DELETED");
+    }
+
+    /// Deletes pods with no event anyone can see, then forgets the history and ends every
+    /// open watch: the watchers come back with their last version and get 410 Gone (as
+    /// after an etcd compaction), and only a new list tells them the pods went.
+    pub fn delete_pods_unseen(&self, keys: &[(String, String)]) {
+        self.change(|o| {
+            for (ns, name) in keys {
+                o.objects.remove(&(Kind::Pods, format!("{ns}/{name}")));
+            }
+            o.rv += 1;
+            o.oldest = o.rv;
+            o.log.clear();
+            o.cut += 1;
+        });
+    }
+
+    /// The Lease's holder, if any.
+    pub fn lease_holder(&self, namespace: &str, name: &str) -> Option<String> {
+        let o = self.shared.objects.lock().unwrap();
+        o.leases.get(&format!("{namespace}/{name}"))?["spec"]["holderIdentity"].as_str().map(str::to_string)
+    }
+
+    /// How many requests matched `pred` so far.
+    pub fn requests(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.shared.objects.lock().unwrap().requests.iter().filter(|r| pred(r)).count()
+    }
+}
+
+async fn collection(State(s): State<Shared>, Query(q): Query<HashMap<String, String>>, kind: Kind) -> Response {
+    let query: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let path = if kind == Kind::Pods { "/api/v1/pods" } else { "/api/v1/nodes" };
+    s.objects.lock().unwrap().requests.push(format!("GET {path}?{}", query.join("&")));
+    let list_kind = if kind == Kind::Pods { "PodList" } else { "NodeList" };
+    if q.get("watch").map(String::as_str) != Some("true") {
+        let o = s.objects.lock().unwrap();
+        let items: Vec<Value> = o.objects.iter().filter(|((k, _), _)| *k == kind).map(|(_, v)| v.clone()).collect();
+        return axum::Json(json!({"apiVersion": "v1", "kind": list_kind, "metadata": {"resourceVersion": o.rv.to_string()}, "items": items})).into_response();
+    }
+    let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
+    let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
+    tokio::spawn(stream_watch(s, kind, from, bookmarks, timeout, tx));
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder().header("content-type", "application/json").body(body).unwrap_or_default()
+}
+
+/// Sends `kind`'s events after version `from` as they come, until the watch is cut or times
+/// out or the client goes.
+async fn stream_watch(s: Shared, kind: Kind, mut from: u64, bookmarks: bool, timeout: Duration, tx: tokio::sync::mpsc::Sender<Result<String, std::convert::Infallible>>) {
+    let mut changed = s.changed.subscribe();
+    let (cut, kind_name) = (s.objects.lock().unwrap().cut, if kind == Kind::Pods { "Pod" } else { "Node" });
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        let (lines, rv, expired, was_cut) = {
+            let o = s.objects.lock().unwrap();
+            if from < o.oldest {
+                let gone = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": format!("too old resource version: {from} ({})", o.oldest - 1), "reason": "Expired", "code": 410}});
+                (vec![gone.to_string()], o.rv, true, false)
+            } else {
+                let lines: Vec<String> = o.log.iter().filter(|e| e.kind == kind && e.rv > from).map(|e| json!({"type": e.typ, "object": e.object}).to_string()).collect();
+                (lines, o.rv, false, o.cut != cut)
+            }
+        };
+        let quiet = lines.is_empty();
+        for l in lines {
+            if tx.send(Ok(l + "\n")).await.is_err() {
+                return;
+            }
+        }
+        if expired || was_cut {
+            return;
+        }
+        from = rv;
+        tokio::select! {
+            r = changed.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {
+                if bookmarks && quiet {
+                    let b = json!({"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}}});
+                    if tx.send(Ok(b.to_string() + "\n")).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(end) => return,
+        }
+    }
+}
+
+async fn get_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let mut o = s.objects.lock().unwrap();
+    o.requests.push(format!("GET lease {ns}/{name}"));
+    match o.leases.get(&format!("{ns}/{name}")) {
+        Some(l) => axum::Json(l.clone()).into_response(),
+        None => status(404, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found")),
+    }
+}
+
+async fn create_lease(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut lease): axum::Json<Value>) -> Response {
+    let mut o = s.objects.lock().unwrap();
+    let name = lease["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    o.requests.push(format!("POST lease {ns}/{name}"));
+    let key = format!("{ns}/{name}");
+    if o.leases.contains_key(&key) {
+        return status(409, "AlreadyExists", format!("leases.coordination.k8s.io \"{name}\" already exists"));
+    }
+    o.rv += 1;
+    lease["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+    lease["metadata"]["uid"] = json!(format!("lease-{name}"));
+    lease["apiVersion"] = json!("coordination.k8s.io/v1");
+    lease["kind"] = json!("Lease");
+    o.leases.insert(key, lease.clone());
+    (StatusCode::CREATED, axum::Json(lease)).into_response()
+}
+
+async fn replace_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, axum::Json(mut lease): axum::Json<Value>) -> Response {
+    let mut o = s.objects.lock().unwrap();
+    o.requests.push(format!("PUT lease {ns}/{name}"));
+    let key = format!("{ns}/{name}");
+    let Some(have) = o.leases.get(&key) else { return status(404, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found")) };
+    if lease["metadata"]["resourceVersion"] != have["metadata"]["resourceVersion"] {
+        return status(409, "Conflict", format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"));
+    }
+    o.rv += 1;
+    lease["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+    o.leases.insert(key, lease.clone());
+    axum::Json(lease).into_response()
+}
