@@ -429,11 +429,15 @@ fn an_ip_group_pod_keeps_its_address_across_delete_and_recreate() {
     conf["ipGroup"] = "g1".into();
     let add = |container: &str, pod_name: &str| {
         let (ns, path) = pod("g");
-        let (ok, r) = lab::cni_args("ADD", container, &path, "eth0", &conf.to_string(), &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=apps;K8S_POD_NAME={pod_name}"));
+        let (ok, r) = lab::cni_args("ADD", container, &path, "eth0", &conf.to_string(), &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=apps;K8S_POD_NAME={pod_name};K8S_POD_UID=uid-{container}"));
         assert!(ok, "{r}");
         (ns, path, addr(&r))
     };
     let (n0, p0, ip0) = add("c-web0-a", "web-0");
+    // The pod's UID reaches the manager's port (its Kubernetes controller releases by it).
+    let shown = lab.mctl(&["-o", "json", "port", "show", "c-web0-a", "eth0"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("\"pod_uid\": \"uid-c-web0-a\"") || shown.contains("\"pod_uid\":\"uid-c-web0-a\""), "{shown}");
     let (n1, p1, ip1) = add("c-web1-a", "web-1");
     assert_ne!(ip0, ip1);
     // Both pods restart at once: deleted, then created again in the other order with new
