@@ -243,8 +243,7 @@ fn result(made: &[pb::Attachment]) -> AddResult {
 /// The NPWG device-info file Multus reads (`CNIDeviceInfoFile`): the socket and the role
 /// the pod's app plays on it.
 fn write_device_info(file: &str, a: &pb::Attachment) -> std::io::Result<()> {
-    let mode = if a.switch_listens { "client" } else { "server" };
-    let info = serde_json::json!({ "type": "vhost-user", "version": "1.1.0", "vhost-user": { "mode": mode, "path": a.socket_path } });
+    let info = knitter_api::device_info::vhost_user(&a.socket_path, a.switch_listens);
     let path = std::path::Path::new(file);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;

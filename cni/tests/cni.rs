@@ -265,6 +265,9 @@ fn a_dpdk_pod_gets_a_vhost_user_socket_and_talks_to_a_kernel_pod() {
     assert_eq!(std::fs::metadata(vhost_dir.join("ctr-dpdk-012")).unwrap().permissions().mode() & 0o777, 0o750);
     let di: serde_json::Value = serde_json::from_slice(&std::fs::read(&devinfo).unwrap()).unwrap();
     assert_eq!(di, json!({"type": "vhost-user", "version": "1.1.0", "vhost-user": {"mode": "server", "path": socket.display().to_string()}}));
+    // The node recorded the same device-info on the manager's port (for the pod's network-status).
+    let shown: serde_json::Value = serde_json::from_slice(&lab.mctl(&["-o", "json", "port", "show", container, "net1"]).stdout).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(shown["device_info"].as_str().unwrap_or("null")).unwrap(), di, "{shown}");
     let (ok, old) = lab.cni("ADD", container, &dp_path, "net1", &lab.conf("1.0.0", "media").as_object().cloned().map(|mut c| {
         c.insert("interfaceType".into(), "vhost-user".into());
         c.insert("vhostUser".into(), json!({ "dir": vhost_dir }));

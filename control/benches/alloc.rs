@@ -38,7 +38,7 @@ fn network() -> NetworkSpec {
 }
 
 fn port(name: String) -> PortSpec {
-    PortSpec { network: "bench".into(), container: name, interface: "eth0".into(), pod: String::new(), node: String::new(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new() }
+    PortSpec { network: "bench".into(), container: name, interface: "eth0".into(), pod: String::new(), node: String::new(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new(), device_info: None }
 }
 
 /// Latencies of one run, sorted, and its wall time.

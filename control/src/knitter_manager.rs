@@ -91,6 +91,10 @@ struct Args {
     /// ports are released and they leave the flood lists).
     #[arg(long)]
     keep_deleted_nodes: bool,
+    /// Keep each pod's k8s.v1.cni.cncf.io/network-status annotation current (standalone
+    /// mode; where Multus runs it writes that annotation itself: leave this off).
+    #[arg(long, requires = "kubernetes")]
+    network_status: bool,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -148,7 +152,7 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
         duration: std::time::Duration::from_secs(secs),
         retry: std::time::Duration::from_millis(secs * 1000 / 3),
     };
-    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes }))
+    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status }))
 }
 
 async fn stop_signal() {
@@ -228,11 +232,17 @@ fn main() -> Result<()> {
                 let _ = tokio::task::spawn_blocking(move || sweep(&m)).await;
             }
         });
+        let mut cluster = None;
         if a.kubernetes {
             let c = controller(&a, manager.clone()).await?;
+            cluster = Some((c.status(), c.identity().to_string()));
             tokio::spawn(c.run(stop_rx.clone()));
         }
-        let service = grpc::Grpc::new(manager.clone(), token.clone()).server();
+        let mut service = grpc::Grpc::new(manager.clone(), token.clone());
+        if let Some((s, id)) = &cluster {
+            service = service.with_cluster(s.clone(), id.clone());
+        }
+        let service = service.server();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.tonic()).context("gRPC TLS")?;
@@ -240,7 +250,7 @@ fn main() -> Result<()> {
         let grpc = builder
             .add_service(service)
             .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped(stop_rx.clone()));
-        let api = rest::Api { manager, token };
+        let api = rest::Api { manager, token, cluster };
         let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
         let rest_stop = stopped(stop_rx.clone());
         let rest = async move {

@@ -35,7 +35,7 @@ fn options(identity: &str) -> Options {
         duration: Duration::from_secs(3),
         retry: Duration::from_millis(300),
     };
-    Options { lease, release_nodes: true }
+    Options { lease, release_nodes: true, network_status: true }
 }
 
 /// A controller running on its own task; `stop` ends it gracefully, aborting the task kills it.
@@ -45,8 +45,12 @@ struct Running {
 }
 
 fn start(m: &Arc<Manager>, api: &ApiServer, identity: &str) -> Running {
+    start_with(m, api, options(identity))
+}
+
+fn start_with(m: &Arc<Manager>, api: &ApiServer, opts: Options) -> Running {
     let (stop, rx) = watch::channel(false);
-    let c = Controller::new(m.clone(), api.client(), options(identity));
+    let c = Controller::new(m.clone(), api.client(), opts);
     Running { stop, task: tokio::spawn(c.run(rx)) }
 }
 
@@ -188,10 +192,111 @@ async fn a_deleted_node_gives_back_its_ports_and_leaves_the_flood_lists() {
     for i in 0..6 {
         pod_with_port(&m, &api, &format!("p{i}"), if i % 2 == 0 { "n1" } else { "n2" });
     }
-    let c = start(&m, &api, "m1");
+    let c = start_with(&m, &api, Options { network_status: false, ..options("m1") });
     eventually("watching nodes", || api.requests(|r| r.starts_with("GET /api/v1/nodes?") && r.contains("watch=true")) > 0).await;
     api.delete_node("n1");
     eventually("n1's ports released", || port_pods(&m) == ["p1", "p3", "p5"].map(String::from).into()).await;
     eventually("n1 forgotten", || m.list_nodes().unwrap().iter().map(|n| n.name.clone()).collect::<Vec<_>>() == ["n2"]).await;
     c.stop().await;
+    assert_eq!(api.requests(|r| r.starts_with("PATCH")), 0, "network-status off (Multus writes it): no pod patched");
+}
+
+/// Standalone mode: each pod's `network-status` lists its interfaces as the manager holds
+/// them (network, interface, addresses, MAC, MTU, a vhost-user socket's device-info), kept
+/// current as ports come and go, with a merge patch of that one key; pods without ports
+/// are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_pods_get_a_current_network_status() {
+    use knitter_control::manager::cluster::reconcile::NETWORK_STATUS;
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_node("n1");
+    api.add_pod("apps", "plain", "uid-plain", "n1");
+    pod_with_port(&m, &api, "vnf", "n1");
+    let mut dp = port("red", "ctr-vnf", "apps/vnf");
+    (dp.interface, dp.pod_uid, dp.node) = ("net1".into(), "uid-vnf".into(), "n1".into());
+    dp.device_info = Some(knitter_api::device_info::vhost_user("/run/knitter/vhost/ctr-vnf/net1.sock", false).to_string());
+    m.create_port(dp).unwrap();
+    let c = start(&m, &api, "m1");
+    let status = || api.pod_annotation("apps", "vnf", NETWORK_STATUS).map(|s| serde_json::from_str::<serde_json::Value>(&s).unwrap());
+    eventually("the pod's network-status written", || status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 2))).await;
+    let s = status().unwrap();
+    let ports = m.list_ports(&Filter { pod: "apps/vnf".into(), ..Default::default() }).unwrap();
+    let eth1 = ports.iter().find(|p| p.spec.interface == "eth1").unwrap();
+    assert_eq!(s[0]["interface"], "eth1");
+    assert_eq!(s[0]["name"], "red");
+    assert_eq!(s[0]["ips"], serde_json::json!([eth1.addresses[0].address.to_string()]));
+    assert_eq!(s[0]["mac"], eth1.mac.as_str());
+    assert_eq!(s[0]["mtu"], eth1.mtu);
+    assert!(s[0].get("device-info").is_none());
+    assert_eq!(s[1]["interface"], "net1");
+    assert_eq!(s[1]["device-info"], serde_json::json!({"type": "vhost-user", "version": "1.1.0", "vhost-user": {"mode": "server", "path": "/run/knitter/vhost/ctr-vnf/net1.sock"}}));
+    m.delete_port("ctr-vnf", "net1").unwrap();
+    eventually("kept current: one interface left", || status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 1))).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let patches = api.requests(|r| r.starts_with("PATCH"));
+    assert_eq!(patches, 2, "one patch per change, none while nothing changes");
+    assert_eq!(api.requests(|r| r == "PATCH pod apps/plain"), 0, "a pod without ports is left alone");
+    c.stop().await;
+}
+
+/// knitter-manager --kubernetes as an operator runs it (a kubeconfig naming the API server):
+/// it takes the Lease, releases a deleted pod's port, and says so through `knitterctl manager
+/// status`, `GET /v1/kubernetes` and its metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_process_runs_the_controller_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start().await;
+    api.add_node("n1");
+    api.add_pod("apps", "p0", "uid-p0", "n1");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            api.url
+        ),
+    )
+    .unwrap();
+    let mdir = dir.path().join("m");
+    let kc = kubeconfig.to_str().unwrap().to_string();
+    let m = tokio::task::spawn_blocking(move || {
+        common::ManagerProc::start(&mdir, &["--kubernetes", "--kubeconfig", &kc, "--identity", "m1", "--lease-secs", "3", "--lease", "knitter/leader"])
+    })
+    .await
+    .unwrap();
+    eventually("the manager takes the Lease", || api.lease_holder("knitter", "leader").as_deref() == Some("m1")).await;
+    let ctl = {
+        let (grpc, token) = (m.grpc.clone(), dir.path().join("m/token"));
+        move |args: &[&str]| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+                .args(["--manager", &grpc, "--token-file"])
+                .arg(&token)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "knitterctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).to_string()
+        }
+    };
+    ctl(&["manager", "network", "create", "red", "--ipv4", "10.1.0.0/16"]);
+    ctl(&["manager", "port", "create", "--network", "red", "--container", "c0", "--pod", "apps/p0", "--node", "n1"]);
+    eventually("watching pods", || api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0).await;
+    api.delete_pod("apps", "p0");
+    let status = || serde_json::from_str::<serde_json::Value>(&ctl(&["-o", "json", "manager", "status"])).unwrap();
+    eventually("the port released, as the status says", || status()["released_ports"] == 1).await;
+    let s = status();
+    assert_eq!((s["identity"].as_str(), s["leader"].as_bool()), (Some("m1"), Some(true)), "{s}");
+    assert!(ctl(&["manager", "port", "list"]).lines().count() <= 1, "the port list is empty but for its header");
+    let get = |path: &str| {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&m.rest).unwrap();
+        write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        body
+    };
+    let metrics = get("/metrics");
+    assert!(metrics.contains("knitter_manager_kubernetes_leader 1") && metrics.contains("knitter_manager_kubernetes_released_ports_total 1"), "{metrics}");
+    assert!(get("/v1/kubernetes").contains("\"leader\":true"));
 }

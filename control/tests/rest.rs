@@ -25,7 +25,7 @@ impl Client {
     fn new() -> Client {
         let dir = tempfile::tempdir().unwrap();
         let m = Manager::new(Arc::new(Embedded::open(&dir.path().join("s.redb")).unwrap()), Config::default()).unwrap();
-        Client { app: rest::router(Api { manager: Arc::new(m), token: TOKEN.into() }), _dir: dir }
+        Client { app: rest::router(Api { manager: Arc::new(m), token: TOKEN.into(), cluster: None }), _dir: dir }
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>, from: &str) -> (StatusCode, Value) {
@@ -108,6 +108,8 @@ async fn curl_users_get_codes_reasons_and_idempotent_creates() {
     assert_eq!(c.send("DELETE", "/v1/ports/c1/eth0", json!(null)).await.0, StatusCode::NOT_FOUND);
     let (s, h) = c.get("/v1/health").await;
     assert_eq!((s, h["status"].as_str()), (StatusCode::OK, Some("serving")));
+    let (s, e) = c.get("/v1/kubernetes").await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")), "no controller without --kubernetes");
 }
 
 #[test]

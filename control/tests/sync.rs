@@ -113,7 +113,7 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
 }
 
 fn port(container: &str, node: &str) -> PortSpec {
-    PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: node.into(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new() }
+    PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: node.into(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new(), device_info: None }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod device_info;
 pub mod logging;
 
 use std::path::{Path, PathBuf};

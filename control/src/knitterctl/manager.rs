@@ -76,6 +76,8 @@ pub enum ManagerCmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
+    /// The manager's Kubernetes controller: leader or standby, lists taken, what it released.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -342,6 +344,12 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
     let mut c = ManagerClient::new(t.channel()?);
     let none = || list(None, None, None, None, None);
     match cmd {
+        ManagerCmd::Status => show(out, c.get_kubernetes_status(authed(t, none())?).await?.into_inner(), |s| {
+            let role = if s.leader { "leader (holds the Lease)" } else { "standby" };
+            println!("kubernetes controller: {} as {:?}", role, s.identity);
+            println!("  pods {}, nodes {} in view; lists taken {}; watch errors {}", s.pods, s.nodes, s.relists, s.watch_errors);
+            println!("  released: {} ports, {} nodes; last reconcile {:.1} ms", s.released_ports, s.released_nodes, s.last_reconcile_micros as f64 / 1000.0);
+        })?,
         ManagerCmd::Tenant { cmd } => match cmd {
             TenantCmd::List => show(out, c.list_tenants(authed(t, none())?).await?.into_inner().items, |v| print_tenants(v))?,
             TenantCmd::Show { name } => show(out, c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_tenants(std::slice::from_ref(v)))?,
@@ -391,7 +399,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             PortCmd::Show { container, interface } => show(out, c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |v| print_ports(std::slice::from_ref(v)))?,
             PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
                 let id = format!("{container}/{interface}");
-                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac, pod_uid: String::new() })?).await?.into_inner();
+                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac, pod_uid: String::new(), device_info: None })?).await?.into_inner();
                 created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
             }
             PortCmd::Delete { container, interface } => {

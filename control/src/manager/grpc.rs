@@ -45,6 +45,8 @@ pub fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, ManagerErr
 pub struct Grpc {
     manager: Arc<Manager>,
     token: Arc<str>,
+    /// The Kubernetes controller's counters and this manager's identity, when it runs one.
+    cluster: Option<(Arc<super::cluster::Status>, String)>,
     /// The latest cluster view, for every sync stream.
     views: watch::Receiver<Option<Arc<ClusterView>>>,
 }
@@ -85,7 +87,13 @@ impl Grpc {
                 }
             }
         });
-        Grpc { manager, token, views }
+        Grpc { manager, token, views, cluster: None }
+    }
+
+    /// Serves the Kubernetes controller's state too.
+    pub fn with_cluster(mut self, status: Arc<super::cluster::Status>, identity: String) -> Grpc {
+        self.cluster = Some((status, identity));
+        self
     }
 
     pub fn server(self) -> ManagerServer<Grpc> {
@@ -275,6 +283,12 @@ impl pb::manager_server::Manager for Grpc {
         self.call(r, true, |m, n: pb::Name| deleted("node", n.name.clone(), m.delete_node(&n.name)?)).await
     }
 
+    async fn get_kubernetes_status(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::KubernetesStatus>, Status> {
+        self.authorize(&r, false)?;
+        let (status, identity) = self.cluster.as_ref().ok_or_else(|| Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller"))?;
+        Ok(Response::new(convert(&status.report(identity))?))
+    }
+
     type SyncStream = SyncStream;
 
     async fn sync(&self, r: Request<pb::SyncRequest>) -> Result<Response<SyncStream>, Status> {
@@ -330,7 +344,7 @@ mod tests {
             shared: true,
         };
         round_trip::<_, pb::Network>(net);
-        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into() };
+        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into(), device_info: Some(r#"{"type":"vhost-user"}"#.into()) };
         round_trip::<_, pb::PortSpec>(spec.clone());
         let port = Port {
             spec,

@@ -542,6 +542,11 @@ impl Manager {
         if spec.interface.is_empty() || spec.interface.len() > 15 || spec.interface.contains(['/', ' ', '\0']) {
             return Err(ManagerError::Invalid(format!("interface name {:?} must be 1-15 characters without '/' or spaces", spec.interface)));
         }
+        if let Some(info) = &spec.device_info
+            && !serde_json::from_str::<serde_json::Value>(info).is_ok_and(|v| v.is_object())
+        {
+            return Err(ManagerError::Invalid(format!("device_info {info:?} is not a JSON object (NPWG device-info)")));
+        }
         let (net, _) = self.network(&spec.network)?;
         for (i, ip) in spec.ips.iter().enumerate() {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {

@@ -127,6 +127,10 @@ pub struct PortSpec {
     /// Kubernetes controller releases the port once that pod is gone (docs/kubernetes.md).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pod_uid: String,
+    /// The interface's NPWG device-info (a JSON object as text; a vhost-user socket, say),
+    /// published in the pod's `network-status` by the Kubernetes controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_info: Option<String>,
 }
 
 /// One address of a port, with what the pod needs to configure it.

@@ -27,6 +27,8 @@ pub struct Api {
     pub manager: Arc<Manager>,
     /// The bearer token mutations (and non-loopback reads) must carry.
     pub token: Arc<str>,
+    /// The Kubernetes controller's counters and this manager's identity, when it runs one.
+    pub cluster: Option<(Arc<super::cluster::Status>, String)>,
 }
 
 #[derive(Serialize)]
@@ -111,6 +113,18 @@ async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>
 async fn health(State(api): State<Api>) -> Reply {
     let rev = blocking(&api, |m| Ok(m.store().revision()?)).await?;
     ok(serde_json::json!({ "status": "serving", "revision": rev }))
+}
+
+/// The Kubernetes controller's state; 404 when this manager runs none.
+async fn kubernetes(State(api): State<Api>) -> Reply {
+    let (status, identity) = api.cluster.as_ref().ok_or_else(|| ManagerError::NotFound { what: "Kubernetes controller", name: "(knitter-manager runs without --kubernetes)".into() })?;
+    ok(status.report(identity))
+}
+
+/// Prometheus metrics: the Kubernetes controller's (none without one).
+async fn metrics(State(api): State<Api>) -> Response {
+    let text = api.cluster.as_ref().map(|(s, id)| s.report(id).metrics()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn openapi() -> Response {
@@ -239,6 +253,8 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ManagerError {
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/health"),
     ("get", "/v1/openapi.json"),
+    ("get", "/v1/kubernetes"),
+    ("get", "/metrics"),
     ("get", "/v1/tenants"),
     ("post", "/v1/tenants"),
     ("get", "/v1/tenants/{name}"),
@@ -267,6 +283,8 @@ pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/kubernetes", get(kubernetes))
+        .route("/metrics", get(metrics))
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
         .route("/v1/tenants/{name}", get(get_tenant).delete(delete_tenant))
         .route("/v1/tenants/{name}/quota", axum::routing::put(set_quota))

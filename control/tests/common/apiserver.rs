@@ -8,6 +8,8 @@
 //! `DELETED`; a `BOOKMARK` after a quiet second when `allowWatchBookmarks`), and a watch
 //! from a version older than the history it keeps gets the `ERROR` event with the `Expired`
 //! Status and code 410, as the API server sends it; `timeoutSeconds` ends a watch.
+//! `GET` and JSON merge `PATCH` (RFC 7386, `application/merge-patch+json` only) of one pod,
+//! answered with the object and seen by watches as `MODIFIED`;
 //! `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409
 //! `AlreadyExists`, 409 `Conflict` on a stale `resourceVersion`. Objects are k8s-openapi's
 //! own serialisations. What it does not model: authentication, field and label selectors,
@@ -86,6 +88,7 @@ impl ApiServer {
         let app = Router::new()
             .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
             .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
+            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .fallback(|uri: axum::http::Uri| async move { status(404, "NotFound", format!("the stand-in does not serve {uri}")) })
@@ -172,6 +175,12 @@ impl ApiServer {
         o.leases.get(&format!("{namespace}/{name}"))?["spec"]["holderIdentity"].as_str().map(str::to_string)
     }
 
+    /// A pod's annotation, if it has it.
+    pub fn pod_annotation(&self, namespace: &str, name: &str, key: &str) -> Option<String> {
+        let o = self.shared.objects.lock().unwrap();
+        o.objects.get(&(Kind::Pods, format!("{namespace}/{name}")))?["metadata"]["annotations"][key].as_str().map(str::to_string)
+    }
+
     /// How many requests matched `pred` so far.
     pub fn requests(&self, pred: impl Fn(&str) -> bool) -> usize {
         self.shared.objects.lock().unwrap().requests.iter().filter(|r| pred(r)).count()
@@ -238,6 +247,52 @@ async fn stream_watch(s: Shared, kind: Kind, mut from: u64, bookmarks: bool, tim
             _ = tokio::time::sleep_until(end) => return,
         }
     }
+}
+
+async fn get_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    match s.objects.lock().unwrap().objects.get(&(Kind::Pods, format!("{ns}/{name}"))) {
+        Some(p) => axum::Json(p.clone()).into_response(),
+        None => status(404, "NotFound", format!("pods \"{name}\" not found")),
+    }
+}
+
+/// A JSON merge patch (RFC 7386: objects merge, `null` removes, anything else replaces).
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+    let kind = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    if kind != "application/merge-patch+json" {
+        return status(415, "UnsupportedMediaType", format!("the stand-in takes merge patches only, not {kind:?}"));
+    }
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else { return status(400, "BadRequest", "the patch is not JSON".into()) };
+    let updated = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("PATCH pod {ns}/{name}"));
+        let key = (Kind::Pods, format!("{ns}/{name}"));
+        let Some(mut pod) = o.objects.get(&key).cloned() else { return status(404, "NotFound", format!("pods \"{name}\" not found")) };
+        merge(&mut pod, &patch);
+        o.rv += 1;
+        pod["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+        let rv = o.rv;
+        o.objects.insert(key, pod.clone());
+        o.log.push(Event { rv, kind: Kind::Pods, typ: "MODIFIED", object: pod.clone() });
+        pod
+    };
+    s.changed.send_modify(|c| *c += 1);
+    axum::Json(updated).into_response()
 }
 
 async fn get_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {

@@ -38,6 +38,7 @@ pub fn port(network: &str, container: &str, pod: &str) -> PortSpec {
         ip_group: None,
         requested_mac: None,
         pod_uid: String::new(),
+        device_info: None,
     }
 }
 

@@ -225,6 +225,10 @@ impl Attacher {
             ip_group: r.ip_group.clone(),
             requested_mac: r.mac.clone(),
             pod_uid: r.pod_uid.clone(),
+            device_info: r.vhost_user.as_ref().and_then(|v| {
+                let l = handoff::layout(&handoff_dir(v), &r.container_id, &r.ifname).ok()?;
+                Some(knitter_api::device_info::vhost_user(&l.socket.display().to_string(), v.switch_listens).to_string())
+            }),
         };
         let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(|s| Self::manager_error(&link.address, s))?.into_inner().port;
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
@@ -274,10 +278,7 @@ impl Attacher {
             host_ifname: host_name(key),
             network_kind: port.kind.clone(),
             segment: port.segment,
-            vhost: r.vhost_user.as_ref().map(|v| VhostHandoff {
-                dir: if v.dir.is_empty() { handoff::DEFAULT_DIR.into() } else { v.dir.clone().into() },
-                switch_listens: v.switch_listens,
-            }),
+            vhost: r.vhost_user.as_ref().map(|v| VhostHandoff { dir: handoff_dir(v), switch_listens: v.switch_listens }),
         };
         let mut bridge = BridgeConfig::new(&r.network);
         match port.kind.as_str() {
@@ -537,6 +538,11 @@ impl pb::attach_server::Attach for Attacher {
 
 /// The longest ADD waits for a pod's new interface to carry frames.
 const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The host directory of a vhost-user hand-off (the default when the request names none).
+fn handoff_dir(v: &pb::VhostUserHandoff) -> std::path::PathBuf {
+    if v.dir.is_empty() { handoff::DEFAULT_DIR.into() } else { v.dir.clone().into() }
+}
 
 #[cfg(test)]
 mod tests {

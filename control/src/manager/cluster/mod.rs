@@ -27,6 +27,9 @@ pub struct Options {
     pub lease: LeaseOptions,
     /// Release the ports and flood-list place of nodes the cluster no longer has.
     pub release_nodes: bool,
+    /// Keep each pod's `network-status` annotation current (standalone mode: where Multus
+    /// runs, it writes that annotation itself and this stays off).
+    pub network_status: bool,
 }
 
 /// What the controller has done, for the API and metrics.
@@ -43,6 +46,63 @@ pub struct Status {
     pub nodes: AtomicU64,
     /// Watch errors seen (the watchers retry with a backoff).
     pub watch_errors: AtomicU64,
+    /// Pods' network-status annotations written.
+    pub status_patches: AtomicU64,
+}
+
+/// [`Status`] read at once (the API's and knitterctl's view; metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StatusReport {
+    /// This manager's identity in the Lease.
+    pub identity: String,
+    pub leader: bool,
+    pub relists: u64,
+    pub released_ports: u64,
+    pub released_nodes: u64,
+    pub last_reconcile_micros: u64,
+    pub pods: u64,
+    pub nodes: u64,
+    pub watch_errors: u64,
+    pub status_patches: u64,
+}
+
+impl Status {
+    pub fn report(&self, identity: &str) -> StatusReport {
+        StatusReport {
+            identity: identity.to_string(),
+            leader: self.leader.load(Relaxed),
+            relists: self.relists.load(Relaxed),
+            released_ports: self.released_ports.load(Relaxed),
+            released_nodes: self.released_nodes.load(Relaxed),
+            last_reconcile_micros: self.last_reconcile_micros.load(Relaxed),
+            pods: self.pods.load(Relaxed),
+            nodes: self.nodes.load(Relaxed),
+            watch_errors: self.watch_errors.load(Relaxed),
+            status_patches: self.status_patches.load(Relaxed),
+        }
+    }
+}
+
+impl StatusReport {
+    /// The report as Prometheus metrics (text exposition format).
+    pub fn metrics(&self) -> String {
+        let rows: [(&str, &str, &str, u64); 9] = [
+            ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", self.leader as u64),
+            ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists),
+            ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports),
+            ("knitter_manager_kubernetes_released_nodes_total", "counter", "nodes forgotten because the cluster deleted them", self.released_nodes),
+            ("knitter_manager_kubernetes_watch_errors_total", "counter", "watch errors (the watchers retry with a backoff)", self.watch_errors),
+            ("knitter_manager_kubernetes_pods", "gauge", "pods in the controller's view", self.pods),
+            ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes),
+            ("knitter_manager_kubernetes_last_reconcile_microseconds", "gauge", "how long the last reconcile after a list took", self.last_reconcile_micros),
+            ("knitter_manager_kubernetes_network_status_patches_total", "counter", "pods' network-status annotations written", self.status_patches),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, v) in rows {
+            out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+        }
+        out
+    }
 }
 
 pub struct Controller {
@@ -65,6 +125,10 @@ impl Controller {
 
     pub fn status(&self) -> Arc<Status> {
         self.status.clone()
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.opts.lease.identity
     }
 
     /// Runs until `stop` is set: the election, and the watchers while this manager leads
@@ -101,8 +165,13 @@ impl Controller {
         let mut nodes = watcher(Api::<KubeNode>::all(self.client.clone()), config).default_backoff().boxed();
         let mut cluster = Cluster::default();
         let (mut pod_list, mut node_list) = (None, None);
+        let mut published = None;
+        let mut tick = tokio::time::interval(STATUS_EVERY);
         loop {
             tokio::select! {
+                _ = tick.tick(), if self.opts.network_status && pod_list.is_none() => {
+                    self.publish_network_status(&mut cluster, &mut published).await;
+                }
                 e = pods.next() => match e {
                     Some(Ok(e)) => self.on_pod(e, &mut cluster, &mut pod_list).await,
                     Some(Err(e)) => self.watch_error("pods", e),
@@ -118,6 +187,62 @@ impl Controller {
             }
             self.status.pods.store(cluster.pod_count() as u64, Relaxed);
             self.status.nodes.store(cluster.node_count() as u64, Relaxed);
+        }
+    }
+
+    /// Writes the `network-status` of every pod whose ports changed (or whose annotation
+    /// says something else) since `published` (the store revision and pods' generation of
+    /// the last pass).
+    async fn publish_network_status(&self, cluster: &mut Cluster, published: &mut Option<(u64, u64)>) {
+        let revision = match self.blocking(|m| Ok(m.store().revision()?)).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the store's revision for the pods' network-status");
+                return;
+            }
+        };
+        if *published == Some((revision, cluster.generation())) {
+            return;
+        }
+        // A change after the revision was read is seen at the next pass (the revision moved).
+        let ports = match self.blocking(|m| m.list_ports(&Filter::default())).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading ports for the pods' network-status");
+                return;
+            }
+        };
+        let mut due = Vec::new();
+        for (uid, pod) in cluster.pods() {
+            let mine = reconcile::ports_of(&ports, uid, &pod.name);
+            if mine.is_empty() {
+                continue;
+            }
+            let want = reconcile::network_status(&mine);
+            if pod.network_status.as_deref() != Some(want.as_str()) {
+                due.push((uid.clone(), pod.name.clone(), want));
+            }
+        }
+        let mut failed = false;
+        for (uid, name, want) in due {
+            let Some((ns, pod)) = name.split_once('/') else { continue };
+            let patch = serde_json::json!({ "metadata": { "annotations": { reconcile::NETWORK_STATUS: want } } });
+            let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+            match api.patch(pod, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    self.status.status_patches.fetch_add(1, Relaxed);
+                    cluster.set_network_status(&uid, want);
+                }
+                // Gone meanwhile: its delete event follows.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(pod = %name, error = %e, "writing the pod's network-status (retried)");
+                }
+            }
+        }
+        if !failed {
+            *published = Some((revision, cluster.generation()));
         }
     }
 
@@ -264,6 +389,9 @@ impl Controller {
     }
 }
 
+/// How often the pods' network-status is brought up to date (when anything changed).
+const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Waits until `rx` holds `want`; false when its sender is gone first.
 async fn until(rx: &mut watch::Receiver<bool>, want: bool) -> bool {
     rx.wait_for(|v| *v == want).await.is_ok()
@@ -279,5 +407,6 @@ fn pod_ref(p: &Pod) -> Option<(String, PodRef)> {
     let (uid, name) = (m.uid.clone()?, m.name.as_deref()?);
     let ns = m.namespace.as_deref().unwrap_or("default");
     let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    Some((uid, PodRef { name: format!("{ns}/{name}"), node }))
+    let network_status = m.annotations.as_ref().and_then(|a| a.get(reconcile::NETWORK_STATUS)).cloned();
+    Some((uid, PodRef { name: format!("{ns}/{name}"), node, network_status }))
 }

@@ -21,6 +21,8 @@ pub struct PodRef {
     /// `namespace/name`.
     pub name: String,
     pub node: String,
+    /// Its `k8s.v1.cni.cncf.io/network-status` annotation.
+    pub network_status: Option<String>,
 }
 
 /// The cluster's pods (by UID) and nodes, as the last complete list and the events since
@@ -32,10 +34,13 @@ pub struct Cluster {
     /// is replaced).
     names: HashMap<String, usize>,
     nodes: HashSet<String>,
+    /// Moves on every change to the pods.
+    generation: u64,
 }
 
 impl Cluster {
     pub fn pod_applied(&mut self, uid: &str, pod: PodRef) {
+        self.generation += 1;
         if let Some(old) = self.pods.insert(uid.to_string(), pod.clone()) {
             self.forget_name(&old.name);
         }
@@ -44,6 +49,7 @@ impl Cluster {
 
     /// Forgets a pod; returns it if it was known.
     pub fn pod_deleted(&mut self, uid: &str) -> Option<PodRef> {
+        self.generation += 1;
         let old = self.pods.remove(uid)?;
         self.forget_name(&old.name);
         Some(old)
@@ -68,6 +74,22 @@ impl Cluster {
 
     pub fn has_node(&self, name: &str) -> bool {
         self.nodes.contains(name)
+    }
+
+    /// Moves on every change to the pods (what [`network_status`] depends on besides ports).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = (&String, &PodRef)> {
+        self.pods.iter()
+    }
+
+    /// Records the network-status a pod was just given (before its watch event says so).
+    pub fn set_network_status(&mut self, uid: &str, value: String) {
+        if let Some(p) = self.pods.get_mut(uid) {
+            p.network_status = Some(value);
+        }
     }
 
     pub fn pod_count(&self) -> usize {
@@ -104,6 +126,40 @@ impl Cluster {
     }
 }
 
+/// The annotation Multus and NPWG define for a pod's interfaces.
+pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// The ports of `ports` that are pod `uid`'s (`name`: namespace/name), by interface.
+pub fn ports_of<'a>(ports: &'a [Port], uid: &str, name: &str) -> Vec<&'a Port> {
+    let mut mine: Vec<&Port> =
+        ports.iter().filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || p.spec.pod_uid.is_empty())).collect();
+    mine.sort_by(|a, b| a.spec.interface.cmp(&b.spec.interface));
+    mine
+}
+
+/// The `network-status` value (NPWG `NetworkStatus` list, JSON) of a pod's ports: network,
+/// interface, addresses, MAC, MTU and, where the node recorded one, the device-info (a
+/// vhost-user socket).
+pub fn network_status(ports: &[&Port]) -> String {
+    let entries: Vec<serde_json::Value> = ports
+        .iter()
+        .map(|p| {
+            let mut e = serde_json::json!({
+                "name": p.spec.network,
+                "interface": p.spec.interface,
+                "ips": p.addresses.iter().map(|a| a.address.to_string()).collect::<Vec<_>>(),
+                "mac": p.mac,
+                "mtu": p.mtu,
+            });
+            if let Some(info) = p.spec.device_info.as_deref().and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok()) {
+                e["device-info"] = info;
+            }
+            e
+        })
+        .collect();
+    serde_json::Value::Array(entries).to_string()
+}
+
 /// The ports of `ports` no pod of `cluster` holds, made before `cutoff` (Unix seconds).
 pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> Vec<&'a Port> {
     ports.iter().filter(|p| p.created < cutoff && !cluster.holds(p)).collect()
@@ -136,6 +192,7 @@ mod test {
                 ip_group: None,
                 requested_mac: None,
                 pod_uid: uid.into(),
+                device_info: None,
             },
             tenant: "admin".into(),
             kind: Kind::Vxlan,
@@ -149,7 +206,7 @@ mod test {
     }
 
     fn pod(name: &str) -> PodRef {
-        PodRef { name: name.into(), node: "n1".into() }
+        PodRef { name: name.into(), node: "n1".into(), network_status: None }
     }
 
     #[test]
