@@ -83,10 +83,6 @@ pub struct Switch {
     control: Mutex<Control>,
     threads: Mutex<Vec<Arc<ThreadStats>>>,
     baselines: Mutex<Baselines>,
-    /// Snapshots replaced, kept until no PMD thread reads them any more and then dropped
-    /// here, on a control thread: a PMD thread adopting the next one never frees a large
-    /// configuration itself (4 096 bridge domains' worth stalled its ports ~1 ms).
-    retired: Mutex<Vec<Arc<Snapshot>>>,
 }
 
 impl std::fmt::Debug for Switch {
@@ -107,7 +103,6 @@ impl Switch {
             control: Mutex::new(Control::default()),
             threads: Mutex::new(Vec::new()),
             baselines: Mutex::new(Baselines::default()),
-            retired: Mutex::new(Vec::new()),
         })
     }
 
@@ -206,18 +201,8 @@ impl Switch {
         flush.run(&self.fdb);
         let snap = self.current.load();
         self.sync_static_macs(&mut c, &snap, &flush);
-        self.retire(old);
         tracing::info!(generation, "configuration applied");
         Ok(generation)
-    }
-
-    /// Keeps `old` until nothing else holds it; drops those retired before that nothing
-    /// else holds now (an `Arc` only this list holds cannot be cloned again: the switch no
-    /// longer hands it out).
-    fn retire(&self, old: Arc<Snapshot>) {
-        let mut r = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        r.retain(|s| Arc::strong_count(s) > 1);
-        r.push(old);
     }
 
     /// Makes the FDB's static entries exactly those of the snapshot, touching only those

@@ -318,23 +318,3 @@ fn a_change_rebuilds_only_what_it_touches() {
     let after = h.switch.snapshot();
     assert!(shared(&before, &after, red) && shared(&before, &after, blue) && Arc::ptr_eq(&before.peers, &after.peers));
 }
-
-/// A replaced snapshot is freed by the switch on a control thread, never by a PMD thread
-/// adopting the next one: it stays retired while a reader holds it, and goes at a later
-/// apply once nobody does.
-#[test]
-fn a_replaced_snapshot_is_freed_by_the_switch_not_by_its_last_reader() {
-    use std::sync::Arc;
-    let h = harness();
-    let held = h.switch.snapshot(); // as a PMD thread holds the snapshot it polls with
-    let mut c = base();
-    c.ports.push(PortConfig::access("p3", "blue"));
-    h.switch.apply(c.clone()).unwrap();
-    assert_eq!(Arc::strong_count(&held), 2, "the switch keeps the replaced snapshot: the reader's drop is not the last");
-    let weak = Arc::downgrade(&held);
-    drop(held);
-    assert!(weak.upgrade().is_some(), "still retired");
-    c.ports.pop();
-    h.switch.apply(c).unwrap();
-    assert!(weak.upgrade().is_none(), "freed by the next apply, once nobody read it");
-}
