@@ -88,16 +88,17 @@ pub const LENT_HEAD: usize = 128;
 
 /// A transmit chain of one buffer (header and frame) as a lent packet: its first
 /// [`LENT_HEAD`] bytes copied, the rest left in the guest's buffer, which the caller keeps
-/// (does not return to the guest) until the port's `rx_done`. Frames that ask for offload
-/// work are copied whole (`from_buffer`), as the offload code reads the whole frame.
+/// (does not return to the guest) until the port's `rx_done`; and whether it was lent.
+/// Frames that ask for offload work are copied whole (`from_buffer`: not lent), as the
+/// offload code reads the whole frame.
 ///
 /// # Safety
 /// `b` must stay mapped and its descriptor unreturned until the port's `rx_done` for this
 /// burst (see `vswitch::LentTail`).
 #[inline]
-pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<(BufId, bool), NetError> {
     if b.read_array::<2>() != Some([0, VIRTIO_NET_HDR_GSO_NONE]) || b.len() < HDR_LEN + LENT_HEAD {
-        return from_buffer(b, cache, offloads);
+        return from_buffer(b, cache, offloads).map(|b| (b, false));
     }
     let frame = b.from(HDR_LEN);
     if frame.len() > MAX_FRAME {
@@ -106,7 +107,7 @@ pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offload
     let tail = frame.from(LENT_HEAD);
     let tail = vswitch::LentTail { ptr: tail.as_ptr(), len: tail.len() as u32 };
     // SAFETY: the tail is inside `b`, which the caller keeps as the function requires.
-    unsafe { cache.alloc_lent(LENT_HEAD, |dst| _ = frame.read(dst), tail) }.ok_or(NetError::NoBuffer)
+    unsafe { cache.alloc_lent(LENT_HEAD, |dst| _ = frame.read(dst), tail) }.map(|b| (b, true)).ok_or(NetError::NoBuffer)
 }
 
 /// What a transmit header asks for, against what was negotiated.

@@ -548,11 +548,12 @@ impl Port for VhostPort {
                 // table) until `rx_done`, which the pipeline calls once it processed them.
                 unsafe { net::lend_from_buffer(f.buffer(), cache, pair.offloads) }
             } else {
-                net::from_buffer(f.buffer(), cache, pair.offloads)
+                net::from_buffer(f.buffer(), cache, pair.offloads).map(|b| (b, false))
             };
             match r {
-                Ok(b) => {
-                    lent_frames += lends as u64;
+                Ok((b, lent)) => {
+                    // Frames asking for offload work were copied whole: not counted.
+                    lent_frames += lent as u64;
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
                 }
