@@ -235,8 +235,8 @@ impl Key {
     fn bucket(&self, mask: u32, shift: u32) -> usize {
         // k2's ingress and tag bits lie under k0's zeroed low bits and the destination's
         // lowest bytes (or, for a port with port security, the source address's under the
-        // EtherType and the destination's first bytes): a plain XOR keeps them. Fibonacci hashing: the set is the product's
-        // *top* bits, the only ones every bit of the key reaches (a product's bit i depends
+        // EtherType and the destination's first bytes): a plain XOR keeps them. Fibonacci
+        // hashing: the set is the product's *top* bits, the only ones every bit of the key reaches (a product's bit i depends
         // on the factor's bits up to i; bits 32 and up, taken before, never saw the key's
         // bits 48..63 — the destination MAC's last two bytes, all that tells apart the
         // manager's MACs (0a:58 + IPv4) within a /16). The bytes are swapped first so the

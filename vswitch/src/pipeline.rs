@@ -4,11 +4,12 @@
 //! 0. **exact-match cache**: a frame whose flow the cache knows goes straight to egress;
 //!    the rest go on, in order, to stages 1 and 2, which fill the cache when they forward a
 //!    frame as known unicast (see [`crate::emc`]). From a port with port security only
-//!    untagged IPv4 frames are looked up, keyed on their source address too;
+//!    untagged IPv4 frames are filled, keyed on every byte the check reads (source address
+//!    included), so other frames find no entry;
 //! 1. **classify** each frame: VXLAN decap on the underlay, or (port, VLAN) → bridge domain
-//!    elsewhere; L2 sanity (runts, oversize, tags, group source MACs); compute the FDB keys
-//!    of source and destination and prefetch their buckets for stage 2;
-//! 2. **forward** each frame: port security, MAC learning, ARP/ND suppression, FDB lookup,
+//!    elsewhere; L2 sanity (runts, oversize, tags, group source MACs); port security; compute
+//!    the FDB keys of source and destination and prefetch their buckets for stage 2;
+//! 2. **forward** each frame: MAC learning, ARP/ND suppression, FDB lookup,
 //!    then egress to one port (VLAN rewrite), one peer (VXLAN encap) or a flood (copies for
 //!    small frames, a private header segment sharing the payload for large ones);
 //! 3. **flush** the per-port tx batches.

@@ -172,9 +172,9 @@ pub struct BdEntry {
 }
 
 /// Stable ids for names across snapshots (so learned state survives unrelated changes).
-#[derive(Debug, Clone, Default)]
 /// Each map is shared with the previous `Ids` until a change touches it (so keeping a copy
 /// to go back to on error costs nothing).
+#[derive(Debug, Clone, Default)]
 pub struct Ids {
     pub ports: Arc<FxMap<String, u16>>,
     pub bds: Arc<FxMap<String, u16>>,
@@ -637,5 +637,39 @@ impl Snapshot {
         (self.peers, self.peer_by_ip, self.next_hops) = (peers.into(), Arc::new(by_ip), Arc::new(next_hops));
         self.vtep = Some(entry);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::port::ring::RingPort;
+
+    /// The members computed in one pass over the ports are those `PortEntry::egress_tag`
+    /// names for every (port, domain): access ports, trunks with and without a native VLAN
+    /// (one whose native VLAN is also allowed tagged counts once, untagged).
+    #[test]
+    fn members_are_what_egress_tag_says() {
+        let cfg = SwitchConfig {
+            bridges: vec![BridgeConfig::new("a").vlan(10), BridgeConfig::new("b").vlan(20), BridgeConfig::new("c")],
+            ports: vec![
+                PortConfig::access("p0", "a"),
+                PortConfig::trunk("t1", &[10, 20, 30], Some(10)),
+                PortConfig::trunk("t2", &[20], None),
+                PortConfig::access("p3", "c"),
+            ],
+            vtep: None,
+        };
+        let mut ids = Ids::default();
+        ids.assign(&cfg).unwrap();
+        let ports: FxMap<String, Arc<dyn Port>> =
+            cfg.ports.iter().map(|p| (p.name.clone(), RingPort::new(&p.name, 1, 64).unwrap().0 as Arc<dyn Port>)).collect();
+        let s = Snapshot::build(cfg, &ids, &|n| ports.get(n).cloned(), 1, &Snapshot::empty()).unwrap();
+        for bd in s.bds.iter().flatten() {
+            let scan: Vec<(u16, Option<u16>)> = s.ports.iter().flatten().filter_map(|p| Some((p.id, p.egress_tag(bd.id, bd.vlan)?))).collect();
+            assert_eq!(bd.ports, scan, "bridge {}", bd.name);
+        }
+        let t1 = s.port_id("t1").unwrap();
+        assert_eq!(s.bd(s.bd_id("a").unwrap()).unwrap().ports.iter().filter(|(p, _)| *p == t1).count(), 1);
     }
 }

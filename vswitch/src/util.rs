@@ -1,5 +1,6 @@
 //! Small helpers shared by the control side and the fast path: a fast non-cryptographic
-//! hasher for the snapshot's lookup maps, a VLAN bitset, and the coarse clock.
+//! hasher for the snapshot's lookup maps, huge pages for the large lookup tables, a VLAN
+//! bitset, and the coarse clock.
 
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -51,6 +52,8 @@ impl Hasher for FxHasher {
 }
 
 pub type FxMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FxHasher>>;
+pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
+
 /// Backs the 2 MiB-aligned part of a large table with transparent huge pages, so that
 /// lookups spread over the table miss the TLB less: marks it for THP (whose "madvise" mode is
 /// the common default) and collapses the pages it already has into huge ones at once
@@ -77,8 +80,6 @@ pub fn back_with_huge_pages<T>(table: &[T]) {
         unsafe { libc::madvise(from as *mut libc::c_void, to - from, advice) };
     }
 }
-
-pub type FxSet<K> = std::collections::HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// A set of VLAN ids 0..4096.
 #[derive(Clone, PartialEq, Eq)]
