@@ -235,12 +235,12 @@ fn main() -> Result<()> {
         let mut cluster = None;
         if a.kubernetes {
             let c = controller(&a, manager.clone()).await?;
-            cluster = Some((c.status(), c.identity().to_string()));
+            cluster = Some(c.status());
             tokio::spawn(c.run(stop_rx.clone()));
         }
         let mut service = grpc::Grpc::new(manager.clone(), token.clone());
-        if let Some((s, id)) = &cluster {
-            service = service.with_cluster(s.clone(), id.clone());
+        if let Some(s) = &cluster {
+            service = service.with_cluster(s.clone());
         }
         let service = service.server();
         let mut builder = tonic::transport::Server::builder();

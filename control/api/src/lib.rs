@@ -6,6 +6,7 @@
 
 pub mod device_info;
 pub mod logging;
+pub mod metrics;
 
 use std::path::{Path, PathBuf};
 use tonic::transport::{Channel, Endpoint, Uri};

@@ -45,8 +45,8 @@ pub fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, ManagerErr
 pub struct Grpc {
     manager: Arc<Manager>,
     token: Arc<str>,
-    /// The Kubernetes controller's counters and this manager's identity, when it runs one.
-    cluster: Option<(Arc<super::cluster::Status>, String)>,
+    /// The Kubernetes controller's state, when this manager runs one.
+    cluster: Option<Arc<super::cluster::Status>>,
     /// The latest cluster view, for every sync stream.
     views: watch::Receiver<Option<Arc<ClusterView>>>,
 }
@@ -91,8 +91,8 @@ impl Grpc {
     }
 
     /// Serves the Kubernetes controller's state too.
-    pub fn with_cluster(mut self, status: Arc<super::cluster::Status>, identity: String) -> Grpc {
-        self.cluster = Some((status, identity));
+    pub fn with_cluster(mut self, status: Arc<super::cluster::Status>) -> Grpc {
+        self.cluster = Some(status);
         self
     }
 
@@ -285,8 +285,8 @@ impl pb::manager_server::Manager for Grpc {
 
     async fn get_kubernetes_status(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::KubernetesStatus>, Status> {
         self.authorize(&r, false)?;
-        let (status, identity) = self.cluster.as_ref().ok_or_else(|| Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller"))?;
-        Ok(Response::new(convert(&status.report(identity))?))
+        let status = self.cluster.as_ref().ok_or_else(|| Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller"))?;
+        Ok(Response::new(convert(&status.report())?))
     }
 
     type SyncStream = SyncStream;

@@ -27,8 +27,8 @@ pub struct Api {
     pub manager: Arc<Manager>,
     /// The bearer token mutations (and non-loopback reads) must carry.
     pub token: Arc<str>,
-    /// The Kubernetes controller's counters and this manager's identity, when it runs one.
-    pub cluster: Option<(Arc<super::cluster::Status>, String)>,
+    /// The Kubernetes controller's state, when this manager runs one.
+    pub cluster: Option<Arc<super::cluster::Status>>,
 }
 
 #[derive(Serialize)]
@@ -117,13 +117,13 @@ async fn health(State(api): State<Api>) -> Reply {
 
 /// The Kubernetes controller's state; 404 when this manager runs none.
 async fn kubernetes(State(api): State<Api>) -> Reply {
-    let (status, identity) = api.cluster.as_ref().ok_or_else(|| ManagerError::NotFound { what: "Kubernetes controller", name: "(knitter-manager runs without --kubernetes)".into() })?;
-    ok(status.report(identity))
+    let status = api.cluster.as_ref().ok_or_else(|| ManagerError::NotFound { what: "Kubernetes controller", name: "(knitter-manager runs without --kubernetes)".into() })?;
+    ok(status.report())
 }
 
 /// Prometheus metrics: the Kubernetes controller's (none without one).
 async fn metrics(State(api): State<Api>) -> Response {
-    let text = api.cluster.as_ref().map(|(s, id)| s.report(id).metrics()).unwrap_or_default();
+    let text = api.cluster.as_ref().map(|s| s.report().metrics()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

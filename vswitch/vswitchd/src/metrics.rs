@@ -3,25 +3,9 @@
 
 use crate::api::stats_reply;
 use crate::node::Node;
+use knitter_api::metrics::{escape, family};
 use std::fmt::Write;
 use std::sync::Arc;
-
-/// A label value as the exposition format quotes it.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// One metric family: its help, type and samples (label value, value).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl IntoIterator<Item = (String, f64)>) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (l, v) in samples {
-        if label.is_empty() {
-            let _ = writeln!(out, "{name} {v}");
-        } else {
-            let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", escape(&l));
-        }
-    }
-}
 
 /// The exposition text of `node` now.
 pub fn render(node: &Node) -> String {

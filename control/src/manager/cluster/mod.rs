@@ -35,6 +35,8 @@ pub struct Options {
 /// What the controller has done, for the API and metrics.
 #[derive(Debug, Default)]
 pub struct Status {
+    /// This manager's identity in the Lease.
+    pub identity: String,
     pub leader: AtomicBool,
     /// Complete lists of pods or nodes taken (the first ones and every one after a watch gap).
     pub relists: AtomicU64,
@@ -67,9 +69,9 @@ pub struct StatusReport {
 }
 
 impl Status {
-    pub fn report(&self, identity: &str) -> StatusReport {
+    pub fn report(&self) -> StatusReport {
         StatusReport {
-            identity: identity.to_string(),
+            identity: self.identity.clone(),
             leader: self.leader.load(Relaxed),
             relists: self.relists.load(Relaxed),
             released_ports: self.released_ports.load(Relaxed),
@@ -99,7 +101,7 @@ impl StatusReport {
         ];
         let mut out = String::new();
         for (name, kind, help, v) in rows {
-            out += &format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n");
+            knitter_api::metrics::family(&mut out, name, kind, help, "", [(String::new(), v as f64)]);
         }
         out
     }
@@ -120,15 +122,12 @@ struct Relist<T> {
 
 impl Controller {
     pub fn new(manager: Arc<Manager>, client: Client, opts: Options) -> Controller {
-        Controller { manager, client, opts, status: Arc::default() }
+        let status = Arc::new(Status { identity: opts.lease.identity.clone(), ..Default::default() });
+        Controller { manager, client, opts, status }
     }
 
     pub fn status(&self) -> Arc<Status> {
         self.status.clone()
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.opts.lease.identity
     }
 
     /// Runs until `stop` is set: the election, and the watchers while this manager leads
@@ -212,9 +211,10 @@ impl Controller {
                 return;
             }
         };
+        let by_pod = reconcile::ports_by_pod(&ports);
         let mut due = Vec::new();
         for (uid, pod) in cluster.pods() {
-            let mine = reconcile::ports_of(&ports, uid, &pod.name);
+            let mine = reconcile::ports_of(&by_pod, uid, &pod.name);
             if mine.is_empty() {
                 continue;
             }
@@ -282,10 +282,10 @@ impl Controller {
             watcher::Event::Delete(p) => {
                 let Some((uid, r)) = pod_ref(&p) else { return };
                 cluster.pod_deleted(&uid);
-                let view = cluster.clone();
+                let name_held = cluster.has_pod_named(&r.name);
                 self.release(move |m| {
                     let ports = m.list_ports(&Filter { pod: r.name.clone(), ..Default::default() })?;
-                    Ok(reconcile::of_deleted_pod(&ports, &view, &uid, &r.name).into_iter().cloned().collect())
+                    Ok(reconcile::of_deleted_pod(&ports, &uid, &r.name, name_held).into_iter().cloned().collect())
                 })
                 .await;
             }

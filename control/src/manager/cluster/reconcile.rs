@@ -72,6 +72,11 @@ impl Cluster {
         self.nodes.remove(name)
     }
 
+    /// Whether a pod has `name` (`namespace/name`).
+    pub fn has_pod_named(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
     pub fn has_node(&self, name: &str) -> bool {
         self.nodes.contains(name)
     }
@@ -119,7 +124,7 @@ impl Cluster {
             return true;
         }
         if port.spec.pod_uid.is_empty() {
-            self.names.contains_key(&port.spec.pod)
+            self.has_pod_named(&port.spec.pod)
         } else {
             self.pods.contains_key(&port.spec.pod_uid)
         }
@@ -129,12 +134,22 @@ impl Cluster {
 /// The annotation Multus and NPWG define for a pod's interfaces.
 pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 
-/// The ports of `ports` that are pod `uid`'s (`name`: namespace/name), by interface.
-pub fn ports_of<'a>(ports: &'a [Port], uid: &str, name: &str) -> Vec<&'a Port> {
-    let mut mine: Vec<&Port> =
-        ports.iter().filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || p.spec.pod_uid.is_empty())).collect();
-    mine.sort_by(|a, b| a.spec.interface.cmp(&b.spec.interface));
-    mine
+/// `ports` by the pod they name (`namespace/name`), each pod's by interface.
+pub fn ports_by_pod(ports: &[Port]) -> HashMap<&str, Vec<&Port>> {
+    let mut by: HashMap<&str, Vec<&Port>> = HashMap::new();
+    for p in ports.iter().filter(|p| !p.spec.pod.is_empty()) {
+        by.entry(p.spec.pod.as_str()).or_default().push(p);
+    }
+    for v in by.values_mut() {
+        v.sort_by(|a, b| a.spec.interface.cmp(&b.spec.interface));
+    }
+    by
+}
+
+/// The ports of [`ports_by_pod`] that are pod `uid`'s (`name`: namespace/name), by interface.
+pub fn ports_of<'a>(by_pod: &HashMap<&str, Vec<&'a Port>>, uid: &str, name: &str) -> Vec<&'a Port> {
+    let Some(named) = by_pod.get(name) else { return Vec::new() };
+    named.iter().copied().filter(|p| p.spec.pod_uid == uid || p.spec.pod_uid.is_empty()).collect()
 }
 
 /// The `network-status` value (NPWG `NetworkStatus` list, JSON) of a pod's ports: network,
@@ -166,12 +181,9 @@ pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> Vec<&'a
 }
 
 /// The ports of a pod just deleted (UID `uid`, `name`): those that recorded its UID, and
-/// those without a UID that name it when no other pod has the name now.
-pub fn of_deleted_pod<'a>(ports: &'a [Port], cluster: &Cluster, uid: &str, name: &str) -> Vec<&'a Port> {
-    ports
-        .iter()
-        .filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || (p.spec.pod_uid.is_empty() && !cluster.holds(p))))
-        .collect()
+/// those without a UID that name it unless another pod has the name now (`name_held`).
+pub fn of_deleted_pod<'a>(ports: &'a [Port], uid: &str, name: &str, name_held: bool) -> Vec<&'a Port> {
+    ports.iter().filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || (p.spec.pod_uid.is_empty() && !name_held))).collect()
 }
 
 #[cfg(test)]
@@ -232,10 +244,10 @@ mod test {
         c.pod_applied("u2", pod("ns/web-0")); // its replacement, briefly beside it
         let ports = [port("a", "ns/web-0", "u1", 1), port("b", "ns/web-0", "u2", 1), port("c", "ns/web-0", "", 1)];
         assert_eq!(c.pod_deleted("u1"), Some(pod("ns/web-0")));
-        let out: Vec<&str> = of_deleted_pod(&ports, &c, "u1", "ns/web-0").iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> = of_deleted_pod(&ports, "u1", "ns/web-0", c.has_pod_named("ns/web-0")).iter().map(|p| p.spec.container.as_str()).collect();
         assert_eq!(out, ["a"], "the name is still held: the port without a UID stays");
         c.pod_deleted("u2");
-        let out: Vec<&str> = of_deleted_pod(&ports, &c, "u2", "ns/web-0").iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> = of_deleted_pod(&ports, "u2", "ns/web-0", c.has_pod_named("ns/web-0")).iter().map(|p| p.spec.container.as_str()).collect();
         assert_eq!(out, ["b", "c"]);
     }
 }
