@@ -29,3 +29,11 @@ if [ "${KNITTER_FUZZ:-1}" = 1 ] && ! command -v cargo-fuzz >/dev/null; then
   echo "== installing cargo-fuzz"
   cargo install cargo-fuzz --locked -q
 fi
+
+# The Kubernetes manifests' checks (ci/k8s-validate.py; the controller's tests call it):
+# kubernetes-validate carries the Kubernetes OpenAPI schemas and brings jsonschema and PyYAML.
+if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+  echo "== installing kubernetes-validate (PyPI)"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages kubernetes-validate==1.37.0
+fi

@@ -23,6 +23,9 @@ fi
 echo "== loom models (lock-free structures, every interleaving up to 3 preemptions)"
 RUSTFLAGS="--cfg loom" cargo test -q -p knitter-vswitch --test loom --release --target-dir target/loom
 
+echo "== Kubernetes manifests (the CRDs against Kubernetes' schemas)"
+python3 ci/k8s-validate.py crds
+
 echo "== clippy"
 cargo clippy -q --workspace --all-targets -- -D warnings
 

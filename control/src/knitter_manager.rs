@@ -95,6 +95,11 @@ struct Args {
     /// mode; where Multus runs it writes that annotation itself: leave this off).
     #[arg(long, requires = "kubernetes")]
     network_status: bool,
+    /// Make the cluster's Network and IPGroup resources (networks.knitter.io,
+    /// ipgroups.knitter.io; the CRDs in deploy/crds/) on the manager, with a
+    /// NetworkAttachmentDefinition per network in its tenant's namespaces.
+    #[arg(long, env = "KNITTER_NETWORK_RESOURCES", requires = "kubernetes")]
+    network_resources: bool,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -152,7 +157,7 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
         duration: std::time::Duration::from_secs(secs),
         retry: std::time::Duration::from_millis(secs * 1000 / 3),
     };
-    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status }))
+    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status, network_resources: a.network_resources }))
 }
 
 async fn stop_signal() {

@@ -2,7 +2,10 @@
 //! wire protocol (`common/apiserver.rs`; what it does not model is listed there), driven by
 //! the real `kube` client: deleted pods and nodes give back their ports, a controller killed
 //! and restarted (or a watch that expired, 410) reconciles by listing again and never
-//! releases a live pod's port, and a standby manager takes the Lease when the leader dies.
+//! releases a live pod's port, and a standby manager takes the Lease when the leader dies;
+//! `Network` and `IPGroup` resources become the manager's networks and groups, with a
+//! NetworkAttachmentDefinition in each namespace of the network's tenant, statuses that say
+//! why when the manager refuses, and what a deleted resource made deleted with it.
 
 mod common;
 #[path = "common/apiserver.rs"]
@@ -35,7 +38,7 @@ fn options(identity: &str) -> Options {
         duration: Duration::from_secs(3),
         retry: Duration::from_millis(300),
     };
-    Options { lease, release_nodes: true, network_status: true }
+    Options { lease, release_nodes: true, network_status: true, network_resources: false }
 }
 
 /// A controller running on its own task; `stop` ends it gracefully, aborting the task kills it.
@@ -261,7 +264,7 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     let mdir = dir.path().join("m");
     let kc = kubeconfig.to_str().unwrap().to_string();
     let m = tokio::task::spawn_blocking(move || {
-        common::ManagerProc::start(&mdir, &["--kubernetes", "--kubeconfig", &kc, "--identity", "m1", "--lease-secs", "3", "--lease", "knitter/leader"])
+        common::ManagerProc::start(&mdir, &["--kubernetes", "--kubeconfig", &kc, "--identity", "m1", "--lease-secs", "3", "--lease", "knitter/leader", "--network-resources"])
     })
     .await
     .unwrap();
@@ -287,6 +290,12 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     eventually("the port released, as the status says", || status()["released_ports"] == 1).await;
     let s = status();
     assert_eq!((s["identity"].as_str(), s["leader"].as_bool()), (Some("m1"), Some(true)), "{s}");
+    api.add_namespace("apps", &[("knitter.io/tenant", "admin")]);
+    api.apply_resource(apiserver::Kind::Networks, "oam", "uid-oam", serde_json::json!({"kind": "vlan", "ipv4": {"cidr": "10.2.0.0/16"}}));
+    eventually("the Network resource made, its NAD written", || status()["attachment_definitions"] == 1).await;
+    let text = ctl(&["manager", "status"]);
+    assert!(text.contains("Network resources 1 (1 ready); NetworkAttachmentDefinitions 1 (writes 1)"), "{text}");
+    assert!(ctl(&["manager", "network", "list"]).contains("oam"));
     assert!(ctl(&["manager", "port", "list"]).lines().count() <= 1, "the port list is empty but for its header");
     let get = |path: &str| {
         use std::io::{Read, Write};
@@ -298,5 +307,185 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     };
     let metrics = get("/metrics");
     assert!(metrics.contains("knitter_manager_kubernetes_leader 1") && metrics.contains("knitter_manager_kubernetes_released_ports_total 1"), "{metrics}");
+    assert!(metrics.contains("knitter_manager_kubernetes_network_resources_ready 1"), "{metrics}");
     assert!(get("/v1/kubernetes").contains("\"leader\":true"));
+}
+
+// ---- Network and IPGroup resources ----
+
+use apiserver::Kind;
+use serde_json::{Value, json};
+
+fn with_resources(identity: &str) -> Options {
+    Options { network_status: false, network_resources: true, ..options(identity) }
+}
+
+/// A resource's `Ready` condition: (status, reason, message).
+fn ready(api: &ApiServer, kind: Kind, name: &str) -> Option<(String, String, String)> {
+    let o = api.object(kind, name)?;
+    let c = o["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?.clone();
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+fn is_ready(api: &ApiServer, kind: Kind, name: &str) -> bool {
+    ready(api, kind, name).is_some_and(|r| r.0 == "True")
+}
+
+fn nads(api: &ApiServer) -> BTreeSet<String> {
+    api.objects(Kind::Nads).into_keys().collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Checks `objects` against a CRD's schema with ci/k8s-validate.py (Kubernetes' own rules
+/// through the `jsonschema` package kubernetes-validate brings).
+fn validate(crd: &str, objects: Vec<Value>) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::to_vec(&objects).unwrap()).unwrap();
+    let out = std::process::Command::new("python3").arg(format!("{root}/ci/k8s-validate.py")).arg("objects").arg(format!("{root}/{crd}")).arg(file.path()).output().expect("python3");
+    assert!(
+        out.status.success(),
+        "{crd}: {}{} (needs `pip install kubernetes-validate==1.37.0`, as ci/setup.sh does)",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A NAD's `spec.config` read as a runtime reads a conflist: each plugin, with the list's
+/// `cniVersion` and `name`, parsed by the Knitter plugin's own parser.
+fn nad_network(nad: &Value) -> String {
+    let list: Value = serde_json::from_str(nad["spec"]["config"].as_str().expect("spec.config is a string")).expect("spec.config is JSON");
+    let plugins = list["plugins"].as_array().expect("a conflist has plugins");
+    assert_eq!(plugins.len(), 1);
+    let mut conf = plugins[0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    let parsed = knitter_cni::spec::NetConf::parse(conf.to_string().as_bytes()).expect("the plugin's configuration parses");
+    assert_eq!(parsed.kind, "knitter-cni");
+    parsed.network().to_string()
+}
+
+/// A cluster as an NFV team sets it up: tenant `red` on namespaces `red` (its own name) and
+/// `red-dev` (labelled), `blue` on its own; `media` is red's, `oam` shared, and an IP group on
+/// `media`. Each becomes the manager's, a NAD lands in each namespace that may use it (owned
+/// by its Network, its configuration one the plugin parses, every object valid for its
+/// CRD), statuses say Ready with what the manager decided; namespaces relabelled or added
+/// move the NADs; the API cannot delete what a resource made; deleting the resources deletes
+/// what they made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_resources_become_networks_with_attachments_in_their_tenants_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_namespace("red", &[]);
+    api.add_namespace("red-dev", &[("knitter.io/tenant", "red")]);
+    api.add_namespace("blue", &[]);
+    api.apply_resource(Kind::Networks, "media", "uid-media", json!({"tenant": "red", "kind": "vxlan", "plane": "media", "segment": 7100, "ipv4": {"cidr": "10.71.0.0/24", "gateway": "10.71.0.1", "pools": [{"start": "10.71.0.10", "end": "10.71.0.200"}]}}));
+    api.apply_resource(Kind::Networks, "oam", "uid-oam", json!({"kind": "vlan", "plane": "oam", "segment": 300, "shared": true, "ipv4": {"cidr": "10.72.0.0/24"}}));
+    api.apply_resource(Kind::IpGroups, "media-sts", "uid-sts", json!({"network": "media", "size": 3, "graceSeconds": 60}));
+    let c = start_with(&m, &api, with_resources("m1"));
+
+    eventually("both networks and the group ready", || is_ready(&api, Kind::Networks, "media") && is_ready(&api, Kind::Networks, "oam") && is_ready(&api, Kind::IpGroups, "media-sts")).await;
+    let media = m.get_network("media").unwrap();
+    assert_eq!((media.tenant.as_str(), media.segment), ("red", Some(7100)), "the tenant is made on the manager too");
+    let st = api.object(Kind::Networks, "media").unwrap()["status"].clone();
+    assert_eq!((st["segment"].clone(), st["mtu"].clone(), st["observedGeneration"].clone()), (json!(7100), json!(media.mtu), json!(1)));
+    let group = m.get_group("media", "media-sts").unwrap();
+    assert_eq!(api.object(Kind::IpGroups, "media-sts").unwrap()["status"]["members"], json!(group.members));
+    eventually("a NAD in each namespace that may use each network", || nads(&api) == set(&["blue/oam", "red-dev/media", "red-dev/oam", "red/media", "red/oam"])).await;
+    eventually("the status lists them", || api.object(Kind::Networks, "media").unwrap()["status"]["networkAttachmentDefinitions"] == json!(["red-dev/media", "red/media"])).await;
+    for (key, nad) in api.objects(Kind::Nads) {
+        let net = key.split_once('/').unwrap().1;
+        assert_eq!(nad_network(&nad), net, "{key}");
+        let owner = &nad["metadata"]["ownerReferences"][0];
+        assert_eq!((owner["kind"].as_str(), owner["uid"].as_str(), owner["controller"].as_bool()), (Some("Network"), Some(format!("uid-{net}").as_str()), Some(true)), "{key}");
+        assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
+    }
+    validate("control/tests/fixtures/multus-nad-crd.yaml", api.objects(Kind::Nads).into_values().collect());
+    validate("deploy/crds/networks.knitter.io.yaml", api.objects(Kind::Networks).into_values().collect());
+    validate("deploy/crds/ipgroups.knitter.io.yaml", api.objects(Kind::IpGroups).into_values().collect());
+
+    let e = m.delete_network("oam").unwrap_err().to_string();
+    assert!(e.contains("kubectl delete networks.knitter.io oam"), "{e}");
+    assert!(m.delete_group("media", "media-sts").is_err(), "the group is the resource's too");
+
+    api.add_namespace("red-dev", &[]); // now its own tenant
+    api.add_namespace("red-prod", &[("knitter.io/tenant", "red")]);
+    eventually("NADs follow the namespaces", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/media", "red-prod/oam", "red/media", "red/oam"])).await;
+    api.delete(Kind::Nads, "red/media");
+    eventually("a NAD deleted by hand comes back", || nads(&api).contains("red/media")).await;
+
+    api.delete(Kind::IpGroups, "media-sts");
+    eventually("the group deleted with its resource", || m.get_group("media", "media-sts").is_err()).await;
+    api.delete(Kind::Networks, "media");
+    eventually("the network deleted with its resource", || m.get_network("media").is_err()).await;
+    eventually("its NADs deleted", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/oam", "red/oam"])).await;
+    assert!(m.get_network("red").is_ok(), "a network made over the API is not the cluster's");
+    c.stop().await;
+}
+
+/// A resource the manager refuses says why in its `Ready` condition and gets no NAD: a VNI
+/// another network holds, a name a network made over the API holds, a spec the CRD does not
+/// allow. Fixed (a new generation), it becomes Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_network_resource_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    let taken = m.get_network("red").unwrap().segment.unwrap();
+    api.add_namespace("admin", &[]);
+    api.apply_resource(Kind::Networks, "clash", "uid-clash", json!({"kind": "vxlan", "segment": taken, "ipv4": {"cidr": "10.80.0.0/24"}}));
+    api.apply_resource(Kind::Networks, "red", "uid-red", json!({"kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/16"}}));
+    api.apply_resource(Kind::Networks, "odd", "uid-odd", json!({"kind": "gre"}));
+    api.apply_resource(Kind::IpGroups, "orphans", "uid-orphans", json!({"network": "nowhere", "size": 2}));
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("all four refused", || ["clash", "red", "odd"].iter().all(|n| ready(&api, Kind::Networks, n).is_some()) && ready(&api, Kind::IpGroups, "orphans").is_some()).await;
+    let (status, reason, message) = ready(&api, Kind::Networks, "clash").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Conflict"));
+    assert!(message.contains(&taken.to_string()), "{message}");
+    let (_, reason, message) = ready(&api, Kind::Networks, "red").unwrap();
+    assert_eq!(reason, "Conflict");
+    assert!(message.contains("the manager's API"), "{message}");
+    let (_, reason, message) = ready(&api, Kind::Networks, "odd").unwrap();
+    assert_eq!(reason, "InvalidSpec");
+    assert!(message.contains("gre"), "{message}");
+    assert_eq!(ready(&api, Kind::IpGroups, "orphans").unwrap().1, "NotFound");
+    validate("deploy/crds/networks.knitter.io.yaml", ["clash", "red"].iter().map(|n| api.object(Kind::Networks, n).unwrap()).collect());
+    assert!(nads(&api).is_empty(), "no NAD for a refused network: {:?}", nads(&api));
+    assert_eq!(m.get_network("red").unwrap().ipv4.unwrap().cidr, "10.1.0.0/16", "the API's network untouched");
+
+    api.apply_resource(Kind::Networks, "clash", "uid-clash", json!({"kind": "vxlan", "segment": taken + 1, "ipv4": {"cidr": "10.80.0.0/24"}}));
+    eventually("fixed, it is made", || is_ready(&api, Kind::Networks, "clash")).await;
+    assert_eq!(api.object(Kind::Networks, "clash").unwrap()["status"]["conditions"][0]["observedGeneration"], 2);
+    eventually("and gets its NAD", || nads(&api) == set(&["admin/clash"])).await;
+    c.stop().await;
+}
+
+/// What a resource made goes when the resource does, even when that happened while no
+/// controller ran, and not while pods still use it: a network with a port stays (and is
+/// tried again) until the port goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_resources_network_goes_once_no_pod_uses_it_even_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_namespace("admin", &[]);
+    api.apply_resource(Kind::Networks, "media", "uid-media", json!({"kind": "vxlan", "ipv4": {"cidr": "10.71.0.0/24"}}));
+    api.apply_resource(Kind::Networks, "oam", "uid-oam", json!({"kind": "vxlan", "ipv4": {"cidr": "10.72.0.0/24"}}));
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("both made", || is_ready(&api, Kind::Networks, "media") && is_ready(&api, Kind::Networks, "oam")).await;
+    c.stop().await;
+
+    api.delete(Kind::Networks, "oam");
+    let (held, _) = m.create_port(port("media", "ctr-a", "")).unwrap();
+    api.delete(Kind::Networks, "media");
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("oam, unused, deleted at the start", || m.get_network("oam").is_err()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(m.get_network("media").is_ok(), "a port still uses media: kept");
+    m.delete_port("ctr-a", &held.spec.interface).unwrap();
+    eventually("media deleted once its port went", || m.get_network("media").is_err()).await;
+    assert!(m.managed().unwrap().is_empty());
+    c.stop().await;
 }

@@ -349,6 +349,9 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             println!("kubernetes controller: {} as {:?}", role, s.identity);
             println!("  pods {}, nodes {} in view; lists taken {}; watch errors {}", s.pods, s.nodes, s.relists, s.watch_errors);
             println!("  released: {} ports, {} nodes; last reconcile {:.1} ms", s.released_ports, s.released_nodes, s.last_reconcile_micros as f64 / 1000.0);
+            if s.network_resources > 0 || s.attachment_definitions > 0 {
+                println!("  Network resources {} ({} ready); NetworkAttachmentDefinitions {} (writes {})", s.network_resources, s.network_resources_ready, s.attachment_definitions, s.attachment_definition_writes);
+            }
         })?,
         ManagerCmd::Tenant { cmd } => match cmd {
             TenantCmd::List => show(out, c.list_tenants(authed(t, none())?).await?.into_inner().items, |v| print_tenants(v))?,

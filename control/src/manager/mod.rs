@@ -12,6 +12,7 @@
 
 pub mod cluster;
 pub mod grpc;
+pub mod managed;
 pub mod objects;
 pub mod rest;
 pub mod sync;
@@ -20,6 +21,7 @@ pub mod tls;
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
 use crate::network::{Kind, Limits, Network, NetworkError, NetworkSpec};
 use crate::store::{Cond, Op, OwnerKey, Store, StoreError, With, nothing};
+use managed::ManagedBy;
 use objects::*;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -340,11 +342,20 @@ impl Manager {
 
     /// Defines a network; the same definition again is a no-op (`false`).
     pub fn create_network(&self, spec: NetworkSpec) -> Result<(NetworkSpec, bool)> {
+        self.create_network_by(spec, None)
+    }
+
+    /// Defines a network for `by` (a Kubernetes resource, recorded with it in one commit),
+    /// or over the API (`None`). The same definition again is a no-op (`false`) — for a
+    /// resource, only if that resource made it.
+    pub fn create_network_by(&self, spec: NetworkSpec, by: Option<&ManagedBy>) -> Result<(NetworkSpec, bool)> {
+        let key = network_key(&spec.name);
         for _ in 0..ROUNDS {
             let guard = self.guard()?;
             let (tenant, tv) = self.load::<Tenant>(&tenant_key(&spec.tenant))?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: spec.tenant.clone() })?;
             let existing = self.networks()?;
             if let Some(have) = existing.iter().find(|n| n.spec.name == spec.name) {
+                self.check_made_by(&key, "network", &spec.name, by)?;
                 if have.matches(&spec) {
                     return Ok((have.record(), false));
                 }
@@ -356,7 +367,8 @@ impl Manager {
             }
             let net = Network::define(spec.clone(), &existing, &self.limits()?)?;
             let record = net.record();
-            let ops = [self.bump_guard(guard), Op::create(network_key(&record.name), json(&record)?), Op::check(tenant_key(&record.tenant), Cond::Version(tv))];
+            let mut ops = vec![self.bump_guard(guard), Op::create(&key, json(&record)?), Op::check(tenant_key(&record.tenant), Cond::Version(tv))];
+            ops.extend(by.map(|b| b.record(&key)).transpose()?);
             if self.store.commit(&ops)? {
                 return Ok((record, true));
             }
@@ -373,14 +385,22 @@ impl Manager {
         Ok(all.filter(|n| (f.tenant.is_empty() || n.tenant == f.tenant || n.shared) && f.kind.is_none_or(|k| k == n.kind)).collect())
     }
 
-    /// Deletes a network nothing uses; `None` if there was none.
+    /// Deletes a network nothing uses; `None` if there was none. A network a Kubernetes
+    /// resource made is refused: deleting the resource deletes it.
     pub fn delete_network(&self, name: &str) -> Result<Option<NetworkSpec>> {
+        self.delete_network_by(name, None)
+    }
+
+    /// Deletes a network nothing uses for `by` (the resource that made it) or over the API.
+    pub fn delete_network_by(&self, name: &str, by: Option<&ManagedBy>) -> Result<Option<NetworkSpec>> {
+        let key = network_key(name);
         for _ in 0..ROUNDS {
             let guard = self.guard()?;
             let (net, v) = match self.network(name) {
                 Err(ManagerError::NotFound { .. }) => return Ok(None),
                 r => r?,
             };
+            let made_by = self.check_deleted_by(&key, "network", name, by)?;
             // Creates in progress count: their records would outlive the network.
             let ports: Vec<Port> = self.load_all::<Port>("ports/")?.into_iter().map(|(p, _)| p).filter(|p| p.spec.network == name).collect();
             if let Some(p) = ports.first() {
@@ -396,7 +416,9 @@ impl Manager {
                     return Err(ManagerError::InUse(format!("network {name:?} still has address {ip} allocated to {by}")));
                 }
             }
-            if self.store.commit(&[self.bump_guard(guard), Op::delete(network_key(name), v)])? {
+            let mut ops = vec![self.bump_guard(guard), Op::delete(&key, v)];
+            ops.extend(made_by);
+            if self.store.commit(&ops)? {
                 return Ok(Some(net.record()));
             }
         }
@@ -446,6 +468,12 @@ impl Manager {
 
     /// Reserves a group's members in the network's address space (claimed by the group).
     pub fn create_group(&self, spec: IpGroupSpec) -> Result<(IpGroupRecord, bool)> {
+        self.create_group_by(spec, None)
+    }
+
+    /// [`Manager::create_group`] for `by` (a Kubernetes resource, recorded with the group in
+    /// one commit) or over the API (`None`).
+    pub fn create_group_by(&self, spec: IpGroupSpec, by: Option<&ManagedBy>) -> Result<(IpGroupRecord, bool)> {
         check_name("IP group", &spec.name)?;
         let (net, _) = self.network(&spec.network)?;
         let key = group_key(&spec.network, &spec.name);
@@ -454,6 +482,7 @@ impl Manager {
                 && if spec.members.is_empty() { spec.size == Some(have.members.len() as u32) } else { have.members == spec.members }
         };
         if let Some((have, _)) = self.load::<IpGroupRecord>(&key)? {
+            self.check_made_by(&key, "IP group", &format!("{}/{}", spec.network, spec.name), by)?;
             return if same(&have) { Ok((have, false)) } else { Err(ManagerError::Conflict(format!("IP group {:?} of network {:?} exists with other members", spec.name, spec.network))) };
         }
         let count = if spec.members.is_empty() { spec.size.unwrap_or(0) as usize } else { spec.members.len() };
@@ -485,7 +514,9 @@ impl Manager {
             }
         }
         let record = IpGroupRecord { name: spec.name.clone(), network: spec.network.clone(), members, grace_secs: spec.grace() };
-        if self.store.commit(&[Op::create(&key, json(&record)?), Op::check(network_key(&spec.network), Cond::Version(self.network(&spec.network)?.1))])? {
+        let mut ops = vec![Op::create(&key, json(&record)?), Op::check(network_key(&spec.network), Cond::Version(self.network(&spec.network)?.1))];
+        ops.extend(by.map(|b| b.record(&key)).transpose()?);
+        if self.store.commit(&ops)? {
             return Ok((record, true));
         }
         // A concurrent create of the same group won (it holds these very claims): its record
@@ -517,15 +548,24 @@ impl Manager {
     }
 
     /// Deletes a group none of whose members a pod holds; its members go back to the network.
+    /// A group a Kubernetes resource made is refused: deleting the resource deletes it.
     pub fn delete_group(&self, network: &str, name: &str) -> Result<Option<IpGroupRecord>> {
+        self.delete_group_by(network, name, None)
+    }
+
+    /// [`Manager::delete_group`] for `by` (the resource that made it) or over the API.
+    pub fn delete_group_by(&self, network: &str, name: &str, by: Option<&ManagedBy>) -> Result<Option<IpGroupRecord>> {
         let key = group_key(network, name);
         let Some((g, v)) = self.load::<IpGroupRecord>(&key)? else { return Ok(None) };
+        let made_by = self.check_deleted_by(&key, "IP group", &format!("{network}/{name}"), by)?;
         let v4 = g.members.first().is_none_or(IpAddr::is_ipv4);
         let held = self.store.allocations(&group_space(network, v4, name))?;
         if let Some((ip, by)) = held.first() {
             return Err(ManagerError::InUse(format!("IP group {name:?} still has {} members in use ({ip} by {by})", held.len())));
         }
-        if !self.store.commit(&[Op::delete(&key, v)])? {
+        let mut ops = vec![Op::delete(&key, v)];
+        ops.extend(made_by);
+        if !self.store.commit(&ops)? {
             return Err(ManagerError::Busy(format!("IP group {name:?} changed meanwhile")));
         }
         self.release_members(&space(network, v4), name, g.members.len())?;

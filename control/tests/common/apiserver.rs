@@ -2,18 +2,26 @@
 //! these machines): pods and nodes with list and watch, Leases with `resourceVersion`
 //! preconditions, over plain HTTP, answering the real `kube` client as an API server does.
 //!
-//! What it models: one `resourceVersion` counter across objects; `GET /api/v1/{pods,nodes}`
-//! lists (any `limit` is ignored: everything in one page, no `continue`); `?watch=true`
-//! streams newline-delimited watch events after the given version (`ADDED`, `MODIFIED`,
-//! `DELETED`; a `BOOKMARK` after a quiet second when `allowWatchBookmarks`), and a watch
-//! from a version older than the history it keeps gets the `ERROR` event with the `Expired`
-//! Status and code 410, as the API server sends it; `timeoutSeconds` ends a watch.
-//! `GET` and JSON merge `PATCH` (RFC 7386, `application/merge-patch+json` only) of one pod,
-//! answered with the object and seen by watches as `MODIFIED`;
-//! `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409
-//! `AlreadyExists`, 409 `Conflict` on a stale `resourceVersion`. Objects are k8s-openapi's
-//! own serialisations. What it does not model: authentication, field and label selectors,
-//! paging, other resources, `sendInitialEvents`, admission, and server-side defaulting.
+//! What it models: one `resourceVersion` counter across objects; lists of pods, nodes,
+//! namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
+//! `network-attachment-definitions.k8s.cni.cncf.io` (any `limit` is ignored: everything in
+//! one page, no `continue`; `labelSelector` of `key=value` terms, ANDed, on lists and
+//! watches); `?watch=true` streams newline-delimited watch events after the given version
+//! (`ADDED`, `MODIFIED`, `DELETED`; a `BOOKMARK` after a quiet second when
+//! `allowWatchBookmarks`), and a watch from a version older than the history it keeps gets
+//! the `ERROR` event with the `Expired` Status and code 410, as the API server sends it;
+//! `timeoutSeconds` ends a watch. `GET` and JSON merge `PATCH` (RFC 7386,
+//! `application/merge-patch+json` only) of one pod; the custom resources' `status`
+//! subresource by merge patch (only `status` is taken; `metadata.generation` moves only when
+//! a write changes `spec`); NADs by `POST` (409 `AlreadyExists`), `PUT` (409 `Conflict` on a
+//! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
+//! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
+//! stale `resourceVersion`. Objects are k8s-openapi's own serialisations (custom resources as
+//! `kubectl apply` sends them). What it does not model: authentication, field selectors and
+//! set-based label selectors, paging, other resources, `sendInitialEvents`, admission and
+//! CRD schema validation (the tests check what the controller writes against the CRDs'
+//! schemas separately), server-side defaulting, and the garbage collector (owner references
+//! are kept, never acted on).
 
 use axum::Router;
 use axum::body::Body;
@@ -21,7 +29,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, Pod, PodSpec};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +42,38 @@ use tokio::sync::watch;
 pub enum Kind {
     Pods,
     Nodes,
+    Namespaces,
+    Networks,
+    IpGroups,
+    Nads,
+}
+
+impl Kind {
+    /// The collection's path (cluster-wide), its list kind and its objects' kind.
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Kind::Pods => ("/api/v1/pods", "PodList", "Pod"),
+            Kind::Nodes => ("/api/v1/nodes", "NodeList", "Node"),
+            Kind::Namespaces => ("/api/v1/namespaces", "NamespaceList", "Namespace"),
+            Kind::Networks => ("/apis/knitter.io/v1alpha1/networks", "NetworkList", "Network"),
+            Kind::IpGroups => ("/apis/knitter.io/v1alpha1/ipgroups", "IPGroupList", "IPGroup"),
+            Kind::Nads => ("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", "NetworkAttachmentDefinitionList", "NetworkAttachmentDefinition"),
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::Networks | Kind::IpGroups => "knitter.io/v1alpha1",
+            Kind::Nads => "k8s.cni.cncf.io/v1",
+            _ => "v1",
+        }
+    }
+}
+
+/// Whether `object`'s labels satisfy a `labelSelector` of `key=value` terms.
+fn selected(object: &Value, selector: Option<&String>) -> bool {
+    let Some(sel) = selector.filter(|s| !s.is_empty()) else { return true };
+    sel.split(',').all(|term| term.split_once('=').is_some_and(|(k, v)| object["metadata"]["labels"][k.trim()].as_str() == Some(v.trim())))
 }
 
 struct Event {
@@ -55,6 +95,22 @@ struct Objects {
     cut: u64,
     /// Requests seen, as "METHOD path?query".
     requests: Vec<String>,
+}
+
+impl Objects {
+    /// Stores (or, `DELETED`, removes) an object at the next version and logs the event;
+    /// the object as stored.
+    fn write(&mut self, kind: Kind, key: String, mut object: Value, typ: &'static str) -> Value {
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        if typ == "DELETED" {
+            self.objects.remove(&(kind, key));
+        } else {
+            self.objects.insert((kind, key), object.clone());
+        }
+        self.log.push(Event { rv: self.rv, kind, typ, object: object.clone() });
+        object
+    }
 }
 
 #[derive(Clone)]
@@ -88,6 +144,14 @@ impl ApiServer {
         let app = Router::new()
             .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
             .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
+            .route("/api/v1/namespaces", get(|s, q| collection(s, q, Kind::Namespaces)))
+            .route("/apis/knitter.io/v1alpha1/networks", get(|s, q| collection(s, q, Kind::Networks)))
+            .route("/apis/knitter.io/v1alpha1/ipgroups", get(|s, q| collection(s, q, Kind::IpGroups)))
+            .route("/apis/knitter.io/v1alpha1/networks/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks)))
+            .route("/apis/knitter.io/v1alpha1/ipgroups/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups)))
+            .route("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", get(|s, q| collection(s, q, Kind::Nads)))
+            .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", axum::routing::post(create_nad))
+            .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}", get(get_nad).put(replace_nad).delete(delete_nad))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
@@ -114,17 +178,9 @@ impl ApiServer {
         self.shared.changed.send_replace(cut);
     }
 
-    fn put(&self, kind: Kind, key: String, mut object: Value, typ: &'static str) {
+    fn put(&self, kind: Kind, key: String, object: Value, typ: &'static str) {
         self.change(|o| {
-            o.rv += 1;
-            object["metadata"]["resourceVersion"] = json!(o.rv.to_string());
-            let rv = o.rv;
-            if typ == "DELETED" {
-                o.objects.remove(&(kind, key));
-            } else {
-                o.objects.insert((kind, key), object.clone());
-            }
-            o.log.push(Event { rv, kind, typ, object });
+            o.write(kind, key, object, typ);
         });
     }
 
@@ -152,6 +208,50 @@ impl ApiServer {
     pub fn delete_node(&self, name: &str) {
         let Some(v) = self.shared.objects.lock().unwrap().objects.get(&(Kind::Nodes, name.to_string())).cloned() else { return };
         self.put(Kind::Nodes, name.into(), v, "DELETED");
+    }
+
+    pub fn add_namespace(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), uid: Some(format!("ns-{name}")), labels: Some(labels), ..Default::default() }, ..Default::default() };
+        let typ = if self.object(Kind::Namespaces, name).is_some() { "MODIFIED" } else { "ADDED" };
+        self.put(Kind::Namespaces, name.into(), serde_json::to_value(&ns).expect("a namespace serialises"), typ);
+    }
+
+    /// Creates or updates a cluster-scoped custom resource (`spec` given; as `kubectl apply`
+    /// would: its status kept, `metadata.generation` moved when the spec changes).
+    pub fn apply_resource(&self, kind: Kind, name: &str, uid: &str, spec: Value) {
+        self.change(|o| {
+            let have = o.objects.get(&(kind, name.to_string())).cloned();
+            let object = match have {
+                Some(mut h) => {
+                    if h["spec"] != spec {
+                        h["metadata"]["generation"] = json!(h["metadata"]["generation"].as_i64().unwrap_or(1) + 1);
+                        h["spec"] = spec;
+                    }
+                    h
+                }
+                None => json!({"apiVersion": kind.api_version(), "kind": kind.names().2,
+                    "metadata": {"name": name, "uid": uid, "generation": 1, "creationTimestamp": "2026-11-26T00:00:00Z"}, "spec": spec}),
+            };
+            let typ = if o.objects.contains_key(&(kind, name.to_string())) { "MODIFIED" } else { "ADDED" };
+            o.write(kind, name.to_string(), object, typ);
+        });
+    }
+
+    /// Deletes an object (`namespace/name` or a cluster-scoped name).
+    pub fn delete(&self, kind: Kind, key: &str) {
+        let Some(v) = self.object(kind, key) else { return };
+        self.put(kind, key.into(), v, "DELETED");
+    }
+
+    /// An object (`namespace/name` or a cluster-scoped name), if it exists.
+    pub fn object(&self, kind: Kind, key: &str) -> Option<Value> {
+        self.shared.objects.lock().unwrap().objects.get(&(kind, key.to_string())).cloned()
+    }
+
+    /// Every object of `kind`, by key.
+    pub fn objects(&self, kind: Kind) -> BTreeMap<String, Value> {
+        self.shared.objects.lock().unwrap().objects.iter().filter(|((k, _), _)| *k == kind).map(|((_, key), v)| (key.clone(), v.clone())).collect()
     }
 
     /// Deletes pods with no event anyone can see, then forgets the history and ends every
@@ -188,29 +288,30 @@ impl ApiServer {
 }
 
 async fn collection(State(s): State<Shared>, Query(q): Query<HashMap<String, String>>, kind: Kind) -> Response {
-    let query: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let path = if kind == Kind::Pods { "/api/v1/pods" } else { "/api/v1/nodes" };
+    let mut query: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    query.sort();
+    let (path, list_kind, _) = kind.names();
     s.objects.lock().unwrap().requests.push(format!("GET {path}?{}", query.join("&")));
-    let list_kind = if kind == Kind::Pods { "PodList" } else { "NodeList" };
+    let selector = q.get("labelSelector").cloned();
     if q.get("watch").map(String::as_str) != Some("true") {
         let o = s.objects.lock().unwrap();
-        let items: Vec<Value> = o.objects.iter().filter(|((k, _), _)| *k == kind).map(|(_, v)| v.clone()).collect();
-        return axum::Json(json!({"apiVersion": "v1", "kind": list_kind, "metadata": {"resourceVersion": o.rv.to_string()}, "items": items})).into_response();
+        let items: Vec<Value> = o.objects.iter().filter(|((k, _), v)| *k == kind && selected(v, selector.as_ref())).map(|(_, v)| v.clone()).collect();
+        return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": {"resourceVersion": o.rv.to_string()}, "items": items})).into_response();
     }
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
     let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
-    tokio::spawn(stream_watch(s, kind, from, bookmarks, timeout, tx));
+    tokio::spawn(stream_watch(s, kind, selector, from, bookmarks, timeout, tx));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder().header("content-type", "application/json").body(body).unwrap_or_default()
 }
 
 /// Sends `kind`'s events after version `from` as they come, until the watch is cut or times
 /// out or the client goes.
-async fn stream_watch(s: Shared, kind: Kind, mut from: u64, bookmarks: bool, timeout: Duration, tx: tokio::sync::mpsc::Sender<Result<String, std::convert::Infallible>>) {
+async fn stream_watch(s: Shared, kind: Kind, selector: Option<String>, mut from: u64, bookmarks: bool, timeout: Duration, tx: tokio::sync::mpsc::Sender<Result<String, std::convert::Infallible>>) {
     let mut changed = s.changed.subscribe();
-    let (cut, kind_name) = (s.objects.lock().unwrap().cut, if kind == Kind::Pods { "Pod" } else { "Node" });
+    let (cut, kind_name) = (s.objects.lock().unwrap().cut, kind.names().2);
     let end = tokio::time::Instant::now() + timeout;
     loop {
         let (lines, rv, expired, was_cut) = {
@@ -220,7 +321,7 @@ async fn stream_watch(s: Shared, kind: Kind, mut from: u64, bookmarks: bool, tim
                     "message": format!("too old resource version: {from} ({})", o.oldest - 1), "reason": "Expired", "code": 410}});
                 (vec![gone.to_string()], o.rv, true, false)
             } else {
-                let lines: Vec<String> = o.log.iter().filter(|e| e.kind == kind && e.rv > from).map(|e| json!({"type": e.typ, "object": e.object}).to_string()).collect();
+                let lines: Vec<String> = o.log.iter().filter(|e| e.kind == kind && e.rv > from && selected(&e.object, selector.as_ref())).map(|e| json!({"type": e.typ, "object": e.object}).to_string()).collect();
                 (lines, o.rv, false, o.cut != cut)
             }
         };
@@ -238,7 +339,7 @@ async fn stream_watch(s: Shared, kind: Kind, mut from: u64, bookmarks: bool, tim
             r = changed.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
                 if bookmarks && quiet {
-                    let b = json!({"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}}});
+                    let b = json!({"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": kind.api_version(), "metadata": {"resourceVersion": rv.to_string()}}});
                     if tx.send(Ok(b.to_string() + "\n")).await.is_err() {
                         return;
                     }
@@ -272,27 +373,111 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
-async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+/// The body of a merge patch, or the answer refusing it.
+fn merge_patch_body(headers: &axum::http::HeaderMap, body: &[u8]) -> Result<Value, Box<Response>> {
     let kind = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     if kind != "application/merge-patch+json" {
-        return status(415, "UnsupportedMediaType", format!("the stand-in takes merge patches only, not {kind:?}"));
+        return Err(Box::new(status(415, "UnsupportedMediaType", format!("the stand-in takes merge patches only, not {kind:?}"))));
     }
-    let Ok(patch) = serde_json::from_slice::<Value>(&body) else { return status(400, "BadRequest", "the patch is not JSON".into()) };
+    serde_json::from_slice::<Value>(body).map_err(|_| Box::new(status(400, "BadRequest", "the patch is not JSON".into())))
+}
+
+async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+    let patch = match merge_patch_body(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
     let updated = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PATCH pod {ns}/{name}"));
         let key = (Kind::Pods, format!("{ns}/{name}"));
         let Some(mut pod) = o.objects.get(&key).cloned() else { return status(404, "NotFound", format!("pods \"{name}\" not found")) };
         merge(&mut pod, &patch);
-        o.rv += 1;
-        pod["metadata"]["resourceVersion"] = json!(o.rv.to_string());
-        let rv = o.rv;
-        o.objects.insert(key, pod.clone());
-        o.log.push(Event { rv, kind: Kind::Pods, typ: "MODIFIED", object: pod.clone() });
-        pod
+        o.write(Kind::Pods, key.1, pod, "MODIFIED")
     };
     s.changed.send_modify(|c| *c += 1);
     axum::Json(updated).into_response()
+}
+
+/// A merge patch of a custom resource's status subresource: only `status` is taken.
+async fn patch_status(State(s): State<Shared>, Path(name): Path<String>, headers: axum::http::HeaderMap, body: axum::body::Bytes, kind: Kind) -> Response {
+    let patch = match merge_patch_body(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let updated = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("PATCH {} {name}/status", kind.names().2));
+        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else { return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2)) };
+        if let Some(st) = patch.get("status") {
+            merge(object.as_object_mut().expect("an object").entry("status").or_insert(json!({})), st);
+        }
+        o.write(kind, name, object, "MODIFIED")
+    };
+    s.changed.send_modify(|c| *c += 1);
+    axum::Json(updated).into_response()
+}
+
+async fn create_nad(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut nad): axum::Json<Value>) -> Response {
+    let name = nad["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let created = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("POST nad {ns}/{name}"));
+        let key = format!("{ns}/{name}");
+        if o.objects.contains_key(&(Kind::Nads, key.clone())) {
+            return status(409, "AlreadyExists", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"));
+        }
+        let uid = format!("nad-{}", o.rv + 1);
+        nad["metadata"]["namespace"] = json!(ns);
+        nad["metadata"]["uid"] = json!(uid);
+        nad["metadata"]["generation"] = json!(1);
+        o.write(Kind::Nads, key, nad, "ADDED")
+    };
+    s.changed.send_modify(|c| *c += 1);
+    (StatusCode::CREATED, axum::Json(created)).into_response()
+}
+
+async fn get_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    match s.objects.lock().unwrap().objects.get(&(Kind::Nads, format!("{ns}/{name}"))) {
+        Some(n) => axum::Json(n.clone()).into_response(),
+        None => status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found")),
+    }
+}
+
+async fn replace_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, axum::Json(mut nad): axum::Json<Value>) -> Response {
+    let replaced = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("PUT nad {ns}/{name}"));
+        let key = format!("{ns}/{name}");
+        let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
+            return status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"));
+        };
+        let rv = &nad["metadata"]["resourceVersion"];
+        if !rv.is_null() && *rv != have["metadata"]["resourceVersion"] {
+            return status(409, "Conflict", format!("Operation cannot be fulfilled on network-attachment-definitions.k8s.cni.cncf.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"));
+        }
+        nad["metadata"]["uid"] = have["metadata"]["uid"].clone();
+        nad["metadata"]["namespace"] = json!(ns);
+        let generation = have["metadata"]["generation"].as_i64().unwrap_or(1);
+        nad["metadata"]["generation"] = json!(if nad["spec"] != have["spec"] { generation + 1 } else { generation });
+        o.write(Kind::Nads, key, nad, "MODIFIED")
+    };
+    s.changed.send_modify(|c| *c += 1);
+    axum::Json(replaced).into_response()
+}
+
+async fn delete_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
+    let deleted = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("DELETE nad {ns}/{name}"));
+        let key = format!("{ns}/{name}");
+        let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
+            return status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"));
+        };
+        o.write(Kind::Nads, key, have, "DELETED")
+    };
+    s.changed.send_modify(|c| *c += 1);
+    axum::Json(deleted).into_response()
 }
 
 async fn get_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {

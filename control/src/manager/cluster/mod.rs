@@ -7,7 +7,10 @@
 //! ([`lease`]); only the leader acts, the others serve their APIs and wait.
 
 pub mod lease;
+pub mod nad;
+pub mod networks;
 pub mod reconcile;
+pub mod resources;
 
 use crate::manager::{Filter, Manager};
 use futures_util::StreamExt;
@@ -30,6 +33,9 @@ pub struct Options {
     /// Keep each pod's `network-status` annotation current (standalone mode: where Multus
     /// runs, it writes that annotation itself and this stays off).
     pub network_status: bool,
+    /// Make `Network` and `IPGroup` resources on the manager and their
+    /// NetworkAttachmentDefinitions ([`networks`]).
+    pub network_resources: bool,
 }
 
 /// What the controller has done, for the API and metrics.
@@ -50,6 +56,12 @@ pub struct Status {
     pub watch_errors: AtomicU64,
     /// Pods' network-status annotations written.
     pub status_patches: AtomicU64,
+    /// `Network` resources in view, and how many are made on the manager.
+    pub network_resources: AtomicU64,
+    pub network_resources_ready: AtomicU64,
+    /// Knitter's NetworkAttachmentDefinitions in place, and how many were written.
+    pub attachment_definitions: AtomicU64,
+    pub attachment_definition_writes: AtomicU64,
 }
 
 /// [`Status`] read at once (the API's and knitterctl's view; metrics).
@@ -66,6 +78,10 @@ pub struct StatusReport {
     pub nodes: u64,
     pub watch_errors: u64,
     pub status_patches: u64,
+    pub network_resources: u64,
+    pub network_resources_ready: u64,
+    pub attachment_definitions: u64,
+    pub attachment_definition_writes: u64,
 }
 
 impl Status {
@@ -81,6 +97,10 @@ impl Status {
             nodes: self.nodes.load(Relaxed),
             watch_errors: self.watch_errors.load(Relaxed),
             status_patches: self.status_patches.load(Relaxed),
+            network_resources: self.network_resources.load(Relaxed),
+            network_resources_ready: self.network_resources_ready.load(Relaxed),
+            attachment_definitions: self.attachment_definitions.load(Relaxed),
+            attachment_definition_writes: self.attachment_definition_writes.load(Relaxed),
         }
     }
 }
@@ -88,7 +108,7 @@ impl Status {
 impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
-        let rows: [(&str, &str, &str, u64); 9] = [
+        let rows: [(&str, &str, &str, u64); 13] = [
             ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", self.leader as u64),
             ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists),
             ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports),
@@ -98,6 +118,10 @@ impl StatusReport {
             ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes),
             ("knitter_manager_kubernetes_last_reconcile_microseconds", "gauge", "how long the last reconcile after a list took", self.last_reconcile_micros),
             ("knitter_manager_kubernetes_network_status_patches_total", "counter", "pods' network-status annotations written", self.status_patches),
+            ("knitter_manager_kubernetes_network_resources", "gauge", "Network resources in view", self.network_resources),
+            ("knitter_manager_kubernetes_network_resources_ready", "gauge", "Network resources made on the manager (Ready)", self.network_resources_ready),
+            ("knitter_manager_kubernetes_attachment_definitions", "gauge", "Knitter's NetworkAttachmentDefinitions in place", self.attachment_definitions),
+            ("knitter_manager_kubernetes_attachment_definition_writes_total", "counter", "NetworkAttachmentDefinitions created, replaced or deleted", self.attachment_definition_writes),
         ];
         let mut out = String::new();
         for (name, kind, help, v) in rows {
@@ -157,8 +181,25 @@ impl Controller {
         }
     }
 
+    /// Acts on the cluster until leadership is lost or `stop` is set: pods and nodes, and
+    /// with `network_resources` the `Network` and `IPGroup` resources.
+    async fn lead(&self, leader: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
+        let pods = self.lead_pods(leader.clone(), stop.clone());
+        if !self.opts.network_resources {
+            return pods.await;
+        }
+        let (mut leader, mut stop) = (leader, stop);
+        let end = Box::pin(async move {
+            tokio::select! {
+                _ = until(&mut leader, false) => {}
+                _ = until(&mut stop, true) => {}
+            }
+        });
+        tokio::join!(pods, self.serve_resources(end));
+    }
+
     /// Watches pods and nodes and acts on them until leadership is lost or `stop` is set.
-    async fn lead(&self, mut leader: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+    async fn lead_pods(&self, mut leader: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
         let config = watcher::Config::default();
         let mut pods = watcher(Api::<Pod>::all(self.client.clone()), config.clone()).default_backoff().boxed();
         let mut nodes = watcher(Api::<KubeNode>::all(self.client.clone()), config).default_backoff().boxed();

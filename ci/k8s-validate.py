@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Checks Knitter's Kubernetes objects against Kubernetes' own schemas.
+
+  k8s-validate.py crds                   the CRD manifests in deploy/crds/ against the
+                                         Kubernetes OpenAPI schemas (kubernetes-validate,
+                                         pinned to the oldest version Knitter supports)
+  k8s-validate.py objects CRD FILE       each object of FILE (a JSON list) against the
+                                         openAPIV3Schema of CRD (a CustomResourceDefinition
+                                         YAML): custom resources as the controller wrote
+                                         them, NADs against Multus's NAD CRD
+
+Needs `pip install kubernetes-validate==1.37.0` (it brings jsonschema and PyYAML).
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import yaml
+
+KUBERNETES = "1.33.0"  # the k8s-openapi feature in Cargo.toml (v1_33)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def crds():
+    files = sorted(glob.glob(os.path.join(ROOT, "deploy", "crds", "*.yaml")))
+    if not files:
+        sys.exit("no CRD manifests in deploy/crds")
+    subprocess.run([sys.executable, "-m", "kubernetes_validate", "--quiet", "--strict", "-k", KUBERNETES, *files], check=True)
+    for f in files:
+        with open(f) as fh:
+            crd = yaml.safe_load(fh)
+        for v in crd["spec"]["versions"]:
+            jsonschema.Draft7Validator.check_schema(v["schema"]["openAPIV3Schema"])
+    print(f"{len(files)} CRD manifests valid for Kubernetes {KUBERNETES}")
+
+
+def objects(crd_file, objects_file):
+    with open(crd_file) as fh:
+        crd = next(d for d in yaml.safe_load_all(fh) if d and d.get("kind") == "CustomResourceDefinition")
+    with open(objects_file) as fh:
+        items = json.load(fh)
+    group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+    failed = 0
+    for o in items:
+        version = o["apiVersion"].split("/")[-1]
+        schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+        if o["apiVersion"] != f"{group}/{version}" or o["kind"] != kind:
+            print(f"{o['metadata'].get('name')}: {o['apiVersion']} {o['kind']} is not {group} {kind}", file=sys.stderr)
+            failed += 1
+            continue
+        errors = list(jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(o))
+        for e in errors:
+            print(f"{o['metadata'].get('namespace', '')}/{o['metadata'].get('name')}: {e.json_path}: {e.message}", file=sys.stderr)
+        failed += bool(errors)
+    if failed:
+        sys.exit(f"{failed} of {len(items)} objects do not follow {crd['metadata']['name']}")
+    print(f"{len(items)} objects follow {crd['metadata']['name']}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["crds"]:
+        crds()
+    elif sys.argv[1:2] == ["objects"] and len(sys.argv) == 4:
+        objects(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,123 @@
+//! NetworkAttachmentDefinitions made from `Network` resources (Knap's idea): the Knitter CNI
+//! configuration Multus needs, in every namespace whose tenant may use the network.
+//!
+//! Tenants and namespaces: a namespace belongs to the tenant its `knitter.io/tenant` label
+//! names, or, unlabelled, to the tenant of its own name. A network's NAD (named as the
+//! network) goes to its tenant's namespaces; a shared network's to every namespace. Each
+//! NAD is labelled as Knitter's and owned by its `Network` (a controller owner reference:
+//! Kubernetes' garbage collector deletes it with the network); the controller also deletes
+//! the ones no longer wanted (a namespace relabelled, a network refused). NADs without
+//! Knitter's label are never touched, even under a network's name.
+
+use super::resources::{GROUP, NetworkResource, VERSION};
+use crate::network::NetworkSpec;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// The label naming a namespace's tenant.
+pub const TENANT_LABEL: &str = "knitter.io/tenant";
+/// The label every NAD the controller makes carries (and the selector it lists them by).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "knitter-manager");
+/// The label naming a NAD's network.
+pub const NETWORK_LABEL: &str = "knitter.io/network";
+
+/// NetworkAttachmentDefinitions (`k8s.cni.cncf.io/v1`).
+pub fn api_resource() -> ApiResource {
+    ApiResource {
+        group: "k8s.cni.cncf.io".into(),
+        version: "v1".into(),
+        api_version: "k8s.cni.cncf.io/v1".into(),
+        kind: "NetworkAttachmentDefinition".into(),
+        plural: "network-attachment-definitions".into(),
+    }
+}
+
+/// The tenant a namespace belongs to.
+pub fn tenant_of(ns: &Namespace) -> &str {
+    let name = ns.metadata.name.as_deref().unwrap_or_default();
+    ns.metadata.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)).map_or(name, String::as_str)
+}
+
+/// The namespaces (of `namespaces`: name → tenant) that get `net`'s NAD.
+pub fn namespaces_for<'a>(net: &NetworkSpec, namespaces: &'a BTreeMap<String, String>) -> impl Iterator<Item = &'a str> {
+    namespaces.iter().filter(move |(_, tenant)| net.shared || **tenant == net.tenant).map(|(ns, _)| ns.as_str())
+}
+
+/// The CNI configuration a NAD carries: a conflist of the Knitter plugin on `network`, in
+/// the versions docs/cni.md installs (1.0.0 for libcni before 1.2, 1.1.0 after), taking the
+/// network selection's `ips` and `mac`.
+pub fn cni_config(network: &str) -> String {
+    json!({
+        "cniVersion": "1.0.0",
+        "cniVersions": ["1.0.0", "1.1.0"],
+        "name": network,
+        "plugins": [{ "type": "knitter-cni", "network": network, "capabilities": { "ips": true, "mac": true } }],
+    })
+    .to_string()
+}
+
+/// `net`'s NAD in `namespace`, owned by `owner`.
+pub fn nad(net: &NetworkSpec, owner: &NetworkResource, namespace: &str) -> DynamicObject {
+    let labels = BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()), (NETWORK_LABEL.to_string(), net.name.clone())]);
+    let owner_ref = OwnerReference {
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "Network".into(),
+        name: owner.name().into(),
+        uid: owner.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    };
+    let metadata = ObjectMeta {
+        name: Some(net.name.clone()),
+        namespace: Some(namespace.into()),
+        labels: Some(labels),
+        owner_references: Some(vec![owner_ref]),
+        ..Default::default()
+    };
+    let mut d = DynamicObject::new(&net.name, &api_resource()).data(json!({ "spec": { "config": cni_config(&net.name) } }));
+    d.metadata = metadata;
+    d
+}
+
+/// Whether `have` already says what `want` does (configuration, labels, owner).
+pub fn same(have: &DynamicObject, want: &DynamicObject) -> bool {
+    have.data["spec"] == want.data["spec"] && have.metadata.labels == want.metadata.labels && have.metadata.owner_references == want.metadata.owner_references
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::network::Kind;
+
+    fn ns(name: &str, tenant: Option<&str>) -> Namespace {
+        let labels = tenant.map(|t| BTreeMap::from([(TENANT_LABEL.to_string(), t.to_string())]));
+        Namespace { metadata: ObjectMeta { name: Some(name.into()), labels, ..Default::default() }, ..Default::default() }
+    }
+
+    fn net(tenant: &str, shared: bool) -> NetworkSpec {
+        NetworkSpec { name: "media".into(), tenant: tenant.into(), kind: Kind::Vxlan, plane: Default::default(), segment: None, ipv4: None, ipv6: None, mtu: None, shared }
+    }
+
+    #[test]
+    fn a_network_goes_to_its_tenants_namespaces_and_a_shared_one_everywhere() {
+        let all: BTreeMap<String, String> = [ns("red", None), ns("red-dev", Some("red")), ns("blue", None)].iter().map(|n| (n.metadata.name.clone().unwrap(), tenant_of(n).to_string())).collect();
+        assert_eq!(namespaces_for(&net("red", false), &all).collect::<Vec<_>>(), ["red", "red-dev"]);
+        assert_eq!(namespaces_for(&net("admin", true), &all).collect::<Vec<_>>(), ["blue", "red", "red-dev"]);
+        assert_eq!(namespaces_for(&net("green", false), &all).count(), 0);
+    }
+
+    #[test]
+    fn the_nad_carries_the_conflist_its_owner_and_labels() {
+        let owner = NetworkResource { metadata: ObjectMeta { name: Some("media".into()), uid: Some("u1".into()), ..Default::default() }, ..Default::default() };
+        let d = nad(&net("red", false), &owner, "red");
+        assert_eq!((d.metadata.namespace.as_deref(), d.metadata.name.as_deref()), (Some("red"), Some("media")));
+        let conf: serde_json::Value = serde_json::from_str(d.data["spec"]["config"].as_str().unwrap()).unwrap();
+        assert_eq!(conf["plugins"][0]["network"], "media");
+        let o = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((o.kind.as_str(), o.uid.as_str(), o.controller), ("Network", "u1", Some(true)));
+        assert!(same(&d, &d.clone()));
+    }
+}

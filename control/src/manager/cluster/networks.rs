@@ -1,0 +1,325 @@
+//! The controller's side of the `Network` and `IPGroup` resources (with
+//! `--network-resources`): each resource made on the manager (owned by it, see
+//! `manager::managed`), its status written back, its NetworkAttachmentDefinitions kept in
+//! step ([`nad`](super::nad)), and what a deleted resource made deleted with it.
+//!
+//! One pass does it all, over complete views of the resources and namespaces: after any of
+//! them changed, [`RETRY`] after a pass left something to do (a deletion refused while pods
+//! still use a network), and at least every [`RESYNC`]. Knitter's own NADs are watched
+//! too: one edited or deleted by hand is put back at once.
+
+use super::nad::{self, MANAGED_BY};
+use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
+use super::Controller;
+use crate::manager::Manager;
+use crate::manager::objects::IpGroupRecord;
+use crate::network::NetworkSpec;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// The longest a pass waits when nothing changed.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// When a pass is tried again after something failed or was refused for now.
+pub const RETRY: Duration = Duration::from_secs(2);
+
+/// One watched kind as its last complete list and the events since made it.
+pub struct Listed<K> {
+    pub items: BTreeMap<String, K>,
+    listing: Option<BTreeMap<String, K>>,
+    pub listed: bool,
+}
+
+impl<K> Default for Listed<K> {
+    fn default() -> Self {
+        Listed { items: BTreeMap::new(), listing: None, listed: false }
+    }
+}
+
+impl<K: kube::Resource> Listed<K> {
+    fn key(k: &K) -> String {
+        let m = k.meta();
+        match &m.namespace {
+            Some(ns) => format!("{ns}/{}", m.name.as_deref().unwrap_or_default()),
+            None => m.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// Takes a watch event; whether the view changed.
+    pub fn on(&mut self, e: watcher::Event<K>) -> bool {
+        match e {
+            watcher::Event::Init => self.listing = Some(BTreeMap::new()),
+            watcher::Event::InitApply(k) => {
+                if let Some(l) = self.listing.as_mut() {
+                    l.insert(Self::key(&k), k);
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(l) = self.listing.take() {
+                    self.items = l;
+                    self.listed = true;
+                    return true;
+                }
+            }
+            watcher::Event::Apply(k) => {
+                self.items.insert(Self::key(&k), k);
+                return true;
+            }
+            watcher::Event::Delete(k) => return self.items.remove(&Self::key(&k)).is_some(),
+        }
+        false
+    }
+}
+
+/// The resources and namespaces in view, and whether a pass is due.
+#[derive(Default)]
+pub struct Resources {
+    pub networks: Listed<NetworkResource>,
+    pub groups: Listed<IpGroupResource>,
+    pub namespaces: Listed<Namespace>,
+    pub due: bool,
+}
+
+impl Resources {
+    pub fn listed(&self) -> bool {
+        self.networks.listed && self.groups.listed && self.namespaces.listed
+    }
+}
+
+/// What the manager made of the resources.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub networks: BTreeMap<String, Result<NetworkSpec, Refusal>>,
+    pub groups: BTreeMap<String, Result<IpGroupRecord, Refusal>>,
+    /// Something to try again (a transient refusal, a deletion refused while in use).
+    pub retry: bool,
+}
+
+/// Refusals that may pass on their own.
+fn transient(r: &Refusal) -> bool {
+    matches!(r.reason.as_str(), "Busy" | "StoreUnavailable" | "InUse")
+}
+
+/// Makes every resource's object on the manager (its tenant too) and deletes what resources
+/// no longer in view made (IP groups before networks: a network with groups is in use).
+pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResource]) -> Applied {
+    let mut out = Applied::default();
+    for r in networks {
+        let made = r.network_spec().and_then(|spec| {
+            m.create_tenant(&spec.tenant, None).map_err(|e| Refusal::from(&e))?;
+            m.create_network_by(spec, Some(&r.managed_by())).map(|(n, _)| n).map_err(|e| Refusal::from(&e))
+        });
+        out.retry |= made.as_ref().is_err_and(transient);
+        out.networks.insert(r.name().to_string(), made);
+    }
+    for r in groups {
+        let made = r.group_spec().and_then(|spec| m.create_group_by(spec, Some(&r.managed_by())).map(|(g, _)| g).map_err(|e| Refusal::from(&e)));
+        // A group of a network not made yet (or refused) is made when that one is.
+        out.retry |= made.as_ref().is_err_and(|e| transient(e) || e.reason == "NotFound");
+        out.groups.insert(r.name().to_string(), made);
+    }
+    let live: HashSet<(String, String, String)> = networks.iter().map(|r| r.managed_by()).chain(groups.iter().map(|r| r.managed_by())).map(|b| (b.resource, b.name, b.uid)).collect();
+    let mut owned = match m.managed() {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing what Kubernetes resources made");
+            out.retry = true;
+            return out;
+        }
+    };
+    owned.retain(|(_, by)| !live.contains(&(by.resource.clone(), by.name.clone(), by.uid.clone())));
+    owned.sort_by_key(|(key, _)| !key.starts_with("ipgroups/"));
+    for (key, by) in owned {
+        let r = if let Some(name) = key.strip_prefix("networks/") {
+            m.delete_network_by(name, Some(&by)).map(|_| ())
+        } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/')) {
+            m.delete_group_by(net, name, Some(&by)).map(|_| ())
+        } else {
+            continue;
+        };
+        match r {
+            Ok(()) => tracing::info!(object = %key, resource = %format!("{} {}", by.resource, by.name), "its resource was deleted: deleted"),
+            Err(e) => {
+                out.retry = true;
+                tracing::warn!(object = %key, error = %e, "its resource was deleted; deleting it (tried again)");
+            }
+        }
+    }
+    out
+}
+
+impl Controller {
+    /// Watches `Network`s, `IPGroup`s and namespaces and runs a pass whenever they changed
+    /// (and every [`RESYNC`]), until `stop` resolves.
+    pub(super) async fn serve_resources(&self, mut stop: impl std::future::Future<Output = ()> + Unpin) {
+        use futures_util::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let config = watcher::Config::default();
+        let mut networks = watcher(Api::<NetworkResource>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        let mut groups = watcher(Api::<IpGroupResource>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        // Knitter's own NADs: one edited or deleted by hand is put back at once.
+        let ours = config.labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let mut nads = watcher(Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()), ours).default_backoff().boxed();
+        let mut r = Resources::default();
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let (mut last, mut retry) = (tokio::time::Instant::now(), false);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let wait = if retry { RETRY } else { RESYNC };
+                    if r.listed() && (r.due || last.elapsed() >= wait) {
+                        r.due = false;
+                        retry = self.pass(&r).await;
+                        last = tokio::time::Instant::now();
+                    }
+                }
+                e = networks.next() => match e {
+                    Some(Ok(e)) => r.due |= r.networks.on(e),
+                    Some(Err(e)) => self.watch_error("networks.knitter.io", e),
+                    None => break,
+                },
+                e = groups.next() => match e {
+                    Some(Ok(e)) => r.due |= r.groups.on(e),
+                    Some(Err(e)) => self.watch_error("ipgroups.knitter.io", e),
+                    None => break,
+                },
+                e = namespaces.next() => match e {
+                    Some(Ok(e)) => r.due |= r.namespaces.on(e),
+                    Some(Err(e)) => self.watch_error("namespaces", e),
+                    None => break,
+                },
+                e = nads.next() => match e {
+                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => r.due = true,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => self.watch_error("network-attachment-definitions", e),
+                    None => break,
+                },
+                _ = &mut stop => break,
+            }
+            self.status.network_resources.store(r.networks.items.len() as u64, Relaxed);
+        }
+    }
+
+    /// One pass over everything in view; whether another is due soon (something to retry).
+    async fn pass(&self, r: &Resources) -> bool {
+        let nets: Vec<NetworkResource> = r.networks.items.values().cloned().collect();
+        let groups: Vec<IpGroupResource> = r.groups.items.values().cloned().collect();
+        let (n, g) = (nets.clone(), groups.clone());
+        let applied = match self.blocking(move |m| Ok(apply(m, &n, &g))).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "making the Network and IPGroup resources");
+                return true;
+            }
+        };
+        let tenants: BTreeMap<String, String> = r.namespaces.items.values().map(|ns| (ns.metadata.name.clone().unwrap_or_default(), nad::tenant_of(ns).to_string())).collect();
+        let mut want = BTreeMap::new();
+        for res in &nets {
+            if let Some(Ok(spec)) = applied.networks.get(res.name()) {
+                for ns in nad::namespaces_for(spec, &tenants) {
+                    want.insert(format!("{ns}/{}", spec.name), nad::nad(spec, res, ns));
+                }
+            }
+        }
+        let (in_place, nads_retry) = self.sync_nads(want).await;
+        self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
+        let mut retry = applied.retry || nads_retry;
+        let mut ready = 0;
+        for res in &nets {
+            let Some(outcome) = applied.networks.get(res.name()) else { continue };
+            ready += outcome.is_ok() as u64;
+            let mine: Vec<String> = in_place.iter().filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name())).cloned().collect();
+            retry |= !self.write_status(Api::<NetworkResource>::all(self.client.clone()), res.name(), res.status.as_ref(), resources::network_status(res, outcome, &mine)).await;
+        }
+        self.status.network_resources_ready.store(ready, Relaxed);
+        for res in &groups {
+            let Some(outcome) = applied.groups.get(res.name()) else { continue };
+            retry |= !self.write_status(Api::<IpGroupResource>::all(self.client.clone()), res.name(), res.status.as_ref(), resources::group_status(res, outcome)).await;
+        }
+        retry
+    }
+
+    /// Writes a resource's status (a merge patch of its status subresource) when it differs;
+    /// false when the write failed.
+    async fn write_status<K>(&self, api: Api<K>, name: &str, current: Option<&serde_json::Value>, want: serde_json::Value) -> bool
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let Some(patch) = resources::status_patch(current, want) else { return true };
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 => true,
+            Err(e) => {
+                tracing::warn!(resource = %name, error = %e, "writing the resource's status (tried again)");
+                false
+            }
+        }
+    }
+
+    /// Makes the cluster's Knitter NADs what `want` says (by `namespace/name`): creates,
+    /// replaces, deletes. Returns the ones in place and whether something failed.
+    async fn sync_nads(&self, want: BTreeMap<String, DynamicObject>) -> (BTreeSet<String>, bool) {
+        let ar = nad::api_resource();
+        let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+        let have = match all.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) => l.items,
+            // No NAD CRD (no Multus): nothing to make, and nothing to retry before a change.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                tracing::warn!("the cluster has no NetworkAttachmentDefinition CRD (Multus installs it): no NADs made");
+                return (BTreeSet::new(), false);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "listing Knitter's NetworkAttachmentDefinitions");
+                return (BTreeSet::new(), true);
+            }
+        };
+        let key = |d: &DynamicObject| format!("{}/{}", d.metadata.namespace.as_deref().unwrap_or_default(), d.metadata.name.as_deref().unwrap_or_default());
+        let have: BTreeMap<String, DynamicObject> = have.into_iter().map(|d| (key(&d), d)).collect();
+        let (mut in_place, mut failed) = (BTreeSet::new(), false);
+        let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
+        for k in have.keys().filter(|k| !want.contains_key(*k)) {
+            let (ns, name) = k.split_once('/').unwrap_or_default();
+            match api(ns).delete(name, &DeleteParams::default()).await {
+                Ok(_) => self.status.attachment_definition_writes.fetch_add(1, Relaxed),
+                Err(kube::Error::Api(s)) if s.code == 404 => 0,
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(nad = %k, error = %e, "deleting a NetworkAttachmentDefinition no longer wanted");
+                    continue;
+                }
+            };
+        }
+        for (k, mut d) in want {
+            let (ns, name) = k.split_once('/').unwrap_or_default();
+            let r = match have.get(&k) {
+                Some(h) if nad::same(h, &d) => Ok(()),
+                Some(h) => {
+                    d.metadata.resource_version = h.metadata.resource_version.clone();
+                    api(ns).replace(name, &PostParams::default(), &d).await.map(|_| ())
+                }
+                None => api(ns).create(&PostParams::default(), &d).await.map(|_| ()),
+            };
+            match r {
+                Ok(()) => {
+                    if have.get(&k).is_none_or(|h| !nad::same(h, &d)) {
+                        self.status.attachment_definition_writes.fetch_add(1, Relaxed);
+                    }
+                    in_place.insert(k);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 && !have.contains_key(&k) => {
+                    tracing::warn!(nad = %k, "a NetworkAttachmentDefinition of that name exists and is not Knitter's: left alone");
+                }
+                Err(e) => {
+                    failed = true;
+                    tracing::warn!(nad = %k, error = %e, "writing a NetworkAttachmentDefinition (tried again)");
+                }
+            }
+        }
+        (in_place, failed)
+    }
+}

@@ -1,0 +1,246 @@
+//! The `Network` and `IPGroup` custom resources (`networks.knitter.io`,
+//! `ipgroups.knitter.io`, version `v1alpha1`; manifests in deploy/crds/): what their specs
+//! ask of the manager and the status the controller writes back.
+//!
+//! Both are **cluster-scoped**: the manager names networks and IP groups cluster-wide (a
+//! namespaced resource would let two namespaces ask for one name), and the
+//! NetworkAttachmentDefinitions made from a network live in many namespaces, which may name
+//! only a cluster-scoped owner (Kubernetes refuses owner references across namespaces).
+//! Specs are kept as JSON and read here, so a malformed one gets a `Ready=False` condition
+//! with the reason instead of breaking the watch of all the others.
+
+use crate::manager::ManagerError;
+use crate::manager::managed::ManagedBy;
+use crate::manager::objects::{IpGroupRecord, IpGroupSpec};
+use crate::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::ObjectMeta;
+use kube::core::ClusterResourceScope;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+pub const GROUP: &str = "knitter.io";
+pub const VERSION: &str = "v1alpha1";
+/// The tenant of a `Network` that names none.
+pub const DEFAULT_TENANT: &str = crate::manager::ADMIN;
+
+macro_rules! cluster_resource {
+    ($(#[$doc:meta])* $ty:ident, $kind:literal, $plural:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+        pub struct $ty {
+            #[serde(default)]
+            pub metadata: ObjectMeta,
+            #[serde(default)]
+            pub spec: Value,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub status: Option<Value>,
+        }
+
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = ClusterResourceScope;
+            fn kind(_: &()) -> Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                VERSION.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+
+        impl $ty {
+            /// `networks.knitter.io` or `ipgroups.knitter.io`.
+            pub const RESOURCE: &'static str = concat!($plural, ".knitter.io");
+
+            pub fn name(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+
+            /// This resource as the owner of what it made on the manager.
+            pub fn managed_by(&self) -> ManagedBy {
+                ManagedBy { resource: Self::RESOURCE.into(), name: self.name().into(), uid: self.metadata.uid.clone().unwrap_or_default() }
+            }
+        }
+    };
+}
+
+cluster_resource!(
+    /// A `Network` (`networks.knitter.io`): one manager network of the same name.
+    NetworkResource,
+    "Network",
+    "networks"
+);
+cluster_resource!(
+    /// An `IPGroup` (`ipgroups.knitter.io`): one IP group of a network, of the same name.
+    IpGroupResource,
+    "IPGroup",
+    "ipgroups"
+);
+
+/// A `Network`'s spec as the CRD defines it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NetworkResourceSpec {
+    #[serde(default)]
+    tenant: Option<String>,
+    kind: Kind,
+    #[serde(default)]
+    plane: Plane,
+    #[serde(default)]
+    segment: Option<u32>,
+    #[serde(default)]
+    ipv4: Option<SubnetSpec>,
+    #[serde(default)]
+    ipv6: Option<SubnetSpec>,
+    #[serde(default)]
+    mtu: Option<u32>,
+    #[serde(default)]
+    shared: bool,
+}
+
+/// An `IPGroup`'s spec as the CRD defines it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IpGroupResourceSpec {
+    network: String,
+    #[serde(default)]
+    members: Vec<IpAddr>,
+    #[serde(default)]
+    size: Option<u32>,
+    #[serde(default)]
+    grace_seconds: Option<u64>,
+}
+
+/// Why a resource is not ready: a condition's reason (CamelCase) and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: String,
+    pub message: String,
+}
+
+impl From<&ManagerError> for Refusal {
+    fn from(e: &ManagerError) -> Self {
+        let code = e.codes().0;
+        let reason = code.split('_').map(|w| w[..1].to_uppercase() + &w[1..]).collect();
+        Refusal { reason, message: e.to_string() }
+    }
+}
+
+fn invalid_spec(e: serde_json::Error) -> Refusal {
+    Refusal { reason: "InvalidSpec".into(), message: format!("the spec does not follow the CRD: {e}") }
+}
+
+impl NetworkResource {
+    /// The manager network this resource asks for.
+    pub fn network_spec(&self) -> Result<NetworkSpec, Refusal> {
+        let s: NetworkResourceSpec = serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
+        Ok(NetworkSpec {
+            name: self.name().into(),
+            tenant: s.tenant.unwrap_or_else(|| DEFAULT_TENANT.into()),
+            kind: s.kind,
+            plane: s.plane,
+            segment: s.segment,
+            ipv4: s.ipv4,
+            ipv6: s.ipv6,
+            mtu: s.mtu,
+            shared: s.shared,
+        })
+    }
+}
+
+impl IpGroupResource {
+    /// The manager IP group this resource asks for.
+    pub fn group_spec(&self) -> Result<IpGroupSpec, Refusal> {
+        let s: IpGroupResourceSpec = serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
+        Ok(IpGroupSpec { name: self.name().into(), network: s.network, members: s.members, size: s.size, grace_secs: s.grace_seconds })
+    }
+}
+
+/// A `Ready` condition as Kubernetes wants it (`metav1.Condition`), keeping the transition
+/// time of `current` while the status stays what it was.
+fn ready(current: Option<&Value>, generation: Option<i64>, outcome: Result<(), &Refusal>) -> Condition {
+    let (status, reason, message) = match outcome {
+        Ok(()) => ("True", "Created".to_string(), "made on the manager".to_string()),
+        Err(r) => ("False", r.reason.clone(), r.message.clone()),
+    };
+    let previous = current
+        .and_then(|s| s["conditions"].as_array())
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" && c["status"] == status))
+        .and_then(|c| serde_json::from_value::<Time>(c["lastTransitionTime"].clone()).ok());
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let at = previous.unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default()));
+    Condition { type_: "Ready".into(), status: status.into(), reason, message, observed_generation: generation, last_transition_time: at }
+}
+
+/// The status a `Network` should carry: the segment and MTU the manager decided, the
+/// NetworkAttachmentDefinitions made from it (`namespace/name`), and `Ready`.
+pub fn network_status(r: &NetworkResource, outcome: &Result<NetworkSpec, Refusal>, attachments: &[String]) -> Value {
+    let generation = r.metadata.generation;
+    let cond = ready(r.status.as_ref(), generation, outcome.as_ref().map(|_| ()));
+    let mut s = json!({ "observedGeneration": generation, "conditions": [cond], "networkAttachmentDefinitions": attachments });
+    if let Ok(n) = outcome {
+        s["segment"] = json!(n.segment);
+        s["mtu"] = json!(n.mtu);
+    }
+    s
+}
+
+/// The status an `IPGroup` should carry: the members the manager reserved and `Ready`.
+pub fn group_status(r: &IpGroupResource, outcome: &Result<IpGroupRecord, Refusal>) -> Value {
+    let generation = r.metadata.generation;
+    let cond = ready(r.status.as_ref(), generation, outcome.as_ref().map(|_| ()));
+    let mut s = json!({ "observedGeneration": generation, "conditions": [cond] });
+    if let Ok(g) = outcome {
+        s["members"] = json!(g.members);
+    }
+    s
+}
+
+/// The patch that brings `current` to `want`, if they differ.
+pub fn status_patch(current: Option<&Value>, want: Value) -> Option<Value> {
+    (current != Some(&want)).then(|| json!({ "status": want }))
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn network(spec: Value) -> NetworkResource {
+        NetworkResource { metadata: ObjectMeta { name: Some("media".into()), uid: Some("u1".into()), generation: Some(2), ..Default::default() }, spec, status: None }
+    }
+
+    #[test]
+    fn a_network_resource_reads_as_the_managers_network_or_says_why_not() {
+        let r = network(json!({"kind": "vxlan", "plane": "media", "segment": 7000, "ipv4": {"cidr": "10.7.0.0/24", "pools": [{"start": "10.7.0.10", "end": "10.7.0.99"}]}}));
+        let n = r.network_spec().unwrap();
+        assert_eq!((n.name.as_str(), n.tenant.as_str(), n.kind, n.plane, n.segment), ("media", "admin", Kind::Vxlan, Plane::Media, Some(7000)));
+        let e = network(json!({"kind": "gre"})).network_spec().unwrap_err();
+        assert_eq!(e.reason, "InvalidSpec");
+        assert!(e.message.contains("gre"), "{}", e.message);
+        assert_eq!(network(json!({"kind": "vlan", "vni": 5})).network_spec().unwrap_err().reason, "InvalidSpec", "unknown fields are refused");
+    }
+
+    #[test]
+    fn ready_keeps_its_transition_time_while_it_stays() {
+        let r = network(json!({"kind": "vxlan"}));
+        let refused = Err(Refusal::from(&ManagerError::Conflict("VNI 7000 is taken".into())));
+        let s = network_status(&r, &refused, &[]);
+        assert_eq!((s["conditions"][0]["reason"].as_str(), s["conditions"][0]["status"].as_str()), (Some("Conflict"), Some("False")));
+        let r = NetworkResource { status: Some(s.clone()), ..r };
+        assert_eq!(status_patch(r.status.as_ref(), network_status(&r, &refused, &[])), None, "nothing changed: no write");
+    }
+}
