@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Checks Knitter's Kubernetes objects against Kubernetes' own schemas.
 
-  k8s-validate.py crds                   the CRD manifests in deploy/crds/ against the
+  k8s-validate.py manifests              deploy/kubernetes: each overlay rendered by
+                                         `kubectl kustomize` and the examples, against the
                                          Kubernetes OpenAPI schemas (kubernetes-validate,
-                                         pinned to the oldest version Knitter supports)
+                                         strict, pinned to the oldest version Knitter
+                                         supports); their Network and IPGroup objects
+                                         against Knitter's CRDs
   k8s-validate.py objects CRD FILE       each object of FILE (a JSON list) against the
                                          openAPIV3Schema of CRD (a CustomResourceDefinition
                                          YAML): custom resources as the controller wrote
@@ -16,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jsonschema
 import yaml
@@ -24,17 +28,54 @@ KUBERNETES = "1.33.0"  # the k8s-openapi feature in Cargo.toml (v1_33)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def crds():
-    files = sorted(glob.glob(os.path.join(ROOT, "deploy", "crds", "*.yaml")))
-    if not files:
-        sys.exit("no CRD manifests in deploy/crds")
+def kubernetes_validate(files):
     subprocess.run([sys.executable, "-m", "kubernetes_validate", "--quiet", "--strict", "-k", KUBERNETES, *files], check=True)
-    for f in files:
+
+
+def crd_schema(crd, version):
+    return next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+
+
+def manifests():
+    base = os.path.join(ROOT, "deploy", "kubernetes")
+    crd_files = sorted(glob.glob(os.path.join(base, "base", "crds", "*.yaml")))
+    crds = {}
+    for f in crd_files:
         with open(f) as fh:
             crd = yaml.safe_load(fh)
         for v in crd["spec"]["versions"]:
             jsonschema.Draft7Validator.check_schema(v["schema"]["openAPIV3Schema"])
-    print(f"{len(files)} CRD manifests valid for Kubernetes {KUBERNETES}")
+        crds[(crd["spec"]["group"], crd["spec"]["names"]["kind"])] = crd
+    builtin, custom = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for overlay in sorted(glob.glob(os.path.join(base, "overlays", "*"))):
+            out = subprocess.run(["kubectl", "kustomize", overlay], check=True, capture_output=True, text=True).stdout
+            path = os.path.join(tmp, os.path.basename(overlay) + ".yaml")
+            with open(path, "w") as fh:
+                fh.write(out)
+            builtin.append(path)
+        for f in sorted(glob.glob(os.path.join(base, "examples", "*.yaml"))):
+            with open(f) as fh:
+                docs = [d for d in yaml.safe_load_all(fh) if d]
+            if any(d["apiVersion"].startswith("knitter.io/") for d in docs):
+                custom += [(f, d) for d in docs]
+            else:
+                builtin.append(f)
+        kubernetes_validate(builtin)
+    failed = 0
+    for f, d in custom:
+        group, version = d["apiVersion"].split("/")
+        crd = crds.get((group, d["kind"]))
+        if crd is None:
+            print(f"{f}: no CRD for {d['apiVersion']} {d['kind']}", file=sys.stderr)
+            failed += 1
+            continue
+        for e in jsonschema.Draft7Validator(crd_schema(crd, version)).iter_errors(d):
+            print(f"{f}: {d['metadata']['name']}: {e.json_path}: {e.message}", file=sys.stderr)
+            failed += 1
+    if failed:
+        sys.exit(f"{failed} problems in the example resources")
+    print(f"{len(crd_files)} CRDs, {len(builtin)} manifest files and {len(custom)} example resources valid for Kubernetes {KUBERNETES}")
 
 
 def objects(crd_file, objects_file):
@@ -46,7 +87,7 @@ def objects(crd_file, objects_file):
     failed = 0
     for o in items:
         version = o["apiVersion"].split("/")[-1]
-        schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
+        schema = crd_schema(crd, version)
         if o["apiVersion"] != f"{group}/{version}" or o["kind"] != kind:
             print(f"{o['metadata'].get('name')}: {o['apiVersion']} {o['kind']} is not {group} {kind}", file=sys.stderr)
             failed += 1
@@ -61,8 +102,8 @@ def objects(crd_file, objects_file):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["crds"]:
-        crds()
+    if sys.argv[1:2] == ["manifests"]:
+        manifests()
     elif sys.argv[1:2] == ["objects"] and len(sys.argv) == 4:
         objects(sys.argv[2], sys.argv[3])
     else:

@@ -8,9 +8,12 @@ set -euo pipefail
 # vhost-user interop test's frontend) and the perf scripts use; protoc compiles the gRPC API.
 PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl curl dpdk-dev protobuf-compiler"
 # The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
-# builds its kernel and initramfs) and starts its own etcd for the manager's store.
+# builds its kernel and initramfs), starts its own etcd for the manager's store, and builds
+# and runs the container images with podman.
 if [ "${KNITTER_TEST_DEPS:-0}" = 1 ]; then
   PACKAGES="$PACKAGES qemu-system-x86 busybox-static etcd-server"
+  # ci/images.sh builds and runs the container images (deploy/images).
+  PACKAGES="$PACKAGES podman runc mmdebstrap"
 fi
 missing=""
 for p in $PACKAGES; do
@@ -28,6 +31,14 @@ command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) fi
 if [ "${KNITTER_FUZZ:-1}" = 1 ] && ! command -v cargo-fuzz >/dev/null; then
   echo "== installing cargo-fuzz"
   cargo install cargo-fuzz --locked -q
+fi
+
+# kubectl renders the kustomizations (Debian's is 1.20, kustomize v2: the manifests keep to
+# its syntax); a machine that has one already keeps it.
+if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! command -v kubectl >/dev/null; then
+  echo "== installing kubectl (Debian's kubernetes-client)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null; }
 fi
 
 # The Kubernetes manifests' checks (ci/k8s-validate.py; the controller's tests call it):

@@ -23,8 +23,8 @@ fi
 echo "== loom models (lock-free structures, every interleaving up to 3 preemptions)"
 RUSTFLAGS="--cfg loom" cargo test -q -p knitter-vswitch --test loom --release --target-dir target/loom
 
-echo "== Kubernetes manifests (the CRDs against Kubernetes' schemas)"
-python3 ci/k8s-validate.py crds
+echo "== Kubernetes manifests (rendered, against Kubernetes' schemas)"
+python3 ci/k8s-validate.py manifests
 
 echo "== clippy"
 cargo clippy -q --workspace --all-targets -- -D warnings
@@ -38,6 +38,9 @@ timeout 120 cargo run --release -q -p knitter-vswitch --example apply_bench -- -
 echo "== demo (two nodes, knitter-vswitchd + knitterctl)"
 cargo build --release -q -p knitter-vswitchd -p knitter-control
 timeout 300 bash ci/demo-run.sh
+
+echo "== container images (podman, from a Debian-made base) and the node agent running in its image"
+timeout 900 bash ci/images.sh
 
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then

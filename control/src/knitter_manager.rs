@@ -96,7 +96,7 @@ struct Args {
     #[arg(long, requires = "kubernetes")]
     network_status: bool,
     /// Make the cluster's Network and IPGroup resources (networks.knitter.io,
-    /// ipgroups.knitter.io; the CRDs in deploy/crds/) on the manager, with a
+    /// ipgroups.knitter.io; the CRDs in deploy/kubernetes/base/crds/) on the manager, with a
     /// NetworkAttachmentDefinition per network in its tenant's namespaces.
     #[arg(long, env = "KNITTER_NETWORK_RESOURCES", requires = "kubernetes")]
     network_resources: bool,

@@ -405,8 +405,8 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
         assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
     }
     validate("control/tests/fixtures/multus-nad-crd.yaml", api.objects(Kind::Nads).into_values().collect());
-    validate("deploy/crds/networks.knitter.io.yaml", api.objects(Kind::Networks).into_values().collect());
-    validate("deploy/crds/ipgroups.knitter.io.yaml", api.objects(Kind::IpGroups).into_values().collect());
+    validate("deploy/kubernetes/base/crds/networks.knitter.io.yaml", api.objects(Kind::Networks).into_values().collect());
+    validate("deploy/kubernetes/base/crds/ipgroups.knitter.io.yaml", api.objects(Kind::IpGroups).into_values().collect());
 
     let e = m.delete_network("oam").unwrap_err().to_string();
     assert!(e.contains("kubectl delete networks.knitter.io oam"), "{e}");
@@ -452,7 +452,7 @@ async fn a_refused_network_resource_says_why() {
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("gre"), "{message}");
     assert_eq!(ready(&api, Kind::IpGroups, "orphans").unwrap().1, "NotFound");
-    validate("deploy/crds/networks.knitter.io.yaml", ["clash", "red"].iter().map(|n| api.object(Kind::Networks, n).unwrap()).collect());
+    validate("deploy/kubernetes/base/crds/networks.knitter.io.yaml", ["clash", "red"].iter().map(|n| api.object(Kind::Networks, n).unwrap()).collect());
     assert!(nads(&api).is_empty(), "no NAD for a refused network: {:?}", nads(&api));
     assert_eq!(m.get_network("red").unwrap().ipv4.unwrap().cidr, "10.1.0.0/16", "the API's network untouched");
 

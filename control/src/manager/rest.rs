@@ -1,7 +1,8 @@
 //! The manager's REST/JSON API (`/v1/...`, described by `/v1/openapi.json`): thin handlers
 //! over [`Manager`], run on blocking threads (the store is blocking), one error table
 //! mapping [`ManagerError`] to an HTTP status and a `{"code", "reason"}` body. Mutations
-//! need `Authorization: Bearer <token>`; reads need it too unless they come from loopback.
+//! need `Authorization: Bearer <token>`; reads need it too unless they come from loopback
+//! (`/v1/health` excepted: probes carry no token).
 
 use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
 use super::{Filter, Manager, ManagerError};
@@ -97,6 +98,11 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap, req: Request, next: Next) -> Response {
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
+    // Probes (a kubelet's, a load balancer's) come from outside and carry no token; the
+    // answer says only that the store serves.
+    if read && req.uri().path() == "/v1/health" {
+        return next.run(req).await;
+    }
     let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     let authorized = given.is_some_and(|t| same_bytes(t.trim().as_bytes(), api.token.as_bytes()));
     if authorized || (read && peer.ip().is_loopback()) {

@@ -1,5 +1,6 @@
 //! The Prometheus endpoint (`GET /metrics`, text exposition format 0.0.4): the same counters
-//! as the API's `Stats`, read when scraped, plus buffer-pool and configuration gauges.
+//! as the API's `Stats`, read when scraped, plus buffer-pool and configuration gauges; and
+//! `GET /healthz`, `GET /readyz` for probes.
 
 use crate::api::stats_reply;
 use crate::node::Node;
@@ -73,12 +74,18 @@ pub fn render(node: &Node) -> String {
 /// Serves `/metrics` on `listener` until `stop` resolves.
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
     use axum::routing::get;
-    let app = axum::Router::new().route(
-        "/metrics",
-        get(move || {
-            let node = node.clone();
-            async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&node)) }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let node = node.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&node)) }
+            }),
+        )
+        // Probes (a kubelet's httpGet on 127.0.0.1 of a hostNetwork pod): the endpoint starts
+        // after the state is restored, just before the node API, so answering is being ready.
+        // It says the daemon's runtime answers, not that every PMD thread polls.
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async { "ready\n" }));
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }

@@ -456,10 +456,15 @@ async fn changes_never_disturb_traffic_on_other_ports() {
 
 /// `GET /metrics` over plain HTTP/1.0, the body.
 fn scrape(addr: &str) -> String {
+    get(addr, "/metrics")
+}
+
+/// `GET path` over plain HTTP/1.0, the body (asserting 200).
+fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"), "{text}");
@@ -474,6 +479,9 @@ async fn prometheus_scrapes_the_counters() {
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
     add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await.unwrap();
+    let probes = addr.clone();
+    let (health, ready) = tokio::task::spawn_blocking(move || (get(&probes, "/healthz"), get(&probes, "/readyz"))).await.unwrap();
+    assert_eq!((health.as_str(), ready.as_str()), ("ok\n", "ready\n"), "the probes' endpoints");
     let body = tokio::task::spawn_blocking(move || scrape(&addr)).await.unwrap();
     for line in [
         "# TYPE knitter_port_rx_packets_total counter",

@@ -48,13 +48,14 @@ pub fn namespaces_for<'a>(net: &NetworkSpec, namespaces: &'a BTreeMap<String, St
 
 /// The CNI configuration a NAD carries: a conflist of the Knitter plugin on `network`, in
 /// the versions docs/cni.md installs (1.0.0 for libcni before 1.2, 1.1.0 after), taking the
-/// network selection's `ips` and `mac`.
+/// network selection's `ips` and `mac`, and asking Multus for a device-info file (a
+/// vhost-user interface's socket then shows in the pod's network-status).
 pub fn cni_config(network: &str) -> String {
     json!({
         "cniVersion": "1.0.0",
         "cniVersions": ["1.0.0", "1.1.0"],
         "name": network,
-        "plugins": [{ "type": "knitter-cni", "network": network, "capabilities": { "ips": true, "mac": true } }],
+        "plugins": [{ "type": "knitter-cni", "network": network, "capabilities": { "ips": true, "mac": true, "CNIDeviceInfoFile": true } }],
     })
     .to_string()
 }

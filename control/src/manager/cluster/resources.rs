@@ -1,5 +1,5 @@
 //! The `Network` and `IPGroup` custom resources (`networks.knitter.io`,
-//! `ipgroups.knitter.io`, version `v1alpha1`; manifests in deploy/crds/): what their specs
+//! `ipgroups.knitter.io`, version `v1alpha1`; manifests in deploy/kubernetes/base/crds/): what their specs
 //! ask of the manager and the status the controller writes back.
 //!
 //! Both are **cluster-scoped**: the manager names networks and IP groups cluster-wide (a

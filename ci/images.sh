@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The container images as a cluster would run them (issue 25's checks that run here): built
+# with podman from the Debian-made base (deploy/images/build.sh), each binary run in its
+# image, the node image's CNI installer into a temporary host directory (the plugin it
+# installs then runs on the host), and the manager image serving its health endpoint as its
+# unprivileged user. Containers run with runc and lowered rlimits: this machine's crun
+# refuses its hybrid cgroups, and the sandbox forbids raising RLIMIT_NPROC.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+NODE=localhost/knitter-node:$VERSION
+MANAGER=localhost/knitter-manager:$VERSION
+tmp=$(mktemp -d)
+name=knitter-ci-manager-$$
+node_ns=kci-node-$$ pod_a=kci-pa-$$ pod_b=kci-pb-$$
+cleanup() {
+  podman rm -f -t 2 "$name" "$name-n" "$name-m" >/dev/null 2>&1 || true
+  for ns in "$pod_a" "$pod_b" "$node_ns"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+RUN_OPTS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096 --no-healthcheck)
+podman_run() { podman --runtime runc run "${RUN_OPTS[@]}" "$@"; }
+run() { podman_run --rm "$@"; }
+
+bash deploy/images/build.sh
+
+echo "== the binaries run in their images"
+run --network none "$NODE" --version
+run --network none --entrypoint /usr/local/bin/knitterctl "$NODE" --version
+run --network none "$MANAGER" --version
+
+echo "== the node image's CNI installer, into a host directory"
+mkdir -p "$tmp/host"
+run --network none -v "$tmp/host:/host" -v "$PWD/deploy/kubernetes/base/10-knitter.conflist:/etc/knitter/10-knitter.conflist:ro" \
+  -e CNI_CONFLIST=/etc/knitter/10-knitter.conflist --entrypoint /usr/local/bin/knitter-install-cni "$NODE"
+test "$(stat -c %a "$tmp/host/opt/cni/bin/knitter-cni")" = 755
+cmp "$tmp/host/etc/cni/net.d/10-knitter.conflist" deploy/kubernetes/base/10-knitter.conflist
+CNI_COMMAND=VERSION "$tmp/host/opt/cni/bin/knitter-cni" </dev/null | grep -q '"1.1.0"'
+echo "installed; the plugin runs on the host"
+
+echo "== the manager image serves its health endpoint as user 65532"
+mkdir -p "$tmp/data" && chown 65532:65532 "$tmp/data"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+podman_run -d --name "$name" --network host \
+  -v "$tmp/data:/var/lib/knitter/manager" "$MANAGER" --listen "127.0.0.1:$port" --grpc-listen 127.0.0.1:0 >/dev/null
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null && break
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$port/v1/health"
+echo
+test "$(podman inspect -f '{{.Config.User}}' "$name")" = 65532:65532
+test "$(stat -c %u "$tmp/data/token")" = 65532
+echo "serving, unprivileged, its token written to the volume"
+
+echo "== the node image runs the switch with only the DaemonSet's capabilities; pods attach through the installed CNI"
+# The node's host network is a namespace of this test's; the manager runs in it too.
+ip netns add "$node_ns" && ip netns add "$pod_a" && ip netns add "$pod_b"
+for ns in "$node_ns" "$pod_a" "$pod_b"; do ip -n "$ns" link set lo up; done
+mkdir -p "$tmp/m" "$tmp/run" "$tmp/state"
+echo ci-token >"$tmp/m/token" && chown -R 65532:65532 "$tmp/m"
+podman_run -d --name "$name-m" --network "ns:/run/netns/$node_ns" -v "$tmp/m:/var/lib/knitter/manager" \
+  "$MANAGER" --listen 127.0.0.1:9480 --grpc-listen 127.0.0.1:9481 >/dev/null
+# The capabilities deploy/kubernetes/base/node.yaml gives the container, and nothing else.
+CAPS=$(sed -n 's/^ *add: \[\(NET_ADMIN.*\)\]$/\1/p' deploy/kubernetes/base/node.yaml | tr -d ' ')
+test -n "$CAPS"
+start_node() {
+  podman_run -d --name "$name-n" --network "ns:/run/netns/$node_ns" --cap-drop ALL --cap-add "$CAPS" \
+    -v "$tmp/run:/run/knitter" -v "$tmp/state:/var/lib/knitter" -v /run/netns:/run/netns:rslave \
+    -v "$tmp/m/token:/etc/knitter/token/token:ro" \
+    "$NODE" --no-hugepages --buffers 4096 --idle adaptive --no-metrics \
+    --manager 127.0.0.1:9481 --manager-token-file /etc/knitter/token/token --node-name n1 >/dev/null
+  for _ in $(seq 1 100); do
+    [ -S "$tmp/run/vswitchd.sock" ] && target/release/knitterctl --socket "$tmp/run/vswitchd.sock" node show >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  podman logs "$name-n" | tail -n 20
+  return 1
+}
+start_node
+mctl() { ip netns exec "$node_ns" target/release/knitterctl --manager 127.0.0.1:9481 --token-file "$tmp/m/token" manager "$@"; }
+for _ in $(seq 1 50); do mctl tenant list >/dev/null 2>&1 && break; sleep 0.2; done
+mctl network create red --ipv4 10.99.0.0/24 >/dev/null
+add() { # add CONTAINER NETNS: the CNI ADD a runtime would run; prints the pod's address
+  printf '{"cniVersion":"1.0.0","name":"knitter","type":"knitter-cni","network":"red","socket":"%s"}' "$tmp/run/vswitchd.sock" |
+    env -i CNI_COMMAND=ADD CNI_CONTAINERID="$1" CNI_NETNS="/run/netns/$2" CNI_IFNAME=eth0 CNI_PATH="$tmp/host/opt/cni/bin" \
+      CNI_ARGS="K8S_POD_NAMESPACE=ci;K8S_POD_NAME=$1" "$tmp/host/opt/cni/bin/knitter-cni" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])'
+}
+ip_a=$(add pod-a "$pod_a")
+ip_b=$(add pod-b "$pod_b")
+ip netns exec "$pod_a" ping -c 3 -i 0.2 -W 2 "$ip_b" >/dev/null
+echo "pod-a ($ip_a) pings pod-b ($ip_b) through the containerised switch"
+
+echo "== a DaemonSet-style upgrade: the old container stops, a new one starts on its state"
+ip netns exec "$pod_a" ping -i 0.01 -c 1000 -W 1 "$ip_b" >"$tmp/ping.txt" 2>&1 &
+pinger=$!
+sleep 3
+podman stop -t 10 "$name-n" >/dev/null && podman rm "$name-n" >/dev/null
+start_node
+wait "$pinger" || true
+sent=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' "$tmp/ping.txt")
+got=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' "$tmp/ping.txt")
+lost_ms=$(( (sent - got) * 10 ))
+echo "kernel pod: $sent sent at 10 ms, $got answered: ${lost_ms} ms of traffic lost across the upgrade"
+test "$lost_ms" -le 2000

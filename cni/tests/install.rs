@@ -1,0 +1,70 @@
+//! The node image's CNI installer (deploy/images/knitter-node/knitter-install-cni) as the
+//! DaemonSet's init container runs it, into temporary host directories: the binary (and,
+//! when asked, the conflist) installed with the right modes, again on a restart, over a
+//! knitter-cni that may be running (an upgrade), never leaving a partial file a runtime could
+//! read; a conflist that names no knitter-cni plugin refused.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn install(host: &Path, conflist: Option<&Path>) -> Output {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/images/knitter-node/knitter-install-cni");
+    Command::new("sh")
+        .arg(script)
+        .env("CNI_BIN_DIR", host.join("opt/cni/bin"))
+        .env("CNI_CONF_DIR", host.join("etc/cni/net.d"))
+        .env("CNI_CONFLIST", conflist.map(|p| p.to_str().unwrap()).unwrap_or(""))
+        .env("KNITTER_CNI_BIN", env!("CARGO_BIN_EXE_knitter-cni"))
+        .output()
+        .unwrap()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_installer_puts_the_plugin_and_its_conflist_in_place() {
+    let host = tempfile::tempdir().unwrap();
+    let out = install(host.path(), None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bin = host.path().join("opt/cni/bin/knitter-cni");
+    assert_eq!(mode(&bin), 0o755);
+    assert_eq!(std::fs::read(&bin).unwrap(), std::fs::read(env!("CARGO_BIN_EXE_knitter-cni")).unwrap());
+    assert!(!host.path().join("etc/cni/net.d").exists() || names(&host.path().join("etc/cni/net.d")).is_empty(), "no conflist unless asked (Multus)");
+
+    // Standalone: the conflist of deploy/kubernetes, installed again over a binary that may
+    // still be running a call (an upgrade while the runtime calls the old one).
+    let conflist = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/base/10-knitter.conflist"));
+    let mut running = Command::new(&bin).env("CNI_COMMAND", "VERSION").stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).spawn().unwrap();
+    let out = install(host.path(), Some(conflist));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    drop(running.stdin.take());
+    assert!(running.wait().unwrap().success(), "the old binary finished its call");
+    let conf = host.path().join("etc/cni/net.d/10-knitter.conflist");
+    assert_eq!((mode(&conf), std::fs::read(&conf).unwrap()), (0o644, std::fs::read(conflist).unwrap()));
+    assert_eq!(names(&host.path().join("opt/cni/bin")), ["knitter-cni"], "no temporary file left");
+    assert_eq!(names(&host.path().join("etc/cni/net.d")), ["10-knitter.conflist"]);
+
+    // The installed conflist is one the plugin takes (as a runtime passes it: the list's
+    // version and name with the plugin's keys).
+    let list: serde_json::Value = serde_json::from_slice(&std::fs::read(&conf).unwrap()).unwrap();
+    let mut plugin = list["plugins"][0].clone();
+    plugin["cniVersion"] = list["cniVersion"].clone();
+    plugin["name"] = list["name"].clone();
+    assert!(knitter_cni::spec::NetConf::parse(plugin.to_string().as_bytes()).is_ok());
+
+    let bad = host.path().join("99-other.conflist");
+    std::fs::write(&bad, r#"{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"bridge"}]}"#).unwrap();
+    let out = install(host.path(), Some(&bad));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names no knitter-cni plugin"));
+    assert_eq!(names(&host.path().join("etc/cni/net.d")), ["10-knitter.conflist"], "nothing of it installed");
+}
