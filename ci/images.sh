@@ -30,9 +30,9 @@ run --network none "$NODE" --version
 run --network none --entrypoint /usr/local/bin/knitterctl "$NODE" --version
 run --network none "$MANAGER" --version
 
-echo "== the node image's CNI installer, into a host directory"
+echo "== the node image's CNI installer, into a host directory (no capabilities, as the init container)"
 mkdir -p "$tmp/host"
-run --network none -v "$tmp/host:/host" -v "$PWD/deploy/kubernetes/base/10-knitter.conflist:/etc/knitter/10-knitter.conflist:ro" \
+run --network none --cap-drop ALL -v "$tmp/host:/host" -v "$PWD/deploy/kubernetes/base/10-knitter.conflist:/etc/knitter/10-knitter.conflist:ro" \
   -e CNI_CONFLIST=/etc/knitter/10-knitter.conflist --entrypoint /usr/local/bin/knitter-install-cni "$NODE"
 test "$(stat -c %a "$tmp/host/opt/cni/bin/knitter-cni")" = 755
 cmp "$tmp/host/etc/cni/net.d/10-knitter.conflist" deploy/kubernetes/base/10-knitter.conflist
@@ -58,7 +58,7 @@ echo "== the node image runs the switch with only the DaemonSet's capabilities; 
 # The node's host network is a namespace of this test's; the manager runs in it too.
 ip netns add "$node_ns" && ip netns add "$pod_a" && ip netns add "$pod_b"
 for ns in "$node_ns" "$pod_a" "$pod_b"; do ip -n "$ns" link set lo up; done
-mkdir -p "$tmp/m" "$tmp/run" "$tmp/state"
+mkdir -p "$tmp/m" "$tmp/run/vhost" "$tmp/state"
 echo ci-token >"$tmp/m/token" && chown -R 65532:65532 "$tmp/m"
 podman_run -d --name "$name-m" --network "ns:/run/netns/$node_ns" -v "$tmp/m:/var/lib/knitter/manager" \
   "$MANAGER" --listen 127.0.0.1:9480 --grpc-listen 127.0.0.1:9481 >/dev/null
@@ -67,7 +67,7 @@ CAPS=$(sed -n 's/^ *add: \[\(NET_ADMIN.*\)\]$/\1/p' deploy/kubernetes/base/node.
 test -n "$CAPS"
 start_node() {
   podman_run -d --name "$name-n" --network "ns:/run/netns/$node_ns" --cap-drop ALL --cap-add "$CAPS" \
-    -v "$tmp/run:/run/knitter" -v "$tmp/state:/var/lib/knitter" -v /run/netns:/run/netns:rslave \
+    -v "$tmp/run:/run/knitter" -v "$tmp/run/vhost:$tmp/run/vhost" -v "$tmp/state:/var/lib/knitter" -v /run/netns:/run/netns:rslave \
     -v "$tmp/m/token:/etc/knitter/token/token:ro" \
     "$NODE" --no-hugepages --buffers 4096 --idle adaptive --no-metrics \
     --manager 127.0.0.1:9481 --manager-token-file /etc/knitter/token/token --node-name n1 >/dev/null
@@ -92,6 +92,15 @@ ip_a=$(add pod-a "$pod_a")
 ip_b=$(add pod-b "$pod_b")
 ip netns exec "$pod_a" ping -c 3 -i 0.2 -W 2 "$ip_b" >/dev/null
 echo "pod-a ($ip_a) pings pod-b ($ip_b) through the containerised switch"
+# A DPDK pod's vhost-user socket, its directory given to the pod's user (the switch makes
+# the socket here: switchListens), as the CNI asks the containerised switch.
+printf '{"cniVersion":"1.0.0","name":"knitter","type":"knitter-cni","network":"red","socket":"%s","interfaceType":"vhost-user","vhostUser":{"dir":"%s","switchListens":true,"mode":"0750","owner":1000,"group":1000}}' \
+    "$tmp/run/vswitchd.sock" "$tmp/run/vhost" |
+  env -i CNI_COMMAND=ADD CNI_CONTAINERID=pod-vnf-0123456789 CNI_NETNS="/run/netns/$pod_b" CNI_IFNAME=net1 CNI_PATH="$tmp/host/opt/cni/bin" \
+    CNI_ARGS="K8S_POD_NAMESPACE=ci;K8S_POD_NAME=vnf" "$tmp/host/opt/cni/bin/knitter-cni" >/dev/null
+test -S "$tmp/run/vhost/pod-vnf-0123/net1.sock"
+test "$(stat -c %u:%g:%a "$tmp/run/vhost/pod-vnf-0123")" = 1000:1000:750
+echo "a vhost-user socket made for the pod's user (1000:1000, 0750)"
 
 echo "== a DaemonSet-style upgrade: the old container stops, a new one starts on its state"
 ip netns exec "$pod_a" ping -i 0.01 -c 1000 -W 1 "$ip_b" >"$tmp/ping.txt" 2>&1 &
