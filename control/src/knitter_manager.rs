@@ -222,6 +222,7 @@ fn main() -> Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             stop_signal().await;
+            knitter_api::systemd::stopping();
             let _ = stop_tx.send(true);
         });
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -264,6 +265,7 @@ fn main() -> Result<()> {
                 None => rest::serve(listener, api, rest_stop).await,
             }
         };
+        knitter_api::systemd::ready();
         // Sync streams stay open until their nodes go: give them 2 s after a stop.
         let deadline = async {
             stopped(stop_rx).await;

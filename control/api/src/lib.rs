@@ -7,6 +7,7 @@
 pub mod device_info;
 pub mod logging;
 pub mod metrics;
+pub mod systemd;
 
 use std::path::{Path, PathBuf};
 use tonic::transport::{Channel, Endpoint, Uri};

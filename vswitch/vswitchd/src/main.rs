@@ -126,6 +126,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         stop_signal().await;
+        knitter_api::systemd::stopping();
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -195,6 +196,9 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
         .add_service(service)
         .add_service(knitter_api::node::attach_server::AttachServer::new(attacher))
         .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stopped(stop_rx.clone()));
+    // The socket is bound and the state restored: systemd (Type=notify) may start what
+    // waits for the node.
+    knitter_api::systemd::ready();
     // Open connections get a moment to finish their calls; a client that never lets go
     // does not hold the stop.
     let r = tokio::select! {

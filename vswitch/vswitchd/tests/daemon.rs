@@ -915,3 +915,41 @@ async fn a_rogue_frontend_breaks_only_its_port_and_every_view_says_so() {
     assert_eq!(status(&v).ring_error, "", "cleared by the new connection");
     drop(again);
 }
+
+/// Under systemd (`Type=notify`): `READY=1` once the node API answers, `STOPPING=1` at a stop.
+#[tokio::test]
+async fn systemd_is_told_when_the_node_is_ready_and_when_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let notify = dir.path().join("notify");
+    let rx = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    rx.set_nonblocking(true).unwrap();
+    let (socket, log) = (dir.path().join("api.sock"), dir.path().join("daemon.log"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
+        .args(["--socket", socket.to_str().unwrap(), "--no-hugepages", "--buffers", "4096", "--no-metrics", "--no-state"])
+        .env("NOTIFY_SOCKET", &notify)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut next = async |child: &mut std::process::Child| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut buf = [0u8; 64];
+        loop {
+            // Checked before the message: one sent just before the exit is still queued.
+            let exited = child.try_wait().unwrap();
+            if let Ok(n) = rx.recv(&mut buf) {
+                return String::from_utf8_lossy(&buf[..n]).to_string();
+            }
+            let log = || std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(exited.is_none(), "the daemon ended ({exited:?}) without a notification: {}", log());
+            assert!(Instant::now() < deadline, "no notification within 20 s: {}", log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert_eq!(next(&mut child).await, "READY=1");
+    knitter_api::node_client(&socket).show(pb::ShowRequest {}).await.expect("ready means the API answers");
+    // SAFETY: signals our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(next(&mut child).await, "STOPPING=1");
+    assert!(child.wait().unwrap().success());
+}
