@@ -931,7 +931,7 @@ async fn systemd_is_told_when_the_node_is_ready_and_when_it_stops() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut next = async |child: &mut std::process::Child| {
+    let next = async |child: &mut std::process::Child| {
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut buf = [0u8; 64];
         loop {
