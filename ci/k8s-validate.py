@@ -6,7 +6,8 @@
                                          Kubernetes OpenAPI schemas (kubernetes-validate,
                                          strict, pinned to the oldest version Knitter
                                          supports); their Network and IPGroup objects
-                                         against Knitter's CRDs
+                                         against Knitter's CRDs, a NAD against Multus's
+                                         NAD CRD (its config read as a conflist)
   k8s-validate.py objects CRD FILE       each object of FILE (a JSON list) against the
                                          openAPIV3Schema of CRD (a CustomResourceDefinition
                                          YAML): custom resources as the controller wrote
@@ -36,6 +37,26 @@ def crd_schema(crd, version):
     return next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
 
 
+def is_builtin(doc):
+    """Whether Kubernetes itself defines the object's kind (custom resources have a dotted
+    group that is not one of Kubernetes' own)."""
+    group = doc["apiVersion"].rpartition("/")[0]
+    return "." not in group or group.endswith(".k8s.io")
+
+
+def conflist_ok(where, config):
+    """A NAD's config: a conflist whose plugins name knitter-cni and a network."""
+    try:
+        conf = json.loads(config)
+        ok = conf["cniVersion"] and conf["name"] and all(p["type"] == "knitter-cni" and p["network"] for p in conf["plugins"])
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"{where}: spec.config is not a conflist: {e}", file=sys.stderr)
+        return False
+    if not ok:
+        print(f"{where}: spec.config's plugins are not knitter-cni with a network", file=sys.stderr)
+    return bool(ok)
+
+
 def manifests():
     base = os.path.join(ROOT, "deploy", "kubernetes")
     crd_files = sorted(glob.glob(os.path.join(base, "base", "crds", "*.yaml")))
@@ -57,15 +78,20 @@ def manifests():
         for f in sorted(glob.glob(os.path.join(base, "examples", "*.yaml"))):
             with open(f) as fh:
                 docs = [d for d in yaml.safe_load_all(fh) if d]
-            if any(d["apiVersion"].startswith("knitter.io/") for d in docs):
+            if any(not is_builtin(d) for d in docs):
                 custom += [(f, d) for d in docs]
             else:
                 builtin.append(f)
         kubernetes_validate(builtin)
+    with open(os.path.join(ROOT, "control", "tests", "fixtures", "multus-nad-crd.yaml")) as fh:
+        nad = next(d for d in yaml.safe_load_all(fh) if d)
+    crds[(nad["spec"]["group"], nad["spec"]["names"]["kind"])] = nad
     failed = 0
     for f, d in custom:
         group, version = d["apiVersion"].split("/")
         crd = crds.get((group, d["kind"]))
+        if d["kind"] == "NetworkAttachmentDefinition":
+            failed += not conflist_ok(f, d["spec"]["config"])
         if crd is None:
             print(f"{f}: no CRD for {d['apiVersion']} {d['kind']}", file=sys.stderr)
             failed += 1
