@@ -18,6 +18,7 @@ Needs `pip install kubernetes-validate==1.37.0` (it brings jsonschema and PyYAML
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,12 +70,26 @@ def manifests():
         crds[(crd["spec"]["group"], crd["spec"]["names"]["kind"])] = crd
     builtin, custom = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for overlay in sorted(glob.glob(os.path.join(base, "overlays", "*"))):
-            out = subprocess.run(["kubectl", "kustomize", overlay], check=True, capture_output=True, text=True).stdout
-            path = os.path.join(tmp, os.path.basename(overlay) + ".yaml")
+        def render(directory, name):
+            out = subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True, text=True).stdout
+            path = os.path.join(tmp, name + ".yaml")
             with open(path, "w") as fh:
                 fh.write(out)
             builtin.append(path)
+
+        for overlay in sorted(glob.glob(os.path.join(base, "overlays", "*"))):
+            render(overlay, os.path.basename(overlay))
+        # Each optional patch, as its comment says to use it: beside a kustomization on an
+        # overlay (kustomize reads patches only from the kustomization's own directory).
+        for patch in sorted(glob.glob(os.path.join(base, "patches", "*.yaml"))):
+            user = tempfile.mkdtemp(prefix=".check-", dir=base)
+            try:
+                shutil.copy(patch, user)
+                with open(os.path.join(user, "kustomization.yaml"), "w") as fh:
+                    fh.write(f"bases: [../overlays/embedded]\npatchesStrategicMerge: [{os.path.basename(patch)}]\n")
+                render(user, "patch-" + os.path.basename(patch))
+            finally:
+                shutil.rmtree(user)
         for f in sorted(glob.glob(os.path.join(base, "examples", "*.yaml"))):
             with open(f) as fh:
                 docs = [d for d in yaml.safe_load_all(fh) if d]
