@@ -404,6 +404,9 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
         assert_eq!((owner["kind"].as_str(), owner["uid"].as_str(), owner["controller"].as_bool()), (Some("Network"), Some(format!("uid-{net}").as_str()), Some(true)), "{key}");
         assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
     }
+    for (kind, name) in [(Kind::Networks, "media"), (Kind::Networks, "oam"), (Kind::IpGroups, "media-sts")] {
+        eventually("the finalizer on each resource", || api.object(kind, name).is_some_and(|o| o["metadata"]["finalizers"] == json!(["knitter.io/cleanup"]))).await;
+    }
     validate("control/tests/fixtures/multus-nad-crd.yaml", api.objects(Kind::Nads).into_values().collect());
     validate("deploy/kubernetes/base/crds/networks.knitter.io.yaml", api.objects(Kind::Networks).into_values().collect());
     validate("deploy/kubernetes/base/crds/ipgroups.knitter.io.yaml", api.objects(Kind::IpGroups).into_values().collect());
@@ -418,10 +421,10 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
     api.delete(Kind::Nads, "red/media");
     eventually("a NAD deleted by hand comes back", || nads(&api).contains("red/media")).await;
 
-    api.delete(Kind::IpGroups, "media-sts");
-    eventually("the group deleted with its resource", || m.get_group("media", "media-sts").is_err()).await;
-    api.delete(Kind::Networks, "media");
-    eventually("the network deleted with its resource", || m.get_network("media").is_err()).await;
+    api.delete_gracefully(Kind::IpGroups, "media-sts");
+    eventually("the group deleted with its resource", || m.get_group("media", "media-sts").is_err() && api.object(Kind::IpGroups, "media-sts").is_none()).await;
+    api.delete_gracefully(Kind::Networks, "media");
+    eventually("the network deleted with its resource", || m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()).await;
     eventually("its NADs deleted", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/oam", "red/oam"])).await;
     assert!(m.get_network("red").is_ok(), "a network made over the API is not the cluster's");
     c.stop().await;
@@ -463,29 +466,40 @@ async fn a_refused_network_resource_says_why() {
     c.stop().await;
 }
 
-/// What a resource made goes when the resource does, even when that happened while no
-/// controller ran, and not while pods still use it: a network with a port stays (and is
-/// tried again) until the port goes.
+/// What a resource made goes when the resource does, and not while pods use it: the
+/// finalizer keeps a deleted Network, `Ready=False` with the reason (`InUse`), until its
+/// last port goes. Deletions made while no controller ran are carried out at its start,
+/// and so is the cleanup of a resource whose finalizer an operator forced off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_resources_network_goes_once_no_pod_uses_it_even_across_restarts() {
+async fn a_deleted_resource_waits_for_its_pods_and_goes_even_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let (m, api) = (manager(&dir), ApiServer::start().await);
     api.add_namespace("admin", &[]);
-    api.apply_resource(Kind::Networks, "media", "uid-media", json!({"kind": "vxlan", "ipv4": {"cidr": "10.71.0.0/24"}}));
-    api.apply_resource(Kind::Networks, "oam", "uid-oam", json!({"kind": "vxlan", "ipv4": {"cidr": "10.72.0.0/24"}}));
+    for (name, cidr) in [("media", "10.71.0.0/24"), ("oam", "10.72.0.0/24"), ("stale", "10.73.0.0/24")] {
+        api.apply_resource(Kind::Networks, name, &format!("uid-{name}"), json!({"kind": "vxlan", "ipv4": {"cidr": cidr}}));
+    }
     let c = start_with(&m, &api, with_resources("m1"));
-    eventually("both made", || is_ready(&api, Kind::Networks, "media") && is_ready(&api, Kind::Networks, "oam")).await;
+    eventually("all made, finalizers on", || {
+        ["media", "oam", "stale"].iter().all(|n| is_ready(&api, Kind::Networks, n) && api.object(Kind::Networks, n).is_some_and(|o| !o["metadata"]["finalizers"].is_null()))
+    })
+    .await;
     c.stop().await;
 
-    api.delete(Kind::Networks, "oam");
+    api.delete_gracefully(Kind::Networks, "oam");
+    api.delete(Kind::Networks, "stale"); // its finalizer forced off
     let (held, _) = m.create_port(port("media", "ctr-a", "")).unwrap();
-    api.delete(Kind::Networks, "media");
+    api.delete_gracefully(Kind::Networks, "media");
+    assert!(api.object(Kind::Networks, "oam").is_some(), "the finalizer keeps it while no controller runs");
     let c = start_with(&m, &api, with_resources("m1"));
-    eventually("oam, unused, deleted at the start", || m.get_network("oam").is_err()).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(m.get_network("media").is_ok(), "a port still uses media: kept");
+    eventually("oam, unused, deleted at the start", || m.get_network("oam").is_err() && api.object(Kind::Networks, "oam").is_none()).await;
+    eventually("stale's network found and deleted", || m.get_network("stale").is_err()).await;
+    eventually("media kept, saying why", || ready(&api, Kind::Networks, "media").is_some_and(|r| r.1 == "InUse")).await;
+    let (_, _, message) = ready(&api, Kind::Networks, "media").unwrap();
+    assert!(message.contains("ctr-a"), "{message}");
+    assert!(m.get_network("media").is_ok());
+    assert!(nads(&api).is_empty(), "no NAD for a network being deleted: {:?}", nads(&api));
     m.delete_port("ctr-a", &held.spec.interface).unwrap();
-    eventually("media deleted once its port went", || m.get_network("media").is_err()).await;
+    eventually("media deleted once its port went, its resource with it", || m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()).await;
     assert!(m.managed().unwrap().is_empty());
     c.stop().await;
 }

@@ -11,7 +11,7 @@ use crate::store::Op;
 use serde::{Deserialize, Serialize};
 
 /// The resource that made a manager object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ManagedBy {
     /// `networks.knitter.io` or `ipgroups.knitter.io`.
     pub resource: String,

@@ -13,7 +13,9 @@
 //! `timeoutSeconds` ends a watch. `GET` and JSON merge `PATCH` (RFC 7386,
 //! `application/merge-patch+json` only) of one pod; the custom resources' `status`
 //! subresource by merge patch (only `status` is taken; `metadata.generation` moves only when
-//! a write changes `spec`); NADs by `POST` (409 `AlreadyExists`), `PUT` (409 `Conflict` on a
+//! a write changes `spec`); the custom resources themselves by merge patch with a
+//! `metadata.resourceVersion` precondition (409), finalizers honoured (a delete with
+//! finalizers sets `deletionTimestamp`; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`), `PUT` (409 `Conflict` on a
 //! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
 //! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
 //! stale `resourceVersion`. Objects are k8s-openapi's own serialisations (custom resources as
@@ -147,6 +149,8 @@ impl ApiServer {
             .route("/api/v1/namespaces", get(|s, q| collection(s, q, Kind::Namespaces)))
             .route("/apis/knitter.io/v1alpha1/networks", get(|s, q| collection(s, q, Kind::Networks)))
             .route("/apis/knitter.io/v1alpha1/ipgroups", get(|s, q| collection(s, q, Kind::IpGroups)))
+            .route("/apis/knitter.io/v1alpha1/networks/{name}", axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::Networks)))
+            .route("/apis/knitter.io/v1alpha1/ipgroups/{name}", axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::IpGroups)))
             .route("/apis/knitter.io/v1alpha1/networks/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks)))
             .route("/apis/knitter.io/v1alpha1/ipgroups/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups)))
             .route("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", get(|s, q| collection(s, q, Kind::Nads)))
@@ -238,7 +242,21 @@ impl ApiServer {
         });
     }
 
-    /// Deletes an object (`namespace/name` or a cluster-scoped name).
+    /// Deletes an object as `kubectl delete` does: one with finalizers gets a
+    /// `deletionTimestamp` and stays until they are removed; one without goes.
+    pub fn delete_gracefully(&self, kind: Kind, key: &str) {
+        let Some(mut v) = self.object(kind, key) else { return };
+        if v["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty()) {
+            return self.put(kind, key.into(), v, "DELETED");
+        }
+        if v["metadata"]["deletionTimestamp"].is_null() {
+            v["metadata"]["deletionTimestamp"] = json!("2026-11-26T12:00:00Z");
+            self.put(kind, key.into(), v, "MODIFIED");
+        }
+    }
+
+    /// Deletes an object at once, finalizers or not (`namespace/name` or a cluster-scoped
+    /// name): what an operator's forced removal of the finalizers comes to.
     pub fn delete(&self, kind: Kind, key: &str) {
         let Some(v) = self.object(kind, key) else { return };
         self.put(kind, key.into(), v, "DELETED");
@@ -394,6 +412,37 @@ async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, Stri
         let Some(mut pod) = o.objects.get(&key).cloned() else { return status(404, "NotFound", format!("pods \"{name}\" not found")) };
         merge(&mut pod, &patch);
         o.write(Kind::Pods, key.1, pod, "MODIFIED")
+    };
+    s.changed.send_modify(|c| *c += 1);
+    axum::Json(updated).into_response()
+}
+
+/// A merge patch of a custom resource (its status subresource excepted: `status` is not
+/// taken here), refused with 409 when it names a `metadata.resourceVersion` that is not the
+/// object's; an object being deleted whose last finalizer the patch removes goes.
+async fn patch_resource(State(s): State<Shared>, Path(name): Path<String>, headers: axum::http::HeaderMap, body: axum::body::Bytes, kind: Kind) -> Response {
+    let mut patch = match merge_patch_body(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let updated = {
+        let mut o = s.objects.lock().unwrap();
+        o.requests.push(format!("PATCH {} {name}", kind.names().2));
+        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else { return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2)) };
+        let precondition = patch["metadata"].as_object_mut().and_then(|m| m.remove("resourceVersion")).filter(|v| !v.is_null());
+        if precondition.is_some_and(|v| v != object["metadata"]["resourceVersion"]) {
+            return status(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", kind.names().2));
+        }
+        if let Some(p) = patch.as_object_mut() {
+            p.remove("status");
+        }
+        let spec = object["spec"].clone();
+        merge(&mut object, &patch);
+        if object["spec"] != spec {
+            object["metadata"]["generation"] = json!(object["metadata"]["generation"].as_i64().unwrap_or(1) + 1);
+        }
+        let done = !object["metadata"]["deletionTimestamp"].is_null() && object["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty());
+        o.write(kind, name, object, if done { "DELETED" } else { "MODIFIED" })
     };
     s.changed.send_modify(|c| *c += 1);
     axum::Json(updated).into_response()

@@ -1,7 +1,9 @@
 //! The controller's side of the `Network` and `IPGroup` resources (with
 //! `--network-resources`): each resource made on the manager (owned by it, see
 //! `manager::managed`), its status written back, its NetworkAttachmentDefinitions kept in
-//! step ([`nad`](super::nad)), and what a deleted resource made deleted with it.
+//! step ([`nad`](super::nad)), and what a deleted resource made deleted with it — a
+//! [`FINALIZER`] keeps the resource, with the reason in its status, while pods still use
+//! what it made.
 //!
 //! One pass does it all, over complete views of the resources and namespaces: after any of
 //! them changed, [`RETRY`] after a pass left something to do (a deletion refused while pods
@@ -12,6 +14,7 @@ use super::nad::{self, MANAGED_BY};
 use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
 use super::Controller;
 use crate::manager::Manager;
+use crate::manager::managed::ManagedBy;
 use crate::manager::objects::IpGroupRecord;
 use crate::network::NetworkSpec;
 use k8s_openapi::api::core::v1::Namespace;
@@ -89,11 +92,18 @@ impl Resources {
     }
 }
 
+/// The finalizer the controller puts on every resource: a resource being deleted stays,
+/// with the reason in its status, until what it made on the manager is gone.
+pub const FINALIZER: &str = "knitter.io/cleanup";
+
 /// What the manager made of the resources.
 #[derive(Debug, Default)]
 pub struct Applied {
     pub networks: BTreeMap<String, Result<NetworkSpec, Refusal>>,
     pub groups: BTreeMap<String, Result<IpGroupRecord, Refusal>>,
+    /// Resources being deleted whose objects are gone: (`networks.knitter.io` or
+    /// `ipgroups.knitter.io`, name). Their finalizer may go.
+    pub released: Vec<(&'static str, String)>,
     /// Something to try again (a transient refusal, a deletion refused while in use).
     pub retry: bool,
 }
@@ -103,26 +113,30 @@ fn transient(r: &Refusal) -> bool {
     matches!(r.reason.as_str(), "Busy" | "StoreUnavailable" | "InUse")
 }
 
-/// Makes every resource's object on the manager (its tenant too) and deletes what resources
-/// no longer in view made (IP groups before networks: a network with groups is in use).
+/// Whether Kubernetes is deleting the object (it waits for finalizers).
+pub fn deleting(meta: &kube::api::ObjectMeta) -> bool {
+    meta.deletion_timestamp.is_some()
+}
+
+/// Deletes the manager object `key` (`networks/<name>` or `ipgroups/<network>/<name>`) for
+/// `by`, the resource that made it.
+fn delete_made(m: &Manager, key: &str, by: &ManagedBy) -> Result<(), Refusal> {
+    let r = if let Some(name) = key.strip_prefix("networks/") {
+        m.delete_network_by(name, Some(by)).map(|_| ())
+    } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/')) {
+        m.delete_group_by(net, name, Some(by)).map(|_| ())
+    } else {
+        Ok(())
+    };
+    r.map_err(|e| Refusal::from(&e))
+}
+
+/// Makes every resource's object on the manager (its tenant too); deletes what resources
+/// being deleted made (IP groups before networks: a network with groups is in use), and
+/// what resources no longer in view made (deleted without the finalizer's wait).
 pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResource]) -> Applied {
     let mut out = Applied::default();
-    for r in networks {
-        let made = r.network_spec().and_then(|spec| {
-            m.create_tenant(&spec.tenant, None).map_err(|e| Refusal::from(&e))?;
-            m.create_network_by(spec, Some(&r.managed_by())).map(|(n, _)| n).map_err(|e| Refusal::from(&e))
-        });
-        out.retry |= made.as_ref().is_err_and(transient);
-        out.networks.insert(r.name().to_string(), made);
-    }
-    for r in groups {
-        let made = r.group_spec().and_then(|spec| m.create_group_by(spec, Some(&r.managed_by())).map(|(g, _)| g).map_err(|e| Refusal::from(&e)));
-        // A group of a network not made yet (or refused) is made when that one is.
-        out.retry |= made.as_ref().is_err_and(|e| transient(e) || e.reason == "NotFound");
-        out.groups.insert(r.name().to_string(), made);
-    }
-    let live: HashSet<(String, String, String)> = networks.iter().map(|r| r.managed_by()).chain(groups.iter().map(|r| r.managed_by())).map(|b| (b.resource, b.name, b.uid)).collect();
-    let mut owned = match m.managed() {
+    let owned = match m.managed() {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!(error = %e, "listing what Kubernetes resources made");
@@ -130,21 +144,48 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
             return out;
         }
     };
-    owned.retain(|(_, by)| !live.contains(&(by.resource.clone(), by.name.clone(), by.uid.clone())));
-    owned.sort_by_key(|(key, _)| !key.starts_with("ipgroups/"));
-    for (key, by) in owned {
-        let r = if let Some(name) = key.strip_prefix("networks/") {
-            m.delete_network_by(name, Some(&by)).map(|_| ())
-        } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/')) {
-            m.delete_group_by(net, name, Some(&by)).map(|_| ())
-        } else {
-            continue;
-        };
-        match r {
+    let made_by = |by: &ManagedBy| owned.iter().find(|(_, b)| b == by).map(|(k, _)| k.clone());
+    let release = |out: &mut Applied, resource: &'static str, name: &str, by: ManagedBy| match made_by(&by).map_or(Ok(()), |key| delete_made(m, &key, &by)) {
+        Ok(()) => out.released.push((resource, name.to_string())),
+        Err(e) => {
+            tracing::info!(resource = %format!("{resource} {name}"), reason = %e.message, "being deleted; what it made is still in use (tried again)");
+            out.retry = true;
+            if resource == IpGroupResource::RESOURCE {
+                out.groups.insert(name.to_string(), Err(e));
+            } else {
+                out.networks.insert(name.to_string(), Err(e));
+            }
+        }
+    };
+    for r in groups.iter().filter(|r| deleting(&r.metadata)) {
+        release(&mut out, IpGroupResource::RESOURCE, r.name(), r.managed_by());
+    }
+    for r in networks.iter().filter(|r| deleting(&r.metadata)) {
+        release(&mut out, NetworkResource::RESOURCE, r.name(), r.managed_by());
+    }
+    for r in networks.iter().filter(|r| !deleting(&r.metadata)) {
+        let made = r.network_spec().and_then(|spec| {
+            m.create_tenant(&spec.tenant, None).map_err(|e| Refusal::from(&e))?;
+            m.create_network_by(spec, Some(&r.managed_by())).map(|(n, _)| n).map_err(|e| Refusal::from(&e))
+        });
+        out.retry |= made.as_ref().is_err_and(transient);
+        out.networks.insert(r.name().to_string(), made);
+    }
+    for r in groups.iter().filter(|r| !deleting(&r.metadata)) {
+        let made = r.group_spec().and_then(|spec| m.create_group_by(spec, Some(&r.managed_by())).map(|(g, _)| g).map_err(|e| Refusal::from(&e)));
+        // A group of a network not made yet (or refused) is made when that one is.
+        out.retry |= made.as_ref().is_err_and(|e| transient(e) || e.reason == "NotFound");
+        out.groups.insert(r.name().to_string(), made);
+    }
+    let in_view: HashSet<ManagedBy> = networks.iter().map(|r| r.managed_by()).chain(groups.iter().map(|r| r.managed_by())).collect();
+    let mut gone: Vec<&(String, ManagedBy)> = owned.iter().filter(|(_, by)| !in_view.contains(by)).collect();
+    gone.sort_by_key(|(key, _)| !key.starts_with("ipgroups/"));
+    for (key, by) in gone {
+        match delete_made(m, key, by) {
             Ok(()) => tracing::info!(object = %key, resource = %format!("{} {}", by.resource, by.name), "its resource was deleted: deleted"),
             Err(e) => {
                 out.retry = true;
-                tracing::warn!(object = %key, error = %e, "its resource was deleted; deleting it (tried again)");
+                tracing::warn!(object = %key, error = %e.message, "its resource was deleted; deleting it (tried again)");
             }
         }
     }
@@ -216,6 +257,16 @@ impl Controller {
                 return true;
             }
         };
+        // Finalizers first: they are written with the resource version in view (a status
+        // written before would move it).
+        let mut retry = applied.retry;
+        let released = |resource: &str, name: &str| applied.released.iter().any(|(r, n)| *r == resource && n == name);
+        for res in &nets {
+            retry |= !self.finalize(Api::<NetworkResource>::all(self.client.clone()), &res.metadata, released(NetworkResource::RESOURCE, res.name())).await;
+        }
+        for res in &groups {
+            retry |= !self.finalize(Api::<IpGroupResource>::all(self.client.clone()), &res.metadata, released(IpGroupResource::RESOURCE, res.name())).await;
+        }
         let tenants: BTreeMap<String, String> = r.namespaces.items.values().map(|ns| (ns.metadata.name.clone().unwrap_or_default(), nad::tenant_of(ns).to_string())).collect();
         let mut want = BTreeMap::new();
         for res in &nets {
@@ -227,7 +278,7 @@ impl Controller {
         }
         let (in_place, nads_retry) = self.sync_nads(want).await;
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
-        let mut retry = applied.retry || nads_retry;
+        retry |= nads_retry;
         let mut ready = 0;
         for res in &nets {
             let Some(outcome) = applied.networks.get(res.name()) else { continue };
@@ -241,6 +292,34 @@ impl Controller {
             retry |= !self.write_status(Api::<IpGroupResource>::all(self.client.clone()), res.name(), res.status.as_ref(), resources::group_status(res, outcome)).await;
         }
         retry
+    }
+
+    /// Puts [`FINALIZER`] on a resource that lacks it, or takes it off one being deleted whose
+    /// objects are gone (`released`): a merge patch of the finalizer list, written only over
+    /// the resource version in view (409 when it moved: the next pass sees the new one).
+    /// False when the write failed.
+    async fn finalize<K>(&self, api: Api<K>, meta: &kube::api::ObjectMeta, released: bool) -> bool
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let mut list = meta.finalizers.clone().unwrap_or_default();
+        let has = list.iter().any(|f| f == FINALIZER);
+        match (deleting(meta), has) {
+            (false, false) => list.push(FINALIZER.into()),
+            (true, true) if released => list.retain(|f| f != FINALIZER),
+            _ => return true,
+        }
+        let name = meta.name.as_deref().unwrap_or_default();
+        let patch = serde_json::json!({ "metadata": { "finalizers": list, "resourceVersion": meta.resource_version } });
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(s)) if s.code == 404 => true,
+            Err(kube::Error::Api(s)) if s.code == 409 => false,
+            Err(e) => {
+                tracing::warn!(resource = %name, error = %e, "writing the resource's finalizers (tried again)");
+                false
+            }
+        }
     }
 
     /// Writes a resource's status (a merge patch of its status subresource) when it differs;
