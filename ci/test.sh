@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . ci/as-root.sh
 export CARGO_TERM_COLOR=never
+# One clean build: incremental state and full debug info only fill the disk (a run needs
+# ~10 GB free with these; a failed link there reads "No space left on device").
+export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+echo "== disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') free where the build runs"
 KNITTER_TEST_DEPS=1 bash ci/setup.sh
 bash ci/guest.sh
 
