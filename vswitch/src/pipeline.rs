@@ -263,6 +263,9 @@ impl Pipeline {
         let mut found = [(Hit::default(), 0u32); BATCH];
         let secured = port.security.is_some();
         let (pool, emc) = (self.pool.view(), self.emc.view());
+        if emc.spread {
+            prefetch_sets(pool, emc, port.id, secured, batch.as_slice());
+        }
         let (bytes, hits) = if secured {
             probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
         } else {
@@ -1362,6 +1365,19 @@ fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, buf
         *f = (hit, len as u32);
     }
     (bytes, hits)
+}
+
+/// Stage 0's prefetch pass, for flows spread over more cache than a core holds
+/// ([`EmcView::prefetch`]): every frame's set requested before the first lookup waits on one.
+#[inline(never)]
+fn prefetch_sets(pool: PoolView, emc: EmcView, port: u16, secured: bool, bufs: &[BufId]) {
+    for b in bufs {
+        let (h, _) = pool.head_and_len(b);
+        let key = if secured { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        if let Some(k) = key {
+            emc.prefetch(&k);
+        }
+    }
 }
 
 /// The key a frame from local port `port` (`secured`: it has port security) fills the

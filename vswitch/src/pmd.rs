@@ -18,6 +18,7 @@ use crate::counters::Event;
 use crate::snapshot::Snapshot;
 use crate::switch::Switch;
 use crate::util::{coarse_secs, cycles};
+use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -69,8 +70,17 @@ pub struct PmdSet {
     stop: Arc<AtomicBool>,
     kicks: Vec<Arc<OwnedFd>>,
     adopted: Arc<[AtomicU64]>,
+    /// Per thread, the snapshot it last replaced, for [`PmdSet::reclaim`] to free.
+    retired: Arc<[Retired]>,
     threads: Vec<JoinHandle<()>>,
 }
+
+/// Where a PMD thread leaves the snapshot it stopped using. The last reference to a
+/// configuration may be the PMD thread's (`Switch::apply` dropped its own), and freeing a
+/// large one there (4 096 bridge domains: ~16 000 frees, a millisecond) would stall the
+/// thread's polling; the control thread frees it instead, in [`PmdSet::reclaim`]. A snapshot
+/// nobody collected is freed by the thread when it retires the next one.
+type Retired = ArcSwapOption<Snapshot>;
 
 fn eventfd() -> std::io::Result<OwnedFd> {
     // SAFETY: eventfd has no memory preconditions; the result is checked.
@@ -111,31 +121,35 @@ impl PmdSet {
         let n = cfg.threads.max(1);
         let stop = Arc::new(AtomicBool::new(false));
         let adopted: Arc<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        let retired: Arc<[Retired]> = (0..n).map(|_| Retired::empty()).collect();
         let mut kicks = Vec::new();
         let mut threads = Vec::new();
         for idx in 0..n {
             let kick = Arc::new(eventfd()?);
             kicks.push(kick.clone());
-            let (switch, stop, adopted) = (switch.clone(), stop.clone(), adopted.clone());
+            let (switch, stop, adopted, retired) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone());
             let core = cfg.cores.get(idx).copied();
             let idle = cfg.idle;
             let t = std::thread::Builder::new().name(format!("pmd{idx}")).spawn(move || {
                 if let Some(c) = core {
                     pin(c);
                 }
-                run(idx, n, &switch, &stop, &adopted[idx], kick.as_raw_fd(), idle);
+                run(idx, n, &switch, &stop, (&adopted[idx], &retired[idx]), kick.as_raw_fd(), idle);
             })?;
             threads.push(t);
         }
         tracing::info!(threads = n, ?cfg.idle, "PMD threads started");
-        Ok(PmdSet { stop, kicks, adopted, threads })
+        Ok(PmdSet { stop, kicks, adopted, retired, threads })
     }
 
-    /// Waits until every thread runs configuration `generation` or newer.
+    /// Waits until every thread runs configuration `generation` or newer, then frees the
+    /// snapshots they replaced ([`PmdSet::reclaim`]): the ports only older configurations
+    /// named are closed once their last holder drops them.
     pub fn wait_adopted(&self, generation: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             if self.adopted.iter().all(|a| a.load(Acquire) >= generation) {
+                self.reclaim();
                 return true;
             }
             if Instant::now() > deadline {
@@ -149,6 +163,13 @@ impl PmdSet {
     }
 
     /// Stops and joins every thread.
+    /// Frees, on the calling thread, the snapshots PMD threads have stopped using.
+    pub fn reclaim(&self) {
+        for r in self.retired.iter() {
+            drop(r.swap(None));
+        }
+    }
+
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -185,7 +206,7 @@ pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
 /// How often a PMD thread looks again at which dynamic queues are active.
 const REBALANCE: Duration = Duration::from_millis(100);
 
-fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &AtomicU64, kick_fd: RawFd, idle: IdlePolicy) {
+fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired): (&AtomicU64, &Retired), kick_fd: RawFd, idle: IdlePolicy) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
     let mut queues = assignment(&snap, idx, n);
@@ -196,7 +217,9 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, adopted: &Atomi
     let (mut loops, mut next_rebalance) = (0u32, Instant::now() + REBALANCE);
     while !stop.load(Acquire) {
         if switch.generation() != snap.generation {
-            snap = switch.snapshot();
+            let old = std::mem::replace(&mut snap, switch.snapshot());
+            // Left before `adopted` moves, so that whoever sees the adoption finds it.
+            drop(retired.swap(Some(old)));
             queues = assignment(&snap, idx, n);
             adopted.store(snap.generation, Release);
             pipe.stats().event(Event::ConfigAdopted, 1);

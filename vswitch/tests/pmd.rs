@@ -1,5 +1,6 @@
 //! Real PMD threads: traffic through two threads in both idle policies, prompt clean stop,
-//! adaptive threads really sleep, and configuration adoption is acknowledged.
+//! adaptive threads really sleep, configuration adoption is acknowledged, and a replaced
+//! configuration is freed off the PMD thread.
 //!
 //! These tests spin CPUs, so they run one at a time (a lock here, and the `pmd` nextest test
 //! group across binaries).
@@ -124,4 +125,32 @@ fn readme_example_runs() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:?}", switch.stats().nonzero_drops());
     pmd.stop();
     Ok(())
+}
+
+/// A PMD thread never frees the configuration it stops using (a large one would stall its
+/// polling): it leaves it for `PmdSet::reclaim`, which `wait_adopted` calls on the control
+/// thread; the ports only that configuration named close then.
+#[test]
+fn a_replaced_configuration_is_freed_off_the_pmd_thread() {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let r = rig(2);
+    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() })
+        .unwrap();
+    let adopted = || r.switch.stats().event(vswitch::Event::ConfigAdopted);
+    assert!(pmd.wait_adopted(r.switch.generation(), Duration::from_secs(5)), "the thread started on the first configuration");
+    let old = std::sync::Arc::downgrade(&r.switch.snapshot());
+    let snap = r.switch.snapshot();
+    let port = std::sync::Arc::downgrade(&snap.port(snap.port_id("p1").unwrap()).unwrap().port);
+    drop(snap);
+    let mut cfg = r.switch.snapshot().config.clone();
+    cfg.ports.retain(|p| p.name != "p1");
+    let before = adopted();
+    let generation = r.switch.apply(cfg).unwrap();
+    drop(r.switch.unregister_port("p1").unwrap());
+    assert!(eventually(Duration::from_secs(5), || adopted() > before), "an idle thread adopts after its sleep");
+    assert!(old.upgrade().is_some() && port.upgrade().is_some(), "the PMD thread left the snapshot, with its port, to the control thread");
+    assert!(pmd.wait_adopted(generation, Duration::from_secs(5)));
+    assert!(old.upgrade().is_none(), "reclaimed");
+    assert!(port.upgrade().is_none(), "the removed port closed with it");
+    drop(pmd);
 }

@@ -123,6 +123,8 @@ impl Node {
     fn commit(&self, inner: &mut Inner, candidate: NodeState) -> Result<u64, NodeError> {
         let cfg = candidate.switch_config(|n| inner.open.contains_key(n));
         let generation = self.switch.apply(cfg)?;
+        // Also frees the configuration the PMD threads leave (never on their own time).
+        self.wait_adopted(generation);
         self.events.emit("config_applied", "", format!("generation {generation}"), generation);
         inner.state = candidate;
         if let Some(path) = &self.opts.state_file {
