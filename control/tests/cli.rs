@@ -71,6 +71,18 @@ fn an_operator_session() {
     let ports = ok(knitterctl(&s, &["port", "list"]));
     let row = ports.lines().find(|l| l.starts_with("vnf0")).unwrap_or_else(|| panic!("{ports}"));
     assert!(row.contains("vhost-user") && row.contains("access red") && row.contains("9000") && row.contains("waiting for the frontend"), "{row}");
+    // Ingress policing, set when the port is added, shown in the list and refused with the
+    // switch's reason when it could never pass a frame.
+    let vnf1 = dir.path().join("vnf1.sock");
+    let police = ["--police-pps", "100000", "--police-bps", "1000000000"];
+    ok(knitterctl(&s, &[&["port", "add", "vnf1", "--vhost-user", vnf1.to_str().unwrap(), "--access", "red"][..], &police].concat()));
+    let ports = ok(knitterctl(&s, &["port", "list"]));
+    let row = ports.lines().find(|l| l.starts_with("vnf1")).unwrap_or_else(|| panic!("{ports}"));
+    assert!(row.ends_with("100000 pps, 1000000000 bps"), "{row}");
+    let o = knitterctl(&s, &["port", "add", "vnf2", "--vhost-user", "/nonexistent/x.sock", "--access", "red", "--police-bps", "1000000", "--police-burst-bytes", "100"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(1) && err.contains("burst_bytes 100 is less than the port's largest frame"), "{err}");
+    ok(knitterctl(&s, &["port", "del", "vnf1"]));
 
     let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();
     assert_eq!(json["bridges"][0]["vni"], 5001);

@@ -162,6 +162,22 @@ impl Batch {
         self.len -= n;
     }
 
+    /// Keeps, in order, the packets `keep` says yes to; hands the others to `gone`.
+    #[inline]
+    pub fn retain(&mut self, mut keep: impl FnMut(&BufId) -> bool, mut gone: impl FnMut(BufId)) {
+        let mut n = 0;
+        for i in 0..self.len {
+            let b = std::mem::replace(&mut self.bufs[i], BufId::EMPTY);
+            if keep(&b) {
+                self.bufs[n] = b;
+                n += 1;
+            } else {
+                gone(b);
+            }
+        }
+        self.len = n;
+    }
+
     /// Moves every packet out, in order.
     pub fn drain(&mut self) -> impl Iterator<Item = BufId> + '_ {
         let n = std::mem::take(&mut self.len);

@@ -7,6 +7,7 @@
 //! untagged; a trunk port carries the bridge domains whose VLAN it allows, tagged, plus
 //! optionally one native VLAN untagged. The underlay port carries VXLAN only.
 
+use crate::policer::PolicerConfig;
 use crate::wire::MacAddr;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -90,6 +91,9 @@ pub struct PortConfig {
     /// Anti-spoofing for pod ports; `None` means the port is trusted.
     #[serde(default)]
     pub security: Option<PortSecurity>,
+    /// Ingress policing (`policer.rs`); `None`: every frame received is forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policer: Option<PolicerConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -253,7 +257,14 @@ impl PortConfig {
             tpid: default_tpid(),
             mac_limit: default_port_limit(),
             security: None,
+            policer: None,
         }
+    }
+
+    /// This port with an ingress policer.
+    pub fn policed(mut self, p: PolicerConfig) -> PortConfig {
+        self.policer = Some(p);
+        self
     }
 
     /// A trusted untagged port in `bridge`.

@@ -59,6 +59,7 @@ named_enum! {
         NoEgress => "no_egress",
         NeighborQueueFull => "neighbor_queue_full",
         NeighborUnresolved => "neighbor_unresolved",
+        Policed => "policed",
     }
 }
 

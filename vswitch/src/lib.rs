@@ -23,6 +23,7 @@ pub mod spsc;
 pub mod wire;
 pub mod config;
 pub mod pipeline;
+pub mod policer;
 pub mod security;
 pub mod snapshot;
 pub mod suppress;

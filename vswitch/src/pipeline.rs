@@ -25,6 +25,7 @@ use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
 use crate::wire::MacAddr;
 use std::net::IpAddr;
 use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
+use crate::policer;
 use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::suppress::{self, Answer};
@@ -132,6 +133,9 @@ pub struct Pipeline {
     missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
     /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
     sampled: u32,
+    /// Ingress policers' token buckets of the queues this thread polls, and their clock.
+    policers: policer::Buckets,
+    clock: fn() -> u64,
 }
 
 /// Bursts in a row that found nothing in the cache and filled it only by pushing out live
@@ -166,6 +170,8 @@ impl Pipeline {
             miss_keys: [None; BATCH],
             missed_bursts: Box::new([0; fdb::MAX_PORTS]),
             sampled: 0,
+            policers: policer::Buckets::default(),
+            clock: policer::monotonic_ns,
         }
     }
 
@@ -186,6 +192,12 @@ impl Pipeline {
         self.neigh = n;
     }
 
+    /// Sets the clock (nanoseconds) ingress policers read (tests; the monotonic clock by
+    /// default).
+    pub fn set_clock(&mut self, clock: fn() -> u64) {
+        self.clock = clock;
+    }
+
     /// Sets the clock (seconds) used for learning timestamps.
     pub fn set_now(&mut self, now: u32) {
         self.now = now;
@@ -196,7 +208,12 @@ impl Pipeline {
     pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
         let Some(pe) = snap.port(port) else { return 0 };
         let n = pe.port.rx_burst(queue, &mut self.cache, batch);
-        if n > 0 {
+        if let Some(limits) = &pe.policer
+            && n > 0
+        {
+            self.police(pe, limits, queue, batch);
+        }
+        if !batch.is_empty() {
             self.process(snap, port, batch);
         }
         if self.cache.lending() {
@@ -206,6 +223,35 @@ impl Pipeline {
             pe.port.rx_done(queue);
         }
         n
+    }
+
+    /// Drops the frames of a burst from (`pe`, `queue`) that its policer does not admit; they
+    /// count as received and as dropped (`policed`).
+    #[inline(never)]
+    fn police(&mut self, pe: &PortEntry, limits: &policer::Limits, queue: u16, batch: &mut Batch) {
+        let bucket = self.policers.get(pe.id, limits, queue, pe.port.rx_queues(), (self.clock)());
+        let pool = self.pool.view();
+        let burst_bytes: u64 = batch.as_slice().iter().map(|b| pool.head_and_len(b).1 as u64).sum();
+        if bucket.admit_all(batch.len() as u64, burst_bytes) {
+            return;
+        }
+        let (mut dropped, mut bytes) = (0u64, 0u64);
+        let (cache, stats) = (&mut self.cache, &self.stats);
+        batch.retain(
+            |b| bucket.admit(pool.head_and_len(b).1 as u32),
+            |b| {
+                dropped += 1;
+                bytes += pool.head_and_len(&b).1 as u64;
+                stats.count_drop(DropReason::Policed, pe.id);
+                cache.free(b);
+            },
+        );
+        if dropped > 0 {
+            let pc = self.stats.port(pe.id);
+            pc.rx_packets.add(dropped);
+            pc.rx_bytes.add(bytes);
+            self.stats.packets.add(dropped);
+        }
     }
 
     /// Forwards a batch received on `in_port` and flushes the resulting tx batches.

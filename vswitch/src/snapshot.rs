@@ -8,6 +8,7 @@
 
 use crate::config::*;
 use crate::fdb::{MAX_BDS, MAX_PORTS};
+use crate::policer::Limits;
 use crate::port::Port;
 use crate::util::{FxMap, FxSet, VlanSet};
 use crate::vtep::{PeerEntry, VtepEntry};
@@ -64,6 +65,8 @@ pub enum ConfigError {
     BadTpid { port: String, tpid: u16 },
     #[error("port {port:?}: port security needs at least one MAC, and unicast ones")]
     BadSecurity { port: String },
+    #[error("port {port:?}: policer: {why}")]
+    BadPolicer { port: String, why: String },
     #[error("too many {kind} (at most {max})")]
     TooMany { kind: &'static str, max: usize },
     #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
@@ -90,6 +93,8 @@ pub struct PortEntry {
     pub mtu: u16,
     pub mac_limit: u32,
     pub security: Option<Security>,
+    /// Ingress policing: the limits, which each rx queue's bucket takes its share of.
+    pub policer: Option<Limits>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -501,6 +506,12 @@ impl Snapshot {
                 }
                 _ => None,
             };
+            // The largest frame: the MTU, an Ethernet header and, on trunks, a tag.
+            let max_frame = p.mtu as u32 + 18;
+            let policer = match &p.policer {
+                Some(c) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
+                None => None,
+            };
             let id = ids.ports[&p.name];
             for q in 0..port.rx_queues() {
                 s.rxqs.push((id, q));
@@ -516,6 +527,7 @@ impl Snapshot {
                 mtu: p.mtu,
                 mac_limit: p.mac_limit,
                 security,
+                policer,
             });
         }
 

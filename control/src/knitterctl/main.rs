@@ -256,6 +256,20 @@ struct PortAdd {
     mac: Option<String>,
     #[arg(long, requires = "mac")]
     ip: Vec<String>,
+    /// Ingress policing: at most this many packets a second (frames over it are dropped and
+    /// counted as `policed`).
+    #[arg(long, value_name = "PPS")]
+    police_pps: Option<u64>,
+    /// Ingress policing: at most this many bits a second (frames as received, without L1
+    /// overhead).
+    #[arg(long, value_name = "BPS")]
+    police_bps: Option<u64>,
+    /// The policer's burst in packets (default 10 ms of the rate, at least 64).
+    #[arg(long, value_name = "PACKETS")]
+    police_burst_packets: Option<u64>,
+    /// The policer's burst in bytes (default 10 ms of the rate, at least two largest frames).
+    #[arg(long, value_name = "BYTES")]
+    police_burst_bytes: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,7 +383,7 @@ fn print_bridges(b: &[pb::Bridge]) {
 
 fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
     table(
-        &["name", "device", "mode", "mtu", "link", "owner"],
+        &["name", "device", "mode", "mtu", "link", "owner", "policer"],
         p.iter()
             .map(|p| {
                 let s = status.iter().find(|s| s.name == p.name);
@@ -385,10 +399,23 @@ fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
                     Some(s) if !s.fallback.is_empty() => format!("{link}, on AF_PACKET: {}", s.fallback),
                     _ => link,
                 };
-                vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into()]
+                vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into(), policer(p.policer.as_ref())]
             })
             .collect(),
     );
+}
+
+/// A policer's rates, as `knitterctl port add` takes them ("-": none).
+fn policer(p: Option<&pb::Policer>) -> String {
+    let Some(p) = p else { return "-".into() };
+    let mut parts = Vec::new();
+    if p.pps > 0 {
+        parts.push(format!("{} pps", p.pps));
+    }
+    if p.bps > 0 {
+        parts.push(format!("{} bps", p.bps));
+    }
+    parts.join(", ")
 }
 
 fn print_vtep(v: &pb::Vtep) {
@@ -447,6 +474,14 @@ fn port_request(a: PortAdd) -> pb::Port {
         mode: Some(mode),
         mtu: a.mtu,
         security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, allowed_address_pairs: vec![] }),
+        policer: (a.police_pps.is_some() || a.police_bps.is_some() || a.police_burst_packets.is_some() || a.police_burst_bytes.is_some()).then(|| {
+            pb::Policer {
+                pps: a.police_pps.unwrap_or(0),
+                bps: a.police_bps.unwrap_or(0),
+                burst_packets: a.police_burst_packets.unwrap_or(0),
+                burst_bytes: a.police_burst_bytes.unwrap_or(0),
+            }
+        }),
         ..Default::default()
     }
 }

@@ -8,6 +8,7 @@ use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};
 use crate::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig, VtepConfig};
 use crate::pipeline::Pipeline;
+use crate::policer::PolicerConfig;
 use crate::port::ring::{RingPeer, RingPort};
 use crate::snapshot::Snapshot;
 use crate::switch::{Switch, SwitchOptions};
@@ -36,7 +37,9 @@ pub enum Scenario {
     /// A pod port as the CNI makes it (port security on: its one MAC and IPv4 address)
     /// sending to `hosts` destinations behind another port, whose MACs are the manager's
     /// (`0a:58:` + an IPv4 address in 10.1.0.0/16): fan-out, as a pod talking to many does.
-    PodL2 { hosts: u32 },
+    /// `policed`: the pod's port also has an ingress policer (a rate it never reaches, so
+    /// every frame is admitted: what policing costs a frame).
+    PodL2 { hosts: u32, policed: bool },
     /// A pod port (port security on) → a remote VTEP (IPv4 underlay), 256 flows.
     PodEncap,
     /// A remote VTEP → a pod port (port security on), 256 flows from 256 remote hosts.
@@ -52,7 +55,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::Trunk { bds: 1 },
         Scenario::Trunk { bds: 4094 },
         Scenario::L2 { macs: 1000 },
@@ -63,7 +66,8 @@ impl Scenario {
         Scenario::VxlanEncap,
         Scenario::VxlanDecap,
         Scenario::Flood8,
-        Scenario::PodL2 { hosts: 1000 },
+        Scenario::PodL2 { hosts: 1000, policed: false },
+        Scenario::PodL2 { hosts: 1000, policed: true },
         Scenario::PodEncap,
         Scenario::PodDecap,
         Scenario::Mesh { hosts: 1000 },
@@ -78,7 +82,8 @@ impl Scenario {
             Scenario::VxlanEncap => "vxlan-encap".into(),
             Scenario::VxlanDecap => "vxlan-decap".into(),
             Scenario::Flood8 => "flood-8".into(),
-            Scenario::PodL2 { hosts } => format!("l2-pod-{}k", hosts / 1000),
+            Scenario::PodL2 { hosts, policed: false } => format!("l2-pod-{}k", hosts / 1000),
+            Scenario::PodL2 { hosts, policed: true } => format!("l2-pod-{}k-policed", hosts / 1000),
             Scenario::PodEncap => "vxlan-encap-pod".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
@@ -207,7 +212,7 @@ impl Bench {
                     .collect();
                 (cfg, if push { "a" } else { "t" }, f)
             }
-            Scenario::PodL2 { hosts } => {
+            Scenario::PodL2 { hosts, policed } => {
                 ring("a", None);
                 ring("b", None);
                 let f = (0..hosts)
@@ -216,7 +221,11 @@ impl Bench {
                         frames::udp4(manager_mac(i), manager_mac(0xff01), POD_IP, dst, 1000, 2000, 60)
                     })
                     .collect();
-                (many_macs(vec![pod_port("a", "red"), PortConfig::access("b", "red")]), "a", f)
+                let mut pod = pod_port("a", "red");
+                if policed {
+                    pod = pod.policed(PolicerConfig { pps: 1_000_000_000, bps: 1_000_000_000_000, ..Default::default() });
+                }
+                (many_macs(vec![pod, PortConfig::access("b", "red")]), "a", f)
             }
             Scenario::Trunk { bds } => {
                 ring("t1", None);
@@ -366,7 +375,7 @@ impl Bench {
                 let n = (macs / 2).max(1);
                 (0..n).map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60)).collect()
             }
-            Scenario::PodL2 { hosts } => (0..hosts)
+            Scenario::PodL2 { hosts, .. } => (0..hosts)
                 .map(|i| frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1, 2, 60))
                 .collect(),
             Scenario::Trunk { bds } => (0..bds as u32)

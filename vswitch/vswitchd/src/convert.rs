@@ -9,6 +9,7 @@ use vswitch::config::{
     AddressPair, BridgeConfig, Neighbor, PeerConfig, PortConfig, PortMode, PortSecurity, StaticMac, VtepConfig,
 };
 use vswitch::wire::MacAddr;
+use vswitch::policer::PolicerConfig;
 
 /// A field that did not parse, with why.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +167,7 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
             })
         })
         .transpose()?;
+    c.policer = p.policer.as_ref().map(|x| PolicerConfig { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes });
     Ok(PortSpec { device: device_from(p.device.as_ref())?, config: c })
 }
 
@@ -195,6 +197,7 @@ pub fn port_to(p: &PortSpec, owner: Owner) -> pb::Port {
                 .map(|a| pb::AddressPair { mac: a.mac.to_string(), ip: a.ip.map(|i| i.to_string()) })
                 .collect(),
         }),
+        policer: c.policer.map(|x| pb::Policer { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }),
         owner: owner_to(owner),
     }
 }

@@ -1,0 +1,114 @@
+//! Ingress policing through the pipeline, over ring ports with the pipeline's clock in the
+//! test's hands: the rate holds within 5 % over a measured window, the burst passes whole
+//! after idle and no more, bits and packets both bind, and a policer that could never pass a
+//! frame is refused with the reason.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::policer::PolicerConfig;
+use vswitch::snapshot::ConfigError;
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::{DropReason, Event};
+
+/// Each test's own clock (tests run on threads of one process).
+fn rig(clock: fn() -> u64, policer: PolicerConfig) -> Harness {
+    let mut h = Harness::new();
+    h.ring("p0").ring("p1");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("p0", "red").policed(policer), PortConfig::access("p1", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    h.pipe.set_clock(clock);
+    // p1's MAC learned, so p0's frames go to p1 alone.
+    h.send("p1", &frame(2, 1, 64));
+    h.step();
+    h.recv_all();
+    h
+}
+
+fn frame(src: u32, dst: u32, size: usize) -> Vec<u8> {
+    frames::udp4(mac(dst), mac(src), Ipv4Addr::new(192, 0, 2, src as u8), Ipv4Addr::new(192, 0, 2, dst as u8), 1, 2, size)
+}
+
+#[test]
+fn the_rate_holds_within_five_percent_and_the_rest_is_counted() {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { pps: 10_000, burst_packets: 64, ..Default::default() });
+    // One second offered at 50 000 frames a second, 5 frames every 100 µs.
+    let (mut offered, mut passed) = (0u64, 0u64);
+    for _ in 0..10_000 {
+        NOW.fetch_add(100_000, Relaxed);
+        for _ in 0..5 {
+            h.send("p0", &frame(1, 2, 64));
+        }
+        offered += 5;
+        h.step();
+        passed += h.recv("p1").len() as u64;
+    }
+    let want = 10_000 + 64;
+    assert!(passed.abs_diff(want) * 20 <= want, "{passed} passed, {want} ± 5 % wanted");
+    let s = h.stats();
+    assert_eq!(s.drop(DropReason::Policed), offered - passed, "every frame over the rate counted");
+    assert_eq!(s.ports[0].rx_packets, offered, "policed frames were received");
+    assert_eq!(s.ports[0].drops, offered - passed);
+    assert!(h.recv("p0").is_empty() && s.event(Event::Flooded) == 1, "only the learning frame flooded");
+}
+
+#[test]
+fn after_idle_the_burst_passes_whole_and_no_more() {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { pps: 1_000, burst_packets: 100, ..Default::default() });
+    NOW.fetch_add(60_000_000_000, Relaxed); // a minute idle: the bucket holds its burst, no more
+    let mut passed = 0;
+    for _ in 0..10 {
+        for _ in 0..30 {
+            h.send("p0", &frame(1, 2, 64));
+        }
+        h.step();
+        passed += h.recv("p1").len();
+    }
+    assert_eq!(passed, 100);
+    NOW.fetch_add(10_000_000, Relaxed); // 10 ms: 10 more
+    for _ in 0..30 {
+        h.send("p0", &frame(1, 2, 64));
+    }
+    h.step();
+    assert_eq!(h.recv("p1").len(), 10);
+}
+
+#[test]
+fn bits_bind_large_frames_while_small_ones_pass() {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    // 1 Mbit/s with a 4 000-byte burst: two 1 500-byte frames, then only what the rate earns.
+    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { bps: 1_000_000, burst_bytes: 4_000, ..Default::default() });
+    for _ in 0..4 {
+        h.send("p0", &frame(1, 2, 1500));
+    }
+    h.step();
+    assert_eq!(h.recv("p1").len(), 2);
+    NOW.fetch_add(1_000_000, Relaxed); // 1 ms: 125 bytes earned, on the 1 000 left
+    h.send("p0", &frame(1, 2, 1500));
+    h.send("p0", &frame(1, 2, 1000));
+    h.step();
+    let got = h.recv("p1");
+    assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), vec![1000], "the large frame dropped, the small one after it passed");
+}
+
+#[test]
+fn a_policer_that_could_never_pass_a_frame_is_refused() {
+    let mut h = Harness::new();
+    h.ring("p0");
+    let cfg = |p: PolicerConfig| SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("p0", "red").policed(p)],
+        vtep: None,
+    };
+    let e = h.apply(cfg(PolicerConfig { bps: 1_000_000, burst_bytes: 1000, ..Default::default() })).unwrap_err();
+    assert!(matches!(e, ConfigError::BadPolicer { .. }), "{e}");
+    assert_eq!(e.to_string(), "port \"p0\": policer: burst_bytes 1000 is less than the port's largest frame (1518 bytes), which could never pass");
+    let e = h.apply(cfg(PolicerConfig::default())).unwrap_err();
+    assert!(e.to_string().contains("needs a rate"), "{e}");
+}
