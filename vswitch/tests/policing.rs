@@ -1,7 +1,7 @@
 //! Ingress policing through the pipeline, over ring ports with the pipeline's clock in the
 //! test's hands: the rate holds within 5 % over a measured window, the burst passes whole
 //! after idle and no more, bits and packets both bind, and a policer that could never pass a
-//! frame is refused with the reason.
+//! frame is refused with the reason. And fairness: a flooding pod gets a burst a round.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -111,4 +111,34 @@ fn a_policer_that_could_never_pass_a_frame_is_refused() {
     assert_eq!(e.to_string(), "port \"p0\": policer: burst_bytes 1000 is less than the port's largest frame (1518 bytes), which could never pass");
     let e = h.apply(cfg(PolicerConfig::default())).unwrap_err();
     assert!(e.to_string().contains("needs a rate"), "{e}");
+}
+
+/// Fairness on a PMD thread: each round polls every queue once and takes at most a burst
+/// (`BATCH` frames) from it, so a pod offering a thousand frames gets one burst a round, as
+/// does its quiet neighbour, whose frames all pass in the first round.
+#[test]
+fn a_flooding_pod_takes_one_burst_a_round_and_its_neighbour_loses_nothing() {
+    let mut h = Harness::new();
+    h.ring("loud").ring("quiet").ring("out");
+    let ports = ["loud", "quiet", "out"].iter().map(|p| PortConfig::access(p, "red")).collect();
+    h.apply(SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports, vtep: None }).unwrap();
+    h.send("out", &frame(3, 1, 64)); // learn "out"'s MAC
+    h.step();
+    h.recv_all();
+    for _ in 0..1000 {
+        h.send("loud", &frame(1, 3, 64));
+    }
+    for _ in 0..10 {
+        h.send("quiet", &frame(2, 3, 64));
+    }
+    // One round, as a PMD thread makes it.
+    let snap = h.switch.snapshot();
+    let mut batch = vswitch::Batch::new();
+    for &(p, q) in &snap.rxqs {
+        h.pipe.poll(&snap, p, q, &mut batch);
+    }
+    let out = h.recv("out");
+    let from = |src: u32| out.iter().filter(|f| f[6..12] == mac(src).0).count();
+    assert_eq!((from(1), from(2)), (vswitch::BATCH, 10));
+    assert_eq!(h.step(), 1000 - vswitch::BATCH, "the rest in later rounds");
 }
