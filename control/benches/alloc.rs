@@ -34,6 +34,7 @@ fn network() -> NetworkSpec {
         ipv6: None,
         mtu: None,
         shared: false,
+        pod_policer: None,
     }
 }
 

@@ -60,6 +60,20 @@ pub struct NetworkSpec {
     /// Usable by every tenant.
     #[serde(default)]
     pub shared: bool,
+    /// Ingress policing for every pod port of the network (copied onto each port created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_policer: Option<PodPolicer>,
+}
+
+/// A pod port's ingress policer, as the node applies it (`vswitch::policer`): packets and
+/// bits a second, bursts (0: the node's defaults).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PodPolicer {
+    pub pps: u64,
+    pub bps: u64,
+    pub burst_packets: u64,
+    pub burst_bytes: u64,
 }
 
 /// A network the manager holds: the spec with its segment and MTU decided, its addressing
@@ -105,6 +119,8 @@ pub enum NetworkError {
     Overlap { name: String, cidr: String, other: String, other_cidr: String },
     #[error("network {name:?}: {what} {segment} is not a valid {what} ({lo}-{hi})")]
     SegmentOutOfRange { name: String, what: &'static str, segment: u32, lo: u32, hi: u32 },
+    #[error("network {0:?}: a pod policer needs a rate: pps or bps")]
+    PolicerWithoutRate(String),
     #[error("network {name:?}: {what} {segment} is already used by network {other:?}")]
     SegmentTaken { name: String, what: &'static str, segment: u32, other: String },
     #[error("no free {what} left in {lo}-{hi} (the range networks that name none get theirs from)")]
@@ -172,6 +188,9 @@ impl Network {
     pub fn define(spec: NetworkSpec, existing: &[Network], limits: &Limits) -> Result<Network, NetworkError> {
         let (ipv4, ipv6) = Network::addressings(&spec)?;
         let name = spec.name.clone();
+        if spec.pod_policer.is_some_and(|p| p.pps == 0 && p.bps == 0) {
+            return Err(NetworkError::PolicerWithoutRate(name));
+        }
         // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
         for other in existing.iter().filter(|o| o.spec.name != name && (o.spec.tenant == spec.tenant || o.spec.shared || spec.shared)) {
             for (mine, theirs) in [(&ipv4, &other.ipv4), (&ipv6, &other.ipv6)] {
@@ -238,6 +257,7 @@ mod tests {
             ipv6: None,
             mtu: None,
             shared: false,
+            pod_policer: None,
         }
     }
 

@@ -133,5 +133,6 @@ fn the_manager_scenarios_pass_on_etcd() {
     scenarios::refusals(&manager("/refusals"));
     scenarios::ip_group(&manager("/groups"));
     scenarios::requested_mac(&manager("/macs"));
+    scenarios::pod_policer(&manager("/policers"));
     scenarios::cut_off_creates(Arc::new(etcd.store_at("/cut")));
 }

@@ -32,6 +32,12 @@ fn a_requested_mac_is_recorded_and_held_by_one_port() {
 }
 
 #[test]
+fn a_networks_pod_policer_goes_onto_its_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    scenarios::pod_policer(&manager(&dir));
+}
+
+#[test]
 fn an_ip_group_gives_recreated_pods_their_own_addresses() {
     let dir = tempfile::tempdir().unwrap();
     scenarios::ip_group(&manager(&dir));

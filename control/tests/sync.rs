@@ -109,6 +109,7 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
         ipv6: None,
         mtu: None,
         shared: false,
+        pod_policer: None,
     }
 }
 

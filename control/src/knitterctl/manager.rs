@@ -145,6 +145,12 @@ pub struct NetworkCreate {
     /// Usable by every tenant.
     #[arg(long)]
     shared: bool,
+    /// Ingress policing of every pod port of the network: packets a second.
+    #[arg(long, value_name = "PPS")]
+    pod_pps: Option<u64>,
+    /// Ingress policing of every pod port of the network: bits a second (frames as received).
+    #[arg(long, value_name = "BPS")]
+    pod_bps: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -380,6 +386,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                     ipv6: subnet(n.ipv6, n.gateway6, &n.pool6)?,
                     mtu: n.mtu,
                     shared: n.shared,
+                    pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer { pps: n.pod_pps.unwrap_or(0), bps: n.pod_bps.unwrap_or(0), ..Default::default() }),
                 };
                 let r = c.create_network(authed(t, spec)?).await?.into_inner();
                 created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?

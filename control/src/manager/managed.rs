@@ -105,6 +105,7 @@ mod test {
             ipv6: None,
             mtu: None,
             shared: false,
+            pod_policer: None,
         }
     }
 

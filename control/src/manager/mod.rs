@@ -639,6 +639,7 @@ impl Manager {
                         addresses: vec![],
                         mac: String::new(),
                         created: now(),
+                        policer: net.spec.pod_policer,
                     };
                     if let Some(a) = whole {
                         match self.create_whole(&key, &port, a)? {

@@ -1,7 +1,7 @@
 //! The manager's objects as the APIs and the store see them (JSON), and the store keys they
 //! live under. Networks are stored as their [`NetworkSpec`] with the segment and MTU decided.
 
-use crate::network::{Kind, Plane};
+use crate::network::{Kind, PodPolicer, Plane};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
@@ -157,6 +157,9 @@ pub struct Port {
     pub addresses: Vec<PortIp>,
     pub mac: String,
     pub created: u64,
+    /// The network's pod policer when the port was created (the node polices the port so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policer: Option<PodPolicer>,
 }
 
 impl Port {

@@ -5,7 +5,7 @@
 
 use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota};
 use knitter_control::manager::{Filter, Manager, ManagerError};
-use knitter_control::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use knitter_control::network::{Kind, NetworkSpec, Plane, PodPolicer, SubnetSpec};
 use knitter_control::store::{Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With};
 use std::net::IpAddr;
 
@@ -24,6 +24,7 @@ pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
         ipv6: None,
         mtu: None,
         shared: false,
+        pod_policer: None,
     }
 }
 
@@ -174,6 +175,21 @@ pub fn requested_mac(m: &Manager) {
     assert_eq!(m.create_port(with_mac("vnf", "v5", "02:00:00:00:72:50")).unwrap().0.mac, "02:00:00:00:72:50");
     // Without a request: derived from the address.
     assert!(m.create_port(port("vnf", "v6", "ns/p")).unwrap().0.mac.starts_with("0a:58:0a:08:00:"));
+}
+
+/// A network's pod policer: recorded with the network, copied onto each port created in it
+/// (what the node polices the port with), refused without a rate.
+pub fn pod_policer(m: &Manager) {
+    let rate = PodPolicer { pps: 50_000, bps: 200_000_000, ..Default::default() };
+    let policed = NetworkSpec { pod_policer: Some(rate), ..net("signalling", "admin", "10.7.0.0/24") };
+    let e = reason(m.create_network(NetworkSpec { pod_policer: Some(PodPolicer { burst_packets: 10, ..Default::default() }), ..policed.clone() }));
+    assert_eq!(e, "network \"signalling\": a pod policer needs a rate: pps or bps");
+    let (n, _) = m.create_network(policed).unwrap();
+    assert_eq!(n.pod_policer, Some(rate));
+    assert_eq!(m.create_port(port("signalling", "s1", "ns/s")).unwrap().0.policer, Some(rate));
+    assert_eq!(m.get_port("s1", "eth1").unwrap().policer, Some(rate));
+    m.create_network(net("plain", "admin", "10.6.0.0/24")).unwrap();
+    assert_eq!(m.create_port(port("plain", "s2", "ns/s")).unwrap().0.policer, None);
 }
 
 pub fn ip_group(m: &Manager) {

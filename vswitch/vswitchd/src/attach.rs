@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 use vswitch::config::{BridgeConfig, PortConfig};
+use vswitch::policer::PolicerConfig;
 use vswitch::wire::MacAddr;
 
 /// An attachment's key: the container's interface.
@@ -291,6 +292,8 @@ impl Attacher {
         let ips: Vec<IpAddr> = record.addresses.iter().map(|a| a.ip).collect();
         let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
         config.mtu = u16::try_from(record.mtu).unwrap_or(u16::MAX);
+        // The network's pod policer, as the manager recorded it on the port.
+        config.policer = port.policer.as_ref().map(|p| PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes });
         let spec = PortSpec { device, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;

@@ -214,6 +214,7 @@ mod test {
             addresses: vec![],
             mac: String::new(),
             created,
+            policer: None,
         }
     }
 

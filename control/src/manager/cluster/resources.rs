@@ -12,7 +12,7 @@
 use crate::manager::ManagerError;
 use crate::manager::managed::ManagedBy;
 use crate::manager::objects::{IpGroupRecord, IpGroupSpec};
-use crate::network::{Kind, NetworkSpec, Plane, SubnetSpec};
+use crate::network::{Kind, NetworkSpec, Plane, PodPolicer, SubnetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::ObjectMeta;
 use kube::core::ClusterResourceScope;
@@ -110,6 +110,22 @@ struct NetworkResourceSpec {
     mtu: Option<u32>,
     #[serde(default)]
     shared: bool,
+    #[serde(default)]
+    pod_policer: Option<PodPolicerSpec>,
+}
+
+/// A `Network`'s `podPolicer`, as the CRD defines it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PodPolicerSpec {
+    #[serde(default)]
+    pps: u64,
+    #[serde(default)]
+    bps: u64,
+    #[serde(default)]
+    burst_packets: u64,
+    #[serde(default)]
+    burst_bytes: u64,
 }
 
 /// An `IPGroup`'s spec as the CRD defines it.
@@ -158,6 +174,7 @@ impl NetworkResource {
             ipv6: s.ipv6,
             mtu: s.mtu,
             shared: s.shared,
+            pod_policer: s.pod_policer.map(|p| PodPolicer { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }),
         })
     }
 }
@@ -232,6 +249,8 @@ mod test {
         assert_eq!(e.reason, "InvalidSpec");
         assert!(e.message.contains("gre"), "{}", e.message);
         assert_eq!(network(json!({"kind": "vlan", "vni": 5})).network_spec().unwrap_err().reason, "InvalidSpec", "unknown fields are refused");
+        let n = network(json!({"kind": "vxlan", "podPolicer": {"pps": 20000, "burstBytes": 30000}})).network_spec().unwrap();
+        assert_eq!(n.pod_policer, Some(PodPolicer { pps: 20_000, bps: 0, burst_packets: 0, burst_bytes: 30_000 }));
     }
 
     #[test]
