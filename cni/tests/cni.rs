@@ -214,6 +214,10 @@ fn a_networks_pod_policer_polices_each_pods_port() {
     let stats = lab.ctl(&["stats"]);
     let policed: u64 = stats.lines().find(|l| l.starts_with("policed")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0);
     assert!(policed >= 30, "{policed} policed: {stats}");
+    // Counted per port as well (`knitterctl stats` "policed", `knitter_port_policed_total`).
+    let json: serde_json::Value = serde_json::from_str(&lab.ctl(&["-o", "json", "stats"])).unwrap();
+    let per_port: Vec<u64> = json["ports"].as_array().unwrap().iter().map(|p| p["policed"].as_u64().unwrap_or(0)).collect();
+    assert_eq!(per_port.iter().sum::<u64>(), policed, "{per_port:?}");
     for (c, path) in [("ctr-pa", &a_path), ("ctr-pb", &b_path)] {
         assert!(lab.cni("DEL", c, path, "eth0", &lab.conf("1.1.0", "sig")).0);
     }

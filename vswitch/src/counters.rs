@@ -129,6 +129,8 @@ pub struct PortCounters {
     pub tx_packets: Counter,
     pub tx_bytes: Counter,
     pub drops: Counter,
+    /// Frames its ingress policer dropped (also in `drops`).
+    pub policed: Counter,
 }
 
 /// Per-bridge-domain counters of one thread.
@@ -209,6 +211,7 @@ pub struct PortTotals {
     pub tx_packets: u64,
     pub tx_bytes: u64,
     pub drops: u64,
+    pub policed: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -228,6 +231,7 @@ impl PortTotals {
             tx_packets: self.tx_packets.saturating_sub(base.tx_packets),
             tx_bytes: self.tx_bytes.saturating_sub(base.tx_bytes),
             drops: self.drops.saturating_sub(base.drops),
+            policed: self.policed.saturating_sub(base.policed),
         }
     }
 }
@@ -276,6 +280,7 @@ impl Totals {
                 a.tx_packets += c.tx_packets.get();
                 a.tx_bytes += c.tx_bytes.get();
                 a.drops += c.drops.get();
+                a.policed += c.policed.get();
             }
             if t.bds.len() < s.bds.len() {
                 t.bds.resize(s.bds.len(), BdTotals::default());

@@ -250,6 +250,7 @@ impl Pipeline {
             let pc = self.stats.port(pe.id);
             pc.rx_packets.add(dropped);
             pc.rx_bytes.add(bytes);
+            pc.policed.add(dropped);
             self.stats.packets.add(dropped);
         }
     }

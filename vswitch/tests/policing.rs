@@ -53,7 +53,7 @@ fn the_rate_holds_within_five_percent_and_the_rest_is_counted() {
     let s = h.stats();
     assert_eq!(s.drop(DropReason::Policed), offered - passed, "every frame over the rate counted");
     assert_eq!(s.ports[0].rx_packets, offered, "policed frames were received");
-    assert_eq!(s.ports[0].drops, offered - passed);
+    assert_eq!((s.ports[0].drops, s.ports[0].policed), (offered - passed, offered - passed));
     assert!(h.recv("p0").is_empty() && s.event(Event::Flooded) == 1, "only the learning frame flooded");
 }
 

@@ -506,7 +506,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
             if secs > 0.0 { format!("{:.0}", now.saturating_sub(before) as f64 / secs) } else { "-".into() }
         };
         table(
-            &["port", "rx packets", "rx bytes", "tx packets", "tx bytes", "drops", "rx pps", "tx pps"],
+            &["port", "rx packets", "rx bytes", "tx packets", "tx bytes", "drops", "policed", "rx pps", "tx pps"],
             s.ports
                 .iter()
                 .map(|p| {
@@ -517,6 +517,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                         p.tx_packets.to_string(),
                         p.tx_bytes.to_string(),
                         p.drops.to_string(),
+                        p.policed.to_string(),
                         rate(p.rx_packets, &p.name, |x| x.rx_packets),
                         rate(p.tx_packets, &p.name, |x| x.tx_packets),
                     ]

@@ -66,6 +66,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             tx_packets: t.tx_packets,
             tx_bytes: t.tx_bytes,
             drops: t.drops,
+            policed: t.policed,
             error: String::new(),
             vhost_connected: node.vhost_connected(&p.name),
             fallback: node.fallback(&p.name).unwrap_or_default(),
