@@ -13,7 +13,7 @@ pub mod reconcile;
 pub mod resources;
 
 use crate::manager::{Filter, Manager};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -213,7 +213,32 @@ impl Controller {
                     self.publish_network_status(&mut cluster, &mut published).await;
                 }
                 e = pods.next() => match e {
-                    Some(Ok(e)) => self.on_pod(e, &mut cluster, &mut pod_list).await,
+                    Some(Ok(e)) => {
+                        let mut deleted = Vec::new();
+                        self.on_pod(e, &mut cluster, &mut pod_list, &mut deleted).await;
+                        // Events already waiting join the batch (a namespace deleted sends
+                        // hundreds of pod deletions at once), so the deleted pods' ports are
+                        // found with one read of the store instead of one each.
+                        let mut ended = false;
+                        while deleted.len() < DELETIONS_BATCHED {
+                            match pods.next().now_or_never() {
+                                Some(Some(Ok(e))) => self.on_pod(e, &mut cluster, &mut pod_list, &mut deleted).await,
+                                Some(Some(Err(e))) => {
+                                    self.watch_error("pods", e);
+                                    break;
+                                }
+                                Some(None) => {
+                                    ended = true;
+                                    break;
+                                }
+                                None => break,
+                            }
+                        }
+                        self.release_deleted(deleted).await;
+                        if ended {
+                            break;
+                        }
+                    }
                     Some(Err(e)) => self.watch_error("pods", e),
                     None => break,
                 },
@@ -292,7 +317,9 @@ impl Controller {
         tracing::warn!(watch = what, error = %e, "watch failed; retrying");
     }
 
-    async fn on_pod(&self, e: watcher::Event<Pod>, cluster: &mut Cluster, list: &mut Option<Relist<(String, PodRef)>>) {
+    /// Handles one pod event; a deleted pod joins `deleted` (UID, name, whether another pod
+    /// has the name now) for [`Controller::release_deleted`].
+    async fn on_pod(&self, e: watcher::Event<Pod>, cluster: &mut Cluster, list: &mut Option<Relist<(String, PodRef)>>, deleted: &mut Vec<(String, String, bool)>) {
         match e {
             watcher::Event::Init => *list = Some(Relist { items: Vec::new(), started: crate::manager::now() }),
             watcher::Event::InitApply(p) => {
@@ -324,11 +351,7 @@ impl Controller {
                 let Some((uid, r)) = pod_ref(&p) else { return };
                 cluster.pod_deleted(&uid);
                 let name_held = cluster.has_pod_named(&r.name);
-                self.release(move |m| {
-                    let ports = m.list_ports(&Filter { pod: r.name.clone(), ..Default::default() })?;
-                    Ok(reconcile::of_deleted_pod(&ports, &uid, &r.name, name_held).into_iter().cloned().collect())
-                })
-                .await;
+                deleted.push((uid, r.name, name_held));
             }
         }
     }
@@ -376,6 +399,20 @@ impl Controller {
 
     /// Releases a node the cluster no longer has: its ports, and its place in the other
     /// nodes' flood lists (the manager forgets it; nodes' sync streams drop it).
+    /// Releases the ports of pods just deleted ([`Controller::on_pod`]), all found with one
+    /// listing of the store's ports.
+    async fn release_deleted(&self, deleted: Vec<(String, String, bool)>) {
+        if deleted.is_empty() {
+            return;
+        }
+        self.release(move |m| {
+            let pod = if let [(_, name, _)] = deleted.as_slice() { name.clone() } else { String::new() };
+            let ports = m.list_ports(&Filter { pod, ..Default::default() })?;
+            Ok(deleted.iter().flat_map(|(uid, name, held)| reconcile::of_deleted_pod(&ports, uid, name, *held)).cloned().collect())
+        })
+        .await;
+    }
+
     async fn release_node(&self, name: String) {
         if !self.opts.release_nodes {
             return;
@@ -432,6 +469,8 @@ impl Controller {
 
 /// How often the pods' network-status is brought up to date (when anything changed).
 const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// Pod deletions whose ports are looked up together, at most (see `lead_pods`).
+const DELETIONS_BATCHED: usize = 1024;
 
 /// Waits until `rx` holds `want`; false when its sender is gone first.
 async fn until(rx: &mut watch::Receiver<bool>, want: bool) -> bool {
