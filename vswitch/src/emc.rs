@@ -320,29 +320,45 @@ pub struct EmcView<'a> {
 }
 
 impl EmcView<'_> {
-    /// Hints the CPU to fetch `k`'s set (a burst ahead of the lookups).
+    /// The set `k` lies in (for [`EmcView::prefetch_set`] and [`EmcView::lookup_in`]).
     #[inline(always)]
-    pub fn prefetch(self, k: &Key) {
+    pub fn set_of(self, k: &Key) -> usize {
+        k.bucket(self.mask, self.shift)
+    }
+
+    /// Hints the CPU to fetch set `set` of [`EmcView::set_of`] (a burst ahead of the lookups).
+    #[inline(always)]
+    pub fn prefetch_set(self, set: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds; a prefetch
-            // has no memory effects.
-            unsafe {
-                let p: *const [Entry; 2] = self.sets.get_unchecked(k.bucket(self.mask, self.shift));
-                _mm_prefetch(p.cast(), _MM_HINT_T0);
-            }
+            // In bounds (`sets.len() == mask + 1`) without a check; were it not, a prefetch
+            // still has no memory effects.
+            let p = self.sets.as_ptr().wrapping_add(set & self.mask as usize);
+            // SAFETY: a prefetch reads nothing the program sees and never faults.
+            unsafe { _mm_prefetch(p.cast(), _MM_HINT_T0) };
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = k;
+        let _ = set;
     }
 
     /// As [`Emc::lookup`].
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
-        let k2 = k.with_epoch(self.epoch);
+        // SAFETY: `sets.len() == mask + 1`, and the set is masked.
+        Self::lookup_set(unsafe { self.sets.get_unchecked(self.set_of(k)) }, k, self.epoch)
+    }
+
+    /// As [`EmcView::lookup`], `set` being [`EmcView::set_of`] `k`.
+    #[inline(always)]
+    pub fn lookup_in(self, set: usize, k: &Key) -> Option<Hit> {
         // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
-        let set = unsafe { self.sets.get_unchecked(k.bucket(self.mask, self.shift)) };
+        Self::lookup_set(unsafe { self.sets.get_unchecked(set & self.mask as usize) }, k, self.epoch)
+    }
+
+    #[inline(always)]
+    fn lookup_set(set: &[Entry; 2], k: &Key, epoch: u32) -> Option<Hit> {
+        let k2 = k.with_epoch(epoch);
         if set[0].matches(k.k0, k.k1, k2) {
             return Some(Hit(set[0].hit));
         }

@@ -310,13 +310,11 @@ impl Pipeline {
         let mut found = [(Hit::default(), 0u32); BATCH];
         let secured = port.security.is_some();
         let (pool, emc) = (self.pool.view(), self.emc.view());
-        if emc.spread {
-            prefetch_sets(pool, emc, port.id, secured, batch.as_slice());
-        }
-        let (bytes, hits) = if secured {
-            probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
-        } else {
-            probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found)
+        let (bytes, hits) = match (emc.spread, secured) {
+            (true, true) => probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (true, false) => probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (false, true) => probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
         if hits == 0 {
             for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
@@ -1414,17 +1412,30 @@ fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, buf
     (bytes, hits)
 }
 
-/// Stage 0's prefetch pass, for flows spread over more cache than a core holds
-/// ([`EmcView::prefetch`]): every frame's set requested before the first lookup waits on one.
+/// [`probe_burst`] for flows spread over more cache than a core holds ([`EmcView::spread`]):
+/// a first pass makes every frame's key and requests its set, a second looks them up, so the
+/// burst's waits on memory overlap instead of coming one after another.
 #[inline(never)]
-fn prefetch_sets(pool: PoolView, emc: EmcView, port: u16, secured: bool, bufs: &[BufId]) {
-    for b in bufs {
-        let (h, _) = pool.head_and_len(b);
-        let key = if secured { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+fn probe_spread_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    let mut keys = [(0usize, None::<Key>); BATCH];
+    let mut bytes = 0u64;
+    for ((b, f), (set, key)) in bufs.iter().zip(found.iter_mut()).zip(keys.iter_mut()) {
+        let (h, len) = pool.head_and_len(b);
+        bytes += len as u64;
+        f.1 = len as u32;
+        *key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
         if let Some(k) = key {
-            emc.prefetch(&k);
+            *set = emc.set_of(k);
+            emc.prefetch_set(*set);
         }
     }
+    let mut hits = 0u64;
+    for (f, (set, key)) in found.iter_mut().zip(&keys).take(bufs.len()) {
+        let hit = key.as_ref().and_then(|k| emc.lookup_in(*set, k)).unwrap_or_default();
+        hits += hit.admits(f.1) as u64;
+        f.0 = hit;
+    }
+    (bytes, hits)
 }
 
 /// The key a frame from local port `port` (`secured`: it has port security) fills the

@@ -294,3 +294,74 @@ fn a_port_churning_through_the_cache_skips_it_until_its_flows_repeat() {
     assert_eq!(got, 40 * 32, "every frame forwarded, cached or not");
     assert!(hits(&h) - before >= 20 * 32, "the repeating flow went back to the cache: {} hits", hits(&h) - before);
 }
+
+/// Flows spread over more of the cache than a core's own caches hold take the prefetching
+/// lookup (`probe_spread_burst`, once an epoch filled 16 384 entries): it hits and forwards
+/// exactly as the plain one, from a port with port security (whose frames it still checks)
+/// and from a trusted one.
+#[test]
+fn flows_spread_over_the_cache_hit_and_forward_as_any_other() {
+    const DESTS: u32 = 12_000;
+    let mut h = Harness::new();
+    for p in ["pod", "p0", "net"] {
+        h.ring(p);
+    }
+    let pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
+    let mut net = PortConfig::access("net", "red");
+    net.mac_limit = DESTS; // above the default 8 192 a port may learn
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![pod, PortConfig::access("p0", "red"), net],
+        vtep: None,
+    })
+    .unwrap();
+    h.set_now(1);
+    let dest = |d: u32| mac(100_000 + d);
+    // The senders, then every destination, learnt.
+    h.send("pod", &frames::udp4(mac(3), mac(1), ip(1), ip(3), 1, 2, 64));
+    h.send("p0", &frames::udp4(mac(1), mac(3), ip(3), ip(1), 1, 2, 64));
+    h.step();
+    for chunk in (0..DESTS).collect::<Vec<_>>().chunks(256) {
+        for &d in chunk {
+            h.send("net", &frames::udp4(mac(1), dest(d), ip(2), ip(1), 1, 2, 64));
+        }
+        h.step();
+        h.recv_all();
+    }
+    // Two rounds from each sender to every destination: the first fills 2 × 12 000 entries
+    // (past the 16 384 that turn prefetching on), the second hits them all. A frame with a
+    // source address the pod does not own rides in every burst of the pod's.
+    let mut sent = 0;
+    for round in 0..2 {
+        let before = hits(&h);
+        for chunk in (0..DESTS).collect::<Vec<_>>().chunks(32) {
+            let mut want = Vec::new();
+            for &d in chunk {
+                let from_pod = frames::udp4(dest(d), mac(1), ip(1), ip(2), 1, 2, 64 + (d % 64) as usize);
+                let from_p0 = frames::udp4(dest(d), mac(3), ip(3), ip(2), 3, 4, 64);
+                h.send("pod", &from_pod);
+                h.send("p0", &from_p0);
+                want.push((from_pod, from_p0));
+            }
+            h.send("pod", &frames::udp4(dest(chunk[0]), mac(1), ip(9), ip(2), 1, 2, 64));
+            h.step();
+            sent += 1;
+            let got = h.recv("net");
+            let want: Vec<Vec<u8>> = want.iter().map(|w| w.0.clone()).chain(want.iter().map(|w| w.1.clone())).collect();
+            let mut got_sorted = got.clone();
+            got_sorted.sort();
+            let mut want_sorted = want.clone();
+            want_sorted.sort();
+            assert_eq!(got.len(), want.len(), "round {round}: every frame forwarded once");
+            assert!(got_sorted == want_sorted, "round {round}: the frames forwarded byte exact");
+            let (back_pod, back_p0) = (h.recv("pod"), h.recv("p0"));
+            assert!(back_pod.is_empty() && back_p0.is_empty(), "round {round}: nothing flooded back: {} {} {:?}", back_pod.len(), back_p0.len(), back_pod.first().or(back_p0.first()).map(|f| &f[..14]));
+        }
+        if round == 1 {
+            assert_eq!(hits(&h) - before, 2 * DESTS as u64, "every frame of the second round hit");
+        }
+    }
+    let s = h.stats();
+    assert_eq!(s.drop(DropReason::SecurityIp), sent, "the pod's forged frames dropped, cached flows or not");
+    assert_eq!(s.total_drops(), sent, "{:?}", s.nonzero_drops());
+}
