@@ -110,6 +110,24 @@ impl SharedCounter {
     }
 }
 
+/// A value one thread sets and others read (how many buffers a queue has lent out now).
+#[derive(Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    /// Sets the value; a store only when it changed, so the line stays shared while it holds.
+    #[inline(always)]
+    pub fn set(&self, v: u64) {
+        if self.0.load(Relaxed) != v {
+            self.0.store(v, Relaxed);
+        }
+    }
+    #[inline(always)]
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
 impl Counter {
     #[inline(always)]
     pub fn add(&self, n: u64) {

@@ -527,7 +527,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         if queues {
             println!();
             table(
-                &["port", "queue", "rx packets", "rx dropped", "rx starved", "tx packets", "tx full", "tx dropped", "rx gso", "rx csum"],
+                &["port", "queue", "rx packets", "rx dropped", "rx starved", "rx lent", "tx packets", "tx full", "tx dropped", "rx gso", "rx csum"],
                 s.ports
                     .iter()
                     .flat_map(|p| {
@@ -538,6 +538,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                                 q.rx_packets.to_string(),
                                 q.rx_dropped.to_string(),
                                 q.rx_starved.to_string(),
+                                q.rx_lent.to_string(),
                                 q.tx_packets.to_string(),
                                 q.tx_full.to_string(),
                                 q.tx_dropped.to_string(),
@@ -618,7 +619,7 @@ async fn run(cli: Cli) -> Result<()> {
                 return json(&v);
             }
             println!(
-                "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{}, FDB {}/{} entries, cache {} entries per thread",
+                "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{} ({} lent to receive rings{}), FDB {}/{} entries, cache {} entries per thread",
                 v.version,
                 v.generation,
                 v.pmd_threads,
@@ -626,6 +627,11 @@ async fn run(cli: Cli) -> Result<()> {
                 v.buffers_free,
                 v.buffers,
                 if v.hugepages { " (hugepages)" } else { "" },
+                v.buffers_lent,
+                match v.pool_sized_for_pods {
+                    0 => String::new(),
+                    n => format!("; sized for {n} pod ports"),
+                },
                 v.fdb_entries,
                 v.fdb_capacity,
                 v.emc_entries
@@ -640,7 +646,16 @@ async fn run(cli: Cli) -> Result<()> {
                 })
                 .collect();
             if !starved.is_empty() {
-                println!("buffers ran out on: {} (raise --buffers; knitterctl stats --queues)", starved.join(", "));
+                println!("buffers ran out on: {} (raise --buffers or --pods; knitterctl stats --queues)", starved.join(", "));
+            }
+            // Ports lending receive buffers (AF_XDP) beyond what the pool was sized for: the
+            // later ones got smaller rings, and traffic may starve them.
+            let lending = v.status.iter().filter(|p| p.queues.iter().any(|q| q.rx_lent > 0)).count();
+            if v.pool_sized_for_pods > 0 && lending > v.pool_sized_for_pods as usize + 1 {
+                println!(
+                    "the buffer pool was sized for {} pod ports and {lending} ports lend from it (raise --pods or [pool] pods)",
+                    v.pool_sized_for_pods
+                );
             }
             match &v.vtep {
                 Some(t) => print_vtep(t),

@@ -66,8 +66,8 @@ const PGOFF_FILL: i64 = 0x1_0000_0000;
 const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
 const RING: u32 = 1024;
 /// Buffers a pod-facing port keeps in its fill ring at first. Every port lends them from the
-/// shared pool while idle, so this bounds what idle pods hold (16 384 buffers serve 128
-/// pods); a polled port refills every burst, so a few bursts' worth is enough while its PMD
+/// shared pool while idle, so this bounds what idle pods hold (see [`pool_for_pods`]); a
+/// polled port refills every burst, so a few bursts' worth is enough while its PMD
 /// runs. A port whose fill ring runs dry drops what arrives (the kernel counts it on the
 /// interface): when its traffic empties the ring by half between two refills, the ring
 /// grows (see [`RxSide::grow`]).
@@ -617,6 +617,7 @@ impl AfXdpPort {
         if n > 0 {
             side.fill.prod().store(prod.wrapping_add(n), Release);
         }
+        counters.rx_lent.set((held + n) as u64);
         let starved = n < free && held + n < STARVED;
         if starved != side.starved {
             side.starved = starved;
@@ -634,7 +635,7 @@ impl AfXdpPort {
             port,
             free = pool.free_count(),
             buffers = pool.capacity(),
-            "an AF_XDP queue's fill ring ran dry with the buffer pool empty: frames arriving on it are dropped until buffers come back (raise --buffers: 128 per pod queue, 1 024 per underlay)"
+            "an AF_XDP queue's fill ring ran dry with the buffer pool empty: frames arriving on it are dropped until buffers come back (raise --pods, or --buffers: 256 per pod queue, 2 048 per underlay)"
         );
     }
 
@@ -672,6 +673,16 @@ const STARVED: u32 = 8;
 fn pod_fill(pool: &Pool, queues: u32) -> u32 {
     let lent = FILL_POD as usize * queues as usize;
     if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 { FILL_POD } else { FILL_MIN }
+}
+
+/// The buffers a pool needs for `pods` single-queue AF_XDP pod ports and an underlay to each
+/// keep their full first fill ring ([`pod_fill`] gives [`FILL_POD`] only while the pool stays
+/// more than half free): twice what the rings take, the other half for frames in flight,
+/// rounded up to a power of two. 110 pods (Kubernetes' default): 32 768 buffers (64 MiB).
+/// A UMEM cannot grow once sockets are bound to it, so the pool is sized up front.
+pub fn pool_for_pods(pods: u32) -> u32 {
+    let rings = pods as u64 * FILL_POD as u64 + RING as u64;
+    (2 * rings).next_power_of_two().min(1 << 30) as u32
 }
 
 /// An underlay's fill ring per queue: a full ring on one queue, less per queue on many

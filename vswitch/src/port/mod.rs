@@ -37,6 +37,9 @@ pub struct QueueStats {
     /// Times the queue's receive buffers ran out with the buffer pool empty (AF_XDP: its
     /// fill ring; frames arriving then are dropped by the kernel).
     pub rx_starved: u64,
+    /// Pool buffers the queue has lent out for receiving now (AF_XDP: those in its fill ring,
+    /// which the kernel keeps until frames arrive in them); a gauge.
+    pub rx_lent: u64,
 }
 
 /// The counters behind [`QueueStats`], kept by the thread that owns the queue side.
@@ -50,6 +53,7 @@ pub struct QueueCounters {
     pub rx_csum: crate::counters::SharedCounter,
     pub tx_dropped: crate::counters::SharedCounter,
     pub rx_starved: crate::counters::SharedCounter,
+    pub rx_lent: crate::counters::Gauge,
 }
 
 impl QueueCounters {
@@ -63,6 +67,7 @@ impl QueueCounters {
             rx_csum: self.rx_csum.get(),
             tx_dropped: self.tx_dropped.get(),
             rx_starved: self.rx_starved.get(),
+            rx_lent: self.rx_lent.get(),
         }
     }
 }

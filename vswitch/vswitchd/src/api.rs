@@ -87,6 +87,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
                     rx_csum: s.rx_csum,
                     tx_dropped: s.tx_dropped,
                     rx_starved: s.rx_starved,
+                    rx_lent: s.rx_lent,
                 })
                 .collect(),
         }
@@ -159,13 +160,15 @@ impl NodeApi for Api {
     async fn show(&self, _: Request<pb::ShowRequest>) -> Result<Response<pb::NodeView>, Status> {
         let state = self.node.state();
         let pool = &self.node.pool;
+        let status = port_status(&self.node);
+        let buffers_lent = status.iter().flat_map(|p| &p.queues).map(|q| q.rx_lent).sum::<u64>();
         Ok(Response::new(pb::NodeView {
             version: env!("CARGO_PKG_VERSION").into(),
             generation: self.node.switch.generation(),
             bridges: self.bridges(),
             ports: self.ports(),
             vtep: state.vtep.as_ref().zip(state.running_vtep()).map(|(v, running)| convert::vtep_to(&running, v.owner)),
-            status: port_status(&self.node),
+            status,
             pmd_threads: self.node.opts.pmd.threads as u32,
             idle_policy: match self.node.opts.pmd.idle {
                 vswitch::IdlePolicy::Busy => "busy".into(),
@@ -180,6 +183,8 @@ impl NodeApi for Api {
             fdb_entries: self.node.switch.fdb().len() as u32,
             fdb_capacity: self.node.switch.fdb().capacity(),
             emc_entries: self.node.opts.tables.emc_entries as u32,
+            buffers_lent: buffers_lent.min(u32::MAX as u64) as u32,
+            pool_sized_for_pods: self.node.opts.sized_for_pods.unwrap_or(0),
         }))
     }
 

@@ -39,7 +39,8 @@ fn main() -> Result<()> {
     knitter_vhost::port::set_single_copy_default(s.vhost.single_copy);
     let opts = node::NodeOptions {
         pmd: s.pmd.clone(),
-        buffers: s.pool.buffers,
+        buffers: s.pool.buffers(),
+        sized_for_pods: s.pool.sized_for_pods(),
         hugepages: s.pool.hugepages,
         tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize },
         state_file: s.state_file.clone(),

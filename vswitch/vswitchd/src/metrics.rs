@@ -32,7 +32,8 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_vhost_user_memory_faults_total", "counter", "Rings stopped because the frontend's memory file shrank under its memory table.", "port", vhost_errors(|e| e.memory_faults));
     // Per queue: (port, queue) as one label pair.
     let queue_family = |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for p in &s.ports {
             for q in &p.queues {
                 let _ = writeln!(o, "{name}{{port=\"{}\",queue=\"{}\"}} {}", escape(&p.name), q.queue, f(q));
@@ -47,6 +48,7 @@ pub fn render(node: &Node) -> String {
     queue_family(&mut o, "knitter_queue_rx_csum_total", "Frames whose partial L4 checksum the queue finished.", |q| q.rx_csum);
     queue_family(&mut o, "knitter_queue_tx_dropped_total", "Frames the queue could not send (longer than its slots), dropped.", |q| q.tx_dropped);
     queue_family(&mut o, "knitter_queue_rx_starved_total", "Times the queue's receive buffers ran out with the buffer pool empty (frames arriving then were dropped).", |q| q.rx_starved);
+    queue_family(&mut o, "knitter_queue_rx_lent", "Pool buffers the queue has lent out for receiving now (AF_XDP: its fill ring).", |q| q.rx_lent);
     let counts = |c: &[knitter_api::node::Count]| c.iter().map(|c| (c.name.clone(), c.value as f64)).collect::<Vec<_>>();
     family(&mut o, "knitter_drops_total", "counter", "Frames dropped, by reason.", "reason", counts(&s.drops));
     family(&mut o, "knitter_events_total", "counter", "Pipeline events (learning, flooding, encapsulation...).", "event", counts(&s.events));
@@ -68,6 +70,8 @@ pub fn render(node: &Node) -> String {
     let one = |v: f64| [(String::new(), v)];
     family(&mut o, "knitter_buffers", "gauge", "Packet buffers in the pool.", "", one(node.pool.capacity() as f64));
     family(&mut o, "knitter_buffers_free", "gauge", "Packet buffers free now.", "", one(node.pool.free_count() as f64));
+    let lent: u64 = s.ports.iter().flat_map(|p| &p.queues).map(|q| q.rx_lent).sum();
+    family(&mut o, "knitter_buffers_lent", "gauge", "Packet buffers lent to the kernel's receive rings now (AF_XDP fill rings).", "", one(lent as f64));
     family(&mut o, "knitter_config_generation", "gauge", "Configuration generation the PMD threads read.", "", one(node.switch.generation() as f64));
     o
 }

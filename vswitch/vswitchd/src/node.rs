@@ -48,6 +48,8 @@ pub struct ApplyReport {
 pub struct NodeOptions {
     pub pmd: PmdConfig,
     pub buffers: u32,
+    /// The pod ports `buffers` was sized for (`None`: given as a number).
+    pub sized_for_pods: Option<u32>,
     pub hugepages: bool,
     /// The FDB's and the exact-match caches' sizes.
     pub tables: SwitchOptions,

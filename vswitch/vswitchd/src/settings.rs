@@ -84,15 +84,35 @@ impl Default for PmdSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolSection {
-    /// Packet buffers of 2 KiB.
-    pub buffers: u32,
+    /// Packet buffers of 2 KiB; unset: sized for `pods`.
+    pub buffers: Option<u32>,
+    /// The pod ports the pool is sized for when `buffers` is unset (see
+    /// [`vswitch::port::afxdp::pool_for_pods`]).
+    pub pods: u32,
     /// Back them with explicit hugepages when the system has them.
     pub hugepages: bool,
 }
 
 impl Default for PoolSection {
     fn default() -> Self {
-        PoolSection { buffers: 16384, hugepages: true }
+        PoolSection { buffers: None, pods: PoolSection::DEFAULT_PODS, hugepages: true }
+    }
+}
+
+impl PoolSection {
+    /// Kubernetes' default pods a node (kubelet `maxPods`).
+    pub const DEFAULT_PODS: u32 = 110;
+    /// More pod ports than a node's AF_XDP sockets are worth sizing for (2 GiB of buffers).
+    pub const MAX_PODS: u32 = 4096;
+
+    /// The buffers the pool gets: as given, or sized for `pods`.
+    pub fn buffers(&self) -> u32 {
+        self.buffers.unwrap_or_else(|| vswitch::port::afxdp::pool_for_pods(self.pods))
+    }
+
+    /// The pod ports the pool was sized for; `None` when its buffers were given.
+    pub fn sized_for_pods(&self) -> Option<u32> {
+        self.buffers.is_none().then_some(self.pods)
     }
 }
 
@@ -248,9 +268,13 @@ pub struct Args {
     /// What PMD threads do when idle.
     #[arg(long, value_enum)]
     pub idle: Option<Idle>,
-    /// Packet buffers (2 KiB each).
+    /// Packet buffers (2 KiB each); default: sized for --pods.
     #[arg(long)]
     pub buffers: Option<u32>,
+    /// Pod ports to size the buffer pool for, when --buffers is not given (default 110:
+    /// 32 768 buffers, 64 MiB).
+    #[arg(long)]
+    pub pods: Option<u32>,
     /// Do not use explicit hugepages for packet buffers.
     #[arg(long)]
     pub no_hugepages: bool,
@@ -340,7 +364,11 @@ impl Settings {
             bail!("pmd.threads must be at least 1");
         }
         let mut pool = file.pool;
-        pool.buffers = args.buffers.unwrap_or(pool.buffers);
+        pool.buffers = args.buffers.or(pool.buffers);
+        pool.pods = args.pods.unwrap_or(pool.pods);
+        if !(1..=PoolSection::MAX_PODS).contains(&pool.pods) {
+            bail!("pool.pods {} is outside 1..{} (pod ports to size the buffer pool for)", pool.pods, PoolSection::MAX_PODS);
+        }
         pool.hugepages &= !args.no_hugepages;
         let mut tables = file.tables;
         tables.fdb_entries = args.fdb_entries.unwrap_or(tables.fdb_entries);
@@ -476,7 +504,31 @@ mod tests {
         let p = path.to_str().unwrap();
         let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--pmd-threads", "1", "--idle", "adaptive", "--no-state"]);
         let s = Settings::from_args(&args).unwrap();
-        assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers, s.state_file), (1, IdlePolicy::default(), 4096, None));
+        assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers(), s.state_file), (1, IdlePolicy::default(), 4096, None));
+        assert_eq!(s.pool.sized_for_pods(), None, "buffers given");
+    }
+
+    /// Without `buffers`, the pool is sized for the pod ports the node expects: Kubernetes'
+    /// 110 by default, `pods` in the file or `--pods`; out of range is refused with the range.
+    #[test]
+    fn the_pool_is_sized_for_the_pods_unless_buffers_are_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        std::fs::write(&path, "").unwrap();
+        let p = path.to_str().unwrap();
+        let from = |extra: &[&str]| {
+            let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"].iter().chain(extra));
+            Settings::from_args(&args).map(|s| (s.pool.buffers(), s.pool.sized_for_pods()))
+        };
+        assert_eq!(from(&[]).unwrap(), (32768, Some(110)));
+        assert_eq!(from(&["--pods", "200"]).unwrap(), (65536, Some(200)));
+        assert_eq!(from(&["--pods", "300"]).unwrap(), (131072, Some(300)));
+        assert_eq!(from(&["--pods", "56"]).unwrap(), (16384, Some(56)));
+        assert_eq!(from(&["--pods", "300", "--buffers", "8192"]).unwrap(), (8192, None));
+        std::fs::write(&path, "[pool]\npods = 20\n").unwrap();
+        assert_eq!(from(&[]).unwrap(), (8192, Some(20)));
+        let e = from(&["--pods", "0"]).unwrap_err();
+        assert!(e.to_string().contains("pool.pods 0 is outside 1..4096"), "{e}");
     }
 
     /// The manager reached over TLS from the config file: the CA, the client certificate and

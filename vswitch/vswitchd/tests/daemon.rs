@@ -28,7 +28,7 @@ impl Daemon {
         let socket = dir.join("api.sock");
         let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
         let metrics = if args.contains(&"--metrics-listen") { None } else { Some("--no-metrics") };
-        let buffers = if args.contains(&"--buffers") { None } else { Some(["--buffers", "4096"]) };
+        let buffers = if args.contains(&"--buffers") || args.contains(&"--pods") { None } else { Some(["--buffers", "4096"]) };
         let child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
             .args(["--socket", socket.to_str().unwrap(), "--no-hugepages"])
             .args(buffers.into_iter().flatten())
@@ -775,11 +775,12 @@ async fn client_mode_vhost_user_pods_reconnect_after_restarts() {
 }
 
 /// A node with 200 pods (Kubernetes' default is up to 110 a node; NFV nodes run more): 100
-/// AF_XDP and 100 AF_PACKET pod ports on veths, the default buffer pool. The daemon's RSS
-/// stays under 64 MiB + the pool + 1 MiB a port (AF_PACKET rings used to take ~12 MiB a
-/// port: 2.5 GiB), no queue starves for buffers (200 pods × 128 fill buffers used to be more
-/// than the pool), and every port receives: a frame sent into each pod's veth arrives on
-/// its port and floods to the others.
+/// AF_XDP and 100 AF_PACKET pod ports on veths, the buffer pool sized for them (`--pods
+/// 200`). The daemon's RSS stays under 64 MiB + the pool + 1 MiB a port (AF_PACKET rings
+/// used to take ~12 MiB a port: 2.5 GiB), every AF_XDP pod keeps a full first fill ring
+/// (128 buffers: on a pool too small for the pods the later ones get 32), no queue starves,
+/// the node's view counts what is lent, and every port receives: a frame sent into each
+/// pod's veth arrives on its port and floods to the others.
 #[tokio::test]
 #[allow(clippy::await_holding_lock)]
 async fn two_hundred_pod_ports_fit_and_every_one_receives() {
@@ -787,7 +788,7 @@ async fn two_hundred_pod_ports_fit_and_every_one_receives() {
     use vswitch::testkit::netns;
     let Some(_g) = netns::exclusive() else { return };
     const PODS: usize = 200;
-    const BUFFERS: usize = 16384;
+    const BUFFERS: usize = 65536; // what `--pods 200` sizes: 2 × (200 × 128 + 1 024), rounded up
     let dir = tempfile::tempdir().unwrap();
     let sw = netns::Netns::quiet("sc").unwrap();
     for i in 0..PODS {
@@ -795,7 +796,7 @@ async fn two_hundred_pod_ports_fit_and_every_one_receives() {
         sw.run(&["ip", "link", "set", &format!("p{i}"), "up"]).unwrap();
         sw.run(&["ip", "link", "set", &format!("q{i}"), "up"]).unwrap();
     }
-    let d = Daemon::start(dir.path(), &["--no-state", "--buffers", &BUFFERS.to_string()]).await;
+    let d = Daemon::start(dir.path(), &["--no-state", "--pods", &PODS.to_string()]).await;
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
     let t0 = Instant::now();
@@ -843,6 +844,11 @@ async fn two_hundred_pod_ports_fit_and_every_one_receives() {
     }
     let rss_mib = rss_kib(d.child.id()) >> 10;
     assert!(rss_mib as usize <= limit_mib, "RSS {rss_mib} MiB after traffic, over {limit_mib} MiB");
+    let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert_eq!((v.buffers as usize, v.pool_sized_for_pods), (BUFFERS - 1, PODS as u32), "one buffer is kept back");
+    let lent: Vec<u64> = (0..PODS).step_by(2).map(|i| v.status.iter().find(|s| s.name == format!("p{i}")).unwrap().queues[0].rx_lent).collect();
+    assert!(lent.iter().all(|&n| n == 128), "every AF_XDP pod keeps a full fill ring: {lent:?}");
+    assert_eq!(v.buffers_lent, 128 * PODS as u32 / 2, "the node's view sums them");
     eprintln!("{PODS} pod ports: RSS {rss_mib} MiB (limit {limit_mib}); added in {opened:.1?}, a frame through each in {:.1?}", t0.elapsed() - opened);
 }
 
