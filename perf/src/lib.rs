@@ -24,6 +24,7 @@ pub mod progress;
 pub mod report;
 pub mod scenario;
 pub mod stats;
+pub mod sut;
 pub mod switches;
 pub mod testpmd;
 pub mod veth;

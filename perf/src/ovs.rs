@@ -10,7 +10,7 @@
 //! Stopped (and its own namespace removed) on drop.
 
 use crate::scenario::{self, Scenario};
-use crate::switches::{Own, Sockets};
+use crate::sut::{Own, Sockets, SwitchUnderTest};
 use crate::testpmd::{Layout, Memory};
 use anyhow::Context as _;
 use std::path::{Path, PathBuf};
@@ -202,8 +202,11 @@ impl Ovs {
         Ok(())
     }
 
+}
+
+impl SwitchUnderTest for Ovs {
     /// Its PMD threads' counters since start (`dpif-netdev/pmd-stats-show`).
-    pub fn own(&self) -> Option<Own> {
+    fn own(&self) -> Option<Own> {
         let out = self.appctl(&["dpif-netdev/pmd-stats-show"]).ok()?;
         Some(parse_pmd_stats(&out))
     }

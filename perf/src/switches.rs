@@ -9,6 +9,7 @@
 //! own AF_XDP ports.
 
 use crate::scenario::{self, Scenario};
+use crate::sut::{Own, Sockets, SwitchUnderTest};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
 use crate::frames::{self, Endpoint};
 use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, UNDERLAY_MTU, Underlay, Veths};
@@ -45,34 +46,6 @@ impl Kind {
     }
 }
 
-/// What the switch's own counters say about a window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Own {
-    pub busy_cycles: u64,
-    pub idle_cycles: u64,
-    pub packets: u64,
-    pub drops: u64,
-    /// Frames flooded for want of a known destination (Knitter's bridges; none: not told).
-    /// In a steady trial a learning switch floods nothing: flooding means it never learned
-    /// where B is (its learning frame dropped — by port security, say).
-    pub flooded: Option<u64>,
-}
-
-impl Own {
-    /// The window between two readings, as cycles per packet.
-    pub fn cycles_per_packet(before: Own, after: Own) -> Option<f64> {
-        let p = after.packets.checked_sub(before.packets)?;
-        (p > 0).then(|| after.busy_cycles.saturating_sub(before.busy_cycles) as f64 / p as f64)
-    }
-
-    /// The share of the window the forwarding thread spent on packets.
-    pub fn busy_fraction(before: Own, after: Own) -> Option<f64> {
-        let busy = after.busy_cycles.checked_sub(before.busy_cycles)? as f64;
-        let idle = after.idle_cycles.checked_sub(before.idle_cycles)? as f64;
-        (busy + idle > 0.0).then(|| busy / (busy + idle))
-    }
-}
-
 /// A switch running for one trial.
 pub enum Running {
     Knitter { child: Child, api: PathBuf },
@@ -87,13 +60,6 @@ pub enum Running {
 /// Where the binaries are: next to this one (`cargo build --release --workspace`).
 pub fn sibling(name: &str) -> PathBuf {
     std::env::current_exe().ok().and_then(|p| Some(p.parent()?.join(name))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from(name))
-}
-
-/// The two vhost-user sockets a switch serves: `a` a pod's, `b` another pod's (L2) or the
-/// VTEP's underlay (VXLAN scenarios).
-pub struct Sockets {
-    pub a: PathBuf,
-    pub b: PathBuf,
 }
 
 /// Where and how a switch runs for a trial.
@@ -251,8 +217,11 @@ impl Running {
         Some(view.hugepages)
     }
 
-    /// The switch's own counters, when it has an API for them.
-    pub fn own(&self) -> Option<Own> {
+}
+
+impl SwitchUnderTest for Running {
+    /// Knitter's read over its API; OVS's from `pmd-stats-show`; a pair's summed.
+    fn own(&self) -> Option<Own> {
         let api = match self {
             Running::Knitter { api, .. } => api,
             Running::Ovs(ovs) => return ovs.own(),

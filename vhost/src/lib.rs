@@ -13,5 +13,6 @@ pub mod net;
 pub mod port;
 pub mod ratelimit;
 pub mod sigbus;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod vring;

@@ -40,4 +40,5 @@ pub use config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 pub use counters::{DropReason, Event};
 pub use pmd::{IdlePolicy, PmdConfig, PmdSet};
 pub use switch::{Switch, SwitchOptions};
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

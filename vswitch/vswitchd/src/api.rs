@@ -3,30 +3,17 @@
 //! status codes with the node's reason as the message. One error table: [`status`].
 
 use crate::convert::{self, FieldError};
+use crate::grpc::{blocking, status};
+use crate::views::{peer_status, port_status, stats_reply};
 use crate::node::{Node, NodeError};
 use knitter_api::node as pb;
 use knitter_api::node::node_server::Node as NodeApi;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
-use vswitch::Event;
 use vswitch::fdb::Dest;
 
 pub struct Api {
     pub node: Arc<Node>,
-}
-
-/// How each refusal reaches a client.
-pub(crate) fn status(e: NodeError) -> Status {
-    let msg = e.to_string();
-    match e {
-        NodeError::Exists { .. } => Status::already_exists(msg),
-        NodeError::NotFound { .. } => Status::not_found(msg),
-        NodeError::NotOwner { .. } => Status::failed_precondition(msg),
-        NodeError::Invalid(_) => Status::invalid_argument(msg),
-        NodeError::SocketKept { .. } => Status::failed_precondition(msg),
-        NodeError::Device(_) => Status::unavailable(msg),
-        NodeError::State(_) => Status::internal(msg),
-    }
 }
 
 fn field(e: FieldError) -> Status {
@@ -37,11 +24,6 @@ fn applied(r: Result<u64, NodeError>) -> Result<Response<pb::Applied>, Status> {
     r.map(|generation| Response::new(pb::Applied { generation })).map_err(status)
 }
 
-/// Runs a blocking node operation (device opens, PMD hand-over) off the async workers.
-pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("operation panicked: {e}")))
-}
-
 impl Api {
     fn bridges(&self) -> Vec<pb::Bridge> {
         self.node.state().bridges.iter().map(|b| convert::bridge_to(&b.item, b.owner)).collect()
@@ -49,95 +31,6 @@ impl Api {
 
     fn ports(&self) -> Vec<pb::Port> {
         self.node.state().ports.iter().map(|p| convert::port_to(&p.item, p.owner)).collect()
-    }
-}
-
-/// Counters and state of every port, running or not.
-pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
-    let snap = node.switch.snapshot();
-    let totals = node.switch.stats();
-    let running = snap.ports.iter().flatten().map(|p| {
-        let t = totals.ports.get(p.id as usize).cloned().unwrap_or_default();
-        pb::PortStatus {
-            name: p.name.clone(),
-            link_up: p.port.link_up(),
-            rx_packets: t.rx_packets,
-            rx_bytes: t.rx_bytes,
-            tx_packets: t.tx_packets,
-            tx_bytes: t.tx_bytes,
-            drops: t.drops,
-            policed: t.policed,
-            error: String::new(),
-            vhost_connected: node.vhost_connected(&p.name),
-            fallback: node.fallback(&p.name).unwrap_or_default(),
-            ring_error: node.vhost_ring_error(&p.name).unwrap_or_default(),
-            vhost_errors: node.vhost_errors(&p.name),
-            queues: p
-                .port
-                .queue_stats()
-                .iter()
-                .enumerate()
-                .map(|(q, s)| pb::QueueStats {
-                    queue: q as u32,
-                    rx_packets: s.rx_packets,
-                    rx_dropped: s.rx_dropped,
-                    tx_packets: s.tx_packets,
-                    tx_full: s.tx_full,
-                    rx_gso: s.rx_gso,
-                    rx_csum: s.rx_csum,
-                    tx_dropped: s.tx_dropped,
-                    rx_starved: s.rx_starved,
-                    rx_lent: s.rx_lent,
-                })
-                .collect(),
-        }
-    });
-    let failed = node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });
-    running.chain(failed).collect()
-}
-
-/// Every counter of the node at once (the API's `Stats`, the metrics endpoint's source).
-pub fn stats_reply(node: &Node) -> pb::StatsReply {
-    let sw = &node.switch;
-    let snap = sw.snapshot();
-    let totals = sw.stats();
-    let at_unix_nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let bridges = snap
-        .bds
-        .iter()
-        .flatten()
-        .map(|b| {
-            let t = totals.bds.get(b.id as usize).cloned().unwrap_or_default();
-            pb::BridgeStats {
-                name: b.name.clone(),
-                packets: t.packets,
-                bytes: t.bytes,
-                flooded: t.flooded,
-                learned: t.learned,
-                fdb_entries: sw.fdb().bd_len(b.id).into(),
-            }
-        })
-        .collect();
-    let count = |(name, value): (&str, u64)| pb::Count { name: name.into(), value };
-    pb::StatsReply {
-        ports: port_status(node),
-        bridges,
-        drops: totals.nonzero_drops().into_iter().map(count).collect(),
-        events: Event::ALL.iter().map(|e| (e.name(), totals.event(*e))).filter(|c| c.1 > 0).map(count).collect(),
-        pmds: sw
-            .thread_stats()
-            .iter()
-            .enumerate()
-            .map(|(i, t)| pb::PmdStats {
-                thread: i as u32,
-                busy_cycles: t.busy_cycles,
-                idle_cycles: t.idle_cycles,
-                packets: t.packets,
-                cycles_per_packet: t.cycles_per_packet().unwrap_or(0.0),
-            })
-            .collect(),
-        at_unix_nanos,
     }
 }
 
@@ -293,24 +186,4 @@ impl NodeApi for Api {
         };
         Ok(Response::new(pb::FdbFlushReply { removed: removed as u64 }))
     }
-}
-
-/// Every remote VTEP the switch runs, with its next hop's resolution.
-fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
-    let snap = node.switch.snapshot();
-    let neighbors = node.switch.neighbor_table();
-    let now = vswitch::util::coarse_secs();
-    let configured = |ip| snap.config.vtep.as_ref()?.peers.iter().find(|p| p.ip == ip)?.next_hop_mac;
-    snap.peers
-        .iter()
-        .flatten()
-        .map(|p| {
-            let st = neighbors.state(p.id).unwrap_or_default();
-            let (mac, confirmed) = match p.resolve {
-                None => (configured(p.ip), None),
-                Some(_) => (st.mac, st.confirmed.map(|c| now.saturating_sub(c))),
-            };
-            pb::PeerStatus { ip: p.ip.to_string(), next_hop_mac: mac.map(|m| m.to_string()), confirmed_secs_ago: confirmed, unanswered: st.unanswered }
-        })
-        .collect()
 }

@@ -9,14 +9,18 @@ mod attach;
 mod convert;
 mod devices;
 mod events;
+mod grpc;
 mod handoff;
+mod links;
 mod metrics;
 mod node;
 mod plumb;
+mod records;
 mod settings;
 mod state;
 mod sync;
 mod underlay;
+mod views;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -143,7 +147,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
             }
         })
     };
-    let links = tokio::spawn(events::watch_links(node.clone(), LINK_POLL));
+    let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
     let attacher = attach::Attacher::new(node.clone(), s.manager.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());

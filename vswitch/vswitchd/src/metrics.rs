@@ -2,7 +2,7 @@
 //! as the API's `Stats`, read when scraped, plus buffer-pool and configuration gauges; and
 //! `GET /healthz`, `GET /readyz` for probes.
 
-use crate::api::stats_reply;
+use crate::views::stats_reply;
 use crate::node::Node;
 use knitter_api::metrics::{escape, family};
 use std::fmt::Write;

@@ -187,7 +187,7 @@ impl Node {
 
     /// Attaches a pod's port (owner `attach`) and records its attachment, in one change; on
     /// refusal the device is closed again.
-    pub fn attach_port(&self, spec: PortSpec, record: crate::attach::Record) -> Result<u64, NodeError> {
+    pub fn attach_port(&self, spec: PortSpec, record: crate::records::Record) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let name = spec.config.name.clone();
         if let Some(p) = inner.state.port(&name) {
@@ -206,7 +206,7 @@ impl Node {
     }
 
     /// Removes an attachment's port and record in one change; the record, if there was one.
-    pub fn detach_port(&self, key: &crate::attach::Key) -> Result<Option<crate::attach::Record>, NodeError> {
+    pub fn detach_port(&self, key: &crate::records::Key) -> Result<Option<crate::records::Record>, NodeError> {
         let mut inner = self.inner();
         let Some(record) = inner.state.attachments.iter().find(|a| a.key() == *key).cloned() else { return Ok(None) };
         let mut candidate = inner.state.clone();

@@ -190,6 +190,17 @@ pub struct ManagerSection {
     pub key: Option<PathBuf>,
 }
 
+/// Where the manager is and who this node is to it.
+#[derive(Debug, Clone)]
+pub struct ManagerLink {
+    /// host:port of the manager's gRPC API.
+    pub address: String,
+    pub node_name: String,
+    pub token: Option<String>,
+    /// TLS to the manager (`--manager-ca`); plain HTTP/2 without.
+    pub tls: Option<knitter_api::ClientTls>,
+}
+
 /// The config file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -323,7 +334,7 @@ pub struct Settings {
     pub vhost: VhostSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
-    pub manager: Option<crate::sync::ManagerLink>,
+    pub manager: Option<ManagerLink>,
     /// The file's objects (all `local`).
     pub objects: NodeState,
 }
@@ -421,7 +432,7 @@ impl Settings {
                     Some(knitter_api::ClientTls::read(&address, &ca, name, identity).context("the manager's TLS files")?)
                 }
             };
-            Some(crate::sync::ManagerLink { address, node_name, token, tls })
+            Some(ManagerLink { address, node_name, token, tls })
         };
         Ok(Settings {
             manager,

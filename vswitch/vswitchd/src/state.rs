@@ -161,10 +161,10 @@ pub struct NodeState {
     pub manager_peers: Vec<PeerConfig>,
     /// Pods' interfaces attached through the attach API (their ports are owned by `attach`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attachments: Vec<crate::attach::Record>,
+    pub attachments: Vec<crate::records::Record>,
     /// Port releases the manager has not acknowledged yet (it was unreachable).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pending_releases: Vec<crate::attach::Key>,
+    pub pending_releases: Vec<crate::records::Key>,
 }
 
 /// Errors reading or writing the persisted state.

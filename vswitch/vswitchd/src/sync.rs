@@ -7,6 +7,7 @@
 //! replayed.
 
 use crate::node::Node;
+use crate::settings::ManagerLink;
 use anyhow::{Context, Result, bail};
 use knitter_api::manager as pb;
 use std::net::IpAddr;
@@ -15,17 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, Neighbor, PeerConfig, StaticMac};
 use vswitch::wire::MacAddr;
-
-/// Where the manager is and who this node is to it.
-#[derive(Debug, Clone)]
-pub struct ManagerLink {
-    /// host:port of the manager's gRPC API.
-    pub address: String,
-    pub node_name: String,
-    pub token: Option<String>,
-    /// TLS to the manager (`--manager-ca`); plain HTTP/2 without.
-    pub tls: Option<knitter_api::ClientTls>,
-}
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 

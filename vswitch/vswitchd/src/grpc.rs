@@ -1,0 +1,24 @@
+//! What the gRPC services (node API, attach API) share: the one table of how each node
+//! refusal reaches a client, and running blocking node operations off the async workers.
+
+use crate::node::NodeError;
+use tonic::Status;
+
+/// How each refusal reaches a client.
+pub fn status(e: NodeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        NodeError::Exists { .. } => Status::already_exists(msg),
+        NodeError::NotFound { .. } => Status::not_found(msg),
+        NodeError::NotOwner { .. } => Status::failed_precondition(msg),
+        NodeError::Invalid(_) => Status::invalid_argument(msg),
+        NodeError::SocketKept { .. } => Status::failed_precondition(msg),
+        NodeError::Device(_) => Status::unavailable(msg),
+        NodeError::State(_) => Status::internal(msg),
+    }
+}
+
+/// Runs a blocking node operation (device opens, PMD hand-over) off the async workers.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("operation panicked: {e}")))
+}

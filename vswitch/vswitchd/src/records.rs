@@ -1,0 +1,64 @@
+//! What the node keeps about each pod attachment (in its state file, beside the port): the
+//! model the attach service (`attach.rs`) writes, and the node and its state persist.
+
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// An attachment's key: the container's interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Address {
+    pub ip: IpAddr,
+    pub prefix: u8,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub dst: IpAddr,
+    pub prefix: u8,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+}
+
+/// An attachment as the node keeps it (in its state file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
+    pub network: String,
+    pub cni_network: String,
+    pub pod_namespace: String,
+    pub pod_name: String,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    pub addresses: Vec<Address>,
+    pub routes: Vec<Route>,
+    pub host_ifname: String,
+    pub network_kind: String,
+    pub segment: u32,
+    /// A vhost-user interface's hand-off; `None`: a veth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost: Option<VhostHandoff>,
+}
+
+/// Where a vhost-user interface's socket is and who listens on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostHandoff {
+    /// The host directory pods mount.
+    pub dir: std::path::PathBuf,
+    pub switch_listens: bool,
+}
+
+impl Record {
+    pub fn key(&self) -> Key {
+        Key { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+    }
+}
