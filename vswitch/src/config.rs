@@ -12,6 +12,60 @@ use crate::wire::MacAddr;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{kind} name must not be empty")]
+    EmptyName { kind: &'static str },
+    #[error("{kind} {name:?} is defined twice")]
+    Duplicate { kind: &'static str, name: String },
+    #[error("bridge {bridge:?}: VLAN {vlan} is out of range 1..=4094")]
+    BadVlan { bridge: String, vlan: u16 },
+    #[error("bridge {bridge:?}: VLAN {vlan} is already used by bridge {other:?}")]
+    VlanTaken { bridge: String, vlan: u16, other: String },
+    #[error("bridge {bridge:?}: VNI {vni} is out of range 1..=16777215")]
+    BadVni { bridge: String, vni: u32 },
+    #[error("bridge {bridge:?}: VNI {vni} is already used by bridge {other:?}")]
+    VniTaken { bridge: String, vni: u32, other: String },
+    #[error("bridge {bridge:?}: a flood list needs a VNI and a configured VTEP")]
+    FloodWithoutVxlan { bridge: String },
+    #[error("bridge {bridge:?}: {ip} is not a peer of the VTEP")]
+    UnknownPeer { bridge: String, ip: IpAddr },
+    #[error("bridge {bridge:?}: static MAC {mac} must name exactly one of port or remote")]
+    StaticMacTarget { bridge: String, mac: MacAddr },
+    #[error("bridge {bridge:?}: static MAC {mac} points at {target}, which is not in this bridge")]
+    StaticMacNotMember { bridge: String, mac: MacAddr, target: String },
+    #[error("bridge {bridge:?}: {what} {mac} is a group address")]
+    GroupMac { bridge: String, what: &'static str, mac: MacAddr },
+    #[error("port {port:?} is not registered with the switch (no such interface or socket)")]
+    UnknownPort { port: String },
+    #[error("port {port:?}: bridge {bridge:?} does not exist")]
+    UnknownBridge { port: String, bridge: String },
+    #[error("port {port:?}: VLAN {vlan} is out of range 1..=4094")]
+    PortBadVlan { port: String, vlan: u16 },
+    #[error("port {port:?}: MTU {mtu} is out of range 68..=9198")]
+    BadMtu { port: String, mtu: u16 },
+    #[error("port {port:?}: MTU {mtu} is more than this port can carry (at most {max})")]
+    MtuAbovePort { port: String, mtu: u16, max: usize },
+    #[error("port {port:?}: TPID {tpid:#06x} is not 0x8100, 0x88a8 or 0x9100")]
+    BadTpid { port: String, tpid: u16 },
+    #[error("port {port:?}: port security needs at least one MAC, and unicast ones")]
+    BadSecurity { port: String },
+    #[error("port {port:?}: policer: {why}")]
+    BadPolicer { port: String, why: String },
+    #[error("too many {kind} (at most {max})")]
+    TooMany { kind: &'static str, max: usize },
+    #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
+    VtepUnderlay { port: String },
+    #[error("VTEP: port {port:?} has mode underlay but the VTEP's underlay port is {vtep_port:?}")]
+    StrayUnderlay { port: String, vtep_port: String },
+    #[error("VTEP: no source MAC (set vtep.mac or give the underlay port a MAC)")]
+    VtepNoMac,
+    #[error("VTEP: {what}")]
+    Vtep { what: String },
+}
+
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchConfig {

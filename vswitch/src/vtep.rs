@@ -14,7 +14,7 @@
 use crate::buf::{BufId, Pool, PoolView};
 use crate::config::{PeerConfig, VtepConfig};
 use crate::counters::DropReason;
-use crate::snapshot::{ConfigError, Snapshot};
+use crate::config::ConfigError;
 use crate::wire::{checksum, ethernet, ipv4, ipv6, udp, vxlan, MacAddr};
 use std::net::IpAddr;
 
@@ -23,6 +23,15 @@ pub const PLAIN_OUTER: usize = 14 + 20 + 8 + 8;
 
 /// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
 pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
+
+/// What admitting a decapsulated frame asks of the configuration (the snapshot answers):
+/// which bridge domain a VNI is, which peer an outer source is, and whether that domain
+/// floods to that peer (frames are taken only from peers in the domain's flood list).
+pub trait Admission {
+    fn bd_of_vni(&self, vni: u32) -> Option<u16>;
+    fn peer_of(&self, ip: &IpAddr) -> Option<u16>;
+    fn floods_to(&self, bd: u16, peer: u16) -> bool;
+}
 
 /// Outer header layouts: IPv4 or IPv6, with or without an underlay VLAN tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,7 +284,7 @@ impl VtepEntry {
     #[inline(always)]
     pub fn decap(
         &self,
-        snap: &Snapshot,
+        snap: &impl Admission,
         pool: &Pool,
         b: &mut BufId,
         cache: &mut DecapCache,
@@ -289,7 +298,7 @@ impl VtepEntry {
     /// [`VtepEntry::decap`] without touching the frame: what its outer headers say. The
     /// caller strips them with [`Decap::strip`] (after reading the inner frame in place).
     #[inline(always)]
-    pub fn classify(&self, snap: &Snapshot, h: &[u8], total: usize, cache: &mut DecapCache) -> Result<Decap, DropReason> {
+    pub fn classify(&self, snap: &impl Admission, h: &[u8], total: usize, cache: &mut DecapCache) -> Result<Decap, DropReason> {
         let o = self.outer(h, total)?;
         let (bd, peer) = match cache.get(o.src, o.vni) {
             Some(hit) => hit,
@@ -337,22 +346,21 @@ impl VtepEntry {
     /// [`VtepEntry::admit`], remembered in the burst's cache.
     #[cold]
     #[inline(never)]
-    fn admit_cached(&self, snap: &Snapshot, cache: &mut DecapCache, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
+    fn admit_cached(&self, snap: &impl Admission, cache: &mut DecapCache, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
         let r = self.admit(snap, src, vni)?;
         cache.put(self, src, vni, r.0, r.1);
         Ok(r)
     }
 
     /// VNI → bridge domain, source → peer, and the peer must be in that domain's flood list.
-    fn admit(&self, snap: &Snapshot, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
-        let bd = *snap.vni_bd.get(&vni).ok_or(DropReason::VxlanUnknownVni)?;
+    fn admit(&self, snap: &impl Admission, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
+        let bd = snap.bd_of_vni(vni).ok_or(DropReason::VxlanUnknownVni)?;
         let src_ip = match self.local {
             IpAddr::V4(_) => IpAddr::V4((src as u32).into()),
             IpAddr::V6(_) => IpAddr::V6(src.into()),
         };
-        let peer = *snap.peer_by_ip.get(&src_ip).ok_or(DropReason::VxlanUnknownVtep)?;
-        let e = snap.bd(bd).ok_or(DropReason::VxlanUnknownVni)?;
-        if !e.peers.contains(&peer) {
+        let peer = snap.peer_of(&src_ip).ok_or(DropReason::VxlanUnknownVtep)?;
+        if !snap.floods_to(bd, peer) {
             return Err(DropReason::VxlanUnknownVtep);
         }
         Ok((bd, peer))
