@@ -601,6 +601,23 @@ impl Snapshot {
     }
 }
 
+impl Admission for Snapshot {
+    #[inline(always)]
+    fn bd_of_vni(&self, vni: u32) -> Option<u16> {
+        self.vni_bd.get(&vni).copied()
+    }
+
+    #[inline(always)]
+    fn peer_of(&self, ip: &IpAddr) -> Option<u16> {
+        self.peer_by_ip.get(ip).copied()
+    }
+
+    #[inline(always)]
+    fn floods_to(&self, bd: u16, peer: u16) -> bool {
+        self.bd(bd).is_some_and(|e| e.peers.contains(&peer))
+    }
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -632,22 +649,5 @@ mod test {
         }
         let t1 = s.port_id("t1").unwrap();
         assert_eq!(s.bd(s.bd_id("a").unwrap()).unwrap().ports.iter().filter(|(p, _)| *p == t1).count(), 1);
-    }
-}
-
-impl Admission for Snapshot {
-    #[inline(always)]
-    fn bd_of_vni(&self, vni: u32) -> Option<u16> {
-        self.vni_bd.get(&vni).copied()
-    }
-
-    #[inline(always)]
-    fn peer_of(&self, ip: &IpAddr) -> Option<u16> {
-        self.peer_by_ip.get(ip).copied()
-    }
-
-    #[inline(always)]
-    fn floods_to(&self, bd: u16, peer: u16) -> bool {
-        self.bd(bd).is_some_and(|e| e.peers.contains(&peer))
     }
 }
