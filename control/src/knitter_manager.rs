@@ -100,6 +100,11 @@ struct Args {
     /// NetworkAttachmentDefinition per network in its tenant's namespaces.
     #[arg(long, env = "KNITTER_NETWORK_RESOURCES", requires = "kubernetes")]
     network_resources: bool,
+    /// How planes are marked on the underlay, changes to the defaults (control=40/5,
+    /// media=34/4, oam=16/2; std and eio unmarked): `plane=DSCP/PCP` or `plane=none`,
+    /// comma-separated.
+    #[arg(long, env = "KNITTER_PLANE_MARKING", default_value = "", value_parser = knitter_control::network::PlaneMarkings::parse)]
+    plane_marking: knitter_control::network::PlaneMarkings,
 }
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
@@ -200,6 +205,7 @@ fn main() -> Result<()> {
         limits: Limits { vni_range: a.vni_range.clone(), vlan_range: a.vlan_range.clone(), underlay_mtu: a.underlay_mtu, ..Limits::default() },
         default_quota: Quota { networks: a.network_quota },
         liveness: Liveness { lease_secs: a.node_lease.max(1), grace_secs: a.node_grace },
+        plane_markings: a.plane_marking,
     };
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => Some(ServerTls::read(cert, key, a.tls_client_ca.as_deref())?),

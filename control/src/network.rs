@@ -30,6 +30,69 @@ pub enum Plane {
     Oam,
 }
 
+impl Plane {
+    pub const ALL: [Plane; 5] = [Plane::Std, Plane::Control, Plane::Media, Plane::Eio, Plane::Oam];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Plane::Std => "std",
+            Plane::Control => "control",
+            Plane::Media => "media",
+            Plane::Eio => "eio",
+            Plane::Oam => "oam",
+        }
+    }
+}
+
+/// How a plane's frames are marked for the underlay: the DSCP of their VXLAN outer header
+/// and the 802.1p priority on a tagged underlay (nodes copy the inner ECN field too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Marking {
+    pub dscp: u8,
+    pub pcp: u8,
+}
+
+/// Every plane's marking (`None`: unmarked, as Linux's and OVS's VXLAN by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaneMarkings([Option<Marking>; 5]);
+
+impl Default for PlaneMarkings {
+    /// After RFC 4594's classes: `control` as signalling (CS5, priority 5), `oam` as OAM
+    /// (CS2, priority 2), `media` as multimedia (AF41, priority 4 — an assured class, not
+    /// EF's strict priority, so a media flood cannot starve the others in the underlay);
+    /// `std` and `eio` unmarked.
+    fn default() -> Self {
+        let m = |dscp, pcp| Some(Marking { dscp, pcp });
+        PlaneMarkings([None, m(40, 5), m(34, 4), None, m(16, 2)])
+    }
+}
+
+impl PlaneMarkings {
+    pub fn of(&self, p: Plane) -> Option<Marking> {
+        self.0[p as usize]
+    }
+
+    /// The defaults with `spec`'s changes: `plane=DSCP/PCP` or `plane=none`, comma-separated
+    /// (`media=46/5,eio=none`).
+    pub fn parse(spec: &str) -> Result<PlaneMarkings, String> {
+        let mut m = PlaneMarkings::default();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (plane, value) = item.split_once('=').ok_or_else(|| format!("{item:?} is not plane=DSCP/PCP or plane=none"))?;
+            let p = Plane::ALL.into_iter().find(|p| p.name() == plane.trim()).ok_or_else(|| format!("plane {plane:?} is not one of std, control, media, eio, oam"))?;
+            m.0[p as usize] = match value.trim() {
+                "none" => None,
+                v => {
+                    let (d, c) = v.split_once('/').ok_or_else(|| format!("{item:?}: give DSCP/PCP, like 40/5"))?;
+                    let dscp: u8 = d.trim().parse().ok().filter(|d| *d <= 63).ok_or_else(|| format!("{item:?}: DSCP {d:?} is not 0..=63"))?;
+                    let pcp: u8 = c.trim().parse().ok().filter(|c| *c <= 7).ok_or_else(|| format!("{item:?}: 802.1p priority {c:?} is not 0..=7"))?;
+                    Some(Marking { dscp, pcp })
+                }
+            };
+        }
+        Ok(m)
+    }
+}
+
 /// One family's addressing as asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubnetSpec {
@@ -244,6 +307,26 @@ impl Network {
 
 #[cfg(test)]
 mod tests {
+
+    /// Each plane's marking: the defaults, changed by `plane=DSCP/PCP` or `plane=none`;
+    /// anything else refused with what is wrong.
+    #[test]
+    fn plane_markings_default_and_change() {
+        let d = PlaneMarkings::default();
+        assert_eq!(d.of(Plane::Control), Some(Marking { dscp: 40, pcp: 5 }));
+        assert_eq!(d.of(Plane::Media), Some(Marking { dscp: 34, pcp: 4 }));
+        assert_eq!(d.of(Plane::Oam), Some(Marking { dscp: 16, pcp: 2 }));
+        assert_eq!((d.of(Plane::Std), d.of(Plane::Eio)), (None, None));
+        assert_eq!(PlaneMarkings::parse("").unwrap(), d);
+        let m = PlaneMarkings::parse("media=46/5, eio=10/1,control=none").unwrap();
+        assert_eq!((m.of(Plane::Media), m.of(Plane::Eio), m.of(Plane::Control)), (Some(Marking { dscp: 46, pcp: 5 }), Some(Marking { dscp: 10, pcp: 1 }), None));
+        assert_eq!(m.of(Plane::Oam), d.of(Plane::Oam), "the rest keep their defaults");
+        for (bad, why) in [("voice=1/1", "is not one of"), ("media=64/1", "DSCP \"64\" is not 0..=63"), ("media=1/8", "priority \"8\" is not 0..=7"), ("media", "is not plane=DSCP/PCP"), ("media=46", "give DSCP/PCP")] {
+            let e = PlaneMarkings::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
     use super::*;
 
     fn spec(name: &str, tenant: &str, kind: Kind, cidr: &str) -> NetworkSpec {

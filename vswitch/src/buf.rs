@@ -141,6 +141,19 @@ impl<'a> PoolView<'a> {
         unsafe { std::slice::from_raw_parts(self.chunk(idx).add(off), len) }
     }
 
+    /// As [`Pool::head_mut`].
+    #[inline(always)]
+    pub fn head_mut<'b>(self, b: &'b mut BufId) -> &'b mut [u8]
+    where
+        'a: 'b,
+    {
+        let m = self.m(b.0);
+        debug_assert_eq!(m.refcnt.load(Relaxed), 1, "a head segment is never shared");
+        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
+        // SAFETY: as in `seg`, and the chunk is exclusively owned through `b`.
+        unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }
+    }
+
     /// As [`Pool::strip`] (the owner `b` may write its metadata through a view).
     #[inline(always)]
     pub fn strip(self, b: &mut BufId, n: usize) -> bool {
@@ -352,11 +365,7 @@ impl Pool {
     /// Mutable data of the head segment; `&mut BufId` proves exclusive ownership.
     #[inline(always)]
     pub fn head_mut<'a>(&'a self, b: &'a mut BufId) -> &'a mut [u8] {
-        let m = self.m(b.0);
-        debug_assert_eq!(m.refcnt.load(Relaxed), 1, "a head segment is never shared");
-        let (off, len) = (m.off.load(Relaxed) as usize, m.len.load(Relaxed) as usize);
-        // SAFETY: as in `seg`, and the chunk is exclusively owned through `b`.
-        unsafe { std::slice::from_raw_parts_mut(self.chunk(b.0).add(off), len) }
+        self.view().head_mut(b)
     }
 
     /// Data of the head segment and the total length of the packet, from one metadata read.

@@ -63,6 +63,8 @@ pub enum ConfigError {
     VtepNoMac,
     #[error("VTEP: {what}")]
     Vtep { what: String },
+    #[error("bridge {bridge:?}: {what} {value} is out of range 0..={max}")]
+    BadMarking { bridge: String, what: &'static str, value: u8, max: u8 },
 }
 
 
@@ -108,6 +110,13 @@ pub struct BridgeConfig {
     pub neighbors: Vec<Neighbor>,
     #[serde(default)]
     pub static_macs: Vec<StaticMac>,
+    /// The DSCP (0..=63) of this domain's VXLAN frames' outer header, so the underlay can
+    /// tell its planes apart (a network's plane, set by the manager); default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp: Option<u8>,
+    /// The 802.1p priority (0..=7) of those frames on a tagged underlay; default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcp: Option<u8>,
 }
 
 /// An IP → MAC binding the control plane knows (for ARP/ND suppression).
@@ -283,6 +292,8 @@ impl BridgeConfig {
             arp_suppression: false,
             neighbors: Vec::new(),
             static_macs: Vec::new(),
+            dscp: None,
+            pcp: None,
         }
     }
 

@@ -60,6 +60,7 @@ named_enum! {
         NeighborQueueFull => "neighbor_queue_full",
         NeighborUnresolved => "neighbor_unresolved",
         Policed => "policed",
+        VxlanCeNotEct => "vxlan_ce_not_ect",
     }
 }
 

@@ -30,6 +30,7 @@ use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::vlan;
+use crate::vtep::Marking;
 use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
 use crate::wire::ethernet::{self, ethertype};
 use std::sync::Arc;
@@ -806,7 +807,7 @@ impl Pipeline {
                                 let max = l2 + port.mtu as usize;
                                 self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
                             }
-                            return self.emit_peer(snap, bd.vni, b, c.tagged, p);
+                            return self.emit_peer(snap, bd, b, c.tagged, p);
                         }
                     }
                 }
@@ -849,7 +850,7 @@ impl Pipeline {
                 }
                 _ => self.discard(b, DropReason::NoEgress, p),
             },
-            Dest::Peer(p) => self.emit_peer(snap, bd.vni, b, c.tagged, p),
+            Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
         }
     }
 
@@ -894,8 +895,8 @@ impl Pipeline {
 
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
     #[inline(always)]
-    fn emit_peer(&mut self, snap: &Snapshot, vni: Option<u32>, mut b: BufId, tagged: bool, peer: u16) {
-        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), vni) else {
+    fn emit_peer(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
+        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
         if let Err(r) = self.untag(&mut b, tagged) {
@@ -904,7 +905,7 @@ impl Pipeline {
         let Ok(mac) = self.next_hop(snap, vtep, pe) else {
             return self.park(vtep, b, peer, vni);
         };
-        let r = vtep.encap(&self.pool, &mut b, pe, vni);
+        let r = vtep.encap(&self.pool, &mut b, pe, vni, snap.marking(bd.id));
         if self.sent_encapsulated(snap, vtep, b, r, mac) {
             self.stats.event(Event::Encapsulated, 1);
         }
@@ -974,14 +975,14 @@ impl Pipeline {
             let Some(target) = pe.resolve else {
                 // Configured with a MAC since the frame was parked.
                 let (mut b, r) = (w.b, Ok(()));
-                let r = r.and_then(|()| vtep.encap(&self.pool, &mut b, pe, w.vni));
+                let r = r.and_then(|()| vtep.encap(&self.pool, &mut b, pe, w.vni, snap.marking_of_vni(w.vni)));
                 sent += self.sent_encapsulated(snap, vtep, b, r, None) as u64;
                 return None;
             };
             match self.resolve(snap, vtep, pe.id, target) {
                 Some(m) => {
                     let mut b = w.b;
-                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni);
+                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni, snap.marking_of_vni(w.vni));
                     sent += self.sent_encapsulated(snap, vtep, b, r, Some(m)) as u64;
                     None
                 }
@@ -1032,21 +1033,26 @@ impl Pipeline {
             }
             return;
         };
-        match vtep.layout() {
-            Layout::V4 => self.encap_pending_as::<true, 14, 50>(snap, vtep),
-            Layout::V4Tagged => self.encap_pending_as::<true, 18, 54>(snap, vtep),
-            Layout::V6 => self.encap_pending_as::<false, 14, 70>(snap, vtep),
-            Layout::V6Tagged => self.encap_pending_as::<false, 18, 74>(snap, vtep),
+        // Marking (a bridge domain's DSCP, ECN copied) costs only where some domain has it.
+        match (vtep.layout(), snap.marked) {
+            (Layout::V4, false) => self.encap_pending_as::<true, 14, 50, false>(snap, vtep),
+            (Layout::V4Tagged, false) => self.encap_pending_as::<true, 18, 54, false>(snap, vtep),
+            (Layout::V6, false) => self.encap_pending_as::<false, 14, 70, false>(snap, vtep),
+            (Layout::V6Tagged, false) => self.encap_pending_as::<false, 18, 74, false>(snap, vtep),
+            (Layout::V4, true) => self.encap_pending_as::<true, 14, 50, true>(snap, vtep),
+            (Layout::V4Tagged, true) => self.encap_pending_as::<true, 18, 54, true>(snap, vtep),
+            (Layout::V6, true) => self.encap_pending_as::<false, 14, 70, true>(snap, vtep),
+            (Layout::V6Tagged, true) => self.encap_pending_as::<false, 18, 74, true>(snap, vtep),
         }
     }
 
     #[inline(always)]
-    fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
+    fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
         let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
         for i in 0..self.to_peer.len() {
             let b = self.to_peer.take(i);
             let hit = self.to_peer_hits[i & (BATCH - 1)];
-            self.encap_hit::<V4, L2, OUTER>(snap, vtep, &mut last, b, hit, &mut out);
+            self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, hit, &mut out);
         }
         self.to_peer.clear_taken();
         self.send_encapsulated(snap, vtep, &mut out);
@@ -1073,11 +1079,15 @@ impl Pipeline {
             }
             self.count_run(run);
         }
-        match snap.vtep.as_ref().map(|v| (v, v.layout())) {
-            Some((vtep, Layout::V4)) => self.encap_burst_as::<true, 14, 50>(snap, vtep, batch, found),
-            Some((vtep, Layout::V4Tagged)) => self.encap_burst_as::<true, 18, 54>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6)) => self.encap_burst_as::<false, 14, 70>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6Tagged)) => self.encap_burst_as::<false, 18, 74>(snap, vtep, batch, found),
+        match snap.vtep.as_ref().map(|v| (v, v.layout(), snap.marked)) {
+            Some((vtep, Layout::V4, false)) => self.encap_burst_as::<true, 14, 50, false>(snap, vtep, batch, found),
+            Some((vtep, Layout::V4Tagged, false)) => self.encap_burst_as::<true, 18, 54, false>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6, false)) => self.encap_burst_as::<false, 14, 70, false>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6Tagged, false)) => self.encap_burst_as::<false, 18, 74, false>(snap, vtep, batch, found),
+            Some((vtep, Layout::V4, true)) => self.encap_burst_as::<true, 14, 50, true>(snap, vtep, batch, found),
+            Some((vtep, Layout::V4Tagged, true)) => self.encap_burst_as::<true, 18, 54, true>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6, true)) => self.encap_burst_as::<false, 14, 70, true>(snap, vtep, batch, found),
+            Some((vtep, Layout::V6Tagged, true)) => self.encap_burst_as::<false, 18, 74, true>(snap, vtep, batch, found),
             None => {
                 for b in batch.drain() {
                     self.discard(b, DropReason::VxlanNoRoute, 0);
@@ -1087,7 +1097,7 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn encap_burst_as<const V4: bool, const L2: usize, const OUTER: usize>(
+    fn encap_burst_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
         &mut self,
         snap: &Snapshot,
         vtep: &VtepEntry,
@@ -1097,7 +1107,7 @@ impl Pipeline {
         let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
         for i in 0..batch.len() {
             let b = batch.take(i);
-            self.encap_hit::<V4, L2, OUTER>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
+            self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
         }
         batch.clear_taken();
         self.send_encapsulated(snap, vtep, &mut out);
@@ -1107,7 +1117,7 @@ impl Pipeline {
     /// looked up again only when it changes) and adds it to `out`, for the underlay; true if
     /// added.
     #[inline(always)]
-    fn encap_hit<'s, const V4: bool, const L2: usize, const OUTER: usize>(
+    fn encap_hit<'s, const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
         &mut self,
         snap: &'s Snapshot,
         vtep: &VtepEntry,
@@ -1146,7 +1156,7 @@ impl Pipeline {
         } else {
             None
         };
-        if let Err(r) = vtep.encap_as::<V4, L2, OUTER>(&self.pool, &mut b, pe, vni) {
+        if let Err(r) = vtep.encap_as::<V4, L2, OUTER, MARK>(&self.pool, &mut b, pe, vni, if MARK { snap.marking(hit.bd()) } else { Marking::UNMARKED }) {
             self.discard(b, r, vtep.underlay_port);
             return false;
         }
@@ -1255,7 +1265,7 @@ impl Pipeline {
                 Some(pe) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
-            Target::Peer(p) => self.emit_peer(snap, bd.vni, b, c.tagged, p),
+            Target::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
         }
     }
 

@@ -11,7 +11,7 @@ use crate::fdb::{MAX_BDS, MAX_PORTS};
 use crate::policer::Limits;
 use crate::port::Port;
 use crate::util::{FxMap, FxSet, VlanSet};
-use crate::vtep::{Admission, PeerEntry, VtepEntry};
+use crate::vtep::{Admission, Marking, PeerEntry, VtepEntry};
 use crate::wire::MacAddr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -223,6 +223,11 @@ pub struct Snapshot {
     /// Trunk VLAN → bridge domain.
     pub vlan_bd: Box<[u16; 4096]>,
     pub vni_bd: FxMap<u32, u16>,
+    /// Bridge domain → how its encapsulated frames are marked (indexed by id; 8 KiB, read
+    /// without a bounds check on the encapsulation fast path).
+    pub marks: Box<[Marking; MAX_BDS]>,
+    /// Some bridge domain is marked (encapsulation takes the marking path only then).
+    pub marked: bool,
     pub vtep: Option<VtepEntry>,
     pub peers: Arc<[Option<PeerEntry>]>,
     pub peer_by_ip: Arc<FxMap<IpAddr, u16>>,
@@ -262,6 +267,8 @@ impl Snapshot {
             bds: Vec::new(),
             vlan_bd: Box::new([NO_BD; 4096]),
             vni_bd: FxMap::default(),
+            marks: Box::new([Marking::default(); MAX_BDS]),
+            marked: false,
             vtep: None,
             peers: Arc::new([]),
             peer_by_ip: Arc::default(),
@@ -274,6 +281,17 @@ impl Snapshot {
     #[inline(always)]
     pub fn port(&self, id: u16) -> Option<&PortEntry> {
         self.ports.get(id as usize).and_then(Option::as_ref)
+    }
+
+    /// How bridge domain `id`'s encapsulated frames are marked.
+    #[inline(always)]
+    pub fn marking(&self, id: u16) -> Marking {
+        self.marks[id as usize & (MAX_BDS - 1)]
+    }
+
+    /// [`Snapshot::marking`] of the bridge domain of VNI `vni` (frames that waited).
+    pub fn marking_of_vni(&self, vni: u32) -> Marking {
+        self.vni_bd.get(&vni).map_or(Marking::default(), |bd| self.marking(*bd))
     }
 
     #[inline(always)]
@@ -499,6 +517,7 @@ impl Snapshot {
         // Bridge domain entries with their members.
         let max_bd = ids.bds.values().copied().max().map_or(0, |m| m as usize + 1);
         s.bds.resize_with(max_bd, || None);
+        (s.marks, s.marked) = (Box::new([Marking::default(); MAX_BDS]), false);
         for b in &cfg.bridges {
             if let Some(v) = b.vlan.filter(|v| *v != 0) {
                 s.vlan_bd[v as usize] = ids.bds[&b.name];
@@ -513,6 +532,8 @@ impl Snapshot {
             if let Some(n) = b.vni {
                 s.vni_bd.insert(n, id);
             }
+            s.marks[id as usize] = Marking::of(b)?;
+            s.marked |= s.marks[id as usize].set;
             let ports = std::mem::take(&mut members[id as usize]);
             if peers_taken
                 && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports)

@@ -24,6 +24,99 @@ pub const PLAIN_OUTER: usize = 14 + 20 + 8 + 8;
 /// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
 pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
 
+/// How a bridge domain's encapsulated frames are marked for the underlay (its network's
+/// plane): the outer header's DSCP, and the 802.1p priority on a tagged underlay. The
+/// outer ECN field is the inner frame's (RFC 6040's normal mode).
+/// Unmarked (neither set), the outer headers are the template's, ECN field 0 — as Linux's
+/// and OVS's VXLAN by default (`tos 0`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marking {
+    pub dscp: u8,
+    pub pcp: u8,
+    /// Either was configured: mark, and copy the inner ECN field.
+    pub set: bool,
+}
+
+impl Marking {
+    pub const UNMARKED: Marking = Marking { dscp: 0, pcp: 0, set: false };
+
+    /// A bridge domain's marking, refused when out of range.
+    pub fn of(b: &crate::config::BridgeConfig) -> Result<Marking, ConfigError> {
+        let check = |what, v: Option<u8>, max: u8| match v {
+            Some(value) if value > max => Err(ConfigError::BadMarking { bridge: b.name.clone(), what, value, max }),
+            v => Ok(v.unwrap_or(0)),
+        };
+        let set = b.dscp.is_some() || b.pcp.is_some();
+        Ok(Marking { dscp: check("DSCP", b.dscp, 63)?, pcp: check("802.1p priority", b.pcp, 7)?, set })
+    }
+}
+
+/// ECN codepoints (RFC 3168).
+mod ecn {
+    pub const NOT_ECT: u8 = 0;
+    pub const ECT1: u8 = 1;
+    pub const ECT0: u8 = 2;
+    pub const CE: u8 = 3;
+}
+
+/// The ECN field of an inner frame's IP header, from its EtherType and its 16th byte
+/// (untagged IPv4 or IPv6; anything else is not ECN-capable).
+#[inline(always)]
+fn ecn_of(ethertype: u16, byte15: u8) -> u8 {
+    match ethertype {
+        0x0800 => byte15 & 3,
+        0x86dd => (byte15 >> 4) & 3,
+        _ => ecn::NOT_ECT,
+    }
+}
+
+/// [`ecn_of`] a frame's head (too short: not ECN-capable).
+fn inner_ecn(f: &[u8]) -> u8 {
+    match f.first_chunk::<16>() {
+        Some(h) => ecn_of(u16::from_be_bytes([h[12], h[13]]), h[15]),
+        None => ecn::NOT_ECT,
+    }
+}
+
+/// The inner ECN field after decapsulation (RFC 6040 section 4.2); `None`: drop (congestion
+/// the inner transport cannot be told of).
+fn decapsulated_ecn(inner: u8, outer: u8) -> Option<u8> {
+    match (inner, outer) {
+        (ecn::NOT_ECT, ecn::CE) => None,
+        (_, ecn::CE) => Some(ecn::CE),
+        (ecn::ECT0, ecn::ECT1) => Some(ecn::ECT1),
+        (i, _) => Some(i),
+    }
+}
+
+/// Applies an outer ECN field of ECT(1) or CE to the inner IP header (IPv4's checksum
+/// updated as RFC 1624 says); inner frames that are not IP pass unchanged.
+fn propagate_ecn(f: &mut [u8], outer: u8) -> Result<(), DropReason> {
+    let inner = inner_ecn(f);
+    let is_ip = matches!(f.get(12..14), Some([0x08, 0x00] | [0x86, 0xdd]));
+    if !is_ip || f.len() < 14 + 20 {
+        return Ok(());
+    }
+    let new = decapsulated_ecn(inner, outer).ok_or(DropReason::VxlanCeNotEct)?;
+    if new == inner {
+        return Ok(());
+    }
+    if f[12] == 0x08 {
+        let old_word = u16::from_be_bytes([f[14], f[15]]);
+        f[15] = (f[15] & !3) | new;
+        let new_word = u16::from_be_bytes([f[14], f[15]]);
+        let hc = u16::from_be_bytes([f[24], f[25]]);
+        // HC' = ~(~HC + ~m + m')
+        let sum = (!hc) as u32 + (!old_word) as u32 + new_word as u32;
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = (sum & 0xffff) + (sum >> 16);
+        f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else {
+        f[15] = (f[15] & !0x30) | new << 4;
+    }
+    Ok(())
+}
+
 /// What admitting a decapsulated frame asks of the configuration (the snapshot answers):
 /// which bridge domain a VNI is, which peer an outer source is, and whether that domain
 /// floods to that peer (frames are taken only from peers in the domain's flood list).
@@ -178,12 +271,12 @@ impl VtepEntry {
 
     /// Encapsulates the (untagged) inner frame `b` toward `peer` in VNI `vni`.
     #[inline]
-    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32) -> Result<(), DropReason> {
+    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32, mark: Marking) -> Result<(), DropReason> {
         match self.layout() {
-            Layout::V4 => self.encap_as::<true, 14, 50>(pool, b, peer, vni),
-            Layout::V4Tagged => self.encap_as::<true, 18, 54>(pool, b, peer, vni),
-            Layout::V6 => self.encap_as::<false, 14, 70>(pool, b, peer, vni),
-            Layout::V6Tagged => self.encap_as::<false, 18, 74>(pool, b, peer, vni),
+            Layout::V4 => self.encap_as::<true, 14, 50, true>(pool, b, peer, vni, mark),
+            Layout::V4Tagged => self.encap_as::<true, 18, 54, true>(pool, b, peer, vni, mark),
+            Layout::V6 => self.encap_as::<false, 14, 70, true>(pool, b, peer, vni, mark),
+            Layout::V6Tagged => self.encap_as::<false, 18, 74, true>(pool, b, peer, vni, mark),
         }
     }
 
@@ -191,12 +284,13 @@ impl VtepEntry {
     /// must be this VTEP's: every offset is a constant and the template copy a fixed-size
     /// move. A caller encapsulating a burst picks the layout once.
     #[inline(always)]
-    pub fn encap_as<const V4: bool, const L2: usize, const OUTER: usize>(
+    pub fn encap_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
         &self,
         pool: &Pool,
         b: &mut BufId,
         peer: &PeerEntry,
         vni: u32,
+        mark: Marking,
     ) -> Result<(), DropReason> {
         debug_assert_eq!(OUTER, self.outer_len);
         // Grow into the headroom first: one metadata read gives the room, the inner length
@@ -207,10 +301,15 @@ impl VtepEntry {
             return Err(DropReason::EncapTooBig);
         }
         let Some(hashed) = h.get(OUTER..).and_then(|f| f.first_chunk::<HASHED>()) else {
-            return self.encap_short::<V4, L2, OUTER>(pool, b, peer, vni, inner);
+            return self.encap_short::<V4, L2, OUTER>(pool, b, peer, vni, mark, inner);
         };
         let hash = flow_hash_of(hashed);
-        self.write_outer::<V4, L2, OUTER>(h, peer, vni, inner, hash);
+        if MARK && mark.set {
+            let ecn = ecn_of(u16::from_be_bytes([hashed[12], hashed[13]]), hashed[15]);
+            self.write_outer::<V4, L2, OUTER, true>(h, peer, vni, (mark.dscp << 2 | ecn, mark.pcp), inner, hash);
+        } else {
+            self.write_outer::<V4, L2, OUTER, false>(h, peer, vni, (0, 0), inner, hash);
+        }
         self.finish_v6::<V4, L2>(pool, b, peer, inner);
         Ok(())
     }
@@ -225,28 +324,37 @@ impl VtepEntry {
         b: &mut BufId,
         peer: &PeerEntry,
         vni: u32,
+        mark: Marking,
         inner: usize,
     ) -> Result<(), DropReason> {
         pool.strip(b, OUTER);
         let hash = gathered_flow_hash(pool, b);
+        let ecn = if mark.set { inner_ecn(pool.head(b)) } else { 0 };
         let Some(h) = pool.prepend(b, OUTER) else { return Err(DropReason::NoBuffer) };
-        self.write_outer::<V4, L2, OUTER>(h, peer, vni, inner, hash);
+        self.write_outer::<V4, L2, OUTER, true>(h, peer, vni, (mark.dscp << 2 | ecn, mark.pcp), inner, hash);
         self.finish_v6::<V4, L2>(pool, b, peer, inner);
         Ok(())
     }
 
     /// Writes the outer headers from the peer's template into the first `OUTER` bytes of `h`.
     #[inline(always)]
-    fn write_outer<const V4: bool, const L2: usize, const OUTER: usize>(
+    fn write_outer<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
         &self,
         h: &mut [u8],
         peer: &PeerEntry,
         vni: u32,
+        (tos, pcp): (u8, u8),
         inner: usize,
         flow_hash: u32,
     ) {
         let (Some(h), Some(t)) = (h.first_chunk_mut::<OUTER>(), peer.template.first_chunk::<OUTER>()) else { return };
         *h = *t;
+        // `tos`: the DSCP and the inner ECN field (unmarked: zero, which the template and
+        // its checksum already have); `pcp`: the priority on a tagged underlay.
+        let tos = if MARK { tos } else { 0 };
+        if MARK && L2 == 18 {
+            h[14] |= pcp << 5;
+        }
         let l4 = L2 + if V4 { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
         let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
         // The hash's top half: the multiply mixed every input bit into it.
@@ -259,11 +367,18 @@ impl VtepEntry {
         if V4 {
             let total = (inner + OUTER - L2) as u16;
             put(h, L2 + ipv4::offsets::TOTAL_LEN, total);
-            // `base_sum` is folded to 16 bits, so one fold finishes the sum.
-            let sum = peer.base_sum + total as u64;
+            h[L2 + 1] = tos; // the template's is 0
+            // `base_sum` is folded to 16 bits and `total` is at most the MTU (checked by the
+            // callers, 9 198), so the sum stays below 0x124ff and one fold finishes it.
+            let sum = peer.base_sum + total as u64 + tos as u64;
             put(h, L2 + ipv4::offsets::CHECKSUM, !(((sum & 0xffff) + (sum >> 16)) as u16));
         } else {
             put(h, L2 + ipv6::offsets::PAYLOAD_LEN, udp_len);
+            if MARK {
+                // The traffic class straddles the first two bytes (the template's is 0).
+                h[L2] |= tos >> 4;
+                h[L2 + 1] |= tos << 4;
+            }
         }
     }
 
@@ -305,7 +420,8 @@ impl VtepEntry {
             None => self.admit_cached(snap, cache, o.src, o.vni)?,
         };
         let padded = total - o.outer_len > o.inner_len;
-        Ok(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32 })
+        let outer_ecn = if o.ecn & 1 != 0 { o.ecn } else { 0 };
+        Ok(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32, outer_ecn })
     }
 
     /// The common case of [`VtepEntry::classify`] alone: an untagged IPv4 outer header
@@ -340,7 +456,8 @@ impl VtepEntry {
         }
         let inner_len = L2 + tl - OUTER;
         let (bd, peer) = cache.val;
-        Some(Decap { bd, peer, outer_len: OUTER as u8, padded: total - OUTER > inner_len, inner_len: inner_len as u32 })
+        // The mask let only ECN fields the inner header needs not hear of (Not-ECT, ECT(0)).
+        Some(Decap { bd, peer, outer_len: OUTER as u8, padded: total - OUTER > inner_len, inner_len: inner_len as u32, outer_ecn: 0 })
     }
 
     /// [`VtepEntry::admit`], remembered in the burst's cache.
@@ -391,7 +508,7 @@ impl VtepEntry {
             et = u16::from_be_bytes([h[16], h[17]]);
             l2 = 18;
         }
-        let (src_key, l4, l3_total) = match et {
+        let (src_key, l4, l3_total, outer_ecn) = match et {
             ethernet::ethertype::IPV4 if self.local_v4 != 0 => {
                 let ip = h.get(l2..l2 + ipv4::HEADER_LEN).ok_or(DropReason::VxlanMalformed)?;
                 let ihl = ((ip[0] & 0x0f) as usize) * 4;
@@ -411,7 +528,7 @@ impl VtepEntry {
                     return Err(DropReason::VxlanBadChecksum);
                 }
                 let src = u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]);
-                (src as u128, l2 + ihl, tl)
+                (src as u128, l2 + ihl, tl, ip[1] & 3)
             }
             ethernet::ethertype::IPV6 if self.local_v4 == 0 => {
                 let ip = h.get(l2..l2 + ipv6::HEADER_LEN + 16).ok_or(DropReason::VxlanMalformed)?;
@@ -428,7 +545,7 @@ impl VtepEntry {
                 }
                 let mut s = [0u8; 16];
                 s.copy_from_slice(&ip[8..24]);
-                (u128::from_be_bytes(s), l2 + ipv6::HEADER_LEN, tl)
+                (u128::from_be_bytes(s), l2 + ipv6::HEADER_LEN, tl, (ip[1] >> 4) & 3)
             }
             _ => return Err(DropReason::UnderlayNotVxlan),
         };
@@ -444,7 +561,7 @@ impl VtepEntry {
             return Err(DropReason::VxlanBadFlags);
         }
         let vni = u32::from_be_bytes([u[12], u[13], u[14], u[15]]) >> 8;
-        Ok(Outer { src: src_key, vni, outer_len: l4 + 16, inner_len: l2 + l3_total - (l4 + 16) })
+        Ok(Outer { src: src_key, vni, ecn: outer_ecn, outer_len: l4 + 16, inner_len: l2 + l3_total - (l4 + 16) })
     }
 }
 
@@ -457,6 +574,8 @@ fn put(h: &mut [u8], at: usize, v: u16) {
 struct Outer {
     src: u128,
     vni: u32,
+    /// The outer IP header's ECN field.
+    ecn: u8,
     outer_len: usize,
     inner_len: usize,
 }
@@ -472,6 +591,8 @@ pub struct Decap {
     /// Ethernet padding follows the inner frame.
     padded: bool,
     pub inner_len: u32,
+    /// The outer ECN field when the inner header must hear of it (ECT(1) or CE); else 0.
+    outer_ecn: u8,
 }
 
 impl Decap {
@@ -483,6 +604,9 @@ impl Decap {
         }
         if self.padded {
             pool.truncate(b, self.inner_len as usize);
+        }
+        if self.outer_ecn != 0 {
+            propagate_ecn(pool.head_mut(b), self.outer_ecn)?;
         }
         Ok(())
     }
@@ -516,8 +640,10 @@ pub struct DecapCache {
 mod plain {
     /// The destination MAC.
     pub const M0: u64 = 0xffff_ffff_ffff;
-    /// EtherType IPv4, version 4 with a 20-byte header.
-    pub const M12: u64 = 0xff_ffff;
+    /// EtherType IPv4, version 4 with a 20-byte header, and an ECN field whose low bit is
+    /// clear (Not-ECT or ECT(0): nothing for the inner header to hear; ECT(1) and CE take
+    /// the slow path, which tells it).
+    pub const M12: u64 = 0x01ff_ffff;
     pub const E12: u64 = 0x45_0008;
     /// Not a fragment (MF and offset zero; DF free) and protocol UDP.
     pub const M20: u64 = 0xff00_ff3f;

@@ -159,7 +159,7 @@ fn filter(r: &pb::ListRequest) -> Result<Filter, ManagerError> {
 /// Feeds one node's sync stream until it closes: its desired state whenever it changes
 /// (the view changed, or a peer's lease or grace ran out), and its heartbeats.
 async fn stream_desired(m: Arc<Manager>, mut views: watch::Receiver<Option<Arc<ClusterView>>>, node: String, tx: mpsc::Sender<Result<pb::DesiredState, Status>>) {
-    let live = m.liveness();
+    let (live, marks) = (m.liveness(), m.plane_markings());
     let mut beat = tokio::time::interval(live.heartbeat_every());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last: Option<Desired> = None;
@@ -168,7 +168,7 @@ async fn stream_desired(m: Arc<Manager>, mut views: watch::Receiver<Option<Arc<C
         // which would make the node drop what it runs.
         let view = views.borrow_and_update().clone();
         if let Some(view) = view {
-            let d = view.desired_for(&node, super::now(), &live);
+            let d = view.desired_for(&node, super::now(), &live, &marks);
             if last.as_ref().is_none_or(|l| (&l.networks, &l.peers) != (&d.networks, &d.peers)) {
                 let msg = convert::<_, pb::DesiredState>(&d).map_err(Status::from);
                 if tx.send(msg).await.is_err() {

@@ -105,6 +105,8 @@ pub struct Config {
     pub limits: Limits,
     pub default_quota: Quota,
     pub liveness: sync::Liveness,
+    /// How each plane's frames are marked on the underlay (sent to nodes with each network).
+    pub plane_markings: crate::network::PlaneMarkings,
 }
 
 /// The tenant every manager starts with (Knitter's `admin`, with its larger quota).
@@ -230,6 +232,10 @@ impl Manager {
 
     pub fn liveness(&self) -> sync::Liveness {
         self.config.liveness
+    }
+
+    pub fn plane_markings(&self) -> crate::network::PlaneMarkings {
+        self.config.plane_markings
     }
 
     fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>> {

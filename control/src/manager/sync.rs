@@ -9,7 +9,7 @@
 
 use super::objects::{Node, Port, alive_key};
 use super::{Manager, Result};
-use crate::network::{Kind, NetworkSpec};
+use crate::network::{Kind, NetworkSpec, PlaneMarkings};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -66,6 +66,11 @@ pub struct NetworkOnNode {
     pub mtu: u32,
     pub flood: Vec<IpAddr>,
     pub endpoints: Vec<Endpoint>,
+    /// The network's plane's marking on the underlay (none: unmarked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dscp: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcp: Option<u8>,
 }
 
 /// What one node should run (the `DesiredState` message).
@@ -88,7 +93,7 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// What `node` should run at time `now`.
-    pub fn desired_for(&self, node: &str, now: u64, live: &Liveness) -> Desired {
+    pub fn desired_for(&self, node: &str, now: u64, live: &Liveness, marks: &PlaneMarkings) -> Desired {
         let in_flood = |n: &Node| n.name != node && live.in_flood_lists(self.seen.get(&n.name).copied(), now);
         let vtep_of: HashMap<&str, IpAddr> = self.nodes.iter().filter(|n| n.name == node || in_flood(n)).map(|n| (n.name.as_str(), n.vtep)).collect();
         let mut networks = Vec::new();
@@ -112,6 +117,8 @@ impl ClusterView {
                 mtu: net.mtu.unwrap_or(0),
                 flood: flood.into_iter().collect(),
                 endpoints,
+                dscp: marks.of(net.plane).map(|m| m.dscp),
+                pcp: marks.of(net.plane).map(|m| m.pcp),
             });
         }
         let peers = self.nodes.iter().filter(|n| in_flood(n)).map(|n| n.vtep).collect();

@@ -133,6 +133,9 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec
         if vxlan {
             b.flood = n.flood.iter().map(|f| parse::<IpAddr>("VTEP", f)).collect::<Result<_>>()?;
         }
+        // The plane's marking; the switch refuses values out of range with the reason.
+        b.dscp = n.dscp.map(|d| d.min(u8::MAX as u32) as u8);
+        b.pcp = n.pcp.map(|p| p.min(u8::MAX as u32) as u8);
         bridges.push(b);
     }
     let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
@@ -159,8 +162,19 @@ mod tests {
                     mtu: 1450,
                     flood: vec!["192.0.2.2".into()],
                     endpoints: vec![endpoint("0a:58:0a:00:00:01", "10.0.0.1", "n1", "192.0.2.1"), endpoint("0a:58:0a:00:00:02", "10.0.0.2", "n2", "192.0.2.2")],
+                    dscp: Some(40),
+                    pcp: Some(5),
                 },
-                pb::NetworkOnNode { name: "blue".into(), kind: "vlan".into(), segment: 200, mtu: 1500, flood: vec![], endpoints: vec![endpoint("0a:58:0a:01:00:05", "10.1.0.5", "n2", "192.0.2.2")] },
+                pb::NetworkOnNode {
+                    name: "blue".into(),
+                    kind: "vlan".into(),
+                    segment: 200,
+                    mtu: 1500,
+                    flood: vec![],
+                    endpoints: vec![endpoint("0a:58:0a:01:00:05", "10.1.0.5", "n2", "192.0.2.2")],
+                    dscp: None,
+                    pcp: None,
+                },
             ],
             peers: vec!["192.0.2.2".into()],
         };
@@ -171,7 +185,9 @@ mod tests {
         assert_eq!(red.neighbors.len(), 2, "both pods' addresses are answered locally");
         assert_eq!(red.static_macs.len(), 1, "only the other node's pod is pinned to a VTEP");
         assert_eq!(red.static_macs[0].remote, Some("192.0.2.2".parse().unwrap()));
+        assert_eq!((red.dscp, red.pcp), (Some(40), Some(5)), "the plane's marking");
         let blue = &bridges[1];
+        assert_eq!((blue.dscp, blue.pcp), (None, None), "unmarked");
         assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
         assert_eq!(peers, vec![PeerConfig { ip: "192.0.2.2".parse().unwrap(), next_hop_mac: None, next_hop: None }]);
 
