@@ -184,6 +184,12 @@ enum BridgeCmd {
         /// Answer ARP/ND for known addresses.
         #[arg(long)]
         arp_suppression: bool,
+        /// The DSCP (0-63) of its VXLAN frames' outer header (the inner ECN field copied too).
+        #[arg(long)]
+        dscp: Option<u32>,
+        /// Its 802.1p priority (0-7) on a tagged underlay.
+        #[arg(long)]
+        pcp: Option<u32>,
         /// A known address for ARP/ND suppression: IP=MAC (repeatable).
         #[arg(long, value_name = "IP=MAC")]
         neighbor: Vec<String>,
@@ -365,7 +371,7 @@ fn mode(p: &pb::Port) -> String {
 
 fn print_bridges(b: &[pb::Bridge]) {
     table(
-        &["name", "vlan", "vni", "flood", "arp-suppression", "owner"],
+        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner"],
         b.iter()
             .map(|b| {
                 vec![
@@ -374,6 +380,10 @@ fn print_bridges(b: &[pb::Bridge]) {
                     opt(b.vni),
                     if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
                     if b.arp_suppression { "on" } else { "off" }.into(),
+                    match (b.dscp, b.pcp) {
+                        (None, None) => "-".into(),
+                        (d, p) => format!("dscp {} pcp {}", d.unwrap_or(0), p.unwrap_or(0)),
+                    },
                     owner(b.owner).into(),
                 ]
             })
@@ -667,7 +677,7 @@ async fn run(cli: Cli) -> Result<()> {
             print_ports(&v.ports, &v.status);
         }
         Cmd::Bridge { cmd } => match cmd {
-            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, neighbor, static_mac, replace } => {
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, neighbor, static_mac, replace } => {
                 let pair = |s: &str, what: &str| -> Result<(String, String)> {
                     let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                     Ok((a.to_string(), b.to_string()))
@@ -686,7 +696,7 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                     })
                     .collect::<Result<_>>()?;
-                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, ..Default::default() };
+                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, ..Default::default() };
                 applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
             }
             BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,

@@ -42,6 +42,9 @@ pub enum Scenario {
     PodL2 { hosts: u32, policed: bool },
     /// A pod port (port security on) → a remote VTEP (IPv4 underlay), 256 flows.
     PodEncap,
+    /// The same on a network whose plane is marked (DSCP 40, priority 5, the inner ECN
+    /// field copied): what underlay marking costs a frame.
+    PodEncapMarked,
     /// A remote VTEP → a pod port (port security on), 256 flows from 256 remote hosts.
     PodDecap,
     /// Trunk to trunk over `bds` bridge domains (VLANs 1..=bds, one bridge domain each),
@@ -55,7 +58,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 15] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::Trunk { bds: 1 },
         Scenario::Trunk { bds: 4094 },
         Scenario::L2 { macs: 1000 },
@@ -69,6 +72,7 @@ impl Scenario {
         Scenario::PodL2 { hosts: 1000, policed: false },
         Scenario::PodL2 { hosts: 1000, policed: true },
         Scenario::PodEncap,
+        Scenario::PodEncapMarked,
         Scenario::PodDecap,
         Scenario::Mesh { hosts: 1000 },
     ];
@@ -85,6 +89,7 @@ impl Scenario {
             Scenario::PodL2 { hosts, policed: false } => format!("l2-pod-{}k", hosts / 1000),
             Scenario::PodL2 { hosts, policed: true } => format!("l2-pod-{}k-policed", hosts / 1000),
             Scenario::PodEncap => "vxlan-encap-pod".into(),
+            Scenario::PodEncapMarked => "vxlan-encap-pod-marked".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
             Scenario::Trunk { bds } => format!("trunk-{bds}bd"),
@@ -276,11 +281,14 @@ impl Bench {
                     .collect();
                 (cfg, "up", f)
             }
-            Scenario::PodEncap => {
+            Scenario::PodEncap | Scenario::PodEncapMarked => {
                 ring("a", None);
                 ring("up", Some(mac(0xa0)));
                 let peer = IpAddr::V4(PEER);
                 let mut b = red().vni(5001).flood(&[peer]);
+                if s == Scenario::PodEncapMarked {
+                    (b.dscp, b.pcp) = (Some(40), Some(5));
+                }
                 b.static_macs.push(StaticMac { mac: mac(2000), port: None, remote: Some(peer) });
                 let cfg = SwitchConfig {
                     bridges: vec![b],

@@ -31,6 +31,10 @@ fn mac(field: &str, s: &str) -> Result<MacAddr, FieldError> {
     s.parse().map_err(|_| bad(field, format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)")))
 }
 
+fn u8_of(field: &str, v: u32) -> Result<u8, FieldError> {
+    u8::try_from(v).map_err(|_| bad(field, format!("{v} is out of range")))
+}
+
 fn u16_of(field: &str, v: u32) -> Result<u16, FieldError> {
     u16::try_from(v).map_err(|_| bad(field, format!("{v} is out of range")))
 }
@@ -62,6 +66,8 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
     c.mac_age_secs = b.mac_age_secs.unwrap_or(c.mac_age_secs);
     c.mac_limit = b.mac_limit.unwrap_or(c.mac_limit);
     c.arp_suppression = b.arp_suppression;
+    c.dscp = b.dscp.map(|v| u8_of("dscp", v)).transpose()?;
+    c.pcp = b.pcp.map(|v| u8_of("pcp", v)).transpose()?;
     c.neighbors = b
         .neighbors
         .iter()
@@ -99,6 +105,8 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
             .map(|m| pb::StaticMac { mac: m.mac.to_string(), port: m.port.clone(), remote: m.remote.map(|r| r.to_string()) })
             .collect(),
         owner: owner_to(owner),
+        dscp: c.dscp.map(u32::from),
+        pcp: c.pcp.map(u32::from),
     }
 }
 

@@ -134,6 +134,8 @@ async fn every_call_round_trips_and_refusals_say_why() {
         Code::InvalidArgument,
         "flood: \"198.51.100.300\" is not an IPv4 or IPv6 address",
     );
+    refused(add_bridge(&mut c, pb::Bridge { dscp: Some(64), ..bridge("blue") }).await, Code::InvalidArgument, "DSCP 64 is out of range 0..=63");
+    refused(add_bridge(&mut c, pb::Bridge { pcp: Some(300), ..bridge("blue") }).await, Code::InvalidArgument, "pcp: 300 is out of range");
     let g2 = add_port(&mut c, vhost_port(dir.path(), "vnf0", "red")).await.unwrap();
     assert!(g2 > g1);
     assert!(dir.path().join("vnf0.sock").exists(), "the vhost-user socket listens");
