@@ -1048,7 +1048,7 @@ impl Pipeline {
 
     #[inline(always)]
     fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
-        let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
+        let (mut last, mut out) = (LastPeer::default(), Batch::new());
         for i in 0..self.to_peer.len() {
             let b = self.to_peer.take(i);
             let hit = self.to_peer_hits[i & (BATCH - 1)];
@@ -1104,7 +1104,7 @@ impl Pipeline {
         batch: &mut Batch,
         found: &[(Hit, u32); BATCH],
     ) {
-        let (mut last, mut out): (Option<&PeerEntry>, _) = (None, Batch::new());
+        let (mut last, mut out) = (LastPeer::default(), Batch::new());
         for i in 0..batch.len() {
             let b = batch.take(i);
             self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
@@ -1121,7 +1121,7 @@ impl Pipeline {
         &mut self,
         snap: &'s Snapshot,
         vtep: &VtepEntry,
-        last: &mut Option<&'s PeerEntry>,
+        last: &mut LastPeer<'s>,
         mut b: BufId,
         hit: Hit,
         out: &mut Batch,
@@ -1130,10 +1130,10 @@ impl Pipeline {
             self.discard(b, DropReason::NoEgress, 0); // only peer hits come here
             return false;
         };
-        let pe = match *last {
+        let pe = match last.peer {
             Some(pe) if pe.id == peer => pe,
             _ => match snap.peer(peer) {
-                Some(pe) => *last.insert(pe),
+                Some(pe) => *last.peer.insert(pe),
                 None => {
                     self.discard(b, DropReason::VxlanNoRoute, 0);
                     return false;
@@ -1156,7 +1156,7 @@ impl Pipeline {
         } else {
             None
         };
-        if let Err(r) = vtep.encap_as::<V4, L2, OUTER, MARK>(&self.pool, &mut b, pe, vni, if MARK { snap.marking(hit.bd()) } else { Marking::UNMARKED }) {
+        if let Err(r) = vtep.encap_as::<V4, L2, OUTER, MARK>(&self.pool, &mut b, pe, vni, if MARK { last.marking(snap, hit.bd()) } else { Marking::UNMARKED }) {
             self.discard(b, r, vtep.underlay_port);
             return false;
         }
@@ -1483,6 +1483,30 @@ impl Found for (Hit, u32) {
 impl Found for (Hit, u32, bool) {
     fn hit_and_len(&mut self) -> (&mut Hit, u32) {
         (&mut self.0, self.1)
+    }
+}
+
+/// What consecutive frames of an encapsulated burst share, looked up again only when it
+/// changes: the peer, and the marking of the bridge domain.
+struct LastPeer<'s> {
+    peer: Option<&'s PeerEntry>,
+    bd: u16,
+    mark: Marking,
+}
+
+impl Default for LastPeer<'_> {
+    fn default() -> Self {
+        LastPeer { peer: None, bd: NO_BD, mark: Marking::UNMARKED }
+    }
+}
+
+impl LastPeer<'_> {
+    #[inline(always)]
+    fn marking(&mut self, snap: &Snapshot, bd: u16) -> Marking {
+        if bd != self.bd {
+            (self.bd, self.mark) = (bd, snap.marking(bd));
+        }
+        self.mark
     }
 }
 
