@@ -172,7 +172,7 @@ impl Pipeline {
             missed_bursts: Box::new([0; fdb::MAX_PORTS]),
             sampled: 0,
             policers: policer::Buckets::default(),
-            clock: policer::monotonic_ns,
+            clock: crate::util::monotonic_ns,
         }
     }
 

@@ -175,15 +175,6 @@ impl Buckets {
     }
 }
 
-/// The clock buckets read: nanoseconds of the monotonic clock (once a burst of a policed
-/// port; tests give the pipeline another).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[cfg(test)]
 mod test {
     use super::*;

@@ -121,12 +121,23 @@ impl VlanSet {
     }
 }
 
-/// Seconds of a monotonic clock, cheap enough to read once per batch (vDSO, coarse).
-pub fn coarse_secs() -> u32 {
+fn clock(id: libc::clockid_t) -> libc::timespec {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u32
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts
+}
+
+/// Seconds of a monotonic clock, cheap enough to read once per batch (vDSO, coarse).
+pub fn coarse_secs() -> u32 {
+    clock(libc::CLOCK_MONOTONIC_COARSE).tv_sec as u32
+}
+
+/// Nanoseconds of the monotonic clock (the policers' clock: read once a burst of a policed
+/// port; tests give the pipeline another).
+pub fn monotonic_ns() -> u64 {
+    let ts = clock(libc::CLOCK_MONOTONIC);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The CPU's time-stamp counter (cycles); elsewhere nanoseconds of a monotonic clock
