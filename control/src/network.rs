@@ -52,6 +52,14 @@ pub struct Marking {
     pub pcp: u8,
 }
 
+impl Plane {
+    /// Planes whose frames leave a node's underlay port first and wait for room rather than
+    /// being dropped when it is full: signalling and OAM must outlive a media flood.
+    pub fn has_priority(self) -> bool {
+        matches!(self, Plane::Control | Plane::Oam)
+    }
+}
+
 /// Every plane's marking (`None`: unmarked, as Linux's and OVS's VXLAN by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlaneMarkings([Option<Marking>; 5]);

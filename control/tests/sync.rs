@@ -139,7 +139,7 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     let red = &d.networks[0];
     assert_eq!((red.name.as_str(), red.kind.as_str(), red.segment, red.mtu), ("red", "vxlan", 7001, 1450));
     assert_eq!(red.flood, ["192.0.2.2"]);
-    assert_eq!((red.dscp, red.pcp), (Some(34), Some(4)), "a media network's default marking (AF41, priority 4)");
+    assert_eq!((red.dscp, red.pcp, red.priority), (Some(34), Some(4), false), "a media network's default marking (AF41, priority 4), no egress priority");
     let mut eps: Vec<_> = red.endpoints.iter().map(|e| (e.node.as_str(), e.vtep.as_str(), e.ips.clone(), e.mac.as_str())).collect();
     eps.sort();
     assert_eq!(

@@ -117,6 +117,11 @@ pub struct BridgeConfig {
     /// The 802.1p priority (0..=7) of those frames on a tagged underlay; default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcp: Option<u8>,
+    /// This domain's VXLAN frames leave the underlay port ahead of the other domains', and
+    /// wait for room rather than being dropped when its ring is full (a control plane that
+    /// must keep flowing when a media plane floods the uplink).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub priority: bool,
 }
 
 /// An IP → MAC binding the control plane knows (for ARP/ND suppression).
@@ -294,6 +299,7 @@ impl BridgeConfig {
             static_macs: Vec::new(),
             dscp: None,
             pcp: None,
+            priority: false,
         }
     }
 

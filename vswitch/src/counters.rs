@@ -87,6 +87,10 @@ named_enum! {
         NeighborRequests => "neighbor_requests",
         NeighborLearned => "neighbor_learned",
         ConfigAdopted => "config_adopted",
+        // Frames of priority bridge domains sent to the underlay ahead of the others.
+        PriorityFirst => "priority_first",
+        // Priority frames the underlay's tx ring had no room for, held for its next flush.
+        PriorityHeld => "priority_held",
     }
 }
 

@@ -111,6 +111,9 @@ pub struct Pipeline {
     stats: Arc<ThreadStats>,
     /// Pending tx batch per port id, and the ids with a non-empty batch (each once).
     tx: Box<[Batch; fdb::MAX_PORTS]>,
+    /// Encapsulated frames of priority bridge domains for the underlay port `tx_first.0`,
+    /// sent before its `tx` batch and held (not dropped) while its ring is full.
+    tx_first: (u16, Batch),
     dirty: Box<[u16; fdb::MAX_PORTS]>,
     n_dirty: usize,
     /// Known-unicast packets of this burst (counted once per burst).
@@ -157,6 +160,7 @@ impl Pipeline {
             fdb,
             stats,
             tx: boxed_array(Batch::new),
+            tx_first: (0, Batch::new()),
             dirty: Box::new([0; fdb::MAX_PORTS]),
             n_dirty: 0,
             known: 0,
@@ -905,8 +909,9 @@ impl Pipeline {
         let Ok(mac) = self.next_hop(snap, vtep, pe) else {
             return self.park(vtep, b, peer, vni);
         };
-        let r = vtep.encap(&self.pool, &mut b, pe, vni, snap.marking(bd.id));
-        if self.sent_encapsulated(snap, vtep, b, r, mac) {
+        let mark = snap.marking(bd.id);
+        let r = vtep.encap(&self.pool, &mut b, pe, vni, mark);
+        if self.sent_encapsulated(snap, vtep, b, r, (mac, mark.priority)) {
             self.stats.event(Event::Encapsulated, 1);
         }
     }
@@ -974,16 +979,16 @@ impl Pipeline {
             };
             let Some(target) = pe.resolve else {
                 // Configured with a MAC since the frame was parked.
-                let (mut b, r) = (w.b, Ok(()));
-                let r = r.and_then(|()| vtep.encap(&self.pool, &mut b, pe, w.vni, snap.marking_of_vni(w.vni)));
-                sent += self.sent_encapsulated(snap, vtep, b, r, None) as u64;
+                let (mut b, mark) = (w.b, snap.marking_of_vni(w.vni));
+                let r = vtep.encap(&self.pool, &mut b, pe, w.vni, mark);
+                sent += self.sent_encapsulated(snap, vtep, b, r, (None, mark.priority)) as u64;
                 return None;
             };
             match self.resolve(snap, vtep, pe.id, target) {
                 Some(m) => {
-                    let mut b = w.b;
-                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni, snap.marking_of_vni(w.vni));
-                    sent += self.sent_encapsulated(snap, vtep, b, r, Some(m)) as u64;
+                    let (mut b, mark) = (w.b, snap.marking_of_vni(w.vni));
+                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni, mark);
+                    sent += self.sent_encapsulated(snap, vtep, b, r, (Some(m), mark.priority)) as u64;
                     None
                 }
                 None if self.neigh.given_up(w.peer, w.since, self.now) => {
@@ -1006,13 +1011,17 @@ impl Pipeline {
     /// Queues an encapsulated frame on the underlay port (to the resolved next hop `mac`,
     /// when given), or drops it for the reason the encapsulation gave; true if queued.
     #[inline(always)]
-    fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, mut b: BufId, r: Result<(), DropReason>, mac: Option<MacAddr>) -> bool {
+    fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, mut b: BufId, r: Result<(), DropReason>, (mac, first): (Option<MacAddr>, bool)) -> bool {
         match r {
             Ok(()) => {
                 if let Some(m) = mac {
                     self.set_next_hop(&mut b, m);
                 }
-                self.enqueue(snap, vtep.underlay_port, b);
+                if first {
+                    self.enqueue_first(snap, vtep.underlay_port, b);
+                } else {
+                    self.enqueue(snap, vtep.underlay_port, b);
+                }
                 true
             }
             Err(r) => {
@@ -1048,14 +1057,14 @@ impl Pipeline {
 
     #[inline(always)]
     fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
-        let (mut last, mut out) = (LastPeer::default(), Batch::new());
+        let (mut last, mut out) = (LastPeer::default(), [Batch::new(), Batch::new()]);
         for i in 0..self.to_peer.len() {
             let b = self.to_peer.take(i);
             let hit = self.to_peer_hits[i & (BATCH - 1)];
             self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, hit, &mut out);
         }
         self.to_peer.clear_taken();
-        self.send_encapsulated(snap, vtep, &mut out);
+        self.send_encapsulated::<MARK>(snap, vtep, &mut out);
     }
 
     /// A burst from a local port whose every frame the cache sends to a remote VTEP (the
@@ -1104,13 +1113,13 @@ impl Pipeline {
         batch: &mut Batch,
         found: &[(Hit, u32); BATCH],
     ) {
-        let (mut last, mut out) = (LastPeer::default(), Batch::new());
+        let (mut last, mut out) = (LastPeer::default(), [Batch::new(), Batch::new()]);
         for i in 0..batch.len() {
             let b = batch.take(i);
             self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
         }
         batch.clear_taken();
-        self.send_encapsulated(snap, vtep, &mut out);
+        self.send_encapsulated::<MARK>(snap, vtep, &mut out);
     }
 
     /// Encapsulates one frame the cache sends to a peer (`last`: the previous frame's peer,
@@ -1124,7 +1133,7 @@ impl Pipeline {
         last: &mut LastPeer<'s>,
         mut b: BufId,
         hit: Hit,
-        out: &mut Batch,
+        out: &mut [Batch; 2],
     ) -> bool {
         let Action::Peer { peer, vni } = hit.action() else {
             self.discard(b, DropReason::NoEgress, 0); // only peer hits come here
@@ -1156,14 +1165,15 @@ impl Pipeline {
         } else {
             None
         };
-        if let Err(r) = vtep.encap_as::<V4, L2, OUTER, MARK>(&self.pool, &mut b, pe, vni, if MARK { last.marking(snap, hit.bd()) } else { Marking::UNMARKED }) {
+        let mark = if MARK { last.marking(snap, hit.bd()) } else { Marking::UNMARKED };
+        if let Err(r) = vtep.encap_as::<V4, L2, OUTER, MARK>(&self.pool, &mut b, pe, vni, mark) {
             self.discard(b, r, vtep.underlay_port);
             return false;
         }
         if let Some(m) = mac {
             self.set_next_hop(&mut b, m);
         }
-        match out.push(b) {
+        match out[mark.priority as usize].push(b) {
             Ok(()) => true,
             Err(b) => {
                 self.discard(b, DropReason::NoEgress, 0); // `out` holds a burst: unreachable
@@ -1293,11 +1303,46 @@ impl Pipeline {
         }
     }
 
-    /// Queues a burst's encapsulated frames on the underlay port at once.
+    /// Queues a burst's encapsulated frames on the underlay port at once: `out[0]` in its tx
+    /// batch, `out[1]` (priority domains') ahead of it.
     #[inline(always)]
-    fn send_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, out: &mut Batch) {
-        self.stats.event(Event::Encapsulated, out.len() as u64);
-        self.enqueue_batch(snap, vtep.underlay_port, out);
+    fn send_encapsulated<const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, out: &mut [Batch; 2]) {
+        self.stats.event(Event::Encapsulated, out[0].len() as u64);
+        self.enqueue_batch(snap, vtep.underlay_port, &mut out[0]);
+        if MARK && !out[1].is_empty() {
+            self.stats.event(Event::Encapsulated, out[1].len() as u64);
+            for b in out[1].drain() {
+                self.enqueue_first(snap, vtep.underlay_port, b);
+            }
+        }
+    }
+
+    /// Queues a priority domain's encapsulated frame ahead of the underlay port's tx batch
+    /// (see [`Pipeline::flush_port`]).
+    #[cold]
+    #[inline(never)]
+    fn enqueue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+        if self.tx_first.0 != port && !self.tx_first.1.is_empty() {
+            // The underlay moved: what waits for the old one goes (or drops) now.
+            let old = self.tx_first.0;
+            self.flush_port(snap, old);
+            let mut left = std::mem::take(&mut self.tx_first.1);
+            for b in left.drain() {
+                self.discard(b, DropReason::TxFull, old);
+            }
+        }
+        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.tx_first.1.is_empty() {
+            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.n_dirty += 1;
+        }
+        self.tx_first.0 = port;
+        if let Err(b) = self.tx_first.1.push(b) {
+            self.flush_port(snap, port);
+            if let Err(b) = self.tx_first.1.push(b) {
+                // A batch of priority frames still waits for room: this one is dropped.
+                self.discard(b, DropReason::TxFull, port);
+            }
+        }
     }
 
     /// [`Pipeline::enqueue`] for a batch of frames to one port: one move of the indices.
@@ -1337,10 +1382,18 @@ impl Pipeline {
             self.flush_port(snap, p);
         }
         self.n_dirty = 0;
+        if !self.tx_first.1.is_empty() {
+            // Priority frames held for room: the port stays dirty, they go first next time.
+            self.dirty[0] = self.tx_first.0;
+            self.n_dirty = 1;
+        }
     }
 
     /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing).
     fn flush_port(&mut self, snap: &Snapshot, p: u16) {
+        if p == self.tx_first.0 && !self.tx_first.1.is_empty() {
+            self.flush_first(snap, p);
+        }
         {
             let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
             if batch.is_empty() {
@@ -1378,6 +1431,37 @@ impl Pipeline {
 }
 
 impl Pipeline {
+    /// Sends the priority frames waiting for underlay port `p`; those its ring has no room
+    /// for stay, first in line for the next flush (a down or removed port drops them).
+    #[cold]
+    #[inline(never)]
+    fn flush_first(&mut self, snap: &Snapshot, p: u16) {
+        let batch = &mut self.tx_first.1;
+        let pc = self.stats.port(p);
+        match snap.port(p) {
+            Some(pe) if pe.port.link_up() => {
+                if self.cache.lending() && !pe.port.takes_lent() {
+                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
+                }
+                let bytes: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                let n = batch.len();
+                let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
+                let sent = pe.port.tx_burst(q, &mut self.cache, batch);
+                let held: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
+                pc.tx_packets.add(sent as u64);
+                pc.tx_bytes.add((bytes - held) as u64);
+                self.stats.event(Event::PriorityFirst, sent as u64);
+                self.stats.event(Event::PriorityHeld, (n - sent) as u64);
+            }
+            _ => {
+                for b in batch.drain() {
+                    self.stats.count_drop(DropReason::PortDown, p);
+                    self.cache.free(b);
+                }
+            }
+        }
+    }
+
     /// Copies the lent tails of a tx batch for a port that may keep its buffers beyond the
     /// burst (kernel ports, rings); a packet that finds no buffer is dropped.
     #[cold]

@@ -226,7 +226,8 @@ pub struct Snapshot {
     /// Bridge domain → how its encapsulated frames are marked (indexed by id; 8 KiB, read
     /// without a bounds check on the encapsulation fast path).
     pub marks: Box<[Marking; MAX_BDS]>,
-    /// Some bridge domain is marked (encapsulation takes the marking path only then).
+    /// Some bridge domain is marked or has priority (encapsulation takes the marking path
+    /// only then).
     pub marked: bool,
     pub vtep: Option<VtepEntry>,
     pub peers: Arc<[Option<PeerEntry>]>,
@@ -533,7 +534,7 @@ impl Snapshot {
                 s.vni_bd.insert(n, id);
             }
             s.marks[id as usize] = Marking::of(b)?;
-            s.marked |= s.marks[id as usize].set;
+            s.marked |= s.marks[id as usize].set || b.priority;
             let ports = std::mem::take(&mut members[id as usize]);
             if peers_taken
                 && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports)

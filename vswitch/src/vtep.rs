@@ -35,10 +35,12 @@ pub struct Marking {
     pub pcp: u8,
     /// Either was configured: mark, and copy the inner ECN field.
     pub set: bool,
+    /// The domain's frames leave the underlay port first (`BridgeConfig::priority`).
+    pub priority: bool,
 }
 
 impl Marking {
-    pub const UNMARKED: Marking = Marking { dscp: 0, pcp: 0, set: false };
+    pub const UNMARKED: Marking = Marking { dscp: 0, pcp: 0, set: false, priority: false };
 
     /// A bridge domain's marking, refused when out of range.
     pub fn of(b: &crate::config::BridgeConfig) -> Result<Marking, ConfigError> {
@@ -47,7 +49,7 @@ impl Marking {
             v => Ok(v.unwrap_or(0)),
         };
         let set = b.dscp.is_some() || b.pcp.is_some();
-        Ok(Marking { dscp: check("DSCP", b.dscp, 63)?, pcp: check("802.1p priority", b.pcp, 7)?, set })
+        Ok(Marking { dscp: check("DSCP", b.dscp, 63)?, pcp: check("802.1p priority", b.pcp, 7)?, set, priority: b.priority })
     }
 }
 

@@ -190,3 +190,69 @@ fn a_marking_out_of_range_is_refused_with_the_range() {
     cfg.bridges[1].pcp = Some(8);
     assert_eq!(h.apply(cfg).unwrap_err().to_string(), "bridge \"blue\": 802.1p priority 8 is out of range 0..=7");
 }
+
+/// A priority domain (a control plane) keeps every frame when another (a media plane)
+/// floods the underlay port faster than it drains: a ring of 64 emptied every fourth round
+/// while 32 media frames and one control frame arrive each round. The control frames wait
+/// for room, first in line (`priority_held`, then `priority_first`); without priority, most
+/// of them are lost with the media frames.
+#[test]
+fn a_priority_trickle_loses_nothing_to_a_flood_through_a_slow_underlay() {
+    fn run(priority: bool) -> (usize, usize, vswitch::counters::Totals) {
+        use vswitch::port::ring::RingPort;
+        let mut h = Harness::with_pool(Pool::new(16384, false).unwrap(), SwitchOptions::default());
+        h.ring("b1").ring("a1");
+        let (up, mut wire) = RingPort::new("up", 1, 64).unwrap();
+        h.register("up", up.with_mac(mac(UP_MAC)));
+        let (local, peer): (IpAddr, IpAddr) = ("198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap());
+        let mut red = BridgeConfig::new("red").vni(5001).flood(&[peer]);
+        red.priority = priority;
+        let mut blue = BridgeConfig::new("blue").vni(5002).flood(&[peer]);
+        blue.dscp = Some(34); // some domain marked either way: the same path
+        h.apply(SwitchConfig {
+            bridges: vec![red, blue],
+            ports: vec![PortConfig::access("b1", "blue"), PortConfig::access("a1", "red"), PortConfig::underlay("up")],
+            vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(PEER_MAC))),
+        })
+        .unwrap();
+        let mut cache = vswitch::PoolCache::new(h.pool.clone());
+        let (mut control, mut media) = (0, 0);
+        let mut take = |h: &Harness, wire: &mut vswitch::port::ring::RingPeer| {
+            let mut batch = vswitch::Batch::new();
+            while wire.recv(0, &mut batch) > 0 {
+                for b in batch.drain() {
+                    let mut f = Vec::new();
+                    h.pool.read_frame(&b, &mut f);
+                    cache.free(b);
+                    if vni_of(&f, 14) == 5001 { control += 1 } else { media += 1 }
+                }
+            }
+        };
+        for round in 0..100u16 {
+            for i in 0..32u16 {
+                h.send("b1", &frames::udp4(mac(4), mac(3), ip(3), ip(4), i, round, 200));
+            }
+            h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 7, round, 80));
+            h.step();
+            if round % 4 == 3 {
+                take(&h, &mut wire);
+            }
+        }
+        // The rounds are over: the consumer catches up, and held frames leave with the next
+        // flush (a burst of anything).
+        take(&h, &mut wire);
+        h.send("b1", &frames::udp4(mac(4), mac(3), ip(3), ip(4), 1, 1, 60));
+        h.step();
+        take(&h, &mut wire);
+        let stats = h.stats();
+        (control, media, stats)
+    }
+    let (control, media, s) = run(true);
+    assert_eq!(control, 100, "every control frame arrived");
+    assert!(media < 100 * 32 / 2, "the media flood was cut to what the ring drains: {media}");
+    assert_eq!(s.event(vswitch::Event::PriorityFirst), 100);
+    assert!(s.event(vswitch::Event::PriorityHeld) > 0, "control frames waited for room");
+    let (control, _, s) = run(false);
+    assert!(control < 60, "without priority the flood takes most control frames: {control} arrived");
+    assert_eq!(s.event(vswitch::Event::PriorityFirst), 0);
+}

@@ -190,6 +190,9 @@ enum BridgeCmd {
         /// Its 802.1p priority (0-7) on a tagged underlay.
         #[arg(long)]
         pcp: Option<u32>,
+        /// Its VXLAN frames leave the underlay first and wait for room rather than drop.
+        #[arg(long)]
+        priority: bool,
         /// A known address for ARP/ND suppression: IP=MAC (repeatable).
         #[arg(long, value_name = "IP=MAC")]
         neighbor: Vec<String>,
@@ -380,9 +383,9 @@ fn print_bridges(b: &[pb::Bridge]) {
                     opt(b.vni),
                     if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
                     if b.arp_suppression { "on" } else { "off" }.into(),
-                    match (b.dscp, b.pcp) {
-                        (None, None) => "-".into(),
-                        (d, p) => format!("dscp {} pcp {}", d.unwrap_or(0), p.unwrap_or(0)),
+                    match (b.dscp, b.pcp, b.priority) {
+                        (None, None, false) => "-".into(),
+                        (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),
                     },
                     owner(b.owner).into(),
                 ]
@@ -677,7 +680,7 @@ async fn run(cli: Cli) -> Result<()> {
             print_ports(&v.ports, &v.status);
         }
         Cmd::Bridge { cmd } => match cmd {
-            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, neighbor, static_mac, replace } => {
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, neighbor, static_mac, replace } => {
                 let pair = |s: &str, what: &str| -> Result<(String, String)> {
                     let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                     Ok((a.to_string(), b.to_string()))
@@ -696,7 +699,7 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                     })
                     .collect::<Result<_>>()?;
-                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, ..Default::default() };
+                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, ..Default::default() };
                 applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
             }
             BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,

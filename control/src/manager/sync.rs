@@ -71,6 +71,8 @@ pub struct NetworkOnNode {
     pub dscp: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pcp: Option<u8>,
+    /// The plane's frames leave the node's underlay first (control, oam).
+    pub priority: bool,
 }
 
 /// What one node should run (the `DesiredState` message).
@@ -119,6 +121,7 @@ impl ClusterView {
                 endpoints,
                 dscp: marks.of(net.plane).map(|m| m.dscp),
                 pcp: marks.of(net.plane).map(|m| m.pcp),
+                priority: net.plane.has_priority(),
             });
         }
         let peers = self.nodes.iter().filter(|n| in_flood(n)).map(|n| n.vtep).collect();

@@ -68,6 +68,7 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
     c.arp_suppression = b.arp_suppression;
     c.dscp = b.dscp.map(|v| u8_of("dscp", v)).transpose()?;
     c.pcp = b.pcp.map(|v| u8_of("pcp", v)).transpose()?;
+    c.priority = b.priority;
     c.neighbors = b
         .neighbors
         .iter()
@@ -107,6 +108,7 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
         owner: owner_to(owner),
         dscp: c.dscp.map(u32::from),
         pcp: c.pcp.map(u32::from),
+        priority: c.priority,
     }
 }
 

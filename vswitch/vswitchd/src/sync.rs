@@ -136,6 +136,7 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec
         // The plane's marking; the switch refuses values out of range with the reason.
         b.dscp = n.dscp.map(|d| d.min(u8::MAX as u32) as u8);
         b.pcp = n.pcp.map(|p| p.min(u8::MAX as u32) as u8);
+        b.priority = n.priority;
         bridges.push(b);
     }
     let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
@@ -164,6 +165,7 @@ mod tests {
                     endpoints: vec![endpoint("0a:58:0a:00:00:01", "10.0.0.1", "n1", "192.0.2.1"), endpoint("0a:58:0a:00:00:02", "10.0.0.2", "n2", "192.0.2.2")],
                     dscp: Some(40),
                     pcp: Some(5),
+                    priority: true,
                 },
                 pb::NetworkOnNode {
                     name: "blue".into(),
@@ -174,6 +176,7 @@ mod tests {
                     endpoints: vec![endpoint("0a:58:0a:01:00:05", "10.1.0.5", "n2", "192.0.2.2")],
                     dscp: None,
                     pcp: None,
+                    priority: false,
                 },
             ],
             peers: vec!["192.0.2.2".into()],
@@ -185,7 +188,7 @@ mod tests {
         assert_eq!(red.neighbors.len(), 2, "both pods' addresses are answered locally");
         assert_eq!(red.static_macs.len(), 1, "only the other node's pod is pinned to a VTEP");
         assert_eq!(red.static_macs[0].remote, Some("192.0.2.2".parse().unwrap()));
-        assert_eq!((red.dscp, red.pcp), (Some(40), Some(5)), "the plane's marking");
+        assert_eq!((red.dscp, red.pcp, red.priority), (Some(40), Some(5), true), "the plane's marking and priority");
         let blue = &bridges[1];
         assert_eq!((blue.dscp, blue.pcp), (None, None), "unmarked");
         assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
