@@ -1389,42 +1389,25 @@ impl Pipeline {
         }
     }
 
-    /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing).
+    /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing):
+    /// the priority frames waiting for it first, then the batch, whose frames the ring did
+    /// not take are dropped.
     fn flush_port(&mut self, snap: &Snapshot, p: u16) {
         if p == self.tx_first.0 && !self.tx_first.1.is_empty() {
             self.flush_first(snap, p);
         }
-        {
-            let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
-            if batch.is_empty() {
-                return;
-            }
-            let pc = self.stats.port(p);
-            match snap.port(p) {
-                Some(pe) if pe.port.link_up() => {
-                    if self.cache.lending() && !pe.port.takes_lent() {
-                        Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
-                    }
-                    let bytes: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
-                    let n = batch.len();
-                    let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
-                    let sent = pe.port.tx_burst(q, &mut self.cache, batch);
-                    let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum() } else { 0 };
-                    pc.tx_packets.add(sent as u64);
-                    pc.tx_bytes.add((bytes - unsent) as u64);
-                    if sent < n {
-                        for b in batch.drain() {
-                            self.stats.count_drop(DropReason::TxFull, p);
-                            self.cache.free(b);
-                        }
-                    }
-                }
-                _ => {
-                    for b in batch.drain() {
-                        self.stats.count_drop(DropReason::PortDown, p);
-                        self.cache.free(b);
-                    }
-                }
+        let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
+        if batch.is_empty() {
+            return;
+        }
+        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
+            Some(_) => (DropReason::TxFull, batch.len()),
+            None => (DropReason::PortDown, batch.len()),
+        };
+        if left > 0 {
+            for b in batch.drain() {
+                self.stats.count_drop(reason, p);
+                self.cache.free(b);
             }
         }
     }
@@ -1437,23 +1420,18 @@ impl Pipeline {
     #[inline(never)]
     fn flush_first(&mut self, snap: &Snapshot, p: u16) {
         let batch = &mut self.tx_first.1;
-        let pc = self.stats.port(p);
-        match snap.port(p) {
-            Some(pe) if pe.port.link_up() => {
-                if self.cache.lending() && !pe.port.takes_lent() {
-                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
-                }
-                let bytes: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
-                let n = batch.len();
-                let q = (self.thread % pe.port.tx_queues().max(1) as usize) as u16;
-                let sent = pe.port.tx_burst(q, &mut self.cache, batch);
-                let held: usize = batch.as_slice().iter().map(|b| self.pool.pkt_len(b)).sum();
-                pc.tx_packets.add(sent as u64);
-                pc.tx_bytes.add((bytes - held) as u64);
+        let n = batch.len();
+        match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
+            Some(sent) => {
                 self.stats.event(Event::PriorityFirst, sent as u64);
                 self.stats.event(Event::PriorityHeld, (n - sent) as u64);
+                // Held past this burst: no frame may keep a tail lent by a guest (a port
+                // that takes lent tails, vhost-user, copies only those it sends).
+                if sent < n && self.cache.lending() {
+                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
+                }
             }
-            _ => {
+            None => {
                 for b in batch.drain() {
                     self.stats.count_drop(DropReason::PortDown, p);
                     self.cache.free(b);
@@ -1478,6 +1456,26 @@ impl Pipeline {
         }
         std::mem::swap(batch, &mut kept);
     }
+}
+
+/// Sends `batch` on port `p` as far as its ring takes it (lent tails linearized first for a
+/// port that may keep buffers beyond the burst) and counts what went; what the ring did not
+/// take stays in `batch`. `None`: the port is down or gone (nothing sent).
+#[inline(always)]
+fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch) -> Option<usize> {
+    let pe = snap.port(p).filter(|pe| pe.port.link_up())?;
+    if cache.lending() && !pe.port.takes_lent() {
+        Pipeline::linearize_all(pool, cache, stats, p, batch);
+    }
+    let bytes: usize = batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum();
+    let n = batch.len();
+    let q = (thread % pe.port.tx_queues().max(1) as usize) as u16;
+    let sent = pe.port.tx_burst(q, cache, batch);
+    let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
+    let pc = stats.port(p);
+    pc.tx_packets.add(sent as u64);
+    pc.tx_bytes.add((bytes - unsent) as u64);
+    Some(sent)
 }
 
 /// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
