@@ -109,10 +109,8 @@ fn propagate_ecn(f: &mut [u8], outer: u8) -> Result<(), DropReason> {
         let new_word = u16::from_be_bytes([f[14], f[15]]);
         let hc = u16::from_be_bytes([f[24], f[25]]);
         // HC' = ~(~HC + ~m + m')
-        let sum = (!hc) as u32 + (!old_word) as u32 + new_word as u32;
-        let sum = (sum & 0xffff) + (sum >> 16);
-        let sum = (sum & 0xffff) + (sum >> 16);
-        f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        let sum = (!hc) as u64 + (!old_word) as u64 + new_word as u64;
+        f[24..26].copy_from_slice(&(!checksum::fold(sum)).to_be_bytes());
     } else {
         f[15] = (f[15] & !0x30) | new << 4;
     }
