@@ -33,6 +33,7 @@ pub mod vlan;
 pub mod vtep;
 pub mod pmd;
 pub mod switch;
+pub mod trace;
 
 pub use batch::{BATCH, Batch};
 pub use buf::{BufId, LentTail, Pool, PoolCache};

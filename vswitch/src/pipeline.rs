@@ -29,6 +29,7 @@ use crate::policer;
 use crate::security;
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::suppress::{self, Answer};
+use crate::trace::{FrameTrace, Learned, Retag, Step, Tracing};
 use crate::vlan;
 use crate::vtep::Marking;
 use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
@@ -140,6 +141,20 @@ pub struct Pipeline {
     /// Ingress policers' token buckets of the queues this thread polls, and their clock.
     policers: policer::Buckets,
     clock: fn() -> u64,
+    /// The switch's trace request (checked once per burst) and, while a burst is traced
+    /// (`traced`), its frames' traces.
+    tracing: Arc<Tracing>,
+    traced: bool,
+    trace: Box<BurstTrace>,
+}
+
+/// The traces of one traced burst: the first `k` frames, `cur` the one being forwarded;
+/// `dry`: a synthetic frame, which learns nothing and is not sent.
+struct BurstTrace {
+    frames: [FrameTrace; BATCH],
+    k: usize,
+    cur: usize,
+    dry: bool,
 }
 
 /// Bursts in a row that found nothing in the cache and filled it only by pushing out live
@@ -177,7 +192,15 @@ impl Pipeline {
             sampled: 0,
             policers: policer::Buckets::default(),
             clock: crate::util::monotonic_ns,
+            tracing: Arc::new(Tracing::default()),
+            traced: false,
+            trace: Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false }),
         }
+    }
+
+    /// Takes trace requests from `t` (the switch's).
+    pub fn set_tracing(&mut self, t: Arc<Tracing>) {
+        self.tracing = t;
     }
 
     pub fn stats(&self) -> &Arc<ThreadStats> {
@@ -271,14 +294,17 @@ impl Pipeline {
         };
         let n = batch.len();
         self.emc.sync(snap.generation, self.fdb.generation(), self.now);
+        if self.tracing.armed_for(in_port) {
+            self.begin_trace(port, batch, false);
+        }
         // The cache serves every port (a port with port security only for the frames whose
         // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
         // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
         // stage 2.
-        let cache_on = self.emc.capacity() > 0 && self.worth_looking_up(in_port);
+        let cache_on = self.emc.capacity() > 0 && !self.traced && self.worth_looking_up(in_port);
         let bytes = if port.kind != PortKind::Underlay {
             self.cached = cache_on;
-            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow(snap, port, batch) }
+            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow_traced_or_not(snap, port, batch) }
         } else {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
@@ -290,10 +316,13 @@ impl Pipeline {
                 }
                 None => {
                     self.cached = false;
-                    self.forward_slow(snap, port, batch)
+                    self.forward_slow_traced_or_not(snap, port, batch)
                 }
             }
         };
+        if self.traced {
+            self.end_trace();
+        }
         let pc = self.stats.port(in_port);
         pc.rx_packets.add(n as u64);
         pc.rx_bytes.add(bytes);
@@ -326,7 +355,7 @@ impl Pipeline {
                 *k = port_key(port.id, secured, self.pool.head(b));
             }
             let before = self.emc.fills();
-            self.forward_slow(snap, port, batch);
+            self.forward_slow::<false>(snap, port, batch);
             self.note_missed_burst(port.id, before);
             return bytes;
         }
@@ -452,13 +481,13 @@ impl Pipeline {
                 if self.retag(&mut b, tagged, pcp, want) {
                     self.enqueue(snap, p, b);
                 } else {
-                    self.discard(b, DropReason::Runt, p);
+                    self.drop_counted(b, DropReason::Runt, p);
                 }
             }
             Action::Peer { .. } => {
                 self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
                 if let Err(b) = self.to_peer.push(b) {
-                    self.discard(b, DropReason::NoEgress, 0); // holds a burst: unreachable
+                    self.drop_counted(b, DropReason::NoEgress, 0); // holds a burst: unreachable
                 }
             }
         }
@@ -505,9 +534,16 @@ impl Pipeline {
         }
     }
 
-    /// Stages 1 and 2 for a whole burst; returns its bytes.
+    /// [`Pipeline::forward_slow`] recording a trace when this burst is traced.
+    #[inline(always)]
+    fn forward_slow_traced_or_not(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        if self.traced { self.forward_slow::<true>(snap, port, batch) } else { self.forward_slow::<false>(snap, port, batch) }
+    }
+
+    /// Stages 1 and 2 for a whole burst; returns its bytes. `TRACE`: record what each node
+    /// decides (a traced burst; untraced ones compile without a check).
     #[inline(never)]
-    fn forward_slow(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+    fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
         let in_port = port.id;
         let n = batch.len();
         let mut ctxs = [Ctx::default(); BATCH];
@@ -516,22 +552,34 @@ impl Pipeline {
         } else {
             classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
         };
+        if TRACE {
+            self.trace_classified(snap, port, &ctxs);
+        }
 
         // Consecutive packets usually share a bridge domain: look it up once per run, and
         // count its packets and bytes once per run.
         let (mut run, mut run_entry) = (BdRun::new(NO_BD), None);
         for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
+            if TRACE {
+                self.trace.cur = i;
+            }
             if let Some(r) = c.drop {
                 self.discard(b, r, in_port);
                 continue;
             }
             if c.reply {
                 self.stats.event(Event::VtepAnswered, 1);
-                self.enqueue(snap, in_port, b);
+                if TRACE {
+                    self.record(Step::VtepAnswer);
+                }
+                self.deliver(snap, in_port, b, false);
                 continue;
             }
             if c.taken {
+                if TRACE {
+                    self.record(Step::VtepLearned);
+                }
                 self.cache.free(b);
                 continue;
             }
@@ -544,7 +592,7 @@ impl Pipeline {
                 continue;
             };
             run.count(c.len as usize);
-            self.forward(snap, port, bd, b, c, i);
+            self.forward::<TRACE>(snap, port, bd, b, c, i);
         }
         self.count_run(run);
         batch.clear_taken();
@@ -633,6 +681,9 @@ impl Pipeline {
     /// Learns a next hop's MAC from an ARP packet or neighbour advertisement in `b`.
     #[cold]
     fn learn_next_hop(&self, snap: &Snapshot, pool: &Pool, b: &BufId, local: IpAddr) -> bool {
+        if self.dry() {
+            return false;
+        }
         let Some((ip, mac)) = neigh::answer_in(pool, b, local) else { return false };
         let Some(peers) = snap.next_hops.get(&ip) else { return false };
         for p in peers {
@@ -752,28 +803,37 @@ impl Pipeline {
             return self.discard(b, DropReason::NoBridgeDomain, port.id);
         };
         self.count_bd(c.bd, 1, c.len as u64);
-        self.forward(snap, port, bd, b, c, i);
+        self.forward::<false>(snap, port, bd, b, c, i);
     }
 
     #[inline(always)]
     fn discard(&mut self, b: BufId, r: DropReason, port: u16) {
+        if self.traced {
+            self.record(Step::Drop { reason: r, port });
+        }
+        self.drop_counted(b, r, port);
+    }
+
+    #[inline(always)]
+    fn drop_counted(&mut self, b: BufId, r: DropReason, port: u16) {
         self.stats.count_drop(r, port);
         self.cache.free(b);
     }
 
     /// Stage 2: security, learning, suppression, lookup and egress of the `i`th packet.
     #[inline(always)]
-    fn forward(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize) {
+    fn forward<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize) {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
 
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
         // Whether the FDB now holds the source as learning wants it (else, not cacheable).
         let mut learnt = true;
-        if (if from_peer { bd.remote_learning } else { bd.learning })
-            && !self.fdb.is_fresh(c.src_key, c.src_loc, src, self.now)
-        {
+        let learning = if from_peer { bd.remote_learning } else { bd.learning };
+        if learning && !self.fdb.is_fresh(c.src_key, c.src_loc, src, self.now) {
             learnt = self.learn(port, bd, c, src);
+        } else if TRACE {
+            self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome: if learning { Learned::Fresh } else { Learned::Off } });
         }
 
         if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
@@ -782,12 +842,18 @@ impl Pipeline {
             if (et == ethertype::ARP || et == ethertype::IPV6)
                 && let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et) {
                     self.stats.event(if a == Answer::Arp { Event::ArpSuppressed } else { Event::NdSuppressed }, 1);
-                    return self.emit(snap, bd, b, c, src);
+                    if TRACE {
+                        self.record(Step::Suppress { arp: a == Answer::Arp });
+                    }
+                    return self.emit::<TRACE>(snap, bd, b, c, src);
                 }
         }
 
         if c.dst_key & (1 << 40) == 0
             && let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc) {
+                if TRACE {
+                    self.record(Step::Forward { mac: key_mac(c.dst_key), found: Some(v.dest()) });
+                }
                 match v.dest() {
                     Dest::Port(p) if p == port.id && !from_peer => return self.discard(b, DropReason::Reflect, port.id),
                     Dest::Peer(_) if from_peer => return self.discard(b, DropReason::Reflect, port.id),
@@ -801,7 +867,7 @@ impl Pipeline {
                                     let want = want.map(|v| (pe.tpid, v));
                                     self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
                                 }
-                                return self.emit_port(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
+                                return self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
                             }
                     }
                     Dest::Peer(p) => {
@@ -811,14 +877,19 @@ impl Pipeline {
                                 let max = l2 + port.mtu as usize;
                                 self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
                             }
-                            return self.emit_peer(snap, bd, b, c.tagged, p);
+                            return self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p);
                         }
                     }
                 }
                 // The entry points somewhere no longer in this bridge domain: flood.
                 self.stats.event(Event::StaleFdb, 1);
+                if TRACE {
+                    self.record(Step::Stale { mac: key_mac(c.dst_key) });
+                }
+            } else if TRACE {
+                self.record(Step::Forward { mac: key_mac(c.dst_key), found: None });
             }
-        self.flood(snap, bd, port.id, b, c);
+        self.flood::<TRACE>(snap, bd, port.id, b, c);
     }
 
     /// Learning beyond the common case (a MAC that is new, moved, static, or last refreshed
@@ -829,7 +900,24 @@ impl Pipeline {
     fn learn(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx, src: Dest) -> bool {
         let from_peer = c.from_peer != NO_PEER;
         let limits = Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
-        let (event, done) = match self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits) {
+        if self.dry() {
+            self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome: Learned::WouldLearn });
+            return true;
+        }
+        let learned = self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits);
+        if self.traced {
+            let outcome = match learned {
+                Learn::Unchanged => Learned::Fresh,
+                Learn::Refreshed => Learned::Refreshed,
+                Learn::Learned => Learned::New,
+                Learn::Moved => Learned::Moved,
+                Learn::StaticRefused => Learned::StaticRefused,
+                Learn::Limit => Learned::Limit,
+                Learn::Busy => Learned::Busy,
+            };
+            self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome });
+        }
+        let (event, done) = match learned {
             Learn::Unchanged | Learn::Refreshed => return true,
             Learn::Learned => {
                 self.stats.bd(bd.id).learned.add(1);
@@ -845,23 +933,23 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn emit(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
+    fn emit<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
         match d {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
                 Some((pe, Some(want))) => {
                     let len = self.pool.pkt_len(&b);
-                    self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len)
+                    self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, len)
                 }
                 _ => self.discard(b, DropReason::NoEgress, p),
             },
-            Dest::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+            Dest::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
         }
     }
 
     /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn emit_port(
+    fn emit_port<const TRACE: bool>(
         &mut self,
         snap: &Snapshot,
         pe: &PortEntry,
@@ -871,6 +959,15 @@ impl Pipeline {
         want: Option<u16>,
         len: usize,
     ) {
+        if TRACE {
+            let op = match (tagged, want) {
+                (false, None) => Retag::Keep,
+                (false, Some(vid)) => Retag::Push { tpid: pe.tpid, vid },
+                (true, None) => Retag::Pop,
+                (true, Some(_)) => Retag::Tpid(pe.tpid),
+            };
+            self.record(Step::VlanRewrite { port: pe.id, op });
+        }
         if !self.retag(&mut b, tagged, pcp, want.map(|v| (pe.tpid, v))) {
             return self.discard(b, DropReason::Runt, pe.id);
         }
@@ -878,6 +975,9 @@ impl Pipeline {
         let l3 = len - if tagged { 18 } else { 14 };
         if l3 > pe.mtu as usize {
             return self.discard(b, DropReason::EgressMtu, pe.id);
+        }
+        if TRACE {
+            return self.deliver_traced(snap, pe.id, b, false);
         }
         self.enqueue(snap, pe.id, b);
     }
@@ -899,7 +999,7 @@ impl Pipeline {
 
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
     #[inline(always)]
-    fn emit_peer(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
+    fn emit_peer<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
         let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
@@ -910,6 +1010,9 @@ impl Pipeline {
             return self.park(vtep, b, peer, vni);
         };
         let mark = snap.marking(bd.id);
+        if TRACE {
+            self.record(Step::Encap { peer, vni, dscp: mark.dscp, priority: mark.priority });
+        }
         let r = vtep.encap(&self.pool, &mut b, pe, vni, mark);
         if self.sent_encapsulated(snap, vtep, b, r, (mac, mark.priority)) {
             self.stats.event(Event::Encapsulated, 1);
@@ -935,6 +1038,10 @@ impl Pipeline {
     /// drops it when too many wait.
     #[cold]
     fn park(&mut self, vtep: &VtepEntry, mut b: BufId, peer: u16, vni: u32) {
+        self.note(Step::NeighborHold { peer });
+        if self.dry() {
+            return self.cache.free(b);
+        }
         // It waits beyond this burst: nothing of it may stay in a guest's buffer.
         if !self.pool.linearize(&mut b, &mut self.cache) {
             return self.discard(b, DropReason::NoBuffer, vtep.underlay_port);
@@ -949,6 +1056,9 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     fn resolve(&mut self, snap: &Snapshot, vtep: &VtepEntry, peer: u16, target: IpAddr) -> Option<MacAddr> {
+        if self.dry() {
+            return None; // a synthetic frame asks nobody
+        }
         let (next, ask) = self.neigh.next(peer, self.now, !vtep.shared);
         if ask {
             match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
@@ -1017,11 +1127,7 @@ impl Pipeline {
                 if let Some(m) = mac {
                     self.set_next_hop(&mut b, m);
                 }
-                if first {
-                    self.enqueue_first(snap, vtep.underlay_port, b);
-                } else {
-                    self.enqueue(snap, vtep.underlay_port, b);
-                }
+                self.deliver(snap, vtep.underlay_port, b, first);
                 true
             }
             Err(r) => {
@@ -1194,7 +1300,7 @@ impl Pipeline {
     /// one (split horizon). Every egress but the last gets a copy (small frames) or a private
     /// header segment over the shared payload (large ones); the last gets the original.
     #[inline(never)]
-    fn flood(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
+    fn flood<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
         // Copies share the payload: it must be in the pool.
         if !self.pool.linearize(&mut b, &mut self.cache) {
             return self.discard(b, DropReason::NoBuffer, in_port);
@@ -1207,6 +1313,9 @@ impl Pipeline {
             return self.discard(b, DropReason::NoEgress, in_port);
         }
         self.stats.event(Event::Flooded, 1);
+        if TRACE {
+            self.record(Step::Flood { bd: bd.id, copies: k as u16 });
+        }
         self.stats.bd(bd.id).flooded.add(1);
         self.stats.event(Event::FloodCopies, (k - 1) as u64);
         let len = self.pool.pkt_len(&b);
@@ -1234,7 +1343,7 @@ impl Pipeline {
                     copy
                 };
                 if let Some(f) = frame {
-                    self.emit_target(snap, bd, f, c, t, len);
+                    self.emit_target::<TRACE>(snap, bd, f, c, t, len);
                 }
             }
             if let Some(o) = original {
@@ -1254,7 +1363,7 @@ impl Pipeline {
                 Some(mut h) => {
                     self.pool.append(&mut h, &hdr[..l2]);
                     self.pool.link_shared(&mut h, &shared);
-                    self.emit_target(snap, bd, h, c, t, len);
+                    self.emit_target::<TRACE>(snap, bd, h, c, t, len);
                 }
                 None => self.flood_copy_failed(in_port),
             }
@@ -1269,13 +1378,13 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn emit_target(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
+    fn emit_target<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
         match t {
             Target::Port(p, want) => match snap.port(p) {
-                Some(pe) => self.emit_port(snap, pe, b, c.tagged, c.pcp, want, len),
+                Some(pe) => self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, len),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
-            Target::Peer(p) => self.emit_peer(snap, bd, b, c.tagged, p),
+            Target::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
         }
     }
 
@@ -1456,6 +1565,156 @@ impl Pipeline {
         }
         std::mem::swap(batch, &mut kept);
     }
+}
+
+/// Packet trace ([`crate::trace`]): a traced burst takes the slow path compiled with
+/// `TRACE` (`forward_slow::<true>`), whose nodes record what they decided through
+/// [`Pipeline::record`]; untraced bursts pay one check per burst (`Tracing::armed_for`), and
+/// a test of `traced` only where a frame is dropped, waits for a next hop or learns
+/// something new (paths shared with the cache's).
+impl Pipeline {
+    /// Records `s` for the frame being forwarded when this burst is traced.
+    #[inline(always)]
+    fn note(&mut self, s: Step) {
+        if self.traced {
+            self.record(s);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record(&mut self, s: Step) {
+        let t = &mut *self.trace;
+        if t.cur < t.k
+            && let Some(f) = t.frames.get_mut(t.cur)
+        {
+            f.push(s);
+        }
+    }
+
+    /// A synthetic frame is being traced: nothing may be learned, asked or sent.
+    #[inline(always)]
+    fn dry(&self) -> bool {
+        self.traced && self.trace.dry
+    }
+
+    /// Queues a frame the slow path forwards on `port` (`first`: ahead of its tx batch); a
+    /// synthetic frame is recorded and freed instead.
+    #[inline(always)]
+    fn deliver(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+        if self.traced {
+            return self.deliver_traced(snap, port, b, first);
+        }
+        if first { self.enqueue_first(snap, port, b) } else { self.enqueue(snap, port, b) }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn deliver_traced(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+        let dry = self.trace.dry;
+        self.record(Step::Tx { port, first, sent: !dry });
+        match (dry, first) {
+            (true, _) => self.cache.free(b),
+            (false, true) => self.enqueue_first(snap, port, b),
+            (false, false) => self.enqueue(snap, port, b),
+        }
+    }
+
+    /// Starts tracing the frames of a burst from `port` (the first the request still wants,
+    /// or every one of a synthetic `batch`): their heads, and what the cache would decide.
+    #[cold]
+    #[inline(never)]
+    fn begin_trace(&mut self, port: &PortEntry, batch: &Batch, dry: bool) {
+        let k = if dry { batch.len() } else { self.tracing.claim(batch.len()) };
+        if k == 0 {
+            return;
+        }
+        self.traced = true;
+        self.cached = false;
+        let t = &mut *self.trace;
+        (t.k, t.cur, t.dry) = (k, 0, dry);
+        let emc = (self.emc.capacity() > 0 && port.kind != PortKind::Underlay).then(|| self.emc.view());
+        for (f, b) in t.frames.iter_mut().zip(batch.as_slice()).take(k) {
+            let (h, len) = self.pool.head_and_len(b);
+            f.start(port.id, len, h);
+            (f.thread, f.dry, f.seq) = (self.thread, dry, self.tracing.next_seq());
+            if let Some(emc) = &emc {
+                let key = if port.security.is_some() { Key::lookup_from_secured_port(port.id, h) } else { Key::from_port(port.id, h) };
+                let hit = key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32)).map(|hit| {
+                    let to = match hit.action() {
+                        Action::Port { port, .. } => Dest::Port(port),
+                        Action::Peer { peer, .. } => Dest::Peer(peer),
+                    };
+                    (hit.bd(), to)
+                });
+                f.push(Step::Cache { hit });
+            }
+        }
+    }
+
+    /// Hands the burst's traces to the control side.
+    #[cold]
+    #[inline(never)]
+    fn end_trace(&mut self) {
+        self.traced = false;
+        for f in &self.trace.frames[..self.trace.k] {
+            self.tracing.hand_over(f.clone());
+        }
+    }
+
+    /// Stage 1's decisions for the traced frames (drops, answers and what the VTEP takes
+    /// are recorded where stage 2 acts on them).
+    #[cold]
+    #[inline(never)]
+    fn trace_classified(&mut self, snap: &Snapshot, port: &PortEntry, ctxs: &[Ctx; BATCH]) {
+        let t = &mut *self.trace;
+        for (c, f) in ctxs.iter().zip(t.frames.iter_mut()).take(t.k) {
+            match c.drop {
+                // Port security runs after classification, which passed.
+                Some(r) if crate::trace::Node::dropping(r) == crate::trace::Node::PortSecurity => {
+                    f.push(Step::Classify { bd: port.untagged_bd, vid: 0, pcp: 0 });
+                }
+                Some(_) => {}
+                None if c.reply || c.taken => {}
+                None if c.from_peer != NO_PEER => f.push(Step::Decap { peer: c.from_peer, bd: c.bd }),
+                None => {
+                    let vid = if c.tagged { snap.bd(c.bd).map_or(0, |b| b.vlan) } else { 0 };
+                    f.push(Step::Classify { bd: c.bd, vid, pcp: (c.pcp >> 13) as u8 });
+                    if port.security.is_some() {
+                        f.push(Step::PortSecurity);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `frame`, as if received on port id `in_port`, through `snap` (VPP's `trace` of a
+    /// made-up packet, OVS's `ofproto/trace`): stage 1 and 2 as for any frame, but nothing is
+    /// learned, no next hop asked for and nothing sent; the cache and the ingress policer
+    /// are not consulted. `None`: no such port, or no buffer holds the frame.
+    pub fn trace_dry(&mut self, snap: &Snapshot, in_port: u16, frame: &[u8]) -> Option<FrameTrace> {
+        let port = snap.port(in_port)?;
+        let mut b = self.cache.alloc()?;
+        if !self.pool.append(&mut b, frame) {
+            self.cache.free(b);
+            return None;
+        }
+        let mut batch = Batch::new();
+        if let Err(b) = batch.push(b) {
+            self.cache.free(b); // an empty batch takes a frame: unreachable
+            return None;
+        }
+        self.begin_trace(port, &batch, true);
+        self.forward_slow::<true>(snap, port, &mut batch);
+        self.traced = false;
+        Some(std::mem::take(&mut self.trace.frames[0]))
+    }
+}
+
+/// The MAC address in an FDB key.
+fn key_mac(key: u64) -> MacAddr {
+    let b = key.to_be_bytes();
+    MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// Sends `batch` on port `p` as far as its ring takes it (lent tails linearized first for a

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use crate::pipeline::Pipeline;
 use crate::port::Port;
 use crate::snapshot::{ConfigError, Ids, Snapshot};
+use crate::trace::{FrameTrace, Tracing};
 use crate::wire::MacAddr;
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashSet};
@@ -33,6 +34,10 @@ pub enum SwitchError {
     PortInUse(String),
     #[error("port {0:?} was opened over another buffer pool than the switch's")]
     ForeignPool(String),
+    #[error("a synthetic frame of {0} bytes: between 14 and {max} bytes are traced", max = crate::buf::BUF_SIZE - crate::buf::HEADROOM)]
+    FrameSize(usize),
+    #[error("no free buffer to hold the frame")]
+    NoBuffer,
     #[error(transparent)]
     Config(#[from] ConfigError),
 }
@@ -83,6 +88,7 @@ pub struct Switch {
     control: Mutex<Control>,
     threads: Mutex<Vec<Arc<ThreadStats>>>,
     baselines: Mutex<Baselines>,
+    tracing: Arc<Tracing>,
 }
 
 impl std::fmt::Debug for Switch {
@@ -103,6 +109,7 @@ impl Switch {
             control: Mutex::new(Control::default()),
             threads: Mutex::new(Vec::new()),
             baselines: Mutex::new(Baselines::default()),
+            tracing: Arc::new(Tracing::default()),
         })
     }
 
@@ -258,7 +265,43 @@ impl Switch {
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(stats.clone());
         let mut p = Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries);
         p.set_neighbors(self.neighbors.clone());
+        p.set_tracing(self.tracing.clone());
         p
+    }
+
+    /// Traces the next `count` frames received on port `name` (at most
+    /// [`crate::trace::MAX_TRACES`]; replaces an earlier request): take them with
+    /// [`Switch::traces`].
+    pub fn trace(&self, name: &str, count: u32) -> Result<(), SwitchError> {
+        let id = self.snapshot().port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
+        self.tracing.arm(id, count);
+        Ok(())
+    }
+
+    /// The trace request PMD threads serve (what remains of it, traces lost).
+    pub fn tracing(&self) -> &Tracing {
+        &self.tracing
+    }
+
+    /// The traces finished since the last call, in the order frames were traced.
+    pub fn traces(&self) -> Vec<FrameTrace> {
+        self.tracing.take()
+    }
+
+    /// Runs `frame`, as if received on port `name`, through the current configuration and
+    /// FDB without learning or sending anything: what would happen to it.
+    pub fn trace_synthetic(&self, name: &str, frame: &[u8]) -> Result<FrameTrace, SwitchError> {
+        let snap = self.snapshot();
+        let id = snap.port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
+        if frame.len() < crate::wire::ethernet::HEADER_LEN || frame.len() > crate::buf::BUF_SIZE - crate::buf::HEADROOM {
+            return Err(SwitchError::FrameSize(frame.len()));
+        }
+        // A private pipeline: its counters join no total, it has no cache, and it resolves
+        // next hops only from what the PMD threads learned.
+        let mut p = Pipeline::new(0, self.pool.clone(), self.fdb.clone(), Arc::new(ThreadStats::new()), 0);
+        p.set_neighbors(self.neighbors.clone());
+        p.set_now(crate::util::coarse_secs());
+        p.trace_dry(&snap, id, frame).ok_or(SwitchError::NoBuffer)
     }
 
     /// Records the counters of ids whose name goes (a port or bridge domain removed), so

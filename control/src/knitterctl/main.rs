@@ -69,6 +69,11 @@ const EXAMPLES: &str = "Examples:
   knitterctl --manager 10.0.0.5:9481 --token-file token --manager-ca ca.pem manager port list --node n1
   knitterctl -o json manager node list";
 
+const TRACE_EXAMPLES: &str = "Examples:
+  knitterctl trace --port pod-a --count 5
+  knitterctl trace --port pod-a --synthetic 'eth(src=02:00:00:00:00:01,dst=02:00:00:00:00:02) ipv4(src=10.1.0.2,dst=10.1.0.3) udp(dst=53)'
+  knitterctl trace --port uplink --synthetic 'eth(src=02:00:00:00:00:0a,dst=02:00:00:00:00:0b) ipv4(src=192.0.2.2,dst=192.0.2.1) udp(dst=4789) vxlan(vni=100) eth(src=02:00:00:00:00:03,dst=02:00:00:00:00:01) ipv4(src=10.1.0.9,dst=10.1.0.2) icmp()'";
+
 const MANAGER_EXAMPLES: &str = "Examples:
   knitterctl manager network create red --ipv4 10.1.0.0/24 --gateway4 10.1.0.1
   knitterctl manager network create media --kind vlan --segment 100 --plane media --ipv4 10.9.0.0/24
@@ -148,6 +153,27 @@ enum Cmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Packet trace: what the switch does with the next frames received on a port, node by
+    /// node and why (like VPP's `trace add` and OVS's `ofproto/trace`). Traced frames are
+    /// forwarded as usual. With --synthetic, a made-up frame runs through the current
+    /// configuration instead, and nothing is learned or sent.
+    #[command(after_help = TRACE_EXAMPLES)]
+    Trace {
+        /// The ingress port.
+        #[arg(long)]
+        port: String,
+        /// Frames to trace (1-256).
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        /// Seconds to wait for them (at most 300).
+        #[arg(long, default_value_t = 10)]
+        timeout: u32,
+        /// A frame spec, outermost layer first: eth(src=,dst=) vlan(vid=,pcp=)
+        /// ipv4(src=,dst=,tos=) ipv6(src=,dst=) arp(op=,spa=,tpa=) udp(src=,dst=) tcp(...)
+        /// icmp() icmpv6() vxlan(vni=) payload(len=).
+        #[arg(long)]
+        synthetic: Option<String>,
+    },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -160,6 +186,23 @@ enum Cmd {
         #[arg(long)]
         queues: bool,
     },
+}
+
+fn print_traces(r: &pb::TraceReply) {
+    if r.frames.is_empty() {
+        println!("no frame was traced (none arrived on the port before the timeout)");
+    }
+    for f in &r.frames {
+        let what = if f.synthetic { "synthetic frame".to_string() } else { format!("trace {} (pmd {})", f.seq, f.thread) };
+        println!("{what} in port {}: {}", f.port, f.frame);
+        let width = f.steps.iter().map(|s| s.node.len()).max().unwrap_or(0);
+        for s in &f.steps {
+            println!("  {:width$}  {}", s.node, s.detail);
+        }
+    }
+    if r.lost > 0 {
+        println!("{} traces lost (the daemon's trace queue was full)", r.lost);
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -787,6 +830,14 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Stats { interval, count, queues } => stats(&mut c, out, interval, count, queues).await?,
+        Cmd::Trace { port, count, timeout, synthetic } => {
+            let req = pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() };
+            let r = c.trace(req).await?.into_inner();
+            if out == Output::Json {
+                return json(&r);
+            }
+            print_traces(&r);
+        }
         Cmd::Manager { .. } => unreachable!("manager commands run in main"),
         Cmd::Events { count } => {
             let mut stream = c.events(pb::EventsRequest {}).await?.into_inner();

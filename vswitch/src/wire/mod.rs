@@ -14,6 +14,7 @@ pub mod ethernet;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
+pub mod spec;
 pub mod udp;
 pub mod vxlan;
 

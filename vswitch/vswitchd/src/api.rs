@@ -176,6 +176,10 @@ impl NodeApi for Api {
         Ok(Response::new(pb::FdbReply { entries }))
     }
 
+    async fn trace(&self, r: Request<pb::TraceRequest>) -> Result<Response<pb::TraceReply>, Status> {
+        crate::trace::trace(self.node.switch.clone(), r.into_inner()).await.map(Response::new)
+    }
+
     async fn fdb_flush(&self, r: Request<pb::FdbFlushRequest>) -> Result<Response<pb::FdbFlushReply>, Status> {
         let r = r.into_inner();
         let sw = &self.node.switch;

@@ -19,6 +19,7 @@ mod records;
 mod settings;
 mod state;
 mod sync;
+mod trace;
 mod underlay;
 mod views;
 

@@ -961,3 +961,64 @@ async fn systemd_is_told_when_the_node_is_ready_and_when_it_stops() {
     assert_eq!(next(&mut child).await, "STOPPING=1");
     assert!(child.wait().unwrap().success());
 }
+
+/// `Trace` through the daemon: a live trace of a pod's pings names the nodes each frame
+/// passed (and the pings still arrive); `knitterctl trace --synthetic` says what would happen
+/// to a made-up frame; bad requests are refused with the reason.
+#[tokio::test]
+// The guard is the process-wide right to make namespaces, held for the whole test on a
+// single-threaded runtime: no other task waits for it.
+#[allow(clippy::await_holding_lock)]
+async fn a_pods_frames_are_traced_live_and_a_made_up_frame_is_traced_dry() {
+    use vswitch::testkit::netns;
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (sw, pa, _pb) = two_pods();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, false, "red")).await.unwrap();
+    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+
+    let name = pa.name.clone();
+    let pinger = std::thread::spawn(move || {
+        Command::new("ip").args(["netns", "exec", &name, "ping", "-c", "30", "-i", "0.05", "-W", "1", "-q", "192.0.2.2"]).output()
+    });
+    let r = c.trace(pb::TraceRequest { port: "pa0".into(), count: 3, timeout_ms: 10_000, synthetic: String::new() }).await.unwrap().into_inner();
+    let out = pinger.join().unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("30 received"), "traced frames are forwarded");
+    assert_eq!(r.frames.len(), 3, "{r:?}");
+    let echo = r.frames.iter().find(|f| f.frame.contains("ipv4 192.0.2.1 > 192.0.2.2")).unwrap_or_else(|| panic!("{r:?}"));
+    let nodes: Vec<&str> = echo.steps.iter().map(|s| s.node.as_str()).collect();
+    assert_eq!(nodes, ["cache", "classify", "learn", "l2-forward", "vlan-rewrite", "tx"], "{echo:?}");
+    assert!(echo.steps.iter().any(|s| s.node == "l2-forward" && s.detail.ends_with("→ port pb0")), "{echo:?}");
+    assert_eq!(echo.port, "pa0");
+
+    // A made-up frame to pod b's MAC, through knitterctl.
+    let fdb = c.fdb_dump(pb::FdbRequest { bridge: "red".into() }).await.unwrap().into_inner();
+    let pb_mac = fdb.entries.iter().find(|e| e.dest == "port pb0").map(|e| e.mac.clone()).expect("pod b learnt");
+    let ctl = Path::new(env!("CARGO_BIN_EXE_knitter-vswitchd")).with_file_name("knitterctl");
+    if ctl.exists() {
+        let spec = format!("eth(src=02:00:00:00:00:99,dst={pb_mac}) ipv4(src=192.0.2.9,dst=192.0.2.2) udp(dst=53)");
+        let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["trace", "--port", "pa0", "--synthetic", &spec]).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{text} {}", String::from_utf8_lossy(&o.stderr));
+        for want in ["synthetic frame in port pa0", "udp 49152 > 53", "would learn", "→ port pb0", "port pb0 (synthetic: not sent)"] {
+            assert!(text.contains(want), "{want:?} in:\n{text}");
+        }
+    } else {
+        assert!(std::env::var_os("CI").is_none(), "{} is not built (cargo build --workspace)", ctl.display());
+    }
+    let fdb_after = c.fdb_dump(pb::FdbRequest { bridge: "red".into() }).await.unwrap().into_inner();
+    assert!(!fdb_after.entries.iter().any(|e| e.mac == "02:00:00:00:00:99"), "the synthetic frame taught nothing");
+
+    let t = |port: &str, count: u32, synthetic: &str| pb::TraceRequest { port: port.into(), count, timeout_ms: 100, synthetic: synthetic.into() };
+    refused(c.trace(t("nope", 1, "")).await, Code::NotFound, "nope");
+    refused(c.trace(t("pa0", 1000, "")).await, Code::InvalidArgument, "at most 256");
+    refused(c.trace(t("pa0", 1, "eth(src=02:00:00:00:00:01,dst=02:00:00:00:00:02) bogus(x=1)")).await, Code::InvalidArgument, "unknown layer \"bogus\"");
+    refused(c.trace(t("", 1, "")).await, Code::InvalidArgument, "port");
+    // Nothing arrives on pb0 (nobody sends): an empty reply after the timeout.
+    let r = c.trace(t("pb0", 1, "")).await.unwrap().into_inner();
+    assert!(r.frames.is_empty(), "{r:?}");
+}
