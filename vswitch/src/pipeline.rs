@@ -292,19 +292,41 @@ impl Pipeline {
             }
             return;
         };
-        let n = batch.len();
-        self.emc.sync(snap.generation, self.fdb.generation(), self.now);
-        if self.tracing.armed_for(in_port) {
-            self.begin_trace(port, batch, false);
+        if self.tracing.armed_for(in_port) && self.process_traced(snap, port, batch) {
+            return;
         }
+        self.process_port::<false>(snap, port, batch);
+    }
+
+    /// A burst from a port a trace request is armed on: its first frames (as many as the
+    /// request still wants) traced through the slow path. False if the request wants no
+    /// more (another thread took the last).
+    #[cold]
+    #[inline(never)]
+    fn process_traced(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> bool {
+        self.begin_trace(port, batch, false);
+        if !self.traced {
+            return false;
+        }
+        self.process_port::<true>(snap, port, batch);
+        self.end_trace();
+        true
+    }
+
+    /// [`Pipeline::process`] for an existing port; `TRACE`: the burst is traced (it takes
+    /// the slow path, compiled to record what each node decides).
+    #[inline(always)]
+    fn process_port<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) {
+        let (in_port, n) = (port.id, batch.len());
+        self.emc.sync(snap.generation, self.fdb.generation(), self.now);
         // The cache serves every port (a port with port security only for the frames whose
         // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
         // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
         // stage 2.
-        let cache_on = self.emc.capacity() > 0 && !self.traced && self.worth_looking_up(in_port);
+        let cache_on = !TRACE && self.emc.capacity() > 0 && self.worth_looking_up(in_port);
         let bytes = if port.kind != PortKind::Underlay {
             self.cached = cache_on;
-            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow_traced_or_not(snap, port, batch) }
+            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow::<TRACE>(snap, port, batch) }
         } else {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
@@ -316,13 +338,10 @@ impl Pipeline {
                 }
                 None => {
                     self.cached = false;
-                    self.forward_slow_traced_or_not(snap, port, batch)
+                    self.forward_slow::<TRACE>(snap, port, batch)
                 }
             }
         };
-        if self.traced {
-            self.end_trace();
-        }
         let pc = self.stats.port(in_port);
         pc.rx_packets.add(n as u64);
         pc.rx_bytes.add(bytes);
@@ -347,7 +366,7 @@ impl Pipeline {
         let (bytes, hits) = match (emc.spread, secured) {
             (true, true) => probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
             (true, false) => probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found),
-            (false, true) => probe_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
             (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
         if hits == 0 {
@@ -532,12 +551,6 @@ impl Pipeline {
             Some(rest) if self.lookups_outdated() => forget_hits(rest),
             _ => 0,
         }
-    }
-
-    /// [`Pipeline::forward_slow`] recording a trace when this burst is traced.
-    #[inline(always)]
-    fn forward_slow_traced_or_not(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
-        if self.traced { self.forward_slow::<true>(snap, port, batch) } else { self.forward_slow::<false>(snap, port, batch) }
     }
 
     /// Stages 1 and 2 for a whole burst; returns its bytes. `TRACE`: record what each node
@@ -1742,11 +1755,17 @@ fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, thread: u
 /// stay in registers.
 /// [`probe_burst`] for a port without port security, out of line: its loop is the hit
 /// path's hottest code, compiled the same whatever its callers grow (inlined, its lookups
-/// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping;
-/// the secured loop is the other way round, and stays inline).
+/// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping).
 #[inline(never)]
 fn probe_trusted_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
     probe_burst::<false>(pool, emc, port, bufs, found)
+}
+
+/// [`probe_burst`] for a pod port (port security), out of line for the same reason (inline,
+/// it cost 6 instructions a frame more once the burst's entry grew a trace check).
+#[inline(never)]
+fn probe_secured_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    probe_burst::<true>(pool, emc, port, bufs, found)
 }
 
 #[inline(always)]
