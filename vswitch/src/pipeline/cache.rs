@@ -1,0 +1,413 @@
+//! Node `cache` (stage 0): the exact-match cache of [`crate::emc`]. A read-only probe of
+//! the whole burst, then, in order, hits to egress (the shared tagging and tx code) and
+//! misses through `classify`/`decap` and `forward` in their place; for an underlay, the outer
+//! headers checked and the inner frame looked up in place. It fuses the logical nodes a hit
+//! skips (classify, port security, learn, forward, encap for a burst all to peers): a hit
+//! costs ~110 instructions where the full path costs ~320 (docs/perf.md), and the trace
+//! reports the cache's decision and then the full path for traced frames.
+
+use super::*;
+
+/// Bursts in a row that found nothing in the cache and filled it only by pushing out live
+/// entries (or not at all) after which a port is taken to churn through more flows than the
+/// cache holds (or to send what is never cached: floods).
+pub(super) const THRASHING_AFTER: u8 = 8;
+
+/// One burst in this many of a thrashing port still goes through the cache, to notice flows
+/// that repeat again.
+pub(super) const SAMPLE_EVERY: u32 = 16;
+
+/// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
+/// their bytes and how many were found. It only reads, so the pool's and the cache's fields
+/// stay in registers.
+/// [`probe_burst`] for a port without port security, out of line: its loop is the hit
+/// path's hottest code, compiled the same whatever its callers grow (inlined, its lookups
+/// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping).
+#[inline(never)]
+pub(super) fn probe_trusted_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    probe_burst::<false>(pool, emc, port, bufs, found)
+}
+
+/// [`probe_burst`] for a pod port (port security), out of line for the same reason (inline,
+/// it cost 6 instructions a frame more once the burst's entry grew a trace check).
+#[inline(never)]
+pub(super) fn probe_secured_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    probe_burst::<true>(pool, emc, port, bufs, found)
+}
+
+#[inline(always)]
+pub(super) fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    let (mut bytes, mut hits) = (0u64, 0u64);
+    for (b, f) in bufs.iter().zip(found.iter_mut()) {
+        let (h, len) = pool.head_and_len(b);
+        bytes += len as u64;
+        let key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        let hit = key.and_then(|k| emc.lookup(&k)).unwrap_or_default();
+        hits += hit.admits(len as u32) as u64;
+        *f = (hit, len as u32);
+    }
+    (bytes, hits)
+}
+
+/// [`probe_burst`] for flows spread over more cache than a core holds ([`EmcView::spread`]):
+/// a first pass makes every frame's key and requests its set, a second looks them up, so the
+/// burst's waits on memory overlap instead of coming one after another.
+#[inline(never)]
+pub(super) fn probe_spread_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+    let mut keys = [(0usize, None::<Key>); BATCH];
+    let mut bytes = 0u64;
+    for ((b, f), (set, key)) in bufs.iter().zip(found.iter_mut()).zip(keys.iter_mut()) {
+        let (h, len) = pool.head_and_len(b);
+        bytes += len as u64;
+        f.1 = len as u32;
+        *key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        if let Some(k) = key {
+            *set = emc.set_of(k);
+            emc.prefetch_set(*set);
+        }
+    }
+    let mut hits = 0u64;
+    for (f, (set, key)) in found.iter_mut().zip(&keys).take(bufs.len()) {
+        let hit = key.as_ref().and_then(|k| emc.lookup_in(*set, k)).unwrap_or_default();
+        hits += hit.admits(f.1) as u64;
+        f.0 = hit;
+    }
+    (bytes, hits)
+}
+
+/// The key a frame from local port `port` (`secured`: it has port security) fills the
+/// cache under (lookups of secured ports' frames use [`Key::lookup_from_secured_port`]).
+#[inline(always)]
+pub(super) fn port_key(port: u16, secured: bool, h: &[u8]) -> Option<Key> {
+    if secured { Key::from_secured_port(port, h) } else { Key::from_port(port, h) }
+}
+
+/// Turns the remaining hits of a burst into misses (their lookups are outdated); returns how
+/// many there were.
+#[cold]
+#[inline(never)]
+pub(super) fn forget_hits<F: Found>(found: &mut [F]) -> u64 {
+    let mut hits = 0;
+    for f in found {
+        let (hit, len) = f.hit_and_len();
+        hits += hit.admits(len) as u64;
+        *hit = Hit::default();
+    }
+    hits
+}
+
+/// A burst's per-frame lookup result: the hit and the frame's length first.
+pub(super) trait Found {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32);
+}
+
+impl Found for (Hit, u32) {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32) {
+        (&mut self.0, self.1)
+    }
+}
+
+impl Found for (Hit, u32, bool) {
+    fn hit_and_len(&mut self) -> (&mut Hit, u32) {
+        (&mut self.0, self.1)
+    }
+}
+
+/// Whether every hit of a burst goes to a remote VTEP (the first to a local port stops it).
+#[inline(never)]
+pub(super) fn all_to_peers(found: &[(Hit, u32)]) -> bool {
+    found.iter().all(|(h, _)| h.is_peer())
+}
+
+impl Pipeline {
+    /// Stage 0 for a burst from a local port: a read-only lookup of every frame, then the
+    /// hits and misses in order (or stages 1-2 for the whole burst when nothing hit).
+    /// Returns the bytes received.
+    #[inline(always)]
+    pub(super) fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        let mut found = [(Hit::default(), 0u32); BATCH];
+        let secured = port.security.is_some();
+        let (pool, emc) = (self.pool.view(), self.emc.view());
+        let (bytes, hits) = match (emc.spread, secured) {
+            (true, true) => probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (true, false) => probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
+            (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
+        };
+        if hits == 0 {
+            for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
+                *k = port_key(port.id, secured, self.pool.head(b));
+            }
+            let before = self.emc.fills();
+            self.forward_slow::<false>(snap, port, batch);
+            self.note_missed_burst(port.id, before);
+            return bytes;
+        }
+        if hits * 8 >= batch.len() as u64 {
+            self.note_hit_burst(port.id);
+        }
+        // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
+        // need no in-order pass. A burst to local ports stops at its first frame.
+        if hits == batch.len() as u64 && all_to_peers(&found[..batch.len()]) {
+            self.encap_burst(snap, port, batch, &found, bytes);
+            return bytes;
+        }
+        let demoted = if port.kind == PortKind::Access {
+            // An access port's frames all belong to its one bridge domain.
+            self.forward_cached::<true>(snap, port, batch, &mut found)
+        } else {
+            self.forward_cached::<false>(snap, port, batch, &mut found)
+        };
+        self.count_hits(hits - demoted);
+        bytes
+    }
+
+    /// Whether this burst from `port` goes through the cache: always, unless the port's last
+    /// [`THRASHING_AFTER`] bursts were wasted on it — no hit (a few, under an eighth of a
+    /// burst, do not end it), and fills that only pushed out live entries, or none: a churn of flows the cache cannot hold, or floods, where every
+    /// lookup and fill is work for nothing (a miss cost ~200 instructions on top of the slow
+    /// path) — and then one burst in [`SAMPLE_EVERY`], to notice when flows repeat again (a
+    /// burst with a hit ends it). New flows that fit (a cold start) fill free entries and
+    /// never count as waste. OVS's EMC answers the same churn by filling only one miss in a
+    /// hundred, which also slows a cold start a hundredfold.
+    #[inline(never)]
+    pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
+        if self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] < THRASHING_AFTER {
+            return true;
+        }
+        self.sampled = self.sampled.wrapping_add(1);
+        self.sampled.is_multiple_of(SAMPLE_EVERY)
+    }
+
+    /// After a burst from `port` went through the cache and hit nothing: whether it was
+    /// wasted on the cache (see [`Pipeline::worth_looking_up`]); `before` is the cache's
+    /// [`Emc::fills`] at the burst's start.
+    #[inline(never)]
+    pub(super) fn note_missed_burst(&mut self, port: u16, before: (u32, u32)) {
+        let (fills, evictions) = self.emc.fills();
+        let (fills, evictions) = (fills.wrapping_sub(before.0), evictions.wrapping_sub(before.1));
+        let m = &mut self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)];
+        *m = if 2 * evictions >= fills { m.saturating_add(1) } else { 0 };
+    }
+
+    /// After a burst of `n` frames from `port` whose lookups hit `hits` times; `before` is
+    /// the cache's [`Emc::fills`] at its start.
+    #[inline(always)]
+    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: (u32, u32)) {
+        if hits * 8 < n as u64 {
+            self.note_missed_burst(port, before);
+        } else {
+            self.note_hit_burst(port);
+        }
+    }
+
+    /// After a burst from `port` hit the cache.
+    #[inline(always)]
+    pub(super) fn note_hit_burst(&mut self, port: u16) {
+        self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] = 0;
+    }
+
+    #[inline(always)]
+    pub(super) fn count_hits(&mut self, hits: u64) {
+        self.known += hits;
+        self.stats.event(Event::CacheHits, hits);
+    }
+
+    /// After a frame of the burst took the slow path: whether it changed the FDB, so the
+    /// burst's remaining lookups can no longer be trusted.
+    #[inline(always)]
+    pub(super) fn lookups_outdated(&self) -> bool {
+        self.emc.outdated_by(self.fdb.generation())
+    }
+
+    /// Stage 0: frames whose flow the exact-match cache knows go to the shared egress code
+    /// (tagging, tx batch); a frame it misses takes stages 1 and 2 in its place in the burst,
+    /// so no frame passes another of its flow (whose key may differ, e.g. by an ECN mark).
+    /// Once a missed frame changed the FDB (a MAC moved), the hits after it take stages 1
+    /// and 2 too. Returns how many hits did.
+    #[inline(always)]
+    pub(super) fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &mut [(Hit, u32); BATCH]) -> u64 {
+        let mut run = BdRun::new(if ACCESS { port.untagged_bd } else { NO_BD });
+        let n = batch.len();
+        let mut demoted = 0;
+        for i in 0..n {
+            let b = batch.take(i);
+            let (hit, len) = found[i & (BATCH - 1)];
+            // A frame too long for the cached path takes stage 1, which counts its drop.
+            if !hit.admits(len) {
+                demoted += self.forward_missed(snap, port, b, i, &mut found[..n]);
+                continue;
+            }
+            let len = len as usize;
+            // An access port's frames all belong to its one bridge domain.
+            let bd = if ACCESS { run.bd } else { hit.bd() };
+            self.forward_hit(snap, b, hit, &mut run, bd, len);
+        }
+        batch.clear_taken();
+        self.end_hits(snap, run);
+        demoted
+    }
+
+    /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
+    #[inline(always)]
+    pub(super) fn forward_hit(&mut self, snap: &Snapshot, b: BufId, hit: Hit, run: &mut BdRun, bd: u16, len: usize) {
+        if let Some(done) = run.add(bd, len) {
+            self.count_run(done);
+        }
+        if let Some(p) = hit.plain_port() {
+            return self.enqueue(snap, p, b);
+        }
+        let tagged = hit.tagged_in();
+        match hit.action() {
+            Action::Port { port: p, want } => {
+                let mut b = b;
+                let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
+                if self.retag(&mut b, tagged, pcp, want) {
+                    self.enqueue(snap, p, b);
+                } else {
+                    self.drop_counted(b, DropReason::Runt, p);
+                }
+            }
+            Action::Peer { .. } => {
+                self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
+                if let Err(b) = self.to_peer.push(b) {
+                    self.drop_counted(b, DropReason::NoEgress, 0); // holds a burst: unreachable
+                }
+            }
+        }
+    }
+
+    /// After the last hit of a burst: what waits for encapsulation goes, the last run counts.
+    #[inline(always)]
+    pub(super) fn end_hits(&mut self, snap: &Snapshot, run: BdRun) {
+        self.flush_pending(snap);
+        self.count_run(run);
+    }
+
+    /// Sends what the cache queued for encapsulation (before a frame that took the slow path,
+    /// so frames leave in the order they came).
+    #[inline(always)]
+    pub(super) fn flush_pending(&mut self, snap: &Snapshot) {
+        if !self.to_peer.is_empty() {
+            self.encap_pending(snap);
+        }
+    }
+
+    /// Stages 1 and 2 for the `i`th frame of a burst, which the cache missed. When they
+    /// changed the FDB, the hits of the frames after it in `found` become misses; returns how
+    /// many did.
+    #[inline(never)]
+    pub(super) fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize, found: &mut [(Hit, u32)]) -> u64 {
+        self.flush_pending(snap);
+        self.miss_keys[i & (BATCH - 1)] = port_key(port.id, port.security.is_some(), self.pool.head(&b));
+        let (mut ctx, mut bytes) = (Ctx::default(), 0);
+        if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
+            ctx.drop = Some(r);
+        }
+        self.forward_ctx(snap, port, b, &ctx, i);
+        self.forget_outdated(found, i)
+    }
+
+    /// After stage 2 of the `i`th frame of a burst: when it changed the FDB, the lookups made
+    /// for the frames after it are outdated, and their hits become misses. Returns how many.
+    #[inline(always)]
+    pub(super) fn forget_outdated<F: Found>(&self, found: &mut [F], i: usize) -> u64 {
+        match found.get_mut(i + 1..) {
+            Some(rest) if self.lookups_outdated() => forget_hits(rest),
+            _ => 0,
+        }
+    }
+
+    /// Stage 0 for a burst from the underlay: the outer headers of every frame are checked
+    /// and the inner frame looked up in place; then, in order, inner frames whose flow the
+    /// cache knows lose their outer headers and go straight to egress, and the others take
+    /// the whole decapsulation again and stages 1 and 2. Returns the bytes received and the
+    /// lookups that hit.
+    #[inline(never)]
+    pub(super) fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
+        self.decap_cache.sync(snap.generation);
+        let n = batch.len();
+        // Per frame: the cached decision, the inner length, and whether the frame hit and
+        // lost its outer headers (a hit the burst cannot trust then admits no frame: see
+        // `forget_hits`).
+        let mut found = [(Hit::default(), 0u32, false); BATCH];
+        let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
+        // By value: the stores below (to buffer metadata) cannot be proved not to touch
+        // `self`, so its fields would be read again for every frame.
+        let (view, emc, decap_cache) = (self.pool.view(), self.emc.view(), self.decap_cache);
+        for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
+            let (h, total) = view.head_and_len(b);
+            bytes += total as u64;
+            // One bounds check for the outer headers and the inner frame's key.
+            let Some((outer, inner)) = h.first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>().map(|h| h.split_at(vtep::PLAIN_OUTER)) else {
+                continue;
+            };
+            // The first frame of a (source, VNI) takes the slow path, which fills the cache.
+            let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, &decap_cache)) else { continue };
+            if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
+                && hit.admits(d.inner_len)
+                && d.strip(view, b).is_ok()
+            {
+                hits += 1;
+                *f = (hit, d.inner_len, true);
+            }
+        }
+        if hits == n as u64 {
+            self.forward_hits(snap, batch, &found);
+            self.count_hits(hits);
+            self.stats.event(Event::Decapsulated, hits);
+            return (bytes, hits);
+        }
+        decapsulated += hits;
+        let mut run = BdRun::new(NO_BD);
+        // Every frame the first pass stripped came from the one (source, VNI) in its copy of
+        // the decapsulation cache.
+        let stripped_from = decap_cache.admitted();
+        let mut demoted = 0;
+        for i in 0..n {
+            let b = batch.take(i);
+            let (hit, len, stripped) = found[i & (BATCH - 1)];
+            if hit.admits(len) {
+                self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+                continue;
+            }
+            decapsulated += self.forward_underlay_missed(snap, port, b, stripped.then_some(stripped_from), i);
+            demoted += self.forget_outdated(&mut found[..n], i);
+        }
+        batch.clear_taken();
+        self.end_hits(snap, run);
+        self.count_hits(hits - demoted);
+        self.stats.event(Event::Decapsulated, decapsulated);
+        (bytes, hits)
+    }
+
+    /// Stages 1 and 2 for the `i`th frame of an underlay burst, in its place in the burst:
+    /// decapsulation first unless the frame already lost its outer headers (`stripped`: its
+    /// bridge domain and peer, counted as decapsulated already). Returns whether this call
+    /// decapsulated it.
+    #[inline(never)]
+    pub(super) fn forward_underlay_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, stripped: Option<(u16, u16)>, i: usize) -> u64 {
+        self.flush_pending(snap);
+        let r = stripped.ok_or(()).or_else(|()| self.decap(snap, &mut b));
+        let decapsulated = (stripped.is_none() && r.is_ok()) as u64;
+        self.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
+        let mut ctx = Ctx::default();
+        self.underlay_ctx(snap, &mut b, r, &mut ctx);
+        self.forward_ctx(snap, port, b, &ctx, i);
+        decapsulated
+    }
+
+    /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
+    /// lost its outer headers in the first): each goes to egress.
+    #[inline(never)]
+    pub(super) fn forward_hits(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[(Hit, u32, bool); BATCH]) {
+        let mut run = BdRun::new(NO_BD);
+        for i in 0..batch.len() {
+            let b = batch.take(i);
+            let (hit, len, _) = found[i & (BATCH - 1)];
+            self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+        }
+        batch.clear_taken();
+        self.end_hits(snap, run);
+    }
+}

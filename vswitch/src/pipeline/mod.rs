@@ -1,0 +1,459 @@
+//! The per-thread packet pipeline: one rx burst in, per-port tx batches out, as a graph of
+//! nodes, one file each (VPP's graph nodes; each names itself in the packet trace and counts
+//! its drops by reason):
+//!
+//! ```text
+//!  rx burst ─ police ─┬─ cache ──hit──────────────────────────────┬─ vlan-rewrite ─┐
+//!                     │    └miss─┐                                 └─ vxlan-encap ──┤
+//!                     ├─ classify ─ port-security ─┐                                ├─ tx
+//!                     └─ vxlan-decap ─ (vtep) ─────┴─ learn ─ l2-forward ─┬─ vlan-rewrite ─┤
+//!                                                     (arp-nd-suppress)   ├─ vxlan-encap ─ neighbor-hold
+//!                                                                         └─ flood ─ (each member)
+//! ```
+//!
+//! - [`cache`] (stage 0): a frame whose flow the exact-match cache knows goes straight to
+//!   egress; the rest go on, in order, to stages 1 and 2, which fill the cache when they
+//!   forward a frame as known unicast (see [`crate::emc`]). From a port with port security
+//!   only untagged IPv4 frames are filled, keyed on every byte the check reads;
+//! - [`classify`] / [`decap`] (stage 1): (port, VLAN) → bridge domain, or VXLAN decap on the
+//!   underlay; L2 sanity; port security; the FDB keys of source and destination, their
+//!   buckets prefetched for stage 2;
+//! - [`learn`], [`forward`] (stage 2): MAC learning, ARP/ND suppression, FDB lookup, then
+//!   egress to one port ([`rewrite`]), one peer ([`encap`], [`neighbor`] while its next hop
+//!   resolves) or a [`flood`];
+//! - [`tx`]: the per-port tx batches, flushed once per burst.
+//!
+//! The nodes are fused where a measurement showed it pays: stage 1 runs over the whole
+//! burst, stage 2 frame by frame in order (a frame may change the FDB the next one is
+//! forwarded with), the cache's hits skip stages 1 and 2, and egress is a direct call
+//! rather than a per-node batch (docs/architecture.md "The pipeline as nodes"). The
+//! dispatcher is [`Pipeline::process`]; the packet trace ([`trace`], [`crate::trace`])
+//! reports every logical node a frame passed.
+//!
+//! Every drop has a named reason ([`DropReason`]); counters are per thread. Nothing here
+//! allocates, locks or makes a syscall per packet (ports may make one per burst).
+
+mod cache;
+mod classify;
+mod decap;
+mod encap;
+mod flood;
+mod forward;
+mod learn;
+mod neighbor;
+mod police;
+mod rewrite;
+mod trace;
+mod tx;
+
+use self::classify::*;
+use self::rewrite::*;
+use self::trace::*;
+use crate::batch::{BATCH, Batch};
+use crate::buf::{BufId, Pool, PoolCache, PoolView};
+use crate::counters::{DropReason, Event, ThreadStats};
+use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
+use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
+use crate::wire::MacAddr;
+use std::net::IpAddr;
+use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
+use crate::policer;
+use crate::security;
+use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
+use crate::suppress::{self, Answer};
+use crate::trace::{FrameTrace, Learned, Retag, Step, Tracing};
+use crate::vlan;
+use crate::vtep::Marking;
+use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
+use crate::wire::ethernet::{self, ethertype};
+use std::sync::Arc;
+
+const NO_PEER: u16 = u16::MAX;
+
+/// What stage 1 found out about one packet.
+#[derive(Clone, Copy, Default)]
+struct Ctx {
+    /// Frame length as received (after a priority tag was removed).
+    len: u32,
+    /// The frame was turned into an answer (ARP/ND for the VTEP address) to send back out of
+    /// the ingress port.
+    reply: bool,
+    /// The frame was an answer to the VTEP's neighbour requests, learned and done with.
+    taken: bool,
+    bd: u16,
+    drop: Option<DropReason>,
+    from_peer: u16,
+    tagged: bool,
+    pcp: u16,
+    src_key: u64,
+    dst_key: u64,
+    src_loc: Loc,
+    dst_loc: Loc,
+}
+
+/// Packets and bytes of consecutive frames of one bridge domain: consecutive frames usually
+/// share one, so its counters are written once per run.
+#[derive(Clone, Copy)]
+struct BdRun {
+    bd: u16,
+    packets: u64,
+    bytes: u64,
+}
+
+impl BdRun {
+    fn new(bd: u16) -> BdRun {
+        BdRun { bd, packets: 0, bytes: 0 }
+    }
+
+    /// Adds a frame; when it starts a new run, returns the finished one (to count).
+    #[inline(always)]
+    fn add(&mut self, bd: u16, len: usize) -> Option<BdRun> {
+        let done = self.switch_to(bd);
+        self.count(len);
+        done
+    }
+
+    /// Starts a run of `bd` unless this is one; returns the finished run.
+    #[inline(always)]
+    fn switch_to(&mut self, bd: u16) -> Option<BdRun> {
+        (bd != self.bd).then(|| std::mem::replace(self, BdRun::new(bd)))
+    }
+
+    #[inline(always)]
+    fn count(&mut self, len: usize) {
+        self.packets += 1;
+        self.bytes += len as u64;
+    }
+}
+
+/// The state one PMD thread forwards with.
+pub struct Pipeline {
+    thread: usize,
+    pool: Arc<Pool>,
+    cache: PoolCache,
+    fdb: Arc<Fdb>,
+    stats: Arc<ThreadStats>,
+    /// Pending tx batch per port id, and the ids with a non-empty batch (each once).
+    tx: Box<[Batch; fdb::MAX_PORTS]>,
+    /// Encapsulated frames of priority bridge domains for the underlay port `tx_first.0`,
+    /// sent before its `tx` batch and held (not dropped) while its ring is full.
+    tx_first: (u16, Batch),
+    dirty: Box<[u16; fdb::MAX_PORTS]>,
+    n_dirty: usize,
+    /// Known-unicast packets of this burst (counted once per burst).
+    known: u64,
+    decap_cache: DecapCache,
+    now: u32,
+    emc: Emc,
+    /// Next-hop resolution shared with the other threads, and this thread's waiting frames.
+    neigh: Arc<Neighbors>,
+    parked: Parked,
+    /// Cache hits of this burst for remote VTEPs, encapsulated together.
+    to_peer: Batch,
+    to_peer_hits: [Hit; BATCH],
+    /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
+    /// `i`th frame the cache missed (the slow path's `i`th).
+    cached: bool,
+    miss_keys: [Option<Key>; BATCH],
+    /// Per ingress port, the bursts in a row whose lookups all missed (saturating): past
+    /// [`THRASHING_AFTER`], the port's bursts mostly skip the cache (see
+    /// [`Pipeline::worth_looking_up`]).
+    missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
+    /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
+    sampled: u32,
+    /// Ingress policers' token buckets of the queues this thread polls, and their clock.
+    policers: policer::Buckets,
+    clock: fn() -> u64,
+    /// The switch's trace request (checked once per burst) and, while a burst is traced
+    /// (`traced`), its frames' traces.
+    tracing: Arc<Tracing>,
+    traced: bool,
+    trace: Box<BurstTrace>,
+}
+
+impl Pipeline {
+    /// `emc_entries` sizes the exact-match cache (0: none).
+    pub fn new(thread: usize, pool: Arc<Pool>, fdb: Arc<Fdb>, stats: Arc<ThreadStats>, emc_entries: usize) -> Pipeline {
+        Pipeline {
+            thread,
+            cache: PoolCache::new(pool.clone()),
+            pool,
+            fdb,
+            stats,
+            tx: boxed_array(Batch::new),
+            tx_first: (0, Batch::new()),
+            dirty: Box::new([0; fdb::MAX_PORTS]),
+            n_dirty: 0,
+            known: 0,
+            decap_cache: DecapCache::default(),
+            now: 0,
+            emc: Emc::new(emc_entries),
+            neigh: Arc::new(Neighbors::new(0)),
+            parked: Parked::new(),
+            to_peer: Batch::new(),
+            to_peer_hits: [Hit::default(); BATCH],
+            cached: false,
+            miss_keys: [None; BATCH],
+            missed_bursts: Box::new([0; fdb::MAX_PORTS]),
+            sampled: 0,
+            policers: policer::Buckets::default(),
+            clock: crate::util::monotonic_ns,
+            tracing: Arc::new(Tracing::default()),
+            traced: false,
+            trace: Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false }),
+        }
+    }
+
+    /// Takes trace requests from `t` (the switch's).
+    pub fn set_tracing(&mut self, t: Arc<Tracing>) {
+        self.tracing = t;
+    }
+
+    pub fn stats(&self) -> &Arc<ThreadStats> {
+        &self.stats
+    }
+
+    pub fn cache(&mut self) -> &mut PoolCache {
+        &mut self.cache
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Uses the switch's next-hop resolution state (a pipeline made alone resolves nothing).
+    pub fn set_neighbors(&mut self, n: Arc<Neighbors>) {
+        self.neigh = n;
+    }
+
+    /// Sets the clock (nanoseconds) ingress policers read (tests; the monotonic clock by
+    /// default).
+    pub fn set_clock(&mut self, clock: fn() -> u64) {
+        self.clock = clock;
+    }
+
+    /// Sets the clock (seconds) used for learning timestamps.
+    pub fn set_now(&mut self, now: u32) {
+        self.now = now;
+    }
+
+    /// Receives one burst from (port, queue) and forwards it; returns packets received.
+    #[inline]
+    pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
+        let Some(pe) = snap.port(port) else { return 0 };
+        let n = pe.port.rx_burst(queue, &mut self.cache, batch);
+        if let Some(limits) = &pe.policer
+            && n > 0
+        {
+            self.police(pe, limits, queue, batch);
+        }
+        if !batch.is_empty() {
+            self.process(snap, port, batch);
+        }
+        if self.cache.lending() {
+            // Every lent packet was sent, freed or linearized by `process`: the guest gets
+            // its buffers back.
+            self.cache.end_lending();
+            pe.port.rx_done(queue);
+        }
+        n
+    }
+
+    /// Forwards a batch received on `in_port` and flushes the resulting tx batches.
+    pub fn process(&mut self, snap: &Snapshot, in_port: u16, batch: &mut Batch) {
+        let Some(port) = snap.port(in_port) else {
+            for b in batch.drain() {
+                self.stats.count_drop(DropReason::NoEgress, in_port);
+                self.cache.free(b);
+            }
+            return;
+        };
+        if self.tracing.armed_for(in_port) && self.process_traced(snap, port, batch) {
+            return;
+        }
+        self.process_port::<false>(snap, port, batch);
+    }
+
+    /// A burst from a port a trace request is armed on: its first frames (as many as the
+    /// request still wants) traced through the slow path. False if the request wants no
+    /// more (another thread took the last).
+    #[cold]
+    #[inline(never)]
+    fn process_traced(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> bool {
+        self.begin_trace(port, batch, false);
+        if !self.traced {
+            return false;
+        }
+        self.process_port::<true>(snap, port, batch);
+        self.end_trace();
+        true
+    }
+
+    /// [`Pipeline::process`] for an existing port; `TRACE`: the burst is traced (it takes
+    /// the slow path, compiled to record what each node decides).
+    #[inline(always)]
+    fn process_port<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) {
+        let (in_port, n) = (port.id, batch.len());
+        self.emc.sync(snap.generation, self.fdb.generation(), self.now);
+        // The cache serves every port (a port with port security only for the frames whose
+        // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
+        // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
+        // stage 2.
+        let cache_on = !TRACE && self.emc.capacity() > 0 && self.worth_looking_up(in_port);
+        let bytes = if port.kind != PortKind::Underlay {
+            self.cached = cache_on;
+            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow::<TRACE>(snap, port, batch) }
+        } else {
+            match snap.vtep.as_ref().filter(|_| cache_on) {
+                Some(vtep) => {
+                    self.cached = true;
+                    let before = self.emc.fills();
+                    let (bytes, hits) = self.forward_underlay_cached(snap, vtep, port, batch);
+                    self.note_burst(port.id, hits, n, before);
+                    bytes
+                }
+                None => {
+                    self.cached = false;
+                    self.forward_slow::<TRACE>(snap, port, batch)
+                }
+            }
+        };
+        let pc = self.stats.port(in_port);
+        pc.rx_packets.add(n as u64);
+        pc.rx_bytes.add(bytes);
+        self.stats.packets.add(n as u64);
+        if self.known > 0 {
+            self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
+        }
+        if !self.parked.is_empty() && self.parked.due(self.neigh.generation(), self.now) {
+            self.retry_parked(snap);
+        }
+        self.flush(snap);
+    }
+
+    /// Stages 1 and 2 for a whole burst; returns its bytes. `TRACE`: record what each node
+    /// decides (a traced burst; untraced ones compile without a check).
+    #[inline(never)]
+    fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        let in_port = port.id;
+        let n = batch.len();
+        let mut ctxs = [Ctx::default(); BATCH];
+        let bytes = if port.kind == PortKind::Underlay {
+            self.classify_underlay_burst(snap, batch, &mut ctxs)
+        } else {
+            classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
+        };
+        if TRACE {
+            self.trace_classified(snap, port, &ctxs);
+        }
+
+        // Consecutive packets usually share a bridge domain: look it up once per run, and
+        // count its packets and bytes once per run.
+        let (mut run, mut run_entry) = (BdRun::new(NO_BD), None);
+        for (i, c) in ctxs.iter().enumerate().take(n) {
+            let b = batch.take(i);
+            if TRACE {
+                self.trace.cur = i;
+            }
+            if let Some(r) = c.drop {
+                self.discard(b, r, in_port);
+                continue;
+            }
+            if c.reply {
+                self.stats.event(Event::VtepAnswered, 1);
+                if TRACE {
+                    self.record(Step::VtepAnswer);
+                }
+                self.deliver(snap, in_port, b, false);
+                continue;
+            }
+            if c.taken {
+                if TRACE {
+                    self.record(Step::VtepLearned);
+                }
+                self.cache.free(b);
+                continue;
+            }
+            if let Some(done) = run.switch_to(c.bd) {
+                self.count_run(done);
+                run_entry = snap.bd(c.bd);
+            }
+            let Some(bd) = run_entry else {
+                self.discard(b, DropReason::NoBridgeDomain, in_port);
+                continue;
+            };
+            run.count(c.len as usize);
+            self.forward::<TRACE>(snap, port, bd, b, c, i);
+        }
+        self.count_run(run);
+        batch.clear_taken();
+        bytes
+    }
+
+    /// Remembers the slow path's decision for its `i`th frame in the exact-match cache.
+    #[inline(always)]
+    fn remember(&mut self, i: usize, hit: impl FnOnce() -> Option<Hit>) {
+        if self.cached
+            && let Some(k) = self.miss_keys[i & (BATCH - 1)]
+            // A priority-tagged frame was classified after its tag was removed.
+            && !(ethernet::is_tpid(k.ethertype()) && k.tci() & 0xfff == 0)
+            && let Some(h) = hit()
+        {
+            self.emc.insert(&k, h);
+        }
+    }
+
+    #[inline(always)]
+    fn count_bd(&self, bd: u16, packets: u64, bytes: u64) {
+        if packets > 0 {
+            let c = self.stats.bd(bd);
+            c.packets.add(packets);
+            c.bytes.add(bytes);
+        }
+    }
+
+    #[inline(always)]
+    fn count_run(&self, run: BdRun) {
+        self.count_bd(run.bd, run.packets, run.bytes);
+    }
+
+    /// After stage 1 of one frame: its drop, its answer, or stage 2 in its bridge domain.
+    #[inline(always)]
+    fn forward_ctx(&mut self, snap: &Snapshot, port: &PortEntry, b: BufId, c: &Ctx, i: usize) {
+        if let Some(r) = c.drop {
+            return self.discard(b, r, port.id);
+        }
+        if c.reply {
+            self.stats.event(Event::VtepAnswered, 1);
+            return self.enqueue(snap, port.id, b);
+        }
+        if c.taken {
+            return self.cache.free(b);
+        }
+        let Some(bd) = snap.bd(c.bd) else {
+            return self.discard(b, DropReason::NoBridgeDomain, port.id);
+        };
+        self.count_bd(c.bd, 1, c.len as u64);
+        self.forward::<false>(snap, port, bd, b, c, i);
+    }
+
+    #[inline(always)]
+    fn discard(&mut self, b: BufId, r: DropReason, port: u16) {
+        if self.traced {
+            self.record(Step::Drop { reason: r, port });
+        }
+        self.drop_counted(b, r, port);
+    }
+
+    #[inline(always)]
+    fn drop_counted(&mut self, b: BufId, r: DropReason, port: u16) {
+        self.stats.count_drop(r, port);
+        self.cache.free(b);
+    }
+}
+
+/// A boxed array built on the heap (4096 batches would not fit a thread's stack).
+fn boxed_array<T, const N: usize>(f: impl Fn() -> T) -> Box<[T; N]> {
+    let v: Box<[T]> = (0..N).map(|_| f()).collect();
+    v.try_into().unwrap_or_else(|_| unreachable!("length is N"))
+}

@@ -1,0 +1,109 @@
+//! Node `neighbor-hold`: a peer's next-hop MAC resolved (a request at most once a second
+//! across threads) and the frames waiting for it held, retried and given up.
+
+use super::*;
+
+impl Pipeline {
+    /// The next hop of a frame to `pe`: `Ok(None)` the template's (configured), `Ok(mac)`
+    /// the resolved one, `Err` not known yet (the caller parks the frame). Sends this
+    /// second's request when this thread is elected.
+    #[inline(always)]
+    pub(super) fn next_hop(&mut self, snap: &Snapshot, vtep: &VtepEntry, pe: &PeerEntry) -> Result<Option<MacAddr>, ()> {
+        let Some(target) = pe.resolve else {
+            return Ok(None);
+        };
+        // The common case, a MAC confirmed recently, without any write.
+        if let Some(m) = self.neigh.fresh_mac(pe.id, self.now) {
+            return Ok(Some(m));
+        }
+        self.resolve(snap, vtep, pe.id, target).map(Some).ok_or(())
+    }
+
+    /// Leaves an (untagged, not yet encapsulated) frame waiting for its peer's next hop, or
+    /// drops it when too many wait.
+    #[cold]
+    pub(super) fn park(&mut self, vtep: &VtepEntry, mut b: BufId, peer: u16, vni: u32) {
+        self.note(Step::NeighborHold { peer });
+        if self.dry() {
+            return self.cache.free(b);
+        }
+        // It waits beyond this burst: nothing of it may stay in a guest's buffer.
+        if !self.pool.linearize(&mut b, &mut self.cache) {
+            return self.discard(b, DropReason::NoBuffer, vtep.underlay_port);
+        }
+        if let Err(w) = self.parked.park(Waiting { b, peer, vni, since: self.now }) {
+            self.discard(w.b, DropReason::NeighborQueueFull, vtep.underlay_port);
+        }
+    }
+
+    /// Asks for `target` (at most once a second across threads) and returns the MAC to use
+    /// now, if any.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn resolve(&mut self, snap: &Snapshot, vtep: &VtepEntry, peer: u16, target: IpAddr) -> Option<MacAddr> {
+        if self.dry() {
+            return None; // a synthetic frame asks nobody
+        }
+        let (next, ask) = self.neigh.next(peer, self.now, !vtep.shared);
+        if ask {
+            match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
+                Some(req) => {
+                    self.stats.event(Event::NeighborRequests, 1);
+                    self.enqueue(snap, vtep.underlay_port, req);
+                }
+                None => self.stats.count_drop(DropReason::NoBuffer, vtep.underlay_port),
+            }
+        }
+        match next {
+            Next::Send(m) => Some(m),
+            Next::Wait => None,
+        }
+    }
+
+    /// Sends or drops the frames waiting for resolution, now that an answer came or a second
+    /// passed; the others keep waiting, in order.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn retry_parked(&mut self, snap: &Snapshot) {
+        let mut parked = std::mem::take(&mut self.parked);
+        let mut sent = 0;
+        parked.retry(|w| {
+            let (Some(vtep), Some(pe)) = (snap.vtep.as_ref(), snap.peer(w.peer)) else {
+                self.discard(w.b, DropReason::VxlanNoRoute, 0);
+                return None;
+            };
+            let Some(target) = pe.resolve else {
+                // Configured with a MAC since the frame was parked.
+                let (mut b, mark) = (w.b, snap.marking_of_vni(w.vni));
+                let r = vtep.encap(&self.pool, &mut b, pe, w.vni, mark);
+                sent += self.sent_encapsulated(snap, vtep, b, r, (None, mark.priority)) as u64;
+                return None;
+            };
+            match self.resolve(snap, vtep, pe.id, target) {
+                Some(m) => {
+                    let (mut b, mark) = (w.b, snap.marking_of_vni(w.vni));
+                    let r = vtep.encap(&self.pool, &mut b, pe, w.vni, mark);
+                    sent += self.sent_encapsulated(snap, vtep, b, r, (Some(m), mark.priority)) as u64;
+                    None
+                }
+                None if self.neigh.given_up(w.peer, w.since, self.now) => {
+                    self.discard(w.b, DropReason::NeighborUnresolved, vtep.underlay_port);
+                    None
+                }
+                None => Some(w),
+            }
+        });
+        self.parked = parked;
+        self.stats.event(Event::Encapsulated, sent);
+    }
+
+    /// Work that does not wait for a burst: frames waiting for next-hop resolution are sent
+    /// or given up (checked at most once per answer learned or second; cheap when idle).
+    #[inline]
+    pub fn housekeeping(&mut self, snap: &Snapshot) {
+        if self.parked.due(self.neigh.generation(), self.now) {
+            self.retry_parked(snap);
+            self.flush(snap);
+        }
+    }
+}

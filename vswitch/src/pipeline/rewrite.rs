@@ -1,0 +1,69 @@
+//! Node `vlan-rewrite`: a frame given its egress port's tagging (push, pop, TPID) and
+//! checked against its MTU, then handed to `tx`.
+
+use super::*;
+
+/// The TCI of a tagged frame whose head holds its tag.
+#[inline(always)]
+pub(super) fn tci_of(h: &[u8]) -> u16 {
+    h.get(14..16).map_or(0, |t| u16::from_be_bytes([t[0], t[1]]))
+}
+
+impl Pipeline {
+    /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn emit_port<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        pe: &PortEntry,
+        mut b: BufId,
+        tagged: bool,
+        pcp: u16,
+        want: Option<u16>,
+        len: usize,
+    ) {
+        if TRACE {
+            let op = match (tagged, want) {
+                (false, None) => Retag::Keep,
+                (false, Some(vid)) => Retag::Push { tpid: pe.tpid, vid },
+                (true, None) => Retag::Pop,
+                (true, Some(_)) => Retag::Tpid(pe.tpid),
+            };
+            self.record(Step::VlanRewrite { port: pe.id, op });
+        }
+        if !self.retag(&mut b, tagged, pcp, want.map(|v| (pe.tpid, v))) {
+            return self.discard(b, DropReason::Runt, pe.id);
+        }
+        // The L3 length is the same whatever the tagging: `len` less the ingress L2 header.
+        let l3 = len - if tagged { 18 } else { 14 };
+        if l3 > pe.mtu as usize {
+            return self.discard(b, DropReason::EgressMtu, pe.id);
+        }
+        if TRACE {
+            return self.deliver_traced(snap, pe.id, b, false);
+        }
+        self.enqueue(snap, pe.id, b);
+    }
+
+    /// Gives a frame the tagging of its egress: `want` is the (TPID, VLAN ID) it leaves with,
+    /// or none; `pcp` is the priority of a pushed tag. False if the frame is too short.
+    #[inline(always)]
+    pub(super) fn retag(&self, b: &mut BufId, tagged: bool, pcp: u16, want: Option<(u16, u16)>) -> bool {
+        match (tagged, want) {
+            (false, None) => true,
+            (false, Some((tpid, v))) => vlan::push(&self.pool, b, tpid, pcp | v),
+            (true, None) => vlan::pop(&self.pool, b),
+            (true, Some((tpid, _))) => {
+                vlan::set_tpid(&self.pool, b, tpid);
+                true
+            }
+        }
+    }
+
+    /// Removes the tag of a frame that arrived tagged (VXLAN carries inner frames untagged).
+    #[inline(always)]
+    pub(super) fn untag(&self, b: &mut BufId, tagged: bool) -> Result<(), DropReason> {
+        if tagged && !vlan::pop(&self.pool, b) { Err(DropReason::Runt) } else { Ok(()) }
+    }
+}

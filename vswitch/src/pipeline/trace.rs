@@ -1,0 +1,161 @@
+//! Packet trace ([`crate::trace`]): a traced burst takes the slow path compiled with
+//! `TRACE` (`forward_slow::<true>`), whose nodes record what they decided through
+//! [`Pipeline::record`]; untraced bursts pay one check per burst (`Tracing::armed_for`), and
+//! a test of `traced` only where a frame is dropped, waits for a next hop or learns
+//! something new (paths shared with the cache's).
+
+use super::*;
+
+/// The traces of one traced burst: the first `k` frames, `cur` the one being forwarded;
+/// `dry`: a synthetic frame, which learns nothing and is not sent.
+pub(super) struct BurstTrace {
+    pub(super) frames: [FrameTrace; BATCH],
+    pub(super) k: usize,
+    pub(super) cur: usize,
+    pub(super) dry: bool,
+}
+
+/// The MAC address in an FDB key.
+pub(super) fn key_mac(key: u64) -> MacAddr {
+    let b = key.to_be_bytes();
+    MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+impl Pipeline {
+    /// Records `s` for the frame being forwarded when this burst is traced.
+    #[inline(always)]
+    pub(super) fn note(&mut self, s: Step) {
+        if self.traced {
+            self.record(s);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn record(&mut self, s: Step) {
+        let t = &mut *self.trace;
+        if t.cur < t.k
+            && let Some(f) = t.frames.get_mut(t.cur)
+        {
+            f.push(s);
+        }
+    }
+
+    /// A synthetic frame is being traced: nothing may be learned, asked or sent.
+    #[inline(always)]
+    pub(super) fn dry(&self) -> bool {
+        self.traced && self.trace.dry
+    }
+
+    /// Queues a frame the slow path forwards on `port` (`first`: ahead of its tx batch); a
+    /// synthetic frame is recorded and freed instead.
+    #[inline(always)]
+    pub(super) fn deliver(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+        if self.traced {
+            return self.deliver_traced(snap, port, b, first);
+        }
+        if first { self.enqueue_first(snap, port, b) } else { self.enqueue(snap, port, b) }
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn deliver_traced(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+        let dry = self.trace.dry;
+        self.record(Step::Tx { port, first, sent: !dry });
+        match (dry, first) {
+            (true, _) => self.cache.free(b),
+            (false, true) => self.enqueue_first(snap, port, b),
+            (false, false) => self.enqueue(snap, port, b),
+        }
+    }
+
+    /// Starts tracing the frames of a burst from `port` (the first the request still wants,
+    /// or every one of a synthetic `batch`): their heads, and what the cache would decide.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn begin_trace(&mut self, port: &PortEntry, batch: &Batch, dry: bool) {
+        let k = if dry { batch.len() } else { self.tracing.claim(batch.len()) };
+        if k == 0 {
+            return;
+        }
+        self.traced = true;
+        self.cached = false;
+        let t = &mut *self.trace;
+        (t.k, t.cur, t.dry) = (k, 0, dry);
+        let emc = (self.emc.capacity() > 0 && port.kind != PortKind::Underlay).then(|| self.emc.view());
+        for (f, b) in t.frames.iter_mut().zip(batch.as_slice()).take(k) {
+            let (h, len) = self.pool.head_and_len(b);
+            f.start(port.id, len, h);
+            (f.thread, f.dry, f.seq) = (self.thread, dry, self.tracing.next_seq());
+            if let Some(emc) = &emc {
+                let key = if port.security.is_some() { Key::lookup_from_secured_port(port.id, h) } else { Key::from_port(port.id, h) };
+                let hit = key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32)).map(|hit| {
+                    let to = match hit.action() {
+                        Action::Port { port, .. } => Dest::Port(port),
+                        Action::Peer { peer, .. } => Dest::Peer(peer),
+                    };
+                    (hit.bd(), to)
+                });
+                f.push(Step::Cache { hit });
+            }
+        }
+    }
+
+    /// Hands the burst's traces to the control side.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn end_trace(&mut self) {
+        self.traced = false;
+        for f in &self.trace.frames[..self.trace.k] {
+            self.tracing.hand_over(f.clone());
+        }
+    }
+
+    /// Stage 1's decisions for the traced frames (drops, answers and what the VTEP takes
+    /// are recorded where stage 2 acts on them).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn trace_classified(&mut self, snap: &Snapshot, port: &PortEntry, ctxs: &[Ctx; BATCH]) {
+        let t = &mut *self.trace;
+        for (c, f) in ctxs.iter().zip(t.frames.iter_mut()).take(t.k) {
+            match c.drop {
+                // Port security runs after classification, which passed.
+                Some(r) if crate::trace::Node::dropping(r) == crate::trace::Node::PortSecurity => {
+                    f.push(Step::Classify { bd: port.untagged_bd, vid: 0, pcp: 0 });
+                }
+                Some(_) => {}
+                None if c.reply || c.taken => {}
+                None if c.from_peer != NO_PEER => f.push(Step::Decap { peer: c.from_peer, bd: c.bd }),
+                None => {
+                    let vid = if c.tagged { snap.bd(c.bd).map_or(0, |b| b.vlan) } else { 0 };
+                    f.push(Step::Classify { bd: c.bd, vid, pcp: (c.pcp >> 13) as u8 });
+                    if port.security.is_some() {
+                        f.push(Step::PortSecurity);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `frame`, as if received on port id `in_port`, through `snap` (VPP's `trace` of a
+    /// made-up packet, OVS's `ofproto/trace`): stage 1 and 2 as for any frame, but nothing is
+    /// learned, no next hop asked for and nothing sent; the cache and the ingress policer
+    /// are not consulted. `None`: no such port, or no buffer holds the frame.
+    pub fn trace_dry(&mut self, snap: &Snapshot, in_port: u16, frame: &[u8]) -> Option<FrameTrace> {
+        let port = snap.port(in_port)?;
+        let mut b = self.cache.alloc()?;
+        if !self.pool.append(&mut b, frame) {
+            self.cache.free(b);
+            return None;
+        }
+        let mut batch = Batch::new();
+        if let Err(b) = batch.push(b) {
+            self.cache.free(b); // an empty batch takes a frame: unreachable
+            return None;
+        }
+        self.begin_trace(port, &batch, true);
+        self.forward_slow::<true>(snap, port, &mut batch);
+        self.traced = false;
+        Some(std::mem::take(&mut self.trace.frames[0]))
+    }
+}
