@@ -1,5 +1,5 @@
 //! Knitter's generator on kernel interfaces: AF_XDP sockets (Knitter's own port,
-//! `vswitch::port::afxdp`, over its own buffer pool) on the generator's ends of the veth
+//! `kernel_ports::afxdp`, over its own buffer pool) on the generator's ends of the veth
 //! pairs (`veth.rs`), offering on A and counting on B, driven by the trial loop of
 //! [`crate::trial`]. Each frame is copied into a pool buffer when offered (the kernel
 //! copies it again into an skb: veth has no zero-copy), stamped in latency trials.
@@ -14,7 +14,7 @@ use crate::trial::{Ages, BURST, Wire, tsc};
 use crate::veth::{GEN_A, GEN_B, Veths};
 use std::sync::Arc;
 use vswitch::port::Port;
-use vswitch::port::afxdp::AfXdpPort;
+use kernel_ports::afxdp::AfXdpPort;
 use vswitch::{Batch, Pool, PoolCache};
 
 /// Buffers: both fill rings, a full transmit ring in flight, bursts in hand.

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vswitch::port::Port;
-use vswitch::port::afpacket::AfPacketPort;
+use kernel_ports::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns};
 use vswitch::testkit;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};

@@ -84,7 +84,7 @@ impl BufId {
     /// A placeholder that owns nothing, used to fill empty batch slots. Its index masks to
     /// the pool's last chunk, which is never handed out (see [`Pool::new`]): a placeholder
     /// used by mistake reads and writes a chunk no packet owns, and freeing it does nothing.
-    pub(crate) const EMPTY: BufId = BufId(NIL);
+    pub const EMPTY: BufId = BufId(NIL);
 
     /// The chunk index, for ports that exchange buffers as indices (rings, UMEM descriptors).
     pub fn index(&self) -> u32 {

@@ -232,7 +232,7 @@ pub struct VtepConfig {
     pub peers: Vec<PeerConfig>,
     /// The VTEP's address is the node's own (the kernel answers ARP/ND for it and resolves
     /// next hops; the switch follows the kernel's neighbour table, see
-    /// `kernel_neigh::KernelNeighbors`). Default: a dedicated address the switch answers for
+    /// `plumbing::kernel_neigh::KernelNeighbors` (knitter-plumbing)). Default: a dedicated address the switch answers for
     /// and resolves from.
     #[serde(default)]
     pub shared_address: bool,

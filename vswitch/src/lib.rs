@@ -16,7 +16,6 @@ pub mod emc;
 pub mod fdb;
 pub mod neigh;
 pub mod offload;
-pub mod kernel_neigh;
 pub mod port;
 pub mod region;
 pub mod spsc;

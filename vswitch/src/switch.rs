@@ -126,7 +126,7 @@ impl Switch {
     }
 
     /// The next-hop table the PMD threads read (written by them, or by a
-    /// `kernel_neigh::KernelNeighbors` in the shared-address mode).
+    /// `plumbing::kernel_neigh::KernelNeighbors` (knitter-plumbing) in the shared-address mode).
     pub fn neighbor_table(&self) -> &Arc<Neighbors> {
         &self.neighbors
     }

@@ -5,7 +5,6 @@
 pub mod bench;
 pub mod fuzz;
 pub mod netns;
-pub mod trunk;
 pub mod vnf;
 
 use crate::batch::Batch;

@@ -1,17 +1,9 @@
-//! The port abstraction every kind of port implements (ring, vhost-user, AF_XDP, DPDK):
+//! The port abstraction every kind of port implements (ring here; vhost-user in `knitter-vhost`,
+//! AF_XDP and AF_PACKET in `knitter-kernel-ports`):
 //! bursts of packets per queue, link state, a wake descriptor per rx queue for the adaptive
 //! idle policy, and per-queue counters.
 
-pub mod afpacket;
-pub mod afxdp;
-pub mod bpf;
-mod btf;
-pub mod ethtool;
-pub mod link;
-mod netdev;
-pub mod netlink;
 pub mod ring;
-mod sys;
 
 use crate::batch::Batch;
 use crate::buf::PoolCache;

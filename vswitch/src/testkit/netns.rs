@@ -184,12 +184,6 @@ pub fn ping(ns: &Netns, to: &str) -> io::Result<String> {
     ns.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", to])
 }
 
-/// What the CNI does to a pod's veth: no tx checksum offload and no TSO/GSO, so frames leave
-/// the pod whole and with complete checksums.
-pub fn cni_offloads(ns: &Netns, dev: &str) -> io::Result<()> {
-    ns.enter(|| crate::port::ethtool::pod_offloads_off(dev))?.map(drop)
-}
-
 /// Sends `kib` KiB over TCP from `client` to a server on `ip`:`port` in `server` (Python's
 /// socket module on both ends, bounded to 30 s); returns the bytes the server received.
 pub fn tcp_transfer(server: &Netns, client: &Netns, ip: &str, port: u16, kib: usize) -> io::Result<usize> {

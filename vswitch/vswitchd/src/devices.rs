@@ -8,8 +8,8 @@ use knitter_vhost::port::VhostPort;
 use std::sync::Arc;
 use vswitch::Pool;
 use vswitch::port::Port;
-use vswitch::port::afpacket::AfPacketPort;
-use vswitch::port::afxdp::{AfXdpPort, UnderlayFilter};
+use kernel_ports::afpacket::AfPacketPort;
+use kernel_ports::afxdp::{AfXdpPort, UnderlayFilter};
 
 /// A port whose device is open; the vhost-user server thread (if any) stops on drop.
 pub struct OpenPort {
@@ -67,7 +67,7 @@ pub struct DeviceError {
 
 /// Runs `f` on a fresh thread inside the network namespace `netns` (as in /run/netns).
 fn in_netns<R: Send + 'static>(netns: &str, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
-    vswitch::port::link::in_netns(&format!("/run/netns/{netns}"), f)
+    plumbing::link::in_netns(&format!("/run/netns/{netns}"), f)
 }
 
 /// Runs `f` in the network namespace `netns` (as in /run/netns), or here for `None`.

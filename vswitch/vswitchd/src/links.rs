@@ -58,7 +58,7 @@ pub async fn watch_links(node: Arc<Node>, every: Duration) {
 /// A thread that waits on rtnetlink's link notifications and wakes `changed` for each
 /// batch of them; without netlink, polling alone follows links.
 fn kernel_link_changes(changed: Arc<tokio::sync::Notify>) {
-    use vswitch::port::netlink::Socket;
+    use plumbing::netlink::Socket;
     let mut socket = match Socket::subscribe(libc::NETLINK_ROUTE, libc::RTMGRP_LINK as u32) {
         Ok(s) => s,
         Err(e) => {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use vswitch::config::{PeerConfig, BridgeConfig, PortMode, VtepConfig};
-use vswitch::port::afxdp::UnderlayFilter;
+use kernel_ports::afxdp::UnderlayFilter;
 use vswitch::snapshot::ConfigError;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 

@@ -6,7 +6,7 @@
 
 use std::io;
 use std::net::IpAddr;
-use vswitch::port::link::{self, LinkChange, VethPeer};
+use plumbing::link::{self, LinkChange, VethPeer};
 
 /// What to make.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ fn configure(p: &Plan) -> io::Result<()> {
         for (dst, prefix, gw) in &plan.routes {
             link::add_route(&plan.ifname, *dst, *prefix, *gw)?;
         }
-        vswitch::port::ethtool::pod_offloads_off(&plan.ifname).map(drop)
+        plumbing::ethtool::pod_offloads_off(&plan.ifname).map(drop)
     })
 }
 

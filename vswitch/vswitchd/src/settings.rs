@@ -87,7 +87,7 @@ pub struct PoolSection {
     /// Packet buffers of 2 KiB; unset: sized for `pods`.
     pub buffers: Option<u32>,
     /// The pod ports the pool is sized for when `buffers` is unset (see
-    /// [`vswitch::port::afxdp::pool_for_pods`]).
+    /// [`kernel_ports::afxdp::pool_for_pods`]).
     pub pods: u32,
     /// Back them with explicit hugepages when the system has them.
     pub hugepages: bool,
@@ -107,7 +107,7 @@ impl PoolSection {
 
     /// The buffers the pool gets: as given, or sized for `pods`.
     pub fn buffers(&self) -> u32 {
-        self.buffers.unwrap_or_else(|| vswitch::port::afxdp::pool_for_pods(self.pods))
+        self.buffers.unwrap_or_else(|| kernel_ports::afxdp::pool_for_pods(self.pods))
     }
 
     /// The pod ports the pool was sized for; `None` when its buffers were given.

@@ -1,7 +1,7 @@
 //! The shared-address VTEP's next hops, followed from the kernel: when the VTEP's address
 //! is the node's own (`shared_address`), the kernel answers ARP/ND for it and resolves the
 //! peers, and the switch copies the MACs of their next hops from the kernel's neighbour
-//! and route tables (`vswitch::kernel_neigh`), read in the underlay device's network
+//! and route tables (`plumbing::kernel_neigh`), read in the underlay device's network
 //! namespace. Without this the daemon never resolved a peer in that mode and sent nothing.
 
 use crate::node::Node;
@@ -22,7 +22,7 @@ pub async fn follow_kernel_neighbours(node: Arc<Node>) {
         let Some(netns) = node.shared_vtep_netns() else { continue };
         let switch = node.switch.clone();
         let synced = tokio::task::spawn_blocking(move || {
-            crate::devices::kernel(&netns, move || vswitch::kernel_neigh::sync_once(&switch, vswitch::util::coarse_secs()))
+            crate::devices::kernel(&netns, move || plumbing::kernel_neigh::sync_once(&switch, vswitch::util::coarse_secs()))
         })
         .await;
         match synced {

@@ -822,7 +822,7 @@ async fn two_hundred_pod_ports_fit_and_every_one_receives() {
     let mut batch = vswitch::Batch::new();
     for i in 0..PODS {
         let q = format!("q{i}");
-        let pod = sw.enter(move || vswitch::port::afpacket::AfPacketPort::open(&q, &q)).unwrap().unwrap();
+        let pod = sw.enter(move || kernel_ports::afpacket::AfPacketPort::open(&q, &q)).unwrap().unwrap();
         let src = [0x02, 0, 0, 0, (i >> 8) as u8, i as u8];
         let frame = [[0xffu8; 6].as_slice(), &src, &[0x88, 0xb5], &[0u8; 46]].concat();
         batch.push(cache.alloc_frame(&frame).unwrap()).unwrap();

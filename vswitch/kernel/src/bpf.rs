@@ -246,7 +246,7 @@ fn restore_tag(a: &mut Asm, kfunc: u32) {
 /// The BTF id of the rx VLAN hint in the running kernel, looked up once.
 fn vlan_tag_kfunc() -> io::Result<u32> {
     static ID: std::sync::OnceLock<Result<u32, String>> = std::sync::OnceLock::new();
-    ID.get_or_init(|| super::btf::kernel_func_id(VLAN_TAG_KFUNC).map_err(|e| e.to_string()))
+    ID.get_or_init(|| crate::btf::kernel_func_id(VLAN_TAG_KFUNC).map_err(|e| e.to_string()))
         .clone()
         .map_err(io::Error::other)
 }
@@ -383,8 +383,8 @@ fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>, dro
         return Ok((load_program(&assemble(map, f, None, drops))?, Some("generic XDP has no metadata hints".into())));
     }
     let restoring = vlan_tag_kfunc().and_then(|id| {
-        let hints = super::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
-        if hints & super::netdev::RX_METADATA_VLAN_TAG == 0 {
+        let hints = plumbing::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
+        if hints & plumbing::netdev::RX_METADATA_VLAN_TAG == 0 {
             return Err(io::Error::other("the device's driver has none"));
         }
         load_bound_program(&assemble(map, f, Some(id), drops), ifindex)
@@ -499,7 +499,7 @@ impl XdpRedirect {
         // Loaded in the device's namespace: the caller may be elsewhere (the daemon's control
         // thread, for a device in a pod's or a node's namespace).
         let netns = format!("/proc/self/fd/{}", self.netns.as_raw_fd());
-        let (prog, tags_hidden) = super::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref(), drops))?;
+        let (prog, tags_hidden) = plumbing::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref(), drops))?;
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, self.link.as_raw_fd() as u32);
         put_u32(&mut a, 4, prog.as_raw_fd() as u32);
@@ -575,7 +575,7 @@ mod test {
     #[test]
     fn dropped_frames_are_counted() {
         // SAFETY: geteuid has no preconditions.
-        if !crate::testkit::peer_available(unsafe { libc::geteuid() } == 0, "root (for bpf(2))", "running the tests as root") {
+        if !vswitch::testkit::peer_available(unsafe { libc::geteuid() } == 0, "root (for bpf(2))", "running the tests as root") {
             return;
         }
         let drops = drop_counter().expect("an array map");

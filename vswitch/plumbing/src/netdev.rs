@@ -3,7 +3,7 @@
 //! calling a hint the driver lacks still loads; the call just answers "no data", so this is
 //! how the port knows whether a hint can be trusted to be there.
 
-use super::netlink::{self, Msg, NETLINK_GENERIC, NLM_F_ACK, Socket};
+use crate::netlink::{self, Msg, NETLINK_GENERIC, NLM_F_ACK, Socket};
 use std::io;
 
 const NETDEV_CMD_DEV_GET: u8 = 1;

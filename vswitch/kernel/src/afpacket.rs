@@ -12,7 +12,7 @@
 //! underlay) may carry the sender's offloads: a checksum left partial, or a GSO super-frame of
 //! up to 64 KiB. The receive socket asks for the virtio-net header (`PACKET_VNET_HDR`, set
 //! before its ring) that says exactly which checksum to finish (the inner one of a VXLAN
-//! frame) and how to cut a super-frame ([`crate::offload`]). A super-frame larger than a ring
+//! frame) and how to cut a super-frame ([`vswitch::offload`]). A super-frame larger than a ring
 //! slot is queued whole on the socket (`PACKET_COPY_THRESH`, `TP_STATUS_COPY` in its slot) and
 //! read with one `recv` into the port's scratch buffer: one system call per ~45 segments.
 //! Segments that do not fit this burst wait in the port for the next.
@@ -36,12 +36,12 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
-use super::sys::{check, if_mac, if_mtu, if_running, ifindex, setopt};
-use super::{Port, QueueCounters, QueueStats};
-use crate::batch::Batch;
-use crate::buf::{BufId, PoolCache};
-use crate::offload::{MAX_HEADERS, Segmenter, VNET_HDR_LEN, VnetHdr, finish_checksum};
-use crate::wire::MacAddr;
+use plumbing::sys::{check, if_mac, if_mtu, if_running, ifindex, setopt};
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::batch::Batch;
+use vswitch::buf::{BufId, PoolCache};
+use vswitch::offload::{MAX_HEADERS, Segmenter, VNET_HDR_LEN, VnetHdr, finish_checksum};
+use vswitch::wire::MacAddr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};

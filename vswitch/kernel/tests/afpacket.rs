@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
-use vswitch::port::afpacket::AfPacketPort;
+use kernel_ports::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
 
@@ -39,8 +39,8 @@ fn pods_ping_through_the_switch() {
 fn tcp_transfer_through_the_switch() {
     let Some(_g) = netns::exclusive() else { return };
     let (_node, pa, pb) = pods();
-    netns::cni_offloads(&pa, "eth0").unwrap();
-    netns::cni_offloads(&pb, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pa, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pb, "eth0").unwrap();
     assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5001, 1024).unwrap(), 1024 * 1024);
 }
 
@@ -65,7 +65,7 @@ fn udp_with_default_pod_offloads() {
 
 // A trunk toward Linux's 802.1Q handling (a bridge in another namespace): the receive path
 // moves tags out of band whatever the offloads say; the port puts them back.
-vswitch::trunk_tests!(open);
+kernel_ports::trunk_tests!(open);
 
 /// Node A's switch in `sw`: `pod` (on `pa0`) and the underlay `ul0` in one VNI-5001 bridge
 /// flooding to node B's VTEP at `remote`, its own at `local`.
@@ -175,7 +175,7 @@ fn two_switches_as_vteps_keep_vnis_apart() {
 #[test]
 fn ethtool_netlink_turns_pod_offloads_off() {
     let Some(_g) = netns::exclusive() else { return };
-    use vswitch::port::ethtool::{Ethtool, POD_OFFLOADS, pod_offloads_off};
+    use plumbing::ethtool::{Ethtool, POD_OFFLOADS, pod_offloads_off};
     let ns = Netns::new("et").unwrap();
     ns.run(&["ip", "link", "add", "ea", "type", "veth", "peer", "name", "eb"]).unwrap();
     let shown = |name: &str| -> String {
@@ -208,7 +208,7 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
     let (local, remote, plen) =
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
     let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
-    netns::cni_offloads(&pod_a, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pod_a, "eth0").unwrap();
     let pod = PortConfig::pod("pa0", "red", netns::mac_of(&pod_a, "eth0").unwrap(), &["192.0.2.1".parse().unwrap()]);
     let node = vtep_node(sw, &node_b, local, remote, pod);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");

@@ -1,5 +1,6 @@
-//! A trunk port toward Linux's own 802.1Q handling, for the kernel-port tests (AF_XDP and
-//! AF_PACKET alike), and the raw endpoints that drive it.
+//! The kernel ports' test kit: a trunk port toward Linux's own 802.1Q handling, for the
+//! kernel-port tests (AF_XDP and AF_PACKET alike), the raw endpoints that drive it, and the
+//! offload settings the CNI gives a pod's veth.
 //!
 //! This machine's kernel has no 802.1Q devices (CONFIG_VLAN_8021Q is off), but its receive
 //! path and its bridge treat tags as a VLAN subinterface's traffic would be treated: a tagged
@@ -8,18 +9,26 @@
 //! VLAN offload off) or hands it to its peer out of band (on) — where a port that reads only
 //! the frame's bytes would take it for untagged.
 
-use super::frames;
-use super::mac;
-use super::netns::{self, Netns, SwitchNode};
-use crate::batch::Batch;
-use crate::buf::{Pool, PoolCache};
-use crate::config::{BridgeConfig, PortConfig, SwitchConfig};
-use crate::counters::DropReason;
-use crate::port::Port;
-use crate::port::afpacket::AfPacketPort;
+use vswitch::testkit::frames;
+use vswitch::testkit::mac;
+use vswitch::testkit::netns::{self, Netns, SwitchNode};
+use vswitch::batch::Batch;
+use vswitch::buf::{Pool, PoolCache};
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::counters::DropReason;
+use vswitch::port::Port;
+use crate::afpacket::AfPacketPort;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use vswitch::testkit::netns::exclusive;
+
+/// What the CNI does to a pod's veth: no tx checksum offload and no TSO/GSO, so frames leave
+/// the pod whole and with complete checksums.
+pub fn cni_offloads(ns: &Netns, dev: &str) -> io::Result<()> {
+    ns.enter(|| plumbing::ethtool::pod_offloads_off(dev))?.map(drop)
+}
 
 /// A raw endpoint in a namespace: an AF_PACKET port a test drives by hand (tags arrive in
 /// the frame, whatever the kernel did with them on the way).
@@ -138,14 +147,14 @@ macro_rules! trunk_tests {
     ($open:path) => {
         #[test]
         fn trunk_keeps_tags_through_a_linux_bridge_with_tx_vlan_offload() {
-            let Some(_g) = $crate::testkit::netns::exclusive() else { return };
-            $crate::testkit::trunk::trunk_through_a_linux_bridge($open, true).unwrap();
+            let Some(_g) = $crate::testkit::exclusive() else { return };
+            $crate::testkit::trunk_through_a_linux_bridge($open, true).unwrap();
         }
 
         #[test]
         fn trunk_keeps_tags_through_a_linux_bridge_without_tx_vlan_offload() {
-            let Some(_g) = $crate::testkit::netns::exclusive() else { return };
-            $crate::testkit::trunk::trunk_through_a_linux_bridge($open, false).unwrap();
+            let Some(_g) = $crate::testkit::exclusive() else { return };
+            $crate::testkit::trunk_through_a_linux_bridge($open, false).unwrap();
         }
     };
 }

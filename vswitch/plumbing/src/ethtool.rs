@@ -6,7 +6,7 @@
 //! metadata to tell; with TSO/GSO on, frames arrive larger than the MTU; with tx VLAN
 //! insertion on, a tag travels out of band. [`pod_offloads_off`] turns those off.
 
-use super::netlink::{self, Msg, NETLINK_GENERIC, NLM_F_ACK, Socket};
+use crate::netlink::{self, Msg, NETLINK_GENERIC, NLM_F_ACK, Socket};
 use std::io;
 
 const ETHTOOL_MSG_FEATURES_GET: u8 = 11;

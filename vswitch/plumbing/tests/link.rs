@@ -3,7 +3,7 @@
 //! default route, read back; then both ends pinged and deleted.
 
 use std::net::IpAddr;
-use vswitch::port::link::{self, LinkChange};
+use plumbing::link::{self, LinkChange};
 use vswitch::testkit::netns::{self, Netns};
 
 fn ip(s: &str) -> IpAddr {

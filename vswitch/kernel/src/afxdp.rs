@@ -5,7 +5,7 @@
 //!
 //! The port opens one socket per receive queue of the device (a NIC's RSS queues; pod veths
 //! have one), each bound to its queue and transmitting on the same-numbered queue, so PMD
-//! threads can share the queues out. Knitter's XDP program ([`super::bpf`]) redirects each
+//! threads can share the queues out. Knitter's XDP program ([`crate::bpf`]) redirects each
 //! queue to its socket. Rings per socket: fill
 //! (buffers handed to the kernel for receive), rx, tx, completion (sent buffers coming back).
 //! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
@@ -31,13 +31,13 @@
 //! - descriptor slots between our consumer and the kernel's producer (or our producer and the
 //!   kernel's consumer) belong to us; indices are masked by the ring size.
 
-pub use super::bpf::UnderlayFilter;
-use super::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
-use super::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
-use super::{Port, QueueCounters, QueueStats};
-use crate::batch::Batch;
-use crate::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
-use crate::wire::MacAddr;
+pub use crate::bpf::UnderlayFilter;
+use crate::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
+use plumbing::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::batch::Batch;
+use vswitch::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
+use vswitch::wire::MacAddr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
@@ -323,7 +323,7 @@ pub struct AfXdpPort {
 }
 
 /// Where the port looks for checksums a sender on this host left partial (AF_XDP carries no
-/// checksum metadata: see [`crate::offload::finish_if_partial`]).
+/// checksum metadata: see [`vswitch::offload::finish_if_partial`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PartialChecksums {
     /// A device with hardware behind it: frames come off a wire, their checksums whole.
@@ -573,7 +573,7 @@ impl AfXdpPort {
             PartialChecksums::Frames => None,
             PartialChecksums::InVxlan(port) => Some(port),
         };
-        if !self.pool.is_chained(b) && crate::offload::finish_if_partial(self.pool.head_mut(b), vxlan) {
+        if !self.pool.is_chained(b) && vswitch::offload::finish_if_partial(self.pool.head_mut(b), vxlan) {
             counters.rx_csum.add(1);
         }
     }
@@ -948,7 +948,7 @@ impl Port for AfXdpPort {
     /// Jumbo frames with multi-buffer AF_XDP; else one UMEM chunk after the kernel's XDP
     /// headroom.
     fn max_frame(&self) -> usize {
-        if self.binding.multi_buffer { crate::buf::MAX_FRAME } else { BUF_SIZE - XDP_PACKET_HEADROOM }
+        if self.binding.multi_buffer { vswitch::buf::MAX_FRAME } else { BUF_SIZE - XDP_PACKET_HEADROOM }
     }
 }
 
@@ -1027,13 +1027,13 @@ fn return_lent(pool: Arc<Pool>, mut lent: Vec<Lent>, grace: std::time::Duration)
 #[cfg(test)]
 mod test {
     use super::{Lent, return_lent};
-    use crate::buf::Pool;
+    use vswitch::buf::Pool;
     use std::time::Duration;
 
     #[test]
     fn zero_copy_buffers_come_back_only_after_the_grace_period() {
         let pool = Pool::new(64, false).unwrap();
-        let mut cache = crate::buf::PoolCache::new(pool.clone());
+        let mut cache = vswitch::buf::PoolCache::new(pool.clone());
         let mut lent = Lent::new(pool.capacity() as usize);
         for _ in 0..8 {
             lent.set(cache.alloc().unwrap().into_index());
@@ -1043,7 +1043,7 @@ mod test {
         return_lent(pool.clone(), vec![lent], Duration::from_millis(300));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(pool.free_count(), before, "still the driver's during the grace period");
-        assert!(crate::testkit::eventually(Duration::from_secs(3), || pool.free_count() == before + 8));
+        assert!(vswitch::testkit::eventually(Duration::from_secs(3), || pool.free_count() == before + 8));
     }
 
     #[test]

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use vswitch::kernel_neigh::KernelNeighbors;
+use plumbing::kernel_neigh::KernelNeighbors;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
-use vswitch::port::afpacket::AfPacketPort;
-use vswitch::port::afxdp::{AfXdpPort, Binding};
-use vswitch::port::bpf::UnderlayFilter;
+use kernel_ports::afpacket::AfPacketPort;
+use kernel_ports::afxdp::{AfXdpPort, Binding};
+use kernel_ports::bpf::UnderlayFilter;
 use vswitch::testkit::eventually;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
@@ -46,8 +46,8 @@ fn pods_ping_through_af_xdp_ports() {
 fn tcp_through_af_xdp_ports() {
     let Some(_g) = netns::exclusive() else { return };
     let (node, pa, pb) = pods();
-    netns::cni_offloads(&pa, "eth0").unwrap();
-    netns::cni_offloads(&pb, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pa, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pb, "eth0").unwrap();
     assert_eq!(netns::tcp_transfer(&pb, &pa, "192.0.2.2", 5003, 1024).unwrap(), 1024 * 1024);
     let snap = node.switch.snapshot();
     let q = snap.port(snap.port_id("swb").unwrap()).unwrap().port.queue_stats()[0];
@@ -59,7 +59,7 @@ fn tcp_through_af_xdp_ports() {
 // A trunk toward Linux's 802.1Q handling (a bridge in another namespace) with tx VLAN
 // offload on: the tag reaches the switch's veth out of band, where XDP sees only the
 // frame's bytes; the program puts it back from the rx VLAN hint.
-vswitch::trunk_tests!(open);
+kernel_ports::trunk_tests!(open);
 
 /// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001
 /// bridge flooding to `peer`, its VTEP at `vtep` (the node's own address when `shared`,
@@ -192,11 +192,11 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     node_b.run(&["ip", "addr", "add", &format!("{remote}/32"), "dev", "lo"]).unwrap();
     netns::linux_vtep(&node_b, "ul1", remote, own, 5001, "vb0").unwrap();
     assert_eq!(
-        sw.enter(|| vswitch::kernel_neigh::kernel_route_gateway(remote.parse().unwrap())).unwrap().unwrap(),
+        sw.enter(|| plumbing::kernel_neigh::kernel_route_gateway(remote.parse().unwrap())).unwrap().unwrap(),
         Some(gateway.parse().unwrap()),
         "the route lookup finds the gateway"
     );
-    assert_eq!(sw.enter(|| vswitch::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
+    assert_eq!(sw.enter(|| plumbing::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
     let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) = (own.parse().unwrap(), remote.parse().unwrap());
     let (node, _follower) = vtep_node(sw, vtep, peer, true);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN through the gateway");
@@ -524,7 +524,7 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
     let (vtep, remote, plen) =
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
     let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
-    netns::cni_offloads(&pod_a, "eth0").unwrap();
+    kernel_ports::testkit::cni_offloads(&pod_a, "eth0").unwrap();
     let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
     assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");

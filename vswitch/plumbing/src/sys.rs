@@ -1,18 +1,18 @@
 //! The socket plumbing the kernel-backed ports share (AF_PACKET, AF_XDP): errno checks,
 //! typed `setsockopt`, interface index and MAC lookups. Control path only.
 
-use crate::wire::MacAddr;
+use vswitch::wire::MacAddr;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// A libc return value as a `Result`: negative means `errno` says why.
-pub(super) fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+pub fn check(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
 }
 
 /// `setsockopt` with a typed value.
-pub(super) fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
+pub fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
     // SAFETY: `val` points at a live T of the size passed.
     check(unsafe {
         libc::setsockopt(fd, level, name, (val as *const T).cast(), std::mem::size_of::<T>() as libc::socklen_t)
@@ -21,7 +21,7 @@ pub(super) fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &
 }
 
 /// The index of `ifname` in the calling thread's network namespace.
-pub(super) fn ifindex(ifname: &str) -> io::Result<u32> {
+pub fn ifindex(ifname: &str) -> io::Result<u32> {
     let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
     // SAFETY: a valid C string.
     match unsafe { libc::if_nametoindex(c.as_ptr()) } {
@@ -32,13 +32,13 @@ pub(super) fn ifindex(ifname: &str) -> io::Result<u32> {
 
 /// The interface's MAC in the calling thread's network namespace (through a throwaway socket:
 /// not every socket family answers the ioctl).
-pub(super) fn interface_mac(ifname: &str) -> Option<MacAddr> {
+pub fn interface_mac(ifname: &str) -> Option<MacAddr> {
     if_mac(control_socket().ok()?.as_raw_fd(), ifname)
 }
 
 /// A socket for interface ioctls in the calling thread's network namespace (AF_XDP sockets
 /// answer none themselves).
-pub(super) fn control_socket() -> io::Result<OwnedFd> {
+pub fn control_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the result is checked and owned below.
     let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: a fresh descriptor owned by nobody else.
@@ -61,7 +61,7 @@ fn ifreq(ifname: &str) -> Option<libc::ifreq> {
 
 /// Whether the interface is up and running (carrier), asked of the socket's own network
 /// namespace; `None` when the kernel does not say (the interface is gone).
-pub(super) fn if_running(fd: RawFd, ifname: &str) -> Option<bool> {
+pub fn if_running(fd: RawFd, ifname: &str) -> Option<bool> {
     let mut req = ifreq(ifname)?;
     // SAFETY: SIOCGIFFLAGS fills the ifreq we pass.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } != 0 {
@@ -74,7 +74,7 @@ pub(super) fn if_running(fd: RawFd, ifname: &str) -> Option<bool> {
 
 /// How many receive queues the interface has (its rx or combined channels, the larger),
 /// asked of the socket's own network namespace; `None` when the driver does not say.
-pub(super) fn rx_queues(fd: RawFd, ifname: &str) -> Option<u32> {
+pub fn rx_queues(fd: RawFd, ifname: &str) -> Option<u32> {
     const ETHTOOL_GCHANNELS: u32 = 0x3c;
     // struct ethtool_channels: cmd, max_rx, max_tx, max_other, max_combined, rx_count,
     // tx_count, other_count, combined_count.
@@ -93,7 +93,7 @@ pub(super) fn rx_queues(fd: RawFd, ifname: &str) -> Option<u32> {
 /// Whether the interface has no bus device behind it (veth, tap: a software device whose
 /// senders are this host's own kernel), asked of the socket's own network namespace; `None`
 /// when the driver does not say.
-pub(super) fn is_software_device(fd: RawFd, ifname: &str) -> Option<bool> {
+pub fn is_software_device(fd: RawFd, ifname: &str) -> Option<bool> {
     const ETHTOOL_GDRVINFO: u32 = 0x03;
     // struct ethtool_drvinfo: cmd, driver[32], version[32], fw_version[32], bus_info[32],
     // erom_version[32], reserved2[12], five u32 counts: 196 bytes.
@@ -112,7 +112,7 @@ pub(super) fn is_software_device(fd: RawFd, ifname: &str) -> Option<bool> {
 
 /// The interface's MTU, asked of the socket's own network namespace; `None` when the
 /// kernel does not say.
-pub(super) fn if_mtu(fd: RawFd, ifname: &str) -> Option<u32> {
+pub fn if_mtu(fd: RawFd, ifname: &str) -> Option<u32> {
     let mut req = ifreq(ifname)?;
     // SAFETY: SIOCGIFMTU fills the ifreq we pass.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req) } != 0 {
@@ -124,7 +124,7 @@ pub(super) fn if_mtu(fd: RawFd, ifname: &str) -> Option<u32> {
 
 /// The interface's MAC, asked of the socket's own network namespace (sysfs would answer for
 /// the mount namespace's, which differs when the caller entered another netns).
-pub(super) fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
+pub fn if_mac(fd: RawFd, ifname: &str) -> Option<MacAddr> {
     let mut req = ifreq(ifname)?;
     // SAFETY: SIOCGIFHWADDR fills the ifreq we pass.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req) } != 0 {

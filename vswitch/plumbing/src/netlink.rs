@@ -2,7 +2,7 @@
 //! replies and acknowledgement; attributes built and parsed with bounds checked once per
 //! attribute. Generic netlink families are resolved by name.
 
-use super::sys::check;
+use crate::sys::check;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 

@@ -12,10 +12,10 @@
 //! for the route's next hop), once a second, counting each as a request: the slot's timers
 //! (waiting frames given up, a MAC forgotten) then work as in the dedicated mode.
 
-use crate::port::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
-use crate::switch::Switch;
-use crate::util::coarse_secs;
-use crate::wire::MacAddr;
+use crate::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
+use vswitch::Switch;
+use vswitch::util::coarse_secs;
+use vswitch::wire::MacAddr;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};

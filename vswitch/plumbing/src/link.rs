@@ -3,7 +3,7 @@
 //! and reading them back to check. Every call works in the calling thread's namespace;
 //! [`in_netns`] runs a closure on a short-lived thread inside another one.
 
-use super::netlink::{Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket, find, text};
+use crate::netlink::{Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket, find, text};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;

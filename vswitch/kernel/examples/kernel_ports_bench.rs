@@ -2,7 +2,7 @@
 //! Linux bridge on the same topology, alternated in one run (this VM's CPU supply swings).
 //! Needs root and `iperf3`; creates and removes its own network namespaces.
 //!
-//!     cargo run --release -p knitter-vswitch --example kernel_ports_bench -- [rounds] [seconds]
+//!     cargo run --release -p knitter-kernel-ports --example kernel_ports_bench -- [rounds] [seconds]
 //!
 //! Reports iperf3 TCP and UDP (64-byte payload) results and, for the switch, its PMD's busy
 //! cycles per packet. Pod veths get the offloads the CNI will set (no tx checksum, TSO, GSO).
@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
-use vswitch::port::afpacket::AfPacketPort;
-use vswitch::port::afxdp::AfXdpPort;
+use kernel_ports::afpacket::AfPacketPort;
+use kernel_ports::afxdp::AfXdpPort;
 use vswitch::testkit::netns::{self, Netns};
 use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 

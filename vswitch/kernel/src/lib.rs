@@ -1,0 +1,11 @@
+//! Kernel ports: the switch's [`vswitch::port::Port`]s over kernel sockets — [`afxdp`]
+//! (AF_XDP sockets over a UMEM that is the switch's buffer pool, with the XDP redirect
+//! program of [`bpf`], loaded through bpf(2) with kernel BTF) and [`afpacket`] (TPACKET_V3
+//! rings with virtio-net headers, for devices XDP cannot serve).
+
+pub mod afpacket;
+pub mod afxdp;
+pub mod bpf;
+mod btf;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
