@@ -1,5 +1,5 @@
 //! knitterctl: the operator's CLI. Talks to a node's knitter-vswitchd over its unix socket
-//! (`node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`, `apply`, `events`) and to the
+//! (`node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`, `apply`, `events`, `trace`) and to the
 //! manager over gRPC (`manager tenant|network|ipgroup|port|node`). Human tables by
 //! default, `-o json` for scripts; a refused request prints the reason and exits non-zero.
 
