@@ -1,0 +1,52 @@
+//! DPDK for Knitter: the EAL initialised once per process ([`eal`]), and ethdev ports —
+//! vdevs (`net_tap`, `net_pcap`, `net_ring`, `net_null`, `net_memif`, `net_af_packet`...),
+//! NICs and VFs bound to vfio-pci — as the switch's `dpdk` port kind ([`DpdkPort`]).
+//!
+//! Buffers: frames are copied at the edge between DPDK's mbufs (a mempool per port) and
+//! the switch's buffer pool, one copy each way; the PMD threads stay Knitter's, registered
+//! with the EAL (`rte_thread_register`) on their first burst so mempool caches work.
+//!
+//! Built without DPDK (`dpdk_sys::AVAILABLE` false: no libdpdk-dev, or `KNITTER_NO_DPDK=1`)
+//! every entry point returns [`DpdkError::NotBuilt`].
+
+#[cfg(dpdk)]
+pub mod eal;
+#[cfg(dpdk)]
+mod port;
+#[cfg(not(dpdk))]
+mod unavailable;
+
+#[cfg(dpdk)]
+pub use port::{DpdkPort, PortOptions};
+#[cfg(not(dpdk))]
+pub use unavailable::{DpdkPort, PortOptions, eal};
+
+/// Whether this build has DPDK.
+pub const AVAILABLE: bool = dpdk_sys::AVAILABLE;
+
+/// A device's own counters (`rte_eth_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub ipackets: u64,
+    pub opackets: u64,
+    pub ibytes: u64,
+    pub obytes: u64,
+    /// Frames the device dropped for want of rx descriptors.
+    pub imissed: u64,
+    pub ierrors: u64,
+    pub oerrors: u64,
+    /// Receive mbuf allocation failures.
+    pub rx_nombuf: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DpdkError {
+    #[error("this knitter was built without DPDK (install libdpdk-dev and libclang-dev, then rebuild)")]
+    NotBuilt,
+    #[error("EAL initialisation failed ({args}): {reason}")]
+    Eal { args: String, reason: String },
+    #[error("{what} {name:?}: {reason}")]
+    Device { what: &'static str, name: String, reason: String },
+    #[error("devargs {0:?}: name a device (\"0000:3b:00.0\", \"net_tap0,iface=dtap0\", ...)")]
+    Devargs(String),
+}

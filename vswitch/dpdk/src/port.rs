@@ -1,0 +1,383 @@
+//! The `dpdk` port kind: one ethdev (a vdev, a NIC or a VF), configured with `queues` rx/tx
+//! queue pairs (RSS over them when more than one), a mempool of its own, started
+//! promiscuous; frames copied between mbufs and the switch's buffers at the edge.
+//!
+//! # Safety
+//! The port owns its ethdev (`port_id`, probed by [`DpdkPort::open`], stopped and closed on
+//! drop) and its mempool (`mp`, freed after the device closes). mbuf pointers come only from
+//! the device's rx burst or from `mp`, and each is freed or handed to tx exactly once within
+//! the burst that got it. An rx queue is polled by one PMD thread at a time (queues of a
+//! non-dynamic port are assigned once); each tx queue is behind a try-lock because PMD
+//! threads may outnumber tx queues. mbuf data is read through `shim_mbuf_data` for
+//! `shim_mbuf_data_len` bytes, which DPDK guarantees inside the mbuf's data room.
+
+use crate::DpdkError;
+use crate::eal::{self, errno_text, ret_text};
+use std::ffi::CString;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::{Arc, Mutex};
+use vswitch::batch::{BATCH, Batch};
+use vswitch::buf::PoolCache;
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::wire::MacAddr;
+
+/// Segments a received frame may have (9 KiB jumbo frames in 2 KiB mbufs take 5).
+const MAX_SEGS: usize = 8;
+
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// rx/tx queue pairs (RSS spreads flows over the rx queues when more than one).
+    pub queues: u16,
+    /// Descriptors per queue.
+    pub descriptors: u16,
+    /// mbufs in the port's mempool.
+    pub mbufs: u32,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions { queues: 1, descriptors: 1024, mbufs: 8191 }
+    }
+}
+
+pub struct DpdkPort {
+    name: String,
+    /// The ethdev's name as DPDK knows it (devargs up to the first comma).
+    dev: String,
+    port_id: u16,
+    mp: *mut dpdk_sys::rte_mempool,
+    queues: u16,
+    tx_locks: Box<[Mutex<()>]>,
+    counters: Box<[QueueCounters]>,
+    up: AtomicBool,
+    mac: Option<MacAddr>,
+    max_frame: usize,
+}
+
+// SAFETY: the raw mempool pointer is shared by design (DPDK mempools are multi-thread safe);
+// every other field is Sync. Queue access discipline: see the module's Safety section.
+unsafe impl Send for DpdkPort {}
+// SAFETY: as above.
+unsafe impl Sync for DpdkPort {}
+
+fn dev_err(what: &'static str, name: &str, reason: String) -> DpdkError {
+    DpdkError::Device { what, name: name.into(), reason }
+}
+
+impl DpdkPort {
+    /// Probes `devargs` (a PCI address or a vdev: `net_tap0,iface=dtap0`) and opens it as
+    /// port `name`. The EAL must be initialised ([`eal::init`]).
+    pub fn open(name: &str, devargs: &str, opts: &PortOptions) -> Result<Arc<DpdkPort>, DpdkError> {
+        if !eal::initialised() {
+            return Err(dev_err("device", devargs, "the DPDK EAL is not initialised".into()));
+        }
+        let dev = devargs.split(',').next().unwrap_or_default().trim().to_string();
+        if dev.is_empty() {
+            return Err(DpdkError::Devargs(devargs.into()));
+        }
+        let c_devargs = CString::new(devargs).map_err(|_| DpdkError::Devargs(devargs.into()))?;
+        // SAFETY: a NUL-terminated string alive for the call.
+        let r = unsafe { dpdk_sys::rte_dev_probe(c_devargs.as_ptr()) };
+        if r < 0 {
+            return Err(dev_err("probing", devargs, ret_text(r)));
+        }
+        let c_dev = CString::new(dev.as_str()).map_err(|_| DpdkError::Devargs(devargs.into()))?;
+        let mut port_id = 0u16;
+        // SAFETY: valid string and out pointer.
+        if unsafe { dpdk_sys::rte_eth_dev_get_port_by_name(c_dev.as_ptr(), &mut port_id) } != 0 {
+            remove_device(&dev);
+            return Err(dev_err("device", &dev, "probed, but it is not an ethdev".into()));
+        }
+        match Self::configure(name, &dev, port_id, opts) {
+            Ok(p) => Ok(Arc::new(p)),
+            Err(e) => {
+                // SAFETY: our port id; stopping/closing a device that is not started is
+                // harmless.
+                unsafe {
+                    dpdk_sys::rte_eth_dev_stop(port_id);
+                    dpdk_sys::rte_eth_dev_close(port_id);
+                }
+                remove_device(&dev);
+                Err(e)
+            }
+        }
+    }
+
+    fn configure(name: &str, dev: &str, port_id: u16, opts: &PortOptions) -> Result<DpdkPort, DpdkError> {
+        let fail = |what: &'static str, r: libc::c_int| dev_err(what, dev, ret_text(r));
+        let mut info = dpdk_sys::rte_eth_dev_info::default();
+        // SAFETY: out pointer to a default-initialised struct.
+        let r = unsafe { dpdk_sys::rte_eth_dev_info_get(port_id, &mut info) };
+        if r != 0 {
+            return Err(fail("device info of", r));
+        }
+        let queues = opts.queues.clamp(1, info.max_rx_queues.min(info.max_tx_queues).max(1));
+        let mut conf = dpdk_sys::rte_eth_conf::default();
+        if queues > 1 && info.flow_type_rss_offloads != 0 {
+            conf.rxmode.mq_mode = dpdk_sys::RTE_ETH_MQ_RX_RSS;
+            conf.rx_adv_conf.rss_conf.rss_hf = info.flow_type_rss_offloads;
+        }
+        // SAFETY: a valid configuration struct for our port.
+        let r = unsafe { dpdk_sys::rte_eth_dev_configure(port_id, queues, queues, &conf) };
+        if r != 0 {
+            return Err(fail("configuring", r));
+        }
+        // SAFETY: plain query.
+        let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(port_id) };
+        let pool_name = CString::new(format!("knitter_p{port_id}")).map_err(|_| DpdkError::Devargs(dev.into()))?;
+        // SAFETY: valid name; sizes within range (the data room fits a u16).
+        let mp = unsafe { dpdk_sys::rte_pktmbuf_pool_create(pool_name.as_ptr(), opts.mbufs, 256, 0, dpdk_sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16, socket) };
+        if mp.is_null() {
+            return Err(dev_err("mempool for", dev, errno_text()));
+        }
+        let mut port = DpdkPort {
+            name: name.into(),
+            dev: dev.into(),
+            port_id,
+            mp,
+            queues,
+            tx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
+            counters: (0..queues).map(|_| QueueCounters::default()).collect(),
+            up: AtomicBool::new(false),
+            mac: None,
+            max_frame: (info.max_rx_pktlen as usize).clamp(64, vswitch::buf::MAX_FRAME),
+        };
+        let socket = socket.max(0) as u32;
+        for q in 0..queues {
+            // SAFETY: our port, a queue below the configured count, our mempool; null confs
+            // take the driver's defaults.
+            let r = unsafe { dpdk_sys::rte_eth_rx_queue_setup(port_id, q, opts.descriptors, socket, std::ptr::null(), mp) };
+            if r != 0 {
+                return Err(fail("rx queue setup of", r));
+            }
+            // SAFETY: as above.
+            let r = unsafe { dpdk_sys::rte_eth_tx_queue_setup(port_id, q, opts.descriptors, socket, std::ptr::null()) };
+            if r != 0 {
+                return Err(fail("tx queue setup of", r));
+            }
+        }
+        // Not every vdev has promiscuous mode (net_ring, net_pcap): not an error.
+        // SAFETY: plain calls on our port.
+        unsafe { dpdk_sys::rte_eth_promiscuous_enable(port_id) };
+        // SAFETY: as above.
+        let r = unsafe { dpdk_sys::rte_eth_dev_start(port_id) };
+        if r != 0 {
+            return Err(fail("starting", r));
+        }
+        let mut addr = dpdk_sys::rte_ether_addr::default();
+        // SAFETY: out pointer.
+        if unsafe { dpdk_sys::rte_eth_macaddr_get(port_id, &mut addr) } == 0 {
+            port.mac = Some(MacAddr(addr.addr_bytes));
+        }
+        port.refresh_link();
+        tracing::info!(port = name, dev, port_id, queues, "dpdk port started");
+        Ok(port)
+    }
+
+    /// The ethdev's port id.
+    pub fn port_id(&self) -> u16 {
+        self.port_id
+    }
+
+    /// The device's own counters (rx/tx packets and bytes, misses, errors, mbuf shortages).
+    pub fn device_stats(&self) -> Option<crate::DeviceStats> {
+        let mut s = dpdk_sys::rte_eth_stats::default();
+        // SAFETY: out pointer.
+        (unsafe { dpdk_sys::rte_eth_stats_get(self.port_id, &mut s) } == 0).then_some(crate::DeviceStats {
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+        })
+    }
+
+    /// Copies a received mbuf chain into a switch buffer (and frees the chain).
+    fn receive(&self, m: *mut dpdk_sys::rte_mbuf, cache: &mut PoolCache) -> Option<vswitch::BufId> {
+        let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
+        let (mut k, mut seg, mut total) = (0, m, 0usize);
+        while !seg.is_null() && k < MAX_SEGS {
+            // SAFETY: `seg` is a segment of a chain the rx burst gave us; its data is
+            // `data_len` bytes inside its data room, valid until the chain is freed below.
+            parts[k] = unsafe { std::slice::from_raw_parts(dpdk_sys::shim_mbuf_data(seg), dpdk_sys::shim_mbuf_data_len(seg) as usize) };
+            total += parts[k].len();
+            k += 1;
+            // SAFETY: as above.
+            seg = unsafe { dpdk_sys::shim_mbuf_next(seg) };
+        }
+        let b = if seg.is_null() && total <= self.max_frame.max(vswitch::buf::MAX_FRAME) { cache.alloc_gather(&parts[..k]) } else { None };
+        // SAFETY: the chain is ours (from rx) and freed once; `parts` is not used after.
+        unsafe { dpdk_sys::shim_pktmbuf_free(m) };
+        b
+    }
+
+    /// Copies a switch packet into an mbuf chain from the port's mempool; null when the
+    /// mempool runs dry.
+    fn transmit_copy(&self, pool: &vswitch::Pool, b: &vswitch::BufId) -> *mut dpdk_sys::rte_mbuf {
+        // SAFETY: allocation from our mempool.
+        let head = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
+        if head.is_null() {
+            return head;
+        }
+        let mut last = head;
+        for mut piece in pool.segments(b) {
+            while !piece.is_empty() {
+                // SAFETY: `last` is the chain's last mbuf, ours until sent or freed.
+                let room = unsafe { dpdk_sys::shim_mbuf_tailroom(last) } as usize;
+                if room == 0 {
+                    // SAFETY: allocation from our mempool; chaining our own mbufs.
+                    let next = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
+                    // SAFETY: as above.
+                    if next.is_null() || unsafe { dpdk_sys::shim_pktmbuf_chain(head, next) } != 0 {
+                        // SAFETY: frees what was allocated, once.
+                        unsafe {
+                            if !next.is_null() {
+                                dpdk_sys::shim_pktmbuf_free(next);
+                            }
+                            dpdk_sys::shim_pktmbuf_free(head);
+                        }
+                        return null_mut();
+                    }
+                    last = next;
+                    continue;
+                }
+                let n = room.min(piece.len()).min(u16::MAX as usize);
+                // SAFETY: append grows the packet by `n` bytes at the end of `last` (`n` is
+                // at most its tailroom) and returns where they go.
+                let dst = unsafe { dpdk_sys::shim_pktmbuf_append(head, n as u16) };
+                if dst.is_null() {
+                    // SAFETY: frees the chain once.
+                    unsafe { dpdk_sys::shim_pktmbuf_free(head) };
+                    return null_mut();
+                }
+                // SAFETY: `dst` has room for `n` bytes; `piece` holds at least `n`.
+                unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), dst, n) };
+                piece = &piece[n..];
+            }
+        }
+        head
+    }
+}
+
+/// Removes a probed device from its bus (vdevs, so the name can be probed again).
+fn remove_device(dev: &str) {
+    let (Ok(bus), Ok(name)) = (CString::new(if dev.contains(':') { "pci" } else { "vdev" }), CString::new(dev)) else { return };
+    // SAFETY: valid strings.
+    unsafe { dpdk_sys::rte_eal_hotplug_remove(bus.as_ptr(), name.as_ptr()) };
+}
+
+impl Drop for DpdkPort {
+    fn drop(&mut self) {
+        // SAFETY: our device, stopped and closed once; the mempool is freed after the
+        // device that held its mbufs is gone.
+        unsafe {
+            dpdk_sys::rte_eth_dev_stop(self.port_id);
+            dpdk_sys::rte_eth_dev_close(self.port_id);
+        }
+        remove_device(&self.dev);
+        // SAFETY: our mempool, no mbuf of it left (the device closed, bursts returned theirs).
+        unsafe { dpdk_sys::rte_mempool_free(self.mp) };
+    }
+}
+
+impl Port for DpdkPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rx_queues(&self) -> u16 {
+        self.queues
+    }
+
+    fn tx_queues(&self) -> u16 {
+        self.queues
+    }
+
+    fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        if q >= self.queues {
+            return 0;
+        }
+        eal::register_thread();
+        let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
+        let room = batch.room().min(BATCH) as u16;
+        // SAFETY: our port and queue (polled by this thread alone), room for `room` pointers.
+        let n = unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
+        let c = &self.counters[q as usize];
+        let mut got = 0;
+        for &m in &mbufs[..n] {
+            match self.receive(m, cache) {
+                Some(b) => {
+                    if let Err(b) = batch.push(b) {
+                        cache.free(b); // the burst asked for no more than the room: unreachable
+                    } else {
+                        got += 1;
+                    }
+                }
+                None => c.rx_dropped.add(1),
+            }
+        }
+        c.rx_packets.add(got as u64);
+        got
+    }
+
+    fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let q = q % self.queues;
+        let c = &self.counters[q as usize];
+        let Ok(_g) = self.tx_locks[q as usize].try_lock() else {
+            c.tx_full.add(batch.len() as u64);
+            return 0;
+        };
+        eal::register_thread();
+        let pool = cache.pool().clone();
+        let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
+        let mut k = 0;
+        for b in batch.as_slice() {
+            let m = self.transmit_copy(&pool, b);
+            if m.is_null() {
+                break;
+            }
+            mbufs[k] = m;
+            k += 1;
+        }
+        // SAFETY: our port and queue (held by the lock), `k` valid mbuf chains.
+        let sent = unsafe { dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), k as u16) } as usize;
+        for &m in &mbufs[sent..k] {
+            // SAFETY: chains the device did not take are still ours; freed once.
+            unsafe { dpdk_sys::shim_pktmbuf_free(m) };
+        }
+        for i in 0..sent {
+            cache.free(batch.take(i));
+        }
+        batch.handed_on(sent);
+        c.tx_packets.add(sent as u64);
+        c.tx_full.add(batch.len() as u64);
+        sent
+    }
+
+    fn link_up(&self) -> bool {
+        self.up.load(Relaxed)
+    }
+
+    fn refresh_link(&self) {
+        let mut link = dpdk_sys::rte_eth_link::default();
+        // SAFETY: out pointer; the nowait variant does not block.
+        let ok = unsafe { dpdk_sys::rte_eth_link_get_nowait(self.port_id, &mut link) } == 0;
+        self.up.store(ok && link.link_status() == dpdk_sys::RTE_ETH_LINK_UP as u16, Relaxed);
+    }
+
+    fn queue_stats(&self) -> Vec<QueueStats> {
+        self.counters.iter().map(QueueCounters::read).collect()
+    }
+
+    fn mac(&self) -> Option<MacAddr> {
+        self.mac
+    }
+
+    fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+}

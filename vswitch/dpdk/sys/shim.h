@@ -1,0 +1,25 @@
+/* DPDK's fast path is static inline (rx/tx bursts go through rte_eth_fp_ops, mbuf helpers
+ * are macros and inlines, rte_errno is per-lcore TLS): these wrappers give Rust a symbol
+ * to call. Built at -O3 with DPDK's own cflags. */
+#ifndef KNITTER_DPDK_SHIM_H
+#define KNITTER_DPDK_SHIM_H
+#include <stdint.h>
+struct rte_mbuf;
+struct rte_mempool;
+uint16_t shim_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
+uint16_t shim_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
+struct rte_mbuf *shim_pktmbuf_alloc(struct rte_mempool *mp);
+int shim_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int n);
+void shim_pktmbuf_free(struct rte_mbuf *m);
+/* A segment's data, its length, the next segment (or NULL), the packet's whole length. */
+uint8_t *shim_mbuf_data(struct rte_mbuf *m);
+uint16_t shim_mbuf_data_len(const struct rte_mbuf *m);
+struct rte_mbuf *shim_mbuf_next(struct rte_mbuf *m);
+uint32_t shim_mbuf_pkt_len(const struct rte_mbuf *m);
+uint16_t shim_mbuf_tailroom(const struct rte_mbuf *m);
+/* Room for `len` more bytes at the end of the last segment, or NULL. */
+uint8_t *shim_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
+int shim_pktmbuf_chain(struct rte_mbuf *head, struct rte_mbuf *tail);
+unsigned int shim_lcore_id(void);
+int shim_errno(void);
+#endif

@@ -1,0 +1,131 @@
+//! The `dpdk` port kind against DPDK's own vdevs (no NIC here): `net_pcap` frames in both
+//! directions byte for byte through the switch, `net_null` on several queues with the
+//! device's counters, refusals with DPDK's reason. Skipped, saying so, when this build has
+//! no DPDK. Every test initialises the EAL of its own process (`--no-huge` without huge
+//! pages, a file prefix of its own).
+
+use std::sync::Arc;
+use vswitch::config::SwitchConfig;
+use vswitch::port::Port;
+use vswitch::testkit::{Harness, frames, mac, one_bridge};
+
+fn eal() -> bool {
+    if !dpdk::AVAILABLE {
+        eprintln!("skipped: built without DPDK (libdpdk-dev, libclang-dev)");
+        assert!(std::env::var_os("CI").is_none(), "CI installs DPDK: the dpdk port must be tested there");
+        return false;
+    }
+    let prefix = format!("knitter-test-{}", std::process::id());
+    dpdk::eal::init(&dpdk::eal::default_args(&prefix, &[])).expect("EAL");
+    true
+}
+
+/// A classic pcap file (microsecond timestamps, Ethernet).
+fn write_pcap(path: &std::path::Path, frames: &[Vec<u8>]) {
+    let mut out = Vec::new();
+    out.extend(0xa1b2_c3d4u32.to_le_bytes());
+    out.extend(2u16.to_le_bytes());
+    out.extend(4u16.to_le_bytes());
+    out.extend([0u8; 8]);
+    out.extend(65535u32.to_le_bytes());
+    out.extend(1u32.to_le_bytes());
+    for (i, f) in frames.iter().enumerate() {
+        out.extend((i as u32).to_le_bytes());
+        out.extend(0u32.to_le_bytes());
+        out.extend((f.len() as u32).to_le_bytes());
+        out.extend((f.len() as u32).to_le_bytes());
+        out.extend(f);
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+fn read_pcap(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let b = std::fs::read(path).unwrap();
+    let magic = u32::from_le_bytes(b[..4].try_into().unwrap());
+    assert!(magic == 0xa1b2_c3d4 || magic == 0xa1b2_3c4d, "a pcap file (microsecond or nanosecond): {magic:#x}");
+    let (mut at, mut out) = (24, Vec::new());
+    while at + 16 <= b.len() {
+        let incl = u32::from_le_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
+        out.push(b[at + 16..at + 16 + incl].to_vec());
+        at += 16 + incl;
+    }
+    out
+}
+
+#[test]
+fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
+    if !eal() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("knitter-dpdk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (rx, tx) = (dir.join("in.pcap"), dir.join("out.pcap"));
+    let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
+    let inbound: Vec<Vec<u8>> = [60usize, 200, 1514].iter().enumerate().map(|(i, &size)| frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1000 + i as u16, 2000, size)).collect();
+    write_pcap(&rx, &inbound);
+    let devargs = format!("net_pcap_bx,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
+    let port = dpdk::DpdkPort::open("d", &devargs, &dpdk::PortOptions::default()).expect("net_pcap opens");
+    assert!(port.link_up() || { port.refresh_link(); true });
+    let mut h = Harness::new();
+    h.ring("r").register("d", port.clone());
+    h.apply(one_bridge(&["r", "d"])).unwrap();
+    h.step();
+    assert_eq!(h.recv("r"), inbound, "frames from the pcap reach the ring port unchanged");
+    // Back: to the MAC learnt on the dpdk port.
+    let outbound: Vec<Vec<u8>> = [64usize, 1000, 1514].iter().map(|&size| frames::udp4(mac(0x11), mac(0x22), ip(2), ip(1), 2000, 1000, size)).collect();
+    for f in &outbound {
+        h.send("r", f);
+    }
+    h.step();
+    let st = port.queue_stats();
+    assert_eq!((st[0].rx_packets, st[0].tx_packets), (3, 3), "{st:?}");
+    let dev = port.device_stats().expect("device stats");
+    assert_eq!((dev.ipackets, dev.opackets), (3, 3));
+    // Closing the device flushes its pcap writer.
+    h.apply(SwitchConfig::default()).unwrap();
+    h.switch.unregister_port("d").unwrap();
+    drop(h);
+    assert_eq!(Arc::strong_count(&port), 1);
+    drop(port);
+    assert_eq!(read_pcap(&tx), outbound, "frames to the dpdk port leave unchanged");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn several_queues_are_configured_and_counted() {
+    if !eal() {
+        return;
+    }
+    let opts = dpdk::PortOptions { queues: 2, ..Default::default() };
+    let port = dpdk::DpdkPort::open("n", "net_null_mq,size=64", &opts).expect("net_null opens");
+    assert_eq!((port.rx_queues(), port.tx_queues()), (2, 2));
+    let pool = vswitch::Pool::new(1024, false).unwrap();
+    let free = pool.free_count();
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    for q in 0..2 {
+        assert_eq!(port.rx_burst(q, &mut cache, &mut batch), 32, "net_null fills every burst");
+        assert!(batch.as_slice().iter().all(|b| pool.pkt_len(b) == 64));
+        assert_eq!(port.tx_burst(q, &mut cache, &mut batch), 32, "and takes every frame");
+        assert!(batch.is_empty());
+    }
+    let st = port.queue_stats();
+    assert_eq!(st.iter().map(|s| (s.rx_packets, s.tx_packets)).collect::<Vec<_>>(), vec![(32, 32), (32, 32)]);
+    drop(cache);
+    assert_eq!(pool.free_count(), free, "every buffer back");
+}
+
+#[test]
+fn bad_devices_are_refused_with_dpdks_reason() {
+    if !eal() {
+        return;
+    }
+    let e = dpdk::DpdkPort::open("x", "net_nonesuch0", &dpdk::PortOptions::default()).err().expect("refused").to_string();
+    assert!(e.contains("net_nonesuch0"), "{e}");
+    let e = dpdk::DpdkPort::open("x", "", &dpdk::PortOptions::default()).err().expect("refused").to_string();
+    assert!(e.contains("devargs"), "{e}");
+    // The name is free again after a failed or closed open.
+    let p = dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default()).unwrap();
+    drop(p);
+    dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default()).expect("probed again after close");
+}
