@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod fuzz;
 pub mod netns;
+pub mod pcap;
 pub mod vnf;
 
 use crate::batch::Batch;

@@ -263,7 +263,7 @@ enum PortCmd {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user"])))]
+#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user", "dpdk"])))]
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["access", "trunk", "underlay"])))]
 struct PortAdd {
     name: String,
@@ -278,6 +278,13 @@ struct PortAdd {
     vhost_user: Option<String>,
     #[arg(long, requires = "vhost_user")]
     client: bool,
+    /// A DPDK device: a PCI address (a NIC or VF bound to vfio-pci) or a vdev with its
+    /// arguments ("net_tap0,iface=dtap0").
+    #[arg(long, value_name = "DEVARGS")]
+    dpdk: Option<String>,
+    /// rx/tx queue pairs of a DPDK device (RSS over them).
+    #[arg(long, requires = "dpdk")]
+    queues: Option<u32>,
     /// The mode bits (octal, e.g. 0660) of a socket the switch listens on.
     #[arg(long, requires = "vhost_user", value_parser = octal)]
     socket_mode: Option<u32>,
@@ -398,6 +405,8 @@ fn device(d: &Option<pb::Device>) -> String {
         Some(Kind::AfXdp(k)) => format!("af_xdp {}{}", k.ifname, ns(&k.netns)),
         Some(Kind::AfPacket(k)) => format!("af_packet {}{}", k.ifname, ns(&k.netns)),
         Some(Kind::VhostUser(v)) => format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" }),
+        Some(Kind::Dpdk(d)) if d.queues > 1 => format!("dpdk {} ({} queues)", d.devargs, d.queues),
+        Some(Kind::Dpdk(d)) => format!("dpdk {}", d.devargs),
         None => "-".into(),
     }
 }
@@ -515,6 +524,7 @@ fn port_request(a: PortAdd) -> pb::Port {
     use pb::port::Mode;
     let netns = a.netns.unwrap_or_default();
     let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
+        _ if a.dpdk.is_some() => Kind::Dpdk(pb::DpdkDevice { devargs: a.dpdk.unwrap_or_default(), queues: a.queues.unwrap_or(0) }),
         (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
         (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
         (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client, mode: a.socket_mode, owner: a.socket_owner, group: a.socket_group }),

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use vswitch::config::SwitchConfig;
 use vswitch::port::Port;
-use vswitch::testkit::{Harness, frames, mac, one_bridge};
+use vswitch::testkit::{Harness, frames, mac, one_bridge, pcap};
 
 fn eal() -> bool {
     if !dpdk::AVAILABLE {
@@ -20,38 +20,6 @@ fn eal() -> bool {
     true
 }
 
-/// A classic pcap file (microsecond timestamps, Ethernet).
-fn write_pcap(path: &std::path::Path, frames: &[Vec<u8>]) {
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    for (i, f) in frames.iter().enumerate() {
-        out.extend((i as u32).to_le_bytes());
-        out.extend(0u32.to_le_bytes());
-        out.extend((f.len() as u32).to_le_bytes());
-        out.extend((f.len() as u32).to_le_bytes());
-        out.extend(f);
-    }
-    std::fs::write(path, out).unwrap();
-}
-
-fn read_pcap(path: &std::path::Path) -> Vec<Vec<u8>> {
-    let b = std::fs::read(path).unwrap();
-    let magic = u32::from_le_bytes(b[..4].try_into().unwrap());
-    assert!(magic == 0xa1b2_c3d4 || magic == 0xa1b2_3c4d, "a pcap file (microsecond or nanosecond): {magic:#x}");
-    let (mut at, mut out) = (24, Vec::new());
-    while at + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[at + 8..at + 12].try_into().unwrap()) as usize;
-        out.push(b[at + 16..at + 16 + incl].to_vec());
-        at += 16 + incl;
-    }
-    out
-}
-
 #[test]
 fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     if !eal() {
@@ -62,7 +30,7 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     let (rx, tx) = (dir.join("in.pcap"), dir.join("out.pcap"));
     let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
     let inbound: Vec<Vec<u8>> = [60usize, 200, 1514].iter().enumerate().map(|(i, &size)| frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1000 + i as u16, 2000, size)).collect();
-    write_pcap(&rx, &inbound);
+    pcap::write(&rx, &inbound).unwrap();
     let devargs = format!("net_pcap_bx,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
     let port = dpdk::DpdkPort::open("d", &devargs, &dpdk::PortOptions::default()).expect("net_pcap opens");
     assert!(port.link_up() || { port.refresh_link(); true });
@@ -87,7 +55,7 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     drop(h);
     assert_eq!(Arc::strong_count(&port), 1);
     drop(port);
-    assert_eq!(read_pcap(&tx), outbound, "frames to the dpdk port leave unchanged");
+    assert_eq!(pcap::read(&tx).unwrap(), outbound, "frames to the dpdk port leave unchanged");
     std::fs::remove_dir_all(&dir).ok();
 }
 

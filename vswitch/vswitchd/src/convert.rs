@@ -122,7 +122,16 @@ pub fn device_from(d: Option<&pb::Device>) -> Result<Device, FieldError> {
         Some(Kind::AfXdp(k)) => Ok(Device::AfXdp { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
         Some(Kind::AfPacket(k)) => Ok(Device::AfPacket { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
         Some(Kind::VhostUser(v)) => Ok(Device::VhostUser { socket: v.socket.clone().into(), client: v.client, mode: v.mode, owner: v.owner, group: v.group }),
-        None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user")),
+        Some(Kind::Dpdk(d)) if d.devargs.trim().is_empty() => Err(bad("device.dpdk.devargs", "missing: a PCI address or a vdev")),
+        Some(Kind::Dpdk(d)) => {
+            let queues = match d.queues {
+                0 => None,
+                q @ 1..=64 => Some(q as u16),
+                q => return Err(bad("device.dpdk.queues", format!("{q} is outside 1..64"))),
+            };
+            Ok(Device::Dpdk { devargs: d.devargs.clone(), queues })
+        }
+        None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user, dpdk")),
     }
 }
 
@@ -136,6 +145,7 @@ pub fn device_to(d: &Device) -> pb::Device {
             Device::VhostUser { socket, client, mode, owner, group } => {
                 Kind::VhostUser(pb::VhostUser { socket: socket.display().to_string(), client: *client, mode: *mode, owner: *owner, group: *group })
             }
+            Device::Dpdk { devargs, queues } => Kind::Dpdk(pb::DpdkDevice { devargs: devargs.clone(), queues: queues.unwrap_or(0) as u32 }),
         }),
     }
 }

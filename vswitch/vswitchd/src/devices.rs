@@ -1,11 +1,12 @@
 //! Opens a port's device: a kernel interface (AF_XDP or AF_PACKET, in the interface's
-//! network namespace) or a vhost-user socket (with the thread that serves it). What is
-//! opened is closed when the [`OpenPort`] is dropped.
+//! network namespace), a vhost-user socket (with the thread that serves it) or a DPDK
+//! ethdev (the EAL initialised at the first, with `[dpdk] eal_args` or the defaults). What
+//! is opened is closed when the [`OpenPort`] is dropped.
 
 use crate::state::Device;
 use knitter_vhost::backend::{self, Server};
 use knitter_vhost::port::VhostPort;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use vswitch::Pool;
 use vswitch::port::Port;
 use kernel_ports::afpacket::AfPacketPort;
@@ -111,6 +112,13 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             fall_back(name, ifname, netns, why_not, trunk_fallback)
         }
         Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
+        Device::Dpdk { devargs, queues } => {
+            let fail = |e: dpdk::DpdkError| DeviceError { port: name.into(), what: format!("DPDK device {devargs}"), source: std::io::Error::other(e) };
+            dpdk_eal(devargs).map_err(fail)?;
+            let opts = dpdk::PortOptions { queues: queues.unwrap_or(1), ..Default::default() };
+            let port = dpdk::DpdkPort::open(name, devargs, &opts).map_err(fail)?;
+            Ok(OpenPort::plain(port))
+        }
         Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));
             if let Some(dir) = socket.parent() {
@@ -121,6 +129,39 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             Ok(OpenPort { vhost: Some(port.clone()), _server: Some(server), ..OpenPort::plain(port) })
         }
     }
+}
+
+/// The EAL's arguments from the config file (`[dpdk] eal_args`; empty: the defaults).
+static EAL_ARGS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Sets the EAL's arguments, before the first `dpdk` device opens.
+pub fn set_eal_args(args: Vec<String>) {
+    let _ = EAL_ARGS.set(args);
+}
+
+/// Initialises DPDK's EAL for the first `dpdk` device (`devargs`): the configured arguments,
+/// or the defaults with a file prefix of this daemon's and the PCI bus only for that device
+/// when it is a PCI address (a later NIC needs `eal_args` naming every one with `-a`).
+fn dpdk_eal(devargs: &str) -> Result<(), dpdk::DpdkError> {
+    if dpdk::eal::initialised() {
+        return Ok(());
+    }
+    let args = match EAL_ARGS.get().filter(|a| !a.is_empty()) {
+        Some(a) => a.clone(),
+        None => {
+            let dev = devargs.split(',').next().unwrap_or_default();
+            let pci: Vec<&str> = if is_pci_address(dev) { vec![dev] } else { Vec::new() };
+            dpdk::eal::default_args(&format!("knitter-vswitchd-{}", std::process::id()), &pci)
+        }
+    };
+    dpdk::eal::init(&args)
+}
+
+/// `0000:3b:00.0` or `3b:00.0`.
+fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit());
+    let parts: Vec<&str> = s.split([':', '.']).collect();
+    matches!(parts.len(), 3 | 4) && parts.iter().all(|p| hex(p))
 }
 
 /// Opens an `af_xdp` device with AF_PACKET for a trunk where its running AF_XDP port hides

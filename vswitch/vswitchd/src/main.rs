@@ -42,6 +42,7 @@ fn main() -> Result<()> {
     };
     let start = settings::converge(persisted, &s.objects);
     knitter_vhost::port::set_single_copy_default(s.vhost.single_copy);
+    devices::set_eal_args(s.dpdk.eal_args.clone());
     let opts = node::NodeOptions {
         pmd: s.pmd.clone(),
         buffers: s.pool.buffers(),

@@ -131,6 +131,16 @@ impl Default for VhostSection {
     }
 }
 
+/// DPDK, for `dpdk` ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DpdkSection {
+    /// The EAL's arguments, program name first; empty: `knitter -l 0 --no-telemetry
+    /// --file-prefix knitter-vswitchd-PID` and `--in-memory` with free huge pages (else
+    /// `--no-huge -m 512 --no-shconf`), `--no-pci` unless the first device is a PCI address.
+    pub eal_args: Vec<String>,
+}
+
 /// The forwarding tables' sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -215,6 +225,8 @@ pub struct FileConfig {
     pub tables: TablesSection,
     #[serde(default)]
     pub vhost: VhostSection,
+    #[serde(default)]
+    pub dpdk: DpdkSection,
     #[serde(default)]
     pub metrics: MetricsSection,
     #[serde(default)]
@@ -332,6 +344,7 @@ pub struct Settings {
     pub pool: PoolSection,
     pub tables: TablesSection,
     pub vhost: VhostSection,
+    pub dpdk: DpdkSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
     pub manager: Option<ManagerLink>,
@@ -442,6 +455,7 @@ impl Settings {
             pool,
             tables,
             vhost: file.vhost,
+            dpdk: file.dpdk,
             state_file,
             objects,
         })

@@ -48,6 +48,13 @@ pub enum Device {
         #[serde(default)]
         netns: Option<String>,
     },
+    /// A DPDK ethdev: a PCI address (a NIC or VF bound to vfio-pci) or a vdev
+    /// (`net_tap0,iface=dtap0`, `net_memif0,...`), with `queues` rx/tx queue pairs (RSS).
+    Dpdk {
+        devargs: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queues: Option<u16>,
+    },
     /// A vhost-user socket: the switch listens, or with `client` connects (and reconnects).
     /// A socket it listens on gets `mode`, `owner` and `group` when given.
     VhostUser {

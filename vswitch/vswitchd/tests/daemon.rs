@@ -1022,3 +1022,50 @@ async fn a_pods_frames_are_traced_live_and_a_made_up_frame_is_traced_dry() {
     let r = c.trace(t("pb0", 1, "")).await.unwrap().into_inner();
     assert!(r.frames.is_empty(), "{r:?}");
 }
+
+/// A `dpdk` port through the daemon (DPDK's `net_pcap` vdev as the device: the EAL comes up
+/// at the first dpdk port, with the defaults): its frames are received and forwarded, `port
+/// list` shows the device, the port goes like any other; a device DPDK cannot probe is
+/// refused with DPDK's reason.
+#[tokio::test]
+async fn a_dpdk_device_is_a_port_like_any_other() {
+    if !dpdk::AVAILABLE {
+        eprintln!("skipped: built without DPDK (libdpdk-dev, libclang-dev)");
+        assert!(std::env::var_os("CI").is_none(), "CI installs DPDK");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (rx, tx) = (dir.path().join("in.pcap"), dir.path().join("out.pcap"));
+    let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
+    let inbound: Vec<Vec<u8>> = (0..3).map(|i| vswitch::testkit::frames::udp4(vswitch::testkit::mac(0x22), vswitch::testkit::mac(0x11), ip(1), ip(2), 1000 + i, 2000, 100)).collect();
+    vswitch::testkit::pcap::write(&rx, &inbound).unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, vhost_port(dir.path(), "v0", "red")).await.unwrap();
+    let dpdk_port = |name: &str, devargs: String| pb::Port {
+        name: name.into(),
+        device: Some(pb::Device { kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs, queues: 0 })) }),
+        mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
+        ..Default::default()
+    };
+    let devargs = format!("net_pcap_d0,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
+    add_port(&mut c, dpdk_port("d0", devargs.clone())).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+        let d0 = s.ports.iter().find(|p| p.name == "d0").cloned().unwrap_or_default();
+        if d0.rx_packets == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pcap's frames were not received: {d0:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ports = c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports;
+    let p = ports.iter().find(|p| p.name == "d0").unwrap();
+    assert!(matches!(&p.device.as_ref().unwrap().kind, Some(pb::device::Kind::Dpdk(x)) if x.devargs == devargs), "{p:?}");
+    refused(add_port(&mut c, dpdk_port("bad", "net_nonesuch0".into())).await, Code::Unavailable, "net_nonesuch0");
+    refused(add_port(&mut c, dpdk_port("empty", " ".into())).await, Code::InvalidArgument, "devargs");
+    c.delete_port(pb::DeleteRequest { name: "d0".into(), owner: 0 }).await.unwrap();
+    assert!(tx.exists(), "the device's pcap writer was opened");
+}
