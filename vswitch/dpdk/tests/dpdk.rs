@@ -97,3 +97,37 @@ fn bad_devices_are_refused_with_dpdks_reason() {
     drop(p);
     dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default()).expect("probed again after close");
 }
+
+/// Two pods (network namespaces) on DPDK TAP devices, each made inside its pod's namespace,
+/// ping each other through the switch on a PMD thread.
+#[test]
+fn pods_on_tap_devices_ping_through_the_switch() {
+    use vswitch::testkit::netns::{self, Netns};
+    if !eal() {
+        return;
+    }
+    let Some(_g) = netns::exclusive() else { return };
+    let (pa, pb) = (Netns::new("dta").unwrap(), Netns::new("dtb").unwrap());
+    let tag = std::process::id() % 100_000;
+    let open = |ns: &Netns, vdev: &str, iface: &str, addr: &str| {
+        let port = ns.enter(|| dpdk::DpdkPort::open(vdev, &format!("{vdev},iface={iface}"), &dpdk::PortOptions::default())).unwrap().expect("net_tap opens");
+        ns.run(&["ip", "addr", "add", addr, "dev", iface]).unwrap();
+        ns.run(&["ip", "link", "set", iface, "up"]).unwrap();
+        port.refresh_link();
+        port
+    };
+    let a = open(&pa, &format!("net_tap_a{tag}"), &format!("dta{tag}"), "10.9.0.1/24");
+    let b = open(&pb, &format!("net_tap_b{tag}"), &format!("dtb{tag}"), "10.9.0.2/24");
+    let pool = vswitch::Pool::new(4096, false).unwrap();
+    let switch = vswitch::Switch::new(pool, vswitch::SwitchOptions::default());
+    switch.register_port("a", a.clone()).unwrap();
+    switch.register_port("b", b.clone()).unwrap();
+    switch.apply(one_bridge(&["a", "b"])).unwrap();
+    let pmd = vswitch::PmdSet::start(switch.clone(), &vswitch::PmdConfig { threads: 1, cores: vec![], idle: vswitch::IdlePolicy::default() }).unwrap();
+    let r = netns::ping(&pa, "10.9.0.2");
+    pmd.stop();
+    r.expect("the pods reach each other through the dpdk ports");
+    let (sa, sb) = (a.device_stats().unwrap(), b.device_stats().unwrap());
+    assert!(sa.ipackets >= 3 && sb.opackets >= 3, "{sa:?} {sb:?}");
+    switch.apply(SwitchConfig::default()).unwrap();
+}
