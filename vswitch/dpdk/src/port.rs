@@ -24,6 +24,12 @@ use vswitch::wire::MacAddr;
 
 /// Segments a received frame may have (9 KiB jumbo frames in 2 KiB mbufs take 5).
 const MAX_SEGS: usize = 8;
+// DPDK's `RTE_BIT64`/`RTE_BIT32` macros, which bindgen does not expand.
+const RX_OFFLOAD_SCATTER: u64 = 1 << 13;
+const TX_OFFLOAD_MULTI_SEGS: u64 = 1 << 15;
+const DEV_INTR_LSC: u32 = 1 << 1;
+/// Ethernet header, one VLAN tag and the FCS around an MTU.
+const FRAME_OVERHEAD: u32 = 22;
 
 #[derive(Debug, Clone)]
 pub struct PortOptions {
@@ -50,7 +56,11 @@ pub struct DpdkPort {
     queues: u16,
     tx_locks: Box<[Mutex<()>]>,
     counters: Box<[QueueCounters]>,
-    up: AtomicBool,
+    /// Link state, written by the EAL's interrupt thread on link events (devices that have
+    /// them) and by [`Port::refresh_link`]; boxed so its address, given to the callback,
+    /// stays put.
+    up: Box<AtomicBool>,
+    lsc: bool,
     mac: Option<MacAddr>,
     max_frame: usize,
 }
@@ -118,6 +128,19 @@ impl DpdkPort {
             conf.rxmode.mq_mode = dpdk_sys::RTE_ETH_MQ_RX_RSS;
             conf.rx_adv_conf.rss_conf.rss_hf = info.flow_type_rss_offloads;
         }
+        // Jumbo frames: as large an MTU as the device and the switch take, received into
+        // chained mbufs and sent from them where the device can.
+        let max_mtu = (vswitch::buf::MAX_FRAME as u32 - FRAME_OVERHEAD).min(info.max_mtu as u32).min(info.max_rx_pktlen.saturating_sub(FRAME_OVERHEAD));
+        if max_mtu > 1500 {
+            conf.rxmode.mtu = max_mtu;
+        }
+        conf.rxmode.offloads |= info.rx_offload_capa & RX_OFFLOAD_SCATTER;
+        conf.txmode.offloads |= info.tx_offload_capa & TX_OFFLOAD_MULTI_SEGS;
+        // SAFETY: `dev_flags` points at the device's flags word while the device exists.
+        let lsc = !info.dev_flags.is_null() && unsafe { *info.dev_flags } & DEV_INTR_LSC != 0;
+        if lsc {
+            conf.intr_conf.set_lsc(1);
+        }
         // SAFETY: a valid configuration struct for our port.
         let r = unsafe { dpdk_sys::rte_eth_dev_configure(port_id, queues, queues, &conf) };
         if r != 0 {
@@ -139,10 +162,19 @@ impl DpdkPort {
             queues,
             tx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
             counters: (0..queues).map(|_| QueueCounters::default()).collect(),
-            up: AtomicBool::new(false),
+            up: Box::new(AtomicBool::new(false)),
+            lsc,
             mac: None,
-            max_frame: (info.max_rx_pktlen as usize).clamp(64, vswitch::buf::MAX_FRAME),
+            max_frame: ((conf.rxmode.mtu.max(1500) + FRAME_OVERHEAD) as usize).min(info.max_rx_pktlen as usize).clamp(64, vswitch::buf::MAX_FRAME),
         };
+        if lsc {
+            // SAFETY: the callback gets the address of `up`, boxed in the port and alive
+            // until the callback is unregistered in `drop`, before the box goes.
+            let r = unsafe { dpdk_sys::rte_eth_dev_callback_register(port_id, dpdk_sys::RTE_ETH_EVENT_INTR_LSC, Some(link_changed), port.up_ptr()) };
+            if r != 0 {
+                port.lsc = false;
+            }
+        }
         let socket = socket.max(0) as u32;
         for q in 0..queues {
             // SAFETY: our port, a queue below the configured count, our mempool; null confs
@@ -173,6 +205,16 @@ impl DpdkPort {
         port.refresh_link();
         tracing::info!(port = name, dev, port_id, queues, "dpdk port started");
         Ok(port)
+    }
+
+    fn up_ptr(&self) -> *mut libc::c_void {
+        std::ptr::from_ref::<AtomicBool>(&self.up).cast_mut().cast()
+    }
+
+    /// Whether the device tells link changes as they happen (else the control plane's
+    /// refresh reads them).
+    pub fn has_link_events(&self) -> bool {
+        self.lsc
     }
 
     /// The ethdev's port id.
@@ -263,6 +305,18 @@ impl DpdkPort {
     }
 }
 
+/// The link-state callback (the EAL's interrupt thread): reads the link and stores it.
+unsafe extern "C" fn link_changed(port_id: u16, _event: dpdk_sys::rte_eth_event_type, arg: *mut libc::c_void, _ret: *mut libc::c_void) -> libc::c_int {
+    let mut link = dpdk_sys::rte_eth_link::default();
+    // SAFETY: out pointer; the nowait variant does not block.
+    let ok = unsafe { dpdk_sys::rte_eth_link_get_nowait(port_id, &mut link) } == 0;
+    // SAFETY: `arg` is the port's boxed `up` (registered in `configure`, unregistered before
+    // it is freed).
+    let up = unsafe { &*arg.cast::<AtomicBool>() };
+    up.store(ok && link.link_status() == dpdk_sys::RTE_ETH_LINK_UP as u16, Relaxed);
+    0
+}
+
 /// Removes a probed device from its bus (vdevs, so the name can be probed again).
 fn remove_device(dev: &str) {
     let (Ok(bus), Ok(name)) = (CString::new(if dev.contains(':') { "pci" } else { "vdev" }), CString::new(dev)) else { return };
@@ -272,6 +326,13 @@ fn remove_device(dev: &str) {
 
 impl Drop for DpdkPort {
     fn drop(&mut self) {
+        if self.lsc {
+            // SAFETY: unregisters the callback registered with this argument. The EAL
+            // refuses (-EAGAIN) while it runs: retried until it is out, so `up` outlives it.
+            while unsafe { dpdk_sys::rte_eth_dev_callback_unregister(self.port_id, dpdk_sys::RTE_ETH_EVENT_INTR_LSC, Some(link_changed), self.up_ptr()) } == -libc::EAGAIN {
+                std::thread::yield_now();
+            }
+        }
         // SAFETY: our device, stopped and closed once; the mempool is freed after the
         // device that held its mbufs is gone.
         unsafe {

@@ -38,6 +38,10 @@ impl DpdkPort {
         match *self {}
     }
 
+    pub fn has_link_events(&self) -> bool {
+        match *self {}
+    }
+
     pub fn device_stats(&self) -> Option<crate::DeviceStats> {
         match *self {}
     }

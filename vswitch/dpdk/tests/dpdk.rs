@@ -59,6 +59,41 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Jumbo frames (9 000 bytes, in chained mbufs and chained switch buffers) both ways.
+#[test]
+fn jumbo_frames_cross_in_chains() {
+    if !eal() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("knitter-dpdk-j{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (rx, tx) = (dir.join("in.pcap"), dir.join("out.pcap"));
+    let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
+    let inbound = vec![frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1, 2, 9000)];
+    pcap::write(&rx, &inbound).unwrap();
+    let port = dpdk::DpdkPort::open("d", &format!("net_pcap_jx,rx_pcap={},tx_pcap={}", rx.display(), tx.display()), &dpdk::PortOptions::default()).unwrap();
+    assert!(port.max_frame() >= 9018, "{}", port.max_frame());
+    let mut h = Harness::new();
+    h.ring("r").register("d", port.clone());
+    let mut cfg = one_bridge(&["r", "d"]);
+    for p in &mut cfg.ports {
+        p.mtu = 9000;
+    }
+    h.apply(cfg).unwrap();
+    h.step();
+    assert_eq!(h.recv("r"), inbound);
+    let outbound = vec![frames::udp4(mac(0x11), mac(0x22), ip(2), ip(1), 2, 1, 9000)];
+    h.send_chain("r", &outbound[0], &[1500, 3000]);
+    h.step();
+    assert_eq!(h.stats().total_drops(), 0);
+    h.apply(SwitchConfig::default()).unwrap();
+    h.switch.unregister_port("d").unwrap();
+    drop(h);
+    drop(port);
+    assert_eq!(pcap::read(&tx).unwrap(), outbound);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn several_queues_are_configured_and_counted() {
     if !eal() {
@@ -127,6 +162,15 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     let r = netns::ping(&pa, "10.9.0.2");
     pmd.stop();
     r.expect("the pods reach each other through the dpdk ports");
+    // The link as the control plane reads it (knitter-vswitchd's link watcher refreshes
+    // every port): the pod's end down, then up.
+    let iface = format!("dta{tag}");
+    pa.run(&["ip", "link", "set", &iface, "down"]).unwrap();
+    a.refresh_link();
+    assert!(!a.link_up(), "link down seen");
+    pa.run(&["ip", "link", "set", &iface, "up"]).unwrap();
+    a.refresh_link();
+    assert!(a.link_up(), "link up seen");
     let (sa, sb) = (a.device_stats().unwrap(), b.device_stats().unwrap());
     assert!(sa.ipackets >= 3 && sb.opackets >= 3, "{sa:?} {sb:?}");
     switch.apply(SwitchConfig::default()).unwrap();
