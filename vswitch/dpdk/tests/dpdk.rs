@@ -175,3 +175,42 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     assert!(sa.ipackets >= 3 && sb.opackets >= 3, "{sa:?} {sb:?}");
     switch.apply(SwitchConfig::default()).unwrap();
 }
+
+/// The underlay on a dpdk port: the VTEP's underlay and a pod's port are DPDK `net_af_packet`
+/// devices on the switch namespace's veths; across the underlay, Linux's own `vxlan` device
+/// bridged with a second pod. The pods ping each other; Linux resolves the VTEP by ARP, which
+/// the switch answers through its dpdk underlay.
+#[test]
+fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
+    use std::net::IpAddr;
+    use vswitch::config::{BridgeConfig, PortConfig, VtepConfig};
+    use vswitch::counters::Event;
+    use vswitch::testkit::netns::{self, SwitchNode};
+    if !eal() {
+        return;
+    }
+    let Some(_g) = netns::exclusive() else { return };
+    let (local, remote) = ("198.51.100.1", "198.51.100.2");
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", local).unwrap();
+    let peer: IpAddr = remote.parse().unwrap();
+    let peer_mac = netns::mac_of(&node_b, "ul1").unwrap();
+    let open = |name: &str, _pool: &Arc<vswitch::Pool>| -> std::io::Result<Arc<dyn Port>> {
+        let devargs = format!("net_af_packet_{name},iface={name}");
+        dpdk::DpdkPort::open(name, &devargs, &dpdk::PortOptions::default()).map(|p| p as Arc<dyn Port>).map_err(std::io::Error::other)
+    };
+    let node = SwitchNode::start(
+        sw,
+        &["pa0", "ul0"],
+        open,
+        SwitchConfig {
+            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+            ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
+            vtep: Some(VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, peer_mac)),
+        },
+    )
+    .unwrap();
+    netns::ping(&pod_a, "192.0.2.2").expect("pod A reaches pod B through the dpdk underlay and Linux VXLAN");
+    netns::ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
+    let s = node.switch.stats();
+    assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6, "{:?}", s.events);
+}
