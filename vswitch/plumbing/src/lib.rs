@@ -10,4 +10,5 @@ pub mod kernel_neigh;
 pub mod link;
 pub mod netdev;
 pub mod netlink;
+pub mod sriov;
 pub mod sys;

@@ -37,7 +37,7 @@ const RT_SCOPE_LINK: u8 = 253;
 const RTN_UNICAST: u8 = 1;
 
 /// `struct ifinfomsg`: family, type, index, flags, change.
-fn ifinfo(index: i32, flags: u32, change: u32) -> [u8; 16] {
+pub(crate) fn ifinfo(index: i32, flags: u32, change: u32) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[4..8].copy_from_slice(&index.to_ne_bytes());
     b[8..12].copy_from_slice(&flags.to_ne_bytes());
@@ -56,7 +56,7 @@ fn octets(ip: &IpAddr) -> Vec<u8> {
     }
 }
 
-fn named(e: io::Error, what: impl std::fmt::Display) -> io::Error {
+pub(crate) fn named(e: io::Error, what: impl std::fmt::Display) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
@@ -95,7 +95,7 @@ pub fn link(name: &str) -> io::Result<Option<LinkInfo>> {
     }
 }
 
-fn index_of(name: &str) -> io::Result<i32> {
+pub(crate) fn index_of(name: &str) -> io::Result<i32> {
     link(name)?.map(|l| l.index).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no link {name}")))
 }
 

@@ -95,6 +95,11 @@ impl Msg {
         self
     }
 
+    /// The message as it would be sent with sequence number 0 (for checking requests).
+    pub fn encoded(&mut self) -> Vec<u8> {
+        self.finish(0).to_vec()
+    }
+
     fn finish(&mut self, seq: u32) -> &[u8] {
         let len = self.buf.len() as u32;
         self.buf[0..4].copy_from_slice(&len.to_ne_bytes());

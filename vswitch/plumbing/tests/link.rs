@@ -1,4 +1,4 @@
-//! `port::link` against the kernel, in network namespaces the test creates: a veth pair made,
+//! `plumbing::link` and `plumbing::sriov` against the kernel, in network namespaces the test creates: a veth pair made,
 //! one end moved into a "pod" namespace, renamed, given a MAC, an MTU, addresses and a
 //! default route, read back; then both ends pinged and deleted.
 
@@ -67,4 +67,24 @@ fn a_pod_interface_is_plumbed_and_read_back() {
     let peer = link::in_netns(&pod_path, || link::link("net2")).unwrap().expect("net2 was made in the pod");
     assert_eq!((peer.mac, peer.mtu), (mac, 1400));
     assert!(link::in_netns(&host_path, || link::delete("kn-host1")).unwrap());
+}
+
+/// VF settings go to the kernel as sriov-cni sends them; a device without VFs (a veth, here:
+/// this machine has no SR-IOV hardware) is refused with a reason that says so, and a VLAN
+/// out of range never leaves.
+#[test]
+fn vf_settings_on_a_device_without_vfs_are_refused_clearly() {
+    use plumbing::sriov::{VfLinkState, VfSettings};
+    let Some(_g) = netns::exclusive() else { return };
+    let ns = Netns::new("sv").unwrap();
+    ns.run(&["ip", "link", "add", "pf0", "type", "veth", "peer", "name", "pf0p"]).unwrap();
+    let settings = VfSettings { mac: Some(vswitch::wire::MacAddr([2, 0, 0, 0, 0, 9])), spoof_check: Some(true), link_state: Some(VfLinkState::Auto), ..Default::default() };
+    let e = ns.enter(|| settings.apply("pf0", 0)).unwrap().unwrap_err();
+    assert_eq!(e.raw_os_error(), None, "the error is named: {e}");
+    let text = e.to_string();
+    assert!(text.contains("VF 0 of pf0") && text.contains("no SR-IOV VF settings"), "{text}");
+    let bad = VfSettings { vlan: Some((5000, 0)), ..Default::default() };
+    assert!(ns.enter(|| bad.apply("pf0", 0)).unwrap().unwrap_err().to_string().contains("VLAN 0-4095"));
+    let e = ns.enter(|| settings.apply("nope0", 0)).unwrap().unwrap_err().to_string();
+    assert!(e.contains("nope0"), "{e}");
 }
