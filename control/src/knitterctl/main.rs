@@ -642,7 +642,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         );
         if !s.drops.is_empty() {
             println!();
-            table(&["drop reason", "count"], s.drops.iter().map(|d| vec![d.name.clone(), d.value.to_string()]).collect());
+            table(&["node", "drop reason", "count"], s.drops.iter().map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()]).collect());
         }
         if !s.events.is_empty() {
             println!();

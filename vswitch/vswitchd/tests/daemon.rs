@@ -1061,6 +1061,9 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
         assert!(Instant::now() < deadline, "the pcap's frames were not received: {d0:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Flooded to v0, whose frontend never came: dropped at tx, and the drop names its node.
+    let s = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert!(s.drops.iter().any(|d| d.name == "port_down" && d.node == "tx" && d.value == 3), "{:?}", s.drops);
     let ports = c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports;
     let p = ports.iter().find(|p| p.name == "d0").unwrap();
     assert!(matches!(&p.device.as_ref().unwrap().kind, Some(pb::device::Kind::Dpdk(x)) if x.devargs == devargs), "{p:?}");
