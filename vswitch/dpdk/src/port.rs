@@ -238,7 +238,7 @@ impl DpdkPort {
         })
     }
 
-    /// Copies a received mbuf chain into a switch buffer (and frees the chain).
+    /// Copies a received mbuf chain into a switch buffer (the caller frees the chain).
     fn receive(&self, m: *mut dpdk_sys::rte_mbuf, cache: &mut PoolCache) -> Option<vswitch::BufId> {
         let mut parts: [&[u8]; MAX_SEGS] = [&[]; MAX_SEGS];
         let (mut k, mut seg, mut total) = (0, m, 0usize);
@@ -251,38 +251,29 @@ impl DpdkPort {
             // SAFETY: as above.
             seg = unsafe { dpdk_sys::shim_mbuf_next(seg) };
         }
-        let b = if seg.is_null() && total <= self.max_frame.max(vswitch::buf::MAX_FRAME) { cache.alloc_gather(&parts[..k]) } else { None };
-        // SAFETY: the chain is ours (from rx) and freed once; `parts` is not used after.
-        unsafe { dpdk_sys::shim_pktmbuf_free(m) };
-        b
+        if seg.is_null() && total <= self.max_frame.max(vswitch::buf::MAX_FRAME) { cache.alloc_gather(&parts[..k]) } else { None }
     }
 
-    /// Copies a switch packet into an mbuf chain from the port's mempool; null when the
-    /// mempool runs dry.
-    fn transmit_copy(&self, pool: &vswitch::Pool, b: &vswitch::BufId) -> *mut dpdk_sys::rte_mbuf {
-        // SAFETY: allocation from our mempool.
-        let head = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
-        if head.is_null() {
-            return head;
-        }
+    /// Copies a switch packet into `head` (a fresh mbuf of the port's mempool), chaining more
+    /// mbufs as it needs; false when the mempool runs dry (`head` is then the caller's to
+    /// free, with whatever was chained to it).
+    fn transmit_copy(&self, pool: &vswitch::Pool, b: &vswitch::BufId, head: *mut dpdk_sys::rte_mbuf) -> bool {
         let mut last = head;
         for mut piece in pool.segments(b) {
             while !piece.is_empty() {
                 // SAFETY: `last` is the chain's last mbuf, ours until sent or freed.
                 let room = unsafe { dpdk_sys::shim_mbuf_tailroom(last) } as usize;
                 if room == 0 {
-                    // SAFETY: allocation from our mempool; chaining our own mbufs.
+                    // SAFETY: allocation from our mempool.
                     let next = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
-                    // SAFETY: as above.
-                    if next.is_null() || unsafe { dpdk_sys::shim_pktmbuf_chain(head, next) } != 0 {
-                        // SAFETY: frees what was allocated, once.
-                        unsafe {
-                            if !next.is_null() {
-                                dpdk_sys::shim_pktmbuf_free(next);
-                            }
-                            dpdk_sys::shim_pktmbuf_free(head);
-                        }
-                        return null_mut();
+                    if next.is_null() {
+                        return false;
+                    }
+                    // SAFETY: chaining our own mbufs; on failure `next` is freed once.
+                    if unsafe { dpdk_sys::shim_pktmbuf_chain(head, next) } != 0 {
+                        // SAFETY: as above.
+                        unsafe { dpdk_sys::shim_pktmbuf_free(next) };
+                        return false;
                     }
                     last = next;
                     continue;
@@ -292,16 +283,14 @@ impl DpdkPort {
                 // at most its tailroom) and returns where they go.
                 let dst = unsafe { dpdk_sys::shim_pktmbuf_append(head, n as u16) };
                 if dst.is_null() {
-                    // SAFETY: frees the chain once.
-                    unsafe { dpdk_sys::shim_pktmbuf_free(head) };
-                    return null_mut();
+                    return false;
                 }
                 // SAFETY: `dst` has room for `n` bytes; `piece` holds at least `n`.
                 unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), dst, n) };
                 piece = &piece[n..];
             }
         }
-        head
+        true
     }
 }
 
@@ -381,6 +370,10 @@ impl Port for DpdkPort {
                 None => c.rx_dropped.add(1),
             }
         }
+        if n > 0 {
+            // SAFETY: the burst's chains, ours, copied above and freed once.
+            unsafe { dpdk_sys::rte_pktmbuf_free_bulk(mbufs.as_mut_ptr(), n as u32) };
+        }
         c.rx_packets.add(got as u64);
         got
     }
@@ -395,14 +388,31 @@ impl Port for DpdkPort {
         eal::register_thread();
         let pool = cache.pool().clone();
         let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
-        let mut k = 0;
-        for b in batch.as_slice() {
-            let m = self.transmit_copy(&pool, b);
+        let want = batch.len().min(BATCH);
+        // One allocation for the burst (all or none: then as many as the mempool has, one
+        // by one).
+        // SAFETY: room for `want` pointers; the mbufs are ours until sent or freed.
+        let bulk = want > 0 && unsafe { dpdk_sys::shim_pktmbuf_alloc_bulk(self.mp, mbufs.as_mut_ptr(), want as u32) } == 0;
+        let mut have = if bulk { want } else { 0 };
+        while have < want && !bulk {
+            // SAFETY: allocation from our mempool.
+            let m = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
             if m.is_null() {
                 break;
             }
-            mbufs[k] = m;
+            mbufs[have] = m;
+            have += 1;
+        }
+        let mut k = 0;
+        for b in &batch.as_slice()[..have] {
+            if !self.transmit_copy(&pool, b, mbufs[k]) {
+                break;
+            }
             k += 1;
+        }
+        for &m in &mbufs[k..have] {
+            // SAFETY: allocated above and not sent: freed once (with anything chained).
+            unsafe { dpdk_sys::shim_pktmbuf_free(m) };
         }
         // SAFETY: our port and queue (held by the lock), `k` valid mbuf chains.
         let sent = unsafe { dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), k as u16) } as usize;
