@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds Knitter's container images with podman: localhost/knitter-node:VERSION and
 # localhost/knitter-manager:VERSION, from release binaries built on this host (Debian's rustc
-# is older than the project's; the binaries need only libc, libm and libgcc_s).
+# is older than the project's; the binaries need only libc, libm and libgcc_s, and
+# knitter-vswitchd DPDK's runtime libraries and the PMDs its `dpdk` ports load: the node
+# image has them, DPDK_PACKAGES below).
 #
 # The base: BASE=<image> uses that one (docker.io/library/debian:bookworm-slim where a
 # registry is reachable); by default the script makes localhost/knitter-base:bookworm from
@@ -12,6 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 BASE=${BASE:-localhost/knitter-base:bookworm}
+# DPDK 22.11's runtime for the node image: ethdev (and what it pulls: EAL, mbuf, mempool,
+# ring...), the mempool driver pools are made with, the buses, and the PMDs of the devices
+# users name (Intel NICs and VFs, virtio, and the vdevs: TAP, memif, AF_PACKET, vhost, pcap).
+DPDK_PACKAGES="librte-ethdev23 librte-mempool-ring23 librte-bus-vdev23 librte-bus-pci23 librte-net-iavf23 librte-net-i40e23 librte-net-ice23 librte-net-virtio23 librte-net-tap23 librte-net-memif23 librte-net-af-packet23 librte-net-vhost23 librte-net-pcap23"
+NODE_BASE=${NODE_BASE:-$BASE}
 
 if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE"; then
   echo "== making $BASE from Debian packages (mmdebstrap)"
@@ -22,6 +29,19 @@ if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     bookworm "$tar"
   podman import --quiet "$tar" "$BASE" >/dev/null
+fi
+if [ "$NODE_BASE" = localhost/knitter-base:bookworm ]; then
+  NODE_BASE=localhost/knitter-node-base:bookworm
+  if ! podman image exists "$NODE_BASE"; then
+    echo "== making $NODE_BASE from Debian packages (mmdebstrap, with DPDK's runtime)"
+    ntar=$(mktemp --suffix .tar)
+    mmdebstrap --quiet --variant=essential --include="$(echo $DPDK_PACKAGES | tr ' ' ,)" \
+      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+      bookworm "$ntar"
+    podman import --quiet "$ntar" "$NODE_BASE" >/dev/null
+    rm -f "$ntar"
+  fi
 fi
 
 if [ "${NO_CARGO:-0}" != 1 ]; then
@@ -37,7 +57,9 @@ cp target/release/knitter-manager target/release/knitterctl "$ctx/manager/"
 strip --strip-debug "$ctx"/node/knitter-vswitchd "$ctx"/node/knitterctl "$ctx"/node/knitter-cni "$ctx"/manager/*
 for image in node manager; do
   echo "== localhost/knitter-$image:$VERSION"
-  podman build --quiet --isolation=chroot --format docker --build-arg "BASE=$BASE" -t "localhost/knitter-$image:$VERSION" \
+  base=$BASE
+  [ "$image" = node ] && base=$NODE_BASE
+  podman build --quiet --isolation=chroot --format docker --build-arg "BASE=$base" --build-arg "DPDK_PACKAGES=$DPDK_PACKAGES" -t "localhost/knitter-$image:$VERSION" \
     -f "deploy/images/knitter-$image/Containerfile" "$ctx/$image" >/dev/null
 done
 podman images --filter reference='localhost/knitter-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}'
