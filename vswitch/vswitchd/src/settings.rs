@@ -636,7 +636,8 @@ mod docs {
             &doc[start..start + doc[start..].find("```").unwrap()]
         };
         let file: super::FileConfig = toml::from_str(&format!("state_file{}", block("```toml\nstate_file"))).unwrap();
-        assert_eq!((file.bridges.len(), file.ports.len(), file.pmd.cores.clone()), (2, 3, vec![1]));
+        assert_eq!((file.bridges.len(), file.ports.len(), file.pmd.cores.clone()), (2, 4, vec![1]));
+        assert!(file.ports.iter().any(|p| matches!(p.item.device, crate::state::Device::Dpdk { .. })), "the dpdk port example");
         let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap();
         assert_eq!((topo.bridges.len(), topo.ports.len()), (1, 2));
     }
