@@ -17,9 +17,25 @@ mod port;
 mod unavailable;
 
 #[cfg(dpdk)]
-pub use port::{DpdkPort, PortOptions};
+pub use port::DpdkPort;
 #[cfg(not(dpdk))]
-pub use unavailable::{DpdkPort, PortOptions, eal};
+pub use unavailable::{DpdkPort, eal};
+
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// rx/tx queue pairs (RSS spreads flows over the rx queues when more than one).
+    pub queues: u16,
+    /// Descriptors per queue.
+    pub descriptors: u16,
+    /// mbufs in the port's mempool.
+    pub mbufs: u32,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions { queues: 1, descriptors: 1024, mbufs: 8191 }
+    }
+}
 
 /// Whether this build has DPDK.
 pub const AVAILABLE: bool = dpdk_sys::AVAILABLE;

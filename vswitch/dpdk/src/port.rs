@@ -11,7 +11,7 @@
 //! threads may outnumber tx queues. mbuf data is read through `shim_mbuf_data` for
 //! `shim_mbuf_data_len` bytes, which DPDK guarantees inside the mbuf's data room.
 
-use crate::DpdkError;
+use crate::{DpdkError, PortOptions};
 use crate::eal::{self, errno_text, ret_text};
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -30,22 +30,6 @@ const TX_OFFLOAD_MULTI_SEGS: u64 = 1 << 15;
 const DEV_INTR_LSC: u32 = 1 << 1;
 /// Ethernet header, one VLAN tag and the FCS around an MTU.
 const FRAME_OVERHEAD: u32 = 22;
-
-#[derive(Debug, Clone)]
-pub struct PortOptions {
-    /// rx/tx queue pairs (RSS spreads flows over the rx queues when more than one).
-    pub queues: u16,
-    /// Descriptors per queue.
-    pub descriptors: u16,
-    /// mbufs in the port's mempool.
-    pub mbufs: u32,
-}
-
-impl Default for PortOptions {
-    fn default() -> Self {
-        PortOptions { queues: 1, descriptors: 1024, mbufs: 8191 }
-    }
-}
 
 pub struct DpdkPort {
     name: String,
@@ -386,7 +370,6 @@ impl Port for DpdkPort {
             return 0;
         };
         eal::register_thread();
-        let pool = cache.pool().clone();
         let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
         let want = batch.len().min(BATCH);
         // One allocation for the burst (all or none: then as many as the mempool has, one
@@ -403,13 +386,8 @@ impl Port for DpdkPort {
             mbufs[have] = m;
             have += 1;
         }
-        let mut k = 0;
-        for b in &batch.as_slice()[..have] {
-            if !self.transmit_copy(&pool, b, mbufs[k]) {
-                break;
-            }
-            k += 1;
-        }
+        let pool = cache.pool();
+        let k = batch.as_slice()[..have].iter().zip(&mbufs).take_while(|(b, m)| self.transmit_copy(pool, b, **m)).count();
         for &m in &mbufs[k..have] {
             // SAFETY: allocated above and not sent: freed once (with anything chained).
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };

@@ -1,6 +1,6 @@
 //! The API without DPDK: every entry point says it was not built in.
 
-use crate::DpdkError;
+use crate::{DpdkError, PortOptions};
 use std::sync::Arc;
 
 pub mod eal {
@@ -17,13 +17,6 @@ pub mod eal {
     pub fn initialised() -> bool {
         false
     }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct PortOptions {
-    pub queues: u16,
-    pub descriptors: u16,
-    pub mbufs: u32,
 }
 
 /// Never made without DPDK.
