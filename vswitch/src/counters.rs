@@ -87,10 +87,18 @@ named_enum! {
         NeighborRequests => "neighbor_requests",
         NeighborLearned => "neighbor_learned",
         ConfigAdopted => "config_adopted",
-        // Frames of priority bridge domains sent to the underlay ahead of the others.
+        // Frames of priority bridge domains sent to a shared egress (the underlay, a trunk)
+        // ahead of the others.
         PriorityFirst => "priority_first",
-        // Priority frames the underlay's tx ring had no room for, held for its next flush.
+        // Priority frames a shared egress's tx ring had no room for, held for its next flush
+        // (counted at each flush they wait).
         PriorityHeld => "priority_held",
+        // Flushes in which a port's ordinary frames went before its priority ones, after
+        // several in a row lost ordinary frames behind them (the guard of the lowest class).
+        PriorityGuard => "priority_guard",
+        // Priority frames sent as ordinary ones: a thread's queues ahead of shared egresses
+        // all held frames for other ports.
+        PriorityNoSlot => "priority_no_slot",
     }
 }
 
@@ -154,6 +162,12 @@ pub struct PortCounters {
     pub drops: Counter,
     /// Frames its ingress policer dropped (also in `drops`).
     pub policed: Counter,
+    /// Frames of priority bridge domains sent ahead of the others (also in `tx_packets`).
+    pub tx_priority: Counter,
+    /// Priority frames its ring had no room for, held for the next flush (at each flush).
+    pub priority_held: Counter,
+    /// Priority frames dropped (also in `drops`): more than a batch held, or the port down.
+    pub priority_dropped: Counter,
 }
 
 /// Per-bridge-domain counters of one thread.
@@ -235,6 +249,9 @@ pub struct PortTotals {
     pub tx_bytes: u64,
     pub drops: u64,
     pub policed: u64,
+    pub tx_priority: u64,
+    pub priority_held: u64,
+    pub priority_dropped: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -255,6 +272,9 @@ impl PortTotals {
             tx_bytes: self.tx_bytes.saturating_sub(base.tx_bytes),
             drops: self.drops.saturating_sub(base.drops),
             policed: self.policed.saturating_sub(base.policed),
+            tx_priority: self.tx_priority.saturating_sub(base.tx_priority),
+            priority_held: self.priority_held.saturating_sub(base.priority_held),
+            priority_dropped: self.priority_dropped.saturating_sub(base.priority_dropped),
         }
     }
 }
@@ -304,6 +324,9 @@ impl Totals {
                 a.tx_bytes += c.tx_bytes.get();
                 a.drops += c.drops.get();
                 a.policed += c.policed.get();
+                a.tx_priority += c.tx_priority.get();
+                a.priority_held += c.priority_held.get();
+                a.priority_dropped += c.priority_dropped.get();
             }
             if t.bds.len() < s.bds.len() {
                 t.bds.resize(s.bds.len(), BdTotals::default());

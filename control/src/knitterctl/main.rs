@@ -590,6 +590,25 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
                 })
                 .collect(),
         );
+        if s.ports.iter().any(|p| p.tx_priority + p.priority_held + p.priority_dropped > 0) {
+            println!();
+            table(
+                &["port", "tx priority", "tx ordinary", "priority held", "priority dropped"],
+                s.ports
+                    .iter()
+                    .filter(|p| p.tx_priority + p.priority_held + p.priority_dropped > 0)
+                    .map(|p| {
+                        vec![
+                            p.name.clone(),
+                            p.tx_priority.to_string(),
+                            p.tx_packets.saturating_sub(p.tx_priority).to_string(),
+                            p.priority_held.to_string(),
+                            p.priority_dropped.to_string(),
+                        ]
+                    })
+                    .collect(),
+            );
+        }
         if queues {
             println!();
             table(

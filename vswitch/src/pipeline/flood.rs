@@ -100,7 +100,7 @@ impl Pipeline {
     pub(super) fn emit_target<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
         match t {
             Target::Port(p, want) => match snap.port(p) {
-                Some(pe) => self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, len),
+                Some(pe) => self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
             Target::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),

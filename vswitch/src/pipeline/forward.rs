@@ -47,13 +47,13 @@ impl Pipeline {
                         if let Some(pe) = snap.port(p)
                             && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
                                 self.known += 1;
-                                if learnt {
+                                if learnt && !leaves_first(snap, bd.id, pe) {
                                     // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
                                     let max = l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
                                     let want = want.map(|v| (pe.tpid, v));
                                     self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
                                 }
-                                return self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, c.len as usize);
+                                return self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, c.len as usize);
                             }
                     }
                     Dest::Peer(p) => {
@@ -84,7 +84,7 @@ impl Pipeline {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
                 Some((pe, Some(want))) => {
                     let len = self.pool.pkt_len(&b);
-                    self.emit_port::<TRACE>(snap, pe, b, c.tagged, c.pcp, want, len)
+                    self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len)
                 }
                 _ => self.discard(b, DropReason::NoEgress, p),
             },

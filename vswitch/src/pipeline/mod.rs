@@ -135,9 +135,9 @@ pub struct Pipeline {
     stats: Arc<ThreadStats>,
     /// Pending tx batch per port id, and the ids with a non-empty batch (each once).
     tx: Box<[Batch; fdb::MAX_PORTS]>,
-    /// Encapsulated frames of priority bridge domains for the underlay port `tx_first.0`,
-    /// sent before its `tx` batch and held (not dropped) while its ring is full.
-    tx_first: (u16, Batch),
+    /// Frames of priority bridge domains for shared egresses (the underlay, trunks), sent
+    /// before the port's `tx` batch and held (not dropped) while its ring is full.
+    first: Box<tx::FirstQueues>,
     dirty: Box<[u16; fdb::MAX_PORTS]>,
     n_dirty: usize,
     /// Known-unicast packets of this burst (counted once per burst).
@@ -181,7 +181,7 @@ impl Pipeline {
             fdb,
             stats,
             tx: boxed_array(Batch::new),
-            tx_first: (0, Batch::new()),
+            first: Box::default(),
             dirty: Box::new([0; fdb::MAX_PORTS]),
             n_dirty: 0,
             known: 0,
@@ -449,6 +449,15 @@ impl Pipeline {
     fn drop_counted(&mut self, b: BufId, r: DropReason, port: u16) {
         self.stats.count_drop(r, port);
         self.cache.free(b);
+    }
+}
+
+impl Drop for Pipeline {
+    /// Priority frames still held for a full ring go back to the pool (a thread stopped,
+    /// a switch torn down); every other batch is empty between bursts.
+    fn drop(&mut self) {
+        let cache = &mut self.cache;
+        self.first.release(|b| cache.free(b));
     }
 }
 

@@ -1,5 +1,6 @@
 //! Node `vlan-rewrite`: a frame given its egress port's tagging (push, pop, TPID) and
-//! checked against its MTU, then handed to `tx`.
+//! checked against its MTU, then handed to `tx` (a priority domain's frame on a trunk ahead
+//! of the others).
 
 use super::*;
 
@@ -7,6 +8,14 @@ use super::*;
 #[inline(always)]
 pub(super) fn tci_of(h: &[u8]) -> u16 {
     h.get(14..16).map_or(0, |t| u16::from_be_bytes([t[0], t[1]]))
+}
+
+/// Whether a frame of bridge domain `bd` leaves port `pe` ahead of the others: a priority
+/// domain's frame on a trunk, which several domains share. Such frames are not cached (the
+/// cache's hits go to the ordinary batch); a priority plane is a trickle.
+#[inline(always)]
+pub(super) fn leaves_first(snap: &Snapshot, bd: u16, pe: &PortEntry) -> bool {
+    snap.marked && pe.kind == PortKind::Trunk && snap.marking(bd).priority
 }
 
 impl Pipeline {
@@ -17,6 +26,7 @@ impl Pipeline {
         &mut self,
         snap: &Snapshot,
         pe: &PortEntry,
+        bd: u16,
         mut b: BufId,
         tagged: bool,
         pcp: u16,
@@ -40,8 +50,12 @@ impl Pipeline {
         if l3 > pe.mtu as usize {
             return self.discard(b, DropReason::EgressMtu, pe.id);
         }
+        let first = leaves_first(snap, bd, pe);
         if TRACE {
-            return self.deliver_traced(snap, pe.id, b, false);
+            return self.deliver_traced(snap, pe.id, b, first);
+        }
+        if first {
+            return self.enqueue_first(snap, pe.id, b);
         }
         self.enqueue(snap, pe.id, b);
     }

@@ -4,6 +4,58 @@
 
 use super::*;
 
+/// Flushes that sent priority frames and lost every ordinary one, with no ordinary frame
+/// sent between them, after which a port's ordinary batch goes first once (see
+/// [`Pipeline::flush_classes`]).
+pub(super) const GUARD_AFTER: u8 = 4;
+
+/// Shared egresses a thread can hold priority frames for at once (the underlay, trunks).
+const FIRST_PORTS: usize = 4;
+
+/// One port's priority frames, sent ahead of its tx batch.
+#[derive(Default)]
+pub(super) struct FirstQueue {
+    port: u16,
+    batch: Batch,
+    /// Flushes the ordinary class lost to this queue (see [`GUARD_AFTER`]).
+    starved: u8,
+}
+
+/// A thread's priority queues ahead of shared egresses: a few, found by port (only priority
+/// frames, a trickle, come here).
+#[derive(Default)]
+pub(super) struct FirstQueues {
+    queues: [FirstQueue; FIRST_PORTS],
+}
+
+impl FirstQueues {
+    /// Gives every held frame to `free` (the pipeline's teardown).
+    pub(super) fn release(&mut self, mut free: impl FnMut(BufId)) {
+        for q in &mut self.queues {
+            q.batch.drain().for_each(&mut free);
+        }
+    }
+
+    /// Whether any priority frame waits (one test a flush when none does).
+    #[inline(always)]
+    fn holding(&self) -> bool {
+        self.queues.iter().any(|q| !q.batch.is_empty())
+    }
+
+    /// The queue holding frames for `port`.
+    fn held_for(&self, port: u16) -> Option<usize> {
+        self.queues.iter().position(|q| q.port == port && !q.batch.is_empty())
+    }
+
+    /// The queue for `port`: the one holding frames for it, else the one it had (its guard
+    /// count kept), else an empty one; none when all hold frames for other ports.
+    fn slot_for(&self, port: u16) -> Option<usize> {
+        self.held_for(port)
+            .or_else(|| self.queues.iter().position(|q| q.port == port))
+            .or_else(|| self.queues.iter().position(|q| q.batch.is_empty()))
+    }
+}
+
 /// Sends `batch` on port `p` as far as its ring takes it (lent tails linearized first for a
 /// port that may keep buffers beyond the burst) and counts what went; what the ring did not
 /// take stays in `batch`. `None`: the port is down or gone (nothing sent).
@@ -49,29 +101,29 @@ impl Pipeline {
         }
     }
 
-    /// Queues a priority domain's encapsulated frame ahead of the underlay port's tx batch
-    /// (see [`Pipeline::flush_port`]).
+    /// Queues a priority domain's frame ahead of a shared egress's tx batch (the underlay's
+    /// encapsulated frames, a trunk's; see [`Pipeline::flush_port`]). When every queue ahead
+    /// holds frames for other ports, the frame joins the ordinary batch (`priority_no_slot`).
     #[cold]
     #[inline(never)]
     pub(super) fn enqueue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
-        if self.tx_first.0 != port && !self.tx_first.1.is_empty() {
-            // The underlay moved: what waits for the old one goes (or drops) now.
-            let old = self.tx_first.0;
-            self.flush_port(snap, old);
-            let mut left = std::mem::take(&mut self.tx_first.1);
-            for b in left.drain() {
-                self.discard(b, DropReason::TxFull, old);
-            }
-        }
-        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.tx_first.1.is_empty() {
+        let Some(i) = self.first.slot_for(port) else {
+            self.stats.event(Event::PriorityNoSlot, 1);
+            return self.enqueue(snap, port, b);
+        };
+        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.first.queues[i].batch.is_empty() {
             self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
             self.n_dirty += 1;
         }
-        self.tx_first.0 = port;
-        if let Err(b) = self.tx_first.1.push(b) {
+        let q = &mut self.first.queues[i];
+        if q.port != port {
+            (q.port, q.starved) = (port, 0);
+        }
+        if let Err(b) = self.first.queues[i].batch.push(b) {
             self.flush_port(snap, port);
-            if let Err(b) = self.tx_first.1.push(b) {
+            if let Err(b) = self.first.queues[i].batch.push(b) {
                 // A batch of priority frames still waits for room: this one is dropped.
+                self.stats.port(port).priority_dropped.add(1);
                 self.discard(b, DropReason::TxFull, port);
             }
         }
@@ -104,23 +156,35 @@ impl Pipeline {
             self.flush_port(snap, p);
         }
         self.n_dirty = 0;
-        if !self.tx_first.1.is_empty() {
-            // Priority frames held for room: the port stays dirty, they go first next time.
-            self.dirty[0] = self.tx_first.0;
-            self.n_dirty = 1;
+        if self.first.holding() {
+            // Priority frames held for room: their ports stay dirty, they go first next time.
+            for q in self.first.queues.iter().filter(|q| !q.batch.is_empty()) {
+                self.dirty[self.n_dirty] = q.port;
+                self.n_dirty += 1;
+            }
         }
     }
 
-    /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing):
-    /// the priority frames waiting for it first, then the batch, whose frames the ring did
-    /// not take are dropped.
+    /// Sends one port's tx batch (it stays on the dirty list; an empty batch costs nothing),
+    /// after the priority frames waiting for it (see [`Pipeline::flush_classes`]); frames of
+    /// the batch the ring did not take are dropped.
     pub(super) fn flush_port(&mut self, snap: &Snapshot, p: u16) {
-        if p == self.tx_first.0 && !self.tx_first.1.is_empty() {
-            self.flush_first(snap, p);
+        if self.first.holding()
+            && let Some(i) = self.first.held_for(p)
+        {
+            return self.flush_classes(snap, p, i);
         }
+        self.flush_ordinary(snap, p);
+    }
+
+    /// Sends port `p`'s ordinary tx batch and drops what its ring did not take; returns the
+    /// frames it held and those it dropped.
+    #[inline(always)]
+    fn flush_ordinary(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
         let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
-        if batch.is_empty() {
-            return;
+        let n = batch.len();
+        if n == 0 {
+            return (0, 0);
         }
         let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
             Some(_) => (DropReason::TxFull, batch.len()),
@@ -132,30 +196,74 @@ impl Pipeline {
                 self.cache.free(b);
             }
         }
+        (n, left)
     }
 
-    /// Sends the priority frames waiting for underlay port `p`; those its ring has no room
-    /// for stay, first in line for the next flush (a down or removed port drops them).
+    /// Strict priority with a guard for the lowest class: port `p`'s priority frames (in
+    /// `first.queues[i]`) go before its ordinary batch, and those the ring has no room for
+    /// wait, first in line; but after [`GUARD_AFTER`] flushes in which the ring took priority
+    /// frames and none of the ordinary ones (with none taking an ordinary frame between
+    /// them), the ordinary batch goes first once
+    /// (`priority_guard`), so a flood of a priority class cannot starve the lowest entirely:
+    /// it gets at least one contended flush in `GUARD_AFTER + 1`, and priority frames wait
+    /// at most one flush more.
     #[cold]
     #[inline(never)]
-    pub(super) fn flush_first(&mut self, snap: &Snapshot, p: u16) {
-        let batch = &mut self.tx_first.1;
-        let n = batch.len();
-        match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
+    pub(super) fn flush_classes(&mut self, snap: &Snapshot, p: u16, i: usize) {
+        let waiting = !self.tx[p as usize & (fdb::MAX_PORTS - 1)].is_empty();
+        if waiting && self.first.queues[i].starved >= GUARD_AFTER {
+            // Until the ring takes some of the ordinary frames (a full ring takes nothing of
+            // either class), they keep going first.
+            let (n, dropped) = self.flush_ordinary(snap, p);
+            if dropped < n {
+                self.stats.event(Event::PriorityGuard, 1);
+                self.first.queues[i].starved = 0;
+            }
+            self.flush_first(snap, p, i);
+            return;
+        }
+        let went_first = self.flush_first(snap, p, i);
+        let (n, dropped) = self.flush_ordinary(snap, p);
+        let q = &mut self.first.queues[i];
+        if dropped < n {
+            q.starved = 0;
+        } else if n > 0 && went_first > 0 {
+            q.starved = q.starved.saturating_add(1);
+        }
+    }
+
+    /// Sends the priority frames waiting for port `p` (in `first.queues[i]`); those its ring
+    /// has no room for stay, first in line for the next flush (a down or removed port drops
+    /// them). Returns how many it sent.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn flush_first(&mut self, snap: &Snapshot, p: u16, i: usize) -> usize {
+        let q = &mut self.first.queues[i];
+        let n = q.batch.len();
+        if n == 0 {
+            return 0;
+        }
+        let pc = self.stats.port(p);
+        match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, &mut q.batch) {
             Some(sent) => {
                 self.stats.event(Event::PriorityFirst, sent as u64);
                 self.stats.event(Event::PriorityHeld, (n - sent) as u64);
+                pc.tx_priority.add(sent as u64);
+                pc.priority_held.add((n - sent) as u64);
                 // Held past this burst: no frame may keep a tail lent by a guest (a port
                 // that takes lent tails, vhost-user, copies only those it sends).
                 if sent < n && self.cache.lending() {
-                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
+                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, &mut q.batch);
                 }
+                sent
             }
             None => {
-                for b in batch.drain() {
+                pc.priority_dropped.add(n as u64);
+                for b in q.batch.drain() {
                     self.stats.count_drop(DropReason::PortDown, p);
                     self.cache.free(b);
                 }
+                0
             }
         }
     }

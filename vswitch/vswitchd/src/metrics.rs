@@ -19,6 +19,14 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_port_tx_bytes_total", "counter", "Bytes sent to the port.", "port", ports(|p| p.tx_bytes as f64));
     family(&mut o, "knitter_port_drops_total", "counter", "Frames of the port dropped (any reason).", "port", ports(|p| p.drops as f64));
     family(&mut o, "knitter_port_policed_total", "counter", "Frames the port's ingress policer dropped (also in drops).", "port", ports(|p| p.policed as f64));
+    let name = "knitter_port_tx_class_packets_total";
+    let _ = writeln!(o, "# HELP {name} Frames sent to the port by class: priority networks' (ahead of the others on a shared egress) and ordinary.\n# TYPE {name} counter");
+    for p in &s.ports {
+        let (port, ordinary) = (escape(&p.name), p.tx_packets.saturating_sub(p.tx_priority));
+        let _ = writeln!(o, "{name}{{port=\"{port}\",class=\"priority\"}} {}\n{name}{{port=\"{port}\",class=\"ordinary\"}} {ordinary}", p.tx_priority);
+    }
+    family(&mut o, "knitter_port_priority_held_total", "counter", "Priority frames the port's ring had no room for, held for its next flush (at each flush they wait).", "port", ports(|p| p.priority_held as f64));
+    family(&mut o, "knitter_port_priority_dropped_total", "counter", "Priority frames dropped on the port (also in drops).", "port", ports(|p| p.priority_dropped as f64));
     family(&mut o, "knitter_port_up", "gauge", "1 when the port runs, its link is up and no vhost-user ring is stopped.", "port", ports(|p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64));
     let vhost = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
     family(&mut o, "knitter_vhost_user_connected", "gauge", "1 when a vhost-user frontend is connected and its rings run.", "port", vhost);
