@@ -124,7 +124,8 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     let live = Liveness { lease_secs: 1, grace_secs: 1 };
     {
         let m = Manager::new(Arc::new(Embedded::open(&path).unwrap()), Config::default()).unwrap();
-        m.create_network(network("red", "10.40.0.0/24")).unwrap();
+        let pod_policer = Some(knitter_control::network::PodPolicer { pps: 2000, ..Default::default() });
+        m.create_network(NetworkSpec { pod_policer, ..network("red", "10.40.0.0/24") }).unwrap();
         m.create_network(NetworkSpec { segment: Some(7002), ..network("idle", "10.41.0.0/24") }).unwrap();
         m.create_port(port("a", "n1")).unwrap();
         m.create_port(port("b", "n2")).unwrap();
@@ -140,6 +141,7 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     assert_eq!((red.name.as_str(), red.kind.as_str(), red.segment, red.mtu), ("red", "vxlan", 7001, 1450));
     assert_eq!(red.flood, ["192.0.2.2"]);
     assert_eq!((red.dscp, red.pcp, red.priority), (Some(34), Some(4), false), "a media network's default marking (AF41, priority 4), no egress priority");
+    assert_eq!(red.pod_policer.as_ref().map(|p| (p.pps, p.bps)), Some((2000, 0)), "the network's per-pod rate");
     let mut eps: Vec<_> = red.endpoints.iter().map(|e| (e.node.as_str(), e.vtep.as_str(), e.ips.clone(), e.mac.as_str())).collect();
     eps.sort();
     assert_eq!(

@@ -53,6 +53,8 @@ pub enum ConfigError {
     BadSecurity { port: String },
     #[error("port {port:?}: policer: {why}")]
     BadPolicer { port: String, why: String },
+    #[error("bridge {bridge:?}: pod policer: {why}")]
+    BadPodPolicer { bridge: String, why: String },
     #[error("too many {kind} (at most {max})")]
     TooMany { kind: &'static str, max: usize },
     #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
@@ -122,6 +124,11 @@ pub struct BridgeConfig {
     /// must keep flowing when a media plane floods the uplink).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub priority: bool,
+    /// The policer each access port of this domain gets when it has none of its own (a
+    /// network's per-pod rate, from the manager): every such port is held to this rate on
+    /// its own, not all of them together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_policer: Option<crate::policer::PolicerConfig>,
 }
 
 /// An IP → MAC binding the control plane knows (for ARP/ND suppression).
@@ -300,6 +307,7 @@ impl BridgeConfig {
             dscp: None,
             pcp: None,
             priority: false,
+            pod_policer: None,
         }
     }
 

@@ -423,6 +423,11 @@ impl Snapshot {
         let max_port = ids.ports.values().copied().max().map_or(0, |m| m as usize + 1);
         s.ports.resize_with(max_port, || None);
         let bd_of = |name: &str| ids.bds.get(name).copied();
+        for b in &cfg.bridges {
+            if let Some(c) = &b.pod_policer {
+                c.limits(0).map_err(|why| ConfigError::BadPodPolicer { bridge: b.name.clone(), why })?;
+            }
+        }
         for p in &cfg.ports {
             check_name("port", &p.name, &mut pnames)?;
             let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
@@ -476,9 +481,15 @@ impl Snapshot {
             };
             // The largest frame: the MTU, an Ethernet header and, on trunks, a tag.
             let max_frame = p.mtu as u32 + 18;
-            let policer = match &p.policer {
-                Some(c) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
-                None => None,
+            // The port's own policer, else its access bridge's per-pod one.
+            let pod_policer = || match &p.mode {
+                PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge).and_then(|b| b.pod_policer.as_ref()),
+                _ => None,
+            };
+            let policer = match (&p.policer, pod_policer()) {
+                (Some(c), _) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
+                (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
+                (None, None) => None,
             };
             let id = ids.ports[&p.name];
             for q in 0..port.rx_queues() {

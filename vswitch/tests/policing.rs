@@ -142,3 +142,52 @@ fn a_flooding_pod_takes_one_burst_a_round_and_its_neighbour_loses_nothing() {
     assert_eq!((from(1), from(2)), (vswitch::BATCH, 10));
     assert_eq!(h.step(), 1000 - vswitch::BATCH, "the rest in later rounds");
 }
+
+/// A bridge's pod policer (a network's per-pod rate) holds each of its access ports without
+/// a policer of its own to that rate, each on its own; a port's own policer wins; a pod
+/// policer without a rate is refused with the bridge's name.
+#[test]
+fn a_bridges_pod_policer_holds_each_of_its_access_ports() {
+    static NOW: AtomicU64 = AtomicU64::new(0);
+    let mut h = Harness::new();
+    h.ring("p0").ring("p1").ring("p2").ring("sink");
+    let mut red = BridgeConfig::new("red");
+    red.pod_policer = Some(PolicerConfig { pps: 1_000, burst_packets: 10, ..Default::default() });
+    let cfg = |red: BridgeConfig| SwitchConfig {
+        bridges: vec![red],
+        ports: vec![
+            PortConfig::access("p0", "red"),
+            PortConfig::access("p1", "red"),
+            PortConfig::access("p2", "red").policed(PolicerConfig { pps: 100_000, ..Default::default() }),
+            PortConfig::access("sink", "red"),
+        ],
+        vtep: None,
+    };
+    h.apply(cfg(red.clone())).unwrap();
+    h.pipe.set_clock(|| NOW.load(Relaxed));
+    h.send("sink", &frame(9, 1, 64));
+    h.step();
+    h.recv_all();
+    // 100 ms at 10 000 frames a second from each pod: 10 ms of rate (the burst) + 100 ms.
+    let mut passed = [0u64; 3];
+    for _ in 0..100 {
+        NOW.fetch_add(1_000_000, Relaxed);
+        for (i, p) in ["p0", "p1", "p2"].iter().enumerate() {
+            for _ in 0..10 {
+                h.send(p, &frame(i as u32 + 1, 9, 64));
+            }
+        }
+        h.step();
+        for f in h.recv("sink") {
+            passed[(f[11] - 1) as usize] += 1;
+        }
+    }
+    assert!(passed[0].abs_diff(110) <= 5 && passed[1].abs_diff(110) <= 5, "each pod at its own 1 000/s: {passed:?}");
+    assert_eq!(passed[2], 1000, "a port's own policer wins");
+    let s = h.stats();
+    assert_eq!(s.ports[0].policed + s.ports[1].policed, 2000 - passed[0] - passed[1]);
+
+    red.pod_policer = Some(PolicerConfig::default());
+    let e = h.apply(cfg(red)).unwrap_err();
+    assert_eq!(e.to_string(), "bridge \"red\": pod policer: a policer needs a rate: pps or bps");
+}

@@ -233,9 +233,17 @@ enum BridgeCmd {
         /// Its 802.1p priority (0-7) on a tagged underlay.
         #[arg(long)]
         pcp: Option<u32>,
-        /// Its VXLAN frames leave the underlay first and wait for room rather than drop.
+        /// Its frames leave shared egresses (the underlay, trunks) first and wait for room
+        /// rather than drop.
         #[arg(long)]
         priority: bool,
+        /// Police each of its access ports without a policer of its own at this many frames
+        /// a second (a network's per-pod rate).
+        #[arg(long)]
+        pod_pps: Option<u64>,
+        /// The same in bits a second (frames as received, without L1 overhead).
+        #[arg(long)]
+        pod_bps: Option<u64>,
         /// A known address for ARP/ND suppression: IP=MAC (repeatable).
         #[arg(long, value_name = "IP=MAC")]
         neighbor: Vec<String>,
@@ -426,7 +434,7 @@ fn mode(p: &pb::Port) -> String {
 
 fn print_bridges(b: &[pb::Bridge]) {
     table(
-        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner"],
+        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner", "pod policer"],
         b.iter()
             .map(|b| {
                 vec![
@@ -440,6 +448,7 @@ fn print_bridges(b: &[pb::Bridge]) {
                         (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),
                     },
                     owner(b.owner).into(),
+                    policer(b.pod_policer.as_ref()),
                 ]
             })
             .collect(),
@@ -752,7 +761,7 @@ async fn run(cli: Cli) -> Result<()> {
             print_ports(&v.ports, &v.status);
         }
         Cmd::Bridge { cmd } => match cmd {
-            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, neighbor, static_mac, replace } => {
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, neighbor, static_mac, replace } => {
                 let pair = |s: &str, what: &str| -> Result<(String, String)> {
                     let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                     Ok((a.to_string(), b.to_string()))
@@ -771,7 +780,9 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                     })
                     .collect::<Result<_>>()?;
-                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, ..Default::default() };
+                let pod_policer = (pod_pps.is_some() || pod_bps.is_some())
+                    .then(|| pb::Policer { pps: pod_pps.unwrap_or(0), bps: pod_bps.unwrap_or(0), ..Default::default() });
+                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, ..Default::default() };
                 applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
             }
             BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,

@@ -73,6 +73,9 @@ pub struct NetworkOnNode {
     pub pcp: Option<u8>,
     /// The plane's frames leave the node's underlay first (control, oam).
     pub priority: bool,
+    /// The network's per-pod rate, for every pod port of it on the node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_policer: Option<crate::network::PodPolicer>,
 }
 
 /// What one node should run (the `DesiredState` message).
@@ -122,6 +125,7 @@ impl ClusterView {
                 dscp: marks.of(net.plane).map(|m| m.dscp),
                 pcp: marks.of(net.plane).map(|m| m.pcp),
                 priority: net.plane.has_priority(),
+                pod_policer: net.pod_policer,
             });
         }
         let peers = self.nodes.iter().filter(|n| in_flood(n)).map(|n| n.vtep).collect();

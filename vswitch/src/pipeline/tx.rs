@@ -26,6 +26,9 @@ pub(super) struct FirstQueue {
 #[derive(Default)]
 pub(super) struct FirstQueues {
     queues: [FirstQueue; FIRST_PORTS],
+    /// Some queue may hold frames (set when one is queued, worked out again after each
+    /// flush): the one test a flush of ordinary traffic makes.
+    any: bool,
 }
 
 impl FirstQueues {
@@ -36,10 +39,10 @@ impl FirstQueues {
         }
     }
 
-    /// Whether any priority frame waits (one test a flush when none does).
+    /// Whether any priority frame may wait.
     #[inline(always)]
     fn holding(&self) -> bool {
-        self.queues.iter().any(|q| !q.batch.is_empty())
+        self.any
     }
 
     /// The queue holding frames for `port`.
@@ -115,6 +118,7 @@ impl Pipeline {
             self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
             self.n_dirty += 1;
         }
+        self.first.any = true;
         let q = &mut self.first.queues[i];
         if q.port != port {
             (q.port, q.starved) = (port, 0);
@@ -162,6 +166,7 @@ impl Pipeline {
                 self.dirty[self.n_dirty] = q.port;
                 self.n_dirty += 1;
             }
+            self.first.any = self.n_dirty > 0;
         }
     }
 

@@ -69,6 +69,7 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
     c.dscp = b.dscp.map(|v| u8_of("dscp", v)).transpose()?;
     c.pcp = b.pcp.map(|v| u8_of("pcp", v)).transpose()?;
     c.priority = b.priority;
+    c.pod_policer = b.pod_policer.as_ref().map(policer_from);
     c.neighbors = b
         .neighbors
         .iter()
@@ -109,7 +110,16 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
         dscp: c.dscp.map(u32::from),
         pcp: c.pcp.map(u32::from),
         priority: c.priority,
+        pod_policer: c.pod_policer.as_ref().map(policer_to),
     }
+}
+
+pub fn policer_from(x: &pb::Policer) -> PolicerConfig {
+    PolicerConfig { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }
+}
+
+pub fn policer_to(x: &PolicerConfig) -> pb::Policer {
+    pb::Policer { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }
 }
 
 fn netns(s: &str) -> Option<String> {
@@ -187,7 +197,7 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
             })
         })
         .transpose()?;
-    c.policer = p.policer.as_ref().map(|x| PolicerConfig { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes });
+    c.policer = p.policer.as_ref().map(policer_from);
     Ok(PortSpec { device: device_from(p.device.as_ref())?, config: c })
 }
 
@@ -217,7 +227,7 @@ pub fn port_to(p: &PortSpec, owner: Owner) -> pb::Port {
                 .map(|a| pb::AddressPair { mac: a.mac.to_string(), ip: a.ip.map(|i| i.to_string()) })
                 .collect(),
         }),
-        policer: c.policer.map(|x| pb::Policer { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }),
+        policer: c.policer.as_ref().map(policer_to),
         owner: owner_to(owner),
     }
 }

@@ -15,6 +15,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, Neighbor, PeerConfig, StaticMac};
+use vswitch::policer::PolicerConfig;
 use vswitch::wire::MacAddr;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -137,6 +138,7 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec
         b.dscp = n.dscp.map(|d| d.min(u8::MAX as u32) as u8);
         b.pcp = n.pcp.map(|p| p.min(u8::MAX as u32) as u8);
         b.priority = n.priority;
+        b.pod_policer = n.pod_policer.as_ref().map(|p| PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes });
         bridges.push(b);
     }
     let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
@@ -166,6 +168,7 @@ mod tests {
                     dscp: Some(40),
                     pcp: Some(5),
                     priority: true,
+                    pod_policer: Some(pb::Policer { pps: 5000, bps: 0, burst_packets: 0, burst_bytes: 0 }),
                 },
                 pb::NetworkOnNode {
                     name: "blue".into(),
@@ -177,6 +180,7 @@ mod tests {
                     dscp: None,
                     pcp: None,
                     priority: false,
+                    pod_policer: None,
                 },
             ],
             peers: vec!["192.0.2.2".into()],
@@ -189,6 +193,7 @@ mod tests {
         assert_eq!(red.static_macs.len(), 1, "only the other node's pod is pinned to a VTEP");
         assert_eq!(red.static_macs[0].remote, Some("192.0.2.2".parse().unwrap()));
         assert_eq!((red.dscp, red.pcp, red.priority), (Some(40), Some(5), true), "the plane's marking and priority");
+        assert_eq!(red.pod_policer.map(|p| (p.pps, p.bps)), Some((5000, 0)), "the network's per-pod rate");
         let blue = &bridges[1];
         assert_eq!((blue.dscp, blue.pcp), (None, None), "unmarked");
         assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
