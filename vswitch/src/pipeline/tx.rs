@@ -12,13 +12,67 @@ pub(super) const GUARD_AFTER: u8 = 4;
 /// Shared egresses a thread can hold priority frames for at once (the underlay, trunks).
 const FIRST_PORTS: usize = 4;
 
-/// One port's priority frames, sent ahead of its tx batch.
+/// Batches of priority frames a queue holds for its port: 256 frames, 25 ms of a 10 000
+/// frames/s control plane waiting out a stalled ring.
+const HOLD_BATCHES: usize = 8;
+
+/// One port's priority frames, sent ahead of its tx batch: a FIFO of batches.
 #[derive(Default)]
 pub(super) struct FirstQueue {
     port: u16,
-    batch: Batch,
+    batches: [Batch; HOLD_BATCHES],
+    /// The first batch in use, and how many are (from `head` on, wrapping).
+    head: usize,
+    used: usize,
     /// Flushes the ordinary class lost to this queue (see [`GUARD_AFTER`]).
     starved: u8,
+}
+
+impl FirstQueue {
+    fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+
+    /// Queues a frame at the back; gives it back when the queue is full.
+    fn push(&mut self, b: BufId) -> Result<(), BufId> {
+        if self.used == 0 {
+            (self.head, self.used) = (0, 1);
+        }
+        let last = (self.head + self.used - 1) % HOLD_BATCHES;
+        match self.batches[last].push(b) {
+            Ok(()) => Ok(()),
+            Err(b) if self.used < HOLD_BATCHES => {
+                self.used += 1;
+                self.batches[(last + 1) % HOLD_BATCHES].push(b)
+            }
+            Err(b) => Err(b),
+        }
+    }
+
+    /// The batch at the front.
+    fn front(&mut self) -> &mut Batch {
+        &mut self.batches[self.head]
+    }
+
+    /// Drops the front batch from the queue once it is empty; whether any is left.
+    fn advance(&mut self) -> bool {
+        if self.batches[self.head].is_empty() && self.used > 0 {
+            self.head = (self.head + 1) % HOLD_BATCHES;
+            self.used -= 1;
+        }
+        self.used > 0
+    }
+
+    /// The batches in use, front first.
+    fn in_use(&mut self) -> impl Iterator<Item = &mut Batch> {
+        let (head, used) = (self.head, self.used);
+        let (back, front) = self.batches.split_at_mut(head);
+        front.iter_mut().chain(back.iter_mut()).take(used)
+    }
+
+    fn len(&mut self) -> usize {
+        self.in_use().map(|b| b.len()).sum()
+    }
 }
 
 /// A thread's priority queues ahead of shared egresses: a few, found by port (only priority
@@ -35,7 +89,10 @@ impl FirstQueues {
     /// Gives every held frame to `free` (the pipeline's teardown).
     pub(super) fn release(&mut self, mut free: impl FnMut(BufId)) {
         for q in &mut self.queues {
-            q.batch.drain().for_each(&mut free);
+            for b in q.in_use() {
+                b.drain().for_each(&mut free);
+            }
+            q.used = 0;
         }
     }
 
@@ -47,7 +104,7 @@ impl FirstQueues {
 
     /// The queue holding frames for `port`.
     fn held_for(&self, port: u16) -> Option<usize> {
-        self.queues.iter().position(|q| q.port == port && !q.batch.is_empty())
+        self.queues.iter().position(|q| q.port == port && !q.is_empty())
     }
 
     /// The queue for `port`: the one holding frames for it, else the one it had (its guard
@@ -55,7 +112,7 @@ impl FirstQueues {
     fn slot_for(&self, port: u16) -> Option<usize> {
         self.held_for(port)
             .or_else(|| self.queues.iter().position(|q| q.port == port))
-            .or_else(|| self.queues.iter().position(|q| q.batch.is_empty()))
+            .or_else(|| self.queues.iter().position(FirstQueue::is_empty))
     }
 }
 
@@ -114,7 +171,7 @@ impl Pipeline {
             self.stats.event(Event::PriorityNoSlot, 1);
             return self.enqueue(snap, port, b);
         };
-        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.first.queues[i].batch.is_empty() {
+        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.first.queues[i].is_empty() {
             self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
             self.n_dirty += 1;
         }
@@ -123,9 +180,9 @@ impl Pipeline {
         if q.port != port {
             (q.port, q.starved) = (port, 0);
         }
-        if let Err(b) = self.first.queues[i].batch.push(b) {
+        if let Err(b) = self.first.queues[i].push(b) {
             self.flush_port(snap, port);
-            if let Err(b) = self.first.queues[i].batch.push(b) {
+            if let Err(b) = self.first.queues[i].push(b) {
                 // A batch of priority frames still waits for room: this one is dropped.
                 self.stats.port(port).priority_dropped.add(1);
                 self.discard(b, DropReason::TxFull, port);
@@ -162,7 +219,7 @@ impl Pipeline {
         self.n_dirty = 0;
         if self.first.holding() {
             // Priority frames held for room: their ports stay dirty, they go first next time.
-            for q in self.first.queues.iter().filter(|q| !q.batch.is_empty()) {
+            for q in self.first.queues.iter().filter(|q| !q.is_empty()) {
                 self.dirty[self.n_dirty] = q.port;
                 self.n_dirty += 1;
             }
@@ -237,40 +294,54 @@ impl Pipeline {
         }
     }
 
-    /// Sends the priority frames waiting for port `p` (in `first.queues[i]`); those its ring
-    /// has no room for stay, first in line for the next flush (a down or removed port drops
-    /// them). Returns how many it sent.
+    /// Sends the priority frames waiting for port `p` (in `first.queues[i]`), a batch at a
+    /// time; those its ring has no room for stay, first in line for the next flush (a down
+    /// or removed port drops them). Returns how many it sent.
     #[cold]
     #[inline(never)]
     pub(super) fn flush_first(&mut self, snap: &Snapshot, p: u16, i: usize) -> usize {
         let q = &mut self.first.queues[i];
-        let n = q.batch.len();
-        if n == 0 {
-            return 0;
-        }
         let pc = self.stats.port(p);
-        match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, &mut q.batch) {
-            Some(sent) => {
-                self.stats.event(Event::PriorityFirst, sent as u64);
-                self.stats.event(Event::PriorityHeld, (n - sent) as u64);
-                pc.tx_priority.add(sent as u64);
-                pc.priority_held.add((n - sent) as u64);
-                // Held past this burst: no frame may keep a tail lent by a guest (a port
-                // that takes lent tails, vhost-user, copies only those it sends).
-                if sent < n && self.cache.lending() {
-                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, &mut q.batch);
+        let mut total = 0;
+        while !q.is_empty() {
+            let n = q.front().len();
+            match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, q.front()) {
+                Some(sent) => {
+                    total += sent;
+                    if sent < n || !q.advance() {
+                        break;
+                    }
                 }
-                sent
-            }
-            None => {
-                pc.priority_dropped.add(n as u64);
-                for b in q.batch.drain() {
-                    self.stats.count_drop(DropReason::PortDown, p);
-                    self.cache.free(b);
+                None => {
+                    let mut dropped = 0;
+                    for batch in q.in_use() {
+                        for b in batch.drain() {
+                            dropped += 1;
+                            self.stats.count_drop(DropReason::PortDown, p);
+                            self.cache.free(b);
+                        }
+                    }
+                    q.used = 0;
+                    pc.priority_dropped.add(dropped);
+                    break;
                 }
-                0
             }
         }
+        let held = q.len();
+        self.stats.event(Event::PriorityFirst, total as u64);
+        pc.tx_priority.add(total as u64);
+        if held > 0 {
+            self.stats.event(Event::PriorityHeld, held as u64);
+            pc.priority_held.add(held as u64);
+            // Held past this burst: no frame may keep a tail lent by a guest (a port that
+            // takes lent tails, vhost-user, copies only those it sends).
+            if self.cache.lending() {
+                for batch in q.in_use() {
+                    Self::linearize_all(&self.pool, &mut self.cache, &self.stats, p, batch);
+                }
+            }
+        }
+        total
     }
 
     /// Copies the lent tails of a tx batch for a port that may keep its buffers beyond the
