@@ -70,13 +70,20 @@ kernel_ports::trunk_tests!(open);
 /// Node A's switch in `sw`: `pod` (on `pa0`) and the underlay `ul0` in one VNI-5001 bridge
 /// flooding to node B's VTEP at `remote`, its own at `local`.
 fn vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: PortConfig) -> SwitchNode {
+    marked_vtep_node(sw, node_b, local, remote, pod, None)
+}
+
+/// [`vtep_node`] with the bridge marked with DSCP `dscp` (and so the inner ECN copied).
+fn marked_vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: PortConfig, dscp: Option<u8>) -> SwitchNode {
     let peer: std::net::IpAddr = remote.parse().unwrap();
+    let mut red = BridgeConfig::new("red").vni(5001).flood(&[peer]);
+    red.dscp = dscp;
     SwitchNode::start(
         sw,
         &["pa0", "ul0"],
         open,
         SwitchConfig {
-            bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
+            bridges: vec![red],
             ports: vec![pod, PortConfig::underlay("ul0")],
             // The switch's own next hop toward node B is configuration (resolution comes with
             // the rest of the underlay host stack).
@@ -115,6 +122,41 @@ fn vxlan_interop_with_linux_ipv4() {
 fn vxlan_interop_with_linux_ipv6() {
     let Some(_g) = netns::exclusive() else { return };
     vxlan_with_linux(true);
+}
+
+/// Marked VXLAN frames against Linux's own device: the switch's bridge marked DSCP 40 (CS5),
+/// Linux's `vxlan0` set to `tos inherit`. Pod A's pings carry ECT(0): on node B's wire their
+/// outer header has TOS 0xa2 (CS5 and the inner ECN copied, RFC 6040), and Linux delivers
+/// them; pod B's replies come back with an outer TOS Linux inherited from the inner header,
+/// which the switch decapsulates and delivers.
+#[test]
+fn marked_vxlan_interop_with_linux() {
+    let Some(_g) = netns::exclusive() else { return };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b: _pod_b } = netns::linux_vxlan_peer("198.51.100.2", "24", "198.51.100.1").unwrap();
+    node_b.run(&["ip", "link", "set", "dev", "vxlan0", "type", "vxlan", "tos", "inherit"]).unwrap();
+    let node = marked_vtep_node(sw, &node_b, "198.51.100.1", "198.51.100.2", PortConfig::access("pa0", "red"), Some(40));
+    ping(&pod_a, "192.0.2.2").expect("pods across marked VXLAN");
+    // The outer and inner TOS of the first ICMP echo from pod A seen on node B's underlay.
+    let capture = r#"
+import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0800))
+s.bind(("ul1", 0))
+s.settimeout(8)
+while True:
+    f = s.recv(4096)
+    if len(f) > 84 and f[23] == 17 and f[36:38] == b"\x12\xb5" and f[26:30] == bytes([198, 51, 100, 1]) and f[73] == 1 and f[84] == 8:
+        print(f[15], f[65])
+        sys.exit(0)
+"#;
+    let name = node_b.name.clone();
+    let cap = std::thread::spawn(move || netns::run(&["ip", "netns", "exec", &name, "timeout", "10", "python3", "-c", capture]));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    pod_a.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", "-Q", "2", "192.0.2.2"]).expect("ECN-capable pings across");
+    let seen = cap.join().unwrap().expect("an echo request seen on node B's underlay");
+    assert_eq!(seen.trim(), "162 2", "outer TOS CS5 + ECT(0) (0xa2) over the inner ECT(0)");
+    let s = node.switch.stats();
+    assert!(s.event(Event::Decapsulated) >= 6, "the replies came back through the switch");
+    assert_eq!(s.drop(DropReason::VxlanCeNotEct), 0);
 }
 
 /// Two Knitter switches as VTEPs over a veth underlay (AF_PACKET), carrying two VNIs: pods in
