@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packets=${1:-320000}
 shift || true
-scenarios=${*:-l2-1k l2-100k l2-100k-both vlan-push vlan-pop vxlan-encap vxlan-decap flood-8 l2-pod-1k l2-pod-1k-policed vxlan-encap-pod vxlan-encap-pod-marked vxlan-decap-pod l2-mesh-1k trunk-1bd trunk-4094bd}
+scenarios=${*:-l2-1k l2-100k l2-100k-both vlan-push vlan-pop vxlan-encap vxlan-decap flood-8 l2-pod-1k l2-pod-1k-policed l2-pod-1k-net-policed vxlan-encap-pod vxlan-encap-pod-marked vxlan-decap-pod l2-mesh-1k trunk-1bd trunk-4094bd}
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 cargo build --release -q -p knitter-vswitch --example pipeline_insn
 bin=target/release/examples/pipeline_insn

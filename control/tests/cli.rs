@@ -84,10 +84,13 @@ fn an_operator_session() {
     assert!(o.status.code() == Some(1) && err.contains("burst_bytes 100 is less than the port's largest frame"), "{err}");
     ok(knitterctl(&s, &["port", "del", "vnf1"]));
     // A bridge's per-pod rate: shown with the bridge, refused without a rate.
-    ok(knitterctl(&s, &["bridge", "add", "pods", "--vlan", "250", "--pod-pps", "5000", "--priority"]));
+    ok(knitterctl(&s, &["bridge", "add", "pods", "--vlan", "250", "--pod-pps", "5000", "--police-bps", "100000000", "--priority"]));
     let bridges = ok(knitterctl(&s, &["bridge", "list"]));
     let row = bridges.lines().find(|l| l.starts_with("pods")).unwrap_or_else(|| panic!("{bridges}"));
-    assert!(row.ends_with("5000 pps") && row.contains("priority"), "{row}");
+    assert!(row.ends_with("100000000 bps  5000 pps") && row.contains("priority"), "{row}");
+    let o = knitterctl(&s, &["bridge", "add", "pods", "--vlan", "250", "--replace", "--police-pps", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(1) && err.contains("bridge \"pods\": policer"), "{err}");
     ok(knitterctl(&s, &["bridge", "del", "pods"]));
 
     let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();

@@ -55,6 +55,8 @@ pub enum ConfigError {
     BadPolicer { port: String, why: String },
     #[error("bridge {bridge:?}: pod policer: {why}")]
     BadPodPolicer { bridge: String, why: String },
+    #[error("bridge {bridge:?}: policer: {why}")]
+    BadBridgePolicer { bridge: String, why: String },
     #[error("too many {kind} (at most {max})")]
     TooMany { kind: &'static str, max: usize },
     #[error("VTEP: underlay port {port:?} is not configured with mode underlay")]
@@ -129,6 +131,11 @@ pub struct BridgeConfig {
     /// its own, not all of them together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_policer: Option<crate::policer::PolicerConfig>,
+    /// One policer for everything this domain's access ports (its pods on this node) send
+    /// together, whichever PMD threads poll them (a network's aggregate on a node); frames
+    /// over it are dropped as `policed`, after each port's own policer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policer: Option<crate::policer::PolicerConfig>,
 }
 
 /// An IP → MAC binding the control plane knows (for ARP/ND suppression).
@@ -308,6 +315,7 @@ impl BridgeConfig {
             pcp: None,
             priority: false,
             pod_policer: None,
+            policer: None,
         }
     }
 

@@ -177,6 +177,8 @@ pub struct BdCounters {
     pub bytes: Counter,
     pub flooded: Counter,
     pub learned: Counter,
+    /// Frames its policer dropped (also counted on their ports).
+    pub policed: Counter,
 }
 
 /// Everything one PMD thread counts.
@@ -260,6 +262,7 @@ pub struct BdTotals {
     pub bytes: u64,
     pub flooded: u64,
     pub learned: u64,
+    pub policed: u64,
 }
 
 impl PortTotals {
@@ -287,6 +290,7 @@ impl BdTotals {
             bytes: self.bytes.saturating_sub(base.bytes),
             flooded: self.flooded.saturating_sub(base.flooded),
             learned: self.learned.saturating_sub(base.learned),
+            policed: self.policed.saturating_sub(base.policed),
         }
     }
 }
@@ -336,6 +340,7 @@ impl Totals {
                 a.bytes += c.bytes.get();
                 a.flooded += c.flooded.get();
                 a.learned += c.learned.get();
+                a.policed += c.policed.get();
             }
             t.busy_cycles += s.busy_cycles.get();
             t.idle_cycles += s.idle_cycles.get();

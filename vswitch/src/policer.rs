@@ -9,11 +9,16 @@
 //! gets the whole rate; a multi-queue port whose traffic uses fewer queues than it has gets
 //! less than its rate.
 //!
+//! A network's policer on a node ([`SharedBucket`]) is one bucket for all of the network's
+//! pod ports, drawn from by every PMD thread that polls one: lock-free, a few atomic
+//! operations a burst, and a burst's frames admitted as a prefix (the first that fit).
+//!
 //! Tokens are fixed-point, a packet or bit being 10⁹ units, so that refilling is one multiply
 //! of nanoseconds by the rate (128-bit, once a burst) and admitting a frame two compares and
 //! two subtractions, without division.
 
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A port's policer, as configured.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +180,102 @@ impl Buckets {
     }
 }
 
+/// A token bucket every PMD thread draws from (a network's policer on a node): its rates and
+/// caps are a [`Bucket`]'s, its tokens and clock atomics. Refilling is done by the one thread
+/// that moves `last` forward (a compare-exchange); taking is a `fetch_update` per kind of
+/// token, with what one kind took beyond the other given back.
+#[derive(Debug)]
+pub struct SharedBucket {
+    rates: Bucket,
+    last: AtomicU64,
+    packets: AtomicU64,
+    bits: AtomicU64,
+}
+
+impl SharedBucket {
+    /// A full bucket held to `limits`, from `now`.
+    pub fn new(limits: &Limits, now: u64) -> SharedBucket {
+        let rates = Bucket::new(limits, 1, now);
+        SharedBucket { last: AtomicU64::new(now), packets: AtomicU64::new(rates.packets_cap), bits: AtomicU64::new(rates.bits_cap), rates }
+    }
+
+    /// The limits it holds to.
+    pub fn holds_to(&self, limits: &Limits) -> bool {
+        let r = &self.rates;
+        let same = Bucket::new(limits, 1, 0);
+        (r.pps, r.bps, r.packets_cap, r.bits_cap, r.packet_cost, r.byte_cost)
+            == (same.pps, same.bps, same.packets_cap, same.bits_cap, same.packet_cost, same.byte_cost)
+    }
+
+    /// Adds the tokens earned since the last refill by any thread (once a burst).
+    #[inline]
+    pub fn refill(&self, now: u64) {
+        let last = self.last.load(Relaxed);
+        if now <= last || self.last.compare_exchange(last, now, Relaxed, Relaxed).is_err() {
+            return; // the clock has not moved, or another thread refilled for this interval
+        }
+        let dt = (now - last) as u128;
+        add_capped(&self.packets, dt * self.rates.pps as u128, self.rates.packets_cap);
+        add_capped(&self.bits, dt * self.rates.bps as u128, self.rates.bits_cap);
+    }
+
+    /// Takes the tokens of a whole burst of `packets` frames and `bytes` bytes if both
+    /// buckets hold enough (a network under its rate: one test a burst).
+    #[inline]
+    pub fn take_all(&self, packets: u64, bytes: u64) -> bool {
+        let (p, b) = (packets * self.rates.packet_cost, bytes * self.rates.byte_cost);
+        let take = |a: &AtomicU64, n: u64| n == 0 || a.fetch_update(Relaxed, Relaxed, |t| t.checked_sub(n)).is_ok();
+        if !take(&self.packets, p) {
+            return false;
+        }
+        if !take(&self.bits, b) {
+            add_capped(&self.packets, p as u128, self.rates.packets_cap);
+            return false;
+        }
+        true
+    }
+
+    /// Takes the tokens of the longest prefix of a burst (frames of `lens` bytes) both
+    /// buckets cover; returns its length.
+    #[inline]
+    pub fn take(&self, lens: &[u32]) -> usize {
+        let (pc, bc) = (self.rates.packet_cost, self.rates.byte_cost);
+        let mut k = lens.len();
+        // Packets each costs `pc` (none: no limit in packets).
+        let afford = |t: u64| t.checked_div(pc).map_or(k as u64, |n| n.min(k as u64));
+        if pc > 0 {
+            let had = self.packets.fetch_update(Relaxed, Relaxed, |t| Some(t - afford(t) * pc)).unwrap_or_else(|t| t);
+            k = afford(had) as usize;
+        }
+        if bc > 0 {
+            // The frames of the first `k` whose bits fit `t` tokens, and those bits.
+            let fit = |t: u64| {
+                let (mut sum, mut i) = (0u64, 0);
+                while i < k {
+                    let c = lens[i] as u64 * bc;
+                    if sum + c > t {
+                        break;
+                    }
+                    (sum, i) = (sum + c, i + 1);
+                }
+                (i, sum)
+            };
+            let had = self.bits.fetch_update(Relaxed, Relaxed, |t| Some(t - fit(t).1)).unwrap_or_else(|t| t);
+            let (fits, _) = fit(had);
+            if fits < k && pc > 0 {
+                add_capped(&self.packets, ((k - fits) as u64 * pc) as u128, self.rates.packets_cap);
+            }
+            k = fits;
+        }
+        k
+    }
+}
+
+/// Adds `n` tokens to `a`, up to `cap`.
+fn add_capped(a: &AtomicU64, n: u128, cap: u64) {
+    let _ = a.fetch_update(Relaxed, Relaxed, |t| Some((t as u128 + n).min(cap as u128) as u64));
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -263,6 +364,55 @@ mod test {
         assert!(!b.admit_all(2, 10_001), "one byte short");
         assert!(b.admit_all(32, 9_000));
         assert_eq!((0..10).filter(|_| b.admit(100)).count(), 8, "what is left: 8 packets, 1 000 bytes");
+    }
+
+    #[test]
+    fn a_shared_bucket_admits_prefixes_and_refills_once_per_interval() {
+        let l = limits(1000, 8 * 10_000, 40, 10_000);
+        let b = SharedBucket::new(&l, 0);
+        assert_eq!(b.take(&[100; 32]), 32);
+        assert_eq!(b.take(&[100; 32]), 8, "packets bind: 40 in the burst");
+        b.refill(10_000_000); // 10 ms: 10 packets, 100 bytes (6 100 then)
+        assert_eq!(b.take(&[3000, 3000, 200, 10]), 2, "bits bind a prefix, the small frame after it too");
+        assert_eq!(b.packets.load(Relaxed) / UNIT, 8, "the packet tokens the bits refused were given back");
+        assert_eq!(b.bits.load(Relaxed) / UNIT / 8, 100);
+        b.refill(10_000_000);
+        assert_eq!(b.packets.load(Relaxed) / UNIT, 8, "the same instant adds nothing");
+    }
+
+    /// Two threads drawing from one bucket for a simulated second (a clock both move on, 50 µs
+    /// a burst, offering 16 frames each time: 320 000 a second): together they get the rate
+    /// and the burst, not each of them.
+    #[test]
+    fn a_shared_bucket_takes_a_burst_whole_or_not_at_all() {
+        let l = limits(1000, 8 * 10_000, 40, 10_000);
+        let b = SharedBucket::new(&l, 0);
+        assert!(!b.take_all(41, 100), "one packet short");
+        assert!(!b.take_all(2, 10_001), "one byte short: the packets it took are given back");
+        assert!(b.take_all(40, 10_000));
+        assert_eq!((b.packets.load(Relaxed), b.bits.load(Relaxed)), (0, 0));
+    }
+
+    #[test]
+    fn threads_share_one_rate() {
+        let l = limits(100_000, 0, 64, 0);
+        let b = std::sync::Arc::new(SharedBucket::new(&l, 0));
+        let clock = std::sync::Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (b, clock) = (b.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    let mut passed = 0;
+                    for _ in 0..10_000 {
+                        b.refill(clock.fetch_add(50_000, Relaxed) + 50_000);
+                        passed += b.take(&[64; 16]);
+                    }
+                    passed as u64
+                })
+            })
+            .collect();
+        let passed: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(passed.abs_diff(100_000 + 64) <= 100, "{passed}");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use crate::config::*;
 use crate::fdb::{MAX_BDS, MAX_PORTS};
-use crate::policer::Limits;
+use crate::policer::{Limits, SharedBucket};
 use crate::port::Port;
 use crate::util::{FxMap, FxSet, VlanSet};
 use crate::vtep::{Admission, Marking, PeerEntry, VtepEntry};
@@ -44,6 +44,9 @@ pub struct PortEntry {
     pub security: Option<Security>,
     /// Ingress policing: the limits, which each rx queue's bucket takes its share of.
     pub policer: Option<Limits>,
+    /// The policer of its access bridge's frames from all its ports together (shared with
+    /// them and every PMD thread), and that bridge domain.
+    pub net_policer: Option<(Arc<SharedBucket>, u16)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,6 +239,9 @@ pub struct Snapshot {
     pub next_hops: Arc<FxMap<IpAddr, Vec<u16>>>,
     /// Every (port, rx queue) to poll.
     pub rxqs: Vec<(u16, u16)>,
+    /// Bridge domains' policers by name (kept, tokens and all, by the next snapshot while
+    /// their limits stay the same).
+    pub net_policers: FxMap<String, Arc<SharedBucket>>,
     pub config: SwitchConfig,
 }
 
@@ -275,6 +281,7 @@ impl Snapshot {
             peer_by_ip: Arc::default(),
             next_hops: Arc::default(),
             rxqs: Vec::new(),
+            net_policers: FxMap::default(),
             config: SwitchConfig::default(),
         }
     }
@@ -427,6 +434,17 @@ impl Snapshot {
             if let Some(c) = &b.pod_policer {
                 c.limits(0).map_err(|why| ConfigError::BadPodPolicer { bridge: b.name.clone(), why })?;
             }
+            if let Some(c) = &b.policer {
+                // Its largest frame: its access ports' (a standard one without any).
+                let max_mtu = cfg.ports.iter().filter(|p| matches!(&p.mode, PortMode::Access { bridge } if *bridge == b.name)).map(|p| p.mtu).max();
+                let limits = c.limits(max_mtu.unwrap_or(1500) as u32 + 18).map_err(|why| ConfigError::BadBridgePolicer { bridge: b.name.clone(), why })?;
+                let bucket = match prev.net_policers.get(&b.name) {
+                    Some(kept) if kept.holds_to(&limits) => kept.clone(),
+                    // Full from the start: its clock (0) only ever moves on with the pipelines'.
+                    _ => Arc::new(SharedBucket::new(&limits, 0)),
+                };
+                s.net_policers.insert(b.name.clone(), bucket);
+            }
         }
         for p in &cfg.ports {
             check_name("port", &p.name, &mut pnames)?;
@@ -491,6 +509,10 @@ impl Snapshot {
                 (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
                 (None, None) => None,
             };
+            let net_policer = match &p.mode {
+                PortMode::Access { bridge } => s.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd)),
+                _ => None,
+            };
             let id = ids.ports[&p.name];
             for q in 0..port.rx_queues() {
                 s.rxqs.push((id, q));
@@ -507,6 +529,7 @@ impl Snapshot {
                 mac_limit: p.mac_limit,
                 security,
                 policer,
+                net_policer,
             });
         }
 

@@ -244,6 +244,13 @@ enum BridgeCmd {
         /// The same in bits a second (frames as received, without L1 overhead).
         #[arg(long)]
         pod_bps: Option<u64>,
+        /// Police what all its access ports send together at this many frames a second (one
+        /// policer for the network on this node).
+        #[arg(long)]
+        police_pps: Option<u64>,
+        /// The same in bits a second.
+        #[arg(long)]
+        police_bps: Option<u64>,
         /// A known address for ARP/ND suppression: IP=MAC (repeatable).
         #[arg(long, value_name = "IP=MAC")]
         neighbor: Vec<String>,
@@ -434,7 +441,7 @@ fn mode(p: &pb::Port) -> String {
 
 fn print_bridges(b: &[pb::Bridge]) {
     table(
-        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner", "pod policer"],
+        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner", "policer", "pod policer"],
         b.iter()
             .map(|b| {
                 vec![
@@ -448,6 +455,7 @@ fn print_bridges(b: &[pb::Bridge]) {
                         (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),
                     },
                     owner(b.owner).into(),
+                    policer(b.policer.as_ref()),
                     policer(b.pod_policer.as_ref()),
                 ]
             })
@@ -646,10 +654,10 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         }
         println!();
         table(
-            &["bridge", "packets", "flooded", "learned", "fdb entries"],
+            &["bridge", "packets", "flooded", "learned", "fdb entries", "policed"],
             s.bridges
                 .iter()
-                .map(|b| vec![b.name.clone(), b.packets.to_string(), b.flooded.to_string(), b.learned.to_string(), b.fdb_entries.to_string()])
+                .map(|b| vec![b.name.clone(), b.packets.to_string(), b.flooded.to_string(), b.learned.to_string(), b.fdb_entries.to_string(), b.policed.to_string()])
                 .collect(),
         );
         println!();
@@ -761,7 +769,7 @@ async fn run(cli: Cli) -> Result<()> {
             print_ports(&v.ports, &v.status);
         }
         Cmd::Bridge { cmd } => match cmd {
-            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, neighbor, static_mac, replace } => {
+            BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, police_pps, police_bps, neighbor, static_mac, replace } => {
                 let pair = |s: &str, what: &str| -> Result<(String, String)> {
                     let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                     Ok((a.to_string(), b.to_string()))
@@ -780,9 +788,12 @@ async fn run(cli: Cli) -> Result<()> {
                         })
                     })
                     .collect::<Result<_>>()?;
-                let pod_policer = (pod_pps.is_some() || pod_bps.is_some())
-                    .then(|| pb::Policer { pps: pod_pps.unwrap_or(0), bps: pod_bps.unwrap_or(0), ..Default::default() });
-                let bridge = pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, ..Default::default() };
+                let rates = |pps: Option<u64>, bps: Option<u64>| {
+                    (pps.is_some() || bps.is_some()).then(|| pb::Policer { pps: pps.unwrap_or(0), bps: bps.unwrap_or(0), ..Default::default() })
+                };
+                let (pod_policer, policer) = (rates(pod_pps, pod_bps), rates(police_pps, police_bps));
+                let bridge =
+                    pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, policer, ..Default::default() };
                 applied(c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
             }
             BridgeCmd::Del { name } => applied(c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,

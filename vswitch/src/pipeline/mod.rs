@@ -247,6 +247,11 @@ impl Pipeline {
         {
             self.police(pe, limits, queue, batch);
         }
+        if let Some((bucket, bd)) = &pe.net_policer
+            && !batch.is_empty()
+        {
+            self.police_network(pe, bucket, *bd, batch);
+        }
         if !batch.is_empty() {
             self.process(snap, port, batch);
         }

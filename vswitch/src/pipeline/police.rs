@@ -1,8 +1,31 @@
 //! Node `police`: the ingress policer of a port's queue (token buckets per queue, see
-//! [`crate::policer`]), before the burst enters the graph; what it does not admit is dropped
-//! as `policed`.
+//! [`crate::policer`]) and its network's policer on the node (one bucket all its ports
+//! share), before the burst enters the graph; what they do not admit is dropped as `policed`.
 
 use super::*;
+
+/// Drops the frames of `batch` (from port `port`) that `keep` refuses, given each frame's
+/// length in order; counts them as received, policed and dropped. Returns how many.
+fn drop_policed(pool: PoolView, cache: &mut PoolCache, stats: &ThreadStats, port: u16, batch: &mut Batch, mut keep: impl FnMut(u32) -> bool) -> u64 {
+    let (mut dropped, mut bytes) = (0u64, 0u64);
+    batch.retain(
+        |b| keep(pool.head_and_len(b).1 as u32),
+        |b| {
+            dropped += 1;
+            bytes += pool.head_and_len(&b).1 as u64;
+            stats.count_drop(DropReason::Policed, port);
+            cache.free(b);
+        },
+    );
+    if dropped > 0 {
+        let pc = stats.port(port);
+        pc.rx_packets.add(dropped);
+        pc.rx_bytes.add(bytes);
+        pc.policed.add(dropped);
+        stats.packets.add(dropped);
+    }
+    dropped
+}
 
 impl Pipeline {
     /// Drops the frames of a burst from (`pe`, `queue`) that its policer does not admit; they
@@ -15,23 +38,32 @@ impl Pipeline {
         if bucket.admit_all(batch.len() as u64, burst_bytes) {
             return;
         }
-        let (mut dropped, mut bytes) = (0u64, 0u64);
-        let (cache, stats) = (&mut self.cache, &self.stats);
-        batch.retain(
-            |b| bucket.admit(pool.head_and_len(b).1 as u32),
-            |b| {
-                dropped += 1;
-                bytes += pool.head_and_len(&b).1 as u64;
-                stats.count_drop(DropReason::Policed, pe.id);
-                cache.free(b);
-            },
-        );
-        if dropped > 0 {
-            let pc = self.stats.port(pe.id);
-            pc.rx_packets.add(dropped);
-            pc.rx_bytes.add(bytes);
-            pc.policed.add(dropped);
-            self.stats.packets.add(dropped);
+        drop_policed(pool, &mut self.cache, &self.stats, pe.id, batch, |len| bucket.admit(len));
+    }
+
+    /// Drops the frames of a burst from `pe` that its network's policer (shared by the
+    /// network's ports and every thread) does not admit: the first frames that fit pass.
+    #[inline(never)]
+    pub(super) fn police_network(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, bd: u16, batch: &mut Batch) {
+        bucket.refill((self.clock)());
+        let pool = self.pool.view();
+        let burst_bytes: u64 = batch.as_slice().iter().map(|b| pool.head_and_len(b).1 as u64).sum();
+        let n = batch.len();
+        if bucket.take_all(n as u64, burst_bytes) {
+            return;
+        }
+        let mut lens = [0u32; BATCH];
+        for (l, b) in lens.iter_mut().zip(batch.as_slice()) {
+            *l = pool.head_and_len(b).1 as u32;
+        }
+        let k = bucket.take(&lens[..n]);
+        if k < n {
+            let mut i = 0;
+            let dropped = drop_policed(pool, &mut self.cache, &self.stats, pe.id, batch, |_| {
+                i += 1;
+                i <= k
+            });
+            self.stats.bd(bd).policed.add(dropped);
         }
     }
 }

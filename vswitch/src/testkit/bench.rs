@@ -38,8 +38,9 @@ pub enum Scenario {
     /// sending to `hosts` destinations behind another port, whose MACs are the manager's
     /// (`0a:58:` + an IPv4 address in 10.1.0.0/16): fan-out, as a pod talking to many does.
     /// `policed`: the pod's port also has an ingress policer (a rate it never reaches, so
-    /// every frame is admitted: what policing costs a frame).
-    PodL2 { hosts: u32, policed: bool },
+    /// every frame is admitted: what policing costs a frame); `net_policed`: its network has
+    /// a policer for all its pods together (the same rates; what the shared bucket costs).
+    PodL2 { hosts: u32, policed: bool, net_policed: bool },
     /// A pod port (port security on) → a remote VTEP (IPv4 underlay), 256 flows.
     PodEncap,
     /// The same on a network whose plane is marked (DSCP 40, priority 5, the inner ECN
@@ -58,7 +59,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::Trunk { bds: 1 },
         Scenario::Trunk { bds: 4094 },
         Scenario::L2 { macs: 1000 },
@@ -69,8 +70,9 @@ impl Scenario {
         Scenario::VxlanEncap,
         Scenario::VxlanDecap,
         Scenario::Flood8,
-        Scenario::PodL2 { hosts: 1000, policed: false },
-        Scenario::PodL2 { hosts: 1000, policed: true },
+        Scenario::PodL2 { hosts: 1000, policed: false, net_policed: false },
+        Scenario::PodL2 { hosts: 1000, policed: true, net_policed: false },
+        Scenario::PodL2 { hosts: 1000, policed: false, net_policed: true },
         Scenario::PodEncap,
         Scenario::PodEncapMarked,
         Scenario::PodDecap,
@@ -86,8 +88,9 @@ impl Scenario {
             Scenario::VxlanEncap => "vxlan-encap".into(),
             Scenario::VxlanDecap => "vxlan-decap".into(),
             Scenario::Flood8 => "flood-8".into(),
-            Scenario::PodL2 { hosts, policed: false } => format!("l2-pod-{}k", hosts / 1000),
-            Scenario::PodL2 { hosts, policed: true } => format!("l2-pod-{}k-policed", hosts / 1000),
+            Scenario::PodL2 { hosts, policed, net_policed } => {
+                format!("l2-pod-{}k{}{}", hosts / 1000, if *policed { "-policed" } else { "" }, if *net_policed { "-net-policed" } else { "" })
+            }
             Scenario::PodEncap => "vxlan-encap-pod".into(),
             Scenario::PodEncapMarked => "vxlan-encap-pod-marked".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
@@ -217,7 +220,7 @@ impl Bench {
                     .collect();
                 (cfg, if push { "a" } else { "t" }, f)
             }
-            Scenario::PodL2 { hosts, policed } => {
+            Scenario::PodL2 { hosts, policed, net_policed } => {
                 ring("a", None);
                 ring("b", None);
                 let f = (0..hosts)
@@ -226,11 +229,16 @@ impl Bench {
                         frames::udp4(manager_mac(i), manager_mac(0xff01), POD_IP, dst, 1000, 2000, 60)
                     })
                     .collect();
+                let never = PolicerConfig { pps: 1_000_000_000, bps: 1_000_000_000_000, ..Default::default() };
                 let mut pod = pod_port("a", "red");
                 if policed {
-                    pod = pod.policed(PolicerConfig { pps: 1_000_000_000, bps: 1_000_000_000_000, ..Default::default() });
+                    pod = pod.policed(never);
                 }
-                (many_macs(vec![pod, PortConfig::access("b", "red")]), "a", f)
+                let mut cfg = many_macs(vec![pod, PortConfig::access("b", "red")]);
+                if net_policed {
+                    cfg.bridges[0].policer = Some(never);
+                }
+                (cfg, "a", f)
             }
             Scenario::Trunk { bds } => {
                 ring("t1", None);

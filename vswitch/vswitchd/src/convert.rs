@@ -70,6 +70,7 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
     c.pcp = b.pcp.map(|v| u8_of("pcp", v)).transpose()?;
     c.priority = b.priority;
     c.pod_policer = b.pod_policer.as_ref().map(policer_from);
+    c.policer = b.policer.as_ref().map(policer_from);
     c.neighbors = b
         .neighbors
         .iter()
@@ -111,6 +112,7 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
         pcp: c.pcp.map(u32::from),
         priority: c.priority,
         pod_policer: c.pod_policer.as_ref().map(policer_to),
+        policer: c.policer.as_ref().map(policer_to),
     }
 }
 

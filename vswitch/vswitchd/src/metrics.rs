@@ -64,6 +64,7 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_bridge_packets_total", "counter", "Frames forwarded in the bridge domain.", "bridge", bds(|b| b.packets as f64));
     family(&mut o, "knitter_bridge_flooded_total", "counter", "Frames flooded in the bridge domain.", "bridge", bds(|b| b.flooded as f64));
     family(&mut o, "knitter_bridge_learned_total", "counter", "MACs learned in the bridge domain.", "bridge", bds(|b| b.learned as f64));
+    family(&mut o, "knitter_bridge_policed_total", "counter", "Frames the bridge domain's policer dropped (also counted on their ports).", "bridge", bds(|b| b.policed as f64));
     family(&mut o, "knitter_fdb_entries", "gauge", "Forwarding-table entries of the bridge domain.", "bridge", bds(|b| b.fdb_entries as f64));
     let pmds = |f: fn(&knitter_api::node::PmdStats) -> f64| s.pmds.iter().map(move |p| (p.thread.to_string(), f(p)));
     family(&mut o, "knitter_pmd_busy_cycles_total", "counter", "TSC cycles the PMD thread spent on packets.", "thread", pmds(|p| p.busy_cycles as f64));

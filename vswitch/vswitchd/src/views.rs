@@ -72,6 +72,7 @@ pub fn stats_reply(node: &Node) -> pb::StatsReply {
                 flooded: t.flooded,
                 learned: t.learned,
                 fdb_entries: sw.fdb().bd_len(b.id).into(),
+                policed: t.policed,
             }
         })
         .collect();
