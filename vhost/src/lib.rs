@@ -5,9 +5,12 @@
 //! polled in batches with each descriptor chain validated before use ([`vring`]), and the
 //! virtio-net header with the copies between guest buffers and pool packets ([`net`]). The
 //! vhost-user protocol and the switch port come next (issue: "vhost-user ports for VNF
-//! pods"); `testkit` has a simulated guest driver for tests.
+//! pods"); with the `testkit` feature, `driver` is the driver side of split virtqueues (the
+//! perf lab's generator) and `testkit` a simulated guest for tests built on its layout.
 
 pub mod backend;
+#[cfg(any(test, feature = "testkit"))]
+pub mod driver;
 pub mod memory;
 pub mod net;
 pub mod port;

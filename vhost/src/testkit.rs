@@ -1,7 +1,10 @@
 //! A simulated guest driver for tests: guest memory with a split virtqueue laid out in it
-//! (as a virtio driver lays it out), chains posted and completions read back as a guest
-//! would, and raw access for writing hostile rings.
+//! (as a virtio driver lays it out: [`crate::driver::layout`]), chains posted and
+//! completions read back as a guest would, and raw access for writing hostile rings. It goes
+//! through the device's own guest-memory checks ([`GuestMemory`]), where the perf lab's
+//! [`crate::driver::Queue`] writes a shared mapping directly, at speed.
 
+use crate::driver;
 use crate::memory::{GuestAddr, GuestMemory, Mapping};
 use crate::net::HDR_LEN;
 use crate::port::VhostPort;
@@ -47,9 +50,7 @@ impl Guest {
     /// Queue number `k` (0..4) of a guest whose memory is `mem` (at guest address 0, at
     /// least `MEM_LEN` bytes): its rings and buffers apart from the other queues'.
     pub fn queue_in(mem: Arc<GuestMemory>, size: u16, k: u64) -> Guest {
-        let desc = DESC_AT + k * 0x4_0000;
-        let avail = desc + 16 * size as u64;
-        let used = (avail + 6 + 2 * size as u64).next_multiple_of(4);
+        let [desc, avail, used] = driver::layout(DESC_AT + k * 0x4_0000, size);
         let area = (MEM_LEN as u64 - BUFS_AT) / 4;
         let bufs = (BUFS_AT + k * area, BUFS_AT + (k + 1) * area);
         Guest { mem, size, desc, avail, used, next_free: 0, avail_idx: 0, used_seen: 0, buf_top: bufs.0, bufs }
@@ -80,12 +81,7 @@ impl Guest {
 
     /// Writes descriptor `i` of the table.
     pub fn put_desc(&self, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..].copy_from_slice(&next.to_le_bytes());
-        self.write(self.desc + 16 * i as u64, &d);
+        self.write(self.desc + 16 * i as u64, &driver::desc_bytes(addr, len, flags, next));
     }
 
     /// Makes `head` available and publishes the new index.
@@ -134,7 +130,8 @@ impl Guest {
         while self.used_seen != idx {
             let slot = self.used_seen % self.size;
             let e = self.read(self.used + 4 + 8 * slot as u64, 8);
-            out.push((u32::from_le_bytes([e[0], e[1], e[2], e[3]]) as u16, u32::from_le_bytes([e[4], e[5], e[6], e[7]])));
+            let (id, len) = driver::used_entry(e.try_into().expect("8 bytes read"));
+            out.push((id as u16, len));
             self.used_seen = self.used_seen.wrapping_add(1);
         }
         out

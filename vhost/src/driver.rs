@@ -1,7 +1,9 @@
 //! The driver side of split virtqueues (virtio 1.x, 2.6), as a guest's virtio-net driver
-//! runs them, in memory this process owns and shares with the switch under test (a
-//! vhost-user backend): descriptors set once, heads posted in bursts, completions polled,
-//! interrupts off.
+//! runs them: the rings' layout and entry formats ([`layout`], [`desc_bytes`],
+//! [`used_entry`]) shared with the test kit's simulated guest ([`crate::testkit::Guest`]),
+//! and [`Queue`], the fast driver the perf lab's generator runs in memory this process owns
+//! and shares with the switch under test (a vhost-user backend): descriptors set once, heads
+//! posted in bursts, completions polled, interrupts off.
 //!
 //! The switch is the thing being measured, not trusted: a completion naming a descriptor
 //! outside the queue, or a used index running more than a queue ahead, is counted and
@@ -16,17 +18,42 @@
 //! (indices, with acquire/release) or volatile accesses. Buffers are reached only through
 //! [`Shared::buffer`], which checks the range.
 
-use knitter_vhost::memory::Mapping;
+use crate::memory::Mapping;
+pub use crate::vring::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering, fence};
 
-pub const VIRTQ_DESC_F_WRITE: u16 = 2;
 const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
 const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
 /// Bytes reserved for one queue's three rings (up to 1024 descriptors).
 const RING_AREA: usize = 64 << 10;
 const MAX_SIZE: u16 = 1024;
+
+/// Where a queue of `size` descriptors whose table starts at `desc` has its available and
+/// used rings, as a driver lays them out: [descriptor table, available ring, used ring]
+/// (the table 16-byte entries, the available ring right after it, the used ring after that,
+/// 4-aligned).
+pub fn layout(desc: u64, size: u16) -> [u64; 3] {
+    let n = size as u64;
+    let avail = desc + 16 * n;
+    [desc, avail, (avail + 6 + 2 * n).next_multiple_of(4)]
+}
+
+/// A descriptor as the table holds it (little-endian): buffer address, length, flags, next.
+pub fn desc_bytes(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&flags.to_le_bytes());
+    d[14..].copy_from_slice(&next.to_le_bytes());
+    d
+}
+
+/// A used ring entry: (descriptor id, bytes written).
+pub fn used_entry(e: [u8; 8]) -> (u32, u32) {
+    (u32::from_le_bytes([e[0], e[1], e[2], e[3]]), u32::from_le_bytes([e[4], e[5], e[6], e[7]]))
+}
 
 /// Memory shared with the switch: the memfd (handed over in SET_MEM_TABLE) and its mapping.
 /// Guest "physical" addresses are offsets into it; the frontend's own addresses (for
@@ -79,9 +106,7 @@ impl Shared {
             return None;
         }
         let base = k * RING_AREA;
-        let n = size as usize;
-        let (desc, avail) = (base, base + 16 * n);
-        let used = (avail + 6 + 2 * n).next_multiple_of(4);
+        let [desc, avail, used] = layout(base as u64, size).map(|a| a as usize);
         // SAFETY: the three areas end at `used + 6 + 8n` ≤ base + 16n + 2n + 10 + 8n, inside
         // the RING_AREA bytes at `base` (n ≤ 1024), inside the mapping (checked above).
         let at = |off: usize| unsafe { self.map.as_ptr().add(off) };
@@ -158,10 +183,7 @@ impl Queue {
     /// Sets descriptor `i` to one buffer (no chaining).
     pub fn set_desc(&mut self, i: u16, addr: u64, len: u32, flags: u16) {
         assert!(i < self.size, "descriptor {i} outside a queue of {}", self.size);
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        let d = desc_bytes(addr, len, flags, 0);
         // SAFETY: i < size: the 16 bytes are inside the descriptor table.
         unsafe { std::ptr::write_volatile(self.desc.add(16 * i as usize) as *mut [u8; 16], d) };
     }
@@ -206,8 +228,7 @@ impl Queue {
         // SAFETY: slot < size: inside the used ring's entries (8-byte, 4-aligned).
         let e = unsafe { std::ptr::read_volatile(self.used.add(4 + 8 * slot) as *const [u8; 8]) };
         self.last_used = self.last_used.wrapping_add(1);
-        let id = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
-        let len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+        let (id, len) = used_entry(e);
         if id >= self.size as u32 {
             self.bad_completions += 1;
             return None;
