@@ -17,7 +17,8 @@
 use crate::counters::DropReason;
 use crate::fdb::Dest;
 use crate::snapshot::Snapshot;
-use crate::wire::MacAddr;
+use crate::wire::ethernet::{self, ethertype};
+use crate::wire::{MacAddr, arp, ipv4, ipv6, udp, vxlan};
 use crossbeam_queue::ArrayQueue;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
@@ -351,76 +352,80 @@ pub fn describe_frame(head: &[u8], len: u32) -> String {
 }
 
 fn describe_eth(s: &mut String, h: &[u8], depth: u8) {
-    let Some((dst, rest)) = h.split_first_chunk::<6>() else { return s.push_str("runt") };
-    let Some((src, mut rest)) = rest.split_first_chunk::<6>() else { return s.push_str("runt") };
-    let _ = write!(s, "eth {} > {}", MacAddr(*src), MacAddr(*dst));
-    loop {
-        let Some((et, r)) = rest.split_first_chunk::<2>() else { return };
-        let et = u16::from_be_bytes(*et);
-        rest = r;
-        match et {
-            0x8100 | 0x88a8 | 0x9100 => {
-                let Some((tci, r)) = rest.split_first_chunk::<2>() else { return };
-                let tci = u16::from_be_bytes(*tci);
-                let _ = write!(s, ", vlan {} pcp {}", tci & 0xfff, tci >> 13);
-                rest = r;
+    let Ok(f) = ethernet::Frame::new_checked(h) else { return s.push_str("runt") };
+    let _ = write!(s, "eth {} > {}", f.src(), f.dst());
+    // Tags as they come (QinQ: the outer then the inner), each seen as an Ethernet header
+    // with its addresses moved on by a tag.
+    let (mut et, mut rest) = (f.ethertype(), &h[12..]);
+    while ethernet::is_tpid(et) {
+        let Some(tci) = rest.get(2..4).map(|t| u16::from_be_bytes([t[0], t[1]])) else { return };
+        let _ = write!(s, ", vlan {} pcp {}", tci & 0xfff, tci >> 13);
+        rest = &rest[4..];
+        let Some(next) = rest.get(..2).map(|t| u16::from_be_bytes([t[0], t[1]])) else { return };
+        et = next;
+    }
+    let payload = &rest[2..];
+    match et {
+        ethertype::ARP => match arp::Packet::new_checked(payload) {
+            Ok(a) => {
+                let _ = write!(s, ", arp {} {} > {}", if a.op() == 1 { "request" } else { "reply" }, a.spa(), a.tpa());
             }
-            0x0806 => {
-                let op = rest.get(6..8).map_or(0, |o| u16::from_be_bytes([o[0], o[1]]));
-                let ip = |o: usize| rest.get(o..o + 4).map_or_else(String::new, |a| std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3]).to_string());
-                let _ = write!(s, ", arp {} {} > {}", if op == 1 { "request" } else { "reply" }, ip(14), ip(24));
-                return;
+            Err(e) => {
+                let _ = write!(s, ", arp ({e})");
             }
-            0x0800 => return describe_ipv4(s, rest, depth),
-            0x86dd => return describe_ipv6(s, rest, depth),
-            _ => {
-                let _ = write!(s, ", ethertype {et:#06x}");
-                return;
-            }
+        },
+        ethertype::IPV4 => describe_ipv4(s, payload, depth),
+        ethertype::IPV6 => describe_ipv6(s, payload, depth),
+        _ => {
+            let _ = write!(s, ", ethertype {et:#06x}");
         }
     }
 }
 
 fn describe_ipv4(s: &mut String, h: &[u8], depth: u8) {
-    let Some(hdr) = h.first_chunk::<20>() else { return s.push_str(", ipv4 (truncated)") };
-    let ihl = (hdr[0] & 0xf) as usize * 4;
-    let (src, dst) = (std::net::Ipv4Addr::from(*hdr[12..].first_chunk::<4>().unwrap_or(&[0; 4])), std::net::Ipv4Addr::from(*hdr[16..].first_chunk::<4>().unwrap_or(&[0; 4])));
-    let _ = write!(s, ", ipv4 {src} > {dst} tos {:#04x} ttl {}", hdr[1], hdr[8]);
-    describe_l4(s, hdr[9], h.get(ihl..).unwrap_or_default(), depth);
+    let p = match ipv4::Packet::header_checked(h) {
+        Ok(p) => p,
+        Err(e) => return { let _ = write!(s, ", ipv4 ({e})"); },
+    };
+    let _ = write!(s, ", ipv4 {} > {} tos {:#04x} ttl {}", p.src(), p.dst(), p.tos(), p.ttl());
+    describe_l4(s, p.protocol(), p.rest(), depth);
 }
 
 fn describe_ipv6(s: &mut String, h: &[u8], depth: u8) {
-    let Some(hdr) = h.first_chunk::<40>() else { return s.push_str(", ipv6 (truncated)") };
-    let addr = |o: usize| std::net::Ipv6Addr::from(*hdr[o..].first_chunk::<16>().unwrap_or(&[0; 16]));
-    let tc = (u16::from_be_bytes([hdr[0], hdr[1]]) >> 4) as u8;
-    let _ = write!(s, ", ipv6 {} > {} tc {tc:#04x} hlim {}", addr(8), addr(24), hdr[7]);
-    describe_l4(s, hdr[6], &h[40..], depth);
+    let p = match ipv6::Packet::header_checked(h) {
+        Ok(p) => p,
+        Err(e) => return { let _ = write!(s, ", ipv6 ({e})"); },
+    };
+    let _ = write!(s, ", ipv6 {} > {} tc {:#04x} hlim {}", p.src(), p.dst(), p.traffic_class(), p.hop_limit());
+    describe_l4(s, p.next_header(), p.rest(), depth);
 }
 
 fn describe_l4(s: &mut String, proto: u8, h: &[u8], depth: u8) {
-    let ports = h.get(..4).map(|p| (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])));
-    match (proto, ports) {
-        (17, Some((sp, dp))) => {
-            let _ = write!(s, ", udp {sp} > {dp}");
-            if dp == 4789
+    match proto {
+        ipv4::PROTO_UDP => {
+            let Ok(u) = udp::Packet::header_checked(h) else { return s.push_str(", udp (truncated)") };
+            let _ = write!(s, ", udp {} > {}", u.src_port(), u.dst_port());
+            if u.dst_port() == vxlan::DEFAULT_PORT
                 && depth == 0
-                && let Some(vx) = h.get(8..16)
+                && let Ok(vx) = vxlan::Header::new_checked(u.rest())
             {
-                let vni = u32::from_be_bytes([0, vx[4], vx[5], vx[6]]);
-                let _ = write!(s, ", vxlan vni {vni} [");
-                describe_eth(s, &h[16..], depth + 1);
+                let _ = write!(s, ", vxlan vni {} [", vx.vni());
+                describe_eth(s, &u.rest()[vxlan::HEADER_LEN..], depth + 1);
                 s.push(']');
             }
         }
-        (6, Some((sp, dp))) => {
-            let _ = write!(s, ", tcp {sp} > {dp}");
-        }
-        (1, _) => s.push_str(", icmp"),
-        (58, _) => {
+        ipv4::PROTO_TCP => match h.get(..4) {
+            Some(p) => {
+                let _ = write!(s, ", tcp {} > {}", u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]));
+            }
+            None => s.push_str(", tcp (truncated)"),
+        },
+        1 => s.push_str(", icmp"),
+        ipv6::NEXT_ICMPV6 => {
             let t = h.first().copied().unwrap_or(0);
             let _ = write!(s, ", icmpv6 type {t}");
         }
-        (p, _) => {
+        p => {
             let _ = write!(s, ", proto {p}");
         }
     }

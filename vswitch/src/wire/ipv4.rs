@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 
 mod field {
     pub const VER_IHL: usize = 0;
+    pub const TOS: usize = 1;
     pub const TOTAL_LEN: usize = 2;
     pub const IDENT: usize = 4;
     pub const FLAGS_FRAG: usize = 6;
@@ -53,8 +54,33 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(p)
     }
 
+    /// Checks only that the header is there (version, IHL, the bytes it spans): a view of a
+    /// frame's first bytes, whose payload may be cut off (a packet trace's).
+    pub fn header_checked(b: T) -> Result<Packet<T>> {
+        let p = Packet { b };
+        let s = p.b.as_ref();
+        if s.len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        if s[field::VER_IHL] >> 4 != 4 {
+            return Err(WireError::BadVersion);
+        }
+        if p.header_len() < HEADER_LEN || s.len() < p.header_len() {
+            return Err(WireError::BadLength);
+        }
+        Ok(p)
+    }
+
     pub fn header_len(&self) -> usize {
         ((self.b.as_ref()[field::VER_IHL] & 0x0f) as usize) * 4
+    }
+    /// The type-of-service byte: DSCP and ECN.
+    pub fn tos(&self) -> u8 {
+        self.b.as_ref()[field::TOS]
+    }
+    /// What follows the header in the buffer (the payload, or its first bytes).
+    pub fn rest(&self) -> &[u8] {
+        &self.b.as_ref()[self.header_len()..]
     }
     pub fn total_len(&self) -> u16 {
         be16(self.b.as_ref(), field::TOTAL_LEN)

@@ -37,8 +37,29 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         Ok(p)
     }
+    /// Checks only that the fixed header is there (a view of a frame's first bytes).
+    pub fn header_checked(b: T) -> Result<Packet<T>> {
+        let p = Packet { b };
+        let s = p.b.as_ref();
+        if s.len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        if s[field::VER_TC_FLOW] >> 4 != 6 {
+            return Err(WireError::BadVersion);
+        }
+        Ok(p)
+    }
+
     pub fn payload_len(&self) -> u16 {
         be16(self.b.as_ref(), field::PAYLOAD_LEN)
+    }
+    /// The traffic class: DSCP and ECN.
+    pub fn traffic_class(&self) -> u8 {
+        (be16(self.b.as_ref(), field::VER_TC_FLOW) >> 4) as u8
+    }
+    /// What follows the fixed header in the buffer.
+    pub fn rest(&self) -> &[u8] {
+        &self.b.as_ref()[HEADER_LEN..]
     }
     pub fn next_header(&self) -> u8 {
         self.b.as_ref()[field::NEXT_HEADER]

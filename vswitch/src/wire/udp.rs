@@ -32,6 +32,18 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         Ok(p)
     }
+    /// Checks only that the header is there (a view of a frame's first bytes).
+    pub fn header_checked(b: T) -> Result<Packet<T>> {
+        let p = Packet { b };
+        if p.b.as_ref().len() < HEADER_LEN {
+            return Err(WireError::Truncated);
+        }
+        Ok(p)
+    }
+    /// What follows the header in the buffer.
+    pub fn rest(&self) -> &[u8] {
+        &self.b.as_ref()[HEADER_LEN..]
+    }
     pub fn src_port(&self) -> u16 {
         be16(self.b.as_ref(), field::SRC_PORT)
     }
