@@ -488,80 +488,66 @@ impl VtepEntry {
     /// flooding an unknown unicast) is not this VTEP's, whatever its addresses say.
     #[inline(never)]
     fn outer(&self, h: &[u8], total: usize) -> Result<Outer, DropReason> {
-        if h.len() < 14 {
-            return Err(DropReason::Runt);
-        }
-        let dst = MacAddr([h[0], h[1], h[2], h[3], h[4], h[5]]);
+        let f = ethernet::Frame::new_checked(h).map_err(|_| DropReason::Runt)?;
+        let dst = f.dst();
         if dst != self.mac && !dst.is_group() {
             return Err(DropReason::UnderlayForeignMac);
         }
-        let mut l2 = 14;
-        let mut et = u16::from_be_bytes([h[12], h[13]]);
-        if ethernet::is_tpid(et) {
-            if h.len() < 18 {
-                return Err(DropReason::Runt);
-            }
-            let vid = u16::from_be_bytes([h[14], h[15]]) & 0xfff;
-            if self.underlay_vlan.is_some_and(|v| v != vid) {
-                return Err(DropReason::UnderlayNotVxlan);
-            }
-            et = u16::from_be_bytes([h[16], h[17]]);
-            l2 = 18;
+        let (tag, et, l3) = f.parts();
+        if let Some((_, tci)) = tag
+            && self.underlay_vlan.is_some_and(|v| v != tci & 0xfff)
+        {
+            return Err(DropReason::UnderlayNotVxlan);
         }
+        let l2 = h.len() - l3.len();
+        // UDP and VXLAN headers after the IP header.
+        const UDP_VXLAN: usize = udp::HEADER_LEN + vxlan::HEADER_LEN;
         let (src_key, l4, l3_total, outer_ecn) = match et {
             ethernet::ethertype::IPV4 if self.local_v4 != 0 => {
-                let ip = h.get(l2..l2 + ipv4::HEADER_LEN).ok_or(DropReason::VxlanMalformed)?;
-                let ihl = ((ip[0] & 0x0f) as usize) * 4;
-                if ip[0] >> 4 != 4 || ihl < ipv4::HEADER_LEN || h.len() < l2 + ihl + 16 {
+                let ip = ipv4::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
+                if ip.rest().len() < UDP_VXLAN {
                     return Err(DropReason::VxlanMalformed);
                 }
-                let dst = u32::from_be_bytes([ip[16], ip[17], ip[18], ip[19]]);
-                if dst != self.local_v4 || ip[9] != ipv4::PROTO_UDP {
+                if u32::from(ip.dst()) != self.local_v4 || ip.protocol() != ipv4::PROTO_UDP {
                     return Err(DropReason::UnderlayNotVxlan);
                 }
-                let tl = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-                let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
-                if tl < ihl + 16 + 14 || l2 + tl > total || frag != 0 {
+                let (ihl, tl) = (ip.header_len(), ip.total_len() as usize);
+                if tl < ihl + UDP_VXLAN + ethernet::HEADER_LEN || l2 + tl > total || ip.flags_frag() & 0x3fff != 0 {
                     return Err(DropReason::VxlanMalformed);
                 }
-                if checksum::fold(checksum::accumulate(0, &h[l2..l2 + ihl], &mut false)) != 0xffff {
+                if checksum::fold(checksum::accumulate(0, &l3[..ihl], &mut false)) != 0xffff {
                     return Err(DropReason::VxlanBadChecksum);
                 }
-                let src = u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]);
-                (src as u128, l2 + ihl, tl, ip[1] & 3)
+                (u32::from(ip.src()) as u128, l2 + ihl, tl, ip.tos() & 3)
             }
             ethernet::ethertype::IPV6 if self.local_v4 == 0 => {
-                let ip = h.get(l2..l2 + ipv6::HEADER_LEN + 16).ok_or(DropReason::VxlanMalformed)?;
-                if ip[0] >> 4 != 6 {
+                let ip = ipv6::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
+                if ip.rest().len() < UDP_VXLAN {
                     return Err(DropReason::VxlanMalformed);
                 }
                 let IpAddr::V6(local) = self.local else { return Err(DropReason::UnderlayNotVxlan) };
-                if ip[24..40] != local.octets() || ip[6] != ipv6::NEXT_UDP {
+                if ip.dst() != local || ip.next_header() != ipv6::NEXT_UDP {
                     return Err(DropReason::UnderlayNotVxlan);
                 }
-                let tl = u16::from_be_bytes([ip[4], ip[5]]) as usize + ipv6::HEADER_LEN;
-                if tl < ipv6::HEADER_LEN + 16 + 14 || l2 + tl > total {
+                let tl = ip.payload_len() as usize + ipv6::HEADER_LEN;
+                if tl < ipv6::HEADER_LEN + UDP_VXLAN + ethernet::HEADER_LEN || l2 + tl > total {
                     return Err(DropReason::VxlanMalformed);
                 }
-                let mut s = [0u8; 16];
-                s.copy_from_slice(&ip[8..24]);
-                (u128::from_be_bytes(s), l2 + ipv6::HEADER_LEN, tl, (ip[1] >> 4) & 3)
+                (u128::from(ip.src()), l2 + ipv6::HEADER_LEN, tl, ip.traffic_class() & 3)
             }
             _ => return Err(DropReason::UnderlayNotVxlan),
         };
-        let u = &h[l4..l4 + 16];
-        if u16::from_be_bytes([u[2], u[3]]) != self.udp_port {
+        // Both are there: the IP header's checks above.
+        let u = udp::Packet::header_checked(&h[l4..]).map_err(|_| DropReason::VxlanMalformed)?;
+        if u.dst_port() != self.udp_port {
             return Err(DropReason::UnderlayNotVxlan);
         }
-        let ulen = u16::from_be_bytes([u[4], u[5]]) as usize;
-        if ulen != l2 + l3_total - l4 {
+        if u.len() as usize != l2 + l3_total - l4 {
             return Err(DropReason::VxlanMalformed);
         }
-        if u[8] & vxlan::FLAG_I == 0 {
-            return Err(DropReason::VxlanBadFlags);
-        }
-        let vni = u32::from_be_bytes([u[12], u[13], u[14], u[15]]) >> 8;
-        Ok(Outer { src: src_key, vni, ecn: outer_ecn, outer_len: l4 + 16, inner_len: l2 + l3_total - (l4 + 16) })
+        let vx = vxlan::Header::new_checked(u.rest()).map_err(|_| DropReason::VxlanBadFlags)?;
+        let outer_len = l4 + UDP_VXLAN;
+        Ok(Outer { src: src_key, vni: vx.vni(), ecn: outer_ecn, outer_len, inner_len: l2 + l3_total - outer_len })
     }
 }
 

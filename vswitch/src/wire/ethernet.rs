@@ -178,6 +178,18 @@ impl<T: AsRef<[u8]>> Frame<T> {
     pub fn payload(&self) -> &[u8] {
         &self.b.as_ref()[self.header_len()..]
     }
+
+    /// The outer tag (if any), the EtherType after it and the payload, the tag looked at
+    /// once (what a parser of the whole header wants).
+    pub fn parts(&self) -> (Option<(u16, u16)>, u16, &[u8]) {
+        let b = self.b.as_ref();
+        let et = be16(b, field::ETHERTYPE);
+        if is_tpid(et) {
+            (Some((et, be16(b, field::TCI))), be16(b, field::INNER_TYPE), &b[HEADER_LEN + TAG_LEN..])
+        } else {
+            (None, et, &b[HEADER_LEN..])
+        }
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
