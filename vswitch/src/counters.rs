@@ -91,7 +91,7 @@ named_enum! {
         // ahead of the others.
         PriorityFirst => "priority_first",
         // Priority frames a shared egress's tx ring had no room for, held for its next flush
-        // (counted at each flush they wait).
+        // (each counted once, however long it waits).
         PriorityHeld => "priority_held",
         // Flushes in which a port's ordinary frames went before its priority ones, after
         // several in a row lost ordinary frames behind them (the guard of the lowest class).
@@ -164,7 +164,7 @@ pub struct PortCounters {
     pub policed: Counter,
     /// Frames of priority bridge domains sent ahead of the others (also in `tx_packets`).
     pub tx_priority: Counter,
-    /// Priority frames its ring had no room for, held for the next flush (at each flush).
+    /// Priority frames its ring had no room for, held for the next flush (each counted once).
     pub priority_held: Counter,
     /// Priority frames dropped (also in `drops`): more than a batch held, or the port down.
     pub priority_dropped: Counter,

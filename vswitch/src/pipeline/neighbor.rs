@@ -98,11 +98,15 @@ impl Pipeline {
     }
 
     /// Work that does not wait for a burst: frames waiting for next-hop resolution are sent
-    /// or given up (checked at most once per answer learned or second; cheap when idle).
+    /// or given up (checked at most once per answer learned or second; cheap when idle), and
+    /// priority frames held for a full ring are offered to it again.
     #[inline]
     pub fn housekeeping(&mut self, snap: &Snapshot) {
         if self.parked.due(self.neigh.generation(), self.now) {
             self.retry_parked(snap);
+            self.flush(snap);
+        } else if self.first.holding() {
+            // Priority frames held for a full ring leave once it has room, traffic or not.
             self.flush(snap);
         }
     }

@@ -26,6 +26,9 @@ pub(super) struct FirstQueue {
     used: usize,
     /// Flushes the ordinary class lost to this queue (see [`GUARD_AFTER`]).
     starved: u8,
+    /// The frames at its front already counted as held (each is counted once, however many
+    /// flushes it waits).
+    counted: usize,
 }
 
 impl FirstQueue {
@@ -92,13 +95,13 @@ impl FirstQueues {
             for b in q.in_use() {
                 b.drain().for_each(&mut free);
             }
-            q.used = 0;
+            (q.used, q.counted) = (0, 0);
         }
     }
 
     /// Whether any priority frame may wait.
     #[inline(always)]
-    fn holding(&self) -> bool {
+    pub(super) fn holding(&self) -> bool {
         self.any
     }
 
@@ -330,9 +333,14 @@ impl Pipeline {
         let held = q.len();
         self.stats.event(Event::PriorityFirst, total as u64);
         pc.tx_priority.add(total as u64);
+        // What was sent left from the front, where the frames already counted are.
+        let newly = held.saturating_sub(q.counted.saturating_sub(total));
+        q.counted = held;
+        if newly > 0 {
+            self.stats.event(Event::PriorityHeld, newly as u64);
+            pc.priority_held.add(newly as u64);
+        }
         if held > 0 {
-            self.stats.event(Event::PriorityHeld, held as u64);
-            pc.priority_held.add(held as u64);
             // Held past this burst: no frame may keep a tail lent by a guest (a port that
             // takes lent tails, vhost-user, copies only those it sends).
             if self.cache.lending() {

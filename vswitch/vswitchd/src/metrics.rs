@@ -25,7 +25,7 @@ pub fn render(node: &Node) -> String {
         let (port, ordinary) = (escape(&p.name), p.tx_packets.saturating_sub(p.tx_priority));
         let _ = writeln!(o, "{name}{{port=\"{port}\",class=\"priority\"}} {}\n{name}{{port=\"{port}\",class=\"ordinary\"}} {ordinary}", p.tx_priority);
     }
-    family(&mut o, "knitter_port_priority_held_total", "counter", "Priority frames the port's ring had no room for, held for its next flush (at each flush they wait).", "port", ports(|p| p.priority_held as f64));
+    family(&mut o, "knitter_port_priority_held_total", "counter", "Priority frames the port's ring had no room for, held for its next flush (each counted once).", "port", ports(|p| p.priority_held as f64));
     family(&mut o, "knitter_port_priority_dropped_total", "counter", "Priority frames dropped on the port (also in drops).", "port", ports(|p| p.priority_dropped as f64));
     family(&mut o, "knitter_port_up", "gauge", "1 when the port runs, its link is up and no vhost-user ring is stopped.", "port", ports(|p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64));
     let vhost = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
