@@ -69,6 +69,10 @@ fn build_node(
     Ok(Node { name, switch, pods, pmd: Some(pmd) })
 }
 
+/// How long a step waits for frames it expects (it goes on as soon as they are there): long
+/// enough for a host that stalls a thread for seconds, as CI hosts do after a build.
+const WAIT: Duration = Duration::from_secs(10);
+
 struct Lab {
     cache: PoolCache,
     nodes: Vec<Node>,
@@ -145,6 +149,14 @@ fn main() -> Result<()> {
             s.vtep.as_ref().map(|v| v.local.to_string()).unwrap_or_default()
         );
     }
+    // Both PMD threads running their configuration before the first frame: a thread the
+    // machine is slow to schedule (a CI host busy after a build) must not eat a step's wait.
+    for n in &nodes {
+        let adopted = n.pmd.as_ref().is_some_and(|p| p.wait_adopted(n.switch.generation(), Duration::from_secs(30)));
+        if !adopted {
+            bail!("{}: the PMD thread did not take its configuration within 30 s", n.name);
+        }
+    }
     let mut lab = Lab { cache: PoolCache::new(pool.clone()), nodes };
     let (a1, a2, b1, b2) = (pod_addr(1, 1), pod_addr(1, 2), pod_addr(2, 1), pod_addr(2, 2));
     println!();
@@ -152,12 +164,12 @@ fn main() -> Result<()> {
 
     failed |= step(1, "red: node-a/pod1 -> node-b/pod1 over VXLAN, and back", (|| {
         lab.send(0, 0, &udp(a1, b1, 100))?;
-        let got = lab.collect(1, Duration::from_secs(2));
+        let got = lab.collect(1, WAIT);
         if got.len() != 1 || (got[0].0, got[0].1) != (1, 0) {
             bail!("expected one frame at node-b/pod1, got {:?}", got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>());
         }
         lab.send(1, 0, &udp(b1, a1, 100))?;
-        let back = lab.collect(1, Duration::from_secs(2));
+        let back = lab.collect(1, WAIT);
         if back.len() != 1 || (back[0].0, back[0].1) != (0, 0) {
             bail!("reply did not come back");
         }
@@ -168,7 +180,7 @@ fn main() -> Result<()> {
     failed |= step(2, "blue: node-a/pod2 -> node-b/pod2 over the VLAN 200 trunk", (|| {
         lab.send(0, 1, &udp(a2, b2, 100))?;
         lab.send(1, 1, &udp(b2, a2, 100))?;
-        let got = lab.collect(2, Duration::from_secs(2));
+        let got = lab.collect(2, WAIT);
         let places: Vec<_> = got.iter().map(|g| (g.0, g.1)).collect();
         if places.len() != 2 || !places.contains(&(1, 1)) || !places.contains(&(0, 1)) {
             bail!("got {places:?}");
@@ -181,7 +193,7 @@ fn main() -> Result<()> {
         for _ in 0..100 {
             lab.send(0, 0, &udp(a1, (MacAddr::BROADCAST, Ipv4Addr::BROADCAST), 64))?;
         }
-        let got = lab.collect(100, Duration::from_secs(2));
+        let got = lab.collect(100, WAIT);
         let blue = got.iter().filter(|g| g.1 == 1).count();
         let red = got.iter().filter(|g| (g.0, g.1) == (1, 0)).count();
         if blue > 0 || red != 100 {
@@ -193,7 +205,7 @@ fn main() -> Result<()> {
 
     failed |= step(4, "ARP for node-b/pod1 answered on node-a (suppression)", (|| {
         lab.send(0, 0, &frames::arp_request(a1.0, a1.1, b1.1))?;
-        let got = lab.collect(1, Duration::from_secs(2));
+        let got = lab.collect(1, WAIT);
         let want = frames::arp_reply(a1.0, b1.0, b1.1, a1.1);
         if got.len() != 1 || got[0].2 != want || (got[0].0, got[0].1) != (0, 0) {
             bail!("no local ARP reply");
