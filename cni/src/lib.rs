@@ -130,6 +130,7 @@ fn scope(env: &Env, conf: &NetConf) -> String {
 /// `IP_GROUP=`).
 fn own_plane(env: &Env, conf: &NetConf) -> Plane {
     let (rc, cni) = (&conf.runtime_config, &conf.args.cni);
+    let kind = cni.interface_type.unwrap_or(conf.interface_type);
     let from_args = env.args.get("IP").map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
     Plane {
         network: conf.network().to_string(),
@@ -137,7 +138,9 @@ fn own_plane(env: &Env, conf: &NetConf) -> Plane {
         ips: rc.ips.iter().chain(&cni.ips).chain(&from_args).map(|ip| ip.split('/').next().unwrap_or("").to_string()).filter(|ip| !ip.is_empty()).collect(),
         mac: rc.mac.clone().or_else(|| cni.mac.clone()).or_else(|| env.args.get("MAC").cloned()),
         ip_group: cni.ip_group.clone().or_else(|| conf.ip_group.clone()).or_else(|| env.args.get("IP_GROUP").cloned()),
-        vhost: cni.interface_type.unwrap_or(conf.interface_type) == InterfaceType::VhostUser,
+        vhost: kind == InterfaceType::VhostUser,
+        sriov: kind == InterfaceType::Sriov,
+        device_id: rc.device_id.clone().or_else(|| cni.device_id.clone()).or_else(|| conf.device_id.clone()),
         default_route: conf.default_route.unwrap_or(env.ifname == "eth0"),
     }
 }
@@ -197,6 +200,7 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
             false => None,
             true => Some(pb::VhostUserHandoff { dir: vhost.dir.unwrap_or_default(), switch_listens: vhost.switch_listens, mode: conf.vhost_mode()?, owner: vhost.owner, group: vhost.group }),
         },
+        sriov: (p.sriov || (p.device_id.is_some() && !p.vhost)).then(|| pb::SriovRequest { device_id: p.device_id.clone().unwrap_or_default() }),
     })
 }
 
@@ -217,7 +221,7 @@ async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>, sock: 
         }
     }
     if let (Some(file), Some(own)) = (&conf.runtime_config.device_info_file, made.first())
-        && !own.socket_path.is_empty()
+        && (!own.socket_path.is_empty() || !own.pci_id.is_empty())
     {
         write_device_info(file, own).map_err(|e| CniError::new(Code::Io, format!("writing the device-info file {file}: {e}")))?;
     }
@@ -225,14 +229,15 @@ async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>, sock: 
 }
 
 /// The result of the attachments: a veth adds its node end and its pod end, a vhost-user
-/// interface one entry with its socket; each address names its interface.
+/// interface one entry with its socket, an SR-IOV VF one with its PCI address; each address
+/// names its interface.
 fn result(made: &[pb::Attachment]) -> AddResult {
     let mut r = AddResult::default();
     for a in made {
-        if a.socket_path.is_empty() {
-            r.interfaces.push(Interface { name: a.host_ifname.clone(), mac: String::new(), mtu: a.mtu, sandbox: String::new(), socket_path: String::new() });
+        if a.socket_path.is_empty() && a.pci_id.is_empty() {
+            r.interfaces.push(Interface { name: a.host_ifname.clone(), mac: String::new(), mtu: a.mtu, sandbox: String::new(), socket_path: String::new(), pci_id: String::new() });
         }
-        r.interfaces.push(Interface { name: a.ifname.clone(), mac: a.mac.clone(), mtu: a.mtu, sandbox: a.netns.clone(), socket_path: a.socket_path.clone() });
+        r.interfaces.push(Interface { name: a.ifname.clone(), mac: a.mac.clone(), mtu: a.mtu, sandbox: a.netns.clone(), socket_path: a.socket_path.clone(), pci_id: a.pci_id.clone() });
         let index = r.interfaces.len() - 1;
         r.ips.extend(a.ips.iter().map(|ip| IpResult { address: ip.address.clone(), gateway: ip.gateway.clone(), interface: index }));
         r.routes.extend(a.routes.iter().map(|rt| RouteResult { dst: rt.dst.clone(), gw: rt.gateway.clone() }));
@@ -241,9 +246,12 @@ fn result(made: &[pb::Attachment]) -> AddResult {
 }
 
 /// The NPWG device-info file Multus reads (`CNIDeviceInfoFile`): the socket and the role
-/// the pod's app plays on it.
+/// the pod's app plays on it, or the VF's PCI address and its PF's.
 fn write_device_info(file: &str, a: &pb::Attachment) -> std::io::Result<()> {
-    let info = knitter_api::device_info::vhost_user(&a.socket_path, a.switch_listens);
+    let info = match a.pci_id.as_str() {
+        "" => knitter_api::device_info::vhost_user(&a.socket_path, a.switch_listens),
+        pci => knitter_api::device_info::pci(pci, &a.pf_pci),
+    };
     let path = std::path::Path::new(file);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;

@@ -25,6 +25,10 @@ pub struct Plane {
     pub ip_group: Option<String>,
     /// A vhost-user interface for a DPDK app instead of a veth.
     pub vhost: bool,
+    /// An SR-IOV VF instead of a veth: the one at `device_id` (a PCI address), or one the
+    /// node picks.
+    pub sriov: bool,
+    pub device_id: Option<String>,
     pub default_route: bool,
 }
 
@@ -88,7 +92,10 @@ impl Selection {
         p.ips = self.ips.iter().map(|ip| ip.split('/').next().unwrap_or("").to_string()).collect();
         p.mac = self.mac;
         p.default_route = !self.default_route.is_empty();
-        p.vhost = self.cni_args.get("interfaceType").and_then(Value::as_str) == Some("vhost-user");
+        let kind = self.cni_args.get("interfaceType").and_then(Value::as_str);
+        p.vhost = kind == Some("vhost-user");
+        p.sriov = kind == Some("sriov");
+        p.device_id = self.cni_args.get("deviceID").and_then(Value::as_str).map(str::to_string);
         p.ip_group = self.cni_args.get("ipGroup").and_then(Value::as_str).map(str::to_string);
         Ok(p)
     }
@@ -122,26 +129,31 @@ pub fn knitter(text: &str, from: &str) -> Result<Vec<Plane>, CniError> {
             if network.is_empty() {
                 return Err(invalid(format!("a port of {from} has no attach_to_network")));
             }
-            match text_of(a, "nic_type").as_deref() {
-                None | Some("normal") => {}
-                Some(t @ ("direct" | "physical")) => {
-                    return Err(CniError::new(Code::Refused, format!("network {network}: nic_type {t} (SR-IOV and whole NICs) is not attached by knitter-cni; use normal (veth, or vhost-user with accelerate)")))
+            let sriov = match text_of(a, "nic_type").as_deref() {
+                None | Some("normal") => false,
+                Some("direct") => true,
+                Some("physical") => {
+                    return Err(CniError::new(Code::Refused, format!("network {network}: nic_type physical (a whole NIC) is not attached by knitter-cni; use normal (veth, or vhost-user with accelerate) or direct (an SR-IOV VF)")))
                 }
                 Some(t) => return Err(invalid(format!("network {network}: unknown nic_type {t:?} (normal, direct, physical)"))),
-            }
+            };
             let ifname = text_of(a, "nic_name").unwrap_or_else(|| format!("eth_{network}").chars().take(12).collect());
             if ifname.len() > 12 {
                 return Err(invalid(format!("network {network}: nic_name {ifname:?} is longer than 12 characters")));
             }
             // As the original: the std plane is never accelerated.
             let function = text_of(a, "function").unwrap_or_else(|| "std".into());
-            let vhost = function != "std" && text_of(a, "accelerate").as_deref() == Some("true");
+            // A direct (VF) interface is accelerated by the VF itself: a DPDK app opens it
+            // through vfio-pci when the device plugin gave it one bound so.
+            let vhost = !sriov && function != "std" && text_of(a, "accelerate").as_deref() == Some("true");
             Ok(Plane {
                 network,
                 ifname,
                 ips: text_of(a, "ip_addr").into_iter().collect(),
                 ip_group: text_of(a, "ip_group_name"),
                 vhost,
+                sriov,
+                device_id: text_of(a, "pci_address"),
                 ..Default::default()
             })
         })
@@ -226,8 +238,12 @@ mod tests {
         .unwrap();
         assert_eq!((p[0].ifname.as_str(), p[0].vhost, p[0].ip_group.as_deref()), ("eth1", true, Some("g")));
         assert_eq!((p[1].ifname.as_str(), p[1].vhost, p[1].ips.clone()), ("eth_oam_net", false, vec!["10.9.0.5".to_string()]), "std is never accelerated");
-        let e = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"direct"}}]}"#, "test").unwrap_err();
-        assert!(e.code == Code::Refused && e.msg.contains("SR-IOV"), "{e:?}");
+        let p = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"direct","function":"media","accelerate":"true","pci_address":"0000:01:00.2"}}]}"#, "test").unwrap();
+        assert_eq!((p[0].sriov, p[0].vhost, p[0].device_id.as_deref()), (true, false, Some("0000:01:00.2")), "direct is a VF, never vhost-user");
+        let p = multus(r#"[{"name":"sr","cni-args":{"interfaceType":"sriov","deviceID":"0000:01:00.3"}}]"#, "test").unwrap();
+        assert_eq!((p[0].sriov, p[0].device_id.as_deref()), (true, Some("0000:01:00.3")));
+        let e = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"physical"}}]}"#, "test").unwrap_err();
+        assert!(e.code == Code::Refused && e.msg.contains("whole NIC"), "{e:?}");
         assert_eq!(knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_name":"much_too_long0"}}]}"#, "test").unwrap_err().code, Code::InvalidConfig);
         assert_eq!(knitter("[]", "test").unwrap_err().code, Code::InvalidConfig);
     }

@@ -125,8 +125,9 @@ impl Env {
 
 /// `args.cni` and `runtimeConfig`: addresses and a MAC asked for (Multus passes the
 /// network selection's `ips` and `mac` this way, and its `cni-args` as `args.cni`), the
-/// interface type and IP group, further planes (`networks`), the pod's annotations and
-/// where Multus wants the device-info file.
+/// interface type and IP group, further planes (`networks`), the pod's annotations,
+/// where Multus wants the device-info file, and the device the SR-IOV device plugin
+/// allocated (`deviceID`, the well-known capability).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct Requested {
@@ -139,6 +140,8 @@ pub struct Requested {
     pub pod_annotations: BTreeMap<String, String>,
     #[serde(rename = "CNIDeviceInfoFile")]
     pub device_info_file: Option<String>,
+    #[serde(rename = "deviceID")]
+    pub device_id: Option<String>,
 }
 
 /// What the pod's side of an attachment is.
@@ -151,6 +154,9 @@ pub enum InterfaceType {
     /// A vhost-user socket for a DPDK app in the pod.
     #[serde(rename = "vhost-user")]
     VhostUser,
+    /// An SR-IOV VF: into the pod's namespace, or (bound to vfio-pci) for its DPDK app.
+    #[serde(rename = "sriov")]
+    Sriov,
 }
 
 /// Where vhost-user sockets are handed to pods and who listens on them.
@@ -200,6 +206,10 @@ pub struct NetConf {
     pub interface_type: InterfaceType,
     #[serde(default)]
     pub vhost_user: VhostUserConf,
+    /// The SR-IOV VF to use (its PCI address): Multus puts the device plugin's allocation
+    /// here when the NAD names a `resourceName` (sriov-cni's `deviceID`).
+    #[serde(default, rename = "deviceID")]
+    pub device_id: Option<String>,
     /// One ADD attaches the pod to every network it asks for (Knitter alone on the node);
     /// otherwise one network per call (Multus delegates each).
     #[serde(default)]
@@ -265,6 +275,8 @@ pub struct Interface {
     /// The netns path; empty for the node's side.
     pub sandbox: String,
     pub socket_path: String,
+    /// An SR-IOV VF's PCI address.
+    pub pci_id: String,
 }
 
 /// An address of a result: `address/prefix`, its gateway, the interface index.
@@ -312,6 +324,9 @@ impl AddResult {
                     }
                     if !i.socket_path.is_empty() {
                         v["socketPath"] = i.socket_path.clone().into();
+                    }
+                    if !i.pci_id.is_empty() {
+                        v["pciID"] = i.pci_id.clone().into();
                     }
                 }
                 v
@@ -370,7 +385,7 @@ mod tests {
         assert_eq!(conf["cniVersions"], json!(["1.0.0", "1.1.0"]));
         const LIBCNI_1_1: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
         let r = AddResult {
-            interfaces: vec![Interface { name: "net1".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: "/run/knitter/vhost/abc/net1.sock".into() }],
+            interfaces: vec![Interface { name: "net1".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: "/run/knitter/vhost/abc/net1.sock".into(), pci_id: String::new() }],
             ..Default::default()
         }
         .to_json(version);
@@ -418,8 +433,8 @@ mod tests {
     fn each_version_gets_its_own_result_format() {
         let r = AddResult {
             interfaces: vec![
-                Interface { name: "kn01".into(), mac: "aa:bb:cc:dd:ee:ff".into(), mtu: 1450, sandbox: String::new(), socket_path: String::new() },
-                Interface { name: "eth0".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: String::new() },
+                Interface { name: "kn01".into(), mac: "aa:bb:cc:dd:ee:ff".into(), mtu: 1450, sandbox: String::new(), socket_path: String::new(), pci_id: String::new() },
+                Interface { name: "eth0".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: String::new(), pci_id: String::new() },
             ],
             ips: vec![IpResult { address: "10.0.0.2/24".into(), gateway: Some("10.0.0.1".into()), interface: 1 }],
             routes: vec![RouteResult { dst: "0.0.0.0/0".into(), gw: Some("10.0.0.1".into()) }],

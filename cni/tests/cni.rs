@@ -490,3 +490,110 @@ fn an_ip_group_pod_keeps_its_address_across_delete_and_recreate() {
 fn drop_count(stats: &str, reason: &str) -> Option<u64> {
     stats.lines().map(|l| l.split_whitespace().collect::<Vec<_>>()).find(|t| t.len() == 3 && t[1] == reason).and_then(|t| t[2].parse().ok())
 }
+
+/// SR-IOV VFs as pods' interfaces, with veth ends standing in for two kernel VFs of a PF
+/// `pf0` (their peers in a Linux bridge: the NIC's own switch) and a third VF bound to
+/// vfio-pci, all presented as VFs by a fake sysfs tree (`[sriov] sysfs`; no hardware here
+/// has SR-IOV, and the PF's rtnetlink settings are off — `pf_settings = false` — because the
+/// stand-in PF has none; knitter-vswitchd's vf.rs tests check what is asked of a PF). A
+/// VF picked by the node and one named by `deviceID` (as Multus passes the device plugin's
+/// allocation) go into their pods with the manager's MAC and address and ping each other;
+/// the vfio-pci one stays on the node and the result and device-info give its PCI address;
+/// exhaustion, a VF held by another pod and a VXLAN network are refused with reasons; DEL
+/// gives each VF back under its own name and MAC; 200 ADD/DEL leave nothing behind.
+#[test]
+fn sriov_vfs_go_into_pods_and_come_back() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start_configured(|node, dir| {
+        let sys = dir.join("sys");
+        lab::fake_sriov(&sys, "pf0", &[Some("pf0v0"), Some("pf0v1"), None]);
+        node.run(&["ip", "link", "add", "nic0", "type", "bridge"]).unwrap();
+        node.run(&["ip", "link", "set", "nic0", "up"]).unwrap();
+        for (i, mac) in [(0, "02:00:00:00:0f:00"), (1, "02:00:00:00:0f:01")] {
+            node.run(&["ip", "link", "add", &format!("pf0v{i}"), "address", mac, "type", "veth", "peer", "name", &format!("wire{i}")]).unwrap();
+            node.run(&["ip", "link", "set", &format!("wire{i}"), "master", "nic0", "up"]).unwrap();
+        }
+        format!("[sriov]\nsysfs = \"{}\"\npfs = [\"pf0\"]\npf_settings = false\n", sys.display())
+    });
+    assert!(lab.mctl(&["network", "create", "sr", "--kind", "vlan", "--ipv4", "10.63.0.0/24"]).status.success());
+    assert!(lab.mctl(&["network", "create", "vx", "--ipv4", "10.64.0.0/24"]).status.success());
+    let sriov = |net: &str| {
+        let mut c = lab.conf("1.1.0", net);
+        c["interfaceType"] = "sriov".into();
+        c
+    };
+
+    // A VF the node picks (the first free one of pf0), and the one the device plugin named.
+    let (a, a_path) = pod("sa");
+    let (ok, ra) = lab.cni("ADD", "ctr-sa", &a_path, "eth0", &sriov("sr"));
+    assert!(ok, "{ra}");
+    assert_eq!(ra["interfaces"].as_array().map(Vec::len), Some(1), "one interface, no node end: {ra}");
+    assert_eq!((ra["interfaces"][0]["name"].as_str(), ra["interfaces"][0]["pciID"].as_str()), (Some("eth0"), Some("0000:01:00.1")), "{ra}");
+    assert_eq!(ra["interfaces"][0]["sandbox"], a_path.as_str());
+    let shown = a.run(&["ip", "addr", "show", "dev", "eth0"]).unwrap();
+    assert!(shown.contains(&addr(&ra)) && shown.contains(ra["interfaces"][0]["mac"].as_str().unwrap()), "{shown}");
+    assert!(lab.node.run(&["ip", "link", "show", "pf0v0"]).is_err(), "the VF left the node");
+    let mut named = lab.conf("1.1.0", "sr");
+    named["deviceID"] = "0000:01:00.2".into();
+    let (_b, b_path) = pod("sb");
+    let (ok, rb) = lab.cni("ADD", "ctr-sb", &b_path, "net1", &named);
+    assert!(ok, "{rb}");
+    assert_eq!(rb["interfaces"][0]["pciID"], "0000:01:00.2");
+    netns::ping(&a, &addr(&rb)).expect("pods on two VFs ping through the NIC's switch");
+    assert!(!lab.ctl(&["port", "list"]).contains("attach"), "a VF has no switch port");
+    let listed = lab.ctl(&["vf", "list"]);
+    assert!(listed.contains("pf0 (0000:01:00.0): 3 VFs of 4 possible, 2 attached"), "{listed}");
+    assert!(listed.lines().any(|l| l.contains("0000:01:00.2") && l.contains("iavf") && l.contains("ctr-sb/net1")), "{listed}");
+    let (ok, r) = lab.cni("CHECK", "ctr-sa", &a_path, "eth0", &sriov("sr"));
+    assert!(ok, "{r}");
+
+    // The VF bound to vfio-pci, for a DPDK app: nothing moves; its PCI address is handed over.
+    let (c, c_path) = pod("sc");
+    let info = lab.dir.path().join("devinfo/sc.json");
+    let mut dpdk = lab.conf("1.1.0", "sr");
+    dpdk["runtimeConfig"] = json!({ "deviceID": "0000:01:00.3", "CNIDeviceInfoFile": info });
+    let (ok, rc) = lab.cni("ADD", "ctr-sc", &c_path, "net1", &dpdk);
+    assert!(ok, "{rc}");
+    assert_eq!(rc["interfaces"][0]["pciID"], "0000:01:00.3");
+    assert_eq!(c.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "nothing went into the DPDK pod's namespace");
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+    assert_eq!(written, json!({ "type": "pci", "version": "1.1.0", "pci": { "pci-address": "0000:01:00.3", "pf-pci-address": "0000:01:00.0" } }));
+
+    // Refusals, each with its reason.
+    let (_d, d_path) = pod("sd");
+    let (ok, r) = lab.cni("ADD", "ctr-sd", &d_path, "eth0", &sriov("sr"));
+    assert!(!ok && r["msg"].as_str().unwrap_or("").contains("no free VF on pf0: 2 of 2 usable VFs are held"), "{r}");
+    let (ok, r) = lab.cni("ADD", "ctr-sd", &d_path, "eth0", &named);
+    assert!(!ok && r["msg"].as_str().unwrap_or("").contains("VF 0000:01:00.2 is attached to ctr-sb/net1"), "{r}");
+    let (ok, r) = lab.cni("ADD", "ctr-sd", &d_path, "eth0", &sriov("vx"));
+    assert!(!ok && r["msg"].as_str().unwrap_or("").contains("reaches only VLAN networks"), "{r}");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(!ports.contains("ctr-sd"), "a refused ADD releases its port: {ports}");
+
+    // DEL gives the VFs back under their own names and MACs, down.
+    for (ctr, path, ifname, conf) in [("ctr-sa", &a_path, "eth0", sriov("sr")), ("ctr-sb", &b_path, "net1", named.clone()), ("ctr-sc", &c_path, "net1", dpdk.clone())] {
+        let (ok, r) = lab.cni("DEL", ctr, path, ifname, &conf);
+        assert!(ok, "{ctr}: {r}");
+        assert!(lab.cni("DEL", ctr, path, ifname, &conf).0, "{ctr}: DEL twice");
+    }
+    for (vf, mac) in [("pf0v0", "02:00:00:00:0f:00"), ("pf0v1", "02:00:00:00:0f:01")] {
+        let shown = lab.node.run(&["ip", "link", "show", vf]).unwrap();
+        assert!(shown.contains(mac) && shown.contains("state DOWN"), "{vf} back on the node: {shown}");
+    }
+    assert_eq!(a.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "only lo is left in pod a");
+    assert!(!info.exists(), "DEL removed the device-info file");
+
+    // Knitter's own annotation (`nic_type: direct`), standalone, then 200 ADD/DEL.
+    let mut standalone = lab.conf("1.1.0", "sr");
+    standalone["standalone"] = true.into();
+    standalone["args"] = json!({ "cni": { "networks": { "ports": [{ "attach_to_network": "sr", "attributes": { "nic_type": "direct", "nic_name": "eth0" } }] } } });
+    for i in 0..200 {
+        let (ok, r) = lab.cni("ADD", "ctr-churn", &d_path, "eth0", &standalone);
+        assert!(ok, "ADD {i}: {r}");
+        assert_eq!(r["interfaces"][0]["pciID"], "0000:01:00.1", "{r}");
+        assert!(lab.cni("DEL", "ctr-churn", &d_path, "eth0", &standalone).0, "DEL {i}");
+    }
+    assert!(lab.node.run(&["ip", "link", "show", "pf0v0"]).unwrap().contains("02:00:00:00:0f:00"), "the VF is back after the churn");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["-o", "json", "port", "list"]).stdout).into_owned();
+    assert_eq!(ports.trim(), "[]", "a port is left on the manager");
+}

@@ -45,16 +45,24 @@ pub struct Lab {
 
 impl Lab {
     pub fn start() -> Lab {
-        Lab::start_with(false)
+        Lab::start_with(false, None)
+    }
+
+    /// A lab whose switch reads the config file `setup` returns (TOML); `setup` runs before
+    /// the switch starts, with the node namespace and the lab's directory (to make what the
+    /// config names).
+    pub fn start_configured(setup: impl FnOnce(&Netns, &Path) -> String) -> Lab {
+        Lab::start_with(false, Some(Box::new(setup)))
     }
 
     /// A lab whose manager serves TLS and requires client certificates: the switch and
     /// knitterctl reach it with `--manager-ca` and a client certificate.
     pub fn start_tls() -> Lab {
-        Lab::start_with(true)
+        Lab::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> Lab {
+    #[allow(clippy::type_complexity)]
+    fn start_with(tls: bool, config: Option<Box<dyn FnOnce(&Netns, &Path) -> String + '_>>) -> Lab {
         let dir = tempfile::tempdir().unwrap();
         let node = Netns::new("cn").unwrap();
         node.run(&["ip", "link", "set", "lo", "up"]).unwrap();
@@ -71,9 +79,17 @@ impl Lab {
         let mut lab = Lab { dir, node, grpc, manager: None, switch: None, manager_tls, client_tls };
         lab.start_manager();
         let socket = lab.socket();
+        let mut config_args = Vec::new();
+        if let Some(setup) = config {
+            let text = setup(&lab.node, lab.dir.path());
+            let path = lab.dir.path().join("node.toml");
+            std::fs::write(&path, text).unwrap();
+            config_args = vec!["--config".to_string(), path.display().to_string()];
+        }
         let child = Command::new("ip")
             .args(["netns", "exec", &lab.node.name])
             .arg(bin("knitter-vswitchd"))
+            .args(&config_args)
             .arg("--socket")
             .arg(&socket)
             .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
@@ -186,3 +202,39 @@ pub fn addr(result: &Value) -> String {
 }
 
 
+
+/// A fake sysfs under `root` with one SR-IOV PF, `pf` (PCI 0000:01:00.0, 4 VFs possible),
+/// and a VF for each of `vfs` (0000:01:00.1, .2, ... in order): `Some(netdev)` on the `iavf`
+/// driver (the netdev a device of the caller's, a VF stand-in), `None` bound to vfio-pci
+/// (IOMMU group 7+index).
+pub fn fake_sriov(root: &Path, pf: &str, vfs: &[Option<&str>]) {
+    use std::os::unix::fs::symlink;
+    let dev = |a: &str| root.join("bus/pci/devices").join(a);
+    let pf_pci = "0000:01:00.0";
+    std::fs::create_dir_all(dev(pf_pci).join("net").join(pf)).unwrap();
+    std::fs::create_dir_all(root.join("class/net").join(pf)).unwrap();
+    symlink(dev(pf_pci), root.join("class/net").join(pf).join("device")).unwrap();
+    std::fs::write(dev(pf_pci).join("sriov_totalvfs"), "4\n").unwrap();
+    std::fs::write(dev(pf_pci).join("sriov_numvfs"), format!("{}\n", vfs.len())).unwrap();
+    for d in ["iavf", "vfio-pci"] {
+        std::fs::create_dir_all(root.join("bus/pci/drivers").join(d)).unwrap();
+    }
+    for (i, netdev) in vfs.iter().enumerate() {
+        let a = format!("0000:01:00.{}", i + 1);
+        std::fs::create_dir_all(dev(&a)).unwrap();
+        symlink(dev(&a), dev(pf_pci).join(format!("virtfn{i}"))).unwrap();
+        symlink(dev(pf_pci), dev(&a).join("physfn")).unwrap();
+        match netdev {
+            Some(n) => {
+                std::fs::create_dir_all(dev(&a).join("net").join(n)).unwrap();
+                symlink(root.join("bus/pci/drivers/iavf"), dev(&a).join("driver")).unwrap();
+            }
+            None => {
+                symlink(root.join("bus/pci/drivers/vfio-pci"), dev(&a).join("driver")).unwrap();
+                let g = root.join("kernel/iommu_groups").join((7 + i).to_string());
+                std::fs::create_dir_all(&g).unwrap();
+                symlink(g, dev(&a).join("iommu_group")).unwrap();
+            }
+        }
+    }
+}

@@ -9,3 +9,9 @@ pub fn vhost_user(socket: &str, switch_listens: bool) -> serde_json::Value {
     let mode = if switch_listens { "client" } else { "server" };
     serde_json::json!({ "type": "vhost-user", "version": "1.1.0", "vhost-user": { "mode": mode, "path": socket } })
 }
+
+/// A PCI device (an SR-IOV VF): its address and its PF's, as the SR-IOV device plugin and
+/// sriov-cni write them for a DPDK app that opens the VF through vfio-pci.
+pub fn pci(address: &str, pf_address: &str) -> serde_json::Value {
+    serde_json::json!({ "type": "pci", "version": "1.1.0", "pci": { "pci-address": address, "pf-pci-address": pf_address } })
+}

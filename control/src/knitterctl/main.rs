@@ -174,6 +174,12 @@ enum Cmd {
         #[arg(long)]
         synthetic: Option<String>,
     },
+    /// The SR-IOV PFs the node gives pods VFs from (`[sriov] pfs`), each VF with its driver,
+    /// netdev and the pod interface holding it.
+    Vf {
+        #[command(subcommand)]
+        cmd: VfCmd,
+    },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -186,6 +192,31 @@ enum Cmd {
         #[arg(long)]
         queues: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum VfCmd {
+    /// Each PF's VFs.
+    List,
+}
+
+fn print_vfs(pfs: &[pb::PhysicalFunction]) {
+    if pfs.is_empty() {
+        println!("no SR-IOV PFs configured ([sriov] pfs); VFs named by a device plugin are still given to pods");
+    }
+    let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    for pf in pfs {
+        if !pf.problem.is_empty() {
+            println!("{} ({}): {}", pf.name, dash(&pf.pci), pf.problem);
+            continue;
+        }
+        let held = pf.vfs.iter().filter(|v| !v.attached_to.is_empty()).count();
+        println!("{} ({}): {} VFs of {} possible, {held} attached", pf.name, pf.pci, pf.vfs.len(), pf.total_vfs);
+        table(
+            &["vf", "pci", "driver", "netdev", "attached to"],
+            pf.vfs.iter().map(|v| vec![v.index.to_string(), v.pci.clone(), dash(&v.driver), dash(&v.netdev), dash(&v.attached_to)]).collect(),
+        );
+    }
 }
 
 fn print_traces(r: &pb::TraceReply) {
@@ -879,6 +910,12 @@ async fn run(cli: Cli) -> Result<()> {
             } else if !dry_run {
                 println!("ok (configuration generation {})", r.generation);
             }
+        }
+        Cmd::Vf { cmd: VfCmd::List } => {
+            anyhow::ensure!(cli.tcp.is_none(), "the node's VFs are shown over its unix socket (--socket), where its attach API is");
+            let mut a = knitter_api::node::attach_client::AttachClient::new(knitter_api::unix_channel(&cli.socket));
+            let r = a.query_node_networks(pb::QueryNodeNetworksRequest {}).await?.into_inner();
+            if out == Output::Json { json(&r.pfs)? } else { print_vfs(&r.pfs) }
         }
         Cmd::Stats { interval, count, queues } => stats(&mut c, out, interval, count, queues).await?,
         Cmd::Trace { port, count, timeout, synthetic } => {

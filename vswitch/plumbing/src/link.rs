@@ -154,7 +154,8 @@ pub fn delete(name: &str) -> io::Result<bool> {
 }
 
 /// Changes link `name`: moves it into the namespace `netns` (an open namespace file), renames
-/// it, sets its MAC and MTU, brings it up. One request; absent fields stay as they are.
+/// it, sets its MAC and MTU, brings it up or down. One request; absent fields stay as they
+/// are.
 #[derive(Debug, Default)]
 pub struct LinkChange<'a> {
     pub netns: Option<&'a std::fs::File>,
@@ -162,12 +163,18 @@ pub struct LinkChange<'a> {
     pub mac: Option<[u8; 6]>,
     pub mtu: Option<u32>,
     pub up: bool,
+    /// Takes the link down (ignored with `up`).
+    pub down: bool,
 }
 
 pub fn change(name: &str, c: &LinkChange) -> io::Result<()> {
     let index = index_of(name)?;
     let mut s = Socket::open(NETLINK_ROUTE)?;
-    let (flags, mask) = if c.up { (IFF_UP, IFF_UP) } else { (0, 0) };
+    let (flags, mask) = match (c.up, c.down) {
+        (true, _) => (IFF_UP, IFF_UP),
+        (false, true) => (0, IFF_UP),
+        (false, false) => (0, 0),
+    };
     let mut m = Msg::new(RTM_NEWLINK, NLM_F_ACK, &ifinfo(index, flags, mask));
     if let Some(ns) = c.netns {
         m.u32(IFLA_NET_NS_FD, ns.as_raw_fd() as u32);

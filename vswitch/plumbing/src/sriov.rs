@@ -143,6 +143,11 @@ impl Sysfs {
         self.root.join("bus/pci/devices").join(addr)
     }
 
+    /// The PF's PCI address.
+    pub fn pf_pci(&self, pf: &str) -> io::Result<String> {
+        link_name(&self.pf_device(pf)).ok_or_else(|| not_sriov(pf))
+    }
+
     /// How many VFs the PF can have.
     pub fn total_vfs(&self, pf: &str) -> io::Result<u32> {
         let p = self.pf_device(pf).join("sriov_totalvfs");

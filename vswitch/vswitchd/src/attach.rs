@@ -6,7 +6,9 @@
 //! Detaching undoes it without needing the pod's namespace and releases the port on the
 //! manager, or queues the release (persisted) and retries it while the manager is away.
 //! A DPDK pod's interface is a vhost-user socket instead of a veth (`handoff.rs`): the
-//! switch connects to the socket the pod's app makes, or listens on it.
+//! switch connects to the socket the pod's app makes, or listens on it. An SR-IOV VF
+//! (`vf.rs`) goes into the pod, or stays bound to vfio-pci for its DPDK app, and has no
+//! switch port.
 
 use crate::grpc::{blocking, status as node_status};
 use crate::handoff::{self, Layout};
@@ -14,6 +16,7 @@ use crate::node::Node;
 use crate::plumb::{self, Plan};
 use crate::state::{Device, Owner, PortSpec};
 use crate::records::{Address, Key, Record, Route, VhostHandoff};
+use crate::vf::{VfError, Vfs};
 use crate::settings::ManagerLink;
 use knitter_api::manager as mpb;
 use knitter_api::node as pb;
@@ -63,6 +66,11 @@ impl Record {
             socket_path: self.layout().map(|l| l.socket.display().to_string()).unwrap_or_default(),
             switch_listens: self.vhost.as_ref().is_some_and(|v| v.switch_listens),
             connected,
+            pci_id: self.vf.as_ref().map(|v| v.pci.clone()).unwrap_or_default(),
+            pf: self.vf.as_ref().map(|v| v.pf.clone()).unwrap_or_default(),
+            pf_pci: self.vf.as_ref().map(|v| v.pf_pci.clone()).unwrap_or_default(),
+            vf_index: self.vf.as_ref().map_or(0, |v| v.index),
+            vfio: self.vf.as_ref().is_some_and(|v| v.netdev.is_none()),
         }
     }
 }
@@ -88,6 +96,7 @@ pub struct Attacher {
     node: Arc<Node>,
     /// The manager and one channel to it, kept (a connection per call costs a handshake).
     manager: Option<(ManagerLink, tonic::transport::Channel)>,
+    vfs: Arc<Vfs>,
 }
 
 /// How often queued releases are retried.
@@ -95,7 +104,7 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 impl Attacher {
     /// The service (call within the runtime: the manager's channel connects lazily).
-    pub fn new(node: Arc<Node>, link: Option<ManagerLink>) -> anyhow::Result<Attacher> {
+    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Vfs) -> anyhow::Result<Attacher> {
         let manager = match link {
             None => None,
             Some(link) => {
@@ -108,7 +117,7 @@ impl Attacher {
                 Some((link, ch))
             }
         };
-        Ok(Attacher { node, manager })
+        Ok(Attacher { node, manager, vfs: Arc::new(vfs) })
     }
 
     fn link(&self) -> Result<&ManagerLink, Status> {
@@ -223,7 +232,11 @@ impl Attacher {
             network_kind: port.kind.clone(),
             segment: port.segment,
             vhost: r.vhost_user.as_ref().map(|v| VhostHandoff { dir: handoff_dir(v), switch_listens: v.switch_listens }),
+            vf: None,
         };
+        if let Some(sriov) = &r.sriov {
+            return self.attach_vf(record, &sriov.device_id).await;
+        }
         let mut bridge = BridgeConfig::new(&r.network);
         match port.kind.as_str() {
             "vlan" => bridge.vlan = Some(u16::try_from(port.segment).map_err(|_| bad("VLAN", &port.segment.to_string()))?),
@@ -241,13 +254,54 @@ impl Attacher {
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;
         if let Err(e) = attached {
-            let _ = Self::remove_interface(&record).await;
+            let _ = self.remove_interface(&record).await;
             return Err(node_status(e));
         }
         if record.vhost.is_none() {
             self.wait_for_carrier(&record.host_ifname).await;
         }
         tracing::info!(container = %key.container_id, ifname = %key.ifname, network = %record.network, port = %record.host_ifname, "pod attached");
+        Ok(record.to_pb(Vec::new(), false))
+    }
+
+    /// An SR-IOV VF for the pod: chosen and recorded as held, then given to the pod (or, bound
+    /// to vfio-pci, left for its DPDK app); the record forgotten again when that fails.
+    async fn attach_vf(&self, mut record: Record, device_id: &str) -> Result<pb::Attachment, Status> {
+        if record.network_kind != "vlan" {
+            return Err(Status::failed_precondition(format!(
+                "network {} is a {} network: an SR-IOV VF reaches only VLAN networks (its PF tags the VF's frames on the wire); attach it as a veth or vhost-user interface",
+                record.network, record.network_kind
+            )));
+        }
+        let vlan = u16::try_from(record.segment).map_err(|_| Status::internal(format!("the manager sent VLAN {}", record.segment)))?;
+        record.host_ifname = String::new();
+        let (node, vfs, dev, rec) = (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
+        let vf = blocking(move || {
+            let held = node.held_vfs();
+            vfs.choose_and_claim(&dev, &held, |vf| {
+                let mut r = rec;
+                r.vf = Some(vf.clone());
+                node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {
+                    crate::node::NodeError::VfHeld { pci, by } => VfError::Held { pci, by },
+                    other => VfError::Io(std::io::Error::other(other.to_string())),
+                })
+            })
+        })
+        .await?
+        .map_err(vf_status)?;
+        record.vf = Some(vf.clone());
+        let (vfs, plan) = (self.vfs.clone(), record.plan());
+        let given = blocking(move || vfs.give(&vf, &plan, vlan)).await?;
+        if let Err(e) = given {
+            let (node, key) = (self.node.clone(), record.key());
+            let _ = blocking(move || node.detach_port(&key)).await;
+            return Err(match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Status::already_exists(e.to_string()),
+                _ => Status::internal(format!("giving the pod its VF: {e}")),
+            });
+        }
+        let held = record.vf.as_ref().map(|v| (v.pci.as_str(), v.netdev.is_none()));
+        tracing::info!(container = %record.container_id, ifname = %record.ifname, network = %record.network, vf = ?held, "pod attached (SR-IOV VF)");
         Ok(record.to_pb(Vec::new(), false))
     }
 
@@ -296,8 +350,17 @@ impl Attacher {
         Ok(Device::VhostUser { socket: layout.socket, client: !v.switch_listens, mode: socket_mode, owner: v.owner, group: v.group })
     }
 
-    /// Undoes [`Attacher::make_interface`] (nothing there: nothing done).
-    async fn remove_interface(record: &Record) -> Result<(), Status> {
+    /// Undoes [`Attacher::make_interface`] or [`Attacher::attach_vf`] (nothing there: nothing
+    /// done).
+    async fn remove_interface(&self, record: &Record) -> Result<(), Status> {
+        if let Some(vf) = record.vf.clone() {
+            let (vfs, netns, ifname) = (self.vfs.clone(), record.netns.clone(), record.ifname.clone());
+            let problems = blocking(move || vfs.take_back(&vf, &netns, &ifname)).await?;
+            if !problems.is_empty() {
+                tracing::warn!(container = %record.container_id, ifname = %record.ifname, ?problems, "the VF was not all given back");
+            }
+            return Ok(());
+        }
         if let Some(l) = record.layout() {
             return blocking(move || handoff::remove(&l)).await;
         }
@@ -348,7 +411,7 @@ impl Attacher {
             let (node, k) = (self.node.clone(), key.clone());
             let record = blocking(move || node.detach_port(&k)).await?.map_err(node_status)?;
             if let Some(rec) = &record {
-                Self::remove_interface(rec).await?;
+                self.remove_interface(rec).await?;
                 reply.detached.push(key.ifname.clone());
                 tracing::info!(container = %key.container_id, ifname = %key.ifname, "pod detached");
             }
@@ -370,11 +433,15 @@ impl Attacher {
             let problems = if r.verify {
                 let (node, rec2) = (self.node.clone(), rec.clone());
                 blocking(move || {
-                    let mut p = match rec2.layout() {
-                        Some(l) => handoff::verify(&l),
-                        None => plumb::verify(&rec2.plan()),
+                    let mut p = match (rec2.layout(), &rec2.vf) {
+                        (Some(l), _) => handoff::verify(&l),
+                        (None, Some(vf)) if vf.netdev.is_some() => plumb::verify_in_pod(&rec2.plan()),
+                        (None, Some(_)) => Vec::new(),
+                        (None, None) => plumb::verify(&rec2.plan()),
                     };
-                    if node.state().port(&rec2.host_ifname).is_none() {
+                    if rec2.vf.is_some() {
+                        // No switch port: the VF's frames go through the NIC.
+                    } else if node.state().port(&rec2.host_ifname).is_none() {
                         p.push(format!("switch port {} is gone", rec2.host_ifname));
                     } else if let Some(why) = node.failed_ports().get(&rec2.host_ifname) {
                         p.push(format!("switch port {} is not running: {why}", rec2.host_ifname));
@@ -405,7 +472,7 @@ impl Attacher {
                 name: n,
             })
             .collect();
-        pb::NodeNetworks { networks }
+        pb::NodeNetworks { networks, pfs: self.vfs.report(&self.node.held_vfs()) }
     }
 
     pub async fn gc(&self, r: pb::GcRequest) -> Result<pb::GcReply, Status> {
@@ -486,6 +553,17 @@ impl pb::attach_server::Attach for Attacher {
 const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The host directory of a vhost-user hand-off (the default when the request names none).
+/// How a VF refusal reaches the CNI.
+fn vf_status(e: VfError) -> Status {
+    let msg = e.to_string();
+    match e {
+        VfError::NoPool | VfError::Unusable { .. } => Status::failed_precondition(msg),
+        VfError::Exhausted { .. } => Status::resource_exhausted(msg),
+        VfError::Held { .. } => Status::already_exists(msg),
+        VfError::Io(_) => Status::internal(msg),
+    }
+}
+
 fn handoff_dir(v: &pb::VhostUserHandoff) -> std::path::PathBuf {
     if v.dir.is_empty() { handoff::DEFAULT_DIR.into() } else { v.dir.clone().into() }
 }

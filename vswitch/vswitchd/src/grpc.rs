@@ -15,6 +15,7 @@ pub fn status(e: NodeError) -> Status {
         NodeError::SocketKept { .. } => Status::failed_precondition(msg),
         NodeError::Device(_) => Status::unavailable(msg),
         NodeError::State(_) => Status::internal(msg),
+        NodeError::VfHeld { .. } => Status::already_exists(msg),
     }
 }
 

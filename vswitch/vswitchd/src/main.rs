@@ -21,6 +21,7 @@ mod state;
 mod sync;
 mod trace;
 mod underlay;
+mod vf;
 mod views;
 
 use anyhow::{Context, Result};
@@ -151,7 +152,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
-    let attacher = attach::Attacher::new(node.clone(), s.manager.clone())?;
+    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vf::Vfs::new(&s.sriov))?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");

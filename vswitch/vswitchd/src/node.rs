@@ -30,6 +30,8 @@ pub enum NodeError {
     SocketKept { port: String },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
+    #[error("VF {pci} is attached to {by}")]
+    VfHeld { pci: String, by: String },
 }
 
 /// What an apply changed (or, dry, would change).
@@ -223,6 +225,28 @@ impl Node {
             drop_later(self.take_ports(&mut inner, &[port], Some(generation)));
         }
         Ok(Some(record))
+    }
+
+    /// The SR-IOV VFs attachments hold: (PCI address, `container/ifname`).
+    pub fn held_vfs(&self) -> Vec<(String, String)> {
+        self.inner().state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.clone(), format!("{}/{}", a.container_id, a.ifname)))).collect()
+    }
+
+    /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
+    /// attachment holds; persisted.
+    pub fn add_vf_attachment(&self, record: crate::records::Record) -> Result<(), NodeError> {
+        let mut inner = self.inner();
+        if let Some(pci) = record.vf.as_ref().map(|v| &v.pci)
+            && let Some(a) = inner.state.attachments.iter().find(|a| a.key() != record.key() && a.vf.as_ref().is_some_and(|v| v.pci == *pci))
+        {
+            return Err(NodeError::VfHeld { pci: pci.clone(), by: format!("{}/{}", a.container_id, a.ifname) });
+        }
+        inner.state.attachments.retain(|a| a.key() != record.key());
+        inner.state.attachments.push(record);
+        if let Some(path) = &self.opts.state_file {
+            inner.state.save(path)?;
+        }
+        Ok(())
     }
 
     /// Changes what the state holds beside the switch's configuration (pending releases)

@@ -25,10 +25,7 @@ pub struct Plan {
 
 /// Makes the interface; refuses when the pod already has one of that name.
 pub fn plumb(p: &Plan) -> io::Result<()> {
-    let (ifname, netns) = (p.ifname.clone(), p.netns.clone());
-    if link::in_netns(&netns, move || link::link(&ifname))?.is_some() {
-        return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("the pod already has an interface {}", p.ifname)));
-    }
+    name_free_in_pod(&p.netns, &p.ifname)?;
     let ns = std::fs::File::open(&p.netns).map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", p.netns)))?;
     link::add_veth_to(&p.host, Some(p.mtu), &VethPeer { name: &p.ifname, netns: Some(&ns), mac: Some(p.mac), mtu: Some(p.mtu) })?;
     let made = configure(p);
@@ -40,6 +37,12 @@ pub fn plumb(p: &Plan) -> io::Result<()> {
 
 fn configure(p: &Plan) -> io::Result<()> {
     link::change(&p.host, &LinkChange { up: true, ..Default::default() })?;
+    configure_in_pod(p, true)
+}
+
+/// Brings the pod's interface up with its addresses and routes, in its namespace; with
+/// `offloads_off`, what a veth to AF_XDP needs (a VF keeps its NIC's offloads).
+pub fn configure_in_pod(p: &Plan, offloads_off: bool) -> io::Result<()> {
     let plan = p.clone();
     link::in_netns(&p.netns, move || {
         link::change(&plan.ifname, &LinkChange { up: true, ..Default::default() })?;
@@ -49,8 +52,20 @@ fn configure(p: &Plan) -> io::Result<()> {
         for (dst, prefix, gw) in &plan.routes {
             link::add_route(&plan.ifname, *dst, *prefix, *gw)?;
         }
-        plumbing::ethtool::pod_offloads_off(&plan.ifname).map(drop)
+        if offloads_off {
+            plumbing::ethtool::pod_offloads_off(&plan.ifname)?;
+        }
+        Ok(())
     })
+}
+
+/// Refuses when the pod already has an interface called `ifname`.
+pub fn name_free_in_pod(netns: &str, ifname: &str) -> io::Result<()> {
+    let name = ifname.to_string();
+    if link::in_netns(netns, move || link::link(&name))?.is_some() {
+        return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("the pod already has an interface {ifname}")));
+    }
+    Ok(())
 }
 
 /// Removes the pair by its host end; `false` when it was gone already.
@@ -67,6 +82,13 @@ pub fn verify(p: &Plan) -> Vec<String> {
         Ok(None) => problems.push(format!("host interface {} is gone", p.host)),
         Err(e) => problems.push(e.to_string()),
     }
+    problems.extend(verify_in_pod(p));
+    problems
+}
+
+/// What differs between `p` and the pod's interface.
+pub fn verify_in_pod(p: &Plan) -> Vec<String> {
+    let mut problems = Vec::new();
     let plan = p.clone();
     let pod = link::in_netns(&p.netns, move || Ok((link::link(&plan.ifname)?, link::addresses(&plan.ifname).unwrap_or_default())));
     match pod {

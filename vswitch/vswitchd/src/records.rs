@@ -44,9 +44,30 @@ pub struct Record {
     pub host_ifname: String,
     pub network_kind: String,
     pub segment: u32,
-    /// A vhost-user interface's hand-off; `None`: a veth.
+    /// A vhost-user interface's hand-off; `None`: a veth (or a VF).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost: Option<VhostHandoff>,
+    /// An SR-IOV VF given to the pod instead of a veth; `None`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vf: Option<VfHeld>,
+}
+
+/// The SR-IOV VF an attachment holds, and what DEL needs to give it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VfHeld {
+    /// The VF's PCI address: its identity (a DEL finds it by this, as the device plugin
+    /// names it) and what no two attachments may hold.
+    pub pci: String,
+    pub pf: String,
+    pub pf_pci: String,
+    pub index: u32,
+    /// Its netdev's name and MAC on the node before it went into the pod (restored at DEL);
+    /// `None`: bound to vfio-pci (nothing moved).
+    pub netdev: Option<String>,
+    #[serde(default)]
+    pub netdev_mac: Option<[u8; 6]>,
+    /// The node set its MAC and VLAN through the PF (reset at DEL).
+    pub pf_settings: bool,
 }
 
 /// Where a vhost-user interface's socket is and who listens on it.

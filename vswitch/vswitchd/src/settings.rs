@@ -141,6 +141,29 @@ pub struct DpdkSection {
     pub eal_args: Vec<String>,
 }
 
+/// SR-IOV VFs for pods (`nic_type: direct`; docs/operations.md "SR-IOV VFs in pods").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SriovSection {
+    /// Where sysfs is (`/sys`; another root for a test's fake tree).
+    pub sysfs: PathBuf,
+    /// The PFs whose VFs the node hands out when a request names no VF (no device plugin).
+    pub pfs: Vec<String>,
+    /// Set each VF's MAC and VLAN through its PF (rtnetlink `IFLA_VF_*`), and reset them at
+    /// DEL; `false` where the node does not own the PF (VFs a hypervisor gives a VM, which
+    /// sets them itself).
+    pub pf_settings: bool,
+    /// The PF checks the source MAC of what the VF sends (`spoofchk`): port security's
+    /// counterpart for VFs.
+    pub spoof_check: bool,
+}
+
+impl Default for SriovSection {
+    fn default() -> Self {
+        SriovSection { sysfs: "/sys".into(), pfs: Vec::new(), pf_settings: true, spoof_check: true }
+    }
+}
+
 /// The forwarding tables' sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -227,6 +250,8 @@ pub struct FileConfig {
     pub vhost: VhostSection,
     #[serde(default)]
     pub dpdk: DpdkSection,
+    #[serde(default)]
+    pub sriov: SriovSection,
     #[serde(default)]
     pub metrics: MetricsSection,
     #[serde(default)]
@@ -345,6 +370,7 @@ pub struct Settings {
     pub tables: TablesSection,
     pub vhost: VhostSection,
     pub dpdk: DpdkSection,
+    pub sriov: SriovSection,
     pub state_file: Option<PathBuf>,
     pub metrics: Option<std::net::SocketAddr>,
     pub manager: Option<ManagerLink>,
@@ -456,6 +482,7 @@ impl Settings {
             tables,
             vhost: file.vhost,
             dpdk: file.dpdk,
+            sriov: file.sriov,
             state_file,
             objects,
         })

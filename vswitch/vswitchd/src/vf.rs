@@ -1,0 +1,324 @@
+//! SR-IOV VFs as pods' interfaces (Knitter's `nic_type: direct`, a NAD's `interfaceType:
+//! sriov`), as sriov-cni does it beside the SR-IOV network device plugin: the VF is the one
+//! the device plugin allocated (its PCI address, `deviceID`) or, without a device plugin, a
+//! free VF of the node's PFs (`[sriov] pfs`); its MAC, VLAN and spoof checking are set
+//! through its PF; a VF on a network driver goes into the pod's namespace renamed, with the
+//! manager's MAC, MTU, addresses and routes, while one bound to vfio-pci stays where it is
+//! for the pod's DPDK app (the device plugin mounts its `/dev/vfio/N`). DEL gives the netdev
+//! back to the node under its own name and MAC, down, and resets the VLAN; a pod namespace
+//! that went first (the kernel returns a physical netdev to the node by itself) is handled.
+//! The switch is not involved: the VF's frames go through the NIC's own switch.
+
+use crate::plumb::{self, Plan};
+use crate::records::VfHeld;
+use crate::settings::SriovSection;
+use knitter_api::node as pb;
+use plumbing::link::{self, LinkChange};
+use plumbing::sriov::{Sysfs, Vf, VfSettings};
+use std::io;
+use std::sync::Mutex;
+use vswitch::wire::MacAddr;
+
+/// Why a pod gets no VF.
+#[derive(Debug, thiserror::Error)]
+pub enum VfError {
+    #[error("the request names no VF (deviceID) and the node has no SR-IOV PFs to pick one from ([sriov] pfs): give the NAD the SR-IOV device plugin's resourceName, or configure the node's PFs")]
+    NoPool,
+    #[error("no free VF on {pfs}: {held} of {usable} usable VFs are held by pods{why}")]
+    Exhausted { pfs: String, held: usize, usable: usize, why: String },
+    #[error("VF {pci} is attached to {by}")]
+    Held { pci: String, by: String },
+    #[error("VF {pci} {why}")]
+    Unusable { pci: String, why: String },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Sets a VF's MAC and VLAN through its PF. The kernel over rtnetlink on a host; a test gives
+/// its own to see what was asked (no hardware here has SR-IOV).
+pub trait PfControl: Send + Sync {
+    fn set_vf(&self, pf: &str, vf: u32, settings: &VfSettings) -> io::Result<()>;
+}
+
+struct Rtnetlink;
+
+impl PfControl for Rtnetlink {
+    fn set_vf(&self, pf: &str, vf: u32, settings: &VfSettings) -> io::Result<()> {
+        settings.apply(pf, vf)
+    }
+}
+
+/// The node's VFs for pods.
+pub struct Vfs {
+    sysfs: Sysfs,
+    pfs: Vec<String>,
+    pf_settings: bool,
+    spoof_check: bool,
+    pf: Box<dyn PfControl>,
+    /// Choosing and claiming a VF is one step: two ADDs never pick the same.
+    choosing: Mutex<()>,
+}
+
+/// An attachment's VF and who holds it (`container/ifname`).
+pub type Holder = (String, String);
+
+impl Vfs {
+    pub fn new(s: &SriovSection) -> Vfs {
+        Vfs::with_control(s, Box::new(Rtnetlink))
+    }
+
+    pub fn with_control(s: &SriovSection, pf: Box<dyn PfControl>) -> Vfs {
+        Vfs { sysfs: Sysfs::new(&s.sysfs), pfs: s.pfs.clone(), pf_settings: s.pf_settings, spoof_check: s.spoof_check, pf, choosing: Mutex::new(()) }
+    }
+
+    /// Chooses a VF and claims it with `claim` (which records it, refusing a VF held
+    /// meanwhile), under one lock. `held` lists the VFs attachments hold now.
+    pub fn choose_and_claim<T>(&self, device_id: &str, held: &[Holder], claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
+        let _one = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
+        let vf = self.choose(device_id, held)?;
+        claim(vf)
+    }
+
+    /// The VF named by `device_id` (its PCI address), or the first free one of the node's PFs
+    /// that has a netdev (a VF bound to vfio-pci is only given when named: its pod needs the
+    /// device plugin for `/dev/vfio`).
+    fn choose(&self, device_id: &str, held: &[Holder]) -> Result<VfHeld, VfError> {
+        let is_held = |pci: &str| held.iter().find(|(p, _)| p == pci).map(|(_, by)| by.clone());
+        if !device_id.is_empty() {
+            let (pf, vf) = self.sysfs.vf_by_pci(device_id).map_err(|e| VfError::Unusable { pci: device_id.into(), why: format!("cannot be used: {e}") })?;
+            if let Some(by) = is_held(&vf.pci) {
+                return Err(VfError::Held { pci: vf.pci, by });
+            }
+            return self.held(pf, vf);
+        }
+        if self.pfs.is_empty() {
+            return Err(VfError::NoPool);
+        }
+        let (mut usable, mut taken, mut problems) = (0, 0, Vec::new());
+        for pf in &self.pfs {
+            let vfs = match self.sysfs.vfs(pf) {
+                Ok(v) => v,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            for vf in vfs.into_iter().filter(|v| v.netdev.is_some() && !is_vfio(v)) {
+                usable += 1;
+                if is_held(&vf.pci).is_some() {
+                    taken += 1;
+                    continue;
+                }
+                return self.held(pf.clone(), vf);
+            }
+        }
+        let why = if problems.is_empty() { String::new() } else { format!(" ({})", problems.join("; ")) };
+        Err(VfError::Exhausted { pfs: self.pfs.join(", "), held: taken, usable, why })
+    }
+
+    fn held(&self, pf: String, vf: Vf) -> Result<VfHeld, VfError> {
+        let pf_pci = self.sysfs.pf_pci(&pf).unwrap_or_default();
+        let netdev = if is_vfio(&vf) {
+            None
+        } else {
+            let name = vf.netdev.clone().ok_or_else(|| VfError::Unusable { pci: vf.pci.clone(), why: "has no netdev on the node and is not bound to vfio-pci (is its driver loaded? is it in another pod?)".into() })?;
+            Some(name)
+        };
+        let netdev_mac = match &netdev {
+            Some(n) => Some(link::link(n)?.ok_or_else(|| VfError::Unusable { pci: vf.pci.clone(), why: format!("has no netdev {n} on the node (is it in another pod?)") })?.mac),
+            None => None,
+        };
+        Ok(VfHeld { pci: vf.pci, pf, pf_pci, index: vf.index, netdev, netdev_mac, pf_settings: self.pf_settings })
+    }
+
+    /// Gives `vf` to the pod as `plan` says (its MAC, MTU, addresses, routes), on VLAN `vlan`
+    /// (0: untagged). Undone on failure.
+    pub fn give(&self, vf: &VfHeld, plan: &Plan, vlan: u16) -> io::Result<()> {
+        if let Some(netdev) = &vf.netdev {
+            plumb::name_free_in_pod(&plan.netns, &plan.ifname)?;
+            if link::link(netdev)?.is_none() {
+                return Err(io::Error::new(io::ErrorKind::NotFound, format!("VF {}'s netdev {netdev} is not on the node", vf.pci)));
+            }
+        }
+        if vf.pf_settings {
+            let s = VfSettings { mac: Some(MacAddr(plan.mac)), vlan: Some((vlan, 0)), spoof_check: Some(self.spoof_check), ..Default::default() };
+            self.pf.set_vf(&vf.pf, vf.index, &s)?;
+        }
+        let Some(netdev) = &vf.netdev else { return Ok(()) };
+        let moved = std::fs::File::open(&plan.netns).and_then(|ns| {
+            link::change(netdev, &LinkChange { netns: Some(&ns), rename: Some(&plan.ifname), mac: Some(plan.mac), mtu: Some(plan.mtu), ..Default::default() })
+        });
+        let given = moved.and_then(|()| plumb::configure_in_pod(plan, false));
+        if let Err(e) = given {
+            let problems = self.take_back(vf, &plan.netns, &plan.ifname);
+            if !problems.is_empty() {
+                tracing::warn!(vf = %vf.pci, ?problems, "undoing a failed VF attach");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Gives the VF back to the node: its netdev from the pod (or wherever the kernel put
+    /// it when the pod's namespace went) under its own name and MAC, down; its VLAN reset.
+    /// Best effort: what could not be done comes back as problems (DEL goes on: a DEL that
+    /// fails for good leaks the VF for ever, sriov-cni #126).
+    pub fn take_back(&self, vf: &VfHeld, netns: &str, ifname: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(name) = &vf.netdev
+            && let Err(e) = self.netdev_back(vf, name, netns, ifname)
+        {
+            problems.push(e.to_string());
+        }
+        if vf.pf_settings {
+            let s = VfSettings { vlan: Some((0, 0)), mac: vf.netdev_mac.map(MacAddr), ..Default::default() };
+            if let Err(e) = self.pf.set_vf(&vf.pf, vf.index, &s) {
+                problems.push(e.to_string());
+            }
+        }
+        problems
+    }
+
+    fn netdev_back(&self, vf: &VfHeld, name: &str, netns: &str, ifname: &str) -> io::Result<()> {
+        // The calling thread's namespace: the node's (the daemon's threads all run there).
+        let home = std::fs::File::open("/proc/thread-self/ns/net")?;
+        // In its pod: moved home, renamed, its MAC restored and down, in one request.
+        let (pod_if, own, mac) = (ifname.to_string(), name.to_string(), vf.netdev_mac);
+        let from_pod = link::in_netns(netns, move || {
+            if link::link(&pod_if)?.is_none() {
+                return Ok(false);
+            }
+            link::change(&pod_if, &LinkChange { netns: Some(&home), rename: Some(&own), mac, down: true, ..Default::default() }).map(|()| true)
+        });
+        match from_pod {
+            Ok(true) => return Ok(()),
+            Err(e) if std::path::Path::new(netns).exists() => return Err(e),
+            _ => {}
+        }
+        // The pod's namespace is gone (or the VF left it): the kernel brought the netdev back
+        // to the node, perhaps under another name; sysfs says which.
+        let now = self.sysfs.vf_by_pci(&vf.pci).ok().and_then(|(_, v)| v.netdev).filter(|n| matches!(link::link(n), Ok(Some(_))));
+        match now {
+            Some(n) => link::change(&n, &LinkChange { down: true, rename: (n != name).then_some(name), mac: vf.netdev_mac, ..Default::default() }),
+            None if matches!(link::link(name), Ok(Some(_))) => link::change(name, &LinkChange { down: true, mac: vf.netdev_mac, ..Default::default() }),
+            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("VF {}'s netdev was found neither in the pod ({netns}, {ifname}) nor on the node", vf.pci))),
+        }
+    }
+
+    /// The node's PFs and their VFs, each with the attachment holding it.
+    pub fn report(&self, held: &[Holder]) -> Vec<pb::PhysicalFunction> {
+        self.pfs
+            .iter()
+            .map(|pf| {
+                let mut out = pb::PhysicalFunction { name: pf.clone(), pci: self.sysfs.pf_pci(pf).unwrap_or_default(), ..Default::default() };
+                match self.sysfs.total_vfs(pf).and_then(|t| Ok((t, self.sysfs.vfs(pf)?))) {
+                    Err(e) => out.problem = e.to_string(),
+                    Ok((total, vfs)) => {
+                        out.total_vfs = total;
+                        out.vfs = vfs
+                            .into_iter()
+                            .map(|v| pb::VirtualFunction {
+                                attached_to: held.iter().find(|(p, _)| *p == v.pci).map(|(_, by)| by.clone()).unwrap_or_default(),
+                                index: v.index,
+                                pci: v.pci,
+                                netdev: v.netdev.unwrap_or_default(),
+                                driver: v.driver.unwrap_or_default(),
+                            })
+                            .collect();
+                    }
+                }
+                out
+            })
+            .collect()
+    }
+}
+
+fn is_vfio(v: &Vf) -> bool {
+    v.driver.as_deref() == Some("vfio-pci")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::sync::Arc;
+    use vswitch::testkit::netns::{self, Netns};
+
+    /// What a PF was asked, in order; refuses the first `fail` requests.
+    #[derive(Default)]
+    struct Recorder {
+        asked: Mutex<Vec<(String, u32, VfSettings)>>,
+        fail: Mutex<u32>,
+    }
+
+    impl PfControl for Arc<Recorder> {
+        fn set_vf(&self, pf: &str, vf: u32, settings: &VfSettings) -> io::Result<()> {
+            let mut fail = self.fail.lock().unwrap();
+            if *fail > 0 {
+                *fail -= 1;
+                return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+            }
+            self.asked.lock().unwrap().push((pf.into(), vf, settings.clone()));
+            Ok(())
+        }
+    }
+
+    /// PF `pf0` (0000:01:00.0) with VF 0 at 0000:01:00.1 whose netdev is `netdev`.
+    fn tree(root: &std::path::Path, netdev: &str) {
+        let dev = |a: &str| root.join("bus/pci/devices").join(a);
+        std::fs::create_dir_all(dev("0000:01:00.0").join("net/pf0")).unwrap();
+        std::fs::create_dir_all(dev("0000:01:00.1").join("net").join(netdev)).unwrap();
+        std::fs::create_dir_all(root.join("class/net/pf0")).unwrap();
+        symlink(dev("0000:01:00.0"), root.join("class/net/pf0/device")).unwrap();
+        std::fs::write(dev("0000:01:00.0").join("sriov_totalvfs"), "1").unwrap();
+        std::fs::write(dev("0000:01:00.0").join("sriov_numvfs"), "1").unwrap();
+        symlink(dev("0000:01:00.1"), dev("0000:01:00.0").join("virtfn0")).unwrap();
+        symlink(dev("0000:01:00.0"), dev("0000:01:00.1").join("physfn")).unwrap();
+    }
+
+    /// Through the PF: at ADD the manager's MAC, the network's VLAN and spoof checking; at
+    /// DEL VLAN 0 and the VF's own MAC back. A PF that refuses leaves the VF on the node.
+    #[test]
+    fn the_pf_is_asked_for_mac_and_vlan_and_to_reset_them() {
+        let Some(_g) = netns::exclusive() else { return };
+        let (node, pod) = (Netns::new("vfn").unwrap(), Netns::new("vfp").unwrap());
+        node.run(&["ip", "link", "add", "vfx0", "address", "02:00:00:00:0e:01", "type", "veth", "peer", "name", "vfw0"]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        tree(dir.path(), "vfx0");
+        let rec = Arc::new(Recorder::default());
+        let section = SriovSection { sysfs: dir.path().into(), pfs: vec!["pf0".into()], pf_settings: true, spoof_check: true };
+        let vfs = Vfs::with_control(&section, Box::new(rec.clone()));
+        let plan = Plan {
+            host: String::new(),
+            netns: format!("/run/netns/{}", pod.name),
+            ifname: "eth0".into(),
+            mac: [0x0a, 0x58, 10, 0, 0, 2],
+            mtu: 1400,
+            addresses: vec![("10.0.0.2".parse().unwrap(), 24)],
+            routes: Vec::new(),
+        };
+        node.enter(|| {
+            let vf = vfs.choose_and_claim("", &[], Ok).unwrap();
+            assert_eq!((vf.pci.as_str(), vf.pf.as_str(), vf.pf_pci.as_str(), vf.netdev_mac), ("0000:01:00.1", "pf0", "0000:01:00.0", Some([2, 0, 0, 0, 0x0e, 1])));
+            *rec.fail.lock().unwrap() = 1;
+            let e = vfs.give(&vf, &plan, 100).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP));
+            assert!(link::link("vfx0").unwrap().is_some(), "a refused PF leaves the VF on the node");
+            vfs.give(&vf, &plan, 100).unwrap();
+            let asked = VfSettings { mac: Some(MacAddr(plan.mac)), vlan: Some((100, 0)), spoof_check: Some(true), ..Default::default() };
+            assert_eq!(rec.asked.lock().unwrap().as_slice(), &[("pf0".to_string(), 0, asked)]);
+            assert!(link::link("vfx0").unwrap().is_none());
+            let held = [("0000:01:00.1".to_string(), "c/eth0".to_string())];
+            assert!(matches!(vfs.choose_and_claim("", &held, Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
+            assert_eq!(vfs.report(&held)[0].vfs[0].attached_to, "c/eth0");
+            assert!(vfs.take_back(&vf, &plan.netns, "eth0").is_empty());
+            let reset = VfSettings { mac: Some(MacAddr([2, 0, 0, 0, 0x0e, 1])), vlan: Some((0, 0)), ..Default::default() };
+            assert_eq!(rec.asked.lock().unwrap()[1], ("pf0".to_string(), 0, reset));
+            let back = link::link("vfx0").unwrap().expect("the VF is back on the node");
+            assert_eq!((back.mac, back.up), ([2, 0, 0, 0, 0x0e, 1], false));
+        })
+        .unwrap();
+        let in_pod = pod.run(&["ip", "-o", "link"]).unwrap();
+        assert_eq!(in_pod.lines().count(), 1, "{in_pod}");
+    }
+}
