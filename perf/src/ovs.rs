@@ -67,14 +67,37 @@ impl Ovs {
         for p in [a, b] {
             ovs.vsctl(&["add-port", "br0", p, "--", "set", "Interface", p, "type=afxdp", "options:n_rxq=1"])?;
         }
-        // Ports are configured asynchronously: wait until both are up in the datapath.
+        ovs.wait_ports(&[a, b], "afxdp")?;
+        Ok(ovs)
+    }
+
+    /// OVS in a namespace of its own with one bridge (NORMAL) of DPDK ethdev ports
+    /// (`type=dpdk`, `rxq` receive queues each), each `(name, devargs)`: a vdev such as
+    /// `net_memif0,role=client,...`.
+    pub fn start_dpdk_ports(work: &Path, mem: Memory, layout: Layout, ports: &[(&str, String)], rxq: u32) -> anyhow::Result<Ovs> {
+        let netns = netns_name();
+        let _ = run(Command::new("ip").args(["netns", "del", &netns]));
+        run(Command::new("ip").args(["netns", "add", &netns]))?;
+        let ovs = Ovs::launch(work, mem, layout, netns, true)?;
+        ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
+        for (name, devargs) in ports {
+            let (devargs, rxq) = (format!("options:dpdk-devargs={devargs}"), format!("options:n_rxq={rxq}"));
+            ovs.vsctl(&["add-port", "br0", name, "--", "set", "Interface", name, "type=dpdk", &devargs, &rxq])?;
+        }
+        ovs.wait_ports(&ports.iter().map(|(n, _)| *n).collect::<Vec<_>>(), "dpdk")?;
+        Ok(ovs)
+    }
+
+    /// Waits until the datapath has each of `ports` as a `kind` port (OVS adds them
+    /// asynchronously).
+    fn wait_ports(&self, ports: &[&str], kind: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let show = ovs.appctl(&["dpif/show"]).unwrap_or_default();
-            if [a, b].iter().all(|p| show.lines().any(|l| l.trim_start().starts_with(&format!("{p} ")) && l.contains("afxdp"))) {
-                return Ok(ovs);
+            let show = self.appctl(&["dpif/show"]).unwrap_or_default();
+            if ports.iter().all(|p| show.lines().any(|l| l.trim_start().starts_with(&format!("{p} ")) && l.contains(kind))) {
+                return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "Open vSwitch never added its afxdp ports: {show}");
+            anyhow::ensure!(Instant::now() < deadline, "Open vSwitch never added its {kind} ports: {show} (ovs-vswitchd's log {})", crate::testpmd::log_tail(&self.dir.join("vswitchd.log")));
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -102,6 +125,11 @@ impl Ovs {
         let extra = match mem {
             Memory::Hugepages => "--no-pci --in-memory --single-file-segments -m 1024 --file-prefix=kp-ovs",
             Memory::Plain => "--no-pci --no-huge -m 1024 --single-file-segments --file-prefix=kp-ovs",
+        };
+        // More EAL arguments for a diagnosis (`--log-level=pmd.net.memif:debug`).
+        let extra = match std::env::var("KNITTER_OVS_DPDK_EXTRA") {
+            Ok(more) => format!("{extra} {more}"),
+            Err(_) => extra.to_string(),
         };
         ovs.vsctl(&["--no-wait", "init"])?;
         ovs.vsctl(&[
@@ -163,6 +191,11 @@ impl Ovs {
         let _ = self.appctl(&["ovs/route/add", &format!("{}/24", peer.ip_addr()), "br-phy"]);
         self.appctl(&["tnl/arp/set", "br-phy", &peer.ip_addr().to_string(), &peer.mac_text()])?;
         Ok(Sockets { a: self.dir.join("a"), b: self.dir.join("ul") })
+    }
+
+    /// Whether OVS sees interface `name`'s link up.
+    pub fn link_up(&self, name: &str) -> bool {
+        self.vsctl(&["get", "Interface", name, "link_state"]).is_ok_and(|s| s.trim() == "up")
     }
 
     fn vhost_port(&self, bridge: &str, name: &str) -> anyhow::Result<String> {
