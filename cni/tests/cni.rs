@@ -513,7 +513,7 @@ fn sriov_vfs_go_into_pods_and_come_back() {
             node.run(&["ip", "link", "add", &format!("pf0v{i}"), "address", mac, "type", "veth", "peer", "name", &format!("wire{i}")]).unwrap();
             node.run(&["ip", "link", "set", &format!("wire{i}"), "master", "nic0", "up"]).unwrap();
         }
-        format!("[sriov]\nsysfs = \"{}\"\npfs = [\"pf0\"]\npf_settings = false\n", sys.display())
+        format!("[sriov]\nsysfs = \"{}\"\npfs = [\"pf0\"]\npf_settings = false\n[sriov.pools]\nfast = [\"pf0\"]\n", sys.display())
     });
     assert!(lab.mctl(&["network", "create", "sr", "--kind", "vlan", "--ipv4", "10.63.0.0/24"]).status.success());
     assert!(lab.mctl(&["network", "create", "vx", "--ipv4", "10.64.0.0/24"]).status.success());
@@ -582,6 +582,18 @@ fn sriov_vfs_go_into_pods_and_come_back() {
     }
     assert_eq!(a.run(&["ip", "-o", "link"]).unwrap().lines().count(), 1, "only lo is left in pod a");
     assert!(!info.exists(), "DEL removed the device-info file");
+
+    // A network backed by a named pool of the node's PFs; one naming a pool the node lacks;
+    // a pool on a VXLAN network is refused by the manager.
+    assert!(lab.mctl(&["network", "create", "srp", "--kind", "vlan", "--ipv4", "10.65.0.0/24", "--sriov-pool", "fast"]).status.success());
+    assert!(lab.mctl(&["network", "create", "srx", "--kind", "vlan", "--ipv4", "10.66.0.0/24", "--sriov-pool", "slow"]).status.success());
+    let o = lab.mctl(&["network", "create", "srv", "--ipv4", "10.67.0.0/24", "--sriov-pool", "fast"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("VLAN networks only"), "{o:?}");
+    let (ok, r) = lab.cni("ADD", "ctr-sd", &d_path, "eth0", &sriov("srp"));
+    assert!(ok && r["interfaces"][0]["pciID"] == "0000:01:00.1", "{r}");
+    assert!(lab.cni("DEL", "ctr-sd", &d_path, "eth0", &sriov("srp")).0);
+    let (ok, r) = lab.cni("ADD", "ctr-sd", &d_path, "eth0", &sriov("srx"));
+    assert!(!ok && r["msg"].as_str().unwrap_or("").contains("SR-IOV pool \"slow\" is not on this node ([sriov.pools] has fast)"), "{r}");
 
     // Knitter's own annotation (`nic_type: direct`), standalone, then 200 ADD/DEL.
     let mut standalone = lab.conf("1.1.0", "sr");

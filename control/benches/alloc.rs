@@ -35,6 +35,7 @@ fn network() -> NetworkSpec {
         mtu: None,
         shared: false,
         pod_policer: None,
+        sriov_pool: None,
     }
 }
 

@@ -134,6 +134,10 @@ pub struct NetworkSpec {
     /// Ingress policing for every pod port of the network (copied onto each port created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_policer: Option<PodPolicer>,
+    /// The node SR-IOV pool whose VFs back the network's VF pods (`[sriov.pools]` on the
+    /// nodes); absent: each node's default PFs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sriov_pool: Option<String>,
 }
 
 /// A pod port's ingress policer, as the node applies it (`vswitch::policer`): packets and
@@ -192,6 +196,8 @@ pub enum NetworkError {
     SegmentOutOfRange { name: String, what: &'static str, segment: u32, lo: u32, hi: u32 },
     #[error("network {0:?}: a pod policer needs a rate: pps or bps")]
     PolicerWithoutRate(String),
+    #[error("network {0:?}: an SR-IOV pool backs VLAN networks only (a VF's frames leave on its PF's wire, tagged by the PF)")]
+    SriovPoolNotVlan(String),
     #[error("network {name:?}: {what} {segment} is already used by network {other:?}")]
     SegmentTaken { name: String, what: &'static str, segment: u32, other: String },
     #[error("no free {what} left in {lo}-{hi} (the range networks that name none get theirs from)")]
@@ -261,6 +267,9 @@ impl Network {
         let name = spec.name.clone();
         if spec.pod_policer.is_some_and(|p| p.pps == 0 && p.bps == 0) {
             return Err(NetworkError::PolicerWithoutRate(name));
+        }
+        if spec.sriov_pool.is_some() && spec.kind != Kind::Vlan {
+            return Err(NetworkError::SriovPoolNotVlan(name));
         }
         // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
         for other in existing.iter().filter(|o| o.spec.name != name && (o.spec.tenant == spec.tenant || o.spec.shared || spec.shared)) {
@@ -349,6 +358,7 @@ mod tests {
             mtu: None,
             shared: false,
             pod_policer: None,
+            sriov_pool: None,
         }
     }
 

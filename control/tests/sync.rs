@@ -110,6 +110,7 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
         mtu: None,
         shared: false,
         pod_policer: None,
+        sriov_pool: None,
     }
 }
 

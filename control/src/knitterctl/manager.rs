@@ -151,6 +151,10 @@ pub struct NetworkCreate {
     /// Ingress policing of every pod port of the network: bits a second (frames as received).
     #[arg(long, value_name = "BPS")]
     pod_bps: Option<u64>,
+    /// The node SR-IOV pool (`[sriov.pools]`) whose VFs back the network's VF pods when no
+    /// device plugin names one (VLAN networks).
+    #[arg(long, value_name = "POOL")]
+    sriov_pool: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -387,6 +391,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                     mtu: n.mtu,
                     shared: n.shared,
                     pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer { pps: n.pod_pps.unwrap_or(0), bps: n.pod_bps.unwrap_or(0), ..Default::default() }),
+                    sriov_pool: n.sriov_pool,
                 };
                 let r = c.create_network(authed(t, spec)?).await?.into_inner();
                 created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?

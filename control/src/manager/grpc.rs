@@ -343,6 +343,7 @@ mod tests {
             mtu: Some(1400),
             shared: true,
             pod_policer: Some(crate::network::PodPolicer { pps: 100_000, bps: 0, burst_packets: 0, burst_bytes: 9000 }),
+            sriov_pool: Some("fast".into()),
         };
         round_trip::<_, pb::Network>(net);
         let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into(), device_info: Some(r#"{"type":"vhost-user"}"#.into()) };
@@ -358,6 +359,7 @@ mod tests {
             mac: "0a:58:0a:00:00:05".into(),
             created: 1,
             policer: Some(crate::network::PodPolicer { pps: 0, bps: 1_000_000_000, burst_packets: 64, burst_bytes: 0 }),
+            sriov_pool: Some("fast".into()),
         };
         round_trip::<_, pb::Port>(port);
         round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2 });

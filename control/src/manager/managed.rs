@@ -106,6 +106,7 @@ mod test {
             mtu: None,
             shared: false,
             pod_policer: None,
+            sriov_pool: None,
         }
     }
 

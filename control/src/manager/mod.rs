@@ -646,6 +646,7 @@ impl Manager {
                         mac: String::new(),
                         created: now(),
                         policer: net.spec.pod_policer,
+                        sriov_pool: net.spec.sriov_pool.clone(),
                     };
                     if let Some(a) = whole {
                         match self.create_whole(&key, &port, a)? {

@@ -160,6 +160,9 @@ pub struct Port {
     /// The network's pod policer when the port was created (the node polices the port so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policer: Option<PodPolicer>,
+    /// The network's SR-IOV pool when the port was created (the node picks a VF there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sriov_pool: Option<String>,
 }
 
 impl Port {

@@ -25,6 +25,7 @@ pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
         mtu: None,
         shared: false,
         pod_policer: None,
+        sriov_pool: None,
     }
 }
 

@@ -235,7 +235,7 @@ impl Attacher {
             vf: None,
         };
         if let Some(sriov) = &r.sriov {
-            return self.attach_vf(record, &sriov.device_id).await;
+            return self.attach_vf(record, &sriov.device_id, port.sriov_pool.clone()).await;
         }
         let mut bridge = BridgeConfig::new(&r.network);
         match port.kind.as_str() {
@@ -266,7 +266,7 @@ impl Attacher {
 
     /// An SR-IOV VF for the pod: chosen and recorded as held, then given to the pod (or, bound
     /// to vfio-pci, left for its DPDK app); the record forgotten again when that fails.
-    async fn attach_vf(&self, mut record: Record, device_id: &str) -> Result<pb::Attachment, Status> {
+    async fn attach_vf(&self, mut record: Record, device_id: &str, pool: Option<String>) -> Result<pb::Attachment, Status> {
         if record.network_kind != "vlan" {
             return Err(Status::failed_precondition(format!(
                 "network {} is a {} network: an SR-IOV VF reaches only VLAN networks (its PF tags the VF's frames on the wire); attach it as a veth or vhost-user interface",
@@ -278,7 +278,7 @@ impl Attacher {
         let (node, vfs, dev, rec) = (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
         let vf = blocking(move || {
             let held = node.held_vfs();
-            vfs.choose_and_claim(&dev, &held, |vf| {
+            vfs.choose_and_claim(&dev, pool.as_deref(), &held, |vf| {
                 let mut r = rec;
                 r.vf = Some(vf.clone());
                 node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {
@@ -557,7 +557,7 @@ const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 fn vf_status(e: VfError) -> Status {
     let msg = e.to_string();
     match e {
-        VfError::NoPool | VfError::Unusable { .. } => Status::failed_precondition(msg),
+        VfError::NoPool | VfError::UnknownPool(..) | VfError::Unusable { .. } => Status::failed_precondition(msg),
         VfError::Exhausted { .. } => Status::resource_exhausted(msg),
         VfError::Held { .. } => Status::already_exists(msg),
         VfError::Io(_) => Status::internal(msg),

@@ -147,8 +147,11 @@ pub struct DpdkSection {
 pub struct SriovSection {
     /// Where sysfs is (`/sys`; another root for a test's fake tree).
     pub sysfs: PathBuf,
-    /// The PFs whose VFs the node hands out when a request names no VF (no device plugin).
+    /// The PFs whose VFs the node hands out when a request names no VF (no device plugin)
+    /// and its network names no pool.
     pub pfs: Vec<String>,
+    /// Named pools of PFs, for networks that name one (the manager's `sriov_pool`).
+    pub pools: std::collections::BTreeMap<String, Vec<String>>,
     /// Set each VF's MAC and VLAN through its PF (rtnetlink `IFLA_VF_*`), and reset them at
     /// DEL; `false` where the node does not own the PF (VFs a hypervisor gives a VM, which
     /// sets them itself).
@@ -160,7 +163,7 @@ pub struct SriovSection {
 
 impl Default for SriovSection {
     fn default() -> Self {
-        SriovSection { sysfs: "/sys".into(), pfs: Vec::new(), pf_settings: true, spoof_check: true }
+        SriovSection { sysfs: "/sys".into(), pfs: Vec::new(), pools: Default::default(), pf_settings: true, spoof_check: true }
     }
 }
 

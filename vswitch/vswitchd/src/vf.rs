@@ -24,6 +24,8 @@ use vswitch::wire::MacAddr;
 pub enum VfError {
     #[error("the request names no VF (deviceID) and the node has no SR-IOV PFs to pick one from ([sriov] pfs): give the NAD the SR-IOV device plugin's resourceName, or configure the node's PFs")]
     NoPool,
+    #[error("the network's SR-IOV pool {0:?} is not on this node ([sriov.pools] has {1})")]
+    UnknownPool(String, String),
     #[error("no free VF on {pfs}: {held} of {usable} usable VFs are held by pods{why}")]
     Exhausted { pfs: String, held: usize, usable: usize, why: String },
     #[error("VF {pci} is attached to {by}")]
@@ -52,6 +54,7 @@ impl PfControl for Rtnetlink {
 pub struct Vfs {
     sysfs: Sysfs,
     pfs: Vec<String>,
+    pools: std::collections::BTreeMap<String, Vec<String>>,
     pf_settings: bool,
     spoof_check: bool,
     pf: Box<dyn PfControl>,
@@ -68,21 +71,29 @@ impl Vfs {
     }
 
     pub fn with_control(s: &SriovSection, pf: Box<dyn PfControl>) -> Vfs {
-        Vfs { sysfs: Sysfs::new(&s.sysfs), pfs: s.pfs.clone(), pf_settings: s.pf_settings, spoof_check: s.spoof_check, pf, choosing: Mutex::new(()) }
+        Vfs { sysfs: Sysfs::new(&s.sysfs), pfs: s.pfs.clone(), pools: s.pools.clone(), pf_settings: s.pf_settings, spoof_check: s.spoof_check, pf, choosing: Mutex::new(()) }
     }
 
-    /// Chooses a VF and claims it with `claim` (which records it, refusing a VF held
-    /// meanwhile), under one lock. `held` lists the VFs attachments hold now.
-    pub fn choose_and_claim<T>(&self, device_id: &str, held: &[Holder], claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
+    /// Chooses a VF — `device_id`'s, or a free one of `pool`'s PFs (`None`: `[sriov] pfs`) —
+    /// and claims it with `claim` (which records it, refusing a VF held meanwhile), under one
+    /// lock. `held` lists the VFs attachments hold now.
+    pub fn choose_and_claim<T>(&self, device_id: &str, pool: Option<&str>, held: &[Holder], claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
+        let pfs = match pool {
+            None => &self.pfs,
+            Some(p) => self.pools.get(p).ok_or_else(|| {
+                let have = if self.pools.is_empty() { "none".to_string() } else { self.pools.keys().cloned().collect::<Vec<_>>().join(", ") };
+                VfError::UnknownPool(p.into(), have)
+            })?,
+        };
         let _one = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
-        let vf = self.choose(device_id, held)?;
+        let vf = self.choose(device_id, pfs, held)?;
         claim(vf)
     }
 
     /// The VF named by `device_id` (its PCI address), or the first free one of the node's PFs
     /// that has a netdev (a VF bound to vfio-pci is only given when named: its pod needs the
     /// device plugin for `/dev/vfio`).
-    fn choose(&self, device_id: &str, held: &[Holder]) -> Result<VfHeld, VfError> {
+    fn choose(&self, device_id: &str, pfs: &[String], held: &[Holder]) -> Result<VfHeld, VfError> {
         let is_held = |pci: &str| held.iter().find(|(p, _)| p == pci).map(|(_, by)| by.clone());
         if !device_id.is_empty() {
             let (pf, vf) = self.sysfs.vf_by_pci(device_id).map_err(|e| VfError::Unusable { pci: device_id.into(), why: format!("cannot be used: {e}") })?;
@@ -91,11 +102,11 @@ impl Vfs {
             }
             return self.held(pf, vf);
         }
-        if self.pfs.is_empty() {
+        if pfs.is_empty() {
             return Err(VfError::NoPool);
         }
         let (mut usable, mut taken, mut problems) = (0, 0, Vec::new());
-        for pf in &self.pfs {
+        for pf in pfs {
             let vfs = match self.sysfs.vfs(pf) {
                 Ok(v) => v,
                 Err(e) => {
@@ -113,7 +124,7 @@ impl Vfs {
             }
         }
         let why = if problems.is_empty() { String::new() } else { format!(" ({})", problems.join("; ")) };
-        Err(VfError::Exhausted { pfs: self.pfs.join(", "), held: taken, usable, why })
+        Err(VfError::Exhausted { pfs: pfs.join(", "), held: taken, usable, why })
     }
 
     fn held(&self, pf: String, vf: Vf) -> Result<VfHeld, VfError> {
@@ -205,10 +216,13 @@ impl Vfs {
         }
     }
 
-    /// The node's PFs and their VFs, each with the attachment holding it.
+    /// The node's PFs (the default ones and the pools') and their VFs, each with the
+    /// attachment holding it.
     pub fn report(&self, held: &[Holder]) -> Vec<pb::PhysicalFunction> {
-        self.pfs
-            .iter()
+        let mut pfs: Vec<&String> = self.pfs.iter().chain(self.pools.values().flatten()).collect();
+        pfs.sort();
+        pfs.dedup();
+        pfs.into_iter()
             .map(|pf| {
                 let mut out = pb::PhysicalFunction { name: pf.clone(), pci: self.sysfs.pf_pci(pf).unwrap_or_default(), ..Default::default() };
                 match self.sysfs.total_vfs(pf).and_then(|t| Ok((t, self.sysfs.vfs(pf)?))) {
@@ -286,7 +300,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         tree(dir.path(), "vfx0");
         let rec = Arc::new(Recorder::default());
-        let section = SriovSection { sysfs: dir.path().into(), pfs: vec!["pf0".into()], pf_settings: true, spoof_check: true };
+        let section = SriovSection { sysfs: dir.path().into(), pfs: vec!["pf0".into()], pf_settings: true, spoof_check: true, ..Default::default() };
         let vfs = Vfs::with_control(&section, Box::new(rec.clone()));
         let plan = Plan {
             host: String::new(),
@@ -298,7 +312,8 @@ mod tests {
             routes: Vec::new(),
         };
         node.enter(|| {
-            let vf = vfs.choose_and_claim("", &[], Ok).unwrap();
+            let vf = vfs.choose_and_claim("", None, &[], Ok).unwrap();
+            assert!(matches!(vfs.choose_and_claim("", Some("fast"), &[], Ok), Err(VfError::UnknownPool(..))));
             assert_eq!((vf.pci.as_str(), vf.pf.as_str(), vf.pf_pci.as_str(), vf.netdev_mac), ("0000:01:00.1", "pf0", "0000:01:00.0", Some([2, 0, 0, 0, 0x0e, 1])));
             *rec.fail.lock().unwrap() = 1;
             let e = vfs.give(&vf, &plan, 100).unwrap_err();
@@ -309,7 +324,7 @@ mod tests {
             assert_eq!(rec.asked.lock().unwrap().as_slice(), &[("pf0".to_string(), 0, asked)]);
             assert!(link::link("vfx0").unwrap().is_none());
             let held = [("0000:01:00.1".to_string(), "c/eth0".to_string())];
-            assert!(matches!(vfs.choose_and_claim("", &held, Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
+            assert!(matches!(vfs.choose_and_claim("", None, &held, Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
             assert_eq!(vfs.report(&held)[0].vfs[0].attached_to, "c/eth0");
             assert!(vfs.take_back(&vf, &plan.netns, "eth0").is_empty());
             let reset = VfSettings { mac: Some(MacAddr([2, 0, 0, 0, 0x0e, 1])), vlan: Some((0, 0)), ..Default::default() };

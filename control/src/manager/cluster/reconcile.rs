@@ -215,6 +215,7 @@ mod test {
             mac: String::new(),
             created,
             policer: None,
+            sriov_pool: None,
         }
     }
 

@@ -112,6 +112,8 @@ struct NetworkResourceSpec {
     shared: bool,
     #[serde(default)]
     pod_policer: Option<PodPolicerSpec>,
+    #[serde(default)]
+    sriov_pool: Option<String>,
 }
 
 /// A `Network`'s `podPolicer`, as the CRD defines it.
@@ -175,6 +177,7 @@ impl NetworkResource {
             mtu: s.mtu,
             shared: s.shared,
             pod_policer: s.pod_policer.map(|p| PodPolicer { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }),
+            sriov_pool: s.sriov_pool,
         })
     }
 }
@@ -251,6 +254,8 @@ mod test {
         assert_eq!(network(json!({"kind": "vlan", "vni": 5})).network_spec().unwrap_err().reason, "InvalidSpec", "unknown fields are refused");
         let n = network(json!({"kind": "vxlan", "podPolicer": {"pps": 20000, "burstBytes": 30000}})).network_spec().unwrap();
         assert_eq!(n.pod_policer, Some(PodPolicer { pps: 20_000, bps: 0, burst_packets: 0, burst_bytes: 30_000 }));
+        let n = network(json!({"kind": "vlan", "sriovPool": "fast"})).network_spec().unwrap();
+        assert_eq!(n.sriov_pool.as_deref(), Some("fast"));
     }
 
     #[test]
