@@ -10,6 +10,7 @@
 mod lab;
 
 use lab::{Lab, addr, cni_raw, pod};
+use plumbing::sriov::testkit::{FakeVf, fake_pf};
 use serde_json::json;
 use std::time::{Duration, Instant};
 use vswitch::testkit::netns;
@@ -506,7 +507,8 @@ fn sriov_vfs_go_into_pods_and_come_back() {
     let Some(_g) = netns::exclusive() else { return };
     let lab = Lab::start_configured(|node, dir| {
         let sys = dir.join("sys");
-        lab::fake_sriov(&sys, "pf0", &[Some("pf0v0"), Some("pf0v1"), None]);
+        let (kernel, vfio) = (|n| FakeVf { netdev: Some(n), driver: Some("iavf") }, FakeVf { netdev: None, driver: Some("vfio-pci") });
+        fake_pf(&sys, "pf0", &[kernel("pf0v0"), kernel("pf0v1"), vfio]);
         node.run(&["ip", "link", "add", "nic0", "type", "bridge"]).unwrap();
         node.run(&["ip", "link", "set", "nic0", "up"]).unwrap();
         for (i, mac) in [(0, "02:00:00:00:0f:00"), (1, "02:00:00:00:0f:01")] {

@@ -203,38 +203,3 @@ pub fn addr(result: &Value) -> String {
 
 
 
-/// A fake sysfs under `root` with one SR-IOV PF, `pf` (PCI 0000:01:00.0, 4 VFs possible),
-/// and a VF for each of `vfs` (0000:01:00.1, .2, ... in order): `Some(netdev)` on the `iavf`
-/// driver (the netdev a device of the caller's, a VF stand-in), `None` bound to vfio-pci
-/// (IOMMU group 7+index).
-pub fn fake_sriov(root: &Path, pf: &str, vfs: &[Option<&str>]) {
-    use std::os::unix::fs::symlink;
-    let dev = |a: &str| root.join("bus/pci/devices").join(a);
-    let pf_pci = "0000:01:00.0";
-    std::fs::create_dir_all(dev(pf_pci).join("net").join(pf)).unwrap();
-    std::fs::create_dir_all(root.join("class/net").join(pf)).unwrap();
-    symlink(dev(pf_pci), root.join("class/net").join(pf).join("device")).unwrap();
-    std::fs::write(dev(pf_pci).join("sriov_totalvfs"), "4\n").unwrap();
-    std::fs::write(dev(pf_pci).join("sriov_numvfs"), format!("{}\n", vfs.len())).unwrap();
-    for d in ["iavf", "vfio-pci"] {
-        std::fs::create_dir_all(root.join("bus/pci/drivers").join(d)).unwrap();
-    }
-    for (i, netdev) in vfs.iter().enumerate() {
-        let a = format!("0000:01:00.{}", i + 1);
-        std::fs::create_dir_all(dev(&a)).unwrap();
-        symlink(dev(&a), dev(pf_pci).join(format!("virtfn{i}"))).unwrap();
-        symlink(dev(pf_pci), dev(&a).join("physfn")).unwrap();
-        match netdev {
-            Some(n) => {
-                std::fs::create_dir_all(dev(&a).join("net").join(n)).unwrap();
-                symlink(root.join("bus/pci/drivers/iavf"), dev(&a).join("driver")).unwrap();
-            }
-            None => {
-                symlink(root.join("bus/pci/drivers/vfio-pci"), dev(&a).join("driver")).unwrap();
-                let g = root.join("kernel/iommu_groups").join((7 + i).to_string());
-                std::fs::create_dir_all(&g).unwrap();
-                symlink(g, dev(&a).join("iommu_group")).unwrap();
-            }
-        }
-    }
-}

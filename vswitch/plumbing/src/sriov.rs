@@ -249,38 +249,65 @@ impl Sysfs {
     }
 }
 
+/// A fake sysfs for tests (no hardware here has SR-IOV).
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit {
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    /// A VF of [`fake_pf`]: its netdev (a device of the test's, standing in for it) and the
+    /// driver it is bound to (`iavf`, `vfio-pci`; none: unbound).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct FakeVf<'a> {
+        pub netdev: Option<&'a str>,
+        pub driver: Option<&'a str>,
+    }
+
+    /// Under `root`: PF `pf` at PCI 0000:01:00.0 (4 VFs possible) with `vfs` at 0000:01:00.1,
+    /// .2, ... in order, each with `physfn`, `driver_override`, IOMMU group 42 + its index,
+    /// its netdev and driver link; the drivers' `unbind` and the bus's `drivers_probe` files.
+    pub fn fake_pf(root: &Path, pf: &str, vfs: &[FakeVf]) {
+        let dev = |a: &str| root.join("bus/pci/devices").join(a);
+        let pf_pci = "0000:01:00.0";
+        let must = |r: std::io::Result<()>| r.expect("making the fake sysfs");
+        must(std::fs::create_dir_all(dev(pf_pci).join("net").join(pf)));
+        must(std::fs::create_dir_all(root.join("class/net").join(pf)));
+        must(symlink(dev(pf_pci), root.join("class/net").join(pf).join("device")));
+        must(std::fs::write(dev(pf_pci).join("sriov_totalvfs"), "4\n"));
+        must(std::fs::write(dev(pf_pci).join("sriov_numvfs"), format!("{}\n", vfs.len())));
+        must(std::fs::write(root.join("bus/pci/drivers_probe"), ""));
+        for (i, vf) in vfs.iter().enumerate() {
+            let a = format!("0000:01:00.{}", i + 1);
+            must(std::fs::create_dir_all(dev(&a)));
+            must(std::fs::write(dev(&a).join("driver_override"), "(null)\n"));
+            must(symlink(dev(&a), dev(pf_pci).join(format!("virtfn{i}"))));
+            must(symlink(dev(pf_pci), dev(&a).join("physfn")));
+            let group = root.join("kernel/iommu_groups").join((42 + i).to_string());
+            must(std::fs::create_dir_all(&group));
+            must(symlink(group, dev(&a).join("iommu_group")));
+            if let Some(n) = vf.netdev {
+                must(std::fs::create_dir_all(dev(&a).join("net").join(n)));
+            }
+            if let Some(d) = vf.driver {
+                let driver = root.join("bus/pci/drivers").join(d);
+                must(std::fs::create_dir_all(&driver));
+                must(std::fs::write(driver.join("unbind"), ""));
+                must(symlink(driver, dev(&a).join("driver")));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
 
     /// A PF `pf0` (0000:01:00.0, 4 VFs possible) with two VFs: 01:00.1 on `iavf` as
     /// `pf0v0`, 01:00.2 on no driver; IOMMU group 42 for the first.
     fn fake() -> (tempfile::TempDir, Sysfs) {
         let t = tempfile::tempdir().unwrap();
-        let r = t.path();
-        let dev = |a: &str| r.join("bus/pci/devices").join(a);
-        for a in ["0000:01:00.0", "0000:01:00.1", "0000:01:00.2"] {
-            std::fs::create_dir_all(dev(a)).unwrap();
-            std::fs::write(dev(a).join("driver_override"), "(null)\n").unwrap();
-        }
-        std::fs::create_dir_all(dev("0000:01:00.0").join("net/pf0")).unwrap();
-        std::fs::create_dir_all(dev("0000:01:00.1").join("net/pf0v0")).unwrap();
-        std::fs::create_dir_all(r.join("class/net/pf0")).unwrap();
-        symlink(dev("0000:01:00.0"), r.join("class/net/pf0/device")).unwrap();
-        std::fs::write(dev("0000:01:00.0").join("sriov_totalvfs"), "4\n").unwrap();
-        std::fs::write(dev("0000:01:00.0").join("sriov_numvfs"), "2\n").unwrap();
-        for (i, a) in ["0000:01:00.1", "0000:01:00.2"].iter().enumerate() {
-            symlink(dev(a), dev("0000:01:00.0").join(format!("virtfn{i}"))).unwrap();
-            symlink(dev("0000:01:00.0"), dev(a).join("physfn")).unwrap();
-        }
-        std::fs::create_dir_all(r.join("bus/pci/drivers/iavf")).unwrap();
-        std::fs::write(r.join("bus/pci/drivers/iavf/unbind"), "").unwrap();
-        symlink(r.join("bus/pci/drivers/iavf"), dev("0000:01:00.1").join("driver")).unwrap();
-        std::fs::create_dir_all(r.join("kernel/iommu_groups/42")).unwrap();
-        symlink(r.join("kernel/iommu_groups/42"), dev("0000:01:00.1").join("iommu_group")).unwrap();
-        std::fs::write(r.join("bus/pci/drivers_probe"), "").unwrap();
-        let s = Sysfs::new(r);
+        testkit::fake_pf(t.path(), "pf0", &[testkit::FakeVf { netdev: Some("pf0v0"), driver: Some("iavf") }, testkit::FakeVf::default()]);
+        let s = Sysfs::new(t.path());
         (t, s)
     }
 

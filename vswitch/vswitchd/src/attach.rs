@@ -104,7 +104,7 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 impl Attacher {
     /// The service (call within the runtime: the manager's channel connects lazily).
-    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Vfs) -> anyhow::Result<Attacher> {
+    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Arc<Vfs>) -> anyhow::Result<Attacher> {
         let manager = match link {
             None => None,
             Some(link) => {
@@ -117,7 +117,7 @@ impl Attacher {
                 Some((link, ch))
             }
         };
-        Ok(Attacher { node, manager, vfs: Arc::new(vfs) })
+        Ok(Attacher { node, manager, vfs })
     }
 
     fn link(&self) -> Result<&ManagerLink, Status> {

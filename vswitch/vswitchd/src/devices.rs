@@ -113,6 +113,10 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
         }
         Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
         Device::Dpdk { devargs, queues } => {
+            let dev = devargs.split(',').next().unwrap_or_default();
+            if is_pci_address(dev) {
+                crate::vf::prepare_switch_port(dev).map_err(|e| DeviceError { port: name.into(), what: format!("DPDK device {devargs} (an SR-IOV VF)"), source: std::io::Error::other(e) })?;
+            }
             let fail = |e: dpdk::DpdkError| DeviceError { port: name.into(), what: format!("DPDK device {devargs}"), source: std::io::Error::other(e) };
             dpdk_eal(devargs).map_err(fail)?;
             let opts = dpdk::PortOptions { queues: queues.unwrap_or(1), ..Default::default() };

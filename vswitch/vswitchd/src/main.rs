@@ -52,6 +52,7 @@ fn main() -> Result<()> {
         tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize },
         state_file: s.state_file.clone(),
     };
+    vf::set_node_vfs(vf::Vfs::new(&s.sriov));
     let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);
     if let Some(p) = &s.state_file {
         node.state().save(p)?;
@@ -152,7 +153,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
-    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vf::Vfs::new(&s.sriov))?;
+    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vf::set_node_vfs(vf::Vfs::new(&s.sriov)))?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");

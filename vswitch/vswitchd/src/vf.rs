@@ -16,7 +16,7 @@ use knitter_api::node as pb;
 use plumbing::link::{self, LinkChange};
 use plumbing::sriov::{Sysfs, Vf, VfSettings};
 use std::io;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use vswitch::wire::MacAddr;
 
 /// Why a pod gets no VF.
@@ -247,6 +247,38 @@ impl Vfs {
     }
 }
 
+/// The node's VFs: the attach service's, and for `dpdk` switch ports on a VF (set once at
+/// start, before the state's ports open).
+static NODE_VFS: OnceLock<Arc<Vfs>> = OnceLock::new();
+
+/// Sets the node's VFs (the first call wins) and returns them.
+pub fn set_node_vfs(vfs: Vfs) -> Arc<Vfs> {
+    NODE_VFS.get_or_init(|| Arc::new(vfs)).clone()
+}
+
+/// Readies the device at `pci` when it is an SR-IOV VF the switch takes as a `dpdk` port
+/// (a node given a VF instead of a whole NIC; experimental: not tried on hardware): bound
+/// to vfio-pci, and through its PF trusted with spoof checking off (the switch sends for
+/// every pod's MAC and needs promiscuous mode). Anything else at `pci` is left to DPDK.
+pub fn prepare_switch_port(pci: &str) -> Result<(), VfError> {
+    NODE_VFS.get().map_or(Ok(()), |v| v.prepare_for_switch(pci))
+}
+
+impl Vfs {
+    fn prepare_for_switch(&self, pci: &str) -> Result<(), VfError> {
+        let Ok((pf, vf)) = self.sysfs.vf_by_pci(pci) else { return Ok(()) };
+        if !is_vfio(&vf) {
+            self.sysfs.bind(pci, "vfio-pci").map_err(|e| VfError::Unusable { pci: pci.into(), why: format!("cannot be bound to vfio-pci for the switch: {e} (is the vfio-pci module loaded?)") })?;
+            tracing::info!(vf = pci, pf = %pf, was = ?vf.driver, "VF bound to vfio-pci for a dpdk switch port");
+        }
+        if self.pf_settings {
+            let s = VfSettings { trust: Some(true), spoof_check: Some(false), ..Default::default() };
+            self.pf.set_vf(&pf, vf.index, &s)?;
+        }
+        Ok(())
+    }
+}
+
 fn is_vfio(v: &Vf) -> bool {
     v.driver.as_deref() == Some("vfio-pci")
 }
@@ -254,7 +286,7 @@ fn is_vfio(v: &Vf) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use plumbing::sriov::testkit::{FakeVf, fake_pf};
     use std::sync::Arc;
     use vswitch::testkit::netns::{self, Netns};
 
@@ -277,19 +309,6 @@ mod tests {
         }
     }
 
-    /// PF `pf0` (0000:01:00.0) with VF 0 at 0000:01:00.1 whose netdev is `netdev`.
-    fn tree(root: &std::path::Path, netdev: &str) {
-        let dev = |a: &str| root.join("bus/pci/devices").join(a);
-        std::fs::create_dir_all(dev("0000:01:00.0").join("net/pf0")).unwrap();
-        std::fs::create_dir_all(dev("0000:01:00.1").join("net").join(netdev)).unwrap();
-        std::fs::create_dir_all(root.join("class/net/pf0")).unwrap();
-        symlink(dev("0000:01:00.0"), root.join("class/net/pf0/device")).unwrap();
-        std::fs::write(dev("0000:01:00.0").join("sriov_totalvfs"), "1").unwrap();
-        std::fs::write(dev("0000:01:00.0").join("sriov_numvfs"), "1").unwrap();
-        symlink(dev("0000:01:00.1"), dev("0000:01:00.0").join("virtfn0")).unwrap();
-        symlink(dev("0000:01:00.0"), dev("0000:01:00.1").join("physfn")).unwrap();
-    }
-
     /// Through the PF: at ADD the manager's MAC, the network's VLAN and spoof checking; at
     /// DEL VLAN 0 and the VF's own MAC back. A PF that refuses leaves the VF on the node.
     #[test]
@@ -298,7 +317,7 @@ mod tests {
         let (node, pod) = (Netns::new("vfn").unwrap(), Netns::new("vfp").unwrap());
         node.run(&["ip", "link", "add", "vfx0", "address", "02:00:00:00:0e:01", "type", "veth", "peer", "name", "vfw0"]).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        tree(dir.path(), "vfx0");
+        fake_pf(dir.path(), "pf0", &[FakeVf { netdev: Some("vfx0"), driver: Some("iavf") }]);
         let rec = Arc::new(Recorder::default());
         let section = SriovSection { sysfs: dir.path().into(), pfs: vec!["pf0".into()], pf_settings: true, spoof_check: true, ..Default::default() };
         let vfs = Vfs::with_control(&section, Box::new(rec.clone()));
@@ -331,6 +350,15 @@ mod tests {
             assert_eq!(rec.asked.lock().unwrap()[1], ("pf0".to_string(), 0, reset));
             let back = link::link("vfx0").unwrap().expect("the VF is back on the node");
             assert_eq!((back.mac, back.up), ([2, 0, 0, 0, 0x0e, 1], false));
+            // The same VF given to the switch as a dpdk port: bound to vfio-pci, trusted,
+            // spoof checking off; a PCI address that is no VF is left alone.
+            vfs.prepare_for_switch("0000:01:00.1").unwrap();
+            let sys = dir.path().join("bus/pci/devices/0000:01:00.1/driver_override");
+            assert_eq!(std::fs::read_to_string(sys).unwrap(), "vfio-pci");
+            let switch = VfSettings { trust: Some(true), spoof_check: Some(false), ..Default::default() };
+            assert_eq!(rec.asked.lock().unwrap()[2], ("pf0".to_string(), 0, switch));
+            vfs.prepare_for_switch("0000:3b:00.0").unwrap();
+            assert_eq!(rec.asked.lock().unwrap().len(), 3);
         })
         .unwrap();
         let in_pod = pod.run(&["ip", "-o", "link"]).unwrap();
