@@ -341,9 +341,21 @@ impl Port for DpdkPort {
         // SAFETY: our port and queue (polled by this thread alone), room for `room` pointers.
         let n = unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
         let c = &self.counters[q as usize];
+        let (mut data, mut lens, mut segs) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH], [0u16; BATCH]);
+        if n > 0 {
+            // SAFETY: the burst's `n` mbufs; the out arrays hold BATCH >= n entries.
+            unsafe { dpdk_sys::shim_rx_views(mbufs.as_ptr(), n as u16, data.as_mut_ptr(), lens.as_mut_ptr(), segs.as_mut_ptr()) };
+        }
         let mut got = 0;
-        for &m in &mbufs[..n] {
-            match self.receive(m, cache) {
+        for (i, &m) in mbufs[..n].iter().enumerate() {
+            let b = if segs[i] == 1 && lens[i] as usize <= self.max_frame.max(vswitch::buf::MAX_FRAME) {
+                // SAFETY: the only segment's data, `lens[i]` bytes inside its data room, valid
+                // until the burst's mbufs are freed below.
+                cache.alloc_frame(unsafe { std::slice::from_raw_parts(data[i], lens[i] as usize) })
+            } else {
+                self.receive(m, cache)
+            };
+            match b {
                 Some(b) => {
                     if let Err(b) = batch.push(b) {
                         cache.free(b); // the burst asked for no more than the room: unreachable
@@ -387,7 +399,22 @@ impl Port for DpdkPort {
             have += 1;
         }
         let pool = cache.pool();
-        let k = batch.as_slice()[..have].iter().zip(&mbufs).take_while(|(b, m)| self.transmit_copy(pool, b, **m)).count();
+        let frames = &batch.as_slice()[..have];
+        // Unchained frames (all but jumbo ones) are copied in one call for the burst; the rest,
+        // and any that did not fit, segment by segment.
+        let mut k = 0;
+        if frames.iter().all(|b| !pool.is_chained(b)) {
+            let (mut data, mut lens) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH]);
+            for (i, b) in frames.iter().enumerate() {
+                let head = pool.head(b);
+                data[i] = head.as_ptr();
+                lens[i] = head.len().min(u16::MAX as usize) as u16;
+            }
+            // SAFETY: `have` fresh mbufs of ours and as many frames, each `lens[i]` bytes at
+            // `data[i]` in the pool (borrowed for this call).
+            k = unsafe { dpdk_sys::shim_tx_fill(mbufs.as_ptr(), have as u16, data.as_ptr(), lens.as_ptr()) } as usize;
+        }
+        k += frames[k..].iter().zip(&mbufs[k..have]).take_while(|(b, m)| self.transmit_copy(pool, b, **m)).count();
         for &m in &mbufs[k..have] {
             // SAFETY: allocated above and not sent: freed once (with anything chained).
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };

@@ -20,6 +20,12 @@ uint16_t shim_mbuf_tailroom(const struct rte_mbuf *m);
 /* Room for `len` more bytes at the end of the last segment, or NULL. */
 uint8_t *shim_pktmbuf_append(struct rte_mbuf *m, uint16_t len);
 int shim_pktmbuf_chain(struct rte_mbuf *head, struct rte_mbuf *tail);
+/* A burst at once (one call, the mbuf fields read inline): each mbuf's first segment's data
+ * and length, and its number of segments. */
+void shim_rx_views(struct rte_mbuf *const *m, uint16_t n, const uint8_t **data, uint16_t *len, uint16_t *segs);
+/* Copies frame i (`data[i]`, `len[i]` bytes) into fresh mbuf `m[i]`, in order, while each
+ * fits its mbuf's tailroom; returns how many were filled. */
+uint16_t shim_tx_fill(struct rte_mbuf *const *m, uint16_t n, const uint8_t *const *data, const uint16_t *len);
 unsigned int shim_lcore_id(void);
 int shim_errno(void);
 #endif
