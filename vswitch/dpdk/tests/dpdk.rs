@@ -1,6 +1,7 @@
 //! The `dpdk` port kind against DPDK's own vdevs (no NIC here): `net_pcap` frames in both
 //! directions byte for byte through the switch, `net_null` on several queues with the
-//! device's counters, refusals with DPDK's reason. Skipped, saying so, when this build has
+//! device's counters, refusals with DPDK's reason, `net_tap` pods, the underlay on
+//! `net_af_packet`, a `net_memif` client against testpmd. Skipped, saying so, when this build has
 //! no DPDK. Every test initialises the EAL of its own process (`--no-huge` without huge
 //! pages, a file prefix of its own).
 
@@ -214,4 +215,90 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
     netns::ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
     let s = node.switch.stats();
     assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6, "{:?}", s.events);
+}
+
+/// DPDK's testpmd killed (and its memif socket removed) on drop.
+struct Testpmd(std::process::Child, std::path::PathBuf);
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_file(&self.1);
+    }
+}
+
+/// A `net_memif` client port against DPDK's testpmd as the memif server, forwarding in
+/// `macswap` mode (each frame back with its MACs swapped): a frame from the ring port is
+/// flooded to the memif port and comes back to the ring port, byte for byte but for its
+/// MACs; then the learnt MAC takes unicast frames (60, 1 514, 200 bytes) the same way.
+#[test]
+fn memif_frames_go_to_testpmd_and_come_back() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    if !eal() {
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("knitter-memif-t{}.sock", std::process::id()));
+    let mut child = Command::new("dpdk-testpmd")
+        .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "256", "--single-file-segments", "--no-shconf"])
+        .arg(format!("--file-prefix=tp-memif-{}", std::process::id()))
+        .arg(format!("--vdev=net_memif0,role=server,socket={},socket-abstract=no", sock.display()))
+        .args(["--", "-i", "--forward-mode=macswap", "--total-num-mbufs=2048"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dpdk-testpmd (CI installs DPDK's tools)");
+    let mut stdin = child.stdin.take().unwrap();
+    let _tp = Testpmd(child, sock.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "testpmd made no memif socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writeln!(stdin, "start").unwrap();
+    // The server's interface joins its socket when testpmd starts its port, a moment after
+    // the socket appears (a client that connects before is refused and not retried).
+    std::thread::sleep(Duration::from_secs(2));
+    let devargs = format!("net_memif_tx,role=client,socket={},socket-abstract=no", sock.display());
+    let port = dpdk::DpdkPort::open("m", &devargs, &dpdk::PortOptions::default()).expect("the memif client opens");
+    while !port.link_up() {
+        assert!(Instant::now() < deadline, "the memif link never came up");
+        port.refresh_link();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut h = Harness::new();
+    h.ring("r").register("m", port.clone());
+    h.apply(one_bridge(&["r", "m"])).unwrap();
+    let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
+    let swapped = |f: &[u8]| [&f[6..12], &f[0..6], &f[12..]].concat();
+    // A frame sent before the server polls its new rings is lost (memif has no retry): each
+    // frame is sent again every 300 ms until it is back; what comes back is only ever the
+    // frames sent, MACs swapped.
+    let mut sent = Vec::new();
+    for (i, size) in [60usize, 1514, 200].into_iter().enumerate() {
+        let f = frames::udp4(mac(0x11), mac(0x22), ip(1), ip(2), 1000 + i as u16, 2000, size);
+        sent.push(swapped(&f));
+        let mut last = Instant::now() - Duration::from_secs(1);
+        let mut back = false;
+        while !back {
+            assert!(Instant::now() < deadline + Duration::from_secs(10), "frame {i} never came back from testpmd");
+            if last.elapsed() > Duration::from_millis(300) {
+                h.send("r", &f);
+                last = Instant::now();
+            }
+            h.step();
+            for got in h.recv("r") {
+                assert!(sent.contains(&got), "frame {i} ({size} bytes): something else came back: {got:02x?}");
+                back |= got == swapped(&f);
+            }
+        }
+    }
+    let st = port.queue_stats();
+    assert!(st[0].tx_packets >= 3 && st[0].rx_packets >= 3, "{st:?}");
+    h.apply(SwitchConfig::default()).unwrap();
+    h.switch.unregister_port("m").unwrap();
+    let _ = writeln!(stdin, "quit");
 }

@@ -12,7 +12,7 @@ pub fn status(e: NodeError) -> Status {
         NodeError::NotFound { .. } => Status::not_found(msg),
         NodeError::NotOwner { .. } => Status::failed_precondition(msg),
         NodeError::Invalid(_) => Status::invalid_argument(msg),
-        NodeError::SocketKept { .. } => Status::failed_precondition(msg),
+        NodeError::DeviceKept { .. } => Status::failed_precondition(msg),
         NodeError::Device(_) => Status::unavailable(msg),
         NodeError::State(_) => Status::internal(msg),
         NodeError::VfHeld { .. } => Status::already_exists(msg),

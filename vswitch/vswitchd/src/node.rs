@@ -26,8 +26,8 @@ pub enum NodeError {
     Invalid(#[from] ConfigError),
     #[error(transparent)]
     Device(#[from] DeviceError),
-    #[error("port {port:?}: another vhost-user device on the running one's socket cannot open beside it; delete the port first, then apply")]
-    SocketKept { port: String },
+    #[error("port {port:?}: {what} cannot open beside the running one; delete the port first, then apply")]
+    DeviceKept { port: String, what: &'static str },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
     #[error("VF {pci} is attached to {by}")]
@@ -669,13 +669,17 @@ fn is_trunk(spec: &PortSpec) -> bool {
 
 /// Whether a running port (device `running`) changed from `old` to `new` needs its device
 /// opened again: another device, or a mode the open one does not serve. Refused for a
-/// vhost-user socket path kept with other settings: a second server there would take the
-/// running one's socket file, which the running one removes as it closes.
+/// vhost-user socket path kept with other settings (a second server there would take the
+/// running one's socket file, which the running one removes as it closes) and for DPDK
+/// devargs kept with other settings (DPDK probes a device once: the second open is refused).
 fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, NodeError> {
     match (&old.device, &new.device) {
         (a, b) if a == b => Ok(!running.serves(is_trunk(new))),
         (Device::VhostUser { socket: a, .. }, Device::VhostUser { socket: b, .. }) if a == b => {
-            Err(NodeError::SocketKept { port: new.config.name.clone() })
+            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another vhost-user device on its socket" })
+        }
+        (Device::Dpdk { devargs: a, .. }, Device::Dpdk { devargs: b, .. }) if a == b => {
+            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another DPDK device with the same devargs (DPDK probes a device once)" })
         }
         _ => Ok(true),
     }

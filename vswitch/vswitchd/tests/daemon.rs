@@ -1069,6 +1069,12 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
     assert!(matches!(&p.device.as_ref().unwrap().kind, Some(pb::device::Kind::Dpdk(x)) if x.devargs == devargs), "{p:?}");
     refused(add_port(&mut c, dpdk_port("bad", "net_nonesuch0".into())).await, Code::Unavailable, "net_nonesuch0");
     refused(add_port(&mut c, dpdk_port("empty", " ".into())).await, Code::InvalidArgument, "devargs");
+    // The same devargs with other settings cannot open beside the running device: refused
+    // saying what to do (it was DPDK's "already exists" from the second probe).
+    let doc = format!(
+        "[[bridges]]\nname = \"red\"\n[[ports]]\nname = \"d0\"\ndevice = {{ kind = \"dpdk\", devargs = \"{devargs}\", queues = 2 }}\nmode = {{ kind = \"access\", bridge = \"red\" }}\n"
+    );
+    refused(c.apply(pb::ApplyRequest { document: doc, format: "toml".into(), dry_run: false }).await, Code::FailedPrecondition, "same devargs");
     c.delete_port(pb::DeleteRequest { name: "d0".into(), owner: 0 }).await.unwrap();
     assert!(tx.exists(), "the device's pcap writer was opened");
 }
