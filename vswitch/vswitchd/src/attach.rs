@@ -277,8 +277,7 @@ impl Attacher {
         record.host_ifname = String::new();
         let (node, vfs, dev, rec) = (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
         let vf = blocking(move || {
-            let held = node.held_vfs();
-            vfs.choose_and_claim(&dev, pool.as_deref(), &held, |vf| {
+            vfs.choose_and_claim(&dev, pool.as_deref(), || node.held_vfs(), |vf| {
                 let mut r = rec;
                 r.vf = Some(vf.clone());
                 node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {

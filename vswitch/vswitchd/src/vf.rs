@@ -76,8 +76,9 @@ impl Vfs {
 
     /// Chooses a VF — `device_id`'s, or a free one of `pool`'s PFs (`None`: `[sriov] pfs`) —
     /// and claims it with `claim` (which records it, refusing a VF held meanwhile), under one
-    /// lock. `held` lists the VFs attachments hold now.
-    pub fn choose_and_claim<T>(&self, device_id: &str, pool: Option<&str>, held: &[Holder], claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
+    /// lock. `held` lists the VFs attachments hold, read under that lock (so two ADDs at once
+    /// pick two VFs).
+    pub fn choose_and_claim<T>(&self, device_id: &str, pool: Option<&str>, held: impl FnOnce() -> Vec<Holder>, claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
         let pfs = match pool {
             None => &self.pfs,
             Some(p) => self.pools.get(p).ok_or_else(|| {
@@ -86,7 +87,7 @@ impl Vfs {
             })?,
         };
         let _one = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
-        let vf = self.choose(device_id, pfs, held)?;
+        let vf = self.choose(device_id, pfs, &held())?;
         claim(vf)
     }
 
@@ -331,8 +332,8 @@ mod tests {
             routes: Vec::new(),
         };
         node.enter(|| {
-            let vf = vfs.choose_and_claim("", None, &[], Ok).unwrap();
-            assert!(matches!(vfs.choose_and_claim("", Some("fast"), &[], Ok), Err(VfError::UnknownPool(..))));
+            let vf = vfs.choose_and_claim("", None, Vec::new, Ok).unwrap();
+            assert!(matches!(vfs.choose_and_claim("", Some("fast"), Vec::new, Ok), Err(VfError::UnknownPool(..))));
             assert_eq!((vf.pci.as_str(), vf.pf.as_str(), vf.pf_pci.as_str(), vf.netdev_mac), ("0000:01:00.1", "pf0", "0000:01:00.0", Some([2, 0, 0, 0, 0x0e, 1])));
             *rec.fail.lock().unwrap() = 1;
             let e = vfs.give(&vf, &plan, 100).unwrap_err();
@@ -343,7 +344,7 @@ mod tests {
             assert_eq!(rec.asked.lock().unwrap().as_slice(), &[("pf0".to_string(), 0, asked)]);
             assert!(link::link("vfx0").unwrap().is_none());
             let held = [("0000:01:00.1".to_string(), "c/eth0".to_string())];
-            assert!(matches!(vfs.choose_and_claim("", None, &held, Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
+            assert!(matches!(vfs.choose_and_claim("", None, || held.to_vec(), Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
             assert_eq!(vfs.report(&held)[0].vfs[0].attached_to, "c/eth0");
             assert!(vfs.take_back(&vf, &plan.netns, "eth0").is_empty());
             let reset = VfSettings { mac: Some(MacAddr([2, 0, 0, 0, 0x0e, 1])), vlan: Some((0, 0)), ..Default::default() };
