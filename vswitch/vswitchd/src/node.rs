@@ -26,7 +26,7 @@ pub enum NodeError {
     Invalid(#[from] ConfigError),
     #[error(transparent)]
     Device(#[from] DeviceError),
-    #[error("port {port:?}: {what} cannot open beside the running one; delete the port first, then apply")]
+    #[error("port {port:?}: {what} cannot open beside it; delete the port first, then apply")]
     DeviceKept { port: String, what: &'static str },
     #[error("the change was applied but not persisted: {0}")]
     State(#[from] StateError),
@@ -676,10 +676,10 @@ fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, N
     match (&old.device, &new.device) {
         (a, b) if a == b => Ok(!running.serves(is_trunk(new))),
         (Device::VhostUser { socket: a, .. }, Device::VhostUser { socket: b, .. }) if a == b => {
-            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another vhost-user device on its socket" })
+            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another vhost-user device on the running one's socket" })
         }
         (Device::Dpdk { devargs: a, .. }, Device::Dpdk { devargs: b, .. }) if a == b => {
-            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another DPDK device with the same devargs (DPDK probes a device once)" })
+            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another DPDK device with the same devargs as the running one (DPDK probes a device once)" })
         }
         _ => Ok(true),
     }
