@@ -2,7 +2,7 @@
 //!
 //!     cargo build --release -p knitter-vswitch --example pipeline_insn
 //!     valgrind --tool=callgrind --toggle-collect='*Bench*poll*' \
-//!         target/release/examples/pipeline_insn l2-1k 320000 [--no-cache]
+//!         target/release/examples/pipeline_insn l2-1k 320000 [--no-cache] [--per-node]
 //!
 //! callgrind then counts only the instructions of `Bench::poll` (rx burst, pipeline, tx
 //! burst); divide by the packets printed. `ci/insn-count.sh` does all of that per scenario.
@@ -21,11 +21,18 @@ fn main() {
     // `--no-cache`: the slow path alone (stages 1-2 for every frame); `--emc-entries N`: a
     // cache of N entries (2: every flow of a 1k workload misses, and the cost of a miss
     // shows).
+    // `--per-node`: the per-node dispatcher (what fusing saves shows against the default).
     let mut opts = vswitch::SwitchOptions::default();
-    match args.next().as_deref() {
-        Some("--no-cache") => opts.emc_entries = 0,
-        Some("--emc-entries") => opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2),
-        _ => {}
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--no-cache" => opts.emc_entries = 0,
+            "--emc-entries" => opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2),
+            "--per-node" => opts.dispatch = vswitch::Dispatch::PerNode,
+            other => {
+                eprintln!("unknown option {other:?}: --no-cache, --emc-entries N, --per-node");
+                std::process::exit(2);
+            }
+        }
     }
     let mut b = Bench::with_options(s, opts);
     let mut got = 0;

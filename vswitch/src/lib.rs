@@ -14,6 +14,7 @@ pub mod buf;
 pub mod counters;
 pub mod emc;
 pub mod fdb;
+pub mod graph;
 pub mod neigh;
 pub mod offload;
 pub mod port;
@@ -38,6 +39,7 @@ pub use batch::{BATCH, Batch};
 pub use buf::{BufId, LentTail, Pool, PoolCache};
 pub use config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 pub use counters::{DropReason, Event};
+pub use pipeline::Dispatch;
 pub use pmd::{IdlePolicy, PmdConfig, PmdSet};
 pub use switch::{Switch, SwitchOptions};
 #[cfg(any(test, feature = "testkit"))]

@@ -51,11 +51,14 @@ pub struct SwitchOptions {
     /// default, 256 Ki entries (8 MiB per thread), keeps 97 % of 100 000 flows (100 000 MACs
     /// talking both ways) cached in its 2-way sets; half of it kept 75 % (docs/perf.md).
     pub emc_entries: usize,
+    /// How PMD threads run the pipeline's nodes (fused by default; per node to measure what
+    /// fusing saves).
+    pub dispatch: crate::pipeline::Dispatch,
 }
 
 impl Default for SwitchOptions {
     fn default() -> Self {
-        SwitchOptions { fdb_entries: 1 << 18, emc_entries: 1 << 18 }
+        SwitchOptions { fdb_entries: 1 << 18, emc_entries: 1 << 18, dispatch: crate::pipeline::Dispatch::Fused }
     }
 }
 
@@ -266,6 +269,7 @@ impl Switch {
         let mut p = Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries);
         p.set_neighbors(self.neighbors.clone());
         p.set_tracing(self.tracing.clone());
+        p.set_dispatch(self.opts.dispatch);
         p
     }
 

@@ -31,7 +31,7 @@ pub const HEAD_BYTES: usize = 128;
 pub const MAX_TRACES: usize = 256;
 
 /// The logical nodes of the pipeline, in the order a frame meets them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Node {
     /// The exact-match cache (stage 0).
     Cache,

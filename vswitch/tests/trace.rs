@@ -3,13 +3,15 @@
 //! decision is reported for frames it knows; synthetic frames (an encapsulation, a
 //! decapsulation, a trunk's tagged frame, ARP suppression, the VTEP's own neighbour
 //! traffic, a frame waiting for a next hop) run through the configuration without learning
-//! or sending anything; and together the traces cover every node.
+//! or sending anything; and together the traces cover every node and take every edge of
+//! the node graph ([`vswitch::graph`]), and no edge it does not list.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use vswitch::config::{BridgeConfig, Neighbor, PortConfig, StaticMac, SwitchConfig, VtepConfig};
 use vswitch::fdb::Dest;
 use vswitch::testkit::{Harness, frames, mac};
+use vswitch::graph::{self, Next};
 use vswitch::trace::{FrameTrace, Learned, Node, Step};
 use vswitch::wire::spec;
 
@@ -233,6 +235,104 @@ fn traces_together_cover_every_node() {
     note(&t);
     let all: BTreeSet<&str> = Node::ALL.iter().map(|n| n.name()).collect();
     assert_eq!(seen, all);
+}
+
+/// Edges no trace here takes, and where they are taken instead.
+const TAKEN_ELSEWHERE: &[(Node, Next, &str)] = &[
+    // The answer's port left the snapshot between the table lookup and egress.
+    (Node::Suppress, Next::Drop, "a race: counted as no_egress"),
+    // A parked frame goes back to encapsulation, or is dropped, on a later burst.
+    (Node::NeighborHold, Next::Node(Node::Encap), "tests/neighbor.rs"),
+    (Node::NeighborHold, Next::Drop, "tests/neighbor.rs (neighbor_queue_full, neighbor_unresolved)"),
+    // No buffer left for a copy (tests/drops.rs names the test for no_buffer).
+    (Node::Flood, Next::Drop, "pool exhausted"),
+    // Every port here has one MTU.
+    (Node::VlanRewrite, Next::Drop, "tests/drops.rs (egress_mtu)"),
+    // A full ring or a link down is found when the burst's batches are sent, after its trace.
+    (Node::Tx, Next::Drop, "tests/drops.rs (tx_full, port_down)"),
+];
+
+#[test]
+fn traces_take_every_edge_of_the_node_graph_and_no_other() {
+    let order = graph::check().expect("the node graph checks");
+    assert_eq!(order.len(), Node::ALL.len());
+    let mut traces: Vec<FrameTrace> = Vec::new();
+    let mut h = setup(false);
+    let live = |h: &mut Harness, port: &str, frames: &[Vec<u8>]| {
+        h.switch.trace(port, frames.len() as u32).unwrap();
+        for f in frames {
+            h.send(port, f);
+        }
+        h.step();
+        h.recv_all();
+        h.switch.traces()
+    };
+    // A flood (p1 first seen), then cache hits to a local port and to the peer, a drop at
+    // classification and at port security, a frame back to where its destination is.
+    traces.extend(live(&mut h, "p1", &[udp(30, 1, ip(1), ip(30))]));
+    h.send("a2", &udp(1, 2, ip(2), ip(1)));
+    for _ in 0..3 {
+        h.send("p1", &udp(2, 1, ip(1), ip(2)));
+        h.send("p1", &udp(REMOTE_POD, 1, ip(1), ip(7)));
+        h.send("t1", &frames::tagged(mac(1), mac(5), 0x8100, 10, 0x0800, &[0; 46]));
+    }
+    h.step();
+    h.recv_all();
+    traces.extend(live(&mut h, "p1", &[udp(2, 1, ip(1), ip(2)), udp(REMOTE_POD, 1, ip(1), ip(7)), udp(2, 1, ip(66), ip(2))]));
+    traces.extend(live(&mut h, "t1", &[frames::tagged(mac(1), mac(5), 0x8100, 10, 0x0800, &[0; 46]), frames::tagged(mac(1), mac(5), 0x8100, 99, 0x0800, &[0; 46])]));
+    traces.extend(live(&mut h, "a2", &[udp(2, 2, ip(2), ip(2))]));
+    // The underlay: a decapsulated frame, one dropped there, the VTEP's address asked for.
+    let outer = format!("{} ipv4(src={PEER},dst={LOCAL}) udp(dst=4789) vxlan(vni=5001)", eth(UP_MAC, PEER_MAC));
+    let arp_for_vtep = format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa={PEER},tpa={LOCAL})", mac(PEER_MAC), mac(PEER_MAC));
+    let underlay: Vec<Vec<u8>> = [
+        format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)),
+        format!("{} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", outer.replace("vni=5001", "vni=77"), eth(1, REMOTE_POD)),
+        arp_for_vtep.clone(),
+    ]
+    .iter()
+    .map(|s| spec::build(s).unwrap())
+    .collect();
+    traces.extend(live(&mut h, "up", &underlay));
+    traces.push(synthetic(&h, "up", &arp_for_vtep));
+    // ARP suppression: answered to a local port and to the peer; not in the table.
+    let arp = |sha: u32, tpa: &str| format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa=10.1.0.1,tpa={tpa})", mac(sha), mac(sha));
+    traces.push(synthetic(&h, "p1", &arp(1, "10.1.0.9")));
+    traces.push(synthetic(&h, "p1", &arp(1, "10.1.0.99")));
+    traces.push(synthetic(&h, "up", &format!("{outer} {}", arp(REMOTE_POD, "10.1.0.9").replace("spa=10.1.0.1", "spa=10.1.0.7"))));
+    // Too big for the underlay once encapsulated.
+    traces.push(synthetic(&h, "t1", &format!("{} vlan(vid=10) ipv4(src=10.1.0.5,dst=10.1.0.7) udp() payload(len=1444)", eth(REMOTE_POD, 5))));
+    // A bridge domain with one member: a flood with nowhere to go.
+    let mut lone = Harness::new();
+    lone.ring("x");
+    lone.apply(SwitchConfig { bridges: vec![BridgeConfig::new("lone")], ports: vec![PortConfig::access("x", "lone")], vtep: None }).unwrap();
+    traces.push(lone.switch.trace_synthetic("x", &udp(30, 1, ip(1), ip(30))).unwrap());
+    // A peer whose next hop is not resolved yet: the frame would wait.
+    let h = setup(true);
+    traces.push(synthetic(&h, "p1", &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp()", eth(REMOTE_POD, 1))));
+
+    let mut taken: BTreeSet<(Option<Node>, Next)> = BTreeSet::new();
+    for t in &traces {
+        for e in graph::edges_of(t) {
+            match e {
+                (None, Next::Node(n)) => assert!(graph::ENTRIES.contains(&n), "{} entered at, not an entry: {:?}", n.name(), t.steps()),
+                (None, Next::Drop) => panic!("a drop before any node: {:?}", t.steps()),
+                (Some(from), to) => assert!(from.next_index(to).is_some(), "{} → {to:?} is not in the graph: {:?}", from.name(), t.steps()),
+            }
+            taken.insert(e);
+        }
+    }
+    let mut missing = Vec::new();
+    for n in Node::ALL {
+        for x in n.nexts() {
+            if !taken.contains(&(Some(*n), *x)) && !TAKEN_ELSEWHERE.iter().any(|(a, b, _)| a == n && b == x) {
+                missing.push(format!("{} → {x:?}", n.name()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "edges no trace took: {missing:?}");
+    for n in graph::ENTRIES {
+        assert!(taken.contains(&(None, Next::Node(*n))), "no frame entered at {}", n.name());
+    }
 }
 
 #[test]

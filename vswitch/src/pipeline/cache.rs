@@ -152,11 +152,12 @@ impl Pipeline {
             self.encap_burst(snap, port, batch, &found, bytes);
             return bytes;
         }
-        let demoted = if port.kind == PortKind::Access {
-            // An access port's frames all belong to its one bridge domain.
-            self.forward_cached::<true>(snap, port, batch, &mut found)
-        } else {
-            self.forward_cached::<false>(snap, port, batch, &mut found)
+        // An access port's frames all belong to its one bridge domain.
+        let demoted = match (port.kind == PortKind::Access, self.per_node) {
+            (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
+            (false, false) => self.forward_cached::<false, false>(snap, port, batch, &mut found),
+            (true, true) => self.forward_cached::<true, true>(snap, port, batch, &mut found),
+            (false, true) => self.forward_cached::<false, true>(snap, port, batch, &mut found),
         };
         self.count_hits(hits - demoted);
         bytes
@@ -226,7 +227,7 @@ impl Pipeline {
     /// Once a missed frame changed the FDB (a MAC moved), the hits after it take stages 1
     /// and 2 too. Returns how many hits did.
     #[inline(always)]
-    pub(super) fn forward_cached<const ACCESS: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &mut [(Hit, u32); BATCH]) -> u64 {
+    pub(super) fn forward_cached<const ACCESS: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &mut [(Hit, u32); BATCH]) -> u64 {
         let mut run = BdRun::new(if ACCESS { port.untagged_bd } else { NO_BD });
         let n = batch.len();
         let mut demoted = 0;
@@ -241,7 +242,7 @@ impl Pipeline {
             let len = len as usize;
             // An access port's frames all belong to its one bridge domain.
             let bd = if ACCESS { run.bd } else { hit.bd() };
-            self.forward_hit(snap, b, hit, &mut run, bd, len);
+            self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, bd, len);
         }
         batch.clear_taken();
         self.end_hits(snap, run);
@@ -250,7 +251,7 @@ impl Pipeline {
 
     /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
     #[inline(always)]
-    pub(super) fn forward_hit(&mut self, snap: &Snapshot, b: BufId, hit: Hit, run: &mut BdRun, bd: u16, len: usize) {
+    pub(super) fn forward_hit<const PER_NODE: bool>(&mut self, snap: &Snapshot, b: BufId, hit: Hit, run: &mut BdRun, bd: u16, len: usize) {
         if let Some(done) = run.add(bd, len) {
             self.count_run(done);
         }
@@ -259,6 +260,7 @@ impl Pipeline {
         }
         let tagged = hit.tagged_in();
         match hit.action() {
+            Action::Port { port: p, want } if PER_NODE => self.hit_to_rewrite(snap, b, p, tagged, want),
             Action::Port { port: p, want } => {
                 let mut b = b;
                 let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
@@ -288,6 +290,7 @@ impl Pipeline {
     /// so frames leave in the order they came).
     #[inline(always)]
     pub(super) fn flush_pending(&mut self, snap: &Snapshot) {
+        self.run_nodes(snap);
         if !self.to_peer.is_empty() {
             self.encap_pending(snap);
         }
@@ -324,7 +327,7 @@ impl Pipeline {
     /// the whole decapsulation again and stages 1 and 2. Returns the bytes received and the
     /// lookups that hit.
     #[inline(never)]
-    pub(super) fn forward_underlay_cached(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
+    pub(super) fn forward_underlay_cached<const PER_NODE: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
         // Per frame: the cached decision, the inner length, and whether the frame hit and
@@ -353,7 +356,7 @@ impl Pipeline {
             }
         }
         if hits == n as u64 {
-            self.forward_hits(snap, batch, &found);
+            self.forward_hits::<PER_NODE>(snap, batch, &found);
             self.count_hits(hits);
             self.stats.event(Event::Decapsulated, hits);
             return (bytes, hits);
@@ -368,7 +371,7 @@ impl Pipeline {
             let b = batch.take(i);
             let (hit, len, stripped) = found[i & (BATCH - 1)];
             if hit.admits(len) {
-                self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+                self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, hit.bd(), len as usize);
                 continue;
             }
             decapsulated += self.forward_underlay_missed(snap, port, b, stripped.then_some(stripped_from), i);
@@ -400,12 +403,12 @@ impl Pipeline {
     /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
     /// lost its outer headers in the first): each goes to egress.
     #[inline(never)]
-    pub(super) fn forward_hits(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[(Hit, u32, bool); BATCH]) {
+    pub(super) fn forward_hits<const PER_NODE: bool>(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[(Hit, u32, bool); BATCH]) {
         let mut run = BdRun::new(NO_BD);
         for i in 0..batch.len() {
             let b = batch.take(i);
             let (hit, len, _) = found[i & (BATCH - 1)];
-            self.forward_hit(snap, b, hit, &mut run, hit.bd(), len as usize);
+            self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, hit.bd(), len as usize);
         }
         batch.clear_taken();
         self.end_hits(snap, run);

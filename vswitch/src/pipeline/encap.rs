@@ -39,13 +39,13 @@ impl Pipeline {
         if let Err(r) = self.untag(&mut b, tagged) {
             return self.discard(b, r, vtep.underlay_port);
         }
-        let Ok(mac) = self.next_hop(snap, vtep, pe) else {
-            return self.park(vtep, b, peer, vni);
-        };
         let mark = snap.marking(bd.id);
         if TRACE {
             self.record(Step::Encap { peer, vni, dscp: mark.dscp, priority: mark.priority });
         }
+        let Ok(mac) = self.next_hop(snap, vtep, pe) else {
+            return self.park(vtep, b, peer, vni);
+        };
         let r = vtep.encap(&self.pool, &mut b, pe, vni, mark);
         if self.sent_encapsulated(snap, vtep, b, r, (mac, mark.priority)) {
             self.stats.event(Event::Encapsulated, 1);

@@ -1,6 +1,6 @@
 //! Node `flood`: copies to every member of the bridge domain but the ingress, and to remote
 //! VTEPs unless the frame came from one (split horizon); small frames copied, large ones a
-//! private header over a shared payload.
+//! private header over a shared payload. Each copy goes to `vlan-rewrite` or `vxlan-encap`.
 
 use super::*;
 
@@ -19,7 +19,7 @@ impl Pipeline {
     /// one (split horizon). Every egress but the last gets a copy (small frames) or a private
     /// header segment over the shared payload (large ones); the last gets the original.
     #[inline(never)]
-    pub(super) fn flood<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
+    pub(super) fn flood<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
         // Copies share the payload: it must be in the pool.
         if !self.pool.linearize(&mut b, &mut self.cache) {
             return self.discard(b, DropReason::NoBuffer, in_port);
@@ -62,7 +62,7 @@ impl Pipeline {
                     copy
                 };
                 if let Some(f) = frame {
-                    self.emit_target::<TRACE>(snap, bd, f, c, t, len);
+                    self.emit_target::<TRACE, PER_NODE>(snap, bd, f, c, t, len);
                 }
             }
             if let Some(o) = original {
@@ -82,7 +82,7 @@ impl Pipeline {
                 Some(mut h) => {
                     self.pool.append(&mut h, &hdr[..l2]);
                     self.pool.link_shared(&mut h, &shared);
-                    self.emit_target::<TRACE>(snap, bd, h, c, t, len);
+                    self.emit_target::<TRACE, PER_NODE>(snap, bd, h, c, t, len);
                 }
                 None => self.flood_copy_failed(in_port),
             }
@@ -96,8 +96,16 @@ impl Pipeline {
         self.stats.count_drop(DropReason::NoBuffer, port);
     }
 
+    /// A copy to one egress: straight to its node, or (`PER_NODE`) onto the node's frame.
     #[inline(always)]
-    pub(super) fn emit_target<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
+    pub(super) fn emit_target<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
+        if PER_NODE {
+            let m = nodes::Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, len: len as u32, ..nodes::Meta::default() };
+            return match t {
+                Target::Port(p, want) => self.put_on(snap, nodes::Next::Rewrite, b, nodes::Meta { port: p, want, ..m }),
+                Target::Peer(p) => self.put_on(snap, nodes::Next::Encap, b, nodes::Meta { port: p, ..m }),
+            };
+        }
         match t {
             Target::Port(p, want) => match snap.port(p) {
                 Some(pe) => self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),

@@ -1,26 +1,53 @@
-//! Node `l2-forward` (stage 2): ARP/ND suppression (node `arp-nd-suppress`,
+//! Node `l2-forward` (stage 2): the source handed to `learn`, ARP/ND suppression (node `arp-nd-suppress`,
 //! [`crate::suppress`]), the FDB lookup of the destination, and the hand-off to the egress
 //! nodes: `vlan-rewrite` + `tx` for a local port, `vxlan-encap` for a peer, `flood` for an
 //! unknown or group destination.
 
 use super::*;
 
-impl Pipeline {
-    /// Stage 2: security, learning, suppression, lookup and egress of the `i`th packet.
-    #[inline(always)]
-    pub(super) fn forward<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize) {
-        let from_peer = c.from_peer != NO_PEER;
-        let l2 = if c.tagged { 18 } else { 14 };
+/// Where `l2-forward` sends a frame: the next node, with what it needs.
+pub(super) enum Verdict<'s> {
+    /// Dropped for a reason, counted against a port.
+    Drop(DropReason, u16),
+    /// `vlan-rewrite` then `tx` on a local port: the VLAN it leaves with, the frame's length.
+    Port(&'s PortEntry, Option<u16>, usize),
+    /// `vxlan-encap` to a remote VTEP.
+    Peer(u16),
+    Flood,
+}
 
+impl Pipeline {
+    /// Stage 2 of the `i`th packet: learning, then suppression, lookup and egress.
+    #[inline(always)]
+    pub(super) fn forward<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, i: usize) {
+        let learnt = self.learn_source::<TRACE>(port, bd, c);
+        self.decide::<TRACE, false>(snap, port, bd, b, c, i, learnt);
+    }
+
+    /// Node `learn`: whether the FDB now holds the frame's source as learning wants it (else
+    /// its forwarding is not cacheable).
+    #[inline(always)]
+    pub(super) fn learn_source<const TRACE: bool>(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx) -> bool {
+        let from_peer = c.from_peer != NO_PEER;
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
-        // Whether the FDB now holds the source as learning wants it (else, not cacheable).
-        let mut learnt = true;
         let learning = if from_peer { bd.remote_learning } else { bd.learning };
         if learning && !self.fdb.is_fresh(c.src_key, c.src_loc, src, self.now) {
-            learnt = self.learn(port, bd, c, src);
-        } else if TRACE {
+            return self.learn(port, bd, c, src);
+        }
+        if TRACE {
             self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome: if learning { Learned::Fresh } else { Learned::Off } });
         }
+        true
+    }
+
+    /// Nodes `arp-nd-suppress` and `l2-forward`: where the `i`th frame goes (`learnt`: see
+    /// [`Pipeline::learn_source`]), handed on there: straight to the next node, or
+    /// (`PER_NODE`) onto its frame. A known unicast frame fills the cache here.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decide<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize, learnt: bool) {
+        let from_peer = c.from_peer != NO_PEER;
+        let l2 = if c.tagged { 18 } else { 14 };
 
         if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
             let h = self.pool.head(&b);
@@ -31,7 +58,9 @@ impl Pipeline {
                     if TRACE {
                         self.record(Step::Suppress { arp: a == Answer::Arp });
                     }
-                    return self.emit::<TRACE>(snap, bd, b, c, src);
+                    let back = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
+                    let v = self.to_dest(snap, bd, &b, back);
+                    return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, v);
                 }
         }
 
@@ -41,8 +70,8 @@ impl Pipeline {
                     self.record(Step::Forward { mac: key_mac(c.dst_key), found: Some(v.dest()) });
                 }
                 match v.dest() {
-                    Dest::Port(p) if p == port.id && !from_peer => return self.discard(b, DropReason::Reflect, port.id),
-                    Dest::Peer(_) if from_peer => return self.discard(b, DropReason::Reflect, port.id),
+                    Dest::Port(p) if p == port.id && !from_peer => return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
+                    Dest::Peer(_) if from_peer => return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
                     Dest::Port(p) => {
                         if let Some(pe) = snap.port(p)
                             && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
@@ -53,7 +82,7 @@ impl Pipeline {
                                     let want = want.map(|v| (pe.tpid, v));
                                     self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
                                 }
-                                return self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, c.len as usize);
+                                return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Port(pe, want, c.len as usize));
                             }
                     }
                     Dest::Peer(p) => {
@@ -63,7 +92,7 @@ impl Pipeline {
                                 let max = l2 + port.mtu as usize;
                                 self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
                             }
-                            return self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p);
+                            return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Peer(p));
                         }
                     }
                 }
@@ -75,20 +104,34 @@ impl Pipeline {
             } else if TRACE {
                 self.record(Step::Forward { mac: key_mac(c.dst_key), found: None });
             }
-        self.flood::<TRACE>(snap, bd, port.id, b, c);
+        self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Flood)
     }
 
     #[inline(always)]
-    pub(super) fn emit<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, d: Dest) {
+    fn egress<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+        if PER_NODE { self.hand_on(snap, port, bd, b, c, v) } else { self.act::<TRACE>(snap, port, bd, b, c, v) }
+    }
+
+    /// Hands a frame to the node `decide` chose.
+    #[inline(always)]
+    pub(super) fn act<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+        match v {
+            Verdict::Drop(r, p) => self.discard(b, r, p),
+            Verdict::Port(pe, want, len) => self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
+            Verdict::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
+            Verdict::Flood => self.flood::<TRACE, false>(snap, bd, port.id, b, c),
+        }
+    }
+
+    /// The verdict for a frame going to `d` (an answer back to where its question came from).
+    #[inline(always)]
+    pub(super) fn to_dest<'s>(&self, snap: &'s Snapshot, bd: &BdEntry, b: &BufId, d: Dest) -> Verdict<'s> {
         match d {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
-                Some((pe, Some(want))) => {
-                    let len = self.pool.pkt_len(&b);
-                    self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len)
-                }
-                _ => self.discard(b, DropReason::NoEgress, p),
+                Some((pe, Some(want))) => Verdict::Port(pe, want, self.pool.pkt_len(b)),
+                _ => Verdict::Drop(DropReason::NoEgress, p),
             },
-            Dest::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
+            Dest::Peer(p) => Verdict::Peer(p),
         }
     }
 }

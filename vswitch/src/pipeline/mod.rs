@@ -41,12 +41,14 @@ mod flood;
 mod forward;
 mod learn;
 mod neighbor;
+mod nodes;
 mod police;
 mod rewrite;
 mod trace;
 mod tx;
 
 use self::classify::*;
+pub use self::nodes::Dispatch;
 use self::rewrite::*;
 use self::trace::*;
 use crate::batch::{BATCH, Batch};
@@ -169,6 +171,9 @@ pub struct Pipeline {
     tracing: Arc<Tracing>,
     traced: bool,
     trace: Box<BurstTrace>,
+    /// [`Dispatch::PerNode`], and its nodes' frames.
+    per_node: bool,
+    frames: Box<nodes::Frames>,
 }
 
 impl Pipeline {
@@ -201,6 +206,8 @@ impl Pipeline {
             tracing: Arc::new(Tracing::default()),
             traced: false,
             trace: Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false }),
+            per_node: false,
+            frames: Box::new(nodes::Frames::new()),
         }
     }
 
@@ -285,7 +292,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     fn process_traced(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> bool {
-        self.begin_trace(port, batch, false);
+        self.begin_trace(snap, port, batch, false);
         if !self.traced {
             return false;
         }
@@ -313,7 +320,11 @@ impl Pipeline {
                 Some(vtep) => {
                     self.cached = true;
                     let before = self.emc.fills();
-                    let (bytes, hits) = self.forward_underlay_cached(snap, vtep, port, batch);
+                    let (bytes, hits) = if self.per_node {
+                        self.forward_underlay_cached::<true>(snap, vtep, port, batch)
+                    } else {
+                        self.forward_underlay_cached::<false>(snap, vtep, port, batch)
+                    };
                     self.note_burst(port.id, hits, n, before);
                     bytes
                 }
@@ -340,6 +351,9 @@ impl Pipeline {
     /// decides (a traced burst; untraced ones compile without a check).
     #[inline(never)]
     fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        if !TRACE && self.per_node {
+            return self.forward_slow_per_node(snap, port, batch);
+        }
         let in_port = port.id;
         let n = batch.len();
         let mut ctxs = [Ctx::default(); BATCH];

@@ -73,7 +73,7 @@ impl Pipeline {
     /// or every one of a synthetic `batch`): their heads, and what the cache would decide.
     #[cold]
     #[inline(never)]
-    pub(super) fn begin_trace(&mut self, port: &PortEntry, batch: &Batch, dry: bool) {
+    pub(super) fn begin_trace(&mut self, snap: &Snapshot, port: &PortEntry, batch: &Batch, dry: bool) {
         let k = if dry { batch.len() } else { self.tracing.claim(batch.len()) };
         if k == 0 {
             return;
@@ -82,22 +82,41 @@ impl Pipeline {
         self.cached = false;
         let t = &mut *self.trace;
         (t.k, t.cur, t.dry) = (k, 0, dry);
-        let emc = (self.emc.capacity() > 0 && port.kind != PortKind::Underlay).then(|| self.emc.view());
+        let emc = (self.emc.capacity() > 0).then(|| self.emc.view());
+        // An underlay's frames are looked up by their inner frame, when their outer headers
+        // are what the cache's decapsulation admits.
+        let underlay = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
+        if underlay.is_some() {
+            self.decap_cache.sync(snap.generation);
+        }
+        let decap_cache = self.decap_cache;
+        let dest = |hit: Hit| {
+            let to = match hit.action() {
+                Action::Port { port, .. } => Dest::Port(port),
+                Action::Peer { peer, .. } => Dest::Peer(peer),
+            };
+            (hit.bd(), to)
+        };
         for (f, b) in t.frames.iter_mut().zip(batch.as_slice()).take(k) {
             let (h, len) = self.pool.head_and_len(b);
             f.start(port.id, len, h);
             (f.thread, f.dry, f.seq) = (self.thread, dry, self.tracing.next_seq());
-            if let Some(emc) = &emc {
-                let key = if port.security.is_some() { Key::lookup_from_secured_port(port.id, h) } else { Key::from_port(port.id, h) };
-                let hit = key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32)).map(|hit| {
-                    let to = match hit.action() {
-                        Action::Port { port, .. } => Dest::Port(port),
-                        Action::Peer { peer, .. } => Dest::Peer(peer),
-                    };
-                    (hit.bd(), to)
-                });
-                f.push(Step::Cache { hit });
-            }
+            let Some(emc) = &emc else { continue };
+            let hit = match underlay {
+                Some(vtep) => h
+                    .first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>()
+                    .map(|h| h.split_at(vtep::PLAIN_OUTER))
+                    .and_then(|(outer, inner)| {
+                        let d = outer.first_chunk().and_then(|o| vtep.classify_plain(o, len, &decap_cache))?;
+                        Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(d.inner_len))
+                    }),
+                None if port.kind == PortKind::Underlay => None,
+                None => {
+                    let key = if port.security.is_some() { Key::lookup_from_secured_port(port.id, h) } else { Key::from_port(port.id, h) };
+                    key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32))
+                }
+            };
+            f.push(Step::Cache { hit: hit.map(dest) });
         }
     }
 
@@ -153,7 +172,7 @@ impl Pipeline {
             self.cache.free(b); // an empty batch takes a frame: unreachable
             return None;
         }
-        self.begin_trace(port, &batch, true);
+        self.begin_trace(snap, port, &batch, true);
         self.forward_slow::<true>(snap, port, &mut batch);
         self.traced = false;
         Some(std::mem::take(&mut self.trace.frames[0]))

@@ -16,7 +16,7 @@ pub const PORTS: [&str; 5] = ["pod", "access", "trunk", "qinq", "up"];
 
 pub fn harness() -> Harness {
     let pool = crate::buf::Pool::new(2048, false).expect("buffer pool");
-    let mut h = Harness::with_pool(pool, crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64 });
+    let mut h = Harness::with_pool(pool, crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, ..Default::default() });
     for p in PORTS {
         h.ring_with_mac(p, Some(mac(0xa0)));
     }

@@ -49,7 +49,7 @@ fn main() -> Result<()> {
         buffers: s.pool.buffers(),
         sized_for_pods: s.pool.sized_for_pods(),
         hugepages: s.pool.hugepages,
-        tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize },
+        tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize, ..Default::default() },
         state_file: s.state_file.clone(),
     };
     vf::set_node_vfs(vf::Vfs::new(&s.sriov));

@@ -1,0 +1,187 @@
+//! The pipeline's node graph: every logical node ([`Node`]) with its next nodes (VPP's next
+//! indices: a next index is a position in [`Node::nexts`]), where a burst enters it, and
+//! the checks that keep it one graph (every next names a node, every node is reachable from
+//! an entry, the graph has an order to run it in). The fused dispatcher and the per-node one
+//! ([`crate::pipeline::Dispatch`]) both follow it; the packet trace shows the path a frame
+//! took through it, and [`edges_of`] turns a trace back into the edges it took (a test
+//! checks that traces take every edge and no other).
+
+use crate::trace::{FrameTrace, Node, Step};
+
+/// Where a node hands a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Next {
+    Node(Node),
+    /// Dropped, counted by reason ([`crate::DropReason`]; [`Node::dropping`] names the
+    /// node whose counter it is).
+    Drop,
+}
+
+/// The nodes a received burst enters at: the cache, or (cache off, missed, traced) the local
+/// port's classification or the underlay's decapsulation, or — an underlay frame that is not
+/// VXLAN (ARP, neighbour discovery) — the VTEP's own neighbour handling.
+pub const ENTRIES: &[Node] = &[Node::Cache, Node::Classify, Node::Decap, Node::Vtep];
+
+impl Node {
+    /// This node's next nodes, in next-index order.
+    pub fn nexts(self) -> &'static [Next] {
+        use Next::Drop;
+        use Node::*;
+        match self {
+            // A hit that leaves with its tag as it came skips vlan-rewrite's work, not the node.
+            Cache => &[Next::Node(Classify), Next::Node(Decap), Next::Node(Vtep), Next::Node(VlanRewrite), Next::Node(Encap)],
+            Classify => &[Next::Node(PortSecurity), Next::Node(Learn), Drop],
+            Decap => &[Next::Node(Learn), Drop],
+            PortSecurity => &[Next::Node(Learn), Drop],
+            Learn => &[Next::Node(Suppress), Next::Node(Forward)],
+            // A request the table cannot answer goes on as if it had not come here
+            // (learn → l2-forward).
+            Suppress => &[Next::Node(VlanRewrite), Next::Node(Encap), Drop],
+            Forward => &[Next::Node(VlanRewrite), Next::Node(Encap), Next::Node(Flood), Drop],
+            Flood => &[Next::Node(VlanRewrite), Next::Node(Encap), Drop],
+            VlanRewrite => &[Next::Node(Tx), Drop],
+            Encap => &[Next::Node(NeighborHold), Next::Node(Tx), Drop],
+            NeighborHold => &[Next::Node(Encap), Drop],
+            Tx => &[Drop],
+            // An answer to the VTEP's own request is learned and ends here.
+            Vtep => &[Next::Node(Tx)],
+        }
+    }
+
+    /// The next index of `to` from this node.
+    pub fn next_index(self, to: Next) -> Option<usize> {
+        self.nexts().iter().position(|n| *n == to)
+    }
+}
+
+/// What is wrong with the graph.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    #[error("node {0} cannot be reached from an entry")]
+    Unreachable(&'static str),
+    #[error("node {0} lists next {1} twice")]
+    DuplicateNext(&'static str, String),
+    #[error("node {0} drops frames for a reason but has no drop next")]
+    DropsWithoutNext(&'static str),
+    #[error("the graph has a cycle through {0} other than neighbor-hold's retry")]
+    Cycle(&'static str),
+}
+
+/// Checks the graph; returns its nodes in an order to run them in (every node before its
+/// next nodes, neighbor-hold's retry of vxlan-encap aside: parked frames go back to
+/// encapsulation on a later burst).
+pub fn check() -> Result<Vec<Node>, GraphError> {
+    for n in Node::ALL {
+        for (i, x) in n.nexts().iter().enumerate() {
+            if n.nexts()[..i].contains(x) {
+                return Err(GraphError::DuplicateNext(n.name(), format!("{x:?}")));
+            }
+        }
+    }
+    for r in crate::DropReason::ALL {
+        let n = Node::dropping(*r);
+        if n.next_index(Next::Drop).is_none() {
+            return Err(GraphError::DropsWithoutNext(n.name()));
+        }
+    }
+    let forward = |n: Node| n.nexts().iter().filter_map(move |x| match x {
+        Next::Node(m) if !(n == Node::NeighborHold && *m == Node::Encap) => Some(*m),
+        _ => None,
+    });
+    let mut reached: Vec<Node> = ENTRIES.to_vec();
+    let mut i = 0;
+    while i < reached.len() {
+        for m in forward(reached[i]) {
+            if !reached.contains(&m) {
+                reached.push(m);
+            }
+        }
+        i += 1;
+    }
+    if let Some(n) = Node::ALL.iter().find(|n| !reached.contains(n)) {
+        return Err(GraphError::Unreachable(n.name()));
+    }
+    // Kahn's algorithm over the forward edges.
+    let mut order = Vec::new();
+    let mut left: Vec<Node> = Node::ALL.to_vec();
+    while !left.is_empty() {
+        let ready = left.iter().position(|n| !left.iter().any(|m| forward(*m).any(|x| x == *n)));
+        match ready {
+            Some(k) => order.push(left.remove(k)),
+            None => return Err(GraphError::Cycle(left[0].name())),
+        }
+    }
+    Ok(order)
+}
+
+/// The edges a traced frame took, in order: (from, to), `None` as `from` for its entry.
+/// A flood's copies each leave from `flood`; a drop is an edge from the node that dropped
+/// it (whose step comes before the drop's, or which records none for frames it drops; the
+/// reason may be counted under another node's name: [`Node::dropping`]).
+pub fn edges_of(t: &FrameTrace) -> Vec<(Option<Node>, Next)> {
+    let mut out = Vec::new();
+    let mut prev: Option<Node> = None;
+    let mut flooded = false;
+    for s in t.steps() {
+        let Some(node) = s.node() else { continue };
+        if let Step::Drop { .. } = s {
+            // Classification, port security and decapsulation record their step only for
+            // frames they pass: a frame one of them drops shows only the drop.
+            if prev != Some(node) && matches!(node, Node::Classify | Node::PortSecurity | Node::Decap) {
+                out.push((prev, Next::Node(node)));
+                prev = Some(node);
+            }
+            out.push((prev, Next::Drop));
+            continue;
+        }
+        // A cache hit is reported and then the full path is taken: the hit's own edge.
+        if let Step::Cache { hit: Some((_, d)) } = s {
+            let to = match d {
+                crate::fdb::Dest::Port(_) => Node::VlanRewrite,
+                crate::fdb::Dest::Peer(_) => Node::Encap,
+            };
+            out.push((None, Next::Node(Node::Cache)));
+            out.push((Some(Node::Cache), Next::Node(to)));
+            prev = Some(Node::Cache);
+            continue;
+        }
+        if prev == Some(node) {
+            continue;
+        }
+        let from = if flooded && matches!(node, Node::VlanRewrite | Node::Encap) { Some(Node::Flood) } else { prev };
+        out.push((from, Next::Node(node)));
+        flooded |= node == Node::Flood;
+        prev = Some(node);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_graph_is_one_graph_with_an_order() {
+        let order = check().expect("the graph checks");
+        assert_eq!(order.len(), Node::ALL.len());
+        let pos = |n: Node| order.iter().position(|m| *m == n).unwrap_or(usize::MAX);
+        for n in Node::ALL {
+            for x in n.nexts() {
+                if let Next::Node(m) = x
+                    && !(*n == Node::NeighborHold && *m == Node::Encap)
+                {
+                    assert!(pos(*n) < pos(*m), "{} runs before {}", n.name(), m.name());
+                }
+            }
+        }
+        // The per-node dispatcher runs its frames' nodes in this order.
+        assert!(pos(Node::Flood) < pos(Node::VlanRewrite) && pos(Node::Flood) < pos(Node::Encap));
+    }
+
+    #[test]
+    fn every_node_but_entries_has_a_node_before_it() {
+        for n in Node::ALL.iter().filter(|n| !ENTRIES.contains(n)) {
+            assert!(Node::ALL.iter().any(|m| m.next_index(Next::Node(*n)).is_some()), "{} has no way in", n.name());
+        }
+    }
+}

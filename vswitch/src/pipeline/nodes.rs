@@ -1,0 +1,254 @@
+//! The per-node dispatcher ([`Dispatch::PerNode`]): the egress nodes each run over a frame
+//! of their own (VPP's vectors). Stage 1 runs over the burst (as fused), then `learn` and
+//! `l2-forward` frame by frame, handing each frame to its next node's frame (`flood`,
+//! `vlan-rewrite`, `vxlan-encap`; [`crate::graph`] lists every node's next nodes); those run
+//! in the graph's order once the burst is decided (a frame full before then runs its node
+//! early). The cache's hits that need a new tag go through `vlan-rewrite`'s frame too.
+//!
+//! It is the yardstick for fusing: `ci/insn-count.sh` with `PER_NODE=1` counts what the
+//! per-node frames cost each workload (docs/perf.md "Fused or per-node"). The fused
+//! dispatcher ([`Dispatch::Fused`]) is the default. What a user could see differ, as in
+//! VPP: a port's frames of one burst leave in node order (flooded ones before unicast ones)
+//! rather than in the order they came. `learn` stays fused with `l2-forward` here too: run
+//! over the burst first, a source learned late in a burst would change where an earlier
+//! frame goes (a flood became a reflect drop against the reference model). Traced bursts
+//! and the misses of a burst the cache partly hit take the fused path.
+
+use super::forward::Verdict;
+use super::*;
+
+/// How a pipeline runs its nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Nodes fused where a measurement showed it pays (the default).
+    #[default]
+    Fused,
+    /// Every node over a frame of its own.
+    PerNode,
+}
+
+/// What a frame carries to its next node (VPP's buffer metadata).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Meta {
+    /// The egress port (`vlan-rewrite`), the peer (`vxlan-encap`), the ingress (`flood`).
+    pub(super) port: u16,
+    pub(super) bd: u16,
+    pub(super) pcp: u16,
+    pub(super) from_peer: u16,
+    pub(super) want: Option<u16>,
+    pub(super) len: u32,
+    pub(super) tagged: bool,
+    /// A cache hit: its length was checked against the egress when the hit was filled.
+    pub(super) cached: bool,
+}
+
+/// One node's pending frames.
+pub(super) struct Frame {
+    bufs: Batch,
+    meta: [Meta; BATCH],
+}
+
+impl Frame {
+    fn new() -> Frame {
+        Frame { bufs: Batch::new(), meta: [Meta::default(); BATCH] }
+    }
+
+    /// Adds a frame, or gives it back when full.
+    #[inline(always)]
+    fn push(&mut self, b: BufId, m: Meta) -> Result<(), BufId> {
+        let i = self.bufs.len();
+        self.bufs.push(b)?;
+        self.meta[i & (BATCH - 1)] = m;
+        Ok(())
+    }
+}
+
+/// The frames of the nodes `l2-forward` and the cache hand frames to.
+pub(super) struct Frames {
+    flood: Frame,
+    rewrite: Frame,
+    encap: Frame,
+}
+
+impl Frames {
+    pub(super) fn new() -> Frames {
+        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.flood.bufs.is_empty() && self.rewrite.bufs.is_empty() && self.encap.bufs.is_empty()
+    }
+}
+
+/// A node that takes frames from others in the per-node dispatcher.
+#[derive(Clone, Copy)]
+pub(super) enum Next {
+    Flood,
+    Rewrite,
+    Encap,
+}
+
+impl Pipeline {
+    /// Runs this pipeline's nodes as `d` says.
+    pub fn set_dispatch(&mut self, d: Dispatch) {
+        self.per_node = d == Dispatch::PerNode;
+    }
+
+    /// Stages 1 and 2 for a whole burst, node by node; returns its bytes.
+    #[inline(never)]
+    pub(super) fn forward_slow_per_node(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        let n = batch.len();
+        let mut ctxs = [Ctx::default(); BATCH];
+        let bytes = if port.kind == PortKind::Underlay {
+            self.classify_underlay_burst(snap, batch, &mut ctxs)
+        } else {
+            classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
+        };
+
+        // Nodes `learn` and `l2-forward` (with `arp-nd-suppress`), frame by frame: a frame is
+        // forwarded with the FDB the frames ahead of it left (a source learned later in the
+        // burst must not change where an earlier frame goes).
+        let (mut run, mut run_entry) = (BdRun::new(NO_BD), None);
+        for (i, c) in ctxs.iter().enumerate().take(n) {
+            let b = batch.take(i);
+            if let Some(r) = c.drop {
+                self.discard(b, r, port.id);
+                continue;
+            }
+            if c.reply {
+                self.stats.event(Event::VtepAnswered, 1);
+                self.enqueue(snap, port.id, b);
+                continue;
+            }
+            if c.taken {
+                self.cache.free(b);
+                continue;
+            }
+            if let Some(done) = run.switch_to(c.bd) {
+                self.count_run(done);
+                run_entry = snap.bd(c.bd);
+            }
+            let Some(bd) = run_entry else {
+                self.discard(b, DropReason::NoBridgeDomain, port.id);
+                continue;
+            };
+            run.count(c.len as usize);
+            let learnt = self.learn_source::<false>(port, bd, c);
+            self.decide::<false, true>(snap, port, bd, b, c, i, learnt);
+        }
+        self.count_run(run);
+        batch.clear_taken();
+        self.run_nodes(snap);
+        bytes
+    }
+
+    /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
+    /// hit path around it stays as it compiles without it).
+    #[inline(never)]
+    pub(super) fn hit_to_rewrite(&mut self, snap: &Snapshot, b: BufId, port: u16, tagged: bool, want: Option<(u16, u16)>) {
+        let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
+        self.put_on(snap, Next::Rewrite, b, m);
+    }
+
+    /// Puts a frame on the frame of the node `l2-forward` chose for it.
+    #[inline(always)]
+    pub(super) fn hand_on(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+        let m = Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, from_peer: c.from_peer, len: c.len, ..Meta::default() };
+        match v {
+            Verdict::Drop(r, p) => self.discard(b, r, p),
+            Verdict::Port(pe, want, len) => self.put_on(snap, Next::Rewrite, b, Meta { port: pe.id, want, len: len as u32, ..m }),
+            Verdict::Peer(p) => self.put_on(snap, Next::Encap, b, Meta { port: p, ..m }),
+            Verdict::Flood => self.put_on(snap, Next::Flood, b, Meta { port: port.id, ..m }),
+        }
+    }
+
+    /// Adds a frame to node `next`'s frame, running the node first if its frame is full.
+    #[inline(always)]
+    pub(super) fn put_on(&mut self, snap: &Snapshot, next: Next, b: BufId, m: Meta) {
+        let f = match next {
+            Next::Flood => &mut self.frames.flood,
+            Next::Rewrite => &mut self.frames.rewrite,
+            Next::Encap => &mut self.frames.encap,
+        };
+        if let Err(b) = f.push(b, m) {
+            self.run_node(snap, next);
+            let f = match next {
+                Next::Flood => &mut self.frames.flood,
+                Next::Rewrite => &mut self.frames.rewrite,
+                Next::Encap => &mut self.frames.encap,
+            };
+            if let Err(b) = f.push(b, m) {
+                self.discard(b, DropReason::NoEgress, m.port); // the node emptied it: unreachable
+            }
+        }
+    }
+
+    /// Runs the nodes holding frames, in the graph's order (`flood` hands frames to the
+    /// other two).
+    #[inline(always)]
+    pub(super) fn run_nodes(&mut self, snap: &Snapshot) {
+        if !self.frames.is_empty() {
+            self.run_node(snap, Next::Flood);
+            self.run_node(snap, Next::Rewrite);
+            self.run_node(snap, Next::Encap);
+        }
+    }
+
+    #[inline(never)]
+    fn run_node(&mut self, snap: &Snapshot, node: Next) {
+        match node {
+            Next::Flood => self.run_flood(snap),
+            Next::Rewrite => self.run_rewrite(snap),
+            Next::Encap => self.run_encap(snap),
+        }
+    }
+
+    /// Node `flood` over its frame.
+    fn run_flood(&mut self, snap: &Snapshot) {
+        for i in 0..self.frames.flood.bufs.len() {
+            let (b, m) = (self.frames.flood.bufs.take(i), self.frames.flood.meta[i & (BATCH - 1)]);
+            let Some(bd) = snap.bd(m.bd) else {
+                self.discard(b, DropReason::NoBridgeDomain, m.port);
+                continue;
+            };
+            let c = Ctx { tagged: m.tagged, pcp: m.pcp, from_peer: m.from_peer, len: m.len, ..Ctx::default() };
+            self.flood::<false, true>(snap, bd, m.port, b, &c);
+        }
+        self.frames.flood.bufs.clear_taken();
+    }
+
+    /// Node `vlan-rewrite` over its frame, handing each frame to `tx`.
+    fn run_rewrite(&mut self, snap: &Snapshot) {
+        for i in 0..self.frames.rewrite.bufs.len() {
+            let (mut b, m) = (self.frames.rewrite.bufs.take(i), self.frames.rewrite.meta[i & (BATCH - 1)]);
+            let Some(pe) = snap.port(m.port) else {
+                self.discard(b, DropReason::NoEgress, m.port);
+                continue;
+            };
+            if !m.cached {
+                self.emit_port::<false>(snap, pe, m.bd, b, m.tagged, m.pcp, m.want, m.len as usize);
+                continue;
+            }
+            let pcp = if m.tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
+            if self.retag(&mut b, m.tagged, pcp, m.want.map(|v| (pe.tpid, v))) {
+                self.enqueue(snap, pe.id, b);
+            } else {
+                self.drop_counted(b, DropReason::Runt, pe.id);
+            }
+        }
+        self.frames.rewrite.bufs.clear_taken();
+    }
+
+    /// Node `vxlan-encap` over its frame (the slow path's; the cache's hits to peers have
+    /// their own, [`Pipeline::encap_pending`]).
+    fn run_encap(&mut self, snap: &Snapshot) {
+        for i in 0..self.frames.encap.bufs.len() {
+            let (b, m) = (self.frames.encap.bufs.take(i), self.frames.encap.meta[i & (BATCH - 1)]);
+            match snap.bd(m.bd) {
+                Some(bd) => self.emit_peer::<false>(snap, bd, b, m.tagged, m.port),
+                None => self.discard(b, DropReason::NoBridgeDomain, m.port),
+            }
+        }
+        self.frames.encap.bufs.clear_taken();
+    }
+}
