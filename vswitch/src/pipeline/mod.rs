@@ -23,12 +23,13 @@
 //!   resolves) or a [`flood`];
 //! - [`tx`]: the per-port tx batches, flushed once per burst.
 //!
-//! The nodes are fused where a measurement showed it pays: stage 1 runs over the whole
-//! burst, stage 2 frame by frame in order (a frame may change the FDB the next one is
-//! forwarded with), the cache's hits skip stages 1 and 2, and egress is a direct call
-//! rather than a per-node batch (docs/architecture.md "The pipeline as nodes"). The
-//! dispatcher is [`Pipeline::process`]; the packet trace ([`trace`], [`crate::trace`])
-//! reports every logical node a frame passed.
+//! The graph's nodes and next nodes are data in [`crate::graph`]. By default the nodes are
+//! fused, as measured against the per-node dispatcher ([`nodes`], [`Dispatch::PerNode`]:
+//! docs/perf.md "Fused or per-node"): stage 1 runs over the whole burst, stage 2 frame by
+//! frame in order (a frame may change the FDB the next one is forwarded with), the cache's
+//! hits skip stages 1 and 2, and egress is a direct call except where a batch per next node
+//! pays (tx per port, the cache's hits to peers). The dispatcher is [`Pipeline::process`];
+//! the packet trace ([`trace`], [`crate::trace`]) reports every logical node a frame passed.
 //!
 //! Every drop has a named reason ([`DropReason`]); counters are per thread. Nothing here
 //! allocates, locks or makes a syscall per packet (ports may make one per burst).
