@@ -179,6 +179,16 @@ mod tests {
     }
 
     #[test]
+    fn every_counter_is_a_node_s_but_the_thread_s_own() {
+        for e in crate::Event::ALL {
+            assert_eq!(Node::counting(*e).is_none(), *e == crate::Event::ConfigAdopted, "{}", e.name());
+        }
+        for r in crate::DropReason::ALL {
+            assert!(Node::dropping(*r).next_index(Next::Drop).is_some(), "{}", r.name());
+        }
+    }
+
+    #[test]
     fn every_node_but_entries_has_a_node_before_it() {
         for n in Node::ALL.iter().filter(|n| !ENTRIES.contains(n)) {
             assert!(Node::ALL.iter().any(|m| m.next_index(Next::Node(*n)).is_some()), "{} has no way in", n.name());

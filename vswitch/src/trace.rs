@@ -96,6 +96,24 @@ impl Node {
         }
     }
 
+    /// The node whose counter event `e` is (`None`: the PMD thread's, not a node's).
+    pub fn counting(e: crate::Event) -> Option<Node> {
+        use crate::Event::*;
+        Some(match e {
+            Learned | MacMoved | StaticMoveRefused | LearnLimit | LearnBusy => Node::Learn,
+            KnownUnicast | StaleFdb => Node::Forward,
+            CacheHits => Node::Cache,
+            Flooded | FloodCopies | FloodCopyFailed => Node::Flood,
+            ArpSuppressed | NdSuppressed => Node::Suppress,
+            VtepAnswered | NeighborLearned => Node::Vtep,
+            Encapsulated => Node::Encap,
+            Decapsulated => Node::Decap,
+            NeighborRequests => Node::NeighborHold,
+            PriorityFirst | PriorityHeld | PriorityGuard | PriorityNoSlot => Node::Tx,
+            ConfigAdopted => return None,
+        })
+    }
+
     /// The node that drops a frame for `r`.
     pub fn dropping(r: DropReason) -> Node {
         use DropReason::*;

@@ -1,9 +1,14 @@
 //! Hostile input on every port kind: random bytes, random mutations of valid frames (tagged,
-//! ARP, ND, VXLAN). The switch never panics, counts what it drops, and never loses a buffer.
+//! ARP, ND, VXLAN). The switch never panics, counts what it drops, and never loses a buffer,
+//! whichever dispatcher runs its nodes.
 
 use proptest::prelude::*;
 use vswitch::testkit::fuzz;
 use vswitch::testkit::fuzz::record;
+
+fn dispatch(per_node: bool) -> vswitch::Dispatch {
+    if per_node { vswitch::Dispatch::PerNode } else { vswitch::Dispatch::Fused }
+}
 
 fn valid_frames() -> Vec<Vec<u8>> {
     fuzz::samples().into_iter().map(|(_, _, f)| f).collect()
@@ -13,14 +18,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_bytes_never_panic_or_leak(data in proptest::collection::vec(any::<u8>(), 0..4000)) {
-        let mut h = fuzz::harness();
+    fn random_bytes_never_panic_or_leak(data in proptest::collection::vec(any::<u8>(), 0..4000), per_node in any::<bool>()) {
+        let mut h = fuzz::harness_with(dispatch(per_node));
         fuzz::run(&mut h, &data);
     }
 
     #[test]
     fn mutated_valid_frames_never_panic_or_leak(
-        picks in proptest::collection::vec((0..7usize, 0..5u8, proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6), any::<u16>()), 1..12)
+        picks in proptest::collection::vec((0..7usize, 0..5u8, proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6), any::<u16>()), 1..12),
+        per_node in any::<bool>(),
     ) {
         let valid = valid_frames();
         let mut data = Vec::new();
@@ -35,7 +41,7 @@ proptest! {
             f.truncate(keep);
             data.extend(record(port, &f));
         }
-        let mut h = fuzz::harness();
+        let mut h = fuzz::harness_with(dispatch(per_node));
         fuzz::run(&mut h, &data);
     }
 }

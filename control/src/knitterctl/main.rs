@@ -713,7 +713,7 @@ async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, 
         }
         if !s.events.is_empty() {
             println!();
-            table(&["event", "count"], s.events.iter().map(|d| vec![d.name.clone(), d.value.to_string()]).collect());
+            table(&["node", "event", "count"], s.events.iter().map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()]).collect());
         }
         if i + 1 < reports {
             println!("--");

@@ -15,8 +15,13 @@ use std::net::IpAddr;
 pub const PORTS: [&str; 5] = ["pod", "access", "trunk", "qinq", "up"];
 
 pub fn harness() -> Harness {
+    harness_with(crate::pipeline::Dispatch::Fused)
+}
+
+/// [`harness`] whose pipeline runs its nodes as `dispatch` says.
+pub fn harness_with(dispatch: crate::pipeline::Dispatch) -> Harness {
     let pool = crate::buf::Pool::new(2048, false).expect("buffer pool");
-    let mut h = Harness::with_pool(pool, crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, ..Default::default() });
+    let mut h = Harness::with_pool(pool, crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, dispatch });
     for p in PORTS {
         h.ring_with_mac(p, Some(mac(0xa0)));
     }

@@ -76,13 +76,13 @@ pub fn stats_reply(node: &Node) -> pb::StatsReply {
             }
         })
         .collect();
-    let count = |(name, value): (&str, u64)| pb::Count { name: name.into(), value, node: String::new() };
+    let event_count = |e: &Event| pb::Count { name: e.name().into(), value: totals.event(*e), node: vswitch::trace::Node::counting(*e).map_or("pmd", |n| n.name()).into() };
     let drop_count = |r: &vswitch::DropReason| pb::Count { name: r.name().into(), value: totals.drop(*r), node: vswitch::trace::Node::dropping(*r).name().into() };
     pb::StatsReply {
         ports: port_status(node),
         bridges,
         drops: vswitch::DropReason::ALL.iter().filter(|r| totals.drop(**r) > 0).map(drop_count).collect(),
-        events: Event::ALL.iter().map(|e| (e.name(), totals.event(*e))).filter(|c| c.1 > 0).map(count).collect(),
+        events: Event::ALL.iter().filter(|e| totals.event(**e) > 0).map(event_count).collect(),
         pmds: sw
             .thread_stats()
             .iter()
