@@ -355,6 +355,19 @@ impl Pipeline {
         if !TRACE && self.per_node {
             return self.forward_slow_per_node(snap, port, batch);
         }
+        self.stages_1_2::<TRACE, false>(snap, port, batch)
+    }
+
+    /// [`Pipeline::forward_slow`] by the per-node dispatcher ([`nodes`]).
+    #[inline(never)]
+    fn forward_slow_per_node(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+        self.stages_1_2::<false, true>(snap, port, batch)
+    }
+
+    /// [`Pipeline::forward_slow`]'s work; `PER_NODE`: `l2-forward` hands frames onto the
+    /// egress nodes' frames, run at the end ([`nodes`]).
+    #[inline(always)]
+    fn stages_1_2<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
         let in_port = port.id;
         let n = batch.len();
         let mut ctxs = [Ctx::default(); BATCH];
@@ -403,10 +416,16 @@ impl Pipeline {
                 continue;
             };
             run.count(c.len as usize);
-            self.forward::<TRACE>(snap, port, bd, b, c, i);
+            // `learn` stays fused with `l2-forward` per node too: a frame is forwarded with
+            // the FDB the frames ahead of it left.
+            let learnt = self.learn_source::<TRACE>(port, bd, c);
+            self.decide::<TRACE, PER_NODE>(snap, port, bd, b, c, i, learnt);
         }
         self.count_run(run);
         batch.clear_taken();
+        if PER_NODE {
+            self.run_nodes(snap);
+        }
         bytes
     }
 

@@ -94,54 +94,6 @@ impl Pipeline {
         self.per_node = d == Dispatch::PerNode;
     }
 
-    /// Stages 1 and 2 for a whole burst, node by node; returns its bytes.
-    #[inline(never)]
-    pub(super) fn forward_slow_per_node(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
-        let n = batch.len();
-        let mut ctxs = [Ctx::default(); BATCH];
-        let bytes = if port.kind == PortKind::Underlay {
-            self.classify_underlay_burst(snap, batch, &mut ctxs)
-        } else {
-            classify_port_burst(&self.pool, &self.fdb, port, snap, batch, &mut ctxs)
-        };
-
-        // Nodes `learn` and `l2-forward` (with `arp-nd-suppress`), frame by frame: a frame is
-        // forwarded with the FDB the frames ahead of it left (a source learned later in the
-        // burst must not change where an earlier frame goes).
-        let (mut run, mut run_entry) = (BdRun::new(NO_BD), None);
-        for (i, c) in ctxs.iter().enumerate().take(n) {
-            let b = batch.take(i);
-            if let Some(r) = c.drop {
-                self.discard(b, r, port.id);
-                continue;
-            }
-            if c.reply {
-                self.stats.event(Event::VtepAnswered, 1);
-                self.enqueue(snap, port.id, b);
-                continue;
-            }
-            if c.taken {
-                self.cache.free(b);
-                continue;
-            }
-            if let Some(done) = run.switch_to(c.bd) {
-                self.count_run(done);
-                run_entry = snap.bd(c.bd);
-            }
-            let Some(bd) = run_entry else {
-                self.discard(b, DropReason::NoBridgeDomain, port.id);
-                continue;
-            };
-            run.count(c.len as usize);
-            let learnt = self.learn_source::<false>(port, bd, c);
-            self.decide::<false, true>(snap, port, bd, b, c, i, learnt);
-        }
-        self.count_run(run);
-        batch.clear_taken();
-        self.run_nodes(snap);
-        bytes
-    }
-
     /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
     /// hit path around it stays as it compiles without it).
     #[inline(never)]
