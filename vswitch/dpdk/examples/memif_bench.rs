@@ -163,8 +163,7 @@ fn ovs_round(tp: &mut Testpmd, work: &Path, round: u32, secs: u64) -> Result<Win
 /// OVS's memory: huge pages when the host has them free (Knitter's EAL decides alike; OVS
 /// always adds `--in-memory`, which DPDK refuses beside `--no-huge`).
 fn memory() -> knitter_perf::testpmd::Memory {
-    let free = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| m.lines().find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse::<u64>().unwrap_or(0))));
-    if free.unwrap_or(0) >= 512 { knitter_perf::testpmd::Memory::Hugepages } else { knitter_perf::testpmd::Memory::Plain }
+    if dpdk::free_huge_pages() >= 512 { knitter_perf::testpmd::Memory::Hugepages } else { knitter_perf::testpmd::Memory::Plain }
 }
 
 fn main() -> Result<(), Error> {

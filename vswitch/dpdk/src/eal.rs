@@ -23,19 +23,12 @@ pub fn default_args(prefix: &str, pci: &[&str]) -> Vec<String> {
     for addr in pci {
         a.extend(["-a".to_string(), addr.to_string()]);
     }
-    if free_huge_pages() > 0 {
+    if crate::free_huge_pages() > 0 {
         a.push("--in-memory".into());
     } else {
         a.extend(["--no-huge", "-m", "512", "--no-shconf"].map(String::from));
     }
     a
-}
-
-fn free_huge_pages() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0))))
-        .unwrap_or(0)
 }
 
 /// Initialises the EAL with `args` (the first is the program name) unless it is already:

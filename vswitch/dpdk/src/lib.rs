@@ -21,6 +21,15 @@ pub use port::DpdkPort;
 #[cfg(not(dpdk))]
 pub use unavailable::{DpdkPort, eal};
 
+/// Huge pages free on this host (`/proc/meminfo`): the EAL takes its memory from them when
+/// there are any.
+pub fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0))))
+        .unwrap_or(0)
+}
+
 #[derive(Debug, Clone)]
 pub struct PortOptions {
     /// rx/tx queue pairs (RSS spreads flows over the rx queues when more than one).

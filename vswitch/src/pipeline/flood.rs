@@ -3,6 +3,7 @@
 //! private header over a shared payload. Each copy goes to `vlan-rewrite` or `vxlan-encap`.
 
 use super::*;
+use crate::trace::Node;
 
 /// Flooded frames up to this size are copied per egress; larger ones share their payload.
 pub(super) const COPY_MAX: usize = 256;
@@ -102,8 +103,8 @@ impl Pipeline {
         if PER_NODE {
             let m = nodes::Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, len: len as u32, ..nodes::Meta::default() };
             return match t {
-                Target::Port(p, want) => self.put_on(snap, nodes::Next::Rewrite, b, nodes::Meta { port: p, want, ..m }),
-                Target::Peer(p) => self.put_on(snap, nodes::Next::Encap, b, nodes::Meta { port: p, ..m }),
+                Target::Port(p, want) => self.put_on(snap, Node::Flood, Node::VlanRewrite, b, nodes::Meta { port: p, want, ..m }),
+                Target::Peer(p) => self.put_on(snap, Node::Flood, Node::Encap, b, nodes::Meta { port: p, ..m }),
             };
         }
         match t {

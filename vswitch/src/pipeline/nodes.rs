@@ -16,6 +16,7 @@
 
 use super::forward::Verdict;
 use super::*;
+use crate::trace::Node;
 
 /// How a pipeline runs its nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,29 +64,39 @@ impl Frame {
     }
 }
 
-/// The frames of the nodes `l2-forward` and the cache hand frames to.
+/// The frames of the nodes `l2-forward`, `flood` and the cache hand frames to, and the
+/// order to run them in (the graph's: [`crate::graph::check`]).
 pub(super) struct Frames {
     flood: Frame,
     rewrite: Frame,
     encap: Frame,
+    order: [Node; 3],
 }
 
 impl Frames {
     pub(super) fn new() -> Frames {
-        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new() }
+        let mut order = [Node::Flood, Node::VlanRewrite, Node::Encap];
+        if let Ok(all) = crate::graph::check() {
+            let mut mine = all.into_iter().filter(|n| order.contains(n));
+            order = std::array::from_fn(|i| mine.next().unwrap_or(order[i]));
+        }
+        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new(), order }
     }
 
     fn is_empty(&self) -> bool {
         self.flood.bufs.is_empty() && self.rewrite.bufs.is_empty() && self.encap.bufs.is_empty()
     }
-}
 
-/// A node that takes frames from others in the per-node dispatcher.
-#[derive(Clone, Copy)]
-pub(super) enum Next {
-    Flood,
-    Rewrite,
-    Encap,
+    /// The frame of node `n`, if the dispatcher holds one for it.
+    #[inline(always)]
+    fn of(&mut self, n: Node) -> Option<&mut Frame> {
+        match n {
+            Node::Flood => Some(&mut self.flood),
+            Node::VlanRewrite => Some(&mut self.rewrite),
+            Node::Encap => Some(&mut self.encap),
+            _ => None,
+        }
+    }
 }
 
 impl Pipeline {
@@ -99,7 +110,7 @@ impl Pipeline {
     #[inline(never)]
     pub(super) fn hit_to_rewrite(&mut self, snap: &Snapshot, b: BufId, port: u16, tagged: bool, want: Option<(u16, u16)>) {
         let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
-        self.put_on(snap, Next::Rewrite, b, m);
+        self.put_on(snap, Node::Cache, Node::VlanRewrite, b, m);
     }
 
     /// Puts a frame on the frame of the node `l2-forward` chose for it.
@@ -108,31 +119,30 @@ impl Pipeline {
         let m = Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, from_peer: c.from_peer, len: c.len, ..Meta::default() };
         match v {
             Verdict::Drop(r, p) => self.discard(b, r, p),
-            Verdict::Port(pe, want, len) => self.put_on(snap, Next::Rewrite, b, Meta { port: pe.id, want, len: len as u32, ..m }),
-            Verdict::Peer(p) => self.put_on(snap, Next::Encap, b, Meta { port: p, ..m }),
-            Verdict::Flood => self.put_on(snap, Next::Flood, b, Meta { port: port.id, ..m }),
+            Verdict::Port(pe, want, len) => self.put_on(snap, Node::Forward, Node::VlanRewrite, b, Meta { port: pe.id, want, len: len as u32, ..m }),
+            Verdict::Peer(p) => self.put_on(snap, Node::Forward, Node::Encap, b, Meta { port: p, ..m }),
+            Verdict::Flood => self.put_on(snap, Node::Forward, Node::Flood, b, Meta { port: port.id, ..m }),
         }
     }
 
-    /// Adds a frame to node `next`'s frame, running the node first if its frame is full.
+    /// Hands a frame from node `from` to node `to`'s frame (an edge of the graph), running
+    /// `to` first if its frame is full.
     #[inline(always)]
-    pub(super) fn put_on(&mut self, snap: &Snapshot, next: Next, b: BufId, m: Meta) {
-        let f = match next {
-            Next::Flood => &mut self.frames.flood,
-            Next::Rewrite => &mut self.frames.rewrite,
-            Next::Encap => &mut self.frames.encap,
-        };
-        if let Err(b) = f.push(b, m) {
-            self.run_node(snap, next);
-            let f = match next {
-                Next::Flood => &mut self.frames.flood,
-                Next::Rewrite => &mut self.frames.rewrite,
-                Next::Encap => &mut self.frames.encap,
-            };
-            if let Err(b) = f.push(b, m) {
-                self.discard(b, DropReason::NoEgress, m.port); // the node emptied it: unreachable
+    pub(super) fn put_on(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
+        debug_assert!(from.next_index(crate::graph::Next::Node(to)).is_some(), "{} → {} is not an edge of the graph", from.name(), to.name());
+        let b = match self.frames.of(to).map(|f| f.push(b, m)) {
+            Some(Ok(())) => return,
+            Some(Err(b)) => {
+                self.run_node(snap, to);
+                match self.frames.of(to).map(|f| f.push(b, m)) {
+                    Some(Ok(())) => return,
+                    Some(Err(b)) => b, // the node emptied its frame: unreachable
+                    None => return,
+                }
             }
-        }
+            None => return, // not a node with a frame: unreachable (the callers name three)
+        };
+        self.discard(b, DropReason::NoEgress, m.port);
     }
 
     /// Runs the nodes holding frames, in the graph's order (`flood` hands frames to the
@@ -140,18 +150,19 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn run_nodes(&mut self, snap: &Snapshot) {
         if !self.frames.is_empty() {
-            self.run_node(snap, Next::Flood);
-            self.run_node(snap, Next::Rewrite);
-            self.run_node(snap, Next::Encap);
+            for n in self.frames.order {
+                self.run_node(snap, n);
+            }
         }
     }
 
     #[inline(never)]
-    fn run_node(&mut self, snap: &Snapshot, node: Next) {
+    fn run_node(&mut self, snap: &Snapshot, node: Node) {
         match node {
-            Next::Flood => self.run_flood(snap),
-            Next::Rewrite => self.run_rewrite(snap),
-            Next::Encap => self.run_encap(snap),
+            Node::Flood => self.run_flood(snap),
+            Node::VlanRewrite => self.run_rewrite(snap),
+            Node::Encap => self.run_encap(snap),
+            _ => {}
         }
     }
 

@@ -113,8 +113,7 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
         }
         Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
         Device::Dpdk { devargs, queues } => {
-            let dev = devargs.split(',').next().unwrap_or_default();
-            if is_pci_address(dev) {
+            if let Some(dev) = pci_device(device) {
                 crate::vf::prepare_switch_port(dev).map_err(|e| DeviceError { port: name.into(), what: format!("DPDK device {devargs} (an SR-IOV VF)"), source: std::io::Error::other(e) })?;
             }
             let fail = |e: dpdk::DpdkError| DeviceError { port: name.into(), what: format!("DPDK device {devargs}"), source: std::io::Error::other(e) };
@@ -162,6 +161,14 @@ fn dpdk_eal(devargs: &str) -> Result<(), dpdk::DpdkError> {
 }
 
 /// `0000:3b:00.0` or `3b:00.0`.
+/// The PCI device a `dpdk` port takes, when its devargs name one (a NIC or a VF).
+pub fn pci_device(d: &Device) -> Option<&str> {
+    match d {
+        Device::Dpdk { devargs, .. } => devargs.split(',').next().filter(|dev| is_pci_address(dev)),
+        _ => None,
+    }
+}
+
 fn is_pci_address(s: &str) -> bool {
     let hex = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit());
     let parts: Vec<&str> = s.split([':', '.']).collect();

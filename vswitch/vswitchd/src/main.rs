@@ -52,13 +52,13 @@ fn main() -> Result<()> {
         tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize, ..Default::default() },
         state_file: s.state_file.clone(),
     };
-    vf::set_node_vfs(vf::Vfs::new(&s.sriov));
+    let vfs = vf::set_node_vfs(vf::Vfs::new(&s.sriov));
     let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);
     if let Some(p) = &s.state_file {
         node.state().save(p)?;
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let served = rt.block_on(serve(node.clone(), &s));
+    let served = rt.block_on(serve(node.clone(), vfs, &s));
     node.stop();
     tracing::info!("stopped");
     served
@@ -129,7 +129,7 @@ fn bind(path: &Path, mode: u32) -> Result<(UnixListener, SocketFile)> {
     Ok((l, file))
 }
 
-async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
+async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings) -> Result<()> {
     let api = &s.api;
     let (listener, _socket_file) = bind(&api.socket, api.socket_mode)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -153,7 +153,7 @@ async fn serve(node: Arc<node::Node>, s: &settings::Settings) -> Result<()> {
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
-    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vf::set_node_vfs(vf::Vfs::new(&s.sriov)))?;
+    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs)?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");

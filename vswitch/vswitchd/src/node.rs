@@ -227,9 +227,22 @@ impl Node {
         Ok(Some(record))
     }
 
-    /// The SR-IOV VFs attachments hold: (PCI address, `container/ifname`).
+    /// The SR-IOV VFs pods' attachments hold, (PCI address, `container/ifname`), and the PCI
+    /// devices the switch's `dpdk` ports take, (PCI address, `switch port NAME`).
     pub fn held_vfs(&self) -> Vec<(String, String)> {
-        self.inner().state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.clone(), format!("{}/{}", a.container_id, a.ifname)))).collect()
+        let inner = self.inner();
+        let pods = inner.state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.clone(), format!("{}/{}", a.container_id, a.ifname))));
+        let ports = inner.state.ports.iter().filter_map(|p| Some((devices::pci_device(&p.item.device)?.to_string(), format!("switch port {}", p.item.config.name))));
+        pods.chain(ports).collect()
+    }
+
+    /// Refuses a `dpdk` port on a VF a pod holds.
+    fn check_not_held_by_pod(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
+        let Some(pci) = devices::pci_device(&spec.device) else { return Ok(()) };
+        match state.attachments.iter().find(|a| a.vf.as_ref().is_some_and(|v| v.pci == pci)) {
+            Some(a) => Err(NodeError::VfHeld { pci: pci.to_string(), by: format!("{}/{}", a.container_id, a.ifname) }),
+            None => Ok(()),
+        }
     }
 
     /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
@@ -288,7 +301,7 @@ impl Node {
     fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
         for (i, name) in names.iter().enumerate() {
             let Some(p) = candidate.port(name) else { continue };
-            let opened = Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from).and_then(|open| {
+            let opened = Self::check_not_held_by_pod(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
                 self.switch.register_port(name, open.port.clone()).map_err(|e| {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
@@ -322,9 +335,9 @@ impl Node {
             let opened = match running.hides_vlan_tags() {
                 // AF_XDP's queue is still the running socket's: straight to AF_PACKET.
                 Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
-                    devices::open_trunk_on_af_packet(name, &p.item.device, &why)
+                    devices::open_trunk_on_af_packet(name, &p.item.device, &why).map_err(NodeError::from)
                 }
-                _ => Self::open_device(&self.pool, candidate, &p.item),
+                _ => Self::check_not_held_by_pod(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
             };
             match opened {
                 Ok(open) => {
@@ -336,7 +349,7 @@ impl Node {
                 Err(e) => {
                     self.events.emit("port_error", name, e.to_string(), self.switch.generation());
                     self.restore(inner, replaced);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }

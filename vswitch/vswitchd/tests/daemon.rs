@@ -1083,6 +1083,36 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
 /// the daemon binds the VF to vfio-pci through sysfs (a fake tree here: no SR-IOV, no IOMMU
 /// on these machines) before DPDK probes it; DPDK then finds no such device here, and the
 /// refusal names it. What the PF is asked (trust, spoof checking off) is checked in vf.rs.
+/// A VF a pod holds is not the switch's to take: a `dpdk` port on it is refused naming the
+/// pod, and nothing is done to the VF.
+#[tokio::test]
+async fn a_vf_a_pod_holds_is_refused_as_a_switch_port() {
+    use plumbing::sriov::testkit::{FakeVf, fake_pf};
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("sys");
+    fake_pf(&sys, "pf0", &[FakeVf { netdev: None, driver: Some("vfio-pci") }]);
+    let cfg = dir.path().join("vswitchd.toml");
+    std::fs::write(&cfg, format!("[sriov]\nsysfs = \"{}\"\npf_settings = false\n", sys.display())).unwrap();
+    let state = dir.path().join("state.json");
+    let attachment = serde_json::json!({
+        "container_id": "c0ffee", "ifname": "net1", "netns": "/proc/1/ns/net", "network": "red", "cni_network": "red",
+        "pod_namespace": "default", "pod_name": "dpdk-app", "mac": [2, 0, 0, 0, 0, 9], "mtu": 1500, "addresses": [], "routes": [],
+        "host_ifname": "", "network_kind": "vlan", "segment": 100,
+        "vf": { "pci": "0000:01:00.1", "pf": "pf0", "pf_pci": "0000:01:00.0", "index": 0, "netdev": null, "pf_settings": false }
+    });
+    std::fs::write(&state, serde_json::json!({ "attachments": [attachment] }).to_string()).unwrap();
+    let d = Daemon::start(dir.path(), &["--state-file", state.to_str().unwrap(), "--config", cfg.to_str().unwrap()]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    let port = pb::Port {
+        name: "vf0".into(),
+        device: Some(pb::Device { kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs: "0000:01:00.1".into(), queues: 0 })) }),
+        mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
+        ..Default::default()
+    };
+    refused(add_port(&mut c, port).await, Code::AlreadyExists, "VF 0000:01:00.1 is attached to c0ffee/net1");
+    assert_eq!(std::fs::read_to_string(sys.join("bus/pci/devices/0000:01:00.1/driver_override")).unwrap(), "(null)\n", "the VF was left alone");
+}
 #[tokio::test]
 async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
     if !dpdk::AVAILABLE {
