@@ -130,19 +130,18 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn put_on(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
         debug_assert!(from.next_index(crate::graph::Next::Node(to)).is_some(), "{} → {} is not an edge of the graph", from.name(), to.name());
-        let b = match self.frames.of(to).map(|f| f.push(b, m)) {
-            Some(Ok(())) => return,
-            Some(Err(b)) => {
-                self.run_node(snap, to);
-                match self.frames.of(to).map(|f| f.push(b, m)) {
-                    Some(Ok(())) => return,
-                    Some(Err(b)) => b, // the node emptied its frame: unreachable
-                    None => return,
-                }
-            }
-            None => return, // not a node with a frame: unreachable (the callers name three)
+        let Some(f) = self.frames.of(to) else {
+            return self.discard(b, DropReason::NoEgress, m.port); // not a node with a frame: unreachable
         };
-        self.discard(b, DropReason::NoEgress, m.port);
+        let Err(b) = f.push(b, m) else { return };
+        self.run_node(snap, to);
+        let again = match self.frames.of(to) {
+            Some(f) => f.push(b, m),
+            None => Err(b),
+        };
+        if let Err(b) = again {
+            self.discard(b, DropReason::NoEgress, m.port); // the node emptied its frame: unreachable
+        }
     }
 
     /// Runs the nodes holding frames, in the graph's order (`flood` hands frames to the
