@@ -120,13 +120,22 @@ impl Lab {
             .arg(&data)
             .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--grpc-listen", &self.grpc])
             .args(&self.manager_tls)
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(data.join("stderr.log")).unwrap())
             .spawn()
             .unwrap();
         self.manager = Some(Proc(child));
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.mctl(&["tenant", "list"]).status.success() {
-            assert!(Instant::now() < deadline, "knitter-manager did not come up");
+        loop {
+            let o = self.mctl(&["tenant", "list"]);
+            if o.status.success() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                // What a failed start leaves, to tell a slow start from one that ended.
+                let exited = self.manager.as_mut().and_then(|m| m.0.try_wait().ok().flatten());
+                let log = std::fs::read_to_string(data.join("stderr.log")).unwrap_or_default();
+                panic!("knitter-manager did not come up in 20 s (process: {exited:?}; knitterctl: {}); its log:\n{log}", String::from_utf8_lossy(&o.stderr).trim());
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -178,10 +178,13 @@ impl Attacher {
             ip_group: r.ip_group.clone(),
             requested_mac: r.mac.clone(),
             pod_uid: r.pod_uid.clone(),
-            device_info: r.vhost_user.as_ref().and_then(|v| {
-                let l = handoff::layout(&handoff_dir(v), &r.container_id, &r.ifname).ok()?;
-                Some(knitter_api::device_info::vhost_user(&l.socket.display().to_string(), v.switch_listens).to_string())
-            }),
+            device_info: match (&r.vhost_user, &r.sriov) {
+                (Some(v), _) => handoff::layout(&handoff_dir(v), &r.container_id, &r.ifname)
+                    .ok()
+                    .map(|l| knitter_api::device_info::vhost_user(&l.socket.display().to_string(), v.switch_listens).to_string()),
+                (None, Some(sriov)) => self.vfs.device_info(&sriov.device_id),
+                (None, None) => None,
+            },
         };
         let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(|s| Self::manager_error(&link.address, s))?.into_inner().port;
         let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;

@@ -74,6 +74,17 @@ impl Vfs {
         Vfs { sysfs: Sysfs::new(&s.sysfs), pfs: s.pfs.clone(), pools: s.pools.clone(), pf_settings: s.pf_settings, spoof_check: s.spoof_check, pf, choosing: Mutex::new(()) }
     }
 
+    /// The NPWG device-info of the VF `device_id` names (`{"type":"pci",...}`, published in
+    /// the pod's network-status), when it names one this node has; a VF the node picks is
+    /// known only after the manager's port is made.
+    pub fn device_info(&self, device_id: &str) -> Option<String> {
+        if device_id.is_empty() {
+            return None;
+        }
+        let (pf, vf) = self.sysfs.vf_by_pci(device_id).ok()?;
+        Some(knitter_api::device_info::pci(&vf.pci, &self.sysfs.pf_pci(&pf).unwrap_or_default()).to_string())
+    }
+
     /// Chooses a VF — `device_id`'s, or a free one of `pool`'s PFs (`None`: `[sriov] pfs`) —
     /// and claims it with `claim` (which records it, refusing a VF held meanwhile), under one
     /// lock. `held` lists the VFs attachments hold, read under that lock (so two ADDs at once
@@ -333,6 +344,9 @@ mod tests {
         };
         node.enter(|| {
             let vf = vfs.choose_and_claim("", None, Vec::new, Ok).unwrap();
+            let info: serde_json::Value = serde_json::from_str(&vfs.device_info("0000:01:00.1").unwrap()).unwrap();
+            assert_eq!(info["pci"], serde_json::json!({ "pci-address": "0000:01:00.1", "pf-pci-address": "0000:01:00.0" }));
+            assert_eq!((vfs.device_info(""), vfs.device_info("0000:09:00.1")), (None, None), "none named, or not this node's");
             assert!(matches!(vfs.choose_and_claim("", Some("fast"), Vec::new, Ok), Err(VfError::UnknownPool(..))));
             assert_eq!((vf.pci.as_str(), vf.pf.as_str(), vf.pf_pci.as_str(), vf.netdev_mac), ("0000:01:00.1", "pf0", "0000:01:00.0", Some([2, 0, 0, 0, 0x0e, 1])));
             *rec.fail.lock().unwrap() = 1;

@@ -1104,15 +1104,20 @@ async fn a_vf_a_pod_holds_is_refused_as_a_switch_port() {
     let d = Daemon::start(dir.path(), &["--state-file", state.to_str().unwrap(), "--config", cfg.to_str().unwrap()]).await;
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
-    let port = pb::Port {
+    refused(add_port(&mut c, vf_port()).await, Code::AlreadyExists, "VF 0000:01:00.1 is attached to c0ffee/net1");
+    assert_eq!(std::fs::read_to_string(sys.join("bus/pci/devices/0000:01:00.1/driver_override")).unwrap(), "(null)\n", "the VF was left alone");
+}
+
+/// A `dpdk` port `vf0` in bridge `red` on the fake PF's first VF.
+fn vf_port() -> pb::Port {
+    pb::Port {
         name: "vf0".into(),
         device: Some(pb::Device { kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs: "0000:01:00.1".into(), queues: 0 })) }),
         mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
         ..Default::default()
-    };
-    refused(add_port(&mut c, port).await, Code::AlreadyExists, "VF 0000:01:00.1 is attached to c0ffee/net1");
-    assert_eq!(std::fs::read_to_string(sys.join("bus/pci/devices/0000:01:00.1/driver_override")).unwrap(), "(null)\n", "the VF was left alone");
+    }
 }
+
 #[tokio::test]
 async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
     if !dpdk::AVAILABLE {
@@ -1129,13 +1134,7 @@ async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
     let d = Daemon::start(dir.path(), &["--no-state", "--config", cfg.to_str().unwrap()]).await;
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
-    let port = pb::Port {
-        name: "vf0".into(),
-        device: Some(pb::Device { kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs: "0000:01:00.1".into(), queues: 0 })) }),
-        mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
-        ..Default::default()
-    };
-    refused(add_port(&mut c, port).await, Code::Unavailable, "0000:01:00.1");
+    refused(add_port(&mut c, vf_port()).await, Code::Unavailable, "0000:01:00.1");
     let read = |p: &str| std::fs::read_to_string(sys.join(p)).unwrap();
     assert_eq!(read("bus/pci/devices/0000:01:00.1/driver_override"), "vfio-pci");
     assert_eq!(read("bus/pci/drivers/iavf/unbind"), "0000:01:00.1", "unbound from its host driver");
