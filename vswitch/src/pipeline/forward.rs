@@ -1,7 +1,8 @@
-//! Node `l2-forward` (stage 2): the source handed to `learn`, ARP/ND suppression (node `arp-nd-suppress`,
-//! [`crate::suppress`]), the FDB lookup of the destination, and the hand-off to the egress
-//! nodes: `vlan-rewrite` + `tx` for a local port, `vxlan-encap` for a peer, `flood` for an
-//! unknown or group destination.
+//! Node `l2-forward` (stage 2): the source handed to `learn`, ARP/ND suppression (node
+//! `arp-nd-suppress`, [`crate::suppress`]), the FDB lookup of the destination, and the
+//! hand-off to the egress nodes (`decide`, then `act` straight to them or, per node, onto
+//! their frames): `vlan-rewrite` + `tx` for a local port, `vxlan-encap` for a peer, `flood`
+//! for an unknown or group destination.
 
 use super::*;
 
