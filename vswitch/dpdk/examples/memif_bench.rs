@@ -12,13 +12,13 @@
 //!
 //!     cargo run --release -p knitter-dpdk --example memif_bench -- [seconds] [rounds] [knitter|ovs|both]
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vswitch::port::Port;
 use vswitch::testkit::one_bridge;
+use vswitch::testkit::vnf::ListeningVnf;
 
 type Error = Box<dyn std::error::Error>;
 
@@ -27,32 +27,22 @@ const MAC_B: &str = "02:00:00:00:00:0b";
 
 /// testpmd with two memif servers, forwarding once told to start.
 struct Testpmd {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    vnf: ListeningVnf,
     sockets: [PathBuf; 2],
 }
 
 impl Testpmd {
     fn start(dir: &Path, tag: &str) -> Result<Testpmd, Error> {
         let sockets = [dir.join(format!("{tag}0.sock")), dir.join(format!("{tag}1.sock"))];
-        let mut child = Command::new("dpdk-testpmd")
-            .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
-            .arg(format!("--file-prefix=tp-{}-{tag}", std::process::id()))
-            .arg(format!("--vdev=net_memif0,role=server,socket={},socket-abstract=no,mac={MAC_A}", sockets[0].display()))
-            .arg(format!("--vdev=net_memif1,role=server,socket={},socket-abstract=no,mac={MAC_B}", sockets[1].display()))
-            // Two rings each way: OVS's client asks for a tx queue per PMD thread plus one (a
-            // server with fewer refuses it, "Invalid ring index"), and sends on the second;
-            // testpmd answers on the ring it received on, so OVS polls two rx queues. The same
-            // testpmd for both switches (Knitter sends and polls one).
-            .args(["--", "-i", "--nb-cores=1", "--rxq=2", "--txq=2", "--total-num-mbufs=8192", "--forward-mode=mac"])
-            .arg(format!("--eth-peer=0,{MAC_B}"))
-            .arg(format!("--eth-peer=1,{MAC_A}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        let stdin = child.stdin.take();
-        let tp = Testpmd { child, stdin, sockets };
+        let servers = [(0, MAC_A), (1, MAC_B)].map(|(i, mac)| format!("net_memif{i},role=server,socket={},socket-abstract=no,mac={mac}", sockets[i].display()));
+        let (peer0, peer1) = (format!("--eth-peer=0,{MAC_B}"), format!("--eth-peer=1,{MAC_A}"));
+        // Two rings each way: OVS's client asks for a tx queue per PMD thread plus one (a
+        // server with fewer refuses it, "Invalid ring index"), and sends on the second;
+        // testpmd answers on the ring it received on, so OVS polls two rx queues. The same
+        // testpmd for both switches (Knitter sends and polls one).
+        let app = ["--nb-cores=1", "--rxq=2", "--txq=2", "--total-num-mbufs=8192", "--forward-mode=mac", &peer0, &peer1];
+        let vnf = ListeningVnf::start_vdevs(Command::new("dpdk-testpmd"), &servers, &app).ok_or("dpdk-testpmd is not installed")?;
+        let tp = Testpmd { vnf, sockets };
         wait_for(Duration::from_secs(10), "testpmd made no memif sockets", || tp.sockets.iter().all(|s| s.exists()))?;
         // The servers' interfaces join their sockets when testpmd starts its ports, a moment
         // after the sockets appear (a client that connects before is told "ID not found").
@@ -66,20 +56,8 @@ impl Testpmd {
     }
 
     /// Starts forwarding, seeding the loop with 4 bursts per port.
-    fn go(&mut self) -> Result<(), Error> {
-        writeln!(self.stdin.as_mut().ok_or("testpmd stdin")?, "start tx_first 4")?;
-        Ok(())
-    }
-}
-
-impl Drop for Testpmd {
-    fn drop(&mut self) {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = writeln!(s, "quit");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn go(&mut self) {
+        self.vnf.say("start tx_first 4");
     }
 }
 
@@ -129,7 +107,7 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
         p0.link_up() && p1.link_up()
     });
     let measured = up.and_then(|()| {
-        tp.go()?;
+        tp.go();
         std::thread::sleep(Duration::from_secs(2)); // learn, settle
         let before = switch.stats();
         let t = Instant::now();
@@ -151,7 +129,7 @@ fn ovs_round(tp: &mut Testpmd, work: &Path, round: u32, secs: u64) -> Result<Win
     let ports = [("m0", tp.client(&format!("net_memif_o{round}a"), 0)), ("m1", tp.client(&format!("net_memif_o{round}b"), 1))];
     let ovs = knitter_perf::ovs::Ovs::start_dpdk_ports(work, memory(), layout, &ports, 2).map_err(|e| format!("{e:#}"))?;
     wait_for(Duration::from_secs(30), "OVS's memif links did not come up", || ovs.link_up("m0") && ovs.link_up("m1"))?;
-    tp.go()?;
+    tp.go();
     std::thread::sleep(Duration::from_secs(2));
     let before = ovs.own().ok_or("OVS's pmd-stats-show")?;
     let t = Instant::now();

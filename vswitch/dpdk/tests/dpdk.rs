@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use vswitch::config::SwitchConfig;
 use vswitch::port::Port;
+use vswitch::testkit::vnf::ListeningVnf;
 use vswitch::testkit::{Harness, frames, mac, one_bridge, pcap};
 
 fn eal() -> bool {
@@ -217,48 +218,28 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
     assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6, "{:?}", s.events);
 }
 
-/// DPDK's testpmd killed (and its memif socket removed) on drop.
-struct Testpmd(std::process::Child, std::path::PathBuf);
-
-impl Drop for Testpmd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_file(&self.1);
-    }
-}
-
 /// A `net_memif` client port against DPDK's testpmd as the memif server, forwarding in
 /// `macswap` mode (each frame back with its MACs swapped): a frame from the ring port is
 /// flooded to the memif port and comes back to the ring port, byte for byte but for its
 /// MACs; then the learnt MAC takes unicast frames (60, 1 514, 200 bytes) the same way.
 #[test]
 fn memif_frames_go_to_testpmd_and_come_back() {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     if !eal() {
         return;
     }
-    let sock = std::env::temp_dir().join(format!("knitter-memif-t{}.sock", std::process::id()));
-    let mut child = Command::new("dpdk-testpmd")
-        .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "256", "--single-file-segments", "--no-shconf"])
-        .arg(format!("--file-prefix=tp-memif-{}", std::process::id()))
-        .arg(format!("--vdev=net_memif0,role=server,socket={},socket-abstract=no", sock.display()))
-        .args(["--", "-i", "--forward-mode=macswap", "--total-num-mbufs=2048"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("dpdk-testpmd (CI installs DPDK's tools)");
-    let mut stdin = child.stdin.take().unwrap();
-    let _tp = Testpmd(child, sock.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("memif.sock");
+    let server = format!("net_memif0,role=server,socket={},socket-abstract=no", sock.display());
+    let Some(mut tp) = ListeningVnf::start_vdevs(std::process::Command::new("dpdk-testpmd"), &[server], &["--forward-mode=macswap", "--total-num-mbufs=2048"]) else {
+        return;
+    };
     let deadline = Instant::now() + Duration::from_secs(15);
     while !sock.exists() {
         assert!(Instant::now() < deadline, "testpmd made no memif socket");
         std::thread::sleep(Duration::from_millis(50));
     }
-    writeln!(stdin, "start").unwrap();
+    tp.say("start");
     // The server's interface joins its socket when testpmd starts its port, a moment after
     // the socket appears (a client that connects before is refused and not retried).
     std::thread::sleep(Duration::from_secs(2));
@@ -300,5 +281,4 @@ fn memif_frames_go_to_testpmd_and_come_back() {
     assert!(st[0].tx_packets >= 3 && st[0].rx_packets >= 3, "{st:?}");
     h.apply(SwitchConfig::default()).unwrap();
     h.switch.unregister_port("m").unwrap();
-    let _ = writeln!(stdin, "quit");
 }

@@ -1,7 +1,8 @@
 //! dpdk-testpmd as a VNF pod's app in tests: listening on one vhost-user socket
-//! (`net_virtio_user`, `server=1`) that a switch connects to (client mode), in plain pages
-//! so it runs on any machine, driven through its interactive prompt. Killed, and its
-//! runtime files removed, on drop.
+//! (`net_virtio_user`, `server=1`) that a switch connects to (client mode), or on any vdevs
+//! (`net_memif` servers for a switch's memif clients), in plain pages so it runs on any
+//! machine, driven through its interactive prompt. Killed, and its runtime files removed,
+//! on drop.
 
 use std::io::Write;
 use std::path::Path;
@@ -23,18 +24,26 @@ impl ListeningVnf {
 
     /// The same through `cmd`, which runs testpmd with the arguments appended (a wrapper
     /// that enters a mount namespace, say); with `mac`, the port's MAC.
-    pub fn start_with(mut cmd: Command, socket: &Path, mac: Option<&str>) -> Option<ListeningVnf> {
+    pub fn start_with(cmd: Command, socket: &Path, mac: Option<&str>) -> Option<ListeningVnf> {
+        let mac = mac.map(|m| format!(",mac={m}")).unwrap_or_default();
+        let vdev = format!("net_virtio_user0,path={},server=1,queues=1{mac}", socket.display());
+        ListeningVnf::start_vdevs(cmd, &[vdev], &["--nb-cores=1", "--total-num-mbufs=2048"])
+    }
+
+    /// testpmd through `cmd` with `vdevs` (each a `--vdev` value) and `app`, its arguments
+    /// after `--` beside `-i`.
+    pub fn start_vdevs(mut cmd: Command, vdevs: &[String], app: &[&str]) -> Option<ListeningVnf> {
         if !super::peer_available(super::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
             return None;
         }
         static N: AtomicU32 = AtomicU32::new(0);
         let prefix = format!("kvnf{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let mac = mac.map(|m| format!(",mac={m}")).unwrap_or_default();
         let mut child = cmd
             .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
             .arg(format!("--file-prefix={prefix}"))
-            .arg(format!("--vdev=net_virtio_user0,path={},server=1,queues=1{mac}", socket.display()))
-            .args(["--", "-i", "--nb-cores=1", "--total-num-mbufs=2048"])
+            .args(vdevs.iter().map(|v| format!("--vdev={v}")))
+            .args(["--", "-i"])
+            .args(app)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
