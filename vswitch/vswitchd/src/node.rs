@@ -230,29 +230,26 @@ impl Node {
     /// The SR-IOV VFs pods' attachments hold, (PCI address, `container/ifname`), and the PCI
     /// devices the switch's `dpdk` ports take, (PCI address, `switch port NAME`).
     pub fn held_vfs(&self) -> Vec<(String, String)> {
-        let inner = self.inner();
-        let pods = inner.state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.clone(), format!("{}/{}", a.container_id, a.ifname))));
-        let ports = inner.state.ports.iter().filter_map(|p| Some((devices::pci_device(&p.item.device)?.to_string(), format!("switch port {}", p.item.config.name))));
-        pods.chain(ports).collect()
+        pci_holders(&self.inner().state).map(|(pci, h)| (pci.to_string(), h.to_string())).collect()
     }
 
-    /// Refuses a `dpdk` port on a VF a pod holds.
-    fn check_not_held_by_pod(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
+    /// Refuses a `dpdk` port on a PCI device something else holds (a pod's VF).
+    fn check_not_held(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
         let Some(pci) = devices::pci_device(&spec.device) else { return Ok(()) };
-        match state.attachments.iter().find(|a| a.vf.as_ref().is_some_and(|v| v.pci == pci)) {
-            Some(a) => Err(NodeError::VfHeld { pci: pci.to_string(), by: format!("{}/{}", a.container_id, a.ifname) }),
+        match pci_holders(state).find(|(p, h)| *p == pci && !matches!(h, PciHolder::Port(n) if *n == spec.config.name)) {
+            Some((_, h)) => Err(NodeError::VfHeld { pci: pci.to_string(), by: h.to_string() }),
             None => Ok(()),
         }
     }
 
     /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
-    /// attachment holds; persisted.
+    /// attachment or a switch port holds; persisted.
     pub fn add_vf_attachment(&self, record: crate::records::Record) -> Result<(), NodeError> {
         let mut inner = self.inner();
         if let Some(pci) = record.vf.as_ref().map(|v| &v.pci)
-            && let Some(a) = inner.state.attachments.iter().find(|a| a.key() != record.key() && a.vf.as_ref().is_some_and(|v| v.pci == *pci))
+            && let Some((_, h)) = pci_holders(&inner.state).find(|(p, h)| *p == pci && !matches!(h, PciHolder::Pod(a) if a.key() == record.key()))
         {
-            return Err(NodeError::VfHeld { pci: pci.clone(), by: format!("{}/{}", a.container_id, a.ifname) });
+            return Err(NodeError::VfHeld { pci: pci.clone(), by: h.to_string() });
         }
         inner.state.attachments.retain(|a| a.key() != record.key());
         inner.state.attachments.push(record);
@@ -301,7 +298,7 @@ impl Node {
     fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
         for (i, name) in names.iter().enumerate() {
             let Some(p) = candidate.port(name) else { continue };
-            let opened = Self::check_not_held_by_pod(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
+            let opened = Self::check_not_held(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
                 self.switch.register_port(name, open.port.clone()).map_err(|e| {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
@@ -337,7 +334,7 @@ impl Node {
                 Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
                     devices::open_trunk_on_af_packet(name, &p.item.device, &why).map_err(NodeError::from)
                 }
-                _ => Self::check_not_held_by_pod(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
+                _ => Self::check_not_held(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
             };
             match opened {
                 Ok(open) => {
@@ -678,6 +675,30 @@ fn wanted_filter(state: &NodeState, spec: &PortSpec) -> Option<UnderlayFilter> {
 
 fn is_trunk(spec: &PortSpec) -> bool {
     matches!(spec.config.mode, PortMode::Trunk { .. })
+}
+
+/// What holds a PCI device on this node.
+enum PciHolder<'a> {
+    /// A pod's attachment (an SR-IOV VF).
+    Pod(&'a crate::records::Record),
+    /// A `dpdk` switch port, by name.
+    Port(&'a str),
+}
+
+impl std::fmt::Display for PciHolder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PciHolder::Pod(a) => write!(f, "{}/{}", a.container_id, a.ifname),
+            PciHolder::Port(n) => write!(f, "switch port {n}"),
+        }
+    }
+}
+
+/// Every PCI device `state` gives to someone: pods' VFs, then `dpdk` ports' devices.
+fn pci_holders(state: &NodeState) -> impl Iterator<Item = (&str, PciHolder<'_>)> {
+    let pods = state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.as_str(), PciHolder::Pod(a))));
+    let ports = state.ports.iter().filter_map(|p| Some((devices::pci_device(&p.item.device)?, PciHolder::Port(p.item.config.name.as_str()))));
+    pods.chain(ports)
 }
 
 /// Whether a running port (device `running`) changed from `old` to `new` needs its device
