@@ -244,8 +244,8 @@ const TAKEN_ELSEWHERE: &[(Node, Next, &str)] = &[
     // A parked frame goes back to encapsulation, or is dropped, on a later burst.
     (Node::NeighborHold, Next::Node(Node::Encap), "tests/neighbor.rs"),
     (Node::NeighborHold, Next::Drop, "tests/neighbor.rs (neighbor_queue_full, neighbor_unresolved)"),
-    // No buffer left for a copy (tests/drops.rs names the test for no_buffer).
-    (Node::Flood, Next::Drop, "pool exhausted"),
+    // No buffer left for a copy.
+    (Node::Flood, Next::Drop, "tests/l2.rs pool_exhaustion_during_flooding_is_counted_not_fatal"),
     // Every port here has one MTU.
     (Node::VlanRewrite, Next::Drop, "tests/drops.rs (egress_mtu)"),
     // A full ring or a link down is found when the burst's batches are sent, after its trace.

@@ -109,6 +109,8 @@ impl Pipeline {
     /// hit path around it stays as it compiles without it).
     #[inline(never)]
     pub(super) fn hit_to_rewrite(&mut self, snap: &Snapshot, b: BufId, port: u16, tagged: bool, want: Option<(u16, u16)>) {
+        // The hit's TPID is its port's (filled from it; the cache empties when the snapshot
+        // changes): vlan-rewrite reads it from the port, as for the slow path's frames.
         let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
         self.put_on(snap, Node::Cache, Node::VlanRewrite, b, m);
     }
