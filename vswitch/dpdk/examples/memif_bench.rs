@@ -106,7 +106,7 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
         p1.refresh_link();
         p0.link_up() && p1.link_up()
     });
-    let measured = up.and_then(|()| {
+    let measured = up.map(|()| {
         tp.go();
         std::thread::sleep(Duration::from_secs(2)); // learn, settle
         let before = switch.stats();
@@ -114,7 +114,7 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
         std::thread::sleep(Duration::from_secs(secs));
         let after = switch.stats();
         let drops = after.drops.iter().sum::<u64>() - before.drops.iter().sum::<u64>();
-        Ok(Window::of(after.packets - before.packets, after.busy_cycles - before.busy_cycles, drops, t.elapsed().as_secs_f64()))
+        Window::of(after.packets - before.packets, after.busy_cycles - before.busy_cycles, drops, t.elapsed().as_secs_f64())
     });
     pmd.stop();
     switch.apply(vswitch::config::SwitchConfig::default())?;
