@@ -20,14 +20,15 @@
 //! [`connect`] is client mode (the frontend listens, as QEMU with `server=on`): it connects,
 //! and connects again after the connection ends, so the switch may restart too.
 
+use crate::eventfd::EventFd;
 use crate::memory::{GuestMemory, Mapping};
 use crate::port::{MAX_PAIRS, RXQ, TXQ, VhostPort};
 use crate::vring::SplitQueue;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -67,6 +68,26 @@ pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// Largest queue accepted (QEMU's virtio-net allows 1024).
 pub const MAX_QUEUE: u32 = 1024;
+/// Regions a memory table may have: the vhost-user specification's
+/// `VHOST_MEMORY_BASELINE_NREGIONS`, what QEMU and DPDK send at most.
+pub const MAX_REGIONS: usize = 8;
+/// The guest memory one frontend may map when the node sets no limit (see
+/// [`set_max_guest_memory`]).
+pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 16 << 30;
+static MAX_GUEST_MEMORY: AtomicU64 = AtomicU64::new(DEFAULT_MAX_GUEST_MEMORY);
+
+/// Sets the most guest memory (the sum of a memory table's regions) one frontend may map:
+/// the node's `[vhost] max_guest_memory_mib`. Pages of it that the switch touches before the
+/// guest did are charged to the switch (docs/architecture.md "What a frontend controls").
+pub fn set_max_guest_memory(bytes: u64) {
+    MAX_GUEST_MEMORY.store(bytes, Ordering::Relaxed);
+}
+
+/// How long a frontend may take to send the rest of a message it began.
+pub const MESSAGE_DEADLINE: Duration = Duration::from_secs(1);
+/// How long stopping a server waits for its thread (which a stop wakes at once: this
+/// bounds only what no frontend should be able to cause).
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// A ring as the frontend described it so far.
 #[derive(Debug, Default, Clone, Copy)]
@@ -161,6 +182,20 @@ impl NetBackend {
         }
     }
 
+    /// A kick or call descriptor of ring `index` if it is an eventfd (made non-blocking);
+    /// anything else puts the port in error and is refused.
+    fn frontend_eventfd(&self, fd: Option<File>, role: &str, index: u8) -> Result<Option<Arc<EventFd>>> {
+        let Some(fd) = fd else { return Ok(None) };
+        match EventFd::from_frontend(OwnedFd::from(fd)) {
+            Ok(e) => Ok(Some(Arc::new(e))),
+            Err(e) => {
+                let why = format!("virtqueue {index}: the {role} descriptor is refused: {e}");
+                self.port.fault(why.clone());
+                Err(Error::ReqHandlerError(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)))
+            }
+        }
+    }
+
     /// The frontend is gone: rings stop and the port lets go of its memory and eventfds
     /// (nothing of a dead frontend stays mapped or open until the next one comes).
     fn disconnected(&mut self) {
@@ -227,13 +262,26 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
         if ctx.len() != files.len() {
             return Err(Error::InvalidParam);
         }
+        let refuse = |port: &VhostPort, why: String| {
+            port.fault(format!("memory table refused: {why}"));
+            Error::ReqHandlerError(std::io::Error::new(std::io::ErrorKind::InvalidInput, why))
+        };
+        if ctx.len() > MAX_REGIONS {
+            return Err(refuse(&self.port, format!("{} regions; at most {MAX_REGIONS}", ctx.len())));
+        }
+        let total = ctx.iter().try_fold(0u64, |t, r| t.checked_add(r.memory_size)).unwrap_or(u64::MAX);
+        let limit = MAX_GUEST_MEMORY.load(Ordering::Relaxed);
+        if total > limit {
+            return Err(refuse(&self.port, format!("{total} bytes of guest memory; this node maps at most {limit} a frontend ([vhost] max_guest_memory_mib)")));
+        }
         let mut regions = Vec::new();
         for (r, f) in ctx.iter().zip(&files) {
             let len = usize::try_from(r.memory_size).map_err(|_| Error::InvalidParam)?;
-            let map = Mapping::shared(f.as_fd(), r.mmap_offset, len).map_err(Error::ReqHandlerError)?;
+            let map = Mapping::shared(f.as_fd(), r.mmap_offset, len).map_err(|e| refuse(&self.port, e.to_string()))?;
             regions.push((r.guest_phys_addr, r.user_addr, map));
         }
-        self.memory = Some(Arc::new(GuestMemory::new(regions).map_err(|_| Error::InvalidParam)?));
+        let table = GuestMemory::new(regions).map_err(|e| refuse(&self.port, e.to_string()))?;
+        self.memory = Some(Arc::new(table));
         for i in 0..VQS {
             self.apply(i)?;
         }
@@ -276,22 +324,16 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         // Polled: kicks only wake a sleeping PMD thread; this message starts the ring.
+        self.vring(index as u32)?;
+        let fd = self.frontend_eventfd(fd, "kick", index)?;
         self.vring(index as u32)?.kicked = true;
-        let fd = fd.map(OwnedFd::from);
-        if let Some(f) = &fd {
-            // SAFETY: fcntl on a descriptor we own; O_NONBLOCK so draining it never waits.
-            unsafe {
-                let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
-                libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
-            }
-        }
         self.port.configure(|d| d.pair_of(index as usize).map(|p| p.kick[index as usize % 2] = fd));
         self.apply(index as usize)
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
         self.vring(index as u32)?;
-        let fd = fd.map(OwnedFd::from);
+        let fd = self.frontend_eventfd(fd, "interrupt (call)", index)?;
         self.port.configure(|d| d.pair_of(index as usize).map(|p| p.call[index as usize % 2] = fd));
         Ok(())
     }
@@ -384,23 +426,42 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 }
 
-/// The server thread of one port's socket; stops (and closes the connection) on drop.
+/// The server thread of one port's socket; stops (and closes the connection) on drop,
+/// without waiting on the frontend: the connection is shut down first, which ends any read
+/// or write on it at once.
 pub struct Server {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// The socket this server listens on, removed when it stops (server mode only).
     listening: Option<std::path::PathBuf>,
+    /// The connection being served, if any (see [`Connection`]).
+    connection: Arc<Connection>,
 }
 
-/// Who may connect to a server socket: its mode and owner, set right after it is created
-/// (QEMU or a pod's DPDK app often runs as another user than the switch). `None` keeps what
-/// the process's umask and identity give.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SocketPerms {
-    pub mode: Option<u32>,
-    pub owner: Option<u32>,
-    pub group: Option<u32>,
+/// The descriptor of the connection a server thread serves, for a stop to shut it down. The
+/// thread clears it under the lock before it closes the connection, so a stop never shuts
+/// down a descriptor number that was closed and reused.
+#[derive(Default)]
+struct Connection {
+    fd: Mutex<Option<libc::c_int>>,
+    /// The thread has ended.
+    ended: AtomicBool,
 }
+
+impl Connection {
+    fn set(&self, fd: Option<libc::c_int>) {
+        *self.fd.lock().unwrap_or_else(|e| e.into_inner()) = fd;
+    }
+
+    fn shut_down(&self) {
+        if let Some(fd) = *self.fd.lock().unwrap_or_else(|e| e.into_inner()) {
+            // SAFETY: shutdown of the connection's descriptor, open while it is recorded.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+    }
+}
+
+pub use crate::socket::SocketPerms;
 
 /// The longest path a unix socket address holds (`sun_path` is 108 bytes with its NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -424,18 +485,11 @@ pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
     serve_with(path, port, SocketPerms::default())
 }
 
-/// [`serve`] with the socket's mode and owner set.
+/// [`serve`] with the socket's mode and owner set (on the socket itself: a symlink the pod
+/// put in its place is replaced, never followed; see `socket.rs`).
 pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std::io::Result<Server> {
     check_socket_path(path)?;
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
-    if let Some(mode) = perms.mode {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    }
-    if perms.owner.is_some() || perms.group.is_some() {
-        std::os::unix::fs::chown(path, perms.owner, perms.group)?;
-    }
+    let listener = crate::socket::listen(path, perms)?;
     listener.set_nonblocking(true)?;
     let mut server = spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
         Ok((s, _)) => Some(s),
@@ -452,12 +506,26 @@ pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std:
 
 /// Connects to a frontend listening on `path` (client mode: QEMU's `server=on`, OVS's
 /// `dpdkvhostuserclient`), and connects again whenever the connection ends, so either side
-/// may restart. Tries again after 20 ms, doubling up to a second while nobody listens.
+/// may restart. Tries again after 20 ms, doubling up to a second while nobody listens. A
+/// symlink at `path` is not connected through (see `socket.rs`).
 pub fn connect(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
     check_socket_path(path)?;
     let path = path.to_path_buf();
-    spawn(port, CONNECT_BACKOFF, move |_| UnixStream::connect(&path).ok())
+    spawn(port, CONNECT_BACKOFF, move |name| match crate::socket::connect(&path) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound && e.kind() != std::io::ErrorKind::ConnectionRefused {
+                if let Some(suppressed) = CONNECT_LOG.allow() {
+                    tracing::warn!(port = %name, path = %path.display(), error = %e, suppressed, "vhost-user connect failed");
+                }
+            }
+            None
+        }
+    })
 }
+
+/// Connect failures worth a line (a symlink, a timeout), across ports.
+static CONNECT_LOG: crate::ratelimit::LogLimit = crate::ratelimit::LogLimit::new();
 
 /// How long a server thread waits between accepts that found nobody.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
@@ -469,7 +537,8 @@ const CONNECT_BACKOFF: Duration = Duration::from_secs(1);
 /// Waits between fruitless tries start at 20 ms and double up to `max_wait`.
 fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static) -> std::io::Result<Server> {
     let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
+    let connection = Arc::new(Connection::default());
+    let (flag, conn) = (stop.clone(), connection.clone());
     let name = port_name(&port);
     let thread = std::thread::Builder::new().name(format!("vhost-{name}")).spawn(move || {
         let mut wait = ACCEPT_POLL;
@@ -484,19 +553,26 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
                 continue;
             };
             wait = ACCEPT_POLL;
-            serve_connection(stream, &port, &flag, &name);
+            serve_connection(stream, &port, &flag, &name, &conn);
         }
+        conn.ended.store(true, Ordering::Release);
     })?;
-    Ok(Server { stop, thread: Some(thread), listening: None })
+    Ok(Server { stop, thread: Some(thread), listening: None, connection })
 }
 
 /// Handles one frontend's messages until it goes away or the server stops. The socket is
-/// polled (100 ms) between messages so a stop is seen; a message is read only once its
-/// first bytes are there, and then whole (a timeout inside a message would lose its place
-/// in the stream).
-fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str) {
+/// polled (100 ms) between messages so a stop is seen; a message is handed to the handler
+/// only once all of it is there (its first bytes, then the rest within
+/// [`MESSAGE_DEADLINE`]), so no read of the handler's can wait on the frontend. A frontend
+/// that sends part of a message and stops is put in error and disconnected.
+fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str, conn: &Connection) {
     let _ = stream.set_nonblocking(false);
+    // Replies to a frontend that does not read them: the write gives up after a while (a
+    // stop ends it at once).
+    let _ = stream.set_write_timeout(Some(MESSAGE_DEADLINE));
     let fd = stream.as_raw_fd();
+    conn.set(Some(fd));
+    port.clear_fault();
     if let Some(suppressed) = port.conn_log.allow() {
         tracing::info!(port = %name, suppressed, "vhost-user frontend connected");
     }
@@ -505,6 +581,14 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
     while !stop.load(Ordering::Acquire) {
         if !wait_for_message(fd, port) {
             continue;
+        }
+        match whole_message(fd, stop) {
+            Ok(true) => {}
+            Ok(false) => break, // stopping
+            Err(why) => {
+                port.fault(why);
+                break;
+            }
         }
         match net_request(fd, &backend, port) {
             Some(Ok(())) => continue,
@@ -534,6 +618,47 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
         }
     }
     backend.lock().unwrap_or_else(|e| e.into_inner()).disconnected();
+    // Forgotten before it closes (see `Connection`).
+    let mut recorded = conn.fd.lock().unwrap_or_else(|e| e.into_inner());
+    *recorded = None;
+    drop(handler);
+    drop(recorded);
+}
+
+/// The header every vhost-user message starts with: request, flags, body size.
+const HEADER: usize = 12;
+
+/// Waits until the message whose first bytes are on `fd` is there whole (header and body:
+/// the bytes queued on the socket, `FIONREAD`), for at most [`MESSAGE_DEADLINE`]. `Ok(false)`
+/// when the server stops meanwhile; an error (why, in words) when the frontend sent part of
+/// a message and no more.
+fn whole_message(fd: libc::c_int, stop: &AtomicBool) -> std::result::Result<bool, String> {
+    let deadline = std::time::Instant::now() + MESSAGE_DEADLINE;
+    let mut hdr = [0u8; HEADER];
+    loop {
+        // SAFETY: a peek into our 12-byte buffer from the connection's descriptor.
+        let n = unsafe { libc::recv(fd, hdr.as_mut_ptr().cast(), HEADER, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes the bytes queued on the socket into our c_int.
+        let q = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
+        if n == 0 || q < 0 {
+            return Ok(true); // gone: the handler reads the end and says so
+        }
+        if n == HEADER as isize {
+            let size = u32::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]) as usize;
+            // An oversized body is the handler's to refuse, from the header alone.
+            if size > vhost::vhost_user::message::MAX_MSG_SIZE || queued as usize >= HEADER + size {
+                return Ok(true);
+            }
+        }
+        if stop.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!("the frontend sent {} bytes of a message and nothing more for {MESSAGE_DEADLINE:?}", queued.max(0)));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Waits up to 100 ms for the frontend's next message, and meanwhile for the first kick of
@@ -558,9 +683,9 @@ fn wait_for_message(fd: libc::c_int, port: &VhostPort) -> bool {
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 100) };
     for (p, pair) in fds[1..n].iter().zip(&pairs[1..n]) {
         if p.revents & libc::POLLIN != 0 {
-            let mut v = 0u64;
-            // SAFETY: an 8-byte read from a non-blocking kick eventfd into a u64.
-            unsafe { libc::read(p.fd, (&mut v as *mut u64).cast(), 8) };
+            if crate::eventfd::drain_raw(p.fd) == crate::eventfd::Outcome::Stalled {
+                port.fault("a kick descriptor made the switch wait: the frontend cleared O_NONBLOCK and emptied it");
+            }
             port.rx_kicked(*pair);
         }
     }
@@ -686,11 +811,21 @@ fn port_name(p: &VhostPort) -> String {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // Ends a read or write on the connection at once, whatever the frontend does.
+        self.connection.shut_down();
         if let Some(p) = self.listening.take() {
-            let _ = std::fs::remove_file(p);
+            crate::socket::remove(&p);
+        }
+        let Some(t) = self.thread.take() else { return };
+        let until = std::time::Instant::now() + STOP_WAIT;
+        while !self.connection.ended.load(Ordering::Acquire) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if self.connection.ended.load(Ordering::Acquire) {
+            let _ = t.join();
+        } else {
+            // Never seen: a thread the shutdown did not wake is left to end on its own.
+            tracing::warn!(port = %t.thread().name().unwrap_or("?"), "vhost-user thread did not stop in {STOP_WAIT:?}; left behind");
         }
     }
 }

@@ -3,19 +3,25 @@
 //! This crate owns the fast path the rust-vmm crates leave to the device: guest memory as
 //! host mappings with every guest-named range checked once ([`memory`]), split virtqueues
 //! polled in batches with each descriptor chain validated before use ([`vring`]), and the
-//! virtio-net header with the copies between guest buffers and pool packets ([`net`]). The
-//! vhost-user protocol and the switch port come next (issue: "vhost-user ports for VNF
-//! pods"); with the `testkit` feature, `driver` is the driver side of split virtqueues (the
-//! perf lab's generator) and `testkit` a simulated guest for tests built on its layout.
+//! virtio-net header with the copies between guest buffers and pool packets ([`net`]), the
+//! vhost-user protocol ([`backend`]) and the switch port ([`port`]). Everything a frontend
+//! controls is hostile input: its descriptors are checked ([`eventfd`]) and every call on
+//! them bounded ([`stall`]), its socket directory is never followed through ([`socket`]),
+//! its memory file may shrink ([`sigbus`]). With the `testkit` feature, `driver` is the
+//! driver side of split virtqueues (the perf lab's generator) and `testkit` a simulated
+//! guest for tests built on its layout.
 
 pub mod backend;
 #[cfg(any(test, feature = "testkit"))]
 pub mod driver;
+pub mod eventfd;
 pub mod memory;
 pub mod net;
 pub mod port;
 pub mod ratelimit;
 pub mod sigbus;
+pub mod socket;
+pub mod stall;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod vring;

@@ -68,30 +68,56 @@ fn file_size(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
     Ok(st.st_size.max(0) as u64)
 }
 
+/// The filesystem of the file behind `fd`: its type and block size (the huge page size on
+/// hugetlbfs).
+fn file_system(fd: BorrowedFd<'_>) -> std::io::Result<(i64, u64)> {
+    // SAFETY: fstatfs fills the zeroed buffer for a descriptor we borrow.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointer is to our local.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((st.f_type as i64, st.f_bsize.max(1) as u64))
+}
+
+/// Filesystems guest memory may live on: memfds and `/dev/shm` (tmpfs) and hugetlbfs. Pages
+/// of any other file would be read from (and written back to) a disk — by the PMD thread
+/// that touches them.
+const SHARED_MEMORY: [(i64, &str); 2] = [(libc::TMPFS_MAGIC as i64, "tmpfs"), (libc::HUGETLBFS_MAGIC as i64, "hugetlbfs")];
+
 impl Mapping {
     /// Maps the `len` bytes at `offset` of a frontend's memory file (vhost-user
-    /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned.
+    /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned,
+    /// and up to a whole number of its file system's pages (huge pages on hugetlbfs, where a
+    /// mapping can only be replaced or unmapped whole).
     ///
-    /// The file must hold the whole region: a page of a mapping past the end of its file
-    /// raises SIGBUS when touched, so a frontend's short (or truncated) file is refused here.
-    /// A frontend that shrinks its file afterwards is caught by the mapping's SIGBUS guard
-    /// (`sigbus.rs`): the fault is recovered from, the mapping reads as zeroes and
-    /// [`Mapping::faulted`] says so.
+    /// The file must be shared memory (a memfd, tmpfs, hugetlbfs) and hold the whole region:
+    /// a page of a mapping past the end of its file raises SIGBUS when touched, so a
+    /// frontend's short (or truncated) file is refused here. A frontend that shrinks its file
+    /// afterwards is caught by the mapping's SIGBUS guard (`sigbus.rs`): the fault is
+    /// recovered from, the mapping reads as zeroes and [`Mapping::faulted`] says so. A
+    /// mapping the guard table has no room for is refused.
     pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
-        let off = usize::try_from(offset).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-        let total = len.checked_add(off).ok_or(std::io::ErrorKind::InvalidInput)?;
+        let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+        let off = usize::try_from(offset).map_err(|_| invalid(format!("region offset {offset} is too large")))?;
+        let end = len.checked_add(off).ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
+        let (fs, page) = file_system(fd)?;
+        let Some((_, kind)) = SHARED_MEMORY.iter().find(|(t, _)| *t == fs) else {
+            return Err(invalid(format!("guest memory must be shared memory (a memfd, tmpfs or hugetlbfs), not a file on a file system of type {fs:#x}")));
+        };
         let size = file_size(fd)?;
-        if (size as u128) < total as u128 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("memory region of {len} bytes at offset {off} extends past its file ({size} bytes)"),
-            ));
+        if (size as u128) < end as u128 {
+            return Err(invalid(format!("memory region of {len} bytes at offset {off} extends past its file ({size} bytes)")));
         }
-        let mut m = Self::map(total, libc::MAP_SHARED, fd.as_raw_fd(), 0)?;
-        // SAFETY: `off < total`, inside the mapping just made.
+        let mapped = (end as u64).div_ceil(page).checked_mul(page).and_then(|m| usize::try_from(m).ok());
+        let mapped = mapped.ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
+        let mut m = Self::map(mapped, libc::MAP_SHARED, fd.as_raw_fd(), 0).map_err(|e| std::io::Error::new(e.kind(), format!("mapping {mapped} bytes of a {kind} file: {e}")))?;
+        // SAFETY: `off < end <= mapped`, inside the mapping just made.
         m.ptr = unsafe { m.base.add(off) };
         m.len = len;
-        m.guard = crate::sigbus::Guard::register(m.base, m.mapped);
+        m.guard = Some(crate::sigbus::Guard::register(m.base, m.mapped).ok_or_else(|| {
+            std::io::Error::other(format!("the switch guards at most {} frontend memory regions at once, all taken", crate::sigbus::SLOTS))
+        })?);
         Ok(m)
     }
 

@@ -30,10 +30,11 @@
 //! buffer into its own guest's (`net::to_buffer`); other ports get it copied into the pool
 //! first. Then `rx_done` returns every descriptor of the burst in ring order.
 
+use crate::eventfd::{self, EventFd};
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
 use crate::vring::{Chain, Flat, SplitQueue};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -56,12 +57,13 @@ pub struct Pair {
     /// The receive (RXQ) and transmit (TXQ) rings, when set up and enabled.
     pub queues: [Option<SplitQueue>; 2],
     /// Where to signal the guest that a ring has completions, when it asks for interrupts
-    /// (an eventfd from SET_VRING_CALL).
-    pub call: [Option<OwnedFd>; 2],
-    /// Where the guest kicks after making buffers available (SET_VRING_KICK), non-blocking:
-    /// the transmit ring's is the wake descriptor of the pair's rx queue while its PMD
-    /// thread sleeps.
-    pub kick: [Option<OwnedFd>; 2],
+    /// (an eventfd from SET_VRING_CALL). Shared so that a PMD thread signals after it let
+    /// go of the pair's lock: no lock is held across a system call on a frontend's
+    /// descriptor.
+    pub call: [Option<Arc<EventFd>>; 2],
+    /// Where the guest kicks after making buffers available (SET_VRING_KICK): the transmit
+    /// ring's is the wake descriptor of the pair's rx queue while its PMD thread sleeps.
+    pub kick: [Option<Arc<EventFd>>; 2],
     /// A (re)started transmit ring whose guest still kicks: the next burst tells it not to.
     pub kicks_on: bool,
     pub offloads: Offloads,
@@ -195,6 +197,9 @@ pub struct NetCounters {
     pub memory_faults: vswitch::counters::SharedCounter,
     /// Frames that took the single-copy path (lent, not copied into the pool).
     pub lent_frames: vswitch::counters::SharedCounter,
+    /// Interrupts not sent because the guest's eventfd counter was full (it has not read
+    /// the earlier ones, which it will).
+    pub interrupts_full: vswitch::counters::SharedCounter,
 }
 
 pub struct VhostPort {
@@ -222,6 +227,10 @@ pub struct VhostPort {
     /// Frames of [`net::LEND_MIN`] bytes or more are lent (one copy guest → guest), not
     /// copied into the pool (see [`VhostPort::set_single_copy`]).
     single_copy: AtomicBool,
+    /// Why the connected frontend is in error (see [`VhostPort::fault`]), until it
+    /// connects again.
+    fault: Mutex<Option<String>>,
+    faulted: AtomicBool,
 }
 
 /// Whether ports made from now on take the single-copy path (see
@@ -252,6 +261,44 @@ impl VhostPort {
             announce: AtomicU64::new(0),
             guest_mtu: AtomicU32::new(0),
             single_copy: AtomicBool::new(SINGLE_COPY.load(Ordering::Relaxed)),
+            fault: Mutex::new(None),
+            faulted: AtomicBool::new(false),
+        }
+    }
+
+    /// Puts the connected frontend in error for `why` (the first reason stays): its rings
+    /// stop at once and stay stopped, and the port shows why (`ring_error`), until the
+    /// frontend connects again. For what only a misbehaving frontend does: a descriptor of
+    /// the wrong kind, a call it made wait, a burst the switch panicked on.
+    pub fn fault(&self, why: impl Into<String>) {
+        let why = why.into();
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        self.faulted.store(true, Ordering::Release);
+        for m in [&self.rx_running, &self.tx_running, &self.rx_waiting] {
+            m.store(0, Ordering::Release);
+        }
+        self.up.store(false, Ordering::Release);
+        if f.is_none() {
+            tracing::warn!(port = %self.name, "vhost-user frontend in error: {why}; its rings stop until it connects again");
+            *f = Some(why);
+        }
+    }
+
+    /// A new frontend connected: an earlier one's error goes.
+    pub fn clear_fault(&self) {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.faulted.store(false, Ordering::Release);
+    }
+
+    /// Signals the guest on `call` (taken from its pair under the lock, signalled after):
+    /// a full counter is counted, a call the frontend made wait puts it in error.
+    #[inline]
+    fn interrupt(&self, call: Option<Arc<EventFd>>) {
+        let Some(call) = call else { return };
+        match call.signal() {
+            eventfd::Outcome::Done => {}
+            eventfd::Outcome::WouldBlock => self.net.interrupts_full.add(1),
+            eventfd::Outcome::Stalled | eventfd::Outcome::Failed => self.fault("an interrupt (call) descriptor made the switch wait: the frontend cleared O_NONBLOCK and filled it"),
         }
     }
 
@@ -310,6 +357,8 @@ impl VhostPort {
         let rx = pairs_where(&|p| p.rx_runs() && p.rx_ready);
         let tx = pairs_where(&|p| p.memory.is_some() && p.queues[TXQ].is_some());
         let waiting = pairs_where(&|p| p.rx_runs() && !p.rx_ready);
+        // A frontend in error runs nothing until it connects again.
+        let (rx, tx, waiting) = if self.faulted.load(Ordering::Acquire) { (0, 0, 0) } else { (rx, tx, waiting) };
         self.rx_waiting.store(waiting, Ordering::Release);
         self.rx_running.store(rx, Ordering::Release);
         self.tx_running.store(tx, Ordering::Release);
@@ -377,7 +426,7 @@ impl VhostPort {
     /// the receive ring is ready if it was not.
     #[cold]
     fn rx_ready_by_transmission(&self, pair: &mut Pair, p: usize) {
-        if !pair.rx_runs() {
+        if !pair.rx_runs() || self.faulted.load(Ordering::Acquire) {
             return;
         }
         pair.make_rx_ready();
@@ -413,6 +462,9 @@ impl VhostPort {
     /// port's error state, until the frontend reconnects (control path: takes the pairs'
     /// locks).
     pub fn ring_error(&self) -> Option<String> {
+        if let Some(why) = self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(why);
+        }
         self.pairs.iter().enumerate().find_map(|(p, pair)| {
             let pair = pair.lock().unwrap_or_else(|e| e.into_inner());
             pair.queues.iter().enumerate().find_map(|(dir, q)| {
@@ -451,6 +503,18 @@ impl VhostPort {
     }
 }
 
+/// A pair's lock if it is free. A lock poisoned by a thread that panicked holding it is
+/// taken all the same: the pair is as a burst leaves it, and the panic was dealt with where
+/// it was caught (the port put in error), so a poisoned lock must not stop the port for ever.
+#[inline]
+fn try_pair(lock: &Mutex<Pair>) -> Option<MutexGuard<'_, Pair>> {
+    match lock.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// What became of one packet on its way into the guest.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -460,16 +524,6 @@ enum Outcome {
     /// No receive buffers now: it and the packets after it stay for a later burst.
     NoRoom,
     BadChain,
-}
-
-/// Signals an eventfd (the guest's interrupt).
-fn signal(fd: &Option<OwnedFd>) {
-    if let Some(fd) = fd {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: an 8-byte write to an eventfd we own; a full counter only means the guest
-        // has not read earlier signals, which it will.
-        unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
-    }
 }
 
 impl Port for VhostPort {
@@ -515,7 +569,7 @@ impl Port for VhostPort {
         if self.tx_running.load(Ordering::Acquire) & 1 << p == 0 {
             return got;
         }
-        let Ok(mut guard) = self.pairs[p].try_lock() else { return got };
+        let Some(mut guard) = try_pair(&self.pairs[p]) else { return got };
         let pair = &mut *guard;
         let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return got };
         // Another PMD thread's lent burst from this ring (both poll it for a moment while
@@ -590,14 +644,14 @@ impl Port for VhostPort {
             }
             ring.push_used(chain.head, 0);
         }
-        if used > 0 && !lent && ring.needs_interrupt() {
-            signal(&pair.call[TXQ]);
-        }
+        let call = if used > 0 && !lent && ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
         drop(ring);
         self.check_broken(queue, mem, p, TXQ);
         if used > 0 && !pair.rx_ready {
             self.rx_ready_by_transmission(pair, p);
         }
+        drop(guard);
+        self.interrupt(call);
         self.counters[p].rx_packets.add(got as u64);
         got
     }
@@ -682,12 +736,11 @@ impl Port for VhostPort {
             }
             done += 1;
         }
-        if sent > 0 && ring.needs_interrupt() {
-            signal(&pair.call[RXQ]);
-        }
+        let call = if sent > 0 && ring.needs_interrupt() { pair.call[RXQ].clone() } else { None };
         drop(ring);
         self.check_broken(queue, mem, p, RXQ);
         drop(guard);
+        self.interrupt(call);
         // Every packet taken was copied into the guest (or refused, counted): free them.
         for i in 0..done {
             cache.free(batch.take(i));
@@ -717,17 +770,20 @@ impl Port for VhostPort {
         for &h in &pair.lent.heads[..n] {
             ring.push_used(h, 0);
         }
-        if ring.needs_interrupt() {
-            signal(&pair.call[TXQ]);
-        }
+        let call = if ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
+        drop(ring);
+        drop(guard);
+        self.interrupt(call);
     }
 
     fn takes_lent(&self) -> bool {
         true
     }
 
+    /// The kick eventfd's number, for `poll` only: it may close while the PMD thread sleeps
+    /// on it (the frontend went), which `poll` reports and nothing else minds.
     fn wake_fd(&self, q: u16) -> Option<RawFd> {
-        let pair = self.pairs.get(q as usize)?.try_lock().ok()?;
+        let pair = try_pair(self.pairs.get(q as usize)?)?;
         pair.kick[TXQ].as_ref().map(|f| f.as_raw_fd())
     }
 
@@ -736,16 +792,19 @@ impl Port for VhostPort {
     /// cleared.
     fn arm_wake(&self, q: u16, armed: bool) -> bool {
         let Some(lock) = self.pairs.get(q as usize) else { return false };
-        let Ok(mut guard) = lock.try_lock() else { return armed };
+        let Some(mut guard) = try_pair(lock) else { return armed };
         let pair = &mut *guard;
         let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return false };
         let Ok(mut ring) = queue.ring(mem) else { return false };
         ring.set_kicks(armed);
         if !armed {
-            if let Some(fd) = &pair.kick[TXQ] {
-                let mut v = 0u64;
-                // SAFETY: an 8-byte read from our non-blocking eventfd into a u64.
-                unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            let kick = pair.kick[TXQ].clone();
+            drop(ring);
+            drop(guard);
+            if let Some(k) = kick
+                && matches!(k.drain(), eventfd::Outcome::Stalled | eventfd::Outcome::Failed)
+            {
+                self.fault("a kick descriptor made the switch wait: the frontend cleared O_NONBLOCK and emptied it");
             }
             return false;
         }

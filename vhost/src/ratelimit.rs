@@ -19,6 +19,10 @@ pub struct LogLimit {
 }
 
 impl LogLimit {
+    pub const fn new() -> LogLimit {
+        LogLimit { window: AtomicU64::new(0), lines: AtomicU32::new(0), suppressed: AtomicU32::new(0) }
+    }
+
     /// Whether a line may be written now (`Some`: with how many were left out before it).
     pub fn allow(&self) -> Option<u32> {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());

@@ -17,14 +17,15 @@
 //!
 //! The handler is async-signal-safe: it reads a fixed table of atomics, and makes the `mmap`
 //! and `sigaction` system calls (glibc's wrappers take no locks). Registration claims a slot
-//! with a compare-and-swap; a table that is full (more than [`SLOTS`] mappings) leaves the
-//! mapping unguarded, as every mapping was before, and says so.
+//! with a compare-and-swap; a table that is full (more than [`SLOTS`] mappings) refuses the
+//! mapping, whose memory table is then refused.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Mappings guarded at once (a frontend sends at most 8 regions; 64 frontends).
-pub const SLOTS: usize = 512;
+/// Mappings guarded at once: 8 regions (the most a memory table may have) for each of 512
+/// frontends. A mapping beyond them is refused (`Mapping::shared`).
+pub const SLOTS: usize = 4096;
 
 struct Slot {
     start: AtomicUsize,
@@ -46,7 +47,7 @@ pub struct Guard {
 
 impl Guard {
     /// Guards the mapping at `[start, start + len)`; `None` when the table is full or the
-    /// handler could not be installed (the mapping then works unguarded, as before).
+    /// handler could not be installed (the caller refuses the mapping).
     pub fn register(start: *mut u8, len: usize) -> Option<Guard> {
         if !install() {
             return None;
@@ -63,7 +64,7 @@ impl Guard {
                 return Some(Guard { slot: i });
             }
         }
-        tracing::warn!(slots = SLOTS, "SIGBUS guard table full: a frontend that truncates this memory file would bring the switch down");
+        tracing::warn!(slots = SLOTS, "SIGBUS guard table full: a frontend memory region is refused");
         None
     }
 

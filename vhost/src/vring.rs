@@ -3,7 +3,10 @@
 //! published once per burst, notification suppression both ways (flags or `EVENT_IDX`).
 //!
 //! The guest is not trusted. Every chain is checked before any of its bytes is used: head
-//! and `next` indices inside the table, no loops (a chain is never longer than its table),
+//! and `next` indices inside the table, no loops, no more descriptors in all than the queue
+//! has entries (the virtio spec's rule, indirect ones and empty ones included: a chain of
+//! thousands of zero-length descriptors would otherwise cost the PMD thread that polls it a
+//! descriptor read each, for nothing),
 //! indirect tables only when negotiated, never nested and never with `NEXT`, 16-byte
 //! aligned (as drivers allocate them), a length that is a whole number of descriptors, device-readable descriptors before device-writable
 //! ones, every buffer inside one guest memory region, at most [`MAX_SEGS`] buffers. A chain
@@ -51,6 +54,8 @@ pub enum ChainError {
     Index(u16),
     #[error("descriptor chain loops or is longer than its table")]
     Loop,
+    #[error("descriptor chain has more descriptors than the queue has entries")]
+    TooManyDescriptors,
     #[error("indirect descriptor not negotiated, nested, chained or of a bad length")]
     Indirect,
     #[error("a device-readable descriptor follows a device-writable one")]
@@ -388,6 +393,8 @@ impl<'m> Ring<'m> {
     fn walk(&mut self, head: u16, chain: &mut Chain) -> Result<(), ChainError> {
         let (mut table, mut table_len) = (self.desc as *const u8, self.q.size);
         let (mut i, mut seen, mut indirect) = (head, 0u32, false);
+        // Descriptors this chain may still have, direct and indirect together.
+        let mut budget = self.q.size as u32;
         loop {
             if i >= table_len {
                 return Err(ChainError::Index(i));
@@ -396,6 +403,7 @@ impl<'m> Ring<'m> {
             if seen > table_len as u32 {
                 return Err(ChainError::Loop);
             }
+            budget = budget.checked_sub(1).ok_or(ChainError::TooManyDescriptors)?;
             let (addr, len, flags, next) = Self::read_desc(table, i);
             if flags & VIRTQ_DESC_F_INDIRECT != 0 {
                 if !self.q.indirect || indirect || flags & VIRTQ_DESC_F_NEXT != 0 || len == 0 || !(len as u64).is_multiple_of(DESC) {
