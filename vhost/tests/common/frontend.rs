@@ -53,15 +53,20 @@ pub fn set_up_pairs(fe: Frontend, pairs: usize) -> Vm {
 }
 
 /// `set_up_pairs`, with `after_mem_table` run on the memory file once the switch has it.
-pub fn set_up_with(mut fe: Frontend, pairs: usize, after_mem_table: impl FnOnce(&OwnedFd)) -> Vm {
-    let fd = memfd(MEM_LEN);
+pub fn set_up_with(fe: Frontend, pairs: usize, after_mem_table: impl FnOnce(&OwnedFd)) -> Vm {
+    set_up_on(fe, memfd(MEM_LEN), MEM_LEN, pairs, after_mem_table)
+}
+
+/// `set_up_with` on the memory file `fd` (at least `MEM_LEN` bytes), of which the memory
+/// table names the first `region_len` bytes.
+pub fn set_up_on(mut fe: Frontend, fd: OwnedFd, region_len: usize, pairs: usize, after_mem_table: impl FnOnce(&OwnedFd)) -> Vm {
     let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
     let user = map.as_ptr() as u64;
     let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
     let mut queues: Vec<Guest> = (0..2 * pairs as u64).map(|k| Guest::queue_in(mem.clone(), 64, k)).collect();
     let region = VhostUserMemoryRegionInfo {
         guest_phys_addr: 0,
-        memory_size: MEM_LEN as u64,
+        memory_size: region_len as u64,
         userspace_addr: user,
         mmap_offset: 0,
         mmap_handle: fd.as_raw_fd(),
