@@ -231,6 +231,9 @@ pub struct VhostPort {
     /// connects again.
     fault: Mutex<Option<String>>,
     faulted: AtomicBool,
+    /// The switch gave up on the port ([`Port::fail`]): the error stays whatever the
+    /// frontend does, until the port is added again.
+    failed: AtomicBool,
 }
 
 /// Whether ports made from now on take the single-copy path (see
@@ -263,6 +266,7 @@ impl VhostPort {
             single_copy: AtomicBool::new(SINGLE_COPY.load(Ordering::Relaxed)),
             fault: Mutex::new(None),
             faulted: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -284,10 +288,14 @@ impl VhostPort {
         }
     }
 
-    /// A new frontend connected: an earlier one's error goes.
+    /// A new frontend connected: an earlier one's error goes (not the switch's, see
+    /// [`Port::fail`]).
     pub fn clear_fault(&self) {
-        *self.fault.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.faulted.store(false, Ordering::Release);
+        let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.failed.load(Ordering::Acquire) {
+            *f = None;
+            self.faulted.store(false, Ordering::Release);
+        }
     }
 
     /// Signals the guest on `call` (taken from its pair under the lock, signalled after):
@@ -778,6 +786,11 @@ impl Port for VhostPort {
 
     fn takes_lent(&self) -> bool {
         true
+    }
+
+    fn fail(&self, why: &str) {
+        self.failed.store(true, Ordering::Release);
+        self.fault(why);
     }
 
     /// The kick eventfd's number, for `poll` only: it may close while the PMD thread sleeps

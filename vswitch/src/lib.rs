@@ -13,6 +13,7 @@ pub mod batch;
 pub mod buf;
 pub mod counters;
 pub mod emc;
+pub mod faults;
 pub mod fdb;
 pub mod graph;
 pub mod neigh;

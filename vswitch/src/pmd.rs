@@ -72,7 +72,18 @@ pub struct PmdSet {
     adopted: Arc<[AtomicU64]>,
     /// Per thread, the snapshot it last replaced, for [`PmdSet::reclaim`] to free.
     retired: Arc<[Retired]>,
+    /// Per thread, whether it runs (false once it ended, stopped or not).
+    alive: Arc<[AtomicBool]>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// Marks its thread ended when dropped: as the thread returns, and as a panic unwinds it.
+struct Alive<'a>(&'a AtomicBool);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Release);
+    }
 }
 
 /// Where a PMD thread leaves the snapshot it stopped using. The last reference to a
@@ -122,15 +133,17 @@ impl PmdSet {
         let stop = Arc::new(AtomicBool::new(false));
         let adopted: Arc<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let retired: Arc<[Retired]> = (0..n).map(|_| Retired::empty()).collect();
+        let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();
         let mut kicks = Vec::new();
         let mut threads = Vec::new();
         for idx in 0..n {
             let kick = Arc::new(eventfd()?);
             kicks.push(kick.clone());
-            let (switch, stop, adopted, retired) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone());
+            let (switch, stop, adopted, retired, alive) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone(), alive.clone());
             let core = cfg.cores.get(idx).copied();
             let idle = cfg.idle;
             let t = std::thread::Builder::new().name(format!("pmd{idx}")).spawn(move || {
+                let _alive = Alive(&alive[idx]);
                 if let Some(c) = core {
                     pin(c);
                 }
@@ -139,7 +152,7 @@ impl PmdSet {
             threads.push(t);
         }
         tracing::info!(threads = n, ?cfg.idle, "PMD threads started");
-        Ok(PmdSet { stop, kicks, adopted, retired, threads })
+        Ok(PmdSet { stop, kicks, adopted, retired, alive, threads })
     }
 
     /// Waits until every thread runs configuration `generation` or newer, then frees the
@@ -162,7 +175,15 @@ impl PmdSet {
         }
     }
 
-    /// Stops and joins every thread.
+    /// Threads that ended without being stopped (a panic outside a port's burst): the node is
+    /// not healthy while there is one, and its health check says so.
+    pub fn dead_threads(&self) -> Vec<usize> {
+        if self.stop.load(Acquire) {
+            return Vec::new();
+        }
+        self.alive.iter().enumerate().filter(|(_, a)| !a.load(Acquire)).map(|(i, _)| i).collect()
+    }
+
     /// Frees, on the calling thread, the snapshots PMD threads have stopped using.
     pub fn reclaim(&self) {
         for r in self.retired.iter() {
@@ -170,6 +191,7 @@ impl PmdSet {
         }
     }
 
+    /// Stops and joins every thread.
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -203,13 +225,40 @@ pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
     fixed.chain(active).enumerate().filter(|(i, _)| i % n == idx).map(|(_, q)| *q).collect()
 }
 
+/// [`assignment`] without the queues of ports in error (see [`crate::faults`]). They are
+/// left out after the queues are dealt, so a fault seen by one thread before another never
+/// moves a queue to a second thread.
+fn assigned(switch: &Switch, snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
+    let mut q = assignment(snap, idx, n);
+    if switch.faults().generation() != 0 {
+        q.retain(|&(p, _)| snap.port(p).is_none_or(|pe| switch.faults().get(&pe.name).is_none()));
+    }
+    q
+}
+
+/// Polls one queue; a panic while processing its burst puts the port in error (the thread
+/// goes on with its other ports). Returns the packets received, or `None` after a panic.
+#[inline]
+fn poll_guarded(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, snap: &Snapshot, (p, q): (u16, u16), batch: &mut Batch) -> Option<usize> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pipe.poll(snap, p, q, batch))) {
+        Ok(n) => Some(n),
+        Err(payload) => {
+            let lost = pipe.recover_from_panic(batch);
+            let why = format!("the switch panicked processing a burst from queue {q}: {} ({lost} packets of the burst lost)", crate::faults::panic_message(&*payload));
+            switch.fail_port(snap, p, why);
+            None
+        }
+    }
+}
+
 /// How often a PMD thread looks again at which dynamic queues are active.
 const REBALANCE: Duration = Duration::from_millis(100);
 
 fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired): (&AtomicU64, &Retired), kick_fd: RawFd, idle: IdlePolicy) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
-    let mut queues = assignment(&snap, idx, n);
+    let mut queues = assigned(switch, &snap, idx, n);
+    let mut faults = switch.faults().generation();
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
     let mut idle_since: Option<Instant> = None;
@@ -220,20 +269,24 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
             let old = std::mem::replace(&mut snap, switch.snapshot());
             // Left before `adopted` moves, so that whoever sees the adoption finds it.
             drop(retired.swap(Some(old)));
-            queues = assignment(&snap, idx, n);
+            queues = assigned(switch, &snap, idx, n);
             adopted.store(snap.generation, Release);
             pipe.stats().event(Event::ConfigAdopted, 1);
         }
         // Busy threads look every 1024 polls, idle ones every time (a clock read).
         loops = loops.wrapping_add(1);
-        if (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
-            queues = assignment(&snap, idx, n);
+        if faults != switch.faults().generation() || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
+            faults = switch.faults().generation();
+            queues = assigned(switch, &snap, idx, n);
             next_rebalance = Instant::now() + REBALANCE;
         }
         pipe.set_now(coarse_secs());
         let mut got = 0;
-        for &(p, q) in &queues {
-            got += pipe.poll(&snap, p, q, &mut batch);
+        for &pq in &queues {
+            match poll_guarded(&mut pipe, switch, &snap, pq, &mut batch) {
+                Some(n) => got += n,
+                None => break, // the port's queues leave the list next round
+            }
         }
         let now = cycles();
         let spent = now.wrapping_sub(last);

@@ -92,6 +92,7 @@ pub struct Switch {
     threads: Mutex<Vec<Arc<ThreadStats>>>,
     baselines: Mutex<Baselines>,
     tracing: Arc<Tracing>,
+    faults: crate::faults::Faults,
 }
 
 impl std::fmt::Debug for Switch {
@@ -113,6 +114,7 @@ impl Switch {
             threads: Mutex::new(Vec::new()),
             baselines: Mutex::new(Baselines::default()),
             tracing: Arc::new(Tracing::default()),
+            faults: Default::default(),
         })
     }
 
@@ -153,6 +155,7 @@ impl Switch {
             return Err(SwitchError::PortExists(name.into()));
         }
         c.ports.insert(name.into(), port);
+        self.faults.clear(name);
         Ok(())
     }
 
@@ -163,7 +166,9 @@ impl Switch {
         self.check_pool(name, &*port)?;
         let mut c = self.control();
         let slot = c.ports.get_mut(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))?;
-        Ok(std::mem::replace(slot, port))
+        let old = std::mem::replace(slot, port);
+        self.faults.clear(name);
+        Ok(old)
     }
 
     /// Buffer handles are indices into one pool: a port holding another pool would hand the
@@ -181,7 +186,23 @@ impl Switch {
         if self.current.load().config.ports.iter().any(|p| p.name == name) {
             return Err(SwitchError::PortInUse(name.into()));
         }
-        c.ports.remove(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))
+        let port = c.ports.remove(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))?;
+        self.faults.clear(name);
+        Ok(port)
+    }
+
+    /// Ports in error after a panic in one of their bursts (see [`crate::faults`]).
+    pub fn faults(&self) -> &crate::faults::Faults {
+        &self.faults
+    }
+
+    /// Puts port `port` of `snap` in error for `why`: no PMD thread polls it again, and its
+    /// device stops (until the port is registered again).
+    pub fn fail_port(&self, snap: &Snapshot, port: u16, why: String) {
+        let Some(pe) = snap.port(port) else { return };
+        tracing::error!(port = %pe.name, "{why}; the port is in error until it is added again");
+        pe.port.fail(&why);
+        self.faults.set(&pe.name, why);
     }
 
     /// Validates and publishes a configuration; returns its generation. On error nothing

@@ -154,3 +154,71 @@ fn a_replaced_configuration_is_freed_off_the_pmd_thread() {
     assert!(port.upgrade().is_none(), "the removed port closed with it");
     drop(pmd);
 }
+
+/// A port whose bursts make the switch panic when asked to (what a frame the switch
+/// mishandles would do), or whose wake-up panics (outside any port's burst).
+struct Boom {
+    name: String,
+    on_rx: std::sync::atomic::AtomicBool,
+    on_wake: std::sync::atomic::AtomicBool,
+    failed: Mutex<Option<String>>,
+}
+
+impl vswitch::port::Port for Boom {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn rx_burst(&self, _q: u16, _c: &mut PoolCache, _b: &mut Batch) -> usize {
+        assert!(!self.on_rx.load(std::sync::atomic::Ordering::Relaxed), "a burst the switch cannot handle");
+        0
+    }
+    fn tx_burst(&self, _q: u16, cache: &mut PoolCache, b: &mut Batch) -> usize {
+        let n = b.len();
+        for x in b.drain() {
+            cache.free(x);
+        }
+        n
+    }
+    fn arm_wake(&self, _q: u16, _armed: bool) -> bool {
+        assert!(!self.on_wake.load(std::sync::atomic::Ordering::Relaxed), "a wake-up the switch cannot handle");
+        false
+    }
+    fn fail(&self, why: &str) {
+        *self.failed.lock().unwrap() = Some(why.to_string());
+    }
+}
+
+/// A panic while a PMD thread processes a port's burst puts that port in error (the switch's
+/// faults say why, the port is told and no longer polled) and the thread goes on forwarding
+/// for the others; adding the port again clears it. A thread that dies of a panic elsewhere
+/// is reported by `dead_threads`, which the daemon's health check reads.
+#[test]
+fn a_panic_in_a_ports_burst_fails_only_that_port() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = rig(2);
+    let boom = std::sync::Arc::new(Boom { name: "boom".into(), on_rx: false.into(), on_wake: false.into(), failed: Mutex::new(None) });
+    r.switch.register_port("boom", boom.clone()).unwrap();
+    let mut cfg = r.switch.snapshot().config.clone();
+    cfg.ports.push(PortConfig::access("boom", "red"));
+    r.switch.apply(cfg.clone()).unwrap();
+    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() }).unwrap();
+    assert_eq!(pump(&mut r, 100, Duration::from_secs(10)), 100);
+    boom.on_rx.store(true, Relaxed);
+    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some()), "the port is in error");
+    let why = r.switch.faults().get("boom").unwrap();
+    assert!(why.contains("panicked") && why.contains("a burst the switch cannot handle"), "{why}");
+    assert_eq!(boom.failed.lock().unwrap().as_deref(), Some(why.as_str()), "the port was told");
+    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    assert!(pmd.dead_threads().is_empty());
+    // Added again (its device opened anew), it is polled again.
+    boom.on_rx.store(false, Relaxed);
+    r.switch.replace_port("boom", boom.clone()).unwrap();
+    assert!(r.switch.faults().get("boom").is_none());
+    // A panic outside any burst (the idle thread arming its wake-ups) ends the thread.
+    boom.on_wake.store(true, Relaxed);
+    r.switch.apply(cfg).unwrap();
+    assert!(eventually(Duration::from_secs(5), || pmd.dead_threads() == vec![0]), "the dead thread is reported");
+    boom.on_wake.store(false, Relaxed);
+    drop(pmd);
+}

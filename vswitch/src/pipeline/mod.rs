@@ -272,6 +272,15 @@ impl Pipeline {
         n
     }
 
+    /// After a panic in [`Pipeline::poll`]: the burst's packets still in `batch` are given
+    /// up (left out of the pool rather than freed: what the panic left them as is unknown;
+    /// returns how many), and lending ends without `rx_done`, so a failed port keeps its lent
+    /// descriptors and their memory for packets of the burst still queued elsewhere.
+    pub fn recover_from_panic(&mut self, batch: &mut Batch) -> usize {
+        self.cache.end_lending();
+        batch.drain().map(std::mem::forget).count()
+    }
+
     /// Forwards a batch received on `in_port` and flushes the resulting tx batches.
     pub fn process(&mut self, snap: &Snapshot, in_port: u16, batch: &mut Batch) {
         let Some(port) = snap.port(in_port) else {

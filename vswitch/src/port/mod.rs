@@ -109,6 +109,11 @@ pub trait Port: Send + Sync {
     /// sent, freed or linearized.
     fn rx_done(&self, _q: u16) {}
 
+    /// The switch gave up on this port (a PMD thread panicked on one of its bursts): it is
+    /// not polled again, and it should stop what it can (a vhost-user port stops its rings,
+    /// keeping lent descriptors and their memory, which packets in flight may still read).
+    fn fail(&self, _why: &str) {}
+
     /// Whether `tx_burst` copies a lent packet's tail out of the guest itself (before it
     /// returns); the pipeline [linearizes](crate::Pool::linearize) lent packets for every
     /// other port, which may keep a buffer beyond the burst.

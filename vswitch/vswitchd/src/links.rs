@@ -1,7 +1,8 @@
 //! Following the ports' links: every running port asked for its link when rtnetlink says a
 //! link changed (and on a timer, for ports in other namespaces and vhost-user ports), and a
-//! `link_up`/`link_down`, or a vhost-user ring stopping (`port_error`), told to the event
-//! stream's subscribers.
+//! `link_up`/`link_down`, or a port put in error (`port_error`: a vhost-user ring stopped,
+//! a frontend refused or cut off, a panic on the port's burst), told to the event stream's
+//! subscribers.
 
 use crate::node::Node;
 use std::collections::HashMap;
@@ -14,7 +15,7 @@ use std::time::Duration;
 /// reports nothing (its `port_added` did).
 pub async fn watch_links(node: Arc<Node>, every: Duration) {
     let mut seen: HashMap<String, bool> = HashMap::new();
-    // vhost-user ports whose stopped ring was reported (a `port_error` once per stop).
+    // Ports whose error was reported (a `port_error` once per error).
     let mut ring_errors: HashMap<String, String> = HashMap::new();
     let changed = Arc::new(tokio::sync::Notify::new());
     kernel_link_changes(changed.clone());
@@ -40,9 +41,13 @@ pub async fn watch_links(node: Arc<Node>, every: Duration) {
                 node.events.emit(if up { "link_up" } else { "link_down" }, &p.name, detail, snap.generation);
             }
             now.insert(p.name.clone(), up);
-            match node.vhost_ring_error(&p.name) {
+            let error = match node.switch.faults().get(&p.name) {
+                Some(why) => Some(format!("the switch put the port in error: {why}")),
+                None => node.vhost_ring_error(&p.name).map(|why| format!("vhost-user port in error: {why}")),
+            };
+            match error {
                 Some(why) if ring_errors.get(&p.name) != Some(&why) => {
-                    node.events.emit("port_error", &p.name, format!("vhost-user ring stopped: {why}"), snap.generation);
+                    node.events.emit("port_error", &p.name, why.clone(), snap.generation);
                     ring_errors.insert(p.name.clone(), why);
                 }
                 Some(_) => {}

@@ -43,6 +43,7 @@ fn main() -> Result<()> {
     };
     let start = settings::converge(persisted, &s.objects);
     knitter_vhost::port::set_single_copy_default(s.vhost.single_copy);
+    knitter_vhost::backend::set_max_guest_memory(s.vhost.max_guest_memory_mib.saturating_mul(1 << 20));
     devices::set_eal_args(s.dpdk.eal_args.clone());
     let opts = node::NodeOptions {
         pmd: s.pmd.clone(),

@@ -38,6 +38,7 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_vhost_user_refused_frames_total", "counter", "Frames from the guest refused (runt, oversize, offload not negotiated, no buffer).", "port", vhost_errors(|e| e.refused_frames));
     family(&mut o, "knitter_vhost_user_guest_buffer_too_small_total", "counter", "Frames for the guest that its receive buffers could not hold.", "port", vhost_errors(|e| e.guest_buffer_too_small));
     family(&mut o, "knitter_vhost_user_memory_faults_total", "counter", "Rings stopped because the frontend's memory file shrank under its memory table.", "port", vhost_errors(|e| e.memory_faults));
+    family(&mut o, "knitter_vhost_user_interrupts_full_total", "counter", "Interrupts not sent because the guest's eventfd counter was full.", "port", vhost_errors(|e| e.interrupts_full));
     // Per queue: (port, queue) as one label pair.
     let queue_family = |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
         let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
@@ -85,9 +86,18 @@ pub fn render(node: &Node) -> String {
     o
 }
 
+/// A probe's answer: `ok` while every PMD thread runs, 503 naming the dead ones otherwise.
+async fn probe(node: Arc<Node>, ok: &'static str) -> (axum::http::StatusCode, String) {
+    match node.dead_pmd_threads() {
+        dead if dead.is_empty() => (axum::http::StatusCode::OK, ok.to_string()),
+        dead => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("PMD threads {dead:?} died; see the log\n")),
+    }
+}
+
 /// Serves `/metrics` on `listener` until `stop` resolves.
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
     use axum::routing::get;
+    let (healthz, readyz) = (node.clone(), node.clone());
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -98,8 +108,9 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, stop: imp
         )
         // Probes (a kubelet's httpGet on 127.0.0.1 of a hostNetwork pod): the endpoint starts
         // after the state is restored, just before the node API, so answering is being ready.
-        // It says the daemon's runtime answers, not that every PMD thread polls.
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async { "ready\n" }));
+        // A PMD thread that died (a panic outside any port's burst, which would otherwise put
+        // only that port in error) fails both, so the kubelet restarts the daemon.
+        .route("/healthz", get(move || probe(healthz.clone(), "ok\n")))
+        .route("/readyz", get(move || probe(readyz.clone(), "ready\n")));
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }

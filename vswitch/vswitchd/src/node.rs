@@ -617,6 +617,7 @@ impl Node {
             refused_frames: n.refused_frames.get(),
             guest_buffer_too_small: n.guest_buffer_too_small.get(),
             memory_faults: n.memory_faults.get(),
+            interrupts_full: n.interrupts_full.get(),
         })
     }
 
@@ -644,6 +645,11 @@ impl Node {
         let Some(p) = snap.port_id(name).and_then(|id| snap.port(id)) else { return false };
         p.port.refresh_link();
         p.port.link_up()
+    }
+
+    /// PMD threads that ended without being stopped (see `PmdSet::dead_threads`).
+    pub fn dead_pmd_threads(&self) -> Vec<usize> {
+        self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.dead_threads()).unwrap_or_default()
     }
 
     /// Whether the PMD threads run (until `stop`).

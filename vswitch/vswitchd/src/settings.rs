@@ -123,11 +123,16 @@ pub struct VhostSection {
     /// Frames of 512 bytes or more from a guest cross to another guest with one copy (their
     /// headers copied into the switch first); `false`: two copies, through the pool.
     pub single_copy: bool,
+    /// The most guest memory one frontend may share with the switch (the sum of its memory
+    /// table's regions), in MiB; a larger table is refused with the port in error. Pages of
+    /// a guest's memory the switch touches before the guest did are charged to the switch
+    /// (docs/architecture.md "What a frontend controls").
+    pub max_guest_memory_mib: u64,
 }
 
 impl Default for VhostSection {
     fn default() -> Self {
-        VhostSection { single_copy: true }
+        VhostSection { single_copy: true, max_guest_memory_mib: knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY >> 20 }
     }
 }
 

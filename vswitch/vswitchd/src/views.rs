@@ -23,7 +23,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             tx_priority: t.tx_priority,
             priority_held: t.priority_held,
             priority_dropped: t.priority_dropped,
-            error: String::new(),
+            error: node.switch.faults().get(&p.name).unwrap_or_default(),
             vhost_connected: node.vhost_connected(&p.name),
             fallback: node.fallback(&p.name).unwrap_or_default(),
             ring_error: node.vhost_ring_error(&p.name).unwrap_or_default(),

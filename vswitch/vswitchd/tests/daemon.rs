@@ -6,8 +6,8 @@
 
 use knitter_api::node as pb;
 use pb::node_client::NodeClient;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -15,105 +15,9 @@ use vswitch::testkit::vnf::ListeningVnf;
 
 #[path = "../../../vhost/tests/common/frontend.rs"]
 mod frontend;
+mod common;
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    /// Starts the daemon with `args` and waits until its API answers.
-    async fn start(dir: &Path, args: &[&str]) -> Daemon {
-        let socket = dir.join("api.sock");
-        let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
-        let metrics = if args.contains(&"--metrics-listen") { None } else { Some("--no-metrics") };
-        let buffers = if args.contains(&"--buffers") || args.contains(&"--pods") { None } else { Some(["--buffers", "4096"]) };
-        let child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
-            .args(["--socket", socket.to_str().unwrap(), "--no-hugepages"])
-            .args(buffers.into_iter().flatten())
-            .args(metrics)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut d = Daemon { child, socket, log };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if d.client().show(pb::ShowRequest {}).await.is_ok() {
-                return d;
-            }
-            if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("daemon exited ({status}): {}", std::fs::read_to_string(&d.log).unwrap_or_default());
-            }
-            assert!(Instant::now() < deadline, "daemon not ready: {}", std::fs::read_to_string(&d.log).unwrap_or_default());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn client(&self) -> NodeClient<Channel> {
-        knitter_api::node_client(&self.socket)
-    }
-
-    /// Sends `signal` and waits (bounded) for the process to end.
-    async fn stop_with(mut self, signal: i32) -> std::process::ExitStatus {
-        // SAFETY: signals our own child process.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "daemon did not stop on signal {signal}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn rand_tag() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-}
-
-fn bridge(name: &str) -> pb::Bridge {
-    pb::Bridge { name: name.into(), ..Default::default() }
-}
-
-fn vhost_port(dir: &Path, name: &str, bridge: &str) -> pb::Port {
-    pb::Port {
-        name: name.into(),
-        device: Some(pb::Device {
-            kind: Some(pb::device::Kind::VhostUser(pb::VhostUser {
-                socket: dir.join(format!("{name}.sock")).display().to_string(),
-                client: false,
-                ..Default::default()
-            })),
-        }),
-        mode: Some(pb::port::Mode::Access(pb::Access { bridge: bridge.into() })),
-        ..Default::default()
-    }
-}
-
-async fn add_bridge(c: &mut NodeClient<Channel>, b: pb::Bridge) -> Result<u64, tonic::Status> {
-    c.add_bridge(pb::AddBridgeRequest { bridge: Some(b), replace: false }).await.map(|r| r.into_inner().generation)
-}
-
-async fn add_port(c: &mut NodeClient<Channel>, p: pb::Port) -> Result<u64, tonic::Status> {
-    c.add_port(pb::AddPortRequest { port: Some(p) }).await.map(|r| r.into_inner().generation)
-}
-
-fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, says: &str) {
-    let e = r.expect_err("the request should be refused");
-    assert_eq!(e.code(), code, "{}", e.message());
-    assert!(e.message().contains(says), "{:?} does not say {says:?}", e.message());
-}
+use common::{Daemon, add_bridge, add_port, bridge, refused, vhost_port};
 
 async fn names(c: &mut NodeClient<Channel>) -> (Vec<String>, Vec<String>) {
     let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
