@@ -208,6 +208,14 @@ pub struct PortSecurity {
     /// allows any source IP with that MAC.
     #[serde(default)]
     pub allowed_address_pairs: Vec<AddressPair>,
+    /// Let router advertisements and ICMPv6 redirects from the port through (a router VNF);
+    /// off, the RA guard (RFC 6105) drops them.
+    #[serde(default)]
+    pub allow_router: bool,
+    /// Let DHCP server and relay messages from the port through (a DHCP VNF: UDP from port
+    /// 67, DHCPv6 from port 547); off, the DHCP guard drops them.
+    #[serde(default)]
+    pub allow_dhcp_server: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -367,6 +375,8 @@ impl PortConfig {
             macs: vec![mac],
             ips: ips.to_vec(),
             allowed_address_pairs: Vec::new(),
+            allow_router: false,
+            allow_dhcp_server: false,
         });
         p
     }

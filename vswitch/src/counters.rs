@@ -42,6 +42,8 @@ named_enum! {
         SecurityIp => "security_ip",
         SecurityArp => "security_arp",
         SecurityNd => "security_nd",
+        SecurityRa => "security_ra",
+        SecurityDhcp => "security_dhcp",
         Reflect => "reflect",
         PortDown => "port_down",
         TxFull => "tx_full",

@@ -149,9 +149,11 @@ pub struct Key {
 
 /// Head bytes a key needs (an Ethernet header and a tag).
 pub const KEY_BYTES: usize = 18;
-/// Head bytes a key from a port with port security needs: Ethernet and an IPv4 header (the
-/// check wants one whole), so the source address at 26..30 is in it.
-pub const SECURED_KEY_BYTES: usize = 34;
+/// Head bytes a key from a port with port security needs: Ethernet, an IPv4 header (the
+/// check wants one whole: the source address at 26..30 is in it) and a UDP source port.
+pub const SECURED_KEY_BYTES: usize = 36;
+/// The DHCP server port as its two bytes read little-endian (one compare with the frame).
+const DHCPV4_SERVER_PORT_IN_FRAME: u16 = crate::security::DHCPV4_SERVER_PORT.swap_bytes();
 /// Ingress ids at or above this are remote VTEPs (peer id added), not ports.
 const FROM_PEER: u64 = 0x8000;
 /// Where an entry's epoch sits in its third key word (16 bits: a key's own bits end at 48).
@@ -169,17 +171,21 @@ impl Key {
     }
 
     /// The key under which the decision for a frame received on local port `port`, which
-    /// has port security, is filled: only an untagged IPv4 frame of at least an IPv4 header
-    /// gets one, and it holds every byte the security check reads — the source MAC, the
-    /// EtherType, the IP version (bytes 0..16 of the frame, in `k0` and `k1`) and
-    /// the source address (`k2`, beside the port). A hit therefore means the check would
-    /// pass again: a spoofed source address has another key. ARP, IPv6 (ND guard, 16-byte
-    /// sources) and tagged frames from such a port get none and always take the slow path.
+    /// has port security, is filled: only an untagged IPv4 frame with a 20-byte header gets
+    /// one, and it holds everything the security check decides on — the source MAC, the
+    /// EtherType, the IP version and header length (bytes 0..16 of the frame, in `k0` and
+    /// `k1`) and the source address (`k2`, beside the port); a frame the DHCP guard could
+    /// drop (a UDP source port of 67 where a 20-byte header puts it) gets a key with a
+    /// version no entry holds. A hit therefore means the check would pass again: a spoofed
+    /// source address has another key, and a DHCP server's frame never hits. ARP, IPv6 (ND
+    /// and RA guards, 16-byte sources) and tagged frames from such a port get none and always
+    /// take the slow path.
     #[inline(always)]
     pub fn from_secured_port(port: u16, h: &[u8]) -> Option<Key> {
         let k = Self::lookup_from_secured_port(port, h)?;
-        // The EtherType (0x0800, big-endian) and the IP version (4), as they lie in `k1`.
-        (k.k1 >> 32 & 0xf0_ffff == 0x40_0008).then_some(k)
+        // The EtherType (0x0800, big-endian) and the IP version and header length (4, 5), as
+        // they lie in `k1` (a frame the DHCP guard could drop has another version here).
+        (k.k1 >> 32 & 0xff_ffff == 0x45_0008).then_some(k)
     }
 
     /// [`Key::from_secured_port`] for a lookup, without its check: the same key for a frame
@@ -191,9 +197,14 @@ impl Key {
         let h = h.first_chunk::<SECURED_KEY_BYTES>()?;
         let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
         let src_ip = u32::from_le_bytes([h[26], h[27], h[28], h[29]]) as u64;
+        // A frame the DHCP guard could drop — 67 where a 20-byte IPv4 header puts a UDP
+        // source port (see `security`) — has the top bit of its IP version set in its key:
+        // no entry holds such a version (fills take version 4 only), so it never hits. (Set,
+        // not flipped: a flip would turn a bogus version 12 into a 4 that hits.)
+        let dhcp = (u16::from_le_bytes([h[34], h[35]]) == DHCPV4_SERVER_PORT_IN_FRAME) as u64;
         // Rotated so the destination's last bytes, which tell a pod's flows apart, sit where
         // other keys have them, the top (see `Key::bucket`).
-        Some(Key { k0: w(0).rotate_left(16), k1: w(8), k2: port as u64 | src_ip << 16 })
+        Some(Key { k0: w(0).rotate_left(16), k1: w(8) | dhcp << 55, k2: port as u64 | src_ip << 16 })
     }
 
     /// The key of an inner frame decapsulated from `peer` into bridge domain `bd`.

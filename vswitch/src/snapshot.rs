@@ -83,6 +83,12 @@ pub struct Security {
     /// address, its bytes in frame order as a native-endian `u32`): checked with two compares
     /// instead of walking the lists.
     pub one_v4: Option<(u64, u32)>,
+    /// Router advertisements and redirects from the port pass (a router VNF); otherwise the
+    /// RA guard drops them.
+    pub allow_router: bool,
+    /// DHCP server and relay messages from the port pass (a DHCP VNF); otherwise the DHCP
+    /// guard drops them.
+    pub allow_dhcp_server: bool,
 }
 
 impl Security {
@@ -91,7 +97,18 @@ impl Security {
             ([mac], [IpAddr::V4(ip)], true) => Some((*mac, u32::from_ne_bytes(ip.octets()))),
             _ => None,
         };
-        Security { macs, ips, pairs, one_v4 }
+        Security { macs, ips, pairs, one_v4, allow_router: false, allow_dhcp_server: false }
+    }
+
+    /// Whether `a` is one of the port's own IPv6 link-local addresses: one an allowed MAC
+    /// makes (modified EUI-64, RFC 4291 appendix A: what Linux and DPDK form unless told
+    /// otherwise), or one allowed outright.
+    pub fn own_link_local(&self, mac: u64, a: &std::net::Ipv6Addr) -> bool {
+        let eui64 = |m: u64| {
+            let b = m.to_be_bytes();
+            std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, b[2] ^ 0x02, b[3], b[4], 0xff, 0xfe, b[5], b[6], b[7]])
+        };
+        self.macs.iter().chain(self.pairs.iter().map(|(m, _)| m)).any(|m| eui64(*m) == *a) || self.ip_allowed(mac, IpAddr::V6(*a))
     }
 
     #[inline]
@@ -489,11 +506,13 @@ impl Snapshot {
                     if sec.macs.is_empty() || sec.macs.iter().any(MacAddr::is_group) {
                         return Err(ConfigError::BadSecurity { port: p.name.clone() });
                     }
-                    Some(Security::new(
+                    let mut s = Security::new(
                         sec.macs.iter().map(|m| m.to_u64()).collect(),
                         sec.ips.clone(),
                         sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
-                    ))
+                    );
+                    (s.allow_router, s.allow_dhcp_server) = (sec.allow_router, sec.allow_dhcp_server);
+                    Some(s)
                 }
                 _ => None,
             };

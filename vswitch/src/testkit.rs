@@ -227,6 +227,36 @@ pub mod frames {
         eth(dst_mac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
 
+    /// An IPv6 packet from (mac, src) to (dst_mac, dst) whose payload, after extension
+    /// headers `ext` (each whole, its first byte the next header), is `upper` of protocol
+    /// `proto`; hop limit 255. No checksums are filled in (port security does not read them).
+    pub fn ipv6(src_mac: MacAddr, src: Ipv6Addr, dst_mac: MacAddr, dst: Ipv6Addr, ext: &[(u8, Vec<u8>)], proto: u8, upper: &[u8]) -> Vec<u8> {
+        let mut chain = Vec::new();
+        let first = ext.first().map_or(proto, |e| e.0);
+        for (i, (_, h)) in ext.iter().enumerate() {
+            let mut h = h.clone();
+            h[0] = ext.get(i + 1).map_or(proto, |e| e.0);
+            chain.extend_from_slice(&h);
+        }
+        chain.extend_from_slice(upper);
+        let mut l3 = vec![0u8; 40];
+        ipv6::Repr { src, dst, next_header: first, hop_limit: 255, payload_len: chain.len() as u16 }.emit(&mut l3);
+        l3.extend_from_slice(&chain);
+        eth(dst_mac, src_mac, ethernet::ethertype::IPV6, &l3)
+    }
+
+    /// The modified EUI-64 link-local address a MAC makes (RFC 4291 appendix A).
+    pub fn link_local(m: MacAddr) -> Ipv6Addr {
+        let b = m.0;
+        Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, b[0] ^ 0x02, b[1], b[2], 0xff, 0xfe, b[3], b[4], b[5]])
+    }
+
+    /// A router advertisement from (mac, src) to all nodes.
+    pub fn ra(src_mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
+        let all = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+        ipv6(src_mac, src, MacAddr([0x33, 0x33, 0, 0, 0, 1]), all, &[], ipv6::NEXT_ICMPV6, &[134, 0, 0, 0, 64, 0, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0])
+    }
+
     /// The outer addressing of a VXLAN frame.
     #[derive(Debug, Clone, Copy)]
     pub struct Outer {

@@ -119,7 +119,7 @@ impl Node {
         use DropReason::*;
         match r {
             Runt | Oversize | TaggedOnAccess | WrongTpid | VlanNotAllowed | UntaggedNotAllowed | NoBridgeDomain | SrcMacGroup => Node::Classify,
-            SecurityMac | SecurityIp | SecurityArp | SecurityNd => Node::PortSecurity,
+            SecurityMac | SecurityIp | SecurityArp | SecurityNd | SecurityRa | SecurityDhcp => Node::PortSecurity,
             Reflect | NoEgress => Node::Forward,
             PortDown | TxFull | EgressMtu | NoBuffer | Policed => Node::Tx,
             EncapTooBig | VxlanNoRoute => Node::Encap,

@@ -118,6 +118,8 @@ fn one_frame_cases() -> Vec<(DropReason, &'static str, Vec<u8>)> {
         (DropReason::SecurityMac, "pod", frames::udp4(mac(ON_B), mac(3), ip(1), ip(3), 1, 2, 80)),
         (DropReason::SecurityIp, "pod", frames::udp4(mac(ON_B), mac(1), ip(99), ip(3), 1, 2, 80)),
         (DropReason::SecurityArp, "pod", frames::arp_request(mac(1), ip(99), ip(3))),
+        (DropReason::SecurityRa, "pod", frames::ra(mac(1), frames::link_local(mac(1)))),
+        (DropReason::SecurityDhcp, "pod", frames::udp4(MacAddr([0xff; 6]), mac(1), ip(1), Ipv4Addr::BROADCAST, 67, 68, 300)),
         (DropReason::Reflect, "b", udp(mac(ON_B), mac(4), 80)),
         (DropReason::EgressMtu, "b", udp(mac(ON_SMALL), mac(5), 300)),
         (DropReason::EncapTooBig, "b", udp(mac(REMOTE), mac(6), 1514)),

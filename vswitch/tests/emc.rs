@@ -365,3 +365,36 @@ fn flows_spread_over_the_cache_hit_and_forward_as_any_other() {
     assert_eq!(s.drop(DropReason::SecurityIp), sent, "the pod's forged frames dropped, cached flows or not");
     assert_eq!(s.total_drops(), sent, "{:?}", s.nonzero_drops());
 }
+
+/// The DHCP guard holds on cached flows: a pod whose flow to another pod's MAC is cached
+/// (a legitimate UDP flow, from its own address) then sends that pod a DHCP server's reply
+/// from the same address — the bytes the cache keys on are all the same but the source
+/// port — and it is dropped, not forwarded by the cache.
+#[test]
+fn a_dhcp_reply_never_rides_a_cached_flow() {
+    let mut h = Harness::new();
+    for p in ["pod", "p0"] {
+        h.ring(p);
+    }
+    let pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
+    h.apply(SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports: vec![pod, PortConfig::access("p0", "red")], vtep: None }).unwrap();
+    h.set_now(1);
+    h.send("p0", &frames::udp4(mac(1), mac(2), ip(2), ip(1), 68, 5000, 64));
+    h.step();
+    h.recv_all();
+    let flow = frames::udp4(mac(2), mac(1), ip(1), ip(2), 5000, 68, 300);
+    for _ in 0..3 {
+        h.send("pod", &flow);
+        h.step();
+    }
+    assert_eq!(h.recv("p0").len(), 3);
+    let before = hits(&h);
+    assert!(before >= 1, "the pod's flow is cached");
+    let offer = frames::udp4(mac(2), mac(1), ip(1), ip(2), 67, 68, 300);
+    h.send("pod", &offer);
+    h.send("pod", &flow);
+    h.step();
+    assert_eq!(h.recv("p0"), vec![flow.clone()], "the offer is dropped, the flow goes on");
+    assert_eq!(h.stats().drop(DropReason::SecurityDhcp), 1);
+    assert_eq!(hits(&h), before + 1, "only the flow's frame hit");
+}

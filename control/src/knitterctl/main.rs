@@ -587,7 +587,7 @@ fn port_request(a: PortAdd) -> pb::Port {
         device: Some(pb::Device { kind: Some(kind) }),
         mode: Some(mode),
         mtu: a.mtu,
-        security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, allowed_address_pairs: vec![] }),
+        security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, ..Default::default() }),
         policer: (a.police_pps.is_some() || a.police_bps.is_some() || a.police_burst_packets.is_some() || a.police_burst_bytes.is_some()).then(|| {
             pb::Policer {
                 pps: a.police_pps.unwrap_or(0),

@@ -16,6 +16,8 @@ mod field {
 pub const HEADER_LEN: usize = 40;
 pub const NEXT_UDP: u8 = 17;
 pub const NEXT_ICMPV6: u8 = 58;
+pub const NEXT_FRAGMENT: u8 = 44;
+pub const NEXT_HOP_BY_HOP: u8 = 0;
 
 /// A view of an IPv6 packet.
 pub struct Packet<T: AsRef<[u8]>> {
@@ -79,6 +81,67 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 }
 
+/// Extension headers [`upper_layer`] walks through (RFC 8200 §4), and the two that end a
+/// walk without an upper-layer header.
+const HOP_BY_HOP: u8 = NEXT_HOP_BY_HOP;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = NEXT_FRAGMENT;
+const ESP: u8 = 50;
+const AH: u8 = 51;
+const NO_NEXT: u8 = 59;
+const DEST_OPTIONS: u8 = 60;
+/// Extension headers walked before giving up (RFC 8200 allows each kind once, but one).
+const MAX_EXTENSIONS: usize = 8;
+
+/// Where an IPv6 packet's upper-layer header is, after its extension headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpperLayer {
+    /// Protocol `proto` at `offset` in the payload (never past its end); `fragmented` when a
+    /// fragment header came before it (the packet is a first fragment).
+    At { proto: u8, offset: usize, fragmented: bool },
+    /// A fragment after the first: its upper-layer header is in another packet.
+    LaterFragment,
+    /// ESP or no next header: nothing to look at.
+    Opaque,
+    /// The chain runs past the bytes there are (or past [`MAX_EXTENSIONS`]): a first
+    /// fragment without its whole header chain, which RFC 7112 lets a device drop.
+    Unknown,
+}
+
+/// Walks the extension headers of a payload whose first header is `next` (the IPv6
+/// header's next header) to its upper-layer header.
+pub fn upper_layer(payload: &[u8], mut next: u8) -> UpperLayer {
+    let (mut at, mut fragmented) = (0usize, false);
+    for _ in 0..MAX_EXTENSIONS {
+        let len = match next {
+            HOP_BY_HOP | ROUTING | DEST_OPTIONS => match payload.get(at + 1) {
+                Some(l) => (*l as usize + 1) * 8,
+                None => return UpperLayer::Unknown,
+            },
+            FRAGMENT => {
+                let Some(f) = payload.get(at..at + 8) else { return UpperLayer::Unknown };
+                if u16::from_be_bytes([f[2], f[3]]) & 0xfff8 != 0 {
+                    return UpperLayer::LaterFragment;
+                }
+                fragmented = true;
+                8
+            }
+            AH => match payload.get(at + 1) {
+                Some(l) => (*l as usize + 2) * 4,
+                None => return UpperLayer::Unknown,
+            },
+            ESP | NO_NEXT => return UpperLayer::Opaque,
+            proto => return UpperLayer::At { proto, offset: at, fragmented },
+        };
+        let Some(&n) = payload.get(at) else { return UpperLayer::Unknown };
+        (next, at) = (n, at + len);
+        if at > payload.len() {
+            return UpperLayer::Unknown;
+        }
+    }
+    UpperLayer::Unknown
+}
+
 pub(crate) fn addr(b: &[u8], at: usize) -> Ipv6Addr {
     let mut a = [0u8; 16];
     a.copy_from_slice(&b[at..at + 16]);
@@ -130,6 +193,26 @@ pub(crate) mod offsets {
 #[cfg(test)]
 mod test {
     use super::*;
+
+    #[test]
+    fn extension_headers_are_walked_to_the_upper_layer() {
+        // Hop-by-hop (8 bytes), destination options (16), then ICMPv6.
+        let mut p = vec![60, 0, 0, 0, 0, 0, 0, 0, 58, 1];
+        p.resize(24, 0);
+        p.extend_from_slice(&[134, 0, 0, 0]);
+        assert_eq!(upper_layer(&p, NEXT_HOP_BY_HOP), UpperLayer::At { proto: 58, offset: 24, fragmented: false });
+        // A first fragment (offset 0, more fragments), then UDP.
+        let frag = [17, 0, 0, 1, 0, 0, 0, 7];
+        assert_eq!(upper_layer(&frag, NEXT_FRAGMENT), UpperLayer::At { proto: 17, offset: 8, fragmented: true });
+        // A later fragment.
+        assert_eq!(upper_layer(&[17, 0, 0, 8, 0, 0, 0, 7], NEXT_FRAGMENT), UpperLayer::LaterFragment);
+        // A chain that runs out, one that never ends, ESP.
+        assert_eq!(upper_layer(&p[..9], NEXT_HOP_BY_HOP), UpperLayer::Unknown);
+        let endless: Vec<u8> = (0..16).flat_map(|_| [60u8, 0, 0, 0, 0, 0, 0, 0]).collect();
+        assert_eq!(upper_layer(&endless, DEST_OPTIONS), UpperLayer::Unknown);
+        assert_eq!(upper_layer(&p, ESP), UpperLayer::Opaque);
+        assert_eq!(upper_layer(&p, NEXT_ICMPV6), UpperLayer::At { proto: 58, offset: 0, fragmented: false });
+    }
 
     #[test]
     fn round_trip_and_malformed() {

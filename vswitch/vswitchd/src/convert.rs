@@ -196,6 +196,8 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
                         })
                     })
                     .collect::<Result<_, FieldError>>()?,
+                allow_router: s.allow_router,
+                allow_dhcp_server: s.allow_dhcp_server,
             })
         })
         .transpose()?;
@@ -228,6 +230,8 @@ pub fn port_to(p: &PortSpec, owner: Owner) -> pb::Port {
                 .iter()
                 .map(|a| pb::AddressPair { mac: a.mac.to_string(), ip: a.ip.map(|i| i.to_string()) })
                 .collect(),
+            allow_router: s.allow_router,
+            allow_dhcp_server: s.allow_dhcp_server,
         }),
         policer: c.policer.as_ref().map(policer_to),
         owner: owner_to(owner),

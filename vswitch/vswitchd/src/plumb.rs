@@ -45,6 +45,9 @@ fn configure(p: &Plan) -> io::Result<()> {
 pub fn configure_in_pod(p: &Plan, offloads_off: bool) -> io::Result<()> {
     let plan = p.clone();
     link::in_netns(&p.netns, move || {
+        // The IPv6 link-local address from the MAC (modified EUI-64), whatever the pod's
+        // defaults: the one port security lets the pod use. No IPv6 there: nothing to set.
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/addr_gen_mode", plan.ifname), "0");
         link::change(&plan.ifname, &LinkChange { up: true, ..Default::default() })?;
         for (ip, prefix) in &plan.addresses {
             link::add_address(&plan.ifname, *ip, *prefix)?;
