@@ -198,7 +198,24 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
         default_route: p.default_route,
         vhost_user: match p.vhost {
             false => None,
-            true => Some(pb::VhostUserHandoff { dir: vhost.dir.unwrap_or_default(), switch_listens: vhost.switch_listens, mode: conf.vhost_mode()?, owner: vhost.owner, group: vhost.group }),
+            true => {
+                // The pod's own volume in Kubernetes, unless the network names a shared
+                // directory.
+                let uid = env.args.get("K8S_POD_UID").filter(|u| !u.is_empty());
+                let pod_volume = match (&vhost.dir, uid) {
+                    (None, Some(_)) => vhost.volume.clone().unwrap_or_else(|| spec::DEFAULT_VHOST_VOLUME.into()),
+                    _ => String::new(),
+                };
+                Some(pb::VhostUserHandoff {
+                    dir: vhost.dir.unwrap_or_default(),
+                    switch_listens: vhost.switch_listens,
+                    mode: conf.vhost_mode()?,
+                    owner: vhost.owner,
+                    group: vhost.group,
+                    pod_volume,
+                    mount_path: vhost.mount_path.unwrap_or_default(),
+                })
+            }
         },
         sriov: (p.sriov || (p.device_id.is_some() && !p.vhost)).then(|| pb::SriovRequest { device_id: p.device_id.clone().unwrap_or_default() }),
     })

@@ -159,12 +159,23 @@ pub enum InterfaceType {
     Sriov,
 }
 
-/// Where vhost-user sockets are handed to pods and who listens on them.
+/// The emptyDir volume a pod's vhost-user socket is handed over in, unless its network names
+/// another.
+pub const DEFAULT_VHOST_VOLUME: &str = "knitter-vhost";
+
+/// Where vhost-user sockets are handed to pods and who listens on them: in Kubernetes, the
+/// pod's own emptyDir volume (`volume`, default `knitter-vhost`, mounted at `mountPath`,
+/// default /var/run/knitter); with `dir` set, or outside Kubernetes, a shared host directory
+/// (default /run/knitter/vhost) with a subdirectory per pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct VhostUserConf {
-    /// The host directory pods mount (default /run/knitter/vhost).
+    /// The shared host directory pods mount.
     pub dir: Option<String>,
+    /// The pod's emptyDir volume the socket is handed over in.
+    pub volume: Option<String>,
+    /// Where the pod mounts that volume (what its network-status tells its app).
+    pub mount_path: Option<String>,
     /// The switch listens and the app connects (default: the app listens, the switch
     /// connects and reconnects).
     pub switch_listens: bool,

@@ -270,6 +270,83 @@ fn dpdk_pod(host_dir: &std::path::Path, mnt: &std::path::Path, socket: &std::pat
     Some(app)
 }
 
+/// In Kubernetes a DPDK pod's socket is handed over in its own emptyDir volume, which the
+/// node finds under the kubelet's directory by the pod's UID; what the pod planted there
+/// before ADD — symlinks where the JSON and its temporary file go, a socket of its own
+/// where the interface's goes — is neither followed nor taken; the app, seeing only its
+/// volume at /var/run/knitter, talks to a kernel pod; a pod without the volume is refused
+/// with the volume to declare.
+#[test]
+fn a_dpdk_pods_socket_is_in_its_own_volume_and_nothing_planted_is_followed() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start_configured(|_, dir| format!("[vhost]\nkubelet_pods_dir = \"{}\"\n", dir.join("kubelet-pods").display()));
+    assert!(lab.mctl(&["network", "create", "media", "--ipv4", "10.67.0.0/24", "--gateway4", "10.67.0.1"]).status.success());
+    let mut conf = lab.conf("1.1.0", "media");
+    conf["interfaceType"] = "vhost-user".into();
+    let (uid, container) = ("6b1f7c2e-0000-4000-8000-00000000beef", "ctr-vol-0123456789");
+    let volume = lab.dir.path().join(format!("kubelet-pods/{uid}/volumes/kubernetes.io~empty-dir/knitter-vhost"));
+    let args = |uid: &str| format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=red;K8S_POD_NAME=vnf;K8S_POD_UID={uid}");
+    let (dp, dp_path) = pod("vol");
+
+    // No volume yet: refused, naming it.
+    let (ok, e) = lab::cni_args("ADD", container, &dp_path, "net1", &conf.to_string(), &args(uid));
+    assert!(!ok && e["msg"].as_str().unwrap_or("").contains("no emptyDir volume named \"knitter-vhost\""), "{e}");
+
+    std::fs::create_dir_all(&volume).unwrap();
+    let victim = lab.dir.path().join("victim");
+    std::fs::write(&victim, b"keep").unwrap();
+    for name in ["net1.json", "net1.json.tmp"] {
+        std::os::unix::fs::symlink(&victim, volume.join(name)).unwrap();
+    }
+    // Bound through the directory's descriptor: the kubelet's path is longer than a socket
+    // address holds.
+    let dir = std::fs::File::open(&volume).unwrap();
+    let planted = std::os::unix::net::UnixListener::bind(format!("/proc/self/fd/{}/net1.sock", std::os::fd::AsRawFd::as_raw_fd(&dir))).unwrap();
+    planted.set_nonblocking(true).unwrap();
+    let (ok, r) = lab::cni_args("ADD", container, &dp_path, "net1", &conf.to_string(), &args(uid));
+    assert!(ok, "{r}");
+    assert_eq!(r["interfaces"][0]["socketPath"], "/var/run/knitter/net1.sock", "the path in the pod");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep", "the symlinks' target is untouched");
+    assert!(std::fs::symlink_metadata(volume.join("net1.json")).unwrap().file_type().is_file());
+    assert!(!volume.join("net1.sock").exists(), "the planted socket is not taken");
+    assert!(planted.accept().is_err(), "nobody connected to it");
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(volume.join("net1.json")).unwrap()).unwrap();
+    assert_eq!(info["mac"], r["interfaces"][0]["mac"]);
+    drop(planted);
+
+    // The app sees its volume only (at its mount path) and listens; a kernel pod pings it.
+    let mnt = lab.dir.path().join("pod-root-vol");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mac = info["mac"].as_str().unwrap().to_string();
+    let Some(mut app) = dpdk_pod(&volume, &mnt, &mnt.join("net1.sock"), &mac) else { return };
+    let (k, k_path) = pod("vk");
+    let (ok, rk) = lab.cni("ADD", "ctr-vol-kernel", &k_path, "eth0", &lab.conf("1.1.0", "media"));
+    assert!(ok, "{rk}");
+    let target = addr(&r);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while let Err(e) = netns::ping(&k, &target) {
+        assert!(Instant::now() < deadline, "the kernel pod never reached the DPDK pod at {target}: {e}");
+        app.poke();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (ok, c) = lab::cni_args("CHECK", container, &dp_path, "net1", &conf.to_string(), &args(uid));
+    assert!(ok, "{c}");
+    drop(app);
+
+    // DEL empties the volume of what the node put there; the kubelet removes the volume.
+    assert!(lab::cni_args("DEL", container, &dp_path, "net1", &conf.to_string(), &args(uid)).0);
+    assert!(volume.is_dir() && !volume.join("net1.json").exists());
+    assert!(lab.cni("DEL", "ctr-vol-kernel", &k_path, "eth0", &lab.conf("1.1.0", "media")).0);
+    // A UID or volume name that would climb out of the kubelet's directory is refused.
+    let mut bad = conf.clone();
+    bad["vhostUser"] = json!({ "volume": "../../etc" });
+    let (ok, e) = lab::cni_args("ADD", "ctr-vol-bad", &dp_path, "net1", &bad.to_string(), &args(uid));
+    assert!(!ok && e["msg"].as_str().unwrap_or("").contains("is not a Kubernetes volume name"), "{e}");
+    let (ok, e) = lab::cni_args("ADD", "ctr-vol-bad", &dp_path, "net1", &conf.to_string(), &args("../../x"));
+    assert!(!ok && e["msg"].as_str().unwrap_or("").contains("is not a UID"), "{e}");
+    drop((dp, k));
+}
+
 #[test]
 fn a_dpdk_pod_gets_a_vhost_user_socket_and_talks_to_a_kernel_pod() {
     let Some(_g) = netns::exclusive() else { return };

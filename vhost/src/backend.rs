@@ -467,7 +467,8 @@ pub use crate::socket::SocketPerms;
 pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Refuses a socket path the kernel cannot hold, saying so (the kernel's own error is a
-/// bare "invalid argument").
+/// bare "invalid argument"): for a path a frontend connects to as it is (the switch itself
+/// reaches its sockets through their directory's descriptor, whatever the path's length).
 pub fn check_socket_path(path: &Path) -> std::io::Result<()> {
     let n = path.as_os_str().len();
     if n > MAX_SOCKET_PATH {
@@ -488,7 +489,6 @@ pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
 /// [`serve`] with the socket's mode and owner set (on the socket itself: a symlink the pod
 /// put in its place is replaced, never followed; see `socket.rs`).
 pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std::io::Result<Server> {
-    check_socket_path(path)?;
     let listener = crate::socket::listen(path, perms)?;
     listener.set_nonblocking(true)?;
     let mut server = spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
@@ -509,7 +509,6 @@ pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std:
 /// may restart. Tries again after 20 ms, doubling up to a second while nobody listens. A
 /// symlink at `path` is not connected through (see `socket.rs`).
 pub fn connect(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
-    check_socket_path(path)?;
     let path = path.to_path_buf();
     spawn(port, CONNECT_BACKOFF, move |name| match crate::socket::connect(&path) {
         Ok(s) => Some(s),

@@ -106,7 +106,7 @@ pub fn samples() -> Vec<(&'static str, u8, Vec<u8>)> {
         ("tagged", 2, frames::add_tag(&inner, 0x8100, 100)),
         ("qinq", 3, frames::add_tag(&inner, 0x88a8, 200)),
         ("arp", 0, frames::arp_request(mac(1), b, "192.0.2.2".parse().expect("literal"))),
-        ("ns", 0, frames::ns(mac(1), "fe80::1".parse().expect("literal"), "fd00::2".parse().expect("literal"))),
+        ("ns", 0, frames::ns(mac(1), frames::link_local(mac(1)), "fd00::2".parse().expect("literal"))),
         ("vxlan4", 4, frames::vxlan(&o, 5001, &inner, false)),
         ("vxlan4-blue", 4, frames::vxlan(&o, 5002, &frames::udp4(mac(1), mac(9), a, b, 1, 2, 1400), false)),
     ]

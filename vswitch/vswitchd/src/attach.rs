@@ -15,7 +15,7 @@ use crate::handoff::{self, Layout};
 use crate::node::Node;
 use crate::plumb::{self, Plan};
 use crate::state::{Device, Owner, PortSpec};
-use crate::records::{Address, Key, Record, Route, VhostHandoff};
+use crate::records::{Address, Key, PodVolume, Record, Route, VhostHandoff};
 use crate::vf::{VfError, Vfs};
 use crate::settings::ManagerLink;
 use knitter_api::manager as mpb;
@@ -43,7 +43,7 @@ impl Record {
 
     /// The vhost-user files of this attachment, if it is one.
     fn layout(&self) -> Option<Layout> {
-        self.vhost.as_ref().and_then(|v| handoff::layout(&v.dir, &self.container_id, &self.ifname).ok())
+        self.vhost.as_ref().and_then(|v| handoff::layout(v.place(&self.container_id), &self.ifname).ok())
     }
 
     fn to_pb(&self, problems: Vec<String>, connected: bool) -> pb::Attachment {
@@ -63,7 +63,7 @@ impl Record {
             network_kind: self.network_kind.clone(),
             segment: self.segment,
             problems,
-            socket_path: self.layout().map(|l| l.socket.display().to_string()).unwrap_or_default(),
+            socket_path: self.vhost.as_ref().and_then(|v| v.path_in_pod(&self.container_id, &self.ifname)).unwrap_or_default(),
             switch_listens: self.vhost.as_ref().is_some_and(|v| v.switch_listens),
             connected,
             pci_id: self.vf.as_ref().map(|v| v.pci.clone()).unwrap_or_default(),
@@ -97,6 +97,8 @@ pub struct Attacher {
     /// The manager and one channel to it, kept (a connection per call costs a handshake).
     manager: Option<(ManagerLink, tonic::transport::Channel)>,
     vfs: Arc<Vfs>,
+    /// Where the kubelet keeps its pods' volumes (a pod's vhost-user volume is found there).
+    kubelet_pods: std::path::PathBuf,
 }
 
 /// How often queued releases are retried.
@@ -104,7 +106,7 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 
 impl Attacher {
     /// The service (call within the runtime: the manager's channel connects lazily).
-    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Arc<Vfs>) -> anyhow::Result<Attacher> {
+    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Arc<Vfs>, kubelet_pods: std::path::PathBuf) -> anyhow::Result<Attacher> {
         let manager = match link {
             None => None,
             Some(link) => {
@@ -117,7 +119,27 @@ impl Attacher {
                 Some((link, ch))
             }
         };
-        Ok(Attacher { node, manager, vfs })
+        Ok(Attacher { node, manager, vfs, kubelet_pods })
+    }
+
+    /// Where a vhost-user attachment's hand-off goes: the pod's own volume when the request
+    /// names one (with the pod's UID), else the shared directory.
+    fn vhost_handoff(&self, r: &pb::AttachRequest, v: &pb::VhostUserHandoff) -> Result<VhostHandoff, Status> {
+        let volume = match v.pod_volume.as_str() {
+            "" => None,
+            name if r.pod_uid.is_empty() => {
+                return Err(Status::invalid_argument(format!("the vhost-user hand-off in volume {name:?} needs the pod's UID (K8S_POD_UID)")));
+            }
+            name => Some(PodVolume {
+                pods: self.kubelet_pods.clone(),
+                uid: r.pod_uid.clone(),
+                name: name.to_string(),
+                mount_path: if v.mount_path.is_empty() { handoff::DEFAULT_MOUNT_PATH.into() } else { v.mount_path.clone() },
+            }),
+        };
+        let h = VhostHandoff { dir: handoff_dir(v), switch_listens: v.switch_listens, volume };
+        handoff::layout(h.place(&r.container_id), &r.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(h)
     }
 
     fn link(&self) -> Result<&ManagerLink, Status> {
@@ -179,9 +201,11 @@ impl Attacher {
             requested_mac: r.mac.clone(),
             pod_uid: r.pod_uid.clone(),
             device_info: match (&r.vhost_user, &r.sriov) {
-                (Some(v), _) => handoff::layout(&handoff_dir(v), &r.container_id, &r.ifname)
+                (Some(v), _) => self
+                    .vhost_handoff(&r, v)
                     .ok()
-                    .map(|l| knitter_api::device_info::vhost_user(&l.socket.display().to_string(), v.switch_listens).to_string()),
+                    .and_then(|h| h.path_in_pod(&r.container_id, &r.ifname))
+                    .map(|path| knitter_api::device_info::vhost_user(&path, v.switch_listens).to_string()),
                 (None, Some(sriov)) => self.vfs.device_info(&sriov.device_id),
                 (None, None) => None,
             },
@@ -234,7 +258,7 @@ impl Attacher {
             host_ifname: host_name(key),
             network_kind: port.kind.clone(),
             segment: port.segment,
-            vhost: r.vhost_user.as_ref().map(|v| VhostHandoff { dir: handoff_dir(v), switch_listens: v.switch_listens }),
+            vhost: r.vhost_user.as_ref().map(|v| self.vhost_handoff(r, v)).transpose()?,
             vf: None,
         };
         if let Some(sriov) = &r.sriov {
@@ -332,8 +356,8 @@ impl Attacher {
             })?;
             return Ok(Device::AfXdp { ifname: record.host_ifname.clone(), netns: None });
         };
-        let dir = record.vhost.as_ref().map(|h| h.dir.clone()).unwrap_or_else(|| handoff::DEFAULT_DIR.into());
-        let layout = handoff::layout(&dir, &record.container_id, &record.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let place = record.vhost.as_ref().map(|h| h.place(&record.container_id)).ok_or_else(|| Status::internal("a vhost-user attachment without its hand-off"))?;
+        let layout = handoff::layout(place, &record.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let access = handoff::Access { mode: v.mode, owner: v.owner, group: v.group };
         let info = handoff::Info {
             interface: record.ifname.clone(),
@@ -346,7 +370,10 @@ impl Attacher {
             routes: record.routes.iter().map(|r| handoff::InfoRoute { dst: format!("{}/{}", r.dst, r.prefix), gw: r.gateway.map(|g| g.to_string()) }).collect(),
         };
         let l = layout.clone();
-        blocking(move || handoff::prepare(&l, access, &info)).await?.map_err(|e| Status::internal(format!("preparing the vhost-user hand-off: {e}")))?;
+        blocking(move || handoff::prepare(&l, access, &info)).await?.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => Status::failed_precondition(format!("preparing the vhost-user hand-off: {e}")),
+            _ => Status::internal(format!("preparing the vhost-user hand-off: {e}")),
+        })?;
         // A socket the switch listens on gets the same mode and owner as the directory.
         let socket_mode = v.mode.map(|m| m & 0o666);
         Ok(Device::VhostUser { socket: layout.socket, client: !v.switch_listens, mode: socket_mode, owner: v.owner, group: v.group })

@@ -154,7 +154,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
-    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs)?;
+    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {
         tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");

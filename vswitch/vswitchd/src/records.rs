@@ -73,9 +73,41 @@ pub struct VfHeld {
 /// Where a vhost-user interface's socket is and who listens on it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VhostHandoff {
-    /// The host directory pods mount.
+    /// The host directory pods mount (the shared layout).
     pub dir: std::path::PathBuf,
     pub switch_listens: bool,
+    /// The pod's own emptyDir volume, where the hand-off is instead of `dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<PodVolume>,
+}
+
+/// A pod's emptyDir volume, as the kubelet lays it out on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodVolume {
+    /// The kubelet's pods directory, the pod's UID and the volume's name.
+    pub pods: std::path::PathBuf,
+    pub uid: String,
+    pub name: String,
+    /// Where the pod mounts it (what its app is told the socket's path is).
+    pub mount_path: String,
+}
+
+impl VhostHandoff {
+    /// Where its directory is, for container `container_id`.
+    pub fn place(&self, container_id: &str) -> crate::handoff::Place {
+        match &self.volume {
+            Some(v) => crate::handoff::Place::Volume { pods: v.pods.clone(), uid: v.uid.clone(), volume: v.name.clone() },
+            None => crate::handoff::Place::Shared { base: self.dir.clone(), container_id: container_id.to_string() },
+        }
+    }
+
+    /// The socket's path as the pod's app sees it (for its network-status).
+    pub fn path_in_pod(&self, container_id: &str, ifname: &str) -> Option<String> {
+        match &self.volume {
+            Some(v) => Some(format!("{}/{ifname}.sock", v.mount_path.trim_end_matches('/'))),
+            None => crate::handoff::layout(self.place(container_id), ifname).ok().map(|l| l.socket.display().to_string()),
+        }
+    }
 }
 
 impl Record {

@@ -117,7 +117,7 @@ impl PoolSection {
 }
 
 /// vhost-user ports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VhostSection {
     /// Frames of 512 bytes or more from a guest cross to another guest with one copy (their
@@ -128,11 +128,18 @@ pub struct VhostSection {
     /// a guest's memory the switch touches before the guest did are charged to the switch
     /// (docs/architecture.md "What a frontend controls").
     pub max_guest_memory_mib: u64,
+    /// Where the kubelet keeps its pods' volumes: a pod's vhost-user sockets are handed over
+    /// in its own emptyDir volume, found here by the pod's UID.
+    pub kubelet_pods_dir: PathBuf,
 }
 
 impl Default for VhostSection {
     fn default() -> Self {
-        VhostSection { single_copy: true, max_guest_memory_mib: knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY >> 20 }
+        VhostSection {
+            single_copy: true,
+            max_guest_memory_mib: knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY >> 20,
+            kubelet_pods_dir: crate::handoff::DEFAULT_KUBELET_PODS.into(),
+        }
     }
 }
 
