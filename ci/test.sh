@@ -15,10 +15,13 @@ bash ci/guest.sh
 
 FUZZ_SECS=${KNITTER_FUZZ_SECS:-45}
 if [ "$FUZZ_SECS" -gt 0 ]; then
-  for t in wire pipeline; do
-    echo "== fuzz $t for ${FUZZ_SECS}s"
+  # The switch's parsers and pipeline; what a vhost-user frontend sends (messages with any
+  # descriptors, rings over any memory).
+  for ct in vswitch:wire vswitch:pipeline vhost:messages vhost:virtqueue; do
+    crate=${ct%%:*} t=${ct#*:}
+    echo "== fuzz $crate/$t for ${FUZZ_SECS}s"
     corpus=$(mktemp -d)
-    (cd vswitch && RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "$corpus" "fuzz/corpus/$t" -- \
+    (cd "$crate" && RUSTC_BOOTSTRAP=1 cargo fuzz run "$t" "$corpus" "fuzz/corpus/$t" -- \
       -max_total_time="$FUZZ_SECS" -print_final_stats=0 2>&1 | tail -n 3)
     rm -rf "$corpus"
   done

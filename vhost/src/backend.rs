@@ -624,6 +624,14 @@ fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool
     drop(recorded);
 }
 
+/// Serves one connected frontend on the calling thread until it goes (fuzzing and tests:
+/// the frontend's messages are written first and its socket shut down, and this reads them
+/// all).
+#[cfg(any(test, feature = "testkit"))]
+pub fn serve_stream(stream: UnixStream, port: &Arc<VhostPort>) {
+    serve_connection(stream, port, &AtomicBool::new(false), "fuzz", &Connection::default());
+}
+
 /// The header every vhost-user message starts with: request, flags, body size.
 const HEADER: usize = 12;
 
@@ -652,6 +660,12 @@ fn whole_message(fd: libc::c_int, stop: &AtomicBool) -> std::result::Result<bool
         }
         if stop.load(Ordering::Acquire) {
             return Ok(false);
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: poll of one pollfd, without waiting.
+        let closed = unsafe { libc::poll(&mut p, 1, 0) } > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0;
+        if closed {
+            return Err(format!("the frontend closed its socket {} bytes into a message", queued.max(0)));
         }
         if std::time::Instant::now() >= deadline {
             return Err(format!("the frontend sent {} bytes of a message and nothing more for {MESSAGE_DEADLINE:?}", queued.max(0)));

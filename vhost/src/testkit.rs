@@ -4,6 +4,8 @@
 //! through the device's own guest-memory checks ([`GuestMemory`]), where the perf lab's
 //! [`crate::driver::Queue`] writes a shared mapping directly, at speed.
 
+pub mod fuzz;
+
 use crate::driver;
 use crate::memory::{GuestAddr, GuestMemory, Mapping};
 use crate::net::HDR_LEN;
