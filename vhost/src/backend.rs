@@ -73,7 +73,7 @@ pub const MAX_QUEUE: u32 = 1024;
 pub const MAX_REGIONS: usize = 8;
 /// The guest memory one frontend may map when the node sets no limit (see
 /// [`set_max_guest_memory`]).
-pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 16 << 30;
+pub const DEFAULT_MAX_GUEST_MEMORY: u64 = 4 << 30;
 static MAX_GUEST_MEMORY: AtomicU64 = AtomicU64::new(DEFAULT_MAX_GUEST_MEMORY);
 
 /// Sets the most guest memory (the sum of a memory table's regions) one frontend may map:
@@ -513,10 +513,11 @@ pub fn connect(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
     spawn(port, CONNECT_BACKOFF, move |name| match crate::socket::connect(&path) {
         Ok(s) => Some(s),
         Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotFound && e.kind() != std::io::ErrorKind::ConnectionRefused {
-                if let Some(suppressed) = CONNECT_LOG.allow() {
-                    tracing::warn!(port = %name, path = %path.display(), error = %e, suppressed, "vhost-user connect failed");
-                }
+            if e.kind() != std::io::ErrorKind::NotFound
+                && e.kind() != std::io::ErrorKind::ConnectionRefused
+                && let Some(suppressed) = CONNECT_LOG.allow()
+            {
+                tracing::warn!(port = %name, path = %path.display(), error = %e, suppressed, "vhost-user connect failed");
             }
             None
         }
@@ -530,6 +531,8 @@ static CONNECT_LOG: crate::ratelimit::LogLimit = crate::ratelimit::LogLimit::new
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 /// The longest a client waits between attempts (from 20 ms, doubling).
 const CONNECT_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a frontend put in error waits before the next connection is served.
+const FAULT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The connection thread: `next` yields a connection to serve (or none yet, tried again
 /// shortly); each is served until it ends, then the port's rings stop.
@@ -553,6 +556,14 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
             };
             wait = ACCEPT_POLL;
             serve_connection(stream, &port, &flag, &name, &conn);
+            // A frontend put in error waits before it is served again: one that reconnects
+            // to repeat what got it cut off does so at most once a second.
+            if port.faulted() {
+                let until = std::time::Instant::now() + FAULT_BACKOFF;
+                while std::time::Instant::now() < until && !flag.load(Ordering::Acquire) {
+                    std::thread::sleep(ACCEPT_POLL);
+                }
+            }
         }
         conn.ended.store(true, Ordering::Release);
     })?;
@@ -696,8 +707,10 @@ fn wait_for_message(fd: libc::c_int, port: &VhostPort) -> bool {
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 100) };
     for (p, pair) in fds[1..n].iter().zip(&pairs[1..n]) {
         if p.revents & libc::POLLIN != 0 {
-            if crate::eventfd::drain_raw(p.fd) == crate::eventfd::Outcome::Stalled {
-                port.fault("a kick descriptor made the switch wait: the frontend cleared O_NONBLOCK and emptied it");
+            // A port whose frontend once stalled the switch on an eventfd has its kicks seen
+            // (poll never waits longer than asked) but not read.
+            if !port.distrusted() && crate::eventfd::drain_raw(p.fd) == crate::eventfd::Outcome::Stalled {
+                port.stalled("a kick descriptor");
             }
             port.rx_kicked(*pair);
         }

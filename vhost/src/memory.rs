@@ -83,13 +83,12 @@ fn file_system(fd: BorrowedFd<'_>) -> std::io::Result<(i64, u64)> {
 /// Filesystems guest memory may live on: memfds and `/dev/shm` (tmpfs) and hugetlbfs. Pages
 /// of any other file would be read from (and written back to) a disk — by the PMD thread
 /// that touches them.
-const SHARED_MEMORY: [(i64, &str); 2] = [(libc::TMPFS_MAGIC as i64, "tmpfs"), (libc::HUGETLBFS_MAGIC as i64, "hugetlbfs")];
+const SHARED_MEMORY: [(i64, &str); 2] = [(libc::TMPFS_MAGIC, "tmpfs"), (libc::HUGETLBFS_MAGIC, "hugetlbfs")];
 
 impl Mapping {
     /// Maps the `len` bytes at `offset` of a frontend's memory file (vhost-user
-    /// SET_MEM_TABLE). The file is mapped from its start, as offsets need not be page-aligned,
-    /// and up to a whole number of its file system's pages (huge pages on hugetlbfs, where a
-    /// mapping can only be replaced or unmapped whole).
+    /// SET_MEM_TABLE): whole pages of its file system (huge pages on hugetlbfs, where a
+    /// mapping can only be replaced or unmapped whole) from the one the offset falls in.
     ///
     /// The file must be shared memory (a memfd, tmpfs, hugetlbfs) and hold the whole region:
     /// a page of a mapping past the end of its file raises SIGBUS when touched, so a
@@ -102,6 +101,7 @@ impl Mapping {
         let off = usize::try_from(offset).map_err(|_| invalid(format!("region offset {offset} is too large")))?;
         let end = len.checked_add(off).ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
         let (fs, page) = file_system(fd)?;
+        let page = page.max(4096);
         let Some((_, kind)) = SHARED_MEMORY.iter().find(|(t, _)| *t == fs) else {
             return Err(invalid(format!("guest memory must be shared memory (a memfd, tmpfs or hugetlbfs), not a file on a file system of type {fs:#x}")));
         };
@@ -109,11 +109,15 @@ impl Mapping {
         if (size as u128) < end as u128 {
             return Err(invalid(format!("memory region of {len} bytes at offset {off} extends past its file ({size} bytes)")));
         }
-        let mapped = (end as u64).div_ceil(page).checked_mul(page).and_then(|m| usize::try_from(m).ok());
+        // Only the pages the region is in: from the page its offset falls in (a frontend's
+        // offset of terabytes into a sparse file maps nothing more than its region).
+        let delta = off % page as usize;
+        let mapped = ((delta + len) as u64).div_ceil(page).checked_mul(page).and_then(|m| usize::try_from(m).ok());
         let mapped = mapped.ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
-        let mut m = Self::map(mapped, libc::MAP_SHARED, fd.as_raw_fd(), 0).map_err(|e| std::io::Error::new(e.kind(), format!("mapping {mapped} bytes of a {kind} file: {e}")))?;
-        // SAFETY: `off < end <= mapped`, inside the mapping just made.
-        m.ptr = unsafe { m.base.add(off) };
+        let at = libc::off_t::try_from(off - delta).map_err(|_| invalid(format!("region offset {off} is too large")))?;
+        let mut m = Self::map(mapped, libc::MAP_SHARED, fd.as_raw_fd(), at).map_err(|e| std::io::Error::new(e.kind(), format!("mapping {mapped} bytes of a {kind} file: {e}")))?;
+        // SAFETY: `delta + len <= mapped`: the region lies inside the mapping just made.
+        m.ptr = unsafe { m.base.add(delta) };
         m.len = len;
         m.guard = Some(crate::sigbus::Guard::register(m.base, m.mapped).ok_or_else(|| {
             std::io::Error::other(format!("the switch guards at most {} frontend memory regions at once, all taken", crate::sigbus::SLOTS))

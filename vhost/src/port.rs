@@ -234,6 +234,11 @@ pub struct VhostPort {
     /// The switch gave up on the port ([`Port::fail`]): the error stays whatever the
     /// frontend does, until the port is added again.
     failed: AtomicBool,
+    /// A frontend of this port made a call on its eventfds wait (see [`VhostPort::stalled`]):
+    /// from then on, until the port is added again, the switch neither signals nor reads any
+    /// frontend's eventfds on it (a VNF that reconnects to stall the switch again gets
+    /// nothing from it; a well-behaved one works polled).
+    distrusted: AtomicBool,
 }
 
 /// Whether ports made from now on take the single-copy path (see
@@ -267,7 +272,25 @@ impl VhostPort {
             fault: Mutex::new(None),
             faulted: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            distrusted: AtomicBool::new(false),
         }
+    }
+
+    /// A call on one of the frontend's eventfds made the switch wait (`what` says which):
+    /// the frontend is put in error and this port's eventfds are not used again.
+    pub fn stalled(&self, what: &str) {
+        self.distrusted.store(true, Ordering::Release);
+        self.fault(format!("{what} made the switch wait: the frontend cleared O_NONBLOCK and filled or emptied it; the port signals and reads no eventfd of its frontends until it is added again"));
+    }
+
+    /// Whether the port's eventfds are no longer used (see [`VhostPort::stalled`]).
+    pub fn distrusted(&self) -> bool {
+        self.distrusted.load(Ordering::Acquire)
+    }
+
+    /// Whether the connected frontend is in error (see [`VhostPort::fault`]).
+    pub fn faulted(&self) -> bool {
+        self.faulted.load(Ordering::Acquire)
     }
 
     /// Puts the connected frontend in error for `why` (the first reason stays): its rings
@@ -277,11 +300,10 @@ impl VhostPort {
     pub fn fault(&self, why: impl Into<String>) {
         let why = why.into();
         let mut f = self.fault.lock().unwrap_or_else(|e| e.into_inner());
-        self.faulted.store(true, Ordering::Release);
-        for m in [&self.rx_running, &self.tx_running, &self.rx_waiting] {
-            m.store(0, Ordering::Release);
-        }
-        self.up.store(false, Ordering::Release);
+        // SeqCst with the loads in `configure` and `rx_ready_by_transmission`: one of the
+        // two always sees the other's store, so no running bit outlives the fault.
+        self.faulted.store(true, Ordering::SeqCst);
+        self.stop_running();
         if f.is_none() {
             tracing::warn!(port = %self.name, "vhost-user frontend in error: {why}; its rings stop until it connects again");
             *f = Some(why);
@@ -298,15 +320,26 @@ impl VhostPort {
         }
     }
 
+    /// Nothing runs: the running bitmaps cleared, the link down.
+    fn stop_running(&self) {
+        for m in [&self.rx_running, &self.tx_running, &self.rx_waiting] {
+            m.store(0, Ordering::SeqCst);
+        }
+        self.up.store(false, Ordering::SeqCst);
+    }
+
     /// Signals the guest on `call` (taken from its pair under the lock, signalled after):
     /// a full counter is counted, a call the frontend made wait puts it in error.
     #[inline]
     fn interrupt(&self, call: Option<Arc<EventFd>>) {
         let Some(call) = call else { return };
+        if self.distrusted() {
+            return;
+        }
         match call.signal() {
             eventfd::Outcome::Done => {}
             eventfd::Outcome::WouldBlock => self.net.interrupts_full.add(1),
-            eventfd::Outcome::Stalled | eventfd::Outcome::Failed => self.fault("an interrupt (call) descriptor made the switch wait: the frontend cleared O_NONBLOCK and filled it"),
+            eventfd::Outcome::Stalled | eventfd::Outcome::Failed => self.stalled("an interrupt (call) descriptor"),
         }
     }
 
@@ -366,11 +399,15 @@ impl VhostPort {
         let tx = pairs_where(&|p| p.memory.is_some() && p.queues[TXQ].is_some());
         let waiting = pairs_where(&|p| p.rx_runs() && !p.rx_ready);
         // A frontend in error runs nothing until it connects again.
-        let (rx, tx, waiting) = if self.faulted.load(Ordering::Acquire) { (0, 0, 0) } else { (rx, tx, waiting) };
-        self.rx_waiting.store(waiting, Ordering::Release);
-        self.rx_running.store(rx, Ordering::Release);
-        self.tx_running.store(tx, Ordering::Release);
-        self.up.store(rx != 0 && tx != 0, Ordering::Release);
+        let (rx, tx, waiting) = if self.faulted.load(Ordering::SeqCst) { (0, 0, 0) } else { (rx, tx, waiting) };
+        self.rx_waiting.store(waiting, Ordering::SeqCst);
+        self.rx_running.store(rx, Ordering::SeqCst);
+        self.tx_running.store(tx, Ordering::SeqCst);
+        self.up.store(rx != 0 && tx != 0, Ordering::SeqCst);
+        // A fault that came in between (from a PMD thread, which takes no pair lock for it).
+        if self.faulted.load(Ordering::SeqCst) {
+            self.stop_running();
+        }
         r
     }
 
@@ -434,13 +471,16 @@ impl VhostPort {
     /// the receive ring is ready if it was not.
     #[cold]
     fn rx_ready_by_transmission(&self, pair: &mut Pair, p: usize) {
-        if !pair.rx_runs() || self.faulted.load(Ordering::Acquire) {
+        if !pair.rx_runs() || self.faulted.load(Ordering::SeqCst) {
             return;
         }
         pair.make_rx_ready();
-        self.rx_waiting.fetch_and(!(1 << p), Ordering::AcqRel);
-        self.rx_running.fetch_or(1 << p, Ordering::AcqRel);
-        self.up.store(self.tx_running.load(Ordering::Acquire) != 0, Ordering::Release);
+        self.rx_waiting.fetch_and(!(1 << p), Ordering::SeqCst);
+        self.rx_running.fetch_or(1 << p, Ordering::SeqCst);
+        self.up.store(self.tx_running.load(Ordering::SeqCst) != 0, Ordering::SeqCst);
+        if self.faulted.load(Ordering::SeqCst) {
+            self.stop_running();
+        }
     }
 
     /// Queue pairs whose both rings run.
@@ -796,6 +836,9 @@ impl Port for VhostPort {
     /// The kick eventfd's number, for `poll` only: it may close while the PMD thread sleeps
     /// on it (the frontend went), which `poll` reports and nothing else minds.
     fn wake_fd(&self, q: u16) -> Option<RawFd> {
+        if self.distrusted() {
+            return None; // its thread sleeps at most 1 ms at a time instead
+        }
         let pair = try_pair(self.pairs.get(q as usize)?)?;
         pair.kick[TXQ].as_ref().map(|f| f.as_raw_fd())
     }
@@ -815,9 +858,10 @@ impl Port for VhostPort {
             drop(ring);
             drop(guard);
             if let Some(k) = kick
+                && !self.distrusted()
                 && matches!(k.drain(), eventfd::Outcome::Stalled | eventfd::Outcome::Failed)
             {
-                self.fault("a kick descriptor made the switch wait: the frontend cleared O_NONBLOCK and emptied it");
+                self.stalled("a kick descriptor");
             }
             return false;
         }

@@ -120,7 +120,9 @@ fn recover(addr: usize) -> bool {
                     start as *mut libc::c_void,
                     end - start,
                     libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    // No reservation: zeroes that are never written take no memory, however
+                    // large the mapping (the fault must not fail for want of commit charge).
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                     -1,
                     0,
                 )

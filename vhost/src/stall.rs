@@ -30,7 +30,10 @@ const TICK: Duration = Duration::from_millis(20);
 const SLOTS: usize = 1024;
 
 struct Slot {
-    /// The thread's `pthread_t`, 0 while the slot is free.
+    /// The thread's kernel id (`gettid`), 0 while the slot is free. Signalled with `tgkill`
+    /// in this process: a thread that ended meanwhile is signalled not at all, or (its id
+    /// reused by a new thread here) with a spurious `EINTR`; never undefined behaviour, as
+    /// `pthread_kill` of an ended thread's `pthread_t` would be.
     thread: AtomicU64,
     /// When the thread entered its guarded call (milliseconds of the monotonic clock, plus
     /// one), 0 while it is not in one.
@@ -106,9 +109,9 @@ fn watch() {
             if since != 0 && thread != 0 && now.saturating_sub(since) >= limit {
                 // Sent again every tick until the call returns: a signal that arrived just
                 // before the thread entered the call interrupted nothing.
-                // SAFETY: a thread that holds a slot is alive (it releases the slot as it
-                // ends); the handler does nothing.
-                unsafe { libc::pthread_kill(thread as libc::pthread_t, interrupt_signal()) };
+                // SAFETY: tgkill of a thread id of this process (see `Slot::thread`); the
+                // handler does nothing.
+                unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), thread as libc::pid_t, interrupt_signal()) };
             }
         }
     }
@@ -120,8 +123,8 @@ fn slot() -> Option<usize> {
         if let Some(i) = m.0.get() {
             return Some(i);
         }
-        // SAFETY: pthread_self has no preconditions.
-        let me = unsafe { libc::pthread_self() } as u64;
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() } as u64;
         for (i, s) in TABLE.iter().enumerate() {
             if s.thread.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                 HIGH.fetch_max(i + 1, Ordering::AcqRel);

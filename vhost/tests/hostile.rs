@@ -98,6 +98,24 @@ fn an_interrupt_descriptor_made_to_block_cannot_hold_the_switch() {
         exchange(&mut h, &good, &mut vm, round);
     }
     drop(rogue);
+    // Reconnecting to stall the switch again gets nothing: the port no longer signals (or
+    // reads) its frontends' eventfds, and a frontend that behaves works polled.
+    assert!(bad.distrusted());
+    let mut again = frontend(&dir.join("bad.sock"));
+    exchange(&mut h, &bad, &mut again, 9);
+    let call = again.events[0].as_raw_fd();
+    // SAFETY: fcntl and a read of 8 bytes on our eventfd.
+    unsafe {
+        let flags = libc::fcntl(call, libc::F_GETFL);
+        libc::fcntl(call, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
+    again.rx.post(&[Buf::Write(2048)]);
+    again.rx.set_used_event(1);
+    h.send("r0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), ip(9), ip(255), 1, 2, 100));
+    let t = Instant::now();
+    h.step();
+    assert!(t.elapsed() < Duration::from_millis(40), "a second stall: {:?}", t.elapsed());
+    assert_eq!(again.rx.completions().len(), 1, "the frame went in, polled");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -180,7 +198,27 @@ fn memory_tables_beyond_the_limits_are_refused() {
     let huge = memfd(0);
     // SAFETY: ftruncate on the test's own descriptor.
     assert_eq!(unsafe { libc::ftruncate(huge.as_raw_fd(), 1 << 40) }, 0);
-    refused("1 TiB", "this node maps at most 17179869184 a frontend", start(&[huge], 1 << 40));
+    let limit = format!("this node maps at most {} a frontend", knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY);
+    refused("1 TiB", &limit, start(&[huge], 1 << 40));
+    // A small region a terabyte into the file: the offset is no way around the limit (only
+    // the region's pages are mapped).
+    let far = memfd(0);
+    // SAFETY: ftruncate on the test's own descriptor.
+    assert_eq!(unsafe { libc::ftruncate(far.as_raw_fd(), (1 << 40) + MEM_LEN as i64) }, 0);
+    let mut fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_features(features).unwrap();
+    fe.get_protocol_features().unwrap();
+    fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
+    fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    let region = VhostUserMemoryRegionInfo { guest_phys_addr: 0, memory_size: MEM_LEN as u64, userspace_addr: 0x7000_0000_0000, mmap_offset: 1 << 40, mmap_handle: far.as_raw_fd() };
+    fe.set_mem_table(&[region]).unwrap();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmSize:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap();
+    assert!(vm_kib < 1 << 30, "the switch mapped {vm_kib} KiB: more than the region");
+    drop(fe);
+    wait_for("the frontend to go", || !bad.link_up());
     exchange(&mut h, &good, &mut vm, 1);
     // A file on a disk (the build directory's file system), unless that is a tmpfs.
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("guest-{}", std::process::id()));

@@ -6,6 +6,7 @@
 //! Written only on a panic and read by PMD threads when its generation moved (they compare
 //! it once a poll round, a relaxed load), so the map's lock is never taken on the fast path.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +50,29 @@ impl Faults {
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
     }
+}
+
+thread_local! {
+    /// The port whose transmit burst the thread is in (its id + 1; 0: none).
+    static EGRESS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The thread enters port `p`'s transmit burst: a panic there is that port's (the code that
+/// ran was its, on its receive ring), not the ingress port's.
+#[inline(always)]
+pub fn entering_tx(p: u16) {
+    EGRESS.with(|c| c.set(p as u32 + 1));
+}
+
+/// The thread left the transmit burst it entered.
+#[inline(always)]
+pub fn left_tx() {
+    EGRESS.with(|c| c.set(0));
+}
+
+/// The port whose transmit burst a panic interrupted, if it was in one (and forgets it).
+pub fn take_egress() -> Option<u16> {
+    EGRESS.with(|c| c.replace(0)).checked_sub(1).map(|p| p as u16)
 }
 
 /// A panic's message, as `std` prints it.

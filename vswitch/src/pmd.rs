@@ -236,16 +236,26 @@ fn assigned(switch: &Switch, snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16,
     q
 }
 
-/// Polls one queue; a panic while processing its burst puts the port in error (the thread
-/// goes on with its other ports). Returns the packets received, or `None` after a panic.
+/// Runs `f` (work on a port's behalf, `blame`: the port and what the work is); a panic in it
+/// puts in error the port whose code ran — the port being sent to if the panic was in its
+/// transmit burst, else `blame`'s — and the thread goes on: `None` after a panic. Work with
+/// no port to blame (`blame` `None`, and no transmit burst) lets the panic end the thread.
+///
+/// The pipeline a panic interrupted is left behind (not dropped: what it holds is as the
+/// panic left it, so its packets are left out of the pool) and `pipe` starts afresh; so are
+/// the packets of `batch`. A failed port keeps lent descriptors and their memory (`Port::fail`).
 #[inline]
-fn poll_guarded(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, snap: &Snapshot, (p, q): (u16, u16), batch: &mut Batch) -> Option<usize> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pipe.poll(snap, p, q, batch))) {
-        Ok(n) => Some(n),
+fn guarded<R>(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, idx: usize, snap: &Snapshot, blame: Option<(u16, &str)>, batch: &mut Batch, f: impl FnOnce(&mut crate::pipeline::Pipeline, &mut Batch) -> R) -> Option<R> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(pipe, batch))) {
+        Ok(r) => Some(r),
         Err(payload) => {
+            let (egress, message) = (crate::faults::take_egress(), crate::faults::panic_message(&*payload));
+            let Some(blamed) = egress.or(blame.map(|b| b.0)) else { std::panic::resume_unwind(payload) };
             let lost = pipe.recover_from_panic(batch);
-            let why = format!("the switch panicked processing a burst from queue {q}: {} ({lost} packets of the burst lost)", crate::faults::panic_message(&*payload));
-            switch.fail_port(snap, p, why);
+            std::mem::forget(std::mem::replace(pipe, switch.pipeline(idx)));
+            let role = if egress.is_some() { "sending to it" } else { blame.map_or("", |b| b.1) };
+            let why = format!("the switch panicked {role}: {message} ({lost} packets of the burst and those queued on the thread lost)");
+            switch.fail_port(snap, blamed, why);
             None
         }
     }
@@ -282,8 +292,8 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         pipe.set_now(coarse_secs());
         let mut got = 0;
-        for &pq in &queues {
-            match poll_guarded(&mut pipe, switch, &snap, pq, &mut batch) {
+        for &(p, q) in &queues {
+            match guarded(&mut pipe, switch, idx, &snap, Some((p, "processing a burst it sent")), &mut batch, |pipe, batch| pipe.poll(&snap, p, q, batch)) {
                 Some(n) => got += n,
                 None => break, // the port's queues leave the list next round
             }
@@ -298,11 +308,14 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         pipe.stats().idle_cycles.add(spent);
         // Frames waiting for a next hop are retried (or given up) even without traffic.
-        pipe.housekeeping(&snap);
+        guarded(&mut pipe, switch, idx, &snap, None, &mut batch, |pipe, _| pipe.housekeeping(&snap));
         if let IdlePolicy::Adaptive { spin_us, max_sleep_us } = idle {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= Duration::from_micros(spin_us as u64) {
-                sleep(&snap, &queues, kick_fd, max_sleep_us);
+                if let Err((p, payload)) = sleep(&snap, &queues, kick_fd, max_sleep_us) {
+                    let why = format!("the switch panicked arming its wake-up: {}", crate::faults::panic_message(&*payload));
+                    switch.fail_port(&snap, p, why);
+                }
                 pipe.stats().sleeps.add(1);
                 idle_since = None;
                 last = cycles();
@@ -314,22 +327,37 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
     pipe.flush(&snap);
 }
 
+/// A port's `arm_wake`; a panic in it is returned with the port (its queues' wake-ups are
+/// the port's code).
+fn arm(snap: &Snapshot, p: u16, q: u16, armed: bool) -> Result<bool, (u16, Box<dyn std::any::Any + Send>)> {
+    let Some(pe) = snap.port(p) else { return Ok(false) };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pe.port.arm_wake(q, armed))).map_err(|e| (p, e))
+}
+
 /// Arms the queues' wake descriptors and sleeps until one fires, the thread is kicked, or the
-/// timeout passes. Returns at once if a queue already has packets.
-fn sleep(snap: &Snapshot, queues: &[(u16, u16)], kick_fd: RawFd, max_sleep_us: u32) {
+/// timeout passes. Returns at once if a queue already has packets; the port whose wake-up
+/// panicked, if one did.
+fn sleep(snap: &Snapshot, queues: &[(u16, u16)], kick_fd: RawFd, max_sleep_us: u32) -> Result<(), (u16, Box<dyn std::any::Any + Send>)> {
     let mut fds = Vec::with_capacity(queues.len() + 1);
     fds.push(libc::pollfd { fd: kick_fd, events: libc::POLLIN, revents: 0 });
     let mut pending = false;
     let mut capped = false;
+    let mut panicked = None;
     for &(p, q) in queues {
         let Some(pe) = snap.port(p) else { continue };
-        pending |= pe.port.arm_wake(q, true);
+        match arm(snap, p, q, true) {
+            Ok(has) => pending |= has,
+            Err(e) => {
+                panicked.get_or_insert(e);
+                continue;
+            }
+        }
         match pe.port.wake_fd(q) {
             Some(fd) => fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 }),
             None => capped = true,
         }
     }
-    if !pending {
+    if !pending && panicked.is_none() {
         let ms = (max_sleep_us / 1000).max(1) as i32;
         let timeout = if capped { 1 } else { ms };
         // SAFETY: fds is a valid array of pollfd of the given length.
@@ -341,8 +369,12 @@ fn sleep(snap: &Snapshot, queues: &[(u16, u16)], kick_fd: RawFd, max_sleep_us: u
         }
     }
     for &(p, q) in queues {
-        if let Some(pe) = snap.port(p) {
-            pe.port.arm_wake(q, false);
+        if panicked.as_ref().is_some_and(|(bad, _)| *bad == p) {
+            continue;
+        }
+        if let Err(e) = arm(snap, p, q, false) {
+            panicked.get_or_insert(e);
         }
     }
+    panicked.map_or(Ok(()), Err)
 }

@@ -26,6 +26,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub const DHCPV4_SERVER_PORT: u16 = 67;
 pub const DHCPV6_SERVER_PORT: u16 = 547;
 const UDP: u8 = 17;
+/// The bytes of an upper-layer header a first fragment must hold for the guards: ICMPv6's
+/// and UDP's 8 (TCP's is longer, and nothing here reads it).
+const UPPER_HEADER: usize = 8;
 const ICMPV6_RA: u8 = 134;
 const ICMPV6_REDIRECT: u8 = 137;
 
@@ -91,7 +94,13 @@ fn check_v6(sec: &Security, mac: u64, l3: &[u8]) -> Result<(), DropReason> {
         return Err(DropReason::SecurityIp);
     }
     let payload = p.payload();
-    match ipv6::upper_layer(payload, p.next_header()) {
+    // A first fragment must hold its upper-layer header whole (RFC 7112): without it the
+    // guards below would have nothing to look at, and the rest comes in later fragments.
+    let upper = match ipv6::upper_layer(payload, p.next_header()) {
+        ipv6::UpperLayer::At { offset, fragmented: true, .. } if payload.len() - offset < UPPER_HEADER => ipv6::UpperLayer::Unknown,
+        u => u,
+    };
+    match upper {
         ipv6::UpperLayer::At { proto: ipv6::NEXT_ICMPV6, offset, fragmented } => icmpv6_guard(sec, mac, payload.get(offset..).unwrap_or_default(), fragmented),
         ipv6::UpperLayer::At { proto: UDP, offset, .. } => {
             let sport = payload.get(offset..offset + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
@@ -225,6 +234,16 @@ mod tests {
         // Destination options that claim 2 KiB: the chain runs out.
         let long = (60u8, vec![0, 255, 0, 0, 0, 0, 0, 0]);
         assert_eq!(verdict(&sec, &behind(&[long])), Err(DropReason::SecurityIp));
+        // A first fragment whose chain ends where the packet does (its ICMPv6 or UDP header
+        // in the next fragment): dropped, not waved through with nothing to check.
+        let empty_first = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&frag), 58, &[]);
+        assert_eq!(verdict(&sec, &empty_first), Err(DropReason::SecurityIp));
+        let udp_first = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&frag), 17, &[2, 35]);
+        assert_eq!(verdict(&sec, &udp_first), Err(DropReason::SecurityIp));
+        // A port with MACs only may use any address, but not its router's link-local one.
+        let mac_only = Security::new(vec![m.to_u64()], vec![], vec![]);
+        assert_eq!(verdict(&mac_only, &frames::na(m, own, "fe80::1".parse().unwrap(), crate::testkit::mac(9), "fd00::9".parse().unwrap())), Err(DropReason::SecurityNd));
+        assert_eq!(verdict(&mac_only, &frames::na(m, "fd00::77".parse().unwrap(), "fd00::77".parse().unwrap(), crate::testkit::mac(9), "fd00::9".parse().unwrap())), Ok(()));
     }
 
     /// Router advertisements and redirects are dropped unless the port is a router's; DHCP

@@ -102,13 +102,17 @@ impl Security {
 
     /// Whether `a` is one of the port's own IPv6 link-local addresses: one an allowed MAC
     /// makes (modified EUI-64, RFC 4291 appendix A: what Linux and DPDK form unless told
-    /// otherwise), or one allowed outright.
+    /// otherwise), or one listed outright (in the port's addresses or its pairs). A port with
+    /// MACs only, which may use any address, still has only its own link-local ones: it
+    /// cannot claim its router's.
     pub fn own_link_local(&self, mac: u64, a: &std::net::Ipv6Addr) -> bool {
         let eui64 = |m: u64| {
             let b = m.to_be_bytes();
             std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, b[2] ^ 0x02, b[3], b[4], 0xff, 0xfe, b[5], b[6], b[7]])
         };
-        self.macs.iter().chain(self.pairs.iter().map(|(m, _)| m)).any(|m| eui64(*m) == *a) || self.ip_allowed(mac, IpAddr::V6(*a))
+        let listed = (self.macs.contains(&mac) && self.ips.contains(&IpAddr::V6(*a)))
+            || self.pairs.iter().any(|(m, i)| *m == mac && *i == Some(IpAddr::V6(*a)));
+        listed || self.macs.iter().chain(self.pairs.iter().map(|(m, _)| m)).any(|m| eui64(*m) == *a)
     }
 
     #[inline]

@@ -156,11 +156,14 @@ fn a_replaced_configuration_is_freed_off_the_pmd_thread() {
 }
 
 /// A port whose bursts make the switch panic when asked to (what a frame the switch
-/// mishandles would do), or whose wake-up panics (outside any port's burst).
+/// mishandles would do), whose arming of wake-ups panics, or whose wake descriptor does
+/// (outside anything a port is blamed for).
 struct Boom {
     name: String,
     on_rx: std::sync::atomic::AtomicBool,
-    on_wake: std::sync::atomic::AtomicBool,
+    on_tx: std::sync::atomic::AtomicBool,
+    on_arm: std::sync::atomic::AtomicBool,
+    on_wake_fd: std::sync::atomic::AtomicBool,
     failed: Mutex<Option<String>>,
 }
 
@@ -173,6 +176,7 @@ impl vswitch::port::Port for Boom {
         0
     }
     fn tx_burst(&self, _q: u16, cache: &mut PoolCache, b: &mut Batch) -> usize {
+        assert!(!self.on_tx.load(std::sync::atomic::Ordering::Relaxed), "a receive ring the switch cannot handle");
         let n = b.len();
         for x in b.drain() {
             cache.free(x);
@@ -180,8 +184,12 @@ impl vswitch::port::Port for Boom {
         n
     }
     fn arm_wake(&self, _q: u16, _armed: bool) -> bool {
-        assert!(!self.on_wake.load(std::sync::atomic::Ordering::Relaxed), "a wake-up the switch cannot handle");
+        assert!(!self.on_arm.load(std::sync::atomic::Ordering::Relaxed), "a wake-up the switch cannot handle");
         false
+    }
+    fn wake_fd(&self, _q: u16) -> Option<std::os::fd::RawFd> {
+        assert!(!self.on_wake_fd.load(std::sync::atomic::Ordering::Relaxed), "a descriptor the switch cannot handle");
+        None
     }
     fn fail(&self, why: &str) {
         *self.failed.lock().unwrap() = Some(why.to_string());
@@ -197,7 +205,7 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     use std::sync::atomic::Ordering::Relaxed;
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rig(2);
-    let boom = std::sync::Arc::new(Boom { name: "boom".into(), on_rx: false.into(), on_wake: false.into(), failed: Mutex::new(None) });
+    let boom = std::sync::Arc::new(Boom { name: "boom".into(), on_rx: false.into(), on_tx: false.into(), on_arm: false.into(), on_wake_fd: false.into(), failed: Mutex::new(None) });
     r.switch.register_port("boom", boom.clone()).unwrap();
     let mut cfg = r.switch.snapshot().config.clone();
     cfg.ports.push(PortConfig::access("boom", "red"));
@@ -211,14 +219,41 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     assert_eq!(boom.failed.lock().unwrap().as_deref(), Some(why.as_str()), "the port was told");
     assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
     assert!(pmd.dead_threads().is_empty());
-    // Added again (its device opened anew), it is polled again.
+    // A panic in its transmit burst (its receive ring's walk) is its, not the sender's.
+    boom.on_rx.store(false, Relaxed);
+    r.switch.replace_port("boom", boom.clone()).unwrap();
+    r.switch.apply(cfg.clone()).unwrap();
+    boom.on_tx.store(true, Relaxed);
+    let mut cache = PoolCache::new(r.pool.clone());
+    let bcast = frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(1), "192.0.2.1".parse().unwrap(), "192.0.2.255".parse().unwrap(), 1, 2, 64);
+    r.peers[0].send_one(0, cache.alloc_frame(&bcast).unwrap()).unwrap();
+    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some_and(|w| w.contains("sending to it"))), "the receiver is in error");
+    assert!(r.switch.faults().get("p0").is_none(), "not the sender");
+    boom.on_tx.store(false, Relaxed);
+    let mut b = Batch::new();
+    for q in 0..2 {
+        r.peers[1].recv(q, &mut b); // the broadcast's copy for p1
+        for x in b.drain() {
+            cache.free(x);
+        }
+    }
+    drop(cache);
+    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    // Added again (its device opened anew), it is polled again; a panic arming its wake-up
+    // (the idle thread's, outside any burst) is its too.
     boom.on_rx.store(false, Relaxed);
     r.switch.replace_port("boom", boom.clone()).unwrap();
     assert!(r.switch.faults().get("boom").is_none());
-    // A panic outside any burst (the idle thread arming its wake-ups) ends the thread.
-    boom.on_wake.store(true, Relaxed);
+    boom.on_arm.store(true, Relaxed);
+    r.switch.apply(cfg.clone()).unwrap();
+    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some_and(|w| w.contains("arming its wake-up"))), "the port is in error");
+    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    // A panic nothing can be blamed on ends the thread, which is reported.
+    boom.on_arm.store(false, Relaxed);
+    boom.on_wake_fd.store(true, Relaxed);
+    r.switch.replace_port("boom", boom.clone()).unwrap();
     r.switch.apply(cfg).unwrap();
     assert!(eventually(Duration::from_secs(5), || pmd.dead_threads() == vec![0]), "the dead thread is reported");
-    boom.on_wake.store(false, Relaxed);
+    boom.on_wake_fd.store(false, Relaxed);
     drop(pmd);
 }

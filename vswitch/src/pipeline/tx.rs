@@ -131,7 +131,9 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     let bytes: usize = batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum();
     let n = batch.len();
     let q = (thread % pe.port.tx_queues().max(1) as usize) as u16;
+    crate::faults::entering_tx(p);
     let sent = pe.port.tx_burst(q, cache, batch);
+    crate::faults::left_tx();
     let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
     let pc = stats.port(p);
     pc.tx_packets.add(sent as u64);
