@@ -270,6 +270,31 @@ fn dpdk_pod(host_dir: &std::path::Path, mnt: &std::path::Path, socket: &std::pat
     Some(app)
 }
 
+/// Tenancy through the whole path (CNI → node → manager): a pod of a namespace that is not
+/// the network's tenant's is refused with a CNI error naming the namespace, its tenant and
+/// the network — a namespace merely named as the tenant included; listed on the tenant, it
+/// attaches; a shared network takes anyone.
+#[test]
+fn a_pod_attaches_only_to_its_tenants_networks() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["tenant", "create", "red"]).status.success());
+    assert!(lab.mctl(&["network", "create", "red-net", "--tenant", "red", "--ipv4", "10.68.0.0/24"]).status.success());
+    let conf = lab.conf("1.1.0", "red-net");
+    let (p, path) = pod("tn");
+    let args = |ns: &str| format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME=web");
+    let (ok, e) = lab::cni_args("ADD", "ctr-tn", &path, "eth0", &conf.to_string(), &args("red"));
+    assert!(!ok, "{e}");
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(msg.contains("namespace \"red\" belongs to tenant \"admin\"; network \"red-net\" is tenant \"red\"'s and not shared"), "{e}");
+    assert!(lab.ctl(&["port", "list"]).lines().count() <= 1, "nothing attached");
+    assert!(lab.mctl(&["tenant", "namespaces", "red", "red"]).status.success());
+    let (ok, r) = lab::cni_args("ADD", "ctr-tn", &path, "eth0", &conf.to_string(), &args("red"));
+    assert!(ok, "{r}");
+    assert!(lab::cni_args("DEL", "ctr-tn", &path, "eth0", &conf.to_string(), &args("red")).0);
+    drop(p);
+}
+
 /// In Kubernetes a DPDK pod's socket is handed over in its own emptyDir volume, which the
 /// node finds under the kubelet's directory by the pod's UID; what the pod planted there
 /// before ADD — symlinks where the JSON and its temporary file go, a socket of its own

@@ -134,5 +134,6 @@ fn the_manager_scenarios_pass_on_etcd() {
     scenarios::ip_group(&manager("/groups"));
     scenarios::requested_mac(&manager("/macs"));
     scenarios::pod_policer(&manager("/policers"));
+    scenarios::tenancy(&manager("/tenancy"));
     scenarios::cut_off_creates(Arc::new(etcd.store_at("/cut")));
 }

@@ -395,8 +395,10 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
     assert_eq!((st["segment"].clone(), st["mtu"].clone(), st["observedGeneration"].clone()), (json!(7100), json!(media.mtu), json!(1)));
     let group = m.get_group("media", "media-sts").unwrap();
     assert_eq!(api.object(Kind::IpGroups, "media-sts").unwrap()["status"]["members"], json!(group.members));
-    eventually("a NAD in each namespace that may use each network", || nads(&api) == set(&["blue/oam", "red-dev/media", "red-dev/oam", "red/media", "red/oam"])).await;
-    eventually("the status lists them", || api.object(Kind::Networks, "media").unwrap()["status"]["networkAttachmentDefinitions"] == json!(["red-dev/media", "red/media"])).await;
+    // A namespace merely named "red" is not red's (no label, not listed on the tenant): admin's.
+    eventually("a NAD in each namespace that may use each network", || nads(&api) == set(&["blue/oam", "red-dev/media", "red-dev/oam", "red/oam"])).await;
+    eventually("the status lists them", || api.object(Kind::Networks, "media").unwrap()["status"]["networkAttachmentDefinitions"] == json!(["red-dev/media"])).await;
+    assert_eq!((m.tenant_of_namespace("red-dev").unwrap(), m.tenant_of_namespace("red").unwrap()), ("red".into(), "admin".into()), "the labels are recorded for pods' attachments");
     for (key, nad) in api.objects(Kind::Nads) {
         let net = key.split_once('/').unwrap().1;
         assert_eq!(nad_network(&nad), net, "{key}");
@@ -415,11 +417,12 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
     assert!(e.contains("kubectl delete networks.knitter.io oam"), "{e}");
     assert!(m.delete_group("media", "media-sts").is_err(), "the group is the resource's too");
 
-    api.add_namespace("red-dev", &[]); // now its own tenant
+    api.add_namespace("red-dev", &[]); // unlabelled: admin's
     api.add_namespace("red-prod", &[("knitter.io/tenant", "red")]);
-    eventually("NADs follow the namespaces", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/media", "red-prod/oam", "red/media", "red/oam"])).await;
-    api.delete(Kind::Nads, "red/media");
-    eventually("a NAD deleted by hand comes back", || nads(&api).contains("red/media")).await;
+    eventually("NADs follow the namespaces", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/media", "red-prod/oam", "red/oam"])).await;
+    assert_eq!(m.tenant_of_namespace("red-dev").unwrap(), "admin", "unlabelled, it is admin's again");
+    api.delete(Kind::Nads, "red-prod/media");
+    eventually("a NAD deleted by hand comes back", || nads(&api).contains("red-prod/media")).await;
 
     api.delete_gracefully(Kind::IpGroups, "media-sts");
     eventually("the group deleted with its resource", || m.get_group("media", "media-sts").is_err() && api.object(Kind::IpGroups, "media-sts").is_none()).await;

@@ -26,6 +26,12 @@ fn bad_requests_are_refused_with_the_reason() {
 }
 
 #[test]
+fn a_pod_attaches_only_to_its_tenants_networks_and_shared_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    scenarios::tenancy(&manager(&dir));
+}
+
+#[test]
 fn a_requested_mac_is_recorded_and_held_by_one_port() {
     let dir = tempfile::tempdir().unwrap();
     scenarios::requested_mac(&manager(&dir));
@@ -54,7 +60,7 @@ fn state_survives_reopening_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let p = {
         let m = manager(&dir);
-        m.create_tenant("acme", None).unwrap();
+        m.create_tenant_with(knitter_control::manager::objects::TenantSpec { name: "acme".into(), quota: None, namespaces: vec!["ns".into()] }).unwrap();
         m.create_network(net("red", "acme", "10.8.0.0/24")).unwrap();
         m.create_port(port("red", "c1", "ns/a")).unwrap().0
     };

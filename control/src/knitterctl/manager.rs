@@ -89,10 +89,16 @@ pub enum TenantCmd {
         /// Networks the tenant may own (default: the manager's).
         #[arg(long)]
         quota: Option<u32>,
+        /// Namespaces that belong to the tenant without a knitter.io/tenant label (comma
+        /// separated).
+        #[arg(long, value_delimiter = ',')]
+        namespaces: Vec<String>,
     },
     Delete { name: String },
     /// Set how many networks the tenant may own.
     Quota { name: String, networks: u32 },
+    /// Set the namespaces that belong to the tenant without a label (none: clears them).
+    Namespaces { name: String, namespaces: Vec<String> },
 }
 
 #[derive(Debug, Subcommand)]
@@ -319,7 +325,7 @@ fn print_nodes(items: &[pb::Node]) {
 }
 
 fn print_tenants(items: &[pb::Tenant]) {
-    table(&["name", "network quota"], items.iter().map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks))]).collect());
+    table(&["name", "network quota", "namespaces"], items.iter().map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks)), t.namespaces.join(",")]).collect());
 }
 
 /// Prints `v` as JSON, or as a table with `print`.
@@ -366,13 +372,17 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
         ManagerCmd::Tenant { cmd } => match cmd {
             TenantCmd::List => show(out, c.list_tenants(authed(t, none())?).await?.into_inner().items, |v| print_tenants(v))?,
             TenantCmd::Show { name } => show(out, c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_tenants(std::slice::from_ref(v)))?,
-            TenantCmd::Create { name, quota } => {
-                let r = c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: quota.map(|networks| pb::Quota { networks }) })?).await?.into_inner();
+            TenantCmd::Create { name, quota, namespaces } => {
+                let r = c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: quota.map(|networks| pb::Quota { networks }), namespaces })?).await?.into_inner();
                 created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
             }
             TenantCmd::Delete { name } => show(out, c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("tenant {name} deleted"))?,
             TenantCmd::Quota { name, networks } => {
                 let r = c.set_quota(authed(t, pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) })?).await?.into_inner();
+                show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
+            }
+            TenantCmd::Namespaces { name, namespaces } => {
+                let r = c.set_namespaces(authed(t, pb::SetNamespacesRequest { name, namespaces })?).await?.into_inner();
                 show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
             }
         },

@@ -199,7 +199,7 @@ type SyncStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DesiredStat
 #[tonic::async_trait]
 impl pb::manager_server::Manager for Grpc {
     async fn create_tenant(&self, r: Request<pb::TenantSpec>) -> Result<Response<pb::TenantReply>, Status> {
-        self.call(r, true, |m, t: TenantSpec| created("tenant", m.create_tenant(&t.name, t.quota)?)).await
+        self.call(r, true, |m, t: TenantSpec| created("tenant", m.create_tenant_with(t)?)).await
     }
 
     async fn get_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
@@ -212,6 +212,10 @@ impl pb::manager_server::Manager for Grpc {
 
     async fn delete_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
         self.call(r, true, |m, n: pb::Name| deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)).await
+    }
+
+    async fn set_namespaces(&self, r: Request<pb::SetNamespacesRequest>) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, true, |m, q: pb::SetNamespacesRequest| value(m.set_tenant_namespaces(&q.name, q.namespaces)?)).await
     }
 
     async fn set_quota(&self, r: Request<pb::SetQuotaRequest>) -> Result<Response<pb::Tenant>, Status> {
@@ -362,7 +366,7 @@ mod tests {
             sriov_pool: Some("fast".into()),
         };
         round_trip::<_, pb::Port>(port);
-        round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2 });
+        round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2, namespaces: vec!["t-prod".into()] });
         round_trip::<_, pb::IpGroup>(IpGroupRecord { name: "g".into(), network: "red".into(), members: vec![ip("10.0.0.9")], grace_secs: 30 });
         round_trip::<_, pb::IpGroupSpec>(IpGroupSpec { name: "g".into(), network: "red".into(), members: vec![], size: Some(2), grace_secs: None });
         let node = Node { name: "n".into(), vtep: ip("192.0.2.1"), underlay_mtu: 9000, capabilities: vec!["af-xdp".into()], registered: 3, last_seen: 4, state: "alive".into() };

@@ -16,6 +16,7 @@ pub mod managed;
 pub mod objects;
 pub mod rest;
 pub mod sync;
+pub mod tenancy;
 pub mod tls;
 
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
@@ -49,6 +50,10 @@ pub enum ManagerError {
     Quota(String),
     #[error("{0}")]
     Unauthenticated(String),
+    /// The caller may not do this (a pod's namespace and another tenant's network, a node
+    /// and another node's objects).
+    #[error("{0}")]
+    Forbidden(String),
     /// Concurrent changes kept winning; the request may be retried.
     #[error("{0}; try again")]
     Busy(String),
@@ -68,6 +73,7 @@ impl ManagerError {
             ManagerError::Exhausted(_) => ("exhausted", 409, Code::ResourceExhausted),
             ManagerError::Quota(_) => ("quota_exceeded", 403, Code::ResourceExhausted),
             ManagerError::Unauthenticated(_) => ("unauthenticated", 401, Code::Unauthenticated),
+            ManagerError::Forbidden(_) => ("permission_denied", 403, Code::PermissionDenied),
             ManagerError::Busy(_) => ("busy", 503, Code::Unavailable),
             ManagerError::Store(_) => ("store_unavailable", 503, Code::Unavailable),
         }
@@ -269,16 +275,31 @@ impl Manager {
     /// Creates a tenant (with the configured default quota unless given); the same tenant
     /// again is a no-op (`false`), another quota a conflict.
     pub fn create_tenant(&self, name: &str, quota: Option<Quota>) -> Result<(Tenant, bool)> {
+        self.create_tenant_with(TenantSpec { name: name.into(), quota, namespaces: Vec::new() })
+    }
+
+    /// [`Manager::create_tenant`] with the namespaces that belong to it without a label
+    /// (`tenancy.rs`); the same tenant with other namespaces is a conflict.
+    pub fn create_tenant_with(&self, spec: TenantSpec) -> Result<(Tenant, bool)> {
+        let TenantSpec { name, quota, namespaces } = spec;
+        let name = name.as_str();
         check_name("tenant", name)?;
-        let t = Tenant { name: name.into(), quota: quota.unwrap_or(self.config.default_quota), created: now() };
+        for ns in &namespaces {
+            check_name("namespace", ns)?;
+        }
+        let t = Tenant { name: name.into(), quota: quota.unwrap_or(self.config.default_quota), created: now(), namespaces: namespaces.clone() };
         let key = tenant_key(name);
         for _ in 0..ROUNDS {
             if let Some((have, _)) = self.load::<Tenant>(&key)? {
-                if quota.is_none_or(|q| q == have.quota) {
-                    return Ok((have, false));
+                if quota.is_some_and(|q| q != have.quota) {
+                    return Err(ManagerError::Conflict(format!("tenant {name:?} exists with another quota (change it with a quota update)")));
                 }
-                return Err(ManagerError::Conflict(format!("tenant {name:?} exists with another quota (change it with a quota update)")));
+                if !namespaces.is_empty() && namespaces != have.namespaces {
+                    return Err(ManagerError::Conflict(format!("tenant {name:?} exists with other namespaces (change them with a namespaces update)")));
+                }
+                return Ok((have, false));
             }
+            self.check_unlisted(name, &namespaces)?;
             if self.store.commit(&[Op::create(&key, json(&t)?)])? {
                 return Ok((t, true));
             }
@@ -594,6 +615,9 @@ impl Manager {
             return Err(ManagerError::Invalid(format!("device_info {info:?} is not a JSON object (NPWG device-info)")));
         }
         let (net, _) = self.network(&spec.network)?;
+        if !spec.pod.is_empty() {
+            self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec)?;
+        }
         for (i, ip) in spec.ips.iter().enumerate() {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
                 return Err(ManagerError::Invalid(format!("at most one fixed {} address per port", family(ip))));

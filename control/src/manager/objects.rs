@@ -10,6 +10,12 @@ use std::net::IpAddr;
 /// Networks change rarely (not per pod), so this key is not an allocation hot spot.
 pub const NETWORKS_GUARD: &str = "meta/networks";
 
+/// A namespace's tenant as its `knitter.io/tenant` label names it (the Kubernetes controller
+/// writes these; every replica reads them).
+pub fn labelled_namespace_key(name: &str) -> String {
+    format!("namespaces/{name}")
+}
+
 pub fn tenant_key(name: &str) -> String {
     format!("tenants/{name}")
 }
@@ -60,6 +66,10 @@ pub struct TenantSpec {
     pub name: String,
     #[serde(default)]
     pub quota: Option<Quota>,
+    /// Namespaces that belong to the tenant without a `knitter.io/tenant` label (see
+    /// `tenancy.rs`).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +80,9 @@ pub struct Tenant {
     /// Unix seconds.
     #[serde(default)]
     pub created: u64,
+    /// Namespaces that belong to the tenant without a label (see `tenancy.rs`).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
 }
 
 /// An IP group as asked for: its members, or how many free addresses to take.

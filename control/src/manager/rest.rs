@@ -143,7 +143,12 @@ async fn list_tenants(State(api): State<Api>) -> Reply {
 
 async fn create_tenant(State(api): State<Api>, b: Bytes) -> Reply {
     let t: TenantSpec = body(&b)?;
-    created(blocking(&api, move |m| m.create_tenant(&t.name, t.quota)).await?)
+    created(blocking(&api, move |m| m.create_tenant_with(t)).await?)
+}
+
+async fn set_namespaces(State(api): State<Api>, Path(name): Path<String>, b: Bytes) -> Reply {
+    let n: Vec<String> = body(&b)?;
+    ok(blocking(&api, move |m| m.set_tenant_namespaces(&name, n)).await?)
 }
 
 async fn get_tenant(State(api): State<Api>, Path(name): Path<String>) -> Reply {
@@ -266,6 +271,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/tenants/{name}"),
     ("delete", "/v1/tenants/{name}"),
     ("put", "/v1/tenants/{name}/quota"),
+    ("put", "/v1/tenants/{name}/namespaces"),
     ("get", "/v1/networks"),
     ("post", "/v1/networks"),
     ("get", "/v1/networks/{name}"),
@@ -294,6 +300,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/tenants", get(list_tenants).post(create_tenant))
         .route("/v1/tenants/{name}", get(get_tenant).delete(delete_tenant))
         .route("/v1/tenants/{name}/quota", axum::routing::put(set_quota))
+        .route("/v1/tenants/{name}/namespaces", axum::routing::put(set_namespaces))
         .route("/v1/networks", get(list_networks).post(create_network))
         .route("/v1/networks/{name}", get(get_network).delete(delete_network))
         .route("/v1/ipgroups", get(list_all_groups))

@@ -3,7 +3,7 @@
 //! idempotent creates, refusals with their reasons, quotas, IP groups giving re-created
 //! pods their addresses back, creates cut off by a kill never served and swept.
 
-use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota};
+use knitter_control::manager::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
 use knitter_control::manager::{Filter, Manager, ManagerError};
 use knitter_control::network::{Kind, NetworkSpec, Plane, PodPolicer, SubnetSpec};
 use knitter_control::store::{Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With};
@@ -50,8 +50,9 @@ pub fn reason<T: std::fmt::Debug>(r: Result<T, ManagerError>) -> String {
 
 pub fn objects(m: &Manager) {
     assert_eq!(m.tenants().unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["admin"]);
-    let (t, new) = m.create_tenant("acme", None).unwrap();
-    assert!(new && t.quota == Quota { networks: 10 });
+    // Its pods run in namespace "ns" (see `tenancy`).
+    let (t, new) = m.create_tenant_with(TenantSpec { name: "acme".into(), quota: None, namespaces: vec!["ns".into()] }).unwrap();
+    assert!(new && t.quota == Quota { networks: 10 } && t.namespaces == ["ns"]);
     assert!(!m.create_tenant("acme", None).unwrap().1, "a repeated create is a no-op");
 
     let dual = NetworkSpec {
@@ -324,7 +325,7 @@ impl Store for Dying {
 /// whole port's. `store` is the real store; the managers that die run on it through [`Dying`].
 pub fn cut_off_creates(store: std::sync::Arc<dyn Store>) {
     let m = Manager::new(store.clone(), Default::default()).unwrap();
-    m.create_tenant("cutco", None).unwrap();
+    m.create_tenant_with(TenantSpec { name: "cutco".into(), quota: None, namespaces: vec!["ns".into()] }).unwrap();
     m.create_network(net("cut", "cutco", "10.77.0.0/24")).unwrap();
     // Cuts every create of `spec(n)` after 1, 2, … calls until one goes through: the cut ones.
     let cut_all = |tag: &str, spec: &dyn Fn(usize, &str) -> PortSpec| -> Vec<(String, usize)> {
@@ -368,4 +369,33 @@ pub fn cut_off_creates(store: std::sync::Arc<dyn Store>) {
         m.delete_port(&p.spec.container, &p.spec.interface).unwrap();
     }
     m.delete_network("cut").unwrap();
+}
+
+/// Who may attach to which network: a pod's namespace belongs to the tenant its label names
+/// (recorded by the Kubernetes controller), else to the tenant that lists it, else to admin
+/// — never by its name; a port on another tenant's network is refused, naming the
+/// namespace, the tenant and the network, unless the network is shared.
+pub fn tenancy(m: &Manager) {
+    m.create_tenant_with(TenantSpec { name: "red".into(), quota: None, namespaces: vec!["red-prod".into()] }).unwrap();
+    m.create_tenant("blue", None).unwrap();
+    m.create_network(net("red-net", "red", "10.81.0.0/24")).unwrap();
+    m.create_network(NetworkSpec { shared: true, ..net("blue-shared", "blue", "10.82.0.0/24") }).unwrap();
+    m.create_network(net("admin-net", "admin", "10.83.0.0/24")).unwrap();
+    m.create_port(port("red-net", "c1", "red-prod/p1")).unwrap();
+    let e = reason(m.create_port(port("red-net", "c2", "red/p2")));
+    assert_eq!(e, "namespace \"red\" belongs to tenant \"admin\"; network \"red-net\" is tenant \"red\"'s and not shared", "a namespace merely named red");
+    assert!(m.get_port("c2", "eth1").is_err(), "nothing left behind");
+    m.create_port(port("admin-net", "c2", "red/p2")).unwrap();
+    m.create_port(port("blue-shared", "c3", "red-prod/p3")).unwrap();
+    m.create_port(port("red-net", "c4", "")).unwrap(); // an operator's port, no pod
+    // A label wins over the listing; relabelled, the namespace follows.
+    m.set_labelled_namespaces(&[("red-prod".to_string(), "blue".to_string())].into()).unwrap();
+    assert_eq!(m.tenant_of_namespace("red-prod").unwrap(), "blue");
+    assert!(reason(m.create_port(port("red-net", "c5", "red-prod/p5"))).contains("namespace \"red-prod\" belongs to tenant \"blue\""));
+    m.set_labelled_namespaces(&Default::default()).unwrap();
+    m.create_port(port("red-net", "c5", "red-prod/p5")).unwrap();
+    // A namespace belongs to one tenant.
+    assert!(reason(m.set_tenant_namespaces("blue", vec!["red-prod".into()])).contains("belongs to tenant \"red\" already"));
+    assert_eq!(m.set_tenant_namespaces("blue", vec!["blue-prod".into()]).unwrap().namespaces, ["blue-prod"]);
+    assert!(reason(m.create_port(port("red-net", "c6", "blue-prod/p6"))).contains("tenant \"blue\""));
 }

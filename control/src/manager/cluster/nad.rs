@@ -1,9 +1,10 @@
 //! NetworkAttachmentDefinitions made from `Network` resources (Knap's idea): the Knitter CNI
 //! configuration Multus needs, in every namespace whose tenant may use the network.
 //!
-//! Tenants and namespaces: a namespace belongs to the tenant its `knitter.io/tenant` label
-//! names, or, unlabelled, to the tenant of its own name. A network's NAD (named as the
-//! network) goes to its tenant's namespaces; a shared network's to every namespace. Each
+//! Tenants and namespaces (`tenancy.rs`): a namespace belongs to the tenant its
+//! `knitter.io/tenant` label names, else to the tenant that lists it, else to `admin` — never
+//! to a tenant because of its own name. A network's NAD (named as the network) goes to its
+//! tenant's namespaces; a shared network's to every namespace. Each
 //! NAD is labelled as Knitter's and owned by its `Network` (a controller owner reference:
 //! Kubernetes' garbage collector deletes it with the network); the controller also deletes
 //! the ones no longer wanted (a namespace relabelled, a network refused). NADs without
@@ -35,10 +36,9 @@ pub fn api_resource() -> ApiResource {
     }
 }
 
-/// The tenant a namespace belongs to.
-pub fn tenant_of(ns: &Namespace) -> &str {
-    let name = ns.metadata.name.as_deref().unwrap_or_default();
-    ns.metadata.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)).map_or(name, String::as_str)
+/// The tenant a namespace's label names, if it has the label.
+pub fn labelled_tenant(ns: &Namespace) -> Option<&str> {
+    ns.metadata.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)).map(String::as_str)
 }
 
 /// The namespaces (of `namespaces`: name → tenant) that get `net`'s NAD.
@@ -104,9 +104,19 @@ mod test {
 
     #[test]
     fn a_network_goes_to_its_tenants_namespaces_and_a_shared_one_everywhere() {
-        let all: BTreeMap<String, String> = [ns("red", None), ns("red-dev", Some("red")), ns("blue", None)].iter().map(|n| (n.metadata.name.clone().unwrap(), tenant_of(n).to_string())).collect();
-        assert_eq!(namespaces_for(&net("red", false), &all).collect::<Vec<_>>(), ["red", "red-dev"]);
-        assert_eq!(namespaces_for(&net("admin", true), &all).collect::<Vec<_>>(), ["blue", "red", "red-dev"]);
+        let tenants = [crate::manager::objects::Tenant { name: "blue".into(), quota: Default::default(), created: 0, namespaces: vec!["blue-ops".into()] }];
+        let all: BTreeMap<String, String> = [ns("red", None), ns("red-dev", Some("red")), ns("blue", None), ns("blue-ops", None)]
+            .iter()
+            .map(|n| {
+                let name = n.metadata.name.clone().unwrap();
+                let tenant = crate::manager::tenancy::tenant_for(&name, labelled_tenant(n), &tenants).to_string();
+                (name, tenant)
+            })
+            .collect();
+        assert_eq!(namespaces_for(&net("red", false), &all).collect::<Vec<_>>(), ["red-dev"], "a namespace merely named red gets nothing of red's");
+        assert_eq!(namespaces_for(&net("blue", false), &all).collect::<Vec<_>>(), ["blue-ops"], "listed on the tenant");
+        assert_eq!(namespaces_for(&net("admin", false), &all).collect::<Vec<_>>(), ["blue", "red"], "unclaimed namespaces are admin's");
+        assert_eq!(namespaces_for(&net("admin", true), &all).collect::<Vec<_>>(), ["blue", "blue-ops", "red", "red-dev"]);
         assert_eq!(namespaces_for(&net("green", false), &all).count(), 0);
     }
 

@@ -267,7 +267,27 @@ impl Controller {
         for res in &groups {
             retry |= !self.finalize(Api::<IpGroupResource>::all(self.client.clone()), &res.metadata, released(IpGroupResource::RESOURCE, res.name())).await;
         }
-        let tenants: BTreeMap<String, String> = r.namespaces.items.values().map(|ns| (ns.metadata.name.clone().unwrap_or_default(), nad::tenant_of(ns).to_string())).collect();
+        // Namespaces' labels go into the store (every replica checks pods' attachments by
+        // them), then each namespace's tenant by the one rule (`tenancy.rs`).
+        let labelled: BTreeMap<String, String> =
+            r.namespaces.items.values().filter_map(|ns| Some((ns.metadata.name.clone()?, nad::labelled_tenant(ns)?.to_string()))).collect();
+        let known = match self.blocking(move |m| Ok((m.set_labelled_namespaces(&labelled)?, m.tenants()?))).await {
+            Ok((_, known)) => known,
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the namespaces' tenants");
+                return true;
+            }
+        };
+        let tenants: BTreeMap<String, String> = r
+            .namespaces
+            .items
+            .values()
+            .filter_map(|ns| {
+                let name = ns.metadata.name.clone()?;
+                let tenant = crate::manager::tenancy::tenant_for(&name, nad::labelled_tenant(ns), &known).to_string();
+                Some((name, tenant))
+            })
+            .collect();
         let mut want = BTreeMap::new();
         for res in &nets {
             if let Some(Ok(spec)) = applied.networks.get(res.name()) {

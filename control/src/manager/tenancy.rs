@@ -1,0 +1,127 @@
+//! Who may attach to which network: a pod's namespace belongs to one tenant, and a port on a
+//! network of another tenant is refused unless the network is `shared`.
+//!
+//! The rule (docs/manager.md "Tenants and namespaces"), in order:
+//! 1. the tenant the namespace's `knitter.io/tenant` label names (Kubernetes: the manager's
+//!    controller writes each labelled namespace's tenant into the store, so every replica
+//!    decides alike);
+//! 2. the tenant that lists the namespace (`Tenant.namespaces`; one at most: nodes without
+//!    Kubernetes, or namespaces nobody labels);
+//! 3. `admin`, for a namespace no tenant claims (and for ports without a pod).
+//!
+//! A namespace's own name says nothing: a namespace merely called `red` is `admin`'s unless
+//! labelled or listed for `red`. The check holds for every port with a pod, through every
+//! path (the node's attach API for Multus NADs and Knitter's standalone annotations, the
+//! manager's REST and gRPC): it is in [`Manager::create_port`].
+
+use super::objects::{Tenant, labelled_namespace_key};
+use super::{ADMIN, Manager, ManagerError, ROUNDS, Result, json};
+use crate::network::NetworkSpec;
+use crate::store::Op;
+use std::collections::BTreeMap;
+
+/// The namespace of a port's pod (`namespace/name`), empty when it has none.
+pub fn pod_namespace(pod: &str) -> &str {
+    pod.split_once('/').map_or("", |(ns, _)| ns)
+}
+
+/// The tenant of namespace `ns` given its label's tenant (`labelled`) and the tenants (rule
+/// above).
+pub fn tenant_for<'a>(ns: &str, labelled: Option<&'a str>, tenants: &'a [Tenant]) -> &'a str {
+    labelled.or_else(|| tenants.iter().find(|t| t.namespaces.iter().any(|n| n == ns)).map(|t| t.name.as_str())).unwrap_or(ADMIN)
+}
+
+impl Manager {
+    /// The tenant namespace `ns` belongs to (rule above).
+    pub fn tenant_of_namespace(&self, ns: &str) -> Result<String> {
+        let labelled = self.store().get(&labelled_namespace_key(ns))?.map(|v| v.value);
+        let tenants = self.tenants()?;
+        Ok(tenant_for(ns, labelled.as_deref(), &tenants).to_string())
+    }
+
+    /// Refuses a port for a pod of namespace `ns` on `net` when the namespace's tenant is not
+    /// the network's and the network is not shared; the reason names all three.
+    pub(super) fn check_attachment(&self, ns: &str, net: &NetworkSpec) -> Result<()> {
+        if net.shared {
+            return Ok(());
+        }
+        let tenant = self.tenant_of_namespace(ns)?;
+        if tenant == net.tenant {
+            return Ok(());
+        }
+        let who = if ns.is_empty() { "a port without a pod namespace belongs to tenant \"admin\"".to_string() } else { format!("namespace {ns:?} belongs to tenant {tenant:?}") };
+        Err(ManagerError::Forbidden(format!("{who}; network {:?} is tenant {:?}'s and not shared", net.name, net.tenant)))
+    }
+
+    /// Records the namespaces labelled `knitter.io/tenant` (name → tenant), as the Kubernetes
+    /// controller sees them: labels added or changed are written, ones gone removed. Returns
+    /// how many records changed.
+    pub fn set_labelled_namespaces(&self, labelled: &BTreeMap<String, String>) -> Result<usize> {
+        let have: Vec<(String, String, u64)> = self.store().list("namespaces/")?.into_iter().map(|(k, v)| (k["namespaces/".len()..].to_string(), v.value, v.version)).collect();
+        let mut ops = Vec::new();
+        for (ns, tenant, version) in &have {
+            match labelled.get(ns) {
+                Some(t) if t == tenant => {}
+                Some(t) => ops.push(Op::replace(labelled_namespace_key(ns), Some(*version), t.clone())),
+                None => ops.push(Op::delete(labelled_namespace_key(ns), *version)),
+            }
+        }
+        for (ns, tenant) in labelled {
+            if !have.iter().any(|(n, _, _)| n == ns) {
+                ops.push(Op::create(labelled_namespace_key(ns), tenant.clone()));
+            }
+        }
+        let n = ops.len();
+        if n > 0 && !self.store().commit(&ops)? {
+            return Err(ManagerError::Busy("the labelled namespaces changed meanwhile".into()));
+        }
+        Ok(n)
+    }
+
+    /// Sets the namespaces that belong to tenant `name` without a label; refused when
+    /// another tenant lists one of them.
+    pub fn set_tenant_namespaces(&self, name: &str, namespaces: Vec<String>) -> Result<Tenant> {
+        for ns in &namespaces {
+            super::check_name("namespace", ns)?;
+        }
+        let key = super::objects::tenant_key(name);
+        for _ in 0..ROUNDS {
+            let (mut t, v) = self.load::<Tenant>(&key)?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
+            self.check_unlisted(name, &namespaces)?;
+            t.namespaces = namespaces.clone();
+            if self.store().commit(&[Op::replace(&key, Some(v), json(&t)?)])? {
+                return Ok(t);
+            }
+        }
+        Err(ManagerError::Busy(format!("tenant {name:?} kept changing")))
+    }
+
+    /// Refuses namespaces another tenant than `name` lists.
+    pub(super) fn check_unlisted(&self, name: &str, namespaces: &[String]) -> Result<()> {
+        for t in self.tenants()? {
+            if let Some(ns) = t.namespaces.iter().find(|n| t.name != name && namespaces.contains(n)) {
+                return Err(ManagerError::Conflict(format!("namespace {ns:?} belongs to tenant {:?} already", t.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str, namespaces: &[&str]) -> Tenant {
+        Tenant { name: name.into(), quota: Default::default(), created: 0, namespaces: namespaces.iter().map(|s| s.to_string()).collect() }
+    }
+
+    #[test]
+    fn a_label_wins_a_listing_counts_and_a_name_says_nothing() {
+        let tenants = [tenant("red", &["red-prod"]), tenant("blue", &[])];
+        assert_eq!(tenant_for("red", None, &tenants), "admin", "a namespace merely called red");
+        assert_eq!(tenant_for("red-prod", None, &tenants), "red", "listed");
+        assert_eq!(tenant_for("red-prod", Some("blue"), &tenants), "blue", "the label wins");
+        assert_eq!(tenant_for("", None, &tenants), "admin");
+        assert_eq!((pod_namespace("ns/pod"), pod_namespace("pod"), pod_namespace("")), ("ns", "", ""));
+    }
+}
