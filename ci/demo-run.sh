@@ -78,9 +78,11 @@ done
 echo "  underlay 198.51.100.0/24 (nodes .1 and .2, VTEPs .11 and .12), trunk carrying VLAN 200"
 
 step 2/8 "starting knitter-manager on node1 and knitter-vswitchd on each node (1 PMD thread, idle adaptive)"
-# `ip netns exec` execs the daemon: $! is the daemon itself.
+# `ip netns exec` execs the daemon: $! is the daemon itself. Nodes hold no admin token: they
+# join with the bootstrap token and each gets its own (docs/manager.md "Node identity").
+head -c 24 /dev/urandom | base64 >"$RUN/bootstrap-token"
 ip netns exec $N1 "$BIN/knitter-manager" --data-dir "$RUN/manager" --listen 198.51.100.1:9480 \
-  --grpc-listen $MANAGER >"$RUN/manager.log" 2>&1 &
+  --grpc-listen $MANAGER --bootstrap-token-file "$RUN/bootstrap-token" >"$RUN/manager.log" 2>&1 &
 echo $! >"$RUN/manager.pid"
 for _ in $(seq 100); do mctl tenant list >/dev/null 2>&1 && break; sleep 0.1; done
 mctl tenant list >/dev/null || { echo "the manager did not start:"; cat "$RUN/manager.log"; exit 1; }
@@ -88,7 +90,7 @@ echo "  manager: REST on 198.51.100.1:9480, gRPC on $MANAGER, embedded store and
 for i in 1 2; do
   ip netns exec kdemo-node$i "$BIN/knitter-vswitchd" --socket "$RUN/node$i.sock" --no-state --pmd-threads 1 \
     --idle adaptive --buffers 8192 --manager $MANAGER --node-name node$i \
-    --manager-token-file "$RUN/manager/token" >"$RUN/node$i.log" 2>&1 &
+    --manager-bootstrap-token-file "$RUN/bootstrap-token" --manager-credential-file "$RUN/node$i-token" >"$RUN/node$i.log" 2>&1 &
   echo $! >"$RUN/node$i.pid"
 done
 for i in 1 2; do
@@ -226,7 +228,7 @@ fi
 echo "  knitter-manager killed (SIGKILL)"
 check "with the manager down, pod a still pings pod c (the nodes keep their last state)" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
 ip netns exec $N1 "$BIN/knitter-manager" --data-dir "$RUN/manager" --listen 198.51.100.1:9480 \
-  --grpc-listen $MANAGER >>"$RUN/manager.log" 2>&1 &
+  --grpc-listen $MANAGER --bootstrap-token-file "$RUN/bootstrap-token" >>"$RUN/manager.log" 2>&1 &
 echo $! >"$RUN/manager.pid"
 for _ in $(seq 300); do both_alive 2>/dev/null && break; sleep 0.1; done
 echo "  knitter-manager restarted on the same store"

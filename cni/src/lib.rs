@@ -140,9 +140,17 @@ fn own_plane(env: &Env, conf: &NetConf) -> Plane {
         ip_group: cni.ip_group.clone().or_else(|| conf.ip_group.clone()).or_else(|| env.args.get("IP_GROUP").cloned()),
         vhost: kind == InterfaceType::VhostUser,
         sriov: kind == InterfaceType::Sriov,
-        device_id: rc.device_id.clone().or_else(|| cni.device_id.clone()).or_else(|| conf.device_id.clone()),
+        // The device plugin's VF wins over one the pod names in its cni-args.
+        device_id: plugin_device(conf).or_else(|| cni.device_id.clone()),
+        device_by_plugin: plugin_device(conf).is_some(),
         default_route: conf.default_route.unwrap_or(env.ifname == "eth0"),
     }
+}
+
+/// The VF the device plugin allocated for the call's interface: `runtimeConfig.deviceID`, or
+/// the `deviceID` Multus sets in the configuration (the NAD's `resourceName`).
+fn plugin_device(conf: &NetConf) -> Option<String> {
+    conf.runtime_config.device_id.clone().or_else(|| conf.device_id.clone())
 }
 
 /// Every interface this ADD makes, the call's own first. Standalone, the pod's further
@@ -161,7 +169,11 @@ fn wanted(env: &Env, conf: &NetConf) -> Result<Vec<Plane>, CniError> {
     let mut all = Vec::with_capacity(extra.len() + 1);
     for p in extra {
         if p.ifname == own.ifname {
+            let plugin = own.device_by_plugin.then(|| own.device_id.clone()).flatten();
             own = Plane { default_route: own.default_route, ..p };
+            if let Some(d) = plugin {
+                (own.device_id, own.device_by_plugin) = (Some(d), true);
+            }
         } else {
             all.push(p);
         }
@@ -217,7 +229,8 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
                 })
             }
         },
-        sriov: (p.sriov || (p.device_id.is_some() && !p.vhost)).then(|| pb::SriovRequest { device_id: p.device_id.clone().unwrap_or_default() }),
+        sriov: (p.sriov || (p.device_id.is_some() && !p.vhost))
+            .then(|| pb::SriovRequest { device_id: p.device_id.clone().unwrap_or_default(), chosen_by_pod: p.device_id.is_some() && !p.device_by_plugin }),
     })
 }
 

@@ -29,6 +29,9 @@ pub struct Plane {
     /// node picks.
     pub sriov: bool,
     pub device_id: Option<String>,
+    /// `device_id` is the device plugin's (Multus's `deviceID`, `runtimeConfig.deviceID`),
+    /// not the pod's own choice (its cni-args or annotation).
+    pub device_by_plugin: bool,
     pub default_route: bool,
 }
 

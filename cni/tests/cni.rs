@@ -41,7 +41,8 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     let Some(_g) = netns::exclusive() else { return };
     let lab = Lab::start();
     assert!(lab.mctl(&["network", "create", "red", "--ipv4", "10.60.0.0/24", "--gateway4", "10.60.0.1"]).status.success());
-    assert!(lab.mctl(&["tenant", "create", "t2"]).status.success());
+    // Tenant t2's pods run in namespace test-t2 (the tenancy rule: docs/manager.md).
+    assert!(lab.mctl(&["tenant", "create", "t2", "--namespaces", "test-t2"]).status.success());
     assert!(lab.mctl(&["network", "create", "blue", "--tenant", "t2", "--kind", "vlan", "--ipv4", "10.61.0.0/24"]).status.success());
 
     // ADD: the manager's address, MAC and MTU, in the pod.
@@ -68,7 +69,8 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
 
     // Another tenant's network: a pod there cannot reach pod a.
     let (c, c_path) = pod("pc");
-    let (ok, rc) = lab.cni("ADD", "ctr-c", &c_path, "eth0", &lab.conf("1.1.0", "blue"));
+    let t2 = "IgnoreUnknown=1;K8S_POD_NAMESPACE=test-t2;K8S_POD_NAME=ctr-c";
+    let (ok, rc) = lab::cni_args("ADD", "ctr-c", &c_path, "eth0", &lab.conf("1.1.0", "blue").to_string(), t2);
     assert!(ok, "{rc}");
     assert!(netns::ping(&c, &addr(&ra)).is_err(), "blue reaches red");
 
@@ -292,6 +294,33 @@ fn a_pod_attaches_only_to_its_tenants_networks() {
     let (ok, r) = lab::cni_args("ADD", "ctr-tn", &path, "eth0", &conf.to_string(), &args("red"));
     assert!(ok, "{r}");
     assert!(lab::cni_args("DEL", "ctr-tn", &path, "eth0", &conf.to_string(), &args("red")).0);
+    drop(p);
+}
+
+/// A VF the device plugin allocated is the pod's, whatever its cni-args name; a VF the pod
+/// names itself is refused unless the network lets pods choose (no SR-IOV here: the
+/// allocated VF then fails on the node's sysfs, which shows which one was asked for).
+#[test]
+fn a_pod_cannot_choose_its_vf_over_the_device_plugin() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    assert!(lab.mctl(&["network", "create", "vf-net", "--kind", "vlan", "--ipv4", "10.69.0.0/24"]).status.success());
+    let (p, path) = pod("vfc");
+    let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=vnf";
+    let mut conf = lab.conf("1.1.0", "vf-net");
+    conf["interfaceType"] = "sriov".into();
+    conf["args"] = serde_json::json!({"cni": {"deviceID": "0000:01:00.1"}});
+    let (ok, e) = lab::cni_args("ADD", "ctr-vf", &path, "net1", &conf.to_string(), args);
+    assert!(!ok, "{e}");
+    assert!(e["msg"].as_str().unwrap_or("").contains("does not let pods choose their VF"), "{e}");
+    assert!(lab.ctl(&["port", "list"]).lines().count() <= 1, "nothing attached");
+    let ports = String::from_utf8_lossy(&lab.mctl(&["port", "list"]).stdout).into_owned();
+    assert!(!ports.contains("ctr-vf"), "the manager's port released: {ports}");
+    // Multus's deviceID (the NAD's resourceName) wins over the pod's.
+    conf["deviceID"] = "0000:07:00.3".into();
+    let (ok, e) = lab::cni_args("ADD", "ctr-vf", &path, "net1", &conf.to_string(), args);
+    let msg = e["msg"].as_str().unwrap_or("");
+    assert!(!ok && msg.contains("0000:07:00.3") && !msg.contains("0000:01:00.1") && !msg.contains("choose"), "{e}");
     drop(p);
 }
 

@@ -36,6 +36,7 @@ fn network() -> NetworkSpec {
         shared: false,
         pod_policer: None,
         sriov_pool: None,
+        pod_chooses_vf: false,
     }
 }
 

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use knitter_control::manager::objects::Quota;
 use knitter_control::manager::sync::Liveness;
+use knitter_control::manager::limits::{Gate, GatedListener, Limits as ServerLimits};
 use knitter_control::manager::tls::{ServerTls, TlsListener};
 use knitter_control::manager::cluster::{self, lease::LeaseOptions};
 use knitter_control::manager::{Config, Manager, grpc, rest};
@@ -34,10 +35,49 @@ struct Args {
     /// Key prefix in etcd.
     #[arg(long, default_value = "/knitter")]
     etcd_prefix: String,
+    /// The CA (PEM) etcd's certificate must chain to (`https://` endpoints).
+    #[arg(long, env = "KNITTER_ETCD_CA")]
+    etcd_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for an etcd that requires one (`--client-cert-auth`).
+    #[arg(long, env = "KNITTER_ETCD_CERT", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// The key of --etcd-cert (PEM).
+    #[arg(long, env = "KNITTER_ETCD_KEY", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// The etcd user (etcd's `auth enable`); its password in --etcd-password-file.
+    #[arg(long, env = "KNITTER_ETCD_USER", requires = "etcd_password_file")]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password.
+    #[arg(long, env = "KNITTER_ETCD_PASSWORD_FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
     /// File holding the bearer token; created with a random token (mode 0600) if missing.
     /// Default: <data-dir>/token.
     #[arg(long, env = "KNITTER_MANAGER_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// File holding the bootstrap token: it lets a node join (get a token of its own, for a
+    /// name that has none) and nothing else; nodes carry it instead of the admin's token.
+    #[arg(long, env = "KNITTER_MANAGER_BOOTSTRAP_TOKEN_FILE")]
+    bootstrap_token_file: Option<PathBuf>,
+    /// Let reads from this host (loopback) through without a token.
+    #[arg(long)]
+    loopback_reads: bool,
+    /// Connections each API serves at once.
+    #[arg(long, default_value_t = ServerLimits::default().connections)]
+    max_connections: usize,
+    /// Connections each API serves at once from one client address (more are closed as
+    /// they come).
+    #[arg(long, default_value_t = ServerLimits::default().per_client)]
+    max_client_connections: usize,
+    /// Seconds a REST client has to send a request's headers (and to start the next one on
+    /// a kept-alive connection).
+    #[arg(long, default_value_t = ServerLimits::default().header.as_secs())]
+    header_timeout: u64,
+    /// Seconds within which a REST request or a unary gRPC call is answered.
+    #[arg(long, default_value_t = ServerLimits::default().request.as_secs())]
+    request_timeout: u64,
+    /// Seconds a connection may pass without a byte either way.
+    #[arg(long, default_value_t = ServerLimits::default().idle.as_secs())]
+    idle_timeout: u64,
     /// VNIs given to VXLAN networks that do not name one.
     #[arg(long, default_value = "5000-15000", value_parser = range)]
     vni_range: RangeInclusive<u32>,
@@ -106,6 +146,28 @@ struct Args {
     #[arg(long, env = "KNITTER_PLANE_MARKING", default_value = "", value_parser = knitter_control::network::PlaneMarkings::parse)]
     plane_marking: knitter_control::network::PlaneMarkings,
 }
+
+/// The etcd TLS files and credentials of the flags, read.
+fn etcd_access(a: &Args) -> Result<knitter_control::store::etcd::EtcdAccess> {
+    let read = |p: &PathBuf, what: &str| std::fs::read(p).with_context(|| format!("reading the etcd {what} {}", p.display()));
+    let identity = match (&a.etcd_cert, &a.etcd_key) {
+        (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),
+        _ => None,
+    };
+    let user = match (&a.etcd_user, &a.etcd_password_file) {
+        (Some(u), Some(p)) => Some((u.clone(), String::from_utf8(read(p, "password")?).context("the etcd password is not UTF-8")?.trim_end_matches(['\n', '\r']).to_string())),
+        _ => None,
+    };
+    Ok(knitter_control::store::etcd::EtcdAccess { ca: a.etcd_ca.as_ref().map(|p| read(p, "CA")).transpose()?, identity, user })
+}
+
+/// How often the gRPC server pings a connection (a live sync stream is never idle), and how
+/// long it waits for the answer.
+const GRPC_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+/// Streams one gRPC connection may have open at once.
+const GRPC_STREAMS: u32 = 64;
+/// The largest header block of a gRPC request (bytes).
+const GRPC_HEADERS: u32 = 16 << 10;
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
     let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?} is not a range like 5000-15000"))?;
@@ -198,8 +260,8 @@ fn main() -> Result<()> {
         tracing::info!(store = %path.display(), "embedded store");
         Arc::new(knitter_control::store::embedded::Embedded::open(&path)?)
     } else {
-        tracing::info!(endpoints = ?a.etcd, prefix = %a.etcd_prefix, "etcd store");
-        Arc::new(knitter_control::store::etcd::Etcd::connect(&a.etcd, &a.etcd_prefix)?)
+        tracing::info!(endpoints = ?a.etcd, prefix = %a.etcd_prefix, tls = a.etcd_ca.is_some(), user = ?a.etcd_user, "etcd store");
+        Arc::new(knitter_control::store::etcd::Etcd::connect_with(&a.etcd, &a.etcd_prefix, &etcd_access(&a)?)?)
     };
     let config = Config {
         limits: Limits { vni_range: a.vni_range.clone(), vlan_range: a.vlan_range.clone(), underlay_mtu: a.underlay_mtu, ..Limits::default() },
@@ -214,7 +276,26 @@ fn main() -> Result<()> {
     let manager = Arc::new(Manager::new(store, config).context("preparing the store")?);
     sweep(&manager);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let token: Arc<str> = token.into();
+    let bootstrap = match &a.bootstrap_token_file {
+        Some(p) => {
+            let t = std::fs::read_to_string(p).with_context(|| format!("reading the bootstrap token {}", p.display()))?.trim().to_string();
+            if t.is_empty() || t == token {
+                bail!("the bootstrap token in {} is empty or the admin's", p.display());
+            }
+            Some(t)
+        }
+        None => None,
+    };
+    let auth = knitter_control::manager::auth::Auth::new(token, bootstrap, a.loopback_reads);
+    let secs = std::time::Duration::from_secs;
+    let limits = ServerLimits {
+        connections: a.max_connections.max(1),
+        per_client: a.max_client_connections.max(1),
+        header: secs(a.header_timeout.max(1)),
+        request: secs(a.request_timeout.max(1)),
+        idle: secs(a.idle_timeout.max(1)),
+        ..ServerLimits::default()
+    };
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("binding {}", a.listen))?;
         let grpc_listener = tokio::net::TcpListener::bind(&a.grpc_listen).await.with_context(|| format!("binding {}", a.grpc_listen))?;
@@ -250,25 +331,32 @@ fn main() -> Result<()> {
             cluster = Some(c.status());
             tokio::spawn(c.run(stop_rx.clone()));
         }
-        let mut service = grpc::Grpc::new(manager.clone(), token.clone());
+        let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone());
         if let Some(s) = &cluster {
             service = service.with_cluster(s.clone());
         }
-        let service = service.server();
-        let mut builder = tonic::transport::Server::builder();
+        let service = service.server().max_decoding_message_size(limits.message).max_encoding_message_size(limits.message);
+        let mut builder = tonic::transport::Server::builder()
+            .timeout(limits.request)
+            .http2_keepalive_interval(Some(GRPC_KEEPALIVE))
+            .http2_keepalive_timeout(Some(GRPC_KEEPALIVE))
+            .max_concurrent_streams(Some(GRPC_STREAMS))
+            .concurrency_limit_per_connection(GRPC_STREAMS as usize)
+            .http2_max_header_list_size(Some(GRPC_HEADERS));
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.tonic()).context("gRPC TLS")?;
         }
         let grpc = builder
             .add_service(service)
-            .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped(stop_rx.clone()));
-        let api = rest::Api { manager, token, cluster };
+            .serve_with_incoming_shutdown(knitter_control::manager::limits::incoming(grpc_listener, Gate::new(limits)), stopped(stop_rx.clone()));
+        let api = rest::Api { manager, auth: Arc::new(auth), cluster };
         let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
         let rest_stop = stopped(stop_rx.clone());
         let rest = async move {
+            let gate = Gate::new(limits);
             match rest_tls {
-                Some(cfg) => rest::serve_tls(TlsListener::new(listener, cfg)?, api, rest_stop).await,
-                None => rest::serve(listener, api, rest_stop).await,
+                Some(cfg) => rest::serve(TlsListener::new(listener, gate, cfg)?, api, limits, rest_stop).await,
+                None => rest::serve(GatedListener { tcp: listener, gate }, api, limits, rest_stop).await,
             }
         };
         knitter_api::systemd::ready();

@@ -138,6 +138,10 @@ pub struct NetworkSpec {
     /// nodes); absent: each node's default PFs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sriov_pool: Option<String>,
+    /// A pod may name its own VF (`deviceID` in its cni-args, `pci_address` in Knitter's
+    /// annotation): one of the pool's, free. Without it only the device plugin names VFs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pod_chooses_vf: bool,
 }
 
 /// A pod port's ingress policer, as the node applies it (`vswitch::policer`): packets and
@@ -268,7 +272,7 @@ impl Network {
         if spec.pod_policer.is_some_and(|p| p.pps == 0 && p.bps == 0) {
             return Err(NetworkError::PolicerWithoutRate(name));
         }
-        if spec.sriov_pool.is_some() && spec.kind != Kind::Vlan {
+        if (spec.sriov_pool.is_some() || spec.pod_chooses_vf) && spec.kind != Kind::Vlan {
             return Err(NetworkError::SriovPoolNotVlan(name));
         }
         // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
@@ -359,6 +363,7 @@ mod tests {
             shared: false,
             pod_policer: None,
             sriov_pool: None,
+            pod_chooses_vf: false,
         }
     }
 

@@ -137,3 +137,68 @@ fn the_manager_scenarios_pass_on_etcd() {
     scenarios::tenancy(&manager("/tenancy"));
     scenarios::cut_off_creates(Arc::new(etcd.store_at("/cut")));
 }
+
+/// The manager on an etcd that serves TLS only, requires client certificates and has
+/// authentication on (a root user with a password): with `--etcd-ca`, `--etcd-cert`/
+/// `--etcd-key` and `--etcd-user`/`--etcd-password-file` it serves; without the password or
+/// without the client certificate it does not start, and says why.
+#[test]
+fn the_manager_reaches_an_etcd_with_tls_a_client_certificate_and_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    common::certificates(dir.path());
+    let Some(etcd) = EtcdServer::start_tls(&dir.path().join("data"), dir.path()) else { return };
+    // As `etcdctl user add root && etcdctl user grant-role root root && etcdctl auth enable`.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+        let (cert, key) = etcd.access.identity.clone().unwrap();
+        let tls = TlsOptions::new().ca_certificate(Certificate::from_pem(etcd.access.ca.clone().unwrap())).identity(Identity::from_pem(cert, key));
+        let mut c = etcd_client::Client::connect([etcd.client_url.clone()], Some(ConnectOptions::new().with_tls(tls))).await.unwrap();
+        c.user_add("root", "s3cret", None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.auth_enable().await.unwrap();
+    });
+    let f = |n: &str| dir.path().join(n).display().to_string();
+    std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+    let tls = ["--etcd", &etcd.client_url, "--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem"), "--etcd-key", &f("client.key")];
+    let user = ["--etcd-user", "root", "--etcd-password-file", &f("password")];
+    let m = common::ManagerProc::start(&dir.path().join("m"), &[&tls[..], &user[..]].concat());
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+        .args(["--manager", &m.grpc, "--token-file", &f("m/token"), "manager", "tenant", "create", "red"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    drop(m);
+
+    // Refused at start: no password (etcd takes the certificate's name, a user it has not), no
+    // client certificate.
+    let refused = |args: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_knitter-manager"))
+            .arg("--data-dir")
+            .arg(dir.path().join("m2"))
+            .args(["--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("knitter-manager {args:?} started on an etcd that should refuse it");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(!status.success(), "{args:?}: {err}");
+        err
+    };
+    let e = refused(&tls);
+    assert!(e.contains("etcd"), "without the password: {e}");
+    let e = refused(&[&tls[..2], &tls[2..4], &user[..]].concat());
+    assert!(e.contains("etcd"), "without the client certificate: {e}");
+}

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tower::ServiceExt;
 
 const TOKEN: &str = "t0ken";
+const BOOTSTRAP: &str = "b00tstrap";
 
 struct Client {
     app: axum::Router,
@@ -23,9 +24,14 @@ struct Client {
 
 impl Client {
     fn new() -> Client {
+        Self::with_loopback_reads(true)
+    }
+
+    fn with_loopback_reads(loopback_reads: bool) -> Client {
         let dir = tempfile::tempdir().unwrap();
         let m = Manager::new(Arc::new(Embedded::open(&dir.path().join("s.redb")).unwrap()), Config::default()).unwrap();
-        Client { app: rest::router(Api { manager: Arc::new(m), token: TOKEN.into(), cluster: None }), _dir: dir }
+        let auth = knitter_control::manager::auth::Auth::new(TOKEN, Some(BOOTSTRAP.into()), loopback_reads);
+        Client { app: rest::router(Api { manager: Arc::new(m), auth: Arc::new(auth), cluster: None }), _dir: dir }
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>, from: &str) -> (StatusCode, Value) {
@@ -157,4 +163,70 @@ async fn docs_and_behaviour_agree() {
     let (s, e) = c.send("POST", "/v1/ports", json!({"network": "red", "container": "c2", "interface": "eth0", "ip": ["10.1.0.9"]})).await;
     assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("request body: unknown field \"ip\"")), "not a dynamic address");
     assert_eq!(c.get("/v1/ports/c2/eth0").await.0, StatusCode::NOT_FOUND, "nothing made");
+}
+
+/// Each node has its own identity: the bootstrap token gets a node its token once (and does
+/// nothing else); with it the node registers itself, makes, reads and deletes ports on
+/// itself (its pods', checked against tenancy), reads nodes — and is refused everything
+/// else: another node's name and ports, tenants, networks, IP groups. The admin issues a
+/// node a new token, which revokes the old. Loopback reads without a token are opt-in.
+#[tokio::test]
+async fn a_nodes_credential_reaches_only_its_own_objects() {
+    let c = Client::with_loopback_reads(false);
+    let as_ = |t: &str| t.to_string();
+    let call = |method: &'static str, path: String, body: Option<Value>, token: String| {
+        let c = &c;
+        async move { c.call(method, &path, body, Some(&token), "192.0.2.9:5000").await }
+    };
+    let admin = as_(TOKEN);
+    assert_eq!(call("POST", "/v1/networks".into(), Some(json!({"name": "red", "tenant": "admin", "kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/24"}})), admin.clone()).await.0, StatusCode::CREATED);
+    // Joining: once with the bootstrap token, again only through the admin.
+    let (s, j) = call("POST", "/v1/nodes/n1/token".into(), None, as_(BOOTSTRAP)).await;
+    assert_eq!(s, StatusCode::OK, "{j}");
+    let t1 = j["token"].as_str().unwrap().to_string();
+    let (s, e) = call("POST", "/v1/nodes/n1/token".into(), None, as_(BOOTSTRAP)).await;
+    assert_eq!((s, e["code"].as_str()), (StatusCode::CONFLICT, Some("conflict")), "{e}");
+    assert!(e["reason"].as_str().unwrap().contains("joined already"));
+    let n2 = call("POST", "/v1/nodes/n2/token".into(), None, as_(BOOTSTRAP)).await.1["token"].as_str().unwrap().to_string();
+    for (m, p, b) in [("POST", "/v1/tenants", json!({"name": "x"})), ("GET", "/v1/nodes", json!(null)), ("POST", "/v1/networks", json!({"name": "x"}))] {
+        let (s, e) = call(m, p.into(), Some(b), as_(BOOTSTRAP)).await;
+        assert_eq!((s, e["code"].as_str()), (StatusCode::FORBIDDEN, Some("permission_denied")), "the bootstrap token: {m} {p}");
+    }
+    // What a node may do.
+    assert_eq!(call("PUT", "/v1/nodes/n1".into(), Some(json!({"vtep": "192.0.2.1"})), t1.clone()).await.0, StatusCode::OK);
+    let (s, p) = call("POST", "/v1/ports".into(), Some(json!({"network": "red", "container": "c1", "interface": "eth0", "pod": "ns/p1"})), t1.clone()).await;
+    assert_eq!((s, p["node"].as_str()), (StatusCode::CREATED, Some("n1")), "{p}");
+    assert_eq!(call("POST", "/v1/ports".into(), Some(json!({"network": "red", "container": "c2", "interface": "eth0", "pod": "ns/p2", "node": "n2"})), n2.clone()).await.0, StatusCode::CREATED);
+    assert_eq!(call("GET", "/v1/nodes".into(), None, t1.clone()).await.0, StatusCode::OK);
+    assert_eq!(call("GET", "/v1/ports/c1/eth0".into(), None, t1.clone()).await.0, StatusCode::OK);
+    let (_, mine) = call("GET", "/v1/ports".into(), None, t1.clone()).await;
+    assert_eq!(mine.as_array().map(Vec::len), Some(1), "its own ports only: {mine}");
+    // What it may not.
+    let refused = [
+        ("PUT", "/v1/nodes/n2", Some(json!({"vtep": "192.0.2.2"}))),
+        ("POST", "/v1/ports", Some(json!({"network": "red", "container": "c3", "interface": "eth0", "pod": "ns/p3", "node": "n2"}))),
+        ("GET", "/v1/ports/c2/eth0", None),
+        ("DELETE", "/v1/ports/c2/eth0", None),
+        ("DELETE", "/v1/nodes/n2", None),
+        ("POST", "/v1/tenants", Some(json!({"name": "evil"}))),
+        ("PUT", "/v1/tenants/admin/quota", Some(json!({"networks": 1000}))),
+        ("POST", "/v1/networks", Some(json!({"name": "evil", "tenant": "admin", "kind": "vxlan", "ipv4": {"cidr": "10.9.0.0/24"}}))),
+        ("DELETE", "/v1/networks/red", None),
+        ("GET", "/v1/tenants", None),
+        ("POST", "/v1/nodes/n2/token", None),
+    ];
+    for (m, p, b) in refused {
+        let (s, e) = call(m, p.into(), b, t1.clone()).await;
+        assert_eq!((s, e["code"].as_str()), (StatusCode::FORBIDDEN, Some("permission_denied")), "node n1: {m} {p}: {e}");
+    }
+    assert!(call("GET", "/v1/ports/c2/eth0".into(), None, admin.clone()).await.0 == StatusCode::OK, "n2's port is still there");
+    assert_eq!(call("DELETE", "/v1/ports/c1/eth0".into(), None, t1.clone()).await.0, StatusCode::OK);
+    // A new token from the admin revokes the old.
+    let (s, j) = call("POST", "/v1/nodes/n1/token".into(), None, admin.clone()).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(call("GET", "/v1/nodes".into(), None, t1.clone()).await.0, StatusCode::UNAUTHORIZED, "the old token is revoked");
+    assert_eq!(call("GET", "/v1/nodes".into(), None, j["token"].as_str().unwrap().to_string()).await.0, StatusCode::OK);
+    // Loopback reads need a token unless --loopback-reads.
+    assert_eq!(c.call("GET", "/v1/networks", None, None, "127.0.0.1:5000").await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(c.call("GET", "/v1/health", None, None, "127.0.0.1:5000").await.0, StatusCode::OK);
 }

@@ -8,6 +8,7 @@
 mod common;
 
 use knitter_api::manager as pb;
+use knitter_control::manager::auth::Auth;
 use knitter_control::manager::objects::PortSpec;
 use knitter_control::manager::sync::Liveness;
 use knitter_control::manager::{Config, Manager, grpc};
@@ -44,12 +45,16 @@ impl Served {
     }
 
     async fn on(store: Arc<dyn Store>, live: Liveness) -> Served {
+        Served::with_auth(store, live, Auth::admin(TOKEN)).await
+    }
+
+    async fn with_auth(store: Arc<dyn Store>, live: Liveness, auth: Auth) -> Served {
         let config = Config { liveness: live, ..Config::default() };
         let manager = Arc::new(tokio::task::block_in_place(|| Manager::new(store, config)).unwrap());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let svc = grpc::Grpc::new(manager, TOKEN.into()).server();
+        let svc = grpc::Grpc::with_auth(manager, auth).server();
         let task = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
             let _ = tonic::transport::Server::builder()
@@ -111,11 +116,47 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
         shared: false,
         pod_policer: None,
         sriov_pool: None,
+        pod_chooses_vf: false,
     }
 }
 
 fn port(container: &str, node: &str) -> PortSpec {
     PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: node.into(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new(), device_info: None }
+}
+
+fn as_<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+/// On the gRPC API too a node's token speaks for its node alone: it syncs and registers as
+/// itself, never as another, and changes no network; the bootstrap token joins a name once;
+/// a node deleted by the admin joins again (its old token gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_token_syncs_only_as_its_own_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(Embedded::open(&dir.path().join("store.redb")).unwrap());
+    let s = Served::with_auth(store, Liveness::default(), Auth::new(TOKEN, Some("sync-bootstrap".into()), false)).await;
+    let mut c = s.client().await;
+    let t1 = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap().into_inner().token;
+    let again = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap_err();
+    assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
+    let as_n2 = s.sync("n2", "192.0.2.2", Some(&t1)).await.unwrap_err();
+    assert_eq!(as_n2.code(), tonic::Code::PermissionDenied, "{as_n2:?}");
+    let mut own = s.sync("n1", "192.0.2.1", Some(&t1)).await.unwrap();
+    until(&mut own, "n1's first state", |_| true).await;
+    let e = c.register_node(as_(pb::Node { name: "n2".into(), vtep: "192.0.2.2".into(), ..Default::default() }, &t1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let net = pb::Network { name: "evil".into(), tenant: "admin".into(), kind: "vxlan".into(), ..Default::default() };
+    assert_eq!(c.create_network(as_(net, &t1)).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    assert_eq!(c.delete_node(as_(pb::Name { name: "n1".into() }, &t1)).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    drop(own);
+    c.delete_node(as_(pb::Name { name: "n1".into() }, TOKEN)).await.unwrap();
+    assert_eq!(c.list_nodes(as_(pb::ListRequest::default(), &t1)).await.unwrap_err().code(), tonic::Code::Unauthenticated, "the deleted node's token");
+    let t1b = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap().into_inner().token;
+    assert_ne!(t1, t1b);
+    s.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +198,9 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     let d = until(&mut n1, "n2 out of n1's flood list", |d| d.peers.is_empty()).await;
     assert!(quiet.elapsed() >= Duration::from_secs(2) - Duration::from_millis(300), "left after {:?}", quiet.elapsed());
     assert!(d.networks[0].flood.is_empty() && d.networks[0].endpoints.len() == 1, "{d:?}");
-    let nodes = served.client().await.list_nodes(pb::ListRequest::default()).await.unwrap().into_inner().items;
+    let mut req = tonic::Request::new(pb::ListRequest::default());
+    req.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let nodes = served.client().await.list_nodes(req).await.unwrap().into_inner().items;
     let states: Vec<_> = nodes.iter().map(|n| (n.name.as_str(), n.state.as_str())).collect();
     assert_eq!(states, [("n1", "alive"), ("n2", "gone")]);
 

@@ -93,8 +93,11 @@ impl Lab {
             .arg("--socket")
             .arg(&socket)
             .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
-            .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-token-file"])
-            .arg(lab.dir.path().join("m/token"))
+            // As nodes are deployed: no admin token, a join with the bootstrap token.
+            .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-bootstrap-token-file"])
+            .arg(lab.dir.path().join("m/bootstrap"))
+            .arg("--manager-credential-file")
+            .arg(lab.dir.path().join("node-token"))
             .args(&lab.client_tls)
             .env("RUST_LOG", std::env::var("KNITTER_LAB_LOG").unwrap_or_else(|_| "warn".into()))
             .stderr(std::env::var_os("KNITTER_LAB_LOG").map_or(Stdio::null(), |_| Stdio::inherit()))
@@ -113,12 +116,15 @@ impl Lab {
         let data = self.dir.path().join("m");
         std::fs::create_dir_all(&data).unwrap();
         std::fs::write(data.join("token"), "cni-test-token").unwrap();
+        std::fs::write(data.join("bootstrap"), "cni-test-bootstrap").unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", &self.node.name])
             .arg(bin("knitter-manager"))
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", &format!("127.0.0.1:{}", free_port()), "--grpc-listen", &self.grpc])
+            .arg("--bootstrap-token-file")
+            .arg(data.join("bootstrap"))
             .args(&self.manager_tls)
             .stderr(std::fs::File::create(data.join("stderr.log")).unwrap())
             .spawn()

@@ -78,6 +78,8 @@ pub enum ManagerCmd {
     },
     /// The manager's Kubernetes controller: leader or standby, lists taken, what it released.
     Status,
+    /// Whether the manager serves (needs no token: probes, health checks).
+    Health,
 }
 
 #[derive(Debug, Subcommand)]
@@ -161,6 +163,10 @@ pub struct NetworkCreate {
     /// device plugin names one (VLAN networks).
     #[arg(long, value_name = "POOL")]
     sriov_pool: Option<String>,
+    /// Let a pod name its own VF (deviceID in its cni-args): one of the pool's that is free
+    /// (VLAN networks; without it the device plugin or the node chooses).
+    #[arg(long)]
+    pod_chooses_vf: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -237,6 +243,9 @@ pub enum NodeCmd {
         underlay_mtu: Option<u32>,
     },
     Delete { name: String },
+    /// Issue a node its own token (a new one, revoking the old): for a node that lost its
+    /// credential, or nodes set up by hand instead of with the bootstrap token.
+    Token { name: String },
 }
 
 fn pool(s: &str) -> Result<pb::Pool> {
@@ -402,6 +411,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                     shared: n.shared,
                     pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer { pps: n.pod_pps.unwrap_or(0), bps: n.pod_bps.unwrap_or(0), ..Default::default() }),
                     sriov_pool: n.sriov_pool,
+                    pod_chooses_vf: n.pod_chooses_vf,
                 };
                 let r = c.create_network(authed(t, spec)?).await?.into_inner();
                 created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?
@@ -440,7 +450,9 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                 show(out, r, |v| print_nodes(std::slice::from_ref(v)))?
             }
             NodeCmd::Delete { name } => show(out, c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("node {name} deleted"))?,
+            NodeCmd::Token { name } => show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| println!("{}", v.token))?,
         },
+        ManagerCmd::Health => show(out, c.health(authed(t, none())?).await?.into_inner(), |v| println!("{} (store revision {})", v.status, v.revision))?,
     }
     Ok(())
 }

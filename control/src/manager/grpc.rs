@@ -1,9 +1,10 @@
 //! The manager's gRPC API (`knitter.manager.v1`): the same operations as the REST API over
 //! the same [`Manager`]. The proto messages carry the REST JSON field for field, so a
 //! request is converted by serde (JSON in between, absent optionals dropped) and a refused
-//! conversion is INVALID_ARGUMENT with serde's reason. Auth as REST: mutations need the
-//! bearer token, reads need it unless they come from loopback.
+//! conversion is INVALID_ARGUMENT with serde's reason. Who may call what: `auth.rs`, as for
+//! REST.
 
+use super::auth::{Access, Auth, Caller};
 use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
 use super::{Filter, Manager, ManagerError};
 use crate::network::NetworkSpec;
@@ -44,7 +45,7 @@ pub fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, ManagerErr
 #[derive(Clone)]
 pub struct Grpc {
     manager: Arc<Manager>,
-    token: Arc<str>,
+    auth: Arc<Auth>,
     /// The Kubernetes controller's state, when this manager runs one.
     cluster: Option<Arc<super::cluster::Status>>,
     /// The latest cluster view, for every sync stream.
@@ -59,6 +60,12 @@ impl Grpc {
     /// The service, and the task that keeps the cluster view current (call from within a
     /// runtime).
     pub fn new(manager: Arc<Manager>, token: Arc<str>) -> Grpc {
+        Self::with_auth(manager, Auth::admin(token))
+    }
+
+    /// The service with the manager's credentials and read policy (`auth.rs`).
+    pub fn with_auth(manager: Arc<Manager>, auth: Auth) -> Grpc {
+        let auth = Arc::new(auth);
         let (tx, views) = watch::channel(None);
         let m = manager.clone();
         tokio::spawn(async move {
@@ -87,7 +94,7 @@ impl Grpc {
                 }
             }
         });
-        Grpc { manager, token, views, cluster: None }
+        Grpc { manager, auth, views, cluster: None }
     }
 
     /// Serves the Kubernetes controller's state too.
@@ -100,36 +107,50 @@ impl Grpc {
         ManagerServer::new(self)
     }
 
-    fn authorize<T>(&self, req: &Request<T>, write: bool) -> Result<(), Status> {
-        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        let authorized = given.is_some_and(|t| super::rest::same_bytes(t.trim().as_bytes(), self.token.as_bytes()));
+    /// Who sent `req`, allowed `access` (`write`: it changes something).
+    async fn caller<T>(&self, req: &Request<T>, access: Access, write: bool) -> Result<Caller, Status> {
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
         let loopback = req.remote_addr().is_some_and(|a| a.ip().is_loopback());
-        if authorized || (!write && loopback) {
-            return Ok(());
-        }
-        Err(ManagerError::Unauthenticated(
-            (if given.is_some() { "the bearer token is not this manager's" } else { "changes (and reads from outside this host) need metadata authorization: Bearer <token>" }).into(),
-        )
-        .into())
+        let (m, auth) = (self.manager.clone(), self.auth.clone());
+        let caller = tokio::task::spawn_blocking(move || auth.identify(&m, given.as_deref())).await.map_err(|e| Status::internal(e.to_string()))??;
+        self.auth.check(&caller, access, loopback, !write)?;
+        Ok(caller)
     }
 
-    /// Authorizes, converts the request to `In`, runs `f` on a blocking thread and converts
-    /// what it returns to the reply message.
+    /// Checks the caller, converts the request to `In`, runs `f` on a blocking thread and
+    /// converts what it returns to the reply message. `Access::Admin`, `Access::Join` and
+    /// `Access::Node` calls change something; the others read.
     async fn call<Req, In, Reply>(
         &self,
         req: Request<Req>,
-        write: bool,
-        f: impl FnOnce(&Manager, In) -> Result<Value, ManagerError> + Send + 'static,
+        access: Access,
+        f: impl FnOnce(&Manager, &Caller, In) -> Result<Value, ManagerError> + Send + 'static,
     ) -> Result<Response<Reply>, Status>
     where
         Req: Serialize,
         In: DeserializeOwned + Send + 'static,
         Reply: DeserializeOwned,
     {
-        self.authorize(&req, write)?;
+        self.call_as(req, access, !matches!(access, Access::Read | Access::Open), f).await
+    }
+
+    /// [`Grpc::call`] saying whether the call writes.
+    async fn call_as<Req, In, Reply>(
+        &self,
+        req: Request<Req>,
+        access: Access,
+        write: bool,
+        f: impl FnOnce(&Manager, &Caller, In) -> Result<Value, ManagerError> + Send + 'static,
+    ) -> Result<Response<Reply>, Status>
+    where
+        Req: Serialize,
+        In: DeserializeOwned + Send + 'static,
+        Reply: DeserializeOwned,
+    {
+        let caller = self.caller(&req, access, write).await?;
         let input: In = convert(req.get_ref())?;
         let m = self.manager.clone();
-        let out = tokio::task::spawn_blocking(move || f(&m, input)).await.map_err(|e| Status::internal(e.to_string()))??;
+        let out = tokio::task::spawn_blocking(move || f(&m, &caller, input)).await.map_err(|e| Status::internal(e.to_string()))??;
         Ok(Response::new(serde_json::from_value(out).map_err(|e| Status::internal(format!("reply: {e}")))?))
     }
 }
@@ -199,96 +220,104 @@ type SyncStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DesiredStat
 #[tonic::async_trait]
 impl pb::manager_server::Manager for Grpc {
     async fn create_tenant(&self, r: Request<pb::TenantSpec>) -> Result<Response<pb::TenantReply>, Status> {
-        self.call(r, true, |m, t: TenantSpec| created("tenant", m.create_tenant_with(t)?)).await
+        self.call(r, Access::Admin, |m, _, t: TenantSpec| created("tenant", m.create_tenant_with(t)?)).await
     }
 
     async fn get_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, false, |m, n: pb::Name| value(m.tenant(&n.name)?)).await
+        self.call(r, Access::Read, |m, _, n: pb::Name| value(m.tenant(&n.name)?)).await
     }
 
     async fn list_tenants(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::TenantList>, Status> {
-        self.call(r, false, |m, _: pb::ListRequest| items(m.tenants()?)).await
+        self.call(r, Access::Read, |m, _, _: pb::ListRequest| items(m.tenants()?)).await
     }
 
     async fn delete_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, true, |m, n: pb::Name| deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)).await
     }
 
     async fn set_namespaces(&self, r: Request<pb::SetNamespacesRequest>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, true, |m, q: pb::SetNamespacesRequest| value(m.set_tenant_namespaces(&q.name, q.namespaces)?)).await
+        self.call(r, Access::Admin, |m, _, q: pb::SetNamespacesRequest| value(m.set_tenant_namespaces(&q.name, q.namespaces)?)).await
     }
 
     async fn set_quota(&self, r: Request<pb::SetQuotaRequest>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, true, |m, q: pb::SetQuotaRequest| value(m.set_quota(&q.name, convert::<_, Quota>(&q.quota.unwrap_or_default())?)?)).await
+        self.call(r, Access::Admin, |m, _, q: pb::SetQuotaRequest| value(m.set_quota(&q.name, convert::<_, Quota>(&q.quota.unwrap_or_default())?)?)).await
     }
 
     async fn create_network(&self, r: Request<pb::Network>) -> Result<Response<pb::NetworkReply>, Status> {
-        self.call(r, true, |m, spec: NetworkSpec| created("network", m.create_network(spec)?)).await
+        self.call(r, Access::Admin, |m, _, spec: NetworkSpec| created("network", m.create_network(spec)?)).await
     }
 
     async fn get_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
-        self.call(r, false, |m, n: pb::Name| value(m.get_network(&n.name)?)).await
+        self.call(r, Access::Read, |m, _, n: pb::Name| value(m.get_network(&n.name)?)).await
     }
 
     async fn list_networks(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NetworkList>, Status> {
-        self.call(r, false, |m, l: pb::ListRequest| items(m.list_networks(&filter(&l)?)?)).await
+        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_networks(&filter(&l)?)?)).await
     }
 
     async fn delete_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
-        self.call(r, true, |m, n: pb::Name| deleted("network", n.name.clone(), m.delete_network(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("network", n.name.clone(), m.delete_network(&n.name)?)).await
     }
 
     async fn create_ip_group(&self, r: Request<pb::IpGroupSpec>) -> Result<Response<pb::IpGroupReply>, Status> {
-        self.call(r, true, |m, g: IpGroupSpec| created("group", m.create_group(g)?)).await
+        self.call(r, Access::Admin, |m, _, g: IpGroupSpec| created("group", m.create_group(g)?)).await
     }
 
     async fn get_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
-        self.call(r, false, |m, g: pb::GroupName| value(m.get_group(&g.network, &g.name)?)).await
+        self.call(r, Access::Read, |m, _, g: pb::GroupName| value(m.get_group(&g.network, &g.name)?)).await
     }
 
     async fn list_ip_groups(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::IpGroupList>, Status> {
-        self.call(r, false, |m, l: pb::ListRequest| items(m.list_groups(&l.network)?)).await
+        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_groups(&l.network)?)).await
     }
 
     async fn delete_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
-        self.call(r, true, |m, g: pb::GroupName| deleted("IP group", format!("{}/{}", g.network, g.name), m.delete_group(&g.network, &g.name)?)).await
+        self.call(r, Access::Admin, |m, _, g: pb::GroupName| deleted("IP group", format!("{}/{}", g.network, g.name), m.delete_group(&g.network, &g.name)?)).await
     }
 
     async fn create_port(&self, r: Request<pb::PortSpec>) -> Result<Response<pb::PortReply>, Status> {
-        self.call(r, true, |m, p: PortSpec| created("port", m.create_port(p)?)).await
+        self.call(r, Access::Node, |m, c, p: PortSpec| created("port", m.create_port_as(c, p)?)).await
     }
 
     async fn get_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
-        self.call(r, false, |m, p: pb::PortName| value(m.get_port(&p.container, &p.interface)?)).await
+        self.call(r, Access::Node, |m, c, p: pb::PortName| value(m.get_port_as(c, &p.container, &p.interface)?)).await
     }
 
     async fn list_ports(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::PortList>, Status> {
-        self.call(r, false, |m, l: pb::ListRequest| items(m.list_ports(&filter(&l)?)?)).await
+        self.call_as(r, Access::Node, false, |m, c, l: pb::ListRequest| items(m.list_ports_as(c, &filter(&l)?)?)).await
     }
 
     async fn delete_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
-        self.call(r, true, |m, p: pb::PortName| deleted("port", format!("{}/{}", p.container, p.interface), m.delete_port(&p.container, &p.interface)?))
+        self.call(r, Access::Node, |m, c, p: pb::PortName| deleted("port", format!("{}/{}", p.container, p.interface), m.delete_port_as(c, &p.container, &p.interface)?))
             .await
     }
 
     async fn register_node(&self, r: Request<pb::Node>) -> Result<Response<pb::Node>, Status> {
-        self.call(r, true, |m, n: Node| value(m.register_node(n)?)).await
+        self.call(r, Access::Node, |m, c, n: Node| value(m.register_node_as(c, n)?)).await
     }
 
     async fn get_node(&self, r: Request<pb::Name>) -> Result<Response<pb::Node>, Status> {
-        self.call(r, false, |m, n: pb::Name| value(m.get_node(&n.name)?)).await
+        self.call_as(r, Access::Node, false, |m, _, n: pb::Name| value(m.get_node(&n.name)?)).await
     }
 
     async fn list_nodes(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NodeList>, Status> {
-        self.call(r, false, |m, _: pb::ListRequest| items(m.list_nodes()?)).await
+        self.call_as(r, Access::Node, false, |m, _, _: pb::ListRequest| items(m.list_nodes()?)).await
     }
 
     async fn delete_node(&self, r: Request<pb::Name>) -> Result<Response<pb::Node>, Status> {
-        self.call(r, true, |m, n: pb::Name| deleted("node", n.name.clone(), m.delete_node(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("node", n.name.clone(), m.delete_node(&n.name)?)).await
+    }
+
+    async fn join_node(&self, r: Request<pb::Name>) -> Result<Response<pb::NodeToken>, Status> {
+        self.call(r, Access::Join, |m, c, n: pb::Name| Ok(json!({ "node": n.name, "token": m.issue_node_token(&n.name, c)? }))).await
+    }
+
+    async fn health(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::HealthReply>, Status> {
+        self.call(r, Access::Open, |m, _, _: pb::ListRequest| Ok(json!({ "status": "serving", "revision": m.store().revision()? }))).await
     }
 
     async fn get_kubernetes_status(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::KubernetesStatus>, Status> {
-        self.authorize(&r, false)?;
+        self.caller(&r, Access::Read, false).await?;
         let status = self.cluster.as_ref().ok_or_else(|| Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller"))?;
         Ok(Response::new(convert(&status.report())?))
     }
@@ -296,9 +325,14 @@ impl pb::manager_server::Manager for Grpc {
     type SyncStream = SyncStream;
 
     async fn sync(&self, r: Request<pb::SyncRequest>) -> Result<Response<SyncStream>, Status> {
-        self.authorize(&r, true)?;
+        let caller = self.caller(&r, Access::Node, true).await?;
         let req = r.into_inner();
         let node: Node = convert(&req.node.unwrap_or_default())?;
+        if let Caller::Node(n) = &caller
+            && *n != node.name
+        {
+            return Err(ManagerError::Forbidden(format!("node {n:?} may not sync as {:?}", node.name)).into());
+        }
         let name = node.name.clone();
         let m = self.manager.clone();
         let registered = {
@@ -348,6 +382,7 @@ mod tests {
             shared: true,
             pod_policer: Some(crate::network::PodPolicer { pps: 100_000, bps: 0, burst_packets: 0, burst_bytes: 9000 }),
             sriov_pool: Some("fast".into()),
+            pod_chooses_vf: true,
         };
         round_trip::<_, pb::Network>(net);
         let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into(), device_info: Some(r#"{"type":"vhost-user"}"#.into()) };
@@ -364,6 +399,7 @@ mod tests {
             created: 1,
             policer: Some(crate::network::PodPolicer { pps: 0, bps: 1_000_000_000, burst_packets: 64, burst_bytes: 0 }),
             sriov_pool: Some("fast".into()),
+            pod_chooses_vf: true,
         };
         round_trip::<_, pb::Port>(port);
         round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2, namespaces: vec!["t-prod".into()] });

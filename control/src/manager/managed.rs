@@ -107,6 +107,7 @@ mod test {
             shared: false,
             pod_policer: None,
             sriov_pool: None,
+            pod_chooses_vf: false,
         }
     }
 

@@ -10,8 +10,10 @@
 //! - an IP group's members are held in the network's address space by the group itself
 //!   (so nothing else takes them) and handed to pods in the group's own address space.
 
+pub mod auth;
 pub mod cluster;
 pub mod grpc;
+pub mod limits;
 pub mod managed;
 pub mod objects;
 pub mod rest;
@@ -616,7 +618,7 @@ impl Manager {
         }
         let (net, _) = self.network(&spec.network)?;
         if !spec.pod.is_empty() {
-            self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec)?;
+            self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec, &spec)?;
         }
         for (i, ip) in spec.ips.iter().enumerate() {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
@@ -671,6 +673,7 @@ impl Manager {
                         created: now(),
                         policer: net.spec.pod_policer,
                         sriov_pool: net.spec.sriov_pool.clone(),
+                        pod_chooses_vf: net.spec.pod_chooses_vf,
                     };
                     if let Some(a) = whole {
                         match self.create_whole(&key, &port, a)? {
@@ -945,6 +948,11 @@ impl Manager {
         let mut ops = vec![Op::delete(node_key(name), v)];
         if let Some(a) = self.store.get(&alive_key(name))? {
             ops.push(Op::delete(alive_key(name), a.version));
+        }
+        // A node deleted and made again (a reinstalled host) joins again with the
+        // bootstrap token, as kubeadm's nodes do.
+        if let Some(c) = self.store.get(&auth::credential_key(name))? {
+            ops.push(Op::delete(auth::credential_key(name), c.version));
         }
         if self.store.commit(&ops)? { Ok(Some(n)) } else { Err(ManagerError::Busy(format!("node {name:?} changed meanwhile"))) }
     }

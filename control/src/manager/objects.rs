@@ -176,6 +176,10 @@ pub struct Port {
     /// The network's SR-IOV pool when the port was created (the node picks a VF there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sriov_pool: Option<String>,
+    /// The network's `pod_chooses_vf` when the port was created (the node lets the pod name
+    /// its VF).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pod_chooses_vf: bool,
 }
 
 impl Port {

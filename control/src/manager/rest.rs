@@ -1,15 +1,17 @@
 //! The manager's REST/JSON API (`/v1/...`, described by `/v1/openapi.json`): thin handlers
 //! over [`Manager`], run on blocking threads (the store is blocking), one error table
-//! mapping [`ManagerError`] to an HTTP status and a `{"code", "reason"}` body. Mutations
-//! need `Authorization: Bearer <token>`; reads need it too unless they come from loopback
-//! (`/v1/health` excepted: probes carry no token).
+//! mapping [`ManagerError`] to an HTTP status and a `{"code", "reason"}` body. Who may call
+//! what (`Authorization: Bearer <token>`: the admin's, a node's, the bootstrap token's;
+//! `/v1/health` open to probes): `auth.rs`.
 
+use super::auth::{Access, Auth, Caller};
+use super::limits::Limits;
 use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
 use super::{Filter, Manager, ManagerError};
 use crate::network::NetworkSpec;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, RawQuery, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -26,8 +28,8 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 #[derive(Clone)]
 pub struct Api {
     pub manager: Arc<Manager>,
-    /// The bearer token mutations (and non-loopback reads) must carry.
-    pub token: Arc<str>,
+    /// The manager's credentials and read policy.
+    pub auth: Arc<Auth>,
     /// The Kubernetes controller's state, when this manager runs one.
     pub cluster: Option<Arc<super::cluster::Status>>,
 }
@@ -87,6 +89,17 @@ fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ManagerError> {
     Ok(v)
 }
 
+/// A JSON value (a body the handler changed) as `T`, refused with the names of fields `T`
+/// does not know, as [`body`] does.
+fn strict<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, ManagerError> {
+    let mut unknown = Vec::new();
+    let t = serde_ignored::deserialize(v, |path| unknown.push(format!("{path:?}", path = path.to_string()))).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
+    if !unknown.is_empty() {
+        return Err(ManagerError::Invalid(format!("request body: unknown field {}", unknown.join(", "))));
+    }
+    Ok(t)
+}
+
 /// List filters from the query string (`?network=red&node=n1`), refused when malformed.
 fn filter(RawQuery(q): RawQuery) -> Result<Filter, ManagerError> {
     serde_urlencoded::from_str(q.as_deref().unwrap_or("")).map_err(|e| ManagerError::Invalid(format!("query: {e}")))
@@ -96,24 +109,39 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap, req: Request, next: Next) -> Response {
+/// What a route needs of its caller (`auth.rs`): probes' health is open; ports and node
+/// records are the nodes' too (each handler checks which); joining is the bootstrap
+/// token's; every other change is the admin's, every other read the admin's (and loopback's
+/// with `--loopback-reads`).
+fn access(method: &Method, path: &str) -> Access {
+    let read = matches!(*method, Method::GET | Method::HEAD);
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    match (read, parts.as_slice()) {
+        (true, ["", "v1", "health"]) => Access::Open,
+        (_, ["", "v1", "ports", ..]) => Access::Node,
+        (true, ["", "v1", "nodes", ..]) => Access::Node,
+        (false, ["", "v1", "nodes", _]) if *method == Method::PUT => Access::Node,
+        (false, ["", "v1", "nodes", _, "token"]) => Access::Join,
+        (true, _) => Access::Read,
+        (false, _) => Access::Admin,
+    }
+}
+
+async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
-    // Probes (a kubelet's, a load balancer's) come from outside and carry no token; the
-    // answer says only that the store serves.
-    if read && req.uri().path() == "/v1/health" {
-        return next.run(req).await;
-    }
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    let authorized = given.is_some_and(|t| same_bytes(t.trim().as_bytes(), api.token.as_bytes()));
-    if authorized || (read && peer.ip().is_loopback()) {
-        return next.run(req).await;
-    }
-    let why = match (given, read) {
-        (Some(_), _) => "the bearer token is not this manager's",
-        (None, true) => "reads from outside this host need a bearer token",
-        (None, false) => "changes need a bearer token (Authorization: Bearer <token>; see the manager's token file)",
+    let access = access(req.method(), req.uri().path());
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
+    let (m, a) = (api.manager.clone(), api.auth.clone());
+    let caller = match tokio::task::spawn_blocking(move || a.identify(&m, given.as_deref())).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return e.into_response(),
+        Err(e) => return ManagerError::Busy(format!("request failed: {e}")).into_response(),
     };
-    ManagerError::Unauthenticated(why.into()).into_response()
+    if let Err(e) = api.auth.check(&caller, access, peer.ip().is_loopback(), read) {
+        return e.into_response();
+    }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
 }
 
 async fn health(State(api): State<Api>) -> Reply {
@@ -202,7 +230,7 @@ async fn create_group(State(api): State<Api>, Path(network): Path<String>, b: By
             return Err(ManagerError::Invalid(format!("the body names network {given}, the path {network:?}")));
         }
     }
-    let spec: IpGroupSpec = serde_json::from_value(v).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
+    let spec: IpGroupSpec = strict(v)?;
     created(blocking(&api, move |m| m.create_group(spec)).await?)
 }
 
@@ -215,36 +243,44 @@ async fn delete_group(State(api): State<Api>, Path((network, name)): Path<(Strin
     deleted("IP group", id, blocking(&api, move |m| m.delete_group(&network, &name)).await?)
 }
 
-async fn list_ports(State(api): State<Api>, q: RawQuery) -> Reply {
+async fn list_ports(State(api): State<Api>, Extension(caller): Extension<Caller>, q: RawQuery) -> Reply {
     let f = filter(q)?;
-    ok(blocking(&api, move |m| m.list_ports(&f)).await?)
+    ok(blocking(&api, move |m| m.list_ports_as(&caller, &f)).await?)
 }
 
-async fn create_port(State(api): State<Api>, b: Bytes) -> Reply {
+async fn create_port(State(api): State<Api>, Extension(caller): Extension<Caller>, b: Bytes) -> Reply {
     let spec: PortSpec = body(&b)?;
-    created(blocking(&api, move |m| m.create_port(spec)).await?)
+    created(blocking(&api, move |m| m.create_port_as(&caller, spec)).await?)
 }
 
-async fn get_port(State(api): State<Api>, Path((c, i)): Path<(String, String)>) -> Reply {
-    ok(blocking(&api, move |m| m.get_port(&c, &i)).await?)
+async fn get_port(State(api): State<Api>, Extension(caller): Extension<Caller>, Path((c, i)): Path<(String, String)>) -> Reply {
+    ok(blocking(&api, move |m| m.get_port_as(&caller, &c, &i)).await?)
 }
 
-async fn delete_port(State(api): State<Api>, Path((c, i)): Path<(String, String)>) -> Reply {
+async fn delete_port(State(api): State<Api>, Extension(caller): Extension<Caller>, Path((c, i)): Path<(String, String)>) -> Reply {
     let id = format!("{c}/{i}");
-    deleted("port", id, blocking(&api, move |m| m.delete_port(&c, &i)).await?)
+    deleted("port", id, blocking(&api, move |m| m.delete_port_as(&caller, &c, &i)).await?)
 }
 
 async fn list_nodes(State(api): State<Api>) -> Reply {
     ok(blocking(&api, |m| m.list_nodes()).await?)
 }
 
-async fn register_node(State(api): State<Api>, Path(name): Path<String>, b: Bytes) -> Reply {
+async fn register_node(State(api): State<Api>, Extension(caller): Extension<Caller>, Path(name): Path<String>, b: Bytes) -> Reply {
     let mut v: serde_json::Value = body(&b)?;
     if let Some(o) = v.as_object_mut() {
         o.insert("name".into(), name.into());
     }
-    let node: Node = serde_json::from_value(v).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
-    ok(blocking(&api, move |m| m.register_node(node)).await?)
+    let node: Node = strict(v)?;
+    ok(blocking(&api, move |m| m.register_node_as(&caller, node)).await?)
+}
+
+/// A node token: `{"node", "token"}` (the admin's: a new one; the bootstrap token's: for a
+/// name that has none).
+async fn node_token(State(api): State<Api>, Extension(caller): Extension<Caller>, Path(name): Path<String>) -> Reply {
+    let n = name.clone();
+    let token = blocking(&api, move |m| m.issue_node_token(&n, &caller)).await?;
+    ok(serde_json::json!({ "node": name, "token": token }))
 }
 
 async fn get_node(State(api): State<Api>, Path(name): Path<String>) -> Reply {
@@ -289,6 +325,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/nodes/{name}"),
     ("put", "/v1/nodes/{name}"),
     ("delete", "/v1/nodes/{name}"),
+    ("post", "/v1/nodes/{name}/token"),
 ];
 
 pub fn router(api: Api) -> Router {
@@ -310,25 +347,66 @@ pub fn router(api: Api) -> Router {
         .route("/v1/ports/{container}/{interface}", get(get_port).delete(delete_port))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", get(get_node).put(register_node).delete(delete_node))
+        .route("/v1/nodes/{name}/token", axum::routing::post(node_token))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(api.clone(), auth))
         .with_state(api)
 }
 
-/// Serves the API on `listener` until `stop` resolves.
-pub async fn serve(listener: tokio::net::TcpListener, api: Api, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
-    // Small replies must not wait for Nagle.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app).with_graceful_shutdown(stop).await
+/// Serves the API on the connections `listener` hands out until `stop` resolves, then lets
+/// requests in flight finish (5 s at most). HTTP/1.1 with the [`Limits`]: headers within
+/// `header`, a whole request within `request`, bodies of `body` bytes at most.
+pub async fn serve<L>(mut listener: L, api: Api, limits: Limits, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let app = router(api).layer(DefaultBodyLimit::max(limits.body)).layer(middleware::from_fn_with_state(limits.request, deadline));
+    let (closing, _) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let (io, peer) = tokio::select! {
+            c = listener.accept() => c,
+            () = &mut stop => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let app = app.clone();
+        let mut closing = closing.subscribe();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                tower::ServiceExt::oneshot(app.clone(), req)
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(limits.header);
+            let mut conn = std::pin::pin!(http.serve_connection(TokioIo::new(io), service));
+            let done = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                _ = closing.changed() => None,
+            };
+            let r = match done {
+                Some(r) => r,
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::debug!(%peer, error = %e, "REST connection");
+            }
+        });
+    }
+    let _ = closing.send(true);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
+    Ok(())
 }
 
-/// As [`serve`], over TLS.
-pub async fn serve_tls(listener: super::tls::TlsListener, api: Api, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let app = router(api).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener.tap_io(|_| {}), app).with_graceful_shutdown(stop).await
+/// Answers 503 to a request not answered within the limit (its body trickled in, or the
+/// store is stuck).
+async fn deadline(State(limit): State<std::time::Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ManagerError::Busy(format!("the request was not answered within {} s (--request-timeout)", limit.as_secs())).into_response(),
+    }
 }

@@ -14,7 +14,7 @@
 //! path (the node's attach API for Multus NADs and Knitter's standalone annotations, the
 //! manager's REST and gRPC): it is in [`Manager::create_port`].
 
-use super::objects::{Tenant, labelled_namespace_key};
+use super::objects::{PortSpec, Tenant, labelled_namespace_key};
 use super::{ADMIN, Manager, ManagerError, ROUNDS, Result, json};
 use crate::network::NetworkSpec;
 use crate::store::Op;
@@ -31,6 +31,19 @@ pub fn tenant_for<'a>(ns: &str, labelled: Option<&'a str>, tenants: &'a [Tenant]
     labelled.or_else(|| tenants.iter().find(|t| t.namespaces.iter().any(|n| n == ns)).map(|t| t.name.as_str())).unwrap_or(ADMIN)
 }
 
+/// What a port request chooses for itself, if anything (fixed addresses, an IP group, a MAC).
+fn chosen(spec: &PortSpec) -> Option<&'static str> {
+    if !spec.ips.is_empty() {
+        Some("its addresses")
+    } else if spec.ip_group.is_some() {
+        Some("an IP group")
+    } else if spec.requested_mac.is_some() {
+        Some("its MAC")
+    } else {
+        None
+    }
+}
+
 impl Manager {
     /// The tenant namespace `ns` belongs to (rule above).
     pub fn tenant_of_namespace(&self, ns: &str) -> Result<String> {
@@ -40,17 +53,25 @@ impl Manager {
     }
 
     /// Refuses a port for a pod of namespace `ns` on `net` when the namespace's tenant is not
-    /// the network's and the network is not shared; the reason names all three.
-    pub(super) fn check_attachment(&self, ns: &str, net: &NetworkSpec) -> Result<()> {
-        if net.shared {
-            return Ok(());
-        }
+    /// the network's and the network is not shared; the reason names all three. On another
+    /// tenant's shared network a pod takes what the network gives: it may not choose
+    /// (`spec`) a fixed address, an IP group or a MAC — those the owner plans.
+    pub(super) fn check_attachment(&self, ns: &str, net: &NetworkSpec, spec: &PortSpec) -> Result<()> {
         let tenant = self.tenant_of_namespace(ns)?;
         if tenant == net.tenant {
             return Ok(());
         }
         let who = if ns.is_empty() { "a port without a pod namespace belongs to tenant \"admin\"".to_string() } else { format!("namespace {ns:?} belongs to tenant {tenant:?}") };
-        Err(ManagerError::Forbidden(format!("{who}; network {:?} is tenant {:?}'s and not shared", net.name, net.tenant)))
+        if !net.shared {
+            return Err(ManagerError::Forbidden(format!("{who}; network {:?} is tenant {:?}'s and not shared", net.name, net.tenant)));
+        }
+        if let Some(what) = chosen(spec) {
+            return Err(ManagerError::Forbidden(format!(
+                "{who}; network {:?} is tenant {:?}'s, shared with others: their pods take the addresses and MAC it gives and may not choose {what}",
+                net.name, net.tenant
+            )));
+        }
+        Ok(())
     }
 
     /// Records the namespaces labelled `knitter.io/tenant` (name → tenant), as the Kubernetes

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use super::limits::{Gate, Guarded};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
 use tokio_rustls::server::TlsStream;
@@ -42,7 +43,7 @@ impl ServerTls {
     /// For the gRPC server.
     pub fn tonic(&self) -> tonic::transport::ServerTlsConfig {
         use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let cfg = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key));
+        let cfg = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key)).timeout(HANDSHAKE);
         match &self.client_ca {
             Some(ca) => cfg.client_ca_root(Certificate::from_pem(ca)),
             None => cfg,
@@ -83,29 +84,21 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// A TCP listener that hands out connections once their TLS handshake finished.
 pub struct TlsListener {
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<Guarded<TcpStream>>, SocketAddr)>,
     local: SocketAddr,
     acceptor: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
-    /// Accepts on `tcp` (within a runtime); a failed handshake is logged and dropped.
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
+    /// Accepts what `gate` admits on `tcp` (within a runtime); a failed handshake is logged
+    /// and dropped.
+    pub fn new(tcp: TcpListener, gate: Gate, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let tls = tokio_rustls::TlsAcceptor::from(config);
         let acceptor = tokio::spawn(async move {
             loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of descriptors and the like: wait rather than spin.
-                        tracing::warn!(error = %e, "accepting a REST connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
+                let (stream, peer) = gate.accept(&tcp).await;
                 let (tls, tx) = (tls.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE, tls.accept(stream)).await {
@@ -129,7 +122,7 @@ impl Drop for TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Guarded<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -39,11 +39,42 @@ fn text(v: &[u8]) -> Result<&str, StoreError> {
     std::str::from_utf8(v).map_err(|_| StoreError("etcd: a value that is not UTF-8 under the prefix".into()))
 }
 
+/// How the manager proves itself to etcd: TLS (the CA etcd's certificate chains to, a client
+/// certificate for `--client-cert-auth`) and a user with its password (etcd's `auth enable`).
+#[derive(Debug, Clone, Default)]
+pub struct EtcdAccess {
+    /// PEM.
+    pub ca: Option<Vec<u8>>,
+    /// Certificate chain and key, PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// User name and password.
+    pub user: Option<(String, String)>,
+}
+
 impl Etcd {
     /// Connects to `endpoints` (e.g. `http://127.0.0.1:2379`); keys go under `prefix`.
     pub fn connect(endpoints: &[String], prefix: &str) -> Result<Etcd, StoreError> {
+        Etcd::connect_with(endpoints, prefix, &EtcdAccess::default())
+    }
+
+    /// As [`Etcd::connect`], with TLS and credentials (`https://` endpoints with `access.ca`).
+    pub fn connect_with(endpoints: &[String], prefix: &str, access: &EtcdAccess) -> Result<Etcd, StoreError> {
+        use etcd_client::{Certificate, Identity, TlsOptions};
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(StoreError::from)?;
-        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)).with_timeout(std::time::Duration::from_secs(10));
+        let mut opts = etcd_client::ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)).with_timeout(std::time::Duration::from_secs(10));
+        if access.ca.is_some() || access.identity.is_some() {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &access.ca {
+                tls = tls.ca_certificate(Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &access.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(tls);
+        }
+        if let Some((user, password)) = &access.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
         let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(err)?;
         Ok(Etcd { rt: Some(rt), client, prefix: prefix.trim_end_matches('/').to_string(), leases: Default::default() })
     }

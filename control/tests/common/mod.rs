@@ -6,7 +6,7 @@ pub mod etcd_requests;
 pub mod scenarios;
 
 use knitter_control::store::Store;
-use knitter_control::store::etcd::Etcd;
+use knitter_control::store::etcd::{Etcd, EtcdAccess};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,10 +19,22 @@ pub fn free_port() -> u16 {
 pub struct EtcdServer {
     child: Child,
     pub client_url: String,
+    /// With TLS: how clients reach it (the test CA, a client certificate).
+    pub access: EtcdAccess,
 }
 
 impl EtcdServer {
     pub fn start(data: &Path, client: u16, peer: u16) -> Option<EtcdServer> {
+        EtcdServer::start_with(data, client, peer, None)
+    }
+
+    /// A member serving clients over TLS only, with `certs`' (`certificates`) server
+    /// certificate for localhost, requiring client certificates the test CA signed.
+    pub fn start_tls(data: &Path, certs: &Path) -> Option<EtcdServer> {
+        EtcdServer::start_with(data, free_port(), free_port(), Some(certs))
+    }
+
+    fn start_with(data: &Path, client: u16, peer: u16, tls: Option<&Path>) -> Option<EtcdServer> {
         if Command::new("etcd").arg("--version").output().is_err() {
             assert!(std::env::var_os("CI").is_none(), "etcd is missing (ci/setup.sh installs etcd-server)");
             eprintln!("skipped: etcd not installed");
@@ -35,20 +47,31 @@ impl EtcdServer {
         let (mut client, mut peer) = (client, peer);
         for _ in 0..3 {
             let (c, p) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+            let (listen, url, mut tls_args, access) = match tls {
+                None => (c.clone(), c, vec![], EtcdAccess::default()),
+                Some(d) => {
+                    let f = |n: &str| d.join(n).display().to_string();
+                    let args = vec!["--cert-file".to_string(), f("server.pem"), "--key-file".into(), f("server.key"), "--trusted-ca-file".into(), f("ca.pem"), "--client-cert-auth".into()];
+                    let read = |n: &str| std::fs::read(d.join(n)).unwrap();
+                    let access = EtcdAccess { ca: Some(read("ca.pem")), identity: Some((read("client.pem"), read("client.key"))), user: None };
+                    (format!("https://127.0.0.1:{client}"), format!("https://localhost:{client}"), args, access)
+                }
+            };
             let child = Command::new("etcd")
                 .args(["--name", "knitter-test", "--data-dir"])
                 .arg(data)
-                .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+                .args(["--listen-client-urls", &listen, "--advertise-client-urls", &url])
+                .args(std::mem::take(&mut tls_args))
                 .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
                 .args(["--initial-cluster", &format!("knitter-test={p}"), "--log-level", "error"])
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log).map_or(Stdio::null(), Stdio::from))
                 .spawn()
                 .expect("start etcd");
-            let mut s = EtcdServer { child, client_url: c };
+            let mut s = EtcdServer { child, client_url: url, access };
             let deadline = Instant::now() + Duration::from_secs(40);
             loop {
-                if Etcd::connect(std::slice::from_ref(&s.client_url), "/probe").and_then(|e| e.revision()).is_ok() {
+                if Etcd::connect_with(std::slice::from_ref(&s.client_url), "/probe", &s.access).and_then(|e| e.revision()).is_ok() {
                     return Some(s);
                 }
                 if let Ok(Some(status)) = s.child.try_wait() {

@@ -26,6 +26,7 @@ pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
         shared: false,
         pod_policer: None,
         sriov_pool: None,
+        pod_chooses_vf: false,
     }
 }
 
@@ -387,6 +388,16 @@ pub fn tenancy(m: &Manager) {
     assert!(m.get_port("c2", "eth1").is_err(), "nothing left behind");
     m.create_port(port("admin-net", "c2", "red/p2")).unwrap();
     m.create_port(port("blue-shared", "c3", "red-prod/p3")).unwrap();
+    // On another tenant's shared network a pod takes what it is given: no fixed address, no
+    // MAC of its choice (the owner's pods may).
+    let fixed = PortSpec { ips: vec!["10.82.0.9".parse().unwrap()], ..port("blue-shared", "c7", "red-prod/p7") };
+    assert!(reason(m.create_port(fixed.clone())).contains("may not choose its addresses"), "another tenant's fixed address");
+    let mac = PortSpec { requested_mac: Some("02:00:00:00:82:09".into()), ..port("blue-shared", "c7", "red-prod/p7") };
+    assert!(reason(m.create_port(mac)).contains("may not choose its MAC"), "another tenant's MAC");
+    assert!(m.get_port("c7", "eth1").is_err(), "nothing left behind");
+    m.set_tenant_namespaces("blue", vec!["blue-prod".into()]).unwrap();
+    m.create_port(PortSpec { pod: "blue-prod/p7".into(), ..fixed }).unwrap();
+    m.set_tenant_namespaces("blue", vec![]).unwrap();
     m.create_port(port("red-net", "c4", "")).unwrap(); // an operator's port, no pod
     // A label wins over the listing; relabelled, the namespace follows.
     m.set_labelled_namespaces(&[("red-prod".to_string(), "blue".to_string())].into()).unwrap();

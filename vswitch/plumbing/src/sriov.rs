@@ -200,6 +200,9 @@ impl Sysfs {
     /// The VF at PCI address `pci`: its PF's netdev and its index there (a DEL finds the VF
     /// a pod had by the PCI address the device plugin gave it).
     pub fn vf_by_pci(&self, pci: &str) -> io::Result<(String, Vf)> {
+        if !is_pci_address(pci) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{pci:?} is not a PCI address (like 0000:3b:02.1)")));
+        }
         let dir = self.pci(pci);
         let pf_pci = link_name(&dir.join("physfn")).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{pci} is not a VF (no physfn)")))?;
         let pf_dir = self.pci(&pf_pci);
@@ -296,6 +299,14 @@ pub mod testkit {
             }
         }
     }
+}
+
+/// Whether `s` has a PCI address's form (`0000:3b:02.1`, or without the domain): hex fields,
+/// nothing that walks a path.
+pub fn is_pci_address(s: &str) -> bool {
+    let hex = |p: &str| !p.is_empty() && p.len() <= 4 && p.chars().all(|c| c.is_ascii_hexdigit());
+    let parts: Vec<&str> = s.split([':', '.']).collect();
+    matches!(parts.len(), 3 | 4) && parts.iter().all(|p| hex(p))
 }
 
 #[cfg(test)]

@@ -103,6 +103,8 @@ pub struct Attacher {
 
 /// How often queued releases are retried.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
+/// How long an attach waits for a node that is joining the manager.
+const JOIN_WAIT: Duration = Duration::from_secs(10);
 
 impl Attacher {
     /// The service (call within the runtime: the manager's channel connects lazily).
@@ -154,7 +156,10 @@ impl Attacher {
 
     fn authed<T>(link: &ManagerLink, msg: T) -> Result<Request<T>, Status> {
         let mut r = Request::new(msg);
-        if let Some(t) = &link.token {
+        if link.join.is_some() && link.token.get().is_none() {
+            return Err(Status::unavailable(format!("this node has not joined the manager at {} yet (the bootstrap token; see the daemon's log)", link.address)));
+        }
+        if let Some(t) = &link.token.get() {
             r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| Status::internal("the manager token is not valid metadata"))?);
         }
         Ok(r)
@@ -190,6 +195,10 @@ impl Attacher {
         }
         let mac_override = r.mac.as_deref().map(|m| m.parse::<MacAddr>().map_err(|_| Status::invalid_argument(format!("MAC {m:?} is malformed")))).transpose()?;
         let link = self.link()?.clone();
+        if link.join.is_some() {
+            // A pod scheduled as the node starts: its ADD waits for the node to join.
+            link.token.ready(JOIN_WAIT).await;
+        }
         let spec = mpb::PortSpec {
             network: r.network.clone(),
             container: r.container_id.clone(),
@@ -262,7 +271,7 @@ impl Attacher {
             vf: None,
         };
         if let Some(sriov) = &r.sriov {
-            return self.attach_vf(record, &sriov.device_id, port.sriov_pool.clone()).await;
+            return self.attach_vf(record, sriov, port).await;
         }
         let mut bridge = BridgeConfig::new(&r.network);
         match port.kind.as_str() {
@@ -293,18 +302,28 @@ impl Attacher {
 
     /// An SR-IOV VF for the pod: chosen and recorded as held, then given to the pod (or, bound
     /// to vfio-pci, left for its DPDK app); the record forgotten again when that fails.
-    async fn attach_vf(&self, mut record: Record, device_id: &str, pool: Option<String>) -> Result<pb::Attachment, Status> {
+    /// A VF the pod named itself is refused unless the network lets pods choose
+    /// (`pod_chooses_vf`), and then it must be a free one of the network's pool.
+    async fn attach_vf(&self, mut record: Record, sriov: &pb::SriovRequest, port: &mpb::Port) -> Result<pb::Attachment, Status> {
         if record.network_kind != "vlan" {
             return Err(Status::failed_precondition(format!(
                 "network {} is a {} network: an SR-IOV VF reaches only VLAN networks (its PF tags the VF's frames on the wire); attach it as a veth or vhost-user interface",
                 record.network, record.network_kind
             )));
         }
+        let pods_choice = sriov.chosen_by_pod && !sriov.device_id.is_empty();
+        if pods_choice && !port.pod_chooses_vf {
+            return Err(Status::permission_denied(format!(
+                "the pod names VF {} itself (deviceID in its cni-args or annotation) and network {} does not let pods choose their VF (pod_chooses_vf): the SR-IOV device plugin allocates it (the NAD's resourceName), or the node picks one",
+                sriov.device_id, record.network
+            )));
+        }
+        let (device_id, pool) = (sriov.device_id.as_str(), port.sriov_pool.clone());
         let vlan = u16::try_from(record.segment).map_err(|_| Status::internal(format!("the manager sent VLAN {}", record.segment)))?;
         record.host_ifname = String::new();
         let (node, vfs, dev, rec) = (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
         let vf = blocking(move || {
-            vfs.choose_and_claim(&dev, pool.as_deref(), || node.held_vfs(), |vf| {
+            vfs.choose_and_claim(&dev, pods_choice, pool.as_deref(), || node.held_vfs(), |vf| {
                 let mut r = rec;
                 r.vf = Some(vf.clone());
                 node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {
@@ -587,6 +606,7 @@ fn vf_status(e: VfError) -> Status {
     let msg = e.to_string();
     match e {
         VfError::NoPool | VfError::UnknownPool(..) | VfError::Unusable { .. } => Status::failed_precondition(msg),
+        VfError::NotInPool { .. } => Status::permission_denied(msg),
         VfError::Exhausted { .. } => Status::resource_exhausted(msg),
         VfError::Held { .. } => Status::already_exists(msg),
         VfError::Io(_) => Status::internal(msg),

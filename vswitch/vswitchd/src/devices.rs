@@ -169,11 +169,7 @@ pub fn pci_device(d: &Device) -> Option<&str> {
     }
 }
 
-fn is_pci_address(s: &str) -> bool {
-    let hex = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit());
-    let parts: Vec<&str> = s.split([':', '.']).collect();
-    matches!(parts.len(), 3 | 4) && parts.iter().all(|p| hex(p))
-}
+use plumbing::sriov::is_pci_address;
 
 /// Opens an `af_xdp` device with AF_PACKET for a trunk where its running AF_XDP port hides
 /// tags (`why`), as [`open`] would: without trying AF_XDP first, whose queue the running

@@ -7,6 +7,7 @@
 mod api;
 mod attach;
 mod convert;
+mod credential;
 mod devices;
 mod events;
 mod grpc;
@@ -154,6 +155,11 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
+    if let Some(link) = &s.manager
+        && let Some(join) = &link.join
+    {
+        tokio::spawn(credential::join(link.clone(), join.clone()));
+    }
     let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = s.manager.clone().map(|link| {

@@ -227,8 +227,15 @@ pub struct ManagerSection {
     pub address: String,
     /// This node's name to the manager (default: the host name).
     pub node_name: String,
-    /// File holding the manager's bearer token.
+    /// File holding this node's token to the manager (a node token; the admin's on a
+    /// trusted node).
     pub token_file: Option<PathBuf>,
+    /// File holding the bootstrap token: the node joins with it (once: it gets a token of
+    /// its own, kept in `credential_file`) instead of being given one.
+    pub bootstrap_token_file: Option<PathBuf>,
+    /// Where the token the node got by joining is kept (default: beside the state file, or
+    /// /var/lib/knitter/manager-token).
+    pub credential_file: Option<PathBuf>,
     /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
     pub ca: Option<PathBuf>,
     /// The name in the manager's certificate (default: the host of `address`).
@@ -244,7 +251,10 @@ pub struct ManagerLink {
     /// host:port of the manager's gRPC API.
     pub address: String,
     pub node_name: String,
-    pub token: Option<String>,
+    /// The node's token, given or got by joining.
+    pub token: crate::credential::Credential,
+    /// How the node joins when it has no token: the bootstrap token and the credential file.
+    pub join: Option<crate::credential::Join>,
     /// TLS to the manager (`--manager-ca`); plain HTTP/2 without.
     pub tls: Option<knitter_api::ClientTls>,
 }
@@ -359,9 +369,17 @@ pub struct Args {
     /// This node's name to the manager (default: the host name).
     #[arg(long)]
     pub node_name: Option<String>,
-    /// File holding the manager's bearer token.
+    /// File holding this node's token to the manager.
     #[arg(long)]
     pub manager_token_file: Option<PathBuf>,
+    /// File holding the bootstrap token: join the manager with it (once) when this node has
+    /// no token of its own yet.
+    #[arg(long)]
+    pub manager_bootstrap_token_file: Option<PathBuf>,
+    /// Where the token got by joining is kept (default: beside the state file, or
+    /// /var/lib/knitter/manager-token).
+    #[arg(long)]
+    pub manager_credential_file: Option<PathBuf>,
     /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
     #[arg(long)]
     pub manager_ca: Option<PathBuf>,
@@ -468,6 +486,17 @@ impl Settings {
                 Some(p) => Some(std::fs::read_to_string(&p).with_context(|| format!("reading the manager token {}", p.display()))?.trim().to_string()),
                 None => None,
             };
+            let join = match (&token, args.manager_bootstrap_token_file.clone().or(file.manager.bootstrap_token_file)) {
+                (None, Some(p)) => {
+                    let bootstrap = std::fs::read_to_string(&p).with_context(|| format!("reading the bootstrap token {}", p.display()))?.trim().to_string();
+                    let default = match &state_file {
+                        Some(s) => s.with_file_name("manager-token"),
+                        None => PathBuf::from("/var/lib/knitter/manager-token"),
+                    };
+                    Some(crate::credential::Join { bootstrap, file: args.manager_credential_file.clone().or(file.manager.credential_file.clone()).unwrap_or(default) })
+                }
+                _ => None,
+            };
             let ca = args.manager_ca.clone().or(file.manager.ca);
             let identity = match (args.manager_cert.clone().or(file.manager.cert), args.manager_key.clone().or(file.manager.key)) {
                 (Some(c), Some(k)) => Some((c, k)),
@@ -486,7 +515,7 @@ impl Settings {
                     Some(knitter_api::ClientTls::read(&address, &ca, name, identity).context("the manager's TLS files")?)
                 }
             };
-            Some(ManagerLink { address, node_name, token, tls })
+            Some(ManagerLink { address, node_name, token: crate::credential::Credential::given(token), join, tls })
         };
         Ok(Settings {
             manager,

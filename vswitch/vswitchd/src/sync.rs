@@ -60,7 +60,10 @@ async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Re
         .await
         .context("connecting")?;
     let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: *revision });
-    if let Some(t) = &link.token {
+    if link.join.is_some() && link.token.get().is_none() {
+        anyhow::bail!("not joined yet (the bootstrap token)");
+    }
+    if let Some(t) = &link.token.get() {
         req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().context("the token is not valid metadata")?);
     }
     let mut stream = pb::manager_client::ManagerClient::new(channel).sync(req).await.context("opening the sync stream")?.into_inner();

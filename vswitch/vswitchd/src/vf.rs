@@ -32,6 +32,8 @@ pub enum VfError {
     Held { pci: String, by: String },
     #[error("VF {pci} {why}")]
     Unusable { pci: String, why: String },
+    #[error("VF {pci} is not one of the network's pool ({pfs}): a pod names only a VF of its network's pool")]
+    NotInPool { pci: String, pfs: String },
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -88,8 +90,16 @@ impl Vfs {
     /// Chooses a VF — `device_id`'s, or a free one of `pool`'s PFs (`None`: `[sriov] pfs`) —
     /// and claims it with `claim` (which records it, refusing a VF held meanwhile), under one
     /// lock. `held` lists the VFs attachments hold, read under that lock (so two ADDs at once
-    /// pick two VFs).
-    pub fn choose_and_claim<T>(&self, device_id: &str, pool: Option<&str>, held: impl FnOnce() -> Vec<Holder>, claim: impl FnOnce(VfHeld) -> Result<T, VfError>) -> Result<T, VfError> {
+    /// pick two VFs). A VF the pod named itself (`pods_choice`) must be one of those PFs'; the
+    /// device plugin's may be any (the kubelet gave it to the pod).
+    pub fn choose_and_claim<T>(
+        &self,
+        device_id: &str,
+        pods_choice: bool,
+        pool: Option<&str>,
+        held: impl FnOnce() -> Vec<Holder>,
+        claim: impl FnOnce(VfHeld) -> Result<T, VfError>,
+    ) -> Result<T, VfError> {
         let pfs = match pool {
             None => &self.pfs,
             Some(p) => self.pools.get(p).ok_or_else(|| {
@@ -99,6 +109,9 @@ impl Vfs {
         };
         let _one = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
         let vf = self.choose(device_id, pfs, &held())?;
+        if pods_choice && !pfs.contains(&vf.pf) {
+            return Err(VfError::NotInPool { pci: vf.pci, pfs: if pfs.is_empty() { "none".into() } else { pfs.join(", ") } });
+        }
         claim(vf)
     }
 
@@ -321,6 +334,25 @@ mod tests {
         }
     }
 
+    /// A VF the pod named itself must be one of the pool's PFs' (the device plugin's may be
+    /// any: the kubelet gave it to the pod); a name that is no PCI address walks nowhere.
+    #[test]
+    fn a_pods_own_vf_must_be_in_the_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_pf(dir.path(), "pf0", &[FakeVf { netdev: None, driver: Some("vfio-pci") }]);
+        let pool = |pfs: &[&str]| {
+            let section = SriovSection { sysfs: dir.path().into(), pfs: pfs.iter().map(|p| p.to_string()).collect(), ..Default::default() };
+            Vfs::with_control(&section, Box::new(Arc::new(Recorder::default())))
+        };
+        let (inside, outside) = (pool(&["pf0"]), pool(&[]));
+        assert_eq!(inside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok).unwrap().pci, "0000:01:00.1");
+        assert!(matches!(outside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok), Err(VfError::NotInPool { .. })));
+        assert_eq!(outside.choose_and_claim("0000:01:00.1", false, None, Vec::new, Ok).unwrap().pci, "0000:01:00.1", "the device plugin's");
+        for bad in ["../../../../etc", "0000:01:00.1/../..", "x"] {
+            assert!(matches!(inside.choose_and_claim(bad, true, None, Vec::new, Ok), Err(VfError::Unusable { .. })), "{bad}");
+        }
+    }
+
     /// Through the PF: at ADD the manager's MAC, the network's VLAN and spoof checking; at
     /// DEL VLAN 0 and the VF's own MAC back. A PF that refuses leaves the VF on the node.
     #[test]
@@ -343,11 +375,11 @@ mod tests {
             routes: Vec::new(),
         };
         node.enter(|| {
-            let vf = vfs.choose_and_claim("", None, Vec::new, Ok).unwrap();
+            let vf = vfs.choose_and_claim("", false, None, Vec::new, Ok).unwrap();
             let info: serde_json::Value = serde_json::from_str(&vfs.device_info("0000:01:00.1").unwrap()).unwrap();
             assert_eq!(info["pci"], serde_json::json!({ "pci-address": "0000:01:00.1", "pf-pci-address": "0000:01:00.0" }));
             assert_eq!((vfs.device_info(""), vfs.device_info("0000:09:00.1")), (None, None), "none named, or not this node's");
-            assert!(matches!(vfs.choose_and_claim("", Some("fast"), Vec::new, Ok), Err(VfError::UnknownPool(..))));
+            assert!(matches!(vfs.choose_and_claim("", false, Some("fast"), Vec::new, Ok), Err(VfError::UnknownPool(..))));
             assert_eq!((vf.pci.as_str(), vf.pf.as_str(), vf.pf_pci.as_str(), vf.netdev_mac), ("0000:01:00.1", "pf0", "0000:01:00.0", Some([2, 0, 0, 0, 0x0e, 1])));
             *rec.fail.lock().unwrap() = 1;
             let e = vfs.give(&vf, &plan, 100).unwrap_err();
@@ -358,7 +390,7 @@ mod tests {
             assert_eq!(rec.asked.lock().unwrap().as_slice(), &[("pf0".to_string(), 0, asked)]);
             assert!(link::link("vfx0").unwrap().is_none());
             let held = [("0000:01:00.1".to_string(), "c/eth0".to_string())];
-            assert!(matches!(vfs.choose_and_claim("", None, || held.to_vec(), Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
+            assert!(matches!(vfs.choose_and_claim("", false, None, || held.to_vec(), Ok), Err(VfError::Exhausted { held: 1, usable: 1, .. })));
             assert_eq!(vfs.report(&held)[0].vfs[0].attached_to, "c/eth0");
             assert!(vfs.take_back(&vf, &plan.netns, "eth0").is_empty());
             let reset = VfSettings { mac: Some(MacAddr([2, 0, 0, 0, 0x0e, 1])), vlan: Some((0, 0)), ..Default::default() };

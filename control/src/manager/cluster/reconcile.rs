@@ -216,6 +216,7 @@ mod test {
             created,
             policer: None,
             sriov_pool: None,
+            pod_chooses_vf: false,
         }
     }
 

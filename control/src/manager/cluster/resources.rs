@@ -114,6 +114,8 @@ struct NetworkResourceSpec {
     pod_policer: Option<PodPolicerSpec>,
     #[serde(default)]
     sriov_pool: Option<String>,
+    #[serde(default, rename = "podChoosesVF")]
+    pod_chooses_vf: bool,
 }
 
 /// A `Network`'s `podPolicer`, as the CRD defines it.
@@ -178,6 +180,7 @@ impl NetworkResource {
             shared: s.shared,
             pod_policer: s.pod_policer.map(|p| PodPolicer { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }),
             sriov_pool: s.sriov_pool,
+            pod_chooses_vf: s.pod_chooses_vf,
         })
     }
 }

@@ -1,0 +1,249 @@
+//! Who calls the manager, and what each caller may do; nodes' own credentials.
+//!
+//! Callers ([`Caller`]), by the bearer token they present:
+//! - **the admin** (the manager's token, `--token-file`): everything;
+//! - **a node** (a token the manager issued to that node name, [`Manager::issue_node_token`]):
+//!   its own node record and sync stream, ports on itself (created for its pods, which the
+//!   tenancy check applies to, and deleted), reads of nodes and of its own ports — nothing
+//!   else: no tenant, network or IP group change, no other node's port or name;
+//! - **the bootstrap token** (`--bootstrap-token-file`, kubeadm's idea): one thing only,
+//!   joining — a node token for a name that has none yet (a name that joined before gets a
+//!   new token from the admin only, so a compromised node cannot take over another's);
+//! - **nobody** (no token): `GET /v1/health` and the gRPC `Health`; with `--loopback-reads`,
+//!   reads from the manager's own host too.
+//!
+//! Node tokens are `node.<hex of the node name>.<64 hex digits>`; the store keeps only the
+//! secret part's SHA-256 (`node_credentials/<name>`), compared in constant time. Issuing a
+//! node a new token revokes its old one; deleting the node forgets it.
+
+use super::objects::{Node, Port, PortSpec};
+use super::{Manager, ManagerError, Result, json, now};
+use crate::store::Op;
+use serde::{Deserialize, Serialize};
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Admin,
+    Node(String),
+    Bootstrap,
+    /// No token (or none of the above on a read that allows it).
+    Nobody,
+}
+
+/// What an operation needs of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The admin only (every change of tenants, networks, IP groups; node deletion).
+    Admin,
+    /// The admin (and nobody from loopback with `--loopback-reads`).
+    Read,
+    /// The admin or a node (the operation checks which node); reads also nobody from loopback.
+    Node,
+    /// The admin or the bootstrap token (joining).
+    Join,
+    /// Anyone (health).
+    Open,
+}
+
+/// The manager's credentials and read policy.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    admin: std::sync::Arc<str>,
+    bootstrap: Option<std::sync::Arc<str>>,
+    loopback_reads: bool,
+}
+
+/// A node's credential as the store keeps it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Credential {
+    /// SHA-256 of the token's secret part, hex.
+    sha256: String,
+    /// Unix seconds.
+    issued: u64,
+    /// `admin` or `bootstrap`.
+    by: String,
+}
+
+pub(super) fn credential_key(node: &str) -> String {
+    format!("node_credentials/{node}")
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, b).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The node a token names and its secret part, if it is a node token.
+fn parse_node_token(token: &str) -> Option<(String, &str)> {
+    let mut parts = token.splitn(3, '.');
+    let (kind, name, secret) = (parts.next()?, parts.next()?, parts.next()?);
+    if kind != "node" || name.len() % 2 != 0 || secret.len() != 64 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..name.len()).step_by(2).map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok()).collect();
+    Some((String::from_utf8(bytes?).ok()?, secret))
+}
+
+impl Auth {
+    pub fn new(admin: impl Into<std::sync::Arc<str>>, bootstrap: Option<String>, loopback_reads: bool) -> Auth {
+        Auth { admin: admin.into(), bootstrap: bootstrap.map(Into::into), loopback_reads }
+    }
+
+    /// The admin token alone (tests; a manager without a bootstrap token).
+    pub fn admin(token: impl Into<std::sync::Arc<str>>) -> Auth {
+        Auth::new(token, None, false)
+    }
+
+    /// Whether reads from loopback need no token.
+    pub fn loopback_reads(&self) -> bool {
+        self.loopback_reads
+    }
+
+    /// Who presents `bearer` (node tokens are looked up in the store: call off the runtime).
+    pub fn identify(&self, m: &Manager, bearer: Option<&str>) -> Result<Caller> {
+        let Some(t) = bearer.map(str::trim) else { return Ok(Caller::Nobody) };
+        if super::rest::same_bytes(t.as_bytes(), self.admin.as_bytes()) {
+            return Ok(Caller::Admin);
+        }
+        if self.bootstrap.as_ref().is_some_and(|b| super::rest::same_bytes(t.as_bytes(), b.as_bytes())) {
+            return Ok(Caller::Bootstrap);
+        }
+        if let Some((node, secret)) = parse_node_token(t)
+            && let Some((c, _)) = m.load::<Credential>(&credential_key(&node))?
+            && super::rest::same_bytes(sha256_hex(secret.as_bytes()).as_bytes(), c.sha256.as_bytes())
+        {
+            return Ok(Caller::Node(node));
+        }
+        Err(ManagerError::Unauthenticated("the bearer token is not one this manager knows (the admin's, the bootstrap token, or a node's it issued)".into()))
+    }
+
+    /// Refuses `caller` for an operation needing `access` (`loopback`: the request came from
+    /// the manager's own host; `read`: it changes nothing).
+    pub fn check(&self, caller: &Caller, access: Access, loopback: bool, read: bool) -> Result<()> {
+        let ok = match (access, caller) {
+            (Access::Open, _) | (_, Caller::Admin) => true,
+            (Access::Node, Caller::Node(_)) | (Access::Join, Caller::Bootstrap) => true,
+            (Access::Read | Access::Node, Caller::Nobody) => read && loopback && self.loopback_reads,
+            _ => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(match caller {
+            Caller::Nobody => ManagerError::Unauthenticated(
+                (if read { "reads need a bearer token (Authorization: Bearer <token>)" } else { "changes need a bearer token (Authorization: Bearer <token>; see the manager's token file)" }).into(),
+            ),
+            Caller::Node(n) => ManagerError::Forbidden(format!("node {n:?}'s credential may not do this (the admin's may)")),
+            Caller::Bootstrap => ManagerError::Forbidden("the bootstrap token may only join a node (knitter-vswitchd --manager-bootstrap-token-file)".into()),
+            Caller::Admin => unreachable!("the admin may do anything"),
+        })
+    }
+}
+
+impl Manager {
+    /// Issues node `node` a new token (revoking its old one). The bootstrap token may only
+    /// issue one to a name that has none.
+    pub fn issue_node_token(&self, node: &str, caller: &Caller) -> Result<String> {
+        super::check_name("node", node)?;
+        let key = credential_key(node);
+        let have = self.store().get(&key)?;
+        if have.is_some() && *caller == Caller::Bootstrap {
+            return Err(ManagerError::Conflict(format!(
+                "node {node:?} joined already; the admin issues it a new token (knitterctl manager node token {node})"
+            )));
+        }
+        let mut secret = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret).map_err(|_| ManagerError::Busy("no random bytes".into()))?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let by = if *caller == Caller::Bootstrap { "bootstrap" } else { "admin" };
+        let c = json(&Credential { sha256: sha256_hex(secret.as_bytes()), issued: now(), by: by.into() })?;
+        let op = match &have {
+            Some(v) => Op::replace(&key, Some(v.version), c),
+            None => Op::create(&key, c),
+        };
+        if !self.store().commit(&[op])? {
+            return Err(ManagerError::Busy(format!("node {node:?}'s credential changed meanwhile")));
+        }
+        tracing::info!(node, by, "issued a node token");
+        let name: String = node.bytes().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("node.{name}.{secret}"))
+    }
+
+    /// Forgets node `node`'s credential (its token stops working); whether it had one.
+    pub fn revoke_node_token(&self, node: &str) -> Result<bool> {
+        let key = credential_key(node);
+        let Some(v) = self.store().get(&key)? else { return Ok(false) };
+        Ok(self.store().commit(&[Op::delete(&key, v.version)])?)
+    }
+
+    /// Creates a port for `caller`: a node creates ports on itself only (its name filled in
+    /// when the request leaves it out), each checked against tenancy even without a pod.
+    pub fn create_port_as(&self, caller: &Caller, mut spec: PortSpec) -> Result<(Port, bool)> {
+        if let Caller::Node(n) = caller {
+            if spec.node.is_empty() {
+                spec.node = n.clone();
+            }
+            if spec.node != *n {
+                return Err(ManagerError::Forbidden(format!("node {n:?} may not create a port on node {:?}", spec.node)));
+            }
+            if spec.pod.is_empty() {
+                let (net, _) = self.network(&spec.network)?;
+                self.check_attachment("", &net.spec, &spec)?;
+            }
+        }
+        self.create_port(spec)
+    }
+
+    /// Deletes a port for `caller`: a node, only one on itself.
+    pub fn delete_port_as(&self, caller: &Caller, container: &str, interface: &str) -> Result<Option<Port>> {
+        if let Caller::Node(n) = caller
+            && let Ok(p) = self.get_port(container, interface)
+            && p.spec.node != *n
+        {
+            return Err(ManagerError::Forbidden(format!("node {n:?} may not delete a port of node {:?}", p.spec.node)));
+        }
+        self.delete_port(container, interface)
+    }
+
+    /// Reads a port for `caller`: a node, only one on itself.
+    pub fn get_port_as(&self, caller: &Caller, container: &str, interface: &str) -> Result<Port> {
+        let p = self.get_port(container, interface)?;
+        match caller {
+            Caller::Node(n) if p.spec.node != *n => Err(ManagerError::Forbidden(format!("node {n:?} may not read a port of node {:?}", p.spec.node))),
+            _ => Ok(p),
+        }
+    }
+
+    /// Lists ports for `caller`: a node sees its own only.
+    pub fn list_ports_as(&self, caller: &Caller, f: &super::Filter) -> Result<Vec<Port>> {
+        match caller {
+            Caller::Node(n) => Ok(self.list_ports(f)?.into_iter().filter(|p| p.spec.node == *n).collect()),
+            _ => self.list_ports(f),
+        }
+    }
+
+    /// Registers a node for `caller`: a node, only itself.
+    pub fn register_node_as(&self, caller: &Caller, node: Node) -> Result<Node> {
+        if let Caller::Node(n) = caller
+            && node.name != *n
+        {
+            return Err(ManagerError::Forbidden(format!("node {n:?} may not register as {:?}", node.name)));
+        }
+        self.register_node(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_tokens_name_their_node() {
+        let name: String = "n1.example".bytes().map(|b| format!("{b:02x}")).collect();
+        let t = format!("node.{name}.{}", "ab".repeat(32));
+        assert_eq!(parse_node_token(&t).map(|(n, s)| (n, s.len())), Some(("n1.example".to_string(), 64)));
+        for bad in ["node.zz.x", "admin-token", "node.6e31", "node.6e3.".to_string().as_str()] {
+            assert!(parse_node_token(bad).is_none(), "{bad}");
+        }
+    }
+}

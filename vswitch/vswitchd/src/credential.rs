@@ -1,0 +1,118 @@
+//! The node's own credential on the manager: the token the operator gave it
+//! (`--manager-token-file`: a node token from `knitterctl manager node token NAME`, or, on a
+//! trusted node, the admin's), or one it got by joining with the bootstrap token
+//! (`--manager-bootstrap-token-file`), kept in the credential file (mode 0600) for restarts.
+//! The manager issues a bootstrap join once a node name: a node whose credential file is lost
+//! gets a new token from the admin.
+
+use anyhow::{Context, Result, bail};
+use knitter_api::manager as pb;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The bearer token the node presents, once it has one (shared by the attach API and the
+/// sync stream; filled in by [`join`] when the node joins after it started).
+#[derive(Debug, Clone)]
+pub struct Credential(Arc<tokio::sync::watch::Sender<Option<String>>>);
+
+impl Credential {
+    pub fn given(token: Option<String>) -> Credential {
+        Credential(Arc::new(tokio::sync::watch::Sender::new(token)))
+    }
+
+    /// The token, if the node has one yet.
+    pub fn get(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
+
+    /// The token, waiting up to `within` for the node to join.
+    pub async fn ready(&self, within: Duration) -> Option<String> {
+        let mut rx = self.0.subscribe();
+        let _ = tokio::time::timeout(within, rx.wait_for(Option::is_some)).await;
+        self.get()
+    }
+
+    fn set(&self, token: String) {
+        self.0.send_replace(Some(token));
+    }
+}
+
+/// How the node joins: the bootstrap token and where it keeps what it gets.
+#[derive(Debug, Clone)]
+pub struct Join {
+    pub bootstrap: String,
+    pub file: PathBuf,
+}
+
+/// The credential file's token, if there is one.
+fn stored(file: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(file) {
+        Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_string())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading the node's credential {}", file.display())),
+    }
+}
+
+fn store(file: &Path, token: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = file.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
+    Ok(())
+}
+
+/// Gets the node a token with the bootstrap token, once.
+async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<String> {
+    let channel = knitter_api::endpoint(&link.address, link.tls.clone())?.connect_timeout(Duration::from_secs(5)).connect().await.context("connecting")?;
+    let mut req = tonic::Request::new(pb::Name { name: link.node_name.clone() });
+    req.metadata_mut().insert("authorization", format!("Bearer {}", join.bootstrap).parse().context("the bootstrap token is not valid metadata")?);
+    match pb::manager_client::ManagerClient::new(channel).join_node(req).await {
+        Ok(r) => Ok(r.into_inner().token),
+        Err(s) if s.code() == tonic::Code::AlreadyExists => bail!(
+            "{}; put the token it issues into {} (knitterctl manager node token {} > {})",
+            s.message(),
+            join.file.display(),
+            link.node_name,
+            join.file.display()
+        ),
+        Err(s) => Err(s).context("joining"),
+    }
+}
+
+/// Fills in the node's credential: from the credential file, or by joining (retried with
+/// back-off until it works: the manager may start after the node).
+pub async fn join(link: crate::settings::ManagerLink, join: Join) {
+    match stored(&join.file) {
+        Ok(Some(t)) => {
+            link.token.set(t);
+            return;
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!(error = %format!("{e:#}"), "the node's credential file"),
+    }
+    let mut wait = Duration::from_secs(1);
+    loop {
+        match join_once(&link, &join).await {
+            Ok(t) => {
+                if let Err(e) = store(&join.file, &t) {
+                    tracing::error!(error = %format!("{e:#}"), "the node's token is not kept: it joins again after a restart, which the manager refuses");
+                }
+                tracing::info!(node = %link.node_name, file = %join.file.display(), "joined the manager with the bootstrap token");
+                link.token.set(t);
+                return;
+            }
+            Err(e) => tracing::warn!(manager = %link.address, node = %link.node_name, error = %format!("{e:#}"), "not joined yet"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(30));
+    }
+}
