@@ -62,18 +62,25 @@ echo "== the node image runs the switch with only the DaemonSet's capabilities; 
 ip netns add "$node_ns" && ip netns add "$pod_a" && ip netns add "$pod_b"
 for ns in "$node_ns" "$pod_a" "$pod_b"; do ip -n "$ns" link set lo up; done
 mkdir -p "$tmp/m" "$tmp/run/vhost" "$tmp/state"
-echo ci-token >"$tmp/m/token" && chown -R 65532:65532 "$tmp/m"
+# As the manifests run them: the Secrets deploy/kubernetes/secrets.sh makes (the admin token
+# and TLS for the manager; only the bootstrap token and the CA for the node, which joins and
+# keeps its own token in its state directory).
+bash deploy/kubernetes/secrets.sh --out "$tmp/secrets" >/dev/null
+chown -R 65532:65532 "$tmp/m" "$tmp/secrets"
 podman_run -d --name "$name-m" --network "ns:/run/netns/$node_ns" -v "$tmp/m:/var/lib/knitter/manager" \
-  "$MANAGER" --listen 127.0.0.1:9480 --grpc-listen 127.0.0.1:9481 >/dev/null
+  -v "$tmp/secrets:/etc/knitter/secrets:ro" "$MANAGER" --listen 127.0.0.1:9480 --grpc-listen 127.0.0.1:9481 \
+  --token-file /etc/knitter/secrets/token --bootstrap-token-file /etc/knitter/secrets/bootstrap-token \
+  --tls-cert /etc/knitter/secrets/tls.crt --tls-key /etc/knitter/secrets/tls.key >/dev/null
 # The capabilities deploy/kubernetes/base/node.yaml gives the container, and nothing else.
 CAPS=$(sed -n 's/^ *add: \[\(NET_ADMIN.*\)\]$/\1/p' deploy/kubernetes/base/node.yaml | tr -d ' ')
 test -n "$CAPS"
 start_node() {
   podman_run -d --name "$name-n" --network "ns:/run/netns/$node_ns" --cap-drop ALL --cap-add "$CAPS" \
     -v "$tmp/run:/run/knitter" -v "$tmp/run/vhost:$tmp/run/vhost" -v "$tmp/state:/var/lib/knitter" -v /run/netns:/run/netns:rslave \
-    -v "$tmp/m/token:/etc/knitter/token/token:ro" \
+    -v "$tmp/secrets/bootstrap-token:/etc/knitter/bootstrap/token:ro" -v "$tmp/secrets/ca.crt:/etc/knitter/manager-ca/ca.crt:ro" \
     "$NODE" --no-hugepages --buffers 4096 --idle adaptive --no-metrics \
-    --manager 127.0.0.1:9481 --manager-token-file /etc/knitter/token/token --node-name n1 >/dev/null
+    --manager 127.0.0.1:9481 --manager-bootstrap-token-file /etc/knitter/bootstrap/token \
+    --manager-ca /etc/knitter/manager-ca/ca.crt --manager-server-name knitter-manager.knitter.svc --node-name n1 >/dev/null
   for _ in $(seq 1 100); do
     [ -S "$tmp/run/vswitchd.sock" ] && target/release/knitterctl --socket "$tmp/run/vswitchd.sock" node show >/dev/null 2>&1 && return 0
     sleep 0.2
@@ -82,8 +89,14 @@ start_node() {
   return 1
 }
 start_node
-mctl() { ip netns exec "$node_ns" target/release/knitterctl --manager 127.0.0.1:9481 --token-file "$tmp/m/token" manager "$@"; }
+mctl() {
+  ip netns exec "$node_ns" target/release/knitterctl --manager 127.0.0.1:9481 --token-file "$tmp/secrets/token" \
+    --manager-ca "$tmp/secrets/ca.crt" --manager-server-name knitter-manager.knitter.svc manager "$@"
+}
 for _ in $(seq 1 50); do mctl tenant list >/dev/null 2>&1 && break; sleep 0.2; done
+for _ in $(seq 1 50); do [ -s "$tmp/state/manager-token" ] && break; sleep 0.2; done
+grep -q '^node\.' "$tmp/state/manager-token" && test "$(stat -c %a "$tmp/state/manager-token")" = 600
+echo "the manager serves TLS; the node joined with the bootstrap token and keeps its own (0600)"
 mctl network create red --ipv4 10.99.0.0/24 >/dev/null
 add() { # add CONTAINER NETNS: the CNI ADD a runtime would run; prints the pod's address
   printf '{"cniVersion":"1.0.0","name":"knitter","type":"knitter-cni","network":"red","socket":"%s"}' "$tmp/run/vswitchd.sock" |

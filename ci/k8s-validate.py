@@ -58,6 +58,50 @@ def conflist_ok(where, config):
     return bool(ok)
 
 
+def policy(path):
+    """What the rendered setup grants and mounts, against the boundaries the docs promise:
+    the managers may patch pods only where one runs --network-status, may update
+    networks/finalizers (blockOwnerDeletion) where one makes NADs, serve TLS with a bootstrap
+    token; nodes verify the managers' CA and carry neither the admin token nor the managers'
+    key. Returns the problems found."""
+    with open(path) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    problems = []
+    by_kind = lambda k: [d for d in docs if d.get("kind") == k]
+    pod_spec = lambda d: d["spec"]["template"]["spec"]
+    managers = [d for d in by_kind("StatefulSet") + by_kind("Deployment") if d["metadata"]["name"] == "knitter-manager"]
+    nodes = [d for d in by_kind("DaemonSet") if d["metadata"]["name"] == "knitter-node"]
+    if not managers or not nodes:
+        return problems
+    args = [a for m in managers for c in pod_spec(m)["containers"] for a in c.get("args", []) + c.get("command", [])]
+    roles = {r["metadata"]["name"]: r for r in by_kind("ClusterRole")}
+    granted = set()
+    for b in by_kind("ClusterRoleBinding"):
+        if any(s.get("name") == "knitter-manager" for s in b.get("subjects", [])):
+            for rule in roles.get(b["roleRef"]["name"], {}).get("rules", []):
+                granted |= {(res, verb) for res in rule["resources"] for verb in rule["verbs"]}
+    status = "--network-status" in args
+    if (("pods", "patch") in granted) != status:
+        problems.append(f"the managers {'need' if status else 'must not have'} patch on pods ({'with' if status else 'without'} --network-status)")
+    if "--network-resources" in args and ("networks/finalizers", "update") not in granted:
+        problems.append("the managers make NADs owned by Networks (blockOwnerDeletion): they need update on networks/finalizers")
+    for flag in ["--tls-cert=", "--tls-key=", "--bootstrap-token-file="]:
+        if not any(a.startswith(flag) for a in args):
+            problems.append(f"the managers run without {flag[:-1]}")
+    node_args = [a for n in nodes for c in pod_spec(n)["containers"] for a in c.get("args", []) + c.get("command", [])]
+    if any(a.startswith("--manager-token-file") for a in node_args):
+        problems.append("nodes carry a manager token file: they join with the bootstrap token instead")
+    if not any(a.startswith("--manager-ca=") for a in node_args):
+        problems.append("nodes reach the managers without verifying their certificate (--manager-ca)")
+    for n in nodes:
+        for v in pod_spec(n).get("volumes", []):
+            secret = v.get("secret", {})
+            name, items = secret.get("secretName"), [i["key"] for i in secret.get("items", [])]
+            if name == "knitter-token" or (name == "knitter-manager-tls" and items != ["ca.crt"]):
+                problems.append(f"nodes mount {name} {items or '(every key)'}: the admin token or the managers' key")
+    return [f"{os.path.basename(path)}: {p}" for p in problems]
+
+
 def manifests():
     base = os.path.join(ROOT, "deploy", "kubernetes")
     crd_files = sorted(glob.glob(os.path.join(base, "base", "crds", "*.yaml")))
@@ -98,6 +142,11 @@ def manifests():
             else:
                 builtin.append(f)
         kubernetes_validate(builtin)
+        broken = [p for f in builtin for p in policy(f)]
+        for p in broken:
+            print(p, file=sys.stderr)
+        if broken:
+            sys.exit(f"{len(broken)} manifests grant or mount more than they should")
     with open(os.path.join(ROOT, "control", "tests", "fixtures", "multus-nad-crd.yaml")) as fh:
         nad = next(d for d in yaml.safe_load_all(fh) if d)
     crds[(nad["spec"]["group"], nad["spec"]["names"]["kind"])] = nad
