@@ -133,7 +133,7 @@ fn every_route_is_in_the_openapi_document() {
 /// What the docs say, the API does: the same container and interface asking for another
 /// pod, node, fixed address or IP group is a conflict (a retry of the same request gets the
 /// same port); a network may name any valid VNI (the configured range is for networks that
-/// name none); a body field the API does not know is refused by name.
+/// name none); a body field the API does not know is refused by name, in every body.
 #[tokio::test]
 async fn docs_and_behaviour_agree() {
     let c = Client::new();
@@ -163,6 +163,12 @@ async fn docs_and_behaviour_agree() {
     let (s, e) = c.send("POST", "/v1/ports", json!({"network": "red", "container": "c2", "interface": "eth0", "ip": ["10.1.0.9"]})).await;
     assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("request body: unknown field \"ip\"")), "not a dynamic address");
     assert_eq!(c.get("/v1/ports/c2/eth0").await.0, StatusCode::NOT_FOUND, "nothing made");
+    // Every body: IP groups and node records too (their handlers fill fields in first).
+    let (s, e) = c.send("POST", "/v1/networks/red/ipgroups", json!({"name": "h", "size": 2, "grace": 60})).await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("request body: unknown field \"grace\"")), "{e}");
+    let (s, e) = c.send("PUT", "/v1/nodes/n9", json!({"vtep": "192.0.2.9", "mtu": 9000})).await;
+    assert_eq!((s, e["reason"].as_str()), (StatusCode::BAD_REQUEST, Some("request body: unknown field \"mtu\"")), "{e}");
+    assert_eq!(c.get("/v1/nodes/n9").await.0, StatusCode::NOT_FOUND, "nothing registered");
 }
 
 /// Each node has its own identity: the bootstrap token gets a node its token once (and does
