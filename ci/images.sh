@@ -152,3 +152,10 @@ for who in kernel vnf; do
   echo "$who pod: $sent pings sent at 10 ms, $got answered: ${lost_ms} ms of traffic lost across the upgrade"
   test "$lost_ms" -le 2000
 done
+# The new container reaches the manager with the token the old one got by joining (a second
+# join would be refused): a pod's ADD creates its port there.
+printf '{"cniVersion":"1.0.0","name":"knitter","type":"knitter-cni","network":"red","socket":"%s"}' "$tmp/run/vswitchd.sock" |
+  env -i CNI_COMMAND=ADD CNI_CONTAINERID=pod-after-upgrade CNI_NETNS="/run/netns/$pod_a" CNI_IFNAME=net5 CNI_PATH="$tmp/host/opt/cni/bin" \
+    CNI_ARGS="K8S_POD_NAMESPACE=ci;K8S_POD_NAME=after" "$tmp/host/opt/cni/bin/knitter-cni" >/dev/null
+mctl port list | grep -q pod-after-upgrade
+echo "after the upgrade the node attaches a pod with its own token"

@@ -46,7 +46,7 @@ pub struct Join {
 }
 
 /// The credential file's token, if there is one.
-fn stored(file: &Path) -> Result<Option<String>> {
+pub fn stored(file: &Path) -> Result<Option<String>> {
     match std::fs::read_to_string(file) {
         Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_string())),
         Ok(_) => Ok(None),
@@ -88,16 +88,12 @@ async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<S
     }
 }
 
-/// Fills in the node's credential: from the credential file, or by joining (retried with
-/// back-off until it works: the manager may start after the node).
+/// Fills in the node's credential by joining (retried with back-off until it works: the
+/// manager may start after the node). A node that joined before has its token from the
+/// credential file already (read with the settings).
 pub async fn join(link: crate::settings::ManagerLink, join: Join) {
-    match stored(&join.file) {
-        Ok(Some(t)) => {
-            link.token.set(t);
-            return;
-        }
-        Ok(None) => {}
-        Err(e) => tracing::error!(error = %format!("{e:#}"), "the node's credential file"),
+    if link.token.get().is_some() {
+        return;
     }
     let mut wait = Duration::from_secs(1);
     loop {

@@ -497,6 +497,11 @@ impl Settings {
                 }
                 _ => None,
             };
+            // A node that joined before starts with the token it got (no join, no wait).
+            let token = match (token, &join) {
+                (None, Some(j)) => crate::credential::stored(&j.file)?,
+                (t, _) => t,
+            };
             let ca = args.manager_ca.clone().or(file.manager.ca);
             let identity = match (args.manager_cert.clone().or(file.manager.cert), args.manager_key.clone().or(file.manager.key)) {
                 (Some(c), Some(k)) => Some((c, k)),
@@ -630,6 +635,24 @@ mod tests {
     /// The manager reached over TLS from the config file: the CA, the client certificate and
     /// its key read at start, the name to check defaulting to the address's host; a
     /// certificate without its key, or without a CA, refused with the reason.
+    /// With a bootstrap token the node joins unless it joined before: then it starts with the
+    /// token it kept (beside the state file by default, or where it is told).
+    #[test]
+    fn a_node_that_joined_starts_with_its_own_token() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("bootstrap"), "boot\n").unwrap();
+        let (boot, state) = (dir.path().join("bootstrap"), dir.path().join("vswitchd.json"));
+        let args = <Args as clap::Parser>::parse_from([
+            "x", "--config", "/dev/null", "--state-file", state.to_str().unwrap(), "--manager", "m:9481", "--node-name", "n1", "--manager-bootstrap-token-file", boot.to_str().unwrap(),
+        ]);
+        let link = Settings::from_args(&args).unwrap().manager.unwrap();
+        let join = link.join.clone().unwrap();
+        assert_eq!((link.token.get(), join.bootstrap.as_str(), join.file.clone()), (None, "boot", dir.path().join("manager-token")));
+        std::fs::write(&join.file, "node.6e31.secret\n").unwrap();
+        let link = Settings::from_args(&args).unwrap().manager.unwrap();
+        assert_eq!(link.token.get().as_deref(), Some("node.6e31.secret"));
+    }
+
     #[test]
     fn the_managers_tls_comes_from_the_file() {
         let dir = tempfile::tempdir().unwrap();

@@ -60,7 +60,7 @@ async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Re
         .await
         .context("connecting")?;
     let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: *revision });
-    if link.join.is_some() && link.token.get().is_none() {
+    if link.join.is_some() && link.token.ready(std::time::Duration::from_secs(30)).await.is_none() {
         anyhow::bail!("not joined yet (the bootstrap token)");
     }
     if let Some(t) = &link.token.get() {
