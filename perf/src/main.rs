@@ -6,7 +6,7 @@ use knitter_perf::frames::FrameSize;
 use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
 use knitter_perf::progress::Progress;
-use knitter_perf::testpmd::{Layout, Memory};
+use knitter_perf::testpmd::{Layout, Memory, Vnf};
 use knitter_perf::{doctor, machine, mrr, ndr, report};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -162,6 +162,21 @@ enum Cmd {
         /// Seconds measured.
         #[arg(long, default_value_t = 10.0)]
         window: f64,
+        /// Queue pairs the VNF's virtio-user ports are created with (others than Knitter
+        /// offer one).
+        #[arg(long, default_value_t = 1)]
+        vnf_queues: u16,
+        /// Queue pairs the VNF configures and sends on, evenly (default: all of them).
+        #[arg(long)]
+        vnf_queues_used: Option<u16>,
+        /// Entries of the VNF's virtqueues and its descriptors a queue (`queue_size`,
+        /// `--rxd/--txd`): 256 is DPDK's default, NFV set-ups use 1024 and more.
+        #[arg(long, default_value_t = 256)]
+        vnf_ring: u16,
+        /// A policer on Knitter's offering pod port, as a TOML inline table's body
+        /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
+        #[arg(long)]
+        police: Option<String>,
         /// Repeat a trial when a CPU got less than this share of its time.
         #[arg(long, default_value_t = 0.85)]
         min_supply: f64,
@@ -243,7 +258,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries } => {
+        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, police } => {
             let common = common.resolved();
             anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
             let lab = common.lab(scenario, true)?;
@@ -262,6 +277,8 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 retries,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
+                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring },
+                police,
                 work: lab.work.path().to_path_buf(),
             };
             let progress = Progress::new(mrr::planned(&cfg));

@@ -10,7 +10,7 @@ use crate::stats::{self, Summary};
 use crate::scenario::Scenario;
 use crate::sut::{Own, SwitchUnderTest};
 use crate::switches::{Kind, Running, Setup};
-use crate::testpmd::{Generator, Layout, Memory, Wiring};
+use crate::testpmd::{Generator, Layout, Memory, Vnf, Wiring};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,6 +42,12 @@ pub struct Config {
     /// What is measured: L2, VLAN or VXLAN between the switch's two vhost-user sockets.
     #[serde(default = "l2")]
     pub scenario: Scenario,
+    /// How the VNF sets up its virtqueues (queue pairs, ring size).
+    #[serde(default)]
+    pub vnf: Vnf,
+    /// A policer on Knitter's offering pod port (`--police`).
+    #[serde(default)]
+    pub police: Option<String>,
     #[serde(skip)]
     pub work: PathBuf,
 }
@@ -176,7 +182,7 @@ fn min_supply(s: &Sample) -> f64 {
 }
 
 fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
+    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security, police: cfg.police.as_deref() };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let switching = switch != Kind::Yardstick;
@@ -186,7 +192,7 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
     let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
     let (offer_sock, count_sock) = if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
     let wiring = Wiring { offer_sock, count_sock, offer_pcap: &offer_pcap, back_pcap: &back_pcap, offer_mac: &A.mac_text(), count_mac: &B.mac_text() };
-    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout)?;
+    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf)?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();
     generator.clear();

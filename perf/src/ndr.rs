@@ -194,7 +194,7 @@ struct Bench {
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
-        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security };
+        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security, police: None };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
         let (mut veths, mut underlay) = (None, None);
         let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {

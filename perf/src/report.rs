@@ -117,6 +117,7 @@ pub fn markdown(r: &Results) -> String {
         c.window.as_secs_f64(),
         c.flows
     );
+    let _ = writeln!(o, "The VNF: {}.{}\n", c.vnf.describe(), c.police.as_deref().map(|p| format!(" Knitter's offering pod port is policed: `policer = {{ {p} }}`.")).unwrap_or_default());
     let _ = writeln!(
         o,
         "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into one virtio-user \

@@ -74,6 +74,9 @@ pub struct Setup<'a> {
     pub scenario: Scenario,
     /// Knitter's pod ports with port security, as the CNI makes them.
     pub port_security: bool,
+    /// A policer on Knitter's first pod port (A), the body of a TOML inline table
+    /// (`pps = 1000000`).
+    pub police: Option<&'a str>,
 }
 
 impl Running {
@@ -346,6 +349,9 @@ impl Setup<'_> {
 fn knitter_config(api: &Path, s: &Sockets, setup: &Setup) -> String {
     let (mem, layout, scenario) = (setup.memory, setup.layout, setup.scenario);
     let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()), setup.pod(frames::A));
+    if let Some(p) = setup.police {
+        c += &format!("policer = {{ {p} }}\n");
+    }
     let b = s.b.display();
     if scenario.is_vxlan() {
         // The generator plays the remote VTEP and answers no ARP: its MAC is given.

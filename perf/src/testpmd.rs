@@ -169,6 +169,33 @@ pub struct Layout {
     pub second_switch_cpu: Option<usize>,
 }
 
+/// How the VNF (the generator's `net_virtio_user` ports) sets up its virtqueues: users pick
+/// these, so a headline holds across them or it is not a headline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Vnf {
+    /// Queue pairs each virtio-user port is created with (`queues=`): what it negotiates.
+    pub queues: u16,
+    /// Queue pairs testpmd configures and sends on (`--rxq/--txq`, ≤ `queues`): a VNF that
+    /// negotiated four and enables one is the common case.
+    pub queues_used: u16,
+    /// Entries of each virtqueue (`queue_size=`) and descriptors testpmd gives each queue
+    /// (`--rxd/--txd`).
+    pub ring: u16,
+}
+
+impl Default for Vnf {
+    fn default() -> Vnf {
+        Vnf { queues: 1, queues_used: 1, ring: 256 }
+    }
+}
+
+impl Vnf {
+    /// What the report says of it.
+    pub fn describe(&self) -> String {
+        format!("{} of {} queue pair(s) used, {}-entry virtqueues", self.queues_used, self.queues, self.ring)
+    }
+}
+
 /// The generator of one trial: offers `a_pcap` (replayed forever) into `a_sock` and counts
 /// what comes out of `b_sock`. It is the VNF of the comparison (DPDK's own virtio-user
 /// driver), so what each switch costs it is read too: its forwarding cycles
@@ -230,7 +257,7 @@ pub struct Wiring<'a> {
 }
 
 impl Generator {
-    pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout) -> anyhow::Result<Generator> {
+    pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout, vnf: Vnf) -> anyhow::Result<Generator> {
         let Wiring { offer_sock, count_sock, offer_pcap, back_pcap, offer_mac, count_mac } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
@@ -248,11 +275,18 @@ impl Generator {
         // sent into the switch from port 2. testpmd's own `start tx_first` burst cannot be
         // tagged or encapsulated, and a pod port with port security drops its default
         // addresses.
-        args.push(format!("--vdev=net_pcap0,rx_pcap={},tx_pcap=/dev/null,infinite_rx=1", offer_pcap.display()));
-        args.push(format!("--vdev=net_virtio_user0,path={},queues=1,mac={offer_mac}", offer_sock.display()));
-        args.push(format!("--vdev=net_virtio_user1,path={},queues=1,mac={count_mac}", count_sock.display()));
-        args.push(format!("--vdev=net_pcap1,rx_pcap={}", back_pcap.display()));
-        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--total-num-mbufs=16384", "--record-core-cycles"].map(String::from));
+        // With several queues each pcap port has one replay per queue, so io forwarding's
+        // streams (pcap queue i → virtio-user queue i) spread the offer evenly.
+        let used = vnf.queues_used.clamp(1, vnf.queues.max(1)) as usize;
+        let (offer, back) = (offer_pcap.display(), back_pcap.display());
+        args.push(format!("--vdev=net_pcap0,{}infinite_rx=1", format!("rx_pcap={offer},tx_pcap=/dev/null,").repeat(used)));
+        let ring = vnf.ring.max(64);
+        args.push(format!("--vdev=net_virtio_user0,path={},queues={},queue_size={ring},mac={offer_mac}", offer_sock.display(), vnf.queues.max(1)));
+        args.push(format!("--vdev=net_virtio_user1,path={},queues={},queue_size={ring},mac={count_mac}", count_sock.display(), vnf.queues.max(1)));
+        args.push(format!("--vdev=net_pcap1,{}", vec![format!("rx_pcap={back}"); used].join(",")));
+        let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192);
+        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from));
+        args.extend([format!("--total-num-mbufs={mbufs}"), format!("--rxq={used}"), format!("--txq={used}"), format!("--rxd={ring}"), format!("--txd={ring}")]);
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");

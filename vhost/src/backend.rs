@@ -66,8 +66,9 @@ pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_RING_F_EVENT_IDX
     | VIRTIO_F_IN_ORDER
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
-/// Largest queue accepted (QEMU's virtio-net allows 1024).
-pub const MAX_QUEUE: u32 = 1024;
+/// Largest queue accepted: what the virtio spec allows a split ring (DPDK's vhost library
+/// and OVS accept as much; VNFs set 1,024 to 4,096 and more to absorb bursts).
+pub const MAX_QUEUE: u32 = crate::vring::MAX_QUEUE_SIZE as u32;
 /// Regions a memory table may have: the vhost-user specification's
 /// `VHOST_MEMORY_BASELINE_NREGIONS`, what QEMU and DPDK send at most.
 pub const MAX_REGIONS: usize = 8;
@@ -290,6 +291,9 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
         if num == 0 || num > MAX_QUEUE || !num.is_power_of_two() {
+            // Said where the user looks (the port's status), not only in the daemon's log:
+            // the frontend's driver may carry on with its link up and nothing moving.
+            self.port.fault(format!("ring {index}: {num} entries refused (a power of two up to {MAX_QUEUE})"));
             return Err(Error::InvalidParam);
         }
         self.vring(index)?.num = num;

@@ -310,3 +310,31 @@ fn serial_a_hugetlbfs_frontend_that_truncates_its_memory_leaks_nothing() {
     restore();
     assert!(ok, "huge pages free before {free_before}, after {free_after}");
 }
+
+/// Every ring size the virtio spec allows a split ring is taken (up to 32,768 entries, as
+/// DPDK's vhost library and OVS take); one it does not (not a power of two) is refused where
+/// the user looks: the frontend is told and the port says why, not only the daemon's log.
+#[test]
+fn a_ring_size_is_taken_up_to_the_specs_limit_and_a_refused_one_is_shown() {
+    let dir = scratch("hostile-ring-size");
+    let (mut h, ports) = bridged(&["good", "bad"]);
+    let (good, bad) = (ports[0].clone(), ports[1].clone());
+    let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let mut vm = frontend(&dir.join("good.sock"));
+    for size in [2048, 4096, 32768] {
+        let fe = frontend(&dir.join("bad.sock"));
+        fe.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        assert!(fe.fe.set_vring_num(0, size).is_ok(), "{size} entries taken");
+        assert_eq!(bad.ring_error(), None);
+        drop(fe);
+        wait_for("the frontend to go", || !bad.link_up());
+    }
+    let rogue = frontend(&dir.join("bad.sock"));
+    rogue.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+    assert!(rogue.fe.set_vring_num(0, 3000).is_err(), "the frontend is told (REPLY_ACK)");
+    let why = bad.ring_error().expect("the port is in error");
+    assert!(why.contains("ring 0: 3000 entries refused (a power of two up to 32768)"), "{why}");
+    exchange(&mut h, &good, &mut vm, 0);
+    drop(rogue);
+    let _ = std::fs::remove_dir_all(&dir);
+}

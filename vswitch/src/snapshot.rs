@@ -8,7 +8,7 @@
 
 use crate::config::*;
 use crate::fdb::{MAX_BDS, MAX_PORTS};
-use crate::policer::{Limits, SharedBucket};
+use crate::policer::SharedBucket;
 use crate::port::Port;
 use crate::util::{FxMap, FxSet, VlanSet};
 use crate::vtep::{Admission, Marking, PeerEntry, VtepEntry};
@@ -42,8 +42,9 @@ pub struct PortEntry {
     pub mtu: u16,
     pub mac_limit: u32,
     pub security: Option<Security>,
-    /// Ingress policing: the limits, which each rx queue's bucket takes its share of.
-    pub policer: Option<Limits>,
+    /// Ingress policing: the port's buckets (every thread that polls one of its queues draws
+    /// from them; kept, tokens and all, by the next snapshot while its limits stay the same).
+    pub policer: Option<Arc<SharedBucket>>,
     /// The policer of its access bridge's frames from all its ports together (shared with
     /// them and every PMD thread), and that bridge domain.
     pub net_policer: Option<(Arc<SharedBucket>, u16)>,
@@ -527,16 +528,21 @@ impl Snapshot {
                 PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge).and_then(|b| b.pod_policer.as_ref()),
                 _ => None,
             };
-            let policer = match (&p.policer, pod_policer()) {
+            let limits = match (&p.policer, pod_policer()) {
                 (Some(c), _) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
                 (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
                 (None, None) => None,
             };
+            let id = ids.ports[&p.name];
+            let policer = limits.map(|limits| match prev.port(id).filter(|e| e.name == p.name).and_then(|e| e.policer.as_ref()) {
+                Some(kept) if kept.holds_to(&limits) => kept.clone(),
+                // Full from the start: its clock (0) only ever moves on with the pipelines'.
+                _ => Arc::new(SharedBucket::new(&limits, 0)),
+            });
             let net_policer = match &p.mode {
                 PortMode::Access { bridge } => s.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd)),
                 _ => None,
             };
-            let id = ids.ports[&p.name];
             for q in 0..port.rx_queues() {
                 s.rxqs.push((id, q));
             }

@@ -164,8 +164,6 @@ pub struct Pipeline {
     missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
     /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
     sampled: u32,
-    /// Ingress policers' token buckets of the queues this thread polls, and their clock.
-    policers: policer::Buckets,
     clock: fn() -> u64,
     /// The switch's trace request (checked once per burst) and, while a burst is traced
     /// (`traced`), its frames' traces.
@@ -202,7 +200,6 @@ impl Pipeline {
             miss_keys: [None; BATCH],
             missed_bursts: Box::new([0; fdb::MAX_PORTS]),
             sampled: 0,
-            policers: policer::Buckets::default(),
             clock: crate::util::monotonic_ns,
             tracing: Arc::new(Tracing::default()),
             traced: false,
@@ -250,10 +247,10 @@ impl Pipeline {
     pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
         let Some(pe) = snap.port(port) else { return 0 };
         let n = pe.port.rx_burst(queue, &mut self.cache, batch);
-        if let Some(limits) = &pe.policer
+        if let Some(bucket) = &pe.policer
             && n > 0
         {
-            self.police(pe, limits, queue, batch);
+            self.police(pe, bucket, batch);
         }
         if let Some((bucket, bd)) = &pe.net_policer
             && !batch.is_empty()

@@ -28,42 +28,48 @@ fn drop_policed(pool: PoolView, cache: &mut PoolCache, stats: &ThreadStats, port
 }
 
 impl Pipeline {
-    /// Drops the frames of a burst from (`pe`, `queue`) that its policer does not admit; they
-    /// count as received and as dropped (`policed`).
+    /// Drops the frames of a burst from `pe` that its own policer (one for the port, shared by
+    /// every thread that polls one of its queues) does not admit; they count as received and
+    /// as dropped (`policed`).
     #[inline(never)]
-    pub(super) fn police(&mut self, pe: &PortEntry, limits: &policer::Limits, queue: u16, batch: &mut Batch) {
-        let bucket = self.policers.get(pe.id, limits, queue, pe.port.rx_queues(), (self.clock)());
-        let pool = self.pool.view();
-        let burst_bytes: u64 = batch.as_slice().iter().map(|b| pool.head_and_len(b).1 as u64).sum();
-        if bucket.admit_all(batch.len() as u64, burst_bytes) {
-            return;
-        }
-        drop_policed(pool, &mut self.cache, &self.stats, pe.id, batch, |len| bucket.admit(len));
+    pub(super) fn police(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, batch: &mut Batch) {
+        self.take_or_drop(pe, bucket, batch);
     }
 
     /// Drops the frames of a burst from `pe` that its network's policer (shared by the
-    /// network's ports and every thread) does not admit: the first frames that fit pass.
+    /// network's ports and every thread) does not admit; they count on the bridge too.
     #[inline(never)]
     pub(super) fn police_network(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, bd: u16, batch: &mut Batch) {
+        let dropped = self.take_or_drop(pe, bucket, batch);
+        if dropped > 0 {
+            self.stats.bd(bd).policed.add(dropped);
+        }
+    }
+
+    /// Takes a burst's tokens from `bucket` (whole when they are there, else frame by frame)
+    /// and drops the frames it does not admit; returns how many.
+    #[inline(always)]
+    fn take_or_drop(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, batch: &mut Batch) -> u64 {
         bucket.refill((self.clock)());
         let pool = self.pool.view();
         let burst_bytes: u64 = batch.as_slice().iter().map(|b| pool.head_and_len(b).1 as u64).sum();
         let n = batch.len();
         if bucket.take_all(n as u64, burst_bytes) {
-            return;
+            return 0;
         }
         let mut lens = [0u32; BATCH];
         for (l, b) in lens.iter_mut().zip(batch.as_slice()) {
             *l = pool.head_and_len(b).1 as u32;
         }
-        let k = bucket.take(&lens[..n]);
-        if k < n {
-            let mut i = 0;
-            let dropped = drop_policed(pool, &mut self.cache, &self.stats, pe.id, batch, |_| {
-                i += 1;
-                i <= k
-            });
-            self.stats.bd(bd).policed.add(dropped);
+        let admitted = bucket.take(&lens[..n]);
+        if admitted == policer::first(n as u64) {
+            return 0;
         }
+        let mut i = 0;
+        drop_policed(pool, &mut self.cache, &self.stats, pe.id, batch, |_| {
+            let keep = admitted >> i & 1 == 1;
+            i += 1;
+            keep
+        })
     }
 }
