@@ -261,7 +261,8 @@ struct Layout {
 
 /// A port's rate is the port's: a frontend that enabled four queues and sends on one, on all
 /// evenly, or skewed, polled by one PMD thread or two, passes the rate it was given within
-/// 2 % over a simulated second — in packets and in bits (a frontend's queue count is its
+/// 2 % over a simulated second — in packets and in bits, for the port's own policer, its
+/// network's per-pod one and its network's on the node (a frontend's queue count is its
 /// choice; a policer that split the rate by queue gave a one-queue sender a quarter).
 #[test]
 fn a_ports_rate_holds_however_its_queues_are_used_and_polled() {
@@ -273,22 +274,26 @@ fn a_ports_rate_holds_however_its_queues_are_used_and_polled() {
         Layout { name: "two threads, one queue each", share: [0, 40, 40, 0], thread: [0, 1, 0, 1] },
         Layout { name: "two threads, skewed", share: [50, 10, 15, 5], thread: [0, 0, 1, 1] },
     ];
-    let policers = [
-        ("pps", PolicerConfig { pps: 20_000, ..Default::default() }, 64),
-        // 16 Mbit/s of 100-byte frames: 20 000 frames a second.
-        ("bps", PolicerConfig { bps: 16_000_000, burst_bytes: 20_000, ..Default::default() }, 100),
-    ];
-    for (kind, policer, size) in policers {
+    let pps = PolicerConfig { pps: 20_000, ..Default::default() };
+    // 16 Mbit/s of 100-byte frames: 20 000 frames a second.
+    let bps = PolicerConfig { bps: 16_000_000, burst_bytes: 20_000, ..Default::default() };
+    // The port's own policer, its network's per-pod one, its network's on the node.
+    let policers = [("port pps", pps, 64, 0), ("port bps", bps, 100, 0), ("pod pps", pps, 64, 1), ("network pps", pps, 64, 2), ("network bps", bps, 100, 2)];
+    for (kind, policer, size, whose) in policers {
         for l in &layouts {
             let mut h = Harness::new();
             let (port, mut wire) = vswitch::port::ring::RingPort::new("vnf", 4, 1024).unwrap();
             h.register("vnf", port).ring("sink");
-            h.apply(SwitchConfig {
-                bridges: vec![BridgeConfig::new("red")],
-                ports: vec![PortConfig::access("vnf", "red").policed(policer), PortConfig::access("sink", "red")],
-                vtep: None,
-            })
-            .unwrap();
+            let mut red = BridgeConfig::new("red");
+            let mut vnf = PortConfig::access("vnf", "red");
+            match whose {
+                0 => vnf = vnf.policed(policer),
+                1 => red.pod_policer = Some(policer),
+                _ => red.policer = Some(policer),
+            }
+            h.apply(SwitchConfig { bridges: vec![red], ports: vec![vnf, PortConfig::access("sink", "red")], vtep: None }).unwrap();
+            // Every pipeline on the test's clock (they share the network's bucket).
+            h.pipe.set_clock(|| NOW.load(Relaxed));
             let mut threads = [h.switch.pipeline(0), h.switch.pipeline(1)];
             for t in &mut threads {
                 t.set_clock(|| NOW.load(Relaxed));

@@ -7,9 +7,10 @@
 //!
 //! It is the yardstick for fusing: `ci/insn-count.sh` with `PER_NODE=1` counts what the
 //! per-node frames cost each workload (docs/perf.md "Fused or per-node"). The fused
-//! dispatcher ([`Dispatch::Fused`]) is the default. What a user could see differ, as in
-//! VPP: a port's frames of one burst leave in node order (flooded ones before unicast ones)
-//! rather than in the order they came. `learn` stays fused with `l2-forward` here too: run
+//! dispatcher ([`Dispatch::Fused`]) is the default. A port's frames of one burst leave in
+//! the order they came, not in node order as in VPP: a frame for another node than the
+//! frame before it runs the pending nodes first (a burst to one node stays one vector).
+//! `learn` stays fused with `l2-forward` here too: run
 //! over the burst first, a source learned late in a burst would change where an earlier
 //! frame goes (a flood became a reflect drop against the reference model). Traced bursts
 //! and the misses of a burst the cache partly hit take the fused path.
@@ -71,6 +72,9 @@ pub(super) struct Frames {
     rewrite: Frame,
     encap: Frame,
     order: [Node; 3],
+    /// The node the last frame of the burst was handed to: a frame for another node runs
+    /// what is pending first, so a port's frames leave in the order they came.
+    last: Option<Node>,
 }
 
 impl Frames {
@@ -80,7 +84,7 @@ impl Frames {
             let mut mine = all.into_iter().filter(|n| order.contains(n));
             order = std::array::from_fn(|i| mine.next().unwrap_or(order[i]));
         }
-        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new(), order }
+        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new(), order, last: None }
     }
 
     fn is_empty(&self) -> bool {
@@ -112,6 +116,7 @@ impl Pipeline {
         // The hit's TPID is its port's (filled from it; the cache empties when the snapshot
         // changes): vlan-rewrite reads it from the port, as for the slow path's frames.
         let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
+        self.in_order(snap, Node::VlanRewrite);
         self.put_on(snap, Node::Cache, Node::VlanRewrite, b, m);
     }
 
@@ -119,12 +124,27 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn hand_on(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
         let m = Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, from_peer: c.from_peer, len: c.len, ..Meta::default() };
-        match v {
-            Verdict::Drop(r, p) => self.discard(b, r, p),
-            Verdict::Port(pe, want, len) => self.put_on(snap, Node::Forward, Node::VlanRewrite, b, Meta { port: pe.id, want, len: len as u32, ..m }),
-            Verdict::Peer(p) => self.put_on(snap, Node::Forward, Node::Encap, b, Meta { port: p, ..m }),
-            Verdict::Flood => self.put_on(snap, Node::Forward, Node::Flood, b, Meta { port: port.id, ..m }),
+        let (to, m) = match v {
+            Verdict::Drop(r, p) => return self.discard(b, r, p),
+            Verdict::Port(pe, want, len) => (Node::VlanRewrite, Meta { port: pe.id, want, len: len as u32, ..m }),
+            Verdict::Peer(p) => (Node::Encap, Meta { port: p, ..m }),
+            Verdict::Flood => (Node::Flood, Meta { port: port.id, ..m }),
+        };
+        self.in_order(snap, to);
+        self.put_on(snap, Node::Forward, to, b, m);
+    }
+
+    /// Before a frame goes onto node `to`'s frame: when the frame before it went to another
+    /// node, the pending nodes run first. Without it a burst's unicast frame could leave
+    /// before a flooded one that came first (flood's copies join `vxlan-encap`'s frame after
+    /// it) — and the far switch, learning the later frame's source first, dropped the earlier
+    /// one as `reflect` (issue 48's seed).
+    #[inline(always)]
+    fn in_order(&mut self, snap: &Snapshot, to: Node) {
+        if self.frames.last.is_some_and(|n| n != to) {
+            self.run_nodes(snap);
         }
+        self.frames.last = Some(to);
     }
 
     /// Hands a frame from node `from` to node `to`'s frame (an edge of the graph), running
@@ -150,6 +170,7 @@ impl Pipeline {
     /// other two).
     #[inline(always)]
     pub(super) fn run_nodes(&mut self, snap: &Snapshot) {
+        self.frames.last = None;
         if !self.frames.is_empty() {
             for n in self.frames.order {
                 self.run_node(snap, n);
