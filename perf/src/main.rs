@@ -173,6 +173,9 @@ enum Cmd {
         /// `--rxd/--txd`): 256 is DPDK's default, NFV set-ups use 1024 and more.
         #[arg(long, default_value_t = 256)]
         vnf_ring: u16,
+        /// More `net_virtio_user` options for the VNF's ports (`in_order=0`, `packed_vq=1`).
+        #[arg(long, default_value = "")]
+        vnf_devargs: String,
         /// A policer on Knitter's offering pod port, as a TOML inline table's body
         /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
         #[arg(long)]
@@ -258,7 +261,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, police } => {
+        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, vnf_devargs, police } => {
             let common = common.resolved();
             anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
             let lab = common.lab(scenario, true)?;
@@ -277,7 +280,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 retries,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
-                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring },
+                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring, devargs: vnf_devargs },
                 police,
                 work: lab.work.path().to_path_buf(),
             };

@@ -192,7 +192,7 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
     let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
     let (offer_sock, count_sock) = if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
     let wiring = Wiring { offer_sock, count_sock, offer_pcap: &offer_pcap, back_pcap: &back_pcap, offer_mac: &A.mac_text(), count_mac: &B.mac_text() };
-    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf)?;
+    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();
     generator.clear();

@@ -171,7 +171,7 @@ pub struct Layout {
 
 /// How the VNF (the generator's `net_virtio_user` ports) sets up its virtqueues: users pick
 /// these, so a headline holds across them or it is not a headline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Vnf {
     /// Queue pairs each virtio-user port is created with (`queues=`): what it negotiates.
     pub queues: u16,
@@ -181,18 +181,23 @@ pub struct Vnf {
     /// Entries of each virtqueue (`queue_size=`) and descriptors testpmd gives each queue
     /// (`--rxd/--txd`).
     pub ring: u16,
+    /// More `net_virtio_user` options for both ports (`in_order=0`, `packed_vq=1`,
+    /// `mrg_rxbuf=0`): the driver paths a VNF picks.
+    #[serde(default)]
+    pub devargs: String,
 }
 
 impl Default for Vnf {
     fn default() -> Vnf {
-        Vnf { queues: 1, queues_used: 1, ring: 256 }
+        Vnf { queues: 1, queues_used: 1, ring: 256, devargs: String::new() }
     }
 }
 
 impl Vnf {
     /// What the report says of it.
     pub fn describe(&self) -> String {
-        format!("{} of {} queue pair(s) used, {}-entry virtqueues", self.queues_used, self.queues, self.ring)
+        let extra = if self.devargs.is_empty() { String::new() } else { format!(", `{}`", self.devargs) };
+        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}", self.queues_used, self.queues, self.ring)
     }
 }
 
@@ -281,8 +286,9 @@ impl Generator {
         let (offer, back) = (offer_pcap.display(), back_pcap.display());
         args.push(format!("--vdev=net_pcap0,{}infinite_rx=1", format!("rx_pcap={offer},tx_pcap=/dev/null,").repeat(used)));
         let ring = vnf.ring.max(64);
-        args.push(format!("--vdev=net_virtio_user0,path={},queues={},queue_size={ring},mac={offer_mac}", offer_sock.display(), vnf.queues.max(1)));
-        args.push(format!("--vdev=net_virtio_user1,path={},queues={},queue_size={ring},mac={count_mac}", count_sock.display(), vnf.queues.max(1)));
+        let extra = if vnf.devargs.is_empty() { String::new() } else { format!(",{}", vnf.devargs) };
+        args.push(format!("--vdev=net_virtio_user0,path={},queues={},queue_size={ring},mac={offer_mac}{extra}", offer_sock.display(), vnf.queues.max(1)));
+        args.push(format!("--vdev=net_virtio_user1,path={},queues={},queue_size={ring},mac={count_mac}{extra}", count_sock.display(), vnf.queues.max(1)));
         args.push(format!("--vdev=net_pcap1,{}", vec![format!("rx_pcap={back}"); used].join(",")));
         let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192);
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from));
