@@ -56,6 +56,10 @@ pub enum Scenario {
     /// `hosts` others behind another, 4 096 flows (each source to four destinations, each
     /// destination from four sources), as pods of two nodes' networks meet on a trunk.
     Mesh { hosts: u32 },
+    /// A mesh the cache cannot hold (issue 48): `hosts` sources behind one access port each
+    /// talking to all of `hosts / 2` destinations behind another, every pair in turn —
+    /// `hosts² / 2` distinct keys (500 000 for 1 000), 1.5 × `hosts` MACs.
+    FullMesh { hosts: u32 },
 }
 
 impl Scenario {
@@ -95,13 +99,14 @@ impl Scenario {
             Scenario::PodEncapMarked => "vxlan-encap-pod-marked".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
+            Scenario::FullMesh { hosts } => format!("l2-fullmesh-{}k", hosts / 1000),
             Scenario::Trunk { bds } => format!("trunk-{bds}bd"),
         }
     }
 
     /// Workloads too large for the CI test of every scenario, measured by hand
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain.
-    pub const SCALE: [Scenario; 1] = [Scenario::L2 { macs: 1_000_000 }];
+    pub const SCALE: [Scenario; 2] = [Scenario::L2 { macs: 1_000_000 }, Scenario::FullMesh { hosts: 1000 }];
 
     pub fn parse(s: &str) -> Option<Scenario> {
         Scenario::ALL.iter().chain(&Scenario::SCALE).copied().find(|x| x.name() == s)
@@ -269,6 +274,21 @@ impl Bench {
                     .collect();
                 (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
             }
+            Scenario::FullMesh { hosts } => {
+                ring("a", None);
+                ring("b", None);
+                // Frame k: source k % hosts, destination hosts + (k / hosts + source) % (hosts / 2):
+                // consecutive frames from different sources, each source meeting every destination.
+                let half = (hosts / 2).max(1);
+                let f = (0..hosts * half)
+                    .map(|k| {
+                        let src = k % hosts;
+                        let dst = hosts + (k / hosts + src) % half;
+                        frames::udp4(manager_mac(dst), manager_mac(src), Ipv4Addr::from(0x0a01_0000 | src), Ipv4Addr::from(0x0a01_0000 | dst), 1000, 2000, 60)
+                    })
+                    .collect();
+                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+            }
             Scenario::PodDecap => {
                 ring("a", None);
                 ring("up", Some(mac(0xa0)));
@@ -396,6 +416,9 @@ impl Bench {
                 .collect(),
             Scenario::Trunk { bds } => (0..bds as u32)
                 .map(|i| frames::add_tag(&frames::udp4(mac(1), mac(10_000 + i), ip(9), ip(1), 1, 2, 60)[..60], 0x8100, i as u16 + 1))
+                .collect(),
+            Scenario::FullMesh { hosts } => (hosts..hosts + (hosts / 2).max(1))
+                .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
                 .collect(),
             Scenario::Mesh { hosts } => (hosts..2 * hosts)
                 .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
