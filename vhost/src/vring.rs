@@ -36,6 +36,11 @@ const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
 pub const MAX_SEGS: usize = 18;
 /// Largest queue (virtio's limit for split rings).
 pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Most descriptors one chain may have, direct and indirect together, however large its
+/// queue: drivers use a few (Linux at most 19 for a 64 KiB frame; DPDK's vhost library
+/// refuses more than 256), and a queue of 32,768 entries would otherwise let every chain of
+/// a burst walk 32,768 empty descriptors.
+pub const MAX_CHAIN: u32 = 1024;
 const DESC: u64 = 16;
 
 /// Why a queue cannot be set up.
@@ -393,8 +398,11 @@ impl<'m> Ring<'m> {
     fn walk(&mut self, head: u16, chain: &mut Chain) -> Result<(), ChainError> {
         let (mut table, mut table_len) = (self.desc as *const u8, self.q.size);
         let (mut i, mut seen, mut indirect) = (head, 0u32, false);
-        // Descriptors this chain may still have, direct and indirect together.
-        let mut budget = self.q.size as u32;
+        // Descriptors this chain may still have, direct and indirect together: the queue's
+        // size (the spec's bound), but never more than MAX_CHAIN, so a large queue does not
+        // let a frontend make each of a burst's chains cost the PMD thread tens of thousands
+        // of empty-descriptor reads.
+        let mut budget = (self.q.size as u32).min(MAX_CHAIN);
         loop {
             if i >= table_len {
                 return Err(ChainError::Index(i));

@@ -164,6 +164,36 @@ fn chains_of_empty_descriptors_longer_than_the_queue_are_refused() {
     assert_eq!(c.segments().len(), 1);
 }
 
+/// On a queue larger than `MAX_CHAIN` the bound is `MAX_CHAIN`, not the queue's size: a
+/// 2,048-entry queue refuses an indirect table of 1,025 empty descriptors and a buffer.
+#[test]
+fn chains_are_bounded_below_a_large_queues_size() {
+    let mut g = Guest::new(2048);
+    let mut q = g.queue();
+    q.set_features(false, true);
+    let table = 0x20_0000u64;
+    let put = |g: &mut Guest, n: u64| {
+        let mut d = vec![0u8; 16 * n as usize];
+        for (i, e) in d.chunks_mut(16).enumerate() {
+            let last = i as u64 == n - 1;
+            e[..8].copy_from_slice(&BUFS_AT.to_le_bytes());
+            e[8..12].copy_from_slice(&(if last { 8u32 } else { 0 }).to_le_bytes());
+            e[12..14].copy_from_slice(&(if last { 0 } else { VIRTQ_DESC_F_NEXT }).to_le_bytes());
+            e[14..].copy_from_slice(&((i as u16).wrapping_add(1)).to_le_bytes());
+        }
+        g.write(table, &d);
+        g.put_desc(0, table, (16 * n) as u32, VIRTQ_DESC_F_INDIRECT, 0);
+        g.make_available(0);
+    };
+    let mut c = Chain::default();
+    put(&mut g, knitter_vhost::vring::MAX_CHAIN as u64 + 2);
+    assert_eq!(q.ring(&g.mem).unwrap().pop(&mut c), Some(Err(ChainError::TooManyDescriptors)));
+    // The indirect descriptor and 1,023 in its table: exactly MAX_CHAIN, taken.
+    put(&mut g, knitter_vhost::vring::MAX_CHAIN as u64 - 1);
+    assert_eq!(q.ring(&g.mem).unwrap().pop(&mut c), Some(Ok(())));
+    assert_eq!(c.segments().len(), 1);
+}
+
 #[test]
 fn too_many_buffers_in_one_chain() {
     let mut g = Guest::new(64);

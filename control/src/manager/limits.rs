@@ -144,6 +144,20 @@ impl<IO> Guarded<IO> {
         self.deadline.as_mut().reset(Instant::now() + self.idle);
     }
 
+    /// What a write came back with: progress resets the idle deadline, waiting runs it.
+    fn wrote(&mut self, r: Poll<io::Result<usize>>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.progressed();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => self.stalled(cx),
+        }
+    }
+
     /// After an operation that is not ready: an error once the connection sat idle too long
     /// (the deadline's waker brings the server back here when it passes).
     fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
@@ -174,30 +188,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progressed();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.stalled(cx),
-        }
+        let r = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.wrote(r, cx)
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.progressed();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.stalled(cx),
-        }
+        let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.wrote(r, cx)
     }
 
     fn is_write_vectored(&self) -> bool {
