@@ -124,7 +124,8 @@ struct Args {
     /// This manager's identity in the Lease (default: the host name).
     #[arg(long, env = "KNITTER_IDENTITY")]
     identity: Option<String>,
-    /// Seconds a leader that stopped renewing keeps the Lease.
+    /// Seconds a leader that stopped renewing keeps the Lease (it stops acting after 2/3 of
+    /// them without a renewal; candidates look every 2/15).
     #[arg(long, default_value_t = 15)]
     lease_secs: u64,
     /// Leave the manager's nodes alone when the cluster deletes them (by default their
@@ -216,14 +217,7 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
         Some(i) => i.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).context("the host name (set --identity)")?,
     };
-    let secs = a.lease_secs.max(3);
-    let lease = LeaseOptions {
-        namespace: namespace.into(),
-        name: name.into(),
-        identity,
-        duration: std::time::Duration::from_secs(secs),
-        retry: std::time::Duration::from_millis(secs * 1000 / 3),
-    };
+    let lease = LeaseOptions::timed(namespace, name, &identity, std::time::Duration::from_secs(a.lease_secs.max(3)));
     Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status, network_resources: a.network_resources }))
 }
 
@@ -325,11 +319,11 @@ fn main() -> Result<()> {
                 let _ = tokio::task::spawn_blocking(move || sweep(&m)).await;
             }
         });
-        let mut cluster = None;
+        let (mut cluster, mut elected) = (None, None);
         if a.kubernetes {
             let c = controller(&a, manager.clone()).await?;
             cluster = Some(c.status());
-            tokio::spawn(c.run(stop_rx.clone()));
+            elected = Some(tokio::spawn(c.run(stop_rx.clone())));
         }
         let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone());
         if let Some(s) = &cluster {
@@ -371,6 +365,14 @@ fn main() -> Result<()> {
                 r.context("REST server")?;
             }
             _ = deadline => tracing::info!("streams still open after 2 s; stopping anyway"),
+        }
+        // The controller stops acting, then gives the Lease up (one bounded call), so a
+        // rolling update hands over at the standby's next look.
+        if let Some(task) = elected {
+            let bound = cluster::CALL_TIMEOUT + std::time::Duration::from_secs(1);
+            if tokio::time::timeout(bound, task).await.is_err() {
+                tracing::warn!("the Kubernetes controller did not stop within {} s", bound.as_secs());
+            }
         }
         tracing::info!("stopped");
         Ok(())

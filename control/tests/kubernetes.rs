@@ -2,7 +2,9 @@
 //! wire protocol (`common/apiserver.rs`; what it does not model is listed there), driven by
 //! the real `kube` client: deleted pods and nodes give back their ports, a controller killed
 //! and restarted (or a watch that expired, 410) reconciles by listing again and never
-//! releases a live pod's port, and a standby manager takes the Lease when the leader dies;
+//! releases a live pod's port, a standby manager takes the Lease when the leader dies, a
+//! leader cut off from the apiserver stops acting before another starts, and one that stops
+//! hands the Lease over at once;
 //! `Network` and `IPGroup` resources become the manager's networks and groups, with a
 //! NetworkAttachmentDefinition in each namespace of the network's tenant, statuses that say
 //! why when the manager refuses, and what a deleted resource made deleted with it.
@@ -31,13 +33,8 @@ fn manager(dir: &tempfile::TempDir) -> Arc<Manager> {
 }
 
 fn options(identity: &str) -> Options {
-    let lease = LeaseOptions {
-        namespace: "kube-system".into(),
-        name: "knitter-manager".into(),
-        identity: identity.into(),
-        duration: Duration::from_secs(3),
-        retry: Duration::from_millis(300),
-    };
+    // Renew deadline 2 s, a look every 400 ms.
+    let lease = LeaseOptions::timed("kube-system", "knitter-manager", identity, Duration::from_secs(3));
     Options { lease, release_nodes: true, network_status: true, network_resources: false }
 }
 
@@ -45,6 +42,7 @@ fn options(identity: &str) -> Options {
 struct Running {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    status: Arc<knitter_control::manager::cluster::Status>,
 }
 
 fn start(m: &Arc<Manager>, api: &ApiServer, identity: &str) -> Running {
@@ -52,9 +50,14 @@ fn start(m: &Arc<Manager>, api: &ApiServer, identity: &str) -> Running {
 }
 
 fn start_with(m: &Arc<Manager>, api: &ApiServer, opts: Options) -> Running {
+    start_through(m, api.client(), opts)
+}
+
+fn start_through(m: &Arc<Manager>, client: kube::Client, opts: Options) -> Running {
     let (stop, rx) = watch::channel(false);
-    let c = Controller::new(m.clone(), api.client(), opts);
-    Running { stop, task: tokio::spawn(c.run(rx)) }
+    let c = Controller::new(m.clone(), client, opts);
+    let status = c.status();
+    Running { stop, task: tokio::spawn(c.run(rx)), status }
 }
 
 impl Running {
@@ -184,6 +187,80 @@ async fn a_standby_manager_takes_the_lease_when_the_leader_dies() {
     standby.stop().await;
 }
 
+/// Samples whether each controller acts (leads) every 2 ms until `done`; the first moment
+/// both did, if any.
+fn watch_for_two_leaders(a: Arc<knitter_control::manager::cluster::Status>, b: Arc<knitter_control::manager::cluster::Status>, done: watch::Receiver<bool>) -> tokio::task::JoinHandle<Option<std::time::Instant>> {
+    use std::sync::atomic::Ordering::SeqCst;
+    tokio::spawn(async move {
+        while !*done.borrow() {
+            if a.leader.load(SeqCst) && b.leader.load(SeqCst) {
+                return Some(std::time::Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        None
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_apiserver_stops_acting_before_another_takes_over() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_node("n1");
+    for i in 0..4 {
+        pod_with_port(&m, &api, &format!("p{i}"), "n1");
+    }
+    let doors = [api.door().await, api.door().await];
+    let a = start_through(&m, doors[0].client(), options("a"));
+    let b = start_through(&m, doors[1].client(), options("b"));
+    let (done, watching) = watch::channel(false);
+    let overlap = watch_for_two_leaders(a.status.clone(), b.status.clone(), watching);
+    eventually("one leads", || a.status.leader.load(SeqCst) || b.status.leader.load(SeqCst)).await;
+    let (cut, other, door) = if a.status.leader.load(SeqCst) { (&a, &b, &doors[0]) } else { (&b, &a, &doors[1]) };
+    // Its connections hang: the Lease's renewals and every other call wait for ever.
+    door.stall(true);
+    let stalled = std::time::Instant::now();
+    eventually("the leader cut off stops acting", || !cut.status.leader.load(SeqCst)).await;
+    let stepped_down = stalled.elapsed();
+    assert!(stepped_down < Duration::from_millis(2500), "it stops within its 2 s renew deadline: {stepped_down:?}");
+    eventually("the other takes over", || other.status.leader.load(SeqCst)).await;
+    let took_over = stalled.elapsed();
+    assert!(took_over >= Duration::from_secs(3), "not before the lease ran out: {took_over:?}");
+    api.delete_pod("apps", "p0");
+    eventually("the new leader acts", || port_pods(&m) == names(1..4)).await;
+    // Let go, the old leader finds the Lease taken and stays a follower.
+    door.stall(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!cut.status.leader.load(SeqCst) && other.status.leader.load(SeqCst));
+    done.send_replace(true);
+    assert_eq!(overlap.await.unwrap(), None, "two controllers acted at once");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_stops_hands_the_lease_over_at_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    let (a, b) = (start(&m, &api, "a"), start(&m, &api, "b"));
+    eventually("one leads", || a.status.leader.load(SeqCst) || b.status.leader.load(SeqCst)).await;
+    let (leader, standby) = if a.status.leader.load(SeqCst) { (a, b) } else { (b, a) };
+    let (done, watching) = watch::channel(false);
+    let overlap = watch_for_two_leaders(leader.status.clone(), standby.status.clone(), watching);
+    let stopping = std::time::Instant::now();
+    leader.stop().await;
+    assert_eq!(api.lease_holder("kube-system", "knitter-manager").as_deref(), Some(""), "released on the way out");
+    eventually("the standby takes over", || standby.status.leader.load(SeqCst)).await;
+    let handed_over = stopping.elapsed();
+    // A look every 400 ms; waiting for the 3 s lease to run out would take more.
+    assert!(handed_over < Duration::from_secs(2), "handed over in {handed_over:?}");
+    done.send_replace(true);
+    assert_eq!(overlap.await.unwrap(), None, "two controllers acted at once");
+    standby.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_gives_back_its_ports_and_leaves_the_flood_lists() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,7 +322,7 @@ async fn standalone_pods_get_a_current_network_status() {
 
 /// knitter-manager --kubernetes as an operator runs it (a kubeconfig naming the API server):
 /// it takes the Lease, releases a deleted pod's port, and says so through `knitterctl manager
-/// status`, `GET /v1/kubernetes` and its metrics.
+/// status`, `GET /v1/kubernetes` and its metrics; stopped with SIGTERM, it releases the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manager_process_runs_the_controller_and_reports_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -310,6 +387,10 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     assert!(metrics.contains("knitter_manager_kubernetes_leader 1") && metrics.contains("knitter_manager_kubernetes_released_ports_total 1"), "{metrics}");
     assert!(metrics.contains("knitter_manager_kubernetes_network_resources_ready 1"), "{metrics}");
     assert!(get("/v1/kubernetes").contains("\"leader\":true"));
+    // Stopped as a rolling update stops it, it gives the Lease up on the way out.
+    let mut m = m;
+    assert!(tokio::task::block_in_place(|| m.terminate(Duration::from_secs(15))), "the manager stops on SIGTERM");
+    assert_eq!(api.lease_holder("knitter", "leader").as_deref(), Some(""), "the Lease released");
 }
 
 // ---- Network and IPGroup resources ----

@@ -23,7 +23,8 @@
 //! set-based label selectors, paging, other resources, `sendInitialEvents`, admission and
 //! CRD schema validation (the tests check what the controller writes against the CRDs'
 //! schemas separately), server-side defaulting, and the garbage collector (owner references
-//! are kept, never acted on).
+//! are kept, never acted on). A [`Door`] is a way in that can be stalled: its connections
+//! stop passing bytes, as a hung apiserver connection or a partition does.
 
 use axum::Router;
 use axum::body::Body;
@@ -133,6 +134,47 @@ impl Drop for ApiServer {
     }
 }
 
+/// A relay into the server whose connections can be stalled (bytes held, both ways, new
+/// connections too) and let go again.
+pub struct Door {
+    pub url: String,
+    stalled: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Door {
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(kube::Config::new(self.url.parse().expect("url"))).expect("client")
+    }
+
+    pub fn stall(&self, stalled: bool) {
+        self.stalled.send_replace(stalled);
+    }
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies one direction of a relayed connection, holding what it read while the door is
+/// stalled.
+async fn relay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut open: watch::Receiver<bool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if open.wait_for(|stalled| !*stalled).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
 fn status(code: u16, reason: &str, message: String) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
     (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response()
@@ -165,6 +207,25 @@ impl ApiServer {
             let _ = axum::serve(listener, app).await;
         });
         ApiServer { url: format!("http://{addr}"), shared, task }
+    }
+
+    /// A way in of its own (a TCP relay), for one client that the test may cut off.
+    pub async fn door(&self) -> Door {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let upstream = self.url.trim_start_matches("http://").to_string();
+        let (stalled, open) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (upstream, open) = (upstream.clone(), open.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    let ((cr, cw), (sr, sw)) = (conn.into_split(), server.into_split());
+                    tokio::join!(relay(cr, sw, open.clone()), relay(sr, cw, open));
+                });
+            }
+        });
+        Door { url, stalled, task }
     }
 
     /// A client of this server, as the controller makes one from a kubeconfig.

@@ -141,6 +141,19 @@ impl ManagerProc {
         m
     }
 
+    /// SIGTERM, and waits (up to `within`) for the process to end; whether it did.
+    pub fn terminate(&mut self, within: Duration) -> bool {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     /// SIGKILL, now.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

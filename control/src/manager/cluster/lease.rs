@@ -3,6 +3,13 @@
 //! record has not changed for a whole lease duration (measured on the candidate's own clock
 //! from when it saw the record change, so clocks need not agree). Every write carries the
 //! `resourceVersion` it read, so two candidates cannot both take it: the second gets 409.
+//!
+//! Two leaders must never act at once, even when the apiserver stalls: every Lease call is
+//! bounded, a leader that has not renewed within its renew deadline (shorter than the
+//! lease: client-go's 10 s of 15) stops leading at that moment — whatever its last call
+//! is still waiting for — and a candidate takes the Lease only after a whole lease duration
+//! without change. A manager that stops releases the Lease, so the next one takes over at
+//! its next look instead of a lease duration later.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -10,6 +17,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+use super::CALL_TIMEOUT;
 
 /// Where the Lease lives and how it is held.
 #[derive(Debug, Clone)]
@@ -20,8 +29,27 @@ pub struct LeaseOptions {
     pub identity: String,
     /// How long a Lease whose holder stopped renewing stays its (`leaseDurationSeconds`).
     pub duration: Duration,
+    /// How long a leader keeps leading without a successful renewal (shorter than
+    /// `duration`: the margin covers a renewal that reached the apiserver just before the
+    /// leader gave up on it).
+    pub renew_deadline: Duration,
     /// How often the holder renews and a candidate looks again.
     pub retry: Duration,
+}
+
+impl LeaseOptions {
+    /// client-go's proportions for a lease of `duration`: renew deadline 2/3 of it, a look
+    /// every 2/15 (15 s, 10 s, 2 s by default).
+    pub fn timed(namespace: &str, name: &str, identity: &str, duration: Duration) -> LeaseOptions {
+        LeaseOptions {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            duration,
+            renew_deadline: duration * 2 / 3,
+            retry: duration * 2 / 15,
+        }
+    }
 }
 
 /// What one look at the Lease found.
@@ -46,25 +74,40 @@ impl Elector {
         Elector { api: Api::namespaced(client, &opts.namespace), opts, observed: None, renewed: None }
     }
 
-    /// Looks at the Lease once: takes or renews it when it may. A leader that could not renew
-    /// for a whole lease duration (the API unreachable) steps down: another may hold it now.
+    /// Looks at the Lease once, bounded: takes or renews it when it may. A leader whose
+    /// look fails or outlives its renew deadline steps down then: another may hold it soon.
     pub async fn step(&mut self) -> Role {
-        match self.try_step().await {
-            Ok(role) => role,
-            Err(e) => {
-                tracing::warn!(error = %e, lease = %self.opts.name, "leader election: the Lease could not be read or written");
-                match self.renewed {
-                    Some(t) if t.elapsed() < self.opts.duration => Role::Leader,
-                    _ => {
-                        self.renewed = None;
-                        Role::Follower
-                    }
-                }
+        // A leader may wait until its deadline; a candidate, one call's time.
+        let bound = self.deadline().map_or(CALL_TIMEOUT, |d| d.saturating_duration_since(Instant::now()));
+        let error = match tokio::time::timeout(bound, self.try_step()).await {
+            Ok(Ok(role)) => return role,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} ms", bound.as_millis()),
+        };
+        tracing::warn!(error = %error, lease = %self.opts.name, "leader election: the Lease could not be read or written");
+        self.lapsed()
+    }
+
+    /// When this candidate stops leading unless it renews first.
+    fn deadline(&self) -> Option<Instant> {
+        self.renewed.map(|t| t + self.opts.renew_deadline)
+    }
+
+    /// A leader still inside its renew deadline leads on; past it, it has stepped down.
+    fn lapsed(&mut self) -> Role {
+        match self.deadline() {
+            Some(d) if Instant::now() < d => Role::Leader,
+            _ => {
+                self.renewed = None;
+                Role::Follower
             }
         }
     }
 
     async fn try_step(&mut self) -> Result<Role, kube::Error> {
+        // The renew deadline counts from before the write was sent, not from its answer: a
+        // slow answer must not stretch this leader's term past what the others measure.
+        let sent = Instant::now();
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let Some(mut lease) = self.api.get_opt(&self.opts.name).await? else {
             let lease = Lease {
@@ -78,7 +121,7 @@ impl Elector {
                     ..Default::default()
                 }),
             };
-            return self.written(self.api.create(&PostParams::default(), &lease).await);
+            return self.written(self.api.create(&PostParams::default(), &lease).await, sent);
         };
         let rv = lease.metadata.resource_version.clone().unwrap_or_default();
         if self.observed.as_ref().is_none_or(|(seen, _)| *seen != rv) {
@@ -105,15 +148,15 @@ impl Elector {
         }
         // `replace` sends the resourceVersion read above: a write in between makes it 409.
         let r = self.api.replace(&self.opts.name, &PostParams::default(), &lease).await;
-        self.written(r)
+        self.written(r, sent)
     }
 
-    fn written(&mut self, r: Result<Lease, kube::Error>) -> Result<Role, kube::Error> {
+    fn written(&mut self, r: Result<Lease, kube::Error>, sent: Instant) -> Result<Role, kube::Error> {
         match r {
             Ok(l) => {
                 let rv = l.metadata.resource_version.unwrap_or_default();
                 self.observed = Some((rv, Instant::now()));
-                self.renewed = Some(Instant::now());
+                self.renewed = Some(sent);
                 Ok(Role::Leader)
             }
             // Another candidate wrote first (409 on replace, or the Lease created meanwhile).
@@ -125,16 +168,48 @@ impl Elector {
         }
     }
 
-    /// Runs the election until `stop` is set, publishing whether this candidate leads.
-    pub async fn run(mut self, leader: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+    /// Runs the election until `stop` is set, publishing whether this candidate leads; a
+    /// leader wakes at its renew deadline at the latest, to step down on time. Returns the
+    /// elector, for [`Elector::release`] once nothing acts on its leadership any more.
+    pub async fn run(mut self, leader: watch::Sender<bool>, mut stop: watch::Receiver<bool>) -> Elector {
         loop {
             let role = self.step().await == Role::Leader;
             leader.send_if_modified(|l| std::mem::replace(l, role) != role);
+            let wait = self.deadline().map_or(self.opts.retry, |d| self.opts.retry.min(d.saturating_duration_since(Instant::now())));
             tokio::select! {
-                _ = tokio::time::sleep(self.opts.retry) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => break,
             }
         }
         leader.send_replace(false);
+        self
+    }
+
+    /// Gives the Lease up if this candidate holds it (client-go's `ReleaseOnCancel`): the
+    /// holder emptied and the duration cut to one second, so a standby takes it at its next
+    /// look. Bounded; a failure leaves the Lease to run out.
+    pub async fn release(mut self) {
+        if self.renewed.take().is_none() {
+            return;
+        }
+        let name = self.opts.name.clone();
+        let released = async {
+            let mut lease = self.api.get(&name).await?;
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            if spec.holder_identity.as_deref() != Some(self.opts.identity.as_str()) {
+                return Ok(false);
+            }
+            let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+            spec.holder_identity = Some(String::new());
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(now);
+            self.api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, released).await {
+            Ok(Ok(true)) => tracing::info!(lease = %name, "released the Lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, lease = %name, "could not release the Lease: it runs out instead"),
+            Err(_) => tracing::warn!(lease = %name, "releasing the Lease got no answer: it runs out instead"),
+        }
     }
 }

@@ -159,7 +159,9 @@ impl Controller {
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let (leader_tx, leader) = watch::channel(false);
         let elector = Elector::new(self.client.clone(), self.opts.lease.clone());
-        tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
+        let (elector, ()) = tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
+        // Nothing acts any more: the next manager may take over at once.
+        elector.release().await;
     }
 
     /// Leads whenever elected, until `stop` is set or the election ends.
@@ -172,7 +174,13 @@ impl Controller {
             }
             tracing::info!(identity = %self.opts.lease.identity, "leading: watching pods and nodes");
             self.status.leader.store(true, Relaxed);
-            self.lead(leader.clone(), stop.clone()).await;
+            // Leadership lost ends the lead at once, with whatever call it was waiting on:
+            // the next leader may start acting soon after.
+            let mut lost = leader.clone();
+            tokio::select! {
+                () = self.lead(leader.clone(), stop.clone()) => {}
+                _ = until(&mut lost, false) => {}
+            }
             self.status.leader.store(false, Relaxed);
             if stop_set(&stop) {
                 break;
@@ -294,7 +302,7 @@ impl Controller {
             let Some((ns, pod)) = name.split_once('/') else { continue };
             let patch = serde_json::json!({ "metadata": { "annotations": { reconcile::NETWORK_STATUS: want } } });
             let api = Api::<Pod>::namespaced(self.client.clone(), ns);
-            match api.patch(pod, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            match bounded(api.patch(pod, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))).await {
                 Ok(_) => {
                     self.status.status_patches.fetch_add(1, Relaxed);
                     cluster.set_network_status(&uid, want);
@@ -464,6 +472,19 @@ impl Controller {
         tokio::task::spawn_blocking(move || f(&m))
             .await
             .unwrap_or_else(|e| Err(crate::manager::ManagerError::Busy(format!("controller task: {e}"))))
+    }
+}
+
+/// How long any one apiserver call may take: a stalled connection must not hold the
+/// controller, nor keep a leader that can no longer renew acting on old decisions.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An apiserver call bounded by [`CALL_TIMEOUT`]; running out is an error like the
+/// transport's own.
+pub async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(r) => r,
+        Err(elapsed) => Err(kube::Error::Service(Box::new(elapsed))),
     }
 }
 

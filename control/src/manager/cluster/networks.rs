@@ -12,7 +12,7 @@
 
 use super::nad::{self, MANAGED_BY};
 use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
-use super::Controller;
+use super::{Controller, bounded};
 use crate::manager::Manager;
 use crate::manager::managed::ManagedBy;
 use crate::manager::objects::IpGroupRecord;
@@ -331,7 +331,7 @@ impl Controller {
         }
         let name = meta.name.as_deref().unwrap_or_default();
         let patch = serde_json::json!({ "metadata": { "finalizers": list, "resourceVersion": meta.resource_version } });
-        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match bounded(api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 404 => true,
             Err(kube::Error::Api(s)) if s.code == 409 => false,
@@ -349,7 +349,7 @@ impl Controller {
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let Some(patch) = resources::status_patch(current, want) else { return true };
-        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
             Ok(_) => true,
             Err(kube::Error::Api(s)) if s.code == 404 => true,
             Err(e) => {
@@ -365,7 +365,7 @@ impl Controller {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-        let have = match all.list(&ListParams::default().labels(&selector)).await {
+        let have = match bounded(all.list(&ListParams::default().labels(&selector))).await {
             Ok(l) => l.items,
             // No NAD CRD (no Multus): nothing to make, and nothing to retry before a change.
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -383,7 +383,7 @@ impl Controller {
         let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
         for k in have.keys().filter(|k| !want.contains_key(*k)) {
             let (ns, name) = k.split_once('/').unwrap_or_default();
-            match api(ns).delete(name, &DeleteParams::default()).await {
+            match bounded(api(ns).delete(name, &DeleteParams::default())).await {
                 Ok(_) => self.status.attachment_definition_writes.fetch_add(1, Relaxed),
                 Err(kube::Error::Api(s)) if s.code == 404 => 0,
                 Err(e) => {
@@ -399,9 +399,9 @@ impl Controller {
                 Some(h) if nad::same(h, &d) => Ok(()),
                 Some(h) => {
                     d.metadata.resource_version = h.metadata.resource_version.clone();
-                    api(ns).replace(name, &PostParams::default(), &d).await.map(|_| ())
+                    bounded(api(ns).replace(name, &PostParams::default(), &d)).await.map(|_| ())
                 }
-                None => api(ns).create(&PostParams::default(), &d).await.map(|_| ()),
+                None => bounded(api(ns).create(&PostParams::default(), &d)).await.map(|_| ()),
             };
             match r {
                 Ok(()) => {
