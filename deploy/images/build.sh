@@ -3,13 +3,14 @@
 # localhost/knitter-manager:VERSION, from release binaries built on this host (Debian's rustc
 # is older than the project's; the binaries need only libc, libm and libgcc_s, and
 # knitter-vswitchd DPDK's runtime libraries and the PMDs its `dpdk` ports load: the node
-# image has them, DPDK_PACKAGES below).
+# image has them, DPDK_PACKAGES below). knitter-cni is linked statically: the installer
+# copies it onto each node's host, whose libc may be older than this one's.
 #
 # The base: BASE=<image> uses that one (docker.io/library/debian:bookworm-slim where a
 # registry is reachable); by default the script makes localhost/knitter-base:bookworm from
 # Debian's packages (mmdebstrap, the `essential` set, no documentation) and `podman import`s
 # it, so nothing is pulled from a registry. NO_CARGO=1 uses the binaries already in
-# target/release. RUN steps use chroot isolation (no OCI runtime needed at build time).
+# target/release (and target/HOST-TRIPLE/release/knitter-cni). RUN steps use chroot isolation (no OCI runtime needed at build time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
@@ -44,14 +45,26 @@ if [ "$NODE_BASE" = localhost/knitter-base:bookworm ]; then
   fi
 fi
 
+# knitter-cni runs on the hosts, not in the image: linked statically against glibc
+# (`crt-static`) it starts whatever the host's libc (RHEL 8's glibc 2.28, Ubuntu 20.04's
+# 2.31, musl), as the reference CNI plugins do. It reads its config and talks to the node
+# agent's Unix socket: nothing that needs glibc's NSS modules at run time. Built for the
+# host triple named explicitly, so the flag reaches neither build scripts nor proc-macros.
+HOST_TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
+CNI_BIN=target/$HOST_TRIPLE/release/knitter-cni
 if [ "${NO_CARGO:-0}" != 1 ]; then
-  cargo build --release -q -p knitter-vswitchd -p knitter-control -p knitter-cni
+  cargo build --release -q -p knitter-vswitchd -p knitter-control
+  RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -q -p knitter-cni --target "$HOST_TRIPLE"
+fi
+if readelf -l "$CNI_BIN" | grep -q INTERP || readelf -d "$CNI_BIN" | grep -q NEEDED; then
+  echo "build.sh: $CNI_BIN is linked dynamically; it would not start on a host with an older libc" >&2
+  exit 1
 fi
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx" ${tar:+"$tar"}' EXIT
 mkdir "$ctx/node" "$ctx/manager"
-cp target/release/knitter-vswitchd target/release/knitterctl target/release/knitter-cni deploy/images/knitter-node/knitter-install-cni "$ctx/node/"
+cp target/release/knitter-vswitchd target/release/knitterctl "$CNI_BIN" deploy/images/knitter-node/knitter-install-cni "$ctx/node/"
 cp target/release/knitter-manager target/release/knitterctl "$ctx/manager/"
 # The release profile keeps line tables for profiling; images do without.
 strip --strip-debug "$ctx"/node/knitter-vswitchd "$ctx"/node/knitterctl "$ctx"/node/knitter-cni "$ctx"/manager/*
