@@ -88,6 +88,19 @@ def policy(path):
     for flag in ["--tls-cert=", "--tls-key=", "--bootstrap-token-file="]:
         if not any(a.startswith(flag) for a in args):
             problems.append(f"the managers run without {flag[:-1]}")
+    for d in managers + nodes:
+        spec, name = pod_spec(d), d["metadata"]["name"]
+        if spec.get("nodeSelector", {}).get("kubernetes.io/os") != "linux":
+            problems.append(f"{name} may be scheduled on nodes that are not Linux (nodeSelector kubernetes.io/os)")
+        privileged = any(c.get("securityContext", {}).get("privileged") for c in spec["containers"])
+        if not privileged and spec.get("securityContext", {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append(f"{name} runs without the runtime's default seccomp profile")
+    for m in managers:
+        if not pod_spec(m).get("priorityClassName"):
+            problems.append("the managers have no priorityClassName: nodes attach nothing while none runs")
+    for ns in by_kind("Namespace"):
+        if ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") != "privileged":
+            problems.append(f"namespace {ns['metadata']['name']} does not set the Pod Security level its node agent needs (privileged)")
     node_args = [a for n in nodes for c in pod_spec(n)["containers"] for a in c.get("args", []) + c.get("command", [])]
     if any(a.startswith("--manager-token-file") for a in node_args):
         problems.append("nodes carry a manager token file: they join with the bootstrap token instead")

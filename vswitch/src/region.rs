@@ -5,6 +5,12 @@
 //! `MADV_HUGEPAGE` (transparent hugepages where enabled). Because it is one region of
 //! equal 2 KiB chunks it can later be registered as an AF_XDP UMEM as it is.
 //!
+//! "Free hugepages" means hugepages this process may fault in, not only ones the kernel has:
+//! a container that did not request any (a Kubernetes pod without a `hugepages-2Mi`
+//! resource) sits in a hugetlb cgroup whose fault limit is 0, where `mmap` still succeeds
+//! and `MAP_POPULATE` fails silently — the first touch of the region would be a SIGBUS.
+//! So a hugetlb mapping is kept only when every one of its pages was faulted in.
+//!
 //! Invariants (relied on by `buf.rs`):
 //! - `ptr` is valid for reads and writes of `len` bytes for the whole life of `Region`;
 //! - the mapping is private to this process and never remapped or shrunk until `Drop`.
@@ -48,10 +54,13 @@ impl Region {
     /// Maps `len` bytes (rounded up to 2 MiB). Tries hugetlb first when `try_huge`.
     pub fn new(len: usize, try_huge: bool) -> std::io::Result<Region> {
         let len = len.div_ceil(HUGE_PAGE).max(1) * HUGE_PAGE;
-        if try_huge
-            && let Some(ptr) = map(len, libc::MAP_HUGETLB) {
+        if try_huge && let Some(ptr) = map(len, libc::MAP_HUGETLB) {
+            if resident(ptr, len) {
                 return Ok(Region { ptr, len, backing: Backing::HugeTlb });
             }
+            // SAFETY: ptr/len are the mapping just made, not yet handed out.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+        }
         let ptr = map(len, 0).ok_or_else(std::io::Error::last_os_error)?;
         // SAFETY: ptr/len describe the mapping just created; the advice is only a hint.
         unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
@@ -88,6 +97,17 @@ fn map(len: usize, extra: libc::c_int) -> Option<NonNull<u8>> {
         )
     };
     if p == libc::MAP_FAILED { None } else { NonNull::new(p.cast()) }
+}
+
+/// Whether every page of the mapping is in memory (`mincore`, one byte per base page, for
+/// hugetlb mappings too).
+fn resident(ptr: NonNull<u8>, len: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: ptr/len are a live mapping of ours, page-aligned; vec has a byte per page.
+    let r = unsafe { libc::mincore(ptr.as_ptr().cast(), len, vec.as_mut_ptr()) };
+    r == 0 && vec.iter().all(|b| b & 1 == 1)
 }
 
 impl Drop for Region {
