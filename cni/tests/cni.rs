@@ -742,3 +742,44 @@ fn sriov_vfs_go_into_pods_and_come_back() {
     let ports = String::from_utf8_lossy(&lab.mctl(&["-o", "json", "port", "list"]).stdout).into_owned();
     assert_eq!(ports.trim(), "[]", "a port is left on the manager");
 }
+
+/// What a probe on `addr` answers (status line's code and body), asked from inside `ns`.
+fn probe_in(ns: &netns::Netns, addr: &str, path: &str) -> Option<(u16, String)> {
+    let out = ns.run(&["curl", "-s", "-m", "2", "-o", "-", "-w", "\n%{http_code}", &format!("http://{addr}{path}")]).ok()?;
+    let (body, code) = out.trim_end().rsplit_once('\n')?;
+    Some((code.parse().ok()?, body.to_string()))
+}
+
+/// A node whose bootstrap token the manager refuses is healthy (the kubelet must not
+/// restart it: it forwards on its state) but not ready, so a DaemonSet rollout with a bad
+/// token stops at the first node instead of rolling over every one.
+#[test]
+fn serial_a_node_the_manager_refuses_is_alive_but_not_ready() {
+    let lab = Lab::start();
+    std::fs::write(lab.dir.path().join("wrong-bootstrap"), "not-the-bootstrap-token").unwrap();
+    let metrics = format!("127.0.0.1:{}", lab::free_port());
+    let child = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.node.name])
+        .arg(lab::bin("knitter-vswitchd"))
+        .arg("--socket")
+        .arg(lab.dir.path().join("refused.sock"))
+        .args(["--no-state", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive", "--metrics-listen", &metrics])
+        .args(["--manager", &lab.grpc, "--node-name", "refused", "--manager-bootstrap-token-file"])
+        .arg(lab.dir.path().join("wrong-bootstrap"))
+        .arg("--manager-credential-file")
+        .arg(lab.dir.path().join("refused-token"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _refused = lab::Proc::from(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ready = loop {
+        match probe_in(&lab.node, &metrics, "/readyz") {
+            Some((503, body)) => break body,
+            other => assert!(Instant::now() < deadline, "not refused within 20 s: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(ready.contains("refuses this node's credential") && ready.contains("Unauthenticated"), "{ready}");
+    assert_eq!(probe_in(&lab.node, &metrics, "/healthz").map(|(c, _)| c), Some(200), "alive all the same");
+}

@@ -173,3 +173,33 @@ async fn the_embedded_manager_keeps_its_invariants_across_kill_9() {
     let store = knitter_control::store::embedded::Embedded::open(&data.join("store.redb")).unwrap();
     check_invariants(&left, &store, 250);
 }
+
+/// A manager whose etcd went away: not ready (`/v1/health` fails or hangs, so the
+/// kubelet's readiness probe takes it out of the Service) but alive (`/v1/live` answers at
+/// once, so its liveness probe does not restart it in a loop while etcd is out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_without_its_etcd_is_alive_but_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = tokio::task::block_in_place(|| EtcdServer::start(&dir.path().join("etcd"), free_port(), free_port())) else { return };
+    let args = ["--etcd", etcd.client_url.as_str(), "--etcd-prefix", "/kt"];
+    let m = ManagerProc::start(&dir.path().join("m"), &args);
+    let get = |path: &'static str| {
+        let rest = m.rest.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect(&rest).ok()?;
+            c.set_read_timeout(Some(std::time::Duration::from_secs(3))).ok()?;
+            write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+            let mut reply = String::new();
+            let _ = c.read_to_string(&mut reply);
+            reply.split(' ').nth(1).and_then(|code| code.parse::<u16>().ok())
+        })
+    };
+    assert_eq!(get("/v1/health").await.unwrap(), Some(200), "ready with its etcd");
+    assert_eq!(get("/v1/live").await.unwrap(), Some(200));
+    tokio::task::block_in_place(|| drop(etcd));
+    assert_ne!(get("/v1/health").await.unwrap(), Some(200), "not ready without its etcd");
+    let at = std::time::Instant::now();
+    assert_eq!(get("/v1/live").await.unwrap(), Some(200), "alive all the same");
+    assert!(at.elapsed() < std::time::Duration::from_secs(1), "at once: {:?}", at.elapsed());
+}

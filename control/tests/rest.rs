@@ -69,6 +69,7 @@ async fn curl_users_get_codes_reasons_and_idempotent_creates() {
     assert_eq!(c.call("GET", "/v1/networks", None, None, "192.0.2.7:5000").await.0, StatusCode::UNAUTHORIZED, "remote reads need the token");
     assert_eq!(c.call("GET", "/v1/networks", None, Some(TOKEN), "192.0.2.7:5000").await.0, StatusCode::OK);
     assert_eq!(c.call("GET", "/v1/health", None, None, "192.0.2.7:5000").await.0, StatusCode::OK, "probes (a kubelet's) carry no token");
+    assert_eq!(c.call("GET", "/v1/live", None, None, "192.0.2.7:5000").await.0, StatusCode::OK, "liveness probes neither");
     assert_eq!(c.call("DELETE", "/v1/health", None, None, "192.0.2.7:5000").await.0, StatusCode::UNAUTHORIZED, "only reads of it");
 
     // Idempotent creates: 201, then 200 with the same object.

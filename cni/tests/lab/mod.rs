@@ -23,6 +23,12 @@ pub fn free_port() -> u16 {
 /// A process killed on drop.
 pub struct Proc(Child);
 
+impl From<Child> for Proc {
+    fn from(c: Child) -> Proc {
+        Proc(c)
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -117,7 +117,7 @@ fn access(method: &Method, path: &str) -> Access {
     let read = matches!(*method, Method::GET | Method::HEAD);
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     match (read, parts.as_slice()) {
-        (true, ["", "v1", "health"]) => Access::Open,
+        (true, ["", "v1", "health" | "live"]) => Access::Open,
         (_, ["", "v1", "ports", ..]) => Access::Node,
         (true, ["", "v1", "nodes", ..]) => Access::Node,
         (false, ["", "v1", "nodes", _]) if *method == Method::PUT => Access::Node,
@@ -144,6 +144,13 @@ async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>
     next.run(req).await
 }
 
+/// Liveness: the process answers, whatever its store does (an etcd outage must not make
+/// the kubelet restart every manager in a loop; readiness, `/v1/health`, says it).
+async fn live() -> Reply {
+    ok(serde_json::json!({ "status": "alive" }))
+}
+
+/// Readiness: the manager serves and reaches its store.
 async fn health(State(api): State<Api>) -> Reply {
     let rev = blocking(&api, |m| Ok(m.store().revision()?)).await?;
     ok(serde_json::json!({ "status": "serving", "revision": rev }))
@@ -299,6 +306,7 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ManagerError {
 /// Every route of the API, `(method, path)` as in the OpenAPI document.
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/health"),
+    ("get", "/v1/live"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/kubernetes"),
     ("get", "/metrics"),
@@ -331,6 +339,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/live", get(live))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/kubernetes", get(kubernetes))
         .route("/metrics", get(metrics))

@@ -5,7 +5,7 @@
 //! The manager issues a bootstrap join once a node name: a node whose credential file is lost
 //! gets a new token from the admin.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use knitter_api::manager as pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,21 +77,26 @@ async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<S
     req.metadata_mut().insert("authorization", format!("Bearer {}", join.bootstrap).parse().context("the bootstrap token is not valid metadata")?);
     match pb::manager_client::ManagerClient::new(channel).join_node(req).await {
         Ok(r) => Ok(r.into_inner().token),
-        Err(s) if s.code() == tonic::Code::AlreadyExists => bail!(
-            "{}; put the token it issues into {} (knitterctl manager node token {} > {})",
-            s.message(),
-            join.file.display(),
-            link.node_name,
-            join.file.display()
-        ),
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {
+            let hint = format!("put the token it issues into {} (knitterctl manager node token {} > {})", join.file.display(), link.node_name, join.file.display());
+            Err(s).context(hint)
+        }
         Err(s) => Err(s).context("joining"),
     }
+}
+
+/// The manager's refusal of a credential in `e` (unauthenticated, permission denied, or a
+/// name already joined), as opposed to a manager that could not be reached.
+pub fn refusal(e: &anyhow::Error) -> Option<String> {
+    use tonic::Code::{AlreadyExists, PermissionDenied, Unauthenticated};
+    let s = e.chain().find_map(|c| c.downcast_ref::<tonic::Status>())?;
+    matches!(s.code(), Unauthenticated | PermissionDenied | AlreadyExists).then(|| format!("{:?}: {}", s.code(), s.message()))
 }
 
 /// Fills in the node's credential by joining (retried with back-off until it works: the
 /// manager may start after the node). A node that joined before has its token from the
 /// credential file already (read with the settings).
-pub async fn join(link: crate::settings::ManagerLink, join: Join) {
+pub async fn join(node: std::sync::Arc<crate::node::Node>, link: crate::settings::ManagerLink, join: Join) {
     if link.token.get().is_some() {
         return;
     }
@@ -103,10 +108,16 @@ pub async fn join(link: crate::settings::ManagerLink, join: Join) {
                     tracing::error!(error = %format!("{e:#}"), "the node's token is not kept: it joins again after a restart, which the manager refuses");
                 }
                 tracing::info!(node = %link.node_name, file = %join.file.display(), "joined the manager with the bootstrap token");
+                node.set_manager_refusal(None);
                 link.token.set(t);
                 return;
             }
-            Err(e) => tracing::warn!(manager = %link.address, node = %link.node_name, error = %format!("{e:#}"), "not joined yet"),
+            Err(e) => {
+                tracing::warn!(manager = %link.address, node = %link.node_name, error = %format!("{e:#}"), "not joined yet");
+                if let Some(why) = refusal(&e) {
+                    node.set_manager_refusal(Some(format!("joining: {why}")));
+                }
+            }
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(30));

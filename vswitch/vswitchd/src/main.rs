@@ -158,7 +158,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     if let Some(link) = &s.manager
         && let Some(join) = &link.join
     {
-        tokio::spawn(credential::join(link.clone(), join.clone()));
+        tokio::spawn(credential::join(node.clone(), link.clone(), join.clone()));
     }
     let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone())?;
     let releases = tokio::spawn(attacher.clone().retry_releases());

@@ -87,10 +87,17 @@ pub fn render(node: &Node) -> String {
 }
 
 /// A probe's answer: `ok` while every PMD thread runs, 503 naming the dead ones otherwise.
-async fn probe(node: Arc<Node>, ok: &'static str) -> (axum::http::StatusCode, String) {
-    match node.dead_pmd_threads() {
-        dead if dead.is_empty() => (axum::http::StatusCode::OK, ok.to_string()),
-        dead => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("PMD threads {dead:?} died; see the log\n")),
+/// Readiness also needs the manager to take the node's credential: a node it refuses
+/// cannot attach pods to its networks, and an unready pod holds a DaemonSet's rollout. A
+/// manager that is only unreachable does not make the node unready (it forwards on).
+async fn probe(node: Arc<Node>, ok: &'static str, readiness: bool) -> (axum::http::StatusCode, String) {
+    let dead = node.dead_pmd_threads();
+    if !dead.is_empty() {
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("PMD threads {dead:?} died; see the log\n"));
+    }
+    match node.manager_refusal() {
+        Some(why) if readiness => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("the manager refuses this node's credential: {why}\n")),
+        _ => (axum::http::StatusCode::OK, ok.to_string()),
     }
 }
 
@@ -110,7 +117,7 @@ pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, stop: imp
         // after the state is restored, just before the node API, so answering is being ready.
         // A PMD thread that died (a panic outside any port's burst, which would otherwise put
         // only that port in error) fails both, so the kubelet restarts the daemon.
-        .route("/healthz", get(move || probe(healthz.clone(), "ok\n")))
-        .route("/readyz", get(move || probe(readyz.clone(), "ready\n")));
+        .route("/healthz", get(move || probe(healthz.clone(), "ok\n", false)))
+        .route("/readyz", get(move || probe(readyz.clone(), "ready\n", true)));
     axum::serve(listener, app).with_graceful_shutdown(stop).await
 }

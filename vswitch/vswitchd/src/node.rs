@@ -73,6 +73,9 @@ pub struct Node {
     pub opts: NodeOptions,
     pmd: Mutex<Option<PmdSet>>,
     inner: Mutex<Inner>,
+    /// Why the manager refused this node's credential at the last attempt (join or sync),
+    /// until it accepts one: the node is not ready (a bad token holds a rollout).
+    manager_refusal: Mutex<Option<String>>,
 }
 
 fn owned_by<T>(o: &Owned<T>, kind: &'static str, name: &str, by: Owner) -> Result<(), NodeError> {
@@ -112,7 +115,7 @@ impl Node {
         inner.state = state;
         let pmd = PmdSet::start(switch.clone(), &opts.pmd)?;
         let events = crate::events::Events::default();
-        Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner) })
+        Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner), manager_refusal: Mutex::new(None) })
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -645,6 +648,16 @@ impl Node {
         let Some(p) = snap.port_id(name).and_then(|id| snap.port(id)) else { return false };
         p.port.refresh_link();
         p.port.link_up()
+    }
+
+    /// Records whether the manager refused this node's credential (`Some(why)`) or took it.
+    pub fn set_manager_refusal(&self, why: Option<String>) {
+        *self.manager_refusal.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Why the manager refuses this node's credential, while it does.
+    pub fn manager_refusal(&self) -> Option<String> {
+        self.manager_refusal.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// PMD threads that ended without being stopped (see `PmdSet::dead_threads`).

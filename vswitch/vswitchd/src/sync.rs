@@ -39,7 +39,12 @@ pub async fn run(node: Arc<Node>, link: ManagerLink) {
         let before = revision;
         match session(&node, &link, &mut revision).await {
             Ok(()) => tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state"),
-            Err(e) => tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state"),
+            Err(e) => {
+                tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state");
+                if let Some(why) = crate::credential::refusal(&e) {
+                    node.set_manager_refusal(Some(format!("syncing: {why}")));
+                }
+            }
         }
         if revision != before {
             backoff = Duration::from_secs(1);
@@ -68,6 +73,7 @@ async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Re
     }
     let mut stream = pb::manager_client::ManagerClient::new(channel).sync(req).await.context("opening the sync stream")?.into_inner();
     tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
+    node.set_manager_refusal(None);
     while let Some(d) = stream.message().await.context("sync stream")? {
         let (bridges, peers) = match desired(&d, &link.node_name) {
             Ok(x) => x,
