@@ -261,6 +261,36 @@ async fn a_leader_that_stops_hands_the_lease_over_at_once() {
     standby.stop().await;
 }
 
+/// A controller pointed at a cluster whose list shows no pod on the ports' node (a wrong
+/// kubeconfig, an empty or filtered list) releases nothing there and says so; a list that
+/// shows the node's pods again releases what is really gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_without_the_nodes_pods_releases_nothing() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_node("n1");
+    for i in 0..3 {
+        pod_with_port(&m, &api, &format!("p{i}"), "n1");
+    }
+    for i in 0..3 {
+        api.delete_pod("apps", &format!("p{i}"));
+    }
+    // Ports made in the second a list starts are left to the next one.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let c = start(&m, &api, "m1");
+    eventually("the pods listed", || c.status.relists.load(SeqCst) >= 1 && c.status.held_ports.load(SeqCst) == 3).await;
+    assert_eq!(port_pods(&m), names(0..3), "nothing released on an empty list");
+    assert_eq!(c.status.released_ports.load(SeqCst), 0);
+    c.stop().await;
+    // The node's pods listed again (its DaemonSet pod), the gone pods' ports go.
+    api.add_pod("kube-system", "knitter-node-x", "uid-ds", "n1");
+    let c = start(&m, &api, "m1");
+    eventually("released once the node's pods are listed", || port_pods(&m).is_empty()).await;
+    assert_eq!(c.status.held_ports.load(SeqCst), 0);
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_node_gives_back_its_ports_and_leaves_the_flood_lists() {
     let dir = tempfile::tempdir().unwrap();

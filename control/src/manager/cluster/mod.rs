@@ -48,6 +48,9 @@ pub struct Status {
     pub relists: AtomicU64,
     pub released_ports: AtomicU64,
     pub released_nodes: AtomicU64,
+    /// Ports the last complete list would have released but did not vouch for (no pod listed
+    /// on their node): held until a list does.
+    pub held_ports: AtomicU64,
     /// How long the last reconcile after a list took.
     pub last_reconcile_micros: AtomicU64,
     pub pods: AtomicU64,
@@ -73,6 +76,8 @@ pub struct StatusReport {
     pub relists: u64,
     pub released_ports: u64,
     pub released_nodes: u64,
+    #[serde(default)]
+    pub held_ports: u64,
     pub last_reconcile_micros: u64,
     pub pods: u64,
     pub nodes: u64,
@@ -92,6 +97,7 @@ impl Status {
             relists: self.relists.load(Relaxed),
             released_ports: self.released_ports.load(Relaxed),
             released_nodes: self.released_nodes.load(Relaxed),
+            held_ports: self.held_ports.load(Relaxed),
             last_reconcile_micros: self.last_reconcile_micros.load(Relaxed),
             pods: self.pods.load(Relaxed),
             nodes: self.nodes.load(Relaxed),
@@ -108,11 +114,12 @@ impl Status {
 impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
-        let rows: [(&str, &str, &str, u64); 13] = [
+        let rows: [(&str, &str, &str, u64); 14] = [
             ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", self.leader as u64),
             ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists),
             ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports),
             ("knitter_manager_kubernetes_released_nodes_total", "counter", "nodes forgotten because the cluster deleted them", self.released_nodes),
+            ("knitter_manager_kubernetes_held_ports", "gauge", "ports of pods the last list did not show, held because it showed no pod on their node either", self.held_ports),
             ("knitter_manager_kubernetes_watch_errors_total", "counter", "watch errors (the watchers retry with a backoff)", self.watch_errors),
             ("knitter_manager_kubernetes_pods", "gauge", "pods in the controller's view", self.pods),
             ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes),
@@ -340,11 +347,17 @@ impl Controller {
                 self.status.relists.fetch_add(1, Relaxed);
                 cluster.set_pods(l.items);
                 let t = Instant::now();
-                let (view, cutoff) = (cluster.clone(), l.started);
+                let (view, cutoff, status) = (cluster.clone(), l.started, self.status.clone());
                 let released = self
                     .release(move |m| {
                         let ports = m.list_ports(&Filter::default())?;
-                        Ok(reconcile::orphans(&ports, &view, cutoff).into_iter().cloned().collect())
+                        let (gone, held) = reconcile::orphans(&ports, &view, cutoff);
+                        status.held_ports.store(held.len() as u64, Relaxed);
+                        if !held.is_empty() {
+                            let nodes: std::collections::BTreeSet<&str> = held.iter().map(|p| p.spec.node.as_str()).collect();
+                            tracing::warn!(ports = held.len(), ?nodes, pods_listed = view.pod_count(), "the list shows no pod on these nodes (another cluster? an empty or filtered list?): their ports are held, not released, until a list shows the nodes' pods or the nodes are deleted");
+                        }
+                        Ok(gone.into_iter().cloned().collect())
                     })
                     .await;
                 self.status.last_reconcile_micros.store(t.elapsed().as_micros() as u64, Relaxed);

@@ -11,6 +11,11 @@
 //! - Nothing created at or after the cut-off (the start of the relist the view came from)
 //!   is collected: a port made while the list was read may belong to a pod the list missed.
 //! - A port on a node the cluster no longer has is released with the node.
+//! - A complete list releases a port only if it shows at least one pod on the port's node
+//!   (every node runs DaemonSet pods: Knitter's own, kube-proxy's). A list with none there
+//!   — an empty list, another cluster's (a wrong kubeconfig), a listing the RBAC filtered —
+//!   is no evidence that the port's pod went: its ports are held, and said so, until a list
+//!   shows the node's pods again or the node is deleted.
 
 use crate::manager::objects::Port;
 use std::collections::{HashMap, HashSet};
@@ -34,6 +39,8 @@ pub struct Cluster {
     /// is replaced).
     names: HashMap<String, usize>,
     nodes: HashSet<String>,
+    /// Pods by the node they run on (scheduled ones).
+    on_node: HashMap<String, usize>,
     /// Moves on every change to the pods.
     generation: u64,
 }
@@ -43,6 +50,10 @@ impl Cluster {
         self.generation += 1;
         if let Some(old) = self.pods.insert(uid.to_string(), pod.clone()) {
             self.forget_name(&old.name);
+            self.leave_node(&old.node);
+        }
+        if !pod.node.is_empty() {
+            *self.on_node.entry(pod.node).or_default() += 1;
         }
         *self.names.entry(pod.name).or_default() += 1;
     }
@@ -52,9 +63,24 @@ impl Cluster {
         self.generation += 1;
         let old = self.pods.remove(uid)?;
         self.forget_name(&old.name);
+        self.leave_node(&old.node);
         Some(old)
     }
 
+    fn leave_node(&mut self, node: &str) {
+        if let Some(n) = self.on_node.get_mut(node) {
+            *n -= 1;
+            if *n == 0 {
+                self.on_node.remove(node);
+            }
+        }
+    }
+
+    /// Whether this view is evidence about the pods of `node`: it shows at least one pod
+    /// there (for a port that names no node, any pod at all).
+    pub fn vouches_for(&self, node: &str) -> bool {
+        if node.is_empty() { !self.pods.is_empty() } else { self.on_node.contains_key(node) }
+    }
     fn forget_name(&mut self, name: &str) {
         if let Some(n) = self.names.get_mut(name) {
             *n -= 1;
@@ -107,7 +133,7 @@ impl Cluster {
 
     /// Replaces the pods with a complete list's.
     pub fn set_pods(&mut self, pods: impl IntoIterator<Item = (String, PodRef)>) {
-        (self.pods, self.names) = Default::default();
+        (self.pods, self.names, self.on_node) = Default::default();
         for (uid, p) in pods {
             self.pod_applied(&uid, p);
         }
@@ -175,9 +201,10 @@ pub fn network_status(ports: &[&Port]) -> String {
     serde_json::Value::Array(entries).to_string()
 }
 
-/// The ports of `ports` no pod of `cluster` holds, made before `cutoff` (Unix seconds).
-pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> Vec<&'a Port> {
-    ports.iter().filter(|p| p.created < cutoff && !cluster.holds(p)).collect()
+/// The ports of `ports` no pod of `cluster` holds, made before `cutoff` (Unix seconds):
+/// those to release (their node vouched for), and those held (no pod listed on their node).
+pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> (Vec<&'a Port>, Vec<&'a Port>) {
+    ports.iter().filter(|p| p.created < cutoff && !cluster.holds(p)).partition(|p| cluster.vouches_for(&p.spec.node))
 }
 
 /// The ports of a pod just deleted (UID `uid`, `name`): those that recorded its UID, and
@@ -236,8 +263,30 @@ mod test {
             port("e", "", "", 10),            // an operator's port
             port("f", "ns/gone", "u9", 100),  // made after the list started
         ];
-        let out: Vec<&str> = orphans(&ports, &c, 50).iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> = orphans(&ports, &c, 50).0.iter().map(|p| p.spec.container.as_str()).collect();
         assert_eq!(out, ["b", "d"]);
+    }
+
+    #[test]
+    fn a_list_that_shows_no_pod_on_a_node_releases_nothing_there() {
+        let on = |node: &str, mut p: Port| {
+            p.spec.node = node.into();
+            p
+        };
+        let ports = [on("n1", port("a", "ns/gone-1", "u1", 1)), on("n2", port("b", "ns/gone-2", "u2", 1)), on("", port("c", "ns/gone-3", "u3", 1))];
+        let names = |ps: &[&Port]| ps.iter().map(|p| p.spec.container.clone()).collect::<Vec<_>>();
+        // An empty list (another cluster, a broken apiserver): nothing is evidence.
+        let (gone, held) = orphans(&ports, &Cluster::default(), 50);
+        assert_eq!((names(&gone), names(&held)), (vec![], vec!["a".to_string(), "b".into(), "c".into()]));
+        // Pods on n1 only: n1's orphan goes, n2's is held; a port naming no node goes with
+        // any pod listed.
+        let mut c = Cluster::default();
+        c.set_pods([("u7".to_string(), pod("kube-system/kube-proxy-x"))]);
+        let (gone, held) = orphans(&ports, &c, 50);
+        assert_eq!((names(&gone), names(&held)), (vec!["a".to_string(), "c".into()], vec!["b".to_string()]));
+        // The node's last pod deleted: no longer vouched for.
+        c.pod_deleted("u7");
+        assert!(!c.vouches_for("n1") && !c.vouches_for(""));
     }
 
     #[test]
