@@ -184,6 +184,11 @@ async fn a_standby_manager_takes_the_lease_when_the_leader_dies() {
     eventually("the standby takes the Lease", || api.lease_holder("kube-system", "knitter-manager").as_deref() == Some(other)).await;
     api.delete_pod("apps", "p0");
     eventually("the new leader releases a deleted pod's port", || port_pods(&m) == names(1..4)).await;
+    // And says so on the pod, in its namespace.
+    eventually("an Event on the pod", || {
+        api.events().iter().any(|e| e["regarding"]["kind"] == "Pod" && e["regarding"]["name"] == "p0" && e["regarding"]["uid"] == "uid-p0" && e["reason"] == "PortReleased" && e["metadata"]["namespace"] == "apps")
+    })
+    .await;
     standby.stop().await;
 }
 
@@ -578,6 +583,15 @@ async fn a_refused_network_resource_says_why() {
     eventually("fixed, it is made", || is_ready(&api, Kind::Networks, "clash")).await;
     assert_eq!(api.object(Kind::Networks, "clash").unwrap()["status"]["conditions"][0]["observedGeneration"], 2);
     eventually("and gets its NAD", || nads(&api) == set(&["admin/clash"])).await;
+    // Each refusal is an Event on its resource (cluster-scoped: in `default`), and so is
+    // being made once fixed, as `kubectl describe network clash` shows them.
+    let about = |name: &str, reason: &str| {
+        api.events().into_iter().any(|e| e["regarding"]["kind"] == "Network" && e["regarding"]["name"] == name && e["reason"] == reason && e["metadata"]["namespace"] == "default")
+    };
+    eventually("events for the refusals and the fix", || about("clash", "Conflict") && about("odd", "InvalidSpec") && about("clash", "Ready")).await;
+    let e = api.events().into_iter().find(|e| e["regarding"]["name"] == "clash" && e["reason"] == "Conflict").unwrap();
+    assert_eq!((e["type"].as_str(), e["reportingController"].as_str()), (Some("Warning"), Some("knitter-manager")), "{e}");
+    assert!(e["note"].as_str().unwrap_or_default().contains(&taken.to_string()), "{e}");
     c.stop().await;
 }
 
@@ -609,6 +623,7 @@ async fn a_deleted_resource_waits_for_its_pods_and_goes_even_across_restarts() {
     eventually("oam, unused, deleted at the start", || m.get_network("oam").is_err() && api.object(Kind::Networks, "oam").is_none()).await;
     eventually("stale's network found and deleted", || m.get_network("stale").is_err()).await;
     eventually("media kept, saying why", || ready(&api, Kind::Networks, "media").is_some_and(|r| r.1 == "InUse")).await;
+    eventually("an InUse Event on it", || api.events().iter().any(|e| e["regarding"]["name"] == "media" && e["reason"] == "InUse" && e["type"] == "Warning")).await;
     let (_, _, message) = ready(&api, Kind::Networks, "media").unwrap();
     assert!(message.contains("ctr-a"), "{message}");
     assert!(m.get_network("media").is_ok());

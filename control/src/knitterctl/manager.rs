@@ -374,6 +374,9 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             println!("kubernetes controller: {} as {:?}", role, s.identity);
             println!("  pods {}, nodes {} in view; lists taken {}; watch errors {}", s.pods, s.nodes, s.relists, s.watch_errors);
             println!("  released: {} ports, {} nodes; last reconcile {:.1} ms", s.released_ports, s.released_nodes, s.last_reconcile_micros as f64 / 1000.0);
+            if s.events > 0 || s.events_failed > 0 {
+                println!("  events: {} published, {} not", s.events, s.events_failed);
+            }
             if s.held_ports > 0 {
                 println!("  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)", s.held_ports);
             }

@@ -18,7 +18,7 @@
 //! finalizers sets `deletionTimestamp`; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`), `PUT` (409 `Conflict` on a
 //! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
 //! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
-//! stale `resourceVersion`. Objects are k8s-openapi's own serialisations (custom resources as
+//! stale `resourceVersion`; `events.k8s.io/v1` Events by `POST` and merge `PATCH`. Objects are k8s-openapi's own serialisations (custom resources as
 //! `kubectl apply` sends them). What it does not model: authentication, field selectors and
 //! set-based label selectors, paging, other resources, `sendInitialEvents`, admission and
 //! CRD schema validation (the tests check what the controller writes against the CRDs'
@@ -91,6 +91,8 @@ struct Objects {
     rv: u64,
     objects: BTreeMap<(Kind, String), Value>,
     leases: BTreeMap<String, Value>,
+    /// `events.k8s.io/v1` Events by `namespace/name`.
+    events: BTreeMap<String, Value>,
     log: Vec<Event>,
     /// Watches from a version below this get 410 (their history is gone).
     oldest: u64,
@@ -199,6 +201,8 @@ impl ApiServer {
             .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", axum::routing::post(create_nad))
             .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}", get(get_nad).put(replace_nad).delete(delete_nad))
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod))
+            .route("/apis/events.k8s.io/v1/namespaces/{ns}/events", axum::routing::post(create_event))
+            .route("/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}", axum::routing::patch(patch_event))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .fallback(|uri: axum::http::Uri| async move { status(404, "NotFound", format!("the stand-in does not serve {uri}")) })
@@ -346,6 +350,11 @@ impl ApiServer {
             o.log.clear();
             o.cut += 1;
         });
+    }
+
+    /// The Events recorded (as created, then merge-patched: a series' count).
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.objects.lock().unwrap().events.values().cloned().collect()
     }
 
     /// The Lease's holder, if any.
@@ -628,4 +637,38 @@ async fn replace_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, 
     lease["metadata"]["resourceVersion"] = json!(o.rv.to_string());
     o.leases.insert(key, lease.clone());
     axum::Json(lease).into_response()
+}
+
+async fn create_event(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut event): axum::Json<Value>) -> Response {
+    let mut o = s.objects.lock().unwrap();
+    let name = event["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    o.requests.push(format!("POST event {ns}/{name}"));
+    if name.is_empty() || event["metadata"]["namespace"].as_str().is_some_and(|n| n != ns) {
+        return status(422, "Invalid", format!("Event {name:?} is invalid: metadata.name and namespace"));
+    }
+    let key = format!("{ns}/{name}");
+    if o.events.contains_key(&key) {
+        return status(409, "AlreadyExists", format!("events.events.k8s.io \"{name}\" already exists"));
+    }
+    o.rv += 1;
+    event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+    event["metadata"]["namespace"] = json!(ns);
+    o.events.insert(key, event.clone());
+    (StatusCode::CREATED, axum::Json(event)).into_response()
+}
+
+async fn patch_event(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+    let patch = match merge_patch_body(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let mut o = s.objects.lock().unwrap();
+    o.requests.push(format!("PATCH event {ns}/{name}"));
+    let Some(have) = o.events.get(&format!("{ns}/{name}")).cloned() else { return status(404, "NotFound", format!("events.events.k8s.io \"{name}\" not found")) };
+    let mut event = have;
+    merge(&mut event, &patch);
+    o.rv += 1;
+    event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
+    o.events.insert(format!("{ns}/{name}"), event.clone());
+    axum::Json(event).into_response()
 }

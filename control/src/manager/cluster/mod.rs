@@ -6,6 +6,7 @@
 //! hold, nothing newer than the list). Several managers elect one leader over a Lease
 //! ([`lease`]); only the leader acts, the others serve their APIs and wait.
 
+pub mod events;
 pub mod lease;
 pub mod nad;
 pub mod networks;
@@ -65,6 +66,10 @@ pub struct Status {
     /// Knitter's NetworkAttachmentDefinitions in place, and how many were written.
     pub attachment_definitions: AtomicU64,
     pub attachment_definition_writes: AtomicU64,
+    /// Kubernetes Events published, and those that were not (refused, timed out, or
+    /// dropped from a full queue).
+    pub events: AtomicU64,
+    pub events_failed: AtomicU64,
 }
 
 /// [`Status`] read at once (the API's and knitterctl's view; metrics).
@@ -87,6 +92,10 @@ pub struct StatusReport {
     pub network_resources_ready: u64,
     pub attachment_definitions: u64,
     pub attachment_definition_writes: u64,
+    #[serde(default)]
+    pub events: u64,
+    #[serde(default)]
+    pub events_failed: u64,
 }
 
 impl Status {
@@ -107,6 +116,8 @@ impl Status {
             network_resources_ready: self.network_resources_ready.load(Relaxed),
             attachment_definitions: self.attachment_definitions.load(Relaxed),
             attachment_definition_writes: self.attachment_definition_writes.load(Relaxed),
+            events: self.events.load(Relaxed),
+            events_failed: self.events_failed.load(Relaxed),
         }
     }
 }
@@ -114,7 +125,7 @@ impl Status {
 impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
-        let rows: [(&str, &str, &str, u64); 14] = [
+        let rows: [(&str, &str, &str, u64); 16] = [
             ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", self.leader as u64),
             ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists),
             ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports),
@@ -129,6 +140,8 @@ impl StatusReport {
             ("knitter_manager_kubernetes_network_resources_ready", "gauge", "Network resources made on the manager (Ready)", self.network_resources_ready),
             ("knitter_manager_kubernetes_attachment_definitions", "gauge", "Knitter's NetworkAttachmentDefinitions in place", self.attachment_definitions),
             ("knitter_manager_kubernetes_attachment_definition_writes_total", "counter", "NetworkAttachmentDefinitions created, replaced or deleted", self.attachment_definition_writes),
+            ("knitter_manager_kubernetes_events_total", "counter", "Kubernetes Events published", self.events),
+            ("knitter_manager_kubernetes_events_failed_total", "counter", "Kubernetes Events not published (refused, timed out, or dropped from a full queue)", self.events_failed),
         ];
         let mut out = String::new();
         for (name, kind, help, v) in rows {
@@ -143,6 +156,8 @@ pub struct Controller {
     client: Client,
     opts: Options,
     status: Arc<Status>,
+    /// Made when the controller runs (its publishing task needs the runtime).
+    events: std::sync::OnceLock<events::Events>,
 }
 
 /// A list in progress: its objects so far, and when it started (Unix seconds).
@@ -154,7 +169,7 @@ struct Relist<T> {
 impl Controller {
     pub fn new(manager: Arc<Manager>, client: Client, opts: Options) -> Controller {
         let status = Arc::new(Status { identity: opts.lease.identity.clone(), ..Default::default() });
-        Controller { manager, client, opts, status }
+        Controller { manager, client, opts, status, events: std::sync::OnceLock::new() }
     }
 
     pub fn status(&self) -> Arc<Status> {
@@ -165,6 +180,7 @@ impl Controller {
     /// (both in this one future: whatever ends it ends both).
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let (leader_tx, leader) = watch::channel(false);
+        let _ = self.events.set(events::Events::start(self.client.clone(), &self.opts.lease.identity, self.status.clone()));
         let elector = Elector::new(self.client.clone(), self.opts.lease.clone());
         let (elector, ()) = tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
         // Nothing acts any more: the next manager may take over at once.
@@ -469,6 +485,10 @@ impl Controller {
             Ok(gone) => {
                 for p in &gone {
                     tracing::info!(port = %format!("{}/{}", p.spec.container, p.spec.interface), pod = %p.spec.pod, uid = %p.spec.pod_uid, node = %p.spec.node, "released: its pod is gone");
+                    if let Some(events) = self.events.get() {
+                        let addresses: Vec<String> = p.addresses.iter().map(|a| a.address.to_string()).collect();
+                        events.port_released(&p.spec.pod, &p.spec.pod_uid, format!("Knitter released {} on network {} ({}; node {}): its pod or its node is gone", p.spec.interface, p.spec.network, if addresses.is_empty() { "no address".into() } else { addresses.join(", ") }, p.spec.node));
+                    }
                 }
                 self.status.released_ports.fetch_add(gone.len() as u64, Relaxed);
                 gone.len()

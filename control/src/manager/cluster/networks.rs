@@ -192,6 +192,13 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
     out
 }
 
+/// A status's `Ready` condition: (status, reason, message).
+fn ready_of(status: Option<&serde_json::Value>) -> Option<(String, String, String)> {
+    let c = status?["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?;
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((text("status"), text("reason"), text("message")))
+}
+
 impl Controller {
     /// Watches `Network`s, `IPGroup`s and namespaces and runs a pass whenever they changed
     /// (and every [`RESYNC`]), until `stop` resolves.
@@ -304,12 +311,12 @@ impl Controller {
             let Some(outcome) = applied.networks.get(res.name()) else { continue };
             ready += outcome.is_ok() as u64;
             let mine: Vec<String> = in_place.iter().filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name())).cloned().collect();
-            retry |= !self.write_status(Api::<NetworkResource>::all(self.client.clone()), res.name(), res.status.as_ref(), resources::network_status(res, outcome, &mine)).await;
+            retry |= !self.write_status(Api::<NetworkResource>::all(self.client.clone()), res, res.status.as_ref(), resources::network_status(res, outcome, &mine)).await;
         }
         self.status.network_resources_ready.store(ready, Relaxed);
         for res in &groups {
             let Some(outcome) = applied.groups.get(res.name()) else { continue };
-            retry |= !self.write_status(Api::<IpGroupResource>::all(self.client.clone()), res.name(), res.status.as_ref(), resources::group_status(res, outcome)).await;
+            retry |= !self.write_status(Api::<IpGroupResource>::all(self.client.clone()), res, res.status.as_ref(), resources::group_status(res, outcome)).await;
         }
         retry
     }
@@ -342,15 +349,24 @@ impl Controller {
         }
     }
 
-    /// Writes a resource's status (a merge patch of its status subresource) when it differs;
-    /// false when the write failed.
-    async fn write_status<K>(&self, api: Api<K>, name: &str, current: Option<&serde_json::Value>, want: serde_json::Value) -> bool
+    /// Writes a resource's status (a merge patch of its status subresource) when it differs,
+    /// and an Event when its `Ready` condition changed; false when the write failed.
+    async fn write_status<K>(&self, api: Api<K>, res: &K, current: Option<&serde_json::Value>, want: serde_json::Value) -> bool
     where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
+        let name = res.meta().name.clone().unwrap_or_default();
+        let (before, after) = (ready_of(current), ready_of(Some(&want)));
         let Some(patch) = resources::status_patch(current, want) else { return true };
-        match bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
-            Ok(_) => true,
+        match bounded(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+            Ok(_) => {
+                if let (Some((status, reason, message)), Some(events)) = (after, self.events.get())
+                    && before.as_ref().is_none_or(|(s, r, _)| (s, r) != (&status, &reason))
+                {
+                    events.readiness(res.object_ref(&()), status == "True", &reason, &message);
+                }
+                true
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => true,
             Err(e) => {
                 tracing::warn!(resource = %name, error = %e, "writing the resource's status (tried again)");
