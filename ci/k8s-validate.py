@@ -147,6 +147,7 @@ def manifests():
                 render(user, "patch-" + os.path.basename(patch))
             finally:
                 shutil.rmtree(user)
+        builtin += sorted(glob.glob(os.path.join(base, "uninstall", "*.yaml")))
         for f in sorted(glob.glob(os.path.join(base, "examples", "*.yaml"))):
             with open(f) as fh:
                 docs = [d for d in yaml.safe_load_all(fh) if d]

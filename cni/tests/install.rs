@@ -68,3 +68,43 @@ fn the_installer_puts_the_plugin_and_its_conflist_in_place() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("names no knitter-cni plugin"));
     assert_eq!(names(&host.path().join("etc/cni/net.d")), ["10-knitter.conflist"], "nothing of it installed");
 }
+
+/// Uninstalling (deploy/kubernetes/uninstall.sh's cleanup DaemonSet runs the installer with
+/// `uninstall` on every node) takes away the plugin and Knitter's conflist, leaves other
+/// plugins' files alone, and with KNITTER_PURGE=1 the node's state and sockets too.
+#[test]
+fn the_installer_uninstalls_what_it_installed_and_nothing_else() {
+    let host = tempfile::tempdir().unwrap();
+    let conflist = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/base/10-knitter.conflist"));
+    assert!(install(host.path(), Some(conflist)).status.success());
+    let (bin, conf) = (host.path().join("opt/cni/bin"), host.path().join("etc/cni/net.d"));
+    std::fs::write(bin.join("bridge"), "another plugin").unwrap();
+    std::fs::write(conf.join("05-other.conflist"), r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}"#).unwrap();
+    let (state, run) = (host.path().join("var/lib/knitter"), host.path().join("run/knitter"));
+    for d in [&state, &run] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("f"), "x").unwrap();
+    }
+    let uninstall = |purge: bool| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/images/knitter-node/knitter-install-cni");
+        Command::new("sh")
+            .arg(script)
+            .arg("uninstall")
+            .env("CNI_BIN_DIR", &bin)
+            .env("CNI_CONF_DIR", &conf)
+            .env("KNITTER_STATE_DIR", &state)
+            .env("KNITTER_RUN_DIR", &run)
+            .env("KNITTER_PURGE", if purge { "1" } else { "0" })
+            .output()
+            .unwrap()
+    };
+    let out = uninstall(false);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!((names(&bin), names(&conf)), (vec!["bridge".to_string()], vec!["05-other.conflist".to_string()]), "only Knitter's files go");
+    assert!(state.join("f").exists() && run.join("f").exists(), "the node's state stays unless purged");
+    // A file under Knitter's conflist name that is not Knitter's stays; a second run is fine.
+    std::fs::write(conf.join("10-knitter.conflist"), r#"{"plugins":[{"type":"bridge"}]}"#).unwrap();
+    assert!(uninstall(true).status.success());
+    assert!(conf.join("10-knitter.conflist").exists(), "not Knitter's: kept");
+    assert!(!state.exists() && !run.exists(), "purged");
+}

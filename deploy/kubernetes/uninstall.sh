@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Uninstalls Knitter from the cluster kubectl points at, in the order that leaves nothing
+# stuck in Terminating and nothing on the hosts:
+#   1. Network and IPGroup resources are deleted while the manager still runs: it takes each
+#      one's finalizer (knitter.io/cleanup) off once what it made is gone (and the garbage
+#      collector takes the NADs). One whose network pods still use is held (Ready=False,
+#      InUse): the script shows them and stops, changing nothing more; delete those pods
+#      first, or run with --force to take the finalizers off (the manager's store goes in 3).
+#   2. The node DaemonSet goes (pods on Knitter networks lose them), then a cleanup
+#      DaemonSet (uninstall/cleanup.yaml) runs the node image's installer in `uninstall`
+#      mode on every node: knitter-cni and Knitter's conflist removed from the hosts; with
+#      --purge also the node agents' state and sockets (/var/lib/knitter, /run/knitter).
+#   3. What the overlay made: kubectl delete -k OVERLAY (the manager and its volume, RBAC,
+#      the CRDs, the namespace and the Secrets secrets.sh made in it).
+#
+#   bash deploy/kubernetes/uninstall.sh [--overlay DIR] [--force] [--purge] [--timeout SECONDS]
+#
+# OVERLAY is the one you installed (default deploy/kubernetes/overlays/embedded); a
+# kustomization of your own over it works the same.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+overlay=$here/overlays/embedded
+force=0 purge=0 timeout=120
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --overlay) overlay=${2:?--overlay DIR}; shift ;;
+    --force) force=1 ;;
+    --purge) purge=1 ;;
+    --timeout) timeout=${2:?--timeout SECONDS}; shift ;;
+    *) echo "usage: $0 [--overlay DIR] [--force] [--purge] [--timeout SECONDS]" >&2; exit 2 ;;
+  esac
+  shift
+done
+ns=knitter
+resources=networks.knitter.io,ipgroups.knitter.io
+
+echo "== 1. Network and IPGroup resources (the manager cleans up after each)"
+if kubectl get crd networks.knitter.io >/dev/null 2>&1; then
+  kubectl delete "$resources" --all --wait=false
+  deadline=$((SECONDS + timeout))
+  while left=$(kubectl get "$resources" -o name 2>/dev/null) && [ -n "$left" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      if [ "$force" = 1 ]; then
+        echo "still held after ${timeout} s; --force: taking their finalizers off"
+        for r in $left; do
+          kubectl patch "$r" --type=merge -p '{"metadata":{"finalizers":null}}'
+        done
+        break
+      fi
+      kubectl get "$resources"
+      echo "uninstall.sh: these are still held (REASON InUse: pods use their networks; delete those pods), or the manager is not running; nothing else was changed. Run again, or with --force." >&2
+      exit 1
+    fi
+    sleep 2
+  done
+else
+  echo "no CRDs: nothing to delete"
+fi
+
+echo "== 2. the node agents, then the hosts' CNI files"
+image=$(kubectl -n "$ns" get daemonset knitter-node -o jsonpath='{.spec.template.spec.containers[0].image}' 2>/dev/null || true)
+kubectl -n "$ns" delete daemonset knitter-node --ignore-not-found --wait=true
+if kubectl get namespace "$ns" >/dev/null 2>&1; then
+  sed -e "s|localhost/knitter-node:0.1.0|${image:-localhost/knitter-node:0.1.0}|" \
+      -e "s|{name: KNITTER_PURGE, value: \"0\"}|{name: KNITTER_PURGE, value: \"$purge\"}|" \
+      "$here/uninstall/cleanup.yaml" | kubectl apply -f -
+  kubectl -n "$ns" rollout status daemonset knitter-cleanup --timeout="${timeout}s"
+  kubectl -n "$ns" delete daemonset knitter-cleanup --wait=true
+fi
+
+echo "== 3. the manager, RBAC, CRDs, namespace and Secrets"
+kubectl delete -k "$overlay" --ignore-not-found --wait=true
+echo "uninstalled"
