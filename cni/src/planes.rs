@@ -186,9 +186,7 @@ pub fn from_value(v: &Value) -> Result<Vec<Plane>, CniError> {
 pub fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), CniError> {
     let mut seen = HashSet::new();
     for n in names {
-        if n.is_empty() || n.len() > 15 || n.contains(['/', ' ', ':', '\0']) || n == "." || n == ".." {
-            return Err(invalid(format!("interface name {n:?} must be 1-15 characters without '/', ':' or spaces")));
-        }
+        knitter_api::names::interface_name(n).map_err(invalid)?;
         if !seen.insert(n) {
             return Err(invalid(format!("interface {n} is asked for twice")));
         }

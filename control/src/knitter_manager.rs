@@ -221,18 +221,6 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
     Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status, network_resources: a.network_resources }))
 }
 
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("stopping");
-}
 
 /// Removes the records of port creates that a crash or a kill cut off (never served; their
 /// addresses given back).
@@ -302,7 +290,7 @@ fn main() -> Result<()> {
         );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
-            stop_signal().await;
+            knitter_api::process::stop_signal().await;
             knitter_api::systemd::stopping();
             let _ = stop_tx.send(true);
         });

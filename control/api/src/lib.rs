@@ -7,6 +7,8 @@
 pub mod device_info;
 pub mod logging;
 pub mod metrics;
+pub mod names;
+pub mod process;
 pub mod systemd;
 
 use std::path::{Path, PathBuf};

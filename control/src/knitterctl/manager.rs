@@ -271,7 +271,7 @@ fn authed<T>(t: &Target, msg: T) -> Result<tonic::Request<T>> {
         None => std::fs::read_to_string(&t.token_file).ok().map(|s| s.trim().to_string()),
     };
     if let Some(tok) = token {
-        r.metadata_mut().insert("authorization", format!("Bearer {tok}").parse().context("the token is not valid metadata")?);
+        knitter_api::process::bearer(&mut r, &tok)?;
     }
     Ok(r)
 }

@@ -608,9 +608,7 @@ impl Manager {
     pub fn create_port(&self, mut spec: PortSpec) -> Result<(Port, bool)> {
         check_name("container", &spec.container)?;
         spec.requested_mac = spec.requested_mac.as_deref().map(requested_mac).transpose()?;
-        if spec.interface.is_empty() || spec.interface.len() > 15 || spec.interface.contains(['/', ' ', '\0']) {
-            return Err(ManagerError::Invalid(format!("interface name {:?} must be 1-15 characters without '/' or spaces", spec.interface)));
-        }
+        knitter_api::names::interface_name(&spec.interface).map_err(ManagerError::Invalid)?;
         if let Some(info) = &spec.device_info
             && !serde_json::from_str::<serde_json::Value>(info).is_ok_and(|v| v.is_object())
         {

@@ -160,7 +160,7 @@ impl Attacher {
             return Err(Status::unavailable(format!("this node has not joined the manager at {} yet (the bootstrap token; see the daemon's log)", link.address)));
         }
         if let Some(t) = &link.token.get() {
-            r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().map_err(|_| Status::internal("the manager token is not valid metadata"))?);
+            knitter_api::process::bearer(&mut r, t).map_err(|e| Status::internal(format!("the manager token: {e}")))?;
         }
         Ok(r)
     }
@@ -183,9 +183,7 @@ impl Attacher {
         if r.container_id.is_empty() || r.network.is_empty() || r.netns.is_empty() {
             return Err(Status::invalid_argument("container_id, network and netns are required"));
         }
-        if r.ifname.is_empty() || r.ifname.len() > 15 || r.ifname.contains(['/', ' ', '\0']) {
-            return Err(Status::invalid_argument(format!("interface name {:?} must be 1-15 characters without '/' or spaces", r.ifname)));
-        }
+        knitter_api::names::interface_name(&r.ifname).map_err(Status::invalid_argument)?;
         let key = Key { container_id: r.container_id.clone(), ifname: r.ifname.clone() };
         if let Some(have) = self.node.state().attachments.iter().find(|a| a.key() == key) {
             if have.network == r.network && have.netns == r.netns {

@@ -74,7 +74,7 @@ fn store(file: &Path, token: &str) -> Result<()> {
 async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<String> {
     let channel = knitter_api::endpoint(&link.address, link.tls.clone())?.connect_timeout(Duration::from_secs(5)).connect().await.context("connecting")?;
     let mut req = tonic::Request::new(pb::Name { name: link.node_name.clone() });
-    req.metadata_mut().insert("authorization", format!("Bearer {}", join.bootstrap).parse().context("the bootstrap token is not valid metadata")?);
+    knitter_api::process::bearer(&mut req, &join.bootstrap).context("the bootstrap token")?;
     match pb::manager_client::ManagerClient::new(channel).join_node(req).await {
         Ok(r) => Ok(r.into_inner().token),
         Err(s) if s.code() == tonic::Code::AlreadyExists => {

@@ -136,7 +136,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     let (listener, _socket_file) = bind(&api.socket, api.socket_mode)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        stop_signal().await;
+        knitter_api::process::stop_signal().await;
         knitter_api::systemd::stopping();
         let _ = stop_tx.send(true);
     });
@@ -240,15 +240,3 @@ const LINK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 /// How long a stop waits for API calls in flight.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Resolves on SIGTERM or SIGINT.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = int.recv() => tracing::info!("SIGINT: stopping"),
-    }
-}

@@ -69,7 +69,7 @@ async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Re
         anyhow::bail!("not joined yet (the bootstrap token)");
     }
     if let Some(t) = &link.token.get() {
-        req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().context("the token is not valid metadata")?);
+        knitter_api::process::bearer(&mut req, t)?;
     }
     let mut stream = pb::manager_client::ManagerClient::new(channel).sync(req).await.context("opening the sync stream")?.into_inner();
     tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
