@@ -43,6 +43,7 @@ CNI_COMMAND=VERSION "$tmp/host/opt/cni/bin/knitter-cni" </dev/null | grep '"1.1.
 # Hosts with another (older) libc: the plugin has no dynamic dependency at all, and runs in
 # a root that holds nothing but itself. (Pipes into grep read all: `grep -q` leaves at the
 # first match and the writer, with pipefail, fails on SIGPIPE.)
+command -v readelf >/dev/null
 if readelf -l "$tmp/host/opt/cni/bin/knitter-cni" | grep INTERP || readelf -d "$tmp/host/opt/cni/bin/knitter-cni" | grep NEEDED; then
   echo "the installed knitter-cni is linked dynamically" >&2
   exit 1

@@ -287,12 +287,29 @@ async fn a_list_without_the_nodes_pods_releases_nothing() {
     eventually("the pods listed", || c.status.relists.load(SeqCst) >= 1 && c.status.held_ports.load(SeqCst) == 3).await;
     assert_eq!(port_pods(&m), names(0..3), "nothing released on an empty list");
     assert_eq!(c.status.released_ports.load(SeqCst), 0);
-    c.stop().await;
-    // The node's pods listed again (its DaemonSet pod), the gone pods' ports go.
+    // The node's pods seen again (its DaemonSet pod, by the watch): at the next look at the
+    // held ports (every 10 s), the gone pods' ports go.
     api.add_pod("kube-system", "knitter-node-x", "uid-ds", "n1");
-    let c = start(&m, &api, "m1");
-    eventually("released once the node's pods are listed", || port_pods(&m).is_empty()).await;
+    eventually("released once the node's pods are seen", || port_pods(&m).is_empty()).await;
     assert_eq!(c.status.held_ports.load(SeqCst), 0);
+    c.stop().await;
+}
+
+/// A node list that has none of the manager's nodes (another cluster's) forgets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_list_of_another_cluster_forgets_no_node() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    for (n, vtep) in [("n1", "192.168.0.1"), ("n2", "192.168.0.2")] {
+        m.register_node(Node { name: n.into(), vtep: ip(vtep), underlay_mtu: 1600, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() }).unwrap();
+    }
+    api.add_node("elsewhere");
+    let c = start(&m, &api, "m1");
+    eventually("pods and nodes listed", || c.status.relists.load(SeqCst) >= 2).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(m.list_nodes().unwrap().len(), 2, "no node forgotten");
+    assert_eq!(c.status.released_nodes.load(SeqCst), 0);
     c.stop().await;
 }
 

@@ -56,7 +56,8 @@ if [ "${NO_CARGO:-0}" != 1 ]; then
   cargo build --release -q -p knitter-vswitchd -p knitter-control
   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -q -p knitter-cni --target "$HOST_TRIPLE"
 fi
-if readelf -l "$CNI_BIN" | grep -q INTERP || readelf -d "$CNI_BIN" | grep -q NEEDED; then
+command -v readelf >/dev/null || { echo "build.sh: readelf (binutils) is needed to check knitter-cni is static" >&2; exit 1; }
+if readelf -l "$CNI_BIN" | grep INTERP >/dev/null || readelf -d "$CNI_BIN" | grep NEEDED >/dev/null; then
   echo "build.sh: $CNI_BIN is linked dynamically; it would not start on a host with an older libc" >&2
   exit 1
 fi

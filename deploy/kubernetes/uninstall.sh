@@ -13,21 +13,24 @@
 #   3. What the overlay made: kubectl delete -k OVERLAY (the manager and its volume, RBAC,
 #      the CRDs, the namespace and the Secrets secrets.sh made in it).
 #
-#   bash deploy/kubernetes/uninstall.sh [--overlay DIR] [--force] [--purge] [--timeout SECONDS]
+#   bash deploy/kubernetes/uninstall.sh [--overlay DIR] [--image IMAGE] [--force] [--purge] [--timeout SECONDS]
 #
 # OVERLAY is the one you installed (default deploy/kubernetes/overlays/embedded); a
-# kustomization of your own over it works the same.
+# kustomization of your own over it works the same. The cleanup runs the node image the
+# node DaemonSet ran (or IMAGE; a second run after a failure finds it on the cleanup
+# DaemonSet left behind). Running it again after a failure carries on where it stopped.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 overlay=$here/overlays/embedded
-force=0 purge=0 timeout=120
+force=0 purge=0 timeout=120 image=
 while [ $# -gt 0 ]; do
   case "$1" in
     --overlay) overlay=${2:?--overlay DIR}; shift ;;
+    --image) image=${2:?--image IMAGE}; shift ;;
     --force) force=1 ;;
     --purge) purge=1 ;;
     --timeout) timeout=${2:?--timeout SECONDS}; shift ;;
-    *) echo "usage: $0 [--overlay DIR] [--force] [--purge] [--timeout SECONDS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--overlay DIR] [--image IMAGE] [--force] [--purge] [--timeout SECONDS]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -58,12 +61,25 @@ else
 fi
 
 echo "== 2. the node agents, then the hosts' CNI files"
-image=$(kubectl -n "$ns" get daemonset knitter-node -o jsonpath='{.spec.template.spec.containers[0].image}' 2>/dev/null || true)
-kubectl -n "$ns" delete daemonset knitter-node --ignore-not-found --wait=true
+image_of() { kubectl -n "$ns" get daemonset "$1" -o jsonpath='{.spec.template.spec.containers[0].image}' 2>/dev/null || true; }
+[ -n "$image" ] || image=$(image_of knitter-node)
+[ -n "$image" ] || image=$(image_of knitter-cleanup)
 if kubectl get namespace "$ns" >/dev/null 2>&1; then
-  sed -e "s|localhost/knitter-node:0.1.0|${image:-localhost/knitter-node:0.1.0}|" \
+  if [ -z "$image" ]; then
+    echo "uninstall.sh: the node DaemonSet is gone and no image is known for the cleanup: pass --image (the knitter-node image you ran)" >&2
+    exit 1
+  fi
+  # Foreground: the DaemonSet goes after its pods did, so no agent writes its state while
+  # the cleanup (--purge) removes it.
+  kubectl -n "$ns" delete daemonset knitter-node --ignore-not-found --cascade=foreground --wait=true
+  if [ -n "$(kubectl -n "$ns" get pod -l app.kubernetes.io/name=knitter-node -o name)" ]; then
+    kubectl -n "$ns" wait --for=delete pod -l app.kubernetes.io/name=knitter-node --timeout="${timeout}s"
+  fi
+  sed -e "s|image: localhost/knitter-node:0.1.0|image: $image|" \
       -e "s|{name: KNITTER_PURGE, value: \"0\"}|{name: KNITTER_PURGE, value: \"$purge\"}|" \
       "$here/uninstall/cleanup.yaml" | kubectl apply -f -
+  # Left behind on a failure (a node that never runs it): a second run finds its image and
+  # carries on; kubectl shows which pods did not get ready.
   kubectl -n "$ns" rollout status daemonset knitter-cleanup --timeout="${timeout}s"
   kubectl -n "$ns" delete daemonset knitter-cleanup --wait=true
 fi

@@ -12,6 +12,8 @@ use std::process::Command;
 use vswitch::region::{Backing, Region};
 
 const CHILD: &str = "KNITTER_TEST_HUGETLB_CGROUP";
+/// The 2 MiB pool (`/proc/sys/vm/nr_hugepages` is the default size's, which may be 1 GiB).
+const POOL: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
 
 fn read(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -22,7 +24,8 @@ fn read(path: &str) -> Option<u64> {
 struct NoHugepages {
     mount: PathBuf,
     cgroup: PathBuf,
-    added: u64,
+    /// The 2 MiB pool's size before the test grew it, written back after.
+    pool_was: Option<u64>,
 }
 
 impl NoHugepages {
@@ -42,15 +45,15 @@ impl NoHugepages {
             let _ = std::fs::remove_dir(&mount);
             return Err("cannot mount cgroup v1's hugetlb controller (a cgroup v2 only host?)".into());
         }
-        let mut me = NoHugepages { cgroup: mount.join(format!("knitter-test-{}", std::process::id())), mount, added: 0 };
+        let mut me = NoHugepages { cgroup: mount.join(format!("knitter-test-{}", std::process::id())), mount, pool_was: None };
         std::fs::create_dir(&me.cgroup).map_err(|e| e.to_string())?;
         std::fs::write(me.cgroup.join("hugetlb.2MB.limit_in_bytes"), "0").map_err(|e| format!("the fault limit: {e}"))?;
-        let free = read("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").unwrap_or(0);
+        let free = read(&format!("{POOL}/free_hugepages")).unwrap_or(0);
         if free < 4 {
-            let total = read("/proc/sys/vm/nr_hugepages").unwrap_or(0);
-            me.added = 4 - free;
-            std::fs::write("/proc/sys/vm/nr_hugepages", (total + me.added).to_string()).map_err(|e| e.to_string())?;
-            if read("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages").unwrap_or(0) < 4 {
+            let total = read(&format!("{POOL}/nr_hugepages")).ok_or("no 2 MiB hugepage pool")?;
+            me.pool_was = Some(total);
+            std::fs::write(format!("{POOL}/nr_hugepages"), (total + 4 - free).to_string()).map_err(|e| e.to_string())?;
+            if read(&format!("{POOL}/free_hugepages")).unwrap_or(0) < 4 {
                 return Err("the kernel would not make 4 free hugepages".into());
             }
         }
@@ -63,10 +66,8 @@ impl Drop for NoHugepages {
         let _ = std::fs::remove_dir(&self.cgroup);
         let _ = Command::new("umount").arg(&self.mount).status();
         let _ = std::fs::remove_dir(&self.mount);
-        if self.added > 0
-            && let Some(total) = read("/proc/sys/vm/nr_hugepages")
-        {
-            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", total.saturating_sub(self.added).to_string());
+        if let Some(was) = self.pool_was {
+            let _ = std::fs::write(format!("{POOL}/nr_hugepages"), was.to_string());
         }
     }
 }

@@ -85,12 +85,14 @@ async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<S
     }
 }
 
-/// The manager's refusal of a credential in `e` (unauthenticated, permission denied, or a
-/// name already joined), as opposed to a manager that could not be reached.
-pub fn refusal(e: &anyhow::Error) -> Option<String> {
+/// The manager's refusal of a credential in `e` (unauthenticated, permission denied; when
+/// `joining`, also a name that joined before), as opposed to a manager that could not be
+/// reached or a refusal of something else.
+pub fn refusal(e: &anyhow::Error, joining: bool) -> Option<String> {
     use tonic::Code::{AlreadyExists, PermissionDenied, Unauthenticated};
     let s = e.chain().find_map(|c| c.downcast_ref::<tonic::Status>())?;
-    matches!(s.code(), Unauthenticated | PermissionDenied | AlreadyExists).then(|| format!("{:?}: {}", s.code(), s.message()))
+    let refused = matches!(s.code(), Unauthenticated | PermissionDenied) || (joining && s.code() == AlreadyExists);
+    refused.then(|| format!("{:?}: {}", s.code(), s.message()))
 }
 
 /// Fills in the node's credential by joining (retried with back-off until it works: the
@@ -114,7 +116,7 @@ pub async fn join(node: std::sync::Arc<crate::node::Node>, link: crate::settings
             }
             Err(e) => {
                 tracing::warn!(manager = %link.address, node = %link.node_name, error = %format!("{e:#}"), "not joined yet");
-                if let Some(why) = refusal(&e) {
+                if let Some(why) = refusal(&e, true) {
                     node.set_manager_refusal(Some(format!("joining: {why}")));
                 }
             }

@@ -41,7 +41,7 @@ pub async fn run(node: Arc<Node>, link: ManagerLink) {
             Ok(()) => tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state"),
             Err(e) => {
                 tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state");
-                if let Some(why) = crate::credential::refusal(&e) {
+                if let Some(why) = crate::credential::refusal(&e, false) {
                     node.set_manager_refusal(Some(format!("syncing: {why}")));
                 }
             }

@@ -77,8 +77,10 @@ impl Elector {
     /// Looks at the Lease once, bounded: takes or renews it when it may. A leader whose
     /// look fails or outlives its renew deadline steps down then: another may hold it soon.
     pub async fn step(&mut self) -> Role {
-        // A leader may wait until its deadline; a candidate, one call's time.
-        let bound = self.deadline().map_or(CALL_TIMEOUT, |d| d.saturating_duration_since(Instant::now()));
+        // A leader may wait until its deadline; a candidate, one call's time but no longer
+        // than a renew deadline (an answer later than that would make it a leader whose
+        // term is already over).
+        let bound = self.deadline().map_or(CALL_TIMEOUT.min(self.opts.renew_deadline), |d| d.saturating_duration_since(Instant::now()));
         let error = match tokio::time::timeout(bound, self.try_step()).await {
             Ok(Ok(role)) => return role,
             Ok(Err(e)) => e.to_string(),
@@ -157,7 +159,9 @@ impl Elector {
                 let rv = l.metadata.resource_version.unwrap_or_default();
                 self.observed = Some((rv, Instant::now()));
                 self.renewed = Some(sent);
-                Ok(Role::Leader)
+                // Written, but answered after its own deadline: not leading (the next look
+                // renews it afresh).
+                Ok(self.lapsed())
             }
             // Another candidate wrote first (409 on replace, or the Lease created meanwhile).
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -173,7 +177,11 @@ impl Elector {
     /// elector, for [`Elector::release`] once nothing acts on its leadership any more.
     pub async fn run(mut self, leader: watch::Sender<bool>, mut stop: watch::Receiver<bool>) -> Elector {
         loop {
-            let role = self.step().await == Role::Leader;
+            // A stop does not wait for a look in flight.
+            let role = tokio::select! {
+                r = self.step() => r == Role::Leader,
+                _ = stop.changed() => break,
+            };
             leader.send_if_modified(|l| std::mem::replace(l, role) != role);
             let wait = self.deadline().map_or(self.opts.retry, |d| self.opts.retry.min(d.saturating_duration_since(Instant::now())));
             tokio::select! {

@@ -238,8 +238,15 @@ impl Controller {
         let (mut pod_list, mut node_list) = (None, None);
         let mut published = None;
         let mut tick = tokio::time::interval(STATUS_EVERY);
+        let mut recheck = tokio::time::interval(HELD_RECHECK);
         loop {
             tokio::select! {
+                // Ports held because the list showed no pod on their node: the view the
+                // watch has kept current since may vouch for it now.
+                _ = recheck.tick(), if pod_list.is_none() && self.status.held_ports.load(Relaxed) > 0 => {
+                    let cutoff = cluster.listed_at;
+                    self.reconcile_orphans(&cluster, cutoff).await;
+                }
                 _ = tick.tick(), if self.opts.network_status && pod_list.is_none() => {
                     self.publish_network_status(&mut cluster, &mut published).await;
                 }
@@ -362,20 +369,9 @@ impl Controller {
                 let Some(l) = list.take() else { return };
                 self.status.relists.fetch_add(1, Relaxed);
                 cluster.set_pods(l.items);
+                cluster.listed_at = l.started;
                 let t = Instant::now();
-                let (view, cutoff, status) = (cluster.clone(), l.started, self.status.clone());
-                let released = self
-                    .release(move |m| {
-                        let ports = m.list_ports(&Filter::default())?;
-                        let (gone, held) = reconcile::orphans(&ports, &view, cutoff);
-                        status.held_ports.store(held.len() as u64, Relaxed);
-                        if !held.is_empty() {
-                            let nodes: std::collections::BTreeSet<&str> = held.iter().map(|p| p.spec.node.as_str()).collect();
-                            tracing::warn!(ports = held.len(), ?nodes, pods_listed = view.pod_count(), "the list shows no pod on these nodes (another cluster? an empty or filtered list?): their ports are held, not released, until a list shows the nodes' pods or the nodes are deleted");
-                        }
-                        Ok(gone.into_iter().cloned().collect())
-                    })
-                    .await;
+                let released = self.reconcile_orphans(cluster, l.started).await;
                 self.status.last_reconcile_micros.store(t.elapsed().as_micros() as u64, Relaxed);
                 tracing::info!(pods = cluster.pod_count(), released, "pods listed and ports reconciled");
             }
@@ -409,13 +405,20 @@ impl Controller {
                     tracing::warn!("the cluster lists no nodes: releasing none");
                     return;
                 }
-                let gone: Vec<String> = match self.blocking(|m| m.list_nodes()).await {
-                    Ok(nodes) => nodes.into_iter().map(|n| n.name).filter(|n| !cluster.has_node(n)).collect(),
+                let known: Vec<String> = match self.blocking(|m| m.list_nodes()).await {
+                    Ok(nodes) => nodes.into_iter().map(|n| n.name).collect(),
                     Err(e) => {
                         tracing::warn!(error = %e, "listing the manager's nodes");
                         return;
                     }
                 };
+                let gone: Vec<String> = known.iter().filter(|n| !cluster.has_node(n)).cloned().collect();
+                // A list that has none of the manager's nodes is another cluster's (a wrong
+                // kubeconfig) or a filtered one, not every node deleted at once.
+                if !known.is_empty() && gone.len() == known.len() {
+                    tracing::warn!(nodes = known.len(), listed = cluster.node_count(), "the cluster lists none of the manager's nodes (another cluster?): releasing none");
+                    return;
+                }
                 for name in gone {
                     self.release_node(name).await;
                 }
@@ -432,6 +435,23 @@ impl Controller {
                 }
             }
         }
+    }
+
+    /// Releases the ports no pod of `cluster` holds, made before `cutoff` (when the list the
+    /// view started from began), on nodes the view vouches for; counts the rest as held.
+    async fn reconcile_orphans(&self, cluster: &Cluster, cutoff: u64) -> usize {
+        let (view, status) = (cluster.clone(), self.status.clone());
+        self.release(move |m| {
+            let ports = m.list_ports(&Filter::default())?;
+            let (gone, held) = reconcile::orphans(&ports, &view, cutoff);
+            status.held_ports.store(held.len() as u64, Relaxed);
+            if !held.is_empty() {
+                let nodes: std::collections::BTreeSet<&str> = held.iter().map(|p| p.spec.node.as_str()).collect();
+                tracing::warn!(ports = held.len(), ?nodes, pods_listed = view.pod_count(), "the list shows no pod on these nodes (another cluster? an empty or filtered list?): their ports are held, not released, until the controller's view shows the nodes' pods or the nodes are deleted");
+            }
+            Ok(gone.into_iter().cloned().collect())
+        })
+        .await
     }
 
     /// Releases a node the cluster no longer has: its ports, and its place in the other
@@ -470,10 +490,16 @@ impl Controller {
     /// Deletes the ports `pick` chooses (on a blocking thread: the store may be etcd); how
     /// many went.
     async fn release(&self, pick: impl FnOnce(&Manager) -> crate::manager::Result<Vec<crate::manager::objects::Port>> + Send + 'static) -> usize {
+        let leading = self.status.clone();
         let r = self
             .blocking(move |m| {
                 let mut gone = Vec::new();
                 for p in pick(m)? {
+                    // Leadership lost mid-way (this runs on a blocking thread the lost lead
+                    // cannot cancel): stop before the next write; the next leader lists again.
+                    if !leading.leader.load(Relaxed) {
+                        break;
+                    }
                     if m.delete_port(&p.spec.container, &p.spec.interface)?.is_some() {
                         gone.push(p);
                     }
@@ -483,11 +509,18 @@ impl Controller {
             .await;
         match r {
             Ok(gone) => {
+                // One Event per pod, naming all its ports (the recorder folds a pod's events of
+                // one reason into one, keeping the first message).
+                let mut by_pod: std::collections::BTreeMap<(&str, &str), Vec<String>> = Default::default();
                 for p in &gone {
                     tracing::info!(port = %format!("{}/{}", p.spec.container, p.spec.interface), pod = %p.spec.pod, uid = %p.spec.pod_uid, node = %p.spec.node, "released: its pod is gone");
-                    if let Some(events) = self.events.get() {
-                        let addresses: Vec<String> = p.addresses.iter().map(|a| a.address.to_string()).collect();
-                        events.port_released(&p.spec.pod, &p.spec.pod_uid, format!("Knitter released {} on network {} ({}; node {}): its pod or its node is gone", p.spec.interface, p.spec.network, if addresses.is_empty() { "no address".into() } else { addresses.join(", ") }, p.spec.node));
+                    let addresses: Vec<String> = p.addresses.iter().map(|a| a.address.to_string()).collect();
+                    let what = format!("{} on network {} ({})", p.spec.interface, p.spec.network, if addresses.is_empty() { "no address".into() } else { addresses.join(", ") });
+                    by_pod.entry((p.spec.pod.as_str(), p.spec.pod_uid.as_str())).or_default().push(what);
+                }
+                if let Some(events) = self.events.get() {
+                    for ((pod, uid), ports) in by_pod.into_iter().filter(|((pod, _), _)| !pod.is_empty()) {
+                        events.port_released(pod, uid, format!("Knitter released {}: its pod or its node is gone", ports.join("; ")));
                     }
                 }
                 self.status.released_ports.fetch_add(gone.len() as u64, Relaxed);
@@ -520,6 +553,9 @@ pub async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::
         Err(elapsed) => Err(kube::Error::Service(Box::new(elapsed))),
     }
 }
+
+/// How often ports held by a list that did not vouch for their node are looked at again.
+const HELD_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How often the pods' network-status is brought up to date (when anything changed).
 const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

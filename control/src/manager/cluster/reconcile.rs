@@ -43,6 +43,9 @@ pub struct Cluster {
     on_node: HashMap<String, usize>,
     /// Moves on every change to the pods.
     generation: u64,
+    /// When the complete list the pods came from started (Unix seconds): ports made before
+    /// it are the ones this view may judge.
+    pub listed_at: u64,
 }
 
 impl Cluster {
