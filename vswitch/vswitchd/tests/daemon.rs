@@ -922,9 +922,11 @@ async fn a_pods_frames_are_traced_live_and_a_made_up_frame_is_traced_dry() {
     refused(c.trace(t("pa0", 1000, "")).await, Code::InvalidArgument, "at most 256");
     refused(c.trace(t("pa0", 1, "eth(src=02:00:00:00:00:01,dst=02:00:00:00:00:02) bogus(x=1)")).await, Code::InvalidArgument, "unknown layer \"bogus\"");
     refused(c.trace(t("", 1, "")).await, Code::InvalidArgument, "port");
-    // Nothing arrives on pb0 (nobody sends): an empty reply after the timeout.
+    // Nothing the test sends arrives on pb0: an empty reply after the timeout — or one
+    // frame of the pod kernel's own IPv6 multicast (an MLD report or a router solicitation
+    // it sends when it likes), never an IPv4 one.
     let r = c.trace(t("pb0", 1, "")).await.unwrap().into_inner();
-    assert!(r.frames.is_empty(), "{r:?}");
+    assert!(r.frames.iter().all(|f| f.frame.contains("> 33:33:")), "{r:?}");
 }
 
 /// A `dpdk` port through the daemon (DPDK's `net_pcap` vdev as the device: the EAL comes up
