@@ -76,6 +76,11 @@ fn pod_with_port(m: &Manager, api: &ApiServer, name: &str, node: &str) {
     m.create_port(spec).unwrap();
 }
 
+/// A node registered with the manager, as its agent registers.
+fn register(m: &Manager, name: &str, vtep: &str) {
+    m.register_node(Node { name: name.into(), vtep: ip(vtep), underlay_mtu: 1600, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() }).unwrap();
+}
+
 fn port_pods(m: &Manager) -> BTreeSet<String> {
     m.list_ports(&Filter::default()).unwrap().into_iter().map(|p| p.spec.pod.trim_start_matches("apps/").to_string()).collect()
 }
@@ -302,7 +307,7 @@ async fn a_node_list_of_another_cluster_forgets_no_node() {
     let dir = tempfile::tempdir().unwrap();
     let (m, api) = (manager(&dir), ApiServer::start().await);
     for (n, vtep) in [("n1", "192.168.0.1"), ("n2", "192.168.0.2")] {
-        m.register_node(Node { name: n.into(), vtep: ip(vtep), underlay_mtu: 1600, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() }).unwrap();
+        register(&m, n, vtep);
     }
     api.add_node("elsewhere");
     let c = start(&m, &api, "m1");
@@ -319,7 +324,7 @@ async fn a_deleted_node_gives_back_its_ports_and_leaves_the_flood_lists() {
     let (m, api) = (manager(&dir), ApiServer::start().await);
     for (n, vtep) in [("n1", "192.168.0.1"), ("n2", "192.168.0.2")] {
         api.add_node(n);
-        m.register_node(Node { name: n.into(), vtep: ip(vtep), underlay_mtu: 1600, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() }).unwrap();
+        register(&m, n, vtep);
     }
     for i in 0..6 {
         pod_with_port(&m, &api, &format!("p{i}"), if i % 2 == 0 { "n1" } else { "n2" });

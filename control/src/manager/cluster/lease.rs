@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-use super::CALL_TIMEOUT;
+use super::{CALL_TIMEOUT, bounded};
 
 /// Where the Lease lives and how it is held.
 #[derive(Debug, Clone)]
@@ -213,11 +213,10 @@ impl Elector {
             spec.renew_time = Some(now);
             self.api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
         };
-        match tokio::time::timeout(CALL_TIMEOUT, released).await {
-            Ok(Ok(true)) => tracing::info!(lease = %name, "released the Lease"),
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, lease = %name, "could not release the Lease: it runs out instead"),
-            Err(_) => tracing::warn!(lease = %name, "releasing the Lease got no answer: it runs out instead"),
+        match bounded(released).await {
+            Ok(true) => tracing::info!(lease = %name, "released the Lease"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, lease = %name, "could not release the Lease: it runs out instead"),
         }
     }
 }
