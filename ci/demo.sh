@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 . ci/as-root.sh
 KNITTER_FUZZ=0 bash ci/setup.sh
 echo "== building knitter-vswitchd and knitterctl (release)"
-cargo build --release -q -p knitter-vswitchd -p knitter-control
+cargo build --release -q -p knitter-vswitchd -p knitter-manager -p knitterctl
 exec bash ci/demo-run.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # By hand (not CI): time 100 vhost-user port adds and 100 deletes through knitterctl against
 # a release knitter-vswitchd, and 100 `node show` calls (knitterctl's own start and connect).
-#   cargo build --release -p knitter-vswitchd -p knitter-control
+#   cargo build --release -p knitter-vswitchd -p knitter-manager -p knitterctl
 #   bash ci/port-churn.sh [--no-state | "--state-file /tmp/x.json"]
 set -euo pipefail
 cd "$(dirname "$0")/.."

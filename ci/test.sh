@@ -17,7 +17,7 @@ FUZZ_SECS=${KNITTER_FUZZ_SECS:-45}
 if [ "$FUZZ_SECS" -gt 0 ]; then
   # The switch's parsers and pipeline; what a vhost-user frontend sends (messages with any
   # descriptors, rings over any memory).
-  for ct in vswitch:wire vswitch:pipeline vhost:messages vhost:virtqueue; do
+  for ct in vswitch:wire vswitch:pipeline ports/vhost:messages ports/vhost:virtqueue; do
     crate=${ct%%:*} t=${ct#*:}
     echo "== fuzz $crate/$t for ${FUZZ_SECS}s"
     corpus=$(mktemp -d)
@@ -43,7 +43,7 @@ echo "== configuration changes at scale (small: keeps the benchmark working; doc
 timeout 120 cargo run --release -q -p knitter-vswitch --example apply_bench -- --bds 512 --peers 2048 --applies 20
 
 echo "== demo (two nodes, knitter-vswitchd + knitterctl)"
-cargo build --release -q -p knitter-vswitchd -p knitter-control
+cargo build --release -q -p knitter-vswitchd -p knitter-manager -p knitterctl
 timeout 300 bash ci/demo-run.sh
 
 echo "== container images (podman, from a Debian-made base) and the node agent running in its image"

@@ -53,7 +53,7 @@ fi
 HOST_TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
 CNI_BIN=target/$HOST_TRIPLE/release/knitter-cni
 if [ "${NO_CARGO:-0}" != 1 ]; then
-  cargo build --release -q -p knitter-vswitchd -p knitter-control
+  cargo build --release -q -p knitter-vswitchd -p knitter-manager -p knitterctl
   RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -q -p knitter-cni --target "$HOST_TRIPLE"
 fi
 command -v readelf >/dev/null || { echo "build.sh: readelf (binutils) is needed to check knitter-cni is static" >&2; exit 1; }

@@ -254,7 +254,7 @@ pub struct VtepConfig {
     pub peers: Vec<PeerConfig>,
     /// The VTEP's address is the node's own (the kernel answers ARP/ND for it and resolves
     /// next hops; the switch follows the kernel's neighbour table, see
-    /// `plumbing::kernel_neigh::KernelNeighbors` (knitter-plumbing)). Default: a dedicated address the switch answers for
+    /// `kernel_ports::kernel_neigh::KernelNeighbors` (knitter-kernel-ports)). Default: a dedicated address the switch answers for
     /// and resolves from.
     #[serde(default)]
     pub shared_address: bool,

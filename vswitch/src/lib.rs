@@ -17,7 +17,6 @@ pub mod faults;
 pub mod fdb;
 pub mod graph;
 pub mod neigh;
-pub mod offload;
 pub mod port;
 pub mod region;
 pub mod spsc;

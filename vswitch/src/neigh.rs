@@ -112,7 +112,7 @@ impl Neighbors {
 
     /// Decides for a frame to `peer` at second `now`, and whether this thread must send a
     /// request now (at most one request per peer and second across all threads). With
-    /// `may_ask` false (the kernel resolves, see `plumbing::kernel_neigh`) nobody is elected here.
+    /// `may_ask` false (the kernel resolves, see `kernel_ports::kernel_neigh`) nobody is elected here.
     pub fn next(&self, peer: u16, now: u32, may_ask: bool) -> (Next, bool) {
         let Some(s) = self.slot(peer) else { return (Next::Wait, false) };
         let v = s.mac.load(Acquire);

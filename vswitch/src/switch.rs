@@ -131,7 +131,7 @@ impl Switch {
     }
 
     /// The next-hop table the PMD threads read (written by them, or by a
-    /// `plumbing::kernel_neigh::KernelNeighbors` (knitter-plumbing) in the shared-address mode).
+    /// `kernel_ports::kernel_neigh::KernelNeighbors` (knitter-kernel-ports) in the shared-address mode).
     pub fn neighbor_table(&self) -> &Arc<Neighbors> {
         &self.neighbors
     }

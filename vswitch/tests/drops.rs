@@ -143,7 +143,7 @@ fn one_frame_cases() -> Vec<(DropReason, &'static str, Vec<u8>)> {
 
 /// Reasons one frame on a fresh switch cannot earn, and where each is made to happen.
 const ELSEWHERE: &[(DropReason, &str)] = &[
-    (DropReason::TxFull, "below (a ring that never drains); vhost/tests/port.rs"),
+    (DropReason::TxFull, "below (a ring that never drains); ports/vhost/tests/port.rs"),
     (DropReason::PortDown, "below (a link set down); cni/tests/cni.rs port_down"),
     (DropReason::NoBuffer, "vswitch/tests/l2.rs (an exhausted pool)"),
     (DropReason::SecurityNd, "vswitch/tests/l2.rs (ND from a pod with IPv6 addresses)"),

@@ -39,18 +39,21 @@ pub type Result<T> = core::result::Result<T, WireError>;
 
 pub(crate) type Field = core::ops::Range<usize>;
 
+/// The big-endian u16 at `at` (the caller has checked the bounds).
 #[inline(always)]
-pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+pub fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
+/// The big-endian u32 at `at` (the caller has checked the bounds).
 #[inline(always)]
-pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+pub fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+/// Writes `v` big-endian at `at` (the caller has checked the bounds).
 #[inline(always)]
-pub(crate) fn put16(b: &mut [u8], at: usize, v: u16) {
+pub fn put16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 

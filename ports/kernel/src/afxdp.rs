@@ -1,0 +1,1064 @@
+//! An AF_XDP port on a kernel network device, with the switch's own buffer pool registered as
+//! the socket's UMEM: received frames land directly in pool buffers and transmitted ones leave
+//! from them, so the port adds no copy of its own (in XDP copy mode the kernel copies once, as
+//! on veth; zero-copy drivers copy nothing).
+//!
+//! The port opens one socket per receive queue of the device (a NIC's RSS queues; pod veths
+//! have one), each bound to its queue and transmitting on the same-numbered queue, so PMD
+//! threads can share the queues out. Knitter's XDP program ([`crate::bpf`]) redirects each
+//! queue to its socket. Rings per socket: fill
+//! (buffers handed to the kernel for receive), rx, tx, completion (sent buffers coming back).
+//! Every pool buffer given to the kernel is marked in `lent`; a descriptor the kernel returns
+//! is accepted only if it names a lent buffer, and dropping the port returns every buffer
+//! still lent once the socket is closed. Where the kernel has multi-buffer AF_XDP
+//! (`XDP_USE_SG`, Linux ≥ 6.6; the XDP program loaded frags-aware), a frame larger than one
+//! buffer arrives in several descriptors (`XDP_PKT_CONTD` on all but the last), chained into
+//! one packet, and a chained packet leaves the same way: jumbo frames up to 9 216 bytes.
+//! Elsewhere a frame must fit one pool buffer after the kernel's 256-byte XDP headroom (MTU
+//! up to 1774, larger refused).
+//!
+//! The socket binds without forcing a mode: zero-copy where the driver has it (the NIC DMAs
+//! straight into pool buffers), copy mode otherwise (veth). It asks for `need_wakeup`: the
+//! port kicks the kernel (`sendto` for transmit, `recvfrom` for the fill ring) only when the
+//! ring's flag says the driver sleeps. In copy mode the kernel keeps the transmit flag set
+//! (it transmits only inside `sendto`, 32 descriptors a call), so that is a kick per burst,
+//! repeated while the kernel stops at its budget with descriptors left (jumbo frames); a
+//! zero-copy driver busy with the queue clears it and the port makes no system call at all.
+//!
+//! Unsafe code is confined to the ring mappings, with these invariants:
+//! - each ring mapping lives as long as the port; producer/consumer words are accessed
+//!   atomically (acquire for the other side's index, release to publish ours);
+//! - descriptor slots between our consumer and the kernel's producer (or our producer and the
+//!   kernel's consumer) belong to us; indices are masked by the ring size.
+
+pub use crate::bpf::UnderlayFilter;
+use crate::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
+use plumbing::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::batch::Batch;
+use vswitch::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
+use vswitch::wire::MacAddr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::{Arc, Mutex};
+
+const AF_XDP: libc::c_int = 44;
+const SOL_XDP: libc::c_int = 283;
+const XDP_MMAP_OFFSETS: libc::c_int = 1;
+const XDP_RX_RING: libc::c_int = 2;
+const XDP_TX_RING: libc::c_int = 3;
+const XDP_UMEM_REG: libc::c_int = 4;
+const XDP_UMEM_FILL_RING: libc::c_int = 5;
+const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_OPTIONS: libc::c_int = 8;
+const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
+const XDP_USE_SG: u16 = 1 << 4;
+/// In a descriptor's options: the frame continues in the next descriptor.
+const XDP_PKT_CONTD: u32 = 1;
+/// Descriptors one frame may take at most (a 9 216-byte frame in 2 KiB buffers takes 5).
+const MAX_FRAGS: usize = 8;
+const XDP_RING_NEED_WAKEUP: u32 = 1;
+const PGOFF_RX: i64 = 0;
+const PGOFF_TX: i64 = 0x8000_0000;
+const PGOFF_FILL: i64 = 0x1_0000_0000;
+const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
+const RING: u32 = 1024;
+/// Buffers a pod-facing port keeps in its fill ring at first. Every port lends them from the
+/// shared pool while idle, so this bounds what idle pods hold (see [`pool_for_pods`]); a
+/// polled port refills every burst, so a few bursts' worth is enough while its PMD
+/// runs. A port whose fill ring runs dry drops what arrives (the kernel counts it on the
+/// interface): when its traffic empties the ring by half between two refills, the ring
+/// grows (see [`RxSide::grow`]).
+const FILL_POD: u32 = 128;
+/// A pod queue's fill ring when the pool is already half lent out (see [`pod_fill`]): a
+/// burst's worth, refilled every time a PMD thread polls it.
+const FILL_MIN: u32 = 32;
+/// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
+const XDP_PACKET_HEADROOM: usize = 256;
+
+#[repr(C)]
+struct UmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct RingOffsets {
+    producer: u64,
+    consumer: u64,
+    desc: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MmapOffsets {
+    rx: RingOffsets,
+    tx: RingOffsets,
+    fr: RingOffsets,
+    cr: RingOffsets,
+}
+
+#[repr(C)]
+struct SockaddrXdp {
+    family: u16,
+    flags: u16,
+    ifindex: u32,
+    queue_id: u32,
+    shared_umem_fd: u32,
+}
+
+/// One mapped ring: `entry` bytes per descriptor (16 for rx/tx, 8 for fill/completion).
+struct Ring {
+    base: *mut u8,
+    len: usize,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    /// The ring's flags word (`XDP_RING_NEED_WAKEUP`), when the kernel reports one.
+    flags: Option<*const AtomicU32>,
+    desc: *mut u8,
+    entry: usize,
+}
+
+impl Ring {
+    /// `with_flags`: the kernel's offsets include the flags word (Linux ≥ 5.4).
+    fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize, with_flags: bool) -> io::Result<Ring> {
+        let len = off.desc as usize + RING as usize * entry;
+        // SAFETY: maps the ring the kernel created for this socket at its page offset; the
+        // length covers the descriptor array the kernel reported.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base: *mut u8 = p.cast();
+        // SAFETY: the offsets come from XDP_MMAP_OFFSETS for this ring and lie inside `len`.
+        unsafe {
+            Ok(Ring {
+                base,
+                len,
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                flags: with_flags.then(|| base.add(off.flags as usize).cast_const().cast()),
+                desc: base.add(off.desc as usize),
+                entry,
+            })
+        }
+    }
+
+    fn prod(&self) -> &AtomicU32 {
+        // SAFETY: a u32 index word inside the live mapping, shared with the kernel atomically.
+        unsafe { &*self.producer }
+    }
+
+    fn cons(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+
+    /// Whether the kernel asks to be woken up to use this ring.
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: the flags word inside the live mapping, written by the kernel.
+        self.flags.is_none_or(|f| unsafe { &*f }.load(Relaxed) & XDP_RING_NEED_WAKEUP != 0)
+    }
+
+    fn slot(&self, i: u32) -> *mut u8 {
+        // SAFETY: the index is masked to the ring size, so the slot is inside the mapping.
+        unsafe { self.desc.add((i & (RING - 1)) as usize * self.entry) }
+    }
+
+    fn write_addr(&self, i: u32, addr: u64) {
+        // SAFETY: a slot we own (between our producer and the kernel's consumer).
+        unsafe { self.slot(i).cast::<u64>().write_unaligned(addr) }
+    }
+
+    fn read_addr(&self, i: u32) -> u64 {
+        // SAFETY: a slot the kernel published (between our consumer and its producer).
+        unsafe { self.slot(i).cast::<u64>().read_unaligned() }
+    }
+
+    fn write_desc(&self, i: u32, addr: u64, len: u32, options: u32) {
+        let s = self.slot(i);
+        // SAFETY: a 16-byte xdp_desc slot we own.
+        unsafe {
+            s.cast::<u64>().write_unaligned(addr);
+            s.add(8).cast::<u32>().write_unaligned(len);
+            s.add(12).cast::<u32>().write_unaligned(options);
+        }
+    }
+
+    /// Address, length and options of a descriptor.
+    fn read_desc(&self, i: u32) -> (u64, u32, u32) {
+        let s = self.slot(i);
+        // SAFETY: a 16-byte xdp_desc slot the kernel published.
+        unsafe {
+            (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned(), s.add(12).cast::<u32>().read_unaligned())
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Pool buffers the kernel holds, one bit each.
+struct Lent(Vec<u64>);
+
+impl Lent {
+    fn new(buffers: usize) -> Lent {
+        Lent(vec![0; buffers.div_ceil(64)])
+    }
+
+    fn set(&mut self, idx: u32) {
+        if let Some(w) = self.0.get_mut(idx as usize / 64) {
+            *w |= 1 << (idx % 64);
+        }
+    }
+
+    /// Whether `idx` was lent; marks it returned.
+    fn take(&mut self, idx: u32) -> bool {
+        match self.0.get_mut(idx as usize / 64) {
+            Some(w) if *w & (1 << (idx % 64)) != 0 => {
+                *w &= !(1 << (idx % 64));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter_mut().enumerate().flat_map(|(w, word)| {
+            let mut bits = std::mem::take(word);
+            std::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    (w * 64) as u32 + b
+                })
+            })
+        })
+    }
+}
+
+/// The receive side: rx and fill rings and the buffers lent through the fill ring.
+struct RxSide {
+    rx: Ring,
+    fill: Ring,
+    lent: Lent,
+    /// Entries the fill ring is topped up to (at most `RING`).
+    fill_target: u32,
+    /// Whether `fill_target` may grow with the port's traffic (pod ports).
+    elastic: bool,
+    /// The pool could not keep the fill ring above [`STARVED`] at the last refill.
+    starved: bool,
+    /// Zero-copy with `need_wakeup`: the driver may sleep, and is kicked when the fill
+    /// ring's flag asks (copy mode receives in the kernel's own softirq: never kicked).
+    wakeup: bool,
+}
+
+/// The transmit side: tx and completion rings and the buffers lent through the tx ring.
+struct TxSide {
+    tx: Ring,
+    comp: Ring,
+    lent: Lent,
+    /// Bound with `need_wakeup`: kick only when the tx ring's flag asks.
+    wakeup: bool,
+}
+
+/// How the kernel bound the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    /// The driver moves frames in and out of pool buffers itself (no kernel copy).
+    pub zero_copy: bool,
+    /// The kernel tells through the rings' flags when it needs a kick.
+    pub need_wakeup: bool,
+    /// Frames may take several buffers (multi-buffer AF_XDP): jumbo frames pass.
+    pub multi_buffer: bool,
+}
+
+/// One receive queue's socket (it also transmits on the same-numbered queue): its rings
+/// and the buffers lent through them. The pool's region is registered as each socket's
+/// UMEM (the kernel pins the same pages once per socket).
+struct Xsk {
+    /// `None` only while dropping.
+    rx: Mutex<Option<RxSide>>,
+    tx: Mutex<Option<TxSide>>,
+    fd: RawFd,
+    /// `None` only while dropping.
+    sock: Option<OwnedFd>,
+    counters: QueueCounters,
+}
+
+/// An AF_XDP port on a kernel interface: one socket per receive queue of the device.
+pub struct AfXdpPort {
+    name: String,
+    pool: Arc<Pool>,
+    queues: Box<[Xsk]>,
+    mac: Option<MacAddr>,
+    ifname: String,
+    /// For interface ioctls in the port's namespace (link state).
+    control: OwnedFd,
+    /// The interface's link (up and running), as last asked by `refresh_link`.
+    link: std::sync::atomic::AtomicBool,
+    /// The attached program; `None` only while dropping.
+    xdp: Mutex<Option<XdpRedirect>>,
+    binding: Binding,
+    partial: PartialChecksums,
+}
+
+/// Where the port looks for checksums a sender on this host left partial (AF_XDP carries no
+/// checksum metadata: see [`crate::offload::finish_if_partial`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartialChecksums {
+    /// A device with hardware behind it: frames come off a wire, their checksums whole.
+    NotLooked,
+    /// A software device (veth): in each frame's own TCP/UDP packet.
+    Frames,
+    /// A software underlay: inside VXLAN frames to this UDP port, and in other frames.
+    InVxlan(u16),
+}
+
+// SAFETY: the rings are only touched under their side's mutex (taken with try_lock).
+unsafe impl Send for AfXdpPort {}
+// SAFETY: as above.
+unsafe impl Sync for AfXdpPort {}
+
+/// Sockets per port at most (a NIC with more queues gets its first 64 read).
+const MAX_QUEUES: u32 = 64;
+
+/// A socket bound to one queue, its rings mapped, before any buffer is lent.
+struct Bound {
+    sock: OwnedFd,
+    rx: Ring,
+    tx: Ring,
+    fill: Ring,
+    comp: Ring,
+    binding: Binding,
+}
+
+impl Bound {
+    /// Creates an AF_XDP socket over `pool`'s region and binds it to queue `queue` of
+    /// `ifindex`: zero-copy where the driver has it, with `need_wakeup` where the kernel has it.
+    fn new(ifindex: u32, queue: u32, pool: &Pool) -> io::Result<Bound> {
+        // SAFETY: plain socket creation, checked.
+        let sock = unsafe { OwnedFd::from_raw_fd(check(libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0))?) };
+        let fd = sock.as_raw_fd();
+        let (addr, len) = pool.region();
+        setopt(fd, SOL_XDP, XDP_UMEM_REG, &UmemReg { addr: addr as u64, len: len as u64, chunk_size: BUF_SIZE as u32, headroom: 0 })?;
+        for opt in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
+            setopt(fd, SOL_XDP, opt, &RING)?;
+        }
+        let mut off = MmapOffsets::default();
+        let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `olen` bytes into `off`.
+        check(unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&mut off as *mut MmapOffsets).cast(), &mut olen) })?;
+        // Older kernels report offsets without the flags words.
+        let with_flags = olen as usize == std::mem::size_of::<MmapOffsets>();
+        let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16, with_flags)?;
+        let tx = Ring::map(fd, &off.tx, PGOFF_TX, 16, with_flags)?;
+        let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
+        let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
+        // No mode forced: zero-copy where the driver has it, copy otherwise.
+        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP | XDP_USE_SG, ifindex, queue_id: queue, shared_umem_fd: 0 };
+        // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
+        let mut tries = 0;
+        loop {
+            // SAFETY: binds to a sockaddr_xdp we own, with its size.
+            let r = unsafe {
+                libc::bind(fd, (&sa as *const SockaddrXdp).cast(), std::mem::size_of::<SockaddrXdp>() as u32)
+            };
+            match check(r) {
+                Ok(_) => break,
+                // A kernel (or zero-copy driver) without multi-buffer refuses it: one buffer
+                // per frame there. A kernel without need_wakeup: kick every burst there.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) && sa.flags & XDP_USE_SG != 0 => {
+                    sa.flags &= !XDP_USE_SG;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && sa.flags & XDP_USE_NEED_WAKEUP != 0 => {
+                    sa.flags &= !XDP_USE_NEED_WAKEUP;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10 << tries.min(4)));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let binding = Binding {
+            zero_copy: zero_copy(fd),
+            need_wakeup: sa.flags & XDP_USE_NEED_WAKEUP != 0,
+            multi_buffer: sa.flags & XDP_USE_SG != 0,
+        };
+        Ok(Bound { sock, rx, tx, fill, comp, binding })
+    }
+}
+
+/// At most this many `sendto` kicks per burst: enough for a burst of jumbo frames in pieces
+/// (32 × 8 descriptors at 32 a kick), few enough that a device answering "busy" is not
+/// spun on.
+const MAX_KICKS: u32 = 8;
+
+/// Makes the kernel transmit what the tx ring holds. In copy mode it sends only inside
+/// `sendto`, at most 32 descriptors a call (`TX_BATCH_SIZE`), answering `EAGAIN` when it
+/// stops with descriptors left; kicked again then, while the ring still holds some.
+fn kick_tx(fd: RawFd, tx: &Ring) {
+    for _ in 0..MAX_KICKS {
+        // SAFETY: sendto with no data on our own socket.
+        let r = unsafe { libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+        let stopped_at_budget = r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+        if !stopped_at_budget || tx.cons().load(Acquire) == tx.prod().load(Relaxed) {
+            break;
+        }
+    }
+}
+
+impl AfXdpPort {
+    /// Opens every receive queue of `ifname` (in the calling thread's network namespace)
+    /// over `pool`'s region, a socket each; every frame of the device comes to the port (a
+    /// pod's veth). XDP runs natively where the driver has it (veth does), generically
+    /// otherwise.
+    pub fn open(name: &str, ifname: &str, pool: Arc<Pool>) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, None)
+    }
+
+    /// Opens an underlay port for a VTEP: only what `filter` takes (VXLAN to the VTEP, ARP /
+    /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
+    /// the node keeps every other frame of the interface (its own address, SSH, the API
+    /// server...).
+    pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
+        Self::open_with(name, ifname, pool, Some(filter))
+    }
+
+    /// Buffers queue `q` keeps in its fill ring now (it grows with traffic).
+    pub fn fill_target(&self, q: u16) -> u32 {
+        self.queues.get(q as usize).and_then(|x| x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.fill_target)).unwrap_or(0)
+    }
+
+    /// The mode the kernel bound the sockets in.
+    pub fn binding(&self) -> Binding {
+        self.binding
+    }
+
+    /// Whether frames whose outer 802.1Q tag the driver holds out of band (a veth peer
+    /// sending with tx VLAN offload on) arrive tagged; why not, when they would look
+    /// untagged (a trunk must then not be served by this port).
+    pub fn restores_vlan_tags(&self) -> Result<(), String> {
+        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(x) => x.restores_vlan_tags().map_err(str::to_owned),
+            None => Err("no XDP program".into()),
+        }
+    }
+
+    /// The device's receive queues, when its driver says (the port has a socket on each,
+    /// up to 64).
+    pub fn device_rx_queues(&self) -> Option<u32> {
+        rx_queues(self.control.as_raw_fd(), &self.ifname)
+    }
+
+    /// Swaps the port's XDP program while it runs: the underlay filter for `filter`, or
+    /// (with `None`) every frame of the device to the port. The sockets stay bound.
+    pub fn set_underlay_filter(&self, filter: Option<UnderlayFilter>) -> io::Result<()> {
+        let n = self.queues.len() as u32;
+        for x in self.queues.iter() {
+            if let Some(side) = x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                side.fill_target = if filter.is_some() { side.fill_target.max(underlay_fill(n)) } else { side.fill_target.min(FILL_POD) };
+            }
+        }
+        match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(x) => x.set_filter(filter.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    fn open_with(
+        name: &str,
+        ifname: &str,
+        pool: Arc<Pool>,
+        underlay: Option<UnderlayFilter>,
+    ) -> io::Result<AfXdpPort> {
+        let ifindex = ifindex(ifname)?;
+        let control = control_socket()?;
+        let n = rx_queues(control.as_raw_fd(), ifname).unwrap_or(1).clamp(1, MAX_QUEUES);
+        let bound = (0..n).map(|q| Bound::new(ifindex, q, &pool)).collect::<io::Result<Vec<_>>>()?;
+        // Native XDP where the driver has it (veth does), generic otherwise.
+        let attach = |flags| match underlay {
+            None => XdpRedirect::attach(ifindex, flags, n),
+            Some(f) => XdpRedirect::attach_underlay(ifindex, flags, n, &f),
+        };
+        let (xdp, mode) = match attach(XDP_FLAGS_DRV_MODE) {
+            Ok(x) => (x, "native"),
+            Err(e) => {
+                tracing::info!(port = name, ifname, error = %e, "no native XDP on this device: generic XDP");
+                (attach(XDP_FLAGS_SKB_MODE)?, "generic")
+            }
+        };
+        let mac = interface_mac(ifname);
+        let binding = bound[0].binding;
+        let partial = match (is_software_device(control.as_raw_fd(), ifname), underlay) {
+            (Some(true), Some(f)) => PartialChecksums::InVxlan(f.udp_port),
+            (Some(true), None) => PartialChecksums::Frames,
+            _ => PartialChecksums::NotLooked,
+        };
+        let copy = if binding.zero_copy { "zero-copy" } else { "copy" };
+        let vlan_tags = match xdp.restores_vlan_tags() {
+            Ok(()) => "restored from the rx VLAN hint",
+            Err(why) => why,
+        };
+        tracing::info!(port = name, ifname, mode, copy, need_wakeup = binding.need_wakeup, multi_buffer = binding.multi_buffer, queues = n, vlan_tags, partial_checksums = ?partial, "AF_XDP port open (UMEM = buffer pool, a socket per queue)");
+        // Fill rings are filled before frames are redirected here: a socket without fill
+        // buffers drops what arrives until a PMD thread first polls it, and a pod attached a
+        // moment ago loses its first ARP request (a one-second stall).
+        let fill_target = if underlay.is_some() { underlay_fill(n) } else { pod_fill(&pool, n) };
+        let capacity = pool.capacity() as usize;
+        let mut cache = PoolCache::new(pool.clone());
+        let mut queues = Vec::with_capacity(n as usize);
+        for b in bound {
+            let wakeup = b.binding.need_wakeup;
+            let mut rx = RxSide { rx: b.rx, fill: b.fill, lent: Lent::new(capacity), fill_target, elastic: false, starved: false, wakeup: wakeup && b.binding.zero_copy };
+            let counters = QueueCounters::default();
+            Self::refill(&mut rx, &mut cache, &counters, name);
+            rx.elastic = true;
+            queues.push(Xsk {
+                rx: Mutex::new(Some(rx)),
+                tx: Mutex::new(Some(TxSide { tx: b.tx, comp: b.comp, lent: Lent::new(capacity), wakeup })),
+                fd: b.sock.as_raw_fd(),
+                sock: Some(b.sock),
+                counters,
+            });
+        }
+        let port = AfXdpPort {
+            name: name.into(),
+            pool,
+            queues: queues.into(),
+            mac,
+            ifname: ifname.into(),
+            link: std::sync::atomic::AtomicBool::new(if_running(control.as_raw_fd(), ifname).unwrap_or(false)),
+            control,
+            xdp: Mutex::new(Some(xdp)),
+            binding,
+            partial,
+        };
+        cache.flush();
+        // Registered last: only then does the program redirect (dropping the port on an
+        // error closes the sockets first and returns every lent buffer).
+        if let Some(x) = port.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            for (q, xsk) in port.queues.iter().enumerate() {
+                x.register(q as u32, xsk.fd)?;
+            }
+        }
+        Ok(port)
+    }
+
+    /// Finishes a checksum a sender on this host left partial, where this device can carry one.
+    #[inline]
+    fn finish_partial(&self, b: &mut BufId, counters: &QueueCounters) {
+        let vxlan = match self.partial {
+            PartialChecksums::NotLooked => return,
+            PartialChecksums::Frames => None,
+            PartialChecksums::InVxlan(port) => Some(port),
+        };
+        if !self.pool.is_chained(b) && crate::offload::finish_if_partial(self.pool.head_mut(b), vxlan) {
+            counters.rx_csum.add(1);
+        }
+    }
+
+    /// A copy of a chained packet in buffers of its own (no segment shared); `None` when
+    /// the pool is dry.
+    fn private_copy(&self, b: &BufId, cache: &mut PoolCache) -> Option<BufId> {
+        let (parts, k) = self.pieces(b);
+        cache.alloc_chain(&parts[..k])
+    }
+
+    /// A packet's segments (the first `MAX_FRAGS`) and how many.
+    fn pieces<'a>(&'a self, b: &'a BufId) -> ([&'a [u8]; MAX_FRAGS], usize) {
+        let mut parts: [&[u8]; MAX_FRAGS] = [&[]; MAX_FRAGS];
+        let mut k = 0;
+        for seg in self.pool.segments(b).take(MAX_FRAGS) {
+            parts[k] = seg;
+            k += 1;
+        }
+        (parts, k)
+    }
+
+    /// Tops the fill ring up with fresh pool buffers. A ring the pool could not keep above
+    /// [`STARVED`] buffers starves: frames arriving then are dropped by the kernel, so the
+    /// queue counts it (`rx_starved`, once per time it runs short) and says it once.
+    fn refill(side: &mut RxSide, cache: &mut PoolCache, counters: &QueueCounters, port: &str) {
+        let prod = side.fill.prod().load(Relaxed);
+        let held = prod.wrapping_sub(side.fill.cons().load(Acquire));
+        if side.elastic && side.fill_target < RING && held < side.fill_target / 2 {
+            side.grow(cache);
+        }
+        let free = side.fill_target.saturating_sub(held);
+        let mut n = 0;
+        while n < free {
+            let Some(b) = cache.alloc() else { break };
+            let idx = b.into_index();
+            side.lent.set(idx);
+            side.fill.write_addr(prod.wrapping_add(n), (idx as u64) * BUF_SIZE as u64);
+            n += 1;
+        }
+        if n > 0 {
+            side.fill.prod().store(prod.wrapping_add(n), Release);
+        }
+        counters.rx_lent.set((held + n) as u64);
+        let starved = n < free && held + n < STARVED;
+        if starved != side.starved {
+            side.starved = starved;
+            if starved {
+                Self::starving(counters, cache, port);
+            }
+        }
+    }
+
+    #[cold]
+    fn starving(counters: &QueueCounters, cache: &PoolCache, port: &str) {
+        counters.rx_starved.add(1);
+        let pool = cache.pool();
+        tracing::warn!(
+            port,
+            free = pool.free_count(),
+            buffers = pool.capacity(),
+            "an AF_XDP queue's fill ring ran dry with the buffer pool empty: frames arriving on it are dropped until buffers come back (raise --pods, or --buffers: 256 per pod queue, 2 048 per underlay)"
+        );
+    }
+
+    fn rx_pending(side: &RxSide) -> bool {
+        side.rx.prod().load(Acquire) != side.rx.cons().load(Relaxed)
+    }
+
+    /// Descriptors from `cons` that hold whole frames, at most `room` of them: a frame whose
+    /// last piece is not published yet waits for the next burst. A ring full of pieces with
+    /// no end (never from a sane kernel) is taken whole, to be dropped.
+    #[inline]
+    fn whole_frames(rx: &Ring, cons: u32, avail: u32, room: usize) -> u32 {
+        let (mut end, mut frames) = (0, 0);
+        for i in 0..avail {
+            if frames == room {
+                break;
+            }
+            if rx.read_desc(cons.wrapping_add(i)).2 & XDP_PKT_CONTD == 0 {
+                (end, frames) = (i + 1, frames + 1);
+            }
+        }
+        if frames == 0 && avail >= RING { avail } else { end }
+    }
+}
+
+/// A fill ring holding fewer buffers than this, with the pool unable to top it up, starves.
+const STARVED: u32 = 8;
+
+/// A pod port's fill ring per queue at first: [`FILL_POD`] while the pool keeps more than
+/// half its buffers free after lending them, else [`FILL_MIN`]. Idle pods keep what their
+/// rings hold (the kernel owns it until frames arrive), so the share given at open is what
+/// many pods hold for good: on the default 16 384 buffers the first ~60 pods get 128 and the
+/// rest 32 (200 pods hold ~12 000, where 128 each, 25 600, left the last 72 none). A busy
+/// pod's ring still doubles while the pool is more than half free ([`RxSide::grow`]).
+fn pod_fill(pool: &Pool, queues: u32) -> u32 {
+    let lent = FILL_POD as usize * queues as usize;
+    if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 { FILL_POD } else { FILL_MIN }
+}
+
+/// The buffers a pool needs for `pods` single-queue AF_XDP pod ports and an underlay to each
+/// keep their full first fill ring ([`pod_fill`] gives [`FILL_POD`] only while the pool stays
+/// more than half free): twice what the rings take, the other half for frames in flight,
+/// rounded up to a power of two. 110 pods (Kubernetes' default): 32 768 buffers (64 MiB).
+/// A UMEM cannot grow once sockets are bound to it, so the pool is sized up front.
+pub fn pool_for_pods(pods: u32) -> u32 {
+    let rings = pods as u64 * FILL_POD as u64 + RING as u64;
+    (2 * rings).next_power_of_two().min(1 << 30) as u32
+}
+
+/// An underlay's fill ring per queue: a full ring on one queue, less per queue on many
+/// (traffic spreads), growing with it.
+fn underlay_fill(queues: u32) -> u32 {
+    (RING / queues.max(1)).max(2 * FILL_POD)
+}
+
+impl RxSide {
+    /// The kernel took more than half the fill ring since the last refill: a PMD that
+    /// misses a few turns (preempted, or a VM's vCPU stopped for milliseconds) would see it
+    /// run dry and the kernel drop frames. The ring doubles, up to `RING`, while the pool
+    /// has more than half its buffers free: buffers in a fill ring stay lent until frames
+    /// arrive in them, so growth is bounded by what the pool can spare, and idle pods,
+    /// which never grow, keep `FILL_POD` each.
+    #[cold]
+    fn grow(&mut self, cache: &PoolCache) {
+        let pool = cache.pool();
+        if pool.free_count() > pool.capacity() as usize / 2 {
+            self.fill_target = (self.fill_target * 2).min(RING);
+        }
+    }
+}
+
+impl Port for AfXdpPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn rx_queues(&self) -> u16 {
+        self.queues.len() as u16
+    }
+
+    fn tx_queues(&self) -> u16 {
+        self.queues.len() as u16
+    }
+
+    fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let Some(xsk) = self.queues.get(q as usize) else { return 0 };
+        let Ok(mut guard) = xsk.rx.try_lock() else { return 0 };
+        let Some(side) = guard.as_mut() else { return 0 };
+        let cons = side.rx.cons().load(Relaxed);
+        let avail = side.rx.prod().load(Acquire).wrapping_sub(cons);
+        let n = Self::whole_frames(&side.rx, cons, avail, batch.room());
+        let (mut got, mut chain, mut bad) = (0, None::<Chain>, false);
+        for i in 0..n {
+            let (addr, len, options) = side.rx.read_desc(cons.wrapping_add(i));
+            let idx = (addr / BUF_SIZE as u64) as u32;
+            let off = (addr % BUF_SIZE as u64) as usize;
+            let b = if side.lent.take(idx) {
+                // SAFETY: lent through this socket's fill ring (its bitmap says so) and
+                // returned once, here.
+                match unsafe { self.pool.claim_filled(idx, off, len as usize) } {
+                    Ok(b) => Some(b),
+                    Err(empty) => {
+                        cache.free(empty); // a range outside its chunk: the chunk comes back
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let last = options & XDP_PKT_CONTD == 0;
+            let frame = match (b, chain.take()) {
+                (Some(b), None) if last => Some(b),
+                (Some(b), None) => {
+                    chain = Some(Chain::new(b));
+                    None
+                }
+                (Some(b), Some(mut c)) => {
+                    c.push(&self.pool, b);
+                    if last {
+                        Some(c.finish())
+                    } else {
+                        chain = Some(c);
+                        None
+                    }
+                }
+                (None, c) => {
+                    // A descriptor naming no lent buffer: the frame it belongs to is lost.
+                    bad = true;
+                    if last {
+                        if let Some(c) = c {
+                            cache.free(c.finish());
+                        }
+                    } else {
+                        chain = c;
+                    }
+                    None
+                }
+            };
+            if !last {
+                continue;
+            }
+            if std::mem::take(&mut bad) {
+                // Some piece of this frame was unusable: the rest goes back to the pool.
+                if let Some(b) = frame {
+                    cache.free(b);
+                }
+                xsk.counters.rx_dropped.add(1);
+                continue;
+            }
+            match frame.map(|mut b| {
+                self.finish_partial(&mut b, &xsk.counters);
+                batch.push(b)
+            }) {
+                Some(Ok(())) => got += 1,
+                Some(Err(b)) => {
+                    cache.free(b);
+                    xsk.counters.rx_dropped.add(1);
+                }
+                None => xsk.counters.rx_dropped.add(1),
+            }
+        }
+        if let Some(c) = chain {
+            // Only when a frame's pieces filled the ring without an end (a kernel bug).
+            cache.free(c.finish());
+            xsk.counters.rx_dropped.add(1);
+        }
+        if n > 0 {
+            side.rx.cons().store(cons.wrapping_add(n), Release);
+        }
+        Self::refill(side, cache, &xsk.counters, &self.name);
+        if n == 0 && side.wakeup && side.fill.needs_wakeup() {
+            // A zero-copy driver went to sleep with our fill ring empty: wake it.
+            // SAFETY: recvfrom with no buffer on our own socket.
+            unsafe { libc::recvfrom(xsk.fd, std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+        }
+        xsk.counters.rx_packets.add(got as u64);
+        got
+    }
+
+    fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+        let xsk = &self.queues[q as usize % self.queues.len()];
+        let Ok(mut guard) = xsk.tx.try_lock() else {
+            xsk.counters.tx_full.add(batch.len() as u64);
+            return 0;
+        };
+        let Some(side) = guard.as_mut() else { return 0 };
+        // Buffers the kernel finished sending come back to the pool.
+        let ccons = side.comp.cons().load(Relaxed);
+        let done = side.comp.prod().load(Acquire).wrapping_sub(ccons);
+        for i in 0..done {
+            let idx = (side.comp.read_addr(ccons.wrapping_add(i)) / BUF_SIZE as u64) as u32;
+            if side.lent.take(idx) {
+                // SAFETY: lent through this socket's tx ring and returned once by its
+                // completion ring.
+                cache.free(unsafe { BufId::from_index(idx) });
+            }
+        }
+        if done > 0 {
+            side.comp.cons().store(ccons.wrapping_add(done), Release);
+        }
+        let prod = side.tx.prod().load(Relaxed);
+        let room = RING - prod.wrapping_sub(side.tx.cons().load(Acquire));
+        let (mut descs, mut sent) = (0u32, 0usize);
+        while sent < batch.len() && descs < room {
+            let b = &batch.as_slice()[sent];
+            if !self.pool.is_chained(b) {
+                let (addr, len) = self.pool.head_addr(b);
+                side.tx.write_desc(prod.wrapping_add(descs), addr, len as u32, 0);
+                side.lent.set(batch.take(sent).into_index());
+                (descs, sent) = (descs + 1, sent + 1);
+                continue;
+            }
+            // A chained packet: in pieces where the kernel takes them, else in one buffer.
+            let pieces = self.pool.segments(b).count();
+            if self.binding.multi_buffer && pieces <= MAX_FRAGS {
+                if descs + pieces as u32 > room {
+                    break;
+                }
+                let mut segs: [BufId; MAX_FRAGS] = [const { BufId::EMPTY }; MAX_FRAGS];
+                let k = match self.pool.split(batch.take(sent), &mut segs) {
+                    Ok(k) => k,
+                    Err(b) => {
+                        // Shared with another packet (a flood copy's payload): a private
+                        // copy goes instead, or the packet waits (the pool is dry).
+                        match self.private_copy(&b, cache) {
+                            Some(c) => {
+                                cache.free(b);
+                                batch.as_mut_slice()[sent] = c;
+                                continue;
+                            }
+                            None => {
+                                batch.as_mut_slice()[sent] = b;
+                                break;
+                            }
+                        }
+                    }
+                };
+                for (j, seg) in segs.iter_mut().take(k).enumerate() {
+                    let (addr, len) = self.pool.head_addr(seg);
+                    let more = if j + 1 < k { XDP_PKT_CONTD } else { 0 };
+                    side.tx.write_desc(prod.wrapping_add(descs), addr, len as u32, more);
+                    side.lent.set(std::mem::replace(seg, BufId::EMPTY).into_index());
+                    descs += 1;
+                }
+                sent += 1;
+                continue;
+            }
+            // Rare without multi-buffer: flood copies with a shared payload, flattened.
+            let (parts, k) = self.pieces(b);
+            match cache.alloc_gather(&parts[..k]) {
+                Some(f) if !self.pool.is_chained(&f) => {
+                    let old = std::mem::replace(&mut batch.as_mut_slice()[sent], f);
+                    cache.free(old);
+                }
+                Some(chained) => {
+                    cache.free(chained); // does not fit one buffer: the packet waits
+                    break;
+                }
+                None => break,
+            }
+        }
+        if descs > 0 {
+            side.tx.prod().store(prod.wrapping_add(descs), Release);
+            batch.consume_front(sent);
+            // Copy mode transmits only when kicked (the flag stays set): a kick per burst.
+            if !side.wakeup || side.tx.needs_wakeup() {
+                kick_tx(xsk.fd, &side.tx);
+            }
+        } else if sent > 0 {
+            batch.consume_front(sent);
+        }
+        xsk.counters.tx_packets.add(sent as u64);
+        xsk.counters.tx_full.add(batch.len() as u64);
+        sent
+    }
+
+    fn wake_fd(&self, q: u16) -> Option<RawFd> {
+        self.queues.get(q as usize).map(|x| x.fd)
+    }
+
+    fn arm_wake(&self, q: u16, armed: bool) -> bool {
+        armed && self.queues.get(q as usize).is_some_and(|x| x.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending)))
+    }
+
+    fn queue_stats(&self) -> Vec<QueueStats> {
+        let mut stats: Vec<QueueStats> = self.queues.iter().map(|x| x.counters.read()).collect();
+        // What the XDP program dropped never reached a queue: counted on the first.
+        if let (Some(first), Some(x)) = (stats.first_mut(), self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
+            first.rx_dropped += x.dropped();
+        }
+        stats
+    }
+
+    fn pool(&self) -> Option<&Arc<Pool>> {
+        Some(&self.pool)
+    }
+
+    fn mac(&self) -> Option<MacAddr> {
+        self.mac
+    }
+
+    fn link_up(&self) -> bool {
+        self.link.load(Relaxed)
+    }
+
+    fn refresh_link(&self) {
+        self.link.store(if_running(self.control.as_raw_fd(), &self.ifname).unwrap_or(false), Relaxed);
+    }
+
+    /// Jumbo frames with multi-buffer AF_XDP; else one UMEM chunk after the kernel's XDP
+    /// headroom.
+    fn max_frame(&self) -> usize {
+        if self.binding.multi_buffer { vswitch::buf::MAX_FRAME } else { BUF_SIZE - XDP_PACKET_HEADROOM }
+    }
+}
+
+/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`, Linux ≥ 5.3).
+fn zero_copy(fd: RawFd) -> bool {
+    let mut opts = 0u32;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `opts`.
+    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_OPTIONS, (&mut opts as *mut u32).cast(), &mut len) };
+    r == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
+}
+
+/// How long buffers a zero-copy driver had in its fill ring stay out of the pool after the
+/// socket closed: the kernel stops the driver's zero-copy queue in work it defers past
+/// `close()` (the pool's deferred release turns `XDP_SETUP_XSK_POOL` off), and until then the
+/// NIC may still write into them.
+const ZERO_COPY_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Drop for AfXdpPort {
+    fn drop(&mut self) {
+        // The sockets leave the XSKMAP first (nothing more is redirected to them), then the
+        // rings are unmapped, the program detached and the sockets closed: after that the
+        // kernel holds no buffer, and every lent one goes back to the pool.
+        if let Some(x) = self.xdp.get_mut().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            for q in 0..self.queues.len() as u32 {
+                let _ = x.unregister(q);
+            }
+        }
+        let mut lent: Vec<Lent> = Vec::new();
+        for x in self.queues.iter_mut() {
+            if let Some(RxSide { rx, fill, lent: l, .. }) = x.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                drop((rx, fill));
+                lent.push(l);
+            }
+            if let Some(TxSide { tx, comp, lent: l, .. }) = x.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+                drop((tx, comp));
+                lent.push(l);
+            }
+        }
+        drop(self.xdp.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+        for x in self.queues.iter_mut() {
+            drop(x.sock.take());
+        }
+        let grace = if self.binding.zero_copy { ZERO_COPY_GRACE } else { std::time::Duration::ZERO };
+        return_lent(self.pool.clone(), lent, grace);
+    }
+}
+
+/// Gives the buffers `lent` names back to `pool`: at once, or after `grace` from a thread of
+/// their own (so dropping a zero-copy port does not stall its caller).
+fn return_lent(pool: Arc<Pool>, mut lent: Vec<Lent>, grace: std::time::Duration) {
+    let give_back = move || {
+        let mut cache = PoolCache::new(pool);
+        for l in &mut lent {
+            for idx in l.drain() {
+                // SAFETY: lent to the kernel, which released it when the socket closed (and,
+                // for a zero-copy driver, when the grace period ran out).
+                cache.free(unsafe { BufId::from_index(idx) });
+            }
+        }
+    };
+    if grace.is_zero() {
+        give_back();
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("xsk-grace".into()).spawn(move || {
+        std::thread::sleep(grace);
+        give_back();
+    });
+    if let Err(e) = spawned {
+        // No thread: the buffers stay out of the pool rather than go back too early.
+        tracing::warn!(error = %e, "zero-copy buffers not returned to the pool");
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::{Lent, return_lent};
+    use vswitch::buf::Pool;
+    use std::time::Duration;
+
+    #[test]
+    fn zero_copy_buffers_come_back_only_after_the_grace_period() {
+        let pool = Pool::new(64, false).unwrap();
+        let mut cache = vswitch::buf::PoolCache::new(pool.clone());
+        let mut lent = Lent::new(pool.capacity() as usize);
+        for _ in 0..8 {
+            lent.set(cache.alloc().unwrap().into_index());
+        }
+        cache.flush();
+        let before = pool.free_count();
+        return_lent(pool.clone(), vec![lent], Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(pool.free_count(), before, "still the driver's during the grace period");
+        assert!(vswitch::testkit::eventually(Duration::from_secs(3), || pool.free_count() == before + 8));
+    }
+
+    #[test]
+    fn lent_buffers_are_taken_back_once() {
+        let mut l = Lent::new(200);
+        for i in [0u32, 63, 64, 199] {
+            l.set(i);
+        }
+        assert!(l.take(63));
+        assert!(!l.take(63), "a descriptor naming a buffer twice is refused the second time");
+        assert!(!l.take(5), "never lent");
+        assert!(!l.take(10_000), "out of range");
+        let mut rest: Vec<u32> = l.drain().collect();
+        rest.sort();
+        assert_eq!(rest, vec![0, 64, 199]);
+        assert_eq!(l.drain().count(), 0);
+    }
+}

@@ -1,0 +1,180 @@
+//! Next hops in the shared-address mode: the VTEP's address is the node's own, so the kernel
+//! answers ARP/ND for it and resolves neighbours; the switch follows the kernel's neighbour
+//! table (as OVS's tnl-neigh and VPP's linux-cp do) instead of asking itself.
+//!
+//! A control thread reads the table over rtnetlink once per period and copies the MAC of
+//! every next hop the kernel holds in a usable state into the switch's next-hop slots (which
+//! the PMD threads read per frame). A next hop is where the kernel's routing table sends
+//! the peer's address: the peer itself when it is on the underlay's link, else the
+//! route's gateway (asked with `RTM_GETROUTE`, as `ip route get` does, every period, so a
+//! changed route is followed). For a next hop the kernel does not know, it makes the
+//! kernel resolve it (a zero-length UDP datagram to the peer's discard port starts ARP/ND
+//! for the route's next hop), once a second, counting each as a request: the slot's timers
+//! (waiting frames given up, a MAC forgotten) then work as in the dedicated mode.
+
+use plumbing::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
+use vswitch::Switch;
+use vswitch::util::coarse_secs;
+use vswitch::wire::MacAddr;
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const RTM_GETNEIGH: u16 = 30;
+const RTM_GETROUTE: u16 = 26;
+const RTA_DST: u16 = 1;
+const RTA_GATEWAY: u16 = 5;
+const RTMSG_LEN: usize = 12;
+const NDA_DST: u16 = 1;
+const NDA_LLADDR: u16 = 2;
+const NDMSG_LEN: usize = 12;
+/// NUD states whose link-layer address can be used (REACHABLE, STALE, DELAY, PROBE,
+/// NOARP, PERMANENT).
+const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
+
+/// The kernel's neighbour table of one address family: address → link-layer address, for
+/// entries in a usable state.
+pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
+    let mut sock = Socket::open(NETLINK_ROUTE)?;
+    let family = if v4 { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let mut ndmsg = [0u8; NDMSG_LEN];
+    ndmsg[0] = family;
+    let replies = sock.request(&mut Msg::new(RTM_GETNEIGH, NLM_F_DUMP, &ndmsg))?;
+    let mut table = HashMap::new();
+    for r in &replies {
+        let (Some(nd), Some(attrs)) = (r.get(..NDMSG_LEN), r.get(NDMSG_LEN..)) else { continue };
+        let state = u16::from_ne_bytes([nd[8], nd[9]]);
+        if state & NUD_USABLE == 0 {
+            continue;
+        }
+        let (Some(dst), Some(ll)) = (netlink::find(attrs, NDA_DST), netlink::find(attrs, NDA_LLADDR)) else { continue };
+        let Some(ip) = ip_of(dst) else { continue };
+        if ll.len() == 6 {
+            table.insert(ip, MacAddr::from_bytes(ll));
+        }
+    }
+    Ok(table)
+}
+
+/// Where the kernel's routing table sends `dst`: the gateway of its route, or `None` when
+/// `dst` is on a link (or unreachable: then there is nothing to follow either).
+pub fn kernel_route_gateway(dst: IpAddr) -> io::Result<Option<IpAddr>> {
+    let mut sock = Socket::open(NETLINK_ROUTE)?;
+    let (family, bits, addr) = match dst {
+        IpAddr::V4(a) => (libc::AF_INET as u8, 32, a.octets().to_vec()),
+        IpAddr::V6(a) => (libc::AF_INET6 as u8, 128, a.octets().to_vec()),
+    };
+    let mut rtmsg = [0u8; RTMSG_LEN];
+    (rtmsg[0], rtmsg[1]) = (family, bits);
+    let replies = match sock.request(Msg::new(RTM_GETROUTE, NLM_F_ACK, &rtmsg).attr(RTA_DST, &addr)) {
+        Ok(r) => r,
+        Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) || e.raw_os_error() == Some(libc::EHOSTUNREACH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let gateway = replies.iter().filter_map(|r| netlink::find(r.get(RTMSG_LEN..)?, RTA_GATEWAY)).next();
+    Ok(gateway.and_then(ip_of))
+}
+
+fn ip_of(b: &[u8]) -> Option<IpAddr> {
+    match b.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
+        16 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(b);
+            Some(IpAddr::V6(Ipv6Addr::from(o)))
+        }
+        _ => None,
+    }
+}
+
+/// Makes the kernel resolve `ip`: a zero-length UDP datagram to its discard port.
+fn kick_kernel(ip: IpAddr) -> io::Result<()> {
+    let any: IpAddr = if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    UdpSocket::bind((any, 0))?.send_to(&[], (ip, 9)).map(drop)
+}
+
+/// Copies the kernel's view of the switch's next hops into its next-hop slots, once.
+/// Returns how many next hops had a usable entry.
+pub fn sync_once(switch: &Switch, now: u32) -> io::Result<usize> {
+    let snap = switch.snapshot();
+    let Some(vtep) = snap.vtep.as_ref().filter(|v| v.shared) else { return Ok(0) };
+    if snap.next_hops.is_empty() {
+        return Ok(0);
+    }
+    let table = kernel_neighbors(vtep.local.is_ipv4())?;
+    let slots = switch.neighbor_table();
+    let mut known = 0;
+    for (nh, peers) in snap.next_hops.iter() {
+        // The peer behind a router: the route's gateway is the hop whose MAC frames need.
+        let via = match kernel_route_gateway(*nh) {
+            Ok(gw) => gw.unwrap_or(*nh),
+            Err(e) => {
+                tracing::debug!(next_hop = %nh, error = %e, "no route lookup: the peer taken as on-link");
+                *nh
+            }
+        };
+        match table.get(&via) {
+            Some(mac) => {
+                known += 1;
+                for p in peers {
+                    slots.learn(*p, *mac, now);
+                }
+            }
+            None => {
+                // One kick per next hop and second, counted as a request of each peer's slot.
+                // Every peer's slot counts the request (no short circuit).
+                let due = peers.iter().filter(|p| slots.request_due(**p, now)).count() > 0;
+                if due && let Err(e) = kick_kernel(*nh) {
+                    tracing::debug!(next_hop = %nh, error = %e, "could not make the kernel resolve a next hop");
+                }
+            }
+        }
+    }
+    Ok(known)
+}
+
+/// The control thread following the kernel's neighbour table for a switch; stops on drop.
+pub struct KernelNeighbors {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KernelNeighbors {
+    /// Starts following every `period`, in the calling thread's network namespace (the
+    /// underlay's).
+    pub fn start(switch: Arc<Switch>, period: Duration) -> io::Result<KernelNeighbors> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("knitter-neigh".into()).spawn(move || {
+            let mut warned = false;
+            while !flag.load(Acquire) {
+                match sync_once(&switch, coarse_secs()) {
+                    Ok(_) => warned = false,
+                    Err(e) if !warned => {
+                        tracing::warn!(error = %e, "cannot read the kernel's neighbour table");
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+                let until = std::time::Instant::now() + period;
+                while !flag.load(Acquire) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20).min(period));
+                }
+            }
+        })?;
+        Ok(KernelNeighbors { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for KernelNeighbors {
+    fn drop(&mut self) {
+        self.stop.store(true, Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
