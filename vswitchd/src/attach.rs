@@ -17,7 +17,7 @@ use crate::plumb::{self, Plan};
 use crate::state::{Device, Owner, PortSpec};
 use crate::records::{Address, Key, PodVolume, Record, Route, VhostHandoff};
 use crate::vf::{VfError, Vfs};
-use crate::settings::ManagerLink;
+use crate::manager::Manager;
 use knitter_api::manager as mpb;
 use knitter_api::node as pb;
 use std::net::IpAddr;
@@ -94,8 +94,8 @@ fn host_name(k: &Key) -> String {
 #[derive(Clone)]
 pub struct Attacher {
     node: Arc<Node>,
-    /// The manager and one channel to it, kept (a connection per call costs a handshake).
-    manager: Option<(ManagerLink, tonic::transport::Channel)>,
+    /// The manager, when the node has one (pods get their addresses from it).
+    manager: Option<Manager>,
     vfs: Arc<Vfs>,
     /// Where the kubelet keeps its pods' volumes (a pod's vhost-user volume is found there).
     kubelet_pods: std::path::PathBuf,
@@ -107,21 +107,8 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 const JOIN_WAIT: Duration = Duration::from_secs(10);
 
 impl Attacher {
-    /// The service (call within the runtime: the manager's channel connects lazily).
-    pub fn new(node: Arc<Node>, link: Option<ManagerLink>, vfs: Arc<Vfs>, kubelet_pods: std::path::PathBuf) -> anyhow::Result<Attacher> {
-        let manager = match link {
-            None => None,
-            Some(link) => {
-                let ch = knitter_api::endpoint(&link.address, link.tls.clone())
-                    .map_err(|e| anyhow::anyhow!("manager address {:?}: {e}", link.address))?
-                    .connect_timeout(Duration::from_secs(2))
-                    .timeout(Duration::from_secs(10))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
-                Some((link, ch))
-            }
-        };
-        Ok(Attacher { node, manager, vfs, kubelet_pods })
+    pub fn new(node: Arc<Node>, manager: Option<Manager>, vfs: Arc<Vfs>, kubelet_pods: std::path::PathBuf) -> Attacher {
+        Attacher { node, manager, vfs, kubelet_pods }
     }
 
     /// Where a vhost-user attachment's hand-off goes: the pod's own volume when the request
@@ -144,39 +131,8 @@ impl Attacher {
         Ok(h)
     }
 
-    fn link(&self) -> Result<&ManagerLink, Status> {
-        self.manager.as_ref().map(|(l, _)| l).ok_or_else(|| Status::failed_precondition("knitter-vswitchd has no manager configured (--manager): pods get their addresses from it"))
-    }
-
-    fn client(&self) -> Result<mpb::manager_client::ManagerClient<tonic::transport::Channel>, Status> {
-        self.link()?;
-        let ch = self.manager.as_ref().map(|(_, c)| c.clone()).ok_or_else(|| Status::internal("no channel"))?;
-        Ok(mpb::manager_client::ManagerClient::new(ch))
-    }
-
-    fn authed<T>(link: &ManagerLink, msg: T) -> Result<Request<T>, Status> {
-        let mut r = Request::new(msg);
-        if link.join.is_some() && link.token.get().is_none() {
-            return Err(Status::unavailable(format!("this node has not joined the manager at {} yet (the bootstrap token; see the daemon's log)", link.address)));
-        }
-        if let Some(t) = &link.token.get() {
-            knitter_api::process::bearer(&mut r, t).map_err(|e| Status::internal(format!("the manager token: {e}")))?;
-        }
-        Ok(r)
-    }
-
-    /// The manager's refusal, or its absence, said for a CNI user: where the node looked
-    /// for it, and what to check.
-    fn manager_error(address: &str, s: Status) -> Status {
-        let unreachable = std::error::Error::source(&s).is_some()
-            || matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown);
-        if unreachable {
-            return Status::unavailable(format!(
-                "the manager at {address} is unreachable (is knitter-manager running, and is --manager right?): {}",
-                s.message()
-            ));
-        }
-        Status::new(s.code(), format!("the manager at {address} refused: {}", s.message()))
+    fn manager(&self) -> Result<&Manager, Status> {
+        self.manager.as_ref().ok_or_else(|| Status::failed_precondition("knitter-vswitchd has no manager configured (--manager): pods get their addresses from it"))
     }
 
     pub async fn attach(&self, r: pb::AttachRequest) -> Result<pb::Attachment, Status> {
@@ -192,7 +148,8 @@ impl Attacher {
             return Err(Status::already_exists(format!("{}/{} is attached to network {} in {}", key.container_id, key.ifname, have.network, have.netns)));
         }
         let mac_override = r.mac.as_deref().map(|m| m.parse::<MacAddr>().map_err(|_| Status::invalid_argument(format!("MAC {m:?} is malformed")))).transpose()?;
-        let link = self.link()?.clone();
+        let manager = self.manager()?;
+        let link = manager.link();
         if link.join.is_some() {
             // A pod scheduled as the node starts: its ADD waits for the node to join.
             link.token.ready(JOIN_WAIT).await;
@@ -217,8 +174,7 @@ impl Attacher {
                 (None, None) => None,
             },
         };
-        let port = self.client()?.create_port(Self::authed(&link, spec)?).await.map_err(|s| Self::manager_error(&link.address, s))?.into_inner().port;
-        let port = port.ok_or_else(|| Status::internal("the manager returned no port"))?;
+        let port = manager.create_port(spec).await?;
         let made = self.plumb_and_attach(&r, &key, &port, mac_override).await;
         if made.is_err() {
             self.release(&key).await;
@@ -417,18 +373,14 @@ impl Attacher {
     /// Releases the key's port on the manager, or queues the release when it cannot be
     /// reached; says whether it was queued.
     async fn release(&self, key: &Key) -> bool {
-        let Ok(link) = self.link().cloned() else { return false };
+        let Ok(manager) = self.manager() else { return false };
         let msg = mpb::PortName { container: key.container_id.clone(), interface: key.ifname.clone() };
-        let done = match (self.client(), Self::authed(&link, msg)) {
-            (Ok(mut c), Ok(req)) => match c.delete_port(req).await {
-                Ok(_) => true,
-                Err(s) if s.code() == tonic::Code::NotFound => true,
-                Err(s) => {
-                    tracing::warn!(container = %key.container_id, ifname = %key.ifname, error = %s.message(), "port release queued");
-                    false
-                }
-            },
-            _ => false,
+        let done = match manager.delete_port(msg).await {
+            Ok(()) => true,
+            Err(s) => {
+                tracing::warn!(container = %key.container_id, ifname = %key.ifname, error = %s.message(), "port release queued");
+                false
+            }
         };
         if !done {
             let (node, k) = (self.node.clone(), key.clone());
@@ -534,18 +486,12 @@ impl Attacher {
 
     pub async fn status(&self) -> pb::AttachStatus {
         let mut s = pb::AttachStatus { switch_running: self.node.running(), manager_reachable: false, reason: String::new() };
-        match self.link() {
+        match self.manager() {
             Err(e) => s.reason = e.message().to_string(),
-            Ok(link) => {
-                let reached = match (self.client(), Self::authed(link, mpb::ListRequest::default())) {
-                    (Ok(mut c), Ok(req)) => tokio::time::timeout(Duration::from_secs(3), c.list_nodes(req)).await.map_err(|_| "timed out".to_string()).and_then(|r| r.map_err(|e| e.message().to_string())),
-                    _ => Err("no client".into()),
-                };
-                match reached {
-                    Ok(_) => s.manager_reachable = true,
-                    Err(why) => s.reason = format!("the manager at {} is unreachable: {why}", link.address),
-                }
-            }
+            Ok(m) => match m.reachable().await {
+                Ok(()) => s.manager_reachable = true,
+                Err(why) => s.reason = format!("the manager at {} is unreachable: {why}", m.link().address),
+            },
         }
         if !s.switch_running {
             s.reason = "the switch's PMD threads are not running".into();

@@ -5,8 +5,8 @@
 //! The manager issues a bootstrap join once a node name: a node whose credential file is lost
 //! gets a new token from the admin.
 
+use crate::manager::Manager;
 use anyhow::{Context, Result};
-use knitter_api::manager as pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,12 +71,10 @@ fn store(file: &Path, token: &str) -> Result<()> {
 }
 
 /// Gets the node a token with the bootstrap token, once.
-async fn join_once(link: &crate::settings::ManagerLink, join: &Join) -> Result<String> {
-    let channel = knitter_api::endpoint(&link.address, link.tls.clone())?.connect_timeout(Duration::from_secs(5)).connect().await.context("connecting")?;
-    let mut req = tonic::Request::new(pb::Name { name: link.node_name.clone() });
-    knitter_api::process::bearer(&mut req, &join.bootstrap).context("the bootstrap token")?;
-    match pb::manager_client::ManagerClient::new(channel).join_node(req).await {
-        Ok(r) => Ok(r.into_inner().token),
+async fn join_once(manager: &Manager, join: &Join) -> Result<String> {
+    let link = manager.link();
+    match manager.join(&join.bootstrap).await {
+        Ok(token) => Ok(token),
         Err(s) if s.code() == tonic::Code::AlreadyExists => {
             let hint = format!("put the token it issues into {} (knitterctl manager node token {} > {})", join.file.display(), link.node_name, join.file.display());
             Err(s).context(hint)
@@ -98,13 +96,14 @@ pub fn refusal(e: &anyhow::Error, joining: bool) -> Option<String> {
 /// Fills in the node's credential by joining (retried with back-off until it works: the
 /// manager may start after the node). A node that joined before has its token from the
 /// credential file already (read with the settings).
-pub async fn join(node: std::sync::Arc<crate::node::Node>, link: crate::settings::ManagerLink, join: Join) {
+pub async fn join(node: std::sync::Arc<crate::node::Node>, manager: Manager, join: Join) {
+    let link = manager.link();
     if link.token.get().is_some() {
         return;
     }
     let mut wait = Duration::from_secs(1);
     loop {
-        match join_once(&link, &join).await {
+        match join_once(&manager, &join).await {
             Ok(t) => {
                 if let Err(e) = store(&join.file, &t) {
                     tracing::error!(error = %format!("{e:#}"), "the node's token is not kept: it joins again after a restart, which the manager refuses");

@@ -13,6 +13,7 @@ mod events;
 mod grpc;
 mod handoff;
 mod links;
+mod manager;
 mod metrics;
 mod node;
 mod plumb;
@@ -155,16 +156,17 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
     let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
-    if let Some(link) = &s.manager
-        && let Some(join) = &link.join
+    let manager = s.manager.clone().map(manager::Manager::new).transpose()?;
+    if let Some(m) = &manager
+        && let Some(join) = &m.link().join
     {
-        tokio::spawn(credential::join(node.clone(), link.clone(), join.clone()));
+        tokio::spawn(credential::join(node.clone(), m.clone(), join.clone()));
     }
-    let attacher = attach::Attacher::new(node.clone(), s.manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone())?;
+    let attacher = attach::Attacher::new(node.clone(), manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone());
     let releases = tokio::spawn(attacher.clone().retry_releases());
-    let manager = s.manager.clone().map(|link| {
-        tracing::info!(manager = %link.address, node = %link.node_name, "syncing with the manager");
-        tokio::spawn(sync::run(node.clone(), link))
+    let manager = manager.map(|m| {
+        tracing::info!(manager = %m.link().address, node = %m.link().node_name, "syncing with the manager");
+        tokio::spawn(sync::run(node.clone(), m))
     });
     if let Some(addr) = s.metrics {
         let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics endpoint {addr}"))?;

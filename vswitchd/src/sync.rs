@@ -6,8 +6,8 @@
 //! reconnects with back-off; every stream starts with a whole state, so nothing is
 //! replayed.
 
+use crate::manager::Manager;
 use crate::node::Node;
-use crate::settings::ManagerLink;
 use anyhow::{Context, Result, bail};
 use knitter_api::manager as pb;
 use std::net::IpAddr;
@@ -21,7 +21,8 @@ use vswitch::wire::MacAddr;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Keeps a sync stream open for as long as the daemon runs.
-pub async fn run(node: Arc<Node>, link: ManagerLink) {
+pub async fn run(node: Arc<Node>, manager: Manager) {
+    let link = manager.link().clone();
     let mut backoff = Duration::from_secs(1);
     let mut revision = 0;
     let mut waiting_for_vtep = false;
@@ -37,7 +38,7 @@ pub async fn run(node: Arc<Node>, link: ManagerLink) {
         }
         waiting_for_vtep = false;
         let before = revision;
-        match session(&node, &link, &mut revision).await {
+        match session(&node, &manager, &mut revision).await {
             Ok(()) => tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state"),
             Err(e) => {
                 tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state");
@@ -55,23 +56,10 @@ pub async fn run(node: Arc<Node>, link: ManagerLink) {
 }
 
 /// One stream: register, then apply each desired state until the stream ends.
-async fn session(node: &Arc<Node>, link: &ManagerLink, revision: &mut u64) -> Result<()> {
+async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Result<()> {
+    let link = manager.link();
     let me = registration(node, &link.node_name)?;
-    let channel = knitter_api::endpoint(&link.address, link.tls.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .context("connecting")?;
-    let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: *revision });
-    if link.join.is_some() && link.token.ready(std::time::Duration::from_secs(30)).await.is_none() {
-        anyhow::bail!("not joined yet (the bootstrap token)");
-    }
-    if let Some(t) = &link.token.get() {
-        knitter_api::process::bearer(&mut req, t)?;
-    }
-    let mut stream = pb::manager_client::ManagerClient::new(channel).sync(req).await.context("opening the sync stream")?.into_inner();
+    let mut stream = manager.sync(pb::SyncRequest { node: Some(me), revision: *revision }).await.context("opening the sync stream")?;
     tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
     node.set_manager_refusal(None);
     while let Some(d) = stream.message().await.context("sync stream")? {

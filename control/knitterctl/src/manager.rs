@@ -1,7 +1,8 @@
 //! `knitterctl manager ...`: the manager's objects (tenants, networks, IP groups, ports,
 //! nodes) over its gRPC API, as tables or `-o json`.
 
-use crate::{Output, json, opt, table};
+use crate::Output;
+use crate::out::{json, opt, table};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use knitter_api::manager as pb;

@@ -1,6 +1,7 @@
 //! knitterctl's standard output: a line at a time, and a quiet end (status 141, what a
-//! shell reports for SIGPIPE) when the reader has gone.
+//! shell reports for SIGPIPE) when the reader has gone; tables and JSON.
 
+use anyhow::Result;
 use std::io::Write;
 
 /// The status a shell gives a process that SIGPIPE ended.
@@ -16,4 +17,29 @@ pub fn line(args: std::fmt::Arguments) {
         eprintln!("knitterctl: writing to standard output: {e}");
         std::process::exit(1);
     }
+}
+
+/// Prints rows as aligned columns.
+pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<0$}", w[i])).collect();
+        println!("{}", s.join("  ").trim_end());
+    };
+    line(head.iter().map(|h| h.to_uppercase()).collect());
+    rows.into_iter().for_each(line);
+}
+
+pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
+pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
 }

@@ -1,0 +1,143 @@
+//! `knitterctl bridge`: the node's bridge domains (one per network on the node).
+
+use crate::Output;
+use crate::node::applied;
+use crate::out::{json, opt, table};
+use crate::port::owner;
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use knitter_api::node as pb;
+use pb::node_client::NodeClient;
+use tonic::transport::Channel;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BridgeCmd {
+    /// Add a bridge domain (one per network on the node).
+    Add {
+        name: String,
+        /// Its tag on trunk ports.
+        #[arg(long)]
+        vlan: Option<u32>,
+        /// Its VXLAN segment.
+        #[arg(long)]
+        vni: Option<u32>,
+        /// Remote VTEPs that get its broadcast/unknown traffic (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        flood: Vec<String>,
+        /// Answer ARP/ND for known addresses.
+        #[arg(long)]
+        arp_suppression: bool,
+        /// The DSCP (0-63) of its VXLAN frames' outer header (the inner ECN field copied too).
+        #[arg(long)]
+        dscp: Option<u32>,
+        /// Its 802.1p priority (0-7) on a tagged underlay.
+        #[arg(long)]
+        pcp: Option<u32>,
+        /// Its frames leave shared egresses (the underlay, trunks) first and wait for room
+        /// rather than drop.
+        #[arg(long)]
+        priority: bool,
+        /// Police each of its access ports without a policer of its own at this many frames
+        /// a second (a network's per-pod rate).
+        #[arg(long)]
+        pod_pps: Option<u64>,
+        /// The same in bits a second (frames as received, without L1 overhead).
+        #[arg(long)]
+        pod_bps: Option<u64>,
+        /// Police what all its access ports send together at this many frames a second (one
+        /// policer for the network on this node).
+        #[arg(long)]
+        police_pps: Option<u64>,
+        /// The same in bits a second.
+        #[arg(long)]
+        police_bps: Option<u64>,
+        /// A known address for ARP/ND suppression: IP=MAC (repeatable).
+        #[arg(long, value_name = "IP=MAC")]
+        neighbor: Vec<String>,
+        /// A static MAC: MAC=PORT, or MAC=@REMOTE-VTEP-IP (repeatable).
+        #[arg(long, value_name = "MAC=PORT|MAC=@IP")]
+        static_mac: Vec<String>,
+        /// Replace a bridge domain of this name.
+        #[arg(long)]
+        replace: bool,
+    },
+    Del {
+        name: String,
+    },
+    List,
+}
+
+pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd) -> Result<()> {
+    match cmd {
+        BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, police_pps, police_bps, neighbor, static_mac, replace } => {
+            let pair = |s: &str, what: &str| -> Result<(String, String)> {
+                let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
+                Ok((a.to_string(), b.to_string()))
+            };
+            let neighbors = neighbor
+                .iter()
+                .map(|n| pair(n, "--neighbor").map(|(ip, mac)| pb::Neighbor { ip, mac }))
+                .collect::<Result<_>>()?;
+            let static_macs = static_mac
+                .iter()
+                .map(|m| {
+                    let (mac, to) = pair(m, "--static-mac")?;
+                    Ok(match to.strip_prefix('@') {
+                        Some(ip) => pb::StaticMac { mac, port: None, remote: Some(ip.into()) },
+                        None => pb::StaticMac { mac, port: Some(to), remote: None },
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let rates = |pps: Option<u64>, bps: Option<u64>| {
+                (pps.is_some() || bps.is_some()).then(|| pb::Policer { pps: pps.unwrap_or(0), bps: bps.unwrap_or(0), ..Default::default() })
+            };
+            let (pod_policer, policer) = (rates(pod_pps, pod_bps), rates(police_pps, police_bps));
+            let bridge =
+                pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, policer, ..Default::default() };
+            applied(out, c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
+        }
+        BridgeCmd::Del { name } => applied(out, c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+        BridgeCmd::List => {
+            let l = c.list_bridges(pb::ListRequest {}).await?.into_inner();
+            if out == Output::Json { json(&l)? } else { print_bridges(&l.bridges) }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn print_bridges(b: &[pb::Bridge]) {
+    table(
+        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner", "policer", "pod policer"],
+        b.iter()
+            .map(|b| {
+                vec![
+                    b.name.clone(),
+                    opt(b.vlan),
+                    opt(b.vni),
+                    if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
+                    if b.arp_suppression { "on" } else { "off" }.into(),
+                    match (b.dscp, b.pcp, b.priority) {
+                        (None, None, false) => "-".into(),
+                        (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),
+                    },
+                    owner(b.owner).into(),
+                    policer(b.policer.as_ref()),
+                    policer(b.pod_policer.as_ref()),
+                ]
+            })
+            .collect(),
+    );
+}
+
+/// A policer's rates, as `knitterctl port add` takes them ("-": none).
+pub(crate) fn policer(p: Option<&pb::Policer>) -> String {
+    let Some(p) = p else { return "-".into() };
+    let mut parts = Vec::new();
+    if p.pps > 0 {
+        parts.push(format!("{} pps", p.pps));
+    }
+    if p.bps > 0 {
+        parts.push(format!("{} bps", p.bps));
+    }
+    parts.join(", ")
+}

@@ -1,0 +1,202 @@
+//! `knitterctl port`: the node's ports (one device, one mode each).
+
+use crate::Output;
+use crate::bridge::policer;
+use crate::node::applied;
+use crate::out::{json, opt, table};
+use anyhow::Result;
+use clap::Subcommand;
+use knitter_api::node as pb;
+use pb::node_client::NodeClient;
+use tonic::transport::Channel;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PortCmd {
+    /// Add a port: one device, one mode.
+    Add(Box<PortAdd>),
+    Del {
+        name: String,
+    },
+    List,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user", "dpdk"])))]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["access", "trunk", "underlay"])))]
+pub(crate) struct PortAdd {
+    name: String,
+    /// A kernel interface, through AF_XDP.
+    #[arg(long, value_name = "IFNAME")]
+    af_xdp: Option<String>,
+    /// A kernel interface, through AF_PACKET.
+    #[arg(long, value_name = "IFNAME")]
+    af_packet: Option<String>,
+    /// A vhost-user socket (the switch listens; with --client it connects).
+    #[arg(long, value_name = "SOCKET")]
+    vhost_user: Option<String>,
+    #[arg(long, requires = "vhost_user")]
+    client: bool,
+    /// A DPDK device: a PCI address (a NIC or VF bound to vfio-pci) or a vdev with its
+    /// arguments ("net_tap0,iface=dtap0").
+    #[arg(long, value_name = "DEVARGS")]
+    dpdk: Option<String>,
+    /// rx/tx queue pairs of a DPDK device (RSS over them).
+    #[arg(long, requires = "dpdk")]
+    queues: Option<u32>,
+    /// The mode bits (octal, e.g. 0660) of a socket the switch listens on.
+    #[arg(long, requires = "vhost_user", value_parser = octal)]
+    socket_mode: Option<u32>,
+    /// The owner and group (numeric) of a socket the switch listens on.
+    #[arg(long, requires = "vhost_user")]
+    socket_owner: Option<u32>,
+    #[arg(long, requires = "vhost_user")]
+    socket_group: Option<u32>,
+    /// The kernel interface's network namespace (as in /run/netns).
+    #[arg(long)]
+    netns: Option<String>,
+    /// Untagged member of this bridge domain.
+    #[arg(long, value_name = "BRIDGE")]
+    access: Option<String>,
+    /// Tagged member of the bridge domains with these VLANs (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "VLANS")]
+    trunk: Option<Vec<u32>>,
+    /// The untagged VLAN of a trunk.
+    #[arg(long, requires = "trunk")]
+    native: Option<u32>,
+    /// Carries the VTEP's VXLAN traffic.
+    #[arg(long)]
+    underlay: bool,
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Port security: the pod's MAC (with --ip, its addresses).
+    #[arg(long)]
+    mac: Option<String>,
+    #[arg(long, requires = "mac")]
+    ip: Vec<String>,
+    /// Ingress policing: at most this many packets a second (frames over it are dropped and
+    /// counted as `policed`).
+    #[arg(long, value_name = "PPS")]
+    police_pps: Option<u64>,
+    /// Ingress policing: at most this many bits a second (frames as received, without L1
+    /// overhead).
+    #[arg(long, value_name = "BPS")]
+    police_bps: Option<u64>,
+    /// The policer's burst in packets (default 10 ms of the rate, at least 64).
+    #[arg(long, value_name = "PACKETS")]
+    police_burst_packets: Option<u64>,
+    /// The policer's burst in bytes (default 10 ms of the rate, at least two largest frames).
+    #[arg(long, value_name = "BYTES")]
+    police_burst_bytes: Option<u64>,
+}
+
+pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PortCmd) -> Result<()> {
+    match cmd {
+        PortCmd::Add(a) => applied(out, c.add_port(pb::AddPortRequest { port: Some(port_request(*a)) }).await?.into_inner())?,
+        PortCmd::Del { name } => applied(out, c.delete_port(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+        PortCmd::List => {
+            let l = c.list_ports(pb::ListRequest {}).await?.into_inner();
+            if out == Output::Json {
+                json(&l)?
+            } else {
+                let status = c.show(pb::ShowRequest {}).await?.into_inner().status;
+                print_ports(&l.ports, &status)
+            }
+        }
+    }
+    Ok(())
+}
+
+fn octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("{s:?} is not an octal mode such as 0660"))
+}
+
+fn port_request(a: PortAdd) -> pb::Port {
+    use pb::device::Kind;
+    use pb::port::Mode;
+    let netns = a.netns.unwrap_or_default();
+    let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
+        _ if a.dpdk.is_some() => Kind::Dpdk(pb::DpdkDevice { devargs: a.dpdk.unwrap_or_default(), queues: a.queues.unwrap_or(0) }),
+        (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
+        (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
+        (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client, mode: a.socket_mode, owner: a.socket_owner, group: a.socket_group }),
+    };
+    let mode = match (a.access, a.trunk) {
+        (Some(b), _) => Mode::Access(pb::Access { bridge: b }),
+        (_, Some(allowed)) => Mode::Trunk(pb::Trunk { allowed, native: a.native }),
+        _ => Mode::Underlay(pb::Underlay {}),
+    };
+    pb::Port {
+        name: a.name,
+        device: Some(pb::Device { kind: Some(kind) }),
+        mode: Some(mode),
+        mtu: a.mtu,
+        security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, ..Default::default() }),
+        policer: (a.police_pps.is_some() || a.police_bps.is_some() || a.police_burst_packets.is_some() || a.police_burst_bytes.is_some()).then(|| {
+            pb::Policer {
+                pps: a.police_pps.unwrap_or(0),
+                bps: a.police_bps.unwrap_or(0),
+                burst_packets: a.police_burst_packets.unwrap_or(0),
+                burst_bytes: a.police_burst_bytes.unwrap_or(0),
+            }
+        }),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
+    table(
+        &["name", "device", "mode", "mtu", "link", "owner", "policer"],
+        p.iter()
+            .map(|p| {
+                let s = status.iter().find(|s| s.name == p.name);
+                let link = match s {
+                    Some(s) if !s.error.is_empty() => format!("not running: {}", s.error),
+                    Some(s) if !s.ring_error.is_empty() => format!("error: {}", s.ring_error),
+                    Some(s) if s.vhost_connected == Some(false) => "waiting for the frontend".into(),
+                    Some(s) if s.link_up => "up".into(),
+                    Some(_) => "down".into(),
+                    None => "?".into(),
+                };
+                let link = match s {
+                    Some(s) if !s.fallback.is_empty() => format!("{link}, on AF_PACKET: {}", s.fallback),
+                    _ => link,
+                };
+                vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into(), policer(p.policer.as_ref())]
+            })
+            .collect(),
+    );
+}
+
+pub(crate) fn owner(o: i32) -> &'static str {
+    match pb::Owner::try_from(o) {
+        Ok(pb::Owner::Manager) => "manager",
+        Ok(pb::Owner::Attach) => "attach",
+        _ => "local",
+    }
+}
+
+fn device(d: &Option<pb::Device>) -> String {
+    use pb::device::Kind;
+    let ns = |n: &str| if n.is_empty() { String::new() } else { format!(" (netns {n})") };
+    match d.as_ref().and_then(|d| d.kind.as_ref()) {
+        Some(Kind::AfXdp(k)) => format!("af_xdp {}{}", k.ifname, ns(&k.netns)),
+        Some(Kind::AfPacket(k)) => format!("af_packet {}{}", k.ifname, ns(&k.netns)),
+        Some(Kind::VhostUser(v)) => format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" }),
+        Some(Kind::Dpdk(d)) if d.queues > 1 => format!("dpdk {} ({} queues)", d.devargs, d.queues),
+        Some(Kind::Dpdk(d)) => format!("dpdk {}", d.devargs),
+        None => "-".into(),
+    }
+}
+
+fn mode(p: &pb::Port) -> String {
+    use pb::port::Mode;
+    match &p.mode {
+        Some(Mode::Access(a)) => format!("access {}", a.bridge),
+        Some(Mode::Trunk(t)) => {
+            let v: Vec<String> = t.allowed.iter().map(|v| v.to_string()).collect();
+            format!("trunk {}{}", v.join(","), t.native.map(|n| format!(" native {n}")).unwrap_or_default())
+        }
+        Some(Mode::Underlay(_)) => "underlay".into(),
+        None => "-".into(),
+    }
+}
