@@ -1,12 +1,46 @@
-//! The pipeline's node graph: every logical node ([`Node`]) with its next nodes (VPP's next
-//! indices: a next index is a position in [`Node::nexts`]), where a burst enters it, and
-//! the checks that keep it one graph (every next names a node, every node is reachable from
+//! The pipeline's node graph: every logical node ([`Node`]) as its file in
+//! `pipeline/` declares it ([`Descriptor`]: its name, next nodes — VPP's next indices: a
+//! next index is a position in [`Node::nexts`] — drop reasons and counters), collected
+//! here in [`NODES`]; where a burst enters the graph, and the checks that keep it one graph (every next names a node, every node is reachable from
 //! an entry, the graph has an order to run it in). The fused dispatcher and the per-node one
 //! ([`crate::pipeline::Dispatch`]) both follow it; the packet trace shows the path a frame
 //! took through it, and [`edges_of`] turns a trace back into the edges it took (a test
 //! checks that traces take every edge and no other).
 
+use crate::counters::{DropReason, Event};
+use crate::pipeline::{cache, classify, decap, encap, flood, forward, learn, neighbor, rewrite, tx};
 use crate::trace::{FrameTrace, Node, Step};
+
+/// A node as its file declares it (VPP's `VLIB_REGISTER_NODE`).
+#[derive(Debug)]
+pub struct Descriptor {
+    pub node: Node,
+    /// Its name in traces, counters and metrics.
+    pub name: &'static str,
+    /// Where it hands frames, in next-index order.
+    pub nexts: &'static [Next],
+    /// The drop reasons counted against it.
+    pub drops: &'static [DropReason],
+    /// The events it counts.
+    pub counts: &'static [Event],
+}
+
+/// Every node, in [`Node`]'s order (adding a node: its file's descriptor and a line here).
+pub const NODES: [&Descriptor; Node::ALL.len()] = [
+    &cache::NODE,
+    &classify::NODE,
+    &decap::NODE,
+    &classify::PORT_SECURITY,
+    &learn::NODE,
+    &forward::SUPPRESS,
+    &forward::NODE,
+    &flood::NODE,
+    &rewrite::NODE,
+    &encap::NODE,
+    &neighbor::NODE,
+    &tx::NODE,
+    &decap::VTEP,
+];
 
 /// Where a node hands a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -23,29 +57,14 @@ pub enum Next {
 pub const ENTRIES: &[Node] = &[Node::Cache, Node::Classify, Node::Decap, Node::Vtep];
 
 impl Node {
+    /// Its file's descriptor.
+    pub fn descriptor(self) -> &'static Descriptor {
+        NODES[self as usize]
+    }
+
     /// This node's next nodes, in next-index order.
     pub fn nexts(self) -> &'static [Next] {
-        use Next::Drop;
-        use Node::*;
-        match self {
-            // A hit that leaves with its tag as it came skips vlan-rewrite's work, not the node.
-            Cache => &[Next::Node(Classify), Next::Node(Decap), Next::Node(Vtep), Next::Node(VlanRewrite), Next::Node(Encap)],
-            Classify => &[Next::Node(PortSecurity), Next::Node(Learn), Drop],
-            Decap => &[Next::Node(Learn), Drop],
-            PortSecurity => &[Next::Node(Learn), Drop],
-            Learn => &[Next::Node(Suppress), Next::Node(Forward)],
-            // A request the table cannot answer goes on as if it had not come here
-            // (learn → l2-forward).
-            Suppress => &[Next::Node(VlanRewrite), Next::Node(Encap), Drop],
-            Forward => &[Next::Node(VlanRewrite), Next::Node(Encap), Next::Node(Flood), Drop],
-            Flood => &[Next::Node(VlanRewrite), Next::Node(Encap), Drop],
-            VlanRewrite => &[Next::Node(Tx), Drop],
-            Encap => &[Next::Node(NeighborHold), Next::Node(Tx), Drop],
-            NeighborHold => &[Next::Node(Encap), Drop],
-            Tx => &[Drop],
-            // An answer to the VTEP's own request is learned and ends here.
-            Vtep => &[Next::Node(Tx)],
-        }
+        self.descriptor().nexts
     }
 
     /// The next index of `to` from this node.
@@ -57,6 +76,12 @@ impl Node {
 /// What is wrong with the graph.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GraphError {
+    #[error("NODES lists {0} in {1}'s place")]
+    Misplaced(&'static str, &'static str),
+    #[error("drop reason {0} is counted by {1} nodes (one, exactly)")]
+    DropOwners(&'static str, usize),
+    #[error("event {0} is counted by {1} nodes (at most one)")]
+    EventOwners(&'static str, usize),
     #[error("node {0} cannot be reached from an entry")]
     Unreachable(&'static str),
     #[error("node {0} lists next {1} twice")]
@@ -71,6 +96,23 @@ pub enum GraphError {
 /// next nodes, neighbor-hold's retry of vxlan-encap aside: parked frames go back to
 /// encapsulation on a later burst).
 pub fn check() -> Result<Vec<Node>, GraphError> {
+    for (d, n) in NODES.iter().zip(Node::ALL) {
+        if d.node != *n {
+            return Err(GraphError::Misplaced(d.name, n.name()));
+        }
+    }
+    for r in DropReason::ALL {
+        match NODES.iter().filter(|d| d.drops.contains(r)).count() {
+            1 => {}
+            k => return Err(GraphError::DropOwners(r.name(), k)),
+        }
+    }
+    for e in Event::ALL {
+        match NODES.iter().filter(|d| d.counts.contains(e)).count() {
+            0 | 1 => {}
+            k => return Err(GraphError::EventOwners(e.name(), k)),
+        }
+    }
     for n in Node::ALL {
         for (i, x) in n.nexts().iter().enumerate() {
             if n.nexts()[..i].contains(x) {

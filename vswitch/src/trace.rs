@@ -79,54 +79,19 @@ impl Node {
     ];
 
     pub fn name(self) -> &'static str {
-        match self {
-            Node::Cache => "cache",
-            Node::Classify => "classify",
-            Node::Decap => "vxlan-decap",
-            Node::PortSecurity => "port-security",
-            Node::Learn => "learn",
-            Node::Suppress => "arp-nd-suppress",
-            Node::Forward => "l2-forward",
-            Node::Flood => "flood",
-            Node::VlanRewrite => "vlan-rewrite",
-            Node::Encap => "vxlan-encap",
-            Node::NeighborHold => "neighbor-hold",
-            Node::Tx => "tx",
-            Node::Vtep => "vtep",
-        }
+        self.descriptor().name
     }
 
-    /// The node whose counter event `e` is (`None`: the PMD thread's, not a node's).
+    /// The node whose counter event `e` is (`None`: the PMD thread's, not a node's), as the
+    /// nodes' descriptors say ([`crate::graph::check`]: at most one).
     pub fn counting(e: crate::Event) -> Option<Node> {
-        use crate::Event::*;
-        Some(match e {
-            Learned | MacMoved | StaticMoveRefused | LearnLimit | LearnBusy => Node::Learn,
-            KnownUnicast | StaleFdb => Node::Forward,
-            CacheHits => Node::Cache,
-            Flooded | FloodCopies | FloodCopyFailed => Node::Flood,
-            ArpSuppressed | NdSuppressed => Node::Suppress,
-            VtepAnswered | NeighborLearned => Node::Vtep,
-            Encapsulated => Node::Encap,
-            Decapsulated => Node::Decap,
-            NeighborRequests => Node::NeighborHold,
-            PriorityFirst | PriorityHeld | PriorityGuard | PriorityNoSlot => Node::Tx,
-            ConfigAdopted => return None,
-        })
+        crate::graph::NODES.iter().find(|d| d.counts.contains(&e)).map(|d| d.node)
     }
 
-    /// The node that drops a frame for `r`.
+    /// The node that drops a frame for `r`, as the nodes' descriptors say
+    /// ([`crate::graph::check`]: exactly one).
     pub fn dropping(r: DropReason) -> Node {
-        use DropReason::*;
-        match r {
-            Runt | Oversize | TaggedOnAccess | WrongTpid | VlanNotAllowed | UntaggedNotAllowed | NoBridgeDomain | SrcMacGroup => Node::Classify,
-            SecurityMac | SecurityIp | SecurityArp | SecurityNd | SecurityRa | SecurityDhcp => Node::PortSecurity,
-            Reflect | NoEgress => Node::Forward,
-            PortDown | TxFull | EgressMtu | NoBuffer | Policed => Node::Tx,
-            EncapTooBig | VxlanNoRoute => Node::Encap,
-            UnderlayNotVxlan | UnderlayForeignMac | VxlanMalformed | VxlanBadChecksum | VxlanBadFlags | VxlanUnknownVni
-            | VxlanUnknownVtep | VxlanCeNotEct => Node::Decap,
-            NeighborQueueFull | NeighborUnresolved => Node::NeighborHold,
-        }
+        crate::graph::NODES.iter().find(|d| d.drops.contains(&r)).map_or(Node::Tx, |d| d.node)
     }
 }
 

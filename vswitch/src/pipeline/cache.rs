@@ -6,7 +6,28 @@
 //! costs ~110 instructions where the full path costs ~320 (docs/perf.md), and the trace
 //! reports the cache's decision and then the full path for traced frames.
 
-use super::*;
+use super::{BdRun, Ctx, Pipeline};
+use super::classify::classify_port;
+use super::rewrite::tci_of;
+use crate::batch::{Batch, BATCH};
+use crate::buf::{BufId, PoolView};
+use crate::counters::{DropReason, Event};
+use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
+use crate::fdb;
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{NO_BD, PortEntry, PortKind, Snapshot};
+use crate::trace::Node;
+use crate::vtep::{self, VtepEntry};
+
+/// Node `cache`, as [`crate::graph`] collects it (a hit that leaves with its tag as it came
+/// skips vlan-rewrite's work, not the node).
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Cache,
+    name: "cache",
+    nexts: &[graph::Next::Node(Node::Classify), graph::Next::Node(Node::Decap), graph::Next::Node(Node::Vtep), graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap)],
+    drops: &[],
+    counts: &[Event::CacheHits],
+};
 
 /// Bursts in a row that found nothing in the cache and filled it only by pushing out live
 /// entries (or not at all) after which a port is taken to churn through more flows than the
@@ -119,6 +140,38 @@ pub(super) fn all_to_peers(found: &[(Hit, u32)]) -> bool {
     found.iter().all(|(h, _)| h.is_peer())
 }
 
+/// Node `cache`'s state beyond the cache itself.
+pub(super) struct Flows {
+    pub(super) emc: Emc,
+    /// Cache hits of this burst for remote VTEPs, encapsulated together.
+    pub(super) to_peer: Batch,
+    pub(super) to_peer_hits: [Hit; BATCH],
+    /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
+    /// `i`th frame the cache missed (the slow path's `i`th).
+    pub(super) cached: bool,
+    pub(super) miss_keys: [Option<Key>; BATCH],
+    /// Per ingress port, the bursts in a row whose lookups all missed (saturating): past
+    /// [`THRASHING_AFTER`], the port's bursts mostly skip the cache (see
+    /// [`Pipeline::worth_looking_up`]).
+    pub(super) missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
+    /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
+    pub(super) sampled: u32,
+}
+
+impl Flows {
+    pub(super) fn new(emc_entries: usize) -> Flows {
+        Flows {
+            emc: Emc::new(emc_entries),
+            to_peer: Batch::new(),
+            to_peer_hits: [Hit::default(); BATCH],
+            cached: false,
+            miss_keys: [None; BATCH],
+            missed_bursts: Box::new([0; fdb::MAX_PORTS]),
+            sampled: 0,
+        }
+    }
+}
+
 impl Pipeline {
     /// Stage 0 for a burst from a local port: a read-only lookup of every frame, then the
     /// hits and misses in order (or stages 1-2 for the whole burst when nothing hit).
@@ -127,7 +180,7 @@ impl Pipeline {
     pub(super) fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
         let mut found = [(Hit::default(), 0u32); BATCH];
         let secured = port.security.is_some();
-        let (pool, emc) = (self.pool.view(), self.emc.view());
+        let (pool, emc) = (self.pool.view(), self.flows.emc.view());
         let (bytes, hits) = match (emc.spread, secured) {
             (true, true) => probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
             (true, false) => probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found),
@@ -135,10 +188,10 @@ impl Pipeline {
             (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
         if hits == 0 {
-            for (k, b) in self.miss_keys.iter_mut().zip(batch.as_slice()) {
+            for (k, b) in self.flows.miss_keys.iter_mut().zip(batch.as_slice()) {
                 *k = port_key(port.id, secured, self.pool.head(b));
             }
-            let before = self.emc.fills();
+            let before = self.flows.emc.fills();
             self.forward_slow::<false>(snap, port, batch);
             self.note_missed_burst(port.id, before);
             return bytes;
@@ -153,7 +206,7 @@ impl Pipeline {
             return bytes;
         }
         // An access port's frames all belong to its one bridge domain.
-        let demoted = match (port.kind == PortKind::Access, self.per_node) {
+        let demoted = match (port.kind == PortKind::Access, self.nodes.on) {
             (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
             (false, false) => self.forward_cached::<false, false>(snap, port, batch, &mut found),
             (true, true) => self.forward_cached::<true, true>(snap, port, batch, &mut found),
@@ -173,11 +226,11 @@ impl Pipeline {
     /// hundred, which also slows a cold start a hundredfold.
     #[inline(never)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        if self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] < THRASHING_AFTER {
+        if self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] < THRASHING_AFTER {
             return true;
         }
-        self.sampled = self.sampled.wrapping_add(1);
-        self.sampled.is_multiple_of(SAMPLE_EVERY)
+        self.flows.sampled = self.flows.sampled.wrapping_add(1);
+        self.flows.sampled.is_multiple_of(SAMPLE_EVERY)
     }
 
     /// After a burst from `port` went through the cache and hit nothing: whether it was
@@ -185,9 +238,9 @@ impl Pipeline {
     /// [`Emc::fills`] at the burst's start.
     #[inline(never)]
     pub(super) fn note_missed_burst(&mut self, port: u16, before: (u32, u32)) {
-        let (fills, evictions) = self.emc.fills();
+        let (fills, evictions) = self.flows.emc.fills();
         let (fills, evictions) = (fills.wrapping_sub(before.0), evictions.wrapping_sub(before.1));
-        let m = &mut self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)];
+        let m = &mut self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)];
         *m = if 2 * evictions >= fills { m.saturating_add(1) } else { 0 };
     }
 
@@ -205,7 +258,7 @@ impl Pipeline {
     /// After a burst from `port` hit the cache.
     #[inline(always)]
     pub(super) fn note_hit_burst(&mut self, port: u16) {
-        self.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] = 0;
+        self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] = 0;
     }
 
     #[inline(always)]
@@ -218,7 +271,7 @@ impl Pipeline {
     /// burst's remaining lookups can no longer be trusted.
     #[inline(always)]
     pub(super) fn lookups_outdated(&self) -> bool {
-        self.emc.outdated_by(self.fdb.generation())
+        self.flows.emc.outdated_by(self.fdb.generation())
     }
 
     /// Stage 0: frames whose flow the exact-match cache knows go to the shared egress code
@@ -271,8 +324,8 @@ impl Pipeline {
                 }
             }
             Action::Peer { .. } => {
-                self.to_peer_hits[self.to_peer.len() & (BATCH - 1)] = hit;
-                if let Err(b) = self.to_peer.push(b) {
+                self.flows.to_peer_hits[self.flows.to_peer.len() & (BATCH - 1)] = hit;
+                if let Err(b) = self.flows.to_peer.push(b) {
                     self.drop_counted(b, DropReason::NoEgress, 0); // holds a burst: unreachable
                 }
             }
@@ -291,7 +344,7 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn flush_pending(&mut self, snap: &Snapshot) {
         self.run_nodes(snap);
-        if !self.to_peer.is_empty() {
+        if !self.flows.to_peer.is_empty() {
             self.encap_pending(snap);
         }
     }
@@ -302,7 +355,7 @@ impl Pipeline {
     #[inline(never)]
     pub(super) fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize, found: &mut [(Hit, u32)]) -> u64 {
         self.flush_pending(snap);
-        self.miss_keys[i & (BATCH - 1)] = port_key(port.id, port.security.is_some(), self.pool.head(&b));
+        self.flows.miss_keys[i & (BATCH - 1)] = port_key(port.id, port.security.is_some(), self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
         if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
             ctx.drop = Some(r);
@@ -337,7 +390,7 @@ impl Pipeline {
         let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
         // By value: the stores below (to buffer metadata) cannot be proved not to touch
         // `self`, so its fields would be read again for every frame.
-        let (view, emc, decap_cache) = (self.pool.view(), self.emc.view(), self.decap_cache);
+        let (view, emc, decap_cache) = (self.pool.view(), self.flows.emc.view(), self.decap_cache);
         for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
             let (h, total) = view.head_and_len(b);
             bytes += total as u64;
@@ -393,7 +446,7 @@ impl Pipeline {
         self.flush_pending(snap);
         let r = stripped.ok_or(()).or_else(|()| self.decap(snap, &mut b));
         let decapsulated = (stripped.is_none() && r.is_ok()) as u64;
-        self.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
+        self.flows.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
         let mut ctx = Ctx::default();
         self.underlay_ctx(snap, &mut b, r, &mut ctx);
         self.forward_ctx(snap, port, b, &ctx, i);

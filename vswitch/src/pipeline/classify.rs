@@ -3,7 +3,35 @@
 //! ports, and the FDB keys of source and destination with their buckets prefetched for
 //! `forward`.
 
-use super::*;
+use super::{Ctx, NO_PEER};
+use crate::batch::{Batch, BATCH};
+use crate::buf::{BufId, Pool};
+use crate::counters::DropReason;
+use crate::fdb::{self, Fdb};
+use crate::graph::{self, Descriptor};
+use crate::security;
+use crate::snapshot::{NO_BD, PortEntry, PortKind, Security, Snapshot};
+use crate::trace::Node;
+use crate::vlan;
+use crate::wire::ethernet::{self, ethertype};
+
+/// Node `classify`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Classify,
+    name: "classify",
+    nexts: &[graph::Next::Node(Node::PortSecurity), graph::Next::Node(Node::Learn), graph::Next::Drop],
+    drops: &[DropReason::Runt, DropReason::Oversize, DropReason::TaggedOnAccess, DropReason::WrongTpid, DropReason::VlanNotAllowed, DropReason::UntaggedNotAllowed, DropReason::NoBridgeDomain, DropReason::SrcMacGroup],
+    counts: &[],
+};
+
+/// Node `port-security` ([`crate::security`]), run by `classify` for pod ports.
+pub(crate) const PORT_SECURITY: Descriptor = Descriptor {
+    node: Node::PortSecurity,
+    name: "port-security",
+    nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
+    drops: &[DropReason::SecurityMac, DropReason::SecurityIp, DropReason::SecurityArp, DropReason::SecurityNd, DropReason::SecurityRa, DropReason::SecurityDhcp],
+    counts: &[],
+};
 
 /// Stage 1 for a burst from a local port: (port, VLAN) → bridge domain, L2 sanity, FDB keys.
 #[inline(always)]

@@ -2,7 +2,35 @@
 //! ([`crate::vtep`]), (source, VNI) → bridge domain; the VTEP's own neighbour traffic
 //! (answers to its requests learned, requests for its address answered).
 
-use super::*;
+use super::{Ctx, Pipeline};
+use super::classify::fill_l2;
+use crate::batch::{Batch, BATCH};
+use crate::buf::{BufId, Pool};
+use crate::counters::{DropReason, Event};
+use crate::graph::{self, Descriptor};
+use crate::neigh;
+use crate::snapshot::Snapshot;
+use crate::suppress;
+use crate::trace::Node;
+use std::net::IpAddr;
+
+/// Node `vxlan-decap`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Decap,
+    name: "vxlan-decap",
+    nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
+    drops: &[DropReason::UnderlayNotVxlan, DropReason::UnderlayForeignMac, DropReason::VxlanMalformed, DropReason::VxlanBadChecksum, DropReason::VxlanBadFlags, DropReason::VxlanUnknownVni, DropReason::VxlanUnknownVtep, DropReason::VxlanCeNotEct],
+    counts: &[Event::Decapsulated],
+};
+
+/// Node `vtep`: an answer to the VTEP's own request is learned and ends here.
+pub(crate) const VTEP: Descriptor = Descriptor {
+    node: Node::Vtep,
+    name: "vtep",
+    nexts: &[graph::Next::Node(Node::Tx)],
+    drops: &[],
+    counts: &[Event::VtepAnswered, Event::NeighborLearned],
+};
 
 impl Pipeline {
     /// Stage 1 for a burst from the underlay: VXLAN decap, then the inner frames' keys.
@@ -66,7 +94,7 @@ impl Pipeline {
         let Some((ip, mac)) = neigh::answer_in(pool, b, local) else { return false };
         let Some(peers) = snap.next_hops.get(&ip) else { return false };
         for p in peers {
-            self.neigh.learn(*p, mac, self.now);
+            self.hold.shared.learn(*p, mac, self.now);
         }
         self.stats.event(Event::NeighborLearned, 1);
         true

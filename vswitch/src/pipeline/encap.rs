@@ -3,7 +3,25 @@
 //! (the outer layout chosen once, the peer looked up once per run), and queued on the
 //! underlay (priority networks' frames ahead).
 
-use super::*;
+use super::{BdRun, Pipeline};
+use crate::batch::{Batch, BATCH};
+use crate::buf::BufId;
+use crate::counters::{DropReason, Event};
+use crate::emc::{Action, Hit};
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
+use crate::trace::{Node, Step};
+use crate::vtep::{Layout, Marking, PeerEntry, VtepEntry};
+use crate::wire::MacAddr;
+
+/// Node `vxlan-encap`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Encap,
+    name: "vxlan-encap",
+    nexts: &[graph::Next::Node(Node::NeighborHold), graph::Next::Node(Node::Tx), graph::Next::Drop],
+    drops: &[DropReason::EncapTooBig, DropReason::VxlanNoRoute],
+    counts: &[Event::Encapsulated],
+};
 
 /// What consecutive frames of an encapsulated burst share, looked up again only when it
 /// changes: the peer, and the marking of the bridge domain.
@@ -76,7 +94,7 @@ impl Pipeline {
     #[inline(never)]
     pub(super) fn encap_pending(&mut self, snap: &Snapshot) {
         let Some(vtep) = snap.vtep.as_ref() else {
-            for b in self.to_peer.drain() {
+            for b in self.flows.to_peer.drain() {
                 self.stats.count_drop(DropReason::VxlanNoRoute, 0);
                 self.cache.free(b);
             }
@@ -98,12 +116,12 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
         let (mut last, mut out) = (LastPeer::default(), [Batch::new(), Batch::new()]);
-        for i in 0..self.to_peer.len() {
-            let b = self.to_peer.take(i);
-            let hit = self.to_peer_hits[i & (BATCH - 1)];
+        for i in 0..self.flows.to_peer.len() {
+            let b = self.flows.to_peer.take(i);
+            let hit = self.flows.to_peer_hits[i & (BATCH - 1)];
             self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, hit, &mut out);
         }
-        self.to_peer.clear_taken();
+        self.flows.to_peer.clear_taken();
         self.send_encapsulated::<MARK>(snap, vtep, &mut out);
     }
 

@@ -2,8 +2,21 @@
 //! VTEPs unless the frame came from one (split horizon); small frames copied, large ones a
 //! private header over a shared payload. Each copy goes to `vlan-rewrite` or `vxlan-encap`.
 
-use super::*;
-use crate::trace::Node;
+use super::{Ctx, NO_PEER, nodes, Pipeline};
+use crate::buf::BufId;
+use crate::counters::{DropReason, Event};
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{BdEntry, Snapshot};
+use crate::trace::{Node, Step};
+
+/// Node `flood`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Flood,
+    name: "flood",
+    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Drop],
+    drops: &[],
+    counts: &[Event::Flooded, Event::FloodCopies, Event::FloodCopyFailed],
+};
 
 /// Flooded frames up to this size are copied per egress; larger ones share their payload.
 pub(super) const COPY_MAX: usize = 256;

@@ -4,7 +4,36 @@
 //! their frames): `vlan-rewrite` + `tx` for a local port, `vxlan-encap` for a peer, `flood`
 //! for an unknown or group destination.
 
-use super::*;
+use super::{Ctx, NO_PEER, Pipeline};
+use super::rewrite::leaves_first;
+use super::trace::key_mac;
+use crate::buf::BufId;
+use crate::counters::{DropReason, Event};
+use crate::emc::Hit;
+use crate::fdb::Dest;
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{BdEntry, PortEntry, Snapshot};
+use crate::suppress::{self, Answer};
+use crate::trace::{Learned, Node, Step};
+use crate::wire::ethernet::ethertype;
+
+/// Node `l2-forward`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Forward,
+    name: "l2-forward",
+    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Node(Node::Flood), graph::Next::Drop],
+    drops: &[DropReason::Reflect, DropReason::NoEgress],
+    counts: &[Event::KnownUnicast, Event::StaleFdb],
+};
+
+/// Node `arp-nd-suppress` ([`crate::suppress`]): a request the table cannot answer goes on as if it had not come here (learn → l2-forward).
+pub(crate) const SUPPRESS: Descriptor = Descriptor {
+    node: Node::Suppress,
+    name: "arp-nd-suppress",
+    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Drop],
+    drops: &[],
+    counts: &[Event::ArpSuppressed, Event::NdSuppressed],
+};
 
 /// Where `l2-forward` sends a frame: the next node, with what it needs.
 pub(super) enum Verdict<'s> {

@@ -1,7 +1,22 @@
 //! Node `learn`: MAC learning beyond the common case (the source already known here and
 //! refreshed this second is checked inline by `forward`, without a write).
 
-use super::*;
+use super::{Ctx, NO_PEER, Pipeline};
+use super::trace::key_mac;
+use crate::counters::Event;
+use crate::fdb::{Dest, Learn, Limits};
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{BdEntry, PortEntry};
+use crate::trace::{Learned, Node, Step};
+
+/// Node `learn`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Learn,
+    name: "learn",
+    nexts: &[graph::Next::Node(Node::Suppress), graph::Next::Node(Node::Forward)],
+    drops: &[],
+    counts: &[Event::Learned, Event::MacMoved, Event::StaticMoveRefused, Event::LearnLimit, Event::LearnBusy],
+};
 
 impl Pipeline {
     /// Learning beyond the common case (a MAC that is new, moved, static, or last refreshed
@@ -17,7 +32,7 @@ impl Pipeline {
             return true;
         }
         let learned = self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits);
-        if self.traced {
+        if self.trace.on {
             let outcome = match learned {
                 Learn::Unchanged => Learned::Fresh,
                 Learn::Refreshed => Learned::Refreshed,

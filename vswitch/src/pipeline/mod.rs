@@ -34,41 +34,32 @@
 //! Every drop has a named reason ([`DropReason`]); counters are per thread. Nothing here
 //! allocates, locks or makes a syscall per packet (ports may make one per burst).
 
-mod cache;
-mod classify;
-mod decap;
-mod encap;
-mod flood;
-mod forward;
-mod learn;
-mod neighbor;
+pub(crate) mod cache;
+pub(crate) mod classify;
+pub(crate) mod decap;
+pub(crate) mod encap;
+pub(crate) mod flood;
+pub(crate) mod forward;
+pub(crate) mod learn;
+pub(crate) mod neighbor;
 mod nodes;
 mod police;
-mod rewrite;
+pub(crate) mod rewrite;
 mod trace;
-mod tx;
+pub(crate) mod tx;
 
-use self::classify::*;
+use self::classify::classify_port_burst;
 pub use self::nodes::Dispatch;
-use self::rewrite::*;
-use self::trace::*;
 use crate::batch::{BATCH, Batch};
-use crate::buf::{BufId, Pool, PoolCache, PoolView};
+use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
-use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
-use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
-use crate::wire::MacAddr;
-use std::net::IpAddr;
-use crate::fdb::{self, Dest, Fdb, Learn, Limits, Loc};
-use crate::policer;
-use crate::security;
-use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Security, Snapshot};
-use crate::suppress::{self, Answer};
-use crate::trace::{FrameTrace, Learned, Retag, Step, Tracing};
-use crate::vlan;
-use crate::vtep::Marking;
-use crate::vtep::{self, DecapCache, Layout, PeerEntry, VtepEntry};
-use crate::wire::ethernet::{self, ethertype};
+use crate::emc::Hit;
+use crate::fdb::{Fdb, Loc};
+use crate::neigh::Neighbors;
+use crate::snapshot::{NO_BD, PortEntry, PortKind, Snapshot};
+use crate::trace::{Step, Tracing};
+use crate::vtep::DecapCache;
+use crate::wire::ethernet;
 use std::sync::Arc;
 
 const NO_PEER: u16 = u16::MAX;
@@ -136,43 +127,21 @@ pub struct Pipeline {
     cache: PoolCache,
     fdb: Arc<Fdb>,
     stats: Arc<ThreadStats>,
-    /// Pending tx batch per port id, and the ids with a non-empty batch (each once).
-    tx: Box<[Batch; fdb::MAX_PORTS]>,
-    /// Frames of priority bridge domains for shared egresses (the underlay, trunks), sent
-    /// before the port's `tx` batch and held (not dropped) while its ring is full.
-    first: Box<tx::FirstQueues>,
-    dirty: Box<[u16; fdb::MAX_PORTS]>,
-    n_dirty: usize,
+    /// Node `tx`'s batches.
+    tx: tx::TxQueues,
     /// Known-unicast packets of this burst (counted once per burst).
     known: u64,
     decap_cache: DecapCache,
     now: u32,
-    emc: Emc,
-    /// Next-hop resolution shared with the other threads, and this thread's waiting frames.
-    neigh: Arc<Neighbors>,
-    parked: Parked,
-    /// Cache hits of this burst for remote VTEPs, encapsulated together.
-    to_peer: Batch,
-    to_peer_hits: [Hit; BATCH],
-    /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
-    /// `i`th frame the cache missed (the slow path's `i`th).
-    cached: bool,
-    miss_keys: [Option<Key>; BATCH],
-    /// Per ingress port, the bursts in a row whose lookups all missed (saturating): past
-    /// [`THRASHING_AFTER`], the port's bursts mostly skip the cache (see
-    /// [`Pipeline::worth_looking_up`]).
-    missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
-    /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
-    sampled: u32,
+    /// Node `neighbor-hold`'s state.
+    hold: neighbor::Hold,
+    /// Node `cache`'s state.
+    flows: cache::Flows,
     clock: fn() -> u64,
-    /// The switch's trace request (checked once per burst) and, while a burst is traced
-    /// (`traced`), its frames' traces.
-    tracing: Arc<Tracing>,
-    traced: bool,
-    trace: Box<BurstTrace>,
-    /// [`Dispatch::PerNode`], and its nodes' frames.
-    per_node: bool,
-    frames: Box<nodes::Frames>,
+    /// The packet trace's state.
+    trace: trace::Traces,
+    /// The per-node dispatcher's state.
+    nodes: nodes::PerNode,
 }
 
 impl Pipeline {
@@ -184,34 +153,21 @@ impl Pipeline {
             pool,
             fdb,
             stats,
-            tx: boxed_array(Batch::new),
-            first: Box::default(),
-            dirty: Box::new([0; fdb::MAX_PORTS]),
-            n_dirty: 0,
+            tx: tx::TxQueues::new(),
             known: 0,
             decap_cache: DecapCache::default(),
             now: 0,
-            emc: Emc::new(emc_entries),
-            neigh: Arc::new(Neighbors::new(0)),
-            parked: Parked::new(),
-            to_peer: Batch::new(),
-            to_peer_hits: [Hit::default(); BATCH],
-            cached: false,
-            miss_keys: [None; BATCH],
-            missed_bursts: Box::new([0; fdb::MAX_PORTS]),
-            sampled: 0,
+            hold: neighbor::Hold::new(),
+            flows: cache::Flows::new(emc_entries),
             clock: crate::util::monotonic_ns,
-            tracing: Arc::new(Tracing::default()),
-            traced: false,
-            trace: Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false }),
-            per_node: false,
-            frames: Box::new(nodes::Frames::new()),
+            trace: trace::Traces::new(),
+            nodes: nodes::PerNode::new(),
         }
     }
 
     /// Takes trace requests from `t` (the switch's).
     pub fn set_tracing(&mut self, t: Arc<Tracing>) {
-        self.tracing = t;
+        self.trace.requests = t;
     }
 
     pub fn stats(&self) -> &Arc<ThreadStats> {
@@ -228,7 +184,7 @@ impl Pipeline {
 
     /// Uses the switch's next-hop resolution state (a pipeline made alone resolves nothing).
     pub fn set_neighbors(&mut self, n: Arc<Neighbors>) {
-        self.neigh = n;
+        self.hold.shared = n;
     }
 
     /// Sets the clock (nanoseconds) ingress policers read (tests; the monotonic clock by
@@ -287,7 +243,7 @@ impl Pipeline {
             }
             return;
         };
-        if self.tracing.armed_for(in_port) && self.process_traced(snap, port, batch) {
+        if self.trace.requests.armed_for(in_port) && self.process_traced(snap, port, batch) {
             return;
         }
         self.process_port::<false>(snap, port, batch);
@@ -300,7 +256,7 @@ impl Pipeline {
     #[inline(never)]
     fn process_traced(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> bool {
         self.begin_trace(snap, port, batch, false);
-        if !self.traced {
+        if !self.trace.on {
             return false;
         }
         self.process_port::<true>(snap, port, batch);
@@ -313,21 +269,21 @@ impl Pipeline {
     #[inline(always)]
     fn process_port<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) {
         let (in_port, n) = (port.id, batch.len());
-        self.emc.sync(snap.generation, self.fdb.generation(), self.now);
+        self.flows.emc.sync(snap.generation, self.fdb.generation(), self.now);
         // The cache serves every port (a port with port security only for the frames whose
         // key covers what the check reads: `Key::from_secured_port`) and an underlay with a
         // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
         // stage 2.
-        let cache_on = !TRACE && self.emc.capacity() > 0 && self.worth_looking_up(in_port);
+        let cache_on = !TRACE && self.flows.emc.capacity() > 0 && self.worth_looking_up(in_port);
         let bytes = if port.kind != PortKind::Underlay {
-            self.cached = cache_on;
+            self.flows.cached = cache_on;
             if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow::<TRACE>(snap, port, batch) }
         } else {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
-                    self.cached = true;
-                    let before = self.emc.fills();
-                    let (bytes, hits) = if self.per_node {
+                    self.flows.cached = true;
+                    let before = self.flows.emc.fills();
+                    let (bytes, hits) = if self.nodes.on {
                         self.forward_underlay_cached::<true>(snap, vtep, port, batch)
                     } else {
                         self.forward_underlay_cached::<false>(snap, vtep, port, batch)
@@ -336,7 +292,7 @@ impl Pipeline {
                     bytes
                 }
                 None => {
-                    self.cached = false;
+                    self.flows.cached = false;
                     self.forward_slow::<TRACE>(snap, port, batch)
                 }
             }
@@ -348,7 +304,7 @@ impl Pipeline {
         if self.known > 0 {
             self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
         }
-        if !self.parked.is_empty() && self.parked.due(self.neigh.generation(), self.now) {
+        if !self.hold.parked.is_empty() && self.hold.parked.due(self.hold.shared.generation(), self.now) {
             self.retry_parked(snap);
         }
         self.flush(snap);
@@ -358,7 +314,7 @@ impl Pipeline {
     /// decides (a traced burst; untraced ones compile without a check).
     #[inline(never)]
     fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
-        if !TRACE && self.per_node {
+        if !TRACE && self.nodes.on {
             return self.forward_slow_per_node(snap, port, batch);
         }
         self.stages_1_2::<TRACE, false>(snap, port, batch)
@@ -392,7 +348,7 @@ impl Pipeline {
         for (i, c) in ctxs.iter().enumerate().take(n) {
             let b = batch.take(i);
             if TRACE {
-                self.trace.cur = i;
+                self.trace.burst.cur = i;
             }
             if let Some(r) = c.drop {
                 self.discard(b, r, in_port);
@@ -438,13 +394,13 @@ impl Pipeline {
     /// Remembers the slow path's decision for its `i`th frame in the exact-match cache.
     #[inline(always)]
     fn remember(&mut self, i: usize, hit: impl FnOnce() -> Option<Hit>) {
-        if self.cached
-            && let Some(k) = self.miss_keys[i & (BATCH - 1)]
+        if self.flows.cached
+            && let Some(k) = self.flows.miss_keys[i & (BATCH - 1)]
             // A priority-tagged frame was classified after its tag was removed.
             && !(ethernet::is_tpid(k.ethertype()) && k.tci() & 0xfff == 0)
             && let Some(h) = hit()
         {
-            self.emc.insert(&k, h);
+            self.flows.emc.insert(&k, h);
         }
     }
 
@@ -484,7 +440,7 @@ impl Pipeline {
 
     #[inline(always)]
     fn discard(&mut self, b: BufId, r: DropReason, port: u16) {
-        if self.traced {
+        if self.trace.on {
             self.record(Step::Drop { reason: r, port });
         }
         self.drop_counted(b, r, port);
@@ -502,12 +458,12 @@ impl Drop for Pipeline {
     /// a switch torn down); every other batch is empty between bursts.
     fn drop(&mut self) {
         let cache = &mut self.cache;
-        self.first.release(|b| cache.free(b));
+        self.tx.first.release(|b| cache.free(b));
     }
 }
 
 /// A boxed array built on the heap (4096 batches would not fit a thread's stack).
-fn boxed_array<T, const N: usize>(f: impl Fn() -> T) -> Box<[T; N]> {
+pub(super) fn boxed_array<T, const N: usize>(f: impl Fn() -> T) -> Box<[T; N]> {
     let v: Box<[T]> = (0..N).map(|_| f()).collect();
     v.try_into().unwrap_or_else(|_| unreachable!("length is N"))
 }

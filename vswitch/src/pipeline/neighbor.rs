@@ -1,7 +1,39 @@
 //! Node `neighbor-hold`: a peer's next-hop MAC resolved (a request at most once a second
 //! across threads) and the frames waiting for it held, retried and given up.
 
-use super::*;
+use super::Pipeline;
+use crate::buf::BufId;
+use crate::counters::{DropReason, Event};
+use crate::graph::{self, Descriptor};
+use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
+use crate::snapshot::Snapshot;
+use crate::trace::{Node, Step};
+use crate::vtep::{PeerEntry, VtepEntry};
+use crate::wire::MacAddr;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Node `neighbor-hold`: held frames go back to `vxlan-encap` once their next hop resolves.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::NeighborHold,
+    name: "neighbor-hold",
+    nexts: &[graph::Next::Node(Node::Encap), graph::Next::Drop],
+    drops: &[DropReason::NeighborQueueFull, DropReason::NeighborUnresolved],
+    counts: &[Event::NeighborRequests],
+};
+
+/// Node `neighbor-hold`'s state: next-hop resolution shared with the other threads, and
+/// this thread's frames waiting for a next hop.
+pub(super) struct Hold {
+    pub(super) shared: Arc<Neighbors>,
+    pub(super) parked: Parked,
+}
+
+impl Hold {
+    pub(super) fn new() -> Hold {
+        Hold { shared: Arc::new(Neighbors::new(0)), parked: Parked::new() }
+    }
+}
 
 impl Pipeline {
     /// The next hop of a frame to `pe`: `Ok(None)` the template's (configured), `Ok(mac)`
@@ -13,7 +45,7 @@ impl Pipeline {
             return Ok(None);
         };
         // The common case, a MAC confirmed recently, without any write.
-        if let Some(m) = self.neigh.fresh_mac(pe.id, self.now) {
+        if let Some(m) = self.hold.shared.fresh_mac(pe.id, self.now) {
             return Ok(Some(m));
         }
         self.resolve(snap, vtep, pe.id, target).map(Some).ok_or(())
@@ -31,7 +63,7 @@ impl Pipeline {
         if !self.pool.linearize(&mut b, &mut self.cache) {
             return self.discard(b, DropReason::NoBuffer, vtep.underlay_port);
         }
-        if let Err(w) = self.parked.park(Waiting { b, peer, vni, since: self.now }) {
+        if let Err(w) = self.hold.parked.park(Waiting { b, peer, vni, since: self.now }) {
             self.discard(w.b, DropReason::NeighborQueueFull, vtep.underlay_port);
         }
     }
@@ -44,7 +76,7 @@ impl Pipeline {
         if self.dry() {
             return None; // a synthetic frame asks nobody
         }
-        let (next, ask) = self.neigh.next(peer, self.now, !vtep.shared);
+        let (next, ask) = self.hold.shared.next(peer, self.now, !vtep.shared);
         if ask {
             match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
                 Some(req) => {
@@ -65,7 +97,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn retry_parked(&mut self, snap: &Snapshot) {
-        let mut parked = std::mem::take(&mut self.parked);
+        let mut parked = std::mem::take(&mut self.hold.parked);
         let mut sent = 0;
         parked.retry(|w| {
             let (Some(vtep), Some(pe)) = (snap.vtep.as_ref(), snap.peer(w.peer)) else {
@@ -86,14 +118,14 @@ impl Pipeline {
                     sent += self.sent_encapsulated(snap, vtep, b, r, (Some(m), mark.priority)) as u64;
                     None
                 }
-                None if self.neigh.given_up(w.peer, w.since, self.now) => {
+                None if self.hold.shared.given_up(w.peer, w.since, self.now) => {
                     self.discard(w.b, DropReason::NeighborUnresolved, vtep.underlay_port);
                     None
                 }
                 None => Some(w),
             }
         });
-        self.parked = parked;
+        self.hold.parked = parked;
         self.stats.event(Event::Encapsulated, sent);
     }
 
@@ -102,10 +134,10 @@ impl Pipeline {
     /// priority frames held for a full ring are offered to it again.
     #[inline]
     pub fn housekeeping(&mut self, snap: &Snapshot) {
-        if self.parked.due(self.neigh.generation(), self.now) {
+        if self.hold.parked.due(self.hold.shared.generation(), self.now) {
             self.retry_parked(snap);
             self.flush(snap);
-        } else if self.first.holding() {
+        } else if self.tx.first.holding() {
             // Priority frames held for a full ring leave once it has room, traffic or not.
             self.flush(snap);
         }

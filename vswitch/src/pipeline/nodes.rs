@@ -15,8 +15,13 @@
 //! frame goes (a flood became a reflect drop against the reference model). Traced bursts
 //! and the misses of a burst the cache partly hit take the fused path.
 
+use super::{Ctx, Pipeline};
 use super::forward::Verdict;
-use super::*;
+use super::rewrite::tci_of;
+use crate::batch::{Batch, BATCH};
+use crate::buf::BufId;
+use crate::counters::DropReason;
+use crate::snapshot::{BdEntry, PortEntry, Snapshot};
 use crate::trace::Node;
 
 /// How a pipeline runs its nodes.
@@ -65,6 +70,19 @@ impl Frame {
     }
 }
 
+/// The per-node dispatcher's state: whether it runs ([`Dispatch::PerNode`]) and its nodes'
+/// frames.
+pub(super) struct PerNode {
+    pub(super) on: bool,
+    pub(super) frames: Box<Frames>,
+}
+
+impl PerNode {
+    pub(super) fn new() -> PerNode {
+        PerNode { on: false, frames: Box::new(Frames::new()) }
+    }
+}
+
 /// The frames of the nodes `l2-forward`, `flood` and the cache hand frames to, and the
 /// order to run them in (the graph's: [`crate::graph::check`]).
 pub(super) struct Frames {
@@ -106,7 +124,7 @@ impl Frames {
 impl Pipeline {
     /// Runs this pipeline's nodes as `d` says.
     pub fn set_dispatch(&mut self, d: Dispatch) {
-        self.per_node = d == Dispatch::PerNode;
+        self.nodes.on = d == Dispatch::PerNode;
     }
 
     /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
@@ -141,10 +159,10 @@ impl Pipeline {
     /// one as `reflect` (issue 48's seed).
     #[inline(always)]
     fn in_order(&mut self, snap: &Snapshot, to: Node) {
-        if self.frames.last.is_some_and(|n| n != to) {
+        if self.nodes.frames.last.is_some_and(|n| n != to) {
             self.run_nodes(snap);
         }
-        self.frames.last = Some(to);
+        self.nodes.frames.last = Some(to);
     }
 
     /// Hands a frame from node `from` to node `to`'s frame (an edge of the graph), running
@@ -152,12 +170,12 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn put_on(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
         debug_assert!(from.next_index(crate::graph::Next::Node(to)).is_some(), "{} → {} is not an edge of the graph", from.name(), to.name());
-        let Some(f) = self.frames.of(to) else {
+        let Some(f) = self.nodes.frames.of(to) else {
             return self.discard(b, DropReason::NoEgress, m.port); // not a node with a frame: unreachable
         };
         let Err(b) = f.push(b, m) else { return };
         self.run_node(snap, to);
-        let again = match self.frames.of(to) {
+        let again = match self.nodes.frames.of(to) {
             Some(f) => f.push(b, m),
             None => Err(b),
         };
@@ -170,9 +188,9 @@ impl Pipeline {
     /// other two).
     #[inline(always)]
     pub(super) fn run_nodes(&mut self, snap: &Snapshot) {
-        self.frames.last = None;
-        if !self.frames.is_empty() {
-            for n in self.frames.order {
+        self.nodes.frames.last = None;
+        if !self.nodes.frames.is_empty() {
+            for n in self.nodes.frames.order {
                 self.run_node(snap, n);
             }
         }
@@ -190,8 +208,8 @@ impl Pipeline {
 
     /// Node `flood` over its frame.
     fn run_flood(&mut self, snap: &Snapshot) {
-        for i in 0..self.frames.flood.bufs.len() {
-            let (b, m) = (self.frames.flood.bufs.take(i), self.frames.flood.meta[i & (BATCH - 1)]);
+        for i in 0..self.nodes.frames.flood.bufs.len() {
+            let (b, m) = (self.nodes.frames.flood.bufs.take(i), self.nodes.frames.flood.meta[i & (BATCH - 1)]);
             let Some(bd) = snap.bd(m.bd) else {
                 self.discard(b, DropReason::NoBridgeDomain, m.port);
                 continue;
@@ -199,13 +217,13 @@ impl Pipeline {
             let c = Ctx { tagged: m.tagged, pcp: m.pcp, from_peer: m.from_peer, len: m.len, ..Ctx::default() };
             self.flood::<false, true>(snap, bd, m.port, b, &c);
         }
-        self.frames.flood.bufs.clear_taken();
+        self.nodes.frames.flood.bufs.clear_taken();
     }
 
     /// Node `vlan-rewrite` over its frame, handing each frame to `tx`.
     fn run_rewrite(&mut self, snap: &Snapshot) {
-        for i in 0..self.frames.rewrite.bufs.len() {
-            let (mut b, m) = (self.frames.rewrite.bufs.take(i), self.frames.rewrite.meta[i & (BATCH - 1)]);
+        for i in 0..self.nodes.frames.rewrite.bufs.len() {
+            let (mut b, m) = (self.nodes.frames.rewrite.bufs.take(i), self.nodes.frames.rewrite.meta[i & (BATCH - 1)]);
             let Some(pe) = snap.port(m.port) else {
                 self.discard(b, DropReason::NoEgress, m.port);
                 continue;
@@ -221,19 +239,19 @@ impl Pipeline {
                 self.drop_counted(b, DropReason::Runt, pe.id);
             }
         }
-        self.frames.rewrite.bufs.clear_taken();
+        self.nodes.frames.rewrite.bufs.clear_taken();
     }
 
     /// Node `vxlan-encap` over its frame (the slow path's; the cache's hits to peers have
     /// their own, [`Pipeline::encap_pending`]).
     fn run_encap(&mut self, snap: &Snapshot) {
-        for i in 0..self.frames.encap.bufs.len() {
-            let (b, m) = (self.frames.encap.bufs.take(i), self.frames.encap.meta[i & (BATCH - 1)]);
+        for i in 0..self.nodes.frames.encap.bufs.len() {
+            let (b, m) = (self.nodes.frames.encap.bufs.take(i), self.nodes.frames.encap.meta[i & (BATCH - 1)]);
             match snap.bd(m.bd) {
                 Some(bd) => self.emit_peer::<false>(snap, bd, b, m.tagged, m.port),
                 None => self.discard(b, DropReason::NoBridgeDomain, m.port),
             }
         }
-        self.frames.encap.bufs.clear_taken();
+        self.nodes.frames.encap.bufs.clear_taken();
     }
 }

@@ -2,7 +2,12 @@
 //! [`crate::policer`]) and its network's policer on the node (one bucket all its ports
 //! share), before the burst enters the graph; what they do not admit is dropped as `policed`.
 
-use super::*;
+use super::Pipeline;
+use crate::batch::{Batch, BATCH};
+use crate::buf::{PoolCache, PoolView};
+use crate::counters::{DropReason, ThreadStats};
+use crate::policer;
+use crate::snapshot::PortEntry;
 
 /// Drops the frames of `batch` (from port `port`) that `keep` refuses, given each frame's
 /// length in order; counts them as received, policed and dropped. Returns how many.

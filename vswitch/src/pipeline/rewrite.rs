@@ -2,7 +2,22 @@
 //! checked against its MTU, then handed to `tx` (a priority domain's frame on a trunk ahead
 //! of the others).
 
-use super::*;
+use super::Pipeline;
+use crate::buf::BufId;
+use crate::counters::DropReason;
+use crate::graph::{self, Descriptor};
+use crate::snapshot::{PortEntry, PortKind, Snapshot};
+use crate::trace::{Node, Retag, Step};
+use crate::vlan;
+
+/// Node `vlan-rewrite`, as [`crate::graph`] collects it.
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::VlanRewrite,
+    name: "vlan-rewrite",
+    nexts: &[graph::Next::Node(Node::Tx), graph::Next::Drop],
+    drops: &[],
+    counts: &[],
+};
 
 /// The TCI of a tagged frame whose head holds its tag.
 #[inline(always)]

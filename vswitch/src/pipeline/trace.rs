@@ -4,10 +4,34 @@
 //! a test of `traced` only where a frame is dropped, waits for a next hop or learns
 //! something new (paths shared with the cache's).
 
-use super::*;
+use super::{Ctx, NO_PEER, Pipeline};
+use crate::batch::{Batch, BATCH};
+use crate::buf::BufId;
+use crate::emc::{self, Action, Hit, Key};
+use crate::fdb::Dest;
+use crate::snapshot::{PortEntry, PortKind, Snapshot};
+use crate::trace::{FrameTrace, Step, Tracing};
+use crate::vtep;
+use crate::wire::MacAddr;
+use std::sync::Arc;
 
 /// The traces of one traced burst: the first `k` frames, `cur` the one being forwarded;
 /// `dry`: a synthetic frame, which learns nothing and is not sent.
+/// The packet trace's state: the switch's trace request (checked once per burst) and, while
+/// a burst is traced (`on`), its frames' traces.
+pub(super) struct Traces {
+    pub(super) requests: Arc<Tracing>,
+    pub(super) on: bool,
+    pub(super) burst: Box<BurstTrace>,
+}
+
+impl Traces {
+    pub(super) fn new() -> Traces {
+        let burst = Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false });
+        Traces { requests: Arc::new(Tracing::default()), on: false, burst }
+    }
+}
+
 pub(super) struct BurstTrace {
     pub(super) frames: [FrameTrace; BATCH],
     pub(super) k: usize,
@@ -25,7 +49,7 @@ impl Pipeline {
     /// Records `s` for the frame being forwarded when this burst is traced.
     #[inline(always)]
     pub(super) fn note(&mut self, s: Step) {
-        if self.traced {
+        if self.trace.on {
             self.record(s);
         }
     }
@@ -33,7 +57,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn record(&mut self, s: Step) {
-        let t = &mut *self.trace;
+        let t = &mut *self.trace.burst;
         if t.cur < t.k
             && let Some(f) = t.frames.get_mut(t.cur)
         {
@@ -44,14 +68,14 @@ impl Pipeline {
     /// A synthetic frame is being traced: nothing may be learned, asked or sent.
     #[inline(always)]
     pub(super) fn dry(&self) -> bool {
-        self.traced && self.trace.dry
+        self.trace.on && self.trace.burst.dry
     }
 
     /// Queues a frame the slow path forwards on `port` (`first`: ahead of its tx batch); a
     /// synthetic frame is recorded and freed instead.
     #[inline(always)]
     pub(super) fn deliver(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
-        if self.traced {
+        if self.trace.on {
             return self.deliver_traced(snap, port, b, first);
         }
         if first { self.enqueue_first(snap, port, b) } else { self.enqueue(snap, port, b) }
@@ -60,7 +84,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn deliver_traced(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
-        let dry = self.trace.dry;
+        let dry = self.trace.burst.dry;
         self.record(Step::Tx { port, first, sent: !dry });
         match (dry, first) {
             (true, _) => self.cache.free(b),
@@ -74,15 +98,15 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn begin_trace(&mut self, snap: &Snapshot, port: &PortEntry, batch: &Batch, dry: bool) {
-        let k = if dry { batch.len() } else { self.tracing.claim(batch.len()) };
+        let k = if dry { batch.len() } else { self.trace.requests.claim(batch.len()) };
         if k == 0 {
             return;
         }
-        self.traced = true;
-        self.cached = false;
-        let t = &mut *self.trace;
+        self.trace.on = true;
+        self.flows.cached = false;
+        let t = &mut *self.trace.burst;
         (t.k, t.cur, t.dry) = (k, 0, dry);
-        let emc = (self.emc.capacity() > 0).then(|| self.emc.view());
+        let emc = (self.flows.emc.capacity() > 0).then(|| self.flows.emc.view());
         // An underlay's frames are looked up by their inner frame, when their outer headers
         // are what the cache's decapsulation admits.
         let underlay = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
@@ -100,7 +124,7 @@ impl Pipeline {
         for (f, b) in t.frames.iter_mut().zip(batch.as_slice()).take(k) {
             let (h, len) = self.pool.head_and_len(b);
             f.start(port.id, len, h);
-            (f.thread, f.dry, f.seq) = (self.thread, dry, self.tracing.next_seq());
+            (f.thread, f.dry, f.seq) = (self.thread, dry, self.trace.requests.next_seq());
             let Some(emc) = &emc else { continue };
             let hit = match underlay {
                 Some(vtep) => h
@@ -124,9 +148,9 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn end_trace(&mut self) {
-        self.traced = false;
-        for f in &self.trace.frames[..self.trace.k] {
-            self.tracing.hand_over(f.clone());
+        self.trace.on = false;
+        for f in &self.trace.burst.frames[..self.trace.burst.k] {
+            self.trace.requests.hand_over(f.clone());
         }
     }
 
@@ -135,7 +159,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn trace_classified(&mut self, snap: &Snapshot, port: &PortEntry, ctxs: &[Ctx; BATCH]) {
-        let t = &mut *self.trace;
+        let t = &mut *self.trace.burst;
         for (c, f) in ctxs.iter().zip(t.frames.iter_mut()).take(t.k) {
             match c.drop {
                 // Port security runs after classification, which passed.
@@ -174,7 +198,7 @@ impl Pipeline {
         }
         self.begin_trace(snap, port, &batch, true);
         self.forward_slow::<true>(snap, port, &mut batch);
-        self.traced = false;
-        Some(std::mem::take(&mut self.trace.frames[0]))
+        self.trace.on = false;
+        Some(std::mem::take(&mut self.trace.burst.frames[0]))
     }
 }

@@ -2,7 +2,23 @@
 //! priority batch first on the underlay); what a ring does not take is dropped and counted
 //! (`tx_full`, `port_down`).
 
-use super::*;
+use super::Pipeline;
+use crate::batch::Batch;
+use crate::buf::{BufId, Pool, PoolCache};
+use crate::counters::{DropReason, Event, ThreadStats};
+use crate::fdb;
+use crate::graph::{self, Descriptor};
+use crate::snapshot::Snapshot;
+use crate::trace::Node;
+
+/// Node `tx` (with `police`'s drops: the port's policer counts where the port's frames are counted).
+pub(crate) const NODE: Descriptor = Descriptor {
+    node: Node::Tx,
+    name: "tx",
+    nexts: &[graph::Next::Drop],
+    drops: &[DropReason::PortDown, DropReason::TxFull, DropReason::EgressMtu, DropReason::NoBuffer, DropReason::Policed],
+    counts: &[Event::PriorityFirst, Event::PriorityHeld, Event::PriorityGuard, Event::PriorityNoSlot],
+};
 
 /// Flushes that sent priority frames and lost every ordinary one, with no ordinary frame
 /// sent between them, after which a port's ordinary batch goes first once (see
@@ -80,6 +96,23 @@ impl FirstQueue {
 
 /// A thread's priority queues ahead of shared egresses: a few, found by port (only priority
 /// frames, a trickle, come here).
+/// Node `tx`'s state: the pending batch per port id, and the ids with a non-empty batch
+/// (each once).
+pub(super) struct TxQueues {
+    pub(super) batches: Box<[Batch; fdb::MAX_PORTS]>,
+    /// Frames of priority bridge domains for shared egresses (the underlay, trunks), sent
+    /// before the port's batch and held (not dropped) while its ring is full.
+    pub(super) first: Box<FirstQueues>,
+    pub(super) dirty: Box<[u16; fdb::MAX_PORTS]>,
+    pub(super) n_dirty: usize,
+}
+
+impl TxQueues {
+    pub(super) fn new() -> TxQueues {
+        TxQueues { batches: super::boxed_array(Batch::new), first: Box::default(), dirty: Box::new([0; fdb::MAX_PORTS]), n_dirty: 0 }
+    }
+}
+
 #[derive(Default)]
 pub(super) struct FirstQueues {
     queues: [FirstQueue; FIRST_PORTS],
@@ -146,10 +179,10 @@ impl Pipeline {
     /// replication can put several copies of one packet on the underlay port).
     #[inline(always)]
     pub(super) fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
-        let tx = &mut self.tx[port as usize & (fdb::MAX_PORTS - 1)];
+        let tx = &mut self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)];
         if tx.is_empty() {
-            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
-            self.n_dirty += 1;
+            self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.tx.n_dirty += 1;
         }
         if let Err(b) = tx.push(b) {
             self.enqueue_full(snap, port, b);
@@ -161,7 +194,7 @@ impl Pipeline {
     #[inline(never)]
     pub(super) fn enqueue_full(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         self.flush_port(snap, port);
-        if let Err(b) = self.tx[port as usize & (fdb::MAX_PORTS - 1)].push(b) {
+        if let Err(b) = self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].push(b) {
             self.discard(b, DropReason::TxFull, port); // flush_port empties the batch: unreachable
         }
     }
@@ -172,22 +205,22 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn enqueue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
-        let Some(i) = self.first.slot_for(port) else {
+        let Some(i) = self.tx.first.slot_for(port) else {
             self.stats.event(Event::PriorityNoSlot, 1);
             return self.enqueue(snap, port, b);
         };
-        if self.tx[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.first.queues[i].is_empty() {
-            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
-            self.n_dirty += 1;
+        if self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.tx.first.queues[i].is_empty() {
+            self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.tx.n_dirty += 1;
         }
-        self.first.any = true;
-        let q = &mut self.first.queues[i];
+        self.tx.first.any = true;
+        let q = &mut self.tx.first.queues[i];
         if q.port != port {
             (q.port, q.starved) = (port, 0);
         }
-        if let Err(b) = self.first.queues[i].push(b) {
+        if let Err(b) = self.tx.first.queues[i].push(b) {
             self.flush_port(snap, port);
-            if let Err(b) = self.first.queues[i].push(b) {
+            if let Err(b) = self.tx.first.queues[i].push(b) {
                 // A batch of priority frames still waits for room: this one is dropped.
                 self.stats.port(port).priority_dropped.add(1);
                 self.discard(b, DropReason::TxFull, port);
@@ -202,13 +235,13 @@ impl Pipeline {
             return;
         }
         let i = port as usize & (fdb::MAX_PORTS - 1);
-        if self.tx[i].is_empty() {
-            self.dirty[self.n_dirty & (fdb::MAX_PORTS - 1)] = port;
-            self.n_dirty += 1;
-        } else if self.tx[i].room() < frames.len() {
+        if self.tx.batches[i].is_empty() {
+            self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
+            self.tx.n_dirty += 1;
+        } else if self.tx.batches[i].room() < frames.len() {
             self.flush_port(snap, port);
         }
-        self.tx[i].append(frames);
+        self.tx.batches[i].append(frames);
         // The tx batch was empty or had room for all: nothing is left (defensive).
         for b in frames.drain() {
             self.discard(b, DropReason::TxFull, port);
@@ -217,18 +250,18 @@ impl Pipeline {
 
     /// Sends every pending tx batch; what a port does not take is dropped and counted.
     pub fn flush(&mut self, snap: &Snapshot) {
-        for i in 0..self.n_dirty {
-            let p = self.dirty[i & (fdb::MAX_PORTS - 1)];
+        for i in 0..self.tx.n_dirty {
+            let p = self.tx.dirty[i & (fdb::MAX_PORTS - 1)];
             self.flush_port(snap, p);
         }
-        self.n_dirty = 0;
-        if self.first.holding() {
+        self.tx.n_dirty = 0;
+        if self.tx.first.holding() {
             // Priority frames held for room: their ports stay dirty, they go first next time.
-            for q in self.first.queues.iter().filter(|q| !q.is_empty()) {
-                self.dirty[self.n_dirty] = q.port;
-                self.n_dirty += 1;
+            for q in self.tx.first.queues.iter().filter(|q| !q.is_empty()) {
+                self.tx.dirty[self.tx.n_dirty] = q.port;
+                self.tx.n_dirty += 1;
             }
-            self.first.any = self.n_dirty > 0;
+            self.tx.first.any = self.tx.n_dirty > 0;
         }
     }
 
@@ -236,8 +269,8 @@ impl Pipeline {
     /// after the priority frames waiting for it (see [`Pipeline::flush_classes`]); frames of
     /// the batch the ring did not take are dropped.
     pub(super) fn flush_port(&mut self, snap: &Snapshot, p: u16) {
-        if self.first.holding()
-            && let Some(i) = self.first.held_for(p)
+        if self.tx.first.holding()
+            && let Some(i) = self.tx.first.held_for(p)
         {
             return self.flush_classes(snap, p, i);
         }
@@ -248,7 +281,7 @@ impl Pipeline {
     /// frames it held and those it dropped.
     #[inline(always)]
     fn flush_ordinary(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
-        let batch = &mut self.tx[p as usize & (fdb::MAX_PORTS - 1)];
+        let batch = &mut self.tx.batches[p as usize & (fdb::MAX_PORTS - 1)];
         let n = batch.len();
         if n == 0 {
             return (0, 0);
@@ -277,21 +310,21 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn flush_classes(&mut self, snap: &Snapshot, p: u16, i: usize) {
-        let waiting = !self.tx[p as usize & (fdb::MAX_PORTS - 1)].is_empty();
-        if waiting && self.first.queues[i].starved >= GUARD_AFTER {
+        let waiting = !self.tx.batches[p as usize & (fdb::MAX_PORTS - 1)].is_empty();
+        if waiting && self.tx.first.queues[i].starved >= GUARD_AFTER {
             // Until the ring takes some of the ordinary frames (a full ring takes nothing of
             // either class), they keep going first.
             let (n, dropped) = self.flush_ordinary(snap, p);
             if dropped < n {
                 self.stats.event(Event::PriorityGuard, 1);
-                self.first.queues[i].starved = 0;
+                self.tx.first.queues[i].starved = 0;
             }
             self.flush_first(snap, p, i);
             return;
         }
         let went_first = self.flush_first(snap, p, i);
         let (n, dropped) = self.flush_ordinary(snap, p);
-        let q = &mut self.first.queues[i];
+        let q = &mut self.tx.first.queues[i];
         if dropped < n {
             q.starved = 0;
         } else if n > 0 && went_first > 0 {
@@ -305,7 +338,7 @@ impl Pipeline {
     #[cold]
     #[inline(never)]
     pub(super) fn flush_first(&mut self, snap: &Snapshot, p: u16, i: usize) -> usize {
-        let q = &mut self.first.queues[i];
+        let q = &mut self.tx.first.queues[i];
         let pc = self.stats.port(p);
         let mut total = 0;
         while !q.is_empty() {
