@@ -206,7 +206,7 @@ impl Pipeline {
             return bytes;
         }
         // An access port's frames all belong to its one bridge domain.
-        let demoted = match (port.kind == PortKind::Access, self.nodes.on) {
+        let demoted = match (port.kind == PortKind::Access, self.nodes.on()) {
             (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
             (false, false) => self.forward_cached::<false, false>(snap, port, batch, &mut found),
             (true, true) => self.forward_cached::<true, true>(snap, port, batch, &mut found),
@@ -309,7 +309,7 @@ impl Pipeline {
             self.count_run(done);
         }
         if let Some(p) = hit.plain_port() {
-            return self.enqueue(snap, p, b);
+            return self.hand_to_tx(snap, p, b);
         }
         let tagged = hit.tagged_in();
         match hit.action() {
@@ -318,7 +318,7 @@ impl Pipeline {
                 let mut b = b;
                 let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
                 if self.retag(&mut b, tagged, pcp, want) {
-                    self.enqueue(snap, p, b);
+                    self.hand_to_tx(snap, p, b);
                 } else {
                     self.drop_counted(b, DropReason::Runt, p);
                 }

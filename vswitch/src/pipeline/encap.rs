@@ -50,7 +50,7 @@ impl LastPeer<'_> {
 impl Pipeline {
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
     #[inline(always)]
-    pub(super) fn emit_peer<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
+    pub(super) fn hand_to_encap<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
         let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
@@ -253,11 +253,11 @@ impl Pipeline {
     #[inline(always)]
     pub(super) fn send_encapsulated<const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, out: &mut [Batch; 2]) {
         self.stats.event(Event::Encapsulated, out[0].len() as u64);
-        self.enqueue_batch(snap, vtep.underlay_port, &mut out[0]);
+        self.hand_batch_to_tx(snap, vtep.underlay_port, &mut out[0]);
         if MARK && !out[1].is_empty() {
             self.stats.event(Event::Encapsulated, out[1].len() as u64);
             for b in out[1].drain() {
-                self.enqueue_first(snap, vtep.underlay_port, b);
+                self.queue_first(snap, vtep.underlay_port, b);
             }
         }
     }

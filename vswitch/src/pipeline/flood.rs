@@ -76,7 +76,7 @@ impl Pipeline {
                     copy
                 };
                 if let Some(f) = frame {
-                    self.emit_target::<TRACE, PER_NODE>(snap, bd, f, c, t, len);
+                    self.hand_copy_to::<TRACE, PER_NODE>(snap, bd, f, c, t, len);
                 }
             }
             if let Some(o) = original {
@@ -96,7 +96,7 @@ impl Pipeline {
                 Some(mut h) => {
                     self.pool.append(&mut h, &hdr[..l2]);
                     self.pool.link_shared(&mut h, &shared);
-                    self.emit_target::<TRACE, PER_NODE>(snap, bd, h, c, t, len);
+                    self.hand_copy_to::<TRACE, PER_NODE>(snap, bd, h, c, t, len);
                 }
                 None => self.flood_copy_failed(in_port),
             }
@@ -112,20 +112,20 @@ impl Pipeline {
 
     /// A copy to one egress: straight to its node, or (`PER_NODE`) onto the node's frame.
     #[inline(always)]
-    pub(super) fn emit_target<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
+    pub(super) fn hand_copy_to<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
         if PER_NODE {
             let m = nodes::Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, len: len as u32, ..nodes::Meta::default() };
             return match t {
-                Target::Port(p, want) => self.put_on(snap, Node::Flood, Node::VlanRewrite, b, nodes::Meta { port: p, want, ..m }),
-                Target::Peer(p) => self.put_on(snap, Node::Flood, Node::Encap, b, nodes::Meta { port: p, ..m }),
+                Target::Port(p, want) => self.hand_to_frame(snap, Node::Flood, Node::VlanRewrite, b, nodes::Meta { port: p, want, ..m }),
+                Target::Peer(p) => self.hand_to_frame(snap, Node::Flood, Node::Encap, b, nodes::Meta { port: p, ..m }),
             };
         }
         match t {
             Target::Port(p, want) => match snap.port(p) {
-                Some(pe) => self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
+                Some(pe) => self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
                 None => self.discard(b, DropReason::NoEgress, p),
             },
-            Target::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
+            Target::Peer(p) => self.hand_to_encap::<TRACE>(snap, bd, b, c.tagged, p),
         }
     }
 }

@@ -90,7 +90,7 @@ impl Pipeline {
                     }
                     let back = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
                     let v = self.to_dest(snap, bd, &b, back);
-                    return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, v);
+                    return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, v);
                 }
         }
 
@@ -100,8 +100,8 @@ impl Pipeline {
                     self.record(Step::Forward { mac: key_mac(c.dst_key), found: Some(v.dest()) });
                 }
                 match v.dest() {
-                    Dest::Port(p) if p == port.id && !from_peer => return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
-                    Dest::Peer(_) if from_peer => return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
+                    Dest::Port(p) if p == port.id && !from_peer => return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
+                    Dest::Peer(_) if from_peer => return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
                     Dest::Port(p) => {
                         if let Some(pe) = snap.port(p)
                             && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
@@ -112,7 +112,7 @@ impl Pipeline {
                                     let want = want.map(|v| (pe.tpid, v));
                                     self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
                                 }
-                                return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Port(pe, want, c.len as usize));
+                                return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Port(pe, want, c.len as usize));
                             }
                     }
                     Dest::Peer(p) => {
@@ -122,7 +122,7 @@ impl Pipeline {
                                 let max = l2 + port.mtu as usize;
                                 self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
                             }
-                            return self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Peer(p));
+                            return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Peer(p));
                         }
                     }
                 }
@@ -134,21 +134,21 @@ impl Pipeline {
             } else if TRACE {
                 self.record(Step::Forward { mac: key_mac(c.dst_key), found: None });
             }
-        self.egress::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Flood)
+        self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Flood)
     }
 
     #[inline(always)]
-    fn egress<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
-        if PER_NODE { self.hand_on(snap, port, bd, b, c, v) } else { self.act::<TRACE>(snap, port, bd, b, c, v) }
+    fn hand_on<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+        if PER_NODE { self.hand_on_per_node(snap, port, bd, b, c, v) } else { self.hand_on_fused::<TRACE>(snap, port, bd, b, c, v) }
     }
 
     /// Hands a frame to the node `decide` chose.
     #[inline(always)]
-    pub(super) fn act<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+    pub(super) fn hand_on_fused<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
         match v {
             Verdict::Drop(r, p) => self.discard(b, r, p),
-            Verdict::Port(pe, want, len) => self.emit_port::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
-            Verdict::Peer(p) => self.emit_peer::<TRACE>(snap, bd, b, c.tagged, p),
+            Verdict::Port(pe, want, len) => self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
+            Verdict::Peer(p) => self.hand_to_encap::<TRACE>(snap, bd, b, c.tagged, p),
             Verdict::Flood => self.flood::<TRACE, false>(snap, bd, port.id, b, c),
         }
     }

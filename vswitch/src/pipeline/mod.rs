@@ -31,6 +31,12 @@
 //! pays (tx per port, the cache's hits to peers). The dispatcher is [`Pipeline::process`];
 //! the packet trace ([`trace`], [`crate::trace`]) reports every logical node a frame passed.
 //!
+//! Each node file declares its node ([`crate::graph::Descriptor`]: name, next nodes, drop
+//! reasons, events; [`crate::graph::NODES`] collects them), owns its state (one struct of it
+//! in [`Pipeline`]) and names what it uses in its imports; a node hands a frame on with
+//! `hand_to_<next node>` (fused) or onto the next node's frame (`hand_to_frame`, per node).
+//! The per-node dispatcher is built only with the `per-node` feature (the test kit's).
+//!
 //! Every drop has a named reason ([`DropReason`]); counters are per thread. Nothing here
 //! allocates, locks or makes a syscall per packet (ports may make one per burst).
 
@@ -283,7 +289,7 @@ impl Pipeline {
                 Some(vtep) => {
                     self.flows.cached = true;
                     let before = self.flows.emc.fills();
-                    let (bytes, hits) = if self.nodes.on {
+                    let (bytes, hits) = if self.nodes.on() {
                         self.forward_underlay_cached::<true>(snap, vtep, port, batch)
                     } else {
                         self.forward_underlay_cached::<false>(snap, vtep, port, batch)
@@ -314,7 +320,7 @@ impl Pipeline {
     /// decides (a traced burst; untraced ones compile without a check).
     #[inline(never)]
     fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
-        if !TRACE && self.nodes.on {
+        if !TRACE && self.nodes.on() {
             return self.forward_slow_per_node(snap, port, batch);
         }
         self.stages_1_2::<TRACE, false>(snap, port, batch)
@@ -426,7 +432,7 @@ impl Pipeline {
         }
         if c.reply {
             self.stats.event(Event::VtepAnswered, 1);
-            return self.enqueue(snap, port.id, b);
+            return self.hand_to_tx(snap, port.id, b);
         }
         if c.taken {
             return self.cache.free(b);

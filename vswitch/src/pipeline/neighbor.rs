@@ -81,7 +81,7 @@ impl Pipeline {
             match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
                 Some(req) => {
                     self.stats.event(Event::NeighborRequests, 1);
-                    self.enqueue(snap, vtep.underlay_port, req);
+                    self.hand_to_tx(snap, vtep.underlay_port, req);
                 }
                 None => self.stats.count_drop(DropReason::NoBuffer, vtep.underlay_port),
             }

@@ -73,13 +73,20 @@ impl Frame {
 /// The per-node dispatcher's state: whether it runs ([`Dispatch::PerNode`]) and its nodes'
 /// frames.
 pub(super) struct PerNode {
-    pub(super) on: bool,
+    on: bool,
     pub(super) frames: Box<Frames>,
 }
 
 impl PerNode {
     pub(super) fn new() -> PerNode {
         PerNode { on: false, frames: Box::new(Frames::new()) }
+    }
+
+    /// Whether the per-node dispatcher runs: a constant `false` where it is not built in,
+    /// so the fused path carries no test for it.
+    #[inline(always)]
+    pub(super) fn on(&self) -> bool {
+        cfg!(feature = "per-node") && self.on
     }
 }
 
@@ -123,8 +130,14 @@ impl Frames {
 
 impl Pipeline {
     /// Runs this pipeline's nodes as `d` says.
+    ///
+    /// Without the `per-node` feature only [`Dispatch::Fused`] runs: asked for per node, the
+    /// pipeline stays fused and says so in the log.
     pub fn set_dispatch(&mut self, d: Dispatch) {
-        self.nodes.on = d == Dispatch::PerNode;
+        if d == Dispatch::PerNode && !cfg!(feature = "per-node") {
+            tracing::warn!("the per-node dispatcher is not built in (feature per-node): the pipeline stays fused");
+        }
+        self.nodes.on = d == Dispatch::PerNode && cfg!(feature = "per-node");
     }
 
     /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
@@ -135,12 +148,12 @@ impl Pipeline {
         // changes): vlan-rewrite reads it from the port, as for the slow path's frames.
         let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
         self.in_order(snap, Node::VlanRewrite);
-        self.put_on(snap, Node::Cache, Node::VlanRewrite, b, m);
+        self.hand_to_frame(snap, Node::Cache, Node::VlanRewrite, b, m);
     }
 
     /// Puts a frame on the frame of the node `l2-forward` chose for it.
     #[inline(always)]
-    pub(super) fn hand_on(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+    pub(super) fn hand_on_per_node(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
         let m = Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, from_peer: c.from_peer, len: c.len, ..Meta::default() };
         let (to, m) = match v {
             Verdict::Drop(r, p) => return self.discard(b, r, p),
@@ -149,7 +162,7 @@ impl Pipeline {
             Verdict::Flood => (Node::Flood, Meta { port: port.id, ..m }),
         };
         self.in_order(snap, to);
-        self.put_on(snap, Node::Forward, to, b, m);
+        self.hand_to_frame(snap, Node::Forward, to, b, m);
     }
 
     /// Before a frame goes onto node `to`'s frame: when the frame before it went to another
@@ -168,7 +181,7 @@ impl Pipeline {
     /// Hands a frame from node `from` to node `to`'s frame (an edge of the graph), running
     /// `to` first if its frame is full.
     #[inline(always)]
-    pub(super) fn put_on(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
+    pub(super) fn hand_to_frame(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
         debug_assert!(from.next_index(crate::graph::Next::Node(to)).is_some(), "{} → {} is not an edge of the graph", from.name(), to.name());
         let Some(f) = self.nodes.frames.of(to) else {
             return self.discard(b, DropReason::NoEgress, m.port); // not a node with a frame: unreachable
@@ -229,12 +242,12 @@ impl Pipeline {
                 continue;
             };
             if !m.cached {
-                self.emit_port::<false>(snap, pe, m.bd, b, m.tagged, m.pcp, m.want, m.len as usize);
+                self.hand_to_rewrite::<false>(snap, pe, m.bd, b, m.tagged, m.pcp, m.want, m.len as usize);
                 continue;
             }
             let pcp = if m.tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
             if self.retag(&mut b, m.tagged, pcp, m.want.map(|v| (pe.tpid, v))) {
-                self.enqueue(snap, pe.id, b);
+                self.hand_to_tx(snap, pe.id, b);
             } else {
                 self.drop_counted(b, DropReason::Runt, pe.id);
             }
@@ -248,7 +261,7 @@ impl Pipeline {
         for i in 0..self.nodes.frames.encap.bufs.len() {
             let (b, m) = (self.nodes.frames.encap.bufs.take(i), self.nodes.frames.encap.meta[i & (BATCH - 1)]);
             match snap.bd(m.bd) {
-                Some(bd) => self.emit_peer::<false>(snap, bd, b, m.tagged, m.port),
+                Some(bd) => self.hand_to_encap::<false>(snap, bd, b, m.tagged, m.port),
                 None => self.discard(b, DropReason::NoBridgeDomain, m.port),
             }
         }

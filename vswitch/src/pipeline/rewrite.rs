@@ -37,7 +37,7 @@ impl Pipeline {
     /// Egress to a local port: VLAN rewrite for the port's mode, MTU check, enqueue.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn emit_port<const TRACE: bool>(
+    pub(super) fn hand_to_rewrite<const TRACE: bool>(
         &mut self,
         snap: &Snapshot,
         pe: &PortEntry,
@@ -70,9 +70,9 @@ impl Pipeline {
             return self.deliver_traced(snap, pe.id, b, first);
         }
         if first {
-            return self.enqueue_first(snap, pe.id, b);
+            return self.queue_first(snap, pe.id, b);
         }
-        self.enqueue(snap, pe.id, b);
+        self.hand_to_tx(snap, pe.id, b);
     }
 
     /// Gives a frame the tagging of its egress: `want` is the (TPID, VLAN ID) it leaves with,

@@ -78,7 +78,7 @@ impl Pipeline {
         if self.trace.on {
             return self.deliver_traced(snap, port, b, first);
         }
-        if first { self.enqueue_first(snap, port, b) } else { self.enqueue(snap, port, b) }
+        if first { self.queue_first(snap, port, b) } else { self.hand_to_tx(snap, port, b) }
     }
 
     #[cold]
@@ -88,8 +88,8 @@ impl Pipeline {
         self.record(Step::Tx { port, first, sent: !dry });
         match (dry, first) {
             (true, _) => self.cache.free(b),
-            (false, true) => self.enqueue_first(snap, port, b),
-            (false, false) => self.enqueue(snap, port, b),
+            (false, true) => self.queue_first(snap, port, b),
+            (false, false) => self.hand_to_tx(snap, port, b),
         }
     }
 

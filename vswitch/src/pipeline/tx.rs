@@ -178,21 +178,21 @@ impl Pipeline {
     /// Adds a packet to a port's tx batch, sending the batch first if it is full (head-end
     /// replication can put several copies of one packet on the underlay port).
     #[inline(always)]
-    pub(super) fn enqueue(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+    pub(super) fn hand_to_tx(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         let tx = &mut self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)];
         if tx.is_empty() {
             self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
             self.tx.n_dirty += 1;
         }
         if let Err(b) = tx.push(b) {
-            self.enqueue_full(snap, port, b);
+            self.queue_when_full(snap, port, b);
         }
     }
 
     /// A full tx batch: send it (the port stays on the dirty list), then queue the packet.
     #[cold]
     #[inline(never)]
-    pub(super) fn enqueue_full(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+    pub(super) fn queue_when_full(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         self.flush_port(snap, port);
         if let Err(b) = self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].push(b) {
             self.discard(b, DropReason::TxFull, port); // flush_port empties the batch: unreachable
@@ -204,10 +204,10 @@ impl Pipeline {
     /// holds frames for other ports, the frame joins the ordinary batch (`priority_no_slot`).
     #[cold]
     #[inline(never)]
-    pub(super) fn enqueue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+    pub(super) fn queue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         let Some(i) = self.tx.first.slot_for(port) else {
             self.stats.event(Event::PriorityNoSlot, 1);
-            return self.enqueue(snap, port, b);
+            return self.hand_to_tx(snap, port, b);
         };
         if self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.tx.first.queues[i].is_empty() {
             self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
@@ -228,9 +228,9 @@ impl Pipeline {
         }
     }
 
-    /// [`Pipeline::enqueue`] for a batch of frames to one port: one move of the indices.
+    /// [`Pipeline::hand_to_tx`] for a batch of frames to one port: one move of the indices.
     #[inline(always)]
-    pub(super) fn enqueue_batch(&mut self, snap: &Snapshot, port: u16, frames: &mut Batch) {
+    pub(super) fn hand_batch_to_tx(&mut self, snap: &Snapshot, port: u16, frames: &mut Batch) {
         if frames.is_empty() {
             return;
         }
