@@ -403,55 +403,27 @@ impl Snapshot {
         lookup: &dyn Fn(&str) -> Option<Arc<dyn Port>>,
         prev: &Snapshot,
     ) -> Result<(), ConfigError> {
-        let s = self;
-        // Bridge domains.
-        let mut names = FxSet::default();
-        names.reserve(cfg.bridges.len());
-        let mut by_vlan: FxMap<u16, &str> = FxMap::default();
-        let mut by_vni: FxMap<u32, &str> = FxMap::default();
-        for b in &cfg.bridges {
-            check_name("bridge", &b.name, &mut names)?;
-            if let Some(v) = b.vlan {
-                if !vlan_ok(v) {
-                    return Err(ConfigError::BadVlan { bridge: b.name.clone(), vlan: v });
-                }
-                if let Some(o) = by_vlan.insert(v, &b.name) {
-                    return Err(ConfigError::VlanTaken { bridge: b.name.clone(), vlan: v, other: o.into() });
-                }
-            }
-            if let Some(n) = b.vni {
-                if !(1..=0xff_ffff).contains(&n) {
-                    return Err(ConfigError::BadVni { bridge: b.name.clone(), vni: n });
-                }
-                if let Some(o) = by_vni.insert(n, &b.name) {
-                    return Err(ConfigError::VniTaken { bridge: b.name.clone(), vni: n, other: o.into() });
-                }
-            }
-            if !b.flood.is_empty() && (b.vni.is_none() || cfg.vtep.is_none()) {
-                return Err(ConfigError::FloodWithoutVxlan { bridge: b.name.clone() });
-            }
-        }
-
-        // VTEP and peers.
-        if let Some(v) = &cfg.vtep {
-            let underlay = cfg.ports.iter().find(|p| p.name == v.underlay_port);
-            if !matches!(underlay.map(|p| &p.mode), Some(PortMode::Underlay)) {
-                return Err(ConfigError::VtepUnderlay { port: v.underlay_port.clone() });
-            }
-        }
-        // An underlay port may come before its VTEP (it drops what it receives until then,
-        // counted as `underlay_not_vxlan`): the node API adds one object at a time.
-        for p in &cfg.ports {
-            if let Some(v) = cfg.vtep.as_ref().filter(|v| p.mode == PortMode::Underlay && v.underlay_port != p.name) {
-                return Err(ConfigError::StrayUnderlay { port: p.name.clone(), vtep_port: v.underlay_port.clone() });
-            }
-        }
-
-        // Ports.
+        check_bridges(cfg)?;
+        check_vtep(cfg)?;
+        self.compile_net_policers(cfg, prev)?;
         let mut pnames = FxSet::default();
         let max_port = ids.ports.values().copied().max().map_or(0, |m| m as usize + 1);
-        s.ports.resize_with(max_port, || None);
-        let bd_of = |name: &str| ids.bds.get(name).copied();
+        self.ports.resize_with(max_port, || None);
+        for p in &cfg.ports {
+            check_name("port", &p.name, &mut pnames)?;
+            let entry = self.compile_port(p, cfg, ids, lookup, prev)?;
+            for q in 0..entry.port.rx_queues() {
+                self.rxqs.push((entry.id, q));
+            }
+            let id = entry.id as usize;
+            self.ports[id] = Some(entry);
+        }
+        let peers_taken = self.compile_vtep(cfg, ids, prev)?;
+        self.compile_bridges(cfg, ids, prev, peers_taken)
+    }
+
+    /// Each bridge domain's network policer on the node: the one it had while its limits hold.
+    fn compile_net_policers(&mut self, cfg: &SwitchConfig, prev: &Snapshot) -> Result<(), ConfigError> {
         for b in &cfg.bridges {
             if let Some(c) = &b.pod_policer {
                 c.limits(0).map_err(|why| ConfigError::BadPodPolicer { bridge: b.name.clone(), why })?;
@@ -465,201 +437,222 @@ impl Snapshot {
                     // Full from the start: its clock (0) only ever moves on with the pipelines'.
                     _ => Arc::new(SharedBucket::new(&limits, 0)),
                 };
-                s.net_policers.insert(b.name.clone(), bucket);
+                self.net_policers.insert(b.name.clone(), bucket);
             }
         }
-        for p in &cfg.ports {
-            check_name("port", &p.name, &mut pnames)?;
-            let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
-            if !(68..=9198).contains(&p.mtu) {
-                return Err(ConfigError::BadMtu { port: p.name.clone(), mtu: p.mtu });
-            }
-            // The MTU bounds the L3 packet; the port carries it with an Ethernet header and a tag.
-            let max = port.max_frame().saturating_sub(18);
-            if p.mtu as usize > max {
-                return Err(ConfigError::MtuAbovePort { port: p.name.clone(), mtu: p.mtu, max });
-            }
-            if !crate::wire::ethernet::is_tpid(p.tpid) {
-                return Err(ConfigError::BadTpid { port: p.name.clone(), tpid: p.tpid });
-            }
-            let mut allowed = VlanSet::default();
-            let (kind, untagged_bd) = match &p.mode {
-                PortMode::Access { bridge } => {
-                    let bd = bd_of(bridge)
-                        .ok_or_else(|| ConfigError::UnknownBridge { port: p.name.clone(), bridge: bridge.clone() })?;
-                    (PortKind::Access, bd)
-                }
-                PortMode::Trunk { allowed: vl, native } => {
-                    for v in vl.iter().chain(native) {
-                        if !vlan_ok(*v) {
-                            return Err(ConfigError::PortBadVlan { port: p.name.clone(), vlan: *v });
-                        }
-                    }
-                    for v in vl {
-                        allowed.insert(*v);
-                    }
-                    let native_bd = native
-                        .and_then(|n| cfg.bridges.iter().find(|b| b.vlan == Some(n)))
-                        .and_then(|b| bd_of(&b.name))
-                        .unwrap_or(NO_BD);
-                    (PortKind::Trunk, native_bd)
-                }
-                PortMode::Underlay => (PortKind::Underlay, NO_BD),
-            };
-            let security = match &p.security {
-                Some(sec) if sec.enabled => {
-                    if sec.macs.is_empty() || sec.macs.iter().any(MacAddr::is_group) {
-                        return Err(ConfigError::BadSecurity { port: p.name.clone() });
-                    }
-                    let mut s = Security::new(
-                        sec.macs.iter().map(|m| m.to_u64()).collect(),
-                        sec.ips.clone(),
-                        sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
-                    );
-                    (s.allow_router, s.allow_dhcp_server) = (sec.allow_router, sec.allow_dhcp_server);
-                    Some(s)
-                }
-                _ => None,
-            };
-            // The largest frame: the MTU, an Ethernet header and, on trunks, a tag.
-            let max_frame = p.mtu as u32 + 18;
-            // The port's own policer, else its access bridge's per-pod one.
-            let pod_policer = || match &p.mode {
-                PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge).and_then(|b| b.pod_policer.as_ref()),
-                _ => None,
-            };
-            let limits = match (&p.policer, pod_policer()) {
-                (Some(c), _) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
-                (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
-                (None, None) => None,
-            };
-            let id = ids.ports[&p.name];
-            let policer = limits.map(|limits| match prev.port(id).filter(|e| e.name == p.name).and_then(|e| e.policer.as_ref()) {
-                Some(kept) if kept.holds_to(&limits) => kept.clone(),
-                // Full from the start: its clock (0) only ever moves on with the pipelines'.
-                _ => Arc::new(SharedBucket::new(&limits, 0)),
-            });
-            let net_policer = match &p.mode {
-                PortMode::Access { bridge } => s.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd)),
-                _ => None,
-            };
-            for q in 0..port.rx_queues() {
-                s.rxqs.push((id, q));
-            }
-            s.ports[id as usize] = Some(PortEntry {
-                id,
-                name: p.name.clone(),
-                port,
-                kind,
-                allowed,
-                untagged_bd,
-                tpid: p.tpid,
-                mtu: p.mtu,
-                mac_limit: p.mac_limit,
-                security,
-                policer,
-                net_policer,
-            });
-        }
+        Ok(())
+    }
 
-        // VTEP entry and peer templates.
+    /// A port's entry: its mode checked and resolved, port security, its policer (kept while
+    /// its limits hold).
+    fn compile_port(
+        &self,
+        p: &PortConfig,
+        cfg: &SwitchConfig,
+        ids: &Ids,
+        lookup: &dyn Fn(&str) -> Option<Arc<dyn Port>>,
+        prev: &Snapshot,
+    ) -> Result<PortEntry, ConfigError> {
+        let bd_of = |name: &str| ids.bds.get(name).copied();
+        let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
+        if !(68..=9198).contains(&p.mtu) {
+            return Err(ConfigError::BadMtu { port: p.name.clone(), mtu: p.mtu });
+        }
+        // The MTU bounds the L3 packet; the port carries it with an Ethernet header and a tag.
+        let max = port.max_frame().saturating_sub(18);
+        if p.mtu as usize > max {
+            return Err(ConfigError::MtuAbovePort { port: p.name.clone(), mtu: p.mtu, max });
+        }
+        if !crate::wire::ethernet::is_tpid(p.tpid) {
+            return Err(ConfigError::BadTpid { port: p.name.clone(), tpid: p.tpid });
+        }
+        let mut allowed = VlanSet::default();
+        let (kind, untagged_bd) = match &p.mode {
+            PortMode::Access { bridge } => {
+                let bd = bd_of(bridge)
+                    .ok_or_else(|| ConfigError::UnknownBridge { port: p.name.clone(), bridge: bridge.clone() })?;
+                (PortKind::Access, bd)
+            }
+            PortMode::Trunk { allowed: vl, native } => {
+                for v in vl.iter().chain(native) {
+                    if !vlan_ok(*v) {
+                        return Err(ConfigError::PortBadVlan { port: p.name.clone(), vlan: *v });
+                    }
+                }
+                for v in vl {
+                    allowed.insert(*v);
+                }
+                let native_bd = native
+                    .and_then(|n| cfg.bridges.iter().find(|b| b.vlan == Some(n)))
+                    .and_then(|b| bd_of(&b.name))
+                    .unwrap_or(NO_BD);
+                (PortKind::Trunk, native_bd)
+            }
+            PortMode::Underlay => (PortKind::Underlay, NO_BD),
+        };
+        let security = match &p.security {
+            Some(sec) if sec.enabled => {
+                if sec.macs.is_empty() || sec.macs.iter().any(MacAddr::is_group) {
+                    return Err(ConfigError::BadSecurity { port: p.name.clone() });
+                }
+                let mut s = Security::new(
+                    sec.macs.iter().map(|m| m.to_u64()).collect(),
+                    sec.ips.clone(),
+                    sec.allowed_address_pairs.iter().map(|a| (a.mac.to_u64(), a.ip)).collect(),
+                );
+                (s.allow_router, s.allow_dhcp_server) = (sec.allow_router, sec.allow_dhcp_server);
+                Some(s)
+            }
+            _ => None,
+        };
+        // The largest frame: the MTU, an Ethernet header and, on trunks, a tag.
+        let max_frame = p.mtu as u32 + 18;
+        // The port's own policer, else its access bridge's per-pod one.
+        let pod_policer = || match &p.mode {
+            PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge).and_then(|b| b.pod_policer.as_ref()),
+            _ => None,
+        };
+        let limits = match (&p.policer, pod_policer()) {
+            (Some(c), _) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
+            (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
+            (None, None) => None,
+        };
+        let id = ids.ports[&p.name];
+        let policer = limits.map(|limits| match prev.port(id).filter(|e| e.name == p.name).and_then(|e| e.policer.as_ref()) {
+            Some(kept) if kept.holds_to(&limits) => kept.clone(),
+            // Full from the start: its clock (0) only ever moves on with the pipelines'.
+            _ => Arc::new(SharedBucket::new(&limits, 0)),
+        });
+        let net_policer = match &p.mode {
+            PortMode::Access { bridge } => self.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd)),
+            _ => None,
+        };
+        Ok(PortEntry {
+            id,
+            name: p.name.clone(),
+            port,
+            kind,
+            allowed,
+            untagged_bd,
+            tpid: p.tpid,
+            mtu: p.mtu,
+            mac_limit: p.mac_limit,
+            security,
+            policer,
+            net_policer,
+        })
+    }
+
+    /// The VTEP's entry and its peers' templates (taken from `prev` while the VTEP, its
+    /// underlay's MAC and MTU stay the same); returns whether they were taken.
+    fn compile_vtep(&mut self, cfg: &SwitchConfig, ids: &Ids, prev: &Snapshot) -> Result<bool, ConfigError> {
         let mut peers_taken = false;
         if let Some(v) = &cfg.vtep {
             let underlay_id = ids.ports[&v.underlay_port];
-            let underlay = s.port(underlay_id).expect("underlay validated above");
+            let underlay = self.port(underlay_id).expect("underlay validated above");
             let mac = v.mac.or_else(|| underlay.port.mac()).ok_or(ConfigError::VtepNoMac)?;
             peers_taken = prev.config.vtep.as_ref() == Some(v)
                 && prev.vtep.as_ref().is_some_and(|p| (p.underlay_port, p.mac, p.mtu) == (underlay_id, mac, underlay.mtu));
             if peers_taken {
-                (s.peers, s.peer_by_ip, s.next_hops) = (prev.peers.clone(), prev.peer_by_ip.clone(), prev.next_hops.clone());
-                s.vtep = prev.vtep.clone();
+                (self.peers, self.peer_by_ip, self.next_hops) = (prev.peers.clone(), prev.peer_by_ip.clone(), prev.next_hops.clone());
+                self.vtep = prev.vtep.clone();
             } else {
-                s.compile_peers(v, ids, VtepEntry::new(v, underlay_id, mac, underlay.mtu)?)?;
+                self.compile_peers(v, ids, VtepEntry::new(v, underlay_id, mac, underlay.mtu)?)?;
             }
         }
+        Ok(peers_taken)
+    }
 
-        // Bridge domain entries with their members.
+    /// The bridge domains' entries with their members (an entry taken from `prev` while its
+    /// configuration and its local members stay the same and the peers were taken).
+    fn compile_bridges(&mut self, cfg: &SwitchConfig, ids: &Ids, prev: &Snapshot, peers_taken: bool) -> Result<(), ConfigError> {
         let max_bd = ids.bds.values().copied().max().map_or(0, |m| m as usize + 1);
-        s.bds.resize_with(max_bd, || None);
-        (s.marks, s.marked) = (Box::new([Marking::default(); MAX_BDS]), false);
+        self.bds.resize_with(max_bd, || None);
+        (self.marks, self.marked) = (Box::new([Marking::default(); MAX_BDS]), false);
         for b in &cfg.bridges {
             if let Some(v) = b.vlan.filter(|v| *v != 0) {
-                s.vlan_bd[v as usize] = ids.bds[&b.name];
+                self.vlan_bd[v as usize] = ids.bds[&b.name];
             }
         }
-        let mut members = s.members(max_bd);
-        let mut flooded = vec![false; s.peers.len()];
+        let mut members = self.members(max_bd);
+        let mut flooded = vec![false; self.peers.len()];
         let mut before = PrevBridges::new(prev);
         for (i, b) in cfg.bridges.iter().enumerate() {
             let id = ids.bds[&b.name];
             let vlan = b.vlan.unwrap_or(0);
             if let Some(n) = b.vni {
-                s.vni_bd.insert(n, id);
+                self.vni_bd.insert(n, id);
             }
-            s.marks[id as usize] = Marking::of(b)?;
-            s.marked |= s.marks[id as usize].set || b.priority;
+            self.marks[id as usize] = Marking::of(b)?;
+            self.marked |= self.marks[id as usize].set || b.priority;
             let ports = std::mem::take(&mut members[id as usize]);
             if peers_taken
                 && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports)
             {
-                s.bds[id as usize] = Some(e.clone());
+                self.bds[id as usize] = Some(e.clone());
                 continue;
             }
-            let mut peers = Vec::with_capacity(b.flood.len());
-            for ip in &b.flood {
-                let pid = *s
-                    .peer_by_ip
-                    .get(ip)
-                    .ok_or_else(|| ConfigError::UnknownPeer { bridge: b.name.clone(), ip: *ip })?;
-                if !std::mem::replace(&mut flooded[pid as usize], true) {
-                    peers.push(pid);
-                }
-            }
-            for p in &peers {
-                flooded[*p as usize] = false;
-            }
-            let mut arp = FxMap::default();
-            let mut nd = FxMap::default();
-            for n in &b.neighbors {
-                if n.mac.is_group() {
-                    return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "neighbor", mac: n.mac });
-                }
-                match n.ip {
-                    IpAddr::V4(a) => arp.insert(a, n.mac),
-                    IpAddr::V6(a) => nd.insert(a, n.mac),
-                };
-            }
-            for m in &b.static_macs {
-                if m.mac.is_group() {
-                    return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
-                }
-                let member = match (&m.port, &m.remote) {
-                    (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.iter().any(|(q, _)| q == id)),
-                    (None, Some(ip)) => s.peer_by_ip.get(ip).is_some_and(|id| peers.contains(id)),
-                    _ => return Err(ConfigError::StaticMacTarget { bridge: b.name.clone(), mac: m.mac }),
-                };
-                if !member {
-                    let target = m.port.clone().unwrap_or_else(|| m.remote.map(|r| r.to_string()).unwrap_or_default());
-                    return Err(ConfigError::StaticMacNotMember { bridge: b.name.clone(), mac: m.mac, target });
-                }
-            }
-            s.bds[id as usize] = Some(Arc::new(BdEntry {
-                id,
-                name: b.name.clone(),
-                vlan,
-                vni: b.vni,
-                ports,
-                peers,
-                learning: b.mac_learning,
-                remote_learning: b.remote_learning,
-                age_secs: b.mac_age_secs.max(1),
-                mac_limit: b.mac_limit,
-                arp_suppression: b.arp_suppression,
-                arp,
-                nd,
-            }));
+            let entry = self.compile_bridge(b, ids, id, vlan, ports, &mut flooded)?;
+            self.bds[id as usize] = Some(Arc::new(entry));
         }
         Ok(())
+    }
+
+    /// One bridge domain's entry: its flood list's peers, ARP/ND table, static MACs checked.
+    fn compile_bridge(&self, b: &BridgeConfig, ids: &Ids, id: u16, vlan: u16, ports: Vec<(u16, Option<u16>)>, flooded: &mut [bool]) -> Result<BdEntry, ConfigError> {
+        let mut peers = Vec::with_capacity(b.flood.len());
+        for ip in &b.flood {
+            let pid = *self
+                .peer_by_ip
+                .get(ip)
+                .ok_or_else(|| ConfigError::UnknownPeer { bridge: b.name.clone(), ip: *ip })?;
+            if !std::mem::replace(&mut flooded[pid as usize], true) {
+                peers.push(pid);
+            }
+        }
+        for p in &peers {
+            flooded[*p as usize] = false;
+        }
+        let mut arp = FxMap::default();
+        let mut nd = FxMap::default();
+        for n in &b.neighbors {
+            if n.mac.is_group() {
+                return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "neighbor", mac: n.mac });
+            }
+            match n.ip {
+                IpAddr::V4(a) => arp.insert(a, n.mac),
+                IpAddr::V6(a) => nd.insert(a, n.mac),
+            };
+        }
+        for m in &b.static_macs {
+            if m.mac.is_group() {
+                return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
+            }
+            let member = match (&m.port, &m.remote) {
+                (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.iter().any(|(q, _)| q == id)),
+                (None, Some(ip)) => self.peer_by_ip.get(ip).is_some_and(|id| peers.contains(id)),
+                _ => return Err(ConfigError::StaticMacTarget { bridge: b.name.clone(), mac: m.mac }),
+            };
+            if !member {
+                let target = m.port.clone().unwrap_or_else(|| m.remote.map(|r| r.to_string()).unwrap_or_default());
+                return Err(ConfigError::StaticMacNotMember { bridge: b.name.clone(), mac: m.mac, target });
+            }
+        }
+        Ok(BdEntry {
+            id,
+            name: b.name.clone(),
+            vlan,
+            vni: b.vni,
+            ports,
+            peers,
+            learning: b.mac_learning,
+            remote_learning: b.remote_learning,
+            age_secs: b.mac_age_secs.max(1),
+            mac_limit: b.mac_limit,
+            arp_suppression: b.arp_suppression,
+            arp,
+            nd,
+        })
     }
 
     /// The VTEP `entry` of configuration `v`, its peers' templates and their maps.
@@ -701,6 +694,57 @@ impl Admission for Snapshot {
     fn floods_to(&self, bd: u16, peer: u16) -> bool {
         self.bd(bd).is_some_and(|e| e.peers.contains(&peer))
     }
+}
+
+/// The bridge domains' names, VLANs and VNIs (each once), and flood lists only with VXLAN.
+fn check_bridges(cfg: &SwitchConfig) -> Result<(), ConfigError> {
+    let mut names = FxSet::default();
+    names.reserve(cfg.bridges.len());
+    let mut by_vlan: FxMap<u16, &str> = FxMap::default();
+    let mut by_vni: FxMap<u32, &str> = FxMap::default();
+    for b in &cfg.bridges {
+        check_name("bridge", &b.name, &mut names)?;
+        if let Some(v) = b.vlan {
+            if !vlan_ok(v) {
+                return Err(ConfigError::BadVlan { bridge: b.name.clone(), vlan: v });
+            }
+            if let Some(o) = by_vlan.insert(v, &b.name) {
+                return Err(ConfigError::VlanTaken { bridge: b.name.clone(), vlan: v, other: o.into() });
+            }
+        }
+        if let Some(n) = b.vni {
+            if !(1..=0xff_ffff).contains(&n) {
+                return Err(ConfigError::BadVni { bridge: b.name.clone(), vni: n });
+            }
+            if let Some(o) = by_vni.insert(n, &b.name) {
+                return Err(ConfigError::VniTaken { bridge: b.name.clone(), vni: n, other: o.into() });
+            }
+        }
+        if !b.flood.is_empty() && (b.vni.is_none() || cfg.vtep.is_none()) {
+            return Err(ConfigError::FloodWithoutVxlan { bridge: b.name.clone() });
+        }
+    }
+
+    Ok(())
+}
+
+/// The VTEP's underlay port is an underlay port, and no other port is one.
+fn check_vtep(cfg: &SwitchConfig) -> Result<(), ConfigError> {
+    if let Some(v) = &cfg.vtep {
+        let underlay = cfg.ports.iter().find(|p| p.name == v.underlay_port);
+        if !matches!(underlay.map(|p| &p.mode), Some(PortMode::Underlay)) {
+            return Err(ConfigError::VtepUnderlay { port: v.underlay_port.clone() });
+        }
+    }
+    // An underlay port may come before its VTEP (it drops what it receives until then,
+    // counted as `underlay_not_vxlan`): the node API adds one object at a time.
+    for p in &cfg.ports {
+        if let Some(v) = cfg.vtep.as_ref().filter(|v| p.mode == PortMode::Underlay && v.underlay_port != p.name) {
+            return Err(ConfigError::StrayUnderlay { port: p.name.clone(), vtep_port: v.underlay_port.clone() });
+        }
+    }
+
+    Ok(())
 }
 
 #[cfg(test)]
