@@ -25,14 +25,16 @@
 //! repeated while the kernel stops at its budget with descriptors left (jumbo frames); a
 //! zero-copy driver busy with the queue clears it and the port makes no system call at all.
 //!
-//! Unsafe code is confined to the ring mappings, with these invariants:
-//! - each ring mapping lives as long as the port; producer/consumer words are accessed
-//!   atomically (acquire for the other side's index, release to publish ours);
-//! - descriptor slots between our consumer and the kernel's producer (or our producer and the
-//!   kernel's consumer) belong to us; indices are masked by the ring size.
+//! Unsafe code is confined to the ring mappings ([`ring`], with its invariants) and the
+//! socket calls around them; [`lent`] keeps which pool buffers the kernel holds.
+
+mod lent;
+mod ring;
 
 pub use crate::bpf::UnderlayFilter;
 use crate::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
+use lent::Lent;
+use ring::{AF_XDP, MmapOffsets, PGOFF_COMPLETION, PGOFF_FILL, PGOFF_RX, PGOFF_TX, Ring, SOL_XDP, SockaddrXdp, UmemReg, XDP_MMAP_OFFSETS, XDP_OPTIONS, XDP_OPTIONS_ZEROCOPY, XDP_PACKET_HEADROOM, XDP_PKT_CONTD, XDP_RX_RING, XDP_TX_RING, XDP_UMEM_COMPLETION_RING, XDP_UMEM_FILL_RING, XDP_UMEM_REG, XDP_USE_NEED_WAKEUP, XDP_USE_SG};
 use plumbing::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
 use vswitch::port::{Port, QueueCounters, QueueStats};
 use vswitch::batch::Batch;
@@ -40,30 +42,11 @@ use vswitch::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
 use vswitch::wire::MacAddr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Mutex};
 
-const AF_XDP: libc::c_int = 44;
-const SOL_XDP: libc::c_int = 283;
-const XDP_MMAP_OFFSETS: libc::c_int = 1;
-const XDP_RX_RING: libc::c_int = 2;
-const XDP_TX_RING: libc::c_int = 3;
-const XDP_UMEM_REG: libc::c_int = 4;
-const XDP_UMEM_FILL_RING: libc::c_int = 5;
-const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
-const XDP_OPTIONS: libc::c_int = 8;
-const XDP_OPTIONS_ZEROCOPY: u32 = 1;
-const XDP_USE_NEED_WAKEUP: u16 = 1 << 3;
-const XDP_USE_SG: u16 = 1 << 4;
-/// In a descriptor's options: the frame continues in the next descriptor.
-const XDP_PKT_CONTD: u32 = 1;
 /// Descriptors one frame may take at most (a 9 216-byte frame in 2 KiB buffers takes 5).
 const MAX_FRAGS: usize = 8;
-const XDP_RING_NEED_WAKEUP: u32 = 1;
-const PGOFF_RX: i64 = 0;
-const PGOFF_TX: i64 = 0x8000_0000;
-const PGOFF_FILL: i64 = 0x1_0000_0000;
-const PGOFF_COMPLETION: i64 = 0x1_8000_0000;
 const RING: u32 = 1024;
 /// Buffers a pod-facing port keeps in its fill ring at first. Every port lends them from the
 /// shared pool while idle, so this bounds what idle pods hold (see [`pool_for_pods`]); a
@@ -75,186 +58,6 @@ const FILL_POD: u32 = 128;
 /// A pod queue's fill ring when the pool is already half lent out (see [`pod_fill`]): a
 /// burst's worth, refilled every time a PMD thread polls it.
 const FILL_MIN: u32 = 32;
-/// Bytes the kernel keeps in front of a received frame in its UMEM chunk.
-const XDP_PACKET_HEADROOM: usize = 256;
-
-#[repr(C)]
-struct UmemReg {
-    addr: u64,
-    len: u64,
-    chunk_size: u32,
-    headroom: u32,
-}
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct RingOffsets {
-    producer: u64,
-    consumer: u64,
-    desc: u64,
-    flags: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct MmapOffsets {
-    rx: RingOffsets,
-    tx: RingOffsets,
-    fr: RingOffsets,
-    cr: RingOffsets,
-}
-
-#[repr(C)]
-struct SockaddrXdp {
-    family: u16,
-    flags: u16,
-    ifindex: u32,
-    queue_id: u32,
-    shared_umem_fd: u32,
-}
-
-/// One mapped ring: `entry` bytes per descriptor (16 for rx/tx, 8 for fill/completion).
-struct Ring {
-    base: *mut u8,
-    len: usize,
-    producer: *const AtomicU32,
-    consumer: *const AtomicU32,
-    /// The ring's flags word (`XDP_RING_NEED_WAKEUP`), when the kernel reports one.
-    flags: Option<*const AtomicU32>,
-    desc: *mut u8,
-    entry: usize,
-}
-
-impl Ring {
-    /// `with_flags`: the kernel's offsets include the flags word (Linux ≥ 5.4).
-    fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize, with_flags: bool) -> io::Result<Ring> {
-        let len = off.desc as usize + RING as usize * entry;
-        // SAFETY: maps the ring the kernel created for this socket at its page offset; the
-        // length covers the descriptor array the kernel reported.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd,
-                pgoff,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base: *mut u8 = p.cast();
-        // SAFETY: the offsets come from XDP_MMAP_OFFSETS for this ring and lie inside `len`.
-        unsafe {
-            Ok(Ring {
-                base,
-                len,
-                producer: base.add(off.producer as usize).cast(),
-                consumer: base.add(off.consumer as usize).cast(),
-                flags: with_flags.then(|| base.add(off.flags as usize).cast_const().cast()),
-                desc: base.add(off.desc as usize),
-                entry,
-            })
-        }
-    }
-
-    fn prod(&self) -> &AtomicU32 {
-        // SAFETY: a u32 index word inside the live mapping, shared with the kernel atomically.
-        unsafe { &*self.producer }
-    }
-
-    fn cons(&self) -> &AtomicU32 {
-        // SAFETY: as above.
-        unsafe { &*self.consumer }
-    }
-
-    /// Whether the kernel asks to be woken up to use this ring.
-    fn needs_wakeup(&self) -> bool {
-        // SAFETY: the flags word inside the live mapping, written by the kernel.
-        self.flags.is_none_or(|f| unsafe { &*f }.load(Relaxed) & XDP_RING_NEED_WAKEUP != 0)
-    }
-
-    fn slot(&self, i: u32) -> *mut u8 {
-        // SAFETY: the index is masked to the ring size, so the slot is inside the mapping.
-        unsafe { self.desc.add((i & (RING - 1)) as usize * self.entry) }
-    }
-
-    fn write_addr(&self, i: u32, addr: u64) {
-        // SAFETY: a slot we own (between our producer and the kernel's consumer).
-        unsafe { self.slot(i).cast::<u64>().write_unaligned(addr) }
-    }
-
-    fn read_addr(&self, i: u32) -> u64 {
-        // SAFETY: a slot the kernel published (between our consumer and its producer).
-        unsafe { self.slot(i).cast::<u64>().read_unaligned() }
-    }
-
-    fn write_desc(&self, i: u32, addr: u64, len: u32, options: u32) {
-        let s = self.slot(i);
-        // SAFETY: a 16-byte xdp_desc slot we own.
-        unsafe {
-            s.cast::<u64>().write_unaligned(addr);
-            s.add(8).cast::<u32>().write_unaligned(len);
-            s.add(12).cast::<u32>().write_unaligned(options);
-        }
-    }
-
-    /// Address, length and options of a descriptor.
-    fn read_desc(&self, i: u32) -> (u64, u32, u32) {
-        let s = self.slot(i);
-        // SAFETY: a 16-byte xdp_desc slot the kernel published.
-        unsafe {
-            (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned(), s.add(12).cast::<u32>().read_unaligned())
-        }
-    }
-}
-
-impl Drop for Ring {
-    fn drop(&mut self) {
-        // SAFETY: exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
-/// Pool buffers the kernel holds, one bit each.
-struct Lent(Vec<u64>);
-
-impl Lent {
-    fn new(buffers: usize) -> Lent {
-        Lent(vec![0; buffers.div_ceil(64)])
-    }
-
-    fn set(&mut self, idx: u32) {
-        if let Some(w) = self.0.get_mut(idx as usize / 64) {
-            *w |= 1 << (idx % 64);
-        }
-    }
-
-    /// Whether `idx` was lent; marks it returned.
-    fn take(&mut self, idx: u32) -> bool {
-        match self.0.get_mut(idx as usize / 64) {
-            Some(w) if *w & (1 << (idx % 64)) != 0 => {
-                *w &= !(1 << (idx % 64));
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn drain(&mut self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter_mut().enumerate().flat_map(|(w, word)| {
-            let mut bits = std::mem::take(word);
-            std::iter::from_fn(move || {
-                (bits != 0).then(|| {
-                    let b = bits.trailing_zeros();
-                    bits &= bits - 1;
-                    (w * 64) as u32 + b
-                })
-            })
-        })
-    }
-}
 
 /// The receive side: rx and fill rings and the buffers lent through the fill ring.
 struct RxSide {
