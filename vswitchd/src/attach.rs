@@ -24,8 +24,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
-use vswitch::config::{BridgeConfig, PortConfig};
-use vswitch::policer::PolicerConfig;
+use vswitch::config::PortConfig;
 use vswitch::wire::MacAddr;
 
 impl Record {
@@ -227,11 +226,7 @@ impl Attacher {
         if let Some(sriov) = &r.sriov {
             return self.attach_vf(record, sriov, port).await;
         }
-        let mut bridge = BridgeConfig::new(&r.network);
-        match port.kind.as_str() {
-            "vlan" => bridge.vlan = Some(u16::try_from(port.segment).map_err(|_| bad("VLAN", &port.segment.to_string()))?),
-            _ => bridge.vni = Some(port.segment),
-        }
+        let bridge = crate::manager::bridge(&r.network, &port.kind, port.segment).map_err(|why| Status::internal(format!("the manager sent {why}")))?;
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
         let device = self.make_interface(&record, r.vhost_user.as_ref()).await?;
@@ -239,7 +234,7 @@ impl Attacher {
         let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
         config.mtu = u16::try_from(record.mtu).unwrap_or(u16::MAX);
         // The network's pod policer, as the manager recorded it on the port.
-        config.policer = port.policer.as_ref().map(|p| PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes });
+        config.policer = port.policer.as_ref().map(crate::manager::policer);
         let spec = PortSpec { device, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;

@@ -3,7 +3,9 @@
 //! again after a failure; HTTP/2 keep-alives, so a manager gone silent ends the long sync
 //! stream), the node's bearer token on every request (the bootstrap token only to join), a
 //! deadline on every unary call (the sync stream has none: it lasts as long as the manager
-//! serves it), and the manager's errors said for the node's users.
+//! serves it), and the manager's errors said for the node's users. What the manager's
+//! messages mean to the switch (a network's bridge domain, a policer) is read here too, once
+//! for the attach API and the sync stream.
 
 use crate::settings::ManagerLink;
 use knitter_api::manager as pb;
@@ -12,6 +14,8 @@ use std::future::Future;
 use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
+use vswitch::config::BridgeConfig;
+use vswitch::policer::PolicerConfig;
 
 /// How long a unary call (a port created or released, a join) may take, connecting included.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
@@ -119,4 +123,21 @@ impl Manager {
         }
         Status::new(s.code(), format!("the manager at {address} refused: {}", s.message()))
     }
+}
+
+/// A network's bridge domain on this node, as the manager names the network: its kind
+/// ("vxlan": a VNI; "vlan": a VLAN, 1-4094 checked by the switch) and segment.
+pub fn bridge(network: &str, kind: &str, segment: u32) -> Result<BridgeConfig, String> {
+    let mut b = BridgeConfig::new(network);
+    match kind {
+        "vxlan" => b.vni = Some(segment),
+        "vlan" => b.vlan = Some(u16::try_from(segment).map_err(|_| format!("network {network}: VLAN {segment} is out of range"))?),
+        k => return Err(format!("network {network}: kind {k:?} is unknown")),
+    }
+    Ok(b)
+}
+
+/// A policer as the manager sends it (a network's per-pod rate, on the network or the port).
+pub fn policer(p: &pb::Policer) -> PolicerConfig {
+    PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }
 }

@@ -15,7 +15,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, Neighbor, PeerConfig, StaticMac};
-use vswitch::policer::PolicerConfig;
 use vswitch::wire::MacAddr;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -103,18 +102,8 @@ fn parse<T: FromStr>(what: &str, s: &str) -> Result<T> {
 pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec<PeerConfig>)> {
     let mut bridges = Vec::with_capacity(d.networks.len());
     for n in &d.networks {
-        let mut b = BridgeConfig::new(&n.name);
-        let vxlan = match n.kind.as_str() {
-            "vxlan" => {
-                b.vni = Some(n.segment);
-                true
-            }
-            "vlan" => {
-                b.vlan = Some(u16::try_from(n.segment).with_context(|| format!("network {}: VLAN {} is out of range", n.name, n.segment))?);
-                false
-            }
-            k => bail!("network {}: kind {k:?} is unknown", n.name),
-        };
+        let mut b = crate::manager::bridge(&n.name, &n.kind, n.segment).map_err(anyhow::Error::msg)?;
+        let vxlan = b.vni.is_some();
         // The manager knows every pod's MAC: flood lists and static MACs replace learning
         // behind remote VTEPs.
         b.arp_suppression = true;
@@ -135,7 +124,7 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec
         b.dscp = n.dscp.map(|d| d.min(u8::MAX as u32) as u8);
         b.pcp = n.pcp.map(|p| p.min(u8::MAX as u32) as u8);
         b.priority = n.priority;
-        b.pod_policer = n.pod_policer.as_ref().map(|p| PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes });
+        b.pod_policer = n.pod_policer.as_ref().map(crate::manager::policer);
         bridges.push(b);
     }
     let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
