@@ -58,6 +58,10 @@ struct Args {
     /// name that has none) and nothing else; nodes carry it instead of the admin's token.
     #[arg(long, env = "KNITTER_MANAGER_BOOTSTRAP_TOKEN_FILE")]
     bootstrap_token_file: Option<PathBuf>,
+    /// File holding a token that reads `/metrics` and nothing else (Prometheus's: the
+    /// ServiceMonitor in deploy/kubernetes/monitoring).
+    #[arg(long, env = "KNITTER_MANAGER_METRICS_TOKEN_FILE")]
+    metrics_token_file: Option<PathBuf>,
     /// Let reads from this host (loopback) through without a token.
     #[arg(long)]
     loopback_reads: bool,
@@ -268,7 +272,14 @@ fn main() -> Result<()> {
         }
         None => None,
     };
-    let auth = knitter_manager::manager::auth::Auth::new(token, bootstrap, a.loopback_reads);
+    let mut auth = knitter_manager::manager::auth::Auth::new(token.clone(), bootstrap.clone(), a.loopback_reads);
+    if let Some(p) = &a.metrics_token_file {
+        let t = std::fs::read_to_string(p).with_context(|| format!("reading the metrics token {}", p.display()))?.trim().to_string();
+        if t.is_empty() || t == token || bootstrap.as_deref() == Some(t.as_str()) {
+            bail!("the metrics token in {} is empty, the admin's or the bootstrap token", p.display());
+        }
+        auth = auth.with_metrics_token(t);
+    }
     let secs = std::time::Duration::from_secs;
     let limits = ServerLimits {
         connections: a.max_connections.max(1),
@@ -313,11 +324,13 @@ fn main() -> Result<()> {
             cluster = Some(c.status());
             elected = Some(tokio::spawn(c.run(stop_rx.clone())));
         }
-        let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone());
+        let metrics = Arc::new(knitter_manager::manager::metrics::Metrics::default());
+        let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone()).with_metrics(metrics.clone());
         if let Some(s) = &cluster {
             service = service.with_cluster(s.clone());
         }
         let service = service.server().max_decoding_message_size(limits.message).max_encoding_message_size(limits.message);
+        let service = knitter_manager::manager::metrics::CountedGrpc::new(service, metrics.clone());
         let mut builder = tonic::transport::Server::builder()
             .timeout(limits.request)
             .http2_keepalive_interval(Some(GRPC_KEEPALIVE))
@@ -331,7 +344,7 @@ fn main() -> Result<()> {
         let grpc = builder
             .add_service(service)
             .serve_with_incoming_shutdown(knitter_manager::manager::limits::incoming(grpc_listener, Gate::new(limits)), stopped(stop_rx.clone()));
-        let api = rest::Api { manager, auth: Arc::new(auth), cluster };
+        let api = rest::Api { manager, auth: Arc::new(auth), cluster, metrics };
         let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
         let rest_stop = stopped(stop_rx.clone());
         let rest = async move {

@@ -31,7 +31,7 @@ impl Client {
         let dir = tempfile::tempdir().unwrap();
         let m = Manager::new(Arc::new(Embedded::open(&dir.path().join("s.redb")).unwrap()), Config::default()).unwrap();
         let auth = knitter_manager::manager::auth::Auth::new(TOKEN, Some(BOOTSTRAP.into()), loopback_reads);
-        Client { app: rest::router(Api { manager: Arc::new(m), auth: Arc::new(auth), cluster: None }), _dir: dir }
+        Client { app: rest::router(Api { manager: Arc::new(m), auth: Arc::new(auth), cluster: None, metrics: Default::default() }), _dir: dir }
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>, from: &str) -> (StatusCode, Value) {

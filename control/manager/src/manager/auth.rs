@@ -9,6 +9,8 @@
 //! - **the bootstrap token** (`--bootstrap-token-file`, kubeadm's idea): one thing only,
 //!   joining — a node token for a name that has none yet (a name that joined before gets a
 //!   new token from the admin only, so a compromised node cannot take over another's);
+//! - **the metrics token** (`--metrics-token-file`, for Prometheus): `GET /metrics` and
+//!   nothing else;
 //! - **nobody** (no token): `GET /v1/health` and the gRPC `Health`; with `--loopback-reads`,
 //!   reads from the manager's own host too.
 //!
@@ -27,6 +29,8 @@ pub enum Caller {
     Admin,
     Node(String),
     Bootstrap,
+    /// The metrics token: scrapes `/metrics`.
+    Scraper,
     /// No token (or none of the above on a read that allows it).
     Nobody,
 }
@@ -44,6 +48,8 @@ pub enum Access {
     Join,
     /// Anyone (health).
     Open,
+    /// The admin or the metrics token (and nobody from loopback with `--loopback-reads`).
+    Metrics,
 }
 
 /// The manager's credentials and read policy.
@@ -51,6 +57,7 @@ pub enum Access {
 pub struct Auth {
     admin: std::sync::Arc<str>,
     bootstrap: Option<std::sync::Arc<str>>,
+    scraper: Option<std::sync::Arc<str>>,
     loopback_reads: bool,
 }
 
@@ -86,7 +93,13 @@ fn parse_node_token(token: &str) -> Option<(String, &str)> {
 
 impl Auth {
     pub fn new(admin: impl Into<std::sync::Arc<str>>, bootstrap: Option<String>, loopback_reads: bool) -> Auth {
-        Auth { admin: admin.into(), bootstrap: bootstrap.map(Into::into), loopback_reads }
+        Auth { admin: admin.into(), bootstrap: bootstrap.map(Into::into), scraper: None, loopback_reads }
+    }
+
+    /// Lets `token` read `/metrics` (and nothing else).
+    pub fn with_metrics_token(mut self, token: impl Into<std::sync::Arc<str>>) -> Auth {
+        self.scraper = Some(token.into());
+        self
     }
 
     /// The admin token alone (tests; a manager without a bootstrap token).
@@ -108,6 +121,9 @@ impl Auth {
         if self.bootstrap.as_ref().is_some_and(|b| super::rest::same_bytes(t.as_bytes(), b.as_bytes())) {
             return Ok(Caller::Bootstrap);
         }
+        if self.scraper.as_ref().is_some_and(|s| super::rest::same_bytes(t.as_bytes(), s.as_bytes())) {
+            return Ok(Caller::Scraper);
+        }
         if let Some((node, secret)) = parse_node_token(t)
             && let Some((c, _)) = m.load::<Credential>(&credential_key(&node))?
             && super::rest::same_bytes(sha256_hex(secret.as_bytes()).as_bytes(), c.sha256.as_bytes())
@@ -122,8 +138,8 @@ impl Auth {
     pub fn check(&self, caller: &Caller, access: Access, loopback: bool, read: bool) -> Result<()> {
         let ok = match (access, caller) {
             (Access::Open, _) | (_, Caller::Admin) => true,
-            (Access::Node, Caller::Node(_)) | (Access::Join, Caller::Bootstrap) => true,
-            (Access::Read | Access::Node, Caller::Nobody) => read && loopback && self.loopback_reads,
+            (Access::Node, Caller::Node(_)) | (Access::Join, Caller::Bootstrap) | (Access::Metrics, Caller::Scraper) => true,
+            (Access::Read | Access::Node | Access::Metrics, Caller::Nobody) => read && loopback && self.loopback_reads,
             _ => false,
         };
         if ok {
@@ -135,6 +151,7 @@ impl Auth {
             ),
             Caller::Node(n) => ManagerError::Forbidden(format!("node {n:?}'s credential may not do this (the admin's may)")),
             Caller::Bootstrap => ManagerError::Forbidden("the bootstrap token may only join a node (knitter-vswitchd --manager-bootstrap-token-file)".into()),
+            Caller::Scraper => ManagerError::Forbidden("the metrics token may only read /metrics".into()),
             Caller::Admin => unreachable!("the admin may do anything"),
         })
     }

@@ -50,6 +50,8 @@ pub struct Grpc {
     cluster: Option<Arc<super::cluster::Status>>,
     /// The latest cluster view, for every sync stream.
     views: watch::Receiver<Option<Arc<ClusterView>>>,
+    /// Where open sync streams are counted.
+    metrics: Arc<super::metrics::Metrics>,
 }
 
 /// How long the view task waits for a change before looking again (and how long it waits
@@ -94,7 +96,13 @@ impl Grpc {
                 }
             }
         });
-        Grpc { manager, auth, views, cluster: None }
+        Grpc { manager, auth, views, cluster: None, metrics: Arc::default() }
+    }
+
+    /// Counts its sync streams in `metrics` (the REST API's `/metrics` shows them).
+    pub fn with_metrics(mut self, metrics: Arc<super::metrics::Metrics>) -> Grpc {
+        self.metrics = metrics;
+        self
     }
 
     /// Serves the Kubernetes controller's state too.
@@ -347,7 +355,12 @@ impl pb::manager_server::Manager for Grpc {
         };
         tracing::info!(node = %name, vtep = %registered.vtep, last_revision = req.revision, "node sync stream opened");
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(stream_desired(self.manager.clone(), self.views.clone(), name, tx));
+        let open = self.metrics.stream_opened();
+        let desired = stream_desired(self.manager.clone(), self.views.clone(), name, tx);
+        tokio::spawn(async move {
+            desired.await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 

@@ -112,4 +112,28 @@ impl Manager {
         }
         Err(ManagerError::Busy("networks kept changing".into()))
     }
+
+    /// Each network's address use, per family it has: what its pools hold and how many of
+    /// those ports and IP groups hold (read from the store: every address is listed).
+    pub fn address_use(&self) -> Result<Vec<AddressUse>> {
+        let mut out = Vec::new();
+        for net in self.networks()? {
+            for a in net.families() {
+                let v4 = a.subnet().is_ipv4();
+                let used = self.store.allocations(&space(&net.spec.name, v4))?.len();
+                out.push(AddressUse { network: net.spec.name.clone(), family: if v4 { "ipv4" } else { "ipv6" }, size: a.size(), used });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One network's address use in one family ([`Manager::address_use`]).
+pub struct AddressUse {
+    pub network: String,
+    pub family: &'static str,
+    /// Addresses its pools hold.
+    pub size: u128,
+    /// Of them, held by ports and IP groups.
+    pub used: usize,
 }

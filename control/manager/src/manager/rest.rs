@@ -32,6 +32,8 @@ pub struct Api {
     pub auth: Arc<Auth>,
     /// The Kubernetes controller's state, when this manager runs one.
     pub cluster: Option<Arc<super::cluster::Status>>,
+    /// The APIs' requests and the sync streams (shared with the gRPC service).
+    pub metrics: Arc<super::metrics::Metrics>,
 }
 
 #[derive(Serialize)]
@@ -109,7 +111,8 @@ pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// What a route needs of its caller (`auth.rs`): probes' health is open; ports and node
+/// What a route needs of its caller (`auth.rs`): probes' health is open; `/metrics` the
+/// metrics token's (or the admin's); ports and node
 /// records are the nodes' too (each handler checks which); joining is the bootstrap
 /// token's; every other change is the admin's, every other read the admin's (and loopback's
 /// with `--loopback-reads`).
@@ -118,6 +121,7 @@ fn access(method: &Method, path: &str) -> Access {
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     match (read, parts.as_slice()) {
         (true, ["", "v1", "health" | "live"]) => Access::Open,
+        (true, ["", "metrics"]) => Access::Metrics,
         (_, ["", "v1", "ports", ..]) => Access::Node,
         (true, ["", "v1", "nodes", ..]) => Access::Node,
         (false, ["", "v1", "nodes", _]) if *method == Method::PUT => Access::Node,
@@ -162,9 +166,12 @@ async fn kubernetes(State(api): State<Api>) -> Reply {
     ok(status.report())
 }
 
-/// Prometheus metrics: the Kubernetes controller's (none without one).
+/// Prometheus metrics: the APIs' requests, the sync streams, the networks' address use
+/// ([`super::metrics`]) and the Kubernetes controller's (none without one).
 async fn metrics(State(api): State<Api>) -> Response {
-    let text = api.cluster.as_ref().map(|s| s.report().metrics()).unwrap_or_default();
+    let (m, manager) = (api.metrics.clone(), api.manager.clone());
+    let mut text = tokio::task::spawn_blocking(move || m.render(&manager)).await.unwrap_or_default();
+    text.push_str(&api.cluster.as_ref().map(|s| s.report().metrics()).unwrap_or_default());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -359,6 +366,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/nodes/{name}/token", axum::routing::post(node_token))
         .fallback(no_route)
         .layer(middleware::from_fn_with_state(api.clone(), auth))
+        .layer(middleware::from_fn_with_state(api.metrics.clone(), super::metrics::count_rest))
         .with_state(api)
 }
 
