@@ -18,6 +18,7 @@ Needs `pip install kubernetes-validate==1.37.0` (it brings jsonschema and PyYAML
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,54 @@ def policy(path):
     return [f"{os.path.basename(path)}: {p}" for p in problems]
 
 
+def monitoring(base, rendered):
+    """The Prometheus Operator's PodMonitor and ServiceMonitor (no CRD here to validate them
+    against) select what the manifests make: the node agents' pods with a `metrics` port
+    (patches/node-metrics.yaml), the managers' Service with its `rest` port, Secrets that
+    secrets.sh makes; and every metric the Grafana dashboard plots is one the code exports."""
+    problems = []
+    docs = [d for f in rendered for d in yaml.safe_load_all(open(f)) if d]
+    pod_spec = lambda d: d["spec"]["template"]["spec"]
+    with open(os.path.join(base, "secrets.sh")) as fh:
+        made = set(re.findall(r"create secret generic ([a-z-]+)", fh.read()))
+
+    def selects(selector, labels):
+        return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+    for f in sorted(glob.glob(os.path.join(base, "monitoring", "*.yaml"))):
+        for m in (d for d in yaml.safe_load_all(open(f)) if d):
+            name = f"{os.path.basename(f)} {m['kind']}"
+            if m["kind"] == "PodMonitor":
+                pods = [pod_spec(d) | {"labels": d["spec"]["template"]["metadata"].get("labels", {})} for d in docs if d["kind"] == "DaemonSet"]
+                ports = [p.get("name") for pod in pods if selects(m["spec"]["selector"], pod["labels"]) for c in pod["containers"] for p in c.get("ports", [])]
+                for e in m["spec"]["podMetricsEndpoints"]:
+                    if e["port"] not in ports:
+                        problems.append(f"{name}: no selected pod has a port {e['port']!r} (patches/node-metrics.yaml)")
+            elif m["kind"] == "ServiceMonitor":
+                services = [d for d in docs if d["kind"] == "Service" and selects(m["spec"]["selector"], d["metadata"].get("labels", {}))]
+                ports = {p.get("name") for s in services for p in s["spec"]["ports"]}
+                for e in m["spec"]["endpoints"]:
+                    if e["port"] not in ports:
+                        problems.append(f"{name}: no selected Service has a port {e['port']!r}")
+                    secrets = [e.get("authorization", {}).get("credentials", {}).get("name"), e.get("tlsConfig", {}).get("ca", {}).get("secret", {}).get("name")]
+                    for s in filter(None, secrets):
+                        if s not in made:
+                            problems.append(f"{name}: Secret {s} is not one deploy/kubernetes/secrets.sh makes")
+            else:
+                problems.append(f"{name}: not a PodMonitor or ServiceMonitor")
+    exported = set()
+    for src in glob.glob(os.path.join(ROOT, "vswitchd", "src", "*.rs")) + glob.glob(os.path.join(ROOT, "control", "manager", "src", "**", "*.rs"), recursive=True):
+        exported |= set(re.findall(r"knitter_[a-z_]+", open(src).read()))
+    with open(os.path.join(ROOT, "deploy", "grafana", "knitter.json")) as fh:
+        dashboard = json.load(fh)
+    for p in dashboard["panels"]:
+        for t in p["targets"]:
+            for metric in re.findall(r"knitter_[a-z_]+", t["expr"]):
+                if metric not in exported:
+                    problems.append(f"deploy/grafana/knitter.json: panel {p['title']!r} plots {metric}, which nothing exports")
+    return problems
+
+
 def manifests():
     base = os.path.join(ROOT, "deploy", "kubernetes")
     crd_files = sorted(glob.glob(os.path.join(base, "base", "crds", "*.yaml")))
@@ -156,12 +205,12 @@ def manifests():
             else:
                 builtin.append(f)
         kubernetes_validate(builtin)
-        broken = [p for f in builtin for p in policy(f)]
+        broken = [p for f in builtin for p in policy(f)] + monitoring(base, builtin)
         for p in broken:
             print(p, file=sys.stderr)
         if broken:
-            sys.exit(f"{len(broken)} manifests grant or mount more than they should")
-    with open(os.path.join(ROOT, "control", "tests", "fixtures", "multus-nad-crd.yaml")) as fh:
+            sys.exit(f"{len(broken)} problems: manifests that grant or mount more than they should, or monitoring objects that select nothing")
+    with open(os.path.join(ROOT, "control", "manager", "tests", "fixtures", "multus-nad-crd.yaml")) as fh:
         nad = next(d for d in yaml.safe_load_all(fh) if d)
     crds[(nad["spec"]["group"], nad["spec"]["names"]["kind"])] = nad
     failed = 0

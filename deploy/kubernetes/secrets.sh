@@ -3,6 +3,7 @@
 # missing), each only if it is not there yet (running it again changes nothing):
 #   knitter-token        the admin's bearer token (the managers; knitterctl of operators)
 #   knitter-bootstrap    the bootstrap token nodes join with (each gets a token of its own)
+#   knitter-metrics-token the token Prometheus reads the managers' /metrics with (nothing else)
 #   knitter-manager-tls  the managers' TLS certificate (tls.crt, tls.key) for the Service's
 #                        names, and the CA that signed it (ca.crt, which nodes verify with)
 # The CA is made here with openssl (P-256, ten years; the certificate 825 days) and its key
@@ -26,6 +27,7 @@ chmod 700 "$tmp"
 token() { head -c 32 /dev/urandom | base64 | tr -d '=+/\n'; }
 token >"$tmp/token"
 token >"$tmp/bootstrap-token"
+token >"$tmp/metrics-token"
 
 # The names clients reach the managers by: the Service (every form), and loopback for a
 # health check inside the pod.
@@ -39,10 +41,10 @@ openssl x509 -req -in "$tmp/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAc
   -out "$tmp/tls.crt" -extfile "$tmp/tls.ext" 2>/dev/null
 
 if [ -n "$out" ]; then
-  for f in token bootstrap-token tls.crt tls.key ca.crt; do
+  for f in token bootstrap-token metrics-token tls.crt tls.key ca.crt; do
     install -m 600 "$tmp/$f" "$out/$f"
   done
-  echo "wrote token, bootstrap-token, tls.crt, tls.key and ca.crt to $out"
+  echo "wrote token, bootstrap-token, metrics-token, tls.crt, tls.key and ca.crt to $out"
   exit 0
 fi
 
@@ -55,6 +57,9 @@ if have knitter-token; then kept knitter-token; else
 fi
 if have knitter-bootstrap; then kept knitter-bootstrap; else
   kubectl -n "$ns" create secret generic knitter-bootstrap --from-file=token="$tmp/bootstrap-token" >/dev/null && made knitter-bootstrap
+fi
+if have knitter-metrics-token; then kept knitter-metrics-token; else
+  kubectl -n "$ns" create secret generic knitter-metrics-token --from-file=token="$tmp/metrics-token" >/dev/null && made knitter-metrics-token
 fi
 if have knitter-manager-tls; then kept knitter-manager-tls; else
   kubectl -n "$ns" create secret generic knitter-manager-tls --type=kubernetes.io/tls \

@@ -357,8 +357,9 @@ pub struct Args {
     /// Entries of each PMD thread's exact-match cache (32 bytes each; 0: none).
     #[arg(long)]
     pub emc_entries: Option<u32>,
-    /// Address of the Prometheus endpoint (default 127.0.0.1:9477).
-    #[arg(long, conflicts_with = "no_metrics")]
+    /// Address of the Prometheus endpoint (default 127.0.0.1:9477; in a DaemonSet,
+    /// `$(POD_IP):9477` makes it reachable: deploy/kubernetes/patches/node-metrics.yaml).
+    #[arg(long, env = "KNITTER_METRICS_LISTEN", conflicts_with = "no_metrics")]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// No Prometheus endpoint.
     #[arg(long)]

@@ -59,7 +59,8 @@ struct Args {
     #[arg(long, env = "KNITTER_MANAGER_BOOTSTRAP_TOKEN_FILE")]
     bootstrap_token_file: Option<PathBuf>,
     /// File holding a token that reads `/metrics` and nothing else (Prometheus's: the
-    /// ServiceMonitor in deploy/kubernetes/monitoring).
+    /// ServiceMonitor in deploy/kubernetes/monitoring). A file that does not exist (an
+    /// optional Secret not made) leaves `/metrics` to the admin's token, with a warning.
     #[arg(long, env = "KNITTER_MANAGER_METRICS_TOKEN_FILE")]
     metrics_token_file: Option<PathBuf>,
     /// Let reads from this host (loopback) through without a token.
@@ -273,12 +274,18 @@ fn main() -> Result<()> {
         None => None,
     };
     let mut auth = knitter_manager::manager::auth::Auth::new(token.clone(), bootstrap.clone(), a.loopback_reads);
-    if let Some(p) = &a.metrics_token_file {
-        let t = std::fs::read_to_string(p).with_context(|| format!("reading the metrics token {}", p.display()))?.trim().to_string();
-        if t.is_empty() || t == token || bootstrap.as_deref() == Some(t.as_str()) {
-            bail!("the metrics token in {} is empty, the admin's or the bootstrap token", p.display());
+    match a.metrics_token_file.as_deref().map(|p| (p, std::fs::read_to_string(p))) {
+        None => {}
+        Some((p, Err(e))) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(file = %p.display(), "no metrics token: /metrics reads need the admin's token");
         }
-        auth = auth.with_metrics_token(t);
+        Some((p, read)) => {
+            let t = read.with_context(|| format!("reading the metrics token {}", p.display()))?.trim().to_string();
+            if t.is_empty() || t == token || bootstrap.as_deref() == Some(t.as_str()) {
+                bail!("the metrics token in {} is empty, the admin's or the bootstrap token", p.display());
+            }
+            auth = auth.with_metrics_token(t);
+        }
     }
     let secs = std::time::Duration::from_secs;
     let limits = ServerLimits {

@@ -11,6 +11,7 @@ use super::Manager;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use knitter_api::metrics::escape;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
@@ -101,11 +102,6 @@ impl Metrics {
         *cached = Some((Instant::now(), out.clone()));
         out
     }
-}
-
-/// A label value as the text format wants it.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// REST middleware: counts each answer by its route's template and status.
