@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Test certificates for TLS tests, made with openssl in directory $1: two CAs (ca, other-ca),
 # a server certificate for `localhost` and a client certificate, both signed by `ca`
-# (P-256 keys, valid one day). Used by control/manager/tests (the node API, the manager) and the
+# (P-256 keys, valid one day). Used by control/manager/tests (the manager), control/knitterctl/tests
+# (the node API) and the
 # CNI lab (a node reaching its manager over TLS).
 set -euo pipefail
 cd "$1"

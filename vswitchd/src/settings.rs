@@ -359,7 +359,7 @@ pub struct Args {
     pub emc_entries: Option<u32>,
     /// Address of the Prometheus endpoint (default 127.0.0.1:9477; in a DaemonSet,
     /// `$(POD_IP):9477` makes it reachable: deploy/kubernetes/patches/node-metrics.yaml).
-    #[arg(long, env = "KNITTER_METRICS_LISTEN", conflicts_with = "no_metrics")]
+    #[arg(long, env = "KNITTER_METRICS_LISTEN", conflicts_with = "no_metrics", value_parser = listen_address)]
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// No Prometheus endpoint.
     #[arg(long)]
@@ -571,9 +571,31 @@ pub fn converge(mut state: NodeState, file: &NodeState) -> NodeState {
     state
 }
 
+/// An address to listen on: `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address and `:PORT` without
+/// brackets (what `$(POD_IP):9477` gives on an IPv6 pod).
+fn listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let bad = || format!("{s:?} is not IP:PORT");
+    let (ip, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    Ok(std::net::SocketAddr::new(ip.parse().map_err(|_| bad())?, port.parse().map_err(|_| bad())?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listen_address_may_be_an_ipv6_pod_address_and_a_port() {
+        let ok = |s: &str| listen_address(s).unwrap().to_string();
+        assert_eq!(ok("10.0.0.5:9477"), "10.0.0.5:9477");
+        assert_eq!(ok("[fd00::5]:9477"), "[fd00::5]:9477");
+        assert_eq!(ok("fd00::5:9477"), "[fd00::5]:9477", "$(POD_IP):9477 on an IPv6 pod");
+        for bad in ["10.0.0.5", "fd00::5", "x:9477", "10.0.0.5:port", ""] {
+            assert!(listen_address(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn no_file_and_no_flags_run_on_defaults() {

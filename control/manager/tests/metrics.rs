@@ -28,8 +28,12 @@ fn http_as(addr: &str, token: &str, method: &str, path: &str, body: Option<&str>
 }
 
 fn request<T>(msg: T) -> tonic::Request<T> {
+    request_as(TOKEN, msg)
+}
+
+fn request_as<T>(token: &str, msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
-    knitter_api::process::bearer(&mut r, TOKEN).unwrap();
+    knitter_api::process::bearer(&mut r, token).unwrap();
     r
 }
 
@@ -76,6 +80,13 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
     };
     assert_eq!(as_scraper("GET", "/v1/networks").await.unwrap().0, 403, "the metrics token reads /metrics only");
     assert_eq!(as_scraper("DELETE", "/v1/networks/red").await.unwrap().0, 403);
+    let refused = grpc.list_networks(request_as(SCRAPER, pb::ListRequest::default())).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "the metrics token reads nothing over gRPC: {refused}");
+    // A method nobody defined is one series, whatever it is called.
+    for m in ["BREW", "FOO123", "X"] {
+        let rest = rest.clone();
+        tokio::task::spawn_blocking(move || http(&rest, m, "/v1/tenants", None)).await.unwrap();
+    }
     let text = scrape().await;
     for line in [
         r#"knitter_manager_api_requests_total{api="rest",operation="POST /v1/networks",code="201"} 1"#,
@@ -84,6 +95,8 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
         r#"knitter_manager_api_requests_total{api="grpc",operation="ListNetworks",code="0"} 1"#,
         r#"knitter_manager_api_requests_total{api="grpc",operation="GetNetwork",code="5"} 1"#,
         r#"knitter_manager_api_requests_total{api="grpc",operation="Sync",code="0"} 1"#,
+        r#"knitter_manager_api_requests_total{api="grpc",operation="ListNetworks",code="7"} 1"#,
+        r#"knitter_manager_api_requests_total{api="rest",operation="OTHER /v1/tenants",code="405"} 3"#,
         r#"knitter_manager_network_addresses_used{network="red",family="ipv4"} 1"#,
         "knitter_manager_sync_streams 1",
         "knitter_manager_address_use_errors 0",

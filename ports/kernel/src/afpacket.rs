@@ -12,7 +12,7 @@
 //! underlay) may carry the sender's offloads: a checksum left partial, or a GSO super-frame of
 //! up to 64 KiB. The receive socket asks for the virtio-net header (`PACKET_VNET_HDR`, set
 //! before its ring) that says exactly which checksum to finish (the inner one of a VXLAN
-//! frame) and how to cut a super-frame ([`vswitch::offload`]). A super-frame larger than a ring
+//! frame) and how to cut a super-frame ([`crate::offload`]). A super-frame larger than a ring
 //! slot is queued whole on the socket (`PACKET_COPY_THRESH`, `TP_STATUS_COPY` in its slot) and
 //! read with one `recv` into the port's scratch buffer: one system call per ~45 segments.
 //! Segments that do not fit this burst wait in the port for the next.

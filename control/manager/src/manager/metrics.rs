@@ -3,9 +3,16 @@
 //! the nodes' sync streams open on this manager; and each network's address use, read from
 //! the store when scraped (at most once per [`ADDRESS_USE_EVERY`]: it lists every address).
 //!
-//! Labels are bounded whatever clients send: a REST operation is its route's template (a
-//! request no route matches is `unmatched`), a gRPC operation one of the service's methods
-//! (`unknown` otherwise).
+//! Labels are bounded whatever clients send: a REST operation is a method the API knows
+//! (`OTHER` for any other) and its route's template (a request no route matches is
+//! `unmatched`), a gRPC operation one of the service's methods (`unknown` otherwise).
+//!
+//! What is not counted: a REST request the server's deadline cut off (503), and a gRPC call
+//! the server's own layers ended before the service answered (its timeout, a client that
+//! went away). A gRPC refusal is counted by the `grpc-status` it is sent with in the
+//! response's headers, which covers every refusal a handler returns; a status that comes
+//! only in the trailers (an error inside the sync stream, a reply over the size limit) is
+//! counted as `0`.
 
 use super::Manager;
 use axum::extract::{MatchedPath, Request, State};
@@ -106,8 +113,12 @@ impl Metrics {
 
 /// REST middleware: counts each answer by its route's template and status.
 pub async fn count_rest(State(m): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "PATCH" | "OPTIONS") => m,
+        _ => "OTHER",
+    };
     let op = match req.extensions().get::<MatchedPath>() {
-        Some(p) => format!("{} {}", req.method(), p.as_str()),
+        Some(p) => format!("{method} {}", p.as_str()),
         None => "unmatched".to_string(),
     };
     let r = next.run(req).await;
