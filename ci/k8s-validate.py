@@ -116,6 +116,92 @@ def policy(path):
     return [f"{os.path.basename(path)}: {p}" for p in problems]
 
 
+def cel_failures(schema, value, old=None, path="$"):
+    """The x-kubernetes-validations rules (CEL, as the apiserver evaluates them: `self` the
+    value where the rule sits, `oldSelf` its value before an update, transition rules only on
+    updates) that `value` breaks, as (path, message)."""
+    import celpy
+    failures = []
+    if value is None:
+        return failures
+    env = celpy.Environment()
+    for r in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in r["rule"] and old is None:
+            continue
+        activation = {"self": celpy.json_to_cel(value)}
+        if old is not None:
+            activation["oldSelf"] = celpy.json_to_cel(old)
+        result = env.program(env.compile(r["rule"])).evaluate(activation)
+        if not isinstance(result, celpy.celtypes.BoolType) or not bool(result):
+            failures.append((path, r.get("message", r["rule"])))
+    if isinstance(value, dict):
+        for k, sub in schema.get("properties", {}).items():
+            if k in value:
+                failures += cel_failures(sub, value[k], old.get(k) if isinstance(old, dict) else None, f"{path}.{k}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            failures += cel_failures(schema["items"], v, None, f"{path}[{i}]")
+    return failures
+
+
+def cel_rules(schema):
+    """Every CEL rule of a schema."""
+    rules = [r["rule"] for r in schema.get("x-kubernetes-validations", [])]
+    for sub in schema.get("properties", {}).values():
+        rules += cel_rules(sub)
+    if "items" in schema:
+        rules += cel_rules(schema["items"])
+    return rules
+
+
+# What the CRDs' CEL rules must refuse (kind, spec before an update or None, spec, the
+# message) and accept (message None).
+CEL_CASES = [
+    ("Network", None, {"kind": "vlan", "segment": 5000}, "a VLAN network's segment is a VLAN ID, 1-4094"),
+    ("Network", None, {"kind": "vlan", "segment": 4094, "sriovPool": "fast", "podChoosesVF": True}, None),
+    ("Network", None, {"kind": "vxlan", "segment": 16777215}, None),
+    ("Network", None, {"kind": "vxlan", "sriovPool": "fast"}, "sriovPool is for VLAN networks only"),
+    ("Network", None, {"kind": "vxlan", "podChoosesVF": True}, "podChoosesVF is for VLAN networks only"),
+    ("Network", None, {"kind": "vxlan", "podChoosesVF": False}, None),
+    ("Network", None, {"kind": "vxlan", "podPolicer": {"burstPackets": 64}}, "a podPolicer needs a rate (pps or bps above 0)"),
+    ("Network", None, {"kind": "vxlan", "podPolicer": {"pps": 0, "bps": 0}}, "a podPolicer needs a rate (pps or bps above 0)"),
+    ("Network", None, {"kind": "vxlan", "podPolicer": {"bps": 1000000}}, None),
+    ("Network", {"kind": "vxlan", "segment": 1}, {"kind": "vxlan", "segment": 2}, "a Network's spec is immutable (delete the Network and make it again to change it)"),
+    ("Network", {"kind": "vxlan", "segment": 1}, {"kind": "vxlan", "segment": 1}, None),
+    ("IPGroup", None, {"network": "red", "members": ["10.0.0.1"], "size": 1}, "give members or size, one of them"),
+    ("IPGroup", None, {"network": "red"}, "give members or size, one of them"),
+    ("IPGroup", None, {"network": "red", "members": []}, "give members or size, one of them"),
+    ("IPGroup", None, {"network": "red", "size": 4}, None),
+    ("IPGroup", None, {"network": "red", "members": ["10.0.0.1"]}, None),
+    ("IPGroup", {"network": "red", "size": 4}, {"network": "red", "size": 5}, "an IPGroup's spec is immutable (delete the IPGroup and make it again to change it)"),
+]
+
+
+def cel(crds, examples):
+    """Every rule compiles; the examples pass; CEL_CASES hold. Returns the problems."""
+    import celpy
+    problems = []
+    env = celpy.Environment()
+    by_kind = {kind: crd_schema(crd, crd["spec"]["versions"][0]["name"]) for (group, kind), crd in crds.items() if group == "knitter.io"}
+    for kind, schema in by_kind.items():
+        for rule in cel_rules(schema):
+            try:
+                env.compile(rule)
+            except Exception as e:
+                problems.append(f"{kind}: rule {rule!r} does not compile: {e}")
+    for f, d in examples:
+        if d["kind"] in by_kind:
+            for path, msg in cel_failures(by_kind[d["kind"]], d) + cel_failures(by_kind[d["kind"]], d, d):
+                problems.append(f"{f}: {d['metadata']['name']}: {path}: {msg}")
+    for kind, old, spec, want in CEL_CASES:
+        obj = {"apiVersion": "knitter.io/v1alpha1", "kind": kind, "metadata": {"name": "x"}, "spec": spec}
+        prev = None if old is None else {**obj, "spec": old}
+        got = [m for _, m in cel_failures(by_kind[kind], obj, prev)]
+        if (want is None and got) or (want is not None and want not in got):
+            problems.append(f"CEL case {kind} {spec} (before: {old}): expected {want or 'no refusal'}, got {got or 'no refusal'}")
+    return problems
+
+
 def monitoring(base, rendered):
     """The Prometheus Operator's PodMonitor and ServiceMonitor (no CRD here to validate them
     against) select what the manifests make: the node agents' pods with a `metrics` port
@@ -230,8 +316,11 @@ def manifests():
         for e in jsonschema.Draft7Validator(crd_schema(crd, version)).iter_errors(d):
             print(f"{f}: {d['metadata']['name']}: {e.json_path}: {e.message}", file=sys.stderr)
             failed += 1
+    for p in cel(crds, custom):
+        print(p, file=sys.stderr)
+        failed += 1
     if failed:
-        sys.exit(f"{failed} problems in the example resources")
+        sys.exit(f"{failed} problems in the example resources or the CRDs' CEL rules")
     print(f"{len(crd_files)} CRDs, {len(builtin)} manifest files and {len(custom)} example resources valid for Kubernetes {KUBERNETES}")
 
 
@@ -252,7 +341,10 @@ def objects(crd_file, objects_file):
         errors = list(jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker()).iter_errors(o))
         for e in errors:
             print(f"{o['metadata'].get('namespace', '')}/{o['metadata'].get('name')}: {e.json_path}: {e.message}", file=sys.stderr)
-        failed += bool(errors)
+        refused = cel_failures(schema, o)
+        for path, msg in refused:
+            print(f"{o['metadata'].get('namespace', '')}/{o['metadata'].get('name')}: {path}: {msg} (CEL)", file=sys.stderr)
+        failed += bool(errors or refused)
     if failed:
         sys.exit(f"{failed} of {len(items)} objects do not follow {crd['metadata']['name']}")
     print(f"{len(items)} objects follow {crd['metadata']['name']}")

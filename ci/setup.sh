@@ -43,9 +43,10 @@ if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! command -v kubectl >/dev/null; then
 fi
 
 # The Kubernetes manifests' checks (ci/k8s-validate.py; the controller's tests call it):
-# kubernetes-validate carries the Kubernetes OpenAPI schemas and brings jsonschema and PyYAML.
-if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
-  echo "== installing kubernetes-validate (PyPI)"
-  python3 -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 ||
-    python3 -m pip install -q --disable-pip-version-check --break-system-packages kubernetes-validate==1.37.0
+# kubernetes-validate carries the Kubernetes OpenAPI schemas and brings jsonschema and PyYAML;
+# cel-python evaluates the CRDs' x-kubernetes-validations rules (CEL) as the apiserver does.
+if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! python3 -c 'import kubernetes_validate, jsonschema, yaml, celpy' 2>/dev/null; then
+  echo "== installing kubernetes-validate and cel-python (PyPI)"
+  python3 -m pip install -q --disable-pip-version-check kubernetes-validate==1.37.0 cel-python==0.5.0 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages kubernetes-validate==1.37.0 cel-python==0.5.0
 fi
