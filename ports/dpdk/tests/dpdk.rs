@@ -168,12 +168,22 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     // The link as the control plane reads it (knitter-vswitchd's link watcher refreshes
     // every port): the pod's end down, then up.
     let iface = format!("dta{tag}");
+    // The kernel turns the tap's carrier on a moment after `ip link set up` (its link watch
+    // runs apart): look again for up to 2 s, as the daemon's link watcher would.
+    let seen = |up: bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            a.refresh_link();
+            if a.link_up() == up || std::time::Instant::now() > deadline {
+                return a.link_up() == up;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
     pa.run(&["ip", "link", "set", &iface, "down"]).unwrap();
-    a.refresh_link();
-    assert!(!a.link_up(), "link down seen");
+    assert!(seen(false), "link down seen");
     pa.run(&["ip", "link", "set", &iface, "up"]).unwrap();
-    a.refresh_link();
-    assert!(a.link_up(), "link up seen");
+    assert!(seen(true), "link up seen");
     let (sa, sb) = (a.device_stats().unwrap(), b.device_stats().unwrap());
     assert!(sa.ipackets >= 3 && sb.opackets >= 3, "{sa:?} {sb:?}");
     switch.apply(SwitchConfig::default()).unwrap();
