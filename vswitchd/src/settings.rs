@@ -473,7 +473,7 @@ impl Settings {
         let metrics = match (args.no_metrics, args.metrics_listen, file.metrics.listen.as_str()) {
             (true, _, _) | (false, None, "") => None,
             (false, Some(a), _) => Some(a),
-            (false, None, a) => Some(a.parse().with_context(|| format!("metrics.listen {a:?} is not an address:port"))?),
+            (false, None, a) => Some(listen_address(a).map_err(|e| anyhow::anyhow!("metrics.listen: {e}"))?),
         };
         let address = args.manager.clone().unwrap_or(file.manager.address);
         let manager = if address.is_empty() {

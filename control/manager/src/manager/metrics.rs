@@ -88,24 +88,20 @@ impl Metrics {
         {
             return text.clone();
         }
+        let rows = manager.address_use().inspect_err(|e| tracing::warn!(error = %e, "address use not read"));
         let mut out = String::new();
-        match manager.address_use() {
-            Ok(rows) => {
-                out.push_str("# HELP knitter_manager_network_addresses Addresses a network's pools hold, by family.\n# TYPE knitter_manager_network_addresses gauge\n");
-                for r in &rows {
-                    let _ = writeln!(out, "knitter_manager_network_addresses{{network=\"{}\",family=\"{}\"}} {}", escape(&r.network), r.family, r.size);
-                }
-                out.push_str("# HELP knitter_manager_network_addresses_used Addresses of a network held by ports and IP groups, by family.\n# TYPE knitter_manager_network_addresses_used gauge\n");
-                for r in &rows {
-                    let _ = writeln!(out, "knitter_manager_network_addresses_used{{network=\"{}\",family=\"{}\"}} {}", escape(&r.network), r.family, r.used);
-                }
-                out.push_str("# HELP knitter_manager_address_use_errors Whether the last reading of the address use failed (the store).\n# TYPE knitter_manager_address_use_errors gauge\nknitter_manager_address_use_errors 0\n");
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "address use not read");
-                out.push_str("# HELP knitter_manager_address_use_errors Whether the last reading of the address use failed (the store).\n# TYPE knitter_manager_address_use_errors gauge\nknitter_manager_address_use_errors 1\n");
+        for (name, help, used) in [
+            ("knitter_manager_network_addresses", "Addresses a network's pools hold, by family.", false),
+            ("knitter_manager_network_addresses_used", "Addresses of a network held by ports and IP groups, by family.", true),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for r in rows.iter().flatten() {
+                let value = if used { r.used as u128 } else { r.size };
+                let _ = writeln!(out, "{name}{{network=\"{}\",family=\"{}\"}} {value}", escape(&r.network), r.family);
             }
         }
+        out.push_str("# HELP knitter_manager_address_use_errors Whether the last reading of the address use failed (the store).\n");
+        let _ = writeln!(out, "# TYPE knitter_manager_address_use_errors gauge\nknitter_manager_address_use_errors {}", u8::from(rows.is_err()));
         *cached = Some((Instant::now(), out.clone()));
         out
     }
