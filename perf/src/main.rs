@@ -68,8 +68,13 @@ struct Lab {
 }
 
 impl Lab {
-    /// The run's result; when it failed, the work directory is kept and named.
+    /// The run's result; when it failed, or `KNITTER_PERF_KEEP` is set, the work directory
+    /// is kept and named.
     fn finish<T>(self, r: anyhow::Result<T>) -> anyhow::Result<T> {
+        if std::env::var_os("KNITTER_PERF_KEEP").is_some() && r.is_ok() {
+            eprintln!("the run's logs are kept in {}", self.work.keep().display());
+            return r;
+        }
         r.map_err(|e| {
             let kept = self.work.keep();
             e.context(format!("the run's logs are kept in {}", kept.display()))
@@ -176,6 +181,11 @@ enum Cmd {
         /// More `net_virtio_user` options for the VNF's ports (`in_order=0`, `packed_vq=1`).
         #[arg(long, default_value = "")]
         vnf_devargs: String,
+        /// The VNF's transmit free threshold (testpmd's `--txfreet`, a DPDK application's
+        /// `tx_free_thresh`): the ring's size less 32 makes DPDK's virtio driver free sent
+        /// buffers at once rather than when the ring is nearly all used (0: its default).
+        #[arg(long, default_value_t = 0)]
+        vnf_tx_free: u16,
         /// A policer on Knitter's offering pod port, as a TOML inline table's body
         /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
         #[arg(long)]
@@ -261,7 +271,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, vnf_devargs, police } => {
+        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, vnf_devargs, vnf_tx_free, police } => {
             let common = common.resolved();
             anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
             let lab = common.lab(scenario, true)?;
@@ -280,7 +290,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 retries,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
-                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring, devargs: vnf_devargs },
+                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring, devargs: vnf_devargs, tx_free: vnf_tx_free },
                 police,
                 work: lab.work.path().to_path_buf(),
             };

@@ -185,11 +185,16 @@ pub struct Vnf {
     /// `mrg_rxbuf=0`): the driver paths a VNF picks.
     #[serde(default)]
     pub devargs: String,
+    /// testpmd's `--txfreet`: how many transmit descriptors the VNF's driver leaves used
+    /// before it frees their buffers (0: the driver's default; DPDK's virtio driver frees
+    /// only when all but 32 of the ring are used).
+    #[serde(default)]
+    pub tx_free: u16,
 }
 
 impl Default for Vnf {
     fn default() -> Vnf {
-        Vnf { queues: 1, queues_used: 1, ring: 256, devargs: String::new() }
+        Vnf { queues: 1, queues_used: 1, ring: 256, devargs: String::new(), tx_free: 0 }
     }
 }
 
@@ -197,7 +202,8 @@ impl Vnf {
     /// What the report says of it.
     pub fn describe(&self) -> String {
         let extra = if self.devargs.is_empty() { String::new() } else { format!(", `{}`", self.devargs) };
-        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}", self.queues_used, self.queues, self.ring)
+        let free = if self.tx_free == 0 { "the driver's own transmit free threshold".to_string() } else { format!("`--txfreet={}`", self.tx_free) };
+        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}, {free}", self.queues_used, self.queues, self.ring)
     }
 }
 
@@ -293,6 +299,11 @@ impl Generator {
         let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192);
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from));
         args.extend([format!("--total-num-mbufs={mbufs}"), format!("--rxq={used}"), format!("--txq={used}"), format!("--rxd={ring}"), format!("--txd={ring}")]);
+        if vnf.tx_free > 0 {
+            args.push(format!("--txfreet={}", vnf.tx_free));
+        }
+        // For diagnosis (`--record-burst-stats`, say): read in the kept work directory.
+        args.extend(std::env::var("KNITTER_PERF_TESTPMD_ARGS").unwrap_or_default().split_whitespace().map(String::from));
         let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");

@@ -29,14 +29,21 @@ pub(crate) const NODE: Descriptor = Descriptor {
     counts: &[Event::CacheHits],
 };
 
-/// Bursts in a row that found nothing in the cache and filled it only by pushing out live
-/// entries (or not at all) after which a port is taken to churn through more flows than the
-/// cache holds (or to send what is never cached: floods).
-pub(super) const THRASHING_AFTER: u8 = 8;
+/// What a hit saves against what a miss costs, in misses: a hit skips ~210 instructions of
+/// the slow path, a miss adds ~67 to it (its key, lookup and fill; docs/perf.md), so the
+/// cache pays for itself from about a quarter of hits.
+const HIT_WORTH: i32 = 3;
+/// Bounds of a port's account with the cache (see [`Pipeline::worth_looking_up`]), in misses'
+/// worth: a port that was on the cache for long leaves it after a few bursts of churn, one
+/// that left it comes back after a sampled burst with a dozen hits.
+const CREDIT_CAP: i32 = 96;
+/// A port whose credit is below this skips the cache: two bursts' worth of misses, so a new
+/// port's first floods (ARP, frames to MACs not learned yet) do not put it off the cache.
+const OFF_BELOW: i16 = -64;
 
 /// One burst in this many of a thrashing port still goes through the cache, to notice flows
 /// that repeat again.
-pub(super) const SAMPLE_EVERY: u32 = 16;
+pub(super) const SAMPLE_EVERY: u32 = 64;
 
 /// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
@@ -150,10 +157,9 @@ pub(super) struct Flows {
     /// `i`th frame the cache missed (the slow path's `i`th).
     pub(super) cached: bool,
     pub(super) miss_keys: [Option<Key>; BATCH],
-    /// Per ingress port, the bursts in a row whose lookups all missed (saturating): past
-    /// [`THRASHING_AFTER`], the port's bursts mostly skip the cache (see
+    /// Per ingress port, what the cache saved it less what it cost, in misses' worth (see
     /// [`Pipeline::worth_looking_up`]).
-    pub(super) missed_bursts: Box<[u8; fdb::MAX_PORTS]>,
+    pub(super) credit: Box<[i16; fdb::MAX_PORTS]>,
     /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
     pub(super) sampled: u32,
 }
@@ -166,7 +172,7 @@ impl Flows {
             to_peer_hits: [Hit::default(); BATCH],
             cached: false,
             miss_keys: [None; BATCH],
-            missed_bursts: Box::new([0; fdb::MAX_PORTS]),
+            credit: Box::new([0; fdb::MAX_PORTS]),
             sampled: 0,
         }
     }
@@ -187,16 +193,16 @@ impl Pipeline {
             (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
             (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
+        let (n, before) = (batch.len(), self.flows.emc.fills());
         if hits == 0 {
             for (k, b) in self.flows.miss_keys.iter_mut().zip(batch.as_slice()) {
                 *k = port_key(port.id, secured, self.pool.head(b));
             }
-            let before = self.flows.emc.fills();
             self.forward_slow::<false>(snap, port, batch);
-            self.note_missed_burst(port.id, before);
+            self.note_burst(port.id, 0, n, before);
             return bytes;
         }
-        if hits * 8 >= batch.len() as u64 {
+        if hits == n as u64 {
             self.note_hit_burst(port.id);
         }
         // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
@@ -213,52 +219,61 @@ impl Pipeline {
             (false, true) => self.forward_cached::<false, true>(snap, port, batch, &mut found),
         };
         self.count_hits(hits - demoted);
+        if hits < n as u64 {
+            self.note_burst(port.id, hits, n, before);
+        }
         bytes
     }
 
-    /// Whether this burst from `port` goes through the cache: always, unless the port's last
-    /// [`THRASHING_AFTER`] bursts were wasted on it — no hit (a few, under an eighth of a
-    /// burst, do not end it), and fills that only pushed out live entries, or none: a churn of flows the cache cannot hold, or floods, where every
-    /// lookup and fill is work for nothing (a miss cost ~200 instructions on top of the slow
-    /// path) — and then one burst in [`SAMPLE_EVERY`], to notice when flows repeat again (a
-    /// burst with a hit ends it). New flows that fit (a cold start) fill free entries and
-    /// never count as waste. OVS's EMC answers the same churn by filling only one miss in a
-    /// hundred, which also slows a cold start a hundredfold.
-    #[inline(never)]
+    /// Whether this burst from `port` goes through the cache: while the cache has saved the
+    /// port about what it cost it (its credit, [`Flows::credit`], is not below
+    /// [`OFF_BELOW`]), and otherwise one burst in [`SAMPLE_EVERY`], to notice when flows
+    /// repeat again. A burst
+    /// earns [`HIT_WORTH`] for each hit and loses one for each miss, so a port whose frames
+    /// hit less than a quarter of the time — a churn of flows the cache cannot hold (a
+    /// thousand pods talking to all the others), floods, which are never cached — stops
+    /// paying for lookups and fills that save nothing. A miss that filled a free entry (a
+    /// cold start, new flows that fit) costs nothing: a port on the cache stays on while it
+    /// fills it, one off it fills it through its sampled bursts and comes back once they hit.
+    /// OVS's EMC answers the same churn by filling only one miss in a hundred, which also
+    /// slows a cold start a hundredfold.
+    #[inline(always)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        if self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] < THRASHING_AFTER {
-            return true;
-        }
+        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample_burst()
+    }
+
+    /// One burst in [`SAMPLE_EVERY`] of the ports that left the cache.
+    #[inline(never)]
+    fn sample_burst(&mut self) -> bool {
         self.flows.sampled = self.flows.sampled.wrapping_add(1);
         self.flows.sampled.is_multiple_of(SAMPLE_EVERY)
     }
 
-    /// After a burst from `port` went through the cache and hit nothing: whether it was
-    /// wasted on the cache (see [`Pipeline::worth_looking_up`]); `before` is the cache's
-    /// [`Emc::fills`] at the burst's start.
+    /// After a burst of `n` frames from `port` whose lookups hit `hits` times, not all of
+    /// them: its worth to the port's credit (see [`Pipeline::worth_looking_up`]); `before` is
+    /// the cache's [`Emc::fills`] at the burst's start.
     #[inline(never)]
-    pub(super) fn note_missed_burst(&mut self, port: u16, before: (u32, u32)) {
+    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: (u32, u32)) {
         let (fills, evictions) = self.flows.emc.fills();
         let (fills, evictions) = (fills.wrapping_sub(before.0), evictions.wrapping_sub(before.1));
-        let m = &mut self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)];
-        *m = if 2 * evictions >= fills { m.saturating_add(1) } else { 0 };
-    }
-
-    /// After a burst of `n` frames from `port` whose lookups hit `hits` times; `before` is
-    /// the cache's [`Emc::fills`] at its start.
-    #[inline(always)]
-    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: (u32, u32)) {
-        if hits * 8 < n as u64 {
-            self.note_missed_burst(port, before);
-        } else {
-            self.note_hit_burst(port);
+        let c = &mut self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)];
+        let (hits, misses) = (hits as i32, n as i32 - hits as i32);
+        // A miss that filled a free entry is an investment (the flow may come again), not
+        // waste: a cold start costs nothing.
+        let invested = (fills.saturating_sub(evictions) as i32).min(misses);
+        // Nearly every miss did: the cache has room for the port's flows (a cold start, a
+        // new epoch), so it goes on the cache to fill it at once.
+        if 2 * invested >= misses {
+            *c = (*c).max(0);
+            return;
         }
+        *c = (*c as i32 + HIT_WORTH * hits - (misses - invested)).clamp(-CREDIT_CAP, CREDIT_CAP) as i16;
     }
 
-    /// After a burst from `port` hit the cache.
+    /// After a burst from `port` whose every frame hit the cache.
     #[inline(always)]
     pub(super) fn note_hit_burst(&mut self, port: u16) {
-        self.flows.missed_bursts[port as usize & (fdb::MAX_PORTS - 1)] = 0;
+        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] = CREDIT_CAP as i16;
     }
 
     #[inline(always)]

@@ -69,7 +69,11 @@ impl Pipeline {
                     } else {
                         self.forward_underlay_cached::<false>(snap, vtep, port, batch)
                     };
-                    self.note_burst(port.id, hits, n, before);
+                    if hits == n as u64 {
+                        self.note_hit_burst(port.id);
+                    } else {
+                        self.note_burst(port.id, hits, n, before);
+                    }
                     bytes
                 }
                 None => {
