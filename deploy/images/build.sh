@@ -67,8 +67,14 @@ trap 'rm -rf "$ctx" ${tar:+"$tar"}' EXIT
 mkdir "$ctx/node" "$ctx/manager"
 cp target/release/knitter-vswitchd target/release/knitterctl "$CNI_BIN" deploy/images/knitter-node/knitter-install-cni "$ctx/node/"
 cp target/release/knitter-manager target/release/knitterctl "$ctx/manager/"
+# knitterctl's completions and man pages, made by the binary itself.
+for image in node manager; do
+  mkdir -p "$ctx/$image/man1"
+  target/release/knitterctl completion bash > "$ctx/$image/knitterctl.bash"
+  target/release/knitterctl man "$ctx/$image/man1" >/dev/null
+done
 # The release profile keeps line tables for profiling; images do without.
-strip --strip-debug "$ctx"/node/knitter-vswitchd "$ctx"/node/knitterctl "$ctx"/node/knitter-cni "$ctx"/manager/*
+strip --strip-debug "$ctx"/node/knitter-vswitchd "$ctx"/node/knitterctl "$ctx"/node/knitter-cni "$ctx"/manager/knitter-manager "$ctx"/manager/knitterctl
 for image in node manager; do
   echo "== localhost/knitter-$image:$VERSION"
   base=$BASE

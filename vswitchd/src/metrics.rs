@@ -12,6 +12,7 @@ use std::sync::Arc;
 pub fn render(node: &Node) -> String {
     let s = stats_reply(node);
     let mut o = String::with_capacity(4096);
+    knitter_api::metrics::build_info(&mut o, "knitter-vswitchd", env!("CARGO_PKG_VERSION"));
     let ports = |f: fn(&knitter_api::node::PortStatus) -> f64| s.ports.iter().map(move |p| (p.name.clone(), f(p)));
     family(&mut o, "knitter_port_rx_packets_total", "counter", "Frames received from the port.", "port", ports(|p| p.rx_packets as f64));
     family(&mut o, "knitter_port_rx_bytes_total", "counter", "Bytes received from the port.", "port", ports(|p| p.rx_bytes as f64));

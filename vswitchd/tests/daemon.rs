@@ -400,6 +400,7 @@ async fn prometheus_scrapes_the_counters() {
         "knitter_buffers 4095",
         "knitter_queue_rx_packets_total{port=\"vnf0\",queue=\"3\"} 0",
         "# TYPE knitter_drops_total counter",
+        concat!("knitter_build_info{component=\"knitter-vswitchd\",version=\"", env!("CARGO_PKG_VERSION"), "\"} 1"),
     ] {
         assert!(body.contains(line), "no {line:?} in:\n{body}");
     }

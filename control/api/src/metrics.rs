@@ -20,3 +20,11 @@ pub fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str,
         }
     }
 }
+
+/// `knitter_build_info{component,version} 1`: which build answers (as Prometheus' own
+/// `*_build_info` gauges), so dashboards can tell nodes that run another version.
+pub fn build_info(out: &mut String, component: &str, version: &str) {
+    let name = "knitter_build_info";
+    let _ = writeln!(out, "# HELP {name} 1, labelled with the component and its version.\n# TYPE {name} gauge");
+    let _ = writeln!(out, "{name}{{component=\"{}\",version=\"{}\"}} 1", escape(component), escape(version));
+}

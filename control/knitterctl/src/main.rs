@@ -1,7 +1,9 @@
 //! knitterctl: the operator's CLI. Talks to a node's knitter-vswitchd over its unix socket
 //! (`node show`, `bridge`, `port`, `vtep`, `fdb`, `stats`, `apply`, `events`, `trace`) and to the
 //! manager over gRPC (`manager tenant|network|ipgroup|port|node`). Human tables by
-//! default, `-o json` for scripts; a refused request prints the reason and exits non-zero.
+//! default, `-o json` for scripts; a refused request prints the reason and exits with
+//! [`EXIT_REFUSED`], a daemon it cannot reach with [`EXIT_UNREACHABLE`]. `completion` and
+//! `man` write shell completions and man pages.
 
 #![forbid(unsafe_code)]
 
@@ -60,6 +62,11 @@ struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+/// Exit status when the daemon or the manager refused the request (it got there and said no).
+const EXIT_REFUSED: i32 = 3;
+/// Exit status when the daemon or the manager could not be reached.
+const EXIT_UNREACHABLE: i32 = 4;
 
 const NODE_HEADING: &str = "Node daemon (node, bridge, port, vtep, fdb, apply, events, stats)";
 
@@ -185,6 +192,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: node::VfCmd,
     },
+    /// Shell completions on standard output (`source <(knitterctl completion bash)`, or save
+    /// them as /usr/share/bash-completion/completions/knitterctl).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Man pages (knitterctl.1 and one for each subcommand, knitterctl-port-add.1 …) into a
+    /// directory (`man -l DIR/knitterctl.1`, or install them under /usr/share/man/man1).
+    Man {
+        dir: PathBuf,
+    },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -227,13 +245,49 @@ async fn run(cli: Cli) -> Result<()> {
             node::trace(&mut c, out, pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() }).await
         }
         Cmd::Events { count } => node::events(&mut c, out, count).await,
-        Cmd::Manager { .. } => unreachable!("manager commands run in main"),
+        Cmd::Manager { .. } | Cmd::Completion { .. } | Cmd::Man { .. } => unreachable!("run in main"),
     }
+}
+
+/// Writes the man pages of `cmd` and of each of its subcommands, named after their path
+/// (`knitterctl-manager-network-create.1`), into `dir`.
+fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> Result<usize> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = 0;
+    let mut todo = vec![(cmd.clone(), cmd.get_name().to_string())];
+    while let Some((c, name)) = todo.pop() {
+        let c = c.display_name(name.clone()).bin_name(name.replace('-', " "));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(c.clone()).title(name.clone()).render(&mut page).with_context(|| format!("rendering {name}.1"))?;
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
+        written += 1;
+        todo.extend(c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help").map(|s| (s.clone(), format!("{name}-{}", s.get_name()))));
+    }
+    Ok(written)
 }
 
 fn main() {
     use clap::FromArgMatches;
     let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    match &cli.cmd {
+        Cmd::Completion { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut command(), "knitterctl", &mut out);
+            println!("{}", String::from_utf8_lossy(&out).trim_end());
+            return;
+        }
+        Cmd::Man { dir } => match write_man_pages(&command(), dir) {
+            Ok(n) => return println!("{n} man pages written to {}", dir.display()),
+            Err(e) => {
+                eprintln!("knitterctl: {e:#}");
+                std::process::exit(1);
+            }
+        },
+        _ => {}
+    }
+    // A TLS daemon that wants a client certificate hangs up on a client without one.
+    let without_cert = cli.tcp.is_some() && cli.cert.is_none();
     let socket = match &cli.tcp {
         Some(addr) => PathBuf::from(addr),
         None => cli.socket.clone(),
@@ -259,9 +313,17 @@ fn main() {
                 while let Some(next) = cause.source() {
                     cause = next;
                 }
-                eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?")
+                eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
+                std::process::exit(EXIT_UNREACHABLE);
             }
-            Some(s) => eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message()),
+            Some(s) if s.code() == tonic::Code::Cancelled && without_cert && what == "knitter-vswitchd" => {
+                eprintln!("knitterctl: refused: {what} at {target} closed the connection; it may want a client certificate (--cert, --key)");
+                std::process::exit(EXIT_REFUSED);
+            }
+            Some(s) => {
+                eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message());
+                std::process::exit(EXIT_REFUSED);
+            }
             None => eprintln!("knitterctl: {e:#}"),
         }
         std::process::exit(1);

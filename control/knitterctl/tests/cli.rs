@@ -1,6 +1,7 @@
 //! knitterctl as an operator runs it, against a real knitter-vswitchd (the workspace's
 //! build of it, next to knitterctl): tables, `-o json`, `apply -f`, refusals with the
-//! daemon's reason and a non-zero exit, an unreachable daemon named plainly. In the
+//! daemon's reason and exit status 3, an unreachable daemon named plainly (status 4),
+//! completions bash loads, man pages. In the
 //! `serial` nextest group (the daemon starts a PMD thread).
 
 use std::path::{Path, PathBuf};
@@ -79,7 +80,7 @@ fn an_operator_session() {
     assert!(row.ends_with("100000 pps, 1000000000 bps"), "{row}");
     let o = knitterctl(&s, &["port", "add", "vnf2", "--vhost-user", "/nonexistent/x.sock", "--access", "red", "--police-bps", "1000000", "--police-burst-bytes", "100"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.code() == Some(1) && err.contains("burst_bytes 100 is less than the port's largest frame"), "{err}");
+    assert!(o.status.code() == Some(3) && err.contains("burst_bytes 100 is less than the port's largest frame"), "{err}");
     ok(knitterctl(&s, &["port", "del", "vnf1"]));
     // A bridge's per-pod rate: shown with the bridge, refused without a rate.
     ok(knitterctl(&s, &["bridge", "add", "pods", "--vlan", "250", "--pod-pps", "5000", "--police-bps", "100000000", "--priority"]));
@@ -88,7 +89,7 @@ fn an_operator_session() {
     assert!(row.ends_with("100000000 bps  5000 pps") && row.contains("priority"), "{row}");
     let o = knitterctl(&s, &["bridge", "add", "pods", "--vlan", "250", "--replace", "--police-pps", "0"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.code() == Some(1) && err.contains("bridge \"pods\": policer"), "{err}");
+    assert!(o.status.code() == Some(3) && err.contains("bridge \"pods\": policer"), "{err}");
     ok(knitterctl(&s, &["bridge", "del", "pods"]));
 
     let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();
@@ -96,9 +97,9 @@ fn an_operator_session() {
     let stats = ok(knitterctl(&s, &["stats", "--interval", "0.2", "--count", "2", "--queues"]));
     assert!(stats.contains("RX PPS") && stats.contains("--") && stats.contains("TX FULL"), "{stats}");
 
-    // A refusal: the daemon's reason on stderr, exit status 1, nothing changed.
+    // A refusal: the daemon's reason on stderr, exit status 3, nothing changed.
     let o = knitterctl(&s, &["bridge", "add", "blue", "--vni", "5001"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("refused") && err.contains("VNI 5001"), "{err}");
     // A usage error is clap's: exit status 2.
@@ -140,7 +141,7 @@ fn an_operator_session() {
 #[test]
 fn an_unreachable_daemon_is_named() {
     let o = knitterctl(Path::new("/nonexistent/knitter.sock"), &["node", "show"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(4), "cannot reach: exit status 4");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot reach knitter-vswitchd at /nonexistent/knitter.sock") && err.contains("is it running?"), "{err}");
 }
@@ -177,8 +178,12 @@ fn over_tcp_the_api_needs_tls_and_a_client_certificate() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(ok(tcp("ca.pem", true)).contains("knitter-vswitchd"));
-    assert_eq!(tcp("ca.pem", false).status.code(), Some(1), "no client certificate: refused");
-    assert_eq!(tcp("other-ca.pem", true).status.code(), Some(1), "a server the client's CA did not sign");
+    // No client certificate: the daemon hangs up, a refusal (exit status 3) that says what
+    // to pass; a server the client's CA did not sign cannot be reached (4).
+    let o = tcp("ca.pem", false);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(3) && err.contains("--cert"), "no client certificate: {:?} {err}", o.status);
+    assert_eq!(tcp("other-ca.pem", true).status.code(), Some(4), "a server the client's CA did not sign");
 
     // TCP without TLS files is refused at start, with the reason.
     let out = Command::new(&daemon).args(["--no-state", "--no-metrics", "--api-tcp", &addr]).output().unwrap();
@@ -191,4 +196,29 @@ fn certificates(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ci/test-certs.sh");
     let o = Command::new("bash").arg(script).arg(dir).output().expect("bash");
     assert!(o.status.success(), "ci/test-certs.sh (needs openssl: ci/setup.sh installs it): {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `knitterctl completion bash` is what bash loads: its completion function completes
+/// subcommands and their subcommands; `knitterctl man DIR` writes a man page for every
+/// command.
+#[test]
+fn completions_load_in_bash_and_man_pages_are_written() {
+    let bin = env!("CARGO_BIN_EXE_knitterctl");
+    let script = format!(
+        "source <('{bin}' completion bash) && complete -p knitterctl >/dev/null && \
+         COMP_WORDS=(knitterctl manager net); COMP_CWORD=2; COMP_LINE='knitterctl manager net'; COMP_POINT=${{#COMP_LINE}}; \
+         _knitterctl knitterctl net manager && echo \"${{COMPREPLY[*]}}\""
+    );
+    let o = Command::new("bash").arg("-c").arg(&script).output().expect("bash");
+    let got = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && got.split_whitespace().any(|w| w == "network"), "{got} {}", String::from_utf8_lossy(&o.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(bin).arg("man").arg(dir.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for page in ["knitterctl.1", "knitterctl-port-add.1", "knitterctl-manager-network-create.1"] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is not a man page: {text:.80}");
+    }
+    let sub = std::fs::read_to_string(dir.path().join("knitterctl-port-add.1")).unwrap();
+    assert!(sub.contains("knitterctl port add"), "the synopsis names the whole command");
 }

@@ -99,6 +99,7 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
         r#"knitter_manager_api_requests_total{api="rest",operation="OTHER /v1/tenants",code="405"} 3"#,
         r#"knitter_manager_network_addresses_used{network="red",family="ipv4"} 1"#,
         "knitter_manager_sync_streams 1",
+        concat!("knitter_build_info{component=\"knitter-manager\",version=\"", env!("CARGO_PKG_VERSION"), "\"} 1"),
         "knitter_manager_address_use_errors 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");

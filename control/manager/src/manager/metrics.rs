@@ -70,6 +70,7 @@ impl Metrics {
     /// blocking thread).
     pub fn render(&self, manager: &Manager) -> String {
         let mut out = String::new();
+        knitter_api::metrics::build_info(&mut out, "knitter-manager", env!("CARGO_PKG_VERSION"));
         out.push_str("# HELP knitter_manager_api_requests_total Requests answered, by API, operation and outcome (HTTP status or gRPC code).\n");
         out.push_str("# TYPE knitter_manager_api_requests_total counter\n");
         for ((api, op, code), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
