@@ -180,6 +180,20 @@ impl NodeApi for Api {
         crate::trace::trace(self.node.switch.clone(), r.into_inner()).await.map(Response::new)
     }
 
+    async fn log_filter(&self, r: Request<pb::LogFilterRequest>) -> Result<Response<pb::LogFilterReply>, Status> {
+        use knitter_api::logging::{self, FilterError};
+        let r = r.into_inner();
+        if !r.filter.trim().is_empty() {
+            logging::set_filter(r.filter.trim()).map_err(|e| match e {
+                FilterError::Parse(..) => Status::invalid_argument(e.to_string()),
+                _ => Status::failed_precondition(e.to_string()),
+            })?;
+            tracing::info!(filter = r.filter.trim(), "log filter changed");
+        }
+        let filter = logging::filter().map_err(|e| Status::failed_precondition(e.to_string()))?;
+        Ok(Response::new(pb::LogFilterReply { filter }))
+    }
+
     async fn fdb_flush(&self, r: Request<pb::FdbFlushRequest>) -> Result<Response<pb::FdbFlushReply>, Status> {
         let r = r.into_inner();
         let sw = &self.node.switch;

@@ -1,9 +1,28 @@
 //! How Knitter's daemons log: `tracing` to standard error, filtered by `RUST_LOG` (default
 //! `info`), as text — coloured only for a person at a terminal, never into a file or the
 //! journal, and never with `NO_COLOR` set — or as one JSON object a line for log
-//! collectors (`--log-format json`).
+//! collectors (`--log-format json`). The filter can be changed while the process runs
+//! ([`set_filter`]: `knitterctl log set`, as `ovs-appctl vlog/set`).
 
 use std::io::IsTerminal;
+use std::sync::{Mutex, OnceLock};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, reload};
+
+/// The running filter, changeable, and its directives as last set.
+static FILTER: OnceLock<(reload::Handle<EnvFilter, Registry>, Mutex<String>)> = OnceLock::new();
+
+/// Why a filter was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("filter {0:?}: {1}")]
+    Parse(String, String),
+    #[error("logging was not set up with a changeable filter")]
+    NotInstalled,
+    #[error("the filter could not be changed: {0}")]
+    Reload(String),
+}
 
 /// The shape of log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,12 +55,33 @@ impl std::fmt::Display for LogFormat {
 
 /// Installs the process's subscriber (once, at the start of `main`).
 pub fn init(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    match format {
-        LogFormat::Text => fmt.with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR"))).init(),
-        LogFormat::Json => fmt.json().init(),
+    let directives = std::env::var("RUST_LOG").ok().filter(|d| EnvFilter::try_new(d).is_ok()).unwrap_or_else(|| "info".into());
+    let (filter, handle) = reload::Layer::new(EnvFilter::new(&directives));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => tracing_subscriber::registry().with(filter).with(fmt.with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR")))).try_init(),
+        LogFormat::Json => tracing_subscriber::registry().with(filter).with(fmt.json()).try_init(),
+    };
+    if installed.is_ok() {
+        let _ = FILTER.set((handle, Mutex::new(directives)));
     }
+}
+
+/// The filter's directives now (`info`, `knitter_vhost=debug,info`).
+pub fn filter() -> Result<String, FilterError> {
+    let (_, current) = FILTER.get().ok_or(FilterError::NotInstalled)?;
+    Ok(current.lock().unwrap_or_else(|e| e.into_inner()).clone())
+}
+
+/// Replaces the filter with `directives` (`RUST_LOG`'s syntax: `debug`,
+/// `knitter_vhost=trace,info`); refused, and the old one kept, when they do not parse.
+pub fn set_filter(directives: &str) -> Result<(), FilterError> {
+    let parsed = EnvFilter::try_new(directives).map_err(|e| FilterError::Parse(directives.into(), e.to_string()))?;
+    let (handle, current) = FILTER.get().ok_or(FilterError::NotInstalled)?;
+    let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
+    handle.reload(parsed).map_err(|e| FilterError::Reload(e.to_string()))?;
+    *current = directives.to_string();
+    Ok(())
 }
 
 /// Colour for a terminal only, and not when `NO_COLOR` is set to anything but "" (no-color.org).

@@ -117,6 +117,27 @@ pub(crate) enum Output {
 }
 
 #[derive(Debug, Subcommand)]
+enum LogCmd {
+    /// The filter now, in RUST_LOG's syntax.
+    Show,
+    /// A new filter: a level for everything (`debug`), RUST_LOG's directives
+    /// (`knitter_vhost=debug,info`), or with --module one module's level, the rest kept.
+    Set {
+        filter: String,
+        /// Only this module (a crate or a module path: `knitter_vhost`,
+        /// `knitter_vswitchd::node`).
+        #[arg(long)]
+        module: Option<String>,
+    },
+}
+
+/// The filter `current` with `module` at `level`: that module's earlier directives replaced.
+fn with_module_level(current: &str, module: &str, level: &str) -> String {
+    let kept = current.split(',').map(str::trim).filter(|d| !d.is_empty() && d.split('=').next() != Some(module));
+    kept.chain(std::iter::once(format!("{module}={level}").as_str())).collect::<Vec<_>>().join(",")
+}
+
+#[derive(Debug, Subcommand)]
 enum Cmd {
     /// The manager's objects: tenants, networks, IP groups, ports, nodes (over gRPC).
     #[command(alias = "m", after_help = MANAGER_EXAMPLES)]
@@ -192,6 +213,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: node::VfCmd,
     },
+    /// The node daemon's log filter: show it, or set it while the daemon runs (as
+    /// `ovs-appctl vlog/set`; not kept across restarts, where RUST_LOG applies).
+    Log {
+        #[command(subcommand)]
+        cmd: LogCmd,
+    },
     /// Shell completions on standard output (`source <(knitterctl completion bash)`, or save
     /// them as /usr/share/bash-completion/completions/knitterctl).
     Completion {
@@ -245,6 +272,22 @@ async fn run(cli: Cli) -> Result<()> {
             node::trace(&mut c, out, pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() }).await
         }
         Cmd::Events { count } => node::events(&mut c, out, count).await,
+        Cmd::Log { cmd } => {
+            let filter = match cmd {
+                LogCmd::Show => String::new(),
+                LogCmd::Set { filter, module: None } => filter,
+                LogCmd::Set { filter, module: Some(m) } => {
+                    let now = c.log_filter(pb::LogFilterRequest::default()).await?.into_inner().filter;
+                    with_module_level(&now, &m, &filter)
+                }
+            };
+            let reply = c.log_filter(pb::LogFilterRequest { filter }).await?.into_inner();
+            match out {
+                Output::Json => println!("{}", serde_json::json!({ "filter": reply.filter })),
+                Output::Table => println!("{}", reply.filter),
+            }
+            Ok(())
+        }
         Cmd::Manager { .. } | Cmd::Completion { .. } | Cmd::Man { .. } => unreachable!("run in main"),
     }
 }
@@ -327,5 +370,14 @@ fn main() {
             None => eprintln!("knitterctl: {e:#}"),
         }
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_modules_level_replaces_its_earlier_directives_only() {
+        assert_eq!(super::with_module_level("info", "knitter_vhost", "debug"), "info,knitter_vhost=debug");
+        assert_eq!(super::with_module_level("knitter_vhost=trace, info", "knitter_vhost", "warn"), "info,knitter_vhost=warn");
     }
 }

@@ -55,6 +55,13 @@ fn an_operator_session() {
     ok(knitterctl(&s, &["port", "add", "vnf0", "--vhost-user", vnf.to_str().unwrap(), "--access", "red", "--mtu", "9000"]));
     let replace = ["bridge", "add", "red", "--vni", "5001", "--replace", "--arp-suppression"];
     ok(knitterctl(&s, &[&replace[..], &["--neighbor", "10.0.0.1=02:00:00:00:00:01", "--static-mac", "02:00:00:00:00:01=vnf0"]].concat()));
+    // The log filter, changed while the daemon runs; a bad one refused, the old one kept.
+    assert_eq!(ok(knitterctl(&s, &["log", "set", "debug"])).trim(), "debug");
+    assert_eq!(ok(knitterctl(&s, &["log", "set", "warn", "--module", "knitter_vhost"])).trim(), "debug,knitter_vhost=warn");
+    let o = knitterctl(&s, &["log", "set", "knitter_vhost=loud"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(ok(knitterctl(&s, &["log", "show"])).trim(), "debug,knitter_vhost=warn");
+    ok(knitterctl(&s, &["log", "set", "info"]));
     let fdb = ok(knitterctl(&s, &["fdb", "show"]));
     assert!(fdb.contains("02:00:00:00:00:01  port vnf0  static"), "{fdb}");
     let show = ok(knitterctl(&s, &["node", "show"]));
