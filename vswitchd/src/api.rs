@@ -151,6 +151,11 @@ impl NodeApi for Api {
         }))
     }
 
+    async fn export(&self, r: Request<pb::ExportRequest>) -> Result<Response<pb::ExportReply>, Status> {
+        let document = self.node.state().local_document(&r.into_inner().format).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(pb::ExportReply { document }))
+    }
+
     async fn fdb_dump(&self, r: Request<pb::FdbRequest>) -> Result<Response<pb::FdbReply>, Status> {
         let only = r.into_inner().bridge;
         let snap = self.node.switch.snapshot();

@@ -207,6 +207,8 @@ pub enum DocumentError {
     Toml(#[from] toml::de::Error),
     #[error("topology document (JSON): {0}")]
     Json(#[from] serde_json::Error),
+    #[error("export writes yaml or json (apply reads toml too)")]
+    ExportFormat,
     #[error("unknown document format {0:?}: use yaml, toml or json")]
     Format(String),
     #[error("a topology document declares local objects only; {0} says otherwise")]
@@ -227,6 +229,24 @@ impl NodeState {
             Some(what) => Err(DocumentError::NotLocal(what)),
             None => Ok(doc),
         }
+    }
+
+    /// The local objects as a topology document in `format` (yaml or json): what
+    /// `knitterctl node export` prints and [`NodeState::parse`] reads back unchanged.
+    pub fn local_document(&self, format: &str) -> Result<String, DocumentError> {
+        let local = NodeState {
+            bridges: self.bridges.iter().filter(|b| b.owner == Owner::Local).cloned().collect(),
+            ports: self.ports.iter().filter(|p| p.owner == Owner::Local).cloned().collect(),
+            vtep: self.vtep.clone().filter(|v| v.owner == Owner::Local),
+            ..NodeState::default()
+        };
+        Ok(match format {
+            "" | "yaml" | "yml" => serde_yaml::to_string(&local)?,
+            // Some objects hold unit variants, which TOML cannot write (it reads them).
+            "toml" => return Err(DocumentError::ExportFormat),
+            "json" => serde_json::to_string_pretty(&local)? + "\n",
+            f => return Err(DocumentError::Format(f.into())),
+        })
     }
 
     /// The first object another source than `local` owns, named.

@@ -173,8 +173,12 @@ enum Cmd {
     /// Converge the node's local objects to a topology file (the config file's bridges,
     /// ports and vtep; YAML, TOML or JSON by extension): add, change, remove.
     Apply {
+        /// The file, or `-` for standard input.
         #[arg(long, short)]
         file: PathBuf,
+        /// yaml, toml or json (default: the file's extension; YAML for standard input).
+        #[arg(long)]
+        format: Option<String>,
         /// Show what would change; change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -265,7 +269,8 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Port { cmd } => port::run(&mut c, out, cmd).await,
         Cmd::Vtep { cmd } => vtep::run(&mut c, out, cmd).await,
         Cmd::Fdb { cmd } => fdb::run(&mut c, out, cmd).await,
-        Cmd::Apply { file, dry_run } => node::apply(&mut c, out, file, dry_run).await,
+        Cmd::Apply { file, format, dry_run } => node::apply(&mut c, out, file, format, dry_run).await,
+        Cmd::Node { cmd: node::NodeCmd::Export { format } } => node::export(&mut c, &format).await,
         Cmd::Vf { cmd: node::VfCmd::List } => node::vfs(&cli.socket, cli.tcp.is_some(), out).await,
         Cmd::Stats { interval, count, queues } => stats::stats(&mut c, out, interval, count, queues).await,
         Cmd::Trace { port, count, timeout, synthetic } => {
@@ -359,7 +364,8 @@ fn main() {
                 eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
                 std::process::exit(EXIT_UNREACHABLE);
             }
-            Some(s) if s.code() == tonic::Code::Cancelled && without_cert && what == "knitter-vswitchd" => {
+            // The hang-up shows as a cancelled call or a transport error, as the timing falls.
+            Some(s) if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown) && without_cert && what == "knitter-vswitchd" => {
                 eprintln!("knitterctl: refused: {what} at {target} closed the connection; it may want a client certificate (--cert, --key)");
                 std::process::exit(EXIT_REFUSED);
             }

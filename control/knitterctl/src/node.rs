@@ -16,6 +16,14 @@ use tonic::transport::Channel;
 #[derive(Debug, Subcommand)]
 pub(crate) enum NodeCmd {
     Show,
+    /// The node's local objects (bridges, ports, the VTEP) as a topology document that
+    /// `knitterctl apply -f` takes back unchanged: `node export | apply -f - --dry-run`
+    /// says nothing would change.
+    Export {
+        /// yaml or json.
+        #[arg(long, default_value = "yaml")]
+        format: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,9 +96,21 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
     Ok(())
 }
 
-pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, file: PathBuf, dry_run: bool) -> Result<()> {
-    let document = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let format = file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string();
+/// Prints the node's local objects as a topology document `apply -f` takes back.
+pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str) -> Result<()> {
+    let r = c.export(pb::ExportRequest { format: format.into() }).await?.into_inner();
+    println!("{}", r.document.trim_end());
+    Ok(())
+}
+
+/// `file` is `-` for standard input, whose format is `format` (YAML unless said).
+pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, file: PathBuf, format: Option<String>, dry_run: bool) -> Result<()> {
+    let document = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+    } else {
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
+    };
+    let format = format.unwrap_or_else(|| file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string());
     let r = c.apply(pb::ApplyRequest { document, format, dry_run }).await?.into_inner();
     if out == Output::Json {
         return json(&r);

@@ -120,6 +120,23 @@ fn an_operator_session() {
     assert!(done.contains("bridge blue: added") && done.contains("port vnf0: removed"), "{done}");
     assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()])).contains("nothing to change"));
     assert!(!vnf.exists(), "the removed port's socket is gone");
+    // What `node export` prints, `apply -f -` takes back without a change, in every format.
+    for format in ["yaml", "json"] {
+        let doc = ok(knitterctl(&s, &["node", "export", "--format", format]));
+        assert!(doc.contains("blue"), "{format}: {doc}");
+        let mut apply = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+            .arg("--socket")
+            .arg(&s)
+            .args(["apply", "-f", "-", "--format", format, "--dry-run"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut apply.stdin.take().unwrap(), doc.as_bytes()).unwrap();
+        let back = ok(apply.wait_with_output().unwrap());
+        assert!(back.contains("nothing to change"), "{format}: {back}\n{doc}");
+    }
     // Events: a follower started first sees the next change.
     let mut follower = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
         .arg("--socket")
