@@ -103,7 +103,7 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     assert!(!ok && r["code"] == 7 && r["msg"].as_str().unwrap().contains("network \"nope\" not found"), "{r}");
     let (ok, r) = lab.cni("ADD", "ctr-x", &a_path, "eth0", &lab.conf("1.1.0", "red"));
     assert!(!ok && r["msg"].as_str().unwrap().contains("already has an interface eth0"), "{r}");
-    assert!(lab.mctl(&["port", "show", "ctr-x", "eth0"]).status.code() == Some(1), "a refused ADD releases its port");
+    assert!(lab.mctl(&["port", "show", "ctr-x", "eth0"]).status.code() == Some(3), "a refused ADD releases its port (NotFound: exit status 3)");
     let (ok, r) = cni_raw("VERSION", "", "", "", r#"{"cniVersion":"0.4.0"}"#);
     assert!(ok && r["supportedVersions"].as_array().unwrap().len() == 5, "{r}");
 

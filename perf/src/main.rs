@@ -71,7 +71,7 @@ impl Lab {
     /// The run's result; when it failed, or `KNITTER_PERF_KEEP` is set, the work directory
     /// is kept and named.
     fn finish<T>(self, r: anyhow::Result<T>) -> anyhow::Result<T> {
-        if std::env::var_os("KNITTER_PERF_KEEP").is_some() && r.is_ok() {
+        if std::env::var("KNITTER_PERF_KEEP").is_ok_and(|v| !v.is_empty() && v != "0") && r.is_ok() {
             eprintln!("the run's logs are kept in {}", self.work.keep().display());
             return r;
         }

@@ -203,7 +203,8 @@ impl Vnf {
     pub fn describe(&self) -> String {
         let extra = if self.devargs.is_empty() { String::new() } else { format!(", `{}`", self.devargs) };
         let free = if self.tx_free == 0 { "the driver's own transmit free threshold".to_string() } else { format!("`--txfreet={}`", self.tx_free) };
-        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}, {free}", self.queues_used, self.queues, self.ring)
+        let more = std::env::var("KNITTER_PERF_TESTPMD_ARGS").ok().filter(|a| !a.trim().is_empty()).map(|a| format!(", testpmd also given `{}`", a.trim())).unwrap_or_default();
+        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}, {free}{more}", self.queues_used, self.queues, self.ring)
     }
 }
 
@@ -300,6 +301,9 @@ impl Generator {
         args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from));
         args.extend([format!("--total-num-mbufs={mbufs}"), format!("--rxq={used}"), format!("--txq={used}"), format!("--rxd={ring}"), format!("--txd={ring}")]);
         if vnf.tx_free > 0 {
+            // DPDK's virtio driver refuses a threshold of the ring less 3 or more, and testpmd
+            // then runs without the queue: a run that measures nothing.
+            anyhow::ensure!(vnf.tx_free < ring - 3, "--vnf-tx-free {}: below the ring's {ring} entries less 3", vnf.tx_free);
             args.push(format!("--txfreet={}", vnf.tx_free));
         }
         // For diagnosis (`--record-burst-stats`, say): read in the kept work directory.

@@ -299,6 +299,8 @@ pub struct Emc {
     /// churns through more flows than it holds).
     fills: u32,
     evictions: u32,
+    /// Of them, those that took an empty or stale entry (not a rewrite of the same key).
+    free_fills: u32,
     /// Entries filled in this epoch (saturating): about the flows seen since it began.
     epoch_fills: u32,
     /// This epoch's recent fills and evictions, to tell whether the cache thrashes.
@@ -401,6 +403,7 @@ impl Emc {
             sources: None,
             fills: 0,
             evictions: 0,
+            free_fills: 0,
             epoch_fills: 0,
             window: (0, 0),
             sparse: false,
@@ -494,17 +497,22 @@ impl Emc {
         let current = |x: &Entry| (x.k2 >> EPOCH_SHIFT) as u32 == epoch;
         self.fills = self.fills.wrapping_add(1);
         self.epoch_fills = self.epoch_fills.saturating_add(1);
-        let mut evicted = false;
-        if set[0].matches(k.k0, k.k1, k2) || !current(&set[0]) {
+        let (mut evicted, mut free) = (false, false);
+        if set[0].matches(k.k0, k.k1, k2) {
             set[0] = e;
+        } else if !current(&set[0]) {
+            set[0] = e;
+            free = true;
         } else if set[1].matches(k.k0, k.k1, k2) {
             set[1] = e;
         } else {
             evicted = current(&set[1]);
+            free = !evicted;
             set[1] = set[0];
             set[0] = e;
         }
         self.evictions = self.evictions.wrapping_add(evicted as u32);
+        self.free_fills = self.free_fills.wrapping_add(free as u32);
         self.window = (self.window.0 + 1, self.window.1 + evicted as u16);
         if self.window.0 == WINDOW {
             self.sparse = 4 * self.window.1 as u32 >= 3 * WINDOW as u32;
@@ -522,6 +530,13 @@ impl Emc {
     #[inline(always)]
     pub fn fills(&self) -> (u32, u32) {
         (self.fills, self.evictions)
+    }
+
+    /// Entries filled into an empty or stale place so far (running count, wrapping): flows
+    /// the cache had room for, not rewrites of a key it holds.
+    #[inline(always)]
+    pub fn free_fills(&self) -> u32 {
+        self.free_fills
     }
 }
 

@@ -189,11 +189,13 @@ impl NodeApi for Api {
         use knitter_api::logging::{self, FilterError};
         let r = r.into_inner();
         if !r.filter.trim().is_empty() {
+            let was = logging::filter().unwrap_or_default();
             logging::set_filter(r.filter.trim()).map_err(|e| match e {
                 FilterError::Parse(..) => Status::invalid_argument(e.to_string()),
                 _ => Status::failed_precondition(e.to_string()),
             })?;
-            tracing::info!(filter = r.filter.trim(), "log filter changed");
+            // At warn: the new filter may hide info.
+            tracing::warn!(filter = r.filter.trim(), was, "log filter changed");
         }
         let filter = logging::filter().map_err(|e| Status::failed_precondition(e.to_string()))?;
         Ok(Response::new(pb::LogFilterReply { filter }))

@@ -131,6 +131,16 @@ enum LogCmd {
     },
 }
 
+/// A level's name, as RUST_LOG spells them.
+struct LevelName;
+
+impl std::str::FromStr for LevelName {
+    type Err = ();
+    fn from_str(s: &str) -> Result<LevelName, ()> {
+        ["error", "warn", "info", "debug", "trace", "off"].contains(&s.to_ascii_lowercase().as_str()).then_some(LevelName).ok_or(())
+    }
+}
+
 /// The filter `current` with `module` at `level`: that module's earlier directives replaced.
 fn with_module_level(current: &str, module: &str, level: &str) -> String {
     let kept = current.split(',').map(str::trim).filter(|d| !d.is_empty() && d.split('=').next() != Some(module));
@@ -282,6 +292,8 @@ async fn run(cli: Cli) -> Result<()> {
                 LogCmd::Show => String::new(),
                 LogCmd::Set { filter, module: None } => filter,
                 LogCmd::Set { filter, module: Some(m) } => {
+                    anyhow::ensure!(!m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "--module {m:?}: a module path (letters, digits, _ and ::)");
+                    anyhow::ensure!(filter.parse::<LevelName>().is_ok(), "{filter:?} is not a level (error, warn, info, debug, trace, off)");
                     let now = c.log_filter(pb::LogFilterRequest::default()).await?.into_inner().filter;
                     with_module_level(&now, &m, &filter)
                 }
@@ -325,7 +337,11 @@ fn main() {
             println!("{}", String::from_utf8_lossy(&out).trim_end());
             return;
         }
-        Cmd::Man { dir } => match write_man_pages(&command(), dir) {
+        Cmd::Man { dir } => match write_man_pages(&{
+            let mut c = command();
+            c.build(); // the global options propagated into every subcommand's page
+            c
+        }, dir) {
             Ok(n) => return println!("{n} man pages written to {}", dir.display()),
             Err(e) => {
                 eprintln!("knitterctl: {e:#}");
@@ -334,8 +350,11 @@ fn main() {
         },
         _ => {}
     }
-    // A TLS daemon that wants a client certificate hangs up on a client without one.
-    let without_cert = cli.tcp.is_some() && cli.cert.is_none();
+    // A TLS peer that wants a client certificate hangs up on a client without one.
+    let without_cert = match &cli.cmd {
+        Cmd::Manager { .. } => cli.target.manager_ca.is_some() && cli.target.manager_cert.is_none(),
+        _ => cli.tcp.is_some() && cli.cert.is_none(),
+    };
     let socket = match &cli.tcp {
         Some(addr) => PathBuf::from(addr),
         None => cli.socket.clone(),
@@ -356,18 +375,19 @@ fn main() {
     };
     if let Err(e) = result {
         match e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
-            Some(s) if s.code() == tonic::Code::Unavailable && s.source().is_some() => {
+            // A status with a cause was made on this side: the call never got an answer.
+            Some(s) if s.source().is_some() => {
                 let mut cause: &dyn std::error::Error = s;
                 while let Some(next) = cause.source() {
                     cause = next;
                 }
-                eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
+                if without_cert && s.code() != tonic::Code::Unavailable {
+                    // A TLS peer that wants a client certificate hangs up on one without.
+                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; it may want a client certificate (--cert, --key)");
+                } else {
+                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
+                }
                 std::process::exit(EXIT_UNREACHABLE);
-            }
-            // The hang-up shows as a cancelled call or a transport error, as the timing falls.
-            Some(s) if matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown) && without_cert && what == "knitter-vswitchd" => {
-                eprintln!("knitterctl: refused: {what} at {target} closed the connection; it may want a client certificate (--cert, --key)");
-                std::process::exit(EXIT_REFUSED);
             }
             Some(s) => {
                 eprintln!("knitterctl: refused ({:?}): {}", s.code(), s.message());

@@ -25,13 +25,13 @@ pub struct Target {
     token_file: PathBuf,
     /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
     #[arg(long, global = true, env = "KNITTER_MANAGER_CA")]
-    manager_ca: Option<PathBuf>,
+    pub manager_ca: Option<PathBuf>,
     /// The name in the manager's certificate (default: the host of --manager).
     #[arg(long, global = true, requires = "manager_ca")]
     manager_server_name: Option<String>,
     /// A client certificate (PEM), for a manager that asks for one (with --manager-key).
     #[arg(long, global = true, requires_all = ["manager_key", "manager_ca"])]
-    manager_cert: Option<PathBuf>,
+    pub manager_cert: Option<PathBuf>,
     /// The key of --manager-cert (PEM).
     #[arg(long, global = true, requires = "manager_cert")]
     manager_key: Option<PathBuf>,

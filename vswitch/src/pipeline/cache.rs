@@ -35,15 +35,16 @@ pub(crate) const NODE: Descriptor = Descriptor {
 const HIT_WORTH: i32 = 3;
 /// Bounds of a port's account with the cache (see [`Pipeline::worth_looking_up`]), in misses'
 /// worth: a port that was on the cache for long leaves it after a few bursts of churn, one
-/// that left it comes back after a sampled burst with a dozen hits.
+/// that left it comes back after a sampled burst with half its frames hit.
 const CREDIT_CAP: i32 = 96;
-/// A port whose credit is below this skips the cache: two bursts' worth of misses, so a new
-/// port's first floods (ARP, frames to MACs not learned yet) do not put it off the cache.
+/// A port whose credit is below this skips the cache: two bursts' worth of misses (a port
+/// at 0 leaves on its third burst of nothing but misses), so a new port's first floods (ARP,
+/// frames to MACs not learned yet) do not put it off the cache.
 const OFF_BELOW: i16 = -64;
 
 /// One burst in this many of a thrashing port still goes through the cache, to notice flows
 /// that repeat again.
-pub(super) const SAMPLE_EVERY: u32 = 64;
+pub(super) const SAMPLE_EVERY: u8 = 64;
 
 /// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
@@ -160,8 +161,9 @@ pub(super) struct Flows {
     /// Per ingress port, what the cache saved it less what it cost, in misses' worth (see
     /// [`Pipeline::worth_looking_up`]).
     pub(super) credit: Box<[i16; fdb::MAX_PORTS]>,
-    /// Counts the bursts of thrashing ports, to sample one in [`SAMPLE_EVERY`].
-    pub(super) sampled: u32,
+    /// Per ingress port off the cache, its bursts that skipped it, to sample one in
+    /// [`SAMPLE_EVERY`] (per port: a shared count could keep landing on the same ports).
+    pub(super) sampled: Box<[u8; fdb::MAX_PORTS]>,
 }
 
 impl Flows {
@@ -173,7 +175,7 @@ impl Flows {
             cached: false,
             miss_keys: [None; BATCH],
             credit: Box::new([0; fdb::MAX_PORTS]),
-            sampled: 0,
+            sampled: Box::new([0; fdb::MAX_PORTS]),
         }
     }
 }
@@ -193,8 +195,9 @@ impl Pipeline {
             (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
             (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
-        let (n, before) = (batch.len(), self.flows.emc.fills());
+        let n = batch.len();
         if hits == 0 {
+            let before = self.flows.emc.free_fills();
             for (k, b) in self.flows.miss_keys.iter_mut().zip(batch.as_slice()) {
                 *k = port_key(port.id, secured, self.pool.head(b));
             }
@@ -203,7 +206,7 @@ impl Pipeline {
             return bytes;
         }
         if hits == n as u64 {
-            self.note_hit_burst(port.id);
+            self.note_hit_burst(port.id, n);
         }
         // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
         // need no in-order pass. A burst to local ports stops at its first frame.
@@ -211,6 +214,7 @@ impl Pipeline {
             self.encap_burst(snap, port, batch, &found, bytes);
             return bytes;
         }
+        let before = self.flows.emc.free_fills();
         // An access port's frames all belong to its one bridge domain.
         let demoted = match (port.kind == PortKind::Access, self.nodes.on()) {
             (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
@@ -239,28 +243,28 @@ impl Pipeline {
     /// slows a cold start a hundredfold.
     #[inline(always)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample_burst()
+        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample_burst(port)
     }
 
-    /// One burst in [`SAMPLE_EVERY`] of the ports that left the cache.
+    /// One burst in [`SAMPLE_EVERY`] of a port off the cache.
     #[inline(never)]
-    fn sample_burst(&mut self) -> bool {
-        self.flows.sampled = self.flows.sampled.wrapping_add(1);
-        self.flows.sampled.is_multiple_of(SAMPLE_EVERY)
+    fn sample_burst(&mut self, port: u16) -> bool {
+        let s = &mut self.flows.sampled[port as usize & (fdb::MAX_PORTS - 1)];
+        *s = s.wrapping_add(1) % SAMPLE_EVERY;
+        *s == 0
     }
 
     /// After a burst of `n` frames from `port` whose lookups hit `hits` times, not all of
     /// them: its worth to the port's credit (see [`Pipeline::worth_looking_up`]); `before` is
-    /// the cache's [`Emc::fills`] at the burst's start.
+    /// the cache's [`Emc::free_fills`] at the burst's start.
     #[inline(never)]
-    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: (u32, u32)) {
-        let (fills, evictions) = self.flows.emc.fills();
-        let (fills, evictions) = (fills.wrapping_sub(before.0), evictions.wrapping_sub(before.1));
+    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: u32) {
+        let free = self.flows.emc.free_fills().wrapping_sub(before);
         let c = &mut self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)];
         let (hits, misses) = (hits as i32, n as i32 - hits as i32);
         // A miss that filled a free entry is an investment (the flow may come again), not
-        // waste: a cold start costs nothing.
-        let invested = (fills.saturating_sub(evictions) as i32).min(misses);
+        // waste: a cold start costs nothing. (Rewrites of a key the cache holds are not.)
+        let invested = (free.min(BATCH as u32) as i32).min(misses);
         // Nearly every miss did: the cache has room for the port's flows (a cold start, a
         // new epoch), so it goes on the cache to fill it at once.
         if 2 * invested >= misses {
@@ -270,10 +274,11 @@ impl Pipeline {
         *c = (*c as i32 + HIT_WORTH * hits - (misses - invested)).clamp(-CREDIT_CAP, CREDIT_CAP) as i16;
     }
 
-    /// After a burst from `port` whose every frame hit the cache.
+    /// After a burst of `n` frames from `port`, every one of which hit the cache.
     #[inline(always)]
-    pub(super) fn note_hit_burst(&mut self, port: u16) {
-        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] = CREDIT_CAP as i16;
+    pub(super) fn note_hit_burst(&mut self, port: u16, n: usize) {
+        let c = &mut self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)];
+        *c = (*c as i32 + HIT_WORTH * n as i32).min(CREDIT_CAP) as i16;
     }
 
     #[inline(always)]

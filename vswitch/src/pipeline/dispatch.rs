@@ -63,14 +63,14 @@ impl Pipeline {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
                     self.flows.cached = true;
-                    let before = self.flows.emc.fills();
+                    let before = self.flows.emc.free_fills();
                     let (bytes, hits) = if self.nodes.on() {
                         self.forward_underlay_cached::<true>(snap, vtep, port, batch)
                     } else {
                         self.forward_underlay_cached::<false>(snap, vtep, port, batch)
                     };
                     if hits == n as u64 {
-                        self.note_hit_burst(port.id);
+                        self.note_hit_burst(port.id, n);
                     } else {
                         self.note_burst(port.id, hits, n, before);
                     }
