@@ -294,12 +294,9 @@ pub struct Emc {
     /// The first set the next epoch empties (see [`Emc::next_epoch`]).
     sweep: usize,
     sources: Option<Sources>,
-    /// Entries filled, and of them those that pushed out an entry of the current epoch
-    /// (running counts, wrapping; a cache that evicts live entries as fast as it fills
-    /// churns through more flows than it holds).
+    /// Entries filled, and of them those that took an empty or stale place (not a rewrite of
+    /// the same key, nor a live entry pushed out): running counts, wrapping.
     fills: u32,
-    evictions: u32,
-    /// Of them, those that took an empty or stale entry (not a rewrite of the same key).
     free_fills: u32,
     /// Entries filled in this epoch (saturating): about the flows seen since it began.
     epoch_fills: u32,
@@ -402,7 +399,6 @@ impl Emc {
             sweep: 0,
             sources: None,
             fills: 0,
-            evictions: 0,
             free_fills: 0,
             epoch_fills: 0,
             window: (0, 0),
@@ -511,7 +507,6 @@ impl Emc {
             set[1] = set[0];
             set[0] = e;
         }
-        self.evictions = self.evictions.wrapping_add(evicted as u32);
         self.free_fills = self.free_fills.wrapping_add(free as u32);
         self.window = (self.window.0 + 1, self.window.1 + evicted as u16);
         if self.window.0 == WINDOW {
@@ -525,11 +520,10 @@ impl Emc {
         self.sparse
     }
 
-    /// Entries filled so far, and how many of them pushed out a live entry (running counts,
-    /// wrapping: callers subtract two readings).
+    /// Entries filled so far (running count, wrapping: callers subtract two readings).
     #[inline(always)]
-    pub fn fills(&self) -> (u32, u32) {
-        (self.fills, self.evictions)
+    pub fn fills(&self) -> u32 {
+        self.fills
     }
 
     /// Entries filled into an empty or stale place so far (running count, wrapping): flows
@@ -583,16 +577,16 @@ mod test {
             c.insert(&key(n), hit);
         }
         assert!(c.is_sparse(), "a window of fills that evicted live entries");
-        let before = c.fills().0;
+        let before = c.fills();
         for n in 0..1600 {
             c.insert(&key(100_000 + n), hit);
         }
-        assert_eq!(c.fills().0 - before, 1600 / SPARSE_EVERY, "one miss in {SPARSE_EVERY} fills");
+        assert_eq!(c.fills() - before, 1600 / SPARSE_EVERY, "one miss in {SPARSE_EVERY} fills");
         c.sync(1, 1, 1); // a new epoch: every entry stale, room again
         assert!(!c.is_sparse());
-        let before = c.fills().0;
+        let before = c.fills();
         c.insert(&key(7), hit);
-        assert_eq!(c.fills().0 - before, 1);
+        assert_eq!(c.fills() - before, 1);
         assert_eq!(c.lookup(&key(7)), Some(hit));
     }
 

@@ -73,12 +73,17 @@ pub fn filter() -> Result<String, FilterError> {
     Ok(current.lock().unwrap_or_else(|e| e.into_inner()).clone())
 }
 
+/// Whether `s` names a level (`error`, `warn`, `info`, `debug`, `trace`, `off`).
+pub fn is_level(s: &str) -> bool {
+    s.parse::<tracing_subscriber::filter::LevelFilter>().is_ok()
+}
+
 /// Replaces the filter with `directives` (`RUST_LOG`'s syntax: `debug`,
 /// `knitter_vhost=trace,info`); refused, and the old one kept, when they do not parse.
 pub fn set_filter(directives: &str) -> Result<(), FilterError> {
     // RUST_LOG reads a bare word as a module to log everything of, and the rest not at all:
     // a mistyped level (`debgu`) would silence the daemon. A bare word must be a level.
-    if let Some(d) = directives.split(',').map(str::trim).find(|d| !d.contains('=') && d.parse::<tracing_subscriber::filter::LevelFilter>().is_err()) {
+    if let Some(d) = directives.split(',').map(str::trim).find(|d| !d.contains('=') && !is_level(d)) {
         return Err(FilterError::Parse(directives.into(), format!("{d:?} is not a level (error, warn, info, debug, trace, off); one module's level is MODULE=LEVEL")));
     }
     let parsed = EnvFilter::try_new(directives).map_err(|e| FilterError::Parse(directives.into(), e.to_string()))?;

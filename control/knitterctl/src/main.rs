@@ -131,16 +131,6 @@ enum LogCmd {
     },
 }
 
-/// A level's name, as RUST_LOG spells them.
-struct LevelName;
-
-impl std::str::FromStr for LevelName {
-    type Err = ();
-    fn from_str(s: &str) -> Result<LevelName, ()> {
-        ["error", "warn", "info", "debug", "trace", "off"].contains(&s.to_ascii_lowercase().as_str()).then_some(LevelName).ok_or(())
-    }
-}
-
 /// The filter `current` with `module` at `level`: that module's earlier directives replaced.
 fn with_module_level(current: &str, module: &str, level: &str) -> String {
     let kept = current.split(',').map(str::trim).filter(|d| !d.is_empty() && d.split('=').next() != Some(module));
@@ -293,7 +283,7 @@ async fn run(cli: Cli) -> Result<()> {
                 LogCmd::Set { filter, module: None } => filter,
                 LogCmd::Set { filter, module: Some(m) } => {
                     anyhow::ensure!(!m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "--module {m:?}: a module path (letters, digits, _ and ::)");
-                    anyhow::ensure!(filter.parse::<LevelName>().is_ok(), "{filter:?} is not a level (error, warn, info, debug, trace, off)");
+                    anyhow::ensure!(knitter_api::logging::is_level(&filter), "{filter:?} is not a level (error, warn, info, debug, trace, off)");
                     let now = c.log_filter(pb::LogFilterRequest::default()).await?.into_inner().filter;
                     with_module_level(&now, &m, &filter)
                 }
@@ -350,10 +340,11 @@ fn main() {
         },
         _ => {}
     }
-    // A TLS peer that wants a client certificate hangs up on a client without one.
-    let without_cert = match &cli.cmd {
-        Cmd::Manager { .. } => cli.target.manager_ca.is_some() && cli.target.manager_cert.is_none(),
-        _ => cli.tcp.is_some() && cli.cert.is_none(),
+    // A TLS peer that wants a client certificate hangs up on a client without one: the
+    // options that would give it one, when none was given.
+    let cert_options = match &cli.cmd {
+        Cmd::Manager { .. } => (cli.target.manager_ca.is_some() && cli.target.manager_cert.is_none()).then_some("--manager-cert, --manager-key"),
+        _ => (cli.tcp.is_some() && cli.cert.is_none()).then_some("--cert, --key"),
     };
     let socket = match &cli.tcp {
         Some(addr) => PathBuf::from(addr),
@@ -381,9 +372,8 @@ fn main() {
                 while let Some(next) = cause.source() {
                     cause = next;
                 }
-                if without_cert && s.code() != tonic::Code::Unavailable {
-                    // A TLS peer that wants a client certificate hangs up on one without.
-                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; it may want a client certificate (--cert, --key)");
+                if let Some(options) = cert_options.filter(|_| s.code() != tonic::Code::Unavailable) {
+                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; it may want a client certificate ({options})");
                 } else {
                     eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
                 }
