@@ -67,6 +67,8 @@ pub enum ConfigError {
     VtepNoMac,
     #[error("VTEP: {what}")]
     Vtep { what: String },
+    #[error("bridge {bridge:?}: gateway: {why}")]
+    BadGateway { bridge: String, why: String },
     #[error("bridge {bridge:?}: {what} {value} is out of range 0..={max}")]
     BadMarking { bridge: String, what: &'static str, value: u8, max: u8 },
 }
@@ -136,6 +138,72 @@ pub struct BridgeConfig {
     /// over it are dropped as `policed`, after each port's own policer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policer: Option<crate::policer::PolicerConfig>,
+    /// The pods' gateway in this bridge domain, answered by the switch on every node alike
+    /// (a distributed gateway): see [`GatewayConfig`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayConfig>,
+}
+
+/// A bridge domain's distributed gateway: the switch answers ARP and neighbour
+/// solicitations for `ips` with `mac` (the same on every node, so a pod's neighbour entry
+/// holds wherever it runs), and frames to `mac` go to the local `port`, addressed to that
+/// port's own MAC: the node's host port, whose kernel routes them (to the host itself, a
+/// Service, the outside world). Pods keep talking to each other switched, as before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The gateway's addresses (a subnet's gateway; for IPv6 a link-local one too).
+    pub ips: Vec<IpAddr>,
+    /// Default: `0a:58` and the first IPv4 address (`0a:59` and the last four bytes of the
+    /// first IPv6 one), the manager's convention for pods' MACs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+    /// The access port of this bridge domain that frames to the gateway leave by (a port
+    /// whose device has a MAC of its own: a `host` device).
+    pub port: String,
+}
+
+impl GatewayConfig {
+    /// The gateway's MAC: the configured one or the one derived from its first address.
+    pub fn mac(&self) -> Option<MacAddr> {
+        self.mac.or_else(|| {
+            let first = self.ips.iter().find(|ip| ip.is_ipv4()).or(self.ips.first())?;
+            Some(match first {
+                IpAddr::V4(a) => {
+                    let o = a.octets();
+                    MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+                }
+                IpAddr::V6(a) => {
+                    let o = a.octets();
+                    MacAddr([0x0a, 0x59, o[12], o[13], o[14], o[15]])
+                }
+            })
+        })
+    }
+}
+
+impl BridgeConfig {
+    /// The address bindings the switch answers for: `neighbors` and the gateway's.
+    pub fn answered(&self) -> Vec<Neighbor> {
+        let mut all = self.neighbors.clone();
+        if let Some(g) = &self.gateway
+            && let Some(mac) = g.mac()
+        {
+            all.extend(g.ips.iter().map(|ip| Neighbor { ip: *ip, mac }));
+        }
+        all
+    }
+
+    /// The MACs pinned in the FDB: `static_macs` and the gateway's (to its port).
+    pub fn pinned(&self) -> Vec<StaticMac> {
+        let mut all = self.static_macs.clone();
+        if let Some(g) = &self.gateway
+            && let Some(mac) = g.mac()
+        {
+            all.push(StaticMac { mac, port: Some(g.port.clone()), remote: None });
+        }
+        all
+    }
 }
 
 /// An IP → MAC binding the control plane knows (for ARP/ND suppression).
@@ -324,6 +392,7 @@ impl BridgeConfig {
             priority: false,
             pod_policer: None,
             policer: None,
+            gateway: None,
         }
     }
 

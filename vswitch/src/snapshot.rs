@@ -48,6 +48,9 @@ pub struct PortEntry {
     /// The policer of its access bridge's frames from all its ports together (shared with
     /// them and every PMD thread), and that bridge domain.
     pub net_policer: Option<(Arc<SharedBucket>, u16)>,
+    /// A gateway's port ([`crate::config::GatewayConfig`]): frames to the first MAC leave it
+    /// addressed to the second (the port's own).
+    pub deliver_as: Option<(MacAddr, MacAddr)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,7 +422,30 @@ impl Snapshot {
             self.ports[id] = Some(entry);
         }
         let peers_taken = self.compile_vtep(cfg, ids, prev)?;
-        self.compile_bridges(cfg, ids, prev, peers_taken)
+        self.compile_bridges(cfg, ids, prev, peers_taken)?;
+        self.compile_gateways(cfg, ids)
+    }
+
+    /// Each gateway's port: frames to the gateway's MAC leave it addressed to the port's own.
+    fn compile_gateways(&mut self, cfg: &SwitchConfig, ids: &Ids) -> Result<(), ConfigError> {
+        for b in &cfg.bridges {
+            let Some(g) = &b.gateway else { continue };
+            let bad = |why: String| ConfigError::BadGateway { bridge: b.name.clone(), why };
+            let mac = g.mac().ok_or_else(|| bad("it needs at least one address".into()))?;
+            if mac.is_group() || mac.0 == [0; 6] {
+                return Err(bad(format!("MAC {mac} is not a unicast address")));
+            }
+            let entry = ids.ports.get(&g.port).and_then(|id| self.ports.get_mut(*id as usize)).and_then(Option::as_mut);
+            let Some(pe) = entry.filter(|pe| pe.kind == PortKind::Access && pe.untagged_bd == ids.bds[&b.name]) else {
+                return Err(bad(format!("port {:?} is not an access port of this bridge", g.port)));
+            };
+            let own = pe.port.mac().ok_or_else(|| bad(format!("port {:?} has no MAC of its own to address the frames to", g.port)))?;
+            if pe.deliver_as.is_some_and(|(m, _)| m != mac) {
+                return Err(bad(format!("port {:?} is already another gateway's", g.port)));
+            }
+            pe.deliver_as = Some((mac, own));
+        }
+        Ok(())
     }
 
     /// Each bridge domain's network policer on the node: the one it had while its limits hold.
@@ -540,6 +566,7 @@ impl Snapshot {
             security,
             policer,
             net_policer,
+            deliver_as: None,
         })
     }
 
@@ -615,7 +642,7 @@ impl Snapshot {
         }
         let mut arp = FxMap::default();
         let mut nd = FxMap::default();
-        for n in &b.neighbors {
+        for n in &b.answered() {
             if n.mac.is_group() {
                 return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "neighbor", mac: n.mac });
             }
@@ -624,6 +651,7 @@ impl Snapshot {
                 IpAddr::V6(a) => nd.insert(a, n.mac),
             };
         }
+        // The gateway's own pin is checked with the gateway (`compile_gateways`).
         for m in &b.static_macs {
             if m.mac.is_group() {
                 return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
@@ -649,7 +677,7 @@ impl Snapshot {
             remote_learning: b.remote_learning,
             age_secs: b.mac_age_secs.max(1),
             mac_limit: b.mac_limit,
-            arp_suppression: b.arp_suppression,
+            arp_suppression: b.arp_suppression || b.gateway.is_some(),
             arp,
             nd,
         })

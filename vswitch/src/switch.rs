@@ -242,9 +242,9 @@ impl Switch {
     /// every PMD thread's exact-match cache.
     fn sync_static_macs(&self, c: &mut Control, snap: &Snapshot, flush: &Flush) {
         let mut want = HashSet::new();
-        for b in snap.config.bridges.iter().filter(|b| !b.static_macs.is_empty()) {
+        for b in snap.config.bridges.iter().filter(|b| !b.static_macs.is_empty() || b.gateway.is_some()) {
             let Some(&bd) = c.ids.bds.get(&b.name) else { continue };
-            for m in &b.static_macs {
+            for m in &b.pinned() {
                 let dest = match (&m.port, &m.remote) {
                     (Some(p), _) => c.ids.ports.get(p).map(|id| Dest::Port(*id)),
                     (_, Some(ip)) => snap.peer_by_ip.get(ip).map(|id| Dest::Peer(*id)),

@@ -2,7 +2,7 @@
 //! horizon, reflection, ageing, limits, static MACs, port security and ARP/ND suppression.
 
 use std::net::Ipv4Addr;
-use vswitch::config::{AddressPair, BridgeConfig, Neighbor, PortConfig, StaticMac, SwitchConfig};
+use vswitch::config::{AddressPair, BridgeConfig, GatewayConfig, Neighbor, PortConfig, StaticMac, SwitchConfig};
 use vswitch::fdb::Dest;
 use vswitch::testkit::{Harness, frames, mac};
 use vswitch::{DropReason, Event};
@@ -289,6 +289,60 @@ fn arp_and_nd_suppression_answer_known_addresses() {
     assert!(out["p1"].is_empty());
     let s = h.stats();
     assert_eq!((s.event(Event::ArpSuppressed), s.event(Event::NdSuppressed)), (1, 1));
+}
+
+/// A distributed gateway: the switch answers ARP for it with its MAC; frames to that MAC go
+/// to the gateway's port addressed to the port's own MAC, every time (the cache's hits
+/// too); pod-to-pod frames stay switched; a port without a MAC, or not in the bridge, is
+/// refused as the gateway's port.
+#[test]
+fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
+    let host = mac(0xfe);
+    let mut h = Harness::new();
+    h.ring("p0").ring("p1").ring_with_mac("host", Some(host)).ring("nomac");
+    let gw = GatewayConfig { ips: vec![ip(1).into()], mac: None, port: "host".into() };
+    let mut cfg = SwitchConfig {
+        bridges: vec![BridgeConfig { gateway: Some(gw.clone()), ..BridgeConfig::new("red") }, BridgeConfig::new("blue")],
+        ports: vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("host", "red"), PortConfig::access("nomac", "blue")],
+        vtep: None,
+    };
+    h.apply(cfg.clone()).unwrap();
+    let gw_mac = vswitch::wire::MacAddr([0x0a, 0x58, 192, 0, 2, 1]);
+    assert_eq!(gw.mac(), Some(gw_mac), "derived from the address, as the manager derives pods' MACs");
+
+    h.send("p0", &frames::arp_request(mac(1), ip(10), ip(1)));
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))], "answered by the switch");
+    assert!(out["p1"].is_empty() && out["host"].is_empty(), "not flooded");
+
+    // The pod behind p1 is known before p0 talks to it (else its frame floods, to the host too).
+    h.send("p1", &frames::udp4(mac(1), mac(2), ip(11), ip(10), 1000, 53, 100));
+    h.step();
+    h.recv_all();
+    for _ in 0..3 {
+        h.send("p0", &frames::udp4(gw_mac, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100));
+        h.send("p0", &frames::udp4(mac(2), mac(1), ip(10), ip(11), 1000, 53, 100));
+        h.step();
+        let out = h.recv_all();
+        let to_host = frames::udp4(host, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100);
+        assert_eq!(out["host"], vec![to_host], "addressed to the port's own MAC");
+        assert!(out["p1"].iter().all(|f| f[..6] != gw_mac.0), "the gateway's frames go nowhere else");
+    }
+    let reply = frames::udp4(mac(1), host, Ipv4Addr::new(203, 0, 113, 2), ip(10), 53, 1000, 100);
+    h.send("host", &reply);
+    h.step();
+    assert_eq!(h.recv("p0"), vec![reply], "the host's replies are switched to the pod");
+
+    cfg.bridges[0].gateway = Some(GatewayConfig { port: "nomac".into(), ..gw.clone() });
+    let e = h.apply(cfg.clone()).unwrap_err().to_string();
+    assert!(e.contains("not an access port of this bridge"), "{e}");
+    cfg.ports[3] = PortConfig::access("nomac", "red");
+    let e = h.apply(cfg.clone()).unwrap_err().to_string();
+    assert!(e.contains("no MAC of its own"), "{e}");
+    cfg.bridges[0].gateway = Some(GatewayConfig { ips: vec![], mac: None, port: "host".into() });
+    let e = h.apply(cfg).unwrap_err().to_string();
+    assert!(e.contains("needs at least one address"), "{e}");
 }
 
 #[test]

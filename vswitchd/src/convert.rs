@@ -6,7 +6,7 @@ use crate::state::{Device, Owner, PortSpec};
 use knitter_api::node as pb;
 use std::net::IpAddr;
 use vswitch::config::{
-    AddressPair, BridgeConfig, Neighbor, PeerConfig, PortConfig, PortMode, PortSecurity, StaticMac, VtepConfig,
+    AddressPair, BridgeConfig, GatewayConfig, Neighbor, PeerConfig, PortConfig, PortMode, PortSecurity, StaticMac, VtepConfig,
 };
 use vswitch::wire::MacAddr;
 use vswitch::policer::PolicerConfig;
@@ -87,6 +87,17 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
             })
         })
         .collect::<Result<_, FieldError>>()?;
+    c.gateway = b
+        .gateway
+        .as_ref()
+        .map(|g| -> Result<GatewayConfig, FieldError> {
+            Ok(GatewayConfig {
+                ips: g.ips.iter().map(|i| ip("gateway.ips", i)).collect::<Result<_, _>>()?,
+                mac: g.mac.as_deref().map(|m| mac("gateway.mac", m)).transpose()?,
+                port: g.port.clone(),
+            })
+        })
+        .transpose()?;
     Ok(c)
 }
 
@@ -113,6 +124,11 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
         priority: c.priority,
         pod_policer: c.pod_policer.as_ref().map(policer_to),
         policer: c.policer.as_ref().map(policer_to),
+        gateway: c.gateway.as_ref().map(|g| pb::Gateway {
+            ips: g.ips.iter().map(|i| i.to_string()).collect(),
+            mac: g.mac.map(|m| m.to_string()),
+            port: g.port.clone(),
+        }),
     }
 }
 
@@ -143,7 +159,8 @@ pub fn device_from(d: Option<&pb::Device>) -> Result<Device, FieldError> {
             };
             Ok(Device::Dpdk { devargs: d.devargs.clone(), queues })
         }
-        None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user, dpdk")),
+        Some(Kind::Host(h)) => Ok(Device::Host { ifname: h.ifname.clone(), addresses: h.addresses.clone(), masquerade: h.masquerade.unwrap_or(true) }),
+        None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user, dpdk, host")),
     }
 }
 
@@ -158,6 +175,9 @@ pub fn device_to(d: &Device) -> pb::Device {
                 Kind::VhostUser(pb::VhostUser { socket: socket.display().to_string(), client: *client, mode: *mode, owner: *owner, group: *group })
             }
             Device::Dpdk { devargs, queues } => Kind::Dpdk(pb::DpdkDevice { devargs: devargs.clone(), queues: queues.unwrap_or(0) as u32 }),
+            Device::Host { ifname, addresses, masquerade } => {
+                Kind::Host(pb::HostPort { ifname: ifname.clone(), addresses: addresses.clone(), masquerade: Some(*masquerade) })
+            }
         }),
     }
 }

@@ -24,12 +24,14 @@ pub struct OpenPort {
     trunk_fallback: bool,
     /// The underlay filter the AF_XDP port's program runs, if any.
     filter: Option<UnderlayFilter>,
+    /// A host port's interface ([`crate::host`]), removed when the port is deleted.
+    pub host: Option<String>,
     _server: Option<Server>,
 }
 
 impl OpenPort {
     fn plain(port: Arc<dyn Port>) -> OpenPort {
-        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, filter: None, _server: None }
+        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, filter: None, host: None, _server: None }
     }
 
     /// Makes an AF_XDP port take only its VTEP's traffic (or, with `None`, every frame),
@@ -88,7 +90,10 @@ pub fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std
 /// its XDP program cannot put back tags the driver holds out of band (such frames would look
 /// untagged; AF_PACKET gets them as metadata). Not for an underlay sharing the node's
 /// address: AF_PACKET copies frames, so the node's kernel would see VXLAN too.
-pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<UnderlayFilter>, trunk: bool) -> Result<OpenPort, DeviceError> {
+///
+/// A `host` device is made first ([`crate::host`], with the port's `mtu`), then served as
+/// an `af_xdp` device on its switch end.
+pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<UnderlayFilter>, trunk: bool, mtu: u16) -> Result<OpenPort, DeviceError> {
     let fail = |what: String| move |source| DeviceError { port: name.into(), what, source };
     let (n, pool) = (name.to_string(), pool.clone());
     match device {
@@ -130,6 +135,15 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve_with(socket, port.clone(), backend::SocketPerms { mode: *mode, owner: *owner, group: *group }) }
                 .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
             Ok(OpenPort { vhost: Some(port.clone()), _server: Some(server), ..OpenPort::plain(port) })
+        }
+        Device::Host { ifname, addresses, masquerade } => {
+            crate::host::make(ifname, addresses, mtu.into(), *masquerade).map_err(fail(format!("host port {ifname}")))?;
+            let served = Device::AfXdp { ifname: crate::host::switch_end(ifname), netns: None };
+            let open = open(name, &served, &pool, None, trunk, mtu);
+            if open.is_err() {
+                let _ = crate::host::remove(ifname);
+            }
+            Ok(OpenPort { host: Some(ifname.clone()), ..open? })
         }
     }
 }
@@ -215,18 +229,18 @@ mod tests {
         let pool = Pool::new(4096, false).unwrap();
         let holder = a.enter(|| AfXdpPort::open("holder", "eth0", pool.clone())).unwrap().unwrap();
         let device = Device::AfXdp { ifname: "eth0".into(), netns: Some(a.name.clone()) };
-        let fallback = open("p", &device, &pool, None, false).expect("AF_PACKET serves it");
+        let fallback = open("p", &device, &pool, None, false, 1500).expect("AF_PACKET serves it");
         assert!(fallback.afxdp.is_none(), "not AF_XDP");
         let why = fallback.fallback.as_deref().unwrap_or_default();
         assert!(why.contains("AF_XDP did not open"), "the port says why: {why}");
         let shared = UnderlayFilter { vtep: "192.0.2.1".parse().unwrap(), udp_port: 4789, vlan: None, shared: true };
-        let refused = open("u", &device, &pool, Some(shared), false).err().expect("a shared underlay does not fall back");
+        let refused = open("u", &device, &pool, Some(shared), false, 1500).err().expect("a shared underlay does not fall back");
         assert!(refused.to_string().contains("node's own address"), "{refused}");
         let missing = Device::AfXdp { ifname: "nosuch0".into(), netns: Some(a.name.clone()) };
-        let gone = open("m", &missing, &pool, None, false).err().expect("no device, no port").to_string();
+        let gone = open("m", &missing, &pool, None, false, 1500).err().expect("no device, no port").to_string();
         assert!(gone.contains("AF_XDP on nosuch0") && gone.contains("then AF_PACKET"), "{gone}");
         drop(holder);
-        let again = open("p2", &device, &pool, None, false).expect("AF_XDP serves it");
+        let again = open("p2", &device, &pool, None, false, 1500).expect("AF_XDP serves it");
         assert!(again.afxdp.is_some() && again.fallback.is_none(), "AF_XDP again");
     }
 
@@ -241,11 +255,11 @@ mod tests {
         ns.run(&["ip", "link", "set", "tap0", "up"]).unwrap();
         let pool = Pool::new(4096, false).unwrap();
         let device = Device::AfXdp { ifname: "tap0".into(), netns: Some(ns.name.clone()) };
-        let trunk = open("t", &device, &pool, None, true).expect("AF_PACKET serves the trunk");
+        let trunk = open("t", &device, &pool, None, true, 1500).expect("AF_PACKET serves the trunk");
         let why = trunk.fallback.clone().unwrap_or_default();
         assert!(trunk.afxdp.is_none() && why.contains("no rx VLAN hint"), "{why}");
         drop(trunk);
-        let access = open("a", &device, &pool, None, false).expect("AF_XDP serves an access port");
+        let access = open("a", &device, &pool, None, false, 1500).expect("AF_XDP serves an access port");
         assert!(access.afxdp.is_some() && access.fallback.is_none());
     }
 }

@@ -12,6 +12,7 @@ mod devices;
 mod events;
 mod grpc;
 mod handoff;
+mod host;
 mod links;
 mod manager;
 mod metrics;

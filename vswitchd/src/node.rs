@@ -123,7 +123,7 @@ impl Node {
     }
 
     fn open_device(pool: &Arc<Pool>, state: &NodeState, spec: &PortSpec) -> Result<OpenPort, DeviceError> {
-        devices::open(&spec.config.name, &spec.device, pool, wanted_filter(state, spec), is_trunk(spec))
+        devices::open(&spec.config.name, &spec.device, pool, wanted_filter(state, spec), is_trunk(spec), spec.config.mtu)
     }
 
     /// Applies `candidate` (the ports in `open`), then makes it the state and persists it.
@@ -408,6 +408,11 @@ impl Node {
             inner.failed.remove(name);
             let port = self.switch.unregister_port(name).ok();
             if let Some(open) = inner.open.remove(name) {
+                if let Some(ifname) = &open.host
+                    && let Err(e) = crate::host::remove(ifname)
+                {
+                    tracing::warn!(port = %name, error = %e, "host port not removed");
+                }
                 taken.push((port, open));
                 self.events.emit("port_removed", name, "", self.switch.generation());
             }

@@ -68,6 +68,20 @@ pub enum Device {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         group: Option<u32>,
     },
+    /// The node's own interface into the port's bridge domain ([`crate::host`]): a veth pair
+    /// the daemon makes, `ifname` in its namespace with the node's `addresses` there (CIDR;
+    /// the first gives both ends' MAC) and, with `masquerade`, the NAT rules for pods'
+    /// traffic it routes out; `<ifname>-sw` served by the switch (AF_XDP).
+    Host {
+        ifname: String,
+        addresses: Vec<String>,
+        #[serde(default = "yes")]
+        masquerade: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A port: its device and its place in the switch. In files, one table: the

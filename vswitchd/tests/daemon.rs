@@ -1047,3 +1047,56 @@ async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
     assert_eq!(read("bus/pci/drivers/iavf/unbind"), "0000:01:00.1", "unbound from its host driver");
     assert_eq!(read("bus/pci/drivers_probe"), "0000:01:00.1", "probed again (by vfio-pci)");
 }
+
+/// A bridge's distributed gateway and the node's host port, as a node running plain pods
+/// uses them (the daemon in the node's own namespace): the switch answers the pods' ARP for
+/// their gateway, the node reaches its pods (a kubelet's probe), a pod reaches the outside
+/// through the host (masqueraded: the outside has no route back to pods) and a Service
+/// whose NAT rule kube-proxy would write (DNAT to a backend pod) answers, its replies coming
+/// back through the node that translated them. Removing the port removes the host's
+/// interface and its NAT table.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outside() {
+    use vswitch::testkit::netns::{self, Netns};
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let node = Netns::new("gwn").unwrap();
+    let (pa, pb_, out) = (Netns::new("gwa").unwrap(), Netns::new("gwb").unwrap(), Netns::new("gwo").unwrap());
+    netns::veth(&pa, "eth0", &node, "pa0").unwrap();
+    netns::veth(&pb_, "eth0", &node, "pb0").unwrap();
+    netns::veth(&out, "eth0", &node, "up0").unwrap();
+    for (pod, ip) in [(&pa, "10.1.0.2/24"), (&pb_, "10.1.0.3/24")] {
+        pod.run(&["ip", "addr", "add", ip, "dev", "eth0"]).unwrap();
+        pod.run(&["ip", "route", "add", "default", "via", "10.1.0.1"]).unwrap();
+    }
+    node.run(&["ip", "addr", "add", "203.0.113.1/24", "dev", "up0"]).unwrap();
+    out.run(&["ip", "addr", "add", "203.0.113.2/24", "dev", "eth0"]).unwrap();
+
+    let d = Daemon::start_in(dir.path(), Some(&node.name), &["--no-state"]).await;
+    let mut c = d.client();
+    let doc = "bridges:\n  - name: pods\n    gateway: {ips: [10.1.0.1], port: knitter0}\nports:\n  - name: knitter0\n    device: {kind: host, ifname: knitter0, addresses: [10.1.0.254/24]}\n    mode: {kind: access, bridge: pods}\n  - name: pa0\n    device: {kind: af_xdp, ifname: pa0}\n    mode: {kind: access, bridge: pods}\n  - name: pb0\n    device: {kind: af_xdp, ifname: pb0}\n    mode: {kind: access, bridge: pods}\n";
+    apply(&mut c, doc, false).await.unwrap();
+    let host = netns::mac_of(&node, "knitter0").unwrap().to_string();
+    assert_eq!(host, "0a:58:0a:01:00:fe", "the host end's MAC is its address's");
+
+    // The kubelet's probe: the node reaches its pods from its own address in the network.
+    netns::ping(&node, "10.1.0.2").expect("the node reaches a pod");
+    netns::ping(&pa, "10.1.0.254").expect("a pod reaches the node");
+    // The outside world, masqueraded: `out` has no route to 10.1.0.0/24.
+    netns::ping(&pa, "203.0.113.2").expect("a pod reaches the outside through its node");
+    let neigh = pa.run(&["ip", "neigh", "show", "10.1.0.1"]).unwrap_or_default();
+    assert!(neigh.contains("0a:58:0a:01:00:01"), "the switch answered for the gateway with its MAC: {neigh}");
+    // A Service as kube-proxy makes it: 10.96.0.10:8080 → the backend 10.1.0.3:8080.
+    node.run(&["nft", "add table ip kubeproxy; add chain ip kubeproxy pre { type nat hook prerouting priority dstnat; }; add rule ip kubeproxy pre ip daddr 10.96.0.10 tcp dport 8080 dnat to 10.1.0.3"]).unwrap();
+    let got = netns::tcp_transfer_via(&pb_, "10.1.0.3", &pa, "10.96.0.10", 8080, 64).expect("a pod reaches a Service's backend pod");
+    assert_eq!(got, 64 * 1024);
+    let stats = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    assert!(stats.ports.iter().any(|p| p.name == "knitter0"), "the host port is a port like the others");
+
+    // Gone with its port: the interface and the NAT table.
+    apply(&mut c, "bridges:\n  - name: pods\nports:\n  - name: pa0\n    device: {kind: af_xdp, ifname: pa0}\n    mode: {kind: access, bridge: pods}\n", false).await.unwrap();
+    assert!(node.run(&["ip", "link", "show", "knitter0"]).is_err(), "the host interface is removed");
+    let tables = node.run(&["nft", "list", "tables"]).unwrap_or_default();
+    assert!(!tables.contains("knitter_knitter0"), "{tables}");
+}

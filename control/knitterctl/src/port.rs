@@ -184,6 +184,7 @@ fn device(d: &Option<pb::Device>) -> String {
         Some(Kind::VhostUser(v)) => format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" }),
         Some(Kind::Dpdk(d)) if d.queues > 1 => format!("dpdk {} ({} queues)", d.devargs, d.queues),
         Some(Kind::Dpdk(d)) => format!("dpdk {}", d.devargs),
+        Some(Kind::Host(h)) => format!("host {} ({})", h.ifname, h.addresses.join(", ")),
         None => "-".into(),
     }
 }

@@ -10,6 +10,7 @@ use crate::fdb;
 use crate::graph::{self, Descriptor};
 use crate::snapshot::Snapshot;
 use crate::trace::Node;
+use crate::wire::MacAddr;
 
 /// Node `tx` (with `police`'s drops: the port's policer counts where the port's frames are counted).
 pub(crate) const NODE: Descriptor = Descriptor {
@@ -161,6 +162,9 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     if cache.lending() && !pe.port.takes_lent() {
         Pipeline::linearize_all(pool, cache, stats, p, batch);
     }
+    if let Some((gateway, own)) = pe.deliver_as {
+        address_to_port(pool, batch, gateway, own);
+    }
     let bytes: usize = batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum();
     let n = batch.len();
     let q = (thread % pe.port.tx_queues().max(1) as usize) as u16;
@@ -172,6 +176,20 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     pc.tx_packets.add(sent as u64);
     pc.tx_bytes.add((bytes - unsent) as u64);
     Some(sent)
+}
+
+/// A gateway's port: the frames addressed to the gateway's MAC leave addressed to the port's
+/// own (its kernel takes only those), once per batch on that port only.
+#[cold]
+fn address_to_port(pool: &Pool, batch: &mut Batch, gateway: MacAddr, own: MacAddr) {
+    for b in batch.as_mut_slice() {
+        let h = pool.head_mut(b);
+        if let Some(dst) = h.get_mut(..6)
+            && *dst == gateway.0
+        {
+            dst.copy_from_slice(&own.0);
+        }
+    }
 }
 
 impl Pipeline {

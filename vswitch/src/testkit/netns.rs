@@ -187,6 +187,12 @@ pub fn ping(ns: &Netns, to: &str) -> io::Result<String> {
 /// Sends `kib` KiB over TCP from `client` to a server on `ip`:`port` in `server` (Python's
 /// socket module on both ends, bounded to 30 s); returns the bytes the server received.
 pub fn tcp_transfer(server: &Netns, client: &Netns, ip: &str, port: u16, kib: usize) -> io::Result<usize> {
+    tcp_transfer_via(server, ip, client, ip, port, kib)
+}
+
+/// [`tcp_transfer`] to a server on `ip` reached at `via` (a Service's address that a NAT
+/// rule on the way translates to `ip`).
+pub fn tcp_transfer_via(server: &Netns, ip: &str, client: &Netns, via: &str, port: u16, kib: usize) -> io::Result<usize> {
     let srv = format!(
         r#"
 import socket
@@ -211,7 +217,7 @@ print(n)
 import socket, time
 for i in range(50):
     try:
-        c = socket.create_connection(("{ip}", {port}), timeout=5)
+        c = socket.create_connection(("{via}", {port}), timeout=5)
         break
     except OSError:
         time.sleep(0.1)

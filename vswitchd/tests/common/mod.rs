@@ -19,11 +19,27 @@ pub struct Daemon {
 impl Daemon {
     /// Starts the daemon with `args` and waits until its API answers.
     pub async fn start(dir: &Path, args: &[&str]) -> Daemon {
+        Daemon::start_in(dir, None, args).await
+    }
+
+    /// [`Daemon::start`] inside network namespace `netns` (the node's own, for what the
+    /// daemon makes there: host ports, their NAT rules).
+    pub async fn start_in(dir: &Path, netns: Option<&str>, args: &[&str]) -> Daemon {
         let socket = dir.join("api.sock");
         let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
         let metrics = if args.contains(&"--metrics-listen") { None } else { Some("--no-metrics") };
         let buffers = if args.contains(&"--buffers") || args.contains(&"--pods") { None } else { Some(["--buffers", "4096"]) };
-        let child = Command::new(env!("CARGO_BIN_EXE_knitter-vswitchd"))
+        let bin = env!("CARGO_BIN_EXE_knitter-vswitchd");
+        let mut cmd = match netns {
+            // `ip netns exec` execs the daemon in place: the child's pid is the daemon's.
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .args(["--socket", socket.to_str().unwrap(), "--no-hugepages"])
             .args(buffers.into_iter().flatten())
             .args(metrics)

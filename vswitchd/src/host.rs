@@ -1,0 +1,212 @@
+//! A node's host port: the node's own interface into a bridge domain, so that the host
+//! (its kubelet's probes, host-network pods, kube-proxy's Services, the way out) and the
+//! pods of a network reach each other. A veth pair the daemon makes in its namespace:
+//! `<ifname>` carries the node's addresses in the network, `<ifname>-sw` is the switch's
+//! port (AF_XDP). Both ends have the MAC of the first address (`0a:58` and the IPv4
+//! address), which the switch addresses the gateway's frames to (`GatewayConfig`).
+//!
+//! The NAT rules are one nftables table per host port (`inet knitter_<ifname>`), replaced
+//! whole: traffic kube-proxy translated toward this network leaves from the node's address
+//! here (the backend may run on another node, and its reply must come back through the
+//! one that translated it), and with `masquerade` pods' traffic routed anywhere but back
+//! into this network leaves from the node's address on the way out.
+
+use plumbing::link::{self, LinkChange, VethPeer};
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+/// The longest host-end name: the switch's end adds `-sw` within the kernel's 15.
+const MAX_IFNAME: usize = 12;
+
+/// The switch's end of host port `ifname`.
+pub fn switch_end(ifname: &str) -> String {
+    format!("{ifname}-sw")
+}
+
+/// Parsed and checked host port settings.
+struct Plan {
+    ifname: String,
+    addresses: Vec<(IpAddr, u8)>,
+    mac: [u8; 6],
+}
+
+fn invalid(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, why)
+}
+
+fn plan(ifname: &str, addresses: &[String]) -> io::Result<Plan> {
+    let name_ok = !ifname.is_empty()
+        && ifname.len() <= MAX_IFNAME
+        && ifname.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        && ifname.as_bytes()[0].is_ascii_alphabetic();
+    if !name_ok {
+        return Err(invalid(format!(
+            "host interface name {ifname:?}: 1 to {MAX_IFNAME} letters, digits, '-' or '_', starting with a letter"
+        )));
+    }
+    let addresses = addresses.iter().map(|a| cidr(a)).collect::<io::Result<Vec<_>>>()?;
+    let Some((first, _)) = addresses.first() else {
+        return Err(invalid("a host port needs the node's address in the network (addresses = [\"10.1.0.254/24\"])".into()));
+    };
+    Ok(Plan { ifname: ifname.into(), mac: mac_of(*first), addresses })
+}
+
+/// `10.1.0.254/24` → (address, prefix).
+fn cidr(s: &str) -> io::Result<(IpAddr, u8)> {
+    let bad = || invalid(format!("host port address {s:?} is not an address with its prefix (10.1.0.254/24)"));
+    let (ip, prefix) = s.split_once('/').ok_or_else(bad)?;
+    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
+    let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    if prefix > max || ip.is_unspecified() || ip.is_multicast() {
+        return Err(bad());
+    }
+    Ok((ip, prefix))
+}
+
+/// The manager's MAC for an address: `0a:58` and IPv4's four bytes, `0a:59` and IPv6's last
+/// four.
+pub fn mac_of(ip: IpAddr) -> [u8; 6] {
+    match ip {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            [0x0a, 0x58, o[0], o[1], o[2], o[3]]
+        }
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [0x0a, 0x59, o[12], o[13], o[14], o[15]]
+        }
+    }
+}
+
+/// Makes (or brings back to its settings) host port `ifname` with `mtu`, its addresses,
+/// forwarding on and its NAT table; what it made is removed again when a step fails.
+pub fn make(ifname: &str, addresses: &[String], mtu: u32, masquerade: bool) -> io::Result<()> {
+    let p = plan(ifname, addresses)?;
+    let sw = switch_end(&p.ifname);
+    let fresh = link::link(&p.ifname)?.is_none();
+    if fresh {
+        link::add_veth_to(&sw, Some(mtu), &VethPeer { name: &p.ifname, netns: None, mac: Some(p.mac), mtu: Some(mtu) })?;
+    }
+    let made = configure(&p, &sw, mtu, masquerade);
+    if made.is_err() && fresh {
+        let _ = link::delete(&sw);
+    }
+    made
+}
+
+fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
+    for end in [sw, p.ifname.as_str()] {
+        link::change(end, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() })?;
+    }
+    // Frames leave the host whole and checksummed: AF_XDP in copy mode finishes nothing.
+    plumbing::ethtool::pod_offloads_off(&p.ifname)?;
+    let have = link::addresses(&p.ifname)?;
+    for (ip, prefix) in &p.addresses {
+        if !have.contains(&(*ip, *prefix)) {
+            link::add_address(&p.ifname, *ip, *prefix)?;
+        }
+    }
+    forwarding_on(p)?;
+    nat(p, masquerade)
+}
+
+/// The host routes between its port and the rest (a node running pods has it on already).
+fn forwarding_on(p: &Plan) -> io::Result<()> {
+    let write = |path: &str| std::fs::write(path, "1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")));
+    if p.addresses.iter().any(|(ip, _)| ip.is_ipv4()) {
+        write("/proc/sys/net/ipv4/ip_forward")?;
+    }
+    if p.addresses.iter().any(|(ip, _)| ip.is_ipv6()) {
+        write("/proc/sys/net/ipv6/conf/all/forwarding")?;
+    }
+    Ok(())
+}
+
+fn table(ifname: &str) -> String {
+    format!("knitter_{}", ifname.replace('-', "_"))
+}
+
+/// The subnet of `ip/prefix`, as nftables writes it.
+fn subnet(ip: IpAddr, prefix: u8) -> String {
+    let net = match ip {
+        IpAddr::V4(a) => IpAddr::V4((u32::from(a) & u32::MAX.checked_shl(32 - prefix as u32).unwrap_or(0)).into()),
+        IpAddr::V6(a) => IpAddr::V6((u128::from(a) & u128::MAX.checked_shl(128 - prefix as u32).unwrap_or(0)).into()),
+    };
+    format!("{net}/{prefix}")
+}
+
+/// The host port's NAT table, as one nftables script that replaces it whole.
+fn nat_rules(p: &Plan, masquerade: bool) -> String {
+    let (t, i) = (table(&p.ifname), &p.ifname);
+    let mut rules = format!(
+        "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    oifname \"{i}\" ct status dnat masquerade\n"
+    );
+    if masquerade {
+        for (ip, prefix) in &p.addresses {
+            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
+            rules += &format!("    iifname \"{i}\" oifname != \"{i}\" {family} saddr {} masquerade\n", subnet(*ip, *prefix));
+        }
+    }
+    rules + "  }\n}\n"
+}
+
+fn nat(p: &Plan, masquerade: bool) -> io::Result<()> {
+    nft(&nat_rules(p, masquerade)).map_err(|e| io::Error::new(e.kind(), format!("host port {} NAT rules: {e}", p.ifname)))
+}
+
+/// Runs an nftables script (`nft -f -`).
+fn nft(script: &str) -> io::Result<()> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("nft (the nftables package) did not start: {e}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!("nft: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+/// Removes host port `ifname` and its NAT table (gone already: nothing to do).
+pub fn remove(ifname: &str) -> io::Result<()> {
+    link::delete(&switch_end(ifname))?;
+    let t = table(ifname);
+    nft(&format!("add table inet {t}\ndelete table inet {t}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_reach_nftables_unquoted_are_refused() {
+        for bad in ["", "knitter0-long-name", "a\"b", "a b", "0abc", "a;b", "a}b"] {
+            assert!(plan(bad, &["10.1.0.254/24".into()]).is_err(), "{bad:?}");
+        }
+        assert!(plan("knitter0", &[]).is_err(), "an address is needed");
+        for bad in ["10.1.0.254", "10.1.0.254/33", "x/24", "0.0.0.0/0", "224.0.0.1/4"] {
+            assert!(plan("knitter0", &[bad.into()]).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_nat_table_names_the_subnets_and_is_replaced_whole() {
+        let p = plan("knitter0", &["10.1.0.254/24".into(), "fd00:1::fe/64".into()]).unwrap();
+        assert_eq!(p.mac, [0x0a, 0x58, 10, 1, 0, 254]);
+        let r = nat_rules(&p, true);
+        assert!(r.starts_with("add table inet knitter_knitter0\ndelete table inet knitter_knitter0\n"), "{r}");
+        assert!(r.contains("oifname \"knitter0\" ct status dnat masquerade"), "{r}");
+        assert!(r.contains("ip saddr 10.1.0.0/24 masquerade"), "{r}");
+        assert!(r.contains("ip6 saddr fd00:1::/64 masquerade"), "{r}");
+        assert!(!nat_rules(&p, false).contains("saddr"), "no masquerade asked for");
+        assert_eq!(subnet("10.1.2.3".parse().unwrap(), 0), "0.0.0.0/0");
+    }
+}
