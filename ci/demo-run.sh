@@ -4,8 +4,9 @@
 # knitter-manager (embedded store) on node1. Pods are namespaces with veth interfaces on a
 # VXLAN plane ("red", VNI 5001: defined on the manager, which gives the pods their
 # addresses and MACs and pushes the plane to the nodes) and a VLAN plane ("blue", VLAN 200:
-# configured on the nodes by hand); with dpdk-testpmd installed, a VNF on a vhost-user port
-# answers too. Everything is configured with knitterctl, checked, shown and torn down (also
+# configured on the nodes by hand, each node its pods' gateway through a host port: probes
+# from the node, a Service, the way out); with dpdk-testpmd installed, a VNF on a
+# vhost-user port answers too. Everything is configured with knitterctl, checked, shown and torn down (also
 # on Ctrl-C). No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +64,7 @@ rm -rf "$RUN"; mkdir -p "$RUN"
 
 bold "Knitter demo: two nodes and a manager, a VXLAN plane and a VLAN plane, pods on both"
 
-step 1/8 "nodes: namespaces $N1 and $N2, an underlay link and a trunk link between them"
+step 1/9 "nodes: namespaces $N1 and $N2, an underlay link and a trunk link between them"
 for ns in $N1 $N2; do ip netns add "$ns"; in_ns "$ns" ip link set lo up; done
 ip link add kdemo-ul1 type veth peer name kdemo-ul2
 ip link add kdemo-tr1 type veth peer name kdemo-tr2
@@ -77,7 +78,7 @@ for i in 1 2; do
 done
 echo "  underlay 198.51.100.0/24 (nodes .1 and .2, VTEPs .11 and .12), trunk carrying VLAN 200"
 
-step 2/8 "starting knitter-manager on node1 and knitter-vswitchd on each node (1 PMD thread, idle adaptive)"
+step 2/9 "starting knitter-manager on node1 and knitter-vswitchd on each node (1 PMD thread, idle adaptive)"
 # `ip netns exec` execs the daemon: $! is the daemon itself. Nodes hold no admin token: they
 # join with the bootstrap token and each gets its own (docs/manager.md "Node identity").
 head -c 24 /dev/urandom | base64 >"$RUN/bootstrap-token"
@@ -99,7 +100,7 @@ for i in 1 2; do
   echo "  node$i: API on $RUN/node$i.sock, log $RUN/node$i.log"
 done
 
-step 3/8 "configuring both nodes with knitterctl: underlay, VTEP, the VLAN plane"
+step 3/9 "configuring both nodes with knitterctl: underlay, VTEP, the VLAN plane"
 for i in 1 2; do
   me=$((10 + i))
   ctl node$i port add ul0 --af-xdp ul0 --underlay >/dev/null &&
@@ -109,7 +110,7 @@ for i in 1 2; do
   echo "  node$i: bridge blue (VLAN 200), VTEP 198.51.100.$me on ul0 (peers: from the manager), trunk0"
 done
 
-step 4/8 "the manager: the red plane, and the red pods' ports (addresses and MACs)"
+step 4/9 "the manager: the red plane, and the red pods' ports (addresses and MACs)"
 mctl network create red --kind vxlan --segment 5001 --plane media --ipv4 10.0.0.0/24 | sed 's/^/  /'
 for p in a:node1 c:node2; do
   mctl port create --network red --container "kdemo-${p%%:*}" --interface eth0 --pod "demo/${p%%:*}" --node "${p#*:}" >/dev/null || exit 1
@@ -119,7 +120,7 @@ for i in 1 2; do   # the nodes' sync streams bring the plane
   for _ in $(seq 100); do ctl node$i -o json bridge list 2>/dev/null | grep -q '"red"' && break; sleep 0.1; done
 done
 
-step 5/8 "pods: namespaces with a veth each, plugged into the nodes' switches"
+step 5/9 "pods: namespaces with a veth each, plugged into the nodes' switches"
 pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
   local name=$1 node=$2 bridge=$3 ip=$4 mtu=$5 port=${1#kdemo-}
   ip netns add "$name"; in_ns "$name" ip link set lo up
@@ -129,6 +130,7 @@ pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
   in_ns "kdemo-$node" ip link set "pod-$port" up
   [ -n "${6:-}" ] && in_ns "$name" ip link set eth0 address "$6"
   in_ns "$name" ip addr add "$ip/24" dev eth0; in_ns "$name" ip link set eth0 mtu "$mtu" up
+  [ "$bridge" = blue ] && in_ns "$name" ip route add default via 10.0.0.1   # its node (step 7)
   # As the CNI does: no offloads, so frames leave the pod whole and checksummed.
   in_ns "$name" ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1
   local mac; mac=$(in_ns "$name" cat /sys/class/net/eth0/address)
@@ -144,19 +146,22 @@ pod kdemo-a node1 red "$IP_A" 1450 "$(mport kdemo-a mac)"
 pod kdemo-b node1 blue 10.0.0.103 1500
 pod kdemo-c node2 red "$IP_C" 1450 "$(mport kdemo-c mac)"
 pod kdemo-d node2 blue 10.0.0.104 1500
-step 6/8 "checks"
+step 6/9 "checks"
 from_manager() { for i in 1 2; do ctl node$i bridge list | grep -w red | grep -qw manager || return 1; done; }
 both_alive() { [ "$(mctl node list | grep -cw alive)" = 2 ]; }
 check "the manager's red plane reached both nodes (bridge red, owner manager)" from_manager
 check "both nodes are alive on the manager (their sync streams)" both_alive
 check "red: pod a (node1) pings pod c (node2) across VXLAN" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
 check "blue: pod b (node1) pings pod d (node2) across the VLAN 200 trunk" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.104
-check "red: TCP, 4 MiB from pod c to pod a across VXLAN" python3 - <<'PY'
-import os, socket, subprocess, sys, threading
-srv = subprocess.Popen(["ip", "netns", "exec", "kdemo-a", "python3", "-c", """
+# tcp_ok SERVER-NS BIND-IP CLIENT-NS CONNECT-IP PORT: 4 MiB over TCP, every byte received.
+tcp_ok() {
+  python3 - "$@" <<'PY'
+import subprocess, sys
+server_ns, bind, client_ns, connect, port = sys.argv[1:6]
+srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "python3", "-c", f"""
 import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('""" + os.environ['IP_A'] + """', 5201)); s.listen(1); s.settimeout(20)
+s.bind(('{bind}', {port})); s.listen(1); s.settimeout(20)
 c, _ = s.accept(); c.settimeout(20); n = 0
 while True:
     d = c.recv(65536)
@@ -164,17 +169,19 @@ while True:
     n += len(d)
 print(n)
 """], stdout=subprocess.PIPE, text=True)
-cli = subprocess.run(["ip", "netns", "exec", "kdemo-c", "python3", "-c", """
+subprocess.run(["ip", "netns", "exec", client_ns, "python3", "-c", f"""
 import socket, time
 for i in range(50):
     try:
-        c = socket.create_connection(('""" + os.environ['IP_A'] + """', 5201), timeout=5); break
+        c = socket.create_connection(('{connect}', {port}), timeout=5); break
     except OSError: time.sleep(0.1)
 c.sendall(b'k' * (4 << 20)); c.close()
 """], timeout=30)
 out, _ = srv.communicate(timeout=30)
 sys.exit(0 if out.strip() == str(4 << 20) else 1)
 PY
+}
+check "red: TCP, 4 MiB from pod c to pod a across VXLAN" tcp_ok kdemo-a "$IP_A" kdemo-c "$IP_A" 5201
 check "isolation: red pod a cannot reach blue pod d (same subnet, other plane)" refuses in_ns kdemo-a ping -c 2 -i 0.2 -W 1 10.0.0.104
 check "isolation: blue pod b cannot reach red pod c" refuses in_ns kdemo-b ping -c 2 -i 0.2 -W 1 "$IP_C"
 check "the nodes' own addresses still work on the shared underlay link" in_ns $N2 ping -c 2 -i 0.2 -W 2 198.51.100.1
@@ -184,7 +191,31 @@ import urllib.request, sys
 body = urllib.request.urlopen("http://127.0.0.1:9477/metrics", timeout=5).read().decode()
 sys.exit(0 if "knitter_port_rx_packets_total{port=\"pod-a\"}" in body else 1)'
 
-step 7/8 "a DPDK VNF on a vhost-user port; then the manager goes away and comes back"
+step 7/9 "plain pods: each node the blue plane's gateway through its host port"
+# The node's own interface into the plane (a veth the daemon makes, with the node's address
+# there and NAT rules), and the switch answering the pods' gateway 10.0.0.1 with one MAC
+# on both nodes: what a cluster's pod network needs (docs/pod-network.md).
+for i in 1 2; do
+  ctl node$i port add knitter0 --host knitter0 --address 10.0.0.20$i/24 --access blue >/dev/null &&
+    ctl node$i bridge add blue --vlan 200 --gateway 10.0.0.1 --gateway-port knitter0 --replace >/dev/null || exit 1
+  echo "  node$i: host port knitter0 10.0.0.20$i/24 on blue, gateway 10.0.0.1"
+done
+# A ClusterIP Service as kube-proxy writes it on node1 (nftables mode, reduced to its DNAT):
+# 10.96.0.10:5202 → pod d on node2.
+in_ns $N1 nft -f - <<'NFT'
+table ip kdemo_proxy {
+  chain services { type nat hook prerouting priority dstnat; ip daddr 10.96.0.10 tcp dport 5202 dnat to 10.0.0.104; }
+}
+NFT
+echo "  node1: a Service 10.96.0.10:5202 → pod d (10.0.0.104, node2), as kube-proxy would write it"
+check "node1 probes its pod b from its own address, as a kubelet does" in_ns $N1 ping -c 3 -i 0.2 -W 2 10.0.0.103
+check "pod b reaches its node's address in the plane" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.201
+check "pod b reaches beyond the plane through node1, masqueraded (node2's underlay address)" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 198.51.100.2
+check "a Service: pod b → 10.96.0.10:5202 → pod d on node2, replies back through node1 (4 MiB TCP)" \
+  tcp_ok kdemo-d 10.0.0.104 kdemo-b 10.96.0.10 5202
+check "pods still talk to each other directly: pod b pings pod d" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.104
+
+step 8/9 "a DPDK VNF on a vhost-user port; then the manager goes away and comes back"
 if command -v dpdk-testpmd >/dev/null; then
   # A VNF with a MAC of its own (VRRP, a licensed MAC): the manager records it, so node2
   # knows the VNF by it (remote MACs, ARP suppression).
@@ -236,7 +267,7 @@ check "after the restart: both nodes back on their sync streams" both_alive
 check "after the restart: pod a pings pod c" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
 
 
-step 8/8 "what node1 and the manager look like"
+step 9/9 "what node1 and the manager look like"
 ctl node1 node show | sed 's/^/  /'
 echo
 ctl node1 stats | sed 's/^/  /'

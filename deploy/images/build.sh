@@ -19,6 +19,8 @@ BASE=${BASE:-localhost/knitter-base:bookworm}
 # ring...), the mempool driver pools are made with, the buses, and the PMDs of the devices
 # users name (Intel NICs and VFs, virtio, and the vdevs: TAP, memif, AF_PACKET, vhost, pcap).
 DPDK_PACKAGES="librte-ethdev23 librte-mempool-ring23 librte-bus-vdev23 librte-bus-pci23 librte-net-iavf23 librte-net-i40e23 librte-net-ice23 librte-net-virtio23 librte-net-tap23 librte-net-memif23 librte-net-af-packet23 librte-net-vhost23 librte-net-pcap23"
+# And nft, which host ports' rules are written with (docs/pod-network.md).
+NODE_PACKAGES="$DPDK_PACKAGES nftables"
 NODE_BASE=${NODE_BASE:-$BASE}
 
 if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE"; then
@@ -32,11 +34,11 @@ if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE
   podman import --quiet "$tar" "$BASE" >/dev/null
 fi
 if [ "$NODE_BASE" = localhost/knitter-base:bookworm ]; then
-  NODE_BASE=localhost/knitter-node-base:bookworm
+  NODE_BASE=localhost/knitter-node-base:bookworm-nft
   if ! podman image exists "$NODE_BASE"; then
-    echo "== making $NODE_BASE from Debian packages (mmdebstrap, with DPDK's runtime)"
+    echo "== making $NODE_BASE from Debian packages (mmdebstrap, with DPDK's runtime and nft)"
     ntar=$(mktemp --suffix .tar)
-    mmdebstrap --quiet --variant=essential --include="$(echo $DPDK_PACKAGES | tr ' ' ,)" \
+    mmdebstrap --quiet --variant=essential --include="$(echo $NODE_PACKAGES | tr ' ' ,)" \
       --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
       bookworm "$ntar"
@@ -79,7 +81,7 @@ for image in node manager; do
   echo "== localhost/knitter-$image:$VERSION"
   base=$BASE
   [ "$image" = node ] && base=$NODE_BASE
-  podman build --quiet --isolation=chroot --format docker --build-arg "BASE=$base" --build-arg "DPDK_PACKAGES=$DPDK_PACKAGES" -t "localhost/knitter-$image:$VERSION" \
+  podman build --quiet --isolation=chroot --format docker --build-arg "BASE=$base" --build-arg "NODE_PACKAGES=$NODE_PACKAGES" -t "localhost/knitter-$image:$VERSION" \
     -f "deploy/images/knitter-$image/Containerfile" "$ctx/$image" >/dev/null
 done
 podman images --filter reference='localhost/knitter-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}'

@@ -20,6 +20,7 @@ const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_LINKINFO: u16 = 18;
+const IFLA_GROUP: u16 = 27;
 const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
@@ -165,6 +166,8 @@ pub struct LinkChange<'a> {
     pub up: bool,
     /// Takes the link down (ignored with `up`).
     pub down: bool,
+    /// The link's group (what nftables' `iifgroup`/`oifgroup` match).
+    pub group: Option<u32>,
 }
 
 pub fn change(name: &str, c: &LinkChange) -> io::Result<()> {
@@ -187,6 +190,9 @@ pub fn change(name: &str, c: &LinkChange) -> io::Result<()> {
     }
     if let Some(mtu) = c.mtu {
         m.u32(IFLA_MTU, mtu);
+    }
+    if let Some(g) = c.group {
+        m.u32(IFLA_GROUP, g);
     }
     s.request(&mut m).map(drop).map_err(|e| named(e, format!("changing link {name}")))
 }

@@ -435,11 +435,16 @@ impl Snapshot {
             if mac.is_group() || mac.0 == [0; 6] {
                 return Err(bad(format!("MAC {mac} is not a unicast address")));
             }
-            let entry = ids.ports.get(&g.port).and_then(|id| self.ports.get_mut(*id as usize)).and_then(Option::as_mut);
-            let Some(pe) = entry.filter(|pe| pe.kind == PortKind::Access && pe.untagged_bd == ids.bds[&b.name]) else {
-                return Err(bad(format!("port {:?} is not an access port of this bridge", g.port)));
+            let Some(pe) = ids.ports.get(&g.port).and_then(|id| self.ports.get_mut(*id as usize)).and_then(Option::as_mut) else {
+                return Err(bad(format!("it names port {:?}, which the switch does not have", g.port)));
             };
+            if pe.kind != PortKind::Access || pe.untagged_bd != ids.bds[&b.name] {
+                return Err(bad(format!("port {:?} is not an access port of this bridge", g.port)));
+            }
             let own = pe.port.mac().ok_or_else(|| bad(format!("port {:?} has no MAC of its own to address the frames to", g.port)))?;
+            if own == mac {
+                return Err(bad(format!("port {:?} has the gateway's own MAC {mac}: give the host port an address of its own", g.port)));
+            }
             if pe.deliver_as.is_some_and(|(m, _)| m != mac) {
                 return Err(bad(format!("port {:?} is already another gateway's", g.port)));
             }

@@ -137,10 +137,11 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
             Ok(OpenPort { vhost: Some(port.clone()), _server: Some(server), ..OpenPort::plain(port) })
         }
         Device::Host { ifname, addresses, masquerade } => {
-            crate::host::make(ifname, addresses, mtu.into(), *masquerade).map_err(fail(format!("host port {ifname}")))?;
+            let fresh = crate::host::make(ifname, addresses, mtu.into(), *masquerade).map_err(fail(format!("host port {ifname}")))?;
             let served = Device::AfXdp { ifname: crate::host::switch_end(ifname), netns: None };
             let open = open(name, &served, &pool, None, trunk, mtu);
-            if open.is_err() {
+            // Only what this call made goes again: a running port may be on it.
+            if open.is_err() && fresh {
                 let _ = crate::host::remove(ifname);
             }
             Ok(OpenPort { host: Some(ifname.clone()), ..open? })

@@ -16,6 +16,7 @@ pub fn status(e: NodeError) -> Status {
         NodeError::Device(_) => Status::unavailable(msg),
         NodeError::State(_) => Status::internal(msg),
         NodeError::VfHeld { .. } => Status::already_exists(msg),
+        NodeError::HostPort { .. } => Status::failed_precondition(msg),
     }
 }
 

@@ -5,16 +5,23 @@
 //! port (AF_XDP). Both ends have the MAC of the first address (`0a:58` and the IPv4
 //! address), which the switch addresses the gateway's frames to (`GatewayConfig`).
 //!
-//! The NAT rules are one nftables table per host port (`inet knitter_<ifname>`), replaced
-//! whole: traffic kube-proxy translated toward this network leaves from the node's address
-//! here (the backend may run on another node, and its reply must come back through the
-//! one that translated it), and with `masquerade` pods' traffic routed anywhere but back
-//! into this network leaves from the node's address on the way out.
+//! The rules are one nftables table per host port (`inet knitter-<ifname>`), replaced
+//! whole: the host forwards from a host port only what comes from its network's subnets,
+//! never routes between two host ports (each network is its tenant's: a
+//! pod must not reach another network through its node), traffic kube-proxy translated
+//! toward this network leaves from the node's address here (the backend may run on
+//! another node, and its reply must come back through the one that translated it), and
+//! with `masquerade` pods' traffic routed anywhere but back into this network leaves from
+//! the node's address on the way out. Host ends are told apart from the node's other
+//! interfaces by their link group, [`GROUP`].
 
 use plumbing::link::{self, LinkChange, VethPeer};
 use std::io::{self, Write};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
+
+/// The link group of every host end: the rules that keep networks apart match it.
+pub const GROUP: u32 = 0x6b6e;
 
 /// The longest host-end name: the switch's end adds `-sw` within the kernel's 15.
 const MAX_IFNAME: usize = 12;
@@ -49,7 +56,7 @@ fn plan(ifname: &str, addresses: &[String]) -> io::Result<Plan> {
     let Some((first, _)) = addresses.first() else {
         return Err(invalid("a host port needs the node's address in the network (addresses = [\"10.1.0.254/24\"])".into()));
     };
-    Ok(Plan { ifname: ifname.into(), mac: mac_of(*first), addresses })
+    Ok(Plan { ifname: ifname.into(), mac: knitter_api::mac::mac_for(*first), addresses })
 }
 
 /// `10.1.0.254/24` → (address, prefix).
@@ -65,43 +72,49 @@ fn cidr(s: &str) -> io::Result<(IpAddr, u8)> {
     Ok((ip, prefix))
 }
 
-/// The manager's MAC for an address: `0a:58` and IPv4's four bytes, `0a:59` and IPv6's last
-/// four.
-pub fn mac_of(ip: IpAddr) -> [u8; 6] {
-    match ip {
-        IpAddr::V4(a) => {
-            let o = a.octets();
-            [0x0a, 0x58, o[0], o[1], o[2], o[3]]
-        }
-        IpAddr::V6(a) => {
-            let o = a.octets();
-            [0x0a, 0x59, o[12], o[13], o[14], o[15]]
-        }
-    }
-}
 
 /// Makes (or brings back to its settings) host port `ifname` with `mtu`, its addresses,
-/// forwarding on and its NAT table; what it made is removed again when a step fails.
-pub fn make(ifname: &str, addresses: &[String], mtu: u32, masquerade: bool) -> io::Result<()> {
+/// forwarding on and its table; returns whether it made the interface (and then removes it
+/// again when a step fails). An interface of that name that is not a host port (no
+/// `<ifname>-sw` beside it) is refused, never changed.
+pub fn make(ifname: &str, addresses: &[String], mtu: u32, masquerade: bool) -> io::Result<bool> {
     let p = plan(ifname, addresses)?;
     let sw = switch_end(&p.ifname);
     let fresh = link::link(&p.ifname)?.is_none();
     if fresh {
         link::add_veth_to(&sw, Some(mtu), &VethPeer { name: &p.ifname, netns: None, mac: Some(p.mac), mtu: Some(mtu) })?;
+    } else if link::link(&sw)?.is_none() {
+        return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("interface {ifname} exists and is not a host port (no {sw} beside it)")));
     }
     let made = configure(&p, &sw, mtu, masquerade);
     if made.is_err() && fresh {
         let _ = link::delete(&sw);
     }
-    made
+    made.map(|()| fresh)
+}
+
+/// Two addresses of `a` and `b` whose subnets overlap, if any.
+pub fn overlap(a: &[String], b: &[String]) -> Option<(String, String)> {
+    let nets = |l: &[String]| l.iter().filter_map(|s| cidr(s).ok().map(|(ip, prefix)| (s.clone(), ip, prefix))).collect::<Vec<_>>();
+    let within = |ip: IpAddr, net: IpAddr, prefix: u8| subnet(ip, prefix) == subnet(net, prefix);
+    for (sa, ia, pa) in nets(a) {
+        for (sb, ib, pb) in nets(b) {
+            if ia.is_ipv4() == ib.is_ipv4() && (within(ia, ib, pb) || within(ib, ia, pa)) {
+                return Some((sa, sb));
+            }
+        }
+    }
+    None
 }
 
 fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
-    for end in [sw, p.ifname.as_str()] {
-        link::change(end, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() })?;
-    }
+    link::change(sw, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() })?;
+    link::change(&p.ifname, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, group: Some(GROUP), ..Default::default() })?;
     // Frames leave the host whole and checksummed: AF_XDP in copy mode finishes nothing.
     plumbing::ethtool::pod_offloads_off(&p.ifname)?;
+    // The node's addresses here are its own by configuration (or the manager's IPAM): no
+    // duplicate address detection holding an IPv6 one back for a second.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
     let have = link::addresses(&p.ifname)?;
     for (ip, prefix) in &p.addresses {
         if !have.contains(&(*ip, *prefix)) {
@@ -125,7 +138,7 @@ fn forwarding_on(p: &Plan) -> io::Result<()> {
 }
 
 fn table(ifname: &str) -> String {
-    format!("knitter_{}", ifname.replace('-', "_"))
+    format!("knitter-{ifname}")
 }
 
 /// The subnet of `ip/prefix`, as nftables writes it.
@@ -137,19 +150,37 @@ fn subnet(ip: IpAddr, prefix: u8) -> String {
     format!("{net}/{prefix}")
 }
 
-/// The host port's NAT table, as one nftables script that replaces it whole.
+/// The host port's table, as one nftables script that replaces it whole.
 fn nat_rules(p: &Plan, masquerade: bool) -> String {
     let (t, i) = (table(&p.ifname), &p.ifname);
-    let mut rules = format!(
-        "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    oifname \"{i}\" ct status dnat masquerade\n"
-    );
-    if masquerade {
-        for (ip, prefix) in &p.addresses {
-            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
-            rules += &format!("    iifname \"{i}\" oifname != \"{i}\" {family} saddr {} masquerade\n", subnet(*ip, *prefix));
+    let subnets = |v4: bool| p.addresses.iter().filter(|(ip, _)| ip.is_ipv4() == v4).map(|(ip, prefix)| subnet(*ip, *prefix)).collect::<Vec<_>>();
+    let mut forward = vec![
+        // Never between two networks, either way.
+        format!("iifname \"{i}\" oifgroup {GROUP} oifname != \"{i}\" drop"),
+        format!("oifname \"{i}\" iifgroup {GROUP} iifname != \"{i}\" drop"),
+    ];
+    let mut postrouting = vec![format!("oifname \"{i}\" ct status dnat masquerade")];
+    for (family, v4) in [("ip", true), ("ip6", false)] {
+        let nets = subnets(v4);
+        if nets.is_empty() {
+            continue;
+        }
+        let set = nets.join(", ");
+        // A pod on a port without port security must not send the network's way out
+        // another network's addresses.
+        forward.push(format!("iifname \"{i}\" {family} saddr != {{ {set} }} drop"));
+        if masquerade {
+            postrouting.push(format!("iifname \"{i}\" oifname != \"{i}\" {family} saddr {{ {set} }} masquerade"));
         }
     }
-    rules + "  }\n}\n"
+    let chain = |name: &str, hook: &str, rules: &[String]| {
+        format!("  chain {name} {{\n    type {hook}; policy accept;\n{}  }}\n", rules.iter().map(|r| format!("    {r}\n")).collect::<String>())
+    };
+    format!(
+        "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n{}{}}}\n",
+        chain("forward", "filter hook forward priority filter", &forward),
+        chain("postrouting", "nat hook postrouting priority srcnat", &postrouting)
+    )
 }
 
 fn nat(p: &Plan, masquerade: bool) -> io::Result<()> {
@@ -165,10 +196,10 @@ fn nft(script: &str) -> io::Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| io::Error::new(e.kind(), format!("nft (the nftables package) did not start: {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes())?;
-    }
+    // A failed write (nft gone at once) still waits for it: the answer says why.
+    let wrote = child.stdin.take().map(|mut stdin| stdin.write_all(script.as_bytes()));
     let out = child.wait_with_output()?;
+    wrote.transpose()?;
     if !out.status.success() {
         return Err(io::Error::other(format!("nft: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
@@ -202,11 +233,23 @@ mod tests {
         let p = plan("knitter0", &["10.1.0.254/24".into(), "fd00:1::fe/64".into()]).unwrap();
         assert_eq!(p.mac, [0x0a, 0x58, 10, 1, 0, 254]);
         let r = nat_rules(&p, true);
-        assert!(r.starts_with("add table inet knitter_knitter0\ndelete table inet knitter_knitter0\n"), "{r}");
+        assert!(r.starts_with("add table inet knitter-knitter0\ndelete table inet knitter-knitter0\n"), "{r}");
         assert!(r.contains("oifname \"knitter0\" ct status dnat masquerade"), "{r}");
-        assert!(r.contains("ip saddr 10.1.0.0/24 masquerade"), "{r}");
-        assert!(r.contains("ip6 saddr fd00:1::/64 masquerade"), "{r}");
-        assert!(!nat_rules(&p, false).contains("saddr"), "no masquerade asked for");
+        assert!(r.contains("iifname \"knitter0\" oifgroup 27502 oifname != \"knitter0\" drop"), "no routing into another network: {r}");
+        assert!(r.contains("ip saddr != { 10.1.0.0/24 } drop"), "no other network's sources: {r}");
+        assert!(r.contains("ip saddr { 10.1.0.0/24 } masquerade"), "{r}");
+        assert!(r.contains("ip6 saddr { fd00:1::/64 } masquerade"), "{r}");
+        assert!(!nat_rules(&p, false).lines().any(|l| l.contains("saddr {") && l.ends_with("masquerade")), "no masquerade asked for");
         assert_eq!(subnet("10.1.2.3".parse().unwrap(), 0), "0.0.0.0/0");
+    }
+
+    #[test]
+    fn overlapping_subnets_are_found_either_way() {
+        let a = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(overlap(&a(&["10.1.0.254/24"]), &a(&["10.1.0.253/24"])).is_some());
+        assert!(overlap(&a(&["10.1.0.254/16"]), &a(&["10.1.7.1/24"])).is_some(), "one inside the other");
+        assert!(overlap(&a(&["10.1.7.1/24"]), &a(&["10.1.0.254/16"])).is_some());
+        assert!(overlap(&a(&["10.1.0.254/24"]), &a(&["10.2.0.254/24", "fd00::1/64"])).is_none());
+        assert!(overlap(&a(&["fd00:1::fe/64"]), &a(&["fd00:1::fd/64"])).is_some());
     }
 }

@@ -32,6 +32,8 @@ pub enum NodeError {
     State(#[from] StateError),
     #[error("VF {pci} is attached to {by}")]
     VfHeld { pci: String, by: String },
+    #[error("port {port:?}: {why}")]
+    HostPort { port: String, why: String },
 }
 
 /// What an apply changed (or, dry, would change).
@@ -247,6 +249,13 @@ impl Node {
 
     /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
     /// attachment or a switch port holds; persisted.
+    fn check_host(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
+        match state.host_port_conflict(spec) {
+            Some(why) => Err(NodeError::HostPort { port: spec.config.name.clone(), why }),
+            None => Ok(()),
+        }
+    }
+
     pub fn add_vf_attachment(&self, record: crate::records::Record) -> Result<(), NodeError> {
         let mut inner = self.inner();
         if let Some(pci) = record.vf.as_ref().map(|v| &v.pci)
@@ -301,7 +310,7 @@ impl Node {
     fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
         for (i, name) in names.iter().enumerate() {
             let Some(p) = candidate.port(name) else { continue };
-            let opened = Self::check_not_held(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
+            let opened = Self::check_not_held(candidate, &p.item).and_then(|()| Self::check_host(candidate, &p.item)).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
                 self.switch.register_port(name, open.port.clone()).map_err(|e| {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
@@ -337,7 +346,7 @@ impl Node {
                 Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
                     devices::open_trunk_on_af_packet(name, &p.item.device, &why).map_err(NodeError::from)
                 }
-                _ => Self::check_not_held(candidate, &p.item).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
+                _ => Self::check_not_held(candidate, &p.item).and_then(|()| Self::check_host(candidate, &p.item)).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
             };
             match opened {
                 Ok(open) => {
@@ -372,6 +381,12 @@ impl Node {
             return;
         }
         self.wait_adopted(generation);
+        // A host port moved to another interface leaves the old one behind: remove it.
+        for (name, old) in &replaced {
+            if let Some(ifname) = &old.host {
+                remove_host_unless_used(inner, name, ifname);
+            }
+        }
         for (name, _) in &replaced {
             let device = inner.state.port(name).map(|p| format!("{:?}", p.item.device)).unwrap_or_default();
             let detail = match inner.open.get(name).and_then(|o| o.fallback.as_ref()) {
@@ -408,10 +423,8 @@ impl Node {
             inner.failed.remove(name);
             let port = self.switch.unregister_port(name).ok();
             if let Some(open) = inner.open.remove(name) {
-                if let Some(ifname) = &open.host
-                    && let Err(e) = crate::host::remove(ifname)
-                {
-                    tracing::warn!(port = %name, error = %e, "host port not removed");
+                if let Some(ifname) = &open.host {
+                    remove_host_unless_used(inner, name, ifname);
                 }
                 taken.push((port, open));
                 self.events.emit("port_removed", name, "", self.switch.generation());
@@ -740,6 +753,17 @@ fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, N
             Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another DPDK device with the same devargs as the running one (DPDK probes a device once)" })
         }
         _ => Ok(true),
+    }
+}
+
+/// Removes host interface `ifname`, which port `name` no longer runs on, unless an open port
+/// does (a port renamed or reopened on the same interface).
+fn remove_host_unless_used(inner: &Inner, name: &str, ifname: &str) {
+    if inner.open.values().any(|o| o.host.as_deref() == Some(ifname)) {
+        return;
+    }
+    if let Err(e) = crate::host::remove(ifname) {
+        tracing::warn!(port = %name, error = %e, "host port not removed");
     }
 }
 

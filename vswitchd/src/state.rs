@@ -275,7 +275,19 @@ impl NodeState {
     /// left out).
     pub fn switch_config(&self, open: impl Fn(&str) -> bool) -> SwitchConfig {
         SwitchConfig {
-            bridges: self.bridges.iter().map(|b| b.item.clone()).collect(),
+            // A gateway whose port did not open (its failure is the port's, reported there)
+            // waits for it: one port must not hold back the node's whole configuration.
+            bridges: self
+                .bridges
+                .iter()
+                .map(|b| {
+                    let mut b = b.item.clone();
+                    if b.gateway.as_ref().is_some_and(|g| self.port(&g.port).is_some() && !open(&g.port)) {
+                        b.gateway = None;
+                    }
+                    b
+                })
+                .collect(),
             ports: self.ports.iter().filter(|p| open(&p.item.config.name)).map(|p| p.item.config.clone()).collect(),
             vtep: self.running_vtep(),
         }
@@ -292,6 +304,34 @@ impl NodeState {
             }
             vtep
         })
+    }
+
+    /// Why `spec`, a `host` device, cannot join this state: it is not an access port, its
+    /// interface is another host port's or another port's device, or its subnets overlap another host port's (the node
+    /// would route one network's traffic into the other).
+    pub fn host_port_conflict(&self, spec: &PortSpec) -> Option<String> {
+        let Device::Host { ifname, addresses, .. } = &spec.device else { return None };
+        if !matches!(spec.config.mode, vswitch::config::PortMode::Access { .. }) {
+            return Some("a host port is an access port of one bridge domain (its network)".into());
+        }
+        let sw = crate::host::switch_end(ifname);
+        for other in self.ports.iter().map(|p| &p.item).filter(|p| p.config.name != spec.config.name) {
+            match &other.device {
+                Device::Host { ifname: theirs, addresses: their_addresses, .. } => {
+                    if theirs == ifname {
+                        return Some(format!("host interface {ifname} is port {:?}'s", other.config.name));
+                    }
+                    if let Some((a, b)) = crate::host::overlap(addresses, their_addresses) {
+                        return Some(format!("{a} overlaps {b} of host port {:?}: the node would route between the two networks", other.config.name));
+                    }
+                }
+                Device::AfXdp { ifname: theirs, netns: None } | Device::AfPacket { ifname: theirs, netns: None } if *theirs == *ifname || *theirs == sw => {
+                    return Some(format!("interface {theirs} is port {:?}'s device", other.config.name));
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     pub fn port(&self, name: &str) -> Option<&Owned<PortSpec>> {

@@ -1049,12 +1049,13 @@ async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
 }
 
 /// A bridge's distributed gateway and the node's host port, as a node running plain pods
-/// uses them (the daemon in the node's own namespace): the switch answers the pods' ARP for
-/// their gateway, the node reaches its pods (a kubelet's probe), a pod reaches the outside
-/// through the host (masqueraded: the outside has no route back to pods) and a Service
-/// whose NAT rule kube-proxy would write (DNAT to a backend pod) answers, its replies coming
-/// back through the node that translated them. Removing the port removes the host's
-/// interface and its NAT table.
+/// uses them (the daemon in the node's own namespace): the switch answers the pods' ARP and
+/// neighbour solicitations for their gateway, the node reaches its pods (a kubelet's
+/// probe), a pod reaches the outside through the host (masqueraded: the outside has no
+/// route back to pods), over IPv4 and IPv6, and a Service whose NAT rule kube-proxy would
+/// write (DNAT to a backend pod) answers, its replies coming back through the node that
+/// translated them. A pod of another network with its own host port is not reached through
+/// the node. Removing the port removes the host's interface and its table.
 #[tokio::test]
 #[allow(clippy::await_holding_lock)]
 async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outside() {
@@ -1062,31 +1063,56 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
     let Some(_g) = netns::exclusive() else { return };
     let dir = tempfile::tempdir().unwrap();
     let node = Netns::new("gwn").unwrap();
-    let (pa, pb_, out) = (Netns::new("gwa").unwrap(), Netns::new("gwb").unwrap(), Netns::new("gwo").unwrap());
+    let (pa, pb_, pc, out) = (Netns::new("gwa").unwrap(), Netns::new("gwb").unwrap(), Netns::new("gwc").unwrap(), Netns::new("gwo").unwrap());
     netns::veth(&pa, "eth0", &node, "pa0").unwrap();
     netns::veth(&pb_, "eth0", &node, "pb0").unwrap();
+    netns::veth(&pc, "eth0", &node, "pc0").unwrap();
     netns::veth(&out, "eth0", &node, "up0").unwrap();
-    for (pod, ip) in [(&pa, "10.1.0.2/24"), (&pb_, "10.1.0.3/24")] {
-        pod.run(&["ip", "addr", "add", ip, "dev", "eth0"]).unwrap();
-        pod.run(&["ip", "route", "add", "default", "via", "10.1.0.1"]).unwrap();
+    for (pod, v4, v6, gw4, gw6) in [
+        (&pa, "10.1.0.2/24", "fd00:1::2/64", "10.1.0.1", "fd00:1::1"),
+        (&pb_, "10.1.0.3/24", "fd00:1::3/64", "10.1.0.1", "fd00:1::1"),
+        (&pc, "10.2.0.2/24", "fd00:2::2/64", "10.2.0.1", "fd00:2::1"),
+    ] {
+        pod.run(&["ip", "addr", "add", v4, "dev", "eth0"]).unwrap();
+        pod.run(&["ip", "addr", "add", v6, "dev", "eth0", "nodad"]).unwrap();
+        pod.run(&["ip", "route", "add", "default", "via", gw4]).unwrap();
+        pod.run(&["ip", "-6", "route", "add", "default", "via", gw6]).unwrap();
     }
     node.run(&["ip", "addr", "add", "203.0.113.1/24", "dev", "up0"]).unwrap();
+    node.run(&["ip", "addr", "add", "fd00:99::1/64", "dev", "up0", "nodad"]).unwrap();
     out.run(&["ip", "addr", "add", "203.0.113.2/24", "dev", "eth0"]).unwrap();
+    out.run(&["ip", "addr", "add", "fd00:99::2/64", "dev", "eth0", "nodad"]).unwrap();
 
     let d = Daemon::start_in(dir.path(), Some(&node.name), &["--no-state"]).await;
     let mut c = d.client();
-    let doc = "bridges:\n  - name: pods\n    gateway: {ips: [10.1.0.1], port: knitter0}\nports:\n  - name: knitter0\n    device: {kind: host, ifname: knitter0, addresses: [10.1.0.254/24]}\n    mode: {kind: access, bridge: pods}\n  - name: pa0\n    device: {kind: af_xdp, ifname: pa0}\n    mode: {kind: access, bridge: pods}\n  - name: pb0\n    device: {kind: af_xdp, ifname: pb0}\n    mode: {kind: access, bridge: pods}\n";
-    apply(&mut c, doc, false).await.unwrap();
-    let host = netns::mac_of(&node, "knitter0").unwrap().to_string();
-    assert_eq!(host, "0a:58:0a:01:00:fe", "the host end's MAC is its address's");
+    let port = |name: &str, bridge: &str| format!("  - name: {name}\n    device: {{kind: af_xdp, ifname: {name}}}\n    mode: {{kind: access, bridge: {bridge}}}\n");
+    let host = |name: &str, bridge: &str, addrs: &str| format!("  - name: {name}\n    device: {{kind: host, ifname: {name}, addresses: [{addrs}]}}\n    mode: {{kind: access, bridge: {bridge}}}\n");
+    let doc = format!(
+        "bridges:\n  - name: pods\n    gateway: {{ips: [10.1.0.1, 'fd00:1::1'], port: knitter0}}\n  - name: other\n    gateway: {{ips: [10.2.0.1, 'fd00:2::1'], port: knitter1}}\nports:\n{}{}{}{}{}",
+        host("knitter0", "pods", "10.1.0.254/24, 'fd00:1::fe/64'"),
+        host("knitter1", "other", "10.2.0.254/24, 'fd00:2::fe/64'"),
+        port("pa0", "pods"),
+        port("pb0", "pods"),
+        port("pc0", "other"),
+    );
+    apply(&mut c, &doc, false).await.unwrap();
+    let host_mac = netns::mac_of(&node, "knitter0").unwrap().to_string();
+    assert_eq!(host_mac, "0a:58:0a:01:00:fe", "the host end's MAC is its address's");
 
     // The kubelet's probe: the node reaches its pods from its own address in the network.
     netns::ping(&node, "10.1.0.2").expect("the node reaches a pod");
+    netns::ping(&node, "fd00:1::2").expect("the node reaches a pod over IPv6");
     netns::ping(&pa, "10.1.0.254").expect("a pod reaches the node");
-    // The outside world, masqueraded: `out` has no route to 10.1.0.0/24.
+    // The outside world, masqueraded: `out` has no route to the pods.
     netns::ping(&pa, "203.0.113.2").expect("a pod reaches the outside through its node");
-    let neigh = pa.run(&["ip", "neigh", "show", "10.1.0.1"]).unwrap_or_default();
-    assert!(neigh.contains("0a:58:0a:01:00:01"), "the switch answered for the gateway with its MAC: {neigh}");
+    netns::ping(&pa, "fd00:99::2").expect("a pod reaches the outside through its node over IPv6");
+    let neigh = pa.run(&["ip", "neigh", "show"]).unwrap_or_default();
+    assert!(neigh.contains("10.1.0.1 dev eth0 lladdr 0a:58:0a:01:00:01"), "the switch answered for the gateway with its MAC: {neigh}");
+    assert!(neigh.contains("fd00:1::1 dev eth0 lladdr 0a:58:0a:01:00:01"), "and for its IPv6 address: {neigh}");
+    // Another network's pod is not reached through the node (nor the other way).
+    assert!(pa.run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "10.2.0.2"]).is_err(), "networks are kept apart at the node");
+    assert!(pc.run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "10.1.0.2"]).is_err(), "both ways");
+    netns::ping(&pc, "203.0.113.2").expect("that pod has its own way out");
     // A Service as kube-proxy makes it: 10.96.0.10:8080 → the backend 10.1.0.3:8080.
     node.run(&["nft", "add table ip kubeproxy; add chain ip kubeproxy pre { type nat hook prerouting priority dstnat; }; add rule ip kubeproxy pre ip daddr 10.96.0.10 tcp dport 8080 dnat to 10.1.0.3"]).unwrap();
     let got = netns::tcp_transfer_via(&pb_, "10.1.0.3", &pa, "10.96.0.10", 8080, 64).expect("a pod reaches a Service's backend pod");
@@ -1094,9 +1120,20 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
     let stats = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
     assert!(stats.ports.iter().any(|p| p.name == "knitter0"), "the host port is a port like the others");
 
-    // Gone with its port: the interface and the NAT table.
-    apply(&mut c, "bridges:\n  - name: pods\nports:\n  - name: pa0\n    device: {kind: af_xdp, ifname: pa0}\n    mode: {kind: access, bridge: pods}\n", false).await.unwrap();
+    // Refused: a second host port on a subnet the node routes already, or on the same
+    // interface; an interface of that name that is not a host port is never touched.
+    let overlapping = format!("{doc}{}", host("knitter2", "other", "10.1.0.250/24"));
+    refused(apply(&mut c, &overlapping, false).await, Code::FailedPrecondition, "overlaps 10.1.0.254/24 of host port \"knitter0\"");
+    let twice = format!("{doc}  - name: again\n    device: {{kind: host, ifname: knitter0, addresses: [10.3.0.254/24]}}\n    mode: {{kind: access, bridge: other}}\n");
+    refused(apply(&mut c, &twice, false).await, Code::FailedPrecondition, "host interface knitter0 is port \"knitter0\"'s");
+    let foreign = format!("{doc}{}", host("up0", "other", "10.3.0.254/24"));
+    refused(apply(&mut c, &foreign, false).await, Code::Unavailable, "exists and is not a host port");
+    assert!(node.run(&["ip", "addr", "show", "up0"]).unwrap().contains("203.0.113.1/24"), "up0 untouched");
+    netns::ping(&node, "10.1.0.2").expect("the refusals changed nothing");
+
+    // Gone with its port: the interface and the table.
+    apply(&mut c, &format!("bridges:\n  - name: pods\nports:\n{}", port("pa0", "pods")), false).await.unwrap();
     assert!(node.run(&["ip", "link", "show", "knitter0"]).is_err(), "the host interface is removed");
     let tables = node.run(&["nft", "list", "tables"]).unwrap_or_default();
-    assert!(!tables.contains("knitter_knitter0"), "{tables}");
+    assert!(!tables.contains("knitter-knitter0") && !tables.contains("knitter-knitter1"), "{tables}");
 }

@@ -6,6 +6,7 @@
 
 pub mod device_info;
 pub mod logging;
+pub mod mac;
 pub mod metrics;
 pub mod names;
 pub mod process;

@@ -10,6 +10,8 @@ use knitter_api::node as pb;
 use pb::node_client::NodeClient;
 use tonic::transport::Channel;
 
+// Parsed once per run: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum BridgeCmd {
     /// Add a bridge domain (one per network on the node).
@@ -57,6 +59,16 @@ pub(crate) enum BridgeCmd {
         /// A static MAC: MAC=PORT, or MAC=@REMOTE-VTEP-IP (repeatable).
         #[arg(long, value_name = "MAC=PORT|MAC=@IP")]
         static_mac: Vec<String>,
+        /// The pods' gateway, answered by the switch on every node alike (repeatable: an
+        /// address per family); frames to it leave by --gateway-port.
+        #[arg(long, value_name = "IP", requires = "gateway_port")]
+        gateway: Vec<String>,
+        /// The gateway's MAC (default: 0a:58 and its IPv4 address).
+        #[arg(long, requires = "gateway")]
+        gateway_mac: Option<String>,
+        /// The port frames to the gateway leave by: the node's host port in this bridge.
+        #[arg(long, value_name = "PORT", requires = "gateway")]
+        gateway_port: Option<String>,
         /// Replace a bridge domain of this name.
         #[arg(long)]
         replace: bool,
@@ -69,7 +81,7 @@ pub(crate) enum BridgeCmd {
 
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd) -> Result<()> {
     match cmd {
-        BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, police_pps, police_bps, neighbor, static_mac, replace } => {
+        BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, police_pps, police_bps, neighbor, static_mac, gateway, gateway_mac, gateway_port, replace } => {
             let pair = |s: &str, what: &str| -> Result<(String, String)> {
                 let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                 Ok((a.to_string(), b.to_string()))
@@ -92,8 +104,9 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd
                 (pps.is_some() || bps.is_some()).then(|| pb::Policer { pps: pps.unwrap_or(0), bps: bps.unwrap_or(0), ..Default::default() })
             };
             let (pod_policer, policer) = (rates(pod_pps, pod_bps), rates(police_pps, police_bps));
+            let gateway = gateway_port.map(|port| pb::Gateway { ips: gateway, mac: gateway_mac, port });
             let bridge =
-                pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, policer, ..Default::default() };
+                pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, policer, gateway, ..Default::default() };
             applied(out, c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
         }
         BridgeCmd::Del { name } => applied(out, c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
@@ -107,7 +120,7 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd
 
 pub(crate) fn print_bridges(b: &[pb::Bridge]) {
     table(
-        &["name", "vlan", "vni", "flood", "arp-suppression", "marking", "owner", "policer", "pod policer"],
+        &["name", "vlan", "vni", "flood", "arp-suppression", "gateway", "marking", "owner", "policer", "pod policer"],
         b.iter()
             .map(|b| {
                 vec![
@@ -116,6 +129,7 @@ pub(crate) fn print_bridges(b: &[pb::Bridge]) {
                     opt(b.vni),
                     if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
                     if b.arp_suppression { "on" } else { "off" }.into(),
+                    b.gateway.as_ref().map_or("-".into(), |g| format!("{} via {}", g.ips.join(","), g.port)),
                     match (b.dscp, b.pcp, b.priority) {
                         (None, None, false) => "-".into(),
                         (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),

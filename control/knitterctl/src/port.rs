@@ -21,7 +21,7 @@ pub(crate) enum PortCmd {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user", "dpdk"])))]
+#[command(group(clap::ArgGroup::new("device").required(true).args(["af_xdp", "af_packet", "vhost_user", "dpdk", "host"])))]
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["access", "trunk", "underlay"])))]
 pub(crate) struct PortAdd {
     name: String,
@@ -43,6 +43,17 @@ pub(crate) struct PortAdd {
     /// rx/tx queue pairs of a DPDK device (RSS over them).
     #[arg(long, requires = "dpdk")]
     queues: Option<u32>,
+    /// The node's own interface into the bridge domain (a host port: a veth the daemon makes
+    /// here, at most 12 characters; the switch serves `<IFNAME>-sw`).
+    #[arg(long, value_name = "IFNAME", requires = "address")]
+    host: Option<String>,
+    /// A host port's address, the node's own in the network (CIDR; repeatable, one per
+    /// family). The first gives its MAC, so it must be this node's alone.
+    #[arg(long, value_name = "CIDR", requires = "host")]
+    address: Vec<String>,
+    /// A host port without the masquerade of pods' traffic it routes out.
+    #[arg(long, requires = "host")]
+    no_masquerade: bool,
     /// The mode bits (octal, e.g. 0660) of a socket the switch listens on.
     #[arg(long, requires = "vhost_user", value_parser = octal)]
     socket_mode: Option<u32>,
@@ -115,6 +126,7 @@ fn port_request(a: PortAdd) -> pb::Port {
     use pb::port::Mode;
     let netns = a.netns.unwrap_or_default();
     let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
+        _ if a.host.is_some() => Kind::Host(pb::HostPort { ifname: a.host.unwrap_or_default(), addresses: a.address, masquerade: Some(!a.no_masquerade) }),
         _ if a.dpdk.is_some() => Kind::Dpdk(pb::DpdkDevice { devargs: a.dpdk.unwrap_or_default(), queues: a.queues.unwrap_or(0) }),
         (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
         (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
