@@ -151,6 +151,9 @@ pub struct BdEntry {
     pub arp_suppression: bool,
     pub arp: FxMap<Ipv4Addr, MacAddr>,
     pub nd: FxMap<Ipv6Addr, MacAddr>,
+    /// The FDB key of the gateway's MAC in this domain (0: no gateway): neighbour requests
+    /// sent to it unicast (a pod confirming its entry) are answered like broadcast ones.
+    pub gateway_key: u64,
 }
 
 /// Stable ids for names across snapshots (so learned state survives unrelated changes).
@@ -685,6 +688,7 @@ impl Snapshot {
             arp_suppression: b.arp_suppression || b.gateway.is_some(),
             arp,
             nd,
+            gateway_key: b.gateway.as_ref().and_then(|g| g.mac()).map_or(0, |m| crate::fdb::key(id, m.to_u64())),
         })
     }
 

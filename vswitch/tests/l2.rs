@@ -315,6 +315,15 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     let out = h.recv_all();
     assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))], "answered by the switch");
     assert!(out["p1"].is_empty() && out["host"].is_empty(), "not flooded");
+    // A pod confirming its entry asks the gateway's MAC itself: answered the same, not
+    // handed to the host (which does not hold the gateway's address).
+    let mut probe = frames::arp_request(mac(1), ip(10), ip(1));
+    probe[..6].copy_from_slice(&gw_mac.0);
+    h.send("p0", &probe);
+    h.step();
+    let out = h.recv_all();
+    assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))], "a unicast probe is answered");
+    assert!(out["host"].is_empty(), "and not handed to the host");
 
     // The pod behind p1 is known before p0 talks to it (else its frame floods, to the host too).
     h.send("p1", &frames::udp4(mac(1), mac(2), ip(11), ip(10), 1000, 53, 100));

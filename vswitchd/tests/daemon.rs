@@ -1137,3 +1137,32 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
     let tables = node.run(&["nft", "list", "tables"]).unwrap_or_default();
     assert!(!tables.contains("knitter-knitter0") && !tables.contains("knitter-knitter1"), "{tables}");
 }
+
+/// A host port through daemon restarts (SIGKILL, then SIGTERM): the interface the last run
+/// made is taken up again, not refused as someone else's, and the node reaches its pod
+/// through it each time.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn a_host_port_is_taken_up_again_after_a_restart() {
+    use vswitch::testkit::netns::{self, Netns};
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.json");
+    let args = ["--state-file", state.to_str().unwrap()];
+    let node = Netns::new("hrn").unwrap();
+    let pa = Netns::new("hra").unwrap();
+    netns::veth(&pa, "eth0", &node, "pa0").unwrap();
+    pa.run(&["ip", "addr", "add", "10.1.0.2/24", "dev", "eth0"]).unwrap();
+    let doc = "bridges:\n  - name: pods\n    gateway: {ips: [10.1.0.1], port: knitter0}\nports:\n  - name: knitter0\n    device: {kind: host, ifname: knitter0, addresses: [10.1.0.254/24]}\n    mode: {kind: access, bridge: pods}\n  - name: pa0\n    device: {kind: af_xdp, ifname: pa0}\n    mode: {kind: access, bridge: pods}\n";
+    let mut d = Daemon::start_in(dir.path(), Some(&node.name), &args).await;
+    apply(&mut d.client(), doc, false).await.unwrap();
+    netns::ping(&node, "10.1.0.2").expect("the node reaches its pod");
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        d.stop_with(signal).await;
+        d = Daemon::start_in(dir.path(), Some(&node.name), &args).await;
+        let v = d.client().show(pb::ShowRequest {}).await.unwrap().into_inner();
+        let failed: Vec<_> = v.status.iter().filter(|s| !s.error.is_empty()).collect();
+        assert!(failed.is_empty(), "every port opened again after a stop by signal {signal}: {failed:?}");
+        netns::ping(&node, "10.1.0.2").expect("the node reaches its pod after a restart");
+    }
+}

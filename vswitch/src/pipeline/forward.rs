@@ -79,7 +79,7 @@ impl Pipeline {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
 
-        if bd.arp_suppression && c.dst_key & (1 << 40) != 0 {
+        if bd.arp_suppression && (c.dst_key & (1 << 40) != 0 || c.dst_key == bd.gateway_key) {
             let h = self.pool.head(&b);
             let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
             if (et == ethertype::ARP || et == ethertype::IPV6)
