@@ -226,6 +226,74 @@ fn a_networks_pod_policer_polices_each_pods_port() {
     }
 }
 
+/// A network with a node gateway through the whole path (manager → sync stream → node →
+/// CNI): the node makes its host port with the address the manager gave it, the node (a
+/// kubelet's probe) reaches the pod, the pod reaches its node and, masqueraded, an "outside"
+/// namespace with no route back to pods; the pod's DEL and the network's delete leave
+/// nothing on the node.
+#[test]
+fn a_node_gateway_network_reaches_the_node_and_beyond() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    // A VTEP, so the node registers with the manager and syncs.
+    lab.node.run(&["ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul0p"]).unwrap();
+    for l in ["ul0", "ul0p"] {
+        lab.node.run(&["ip", "link", "set", l, "up"]).unwrap();
+    }
+    lab.ctl(&["port", "add", "ul0", "--af-xdp", "ul0", "--underlay"]);
+    lab.ctl(&["vtep", "set", "--local", "198.51.100.1", "--underlay", "ul0"]);
+    assert!(lab.ctl(&["vtep", "show"]).contains("198.51.100.1"), "ports: {}", lab.ctl(&["port", "list"]));
+    let o = lab.mctl(&["network", "create", "pods", "--kind", "vlan", "--ipv4", "10.64.0.0/24", "--gateway4", "10.64.0.1", "--node-gateway", "--masquerade"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The outside: a namespace the node reaches on 203.0.113.0/24, with no route to pods.
+    let out = netns::Netns::new("out").unwrap();
+    lab.node.run(&["ip", "link", "add", "up0", "type", "veth", "peer", "name", "up0p", "netns", &out.name]).unwrap();
+    lab.node.run(&["ip", "addr", "add", "203.0.113.1/24", "dev", "up0"]).unwrap();
+    lab.node.run(&["ip", "link", "set", "up0", "up"]).unwrap();
+    out.run(&["ip", "addr", "add", "203.0.113.2/24", "dev", "up0p"]).unwrap();
+    out.run(&["ip", "link", "set", "up0p", "up"]).unwrap();
+
+    let (p, p_path) = pod("gw");
+    let conf = lab.conf("1.1.0", "pods");
+    let (ok, r) = lab.cni("ADD", "ctr-gw", &p_path, "eth0", &conf);
+    assert!(ok, "{r}");
+    let pod_ip = addr(&r);
+    let kh = knitter_api::names::host_port("pods", "n1").1;
+    let hosts = String::from_utf8_lossy(&lab.mctl(&["-o", "json", "port", "list", "--network", "pods"]).stdout).into_owned();
+    let hosts: serde_json::Value = serde_json::from_str(&hosts).unwrap();
+    let host = hosts.as_array().unwrap().iter().find(|p| p["interface"] == kh.as_str()).unwrap_or_else(|| panic!("no host port on the manager: {hosts}"));
+    let host_ip = host["addresses"][0]["address"].as_str().unwrap().to_string();
+    // The node makes it from its next desired state.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lab.node.run(&["ip", "-o", "addr", "show", "dev", &kh]).is_ok_and(|a| a.contains(&format!("{host_ip}/24"))) {
+        assert!(Instant::now() < deadline, "no {kh} with {host_ip} on the node: {}", lab.ctl(&["port", "list"]));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(lab.ctl(&["bridge", "list"]).contains("10.64.0.1"), "the gateway is answered: {}", lab.ctl(&["bridge", "list"]));
+    // The kubelet probes the pod; the pod reaches its node and, masqueraded, the outside.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while netns::ping(&lab.node, &pod_ip).is_err() {
+        assert!(Instant::now() < deadline, "the node does not reach its pod {pod_ip}");
+    }
+    netns::ping(&p, &host_ip).expect("the pod reaches its node's host port address");
+    netns::ping(&p, "203.0.113.1").expect("the pod reaches the node's other addresses through the gateway");
+    netns::ping(&p, "203.0.113.2").expect("the pod reaches the outside, masqueraded");
+    let seen = out.run(&["ip", "neigh"]).unwrap();
+    assert!(!seen.contains("10.64.0."), "the outside saw only the node's address: {seen}");
+
+    // DEL: the pod's port goes; the host port goes when the manager's sweep finds the node
+    // without pods on the network (here: deleting the network, which sweeps it too).
+    assert!(lab.cni("DEL", "ctr-gw", &p_path, "eth0", &conf).0);
+    let o = lab.mctl(&["network", "delete", "pods"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while lab.node.run(&["ip", "link", "show", &kh]).is_ok() {
+        assert!(Instant::now() < deadline, "{kh} is left on the node: {}", lab.ctl(&["port", "list"]));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!lab.ctl(&["port", "list"]).contains(&kh));
+}
+
 #[test]
 fn adding_and_deleting_two_hundred_pods_leaves_nothing_behind() {
     let Some(_g) = netns::exclusive() else { return };

@@ -74,18 +74,9 @@ impl Record {
     }
 }
 
-/// A short stable name for a key's interface on the node (≤ 15 bytes): `prefix` and 10 hex
-/// digits of an FNV-1a hash of the key.
-fn short_name(prefix: &str, k: &Key) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in k.container_id.bytes().chain([0]).chain(k.ifname.bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{prefix}{:010x}", h & 0xff_ffff_ffff)
-}
-
+/// A key's interface on the node: `kn` and a hash of the key (≤ 15 bytes).
 fn host_name(k: &Key) -> String {
-    short_name("kn", k)
+    knitter_api::names::short_name("kn", &[&k.container_id, &k.ifname])
 }
 
 

@@ -534,12 +534,15 @@ impl Node {
     }
 
     /// Converges the `manager` objects to the manager's desired state: its bridge domains
-    /// (added, changed, or removed when no longer desired) and the remote VTEPs it adds to
-    /// the VTEP's peers. A local bridge of the same name wins and is reported as skipped.
-    /// One atomic change; nothing happens when nothing differs.
-    pub fn converge_manager(&self, bridges: Vec<BridgeConfig>, peers: Vec<PeerConfig>) -> Result<ApplyReport, NodeError> {
+    /// (added, changed, or removed when no longer desired), its ports (the nodes' host ports
+    /// of networks with a node gateway: opened, opened again when changed, closed when no
+    /// longer desired) and the remote VTEPs it adds to the VTEP's peers. A local object of the
+    /// same name wins and is reported as skipped; so is a port whose device does not open
+    /// (with its bridge's gateway: the next state tries again). One atomic change; nothing
+    /// happens when nothing differs.
+    pub fn converge_manager(&self, bridges: Vec<BridgeConfig>, peers: Vec<PeerConfig>, ports: Vec<PortSpec>) -> Result<ApplyReport, NodeError> {
         let mut inner = self.inner();
-        let state = &inner.state;
+        let state = inner.state.clone();
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
         let mut candidate = state.clone();
         candidate.bridges.retain(|b| b.owner != Owner::Manager);
@@ -555,11 +558,45 @@ impl Node {
             }
             candidate.bridges.push(Owned { owner: Owner::Manager, item: b });
         }
+        // Ports: opened one by one, so one that does not open leaves the rest to go on.
+        candidate.ports.retain(|p| p.owner != Owner::Manager);
+        let (mut new_ports, mut gone_ports, mut reopened) = (Vec::new(), Vec::new(), Vec::new());
+        for p in ports {
+            let name = p.config.name.clone();
+            match state.port(&name) {
+                Some(o) if o.owner != Owner::Manager => {
+                    report.skipped.push(format!("port {name} (a {} port of that name exists)", o.owner));
+                    drop_gateway_of(&mut candidate, &name);
+                    continue;
+                }
+                Some(o) if o.item != p => {
+                    match inner.open.get(&name) {
+                        Some(running) if reopens(running, &o.item, &p)? => reopened.push(name.clone()),
+                        Some(_) => {}
+                        None => new_ports.push(name.clone()),
+                    }
+                    report.changed.push(format!("port {name}"));
+                }
+                Some(_) if !inner.open.contains_key(&name) => new_ports.push(name.clone()),
+                Some(_) => {}
+                None => {
+                    report.added.push(format!("port {name}"));
+                    new_ports.push(name.clone());
+                }
+            }
+            candidate.ports.push(Owned { owner: Owner::Manager, item: p });
+        }
+        for p in state.ports.iter().filter(|p| p.owner == Owner::Manager) {
+            if candidate.port(&p.item.config.name).is_none() {
+                report.removed.push(format!("port {}", p.item.config.name));
+                gone_ports.push(p.item.config.name.clone());
+            }
+        }
         for b in state.bridges.iter().filter(|b| b.owner == Owner::Manager) {
             if candidate.bridge(&b.item.name).is_some() {
                 continue;
             }
-            let users: Vec<&str> = state.ports.iter().filter(|p| matches!(&p.item.config.mode, PortMode::Access { bridge } if *bridge == b.item.name)).map(|p| p.item.config.name.as_str()).collect();
+            let users: Vec<&str> = candidate.ports.iter().filter(|p| matches!(&p.item.config.mode, PortMode::Access { bridge } if *bridge == b.item.name)).map(|p| p.item.config.name.as_str()).collect();
             if users.is_empty() {
                 report.removed.push(format!("bridge {}", b.item.name));
             } else {
@@ -572,11 +609,44 @@ impl Node {
             report.changed.push("vtep peers".into());
             candidate.manager_peers = peers;
         }
-        if report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty() {
+        if report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty() && new_ports.is_empty() {
             return Ok(report);
         }
-        report.generation = self.commit(&mut inner, candidate)?;
-        Ok(report)
+        let mut opened = Vec::new();
+        for name in new_ports {
+            match self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name)) {
+                Ok(()) => opened.push(name),
+                Err(e) => {
+                    report.skipped.push(format!("port {name}: {e}"));
+                    candidate.ports.retain(|p| p.item.config.name != name);
+                    drop_gateway_of(&mut candidate, &name);
+                }
+            }
+        }
+        let mut replaced = Vec::new();
+        for name in reopened {
+            match self.reopen_ports(&mut inner, &candidate, std::slice::from_ref(&name)) {
+                Ok(r) => replaced.extend(r),
+                Err(e) => {
+                    // The running device stays, as it was.
+                    report.skipped.push(format!("port {name}: {e}"));
+                    if let (Some(c), Some(old)) = (candidate.ports.iter_mut().find(|p| p.item.config.name == name), state.port(&name)) {
+                        *c = old.clone();
+                    }
+                }
+            }
+        }
+        let r = self.commit(&mut inner, candidate);
+        if refused(&r) {
+            self.restore(&mut inner, replaced);
+            self.close_ports(&mut inner, &opened, None);
+            return r.map(|_| report);
+        }
+        let generation = self.switch.generation();
+        report.generation = generation;
+        self.close_ports(&mut inner, &gone_ports, Some(generation));
+        self.retire(&inner, replaced, generation);
+        r.map(|_| report)
     }
 
     /// Gives every open port the underlay filter its place wants: the VTEP's underlay takes
@@ -694,6 +764,15 @@ impl Node {
             p.stop();
         }
         self.inner().open.clear();
+    }
+}
+
+/// Takes the gateway off the bridge whose gateway port is `port` (a port left out).
+fn drop_gateway_of(state: &mut NodeState, port: &str) {
+    for b in &mut state.bridges {
+        if b.item.gateway.as_ref().is_some_and(|g| g.port == port) {
+            b.item.gateway = None;
+        }
     }
 }
 

@@ -14,7 +14,8 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use vswitch::config::{BridgeConfig, Neighbor, PeerConfig, StaticMac};
+use crate::state::{Device, PortSpec};
+use vswitch::config::{BridgeConfig, GatewayConfig, Neighbor, PeerConfig, PortConfig, StaticMac};
 use vswitch::wire::MacAddr;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -61,24 +62,55 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
     let mut stream = manager.sync(pb::SyncRequest { node: Some(me), revision: *revision }).await.context("opening the sync stream")?;
     tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
     node.set_manager_refusal(None);
-    while let Some(d) = stream.message().await.context("sync stream")? {
-        let (bridges, peers) = match desired(&d, &link.node_name) {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::error!(revision = d.revision, error = %format!("{e:#}"), "desired state not applied");
-                continue;
+    // A desired state some of whose ports did not open (a host port whose interface is
+    // taken, say) is applied again every few seconds until they do.
+    let mut pending: Option<(u64, Desired)> = None;
+    loop {
+        let retry = async {
+            match &pending {
+                Some(_) => tokio::time::sleep(PORT_RETRY).await,
+                None => std::future::pending().await,
             }
         };
+        let (rev, want) = tokio::select! {
+            m = stream.message() => {
+                let Some(d) = m.context("sync stream")? else { break };
+                match desired(&d, &link.node_name) {
+                    Ok(want) => (d.revision, want),
+                    Err(e) => {
+                        tracing::error!(revision = d.revision, error = %format!("{e:#}"), "desired state not applied");
+                        continue;
+                    }
+                }
+            }
+            () = retry => match pending.take() {
+                Some(p) => p,
+                None => continue,
+            },
+        };
         let n = node.clone();
-        match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers)).await? {
+        let (bridges, peers, ports) = want.clone();
+        pending = None;
+        match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers, ports)).await? {
             Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => {}
-            Ok(r) => tracing::info!(revision = d.revision, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state"),
-            Err(e) => tracing::error!(revision = d.revision, error = %e, "the manager's state was refused; keeping the last one"),
+            Ok(r) => {
+                if r.skipped.iter().any(|s| s.starts_with("port ")) {
+                    pending = Some((rev, want));
+                }
+                tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state")
+            }
+            Err(e) => tracing::error!(revision = rev, error = %e, "the manager's state was refused; keeping the last one"),
         }
-        *revision = d.revision;
+        *revision = rev;
     }
     Ok(())
 }
+
+/// How often a desired state whose ports did not all open is applied again.
+const PORT_RETRY: Duration = Duration::from_secs(5);
+
+/// What a desired state asks of the node: bridge domains, VTEP peers, host ports.
+type Desired = (Vec<BridgeConfig>, Vec<PeerConfig>, Vec<PortSpec>);
 
 /// This node as it registers: its VTEP and its underlay's MTU.
 fn registration(node: &Node, name: &str) -> Result<pb::Node> {
@@ -98,9 +130,10 @@ fn parse<T: FromStr>(what: &str, s: &str) -> Result<T> {
     s.parse().map_err(|_| anyhow::anyhow!("{what} {s:?} is malformed"))
 }
 
-/// The bridge domains and VTEP peers a desired state asks of node `me`.
-pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec<PeerConfig>)> {
+/// The bridge domains, VTEP peers and host ports a desired state asks of node `me`.
+pub fn desired(d: &pb::DesiredState, me: &str) -> Result<Desired> {
     let mut bridges = Vec::with_capacity(d.networks.len());
+    let mut ports = Vec::new();
     for n in &d.networks {
         let mut b = crate::manager::bridge(&n.name, &n.kind, n.segment).map_err(anyhow::Error::msg)?;
         let vxlan = b.vni.is_some();
@@ -125,10 +158,31 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<(Vec<BridgeConfig>, Vec
         b.pcp = n.pcp.map(|p| p.min(u8::MAX as u32) as u8);
         b.priority = n.priority;
         b.pod_policer = n.pod_policer.as_ref().map(crate::manager::policer);
+        if let Some(h) = &n.host {
+            ports.push(host_port(n, h, me)?);
+            if !n.gateways.is_empty() {
+                let ips = n.gateways.iter().map(|g| parse("gateway", g)).collect::<Result<_>>()?;
+                b.gateway = Some(GatewayConfig { ips, mac: None, port: h.ifname.clone() });
+            }
+        }
         bridges.push(b);
     }
     let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
-    Ok((bridges, peers))
+    Ok((bridges, peers, ports))
+}
+
+/// The host port of network `n` on node `me`: only ever the interface named for that network
+/// (the manager names no other host interface for the node to make or remove).
+fn host_port(n: &pb::NetworkOnNode, h: &pb::HostPortOnNode, me: &str) -> Result<PortSpec> {
+    let (_, ifname) = knitter_api::names::host_port(&n.name, me);
+    if h.ifname != ifname {
+        bail!("network {}: host port {:?} is not the one this node makes for it ({ifname})", n.name, h.ifname);
+    }
+    let mtu = u16::try_from(n.mtu).map_err(|_| anyhow::anyhow!("network {}: MTU {} is out of range", n.name, n.mtu))?;
+    Ok(PortSpec {
+        device: Device::Host { ifname: ifname.clone(), addresses: h.addresses.clone(), masquerade: h.masquerade },
+        config: PortConfig { mtu, ..PortConfig::access(&ifname, &n.name) },
+    })
 }
 
 #[cfg(test)]
@@ -155,6 +209,8 @@ mod tests {
                     pcp: Some(5),
                     priority: true,
                     pod_policer: Some(pb::Policer { pps: 5000, bps: 0, burst_packets: 0, burst_bytes: 0 }),
+                    gateways: vec![],
+                    host: None,
                 },
                 pb::NetworkOnNode {
                     name: "blue".into(),
@@ -167,11 +223,13 @@ mod tests {
                     pcp: None,
                     priority: false,
                     pod_policer: None,
+                    gateways: vec!["10.1.0.1".into()],
+                    host: Some(pb::HostPortOnNode { ifname: knitter_api::names::host_port("blue", "n1").1, addresses: vec!["10.1.0.9/24".into()], masquerade: true }),
                 },
             ],
             peers: vec!["192.0.2.2".into()],
         };
-        let (bridges, peers) = desired(&d, "n1").unwrap();
+        let (bridges, peers, ports) = desired(&d, "n1").unwrap();
         let red = &bridges[0];
         assert_eq!((red.vni, red.vlan, red.flood.clone()), (Some(5001), None, vec!["192.0.2.2".parse().unwrap()]));
         assert!(red.arp_suppression && !red.remote_learning, "the manager's MACs replace learning behind VTEPs");
@@ -184,6 +242,13 @@ mod tests {
         assert_eq!((blue.dscp, blue.pcp), (None, None), "unmarked");
         assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
         assert_eq!(peers, vec![PeerConfig { ip: "192.0.2.2".parse().unwrap(), next_hop_mac: None, next_hop: None }]);
+        // The node gateway: blue's host port, and its gateway answered on the bridge.
+        let kh = knitter_api::names::host_port("blue", "n1").1;
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].device, Device::Host { ifname: kh.clone(), addresses: vec!["10.1.0.9/24".into()], masquerade: true });
+        assert_eq!((ports[0].config.name.as_str(), ports[0].config.mtu, &ports[0].config.mode), (kh.as_str(), 1500, &vswitch::config::PortMode::Access { bridge: "blue".into() }));
+        assert_eq!(blue.gateway, Some(GatewayConfig { ips: vec!["10.1.0.1".parse().unwrap()], mac: None, port: kh.clone() }));
+        assert!(red.gateway.is_none());
 
         let bad = |f: &dyn Fn(&mut pb::DesiredState)| {
             let mut d = d.clone();
@@ -194,5 +259,8 @@ mod tests {
         assert!(bad(&|d| d.networks[1].segment = 70000).contains("VLAN 70000 is out of range"));
         assert!(bad(&|d| d.networks[0].endpoints[0].mac = "zz".into()).contains("MAC \"zz\" is malformed"));
         assert!(bad(&|d| d.peers[0] = "not-an-ip".into()).contains("VTEP \"not-an-ip\" is malformed"));
+        // The manager names the node's own interface for the network, never another.
+        assert!(bad(&|d| d.networks[1].host.as_mut().unwrap().ifname = "eth0".into()).contains("host port \"eth0\" is not the one this node makes"));
+        assert!(bad(&|d| d.networks[1].gateways[0] = "x".into()).contains("gateway \"x\" is malformed"));
     }
 }

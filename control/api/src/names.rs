@@ -10,8 +10,43 @@ pub fn interface_name(n: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A short stable interface name (≤ 15 bytes for a prefix of ≤ 5): `prefix` and 10 hex
+/// digits of an FNV-1a hash of `parts` joined by NUL bytes. Names of running pods' ports are
+/// made this way: the hash must never change.
+pub fn short_name(prefix: &str, parts: &[&str]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if i == 0 { None } else { Some(0u8) };
+        for b in sep.into_iter().chain(part.bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{prefix}{:010x}", h & 0xff_ffff_ffff)
+}
+
+/// The node's host port of a network with a node gateway: the interface the node agent makes
+/// in the host's namespace (`kh` and a hash of the network: 12 bytes, room for the `-sw`
+/// peer), and the manager's record of it, `(container, interface)` (the container names the
+/// node, so each node has one per network; no pod holds it).
+pub fn host_port(network: &str, node: &str) -> (String, String) {
+    (format!("{HOST_PORT_PREFIX}{node}"), short_name("kh", &[network]))
+}
+
+/// The container name of every host port's record starts so (no pod's container ID does:
+/// runtimes give hex IDs).
+pub const HOST_PORT_PREFIX: &str = "knitter-host.";
+
 #[cfg(test)]
 mod test {
+    #[test]
+    fn short_names_do_not_change() {
+        // Running pods' ports carry these names; a changed hash would orphan them.
+        assert_eq!(super::short_name("kn", &["abc", "eth0"]), "kne81be81b20");
+        assert_eq!(super::host_port("blue", "node1"), ("knitter-host.node1".to_string(), super::short_name("kh", &["blue"])));
+        assert_eq!(super::host_port("blue", "n").1.len(), 12);
+    }
+
+
     #[test]
     fn the_kernels_rule() {
         for ok in ["eth0", "net1", "a", "fifteen-chars-x"] {

@@ -168,6 +168,14 @@ pub struct NetworkCreate {
     /// (VLAN networks; without it the device plugin or the node chooses).
     #[arg(long)]
     pod_chooses_vf: bool,
+    /// Every node with pods on the network is their gateway (--gateway4/--gateway6) and
+    /// gives the network a host port into its own stack: pods reach their node, its
+    /// Services and, with --masquerade, beyond (docs/pod-network.md).
+    #[arg(long)]
+    node_gateway: bool,
+    /// Pods' traffic for anything but the pod networks leaves their node with its address.
+    #[arg(long, requires = "node_gateway")]
+    masquerade: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -419,6 +427,8 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                     pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer { pps: n.pod_pps.unwrap_or(0), bps: n.pod_bps.unwrap_or(0), ..Default::default() }),
                     sriov_pool: n.sriov_pool,
                     pod_chooses_vf: n.pod_chooses_vf,
+                    node_gateway: n.node_gateway,
+                    masquerade: n.masquerade,
                 };
                 let r = c.create_network(authed(t, spec)?).await?.into_inner();
                 created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?

@@ -37,6 +37,8 @@ fn network() -> NetworkSpec {
         pod_policer: None,
         sriov_pool: None,
         pod_chooses_vf: false,
+        node_gateway: false,
+        masquerade: false,
     }
 }
 

@@ -228,12 +228,17 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
 
 
 /// Removes the records of port creates that a crash or a kill cut off (never served; their
-/// addresses given back).
+/// addresses given back), and mends the nodes' host ports.
 fn sweep(manager: &Manager) {
     match manager.sweep_placeholders(knitter_manager::manager::PLACEHOLDER_AGE_SECS) {
         Ok(0) => {}
         Ok(n) => tracing::info!(ports = n, "removed ports whose create was cut off"),
         Err(e) => tracing::warn!(error = %e, "sweeping ports whose create was cut off"),
+    }
+    match manager.sweep_host_ports() {
+        Ok((0, 0)) => {}
+        Ok((made, removed)) => tracing::info!(made, removed, "host ports mended"),
+        Err(e) => tracing::warn!(error = %e, "sweeping host ports"),
     }
 }
 

@@ -142,6 +142,15 @@ pub struct NetworkSpec {
     /// annotation): one of the pool's, free. Without it only the device plugin names VFs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pod_chooses_vf: bool,
+    /// Every node with pods on the network is their gateway (the subnets' gateway addresses,
+    /// answered by its switch) and gives it a host port into its own stack: pods reach their
+    /// node, its Services and, with `masquerade`, the world beyond (docs/pod-network.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_gateway: bool,
+    /// Pods' traffic for anything but the pod networks leaves the node with the node's
+    /// address (needs `node_gateway`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub masquerade: bool,
 }
 
 /// A pod port's ingress policer, as the node applies it (`vswitch::policer`): packets and
@@ -210,6 +219,12 @@ pub enum NetworkError {
     MtuTooLarge { name: String, mtu: u32, max: u32, underlay: u32, overhead: u32 },
     #[error("network {name:?}: MTU {mtu} is below 576 (IPv4) or 1280 (IPv6)")]
     MtuTooSmall { name: String, mtu: u32 },
+    #[error("network {name:?}: a node gateway needs the {family} subnet's gateway address (give {field}.gateway)")]
+    NodeGatewayWithoutAddress { name: String, family: &'static str, field: &'static str },
+    #[error("network {0:?}: masquerade goes through the node gateway: set node_gateway too")]
+    MasqueradeWithoutGateway(String),
+    #[error("network {0:?}: a node gateway routes through the node's stack, an SR-IOV VF's frames never reach the switch")]
+    NodeGatewayOnVfs(String),
 }
 
 fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Result<Addressing, NetworkError> {
@@ -275,8 +290,24 @@ impl Network {
         if (spec.sriov_pool.is_some() || spec.pod_chooses_vf) && spec.kind != Kind::Vlan {
             return Err(NetworkError::SriovPoolNotVlan(name));
         }
-        // Overlap: with the tenant's own networks and with shared ones (a pod may join both).
-        for other in existing.iter().filter(|o| o.spec.name != name && (o.spec.tenant == spec.tenant || o.spec.shared || spec.shared)) {
+        if spec.masquerade && !spec.node_gateway {
+            return Err(NetworkError::MasqueradeWithoutGateway(name));
+        }
+        if spec.node_gateway {
+            if spec.sriov_pool.is_some() || spec.pod_chooses_vf {
+                return Err(NetworkError::NodeGatewayOnVfs(name));
+            }
+            for (a, family, field) in [(&ipv4, "IPv4", "ipv4"), (&ipv6, "IPv6", "ipv6")] {
+                if a.as_ref().is_some_and(|a| a.gateway().is_none()) {
+                    return Err(NetworkError::NodeGatewayWithoutAddress { name, family, field });
+                }
+            }
+        }
+        // Overlap: with the tenant's own networks and with shared ones (a pod may join both),
+        // and between networks with node gateways whoever owns them (their host ports share
+        // each node's routing table).
+        let may_meet = |o: &Network| o.spec.tenant == spec.tenant || o.spec.shared || spec.shared || (o.spec.node_gateway && spec.node_gateway);
+        for other in existing.iter().filter(|o| o.spec.name != name && may_meet(o)) {
             for (mine, theirs) in [(&ipv4, &other.ipv4), (&ipv6, &other.ipv6)] {
                 if let (Some(m), Some(t)) = (mine, theirs)
                     && m.subnet().overlaps(&t.subnet())
@@ -364,7 +395,23 @@ mod tests {
             pod_policer: None,
             sriov_pool: None,
             pod_chooses_vf: false,
+            node_gateway: false,
+            masquerade: false,
         }
+    }
+
+    #[test]
+    fn node_gateways_need_gateway_addresses_and_their_own_subnets() {
+        let l = Limits::default();
+        let gw = |cidr: &str, g: &str| Some(SubnetSpec { cidr: cidr.into(), gateway: Some(g.parse().unwrap()), pools: vec![] });
+        let a = Network::define(NetworkSpec { node_gateway: true, masquerade: true, ipv4: gw("10.0.0.0/24", "10.0.0.1"), ..spec("a", "t1", Kind::Vlan, "") }, &[], &l).unwrap();
+        let existing = [a];
+        let err = |s: NetworkSpec| Network::define(s, &existing, &l).unwrap_err().to_string();
+        assert_eq!(err(NetworkSpec { node_gateway: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") }), "network \"b\": a node gateway needs the IPv4 subnet's gateway address (give ipv4.gateway)");
+        assert!(err(NetworkSpec { masquerade: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") }).contains("set node_gateway too"));
+        assert!(err(NetworkSpec { node_gateway: true, ipv4: gw("10.1.0.0/24", "10.1.0.1"), sriov_pool: Some("p".into()), ..spec("b", "t2", Kind::Vlan, "") }).contains("SR-IOV VF"));
+        assert!(err(NetworkSpec { node_gateway: true, ipv4: gw("10.0.0.0/25", "10.0.0.1"), ..spec("b", "t2", Kind::Vlan, "") }).contains("overlaps 10.0.0.0/24 of network \"a\""), "another tenant's, but both meet in every node's routing table");
+        assert!(Network::define(spec("b", "t2", Kind::Vlan, "10.0.0.0/24"), &existing, &l).is_ok(), "without a node gateway another tenant's subnet may repeat");
     }
 
     #[test]

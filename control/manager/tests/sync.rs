@@ -33,15 +33,7 @@ impl Served {
     async fn start(store: &Path, live: Liveness) -> Served {
         // A stopped manager's tasks let go of the store within a second (a restarted
         // process would not wait at all).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let store = loop {
-            match Embedded::open(store) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() > deadline => panic!("{e}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        };
-        Served::on(Arc::new(store), live).await
+        Served::on(Arc::new(open_when_free(store).await), live).await
     }
 
     async fn on(store: Arc<dyn Store>, live: Liveness) -> Served {
@@ -90,6 +82,18 @@ impl Served {
     }
 }
 
+/// The store at `path`, once a stopped manager has let go of it.
+async fn open_when_free(path: &Path) -> Embedded {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match Embedded::open(path) {
+            Ok(s) => return s,
+            Err(e) if Instant::now() > deadline => panic!("{e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// The next state on `s` that satisfies `ok`, within 15 s.
 async fn until(s: &mut Streaming<pb::DesiredState>, what: &str, ok: impl Fn(&pb::DesiredState) -> bool) -> pb::DesiredState {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -117,6 +121,8 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
         pod_policer: None,
         sriov_pool: None,
         pod_chooses_vf: false,
+        node_gateway: false,
+        masquerade: false,
     }
 }
 
@@ -157,6 +163,62 @@ async fn a_node_token_syncs_only_as_its_own_node() {
     let t1b = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap().into_inner().token;
     assert_ne!(t1, t1b);
     s.stop().await;
+}
+
+/// A network with a node gateway: each node with a port on it gets a host port (an address
+/// from the network, held by no pod) and the gateway addresses in its state; the other node
+/// sees that host port as an endpoint behind its VTEP. The host port is the manager's: the
+/// API neither makes nor deletes one; it goes when the node's last port does (the sweep) or
+/// with the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_gateway_networks_give_each_node_a_host_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let m = Manager::new(Arc::new(Embedded::open(&path).unwrap()), Config::default()).unwrap();
+        let ipv4 = Some(SubnetSpec { cidr: "10.42.0.0/24".into(), gateway: Some("10.42.0.1".parse().unwrap()), pools: vec![] });
+        m.create_network(NetworkSpec { node_gateway: true, masquerade: true, ipv4, ..network("red", "") }).unwrap();
+        let (a, _) = m.create_port(port("a", "n1")).unwrap();
+        assert_eq!(a.addresses[0].address.to_string(), "10.42.0.2", "the pod first");
+        m.create_port(port("b", "n2")).unwrap();
+        m.create_port(port("c", "n2")).unwrap();
+        let hosts: Vec<_> = m.list_ports(&Default::default()).unwrap().into_iter().filter(|p| knitter_manager::manager::host_port_node(p).is_some()).collect();
+        assert_eq!(hosts.len(), 2, "one per node, not per pod: {hosts:?}");
+        let (container, interface) = knitter_api::names::host_port("red", "n1");
+        let e = m.create_port(PortSpec { container: container.clone(), interface: interface.clone(), ..port("x", "n1") }).unwrap_err();
+        assert!(e.to_string().contains("host ports"), "{e}");
+        assert!(m.delete_port(&container, &interface).unwrap_err().to_string().contains("host port"));
+        assert_eq!(m.sweep_host_ports().unwrap(), (0, 0), "nothing to mend");
+    }
+    let served = Served::start(&path, Liveness::default()).await;
+    let mut n1 = served.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
+    let n2 = served.sync("n2", "192.0.2.2", Some(TOKEN)).await.unwrap();
+    let d = until(&mut n1, "n1's state with n2's endpoints", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 5)).await;
+    let red = &d.networks[0];
+    assert_eq!(red.gateways, ["10.42.0.1"]);
+    let host = red.host.as_ref().expect("n1's host port");
+    assert_eq!((host.ifname.as_str(), host.masquerade), (knitter_api::names::host_port("red", "n1").1.as_str(), true));
+    assert_eq!(host.addresses.len(), 1);
+    assert!(host.addresses[0].starts_with("10.42.0.") && host.addresses[0].ends_with("/24"), "{host:?}");
+    let n2_host = red.endpoints.iter().filter(|e| e.node == "n2").count();
+    assert_eq!(n2_host, 3, "n2's two pods and its host port, behind its VTEP");
+    drop((n1, n2));
+    served.stop().await;
+
+    let m = Manager::new(Arc::new(open_when_free(&path).await), Config::default()).unwrap();
+    m.delete_port("b", "eth0").unwrap();
+    assert_eq!(m.sweep_host_ports().unwrap(), (0, 0), "n2 still has c");
+    m.delete_port("c", "eth0").unwrap();
+    assert_eq!(m.sweep_host_ports().unwrap(), (0, 1), "n2's last port gone: its host port goes");
+    // A host port lost (a crash between a pod's port and its node's) is made again.
+    let (container, interface) = knitter_api::names::host_port("red", "n1");
+    let lost = m.get_port(&container, &interface).unwrap();
+    m.create_port(port("d", "n1")).unwrap();
+    assert_eq!(m.get_port(&container, &interface).unwrap(), lost, "the node keeps its host port and its address");
+    m.delete_port("a", "eth0").unwrap();
+    m.delete_port("d", "eth0").unwrap();
+    m.delete_network("red").unwrap().expect("the network goes, and n1's host port with it");
+    assert!(m.list_ports(&Default::default()).unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -396,6 +396,8 @@ mod tests {
             pod_policer: Some(crate::network::PodPolicer { pps: 100_000, bps: 0, burst_packets: 0, burst_bytes: 9000 }),
             sriov_pool: Some("fast".into()),
             pod_chooses_vf: true,
+            node_gateway: true,
+            masquerade: true,
         };
         round_trip::<_, pb::Network>(net);
         let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into(), device_info: Some(r#"{"type":"vhost-user"}"#.into()) };

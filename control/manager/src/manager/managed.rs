@@ -108,6 +108,8 @@ mod test {
             pod_policer: None,
             sriov_pool: None,
             pod_chooses_vf: false,
+            node_gateway: false,
+            masquerade: false,
         }
     }
 

@@ -14,6 +14,8 @@ pub mod auth;
 pub mod cluster;
 pub mod grpc;
 mod groups;
+mod hostports;
+pub use hostports::host_port_node;
 pub mod limits;
 pub mod managed;
 pub mod metrics;

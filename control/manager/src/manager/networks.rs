@@ -90,8 +90,14 @@ impl Manager {
             };
             let made_by = self.check_deleted_by(&key, "network", name, by)?;
             // Creates in progress count: their records would outlive the network.
-            let ports: Vec<Port> = self.load_all::<Port>("ports/")?.into_iter().map(|(p, _)| p).filter(|p| p.spec.network == name).collect();
-            if let Some(p) = ports.first() {
+            let mut ports: Vec<(Port, u64)> = self.load_all::<Port>("ports/")?.into_iter().filter(|(p, _)| p.spec.network == name).collect();
+            // The nodes' host ports go with the network once no other port is left.
+            if ports.iter().all(|(p, _)| super::host_port_node(p).is_some()) {
+                for (p, v) in ports.drain(..) {
+                    self.remove_port(&super::objects::port_key(&p.spec.container, &p.spec.interface), &p, v)?;
+                }
+            }
+            if let Some((p, _)) = ports.first() {
                 return Err(ManagerError::InUse(format!("network {name:?} still has {} ports (first: {}/{} of pod {:?})", ports.len(), p.spec.container, p.spec.interface, p.spec.pod)));
             }
             let groups = self.list_groups(name)?;

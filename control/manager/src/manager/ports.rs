@@ -13,7 +13,22 @@ impl Manager {
 
     /// Creates a port: addresses (fixed, from an IP group, or the next free ones), a MAC
     /// derived from the first. The same request again returns the same port (`false`).
-    pub fn create_port(&self, mut spec: PortSpec) -> Result<(Port, bool)> {
+    /// On a network with a node gateway, the port's node gets its host port on it too
+    /// (`hostports.rs`; best effort: the sweep mends a failure).
+    pub fn create_port(&self, spec: PortSpec) -> Result<(Port, bool)> {
+        if spec.container.starts_with(knitter_api::names::HOST_PORT_PREFIX) {
+            return Err(ManagerError::Invalid(format!("container {:?}: names starting with {:?} are the nodes' host ports, which the manager makes itself", spec.container, knitter_api::names::HOST_PORT_PREFIX)));
+        }
+        let (net, _) = self.network(&spec.network)?;
+        let (port, new) = self.create_port_in(&net, spec)?;
+        if net.spec.node_gateway && !port.spec.node.is_empty() {
+            self.ensure_host_port(&net, &port.spec.node);
+        }
+        Ok((port, new))
+    }
+
+    /// [`Manager::create_port`] in `net`, without the host port.
+    pub(super) fn create_port_in(&self, net: &Network, mut spec: PortSpec) -> Result<(Port, bool)> {
         check_name("container", &spec.container)?;
         spec.requested_mac = spec.requested_mac.as_deref().map(requested_mac).transpose()?;
         knitter_api::names::interface_name(&spec.interface).map_err(ManagerError::Invalid)?;
@@ -22,7 +37,6 @@ impl Manager {
         {
             return Err(ManagerError::Invalid(format!("device_info {info:?} is not a JSON object (NPWG device-info)")));
         }
-        let (net, _) = self.network(&spec.network)?;
         if !spec.pod.is_empty() {
             self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec, &spec)?;
         }
@@ -263,6 +277,13 @@ impl Manager {
     }
 
     pub fn delete_port(&self, container: &str, interface: &str) -> Result<Option<Port>> {
+        if container.starts_with(knitter_api::names::HOST_PORT_PREFIX) {
+            return Err(ManagerError::Invalid(format!("container {container:?} is a node's host port: the manager removes it when the node's last port of the network goes")));
+        }
+        self.delete_port_record(container, interface)
+    }
+
+    pub(super) fn delete_port_record(&self, container: &str, interface: &str) -> Result<Option<Port>> {
         let key = port_key(container, interface);
         for _ in 0..ROUNDS {
             let Some((port, v)) = self.load::<Port>(&key)? else { return Ok(None) };

@@ -76,6 +76,21 @@ pub struct NetworkOnNode {
     /// The network's per-pod rate, for every pod port of it on the node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_policer: Option<crate::network::PodPolicer>,
+    /// The network's gateway addresses, which the node answers (node gateway networks).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<IpAddr>,
+    /// The node's host port on the network, once the manager has made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostPortOnNode>,
+}
+
+/// A node's host port on a network (`hostports.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostPortOnNode {
+    pub ifname: String,
+    /// CIDR: the address and the subnet's prefix.
+    pub addresses: Vec<String>,
+    pub masquerade: bool,
 }
 
 /// What one node should run (the `DesiredState` message).
@@ -115,6 +130,12 @@ impl ClusterView {
                 })
                 .collect();
             let flood: BTreeSet<IpAddr> = endpoints.iter().filter(|e| e.node != node).map(|e| e.vtep).collect();
+            let host = ports.iter().find(|p| p.spec.node == node && super::host_port_node(p) == Some(node)).filter(|_| net.node_gateway).map(|p| HostPortOnNode {
+                ifname: p.spec.interface.clone(),
+                addresses: p.addresses.iter().map(|a| format!("{}/{}", a.address, a.prefix)).collect(),
+                masquerade: net.masquerade,
+            });
+            let gateways = if net.node_gateway { [&net.ipv4, &net.ipv6].into_iter().flatten().filter_map(|s| s.gateway).collect() } else { vec![] };
             networks.push(NetworkOnNode {
                 name: net.name.clone(),
                 kind: net.kind,
@@ -126,6 +147,8 @@ impl ClusterView {
                 pcp: marks.of(net.plane).map(|m| m.pcp),
                 priority: net.plane.has_priority(),
                 pod_policer: net.pod_policer,
+                gateways,
+                host,
             });
         }
         let peers = self.nodes.iter().filter(|n| in_flood(n)).map(|n| n.vtep).collect();

@@ -27,6 +27,8 @@ pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
         pod_policer: None,
         sriov_pool: None,
         pod_chooses_vf: false,
+        node_gateway: false,
+        masquerade: false,
     }
 }
 

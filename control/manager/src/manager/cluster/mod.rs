@@ -500,7 +500,8 @@ impl Controller {
                     if !leading.leader.load(Relaxed) {
                         break;
                     }
-                    if m.delete_port(&p.spec.container, &p.spec.interface)?.is_some() {
+                    // A gone node's host ports go with its pods' ports.
+                    if m.delete_port_record(&p.spec.container, &p.spec.interface)?.is_some() {
                         gone.push(p);
                     }
                 }

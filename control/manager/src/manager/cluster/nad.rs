@@ -99,7 +99,7 @@ mod test {
     }
 
     fn net(tenant: &str, shared: bool) -> NetworkSpec {
-        NetworkSpec { name: "media".into(), tenant: tenant.into(), kind: Kind::Vxlan, plane: Default::default(), segment: None, ipv4: None, ipv6: None, mtu: None, shared, pod_policer: None, sriov_pool: None, pod_chooses_vf: false }
+        NetworkSpec { name: "media".into(), tenant: tenant.into(), kind: Kind::Vxlan, plane: Default::default(), segment: None, ipv4: None, ipv6: None, mtu: None, shared, pod_policer: None, sriov_pool: None, pod_chooses_vf: false, node_gateway: false, masquerade: false }
     }
 
     #[test]

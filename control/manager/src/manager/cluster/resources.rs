@@ -116,6 +116,10 @@ struct NetworkResourceSpec {
     sriov_pool: Option<String>,
     #[serde(default, rename = "podChoosesVF")]
     pod_chooses_vf: bool,
+    #[serde(default)]
+    node_gateway: bool,
+    #[serde(default)]
+    masquerade: bool,
 }
 
 /// A `Network`'s `podPolicer`, as the CRD defines it.
@@ -181,6 +185,8 @@ impl NetworkResource {
             pod_policer: s.pod_policer.map(|p| PodPolicer { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }),
             sriov_pool: s.sriov_pool,
             pod_chooses_vf: s.pod_chooses_vf,
+            node_gateway: s.node_gateway,
+            masquerade: s.masquerade,
         })
     }
 }
