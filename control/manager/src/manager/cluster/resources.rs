@@ -265,6 +265,8 @@ mod test {
         assert_eq!(n.pod_policer, Some(PodPolicer { pps: 20_000, bps: 0, burst_packets: 0, burst_bytes: 30_000 }));
         let n = network(json!({"kind": "vlan", "sriovPool": "fast"})).network_spec().unwrap();
         assert_eq!(n.sriov_pool.as_deref(), Some("fast"));
+        let n = network(json!({"kind": "vlan", "nodeGateway": true, "masquerade": true})).network_spec().unwrap();
+        assert!(n.node_gateway && n.masquerade);
     }
 
     #[test]
