@@ -12,6 +12,7 @@ const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
 const RTM_NEWROUTE: u16 = 24;
 const NLM_F_EXCL: u16 = 0x200;
@@ -199,15 +200,24 @@ pub fn change(name: &str, c: &LinkChange) -> io::Result<()> {
 
 /// Adds `ip/prefix` to link `name`.
 pub fn add_address(name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
+    address_request(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, name, ip, prefix).map_err(|e| named(e, format!("adding {ip}/{prefix} to {name}")))
+}
+
+/// Removes `ip/prefix` from link `name`.
+pub fn delete_address(name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
+    address_request(RTM_DELADDR, NLM_F_ACK, name, ip, prefix).map_err(|e| named(e, format!("removing {ip}/{prefix} from {name}")))
+}
+
+fn address_request(kind: u16, flags: u16, name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
     let index = index_of(name)?;
     let mut s = Socket::open(NETLINK_ROUTE)?;
     let mut hdr = [0u8; 8];
     hdr[0] = family(&ip);
     hdr[1] = prefix;
     hdr[4..8].copy_from_slice(&(index as u32).to_ne_bytes());
-    let mut m = Msg::new(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, &hdr);
+    let mut m = Msg::new(kind, flags, &hdr);
     m.attr(IFA_LOCAL, &octets(&ip)).attr(IFA_ADDRESS, &octets(&ip));
-    s.request(&mut m).map(drop).map_err(|e| named(e, format!("adding {ip}/{prefix} to {name}")))
+    s.request(&mut m).map(drop)
 }
 
 /// The addresses of link `name` with their prefixes.

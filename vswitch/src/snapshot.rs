@@ -541,9 +541,10 @@ impl Snapshot {
         };
         // The largest frame: the MTU, an Ethernet header and, on trunks, a tag.
         let max_frame = p.mtu as u32 + 18;
-        // The port's own policer, else its access bridge's per-pod one.
+        // The port's own policer, else its access bridge's per-pod one (not on the bridge's
+        // gateway port: that carries every pod's traffic from the node).
         let pod_policer = || match &p.mode {
-            PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge).and_then(|b| b.pod_policer.as_ref()),
+            PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge && b.gateway.as_ref().is_none_or(|g| g.port != p.name)).and_then(|b| b.pod_policer.as_ref()),
             _ => None,
         };
         let limits = match (&p.policer, pod_policer()) {

@@ -121,8 +121,20 @@ fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
             link::add_address(&p.ifname, *ip, *prefix)?;
         }
     }
+    // An address the port no longer has (the manager gave it another) would make the node
+    // take a pod's traffic as its own once the address is a pod's.
+    for (ip, prefix) in have.iter().filter(|a| !p.addresses.contains(a) && !is_link_local(a.0)) {
+        link::delete_address(&p.ifname, *ip, *prefix)?;
+    }
     forwarding_on(p)?;
     nat(p, masquerade)
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+    }
 }
 
 /// The host routes between its port and the rest (a node running pods has it on already).
@@ -158,6 +170,12 @@ fn nat_rules(p: &Plan, masquerade: bool) -> String {
         // Never between two networks, either way.
         format!("iifname \"{i}\" oifgroup {GROUP} oifname != \"{i}\" drop"),
         format!("oifname \"{i}\" iifgroup {GROUP} iifname != \"{i}\" drop"),
+        // Into the network, only what kube-proxy translated (Services, NodePorts) and the
+        // replies to the network's own traffic: no pod of another network or CNI on the
+        // node, and nothing the node's other links route here, opens a connection to its
+        // pods. The node itself (kubelet probes, host-network pods) sends from its own
+        // stack, not through forwarding.
+        format!("oifname \"{i}\" ct state new ct status & dnat == 0 drop"),
     ];
     let mut postrouting = vec![format!("oifname \"{i}\" ct status dnat masquerade")];
     for (family, v4) in [("ip", true), ("ip6", false)] {
@@ -237,6 +255,7 @@ mod tests {
         assert!(r.contains("oifname \"knitter0\" ct status dnat masquerade"), "{r}");
         assert!(r.contains("iifname \"knitter0\" oifgroup 27502 oifname != \"knitter0\" drop"), "no routing into another network: {r}");
         assert!(r.contains("ip saddr != { 10.1.0.0/24 } drop"), "no other network's sources: {r}");
+        assert!(r.contains("oifname \"knitter0\" ct state new ct status & dnat == 0 drop"), "only translated connections into the network: {r}");
         assert!(r.contains("ip saddr { 10.1.0.0/24 } masquerade"), "{r}");
         assert!(r.contains("ip6 saddr { fd00:1::/64 } masquerade"), "{r}");
         assert!(!nat_rules(&p, false).lines().any(|l| l.contains("saddr {") && l.ends_with("masquerade")), "no masquerade asked for");

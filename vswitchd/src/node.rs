@@ -45,6 +45,8 @@ pub struct ApplyReport {
     pub removed: Vec<String>,
     /// What was not applied, with why (the manager's objects a local one shadows).
     pub skipped: Vec<String>,
+    /// Some of what was skipped may go through when tried again (a device that did not open).
+    pub retry: bool,
 }
 
 /// How the node runs.
@@ -546,10 +548,12 @@ impl Node {
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
         let mut candidate = state.clone();
         candidate.bridges.retain(|b| b.owner != Owner::Manager);
+        let mut shadowed = Vec::new();
         for b in bridges {
             match state.bridge(&b.name) {
                 Some(o) if o.owner != Owner::Manager => {
                     report.skipped.push(format!("bridge {} (a {} bridge of that name exists)", b.name, o.owner));
+                    shadowed.push(b.name);
                     continue;
                 }
                 Some(o) if o.item != b => report.changed.push(format!("bridge {}", b.name)),
@@ -563,6 +567,10 @@ impl Node {
         let (mut new_ports, mut gone_ports, mut reopened) = (Vec::new(), Vec::new(), Vec::new());
         for p in ports {
             let name = p.config.name.clone();
+            if matches!(&p.config.mode, PortMode::Access { bridge } if shadowed.contains(bridge)) {
+                report.skipped.push(format!("port {name} (its bridge is a local one)"));
+                continue;
+            }
             match state.port(&name) {
                 Some(o) if o.owner != Owner::Manager => {
                     report.skipped.push(format!("port {name} (a {} port of that name exists)", o.owner));
@@ -618,10 +626,16 @@ impl Node {
                 Ok(()) => opened.push(name),
                 Err(e) => {
                     report.skipped.push(format!("port {name}: {e}"));
+                    report.retry = true;
                     candidate.ports.retain(|p| p.item.config.name != name);
-                    drop_gateway_of(&mut candidate, &name);
+                    inner.failed.remove(&name);
                 }
             }
+        }
+        // A gateway goes with its port (one left out above, or one kept bridge's port gone).
+        let portless: Vec<String> = candidate.bridges.iter().filter_map(|b| b.item.gateway.as_ref().map(|g| g.port.clone())).filter(|g| candidate.port(g).is_none()).collect();
+        for port in &portless {
+            drop_gateway_of(&mut candidate, port);
         }
         let mut replaced = Vec::new();
         for name in reopened {
@@ -630,11 +644,18 @@ impl Node {
                 Err(e) => {
                     // The running device stays, as it was.
                     report.skipped.push(format!("port {name}: {e}"));
+                    report.retry = true;
                     if let (Some(c), Some(old)) = (candidate.ports.iter_mut().find(|p| p.item.config.name == name), state.port(&name)) {
                         *c = old.clone();
                     }
                 }
             }
+        }
+        // What failed to open again leaves the state as it was: no new generation.
+        if candidate == state && opened.is_empty() && replaced.is_empty() {
+            report.added.clear();
+            report.changed.clear();
+            return Ok(report);
         }
         let r = self.commit(&mut inner, candidate);
         if refused(&r) {

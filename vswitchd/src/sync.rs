@@ -65,10 +65,11 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
     // A desired state some of whose ports did not open (a host port whose interface is
     // taken, say) is applied again every few seconds until they do.
     let mut pending: Option<(u64, Desired)> = None;
+    let mut retry_in = PORT_RETRY;
     loop {
         let retry = async {
             match &pending {
-                Some(_) => tokio::time::sleep(PORT_RETRY).await,
+                Some(_) => tokio::time::sleep(retry_in).await,
                 None => std::future::pending().await,
             }
         };
@@ -84,7 +85,10 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
                 }
             }
             () = retry => match pending.take() {
-                Some(p) => p,
+                Some(p) => {
+                    retry_in = (retry_in * 2).min(MAX_PORT_RETRY);
+                    p
+                }
                 None => continue,
             },
         };
@@ -94,8 +98,10 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
         match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers, ports)).await? {
             Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => {}
             Ok(r) => {
-                if r.skipped.iter().any(|s| s.starts_with("port ")) {
+                if r.retry {
                     pending = Some((rev, want));
+                } else {
+                    retry_in = PORT_RETRY;
                 }
                 tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state")
             }
@@ -106,8 +112,10 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
     Ok(())
 }
 
-/// How often a desired state whose ports did not all open is applied again.
+/// How soon a desired state whose ports did not all open is applied again (doubling up to
+/// [`MAX_PORT_RETRY`] while they still do not).
 const PORT_RETRY: Duration = Duration::from_secs(5);
+const MAX_PORT_RETRY: Duration = Duration::from_secs(80);
 
 /// What a desired state asks of the node: bridge domains, VTEP peers, host ports.
 type Desired = (Vec<BridgeConfig>, Vec<PeerConfig>, Vec<PortSpec>);

@@ -9,6 +9,7 @@
 use super::objects::{Port, PortSpec, port_key};
 use super::{Manager, Result};
 use crate::network::Network;
+use crate::store::Op;
 use knitter_api::names::{HOST_PORT_PREFIX, host_port};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,12 +20,20 @@ pub fn host_port_node(port: &Port) -> Option<&str> {
 }
 
 impl Manager {
-    /// Gives `node` its host port on `net` unless it has one; failures are logged (the next
-    /// port created there, or the sweep, tries again).
-    pub(super) fn ensure_host_port(&self, net: &Network, node: &str) {
+    /// Gives `node` its host port on `net` unless it has one; whether it has one now.
+    /// Failures are logged (the next port created there, or the sweep, tries again). An
+    /// existing record is written again as it is: a sweep that found the node without ports
+    /// a moment ago then fails to remove it (its delete compares the record's version).
+    pub(super) fn ensure_host_port(&self, net: &Network, node: &str) -> bool {
         let (container, interface) = host_port(&net.spec.name, node);
-        if matches!(self.load::<Port>(&port_key(&container, &interface)), Ok(Some((p, _))) if p.is_complete()) {
-            return;
+        let key = port_key(&container, &interface);
+        if let Ok(Some((p, v))) = self.load::<Port>(&key)
+            && p.is_complete()
+        {
+            if let Ok(text) = serde_json::to_string(&p) {
+                let _ = self.store.commit(&[Op::replace(&key, Some(v), text)]);
+            }
+            return true;
         }
         let spec = PortSpec {
             network: net.spec.name.clone(),
@@ -39,28 +48,35 @@ impl Manager {
             device_info: None,
         };
         match self.create_port_in(net, spec) {
-            Ok((p, true)) => tracing::info!(network = %net.spec.name, node, ifname = %p.spec.interface, addresses = ?p.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "host port made"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(network = %net.spec.name, node, error = %e, "no host port yet: the node's pods on the network reach neither their node nor beyond it"),
+            Ok((p, new)) => {
+                if new {
+                    tracing::info!(network = %net.spec.name, node, ifname = %p.spec.interface, addresses = ?p.addresses.iter().map(|a| a.address).collect::<Vec<_>>(), "host port made");
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(network = %net.spec.name, node, error = %e, "no host port yet: the node's pods on the network reach neither their node nor beyond it");
+                false
+            }
         }
     }
 
     /// Makes the host ports that are missing and removes those no port needs: (made,
-    /// removed). A host port goes only when two reads in a row find no port needing it, so
-    /// a port created while the sweep reads keeps its node's host port (one created between
-    /// the second read and the removal gets it back from its create, or from the next sweep).
+    /// removed). A host port goes only when two reads in a row find no port needing it and
+    /// its record is as the sweep read it: a port created meanwhile keeps its node's host
+    /// port ([`Manager::ensure_host_port`] writes the record again).
     pub fn sweep_host_ports(&self) -> Result<(usize, usize)> {
         let networks: BTreeMap<String, Network> = self.networks()?.into_iter().filter(|n| n.spec.node_gateway).map(|n| (n.spec.name.clone(), n)).collect();
         let ports: Vec<(Port, u64)> = self.load_all("ports/")?;
         let (needed, held) = needs(&ports, &networks);
         let mut made = 0;
         for (network, node) in &needed {
-            if !held.iter().any(|(h, _)| h.spec.network == *network && h.spec.node == *node && h.is_complete()) {
-                self.ensure_host_port(&networks[network], node);
+            if !held.iter().any(|(h, _)| h.spec.network == *network && h.spec.node == *node && h.is_complete()) && self.ensure_host_port(&networks[network], node) {
                 made += 1;
             }
         }
-        let unneeded: Vec<(&Port, u64)> = held.into_iter().filter(|(h, _)| !needed.contains(&(h.spec.network.clone(), h.spec.node.clone()))).collect();
+        // Records of creates in progress are left to their create (or the placeholder sweep).
+        let unneeded: Vec<(&Port, u64)> = held.into_iter().filter(|(h, _)| h.is_complete() && !needed.contains(&(h.spec.network.clone(), h.spec.node.clone()))).collect();
         if unneeded.is_empty() {
             return Ok((made, 0));
         }

@@ -91,14 +91,20 @@ impl Manager {
             let made_by = self.check_deleted_by(&key, "network", name, by)?;
             // Creates in progress count: their records would outlive the network.
             let mut ports: Vec<(Port, u64)> = self.load_all::<Port>("ports/")?.into_iter().filter(|(p, _)| p.spec.network == name).collect();
-            // The nodes' host ports go with the network once no other port is left.
+            // The nodes' host ports go with the network once no other port is left (a host
+            // port being made is left to finish: the network waits for it).
             if ports.iter().all(|(p, _)| super::host_port_node(p).is_some()) {
-                for (p, v) in ports.drain(..) {
-                    self.remove_port(&super::objects::port_key(&p.spec.container, &p.spec.interface), &p, v)?;
+                for (p, v) in ports.iter().filter(|(p, _)| p.is_complete()) {
+                    self.remove_port(&super::objects::port_key(&p.spec.container, &p.spec.interface), p, *v)?;
                 }
+                ports.retain(|(p, _)| !p.is_complete());
+            }
+            let pods: Vec<&Port> = ports.iter().map(|(p, _)| p).filter(|p| super::host_port_node(p).is_none()).collect();
+            if let Some(p) = pods.first() {
+                return Err(ManagerError::InUse(format!("network {name:?} still has {} ports (first: {}/{} of pod {:?})", pods.len(), p.spec.container, p.spec.interface, p.spec.pod)));
             }
             if let Some((p, _)) = ports.first() {
-                return Err(ManagerError::InUse(format!("network {name:?} still has {} ports (first: {}/{} of pod {:?})", ports.len(), p.spec.container, p.spec.interface, p.spec.pod)));
+                return Err(ManagerError::Busy(format!("network {name:?}: node {}'s host port is being made; try again", p.spec.node)));
             }
             let groups = self.list_groups(name)?;
             if !groups.is_empty() {

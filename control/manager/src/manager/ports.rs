@@ -22,7 +22,7 @@ impl Manager {
         let (net, _) = self.network(&spec.network)?;
         let (port, new) = self.create_port_in(&net, spec)?;
         if net.spec.node_gateway && !port.spec.node.is_empty() {
-            self.ensure_host_port(&net, &port.spec.node);
+            let _ = self.ensure_host_port(&net, &port.spec.node);
         }
         Ok((port, new))
     }
