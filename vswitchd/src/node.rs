@@ -521,17 +521,11 @@ impl Node {
                 return Err(e);
             }
         };
-        let r = self.commit(&mut inner, candidate);
-        if refused(&r) {
-            self.restore(&mut inner, replaced);
-            self.close_ports(&mut inner, &new_ports, None);
-            return r.map(|_| report);
+        let r = self.commit_ports(&mut inner, candidate, &new_ports, replaced, &gone_ports);
+        if !refused(&r) {
+            report.generation = self.switch.generation();
+            self.refresh_underlay_filters(&mut inner);
         }
-        let generation = self.switch.generation();
-        report.generation = generation;
-        self.close_ports(&mut inner, &gone_ports, Some(generation));
-        self.retire(&inner, replaced, generation);
-        self.refresh_underlay_filters(&mut inner);
         r.map(|_| report)
     }
 
@@ -657,17 +651,27 @@ impl Node {
             report.changed.clear();
             return Ok(report);
         }
-        let r = self.commit(&mut inner, candidate);
+        let r = self.commit_ports(&mut inner, candidate, &opened, replaced, &gone_ports);
+        if !refused(&r) {
+            report.generation = self.switch.generation();
+        }
+        r.map(|_| report)
+    }
+
+    /// Commits `candidate`, whose new devices (`opened`) and devices opened again (`replaced`:
+    /// the running ones they replace) are open. Refused: everything is put back as it ran.
+    /// Published: the devices of `gone` and those replaced close once PMD threads moved on.
+    fn commit_ports(&self, inner: &mut Inner, candidate: NodeState, opened: &[String], replaced: Vec<(String, OpenPort)>, gone: &[String]) -> Result<u64, NodeError> {
+        let r = self.commit(inner, candidate);
         if refused(&r) {
-            self.restore(&mut inner, replaced);
-            self.close_ports(&mut inner, &opened, None);
-            return r.map(|_| report);
+            self.restore(inner, replaced);
+            self.close_ports(inner, opened, None);
+            return r;
         }
         let generation = self.switch.generation();
-        report.generation = generation;
-        self.close_ports(&mut inner, &gone_ports, Some(generation));
-        self.retire(&inner, replaced, generation);
-        r.map(|_| report)
+        self.close_ports(inner, gone, Some(generation));
+        self.retire(inner, replaced, generation);
+        r
     }
 
     /// Gives every open port the underlay filter its place wants: the VTEP's underlay takes
