@@ -227,9 +227,9 @@ fn a_networks_pod_policer_polices_each_pods_port() {
 }
 
 /// A network with a node gateway through the whole path (manager → sync stream → node →
-/// CNI): the node makes its host port with the address the manager gave it, the node (a
-/// kubelet's probe) reaches the pod, the pod reaches its node and, masqueraded, an "outside"
-/// namespace with no route back to pods; the pod's DEL and the network's delete leave
+/// CNI), dual-stack: the node makes its host port with the addresses the manager gave it,
+/// the node (a kubelet's probe) reaches the pod, the pod reaches its node and, masqueraded,
+/// an "outside" namespace with no route back to pods, over IPv4 and IPv6; the pod's DEL and the network's delete leave
 /// nothing on the node.
 #[test]
 fn a_node_gateway_network_reaches_the_node_and_beyond() {
@@ -243,7 +243,7 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     lab.ctl(&["port", "add", "ul0", "--af-xdp", "ul0", "--underlay"]);
     lab.ctl(&["vtep", "set", "--local", "198.51.100.1", "--underlay", "ul0"]);
     assert!(lab.ctl(&["vtep", "show"]).contains("198.51.100.1"), "ports: {}", lab.ctl(&["port", "list"]));
-    let o = lab.mctl(&["network", "create", "pods", "--kind", "vlan", "--ipv4", "10.64.0.0/24", "--gateway4", "10.64.0.1", "--node-gateway", "--masquerade"]);
+    let o = lab.mctl(&["network", "create", "pods", "--kind", "vlan", "--ipv4", "10.64.0.0/24", "--gateway4", "10.64.0.1", "--ipv6", "fd00:64::/64", "--gateway6", "fd00:64::1", "--node-gateway", "--masquerade"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The outside: a namespace the node reaches on 203.0.113.0/24, with no route to pods.
     let out = netns::Netns::new("out").unwrap();
@@ -251,6 +251,8 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     lab.node.run(&["ip", "addr", "add", "203.0.113.1/24", "dev", "up0"]).unwrap();
     lab.node.run(&["ip", "link", "set", "up0", "up"]).unwrap();
     out.run(&["ip", "addr", "add", "203.0.113.2/24", "dev", "up0p"]).unwrap();
+    lab.node.run(&["ip", "addr", "add", "2001:db8:113::1/64", "dev", "up0", "nodad"]).unwrap();
+    out.run(&["ip", "addr", "add", "2001:db8:113::2/64", "dev", "up0p", "nodad"]).unwrap();
     out.run(&["ip", "link", "set", "up0p", "up"]).unwrap();
 
     let (p, p_path) = pod("gw");
@@ -263,9 +265,12 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     let hosts: serde_json::Value = serde_json::from_str(&hosts).unwrap();
     let host = hosts.as_array().unwrap().iter().find(|p| p["interface"] == kh.as_str()).unwrap_or_else(|| panic!("no host port on the manager: {hosts}"));
     let host_ip = host["addresses"][0]["address"].as_str().unwrap().to_string();
+    let host_ip6 = host["addresses"][1]["address"].as_str().unwrap().to_string();
+    let pod_ip6 = r["ips"][1]["address"].as_str().unwrap_or_default().split('/').next().unwrap_or_default().to_string();
+    assert!(pod_ip6.starts_with("fd00:64::") && host_ip6.starts_with("fd00:64::"), "dual-stack: {r} {host}");
     // The node makes it from its next desired state.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !lab.node.run(&["ip", "-o", "addr", "show", "dev", &kh]).is_ok_and(|a| a.contains(&format!("{host_ip}/24"))) {
+    while !lab.node.run(&["ip", "-o", "addr", "show", "dev", &kh]).is_ok_and(|a| a.contains(&format!("{host_ip}/24")) && a.contains(&format!("{host_ip6}/64"))) {
         assert!(Instant::now() < deadline, "no {kh} with {host_ip} on the node: {}", lab.ctl(&["port", "list"]));
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -280,6 +285,15 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     netns::ping(&p, "203.0.113.2").expect("the pod reaches the outside, masqueraded");
     let seen = out.run(&["ip", "neigh"]).unwrap();
     assert!(!seen.contains("10.64.0."), "the outside saw only the node's address: {seen}");
+    // IPv6 the same way: the switch answers the gateway's neighbour solicitations.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while netns::ping(&lab.node, &pod_ip6).is_err() {
+        assert!(Instant::now() < deadline, "the node does not reach its pod {pod_ip6}");
+    }
+    netns::ping(&p, &host_ip6).expect("the pod reaches its node over IPv6");
+    netns::ping(&p, "2001:db8:113::2").expect("the pod reaches the outside over IPv6, masqueraded");
+    let conns = lab.node.run(&["nft", "list", "table", "inet", &format!("knitter-{kh}")]).unwrap();
+    assert!(conns.contains("ip6 saddr fd00:64::/64 masquerade"), "{conns}");
 
     // DEL: the pod's port goes; the host port goes when the manager's sweep finds the node
     // without pods on the network (here: deleting the network, which sweeps it too).
