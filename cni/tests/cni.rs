@@ -285,6 +285,27 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     netns::ping(&p, "203.0.113.2").expect("the pod reaches the outside, masqueraded");
     let seen = out.run(&["ip", "neigh"]).unwrap();
     assert!(!seen.contains("10.64.0."), "the outside saw only the node's address: {seen}");
+    // A NodePort with externalTrafficPolicy: Local, as kube-proxy writes it: an outside
+    // client reaching the pod through its node keeps its address; a pod reaching a Service
+    // backed by a pod of its network (here itself) is masqueraded (the answer must come back
+    // translated).
+    lab.node.run(&["nft", "add", "table", "ip", "kp"]).unwrap();
+    lab.node.run(&["nft", "add", "chain", "ip", "kp", "pre", "{ type nat hook prerouting priority dstnat; }"]).unwrap();
+    lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "tcp", "dport", "30080", "dnat", "to", &format!("{pod_ip}:8080")]).unwrap();
+    lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "ip", "daddr", "10.96.0.10", "tcp", "dport", "80", "dnat", "to", &format!("{pod_ip}:8080")]).unwrap();
+    let peer_of = |client: &netns::Netns, to: &str, port: &str| {
+        let server = format!("import socket; s = socket.socket(); s.bind(('{pod_ip}', 8080)); s.listen(1); s.settimeout(10); c, a = s.accept(); print(a[0])");
+        let srv = std::thread::scope(|sc| {
+            let h = sc.spawn(|| p.run(&["python3", "-c", &server]));
+            let connect = format!("import socket, time\nfor _ in range(50):\n    try:\n        socket.create_connection(('{to}', {port}), timeout=2).close(); break\n    except OSError: time.sleep(0.1)");
+            client.run(&["python3", "-c", &connect]).unwrap();
+            h.join().unwrap()
+        });
+        srv.unwrap().trim().to_string()
+    };
+    assert_eq!(peer_of(&out, "203.0.113.1", "30080"), "203.0.113.2", "externalTrafficPolicy: Local keeps the client's address");
+    assert_eq!(peer_of(&p, "10.96.0.10", "80"), host_ip, "a pod's own Service: from its node's address");
+
     // IPv6 the same way: the switch answers the gateway's neighbour solicitations.
     let deadline = Instant::now() + Duration::from_secs(10);
     while netns::ping(&lab.node, &pod_ip6).is_err() {

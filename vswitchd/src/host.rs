@@ -177,13 +177,20 @@ fn nat_rules(p: &Plan, masquerade: bool) -> String {
         // stack, not through forwarding.
         format!("oifname \"{i}\" ct state new ct status & dnat == 0 drop"),
     ];
-    let mut postrouting = vec![format!("oifname \"{i}\" ct status dnat masquerade")];
+    let mut postrouting = Vec::new();
     for (family, v4) in [("ip", true), ("ip6", false)] {
         let nets = subnets(v4);
         if nets.is_empty() {
             continue;
         }
         let set = nets.join(", ");
+        // Translated toward the network (a Service): from its own pods (their backend would
+        // answer them directly, switched), or toward a pod on another node (its answer
+        // would leave there untranslated), the connection leaves from the node's address.
+        // An outside client reaching a pod of this node keeps its address
+        // (externalTrafficPolicy: Local): the pod answers through its node's gateway.
+        postrouting.push(format!("oifname \"{i}\" ct status dnat {family} saddr {{ {set} }} masquerade"));
+        postrouting.push(format!("oifname \"{i}\" ct status dnat {family} daddr != @{} masquerade", local_set(v4)));
         // A pod on a port without port security must not send the network's way out
         // another network's addresses.
         forward.push(format!("iifname \"{i}\" {family} saddr != {{ {set} }} drop"));
@@ -195,10 +202,33 @@ fn nat_rules(p: &Plan, masquerade: bool) -> String {
         format!("  chain {name} {{\n    type {hook}; policy accept;\n{}  }}\n", rules.iter().map(|r| format!("    {r}\n")).collect::<String>())
     };
     format!(
-        "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n{}{}}}\n",
+        "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  set {} {{ type ipv4_addr; }}\n  set {} {{ type ipv6_addr; }}\n{}{}}}\n",
+        local_set(true),
+        local_set(false),
         chain("forward", "filter hook forward priority filter", &forward),
         chain("postrouting", "nat hook postrouting priority srcnat", &postrouting)
     )
+}
+
+/// The set of the addresses of the network's pods on this node, per family.
+fn local_set(v4: bool) -> &'static str {
+    if v4 { "local4" } else { "local6" }
+}
+
+/// Makes `addresses` the network's pods on this node in host port `ifname`'s table (those
+/// a translated connection reaches without leaving the node: it keeps its client's address).
+pub fn set_local(ifname: &str, addresses: &[IpAddr]) -> io::Result<()> {
+    let t = table(ifname);
+    let mut script = String::new();
+    for v4 in [true, false] {
+        let set = local_set(v4);
+        script.push_str(&format!("flush set inet {t} {set}\n"));
+        let members: Vec<String> = addresses.iter().filter(|a| a.is_ipv4() == v4).map(IpAddr::to_string).collect();
+        if !members.is_empty() {
+            script.push_str(&format!("add element inet {t} {set} {{ {} }}\n", members.join(", ")));
+        }
+    }
+    nft(&script).map_err(|e| io::Error::new(e.kind(), format!("host port {ifname} local pods: {e}")))
 }
 
 fn nat(p: &Plan, masquerade: bool) -> io::Result<()> {
@@ -252,13 +282,15 @@ mod tests {
         assert_eq!(p.mac, [0x0a, 0x58, 10, 1, 0, 254]);
         let r = nat_rules(&p, true);
         assert!(r.starts_with("add table inet knitter-knitter0\ndelete table inet knitter-knitter0\n"), "{r}");
-        assert!(r.contains("oifname \"knitter0\" ct status dnat masquerade"), "{r}");
+        assert!(r.contains("oifname \"knitter0\" ct status dnat ip saddr { 10.1.0.0/24 } masquerade"), "a Service's hairpin: {r}");
+        assert!(r.contains("oifname \"knitter0\" ct status dnat ip6 daddr != @local6 masquerade"), "a backend on another node: {r}");
+        assert!(r.contains("set local4 { type ipv4_addr; }"), "{r}");
         assert!(r.contains("iifname \"knitter0\" oifgroup 27502 oifname != \"knitter0\" drop"), "no routing into another network: {r}");
         assert!(r.contains("ip saddr != { 10.1.0.0/24 } drop"), "no other network's sources: {r}");
         assert!(r.contains("oifname \"knitter0\" ct state new ct status & dnat == 0 drop"), "only translated connections into the network: {r}");
         assert!(r.contains("ip saddr { 10.1.0.0/24 } masquerade"), "{r}");
         assert!(r.contains("ip6 saddr { fd00:1::/64 } masquerade"), "{r}");
-        assert!(!nat_rules(&p, false).lines().any(|l| l.contains("saddr {") && l.ends_with("masquerade")), "no masquerade asked for");
+        assert!(!nat_rules(&p, false).lines().any(|l| l.contains("saddr {") && !l.contains("ct status dnat") && l.ends_with("masquerade")), "no masquerade asked for");
         assert_eq!(subnet("10.1.2.3".parse().unwrap(), 0), "0.0.0.0/0");
     }
 

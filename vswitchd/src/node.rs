@@ -68,6 +68,8 @@ struct Inner {
     open: BTreeMap<String, OpenPort>,
     /// Ports in the state whose device did not open at start (left out of the switch).
     failed: BTreeMap<String, String>,
+    /// The local pods' addresses each open host port's table has (`host::set_local`).
+    local_pods: BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 pub struct Node {
@@ -100,7 +102,7 @@ impl Node {
         tracing::info!(buffers = opts.buffers, backing = %pool.backing(), "buffer pool ready");
         let switch = Switch::new(pool.clone(), opts.tables);
         tracing::info!(fdb_entries = opts.tables.fdb_entries, emc_entries = opts.tables.emc_entries, "forwarding tables ready");
-        let mut inner = Inner { state: NodeState::default(), open: BTreeMap::new(), failed: BTreeMap::new() };
+        let mut inner = Inner { state: NodeState::default(), open: BTreeMap::new(), failed: BTreeMap::new(), local_pods: BTreeMap::new() };
         for p in &state.ports {
             let name = &p.item.config.name;
             match Self::open_device(&pool, &state, &p.item) {
@@ -117,6 +119,7 @@ impl Node {
         let cfg = state.switch_config(|n| inner.open.contains_key(n));
         switch.apply(cfg)?;
         inner.state = state;
+        refresh_local_pods(&mut inner);
         let pmd = PmdSet::start(switch.clone(), &opts.pmd)?;
         let events = crate::events::Events::default();
         Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner), manager_refusal: Mutex::new(None) })
@@ -138,6 +141,7 @@ impl Node {
         self.wait_adopted(generation);
         self.events.emit("config_applied", "", format!("generation {generation}"), generation);
         inner.state = candidate;
+        refresh_local_pods(inner);
         if let Some(path) = &self.opts.state_file {
             inner.state.save(path)?;
         }
@@ -316,6 +320,9 @@ impl Node {
                 self.switch.register_port(name, open.port.clone()).map_err(|e| {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
+                if let Some(ifname) = &open.host {
+                    inner.local_pods.remove(ifname);
+                }
                 inner.open.insert(name.clone(), open);
                 inner.failed.remove(name);
                 Ok(())
@@ -352,6 +359,9 @@ impl Node {
             };
             match opened {
                 Ok(open) => {
+                    if let Some(ifname) = &open.host {
+                        inner.local_pods.remove(ifname);
+                    }
                     let _ = self.switch.replace_port(name, open.port.clone());
                     if let Some(old) = inner.open.insert(name.clone(), open) {
                         replaced.push((name.clone(), old));
@@ -789,6 +799,39 @@ impl Node {
             p.stop();
         }
         self.inner().open.clear();
+    }
+}
+
+/// Gives each open host port's table the addresses of its network's pods on this node (the
+/// port-security addresses of the other access ports of its bridge domain), where they
+/// changed. A failure is logged and tried again at the next change: meanwhile Service
+/// traffic to those pods is masqueraded, which always works (it only hides the client).
+fn refresh_local_pods(inner: &mut Inner) {
+    let Inner { state, open, local_pods, .. } = inner;
+    local_pods.retain(|ifname, _| open.values().any(|o| o.host.as_deref() == Some(ifname)));
+    for p in &state.ports {
+        let (Device::Host { ifname, .. }, PortMode::Access { bridge }) = (&p.item.device, &p.item.config.mode) else { continue };
+        if !open.contains_key(&p.item.config.name) {
+            continue;
+        }
+        let mut pods: Vec<std::net::IpAddr> = state
+            .ports
+            .iter()
+            .filter(|o| o.item.config.name != p.item.config.name && matches!(&o.item.config.mode, PortMode::Access { bridge: b } if b == bridge))
+            .filter_map(|o| o.item.config.security.as_ref().filter(|s| s.enabled))
+            .flat_map(|s| s.ips.iter().copied())
+            .collect();
+        pods.sort();
+        pods.dedup();
+        if local_pods.get(ifname) == Some(&pods) {
+            continue;
+        }
+        match crate::host::set_local(ifname, &pods) {
+            Ok(()) => {
+                local_pods.insert(ifname.clone(), pods);
+            }
+            Err(e) => tracing::warn!(port = %p.item.config.name, error = %e, "host port: local pods not updated (Services to them hide their clients' addresses until the next change)"),
+        }
     }
 }
 
