@@ -3,17 +3,18 @@
 # (idle policy adaptive), joined by a VXLAN underlay and an 802.1Q trunk, and
 # knitter-manager (embedded store) on node1. Pods are namespaces with veth interfaces on a
 # VXLAN plane ("red", VNI 5001: defined on the manager, which gives the pods their
-# addresses and MACs and pushes the plane to the nodes) and a VLAN plane ("blue", VLAN 200:
-# configured on the nodes by hand, each node its pods' gateway through a host port: probes
-# from the node, a Service, the way out); with dpdk-testpmd installed, a VNF on a
-# vhost-user port answers too. Everything is configured with knitterctl, checked, shown and torn down (also
+# addresses and MACs and pushes the plane to the nodes; a pod network: each node its pods'
+# gateway through a host port the manager gives it, so probes from the node, a Service with
+# a backend on each node and the way out work) and a VLAN plane ("blue", VLAN 200:
+# configured on the nodes by hand); with dpdk-testpmd installed, a VNF on a vhost-user port
+# answers too. Everything is configured with knitterctl, checked, shown and torn down (also
 # on Ctrl-C). No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${KNITTER_BIN:-target/release}
 RUN=/run/knitter-demo
 N1=kdemo-node1 N2=kdemo-node2
-PODS="kdemo-a kdemo-b kdemo-c kdemo-d"
+PODS="kdemo-a kdemo-b kdemo-c kdemo-d kdemo-e"
 PASS=0 FAIL=0
 TESTPMD_PID=""
 
@@ -110,9 +111,10 @@ for i in 1 2; do
   echo "  node$i: bridge blue (VLAN 200), VTEP 198.51.100.$me on ul0 (peers: from the manager), trunk0"
 done
 
-step 4/9 "the manager: the red plane, and the red pods' ports (addresses and MACs)"
-mctl network create red --kind vxlan --segment 5001 --plane media --ipv4 10.0.0.0/24 | sed 's/^/  /'
-for p in a:node1 c:node2; do
+step 4/9 "the manager: the red plane (a pod network: the nodes its gateway), the red pods' ports"
+mctl network create red --kind vxlan --segment 5001 --plane media --ipv4 10.0.0.0/24 --gateway4 10.0.0.1 \
+  --node-gateway --masquerade | sed 's/^/  /'
+for p in a:node1 c:node2 e:node1; do
   mctl port create --network red --container "kdemo-${p%%:*}" --interface eth0 --pod "demo/${p%%:*}" --node "${p#*:}" >/dev/null || exit 1
 done
 mctl port list --network red | sed 's/^/  /'
@@ -130,7 +132,7 @@ pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
   in_ns "kdemo-$node" ip link set "pod-$port" up
   [ -n "${6:-}" ] && in_ns "$name" ip link set eth0 address "$6"
   in_ns "$name" ip addr add "$ip/24" dev eth0; in_ns "$name" ip link set eth0 mtu "$mtu" up
-  [ "$bridge" = blue ] && in_ns "$name" ip route add default via 10.0.0.1   # its node (step 7)
+  [ "$bridge" = red ] && in_ns "$name" ip route add default via 10.0.0.1   # its node (step 7)
   # As the CNI does: no offloads, so frames leave the pod whole and checksummed.
   in_ns "$name" ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1
   local mac; mac=$(in_ns "$name" cat /sys/class/net/eth0/address)
@@ -140,12 +142,13 @@ pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
 }
 # Red pods take what the manager gave them (the network's MTU is the underlay's minus the
 # 50 bytes of VXLAN); blue pods are set by hand.
-IP_A=$(mport kdemo-a ip) IP_C=$(mport kdemo-c ip)
+IP_A=$(mport kdemo-a ip) IP_C=$(mport kdemo-c ip) IP_E=$(mport kdemo-e ip)
 export IP_A
 pod kdemo-a node1 red "$IP_A" 1450 "$(mport kdemo-a mac)"
 pod kdemo-b node1 blue 10.0.0.103 1500
 pod kdemo-c node2 red "$IP_C" 1450 "$(mport kdemo-c mac)"
 pod kdemo-d node2 blue 10.0.0.104 1500
+pod kdemo-e node1 red "$IP_E" 1450 "$(mport kdemo-e mac)"
 step 6/9 "checks"
 from_manager() { for i in 1 2; do ctl node$i bridge list | grep -w red | grep -qw manager || return 1; done; }
 both_alive() { [ "$(mctl node list | grep -cw alive)" = 2 ]; }
@@ -191,29 +194,64 @@ import urllib.request, sys
 body = urllib.request.urlopen("http://127.0.0.1:9477/metrics", timeout=5).read().decode()
 sys.exit(0 if "knitter_port_rx_packets_total{port=\"pod-a\"}" in body else 1)'
 
-step 7/9 "plain pods: each node the blue plane's gateway through its host port"
-# The node's own interface into the plane (a veth the daemon makes, with the node's address
-# there and NAT rules), and the switch answering the pods' gateway 10.0.0.1 with one MAC
-# on both nodes: what a cluster's pod network needs (docs/pod-network.md).
+step 7/9 "a pod network: each node the red plane's gateway through the host port the manager gave it"
+# The manager gave each node with red pods a host port (an address from red's pool) and
+# sends it with red's gateway in the node's state; the node made the interface (kh…, with
+# that address and NAT rules) and answers the pods' gateway 10.0.0.1 with one MAC on both
+# nodes: what a cluster's pod network needs (docs/pod-network.md).
+# A node's host port on red: hostport NODE ip|interface
+hostport() { mctl -o json port list --network red --node "$1" | python3 -c "
+import json, sys
+p = next(p for p in json.load(sys.stdin) if p['container'].startswith('knitter-host.'))
+print(p['addresses'][0]['address'] if sys.argv[1] == 'ip' else p['interface'])" "$2"; }
 for i in 1 2; do
-  ctl node$i port add knitter0 --host knitter0 --address 10.0.0.20$i/24 --access blue >/dev/null &&
-    ctl node$i bridge add blue --vlan 200 --gateway 10.0.0.1 --gateway-port knitter0 --replace >/dev/null || exit 1
-  echo "  node$i: host port knitter0 10.0.0.20$i/24 on blue, gateway 10.0.0.1"
+  KH=$(hostport node$i interface) HIP=$(hostport node$i ip)
+  for _ in $(seq 100); do in_ns kdemo-node$i ip -o addr show dev "$KH" 2>/dev/null | grep -q "$HIP/" && break; sleep 0.1; done
+  echo "  node$i: host port $KH $HIP/24 on red (from the manager), gateway 10.0.0.1"
 done
-# A ClusterIP Service as kube-proxy writes it on node1 (nftables mode, reduced to its DNAT):
-# 10.96.0.10:5202 → pod d on node2.
-in_ns $N1 nft -f - <<'NFT'
+HOST1=$(hostport node1 ip)
+# A ClusterIP Service as kube-proxy's nftables mode writes it on node1 (its chains, reduced):
+# 10.96.0.10:5202 → pod a (node1) or pod c (node2), one of the two at random.
+in_ns $N1 nft -f - <<NFT
 table ip kdemo_proxy {
-  chain services { type nat hook prerouting priority dstnat; ip daddr 10.96.0.10 tcp dport 5202 dnat to 10.0.0.104; }
+  chain endpoint-a { ip protocol tcp dnat to $IP_A:5202; }
+  chain endpoint-c { ip protocol tcp dnat to $IP_C:5202; }
+  chain service-demo { numgen random mod 2 vmap { 0 : goto endpoint-a, 1 : goto endpoint-c }; }
+  chain services { type nat hook prerouting priority dstnat; ip daddr 10.96.0.10 tcp dport 5202 goto service-demo; }
 }
 NFT
-echo "  node1: a Service 10.96.0.10:5202 → pod d (10.0.0.104, node2), as kube-proxy would write it"
-check "node1 probes its pod b from its own address, as a kubelet does" in_ns $N1 ping -c 3 -i 0.2 -W 2 10.0.0.103
-check "pod b reaches its node's address in the plane" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.201
-check "pod b reaches beyond the plane through node1, masqueraded (node2's underlay address)" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 198.51.100.2
-check "a Service: pod b → 10.96.0.10:5202 → pod d on node2, replies back through node1 (4 MiB TCP)" \
-  tcp_ok kdemo-d 10.0.0.104 kdemo-b 10.96.0.10 5202
-check "pods still talk to each other directly: pod b pings pod d" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.104
+echo "  node1: a Service 10.96.0.10:5202 → pod a (node1) or pod c (node2), as kube-proxy would write it"
+# both_backends: pod e connects to the Service until pod a and pod c have each answered.
+both_backends() {
+  python3 - "$IP_A" "$IP_C" <<'PY'
+import subprocess, sys
+servers = [subprocess.Popen(["ip", "netns", "exec", ns, "timeout", "20", "python3", "-c", f"""
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('{ip}', 5202)); s.listen(8)
+while True:
+    c, _ = s.accept(); c.sendall(b'{ns}'); c.close()
+"""]) for ns, ip in (("kdemo-a", sys.argv[1]), ("kdemo-c", sys.argv[2]))]
+out = subprocess.run(["ip", "netns", "exec", "kdemo-e", "python3", "-c", """
+import socket, time
+seen = set()
+for _ in range(200):
+    try:
+        c = socket.create_connection(('10.96.0.10', 5202), timeout=3); seen.add(c.recv(16).decode()); c.close()
+    except OSError: time.sleep(0.1)
+    if len(seen) == 2: break
+print(' '.join(sorted(seen)))
+"""], capture_output=True, text=True, timeout=60).stdout.split()
+for s in servers: s.kill()
+sys.exit(0 if out == ["kdemo-a", "kdemo-c"] else 1)
+PY
+}
+check "node1 probes its pod a from its own address, as a kubelet does" in_ns $N1 ping -c 3 -i 0.2 -W 2 "$IP_A"
+check "node2 probes its pod c" in_ns $N2 ping -c 3 -i 0.2 -W 2 "$IP_C"
+check "pod a reaches its node's address in the plane" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$HOST1"
+check "pod c reaches beyond the plane through node2, masqueraded (node1's underlay address)" in_ns kdemo-c ping -c 3 -i 0.2 -W 2 198.51.100.1
+check "a Service: pod e → 10.96.0.10:5202 reaches both backends, pod a on node1 and pod c on node2" both_backends
+check "pods still talk to each other directly: pod e pings pod c" in_ns kdemo-e ping -c 3 -i 0.2 -W 2 "$IP_C"
 
 step 8/9 "a DPDK VNF on a vhost-user port; then the manager goes away and comes back"
 if command -v dpdk-testpmd >/dev/null; then
