@@ -17,8 +17,11 @@
 
 use plumbing::link::{self, LinkChange, VethPeer};
 use std::io::{self, Write};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::Duration;
 
 /// The link group of every host end: the rules that keep networks apart match it.
 pub const GROUP: u32 = 0x6b6e;
@@ -116,15 +119,16 @@ fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
     // duplicate address detection holding an IPv6 one back for a second.
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
     let have = link::addresses(&p.ifname)?;
+    // An address the port no longer has (the manager gave it another) would make the node
+    // take a pod's traffic as its own once the address is a pod's. Removed first: the same
+    // address with another prefix is then added anew.
+    for (ip, prefix) in have.iter().filter(|a| !p.addresses.contains(a) && !is_link_local(a.0)) {
+        link::delete_address(&p.ifname, *ip, *prefix)?;
+    }
     for (ip, prefix) in &p.addresses {
         if !have.contains(&(*ip, *prefix)) {
             link::add_address(&p.ifname, *ip, *prefix)?;
         }
-    }
-    // An address the port no longer has (the manager gave it another) would make the node
-    // take a pod's traffic as its own once the address is a pod's.
-    for (ip, prefix) in have.iter().filter(|a| !p.addresses.contains(a) && !is_link_local(a.0)) {
-        link::delete_address(&p.ifname, *ip, *prefix)?;
     }
     forwarding_on(p)?;
     nat(p, masquerade)
@@ -229,6 +233,54 @@ pub fn set_local(ifname: &str, addresses: &[IpAddr]) -> io::Result<()> {
         }
     }
     nft(&script).map_err(|e| io::Error::new(e.kind(), format!("host port {ifname} local pods: {e}")))
+}
+
+/// [`set_local`] on a thread of its own (the node calls it with its state locked, on every
+/// pod's attach and detach: no `nft` run there). The latest set of each host port wins; one
+/// that fails is tried again each second, three times.
+pub fn set_local_later(ifname: &str, addresses: Vec<IpAddr>) {
+    static WORKER: OnceLock<Mutex<mpsc::Sender<LocalPods>>> = OnceLock::new();
+    let tx = WORKER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new().name("knitter-nft".into()).spawn(move || local_pods_worker(&rx));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for host ports' local pods: Services to them hide their clients' addresses");
+        }
+        Mutex::new(tx)
+    });
+    let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send((ifname.into(), addresses));
+}
+
+/// A host port's interface and its network's pods on the node.
+type LocalPods = (String, Vec<IpAddr>);
+
+fn local_pods_worker(rx: &mpsc::Receiver<LocalPods>) {
+    let mut pending: BTreeMap<String, (Vec<IpAddr>, u32)> = BTreeMap::new();
+    loop {
+        let next = if pending.is_empty() {
+            rx.recv().map(Some).map_err(|_| ())
+        } else {
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(m) => Ok(Some(m)),
+                Err(mpsc::RecvTimeoutError::Timeout) => Ok(None),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+            }
+        };
+        let Ok(next) = next else { return };
+        for (ifname, addresses) in next.into_iter().chain(rx.try_iter()) {
+            pending.insert(ifname, (addresses, 0));
+        }
+        pending.retain(|ifname, (addresses, tries)| match set_local(ifname, addresses) {
+            Ok(()) => false,
+            Err(e) => {
+                *tries += 1;
+                if *tries >= 3 {
+                    tracing::warn!(host_port = %ifname, error = %e, "local pods not updated: Services to them hide their clients' addresses until the next change");
+                }
+                *tries < 3
+            }
+        });
+    }
 }
 
 fn nat(p: &Plan, masquerade: bool) -> io::Result<()> {

@@ -316,13 +316,11 @@ impl Node {
     fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
         for (i, name) in names.iter().enumerate() {
             let Some(p) = candidate.port(name) else { continue };
+            forget_local_pods(inner, &p.item);
             let opened = Self::check_not_held(candidate, &p.item).and_then(|()| Self::check_host(candidate, &p.item)).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
                 self.switch.register_port(name, open.port.clone()).map_err(|e| {
                     NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
                 })?;
-                if let Some(ifname) = &open.host {
-                    inner.local_pods.remove(ifname);
-                }
                 inner.open.insert(name.clone(), open);
                 inner.failed.remove(name);
                 Ok(())
@@ -349,7 +347,9 @@ impl Node {
     fn reopen_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<Vec<(String, OpenPort)>, NodeError> {
         let mut replaced = Vec::new();
         for name in names {
-            let (Some(p), Some(running)) = (candidate.port(name), inner.open.get(name)) else { continue };
+            let Some(p) = candidate.port(name) else { continue };
+            forget_local_pods(inner, &p.item);
+            let Some(running) = inner.open.get(name) else { continue };
             let opened = match running.hides_vlan_tags() {
                 // AF_XDP's queue is still the running socket's: straight to AF_PACKET.
                 Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
@@ -359,9 +359,6 @@ impl Node {
             };
             match opened {
                 Ok(open) => {
-                    if let Some(ifname) = &open.host {
-                        inner.local_pods.remove(ifname);
-                    }
                     let _ = self.switch.replace_port(name, open.port.clone());
                     if let Some(old) = inner.open.insert(name.clone(), open) {
                         replaced.push((name.clone(), old));
@@ -384,6 +381,8 @@ impl Node {
             let _ = self.switch.replace_port(&name, old.port.clone());
             inner.open.insert(name, old);
         }
+        // A host device opened again and put back had its table remade.
+        refresh_local_pods(inner);
     }
 
     /// Closes devices [`Node::reopen_ports`] replaced, once PMD threads run `generation`
@@ -659,6 +658,7 @@ impl Node {
         if candidate == state && opened.is_empty() && replaced.is_empty() {
             report.added.clear();
             report.changed.clear();
+            refresh_local_pods(&mut inner);
             return Ok(report);
         }
         let r = self.commit_ports(&mut inner, candidate, &opened, replaced, &gone_ports);
@@ -804,7 +804,7 @@ impl Node {
 
 /// Gives each open host port's table the addresses of its network's pods on this node (the
 /// port-security addresses of the other access ports of its bridge domain), where they
-/// changed. A failure is logged and tried again at the next change: meanwhile Service
+/// changed (on a thread of its own: `host::set_local_later`). Until they are there, Service
 /// traffic to those pods is masqueraded, which always works (it only hides the client).
 fn refresh_local_pods(inner: &mut Inner) {
     let Inner { state, open, local_pods, .. } = inner;
@@ -826,12 +826,16 @@ fn refresh_local_pods(inner: &mut Inner) {
         if local_pods.get(ifname) == Some(&pods) {
             continue;
         }
-        match crate::host::set_local(ifname, &pods) {
-            Ok(()) => {
-                local_pods.insert(ifname.clone(), pods);
-            }
-            Err(e) => tracing::warn!(port = %p.item.config.name, error = %e, "host port: local pods not updated (Services to them hide their clients' addresses until the next change)"),
-        }
+        crate::host::set_local_later(ifname, pods.clone());
+        local_pods.insert(ifname.clone(), pods);
+    }
+}
+
+/// Forgets what the table of `spec`'s host device held: opening it (even when that fails
+/// later) makes the table anew, empty.
+fn forget_local_pods(inner: &mut Inner, spec: &PortSpec) {
+    if let Device::Host { ifname, .. } = &spec.device {
+        inner.local_pods.remove(ifname);
     }
 }
 

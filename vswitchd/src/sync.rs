@@ -96,13 +96,13 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
         let (bridges, peers, ports) = want.clone();
         pending = None;
         match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers, ports)).await? {
-            Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => {}
+            Ok(r) if r.retry => {
+                pending = Some((rev, want));
+                tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, retry_in = ?retry_in, "converged to the manager's state, some of it not yet")
+            }
+            Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => retry_in = PORT_RETRY,
             Ok(r) => {
-                if r.retry {
-                    pending = Some((rev, want));
-                } else {
-                    retry_in = PORT_RETRY;
-                }
+                retry_in = PORT_RETRY;
                 tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state")
             }
             Err(e) => tracing::error!(revision = rev, error = %e, "the manager's state was refused; keeping the last one"),

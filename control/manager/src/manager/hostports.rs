@@ -9,7 +9,7 @@
 use super::objects::{Port, PortSpec, port_key};
 use super::{Manager, Result};
 use crate::network::Network;
-use crate::store::Op;
+use crate::store::{Op, OwnerKey};
 use knitter_api::names::{HOST_PORT_PREFIX, host_port};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,12 +29,12 @@ impl Manager {
         let key = port_key(&container, &interface);
         if let Ok(Some((p, v))) = self.load::<Port>(&key)
             && p.is_complete()
+            && let Ok(text) = serde_json::to_string(&p)
+            && matches!(self.store.commit(&[Op::replace(&key, Some(v), text)]), Ok(true))
         {
-            if let Ok(text) = serde_json::to_string(&p) {
-                let _ = self.store.commit(&[Op::replace(&key, Some(v), text)]);
-            }
             return true;
         }
+        // None, or it changed (a sweep removed it meanwhile): made (or finished) anew.
         let spec = PortSpec {
             network: net.spec.name.clone(),
             container,
@@ -87,7 +87,7 @@ impl Manager {
             if needed.contains(&(h.spec.network.clone(), h.spec.node.clone())) {
                 continue;
             }
-            if self.remove_port(&port_key(&h.spec.container, &h.spec.interface), h, v)? {
+            if self.remove_host_port(networks.get(&h.spec.network), h, v)? {
                 tracing::info!(network = %h.spec.network, node = %h.spec.node, "host port removed: no port of its network is left on its node");
                 removed += 1;
             }
@@ -96,9 +96,29 @@ impl Manager {
     }
 }
 
+impl Manager {
+    /// Deletes host port record `port` (at version `v`), then gives back its addresses;
+    /// false when the record changed meanwhile (a create relied on it: nothing is released).
+    /// Unlike a pod's port (released first, so a delete always finds what to release), a
+    /// crash between the two leaves the addresses with the host port's owner, and the
+    /// node's next host port on the network gets them back (claims are per owner).
+    pub(super) fn remove_host_port(&self, net: Option<&Network>, port: &Port, v: u64) -> Result<bool> {
+        if !self.store.commit(&[Op::delete(port_key(&port.spec.container, &port.spec.interface), v)])? {
+            return Ok(false);
+        }
+        if let Some(net) = net {
+            self.release_addresses(net, port, None, &OwnerKey::new(&port.spec.container, &port.spec.interface))?;
+        }
+        Ok(true)
+    }
+}
+
+/// Host port records, with their versions.
+type Held<'p> = Vec<(&'p Port, u64)>;
+
 /// The (network, node) pairs that need a host port (a node with a port of a network with a
 /// node gateway), and the host ports held.
-fn needs<'p>(ports: &'p [(Port, u64)], networks: &BTreeMap<String, Network>) -> (BTreeSet<(String, String)>, Vec<(&'p Port, u64)>) {
+fn needs<'p>(ports: &'p [(Port, u64)], networks: &BTreeMap<String, Network>) -> (BTreeSet<(String, String)>, Held<'p>) {
     let mut needed = BTreeSet::new();
     let mut held = Vec::new();
     for (p, v) in ports {

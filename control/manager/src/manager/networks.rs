@@ -95,9 +95,18 @@ impl Manager {
             // port being made is left to finish: the network waits for it).
             if ports.iter().all(|(p, _)| super::host_port_node(p).is_some()) {
                 for (p, v) in ports.iter().filter(|(p, _)| p.is_complete()) {
-                    self.remove_port(&super::objects::port_key(&p.spec.container, &p.spec.interface), p, *v)?;
+                    self.remove_host_port(Some(&net), p, *v)?;
                 }
                 ports.retain(|(p, _)| !p.is_complete());
+                // What a crash between a host port's delete and its release left.
+                for a in net.families() {
+                    let sp = space(name, a.subnet().is_ipv4());
+                    for (_, owner) in self.store.allocations(&sp)? {
+                        if owner.container.starts_with(knitter_api::names::HOST_PORT_PREFIX) && ports.is_empty() {
+                            self.store.release(&sp, &owner)?;
+                        }
+                    }
+                }
             }
             let pods: Vec<&Port> = ports.iter().map(|(p, _)| p).filter(|p| super::host_port_node(p).is_none()).collect();
             if let Some(p) = pods.first() {

@@ -44,7 +44,7 @@ impl Manager {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
                 return Err(ManagerError::Invalid(format!("at most one fixed {} address per port", family(ip))));
             }
-            Self::addressing_for(&net, ip.is_ipv4())?;
+            Self::addressing_for(net, ip.is_ipv4())?;
         }
         let group = spec.ip_group.as_deref().map(|g| self.get_group(&spec.network, g)).transpose()?;
         let group_v4 = group.as_ref().map(|g| g.members.first().is_none_or(IpAddr::is_ipv4));
@@ -54,7 +54,7 @@ impl Manager {
         let key = port_key(&spec.container, &spec.interface);
         let mut pending = None;
         // One dynamic address: the claim writes the whole port in its transaction.
-        let mut whole = self.single_dynamic(&net, &spec, group.as_ref());
+        let mut whole = self.single_dynamic(net, &spec, group.as_ref());
         for _ in 0..ROUNDS {
             match self.load::<Port>(&key)? {
                 // A create cut off long ago: whatever it asked for, it is nobody's now.
@@ -116,7 +116,7 @@ impl Manager {
         }
         let Some((mut port, v)) = pending else { return Err(ManagerError::Busy(format!("port {key} kept changing"))) };
         let owner = OwnerKey::new(&spec.container, &spec.interface);
-        let claimed = self.claim_addresses(&net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
+        let claimed = self.claim_addresses(net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
             let mac = self.mac_claim(&port.spec, &key)?;
             Ok((addresses, mac))
         });
@@ -130,7 +130,7 @@ impl Manager {
                 mac_claim
             }
             Err(e) => {
-                self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+                self.release_addresses(net, &port, group.as_ref(), &owner)?;
                 let _ = self.store.commit(&[Op::delete(&key, v)])?;
                 return Err(e);
             }
@@ -143,7 +143,7 @@ impl Manager {
             return Ok((port, true));
         }
         if let Err(e) = self.mac_claim(&port.spec, &key) {
-            self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+            self.release_addresses(net, &port, group.as_ref(), &owner)?;
             let _ = self.store.commit(&[Op::delete(&key, v)])?;
             return Err(e);
         }
@@ -152,7 +152,7 @@ impl Manager {
         match self.load::<Port>(&key)? {
             Some((have, _)) if have.addresses == port.addresses => Ok((have, false)),
             _ => {
-                self.release_addresses(&net, &port, group.as_ref(), &owner)?;
+                self.release_addresses(net, &port, group.as_ref(), &owner)?;
                 Err(ManagerError::Conflict(format!("port {key} was deleted while being created")))
             }
         }
