@@ -249,7 +249,29 @@ PY
 check "node1 probes its pod a from its own address, as a kubelet does" in_ns $N1 ping -c 3 -i 0.2 -W 2 "$IP_A"
 check "node2 probes its pod c" in_ns $N2 ping -c 3 -i 0.2 -W 2 "$IP_C"
 check "pod a reaches its node's address in the plane" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$HOST1"
-check "pod c reaches beyond the plane through node2, masqueraded (node1's underlay address)" in_ns kdemo-c ping -c 3 -i 0.2 -W 2 198.51.100.1
+# seen_as SERVER-NS BIND-IP CLIENT-NS EXPECTED: a TCP connection's source, as the server sees it.
+seen_as() {
+  python3 - "$@" <<'PY'
+import subprocess, sys
+server_ns, bind, client_ns, expected = sys.argv[1:5]
+srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "timeout", "20", "python3", "-c", f"""
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('{bind}', 5203)); s.listen(1); c, a = s.accept(); print(a[0])
+"""], stdout=subprocess.PIPE, text=True)
+subprocess.run(["ip", "netns", "exec", client_ns, "python3", "-c", f"""
+import socket, time
+for _ in range(50):
+    try:
+        socket.create_connection(('{bind}', 5203), timeout=3).close(); break
+    except OSError: time.sleep(0.1)
+"""], timeout=30)
+out, _ = srv.communicate(timeout=30)
+sys.exit(0 if out.strip() == expected else 1)
+PY
+}
+check "pod c reaches beyond the plane through node2, masqueraded (node1's underlay address sees node2's)" \
+  seen_as $N1 198.51.100.1 kdemo-c 198.51.100.2
 check "a Service: pod e → 10.96.0.10:5202 reaches both backends, pod a on node1 and pod c on node2" both_backends
 check "pods still talk to each other directly: pod e pings pod c" in_ns kdemo-e ping -c 3 -i 0.2 -W 2 "$IP_C"
 

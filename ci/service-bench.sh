@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Pod → Service → pod beside pod → pod and node → pod on one node (docs/perf.md "Plain pods:
-# Services"): what the host's hop costs a pod network's traffic. Not a CI job: run it by hand
+# Pod → Service → pod beside pod → pod and node → pod on one node (docs/perf.md "Services:
+# the host's hop"): what the host's hop costs a pod network's traffic. Not a CI job: run it by hand
 # on a quiet machine, as root, after `cargo build --release`.
 #   ci/service-bench.sh [seconds]            (default 5 s a measurement)
 # Layout: a node namespace running knitter-vswitchd (one PMD thread on CPU 1) with a bridge
 # domain, a host port (knitter0, 10.1.0.254/24) and the gateway 10.1.0.1; two pods (veth,
-# AF_XDP ports) a = 10.1.0.2 and b = 10.1.0.3; a ClusterIP Service 10.96.0.10:5201 → b as
-# kube-proxy's nftables mode writes it (DNAT in prerouting). Client and server run on CPU 0
+# AF_XDP ports) a = 10.1.0.2 and b = 10.1.0.3; a ClusterIP Service 10.96.0.10:5201 → b,
+# kube-proxy's DNAT in prerouting reduced to one rule. Client and server run on CPU 0
 # (python3: the absolute numbers are the client's as much as the path's; compare the rows).
 # Per path: TCP throughput (one stream, 64 KiB writes) and TCP request/response (1 byte each
 # way, TCP_NODELAY): round trips a second and the median and 99th percentile round trip.
@@ -101,6 +101,6 @@ PY
 }
 echo "| path | TCP Gbit/s | round trips/s | RTT p50 µs | RTT p99 µs |"
 echo "|---|---|---|---|---|"
-bench ksb-a 10.1.0.3 "pod a → pod b (switched)"
-bench ksb-a 10.96.0.10 "pod a → Service → pod b (through the node, DNAT + masquerade)"
-bench ksb-node 10.1.0.3 "node → pod b (a kubelet's probe, a host-network pod)"
+bench ksb-a 10.1.0.3 "pod → pod (switched)"
+bench ksb-a 10.96.0.10 "pod → Service → pod (through the node: DNAT, masquerade)"
+bench ksb-node 10.1.0.3 "node → pod (a kubelet's probe, a host-network pod)"
