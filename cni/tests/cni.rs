@@ -305,6 +305,12 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     };
     assert_eq!(peer_of(&out, "203.0.113.1", "30080"), "203.0.113.2", "externalTrafficPolicy: Local keeps the client's address");
     assert_eq!(peer_of(&p, "10.96.0.10", "80"), host_ip, "a pod's own Service: from its node's address");
+    // DNS through a Service: UDP, translated the same way (here to the pod itself).
+    lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "ip", "daddr", "10.96.0.53", "udp", "dport", "53", "dnat", "to", &format!("{pod_ip}:5353")]).unwrap();
+    let dns = format!(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('{pod_ip}', 5353))\nc = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(3)\nc.sendto(b'query', ('10.96.0.53', 53))\nd, a = s.recvfrom(64); s.sendto(b'answer', a)\nprint(c.recvfrom(64)[0].decode())"
+    );
+    assert_eq!(p.run(&["python3", "-c", &dns]).unwrap().trim(), "answer", "a UDP Service (DNS) answers through the node");
 
     // IPv6 the same way: the switch answers the gateway's neighbour solicitations.
     let deadline = Instant::now() + Duration::from_secs(10);
