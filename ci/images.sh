@@ -33,6 +33,7 @@ run --network none "$NODE" --version
 run --network none --entrypoint /usr/local/bin/knitterctl "$NODE" --version
 run --network none "$MANAGER" --version
 run --network none --entrypoint /usr/sbin/nft "$NODE" --version   # host ports' rules
+run --network none --entrypoint /usr/bin/tcpdump "$NODE" --version   # capture filters
 echo "== knitterctl's completions and man pages are in both images"
 for image in "$NODE" "$MANAGER"; do
   run --network none --entrypoint /bin/sh "$image" -c 'test -s /usr/share/bash-completion/completions/knitterctl && test -s /usr/share/man/man1/knitterctl-port-add.1'

@@ -4,10 +4,11 @@
 set -euo pipefail
 
 # Debian packages: a C toolchain for crates with C parts, and the tools the kernel-port tests
-# (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints, nft for host ports' NAT), DPDK's testpmd (dpdk-dev: the
+# (ip, ping, ethtool, sysctl, python3 for TCP/UDP endpoints, nft for host ports' NAT, tcpdump to compile
+# capture filters and read captures back), DPDK's testpmd (dpdk-dev: the
 # vhost-user interop test's frontend) and the perf scripts use; protoc compiles the gRPC API;
 # libdpdk-dev and libclang-dev build the `dpdk` port kind (knitter-dpdk-sys runs bindgen).
-PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl curl nftables dpdk-dev libdpdk-dev libclang-dev protobuf-compiler"
+PACKAGES="build-essential pkg-config valgrind bc iproute2 iputils-ping ethtool procps python3 openssl curl nftables tcpdump dpdk-dev libdpdk-dev libclang-dev protobuf-compiler"
 # The test suite also boots a Linux guest under QEMU on a vhost-user port (ci/guest.sh
 # builds its kernel and initramfs), starts its own etcd for the manager's store, and builds
 # and runs the container images with podman.

@@ -19,8 +19,9 @@ BASE=${BASE:-localhost/knitter-base:bookworm}
 # ring...), the mempool driver pools are made with, the buses, and the PMDs of the devices
 # users name (Intel NICs and VFs, virtio, and the vdevs: TAP, memif, AF_PACKET, vhost, pcap).
 DPDK_PACKAGES="librte-ethdev23 librte-mempool-ring23 librte-bus-vdev23 librte-bus-pci23 librte-net-iavf23 librte-net-i40e23 librte-net-ice23 librte-net-virtio23 librte-net-tap23 librte-net-memif23 librte-net-af-packet23 librte-net-vhost23 librte-net-pcap23"
-# And nft, which host ports' rules are written with (docs/pod-network.md).
-NODE_PACKAGES="$DPDK_PACKAGES nftables"
+# And nft, which host ports' rules are written with (docs/pod-network.md), and tcpdump, which
+# compiles `knitterctl capture`'s filters and reads its captures (docs/operations.md).
+NODE_PACKAGES="$DPDK_PACKAGES nftables tcpdump"
 NODE_BASE=${NODE_BASE:-$BASE}
 
 if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE"; then
@@ -34,9 +35,9 @@ if [ "$BASE" = localhost/knitter-base:bookworm ] && ! podman image exists "$BASE
   podman import --quiet "$tar" "$BASE" >/dev/null
 fi
 if [ "$NODE_BASE" = localhost/knitter-base:bookworm ]; then
-  NODE_BASE=localhost/knitter-node-base:bookworm-nft
+  NODE_BASE=localhost/knitter-node-base:bookworm-nft-tcpdump
   if ! podman image exists "$NODE_BASE"; then
-    echo "== making $NODE_BASE from Debian packages (mmdebstrap, with DPDK's runtime and nft)"
+    echo "== making $NODE_BASE from Debian packages (mmdebstrap, with DPDK's runtime, nft and tcpdump)"
     ntar=$(mktemp --suffix .tar)
     mmdebstrap --quiet --variant=essential --include="$(echo $NODE_PACKAGES | tr ' ' ,)" \
       --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \

@@ -10,7 +10,9 @@
 //! PMD threads ([`pmd`]) between batches. See `docs/architecture.md`.
 
 pub mod batch;
+pub mod bpf;
 pub mod buf;
+pub mod capture;
 pub mod counters;
 pub mod emc;
 pub mod faults;

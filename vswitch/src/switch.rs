@@ -92,6 +92,7 @@ pub struct Switch {
     threads: Mutex<Vec<Arc<ThreadStats>>>,
     baselines: Mutex<Baselines>,
     tracing: Arc<Tracing>,
+    capture: Arc<crate::capture::Capture>,
     faults: crate::faults::Faults,
 }
 
@@ -114,6 +115,7 @@ impl Switch {
             threads: Mutex::new(Vec::new()),
             baselines: Mutex::new(Baselines::default()),
             tracing: Arc::new(Tracing::default()),
+            capture: Arc::default(),
             faults: Default::default(),
         })
     }
@@ -226,6 +228,11 @@ impl Switch {
                 self.neighbors.reset(id);
             }
         }
+        if let Some(id) = self.capture.running()
+            && old.port(id).map(|p| &p.name) != snap.port(id).map(|p| &p.name)
+        {
+            self.capture.port_removed(id);
+        }
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
         c.ids = ids;
@@ -290,6 +297,7 @@ impl Switch {
         let mut p = Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries);
         p.set_neighbors(self.neighbors.clone());
         p.set_tracing(self.tracing.clone());
+        p.set_capture(self.capture.clone());
         p.set_dispatch(self.opts.dispatch);
         p
     }
@@ -301,6 +309,11 @@ impl Switch {
         let id = self.snapshot().port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
         self.tracing.arm(id, count);
         Ok(())
+    }
+
+    /// The packet capture PMD threads serve ([`crate::capture`]).
+    pub fn capture(&self) -> &crate::capture::Capture {
+        &self.capture
     }
 
     /// The trace request PMD threads serve (what remains of it, traces lost).

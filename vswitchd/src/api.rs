@@ -185,6 +185,12 @@ impl NodeApi for Api {
         crate::trace::trace(self.node.switch.clone(), r.into_inner()).await.map(Response::new)
     }
 
+    type CaptureStream = crate::capture::CaptureStream;
+
+    async fn capture(&self, r: Request<pb::CaptureRequest>) -> Result<Response<Self::CaptureStream>, Status> {
+        crate::capture::capture(self.node.switch.clone(), r.into_inner()).map(Response::new)
+    }
+
     async fn log_filter(&self, r: Request<pb::LogFilterRequest>) -> Result<Response<pb::LogFilterReply>, Status> {
         use knitter_api::logging::{self, FilterError};
         let r = r.into_inner();

@@ -6,6 +6,7 @@
 
 mod api;
 mod attach;
+mod capture;
 mod convert;
 mod credential;
 mod devices;

@@ -930,6 +930,103 @@ async fn a_pods_frames_are_traced_live_and_a_made_up_frame_is_traced_dry() {
     assert!(r.frames.iter().all(|f| f.frame.contains("> 33:33:")), "{r:?}");
 }
 
+/// `knitterctl capture` as an operator runs it on an AF_XDP pod port (whose frames no kernel
+/// tap sees): a pod's pings written as pcapng that `tcpdump -r` reads, sent and received; a
+/// live capture piped into `tcpdump -r -`; a frame the switch dropped says why; one capture
+/// at a time, and the client going ends it; bad filters and ports refused with the reason.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn an_operator_captures_a_pods_frames_for_tcpdump() {
+    use std::io::BufRead;
+    use vswitch::testkit::netns;
+    let Some(_g) = netns::exclusive() else { return };
+    let ctl = Path::new(env!("CARGO_BIN_EXE_knitter-vswitchd")).with_file_name("knitterctl");
+    if !ctl.exists() || !vswitch::testkit::runs("tcpdump") {
+        assert!(std::env::var_os("CI").is_none(), "{} and tcpdump are needed (cargo build --workspace; ci/setup.sh)", ctl.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (sw, pa, _pb) = two_pods();
+    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
+    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    // Started, it says so on standard error (read on to its end by a thread); then the pings go.
+    let started = |child: &mut std::process::Child| {
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        assert!(first.contains("capturing on pa0"), "{first}");
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    };
+    let knitterctl = |args: &[&str]| {
+        let mut cmd = Command::new(&ctl);
+        cmd.arg("--socket").arg(&d.socket).arg("capture").args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd
+    };
+
+    // To a file: three echo requests received, three replies sent.
+    let file = dir.path().join("pa0.pcapng");
+    let mut child = knitterctl(&["pa0", "-c", "6", "-w", file.to_str().unwrap(), "icmp"]).spawn().unwrap();
+    started(&mut child);
+    netns::ping(&pa, "192.0.2.2").unwrap();
+    assert!(child.wait().unwrap().success());
+    let read = Command::new("tcpdump").args(["-n", "-r"]).arg(&file).output().unwrap();
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    assert_eq!(text.matches("192.0.2.1 > 192.0.2.2: ICMP echo request").count(), 3, "{text}");
+    assert_eq!(text.matches("192.0.2.2 > 192.0.2.1: ICMP echo reply").count(), 3, "{text}");
+
+    // Live into tcpdump.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("'{}' --socket '{}' capture pa0 --direction rx -c 2 -w - 'icmp[icmptype] = icmp-echo' | tcpdump -n -r -", ctl.display(), d.socket.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    started(&mut child);
+    netns::ping(&pa, "192.0.2.2").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.matches("ICMP echo request").count(), 2, "{text}");
+    assert!(!text.contains("reply"), "{text}");
+
+    // A tagged frame on an access port is dropped, and its capture says why.
+    let mut child = knitterctl(&["pa0", "-c", "1", "vlan", "10"]).spawn().unwrap();
+    started(&mut child);
+    let tagged_arp = format!("ffffffffffff 020000000001 8100000a 0806 {}", "00".repeat(28));
+    let send = format!("import socket; s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); s.bind(('eth0', 0)); s.send(bytes.fromhex('{tagged_arp}'))");
+    pa.run(&["python3", "-c", &send]).unwrap();
+    let o = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("rx pa0") && text.contains("vlan 10") && text.contains("[dropped: tagged_on_access]"), "{text}");
+
+    // One at a time; a client that goes ends its capture.
+    let mut child = knitterctl(&["pa0"]).spawn().unwrap();
+    started(&mut child);
+    let req = |port: &str, filter: Vec<pb::BpfInstruction>| pb::CaptureRequest { port: port.into(), count: 1, filter, ..Default::default() };
+    refused(c.capture(req("pb0", vec![])).await.map(|_| ()), Code::FailedPrecondition, "a capture of port pa0 is running");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match c.capture(req("pb0", vec![])).await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline && e.code() == Code::FailedPrecondition => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("the capture of a client that went still runs: {e}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await; // the stream above, dropped, ends its capture
+    refused(c.capture(req("nope", vec![])).await.map(|_| ()), Code::NotFound, "nope");
+    let jump_out = pb::BpfInstruction { code: 0x15, jt: 5, jf: 0, k: 0 };
+    refused(c.capture(req("pa0", vec![jump_out])).await.map(|_| ()), Code::InvalidArgument, "jumps past the end");
+    let o = knitterctl(&["pa0", "udp", "port"]).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("syntax error"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// A `dpdk` port through the daemon (DPDK's `net_pcap` vdev as the device: the EAL comes up
 /// at the first dpdk port, with the defaults): its frames are received and forwarded, `port
 /// list` shows the device, the port goes like any other; a device DPDK cannot probe is

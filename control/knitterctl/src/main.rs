@@ -19,6 +19,8 @@ macro_rules! println {
 mod out;
 
 mod bridge;
+mod capture;
+mod pcapng;
 mod fdb;
 mod manager;
 mod node;
@@ -80,6 +82,12 @@ const EXAMPLES: &str = "Examples:
   knitterctl manager network list                       the manager on 127.0.0.1:9481
   knitterctl --manager 10.0.0.5:9481 --token-file token --manager-ca ca.pem manager port list --node n1
   knitterctl -o json manager node list";
+
+const CAPTURE_EXAMPLES: &str = "Examples:
+  knitterctl capture pod-a                                 a line per frame until Ctrl-C
+  knitterctl capture pod-a -c 100 -w pod-a.pcapng udp port 53
+  knitterctl capture uplink --direction rx -w - 'udp[12:4] >> 8 = 5001' | tcpdump -n -r -
+  knitterctl capture pod-a --duration 10 -w /tmp/a.pcapng && tcpdump -n -r /tmp/a.pcapng";
 
 const TRACE_EXAMPLES: &str = "Examples:
   knitterctl trace --port pod-a --count 5
@@ -211,6 +219,12 @@ enum Cmd {
         #[arg(long)]
         synthetic: Option<String>,
     },
+    /// Packet capture (like ovs-tcpdump, VPP's `pcap trace`, dpdk-dumpcap): the frames a port
+    /// receives and sends, vhost-user and AF_XDP ports included, as pcapng (`-w FILE`, or
+    /// `-w -` into `tcpdump -r -`) or a line each; a frame the switch dropped says why. One
+    /// capture at a time on a node.
+    #[command(after_help = CAPTURE_EXAMPLES)]
+    Capture(capture::Args),
     /// The SR-IOV PFs the node gives pods VFs from (`[sriov] pfs`), each VF with its driver,
     /// netdev and the pod interface holding it.
     Vf {
@@ -276,6 +290,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace { port, count, timeout, synthetic } => {
             node::trace(&mut c, out, pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() }).await
         }
+        Cmd::Capture(a) => capture::capture(&mut c, out, a).await,
         Cmd::Events { count } => node::events(&mut c, out, count).await,
         Cmd::Log { cmd } => {
             let filter = match cmd {

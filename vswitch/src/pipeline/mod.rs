@@ -42,6 +42,7 @@
 //! allocates, locks or makes a syscall per packet (ports may make one per burst).
 
 pub(crate) mod cache;
+mod capture;
 pub(crate) mod classify;
 pub(crate) mod decap;
 mod dispatch;
@@ -147,6 +148,8 @@ pub struct Pipeline {
     trace: trace::Traces,
     /// The per-node dispatcher's state.
     nodes: nodes::PerNode,
+    /// The packet capture's taps.
+    taps: capture::Taps,
 }
 
 impl Pipeline {
@@ -167,12 +170,18 @@ impl Pipeline {
             clock: crate::util::monotonic_ns,
             trace: trace::Traces::new(),
             nodes: nodes::PerNode::new(),
+            taps: capture::Taps::new(),
         }
     }
 
     /// Takes trace requests from `t` (the switch's).
     pub fn set_tracing(&mut self, t: Arc<Tracing>) {
         self.trace.requests = t;
+    }
+
+    /// Serves captures of `c` (the switch's).
+    pub fn set_capture(&mut self, c: Arc<crate::capture::Capture>) {
+        self.taps.requests = c;
     }
 
     pub fn stats(&self) -> &Arc<ThreadStats> {
@@ -208,6 +217,9 @@ impl Pipeline {
     pub fn poll(&mut self, snap: &Snapshot, port: u16, queue: u16, batch: &mut Batch) -> usize {
         let Some(pe) = snap.port(port) else { return 0 };
         let n = pe.port.rx_burst(queue, &mut self.cache, batch);
+        if n > 0 && self.taps.requests.rx_armed(port) {
+            self.capture_rx(port, batch);
+        }
         if let Some(bucket) = &pe.policer
             && n > 0
         {
@@ -218,8 +230,14 @@ impl Pipeline {
         {
             self.police_network(pe, bucket, *bd, batch);
         }
+        if self.taps.on && batch.len() < n {
+            self.capture_policed(batch);
+        }
         if !batch.is_empty() {
             self.process(snap, port, batch);
+        }
+        if self.taps.on {
+            self.capture_commit();
         }
         if self.cache.lending() {
             // Every lent packet was sent, freed or linearized by `process`: the guest gets
@@ -236,6 +254,7 @@ impl Pipeline {
     /// descriptors and their memory for packets of the burst still queued elsewhere.
     pub fn recover_from_panic(&mut self, batch: &mut Batch) -> usize {
         self.cache.end_lending();
+        self.taps.reset();
         batch.drain().map(std::mem::forget).count()
     }
 
@@ -263,6 +282,9 @@ impl Pipeline {
 
     #[inline(always)]
     fn drop_counted(&mut self, b: BufId, r: DropReason, port: u16) {
+        if self.taps.on {
+            self.capture_dropped(&b, r, port);
+        }
         self.stats.count_drop(r, port);
         self.cache.free(b);
     }

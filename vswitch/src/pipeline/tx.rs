@@ -3,6 +3,7 @@
 //! (`tx_full`, `port_down`).
 
 use super::Pipeline;
+use super::capture::Taps;
 use crate::batch::Batch;
 use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
@@ -157,7 +158,10 @@ impl FirstQueues {
 /// port that may keep buffers beyond the burst) and counts what went; what the ring did not
 /// take stays in `batch`. `None`: the port is down or gone (nothing sent).
 #[inline(always)]
-pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch) -> Option<usize> {
+/// A captured port's frames are copied as they leave ([`capture`](super::capture)); those
+/// its ring does not take are marked `unsent` (or, `None`, left to be copied when they go).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, taps: &mut Taps, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch, unsent: Option<DropReason>) -> Option<usize> {
     let pe = snap.port(p).filter(|pe| pe.port.link_up())?;
     if cache.lending() && !pe.port.takes_lent() {
         Pipeline::linearize_all(pool, cache, stats, p, batch);
@@ -168,9 +172,13 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     let bytes: usize = batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum();
     let n = batch.len();
     let q = (thread % pe.port.tx_queues().max(1) as usize) as u16;
+    let captured = taps.requests.tx_armed(p) && taps.copy_tx(p, pool, batch, thread);
     crate::faults::entering_tx(p);
     let sent = pe.port.tx_burst(q, cache, batch);
     crate::faults::left_tx();
+    if captured {
+        taps.sent(batch, unsent);
+    }
     let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
     let pc = stats.port(p);
     pc.tx_packets.add(sent as u64);
@@ -304,7 +312,7 @@ impl Pipeline {
         if n == 0 {
             return (0, 0);
         }
-        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
+        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, &mut self.taps, self.thread, snap, p, batch, Some(DropReason::TxFull)) {
             Some(_) => (DropReason::TxFull, batch.len()),
             None => (DropReason::PortDown, batch.len()),
         };
@@ -361,7 +369,7 @@ impl Pipeline {
         let mut total = 0;
         while !q.is_empty() {
             let n = q.front().len();
-            match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, q.front()) {
+            match send_batch(&self.pool, &mut self.cache, &self.stats, &mut self.taps, self.thread, snap, p, q.front(), None) {
                 Some(sent) => {
                     total += sent;
                     if sent < n || !q.advance() {
