@@ -22,19 +22,28 @@ fn main() {
     // cache of N entries (2: every flow of a 1k workload misses, and the cost of a miss
     // shows).
     // `--per-node`: the per-node dispatcher (what fusing saves shows against the default).
+    // `--capture`: a packet capture of every frame the input port receives (what copying
+    // costs the PMD thread; the copies are drained outside the counted burst).
     let mut opts = vswitch::SwitchOptions::default();
+    let mut capture = false;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-cache" => opts.emc_entries = 0,
             "--emc-entries" => opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2),
             "--per-node" => opts.dispatch = vswitch::Dispatch::PerNode,
+            "--capture" => capture = true,
             other => {
-                eprintln!("unknown option {other:?}: --no-cache, --emc-entries N, --per-node");
+                eprintln!("unknown option {other:?}: --no-cache, --emc-entries N, --per-node, --capture");
                 std::process::exit(2);
             }
         }
     }
     let mut b = Bench::with_options(s, opts);
+    let session = capture.then(|| {
+        let r = vswitch::capture::Request { port: b.in_port(), rx: true, tx: false, count: 0, snaplen: 0, filter: None };
+        b.switch.capture().start(r).expect("capture")
+    });
+    let mut captured = 0;
     let mut got = 0;
     let mut out = 0;
     let mut cycles = 0u64;
@@ -49,6 +58,17 @@ fn main() {
         best = best.min(dt);
         got += n;
         out += b.drain();
+        if let Some(c) = &session {
+            while c.next(|_| ()).is_some() {
+                captured += 1;
+            }
+        }
+    }
+    if let Some(c) = &session
+        && (captured != got || c.lost() > 0)
+    {
+        eprintln!("captured {captured} of {got} frames, {} lost", c.lost());
+        std::process::exit(1);
     }
     let st = b.stats();
     let hits = st.event(vswitch::Event::CacheHits) - hits_before;

@@ -90,6 +90,16 @@ impl Slot {
         (self.ts_ns, self.dir, self.thread, self.orig_len, self.reason, self.len) = (ts_ns, dir, thread, orig_len, None, 0);
     }
 
+    /// A frame to `from` leaves addressed to `to` (a gateway's port, see
+    /// `PortEntry::deliver_as`).
+    pub(crate) fn readdress(&mut self, from: crate::wire::MacAddr, to: crate::wire::MacAddr) {
+        if let Some(dst) = self.data[..self.len].get_mut(..6)
+            && *dst == from.0
+        {
+            dst.copy_from_slice(&to.0);
+        }
+    }
+
     /// Appends a piece of the frame, up to the snap length.
     pub(crate) fn append(&mut self, piece: &[u8]) {
         let room = self.data.len() - self.len;

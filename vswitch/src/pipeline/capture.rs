@@ -10,6 +10,7 @@ use crate::buf::{BufId, Pool};
 use crate::capture::{Capture, Direction, Session, Slot, wall_ns};
 
 use crate::counters::DropReason;
+use crate::snapshot::Snapshot;
 use std::sync::Arc;
 
 /// The copies of one burst's frames, each beside the index of the buffer it came from.
@@ -119,8 +120,6 @@ impl Taps {
 
 impl Pipeline {
     /// Copies a received burst of captured port `port`; the copies wait for the burst's end.
-    #[cold]
-    #[inline(never)]
     pub(super) fn capture_rx(&mut self, port: u16, batch: &Batch) {
         let Some(s) = self.taps.requests.session().filter(|s| s.serves(port, false)) else { return };
         self.taps.rx.copy(s, &self.pool, batch, Direction::Rx, self.thread);
@@ -128,8 +127,6 @@ impl Pipeline {
     }
 
     /// The copies of frames a policer took out of `batch` are marked `policed`.
-    #[cold]
-    #[inline(never)]
     pub(super) fn capture_policed(&mut self, batch: &Batch) {
         let st = &mut *self.taps.rx;
         for i in 0..st.n {
@@ -153,8 +150,6 @@ impl Pipeline {
     }
 
     /// The captured burst is done: its copies go to the control side.
-    #[cold]
-    #[inline(never)]
     pub(super) fn capture_commit(&mut self) {
         self.taps.rx.commit();
         self.taps.on = false;
@@ -166,9 +161,16 @@ impl Taps {
     /// [`Taps::sent`] after.
     #[cold]
     #[inline(never)]
-    pub(super) fn copy_tx(&mut self, port: u16, pool: &Pool, batch: &Batch, thread: usize) -> bool {
+    pub(super) fn copy_tx(&mut self, snap: &Snapshot, port: u16, pool: &Pool, batch: &Batch, thread: usize) -> bool {
         let Some(s) = self.requests.session().filter(|s| s.serves(port, true)) else { return false };
         self.tx.copy(s, pool, batch, Direction::Tx, thread);
+        // A gateway's port gets the frames for the gateway addressed to its own MAC (done by
+        // `send_batch`, after this copy): so do their copies.
+        if let Some((gateway, own)) = snap.port(port).and_then(|pe| pe.deliver_as) {
+            for slot in self.tx.slots[..self.tx.n].iter_mut().flatten() {
+                slot.readdress(gateway, own);
+            }
+        }
         true
     }
 

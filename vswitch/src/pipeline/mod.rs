@@ -63,7 +63,7 @@ use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, ThreadStats};
 use crate::fdb::{Fdb, Loc};
 use crate::neigh::Neighbors;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{PortEntry, Snapshot};
 use crate::trace::{Step, Tracing};
 use crate::vtep::DecapCache;
 use std::sync::Arc;
@@ -218,8 +218,29 @@ impl Pipeline {
         let Some(pe) = snap.port(port) else { return 0 };
         let n = pe.port.rx_burst(queue, &mut self.cache, batch);
         if n > 0 && self.taps.requests.rx_armed(port) {
-            self.capture_rx(port, batch);
+            self.forward_captured(snap, pe, queue, batch);
+        } else {
+            self.forward_burst::<false>(snap, pe, queue, batch);
         }
+        n
+    }
+
+    /// [`Pipeline::forward_burst`] for a burst of a captured port: its frames are copied as
+    /// they arrived and handed over, dropped ones marked, when it is done
+    /// ([`capture`](self::capture)). Out of line, so the uncaptured path keeps its code.
+    #[cold]
+    #[inline(never)]
+    fn forward_captured(&mut self, snap: &Snapshot, pe: &PortEntry, queue: u16, batch: &mut Batch) {
+        self.capture_rx(pe.id, batch);
+        self.forward_burst::<true>(snap, pe, queue, batch);
+        self.capture_commit();
+    }
+
+    /// A received burst through the policers and the graph; the port gets back what its guest
+    /// lent.
+    #[inline(always)]
+    fn forward_burst<const CAPTURE: bool>(&mut self, snap: &Snapshot, pe: &PortEntry, queue: u16, batch: &mut Batch) {
+        let n = batch.len();
         if let Some(bucket) = &pe.policer
             && n > 0
         {
@@ -230,14 +251,11 @@ impl Pipeline {
         {
             self.police_network(pe, bucket, *bd, batch);
         }
-        if self.taps.on && batch.len() < n {
+        if CAPTURE && batch.len() < n {
             self.capture_policed(batch);
         }
         if !batch.is_empty() {
-            self.process(snap, port, batch);
-        }
-        if self.taps.on {
-            self.capture_commit();
+            self.process(snap, pe.id, batch);
         }
         if self.cache.lending() {
             // Every lent packet was sent, freed or linearized by `process`: the guest gets
@@ -245,7 +263,6 @@ impl Pipeline {
             self.cache.end_lending();
             pe.port.rx_done(queue);
         }
-        n
     }
 
     /// After a panic in [`Pipeline::poll`]: the burst's packets still in `batch` are given
@@ -277,14 +294,16 @@ impl Pipeline {
         if self.trace.on {
             self.record(Step::Drop { reason: r, port });
         }
+        // Only the nodes' drops are checked: the cache's own (runts) go uncaptioned, and its
+        // burst loop keeps its code as it was.
+        if self.taps.on {
+            self.capture_dropped(&b, r, port);
+        }
         self.drop_counted(b, r, port);
     }
 
     #[inline(always)]
     fn drop_counted(&mut self, b: BufId, r: DropReason, port: u16) {
-        if self.taps.on {
-            self.capture_dropped(&b, r, port);
-        }
         self.stats.count_drop(r, port);
         self.cache.free(b);
     }

@@ -3,7 +3,6 @@
 //! (`tx_full`, `port_down`).
 
 use super::Pipeline;
-use super::capture::Taps;
 use crate::batch::Batch;
 use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
@@ -158,10 +157,7 @@ impl FirstQueues {
 /// port that may keep buffers beyond the burst) and counts what went; what the ring did not
 /// take stays in `batch`. `None`: the port is down or gone (nothing sent).
 #[inline(always)]
-/// A captured port's frames are copied as they leave ([`capture`](super::capture)); those
-/// its ring does not take are marked `unsent` (or, `None`, left to be copied when they go).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, taps: &mut Taps, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch, unsent: Option<DropReason>) -> Option<usize> {
+pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch) -> Option<usize> {
     let pe = snap.port(p).filter(|pe| pe.port.link_up())?;
     if cache.lending() && !pe.port.takes_lent() {
         Pipeline::linearize_all(pool, cache, stats, p, batch);
@@ -172,13 +168,9 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     let bytes: usize = batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum();
     let n = batch.len();
     let q = (thread % pe.port.tx_queues().max(1) as usize) as u16;
-    let captured = taps.requests.tx_armed(p) && taps.copy_tx(p, pool, batch, thread);
     crate::faults::entering_tx(p);
     let sent = pe.port.tx_burst(q, cache, batch);
     crate::faults::left_tx();
-    if captured {
-        taps.sent(batch, unsent);
-    }
     let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
     let pc = stats.port(p);
     pc.tx_packets.add(sent as u64);
@@ -307,15 +299,35 @@ impl Pipeline {
     /// frames it held and those it dropped.
     #[inline(always)]
     fn flush_ordinary(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
+        if self.taps.requests.tx_armed(p) {
+            return self.flush_ordinary_captured(snap, p);
+        }
+        self.flush_ordinary_with::<false>(snap, p)
+    }
+
+    /// [`Pipeline::flush_ordinary`] for a captured port: its frames are copied as they leave
+    /// ([`capture`](super::capture)). Out of line, so the uncaptured path keeps its code.
+    #[cold]
+    #[inline(never)]
+    fn flush_ordinary_captured(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
+        self.flush_ordinary_with::<true>(snap, p)
+    }
+
+    #[inline(always)]
+    fn flush_ordinary_with<const CAPTURE: bool>(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
         let batch = &mut self.tx.batches[p as usize & (fdb::MAX_PORTS - 1)];
         let n = batch.len();
         if n == 0 {
             return (0, 0);
         }
-        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, &mut self.taps, self.thread, snap, p, batch, Some(DropReason::TxFull)) {
+        let captured = CAPTURE && self.taps.copy_tx(snap, p, &self.pool, batch, self.thread);
+        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
             Some(_) => (DropReason::TxFull, batch.len()),
             None => (DropReason::PortDown, batch.len()),
         };
+        if captured {
+            self.taps.sent(batch, Some(reason));
+        }
         if left > 0 {
             for b in batch.drain() {
                 self.stats.count_drop(reason, p);
@@ -369,7 +381,13 @@ impl Pipeline {
         let mut total = 0;
         while !q.is_empty() {
             let n = q.front().len();
-            match send_batch(&self.pool, &mut self.cache, &self.stats, &mut self.taps, self.thread, snap, p, q.front(), None) {
+            let captured = self.taps.requests.tx_armed(p) && self.taps.copy_tx(snap, p, &self.pool, q.front(), self.thread);
+            let result = send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, q.front());
+            if captured {
+                // Frames the ring had no room for wait, first in line: copied when they go.
+                self.taps.sent(q.front(), result.is_none().then_some(DropReason::PortDown));
+            }
+            match result {
                 Some(sent) => {
                     total += sent;
                     if sent < n || !q.advance() {

@@ -486,6 +486,11 @@ impl Bench {
         }
     }
 
+    /// The port the scenario's frames come in on (the first input).
+    pub fn in_port(&self) -> u16 {
+        self.in_port
+    }
+
     /// One burst through the switch: rx burst, pipeline, tx bursts (from each input in turn).
     #[inline(never)]
     pub fn poll(&mut self) -> usize {
