@@ -65,6 +65,49 @@ pub struct PmdConfig {
     pub idle: IdlePolicy,
 }
 
+/// A queue a PMD thread polls and what polling it cost: the cycles from the end of the
+/// previous poll that moved packets (or the loop's start) to the end of this one, for polls
+/// that moved packets, as `dpif-netdev/pmd-rxq-show` reports.
+pub struct PolledQueue {
+    pub port: u16,
+    pub queue: u16,
+    busy: AtomicU64,
+    packets: AtomicU64,
+}
+
+impl PolledQueue {
+    pub fn busy_cycles(&self) -> u64 {
+        self.busy.load(Relaxed)
+    }
+
+    pub fn packets(&self) -> u64 {
+        self.packets.load(Relaxed)
+    }
+
+    /// The polling thread's own count (it is the only writer).
+    #[inline(always)]
+    fn add(&self, cycles: u64, packets: usize) {
+        self.busy.store(self.busy.load(Relaxed).wrapping_add(cycles), Relaxed);
+        self.packets.store(self.packets.load(Relaxed).wrapping_add(packets as u64), Relaxed);
+    }
+}
+
+/// What a PMD thread polls, published whenever its share of the queues changes (the
+/// queues' counts start again then).
+pub struct Placement {
+    pub queues: Vec<PolledQueue>,
+    /// The thread's counters (its busy and idle cycles).
+    pub stats: Arc<crate::counters::ThreadStats>,
+}
+
+/// One PMD thread as [`PmdSet::threads`] reports it.
+pub struct PmdView {
+    pub index: usize,
+    pub core: Option<usize>,
+    pub alive: bool,
+    pub placement: Option<Arc<Placement>>,
+}
+
 /// Running PMD threads of one switch.
 pub struct PmdSet {
     stop: Arc<AtomicBool>,
@@ -74,6 +117,9 @@ pub struct PmdSet {
     retired: Arc<[Retired]>,
     /// Per thread, whether it runs (false once it ended, stopped or not).
     alive: Arc<[AtomicBool]>,
+    /// Per thread, what it polls.
+    placements: Arc<[ArcSwapOption<Placement>]>,
+    cores: Vec<Option<usize>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -134,12 +180,13 @@ impl PmdSet {
         let adopted: Arc<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let retired: Arc<[Retired]> = (0..n).map(|_| Retired::empty()).collect();
         let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();
+        let placements: Arc<[ArcSwapOption<Placement>]> = (0..n).map(|_| ArcSwapOption::empty()).collect();
         let mut kicks = Vec::new();
         let mut threads = Vec::new();
         for idx in 0..n {
             let kick = Arc::new(eventfd()?);
             kicks.push(kick.clone());
-            let (switch, stop, adopted, retired, alive) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone(), alive.clone());
+            let (switch, stop, adopted, retired, alive, placements) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone(), alive.clone(), placements.clone());
             let core = cfg.cores.get(idx).copied();
             let idle = cfg.idle;
             let t = std::thread::Builder::new().name(format!("pmd{idx}")).spawn(move || {
@@ -147,12 +194,13 @@ impl PmdSet {
                 if let Some(c) = core {
                     pin(c);
                 }
-                run(idx, n, &switch, &stop, (&adopted[idx], &retired[idx]), kick.as_raw_fd(), idle);
+                run(idx, n, &switch, &stop, (&adopted[idx], &retired[idx], &placements[idx]), kick.as_raw_fd(), idle);
             })?;
             threads.push(t);
         }
         tracing::info!(threads = n, ?cfg.idle, "PMD threads started");
-        Ok(PmdSet { stop, kicks, adopted, retired, alive, threads })
+        let cores = (0..n).map(|i| cfg.cores.get(i).copied()).collect();
+        Ok(PmdSet { stop, kicks, adopted, retired, alive, placements, cores, threads })
     }
 
     /// Waits until every thread runs configuration `generation` or newer, then frees the
@@ -182,6 +230,13 @@ impl PmdSet {
             return Vec::new();
         }
         self.alive.iter().enumerate().filter(|(_, a)| !a.load(Acquire)).map(|(i, _)| i).collect()
+    }
+
+    /// Each thread: its core, whether it runs, the queues it polls and what they cost.
+    pub fn threads(&self) -> Vec<PmdView> {
+        (0..self.placements.len())
+            .map(|i| PmdView { index: i, core: self.cores.get(i).copied().flatten(), alive: self.alive[i].load(Acquire), placement: self.placements[i].load_full() })
+            .collect()
     }
 
     /// Frees, on the calling thread, the snapshots PMD threads have stopped using.
@@ -264,10 +319,24 @@ fn guarded<R>(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, idx: usize,
 /// How often a PMD thread looks again at which dynamic queues are active.
 const REBALANCE: Duration = Duration::from_millis(100);
 
-fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired): (&AtomicU64, &Retired), kick_fd: RawFd, idle: IdlePolicy) {
+/// Publishes `queues` as the thread's placement if they are not what it polls already;
+/// returns what it polls.
+fn place(slot: &ArcSwapOption<Placement>, current: Arc<Placement>, queues: Vec<(u16, u16)>, stats: &Arc<crate::counters::ThreadStats>) -> Arc<Placement> {
+    if current.queues.len() == queues.len() && current.queues.iter().zip(&queues).all(|(a, &(p, q))| (a.port, a.queue) == (p, q)) {
+        return current;
+    }
+    let queues = queues.into_iter().map(|(port, queue)| PolledQueue { port, queue, busy: AtomicU64::new(0), packets: AtomicU64::new(0) }).collect();
+    let placed = Arc::new(Placement { queues, stats: stats.clone() });
+    slot.store(Some(placed.clone()));
+    placed
+}
+
+fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired, placement): (&AtomicU64, &Retired, &ArcSwapOption<Placement>), kick_fd: RawFd, idle: IdlePolicy) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
-    let mut queues = assigned(switch, &snap, idx, n);
+    let stats = pipe.stats().clone();
+    let mut polled = place(placement, Arc::new(Placement { queues: Vec::new(), stats: stats.clone() }), assigned(switch, &snap, idx, n), &stats);
+    placement.store(Some(polled.clone()));
     let mut faults = switch.faults().generation();
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
@@ -279,7 +348,7 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
             let old = std::mem::replace(&mut snap, switch.snapshot());
             // Left before `adopted` moves, so that whoever sees the adoption finds it.
             drop(retired.swap(Some(old)));
-            queues = assigned(switch, &snap, idx, n);
+            polled = place(placement, polled, assigned(switch, &snap, idx, n), &stats);
             adopted.store(snap.generation, Release);
             pipe.stats().event(Event::ConfigAdopted, 1);
         }
@@ -287,14 +356,22 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         loops = loops.wrapping_add(1);
         if faults != switch.faults().generation() || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
             faults = switch.faults().generation();
-            queues = assigned(switch, &snap, idx, n);
+            polled = place(placement, polled, assigned(switch, &snap, idx, n), &stats);
             next_rebalance = Instant::now() + REBALANCE;
         }
         pipe.set_now(coarse_secs());
         let mut got = 0;
-        for &(p, q) in &queues {
+        let mut since = last;
+        for pq in &polled.queues {
+            let (p, q) = (pq.port, pq.queue);
             match guarded(&mut pipe, switch, idx, &snap, Some((p, "processing a burst it sent")), &mut batch, |pipe, batch| pipe.poll(&snap, p, q, batch)) {
-                Some(n) => got += n,
+                Some(0) => {}
+                Some(n) => {
+                    got += n;
+                    let now = cycles();
+                    pq.add(now.wrapping_sub(since), n);
+                    since = now;
+                }
                 None => break, // the port's queues leave the list next round
             }
         }
@@ -312,7 +389,7 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         if let IdlePolicy::Adaptive { spin_us, max_sleep_us } = idle {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= Duration::from_micros(spin_us as u64) {
-                if let Err((p, payload)) = sleep(&snap, &queues, kick_fd, max_sleep_us) {
+                if let Err((p, payload)) = sleep(&snap, &polled.queues, kick_fd, max_sleep_us) {
                     let why = format!("the switch panicked arming its wake-up: {}", crate::faults::panic_message(&*payload));
                     switch.fail_port(&snap, p, why);
                 }
@@ -337,13 +414,13 @@ fn arm(snap: &Snapshot, p: u16, q: u16, armed: bool) -> Result<bool, (u16, Box<d
 /// Arms the queues' wake descriptors and sleeps until one fires, the thread is kicked, or the
 /// timeout passes. Returns at once if a queue already has packets; the port whose wake-up
 /// panicked, if one did.
-fn sleep(snap: &Snapshot, queues: &[(u16, u16)], kick_fd: RawFd, max_sleep_us: u32) -> Result<(), (u16, Box<dyn std::any::Any + Send>)> {
+fn sleep(snap: &Snapshot, queues: &[PolledQueue], kick_fd: RawFd, max_sleep_us: u32) -> Result<(), (u16, Box<dyn std::any::Any + Send>)> {
     let mut fds = Vec::with_capacity(queues.len() + 1);
     fds.push(libc::pollfd { fd: kick_fd, events: libc::POLLIN, revents: 0 });
     let mut pending = false;
     let mut capped = false;
     let mut panicked = None;
-    for &(p, q) in queues {
+    for &PolledQueue { port: p, queue: q, .. } in queues {
         let Some(pe) = snap.port(p) else { continue };
         match arm(snap, p, q, true) {
             Ok(has) => pending |= has,
@@ -368,7 +445,7 @@ fn sleep(snap: &Snapshot, queues: &[(u16, u16)], kick_fd: RawFd, max_sleep_us: u
             unsafe { libc::read(kick_fd, (&mut v as *mut u64).cast(), 8) };
         }
     }
-    for &(p, q) in queues {
+    for &PolledQueue { port: p, queue: q, .. } in queues {
         if panicked.as_ref().is_some_and(|(bad, _)| *bad == p) {
             continue;
         }

@@ -157,9 +157,54 @@ pub fn cycles() -> u64 {
     }
 }
 
+/// The TSC's rate ([`cycles`] a second), calibrated once per process (the perf lab's pacing
+/// and frame ages, `knitterctl pmd show`'s times). It used to be measured for every
+/// generator in the perf lab, over one 100 ms sleep with the two clocks read one after the
+/// other: a vCPU stall between the two reads (this VM stops a vCPU for milliseconds) put
+/// that trial's rate off by the stall's share of 100 ms.
+pub fn tsc_hz() -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(calibrate)
+}
+
+/// The median of five 20 ms measurements, each clock pair read with nothing between.
+fn calibrate() -> f64 {
+    let mut hz: Vec<f64> = (0..5)
+        .map(|_| {
+            let (i0, t0) = paired_read();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let (i1, t1) = paired_read();
+            t1.wrapping_sub(t0) as f64 / (i1 - i0).as_secs_f64()
+        })
+        .collect();
+    hz.sort_by(f64::total_cmp);
+    hz[2]
+}
+
+/// The monotonic clock and the TSC at one moment: the clock read between two TSC reads,
+/// again until the two are close (no stall between them), the TSC taken halfway.
+fn paired_read() -> (std::time::Instant, u64) {
+    /// ~8 µs at 2.6 GHz: far more than the reads take, far less than a vCPU stall.
+    const CLOSE: u64 = 20_000;
+    loop {
+        let a = cycles();
+        let i = std::time::Instant::now();
+        let b = cycles();
+        if b.wrapping_sub(a) < CLOSE {
+            return (i, a + b.wrapping_sub(a) / 2);
+        }
+    }
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
+
+    #[test]
+    fn the_tsc_calibrates_the_same_twice() {
+        let (a, b) = (calibrate(), calibrate());
+        assert!(a > 1e8 && ((a - b) / a).abs() < 0.005, "{a} vs {b}");
+    }
 
     #[test]
     fn vlan_set() {

@@ -185,6 +185,12 @@ impl NodeApi for Api {
         crate::trace::trace(self.node.switch.clone(), r.into_inner()).await.map(Response::new)
     }
 
+    async fn pmd_show(&self, _: Request<pb::PmdShowRequest>) -> Result<Response<pb::PmdShowReply>, Status> {
+        // The first call calibrates the TSC's rate (100 ms): off the async workers.
+        let node = self.node.clone();
+        blocking(move || crate::views::pmd_reply(&node)).await.map(Response::new)
+    }
+
     type CaptureStream = crate::capture::CaptureStream;
 
     async fn capture(&self, r: Request<pb::CaptureRequest>) -> Result<Response<Self::CaptureStream>, Status> {

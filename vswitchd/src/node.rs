@@ -788,6 +788,11 @@ impl Node {
         self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.dead_threads()).unwrap_or_default()
     }
 
+    /// Each PMD thread and the queues it polls (see `PmdSet::threads`).
+    pub fn pmd_threads(&self) -> Vec<vswitch::pmd::PmdView> {
+        self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.threads()).unwrap_or_default()
+    }
+
     /// Whether the PMD threads run (until `stop`).
     pub fn running(&self) -> bool {
         self.pmd.lock().unwrap_or_else(|e| e.into_inner()).is_some()

@@ -118,3 +118,27 @@ pub fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
         })
         .collect()
 }
+
+/// Each PMD thread and the queues it polls, named (the API's `PmdShow`).
+pub fn pmd_reply(node: &Node) -> pb::PmdShowReply {
+    let snap = node.switch.snapshot();
+    let name = |id: u16| snap.port(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
+    let threads = node
+        .pmd_threads()
+        .into_iter()
+        .map(|t| {
+            let placed = t.placement.as_deref();
+            pb::PmdThread {
+                index: t.index as u32,
+                core: t.core.map_or(-1, |c| c as i32),
+                alive: t.alive,
+                busy_cycles: placed.map_or(0, |p| p.stats.busy_cycles.get()),
+                idle_cycles: placed.map_or(0, |p| p.stats.idle_cycles.get()),
+                queues: placed
+                    .map(|p| p.queues.iter().map(|q| pb::PolledQueue { port: name(q.port), queue: q.queue as u32, busy_cycles: q.busy_cycles(), packets: q.packets() }).collect())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    pb::PmdShowReply { threads, tsc_hz: vswitch::util::tsc_hz() as u64 }
+}

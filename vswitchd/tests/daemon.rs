@@ -1027,6 +1027,50 @@ async fn an_operator_captures_a_pods_frames_for_tcpdump() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("syntax error"), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// `knitterctl pmd show` with two PMD threads: each pod port's queue is polled by exactly
+/// one of them, the one each thread reports; the packets a ping moved are counted on the
+/// queues; `--interval` measures a window and `-o json` prints the API's reply.
+#[tokio::test]
+#[allow(clippy::await_holding_lock)]
+async fn pmd_show_says_which_thread_polls_each_queue() {
+    use vswitch::testkit::netns;
+    let Some(_g) = netns::exclusive() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (sw, pa, _pb) = two_pods();
+    let d = Daemon::start(dir.path(), &["--no-state", "--pmd-threads", "2"]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
+    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    let r = c.pmd_show(pb::PmdShowRequest {}).await.unwrap().into_inner();
+    assert_eq!(r.threads.len(), 2, "{r:?}");
+    assert!(r.tsc_hz > 0 && r.threads.iter().all(|t| t.alive && t.core == -1), "{r:?}");
+    for port in ["pa0", "pb0"] {
+        let on: Vec<u32> = r.threads.iter().filter(|t| t.queues.iter().any(|q| q.port == port)).map(|t| t.index).collect();
+        assert_eq!(on.len(), 1, "{port} is polled by exactly one thread: {r:?}");
+        let q = r.threads.iter().flat_map(|t| &t.queues).find(|q| q.port == port).unwrap();
+        assert!(q.packets >= 3 && q.busy_cycles > 0, "{port}'s pings are counted: {q:?}");
+    }
+    let ctl = Path::new(env!("CARGO_BIN_EXE_knitter-vswitchd")).with_file_name("knitterctl");
+    if !ctl.exists() {
+        assert!(std::env::var_os("CI").is_none(), "{} is not built (cargo build --workspace)", ctl.display());
+        return;
+    }
+    let name = pa.name.clone();
+    let pinger = std::thread::spawn(move || Command::new("ip").args(["netns", "exec", &name, "ping", "-c", "20", "-i", "0.05", "-q", "192.0.2.2"]).output());
+    let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["pmd", "show", "--interval", "0.4"]).output().unwrap();
+    pinger.join().unwrap().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text} {}", String::from_utf8_lossy(&o.stderr));
+    for want in ["pmd 0 (not pinned): ", "pmd 1 (not pinned): ", "over 0.4 s", "PORT", "SHARE", "pa0", "pb0", "100.0 %"] {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+    let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["-o", "json", "pmd", "show"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["threads"].as_array().map(Vec::len), Some(2), "{v}");
+}
+
 /// A `dpdk` port through the daemon (DPDK's `net_pcap` vdev as the device: the EAL comes up
 /// at the first dpdk port, with the defaults): its frames are received and forwarded, `port
 /// list` shows the device, the port goes like any other; a device DPDK cannot probe is

@@ -21,6 +21,7 @@ mod out;
 mod bridge;
 mod capture;
 mod pcapng;
+mod pmd;
 mod fdb;
 mod manager;
 mod node;
@@ -225,6 +226,12 @@ enum Cmd {
     /// capture at a time on a node.
     #[command(after_help = CAPTURE_EXAMPLES)]
     Capture(capture::Args),
+    /// Where each rx queue is polled (like `ovs-appctl dpif-netdev/pmd-rxq-show`): each PMD
+    /// thread, its core, how busy it is, and each queue's share of its work.
+    Pmd {
+        #[command(subcommand)]
+        cmd: pmd::PmdCmd,
+    },
     /// The SR-IOV PFs the node gives pods VFs from (`[sriov] pfs`), each VF with its driver,
     /// netdev and the pod interface holding it.
     Vf {
@@ -290,6 +297,7 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Trace { port, count, timeout, synthetic } => {
             node::trace(&mut c, out, pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() }).await
         }
+        Cmd::Pmd { cmd } => pmd::run(&mut c, out, cmd).await,
         Cmd::Capture(a) => capture::capture(&mut c, out, a).await,
         Cmd::Events { count } => node::events(&mut c, out, count).await,
         Cmd::Log { cmd } => {
