@@ -43,6 +43,8 @@ pub enum ConfigError {
     UnknownBridge { port: String, bridge: String },
     #[error("port {port:?}: VLAN {vlan} is out of range 1..=4094")]
     PortBadVlan { port: String, vlan: u16 },
+    #[error("port {port:?}: PMD thread {pmd} does not exist (this switch runs {threads}: 0-{last})", last = threads - 1)]
+    NoSuchPmd { port: String, pmd: u16, threads: usize },
     #[error("port {port:?}: MTU {mtu} is out of range 68..=9198")]
     BadMtu { port: String, mtu: u16 },
     #[error("port {port:?}: MTU {mtu} is more than this port can carry (at most {max})")]
@@ -244,6 +246,10 @@ pub struct PortConfig {
     /// Ingress policing (`policer.rs`); `None`: every frame received is forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policer: Option<PolicerConfig>,
+    /// The PMD thread (its index) that polls this port's rx queues, as OVS's
+    /// `pmd-rxq-affinity`; such a thread polls only pinned queues. `None`: dealt in turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pmd: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -422,6 +428,7 @@ impl PortConfig {
             mac_limit: default_port_limit(),
             security: None,
             policer: None,
+            pmd: None,
         }
     }
 

@@ -176,6 +176,7 @@ impl PmdSet {
     /// Starts the threads.
     pub fn start(switch: Arc<Switch>, cfg: &PmdConfig) -> std::io::Result<PmdSet> {
         let n = cfg.threads.max(1);
+        switch.set_pmd_threads(n);
         let stop = Arc::new(AtomicBool::new(false));
         let adopted: Arc<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let retired: Arc<[Retired]> = (0..n).map(|_| Retired::empty()).collect();
@@ -268,16 +269,31 @@ impl Drop for PmdSet {
     }
 }
 
-/// Thread `idx`'s share (of `n`) of the rx queues: every n-th queue, so queues spread
-/// evenly. Queues of ports whose queues come and go ([`crate::port::Port::rx_queues_dynamic`])
-/// are dealt after the others, only while active, so a guest's running queue pairs land on
-/// different threads whichever pairs it enables (the others never move: a ring port's queue
-/// must never be polled by two threads).
+/// Thread `idx`'s share (of `n`) of the rx queues. A port pinned to a thread
+/// ([`crate::config::PortConfig::pmd`]) is polled there, and a thread with a pinned port
+/// polls only pinned ports (OVS's `pmd-rxq-isolate`); the other queues are dealt in turn, every
+/// k-th to each of the k threads without a pin (all n when every thread has one), so they
+/// spread evenly. Queues of ports whose queues come and go
+/// ([`crate::port::Port::rx_queues_dynamic`]) are dealt after the others, only while active,
+/// so a guest's running queue pairs land on different threads whichever pairs it enables
+/// (the others move only when the configuration changes, and every port's rx is a try-lock:
+/// two threads polling one queue for a moment take turns).
 pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
     let dynamic = |&(p, _): &(u16, u16)| snap.port(p).is_some_and(|pe| pe.port.rx_queues_dynamic());
-    let fixed = snap.rxqs.iter().filter(|q| !dynamic(q));
-    let active = snap.rxqs.iter().filter(|q| dynamic(q)).filter(|&&(p, q)| snap.port(p).is_some_and(|pe| pe.port.rx_queue_active(q)));
-    fixed.chain(active).enumerate().filter(|(i, _)| i % n == idx).map(|(_, q)| *q).collect()
+    let polled = |q: &&(u16, u16)| !dynamic(q) || snap.port(q.0).is_some_and(|pe| pe.port.rx_queue_active(q.1));
+    let pin = |&(p, _): &(u16, u16)| snap.port(p).and_then(|pe| pe.pmd).map(|t| t as usize % n);
+    let pinned: Vec<bool> = (0..n).map(|t| snap.rxqs.iter().any(|q| pin(q) == Some(t))).collect();
+    let mut dealt: Vec<usize> = (0..n).filter(|&t| !pinned[t]).collect();
+    if dealt.is_empty() {
+        dealt = (0..n).collect();
+    }
+    let mine = snap.rxqs.iter().filter(|q| pin(q) == Some(idx)).filter(polled);
+    let Some(k) = dealt.iter().position(|&t| t == idx) else { return mine.copied().collect() };
+    let unpinned = |q: &&(u16, u16)| pin(q).is_none();
+    let fixed = snap.rxqs.iter().filter(unpinned).filter(|q| !dynamic(q));
+    let active = snap.rxqs.iter().filter(unpinned).filter(|q| dynamic(q)).filter(polled);
+    let others = fixed.chain(active).enumerate().filter(|(i, _)| i % dealt.len() == k).map(|(_, q)| q);
+    mine.chain(others).copied().collect()
 }
 
 /// [`assignment`] without the queues of ports in error (see [`crate::faults`]). They are

@@ -51,6 +51,8 @@ pub struct PortEntry {
     /// A gateway's port ([`crate::config::GatewayConfig`]): frames to the first MAC leave it
     /// addressed to the second (the port's own).
     pub deliver_as: Option<(MacAddr, MacAddr)>,
+    /// The PMD thread its rx queues are pinned to (see [`crate::pmd::assignment`]).
+    pub pmd: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,6 +578,7 @@ impl Snapshot {
             policer,
             net_policer,
             deliver_as: None,
+            pmd: p.pmd,
         })
     }
 

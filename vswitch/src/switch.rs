@@ -93,6 +93,9 @@ pub struct Switch {
     baselines: Mutex<Baselines>,
     tracing: Arc<Tracing>,
     capture: Arc<crate::capture::Capture>,
+    /// PMD threads running ([`crate::PmdSet::start`] sets it): ports pinned to another are
+    /// refused. 0: none started (a test driving pipelines itself), nothing checked.
+    pmd_threads: std::sync::atomic::AtomicUsize,
     faults: crate::faults::Faults,
 }
 
@@ -116,6 +119,7 @@ impl Switch {
             baselines: Mutex::new(Baselines::default()),
             tracing: Arc::new(Tracing::default()),
             capture: Arc::default(),
+            pmd_threads: Default::default(),
             faults: Default::default(),
         })
     }
@@ -210,6 +214,10 @@ impl Switch {
     /// Validates and publishes a configuration; returns its generation. On error nothing
     /// changes.
     pub fn apply(&self, cfg: SwitchConfig) -> Result<u64, ConfigError> {
+        let threads = self.pmd_threads.load(Acquire);
+        if let Some(p) = cfg.ports.iter().find(|p| threads > 0 && p.pmd.is_some_and(|t| t as usize >= threads)) {
+            return Err(ConfigError::NoSuchPmd { port: p.name.clone(), pmd: p.pmd.unwrap_or_default(), threads });
+        }
         let mut c = self.control();
         let mut ids = c.ids.clone();
         ids.assign(&cfg)?;
@@ -309,6 +317,11 @@ impl Switch {
         let id = self.snapshot().port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
         self.tracing.arm(id, count);
         Ok(())
+    }
+
+    /// Tells the switch how many PMD threads poll it (ports may be pinned to one of them).
+    pub fn set_pmd_threads(&self, n: usize) {
+        self.pmd_threads.store(n, Release);
     }
 
     /// The packet capture PMD threads serve ([`crate::capture`]).

@@ -257,3 +257,34 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     boom.on_wake_fd.store(false, Relaxed);
     drop(pmd);
 }
+
+/// Queues are dealt to threads, each queue to exactly one; a port pinned to a thread is
+/// polled there and that thread polls nothing else; a pin to a thread that does not run is
+/// refused once PMD threads run.
+#[test]
+fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
+    use vswitch::pmd::assignment;
+    let r = rig(4);
+    let mut cfg = r.switch.snapshot().config.clone();
+    cfg.ports[1].pmd = Some(1);
+    r.switch.apply(cfg.clone()).unwrap();
+    let snap = r.switch.snapshot();
+    let id = |name: &str| snap.port_id(name).unwrap();
+    let threads: Vec<Vec<(u16, u16)>> = (0..3).map(|t| assignment(&snap, t, 3)).collect();
+    assert_eq!(threads[1], vec![(id("p1"), 0), (id("p1"), 1)], "the pinned thread polls its port's queues alone");
+    let mut all: Vec<(u16, u16)> = threads.concat();
+    all.sort();
+    let mut want = snap.rxqs.clone();
+    want.sort();
+    assert_eq!(all, want, "every queue once");
+    assert!(threads[0].len().abs_diff(threads[2].len()) <= 1, "{threads:?}");
+    // Every thread pinned: the unpinned queues are dealt over all of them.
+    assert_eq!((0..1).map(|t| assignment(&snap, t, 1).len()).sum::<usize>(), snap.rxqs.len());
+
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let set = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
+    cfg.ports[1].pmd = Some(2);
+    let e = r.switch.apply(cfg).unwrap_err();
+    assert!(e.to_string().contains("PMD thread 2 does not exist (this switch runs 2: 0-1)"), "{e}");
+    set.stop();
+}

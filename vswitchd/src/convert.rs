@@ -222,6 +222,7 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
         })
         .transpose()?;
     c.policer = p.policer.as_ref().map(policer_from);
+    c.pmd = p.pmd.map(|v| u16_of("pmd", v)).transpose()?;
     Ok(PortSpec { device: device_from(p.device.as_ref())?, config: c })
 }
 
@@ -254,6 +255,7 @@ pub fn port_to(p: &PortSpec, owner: Owner) -> pb::Port {
             allow_dhcp_server: s.allow_dhcp_server,
         }),
         policer: c.policer.as_ref().map(policer_to),
+        pmd: c.pmd.map(u32::from),
         owner: owner_to(owner),
     }
 }

@@ -135,7 +135,10 @@ pub fn pmd_reply(node: &Node) -> pb::PmdShowReply {
                 busy_cycles: placed.map_or(0, |p| p.stats.busy_cycles.get()),
                 idle_cycles: placed.map_or(0, |p| p.stats.idle_cycles.get()),
                 queues: placed
-                    .map(|p| p.queues.iter().map(|q| pb::PolledQueue { port: name(q.port), queue: q.queue as u32, busy_cycles: q.busy_cycles(), packets: q.packets() }).collect())
+                    .map(|p| {
+                        let pinned = |id: u16| snap.port(id).is_some_and(|p| p.pmd.is_some());
+                        p.queues.iter().map(|q| pb::PolledQueue { port: name(q.port), queue: q.queue as u32, busy_cycles: q.busy_cycles(), packets: q.packets(), pinned: pinned(q.port) }).collect()
+                    })
                     .unwrap_or_default(),
             }
         })

@@ -1069,6 +1069,18 @@ async fn pmd_show_says_which_thread_polls_each_queue() {
     let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["-o", "json", "pmd", "show"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["threads"].as_array().map(Vec::len), Some(2), "{v}");
+
+    // Pinned: pb0 to thread 1 (which then polls nothing else), pa0 to thread 0 with the rest.
+    c.delete_port(pb::DeleteRequest { name: "pb0".into(), ..Default::default() }).await.unwrap();
+    let pinned = |pmd| pb::Port { pmd: Some(pmd), ..kernel_port("pb0", "pb0", &sw.name, false, "red") };
+    refused(add_port(&mut c, pinned(5)).await, Code::InvalidArgument, "PMD thread 5 does not exist (this switch runs 2: 0-1)");
+    add_port(&mut c, pinned(1)).await.unwrap();
+    netns::ping(&pa, "192.0.2.2").expect("a pinned port forwards");
+    let r = c.pmd_show(pb::PmdShowRequest {}).await.unwrap().into_inner();
+    let on = |t: usize| r.threads[t].queues.iter().map(|q| (q.port.as_str(), q.pinned)).collect::<Vec<_>>();
+    assert_eq!((on(0), on(1)), (vec![("pa0", false)], vec![("pb0", true)]), "{r:?}");
+    let listed = c.list_ports(pb::ListRequest::default()).await.unwrap().into_inner();
+    assert_eq!(listed.ports.iter().find(|p| p.name == "pb0").and_then(|p| p.pmd), Some(1));
 }
 
 /// A `dpdk` port through the daemon (DPDK's `net_pcap` vdev as the device: the EAL comes up

@@ -65,7 +65,8 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
             .iter()
             .map(|q| {
                 let per = q.busy_cycles.checked_div(q.packets).map_or("-".into(), |c| c.to_string());
-                vec![format!("  {}", q.port), q.queue.to_string(), percent(q.busy_cycles, polled), q.packets.to_string(), per]
+                let port = if q.pinned { format!("  {} (pinned)", q.port) } else { format!("  {}", q.port) };
+                vec![port, q.queue.to_string(), percent(q.busy_cycles, polled), q.packets.to_string(), per]
             })
             .collect();
         table(&["  port", "queue", "share", "packets", "cycles/packet"], rows);

@@ -79,6 +79,10 @@ pub(crate) struct PortAdd {
     underlay: bool,
     #[arg(long)]
     mtu: Option<u32>,
+    /// The PMD thread (its index) that polls this port's queues; a thread with a pinned
+    /// port polls only pinned ports (`knitterctl pmd show`).
+    #[arg(long, value_name = "THREAD")]
+    pmd: Option<u32>,
     /// Port security: the pod's MAC (with --ip, its addresses).
     #[arg(long)]
     mac: Option<String>,
@@ -142,6 +146,7 @@ fn port_request(a: PortAdd) -> pb::Port {
         device: Some(pb::Device { kind: Some(kind) }),
         mode: Some(mode),
         mtu: a.mtu,
+        pmd: a.pmd,
         security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, ..Default::default() }),
         policer: (a.police_pps.is_some() || a.police_bps.is_some() || a.police_burst_packets.is_some() || a.police_burst_bytes.is_some()).then(|| {
             pb::Policer {

@@ -6,9 +6,10 @@
 //! The port owns its ethdev (`port_id`, probed by [`DpdkPort::open`], stopped and closed on
 //! drop) and its mempool (`mp`, freed after the device closes). mbuf pointers come only from
 //! the device's rx burst or from `mp`, and each is freed or handed to tx exactly once within
-//! the burst that got it. An rx queue is polled by one PMD thread at a time (queues of a
-//! non-dynamic port are assigned once); each tx queue is behind a try-lock because PMD
-//! threads may outnumber tx queues. mbuf data is read through `shim_mbuf_data` for
+//! the burst that got it. An rx queue is polled by one PMD thread at a time: each is behind
+//! a try-lock (a queue moves between threads when the configuration changes, and the two may
+//! overlap for a moment); each tx queue is behind a try-lock because PMD threads may
+//! outnumber tx queues. mbuf data is read through `shim_mbuf_data` for
 //! `shim_mbuf_data_len` bytes, which DPDK guarantees inside the mbuf's data room.
 
 use crate::{DpdkError, PortOptions};
@@ -39,6 +40,9 @@ pub struct DpdkPort {
     mp: *mut dpdk_sys::rte_mempool,
     queues: u16,
     tx_locks: Box<[Mutex<()>]>,
+    /// Per rx queue, taken while a thread polls it: a queue moves between PMD threads when
+    /// the configuration changes (or a port is pinned), and for a moment both may try.
+    rx_locks: Box<[Mutex<()>]>,
     counters: Box<[QueueCounters]>,
     /// Link state, written by the EAL's interrupt thread on link events (devices that have
     /// them) and by [`Port::refresh_link`]; boxed so its address, given to the callback,
@@ -145,6 +149,7 @@ impl DpdkPort {
             mp,
             queues,
             tx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
+            rx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
             counters: (0..queues).map(|_| QueueCounters::default()).collect(),
             up: Box::new(AtomicBool::new(false)),
             lsc,
@@ -335,10 +340,13 @@ impl Port for DpdkPort {
         if q >= self.queues {
             return 0;
         }
+        // One poller at a time; a second one finds the lock taken and returns empty-handed.
+        let Ok(_polling) = self.rx_locks[q as usize].try_lock() else { return 0 };
         eal::register_thread();
         let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
         let room = batch.room().min(BATCH) as u16;
-        // SAFETY: our port and queue (polled by this thread alone), room for `room` pointers.
+        // SAFETY: our port and queue (polled by this thread alone: `rx_locks`), room for
+        // `room` pointers.
         let n = unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
         let c = &self.counters[q as usize];
         let (mut data, mut lens, mut segs) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH], [0u16; BATCH]);

@@ -97,6 +97,8 @@ pub trait Port: Send + Sync {
     }
 
     /// Receives up to `batch.room()` packets from queue `q` into `batch`; returns how many.
+    /// Two threads may call it for one queue at once for a moment (a queue moving to another
+    /// PMD thread): a port serialises each queue itself (a try-lock: the second returns 0).
     fn rx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize;
 
     /// Sends packets from the front of `batch` on queue `q`. Sent packets leave the batch;
