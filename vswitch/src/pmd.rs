@@ -100,6 +100,19 @@ pub struct Placement {
     pub stats: Arc<crate::counters::ThreadStats>,
 }
 
+/// Each polled queue's thread and busy cycles at one moment ([`PmdSet::sample`]).
+pub struct LoadSample(std::collections::BTreeMap<(u16, u16), (usize, u64)>);
+
+/// A queue a rebalance measured: its load over the window and its thread before and after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moved {
+    pub port: u16,
+    pub queue: u16,
+    pub busy_cycles: u64,
+    pub from: Option<usize>,
+    pub to: Option<usize>,
+}
+
 /// One PMD thread as [`PmdSet::threads`] reports it.
 pub struct PmdView {
     pub index: usize,
@@ -240,6 +253,45 @@ impl PmdSet {
             .collect()
     }
 
+    /// Each polled queue's thread and busy cycles so far (what [`PmdSet::rebalance`]
+    /// measures a window from).
+    pub fn sample(&self) -> LoadSample {
+        LoadSample(
+            self.threads()
+                .iter()
+                .filter_map(|t| Some((t.index, t.placement.clone()?)))
+                .flat_map(|(i, p)| p.queues.iter().map(|q| ((q.port, q.queue), (i, q.busy_cycles()))).collect::<Vec<_>>())
+                .collect(),
+        )
+    }
+
+    /// Places the queues of ports without a pin by the load each took since `before` (busy
+    /// cycles), the busiest first on the least loaded thread without a pin, as OVS's
+    /// `pmd-rxq-rebalance`; the threads follow at once. Returns each queue measured with its
+    /// load and its thread before and after.
+    pub fn rebalance(&self, switch: &Switch, before: &LoadSample) -> Vec<Moved> {
+        let after = self.sample().0;
+        let snap = switch.snapshot();
+        let n = self.placements.len();
+        let pinned: Vec<usize> = (0..n).filter(|&t| snap.ports.iter().flatten().any(|pe| pe.pmd.map(|p| p as usize % n) == Some(t))).collect();
+        let mut threads: Vec<usize> = (0..n).filter(|t| !pinned.contains(t)).collect();
+        if threads.is_empty() {
+            threads = (0..n).collect();
+        }
+        let movable: Vec<((u16, u16), u64)> = after
+            .iter()
+            .filter(|(q, _)| snap.port(q.0).is_some_and(|pe| pe.pmd.is_none()))
+            .map(|(q, &(_, busy))| (*q, before.0.get(q).filter(|b| b.1 <= busy).map_or(busy, |b| busy - b.1)))
+            .collect();
+        let placed = place_by_load(movable.clone(), &threads);
+        let generation = switch.moves().generation + 1;
+        switch.set_moves(Moves { generation, placed: placed.clone() });
+        for k in &self.kicks {
+            kick(k.as_raw_fd());
+        }
+        movable.into_iter().map(|(q, load)| Moved { port: q.0, queue: q.1, busy_cycles: load, from: after.get(&q).map(|a| a.0), to: placed.get(&q).copied() }).collect()
+    }
+
     /// Frees, on the calling thread, the snapshots PMD threads have stopped using.
     pub fn reclaim(&self) {
         for r in self.retired.iter() {
@@ -279,6 +331,20 @@ impl Drop for PmdSet {
 /// (the others move only when the configuration changes, and every port's rx is a try-lock:
 /// two threads polling one queue for a moment take turns).
 pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
+    assignment_with(snap, idx, n, &Moves::default())
+}
+
+/// Queues a rebalance placed on a thread ([`PmdSet::rebalance`]): they stay there (a pinned
+/// port's queues excepted) until the next rebalance; queues it did not place are dealt as
+/// [`assignment`] deals them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Moves {
+    pub generation: u64,
+    pub placed: std::collections::BTreeMap<(u16, u16), usize>,
+}
+
+/// [`assignment`] after a rebalance's `moves`.
+pub fn assignment_with(snap: &Snapshot, idx: usize, n: usize, moves: &Moves) -> Vec<(u16, u16)> {
     let dynamic = |&(p, _): &(u16, u16)| snap.port(p).is_some_and(|pe| pe.port.rx_queues_dynamic());
     let polled = |q: &&(u16, u16)| !dynamic(q) || snap.port(q.0).is_some_and(|pe| pe.port.rx_queue_active(q.1));
     let pin = |&(p, _): &(u16, u16)| snap.port(p).and_then(|pe| pe.pmd).map(|t| t as usize % n);
@@ -287,20 +353,35 @@ pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
     if dealt.is_empty() {
         dealt = (0..n).collect();
     }
-    let mine = snap.rxqs.iter().filter(|q| pin(q) == Some(idx)).filter(polled);
+    let placed = |q: &(u16, u16)| moves.placed.get(q).copied().filter(|t| dealt.contains(t));
+    let mine = snap.rxqs.iter().filter(|q| pin(q).or_else(|| placed(q)) == Some(idx)).filter(polled);
     let Some(k) = dealt.iter().position(|&t| t == idx) else { return mine.copied().collect() };
-    let unpinned = |q: &&(u16, u16)| pin(q).is_none();
-    let fixed = snap.rxqs.iter().filter(unpinned).filter(|q| !dynamic(q));
-    let active = snap.rxqs.iter().filter(unpinned).filter(|q| dynamic(q)).filter(polled);
+    let unplaced = |q: &&(u16, u16)| pin(q).is_none() && placed(q).is_none();
+    let fixed = snap.rxqs.iter().filter(unplaced).filter(|q| !dynamic(q));
+    let active = snap.rxqs.iter().filter(unplaced).filter(|q| dynamic(q)).filter(polled);
     let others = fixed.chain(active).enumerate().filter(|(i, _)| i % dealt.len() == k).map(|(_, q)| q);
     mine.chain(others).copied().collect()
+}
+
+/// Places `loads` (queue, busy cycles) on `threads`, the busiest first, each on the thread
+/// with the least load so far (OVS's `cycles` assignment); returns the placement.
+pub fn place_by_load(mut loads: Vec<((u16, u16), u64)>, threads: &[usize]) -> std::collections::BTreeMap<(u16, u16), usize> {
+    loads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut sum = vec![0u64; threads.len()];
+    let mut placed = std::collections::BTreeMap::new();
+    for (q, load) in loads {
+        let Some(i) = (0..threads.len()).min_by_key(|&i| (sum[i], i)) else { break };
+        sum[i] += load;
+        placed.insert(q, threads[i]);
+    }
+    placed
 }
 
 /// [`assignment`] without the queues of ports in error (see [`crate::faults`]). They are
 /// left out after the queues are dealt, so a fault seen by one thread before another never
 /// moves a queue to a second thread.
 fn assigned(switch: &Switch, snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
-    let mut q = assignment(snap, idx, n);
+    let mut q = assignment_with(snap, idx, n, &switch.moves());
     if switch.faults().generation() != 0 {
         q.retain(|&(p, _)| snap.port(p).is_none_or(|pe| switch.faults().get(&pe.name).is_none()));
     }
@@ -354,6 +435,7 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
     let mut polled = place(placement, Arc::new(Placement { queues: Vec::new(), stats: stats.clone() }), assigned(switch, &snap, idx, n), &stats);
     placement.store(Some(polled.clone()));
     let mut faults = switch.faults().generation();
+    let mut moved = switch.moves().generation;
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
     let mut idle_since: Option<Instant> = None;
@@ -370,8 +452,9 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         // Busy threads look every 1024 polls, idle ones every time (a clock read).
         loops = loops.wrapping_add(1);
-        if faults != switch.faults().generation() || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
+        if faults != switch.faults().generation() || moved != switch.moves().generation || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
             faults = switch.faults().generation();
+            moved = switch.moves().generation;
             polled = place(placement, polled, assigned(switch, &snap, idx, n), &stats);
             next_rebalance = Instant::now() + REBALANCE;
         }

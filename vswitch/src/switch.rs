@@ -96,6 +96,8 @@ pub struct Switch {
     /// PMD threads running ([`crate::PmdSet::start`] sets it): ports pinned to another are
     /// refused. 0: none started (a test driving pipelines itself), nothing checked.
     pmd_threads: std::sync::atomic::AtomicUsize,
+    /// Queues a rebalance placed ([`crate::pmd::PmdSet::rebalance`]) and its generation.
+    moves: ArcSwap<crate::pmd::Moves>,
     faults: crate::faults::Faults,
 }
 
@@ -120,6 +122,7 @@ impl Switch {
             tracing: Arc::new(Tracing::default()),
             capture: Arc::default(),
             pmd_threads: Default::default(),
+            moves: ArcSwap::from_pointee(crate::pmd::Moves::default()),
             faults: Default::default(),
         })
     }
@@ -317,6 +320,15 @@ impl Switch {
         let id = self.snapshot().port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
         self.tracing.arm(id, count);
         Ok(())
+    }
+
+    /// Where a rebalance placed queues (PMD threads follow when its generation changes).
+    pub fn moves(&self) -> Arc<crate::pmd::Moves> {
+        self.moves.load_full()
+    }
+
+    pub(crate) fn set_moves(&self, m: crate::pmd::Moves) {
+        self.moves.store(Arc::new(m));
     }
 
     /// Tells the switch how many PMD threads poll it (ports may be pinned to one of them).

@@ -288,3 +288,22 @@ fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
     assert!(e.to_string().contains("PMD thread 2 does not exist (this switch runs 2: 0-1)"), "{e}");
     set.stop();
 }
+
+/// A rebalance places the busiest queue first, each on the least loaded thread; queues it
+/// placed stay there, the others are dealt in turn; a pinned thread takes none.
+#[test]
+fn a_rebalance_places_queues_by_load() {
+    use vswitch::pmd::{Moves, assignment_with, place_by_load};
+    let (a, b, c, d) = ((0, 0), (0, 1), (1, 0), (1, 1));
+    let placed = place_by_load(vec![(c, 10), (a, 100), (d, 5), (b, 90)], &[0, 1]);
+    assert_eq!(placed.into_iter().collect::<Vec<_>>(), vec![(a, 0), (b, 1), (c, 1), (d, 0)]);
+
+    let r = rig(3);
+    let snap = r.switch.snapshot();
+    let q = |name: &str, i: u16| (snap.port_id(name).unwrap(), i);
+    let moves = Moves { generation: 1, placed: [(q("p0", 0), 1), (q("p0", 1), 1)].into_iter().collect() };
+    let (t0, t1) = (assignment_with(&snap, 0, 2, &moves), assignment_with(&snap, 1, 2, &moves));
+    assert!(t1.contains(&q("p0", 0)) && t1.contains(&q("p0", 1)) && !t0.contains(&q("p0", 0)), "{t0:?} {t1:?}");
+    assert_eq!(t0.len() + t1.len(), snap.rxqs.len());
+    assert_eq!((t0.len(), t1.len()), (2, 4), "the four others dealt two and two");
+}

@@ -191,6 +191,21 @@ impl NodeApi for Api {
         blocking(move || crate::views::pmd_reply(&node)).await.map(Response::new)
     }
 
+    async fn pmd_rebalance(&self, r: Request<pb::PmdRebalanceRequest>) -> Result<Response<pb::PmdRebalanceReply>, Status> {
+        let window = match r.into_inner().window_ms {
+            0 => std::time::Duration::from_secs(1),
+            ms if ms <= 60_000 => std::time::Duration::from_millis(ms.into()),
+            ms => return Err(Status::invalid_argument(format!("window_ms {ms}: at most 60000"))),
+        };
+        let node = self.node.clone();
+        let moved = blocking(move || node.rebalance_pmds(window)).await?.ok_or_else(|| Status::unavailable("the PMD threads are stopped"))?;
+        let snap = self.node.switch.snapshot();
+        let name = |id: u16| snap.port(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
+        let thread = |t: Option<usize>| t.map_or(-1, |t| t as i32);
+        let queues = moved.into_iter().map(|m| pb::QueueMove { port: name(m.port), queue: m.queue.into(), busy_cycles: m.busy_cycles, from: thread(m.from), to: thread(m.to) }).collect();
+        Ok(Response::new(pb::PmdRebalanceReply { queues }))
+    }
+
     type CaptureStream = crate::capture::CaptureStream;
 
     async fn capture(&self, r: Request<pb::CaptureRequest>) -> Result<Response<Self::CaptureStream>, Status> {

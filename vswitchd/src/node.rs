@@ -793,6 +793,15 @@ impl Node {
         self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.threads()).unwrap_or_default()
     }
 
+    /// Places the queues of ports without a pin by the load each took over `window` (see
+    /// `PmdSet::rebalance`); `None` when the PMD threads are stopped. Blocks for `window`
+    /// (without holding the PMD threads' lock).
+    pub fn rebalance_pmds(&self, window: std::time::Duration) -> Option<Vec<vswitch::pmd::Moved>> {
+        let before = self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.sample();
+        std::thread::sleep(window);
+        Some(self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.rebalance(&self.switch, &before))
+    }
+
     /// Whether the PMD threads run (until `stop`).
     pub fn running(&self) -> bool {
         self.pmd.lock().unwrap_or_else(|e| e.into_inner()).is_some()

@@ -1029,7 +1029,8 @@ async fn an_operator_captures_a_pods_frames_for_tcpdump() {
 
 /// `knitterctl pmd show` with two PMD threads: each pod port's queue is polled by exactly
 /// one of them, the one each thread reports; the packets a ping moved are counted on the
-/// queues; `--interval` measures a window and `-o json` prints the API's reply.
+/// queues; `--interval` measures a window and `-o json` prints the API's reply; `pmd
+/// rebalance` places the queues by load; a pinned port goes to its thread alone.
 #[tokio::test]
 #[allow(clippy::await_holding_lock)]
 async fn pmd_show_says_which_thread_polls_each_queue() {
@@ -1069,6 +1070,21 @@ async fn pmd_show_says_which_thread_polls_each_queue() {
     let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["-o", "json", "pmd", "show"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["threads"].as_array().map(Vec::len), Some(2), "{v}");
+
+    // A rebalance under traffic measures both queues and places them on the two threads
+    // (the busier first); `pmd show` then shows them where it said.
+    let name = pa.name.clone();
+    let pinger = std::thread::spawn(move || Command::new("ip").args(["netns", "exec", &name, "ping", "-c", "20", "-i", "0.05", "-q", "192.0.2.2"]).output());
+    let o = Command::new(&ctl).arg("--socket").arg(&d.socket).args(["-o", "json", "pmd", "rebalance", "--window", "0.4"]).output().unwrap();
+    pinger.join().unwrap().unwrap();
+    let moved: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&o.stderr)));
+    let to = |port: &str| moved["queues"].as_array().unwrap().iter().find(|q| q["port"] == port).map(|q| q["to"].as_i64().unwrap_or(0)).unwrap_or_else(|| panic!("{moved}"));
+    let (ta, tb) = (to("pa0"), to("pb0"));
+    assert_ne!(ta, tb, "two queues, two threads: {moved}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = c.pmd_show(pb::PmdShowRequest {}).await.unwrap().into_inner();
+    assert!(r.threads[ta as usize].queues.iter().any(|q| q.port == "pa0") && r.threads[tb as usize].queues.iter().any(|q| q.port == "pb0"), "{r:?}");
+    netns::ping(&pa, "192.0.2.2").expect("forwarding goes on after a rebalance");
 
     // Pinned: pb0 to thread 1 (which then polls nothing else), pa0 to thread 0 with the rest.
     c.delete_port(pb::DeleteRequest { name: "pb0".into(), ..Default::default() }).await.unwrap();

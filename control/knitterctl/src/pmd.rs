@@ -18,6 +18,13 @@ pub(crate) enum PmdCmd {
         #[arg(long)]
         interval: Option<f64>,
     },
+    /// Place the queues of ports without a pin by the load each takes (measured over
+    /// --window seconds): the busiest first, each on the least loaded thread without a pin
+    /// (like `ovs-appctl dpif-netdev/pmd-rxq-rebalance`).
+    Rebalance {
+        #[arg(long, default_value_t = 1.0)]
+        window: f64,
+    },
 }
 
 /// `now` less `before` (the same thread and queue in an earlier sample; counts that started
@@ -43,7 +50,10 @@ fn percent(part: u64, whole: u64) -> String {
 }
 
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -> Result<()> {
-    let PmdCmd::Show { interval } = cmd;
+    let interval = match cmd {
+        PmdCmd::Show { interval } => interval,
+        PmdCmd::Rebalance { window } => return rebalance(c, out, window).await,
+    };
     let mut r = c.pmd_show(pb::PmdShowRequest {}).await?.into_inner();
     if let Some(secs) = interval {
         anyhow::ensure!(secs.is_finite() && secs > 0.0, "--interval {secs}: seconds, more than 0");
@@ -71,5 +81,24 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
             .collect();
         table(&["  port", "queue", "share", "packets", "cycles/packet"], rows);
     }
+    Ok(())
+}
+
+async fn rebalance(c: &mut NodeClient<Channel>, out: Output, window: f64) -> Result<()> {
+    anyhow::ensure!(window.is_finite() && window > 0.0 && window <= 60.0, "--window {window}: seconds, more than 0, at most 60");
+    let r = c.pmd_rebalance(pb::PmdRebalanceRequest { window_ms: (window * 1000.0).max(1.0) as u32 }).await?.into_inner();
+    if out == Output::Json {
+        return json(&r);
+    }
+    let thread = |t: i32| if t < 0 { "-".to_owned() } else { t.to_string() };
+    let rows = r
+        .queues
+        .iter()
+        .map(|q| {
+            let moved = if q.from == q.to { "stays" } else { "moved" };
+            vec![q.port.clone(), q.queue.to_string(), q.busy_cycles.to_string(), thread(q.from), thread(q.to), moved.into()]
+        })
+        .collect();
+    table(&["port", "queue", "busy cycles", "from pmd", "to pmd", ""], rows);
     Ok(())
 }
