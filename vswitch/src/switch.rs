@@ -217,8 +217,13 @@ impl Switch {
     /// Validates and publishes a configuration; returns its generation. On error nothing
     /// changes.
     pub fn apply(&self, cfg: SwitchConfig) -> Result<u64, ConfigError> {
+        // A new pin to a thread that does not run is refused; one the configuration had
+        // already (restored after a restart with fewer threads) stays, polled by thread
+        // `pmd % threads` (see `pmd::assignment`).
         let threads = self.pmd_threads.load(Acquire);
-        if let Some(p) = cfg.ports.iter().find(|p| threads > 0 && p.pmd.is_some_and(|t| t as usize >= threads)) {
+        let before = self.current.load();
+        let kept = |p: &crate::config::PortConfig| before.config.ports.iter().any(|o| o.name == p.name && o.pmd == p.pmd);
+        if let Some(p) = cfg.ports.iter().find(|p| threads > 0 && p.pmd.is_some_and(|t| t as usize >= threads) && !kept(p)) {
             return Err(ConfigError::NoSuchPmd { port: p.name.clone(), pmd: p.pmd.unwrap_or_default(), threads });
         }
         let mut c = self.control();

@@ -284,8 +284,18 @@ fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let set = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
     cfg.ports[1].pmd = Some(2);
-    let e = r.switch.apply(cfg).unwrap_err();
+    let e = r.switch.apply(cfg.clone()).unwrap_err();
     assert!(e.to_string().contains("PMD thread 2 does not exist (this switch runs 2: 0-1)"), "{e}");
+    set.stop();
+    // A pin the configuration had already (threads fewer after a restart) stays: pmd 2 of 2
+    // threads is thread 0, and other changes go on.
+    let r = rig(4);
+    r.switch.apply(cfg.clone()).unwrap();
+    let set = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
+    cfg.ports[0].mtu = 1400;
+    r.switch.apply(cfg).unwrap();
+    let snap = r.switch.snapshot();
+    assert_eq!(assignment(&snap, 0, 2), vec![(snap.port_id("p1").unwrap(), 0), (snap.port_id("p1").unwrap(), 1)]);
     set.stop();
 }
 

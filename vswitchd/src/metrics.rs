@@ -72,12 +72,21 @@ pub fn render(node: &Node) -> String {
     family(&mut o, "knitter_pmd_busy_cycles_total", "counter", "TSC cycles the PMD thread spent on packets.", "thread", pmds(|p| p.busy_cycles as f64));
     family(&mut o, "knitter_pmd_idle_cycles_total", "counter", "TSC cycles the PMD thread polled empty queues.", "thread", pmds(|p| p.idle_cycles as f64));
     family(&mut o, "knitter_pmd_packets_total", "counter", "Frames the PMD thread received.", "thread", pmds(|p| p.packets as f64));
-    family(&mut o, "knitter_pmd_cycles_per_packet", "gauge", "Busy cycles per received frame since start.", "thread", pmds(|p| p.cycles_per_packet));
-    let util = |p: &knitter_api::node::PmdStats| {
-        let all = p.busy_cycles + p.idle_cycles;
-        if all == 0 { 0.0 } else { p.busy_cycles as f64 / all as f64 }
-    };
-    family(&mut o, "knitter_pmd_utilization", "gauge", "Busy share of the PMD thread's polling cycles since start.", "thread", pmds(util));
+    // Counters only: utilisation and cycles a packet are ratios of their rates, for PromQL
+    // over the window a dashboard picks (docs/operations.md "Metrics").
+    let placed = crate::views::pmd_reply(node);
+    family(&mut o, "knitter_tsc_hz", "gauge", "TSC cycles a second (to turn the *_cycles_total counters into seconds).", "", [(String::new(), placed.tsc_hz as f64)]);
+    for (name, help, f) in [
+        ("knitter_pmd_rxq_busy_cycles_total", "TSC cycles of the polls of the rx queue that moved packets, since the PMD thread was given it.", (|q: &knitter_api::node::PolledQueue| q.busy_cycles) as fn(&knitter_api::node::PolledQueue) -> u64),
+        ("knitter_pmd_rxq_packets_total", "Frames the PMD thread received from the rx queue, since it was given it.", |q| q.packets),
+    ] {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for t in &placed.threads {
+            for q in &t.queues {
+                let _ = writeln!(o, "{name}{{thread=\"{}\",port=\"{}\",queue=\"{}\"}} {}", t.index, escape(&q.port), q.queue, f(q));
+            }
+        }
+    }
     let one = |v: f64| [(String::new(), v)];
     family(&mut o, "knitter_buffers", "gauge", "Packet buffers in the pool.", "", one(node.pool.capacity() as f64));
     family(&mut o, "knitter_buffers_free", "gauge", "Packet buffers free now.", "", one(node.pool.free_count() as f64));

@@ -121,6 +121,8 @@ impl Node {
         inner.state = state;
         refresh_local_pods(&mut inner);
         let pmd = PmdSet::start(switch.clone(), &opts.pmd)?;
+        // The TSC's rate (100 ms to measure) is known before `pmd show` or a scrape asks.
+        std::thread::spawn(vswitch::util::tsc_hz);
         let events = crate::events::Events::default();
         Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner), manager_refusal: Mutex::new(None) })
     }
