@@ -164,23 +164,41 @@ impl Socket {
     /// came. A receive buffer that overflowed (`ENOBUFS`: notifications were lost) counts as
     /// one, since the caller looks again at the state they were about.
     pub fn wait(&mut self, timeout: std::time::Duration) -> io::Result<bool> {
+        self.read(timeout, |_, _| {}).map(|n| n.is_some())
+    }
+
+    /// [`Socket::wait`], handing each notification to `f` (its message type and payload, after
+    /// the netlink header). `Some(lost)` when any came, `lost` true if the receive buffer
+    /// overflowed (some were lost: the caller reads the state again).
+    pub fn read(&mut self, timeout: std::time::Duration, mut f: impl FnMut(u16, &[u8])) -> io::Result<Option<bool>> {
         let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one pollfd on our own descriptor.
         if check(unsafe { libc::poll(&mut p, 1, ms) })? == 0 {
-            return Ok(false);
+            return Ok(None);
         }
-        let mut buf = [0u8; 8192];
+        let mut buf = vec![0u8; 65536];
+        let mut lost = false;
         loop {
             // SAFETY: `buf` is writable for its length; non-blocking, so it returns when drained.
             let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
             if n >= 0 {
+                let mut rest = &buf[..n as usize];
+                while rest.len() >= HDR {
+                    let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                    if len < HDR || len > rest.len() {
+                        break; // truncated: the rest of this datagram is not readable
+                    }
+                    f(u16::from_ne_bytes([rest[4], rest[5]]), &rest[HDR..len]);
+                    rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+                }
                 continue;
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
-                Some(libc::EAGAIN) => return Ok(true),
-                Some(libc::ENOBUFS) | Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(Some(lost)),
+                Some(libc::ENOBUFS) => lost = true,
+                Some(libc::EINTR) => {}
                 _ => return Err(e),
             }
         }

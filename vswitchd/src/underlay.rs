@@ -1,37 +1,53 @@
 //! The shared-address VTEP's next hops, followed from the kernel: when the VTEP's address
 //! is the node's own (`shared_address`), the kernel answers ARP/ND for it and resolves the
 //! peers, and the switch copies the MACs of their next hops from the kernel's neighbour
-//! and route tables (`kernel_ports::kernel_neigh`), read in the underlay device's network
-//! namespace. Without this the daemon never resolved a peer in that mode and sent nothing.
+//! and route tables (`kernel_ports::kernel_neigh`: rtnetlink notifications, a full read on
+//! route changes and every [`RESYNC`]), in the underlay device's network namespace. Without
+//! this the daemon never resolved a peer in that mode and sent nothing.
 
 use crate::node::Node;
+use kernel_ports::kernel_neigh::KernelNeighbors;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the kernel's tables are read (a peer not known yet is asked for at most once a
-/// second; frames for it wait in the neighbour queue meanwhile).
-const PERIOD: Duration = Duration::from_millis(200);
+/// Full reads of the kernel's tables between notifications (a safety net).
+const RESYNC: Duration = Duration::from_secs(5);
+/// How often the daemon looks whether the VTEP went to or left the shared-address mode, or
+/// its underlay moved to another namespace.
+const CHECK: Duration = Duration::from_secs(1);
 
-/// Follows the kernel's tables for as long as the daemon runs; does nothing while the VTEP
-/// is not in the shared-address mode.
+/// Follows the kernel's tables for as long as the daemon runs, in the namespace of the
+/// shared-address VTEP's underlay; does nothing while the VTEP is not in that mode.
 pub async fn follow_kernel_neighbours(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(PERIOD);
+    let mut following: Option<(Option<String>, KernelNeighbors)> = None;
+    let mut tick = tokio::time::interval(CHECK);
     let mut warned = false;
     loop {
         tick.tick().await;
-        let Some(netns) = node.shared_vtep_netns() else { continue };
+        let want = node.shared_vtep_netns();
+        if following.as_ref().map(|f| &f.0) == want.as_ref() {
+            continue;
+        }
+        // Stopping joins the old follower's thread (up to 100 ms): off the async workers.
+        let old = following.take();
         let switch = node.switch.clone();
-        let synced = tokio::task::spawn_blocking(move || {
-            crate::devices::kernel(&netns, move || kernel_ports::kernel_neigh::sync_once(&switch, vswitch::util::coarse_secs()))
+        let netns = want.clone();
+        let started = tokio::task::spawn_blocking(move || {
+            drop(old);
+            netns.map(|ns| crate::devices::kernel(&ns, move || KernelNeighbors::start(switch, RESYNC)))
         })
         .await;
-        match synced {
-            Ok(Ok(_)) => warned = false,
-            Ok(Err(e)) if !warned => {
-                tracing::warn!(error = %e, "cannot read the kernel's neighbour table for the shared-address VTEP");
+        match started {
+            Ok(None) => {}
+            Ok(Some(Ok(k))) => {
+                following = want.map(|ns| (ns, k));
+                warned = false;
+            }
+            Ok(Some(Err(e))) if !warned => {
+                tracing::warn!(error = %e, "cannot follow the kernel's neighbour table for the shared-address VTEP");
                 warned = true;
             }
-            Ok(Err(_)) => {}
+            Ok(Some(Err(_))) => {}
             Err(e) => tracing::error!(error = %e, "the kernel-neighbour follower failed"),
         }
     }

@@ -2,15 +2,17 @@
 //! answers ARP/ND for it and resolves neighbours; the switch follows the kernel's neighbour
 //! table (as OVS's tnl-neigh and VPP's linux-cp do) instead of asking itself.
 //!
-//! A control thread reads the table over rtnetlink once per period and copies the MAC of
-//! every next hop the kernel holds in a usable state into the switch's next-hop slots (which
-//! the PMD threads read per frame). A next hop is where the kernel's routing table sends
-//! the peer's address: the peer itself when it is on the underlay's link, else the
-//! route's gateway (asked with `RTM_GETROUTE`, as `ip route get` does, every period, so a
-//! changed route is followed). For a next hop the kernel does not know, it makes the
-//! kernel resolve it (a zero-length UDP datagram to the peer's discard port starts ARP/ND
-//! for the route's next hop), once a second, counting each as a request: the slot's timers
-//! (waiting frames given up, a MAC forgotten) then work as in the dedicated mode.
+//! A control thread subscribes to the kernel's neighbour and route notifications (rtnetlink
+//! `RTMGRP_NEIGH`, `RTMGRP_IPV4_ROUTE`, `RTMGRP_IPV6_ROUTE`): a neighbour that becomes usable
+//! is copied at once into the next-hop slots of the peers behind it (which the PMD threads
+//! read per frame); a route change, a new configuration, lost notifications and a periodic
+//! resync (a safety net) read the whole view again. A next hop is where the kernel's
+//! routing table sends the peer's address: the peer itself when it is on the underlay's link,
+//! else the route's gateway (asked with `RTM_GETROUTE`, as `ip route get` does, at each full
+//! read only). For a next hop the kernel does not know, it makes the kernel resolve it (a
+//! zero-length UDP datagram to the peer's discard port starts ARP/ND for the route's next
+//! hop), once a second, counting each as a request: the slot's timers (waiting frames given
+//! up, a MAC forgotten) then work as in the dedicated mode.
 
 use plumbing::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
 use vswitch::Switch;
@@ -22,9 +24,16 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+const RTM_NEWROUTE: u16 = 24;
+const RTM_DELROUTE: u16 = 25;
+const RTM_NEWNEIGH: u16 = 28;
 const RTM_GETNEIGH: u16 = 30;
+/// `RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE`.
+const GROUPS: u32 = 0x4 | 0x40 | 0x400;
+/// How often a next hop the kernel does not know is asked for again.
+const ASK_AGAIN: Duration = Duration::from_secs(1);
 const RTM_GETROUTE: u16 = 26;
 const RTA_DST: u16 = 1;
 const RTA_GATEWAY: u16 = 5;
@@ -44,20 +53,19 @@ pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
     let mut ndmsg = [0u8; NDMSG_LEN];
     ndmsg[0] = family;
     let replies = sock.request(&mut Msg::new(RTM_GETNEIGH, NLM_F_DUMP, &ndmsg))?;
-    let mut table = HashMap::new();
-    for r in &replies {
-        let (Some(nd), Some(attrs)) = (r.get(..NDMSG_LEN), r.get(NDMSG_LEN..)) else { continue };
-        let state = u16::from_ne_bytes([nd[8], nd[9]]);
-        if state & NUD_USABLE == 0 {
-            continue;
-        }
-        let (Some(dst), Some(ll)) = (netlink::find(attrs, NDA_DST), netlink::find(attrs, NDA_LLADDR)) else { continue };
-        let Some(ip) = ip_of(dst) else { continue };
-        if ll.len() == 6 {
-            table.insert(ip, MacAddr::from_bytes(ll));
-        }
+    Ok(replies.iter().filter_map(|r| usable_neighbor(r)).collect())
+}
+
+/// A neighbour message's (address, link-layer address) when its state makes the address
+/// usable.
+fn usable_neighbor(r: &[u8]) -> Option<(IpAddr, MacAddr)> {
+    let (nd, attrs) = (r.get(..NDMSG_LEN)?, r.get(NDMSG_LEN..)?);
+    let state = u16::from_ne_bytes([nd[8], nd[9]]);
+    if state & NUD_USABLE == 0 {
+        return None;
     }
-    Ok(table)
+    let (dst, ll) = (netlink::find(attrs, NDA_DST)?, netlink::find(attrs, NDA_LLADDR)?);
+    (ll.len() == 6).then(|| Some((ip_of(dst)?, MacAddr::from_bytes(ll)))).flatten()
 }
 
 /// Where the kernel's routing table sends `dst`: the gateway of its route, or `None` when
@@ -100,69 +108,139 @@ fn kick_kernel(ip: IpAddr) -> io::Result<()> {
 /// Copies the kernel's view of the switch's next hops into its next-hop slots, once.
 /// Returns how many next hops had a usable entry.
 pub fn sync_once(switch: &Switch, now: u32) -> io::Result<usize> {
-    let snap = switch.snapshot();
-    let Some(vtep) = snap.vtep.as_ref().filter(|v| v.shared) else { return Ok(0) };
-    if snap.next_hops.is_empty() {
-        return Ok(0);
+    Follower::default().full(switch, now)
+}
+
+/// What the follower knows between full reads: where each next hop's frames go (the route's
+/// gateway, or itself), and which of those the kernel did not know.
+#[derive(Default)]
+struct Follower {
+    /// Where frames go → the next hops that go there.
+    behind: HashMap<IpAddr, Vec<IpAddr>>,
+    unresolved: Vec<IpAddr>,
+    generation: u64,
+}
+
+impl Follower {
+    /// Reads the routes of every next hop and the neighbour table; copies what is known,
+    /// asks the kernel for the rest. Returns how many next hops were known.
+    fn full(&mut self, switch: &Switch, now: u32) -> io::Result<usize> {
+        let snap = switch.snapshot();
+        self.generation = snap.generation;
+        self.behind.clear();
+        self.unresolved.clear();
+        let Some(vtep) = snap.vtep.as_ref().filter(|v| v.shared) else { return Ok(0) };
+        if snap.next_hops.is_empty() {
+            return Ok(0);
+        }
+        let table = kernel_neighbors(vtep.local.is_ipv4())?;
+        let slots = switch.neighbor_table();
+        let mut known = 0;
+        for (nh, peers) in snap.next_hops.iter() {
+            // The peer behind a router: the route's gateway is the hop whose MAC frames need.
+            let via = match kernel_route_gateway(*nh) {
+                Ok(gw) => gw.unwrap_or(*nh),
+                Err(e) => {
+                    tracing::debug!(next_hop = %nh, error = %e, "no route lookup: the peer taken as on-link");
+                    *nh
+                }
+            };
+            self.behind.entry(via).or_default().push(*nh);
+            match table.get(&via) {
+                Some(mac) => {
+                    known += 1;
+                    for p in peers {
+                        slots.learn(*p, *mac, now);
+                    }
+                }
+                None => self.unresolved.push(*nh),
+            }
+        }
+        self.ask(switch, now);
+        Ok(known)
     }
-    let table = kernel_neighbors(vtep.local.is_ipv4())?;
-    let slots = switch.neighbor_table();
-    let mut known = 0;
-    for (nh, peers) in snap.next_hops.iter() {
-        // The peer behind a router: the route's gateway is the hop whose MAC frames need.
-        let via = match kernel_route_gateway(*nh) {
-            Ok(gw) => gw.unwrap_or(*nh),
-            Err(e) => {
-                tracing::debug!(next_hop = %nh, error = %e, "no route lookup: the peer taken as on-link");
-                *nh
+
+    /// A neighbour the kernel now holds usable: the peers whose next hop it is learn its MAC.
+    fn neighbor(&mut self, switch: &Switch, ip: IpAddr, mac: MacAddr, now: u32) {
+        let snap = switch.snapshot();
+        let slots = switch.neighbor_table();
+        let Some(hops) = self.behind.get(&ip) else { return };
+        for nh in hops {
+            for p in snap.next_hops.get(nh).into_iter().flatten() {
+                slots.learn(*p, mac, now);
             }
-        };
-        match table.get(&via) {
-            Some(mac) => {
-                known += 1;
-                for p in peers {
-                    slots.learn(*p, *mac, now);
-                }
-            }
-            None => {
-                // One kick per next hop and second, counted as a request of each peer's slot.
-                // Every peer's slot counts the request (no short circuit).
-                let due = peers.iter().filter(|p| slots.request_due(**p, now)).count() > 0;
-                if due && let Err(e) = kick_kernel(*nh) {
-                    tracing::debug!(next_hop = %nh, error = %e, "could not make the kernel resolve a next hop");
-                }
+        }
+        self.unresolved.retain(|nh| !hops.contains(nh));
+    }
+
+    /// Makes the kernel resolve the next hops it did not know, once a second each (counted
+    /// as a request of each peer's slot).
+    fn ask(&self, switch: &Switch, now: u32) {
+        let snap = switch.snapshot();
+        let slots = switch.neighbor_table();
+        for nh in &self.unresolved {
+            // Every peer's slot counts the request (no short circuit).
+            let due = snap.next_hops.get(nh).into_iter().flatten().filter(|p| slots.request_due(**p, now)).count() > 0;
+            if due && let Err(e) = kick_kernel(*nh) {
+                tracing::debug!(next_hop = %nh, error = %e, "could not make the kernel resolve a next hop");
             }
         }
     }
-    Ok(known)
 }
 
-/// The control thread following the kernel's neighbour table for a switch; stops on drop.
+/// The control thread following the kernel's neighbour and route tables for a switch, in the
+/// network namespace it was started in (the underlay's); stops on drop.
 pub struct KernelNeighbors {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl KernelNeighbors {
-    /// Starts following every `period`, in the calling thread's network namespace (the
-    /// underlay's).
-    pub fn start(switch: Arc<Switch>, period: Duration) -> io::Result<KernelNeighbors> {
+    /// Starts following the kernel's notifications, with a full read every `resync` as a
+    /// safety net, in the calling thread's network namespace.
+    pub fn start(switch: Arc<Switch>, resync: Duration) -> io::Result<KernelNeighbors> {
+        let mut sock = Socket::subscribe(NETLINK_ROUTE, GROUPS)?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new().name("knitter-neigh".into()).spawn(move || {
-            let mut warned = false;
+            let (mut f, mut warned) = (Follower::default(), false);
+            let now = Instant::now;
+            let (mut full_at, mut ask_at) = (now(), now() + ASK_AGAIN);
             while !flag.load(Acquire) {
-                match sync_once(&switch, coarse_secs()) {
-                    Ok(_) => warned = false,
-                    Err(e) if !warned => {
-                        tracing::warn!(error = %e, "cannot read the kernel's neighbour table");
-                        warned = true;
+                if now() >= full_at || switch.generation() != f.generation {
+                    match f.full(&switch, coarse_secs()) {
+                        Ok(_) => warned = false,
+                        Err(e) if !warned => {
+                            tracing::warn!(error = %e, "cannot read the kernel's neighbour table");
+                            warned = true;
+                        }
+                        Err(_) => {}
                     }
-                    Err(_) => {}
+                    (full_at, ask_at) = (now() + resync, now() + ASK_AGAIN);
+                } else if now() >= ask_at {
+                    f.ask(&switch, coarse_secs());
+                    ask_at = now() + ASK_AGAIN;
                 }
-                let until = std::time::Instant::now() + period;
-                while !flag.load(Acquire) && std::time::Instant::now() < until {
-                    std::thread::sleep(Duration::from_millis(20).min(period));
+                // Woken by a notification, or in time to see the stop flag, a new configuration
+                // or the next deadline.
+                let wait = full_at.min(ask_at).saturating_duration_since(now()).min(Duration::from_millis(100));
+                let mut reread = false;
+                let got = sock.read(wait, |ty, msg| match ty {
+                    RTM_NEWNEIGH => {
+                        if let Some((ip, mac)) = usable_neighbor(msg) {
+                            f.neighbor(&switch, ip, mac, coarse_secs());
+                        }
+                    }
+                    RTM_NEWROUTE | RTM_DELROUTE => reread = true,
+                    _ => {}
+                });
+                match got {
+                    Ok(Some(lost)) if lost || reread => full_at = now(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rtnetlink notifications failed: the kernel's tables are read every resync only");
+                        std::thread::sleep(wait);
+                    }
                 }
             }
         })?;

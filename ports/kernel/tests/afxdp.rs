@@ -7,6 +7,7 @@ use std::time::Duration;
 use kernel_ports::kernel_neigh::KernelNeighbors;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
+use vswitch::wire::MacAddr;
 use kernel_ports::afpacket::AfPacketPort;
 use kernel_ports::afxdp::{AfXdpPort, Binding};
 use kernel_ports::bpf::UnderlayFilter;
@@ -64,7 +65,7 @@ kernel_ports::trunk_tests!(open);
 /// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001
 /// bridge flooding to `peer`, its VTEP at `vtep` (the node's own address when `shared`,
 /// whose next hops then come from the kernel's tables: the follower is returned too).
-fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: bool) -> (SwitchNode, Option<KernelNeighbors>) {
+fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: bool, resync: Duration) -> (SwitchNode, Option<KernelNeighbors>) {
     let node = SwitchNode::start(
         sw,
         &["pa0", "ul0"],
@@ -83,7 +84,7 @@ fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: 
     )
     .unwrap();
     let follower = shared.then(|| {
-        node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), Duration::from_millis(100))).unwrap().unwrap()
+        node.ns.enter(|| KernelNeighbors::start(node.switch.clone(), resync)).unwrap().unwrap()
     });
     (node, follower)
 }
@@ -106,7 +107,7 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
     let vtep: std::net::IpAddr = vtep.parse().unwrap();
     let peer: std::net::IpAddr = remote.parse().unwrap();
-    let (node, _follower) = vtep_node(sw, vtep, peer, shared);
+    let (node, _follower) = vtep_node(sw, vtep, peer, shared, Duration::from_millis(100));
     // The node's own address answers through its kernel while the port is attached.
     ping(&node_b, own).expect("node A's own address");
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
@@ -139,6 +140,34 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     let n = node.switch.neighbors();
     assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to node B's MAC");
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only VTEP traffic through");
+}
+
+/// The shared-address VTEP follows the kernel's notifications, not a clock: with the full
+/// read once a minute only, a neighbour the kernel learns, then one an operator replaces, is
+/// in the switch's next-hop slot at once (the time it took is printed).
+#[test]
+fn a_changed_neighbour_is_followed_at_once() {
+    let Some(_g) = netns::exclusive() else { return };
+    let (own, remote, plen) = ("198.51.100.10", "198.51.100.2", "24");
+    let netns::LinuxVxlanPeer { sw, node_b, pod_a: _pod_a, pod_b: _pod_b } = netns::linux_vxlan_peer(remote, plen, own).unwrap();
+    sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
+    let (node, _follower) = vtep_node(sw, own.parse().unwrap(), remote.parse().unwrap(), true, Duration::from_secs(60));
+    let mac = || node.switch.neighbors().first().and_then(|n| n.2.mac);
+    let followed = |want: MacAddr| {
+        let t0 = std::time::Instant::now();
+        while mac() != Some(want) {
+            assert!(t0.elapsed() < Duration::from_secs(2), "the switch still has {:?}, not {want}", mac());
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        t0.elapsed()
+    };
+    // The kernel resolves node B (the switch asked it to at its first read).
+    node.ns.run(&["ping", "-c", "1", "-W", "1", remote]).unwrap();
+    let learned = followed(netns::mac_of(&node_b, "ul1").unwrap());
+    let moved: MacAddr = "02:00:00:00:99:01".parse().unwrap();
+    node.ns.run(&["ip", "neigh", "replace", remote, "lladdr", &moved.to_string(), "dev", "ul0", "nud", "permanent"]).unwrap();
+    let replaced = followed(moved);
+    eprintln!("next hop followed {learned:?} after the ping, {replaced:?} after `ip neigh replace`");
 }
 
 #[test]
@@ -198,7 +227,7 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     );
     assert_eq!(sw.enter(|| kernel_ports::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
     let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) = (own.parse().unwrap(), remote.parse().unwrap());
-    let (node, _follower) = vtep_node(sw, vtep, peer, true);
+    let (node, _follower) = vtep_node(sw, vtep, peer, true, Duration::from_millis(100));
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN through the gateway");
     ping(&pod_b, "192.0.2.1").expect("and back");
     let n = node.switch.neighbors();
@@ -525,7 +554,7 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
         if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
     let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
     kernel_ports::testkit::cni_offloads(&pod_a, "eth0").unwrap();
-    let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false);
+    let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false, Duration::from_millis(100));
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
     assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");
     assert_eq!(netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(), 1024 * 1024, "pod A sends");
