@@ -174,8 +174,11 @@ impl Socket {
         let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one pollfd on our own descriptor.
-        if check(unsafe { libc::poll(&mut p, 1, ms) })? == 0 {
-            return Ok(None);
+        match check(unsafe { libc::poll(&mut p, 1, ms) }) {
+            Ok(0) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(None),
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
         let mut buf = vec![0u8; 65536];
         let mut lost = false;

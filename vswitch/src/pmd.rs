@@ -278,6 +278,8 @@ impl PmdSet {
         if threads.is_empty() {
             threads = (0..n).collect();
         }
+        // Not onto a thread that ended (its queues are dealt to the others only by a restart).
+        threads.retain(|&t| self.alive[t].load(Acquire));
         let movable: Vec<((u16, u16), u64)> = after
             .iter()
             .filter(|(q, _)| snap.port(q.0).is_some_and(|pe| pe.pmd.is_none()))
@@ -416,13 +418,19 @@ fn guarded<R>(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, idx: usize,
 /// How often a PMD thread looks again at which dynamic queues are active.
 const REBALANCE: Duration = Duration::from_millis(100);
 
-/// Publishes `queues` as the thread's placement if they are not what it polls already;
-/// returns what it polls.
+/// Publishes `queues` as the thread's placement (with `stats`, the thread's counters) if
+/// they are not what it polls already; returns what it polls. A queue it kept keeps its
+/// counts.
 fn place(slot: &ArcSwapOption<Placement>, current: Arc<Placement>, queues: Vec<(u16, u16)>, stats: &Arc<crate::counters::ThreadStats>) -> Arc<Placement> {
-    if current.queues.len() == queues.len() && current.queues.iter().zip(&queues).all(|(a, &(p, q))| (a.port, a.queue) == (p, q)) {
+    let same = current.queues.len() == queues.len() && current.queues.iter().zip(&queues).all(|(a, &(p, q))| (a.port, a.queue) == (p, q));
+    if same && Arc::ptr_eq(&current.stats, stats) {
         return current;
     }
-    let queues = queues.into_iter().map(|(port, queue)| PolledQueue { port, queue, busy: AtomicU64::new(0), packets: AtomicU64::new(0) }).collect();
+    let kept = |port: u16, queue: u16, f: fn(&PolledQueue) -> u64| current.queues.iter().find(|c| (c.port, c.queue) == (port, queue)).map_or(0, f);
+    let queues = queues
+        .into_iter()
+        .map(|(port, queue)| PolledQueue { port, queue, busy: AtomicU64::new(kept(port, queue, PolledQueue::busy_cycles)), packets: AtomicU64::new(kept(port, queue, PolledQueue::packets)) })
+        .collect();
     let placed = Arc::new(Placement { queues, stats: stats.clone() });
     slot.store(Some(placed.clone()));
     placed
@@ -431,11 +439,11 @@ fn place(slot: &ArcSwapOption<Placement>, current: Arc<Placement>, queues: Vec<(
 fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired, placement): (&AtomicU64, &Retired, &ArcSwapOption<Placement>), kick_fd: RawFd, idle: IdlePolicy) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
-    let stats = pipe.stats().clone();
+    let mut stats = pipe.stats().clone();
     let mut polled = place(placement, Arc::new(Placement { queues: Vec::new(), stats: stats.clone() }), assigned(switch, &snap, idx, n), &stats);
     placement.store(Some(polled.clone()));
     let mut faults = switch.faults().generation();
-    let mut moved = switch.moves().generation;
+    let mut moved = switch.moves_generation();
     adopted.store(snap.generation, Release);
     let mut batch = Batch::new();
     let mut idle_since: Option<Instant> = None;
@@ -452,9 +460,9 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         // Busy threads look every 1024 polls, idle ones every time (a clock read).
         loops = loops.wrapping_add(1);
-        if faults != switch.faults().generation() || moved != switch.moves().generation || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
+        if faults != switch.faults().generation() || moved != switch.moves_generation() || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
             faults = switch.faults().generation();
-            moved = switch.moves().generation;
+            moved = switch.moves_generation();
             polled = place(placement, polled, assigned(switch, &snap, idx, n), &stats);
             next_rebalance = Instant::now() + REBALANCE;
         }
@@ -473,6 +481,12 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
                 }
                 None => break, // the port's queues leave the list next round
             }
+        }
+        if !Arc::ptr_eq(&stats, pipe.stats()) {
+            // A panic replaced the pipeline (and its counters): the placement shows the new ones.
+            stats = pipe.stats().clone();
+            let queues = polled.queues.iter().map(|q| (q.port, q.queue)).collect();
+            polled = place(placement, polled, queues, &stats);
         }
         let now = cycles();
         let spent = now.wrapping_sub(last);

@@ -249,6 +249,14 @@ impl Switch {
         {
             self.capture.port_removed(id);
         }
+        // A rebalance's placement is by port id: a port gone (its id may be given to another)
+        // loses its.
+        let moves = self.moves.load_full();
+        let same_port = |id: u16| old.port(id).map(|p| &p.name) == snap.port(id).map(|p| &p.name);
+        if moves.placed.keys().any(|&(p, _)| !same_port(p)) {
+            let placed = moves.placed.iter().filter(|((p, _), _)| same_port(*p)).map(|(k, v)| (*k, *v)).collect();
+            self.moves.store(Arc::new(crate::pmd::Moves { generation: moves.generation + 1, placed }));
+        }
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
         c.ids = ids;
@@ -330,6 +338,12 @@ impl Switch {
     /// Where a rebalance placed queues (PMD threads follow when its generation changes).
     pub fn moves(&self) -> Arc<crate::pmd::Moves> {
         self.moves.load_full()
+    }
+
+    /// The generation of [`Switch::moves`] (a PMD thread's check each loop: no reference
+    /// count written).
+    pub fn moves_generation(&self) -> u64 {
+        self.moves.load().generation
     }
 
     pub(crate) fn set_moves(&self, m: crate::pmd::Moves) {

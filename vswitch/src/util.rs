@@ -163,9 +163,15 @@ pub fn cycles() -> u64 {
 /// other: a vCPU stall between the two reads (this VM stops a vCPU for milliseconds) put
 /// that trial's rate off by the stall's share of 100 ms.
 pub fn tsc_hz() -> f64 {
-    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *HZ.get_or_init(calibrate)
+    *TSC_HZ.get_or_init(calibrate)
 }
+
+/// [`tsc_hz`] if it is calibrated already (without waiting the 100 ms it takes).
+pub fn tsc_hz_known() -> Option<f64> {
+    TSC_HZ.get().copied()
+}
+
+static TSC_HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
 /// The median of five 20 ms measurements, each clock pair read with nothing between.
 fn calibrate() -> f64 {

@@ -186,9 +186,10 @@ impl NodeApi for Api {
     }
 
     async fn pmd_show(&self, _: Request<pb::PmdShowRequest>) -> Result<Response<pb::PmdShowReply>, Status> {
-        // The first call calibrates the TSC's rate (100 ms): off the async workers.
+        // The TSC's rate may still be calibrating (100 ms after start): waited for off the
+        // async workers.
         let node = self.node.clone();
-        blocking(move || crate::views::pmd_reply(&node)).await.map(Response::new)
+        blocking(move || pb::PmdShowReply { tsc_hz: vswitch::util::tsc_hz() as u64, ..crate::views::pmd_reply(&node) }).await.map(Response::new)
     }
 
     async fn pmd_rebalance(&self, r: Request<pb::PmdRebalanceRequest>) -> Result<Response<pb::PmdRebalanceReply>, Status> {

@@ -75,7 +75,9 @@ pub fn render(node: &Node) -> String {
     // Counters only: utilisation and cycles a packet are ratios of their rates, for PromQL
     // over the window a dashboard picks (docs/operations.md "Metrics").
     let placed = crate::views::pmd_reply(node);
-    family(&mut o, "knitter_tsc_hz", "gauge", "TSC cycles a second (to turn the *_cycles_total counters into seconds).", "", [(String::new(), placed.tsc_hz as f64)]);
+    // Left out for the 100 ms after start the daemon takes to calibrate it (a scrape never waits).
+    let tsc = (placed.tsc_hz > 0).then(|| (String::new(), placed.tsc_hz as f64));
+    family(&mut o, "knitter_tsc_hz", "gauge", "TSC cycles a second (to turn the *_cycles_total counters into seconds).", "", tsc);
     for (name, help, f) in [
         ("knitter_pmd_rxq_busy_cycles_total", "TSC cycles of the polls of the rx queue that moved packets, since the PMD thread was given it.", (|q: &knitter_api::node::PolledQueue| q.busy_cycles) as fn(&knitter_api::node::PolledQueue) -> u64),
         ("knitter_pmd_rxq_packets_total", "Frames the PMD thread received from the rx queue, since it was given it.", |q| q.packets),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Full reads of the kernel's tables between notifications (a safety net).
-const RESYNC: Duration = Duration::from_secs(5);
+const RESYNC: Duration = Duration::from_secs(30);
 /// How often the daemon looks whether the VTEP went to or left the shared-address mode, or
 /// its underlay moved to another namespace.
 const CHECK: Duration = Duration::from_secs(1);

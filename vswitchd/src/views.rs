@@ -119,7 +119,8 @@ pub fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
         .collect()
 }
 
-/// Each PMD thread and the queues it polls, named (the API's `PmdShow`).
+/// Each PMD thread and the queues it polls, named (the API's `PmdShow`); `tsc_hz` 0 while the
+/// TSC's rate is not calibrated yet (the daemon does it at start: see `Node::start`).
 pub fn pmd_reply(node: &Node) -> pb::PmdShowReply {
     let snap = node.switch.snapshot();
     let name = |id: u16| snap.port(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
@@ -143,5 +144,5 @@ pub fn pmd_reply(node: &Node) -> pb::PmdShowReply {
             }
         })
         .collect();
-    pb::PmdShowReply { threads, tsc_hz: vswitch::util::tsc_hz() as u64 }
+    pb::PmdShowReply { threads, tsc_hz: vswitch::util::tsc_hz_known().unwrap_or(0.0) as u64 }
 }

@@ -398,7 +398,7 @@ async fn prometheus_scrapes_the_counters() {
         "knitter_fdb_entries{bridge=\"red\"} 0",
         "# TYPE knitter_pmd_busy_cycles_total counter",
         "# TYPE knitter_pmd_rxq_busy_cycles_total counter",
-        "knitter_tsc_hz ",
+        "# TYPE knitter_tsc_hz gauge",
         "knitter_buffers 4095",
         "knitter_queue_rx_packets_total{port=\"vnf0\",queue=\"3\"} 0",
         "# TYPE knitter_drops_total counter",

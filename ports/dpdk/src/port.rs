@@ -39,10 +39,10 @@ pub struct DpdkPort {
     port_id: u16,
     mp: *mut dpdk_sys::rte_mempool,
     queues: u16,
-    tx_locks: Box<[Mutex<()>]>,
+    tx_locks: Box<[QueueLock]>,
     /// Per rx queue, taken while a thread polls it: a queue moves between PMD threads when
     /// the configuration changes (or a port is pinned), and for a moment both may try.
-    rx_locks: Box<[Mutex<()>]>,
+    rx_locks: Box<[QueueLock]>,
     counters: Box<[QueueCounters]>,
     /// Link state, written by the EAL's interrupt thread on link events (devices that have
     /// them) and by [`Port::refresh_link`]; boxed so its address, given to the callback,
@@ -52,6 +52,12 @@ pub struct DpdkPort {
     mac: Option<MacAddr>,
     max_frame: usize,
 }
+
+/// A queue's try-lock, alone on its cache line (threads polling other queues take theirs
+/// without sharing a line).
+#[derive(Default)]
+#[repr(align(64))]
+struct QueueLock(Mutex<()>);
 
 // SAFETY: the raw mempool pointer is shared by design (DPDK mempools are multi-thread safe);
 // every other field is Sync. Queue access discipline: see the module's Safety section.
@@ -148,8 +154,8 @@ impl DpdkPort {
             port_id,
             mp,
             queues,
-            tx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
-            rx_locks: (0..queues).map(|_| Mutex::new(())).collect(),
+            tx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
+            rx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
             counters: (0..queues).map(|_| QueueCounters::default()).collect(),
             up: Box::new(AtomicBool::new(false)),
             lsc,
@@ -341,7 +347,7 @@ impl Port for DpdkPort {
             return 0;
         }
         // One poller at a time; a second one finds the lock taken and returns empty-handed.
-        let Ok(_polling) = self.rx_locks[q as usize].try_lock() else { return 0 };
+        let Ok(_polling) = self.rx_locks[q as usize].0.try_lock() else { return 0 };
         eal::register_thread();
         let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
         let room = batch.room().min(BATCH) as u16;
@@ -385,7 +391,7 @@ impl Port for DpdkPort {
     fn tx_burst(&self, q: u16, cache: &mut PoolCache, batch: &mut Batch) -> usize {
         let q = q % self.queues;
         let c = &self.counters[q as usize];
-        let Ok(_g) = self.tx_locks[q as usize].try_lock() else {
+        let Ok(_g) = self.tx_locks[q as usize].0.try_lock() else {
             c.tx_full.add(batch.len() as u64);
             return 0;
         };

@@ -53,13 +53,17 @@ pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
     let mut ndmsg = [0u8; NDMSG_LEN];
     ndmsg[0] = family;
     let replies = sock.request(&mut Msg::new(RTM_GETNEIGH, NLM_F_DUMP, &ndmsg))?;
-    Ok(replies.iter().filter_map(|r| usable_neighbor(r)).collect())
+    Ok(replies.iter().filter_map(|r| usable_neighbor(r, family)).collect())
 }
 
-/// A neighbour message's (address, link-layer address) when its state makes the address
-/// usable.
-fn usable_neighbor(r: &[u8]) -> Option<(IpAddr, MacAddr)> {
+/// A neighbour message's (address, link-layer address) when it is of address family
+/// `family` (not a bridge's forwarding entry, `AF_BRIDGE`, which a kernel VXLAN device's
+/// remote MACs are) and its state makes the address usable.
+fn usable_neighbor(r: &[u8], family: u8) -> Option<(IpAddr, MacAddr)> {
     let (nd, attrs) = (r.get(..NDMSG_LEN)?, r.get(NDMSG_LEN..)?);
+    if nd[0] != family {
+        return None;
+    }
     let state = u16::from_ne_bytes([nd[8], nd[9]]);
     if state & NUD_USABLE == 0 {
         return None;
@@ -118,7 +122,35 @@ struct Follower {
     /// Where frames go → the next hops that go there.
     behind: HashMap<IpAddr, Vec<IpAddr>>,
     unresolved: Vec<IpAddr>,
-    generation: u64,
+    /// What the last full read was for: the VTEP (its address) and the next hops (taken
+    /// whole by a new configuration whose peers did not change).
+    read_for: Option<(IpAddr, NextHops)>,
+}
+
+/// A snapshot's next hops and the peers behind each.
+type NextHops = Arc<vswitch::util::FxMap<IpAddr, Vec<u16>>>;
+
+impl Follower {
+    /// Whether the switch's VTEP or next hops changed since the last full read (a change of
+    /// anything else, a pod's port, needs no read).
+    fn stale(&self, switch: &Switch) -> bool {
+        let snap = switch.snapshot();
+        let now = snap.vtep.as_ref().filter(|v| v.shared).map(|v| v.local);
+        match (&self.read_for, now) {
+            (Some((local, hops)), Some(l)) => *local != l || !Arc::ptr_eq(hops, &snap.next_hops),
+            (None, None) => false,
+            _ => true,
+        }
+    }
+
+    /// The VTEP's address family (`AF_INET`, `AF_INET6`), 0 without a shared VTEP.
+    fn family(&self) -> u8 {
+        match self.read_for.as_ref().map(|r| r.0) {
+            Some(IpAddr::V4(_)) => libc::AF_INET as u8,
+            Some(IpAddr::V6(_)) => libc::AF_INET6 as u8,
+            None => 0,
+        }
+    }
 }
 
 impl Follower {
@@ -126,10 +158,11 @@ impl Follower {
     /// asks the kernel for the rest. Returns how many next hops were known.
     fn full(&mut self, switch: &Switch, now: u32) -> io::Result<usize> {
         let snap = switch.snapshot();
-        self.generation = snap.generation;
         self.behind.clear();
         self.unresolved.clear();
+        self.read_for = None;
         let Some(vtep) = snap.vtep.as_ref().filter(|v| v.shared) else { return Ok(0) };
+        self.read_for = Some((vtep.local, snap.next_hops.clone()));
         if snap.next_hops.is_empty() {
             return Ok(0);
         }
@@ -203,12 +236,16 @@ impl KernelNeighbors {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new().name("knitter-neigh".into()).spawn(move || {
-            let (mut f, mut warned) = (Follower::default(), false);
+            let (mut f, mut warned, mut warned_read) = (Follower::default(), false, false);
             let now = Instant::now;
             let (mut full_at, mut ask_at) = (now(), now() + ASK_AGAIN);
             while !flag.load(Acquire) {
-                if now() >= full_at || switch.generation() != f.generation {
-                    match f.full(&switch, coarse_secs()) {
+                if now() >= full_at || f.stale(&switch) {
+                    let read = f.full(&switch, coarse_secs());
+                    // A failed read is tried again soon: until one works, notifications have
+                    // nothing to apply to.
+                    let next = if read.is_ok() { resync } else { ASK_AGAIN };
+                    match read {
                         Ok(_) => warned = false,
                         Err(e) if !warned => {
                             tracing::warn!(error = %e, "cannot read the kernel's neighbour table");
@@ -216,7 +253,7 @@ impl KernelNeighbors {
                         }
                         Err(_) => {}
                     }
-                    (full_at, ask_at) = (now() + resync, now() + ASK_AGAIN);
+                    (full_at, ask_at) = (now() + next, now() + ASK_AGAIN);
                 } else if now() >= ask_at {
                     f.ask(&switch, coarse_secs());
                     ask_at = now() + ASK_AGAIN;
@@ -225,9 +262,10 @@ impl KernelNeighbors {
                 // or the next deadline.
                 let wait = full_at.min(ask_at).saturating_duration_since(now()).min(Duration::from_millis(100));
                 let mut reread = false;
+                let family = f.family();
                 let got = sock.read(wait, |ty, msg| match ty {
                     RTM_NEWNEIGH => {
-                        if let Some((ip, mac)) = usable_neighbor(msg) {
+                        if let Some((ip, mac)) = usable_neighbor(msg, family) {
                             f.neighbor(&switch, ip, mac, coarse_secs());
                         }
                     }
@@ -236,9 +274,12 @@ impl KernelNeighbors {
                 });
                 match got {
                     Ok(Some(lost)) if lost || reread => full_at = now(),
-                    Ok(_) => {}
+                    Ok(_) => warned_read = false,
                     Err(e) => {
-                        tracing::warn!(error = %e, "rtnetlink notifications failed: the kernel's tables are read every resync only");
+                        if !warned_read {
+                            tracing::warn!(error = %e, "rtnetlink notifications failed: the kernel's tables are read every resync only");
+                            warned_read = true;
+                        }
                         std::thread::sleep(wait);
                     }
                 }
