@@ -257,6 +257,19 @@ fn two_pods() -> (vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns
     (sw, pa, pb_)
 }
 
+/// A daemon (with `args`) serving bridge red with the two pods' ports on it (`pa0` on
+/// AF_XDP, `pb0` on AF_PACKET), the pods pinging each other through it.
+async fn daemon_with_two_pods(dir: &Path, args: &[&str]) -> (Daemon, NodeClient<Channel>, (vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns, vswitch::testkit::netns::Netns)) {
+    let (sw, pa, pb_) = two_pods();
+    let d = Daemon::start(dir, args).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
+    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
+    vswitch::testkit::netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    (d, c, (sw, pa, pb_))
+}
+
 /// A VTEP on the node's own address (`knitterctl vtep set --shared`) through the daemon:
 /// the node's kernel answers ARP for that address and resolves the peers, the daemon copies
 /// their next hops from the kernel's tables, and a pod pings a pod behind Linux's own VXLAN
@@ -316,13 +329,7 @@ async fn changes_never_disturb_traffic_on_other_ports() {
     use vswitch::testkit::netns;
     let Some(_g) = netns::exclusive() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (sw, pa, pb_) = two_pods();
-    let d = Daemon::start(dir.path(), &["--no-state"]).await;
-    let mut c = d.client();
-    add_bridge(&mut c, bridge("red")).await.unwrap();
-    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
-    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
-    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    let (_d, mut c, (_sw, pa, pb_)) = daemon_with_two_pods(dir.path(), &["--no-state"]).await;
 
     let pinger = {
         let name = pa.name.clone();
@@ -948,13 +955,7 @@ async fn an_operator_captures_a_pods_frames_for_tcpdump() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (sw, pa, _pb) = two_pods();
-    let d = Daemon::start(dir.path(), &["--no-state"]).await;
-    let mut c = d.client();
-    add_bridge(&mut c, bridge("red")).await.unwrap();
-    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
-    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
-    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    let (d, mut c, (_sw, pa, _pb)) = daemon_with_two_pods(dir.path(), &["--no-state"]).await;
     // Started, it says so on standard error (read on to its end by a thread); then the pings go.
     let started = |child: &mut std::process::Child| {
         let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
@@ -1039,13 +1040,7 @@ async fn pmd_show_says_which_thread_polls_each_queue() {
     use vswitch::testkit::netns;
     let Some(_g) = netns::exclusive() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (sw, pa, _pb) = two_pods();
-    let d = Daemon::start(dir.path(), &["--no-state", "--pmd-threads", "2"]).await;
-    let mut c = d.client();
-    add_bridge(&mut c, bridge("red")).await.unwrap();
-    add_port(&mut c, kernel_port("pa0", "pa0", &sw.name, true, "red")).await.unwrap();
-    add_port(&mut c, kernel_port("pb0", "pb0", &sw.name, false, "red")).await.unwrap();
-    netns::ping(&pa, "192.0.2.2").expect("pods reach each other through the daemon");
+    let (d, mut c, (sw, pa, _pb)) = daemon_with_two_pods(dir.path(), &["--no-state", "--pmd-threads", "2"]).await;
     let r = c.pmd_show(pb::PmdShowRequest {}).await.unwrap().into_inner();
     assert_eq!(r.threads.len(), 2, "{r:?}");
     assert!(r.tsc_hz > 0 && r.threads.iter().all(|t| t.alive && t.core == -1), "{r:?}");
