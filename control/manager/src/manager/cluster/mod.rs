@@ -125,27 +125,27 @@ impl Status {
 impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
-        let rows: [(&str, &str, &str, u64); 16] = [
-            ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", self.leader as u64),
-            ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists),
-            ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports),
-            ("knitter_manager_kubernetes_released_nodes_total", "counter", "nodes forgotten because the cluster deleted them", self.released_nodes),
-            ("knitter_manager_kubernetes_held_ports", "gauge", "ports of pods the last list did not show, held because it showed no pod on their node either", self.held_ports),
-            ("knitter_manager_kubernetes_watch_errors_total", "counter", "watch errors (the watchers retry with a backoff)", self.watch_errors),
-            ("knitter_manager_kubernetes_pods", "gauge", "pods in the controller's view", self.pods),
-            ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes),
-            ("knitter_manager_kubernetes_last_reconcile_microseconds", "gauge", "how long the last reconcile after a list took", self.last_reconcile_micros),
-            ("knitter_manager_kubernetes_network_status_patches_total", "counter", "pods' network-status annotations written", self.status_patches),
-            ("knitter_manager_kubernetes_network_resources", "gauge", "Network resources in view", self.network_resources),
-            ("knitter_manager_kubernetes_network_resources_ready", "gauge", "Network resources made on the manager (Ready)", self.network_resources_ready),
-            ("knitter_manager_kubernetes_attachment_definitions", "gauge", "Knitter's NetworkAttachmentDefinitions in place", self.attachment_definitions),
-            ("knitter_manager_kubernetes_attachment_definition_writes_total", "counter", "NetworkAttachmentDefinitions created, replaced or deleted", self.attachment_definition_writes),
-            ("knitter_manager_kubernetes_events_total", "counter", "Kubernetes Events published", self.events),
-            ("knitter_manager_kubernetes_events_failed_total", "counter", "Kubernetes Events not published (refused, timed out, or dropped from a full queue)", self.events_failed),
+        let rows: [(&str, &str, &str, f64); 16] = [
+            ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", f64::from(u8::from(self.leader))),
+            ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists as f64),
+            ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports as f64),
+            ("knitter_manager_kubernetes_released_nodes_total", "counter", "nodes forgotten because the cluster deleted them", self.released_nodes as f64),
+            ("knitter_manager_kubernetes_held_ports", "gauge", "ports of pods the last list did not show, held because it showed no pod on their node either", self.held_ports as f64),
+            ("knitter_manager_kubernetes_watch_errors_total", "counter", "watch errors (the watchers retry with a backoff)", self.watch_errors as f64),
+            ("knitter_manager_kubernetes_pods", "gauge", "pods in the controller's view", self.pods as f64),
+            ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes as f64),
+            ("knitter_manager_kubernetes_last_reconcile_seconds", "gauge", "how long the last reconcile after a list took", self.last_reconcile_micros as f64 / 1e6),
+            ("knitter_manager_kubernetes_network_status_patches_total", "counter", "pods' network-status annotations written", self.status_patches as f64),
+            ("knitter_manager_kubernetes_network_resources", "gauge", "Network resources in view", self.network_resources as f64),
+            ("knitter_manager_kubernetes_network_resources_ready", "gauge", "Network resources made on the manager (Ready)", self.network_resources_ready as f64),
+            ("knitter_manager_kubernetes_attachment_definitions", "gauge", "Knitter's NetworkAttachmentDefinitions in place", self.attachment_definitions as f64),
+            ("knitter_manager_kubernetes_attachment_definition_writes_total", "counter", "NetworkAttachmentDefinitions created, replaced or deleted", self.attachment_definition_writes as f64),
+            ("knitter_manager_kubernetes_events_total", "counter", "Kubernetes Events published", self.events as f64),
+            ("knitter_manager_kubernetes_events_failed_total", "counter", "Kubernetes Events not published (refused, timed out, or dropped from a full queue)", self.events_failed as f64),
         ];
         let mut out = String::new();
         for (name, kind, help, v) in rows {
-            knitter_api::metrics::family(&mut out, name, kind, help, "", [(String::new(), v as f64)]);
+            knitter_api::metrics::family(&mut out, name, kind, help, "", [(String::new(), v)]);
         }
         out
     }
