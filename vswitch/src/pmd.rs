@@ -366,14 +366,16 @@ pub fn assignment_with(snap: &Snapshot, idx: usize, n: usize, moves: &Moves) -> 
 }
 
 /// Places `loads` (queue, busy cycles) on `threads`, the busiest first, each on the thread
-/// with the least load so far (OVS's `cycles` assignment); returns the placement.
+/// with the least load so far (OVS's `cycles` assignment), idle queues spread by count;
+/// returns the placement.
 pub fn place_by_load(mut loads: Vec<((u16, u16), u64)>, threads: &[usize]) -> std::collections::BTreeMap<(u16, u16), usize> {
     loads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut sum = vec![0u64; threads.len()];
+    // Ties (idle queues) go to the thread with the fewest queues.
+    let (mut sum, mut count) = (vec![0u64; threads.len()], vec![0usize; threads.len()]);
     let mut placed = std::collections::BTreeMap::new();
     for (q, load) in loads {
-        let Some(i) = (0..threads.len()).min_by_key(|&i| (sum[i], i)) else { break };
-        sum[i] += load;
+        let Some(i) = (0..threads.len()).min_by_key(|&i| (sum[i], count[i], i)) else { break };
+        (sum[i], count[i]) = (sum[i] + load, count[i] + 1);
         placed.insert(q, threads[i]);
     }
     placed

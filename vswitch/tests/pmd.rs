@@ -307,6 +307,8 @@ fn a_rebalance_places_queues_by_load() {
     let (a, b, c, d) = ((0, 0), (0, 1), (1, 0), (1, 1));
     let placed = place_by_load(vec![(c, 10), (a, 100), (d, 5), (b, 90)], &[0, 1]);
     assert_eq!(placed.into_iter().collect::<Vec<_>>(), vec![(a, 0), (b, 1), (c, 1), (d, 0)]);
+    let idle = place_by_load(vec![(a, 0), (b, 0), (c, 0), (d, 0)], &[0, 1]);
+    assert_eq!(idle.values().filter(|&&t| t == 0).count(), 2, "idle queues spread: {idle:?}");
 
     let r = rig(3);
     let snap = r.switch.snapshot();

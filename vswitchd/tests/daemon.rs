@@ -982,10 +982,10 @@ async fn an_operator_captures_a_pods_frames_for_tcpdump() {
     assert_eq!(text.matches("192.0.2.1 > 192.0.2.2: ICMP echo request").count(), 3, "{text}");
     assert_eq!(text.matches("192.0.2.2 > 192.0.2.1: ICMP echo reply").count(), 3, "{text}");
 
-    // Live into tcpdump.
+    // Live into tcpdump (whose own notes on standard error would mix with knitterctl's).
     let mut child = Command::new("sh")
         .arg("-c")
-        .arg(format!("'{}' --socket '{}' capture pa0 --direction rx -c 2 -w - 'icmp[icmptype] = icmp-echo' | tcpdump -n -r -", ctl.display(), d.socket.display()))
+        .arg(format!("'{}' --socket '{}' capture pa0 --direction rx -c 2 -w - 'icmp[icmptype] = icmp-echo' | tcpdump -n -r - 2>/dev/null", ctl.display(), d.socket.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
