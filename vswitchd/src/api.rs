@@ -142,17 +142,23 @@ impl NodeApi for Api {
         let r = r.into_inner();
         let doc = crate::state::NodeState::parse(&r.document, &r.format).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let node = self.node.clone();
-        let report = blocking(move || node.apply(doc, r.dry_run)).await?.map_err(status)?;
+        let report = blocking(move || node.apply(doc, r.dry_run, r.prune)).await?.map_err(status)?;
         Ok(Response::new(pb::ApplyReply {
             generation: report.generation,
             added: report.added,
             changed: report.changed,
             removed: report.removed,
+            kept: report.kept,
         }))
     }
 
     async fn export(&self, r: Request<pb::ExportRequest>) -> Result<Response<pb::ExportReply>, Status> {
-        let document = self.node.state().local_document(&r.into_inner().format).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let r = r.into_inner();
+        let select = crate::state::Selection { kind: Some(r.kind), name: Some(r.name), all_owners: r.all_owners };
+        let document = self.node.state().document(&r.format, &select).map_err(|e| match e {
+            crate::state::DocumentError::NotFound { .. } => Status::not_found(e.to_string()),
+            e => Status::invalid_argument(e.to_string()),
+        })?;
         Ok(Response::new(pb::ExportReply { document }))
     }
 

@@ -4,7 +4,7 @@
 //! name are untouched), then persisted. A refused change leaves everything as it was.
 
 use crate::devices::{self, DeviceError, OpenPort};
-use crate::state::{Device, NodeState, Owned, Owner, PortSpec, StateError};
+use crate::state::{Device, Document, NodeState, Owned, Owner, PortSpec, StateError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +22,11 @@ pub enum NodeError {
     NotFound { kind: &'static str, name: String },
     #[error("{kind} {name:?} is owned by {owner}; a {by} request may not change it")]
     NotOwner { kind: &'static str, name: String, owner: Owner, by: Owner },
+    #[error(
+        "{kind} {name:?} is {claimed}'s in the document, not as the node has it: a document adds and changes \
+         local objects, and shows another owner's only as they are"
+    )]
+    OwnerClaimed { kind: &'static str, name: String, claimed: Owner },
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     #[error(transparent)]
@@ -43,6 +48,8 @@ pub struct ApplyReport {
     pub added: Vec<String>,
     pub changed: Vec<String>,
     pub removed: Vec<String>,
+    /// Local objects of the kinds a document names that it lacks, kept (no prune).
+    pub kept: Vec<String>,
     /// What was not applied, with why (the manager's objects a local one shadows).
     pub skipped: Vec<String>,
     /// Some of what was skipped may go through when tried again (a device that did not open).
@@ -82,6 +89,25 @@ pub struct Node {
     /// Why the manager refused this node's credential at the last attempt (join or sync),
     /// until it accepts one: the node is not ready (a bad token holds a rollout).
     manager_refusal: Mutex<Option<String>>,
+}
+
+/// Whether a document's object is the document's own to add or change (`true`), or another
+/// owner's shown as the node has it (`node`, what `-o yaml` of a list prints), left alone.
+/// Anything else, the node's object another owner's or the document claiming one, refuses.
+fn documents_local<T: PartialEq>(doc: &Owned<T>, node: Option<&Owned<T>>, kind: &'static str, name: &str) -> Result<bool, NodeError> {
+    match node {
+        Some(o) if o.owner != Owner::Local || doc.owner != Owner::Local => {
+            if o.owner == doc.owner && o.item == doc.item {
+                Ok(false)
+            } else if o.owner != Owner::Local {
+                Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by: Owner::Local })
+            } else {
+                Err(NodeError::OwnerClaimed { kind, name: name.into(), claimed: doc.owner })
+            }
+        }
+        None if doc.owner != Owner::Local => Err(NodeError::OwnerClaimed { kind, name: name.into(), claimed: doc.owner }),
+        _ => Ok(true),
+    }
 }
 
 fn owned_by<T>(o: &Owned<T>, kind: &'static str, name: &str, by: Owner) -> Result<(), NodeError> {
@@ -446,39 +472,51 @@ impl Node {
         taken
     }
 
-    /// Converges the `local` objects to `doc` (every object in it local): one atomic change.
-    /// A port whose device changes, or whose new mode its device should be opened otherwise
-    /// for (a trunk where AF_XDP hides tags), is opened again in place. An object of `doc`
-    /// the manager owns, or a vhost-user port moved to other settings on the same socket,
-    /// refuses the whole document. With `dry_run`, only reports.
-    pub fn apply(&self, doc: NodeState, dry_run: bool) -> Result<ApplyReport, NodeError> {
+    /// Applies the topology document `doc` to the `local` objects: one atomic change. Its
+    /// local objects are added or changed; with `prune`, the local objects of the kinds it
+    /// names that it lacks are removed (without, they are kept and reported). Another
+    /// owner's object may appear only as the node has it, and is left alone. A port whose
+    /// device changes, or whose new mode its device should be opened otherwise for (a trunk
+    /// where AF_XDP hides tags), is opened again in place. An object another owner holds, or
+    /// a vhost-user port moved to other settings on the same socket, refuses the whole
+    /// document. With `dry_run`, only reports.
+    pub fn apply(&self, doc: Document, dry_run: bool, prune: bool) -> Result<ApplyReport, NodeError> {
+        let Document { objects: doc, kinds } = doc;
         let mut inner = self.inner();
         let state = &inner.state;
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
         let mut candidate = NodeState::default();
-        // Bridges: the manager's stay; the document's replace every local one.
+        // Bridges: other owners' stay; the document's local ones are added or changed.
         for b in &doc.bridges {
-            match state.bridge(&b.item.name) {
-                Some(o) if o.owner != Owner::Local => owned_by(o, "bridge", &b.item.name, Owner::Local)?,
-                Some(o) if o.item != b.item => report.changed.push(format!("bridge {}", b.item.name)),
+            let name = &b.item.name;
+            match state.bridge(name) {
+                o if !documents_local(b, o, "bridge", name)? => {}
+                Some(o) if o.item != b.item => report.changed.push(format!("bridge {name}")),
                 Some(_) => {}
-                None => report.added.push(format!("bridge {}", b.item.name)),
+                None => report.added.push(format!("bridge {name}")),
             }
         }
         for b in &state.bridges {
+            let name = &b.item.name;
             match b.owner {
-                Owner::Local if doc.bridge(&b.item.name).is_none() => report.removed.push(format!("bridge {}", b.item.name)),
-                Owner::Local => {}
+                Owner::Local if doc.bridge(name).is_some() => {}
+                Owner::Local if prune && kinds.bridges => report.removed.push(format!("bridge {name}")),
+                Owner::Local => {
+                    if kinds.bridges {
+                        report.kept.push(format!("bridge {name}"));
+                    }
+                    candidate.bridges.push(b.clone());
+                }
                 Owner::Manager | Owner::Attach => candidate.bridges.push(b.clone()),
             }
         }
-        candidate.bridges.extend(doc.bridges.iter().map(|b| Owned { owner: Owner::Local, item: b.item.clone() }));
+        candidate.bridges.extend(doc.bridges.iter().filter(|b| b.owner == Owner::Local).cloned());
         // Ports, the same way; a device changed is opened again.
         let (mut new_ports, mut gone_ports, mut reopened) = (Vec::new(), Vec::new(), Vec::new());
         for p in &doc.ports {
             let name = &p.item.config.name;
             match state.port(name) {
-                Some(o) if o.owner != Owner::Local => owned_by(o, "port", name, Owner::Local)?,
+                o if !documents_local(p, o, "port", name)? => {}
                 Some(o) if o.item != p.item => {
                     match inner.open.get(name) {
                         Some(running) if reopens(running, &o.item, &p.item)? => reopened.push(name.clone()),
@@ -498,19 +536,31 @@ impl Node {
         for p in &state.ports {
             let name = &p.item.config.name;
             match p.owner {
-                Owner::Local if doc.port(name).is_none() => {
+                Owner::Local if doc.port(name).is_some() => {}
+                Owner::Local if prune && kinds.ports => {
                     report.removed.push(format!("port {name}"));
                     gone_ports.push(name.clone());
                 }
-                Owner::Local => {}
+                Owner::Local => {
+                    if kinds.ports {
+                        report.kept.push(format!("port {name}"));
+                    }
+                    candidate.ports.push(p.clone());
+                }
                 Owner::Manager | Owner::Attach => candidate.ports.push(p.clone()),
             }
         }
-        candidate.ports.extend(doc.ports.iter().map(|p| Owned { owner: Owner::Local, item: p.item.clone() }));
+        candidate.ports.extend(doc.ports.iter().filter(|p| p.owner == Owner::Local).cloned());
         // The VTEP.
         candidate.vtep = match (&state.vtep, &doc.vtep) {
-            (Some(o), Some(_)) if o.owner != Owner::Local => return Err(NodeError::NotOwner { kind: "vtep", name: "vtep".into(), owner: o.owner, by: Owner::Local }),
+            (old, Some(new)) if !documents_local(new, old.as_ref(), "vtep", "vtep")? => old.clone(),
             (Some(o), None) if o.owner != Owner::Local => Some(o.clone()),
+            (Some(o), None) if !(prune && kinds.vtep) => {
+                if kinds.vtep {
+                    report.kept.push("vtep".into());
+                }
+                Some(o.clone())
+            }
             (old, new) => {
                 match (old, new) {
                     (None, Some(_)) => report.added.push("vtep".into()),
@@ -518,7 +568,7 @@ impl Node {
                     (Some(o), Some(n)) if o.item != n.item => report.changed.push("vtep".into()),
                     _ => {}
                 }
-                new.as_ref().map(|v| Owned { owner: Owner::Local, item: v.item.clone() })
+                new.clone()
             }
         };
         if dry_run || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty()) {

@@ -755,7 +755,7 @@ mod docs {
         let file: super::FileConfig = toml::from_str(&format!("state_file{}", block("```toml\nstate_file"))).unwrap();
         assert_eq!((file.bridges.len(), file.ports.len(), file.pmd.cores.clone()), (2, 4, vec![1]));
         assert!(file.ports.iter().any(|p| matches!(p.item.device, crate::state::Device::Dpdk { .. })), "the dpdk port example");
-        let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap();
+        let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap().objects;
         assert_eq!((topo.bridges.len(), topo.ports.len()), (1, 2));
     }
 }

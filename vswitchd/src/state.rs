@@ -225,40 +225,95 @@ pub enum DocumentError {
     ExportFormat,
     #[error("unknown document format {0:?}: use yaml, toml or json")]
     Format(String),
-    #[error("a topology document declares local objects only; {0} says otherwise")]
-    NotLocal(String),
+    #[error("no {kind} {name:?}")]
+    NotFound { kind: &'static str, name: String },
+    #[error("unknown kind {0:?}: bridges, ports or vtep")]
+    Kind(String),
+}
+
+/// Which kinds a topology document names: its top-level keys (`vtep: null` and `ports: []`
+/// name theirs). `apply --prune` removes only objects of these kinds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Kinds {
+    #[serde(default, deserialize_with = "present")]
+    pub bridges: bool,
+    #[serde(default, deserialize_with = "present")]
+    pub ports: bool,
+    #[serde(default, deserialize_with = "present")]
+    pub vtep: bool,
+}
+
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
+/// A topology document (`knitterctl apply -f`): the objects it declares and the kinds it
+/// names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Document {
+    pub objects: NodeState,
+    pub kinds: Kinds,
+}
+
+/// What a document holds ([`NodeState::document`]): every kind or one, every object of it
+/// or one by name, the local objects or every owner's.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// `bridges`, `ports` or `vtep`; `None` for all three.
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub all_owners: bool,
 }
 
 impl NodeState {
     /// Parses a topology document (`knitterctl apply -f`): the config file's `bridges`,
-    /// `ports` and `vtep`, every object local.
-    pub fn parse(text: &str, format: &str) -> Result<NodeState, DocumentError> {
-        let doc: NodeState = match format {
-            "" | "yaml" | "yml" => serde_yaml::from_str(text)?,
-            "toml" => toml::from_str(text)?,
-            "json" => serde_json::from_str(text)?,
+    /// `ports` and `vtep` (another owner's objects with their `owner`), and which of the
+    /// three it names.
+    pub fn parse(text: &str, format: &str) -> Result<Document, DocumentError> {
+        Ok(match format {
+            "" | "yaml" | "yml" => Document { objects: serde_yaml::from_str(text)?, kinds: serde_yaml::from_str(text)? },
+            "toml" => Document { objects: toml::from_str(text)?, kinds: toml::from_str(text)? },
+            "json" => Document { objects: serde_json::from_str(text)?, kinds: serde_json::from_str(text)? },
             f => return Err(DocumentError::Format(f.into())),
-        };
-        match doc.first_not_local() {
-            Some(what) => Err(DocumentError::NotLocal(what)),
-            None => Ok(doc),
-        }
+        })
     }
 
-    /// The local objects as a topology document in `format` (yaml or json): what
-    /// `knitterctl node export` prints and [`NodeState::parse`] reads back unchanged.
-    pub fn local_document(&self, format: &str) -> Result<String, DocumentError> {
-        let local = NodeState {
-            bridges: self.bridges.iter().filter(|b| b.owner == Owner::Local).cloned().collect(),
-            ports: self.ports.iter().filter(|p| p.owner == Owner::Local).cloned().collect(),
-            vtep: self.vtep.clone().filter(|v| v.owner == Owner::Local),
+    /// The objects `select` picks as a topology document in `format` (yaml or json): what
+    /// `knitterctl node export` and the object commands' `-o yaml|json` print, and
+    /// [`NodeState::parse`] reads back unchanged.
+    pub fn document(&self, format: &str, select: &Selection) -> Result<String, DocumentError> {
+        let key = match select.kind.as_deref() {
+            None | Some("") => None,
+            Some(k @ ("bridges" | "ports" | "vtep")) => Some(k),
+            Some(k) => return Err(DocumentError::Kind(k.into())),
+        };
+        let name = select.name.as_deref().filter(|n| !n.is_empty());
+        let keep = |owner: Owner, object: &str| (select.all_owners || owner == Owner::Local) && name.is_none_or(|n| n == object);
+        let picked = NodeState {
+            bridges: self.bridges.iter().filter(|b| keep(b.owner, &b.item.name)).cloned().collect(),
+            ports: self.ports.iter().filter(|p| keep(p.owner, &p.item.config.name)).cloned().collect(),
+            vtep: self.vtep.clone().filter(|v| select.all_owners || v.owner == Owner::Local),
             ..NodeState::default()
         };
+        if let (Some(name), Some(kind)) = (name, key) {
+            let missing = match kind {
+                "bridges" => picked.bridges.is_empty().then_some("bridge"),
+                "ports" => picked.ports.is_empty().then_some("port"),
+                _ => None,
+            };
+            if let Some(kind) = missing {
+                return Err(DocumentError::NotFound { kind, name: name.into() });
+            }
+        }
+        let mut doc = serde_json::to_value(&picked)?;
+        if let (Some(key), Value::Object(map)) = (key, &mut doc) {
+            map.retain(|k, _| k == key);
+        }
         Ok(match format {
-            "" | "yaml" | "yml" => serde_yaml::to_string(&local)?,
+            "" | "yaml" | "yml" => serde_yaml::to_string(&doc)?,
             // Some objects hold unit variants, which TOML cannot write (it reads them).
             "toml" => return Err(DocumentError::ExportFormat),
-            "json" => serde_json::to_string_pretty(&local)? + "\n",
+            "json" => serde_json::to_string_pretty(&doc)? + "\n",
             f => return Err(DocumentError::Format(f.into())),
         })
     }

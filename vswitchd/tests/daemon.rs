@@ -415,8 +415,9 @@ async fn prometheus_scrapes_the_counters() {
     }
 }
 
+/// Applies `doc` with `--prune`: the node converges to the kinds it names.
 async fn apply(c: &mut NodeClient<Channel>, doc: &str, dry_run: bool) -> Result<pb::ApplyReply, tonic::Status> {
-    c.apply(pb::ApplyRequest { document: doc.into(), format: "yaml".into(), dry_run }).await.map(|r| r.into_inner())
+    c.apply(pb::ApplyRequest { document: doc.into(), format: "yaml".into(), dry_run, prune: true }).await.map(|r| r.into_inner())
 }
 
 fn strs(l: &[String]) -> Vec<&str> {
@@ -461,7 +462,8 @@ async fn apply_converges_local_objects_to_a_document() {
     let before = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
     refused(apply(&mut c, "bridges:\n  - {name: net9}\n", false).await, Code::FailedPrecondition, "owned by manager");
     refused(apply(&mut c, "bridges:\n  - {name: red, vnii: 1}\n", false).await, Code::InvalidArgument, "vnii");
-    refused(apply(&mut c, "bridges:\n  - {name: red, owner: manager}\n", false).await, Code::InvalidArgument, "local objects only");
+    refused(apply(&mut c, "bridges:\n  - {name: red, owner: manager}\n", false).await, Code::FailedPrecondition, "is manager's in the document");
+    refused(apply(&mut c, "bridges:\n  - {name: net9, vlan: 301, owner: manager}\n", false).await, Code::FailedPrecondition, "owned by manager");
     let same_socket = doc2.replace(&format!("socket: {}}}", sock("vnf1")), &format!("socket: {}, mode: 432}}", sock("vnf1")));
     refused(apply(&mut c, &same_socket, false).await, Code::FailedPrecondition, "port \"vnf1\": another vhost-user device on the running one's socket");
     let conflict = format!("{doc2}  - name: vnf2\n    device: {{kind: vhost_user, socket: {}}}\n    mode: {{kind: access, bridge: green}}\n", sock("vnf2"));
@@ -475,8 +477,25 @@ async fn apply_converges_local_objects_to_a_document() {
     assert_eq!(changes(&apply(&mut c, &moved, false).await.unwrap()), (vec![], vec!["port vnf1"], vec![]));
     assert!(dir.path().join("elsewhere.sock").exists() && !dir.path().join("vnf1.sock").exists(), "listening on the new socket only");
 
-    // An empty document removes every local object and keeps the manager's.
-    let r = apply(&mut c, "{}", false).await.unwrap();
+    // Without prune, a document adds and changes only: the local objects of the kinds it
+    // names that it lacks are kept and reported; another owner's, shown as they are (what
+    // `bridge list -o yaml` prints), are left alone.
+    let ports = c.export(pb::ExportRequest { kind: "ports".into(), all_owners: true, ..Default::default() }).await.unwrap().into_inner().document;
+    assert!(!ports.contains("bridges") && !ports.contains("vtep") && ports.contains("vnf1"), "{ports}");
+    let one = c.export(pb::ExportRequest { kind: "ports".into(), name: "vnf0".into(), ..Default::default() }).await.unwrap().into_inner().document;
+    assert!(one.contains("vnf0") && !one.contains("vnf1"), "{one}");
+    let bridges = c.export(pb::ExportRequest { kind: "bridges".into(), all_owners: true, ..Default::default() }).await.unwrap().into_inner().document;
+    assert!(bridges.contains("owner: manager"), "{bridges}");
+    for doc in [&one, &ports, &bridges] {
+        let r = c.apply(pb::ApplyRequest { document: doc.clone(), format: "yaml".into(), ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(changes(&r), (vec![], vec![], vec![]), "{doc}");
+    }
+    let r = c.apply(pb::ApplyRequest { document: one.clone(), format: "yaml".into(), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(r.kept.len(), 1, "the other port is kept, and said so: {r:?}");
+    let named = c.export(pb::ExportRequest { kind: "ports".into(), name: "nosuch".into(), ..Default::default() }).await;
+    refused(named, Code::NotFound, "no port \"nosuch\"");
+    // A document naming every kind, empty, removes every local object and keeps the manager's.
+    let r = apply(&mut c, "bridges: []\nports: []\nvtep: null\n", false).await.unwrap();
     assert_eq!(changes(&r), (vec![], vec![], vec!["bridge red", "port vnf0", "port vnf1"]));
     assert_eq!(names(&mut c).await, (vec!["net9".into()], vec![]));
 }
@@ -593,7 +612,7 @@ async fn a_port_that_stops_being_the_underlay_takes_every_frame_again() {
         port("pa0", access),
         port("pb0", "{kind: underlay}")
     );
-    let bridged = format!("bridges:\n  - {{name: red}}\nports:\n{}{}", port("pa0", access), port("pb0", access));
+    let bridged = format!("bridges:\n  - {{name: red}}\nports:\n{}{}vtep: null\n", port("pa0", access), port("pb0", access));
     apply(&mut c, &underlay, false).await.unwrap();
     assert!(netns::ping(&pa, "192.0.2.2").is_err(), "pb0 is the underlay: the pod behind it is not in red");
     // The pod's kernel would keep the failed resolution for a while: make it ask again.
@@ -1147,7 +1166,7 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
     let doc = format!(
         "[[bridges]]\nname = \"red\"\n[[ports]]\nname = \"d0\"\ndevice = {{ kind = \"dpdk\", devargs = \"{devargs}\", queues = 2 }}\nmode = {{ kind = \"access\", bridge = \"red\" }}\n"
     );
-    refused(c.apply(pb::ApplyRequest { document: doc, format: "toml".into(), dry_run: false }).await, Code::FailedPrecondition, "same devargs");
+    refused(c.apply(pb::ApplyRequest { document: doc, format: "toml".into(), ..Default::default() }).await, Code::FailedPrecondition, "same devargs");
     c.delete_port(pb::DeleteRequest { name: "d0".into(), owner: 0 }).await.unwrap();
     assert!(tx.exists(), "the device's pcap writer was opened");
 }

@@ -1,8 +1,8 @@
 //! `knitterctl bridge`: the node's bridge domains (one per network on the node).
 
 use crate::Output;
-use crate::node::applied;
-use crate::out::{json, opt, table};
+use crate::node::{applied, document, named};
+use crate::out::{opt, table};
 use crate::port::owner;
 use anyhow::{Context, Result};
 use clap::Subcommand;
@@ -76,7 +76,13 @@ pub(crate) enum BridgeCmd {
     Del {
         name: String,
     },
+    /// Every bridge domain (-o yaml|json: a document `apply -f` takes back).
     List,
+    /// One bridge domain (-o yaml|json: a document `apply -f` takes back, changing that one
+    /// only).
+    Show {
+        name: String,
+    },
 }
 
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd) -> Result<()> {
@@ -110,11 +116,19 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd
             applied(out, c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
         }
         BridgeCmd::Del { name } => applied(out, c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
-        BridgeCmd::List => {
-            let l = c.list_bridges(pb::ListRequest {}).await?.into_inner();
-            if out == Output::Json { json(&l)? } else { print_bridges(&l.bridges) }
-        }
+        BridgeCmd::List => list(c, out, None).await?,
+        BridgeCmd::Show { name } => list(c, out, Some(name)).await?,
     }
+    Ok(())
+}
+
+/// The bridge domains (the one named), as a table or a document.
+async fn list(c: &mut NodeClient<Channel>, out: Output, name: Option<String>) -> Result<()> {
+    if out != Output::Table {
+        return document(c, out, "bridges", name).await;
+    }
+    let bridges = named(c.list_bridges(pb::ListRequest {}).await?.into_inner().bridges, name, "bridge", |b| &b.name)?;
+    print_bridges(&bridges);
     Ok(())
 }
 

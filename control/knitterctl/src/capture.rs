@@ -4,7 +4,7 @@
 //! when the reader of `-w -` goes; the daemon stops copying as the stream ends.
 
 use crate::Output;
-use crate::out::{CLOSED_PIPE, line};
+use crate::out::{CLOSED_PIPE, line, record};
 use crate::pcapng;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
@@ -145,13 +145,13 @@ pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -
             let dropped = (!f.drop_reason.is_empty()).then(|| format!("dropped: {}", f.drop_reason));
             match &mut sink {
                 Sink::Pcap(w) => written(w.frame(f.timestamp_ns, outbound, f.original_length, &f.data, dropped.as_deref()))?,
-                Sink::Lines(Output::Json) => line(format_args!(
-                    "{}",
-                    serde_json::json!({
+                Sink::Lines(out @ (Output::Json | Output::Yaml)) => record(
+                    *out,
+                    &serde_json::json!({
                         "timestamp_ns": f.timestamp_ns, "direction": if outbound { "tx" } else { "rx" }, "length": f.original_length,
                         "drop_reason": f.drop_reason, "thread": f.thread, "summary": f.summary, "data": hex(&f.data),
-                    })
-                )),
+                    }),
+                )?,
                 Sink::Lines(Output::Table) => {
                     let dir = if outbound { "tx" } else { "rx" };
                     let drop = dropped.map(|d| format!("  [{d}]")).unwrap_or_default();

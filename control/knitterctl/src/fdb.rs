@@ -1,7 +1,7 @@
 //! `knitterctl fdb`: the node's forwarding table, shown and flushed.
 
 use crate::Output;
-use crate::out::{json, table};
+use crate::out::{structured, table};
 use anyhow::Result;
 use clap::Subcommand;
 use knitter_api::node as pb;
@@ -27,8 +27,8 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: FdbCmd) -
     match cmd {
         FdbCmd::Show { bridge } => {
             let f = c.fdb_dump(pb::FdbRequest { bridge: bridge.unwrap_or_default() }).await?.into_inner();
-            if out == Output::Json {
-                return json(&f);
+            if out != Output::Table {
+                return structured(out, &f);
             }
             table(
                 &["bridge", "mac", "dest", "type", "age"],
@@ -44,7 +44,7 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: FdbCmd) -
         FdbCmd::Flush { bridge, port } => {
             let r = c.fdb_flush(pb::FdbFlushRequest { bridge: bridge.unwrap_or_default(), port: port.unwrap_or_default() }).await?;
             let r = r.into_inner();
-            if out == Output::Json { json(&r)? } else { println!("{} entries removed", r.removed) }
+            if out != Output::Table { structured(out, &r)? } else { println!("{} entries removed", r.removed) }
         }
     }
     Ok(())

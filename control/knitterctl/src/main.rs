@@ -24,6 +24,7 @@ mod pcapng;
 mod pmd;
 mod fdb;
 mod manager;
+mod manifest;
 mod node;
 mod port;
 mod stats;
@@ -95,6 +96,12 @@ const TRACE_EXAMPLES: &str = "Examples:
   knitterctl trace --port pod-a --synthetic 'eth(src=02:00:00:00:00:01,dst=02:00:00:00:00:02) ipv4(src=10.1.0.2,dst=10.1.0.3) udp(dst=53)'
   knitterctl trace --port uplink --synthetic 'eth(src=02:00:00:00:00:0a,dst=02:00:00:00:00:0b) ipv4(src=192.0.2.2,dst=192.0.2.1) udp(dst=4789) vxlan(vni=100) eth(src=02:00:00:00:00:03,dst=02:00:00:00:00:01) ipv4(src=10.1.0.9,dst=10.1.0.2) icmp()'";
 
+const APPLY_EXAMPLES: &str = "Examples:
+  knitterctl apply -f topology.yaml --dry-run
+  knitterctl port show vnf0 -o yaml > vnf0.yaml    # edit it, then
+  knitterctl apply -f vnf0.yaml                     # changes vnf0, leaves the other ports
+  knitterctl node export > node.yaml && knitterctl apply -f node.yaml --prune   # nothing to change";
+
 const MANAGER_EXAMPLES: &str = "Examples:
   knitterctl manager network create red --ipv4 10.1.0.0/24 --gateway4 10.1.0.1
   knitterctl manager network create media --kind vlan --segment 100 --plane media --ipv4 10.9.0.0/24
@@ -122,7 +129,10 @@ fn command() -> clap::Command {
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq)]
 pub(crate) enum Output {
     Table,
+    /// The object commands (bridge, port, vtep list and show) print a topology document
+    /// `apply -f` takes back; the others the API's messages.
     Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -179,18 +189,22 @@ enum Cmd {
         #[command(subcommand)]
         cmd: fdb::FdbCmd,
     },
-    /// Converge the node's local objects to a topology file (the config file's bridges,
-    /// ports and vtep; YAML, TOML or JSON by extension): add, change, remove.
+    /// Apply a topology document (the config file's bridges, ports and vtep; YAML, TOML or
+    /// JSON by extension) to the node's local objects: add what is new, change what differs;
+    /// with --prune also remove the local objects of the kinds it names that it lacks. What
+    /// `-o yaml|json` of `bridge`, `port` and `vtep` and `node export` print, it takes back
+    /// unchanged.
+    #[command(after_help = APPLY_EXAMPLES)]
     Apply {
-        /// The file, or `-` for standard input.
-        #[arg(long, short)]
-        file: PathBuf,
-        /// yaml, toml or json (default: the file's extension; YAML for standard input).
-        #[arg(long)]
-        format: Option<String>,
+        #[command(flatten)]
+        source: node::Source,
         /// Show what would change; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Also remove the local objects of the kinds the document names (its top-level keys
+        /// `bridges`, `ports`, `vtep`, even empty or null) that it lacks.
+        #[arg(long)]
+        prune: bool,
     },
     /// Follow the node's events (ports added and removed, links up and down, vhost-user
     /// frontends connecting, configuration generations) until Ctrl-C.
@@ -290,8 +304,8 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Port { cmd } => port::run(&mut c, out, cmd).await,
         Cmd::Vtep { cmd } => vtep::run(&mut c, out, cmd).await,
         Cmd::Fdb { cmd } => fdb::run(&mut c, out, cmd).await,
-        Cmd::Apply { file, format, dry_run } => node::apply(&mut c, out, file, format, dry_run).await,
-        Cmd::Node { cmd: node::NodeCmd::Export { format } } => node::export(&mut c, &format).await,
+        Cmd::Apply { source, dry_run, prune } => node::apply(&mut c, out, &source, dry_run, prune).await,
+        Cmd::Node { cmd: node::NodeCmd::Export { format, all_owners } } => node::export(&mut c, &format, all_owners).await,
         Cmd::Vf { cmd: node::VfCmd::List } => node::vfs(&cli.socket, cli.tcp.is_some(), out).await,
         Cmd::Stats { interval, count, queues } => stats::stats(&mut c, out, interval, count, queues).await,
         Cmd::Trace { port, count, timeout, synthetic } => {
@@ -313,8 +327,8 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let reply = c.log_filter(pb::LogFilterRequest { filter }).await?.into_inner();
             match out {
-                Output::Json => println!("{}", serde_json::json!({ "filter": reply.filter })),
                 Output::Table => println!("{}", reply.filter),
+                out => out::structured(out, &serde_json::json!({ "filter": reply.filter }))?,
             }
             Ok(())
         }

@@ -1,8 +1,10 @@
 //! `knitterctl manager ...`: the manager's objects (tenants, networks, IP groups, ports,
-//! nodes) over its gRPC API, as tables or `-o json`.
+//! nodes) over its gRPC API, as tables or `-o json|yaml` (tenants, networks and IP groups
+//! as documents `manager apply -f` takes back: manifest.rs).
 
 use crate::Output;
-use crate::out::{json, opt, table};
+use crate::manifest;
+use crate::out::{opt, structured, table};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use knitter_api::manager as pb;
@@ -79,9 +81,20 @@ pub enum ManagerCmd {
     },
     /// The manager's Kubernetes controller: leader or standby, lists taken, what it released.
     Status,
+    /// Apply a document of tenants, networks and IP groups (what `manager tenant|network|
+    /// ipgroup list|show -o yaml|json` prints): create what is missing, change a tenant's
+    /// quota and namespaces; a network or IP group defined otherwise is refused (delete it
+    /// to change it). Nothing is deleted.
+    #[command(after_help = APPLY_EXAMPLES)]
+    Apply(crate::node::Source),
     /// Whether the manager serves (needs no token: probes, health checks).
     Health,
 }
+
+const APPLY_EXAMPLES: &str = "Examples:
+  knitterctl manager network list -o yaml > networks.yaml
+  knitterctl manager apply -f networks.yaml             # on another manager: the same networks
+  knitterctl manager tenant show red -o yaml | sed 's/networks: 4/networks: 8/' | knitterctl manager apply -f -";
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCmd {
@@ -273,7 +286,7 @@ fn subnet(cidr: Option<String>, gateway: Option<String>, pools: &[String]) -> Re
 }
 
 /// A request with the bearer token, when there is one.
-fn authed<T>(t: &Target, msg: T) -> Result<tonic::Request<T>> {
+pub(crate) fn authed<T>(t: &Target, msg: T) -> Result<tonic::Request<T>> {
     let mut r = tonic::Request::new(msg);
     let token = match &t.token {
         Some(tok) => Some(tok.clone()),
@@ -346,18 +359,27 @@ fn print_tenants(items: &[pb::Tenant]) {
     table(&["name", "network quota", "namespaces"], items.iter().map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks)), t.namespaces.join(",")]).collect());
 }
 
+/// Prints the objects of `kind` as a document `manager apply -f` takes back, or as a table.
+fn objects<T: serde::Serialize>(out: Output, kind: &str, items: Vec<T>, print: impl FnOnce(&[T])) -> Result<()> {
+    if out != Output::Table {
+        return manifest::print(out, kind, &items);
+    }
+    print(&items);
+    Ok(())
+}
+
 /// Prints `v` as JSON, or as a table with `print`.
 fn show<T: serde::Serialize>(out: Output, v: T, print: impl FnOnce(&T)) -> Result<()> {
-    if out == Output::Json {
-        return json(&v);
+    if out != Output::Table {
+        return structured(out, &v);
     }
     print(&v);
     Ok(())
 }
 
 fn created(out: Output, what: &str, name: &str, new: bool, v: impl serde::Serialize, print: impl FnOnce()) -> Result<()> {
-    if out == Output::Json {
-        return json(&v);
+    if out != Output::Table {
+        return structured(out, &v);
     }
     println!("{what} {name} {}", if new { "created" } else { "already there, unchanged" });
     print();
@@ -394,8 +416,8 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             }
         })?,
         ManagerCmd::Tenant { cmd } => match cmd {
-            TenantCmd::List => show(out, c.list_tenants(authed(t, none())?).await?.into_inner().items, |v| print_tenants(v))?,
-            TenantCmd::Show { name } => show(out, c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_tenants(std::slice::from_ref(v)))?,
+            TenantCmd::List => objects(out, "tenants", c.list_tenants(authed(t, none())?).await?.into_inner().items, print_tenants)?,
+            TenantCmd::Show { name } => objects(out, "tenants", vec![c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner()], print_tenants)?,
             TenantCmd::Create { name, quota, namespaces } => {
                 let r = c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: quota.map(|networks| pb::Quota { networks }), namespaces })?).await?.into_inner();
                 created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
@@ -411,8 +433,8 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             }
         },
         ManagerCmd::Network { cmd } => match cmd {
-            NetworkCmd::List { tenant, kind } => show(out, c.list_networks(authed(t, list(tenant, None, None, None, kind))?).await?.into_inner().items, |v| print_networks(v))?,
-            NetworkCmd::Show { name } => show(out, c.get_network(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_networks(std::slice::from_ref(v)))?,
+            NetworkCmd::List { tenant, kind } => objects(out, "networks", c.list_networks(authed(t, list(tenant, None, None, None, kind))?).await?.into_inner().items, print_networks)?,
+            NetworkCmd::Show { name } => objects(out, "networks", vec![c.get_network(authed(t, pb::Name { name })?).await?.into_inner()], print_networks)?,
             NetworkCmd::Create(n) => {
                 let spec = pb::Network {
                     name: n.name.clone(),
@@ -436,8 +458,8 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             NetworkCmd::Delete { name } => show(out, c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("network {name} deleted"))?,
         },
         ManagerCmd::Ipgroup { cmd } => match cmd {
-            GroupCmd::List { network } => show(out, c.list_ip_groups(authed(t, list(None, network, None, None, None))?).await?.into_inner().items, |v| print_groups(v))?,
-            GroupCmd::Show { network, name } => show(out, c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner(), |v| print_groups(std::slice::from_ref(v)))?,
+            GroupCmd::List { network } => objects(out, "ipgroups", c.list_ip_groups(authed(t, list(None, network, None, None, None))?).await?.into_inner().items, print_groups)?,
+            GroupCmd::Show { network, name } => objects(out, "ipgroups", vec![c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner()], print_groups)?,
             GroupCmd::Create { network, name, members, size, grace } => {
                 let r = c.create_ip_group(authed(t, pb::IpGroupSpec { name: name.clone(), network, members, size, grace_secs: grace })?).await?.into_inner();
                 created(out, "IP group", &name, r.created, &r, || print_groups(r.group.as_slice()))?
@@ -469,6 +491,10 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
             NodeCmd::Delete { name } => show(out, c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("node {name} deleted"))?,
             NodeCmd::Token { name } => show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| println!("{}", v.token))?,
         },
+        ManagerCmd::Apply(source) => {
+            let (text, format) = source.read()?;
+            manifest::apply(&mut c, t, out, manifest::Document::parse(&text, &format)?).await?
+        }
         ManagerCmd::Health => show(out, c.health(authed(t, none())?).await?.into_inner(), |v| println!("{} (store revision {})", v.status, v.revision))?,
     }
     Ok(())

@@ -3,7 +3,7 @@
 
 use crate::Output;
 use crate::bridge::print_bridges;
-use crate::out::{json, table};
+use crate::out::{line, record, structured, table};
 use crate::port::print_ports;
 use crate::vtep::print_vtep;
 use anyhow::{Context, Result};
@@ -23,6 +23,10 @@ pub(crate) enum NodeCmd {
         /// yaml or json.
         #[arg(long, default_value = "yaml")]
         format: String,
+        /// Every owner's objects (the manager's, pods' attachments), each with its `owner`:
+        /// apply leaves them as they are.
+        #[arg(long)]
+        all_owners: bool,
     },
 }
 
@@ -34,8 +38,8 @@ pub(crate) enum VfCmd {
 
 /// A change the daemon applied: its configuration generation.
 pub(crate) fn applied(out: Output, a: pb::Applied) -> Result<()> {
-    if out == Output::Json {
-        return json(&a);
+    if out != Output::Table {
+        return structured(out, &a);
     }
     println!("ok (configuration generation {})", a.generation);
     Ok(())
@@ -43,8 +47,8 @@ pub(crate) fn applied(out: Output, a: pb::Applied) -> Result<()> {
 
 pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()> {
     let v = c.show(pb::ShowRequest {}).await?.into_inner();
-    if out == Output::Json {
-        return json(&v);
+    if out != Output::Table {
+        return structured(out, &v);
     }
     println!(
         "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{} ({} lent to receive rings{}), FDB {}/{} entries, cache {} entries per thread",
@@ -96,24 +100,68 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
     Ok(())
 }
 
-/// Prints the node's local objects as a topology document `apply -f` takes back.
-pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str) -> Result<()> {
-    let r = c.export(pb::ExportRequest { format: format.into() }).await?.into_inner();
-    println!("{}", r.document.trim_end());
+/// Prints the node's local objects (with `all_owners`, everyone's) as a topology document
+/// `apply -f` takes back.
+pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str, all_owners: bool) -> Result<()> {
+    let r = c.export(pb::ExportRequest { format: format.into(), all_owners, ..Default::default() }).await?.into_inner();
+    line(format_args!("{}", r.document.trim_end()));
     Ok(())
 }
 
-/// `file` is `-` for standard input, whose format is `format` (YAML unless said).
-pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, file: PathBuf, format: Option<String>, dry_run: bool) -> Result<()> {
-    let document = if file.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading standard input")?
-    } else {
-        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?
-    };
-    let format = format.unwrap_or_else(|| file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string());
-    let r = c.apply(pb::ApplyRequest { document, format, dry_run }).await?.into_inner();
-    if out == Output::Json {
-        return json(&r);
+/// What an object command's `-o json|yaml` prints: the objects of `kind` (`bridges`,
+/// `ports`, `vtep`; one if `name`), every owner's, as a topology document `apply -f` takes
+/// back unchanged.
+pub(crate) async fn document(c: &mut NodeClient<Channel>, out: Output, kind: &str, name: Option<String>) -> Result<()> {
+    let format = if out == Output::Yaml { "yaml" } else { "json" };
+    let req = pb::ExportRequest { format: format.into(), kind: kind.into(), name: name.unwrap_or_default(), all_owners: true };
+    let r = c.export(req).await?.into_inner();
+    line(format_args!("{}", r.document.trim_end()));
+    Ok(())
+}
+
+/// `items`, or only the one called `name` (refused as NOT_FOUND, as the daemon would, when
+/// there is none).
+pub(crate) fn named<T>(mut items: Vec<T>, name: Option<String>, kind: &str, name_of: impl Fn(&T) -> &str) -> Result<Vec<T>> {
+    if let Some(name) = name {
+        items.retain(|i| name_of(i) == name);
+        if items.is_empty() {
+            return Err(tonic::Status::not_found(format!("no {kind} {name:?}")).into());
+        }
+    }
+    Ok(items)
+}
+
+/// A document to apply: a file (its format by extension) or standard input.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Source {
+    /// The file, or `-` for standard input.
+    #[arg(long, short)]
+    file: PathBuf,
+    /// yaml or json (toml too, for the node's apply; default: the file's extension, YAML
+    /// for standard input).
+    #[arg(long)]
+    format: Option<String>,
+}
+
+impl Source {
+    /// The document's text and format.
+    pub(crate) fn read(&self) -> Result<(String, String)> {
+        let text = if self.file.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        } else {
+            std::fs::read_to_string(&self.file).with_context(|| format!("reading {}", self.file.display()))?
+        };
+        let format = self.format.clone().unwrap_or_else(|| self.file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string());
+        Ok((text, format))
+    }
+}
+
+/// Applies the document of `source` to the node's local objects.
+pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, source: &Source, dry_run: bool, prune: bool) -> Result<()> {
+    let (document, format) = source.read()?;
+    let r = c.apply(pb::ApplyRequest { document, format, dry_run, prune }).await?.into_inner();
+    if out != Output::Table {
+        return structured(out, &r);
     }
     let verb = if dry_run { "would be " } else { "" };
     for (what, list) in [("added", &r.added), ("changed", &r.changed), ("removed", &r.removed)] {
@@ -126,6 +174,9 @@ pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, file: PathBu
     } else if !dry_run {
         println!("ok (configuration generation {})", r.generation);
     }
+    if !r.kept.is_empty() {
+        println!("kept, not in the document: {} (--prune removes them)", r.kept.join(", "));
+    }
     Ok(())
 }
 
@@ -134,14 +185,14 @@ pub(crate) async fn vfs(socket: &Path, tcp: bool, out: Output) -> Result<()> {
     anyhow::ensure!(!tcp, "the node's VFs are shown over its unix socket (--socket), where its attach API is");
     let mut a = knitter_api::node::attach_client::AttachClient::new(knitter_api::unix_channel(socket));
     let r = a.query_node_networks(pb::QueryNodeNetworksRequest {}).await?.into_inner();
-    if out == Output::Json { json(&r.pfs)? } else { print_vfs(&r.pfs) }
+    if out != Output::Table { structured(out, &r.pfs)? } else { print_vfs(&r.pfs) }
     Ok(())
 }
 
 pub(crate) async fn trace(c: &mut NodeClient<Channel>, out: Output, req: pb::TraceRequest) -> Result<()> {
     let r = c.trace(req).await?.into_inner();
-    if out == Output::Json {
-        return json(&r);
+    if out != Output::Table {
+        return structured(out, &r);
     }
     print_traces(&r);
     Ok(())
@@ -154,8 +205,8 @@ pub(crate) async fn events(c: &mut NodeClient<Channel>, out: Output, count: Opti
     while count.is_none_or(|n| seen < n) {
         let Some(e) = stream.message().await? else { break };
         seen += 1;
-        if out == Output::Json {
-            println!("{}", serde_json::to_string(&e)?);
+        if out != Output::Table {
+            record(out, &e)?;
         } else {
             let secs = e.at_unix_nanos / 1_000_000_000;
             let (h, m, s, ms) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60, (e.at_unix_nanos / 1_000_000) % 1000);

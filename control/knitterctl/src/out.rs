@@ -1,6 +1,7 @@
 //! knitterctl's standard output: a line at a time, and a quiet end (status 141, what a
-//! shell reports for SIGPIPE) when the reader has gone; tables and JSON.
+//! shell reports for SIGPIPE) when the reader has gone; tables, JSON and YAML.
 
+use crate::Output;
 use anyhow::Result;
 use std::io::Write;
 
@@ -39,7 +40,21 @@ pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or("-".into(), |v| v.to_string())
 }
 
-pub(crate) fn json<T: serde::Serialize>(v: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+/// Prints `v` as `-o json` or `-o yaml` asks.
+pub(crate) fn structured<T: serde::Serialize>(out: Output, v: &T) -> Result<()> {
+    match out {
+        Output::Yaml => line(format_args!("{}", serde_yaml::to_string(v)?.trim_end())),
+        _ => line(format_args!("{}", serde_json::to_string_pretty(v)?)),
+    }
+    Ok(())
+}
+
+/// Prints one record of a stream (events, captured frames): a line of JSON, or a YAML
+/// document of its own (`---` first).
+pub(crate) fn record<T: serde::Serialize>(out: Output, v: &T) -> Result<()> {
+    match out {
+        Output::Yaml => line(format_args!("---\n{}", serde_yaml::to_string(v)?.trim_end())),
+        _ => line(format_args!("{}", serde_json::to_string(v)?)),
+    }
     Ok(())
 }

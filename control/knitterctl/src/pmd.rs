@@ -4,7 +4,7 @@
 //! thread, or over `--interval` seconds.
 
 use crate::Output;
-use crate::out::{json, table};
+use crate::out::{structured, table};
 use anyhow::Result;
 use knitter_api::node as pb;
 use pb::node_client::NodeClient;
@@ -61,8 +61,8 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
         let now = c.pmd_show(pb::PmdShowRequest {}).await?.into_inner();
         r = delta(&now, &r);
     }
-    if out == Output::Json {
-        return json(&r);
+    if out != Output::Table {
+        return structured(out, &r);
     }
     let over = interval.map_or("since start".to_owned(), |s| format!("over {s} s"));
     for t in &r.threads {
@@ -87,8 +87,8 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
 async fn rebalance(c: &mut NodeClient<Channel>, out: Output, window: f64) -> Result<()> {
     anyhow::ensure!(window.is_finite() && window > 0.0 && window <= 60.0, "--window {window}: seconds, more than 0, at most 60");
     let r = c.pmd_rebalance(pb::PmdRebalanceRequest { window_ms: (window * 1000.0).max(1.0) as u32 }).await?.into_inner();
-    if out == Output::Json {
-        return json(&r);
+    if out != Output::Table {
+        return structured(out, &r);
     }
     let thread = |t: i32| if t < 0 { "-".to_owned() } else { t.to_string() };
     let rows = r

@@ -2,8 +2,8 @@
 
 use crate::Output;
 use crate::bridge::policer;
-use crate::node::applied;
-use crate::out::{json, opt, table};
+use crate::node::{applied, document, named};
+use crate::out::{opt, table};
 use anyhow::Result;
 use clap::Subcommand;
 use knitter_api::node as pb;
@@ -17,7 +17,12 @@ pub(crate) enum PortCmd {
     Del {
         name: String,
     },
+    /// Every port (-o yaml|json: a document `apply -f` takes back).
     List,
+    /// One port (-o yaml|json: a document `apply -f` takes back, changing that port only).
+    Show {
+        name: String,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,16 +113,20 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PortCmd) 
     match cmd {
         PortCmd::Add(a) => applied(out, c.add_port(pb::AddPortRequest { port: Some(port_request(*a)) }).await?.into_inner())?,
         PortCmd::Del { name } => applied(out, c.delete_port(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
-        PortCmd::List => {
-            let l = c.list_ports(pb::ListRequest {}).await?.into_inner();
-            if out == Output::Json {
-                json(&l)?
-            } else {
-                let status = c.show(pb::ShowRequest {}).await?.into_inner().status;
-                print_ports(&l.ports, &status)
-            }
-        }
+        PortCmd::List => list(c, out, None).await?,
+        PortCmd::Show { name } => list(c, out, Some(name)).await?,
     }
+    Ok(())
+}
+
+/// The ports (the one named), as a table or a document.
+async fn list(c: &mut NodeClient<Channel>, out: Output, name: Option<String>) -> Result<()> {
+    if out != Output::Table {
+        return document(c, out, "ports", name).await;
+    }
+    let ports = named(c.list_ports(pb::ListRequest {}).await?.into_inner().ports, name, "port", |p| &p.name)?;
+    let status = c.show(pb::ShowRequest {}).await?.into_inner().status;
+    print_ports(&ports, &status);
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! int`).
 
 use crate::Output;
-use crate::out::{json, table};
+use crate::out::{structured, table};
 use anyhow::Result;
 use knitter_api::node as pb;
 use pb::node_client::NodeClient;
@@ -17,8 +17,8 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
             tokio::time::sleep(Duration::from_secs_f64(interval.unwrap_or(1.0))).await;
         }
         let s = c.stats(pb::StatsRequest {}).await?.into_inner();
-        if out == Output::Json {
-            json(&s)?;
+        if out != Output::Table {
+            structured(out, &s)?;
             prev = Some(s);
             continue;
         }

@@ -1,8 +1,8 @@
 //! `knitterctl vtep`: the node's VXLAN tunnel endpoint and its peers' next hops.
 
 use crate::Output;
-use crate::node::applied;
-use crate::out::{json, opt};
+use crate::node::{applied, document};
+use crate::out::opt;
 use crate::port::owner;
 use anyhow::Result;
 use clap::Subcommand;
@@ -31,6 +31,8 @@ pub(crate) enum VtepCmd {
         shared: bool,
     },
     Clear,
+    /// The VTEP and its peers' next hops (-o yaml|json: the VTEP as a document `apply -f`
+    /// takes back; `node show -o json` has the peers' state).
     Show,
 }
 
@@ -48,15 +50,15 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: VtepCmd) 
             applied(out, c.set_vtep(pb::SetVtepRequest { vtep: Some(vtep) }).await?.into_inner())?
         }
         VtepCmd::Clear => applied(out, c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await?.into_inner())?,
+        VtepCmd::Show if out != Output::Table => document(c, out, "vtep", None).await?,
         VtepCmd::Show => {
             let view = c.show(pb::ShowRequest {}).await?.into_inner();
-            match (out, &view.vtep) {
-                (Output::Json, v) => json(&serde_json::json!({ "vtep": v, "peers": view.peers }))?,
-                (_, Some(v)) => {
+            match &view.vtep {
+                Some(v) => {
                     print_vtep(v);
                     print_peers(&view.peers);
                 }
-                (_, None) => println!("vtep: none"),
+                None => println!("vtep: none"),
             }
         }
     }

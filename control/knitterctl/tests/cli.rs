@@ -104,6 +104,26 @@ fn an_operator_session() {
 
     let json: serde_json::Value = serde_json::from_str(&ok(knitterctl(&s, &["-o", "json", "bridge", "list"]))).unwrap();
     assert_eq!(json["bridges"][0]["vni"], 5001);
+    // What the object commands print with -o json|yaml, apply takes back: nothing changes,
+    // with --prune neither (a list names every object of its kind).
+    for format in ["json", "yaml"] {
+        for (cmd, prune) in [(&["bridge", "list"][..], true), (&["port", "list"], true), (&["vtep", "show"], true), (&["port", "show", "vnf0"], false), (&["bridge", "show", "red"], false)] {
+            let doc = ok(knitterctl(&s, &[&["-o", format][..], cmd].concat()));
+            let back = apply_stdin(&s, &doc, &[&["--format", format][..], if prune { &["--prune"][..] } else { &[] }].concat());
+            assert!(back.contains("nothing to change") && !back.contains("kept"), "{cmd:?} -o {format}: {back}\n{doc}");
+        }
+    }
+    let yaml = ok(knitterctl(&s, &["-o", "yaml", "node", "show"]));
+    assert!(yaml.contains("pmd_threads: 1"), "{yaml}");
+    // One port's document, edited and applied: that port changes, the others stay.
+    ok(knitterctl(&s, &["port", "add", "vnf1", "--vhost-user", vnf1.to_str().unwrap(), "--access", "red"]));
+    let one = ok(knitterctl(&s, &["-o", "yaml", "port", "show", "vnf0"])).replace("mtu: 9000", "mtu: 1500");
+    let back = apply_stdin(&s, &one, &[]);
+    assert!(back.contains("port vnf0: changed") && back.contains("kept, not in the document: port vnf1 (--prune removes them)"), "{back}\n{one}");
+    let o = knitterctl(&s, &["port", "show", "nosuch"]);
+    assert_eq!(o.status.code(), Some(3), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no port \"nosuch\""));
+    ok(knitterctl(&s, &["port", "del", "vnf1"]));
     let stats = ok(knitterctl(&s, &["stats", "--interval", "0.2", "--count", "2", "--queues"]));
     assert!(stats.contains("RX PPS") && stats.contains("--") && stats.contains("TX FULL"), "{stats}");
 
@@ -117,27 +137,22 @@ fn an_operator_session() {
 
     let topo = dir.path().join("topology.yaml");
     std::fs::write(&topo, "bridges:\n  - {name: red, vni: 5001}\n  - {name: blue, vlan: 100}\n").unwrap();
+    // The file names bridges only: without --prune nothing is removed; with it, the bridges
+    // it lacks are (none here), and the ports stay.
     let dry = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap(), "--dry-run"]));
-    assert!(dry.contains("bridge blue: would be added") && dry.contains("port vnf0: would be removed"), "{dry}");
-    let done = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()]));
+    assert!(dry.contains("bridge blue: would be added") && !dry.contains("removed"), "{dry}");
+    std::fs::write(&topo, "bridges:\n  - {name: red, vni: 5001}\n  - {name: blue, vlan: 100}\nports: []\n").unwrap();
+    let dry = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap(), "--dry-run"]));
+    assert!(dry.contains("kept, not in the document: port vnf0 (--prune removes them)"), "{dry}");
+    let done = ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap(), "--prune"]));
     assert!(done.contains("bridge blue: added") && done.contains("port vnf0: removed"), "{done}");
-    assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap()])).contains("nothing to change"));
+    assert!(ok(knitterctl(&s, &["apply", "-f", topo.to_str().unwrap(), "--prune"])).contains("nothing to change"));
     assert!(!vnf.exists(), "the removed port's socket is gone");
     // What `node export` prints, `apply -f -` takes back without a change, in every format.
     for format in ["yaml", "json"] {
         let doc = ok(knitterctl(&s, &["node", "export", "--format", format]));
         assert!(doc.contains("blue"), "{format}: {doc}");
-        let mut apply = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
-            .arg("--socket")
-            .arg(&s)
-            .args(["apply", "-f", "-", "--format", format, "--dry-run"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(&mut apply.stdin.take().unwrap(), doc.as_bytes()).unwrap();
-        let back = ok(apply.wait_with_output().unwrap());
+        let back = apply_stdin(&s, &doc, &["--format", format, "--dry-run", "--prune"]);
         assert!(back.contains("nothing to change"), "{format}: {back}\n{doc}");
     }
     // Events: a follower started first sees the next change.
@@ -163,6 +178,22 @@ fn an_operator_session() {
     let fdb = ok(knitterctl(&s, &["fdb", "show"]));
     assert!(fdb.starts_with("BRIDGE"), "{fdb}");
     assert!(ok(knitterctl(&s, &["fdb", "flush", "--bridge", "red"])).contains("0 entries removed"));
+}
+
+/// `knitterctl apply -f - ARGS` with `doc` on its standard input.
+fn apply_stdin(socket: &Path, doc: &str, args: &[&str]) -> String {
+    let mut apply = Command::new(env!("CARGO_BIN_EXE_knitterctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["apply", "-f", "-"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut apply.stdin.take().unwrap(), doc.as_bytes()).unwrap();
+    ok(apply.wait_with_output().unwrap())
 }
 
 #[test]
