@@ -63,6 +63,16 @@ fn pods_are_attached_checked_and_detached_as_runtimes_ask() {
     assert!(ok, "{rb}");
     netns::ping(&a, &addr(&rb)).expect("pods on one network ping");
     assert!(lab.ctl(&["port", "list"]).contains("attach"), "the switch ports are the attach API's");
+    // An operator's apply beside the pods: the ports as listed go back unchanged (the pods'
+    // left alone), and a local change keeps the pods' attachments (DEL and GC below find them).
+    let ports = lab.dir.path().join("ports.yaml");
+    std::fs::write(&ports, lab.ctl(&["-o", "yaml", "port", "list"])).unwrap();
+    let back = lab.ctl(&["apply", "-f", ports.to_str().unwrap(), "--prune"]);
+    assert!(back.contains("nothing to change"), "{back}");
+    let extra = lab.dir.path().join("extra.yaml");
+    std::fs::write(&extra, "bridges:\n  - {name: extra, vlan: 3999}\n").unwrap();
+    assert!(lab.ctl(&["apply", "-f", extra.to_str().unwrap()]).contains("bridge extra: added"));
+    netns::ping(&a, &addr(&rb)).expect("the pods still ping");
 
     // The same ADD again (a runtime's retry) gives the same answer.
     assert_eq!(lab.cni("ADD", "ctr-a", &a_path, "eth0", &lab.conf("1.1.0", "red")).1, ra);

@@ -149,6 +149,7 @@ impl NodeApi for Api {
             changed: report.changed,
             removed: report.removed,
             kept: report.kept,
+            skipped: report.skipped,
         }))
     }
 

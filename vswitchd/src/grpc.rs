@@ -10,7 +10,7 @@ pub fn status(e: NodeError) -> Status {
     match e {
         NodeError::Exists { .. } => Status::already_exists(msg),
         NodeError::NotFound { .. } => Status::not_found(msg),
-        NodeError::NotOwner { .. } | NodeError::OwnerClaimed { .. } => Status::failed_precondition(msg),
+        NodeError::NotOwner { .. } => Status::failed_precondition(msg),
         NodeError::Invalid(_) => Status::invalid_argument(msg),
         NodeError::DeviceKept { .. } => Status::failed_precondition(msg),
         NodeError::Device(_) => Status::unavailable(msg),

@@ -22,11 +22,6 @@ pub enum NodeError {
     NotFound { kind: &'static str, name: String },
     #[error("{kind} {name:?} is owned by {owner}; a {by} request may not change it")]
     NotOwner { kind: &'static str, name: String, owner: Owner, by: Owner },
-    #[error(
-        "{kind} {name:?} is {claimed}'s in the document, not as the node has it: a document adds and changes \
-         local objects, and shows another owner's only as they are"
-    )]
-    OwnerClaimed { kind: &'static str, name: String, claimed: Owner },
     #[error(transparent)]
     Invalid(#[from] ConfigError),
     #[error(transparent)]
@@ -92,21 +87,18 @@ pub struct Node {
 }
 
 /// Whether a document's object is the document's own to add or change (`true`), or another
-/// owner's shown as the node has it (`node`, what `-o yaml` of a list prints), left alone.
-/// Anything else, the node's object another owner's or the document claiming one, refuses.
-fn documents_local<T: PartialEq>(doc: &Owned<T>, node: Option<&Owned<T>>, kind: &'static str, name: &str) -> Result<bool, NodeError> {
-    match node {
-        Some(o) if o.owner != Owner::Local || doc.owner != Owner::Local => {
-            if o.owner == doc.owner && o.item == doc.item {
-                Ok(false)
-            } else if o.owner != Owner::Local {
-                Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by: Owner::Local })
-            } else {
-                Err(NodeError::OwnerClaimed { kind, name: name.into(), claimed: doc.owner })
-            }
+/// owner's, never applied (`false`): as the node has it (what `-o yaml` of a list prints),
+/// silently; otherwise (a saved document the pods or the manager moved on from) named in
+/// `skipped`. A local object that is another owner's on the node refuses the document.
+fn documents_local<T: PartialEq>(doc: &Owned<T>, node: Option<&Owned<T>>, kind: &'static str, name: &str, skipped: &mut Vec<String>) -> Result<bool, NodeError> {
+    match (doc.owner, node) {
+        (Owner::Local, Some(o)) if o.owner != Owner::Local => Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by: Owner::Local }),
+        (Owner::Local, _) => Ok(true),
+        (theirs, Some(o)) if o.owner == theirs && o.item == doc.item => Ok(false),
+        (theirs, _) => {
+            skipped.push(format!("{kind} {name} ({theirs}'s in the document, not as the node has it)"));
+            Ok(false)
         }
-        None if doc.owner != Owner::Local => Err(NodeError::OwnerClaimed { kind, name: name.into(), claimed: doc.owner }),
-        _ => Ok(true),
     }
 }
 
@@ -475,7 +467,8 @@ impl Node {
     /// Applies the topology document `doc` to the `local` objects: one atomic change. Its
     /// local objects are added or changed; with `prune`, the local objects of the kinds it
     /// names that it lacks are removed (without, they are kept and reported). Another
-    /// owner's object may appear only as the node has it, and is left alone. A port whose
+    /// owner's objects are never applied (those not as the node has them are reported as
+    /// skipped), and a local one that is another owner's on the node refuses it. A port whose
     /// device changes, or whose new mode its device should be opened otherwise for (a trunk
     /// where AF_XDP hides tags), is opened again in place. An object another owner holds, or
     /// a vhost-user port moved to other settings on the same socket, refuses the whole
@@ -485,12 +478,14 @@ impl Node {
         let mut inner = self.inner();
         let state = &inner.state;
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
-        let mut candidate = NodeState::default();
+        // What a document does not describe stays: the manager's peers, pods' attachments
+        // (the records that say which ports and VFs pods hold), releases not yet acknowledged.
+        let mut candidate = NodeState { bridges: Vec::new(), ports: Vec::new(), vtep: None, ..state.clone() };
         // Bridges: other owners' stay; the document's local ones are added or changed.
         for b in &doc.bridges {
             let name = &b.item.name;
             match state.bridge(name) {
-                o if !documents_local(b, o, "bridge", name)? => {}
+                o if !documents_local(b, o, "bridge", name, &mut report.skipped)? => {}
                 Some(o) if o.item != b.item => report.changed.push(format!("bridge {name}")),
                 Some(_) => {}
                 None => report.added.push(format!("bridge {name}")),
@@ -516,7 +511,7 @@ impl Node {
         for p in &doc.ports {
             let name = &p.item.config.name;
             match state.port(name) {
-                o if !documents_local(p, o, "port", name)? => {}
+                o if !documents_local(p, o, "port", name, &mut report.skipped)? => {}
                 Some(o) if o.item != p.item => {
                     match inner.open.get(name) {
                         Some(running) if reopens(running, &o.item, &p.item)? => reopened.push(name.clone()),
@@ -553,7 +548,7 @@ impl Node {
         candidate.ports.extend(doc.ports.iter().filter(|p| p.owner == Owner::Local).cloned());
         // The VTEP.
         candidate.vtep = match (&state.vtep, &doc.vtep) {
-            (old, Some(new)) if !documents_local(new, old.as_ref(), "vtep", "vtep")? => old.clone(),
+            (old, Some(new)) if !documents_local(new, old.as_ref(), "vtep", "vtep", &mut report.skipped)? => old.clone(),
             (Some(o), None) if o.owner != Owner::Local => Some(o.clone()),
             (Some(o), None) if !(prune && kinds.vtep) => {
                 if kinds.vtep {

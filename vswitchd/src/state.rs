@@ -229,6 +229,8 @@ pub enum DocumentError {
     NotFound { kind: &'static str, name: String },
     #[error("unknown kind {0:?}: bridges, ports or vtep")]
     Kind(String),
+    #[error("a name picks a bridge or a port: give the kind (bridges or ports) with it")]
+    NameWithoutKind,
 }
 
 /// Which kinds a topology document names: its top-level keys (`vtep: null` and `ports: []`
@@ -247,6 +249,18 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
+/// What a topology document may hold: the three kinds, nothing of the node's own records.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Objects {
+    #[serde(default)]
+    bridges: Vec<Owned<BridgeConfig>>,
+    #[serde(default)]
+    ports: Vec<Owned<PortSpec>>,
+    #[serde(default)]
+    vtep: Option<Owned<VtepConfig>>,
+}
+
 /// A topology document (`knitterctl apply -f`): the objects it declares and the kinds it
 /// names.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -261,6 +275,7 @@ pub struct Document {
 pub struct Selection {
     /// `bridges`, `ports` or `vtep`; `None` for all three.
     pub kind: Option<String>,
+    /// One bridge or port (with `kind` bridges or ports).
     pub name: Option<String>,
     pub all_owners: bool,
 }
@@ -270,12 +285,14 @@ impl NodeState {
     /// `ports` and `vtep` (another owner's objects with their `owner`), and which of the
     /// three it names.
     pub fn parse(text: &str, format: &str) -> Result<Document, DocumentError> {
-        Ok(match format {
-            "" | "yaml" | "yml" => Document { objects: serde_yaml::from_str(text)?, kinds: serde_yaml::from_str(text)? },
-            "toml" => Document { objects: toml::from_str(text)?, kinds: toml::from_str(text)? },
-            "json" => Document { objects: serde_json::from_str(text)?, kinds: serde_json::from_str(text)? },
+        let (objects, kinds): (Objects, Kinds) = match format {
+            "" | "yaml" | "yml" => (serde_yaml::from_str(text)?, serde_yaml::from_str(text)?),
+            "toml" => (toml::from_str(text)?, toml::from_str(text)?),
+            "json" => (serde_json::from_str(text)?, serde_json::from_str(text)?),
             f => return Err(DocumentError::Format(f.into())),
-        })
+        };
+        let Objects { bridges, ports, vtep } = objects;
+        Ok(Document { objects: NodeState { bridges, ports, vtep, ..NodeState::default() }, kinds })
     }
 
     /// The objects `select` picks as a topology document in `format` (yaml or json): what
@@ -288,6 +305,9 @@ impl NodeState {
             Some(k) => return Err(DocumentError::Kind(k.into())),
         };
         let name = select.name.as_deref().filter(|n| !n.is_empty());
+        if name.is_some() && !matches!(key, Some("bridges" | "ports")) {
+            return Err(DocumentError::NameWithoutKind);
+        }
         let keep = |owner: Owner, object: &str| (select.all_owners || owner == Owner::Local) && name.is_none_or(|n| n == object);
         let picked = NodeState {
             bridges: self.bridges.iter().filter(|b| keep(b.owner, &b.item.name)).cloned().collect(),

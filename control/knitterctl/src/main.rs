@@ -99,7 +99,7 @@ const TRACE_EXAMPLES: &str = "Examples:
 const APPLY_EXAMPLES: &str = "Examples:
   knitterctl apply -f topology.yaml --dry-run
   knitterctl port show vnf0 -o yaml > vnf0.yaml    # edit it, then
-  knitterctl apply -f vnf0.yaml                     # changes vnf0, leaves the other ports
+  knitterctl apply -f vnf0.yaml                     # changes vnf0, leaves the other ports (not with --prune)
   knitterctl node export > node.yaml && knitterctl apply -f node.yaml --prune   # nothing to change";
 
 const MANAGER_EXAMPLES: &str = "Examples:

@@ -16,7 +16,8 @@ use tonic::transport::Channel;
 /// The kinds a document holds, each under its key.
 #[derive(Debug, Default)]
 pub(crate) struct Document {
-    tenants: Vec<pb::Tenant>,
+    /// Each tenant with whether it gives its namespaces (without, they are left as they are).
+    tenants: Vec<(pb::Tenant, bool)>,
     networks: Vec<pb::Network>,
     ipgroups: Vec<pb::IpGroup>,
 }
@@ -38,13 +39,22 @@ impl Document {
         let mut doc = Document::default();
         let Value::Object(map) = v else { bail!("a document is a map of tenants, networks and ipgroups") };
         for (key, items) in map {
-            let Value::Array(items) = items else { bail!("{key}: a list") };
+            if !matches!(key.as_str(), "tenants" | "networks" | "ipgroups") {
+                bail!("unknown kind {key:?}: tenants, networks or ipgroups");
+            }
+            let items = match items {
+                Value::Null => Vec::new(),
+                Value::Array(items) => items,
+                _ => bail!("{key}: a list"),
+            };
             for item in items {
                 match key.as_str() {
-                    "tenants" => doc.tenants.push(strict(item, "tenant")?),
+                    "tenants" => {
+                        let namespaces = item.get("namespaces").is_some();
+                        doc.tenants.push((strict(item, "tenant")?, namespaces))
+                    }
                     "networks" => doc.networks.push(strict(item, "network")?),
-                    "ipgroups" => doc.ipgroups.push(strict(item, "ipgroup")?),
-                    k => bail!("unknown kind {k:?}: tenants, networks or ipgroups"),
+                    _ => doc.ipgroups.push(strict(item, "ipgroup")?),
                 }
             }
         }
@@ -80,7 +90,7 @@ fn unknown_field(given: &Value, known: &Value, path: &str) -> Option<String> {
 /// the manager's reason (what came before it stays applied).
 pub(crate) async fn apply(c: &mut ManagerClient<Channel>, t: &Target, out: Output, doc: Document) -> Result<()> {
     let mut report = Report::default();
-    for want in doc.tenants {
+    for (want, namespaces) in doc.tenants {
         let name = want.name.clone();
         let have = match c.get_tenant(authed(t, pb::Name { name: name.clone() })?).await {
             Err(s) if s.code() == tonic::Code::NotFound => None,
@@ -96,7 +106,7 @@ pub(crate) async fn apply(c: &mut ManagerClient<Channel>, t: &Target, out: Outpu
             c.set_quota(authed(t, pb::SetQuotaRequest { name: name.clone(), quota: want.quota })?).await?;
             outcome = Outcome::Changed;
         }
-        if want.namespaces != have.namespaces {
+        if namespaces && want.namespaces != have.namespaces {
             c.set_namespaces(authed(t, pb::SetNamespacesRequest { name: name.clone(), namespaces: want.namespaces })?).await?;
             outcome = Outcome::Changed;
         }
@@ -165,7 +175,9 @@ mod tests {
         assert!(format!("{e:#}").contains("network \"n\": unknown field \"ipv4.gatway\""), "{e:#}");
         let e = Document::parse("ipgroups:\n  - {name: g, network: n, size: 4}\n", "yaml").unwrap_err();
         assert!(format!("{e:#}").contains("unknown field \"size\""), "{e:#}");
-        let e = Document::parse("tenant:\n  - {name: red}\n", "yaml").unwrap_err();
+        let e = Document::parse("tenant: []\n", "yaml").unwrap_err();
         assert!(format!("{e:#}").contains("unknown kind \"tenant\""), "{e:#}");
+        let quota_only = Document::parse("tenants:\n  - {name: red, quota: {networks: 8}}\nnetworks:\n", "yaml").unwrap();
+        assert!(!quota_only.tenants[0].1, "namespaces not given: left as they are");
     }
 }

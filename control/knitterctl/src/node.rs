@@ -177,6 +177,9 @@ pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, source: &Sou
     if !r.kept.is_empty() {
         println!("kept, not in the document: {} (--prune removes them)", r.kept.join(", "));
     }
+    for s in &r.skipped {
+        println!("skipped: {s}");
+    }
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! int`).
 
 use crate::Output;
-use crate::out::{structured, table};
+use crate::out::{record, structured, table};
 use anyhow::Result;
 use knitter_api::node as pb;
 use pb::node_client::NodeClient;
@@ -18,7 +18,8 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
         }
         let s = c.stats(pb::StatsRequest {}).await?.into_inner();
         if out != Output::Table {
-            structured(out, &s)?;
+            // Repeated: a stream of reports, a JSON line or a YAML document each.
+            if interval.is_some() { record(out, &s)? } else { structured(out, &s)? }
             prev = Some(s);
             continue;
         }

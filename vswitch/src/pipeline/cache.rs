@@ -407,27 +407,9 @@ impl Pipeline {
         // lost its outer headers (a hit the burst cannot trust then admits no frame: see
         // `forget_hits`).
         let mut found = [(Hit::default(), 0u32, false); BATCH];
-        let (mut bytes, mut decapsulated, mut hits) = (0u64, 0u64, 0u64);
-        // By value: the stores below (to buffer metadata) cannot be proved not to touch
-        // `self`, so its fields would be read again for every frame.
-        let (view, emc, decap_cache) = (self.pool.view(), self.flows.emc.view(), self.decap_cache);
-        for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
-            let (h, total) = view.head_and_len(b);
-            bytes += total as u64;
-            // One bounds check for the outer headers and the inner frame's key.
-            let Some((outer, inner)) = h.first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>().map(|h| h.split_at(vtep::PLAIN_OUTER)) else {
-                continue;
-            };
-            // The first frame of a (source, VNI) takes the slow path, which fills the cache.
-            let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, &decap_cache)) else { continue };
-            if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
-                && hit.admits(d.inner_len)
-                && d.strip(view, b).is_ok()
-            {
-                hits += 1;
-                *f = (hit, d.inner_len, true);
-            }
-        }
+        let decap_cache = self.decap_cache;
+        let (bytes, hits) = strip_hits(self.pool.view(), self.flows.emc.view(), &decap_cache, vtep, batch, &mut found);
+        let mut decapsulated = 0;
         if hits == n as u64 {
             self.forward_hits::<PER_NODE>(snap, batch, &found);
             self.count_hits(hits);
@@ -486,4 +468,34 @@ impl Pipeline {
         batch.clear_taken();
         self.end_hits(snap, run);
     }
+}
+
+/// The first pass of [`Pipeline::forward_underlay_cached`]: each frame of `batch` the
+/// decapsulation cache and the EMC both know loses its outer headers and gets its decision
+/// in `found`. Returns the burst's bytes and how many frames hit. Its own function, with
+/// its inputs by value: the stores to buffer metadata cannot be proved not to touch the
+/// pipeline, whose fields would otherwise be read again for every frame, and the loop's
+/// registers are then allocated for it alone, not shifted by what the rest of the burst's
+/// path (or the pipeline's layout) does.
+#[inline(never)]
+fn strip_hits(view: PoolView<'_>, emc: EmcView<'_>, decap_cache: &vtep::DecapCache, vtep: &VtepEntry, batch: &mut Batch, found: &mut [(Hit, u32, bool); BATCH]) -> (u64, u64) {
+    let (mut bytes, mut hits) = (0u64, 0u64);
+    for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
+        let (h, total) = view.head_and_len(b);
+        bytes += total as u64;
+        // One bounds check for the outer headers and the inner frame's key.
+        let Some((outer, inner)) = h.first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>().map(|h| h.split_at(vtep::PLAIN_OUTER)) else {
+            continue;
+        };
+        // The first frame of a (source, VNI) takes the slow path, which fills the cache.
+        let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, decap_cache)) else { continue };
+        if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
+            && hit.admits(d.inner_len)
+            && d.strip(view, b).is_ok()
+        {
+            hits += 1;
+            *f = (hit, d.inner_len, true);
+        }
+    }
+    (bytes, hits)
 }
