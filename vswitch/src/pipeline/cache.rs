@@ -136,9 +136,20 @@ impl Found for (Hit, u32) {
     }
 }
 
-impl Found for (Hit, u32, bool) {
+/// What the first pass over an underlay burst found for a frame ([`strip_hits`]): the
+/// cached decision, the inner frame's length, and whether the frame lost its outer headers
+/// (a hit the burst cannot trust then admits no frame: see [`forget_hits`]). Whole words,
+/// no padding: a burst's entries are cleared with two stores each, not three.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Stripped {
+    hit: Hit,
+    len: u32,
+    stripped: u32,
+}
+
+impl Found for Stripped {
     fn hit_and_len(&mut self) -> (&mut Hit, u32) {
-        (&mut self.0, self.1)
+        (&mut self.hit, self.len)
     }
 }
 
@@ -403,12 +414,8 @@ impl Pipeline {
     pub(super) fn forward_underlay_cached<const PER_NODE: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
-        // Per frame: the cached decision, the inner length, and whether the frame hit and
-        // lost its outer headers (a hit the burst cannot trust then admits no frame: see
-        // `forget_hits`).
-        let mut found = [(Hit::default(), 0u32, false); BATCH];
-        let decap_cache = self.decap_cache;
-        let (bytes, hits) = strip_hits(self.pool.view(), self.flows.emc.view(), &decap_cache, vtep, batch, &mut found);
+        let mut found = [Stripped::default(); BATCH];
+        let (bytes, hits) = strip_hits(self.pool.view(), self.flows.emc.view(), &self.decap_cache, vtep, batch, &mut found);
         let mut decapsulated = 0;
         if hits == n as u64 {
             self.forward_hits::<PER_NODE>(snap, batch, &found);
@@ -418,18 +425,18 @@ impl Pipeline {
         }
         decapsulated += hits;
         let mut run = BdRun::new(NO_BD);
-        // Every frame the first pass stripped came from the one (source, VNI) in its copy of
-        // the decapsulation cache.
-        let stripped_from = decap_cache.admitted();
+        // Every frame the first pass stripped came from the one (source, VNI) the
+        // decapsulation cache held then (the slow path below may replace it).
+        let stripped_from = self.decap_cache.admitted();
         let mut demoted = 0;
         for i in 0..n {
             let b = batch.take(i);
-            let (hit, len, stripped) = found[i & (BATCH - 1)];
+            let Stripped { hit, len, stripped } = found[i & (BATCH - 1)];
             if hit.admits(len) {
                 self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, hit.bd(), len as usize);
                 continue;
             }
-            decapsulated += self.forward_underlay_missed(snap, port, b, stripped.then_some(stripped_from), i);
+            decapsulated += self.forward_underlay_missed(snap, port, b, (stripped != 0).then_some(stripped_from), i);
             demoted += self.forget_outdated(&mut found[..n], i);
         }
         batch.clear_taken();
@@ -458,11 +465,11 @@ impl Pipeline {
     /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
     /// lost its outer headers in the first): each goes to egress.
     #[inline(never)]
-    pub(super) fn forward_hits<const PER_NODE: bool>(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[(Hit, u32, bool); BATCH]) {
+    pub(super) fn forward_hits<const PER_NODE: bool>(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[Stripped; BATCH]) {
         let mut run = BdRun::new(NO_BD);
         for i in 0..batch.len() {
             let b = batch.take(i);
-            let (hit, len, _) = found[i & (BATCH - 1)];
+            let Stripped { hit, len, .. } = found[i & (BATCH - 1)];
             self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, hit.bd(), len as usize);
         }
         batch.clear_taken();
@@ -473,12 +480,12 @@ impl Pipeline {
 /// The first pass of [`Pipeline::forward_underlay_cached`]: each frame of `batch` the
 /// decapsulation cache and the EMC both know loses its outer headers and gets its decision
 /// in `found`. Returns the burst's bytes and how many frames hit. Its own function, with
-/// its inputs by value: the stores to buffer metadata cannot be proved not to touch the
+/// its inputs as views: the stores to buffer metadata cannot be proved not to touch the
 /// pipeline, whose fields would otherwise be read again for every frame, and the loop's
 /// registers are then allocated for it alone, not shifted by what the rest of the burst's
 /// path (or the pipeline's layout) does.
 #[inline(never)]
-fn strip_hits(view: PoolView<'_>, emc: EmcView<'_>, decap_cache: &vtep::DecapCache, vtep: &VtepEntry, batch: &mut Batch, found: &mut [(Hit, u32, bool); BATCH]) -> (u64, u64) {
+fn strip_hits(view: PoolView<'_>, emc: EmcView<'_>, decap_cache: &vtep::DecapCache, vtep: &VtepEntry, batch: &mut Batch, found: &mut [Stripped; BATCH]) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);
     for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
         let (h, total) = view.head_and_len(b);
@@ -494,7 +501,7 @@ fn strip_hits(view: PoolView<'_>, emc: EmcView<'_>, decap_cache: &vtep::DecapCac
             && d.strip(view, b).is_ok()
         {
             hits += 1;
-            *f = (hit, d.inner_len, true);
+            *f = Stripped { hit, len: d.inner_len, stripped: 1 };
         }
     }
     (bytes, hits)
