@@ -222,6 +222,20 @@ fn address_request(kind: u16, flags: u16, name: &str, ip: IpAddr, prefix: u8) ->
 
 /// The addresses of link `name` with their prefixes.
 pub fn addresses(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
+    Ok(address_entries(name)?.into_iter().map(|(ip, prefix, _)| (ip, prefix)).collect())
+}
+
+/// `ifa_flags`: duplicate address detection failed, so the kernel never uses the address.
+const IFA_F_DADFAILED: u8 = 0x08;
+
+/// The addresses of link `name` whose duplicate address detection failed (the kernel keeps
+/// them, tentative, and never uses them: not as a source either).
+pub fn dad_failed(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
+    Ok(address_entries(name)?.into_iter().filter(|(_, _, flags)| flags & IFA_F_DADFAILED != 0).map(|(ip, prefix, _)| (ip, prefix)).collect())
+}
+
+/// The addresses of link `name`: each with its prefix and `ifa_flags`.
+fn address_entries(name: &str) -> io::Result<Vec<(IpAddr, u8, u8)>> {
     let index = index_of(name)?;
     let mut s = Socket::open(NETLINK_ROUTE)?;
     let mut m = Msg::new(RTM_GETADDR, NLM_F_DUMP, &[0u8; 8]);
@@ -238,7 +252,7 @@ pub fn addresses(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
             Some(a) if a.len() == 16 => IpAddr::from(<[u8; 16]>::try_from(a).map_err(io::Error::other)?),
             _ => continue,
         };
-        out.push((ip, prefix));
+        out.push((ip, prefix, h[2]));
     }
     Ok(out)
 }

@@ -10,7 +10,7 @@
 use crate::policer::PolicerConfig;
 use crate::wire::MacAddr;
 use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 /// Why a configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -154,7 +154,8 @@ pub struct BridgeConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// The gateway's addresses (a subnet's gateway; for IPv6 a link-local one too).
+    /// The gateway's addresses (a subnet's gateway). With an IPv6 one, the gateway also has
+    /// a link-local address ([`GatewayConfig::link_local`]) unless one is given here.
     pub ips: Vec<IpAddr>,
     /// Default: `0a:58` and the first IPv4 address (`0a:59` and the last four bytes of the
     /// first IPv6 one), the manager's convention for pods' MACs.
@@ -184,14 +185,29 @@ impl GatewayConfig {
     }
 }
 
+impl GatewayConfig {
+    /// The link-local address the gateway has as an IPv6 router has one, when it routes IPv6
+    /// (one of its addresses is IPv6) and none is configured: `fe80::` and the modified EUI-64
+    /// of its MAC (RFC 4291), the same on every node, so a pod may route through it.
+    pub fn link_local(&self) -> Option<Ipv6Addr> {
+        let v6: Vec<Ipv6Addr> = self.ips.iter().filter_map(|ip| if let IpAddr::V6(a) = ip { Some(*a) } else { None }).collect();
+        if v6.is_empty() || v6.iter().any(Ipv6Addr::is_unicast_link_local) {
+            return None;
+        }
+        let m = self.mac()?.0;
+        Some(Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]))
+    }
+}
+
 impl BridgeConfig {
-    /// The address bindings the switch answers for: `neighbors` and the gateway's.
+    /// The address bindings the switch answers for: `neighbors` and the gateway's (its
+    /// derived link-local address too).
     pub fn answered(&self) -> Vec<Neighbor> {
         let mut all = self.neighbors.clone();
         if let Some(g) = &self.gateway
             && let Some(mac) = g.mac()
         {
-            all.extend(g.ips.iter().map(|ip| Neighbor { ip: *ip, mac }));
+            all.extend(g.ips.iter().copied().chain(g.link_local().map(IpAddr::V6)).map(|ip| Neighbor { ip, mac }));
         }
         all
     }

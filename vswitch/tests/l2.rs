@@ -343,6 +343,26 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     h.step();
     assert_eq!(h.recv("p0"), vec![reply], "the host's replies are switched to the pod");
 
+    // An IPv6 gateway has a link-local address, as a router does (derived from its MAC:
+    // the same on every node), answered like its global one; none without IPv6.
+    assert_eq!(gw.link_local(), None, "no IPv6, no link-local address");
+    let gw6 = GatewayConfig { ips: vec![ip(1).into(), "fd00::1".parse().unwrap()], ..gw.clone() };
+    let ll: std::net::Ipv6Addr = "fe80::858:c0ff:fe00:201".parse().unwrap();
+    assert_eq!(gw6.link_local(), Some(ll), "modified EUI-64 of {gw_mac}");
+    assert_eq!(GatewayConfig { ips: vec!["fd00::1".parse().unwrap(), "fe80::1".parse().unwrap()], ..gw.clone() }.link_local(), None, "one given");
+    cfg.bridges[0].gateway = Some(gw6);
+    h.apply(cfg.clone()).unwrap();
+    let pod6: std::net::Ipv6Addr = "fd00::10".parse().unwrap();
+    for target in [ll, "fd00::1".parse().unwrap()] {
+        h.send("p0", &frames::ns(mac(1), pod6, target));
+        h.step();
+        let out = h.recv_all();
+        assert_eq!(out["p0"], vec![frames::na(gw_mac, target, target, mac(1), pod6)], "{target} answered");
+        assert!(out["host"].is_empty() && out["p1"].is_empty(), "{target}: not flooded");
+    }
+    cfg.bridges[0].gateway = Some(gw.clone());
+    h.apply(cfg.clone()).unwrap();
+
     cfg.bridges[0].gateway = Some(GatewayConfig { port: "nomac".into(), ..gw.clone() });
     let e = h.apply(cfg.clone()).unwrap_err().to_string();
     assert!(e.contains("not an access port of this bridge"), "{e}");

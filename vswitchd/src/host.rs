@@ -111,13 +111,25 @@ pub fn overlap(a: &[String], b: &[String]) -> Option<(String, String)> {
 }
 
 fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
+    // The switch's end is no host interface: with IPv6 on it would take the same link-local
+    // address as the host end (the same MAC), and each end's duplicate address detection
+    // would see the other's: the host end's link-local failed, and with it every neighbour
+    // solicitation the node sends for traffic it forwards to a pod (their source), so pods'
+    // IPv6 replies from beyond the node never came back. Before the ends come up.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{sw}/disable_ipv6"), "1");
+    // The node's addresses here are its own by configuration (or the manager's IPAM): no
+    // duplicate address detection holding an IPv6 one back for a second.
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
     link::change(sw, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() })?;
     link::change(&p.ifname, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, group: Some(GROUP), ..Default::default() })?;
     // Frames leave the host whole and checksummed: AF_XDP in copy mode finishes nothing.
     plumbing::ethtool::pod_offloads_off(&p.ifname)?;
-    // The node's addresses here are its own by configuration (or the manager's IPAM): no
-    // duplicate address detection holding an IPv6 one back for a second.
-    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
+    // A port an older daemon made has its link-local address failed: given back (no
+    // detection now).
+    for (ip, prefix) in link::dad_failed(&p.ifname)? {
+        link::delete_address(&p.ifname, ip, prefix)?;
+        link::add_address(&p.ifname, ip, prefix)?;
+    }
     let have = link::addresses(&p.ifname)?;
     // An address the port no longer has (the manager gave it another) would make the node
     // take a pod's traffic as its own once the address is a pod's. Removed first: the same

@@ -1298,6 +1298,17 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
     let neigh = pa.run(&["ip", "neigh", "show"]).unwrap_or_default();
     assert!(neigh.contains("10.1.0.1 dev eth0 lladdr 0a:58:0a:01:00:01"), "the switch answered for the gateway with its MAC: {neigh}");
     assert!(neigh.contains("fd00:1::1 dev eth0 lladdr 0a:58:0a:01:00:01"), "and for its IPv6 address: {neigh}");
+    // A pod the node never reached first: the node resolves it for the replies it forwards
+    // (its neighbour solicitations need the host port's link-local address as their source).
+    netns::ping(&pb_, "fd00:99::2").expect("a second pod reaches the outside over IPv6");
+    let ll = node.run(&["ip", "-6", "addr", "show", "dev", "knitter0", "scope", "link"]).unwrap_or_default();
+    assert!(ll.contains("fe80::858:aff:fe01:fe/64") && !ll.contains("dadfailed") && !ll.contains("tentative"), "{ll}");
+    // A pod routed through the gateway's link-local address, as through an IPv6 router's
+    // (`fe80::` and the EUI-64 of the gateway's MAC, the same on every node).
+    pb_.run(&["ip", "-6", "route", "replace", "default", "via", "fe80::858:aff:fe01:1", "dev", "eth0"]).unwrap();
+    netns::ping(&pb_, "fd00:99::2").expect("a pod reaches the outside through the gateway's link-local address");
+    let neigh = pb_.run(&["ip", "-6", "neigh", "show"]).unwrap_or_default();
+    assert!(neigh.contains("fe80::858:aff:fe01:1 dev eth0 lladdr 0a:58:0a:01:00:01"), "answered by the switch: {neigh}");
     // Another network's pod is not reached through the node (nor the other way).
     assert!(pa.run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "10.2.0.2"]).is_err(), "networks are kept apart at the node");
     assert!(pc.run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "10.1.0.2"]).is_err(), "both ways");
