@@ -169,6 +169,16 @@ fn json<T: Serialize>(v: &T) -> Result<String> {
 }
 
 /// A network's address space for one family (its addresses and owners in the store).
+/// The store's format: the records' shapes (JSON under relative keys: `tenants/red`) and
+/// the address spaces' names. 1 is every store so far (those from before formats were
+/// numbered have no mark); a manager reads every format up to its own, migrating older ones,
+/// and refuses a newer one. `tests/fixtures/store-format-1.redb` is a format 1 store each
+/// version must keep reading (`tests/manager.rs`).
+pub const STORE_FORMAT: u64 = 1;
+
+/// Where the store's format is kept.
+const FORMAT_KEY: &str = "meta/format";
+
 fn space(network: &str, v4: bool) -> String {
     format!("{network}.{}", if v4 { "v4" } else { "v6" })
 }
@@ -236,10 +246,29 @@ impl Manager {
     /// A manager over `store`; makes sure the admin tenant exists.
     pub fn new(store: Arc<dyn Store>, config: Config) -> Result<Manager> {
         let m = Manager { store, config, cursors: Mutex::default() };
+        m.check_format()?;
         if m.load::<Tenant>(&tenant_key(ADMIN))?.is_none() {
             m.create_tenant(ADMIN, Some(Quota { networks: 100 }))?;
         }
         Ok(m)
+    }
+
+    /// Reads the store's format ([`STORE_FORMAT`]): a store without one is format 1 and
+    /// gets the mark; a newer one than this manager's is refused, before anything is read
+    /// or written (a rollback must not misread what a newer manager wrote).
+    fn check_format(&self) -> Result<()> {
+        let Some(v) = self.store.get(FORMAT_KEY)? else {
+            // Another replica marking it first is as good.
+            self.store.commit(&[Op::create(FORMAT_KEY, STORE_FORMAT.to_string())])?;
+            return Ok(());
+        };
+        let format: u64 = v.value.trim().parse().map_err(|_| ManagerError::Store(StoreError(format!("the store's format {:?} ({FORMAT_KEY}) is not a number", v.value))))?;
+        if format > STORE_FORMAT {
+            return Err(ManagerError::Store(StoreError(format!(
+                "the store is in format {format}, newer than this knitter-manager's ({STORE_FORMAT}): run the knitter-manager that wrote it, or a newer one"
+            ))));
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
