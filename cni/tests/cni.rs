@@ -331,6 +331,25 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     netns::ping(&p, "2001:db8:113::2").expect("the pod reaches the outside over IPv6, masqueraded");
     let conns = lab.node.run(&["nft", "list", "table", "inet", &format!("knitter-{kh}")]).unwrap();
     assert!(conns.contains("ip6 saddr fd00:64::/64 masquerade"), "{conns}");
+    // An IPv6 Service (a dual-stack cluster's second ClusterIP, kube-proxy's ip6 rules): an
+    // outside client through a NodePort keeps its address; the pod reaching its own Service
+    // comes from its node's address.
+    lab.node.run(&["nft", "add", "table", "ip6", "kp6"]).unwrap();
+    lab.node.run(&["nft", "add", "chain", "ip6", "kp6", "pre", "{ type nat hook prerouting priority dstnat; }"]).unwrap();
+    lab.node.run(&["nft", "add", "rule", "ip6", "kp6", "pre", "tcp", "dport", "30080", "dnat", "to", &format!("[{pod_ip6}]:8080")]).unwrap();
+    lab.node.run(&["nft", "add", "rule", "ip6", "kp6", "pre", "ip6", "daddr", "fd00:96::10", "tcp", "dport", "80", "dnat", "to", &format!("[{pod_ip6}]:8080")]).unwrap();
+    let peer6_of = |client: &netns::Netns, to: &str, port: &str| {
+        let server = format!("import socket; s = socket.socket(socket.AF_INET6); s.bind(('{pod_ip6}', 8080)); s.listen(1); s.settimeout(10); c, a = s.accept(); print(a[0])");
+        let srv = std::thread::scope(|sc| {
+            let h = sc.spawn(|| p.run(&["python3", "-c", &server]));
+            let connect = format!("import socket, time\nfor _ in range(50):\n    try:\n        socket.create_connection(('{to}', {port}), timeout=2).close(); break\n    except OSError: time.sleep(0.1)");
+            client.run(&["python3", "-c", &connect]).unwrap();
+            h.join().unwrap()
+        });
+        srv.unwrap().trim().to_string()
+    };
+    assert_eq!(peer6_of(&out, "2001:db8:113::1", "30080"), "2001:db8:113::2", "externalTrafficPolicy: Local keeps the client's IPv6 address");
+    assert_eq!(peer6_of(&p, "fd00:96::10", "80"), host_ip6, "a pod's own IPv6 Service: from its node's address");
 
     // DEL: the pod's port goes; the host port goes when the manager's sweep finds the node
     // without pods on the network (here: deleting the network, which sweeps it too).
