@@ -303,8 +303,9 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     lab.node.run(&["nft", "add", "chain", "ip", "kp", "pre", "{ type nat hook prerouting priority dstnat; }"]).unwrap();
     lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "tcp", "dport", "30080", "dnat", "to", &format!("{pod_ip}:8080")]).unwrap();
     lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "ip", "daddr", "10.96.0.10", "tcp", "dport", "80", "dnat", "to", &format!("{pod_ip}:8080")]).unwrap();
-    let peer_of = |client: &netns::Netns, to: &str, port: &str| {
-        let server = format!("import socket; s = socket.socket(); s.bind(('{pod_ip}', 8080)); s.listen(1); s.settimeout(10); c, a = s.accept(); print(a[0])");
+    // The address a connection from `client` to `to:port` arrives from at the pod's `bind`:8080.
+    let peer_of = |client: &netns::Netns, to: &str, port: &str, bind: &str| {
+        let server = format!("import socket; s = socket.socket(socket.AF_INET6 if ':' in '{bind}' else socket.AF_INET); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{bind}', 8080)); s.listen(1); s.settimeout(10); c, a = s.accept(); print(a[0])");
         let srv = std::thread::scope(|sc| {
             let h = sc.spawn(|| p.run(&["python3", "-c", &server]));
             let connect = format!("import socket, time\nfor _ in range(50):\n    try:\n        socket.create_connection(('{to}', {port}), timeout=2).close(); break\n    except OSError: time.sleep(0.1)");
@@ -313,8 +314,8 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
         });
         srv.unwrap().trim().to_string()
     };
-    assert_eq!(peer_of(&out, "203.0.113.1", "30080"), "203.0.113.2", "externalTrafficPolicy: Local keeps the client's address");
-    assert_eq!(peer_of(&p, "10.96.0.10", "80"), host_ip, "a pod's own Service: from its node's address");
+    assert_eq!(peer_of(&out, "203.0.113.1", "30080", &pod_ip), "203.0.113.2", "externalTrafficPolicy: Local keeps the client's address");
+    assert_eq!(peer_of(&p, "10.96.0.10", "80", &pod_ip), host_ip, "a pod's own Service: from its node's address");
     // DNS through a Service: UDP, translated the same way (here to the pod itself).
     lab.node.run(&["nft", "add", "rule", "ip", "kp", "pre", "ip", "daddr", "10.96.0.53", "udp", "dport", "53", "dnat", "to", &format!("{pod_ip}:5353")]).unwrap();
     let dns = format!(
@@ -338,18 +339,8 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
     lab.node.run(&["nft", "add", "chain", "ip6", "kp6", "pre", "{ type nat hook prerouting priority dstnat; }"]).unwrap();
     lab.node.run(&["nft", "add", "rule", "ip6", "kp6", "pre", "tcp", "dport", "30080", "dnat", "to", &format!("[{pod_ip6}]:8080")]).unwrap();
     lab.node.run(&["nft", "add", "rule", "ip6", "kp6", "pre", "ip6", "daddr", "fd00:96::10", "tcp", "dport", "80", "dnat", "to", &format!("[{pod_ip6}]:8080")]).unwrap();
-    let peer6_of = |client: &netns::Netns, to: &str, port: &str| {
-        let server = format!("import socket; s = socket.socket(socket.AF_INET6); s.bind(('{pod_ip6}', 8080)); s.listen(1); s.settimeout(10); c, a = s.accept(); print(a[0])");
-        let srv = std::thread::scope(|sc| {
-            let h = sc.spawn(|| p.run(&["python3", "-c", &server]));
-            let connect = format!("import socket, time\nfor _ in range(50):\n    try:\n        socket.create_connection(('{to}', {port}), timeout=2).close(); break\n    except OSError: time.sleep(0.1)");
-            client.run(&["python3", "-c", &connect]).unwrap();
-            h.join().unwrap()
-        });
-        srv.unwrap().trim().to_string()
-    };
-    assert_eq!(peer6_of(&out, "2001:db8:113::1", "30080"), "2001:db8:113::2", "externalTrafficPolicy: Local keeps the client's IPv6 address");
-    assert_eq!(peer6_of(&p, "fd00:96::10", "80"), host_ip6, "a pod's own IPv6 Service: from its node's address");
+    assert_eq!(peer_of(&out, "2001:db8:113::1", "30080", &pod_ip6), "2001:db8:113::2", "externalTrafficPolicy: Local keeps the client's IPv6 address");
+    assert_eq!(peer_of(&p, "fd00:96::10", "80", &pod_ip6), host_ip6, "a pod's own IPv6 Service: from its node's address");
 
     // DEL: the pod's port goes; the host port goes when the manager's sweep finds the node
     // without pods on the network (here: deleting the network, which sweeps it too).

@@ -572,6 +572,13 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
     eventually("the network deleted with its resource", || m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()).await;
     eventually("its NADs deleted", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/oam", "red/oam"])).await;
     assert!(m.get_network("red").is_ok(), "a network made over the API is not the cluster's");
+    // A namespace being deleted gets no new NAD (the apiserver refuses one there, every
+    // pass) and keeps its own until it goes.
+    api.terminate_namespace("red-prod");
+    api.apply_resource(Kind::Networks, "ops", "uid-ops", json!({"kind": "vlan", "plane": "oam", "segment": 301, "shared": true, "ipv4": {"cidr": "10.73.0.0/24"}}));
+    eventually("the shared network ready, its NADs in the other namespaces", || is_ready(&api, Kind::Networks, "ops") && nads(&api).is_superset(&set(&["blue/ops", "red-dev/ops", "red/ops"]))).await;
+    assert!(!nads(&api).contains("red-prod/ops") && nads(&api).contains("red-prod/oam"), "{:?}", nads(&api));
+    assert_eq!(api.requests(|r| r == "POST nad red-prod/ops"), 0, "not asked for");
     c.stop().await;
 }
 

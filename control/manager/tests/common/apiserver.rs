@@ -15,7 +15,8 @@
 //! subresource by merge patch (only `status` is taken; `metadata.generation` moves only when
 //! a write changes `spec`); the custom resources themselves by merge patch with a
 //! `metadata.resourceVersion` precondition (409), finalizers honoured (a delete with
-//! finalizers sets `deletionTimestamp`; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`), `PUT` (409 `Conflict` on a
+//! finalizers sets `deletionTimestamp`; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`; 403 `Forbidden` in a
+//! namespace being terminated, as the apiserver's lifecycle admission answers), `PUT` (409 `Conflict` on a
 //! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
 //! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
 //! stale `resourceVersion`; `events.k8s.io/v1` Events by `POST` and merge `PATCH`. Objects are k8s-openapi's own serialisations (custom resources as
@@ -286,6 +287,15 @@ impl ApiServer {
         self.put(Kind::Namespaces, name.into(), serde_json::to_value(&ns).expect("a namespace serialises"), typ);
     }
 
+    /// Starts deleting a namespace, as `kubectl delete namespace` does while its contents go:
+    /// `deletionTimestamp` and the `Terminating` phase.
+    pub fn terminate_namespace(&self, name: &str) {
+        let Some(mut ns) = self.object(Kind::Namespaces, name) else { return };
+        ns["metadata"]["deletionTimestamp"] = json!("2026-11-29T12:00:00Z");
+        ns["status"] = json!({"phase": "Terminating"});
+        self.put(Kind::Namespaces, name.into(), ns, "MODIFIED");
+    }
+
     /// Creates or updates a cluster-scoped custom resource (`spec` given; as `kubectl apply`
     /// would: its status kept, `metadata.generation` moved when the spec changes).
     pub fn apply_resource(&self, kind: Kind, name: &str, uid: &str, spec: Value) {
@@ -545,6 +555,9 @@ async fn create_nad(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(
         let key = format!("{ns}/{name}");
         if o.objects.contains_key(&(Kind::Nads, key.clone())) {
             return status(409, "AlreadyExists", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"));
+        }
+        if o.objects.get(&(Kind::Namespaces, ns.clone())).is_some_and(|n| !n["metadata"]["deletionTimestamp"].is_null()) {
+            return status(403, "Forbidden", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"));
         }
         let uid = format!("nad-{}", o.rv + 1);
         nad["metadata"]["namespace"] = json!(ns);

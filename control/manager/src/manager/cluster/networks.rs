@@ -6,9 +6,12 @@
 //! what it made.
 //!
 //! One pass does it all, over complete views of the resources and namespaces: after any of
-//! them changed, [`RETRY`] after a pass left something to do (a deletion refused while pods
-//! still use a network), and at least every [`RESYNC`]. Knitter's own NADs are watched
-//! too: one edited or deleted by hand is put back at once.
+//! them changed, after a pass left something to do (a deletion refused while pods still use
+//! a network, a write the apiserver refused) with a [`Backoff`] from [`RETRY`] to
+//! [`MAX_RETRY`] while passes keep leaving it, and at least every [`RESYNC`]. Knitter's own
+//! NADs are watched too: one edited or deleted by hand is put back at once. Namespaces being
+//! deleted get no NAD (the apiserver refuses new objects there) and keep theirs until they
+//! go.
 
 use super::nad::{self, MANAGED_BY};
 use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
@@ -26,8 +29,33 @@ use std::time::Duration;
 
 /// The longest a pass waits when nothing changed.
 pub const RESYNC: Duration = Duration::from_secs(30);
-/// When a pass is tried again after something failed or was refused for now.
+/// When a pass is tried again after something failed or was refused for now: the first
+/// time; each pass that still leaves something waits twice as long, up to [`MAX_RETRY`].
 pub const RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between passes that keep leaving something to do (a permanent 403, a
+/// network in use for hours): the apiserver is not asked every 2 s forever.
+pub const MAX_RETRY: Duration = Duration::from_secs(300);
+
+/// When the next pass is due after passes that left something to do: [`RETRY`], doubled for
+/// each one in a row, at most [`MAX_RETRY`]; back to nothing once a pass left nothing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    failed: u32,
+}
+
+impl Backoff {
+    /// Takes a pass's outcome (whether it left something to do); the wait before the next
+    /// pass when nothing changes meanwhile.
+    pub fn after(&mut self, left_something: bool) -> Duration {
+        if !left_something {
+            self.failed = 0;
+            return RESYNC;
+        }
+        let wait = RETRY.saturating_mul(1 << self.failed.min(16)).min(MAX_RETRY);
+        self.failed = self.failed.saturating_add(1);
+        wait
+    }
+}
 
 /// One watched kind as its last complete list and the events since made it.
 pub struct Listed<K> {
@@ -214,14 +242,13 @@ impl Controller {
         let mut nads = watcher(Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()), ours).default_backoff().boxed();
         let mut r = Resources::default();
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let (mut last, mut retry) = (tokio::time::Instant::now(), false);
+        let (mut last, mut backoff, mut wait) = (tokio::time::Instant::now(), Backoff::default(), RESYNC);
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    let wait = if retry { RETRY } else { RESYNC };
                     if r.listed() && (r.due || last.elapsed() >= wait) {
                         r.due = false;
-                        retry = self.pass(&r).await;
+                        wait = backoff.after(self.pass(&r).await);
                         last = tokio::time::Instant::now();
                     }
                 }
@@ -285,10 +312,14 @@ impl Controller {
                 return true;
             }
         };
+        // A namespace being deleted takes no new NAD (the apiserver refuses it, every pass)
+        // and its NADs go with it.
+        let terminating: BTreeSet<String> = r.namespaces.items.values().filter(|ns| deleting(&ns.metadata)).filter_map(|ns| ns.metadata.name.clone()).collect();
         let tenants: BTreeMap<String, String> = r
             .namespaces
             .items
             .values()
+            .filter(|ns| !deleting(&ns.metadata))
             .filter_map(|ns| {
                 let name = ns.metadata.name.clone()?;
                 let tenant = crate::manager::tenancy::tenant_for(&name, nad::labelled_tenant(ns), &known).to_string();
@@ -303,7 +334,7 @@ impl Controller {
                 }
             }
         }
-        let (in_place, nads_retry) = self.sync_nads(want).await;
+        let (in_place, nads_retry) = self.sync_nads(want, &terminating).await;
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
         retry |= nads_retry;
         let mut ready = 0;
@@ -376,8 +407,9 @@ impl Controller {
     }
 
     /// Makes the cluster's Knitter NADs what `want` says (by `namespace/name`): creates,
-    /// replaces, deletes. Returns the ones in place and whether something failed.
-    async fn sync_nads(&self, want: BTreeMap<String, DynamicObject>) -> (BTreeSet<String>, bool) {
+    /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them).
+    /// Returns the ones in place and whether something failed.
+    async fn sync_nads(&self, want: BTreeMap<String, DynamicObject>, terminating: &BTreeSet<String>) -> (BTreeSet<String>, bool) {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
@@ -399,6 +431,9 @@ impl Controller {
         let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
         for k in have.keys().filter(|k| !want.contains_key(*k)) {
             let (ns, name) = k.split_once('/').unwrap_or_default();
+            if terminating.contains(ns) {
+                continue;
+            }
             match bounded(api(ns).delete(name, &DeleteParams::default())).await {
                 Ok(_) => self.status.attachment_definition_writes.fetch_add(1, Relaxed),
                 Err(kube::Error::Api(s)) if s.code == 404 => 0,
@@ -436,5 +471,22 @@ impl Controller {
             }
         }
         (in_place, failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backoff, MAX_RETRY, RESYNC, RETRY};
+
+    #[test]
+    fn passes_that_keep_failing_wait_longer_up_to_the_cap_and_a_clean_one_resets() {
+        let mut b = Backoff::default();
+        let waits: Vec<u64> = (0..10).map(|_| b.after(true).as_secs()).collect();
+        assert_eq!(waits, vec![2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(b.after(false), RESYNC);
+        assert_eq!(b.after(true), RETRY, "back to the first wait");
+        for _ in 0..100 {
+            assert!(b.after(true) <= MAX_RETRY);
+        }
     }
 }
