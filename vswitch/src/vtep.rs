@@ -433,7 +433,9 @@ impl VtepEntry {
         const L2: usize = 14;
         const OUTER: usize = PLAIN_OUTER;
         let w = |i: usize| u64::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 6], f[i + 7]]);
-        let odd = ((w(0) ^ cache.e0) & plain::M0)
+        // The destination MAC is the word's low six bytes: shifted out of the top rather than
+        // masked, no 64-bit constant to hold (the burst loop is short of registers).
+        let odd = ((w(0) ^ cache.e0) << 16)
             | ((w(12) ^ plain::E12) & plain::M12)
             | ((w(20) ^ plain::E20) & plain::M20)
             | (w(26) ^ cache.e26)
@@ -609,7 +611,7 @@ pub struct DecapCache {
     generation: u64,
     /// [`VtepEntry::classify_plain`] may use the words below (an untagged IPv4 VTEP).
     plain: bool,
-    /// Bytes 0..8: the VTEP's MAC (the destination) under [`plain::M0`].
+    /// Bytes 0..8: the VTEP's MAC (the destination) in the low six bytes.
     e0: u64,
     /// Frame bytes 26..34 (source and destination address) as a little-endian word.
     e26: u64,
@@ -624,8 +626,6 @@ pub struct DecapCache {
 /// The fixed fields of an untagged IPv4 outer header as masked little-endian words of the
 /// frame (bytes 12..20 and 20..28; see [`DecapCache`] for the others).
 mod plain {
-    /// The destination MAC.
-    pub const M0: u64 = 0xffff_ffff_ffff;
     /// EtherType IPv4, version 4 with a 20-byte header, and an ECN field whose low bit is
     /// clear (Not-ECT or ECT(0): nothing for the inner header to hear; ECT(1) and CE take
     /// the slow path, which tells it).
