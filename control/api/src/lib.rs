@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bpf;
 pub mod device_info;
 pub mod logging;
 pub mod mac;

@@ -55,20 +55,7 @@ fn compile(expr: &str, snaplen: u32) -> Result<Vec<pb::BpfInstruction>> {
     if !out.status.success() {
         bail!("filter {expr:?}: {}", String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.starts_with("Warning")).collect::<Vec<_>>().join("; "));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let n: usize = lines.next().and_then(|l| l.trim().parse().ok()).context("tcpdump -ddd: no instruction count")?;
-    let insns = lines
-        .map(|l| {
-            let f: Vec<u32> = l.split_whitespace().filter_map(|w| w.parse().ok()).collect();
-            match f[..] {
-                [code, jt, jf, k] => Ok(pb::BpfInstruction { code, jt, jf, k }),
-                _ => bail!("tcpdump -ddd: not an instruction: {l:?}"),
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    anyhow::ensure!(insns.len() == n, "tcpdump -ddd announced {n} instructions and printed {}", insns.len());
-    Ok(insns)
+    knitter_api::bpf::parse_ddd(&String::from_utf8_lossy(&out.stdout)).map_err(|e| anyhow::anyhow!("tcpdump -ddd: {e}"))
 }
 
 /// Where frames go: pcapng, or a line each.
