@@ -13,7 +13,7 @@ mod common;
 #[path = "common/apiserver.rs"]
 mod apiserver;
 
-use apiserver::ApiServer;
+use apiserver::{ApiServer, Rbac};
 use common::scenarios::{ip, net, port};
 use knitter_manager::manager::cluster::lease::LeaseOptions;
 use knitter_manager::manager::cluster::{Controller, Options};
@@ -34,7 +34,8 @@ fn manager(dir: &tempfile::TempDir) -> Arc<Manager> {
 
 fn options(identity: &str) -> Options {
     // Renew deadline 2 s, a look every 400 ms.
-    let lease = LeaseOptions::timed("kube-system", "knitter-manager", identity, Duration::from_secs(3));
+    // In the manager's namespace, where the shipped Role lets it hold a Lease.
+    let lease = LeaseOptions::timed("knitter", "knitter-manager", identity, Duration::from_secs(3));
     Options { lease, release_nodes: true, network_status: true, network_resources: false }
 }
 
@@ -177,16 +178,16 @@ async fn a_standby_manager_takes_the_lease_when_the_leader_dies() {
         pod_with_port(&m, &api, &format!("p{i}"), "n1");
     }
     let (a, b) = (start(&m, &api, "a"), start(&m, &api, "b"));
-    eventually("one leads", || api.lease_holder("kube-system", "knitter-manager").is_some()).await;
-    let first = api.lease_holder("kube-system", "knitter-manager").unwrap();
+    eventually("one leads", || api.lease_holder("knitter", "knitter-manager").is_some()).await;
+    let first = api.lease_holder("knitter", "knitter-manager").unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(api.lease_holder("kube-system", "knitter-manager").as_deref(), Some(first.as_str()), "the leader keeps the Lease by renewing it");
+    assert_eq!(api.lease_holder("knitter", "knitter-manager").as_deref(), Some(first.as_str()), "the leader keeps the Lease by renewing it");
     let watches = api.requests(|r| r.contains("watch=true"));
     assert!(watches <= 2, "only the leader watches: {watches} watches");
     let (dead, standby) = if first == "a" { (a, b) } else { (b, a) };
     dead.task.abort();
     let other = if first == "a" { "b" } else { "a" };
-    eventually("the standby takes the Lease", || api.lease_holder("kube-system", "knitter-manager").as_deref() == Some(other)).await;
+    eventually("the standby takes the Lease", || api.lease_holder("knitter", "knitter-manager").as_deref() == Some(other)).await;
     api.delete_pod("apps", "p0");
     eventually("the new leader releases a deleted pod's port", || port_pods(&m) == names(1..4)).await;
     // And says so on the pod, in its namespace.
@@ -262,7 +263,7 @@ async fn a_leader_that_stops_hands_the_lease_over_at_once() {
     let stopping = std::time::Instant::now();
     leader.stop().await;
     // Released on the way out: empty, or already the standby's if it looked in between.
-    let holder = api.lease_holder("kube-system", "knitter-manager");
+    let holder = api.lease_holder("knitter", "knitter-manager");
     assert_ne!(holder.as_deref(), Some(leader_name), "released on the way out");
     assert!(holder.is_some(), "the Lease is still there");
     eventually("the standby takes over", || standby.status.leader.load(SeqCst)).await;
@@ -521,7 +522,7 @@ fn nad_network(nad: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_resources_become_networks_with_attachments_in_their_tenants_namespaces() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, api) = (manager(&dir), ApiServer::start().await);
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
     api.add_namespace("red", &[]);
     api.add_namespace("red-dev", &[("knitter.io/tenant", "red")]);
     api.add_namespace("blue", &[]);
@@ -588,7 +589,7 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_network_resource_says_why() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, api) = (manager(&dir), ApiServer::start().await);
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
     let taken = m.get_network("red").unwrap().segment.unwrap();
     api.add_namespace("admin", &[]);
     api.apply_resource(Kind::Networks, "clash", "uid-clash", json!({"kind": "vxlan", "segment": taken, "ipv4": {"cidr": "10.80.0.0/24"}}));
@@ -634,7 +635,7 @@ async fn a_refused_network_resource_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_resource_waits_for_its_pods_and_goes_even_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, api) = (manager(&dir), ApiServer::start().await);
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
     api.add_namespace("admin", &[]);
     for (name, cidr) in [("media", "10.71.0.0/24"), ("oam", "10.72.0.0/24"), ("stale", "10.73.0.0/24")] {
         api.apply_resource(Kind::Networks, name, &format!("uid-{name}"), json!({"kind": "vxlan", "ipv4": {"cidr": cidr}}));
@@ -715,15 +716,24 @@ async fn the_stand_ins_answers_round_trip_through_k8s_openapi() {
     let events: Vec<WatchEvent<Pod>> = text.lines().map(round_trip).collect();
     assert!(matches!(events[..], [WatchEvent::Added(_), WatchEvent::Added(_), WatchEvent::Deleted(_), WatchEvent::Bookmark { .. }, ..]), "{text}");
 
-    let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l", "namespace": "kube-system"}, "spec": {"holderIdentity": "m1", "leaseDurationSeconds": 15}});
-    let post = axum::http::Request::post("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases").header("content-type", "application/json").body(serde_json::to_vec(&lease).unwrap()).unwrap();
+    let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l", "namespace": "knitter"}, "spec": {"holderIdentity": "m1", "leaseDurationSeconds": 15}});
+    let post = axum::http::Request::post("/apis/coordination.k8s.io/v1/namespaces/knitter/leases").header("content-type", "application/json").body(serde_json::to_vec(&lease).unwrap()).unwrap();
     let created: Lease = round_trip(&client.request_text(post).await.unwrap());
     assert_eq!(created.spec.and_then(|s| s.holder_identity).as_deref(), Some("m1"));
-    let _: Lease = round_trip(&get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l".into()).await.unwrap());
-    match get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/none".into()).await {
+    let _: Lease = round_trip(&get("/apis/coordination.k8s.io/v1/namespaces/knitter/leases/l".into()).await.unwrap());
+    match get("/apis/coordination.k8s.io/v1/namespaces/knitter/leases/none".into()).await {
         Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (404, "NotFound")),
         other => panic!("a missing Lease is a 404 Status: {other:?}"),
     }
+    // What the shipped RBAC does not grant the manager is refused, as the apiserver would:
+    // deleting a pod; a Lease outside the manager's namespace.
+    let delete = axum::http::Request::delete("/api/v1/namespaces/apps/pods/p0").body(vec![]).unwrap();
+    match client.request_text(delete).await {
+        Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden")),
+        other => panic!("a pod delete is refused: {other:?}"),
+    }
+    assert!(get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l".into()).await.is_err());
+    assert_eq!(api.take_denied(), vec!["delete pods in group \"\" in namespace apps".to_string(), "get leases in group \"coordination.k8s.io\" in namespace kube-system".to_string()]);
 
     // The history compacted: a watch from before it gets the ERROR event with the 410 Status.
     api.delete_pods_unseen(&[("apps".into(), "p0".into())]);

@@ -20,7 +20,11 @@
 //! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
 //! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
 //! stale `resourceVersion`; `events.k8s.io/v1` Events by `POST` and merge `PATCH`. Objects are k8s-openapi's own serialisations (custom resources as
-//! `kubectl apply` sends them). What it does not model: authentication, field selectors and
+//! `kubectl apply` sends them). Every request is authorized against the shipped RBAC
+//! ([`Rbac`]: the manager's ClusterRole and Lease Role from `deploy/kubernetes`): one the
+//! manifests do not grant is answered 403 as the apiserver's RBAC authorizer would, and
+//! fails the test when the server is dropped, so the manifests cannot drift from what the
+//! controller does. What it does not model: authentication, field selectors and
 //! set-based label selectors, paging, other resources, `sendInitialEvents`, admission and
 //! CRD schema validation (the tests check what the controller writes against the CRDs'
 //! schemas separately), server-side defaulting, and the garbage collector (owner references
@@ -123,6 +127,107 @@ impl Objects {
 struct Shared {
     objects: Arc<Mutex<Objects>>,
     changed: watch::Sender<u64>,
+    /// What the manager's service account may do: the shipped RBAC.
+    rules: Arc<Vec<Rule>>,
+    /// Requests the RBAC refused (403): each fails the test when the server is dropped.
+    denied: Arc<Mutex<Vec<String>>>,
+}
+
+/// The shipped RBAC the stand-in enforces for every request: `deploy/kubernetes/base/rbac.yaml`
+/// (the manager's ClusterRole, and its Lease Role in the `knitter` namespace), and with
+/// `Standalone` the standalone overlay's pod patch (`--network-status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rbac {
+    Base,
+    Standalone,
+}
+
+/// One RBAC rule, as a ClusterRole (every namespace) or a Role (its namespace) grants it.
+#[derive(Debug, Clone)]
+struct Rule {
+    namespace: Option<String>,
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+}
+
+/// The manager's namespace, where kustomize puts the Lease Role.
+const MANAGER_NAMESPACE: &str = "knitter";
+
+fn rules(rbac: Rbac) -> Vec<Rule> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes");
+    let mut files = vec![format!("{root}/base/rbac.yaml")];
+    if rbac == Rbac::Standalone {
+        files.push(format!("{root}/overlays/standalone/rbac-network-status.yaml"));
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap_or_else(|e| panic!("{f}: {e}"));
+            let namespace = match v["kind"].as_str() {
+                Some("ClusterRole") => None,
+                Some("Role") => Some(v["metadata"]["namespace"].as_str().unwrap_or(MANAGER_NAMESPACE).to_string()),
+                _ => continue,
+            };
+            let strings = |x: &Value| x.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+            for r in v["rules"].as_array().into_iter().flatten() {
+                out.push(Rule { namespace: namespace.clone(), groups: strings(&r["apiGroups"]), resources: strings(&r["resources"]), verbs: strings(&r["verbs"]) });
+            }
+        }
+    }
+    out
+}
+
+/// A request's RBAC attributes: (verb, API group, resource with its subresource, namespace),
+/// as the apiserver derives them from the method and the path.
+fn attributes(method: &axum::http::Method, uri: &axum::http::Uri) -> Option<(String, String, String, Option<String>)> {
+    let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, resource, rest @ ..] => (Some(ns.to_string()), [&[*resource][..], rest].concat()),
+        _ => (None, rest.to_vec()),
+    };
+    let (resource, name, sub) = (rest.first()?, rest.get(1), rest.get(2));
+    let watch = uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match (method.as_str(), name) {
+        ("GET", None) if watch => "watch",
+        ("GET", None) => "list",
+        ("GET", Some(_)) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", None) => "deletecollection",
+        ("DELETE", Some(_)) => "delete",
+        _ => return None,
+    };
+    let resource = match sub {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.to_string(),
+    };
+    Some((verb.into(), group.into(), resource, namespace))
+}
+
+/// Refuses (403, as the apiserver's RBAC authorizer words it) what the shipped RBAC does not
+/// grant the manager's service account, and records it.
+async fn authorize(axum::extract::State(s): axum::extract::State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else { return next.run(req).await };
+    let allowed = s.rules.iter().any(|r| {
+        r.namespace.as_ref().is_none_or(|ns| namespace.as_ref() == Some(ns))
+            && r.groups.iter().any(|g| *g == group)
+            && r.resources.iter().any(|x| *x == resource)
+            && r.verbs.iter().any(|v| *v == verb)
+    });
+    if allowed {
+        return next.run(req).await;
+    }
+    let what = format!("{verb} {resource} in group {group:?}{}", namespace.as_ref().map(|ns| format!(" in namespace {ns}")).unwrap_or_default());
+    s.denied.lock().unwrap().push(what.clone());
+    status(403, "Forbidden", format!("User \"system:serviceaccount:knitter:knitter-manager\" cannot {what}"))
 }
 
 pub struct ApiServer {
@@ -134,6 +239,10 @@ pub struct ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.task.abort();
+        let denied = std::mem::take(&mut *self.shared.denied.lock().unwrap());
+        if !std::thread::panicking() {
+            assert!(denied.is_empty(), "the controller did what the shipped RBAC does not allow (deploy/kubernetes): {denied:?}");
+        }
     }
 }
 
@@ -184,10 +293,17 @@ fn status(code: u16, reason: &str, message: String) -> Response {
 }
 
 impl ApiServer {
+    /// A stand-in enforcing the shipped RBAC with the standalone overlay's pod patch (what a
+    /// manager with `--network-status` runs under).
     pub async fn start() -> ApiServer {
+        Self::start_with(Rbac::Standalone).await
+    }
+
+    /// A stand-in enforcing `rbac`.
+    pub async fn start_with(rbac: Rbac) -> ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("address");
-        let shared = Shared { objects: Arc::default(), changed: watch::channel(0).0 };
+        let shared = Shared { objects: Arc::default(), changed: watch::channel(0).0, rules: Arc::new(rules(rbac)), denied: Arc::default() };
         let app = Router::new()
             .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
             .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
@@ -207,6 +323,7 @@ impl ApiServer {
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
             .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
             .fallback(|uri: axum::http::Uri| async move { status(404, "NotFound", format!("the stand-in does not serve {uri}")) })
+            .layer(axum::middleware::from_fn_with_state(shared.clone(), authorize))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -380,6 +497,11 @@ impl ApiServer {
     }
 
     /// How many requests matched `pred` so far.
+    /// The requests the RBAC refused so far, forgotten (a test that provokes one takes it).
+    pub fn take_denied(&self) -> Vec<String> {
+        std::mem::take(&mut *self.shared.denied.lock().unwrap())
+    }
+
     pub fn requests(&self, pred: impl Fn(&str) -> bool) -> usize {
         self.shared.objects.lock().unwrap().requests.iter().filter(|r| pred(r)).count()
     }
