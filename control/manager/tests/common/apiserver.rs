@@ -218,9 +218,9 @@ async fn authorize(axum::extract::State(s): axum::extract::State<Shared>, req: a
     let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else { return next.run(req).await };
     let allowed = s.rules.iter().any(|r| {
         r.namespace.as_ref().is_none_or(|ns| namespace.as_ref() == Some(ns))
-            && r.groups.iter().any(|g| *g == group)
-            && r.resources.iter().any(|x| *x == resource)
-            && r.verbs.iter().any(|v| *v == verb)
+            && r.groups.contains(&group)
+            && r.resources.contains(&resource)
+            && r.verbs.contains(&verb)
     });
     if allowed {
         return next.run(req).await;
