@@ -194,8 +194,7 @@ impl GatewayConfig {
         if v6.is_empty() || v6.iter().any(Ipv6Addr::is_unicast_link_local) {
             return None;
         }
-        let m = self.mac()?.0;
-        Some(Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]))
+        Some(self.mac()?.link_local())
     }
 }
 

@@ -116,7 +116,9 @@ fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
     // would see the other's: the host end's link-local failed, and with it every neighbour
     // solicitation the node sends for traffic it forwards to a pod (their source), so pods'
     // IPv6 replies from beyond the node never came back. Before the ends come up.
-    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{sw}/disable_ipv6"), "1");
+    if let Err(e) = std::fs::write(format!("/proc/sys/net/ipv6/conf/{sw}/disable_ipv6"), "1") {
+        tracing::warn!(port = %sw, error = %e, "IPv6 not turned off on the host port's switch end: the host end's link-local address may fail");
+    }
     // The node's addresses here are its own by configuration (or the manager's IPAM): no
     // duplicate address detection holding an IPv6 one back for a second.
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
@@ -124,11 +126,18 @@ fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
     link::change(&p.ifname, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, group: Some(GROUP), ..Default::default() })?;
     // Frames leave the host whole and checksummed: AF_XDP in copy mode finishes nothing.
     plumbing::ethtool::pod_offloads_off(&p.ifname)?;
-    // A port an older daemon made has its link-local address failed: given back (no
-    // detection now).
+    // A port an older daemon made has its link-local address failed: removed, and the
+    // address the host end should have (given again if a repair was cut short) added back
+    // (no detection now). The kernel may be adding it itself as the link comes up.
     for (ip, prefix) in link::dad_failed(&p.ifname)? {
         link::delete_address(&p.ifname, ip, prefix)?;
-        link::add_address(&p.ifname, ip, prefix)?;
+    }
+    let link_local = IpAddr::V6(vswitch::wire::MacAddr(p.mac).link_local());
+    if !link::addresses(&p.ifname)?.contains(&(link_local, 64)) {
+        match link::add_address(&p.ifname, link_local, 64) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
     }
     let have = link::addresses(&p.ifname)?;
     // An address the port no longer has (the manager gave it another) would make the node

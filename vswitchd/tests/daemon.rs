@@ -1357,12 +1357,18 @@ async fn a_host_port_is_taken_up_again_after_a_restart() {
     let mut d = Daemon::start_in(dir.path(), Some(&node.name), &args).await;
     apply(&mut d.client(), doc, false).await.unwrap();
     netns::ping(&node, "10.1.0.2").expect("the node reaches its pod");
+    // The host end's link-local address, lost meanwhile (an older daemon's failed one, a
+    // repair cut short), is there again after each restart.
+    let link_local = || node.run(&["ip", "-6", "addr", "show", "dev", "knitter0", "scope", "link"]).unwrap_or_default();
     for signal in [libc::SIGKILL, libc::SIGTERM] {
         d.stop_with(signal).await;
+        node.run(&["ip", "-6", "addr", "del", "fe80::858:aff:fe01:fe/64", "dev", "knitter0"]).unwrap();
         d = Daemon::start_in(dir.path(), Some(&node.name), &args).await;
         let v = d.client().show(pb::ShowRequest {}).await.unwrap().into_inner();
         let failed: Vec<_> = v.status.iter().filter(|s| !s.error.is_empty()).collect();
         assert!(failed.is_empty(), "every port opened again after a stop by signal {signal}: {failed:?}");
         netns::ping(&node, "10.1.0.2").expect("the node reaches its pod after a restart");
+        let ll = link_local();
+        assert!(ll.contains("fe80::858:aff:fe01:fe/64") && !ll.contains("tentative"), "{ll}");
     }
 }

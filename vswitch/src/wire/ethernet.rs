@@ -15,6 +15,13 @@ impl MacAddr {
         MacAddr(m)
     }
 
+    /// The IPv6 link-local address an interface with this MAC takes (`fe80::` and the
+    /// modified EUI-64 of the MAC, RFC 4291 appendix A).
+    pub fn link_local(&self) -> std::net::Ipv6Addr {
+        let m = self.0;
+        std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+    }
+
     /// Group (multicast or broadcast) address: the I/G bit.
     #[inline(always)]
     pub fn is_group(&self) -> bool {

@@ -168,7 +168,6 @@ fn json<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| ManagerError::Store(StoreError::from(e)))
 }
 
-/// A network's address space for one family (its addresses and owners in the store).
 /// The store's format: the records' shapes (JSON under relative keys: `tenants/red`) and
 /// the address spaces' names. 1 is every store so far (those from before formats were
 /// numbered have no mark); a manager reads every format up to its own, migrating older ones,
@@ -179,6 +178,7 @@ pub const STORE_FORMAT: u64 = 1;
 /// Where the store's format is kept.
 const FORMAT_KEY: &str = "meta/format";
 
+/// A network's address space for one family (its addresses and owners in the store).
 fn space(network: &str, v4: bool) -> String {
     format!("{network}.{}", if v4 { "v4" } else { "v6" })
 }
@@ -255,12 +255,18 @@ impl Manager {
 
     /// Reads the store's format ([`STORE_FORMAT`]): a store without one is format 1 and
     /// gets the mark; a newer one than this manager's is refused, before anything is read
-    /// or written (a rollback must not misread what a newer manager wrote).
+    /// or written (a rollback must not misread what a newer manager wrote). Checked at start
+    /// only: replicas of an older version that run on while a newer one migrates the store
+    /// are not stopped by it (a format change is rolled out with the old replicas stopped).
     fn check_format(&self) -> Result<()> {
-        let Some(v) = self.store.get(FORMAT_KEY)? else {
-            // Another replica marking it first is as good.
-            self.store.commit(&[Op::create(FORMAT_KEY, STORE_FORMAT.to_string())])?;
-            return Ok(());
+        let v = loop {
+            if let Some(v) = self.store.get(FORMAT_KEY)? {
+                break v;
+            }
+            // Marked by another manager meanwhile (a replica, or a newer one): read again.
+            if self.store.commit(&[Op::create(FORMAT_KEY, STORE_FORMAT.to_string())])? {
+                return Ok(());
+            }
         };
         let format: u64 = v.value.trim().parse().map_err(|_| ManagerError::Store(StoreError(format!("the store's format {:?} ({FORMAT_KEY}) is not a number", v.value))))?;
         if format > STORE_FORMAT {

@@ -33,8 +33,10 @@ pub const RESYNC: Duration = Duration::from_secs(30);
 /// time; each pass that still leaves something waits twice as long, up to [`MAX_RETRY`].
 pub const RETRY: Duration = Duration::from_secs(2);
 /// The longest wait between passes that keep leaving something to do (a permanent 403, a
-/// network in use for hours): the apiserver is not asked every 2 s forever.
-pub const MAX_RETRY: Duration = Duration::from_secs(300);
+/// network in use for hours): the apiserver is not asked every 2 s forever, and a pass still
+/// runs at least every [`RESYNC`] (what no watch shows: tenants' namespaces changed through
+/// the manager's API).
+pub const MAX_RETRY: Duration = RESYNC;
 
 /// When the next pass is due after passes that left something to do: [`RETRY`], doubled for
 /// each one in a row, at most [`MAX_RETRY`]; back to nothing once a pass left nothing.
@@ -482,7 +484,7 @@ mod tests {
     fn passes_that_keep_failing_wait_longer_up_to_the_cap_and_a_clean_one_resets() {
         let mut b = Backoff::default();
         let waits: Vec<u64> = (0..10).map(|_| b.after(true).as_secs()).collect();
-        assert_eq!(waits, vec![2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(waits, vec![2, 4, 8, 16, 30, 30, 30, 30, 30, 30]);
         assert_eq!(b.after(false), RESYNC);
         assert_eq!(b.after(true), RETRY, "back to the first wait");
         for _ in 0..100 {
