@@ -240,14 +240,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// `tcpdump -ddd` output as the API carries it (knitterctl reads it so), as instructions.
-    fn ddd(text: &str) -> Vec<Insn> {
-        knitter_api::bpf::parse_ddd(text).unwrap().iter().map(|i| Insn { code: i.code as u16, jt: i.jt as u8, jf: i.jf as u8, k: i.k }).collect()
-    }
-
-    /// `tcpdump -ddd -y EN10MB 'udp port 53'` (tcpdump 4.99.3, libpcap 1.10.3).
-    const UDP_53: &str = "20\n40 0 0 12\n21 0 6 34525\n48 0 0 20\n21 0 15 17\n40 0 0 54\n21 12 0 53\n40 0 0 56\n21 10 11 53\n21 0 10 2048\n48 0 0 23\n21 0 8 17\n40 0 0 20\n69 6 0 8191\n177 0 0 14\n72 0 0 14\n21 2 0 53\n72 0 0 16\n21 0 1 53\n6 0 0 262144\n6 0 0 0\n";
-
     fn udp4(dport: u16, frag: u16) -> Vec<u8> {
         let mut f = vec![0u8; 14 + 20 + 8];
         f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
@@ -261,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_tcpdump_program_matches_what_tcpdump_would() {
-        let p = Program::new(ddd(UDP_53)).unwrap();
+        let p = Program::new(crate::testkit::UDP_53.to_vec()).unwrap();
         assert!(p.matches(&udp4(53, 0), 42));
         assert!(!p.matches(&udp4(54, 0), 42));
         assert!(!p.matches(&udp4(53, 1), 42), "a later fragment has no port");

@@ -453,3 +453,31 @@ impl Drop for Harness {
         }
     }
 }
+
+/// `tcpdump -ddd -y EN10MB 'udp port 53'` (tcpdump 4.99.3, libpcap 1.10.3) as instructions:
+/// a real capture filter for tests (IPv4 and IPv6, fragments checked).
+pub const UDP_53: [crate::bpf::Insn; 20] = {
+    use crate::bpf::Insn;
+    [
+    Insn { code: 40, jt: 0, jf: 0, k: 12 },
+    Insn { code: 21, jt: 0, jf: 6, k: 34525 },
+    Insn { code: 48, jt: 0, jf: 0, k: 20 },
+    Insn { code: 21, jt: 0, jf: 15, k: 17 },
+    Insn { code: 40, jt: 0, jf: 0, k: 54 },
+    Insn { code: 21, jt: 12, jf: 0, k: 53 },
+    Insn { code: 40, jt: 0, jf: 0, k: 56 },
+    Insn { code: 21, jt: 10, jf: 11, k: 53 },
+    Insn { code: 21, jt: 0, jf: 10, k: 2048 },
+    Insn { code: 48, jt: 0, jf: 0, k: 23 },
+    Insn { code: 21, jt: 0, jf: 8, k: 17 },
+    Insn { code: 40, jt: 0, jf: 0, k: 20 },
+    Insn { code: 69, jt: 6, jf: 0, k: 8191 },
+    Insn { code: 177, jt: 0, jf: 0, k: 14 },
+    Insn { code: 72, jt: 0, jf: 0, k: 14 },
+    Insn { code: 21, jt: 2, jf: 0, k: 53 },
+    Insn { code: 72, jt: 0, jf: 0, k: 16 },
+    Insn { code: 21, jt: 0, jf: 1, k: 53 },
+    Insn { code: 6, jt: 0, jf: 0, k: 262144 },
+    Insn { code: 6, jt: 0, jf: 0, k: 0 },
+    ]
+};

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use vswitch::bpf::{Insn, Program};
+use vswitch::bpf::Program;
 use vswitch::capture::{Direction, Request, Session};
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::counters::{DropReason, Event};
@@ -99,10 +99,7 @@ fn frames_the_cache_forwards_are_captured_too() {
 #[test]
 fn a_filter_and_a_count_bound_a_capture_and_one_runs_at_a_time() {
     let mut h = setup();
-    // `tcpdump -ddd -y EN10MB 'udp port 53'` (tcpdump 4.99.3).
-    let udp_53 = "20\n40 0 0 12\n21 0 6 34525\n48 0 0 20\n21 0 15 17\n40 0 0 54\n21 12 0 53\n40 0 0 56\n21 10 11 53\n21 0 10 2048\n48 0 0 23\n21 0 8 17\n40 0 0 20\n69 6 0 8191\n177 0 0 14\n72 0 0 14\n21 2 0 53\n72 0 0 16\n21 0 1 53\n6 0 0 262144\n6 0 0 0\n";
-    let insns = knitter_api::bpf::parse_ddd(udp_53).unwrap().iter().map(|i| Insn { code: i.code as u16, jt: i.jt as u8, jf: i.jf as u8, k: i.k }).collect();
-    let filter = Program::new(insns).unwrap();
+    let filter = Program::new(vswitch::testkit::UDP_53.to_vec()).unwrap();
     let s = capture(&h, "a2", true, false, 2, Some(filter));
     let p1 = h.switch.snapshot().port_id("p1").unwrap();
     assert!(h.switch.capture().start(Request { port: p1, rx: true, tx: false, count: 0, snaplen: 0, filter: None }).is_err(), "one capture at a time");
