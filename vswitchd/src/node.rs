@@ -102,6 +102,39 @@ fn documents_local<T: PartialEq>(doc: &Owned<T>, node: Option<&Owned<T>>, kind: 
     }
 }
 
+/// What becomes of the node's objects of one kind under a document: another owner's stay,
+/// and the local ones the document lacks (`lacked`) are removed when `remove`, else stay and,
+/// when the document names the kind (`named`), are reported kept. Everything that stays goes
+/// into `keep`; returns the names of the removed ones.
+#[allow(clippy::too_many_arguments)]
+fn carry_over<T: Clone>(
+    have: &[Owned<T>],
+    lacked: impl Fn(&T) -> bool,
+    name: impl Fn(&T) -> &str,
+    kind: &str,
+    remove: bool,
+    named: bool,
+    report: &mut ApplyReport,
+    keep: &mut Vec<Owned<T>>,
+) -> Vec<String> {
+    let mut removed = Vec::new();
+    for o in have {
+        let n = name(&o.item);
+        match o.owner {
+            Owner::Local if !lacked(&o.item) => continue,
+            Owner::Local if remove => {
+                report.removed.push(format!("{kind} {n}"));
+                removed.push(n.to_string());
+                continue;
+            }
+            Owner::Local if named => report.kept.push(format!("{kind} {n}")),
+            _ => {}
+        }
+        keep.push(o.clone());
+    }
+    removed
+}
+
 fn owned_by<T>(o: &Owned<T>, kind: &'static str, name: &str, by: Owner) -> Result<(), NodeError> {
     if o.owner == by { Ok(()) } else { Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by }) }
 }
@@ -491,23 +524,11 @@ impl Node {
                 None => report.added.push(format!("bridge {name}")),
             }
         }
-        for b in &state.bridges {
-            let name = &b.item.name;
-            match b.owner {
-                Owner::Local if doc.bridge(name).is_some() => {}
-                Owner::Local if prune && kinds.bridges => report.removed.push(format!("bridge {name}")),
-                Owner::Local => {
-                    if kinds.bridges {
-                        report.kept.push(format!("bridge {name}"));
-                    }
-                    candidate.bridges.push(b.clone());
-                }
-                Owner::Manager | Owner::Attach => candidate.bridges.push(b.clone()),
-            }
-        }
+        let lacked = |b: &BridgeConfig| doc.bridge(&b.name).is_none();
+        carry_over(&state.bridges, lacked, |b| &b.name, "bridge", prune && kinds.bridges, kinds.bridges, &mut report, &mut candidate.bridges);
         candidate.bridges.extend(doc.bridges.iter().filter(|b| b.owner == Owner::Local).cloned());
         // Ports, the same way; a device changed is opened again.
-        let (mut new_ports, mut gone_ports, mut reopened) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut new_ports, mut reopened) = (Vec::new(), Vec::new());
         for p in &doc.ports {
             let name = &p.item.config.name;
             match state.port(name) {
@@ -528,23 +549,8 @@ impl Node {
                 }
             }
         }
-        for p in &state.ports {
-            let name = &p.item.config.name;
-            match p.owner {
-                Owner::Local if doc.port(name).is_some() => {}
-                Owner::Local if prune && kinds.ports => {
-                    report.removed.push(format!("port {name}"));
-                    gone_ports.push(name.clone());
-                }
-                Owner::Local => {
-                    if kinds.ports {
-                        report.kept.push(format!("port {name}"));
-                    }
-                    candidate.ports.push(p.clone());
-                }
-                Owner::Manager | Owner::Attach => candidate.ports.push(p.clone()),
-            }
-        }
+        let lacked = |p: &PortSpec| doc.port(&p.config.name).is_none();
+        let gone_ports = carry_over(&state.ports, lacked, |p| &p.config.name, "port", prune && kinds.ports, kinds.ports, &mut report, &mut candidate.ports);
         candidate.ports.extend(doc.ports.iter().filter(|p| p.owner == Owner::Local).cloned());
         // The VTEP.
         candidate.vtep = match (&state.vtep, &doc.vtep) {

@@ -103,7 +103,11 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
 /// Prints the node's local objects (with `all_owners`, everyone's) as a topology document
 /// `apply -f` takes back.
 pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str, all_owners: bool) -> Result<()> {
-    let r = c.export(pb::ExportRequest { format: format.into(), all_owners, ..Default::default() }).await?.into_inner();
+    print_export(c, pb::ExportRequest { format: format.into(), all_owners, ..Default::default() }).await
+}
+
+async fn print_export(c: &mut NodeClient<Channel>, req: pb::ExportRequest) -> Result<()> {
+    let r = c.export(req).await?.into_inner();
     line(format_args!("{}", r.document.trim_end()));
     Ok(())
 }
@@ -113,10 +117,7 @@ pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str, all_owners
 /// back unchanged.
 pub(crate) async fn document(c: &mut NodeClient<Channel>, out: Output, kind: &str, name: Option<String>) -> Result<()> {
     let format = if out == Output::Yaml { "yaml" } else { "json" };
-    let req = pb::ExportRequest { format: format.into(), kind: kind.into(), name: name.unwrap_or_default(), all_owners: true };
-    let r = c.export(req).await?.into_inner();
-    line(format_args!("{}", r.document.trim_end()));
-    Ok(())
+    print_export(c, pb::ExportRequest { format: format.into(), kind: kind.into(), name: name.unwrap_or_default(), all_owners: true }).await
 }
 
 /// `items`, or only the one called `name` (refused as NOT_FOUND, as the daemon would, when
