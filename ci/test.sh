@@ -33,7 +33,9 @@ RUSTFLAGS="--cfg loom" cargo test -q -p knitter-vswitch --test loom --release --
 echo "== Kubernetes manifests (rendered, against Kubernetes' schemas)"
 python3 ci/k8s-validate.py manifests
 
-echo "== clippy"
+echo "== format (rustfmt.toml) and clippy"
+cargo fmt --all -- --check
+for d in vswitch/fuzz ports/vhost/fuzz; do (cd "$d" && cargo fmt -- --check); done
 cargo clippy -q --workspace --all-targets -- -D warnings
 
 echo "== demo (in-process data plane)"

@@ -11,9 +11,12 @@ pub mod spec;
 
 use knitter_api::node as pb;
 use pb::attach_client::AttachClient;
-use serde_json::Value;
 use planes::Plane;
-use spec::{AddResult, CniError, Code, Command, Env, InterfaceType, Interface, IpResult, NetConf, RouteResult};
+use serde_json::Value;
+use spec::{
+    AddResult, CniError, Code, Command, Env, Interface, InterfaceType, IpResult, NetConf,
+    RouteResult,
+};
 use tonic::transport::Channel;
 
 /// What a successful call prints (nothing for DEL, CHECK, GC, STATUS).
@@ -22,12 +25,17 @@ pub type Output = Option<Value>;
 /// Runs one CNI call; the error comes with the version to answer in.
 pub fn run(env: &Env, stdin: &[u8]) -> Result<Output, (CniError, String)> {
     if env.command == Command::Version {
-        let asked = serde_json::from_slice::<Value>(stdin).ok().and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_string));
+        let asked = serde_json::from_slice::<Value>(stdin)
+            .ok()
+            .and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_string));
         return Ok(Some(spec::version_result(asked.as_deref())));
     }
     let conf = NetConf::parse(stdin).map_err(|e| (e, version_in(stdin)))?;
     let version = conf.cni_version.clone();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| (CniError::new(Code::Io, e.to_string()), version.clone()))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| (CniError::new(Code::Io, e.to_string()), version.clone()))?;
     rt.block_on(call(env, &conf)).map_err(|e| (e, version))
 }
 
@@ -42,7 +50,13 @@ fn version_in(stdin: &[u8]) -> String {
 
 fn needs(conf: &NetConf, verb: &str, min: &str) -> Result<(), CniError> {
     if spec::older(&conf.cni_version, min) {
-        return Err(CniError::new(Code::IncompatibleVersion, format!("{verb} needs cniVersion {min} or later; the configuration says {}", conf.cni_version)));
+        return Err(CniError::new(
+            Code::IncompatibleVersion,
+            format!(
+                "{verb} needs cniVersion {min} or later; the configuration says {}",
+                conf.cni_version
+            ),
+        ));
     }
     Ok(())
 }
@@ -57,11 +71,20 @@ fn socket(conf: &NetConf) -> String {
 /// reason, as it is.
 fn node_error(socket: &str, s: tonic::Status) -> CniError {
     use tonic::Code as G;
-    let transport = std::error::Error::source(&s).is_some() || (s.code() == G::Unavailable && s.message().contains("transport"));
+    let transport = std::error::Error::source(&s).is_some()
+        || (s.code() == G::Unavailable && s.message().contains("transport"));
     match s.code() {
-        _ if transport => CniError::new(Code::TryAgainLater, format!("cannot reach knitter-vswitchd at {socket}: is it running?")).details(s.message().to_string()),
-        G::Unavailable | G::DeadlineExceeded => CniError::new(Code::TryAgainLater, s.message().to_string()),
-        G::InvalidArgument | G::NotFound => CniError::new(Code::InvalidConfig, s.message().to_string()),
+        _ if transport => CniError::new(
+            Code::TryAgainLater,
+            format!("cannot reach knitter-vswitchd at {socket}: is it running?"),
+        )
+        .details(s.message().to_string()),
+        G::Unavailable | G::DeadlineExceeded => {
+            CniError::new(Code::TryAgainLater, s.message().to_string())
+        }
+        G::InvalidArgument | G::NotFound => {
+            CniError::new(Code::InvalidConfig, s.message().to_string())
+        }
         _ => CniError::new(Code::Refused, s.message().to_string()),
     }
 }
@@ -72,7 +95,10 @@ async fn call(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
     match env.command {
         Command::Add => add(env, conf, &mut node, &sock).await.map(Some),
         Command::Del => {
-            let req = pb::DetachRequest { container_id: env.container_id.clone(), ifname: scope(env, conf) };
+            let req = pb::DetachRequest {
+                container_id: env.container_id.clone(),
+                ifname: scope(env, conf),
+            };
             node.detach_interface(req).await.map_err(|s| node_error(&sock, s))?;
             if let Some(f) = &conf.runtime_config.device_info_file {
                 let _ = std::fs::remove_file(f);
@@ -81,21 +107,49 @@ async fn call(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
         }
         Command::Check => {
             needs(conf, "CHECK", "0.4.0")?;
-            let req = pb::QueryPodRequest { container_id: env.container_id.clone(), ifname: scope(env, conf), verify: true };
-            let found = node.query_pod_network(req).await.map_err(|s| node_error(&sock, s))?.into_inner().attachments;
+            let req = pb::QueryPodRequest {
+                container_id: env.container_id.clone(),
+                ifname: scope(env, conf),
+                verify: true,
+            };
+            let found = node
+                .query_pod_network(req)
+                .await
+                .map_err(|s| node_error(&sock, s))?
+                .into_inner()
+                .attachments;
             if !found.iter().any(|a| a.ifname == env.ifname) {
-                return Err(CniError::new(Code::CheckFailed, format!("no attachment of {} for container {}", env.ifname, env.container_id)));
+                return Err(CniError::new(
+                    Code::CheckFailed,
+                    format!("no attachment of {} for container {}", env.ifname, env.container_id),
+                ));
             }
-            let problems: Vec<String> = found.iter().filter(|a| !a.problems.is_empty()).map(|a| format!("{}: {}", a.ifname, a.problems.join("; "))).collect();
+            let problems: Vec<String> = found
+                .iter()
+                .filter(|a| !a.problems.is_empty())
+                .map(|a| format!("{}: {}", a.ifname, a.problems.join("; ")))
+                .collect();
             if !problems.is_empty() {
-                return Err(CniError::new(Code::CheckFailed, format!("container {}: {}", env.container_id, problems.join("; "))));
+                return Err(CniError::new(
+                    Code::CheckFailed,
+                    format!("container {}: {}", env.container_id, problems.join("; ")),
+                ));
             }
             Ok(None)
         }
         Command::Gc => {
             needs(conf, "GC", "1.1.0")?;
-            let valid = conf.valid_attachments.iter().map(|v| pb::AttachmentKey { container_id: v.container_id.clone(), ifname: v.ifname.clone() }).collect();
-            node.garbage_collect(pb::GcRequest { cni_network: conf.name.clone(), valid }).await.map_err(|s| node_error(&sock, s))?;
+            let valid = conf
+                .valid_attachments
+                .iter()
+                .map(|v| pb::AttachmentKey {
+                    container_id: v.container_id.clone(),
+                    ifname: v.ifname.clone(),
+                })
+                .collect();
+            node.garbage_collect(pb::GcRequest { cni_network: conf.name.clone(), valid })
+                .await
+                .map_err(|s| node_error(&sock, s))?;
             Ok(None)
         }
         Command::Status => {
@@ -103,8 +157,11 @@ async fn call(env: &Env, conf: &NetConf) -> Result<Output, CniError> {
             let s = match node.status(pb::AttachStatusRequest {}).await {
                 Ok(s) => s.into_inner(),
                 Err(e) => {
-                    let why = format!("knitter-vswitchd at {sock} is unreachable: existing pods have no data path");
-                    return Err(CniError::new(Code::NotAvailableLimitedConnectivity, why).details(e.message().to_string()));
+                    let why = format!(
+                        "knitter-vswitchd at {sock} is unreachable: existing pods have no data path"
+                    );
+                    return Err(CniError::new(Code::NotAvailableLimitedConnectivity, why)
+                        .details(e.message().to_string()));
                 }
             };
             if !s.switch_running {
@@ -131,13 +188,28 @@ fn scope(env: &Env, conf: &NetConf) -> String {
 fn own_plane(env: &Env, conf: &NetConf) -> Plane {
     let (rc, cni) = (&conf.runtime_config, &conf.args.cni);
     let kind = cni.interface_type.unwrap_or(conf.interface_type);
-    let from_args = env.args.get("IP").map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>()).unwrap_or_default();
+    let from_args = env
+        .args
+        .get("IP")
+        .map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>())
+        .unwrap_or_default();
     Plane {
         network: conf.network().to_string(),
         ifname: env.ifname.clone(),
-        ips: rc.ips.iter().chain(&cni.ips).chain(&from_args).map(|ip| ip.split('/').next().unwrap_or("").to_string()).filter(|ip| !ip.is_empty()).collect(),
+        ips: rc
+            .ips
+            .iter()
+            .chain(&cni.ips)
+            .chain(&from_args)
+            .map(|ip| ip.split('/').next().unwrap_or("").to_string())
+            .filter(|ip| !ip.is_empty())
+            .collect(),
         mac: rc.mac.clone().or_else(|| cni.mac.clone()).or_else(|| env.args.get("MAC").cloned()),
-        ip_group: cni.ip_group.clone().or_else(|| conf.ip_group.clone()).or_else(|| env.args.get("IP_GROUP").cloned()),
+        ip_group: cni
+            .ip_group
+            .clone()
+            .or_else(|| conf.ip_group.clone())
+            .or_else(|| env.args.get("IP_GROUP").cloned()),
         vhost: kind == InterfaceType::VhostUser,
         sriov: kind == InterfaceType::Sriov,
         // The device plugin's VF wins over one the pod names in its cni-args.
@@ -181,9 +253,16 @@ fn wanted(env: &Env, conf: &NetConf) -> Result<Vec<Plane>, CniError> {
     // A pod that asks for its default route on another plane (Multus's `default-route`)
     // gets it there, and only there: the call's own interface gives its default up, whatever
     // the configuration's `defaultRoute` said (the pod's request is the more specific).
-    let asked: Vec<&str> = all.iter().filter(|p| p.default_route).map(|p| p.ifname.as_str()).collect();
+    let asked: Vec<&str> =
+        all.iter().filter(|p| p.default_route).map(|p| p.ifname.as_str()).collect();
     if asked.len() > 1 {
-        return Err(CniError::new(Code::InvalidConfig, format!("default-route is asked for on {}: one interface carries it", asked.join(" and "))));
+        return Err(CniError::new(
+            Code::InvalidConfig,
+            format!(
+                "default-route is asked for on {}: one interface carries it",
+                asked.join(" and ")
+            ),
+        ));
     }
     if !asked.is_empty() {
         own.default_route = false;
@@ -215,7 +294,9 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
                 // directory.
                 let uid = env.args.get("K8S_POD_UID").filter(|u| !u.is_empty());
                 let pod_volume = match (&vhost.dir, uid) {
-                    (None, Some(_)) => vhost.volume.clone().unwrap_or_else(|| spec::DEFAULT_VHOST_VOLUME.into()),
+                    (None, Some(_)) => {
+                        vhost.volume.clone().unwrap_or_else(|| spec::DEFAULT_VHOST_VOLUME.into())
+                    }
                     _ => String::new(),
                 };
                 Some(pb::VhostUserHandoff {
@@ -229,13 +310,20 @@ fn request(env: &Env, conf: &NetConf, p: &Plane) -> Result<pb::AttachRequest, Cn
                 })
             }
         },
-        sriov: (p.sriov || (p.device_id.is_some() && !p.vhost))
-            .then(|| pb::SriovRequest { device_id: p.device_id.clone().unwrap_or_default(), chosen_by_pod: p.device_id.is_some() && !p.device_by_plugin }),
+        sriov: (p.sriov || (p.device_id.is_some() && !p.vhost)).then(|| pb::SriovRequest {
+            device_id: p.device_id.clone().unwrap_or_default(),
+            chosen_by_pod: p.device_id.is_some() && !p.device_by_plugin,
+        }),
     })
 }
 
 /// Attaches every wanted interface; a failure undoes the ones this call made.
-async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>, sock: &str) -> Result<Value, CniError> {
+async fn add(
+    env: &Env,
+    conf: &NetConf,
+    node: &mut AttachClient<Channel>,
+    sock: &str,
+) -> Result<Value, CniError> {
     let wanted = wanted(env, conf)?;
     let mut made: Vec<pb::Attachment> = Vec::with_capacity(wanted.len());
     for p in &wanted {
@@ -243,17 +331,31 @@ async fn add(env: &Env, conf: &NetConf, node: &mut AttachClient<Channel>, sock: 
             Ok(a) => made.push(a.into_inner()),
             Err(s) => {
                 for a in &made {
-                    let _ = node.detach_interface(pb::DetachRequest { container_id: a.container_id.clone(), ifname: a.ifname.clone() }).await;
+                    let _ = node
+                        .detach_interface(pb::DetachRequest {
+                            container_id: a.container_id.clone(),
+                            ifname: a.ifname.clone(),
+                        })
+                        .await;
                 }
                 let e = node_error(sock, s);
-                return Err(if wanted.len() > 1 { CniError { msg: format!("{} (network {}): {}", p.ifname, p.network, e.msg), ..e } } else { e });
+                return Err(if wanted.len() > 1 {
+                    CniError {
+                        msg: format!("{} (network {}): {}", p.ifname, p.network, e.msg),
+                        ..e
+                    }
+                } else {
+                    e
+                });
             }
         }
     }
     if let (Some(file), Some(own)) = (&conf.runtime_config.device_info_file, made.first())
         && (!own.socket_path.is_empty() || !own.pci_id.is_empty())
     {
-        write_device_info(file, own).map_err(|e| CniError::new(Code::Io, format!("writing the device-info file {file}: {e}")))?;
+        write_device_info(file, own).map_err(|e| {
+            CniError::new(Code::Io, format!("writing the device-info file {file}: {e}"))
+        })?;
     }
     Ok(result(&made).to_json(&conf.cni_version))
 }
@@ -265,12 +367,32 @@ fn result(made: &[pb::Attachment]) -> AddResult {
     let mut r = AddResult::default();
     for a in made {
         if a.socket_path.is_empty() && a.pci_id.is_empty() {
-            r.interfaces.push(Interface { name: a.host_ifname.clone(), mac: String::new(), mtu: a.mtu, sandbox: String::new(), socket_path: String::new(), pci_id: String::new() });
+            r.interfaces.push(Interface {
+                name: a.host_ifname.clone(),
+                mac: String::new(),
+                mtu: a.mtu,
+                sandbox: String::new(),
+                socket_path: String::new(),
+                pci_id: String::new(),
+            });
         }
-        r.interfaces.push(Interface { name: a.ifname.clone(), mac: a.mac.clone(), mtu: a.mtu, sandbox: a.netns.clone(), socket_path: a.socket_path.clone(), pci_id: a.pci_id.clone() });
+        r.interfaces.push(Interface {
+            name: a.ifname.clone(),
+            mac: a.mac.clone(),
+            mtu: a.mtu,
+            sandbox: a.netns.clone(),
+            socket_path: a.socket_path.clone(),
+            pci_id: a.pci_id.clone(),
+        });
         let index = r.interfaces.len() - 1;
-        r.ips.extend(a.ips.iter().map(|ip| IpResult { address: ip.address.clone(), gateway: ip.gateway.clone(), interface: index }));
-        r.routes.extend(a.routes.iter().map(|rt| RouteResult { dst: rt.dst.clone(), gw: rt.gateway.clone() }));
+        r.ips.extend(a.ips.iter().map(|ip| IpResult {
+            address: ip.address.clone(),
+            gateway: ip.gateway.clone(),
+            interface: index,
+        }));
+        r.routes.extend(
+            a.routes.iter().map(|rt| RouteResult { dst: rt.dst.clone(), gw: rt.gateway.clone() }),
+        );
     }
     r
 }

@@ -12,7 +12,13 @@ fn main() {
     };
     let mut stdin = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut stdin) {
-        fail(&knitter_cni::spec::CniError::new(knitter_cni::spec::Code::Io, format!("reading the configuration: {e}")), "1.1.0");
+        fail(
+            &knitter_cni::spec::CniError::new(
+                knitter_cni::spec::Code::Io,
+                format!("reading the configuration: {e}"),
+            ),
+            "1.1.0",
+        );
     }
     match knitter_cni::run(&env, &stdin) {
         Ok(Some(v)) => println!("{v}"),

@@ -48,10 +48,16 @@ pub fn multus(text: &str, from: &str) -> Result<Vec<Plane>, CniError> {
         return Ok(Vec::new());
     }
     let planes: Vec<Plane> = if text.starts_with('[') {
-        let list: Vec<Selection> = serde_json::from_str(text).map_err(|e| invalid(format!("{from} is not a list of network selections: {e}")))?;
+        let list: Vec<Selection> = serde_json::from_str(text)
+            .map_err(|e| invalid(format!("{from} is not a list of network selections: {e}")))?;
         list.into_iter().enumerate().map(|(i, s)| s.plane(i, from)).collect::<Result<_, _>>()?
     } else {
-        text.split(',').map(str::trim).filter(|s| !s.is_empty()).enumerate().map(|(i, s)| selection_text(s, i, from)).collect::<Result<_, _>>()?
+        text.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .enumerate()
+            .map(|(i, s)| selection_text(s, i, from))
+            .collect::<Result<_, _>>()?
     };
     Ok(planes)
 }
@@ -66,7 +72,11 @@ fn selection_text(s: &str, index: usize, from: &str) -> Result<Plane, CniError> 
     if network.is_empty() {
         return Err(invalid(format!("{s:?} in {from} names no network")));
     }
-    Ok(Plane { network: network.into(), ifname: ifname.unwrap_or_else(|| format!("net{}", index + 1)), ..Default::default() })
+    Ok(Plane {
+        network: network.into(),
+        ifname: ifname.unwrap_or_else(|| format!("net{}", index + 1)),
+        ..Default::default()
+    })
 }
 
 /// A Multus network selection element (the fields Knitter uses).
@@ -116,7 +126,9 @@ pub fn knitter(text: &str, from: &str) -> Result<Vec<Plane>, CniError> {
         #[serde(default)]
         attributes: BTreeMap<String, Value>,
     }
-    let doc: Doc = serde_json::from_str(text).map_err(|e| invalid(format!("{from} is not {{\"ports\":[{{\"attach_to_network\":…}}]}}: {e}")))?;
+    let doc: Doc = serde_json::from_str(text).map_err(|e| {
+        invalid(format!("{from} is not {{\"ports\":[{{\"attach_to_network\":…}}]}}: {e}"))
+    })?;
     let text_of = |a: &BTreeMap<String, Value>, k: &str| -> Option<String> {
         match a.get(k) {
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
@@ -168,7 +180,9 @@ pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Vec<Pl
     if let Some(k) = annotations.get(KNITTER_ANNOTATION) {
         return knitter(k, &format!("the {KNITTER_ANNOTATION} annotation"));
     }
-    annotations.get(MULTUS_ANNOTATION).map_or(Ok(Vec::new()), |m| multus(m, &format!("the {MULTUS_ANNOTATION} annotation")))
+    annotations
+        .get(MULTUS_ANNOTATION)
+        .map_or(Ok(Vec::new()), |m| multus(m, &format!("the {MULTUS_ANNOTATION} annotation")))
 }
 
 /// The planes asked for as `args.cni.networks`: a Multus string or list, or a Knitter
@@ -178,7 +192,9 @@ pub fn from_value(v: &Value) -> Result<Vec<Plane>, CniError> {
         Value::String(s) => multus(s, "args.cni.networks"),
         Value::Array(_) => multus(&v.to_string(), "args.cni.networks"),
         Value::Object(o) if o.contains_key("ports") => knitter(&v.to_string(), "args.cni.networks"),
-        other => Err(invalid(format!("args.cni.networks must be a Multus network list or a Knitter {{\"ports\":…}} document, not {other}"))),
+        other => Err(invalid(format!(
+            "args.cni.networks must be a Multus network list or a Knitter {{\"ports\":…}} document, not {other}"
+        ))),
     }
 }
 
@@ -201,7 +217,10 @@ mod tests {
     #[test]
     fn the_multus_string_form() {
         let p = multus("red, ns1/blue@media0 ,green", "test").unwrap();
-        assert_eq!(p.iter().map(|p| (p.network.as_str(), p.ifname.as_str())).collect::<Vec<_>>(), [("red", "net1"), ("blue", "media0"), ("green", "net3")]);
+        assert_eq!(
+            p.iter().map(|p| (p.network.as_str(), p.ifname.as_str())).collect::<Vec<_>>(),
+            [("red", "net1"), ("blue", "media0"), ("green", "net3")]
+        );
         assert!(multus("", "test").unwrap().is_empty());
         assert_eq!(multus("ns/@x", "test").unwrap_err().code, Code::InvalidConfig);
     }
@@ -215,8 +234,17 @@ mod tests {
         let mut a = BTreeMap::new();
         a.insert(MULTUS_ANNOTATION.to_string(), "[{oops".to_string());
         let e = from_annotations(&a).unwrap_err();
-        assert!(e.msg.contains(&format!("the {MULTUS_ANNOTATION} annotation is not a list")), "{}", e.msg);
-        assert!(multus("ns/@x", "CNI_ARGS NETWORKS").unwrap_err().msg.contains("in CNI_ARGS NETWORKS names no network"));
+        assert!(
+            e.msg.contains(&format!("the {MULTUS_ANNOTATION} annotation is not a list")),
+            "{}",
+            e.msg
+        );
+        assert!(
+            multus("ns/@x", "CNI_ARGS NETWORKS")
+                .unwrap_err()
+                .msg
+                .contains("in CNI_ARGS NETWORKS names no network")
+        );
     }
 
     #[test]
@@ -224,8 +252,21 @@ mod tests {
         let p = multus(r#"[{"name":"red","interface":"r0","ips":["10.1.0.7/24"],"mac":"0a:00:00:00:00:07","default-route":["10.1.0.1"]},
                            {"name":"dp","namespace":"ns","cni-args":{"interfaceType":"vhost-user","ipGroup":"g1"}}]"#, "test")
             .unwrap();
-        assert_eq!(p[0], Plane { network: "red".into(), ifname: "r0".into(), ips: vec!["10.1.0.7".into()], mac: Some("0a:00:00:00:00:07".into()), default_route: true, ..Default::default() });
-        assert_eq!((p[1].ifname.as_str(), p[1].vhost, p[1].ip_group.as_deref()), ("net2", true, Some("g1")));
+        assert_eq!(
+            p[0],
+            Plane {
+                network: "red".into(),
+                ifname: "r0".into(),
+                ips: vec!["10.1.0.7".into()],
+                mac: Some("0a:00:00:00:00:07".into()),
+                default_route: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            (p[1].ifname.as_str(), p[1].vhost, p[1].ip_group.as_deref()),
+            ("net2", true, Some("g1"))
+        );
         assert_eq!(multus("[{\"nam\":1}]", "test").unwrap_err().code, Code::InvalidConfig);
     }
 
@@ -237,13 +278,32 @@ mod tests {
             "test",
         )
         .unwrap();
-        assert_eq!((p[0].ifname.as_str(), p[0].vhost, p[0].ip_group.as_deref()), ("eth1", true, Some("g")));
-        assert_eq!((p[1].ifname.as_str(), p[1].vhost, p[1].ips.clone()), ("eth_oam_net", false, vec!["10.9.0.5".to_string()]), "std is never accelerated");
+        assert_eq!(
+            (p[0].ifname.as_str(), p[0].vhost, p[0].ip_group.as_deref()),
+            ("eth1", true, Some("g"))
+        );
+        assert_eq!(
+            (p[1].ifname.as_str(), p[1].vhost, p[1].ips.clone()),
+            ("eth_oam_net", false, vec!["10.9.0.5".to_string()]),
+            "std is never accelerated"
+        );
         let p = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"direct","function":"media","accelerate":"true","pci_address":"0000:01:00.2"}}]}"#, "test").unwrap();
-        assert_eq!((p[0].sriov, p[0].vhost, p[0].device_id.as_deref()), (true, false, Some("0000:01:00.2")), "direct is a VF, never vhost-user");
-        let p = multus(r#"[{"name":"sr","cni-args":{"interfaceType":"sriov","deviceID":"0000:01:00.3"}}]"#, "test").unwrap();
+        assert_eq!(
+            (p[0].sriov, p[0].vhost, p[0].device_id.as_deref()),
+            (true, false, Some("0000:01:00.2")),
+            "direct is a VF, never vhost-user"
+        );
+        let p = multus(
+            r#"[{"name":"sr","cni-args":{"interfaceType":"sriov","deviceID":"0000:01:00.3"}}]"#,
+            "test",
+        )
+        .unwrap();
         assert_eq!((p[0].sriov, p[0].device_id.as_deref()), (true, Some("0000:01:00.3")));
-        let e = knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"physical"}}]}"#, "test").unwrap_err();
+        let e = knitter(
+            r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_type":"physical"}}]}"#,
+            "test",
+        )
+        .unwrap_err();
         assert!(e.code == Code::Refused && e.msg.contains("whole NIC"), "{e:?}");
         assert_eq!(knitter(r#"{"ports":[{"attach_to_network":"x","attributes":{"nic_name":"much_too_long0"}}]}"#, "test").unwrap_err().code, Code::InvalidConfig);
         assert_eq!(knitter("[]", "test").unwrap_err().code, Code::InvalidConfig);
@@ -254,7 +314,10 @@ mod tests {
         let mut a = BTreeMap::new();
         a.insert(MULTUS_ANNOTATION.to_string(), "red".to_string());
         assert_eq!(from_annotations(&a).unwrap()[0].network, "red");
-        a.insert(KNITTER_ANNOTATION.to_string(), r#"{"ports":[{"attach_to_network":"blue"}]}"#.to_string());
+        a.insert(
+            KNITTER_ANNOTATION.to_string(),
+            r#"{"ports":[{"attach_to_network":"blue"}]}"#.to_string(),
+        );
         assert_eq!(from_annotations(&a).unwrap()[0].network, "blue", "Knitter's form wins");
         assert!(check_names(["eth0", "net1"]).is_ok());
         assert!(check_names(["eth0", "eth0"]).unwrap_err().msg.contains("twice"));

@@ -96,7 +96,12 @@ impl Env {
             Some("GC") => Command::Gc,
             Some("STATUS") => Command::Status,
             Some("VERSION") => Command::Version,
-            Some(other) => return Err(CniError::new(Code::InvalidEnvironment, format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK, GC, STATUS or VERSION"))),
+            Some(other) => {
+                return Err(CniError::new(
+                    Code::InvalidEnvironment,
+                    format!("CNI_COMMAND {other:?} is not ADD, DEL, CHECK, GC, STATUS or VERSION"),
+                ));
+            }
             None => return Err(CniError::new(Code::InvalidEnvironment, "CNI_COMMAND is not set")),
         };
         let needs: &[&str] = match command {
@@ -104,13 +109,22 @@ impl Env {
             Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME"],
             Command::Gc | Command::Status | Command::Version => &[],
         };
-        let missing: Vec<&str> = needs.iter().copied().filter(|k| get(k).is_none_or(|v| v.is_empty())).collect();
+        let missing: Vec<&str> =
+            needs.iter().copied().filter(|k| get(k).is_none_or(|v| v.is_empty())).collect();
         if !missing.is_empty() {
-            return Err(CniError::new(Code::InvalidEnvironment, format!("{} must be set for {command:?}", missing.join(", "))));
+            return Err(CniError::new(
+                Code::InvalidEnvironment,
+                format!("{} must be set for {command:?}", missing.join(", ")),
+            ));
         }
         let mut args = HashMap::new();
         for kv in get("CNI_ARGS").unwrap_or_default().split(';').filter(|s| !s.is_empty()) {
-            let (k, v) = kv.split_once('=').ok_or_else(|| CniError::new(Code::InvalidEnvironment, format!("CNI_ARGS entry {kv:?} is not KEY=VALUE")))?;
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                CniError::new(
+                    Code::InvalidEnvironment,
+                    format!("CNI_ARGS entry {kv:?} is not KEY=VALUE"),
+                )
+            })?;
             args.insert(k.to_string(), v.to_string());
         }
         Ok(Env {
@@ -253,10 +267,17 @@ impl NetConf {
             CniError::new(code, format!("network configuration: {e}"))
         })?;
         if !SUPPORTED.contains(&conf.cni_version.as_str()) {
-            return Err(CniError::new(Code::IncompatibleVersion, format!("cniVersion {:?} is not supported", conf.cni_version)).details(format!("supported: {}", SUPPORTED.join(", "))));
+            return Err(CniError::new(
+                Code::IncompatibleVersion,
+                format!("cniVersion {:?} is not supported", conf.cni_version),
+            )
+            .details(format!("supported: {}", SUPPORTED.join(", "))));
         }
         if conf.name.is_empty() {
-            return Err(CniError::new(Code::InvalidConfig, "network configuration: \"name\" is empty"));
+            return Err(CniError::new(
+                Code::InvalidConfig,
+                "network configuration: \"name\" is empty",
+            ));
         }
         conf.vhost_mode()?;
         Ok(conf)
@@ -271,8 +292,20 @@ impl NetConf {
         self.vhost_user
             .mode
             .as_deref()
-            .map(|m| u32::from_str_radix(m.trim_start_matches("0o"), 8).ok().filter(|m| *m <= 0o7777))
-            .map(|m| m.ok_or_else(|| CniError::new(Code::InvalidConfig, format!("vhostUser.mode {:?} is not an octal mode such as \"0770\"", self.vhost_user.mode.as_deref().unwrap_or("")))))
+            .map(|m| {
+                u32::from_str_radix(m.trim_start_matches("0o"), 8).ok().filter(|m| *m <= 0o7777)
+            })
+            .map(|m| {
+                m.ok_or_else(|| {
+                    CniError::new(
+                        Code::InvalidConfig,
+                        format!(
+                            "vhostUser.mode {:?} is not an octal mode such as \"0770\"",
+                            self.vhost_user.mode.as_deref().unwrap_or("")
+                        ),
+                    )
+                })
+            })
             .transpose()
     }
 }
@@ -388,7 +421,8 @@ mod tests {
     #[test]
     fn the_documented_conflist_works_with_libcni_before_1_2() {
         let doc = include_str!("../../docs/cni.md");
-        let start = doc.find("10-knitter.conflist\n").expect("the conflist example") + "10-knitter.conflist\n".len();
+        let start = doc.find("10-knitter.conflist\n").expect("the conflist example")
+            + "10-knitter.conflist\n".len();
         let end = start + doc[start..].find("\nEOF").expect("its end");
         let conf: Value = serde_json::from_str(&doc[start..end]).expect("the example is JSON");
         let version = conf["cniVersion"].as_str().unwrap();
@@ -396,29 +430,57 @@ mod tests {
         assert_eq!(conf["cniVersions"], json!(["1.0.0", "1.1.0"]));
         const LIBCNI_1_1: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
         let r = AddResult {
-            interfaces: vec![Interface { name: "net1".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: "/run/knitter/vhost/abc/net1.sock".into(), pci_id: String::new() }],
+            interfaces: vec![Interface {
+                name: "net1".into(),
+                mac: "0a:58:0a:00:00:02".into(),
+                mtu: 1450,
+                sandbox: "/run/netns/p".into(),
+                socket_path: "/run/knitter/vhost/abc/net1.sock".into(),
+                pci_id: String::new(),
+            }],
             ..Default::default()
         }
         .to_json(version);
         assert!(LIBCNI_1_1.contains(&r["cniVersion"].as_str().unwrap()), "{r}");
-        assert!(r["interfaces"][0].get("socketPath").is_none(), "1.1.0's field: the JSON beside the socket says it");
+        assert!(
+            r["interfaces"][0].get("socketPath").is_none(),
+            "1.1.0's field: the JSON beside the socket says it"
+        );
     }
 
     fn env(vars: &[(&str, &str)]) -> Result<Env, CniError> {
-        let m: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Env::read(|k| m.get(k).cloned())
     }
 
     #[test]
     fn the_environment_is_read_and_what_is_missing_named() {
-        let e = env(&[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c1"), ("CNI_NETNS", "/run/netns/p"), ("CNI_IFNAME", "eth0"), ("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;IgnoreUnknown=1")]).unwrap();
+        let e = env(&[
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/p"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;IgnoreUnknown=1"),
+        ])
+        .unwrap();
         assert_eq!((e.command, e.args["K8S_POD_NAME"].as_str()), (Command::Add, "p"));
         let err = env(&[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c1")]).unwrap_err();
-        assert_eq!((err.code, err.msg.as_str()), (Code::InvalidEnvironment, "CNI_NETNS, CNI_IFNAME must be set for Add"));
-        assert!(env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")]).is_ok(), "DEL works without a netns");
+        assert_eq!(
+            (err.code, err.msg.as_str()),
+            (Code::InvalidEnvironment, "CNI_NETNS, CNI_IFNAME must be set for Add")
+        );
+        assert!(
+            env(&[("CNI_COMMAND", "DEL"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")])
+                .is_ok(),
+            "DEL works without a netns"
+        );
         assert!(env(&[("CNI_COMMAND", "VERSION")]).is_ok());
         assert_eq!(env(&[("CNI_COMMAND", "FROB")]).unwrap_err().code, Code::InvalidEnvironment);
-        assert_eq!(env(&[("CNI_COMMAND", "GC"), ("CNI_ARGS", "junk")]).unwrap_err().code, Code::InvalidEnvironment);
+        assert_eq!(
+            env(&[("CNI_COMMAND", "GC"), ("CNI_ARGS", "junk")]).unwrap_err().code,
+            Code::InvalidEnvironment
+        );
     }
 
     #[test]
@@ -429,37 +491,92 @@ mod tests {
         let v = NetConf::parse(br#"{"cniVersion":"1.1.0","name":"dp","type":"knitter-cni","interfaceType":"vhost-user","vhostUser":{"dir":"/v","mode":"0750"},
             "args":{"cni":{"interfaceType":"veth","networks":"red"}},"runtimeConfig":{"CNIDeviceInfoFile":"/d.json","io.kubernetes.cri.pod-annotations":{"networks":"{}"}}}"#)
         .unwrap();
-        assert_eq!((v.interface_type, v.vhost_mode().unwrap(), v.args.cni.interface_type), (InterfaceType::VhostUser, Some(0o750), Some(InterfaceType::Veth)));
-        assert_eq!((v.runtime_config.device_info_file.as_deref(), v.runtime_config.pod_annotations.len()), (Some("/d.json"), 1));
-        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"a","type":"x","interfaceType":"tap"}"#).unwrap_err().code, Code::InvalidConfig);
-        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"a","type":"x","vhostUser":{"mode":"rw"}}"#).unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(
+            (v.interface_type, v.vhost_mode().unwrap(), v.args.cni.interface_type),
+            (InterfaceType::VhostUser, Some(0o750), Some(InterfaceType::Veth))
+        );
+        assert_eq!(
+            (v.runtime_config.device_info_file.as_deref(), v.runtime_config.pod_annotations.len()),
+            (Some("/d.json"), 1)
+        );
+        assert_eq!(
+            NetConf::parse(
+                br#"{"cniVersion":"1.1.0","name":"a","type":"x","interfaceType":"tap"}"#
+            )
+            .unwrap_err()
+            .code,
+            Code::InvalidConfig
+        );
+        assert_eq!(
+            NetConf::parse(
+                br#"{"cniVersion":"1.1.0","name":"a","type":"x","vhostUser":{"mode":"rw"}}"#
+            )
+            .unwrap_err()
+            .code,
+            Code::InvalidConfig
+        );
         assert_eq!(NetConf::parse(b"{not json").unwrap_err().code, Code::Decode);
-        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","type":"knitter-cni"}"#).unwrap_err().code, Code::InvalidConfig);
-        assert_eq!(NetConf::parse(br#"{"cniVersion":"1.1.0","name":"","type":"x"}"#).unwrap_err().code, Code::InvalidConfig);
+        assert_eq!(
+            NetConf::parse(br#"{"cniVersion":"1.1.0","type":"knitter-cni"}"#).unwrap_err().code,
+            Code::InvalidConfig
+        );
+        assert_eq!(
+            NetConf::parse(br#"{"cniVersion":"1.1.0","name":"","type":"x"}"#).unwrap_err().code,
+            Code::InvalidConfig
+        );
         let e = NetConf::parse(br#"{"cniVersion":"0.2.0","name":"a","type":"x"}"#).unwrap_err();
-        assert_eq!((e.code, e.details.as_str()), (Code::IncompatibleVersion, "supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"));
+        assert_eq!(
+            (e.code, e.details.as_str()),
+            (Code::IncompatibleVersion, "supported: 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0")
+        );
     }
 
     #[test]
     fn each_version_gets_its_own_result_format() {
         let r = AddResult {
             interfaces: vec![
-                Interface { name: "kn01".into(), mac: "aa:bb:cc:dd:ee:ff".into(), mtu: 1450, sandbox: String::new(), socket_path: String::new(), pci_id: String::new() },
-                Interface { name: "eth0".into(), mac: "0a:58:0a:00:00:02".into(), mtu: 1450, sandbox: "/run/netns/p".into(), socket_path: String::new(), pci_id: String::new() },
+                Interface {
+                    name: "kn01".into(),
+                    mac: "aa:bb:cc:dd:ee:ff".into(),
+                    mtu: 1450,
+                    sandbox: String::new(),
+                    socket_path: String::new(),
+                    pci_id: String::new(),
+                },
+                Interface {
+                    name: "eth0".into(),
+                    mac: "0a:58:0a:00:00:02".into(),
+                    mtu: 1450,
+                    sandbox: "/run/netns/p".into(),
+                    socket_path: String::new(),
+                    pci_id: String::new(),
+                },
             ],
-            ips: vec![IpResult { address: "10.0.0.2/24".into(), gateway: Some("10.0.0.1".into()), interface: 1 }],
+            ips: vec![IpResult {
+                address: "10.0.0.2/24".into(),
+                gateway: Some("10.0.0.1".into()),
+                interface: 1,
+            }],
             routes: vec![RouteResult { dst: "0.0.0.0/0".into(), gw: Some("10.0.0.1".into()) }],
         };
         let old = r.to_json("0.3.1");
         assert_eq!(old["ips"][0]["version"], "4");
         assert!(old["interfaces"][1].get("mtu").is_none());
         let v100 = r.to_json("1.0.0");
-        assert!(v100["ips"][0].get("version").is_none() && v100["interfaces"][1].get("mtu").is_none());
+        assert!(
+            v100["ips"][0].get("version").is_none() && v100["interfaces"][1].get("mtu").is_none()
+        );
         let v110 = r.to_json("1.1.0");
-        assert_eq!((v110["cniVersion"].as_str(), v110["interfaces"][1]["mtu"].as_u64()), (Some("1.1.0"), Some(1450)));
+        assert_eq!(
+            (v110["cniVersion"].as_str(), v110["interfaces"][1]["mtu"].as_u64()),
+            (Some("1.1.0"), Some(1450))
+        );
         assert_eq!(v110["interfaces"][1]["sandbox"], "/run/netns/p");
         assert!(v110["interfaces"][0].get("sandbox").is_none());
         assert_eq!(version_result(Some("0.4.0"))["cniVersion"], "0.4.0");
-        assert_eq!(CniError::new(Code::TryAgainLater, "x").to_json("1.0.0"), json!({"cniVersion": "1.0.0", "code": 11, "msg": "x"}));
+        assert_eq!(
+            CniError::new(Code::TryAgainLater, "x").to_json("1.0.0"),
+            json!({"cniVersion": "1.0.0", "code": 11, "msg": "x"})
+        );
     }
 }

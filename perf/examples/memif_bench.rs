@@ -34,16 +34,32 @@ struct Testpmd {
 impl Testpmd {
     fn start(dir: &Path, tag: &str) -> Result<Testpmd, Error> {
         let sockets = [dir.join(format!("{tag}0.sock")), dir.join(format!("{tag}1.sock"))];
-        let servers = [(0, MAC_A), (1, MAC_B)].map(|(i, mac)| format!("net_memif{i},role=server,socket={},socket-abstract=no,mac={mac}", sockets[i].display()));
+        let servers = [(0, MAC_A), (1, MAC_B)].map(|(i, mac)| {
+            format!(
+                "net_memif{i},role=server,socket={},socket-abstract=no,mac={mac}",
+                sockets[i].display()
+            )
+        });
         let (peer0, peer1) = (format!("--eth-peer=0,{MAC_B}"), format!("--eth-peer=1,{MAC_A}"));
         // Two rings each way: OVS's client asks for a tx queue per PMD thread plus one (a
         // server with fewer refuses it, "Invalid ring index"), and sends on the second;
         // testpmd answers on the ring it received on, so OVS polls two rx queues. The same
         // testpmd for both switches (Knitter sends and polls one).
-        let app = ["--nb-cores=1", "--rxq=2", "--txq=2", "--total-num-mbufs=8192", "--forward-mode=mac", &peer0, &peer1];
-        let vnf = ListeningVnf::start_vdevs(Command::new("dpdk-testpmd"), &servers, &app).ok_or("dpdk-testpmd is not installed")?;
+        let app = [
+            "--nb-cores=1",
+            "--rxq=2",
+            "--txq=2",
+            "--total-num-mbufs=8192",
+            "--forward-mode=mac",
+            &peer0,
+            &peer1,
+        ];
+        let vnf = ListeningVnf::start_vdevs(Command::new("dpdk-testpmd"), &servers, &app)
+            .ok_or("dpdk-testpmd is not installed")?;
         let tp = Testpmd { vnf, sockets };
-        wait_for(Duration::from_secs(10), "testpmd made no memif sockets", || tp.sockets.iter().all(|s| s.exists()))?;
+        wait_for(Duration::from_secs(10), "testpmd made no memif sockets", || {
+            tp.sockets.iter().all(|s| s.exists())
+        })?;
         // The servers' interfaces join their sockets when testpmd starts its ports, a moment
         // after the sockets appear (a client that connects before is told "ID not found").
         std::thread::sleep(Duration::from_secs(2));
@@ -81,7 +97,11 @@ struct Window {
 
 impl Window {
     fn of(packets: u64, busy: u64, drops: u64, secs: f64) -> Window {
-        Window { mpps: packets as f64 / secs / 1e6, cycles: busy as f64 / packets.max(1) as f64, drops }
+        Window {
+            mpps: packets as f64 / secs / 1e6,
+            cycles: busy as f64 / packets.max(1) as f64,
+            drops,
+        }
     }
 }
 
@@ -100,7 +120,10 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
     switch.register_port("m0", p0.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.register_port("m1", p1.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.apply(one_bridge(&["m0", "m1"]))?;
-    let pmd = vswitch::PmdSet::start(switch.clone(), &vswitch::PmdConfig { threads: 1, cores: vec![0], idle: vswitch::IdlePolicy::Busy })?;
+    let pmd = vswitch::PmdSet::start(
+        switch.clone(),
+        &vswitch::PmdConfig { threads: 1, cores: vec![0], idle: vswitch::IdlePolicy::Busy },
+    )?;
     let up = wait_for(Duration::from_secs(10), "Knitter's memif links did not come up", || {
         p0.refresh_link();
         p1.refresh_link();
@@ -114,7 +137,12 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
         std::thread::sleep(Duration::from_secs(secs));
         let after = switch.stats();
         let drops = after.drops.iter().sum::<u64>() - before.drops.iter().sum::<u64>();
-        Window::of(after.packets - before.packets, after.busy_cycles - before.busy_cycles, drops, t.elapsed().as_secs_f64())
+        Window::of(
+            after.packets - before.packets,
+            after.busy_cycles - before.busy_cycles,
+            drops,
+            t.elapsed().as_secs_f64(),
+        )
     });
     pmd.stop();
     switch.apply(vswitch::config::SwitchConfig::default())?;
@@ -125,23 +153,39 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
 /// bridge, its PMD on core 0 and its main lcore on core 1 (perf's launcher).
 fn ovs_round(tp: &mut Testpmd, work: &Path, round: u32, secs: u64) -> Result<Window, Error> {
     use knitter_perf::sut::SwitchUnderTest as _;
-    let layout = knitter_perf::testpmd::Layout { generator_cpu: 1, switch_cpu: 0, second_switch_cpu: None };
-    let ports = [("m0", tp.client(&format!("net_memif_o{round}a"), 0)), ("m1", tp.client(&format!("net_memif_o{round}b"), 1))];
-    let ovs = knitter_perf::ovs::Ovs::start_dpdk_ports(work, memory(), layout, &ports, 2).map_err(|e| format!("{e:#}"))?;
-    wait_for(Duration::from_secs(30), "OVS's memif links did not come up", || ovs.link_up("m0") && ovs.link_up("m1"))?;
+    let layout =
+        knitter_perf::testpmd::Layout { generator_cpu: 1, switch_cpu: 0, second_switch_cpu: None };
+    let ports = [
+        ("m0", tp.client(&format!("net_memif_o{round}a"), 0)),
+        ("m1", tp.client(&format!("net_memif_o{round}b"), 1)),
+    ];
+    let ovs = knitter_perf::ovs::Ovs::start_dpdk_ports(work, memory(), layout, &ports, 2)
+        .map_err(|e| format!("{e:#}"))?;
+    wait_for(Duration::from_secs(30), "OVS's memif links did not come up", || {
+        ovs.link_up("m0") && ovs.link_up("m1")
+    })?;
     tp.go();
     std::thread::sleep(Duration::from_secs(2));
     let before = ovs.own().ok_or("OVS's pmd-stats-show")?;
     let t = Instant::now();
     std::thread::sleep(Duration::from_secs(secs));
     let after = ovs.own().ok_or("OVS's pmd-stats-show")?;
-    Ok(Window::of(after.packets - before.packets, after.busy_cycles - before.busy_cycles, after.drops - before.drops, t.elapsed().as_secs_f64()))
+    Ok(Window::of(
+        after.packets - before.packets,
+        after.busy_cycles - before.busy_cycles,
+        after.drops - before.drops,
+        t.elapsed().as_secs_f64(),
+    ))
 }
 
 /// OVS's memory: huge pages when the host has them free (Knitter's EAL decides alike; OVS
 /// always adds `--in-memory`, which DPDK refuses beside `--no-huge`).
 fn memory() -> knitter_perf::testpmd::Memory {
-    if dpdk::free_huge_pages() >= 512 { knitter_perf::testpmd::Memory::Hugepages } else { knitter_perf::testpmd::Memory::Plain }
+    if dpdk::free_huge_pages() >= 512 {
+        knitter_perf::testpmd::Memory::Hugepages
+    } else {
+        knitter_perf::testpmd::Memory::Plain
+    }
 }
 
 fn main() -> Result<(), Error> {
@@ -159,7 +203,10 @@ fn main() -> Result<(), Error> {
         return Err("built without DPDK".into());
     }
     if switches.contains(&"ovs") && !knitter_perf::ovs::available() {
-        return Err("Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)".into());
+        return Err(
+            "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)"
+                .into(),
+        );
     }
     let dir = std::env::temp_dir().join(format!("knitter-memif-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

@@ -50,7 +50,13 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { seconds: 3.0, control_pps: 10_000.0, underlay_pps: 300_000.0, ring: 256, media_size: 512 };
+    let mut a = Args {
+        seconds: 3.0,
+        control_pps: 10_000.0,
+        underlay_pps: 300_000.0,
+        ring: 256,
+        media_size: 512,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().with_context(|| format!("{k} needs a value"));
@@ -79,7 +85,16 @@ struct Testpmd(Child);
 impl Testpmd {
     fn start(sock: &std::path::Path, size: usize) -> Result<Testpmd> {
         let mut child = Command::new("dpdk-testpmd")
-            .args(["-l", "0,1", "--main-lcore", "1", "--no-pci", "-m", "512", "--single-file-segments"])
+            .args([
+                "-l",
+                "0,1",
+                "--main-lcore",
+                "1",
+                "--no-pci",
+                "-m",
+                "512",
+                "--single-file-segments",
+            ])
             // Hugepages when the machine has them free (as DPDK runs), else plain pages.
             .arg(if free_hugepages() >= 300 { "--in-memory" } else { "--no-huge" })
             .arg(format!("--file-prefix=qos-peers-{}", std::process::id()))
@@ -131,7 +146,11 @@ fn config(control_port: &str, priority: bool) -> Result<SwitchConfig> {
     control.priority = priority;
     Ok(SwitchConfig {
         bridges: vec![control, network("media", MEDIA_VNI, 12, 34)],
-        ports: vec![PortConfig::access(control_port, "control"), PortConfig::access("media", "media"), PortConfig::underlay("up")],
+        ports: vec![
+            PortConfig::access(control_port, "control"),
+            PortConfig::access("media", "media"),
+            PortConfig::underlay("up"),
+        ],
         vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(0xb0))),
     })
 }
@@ -148,7 +167,13 @@ struct Seen {
 
 /// The control pod's sender: `pps` datagrams a second, each stamped with the nanoseconds since
 /// `start`, until `stop`; counts what it sent.
-fn control_sender(sock: UdpSocket, pps: f64, start: Instant, stop: Arc<AtomicBool>, sent: Arc<AtomicU64>) {
+fn control_sender(
+    sock: UdpSocket,
+    pps: f64,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+) {
     vswitch::pmd::pin_current_thread(0);
     realtime();
     let mut payload = [0u8; 64];
@@ -169,7 +194,15 @@ fn control_sender(sock: UdpSocket, pps: f64, start: Instant, stop: Arc<AtomicBoo
 
 /// Drains the uplink at `pps` for `secs`: control datagrams' latencies recorded, media frames
 /// freed.
-fn drain(pool: &Pool, up: &mut RingPeer, cache: &mut PoolCache, start: Instant, from: Duration, secs: f64, pps: f64) -> Vec<f64> {
+fn drain(
+    pool: &Pool,
+    up: &mut RingPeer,
+    cache: &mut PoolCache,
+    start: Instant,
+    from: Duration,
+    secs: f64,
+    pps: f64,
+) -> Vec<f64> {
     let mut latencies = Vec::new();
     let mut taken = 0u64;
     let mut batch = Batch::new();
@@ -212,7 +245,10 @@ fn realtime() {
     let param = libc::sched_param { sched_priority: 10 };
     // SAFETY: sets the calling thread's policy (0: this thread) from a valid parameter.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-        eprintln!("warning: no real-time priority ({}): latencies include CPU 0's time slices", std::io::Error::last_os_error());
+        eprintln!(
+            "warning: no real-time priority ({}): latencies include CPU 0's time slices",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -225,7 +261,10 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 fn main() -> Result<()> {
     let a = args()?;
-    anyhow::ensure!(vswitch::testkit::netns::available(), "needs root and `ip netns` (network namespaces)");
+    anyhow::ensure!(
+        vswitch::testkit::netns::available(),
+        "needs root and `ip netns` (network namespaces)"
+    );
     let dir = tempfile::tempdir()?;
     let pool = Pool::new(65_536, false)?;
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
@@ -235,7 +274,18 @@ fn main() -> Result<()> {
     let (sw_ns, pod_ns) = (Netns::quiet("qos-sw")?, Netns::quiet("qos-ctl")?);
     veth(&sw_ns, "c0", &pod_ns, "eth0")?;
     pod_ns.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"])?;
-    pod_ns.run(&["ip", "neigh", "add", "192.0.2.11", "lladdr", &mac(11).to_string(), "dev", "eth0", "nud", "permanent"])?;
+    pod_ns.run(&[
+        "ip",
+        "neigh",
+        "add",
+        "192.0.2.11",
+        "lladdr",
+        &mac(11).to_string(),
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ])?;
     let control = sw_ns.enter(|| AfPacketPort::open("control", "c0"))??;
     switch.register_port("control", Arc::new(control))?;
 
@@ -246,7 +296,10 @@ fn main() -> Result<()> {
     let (up, mut up_peer) = RingPort::new("up", 1, a.ring)?;
     switch.register_port("up", up.with_mac(mac(0xa0)))?;
     switch.apply(config("control", true)?)?;
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::Busy })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::Busy },
+    )?;
     vswitch::pmd::pin_current_thread(0);
 
     let testpmd = Testpmd::start(&sock, a.media_size)?;
@@ -279,12 +332,17 @@ fn main() -> Result<()> {
             std::thread::spawn(move || control_sender(s, pps, start, stop, sent))
         };
         let from = start.elapsed();
-        let measured = drain(&pool, &mut up_peer, &mut cache, start, from, a.seconds, a.underlay_pps);
+        let measured =
+            drain(&pool, &mut up_peer, &mut cache, start, from, a.seconds, a.underlay_pps);
         stop.store(true, Relaxed);
         let _ = sender.join();
         let after = switch.stats();
-        let (p0, p1) = (before.ports.get(up_id).cloned().unwrap_or_default(), after.ports.get(up_id).cloned().unwrap_or_default());
-        let media_rx = after.ports.get(media_id).map_or(0, |p| p.rx_packets) - before.ports.get(media_id).map_or(0, |p| p.rx_packets);
+        let (p0, p1) = (
+            before.ports.get(up_id).cloned().unwrap_or_default(),
+            after.ports.get(up_id).cloned().unwrap_or_default(),
+        );
+        let media_rx = after.ports.get(media_id).map_or(0, |p| p.rx_packets)
+            - before.ports.get(media_id).map_or(0, |p| p.rx_packets);
         let mut l = measured;
         l.sort_by(f64::total_cmp);
         rows.push((
@@ -295,7 +353,8 @@ fn main() -> Result<()> {
                 media_pps: media_rx as f64 / a.seconds,
                 up_tx: p1.tx_packets - p0.tx_packets,
                 priority_dropped: p1.priority_dropped - p0.priority_dropped,
-                tx_full: after.drop(vswitch::DropReason::TxFull) - before.drop(vswitch::DropReason::TxFull),
+                tx_full: after.drop(vswitch::DropReason::TxFull)
+                    - before.drop(vswitch::DropReason::TxFull),
             },
         ));
     }
@@ -307,7 +366,9 @@ fn main() -> Result<()> {
         "uplink {:.0} frames/s, ring {}; control {:.0} datagrams/s from a kernel socket; media {} B frames from testpmd txonly",
         a.underlay_pps, a.ring, a.control_pps, a.media_size
     );
-    println!("| control plane | media taken by the switch | × uplink | control sent | lost | p50 µs | p99 µs | p99.9 µs | max µs | uplink tx | tx_full drops |");
+    println!(
+        "| control plane | media taken by the switch | × uplink | control sent | lost | p50 µs | p99 µs | p99.9 µs | max µs | uplink tx | tx_full drops |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (priority, s) in &rows {
         let l = &s.latencies_us;

@@ -37,7 +37,11 @@ pub fn probe(cpu: usize, dur: Duration) -> std::io::Result<Supply> {
                 }
             }
             let total = last - start;
-            Ok(Supply { cpu, fraction: 1.0 - lost.as_secs_f64() / total.as_secs_f64().max(1e-9), longest_gap_us: longest.as_secs_f64() * 1e6 })
+            Ok(Supply {
+                cpu,
+                fraction: 1.0 - lost.as_secs_f64() / total.as_secs_f64().max(1e-9),
+                longest_gap_us: longest.as_secs_f64() * 1e6,
+            })
         })
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("the probe thread panicked")))

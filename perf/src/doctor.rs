@@ -45,36 +45,82 @@ pub fn checks(plan: &Plan) -> Vec<Check> {
     let mut out = Vec::new();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    out.push(check("root", root, if root { "yes" } else { "run as root: vhost-user sockets, network namespaces and hugepages need it" }));
+    out.push(check(
+        "root",
+        root,
+        if root {
+            "yes"
+        } else {
+            "run as root: vhost-user sockets, network namespaces and hugepages need it"
+        },
+    ));
     // SAFETY: sysconf has no preconditions.
     let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
     let [g, s] = plan.cpus;
     out.push(check(
         "CPUs",
         g != s && g < online && s < online,
-        format!("generator on CPU {g}, switch on CPU {s}, {online} online{}", if g == s || g.max(s) >= online { ": --generator-cpu and --switch-cpu must be two different online CPUs" } else { "" }),
+        format!(
+            "generator on CPU {g}, switch on CPU {s}, {online} online{}",
+            if g == s || g.max(s) >= online {
+                ": --generator-cpu and --switch-cpu must be two different online CPUs"
+            } else {
+                ""
+            }
+        ),
     ));
     let kinds = |f: fn(&Kind) -> bool| plan.switches.iter().any(f);
     if kinds(|k| matches!(k, Kind::Knitter | Kind::KnitterAfpacket)) {
         let p = switches::sibling("knitter-vswitchd");
-        out.push(check("knitter-vswitchd", p.exists(), if p.exists() { p.display().to_string() } else { "not beside knitter-perf: cargo build --release -p knitter-vswitchd".into() }));
+        out.push(check(
+            "knitter-vswitchd",
+            p.exists(),
+            if p.exists() {
+                p.display().to_string()
+            } else {
+                "not beside knitter-perf: cargo build --release -p knitter-vswitchd".into()
+            },
+        ));
     }
     if plan.switches.contains(&Kind::Baseline) {
         let ok = plan.baseline.is_some_and(Path::exists);
-        out.push(check("baseline binary", ok, plan.baseline.map_or("--baseline PATH is needed with the switch baseline".into(), |p| format!("{}{}", p.display(), if ok { "" } else { ": no such file" }))));
+        out.push(check(
+            "baseline binary",
+            ok,
+            plan.baseline
+                .map_or("--baseline PATH is needed with the switch baseline".into(), |p| {
+                    format!("{}{}", p.display(), if ok { "" } else { ": no such file" })
+                }),
+        ));
     }
     if plan.testpmd_generator || kinds(|k| *k == Kind::Yardstick) {
         let ok = crate::testpmd::available();
-        out.push(check("dpdk-testpmd", ok, if ok { "installed" } else { "apt-get install dpdk (the generator and the yardstick)" }));
+        out.push(check(
+            "dpdk-testpmd",
+            ok,
+            if ok { "installed" } else { "apt-get install dpdk (the generator and the yardstick)" },
+        ));
     }
     if kinds(|k| *k == Kind::Ovs) {
-        let ok = crate::ovs::available() && runs("ovs-vsctl", "--version") && runs("ovsdb-tool", "--version");
-        out.push(check("Open vSwitch with DPDK", ok, if ok { "installed" } else { "apt-get install openvswitch-switch-dpdk" }));
+        let ok = crate::ovs::available()
+            && runs("ovs-vsctl", "--version")
+            && runs("ovsdb-tool", "--version");
+        out.push(check(
+            "Open vSwitch with DPDK",
+            ok,
+            if ok { "installed" } else { "apt-get install openvswitch-switch-dpdk" },
+        ));
     }
-    let netns = kinds(|k| *k == Kind::Ovs) || plan.scenario.is_kernel() || plan.scenario == Scenario::VxlanTwoVteps;
+    let netns = kinds(|k| *k == Kind::Ovs)
+        || plan.scenario.is_kernel()
+        || plan.scenario == Scenario::VxlanTwoVteps;
     if netns {
         let ok = runs("ip", "-V");
-        out.push(check("iproute2", ok, if ok { "installed" } else { "apt-get install iproute2 (namespaces and veths)" }));
+        out.push(check(
+            "iproute2",
+            ok,
+            if ok { "installed" } else { "apt-get install iproute2 (namespaces and veths)" },
+        ));
     }
     if plan.scenario.is_kernel() || plan.scenario == Scenario::VxlanTwoVteps {
         // SAFETY: socket(2) with constant arguments; the descriptor is closed right away.
@@ -83,7 +129,18 @@ pub fn checks(plan: &Plan) -> Vec<Check> {
             // SAFETY: our own descriptor.
             unsafe { libc::close(fd) };
         }
-        out.push(check("AF_XDP", fd >= 0, if fd >= 0 { "the kernel has XDP sockets".to_string() } else { format!("no XDP sockets: {} (a kernel with CONFIG_XDP_SOCKETS)", std::io::Error::last_os_error()) }));
+        out.push(check(
+            "AF_XDP",
+            fd >= 0,
+            if fd >= 0 {
+                "the kernel has XDP sockets".to_string()
+            } else {
+                format!(
+                    "no XDP sockets: {} (a kernel with CONFIG_XDP_SOCKETS)",
+                    std::io::Error::last_os_error()
+                )
+            },
+        ));
     }
     out.push(hugepages(plan, root));
     out
@@ -95,25 +152,55 @@ fn hugepages(plan: &Plan, root: bool) -> Check {
     let what = "hugepages";
     if plan.hugepages == Some(false) {
         let ovs = machine::hugepages_required(plan.switches);
-        return check(what, !ovs, if ovs { "ovs needs hugepages: drop --memory plain" } else { "not used (--memory plain)" });
+        return check(
+            what,
+            !ovs,
+            if ovs {
+                "ovs needs hugepages: drop --memory plain"
+            } else {
+                "not used (--memory plain)"
+            },
+        );
     }
     let Ok(pool) = Pool::read() else { return check(what, !required, "/proc/meminfo unreadable") };
-    let need = pool.pages_for(machine::mib_needed(plan.switches, plan.scenario, plan.testpmd_generator));
-    let state = format!("{} of {} KiB free (of {}), {need} needed", pool.free, pool.page_kib, pool.total);
+    let need =
+        pool.pages_for(machine::mib_needed(plan.switches, plan.scenario, plan.testpmd_generator));
+    let state =
+        format!("{} of {} KiB free (of {}), {need} needed", pool.free, pool.page_kib, pool.total);
     if pool.free >= need {
         check(what, true, state)
     } else if root {
-        check(what, true, format!("{state}: the run reserves {} and gives them back", need - pool.free))
+        check(
+            what,
+            true,
+            format!("{state}: the run reserves {} and gives them back", need - pool.free),
+        )
     } else {
-        let c = check(what, false, format!("{state}: run as root, or reserve them first (echo {} > /proc/sys/vm/nr_hugepages){}", machine::total_to_ask(pool, need).unwrap_or(pool.persistent()), if required { "" } else { ", or --memory plain" }));
+        let c = check(
+            what,
+            false,
+            format!(
+                "{state}: run as root, or reserve them first (echo {} > /proc/sys/vm/nr_hugepages){}",
+                machine::total_to_ask(pool, need).unwrap_or(pool.persistent()),
+                if required { "" } else { ", or --memory plain" }
+            ),
+        );
         Check { optional: !required, ..c }
     }
 }
 
 /// The checks that stop a run, as one message (none: `Ok`).
 pub fn require(plan: &Plan) -> anyhow::Result<()> {
-    let failed: Vec<String> = checks(plan).into_iter().filter(|c| !c.ok && !c.optional).map(|c| format!("{}: {}", c.what, c.detail)).collect();
-    anyhow::ensure!(failed.is_empty(), "this machine cannot run it yet (knitter-perf doctor lists everything) — {}", failed.join("; "));
+    let failed: Vec<String> = checks(plan)
+        .into_iter()
+        .filter(|c| !c.ok && !c.optional)
+        .map(|c| format!("{}: {}", c.what, c.detail))
+        .collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "this machine cannot run it yet (knitter-perf doctor lists everything) — {}",
+        failed.join("; ")
+    );
     Ok(())
 }
 
@@ -121,7 +208,20 @@ pub fn require(plan: &Plan) -> anyhow::Result<()> {
 pub fn render(checks: &[Check]) -> String {
     checks
         .iter()
-        .map(|c| format!("{:<7} {:<24} {}\n", if c.ok { "ok" } else if c.optional { "warning" } else { "MISSING" }, c.what, c.detail))
+        .map(|c| {
+            format!(
+                "{:<7} {:<24} {}\n",
+                if c.ok {
+                    "ok"
+                } else if c.optional {
+                    "warning"
+                } else {
+                    "MISSING"
+                },
+                c.what,
+                c.detail
+            )
+        })
         .collect()
 }
 
@@ -131,18 +231,41 @@ mod tests {
 
     #[test]
     fn a_plan_checks_what_its_switches_need() {
-        let plan = Plan { switches: &[Kind::Knitter, Kind::Ovs], scenario: Scenario::L2, testpmd_generator: false, cpus: [0, 0], baseline: None, hugepages: Some(false) };
+        let plan = Plan {
+            switches: &[Kind::Knitter, Kind::Ovs],
+            scenario: Scenario::L2,
+            testpmd_generator: false,
+            cpus: [0, 0],
+            baseline: None,
+            hugepages: Some(false),
+        };
         let c = checks(&plan);
         let by = |w: &str| c.iter().find(|c| c.what == w).cloned();
         assert!(!by("CPUs").unwrap().ok, "one CPU for both: {c:?}");
         assert!(by("Open vSwitch with DPDK").is_some() && by("dpdk-testpmd").is_none(), "{c:?}");
         let h = by("hugepages").unwrap();
         assert!(!h.ok && !h.optional && h.detail.contains("ovs needs hugepages"), "{h:?}");
-        assert!(require(&plan).unwrap_err().to_string().contains("CPUs: generator on CPU 0, switch on CPU 0"));
+        assert!(
+            require(&plan)
+                .unwrap_err()
+                .to_string()
+                .contains("CPUs: generator on CPU 0, switch on CPU 0")
+        );
         let text = render(&c);
         assert!(text.lines().any(|l| l.starts_with("MISSING CPUs")), "{text}");
-        let yard = Plan { switches: &[Kind::Yardstick, Kind::Baseline], scenario: Scenario::L2, testpmd_generator: true, cpus: [0, 1], baseline: Some(Path::new("/nonexistent/knitter-vswitchd")), hugepages: None };
+        let yard = Plan {
+            switches: &[Kind::Yardstick, Kind::Baseline],
+            scenario: Scenario::L2,
+            testpmd_generator: true,
+            cpus: [0, 1],
+            baseline: Some(Path::new("/nonexistent/knitter-vswitchd")),
+            hugepages: None,
+        };
         let c = checks(&yard);
-        assert!(c.iter().any(|c| c.what == "dpdk-testpmd") && c.iter().any(|c| c.what == "baseline binary" && !c.ok), "{c:?}");
+        assert!(
+            c.iter().any(|c| c.what == "dpdk-testpmd")
+                && c.iter().any(|c| c.what == "baseline binary" && !c.ok),
+            "{c:?}"
+        );
     }
 }

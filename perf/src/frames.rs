@@ -67,7 +67,14 @@ pub fn tagged(frame: &[u8], vid: u16) -> Vec<u8> {
 
 /// Ethernet, IPv4 (don't fragment, TTL 64, checksum) and UDP (no checksum) headers for
 /// `payload` bytes after them.
-fn push_udp_headers(f: &mut Vec<u8>, src: Endpoint, dst: Endpoint, sport: u16, dport: u16, payload: usize) {
+fn push_udp_headers(
+    f: &mut Vec<u8>,
+    src: Endpoint,
+    dst: Endpoint,
+    sport: u16,
+    dport: u16,
+    payload: usize,
+) {
     let ip_len = (20 + 8 + payload) as u16;
     f.extend_from_slice(&dst.mac);
     f.extend_from_slice(&src.mac);
@@ -192,13 +199,25 @@ pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<V
         a
     };
     let n = k / gcd(k, flows) * flows;
-    (0..n).map(|j| udp(src, dst, sizes.get(j % k).copied().unwrap_or(MIN_SIZE), 1024 + (j % flows) as u16)).collect()
+    (0..n)
+        .map(|j| {
+            udp(src, dst, sizes.get(j % k).copied().unwrap_or(MIN_SIZE), 1024 + (j % flows) as u16)
+        })
+        .collect()
 }
 
 /// Writes `frames` as a classic pcap file (microsecond timestamps, Ethernet).
 pub fn write_pcap(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
     let mut o = io::BufWriter::new(std::fs::File::create(path)?);
-    for v in [0xa1b2_c3d4u32.to_le_bytes().as_slice(), &2u16.to_le_bytes(), &4u16.to_le_bytes(), &0i32.to_le_bytes(), &0u32.to_le_bytes(), &65535u32.to_le_bytes(), &1u32.to_le_bytes()] {
+    for v in [
+        0xa1b2_c3d4u32.to_le_bytes().as_slice(),
+        &2u16.to_le_bytes(),
+        &4u16.to_le_bytes(),
+        &0i32.to_le_bytes(),
+        &0u32.to_le_bytes(),
+        &65535u32.to_le_bytes(),
+        &1u32.to_le_bytes(),
+    ] {
         o.write_all(v)?;
     }
     for f in frames {

@@ -27,7 +27,9 @@ pub fn install(work: PathBuf) -> std::io::Result<()> {
         if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
             eprintln!("knitter-perf: interrupted, cleaning up");
             vswitch::testkit::netns::remove_all();
-            let _ = std::process::Command::new("ip").args(["netns", "del", &crate::ovs::netns_name()]).output();
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &crate::ovs::netns_name()])
+                .output();
             for prefix in ["kp-yardstick", "kp-ovs"] {
                 crate::testpmd::remove_runtime_dir(prefix);
             }

@@ -34,9 +34,18 @@ impl Pool {
 
     fn parse(meminfo: &str) -> Pool {
         let field = |name: &str| {
-            meminfo.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()).unwrap_or(0)
+            meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
         };
-        Pool { page_kib: field("Hugepagesize:").max(1), total: field("HugePages_Total:"), free: field("HugePages_Free:"), surplus: field("HugePages_Surp:") }
+        Pool {
+            page_kib: field("Hugepagesize:").max(1),
+            total: field("HugePages_Total:"),
+            free: field("HugePages_Free:"),
+            surplus: field("HugePages_Surp:"),
+        }
     }
 
     /// The pool's own size, `nr_hugepages` (surplus pages go away by themselves).
@@ -50,7 +59,10 @@ impl Pool {
     }
 
     fn sysfs(&self) -> PathBuf {
-        PathBuf::from(format!("/sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages", self.page_kib))
+        PathBuf::from(format!(
+            "/sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages",
+            self.page_kib
+        ))
     }
 }
 
@@ -62,7 +74,11 @@ pub fn mib_needed(switches: &[Kind], scenario: Scenario, testpmd_generator: bool
         .iter()
         .map(|k| match k {
             Kind::Yardstick | Kind::Ovs => DPDK_MIB,
-            Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket if scenario == Scenario::VxlanTwoVteps => 2 * KNITTER_MIB,
+            Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket
+                if scenario == Scenario::VxlanTwoVteps =>
+            {
+                2 * KNITTER_MIB
+            }
             Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => KNITTER_MIB,
             Kind::Bridge => 0,
         })
@@ -87,7 +103,11 @@ fn mount_of(mounts: &str, page_kib: u64) -> Option<PathBuf> {
     mounts.lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         let (at, fs, opts) = (f.get(1)?, f.get(2)?, f.get(3).copied().unwrap_or(""));
-        let size = opts.split(',').find_map(|o| o.strip_prefix("pagesize=")).map(parse_size_kib).unwrap_or(Some(page_kib))?;
+        let size = opts
+            .split(',')
+            .find_map(|o| o.strip_prefix("pagesize="))
+            .map(parse_size_kib)
+            .unwrap_or(Some(page_kib))?;
         (*fs == "hugetlbfs" && size == page_kib).then(|| PathBuf::from(*at))
     })
 }
@@ -127,9 +147,13 @@ pub struct Reservation {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Unprepared {
-    #[error("{need} free {kib} KiB hugepages are needed and {free} are free; reserving them needs root: run knitter-perf as root, or `echo {ask} > /proc/sys/vm/nr_hugepages` first, or `--memory plain`{plain_note}")]
+    #[error(
+        "{need} free {kib} KiB hugepages are needed and {free} are free; reserving them needs root: run knitter-perf as root, or `echo {ask} > /proc/sys/vm/nr_hugepages` first, or `--memory plain`{plain_note}"
+    )]
     NotRoot { need: u64, free: u64, ask: u64, kib: u64, plain_note: &'static str },
-    #[error("the kernel gave {got} of the {need} free hugepages asked for (memory too fragmented): free memory (`sync; echo 3 > /proc/sys/vm/drop_caches; echo 1 > /proc/sys/vm/compact_memory`) and run again, or reserve them at boot (`hugepages={need}` on the kernel command line){plain_note}")]
+    #[error(
+        "the kernel gave {got} of the {need} free hugepages asked for (memory too fragmented): free memory (`sync; echo 3 > /proc/sys/vm/drop_caches; echo 1 > /proc/sys/vm/compact_memory`) and run again, or reserve them at boot (`hugepages={need}` on the kernel command line){plain_note}"
+    )]
     Short { got: u64, need: u64, plain_note: &'static str },
     #[error("hugepages: {0}")]
     Io(#[from] std::io::Error),
@@ -148,7 +172,13 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
     let root = unsafe { libc::geteuid() } == 0;
     if let Some(ask) = total_to_ask(pool, need) {
         if !root {
-            return Err(Unprepared::NotRoot { need, free: pool.free, ask, kib: pool.page_kib, plain_note: PLAIN_NOTE });
+            return Err(Unprepared::NotRoot {
+                need,
+                free: pool.free,
+                ask,
+                kib: pool.page_kib,
+                plain_note: PLAIN_NOTE,
+            });
         }
         std::fs::write(pool.sysfs(), ask.to_string())?;
         undo.total = Some((pool.persistent(), pool.sysfs()));
@@ -169,7 +199,13 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
             put_back(&undo);
             return Err(Unprepared::Short { got: now.free, need, plain_note: PLAIN_NOTE });
         }
-        did.push(format!("reserved {} hugepages of {} KiB ({} → {})", now.persistent().saturating_sub(pool.persistent()), pool.page_kib, pool.persistent(), now.persistent()));
+        did.push(format!(
+            "reserved {} hugepages of {} KiB ({} → {})",
+            now.persistent().saturating_sub(pool.persistent()),
+            pool.page_kib,
+            pool.persistent(),
+            now.persistent()
+        ));
     }
     let mounts = std::fs::read_to_string("/proc/mounts")?;
     if mount_of(&mounts, pool.page_kib).is_none() && root {
@@ -188,16 +224,27 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
 fn mount_hugetlbfs(at: &Path, page_kib: u64) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |s: &[u8]| std::ffi::CString::new(s).map_err(std::io::Error::other);
-    let (src, target, fs, data) = (c(b"nodev")?, c(at.as_os_str().as_bytes())?, c(b"hugetlbfs")?, c(format!("pagesize={page_kib}K").as_bytes())?);
+    let (src, target, fs, data) = (
+        c(b"nodev")?,
+        c(at.as_os_str().as_bytes())?,
+        c(b"hugetlbfs")?,
+        c(format!("pagesize={page_kib}K").as_bytes())?,
+    );
     // SAFETY: every pointer is a NUL-terminated string alive for the call.
-    if unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fs.as_ptr(), 0, data.as_ptr().cast()) } != 0 {
+    if unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fs.as_ptr(), 0, data.as_ptr().cast()) }
+        != 0
+    {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
 
 fn put_back(undo: &Undo) {
-    if let Some(c) = undo.mounted.as_ref().and_then(|at| std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).ok()) {
+    if let Some(c) = undo
+        .mounted
+        .as_ref()
+        .and_then(|at| std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).ok())
+    {
         // SAFETY: a NUL-terminated path alive for the call. MNT_DETACH: a DPDK child still
         // exiting may hold it for a moment.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
@@ -238,7 +285,11 @@ mod tests {
         assert_eq!(p.pages_for(1025), 513, "a part page is a page");
         assert_eq!(total_to_ask(p, 100), None, "enough free: nothing asked");
         assert_eq!(total_to_ask(p, 150), None);
-        assert_eq!(total_to_ask(p, 600), Some(630), "the pool grows by the shortfall; surplus pages, going away, are not kept");
+        assert_eq!(
+            total_to_ask(p, 600),
+            Some(630),
+            "the pool grows by the shortfall; surplus pages, going away, are not kept"
+        );
         let gig = Pool { page_kib: 1024 * 1024, total: 0, free: 0, surplus: 0 };
         assert_eq!(gig.pages_for(1040), 2);
         assert_eq!(Pool::parse("").page_kib, 1, "no hugepage support: no division by zero");
@@ -247,10 +298,22 @@ mod tests {
     #[test]
     fn what_a_run_needs() {
         use Kind::*;
-        assert_eq!(mib_needed(&[Knitter, Yardstick], Scenario::L2, true), 2048, "testpmd generating, testpmd forwarding");
-        assert_eq!(mib_needed(&[Knitter, Ovs], Scenario::L2, false), 1040, "Knitter's generator beside OVS");
+        assert_eq!(
+            mib_needed(&[Knitter, Yardstick], Scenario::L2, true),
+            2048,
+            "testpmd generating, testpmd forwarding"
+        );
+        assert_eq!(
+            mib_needed(&[Knitter, Ovs], Scenario::L2, false),
+            1040,
+            "Knitter's generator beside OVS"
+        );
         assert_eq!(mib_needed(&[Knitter], Scenario::L2, false), 64);
-        assert_eq!(mib_needed(&[Knitter], Scenario::VxlanTwoVteps, false), 112, "two switches at once");
+        assert_eq!(
+            mib_needed(&[Knitter], Scenario::VxlanTwoVteps, false),
+            112,
+            "two switches at once"
+        );
         assert!(hugepages_required(&[Knitter, Ovs]) && !hugepages_required(&[Knitter, Yardstick]));
     }
 
@@ -259,7 +322,11 @@ mod tests {
         let mounts = "proc /proc proc rw 0 0\nnodev /mnt/huge1g hugetlbfs rw,relatime,pagesize=1024M 0 0\nhugetlbfs /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n";
         assert_eq!(mount_of(mounts, 2048), Some(PathBuf::from("/dev/hugepages")));
         assert_eq!(mount_of(mounts, 1024 * 1024), Some(PathBuf::from("/mnt/huge1g")));
-        assert_eq!(mount_of("nodev /h hugetlbfs rw 0 0\n", 2048), Some(PathBuf::from("/h")), "no pagesize option: the default size");
+        assert_eq!(
+            mount_of("nodev /h hugetlbfs rw 0 0\n", 2048),
+            Some(PathBuf::from("/h")),
+            "no pagesize option: the default size"
+        );
         assert_eq!(mount_of("tmpfs /dev/shm tmpfs rw 0 0\n", 2048), None);
         assert_eq!(parse_size_kib("2048k"), Some(2048));
         assert_eq!(parse_size_kib("1G"), Some(1 << 20));
@@ -267,7 +334,12 @@ mod tests {
 
     #[test]
     fn a_refusal_says_what_to_do() {
-        let e = Unprepared::NotRoot { need: 520, free: 0, ask: 520, kib: 2048, plain_note: PLAIN_NOTE }.to_string();
-        assert!(e.contains("echo 520 > /proc/sys/vm/nr_hugepages") && e.contains("--memory plain"), "{e}");
+        let e =
+            Unprepared::NotRoot { need: 520, free: 0, ask: 520, kib: 2048, plain_note: PLAIN_NOTE }
+                .to_string();
+        assert!(
+            e.contains("echo 520 > /proc/sys/vm/nr_hugepages") && e.contains("--memory plain"),
+            "{e}"
+        );
     }
 }

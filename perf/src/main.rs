@@ -3,9 +3,9 @@
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use knitter_perf::frames::FrameSize;
+use knitter_perf::progress::Progress;
 use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
-use knitter_perf::progress::Progress;
 use knitter_perf::testpmd::{Layout, Memory, Vnf};
 use knitter_perf::{doctor, machine, mrr, ndr, report};
 use std::path::PathBuf;
@@ -13,7 +13,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "knitter-perf", version, about = "Knitter's perf lab: interleaved comparisons against traffic generators")]
+#[command(
+    name = "knitter-perf",
+    version,
+    about = "Knitter's perf lab: interleaved comparisons against traffic generators"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -71,7 +75,8 @@ impl Lab {
     /// The run's result; when it failed, or `KNITTER_PERF_KEEP` is set, the work directory
     /// is kept and named.
     fn finish<T>(self, r: anyhow::Result<T>) -> anyhow::Result<T> {
-        if std::env::var("KNITTER_PERF_KEEP").is_ok_and(|v| !v.is_empty() && v != "0") && r.is_ok() {
+        if std::env::var("KNITTER_PERF_KEEP").is_ok_and(|v| !v.is_empty() && v != "0") && r.is_ok()
+        {
             eprintln!("the run's logs are kept in {}", self.work.keep().display());
             return r;
         }
@@ -84,7 +89,11 @@ impl Lab {
 
 impl Common {
     fn layout(&self) -> Layout {
-        Layout { generator_cpu: self.generator_cpu, switch_cpu: self.switch_cpu, second_switch_cpu: self.second_switch_cpu }
+        Layout {
+            generator_cpu: self.generator_cpu,
+            switch_cpu: self.switch_cpu,
+            second_switch_cpu: self.second_switch_cpu,
+        }
     }
 
     /// `--memory` as the doctor reads it: hugepages required, never, or when possible.
@@ -105,7 +114,11 @@ impl Common {
         self
     }
 
-    fn plan(&self, scenario: Scenario, testpmd_generator: bool) -> anyhow::Result<doctor::Plan<'_>> {
+    fn plan(
+        &self,
+        scenario: Scenario,
+        testpmd_generator: bool,
+    ) -> anyhow::Result<doctor::Plan<'_>> {
         Ok(doctor::Plan {
             switches: &self.switches,
             scenario,
@@ -121,7 +134,10 @@ impl Common {
     fn lab(&self, scenario: Scenario, testpmd_generator: bool) -> anyhow::Result<Lab> {
         let plan = self.plan(scenario, testpmd_generator)?;
         doctor::require(&plan)?;
-        let work = tempfile::Builder::new().prefix("knitter-perf.").tempdir().context("a work directory")?;
+        let work = tempfile::Builder::new()
+            .prefix("knitter-perf.")
+            .tempdir()
+            .context("a work directory")?;
         // Before any thread starts: an interrupted run still removes what it made and gives
         // back the hugepages it reserved.
         knitter_perf::interrupt::install(work.path().to_path_buf()).context("signal handling")?;
@@ -241,7 +257,10 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     match run(Cli::parse().cmd) {
         Ok(code) => code,
         Err(e) => {
@@ -258,22 +277,47 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let common = common.resolved();
             let checks = doctor::checks(&common.plan(scenario, mrr)?);
             print!("{}", doctor::render(&checks));
-            Ok(if checks.iter().all(|c| c.ok || c.optional) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if checks.iter().all(|c| c.ok || c.optional) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Cmd::Report { results, out } => {
-            let text = std::fs::read(&results).with_context(|| format!("reading {}", results.display()))?;
+            let text = std::fs::read(&results)
+                .with_context(|| format!("reading {}", results.display()))?;
             if let Ok(r) = serde_json::from_slice::<ndr::Results>(&text) {
                 report::write_ndr(&out, &r)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| format!("{} is not a knitter-perf results file", results.display()))?;
+            let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| {
+                format!("{} is not a knitter-perf results file", results.display())
+            })?;
             r.summary = mrr::summarize(&r.config, &r.samples);
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mrr { common, scenario, rounds, warmup, window, min_supply, retries, vnf_queues, vnf_queues_used, vnf_ring, vnf_devargs, vnf_tx_free, police } => {
+        Cmd::Mrr {
+            common,
+            scenario,
+            rounds,
+            warmup,
+            window,
+            min_supply,
+            retries,
+            vnf_queues,
+            vnf_queues_used,
+            vnf_ring,
+            vnf_devargs,
+            vnf_tx_free,
+            police,
+        } => {
             let common = common.resolved();
-            anyhow::ensure!(scenario.on_two_vhost_user_sockets(), "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr", scenario.name());
+            anyhow::ensure!(
+                scenario.on_two_vhost_user_sockets(),
+                "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr",
+                scenario.name()
+            );
             let lab = common.lab(scenario, true)?;
             let cfg = mrr::Config {
                 scenario,
@@ -290,7 +334,13 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 retries,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
-                vnf: Vnf { queues: vnf_queues, queues_used: vnf_queues_used.unwrap_or(vnf_queues), ring: vnf_ring, devargs: vnf_devargs, tx_free: vnf_tx_free },
+                vnf: Vnf {
+                    queues: vnf_queues,
+                    queues_used: vnf_queues_used.unwrap_or(vnf_queues),
+                    ring: vnf_ring,
+                    devargs: vnf_devargs,
+                    tx_free: vnf_tx_free,
+                },
                 police,
                 work: lab.work.path().to_path_buf(),
             };
@@ -300,7 +350,11 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let results = lab.finish(r)?;
             report::write(&common.out, &results)?;
             print!("{}", report::markdown(&results).split("## Every trial").next().unwrap_or(""));
-            eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
+            eprintln!(
+                "results: {}/results.json, {}/report.md",
+                common.out.display(),
+                common.out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
@@ -327,8 +381,15 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             progress.finish();
             let results = lab.finish(r)?;
             report::write_ndr(&common.out, &results)?;
-            print!("{}", report::ndr_markdown(&results).split("## Every trial").next().unwrap_or(""));
-            eprintln!("results: {}/results.json, {}/report.md", common.out.display(), common.out.display());
+            print!(
+                "{}",
+                report::ndr_markdown(&results).split("## Every trial").next().unwrap_or("")
+            );
+            eprintln!(
+                "results: {}/results.json, {}/report.md",
+                common.out.display(),
+                common.out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

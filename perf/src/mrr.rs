@@ -6,8 +6,8 @@
 use crate::cpu::{self, Supply};
 use crate::frames::{self, A, B, FrameSize};
 use crate::progress::Progress;
-use crate::stats::{self, Summary};
 use crate::scenario::Scenario;
+use crate::stats::{self, Summary};
 use crate::sut::{Own, SwitchUnderTest};
 use crate::switches::{Kind, Running, Setup};
 use crate::testpmd::{Generator, Layout, Memory, Vnf, Wiring};
@@ -130,7 +130,11 @@ fn trial_time(cfg: &Config) -> Duration {
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
-    anyhow::ensure!(cfg.scenario.on_two_vhost_user_sockets(), "mrr measures vhost-user scenarios (l2, vlan-*, vxlan-*), not {}: run ndr", cfg.scenario.name());
+    anyhow::ensure!(
+        cfg.scenario.on_two_vhost_user_sockets(),
+        "mrr measures vhost-user scenarios (l2, vlan-*, vxlan-*), not {}: run ndr",
+        cfg.scenario.name()
+    );
     for &size in &cfg.sizes {
         for switching in [true, false] {
             let t = cfg.scenario.traffic(switching, size, cfg.flows);
@@ -151,7 +155,11 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
                     if !starved || repeated >= cfg.retries {
                         break s;
                     }
-                    progress.line(&format!("round {round} {}@{size}: CPU supply {:.0} % — repeating", switch.name(), min_supply(&s) * 100.0));
+                    progress.line(&format!(
+                        "round {round} {}@{size}: CPU supply {:.0} % — repeating",
+                        switch.name(),
+                        min_supply(&s) * 100.0
+                    ));
                     repeated += 1;
                 };
                 progress.line(&format!(
@@ -159,7 +167,10 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
                     switch.name(),
                     sample.received_mpps,
                     sample.offered_mpps,
-                    sample.switch_cycles_per_packet.map(|c| format!(", {c:.0} cycles/packet")).unwrap_or_default()
+                    sample
+                        .switch_cycles_per_packet
+                        .map(|c| format!(", {c:.0} cycles/packet"))
+                        .unwrap_or_default()
                 ));
                 samples.push(sample);
             }
@@ -169,20 +180,37 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     Ok(Results { config: cfg.clone(), samples, summary })
 }
 
-
 /// The frames offered (replayed forever) and the learning frame the counting side sends
 /// once, for a switch (`switching`) or for the yardstick.
 fn pcaps(cfg: &Config, size: FrameSize, switching: bool) -> (PathBuf, PathBuf) {
     let kind = if switching { "switch" } else { "plain" };
-    (cfg.work.join(format!("offer-{size}-{kind}.pcap")), cfg.work.join(format!("back-{size}-{kind}.pcap")))
+    (
+        cfg.work.join(format!("offer-{size}-{kind}.pcap")),
+        cfg.work.join(format!("back-{size}-{kind}.pcap")),
+    )
 }
 
 fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
 
-fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: usize) -> anyhow::Result<Sample> {
-    let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security, police: cfg.police.as_deref() };
+fn trial(
+    cfg: &Config,
+    switch: Kind,
+    size: FrameSize,
+    round: usize,
+    repeated: usize,
+) -> anyhow::Result<Sample> {
+    let setup = Setup {
+        work: &cfg.work,
+        memory: cfg.memory,
+        layout: cfg.layout,
+        baseline: cfg.baseline.as_deref(),
+        baseline_toml: cfg.baseline_toml.as_deref(),
+        scenario: cfg.scenario,
+        port_security: cfg.port_security,
+        police: cfg.police.as_deref(),
+    };
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
     let switching = switch != Kind::Yardstick;
@@ -190,9 +218,18 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
     // Decapsulation and tag popping are offered on the second socket (the underlay, the
     // trunk) and counted on the pod's.
     let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
-    let (offer_sock, count_sock) = if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
-    let wiring = Wiring { offer_sock, count_sock, offer_pcap: &offer_pcap, back_pcap: &back_pcap, offer_mac: &A.mac_text(), count_mac: &B.mac_text() };
-    let mut generator = Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
+    let (offer_sock, count_sock) =
+        if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
+    let wiring = Wiring {
+        offer_sock,
+        count_sock,
+        offer_pcap: &offer_pcap,
+        back_pcap: &back_pcap,
+        offer_mac: &A.mac_text(),
+        count_mac: &B.mac_text(),
+    };
+    let mut generator =
+        Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
     std::thread::sleep(cfg.warmup);
     let before = running.own();
     generator.clear();
@@ -202,7 +239,10 @@ fn trial(cfg: &Config, switch: Kind, size: FrameSize, round: usize, repeated: us
     let vnf = generator.cost();
     drop(generator);
     drop(running);
-    let supply = [cfg.layout.generator_cpu, cfg.layout.switch_cpu].iter().map(|&c| cpu::probe(c, Duration::from_millis(200))).collect::<Result<Vec<_>, _>>()?;
+    let supply = [cfg.layout.generator_cpu, cfg.layout.switch_cpu]
+        .iter()
+        .map(|&c| cpu::probe(c, Duration::from_millis(200)))
+        .collect::<Result<Vec<_>, _>>()?;
     let own = before.zip(after);
     let busy = own.and_then(|(b, a)| Own::busy_fraction(b, a));
     Ok(Sample {
@@ -228,7 +268,9 @@ pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
     cfg.sizes
         .iter()
         .map(|&size| {
-            let of = |k: Kind| -> Vec<&Sample> { samples.iter().filter(|s| s.size == size && s.switch == k).collect() };
+            let of = |k: Kind| -> Vec<&Sample> {
+                samples.iter().filter(|s| s.size == size && s.switch == k).collect()
+            };
             let rates = |k: Kind| -> Vec<f64> { of(k).iter().map(|s| s.received_mpps).collect() };
             let (yard, ovs) = (rates(Kind::Yardstick), rates(Kind::Ovs));
             let switches = cfg
@@ -237,15 +279,31 @@ pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
                 .filter_map(|&k| {
                     let mine = of(k);
                     let mpps: Vec<f64> = mine.iter().map(|s| s.received_mpps).collect();
-                    let cycles: Vec<f64> = mine.iter().filter_map(|s| s.switch_cycles_per_packet).collect();
+                    let cycles: Vec<f64> =
+                        mine.iter().filter_map(|s| s.switch_cycles_per_packet).collect();
                     Some(SwitchSummary {
                         switch: k,
                         mpps: stats::summarize(&mpps)?,
-                        vs_yardstick: if k == Kind::Yardstick || yard.is_empty() { None } else { stats::pair_ratios(&mpps, &yard) },
-                        vs_ovs: if k == Kind::Ovs || ovs.is_empty() { None } else { stats::pair_ratios(&mpps, &ovs) },
+                        vs_yardstick: if k == Kind::Yardstick || yard.is_empty() {
+                            None
+                        } else {
+                            stats::pair_ratios(&mpps, &yard)
+                        },
+                        vs_ovs: if k == Kind::Ovs || ovs.is_empty() {
+                            None
+                        } else {
+                            stats::pair_ratios(&mpps, &ovs)
+                        },
                         cycles_per_packet: stats::summarize(&cycles),
-                        vnf_cycles_per_packet: stats::summarize(&mine.iter().filter_map(|s| s.vnf.cycles_per_packet).collect::<Vec<_>>()),
-                        vnf_writes_per_s: stats::summarize(&mine.iter().filter_map(|s| s.vnf.writes_per_s).collect::<Vec<_>>()),
+                        vnf_cycles_per_packet: stats::summarize(
+                            &mine
+                                .iter()
+                                .filter_map(|s| s.vnf.cycles_per_packet)
+                                .collect::<Vec<_>>(),
+                        ),
+                        vnf_writes_per_s: stats::summarize(
+                            &mine.iter().filter_map(|s| s.vnf.writes_per_s).collect::<Vec<_>>(),
+                        ),
                     })
                 })
                 .collect();

@@ -87,7 +87,16 @@ pub struct Point {
 
 impl Point {
     fn of(asked: f64, o: &Outcome) -> Point {
-        Point { asked, offered: o.offered_pps(), received: o.received_pps(), loss: o.loss(), seconds: o.seconds, longest_gap_us: o.longest_gap_us, frame_bytes: o.frame_bytes(), repeated: 0 }
+        Point {
+            asked,
+            offered: o.offered_pps(),
+            received: o.received_pps(),
+            loss: o.loss(),
+            seconds: o.seconds,
+            longest_gap_us: o.longest_gap_us,
+            frame_bytes: o.frame_bytes(),
+            repeated: 0,
+        }
     }
 }
 
@@ -116,7 +125,17 @@ impl Latency {
     fn of(load: f64, o: &Outcome) -> Option<Latency> {
         let h = o.latency.as_ref().filter(|h| !h.is_empty())?;
         let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
-        Some(Latency { load, loss: o.loss(), p50: us(0.5), p90: us(0.9), p99: us(0.99), p999: us(0.999), max: h.max() as f64 / 1e3, samples: h.len(), switch_cycles_per_packet: None })
+        Some(Latency {
+            load,
+            loss: o.loss(),
+            p50: us(0.5),
+            p90: us(0.9),
+            p99: us(0.99),
+            p999: us(0.999),
+            max: h.max() as f64 / 1e3,
+            samples: h.len(),
+            switch_cycles_per_packet: None,
+        })
     }
 }
 
@@ -166,7 +185,11 @@ const START: Duration = Duration::from_secs(3);
 pub fn planned(cfg: &Config) -> Duration {
     let t = cfg.trial;
     let n = cfg.switches.len() as u32;
-    let rounds = if cfg.rounds > 1 { (START + t + 2 * PROBE) * (cfg.rounds as u32 * n) } else { Duration::ZERO };
+    let rounds = if cfg.rounds > 1 {
+        (START + t + 2 * PROBE) * (cfg.rounds as u32 * n)
+    } else {
+        Duration::ZERO
+    };
     let throughput = (START + t + t * search_trials(cfg.precision) + cfg.confirm) * n;
     let latency = (START + t * 4) * n;
     (rounds + throughput + latency) * cfg.sizes.len() as u32
@@ -194,7 +217,16 @@ struct Bench {
 
 impl Bench {
     fn start(cfg: &Config, switch: Kind, size: FrameSize) -> anyhow::Result<Bench> {
-        let setup = Setup { work: &cfg.work, memory: cfg.memory, layout: cfg.layout, baseline: cfg.baseline.as_deref(), baseline_toml: cfg.baseline_toml.as_deref(), scenario: cfg.scenario, port_security: cfg.port_security, police: None };
+        let setup = Setup {
+            work: &cfg.work,
+            memory: cfg.memory,
+            layout: cfg.layout,
+            baseline: cfg.baseline.as_deref(),
+            baseline_toml: cfg.baseline_toml.as_deref(),
+            scenario: cfg.scenario,
+            port_security: cfg.port_security,
+            police: None,
+        };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
         let (mut veths, mut underlay) = (None, None);
         let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {
@@ -207,7 +239,8 @@ impl Bench {
             } else {
                 Running::start(switch, &setup)?
             };
-            let (offer, count) = if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
+            let (offer, count) =
+                if t.reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
             (Box::new(Vgen::connect(offer, count, &t, cfg.memory == Memory::Hugepages)?), running)
         };
         let mut generator = Generator::new(wire, cfg.layout.generator_cpu);
@@ -238,7 +271,11 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
             measured.push(m);
         }
         // The common load: half the lowest NDR among the switches (PDR when one has no NDR).
-        let lowest = measured.iter().filter(|m| m.size == size).filter_map(|m| m.ndr.or(m.pdr)).fold(f64::INFINITY, f64::min);
+        let lowest = measured
+            .iter()
+            .filter(|m| m.size == size)
+            .filter_map(|m| m.ndr.or(m.pdr))
+            .fold(f64::INFINITY, f64::min);
         for m in measured.iter_mut().filter(|m| m.size == size) {
             let mut b = Bench::start(cfg, m.switch, size)?;
             progress.advance(START);
@@ -246,8 +283,10 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
                 let before = b.running.own();
                 let o = b.generator.trial(Some(load), cfg.trial, true)?;
                 progress.advance(cfg.trial);
-                let cycles = before.zip(b.running.own()).and_then(|(b, a)| Own::cycles_per_packet(b, a));
-                let l = Latency::of(load, &o).map(|l| Latency { switch_cycles_per_packet: cycles, ..l });
+                let cycles =
+                    before.zip(b.running.own()).and_then(|(b, a)| Own::cycles_per_packet(b, a));
+                let l = Latency::of(load, &o)
+                    .map(|l| Latency { switch_cycles_per_packet: cycles, ..l });
                 if let Some(l) = &l {
                     progress.line(&format!("{}@{size}: latency at {:.2} Mpps: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", m.switch.name(), load / 1e6, l.p50, l.p99, l.max));
                 }
@@ -299,7 +338,11 @@ struct Round {
 /// started afresh, each trial checked for the CPU it got (the spin probe of `cpu.rs` on
 /// both CPUs right after it) and repeated or dropped when starved. Per round, every
 /// switch's trial (none when `rounds` is 1).
-fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &Progress) -> anyhow::Result<Vec<Vec<Round>>> {
+fn alternated_mrr(
+    cfg: &Config,
+    size: FrameSize,
+    progress: &Progress,
+) -> anyhow::Result<Vec<Vec<Round>>> {
     if cfg.rounds <= 1 {
         return Ok(Vec::new());
     }
@@ -332,15 +375,30 @@ fn alternated_mrr(cfg: &Config, size: FrameSize, progress: &Progress) -> anyhow:
                     "round {round} {}@{size}: MRR {:.2} Mpps{}{}",
                     switch.name(),
                     t.received / 1e6,
-                    t.switch_cycles_per_packet.zip(t.switch_busy).map(|(c, b)| format!(", {c:.0} cycles/packet, {:.0} % busy", b * 100.0)).unwrap_or_default(),
-                    if starved { format!(" — CPU {} got {:.0} % of its time", supply.cpu, supply.fraction * 100.0) } else { String::new() }
+                    t.switch_cycles_per_packet
+                        .zip(t.switch_busy)
+                        .map(|(c, b)| format!(", {c:.0} cycles/packet, {:.0} % busy", b * 100.0))
+                        .unwrap_or_default(),
+                    if starved {
+                        format!(
+                            " — CPU {} got {:.0} % of its time",
+                            supply.cpu,
+                            supply.fraction * 100.0
+                        )
+                    } else {
+                        String::new()
+                    }
                 ));
                 tries.push(t);
                 if !starved {
                     break Some(o.received_pps());
                 }
                 if tries.len() > RETRIES {
-                    progress.line(&format!("round {round} {}@{size}: dropped, starved {} times", switch.name(), RETRIES + 1));
+                    progress.line(&format!(
+                        "round {round} {}@{size}: dropped, starved {} times",
+                        switch.name(),
+                        RETRIES + 1
+                    ));
                     break None;
                 }
             };
@@ -364,7 +422,12 @@ fn lowest_supply(cfg: &Config) -> anyhow::Result<Supply> {
 }
 
 /// MRR, NDR, PDR and the NDR's confirmation for one switch at one size.
-fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &Progress) -> anyhow::Result<Measured> {
+fn throughput(
+    cfg: &Config,
+    switch: Kind,
+    size: FrameSize,
+    progress: &Progress,
+) -> anyhow::Result<Measured> {
     let mut b = Bench::start(cfg, switch, size)?;
     let before = b.running.own();
     let o = b.generator.trial(None, cfg.trial, false)?;
@@ -390,7 +453,10 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &Progress) 
             if o.sent == o.received || !o.starved() || repeated == RETRIES {
                 break o;
             }
-            progress.line(&format!("{name}@{size}: generator stalled {:.0} µs with loss — repeating", o.longest_gap_us));
+            progress.line(&format!(
+                "{name}@{size}: generator stalled {:.0} µs with loss — repeating",
+                o.longest_gap_us
+            ));
             repeated += 1;
         };
         let p = Point { repeated, ..Point::of(rate, &o) };
@@ -405,7 +471,10 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &Progress) 
         Ok(stats::Trial { offered: p.offered, received: p.received })
     };
     let top = mrr.received;
-    let find = |lo: f64, loss: f64, trial: &mut dyn FnMut(f64) -> anyhow::Result<stats::Trial>| -> anyhow::Result<Option<f64>> {
+    let find = |lo: f64,
+                loss: f64,
+                trial: &mut dyn FnMut(f64) -> anyhow::Result<stats::Trial>|
+     -> anyhow::Result<Option<f64>> {
         match stats::search(lo, top, cfg.precision, loss, &mut *trial)? {
             Some(r) => Ok(Some(r)),
             None if lo > top * 0.02 => stats::search(top * 0.01, lo, cfg.precision, loss, trial),
@@ -419,7 +488,12 @@ fn throughput(cfg: &Config, switch: Kind, size: FrameSize, progress: &Progress) 
             let o = b.generator.trial(Some(r), cfg.confirm, false)?;
             progress.advance(cfg.confirm);
             let p = Point::of(r, &o);
-            progress.line(&format!("{name}@{size}: NDR {:.3} Mpps confirmed over {:.0} s: loss {:.4} %", r / 1e6, p.seconds, p.loss * 100.0));
+            progress.line(&format!(
+                "{name}@{size}: NDR {:.3} Mpps confirmed over {:.0} s: loss {:.4} %",
+                r / 1e6,
+                p.seconds,
+                p.loss * 100.0
+            ));
             Some(p)
         }
         _ => None,

@@ -42,18 +42,31 @@ pub struct Ovs {
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let name = cmd.get_program().to_string_lossy().into_owned();
     let o = cmd.output().map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-    anyhow::ensure!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr).trim().replace('\n', " | "));
+    anyhow::ensure!(
+        o.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&o.stderr).trim().replace('\n', " | ")
+    );
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 impl Ovs {
     /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own.
-    pub fn start(work: &Path, mem: Memory, layout: Layout, scenario: Scenario) -> anyhow::Result<(Ovs, Sockets)> {
+    pub fn start(
+        work: &Path,
+        mem: Memory,
+        layout: Layout,
+        scenario: Scenario,
+    ) -> anyhow::Result<(Ovs, Sockets)> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
         let ovs = Ovs::launch(work, mem, layout, netns, true)?;
-        let s = if scenario.is_vxlan() { ovs.vxlan_bridges()? } else { ovs.l2_bridge(scenario.is_vlan())? };
+        let s = if scenario.is_vxlan() {
+            ovs.vxlan_bridges()?
+        } else {
+            ovs.l2_bridge(scenario.is_vlan())?
+        };
         ovs.wait_path(&s.a)?;
         ovs.wait_path(&s.b)?;
         Ok((ovs, s))
@@ -61,11 +74,28 @@ impl Ovs {
 
     /// OVS in namespace `netns` bridging kernel interfaces `a` and `b` with its AF_XDP
     /// netdev (`type=afxdp`, one queue each).
-    pub fn start_afxdp(work: &Path, mem: Memory, layout: Layout, netns: &str, a: &str, b: &str) -> anyhow::Result<Ovs> {
+    pub fn start_afxdp(
+        work: &Path,
+        mem: Memory,
+        layout: Layout,
+        netns: &str,
+        a: &str,
+        b: &str,
+    ) -> anyhow::Result<Ovs> {
         let ovs = Ovs::launch(work, mem, layout, netns.to_string(), false)?;
         ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
         for p in [a, b] {
-            ovs.vsctl(&["add-port", "br0", p, "--", "set", "Interface", p, "type=afxdp", "options:n_rxq=1"])?;
+            ovs.vsctl(&[
+                "add-port",
+                "br0",
+                p,
+                "--",
+                "set",
+                "Interface",
+                p,
+                "type=afxdp",
+                "options:n_rxq=1",
+            ])?;
         }
         ovs.wait_ports(&[a, b], "afxdp")?;
         Ok(ovs)
@@ -74,15 +104,33 @@ impl Ovs {
     /// OVS in a namespace of its own with one bridge (NORMAL) of DPDK ethdev ports
     /// (`type=dpdk`, `rxq` receive queues each), each `(name, devargs)`: a vdev such as
     /// `net_memif0,role=client,...`.
-    pub fn start_dpdk_ports(work: &Path, mem: Memory, layout: Layout, ports: &[(&str, String)], rxq: u32) -> anyhow::Result<Ovs> {
+    pub fn start_dpdk_ports(
+        work: &Path,
+        mem: Memory,
+        layout: Layout,
+        ports: &[(&str, String)],
+        rxq: u32,
+    ) -> anyhow::Result<Ovs> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
         let ovs = Ovs::launch(work, mem, layout, netns, true)?;
         ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
         for (name, devargs) in ports {
-            let (devargs, rxq) = (format!("options:dpdk-devargs={devargs}"), format!("options:n_rxq={rxq}"));
-            ovs.vsctl(&["add-port", "br0", name, "--", "set", "Interface", name, "type=dpdk", &devargs, &rxq])?;
+            let (devargs, rxq) =
+                (format!("options:dpdk-devargs={devargs}"), format!("options:n_rxq={rxq}"));
+            ovs.vsctl(&[
+                "add-port",
+                "br0",
+                name,
+                "--",
+                "set",
+                "Interface",
+                name,
+                "type=dpdk",
+                &devargs,
+                &rxq,
+            ])?;
         }
         ovs.wait_ports(&ports.iter().map(|(n, _)| *n).collect::<Vec<_>>(), "dpdk")?;
         Ok(ovs)
@@ -94,17 +142,33 @@ impl Ovs {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let show = self.appctl(&["dpif/show"]).unwrap_or_default();
-            if ports.iter().all(|p| show.lines().any(|l| l.trim_start().starts_with(&format!("{p} ")) && l.contains(kind))) {
+            if ports.iter().all(|p| {
+                show.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{p} ")) && l.contains(kind))
+            }) {
                 return Ok(());
             }
-            anyhow::ensure!(Instant::now() < deadline, "Open vSwitch never added its {kind} ports: {show} (ovs-vswitchd's log {})", crate::testpmd::log_tail(&self.dir.join("vswitchd.log")));
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "Open vSwitch never added its {kind} ports: {show} (ovs-vswitchd's log {})",
+                crate::testpmd::log_tail(&self.dir.join("vswitchd.log"))
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     /// ovsdb-server and ovs-vswitchd-dpdk in `netns`, DPDK initialised, no bridges yet.
-    fn launch(work: &Path, mem: Memory, layout: Layout, netns: String, own_netns: bool) -> anyhow::Result<Ovs> {
-        anyhow::ensure!(available(), "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)");
+    fn launch(
+        work: &Path,
+        mem: Memory,
+        layout: Layout,
+        netns: String,
+        own_netns: bool,
+    ) -> anyhow::Result<Ovs> {
+        anyhow::ensure!(
+            available(),
+            "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)"
+        );
         let dir = work.join("ovs");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -123,8 +187,12 @@ impl Ovs {
         );
         ovs.wait_path(&dir.join("db.sock"))?;
         let extra = match mem {
-            Memory::Hugepages => "--no-pci --in-memory --single-file-segments -m 1024 --file-prefix=kp-ovs",
-            Memory::Plain => "--no-pci --no-huge -m 1024 --single-file-segments --file-prefix=kp-ovs",
+            Memory::Hugepages => {
+                "--no-pci --in-memory --single-file-segments -m 1024 --file-prefix=kp-ovs"
+            }
+            Memory::Plain => {
+                "--no-pci --no-huge -m 1024 --single-file-segments --file-prefix=kp-ovs"
+            }
         };
         // More EAL arguments for a diagnosis (`--log-level=pmd.net.memif:debug`).
         let extra = match std::env::var("KNITTER_OVS_DPDK_EXTRA") {
@@ -177,14 +245,40 @@ impl Ovs {
     fn vxlan_bridges(&self) -> anyhow::Result<Sockets> {
         let (local, peer) = (scenario::LOCAL, scenario::PEER);
         let hwaddr = format!("other-config:hwaddr={}", local.mac_text());
-        self.vsctl(&["add-br", "br-phy", "--", "set", "bridge", "br-phy", "datapath_type=netdev", &hwaddr])?;
+        self.vsctl(&[
+            "add-br",
+            "br-phy",
+            "--",
+            "set",
+            "bridge",
+            "br-phy",
+            "datapath_type=netdev",
+            &hwaddr,
+        ])?;
         self.vhost_port("br-phy", "ul")?;
         self.vsctl(&["add-br", "br-int", "--", "set", "bridge", "br-int", "datapath_type=netdev"])?;
         self.vhost_port("br-int", "a")?;
         let remote = format!("options:remote_ip={}", peer.ip_addr());
         let key = format!("options:key={}", scenario::VNI);
-        self.vsctl(&["add-port", "br-int", "vx", "--", "set", "Interface", "vx", "type=vxlan", &remote, &key])?;
-        run(self.in_netns("ip").args(["addr", "add", &format!("{}/24", local.ip_addr()), "dev", "br-phy"]))?;
+        self.vsctl(&[
+            "add-port",
+            "br-int",
+            "vx",
+            "--",
+            "set",
+            "Interface",
+            "vx",
+            "type=vxlan",
+            &remote,
+            &key,
+        ])?;
+        run(self.in_netns("ip").args([
+            "addr",
+            "add",
+            &format!("{}/24", local.ip_addr()),
+            "dev",
+            "br-phy",
+        ]))?;
         run(self.in_netns("ip").args(["link", "set", "br-phy", "up"]))?;
         // The kernel route of br-phy's subnet reaches OVS over netlink; adding it again is
         // refused then, which is fine.
@@ -199,16 +293,32 @@ impl Ovs {
     }
 
     fn vhost_port(&self, bridge: &str, name: &str) -> anyhow::Result<String> {
-        self.vsctl(&["add-port", bridge, name, "--", "set", "Interface", name, "type=dpdkvhostuser"])
+        self.vsctl(&[
+            "add-port",
+            bridge,
+            name,
+            "--",
+            "set",
+            "Interface",
+            name,
+            "type=dpdkvhostuser",
+        ])
     }
 
     fn appctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(Command::new("ovs-appctl").arg(format!("--target={}", self.dir.join("vswitchd.ctl").display())).args(args)).with_context(|| self.step("ovs-appctl", args))
+        run(Command::new("ovs-appctl")
+            .arg(format!("--target={}", self.dir.join("vswitchd.ctl").display()))
+            .args(args))
+        .with_context(|| self.step("ovs-appctl", args))
     }
 
     /// An Open vSwitch step that failed, named with how ovs-vswitchd's log ends.
     fn step(&self, program: &str, args: &[&str]) -> String {
-        format!("Open vSwitch: `{program} {}` failed (ovs-vswitchd's log {})", args.join(" "), crate::testpmd::log_tail(&self.dir.join("vswitchd.log")))
+        format!(
+            "Open vSwitch: `{program} {}` failed (ovs-vswitchd's log {})",
+            args.join(" "),
+            crate::testpmd::log_tail(&self.dir.join("vswitchd.log"))
+        )
     }
 
     fn in_netns(&self, program: &str) -> Command {
@@ -218,7 +328,11 @@ impl Ovs {
     }
 
     fn vsctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        run(Command::new("ovs-vsctl").arg(format!("--db=unix:{}", self.dir.join("db.sock").display())).arg("--timeout=30").args(args)).with_context(|| self.step("ovs-vsctl", args))
+        run(Command::new("ovs-vsctl")
+            .arg(format!("--db=unix:{}", self.dir.join("db.sock").display()))
+            .arg("--timeout=30")
+            .args(args))
+        .with_context(|| self.step("ovs-vsctl", args))
     }
 
     fn wait_path(&self, p: &Path) -> anyhow::Result<()> {
@@ -234,7 +348,6 @@ impl Ovs {
         }
         Ok(())
     }
-
 }
 
 impl SwitchUnderTest for Ovs {
@@ -249,7 +362,13 @@ impl SwitchUnderTest for Ovs {
 fn parse_pmd_stats(out: &str) -> Own {
     let mut own = Own::default();
     for line in out.lines().map(str::trim) {
-        let num = |l: &str| l.split(':').nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let num = |l: &str| {
+            l.split(':')
+                .nth(1)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         if line.starts_with("packets received:") {
             own.packets += num(line);
         } else if line.starts_with("idle cycles:") {
@@ -282,6 +401,9 @@ mod tests {
     fn pmd_stats_are_summed() {
         let out = "pmd thread numa_id 0 core_id 1:\n  packets received: 1000\n  packet recirculations: 0\n  idle cycles: 500 (33.33%)\n  processing cycles: 1000 (66.67%)\n  avg cycles per packet: 1.50 (1500/1000)\n\
                    main thread:\n  packets received: 3\n  idle cycles: 0\n";
-        assert_eq!(parse_pmd_stats(out), Own { busy_cycles: 1000, idle_cycles: 500, packets: 1003, drops: 0, flooded: None });
+        assert_eq!(
+            parse_pmd_stats(out),
+            Own { busy_cycles: 1000, idle_cycles: 500, packets: 1003, drops: 0, flooded: None }
+        );
     }
 }

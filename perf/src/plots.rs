@@ -5,8 +5,13 @@ use crate::ndr::{Latency, Measured, Results};
 use plotters::prelude::*;
 use std::path::Path;
 
-const COLORS: [RGBColor; 5] =
-    [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xd6, 0x27, 0x28), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0x94, 0x67, 0xbd), RGBColor(0x8c, 0x56, 0x4b)];
+const COLORS: [RGBColor; 5] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+];
 
 /// The switches of a run, in the order asked, with their colour.
 fn switches(r: &Results) -> impl Iterator<Item = (crate::switches::Kind, RGBColor)> + '_ {
@@ -22,29 +27,46 @@ fn padded(lo: f64, hi: f64) -> std::ops::Range<f64> {
 /// NDR and MRR (Mpps) against frame size.
 pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
     let sizes = &r.config.sizes;
-    let (lo, hi) = sizes.iter().map(|s| s.mean()).fold((f64::INFINITY, 0f64), |(lo, hi), m| (lo.min(m), hi.max(m)));
+    let (lo, hi) = sizes
+        .iter()
+        .map(|s| s.mean())
+        .fold((f64::INFINITY, 0f64), |(lo, hi), m| (lo.min(m), hi.max(m)));
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (64.0, 64.0) };
     let top = r.measured.iter().map(|m| m.mrr.received / 1e6).fold(1.0, f64::max) * 1.15;
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{}: NDR (thick) and MRR (thin), Mpps", r.config.scenario.name()), ("sans-serif", 18))
+        .caption(
+            format!("{}: NDR (thick) and MRR (thin), Mpps", r.config.scenario.name()),
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(padded(lo, hi), 0f64..top)?;
-    chart.configure_mesh().x_desc("frame size on the wire, bytes (IMIX at its mean)").y_desc("Mpps").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("frame size on the wire, bytes (IMIX at its mean)")
+        .y_desc("Mpps")
+        .draw()?;
     for (kind, color) in switches(r) {
         let of = |f: &dyn Fn(&Measured) -> Option<f64>| -> Vec<(f64, f64)> {
             // IMIX sits at its mean size.
-            let mut v: Vec<(f64, f64)> = r.measured.iter().filter(|m| m.switch == kind).filter_map(|m| Some((m.size.mean(), f(m)? / 1e6))).collect();
+            let mut v: Vec<(f64, f64)> = r
+                .measured
+                .iter()
+                .filter(|m| m.switch == kind)
+                .filter_map(|m| Some((m.size.mean(), f(m)? / 1e6)))
+                .collect();
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
             v
         };
         chart
             .draw_series(LineSeries::new(of(&|m| m.ndr), color.stroke_width(3)))?
             .label(format!("{} NDR", kind.name()))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
         chart.draw_series(LineSeries::new(of(&|m| Some(m.mrr.received)), color.stroke_width(1)))?;
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
@@ -69,7 +91,13 @@ pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyh
     let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{}, {size} B: latency p99 (thick) and p50 (thin), µs", r.config.scenario.name()), ("sans-serif", 18))
+        .caption(
+            format!(
+                "{}, {size} B: latency p99 (thick) and p50 (thin), µs",
+                r.config.scenario.name()
+            ),
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -79,10 +107,18 @@ pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyh
         let Some(m) = here.iter().find(|m| m.switch == kind) else { continue };
         let c = curve(m);
         chart
-            .draw_series(LineSeries::new(c.iter().map(|l| (l.load / 1e6, l.p99)), color.stroke_width(3)))?
+            .draw_series(LineSeries::new(
+                c.iter().map(|l| (l.load / 1e6, l.p99)),
+                color.stroke_width(3),
+            ))?
             .label(kind.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3)));
-        chart.draw_series(LineSeries::new(c.iter().map(|l| (l.load / 1e6, l.p50)), color.stroke_width(1)))?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
+        chart.draw_series(LineSeries::new(
+            c.iter().map(|l| (l.load / 1e6, l.p50)),
+            color.stroke_width(1),
+        ))?;
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
     root.present()?;

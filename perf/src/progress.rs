@@ -14,8 +14,16 @@ pub struct Progress {
 impl Progress {
     /// A run planned to take about `planned`.
     pub fn new(planned: Duration) -> Progress {
-        let bar = ProgressBar::with_draw_target(Some(planned.as_millis().max(1) as u64), ProgressDrawTarget::stderr());
-        bar.set_style(ProgressStyle::with_template("{elapsed_precise} [{wide_bar}] {percent:>3} % · {eta} left · {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        let bar = ProgressBar::with_draw_target(
+            Some(planned.as_millis().max(1) as u64),
+            ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{wide_bar}] {percent:>3} % · {eta} left · {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         if !bar.is_hidden() {
             bar.enable_steady_tick(Duration::from_millis(500));
         }
@@ -31,7 +39,9 @@ impl Progress {
     pub fn line(&self, s: &str) {
         if self.bar.is_hidden() {
             match self.left() {
-                Some(left) => eprintln!("{s} [{:.0} %, ~{} left]", self.done() * 100.0, minutes(left)),
+                Some(left) => {
+                    eprintln!("{s} [{:.0} %, ~{} left]", self.done() * 100.0, minutes(left))
+                }
                 None => eprintln!("{s}"),
             }
         } else {
@@ -81,7 +91,11 @@ mod tests {
         // A quarter done in a minute: three minutes left, whatever was planned.
         assert_eq!(left_at_pace(Duration::from_secs(60), 250, 1000), Duration::from_secs(180));
         assert_eq!(left_at_pace(Duration::from_secs(60), 1000, 1000), Duration::ZERO);
-        assert_eq!(left_at_pace(Duration::from_secs(60), 1200, 1000), Duration::ZERO, "a run longer than planned");
+        assert_eq!(
+            left_at_pace(Duration::from_secs(60), 1200, 1000),
+            Duration::ZERO,
+            "a run longer than planned"
+        );
         assert_eq!(minutes(Duration::from_secs(45)), "45 s");
         assert_eq!(minutes(Duration::from_secs(400)), "7 min");
     }

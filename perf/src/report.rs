@@ -18,7 +18,12 @@ pub fn write(dir: &Path, r: &Results) -> anyhow::Result<()> {
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
@@ -30,18 +35,25 @@ fn ratio(r: Option<Summary>) -> String {
         Some((lo, hi)) => format!("; 95 % CI {lo:.2} – {hi:.2}"),
         None => format!("; < {} rounds: no interval", crate::stats::MIN_FOR_INTERVAL),
     };
-    let verdict = if v.excludes(1.0) == Some(false) { " — **not distinguishable from 1**" } else { "" };
+    let verdict =
+        if v.excludes(1.0) == Some(false) { " — **not distinguishable from 1**" } else { "" };
     format!("{:.2}× (rounds {:.2} – {:.2}{interval}){verdict}", v.median, v.min, v.max)
 }
 
 fn security(on: bool) -> &'static str {
-    if on { "port security on (the pod's MAC and IP only, as the CNI makes them)" } else { "no port security" }
+    if on {
+        "port security on (the pod's MAC and IP only, as the CNI makes them)"
+    } else {
+        "no port security"
+    }
 }
 
 /// A median of Mpps with its 95 % interval.
 fn median_mpps(s: &Summary, scale: f64) -> String {
     match s.interval {
-        Some((lo, hi)) => format!("{:.2} ({:.2} – {:.2})", s.median / scale, lo / scale, hi / scale),
+        Some((lo, hi)) => {
+            format!("{:.2} ({:.2} – {:.2})", s.median / scale, lo / scale, hi / scale)
+        }
         None => format!("{:.2}", s.median / scale),
     }
 }
@@ -51,8 +63,13 @@ fn median_mpps(s: &Summary, scale: f64) -> String {
 fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
     use crate::switches::Kind;
     let mut o = String::new();
-    let values = |m: &crate::ndr::Measured| -> Vec<f64> { m.mrr_rounds.iter().map(|v| v.unwrap_or(f64::NAN)).collect() };
-    let refs: Vec<(Kind, Vec<f64>)> = [Kind::Ovs, Kind::Yardstick].into_iter().filter_map(|k| here.iter().find(|m| m.switch == k).map(|m| (k, values(m)))).collect();
+    let values = |m: &crate::ndr::Measured| -> Vec<f64> {
+        m.mrr_rounds.iter().map(|v| v.unwrap_or(f64::NAN)).collect()
+    };
+    let refs: Vec<(Kind, Vec<f64>)> = [Kind::Ovs, Kind::Yardstick]
+        .into_iter()
+        .filter_map(|k| here.iter().find(|m| m.switch == k).map(|m| (k, values(m))))
+        .collect();
     let _ = writeln!(
         o,
         "MRR over {rounds} rounds, the switches alternated within each, each trial checked for the CPU it got \
@@ -63,12 +80,27 @@ fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
         crate::ndr::RETRIES + 1
     );
     let heads: String = refs.iter().map(|(k, _)| format!(" × {} |", k.name())).collect();
-    let _ = writeln!(o, "| switch | MRR Mpps median (95 % CI) | min – max | spread |{heads} repeated / dropped |");
+    let _ = writeln!(
+        o,
+        "| switch | MRR Mpps median (95 % CI) | min – max | spread |{heads} repeated / dropped |"
+    );
     let _ = writeln!(o, "|---|---|---|---|{}---|", "---|".repeat(refs.len()));
     for m in here {
         let v = values(m);
         let Some(sum) = crate::stats::summarize(&v) else { continue };
-        let ratios: String = refs.iter().map(|(k, r)| format!(" {} |", if *k == m.switch { "—".into() } else { ratio(crate::stats::pair_ratios(&v, r)) })).collect();
+        let ratios: String = refs
+            .iter()
+            .map(|(k, r)| {
+                format!(
+                    " {} |",
+                    if *k == m.switch {
+                        "—".into()
+                    } else {
+                        ratio(crate::stats::pair_ratios(&v, r))
+                    }
+                )
+            })
+            .collect();
         let _ = writeln!(
             o,
             "| {} | {} | {:.2} – {:.2} | {:.0} % |{ratios} {} / {} |",
@@ -85,13 +117,19 @@ fn rounds_table(here: &[&crate::ndr::Measured], rounds: usize) -> String {
 }
 
 /// What the `baseline` switch ran, when it ran: another build, or this one with settings.
-fn baseline_line(switches: &[crate::switches::Kind], binary: Option<&std::path::Path>, toml: Option<&str>) -> String {
+fn baseline_line(
+    switches: &[crate::switches::Kind],
+    binary: Option<&std::path::Path>,
+    toml: Option<&str>,
+) -> String {
     if !switches.contains(&crate::switches::Kind::Baseline) {
         return String::new();
     }
     let bin = binary.map(|b| b.display().to_string()).unwrap_or_else(|| "—".into());
     match toml {
-        Some(t) => format!("The `baseline` switch: {bin} with `{t}` at the top of its config file.\n\n"),
+        Some(t) => {
+            format!("The `baseline` switch: {bin} with `{t}` at the top of its config file.\n\n")
+        }
         None => format!("The `baseline` switch: {bin}.\n\n"),
     }
 }
@@ -117,7 +155,15 @@ pub fn markdown(r: &Results) -> String {
         c.window.as_secs_f64(),
         c.flows
     );
-    let _ = writeln!(o, "The VNF: {}.{}\n", c.vnf.describe(), c.police.as_deref().map(|p| format!(" Knitter's offering pod port is policed: `policer = {{ {p} }}`.")).unwrap_or_default());
+    let _ = writeln!(
+        o,
+        "The VNF: {}.{}\n",
+        c.vnf.describe(),
+        c.police
+            .as_deref()
+            .map(|p| format!(" Knitter's offering pod port is policed: `policer = {{ {p} }}`."))
+            .unwrap_or_default()
+    );
     let _ = writeln!(
         o,
         "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into one virtio-user \
@@ -138,7 +184,10 @@ pub fn markdown(r: &Results) -> String {
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {}\n", heading(s.size));
-        let _ = writeln!(o, "| switch | Mpps median (95 % CI) | min – max | spread | × yardstick (per round) | × OVS (per round) | switch cycles/packet | VNF cycles/packet | VNF writes/s |");
+        let _ = writeln!(
+            o,
+            "| switch | Mpps median (95 % CI) | min – max | spread | × yardstick (per round) | × OVS (per round) | switch cycles/packet | VNF cycles/packet | VNF writes/s |"
+        );
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for w in &s.switches {
             let _ = writeln!(
@@ -151,14 +200,24 @@ pub fn markdown(r: &Results) -> String {
                 w.mpps.spread * 100.0,
                 ratio(w.vs_yardstick),
                 ratio(w.vs_ovs),
-                w.cycles_per_packet.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
-                w.vnf_cycles_per_packet.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
-                w.vnf_writes_per_s.map(|v| format!("{:.0}", v.median)).unwrap_or_else(|| "—".into()),
+                w.cycles_per_packet
+                    .map(|v| format!("{:.0}", v.median))
+                    .unwrap_or_else(|| "—".into()),
+                w.vnf_cycles_per_packet
+                    .map(|v| format!("{:.0}", v.median))
+                    .unwrap_or_else(|| "—".into()),
+                w.vnf_writes_per_s
+                    .map(|v| format!("{:.0}", v.median))
+                    .unwrap_or_else(|| "—".into()),
             );
         }
         let _ = writeln!(o);
     }
-    for t in r.samples.iter().filter(|t| t.switch_flooded.is_some_and(|f| f as f64 > 0.01 * t.received_mpps * 1e6 * r.config.window.as_secs_f64())) {
+    for t in r.samples.iter().filter(|t| {
+        t.switch_flooded.is_some_and(|f| {
+            f as f64 > 0.01 * t.received_mpps * 1e6 * r.config.window.as_secs_f64()
+        })
+    }) {
         let _ = writeln!(
             o,
             "**Warning**: {} flooded {} frames in round {} ({} B): it never learned where the receiving side is (its learning frame dropped?), \
@@ -170,10 +229,14 @@ pub fn markdown(r: &Results) -> String {
         );
     }
     let _ = writeln!(o, "## Every trial\n");
-    let _ = writeln!(o, "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | repeated |");
+    let _ = writeln!(
+        o,
+        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | repeated |"
+    );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for t in &r.samples {
-        let supply: Vec<String> = t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
+        let supply: Vec<String> =
+            t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
         let _ = writeln!(
             o,
             "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -215,7 +278,9 @@ pub fn write_ndr(dir: &Path, r: &crate::ndr::Results) -> anyhow::Result<()> {
 fn heading(size: crate::frames::FrameSize) -> String {
     match size {
         crate::frames::FrameSize::Bytes(n) => format!("{n} bytes"),
-        crate::frames::FrameSize::Imix => "IMIX (64, 570 and 1518 bytes, 7 : 4 : 1; 353.83 bytes on average)".into(),
+        crate::frames::FrameSize::Imix => {
+            "IMIX (64, 570 and 1518 bytes, 7 : 4 : 1; 353.83 bytes on average)".into()
+        }
     }
 }
 
@@ -261,7 +326,10 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
             crate::trial::RING
         )
     } else {
-        format!("a vhost-user frontend on each socket, one queue pair of {} descriptors, VERSION_1 + MRG_RXBUF", crate::vgen::QUEUE)
+        format!(
+            "a vhost-user frontend on each socket, one queue pair of {} descriptors, VERSION_1 + MRG_RXBUF",
+            crate::vgen::QUEUE
+        )
     };
     let reference = if c.scenario.is_kernel() { Kind::Bridge } else { Kind::Ovs };
     let _ = writeln!(
@@ -279,7 +347,8 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     );
     let _ = writeln!(o, "![NDR and MRR against frame size](throughput.svg)\n");
     for &size in &c.sizes {
-        let here: Vec<&crate::ndr::Measured> = r.measured.iter().filter(|m| m.size == size).collect();
+        let here: Vec<&crate::ndr::Measured> =
+            r.measured.iter().filter(|m| m.size == size).collect();
         let of = |k: Kind| here.iter().find(|m| m.switch == k);
         let ref_ndr = of(reference).and_then(|m| m.ndr);
         let ref_mrr = of(reference).map(|m| m.mrr.received);
@@ -289,7 +358,10 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
             let _ = writeln!(o, "{}", rounds_table(&here, rounds));
             let _ = writeln!(o, "\nEach switch's searches:\n");
         }
-        let _ = writeln!(o, "| switch | MRR Mpps | switch busy | MRR × {r} | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × {r} | cycles/packet |");
+        let _ = writeln!(
+            o,
+            "| switch | MRR Mpps | switch busy | MRR × {r} | NDR Mpps | PDR Mpps | NDR confirmed (loss) | NDR × {r} | cycles/packet |"
+        );
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
         for m in &here {
             let _ = writeln!(
@@ -298,12 +370,20 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                 m.switch.name(),
                 m.mrr.received / 1e6,
                 m.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
-                if m.switch == reference { "—".into() } else { times(Some(m.mrr.received), ref_mrr) },
+                if m.switch == reference {
+                    "—".into()
+                } else {
+                    times(Some(m.mrr.received), ref_mrr)
+                },
                 mpps(m.ndr),
                 mpps(m.pdr),
                 m.ndr_confirmed
                     .map(|p| match ((p.offered - p.received) * p.seconds).round() {
-                        lost if lost >= 1.0 => format!("{:.0} s: {lost:.0} frames lost ({:.5} %) — not confirmed", p.seconds, p.loss * 100.0),
+                        lost if lost >= 1.0 => format!(
+                            "{:.0} s: {lost:.0} frames lost ({:.5} %) — not confirmed",
+                            p.seconds,
+                            p.loss * 100.0
+                        ),
                         _ => format!("{:.0} s: no loss", p.seconds),
                     })
                     .unwrap_or_else(|| "—".into()),
@@ -314,7 +394,10 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let _ = writeln!(o);
         if let Some(load) = here.iter().find_map(|m| m.latency.map(|l| l.load)) {
             let _ = writeln!(o, "Latency at {:.2} Mpps (µs):\n", load / 1e6);
-            let _ = writeln!(o, "| switch | p50 | p90 | p99 | p99.9 | max | loss | samples | switch cycles/packet |");
+            let _ = writeln!(
+                o,
+                "| switch | p50 | p90 | p99 | p99.9 | max | loss | samples | switch cycles/packet |"
+            );
             let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
             for m in &here {
                 if let Some(l) = m.latency {
@@ -329,7 +412,9 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                         l.max,
                         l.loss * 100.0,
                         l.samples,
-                        l.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into())
+                        l.switch_cycles_per_packet
+                            .map(|c| format!("{c:.0}"))
+                            .unwrap_or_else(|| "—".into())
                     );
                 }
             }
@@ -338,7 +423,10 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     }
     if r.measured.iter().any(|m| !m.round_trials.is_empty()) {
         let _ = writeln!(o, "## Every round\n");
-        let _ = writeln!(o, "| size | round | switch | MRR Mpps | bytes/frame out | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |");
+        let _ = writeln!(
+            o,
+            "| size | round | switch | MRR Mpps | bytes/frame out | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |"
+        );
         let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.measured {
             for t in &m.round_trials {
@@ -350,9 +438,17 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                     m.switch.name(),
                     t.received / 1e6,
                     t.frame_bytes.map(|b| format!("{b:.0}")).unwrap_or_else(|| "—".into()),
-                    if t.bad_completions > 0 { format!(", {} bad completions", t.bad_completions) } else { String::new() },
-                    t.switch_busy.map(|b| format!("{:.0} %", b * 100.0)).unwrap_or_else(|| "—".into()),
-                    t.switch_cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
+                    if t.bad_completions > 0 {
+                        format!(", {} bad completions", t.bad_completions)
+                    } else {
+                        String::new()
+                    },
+                    t.switch_busy
+                        .map(|b| format!("{:.0} %", b * 100.0))
+                        .unwrap_or_else(|| "—".into()),
+                    t.switch_cycles_per_packet
+                        .map(|c| format!("{c:.0}"))
+                        .unwrap_or_else(|| "—".into()),
                     t.longest_gap_us,
                     t.supply.fraction * 100.0,
                     t.supply.cpu,
@@ -363,7 +459,10 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let _ = writeln!(o);
     }
     let _ = writeln!(o, "## Every trial\n");
-    let _ = writeln!(o, "| size | switch | asked Mpps | offered Mpps | received Mpps | bytes/frame out | loss | seconds | generator's longest stall µs | repeated |");
+    let _ = writeln!(
+        o,
+        "| size | switch | asked Mpps | offered Mpps | received Mpps | bytes/frame out | loss | seconds | generator's longest stall µs | repeated |"
+    );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
     for m in &r.measured {
         for p in std::iter::once(&m.mrr).chain(&m.trials).chain(&m.ndr_confirmed) {

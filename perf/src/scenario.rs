@@ -13,7 +13,9 @@
 
 use crate::frames::{self, A, B, Endpoint, FrameSize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     L2,
@@ -78,10 +80,16 @@ impl Scenario {
             Scenario::L2 => "L2 vhost-user ↔ vhost-user",
             Scenario::VlanPush => "VLAN, vhost-user access port → vhost-user trunk (tag pushed)",
             Scenario::VlanPop => "VLAN, vhost-user trunk → vhost-user access port (tag popped)",
-            Scenario::VxlanEncap => "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)",
-            Scenario::VxlanDecap => "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)",
+            Scenario::VxlanEncap => {
+                "VXLAN encapsulation, vhost-user pod → vhost-user underlay (sizes: inner frames)"
+            }
+            Scenario::VxlanDecap => {
+                "VXLAN decapsulation, vhost-user underlay → vhost-user pod (sizes: inner frames)"
+            }
             Scenario::Veth => "L2 veth ↔ veth (kernel interfaces)",
-            Scenario::VxlanTwoVteps => "VXLAN between two Knitter switches (vhost-user pod → VTEP → AF_XDP veth underlay → VTEP → vhost-user pod)",
+            Scenario::VxlanTwoVteps => {
+                "VXLAN between two Knitter switches (vhost-user pod → VTEP → AF_XDP veth underlay → VTEP → vhost-user pod)"
+            }
         }
     }
 
@@ -108,7 +116,9 @@ impl Scenario {
     /// (the inner frames' in VXLAN scenarios), over `flows` UDP source ports (the outer
     /// one too in VXLAN, as a VTEP hashes the inner flow into it).
     pub fn traffic(self, switching: bool, size: FrameSize, flows: u16) -> Traffic {
-        let wrap = |inner: &[u8], i: usize| frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner);
+        let wrap = |inner: &[u8], i: usize| {
+            frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner)
+        };
         let sizes = size.pattern();
         match self {
             Scenario::L2 | Scenario::Veth | Scenario::VxlanTwoVteps => Traffic {
@@ -137,7 +147,10 @@ impl Scenario {
                 stamp_received: UDP_PAYLOAD + 4,
             },
             Scenario::VlanPop => Traffic {
-                offered: frames::flows(B, A, &sizes, flows).iter().map(|f| frames::tagged(f, VLAN)).collect(),
+                offered: frames::flows(B, A, &sizes, flows)
+                    .iter()
+                    .map(|f| frames::tagged(f, VLAN))
+                    .collect(),
                 // A speaks first, untagged, on its access port.
                 back: frames::udp(A, B, frames::MIN_SIZE, 1024),
                 reversed: true,
@@ -154,7 +167,11 @@ impl Scenario {
                 stamp_received: OVERHEAD + UDP_PAYLOAD,
             },
             Scenario::VxlanDecap => Traffic {
-                offered: frames::flows(B, A, &sizes, flows).iter().enumerate().map(|(i, f)| wrap(f, i)).collect(),
+                offered: frames::flows(B, A, &sizes, flows)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| wrap(f, i))
+                    .collect(),
                 back: frames::udp(A, B, frames::MIN_SIZE, 1024),
                 reversed: true,
                 stamp_offered: OVERHEAD + UDP_PAYLOAD,
@@ -180,21 +197,44 @@ mod tests {
         assert!(decap.reversed);
         // The stamps land in the inner UDP payload, never on a header the switch reads.
         for t in [&l2, &encap, &decap] {
-            assert_eq!(t.offered[0][t.stamp_offered - 8..t.stamp_offered - 6], 1024u16.to_be_bytes()[..], "the inner UDP source port");
+            assert_eq!(
+                t.offered[0][t.stamp_offered - 8..t.stamp_offered - 6],
+                1024u16.to_be_bytes()[..],
+                "the inner UDP source port"
+            );
         }
         assert_eq!(encap.stamp_received, 92);
         assert_eq!(decap.offered[0].len(), 110, "114 bytes on the wire");
-        assert_ne!(decap.offered[0][34..36], decap.offered[1][34..36], "flows differ in the outer source port");
+        assert_ne!(
+            decap.offered[0][34..36],
+            decap.offered[1][34..36],
+            "flows differ in the outer source port"
+        );
         assert_eq!(&decap.offered[0][50..56], &A.mac, "inner frames to the pod");
         let vlan = Scenario::VlanPush.traffic(true, FrameSize::Bytes(64), 1);
-        assert_eq!((vlan.offered[0].len(), vlan.back.len()), (60, 64), "untagged in, B tagged on the trunk");
+        assert_eq!(
+            (vlan.offered[0].len(), vlan.back.len()),
+            (60, 64),
+            "untagged in, B tagged on the trunk"
+        );
         assert_eq!(&vlan.back[12..16], &[0x81, 0, 0, 100]);
         let pop = Scenario::VlanPop.traffic(true, FrameSize::Bytes(64), 1);
-        assert_eq!((pop.offered[0].len(), pop.back.len(), pop.reversed), (64, 60, true), "tagged in on the trunk, A untagged");
+        assert_eq!(
+            (pop.offered[0].len(), pop.back.len(), pop.reversed),
+            (64, 60, true),
+            "tagged in on the trunk, A untagged"
+        );
         assert_eq!(&pop.offered[0][12..16], &[0x81, 0, 0, 100]);
         assert_eq!(&pop.offered[0][0..6], &A.mac, "to the pod behind the access port");
-        assert_eq!(pop.offered[0][pop.stamp_offered - 8..pop.stamp_offered - 6], 1024u16.to_be_bytes()[..]);
+        assert_eq!(
+            pop.offered[0][pop.stamp_offered - 8..pop.stamp_offered - 6],
+            1024u16.to_be_bytes()[..]
+        );
         let yard = Scenario::VxlanDecap.traffic(false, FrameSize::Bytes(64), 1);
-        assert_eq!((yard.offered[0].len(), yard.reversed), (110, false), "the yardstick forwards the outer size");
+        assert_eq!(
+            (yard.offered[0].len(), yard.reversed),
+            (110, false),
+            "the yardstick forwards the outer size"
+        );
     }
 }

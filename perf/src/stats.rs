@@ -45,7 +45,9 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
     let (min, max) = (v[0], v[n - 1]);
     let spread = if median > 0.0 { (max - min) / median } else { 0.0 };
     // The percentiles may fall a hair beside the median itself with few values.
-    let interval = (n >= MIN_FOR_INTERVAL).then(|| median_interval(&v)).map(|(lo, hi)| (lo.min(median), hi.max(median)));
+    let interval = (n >= MIN_FOR_INTERVAL)
+        .then(|| median_interval(&v))
+        .map(|(lo, hi)| (lo.min(median), hi.max(median)));
     Some(Summary { n, median, min, max, spread, interval })
 }
 
@@ -58,7 +60,10 @@ fn median_of_sorted(v: &[f64]) -> f64 {
 /// resamples with replacement, the central `LEVEL` of them. Seeded by the values, so a
 /// report written again from the same results says the same.
 fn median_interval(v: &[f64]) -> (f64, f64) {
-    let mut rng = SplitMix(v.iter().fold(0x9e37_79b9_7f4a_7c15, |h, x| (h ^ x.to_bits()).wrapping_mul(0x100_0000_01b3)));
+    let mut rng = SplitMix(
+        v.iter()
+            .fold(0x9e37_79b9_7f4a_7c15, |h, x| (h ^ x.to_bits()).wrapping_mul(0x100_0000_01b3)),
+    );
     let mut sample = vec![0.0; v.len()];
     let mut medians: Vec<f64> = (0..RESAMPLES)
         .map(|_| {
@@ -105,7 +110,11 @@ pub struct Trial {
 
 impl Trial {
     pub fn loss(&self) -> f64 {
-        if self.offered <= 0.0 { 0.0 } else { ((self.offered - self.received) / self.offered).max(0.0) }
+        if self.offered <= 0.0 {
+            0.0
+        } else {
+            ((self.offered - self.received) / self.offered).max(0.0)
+        }
     }
 }
 
@@ -115,7 +124,13 @@ pub const PDR_LOSS: f64 = 0.005;
 /// The highest offered rate in `[lo, hi]` whose trial loses at most `max_loss`, to within
 /// `precision` (relative), by binary search; `trial` runs one trial at a rate. `None` when
 /// even `lo` loses more.
-pub fn search<E>(lo: f64, hi: f64, precision: f64, max_loss: f64, mut trial: impl FnMut(f64) -> Result<Trial, E>) -> Result<Option<f64>, E> {
+pub fn search<E>(
+    lo: f64,
+    hi: f64,
+    precision: f64,
+    max_loss: f64,
+    mut trial: impl FnMut(f64) -> Result<Trial, E>,
+) -> Result<Option<f64>, E> {
     if trial(hi)?.loss() <= max_loss {
         return Ok(Some(hi));
     }
@@ -157,14 +172,24 @@ mod tests {
         let s = summarize(&[10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3]).unwrap();
         let (lo, hi) = s.interval.unwrap();
         assert!(lo <= s.median && s.median <= hi && lo >= s.min && hi <= s.max, "{s:?}");
-        assert_eq!(summarize(&[10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3]).unwrap().interval, s.interval, "the same values, the same interval");
+        assert_eq!(
+            summarize(&[10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3]).unwrap().interval,
+            s.interval,
+            "the same values, the same interval"
+        );
         // Knitter twice OVS in every round: distinguishable from 1.
-        let twice = pair_ratios(&[20.0, 21.0, 19.0, 20.5, 19.5], &[10.0, 10.4, 9.6, 10.1, 9.9]).unwrap();
+        let twice =
+            pair_ratios(&[20.0, 21.0, 19.0, 20.5, 19.5], &[10.0, 10.4, 9.6, 10.1, 9.9]).unwrap();
         assert_eq!(twice.excludes(1.0), Some(true), "{twice:?}");
         // Ahead in some rounds, behind in others: not distinguishable from 1.
-        let even = pair_ratios(&[10.0, 11.0, 9.0, 10.5, 9.5], &[10.0, 10.0, 10.0, 10.0, 10.0]).unwrap();
+        let even =
+            pair_ratios(&[10.0, 11.0, 9.0, 10.5, 9.5], &[10.0, 10.0, 10.0, 10.0, 10.0]).unwrap();
         assert_eq!(even.excludes(1.0), Some(false), "{even:?}");
-        assert_eq!(pair_ratios(&[2.0, 3.0], &[1.0, 1.0]).unwrap().excludes(1.0), None, "two rounds say nothing");
+        assert_eq!(
+            pair_ratios(&[2.0, 3.0], &[1.0, 1.0]).unwrap().excludes(1.0),
+            None,
+            "two rounds say nothing"
+        );
     }
 
     proptest! {
@@ -189,7 +214,11 @@ mod tests {
         assert_eq!(search(1e5, 20e6, 0.001, 0.0, model(7.5e6, 0.003)).unwrap(), None);
         let pdr = search(1e5, 20e6, 0.001, PDR_LOSS, model(7.5e6, 0.003)).unwrap().unwrap();
         assert!((7.5e6 * 0.998..=7.5e6 * 1.003).contains(&pdr), "{pdr}");
-        assert_eq!(search(1e5, 1e6, 0.001, 0.0, model(7.5e6, 0.0)).unwrap(), Some(1e6), "the top of the range when it passes");
+        assert_eq!(
+            search(1e5, 1e6, 0.001, 0.0, model(7.5e6, 0.0)).unwrap(),
+            Some(1e6),
+            "the top of the range when it passes"
+        );
     }
 
     proptest! {

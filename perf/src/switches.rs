@@ -8,10 +8,10 @@
 //! `knitter-afpacket`) AF_PACKET ones, the Linux **bridge**, and the yardstick on DPDK's
 //! own AF_XDP ports.
 
+use crate::frames::{self, Endpoint};
 use crate::scenario::{self, Scenario};
 use crate::sut::{Own, Sockets, SwitchUnderTest};
 use crate::testpmd::{self, Layout, Memory, Testpmd};
-use crate::frames::{self, Endpoint};
 use crate::veth::{NODE_1, NODE_2, SW_A, SW_B, UNDERLAY_MTU, Underlay, Veths};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,10 @@ impl Kind {
 
 /// A switch running for one trial.
 pub enum Running {
-    Knitter { child: Child, api: PathBuf },
+    Knitter {
+        child: Child,
+        api: PathBuf,
+    },
     Yardstick(Testpmd),
     Ovs(crate::ovs::Ovs),
     /// The Linux bridge in the switch namespace: it goes with the namespace.
@@ -59,7 +62,11 @@ pub enum Running {
 
 /// Where the binaries are: next to this one (`cargo build --release --workspace`).
 pub fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe().ok().and_then(|p| Some(p.parent()?.join(name))).filter(|p| p.exists()).unwrap_or_else(|| PathBuf::from(name))
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.join(name)))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// Where and how a switch runs for a trial.
@@ -92,9 +99,15 @@ impl Running {
                 let (ovs, s) = crate::ovs::Ovs::start(work, mem, layout, setup.scenario)?;
                 (Running::Ovs(ovs), s)
             }
-            Kind::Yardstick => (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s),
+            Kind::Yardstick => {
+                (Running::Yardstick(testpmd::yardstick(work, &s.a, &s.b, mem, layout)?), s)
+            }
             Kind::Knitter | Kind::Baseline => {
-                let running = Running::knitter(kind, setup, &knitter_config(&work.join("knitter.sock"), &s, setup))?;
+                let running = Running::knitter(
+                    kind,
+                    setup,
+                    &knitter_config(&work.join("knitter.sock"), &s, setup),
+                )?;
                 wait_for(&[&s.a, &s.b], kind, &running.log(work))?;
                 // The daemon falls back to plain pages quietly; a run that reserved
                 // hugepages must not measure it there.
@@ -105,7 +118,9 @@ impl Running {
                 );
                 (running, s)
             }
-            Kind::KnitterAfpacket | Kind::Bridge => anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name()),
+            Kind::KnitterAfpacket | Kind::Bridge => {
+                anyhow::bail!("{} serves kernel interfaces: --scenario veth", kind.name())
+            }
         };
         wait_for(&[&s.a, &s.b], kind, &running.log(work))?;
         Ok((running, s))
@@ -130,18 +145,35 @@ impl Running {
                 veths.bridge()?;
                 Ok(Running::Bridge)
             }
-            Kind::Yardstick => Ok(Running::Yardstick(testpmd::yardstick_af_xdp(work, ns, SW_A, SW_B, mem, layout)?)),
-            Kind::Ovs => Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(work, mem, layout, ns, SW_A, SW_B)?)),
+            Kind::Yardstick => Ok(Running::Yardstick(testpmd::yardstick_af_xdp(
+                work, ns, SW_A, SW_B, mem, layout,
+            )?)),
+            Kind::Ovs => {
+                Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(work, mem, layout, ns, SW_A, SW_B)?))
+            }
             Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => {
                 let device = if kind == Kind::KnitterAfpacket { "af_packet" } else { "af_xdp" };
-                let port = |name: &str, ifname: &str, pod| access_port(name, &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#), setup.pod(pod));
+                let port = |name: &str, ifname: &str, pod| {
+                    access_port(
+                        name,
+                        &format!(r#"kind = "{device}", ifname = "{ifname}", netns = "{ns}""#),
+                        setup.pod(pod),
+                    )
+                };
                 let api = work.join("knitter.sock");
-                let conf = daemon_config(&api, mem, layout) + L2_BRIDGE + &port("a", SW_A, frames::A) + &port("b", SW_B, frames::B);
+                let conf = daemon_config(&api, mem, layout)
+                    + L2_BRIDGE
+                    + &port("a", SW_A, frames::A)
+                    + &port("b", SW_B, frames::B);
                 let running = Running::knitter(kind, setup, &conf)?;
                 // The ports open once the daemon runs: wait until both serve.
                 let deadline = Instant::now() + Duration::from_secs(30);
                 while running.own().is_none() {
-                    anyhow::ensure!(Instant::now() < deadline, "knitter-vswitchd never answered on its API (its log {})", testpmd::log_tail(&work.join("knitter.log")));
+                    anyhow::ensure!(
+                        Instant::now() < deadline,
+                        "knitter-vswitchd never answered on its API (its log {})",
+                        testpmd::log_tail(&work.join("knitter.log"))
+                    );
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 Ok(running)
@@ -152,25 +184,56 @@ impl Running {
     /// Two Knitter switches as VTEPs on `underlay`'s nodes, each with one vhost-user pod
     /// port (`a` on the first, `b` on the second); the second switch's PMD on the layout's
     /// `second_switch_cpu` (else sharing the switch CPU).
-    pub fn start_two_vteps(kind: Kind, setup: &Setup, underlay: &Underlay) -> anyhow::Result<(Running, Sockets)> {
-        anyhow::ensure!(matches!(kind, Kind::Knitter | Kind::Baseline), "--scenario vxlan-2vteps runs Knitter switches only, not {}", kind.name());
+    pub fn start_two_vteps(
+        kind: Kind,
+        setup: &Setup,
+        underlay: &Underlay,
+    ) -> anyhow::Result<(Running, Sockets)> {
+        anyhow::ensure!(
+            matches!(kind, Kind::Knitter | Kind::Baseline),
+            "--scenario vxlan-2vteps runs Knitter switches only, not {}",
+            kind.name()
+        );
         let (work, mem, layout) = (setup.work, setup.memory, setup.layout);
         let s = Sockets { a: work.join("a.sock"), b: work.join("b.sock") };
         let (local, peer) = (scenario::LOCAL, scenario::PEER);
         let shared = layout.second_switch_cpu.is_none_or(|c| c == layout.switch_cpu);
-        let node = |i: usize, sock: &Path, ifname: &str, me: Endpoint, other: Endpoint| -> anyhow::Result<Running> {
+        let node = |i: usize,
+                    sock: &Path,
+                    ifname: &str,
+                    me: Endpoint,
+                    other: Endpoint|
+         -> anyhow::Result<Running> {
             let _ = std::fs::remove_file(sock);
             let tag = format!("knitter{}", i + 1);
-            let cpu = if i == 0 { layout.switch_cpu } else { layout.second_switch_cpu.unwrap_or(layout.switch_cpu) };
+            let cpu = if i == 0 {
+                layout.switch_cpu
+            } else {
+                layout.second_switch_cpu.unwrap_or(layout.switch_cpu)
+            };
             let layout = Layout { switch_cpu: cpu, ..layout };
             let ns = &underlay.nodes[i].name;
             // Two busy loops on one CPU would each hold it for a scheduler slice (ms) while the
             // other's rings overflow: sharing a CPU, they sleep as soon as they find nothing.
-            let idle = if shared { r#"{ policy = "adaptive", spin_us = 0, max_sleep_us = 1000 }"# } else { r#"{ policy = "busy" }"# };
+            let idle = if shared {
+                r#"{ policy = "adaptive", spin_us = 0, max_sleep_us = 1000 }"#
+            } else {
+                r#"{ policy = "busy" }"#
+            };
             let mut conf = daemon_config_idle(&work.join(format!("{tag}.sock")), mem, layout, idle);
-            conf += &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()), setup.pod(if i == 0 { frames::A } else { frames::B }));
+            conf += &access_port(
+                "a",
+                &format!(r#"kind = "vhost_user", socket = "{}""#, sock.display()),
+                setup.pod(if i == 0 { frames::A } else { frames::B }),
+            );
             // No next hop given: each switch answers ARP for its own VTEP address and asks for the other's.
-            conf += &vxlan_node(&format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#), me, other, false, Some(UNDERLAY_MTU));
+            conf += &vxlan_node(
+                &format!(r#"kind = "af_xdp", ifname = "{ifname}", netns = "{ns}""#),
+                me,
+                other,
+                false,
+                Some(UNDERLAY_MTU),
+            );
             Running::knitter_as(&tag, kind, setup, &conf)
         };
         let first = node(0, &s.a, NODE_1, local, peer)?;
@@ -198,7 +261,9 @@ impl Running {
         }
         let bin = match (kind, setup.baseline) {
             (Kind::Baseline, Some(b)) => b.to_path_buf(),
-            (Kind::Baseline, None) => anyhow::bail!("the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"),
+            (Kind::Baseline, None) => anyhow::bail!(
+                "the baseline switch needs --baseline PATH (a knitter-vswitchd binary)"
+            ),
             _ => sibling("knitter-vswitchd"),
         };
         let child = testpmd::die_with_parent(&mut Command::new(&bin))
@@ -208,7 +273,12 @@ impl Running {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(work.join(format!("{tag}.log")))?)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {}: {e} (cargo build --release --workspace)", bin.display()))?;
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "starting {}: {e} (cargo build --release --workspace)",
+                    bin.display()
+                )
+            })?;
         Ok(Running::Knitter { child, api })
     }
 
@@ -216,10 +286,19 @@ impl Running {
     fn on_hugepages(&self) -> Option<bool> {
         let Running::Knitter { api, .. } = self else { return None };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-        let view = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).show(knitter_api::node::ShowRequest::default())).await }).ok()?.ok()?.into_inner();
+        let view = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    knitter_api::node_client(api).show(knitter_api::node::ShowRequest::default()),
+                )
+                .await
+            })
+            .ok()?
+            .ok()?
+            .into_inner();
         Some(view.hugepages)
     }
-
 }
 
 impl SwitchUnderTest for Running {
@@ -242,7 +321,17 @@ impl SwitchUnderTest for Running {
             }
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-        let reply = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default())).await }).ok()?.ok()?.into_inner();
+        let reply = rt
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    knitter_api::node_client(api).stats(knitter_api::node::StatsRequest::default()),
+                )
+                .await
+            })
+            .ok()?
+            .ok()?
+            .into_inner();
         Some(Own {
             busy_cycles: reply.pmds.iter().map(|p| p.busy_cycles).sum(),
             packets: reply.pmds.iter().map(|p| p.packets).sum(),
@@ -266,7 +355,12 @@ impl Drop for Running {
 fn wait_for(sockets: &[&Path], kind: Kind, log: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sockets.iter().all(|p| p.exists()) {
-        anyhow::ensure!(Instant::now() < deadline, "{} never made its sockets (its log {})", kind.name(), testpmd::log_tail(log));
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} never made its sockets (its log {})",
+            kind.name(),
+            testpmd::log_tail(log)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
@@ -275,8 +369,18 @@ fn wait_for(sockets: &[&Path], kind: Kind, log: &Path) -> anyhow::Result<()> {
 /// A VTEP `me` with its underlay port on `device` (the inside of its TOML table), bridge
 /// `l2` in VNI 100 flooding to VTEP `other`; `other`'s MAC given as the next hop when
 /// `static_next_hop` (else the switch resolves it with ARP); the underlay port's `mtu`.
-fn vxlan_node(device: &str, me: Endpoint, other: Endpoint, static_next_hop: bool, mtu: Option<u16>) -> String {
-    let next_hop = if static_next_hop { format!(r#", next_hop_mac = "{}""#, other.mac_text()) } else { String::new() };
+fn vxlan_node(
+    device: &str,
+    me: Endpoint,
+    other: Endpoint,
+    static_next_hop: bool,
+    mtu: Option<u16>,
+) -> String {
+    let next_hop = if static_next_hop {
+        format!(r#", next_hop_mac = "{}""#, other.mac_text())
+    } else {
+        String::new()
+    };
     let mtu = mtu.map(|m| format!("mtu = {m}\n")).unwrap_or_default();
     format!(
         r#"[[bridges]]
@@ -333,8 +437,14 @@ const L2_BRIDGE: &str = "[[bridges]]\nname = \"l2\"\n";
 /// with `pod`, a pod port as the CNI makes it: port security allowing only the pod's MAC
 /// and IP address.
 fn access_port(name: &str, device: &str, pod: Option<Endpoint>) -> String {
-    let security = pod.map(|p| format!("security = {{ macs = [\"{}\"], ips = [\"{}\"] }}\n", p.mac_text(), p.ip_addr())).unwrap_or_default();
-    format!("[[ports]]\nname = \"{name}\"\ndevice = {{ {device} }}\nmode = {{ kind = \"access\", bridge = \"l2\" }}\n{security}")
+    let security = pod
+        .map(|p| {
+            format!("security = {{ macs = [\"{}\"], ips = [\"{}\"] }}\n", p.mac_text(), p.ip_addr())
+        })
+        .unwrap_or_default();
+    format!(
+        "[[ports]]\nname = \"{name}\"\ndevice = {{ {device} }}\nmode = {{ kind = \"access\", bridge = \"l2\" }}\n{security}"
+    )
 }
 
 impl Setup<'_> {
@@ -348,14 +458,25 @@ impl Setup<'_> {
 /// another pod port, a trunk, or the VTEP's underlay.
 fn knitter_config(api: &Path, s: &Sockets, setup: &Setup) -> String {
     let (mem, layout, scenario) = (setup.memory, setup.layout, setup.scenario);
-    let mut c = daemon_config(api, mem, layout) + &access_port("a", &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()), setup.pod(frames::A));
+    let mut c = daemon_config(api, mem, layout)
+        + &access_port(
+            "a",
+            &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()),
+            setup.pod(frames::A),
+        );
     if let Some(p) = setup.police {
         c += &format!("policer = {{ {p} }}\n");
     }
     let b = s.b.display();
     if scenario.is_vxlan() {
         // The generator plays the remote VTEP and answers no ARP: its MAC is given.
-        c += &vxlan_node(&format!(r#"kind = "vhost_user", socket = "{b}""#), scenario::LOCAL, scenario::PEER, true, None);
+        c += &vxlan_node(
+            &format!(r#"kind = "vhost_user", socket = "{b}""#),
+            scenario::LOCAL,
+            scenario::PEER,
+            true,
+            None,
+        );
     } else if scenario.is_vlan() {
         c += &format!(
             r#"[[bridges]]
@@ -370,7 +491,11 @@ mode = {{ kind = "trunk", allowed = [{vlan}] }}
         );
     } else {
         c += L2_BRIDGE;
-        c += &access_port("b", &format!(r#"kind = "vhost_user", socket = "{b}""#), setup.pod(frames::B));
+        c += &access_port(
+            "b",
+            &format!(r#"kind = "vhost_user", socket = "{b}""#),
+            setup.pod(frames::B),
+        );
     }
     c
 }

@@ -30,7 +30,12 @@ impl Memory {
 
 /// Is dpdk-testpmd installed?
 pub fn available() -> bool {
-    Command::new("dpdk-testpmd").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    Command::new("dpdk-testpmd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
 }
 
 /// An interactive testpmd: commands on stdin, output in a file.
@@ -68,7 +73,12 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
 
 impl Testpmd {
     /// Starts dpdk-testpmd (inside network namespace `netns` when given).
-    fn spawn(out: PathBuf, prefix: &str, args: &[String], netns: Option<&str>) -> anyhow::Result<Testpmd> {
+    fn spawn(
+        out: PathBuf,
+        prefix: &str,
+        args: &[String],
+        netns: Option<&str>,
+    ) -> anyhow::Result<Testpmd> {
         let log = std::fs::File::create(&out)?;
         let mut cmd = match netns {
             Some(ns) => {
@@ -105,7 +115,11 @@ impl Testpmd {
     pub fn wait_for(&self, what: &str, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
         while !self.output().contains(what) {
-            anyhow::ensure!(Instant::now() < deadline, "dpdk-testpmd never said {what:?} (its output {})", log_tail(&self.out));
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "dpdk-testpmd never said {what:?} (its output {})",
+                log_tail(&self.out)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
@@ -201,10 +215,22 @@ impl Default for Vnf {
 impl Vnf {
     /// What the report says of it.
     pub fn describe(&self) -> String {
-        let extra = if self.devargs.is_empty() { String::new() } else { format!(", `{}`", self.devargs) };
-        let free = if self.tx_free == 0 { "the driver's own transmit free threshold".to_string() } else { format!("`--txfreet={}`", self.tx_free) };
-        let more = std::env::var("KNITTER_PERF_TESTPMD_ARGS").ok().filter(|a| !a.trim().is_empty()).map(|a| format!(", testpmd also given `{}`", a.trim())).unwrap_or_default();
-        format!("{} of {} queue pair(s) used, {}-entry virtqueues{extra}, {free}{more}", self.queues_used, self.queues, self.ring)
+        let extra =
+            if self.devargs.is_empty() { String::new() } else { format!(", `{}`", self.devargs) };
+        let free = if self.tx_free == 0 {
+            "the driver's own transmit free threshold".to_string()
+        } else {
+            format!("`--txfreet={}`", self.tx_free)
+        };
+        let more = std::env::var("KNITTER_PERF_TESTPMD_ARGS")
+            .ok()
+            .filter(|a| !a.trim().is_empty())
+            .map(|a| format!(", testpmd also given `{}`", a.trim()))
+            .unwrap_or_default();
+        format!(
+            "{} of {} queue pair(s) used, {}-entry virtqueues{extra}, {free}{more}",
+            self.queues_used, self.queues, self.ring
+        )
     }
 }
 
@@ -269,7 +295,14 @@ pub struct Wiring<'a> {
 }
 
 impl Generator {
-    pub fn start(work: &Path, tag: &str, w: &Wiring, mem: Memory, layout: Layout, vnf: Vnf) -> anyhow::Result<Generator> {
+    pub fn start(
+        work: &Path,
+        tag: &str,
+        w: &Wiring,
+        mem: Memory,
+        layout: Layout,
+        vnf: Vnf,
+    ) -> anyhow::Result<Generator> {
         let Wiring { offer_sock, count_sock, offer_pcap, back_pcap, offer_mac, count_mac } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
@@ -291,24 +324,58 @@ impl Generator {
         // streams (pcap queue i → virtio-user queue i) spread the offer evenly.
         let used = vnf.queues_used.clamp(1, vnf.queues.max(1)) as usize;
         let (offer, back) = (offer_pcap.display(), back_pcap.display());
-        args.push(format!("--vdev=net_pcap0,{}infinite_rx=1", format!("rx_pcap={offer},tx_pcap=/dev/null,").repeat(used)));
+        args.push(format!(
+            "--vdev=net_pcap0,{}infinite_rx=1",
+            format!("rx_pcap={offer},tx_pcap=/dev/null,").repeat(used)
+        ));
         let ring = vnf.ring.max(64);
-        let extra = if vnf.devargs.is_empty() { String::new() } else { format!(",{}", vnf.devargs) };
-        args.push(format!("--vdev=net_virtio_user0,path={},queues={},queue_size={ring},mac={offer_mac}{extra}", offer_sock.display(), vnf.queues.max(1)));
-        args.push(format!("--vdev=net_virtio_user1,path={},queues={},queue_size={ring},mac={count_mac}{extra}", count_sock.display(), vnf.queues.max(1)));
+        let extra =
+            if vnf.devargs.is_empty() { String::new() } else { format!(",{}", vnf.devargs) };
+        args.push(format!(
+            "--vdev=net_virtio_user0,path={},queues={},queue_size={ring},mac={offer_mac}{extra}",
+            offer_sock.display(),
+            vnf.queues.max(1)
+        ));
+        args.push(format!(
+            "--vdev=net_virtio_user1,path={},queues={},queue_size={ring},mac={count_mac}{extra}",
+            count_sock.display(),
+            vnf.queues.max(1)
+        ));
         args.push(format!("--vdev=net_pcap1,{}", vec![format!("rx_pcap={back}"); used].join(",")));
         let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192);
-        args.extend(["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from));
-        args.extend([format!("--total-num-mbufs={mbufs}"), format!("--rxq={used}"), format!("--txq={used}"), format!("--rxd={ring}"), format!("--txd={ring}")]);
+        args.extend(
+            ["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from),
+        );
+        args.extend([
+            format!("--total-num-mbufs={mbufs}"),
+            format!("--rxq={used}"),
+            format!("--txq={used}"),
+            format!("--rxd={ring}"),
+            format!("--txd={ring}"),
+        ]);
         if vnf.tx_free > 0 {
             // DPDK's virtio driver refuses a threshold of the ring less 3 or more, and testpmd
             // then runs without the queue: a run that measures nothing.
-            anyhow::ensure!(vnf.tx_free < ring - 3, "--vnf-tx-free {}: below the ring's {ring} entries less 3", vnf.tx_free);
+            anyhow::ensure!(
+                vnf.tx_free < ring - 3,
+                "--vnf-tx-free {}: below the ring's {ring} entries less 3",
+                vnf.tx_free
+            );
             args.push(format!("--txfreet={}", vnf.tx_free));
         }
         // For diagnosis (`--record-burst-stats`, say): read in the kept work directory.
-        args.extend(std::env::var("KNITTER_PERF_TESTPMD_ARGS").unwrap_or_default().split_whitespace().map(String::from));
-        let mut t = Testpmd::spawn(work.join(format!("gen-{tag}.out")), &format!("kp-gen-{tag}"), &args, None)?;
+        args.extend(
+            std::env::var("KNITTER_PERF_TESTPMD_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(String::from),
+        );
+        let mut t = Testpmd::spawn(
+            work.join(format!("gen-{tag}.out")),
+            &format!("kp-gen-{tag}"),
+            &args,
+            None,
+        )?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
         t.say("set fwd io");
         t.say("start");
@@ -323,15 +390,24 @@ impl Generator {
         // first block that names port 2 (the forwarding statistics have one of their own).
         self.pmd.say("show port stats 2");
         self.pmd.say("show fwd stats all");
-        let io = std::fs::read_to_string(format!("/proc/{}/io", self.pmd.child.id())).unwrap_or_default();
+        let io = std::fs::read_to_string(format!("/proc/{}/io", self.pmd.child.id()))
+            .unwrap_or_default();
         let at = Instant::now();
         loop {
             let out = self.pmd.output();
             let fresh = out.get(before..).unwrap_or("");
             let (received, cycles) = (last_count(fresh, 2, "RX-packets:"), busy_cycles(fresh));
             let waited = at.elapsed();
-            if (received.is_some() && (cycles.is_some() || waited > Duration::from_secs(2))) || waited > Duration::from_secs(5) {
-                return VnfCounters { at, busy_cycles: cycles, received, writes: io_count(&io, "syscw:"), reads: io_count(&io, "syscr:") };
+            if (received.is_some() && (cycles.is_some() || waited > Duration::from_secs(2)))
+                || waited > Duration::from_secs(5)
+            {
+                return VnfCounters {
+                    at,
+                    busy_cycles: cycles,
+                    received,
+                    writes: io_count(&io, "syscw:"),
+                    reads: io_count(&io, "syscr:"),
+                };
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -369,11 +445,23 @@ impl Generator {
         loop {
             let out = self.pmd.output();
             let fresh = out.get(before..).unwrap_or("");
-            if let (Some(tx), Some(rx)) = (last_count(fresh, 1, "Tx-pps:"), last_count(fresh, 2, "Rx-pps:")) {
-                let bytes = last_count(fresh, 2, "Rx-bps:").filter(|_| rx > 0).map(|bps| bps as f64 / 8.0 / rx as f64);
-                return Ok(Rates { offered: tx as f64, received: rx as f64, received_frame_bytes: bytes });
+            if let (Some(tx), Some(rx)) =
+                (last_count(fresh, 1, "Tx-pps:"), last_count(fresh, 2, "Rx-pps:"))
+            {
+                let bytes = last_count(fresh, 2, "Rx-bps:")
+                    .filter(|_| rx > 0)
+                    .map(|bps| bps as f64 / 8.0 / rx as f64);
+                return Ok(Rates {
+                    offered: tx as f64,
+                    received: rx as f64,
+                    received_frame_bytes: bytes,
+                });
             }
-            anyhow::ensure!(Instant::now() < deadline, "no port statistics from the generator (its output {})", log_tail(&self.pmd.out));
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no port statistics from the generator (its output {})",
+                log_tail(&self.pmd.out)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -402,22 +490,47 @@ fn last_count(out: &str, port: u16, field: &str) -> Option<u64> {
 }
 
 /// The yardstick: testpmd forwarding between two `net_vhost` servers on `a_sock`, `b_sock`.
-pub fn yardstick(work: &Path, a_sock: &Path, b_sock: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
-    let vdevs = [format!("net_vhost0,iface={},queues=1", a_sock.display()), format!("net_vhost1,iface={},queues=1", b_sock.display())];
+pub fn yardstick(
+    work: &Path,
+    a_sock: &Path,
+    b_sock: &Path,
+    mem: Memory,
+    layout: Layout,
+) -> anyhow::Result<Testpmd> {
+    let vdevs = [
+        format!("net_vhost0,iface={},queues=1", a_sock.display()),
+        format!("net_vhost1,iface={},queues=1", b_sock.display()),
+    ];
     io_forwarding(work, &vdevs, None, mem, layout)
 }
 
 /// The yardstick on kernel interfaces: testpmd's `io` forwarding between DPDK's own AF_XDP
 /// ports on `a_if` and `b_if` in network namespace `netns` (DPDK loads its default XDP
 /// program: every frame of queue 0 to the socket).
-pub fn yardstick_af_xdp(work: &Path, netns: &str, a_if: &str, b_if: &str, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
-    let vdevs = [format!("net_af_xdp0,iface={a_if},start_queue=0,queue_count=1"), format!("net_af_xdp1,iface={b_if},start_queue=0,queue_count=1")];
+pub fn yardstick_af_xdp(
+    work: &Path,
+    netns: &str,
+    a_if: &str,
+    b_if: &str,
+    mem: Memory,
+    layout: Layout,
+) -> anyhow::Result<Testpmd> {
+    let vdevs = [
+        format!("net_af_xdp0,iface={a_if},start_queue=0,queue_count=1"),
+        format!("net_af_xdp1,iface={b_if},start_queue=0,queue_count=1"),
+    ];
     io_forwarding(work, &vdevs, Some(netns), mem, layout)
 }
 
 /// testpmd forwarding between two ports (`io`: no switching), its forwarding core on the
 /// switch CPU.
-fn io_forwarding(work: &Path, vdevs: &[String; 2], netns: Option<&str>, mem: Memory, layout: Layout) -> anyhow::Result<Testpmd> {
+fn io_forwarding(
+    work: &Path,
+    vdevs: &[String; 2],
+    netns: Option<&str>,
+    mem: Memory,
+    layout: Layout,
+) -> anyhow::Result<Testpmd> {
     let mut args: Vec<String> = vec![
         "-l".into(),
         format!("{},{}", layout.generator_cpu, layout.switch_cpu),
@@ -427,7 +540,10 @@ fn io_forwarding(work: &Path, vdevs: &[String; 2], netns: Option<&str>, mem: Mem
     ];
     args.extend(mem.eal().iter().map(|s| s.to_string()));
     args.extend(vdevs.iter().map(|v| format!("--vdev={v}")));
-    args.extend(["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"].map(String::from));
+    args.extend(
+        ["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"]
+            .map(String::from),
+    );
     let mut t = Testpmd::spawn(work.join("yardstick.out"), "kp-yardstick", &args, netns)?;
     t.wait_for("testpmd>", Duration::from_secs(30))?;
     t.say("start");
@@ -451,7 +567,11 @@ mod tests {
         assert_eq!(last_count(out, 2, "Rx-pps:"), Some(7012345));
         assert_eq!(last_count(out, 3, "RX-packets:"), None);
         let fwd = "  ---------------------- Forward statistics for port 2  ----------------------\n  RX-packets: 99\n";
-        assert_eq!(last_count(fwd, 2, "RX-packets:"), None, "the forwarding statistics count since start, not the port's");
+        assert_eq!(
+            last_count(fwd, 2, "RX-packets:"),
+            None,
+            "the forwarding statistics count since start, not the port's"
+        );
     }
 
     #[test]

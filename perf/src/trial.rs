@@ -79,7 +79,11 @@ impl Outcome {
     }
 
     pub fn loss(&self) -> f64 {
-        if self.sent == 0 { 0.0 } else { self.sent.saturating_sub(self.received) as f64 / self.sent as f64 }
+        if self.sent == 0 {
+            0.0
+        } else {
+            self.sent.saturating_sub(self.received) as f64 / self.sent as f64
+        }
     }
 }
 
@@ -98,7 +102,12 @@ impl Generator {
     /// Offers frames for `dur` at `rate` frames per second (`None`: as fast as the switch
     /// takes them), then waits for the ones in flight. `latency` stamps every frame and
     /// records ages.
-    pub fn trial(&mut self, rate: Option<f64>, dur: Duration, latency: bool) -> anyhow::Result<Outcome> {
+    pub fn trial(
+        &mut self,
+        rate: Option<f64>,
+        dur: Duration,
+        latency: bool,
+    ) -> anyhow::Result<Outcome> {
         let (cpu, tsc_hz) = (self.cpu, self.tsc_hz);
         let wire = &mut *self.wire;
         std::thread::scope(|s| {
@@ -155,7 +164,8 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
     // calibrated rate: a calibration off by a stall would scale every rate of the trial.
     let started = Instant::now();
     let mut ages = latency.then(|| Ages {
-        hist: Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds"),
+        hist: Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+            .expect("static histogram bounds"),
         since: t0,
         ns_per_cycle,
         stale: 0,
@@ -200,7 +210,16 @@ fn run(w: &mut dyn Wire, tsc_hz: f64, rate: Option<f64>, dur: Duration, latency:
     if let Some(a) = ages.as_ref().filter(|a| a.stale > 0) {
         tracing::debug!(stale = a.stale, "frames from an earlier trial arrived");
     }
-    Outcome { sent, received, received_bytes: bytes, stray, seconds, latency: ages.map(|a| a.hist), bad_completions: w.bad_completions(), longest_gap_us: gap as f64 * ns_per_cycle / 1e3 }
+    Outcome {
+        sent,
+        received,
+        received_bytes: bytes,
+        stray,
+        seconds,
+        latency: ages.map(|a| a.hist),
+        bad_completions: w.bad_completions(),
+        longest_gap_us: gap as f64 * ns_per_cycle / 1e3,
+    }
 }
 
 /// The TSC (`vswitch::util::cycles`): stamps and the loop's clock.

@@ -18,10 +18,10 @@ use crate::driver::{Queue, Shared, VIRTQ_DESC_F_WRITE};
 use crate::scenario::Traffic;
 use crate::trial::{Ages, Wire, tsc};
 use anyhow::Context;
+use knitter_vhost::backend::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use knitter_vhost::backend::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -76,18 +76,41 @@ impl Vgen {
     /// Connects to `a_sock` and `b_sock` (vhost-user servers), offering the traffic's frames
     /// (in turn) on A; its `back` frame is what B sends now and then so a learning switch
     /// knows where B is.
-    pub fn connect(a_sock: &Path, b_sock: &Path, traffic: &Traffic, huge: bool) -> anyhow::Result<Vgen> {
+    pub fn connect(
+        a_sock: &Path,
+        b_sock: &Path,
+        traffic: &Traffic,
+        huge: bool,
+    ) -> anyhow::Result<Vgen> {
         let (frames, back) = (&traffic.offered, &traffic.back);
         anyhow::ensure!(!frames.is_empty(), "no frames to offer");
         let stamps = [traffic.stamp_offered, traffic.stamp_received];
-        anyhow::ensure!(frames.iter().all(|f| f.len() >= stamps[0] + 8), "frames too short for the latency stamp");
+        anyhow::ensure!(
+            frames.iter().all(|f| f.len() >= stamps[0] + 8),
+            "frames too short for the latency stamp"
+        );
         let len = Shared::buffers_from(4) + 4 * QUEUE as u64 * BUF;
         // No quiet fallback to plain pages: every copy a switch makes from or to this memory
         // would miss the TLB more, and the run would measure something else than it says.
-        let mem = Shared::new(len as usize, huge).with_context(|| format!("the generator's memory ({} MiB{})", len >> 20, if huge { " of hugepages" } else { "" }))?;
-        let a = port(&mem, a_sock, A_RX, A_TX).with_context(|| format!("connecting to {}", a_sock.display()))?;
-        let b = port(&mem, b_sock, B_RX, B_TX).with_context(|| format!("connecting to {}", b_sock.display()))?;
-        let mut g = Vgen { mem, a, b, free: VecDeque::with_capacity(QUEUE as usize), b_free: Vec::new(), stamps };
+        let mem = Shared::new(len as usize, huge).with_context(|| {
+            format!(
+                "the generator's memory ({} MiB{})",
+                len >> 20,
+                if huge { " of hugepages" } else { "" }
+            )
+        })?;
+        let a = port(&mem, a_sock, A_RX, A_TX)
+            .with_context(|| format!("connecting to {}", a_sock.display()))?;
+        let b = port(&mem, b_sock, B_RX, B_TX)
+            .with_context(|| format!("connecting to {}", b_sock.display()))?;
+        let mut g = Vgen {
+            mem,
+            a,
+            b,
+            free: VecDeque::with_capacity(QUEUE as usize),
+            b_free: Vec::new(),
+            stamps,
+        };
         for i in 0..QUEUE {
             let f = &frames[i as usize % frames.len()];
             let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
@@ -109,9 +132,16 @@ impl Vgen {
     /// Writes `frame` behind a zero header into transmit buffer `i` of queue area `k` and
     /// points descriptor `i` at it; returns `i`.
     fn fill(&mut self, k: usize, i: u16, frame: &[u8]) -> anyhow::Result<u16> {
-        anyhow::ensure!(frame.len() + HDR_LEN <= BUF as usize, "a {}-byte frame does not fit a buffer", frame.len());
+        anyhow::ensure!(
+            frame.len() + HDR_LEN <= BUF as usize,
+            "a {}-byte frame does not fit a buffer",
+            frame.len()
+        );
         let addr = buf_addr(k, i);
-        let b = self.mem.buffer(addr, HDR_LEN + frame.len()).context("buffer outside the generator's memory")?;
+        let b = self
+            .mem
+            .buffer(addr, HDR_LEN + frame.len())
+            .context("buffer outside the generator's memory")?;
         b[..HDR_LEN].fill(0);
         b[HDR_LEN..].copy_from_slice(frame);
         let q = if k == A_TX { &mut self.a.tx } else { &mut self.b.tx };
@@ -186,7 +216,8 @@ impl Wire for Vgen {
             bytes += (len as usize).saturating_sub(HDR_LEN) as u64;
             if let Some(ages) = ages.as_deref_mut()
                 && len as usize >= HDR_LEN + self.stamps[1] + 8
-                && let Some(b) = self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
+                && let Some(b) =
+                    self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
             {
                 ages.record(b, now);
             }
@@ -229,8 +260,12 @@ fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Re
     let mut fe = Frontend::connect(sock, 2)?;
     fe.set_owner()?;
     let offered = fe.get_features()?;
-    anyhow::ensure!(offered & VIRTIO_F_VERSION_1 != 0, "the switch does not offer VIRTIO_F_VERSION_1");
-    let features = offered & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF | VHOST_USER_F_PROTOCOL_FEATURES);
+    anyhow::ensure!(
+        offered & VIRTIO_F_VERSION_1 != 0,
+        "the switch does not offer VIRTIO_F_VERSION_1"
+    );
+    let features =
+        offered & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF | VHOST_USER_F_PROTOCOL_FEATURES);
     fe.set_features(features)?;
     if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
         let pf = fe.get_protocol_features()?;
@@ -271,4 +306,3 @@ fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Re
     }
     Ok(Port { _fe: fe, rx, tx, kicks, _calls: calls })
 }
-

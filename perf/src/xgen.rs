@@ -12,9 +12,9 @@
 use crate::scenario::Traffic;
 use crate::trial::{Ages, BURST, Wire, tsc};
 use crate::veth::{GEN_A, GEN_B, Veths};
+use kernel_ports::afxdp::AfXdpPort;
 use std::sync::Arc;
 use vswitch::port::Port;
-use kernel_ports::afxdp::AfXdpPort;
 use vswitch::{Batch, Pool, PoolCache};
 
 /// Buffers: both fill rings, a full transmit ring in flight, bursts in hand.
@@ -38,7 +38,10 @@ impl Xgen {
     pub fn open(veths: &Veths, traffic: &Traffic) -> anyhow::Result<Xgen> {
         anyhow::ensure!(!traffic.offered.is_empty(), "no frames to offer");
         let stamps = [traffic.stamp_offered, traffic.stamp_received];
-        anyhow::ensure!(traffic.offered.iter().all(|f| f.len() >= stamps[0] + 8), "frames too short for the latency stamp");
+        anyhow::ensure!(
+            traffic.offered.iter().all(|f| f.len() >= stamps[0] + 8),
+            "frames too short for the latency stamp"
+        );
         let pool = Pool::new(BUFFERS, true)?;
         let open = |ifname: &str| -> anyhow::Result<AfXdpPort> {
             let p = pool.clone();
@@ -46,7 +49,17 @@ impl Xgen {
         };
         let (a, b) = (open(GEN_A)?, open(GEN_B)?);
         let cache = PoolCache::new(pool.clone());
-        Ok(Xgen { pool, a, b, cache, batch: Batch::new(), frames: traffic.offered.clone(), back: traffic.back.clone(), next: 0, stamps })
+        Ok(Xgen {
+            pool,
+            a,
+            b,
+            cache,
+            batch: Batch::new(),
+            frames: traffic.offered.clone(),
+            back: traffic.back.clone(),
+            next: 0,
+            stamps,
+        })
     }
 
     /// Frees what is left in the batch (frames the ring had no room for).
@@ -75,8 +88,13 @@ impl Wire for Xgen {
     fn offer(&mut self, k: usize, stamp: bool) -> usize {
         let n = self.frames.len();
         for i in 0..k {
-            let Some(mut b) = self.cache.alloc_frame(&self.frames[(self.next + i) % n]) else { break };
-            if stamp && let Some(s) = self.pool.head_mut(&mut b).get_mut(self.stamps[0]..self.stamps[0] + 8) {
+            let Some(mut b) = self.cache.alloc_frame(&self.frames[(self.next + i) % n]) else {
+                break;
+            };
+            if stamp
+                && let Some(s) =
+                    self.pool.head_mut(&mut b).get_mut(self.stamps[0]..self.stamps[0] + 8)
+            {
                 s.copy_from_slice(&tsc().to_le_bytes());
             }
             if let Err(b) = self.batch.push(b) {

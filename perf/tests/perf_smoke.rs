@@ -13,7 +13,10 @@ fn can_run(testpmd: bool) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !(has_testpmd && root) {
-        assert!(std::env::var_os("CI").is_none(), "CI must run this: root and dpdk-testpmd (ci/setup.sh) are needed");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run this: root and dpdk-testpmd (ci/setup.sh) are needed"
+        );
         eprintln!("skipped: needs root and dpdk-testpmd");
     }
     has_testpmd && root
@@ -22,9 +25,19 @@ fn can_run(testpmd: bool) -> bool {
 /// Runs `knitter-perf ARGS --out TMP`; its results.json and report.md.
 fn knitter_perf(args: &[&str]) -> (serde_json::Value, String) {
     let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(args).arg("--out").arg(out.path()).output().unwrap();
-    assert!(run.status.success(), "knitter-perf {args:?}: {}", String::from_utf8_lossy(&run.stderr));
-    let r = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(args)
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "knitter-perf {args:?}: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let r =
+        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
     (r, std::fs::read_to_string(out.path().join("report.md")).unwrap())
 }
 
@@ -34,26 +47,58 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
         return;
     }
     // 1518-byte frames take Knitter's single-copy path (DPDK's net_virtio_user on both sides).
-    let (r, md) = knitter_perf(&["mrr", "--rounds", "1", "--sizes", "64,1518", "--warmup", "1", "--window", "1", "--retries", "0"]);
+    let (r, md) = knitter_perf(&[
+        "mrr",
+        "--rounds",
+        "1",
+        "--sizes",
+        "64,1518",
+        "--warmup",
+        "1",
+        "--window",
+        "1",
+        "--retries",
+        "0",
+    ]);
     let samples = r["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 4, "{r}");
     for s in samples.iter() {
         assert!(s["received_mpps"].as_f64().unwrap() > 0.0, "nothing came through: {s}");
         let size = s["size"].as_f64().unwrap();
-        assert_eq!(s["received_frame_bytes"].as_f64().map(f64::round), Some(size - 4.0), "frames arrive whole: {s}");
+        assert_eq!(
+            s["received_frame_bytes"].as_f64().map(f64::round),
+            Some(size - 4.0),
+            "frames arrive whole: {s}"
+        );
     }
-    let samples: Vec<&serde_json::Value> = samples.iter().filter(|s| s["received_frame_bytes"].as_f64().is_some_and(|b| b < 100.0)).collect();
-    assert!(samples[0]["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's counters were read: {}", samples[0]);
+    let samples: Vec<&serde_json::Value> = samples
+        .iter()
+        .filter(|s| s["received_frame_bytes"].as_f64().is_some_and(|b| b < 100.0))
+        .collect();
+    assert!(
+        samples[0]["switch_cycles_per_packet"].as_f64().is_some(),
+        "Knitter's counters were read: {}",
+        samples[0]
+    );
     for s in &samples {
         // What the switch cost the VNF: testpmd's forwarding cycles and its system calls.
-        assert!(s["vnf"]["cycles_per_packet"].as_f64().is_some_and(|c| c > 0.0), "the VNF's cycles were read: {s}");
-        assert!(s["vnf"]["writes_per_s"].as_f64().is_some(), "the VNF's system calls were read: {s}");
+        assert!(
+            s["vnf"]["cycles_per_packet"].as_f64().is_some_and(|c| c > 0.0),
+            "the VNF's cycles were read: {s}"
+        );
+        assert!(
+            s["vnf"]["writes_per_s"].as_f64().is_some(),
+            "the VNF's system calls were read: {s}"
+        );
     }
     assert!(md.contains("VNF cycles/packet"), "{md}");
     // Knitter learned B from the generator's learning frame (B's own MAC and IP, through B's
     // port security): nothing is flooded in the window.
     assert_eq!(samples[0]["switch_flooded"].as_u64(), Some(0), "{}", samples[0]);
-    assert!(md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"), "{md}");
+    assert!(
+        md.contains("| knitter |") && md.contains("| yardstick |") && md.contains("× yardstick"),
+        "{md}"
+    );
 }
 
 /// The MRR comparison in the VLAN and VXLAN scenarios, testpmd's `net_virtio_user` as the
@@ -65,19 +110,55 @@ fn short_vlan_and_vxlan_mrr_runs_learn_and_forward() {
     if !can_run(true) {
         return;
     }
-    for (scenario, out) in [("vlan-push", 64.0), ("vlan-pop", 60.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0)] {
-        let (r, md) = knitter_perf(&["mrr", "--scenario", scenario, "--switches", "knitter", "--rounds", "1", "--sizes", "64", "--warmup", "1", "--window", "1", "--retries", "0"]);
+    for (scenario, out) in
+        [("vlan-push", 64.0), ("vlan-pop", 60.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0)]
+    {
+        let (r, md) = knitter_perf(&[
+            "mrr",
+            "--scenario",
+            scenario,
+            "--switches",
+            "knitter",
+            "--rounds",
+            "1",
+            "--sizes",
+            "64",
+            "--warmup",
+            "1",
+            "--window",
+            "1",
+            "--retries",
+            "0",
+        ]);
         let s = &r["samples"][0];
-        assert!(s["received_mpps"].as_f64().unwrap() > 0.0, "{scenario}: nothing came through: {s}");
-        assert_eq!(s["received_frame_bytes"].as_f64().map(f64::round), Some(out), "{scenario}: {s}");
-        assert_eq!(s["switch_flooded"].as_u64(), Some(0), "{scenario}: the learning frame was heard: {s}");
+        assert!(
+            s["received_mpps"].as_f64().unwrap() > 0.0,
+            "{scenario}: nothing came through: {s}"
+        );
+        assert_eq!(
+            s["received_frame_bytes"].as_f64().map(f64::round),
+            Some(out),
+            "{scenario}: {s}"
+        );
+        assert_eq!(
+            s["switch_flooded"].as_u64(),
+            Some(0),
+            "{scenario}: the learning frame was heard: {s}"
+        );
         assert_eq!(r["config"]["scenario"], scenario);
         assert!(md.contains("VXLAN") || md.contains("VLAN"), "{md}");
     }
     let out = tempfile::tempdir().unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(["mrr", "--scenario", "veth", "--out"]).arg(out.path()).output().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(["mrr", "--scenario", "veth", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success() && err.contains("runs with ndr") && err.lines().count() == 1, "{err}");
+    assert!(
+        !run.status.success() && err.contains("runs with ndr") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 /// The NDR/PDR run with Knitter's own generator, in short trials: alternated MRR rounds,
@@ -88,8 +169,21 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     if !can_run(false) {
         return;
     }
-    let (r, md) =
-        knitter_perf(&["ndr", "--switches", "knitter", "--sizes", "64,imix", "--rounds", "2", "--trial", "0.3", "--confirm", "0.5", "--precision", "0.25"]);
+    let (r, md) = knitter_perf(&[
+        "ndr",
+        "--switches",
+        "knitter",
+        "--sizes",
+        "64,imix",
+        "--rounds",
+        "2",
+        "--trial",
+        "0.3",
+        "--confirm",
+        "0.5",
+        "--precision",
+        "0.25",
+    ]);
     let imix = &r["measured"][1];
     assert_eq!(imix["size"], "imix");
     // 7 × 60, 4 × 566, 1 × 1514 bytes without FCS: ~350 on average (the 1 024 descriptors
@@ -97,7 +191,11 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     let bytes = imix["mrr"]["frame_bytes"].as_f64().unwrap();
     assert!((340.0..360.0).contains(&bytes), "IMIX came out at {bytes} bytes per frame: {imix}");
     assert!(md.contains("## IMIX"), "{md}");
-    assert_eq!(imix["mrr_rounds"].as_array().map(Vec::len), Some(2), "two alternated MRR rounds: {imix}");
+    assert_eq!(
+        imix["mrr_rounds"].as_array().map(Vec::len),
+        Some(2),
+        "two alternated MRR rounds: {imix}"
+    );
     assert!(md.contains("MRR over 2 rounds"), "{md}");
     let m = &r["measured"][0];
     assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "nothing came through: {m}");
@@ -105,8 +203,14 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     assert!(m["pdr"].as_f64().is_some_and(|p| p > 0.0), "a PDR exists below the MRR: {m}");
     assert!(m["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's counters were read: {m}");
     let lat = &m["latency"];
-    assert!(lat["samples"].as_u64().unwrap() > 0 && lat["p50"].as_f64().unwrap() > 0.0, "latency measured: {m}");
-    assert!(lat["p50"].as_f64() <= lat["p99"].as_f64() && lat["p99"].as_f64() <= lat["max"].as_f64(), "{lat}");
+    assert!(
+        lat["samples"].as_u64().unwrap() > 0 && lat["p50"].as_f64().unwrap() > 0.0,
+        "latency measured: {m}"
+    );
+    assert!(
+        lat["p50"].as_f64() <= lat["p99"].as_f64() && lat["p99"].as_f64() <= lat["max"].as_f64(),
+        "{lat}"
+    );
     assert_eq!(m["latency_curve"].as_array().unwrap().len(), 3, "{m}");
     assert!(md.contains("| knitter |") && md.contains("Latency at"), "{md}");
 }
@@ -122,11 +226,33 @@ fn short_vlan_and_vxlan_runs_tag_encapsulate_and_decapsulate() {
     // What comes out of 64-byte frames: tagged (68 on the wire), untagged, in VXLAN (114),
     // or inner.
     // Two Knitter switches as VTEPs over an AF_XDP veth underlay: pod to pod, 60 bytes.
-    for (scenario, out) in [("vlan-push", 64.0), ("vlan-pop", 60.0), ("vxlan-encap", 110.0), ("vxlan-decap", 60.0), ("vxlan-2vteps", 60.0)] {
-        let (r, md) =
-            knitter_perf(&["ndr", "--scenario", scenario, "--switches", "knitter", "--sizes", "64", "--trial", "0.3", "--confirm", "0", "--precision", "0.5"]);
+    for (scenario, out) in [
+        ("vlan-push", 64.0),
+        ("vlan-pop", 60.0),
+        ("vxlan-encap", 110.0),
+        ("vxlan-decap", 60.0),
+        ("vxlan-2vteps", 60.0),
+    ] {
+        let (r, md) = knitter_perf(&[
+            "ndr",
+            "--scenario",
+            scenario,
+            "--switches",
+            "knitter",
+            "--sizes",
+            "64",
+            "--trial",
+            "0.3",
+            "--confirm",
+            "0",
+            "--precision",
+            "0.5",
+        ]);
         let m = &r["measured"][0];
-        assert!(m["mrr"]["received"].as_f64().unwrap() > 0.0, "{scenario}: nothing came through: {m}");
+        assert!(
+            m["mrr"]["received"].as_f64().unwrap() > 0.0,
+            "{scenario}: nothing came through: {m}"
+        );
         assert_eq!(m["mrr"]["frame_bytes"].as_f64().map(f64::round), Some(out), "{scenario}: {m}");
         // The latency stamp is found where the scenario moved it (a stamp read from the
         // wrong place gives ages of zero or of hours).
@@ -148,8 +274,19 @@ fn a_short_veth_run_forwards_through_kernel_ports_and_the_bridge() {
         return;
     }
     let (r, md) = knitter_perf(&[
-        "ndr", "--scenario", "veth", "--switches", "knitter,knitter-afpacket,bridge,yardstick", "--sizes", "64", "--trial", "0.3", "--confirm", "0",
-        "--precision", "0.5",
+        "ndr",
+        "--scenario",
+        "veth",
+        "--switches",
+        "knitter,knitter-afpacket,bridge,yardstick",
+        "--sizes",
+        "64",
+        "--trial",
+        "0.3",
+        "--confirm",
+        "0",
+        "--precision",
+        "0.5",
     ]);
     let measured = r["measured"].as_array().unwrap();
     assert_eq!(measured.len(), 4, "{r}");
@@ -159,7 +296,10 @@ fn a_short_veth_run_forwards_through_kernel_ports_and_the_bridge() {
         assert!(m["latency"]["p50"].as_f64().unwrap() > 0.0, "{m}");
     }
     for m in &measured[..2] {
-        assert!(m["latency"]["switch_cycles_per_packet"].as_f64().is_some(), "Knitter's cycles at the common load: {m}");
+        assert!(
+            m["latency"]["switch_cycles_per_packet"].as_f64().is_some(),
+            "Knitter's cycles at the common load: {m}"
+        );
     }
     assert!(md.contains("| bridge |") && md.contains("× bridge"), "{md}");
 }
@@ -180,15 +320,45 @@ fn the_lab_prepares_hugepages_and_gives_them_back() {
     }
     let before = hugepages_total();
     let out = tempfile::tempdir().unwrap();
-    let args = ["ndr", "--switches", "knitter", "--memory", "hugepages", "--sizes", "64", "--rounds", "3", "--trial", "0.3", "--confirm", "0", "--precision", "0.5"];
-    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(args).arg("--out").arg(out.path()).output().unwrap();
+    let args = [
+        "ndr",
+        "--switches",
+        "knitter",
+        "--memory",
+        "hugepages",
+        "--sizes",
+        "64",
+        "--rounds",
+        "3",
+        "--trial",
+        "0.3",
+        "--confirm",
+        "0",
+        "--precision",
+        "0.5",
+    ];
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(args)
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
-    assert_eq!(hugepages_total(), before, "the hugepages the run reserved were given back: {stderr}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
+    assert_eq!(
+        hugepages_total(),
+        before,
+        "the hugepages the run reserved were given back: {stderr}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("results.json")).unwrap()).unwrap();
     assert_eq!(r["config"]["memory"], "Hugepages", "{r}");
     let m = &r["measured"][0];
-    assert_eq!(m["round_trials"].as_array().map(Vec::len).unwrap_or(0) as u64, 3 + m["rounds_repeated"].as_u64().unwrap(), "{m}");
+    assert_eq!(
+        m["round_trials"].as_array().map(Vec::len).unwrap_or(0) as u64,
+        3 + m["rounds_repeated"].as_u64().unwrap(),
+        "{m}"
+    );
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.contains("MRR Mpps median (95 % CI)") && md.contains("## Every round"), "{md}");
 
@@ -211,12 +381,23 @@ fn the_lab_prepares_hugepages_and_gives_them_back() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line, no backtrace: {stderr}");
-    assert!(stderr.starts_with("knitter-perf: this machine cannot run it yet") && stderr.contains("root: run as root"), "{stderr}");
+    assert!(
+        stderr.starts_with("knitter-perf: this machine cannot run it yet")
+            && stderr.contains("root: run as root"),
+        "{stderr}"
+    );
     assert_eq!(hugepages_total(), before);
 
     // The doctor names what is missing and fails.
-    let doc = Command::new(env!("CARGO_BIN_EXE_knitter-perf")).args(["doctor", "--switch-cpu", "0"]).output().unwrap();
+    let doc = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(["doctor", "--switch-cpu", "0"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&doc.stdout);
     assert_eq!(doc.status.code(), Some(1), "{text}");
-    assert!(text.lines().any(|l| l.starts_with("MISSING CPUs")) && text.lines().any(|l| l.starts_with("ok      knitter-vswitchd")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("MISSING CPUs"))
+            && text.lines().any(|l| l.starts_with("ok      knitter-vswitchd")),
+        "{text}"
+    );
 }

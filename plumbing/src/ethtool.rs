@@ -91,8 +91,10 @@ impl Ethtool {
     /// still not as asked afterwards (fixed by the driver, or unknown to this device).
     pub fn set(&mut self, dev: &str, want: &[(&str, bool)]) -> io::Result<Vec<String>> {
         let before = self.features(dev)?;
-        let change: Vec<&(&str, bool)> =
-            want.iter().filter(|(n, on)| before.changeable.iter().any(|c| c == n) && before.is_on(n) != *on).collect();
+        let change: Vec<&(&str, bool)> = want
+            .iter()
+            .filter(|(n, on)| before.changeable.iter().any(|c| c == n) && before.is_on(n) != *on)
+            .collect();
         if !change.is_empty() {
             let mut m = Msg::genl(self.family, ETHTOOL_MSG_FEATURES_SET, 1, NLM_F_ACK);
             m.nest(HEADER).str(HEADER_DEV_NAME, dev).end();
@@ -108,7 +110,11 @@ impl Ethtool {
             self.sock.request(&mut m)?;
         }
         let after = self.features(dev)?;
-        Ok(want.iter().filter(|(n, on)| after.is_on(n) != *on).map(|(n, _)| n.to_string()).collect())
+        Ok(want
+            .iter()
+            .filter(|(n, on)| after.is_on(n) != *on)
+            .map(|(n, _)| n.to_string())
+            .collect())
     }
 }
 

@@ -81,8 +81,16 @@ fn parse_link(reply: &[u8]) -> Option<LinkInfo> {
     if let Some(a) = find(attrs, IFLA_ADDRESS).filter(|a| a.len() == 6) {
         mac.copy_from_slice(a);
     }
-    let mtu = find(attrs, IFLA_MTU).and_then(|m| Some(u32::from_ne_bytes(m.get(..4)?.try_into().ok()?))).unwrap_or(0);
-    Some(LinkInfo { index, name: find(attrs, IFLA_IFNAME).map(text).unwrap_or("").to_string(), mac, mtu, up: flags & IFF_UP != 0 })
+    let mtu = find(attrs, IFLA_MTU)
+        .and_then(|m| Some(u32::from_ne_bytes(m.get(..4)?.try_into().ok()?)))
+        .unwrap_or(0);
+    Some(LinkInfo {
+        index,
+        name: find(attrs, IFLA_IFNAME).map(text).unwrap_or("").to_string(),
+        mac,
+        mtu,
+        up: flags & IFF_UP != 0,
+    })
 }
 
 /// The link called `name`, if there is one.
@@ -98,7 +106,9 @@ pub fn link(name: &str) -> io::Result<Option<LinkInfo>> {
 }
 
 pub(crate) fn index_of(name: &str) -> io::Result<i32> {
-    link(name)?.map(|l| l.index).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no link {name}")))
+    link(name)?
+        .map(|l| l.index)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no link {name}")))
 }
 
 /// Creates a veth pair `name` — `peer` in this namespace.
@@ -200,12 +210,14 @@ pub fn change(name: &str, c: &LinkChange) -> io::Result<()> {
 
 /// Adds `ip/prefix` to link `name`.
 pub fn add_address(name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
-    address_request(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, name, ip, prefix).map_err(|e| named(e, format!("adding {ip}/{prefix} to {name}")))
+    address_request(RTM_NEWADDR, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, name, ip, prefix)
+        .map_err(|e| named(e, format!("adding {ip}/{prefix} to {name}")))
 }
 
 /// Removes `ip/prefix` from link `name`.
 pub fn delete_address(name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
-    address_request(RTM_DELADDR, NLM_F_ACK, name, ip, prefix).map_err(|e| named(e, format!("removing {ip}/{prefix} from {name}")))
+    address_request(RTM_DELADDR, NLM_F_ACK, name, ip, prefix)
+        .map_err(|e| named(e, format!("removing {ip}/{prefix} from {name}")))
 }
 
 fn address_request(kind: u16, flags: u16, name: &str, ip: IpAddr, prefix: u8) -> io::Result<()> {
@@ -231,7 +243,11 @@ const IFA_F_DADFAILED: u8 = 0x08;
 /// The addresses of link `name` whose duplicate address detection failed (the kernel keeps
 /// them, tentative, and never uses them: not as a source either).
 pub fn dad_failed(name: &str) -> io::Result<Vec<(IpAddr, u8)>> {
-    Ok(address_entries(name)?.into_iter().filter(|(_, _, flags)| flags & IFA_F_DADFAILED != 0).map(|(ip, prefix, _)| (ip, prefix)).collect())
+    Ok(address_entries(name)?
+        .into_iter()
+        .filter(|(_, _, flags)| flags & IFA_F_DADFAILED != 0)
+        .map(|(ip, prefix, _)| (ip, prefix))
+        .collect())
 }
 
 /// The addresses of link `name`: each with its prefix and `ifa_flags`.
@@ -248,8 +264,12 @@ fn address_entries(name: &str) -> io::Result<Vec<(IpAddr, u8, u8)>> {
         let prefix = h[1];
         let a = find(&r[8..], IFA_LOCAL).or_else(|| find(&r[8..], IFA_ADDRESS));
         let ip = match a {
-            Some(a) if a.len() == 4 => IpAddr::from(<[u8; 4]>::try_from(a).map_err(io::Error::other)?),
-            Some(a) if a.len() == 16 => IpAddr::from(<[u8; 16]>::try_from(a).map_err(io::Error::other)?),
+            Some(a) if a.len() == 4 => {
+                IpAddr::from(<[u8; 4]>::try_from(a).map_err(io::Error::other)?)
+            }
+            Some(a) if a.len() == 16 => {
+                IpAddr::from(<[u8; 16]>::try_from(a).map_err(io::Error::other)?)
+            }
             _ => continue,
         };
         out.push((ip, prefix, h[2]));
@@ -263,7 +283,8 @@ pub fn add_route(name: &str, dst: IpAddr, prefix: u8, gateway: Option<IpAddr>) -
     let index = index_of(name)?;
     let mut s = Socket::open(NETLINK_ROUTE)?;
     let scope = if gateway.is_some() { RT_SCOPE_UNIVERSE } else { RT_SCOPE_LINK };
-    let hdr = [family(&dst), prefix, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, scope, RTN_UNICAST, 0, 0, 0, 0];
+    let hdr =
+        [family(&dst), prefix, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, scope, RTN_UNICAST, 0, 0, 0, 0];
     let mut m = Msg::new(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, &hdr);
     if prefix > 0 {
         m.attr(RTA_DST, &octets(&dst));
@@ -273,7 +294,9 @@ pub fn add_route(name: &str, dst: IpAddr, prefix: u8, gateway: Option<IpAddr>) -
     }
     m.u32(RTA_OIF, index as u32);
     let via = gateway.map_or(String::new(), |g| format!(" via {g}"));
-    s.request(&mut m).map(drop).map_err(|e| named(e, format!("adding route {dst}/{prefix}{via} on {name}")))
+    s.request(&mut m)
+        .map(drop)
+        .map_err(|e| named(e, format!("adding route {dst}/{prefix}{via} on {name}")))
 }
 
 /// Every link of this namespace.
@@ -286,8 +309,12 @@ pub fn links() -> io::Result<Vec<LinkInfo>> {
 /// Runs `f` on a fresh thread inside the network namespace at `path` (`/run/netns/NAME`,
 /// `/proc/PID/ns/net`), so the sockets it opens live there while the caller's threads
 /// stay where they are.
-pub fn in_netns<R: Send + 'static>(path: &str, f: impl FnOnce() -> io::Result<R> + Send + 'static) -> io::Result<R> {
-    let ns = std::fs::File::open(path).map_err(|e| io::Error::new(e.kind(), format!("network namespace {path}: {e}")))?;
+pub fn in_netns<R: Send + 'static>(
+    path: &str,
+    f: impl FnOnce() -> io::Result<R> + Send + 'static,
+) -> io::Result<R> {
+    let ns = std::fs::File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("network namespace {path}: {e}")))?;
     std::thread::spawn(move || {
         // SAFETY: setns on a descriptor we own; it moves only this short-lived thread.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {

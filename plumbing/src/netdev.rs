@@ -21,7 +21,9 @@ pub fn xdp_rx_metadata(ifindex: u32) -> io::Result<u64> {
     let mut m = Msg::genl(family, NETDEV_CMD_DEV_GET, 1, NLM_F_ACK);
     m.u32(NETDEV_A_DEV_IFINDEX, ifindex);
     let replies = sock.request(&mut m)?;
-    let features = replies.iter().find_map(|r| netlink::find(netlink::genl_attrs(r), NETDEV_A_DEV_XDP_RX_METADATA_FEATURES));
+    let features = replies
+        .iter()
+        .find_map(|r| netlink::find(netlink::genl_attrs(r), NETDEV_A_DEV_XDP_RX_METADATA_FEATURES));
     Ok(features.map_or(0, unsigned))
 }
 

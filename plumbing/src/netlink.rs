@@ -170,7 +170,11 @@ impl Socket {
     /// [`Socket::wait`], handing each notification to `f` (its message type and payload, after
     /// the netlink header). `Some(lost)` when any came, `lost` true if the receive buffer
     /// overflowed (some were lost: the caller reads the state again).
-    pub fn read(&mut self, timeout: std::time::Duration, mut f: impl FnMut(u16, &[u8])) -> io::Result<Option<bool>> {
+    pub fn read(
+        &mut self,
+        timeout: std::time::Duration,
+        mut f: impl FnMut(u16, &[u8]),
+    ) -> io::Result<Option<bool>> {
         let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: one pollfd on our own descriptor.
@@ -184,7 +188,14 @@ impl Socket {
         let mut lost = false;
         loop {
             // SAFETY: `buf` is writable for its length; non-blocking, so it returns when drained.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
             if n >= 0 {
                 let mut rest = &buf[..n as usize];
                 while rest.len() >= HDR {
@@ -209,7 +220,9 @@ impl Socket {
 
     fn bound(protocol: i32, groups: u32) -> io::Result<Socket> {
         // SAFETY: plain socket(2); the descriptor is owned below.
-        let fd = check(unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) })?;
+        let fd = check(unsafe {
+            libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol)
+        })?;
         // SAFETY: `fd` was just returned by socket(2) and is owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: sockaddr_nl is plain data; zero means "kernel assigns the port id".
@@ -218,7 +231,9 @@ impl Socket {
         sa.nl_groups = groups;
         let len = std::mem::size_of::<libc::sockaddr_nl>() as u32;
         // SAFETY: `sa` is a valid sockaddr_nl of `len` bytes.
-        check(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_nl).cast(), len) })?;
+        check(unsafe {
+            libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_nl).cast(), len)
+        })?;
         Ok(Socket { fd, seq: 1 })
     }
 
@@ -237,7 +252,8 @@ impl Socket {
         let mut buf = vec![0u8; 65536];
         loop {
             // SAFETY: `buf` is writable for its length.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -247,7 +263,10 @@ impl Socket {
                 let ty = u16::from_ne_bytes([rest[4], rest[5]]);
                 let rseq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
                 if len < HDR || len > rest.len() {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "truncated netlink message"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink message",
+                    ));
                 }
                 let body = &rest[HDR..len];
                 rest = &rest[len.next_multiple_of(4).min(rest.len())..];
@@ -256,8 +275,14 @@ impl Socket {
                 }
                 match ty {
                     NLMSG_ERROR => {
-                        let code = body.get(..4).map_or(0, |e| i32::from_ne_bytes([e[0], e[1], e[2], e[3]]));
-                        return if code == 0 { Ok(replies) } else { Err(io::Error::from_raw_os_error(-code)) };
+                        let code = body
+                            .get(..4)
+                            .map_or(0, |e| i32::from_ne_bytes([e[0], e[1], e[2], e[3]]));
+                        return if code == 0 {
+                            Ok(replies)
+                        } else {
+                            Err(io::Error::from_raw_os_error(-code))
+                        };
                     }
                     NLMSG_DONE => return Ok(replies),
                     _ => replies.push(body.to_vec()),
@@ -275,7 +300,12 @@ impl Socket {
             .iter()
             .filter_map(|r| find(r.get(GENL_HDR..)?, CTRL_ATTR_FAMILY_ID))
             .find_map(|p| Some(u16::from_ne_bytes([*p.first()?, *p.get(1)?])))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no generic netlink family {name:?}")))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no generic netlink family {name:?}"),
+                )
+            })
     }
 }
 
@@ -293,10 +323,12 @@ mod test {
         let mut m = Msg::genl(20, 1, 1, 0);
         m.nest(1).str(2, "eth0").u32(3, 7).end().flag(4);
         let b = m.finish(9).to_vec();
-        let attrs: Vec<(u16, Vec<u8>)> = Attrs::new(&b[HDR + GENL_HDR..]).map(|(t, p)| (t, p.to_vec())).collect();
+        let attrs: Vec<(u16, Vec<u8>)> =
+            Attrs::new(&b[HDR + GENL_HDR..]).map(|(t, p)| (t, p.to_vec())).collect();
         assert_eq!(attrs.len(), 2);
         assert_eq!(attrs[1], (4, vec![]));
-        let inner: Vec<(u16, Vec<u8>)> = Attrs::new(&attrs[0].1).map(|(t, p)| (t, p.to_vec())).collect();
+        let inner: Vec<(u16, Vec<u8>)> =
+            Attrs::new(&attrs[0].1).map(|(t, p)| (t, p.to_vec())).collect();
         assert_eq!(text(&inner[0].1), "eth0");
         assert_eq!(inner[1], (3, 7u32.to_ne_bytes().to_vec()));
     }

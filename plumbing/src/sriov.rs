@@ -79,13 +79,24 @@ impl VfSettings {
     /// Sets these on VF `vf` of PF `pf` (in the calling thread's namespace).
     pub fn apply(&self, pf: &str, vf: u32) -> io::Result<()> {
         if self.vlan.is_some_and(|(v, q)| v > 4095 || q > 7) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("VF {vf} of {pf}: VLAN 0-4095 and priority 0-7")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("VF {vf} of {pf}: VLAN 0-4095 and priority 0-7"),
+            ));
         }
         let index = index_of(pf)?;
         let mut s = Socket::open(NETLINK_ROUTE)?;
         s.request(&mut self.request(index, vf)).map(drop).map_err(|e| match e.raw_os_error() {
-            Some(libc::EOPNOTSUPP) => named(e, format!("setting VF {vf} of {pf} (its driver has no SR-IOV VF settings: is it a PF?)")),
-            Some(libc::EINVAL) => named(e, format!("setting VF {vf} of {pf} (no such VF, or a value its driver refuses)")),
+            Some(libc::EOPNOTSUPP) => named(
+                e,
+                format!(
+                    "setting VF {vf} of {pf} (its driver has no SR-IOV VF settings: is it a PF?)"
+                ),
+            ),
+            Some(libc::EINVAL) => named(
+                e,
+                format!("setting VF {vf} of {pf} (no such VF, or a value its driver refuses)"),
+            ),
             _ => named(e, format!("setting VF {vf} of {pf}")),
         })
     }
@@ -110,7 +121,10 @@ pub struct Sysfs {
 }
 
 fn not_sriov(pf: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, format!("{pf} is not an SR-IOV physical function (no sriov_totalvfs)"))
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{pf} is not an SR-IOV physical function (no sriov_totalvfs)"),
+    )
 }
 
 fn read_trim(p: &Path) -> io::Result<String> {
@@ -165,7 +179,10 @@ impl Sysfs {
     pub fn set_num_vfs(&self, pf: &str, n: u32) -> io::Result<()> {
         let total = self.total_vfs(pf)?;
         if n > total {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{pf} has at most {total} VFs, not {n}")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{pf} has at most {total} VFs, not {n}"),
+            ));
         }
         let now = self.num_vfs(pf)?;
         if now == n {
@@ -192,7 +209,11 @@ impl Sysfs {
 
     fn vf(&self, index: u32, pci: String) -> Vf {
         let dir = self.pci(&pci);
-        let netdev = std::fs::read_dir(dir.join("net")).ok().and_then(|mut d| d.next()).and_then(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned());
+        let netdev = std::fs::read_dir(dir.join("net"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned());
         let driver = link_name(&dir.join("driver"));
         Vf { index, pci, netdev, driver }
     }
@@ -201,17 +222,27 @@ impl Sysfs {
     /// a pod had by the PCI address the device plugin gave it).
     pub fn vf_by_pci(&self, pci: &str) -> io::Result<(String, Vf)> {
         if !is_pci_address(pci) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{pci:?} is not a PCI address (like 0000:3b:02.1)")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{pci:?} is not a PCI address (like 0000:3b:02.1)"),
+            ));
         }
         let dir = self.pci(pci);
-        let pf_pci = link_name(&dir.join("physfn")).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{pci} is not a VF (no physfn)")))?;
+        let pf_pci = link_name(&dir.join("physfn")).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{pci} is not a VF (no physfn)"))
+        })?;
         let pf_dir = self.pci(&pf_pci);
         let pf = std::fs::read_dir(pf_dir.join("net"))
             .ok()
             .and_then(|mut d| d.next())
             .and_then(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("the PF {pf_pci} of {pci} has no netdev")))?;
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("the PF {pf_pci} of {pci} has no netdev"),
+                )
+            })?;
         let n = self.num_vfs(&pf)?;
         for index in 0..n {
             if link_name(&pf_dir.join(format!("virtfn{index}"))).as_deref() == Some(pci) {
@@ -317,7 +348,14 @@ mod tests {
     /// `pf0v0`, 01:00.2 on no driver; IOMMU group 42 for the first.
     fn fake() -> (tempfile::TempDir, Sysfs) {
         let t = tempfile::tempdir().unwrap();
-        testkit::fake_pf(t.path(), "pf0", &[testkit::FakeVf { netdev: Some("pf0v0"), driver: Some("iavf") }, testkit::FakeVf::default()]);
+        testkit::fake_pf(
+            t.path(),
+            "pf0",
+            &[
+                testkit::FakeVf { netdev: Some("pf0v0"), driver: Some("iavf") },
+                testkit::FakeVf::default(),
+            ],
+        );
         let s = Sysfs::new(t.path());
         (t, s)
     }
@@ -330,7 +368,12 @@ mod tests {
         assert_eq!(
             vfs,
             vec![
-                Vf { index: 0, pci: "0000:01:00.1".into(), netdev: Some("pf0v0".into()), driver: Some("iavf".into()) },
+                Vf {
+                    index: 0,
+                    pci: "0000:01:00.1".into(),
+                    netdev: Some("pf0v0".into()),
+                    driver: Some("iavf".into())
+                },
                 Vf { index: 1, pci: "0000:01:00.2".into(), netdev: None, driver: None },
             ]
         );
@@ -338,7 +381,12 @@ mod tests {
         assert_eq!((pf.as_str(), vf.index), ("pf0", 1));
         assert_eq!(s.iommu_group("0000:01:00.1").as_deref(), Some("42"));
         assert!(s.vf_by_pci("0000:01:00.0").unwrap_err().to_string().contains("not a VF"));
-        assert!(s.total_vfs("eth9").unwrap_err().to_string().contains("not an SR-IOV physical function"));
+        assert!(
+            s.total_vfs("eth9")
+                .unwrap_err()
+                .to_string()
+                .contains("not an SR-IOV physical function")
+        );
     }
 
     #[test]
@@ -358,13 +406,30 @@ mod tests {
         let (t, s) = fake();
         let r = t.path();
         s.bind("0000:01:00.1", "vfio-pci").unwrap();
-        assert_eq!(std::fs::read_to_string(r.join("bus/pci/devices/0000:01:00.1/driver_override")).unwrap(), "vfio-pci");
-        assert_eq!(std::fs::read_to_string(r.join("bus/pci/drivers/iavf/unbind")).unwrap(), "0000:01:00.1");
-        assert_eq!(std::fs::read_to_string(r.join("bus/pci/drivers_probe")).unwrap(), "0000:01:00.1");
+        assert_eq!(
+            std::fs::read_to_string(r.join("bus/pci/devices/0000:01:00.1/driver_override"))
+                .unwrap(),
+            "vfio-pci"
+        );
+        assert_eq!(
+            std::fs::read_to_string(r.join("bus/pci/drivers/iavf/unbind")).unwrap(),
+            "0000:01:00.1"
+        );
+        assert_eq!(
+            std::fs::read_to_string(r.join("bus/pci/drivers_probe")).unwrap(),
+            "0000:01:00.1"
+        );
         // A VF on no driver is only probed.
         s.unbind_to_host("0000:01:00.2").unwrap();
-        assert_eq!(std::fs::read_to_string(r.join("bus/pci/devices/0000:01:00.2/driver_override")).unwrap(), "\n");
-        assert_eq!(std::fs::read_to_string(r.join("bus/pci/drivers_probe")).unwrap(), "0000:01:00.2");
+        assert_eq!(
+            std::fs::read_to_string(r.join("bus/pci/devices/0000:01:00.2/driver_override"))
+                .unwrap(),
+            "\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(r.join("bus/pci/drivers_probe")).unwrap(),
+            "0000:01:00.2"
+        );
     }
 
     /// The request byte for byte: header, ifinfomsg of the PF, IFLA_VFINFO_LIST > IFLA_VF_INFO >
@@ -394,7 +459,11 @@ mod tests {
         while at < b.len() {
             let (len, ty) = (u16_at(at) as usize, u16_at(at + 2));
             let body = &b[at + 4..at + len];
-            assert_eq!(u32::from_ne_bytes(body[..4].try_into().unwrap()), 3, "every setting names VF 3");
+            assert_eq!(
+                u32::from_ne_bytes(body[..4].try_into().unwrap()),
+                3,
+                "every setting names VF 3"
+            );
             seen.push((ty, body[4..].to_vec()));
             at += len.next_multiple_of(4);
         }

@@ -1,10 +1,10 @@
 //! The socket plumbing the kernel-backed ports share (AF_PACKET, AF_XDP): errno checks,
 //! typed `setsockopt`, interface index and MAC lookups. Control path only.
 
-use vswitch::wire::MacAddr;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use vswitch::wire::MacAddr;
 
 /// A libc return value as a `Result`: negative means `errno` says why.
 pub fn check(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -15,14 +15,21 @@ pub fn check(r: libc::c_int) -> io::Result<libc::c_int> {
 pub fn setopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> io::Result<()> {
     // SAFETY: `val` points at a live T of the size passed.
     check(unsafe {
-        libc::setsockopt(fd, level, name, (val as *const T).cast(), std::mem::size_of::<T>() as libc::socklen_t)
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (val as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
     })
     .map(drop)
 }
 
 /// The index of `ifname` in the calling thread's network namespace.
 pub fn ifindex(ifname: &str) -> io::Result<u32> {
-    let c = CString::new(ifname).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+    let c = CString::new(ifname)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
     // SAFETY: a valid C string.
     match unsafe { libc::if_nametoindex(c.as_ptr()) } {
         0 => Err(io::Error::new(io::ErrorKind::NotFound, format!("no interface {ifname:?}"))),
@@ -40,7 +47,8 @@ pub fn interface_mac(ifname: &str) -> Option<MacAddr> {
 /// answer none themselves).
 pub fn control_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the result is checked and owned below.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -37,8 +37,13 @@ fn rss_kib() -> u64 {
 }
 
 fn main() {
-    let (bds, peers, flood, ports, applies) =
-        (arg("--bds", 4096), arg("--peers", 16384), arg("--flood", 64), arg("--ports", 200), arg("--applies", 1000));
+    let (bds, peers, flood, ports, applies) = (
+        arg("--bds", 4096),
+        arg("--peers", 16384),
+        arg("--flood", 64),
+        arg("--ports", 200),
+        arg("--applies", 1000),
+    );
     let peer = |n: usize| IpAddr::V4(Ipv4Addr::from(0xc633_0000 + n as u32)); // 198.51.0.0/16
     let mut vtep = VtepConfig::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)), "up");
     for n in 0..peers {
@@ -46,13 +51,16 @@ fn main() {
     }
     let bridges: Vec<BridgeConfig> = (0..bds)
         .map(|b| {
-            let list: Vec<IpAddr> = (0..flood.min(peers)).map(|i| peer((b * 7 + i) % peers)).collect();
+            let list: Vec<IpAddr> =
+                (0..flood.min(peers)).map(|i| peer((b * 7 + i) % peers)).collect();
             BridgeConfig::new(&format!("bd{b}")).vni(1000 + b as u32).flood(&list)
         })
         .collect();
     let mut cfg = SwitchConfig {
         bridges,
-        ports: (0..ports).map(|p| PortConfig::access(&format!("p{p}"), &format!("bd{}", p % bds))).collect(),
+        ports: (0..ports)
+            .map(|p| PortConfig::access(&format!("p{p}"), &format!("bd{}", p % bds)))
+            .collect(),
         vtep: Some(vtep),
     };
     cfg.ports.push(PortConfig::underlay("up"));
@@ -68,7 +76,10 @@ fn main() {
     }
     let t = Instant::now();
     sw.apply(cfg.clone()).expect("the base configuration");
-    println!("base apply ({bds} bridge domains x {flood} flood peers, {peers} peers, {ports} ports): {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "base apply ({bds} bridge domains x {flood} flood peers, {peers} peers, {ports} ports): {:.2} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
 
     let mut with = cfg.clone();
     with.ports.push(PortConfig::access(&format!("p{ports}"), "bd1"));
@@ -94,5 +105,9 @@ fn main() {
     let ((am, aw), (rm, rw)) = (stat(&mut add), stat(&mut remove));
     println!("add one port:    median {am:.3} ms, worst {aw:.3} ms ({applies} applies)");
     println!("remove one port: median {rm:.3} ms, worst {rw:.3} ms");
-    println!("RSS after 10 pairs of applies {} KiB, after {applies}: {} KiB", rss[0], rss[rss.len() - 1]);
+    println!(
+        "RSS after 10 pairs of applies {} KiB, after {applies}: {} KiB",
+        rss[0],
+        rss[rss.len() - 1]
+    );
 }

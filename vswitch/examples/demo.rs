@@ -53,7 +53,10 @@ fn build_node(
     let mut cfg = SwitchConfig {
         bridges: vec![red, BridgeConfig::new("blue").vlan(200)],
         ports: vec![PortConfig::underlay("underlay"), PortConfig::trunk("trunk", &[200], None)],
-        vtep: Some(VtepConfig::new(underlay(n), "underlay").peer(underlay(other), mac(0xa0 + other as u32))),
+        vtep: Some(
+            VtepConfig::new(underlay(n), "underlay")
+                .peer(underlay(other), mac(0xa0 + other as u32)),
+        ),
     };
     let mut pods = Vec::new();
     for (i, bridge) in [(1u8, "red"), (2u8, "blue")] {
@@ -65,7 +68,10 @@ fn build_node(
         pods.push((pname, peer));
     }
     switch.apply(cfg).context("node configuration")?;
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() },
+    )?;
     Ok(Node { name, switch, pods, pmd: Some(pmd) })
 }
 
@@ -132,15 +138,22 @@ fn udp(from: (MacAddr, Ipv4Addr), to: (MacAddr, Ipv4Addr), size: usize) -> Vec<u
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-    ).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
     let pool = Pool::new(32768, true)?;
-    println!("Knitter data-plane demo: two nodes, real PMD threads (adaptive idle), in-memory pods");
+    println!(
+        "Knitter data-plane demo: two nodes, real PMD threads (adaptive idle), in-memory pods"
+    );
     println!("  buffer pool: {} x 2 KiB, {}", pool.capacity(), pool.backing());
     let (up_a, up_b) = RingPort::patch("underlay", "underlay", 4096)?;
     let (tr_a, tr_b) = RingPort::patch("trunk", "trunk", 4096)?;
-    let nodes = vec![build_node(&pool, "node-a", 1, up_a, tr_a)?, build_node(&pool, "node-b", 2, up_b, tr_b)?];
+    let nodes = vec![
+        build_node(&pool, "node-a", 1, up_a, tr_a)?,
+        build_node(&pool, "node-b", 2, up_b, tr_b)?,
+    ];
     for n in &nodes {
         let s = n.switch.snapshot();
         println!(
@@ -152,7 +165,10 @@ fn main() -> Result<()> {
     // Both PMD threads running their configuration before the first frame: a thread the
     // machine is slow to schedule (a CI host busy after a build) must not eat a step's wait.
     for n in &nodes {
-        let adopted = n.pmd.as_ref().is_some_and(|p| p.wait_adopted(n.switch.generation(), Duration::from_secs(30)));
+        let adopted = n
+            .pmd
+            .as_ref()
+            .is_some_and(|p| p.wait_adopted(n.switch.generation(), Duration::from_secs(30)));
         if !adopted {
             bail!("{}: the PMD thread did not take its configuration within 30 s", n.name);
         }
@@ -162,87 +178,117 @@ fn main() -> Result<()> {
     println!();
     let mut failed = false;
 
-    failed |= step(1, "red: node-a/pod1 -> node-b/pod1 over VXLAN, and back", (|| {
-        lab.send(0, 0, &udp(a1, b1, 100))?;
-        let got = lab.collect(1, WAIT);
-        if got.len() != 1 || (got[0].0, got[0].1) != (1, 0) {
-            bail!("expected one frame at node-b/pod1, got {:?}", got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>());
-        }
-        lab.send(1, 0, &udp(b1, a1, 100))?;
-        let back = lab.collect(1, WAIT);
-        if back.len() != 1 || (back[0].0, back[0].1) != (0, 0) {
-            bail!("reply did not come back");
-        }
-        Ok("request flooded, reply unicast to the learned VTEP".into())
-    })())
+    failed |= step(
+        1,
+        "red: node-a/pod1 -> node-b/pod1 over VXLAN, and back",
+        (|| {
+            lab.send(0, 0, &udp(a1, b1, 100))?;
+            let got = lab.collect(1, WAIT);
+            if got.len() != 1 || (got[0].0, got[0].1) != (1, 0) {
+                bail!(
+                    "expected one frame at node-b/pod1, got {:?}",
+                    got.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>()
+                );
+            }
+            lab.send(1, 0, &udp(b1, a1, 100))?;
+            let back = lab.collect(1, WAIT);
+            if back.len() != 1 || (back[0].0, back[0].1) != (0, 0) {
+                bail!("reply did not come back");
+            }
+            Ok("request flooded, reply unicast to the learned VTEP".into())
+        })(),
+    )
     .is_err();
 
-    failed |= step(2, "blue: node-a/pod2 -> node-b/pod2 over the VLAN 200 trunk", (|| {
-        lab.send(0, 1, &udp(a2, b2, 100))?;
-        lab.send(1, 1, &udp(b2, a2, 100))?;
-        let got = lab.collect(2, WAIT);
-        let places: Vec<_> = got.iter().map(|g| (g.0, g.1)).collect();
-        if places.len() != 2 || !places.contains(&(1, 1)) || !places.contains(&(0, 1)) {
-            bail!("got {places:?}");
-        }
-        Ok("tagged on the trunk, untagged at the pods".into())
-    })())
+    failed |= step(
+        2,
+        "blue: node-a/pod2 -> node-b/pod2 over the VLAN 200 trunk",
+        (|| {
+            lab.send(0, 1, &udp(a2, b2, 100))?;
+            lab.send(1, 1, &udp(b2, a2, 100))?;
+            let got = lab.collect(2, WAIT);
+            let places: Vec<_> = got.iter().map(|g| (g.0, g.1)).collect();
+            if places.len() != 2 || !places.contains(&(1, 1)) || !places.contains(&(0, 1)) {
+                bail!("got {places:?}");
+            }
+            Ok("tagged on the trunk, untagged at the pods".into())
+        })(),
+    )
     .is_err();
 
-    failed |= step(3, "isolation: 100 red broadcasts reach no blue pod", (|| {
-        for _ in 0..100 {
-            lab.send(0, 0, &udp(a1, (MacAddr::BROADCAST, Ipv4Addr::BROADCAST), 64))?;
-        }
-        let got = lab.collect(100, WAIT);
-        let blue = got.iter().filter(|g| g.1 == 1).count();
-        let red = got.iter().filter(|g| (g.0, g.1) == (1, 0)).count();
-        if blue > 0 || red != 100 {
-            bail!("{red} red deliveries, {blue} blue");
-        }
-        Ok("100 at node-b/pod1, 0 in blue".into())
-    })())
+    failed |= step(
+        3,
+        "isolation: 100 red broadcasts reach no blue pod",
+        (|| {
+            for _ in 0..100 {
+                lab.send(0, 0, &udp(a1, (MacAddr::BROADCAST, Ipv4Addr::BROADCAST), 64))?;
+            }
+            let got = lab.collect(100, WAIT);
+            let blue = got.iter().filter(|g| g.1 == 1).count();
+            let red = got.iter().filter(|g| (g.0, g.1) == (1, 0)).count();
+            if blue > 0 || red != 100 {
+                bail!("{red} red deliveries, {blue} blue");
+            }
+            Ok("100 at node-b/pod1, 0 in blue".into())
+        })(),
+    )
     .is_err();
 
-    failed |= step(4, "ARP for node-b/pod1 answered on node-a (suppression)", (|| {
-        lab.send(0, 0, &frames::arp_request(a1.0, a1.1, b1.1))?;
-        let got = lab.collect(1, WAIT);
-        let want = frames::arp_reply(a1.0, b1.0, b1.1, a1.1);
-        if got.len() != 1 || got[0].2 != want || (got[0].0, got[0].1) != (0, 0) {
-            bail!("no local ARP reply");
-        }
-        Ok("reply from the switch, nothing crossed the underlay".into())
-    })())
+    failed |= step(
+        4,
+        "ARP for node-b/pod1 answered on node-a (suppression)",
+        (|| {
+            lab.send(0, 0, &frames::arp_request(a1.0, a1.1, b1.1))?;
+            let got = lab.collect(1, WAIT);
+            let want = frames::arp_reply(a1.0, b1.0, b1.1, a1.1);
+            if got.len() != 1 || got[0].2 != want || (got[0].0, got[0].1) != (0, 0) {
+                bail!("no local ARP reply");
+            }
+            Ok("reply from the switch, nothing crossed the underlay".into())
+        })(),
+    )
     .is_err();
 
-    failed |= step(5, "spoofing: node-a/pod1 sends from another IP", (|| {
-        lab.send(0, 0, &udp((a1.0, pod_ip(99)), b1, 64))?;
-        let got = lab.collect(1, Duration::from_millis(300));
-        if !got.is_empty() {
-            bail!("a spoofed frame got through");
-        }
-        let d = lab.nodes[0].switch.stats().drop(vswitch::DropReason::SecurityIp);
-        Ok(format!("dropped by port security (security_ip = {d})"))
-    })())
+    failed |= step(
+        5,
+        "spoofing: node-a/pod1 sends from another IP",
+        (|| {
+            lab.send(0, 0, &udp((a1.0, pod_ip(99)), b1, 64))?;
+            let got = lab.collect(1, Duration::from_millis(300));
+            if !got.is_empty() {
+                bail!("a spoofed frame got through");
+            }
+            let d = lab.nodes[0].switch.stats().drop(vswitch::DropReason::SecurityIp);
+            Ok(format!("dropped by port security (security_ip = {d})"))
+        })(),
+    )
     .is_err();
 
     let total = 100_000;
-    failed |= step(6, &format!("load: {total} frames node-a/pod1 -> node-b/pod1"), (|| {
-        let t0 = Instant::now();
-        let f = udp(a1, b1, 64);
-        let (mut sent, mut got) = (0usize, 0usize);
-        let end = Instant::now() + Duration::from_secs(30);
-        while got < total && Instant::now() < end {
-            while sent < total && sent - got < 1024 && lab.send(0, 0, &f).is_ok() {
-                sent += 1;
+    failed |= step(
+        6,
+        &format!("load: {total} frames node-a/pod1 -> node-b/pod1"),
+        (|| {
+            let t0 = Instant::now();
+            let f = udp(a1, b1, 64);
+            let (mut sent, mut got) = (0usize, 0usize);
+            let end = Instant::now() + Duration::from_secs(30);
+            while got < total && Instant::now() < end {
+                while sent < total && sent - got < 1024 && lab.send(0, 0, &f).is_ok() {
+                    sent += 1;
+                }
+                got += lab.collect(0, Duration::ZERO).len();
             }
-            got += lab.collect(0, Duration::ZERO).len();
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        if got != total {
-            bail!("{got} of {total} arrived");
-        }
-        Ok(format!("0 lost, {:.2} Mpps through two switches and the tunnel", total as f64 / secs / 1e6))
-    })())
+            let secs = t0.elapsed().as_secs_f64();
+            if got != total {
+                bail!("{got} of {total} arrived");
+            }
+            Ok(format!(
+                "0 lost, {:.2} Mpps through two switches and the tunnel",
+                total as f64 / secs / 1e6
+            ))
+        })(),
+    )
     .is_err();
 
     for n in &mut lab.nodes {
@@ -255,7 +301,10 @@ fn main() -> Result<()> {
         let s = n.switch.stats();
         let snap = n.switch.snapshot();
         println!("{}: {} MACs learned, {} PMD sleeps", n.name, n.switch.fdb().len(), s.sleeps);
-        println!("  {:<10} {:>10} {:>10} {:>10} {:>10} {:>8}", "port", "rx pkts", "rx bytes", "tx pkts", "tx bytes", "drops");
+        println!(
+            "  {:<10} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            "port", "rx pkts", "rx bytes", "tx pkts", "tx bytes", "drops"
+        );
         for p in snap.ports.iter().flatten() {
             let c = &s.ports[p.id as usize];
             println!(
@@ -269,10 +318,13 @@ fn main() -> Result<()> {
             .map(|e| format!("{}={}", e.name(), s.event(*e)))
             .collect();
         println!("  events: {}", events.join(" "));
-        let drops: Vec<String> = s.nonzero_drops().iter().map(|(n, c)| format!("{n}={c}")).collect();
+        let drops: Vec<String> =
+            s.nonzero_drops().iter().map(|(n, c)| format!("{n}={c}")).collect();
         println!("  drops:  {}", if drops.is_empty() { "none".into() } else { drops.join(" ") });
         if let Some(cpp) = s.cycles_per_packet() {
-            println!("  PMD: {cpp:.0} busy cycles per packet received (includes the demo's pacing)");
+            println!(
+                "  PMD: {cpp:.0} busy cycles per packet received (includes the demo's pacing)"
+            );
         }
     }
     for n in &mut lab.nodes {

@@ -29,18 +29,29 @@ fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-cache" => opts.emc_entries = 0,
-            "--emc-entries" => opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2),
+            "--emc-entries" => {
+                opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2)
+            }
             "--per-node" => opts.dispatch = vswitch::Dispatch::PerNode,
             "--capture" => capture = true,
             other => {
-                eprintln!("unknown option {other:?}: --no-cache, --emc-entries N, --per-node, --capture");
+                eprintln!(
+                    "unknown option {other:?}: --no-cache, --emc-entries N, --per-node, --capture"
+                );
                 std::process::exit(2);
             }
         }
     }
     let mut b = Bench::with_options(s, opts);
     let session = capture.then(|| {
-        let r = vswitch::capture::Request { port: b.in_port(), rx: true, tx: false, count: 0, snaplen: 0, filter: None };
+        let r = vswitch::capture::Request {
+            port: b.in_port(),
+            rx: true,
+            tx: false,
+            count: 0,
+            snaplen: 0,
+            filter: None,
+        };
         b.switch.capture().start(r).expect("capture")
     });
     let mut captured = 0;

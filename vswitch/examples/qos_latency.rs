@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use vswitch::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig, VtepConfig};
 use vswitch::port::ring::{RingPeer, RingPort};
 use vswitch::testkit::{frames, mac};
-use vswitch::{Batch, BufId, IdlePolicy, PmdConfig, PmdSet, Pool, PoolCache, Switch, SwitchOptions};
+use vswitch::{
+    Batch, BufId, IdlePolicy, PmdConfig, PmdSet, Pool, PoolCache, Switch, SwitchOptions,
+};
 
 const CONTROL_VNI: u32 = 100;
 const MEDIA_VNI: u32 = 200;
@@ -46,7 +48,15 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { seconds: 3.0, load: 2.0, control_pps: 10_000.0, underlay_pps: 0.0, ring: 1024, media_size: 512, priority: true };
+    let mut a = Args {
+        seconds: 3.0,
+        load: 2.0,
+        control_pps: 10_000.0,
+        underlay_pps: 0.0,
+        ring: 1024,
+        media_size: 512,
+        priority: true,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().with_context(|| format!("{k} needs a value"));
@@ -97,12 +107,26 @@ fn rig(a: &Args) -> Result<Rig> {
     control_net.priority = a.priority;
     switch.apply(SwitchConfig {
         bridges: vec![control_net, network("media", MEDIA_VNI, 12, 34)],
-        ports: vec![PortConfig::access("control", "control"), PortConfig::access("media", "media"), PortConfig::underlay("up")],
+        ports: vec![
+            PortConfig::access("control", "control"),
+            PortConfig::access("media", "media"),
+            PortConfig::underlay("up"),
+        ],
         vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(0xb0))),
     })?;
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![0], idle: IdlePolicy::Busy })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![0], idle: IdlePolicy::Busy },
+    )?;
     vswitch::pmd::pin_current_thread(1);
-    Ok(Rig { cache: PoolCache::new(pool), switch, pmd: Some(pmd), control: control_peer, media: media_peer, up: up_peer })
+    Ok(Rig {
+        cache: PoolCache::new(pool),
+        switch,
+        pmd: Some(pmd),
+        control: control_peer,
+        media: media_peer,
+        up: up_peer,
+    })
 }
 
 /// The media pod: frames ready to send (fresh, or recycled from the underlay's far end).
@@ -120,7 +144,9 @@ impl MediaPod {
         let mut batch = Batch::new();
         while n > 0 {
             while n > 0 && batch.room() > 0 {
-                let Some(b) = self.spare.pop().or_else(|| cache.alloc_frame(&self.template)) else { break };
+                let Some(b) = self.spare.pop().or_else(|| cache.alloc_frame(&self.template)) else {
+                    break;
+                };
                 if let Err(b) = batch.push(b) {
                     self.spare.push(b);
                     break;
@@ -156,7 +182,15 @@ struct FarEnd {
 impl FarEnd {
     /// Takes up to `budget` frames from the underlay: control frames' latencies recorded,
     /// media frames stripped back to the pod's frame and kept for it.
-    fn drain(&mut self, pool: &Pool, up: &mut RingPeer, cache: &mut PoolCache, pod: &mut MediaPod, start: Instant, budget: u64) {
+    fn drain(
+        &mut self,
+        pool: &Pool,
+        up: &mut RingPeer,
+        cache: &mut PoolCache,
+        pod: &mut MediaPod,
+        start: Instant,
+        budget: u64,
+    ) {
         let mut batch = Batch::new();
         let mut left = budget;
         while left > 0 && up.recv(0, &mut batch) > 0 {
@@ -192,15 +226,25 @@ impl FarEnd {
 /// ring takes it), control at `control_pps`, the underlay drained at `underlay_pps` (0: at
 /// once). Returns the far end's view, the media pod's, the control frames sent, and the
 /// media frames a second the switch took from the media pod's ring while offering.
-fn run(r: &mut Rig, a: &Args, secs: f64, media_pps: f64, control_pps: f64) -> (FarEnd, MediaPod, u64, f64) {
+fn run(
+    r: &mut Rig,
+    a: &Args,
+    secs: f64,
+    media_pps: f64,
+    control_pps: f64,
+) -> (FarEnd, MediaPod, u64, f64) {
     let media_port = r.switch.snapshot().port_id("media").unwrap_or(0) as usize;
     let rx = |r: &Rig| r.switch.stats().ports.get(media_port).map_or(0, |p| p.rx_packets);
     let rx0 = rx(r);
     let pool = r.switch.pool().clone();
-    let media_frame = frames::udp4(mac(12), mac(2), pod_ip(2), pod_ip(12), 4000, 4000, a.media_size);
+    let media_frame =
+        frames::udp4(mac(12), mac(2), pod_ip(2), pod_ip(12), 4000, 4000, a.media_size);
     let mut control_frame = frames::udp4(mac(11), mac(1), pod_ip(1), pod_ip(11), 5000, 5000, 128);
     let mut pod = MediaPod { template: media_frame, spare: Vec::new(), offered: 0, refused: 0 };
-    let mut far = FarEnd { latencies_ns: Vec::with_capacity((control_pps * secs) as usize + 16), ..Default::default() };
+    let mut far = FarEnd {
+        latencies_ns: Vec::with_capacity((control_pps * secs) as usize + 16),
+        ..Default::default()
+    };
     let start = Instant::now();
     let end = Duration::from_secs_f64(secs);
     let (mut controls, mut control_refused) = (0u64, 0u64);
@@ -227,9 +271,17 @@ fn run(r: &mut Rig, a: &Args, secs: f64, media_pps: f64, control_pps: f64) -> (F
             }
         }
         // Media frames due (a burst's worth at a time).
-        let want = if media_pps > 0.0 { ((media_pps * secs_in) as u64).saturating_sub(pod.offered).min(256) } else { 256 };
+        let want = if media_pps > 0.0 {
+            ((media_pps * secs_in) as u64).saturating_sub(pod.offered).min(256)
+        } else {
+            256
+        };
         pod.offer(&mut r.media, &mut r.cache, want);
-        let budget = if a.underlay_pps > 0.0 { ((a.underlay_pps * secs_in) as u64).saturating_sub(far.taken) } else { u64::MAX };
+        let budget = if a.underlay_pps > 0.0 {
+            ((a.underlay_pps * secs_in) as u64).saturating_sub(far.taken)
+        } else {
+            u64::MAX
+        };
         far.drain(&pool, &mut r.up, &mut r.cache, &mut pod, start, budget);
     }
     let media_rx_pps = (rx(r) - rx0) as f64 / start.elapsed().as_secs_f64();
@@ -264,7 +316,11 @@ fn main() -> Result<()> {
     println!(
         "capacity: {:.0} frames/s ({}; the media pod's ring refused {:.1}% of what was offered unpaced)",
         capacity,
-        if a.underlay_pps > 0.0 { "the underlay's drain rate" } else { "what the PMD took from the media pod's ring alone" },
+        if a.underlay_pps > 0.0 {
+            "the underlay's drain rate"
+        } else {
+            "what the PMD took from the media pod's ring alone"
+        },
         100.0 * pod.refused as f64 / pod.offered.max(1) as f64
     );
 
@@ -273,7 +329,10 @@ fn main() -> Result<()> {
     let (far, pod, sent, media_rx_pps) = run(&mut r, &a, a.seconds, media_pps, a.control_pps);
     let s = r.switch.stats();
     let up = r.switch.snapshot().port_id("up").context("up port")? as usize;
-    let (u0, u1) = (base.ports.get(up).cloned().unwrap_or_default(), s.ports.get(up).cloned().unwrap_or_default());
+    let (u0, u1) = (
+        base.ports.get(up).cloned().unwrap_or_default(),
+        s.ports.get(up).cloned().unwrap_or_default(),
+    );
     let mut l = far.latencies_ns;
     l.sort_unstable();
     println!(

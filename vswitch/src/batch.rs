@@ -110,7 +110,8 @@ impl Batch {
         let free = &mut self.bufs[self.len..];
         // SAFETY: BufId is repr(transparent) over u32, so the slices have the same layout;
         // the slots are free (they own nothing), so overwriting them leaks nothing.
-        let raw = unsafe { std::slice::from_raw_parts_mut(free.as_mut_ptr().cast::<u32>(), free.len()) };
+        let raw =
+            unsafe { std::slice::from_raw_parts_mut(free.as_mut_ptr().cast::<u32>(), free.len()) };
         let n = fill(raw).min(raw.len());
         self.len += n;
         n
@@ -188,6 +189,10 @@ impl Batch {
 impl Drop for Batch {
     fn drop(&mut self) {
         // A batch dropped with packets in it leaks them from the pool: a bug in the caller.
-        debug_assert!(self.len == 0 || std::thread::panicking(), "batch dropped holding {} packets", self.len);
+        debug_assert!(
+            self.len == 0 || std::thread::panicking(),
+            "batch dropped holding {} packets",
+            self.len
+        );
     }
 }

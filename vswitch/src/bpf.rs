@@ -87,11 +87,23 @@ impl Program {
         for (at, i) in insns.iter().enumerate() {
             let (class, code) = (i.code & 0x07, i.code);
             let known = match class {
-                LD => matches!(code & !0x07, c if [W | ABS, H | ABS, B | ABS, W | IND, H | IND, B | IND, W | MEM, W | LEN, W | IMM].contains(&c)),
-                LDX => matches!(code & !0x07, c if [W | IMM, W | MEM, W | LEN, B | MSH].contains(&c)),
+                LD => {
+                    matches!(code & !0x07, c if [W | ABS, H | ABS, B | ABS, W | IND, H | IND, B | IND, W | MEM, W | LEN, W | IMM].contains(&c))
+                }
+                LDX => {
+                    matches!(code & !0x07, c if [W | IMM, W | MEM, W | LEN, B | MSH].contains(&c))
+                }
                 ST | STX => code & !0x07 == 0,
-                ALU => ALU_OPS.contains(&(code & 0xf0)) && code & !0xff == 0 && (code & 0xf0 != NEG || code & X == 0),
-                JMP => [JA, JEQ, JGT, JGE, JSET].contains(&(code & 0xf0)) && code & !0xff == 0 && (code & 0xf0 != JA || code & X == 0),
+                ALU => {
+                    ALU_OPS.contains(&(code & 0xf0))
+                        && code & !0xff == 0
+                        && (code & 0xf0 != NEG || code & X == 0)
+                }
+                JMP => {
+                    [JA, JEQ, JGT, JGE, JSET].contains(&(code & 0xf0))
+                        && code & !0xff == 0
+                        && (code & 0xf0 != JA || code & X == 0)
+                }
                 RET => [K, X, RET_A].contains(&(code & 0x18)) && code & !0x1f == 0,
                 MISC => code == MISC | TAX || code == MISC | TXA,
                 _ => false,
@@ -99,7 +111,8 @@ impl Program {
             if !known {
                 return Err(BpfError::Opcode { at, code });
             }
-            let memory = matches!(class, ST | STX) || (class == LD || class == LDX) && code & 0xe0 == MEM;
+            let memory =
+                matches!(class, ST | STX) || (class == LD || class == LDX) && code & 0xe0 == MEM;
             if memory && i.k as usize >= MEMWORDS {
                 return Err(BpfError::Memory { at, k: i.k });
             }
@@ -107,7 +120,8 @@ impl Program {
                 return Err(BpfError::DivideByZero { at });
             }
             if class == JMP {
-                let targets: [u64; 2] = if code & 0xf0 == JA { [i.k as u64; 2] } else { [i.jt as u64, i.jf as u64] };
+                let targets: [u64; 2] =
+                    if code & 0xf0 == JA { [i.k as u64; 2] } else { [i.jt as u64, i.jf as u64] };
                 if targets.iter().any(|&t| at as u64 + 1 + t >= n as u64) {
                     return Err(BpfError::Jump { at });
                 }
@@ -269,17 +283,40 @@ mod tests {
         let ret = Insn { code: RET | K, jt: 0, jf: 0, k: 1 };
         assert_eq!(Program::new(vec![]), Err(BpfError::Length(0)));
         assert_eq!(Program::new(vec![ret; MAX_INSNS + 1]), Err(BpfError::Length(MAX_INSNS + 1)));
-        assert_eq!(Program::new(vec![Insn { code: JMP | JEQ, jt: 1, jf: 0, k: 0 }, ret]), Err(BpfError::Jump { at: 0 }));
-        assert_eq!(Program::new(vec![Insn { code: JMP | JA, jt: 0, jf: 0, k: u32::MAX }, ret]), Err(BpfError::Jump { at: 0 }));
-        assert_eq!(Program::new(vec![Insn { code: ST, jt: 0, jf: 0, k: 16 }, ret]), Err(BpfError::Memory { at: 0, k: 16 }));
-        assert_eq!(Program::new(vec![Insn { code: ALU | DIV | K, jt: 0, jf: 0, k: 0 }, ret]), Err(BpfError::DivideByZero { at: 0 }));
-        assert_eq!(Program::new(vec![Insn { code: 0xff, jt: 0, jf: 0, k: 0 }, ret]), Err(BpfError::Opcode { at: 0, code: 0xff }));
-        assert_eq!(Program::new(vec![Insn { code: LD | W | IMM, jt: 0, jf: 0, k: 0 }]), Err(BpfError::NoReturn));
+        assert_eq!(
+            Program::new(vec![Insn { code: JMP | JEQ, jt: 1, jf: 0, k: 0 }, ret]),
+            Err(BpfError::Jump { at: 0 })
+        );
+        assert_eq!(
+            Program::new(vec![Insn { code: JMP | JA, jt: 0, jf: 0, k: u32::MAX }, ret]),
+            Err(BpfError::Jump { at: 0 })
+        );
+        assert_eq!(
+            Program::new(vec![Insn { code: ST, jt: 0, jf: 0, k: 16 }, ret]),
+            Err(BpfError::Memory { at: 0, k: 16 })
+        );
+        assert_eq!(
+            Program::new(vec![Insn { code: ALU | DIV | K, jt: 0, jf: 0, k: 0 }, ret]),
+            Err(BpfError::DivideByZero { at: 0 })
+        );
+        assert_eq!(
+            Program::new(vec![Insn { code: 0xff, jt: 0, jf: 0, k: 0 }, ret]),
+            Err(BpfError::Opcode { at: 0, code: 0xff })
+        );
+        assert_eq!(
+            Program::new(vec![Insn { code: LD | W | IMM, jt: 0, jf: 0, k: 0 }]),
+            Err(BpfError::NoReturn)
+        );
     }
 
     #[test]
     fn division_by_a_zero_register_is_no_match() {
-        let p = Program::new(vec![Insn { code: LD | W | IMM, jt: 0, jf: 0, k: 7 }, Insn { code: ALU | DIV | X, jt: 0, jf: 0, k: 0 }, Insn { code: RET | RET_A, jt: 0, jf: 0, k: 0 }]).unwrap();
+        let p = Program::new(vec![
+            Insn { code: LD | W | IMM, jt: 0, jf: 0, k: 7 },
+            Insn { code: ALU | DIV | X, jt: 0, jf: 0, k: 0 },
+            Insn { code: RET | RET_A, jt: 0, jf: 0, k: 0 },
+        ])
+        .unwrap();
         assert_eq!(p.run(&[], 0), 0);
     }
 

@@ -298,7 +298,8 @@ impl Pool {
         }
         let n = n.next_power_of_two();
         let bytes = n as usize * BUF_SIZE;
-        let region = Region::new(bytes, try_huge).map_err(|source| PoolError::Map { bytes, source })?;
+        let region =
+            Region::new(bytes, try_huge).map_err(|source| PoolError::Map { bytes, source })?;
         tracing::info!(buffers = n, bytes, backing = %region.backing(), "packet buffer pool mapped");
         // The last chunk stays out of the free list: it is where `BufId::EMPTY` (and any
         // index masked like it) lands, so no packet may own it.
@@ -441,13 +442,18 @@ impl Pool {
     /// [`Pool::prepend`], also returning the packet's length before it grew (one metadata
     /// read for both).
     #[inline(always)]
-    pub fn prepend_counted<'a>(&'a self, b: &'a mut BufId, n: usize) -> Option<(&'a mut [u8], usize)> {
+    pub fn prepend_counted<'a>(
+        &'a self,
+        b: &'a mut BufId,
+        n: usize,
+    ) -> Option<(&'a mut [u8], usize)> {
         let m = self.m(b.0);
         let off = m.off.load(Relaxed) as usize;
         if n > off {
             return None;
         }
-        let (off, len, pkt_len) = (off - n, m.len.load(Relaxed) as usize + n, m.pkt_len.load(Relaxed));
+        let (off, len, pkt_len) =
+            (off - n, m.len.load(Relaxed) as usize + n, m.pkt_len.load(Relaxed));
         // The chunk's address before the stores below, which the compiler cannot tell from
         // the pool's own fields (it would load those again).
         let chunk = self.chunk(b.0);
@@ -485,7 +491,11 @@ impl Pool {
         }
         // SAFETY: bounds checked just above; exclusive through `&mut BufId`.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.chunk(b.0).add(off + len), data.len());
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.chunk(b.0).add(off + len),
+                data.len(),
+            );
         }
         m.len.store((len + data.len()) as u16, Relaxed);
         m.pkt_len.store(m.pkt_len.load(Relaxed) + data.len() as u32, Relaxed);
@@ -611,7 +621,10 @@ impl Pool {
     /// there are at most `out.len()`: how many were written to `out`; otherwise the packet
     /// comes back whole.
     pub fn split(&self, head: BufId, out: &mut [BufId]) -> Result<usize, BufId> {
-        debug_assert!(self.lent_tail(&head).is_none(), "split of a lent packet: linearize it first");
+        debug_assert!(
+            self.lent_tail(&head).is_none(),
+            "split of a lent packet: linearize it first"
+        );
         let (mut n, mut i) = (0, head.0);
         while i < LENT {
             if n == out.len() || self.m(i).refcnt.load(Acquire) != 1 {
@@ -740,7 +753,9 @@ impl PoolCache {
             let m = self.pool.m(b.0);
             // SAFETY: HEADROOM + len <= BUF_SIZE inside chunk `b`, which we own and no other
             // handle reaches yet.
-            fill(unsafe { std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), len) });
+            fill(unsafe {
+                std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), len)
+            });
             m.len.store(len as u16, Relaxed);
             m.pkt_len.store(len as u32, Relaxed);
             return Some(b);
@@ -791,7 +806,12 @@ impl PoolCache {
     /// for this burst (see [`LentTail`]); the caller's pipeline calls it once the burst is
     /// processed, when no lent packet is left.
     #[inline]
-    pub unsafe fn alloc_lent(&mut self, head_len: usize, fill: impl FnOnce(&mut [u8]), tail: LentTail) -> Option<BufId> {
+    pub unsafe fn alloc_lent(
+        &mut self,
+        head_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        tail: LentTail,
+    ) -> Option<BufId> {
         if head_len > LENT_HEAD_MAX || head_len + tail.len as usize > MAX_FRAME {
             return None;
         }
@@ -800,7 +820,9 @@ impl PoolCache {
         let m = self.pool.m(b.0);
         // SAFETY: HEADROOM + head_len <= HEADROOM + LENT_HEAD_MAX < TAIL_AT inside chunk
         // `b`, which we own and no other handle reaches yet.
-        fill(unsafe { std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), head_len) });
+        fill(unsafe {
+            std::slice::from_raw_parts_mut(self.pool.chunk(b.0).add(HEADROOM), head_len)
+        });
         m.len.store(head_len as u16, Relaxed);
         m.pkt_len.store((head_len + tail.len as usize) as u32, Relaxed);
         m.next.store(LENT, Relaxed);
@@ -935,7 +957,12 @@ mod test {
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         use proptest::prelude::*;
-        prop_oneof![(1usize..=74).prop_map(Op::Prepend), (1usize..=60).prop_map(Op::Strip), (0usize..9300).prop_map(Op::Truncate), Just(Op::Linearize)]
+        prop_oneof![
+            (1usize..=74).prop_map(Op::Prepend),
+            (1usize..=60).prop_map(Op::Strip),
+            (0usize..9300).prop_map(Op::Truncate),
+            Just(Op::Linearize)
+        ]
     }
 
     proptest::proptest! {
@@ -1002,7 +1029,11 @@ mod test {
             assert_eq!(pieces, guest);
             assert!(p.linearize(&mut b, &mut c));
             assert!(p.lent_tail(&b).is_none());
-            assert_eq!(p.is_chained(&b), len > BUF_SIZE - HEADROOM, "{len}: in the head's chunk when it fits");
+            assert_eq!(
+                p.is_chained(&b),
+                len > BUF_SIZE - HEADROOM,
+                "{len}: in the head's chunk when it fits"
+            );
             let got: Vec<u8> = p.segments(&b).flatten().copied().collect();
             assert_eq!((got, p.pkt_len(&b)), (guest.clone(), len));
             c.free(b);
@@ -1025,7 +1056,8 @@ mod test {
         assert_eq!(p.free_count() + c.stack.len(), free, "every buffer back");
         let too_long = LentTail { ptr: guest.as_ptr(), len: MAX_FRAME as u32 };
         // SAFETY: refused before anything is read.
-        assert!(unsafe { c.alloc_lent(128, |_| (), too_long) }.is_none(), "longer than the largest frame");
+        let refused = unsafe { c.alloc_lent(128, |_| (), too_long) }.is_none();
+        assert!(refused, "longer than the largest frame");
     }
 
     /// Pieces chained as a port receives them make one packet; split, each piece is a lone
@@ -1035,7 +1067,10 @@ mod test {
     fn chains_are_built_and_split_piece_by_piece() {
         let p = pool(64);
         let mut c = PoolCache::new(p.clone());
-        let pieces: Vec<BufId> = [&[1u8; 100][..], &[2; 2000], &[3; 50]].iter().map(|d| c.alloc_frame(d).unwrap()).collect();
+        let pieces: Vec<BufId> = [&[1u8; 100][..], &[2; 2000], &[3; 50]]
+            .iter()
+            .map(|d| c.alloc_frame(d).unwrap())
+            .collect();
         let mut it = pieces.into_iter();
         let mut chain = Chain::new(it.next().unwrap());
         for seg in it {

@@ -77,7 +77,15 @@ pub struct Slot {
 
 impl Slot {
     fn new(snaplen: usize) -> Box<Slot> {
-        Box::new(Slot { ts_ns: 0, orig_len: 0, dir: Direction::Rx, thread: 0, reason: None, len: 0, data: vec![0; snaplen].into_boxed_slice() })
+        Box::new(Slot {
+            ts_ns: 0,
+            orig_len: 0,
+            dir: Direction::Rx,
+            thread: 0,
+            reason: None,
+            len: 0,
+            data: vec![0; snaplen].into_boxed_slice(),
+        })
     }
 
     /// The frame's captured bytes.
@@ -87,7 +95,8 @@ impl Slot {
 
     /// Starts the slot over with a frame of `orig_len` bytes.
     pub(crate) fn begin(&mut self, ts_ns: u64, dir: Direction, thread: u16, orig_len: u32) {
-        (self.ts_ns, self.dir, self.thread, self.orig_len, self.reason, self.len) = (ts_ns, dir, thread, orig_len, None, 0);
+        (self.ts_ns, self.dir, self.thread, self.orig_len, self.reason, self.len) =
+            (ts_ns, dir, thread, orig_len, None, 0);
     }
 
     /// A frame to `from` leaves addressed to `to` (a gateway's port, see
@@ -237,7 +246,18 @@ impl Capture {
             let _ = free.push(Slot::new(snaplen as usize));
         }
         let remaining = AtomicU64::new(if r.count == 0 { u64::MAX } else { r.count });
-        let s = Arc::new(Session { port: r.port, rx: r.rx, tx: r.tx, snaplen, filter: r.filter, remaining, free, full, lost: AtomicU64::new(0), gone: AtomicBool::new(false) });
+        let s = Arc::new(Session {
+            port: r.port,
+            rx: r.rx,
+            tx: r.tx,
+            snaplen,
+            filter: r.filter,
+            remaining,
+            free,
+            full,
+            lost: AtomicU64::new(0),
+            gone: AtomicBool::new(false),
+        });
         self.session.store(Some(s.clone()));
         let armed = r.port as u32 + 1;
         self.rx.store(if r.rx { armed } else { 0 }, Release);
@@ -291,7 +311,9 @@ impl Capture {
 
 /// Wall-clock time in nanoseconds since the Unix epoch (the vDSO's clock: no syscall).
 pub(crate) fn wall_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 #[cfg(test)]
@@ -314,8 +336,14 @@ mod tests {
         c.stop(&s); // an old session's stop leaves the new one running
         assert!(c.rx_armed(4));
         c.stop(&t);
-        assert_eq!(c.start(Request { rx: false, ..req(1, 0) }).err(), Some(CaptureError::NoDirection));
-        assert_eq!(c.start(Request { snaplen: MAX_SNAPLEN + 1, ..req(1, 0) }).err(), Some(CaptureError::Snaplen(MAX_SNAPLEN + 1)));
+        assert_eq!(
+            c.start(Request { rx: false, ..req(1, 0) }).err(),
+            Some(CaptureError::NoDirection)
+        );
+        assert_eq!(
+            c.start(Request { snaplen: MAX_SNAPLEN + 1, ..req(1, 0) }).err(),
+            Some(CaptureError::Snaplen(MAX_SNAPLEN + 1))
+        );
     }
 
     #[test]
@@ -330,7 +358,11 @@ mod tests {
             }
         }
         assert!(s.complete());
-        assert_eq!(s.next(|f| (f.bytes().len(), f.orig_len, f.bytes()[0])), Some((64, 100, 0)), "cut at the snap length");
+        assert_eq!(
+            s.next(|f| (f.bytes().len(), f.orig_len, f.bytes()[0])),
+            Some((64, 100, 0)),
+            "cut at the snap length"
+        );
         assert_eq!(s.next(|f| f.bytes()[0]), Some(1));
         assert_eq!(s.next(|f| f.bytes()[0]), None);
         c.stop(&s);

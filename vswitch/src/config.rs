@@ -75,7 +75,6 @@ pub enum ConfigError {
     BadMarking { bridge: String, what: &'static str, value: u8, max: u8 },
 }
 
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchConfig {
@@ -190,7 +189,11 @@ impl GatewayConfig {
     /// (one of its addresses is IPv6) and none is configured: `fe80::` and the modified EUI-64
     /// of its MAC (RFC 4291), the same on every node, so a pod may route through it.
     pub fn link_local(&self) -> Option<Ipv6Addr> {
-        let v6: Vec<Ipv6Addr> = self.ips.iter().filter_map(|ip| if let IpAddr::V6(a) = ip { Some(*a) } else { None }).collect();
+        let v6: Vec<Ipv6Addr> = self
+            .ips
+            .iter()
+            .filter_map(|ip| if let IpAddr::V6(a) = ip { Some(*a) } else { None })
+            .collect();
         if v6.is_empty() || v6.iter().any(Ipv6Addr::is_unicast_link_local) {
             return None;
         }
@@ -206,7 +209,13 @@ impl BridgeConfig {
         if let Some(g) = &self.gateway
             && let Some(mac) = g.mac()
         {
-            all.extend(g.ips.iter().copied().chain(g.link_local().map(IpAddr::V6)).map(|ip| Neighbor { ip, mac }));
+            all.extend(
+                g.ips
+                    .iter()
+                    .copied()
+                    .chain(g.link_local().map(IpAddr::V6))
+                    .map(|ip| Neighbor { ip, mac }),
+            );
         }
         all
     }

@@ -312,7 +312,11 @@ pub struct Totals {
 
 impl Totals {
     pub fn sum<'a>(threads: impl IntoIterator<Item = &'a ThreadStats>) -> Totals {
-        let mut t = Totals { drops: vec![0; DropReason::COUNT], events: vec![0; Event::COUNT], ..Default::default() };
+        let mut t = Totals {
+            drops: vec![0; DropReason::COUNT],
+            events: vec![0; Event::COUNT],
+            ..Default::default()
+        };
         for s in threads {
             for (a, c) in t.drops.iter_mut().zip(&s.drops) {
                 *a += c.get();
@@ -366,7 +370,11 @@ impl Totals {
 
     /// Non-zero drop reasons as (name, count), for reports.
     pub fn nonzero_drops(&self) -> Vec<(&'static str, u64)> {
-        DropReason::ALL.iter().filter(|r| self.drop(**r) > 0).map(|r| (r.name(), self.drop(*r))).collect()
+        DropReason::ALL
+            .iter()
+            .filter(|r| self.drop(**r) > 0)
+            .map(|r| (r.name(), self.drop(*r)))
+            .collect()
     }
 
     /// Busy cycles per received packet, as `pmd-stats-show` reports "processing cycles".

@@ -62,7 +62,13 @@ pub const MAX_LEN: usize = (1 << 14) - 2;
 impl Hit {
     /// The decision to send a frame of bridge domain `bd` to a local port; `None` when a
     /// field does not fit (the frame then always takes the slow path).
-    pub fn to_port(bd: u16, port: u16, tagged_in: bool, want: Option<(u16, u16)>, max_len: usize) -> Option<Hit> {
+    pub fn to_port(
+        bd: u16,
+        port: u16,
+        tagged_in: bool,
+        want: Option<(u16, u16)>,
+        max_len: usize,
+    ) -> Option<Hit> {
         let out = match want {
             None => 0,
             Some((tpid, vid)) => {
@@ -195,7 +201,18 @@ impl Key {
     #[inline(always)]
     pub fn lookup_from_secured_port(port: u16, h: &[u8]) -> Option<Key> {
         let h = h.first_chunk::<SECURED_KEY_BYTES>()?;
-        let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
+        let w = |i: usize| {
+            u64::from_le_bytes([
+                h[i],
+                h[i + 1],
+                h[i + 2],
+                h[i + 3],
+                h[i + 4],
+                h[i + 5],
+                h[i + 6],
+                h[i + 7],
+            ])
+        };
         let src_ip = u32::from_le_bytes([h[26], h[27], h[28], h[29]]) as u64;
         // A frame the DHCP guard could drop — 67 where a 20-byte IPv4 header puts a UDP
         // source port (see `security`) — has the top bit of its IP version set in its key:
@@ -204,7 +221,11 @@ impl Key {
         let dhcp = (u16::from_le_bytes([h[34], h[35]]) == DHCPV4_SERVER_PORT_IN_FRAME) as u64;
         // Rotated so the destination's last bytes, which tell a pod's flows apart, sit where
         // other keys have them, the top (see `Key::bucket`).
-        Some(Key { k0: w(0).rotate_left(16), k1: w(8) | dhcp << 55, k2: port as u64 | src_ip << 16 })
+        Some(Key {
+            k0: w(0).rotate_left(16),
+            k1: w(8) | dhcp << 55,
+            k2: port as u64 | src_ip << 16,
+        })
     }
 
     /// The key of an inner frame decapsulated from `peer` into bridge domain `bd`.
@@ -216,7 +237,18 @@ impl Key {
     #[inline(always)]
     fn new(ingress: u64, bd: u64, h: &[u8]) -> Option<Key> {
         let h = h.first_chunk::<KEY_BYTES>()?;
-        let w = |i: usize| u64::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3], h[i + 4], h[i + 5], h[i + 6], h[i + 7]]);
+        let w = |i: usize| {
+            u64::from_le_bytes([
+                h[i],
+                h[i + 1],
+                h[i + 2],
+                h[i + 3],
+                h[i + 4],
+                h[i + 5],
+                h[i + 6],
+                h[i + 7],
+            ])
+        };
         // Bytes 0..8 hold the destination and the first two bytes of the source, which `k1`
         // (bytes 6..14) holds too: shift them out.
         let k0 = w(0) << 16 | bd;
@@ -363,7 +395,11 @@ impl EmcView<'_> {
     #[inline(always)]
     pub fn lookup_in(self, set: usize, k: &Key) -> Option<Hit> {
         // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
-        Self::lookup_set(unsafe { self.sets.get_unchecked(set & self.mask as usize) }, k, self.epoch)
+        Self::lookup_set(
+            unsafe { self.sets.get_unchecked(set & self.mask as usize) },
+            k,
+            self.epoch,
+        )
     }
 
     #[inline(always)]
@@ -593,7 +629,8 @@ mod test {
     #[test]
     fn a_secured_port_keys_ipv4_by_source_address_and_nothing_else() {
         use crate::testkit::{frames, mac};
-        let udp = |ip: [u8; 4]| frames::udp4(mac(2), mac(1), ip.into(), [192, 0, 2, 9].into(), 1, 2, 64);
+        let udp =
+            |ip: [u8; 4]| frames::udp4(mac(2), mac(1), ip.into(), [192, 0, 2, 9].into(), 1, 2, 64);
         let a = Key::from_secured_port(3, &udp([192, 0, 2, 1])).unwrap();
         assert_eq!(a, Key::from_secured_port(3, &udp([192, 0, 2, 1])).unwrap(), "the same flow");
         for other in [[192, 0, 2, 2], [192, 0, 3, 1], [10, 0, 2, 1], [0, 0, 0, 0]] {
@@ -636,7 +673,14 @@ mod test {
         tagged[26..30].copy_from_slice(&ip);
         for (what, f) in [
             ("ARP", same_source(frames::arp_request(mac(1), ip.into(), ip.into()))),
-            ("IPv6", same_source(frames::ns(mac(1), "fe80::1".parse().unwrap(), "fd00::1".parse().unwrap()))),
+            (
+                "IPv6",
+                same_source(frames::ns(
+                    mac(1),
+                    "fe80::1".parse().unwrap(),
+                    "fd00::1".parse().unwrap(),
+                )),
+            ),
             ("tagged", same_source(tagged)),
             ("not version 4", v6),
         ] {
@@ -672,28 +716,36 @@ mod test {
             f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
             Key::from_port(1, &f).unwrap()
         };
-        let last_two: Vec<Key> = (0..1000u16).map(|i| {
-            let [a, b] = i.to_be_bytes();
-            key([2, 0, 0, 0, a, b], [2, 0, 0, 0, 0, 1])
-        }).collect();
-        let manager: Vec<Key> = (0..1000u16).map(|i| {
-            let [a, b] = (i * 61).to_be_bytes();
-            key([0x0a, 0x58, 10, 72, a, b], [0x0a, 0x58, 10, 72, 0, 2])
-        }).collect();
-        let pod: Vec<Key> = (0..1000u16).map(|i| {
-            let [a, b] = (i * 61).to_be_bytes();
-            let f = crate::testkit::frames::udp4(
-                crate::wire::MacAddr([0x0a, 0x58, 10, 72, a, b]),
-                crate::wire::MacAddr([0x0a, 0x58, 10, 72, 0, 2]),
-                [10, 72, 0, 2].into(),
-                [10, 72, a, b].into(),
-                1,
-                2,
-                64,
-            );
-            Key::from_secured_port(1, &f).unwrap()
-        }).collect();
-        for (what, keys) in [("last two bytes", &last_two), ("manager MACs", &manager), ("from a pod port", &pod)] {
+        let last_two: Vec<Key> = (0..1000u16)
+            .map(|i| {
+                let [a, b] = i.to_be_bytes();
+                key([2, 0, 0, 0, a, b], [2, 0, 0, 0, 0, 1])
+            })
+            .collect();
+        let manager: Vec<Key> = (0..1000u16)
+            .map(|i| {
+                let [a, b] = (i * 61).to_be_bytes();
+                key([0x0a, 0x58, 10, 72, a, b], [0x0a, 0x58, 10, 72, 0, 2])
+            })
+            .collect();
+        let pod: Vec<Key> = (0..1000u16)
+            .map(|i| {
+                let [a, b] = (i * 61).to_be_bytes();
+                let f = crate::testkit::frames::udp4(
+                    crate::wire::MacAddr([0x0a, 0x58, 10, 72, a, b]),
+                    crate::wire::MacAddr([0x0a, 0x58, 10, 72, 0, 2]),
+                    [10, 72, 0, 2].into(),
+                    [10, 72, a, b].into(),
+                    1,
+                    2,
+                    64,
+                );
+                Key::from_secured_port(1, &f).unwrap()
+            })
+            .collect();
+        for (what, keys) in
+            [("last two bytes", &last_two), ("manager MACs", &manager), ("from a pod port", &pod)]
+        {
             // 4 096 entries for 1 000 keys: a uniform spread keeps nearly all of them.
             let n = held(keys, 2048);
             assert!(n >= 990, "{what}: {n} of 1000 kept");
@@ -702,14 +754,24 @@ mod test {
 
     #[test]
     fn codes_round_trip() {
-        for (bd, id, tin, want, max) in [(7, 3, false, Some((0x88a8, 100)), 1518), (4095, 4095, true, None, MAX_LEN), (0, 0, true, Some((0x9100, 4095)), 0)] {
+        for (bd, id, tin, want, max) in [
+            (7, 3, false, Some((0x88a8, 100)), 1518),
+            (4095, 4095, true, None, MAX_LEN),
+            (0, 0, true, Some((0x9100, 4095)), 0),
+        ] {
             let h = Hit::to_port(bd, id, tin, want, max).unwrap();
-            assert_eq!((h.bd(), h.tagged_in(), h.action()), (bd, tin, Action::Port { port: id, want }));
+            assert_eq!(
+                (h.bd(), h.tagged_in(), h.action()),
+                (bd, tin, Action::Port { port: id, want })
+            );
             assert!(h.admits(max as u32) && !h.admits(max as u32 + 1));
         }
         assert!(!Hit::default().admits(0), "no decision admits even an empty frame");
         let h = Hit::to_peer(9, 12, true, 0xff_ffff, 9000).unwrap();
-        assert_eq!((h.bd(), h.tagged_in(), h.action()), (9, true, Action::Peer { peer: 12, vni: 0xff_ffff }));
+        assert_eq!(
+            (h.bd(), h.tagged_in(), h.action()),
+            (9, true, Action::Peer { peer: 12, vni: 0xff_ffff })
+        );
         assert!(h.admits(9000) && !h.admits(9001));
         assert_eq!(Hit::to_port(1, 4096, false, None, 1518), None);
         assert_eq!(Hit::to_port(1, 1, false, Some((0x0800, 1)), 1518), None);
@@ -758,7 +820,8 @@ mod test {
     fn colliding_keys_share_a_set_of_two() {
         let mut c = Emc::new(2); // one set: every key collides
         c.sync(0, 0, 0);
-        let keys: Vec<Key> = (0..3).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
+        let keys: Vec<Key> =
+            (0..3).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
         c.insert(&keys[0], to_3());
         c.insert(&keys[1], to_3());
         assert!(c.lookup(&keys[0]).is_some() && c.lookup(&keys[1]).is_some());
@@ -785,7 +848,9 @@ mod test {
             let mut c = Emc::new(sets * 2);
             c.sync(0, 0, 0);
             // More keys than writes: none is written twice, so only the sweep can empty it.
-            let keys: Vec<Key> = (0..=255u8).map(|i| Key::from_port(1, &frame(i, i.wrapping_mul(7), 0x0800, 0)).unwrap()).collect();
+            let keys: Vec<Key> = (0..=255u8)
+                .map(|i| Key::from_port(1, &frame(i, i.wrapping_mul(7), 0x0800, 0)).unwrap())
+                .collect();
             let mut now = 0;
             let mut written: std::collections::HashMap<u32, Vec<Key>> = Default::default();
             // Write a key every 1 009 epochs for a whole cycle of epoch numbers and more.
@@ -799,7 +864,12 @@ mod test {
                 c.sync(0, 0, now);
                 assert_ne!(c.epoch, 0, "epoch 0 marks empty entries");
                 for k in written.remove(&c.epoch).unwrap_or_default() {
-                    assert_eq!(c.lookup(&k), None, "{sets} sets: an entry of an earlier epoch {} matched", c.epoch);
+                    assert_eq!(
+                        c.lookup(&k),
+                        None,
+                        "{sets} sets: an entry of an earlier epoch {} matched",
+                        c.epoch
+                    );
                 }
             }
         }
@@ -813,6 +883,10 @@ mod test {
         assert_eq!((c.epoch, c.sweep), (3, 8));
         c.epoch = EPOCHS - 1;
         c.sync(0, 0, 2);
-        assert_eq!((c.epoch, c.sweep), (1, 12), "the count skips 0 and nothing else happens at the wrap");
+        assert_eq!(
+            (c.epoch, c.sweep),
+            (1, 12),
+            "the count skips 0 and nothing else happens at the wrap"
+        );
     }
 }

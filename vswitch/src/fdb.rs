@@ -16,8 +16,8 @@
 //! remove only, which are rare next to lookups. Values carry the last-seen time in seconds;
 //! ageing removes entries older than the bridge domain's age.
 
-use crate::wire::MacAddr;
 use crate::sync::{AtomicU32, AtomicU64, fence};
+use crate::wire::MacAddr;
 use std::sync::atomic::Ordering::*;
 // Counts of entries are not part of the seqlock protocol: plain std atomics even under loom.
 use std::sync::atomic::AtomicU32 as CountU32;
@@ -51,7 +51,11 @@ impl Dest {
 
     #[inline(always)]
     fn from_code(c: u32) -> Dest {
-        if c & PEER != 0 { Dest::Peer((c & ID_MASK) as u16) } else { Dest::Port((c & ID_MASK) as u16) }
+        if c & PEER != 0 {
+            Dest::Peer((c & ID_MASK) as u16)
+        } else {
+            Dest::Port((c & ID_MASK) as u16)
+        }
     }
 }
 
@@ -394,9 +398,9 @@ impl Fdb {
             && (self.total.load(Relaxed) >= self.max_entries
                 || self.per_bd[bd].load(Relaxed) >= l.bd_max
                 || matches!(val.dest(), Dest::Port(p) if self.port_len(p) >= l.port_max))
-            {
-                return Learn::Limit;
-            }
+        {
+            return Learn::Limit;
+        }
         // First fit: most keys then sit in their first bucket, so most lookups end there.
         let free = |b: u32| self.bucket(b).keys.iter().position(|k| k.load(Relaxed) == 0);
         let slot = free(b1).map(|i| (b1, i)).or_else(|| free(b2).map(|i| (b2, i)));
@@ -412,9 +416,14 @@ impl Fdb {
 
     fn count_port(&self, d: Dest, add: bool) {
         if let Dest::Port(p) = d
-            && let Some(c) = self.per_port.get(p as usize) {
-                if add { c.fetch_add(1, Relaxed) } else { c.fetch_sub(1, Relaxed) };
-            }
+            && let Some(c) = self.per_port.get(p as usize)
+        {
+            if add {
+                c.fetch_add(1, Relaxed)
+            } else {
+                c.fetch_sub(1, Relaxed)
+            };
+        }
     }
 
     /// Installs or replaces a static entry (control plane). Static entries never age or move;
@@ -469,7 +478,9 @@ impl Fdb {
     /// Removes learned entries not seen for `max_age` seconds at `now`, in the bridge
     /// domains `age_of` gives an age for.
     pub fn age(&self, now: u32, mut age_of: impl FnMut(u16) -> Option<u32>) -> usize {
-        self.remove_where(|e| !e.is_static && age_of(e.bd).is_some_and(|a| now.wrapping_sub(e.seen) >= a))
+        self.remove_where(|e| {
+            !e.is_static && age_of(e.bd).is_some_and(|a| now.wrapping_sub(e.seen) >= a)
+        })
     }
 
     /// Every entry (for the API and tests).
@@ -523,19 +534,29 @@ mod test {
             })
             .collect();
         let (a, (a1, a2)) = pairs[0];
-        let b = pairs.iter().find(|(_, (b1, b2))| (*b1, *b2) == (a2, a1)).map(|(m, _)| *m).expect("a key with the pair reversed");
+        let b = pairs
+            .iter()
+            .find(|(_, (b1, b2))| (*b1, *b2) == (a2, a1))
+            .map(|(m, _)| *m)
+            .expect("a key with the pair reversed");
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         for m in [a, b] {
             let (f, done) = (f.clone(), done_tx.clone());
             std::thread::spawn(move || {
                 for i in 0..20_000u16 {
-                    let _ = f.insert_static(1, MacAddr::from_u64(0x0200_0000_0000 | m), Dest::Port(i % 8));
+                    let _ = f.insert_static(
+                        1,
+                        MacAddr::from_u64(0x0200_0000_0000 | m),
+                        Dest::Port(i % 8),
+                    );
                 }
                 let _ = done.send(());
             });
         }
         for _ in 0..2 {
-            done_rx.recv_timeout(std::time::Duration::from_secs(20)).expect("static inserts deadlocked");
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .expect("static inserts deadlocked");
         }
     }
 

@@ -8,7 +8,9 @@
 //! checks that traces take every edge and no other).
 
 use crate::counters::{DropReason, Event};
-use crate::pipeline::{cache, classify, decap, encap, flood, forward, learn, neighbor, rewrite, tx};
+use crate::pipeline::{
+    cache, classify, decap, encap, flood, forward, learn, neighbor, rewrite, tx,
+};
 use crate::trace::{FrameTrace, Node, Step};
 
 /// A node as its file declares it (VPP's `VLIB_REGISTER_NODE`).
@@ -126,10 +128,12 @@ pub fn check() -> Result<Vec<Node>, GraphError> {
             return Err(GraphError::DropsWithoutNext(n.name()));
         }
     }
-    let forward = |n: Node| n.nexts().iter().filter_map(move |x| match x {
-        Next::Node(m) if !(n == Node::NeighborHold && *m == Node::Encap) => Some(*m),
-        _ => None,
-    });
+    let forward = |n: Node| {
+        n.nexts().iter().filter_map(move |x| match x {
+            Next::Node(m) if !(n == Node::NeighborHold && *m == Node::Encap) => Some(*m),
+            _ => None,
+        })
+    };
     let mut reached: Vec<Node> = ENTRIES.to_vec();
     let mut i = 0;
     while i < reached.len() {
@@ -169,7 +173,9 @@ pub fn edges_of(t: &FrameTrace) -> Vec<(Option<Node>, Next)> {
         if let Step::Drop { .. } = s {
             // Classification, port security and decapsulation record their step only for
             // frames they pass: a frame one of them drops shows only the drop.
-            if prev != Some(node) && matches!(node, Node::Classify | Node::PortSecurity | Node::Decap) {
+            if prev != Some(node)
+                && matches!(node, Node::Classify | Node::PortSecurity | Node::Decap)
+            {
                 out.push((prev, Next::Node(node)));
                 prev = Some(node);
             }
@@ -190,7 +196,11 @@ pub fn edges_of(t: &FrameTrace) -> Vec<(Option<Node>, Next)> {
         if prev == Some(node) {
             continue;
         }
-        let from = if flooded && matches!(node, Node::VlanRewrite | Node::Encap) { Some(Node::Flood) } else { prev };
+        let from = if flooded && matches!(node, Node::VlanRewrite | Node::Encap) {
+            Some(Node::Flood)
+        } else {
+            prev
+        };
         out.push((from, Next::Node(node)));
         flooded |= node == Node::Flood;
         prev = Some(node);
@@ -223,7 +233,12 @@ mod tests {
     #[test]
     fn every_counter_is_a_node_s_but_the_thread_s_own() {
         for e in crate::Event::ALL {
-            assert_eq!(Node::counting(*e).is_none(), *e == crate::Event::ConfigAdopted, "{}", e.name());
+            assert_eq!(
+                Node::counting(*e).is_none(),
+                *e == crate::Event::ConfigAdopted,
+                "{}",
+                e.name()
+            );
         }
         for r in crate::DropReason::ALL {
             assert!(Node::dropping(*r).next_index(Next::Drop).is_some(), "{}", r.name());
@@ -233,7 +248,11 @@ mod tests {
     #[test]
     fn every_node_but_entries_has_a_node_before_it() {
         for n in Node::ALL.iter().filter(|n| !ENTRIES.contains(n)) {
-            assert!(Node::ALL.iter().any(|m| m.next_index(Next::Node(*n)).is_some()), "{} has no way in", n.name());
+            assert!(
+                Node::ALL.iter().any(|m| m.next_index(Next::Node(*n)).is_some()),
+                "{} has no way in",
+                n.name()
+            );
         }
     }
 }

@@ -43,7 +43,12 @@ struct Slot {
 
 impl Default for Slot {
     fn default() -> Slot {
-        Slot { mac: AtomicU64::new(0), confirmed: AtomicU32::new(NEVER), asked: AtomicU32::new(NEVER), unanswered: AtomicU32::new(0) }
+        Slot {
+            mac: AtomicU64::new(0),
+            confirmed: AtomicU32::new(NEVER),
+            asked: AtomicU32::new(NEVER),
+            unanswered: AtomicU32::new(0),
+        }
     }
 }
 
@@ -80,7 +85,10 @@ pub enum Next {
 
 impl Neighbors {
     pub fn new(peers: usize) -> Neighbors {
-        Neighbors { slots: (0..peers).map(|_| Slot::default()).collect(), learned: AtomicU32::new(0) }
+        Neighbors {
+            slots: (0..peers).map(|_| Slot::default()).collect(),
+            learned: AtomicU32::new(0),
+        }
     }
 
     fn slot(&self, peer: u16) -> Option<&Slot> {
@@ -122,7 +130,8 @@ impl Neighbors {
         // The claim may just have forgotten the MAC.
         let v = if ask { s.mac.load(Acquire) } else { v };
         let known = v & VALID != 0;
-        let next = if known { Next::Send(MacAddr::from_u64(v & 0xffff_ffff_ffff)) } else { Next::Wait };
+        let next =
+            if known { Next::Send(MacAddr::from_u64(v & 0xffff_ffff_ffff)) } else { Next::Wait };
         (next, ask)
     }
 
@@ -184,23 +193,41 @@ impl Neighbors {
 
 /// An ARP request or neighbour solicitation for `target` from the VTEP (`local`, `mac`),
 /// tagged when the underlay is, in a fresh buffer.
-pub fn request(cache: &mut PoolCache, local: IpAddr, mac: MacAddr, vlan: Option<u16>, target: IpAddr) -> Option<BufId> {
+pub fn request(
+    cache: &mut PoolCache,
+    local: IpAddr,
+    mac: MacAddr,
+    vlan: Option<u16>,
+    target: IpAddr,
+) -> Option<BufId> {
     let mut f = [0u8; 18 + ipv6::HEADER_LEN + icmpv6::NA_LEN];
     let (dst, et) = match target {
         IpAddr::V4(_) => (MacAddr::BROADCAST, ethernet::ethertype::ARP),
         IpAddr::V6(t) => (solicited_node_mac(&t), ethernet::ethertype::IPV6),
     };
-    let eth = ethernet::Repr { dst, src: mac, tag: vlan.map(|v| (ethernet::ethertype::VLAN, v)), ethertype: et };
+    let eth = ethernet::Repr {
+        dst,
+        src: mac,
+        tag: vlan.map(|v| (ethernet::ethertype::VLAN, v)),
+        ethertype: et,
+    };
     eth.emit(&mut f);
     let l2 = if vlan.is_some() { 18 } else { 14 };
     let len = match (local, target) {
         (IpAddr::V4(spa), IpAddr::V4(tpa)) => {
-            arp::Repr { op: arp::OP_REQUEST, sha: mac, spa, tha: MacAddr([0; 6]), tpa }.emit(&mut f[l2..]);
+            arp::Repr { op: arp::OP_REQUEST, sha: mac, spa, tha: MacAddr([0; 6]), tpa }
+                .emit(&mut f[l2..]);
             (l2 + arp::PACKET_LEN).max(60)
         }
         (IpAddr::V6(src), IpAddr::V6(t)) => {
             let dst = solicited_node(&t);
-            let ip = ipv6::Repr { src, dst, next_header: ipv6::NEXT_ICMPV6, hop_limit: 255, payload_len: icmpv6::NA_LEN as u16 };
+            let ip = ipv6::Repr {
+                src,
+                dst,
+                next_header: ipv6::NEXT_ICMPV6,
+                hop_limit: 255,
+                payload_len: icmpv6::NA_LEN as u16,
+            };
             ip.emit(&mut f[l2..]);
             icmpv6::emit_ns(&mut f[l2 + ipv6::HEADER_LEN..], &src, &dst, &t, mac);
             l2 + ipv6::HEADER_LEN + icmpv6::NA_LEN
@@ -225,7 +252,9 @@ pub fn answer_in(pool: &Pool, b: &BufId, local: IpAddr) -> Option<(IpAddr, MacAd
     match (et, local) {
         (ethernet::ethertype::ARP, IpAddr::V4(me)) => {
             let p = arp::Packet::new_checked(body).ok()?;
-            let ok = (p.op() == arp::OP_REPLY || p.op() == arp::OP_REQUEST) && p.tpa() == me && !p.sha().is_group();
+            let ok = (p.op() == arp::OP_REPLY || p.op() == arp::OP_REQUEST)
+                && p.tpa() == me
+                && !p.sha().is_group();
             ok.then(|| (IpAddr::V4(p.spa()), p.sha()))
         }
         (ethernet::ethertype::IPV6, IpAddr::V6(me)) => {
@@ -361,7 +390,8 @@ mod test {
             ("198.51.100.1", "198.51.100.2", Some(7)),
             ("2001:db8::1", "2001:db8::2", None),
         ] {
-            let (local, target): (IpAddr, IpAddr) = (local.parse().unwrap(), target.parse().unwrap());
+            let (local, target): (IpAddr, IpAddr) =
+                (local.parse().unwrap(), target.parse().unwrap());
             let b = request(&mut c, local, me, vlan, target).unwrap();
             assert!(pool.pkt_len(&b) >= 60);
             // The request, as seen by the target: an ARP request or a solicitation for it.
@@ -376,7 +406,8 @@ mod test {
                     let mut r = h.clone();
                     r[..6].copy_from_slice(&me.0);
                     r[6..12].copy_from_slice(&peer.0);
-                    arp::Repr { op: arp::OP_REPLY, sha: peer, spa: t, tha: me, tpa: l }.emit(&mut r[l2..]);
+                    arp::Repr { op: arp::OP_REPLY, sha: peer, spa: t, tha: me, tpa: l }
+                        .emit(&mut r[l2..]);
                     r
                 }
                 (IpAddr::V6(l), IpAddr::V6(t)) => {
@@ -387,9 +418,21 @@ mod test {
                     assert_eq!((ns.msg_type(), ns.target()), (icmpv6::TYPE_NS, t));
                     assert!(icmpv6::checksum_ok(&l, &solicited_node(&t), ip.payload()));
                     let mut r = vec![0u8; 14 + ipv6::HEADER_LEN + icmpv6::NA_LEN];
-                    ethernet::Repr { dst: me, src: peer, tag: None, ethertype: ethernet::ethertype::IPV6 }.emit(&mut r);
-                    ipv6::Repr { src: t, dst: l, next_header: ipv6::NEXT_ICMPV6, hop_limit: 255, payload_len: icmpv6::NA_LEN as u16 }
-                        .emit(&mut r[14..]);
+                    ethernet::Repr {
+                        dst: me,
+                        src: peer,
+                        tag: None,
+                        ethertype: ethernet::ethertype::IPV6,
+                    }
+                    .emit(&mut r);
+                    ipv6::Repr {
+                        src: t,
+                        dst: l,
+                        next_header: ipv6::NEXT_ICMPV6,
+                        hop_limit: 255,
+                        payload_len: icmpv6::NA_LEN as u16,
+                    }
+                    .emit(&mut r[14..]);
                     icmpv6::emit_na(&mut r[14 + ipv6::HEADER_LEN..], &t, &l, &t, peer);
                     r
                 }
@@ -397,7 +440,11 @@ mod test {
             };
             let b = c.alloc_frame(&answer).unwrap();
             assert_eq!(answer_in(&pool, &b, local), Some((target, peer)));
-            let other: IpAddr = if local.is_ipv4() { "198.51.100.9".parse().unwrap() } else { "2001:db8::9".parse().unwrap() };
+            let other: IpAddr = if local.is_ipv4() {
+                "198.51.100.9".parse().unwrap()
+            } else {
+                "2001:db8::9".parse().unwrap()
+            };
             assert_eq!(answer_in(&pool, &b, other), None, "not for us");
             c.free(b);
         }

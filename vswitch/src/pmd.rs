@@ -194,13 +194,21 @@ impl PmdSet {
         let adopted: Arc<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
         let retired: Arc<[Retired]> = (0..n).map(|_| Retired::empty()).collect();
         let alive: Arc<[AtomicBool]> = (0..n).map(|_| AtomicBool::new(true)).collect();
-        let placements: Arc<[ArcSwapOption<Placement>]> = (0..n).map(|_| ArcSwapOption::empty()).collect();
+        let placements: Arc<[ArcSwapOption<Placement>]> =
+            (0..n).map(|_| ArcSwapOption::empty()).collect();
         let mut kicks = Vec::new();
         let mut threads = Vec::new();
         for idx in 0..n {
             let kick = Arc::new(eventfd()?);
             kicks.push(kick.clone());
-            let (switch, stop, adopted, retired, alive, placements) = (switch.clone(), stop.clone(), adopted.clone(), retired.clone(), alive.clone(), placements.clone());
+            let (switch, stop, adopted, retired, alive, placements) = (
+                switch.clone(),
+                stop.clone(),
+                adopted.clone(),
+                retired.clone(),
+                alive.clone(),
+                placements.clone(),
+            );
             let core = cfg.cores.get(idx).copied();
             let idle = cfg.idle;
             let t = std::thread::Builder::new().name(format!("pmd{idx}")).spawn(move || {
@@ -208,7 +216,15 @@ impl PmdSet {
                 if let Some(c) = core {
                     pin(c);
                 }
-                run(idx, n, &switch, &stop, (&adopted[idx], &retired[idx], &placements[idx]), kick.as_raw_fd(), idle);
+                run(
+                    idx,
+                    n,
+                    &switch,
+                    &stop,
+                    (&adopted[idx], &retired[idx], &placements[idx]),
+                    kick.as_raw_fd(),
+                    idle,
+                );
             })?;
             threads.push(t);
         }
@@ -249,7 +265,12 @@ impl PmdSet {
     /// Each thread: its core, whether it runs, the queues it polls and what they cost.
     pub fn threads(&self) -> Vec<PmdView> {
         (0..self.placements.len())
-            .map(|i| PmdView { index: i, core: self.cores.get(i).copied().flatten(), alive: self.alive[i].load(Acquire), placement: self.placements[i].load_full() })
+            .map(|i| PmdView {
+                index: i,
+                core: self.cores.get(i).copied().flatten(),
+                alive: self.alive[i].load(Acquire),
+                placement: self.placements[i].load_full(),
+            })
             .collect()
     }
 
@@ -260,7 +281,12 @@ impl PmdSet {
             self.threads()
                 .iter()
                 .filter_map(|t| Some((t.index, t.placement.clone()?)))
-                .flat_map(|(i, p)| p.queues.iter().map(|q| ((q.port, q.queue), (i, q.busy_cycles()))).collect::<Vec<_>>())
+                .flat_map(|(i, p)| {
+                    p.queues
+                        .iter()
+                        .map(|q| ((q.port, q.queue), (i, q.busy_cycles())))
+                        .collect::<Vec<_>>()
+                })
                 .collect(),
         )
     }
@@ -273,7 +299,11 @@ impl PmdSet {
         let after = self.sample().0;
         let snap = switch.snapshot();
         let n = self.placements.len();
-        let pinned: Vec<usize> = (0..n).filter(|&t| snap.ports.iter().flatten().any(|pe| pe.pmd.map(|p| p as usize % n) == Some(t))).collect();
+        let pinned: Vec<usize> = (0..n)
+            .filter(|&t| {
+                snap.ports.iter().flatten().any(|pe| pe.pmd.map(|p| p as usize % n) == Some(t))
+            })
+            .collect();
         let mut threads: Vec<usize> = (0..n).filter(|t| !pinned.contains(t)).collect();
         if threads.is_empty() {
             threads = (0..n).collect();
@@ -283,7 +313,9 @@ impl PmdSet {
         let movable: Vec<((u16, u16), u64)> = after
             .iter()
             .filter(|(q, _)| snap.port(q.0).is_some_and(|pe| pe.pmd.is_none()))
-            .map(|(q, &(_, busy))| (*q, before.0.get(q).filter(|b| b.1 <= busy).map_or(busy, |b| busy - b.1)))
+            .map(|(q, &(_, busy))| {
+                (*q, before.0.get(q).filter(|b| b.1 <= busy).map_or(busy, |b| busy - b.1))
+            })
             .collect();
         let placed = place_by_load(movable.clone(), &threads);
         let generation = switch.moves().generation + 1;
@@ -291,7 +323,16 @@ impl PmdSet {
         for k in &self.kicks {
             kick(k.as_raw_fd());
         }
-        movable.into_iter().map(|(q, load)| Moved { port: q.0, queue: q.1, busy_cycles: load, from: after.get(&q).map(|a| a.0), to: placed.get(&q).copied() }).collect()
+        movable
+            .into_iter()
+            .map(|(q, load)| Moved {
+                port: q.0,
+                queue: q.1,
+                busy_cycles: load,
+                from: after.get(&q).map(|a| a.0),
+                to: placed.get(&q).copied(),
+            })
+            .collect()
     }
 
     /// Frees, on the calling thread, the snapshots PMD threads have stopped using.
@@ -348,7 +389,9 @@ pub struct Moves {
 /// [`assignment`] after a rebalance's `moves`.
 pub fn assignment_with(snap: &Snapshot, idx: usize, n: usize, moves: &Moves) -> Vec<(u16, u16)> {
     let dynamic = |&(p, _): &(u16, u16)| snap.port(p).is_some_and(|pe| pe.port.rx_queues_dynamic());
-    let polled = |q: &&(u16, u16)| !dynamic(q) || snap.port(q.0).is_some_and(|pe| pe.port.rx_queue_active(q.1));
+    let polled = |q: &&(u16, u16)| {
+        !dynamic(q) || snap.port(q.0).is_some_and(|pe| pe.port.rx_queue_active(q.1))
+    };
     let pin = |&(p, _): &(u16, u16)| snap.port(p).and_then(|pe| pe.pmd).map(|t| t as usize % n);
     let pinned: Vec<bool> = (0..n).map(|t| snap.rxqs.iter().any(|q| pin(q) == Some(t))).collect();
     let mut dealt: Vec<usize> = (0..n).filter(|&t| !pinned[t]).collect();
@@ -356,19 +399,24 @@ pub fn assignment_with(snap: &Snapshot, idx: usize, n: usize, moves: &Moves) -> 
         dealt = (0..n).collect();
     }
     let placed = |q: &(u16, u16)| moves.placed.get(q).copied().filter(|t| dealt.contains(t));
-    let mine = snap.rxqs.iter().filter(|q| pin(q).or_else(|| placed(q)) == Some(idx)).filter(polled);
+    let mine =
+        snap.rxqs.iter().filter(|q| pin(q).or_else(|| placed(q)) == Some(idx)).filter(polled);
     let Some(k) = dealt.iter().position(|&t| t == idx) else { return mine.copied().collect() };
     let unplaced = |q: &&(u16, u16)| pin(q).is_none() && placed(q).is_none();
     let fixed = snap.rxqs.iter().filter(unplaced).filter(|q| !dynamic(q));
     let active = snap.rxqs.iter().filter(unplaced).filter(|q| dynamic(q)).filter(polled);
-    let others = fixed.chain(active).enumerate().filter(|(i, _)| i % dealt.len() == k).map(|(_, q)| q);
+    let others =
+        fixed.chain(active).enumerate().filter(|(i, _)| i % dealt.len() == k).map(|(_, q)| q);
     mine.chain(others).copied().collect()
 }
 
 /// Places `loads` (queue, busy cycles) on `threads`, the busiest first, each on the thread
 /// with the least load so far (OVS's `cycles` assignment), idle queues spread by count;
 /// returns the placement.
-pub fn place_by_load(mut loads: Vec<((u16, u16), u64)>, threads: &[usize]) -> std::collections::BTreeMap<(u16, u16), usize> {
+pub fn place_by_load(
+    mut loads: Vec<((u16, u16), u64)>,
+    threads: &[usize],
+) -> std::collections::BTreeMap<(u16, u16), usize> {
     loads.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     // Ties (idle queues) go to the thread with the fewest queues.
     let (mut sum, mut count) = (vec![0u64; threads.len()], vec![0usize; threads.len()]);
@@ -401,16 +449,29 @@ fn assigned(switch: &Switch, snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16,
 /// panic left it, so its packets are left out of the pool) and `pipe` starts afresh; so are
 /// the packets of `batch`. A failed port keeps lent descriptors and their memory (`Port::fail`).
 #[inline]
-fn guarded<R>(pipe: &mut crate::pipeline::Pipeline, switch: &Switch, idx: usize, snap: &Snapshot, blame: Option<(u16, &str)>, batch: &mut Batch, f: impl FnOnce(&mut crate::pipeline::Pipeline, &mut Batch) -> R) -> Option<R> {
+fn guarded<R>(
+    pipe: &mut crate::pipeline::Pipeline,
+    switch: &Switch,
+    idx: usize,
+    snap: &Snapshot,
+    blame: Option<(u16, &str)>,
+    batch: &mut Batch,
+    f: impl FnOnce(&mut crate::pipeline::Pipeline, &mut Batch) -> R,
+) -> Option<R> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(pipe, batch))) {
         Ok(r) => Some(r),
         Err(payload) => {
-            let (egress, message) = (crate::faults::take_egress(), crate::faults::panic_message(&*payload));
-            let Some(blamed) = egress.or(blame.map(|b| b.0)) else { std::panic::resume_unwind(payload) };
+            let (egress, message) =
+                (crate::faults::take_egress(), crate::faults::panic_message(&*payload));
+            let Some(blamed) = egress.or(blame.map(|b| b.0)) else {
+                std::panic::resume_unwind(payload)
+            };
             let lost = pipe.recover_from_panic(batch);
             std::mem::forget(std::mem::replace(pipe, switch.pipeline(idx)));
             let role = if egress.is_some() { "sending to it" } else { blame.map_or("", |b| b.1) };
-            let why = format!("the switch panicked {role}: {message} ({lost} packets of the burst and those queued on the thread lost)");
+            let why = format!(
+                "the switch panicked {role}: {message} ({lost} packets of the burst and those queued on the thread lost)"
+            );
             switch.fail_port(snap, blamed, why);
             None
         }
@@ -423,26 +484,52 @@ const REBALANCE: Duration = Duration::from_millis(100);
 /// Publishes `queues` as the thread's placement (with `stats`, the thread's counters) if
 /// they are not what it polls already; returns what it polls. A queue it kept keeps its
 /// counts.
-fn place(slot: &ArcSwapOption<Placement>, current: Arc<Placement>, queues: Vec<(u16, u16)>, stats: &Arc<crate::counters::ThreadStats>) -> Arc<Placement> {
-    let same = current.queues.len() == queues.len() && current.queues.iter().zip(&queues).all(|(a, &(p, q))| (a.port, a.queue) == (p, q));
+fn place(
+    slot: &ArcSwapOption<Placement>,
+    current: Arc<Placement>,
+    queues: Vec<(u16, u16)>,
+    stats: &Arc<crate::counters::ThreadStats>,
+) -> Arc<Placement> {
+    let same = current.queues.len() == queues.len()
+        && current.queues.iter().zip(&queues).all(|(a, &(p, q))| (a.port, a.queue) == (p, q));
     if same && Arc::ptr_eq(&current.stats, stats) {
         return current;
     }
-    let kept = |port: u16, queue: u16, f: fn(&PolledQueue) -> u64| current.queues.iter().find(|c| (c.port, c.queue) == (port, queue)).map_or(0, f);
+    let kept = |port: u16, queue: u16, f: fn(&PolledQueue) -> u64| {
+        current.queues.iter().find(|c| (c.port, c.queue) == (port, queue)).map_or(0, f)
+    };
     let queues = queues
         .into_iter()
-        .map(|(port, queue)| PolledQueue { port, queue, busy: AtomicU64::new(kept(port, queue, PolledQueue::busy_cycles)), packets: AtomicU64::new(kept(port, queue, PolledQueue::packets)) })
+        .map(|(port, queue)| PolledQueue {
+            port,
+            queue,
+            busy: AtomicU64::new(kept(port, queue, PolledQueue::busy_cycles)),
+            packets: AtomicU64::new(kept(port, queue, PolledQueue::packets)),
+        })
         .collect();
     let placed = Arc::new(Placement { queues, stats: stats.clone() });
     slot.store(Some(placed.clone()));
     placed
 }
 
-fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retired, placement): (&AtomicU64, &Retired, &ArcSwapOption<Placement>), kick_fd: RawFd, idle: IdlePolicy) {
+fn run(
+    idx: usize,
+    n: usize,
+    switch: &Switch,
+    stop: &AtomicBool,
+    (adopted, retired, placement): (&AtomicU64, &Retired, &ArcSwapOption<Placement>),
+    kick_fd: RawFd,
+    idle: IdlePolicy,
+) {
     let mut pipe = switch.pipeline(idx);
     let mut snap = switch.snapshot();
     let mut stats = pipe.stats().clone();
-    let mut polled = place(placement, Arc::new(Placement { queues: Vec::new(), stats: stats.clone() }), assigned(switch, &snap, idx, n), &stats);
+    let mut polled = place(
+        placement,
+        Arc::new(Placement { queues: Vec::new(), stats: stats.clone() }),
+        assigned(switch, &snap, idx, n),
+        &stats,
+    );
     placement.store(Some(polled.clone()));
     let mut faults = switch.faults().generation();
     let mut moved = switch.moves_generation();
@@ -462,7 +549,10 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         // Busy threads look every 1024 polls, idle ones every time (a clock read).
         loops = loops.wrapping_add(1);
-        if faults != switch.faults().generation() || moved != switch.moves_generation() || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance {
+        if faults != switch.faults().generation()
+            || moved != switch.moves_generation()
+            || (loops % 1024 == 0 || idle_since.is_some()) && Instant::now() >= next_rebalance
+        {
             faults = switch.faults().generation();
             moved = switch.moves_generation();
             polled = place(placement, polled, assigned(switch, &snap, idx, n), &stats);
@@ -473,7 +563,15 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         let mut since = last;
         for pq in &polled.queues {
             let (p, q) = (pq.port, pq.queue);
-            match guarded(&mut pipe, switch, idx, &snap, Some((p, "processing a burst it sent")), &mut batch, |pipe, batch| pipe.poll(&snap, p, q, batch)) {
+            match guarded(
+                &mut pipe,
+                switch,
+                idx,
+                &snap,
+                Some((p, "processing a burst it sent")),
+                &mut batch,
+                |pipe, batch| pipe.poll(&snap, p, q, batch),
+            ) {
                 Some(0) => {}
                 Some(n) => {
                     got += n;
@@ -500,12 +598,17 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
         }
         pipe.stats().idle_cycles.add(spent);
         // Frames waiting for a next hop are retried (or given up) even without traffic.
-        guarded(&mut pipe, switch, idx, &snap, None, &mut batch, |pipe, _| pipe.housekeeping(&snap));
+        guarded(&mut pipe, switch, idx, &snap, None, &mut batch, |pipe, _| {
+            pipe.housekeeping(&snap)
+        });
         if let IdlePolicy::Adaptive { spin_us, max_sleep_us } = idle {
             let since = *idle_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= Duration::from_micros(spin_us as u64) {
                 if let Err((p, payload)) = sleep(&snap, &polled.queues, kick_fd, max_sleep_us) {
-                    let why = format!("the switch panicked arming its wake-up: {}", crate::faults::panic_message(&*payload));
+                    let why = format!(
+                        "the switch panicked arming its wake-up: {}",
+                        crate::faults::panic_message(&*payload)
+                    );
                     switch.fail_port(&snap, p, why);
                 }
                 pipe.stats().sleeps.add(1);
@@ -521,15 +624,26 @@ fn run(idx: usize, n: usize, switch: &Switch, stop: &AtomicBool, (adopted, retir
 
 /// A port's `arm_wake`; a panic in it is returned with the port (its queues' wake-ups are
 /// the port's code).
-fn arm(snap: &Snapshot, p: u16, q: u16, armed: bool) -> Result<bool, (u16, Box<dyn std::any::Any + Send>)> {
+fn arm(
+    snap: &Snapshot,
+    p: u16,
+    q: u16,
+    armed: bool,
+) -> Result<bool, (u16, Box<dyn std::any::Any + Send>)> {
     let Some(pe) = snap.port(p) else { return Ok(false) };
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pe.port.arm_wake(q, armed))).map_err(|e| (p, e))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pe.port.arm_wake(q, armed)))
+        .map_err(|e| (p, e))
 }
 
 /// Arms the queues' wake descriptors and sleeps until one fires, the thread is kicked, or the
 /// timeout passes. Returns at once if a queue already has packets; the port whose wake-up
 /// panicked, if one did.
-fn sleep(snap: &Snapshot, queues: &[PolledQueue], kick_fd: RawFd, max_sleep_us: u32) -> Result<(), (u16, Box<dyn std::any::Any + Send>)> {
+fn sleep(
+    snap: &Snapshot,
+    queues: &[PolledQueue],
+    kick_fd: RawFd,
+    max_sleep_us: u32,
+) -> Result<(), (u16, Box<dyn std::any::Any + Send>)> {
     let mut fds = Vec::with_capacity(queues.len() + 1);
     fds.push(libc::pollfd { fd: kick_fd, events: libc::POLLIN, revents: 0 });
     let mut pending = false;

@@ -69,12 +69,16 @@ impl PolicerConfig {
         let burst_bytes = match self.burst_bytes {
             0 => (self.bps / 8 / 100).max(2 * max_frame),
             n if n < max_frame => {
-                return Err(format!("burst_bytes {n} is less than the port's largest frame ({max_frame} bytes), which could never pass"));
+                return Err(format!(
+                    "burst_bytes {n} is less than the port's largest frame ({max_frame} bytes), which could never pass"
+                ));
             }
             n => n,
         };
         if burst_packets > MAX_BURST_PACKETS || burst_bytes > MAX_BURST_BYTES {
-            return Err(format!("a burst of at most {MAX_BURST_PACKETS} packets and {MAX_BURST_BYTES} bytes"));
+            return Err(format!(
+                "a burst of at most {MAX_BURST_PACKETS} packets and {MAX_BURST_BYTES} bytes"
+            ));
         }
         Ok(Limits { pps: self.pps, bps: self.bps, burst_packets, burst_bytes })
     }
@@ -125,7 +129,12 @@ impl SharedBucket {
     /// A full bucket held to `limits`, from `now`.
     pub fn new(limits: &Limits, now: u64) -> SharedBucket {
         let rates = Rates::of(limits);
-        SharedBucket { last: AtomicU64::new(now), packets: AtomicU64::new(rates.packets_cap), bits: AtomicU64::new(rates.bits_cap), rates }
+        SharedBucket {
+            last: AtomicU64::new(now),
+            packets: AtomicU64::new(rates.packets_cap),
+            bits: AtomicU64::new(rates.bits_cap),
+            rates,
+        }
     }
 
     /// Whether it holds to `limits` (a new configuration may keep it, tokens and all).
@@ -150,7 +159,9 @@ impl SharedBucket {
     #[inline]
     pub fn take_all(&self, packets: u64, bytes: u64) -> bool {
         let (p, b) = (packets * self.rates.packet_cost, bytes * self.rates.byte_cost);
-        let take = |a: &AtomicU64, n: u64| n == 0 || a.fetch_update(Relaxed, Relaxed, |t| t.checked_sub(n)).is_ok();
+        let take = |a: &AtomicU64, n: u64| {
+            n == 0 || a.fetch_update(Relaxed, Relaxed, |t| t.checked_sub(n)).is_ok()
+        };
         if !take(&self.packets, p) {
             return false;
         }
@@ -173,7 +184,10 @@ impl SharedBucket {
         let mut k = n;
         if pc > 0 {
             let afford = |t: u64| (t / pc).min(n);
-            let had = self.packets.fetch_update(Relaxed, Relaxed, |t| Some(t - afford(t) * pc)).unwrap_or_else(|t| t);
+            let had = self
+                .packets
+                .fetch_update(Relaxed, Relaxed, |t| Some(t - afford(t) * pc))
+                .unwrap_or_else(|t| t);
             k = afford(had);
         }
         if bc == 0 {
@@ -193,7 +207,8 @@ impl SharedBucket {
             }
             (admitted, t - left, m)
         };
-        let had = self.bits.fetch_update(Relaxed, Relaxed, |t| Some(t - pick(t).1)).unwrap_or_else(|t| t);
+        let had =
+            self.bits.fetch_update(Relaxed, Relaxed, |t| Some(t - pick(t).1)).unwrap_or_else(|t| t);
         let (admitted, _, m) = pick(had);
         if m < k && pc > 0 {
             add_capped(&self.packets, ((k - m) * pc) as u128, self.rates.packets_cap);
@@ -284,7 +299,9 @@ mod test {
     fn refused_configurations_say_why() {
         let e = PolicerConfig::default().limits(1518).unwrap_err();
         assert!(e.contains("needs a rate"), "{e}");
-        let e = PolicerConfig { bps: 1_000_000, burst_bytes: 1000, ..Default::default() }.limits(1518).unwrap_err();
+        let e = PolicerConfig { bps: 1_000_000, burst_bytes: 1000, ..Default::default() }
+            .limits(1518)
+            .unwrap_err();
         assert!(e.contains("less than the port's largest frame (1518"), "{e}");
         let d = PolicerConfig { bps: 1_000_000, ..Default::default() }.limits(1518).unwrap();
         assert_eq!((d.burst_bytes, d.burst_packets), (3036, 64), "defaults");
@@ -297,7 +314,11 @@ mod test {
         assert!(!b.take_all(41, 100), "one packet short");
         assert!(!b.take_all(2, 10_001), "one byte short");
         assert!(b.take_all(32, 9_000));
-        assert_eq!((0..10).filter(|_| admit(&b, 100)).count(), 8, "what is left: 8 packets, 1 000 bytes");
+        assert_eq!(
+            (0..10).filter(|_| admit(&b, 100)).count(),
+            8,
+            "what is left: 8 packets, 1 000 bytes"
+        );
     }
 
     #[test]
@@ -307,8 +328,16 @@ mod test {
         assert_eq!(b.take(&[100; 32]), first(32));
         assert_eq!(b.take(&[100; 32]), first(8), "packets bind: 40 in the burst");
         b.refill(10_000_000); // 10 ms: 10 packets, 100 bytes (6 100 then)
-        assert_eq!(b.take(&[3000, 3000, 200, 10]), 0b1011, "bits bind the large frame; the small ones after it pass");
-        assert_eq!(b.packets.load(Relaxed) / UNIT, 7, "the packet tokens the bits refused were given back");
+        assert_eq!(
+            b.take(&[3000, 3000, 200, 10]),
+            0b1011,
+            "bits bind the large frame; the small ones after it pass"
+        );
+        assert_eq!(
+            b.packets.load(Relaxed) / UNIT,
+            7,
+            "the packet tokens the bits refused were given back"
+        );
         assert_eq!(b.bits.load(Relaxed) / UNIT / 8, 90);
         b.refill(10_000_000);
         assert_eq!(b.packets.load(Relaxed) / UNIT, 7, "the same instant adds nothing");

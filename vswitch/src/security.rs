@@ -74,7 +74,11 @@ fn check_general(sec: &Security, frame: &[u8], l2: usize, mac: u64) -> Result<()
                 return Err(DropReason::SecurityArp);
             }
             let spa = p.spa();
-            if spa.is_unspecified() || sec.ip_allowed(mac, IpAddr::V4(spa)) { Ok(()) } else { Err(DropReason::SecurityArp) }
+            if spa.is_unspecified() || sec.ip_allowed(mac, IpAddr::V4(spa)) {
+                Ok(())
+            } else {
+                Err(DropReason::SecurityArp)
+            }
         }
         ethertype::IPV6 => check_v6(sec, mac, l3),
         _ => Ok(()),
@@ -97,16 +101,28 @@ fn check_v6(sec: &Security, mac: u64, l3: &[u8]) -> Result<(), DropReason> {
     // A first fragment must hold its upper-layer header whole (RFC 7112): without it the
     // guards below would have nothing to look at, and the rest comes in later fragments.
     let upper = match ipv6::upper_layer(payload, p.next_header()) {
-        ipv6::UpperLayer::At { offset, fragmented: true, .. } if payload.len() - offset < UPPER_HEADER => ipv6::UpperLayer::Unknown,
+        ipv6::UpperLayer::At { offset, fragmented: true, .. }
+            if payload.len() - offset < UPPER_HEADER =>
+        {
+            ipv6::UpperLayer::Unknown
+        }
         u => u,
     };
     match upper {
-        ipv6::UpperLayer::At { proto: ipv6::NEXT_ICMPV6, offset, fragmented } => icmpv6_guard(sec, mac, payload.get(offset..).unwrap_or_default(), fragmented),
+        ipv6::UpperLayer::At { proto: ipv6::NEXT_ICMPV6, offset, fragmented } => {
+            icmpv6_guard(sec, mac, payload.get(offset..).unwrap_or_default(), fragmented)
+        }
         ipv6::UpperLayer::At { proto: UDP, offset, .. } => {
             let sport = payload.get(offset..offset + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
-            if !sec.allow_dhcp_server && sport == Some(DHCPV6_SERVER_PORT) { Err(DropReason::SecurityDhcp) } else { Ok(()) }
+            if !sec.allow_dhcp_server && sport == Some(DHCPV6_SERVER_PORT) {
+                Err(DropReason::SecurityDhcp)
+            } else {
+                Ok(())
+            }
         }
-        ipv6::UpperLayer::At { .. } | ipv6::UpperLayer::LaterFragment | ipv6::UpperLayer::Opaque => Ok(()),
+        ipv6::UpperLayer::At { .. }
+        | ipv6::UpperLayer::LaterFragment
+        | ipv6::UpperLayer::Opaque => Ok(()),
         ipv6::UpperLayer::Unknown => Err(DropReason::SecurityIp),
     }
 }
@@ -126,12 +142,17 @@ fn icmpv6_guard(sec: &Security, mac: u64, icmp: &[u8], fragmented: bool) -> Resu
 /// in an unfragmented packet or a first fragment.
 #[inline(always)]
 fn dhcp_guard_v4(sec: &Security, l3: &[u8]) -> Result<(), DropReason> {
-    if sec.allow_dhcp_server || l3.get(9) != Some(&UDP) || u16::from_be_bytes([l3[6], l3[7]]) & 0x1fff != 0 {
+    if sec.allow_dhcp_server
+        || l3.get(9) != Some(&UDP)
+        || u16::from_be_bytes([l3[6], l3[7]]) & 0x1fff != 0
+    {
         return Ok(());
     }
     let at = (l3[0] & 0xf) as usize * 4;
     match l3.get(at..at + 2) {
-        Some(p) if u16::from_be_bytes([p[0], p[1]]) == DHCPV4_SERVER_PORT => Err(DropReason::SecurityDhcp),
+        Some(p) if u16::from_be_bytes([p[0], p[1]]) == DHCPV4_SERVER_PORT => {
+            Err(DropReason::SecurityDhcp)
+        }
         _ => Ok(()),
     }
 }
@@ -206,10 +227,34 @@ mod tests {
         let (own, router) = (frames::link_local(m), "fe80::1".parse().unwrap());
         let peer = (crate::testkit::mac(9), "fd00::9".parse().unwrap());
         assert_eq!(verdict(&sec, &frames::na(m, own, own, peer.0, peer.1)), Ok(()));
-        assert_eq!(verdict(&sec, &frames::na(m, "fd00::1".parse().unwrap(), "fd00::1".parse().unwrap(), peer.0, peer.1)), Ok(()));
-        assert_eq!(verdict(&sec, &frames::na(m, own, router, peer.0, peer.1)), Err(DropReason::SecurityNd), "claiming the router");
-        assert_eq!(verdict(&sec, &frames::na(m, router, router, peer.0, peer.1)), Err(DropReason::SecurityIp), "from the router's address");
-        assert_eq!(verdict(&sec, &frames::ns(m, "::".parse().unwrap(), own)), Ok(()), "duplicate address detection");
+        assert_eq!(
+            verdict(
+                &sec,
+                &frames::na(
+                    m,
+                    "fd00::1".parse().unwrap(),
+                    "fd00::1".parse().unwrap(),
+                    peer.0,
+                    peer.1
+                )
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            verdict(&sec, &frames::na(m, own, router, peer.0, peer.1)),
+            Err(DropReason::SecurityNd),
+            "claiming the router"
+        );
+        assert_eq!(
+            verdict(&sec, &frames::na(m, router, router, peer.0, peer.1)),
+            Err(DropReason::SecurityIp),
+            "from the router's address"
+        );
+        assert_eq!(
+            verdict(&sec, &frames::ns(m, "::".parse().unwrap(), own)),
+            Ok(()),
+            "duplicate address detection"
+        );
     }
 
     /// ND behind extension headers is checked as ND (an NA behind a hop-by-hop header once
@@ -220,30 +265,98 @@ mod tests {
         use crate::testkit::frames;
         let (sec, m) = v6_pod();
         let own = frames::link_local(m);
-        let na = frames::na(m, own, "fe80::1".parse().unwrap(), crate::testkit::mac(9), "fd00::9".parse().unwrap());
+        let na = frames::na(
+            m,
+            own,
+            "fe80::1".parse().unwrap(),
+            crate::testkit::mac(9),
+            "fd00::9".parse().unwrap(),
+        );
         let icmp = &na[14 + 40..];
         let hbh = (0u8, vec![0, 0, 1, 4, 0, 0, 0, 0]);
         let frag = (44u8, vec![0, 0, 0, 1, 0, 0, 0, 9]);
-        let behind = |ext: &[(u8, Vec<u8>)]| frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), ext, 58, icmp);
-        assert_eq!(verdict(&sec, &behind(std::slice::from_ref(&hbh))), Err(DropReason::SecurityNd), "a foreign target behind a hop-by-hop header");
+        let behind = |ext: &[(u8, Vec<u8>)]| {
+            frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), ext, 58, icmp)
+        };
+        assert_eq!(
+            verdict(&sec, &behind(std::slice::from_ref(&hbh))),
+            Err(DropReason::SecurityNd),
+            "a foreign target behind a hop-by-hop header"
+        );
         let good = frames::na(m, own, own, crate::testkit::mac(9), "fd00::9".parse().unwrap());
-        let good_behind = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&hbh), 58, &good[14 + 40..]);
+        let good_behind = frames::ipv6(
+            m,
+            own,
+            crate::testkit::mac(9),
+            "fd00::9".parse().unwrap(),
+            std::slice::from_ref(&hbh),
+            58,
+            &good[14 + 40..],
+        );
         assert_eq!(verdict(&sec, &good_behind), Ok(()));
-        let in_fragment = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&frag), 58, &good[14 + 40..]);
+        let in_fragment = frames::ipv6(
+            m,
+            own,
+            crate::testkit::mac(9),
+            "fd00::9".parse().unwrap(),
+            std::slice::from_ref(&frag),
+            58,
+            &good[14 + 40..],
+        );
         assert_eq!(verdict(&sec, &in_fragment), Err(DropReason::SecurityNd), "ND in a fragment");
         // Destination options that claim 2 KiB: the chain runs out.
         let long = (60u8, vec![0, 255, 0, 0, 0, 0, 0, 0]);
         assert_eq!(verdict(&sec, &behind(&[long])), Err(DropReason::SecurityIp));
         // A first fragment whose chain ends where the packet does (its ICMPv6 or UDP header
         // in the next fragment): dropped, not waved through with nothing to check.
-        let empty_first = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&frag), 58, &[]);
+        let empty_first = frames::ipv6(
+            m,
+            own,
+            crate::testkit::mac(9),
+            "fd00::9".parse().unwrap(),
+            std::slice::from_ref(&frag),
+            58,
+            &[],
+        );
         assert_eq!(verdict(&sec, &empty_first), Err(DropReason::SecurityIp));
-        let udp_first = frames::ipv6(m, own, crate::testkit::mac(9), "fd00::9".parse().unwrap(), std::slice::from_ref(&frag), 17, &[2, 35]);
+        let udp_first = frames::ipv6(
+            m,
+            own,
+            crate::testkit::mac(9),
+            "fd00::9".parse().unwrap(),
+            std::slice::from_ref(&frag),
+            17,
+            &[2, 35],
+        );
         assert_eq!(verdict(&sec, &udp_first), Err(DropReason::SecurityIp));
         // A port with MACs only may use any address, but not its router's link-local one.
         let mac_only = Security::new(vec![m.to_u64()], vec![], vec![]);
-        assert_eq!(verdict(&mac_only, &frames::na(m, own, "fe80::1".parse().unwrap(), crate::testkit::mac(9), "fd00::9".parse().unwrap())), Err(DropReason::SecurityNd));
-        assert_eq!(verdict(&mac_only, &frames::na(m, "fd00::77".parse().unwrap(), "fd00::77".parse().unwrap(), crate::testkit::mac(9), "fd00::9".parse().unwrap())), Ok(()));
+        assert_eq!(
+            verdict(
+                &mac_only,
+                &frames::na(
+                    m,
+                    own,
+                    "fe80::1".parse().unwrap(),
+                    crate::testkit::mac(9),
+                    "fd00::9".parse().unwrap()
+                )
+            ),
+            Err(DropReason::SecurityNd)
+        );
+        assert_eq!(
+            verdict(
+                &mac_only,
+                &frames::na(
+                    m,
+                    "fd00::77".parse().unwrap(),
+                    "fd00::77".parse().unwrap(),
+                    crate::testkit::mac(9),
+                    "fd00::9".parse().unwrap()
+                )
+            ),
+            Ok(())
+        );
     }
 
     /// Router advertisements and redirects are dropped unless the port is a router's; DHCP
@@ -258,17 +371,46 @@ mod tests {
         let ra = frames::ra(m, own);
         let mut redirect = ra.clone();
         redirect[14 + 40] = 137;
-        let dhcp4 = frames::udp4(crate::wire::MacAddr::BROADCAST, m, "192.0.2.1".parse().unwrap(), Ipv4Addr::BROADCAST, 67, 68, 300);
-        let client4 = frames::udp4(crate::wire::MacAddr::BROADCAST, m, Ipv4Addr::UNSPECIFIED, Ipv4Addr::BROADCAST, 68, 67, 300);
+        let dhcp4 = frames::udp4(
+            crate::wire::MacAddr::BROADCAST,
+            m,
+            "192.0.2.1".parse().unwrap(),
+            Ipv4Addr::BROADCAST,
+            67,
+            68,
+            300,
+        );
+        let client4 = frames::udp4(
+            crate::wire::MacAddr::BROADCAST,
+            m,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::BROADCAST,
+            68,
+            67,
+            300,
+        );
         let udp6 = |sport: u16, ext: &[(u8, Vec<u8>)]| {
             let mut u = vec![0u8; 16];
             u[..2].copy_from_slice(&sport.to_be_bytes());
             u[2..4].copy_from_slice(&546u16.to_be_bytes());
-            frames::ipv6(m, own, crate::wire::MacAddr([0x33, 0x33, 0, 1, 0, 2]), "ff02::1:2".parse().unwrap(), ext, 17, &u)
+            frames::ipv6(
+                m,
+                own,
+                crate::wire::MacAddr([0x33, 0x33, 0, 1, 0, 2]),
+                "ff02::1:2".parse().unwrap(),
+                ext,
+                17,
+                &u,
+            )
         };
         let dstopt = (60u8, vec![0, 0, 1, 4, 0, 0, 0, 0]);
         let dhcp6 = udp6(547, std::slice::from_ref(&dstopt));
-        for (f, want) in [(&ra, DropReason::SecurityRa), (&redirect, DropReason::SecurityRa), (&dhcp4, DropReason::SecurityDhcp), (&dhcp6, DropReason::SecurityDhcp)] {
+        for (f, want) in [
+            (&ra, DropReason::SecurityRa),
+            (&redirect, DropReason::SecurityRa),
+            (&dhcp4, DropReason::SecurityDhcp),
+            (&dhcp6, DropReason::SecurityDhcp),
+        ] {
             assert_eq!(verdict(&sec, f), Err(want));
         }
         assert_eq!(verdict(&sec, &client4), Ok(()));
@@ -289,7 +431,8 @@ mod tests {
         let (mac, ip) = ([2, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
         let fast = Security::new(vec![mac_u64(&mac)], vec![IpAddr::V4(ip.into())], vec![]);
         assert_eq!(fast.one_v4, Some((mac_u64(&mac), u32::from_ne_bytes(ip))));
-        let slow = Security { one_v4: None, ..Security::new(fast.macs.clone(), fast.ips.clone(), vec![]) };
+        let slow =
+            Security { one_v4: None, ..Security::new(fast.macs.clone(), fast.ips.clone(), vec![]) };
         let frames = [
             v4(mac, ip, 4, 60),
             v4(mac, [0, 0, 0, 0], 4, 60),
@@ -298,13 +441,28 @@ mod tests {
             v4(mac, ip, 6, 60),
             v4(mac, ip, 4, 20),
         ];
-        let verdicts: Vec<_> = frames.iter().map(|f| check(&fast, f, 14, mac_u64(&f[6..12]))).collect();
-        assert_eq!(verdicts, frames.iter().map(|f| check(&slow, f, 14, mac_u64(&f[6..12]))).collect::<Vec<_>>());
+        let verdicts: Vec<_> =
+            frames.iter().map(|f| check(&fast, f, 14, mac_u64(&f[6..12]))).collect();
         assert_eq!(
             verdicts,
-            vec![Ok(()), Ok(()), Err(DropReason::SecurityIp), Err(DropReason::SecurityMac), Err(DropReason::SecurityIp), Err(DropReason::SecurityIp)]
+            frames.iter().map(|f| check(&slow, f, 14, mac_u64(&f[6..12]))).collect::<Vec<_>>()
         );
-        let pairs = Security::new(fast.macs.clone(), fast.ips.clone(), vec![(mac_u64(&[0, 0, 0x5e, 0, 1, 1]), None)]);
+        assert_eq!(
+            verdicts,
+            vec![
+                Ok(()),
+                Ok(()),
+                Err(DropReason::SecurityIp),
+                Err(DropReason::SecurityMac),
+                Err(DropReason::SecurityIp),
+                Err(DropReason::SecurityIp)
+            ]
+        );
+        let pairs = Security::new(
+            fast.macs.clone(),
+            fast.ips.clone(),
+            vec![(mac_u64(&[0, 0, 0x5e, 0, 1, 1]), None)],
+        );
         assert_eq!(pairs.one_v4, None, "allowed-address pairs take the general path");
     }
 }

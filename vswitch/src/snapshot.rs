@@ -114,7 +114,24 @@ impl Security {
     pub fn own_link_local(&self, mac: u64, a: &std::net::Ipv6Addr) -> bool {
         let eui64 = |m: u64| {
             let b = m.to_be_bytes();
-            std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, b[2] ^ 0x02, b[3], b[4], 0xff, 0xfe, b[5], b[6], b[7]])
+            std::net::Ipv6Addr::from([
+                0xfe,
+                0x80,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                b[2] ^ 0x02,
+                b[3],
+                b[4],
+                0xff,
+                0xfe,
+                b[5],
+                b[6],
+                b[7],
+            ])
         };
         let listed = (self.macs.contains(&mac) && self.ips.contains(&IpAddr::V6(*a)))
             || self.pairs.iter().any(|(m, i)| *m == mac && *i == Some(IpAddr::V6(*a)));
@@ -212,7 +229,12 @@ impl Ids {
         }
         sync(&mut self.ports, cfg.ports.iter().map(|p| &p.name), "ports", MAX_PORTS)?;
         sync(&mut self.bds, cfg.bridges.iter().map(|b| &b.name), "bridges", MAX_BDS)?;
-        sync(&mut self.peers, cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| &p.ip)), "VTEP peers", MAX_PEERS)
+        sync(
+            &mut self.peers,
+            cfg.vtep.iter().flat_map(|v| v.peers.iter().map(|p| &p.ip)),
+            "VTEP peers",
+            MAX_PEERS,
+        )
     }
 }
 
@@ -236,7 +258,9 @@ impl<'a> PrevBridges<'a> {
             Some(p) if p.name == b.name => i,
             _ => *self
                 .by_name
-                .get_or_insert_with(|| bridges.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect())
+                .get_or_insert_with(|| {
+                    bridges.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect()
+                })
                 .get(b.name.as_str())?,
         };
         let e = self.prev.bds.get(id as usize)?.as_ref()?;
@@ -277,11 +301,21 @@ pub struct Snapshot {
 
 impl std::fmt::Debug for Snapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Snapshot(gen {}, {} ports, {} bridges)", self.generation, self.port_count(), self.bd_count())
+        write!(
+            f,
+            "Snapshot(gen {}, {} ports, {} bridges)",
+            self.generation,
+            self.port_count(),
+            self.bd_count()
+        )
     }
 }
 
-fn check_name<'a>(kind: &'static str, name: &'a str, seen: &mut FxSet<&'a str>) -> Result<(), ConfigError> {
+fn check_name<'a>(
+    kind: &'static str,
+    name: &'a str,
+    seen: &mut FxSet<&'a str>,
+) -> Result<(), ConfigError> {
     if name.is_empty() {
         return Err(ConfigError::EmptyName { kind });
     }
@@ -440,15 +474,28 @@ impl Snapshot {
             if mac.is_group() || mac.0 == [0; 6] {
                 return Err(bad(format!("MAC {mac} is not a unicast address")));
             }
-            let Some(pe) = ids.ports.get(&g.port).and_then(|id| self.ports.get_mut(*id as usize)).and_then(Option::as_mut) else {
-                return Err(bad(format!("it names port {:?}, which the switch does not have", g.port)));
+            let Some(pe) = ids
+                .ports
+                .get(&g.port)
+                .and_then(|id| self.ports.get_mut(*id as usize))
+                .and_then(Option::as_mut)
+            else {
+                return Err(bad(format!(
+                    "it names port {:?}, which the switch does not have",
+                    g.port
+                )));
             };
             if pe.kind != PortKind::Access || pe.untagged_bd != ids.bds[&b.name] {
                 return Err(bad(format!("port {:?} is not an access port of this bridge", g.port)));
             }
-            let own = pe.port.mac().ok_or_else(|| bad(format!("port {:?} has no MAC of its own to address the frames to", g.port)))?;
+            let own = pe.port.mac().ok_or_else(|| {
+                bad(format!("port {:?} has no MAC of its own to address the frames to", g.port))
+            })?;
             if own == mac {
-                return Err(bad(format!("port {:?} has the gateway's own MAC {mac}: give the host port an address of its own", g.port)));
+                return Err(bad(format!(
+                    "port {:?} has the gateway's own MAC {mac}: give the host port an address of its own",
+                    g.port
+                )));
             }
             if pe.deliver_as.is_some_and(|(m, _)| m != mac) {
                 return Err(bad(format!("port {:?} is already another gateway's", g.port)));
@@ -459,15 +506,27 @@ impl Snapshot {
     }
 
     /// Each bridge domain's network policer on the node: the one it had while its limits hold.
-    fn compile_net_policers(&mut self, cfg: &SwitchConfig, prev: &Snapshot) -> Result<(), ConfigError> {
+    fn compile_net_policers(
+        &mut self,
+        cfg: &SwitchConfig,
+        prev: &Snapshot,
+    ) -> Result<(), ConfigError> {
         for b in &cfg.bridges {
             if let Some(c) = &b.pod_policer {
-                c.limits(0).map_err(|why| ConfigError::BadPodPolicer { bridge: b.name.clone(), why })?;
+                c.limits(0)
+                    .map_err(|why| ConfigError::BadPodPolicer { bridge: b.name.clone(), why })?;
             }
             if let Some(c) = &b.policer {
                 // Its largest frame: its access ports' (a standard one without any).
-                let max_mtu = cfg.ports.iter().filter(|p| matches!(&p.mode, PortMode::Access { bridge } if *bridge == b.name)).map(|p| p.mtu).max();
-                let limits = c.limits(max_mtu.unwrap_or(1500) as u32 + 18).map_err(|why| ConfigError::BadBridgePolicer { bridge: b.name.clone(), why })?;
+                let max_mtu = cfg
+                    .ports
+                    .iter()
+                    .filter(|p| matches!(&p.mode, PortMode::Access { bridge } if *bridge == b.name))
+                    .map(|p| p.mtu)
+                    .max();
+                let limits = c
+                    .limits(max_mtu.unwrap_or(1500) as u32 + 18)
+                    .map_err(|why| ConfigError::BadBridgePolicer { bridge: b.name.clone(), why })?;
                 let bucket = match prev.net_policers.get(&b.name) {
                     Some(kept) if kept.holds_to(&limits) => kept.clone(),
                     // Full from the start: its clock (0) only ever moves on with the pipelines'.
@@ -490,7 +549,8 @@ impl Snapshot {
         prev: &Snapshot,
     ) -> Result<PortEntry, ConfigError> {
         let bd_of = |name: &str| ids.bds.get(name).copied();
-        let port = lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
+        let port =
+            lookup(&p.name).ok_or_else(|| ConfigError::UnknownPort { port: p.name.clone() })?;
         if !(68..=9198).contains(&p.mtu) {
             return Err(ConfigError::BadMtu { port: p.name.clone(), mtu: p.mtu });
         }
@@ -505,8 +565,10 @@ impl Snapshot {
         let mut allowed = VlanSet::default();
         let (kind, untagged_bd) = match &p.mode {
             PortMode::Access { bridge } => {
-                let bd = bd_of(bridge)
-                    .ok_or_else(|| ConfigError::UnknownBridge { port: p.name.clone(), bridge: bridge.clone() })?;
+                let bd = bd_of(bridge).ok_or_else(|| ConfigError::UnknownBridge {
+                    port: p.name.clone(),
+                    bridge: bridge.clone(),
+                })?;
                 (PortKind::Access, bd)
             }
             PortMode::Trunk { allowed: vl, native } => {
@@ -546,22 +608,38 @@ impl Snapshot {
         // The port's own policer, else its access bridge's per-pod one (not on the bridge's
         // gateway port: that carries every pod's traffic from the node).
         let pod_policer = || match &p.mode {
-            PortMode::Access { bridge } => cfg.bridges.iter().find(|b| &b.name == bridge && b.gateway.as_ref().is_none_or(|g| g.port != p.name)).and_then(|b| b.pod_policer.as_ref()),
+            PortMode::Access { bridge } => cfg
+                .bridges
+                .iter()
+                .find(|b| &b.name == bridge && b.gateway.as_ref().is_none_or(|g| g.port != p.name))
+                .and_then(|b| b.pod_policer.as_ref()),
             _ => None,
         };
         let limits = match (&p.policer, pod_policer()) {
-            (Some(c), _) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?),
-            (None, Some(c)) => Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why: format!("its bridge's pod policer: {why}") })?),
+            (Some(c), _) => Some(
+                c.limits(max_frame)
+                    .map_err(|why| ConfigError::BadPolicer { port: p.name.clone(), why })?,
+            ),
+            (None, Some(c)) => {
+                Some(c.limits(max_frame).map_err(|why| ConfigError::BadPolicer {
+                    port: p.name.clone(),
+                    why: format!("its bridge's pod policer: {why}"),
+                })?)
+            }
             (None, None) => None,
         };
         let id = ids.ports[&p.name];
-        let policer = limits.map(|limits| match prev.port(id).filter(|e| e.name == p.name).and_then(|e| e.policer.as_ref()) {
-            Some(kept) if kept.holds_to(&limits) => kept.clone(),
-            // Full from the start: its clock (0) only ever moves on with the pipelines'.
-            _ => Arc::new(SharedBucket::new(&limits, 0)),
+        let policer = limits.map(|limits| {
+            match prev.port(id).filter(|e| e.name == p.name).and_then(|e| e.policer.as_ref()) {
+                Some(kept) if kept.holds_to(&limits) => kept.clone(),
+                // Full from the start: its clock (0) only ever moves on with the pipelines'.
+                _ => Arc::new(SharedBucket::new(&limits, 0)),
+            }
         });
         let net_policer = match &p.mode {
-            PortMode::Access { bridge } => self.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd)),
+            PortMode::Access { bridge } => {
+                self.net_policers.get(bridge).map(|b| (b.clone(), untagged_bd))
+            }
             _ => None,
         };
         Ok(PortEntry {
@@ -584,16 +662,24 @@ impl Snapshot {
 
     /// The VTEP's entry and its peers' templates (taken from `prev` while the VTEP, its
     /// underlay's MAC and MTU stay the same); returns whether they were taken.
-    fn compile_vtep(&mut self, cfg: &SwitchConfig, ids: &Ids, prev: &Snapshot) -> Result<bool, ConfigError> {
+    fn compile_vtep(
+        &mut self,
+        cfg: &SwitchConfig,
+        ids: &Ids,
+        prev: &Snapshot,
+    ) -> Result<bool, ConfigError> {
         let mut peers_taken = false;
         if let Some(v) = &cfg.vtep {
             let underlay_id = ids.ports[&v.underlay_port];
             let underlay = self.port(underlay_id).expect("underlay validated above");
             let mac = v.mac.or_else(|| underlay.port.mac()).ok_or(ConfigError::VtepNoMac)?;
             peers_taken = prev.config.vtep.as_ref() == Some(v)
-                && prev.vtep.as_ref().is_some_and(|p| (p.underlay_port, p.mac, p.mtu) == (underlay_id, mac, underlay.mtu));
+                && prev.vtep.as_ref().is_some_and(|p| {
+                    (p.underlay_port, p.mac, p.mtu) == (underlay_id, mac, underlay.mtu)
+                });
             if peers_taken {
-                (self.peers, self.peer_by_ip, self.next_hops) = (prev.peers.clone(), prev.peer_by_ip.clone(), prev.next_hops.clone());
+                (self.peers, self.peer_by_ip, self.next_hops) =
+                    (prev.peers.clone(), prev.peer_by_ip.clone(), prev.next_hops.clone());
                 self.vtep = prev.vtep.clone();
             } else {
                 self.compile_peers(v, ids, VtepEntry::new(v, underlay_id, mac, underlay.mtu)?)?;
@@ -604,7 +690,13 @@ impl Snapshot {
 
     /// The bridge domains' entries with their members (an entry taken from `prev` while its
     /// configuration and its local members stay the same and the peers were taken).
-    fn compile_bridges(&mut self, cfg: &SwitchConfig, ids: &Ids, prev: &Snapshot, peers_taken: bool) -> Result<(), ConfigError> {
+    fn compile_bridges(
+        &mut self,
+        cfg: &SwitchConfig,
+        ids: &Ids,
+        prev: &Snapshot,
+        peers_taken: bool,
+    ) -> Result<(), ConfigError> {
         let max_bd = ids.bds.values().copied().max().map_or(0, |m| m as usize + 1);
         self.bds.resize_with(max_bd, || None);
         (self.marks, self.marked) = (Box::new([Marking::default(); MAX_BDS]), false);
@@ -625,9 +717,7 @@ impl Snapshot {
             self.marks[id as usize] = Marking::of(b)?;
             self.marked |= self.marks[id as usize].set || b.priority;
             let ports = std::mem::take(&mut members[id as usize]);
-            if peers_taken
-                && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports)
-            {
+            if peers_taken && let Some(e) = before.entry(i, b, id).filter(|e| e.ports == ports) {
                 self.bds[id as usize] = Some(e.clone());
                 continue;
             }
@@ -638,7 +728,15 @@ impl Snapshot {
     }
 
     /// One bridge domain's entry: its flood list's peers, ARP/ND table, static MACs checked.
-    fn compile_bridge(&self, b: &BridgeConfig, ids: &Ids, id: u16, vlan: u16, ports: Vec<(u16, Option<u16>)>, flooded: &mut [bool]) -> Result<BdEntry, ConfigError> {
+    fn compile_bridge(
+        &self,
+        b: &BridgeConfig,
+        ids: &Ids,
+        id: u16,
+        vlan: u16,
+        ports: Vec<(u16, Option<u16>)>,
+        flooded: &mut [bool],
+    ) -> Result<BdEntry, ConfigError> {
         let mut peers = Vec::with_capacity(b.flood.len());
         for ip in &b.flood {
             let pid = *self
@@ -656,7 +754,11 @@ impl Snapshot {
         let mut nd = FxMap::default();
         for n in &b.answered() {
             if n.mac.is_group() {
-                return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "neighbor", mac: n.mac });
+                return Err(ConfigError::GroupMac {
+                    bridge: b.name.clone(),
+                    what: "neighbor",
+                    mac: n.mac,
+                });
             }
             match n.ip {
                 IpAddr::V4(a) => arp.insert(a, n.mac),
@@ -666,16 +768,34 @@ impl Snapshot {
         // The gateway's own pin is checked with the gateway (`compile_gateways`).
         for m in &b.static_macs {
             if m.mac.is_group() {
-                return Err(ConfigError::GroupMac { bridge: b.name.clone(), what: "static MAC", mac: m.mac });
+                return Err(ConfigError::GroupMac {
+                    bridge: b.name.clone(),
+                    what: "static MAC",
+                    mac: m.mac,
+                });
             }
             let member = match (&m.port, &m.remote) {
-                (Some(p), None) => ids.ports.get(p).is_some_and(|id| ports.iter().any(|(q, _)| q == id)),
+                (Some(p), None) => {
+                    ids.ports.get(p).is_some_and(|id| ports.iter().any(|(q, _)| q == id))
+                }
                 (None, Some(ip)) => self.peer_by_ip.get(ip).is_some_and(|id| peers.contains(id)),
-                _ => return Err(ConfigError::StaticMacTarget { bridge: b.name.clone(), mac: m.mac }),
+                _ => {
+                    return Err(ConfigError::StaticMacTarget {
+                        bridge: b.name.clone(),
+                        mac: m.mac,
+                    });
+                }
             };
             if !member {
-                let target = m.port.clone().unwrap_or_else(|| m.remote.map(|r| r.to_string()).unwrap_or_default());
-                return Err(ConfigError::StaticMacNotMember { bridge: b.name.clone(), mac: m.mac, target });
+                let target = m
+                    .port
+                    .clone()
+                    .unwrap_or_else(|| m.remote.map(|r| r.to_string()).unwrap_or_default());
+                return Err(ConfigError::StaticMacNotMember {
+                    bridge: b.name.clone(),
+                    mac: m.mac,
+                    target,
+                });
             }
         }
         Ok(BdEntry {
@@ -692,12 +812,21 @@ impl Snapshot {
             arp_suppression: b.arp_suppression || b.gateway.is_some(),
             arp,
             nd,
-            gateway_key: b.gateway.as_ref().and_then(|g| g.mac()).map_or(0, |m| crate::fdb::key(id, m.to_u64())),
+            gateway_key: b
+                .gateway
+                .as_ref()
+                .and_then(|g| g.mac())
+                .map_or(0, |m| crate::fdb::key(id, m.to_u64())),
         })
     }
 
     /// The VTEP `entry` of configuration `v`, its peers' templates and their maps.
-    fn compile_peers(&mut self, v: &VtepConfig, ids: &Ids, entry: VtepEntry) -> Result<(), ConfigError> {
+    fn compile_peers(
+        &mut self,
+        v: &VtepConfig,
+        ids: &Ids,
+        entry: VtepEntry,
+    ) -> Result<(), ConfigError> {
         let max_peer = ids.peers.values().copied().max().map_or(0, |m| m as usize + 1);
         let mut peers: Vec<Option<PeerEntry>> = Vec::new();
         peers.resize_with(max_peer, || None);
@@ -714,7 +843,8 @@ impl Snapshot {
             }
             peers[id as usize] = Some(pe);
         }
-        (self.peers, self.peer_by_ip, self.next_hops) = (peers.into(), Arc::new(by_ip), Arc::new(next_hops));
+        (self.peers, self.peer_by_ip, self.next_hops) =
+            (peers.into(), Arc::new(by_ip), Arc::new(next_hops));
         self.vtep = Some(entry);
         Ok(())
     }
@@ -750,7 +880,11 @@ fn check_bridges(cfg: &SwitchConfig) -> Result<(), ConfigError> {
                 return Err(ConfigError::BadVlan { bridge: b.name.clone(), vlan: v });
             }
             if let Some(o) = by_vlan.insert(v, &b.name) {
-                return Err(ConfigError::VlanTaken { bridge: b.name.clone(), vlan: v, other: o.into() });
+                return Err(ConfigError::VlanTaken {
+                    bridge: b.name.clone(),
+                    vlan: v,
+                    other: o.into(),
+                });
             }
         }
         if let Some(n) = b.vni {
@@ -758,7 +892,11 @@ fn check_bridges(cfg: &SwitchConfig) -> Result<(), ConfigError> {
                 return Err(ConfigError::BadVni { bridge: b.name.clone(), vni: n });
             }
             if let Some(o) = by_vni.insert(n, &b.name) {
-                return Err(ConfigError::VniTaken { bridge: b.name.clone(), vni: n, other: o.into() });
+                return Err(ConfigError::VniTaken {
+                    bridge: b.name.clone(),
+                    vni: n,
+                    other: o.into(),
+                });
             }
         }
         if !b.flood.is_empty() && (b.vni.is_none() || cfg.vtep.is_none()) {
@@ -780,8 +918,13 @@ fn check_vtep(cfg: &SwitchConfig) -> Result<(), ConfigError> {
     // An underlay port may come before its VTEP (it drops what it receives until then,
     // counted as `underlay_not_vxlan`): the node API adds one object at a time.
     for p in &cfg.ports {
-        if let Some(v) = cfg.vtep.as_ref().filter(|v| p.mode == PortMode::Underlay && v.underlay_port != p.name) {
-            return Err(ConfigError::StrayUnderlay { port: p.name.clone(), vtep_port: v.underlay_port.clone() });
+        if let Some(v) =
+            cfg.vtep.as_ref().filter(|v| p.mode == PortMode::Underlay && v.underlay_port != p.name)
+        {
+            return Err(ConfigError::StrayUnderlay {
+                port: p.name.clone(),
+                vtep_port: v.underlay_port.clone(),
+            });
         }
     }
 
@@ -799,7 +942,11 @@ mod test {
     #[test]
     fn members_are_what_egress_tag_says() {
         let cfg = SwitchConfig {
-            bridges: vec![BridgeConfig::new("a").vlan(10), BridgeConfig::new("b").vlan(20), BridgeConfig::new("c")],
+            bridges: vec![
+                BridgeConfig::new("a").vlan(10),
+                BridgeConfig::new("b").vlan(20),
+                BridgeConfig::new("c"),
+            ],
             ports: vec![
                 PortConfig::access("p0", "a"),
                 PortConfig::trunk("t1", &[10, 20, 30], Some(10)),
@@ -810,14 +957,26 @@ mod test {
         };
         let mut ids = Ids::default();
         ids.assign(&cfg).unwrap();
-        let ports: FxMap<String, Arc<dyn Port>> =
-            cfg.ports.iter().map(|p| (p.name.clone(), RingPort::new(&p.name, 1, 64).unwrap().0 as Arc<dyn Port>)).collect();
-        let s = Snapshot::build(cfg, &ids, &|n| ports.get(n).cloned(), 1, &Snapshot::empty()).unwrap();
+        let ports: FxMap<String, Arc<dyn Port>> = cfg
+            .ports
+            .iter()
+            .map(|p| (p.name.clone(), RingPort::new(&p.name, 1, 64).unwrap().0 as Arc<dyn Port>))
+            .collect();
+        let s =
+            Snapshot::build(cfg, &ids, &|n| ports.get(n).cloned(), 1, &Snapshot::empty()).unwrap();
         for bd in s.bds.iter().flatten() {
-            let scan: Vec<(u16, Option<u16>)> = s.ports.iter().flatten().filter_map(|p| Some((p.id, p.egress_tag(bd.id, bd.vlan)?))).collect();
+            let scan: Vec<(u16, Option<u16>)> = s
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| Some((p.id, p.egress_tag(bd.id, bd.vlan)?)))
+                .collect();
             assert_eq!(bd.ports, scan, "bridge {}", bd.name);
         }
         let t1 = s.port_id("t1").unwrap();
-        assert_eq!(s.bd(s.bd_id("a").unwrap()).unwrap().ports.iter().filter(|(p, _)| *p == t1).count(), 1);
+        assert_eq!(
+            s.bd(s.bd_id("a").unwrap()).unwrap().ports.iter().filter(|(p, _)| *p == t1).count(),
+            1
+        );
     }
 }

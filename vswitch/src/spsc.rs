@@ -25,10 +25,10 @@
 //! fences, and then reads `sleeping`. One of the two always sees the other, so no wake-up is lost.
 
 use crate::sync::{AtomicBool, AtomicUsize, fence};
+use slot::Slot;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::*;
-use slot::Slot;
 
 /// A slot: a plain cell copied in bulk, or under loom a tracked cell, so the models catch a
 /// slot read while it is written.
@@ -44,7 +44,13 @@ mod slot {
     pub(super) unsafe fn write(slots: &[Slot], at: usize, ids: &[u32]) {
         // SAFETY: in bounds and unshared (the caller's promise); UnsafeCell<u32> has u32's
         // layout, so the slots are a contiguous run of u32s.
-        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), Slot::raw_get(slots.as_ptr()).add(at), ids.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                ids.as_ptr(),
+                Slot::raw_get(slots.as_ptr()).add(at),
+                ids.len(),
+            )
+        }
     }
 
     /// Reads `slots[at..at + out.len()]` into `out`.
@@ -54,7 +60,13 @@ mod slot {
     #[inline(always)]
     pub(super) unsafe fn read(slots: &[Slot], at: usize, out: &mut [u32]) {
         // SAFETY: as in `write`.
-        unsafe { std::ptr::copy_nonoverlapping(Slot::raw_get(slots.as_ptr()).add(at), out.as_mut_ptr(), out.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                Slot::raw_get(slots.as_ptr()).add(at),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
     }
 }
 

@@ -35,7 +35,13 @@ pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> O
 /// Answers an ARP request, neighbour solicitation or ICMP echo request for `ip` itself, from
 /// `mac` (the VTEP's own address on the underlay): untagged, or tagged in `vlan` (the
 /// underlay's VLAN; the reply keeps the tag).
-pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr, vlan: Option<u16>) -> Option<Answer> {
+pub fn answer_for(
+    pool: &Pool,
+    b: &mut BufId,
+    ip: std::net::IpAddr,
+    mac: MacAddr,
+    vlan: Option<u16>,
+) -> Option<Answer> {
     let h = pool.head(b);
     let mut et = u16::from_be_bytes([*h.get(12)?, *h.get(13)?]);
     let mut l2 = 14;
@@ -55,7 +61,9 @@ pub fn answer_for(pool: &Pool, b: &mut BufId, ip: std::net::IpAddr, mac: MacAddr
         (ethertype::IPV6, std::net::IpAddr::V6(a)) => {
             nd_reply(pool, b, l2, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
         }
-        (ethertype::IPV4, std::net::IpAddr::V4(a)) => echo_reply(pool, b, l2, a, mac).then_some(Answer::Echo),
+        (ethertype::IPV4, std::net::IpAddr::V4(a)) => {
+            echo_reply(pool, b, l2, a, mac).then_some(Answer::Echo)
+        }
         _ => None,
     }
 }
@@ -77,7 +85,8 @@ fn echo_reply(pool: &Pool, b: &mut BufId, l2: usize, ip: std::net::Ipv4Addr, mac
     }
     let payload_len = (total - ihl) as u16;
     // Options are not echoed: the ICMP message moves up behind a fresh 20-byte header.
-    ipv4::Repr { src: ip, dst: src, protocol: 1, ttl: 64, payload_len, dont_fragment: false }.emit(&mut h[l2..]);
+    ipv4::Repr { src: ip, dst: src, protocol: 1, ttl: 64, payload_len, dont_fragment: false }
+        .emit(&mut h[l2..]);
     if ihl != ipv4::HEADER_LEN {
         h.copy_within(l2 + ihl..l2 + total, l2 + ipv4::HEADER_LEN);
     }
@@ -92,7 +101,12 @@ fn echo_reply(pool: &Pool, b: &mut BufId, l2: usize, ip: std::net::Ipv4Addr, mac
     true
 }
 
-fn arp_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv4Addr) -> Option<MacAddr>) -> bool {
+fn arp_reply(
+    pool: &Pool,
+    b: &mut BufId,
+    l2: usize,
+    known: impl Fn(std::net::Ipv4Addr) -> Option<MacAddr>,
+) -> bool {
     let h = pool.head_mut(b);
     let Some(body) = h.get_mut(l2..) else { return false };
     let Ok(mut p) = arp::Packet::new_checked(body) else { return false };
@@ -105,7 +119,12 @@ fn arp_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv
     true
 }
 
-fn nd_reply(pool: &Pool, b: &mut BufId, l2: usize, known: impl Fn(std::net::Ipv6Addr) -> Option<MacAddr>) -> bool {
+fn nd_reply(
+    pool: &Pool,
+    b: &mut BufId,
+    l2: usize,
+    known: impl Fn(std::net::Ipv6Addr) -> Option<MacAddr>,
+) -> bool {
     let h = pool.head_mut(b);
     let Some(l3) = h.get(l2..) else { return false };
     let Ok(ip) = ipv6::Packet::new_checked(l3) else { return false };

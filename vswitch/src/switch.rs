@@ -11,15 +11,15 @@ use crate::config::SwitchConfig;
 use crate::counters::{BdTotals, PortTotals, ThreadStats, Totals};
 use crate::fdb::{Dest, Fdb};
 use crate::neigh::{NeighborState, Neighbors};
-use crate::snapshot::MAX_PEERS;
-use std::net::IpAddr;
 use crate::pipeline::Pipeline;
 use crate::port::Port;
+use crate::snapshot::MAX_PEERS;
 use crate::snapshot::{ConfigError, Ids, Snapshot};
 use crate::trace::{FrameTrace, Tracing};
 use crate::wire::MacAddr;
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -58,7 +58,11 @@ pub struct SwitchOptions {
 
 impl Default for SwitchOptions {
     fn default() -> Self {
-        SwitchOptions { fdb_entries: 1 << 18, emc_entries: 1 << 18, dispatch: crate::pipeline::Dispatch::Fused }
+        SwitchOptions {
+            fdb_entries: 1 << 18,
+            emc_entries: 1 << 18,
+            dispatch: crate::pipeline::Dispatch::Fused,
+        }
     }
 }
 
@@ -171,7 +175,11 @@ impl Switch {
     /// Puts `port` in the place of the one registered as `name` (its device opened again),
     /// for the next configuration applied to take; returns the one it replaces, which the
     /// running configuration keeps using until then.
-    pub fn replace_port(&self, name: &str, port: Arc<dyn Port>) -> Result<Arc<dyn Port>, SwitchError> {
+    pub fn replace_port(
+        &self,
+        name: &str,
+        port: Arc<dyn Port>,
+    ) -> Result<Arc<dyn Port>, SwitchError> {
         self.check_pool(name, &*port)?;
         let mut c = self.control();
         let slot = c.ports.get_mut(name).ok_or_else(|| SwitchError::NoSuchPort(name.into()))?;
@@ -222,9 +230,19 @@ impl Switch {
         // `pmd % threads` (see `pmd::assignment`).
         let threads = self.pmd_threads.load(Acquire);
         let before = self.current.load();
-        let kept = |p: &crate::config::PortConfig| before.config.ports.iter().any(|o| o.name == p.name && o.pmd == p.pmd);
-        if let Some(p) = cfg.ports.iter().find(|p| threads > 0 && p.pmd.is_some_and(|t| t as usize >= threads) && !kept(p)) {
-            return Err(ConfigError::NoSuchPmd { port: p.name.clone(), pmd: p.pmd.unwrap_or_default(), threads });
+        let kept = |p: &crate::config::PortConfig| {
+            before.config.ports.iter().any(|o| o.name == p.name && o.pmd == p.pmd)
+        };
+        if let Some(p) = cfg
+            .ports
+            .iter()
+            .find(|p| threads > 0 && p.pmd.is_some_and(|t| t as usize >= threads) && !kept(p))
+        {
+            return Err(ConfigError::NoSuchPmd {
+                port: p.name.clone(),
+                pmd: p.pmd.unwrap_or_default(),
+                threads,
+            });
         }
         let mut c = self.control();
         let mut ids = c.ids.clone();
@@ -254,8 +272,14 @@ impl Switch {
         let moves = self.moves.load_full();
         let same_port = |id: u16| old.port(id).map(|p| &p.name) == snap.port(id).map(|p| &p.name);
         if moves.placed.keys().any(|&(p, _)| !same_port(p)) {
-            let placed = moves.placed.iter().filter(|((p, _), _)| same_port(*p)).map(|(k, v)| (*k, *v)).collect();
-            self.moves.store(Arc::new(crate::pmd::Moves { generation: moves.generation + 1, placed }));
+            let placed = moves
+                .placed
+                .iter()
+                .filter(|((p, _), _)| same_port(*p))
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            self.moves
+                .store(Arc::new(crate::pmd::Moves { generation: moves.generation + 1, placed }));
         }
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
@@ -273,7 +297,9 @@ impl Switch {
     /// every PMD thread's exact-match cache.
     fn sync_static_macs(&self, c: &mut Control, snap: &Snapshot, flush: &Flush) {
         let mut want = HashSet::new();
-        for b in snap.config.bridges.iter().filter(|b| !b.static_macs.is_empty() || b.gateway.is_some()) {
+        for b in
+            snap.config.bridges.iter().filter(|b| !b.static_macs.is_empty() || b.gateway.is_some())
+        {
             let Some(&bd) = c.ids.bds.get(&b.name) else { continue };
             for m in &b.pinned() {
                 let dest = match (&m.port, &m.remote) {
@@ -318,7 +344,13 @@ impl Switch {
     pub fn pipeline(&self, thread: usize) -> Pipeline {
         let stats = Arc::new(ThreadStats::new());
         self.threads.lock().unwrap_or_else(|e| e.into_inner()).push(stats.clone());
-        let mut p = Pipeline::new(thread, self.pool.clone(), self.fdb.clone(), stats, self.opts.emc_entries);
+        let mut p = Pipeline::new(
+            thread,
+            self.pool.clone(),
+            self.fdb.clone(),
+            stats,
+            self.opts.emc_entries,
+        );
         p.set_neighbors(self.neighbors.clone());
         p.set_tracing(self.tracing.clone());
         p.set_capture(self.capture.clone());
@@ -330,7 +362,10 @@ impl Switch {
     /// [`crate::trace::MAX_TRACES`]; replaces an earlier request): take them with
     /// [`Switch::traces`].
     pub fn trace(&self, name: &str, count: u32) -> Result<(), SwitchError> {
-        let id = self.snapshot().port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
+        let id = self
+            .snapshot()
+            .port_id(name)
+            .ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
         self.tracing.arm(id, count);
         Ok(())
     }
@@ -375,12 +410,15 @@ impl Switch {
     pub fn trace_synthetic(&self, name: &str, frame: &[u8]) -> Result<FrameTrace, SwitchError> {
         let snap = self.snapshot();
         let id = snap.port_id(name).ok_or_else(|| SwitchError::NoSuchPort(name.to_owned()))?;
-        if frame.len() < crate::wire::ethernet::HEADER_LEN || frame.len() > crate::buf::BUF_SIZE - crate::buf::HEADROOM {
+        if frame.len() < crate::wire::ethernet::HEADER_LEN
+            || frame.len() > crate::buf::BUF_SIZE - crate::buf::HEADROOM
+        {
             return Err(SwitchError::FrameSize(frame.len()));
         }
         // A private pipeline: its counters join no total, it has no cache, and it resolves
         // next hops only from what the PMD threads learned.
-        let mut p = Pipeline::new(0, self.pool.clone(), self.fdb.clone(), Arc::new(ThreadStats::new()), 0);
+        let mut p =
+            Pipeline::new(0, self.pool.clone(), self.fdb.clone(), Arc::new(ThreadStats::new()), 0);
         p.set_neighbors(self.neighbors.clone());
         p.set_now(crate::util::coarse_secs());
         p.trace_dry(&snap, id, frame).ok_or(SwitchError::NoBuffer)
@@ -393,8 +431,14 @@ impl Switch {
         if Arc::ptr_eq(&old.ports, &new.ports) && Arc::ptr_eq(&old.bds, &new.bds) {
             return;
         }
-        let gone_ports: Vec<u16> = old.ports.iter().filter(|(n, _)| !new.ports.contains_key(*n)).map(|(_, id)| *id).collect();
-        let gone_bds: Vec<u16> = old.bds.iter().filter(|(n, _)| !new.bds.contains_key(*n)).map(|(_, id)| *id).collect();
+        let gone_ports: Vec<u16> = old
+            .ports
+            .iter()
+            .filter(|(n, _)| !new.ports.contains_key(*n))
+            .map(|(_, id)| *id)
+            .collect();
+        let gone_bds: Vec<u16> =
+            old.bds.iter().filter(|(n, _)| !new.bds.contains_key(*n)).map(|(_, id)| *id).collect();
         if gone_ports.is_empty() && gone_bds.is_empty() {
             return;
         }
@@ -465,7 +509,13 @@ struct Flush {
 }
 
 impl Flush {
-    fn between(old: &Snapshot, old_ids: &Ids, new: &Snapshot, new_ids: &Ids, peers_kept: bool) -> Flush {
+    fn between(
+        old: &Snapshot,
+        old_ids: &Ids,
+        new: &Snapshot,
+        new_ids: &Ids,
+        peers_kept: bool,
+    ) -> Flush {
         let mut bds = HashSet::new();
         for (name, id) in old_ids.bds.iter() {
             let before = old.bd(*id);
@@ -479,21 +529,35 @@ impl Flush {
             }
         }
         // Ids handed out now that were not in use before may have stale entries.
-        bds.extend(new_ids.bds.iter().filter(|(n, _)| !old_ids.bds.contains_key(*n)).map(|(_, id)| *id));
+        bds.extend(
+            new_ids.bds.iter().filter(|(n, _)| !old_ids.bds.contains_key(*n)).map(|(_, id)| *id),
+        );
         let mut dests = HashSet::new();
         for (name, id) in old_ids.ports.iter() {
             if new_ids.ports.get(name) != Some(id) {
                 dests.insert(Dest::Port(*id));
             }
         }
-        dests.extend(new_ids.ports.iter().filter(|(n, _)| !old_ids.ports.contains_key(*n)).map(|(_, id)| Dest::Port(*id)));
+        dests.extend(
+            new_ids
+                .ports
+                .iter()
+                .filter(|(n, _)| !old_ids.ports.contains_key(*n))
+                .map(|(_, id)| Dest::Port(*id)),
+        );
         if !peers_kept {
             for (ip, id) in old_ids.peers.iter() {
                 if new_ids.peers.get(ip) != Some(id) {
                     dests.insert(Dest::Peer(*id));
                 }
             }
-            dests.extend(new_ids.peers.iter().filter(|(ip, _)| !old_ids.peers.contains_key(*ip)).map(|(_, id)| Dest::Peer(*id)));
+            dests.extend(
+                new_ids
+                    .peers
+                    .iter()
+                    .filter(|(ip, _)| !old_ids.peers.contains_key(*ip))
+                    .map(|(_, id)| Dest::Peer(*id)),
+            );
         }
         Flush { bds, dests }
     }
@@ -508,7 +572,9 @@ impl Flush {
         if !self.bds.iter().any(|bd| fdb.bd_len(*bd) > 0) && !self.dests.iter().any(held) {
             return;
         }
-        let n = fdb.remove_where(|e| self.bds.contains(&e.bd) || (!e.is_static && self.dests.contains(&e.dest)));
+        let n = fdb.remove_where(|e| {
+            self.bds.contains(&e.bd) || (!e.is_static && self.dests.contains(&e.dest))
+        });
         tracing::debug!(removed = n, "FDB entries flushed by configuration change");
     }
 }

@@ -134,7 +134,14 @@ pub mod frames {
     }
 
     /// A frame with one tag.
-    pub fn tagged(dst: MacAddr, src: MacAddr, tpid: u16, tci: u16, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    pub fn tagged(
+        dst: MacAddr,
+        src: MacAddr,
+        tpid: u16,
+        tci: u16,
+        ethertype: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let mut f = vec![0u8; 18];
         ethernet::Repr { dst, src, tag: Some((tpid, tci)), ethertype }.emit(&mut f);
         f.extend_from_slice(payload);
@@ -151,7 +158,15 @@ pub mod frames {
     }
 
     /// An IPv4/UDP frame whose total size is `size` bytes (at least 42), payload patterned.
-    pub fn udp4(dst: MacAddr, src: MacAddr, sip: Ipv4Addr, dip: Ipv4Addr, sport: u16, dport: u16, size: usize) -> Vec<u8> {
+    pub fn udp4(
+        dst: MacAddr,
+        src: MacAddr,
+        sip: Ipv4Addr,
+        dip: Ipv4Addr,
+        sport: u16,
+        dport: u16,
+        size: usize,
+    ) -> Vec<u8> {
         let size = size.max(42);
         let plen = size - 42;
         let mut l3 = vec![0u8; 28 + plen];
@@ -172,9 +187,17 @@ pub mod frames {
     }
 
     /// An ICMP echo request (`reply`: an echo reply) with a 16-byte payload.
-    pub fn icmp_echo(dst: MacAddr, src: MacAddr, sip: Ipv4Addr, dip: Ipv4Addr, reply: bool, ttl: u8) -> Vec<u8> {
+    pub fn icmp_echo(
+        dst: MacAddr,
+        src: MacAddr,
+        sip: Ipv4Addr,
+        dip: Ipv4Addr,
+        reply: bool,
+        ttl: u8,
+    ) -> Vec<u8> {
         let mut l3 = vec![0u8; 20 + 8 + 16];
-        ipv4::Repr { src: sip, dst: dip, protocol: 1, ttl, payload_len: 24, dont_fragment: false }.emit(&mut l3);
+        ipv4::Repr { src: sip, dst: dip, protocol: 1, ttl, payload_len: 24, dont_fragment: false }
+            .emit(&mut l3);
         let icmp = &mut l3[20..];
         icmp[0] = if reply { 0 } else { 8 };
         icmp[4..8].copy_from_slice(&[0x12, 0x34, 0, 1]);
@@ -203,7 +226,16 @@ pub mod frames {
     /// The solicited-node multicast group of an address and its MAC.
     pub fn solicited_node(target: Ipv6Addr) -> (Ipv6Addr, MacAddr) {
         let o = target.octets();
-        let g = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00 | o[13] as u16, u16::from_be_bytes([o[14], o[15]]));
+        let g = Ipv6Addr::new(
+            0xff02,
+            0,
+            0,
+            0,
+            0,
+            1,
+            0xff00 | o[13] as u16,
+            u16::from_be_bytes([o[14], o[15]]),
+        );
         let go = g.octets();
         (g, MacAddr([0x33, 0x33, go[12], go[13], go[14], go[15]]))
     }
@@ -212,17 +244,35 @@ pub mod frames {
     pub fn ns(src_mac: MacAddr, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
         let (group, gmac) = solicited_node(target);
         let mut l3 = vec![0u8; 40 + icmpv6::NA_LEN];
-        ipv6::Repr { src, dst: group, next_header: ipv6::NEXT_ICMPV6, hop_limit: 255, payload_len: icmpv6::NA_LEN as u16 }
-            .emit(&mut l3);
+        ipv6::Repr {
+            src,
+            dst: group,
+            next_header: ipv6::NEXT_ICMPV6,
+            hop_limit: 255,
+            payload_len: icmpv6::NA_LEN as u16,
+        }
+        .emit(&mut l3);
         icmpv6::emit_ns(&mut l3[40..], &src, &group, &target, src_mac);
         eth(gmac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
 
     /// A solicited neighbour advertisement for `target` from (mac, src) to (dst_mac, dst).
-    pub fn na(src_mac: MacAddr, src: Ipv6Addr, target: Ipv6Addr, dst_mac: MacAddr, dst: Ipv6Addr) -> Vec<u8> {
+    pub fn na(
+        src_mac: MacAddr,
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        dst_mac: MacAddr,
+        dst: Ipv6Addr,
+    ) -> Vec<u8> {
         let mut l3 = vec![0u8; 40 + icmpv6::NA_LEN];
-        ipv6::Repr { src, dst, next_header: ipv6::NEXT_ICMPV6, hop_limit: 255, payload_len: icmpv6::NA_LEN as u16 }
-            .emit(&mut l3);
+        ipv6::Repr {
+            src,
+            dst,
+            next_header: ipv6::NEXT_ICMPV6,
+            hop_limit: 255,
+            payload_len: icmpv6::NA_LEN as u16,
+        }
+        .emit(&mut l3);
         icmpv6::emit_na(&mut l3[40..], &src, &dst, &target, src_mac);
         eth(dst_mac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
@@ -230,7 +280,15 @@ pub mod frames {
     /// An IPv6 packet from (mac, src) to (dst_mac, dst) whose payload, after extension
     /// headers `ext` (each whole, its first byte the next header), is `upper` of protocol
     /// `proto`; hop limit 255. No checksums are filled in (port security does not read them).
-    pub fn ipv6(src_mac: MacAddr, src: Ipv6Addr, dst_mac: MacAddr, dst: Ipv6Addr, ext: &[(u8, Vec<u8>)], proto: u8, upper: &[u8]) -> Vec<u8> {
+    pub fn ipv6(
+        src_mac: MacAddr,
+        src: Ipv6Addr,
+        dst_mac: MacAddr,
+        dst: Ipv6Addr,
+        ext: &[(u8, Vec<u8>)],
+        proto: u8,
+        upper: &[u8],
+    ) -> Vec<u8> {
         let mut chain = Vec::new();
         let first = ext.first().map_or(proto, |e| e.0);
         for (i, (_, h)) in ext.iter().enumerate() {
@@ -240,7 +298,14 @@ pub mod frames {
         }
         chain.extend_from_slice(upper);
         let mut l3 = vec![0u8; 40];
-        ipv6::Repr { src, dst, next_header: first, hop_limit: 255, payload_len: chain.len() as u16 }.emit(&mut l3);
+        ipv6::Repr {
+            src,
+            dst,
+            next_header: first,
+            hop_limit: 255,
+            payload_len: chain.len() as u16,
+        }
+        .emit(&mut l3);
         l3.extend_from_slice(&chain);
         eth(dst_mac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
@@ -248,13 +313,38 @@ pub mod frames {
     /// The modified EUI-64 link-local address a MAC makes (RFC 4291 appendix A).
     pub fn link_local(m: MacAddr) -> Ipv6Addr {
         let b = m.0;
-        Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, b[0] ^ 0x02, b[1], b[2], 0xff, 0xfe, b[3], b[4], b[5]])
+        Ipv6Addr::from([
+            0xfe,
+            0x80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            b[0] ^ 0x02,
+            b[1],
+            b[2],
+            0xff,
+            0xfe,
+            b[3],
+            b[4],
+            b[5],
+        ])
     }
 
     /// A router advertisement from (mac, src) to all nodes.
     pub fn ra(src_mac: MacAddr, src: Ipv6Addr) -> Vec<u8> {
         let all = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
-        ipv6(src_mac, src, MacAddr([0x33, 0x33, 0, 0, 0, 1]), all, &[], ipv6::NEXT_ICMPV6, &[134, 0, 0, 0, 64, 0, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0])
+        ipv6(
+            src_mac,
+            src,
+            MacAddr([0x33, 0x33, 0, 0, 0, 1]),
+            all,
+            &[],
+            ipv6::NEXT_ICMPV6,
+            &[134, 0, 0, 0, 64, 0, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0],
+        )
     }
 
     /// The outer addressing of a VXLAN frame.
@@ -272,7 +362,8 @@ pub mod frames {
     /// A VXLAN frame as RFC 7348 describes it (IPv4: DF, TTL 64, zero UDP checksum; IPv6:
     /// hop limit 64, UDP checksum computed unless `v6_zero_csum`).
     pub fn vxlan(o: &Outer, vni: u32, inner: &[u8], v6_zero_csum: bool) -> Vec<u8> {
-        let et = if o.src.is_ipv4() { ethernet::ethertype::IPV4 } else { ethernet::ethertype::IPV6 };
+        let et =
+            if o.src.is_ipv4() { ethernet::ethertype::IPV4 } else { ethernet::ethertype::IPV6 };
         let udp_len = (8 + 8 + inner.len()) as u16;
         let mut l4 = vec![0u8; 16];
         udp::emit(&mut l4, o.sport, o.dport, udp_len, 0);
@@ -281,8 +372,15 @@ pub mod frames {
         let l3 = match (o.src, o.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let mut h = vec![0u8; 20];
-                ipv4::Repr { src: s, dst: d, protocol: ipv4::PROTO_UDP, ttl: 64, payload_len: udp_len, dont_fragment: true }
-                    .emit(&mut h);
+                ipv4::Repr {
+                    src: s,
+                    dst: d,
+                    protocol: ipv4::PROTO_UDP,
+                    ttl: 64,
+                    payload_len: udp_len,
+                    dont_fragment: true,
+                }
+                .emit(&mut h);
                 h.extend_from_slice(&l4);
                 h
             }
@@ -296,7 +394,14 @@ pub mod frames {
                     l4[6..8].copy_from_slice(&c.to_be_bytes());
                 }
                 let mut h = vec![0u8; 40];
-                ipv6::Repr { src: s, dst: d, next_header: ipv6::NEXT_UDP, hop_limit: 64, payload_len: udp_len }.emit(&mut h);
+                ipv6::Repr {
+                    src: s,
+                    dst: d,
+                    next_header: ipv6::NEXT_UDP,
+                    hop_limit: 64,
+                    payload_len: udp_len,
+                }
+                .emit(&mut h);
                 h.extend_from_slice(&l4);
                 h
             }
@@ -459,25 +564,25 @@ impl Drop for Harness {
 pub const UDP_53: [crate::bpf::Insn; 20] = {
     use crate::bpf::Insn;
     [
-    Insn { code: 40, jt: 0, jf: 0, k: 12 },
-    Insn { code: 21, jt: 0, jf: 6, k: 34525 },
-    Insn { code: 48, jt: 0, jf: 0, k: 20 },
-    Insn { code: 21, jt: 0, jf: 15, k: 17 },
-    Insn { code: 40, jt: 0, jf: 0, k: 54 },
-    Insn { code: 21, jt: 12, jf: 0, k: 53 },
-    Insn { code: 40, jt: 0, jf: 0, k: 56 },
-    Insn { code: 21, jt: 10, jf: 11, k: 53 },
-    Insn { code: 21, jt: 0, jf: 10, k: 2048 },
-    Insn { code: 48, jt: 0, jf: 0, k: 23 },
-    Insn { code: 21, jt: 0, jf: 8, k: 17 },
-    Insn { code: 40, jt: 0, jf: 0, k: 20 },
-    Insn { code: 69, jt: 6, jf: 0, k: 8191 },
-    Insn { code: 177, jt: 0, jf: 0, k: 14 },
-    Insn { code: 72, jt: 0, jf: 0, k: 14 },
-    Insn { code: 21, jt: 2, jf: 0, k: 53 },
-    Insn { code: 72, jt: 0, jf: 0, k: 16 },
-    Insn { code: 21, jt: 0, jf: 1, k: 53 },
-    Insn { code: 6, jt: 0, jf: 0, k: 262144 },
-    Insn { code: 6, jt: 0, jf: 0, k: 0 },
+        Insn { code: 40, jt: 0, jf: 0, k: 12 },
+        Insn { code: 21, jt: 0, jf: 6, k: 34525 },
+        Insn { code: 48, jt: 0, jf: 0, k: 20 },
+        Insn { code: 21, jt: 0, jf: 15, k: 17 },
+        Insn { code: 40, jt: 0, jf: 0, k: 54 },
+        Insn { code: 21, jt: 12, jf: 0, k: 53 },
+        Insn { code: 40, jt: 0, jf: 0, k: 56 },
+        Insn { code: 21, jt: 10, jf: 11, k: 53 },
+        Insn { code: 21, jt: 0, jf: 10, k: 2048 },
+        Insn { code: 48, jt: 0, jf: 0, k: 23 },
+        Insn { code: 21, jt: 0, jf: 8, k: 17 },
+        Insn { code: 40, jt: 0, jf: 0, k: 20 },
+        Insn { code: 69, jt: 6, jf: 0, k: 8191 },
+        Insn { code: 177, jt: 0, jf: 0, k: 14 },
+        Insn { code: 72, jt: 0, jf: 0, k: 14 },
+        Insn { code: 21, jt: 2, jf: 0, k: 53 },
+        Insn { code: 72, jt: 0, jf: 0, k: 16 },
+        Insn { code: 21, jt: 0, jf: 1, k: 53 },
+        Insn { code: 6, jt: 0, jf: 0, k: 262144 },
+        Insn { code: 6, jt: 0, jf: 0, k: 0 },
     ]
 };

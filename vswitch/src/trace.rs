@@ -116,7 +116,10 @@ pub enum Learned {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retag {
     Keep,
-    Push { tpid: u16, vid: u16 },
+    Push {
+        tpid: u16,
+        vid: u16,
+    },
     Pop,
     /// A tag kept, its TPID set to the egress port's.
     Tpid(u16),
@@ -128,26 +131,66 @@ pub enum Step {
     #[default]
     None,
     /// The cache's decision for the frame (`None`: a miss): reported, not used.
-    Cache { hit: Option<(u16, Dest)> },
-    Classify { bd: u16, vid: u16, pcp: u8 },
-    Decap { peer: u16, bd: u16 },
+    Cache {
+        hit: Option<(u16, Dest)>,
+    },
+    Classify {
+        bd: u16,
+        vid: u16,
+        pcp: u8,
+    },
+    Decap {
+        peer: u16,
+        bd: u16,
+    },
     PortSecurity,
-    Learn { bd: u16, mac: MacAddr, outcome: Learned },
-    Suppress { arp: bool },
+    Learn {
+        bd: u16,
+        mac: MacAddr,
+        outcome: Learned,
+    },
+    Suppress {
+        arp: bool,
+    },
     /// The destination's FDB entry (`None`: unknown, or a group address).
-    Forward { mac: MacAddr, found: Option<Dest> },
+    Forward {
+        mac: MacAddr,
+        found: Option<Dest>,
+    },
     /// The FDB points somewhere no longer in the bridge domain.
-    Stale { mac: MacAddr },
-    Flood { bd: u16, copies: u16 },
-    VlanRewrite { port: u16, op: Retag },
-    Encap { peer: u16, vni: u32, dscp: u8, priority: bool },
-    NeighborHold { peer: u16 },
-    Tx { port: u16, first: bool, sent: bool },
+    Stale {
+        mac: MacAddr,
+    },
+    Flood {
+        bd: u16,
+        copies: u16,
+    },
+    VlanRewrite {
+        port: u16,
+        op: Retag,
+    },
+    Encap {
+        peer: u16,
+        vni: u32,
+        dscp: u8,
+        priority: bool,
+    },
+    NeighborHold {
+        peer: u16,
+    },
+    Tx {
+        port: u16,
+        first: bool,
+        sent: bool,
+    },
     /// The VTEP answered a neighbour asking for its address (sent back out of the ingress).
     VtepAnswer,
     /// An answer to the VTEP's own neighbour request, learned and done with.
     VtepLearned,
-    Drop { reason: DropReason, port: u16 },
+    Drop {
+        reason: DropReason,
+        port: u16,
+    },
 }
 
 impl Step {
@@ -193,7 +236,18 @@ pub struct FrameTrace {
 
 impl Default for FrameTrace {
     fn default() -> Self {
-        FrameTrace { seq: 0, thread: 0, port: 0, len: 0, head: [0; HEAD_BYTES], head_len: 0, steps: [Step::None; MAX_STEPS], n: 0, more: 0, dry: false }
+        FrameTrace {
+            seq: 0,
+            thread: 0,
+            port: 0,
+            len: 0,
+            head: [0; HEAD_BYTES],
+            head_len: 0,
+            steps: [Step::None; MAX_STEPS],
+            n: 0,
+            more: 0,
+            dry: false,
+        }
     }
 }
 
@@ -202,7 +256,8 @@ impl FrameTrace {
     pub fn start(&mut self, port: u16, len: usize, head: &[u8]) {
         let k = head.len().min(HEAD_BYTES);
         self.head[..k].copy_from_slice(&head[..k]);
-        (self.port, self.len, self.head_len, self.n, self.more) = (port, len as u32, k as u16, 0, 0);
+        (self.port, self.len, self.head_len, self.n, self.more) =
+            (port, len as u32, k as u16, 0, 0);
     }
 
     pub fn push(&mut self, s: Step) {
@@ -234,7 +289,8 @@ impl FrameTrace {
     /// names `snap` gives ids.
     pub fn render(&self, snap: &Snapshot) -> (String, Vec<(&'static str, String)>) {
         let names = Names(snap);
-        let mut steps: Vec<(&'static str, String)> = self.steps().iter().filter_map(|s| Some((s.node()?.name(), names.step(s)))).collect();
+        let mut steps: Vec<(&'static str, String)> =
+            self.steps().iter().filter_map(|s| Some((s.node()?.name(), names.step(s)))).collect();
         if self.more > 0 {
             steps.push(("...", format!("{} more steps not kept", self.more)));
         }
@@ -267,12 +323,24 @@ impl Names<'_> {
     fn step(&self, s: &Step) -> String {
         match *s {
             Step::None => String::new(),
-            Step::Cache { hit: None } => "miss (traced frames take the full path; the cache is not filled)".into(),
-            Step::Cache { hit: Some((bd, d)) } => format!("hit: bridge {} → {} (not used while tracing)", self.bd(bd), self.dest(d)),
-            Step::Classify { bd, vid: 0, pcp } => format!("untagged → bridge {}{}", self.bd(bd), pcp_text(pcp)),
-            Step::Classify { bd, vid, pcp } => format!("vlan {vid} → bridge {}{}", self.bd(bd), pcp_text(pcp)),
+            Step::Cache { hit: None } => {
+                "miss (traced frames take the full path; the cache is not filled)".into()
+            }
+            Step::Cache { hit: Some((bd, d)) } => {
+                format!("hit: bridge {} → {} (not used while tracing)", self.bd(bd), self.dest(d))
+            }
+            Step::Classify { bd, vid: 0, pcp } => {
+                format!("untagged → bridge {}{}", self.bd(bd), pcp_text(pcp))
+            }
+            Step::Classify { bd, vid, pcp } => {
+                format!("vlan {vid} → bridge {}{}", self.bd(bd), pcp_text(pcp))
+            }
             Step::Decap { peer, bd } => {
-                let vni = self.0.bd(bd).and_then(|b| b.vni).map_or_else(String::new, |v| format!(" vni {v}"));
+                let vni = self
+                    .0
+                    .bd(bd)
+                    .and_then(|b| b.vni)
+                    .map_or_else(String::new, |v| format!(" vni {v}"));
                 format!("from {}{vni} → bridge {}", self.peer(peer), self.bd(bd))
             }
             Step::PortSecurity => "passed (source MAC and addresses allowed)".into(),
@@ -290,12 +358,19 @@ impl Names<'_> {
                 };
                 format!("src {mac} in bridge {}: {what}", self.bd(bd))
             }
-            Step::Suppress { arp } => format!("{} answered from the bridge's table, back to the ingress", if arp { "ARP request" } else { "neighbour solicitation" }),
+            Step::Suppress { arp } => format!(
+                "{} answered from the bridge's table, back to the ingress",
+                if arp { "ARP request" } else { "neighbour solicitation" }
+            ),
             Step::Forward { mac, found: Some(d) } => format!("dst {mac} → {}", self.dest(d)),
-            Step::Forward { mac, found: None } if mac.0[0] & 1 != 0 => format!("dst {mac}: group address → flood"),
+            Step::Forward { mac, found: None } if mac.0[0] & 1 != 0 => {
+                format!("dst {mac}: group address → flood")
+            }
             Step::Forward { mac, found: None } => format!("dst {mac}: unknown → flood"),
             Step::Stale { mac } => format!("dst {mac}: entry points outside the bridge → flood"),
-            Step::Flood { bd, copies } => format!("bridge {}: {copies} egress(es), split horizon", self.bd(bd)),
+            Step::Flood { bd, copies } => {
+                format!("bridge {}: {copies} egress(es), split horizon", self.bd(bd))
+            }
             Step::VlanRewrite { port, op } => {
                 let what = match op {
                     Retag::Keep => "untagged, unchanged".to_string(),
@@ -310,14 +385,22 @@ impl Names<'_> {
                 let first = if priority { ", priority egress" } else { "" };
                 format!("vni {vni} to {}{mark}{first}", self.peer(peer))
             }
-            Step::NeighborHold { peer } => format!("next hop of {} not resolved: the frame waits", self.peer(peer)),
+            Step::NeighborHold { peer } => {
+                format!("next hop of {} not resolved: the frame waits", self.peer(peer))
+            }
             Step::Tx { port, first, sent } => {
                 let q = if first { "priority batch" } else { "tx batch" };
-                if sent { format!("queued on port {} ({q})", self.port(port)) } else { format!("port {} (synthetic: not sent)", self.port(port)) }
+                if sent {
+                    format!("queued on port {} ({q})", self.port(port))
+                } else {
+                    format!("port {} (synthetic: not sent)", self.port(port))
+                }
             }
             Step::VtepAnswer => "a neighbour asked for the VTEP's address: answered".into(),
             Step::VtepLearned => "an answer to the VTEP's next-hop request: learned".into(),
-            Step::Drop { reason, port } => format!("DROP {} (port {})", reason.name(), self.port(port)),
+            Step::Drop { reason, port } => {
+                format!("DROP {} (port {})", reason.name(), self.port(port))
+            }
         }
     }
 }
@@ -351,7 +434,13 @@ fn describe_eth(s: &mut String, h: &[u8], depth: u8) {
     match et {
         ethertype::ARP => match arp::Packet::new_checked(payload) {
             Ok(a) => {
-                let _ = write!(s, ", arp {} {} > {}", if a.op() == 1 { "request" } else { "reply" }, a.spa(), a.tpa());
+                let _ = write!(
+                    s,
+                    ", arp {} {} > {}",
+                    if a.op() == 1 { "request" } else { "reply" },
+                    a.spa(),
+                    a.tpa()
+                );
             }
             Err(e) => {
                 let _ = write!(s, ", arp ({e})");
@@ -368,7 +457,11 @@ fn describe_eth(s: &mut String, h: &[u8], depth: u8) {
 fn describe_ipv4(s: &mut String, h: &[u8], depth: u8) {
     let p = match ipv4::Packet::header_checked(h) {
         Ok(p) => p,
-        Err(e) => return { let _ = write!(s, ", ipv4 ({e})"); },
+        Err(e) => {
+            return {
+                let _ = write!(s, ", ipv4 ({e})");
+            };
+        }
     };
     let _ = write!(s, ", ipv4 {} > {} tos {:#04x} ttl {}", p.src(), p.dst(), p.tos(), p.ttl());
     describe_l4(s, p.protocol(), p.rest(), depth);
@@ -377,16 +470,29 @@ fn describe_ipv4(s: &mut String, h: &[u8], depth: u8) {
 fn describe_ipv6(s: &mut String, h: &[u8], depth: u8) {
     let p = match ipv6::Packet::header_checked(h) {
         Ok(p) => p,
-        Err(e) => return { let _ = write!(s, ", ipv6 ({e})"); },
+        Err(e) => {
+            return {
+                let _ = write!(s, ", ipv6 ({e})");
+            };
+        }
     };
-    let _ = write!(s, ", ipv6 {} > {} tc {:#04x} hlim {}", p.src(), p.dst(), p.traffic_class(), p.hop_limit());
+    let _ = write!(
+        s,
+        ", ipv6 {} > {} tc {:#04x} hlim {}",
+        p.src(),
+        p.dst(),
+        p.traffic_class(),
+        p.hop_limit()
+    );
     describe_l4(s, p.next_header(), p.rest(), depth);
 }
 
 fn describe_l4(s: &mut String, proto: u8, h: &[u8], depth: u8) {
     match proto {
         ipv4::PROTO_UDP => {
-            let Ok(u) = udp::Packet::header_checked(h) else { return s.push_str(", udp (truncated)") };
+            let Ok(u) = udp::Packet::header_checked(h) else {
+                return s.push_str(", udp (truncated)");
+            };
             let _ = write!(s, ", udp {} > {}", u.src_port(), u.dst_port());
             if u.dst_port() == vxlan::DEFAULT_PORT
                 && depth == 0
@@ -399,7 +505,12 @@ fn describe_l4(s: &mut String, proto: u8, h: &[u8], depth: u8) {
         }
         ipv4::PROTO_TCP => match h.get(..4) {
             Some(p) => {
-                let _ = write!(s, ", tcp {} > {}", u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]));
+                let _ = write!(
+                    s,
+                    ", tcp {} > {}",
+                    u16::from_be_bytes([p[0], p[1]]),
+                    u16::from_be_bytes([p[2], p[3]])
+                );
             }
             None => s.push_str(", tcp (truncated)"),
         },
@@ -428,7 +539,13 @@ pub struct Tracing {
 
 impl Default for Tracing {
     fn default() -> Self {
-        Tracing { armed: AtomicU32::new(0), remaining: AtomicU32::new(0), seq: AtomicU64::new(0), done: ArrayQueue::new(MAX_TRACES), lost: AtomicU64::new(0) }
+        Tracing {
+            armed: AtomicU32::new(0),
+            remaining: AtomicU32::new(0),
+            seq: AtomicU64::new(0),
+            done: ArrayQueue::new(MAX_TRACES),
+            lost: AtomicU64::new(0),
+        }
     }
 }
 
@@ -550,7 +667,10 @@ mod tests {
         let s = describe_frame(&f, 100);
         assert!(s.contains("eth 02:00:00:00:00:01 > 02:00:00:00:00:02"), "{s}");
         assert!(s.contains("ipv4 10.0.0.1 > 10.0.0.2"), "{s}");
-        assert!(s.contains("vxlan vni 100 [eth 02:00:00:00:00:03 > 02:00:00:00:00:04, vlan 10 pcp 1"), "{s}");
+        assert!(
+            s.contains("vxlan vni 100 [eth 02:00:00:00:00:03 > 02:00:00:00:00:04, vlan 10 pcp 1"),
+            "{s}"
+        );
         // Truncated input never panics.
         for k in 0..f.len() {
             describe_frame(&f[..k], k as u32);

@@ -230,7 +230,9 @@ mod test {
         let b = BuildHasherDefault::<FxHasher>::default();
         let mask = (1u64 << 14) - 1;
         let buckets: std::collections::HashSet<u64> = (0..16384u32)
-            .map(|n| b.hash_one(std::net::IpAddr::V4(std::net::Ipv4Addr::from(0xc633_0000 + n))) & mask)
+            .map(|n| {
+                b.hash_one(std::net::IpAddr::V4(std::net::Ipv4Addr::from(0xc633_0000 + n))) & mask
+            })
             .collect();
         assert!(buckets.len() > 16384 / 2, "{} buckets of 16384 used", buckets.len());
     }

@@ -12,10 +12,10 @@
 //! source VTEP in that VNI's flood list.
 
 use crate::buf::{BufId, Pool, PoolView};
+use crate::config::ConfigError;
 use crate::config::{PeerConfig, VtepConfig};
 use crate::counters::DropReason;
-use crate::config::ConfigError;
-use crate::wire::{checksum, ethernet, ipv4, ipv6, udp, vxlan, MacAddr};
+use crate::wire::{MacAddr, checksum, ethernet, ipv4, ipv6, udp, vxlan};
 use std::net::IpAddr;
 
 /// The outer header [`VtepEntry::classify_plain`] reads: Ethernet + IPv4 + UDP + VXLAN.
@@ -45,11 +45,18 @@ impl Marking {
     /// A bridge domain's marking, refused when out of range.
     pub fn of(b: &crate::config::BridgeConfig) -> Result<Marking, ConfigError> {
         let check = |what, v: Option<u8>, max: u8| match v {
-            Some(value) if value > max => Err(ConfigError::BadMarking { bridge: b.name.clone(), what, value, max }),
+            Some(value) if value > max => {
+                Err(ConfigError::BadMarking { bridge: b.name.clone(), what, value, max })
+            }
             v => Ok(v.unwrap_or(0)),
         };
         let set = b.dscp.is_some() || b.pcp.is_some();
-        Ok(Marking { dscp: check("DSCP", b.dscp, 63)?, pcp: check("802.1p priority", b.pcp, 7)?, set, priority: b.priority })
+        Ok(Marking {
+            dscp: check("DSCP", b.dscp, 63)?,
+            pcp: check("802.1p priority", b.pcp, 7)?,
+            set,
+            priority: b.priority,
+        })
     }
 }
 
@@ -173,18 +180,27 @@ pub struct PeerEntry {
 }
 
 impl VtepEntry {
-    pub fn new(v: &VtepConfig, underlay_port: u16, mac: MacAddr, mtu: u16) -> Result<VtepEntry, ConfigError> {
+    pub fn new(
+        v: &VtepConfig,
+        underlay_port: u16,
+        mac: MacAddr,
+        mtu: u16,
+    ) -> Result<VtepEntry, ConfigError> {
         let err = |what: String| ConfigError::Vtep { what };
         if v.udp_port == 0 {
             return Err(err("UDP port 0 is not valid".into()));
         }
         if v.src_port_min > v.src_port_max || v.src_port_min == 0 {
-            return Err(err(format!("UDP source port range {}..={} is empty", v.src_port_min, v.src_port_max)));
+            return Err(err(format!(
+                "UDP source port range {}..={} is empty",
+                v.src_port_min, v.src_port_max
+            )));
         }
         if let Some(t) = v.underlay_vlan
-            && !(1..=4094).contains(&t) {
-                return Err(err(format!("underlay VLAN {t} is out of range 1..=4094")));
-            }
+            && !(1..=4094).contains(&t)
+        {
+            return Err(err(format!("underlay VLAN {t} is out of range 1..=4094")));
+        }
         if v.local_ip.is_unspecified() || v.local_ip.is_multicast() {
             return Err(err(format!("local address {} is not a unicast address", v.local_ip)));
         }
@@ -214,17 +230,31 @@ impl VtepEntry {
     /// Builds a peer's outer-header template.
     pub fn peer(&self, id: u16, p: &PeerConfig) -> Result<PeerEntry, ConfigError> {
         if p.ip.is_ipv4() != self.local.is_ipv4() {
-            return Err(ConfigError::Vtep { what: format!("peer {} is not of the local address's family", p.ip) });
+            return Err(ConfigError::Vtep {
+                what: format!("peer {} is not of the local address's family", p.ip),
+            });
         }
         if p.next_hop_mac.is_some_and(|m| m.is_group()) {
-            return Err(ConfigError::Vtep { what: format!("peer {}: next-hop MAC is a group address", p.ip) });
+            return Err(ConfigError::Vtep {
+                what: format!("peer {}: next-hop MAC is a group address", p.ip),
+            });
         }
         if let Some(nh) = p.next_hop {
             if nh.is_ipv4() != self.local.is_ipv4() || nh.is_unspecified() || nh.is_multicast() {
-                return Err(ConfigError::Vtep { what: format!("peer {}: next hop {nh} is not a unicast address of the local family", p.ip) });
+                return Err(ConfigError::Vtep {
+                    what: format!(
+                        "peer {}: next hop {nh} is not a unicast address of the local family",
+                        p.ip
+                    ),
+                });
             }
             if p.next_hop_mac.is_some() {
-                return Err(ConfigError::Vtep { what: format!("peer {}: give a next-hop address or a next-hop MAC, not both", p.ip) });
+                return Err(ConfigError::Vtep {
+                    what: format!(
+                        "peer {}: give a next-hop address or a next-hop MAC, not both",
+                        p.ip
+                    ),
+                });
             }
         }
         let resolve = p.next_hop_mac.is_none().then(|| p.next_hop.unwrap_or(p.ip));
@@ -233,21 +263,39 @@ impl VtepEntry {
             dst: p.next_hop_mac.unwrap_or(MacAddr([0; 6])),
             src: self.mac,
             tag: self.underlay_vlan.map(|v| (ethernet::ethertype::VLAN, v)),
-            ethertype: if p.ip.is_ipv4() { ethernet::ethertype::IPV4 } else { ethernet::ethertype::IPV6 },
+            ethertype: if p.ip.is_ipv4() {
+                ethernet::ethertype::IPV4
+            } else {
+                ethernet::ethertype::IPV6
+            },
         };
         eth.emit(&mut t);
         let l3 = &mut t[self.l2_len..];
         let base_sum = match (self.local, p.ip) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => {
-                ipv4::Repr { src, dst, protocol: ipv4::PROTO_UDP, ttl: self.ttl, payload_len: 0, dont_fragment: true }
-                    .emit(l3);
+                ipv4::Repr {
+                    src,
+                    dst,
+                    protocol: ipv4::PROTO_UDP,
+                    ttl: self.ttl,
+                    payload_len: 0,
+                    dont_fragment: true,
+                }
+                .emit(l3);
                 // Sum of the header with total length and checksum zeroed.
                 l3[ipv4::offsets::TOTAL_LEN..ipv4::offsets::TOTAL_LEN + 2].fill(0);
                 l3[ipv4::offsets::CHECKSUM..ipv4::offsets::CHECKSUM + 2].fill(0);
                 checksum::accumulate(0, &l3[..ipv4::HEADER_LEN], &mut false)
             }
             (IpAddr::V6(src), IpAddr::V6(dst)) => {
-                ipv6::Repr { src, dst, next_header: ipv6::NEXT_UDP, hop_limit: self.ttl, payload_len: 0 }.emit(l3);
+                ipv6::Repr {
+                    src,
+                    dst,
+                    next_header: ipv6::NEXT_UDP,
+                    hop_limit: self.ttl,
+                    payload_len: 0,
+                }
+                .emit(l3);
                 ipv6::pseudo_header_sum(&src, &dst, ipv6::NEXT_UDP, 0)
             }
             _ => unreachable!("families checked above"),
@@ -271,7 +319,14 @@ impl VtepEntry {
 
     /// Encapsulates the (untagged) inner frame `b` toward `peer` in VNI `vni`.
     #[inline]
-    pub fn encap(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, vni: u32, mark: Marking) -> Result<(), DropReason> {
+    pub fn encap(
+        &self,
+        pool: &Pool,
+        b: &mut BufId,
+        peer: &PeerEntry,
+        vni: u32,
+        mark: Marking,
+    ) -> Result<(), DropReason> {
         match self.layout() {
             Layout::V4 => self.encap_as::<true, 14, 50, true>(pool, b, peer, vni, mark),
             Layout::V4Tagged => self.encap_as::<true, 18, 54, true>(pool, b, peer, vni, mark),
@@ -295,7 +350,9 @@ impl VtepEntry {
         debug_assert_eq!(OUTER, self.outer_len);
         // Grow into the headroom first: one metadata read gives the room, the inner length
         // and the inner bytes to hash; a frame refused below is shrunk back.
-        let Some((h, inner)) = pool.prepend_counted(b, OUTER) else { return Err(DropReason::NoBuffer) };
+        let Some((h, inner)) = pool.prepend_counted(b, OUTER) else {
+            return Err(DropReason::NoBuffer);
+        };
         if inner + OUTER - L2 > self.mtu as usize {
             pool.strip(b, OUTER);
             return Err(DropReason::EncapTooBig);
@@ -306,7 +363,14 @@ impl VtepEntry {
         let hash = flow_hash_of(hashed);
         if MARK && mark.set {
             let ecn = ecn_of(u16::from_be_bytes([hashed[12], hashed[13]]), hashed[15]);
-            self.write_outer::<V4, L2, OUTER, true>(h, peer, vni, (mark.dscp << 2 | ecn, mark.pcp), inner, hash);
+            self.write_outer::<V4, L2, OUTER, true>(
+                h,
+                peer,
+                vni,
+                (mark.dscp << 2 | ecn, mark.pcp),
+                inner,
+                hash,
+            );
         } else {
             self.write_outer::<V4, L2, OUTER, false>(h, peer, vni, (0, 0), inner, hash);
         }
@@ -331,7 +395,14 @@ impl VtepEntry {
         let hash = gathered_flow_hash(pool, b);
         let ecn = if mark.set { inner_ecn(pool.head(b)) } else { 0 };
         let Some(h) = pool.prepend(b, OUTER) else { return Err(DropReason::NoBuffer) };
-        self.write_outer::<V4, L2, OUTER, true>(h, peer, vni, (mark.dscp << 2 | ecn, mark.pcp), inner, hash);
+        self.write_outer::<V4, L2, OUTER, true>(
+            h,
+            peer,
+            vni,
+            (mark.dscp << 2 | ecn, mark.pcp),
+            inner,
+            hash,
+        );
         self.finish_v6::<V4, L2>(pool, b, peer, inner);
         Ok(())
     }
@@ -347,7 +418,11 @@ impl VtepEntry {
         inner: usize,
         flow_hash: u32,
     ) {
-        let (Some(h), Some(t)) = (h.first_chunk_mut::<OUTER>(), peer.template.first_chunk::<OUTER>()) else { return };
+        let (Some(h), Some(t)) =
+            (h.first_chunk_mut::<OUTER>(), peer.template.first_chunk::<OUTER>())
+        else {
+            return;
+        };
         *h = *t;
         // `tos`: the DSCP and the inner ECN field (unmarked: zero, which the template and
         // its checksum already have); `pcp`: the priority on a tagged underlay.
@@ -384,7 +459,13 @@ impl VtepEntry {
 
     /// The UDP checksum an IPv6 outer header needs (unless zero checksums are configured).
     #[inline(always)]
-    fn finish_v6<const V4: bool, const L2: usize>(&self, pool: &Pool, b: &mut BufId, peer: &PeerEntry, inner: usize) {
+    fn finish_v6<const V4: bool, const L2: usize>(
+        &self,
+        pool: &Pool,
+        b: &mut BufId,
+        peer: &PeerEntry,
+        inner: usize,
+    ) {
         if !V4 && !self.v6_zero_csum {
             let l4 = L2 + ipv6::HEADER_LEN;
             let udp_len = (inner + udp::HEADER_LEN + vxlan::HEADER_LEN) as u16;
@@ -413,7 +494,13 @@ impl VtepEntry {
     /// [`VtepEntry::decap`] without touching the frame: what its outer headers say. The
     /// caller strips them with [`Decap::strip`] (after reading the inner frame in place).
     #[inline(always)]
-    pub fn classify(&self, snap: &impl Admission, h: &[u8], total: usize, cache: &mut DecapCache) -> Result<Decap, DropReason> {
+    pub fn classify(
+        &self,
+        snap: &impl Admission,
+        h: &[u8],
+        total: usize,
+        cache: &mut DecapCache,
+    ) -> Result<Decap, DropReason> {
         let o = self.outer(h, total)?;
         let (bd, peer) = match cache.get(o.src, o.vni) {
             Some(hit) => hit,
@@ -421,7 +508,14 @@ impl VtepEntry {
         };
         let padded = total - o.outer_len > o.inner_len;
         let outer_ecn = if o.ecn & 1 != 0 { o.ecn } else { 0 };
-        Ok(Decap { bd, peer, outer_len: o.outer_len as u8, padded, inner_len: o.inner_len as u32, outer_ecn })
+        Ok(Decap {
+            bd,
+            peer,
+            outer_len: o.outer_len as u8,
+            padded,
+            inner_len: o.inner_len as u32,
+            outer_ecn,
+        })
     }
 
     /// The common case of [`VtepEntry::classify`] alone: an untagged IPv4 outer header
@@ -429,10 +523,26 @@ impl VtepEntry {
     /// not "drop": every test is folded into a few masked word compares against what the
     /// cache expects (see [`DecapCache::put`]), the lengths and the checksum.
     #[inline(always)]
-    pub fn classify_plain(&self, f: &[u8; PLAIN_OUTER], total: usize, cache: &DecapCache) -> Option<Decap> {
+    pub fn classify_plain(
+        &self,
+        f: &[u8; PLAIN_OUTER],
+        total: usize,
+        cache: &DecapCache,
+    ) -> Option<Decap> {
         const L2: usize = 14;
         const OUTER: usize = PLAIN_OUTER;
-        let w = |i: usize| u64::from_le_bytes([f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5], f[i + 6], f[i + 7]]);
+        let w = |i: usize| {
+            u64::from_le_bytes([
+                f[i],
+                f[i + 1],
+                f[i + 2],
+                f[i + 3],
+                f[i + 4],
+                f[i + 5],
+                f[i + 6],
+                f[i + 7],
+            ])
+        };
         // The destination MAC is the word's low six bytes: shifted out of the top rather than
         // masked, no 64-bit constant to hold (the burst loop is short of registers).
         let odd = ((w(0) ^ cache.e0) << 16)
@@ -443,7 +553,12 @@ impl VtepEntry {
             | ((w(42) ^ cache.e42) & plain::M42);
         let be16 = |i: usize| u16::from_be_bytes([f[i], f[i + 1]]) as usize;
         let (tl, udp_len) = (be16(16), be16(38));
-        if odd != 0 || !cache.plain || tl < OUTER - L2 + 14 || L2 + tl > total || udp_len + ipv4::HEADER_LEN != tl {
+        if odd != 0
+            || !cache.plain
+            || tl < OUTER - L2 + 14
+            || L2 + tl > total
+            || udp_len + ipv4::HEADER_LEN != tl
+        {
             return None;
         }
         // The header checksum: the addresses were compared above, so their part of the sum
@@ -459,13 +574,26 @@ impl VtepEntry {
         let inner_len = L2 + tl - OUTER;
         let (bd, peer) = cache.val;
         // The mask let only ECN fields the inner header needs not hear of (Not-ECT, ECT(0)).
-        Some(Decap { bd, peer, outer_len: OUTER as u8, padded: total - OUTER > inner_len, inner_len: inner_len as u32, outer_ecn: 0 })
+        Some(Decap {
+            bd,
+            peer,
+            outer_len: OUTER as u8,
+            padded: total - OUTER > inner_len,
+            inner_len: inner_len as u32,
+            outer_ecn: 0,
+        })
     }
 
     /// [`VtepEntry::admit`], remembered in the burst's cache.
     #[cold]
     #[inline(never)]
-    fn admit_cached(&self, snap: &impl Admission, cache: &mut DecapCache, src: u128, vni: u32) -> Result<(u16, u16), DropReason> {
+    fn admit_cached(
+        &self,
+        snap: &impl Admission,
+        cache: &mut DecapCache,
+        src: u128,
+        vni: u32,
+    ) -> Result<(u16, u16), DropReason> {
         let r = self.admit(snap, src, vni)?;
         cache.put(self, src, vni, r.0, r.1);
         Ok(r)
@@ -506,7 +634,8 @@ impl VtepEntry {
         const UDP_VXLAN: usize = udp::HEADER_LEN + vxlan::HEADER_LEN;
         let (src_key, l4, l3_total, outer_ecn) = match et {
             ethernet::ethertype::IPV4 if self.local_v4 != 0 => {
-                let ip = ipv4::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
+                let ip =
+                    ipv4::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
                 if ip.rest().len() < UDP_VXLAN {
                     return Err(DropReason::VxlanMalformed);
                 }
@@ -514,7 +643,10 @@ impl VtepEntry {
                     return Err(DropReason::UnderlayNotVxlan);
                 }
                 let (ihl, tl) = (ip.header_len(), ip.total_len() as usize);
-                if tl < ihl + UDP_VXLAN + ethernet::HEADER_LEN || l2 + tl > total || ip.flags_frag() & 0x3fff != 0 {
+                if tl < ihl + UDP_VXLAN + ethernet::HEADER_LEN
+                    || l2 + tl > total
+                    || ip.flags_frag() & 0x3fff != 0
+                {
                     return Err(DropReason::VxlanMalformed);
                 }
                 if checksum::fold(checksum::accumulate(0, &l3[..ihl], &mut false)) != 0xffff {
@@ -523,11 +655,14 @@ impl VtepEntry {
                 (u32::from(ip.src()) as u128, l2 + ihl, tl, ip.tos() & 3)
             }
             ethernet::ethertype::IPV6 if self.local_v4 == 0 => {
-                let ip = ipv6::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
+                let ip =
+                    ipv6::Packet::header_checked(l3).map_err(|_| DropReason::VxlanMalformed)?;
                 if ip.rest().len() < UDP_VXLAN {
                     return Err(DropReason::VxlanMalformed);
                 }
-                let IpAddr::V6(local) = self.local else { return Err(DropReason::UnderlayNotVxlan) };
+                let IpAddr::V6(local) = self.local else {
+                    return Err(DropReason::UnderlayNotVxlan);
+                };
                 if ip.dst() != local || ip.next_header() != ipv6::NEXT_UDP {
                     return Err(DropReason::UnderlayNotVxlan);
                 }
@@ -549,7 +684,13 @@ impl VtepEntry {
         }
         let vx = vxlan::Header::new_checked(u.rest()).map_err(|_| DropReason::VxlanBadFlags)?;
         let outer_len = l4 + UDP_VXLAN;
-        Ok(Outer { src: src_key, vni: vx.vni(), ecn: outer_ecn, outer_len, inner_len: l2 + l3_total - outer_len })
+        Ok(Outer {
+            src: src_key,
+            vni: vx.vni(),
+            ecn: outer_ecn,
+            outer_len,
+            inner_len: l2 + l3_total - outer_len,
+        })
     }
 }
 
@@ -645,7 +786,11 @@ const CACHED: u64 = 1 << 32;
 impl DecapCache {
     #[inline(always)]
     fn get(&self, src: u128, vni: u32) -> Option<(u16, u16)> {
-        ((self.src ^ src) as u64 | ((self.src ^ src) >> 64) as u64 | (self.vni ^ (CACHED | vni as u64)) == 0).then_some(self.val)
+        ((self.src ^ src) as u64
+            | ((self.src ^ src) >> 64) as u64
+            | (self.vni ^ (CACHED | vni as u64))
+            == 0)
+            .then_some(self.val)
     }
     #[inline(always)]
     fn put(&mut self, vtep: &VtepEntry, src: u128, vni: u32, bd: u16, peer: u16) {
@@ -722,7 +867,9 @@ pub fn flow_hash(frame: &[u8]) -> u32 {
 #[inline(always)]
 fn flow_hash_of(f: &[u8; HASHED]) -> u32 {
     let (w8, w4) = (|b: [u8; 8]| u64::from_le_bytes(b), |b: [u8; 4]| u32::from_le_bytes(b) as u64);
-    let mut h = mac_words(&[f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13]]);
+    let mut h = mac_words(&[
+        f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
+    ]);
     if f[12] == 0x08 && f[13] == 0x00 {
         let addrs = [f[26], f[27], f[28], f[29], f[30], f[31], f[32], f[33]];
         h ^= w8(addrs).rotate_left(16) ^ w4([f[34], f[35], f[36], f[37]]).rotate_left(48);

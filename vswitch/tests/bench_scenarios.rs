@@ -3,8 +3,8 @@
 //! none dropped, and the cache hit rates the docs report for them. A workload that quietly
 //! stopped forwarding would make its instruction count look better.
 
-use vswitch::testkit::bench::{Bench, Scenario};
 use vswitch::Event;
+use vswitch::testkit::bench::{Bench, Scenario};
 
 #[test]
 fn every_benchmark_scenario_forwards_every_frame() {

@@ -21,14 +21,25 @@ fn setup() -> Harness {
     h.ring("p1").ring("a2").ring("a3");
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::pod("p1", "red", mac(1), &[ip(1).into()]), PortConfig::access("a2", "red"), PortConfig::access("a3", "red")],
+        ports: vec![
+            PortConfig::pod("p1", "red", mac(1), &[ip(1).into()]),
+            PortConfig::access("a2", "red"),
+            PortConfig::access("a3", "red"),
+        ],
         vtep: None,
     })
     .unwrap();
     h
 }
 
-fn capture(h: &Harness, port: &str, rx: bool, tx: bool, count: u64, filter: Option<Program>) -> Arc<Session> {
+fn capture(
+    h: &Harness,
+    port: &str,
+    rx: bool,
+    tx: bool,
+    count: u64,
+    filter: Option<Program>,
+) -> Arc<Session> {
     let port = h.switch.snapshot().port_id(port).unwrap();
     h.switch.capture().start(Request { port, rx, tx, count, snaplen: 0, filter }).unwrap()
 }
@@ -102,7 +113,13 @@ fn a_filter_and_a_count_bound_a_capture_and_one_runs_at_a_time() {
     let filter = Program::new(vswitch::testkit::UDP_53.to_vec()).unwrap();
     let s = capture(&h, "a2", true, false, 2, Some(filter));
     let p1 = h.switch.snapshot().port_id("p1").unwrap();
-    assert!(h.switch.capture().start(Request { port: p1, rx: true, tx: false, count: 0, snaplen: 0, filter: None }).is_err(), "one capture at a time");
+    assert!(
+        h.switch
+            .capture()
+            .start(Request { port: p1, rx: true, tx: false, count: 0, snaplen: 0, filter: None })
+            .is_err(),
+        "one capture at a time"
+    );
     for dport in [53, 80, 53, 53] {
         h.send("a2", &udp(1, 2, ip(2), ip(1), dport));
     }
@@ -122,7 +139,11 @@ fn a_capture_ends_when_its_port_goes() {
     h.ring("a4");
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::pod("p1", "red", mac(1), &[ip(1).into()]), PortConfig::access("a2", "red"), PortConfig::access("a4", "red")],
+        ports: vec![
+            PortConfig::pod("p1", "red", mac(1), &[ip(1).into()]),
+            PortConfig::access("a2", "red"),
+            PortConfig::access("a4", "red"),
+        ],
         vtep: None,
     })
     .unwrap();

@@ -10,7 +10,11 @@ use vswitch::{Batch, Pool, PoolCache, Switch, SwitchOptions};
 fn base() -> SwitchConfig {
     SwitchConfig {
         bridges: vec![BridgeConfig::new("red").vlan(10), BridgeConfig::new("blue").vlan(20)],
-        ports: vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("p2", "blue")],
+        ports: vec![
+            PortConfig::access("p0", "red"),
+            PortConfig::access("p1", "red"),
+            PortConfig::access("p2", "blue"),
+        ],
         vtep: None,
     }
 }
@@ -42,24 +46,37 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
             }),
             "VNI 7 is already used",
         ),
-        (Box::new(|c| c.ports.push(PortConfig::access("ghost", "red"))), "port \"ghost\" is not registered"),
-        (Box::new(|c| c.ports.push(PortConfig::access("p3", "green"))), "bridge \"green\" does not exist"),
+        (
+            Box::new(|c| c.ports.push(PortConfig::access("ghost", "red"))),
+            "port \"ghost\" is not registered",
+        ),
+        (
+            Box::new(|c| c.ports.push(PortConfig::access("p3", "green"))),
+            "bridge \"green\" does not exist",
+        ),
         (Box::new(|c| c.ports.push(PortConfig::trunk("p3", &[0], None))), "VLAN 0 is out of range"),
         (Box::new(|c| c.ports[0].mtu = 10), "MTU 10 is out of range"),
         (Box::new(|c| c.ports[0].tpid = 0x1234), "TPID 0x1234"),
-        (Box::new(|c| c.bridges[0].flood = vec!["198.51.100.2".parse().unwrap()]), "needs a VNI and a configured VTEP"),
+        (
+            Box::new(|c| c.bridges[0].flood = vec!["198.51.100.2".parse().unwrap()]),
+            "needs a VNI and a configured VTEP",
+        ),
         (
             Box::new(|c| {
                 c.ports.push(PortConfig::underlay("up"));
                 c.ports.push(PortConfig::underlay("p3"));
-                c.vtep = Some(VtepConfig { mac: Some(mac(8)), ..VtepConfig::new("198.51.100.1".parse().unwrap(), "up") });
+                c.vtep = Some(VtepConfig {
+                    mac: Some(mac(8)),
+                    ..VtepConfig::new("198.51.100.1".parse().unwrap(), "up")
+                });
             }),
             "port \"p3\" has mode underlay but the VTEP's underlay port is \"up\"",
         ),
         (
             Box::new(move |c| {
                 c.ports.push(PortConfig::underlay("up"));
-                let mut v = VtepConfig::new("198.51.100.1".parse().unwrap(), "up").peer(peer, mac(9));
+                let mut v =
+                    VtepConfig::new("198.51.100.1".parse().unwrap(), "up").peer(peer, mac(9));
                 v.mac = Some(mac(8));
                 c.vtep = Some(v);
                 c.bridges[0].vni = Some(5);
@@ -70,7 +87,8 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
         (
             Box::new(move |c| {
                 c.ports.push(PortConfig::underlay("up"));
-                c.vtep = Some(VtepConfig::new("198.51.100.1".parse().unwrap(), "up").peer(peer, mac(9)));
+                c.vtep =
+                    Some(VtepConfig::new("198.51.100.1".parse().unwrap(), "up").peer(peer, mac(9)));
             }),
             "no source MAC",
         ),
@@ -85,7 +103,9 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
             "not of the local address's family",
         ),
         (
-            Box::new(|c| c.ports[0] = PortConfig::pod("p0", "red", vswitch::wire::MacAddr::BROADCAST, &[])),
+            Box::new(|c| {
+                c.ports[0] = PortConfig::pod("p0", "red", vswitch::wire::MacAddr::BROADCAST, &[])
+            }),
             "port security needs",
         ),
     ];
@@ -102,8 +122,30 @@ fn invalid_configurations_are_refused_whole_with_a_reason() {
 #[test]
 fn learned_state_of_untouched_bridges_survives_changes() {
     let mut h = harness();
-    h.send("p0", &frames::udp4(mac(9), mac(1), "192.0.2.1".parse().unwrap(), "192.0.2.9".parse().unwrap(), 1, 2, 64));
-    h.send("p2", &frames::udp4(mac(9), mac(2), "192.0.2.2".parse().unwrap(), "192.0.2.9".parse().unwrap(), 1, 2, 64));
+    h.send(
+        "p0",
+        &frames::udp4(
+            mac(9),
+            mac(1),
+            "192.0.2.1".parse().unwrap(),
+            "192.0.2.9".parse().unwrap(),
+            1,
+            2,
+            64,
+        ),
+    );
+    h.send(
+        "p2",
+        &frames::udp4(
+            mac(9),
+            mac(2),
+            "192.0.2.2".parse().unwrap(),
+            "192.0.2.9".parse().unwrap(),
+            1,
+            2,
+            64,
+        ),
+    );
     h.step();
     assert_eq!(h.switch.fdb().len(), 2);
     let red = h.switch.snapshot().bd_id("red").unwrap();
@@ -182,8 +224,24 @@ fn config_swap_under_traffic_loses_nothing_on_untouched_ports() {
     let mut cache = PoolCache::new(pool.clone());
     let (mut sent, mut got) = (0u64, 0u64);
     // Learn both MACs first so traffic is unicast.
-    let fwd = frames::udp4(mac(2), mac(1), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1, 2, 64);
-    let rev = frames::udp4(mac(1), mac(2), "192.0.2.2".parse().unwrap(), "192.0.2.1".parse().unwrap(), 2, 1, 64);
+    let fwd = frames::udp4(
+        mac(2),
+        mac(1),
+        "192.0.2.1".parse().unwrap(),
+        "192.0.2.2".parse().unwrap(),
+        1,
+        2,
+        64,
+    );
+    let rev = frames::udp4(
+        mac(1),
+        mac(2),
+        "192.0.2.2".parse().unwrap(),
+        "192.0.2.1".parse().unwrap(),
+        2,
+        1,
+        64,
+    );
     let mut rx = Batch::new();
     for round in 0..400usize {
         for _ in 0..8 {
@@ -224,7 +282,14 @@ fn an_underlay_port_may_come_before_its_vtep() {
     let mut cfg = base();
     cfg.ports.push(PortConfig::underlay("up"));
     h.apply(cfg).expect("an underlay port without a VTEP yet");
-    h.send("up", &frames::arp_request(mac(1), "198.51.100.2".parse().unwrap(), "198.51.100.1".parse().unwrap()));
+    h.send(
+        "up",
+        &frames::arp_request(
+            mac(1),
+            "198.51.100.2".parse().unwrap(),
+            "198.51.100.1".parse().unwrap(),
+        ),
+    );
     h.step();
     assert_eq!(h.stats().drop(vswitch::DropReason::UnderlayNotVxlan), 1);
 }
@@ -251,7 +316,11 @@ fn a_reused_id_counts_from_zero() {
     cfg.ports.push(PortConfig::access("p3", "green"));
     h.apply(cfg).unwrap();
     let snap = h.switch.snapshot();
-    assert_eq!((snap.port_id("p3"), snap.bd_id("green")), (Some(p0), Some(red)), "the ids were reused");
+    assert_eq!(
+        (snap.port_id("p3"), snap.bd_id("green")),
+        (Some(p0), Some(red)),
+        "the ids were reused"
+    );
     let s = h.stats();
     assert_eq!((s.ports[p0 as usize].rx_packets, s.bds[red as usize].packets), (0, 0));
 }
@@ -270,11 +339,16 @@ fn a_change_rebuilds_only_what_it_touches() {
     c.bridges[0] = c.bridges[0].clone().vni(5001).flood(&[peer(1)]);
     c.bridges[1].static_macs.push(StaticMac { mac: mac(7), port: Some("p2".into()), remote: None });
     c.ports.push(PortConfig::underlay("up"));
-    let mut vtep = VtepConfig::new("192.0.2.1".parse().unwrap(), "up").peer(peer(1), mac(51)).peer(peer(2), mac(52));
+    let mut vtep = VtepConfig::new("192.0.2.1".parse().unwrap(), "up")
+        .peer(peer(1), mac(51))
+        .peer(peer(2), mac(52));
     vtep.mac = Some(mac(50));
     c.vtep = Some(vtep);
     h.apply(c.clone()).unwrap();
-    let (red, blue) = { let s = h.switch.snapshot(); (s.bd_id("red").unwrap() as usize, s.bd_id("blue").unwrap() as usize) };
+    let (red, blue) = {
+        let s = h.switch.snapshot();
+        (s.bd_id("red").unwrap() as usize, s.bd_id("blue").unwrap() as usize)
+    };
     let shared = |a: &vswitch::snapshot::Snapshot, b: &vswitch::snapshot::Snapshot, bd: usize| {
         Arc::ptr_eq(a.bds[bd].as_ref().unwrap(), b.bds[bd].as_ref().unwrap())
     };
@@ -288,8 +362,15 @@ fn a_change_rebuilds_only_what_it_touches() {
     assert!(shared(&before, &after, red), "red untouched: shared");
     assert!(!shared(&before, &after, blue), "blue has a new member: rebuilt");
     assert_eq!(after.bd(blue as u16).unwrap().ports.len(), 2);
-    assert!(Arc::ptr_eq(&before.peers, &after.peers) && Arc::ptr_eq(&before.peer_by_ip, &after.peer_by_ip));
-    assert_eq!(h.switch.fdb().generation(), fdb_generation, "static MACs left alone: the caches stay");
+    assert!(
+        Arc::ptr_eq(&before.peers, &after.peers)
+            && Arc::ptr_eq(&before.peer_by_ip, &after.peer_by_ip)
+    );
+    assert_eq!(
+        h.switch.fdb().generation(),
+        fdb_generation,
+        "static MACs left alone: the caches stay"
+    );
     assert_eq!(h.switch.fdb().dump().iter().filter(|e| e.is_static).count(), 1);
 
     // A new peer: the peers are compiled again, and so is every bridge with a flood list.
@@ -310,11 +391,19 @@ fn a_change_rebuilds_only_what_it_touches() {
     let after = h.switch.snapshot();
     assert!(shared(&before, &after, red) && !shared(&before, &after, blue));
     assert_eq!(after.bd(blue as u16).unwrap().vlan, 21);
-    assert_eq!(h.switch.fdb().dump().iter().filter(|e| e.is_static).count(), 1, "blue's static MAC reinstalled after its flush");
+    assert_eq!(
+        h.switch.fdb().dump().iter().filter(|e| e.is_static).count(),
+        1,
+        "blue's static MAC reinstalled after its flush"
+    );
 
     // The same configuration again shares everything.
     let before = after;
     h.apply(c).unwrap();
     let after = h.switch.snapshot();
-    assert!(shared(&before, &after, red) && shared(&before, &after, blue) && Arc::ptr_eq(&before.peers, &after.peers));
+    assert!(
+        shared(&before, &after, red)
+            && shared(&before, &after, blue)
+            && Arc::ptr_eq(&before.peers, &after.peers)
+    );
 }

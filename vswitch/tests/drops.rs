@@ -37,7 +37,12 @@ fn peer() -> IpAddr {
 /// (kept, never drained).
 fn setup() -> (Harness, Arc<RingPort>, [RingPeer; 2]) {
     let mut h = Harness::with_pool(Pool::new(16384, false).unwrap(), SwitchOptions::default());
-    h.ring("pod").ring("b").ring("small").ring("t").ring("solo").ring_with_mac("up", Some(mac(UP_MAC)));
+    h.ring("pod")
+        .ring("b")
+        .ring("small")
+        .ring("t")
+        .ring("solo")
+        .ring_with_mac("up", Some(mac(UP_MAC)));
     let (tiny, tiny_wire) = RingPort::new("tiny", 1, 2).unwrap();
     let (down, down_wire) = RingPort::new("down", 1, 64).unwrap();
     h.register("tiny", tiny);
@@ -76,7 +81,15 @@ fn udp(dst: MacAddr, src: MacAddr, size: usize) -> Vec<u8> {
 
 /// A VXLAN frame from the peer to this VTEP (VNI 5001, inner from a remote host to `b`'s).
 fn vxlan_in() -> Vec<u8> {
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer(), dst: local(), sport: 49152, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peer(),
+        dst: local(),
+        sport: 49152,
+        dport: 4789,
+        vlan: None,
+    };
     frames::vxlan(&o, 5001, &udp(mac(ON_B), mac(0x20), 80), false)
 }
 
@@ -99,45 +112,89 @@ fn one_frame_cases() -> Vec<(DropReason, &'static str, Vec<u8>)> {
         v
     };
     let other_vni = {
-        let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer(), dst: local(), sport: 49152, dport: 4789, vlan: None };
+        let o = Outer {
+            dst_mac: mac(UP_MAC),
+            src_mac: mac(PEER_MAC),
+            src: peer(),
+            dst: local(),
+            sport: 49152,
+            dport: 4789,
+            vlan: None,
+        };
         frames::vxlan(&o, 9999, &udp(mac(ON_B), mac(0x20), 80), false)
     };
     let stranger = {
-        let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: "198.51.100.9".parse().unwrap(), dst: local(), sport: 49152, dport: 4789, vlan: None };
+        let o = Outer {
+            dst_mac: mac(UP_MAC),
+            src_mac: mac(PEER_MAC),
+            src: "198.51.100.9".parse().unwrap(),
+            dst: local(),
+            sport: 49152,
+            dport: 4789,
+            vlan: None,
+        };
         frames::vxlan(&o, 5001, &udp(mac(ON_B), mac(0x20), 80), false)
     };
     vec![
         (DropReason::Runt, "b", vec![0; 10]),
         (DropReason::Oversize, "small", udp(mac(ON_B), mac(2), 200)),
-        (DropReason::TaggedOnAccess, "b", frames::add_tag(&udp(mac(ON_SMALL), mac(2), 80), 0x8100, 100)),
+        (
+            DropReason::TaggedOnAccess,
+            "b",
+            frames::add_tag(&udp(mac(ON_SMALL), mac(2), 80), 0x8100, 100),
+        ),
         (DropReason::WrongTpid, "t", frames::add_tag(&udp(mac(ON_B), mac(2), 80), 0x88a8, 100)),
-        (DropReason::VlanNotAllowed, "t", frames::add_tag(&udp(mac(ON_B), mac(2), 80), 0x8100, 200)),
+        (
+            DropReason::VlanNotAllowed,
+            "t",
+            frames::add_tag(&udp(mac(ON_B), mac(2), 80), 0x8100, 200),
+        ),
         (DropReason::UntaggedNotAllowed, "t", udp(mac(ON_B), mac(2), 80)),
-        (DropReason::NoBridgeDomain, "t", frames::add_tag(&udp(mac(ON_B), mac(2), 80), 0x8100, 300)),
+        (
+            DropReason::NoBridgeDomain,
+            "t",
+            frames::add_tag(&udp(mac(ON_B), mac(2), 80), 0x8100, 300),
+        ),
         (DropReason::SrcMacGroup, "b", udp(mac(ON_SMALL), MacAddr([1, 0, 0x5e, 0, 0, 1]), 80)),
         (DropReason::SecurityMac, "pod", frames::udp4(mac(ON_B), mac(3), ip(1), ip(3), 1, 2, 80)),
         (DropReason::SecurityIp, "pod", frames::udp4(mac(ON_B), mac(1), ip(99), ip(3), 1, 2, 80)),
         (DropReason::SecurityArp, "pod", frames::arp_request(mac(1), ip(99), ip(3))),
         (DropReason::SecurityRa, "pod", frames::ra(mac(1), frames::link_local(mac(1)))),
-        (DropReason::SecurityDhcp, "pod", frames::udp4(MacAddr([0xff; 6]), mac(1), ip(1), Ipv4Addr::BROADCAST, 67, 68, 300)),
+        (
+            DropReason::SecurityDhcp,
+            "pod",
+            frames::udp4(MacAddr([0xff; 6]), mac(1), ip(1), Ipv4Addr::BROADCAST, 67, 68, 300),
+        ),
         (DropReason::Reflect, "b", udp(mac(ON_B), mac(4), 80)),
         (DropReason::EgressMtu, "b", udp(mac(ON_SMALL), mac(5), 300)),
         (DropReason::EncapTooBig, "b", udp(mac(REMOTE), mac(6), 1514)),
         (DropReason::NoEgress, "solo", udp(MacAddr([0xff; 6]), mac(7), 80)),
         (DropReason::UnderlayForeignMac, "up", changed(&|f| f[..6].copy_from_slice(&mac(0x77).0))),
-        (DropReason::UnderlayNotVxlan, "up", changed(&|f| f[36..38].copy_from_slice(&53u16.to_be_bytes()))),
+        (
+            DropReason::UnderlayNotVxlan,
+            "up",
+            changed(&|f| f[36..38].copy_from_slice(&53u16.to_be_bytes())),
+        ),
         (DropReason::VxlanBadChecksum, "up", changed(&|f| f[24] ^= 0xff)),
-        (DropReason::VxlanMalformed, "up", changed(&|f| {
-            f[21] = 1; // a fragment offset
-            fix_checksum(f);
-        })),
+        (
+            DropReason::VxlanMalformed,
+            "up",
+            changed(&|f| {
+                f[21] = 1; // a fragment offset
+                fix_checksum(f);
+            }),
+        ),
         (DropReason::VxlanBadFlags, "up", changed(&|f| f[42] = 0)),
         (DropReason::VxlanUnknownVni, "up", other_vni),
         (DropReason::VxlanUnknownVtep, "up", stranger),
-        (DropReason::VxlanCeNotEct, "up", changed(&|f| {
-            f[15] = 3; // outer CE over an inner header that is not ECN-capable
-            fix_checksum(f);
-        })),
+        (
+            DropReason::VxlanCeNotEct,
+            "up",
+            changed(&|f| {
+                f[15] = 3; // outer CE over an inner header that is not ECN-capable
+                fix_checksum(f);
+            }),
+        ),
     ]
 }
 
@@ -150,7 +207,10 @@ const ELSEWHERE: &[(DropReason, &str)] = &[
     (DropReason::NeighborQueueFull, "vswitch/tests/neighbor.rs"),
     (DropReason::NeighborUnresolved, "vswitch/tests/neighbor.rs"),
     (DropReason::Policed, "vswitch/tests/policing.rs"),
-    (DropReason::VxlanNoRoute, "not made to happen: a snapshot without the peer (or VTEP) frames of a domain still name, which a consistent configuration never has (a peer removed while frames waited for its next hop)"),
+    (
+        DropReason::VxlanNoRoute,
+        "not made to happen: a snapshot without the peer (or VTEP) frames of a domain still name, which a consistent configuration never has (a peer removed while frames waited for its next hop)",
+    ),
 ];
 
 #[test]
@@ -163,13 +223,22 @@ fn every_drop_reason_is_counted_at_its_node() {
         h.step();
         h.recv_all();
         let after = h.stats();
-        let moved: Vec<_> = DropReason::ALL.iter().filter(|r| after.drop(**r) != before.drop(**r)).map(|r| (*r, after.drop(*r) - before.drop(*r))).collect();
+        let moved: Vec<_> = DropReason::ALL
+            .iter()
+            .filter(|r| after.drop(**r) != before.drop(**r))
+            .map(|r| (*r, after.drop(*r) - before.drop(*r)))
+            .collect();
         assert_eq!(moved, vec![(reason, 1)], "{reason:?} from {port}");
         // The trace of the same frame ends at the node that owns the reason (a synthetic
         // frame has an Ethernet header at least).
         if frame.len() >= 14 {
             let t = h.switch.trace_synthetic(port, &frame).unwrap();
-            assert_eq!(t.nodes().last().copied(), Some(Node::dropping(reason)), "{reason:?}: {:?}", t.nodes());
+            assert_eq!(
+                t.nodes().last().copied(),
+                Some(Node::dropping(reason)),
+                "{reason:?}: {:?}",
+                t.nodes()
+            );
         }
         seen.push(reason);
     }
@@ -197,6 +266,9 @@ fn every_drop_reason_is_counted_at_its_node() {
     }
     let elsewhere: Vec<_> = ELSEWHERE.iter().map(|(r, _)| *r).collect();
     for r in DropReason::ALL {
-        assert!(seen.contains(r) || elsewhere.contains(r), "{r:?} is made to happen nowhere: add it here");
+        assert!(
+            seen.contains(r) || elsewhere.contains(r),
+            "{r:?} is made to happen nowhere: add it here"
+        );
     }
 }

@@ -14,7 +14,8 @@ fn ip(n: u8) -> Ipv4Addr {
 }
 
 fn config(mtu: u16) -> SwitchConfig {
-    let mut ports: Vec<PortConfig> = ["p0", "p1", "p2"].iter().map(|p| PortConfig::access(p, "red")).collect();
+    let mut ports: Vec<PortConfig> =
+        ["p0", "p1", "p2"].iter().map(|p| PortConfig::access(p, "red")).collect();
     for p in &mut ports {
         p.mtu = mtu;
     }
@@ -184,8 +185,16 @@ fn refused_learning_is_never_cached() {
     }
     let mut cfg = config(1500);
     // mac(1) is pinned to p2; frames from it on p0 still go out, and every one counts.
-    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(1), port: Some("p2".into()), remote: None });
-    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(2), port: Some("p1".into()), remote: None });
+    cfg.bridges[0].static_macs.push(StaticMac {
+        mac: mac(1),
+        port: Some("p2".into()),
+        remote: None,
+    });
+    cfg.bridges[0].static_macs.push(StaticMac {
+        mac: mac(2),
+        port: Some("p1".into()),
+        remote: None,
+    });
     h.apply(cfg).unwrap();
     let f = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 64);
     for _ in 0..5 {
@@ -208,7 +217,13 @@ fn tagged_flows_are_cached_with_their_priority() {
         vtep: None,
     })
     .unwrap();
-    let from_trunk = |pcp: u16| frames::add_tag(&frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 60), 0x8100, pcp << 13 | 100);
+    let from_trunk = |pcp: u16| {
+        frames::add_tag(
+            &frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 60),
+            0x8100,
+            pcp << 13 | 100,
+        )
+    };
     let to_trunk = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1, 2, 60);
     h.send("a", &to_trunk);
     h.send("t", &from_trunk(5));
@@ -246,7 +261,10 @@ fn an_empty_frame_is_a_counted_runt_not_a_hit() {
 /// as soon as its flows repeat: a sampled burst hits, and the rest of its bursts hit too.
 #[test]
 fn a_port_churning_through_the_cache_skips_it_until_its_flows_repeat() {
-    let mut h = Harness::with_pool(vswitch::Pool::new(4096, false).unwrap(), vswitch::SwitchOptions { emc_entries: 2, ..Default::default() });
+    let mut h = Harness::with_pool(
+        vswitch::Pool::new(4096, false).unwrap(),
+        vswitch::SwitchOptions { emc_entries: 2, ..Default::default() },
+    );
     for p in ["p0", "p1", "p2"] {
         h.ring(p);
     }
@@ -263,7 +281,18 @@ fn a_port_churning_through_the_cache_skips_it_until_its_flows_repeat() {
     let churn = |h: &mut Harness, bursts: usize| {
         for b in 0..bursts {
             for d in 0..32u32 {
-                h.send("p0", &frames::udp4(mac(100 + (b as u32 * 32 + d) % 64), mac(1), ip(1), ip(2), 1, 2, 64));
+                h.send(
+                    "p0",
+                    &frames::udp4(
+                        mac(100 + (b as u32 * 32 + d) % 64),
+                        mac(1),
+                        ip(1),
+                        ip(2),
+                        1,
+                        2,
+                        64,
+                    ),
+                );
             }
             h.step();
         }
@@ -293,7 +322,11 @@ fn a_port_churning_through_the_cache_skips_it_until_its_flows_repeat() {
         got += h.recv("p1").len();
     }
     assert_eq!(got, 200 * 32, "every frame forwarded, cached or not");
-    assert!(hits(&h) - before >= 60 * 32, "the repeating flow went back to the cache: {} hits", hits(&h) - before);
+    assert!(
+        hits(&h) - before >= 60 * 32,
+        "the repeating flow went back to the cache: {} hits",
+        hits(&h) - before
+    );
 }
 
 /// Flows spread over more of the cache than a core's own caches hold take the prefetching
@@ -338,7 +371,8 @@ fn flows_spread_over_the_cache_hit_and_forward_as_any_other() {
         for chunk in (0..DESTS).collect::<Vec<_>>().chunks(32) {
             let mut want = Vec::new();
             for &d in chunk {
-                let from_pod = frames::udp4(dest(d), mac(1), ip(1), ip(2), 1, 2, 64 + (d % 64) as usize);
+                let from_pod =
+                    frames::udp4(dest(d), mac(1), ip(1), ip(2), 1, 2, 64 + (d % 64) as usize);
                 let from_p0 = frames::udp4(dest(d), mac(3), ip(3), ip(2), 3, 4, 64);
                 h.send("pod", &from_pod);
                 h.send("p0", &from_p0);
@@ -348,7 +382,8 @@ fn flows_spread_over_the_cache_hit_and_forward_as_any_other() {
             h.step();
             sent += 1;
             let got = h.recv("net");
-            let want: Vec<Vec<u8>> = want.iter().map(|w| w.0.clone()).chain(want.iter().map(|w| w.1.clone())).collect();
+            let want: Vec<Vec<u8>> =
+                want.iter().map(|w| w.0.clone()).chain(want.iter().map(|w| w.1.clone())).collect();
             let mut got_sorted = got.clone();
             got_sorted.sort();
             let mut want_sorted = want.clone();
@@ -356,14 +391,24 @@ fn flows_spread_over_the_cache_hit_and_forward_as_any_other() {
             assert_eq!(got.len(), want.len(), "round {round}: every frame forwarded once");
             assert!(got_sorted == want_sorted, "round {round}: the frames forwarded byte exact");
             let (back_pod, back_p0) = (h.recv("pod"), h.recv("p0"));
-            assert!(back_pod.is_empty() && back_p0.is_empty(), "round {round}: nothing flooded back: {} {} {:?}", back_pod.len(), back_p0.len(), back_pod.first().or(back_p0.first()).map(|f| &f[..14]));
+            assert!(
+                back_pod.is_empty() && back_p0.is_empty(),
+                "round {round}: nothing flooded back: {} {} {:?}",
+                back_pod.len(),
+                back_p0.len(),
+                back_pod.first().or(back_p0.first()).map(|f| &f[..14])
+            );
         }
         if round == 1 {
             assert_eq!(hits(&h) - before, 2 * DESTS as u64, "every frame of the second round hit");
         }
     }
     let s = h.stats();
-    assert_eq!(s.drop(DropReason::SecurityIp), sent, "the pod's forged frames dropped, cached flows or not");
+    assert_eq!(
+        s.drop(DropReason::SecurityIp),
+        sent,
+        "the pod's forged frames dropped, cached flows or not"
+    );
     assert_eq!(s.total_drops(), sent, "{:?}", s.nonzero_drops());
 }
 
@@ -378,7 +423,12 @@ fn a_dhcp_reply_never_rides_a_cached_flow() {
         h.ring(p);
     }
     let pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
-    h.apply(SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports: vec![pod, PortConfig::access("p0", "red")], vtep: None }).unwrap();
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![pod, PortConfig::access("p0", "red")],
+        vtep: None,
+    })
+    .unwrap();
     h.set_now(1);
     h.send("p0", &frames::udp4(mac(1), mac(2), ip(2), ip(1), 68, 5000, 64));
     h.step();

@@ -17,7 +17,12 @@ fn fuzz_seeds_are_current() {
                 std::fs::write(&path, bytes).unwrap();
             } else {
                 let have = std::fs::read(&path).unwrap_or_default();
-                assert_eq!(&have, bytes, "{} is stale: run with KNITTER_WRITE_SEEDS=1", path.display());
+                assert_eq!(
+                    &have,
+                    bytes,
+                    "{} is stale: run with KNITTER_WRITE_SEEDS=1",
+                    path.display()
+                );
             }
         }
     }

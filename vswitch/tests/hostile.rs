@@ -78,12 +78,19 @@ fn any_segmentation_is_safe_and_byte_exact() {
                 // A short head may be refused; whatever is forwarded equals the unsegmented result.
                 for (port_name, frames) in &got {
                     if !frames.is_empty() {
-                        assert_eq!(frames, &want[port_name], "{name} cut at {cut}/{second} on {port_name}");
+                        assert_eq!(
+                            frames, &want[port_name],
+                            "{name} cut at {cut}/{second} on {port_name}"
+                        );
                     }
                 }
                 h.flush_caches();
                 whole.flush_caches();
-                assert_eq!(h.pool.free_count(), h.pool.capacity() as usize, "{name}: leak at {cut}/{second}");
+                assert_eq!(
+                    h.pool.free_count(),
+                    h.pool.capacity() as usize,
+                    "{name}: leak at {cut}/{second}"
+                );
             }
         }
     }

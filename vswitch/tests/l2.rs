@@ -2,7 +2,9 @@
 //! horizon, reflection, ageing, limits, static MACs, port security and ARP/ND suppression.
 
 use std::net::Ipv4Addr;
-use vswitch::config::{AddressPair, BridgeConfig, GatewayConfig, Neighbor, PortConfig, StaticMac, SwitchConfig};
+use vswitch::config::{
+    AddressPair, BridgeConfig, GatewayConfig, Neighbor, PortConfig, StaticMac, SwitchConfig,
+};
 use vswitch::fdb::Dest;
 use vswitch::testkit::{Harness, frames, mac};
 use vswitch::{DropReason, Event};
@@ -111,8 +113,12 @@ fn fdb_limits_per_bridge_and_port_are_counted() {
     red.mac_limit = 10;
     let mut p0 = PortConfig::access("p0", "red");
     p0.mac_limit = 4;
-    h.apply(SwitchConfig { bridges: vec![red], ports: vec![p0, PortConfig::access("p1", "red")], vtep: None })
-        .unwrap();
+    h.apply(SwitchConfig {
+        bridges: vec![red],
+        ports: vec![p0, PortConfig::access("p1", "red")],
+        vtep: None,
+    })
+    .unwrap();
     for i in 0..8 {
         h.send("p0", &frames::udp4(mac(500), mac(i + 1), ip(1), ip(2), 1, 2, 64));
     }
@@ -132,7 +138,11 @@ fn fdb_limits_per_bridge_and_port_are_counted() {
 fn static_macs_do_not_move_and_need_membership() {
     let mut h = three_ports();
     let mut cfg = h.switch.snapshot().config.clone();
-    cfg.bridges[0].static_macs.push(StaticMac { mac: mac(7), port: Some("p2".into()), remote: None });
+    cfg.bridges[0].static_macs.push(StaticMac {
+        mac: mac(7),
+        port: Some("p2".into()),
+        remote: None,
+    });
     h.apply(cfg.clone()).unwrap();
     h.send("p0", &frames::udp4(mac(9), mac(7), ip(7), ip(9), 1, 2, 64));
     h.step();
@@ -151,10 +161,11 @@ fn port_security_allows_own_addresses_and_pairs_only() {
     let mut h = Harness::new();
     h.ring("pod").ring("net");
     let mut pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
-    pod.security.as_mut().unwrap().allowed_address_pairs.push(AddressPair {
-        mac: "00:00:5e:00:01:07".parse().unwrap(),
-        ip: Some(ip(100).into()),
-    });
+    pod.security
+        .as_mut()
+        .unwrap()
+        .allowed_address_pairs
+        .push(AddressPair { mac: "00:00:5e:00:01:07".parse().unwrap(), ip: Some(ip(100).into()) });
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
         ports: vec![pod, PortConfig::access("net", "red")],
@@ -208,7 +219,10 @@ fn spoofed_sources_never_ride_a_cached_flow() {
     h.ring("pod").ring("net");
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]), PortConfig::access("net", "red")],
+        ports: vec![
+            PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]),
+            PortConfig::access("net", "red"),
+        ],
         vtep: None,
     })
     .unwrap();
@@ -235,7 +249,12 @@ fn spoofed_sources_never_ride_a_cached_flow() {
     }
     assert_eq!(h.recv("net").len(), 3 + 6, "the good frames, all of them");
     let s = h.stats();
-    assert_eq!(s.drop(DropReason::SecurityIp), 6, "spoofed source, IPv6 version, short header: {:?}", s.nonzero_drops());
+    assert_eq!(
+        s.drop(DropReason::SecurityIp),
+        6,
+        "spoofed source, IPv6 version, short header: {:?}",
+        s.nonzero_drops()
+    );
     assert_eq!(s.drop(DropReason::SecurityArp), 2);
     assert!(s.event(Event::CacheHits) >= 7, "good frames kept hitting");
 }
@@ -247,14 +266,26 @@ fn nd_guard_refuses_foreign_targets() {
     let me: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::pod("pod", "red", mac(1), &[me.into()]), PortConfig::access("net", "red")],
+        ports: vec![
+            PortConfig::pod("pod", "red", mac(1), &[me.into()]),
+            PortConfig::access("net", "red"),
+        ],
         vtep: None,
     })
     .unwrap();
     let other: std::net::Ipv6Addr = "fd00::2".parse().unwrap();
     h.send("pod", &frames::na(mac(1), me, me, mac(2), other));
     h.send("pod", &frames::na(mac(1), me, "fd00::99".parse().unwrap(), mac(2), other));
-    h.send("pod", &frames::na(mac(1), "fd00::99".parse().unwrap(), "fd00::99".parse().unwrap(), mac(2), other));
+    h.send(
+        "pod",
+        &frames::na(
+            mac(1),
+            "fd00::99".parse().unwrap(),
+            "fd00::99".parse().unwrap(),
+            mac(2),
+            other,
+        ),
+    );
     h.step();
     assert_eq!(h.recv("net").len(), 1);
     assert_eq!(h.stats().drop(DropReason::SecurityNd), 1);
@@ -281,7 +312,8 @@ fn arp_and_nd_suppression_answer_known_addresses() {
     h.send("p0", &frames::arp_request(mac(1), ip(1), ip(1)));
     h.step();
     assert_eq!(h.recv("p1").len(), 2);
-    let (me, peer): (std::net::Ipv6Addr, std::net::Ipv6Addr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    let (me, peer): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+        ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
     h.send("p0", &frames::ns(mac(1), me, peer));
     h.step();
     let out = h.recv_all();
@@ -302,18 +334,34 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     h.ring("p0").ring("p1").ring_with_mac("host", Some(host)).ring("nomac");
     let gw = GatewayConfig { ips: vec![ip(1).into()], mac: None, port: "host".into() };
     let mut cfg = SwitchConfig {
-        bridges: vec![BridgeConfig { gateway: Some(gw.clone()), ..BridgeConfig::new("red") }, BridgeConfig::new("blue")],
-        ports: vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("host", "red"), PortConfig::access("nomac", "blue")],
+        bridges: vec![
+            BridgeConfig { gateway: Some(gw.clone()), ..BridgeConfig::new("red") },
+            BridgeConfig::new("blue"),
+        ],
+        ports: vec![
+            PortConfig::access("p0", "red"),
+            PortConfig::access("p1", "red"),
+            PortConfig::access("host", "red"),
+            PortConfig::access("nomac", "blue"),
+        ],
         vtep: None,
     };
     h.apply(cfg.clone()).unwrap();
     let gw_mac = vswitch::wire::MacAddr([0x0a, 0x58, 192, 0, 2, 1]);
-    assert_eq!(gw.mac(), Some(gw_mac), "derived from the address, as the manager derives pods' MACs");
+    assert_eq!(
+        gw.mac(),
+        Some(gw_mac),
+        "derived from the address, as the manager derives pods' MACs"
+    );
 
     h.send("p0", &frames::arp_request(mac(1), ip(10), ip(1)));
     h.step();
     let out = h.recv_all();
-    assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))], "answered by the switch");
+    assert_eq!(
+        out["p0"],
+        vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))],
+        "answered by the switch"
+    );
     assert!(out["p1"].is_empty() && out["host"].is_empty(), "not flooded");
     // A pod confirming its entry asks the gateway's MAC itself: answered the same, not
     // handed to the host (which does not hold the gateway's address).
@@ -322,7 +370,11 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     h.send("p0", &probe);
     h.step();
     let out = h.recv_all();
-    assert_eq!(out["p0"], vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))], "a unicast probe is answered");
+    assert_eq!(
+        out["p0"],
+        vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))],
+        "a unicast probe is answered"
+    );
     assert!(out["host"].is_empty(), "and not handed to the host");
 
     // The pod behind p1 is known before p0 talks to it (else its frame floods, to the host too).
@@ -330,13 +382,20 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     h.step();
     h.recv_all();
     for _ in 0..3 {
-        h.send("p0", &frames::udp4(gw_mac, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100));
+        h.send(
+            "p0",
+            &frames::udp4(gw_mac, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100),
+        );
         h.send("p0", &frames::udp4(mac(2), mac(1), ip(10), ip(11), 1000, 53, 100));
         h.step();
         let out = h.recv_all();
-        let to_host = frames::udp4(host, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100);
+        let to_host =
+            frames::udp4(host, mac(1), ip(10), Ipv4Addr::new(203, 0, 113, 2), 1000, 53, 100);
         assert_eq!(out["host"], vec![to_host], "addressed to the port's own MAC");
-        assert!(out["p1"].iter().all(|f| f[..6] != gw_mac.0), "the gateway's frames go nowhere else");
+        assert!(
+            out["p1"].iter().all(|f| f[..6] != gw_mac.0),
+            "the gateway's frames go nowhere else"
+        );
     }
     let reply = frames::udp4(mac(1), host, Ipv4Addr::new(203, 0, 113, 2), ip(10), 53, 1000, 100);
     h.send("host", &reply);
@@ -349,7 +408,15 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
     let gw6 = GatewayConfig { ips: vec![ip(1).into(), "fd00::1".parse().unwrap()], ..gw.clone() };
     let ll: std::net::Ipv6Addr = "fe80::858:c0ff:fe00:201".parse().unwrap();
     assert_eq!(gw6.link_local(), Some(ll), "modified EUI-64 of {gw_mac}");
-    assert_eq!(GatewayConfig { ips: vec!["fd00::1".parse().unwrap(), "fe80::1".parse().unwrap()], ..gw.clone() }.link_local(), None, "one given");
+    assert_eq!(
+        GatewayConfig {
+            ips: vec!["fd00::1".parse().unwrap(), "fe80::1".parse().unwrap()],
+            ..gw.clone()
+        }
+        .link_local(),
+        None,
+        "one given"
+    );
     cfg.bridges[0].gateway = Some(gw6);
     h.apply(cfg.clone()).unwrap();
     let pod6: std::net::Ipv6Addr = "fd00::10".parse().unwrap();
@@ -357,7 +424,11 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
         h.send("p0", &frames::ns(mac(1), pod6, target));
         h.step();
         let out = h.recv_all();
-        assert_eq!(out["p0"], vec![frames::na(gw_mac, target, target, mac(1), pod6)], "{target} answered");
+        assert_eq!(
+            out["p0"],
+            vec![frames::na(gw_mac, target, target, mac(1), pod6)],
+            "{target} answered"
+        );
         assert!(out["host"].is_empty() && out["p1"].is_empty(), "{target}: not flooded");
     }
     cfg.bridges[0].gateway = Some(gw.clone());
@@ -396,7 +467,11 @@ fn flush_per_bridge_and_per_port() {
     }
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red"), BridgeConfig::new("blue")],
-        ports: vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("p2", "blue")],
+        ports: vec![
+            PortConfig::access("p0", "red"),
+            PortConfig::access("p1", "red"),
+            PortConfig::access("p2", "blue"),
+        ],
         vtep: None,
     })
     .unwrap();
@@ -419,8 +494,12 @@ fn port_security_can_be_switched_off() {
     h.ring("pod").ring("net");
     let mut pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
     pod.security.as_mut().unwrap().enabled = false;
-    h.apply(SwitchConfig { bridges: vec![BridgeConfig::new("red")], ports: vec![pod, PortConfig::access("net", "red")], vtep: None })
-        .unwrap();
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![pod, PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .unwrap();
     h.send("pod", &frames::udp4(mac(2), mac(5), ip(5), ip(2), 1, 2, 64));
     h.step();
     assert_eq!(h.recv("net").len(), 1);
@@ -442,13 +521,20 @@ fn pool_exhaustion_during_flooding_is_counted_not_fatal() {
     })
     .unwrap();
     for i in 0..8 {
-        h.send("p0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(i + 1), ip(1), ip(255), 1, 2, 64));
+        h.send(
+            "p0",
+            &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(i + 1), ip(1), ip(255), 1, 2, 64),
+        );
     }
     h.step();
     let delivered: usize = h.recv_all().values().map(Vec::len).sum();
     let s = h.stats();
     assert!(s.event(Event::FloodCopyFailed) > 0, "the pool ran dry");
-    assert_eq!(delivered as u64 + s.drop(DropReason::NoBuffer), 8 * 15, "every copy delivered or counted");
+    assert_eq!(
+        delivered as u64 + s.drop(DropReason::NoBuffer),
+        8 * 15,
+        "every copy delivered or counted"
+    );
     h.flush_caches();
     assert_eq!(h.pool.free_count(), h.pool.capacity() as usize, "nothing leaked");
 }

@@ -107,7 +107,10 @@ const LIMITS: Limits = Limits { bd_max: 1000, port_max: 1000 };
 /// A key whose first bucket is `key_a`'s, for a MAC other than `a`'s.
 fn neighbour_of(fdb: &Fdb, a: u64) -> u64 {
     let want = fdb.first_bucket(fdb.locate(a));
-    (1..).map(|m| key(1, 0x0200_0000_0000 + m)).find(|&k| k != a && fdb.first_bucket(fdb.locate(k)) == want).unwrap()
+    (1..)
+        .map(|m| key(1, 0x0200_0000_0000 + m))
+        .find(|&k| k != a && fdb.first_bucket(fdb.locate(k)) == want)
+        .unwrap()
 }
 
 /// The seqlock keeps a key and its value together: while a writer removes MAC A and learns
@@ -146,7 +149,9 @@ fn fdb_concurrent_learners_lose_nothing_they_report_learned() {
         let rb = t.join().unwrap();
         for (k, r, d) in [(a, ra, Dest::Port(1)), (b, rb, Dest::Port(2))] {
             match r {
-                Learn::Learned => assert_eq!(fdb.lookup(k, fdb.locate(k)).map(|v| v.dest()), Some(d)),
+                Learn::Learned => {
+                    assert_eq!(fdb.lookup(k, fdb.locate(k)).map(|v| v.dest()), Some(d))
+                }
                 Learn::Busy => {}
                 other => panic!("unexpected {other:?}"),
             }
@@ -154,4 +159,3 @@ fn fdb_concurrent_learners_lose_nothing_they_report_learned() {
         assert_eq!(fdb.len(), [ra, rb].iter().filter(|r| **r == Learn::Learned).count());
     });
 }
-

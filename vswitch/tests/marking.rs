@@ -50,7 +50,11 @@ fn setup(local: IpAddr, peer: IpAddr, tagged: bool) -> Harness {
     (red.dscp, red.pcp) = (Some(EF), Some(5));
     h.apply(SwitchConfig {
         bridges: vec![red, BridgeConfig::new("blue").vni(5002).flood(&[peer])],
-        ports: vec![PortConfig::access("a1", "red"), PortConfig::access("b1", "blue"), PortConfig::underlay("up")],
+        ports: vec![
+            PortConfig::access("a1", "red"),
+            PortConfig::access("b1", "blue"),
+            PortConfig::underlay("up"),
+        ],
         vtep: Some(vtep),
     })
     .unwrap();
@@ -58,8 +62,23 @@ fn setup(local: IpAddr, peer: IpAddr, tagged: bool) -> Harness {
 }
 
 /// The encapsulation of `inner` as an unmarked domain's (the template), then marked.
-fn expected((local, peer, vlan): (IpAddr, IpAddr, Option<u16>), sport: u16, vni: u32, inner: &[u8], tos: u8, pcp: u8) -> Vec<u8> {
-    let o = Outer { dst_mac: mac(PEER_MAC), src_mac: mac(UP_MAC), src: local, dst: peer, sport, dport: 4789, vlan };
+fn expected(
+    (local, peer, vlan): (IpAddr, IpAddr, Option<u16>),
+    sport: u16,
+    vni: u32,
+    inner: &[u8],
+    tos: u8,
+    pcp: u8,
+) -> Vec<u8> {
+    let o = Outer {
+        dst_mac: mac(PEER_MAC),
+        src_mac: mac(UP_MAC),
+        src: local,
+        dst: peer,
+        sport,
+        dport: 4789,
+        vlan,
+    };
     let mut f = frames::vxlan(&o, vni, inner, false);
     let l3 = if vlan.is_some() { 18 } else { 14 };
     if tos != 0 {
@@ -98,11 +117,19 @@ fn marks_each_frame(local: IpAddr, peer: IpAddr, tagged: bool) {
             h.step();
             let out = h.recv("up");
             assert_eq!(out.len(), 2, "round {round}");
-            let (r, b) = if vni_of(&out[0], l3) == 5001 { (&out[0], &out[1]) } else { (&out[1], &out[0]) };
-            let want_r = expected((local, peer, vlan), sport_of(r, l3), 5001, &red, EF << 2 | inner_ecn, 5);
+            let (r, b) =
+                if vni_of(&out[0], l3) == 5001 { (&out[0], &out[1]) } else { (&out[1], &out[0]) };
+            let want_r =
+                expected((local, peer, vlan), sport_of(r, l3), 5001, &red, EF << 2 | inner_ecn, 5);
             let want_b = expected((local, peer, vlan), sport_of(b, l3), 5002, &blue, 0, 0);
-            assert_eq!(r, &want_r, "round {round}, inner ECN {inner_ecn}: red carries EF, priority 5 and the inner ECN");
-            assert_eq!(b, &want_b, "round {round}, inner ECN {inner_ecn}: blue is unmarked (the template)");
+            assert_eq!(
+                r, &want_r,
+                "round {round}, inner ECN {inner_ecn}: red carries EF, priority 5 and the inner ECN"
+            );
+            assert_eq!(
+                b, &want_b,
+                "round {round}, inner ECN {inner_ecn}: blue is unmarked (the template)"
+            );
         }
     }
     assert_eq!(h.stats().total_drops(), 0);
@@ -138,7 +165,7 @@ fn decapsulation_tells_the_inner_header_of_congestion() {
             (2, 3, Some(3)), // ECT(0) + CE → CE
             (1, 3, Some(3)), // ECT(1) + CE → CE
             (3, 3, Some(3)),
-            (0, 3, None), // Not-ECT + CE → drop
+            (0, 3, None),    // Not-ECT + CE → drop
             (2, 1, Some(1)), // ECT(0) + ECT(1) → ECT(1)
             (0, 1, Some(0)),
             (2, 2, Some(2)), // ECT(0) outer: nothing to tell (the fast path)
@@ -149,7 +176,15 @@ fn decapsulation_tells_the_inner_header_of_congestion() {
         for (i, (inner_ecn, outer_ecn, after)) in cases.into_iter().enumerate() {
             let mut inner = frames::udp4(mac(1), mac(0x70 + i as u32), ip(7), ip(1), 1, 2, 80);
             set_tos(&mut inner, 14, 0x28 | inner_ecn);
-            let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer, dst: local, sport: 50000, dport: 4789, vlan: None };
+            let o = Outer {
+                dst_mac: mac(UP_MAC),
+                src_mac: mac(PEER_MAC),
+                src: peer,
+                dst: local,
+                sport: 50000,
+                dport: 4789,
+                vlan: None,
+            };
             let mut f = frames::vxlan(&o, 5001, &inner, false);
             set_tos(&mut f, 14, 0x10 << 2 | outer_ecn);
             // Three times: the later frames of a flow the cache knows take the fast path.
@@ -161,7 +196,11 @@ fn decapsulation_tells_the_inner_header_of_congestion() {
                     Some(e) => {
                         let mut want = inner.clone();
                         set_tos(&mut want, 14, 0x28 | e);
-                        assert_eq!(got, vec![want], "inner ECN {inner_ecn}, outer {outer_ecn} over {local}");
+                        assert_eq!(
+                            got,
+                            vec![want],
+                            "inner ECN {inner_ecn}, outer {outer_ecn} over {local}"
+                        );
                     }
                     None => {
                         assert!(got.is_empty(), "inner Not-ECT, outer CE: dropped");
@@ -173,7 +212,11 @@ fn decapsulation_tells_the_inner_header_of_congestion() {
         if local.is_ipv4() {
             // The last three cases' later frames took the fast path; outer ECT(1) and CE never
             // do (the slow path tells the inner header).
-            assert_eq!(h.stats().event(vswitch::Event::CacheHits), 6, "the fast path ran where it may");
+            assert_eq!(
+                h.stats().event(vswitch::Event::CacheHits),
+                6,
+                "the fast path ran where it may"
+            );
         }
         assert_eq!(h.stats().drop(DropReason::VxlanCeNotEct), drops);
         assert_eq!(h.stats().total_drops(), drops);
@@ -185,10 +228,16 @@ fn a_marking_out_of_range_is_refused_with_the_range() {
     let mut h = setup("198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap(), false);
     let mut cfg = h.switch.snapshot().config.clone();
     cfg.bridges[1].dscp = Some(64);
-    assert_eq!(h.apply(cfg.clone()).unwrap_err().to_string(), "bridge \"blue\": DSCP 64 is out of range 0..=63");
+    assert_eq!(
+        h.apply(cfg.clone()).unwrap_err().to_string(),
+        "bridge \"blue\": DSCP 64 is out of range 0..=63"
+    );
     cfg.bridges[1].dscp = None;
     cfg.bridges[1].pcp = Some(8);
-    assert_eq!(h.apply(cfg).unwrap_err().to_string(), "bridge \"blue\": 802.1p priority 8 is out of range 0..=7");
+    assert_eq!(
+        h.apply(cfg).unwrap_err().to_string(),
+        "bridge \"blue\": 802.1p priority 8 is out of range 0..=7"
+    );
 }
 
 /// A priority domain (a control plane) keeps every frame when another (a media plane)
@@ -204,14 +253,19 @@ fn a_priority_trickle_loses_nothing_to_a_flood_through_a_slow_underlay() {
         h.ring("b1").ring("a1");
         let (up, mut wire) = RingPort::new("up", 1, 64).unwrap();
         h.register("up", up.with_mac(mac(UP_MAC)));
-        let (local, peer): (IpAddr, IpAddr) = ("198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap());
+        let (local, peer): (IpAddr, IpAddr) =
+            ("198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap());
         let mut red = BridgeConfig::new("red").vni(5001).flood(&[peer]);
         red.priority = priority;
         let mut blue = BridgeConfig::new("blue").vni(5002).flood(&[peer]);
         blue.dscp = Some(34); // some domain marked either way: the same path
         h.apply(SwitchConfig {
             bridges: vec![red, blue],
-            ports: vec![PortConfig::access("b1", "blue"), PortConfig::access("a1", "red"), PortConfig::underlay("up")],
+            ports: vec![
+                PortConfig::access("b1", "blue"),
+                PortConfig::access("a1", "red"),
+                PortConfig::underlay("up"),
+            ],
             vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(PEER_MAC))),
         })
         .unwrap();
@@ -253,6 +307,9 @@ fn a_priority_trickle_loses_nothing_to_a_flood_through_a_slow_underlay() {
     assert_eq!(s.event(vswitch::Event::PriorityFirst), 100);
     assert!(s.event(vswitch::Event::PriorityHeld) > 0, "control frames waited for room");
     let (control, _, s) = run(false);
-    assert!(control < 60, "without priority the flood takes most control frames: {control} arrived");
+    assert!(
+        control < 60,
+        "without priority the flood takes most control frames: {control} arrived"
+    );
     assert_eq!(s.event(vswitch::Event::PriorityFirst), 0);
 }

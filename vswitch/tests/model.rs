@@ -17,7 +17,10 @@ enum Mode {
     /// An access port with port security, as the CNI makes a pod's: port p may send only
     /// from MAC p + 1 and IPv4 192.0.2.(p + 1).
     Pod(usize),
-    Trunk { allowed: Vec<bool>, native: Option<usize> },
+    Trunk {
+        allowed: Vec<bool>,
+        native: Option<usize>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -40,7 +43,13 @@ fn mode() -> impl Strategy<Value = Mode> {
 }
 
 fn frame(ports: usize) -> impl Strategy<Value = Frame> {
-    (0..ports, 1..6u32, proptest::option::of(1..6u32), proptest::option::of(prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)]), 1..6u8)
+    (
+        0..ports,
+        1..6u32,
+        proptest::option::of(1..6u32),
+        proptest::option::of(prop_oneof![Just(0u16), Just(10), Just(20), Just(30), Just(40)]),
+        1..6u8,
+    )
         .prop_map(|(port, src, dst, tag, ip)| Frame { port, src, dst, tag, ip })
 }
 
@@ -69,7 +78,13 @@ impl BurstFrame {
     /// The frame as sent from `port` (port p's MAC is p + 1).
     fn on(&self, port: usize) -> Frame {
         let mac_of = |p: usize| p as u32 + 1;
-        Frame { port, src: mac_of(self.src.unwrap_or(port)), dst: self.dst.map(mac_of), tag: self.tag, ip: self.ip.unwrap_or(port as u8 + 1) }
+        Frame {
+            port,
+            src: mac_of(self.src.unwrap_or(port)),
+            dst: self.dst.map(mac_of),
+            tag: self.tag,
+            ip: self.ip.unwrap_or(port as u8 + 1),
+        }
     }
 }
 
@@ -86,7 +101,9 @@ impl Model {
             (Mode::Access(b), None) => Some(*b),
             (Mode::Access(_), Some(_)) => None,
             // Port security: the pod's own MAC and address only.
-            (Mode::Pod(b), None) => (f.src == f.port as u32 + 1 && f.ip == f.port as u8 + 1).then_some(*b),
+            (Mode::Pod(b), None) => {
+                (f.src == f.port as u32 + 1 && f.ip == f.port as u8 + 1).then_some(*b)
+            }
             (Mode::Pod(_), Some(_)) => None,
             (Mode::Trunk { native, .. }, None) => *native,
             (Mode::Trunk { allowed, .. }, Some(v)) => {
@@ -141,7 +158,11 @@ impl Model {
 fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
     let mut h = Harness::with_pool(Pool::new(16384, false).unwrap(), opts);
     let mut cfg = SwitchConfig {
-        bridges: VLANS.iter().enumerate().map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v)).collect(),
+        bridges: VLANS
+            .iter()
+            .enumerate()
+            .map(|(i, v)| BridgeConfig::new(&format!("b{i}")).vlan(*v))
+            .collect(),
         ..Default::default()
     };
     for (i, m) in modes.iter().enumerate() {
@@ -149,11 +170,15 @@ fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
         h.ring(&name);
         cfg.ports.push(match m {
             Mode::Access(b) => PortConfig::access(&name, &format!("b{b}")),
-            Mode::Pod(b) => {
-                PortConfig::pod(&name, &format!("b{b}"), mac(i as u32 + 1), &[IpAddr::from([192, 0, 2, i as u8 + 1])])
-            }
+            Mode::Pod(b) => PortConfig::pod(
+                &name,
+                &format!("b{b}"),
+                mac(i as u32 + 1),
+                &[IpAddr::from([192, 0, 2, i as u8 + 1])],
+            ),
             Mode::Trunk { allowed, native } => {
-                let vl: Vec<u16> = VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
+                let vl: Vec<u16> =
+                    VLANS.iter().zip(allowed).filter(|(_, a)| **a).map(|(v, _)| *v).collect();
                 PortConfig::trunk(&name, &vl, native.map(|n| VLANS[n]))
             }
         });
@@ -164,7 +189,15 @@ fn bridges(modes: &[Mode], opts: SwitchOptions) -> Harness {
 
 fn plain(f: &Frame) -> Vec<u8> {
     let dst = f.dst.map_or(vswitch::wire::MacAddr::BROADCAST, mac);
-    frames::udp4(dst, mac(f.src), [192, 0, 2, f.ip].into(), "192.0.2.200".parse().unwrap(), 7, 9, 64)
+    frames::udp4(
+        dst,
+        mac(f.src),
+        [192, 0, 2, f.ip].into(),
+        "192.0.2.200".parse().unwrap(),
+        7,
+        9,
+        64,
+    )
 }
 
 fn wire(f: &Frame) -> Vec<u8> {
@@ -321,7 +354,11 @@ fn pod_bursts() -> impl Strategy<Value = Vec<Vec<PodFrame>>> {
     // Mostly one pod's frames a burst (one port's burst, where a move and the frames after
     // it meet), sometimes another pod's.
     let frame = |home: usize| {
-        (prop_oneof![3 => Just(home), 1 => 0..6usize], proptest::option::of(0..6usize), prop_oneof![4 => Just(None), 1 => (0..6usize).prop_map(Some)])
+        (
+            prop_oneof![3 => Just(home), 1 => 0..6usize],
+            proptest::option::of(0..6usize),
+            prop_oneof![4 => Just(None), 1 => (0..6usize).prop_map(Some)],
+        )
             .prop_map(|(from, to, posing)| PodFrame { from, to, posing })
     };
     let burst = (0..6usize).prop_flat_map(move |home| proptest::collection::vec(frame(home), 1..6));
@@ -333,17 +370,27 @@ type Seen = (Vec<Vec<Vec<u8>>>, Vec<(&'static str, u64)>, Vec<(&'static str, u64
 /// Two switches joined by a VXLAN underlay; pods[i] = (switch, VNI index), pod i has MAC
 /// mac(i + 1). Checks VNI isolation and returns every pod's frames and both switches'
 /// drops and events (but cache hits).
-fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: usize, dispatch: Dispatch) -> Result<Seen, TestCaseError> {
+fn two_switches(
+    pods: &[(usize, u32)],
+    traffic: &[Vec<PodFrame>],
+    emc_entries: usize,
+    dispatch: Dispatch,
+) -> Result<Seen, TestCaseError> {
     let pool = Pool::new(16384, false).unwrap();
     let (ua, ub) = RingPort::patch("up", "up", 1024).unwrap();
     let ips: [IpAddr; 2] = ["198.51.100.1".parse().unwrap(), "198.51.100.2".parse().unwrap()];
     let mut sw: Vec<Harness> = Vec::new();
     for (s, up) in [(0usize, ua), (1usize, ub)] {
-        let mut h = Harness::with_pool(pool.clone(), SwitchOptions { emc_entries, dispatch, ..SwitchOptions::default() });
+        let mut h = Harness::with_pool(
+            pool.clone(),
+            SwitchOptions { emc_entries, dispatch, ..SwitchOptions::default() },
+        );
         h.register("up", up.with_mac(mac(0xa0 + s as u32)));
         let o = 1 - s;
         let mut cfg = SwitchConfig {
-            bridges: (0..3u32).map(|v| BridgeConfig::new(&format!("vni{v}")).vni(100 + v).flood(&[ips[o]])).collect(),
+            bridges: (0..3u32)
+                .map(|v| BridgeConfig::new(&format!("vni{v}")).vni(100 + v).flood(&[ips[o]]))
+                .collect(),
             ports: vec![PortConfig::underlay("up")],
             vtep: Some(VtepConfig::new(ips[s], "up").peer(ips[o], mac(0xa0 + o as u32))),
         };
@@ -365,7 +412,15 @@ fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: u
         for f in burst.iter().filter(|f| f.from < pods.len()) {
             let dst = pod_mac(f.to).unwrap_or(vswitch::wire::MacAddr::BROADCAST);
             let src = pod_mac(f.posing).unwrap_or(mac(f.from as u32 + 1));
-            let frame = frames::udp4(dst, src, "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1 + f.from as u16, 2, 64);
+            let frame = frames::udp4(
+                dst,
+                src,
+                "192.0.2.1".parse().unwrap(),
+                "192.0.2.2".parse().unwrap(),
+                1 + f.from as u16,
+                2,
+                64,
+            );
             sw[pods[f.from].0].send(&format!("pod{}", f.from), &frame);
             sent.push((frame, pods[f.from].1, f.from));
         }
@@ -390,11 +445,15 @@ fn two_switches(pods: &[(usize, u32)], traffic: &[Vec<PodFrame>], emc_entries: u
     for h in &sw {
         let s = h.stats();
         drops.extend(s.nonzero_drops());
-        events.extend(vswitch::Event::ALL.iter().filter(|e| **e != vswitch::Event::CacheHits).map(|e| (e.name(), s.event(*e))));
+        events.extend(
+            vswitch::Event::ALL
+                .iter()
+                .filter(|e| **e != vswitch::Event::CacheHits)
+                .map(|e| (e.name(), s.event(*e))),
+        );
     }
     Ok((seen, drops, events))
 }
-
 
 /// Found outside CI by `the_exact_match_cache_is_invisible_over_vxlan` (issue 48, seed
 /// cfe0f33c…): a pod posing as another pod's MAC across the underlay, then a burst with a
@@ -423,5 +482,8 @@ fn the_per_node_dispatcher_keeps_a_pods_frames_in_order_across_the_underlay() {
 
 fn posing_across_the_underlay() -> (Vec<(usize, u32)>, Vec<Vec<PodFrame>>) {
     let f = |from, to, posing| PodFrame { from, to, posing };
-    (vec![(1, 0), (0, 0), (0, 0), (0, 1)], vec![vec![f(0, None, Some(1))], vec![f(2, Some(3), None), f(2, Some(1), Some(3))]])
+    (
+        vec![(1, 0), (0, 0), (0, 0), (0, 1)],
+        vec![vec![f(0, None, Some(1))], vec![f(2, Some(3), None), f(2, Some(1), Some(3))]],
+    )
 }

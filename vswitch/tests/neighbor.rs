@@ -36,7 +36,15 @@ fn setup(local: IpAddr, peer: IpAddr, via: Option<IpAddr>) -> Harness {
 }
 
 fn pod_frame(n: u16) -> Vec<u8> {
-    frames::udp4(mac(7), mac(1), Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 7), 1000 + n, 2000, 80)
+    frames::udp4(
+        mac(7),
+        mac(1),
+        Ipv4Addr::new(192, 0, 2, 1),
+        Ipv4Addr::new(192, 0, 2, 7),
+        1000 + n,
+        2000,
+        80,
+    )
 }
 
 fn sport_of(frame: &[u8], v4: bool) -> u16 {
@@ -80,8 +88,20 @@ fn resolves_then_sends_in_order(local: IpAddr, peer: IpAddr, via: Option<IpAddr>
     assert_eq!(out.len(), 3, "the waiting frames leave once the answer is in");
     for (n, f) in out.iter().enumerate() {
         let sport = sport_of(f, local.is_ipv4());
-        let o = Outer { dst_mac: mac(HOP), src_mac: mac(UP), src: local, dst: peer, sport, dport: 4789, vlan: None };
-        assert_eq!(f, &frames::vxlan(&o, 5001, &pod_frame(n as u16), false), "frame {n} in order, byte-exact");
+        let o = Outer {
+            dst_mac: mac(HOP),
+            src_mac: mac(UP),
+            src: local,
+            dst: peer,
+            sport,
+            dport: 4789,
+            vlan: None,
+        };
+        assert_eq!(
+            f,
+            &frames::vxlan(&o, 5001, &pod_frame(n as u16), false),
+            "frame {n} in order, byte-exact"
+        );
     }
     h.send("a1", &pod_frame(9));
     h.step();
@@ -91,7 +111,10 @@ fn resolves_then_sends_in_order(local: IpAddr, peer: IpAddr, via: Option<IpAddr>
     assert_eq!(s.total_drops(), 0, "{:?}", s.nonzero_drops());
     let n = h.switch.neighbors();
     assert_eq!(n.len(), 1);
-    assert_eq!((n[0].0, n[0].1, n[0].2.mac, n[0].2.confirmed), (peer, hop, Some(mac(HOP)), Some(1)));
+    assert_eq!(
+        (n[0].0, n[0].1, n[0].2.mac, n[0].2.confirmed),
+        (peer, hop, Some(mac(HOP)), Some(1))
+    );
 }
 
 #[test]
@@ -144,7 +167,11 @@ fn unanswered_requests_give_up_on_waiting_frames() {
     h.step();
     let s = h.stats();
     assert_eq!(s.drop(DropReason::NeighborUnresolved), 2, "the two frames of the first second");
-    assert_eq!(s.event(Event::NeighborRequests), MAX_PROBES as u64 + 1, "requests go on while traffic comes");
+    assert_eq!(
+        s.event(Event::NeighborRequests),
+        MAX_PROBES as u64 + 1,
+        "requests go on while traffic comes"
+    );
     // An answer, however late, sends what still waits.
     h.recv("up");
     h.send("up", &answer_from(local, peer, HOP));
@@ -213,5 +240,9 @@ fn changing_the_next_hop_starts_over() {
     .unwrap();
     h.send("a1", &pod_frame(0));
     h.step();
-    assert_eq!(h.recv("up"), vec![request_for(local, v4(254))], "the old next hop's MAC is not used");
+    assert_eq!(
+        h.recv("up"),
+        vec![request_for(local, v4(254))],
+        "the old next hop's MAC is not used"
+    );
 }

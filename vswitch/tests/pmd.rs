@@ -39,9 +39,25 @@ fn rig(ports: usize) -> Rig {
 /// Sends `n` frames p0→p1 (and learns p1's MAC first); returns how many arrived in time.
 fn pump(r: &mut Rig, n: usize, deadline: Duration) -> usize {
     let mut cache = PoolCache::new(r.pool.clone());
-    let learn = frames::udp4(mac(1), mac(2), "192.0.2.2".parse().unwrap(), "192.0.2.1".parse().unwrap(), 1, 2, 64);
+    let learn = frames::udp4(
+        mac(1),
+        mac(2),
+        "192.0.2.2".parse().unwrap(),
+        "192.0.2.1".parse().unwrap(),
+        1,
+        2,
+        64,
+    );
     r.peers[1].send_one(0, cache.alloc_frame(&learn).unwrap()).unwrap();
-    let f = frames::udp4(mac(2), mac(1), "192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap(), 1, 2, 64);
+    let f = frames::udp4(
+        mac(2),
+        mac(1),
+        "192.0.2.1".parse().unwrap(),
+        "192.0.2.2".parse().unwrap(),
+        1,
+        2,
+        64,
+    );
     let end = Instant::now() + deadline;
     let (mut sent, mut got) = (0, 0);
     let mut b = Batch::new();
@@ -50,7 +66,9 @@ fn pump(r: &mut Rig, n: usize, deadline: Duration) -> usize {
         // makes the switch's tx ring overflow.
         if sent < n && sent - got < 512 {
             let q = (sent % 2) as u16;
-            if let Ok(()) = r.peers[0].send_one(q, cache.alloc_frame(&f).unwrap()).map_err(|x| cache.free(x)) {
+            if let Ok(()) =
+                r.peers[0].send_one(q, cache.alloc_frame(&f).unwrap()).map_err(|x| cache.free(x))
+            {
                 sent += 1;
             }
         }
@@ -69,7 +87,8 @@ fn pump(r: &mut Rig, n: usize, deadline: Duration) -> usize {
 fn run_policy(idle: IdlePolicy) {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rig(2);
-    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, cores: vec![], idle }).unwrap();
+    let pmd =
+        PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, cores: vec![], idle }).unwrap();
     let got = pump(&mut r, 20_000, Duration::from_secs(20));
     assert_eq!(got, 20_000, "every frame forwarded");
     let t0 = Instant::now();
@@ -81,7 +100,10 @@ fn run_policy(idle: IdlePolicy) {
     assert!(s.cycles_per_packet().is_some());
     let per_thread = r.switch.thread_stats();
     assert_eq!(per_thread.len(), 2);
-    assert!(per_thread.iter().all(|t| t.packets > 0 && t.busy_cycles > 0), "both PMDs polled their queues");
+    assert!(
+        per_thread.iter().all(|t| t.packets > 0 && t.busy_cycles > 0),
+        "both PMDs polled their queues"
+    );
 }
 
 #[test]
@@ -94,9 +116,15 @@ fn pmd_adaptive_forwards_sleeps_and_stops() {
     run_policy(IdlePolicy::default());
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rig(2);
-    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![0], idle: IdlePolicy::default() })
-        .unwrap();
-    assert!(eventually(Duration::from_secs(5), || r.switch.stats().sleeps > 0), "an idle adaptive thread sleeps");
+    let pmd = PmdSet::start(
+        r.switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![0], idle: IdlePolicy::default() },
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || r.switch.stats().sleeps > 0),
+        "an idle adaptive thread sleeps"
+    );
     // A frame arriving while the thread sleeps wakes it.
     assert_eq!(pump(&mut r, 1, Duration::from_secs(5)), 1);
     // Config changes are adopted and acknowledged.
@@ -121,7 +149,10 @@ fn readme_example_runs() -> Result<(), Box<dyn std::error::Error>> {
         ports: vec![PortConfig::access("pod1", "red")],
         vtep: None,
     })?; // refused whole, with a reason, if invalid
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::default() })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::default() },
+    )?;
     println!("{:?}", switch.stats().nonzero_drops());
     pmd.stop();
     Ok(())
@@ -134,10 +165,16 @@ fn readme_example_runs() -> Result<(), Box<dyn std::error::Error>> {
 fn a_replaced_configuration_is_freed_off_the_pmd_thread() {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let r = rig(2);
-    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() })
-        .unwrap();
+    let pmd = PmdSet::start(
+        r.switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() },
+    )
+    .unwrap();
     let adopted = || r.switch.stats().event(vswitch::Event::ConfigAdopted);
-    assert!(pmd.wait_adopted(r.switch.generation(), Duration::from_secs(5)), "the thread started on the first configuration");
+    assert!(
+        pmd.wait_adopted(r.switch.generation(), Duration::from_secs(5)),
+        "the thread started on the first configuration"
+    );
     let old = std::sync::Arc::downgrade(&r.switch.snapshot());
     let snap = r.switch.snapshot();
     let port = std::sync::Arc::downgrade(&snap.port(snap.port_id("p1").unwrap()).unwrap().port);
@@ -147,8 +184,14 @@ fn a_replaced_configuration_is_freed_off_the_pmd_thread() {
     let before = adopted();
     let generation = r.switch.apply(cfg).unwrap();
     drop(r.switch.unregister_port("p1").unwrap());
-    assert!(eventually(Duration::from_secs(5), || adopted() > before), "an idle thread adopts after its sleep");
-    assert!(old.upgrade().is_some() && port.upgrade().is_some(), "the PMD thread left the snapshot, with its port, to the control thread");
+    assert!(
+        eventually(Duration::from_secs(5), || adopted() > before),
+        "an idle thread adopts after its sleep"
+    );
+    assert!(
+        old.upgrade().is_some() && port.upgrade().is_some(),
+        "the PMD thread left the snapshot, with its port, to the control thread"
+    );
     assert!(pmd.wait_adopted(generation, Duration::from_secs(5)));
     assert!(old.upgrade().is_none(), "reclaimed");
     assert!(port.upgrade().is_none(), "the removed port closed with it");
@@ -172,11 +215,17 @@ impl vswitch::port::Port for Boom {
         &self.name
     }
     fn rx_burst(&self, _q: u16, _c: &mut PoolCache, _b: &mut Batch) -> usize {
-        assert!(!self.on_rx.load(std::sync::atomic::Ordering::Relaxed), "a burst the switch cannot handle");
+        assert!(
+            !self.on_rx.load(std::sync::atomic::Ordering::Relaxed),
+            "a burst the switch cannot handle"
+        );
         0
     }
     fn tx_burst(&self, _q: u16, cache: &mut PoolCache, b: &mut Batch) -> usize {
-        assert!(!self.on_tx.load(std::sync::atomic::Ordering::Relaxed), "a receive ring the switch cannot handle");
+        assert!(
+            !self.on_tx.load(std::sync::atomic::Ordering::Relaxed),
+            "a receive ring the switch cannot handle"
+        );
         let n = b.len();
         for x in b.drain() {
             cache.free(x);
@@ -184,11 +233,17 @@ impl vswitch::port::Port for Boom {
         n
     }
     fn arm_wake(&self, _q: u16, _armed: bool) -> bool {
-        assert!(!self.on_arm.load(std::sync::atomic::Ordering::Relaxed), "a wake-up the switch cannot handle");
+        assert!(
+            !self.on_arm.load(std::sync::atomic::Ordering::Relaxed),
+            "a wake-up the switch cannot handle"
+        );
         false
     }
     fn wake_fd(&self, _q: u16) -> Option<std::os::fd::RawFd> {
-        assert!(!self.on_wake_fd.load(std::sync::atomic::Ordering::Relaxed), "a descriptor the switch cannot handle");
+        assert!(
+            !self.on_wake_fd.load(std::sync::atomic::Ordering::Relaxed),
+            "a descriptor the switch cannot handle"
+        );
         None
     }
     fn fail(&self, why: &str) {
@@ -205,19 +260,37 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     use std::sync::atomic::Ordering::Relaxed;
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = rig(2);
-    let boom = std::sync::Arc::new(Boom { name: "boom".into(), on_rx: false.into(), on_tx: false.into(), on_arm: false.into(), on_wake_fd: false.into(), failed: Mutex::new(None) });
+    let boom = std::sync::Arc::new(Boom {
+        name: "boom".into(),
+        on_rx: false.into(),
+        on_tx: false.into(),
+        on_arm: false.into(),
+        on_wake_fd: false.into(),
+        failed: Mutex::new(None),
+    });
     r.switch.register_port("boom", boom.clone()).unwrap();
     let mut cfg = r.switch.snapshot().config.clone();
     cfg.ports.push(PortConfig::access("boom", "red"));
     r.switch.apply(cfg.clone()).unwrap();
-    let pmd = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() }).unwrap();
+    let pmd = PmdSet::start(
+        r.switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::default() },
+    )
+    .unwrap();
     assert_eq!(pump(&mut r, 100, Duration::from_secs(10)), 100);
     boom.on_rx.store(true, Relaxed);
-    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some()), "the port is in error");
+    assert!(
+        eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some()),
+        "the port is in error"
+    );
     let why = r.switch.faults().get("boom").unwrap();
     assert!(why.contains("panicked") && why.contains("a burst the switch cannot handle"), "{why}");
     assert_eq!(boom.failed.lock().unwrap().as_deref(), Some(why.as_str()), "the port was told");
-    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    assert_eq!(
+        pump(&mut r, 1000, Duration::from_secs(10)),
+        1000,
+        "the thread forwards for the others"
+    );
     assert!(pmd.dead_threads().is_empty());
     // A panic in its transmit burst (its receive ring's walk) is its, not the sender's.
     boom.on_rx.store(false, Relaxed);
@@ -225,9 +298,24 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     r.switch.apply(cfg.clone()).unwrap();
     boom.on_tx.store(true, Relaxed);
     let mut cache = PoolCache::new(r.pool.clone());
-    let bcast = frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(1), "192.0.2.1".parse().unwrap(), "192.0.2.255".parse().unwrap(), 1, 2, 64);
+    let bcast = frames::udp4(
+        vswitch::wire::MacAddr::BROADCAST,
+        mac(1),
+        "192.0.2.1".parse().unwrap(),
+        "192.0.2.255".parse().unwrap(),
+        1,
+        2,
+        64,
+    );
     r.peers[0].send_one(0, cache.alloc_frame(&bcast).unwrap()).unwrap();
-    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some_and(|w| w.contains("sending to it"))), "the receiver is in error");
+    assert!(
+        eventually(Duration::from_secs(5), || r
+            .switch
+            .faults()
+            .get("boom")
+            .is_some_and(|w| w.contains("sending to it"))),
+        "the receiver is in error"
+    );
     assert!(r.switch.faults().get("p0").is_none(), "not the sender");
     boom.on_tx.store(false, Relaxed);
     let mut b = Batch::new();
@@ -238,7 +326,11 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
         }
     }
     drop(cache);
-    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    assert_eq!(
+        pump(&mut r, 1000, Duration::from_secs(10)),
+        1000,
+        "the thread forwards for the others"
+    );
     // Added again (its device opened anew), it is polled again; a panic arming its wake-up
     // (the idle thread's, outside any burst) is its too.
     boom.on_rx.store(false, Relaxed);
@@ -246,14 +338,28 @@ fn a_panic_in_a_ports_burst_fails_only_that_port() {
     assert!(r.switch.faults().get("boom").is_none());
     boom.on_arm.store(true, Relaxed);
     r.switch.apply(cfg.clone()).unwrap();
-    assert!(eventually(Duration::from_secs(5), || r.switch.faults().get("boom").is_some_and(|w| w.contains("arming its wake-up"))), "the port is in error");
-    assert_eq!(pump(&mut r, 1000, Duration::from_secs(10)), 1000, "the thread forwards for the others");
+    assert!(
+        eventually(Duration::from_secs(5), || r
+            .switch
+            .faults()
+            .get("boom")
+            .is_some_and(|w| w.contains("arming its wake-up"))),
+        "the port is in error"
+    );
+    assert_eq!(
+        pump(&mut r, 1000, Duration::from_secs(10)),
+        1000,
+        "the thread forwards for the others"
+    );
     // A panic nothing can be blamed on ends the thread, which is reported.
     boom.on_arm.store(false, Relaxed);
     boom.on_wake_fd.store(true, Relaxed);
     r.switch.replace_port("boom", boom.clone()).unwrap();
     r.switch.apply(cfg).unwrap();
-    assert!(eventually(Duration::from_secs(5), || pmd.dead_threads() == vec![0]), "the dead thread is reported");
+    assert!(
+        eventually(Duration::from_secs(5), || pmd.dead_threads() == vec![0]),
+        "the dead thread is reported"
+    );
     boom.on_wake_fd.store(false, Relaxed);
     drop(pmd);
 }
@@ -271,7 +377,11 @@ fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
     let snap = r.switch.snapshot();
     let id = |name: &str| snap.port_id(name).unwrap();
     let threads: Vec<Vec<(u16, u16)>> = (0..3).map(|t| assignment(&snap, t, 3)).collect();
-    assert_eq!(threads[1], vec![(id("p1"), 0), (id("p1"), 1)], "the pinned thread polls its port's queues alone");
+    assert_eq!(
+        threads[1],
+        vec![(id("p1"), 0), (id("p1"), 1)],
+        "the pinned thread polls its port's queues alone"
+    );
     let mut all: Vec<(u16, u16)> = threads.concat();
     all.sort();
     let mut want = snap.rxqs.clone();
@@ -282,7 +392,8 @@ fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
     assert_eq!((0..1).map(|t| assignment(&snap, t, 1).len()).sum::<usize>(), snap.rxqs.len());
 
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let set = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
+    let set =
+        PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
     cfg.ports[1].pmd = Some(2);
     let e = r.switch.apply(cfg.clone()).unwrap_err();
     assert!(e.to_string().contains("PMD thread 2 does not exist (this switch runs 2: 0-1)"), "{e}");
@@ -291,11 +402,15 @@ fn pinned_ports_go_to_their_thread_and_the_rest_are_dealt_to_the_others() {
     // threads is thread 0, and other changes go on.
     let r = rig(4);
     r.switch.apply(cfg.clone()).unwrap();
-    let set = PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
+    let set =
+        PmdSet::start(r.switch.clone(), &PmdConfig { threads: 2, ..Default::default() }).unwrap();
     cfg.ports[0].mtu = 1400;
     r.switch.apply(cfg).unwrap();
     let snap = r.switch.snapshot();
-    assert_eq!(assignment(&snap, 0, 2), vec![(snap.port_id("p1").unwrap(), 0), (snap.port_id("p1").unwrap(), 1)]);
+    assert_eq!(
+        assignment(&snap, 0, 2),
+        vec![(snap.port_id("p1").unwrap(), 0), (snap.port_id("p1").unwrap(), 1)]
+    );
     set.stop();
 }
 
@@ -313,9 +428,13 @@ fn a_rebalance_places_queues_by_load() {
     let r = rig(3);
     let snap = r.switch.snapshot();
     let q = |name: &str, i: u16| (snap.port_id(name).unwrap(), i);
-    let moves = Moves { generation: 1, placed: [(q("p0", 0), 1), (q("p0", 1), 1)].into_iter().collect() };
+    let moves =
+        Moves { generation: 1, placed: [(q("p0", 0), 1), (q("p0", 1), 1)].into_iter().collect() };
     let (t0, t1) = (assignment_with(&snap, 0, 2, &moves), assignment_with(&snap, 1, 2, &moves));
-    assert!(t1.contains(&q("p0", 0)) && t1.contains(&q("p0", 1)) && !t0.contains(&q("p0", 0)), "{t0:?} {t1:?}");
+    assert!(
+        t1.contains(&q("p0", 0)) && t1.contains(&q("p0", 1)) && !t0.contains(&q("p0", 0)),
+        "{t0:?} {t1:?}"
+    );
     assert_eq!(t0.len() + t1.len(), snap.rxqs.len());
     assert_eq!((t0.len(), t1.len()), (2, 4), "the four others dealt two and two");
 }

@@ -17,7 +17,10 @@ fn rig(clock: fn() -> u64, policer: PolicerConfig) -> Harness {
     h.ring("p0").ring("p1");
     h.apply(SwitchConfig {
         bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("p0", "red").policed(policer), PortConfig::access("p1", "red")],
+        ports: vec![
+            PortConfig::access("p0", "red").policed(policer),
+            PortConfig::access("p1", "red"),
+        ],
         vtep: None,
     })
     .unwrap();
@@ -30,13 +33,24 @@ fn rig(clock: fn() -> u64, policer: PolicerConfig) -> Harness {
 }
 
 fn frame(src: u32, dst: u32, size: usize) -> Vec<u8> {
-    frames::udp4(mac(dst), mac(src), Ipv4Addr::new(192, 0, 2, src as u8), Ipv4Addr::new(192, 0, 2, dst as u8), 1, 2, size)
+    frames::udp4(
+        mac(dst),
+        mac(src),
+        Ipv4Addr::new(192, 0, 2, src as u8),
+        Ipv4Addr::new(192, 0, 2, dst as u8),
+        1,
+        2,
+        size,
+    )
 }
 
 #[test]
 fn the_rate_holds_within_five_percent_and_the_rest_is_counted() {
     static NOW: AtomicU64 = AtomicU64::new(0);
-    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { pps: 10_000, burst_packets: 64, ..Default::default() });
+    let mut h = rig(
+        || NOW.load(Relaxed),
+        PolicerConfig { pps: 10_000, burst_packets: 64, ..Default::default() },
+    );
     // One second offered at 50 000 frames a second, 5 frames every 100 µs.
     let (mut offered, mut passed) = (0u64, 0u64);
     for _ in 0..10_000 {
@@ -54,13 +68,19 @@ fn the_rate_holds_within_five_percent_and_the_rest_is_counted() {
     assert_eq!(s.drop(DropReason::Policed), offered - passed, "every frame over the rate counted");
     assert_eq!(s.ports[0].rx_packets, offered, "policed frames were received");
     assert_eq!((s.ports[0].drops, s.ports[0].policed), (offered - passed, offered - passed));
-    assert!(h.recv("p0").is_empty() && s.event(Event::Flooded) == 1, "only the learning frame flooded");
+    assert!(
+        h.recv("p0").is_empty() && s.event(Event::Flooded) == 1,
+        "only the learning frame flooded"
+    );
 }
 
 #[test]
 fn after_idle_the_burst_passes_whole_and_no_more() {
     static NOW: AtomicU64 = AtomicU64::new(0);
-    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { pps: 1_000, burst_packets: 100, ..Default::default() });
+    let mut h = rig(
+        || NOW.load(Relaxed),
+        PolicerConfig { pps: 1_000, burst_packets: 100, ..Default::default() },
+    );
     NOW.fetch_add(60_000_000_000, Relaxed); // a minute idle: the bucket holds its burst, no more
     let mut passed = 0;
     for _ in 0..10 {
@@ -83,7 +103,10 @@ fn after_idle_the_burst_passes_whole_and_no_more() {
 fn bits_bind_large_frames_while_small_ones_pass() {
     static NOW: AtomicU64 = AtomicU64::new(0);
     // 1 Mbit/s with a 4 000-byte burst: two 1 500-byte frames, then only what the rate earns.
-    let mut h = rig(|| NOW.load(Relaxed), PolicerConfig { bps: 1_000_000, burst_bytes: 4_000, ..Default::default() });
+    let mut h = rig(
+        || NOW.load(Relaxed),
+        PolicerConfig { bps: 1_000_000, burst_bytes: 4_000, ..Default::default() },
+    );
     for _ in 0..4 {
         h.send("p0", &frame(1, 2, 1500));
     }
@@ -94,7 +117,11 @@ fn bits_bind_large_frames_while_small_ones_pass() {
     h.send("p0", &frame(1, 2, 1000));
     h.step();
     let got = h.recv("p1");
-    assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), vec![1000], "the large frame dropped, the small one after it passed");
+    assert_eq!(
+        got.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![1000],
+        "the large frame dropped, the small one after it passed"
+    );
 }
 
 #[test]
@@ -106,9 +133,14 @@ fn a_policer_that_could_never_pass_a_frame_is_refused() {
         ports: vec![PortConfig::access("p0", "red").policed(p)],
         vtep: None,
     };
-    let e = h.apply(cfg(PolicerConfig { bps: 1_000_000, burst_bytes: 1000, ..Default::default() })).unwrap_err();
+    let e = h
+        .apply(cfg(PolicerConfig { bps: 1_000_000, burst_bytes: 1000, ..Default::default() }))
+        .unwrap_err();
     assert!(matches!(e, ConfigError::BadPolicer { .. }), "{e}");
-    assert_eq!(e.to_string(), "port \"p0\": policer: burst_bytes 1000 is less than the port's largest frame (1518 bytes), which could never pass");
+    assert_eq!(
+        e.to_string(),
+        "port \"p0\": policer: burst_bytes 1000 is less than the port's largest frame (1518 bytes), which could never pass"
+    );
     let e = h.apply(cfg(PolicerConfig::default())).unwrap_err();
     assert!(e.to_string().contains("needs a rate"), "{e}");
 }
@@ -158,7 +190,8 @@ fn a_bridges_pod_policer_holds_each_of_its_access_ports() {
         ports: vec![
             PortConfig::access("p0", "red"),
             PortConfig::access("p1", "red"),
-            PortConfig::access("p2", "red").policed(PolicerConfig { pps: 100_000, ..Default::default() }),
+            PortConfig::access("p2", "red")
+                .policed(PolicerConfig { pps: 100_000, ..Default::default() }),
             PortConfig::access("sink", "red"),
         ],
         vtep: None,
@@ -182,7 +215,10 @@ fn a_bridges_pod_policer_holds_each_of_its_access_ports() {
             passed[(f[11] - 1) as usize] += 1;
         }
     }
-    assert!(passed[0].abs_diff(110) <= 5 && passed[1].abs_diff(110) <= 5, "each pod at its own 1 000/s: {passed:?}");
+    assert!(
+        passed[0].abs_diff(110) <= 5 && passed[1].abs_diff(110) <= 5,
+        "each pod at its own 1 000/s: {passed:?}"
+    );
     assert_eq!(passed[2], 1000, "a port's own policer wins");
     let s = h.stats();
     assert_eq!(s.ports[0].policed + s.ports[1].policed, 2000 - passed[0] - passed[1]);
@@ -206,7 +242,11 @@ fn a_bridges_policer_holds_its_ports_together() {
     let cfg = |red: BridgeConfig, extra: bool| SwitchConfig {
         bridges: vec![red, BridgeConfig::new("blue")],
         ports: [
-            vec![PortConfig::access("p0", "red"), PortConfig::access("p1", "red"), PortConfig::access("sink", "red")],
+            vec![
+                PortConfig::access("p0", "red"),
+                PortConfig::access("p1", "red"),
+                PortConfig::access("sink", "red"),
+            ],
             if extra { vec![PortConfig::access("other", "blue")] } else { vec![] },
         ]
         .concat(),
@@ -278,7 +318,13 @@ fn a_ports_rate_holds_however_its_queues_are_used_and_polled() {
     // 16 Mbit/s of 100-byte frames: 20 000 frames a second.
     let bps = PolicerConfig { bps: 16_000_000, burst_bytes: 20_000, ..Default::default() };
     // The port's own policer, its network's per-pod one, its network's on the node.
-    let policers = [("port pps", pps, 64, 0), ("port bps", bps, 100, 0), ("pod pps", pps, 64, 1), ("network pps", pps, 64, 2), ("network bps", bps, 100, 2)];
+    let policers = [
+        ("port pps", pps, 64, 0),
+        ("port bps", bps, 100, 0),
+        ("pod pps", pps, 64, 1),
+        ("network pps", pps, 64, 2),
+        ("network bps", bps, 100, 2),
+    ];
     for (kind, policer, size, whose) in policers {
         for l in &layouts {
             let mut h = Harness::new();
@@ -291,7 +337,12 @@ fn a_ports_rate_holds_however_its_queues_are_used_and_polled() {
                 1 => red.pod_policer = Some(policer),
                 _ => red.policer = Some(policer),
             }
-            h.apply(SwitchConfig { bridges: vec![red], ports: vec![vnf, PortConfig::access("sink", "red")], vtep: None }).unwrap();
+            h.apply(SwitchConfig {
+                bridges: vec![red],
+                ports: vec![vnf, PortConfig::access("sink", "red")],
+                vtep: None,
+            })
+            .unwrap();
             // Every pipeline on the test's clock (they share the network's bucket).
             h.pipe.set_clock(|| NOW.load(Relaxed));
             let mut threads = [h.switch.pipeline(0), h.switch.pipeline(1)];
@@ -315,13 +366,22 @@ fn a_ports_rate_holds_however_its_queues_are_used_and_polled() {
                 }
                 let mut batch = vswitch::Batch::new();
                 for &(p, q) in &snap.rxqs {
-                    let t = if snap.port(p).is_some_and(|e| e.name == "vnf") { l.thread[q as usize] } else { 0 };
+                    let t = if snap.port(p).is_some_and(|e| e.name == "vnf") {
+                        l.thread[q as usize]
+                    } else {
+                        0
+                    };
                     while threads[t].poll(&snap, p, q, &mut batch) > 0 {}
                 }
                 passed += h.recv("sink").len() as u64;
             }
             let (rate, burst) = (20_000, 200);
-            assert!(passed.abs_diff(rate + burst) * 50 <= rate, "{kind}, {}: {passed} passed, {} ± 2 % wanted", l.name, rate + burst);
+            assert!(
+                passed.abs_diff(rate + burst) * 50 <= rate,
+                "{kind}, {}: {passed} passed, {} ± 2 % wanted",
+                l.name,
+                rate + burst
+            );
             let s = h.stats();
             assert_eq!(s.ports[0].policed, 80_000 - passed, "{kind}, {}: the rest policed", l.name);
         }

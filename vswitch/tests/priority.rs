@@ -105,7 +105,10 @@ fn a_priority_vlan_loses_nothing_to_a_flood_on_a_shared_trunk() {
     for known in [true, false] {
         let ((control, media), s) = trickle_under_flood(true, known);
         assert_eq!(control, 100, "known {known}: every control frame arrived");
-        assert!(media < 100 * 32 / 2, "known {known}: the media flood was cut to what the ring drains: {media}");
+        assert!(
+            media < 100 * 32 / 2,
+            "known {known}: the media flood was cut to what the ring drains: {media}"
+        );
         assert_eq!(s.event(Event::PriorityFirst), 100, "known {known}");
         let tr = &s.ports[2];
         assert_eq!(tr.tx_priority, 100, "known {known}: counted per port");
@@ -118,7 +121,10 @@ fn a_priority_vlan_loses_nothing_to_a_flood_on_a_shared_trunk() {
         }
     }
     let ((control, _), s) = trickle_under_flood(false, true);
-    assert!(control < 60, "without priority the flood takes most control frames: {control} arrived");
+    assert!(
+        control < 60,
+        "without priority the flood takes most control frames: {control} arrived"
+    );
     assert_eq!(s.event(Event::PriorityFirst), 0);
     assert_eq!(s.ports[2].tx_priority, 0);
 }
@@ -172,7 +178,10 @@ fn priority_frames_wait_out_a_stalled_ring_in_order() {
     }
     let s = h.stats();
     assert_eq!(s.ports[2].priority_dropped, 300 - 256, "held up to 256, the rest dropped");
-    assert_eq!(s.ports[2].priority_held, 256, "each held frame counted once, however many flushes it waited");
+    assert_eq!(
+        s.ports[2].priority_held, 256,
+        "each held frame counted once, however many flushes it waited"
+    );
     // The consumer catches up: media first (already in the ring), then the held control
     // frames, in the order they came — with no traffic left to flush them: an idle PMD
     // thread's housekeeping sends them.

@@ -38,21 +38,34 @@ impl NoHugepages {
         if !cgroups.lines().any(|l| l.starts_with("hugetlb\t")) {
             return Err("the kernel has no hugetlb cgroup controller".into());
         }
-        let mount = std::env::temp_dir().join(format!("knitter-test-hugetlb-{}", std::process::id()));
+        let mount =
+            std::env::temp_dir().join(format!("knitter-test-hugetlb-{}", std::process::id()));
         std::fs::create_dir_all(&mount).map_err(|e| e.to_string())?;
-        let ok = Command::new("mount").args(["-t", "cgroup", "-o", "hugetlb", "knitter-test-hugetlb"]).arg(&mount).status().map_err(|e| e.to_string())?;
+        let ok = Command::new("mount")
+            .args(["-t", "cgroup", "-o", "hugetlb", "knitter-test-hugetlb"])
+            .arg(&mount)
+            .status()
+            .map_err(|e| e.to_string())?;
         if !ok.success() {
             let _ = std::fs::remove_dir(&mount);
-            return Err("cannot mount cgroup v1's hugetlb controller (a cgroup v2 only host?)".into());
+            return Err(
+                "cannot mount cgroup v1's hugetlb controller (a cgroup v2 only host?)".into()
+            );
         }
-        let mut me = NoHugepages { cgroup: mount.join(format!("knitter-test-{}", std::process::id())), mount, pool_was: None };
+        let mut me = NoHugepages {
+            cgroup: mount.join(format!("knitter-test-{}", std::process::id())),
+            mount,
+            pool_was: None,
+        };
         std::fs::create_dir(&me.cgroup).map_err(|e| e.to_string())?;
-        std::fs::write(me.cgroup.join("hugetlb.2MB.limit_in_bytes"), "0").map_err(|e| format!("the fault limit: {e}"))?;
+        std::fs::write(me.cgroup.join("hugetlb.2MB.limit_in_bytes"), "0")
+            .map_err(|e| format!("the fault limit: {e}"))?;
         let free = read(&format!("{POOL}/free_hugepages")).unwrap_or(0);
         if free < 4 {
             let total = read(&format!("{POOL}/nr_hugepages")).ok_or("no 2 MiB hugepage pool")?;
             me.pool_was = Some(total);
-            std::fs::write(format!("{POOL}/nr_hugepages"), (total + 4 - free).to_string()).map_err(|e| e.to_string())?;
+            std::fs::write(format!("{POOL}/nr_hugepages"), (total + 4 - free).to_string())
+                .map_err(|e| e.to_string())?;
             if read(&format!("{POOL}/free_hugepages")).unwrap_or(0) < 4 {
                 return Err("the kernel would not make 4 free hugepages".into());
             }
@@ -77,7 +90,8 @@ fn a_process_granted_no_hugepages_gets_ordinary_pages_not_a_sigbus() {
     if let Ok(cgroup) = std::env::var(CHILD) {
         // The child: in the cgroup before the first hugetlb fault, then the region, every
         // byte of it touched.
-        std::fs::write(Path::new(&cgroup).join("cgroup.procs"), std::process::id().to_string()).expect("join the cgroup");
+        std::fs::write(Path::new(&cgroup).join("cgroup.procs"), std::process::id().to_string())
+            .expect("join the cgroup");
         let r = Region::new(4 << 20, true).expect("a region");
         // SAFETY: within the mapping, which this test owns.
         unsafe { std::ptr::write_bytes(r.as_ptr(), 0x5a, r.len()) };
@@ -92,11 +106,22 @@ fn a_process_granted_no_hugepages_gets_ordinary_pages_not_a_sigbus() {
         }
     };
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_process_granted_no_hugepages_gets_ordinary_pages_not_a_sigbus", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "a_process_granted_no_hugepages_gets_ordinary_pages_not_a_sigbus",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, &cg.cgroup)
         .output()
         .unwrap();
-    assert!(out.status.success(), "the child: {:?}\n{}{}", out.status, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the child: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Outside the cgroup, the same host gives hugepages.
     let r = Region::new(4 << 20, true).unwrap();
     assert_eq!(r.backing(), Backing::HugeTlb, "the host has free hugepages");

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use vswitch::config::{BridgeConfig, Neighbor, PortConfig, StaticMac, SwitchConfig, VtepConfig};
 use vswitch::fdb::Dest;
-use vswitch::testkit::{Harness, frames, mac};
 use vswitch::graph::{self, Next};
+use vswitch::testkit::{Harness, frames, mac};
 use vswitch::trace::{FrameTrace, Learned, Node, Step};
 use vswitch::wire::spec;
 
@@ -33,7 +33,8 @@ fn setup(resolved_peer: bool) -> Harness {
     h.ring("p1").ring("a2").ring("t1").ring_with_mac("up", Some(mac(UP_MAC)));
     let peer: IpAddr = PEER.parse().unwrap();
     let vtep = VtepConfig::new(LOCAL.parse().unwrap(), "up");
-    let vtep = if resolved_peer { vtep.peer_resolved(peer, None) } else { vtep.peer(peer, mac(PEER_MAC)) };
+    let vtep =
+        if resolved_peer { vtep.peer_resolved(peer, None) } else { vtep.peer(peer, mac(PEER_MAC)) };
     let mut red = BridgeConfig::new("red").vlan(10).vni(5001).flood(&[peer]);
     red.arp_suppression = true;
     red.neighbors = vec![Neighbor { ip: ip(9).into(), mac: mac(9) }];
@@ -79,24 +80,47 @@ fn a_traced_frame_names_every_node_it_passed_and_is_still_forwarded() {
     h.send("p1", &udp(30, 1, ip(1), ip(30)));
     h.step();
     let out = h.recv_all();
-    assert_eq!((out["a2"].len(), out["t1"].len(), out["up"].len()), (1, 1, 1), "the traced frame is forwarded as usual");
+    assert_eq!(
+        (out["a2"].len(), out["t1"].len(), out["up"].len()),
+        (1, 1, 1),
+        "the traced frame is forwarded as usual"
+    );
     let t = h.switch.traces();
     assert_eq!(t.len(), 1);
     let t = &t[0];
     assert_eq!(
         nodes(t),
-        vec![Node::Cache, Node::Classify, Node::PortSecurity, Node::Learn, Node::Forward, Node::Flood, Node::VlanRewrite, Node::Tx, Node::Encap],
+        vec![
+            Node::Cache,
+            Node::Classify,
+            Node::PortSecurity,
+            Node::Learn,
+            Node::Forward,
+            Node::Flood,
+            Node::VlanRewrite,
+            Node::Tx,
+            Node::Encap
+        ],
         "{:?}",
         t.steps()
     );
-    assert!(t.steps().contains(&Step::Learn { bd: 0, mac: mac(1), outcome: Learned::New }), "{:?}", t.steps());
+    assert!(
+        t.steps().contains(&Step::Learn { bd: 0, mac: mac(1), outcome: Learned::New }),
+        "{:?}",
+        t.steps()
+    );
     assert!(t.steps().contains(&Step::Forward { mac: mac(30), found: None }));
     // The rendering names ports, bridges and peers.
     let (frame, steps) = t.render(&h.switch.snapshot());
     assert!(frame.contains("ipv4 10.1.0.1 > 10.1.0.30"), "{frame}");
     let text: Vec<String> = steps.iter().map(|(n, d)| format!("{n}: {d}")).collect();
     let text = text.join("\n");
-    for want in ["classify: untagged → bridge red", "to port t1: push tag 0x8100 vlan 10", "vxlan-encap: vni 5001 to vtep 192.0.2.2", "queued on port up"] {
+    for want in [
+        "classify: untagged → bridge red",
+        "to port t1: push tag 0x8100 vlan 10",
+        "vxlan-encap: vni 5001 to vtep 192.0.2.2",
+        "queued on port up",
+    ] {
         assert!(text.contains(want), "{want:?} in\n{text}");
     }
     // One frame of the two asked for was traced: the request stays armed for the next.
@@ -108,7 +132,12 @@ fn a_traced_frame_names_every_node_it_passed_and_is_still_forwarded() {
     h.step();
     let t = h.switch.traces();
     assert_eq!(t.len(), 1);
-    assert!(t[0].steps().contains(&Step::Forward { mac: mac(2), found: Some(Dest::Port(pid(&h, "a2"))) }), "{:?}", t[0].steps());
+    assert!(
+        t[0].steps()
+            .contains(&Step::Forward { mac: mac(2), found: Some(Dest::Port(pid(&h, "a2"))) }),
+        "{:?}",
+        t[0].steps()
+    );
     assert_eq!(h.switch.tracing().remaining(), 0);
     assert_eq!(h.recv("a2").len(), 1);
 }
@@ -128,7 +157,12 @@ fn the_cache_decision_is_reported_and_not_filled_by_traced_frames() {
     h.step();
     assert_eq!(h.recv("a2").len(), 1);
     let t = h.switch.traces();
-    assert_eq!(t[0].steps()[0], Step::Cache { hit: Some((0, Dest::Port(pid(&h, "a2")))) }, "{:?}", t[0].steps());
+    assert_eq!(
+        t[0].steps()[0],
+        Step::Cache { hit: Some((0, Dest::Port(pid(&h, "a2")))) },
+        "{:?}",
+        t[0].steps()
+    );
     assert!(t[0].steps().contains(&Step::Learn { bd: 0, mac: mac(1), outcome: Learned::Fresh }));
     // A new flow, traced: a miss, and the cache stays without it.
     h.switch.trace("p1", 1).unwrap();
@@ -139,7 +173,11 @@ fn the_cache_decision_is_reported_and_not_filled_by_traced_frames() {
     h.switch.trace("p1", 1).unwrap();
     h.send("p1", &f);
     h.step();
-    assert_eq!(h.switch.traces()[0].steps()[0], Step::Cache { hit: None }, "a traced frame fills no cache entry");
+    assert_eq!(
+        h.switch.traces()[0].steps()[0],
+        Step::Cache { hit: None },
+        "a traced frame fills no cache entry"
+    );
 }
 
 #[test]
@@ -152,8 +190,14 @@ fn drops_are_traced_at_the_node_that_dropped() {
     let t = h.switch.traces();
     assert_eq!(t.len(), 2);
     assert_eq!(nodes(&t[0]), vec![Node::Cache, Node::Classify, Node::PortSecurity]);
-    assert_eq!(t[0].steps().last(), Some(&Step::Drop { reason: vswitch::DropReason::SecurityIp, port: pid(&h, "p1") }));
-    assert_eq!(t[1].steps().last(), Some(&Step::Drop { reason: vswitch::DropReason::TaggedOnAccess, port: pid(&h, "p1") }));
+    assert_eq!(
+        t[0].steps().last(),
+        Some(&Step::Drop { reason: vswitch::DropReason::SecurityIp, port: pid(&h, "p1") })
+    );
+    assert_eq!(
+        t[1].steps().last(),
+        Some(&Step::Drop { reason: vswitch::DropReason::TaggedOnAccess, port: pid(&h, "p1") })
+    );
     assert_eq!(Node::dropping(vswitch::DropReason::TaggedOnAccess), Node::Classify);
     assert!(h.recv_all().values().all(Vec::is_empty));
 }
@@ -171,15 +215,28 @@ fn eth(dst: u32, src: u32) -> String {
 fn a_synthetic_encapsulation_learns_nothing_and_sends_nothing() {
     let mut h = setup(false);
     let fdb_before = h.switch.fdb().len();
-    let t = synthetic(&h, "p1", &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp(src=5000,dst=53)", eth(REMOTE_POD, 1)));
+    let t = synthetic(
+        &h,
+        "p1",
+        &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp(src=5000,dst=53)", eth(REMOTE_POD, 1)),
+    );
     assert!(t.dry);
-    assert_eq!(nodes(&t), vec![Node::Classify, Node::PortSecurity, Node::Learn, Node::Forward, Node::Encap, Node::Tx], "{:?}", t.steps());
+    assert_eq!(
+        nodes(&t),
+        vec![Node::Classify, Node::PortSecurity, Node::Learn, Node::Forward, Node::Encap, Node::Tx],
+        "{:?}",
+        t.steps()
+    );
     assert!(t.steps().contains(&Step::Learn { bd: 0, mac: mac(1), outcome: Learned::WouldLearn }));
     assert!(t.steps().contains(&Step::Tx { port: pid(&h, "up"), first: false, sent: false }));
     h.step();
     assert!(h.recv_all().values().all(Vec::is_empty), "nothing is sent");
     assert_eq!(h.switch.fdb().len(), fdb_before, "nothing is learned");
-    assert_eq!(h.stats().ports.iter().map(|p| p.rx_packets + p.tx_packets).sum::<u64>(), 0, "the switch's counters do not count it");
+    assert_eq!(
+        h.stats().ports.iter().map(|p| p.rx_packets + p.tx_packets).sum::<u64>(),
+        0,
+        "the switch's counters do not count it"
+    );
 }
 
 #[test]
@@ -189,20 +246,48 @@ fn a_synthetic_decapsulation_and_a_trunk_frame() {
     h.send("p1", &udp(2, 1, ip(1), ip(2)));
     h.step();
     h.recv_all();
-    let outer = format!("{} ipv4(src={PEER},dst={LOCAL}) udp(src=50000,dst=4789) vxlan(vni=5001)", eth(UP_MAC, PEER_MAC));
-    let t = synthetic(&h, "up", &format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)));
-    assert_eq!(nodes(&t), vec![Node::Decap, Node::Learn, Node::Forward, Node::VlanRewrite, Node::Tx], "{:?}", t.steps());
+    let outer = format!(
+        "{} ipv4(src={PEER},dst={LOCAL}) udp(src=50000,dst=4789) vxlan(vni=5001)",
+        eth(UP_MAC, PEER_MAC)
+    );
+    let t = synthetic(
+        &h,
+        "up",
+        &format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)),
+    );
+    assert_eq!(
+        nodes(&t),
+        vec![Node::Decap, Node::Learn, Node::Forward, Node::VlanRewrite, Node::Tx],
+        "{:?}",
+        t.steps()
+    );
     let (frame, steps) = t.render(&h.switch.snapshot());
     assert!(frame.contains("vxlan vni 5001 ["), "{frame}");
     assert!(steps.iter().any(|(n, d)| *n == "vxlan-decap" && d.contains("vtep 192.0.2.2 vni 5001 → bridge red")), "{steps:?}");
     // An unknown VNI is dropped by the decapsulation.
     let outer_bad = outer.replace("vni=5001", "vni=77");
-    let t = synthetic(&h, "up", &format!("{outer_bad} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)));
-    assert_eq!(t.steps(), &[Step::Drop { reason: vswitch::DropReason::VxlanUnknownVni, port: pid(&h, "up") }]);
+    let t = synthetic(
+        &h,
+        "up",
+        &format!("{outer_bad} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)),
+    );
+    assert_eq!(
+        t.steps(),
+        &[Step::Drop { reason: vswitch::DropReason::VxlanUnknownVni, port: pid(&h, "up") }]
+    );
     // A trunk's tagged frame to p1: the tag is popped on the way out.
-    let t = synthetic(&h, "t1", &format!("{} vlan(vid=10,pcp=3) ipv4(src=10.1.0.5,dst=10.1.0.1) tcp(dst=22)", eth(1, 5)));
+    let t = synthetic(
+        &h,
+        "t1",
+        &format!("{} vlan(vid=10,pcp=3) ipv4(src=10.1.0.5,dst=10.1.0.1) tcp(dst=22)", eth(1, 5)),
+    );
     assert!(t.steps().contains(&Step::Classify { bd: 0, vid: 10, pcp: 3 }), "{:?}", t.steps());
-    assert!(t.steps().contains(&Step::VlanRewrite { port: pid(&h, "p1"), op: vswitch::trace::Retag::Pop }), "{:?}", t.steps());
+    assert!(
+        t.steps()
+            .contains(&Step::VlanRewrite { port: pid(&h, "p1"), op: vswitch::trace::Retag::Pop }),
+        "{:?}",
+        t.steps()
+    );
     h.step();
     assert!(h.recv_all().values().all(Vec::is_empty));
 }
@@ -218,19 +303,46 @@ fn traces_together_cover_every_node() {
     h.step();
     note(&h.switch.traces()[0]);
     // ARP suppression.
-    let t = synthetic(&h, "p1", &format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa=10.1.0.1,tpa=10.1.0.9)", mac(1), mac(1)));
+    let t = synthetic(
+        &h,
+        "p1",
+        &format!(
+            "eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa=10.1.0.1,tpa=10.1.0.9)",
+            mac(1),
+            mac(1)
+        ),
+    );
     assert!(nodes(&t).contains(&Node::Suppress), "{:?}", t.steps());
     note(&t);
     // The VTEP's address asked for on the underlay: answered.
-    let t = synthetic(&h, "up", &format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa={PEER},tpa={LOCAL})", mac(PEER_MAC), mac(PEER_MAC)));
+    let t = synthetic(
+        &h,
+        "up",
+        &format!(
+            "eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa={PEER},tpa={LOCAL})",
+            mac(PEER_MAC),
+            mac(PEER_MAC)
+        ),
+    );
     assert_eq!(nodes(&t), vec![Node::Vtep, Node::Tx], "{:?}", t.steps());
     note(&t);
     // Decapsulation.
-    let outer = format!("{} ipv4(src={PEER},dst={LOCAL}) udp(dst=4789) vxlan(vni=5001)", eth(UP_MAC, PEER_MAC));
-    note(&synthetic(&h, "up", &format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD))));
+    let outer = format!(
+        "{} ipv4(src={PEER},dst={LOCAL}) udp(dst=4789) vxlan(vni=5001)",
+        eth(UP_MAC, PEER_MAC)
+    );
+    note(&synthetic(
+        &h,
+        "up",
+        &format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)),
+    ));
     // A peer whose next hop is not resolved yet: the frame would wait.
     let h = setup(true);
-    let t = synthetic(&h, "p1", &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp()", eth(REMOTE_POD, 1)));
+    let t = synthetic(
+        &h,
+        "p1",
+        &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp()", eth(REMOTE_POD, 1)),
+    );
     has(&t, &[Node::Forward, Node::NeighborHold]);
     note(&t);
     let all: BTreeSet<&str> = Node::ALL.iter().map(|n| n.name()).collect();
@@ -243,7 +355,11 @@ const TAKEN_ELSEWHERE: &[(Node, Next, &str)] = &[
     (Node::Suppress, Next::Drop, "a race: counted as no_egress"),
     // A parked frame goes back to encapsulation, or is dropped, on a later burst.
     (Node::NeighborHold, Next::Node(Node::Encap), "tests/neighbor.rs"),
-    (Node::NeighborHold, Next::Drop, "tests/neighbor.rs (neighbor_queue_full, neighbor_unresolved)"),
+    (
+        Node::NeighborHold,
+        Next::Drop,
+        "tests/neighbor.rs (neighbor_queue_full, neighbor_unresolved)",
+    ),
     // No buffer left for a copy.
     (Node::Flood, Next::Drop, "tests/l2.rs pool_exhaustion_during_flooding_is_counted_not_fatal"),
     // Every port here has one MTU.
@@ -278,15 +394,37 @@ fn traces_take_every_edge_of_the_node_graph_and_no_other() {
     }
     h.step();
     h.recv_all();
-    traces.extend(live(&mut h, "p1", &[udp(2, 1, ip(1), ip(2)), udp(REMOTE_POD, 1, ip(1), ip(7)), udp(2, 1, ip(66), ip(2))]));
-    traces.extend(live(&mut h, "t1", &[frames::tagged(mac(1), mac(5), 0x8100, 10, 0x0800, &[0; 46]), frames::tagged(mac(1), mac(5), 0x8100, 99, 0x0800, &[0; 46])]));
+    traces.extend(live(
+        &mut h,
+        "p1",
+        &[udp(2, 1, ip(1), ip(2)), udp(REMOTE_POD, 1, ip(1), ip(7)), udp(2, 1, ip(66), ip(2))],
+    ));
+    traces.extend(live(
+        &mut h,
+        "t1",
+        &[
+            frames::tagged(mac(1), mac(5), 0x8100, 10, 0x0800, &[0; 46]),
+            frames::tagged(mac(1), mac(5), 0x8100, 99, 0x0800, &[0; 46]),
+        ],
+    ));
     traces.extend(live(&mut h, "a2", &[udp(2, 2, ip(2), ip(2))]));
     // The underlay: a decapsulated frame, one dropped there, the VTEP's address asked for.
-    let outer = format!("{} ipv4(src={PEER},dst={LOCAL}) udp(dst=4789) vxlan(vni=5001)", eth(UP_MAC, PEER_MAC));
-    let arp_for_vtep = format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa={PEER},tpa={LOCAL})", mac(PEER_MAC), mac(PEER_MAC));
+    let outer = format!(
+        "{} ipv4(src={PEER},dst={LOCAL}) udp(dst=4789) vxlan(vni=5001)",
+        eth(UP_MAC, PEER_MAC)
+    );
+    let arp_for_vtep = format!(
+        "eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa={PEER},tpa={LOCAL})",
+        mac(PEER_MAC),
+        mac(PEER_MAC)
+    );
     let underlay: Vec<Vec<u8>> = [
         format!("{outer} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", eth(1, REMOTE_POD)),
-        format!("{} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()", outer.replace("vni=5001", "vni=77"), eth(1, REMOTE_POD)),
+        format!(
+            "{} {} ipv4(src=10.1.0.7,dst=10.1.0.1) icmp()",
+            outer.replace("vni=5001", "vni=77"),
+            eth(1, REMOTE_POD)
+        ),
         arp_for_vtep.clone(),
     ]
     .iter()
@@ -295,28 +433,64 @@ fn traces_take_every_edge_of_the_node_graph_and_no_other() {
     traces.extend(live(&mut h, "up", &underlay));
     traces.push(synthetic(&h, "up", &arp_for_vtep));
     // ARP suppression: answered to a local port and to the peer; not in the table.
-    let arp = |sha: u32, tpa: &str| format!("eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa=10.1.0.1,tpa={tpa})", mac(sha), mac(sha));
+    let arp = |sha: u32, tpa: &str| {
+        format!(
+            "eth(src={},dst=ff:ff:ff:ff:ff:ff) arp(op=request,sha={},spa=10.1.0.1,tpa={tpa})",
+            mac(sha),
+            mac(sha)
+        )
+    };
     traces.push(synthetic(&h, "p1", &arp(1, "10.1.0.9")));
     traces.push(synthetic(&h, "p1", &arp(1, "10.1.0.99")));
-    traces.push(synthetic(&h, "up", &format!("{outer} {}", arp(REMOTE_POD, "10.1.0.9").replace("spa=10.1.0.1", "spa=10.1.0.7"))));
+    traces.push(synthetic(
+        &h,
+        "up",
+        &format!("{outer} {}", arp(REMOTE_POD, "10.1.0.9").replace("spa=10.1.0.1", "spa=10.1.0.7")),
+    ));
     // Too big for the underlay once encapsulated.
-    traces.push(synthetic(&h, "t1", &format!("{} vlan(vid=10) ipv4(src=10.1.0.5,dst=10.1.0.7) udp() payload(len=1444)", eth(REMOTE_POD, 5))));
+    traces.push(synthetic(
+        &h,
+        "t1",
+        &format!(
+            "{} vlan(vid=10) ipv4(src=10.1.0.5,dst=10.1.0.7) udp() payload(len=1444)",
+            eth(REMOTE_POD, 5)
+        ),
+    ));
     // A bridge domain with one member: a flood with nowhere to go.
     let mut lone = Harness::new();
     lone.ring("x");
-    lone.apply(SwitchConfig { bridges: vec![BridgeConfig::new("lone")], ports: vec![PortConfig::access("x", "lone")], vtep: None }).unwrap();
+    lone.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("lone")],
+        ports: vec![PortConfig::access("x", "lone")],
+        vtep: None,
+    })
+    .unwrap();
     traces.push(lone.switch.trace_synthetic("x", &udp(30, 1, ip(1), ip(30))).unwrap());
     // A peer whose next hop is not resolved yet: the frame would wait.
     let h = setup(true);
-    traces.push(synthetic(&h, "p1", &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp()", eth(REMOTE_POD, 1))));
+    traces.push(synthetic(
+        &h,
+        "p1",
+        &format!("{} ipv4(src=10.1.0.1,dst=10.1.0.7) udp()", eth(REMOTE_POD, 1)),
+    ));
 
     let mut taken: BTreeSet<(Option<Node>, Next)> = BTreeSet::new();
     for t in &traces {
         for e in graph::edges_of(t) {
             match e {
-                (None, Next::Node(n)) => assert!(graph::ENTRIES.contains(&n), "{} entered at, not an entry: {:?}", n.name(), t.steps()),
+                (None, Next::Node(n)) => assert!(
+                    graph::ENTRIES.contains(&n),
+                    "{} entered at, not an entry: {:?}",
+                    n.name(),
+                    t.steps()
+                ),
                 (None, Next::Drop) => panic!("a drop before any node: {:?}", t.steps()),
-                (Some(from), to) => assert!(from.next_index(to).is_some(), "{} → {to:?} is not in the graph: {:?}", from.name(), t.steps()),
+                (Some(from), to) => assert!(
+                    from.next_index(to).is_some(),
+                    "{} → {to:?} is not in the graph: {:?}",
+                    from.name(),
+                    t.steps()
+                ),
             }
             taken.insert(e);
         }
@@ -324,7 +498,9 @@ fn traces_take_every_edge_of_the_node_graph_and_no_other() {
     let mut missing = Vec::new();
     for n in Node::ALL {
         for x in n.nexts() {
-            if !taken.contains(&(Some(*n), *x)) && !TAKEN_ELSEWHERE.iter().any(|(a, b, _)| a == n && b == x) {
+            if !taken.contains(&(Some(*n), *x))
+                && !TAKEN_ELSEWHERE.iter().any(|(a, b, _)| a == n && b == x)
+            {
                 missing.push(format!("{} → {x:?}", n.name()));
             }
         }

@@ -51,7 +51,11 @@ fn access_to_trunk_pushes_and_trunk_to_access_pops() {
 #[test]
 fn trunk_to_trunk_keeps_tag_and_priority() {
     let mut h = setup(None, 0x8100);
-    let f = frames::add_tag(&frames::udp4(mac(9), mac(3), ip(3), ip(9), 1, 2, 64), 0x8100, 0xa000 | 200);
+    let f = frames::add_tag(
+        &frames::udp4(mac(9), mac(3), ip(3), ip(9), 1, 2, 64),
+        0x8100,
+        0xa000 | 200,
+    );
     h.send("t", &f);
     h.step();
     let out = h.recv_all();
@@ -85,8 +89,12 @@ fn refused_tags_are_counted() {
     h.step();
     assert!(h.recv_all().values().all(Vec::is_empty));
     let s = h.stats();
-    for r in [DropReason::VlanNotAllowed, DropReason::UntaggedNotAllowed, DropReason::TaggedOnAccess, DropReason::WrongTpid]
-    {
+    for r in [
+        DropReason::VlanNotAllowed,
+        DropReason::UntaggedNotAllowed,
+        DropReason::TaggedOnAccess,
+        DropReason::WrongTpid,
+    ] {
         assert_eq!(s.drop(r), 1, "{r:?}");
     }
 }
@@ -98,7 +106,11 @@ fn priority_tagged_frames_count_as_untagged() {
     h.send("a100", &frames::add_tag(&f, 0x8100, 0x6000));
     h.step();
     let out = h.recv_all();
-    assert_eq!(out["t"], vec![frames::add_tag(&f, 0x8100, 0x6000 | 100)], "PCP carried into the new tag");
+    assert_eq!(
+        out["t"],
+        vec![frames::add_tag(&f, 0x8100, 0x6000 | 100)],
+        "PCP carried into the new tag"
+    );
 }
 
 #[test]

@@ -39,19 +39,15 @@ fn setup_with(local: IpAddr, peers: [IpAddr; 2], mtu: u16, opts: SwitchOptions) 
     a2.mtu = 9000;
     let mut t = PortConfig::trunk("t", &[100], None);
     t.mtu = 9000;
-    let vtep = VtepConfig::new(local, "up").peer(peers[0], mac(PEER_MAC)).peer(peers[1], mac(PEER_MAC + 1));
+    let vtep = VtepConfig::new(local, "up")
+        .peer(peers[0], mac(PEER_MAC))
+        .peer(peers[1], mac(PEER_MAC + 1));
     h.apply(SwitchConfig {
         bridges: vec![
             BridgeConfig::new("red").vlan(100).vni(5001).flood(&peers),
             BridgeConfig::new("blue").vni(5002).flood(&peers[1..]),
         ],
-        ports: vec![
-            a1,
-            a2,
-            PortConfig::access("b1", "blue"),
-            t,
-            up,
-        ],
+        ports: vec![a1, a2, PortConfig::access("b1", "blue"), t, up],
         vtep: Some(vtep),
     })
     .unwrap();
@@ -59,7 +55,15 @@ fn setup_with(local: IpAddr, peers: [IpAddr; 2], mtu: u16, opts: SwitchOptions) 
 }
 
 fn outer(local: IpAddr, peer: IpAddr, next_hop: MacAddr, sport: u16) -> Outer {
-    Outer { dst_mac: next_hop, src_mac: mac(UP_MAC), src: local, dst: peer, sport, dport: 4789, vlan: None }
+    Outer {
+        dst_mac: next_hop,
+        src_mac: mac(UP_MAC),
+        src: local,
+        dst: peer,
+        sport,
+        dport: 4789,
+        vlan: None,
+    }
 }
 
 fn sport_of(frame: &[u8], v4: bool) -> u16 {
@@ -77,10 +81,19 @@ fn encap_byte_exact(local: IpAddr, peers: [IpAddr; 2]) {
     for (i, f) in out.iter().enumerate() {
         let sport = sport_of(f, local.is_ipv4());
         assert!(sport >= 49152, "source port {sport} in the dynamic range");
-        let want = frames::vxlan(&outer(local, peers[i], mac(PEER_MAC + i as u32), sport), 5001, &inner, false);
+        let want = frames::vxlan(
+            &outer(local, peers[i], mac(PEER_MAC + i as u32), sport),
+            5001,
+            &inner,
+            false,
+        );
         assert_eq!(f, &want, "copy {i} byte-exact");
     }
-    assert_eq!(sport_of(&out[0], local.is_ipv4()), sport_of(&out[1], local.is_ipv4()), "one flow, one port");
+    assert_eq!(
+        sport_of(&out[0], local.is_ipv4()),
+        sport_of(&out[1], local.is_ipv4()),
+        "one flow, one port"
+    );
 }
 
 #[test]
@@ -90,7 +103,10 @@ fn encap_ipv4_byte_exact() {
 
 #[test]
 fn encap_ipv6_byte_exact_with_udp_checksum() {
-    encap_byte_exact("2001:db8::1".parse().unwrap(), ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()]);
+    encap_byte_exact(
+        "2001:db8::1".parse().unwrap(),
+        ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()],
+    );
 }
 
 #[test]
@@ -100,14 +116,23 @@ fn flows_spread_over_source_ports() {
         h.send("a1", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000 + i, 2000, 100));
     }
     h.step();
-    let ports: std::collections::BTreeSet<u16> = h.recv("up").iter().map(|f| sport_of(f, true)).collect();
+    let ports: std::collections::BTreeSet<u16> =
+        h.recv("up").iter().map(|f| sport_of(f, true)).collect();
     assert!(ports.len() > 32, "64 flows use many source ports, got {}", ports.len());
 }
 
 fn decap(local: IpAddr, peers: [IpAddr; 2]) {
     let mut h = setup(local, peers, 1500);
     let inner = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peers[0],
+        dst: local,
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     h.send("up", &frames::vxlan(&o, 5001, &inner, false));
     h.step();
     let out = h.recv_all();
@@ -137,7 +162,10 @@ fn decap_ipv4_learns_and_obeys_split_horizon() {
 
 #[test]
 fn decap_ipv6() {
-    decap("2001:db8::1".parse().unwrap(), ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()]);
+    decap(
+        "2001:db8::1".parse().unwrap(),
+        ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()],
+    );
 }
 
 #[test]
@@ -154,27 +182,54 @@ fn decap_refuses_what_it_must() {
         vlan: None,
     };
     let cases: Vec<(Vec<u8>, DropReason)> = vec![
-        (frames::vxlan(&o(peer4(9), local4(), 4789), 5001, &inner, false), DropReason::VxlanUnknownVtep),
+        (
+            frames::vxlan(&o(peer4(9), local4(), 4789), 5001, &inner, false),
+            DropReason::VxlanUnknownVtep,
+        ),
         // .2 is a peer, but not in blue's flood list.
-        (frames::vxlan(&o(peer4(2), local4(), 4789), 5002, &inner, false), DropReason::VxlanUnknownVtep),
-        (frames::vxlan(&o(peer4(2), local4(), 4789), 7777, &inner, false), DropReason::VxlanUnknownVni),
-        (frames::vxlan(&o(peer4(2), peer4(50), 4789), 5001, &inner, false), DropReason::UnderlayNotVxlan),
-        (frames::vxlan(&o(peer4(2), local4(), 4790), 5001, &inner, false), DropReason::UnderlayNotVxlan),
-        ({
-            let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
-            f[14 + 28] = 0; // VXLAN flags without I
-            f
-        }, DropReason::VxlanBadFlags),
-        ({
-            let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
-            f[14 + 8] ^= 1; // TTL changed, checksum not
-            f
-        }, DropReason::VxlanBadChecksum),
-        ({
-            let f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
-            f[..60].to_vec()
-        }, DropReason::VxlanMalformed),
-        (frames::udp4(mac(UP_MAC), mac(PEER_MAC), ip(1), ip(2), 1, 2, 64), DropReason::UnderlayNotVxlan),
+        (
+            frames::vxlan(&o(peer4(2), local4(), 4789), 5002, &inner, false),
+            DropReason::VxlanUnknownVtep,
+        ),
+        (
+            frames::vxlan(&o(peer4(2), local4(), 4789), 7777, &inner, false),
+            DropReason::VxlanUnknownVni,
+        ),
+        (
+            frames::vxlan(&o(peer4(2), peer4(50), 4789), 5001, &inner, false),
+            DropReason::UnderlayNotVxlan,
+        ),
+        (
+            frames::vxlan(&o(peer4(2), local4(), 4790), 5001, &inner, false),
+            DropReason::UnderlayNotVxlan,
+        ),
+        (
+            {
+                let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+                f[14 + 28] = 0; // VXLAN flags without I
+                f
+            },
+            DropReason::VxlanBadFlags,
+        ),
+        (
+            {
+                let mut f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+                f[14 + 8] ^= 1; // TTL changed, checksum not
+                f
+            },
+            DropReason::VxlanBadChecksum,
+        ),
+        (
+            {
+                let f = frames::vxlan(&o(peer4(2), local4(), 4789), 5001, &inner, false);
+                f[..60].to_vec()
+            },
+            DropReason::VxlanMalformed,
+        ),
+        (
+            frames::udp4(mac(UP_MAC), mac(PEER_MAC), ip(1), ip(2), 1, 2, 64),
+            DropReason::UnderlayNotVxlan,
+        ),
     ];
     for (f, _) in &cases {
         h.send("up", f);
@@ -217,10 +272,23 @@ fn jumbo_frame_is_encapsulated_and_decapsulated_byte_exact() {
     assert_frames(&out["t"], &[frames::add_tag(&inner, 0x8100, 100)]);
     let up = &out["up"];
     assert_eq!(up.len(), 2);
-    let want = frames::vxlan(&outer(local4(), peer4(2), mac(PEER_MAC), sport_of(&up[0], true)), 5001, &inner, false);
+    let want = frames::vxlan(
+        &outer(local4(), peer4(2), mac(PEER_MAC), sport_of(&up[0], true)),
+        5001,
+        &inner,
+        false,
+    );
     assert_frames(&up[..1], &[want]);
     // And back in.
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peer4(2),
+        dst: local4(),
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 9000);
     h.send("up", &frames::vxlan(&o, 5001, &back, false));
     h.step();
@@ -243,8 +311,14 @@ fn two_switches_carry_two_vnis_in_isolation() {
                 BridgeConfig::new("red").vni(1).flood(&[peer4(other)]),
                 BridgeConfig::new("blue").vni(2).flood(&[peer4(other)]),
             ],
-            ports: vec![PortConfig::access("red", "red"), PortConfig::access("blue", "blue"), PortConfig::underlay("up")],
-            vtep: Some(VtepConfig::new(peer4(i), "up").peer(peer4(other), mac(0xa0 + other as u32))),
+            ports: vec![
+                PortConfig::access("red", "red"),
+                PortConfig::access("blue", "blue"),
+                PortConfig::underlay("up"),
+            ],
+            vtep: Some(
+                VtepConfig::new(peer4(i), "up").peer(peer4(other), mac(0xa0 + other as u32)),
+            ),
         })
         .unwrap();
         sw.push(h);
@@ -275,8 +349,19 @@ fn remote_learning_can_be_switched_off() {
     let mut cfg = h.switch.snapshot().config.clone();
     cfg.bridges[0].remote_learning = false;
     h.apply(cfg).unwrap();
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
-    h.send("up", &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80), false));
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peer4(2),
+        dst: local4(),
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
+    h.send(
+        "up",
+        &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80), false),
+    );
     h.step();
     h.recv_all();
     assert!(h.switch.fdb().dump().is_empty());
@@ -295,7 +380,14 @@ fn flood_reaches_access_trunk_and_vxlan_at_once_byte_exact() {
         let up = &out["up"];
         let sport = sport_of(&up[0], true);
         let want: Vec<Vec<u8>> = (0..2)
-            .map(|i| frames::vxlan(&outer(local4(), peer4(2 + i as u8), mac(PEER_MAC + i), sport), 5001, &f, false))
+            .map(|i| {
+                frames::vxlan(
+                    &outer(local4(), peer4(2 + i as u8), mac(PEER_MAC + i), sport),
+                    5001,
+                    &f,
+                    false,
+                )
+            })
             .collect();
         assert_frames(up, &want);
         assert!(out["a1"].is_empty() && out["b1"].is_empty());
@@ -325,7 +417,15 @@ fn ipv6_zero_checksum_and_tagged_underlay() {
     assert_frames(&out[..1], &[frames::vxlan(&o, 5001, &inner, true)]);
     // And a tagged underlay frame with a zero checksum decapsulates.
     let back = frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 80);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: Some(7) };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peers[0],
+        dst: local,
+        sport: 50000,
+        dport: 4789,
+        vlan: Some(7),
+    };
     h.send("up", &frames::vxlan(&o, 5001, &back, true));
     // A frame tagged for another underlay VLAN is not ours.
     let wrong = Outer { vlan: Some(8), ..o };
@@ -353,8 +453,19 @@ fn custom_udp_port_and_source_range() {
         assert!((40000..=40009).contains(&sport), "{sport}");
         assert_eq!(u16::from_be_bytes([f[36], f[37]]), 8472);
     }
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 1, dport: 4789, vlan: None };
-    h.send("up", &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 80), false));
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peer4(2),
+        dst: local4(),
+        sport: 1,
+        dport: 4789,
+        vlan: None,
+    };
+    h.send(
+        "up",
+        &frames::vxlan(&o, 5001, &frames::udp4(mac(1), mac(9), ip(9), ip(1), 1, 2, 80), false),
+    );
     h.step();
     assert!(h.recv("a1").is_empty(), "4789 is no longer ours");
 }
@@ -362,24 +473,46 @@ fn custom_udp_port_and_source_range() {
 #[test]
 fn vtep_answers_arp_and_nd_for_its_own_address() {
     let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
-    let req = frames::arp_request(mac(PEER_MAC), Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(198, 51, 100, 1));
+    let req = frames::arp_request(
+        mac(PEER_MAC),
+        Ipv4Addr::new(198, 51, 100, 2),
+        Ipv4Addr::new(198, 51, 100, 1),
+    );
     h.send("up", &req);
-    let other = frames::arp_request(mac(PEER_MAC), Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(198, 51, 100, 9));
+    let other = frames::arp_request(
+        mac(PEER_MAC),
+        Ipv4Addr::new(198, 51, 100, 2),
+        Ipv4Addr::new(198, 51, 100, 9),
+    );
     h.send("up", &other);
     h.step();
-    let want = frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
+    let want = frames::arp_reply(
+        mac(PEER_MAC),
+        mac(UP_MAC),
+        Ipv4Addr::new(198, 51, 100, 1),
+        Ipv4Addr::new(198, 51, 100, 2),
+    );
     assert_frames(&h.recv("up"), &[want]);
     assert_eq!(h.stats().event(Event::VtepAnswered), 1);
-    assert_eq!(h.stats().drop(DropReason::UnderlayNotVxlan), 1, "someone else's address: not ours to answer");
+    assert_eq!(
+        h.stats().drop(DropReason::UnderlayNotVxlan),
+        1,
+        "someone else's address: not ours to answer"
+    );
     // ICMP echo to the VTEP address is answered too.
     let (vt, pe) = (Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
     h.send("up", &frames::icmp_echo(mac(UP_MAC), mac(PEER_MAC), pe, vt, false, 61));
     h.step();
-    assert_frames(&h.recv("up"), &[frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), vt, pe, true, 64)]);
+    assert_frames(
+        &h.recv("up"),
+        &[frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), vt, pe, true, 64)],
+    );
 
     let local6: IpAddr = "2001:db8::1".parse().unwrap();
-    let mut h = setup(local6, ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()], 1500);
-    let (me, them): (std::net::Ipv6Addr, std::net::Ipv6Addr) = ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
+    let mut h =
+        setup(local6, ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()], 1500);
+    let (me, them): (std::net::Ipv6Addr, std::net::Ipv6Addr) =
+        ("2001:db8::1".parse().unwrap(), "2001:db8::2".parse().unwrap());
     h.send("up", &frames::ns(mac(PEER_MAC), them, me));
     h.step();
     assert_frames(&h.recv("up"), &[frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)]);
@@ -393,13 +526,24 @@ fn vtep_answers_arp_and_nd_for_its_own_address() {
 fn cached_vxlan_flows_both_ways() {
     let (local, peers) = (local4(), [peer4(2), peer4(3)]);
     let mut h = setup(local, peers, 1500);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peers[0],
+        dst: local,
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
     let to_t = frames::udp4(mac(9), mac(7), ip(7), ip(9), 1, 2, 80);
     let from_a1 = frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80);
     // Learn mac(1) on a1, mac(9) on t and mac(7) behind peer 0.
     h.send("a1", &from_a1);
-    h.send("t", &frames::add_tag(&frames::udp4(mac(7), mac(9), ip(9), ip(7), 2, 1, 80), 0x8100, 100));
+    h.send(
+        "t",
+        &frames::add_tag(&frames::udp4(mac(7), mac(9), ip(9), ip(7), 2, 1, 80), 0x8100, 100),
+    );
     h.send("up", &frames::vxlan(&o, 5001, &to_a1, false));
     h.step();
     h.recv_all();
@@ -419,7 +563,10 @@ fn cached_vxlan_flows_both_ways() {
     for f in &out["up"] {
         assert_eq!(f, &want);
     }
-    assert!(h.stats().event(Event::CacheHits) - before >= 6, "both directions hit after the first round");
+    assert!(
+        h.stats().event(Event::CacheHits) - before >= 6,
+        "both directions hit after the first round"
+    );
     // A corrupted outer checksum on a cached flow is still dropped.
     let mut bad = frames::vxlan(&o, 5001, &to_a1, false);
     bad[24] ^= 0xff;
@@ -435,7 +582,15 @@ fn cached_vxlan_flows_both_ways() {
 fn flow_from_peer_to_a1(opts: SwitchOptions, warmup: usize) -> (Harness, Outer, Vec<u8>) {
     let (local, peers) = (local4(), [peer4(2), peer4(3)]);
     let mut h = setup_with(local, peers, 1500, opts);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peers[0], dst: local, sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peers[0],
+        dst: local,
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
     h.send("a1", &frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80));
     for _ in 0..warmup {
@@ -509,7 +664,11 @@ proptest::proptest! {
 fn vtep_answers_on_a_tagged_underlay() {
     let tagged = |vlan: u16, f: &[u8]| frames::add_tag(f, 0x8100, vlan);
     for local in [local4(), "2001:db8::1".parse().unwrap()] {
-        let peers: [IpAddr; 2] = if local.is_ipv4() { [peer4(2), peer4(3)] } else { ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()] };
+        let peers: [IpAddr; 2] = if local.is_ipv4() {
+            [peer4(2), peer4(3)]
+        } else {
+            ["2001:db8::2".parse().unwrap(), "2001:db8::3".parse().unwrap()]
+        };
         let mut h = setup(local, peers, 1500);
         let mut cfg = h.switch.snapshot().config.clone();
         cfg.vtep.as_mut().unwrap().underlay_vlan = Some(7);
@@ -518,13 +677,22 @@ fn vtep_answers_on_a_tagged_underlay() {
             IpAddr::V4(me) => {
                 let them = Ipv4Addr::new(198, 51, 100, 2);
                 (
-                    vec![frames::arp_request(mac(PEER_MAC), them, me), frames::icmp_echo(mac(UP_MAC), mac(PEER_MAC), them, me, false, 61)],
-                    vec![frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), me, them), frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), me, them, true, 64)],
+                    vec![
+                        frames::arp_request(mac(PEER_MAC), them, me),
+                        frames::icmp_echo(mac(UP_MAC), mac(PEER_MAC), them, me, false, 61),
+                    ],
+                    vec![
+                        frames::arp_reply(mac(PEER_MAC), mac(UP_MAC), me, them),
+                        frames::icmp_echo(mac(PEER_MAC), mac(UP_MAC), me, them, true, 64),
+                    ],
                 )
             }
             IpAddr::V6(me) => {
                 let them: std::net::Ipv6Addr = "2001:db8::2".parse().unwrap();
-                (vec![frames::ns(mac(PEER_MAC), them, me)], vec![frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)])
+                (
+                    vec![frames::ns(mac(PEER_MAC), them, me)],
+                    vec![frames::na(mac(UP_MAC), me, me, mac(PEER_MAC), them)],
+                )
             }
         };
         for (ask, want) in asks.iter().zip(&answer) {
@@ -545,7 +713,15 @@ fn vtep_answers_on_a_tagged_underlay() {
 #[test]
 fn decap_refuses_a_foreign_destination_mac() {
     let mut h = setup(local4(), [peer4(2), peer4(3)], 1500);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: peer4(2), dst: local4(), sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: peer4(2),
+        dst: local4(),
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     let foreign = Outer { dst_mac: mac(0x77), ..o };
     // a1 is known (mac 1); the remote pod's flow to it is one inner frame, again and again.
     h.send("a1", &frames::udp4(mac(9), mac(1), ip(1), ip(9), 2, 1, 64));
@@ -571,7 +747,12 @@ fn decap_refuses_a_foreign_destination_mac() {
     h.send("up", &frames::vxlan(&Outer { dst_mac: MacAddr::BROADCAST, ..o }, 5001, &inner, false));
     h.step();
     assert_eq!(h.recv("a1"), vec![inner]);
-    assert_eq!(h.stats().drop(DropReason::UnderlayForeignMac), 4, "{:?}", h.stats().nonzero_drops());
+    assert_eq!(
+        h.stats().drop(DropReason::UnderlayForeignMac),
+        4,
+        "{:?}",
+        h.stats().nonzero_drops()
+    );
     h.flush_caches();
 }
 
@@ -595,13 +776,25 @@ fn ten_thousand_peers_are_served_and_one_too_many_refused() {
             vtep: Some(vtep),
         }
     };
-    let mut h = Harness::with_pool(Pool::new(16384, false).expect("buffer pool"), SwitchOptions::default());
+    let mut h =
+        Harness::with_pool(Pool::new(16384, false).expect("buffer pool"), SwitchOptions::default());
     h.ring("a1").ring_with_mac("up", Some(mac(UP_MAC)));
     let too_many = vswitch::snapshot::MAX_PEERS as u32 + 1;
-    assert_eq!(h.apply(config(too_many)).unwrap_err().to_string(), format!("too many VTEP peers (at most {})", too_many - 1));
+    assert_eq!(
+        h.apply(config(too_many)).unwrap_err().to_string(),
+        format!("too many VTEP peers (at most {})", too_many - 1)
+    );
     h.apply(config(10_000)).unwrap();
     let far = peer(10_000);
-    let o = Outer { dst_mac: mac(UP_MAC), src_mac: mac(PEER_MAC), src: far, dst: local, sport: 50000, dport: 4789, vlan: None };
+    let o = Outer {
+        dst_mac: mac(UP_MAC),
+        src_mac: mac(PEER_MAC),
+        src: far,
+        dst: local,
+        sport: 50000,
+        dport: 4789,
+        vlan: None,
+    };
     let to_a1 = frames::udp4(mac(1), mac(7), ip(7), ip(1), 1, 2, 80);
     let from_a1 = frames::udp4(mac(7), mac(1), ip(1), ip(7), 2, 1, 80);
     for round in 0..4 {
@@ -609,9 +802,17 @@ fn ten_thousand_peers_are_served_and_one_too_many_refused() {
         h.send("a1", &from_a1);
         h.step();
         let out = h.recv_all();
-        assert_eq!(out["a1"], vec![to_a1.clone()], "round {round}: decapsulated from the 10 000th peer");
+        assert_eq!(
+            out["a1"],
+            vec![to_a1.clone()],
+            "round {round}: decapsulated from the 10 000th peer"
+        );
         assert_eq!(out["up"].len(), 1, "round {round}");
         let sport = sport_of(&out["up"][0], true);
-        assert_eq!(out["up"][0], frames::vxlan(&outer(local, far, mac(PEER_MAC), sport), 5001, &from_a1, false), "round {round}");
+        assert_eq!(
+            out["up"][0],
+            frames::vxlan(&outer(local, far, mac(PEER_MAC), sport), 5001, &from_a1, false),
+            "round {round}"
+        );
     }
 }

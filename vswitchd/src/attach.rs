@@ -12,12 +12,12 @@
 
 use crate::grpc::{blocking, status as node_status};
 use crate::handoff::{self, Layout};
+use crate::manager::Manager;
 use crate::node::Node;
 use crate::plumb::{self, Plan};
-use crate::state::{Device, Owner, PortSpec};
 use crate::records::{Address, Key, PodVolume, Record, Route, VhostHandoff};
+use crate::state::{Device, Owner, PortSpec};
 use crate::vf::{VfError, Vfs};
-use crate::manager::Manager;
 use knitter_api::manager as mpb;
 use knitter_api::node as pb;
 use std::net::IpAddr;
@@ -42,7 +42,9 @@ impl Record {
 
     /// The vhost-user files of this attachment, if it is one.
     fn layout(&self) -> Option<Layout> {
-        self.vhost.as_ref().and_then(|v| handoff::layout(v.place(&self.container_id), &self.ifname).ok())
+        self.vhost
+            .as_ref()
+            .and_then(|v| handoff::layout(v.place(&self.container_id), &self.ifname).ok())
     }
 
     fn to_pb(&self, problems: Vec<String>, connected: bool) -> pb::Attachment {
@@ -56,13 +58,31 @@ impl Record {
             pod_name: self.pod_name.clone(),
             mac: plumb::mac_text(self.mac),
             mtu: self.mtu,
-            ips: self.addresses.iter().map(|a| pb::IpConfig { address: format!("{}/{}", a.ip, a.prefix), gateway: a.gateway.map(|g| g.to_string()) }).collect(),
-            routes: self.routes.iter().map(|r| pb::RouteConfig { dst: format!("{}/{}", r.dst, r.prefix), gateway: r.gateway.map(|g| g.to_string()) }).collect(),
+            ips: self
+                .addresses
+                .iter()
+                .map(|a| pb::IpConfig {
+                    address: format!("{}/{}", a.ip, a.prefix),
+                    gateway: a.gateway.map(|g| g.to_string()),
+                })
+                .collect(),
+            routes: self
+                .routes
+                .iter()
+                .map(|r| pb::RouteConfig {
+                    dst: format!("{}/{}", r.dst, r.prefix),
+                    gateway: r.gateway.map(|g| g.to_string()),
+                })
+                .collect(),
             host_ifname: self.host_ifname.clone(),
             network_kind: self.network_kind.clone(),
             segment: self.segment,
             problems,
-            socket_path: self.vhost.as_ref().and_then(|v| v.path_in_pod(&self.container_id, &self.ifname)).unwrap_or_default(),
+            socket_path: self
+                .vhost
+                .as_ref()
+                .and_then(|v| v.path_in_pod(&self.container_id, &self.ifname))
+                .unwrap_or_default(),
             switch_listens: self.vhost.as_ref().is_some_and(|v| v.switch_listens),
             connected,
             pci_id: self.vf.as_ref().map(|v| v.pci.clone()).unwrap_or_default(),
@@ -78,7 +98,6 @@ impl Record {
 fn host_name(k: &Key) -> String {
     knitter_api::names::short_name("kn", &[&k.container_id, &k.ifname])
 }
-
 
 /// The attach service over a node and, when configured, its manager.
 #[derive(Clone)]
@@ -97,27 +116,43 @@ const RELEASE_RETRY: Duration = Duration::from_secs(5);
 const JOIN_WAIT: Duration = Duration::from_secs(10);
 
 impl Attacher {
-    pub fn new(node: Arc<Node>, manager: Option<Manager>, vfs: Arc<Vfs>, kubelet_pods: std::path::PathBuf) -> Attacher {
+    pub fn new(
+        node: Arc<Node>,
+        manager: Option<Manager>,
+        vfs: Arc<Vfs>,
+        kubelet_pods: std::path::PathBuf,
+    ) -> Attacher {
         Attacher { node, manager, vfs, kubelet_pods }
     }
 
     /// Where a vhost-user attachment's hand-off goes: the pod's own volume when the request
     /// names one (with the pod's UID), else the shared directory.
-    fn vhost_handoff(&self, r: &pb::AttachRequest, v: &pb::VhostUserHandoff) -> Result<VhostHandoff, Status> {
+    fn vhost_handoff(
+        &self,
+        r: &pb::AttachRequest,
+        v: &pb::VhostUserHandoff,
+    ) -> Result<VhostHandoff, Status> {
         let volume = match v.pod_volume.as_str() {
             "" => None,
             name if r.pod_uid.is_empty() => {
-                return Err(Status::invalid_argument(format!("the vhost-user hand-off in volume {name:?} needs the pod's UID (K8S_POD_UID)")));
+                return Err(Status::invalid_argument(format!(
+                    "the vhost-user hand-off in volume {name:?} needs the pod's UID (K8S_POD_UID)"
+                )));
             }
             name => Some(PodVolume {
                 pods: self.kubelet_pods.clone(),
                 uid: r.pod_uid.clone(),
                 name: name.to_string(),
-                mount_path: if v.mount_path.is_empty() { handoff::DEFAULT_MOUNT_PATH.into() } else { v.mount_path.clone() },
+                mount_path: if v.mount_path.is_empty() {
+                    handoff::DEFAULT_MOUNT_PATH.into()
+                } else {
+                    v.mount_path.clone()
+                },
             }),
         };
         let h = VhostHandoff { dir: handoff_dir(v), switch_listens: v.switch_listens, volume };
-        handoff::layout(h.place(&r.container_id), &r.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        handoff::layout(h.place(&r.container_id), &r.ifname)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(h)
     }
 
@@ -133,11 +168,24 @@ impl Attacher {
         let key = Key { container_id: r.container_id.clone(), ifname: r.ifname.clone() };
         if let Some(have) = self.node.state().attachments.iter().find(|a| a.key() == key) {
             if have.network == r.network && have.netns == r.netns {
-                return Ok(have.to_pb(Vec::new(), self.node.vhost_connected(&have.host_ifname).unwrap_or(false)));
+                return Ok(have.to_pb(
+                    Vec::new(),
+                    self.node.vhost_connected(&have.host_ifname).unwrap_or(false),
+                ));
             }
-            return Err(Status::already_exists(format!("{}/{} is attached to network {} in {}", key.container_id, key.ifname, have.network, have.netns)));
+            return Err(Status::already_exists(format!(
+                "{}/{} is attached to network {} in {}",
+                key.container_id, key.ifname, have.network, have.netns
+            )));
         }
-        let mac_override = r.mac.as_deref().map(|m| m.parse::<MacAddr>().map_err(|_| Status::invalid_argument(format!("MAC {m:?} is malformed")))).transpose()?;
+        let mac_override = r
+            .mac
+            .as_deref()
+            .map(|m| {
+                m.parse::<MacAddr>()
+                    .map_err(|_| Status::invalid_argument(format!("MAC {m:?} is malformed")))
+            })
+            .transpose()?;
         let manager = self.manager()?;
         let link = manager.link();
         if link.join.is_some() {
@@ -148,7 +196,11 @@ impl Attacher {
             network: r.network.clone(),
             container: r.container_id.clone(),
             interface: r.ifname.clone(),
-            pod: if r.pod_namespace.is_empty() && r.pod_name.is_empty() { String::new() } else { format!("{}/{}", r.pod_namespace, r.pod_name) },
+            pod: if r.pod_namespace.is_empty() && r.pod_name.is_empty() {
+                String::new()
+            } else {
+                format!("{}/{}", r.pod_namespace, r.pod_name)
+            },
             node: link.node_name.clone(),
             ips: r.ips.clone(),
             ip_group: r.ip_group.clone(),
@@ -159,7 +211,9 @@ impl Attacher {
                     .vhost_handoff(&r, v)
                     .ok()
                     .and_then(|h| h.path_in_pod(&r.container_id, &r.ifname))
-                    .map(|path| knitter_api::device_info::vhost_user(&path, v.switch_listens).to_string()),
+                    .map(|path| {
+                        knitter_api::device_info::vhost_user(&path, v.switch_listens).to_string()
+                    }),
                 (None, Some(sriov)) => self.vfs.device_info(&sriov.device_id),
                 (None, None) => None,
             },
@@ -173,8 +227,16 @@ impl Attacher {
     }
 
     /// Everything after the manager's port: the bridge, the interface, the switch port.
-    async fn plumb_and_attach(&self, r: &pb::AttachRequest, key: &Key, port: &mpb::Port, mac: Option<MacAddr>) -> Result<pb::Attachment, Status> {
-        let bad = |what: &str, v: &str| Status::internal(format!("the manager sent a malformed {what} {v:?}"));
+    async fn plumb_and_attach(
+        &self,
+        r: &pb::AttachRequest,
+        key: &Key,
+        port: &mpb::Port,
+        mac: Option<MacAddr>,
+    ) -> Result<pb::Attachment, Status> {
+        let bad = |what: &str, v: &str| {
+            Status::internal(format!("the manager sent a malformed {what} {v:?}"))
+        };
         let mac = match mac {
             Some(m) => m,
             None => port.mac.parse::<MacAddr>().map_err(|_| bad("MAC", &port.mac))?,
@@ -182,14 +244,22 @@ impl Attacher {
         let mut addresses = Vec::new();
         for a in &port.addresses {
             let ip: IpAddr = a.address.parse().map_err(|_| bad("address", &a.address))?;
-            let gateway = a.gateway.as_deref().map(|g| g.parse::<IpAddr>().map_err(|_| bad("gateway", g))).transpose()?;
+            let gateway = a
+                .gateway
+                .as_deref()
+                .map(|g| g.parse::<IpAddr>().map_err(|_| bad("gateway", g)))
+                .transpose()?;
             addresses.push(Address { ip, prefix: a.prefix as u8, gateway });
         }
         let routes = if r.default_route {
             addresses
                 .iter()
                 .filter_map(|a| {
-                    let any = if a.ip.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
+                    let any = if a.ip.is_ipv4() {
+                        IpAddr::from([0u8; 4])
+                    } else {
+                        IpAddr::from([0u16; 8])
+                    };
                     a.gateway.map(|g| Route { dst: any, prefix: 0, gateway: Some(g) })
                 })
                 .collect()
@@ -217,7 +287,8 @@ impl Attacher {
         if let Some(sriov) = &r.sriov {
             return self.attach_vf(record, sriov, port).await;
         }
-        let bridge = crate::manager::bridge(&r.network, &port.kind, port.segment).map_err(|why| Status::internal(format!("the manager sent {why}")))?;
+        let bridge = crate::manager::bridge(&r.network, &port.kind, port.segment)
+            .map_err(|why| Status::internal(format!("the manager sent {why}")))?;
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
         let device = self.make_interface(&record, r.vhost_user.as_ref()).await?;
@@ -244,7 +315,12 @@ impl Attacher {
     /// to vfio-pci, left for its DPDK app); the record forgotten again when that fails.
     /// A VF the pod named itself is refused unless the network lets pods choose
     /// (`pod_chooses_vf`), and then it must be a free one of the network's pool.
-    async fn attach_vf(&self, mut record: Record, sriov: &pb::SriovRequest, port: &mpb::Port) -> Result<pb::Attachment, Status> {
+    async fn attach_vf(
+        &self,
+        mut record: Record,
+        sriov: &pb::SriovRequest,
+        port: &mpb::Port,
+    ) -> Result<pb::Attachment, Status> {
         if record.network_kind != "vlan" {
             return Err(Status::failed_precondition(format!(
                 "network {} is a {} network: an SR-IOV VF reaches only VLAN networks (its PF tags the VF's frames on the wire); attach it as a veth or vhost-user interface",
@@ -259,18 +335,26 @@ impl Attacher {
             )));
         }
         let (device_id, pool) = (sriov.device_id.as_str(), port.sriov_pool.clone());
-        let vlan = u16::try_from(record.segment).map_err(|_| Status::internal(format!("the manager sent VLAN {}", record.segment)))?;
+        let vlan = u16::try_from(record.segment)
+            .map_err(|_| Status::internal(format!("the manager sent VLAN {}", record.segment)))?;
         record.host_ifname = String::new();
-        let (node, vfs, dev, rec) = (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
+        let (node, vfs, dev, rec) =
+            (self.node.clone(), self.vfs.clone(), device_id.to_string(), record.clone());
         let vf = blocking(move || {
-            vfs.choose_and_claim(&dev, pods_choice, pool.as_deref(), || node.held_vfs(), |vf| {
-                let mut r = rec;
-                r.vf = Some(vf.clone());
-                node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {
-                    crate::node::NodeError::VfHeld { pci, by } => VfError::Held { pci, by },
-                    other => VfError::Io(std::io::Error::other(other.to_string())),
-                })
-            })
+            vfs.choose_and_claim(
+                &dev,
+                pods_choice,
+                pool.as_deref(),
+                || node.held_vfs(),
+                |vf| {
+                    let mut r = rec;
+                    r.vf = Some(vf.clone());
+                    node.add_vf_attachment(r).map(|()| vf).map_err(|e| match e {
+                        crate::node::NodeError::VfHeld { pci, by } => VfError::Held { pci, by },
+                        other => VfError::Io(std::io::Error::other(other.to_string())),
+                    })
+                },
+            )
         })
         .await?
         .map_err(vf_status)?;
@@ -307,16 +391,29 @@ impl Attacher {
 
     /// The pod's side of an attachment: a veth plumbed into its namespace, or the vhost-user
     /// hand-off files; the switch's device for it.
-    async fn make_interface(&self, record: &Record, vhost: Option<&pb::VhostUserHandoff>) -> Result<Device, Status> {
+    async fn make_interface(
+        &self,
+        record: &Record,
+        vhost: Option<&pb::VhostUserHandoff>,
+    ) -> Result<Device, Status> {
         let Some(v) = vhost else {
             let plan = record.plan();
             blocking(move || plumb::plumb(&plan)).await?.map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists { Status::already_exists(e.to_string()) } else { Status::internal(format!("plumbing the pod's interface: {e}")) }
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Status::already_exists(e.to_string())
+                } else {
+                    Status::internal(format!("plumbing the pod's interface: {e}"))
+                }
             })?;
             return Ok(Device::AfXdp { ifname: record.host_ifname.clone(), netns: None });
         };
-        let place = record.vhost.as_ref().map(|h| h.place(&record.container_id)).ok_or_else(|| Status::internal("a vhost-user attachment without its hand-off"))?;
-        let layout = handoff::layout(place, &record.ifname).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let place = record
+            .vhost
+            .as_ref()
+            .map(|h| h.place(&record.container_id))
+            .ok_or_else(|| Status::internal("a vhost-user attachment without its hand-off"))?;
+        let layout = handoff::layout(place, &record.ifname)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let access = handoff::Access { mode: v.mode, owner: v.owner, group: v.group };
         let info = handoff::Info {
             interface: record.ifname.clone(),
@@ -325,24 +422,46 @@ impl Attacher {
             mac: plumb::mac_text(record.mac),
             mtu: record.mtu,
             ips: record.addresses.iter().map(|a| format!("{}/{}", a.ip, a.prefix)).collect(),
-            gateways: record.addresses.iter().filter_map(|a| a.gateway.map(|g| g.to_string())).collect(),
-            routes: record.routes.iter().map(|r| handoff::InfoRoute { dst: format!("{}/{}", r.dst, r.prefix), gw: r.gateway.map(|g| g.to_string()) }).collect(),
+            gateways: record
+                .addresses
+                .iter()
+                .filter_map(|a| a.gateway.map(|g| g.to_string()))
+                .collect(),
+            routes: record
+                .routes
+                .iter()
+                .map(|r| handoff::InfoRoute {
+                    dst: format!("{}/{}", r.dst, r.prefix),
+                    gw: r.gateway.map(|g| g.to_string()),
+                })
+                .collect(),
         };
         let l = layout.clone();
-        blocking(move || handoff::prepare(&l, access, &info)).await?.map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => Status::failed_precondition(format!("preparing the vhost-user hand-off: {e}")),
-            _ => Status::internal(format!("preparing the vhost-user hand-off: {e}")),
+        blocking(move || handoff::prepare(&l, access, &info)).await?.map_err(|e| {
+            match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => {
+                    Status::failed_precondition(format!("preparing the vhost-user hand-off: {e}"))
+                }
+                _ => Status::internal(format!("preparing the vhost-user hand-off: {e}")),
+            }
         })?;
         // A socket the switch listens on gets the same mode and owner as the directory.
         let socket_mode = v.mode.map(|m| m & 0o666);
-        Ok(Device::VhostUser { socket: layout.socket, client: !v.switch_listens, mode: socket_mode, owner: v.owner, group: v.group })
+        Ok(Device::VhostUser {
+            socket: layout.socket,
+            client: !v.switch_listens,
+            mode: socket_mode,
+            owner: v.owner,
+            group: v.group,
+        })
     }
 
     /// Undoes [`Attacher::make_interface`] or [`Attacher::attach_vf`] (nothing there: nothing
     /// done).
     async fn remove_interface(&self, record: &Record) -> Result<(), Status> {
         if let Some(vf) = record.vf.clone() {
-            let (vfs, netns, ifname) = (self.vfs.clone(), record.netns.clone(), record.ifname.clone());
+            let (vfs, netns, ifname) =
+                (self.vfs.clone(), record.netns.clone(), record.ifname.clone());
             let problems = blocking(move || vfs.take_back(&vf, &netns, &ifname)).await?;
             if !problems.is_empty() {
                 tracing::warn!(container = %record.container_id, ifname = %record.ifname, ?problems, "the VF was not all given back");
@@ -353,14 +472,18 @@ impl Attacher {
             return blocking(move || handoff::remove(&l)).await;
         }
         let host = record.host_ifname.clone();
-        blocking(move || plumb::unplumb(&host)).await?.map(drop).map_err(|e| Status::internal(format!("removing the pod's interface: {e}")))
+        blocking(move || plumb::unplumb(&host))
+            .await?
+            .map(drop)
+            .map_err(|e| Status::internal(format!("removing the pod's interface: {e}")))
     }
 
     /// Releases the key's port on the manager, or queues the release when it cannot be
     /// reached; says whether it was queued.
     async fn release(&self, key: &Key) -> bool {
         let Ok(manager) = self.manager() else { return false };
-        let msg = mpb::PortName { container: key.container_id.clone(), interface: key.ifname.clone() };
+        let msg =
+            mpb::PortName { container: key.container_id.clone(), interface: key.ifname.clone() };
         let done = match manager.delete_port(msg).await {
             Ok(()) => true,
             Err(s) => {
@@ -387,7 +510,14 @@ impl Attacher {
             return Err(Status::invalid_argument("container_id is required"));
         }
         let keys: Vec<Key> = match r.ifname.as_str() {
-            "" => self.node.state().attachments.iter().filter(|a| a.container_id == r.container_id).map(Record::key).collect(),
+            "" => self
+                .node
+                .state()
+                .attachments
+                .iter()
+                .filter(|a| a.container_id == r.container_id)
+                .map(Record::key)
+                .collect(),
             i => vec![Key { container_id: r.container_id.clone(), ifname: i.into() }],
         };
         let mut reply = pb::DetachReply::default();
@@ -410,7 +540,9 @@ impl Attacher {
             .state()
             .attachments
             .into_iter()
-            .filter(|a| a.container_id == r.container_id && (r.ifname.is_empty() || a.ifname == r.ifname))
+            .filter(|a| {
+                a.container_id == r.container_id && (r.ifname.is_empty() || a.ifname == r.ifname)
+            })
             .collect();
         let mut out = pb::PodNetwork::default();
         for rec in records {
@@ -419,7 +551,9 @@ impl Attacher {
                 blocking(move || {
                     let mut p = match (rec2.layout(), &rec2.vf) {
                         (Some(l), _) => handoff::verify(&l),
-                        (None, Some(vf)) if vf.netdev.is_some() => plumb::verify_in_pod(&rec2.plan()),
+                        (None, Some(vf)) if vf.netdev.is_some() => {
+                            plumb::verify_in_pod(&rec2.plan())
+                        }
                         (None, Some(_)) => Vec::new(),
                         (None, None) => plumb::verify(&rec2.plan()),
                     };
@@ -444,7 +578,12 @@ impl Attacher {
 
     pub fn node_networks(&self) -> pb::NodeNetworks {
         let state = self.node.state();
-        let mut names: Vec<String> = state.bridges.iter().filter(|b| b.owner == Owner::Manager).map(|b| b.item.name.clone()).collect();
+        let mut names: Vec<String> = state
+            .bridges
+            .iter()
+            .filter(|b| b.owner == Owner::Manager)
+            .map(|b| b.item.name.clone())
+            .collect();
         names.extend(state.attachments.iter().map(|a| a.network.clone()));
         names.sort();
         names.dedup();
@@ -460,23 +599,47 @@ impl Attacher {
     }
 
     pub async fn gc(&self, r: pb::GcRequest) -> Result<pb::GcReply, Status> {
-        let valid: Vec<Key> = r.valid.iter().map(|k| Key { container_id: k.container_id.clone(), ifname: k.ifname.clone() }).collect();
-        let stale: Vec<Key> = self.node.state().attachments.iter().filter(|a| a.cni_network == r.cni_network).map(Record::key).filter(|k| !valid.contains(k)).collect();
+        let valid: Vec<Key> = r
+            .valid
+            .iter()
+            .map(|k| Key { container_id: k.container_id.clone(), ifname: k.ifname.clone() })
+            .collect();
+        let stale: Vec<Key> = self
+            .node
+            .state()
+            .attachments
+            .iter()
+            .filter(|a| a.cni_network == r.cni_network)
+            .map(Record::key)
+            .filter(|k| !valid.contains(k))
+            .collect();
         let mut reply = pb::GcReply::default();
         for k in stale {
-            self.detach(pb::DetachRequest { container_id: k.container_id.clone(), ifname: k.ifname.clone() }).await?;
-            reply.removed.push(pb::AttachmentKey { container_id: k.container_id, ifname: k.ifname });
+            self.detach(pb::DetachRequest {
+                container_id: k.container_id.clone(),
+                ifname: k.ifname.clone(),
+            })
+            .await?;
+            reply
+                .removed
+                .push(pb::AttachmentKey { container_id: k.container_id, ifname: k.ifname });
         }
         Ok(reply)
     }
 
     pub async fn status(&self) -> pb::AttachStatus {
-        let mut s = pb::AttachStatus { switch_running: self.node.running(), manager_reachable: false, reason: String::new() };
+        let mut s = pb::AttachStatus {
+            switch_running: self.node.running(),
+            manager_reachable: false,
+            reason: String::new(),
+        };
         match self.manager() {
             Err(e) => s.reason = e.message().to_string(),
             Ok(m) => match m.reachable().await {
                 Ok(()) => s.manager_reachable = true,
-                Err(why) => s.reason = format!("the manager at {} is unreachable: {why}", m.link().address),
+                Err(why) => {
+                    s.reason = format!("the manager at {} is unreachable: {why}", m.link().address)
+                }
             },
         }
         if !s.switch_running {
@@ -491,7 +654,9 @@ impl Attacher {
             tokio::time::sleep(RELEASE_RETRY).await;
             for key in self.node.state().pending_releases {
                 let (node, k) = (self.node.clone(), key.clone());
-                let _ = blocking(move || node.edit_state(|s| s.pending_releases.retain(|p| *p != k))).await;
+                let _ =
+                    blocking(move || node.edit_state(|s| s.pending_releases.retain(|p| *p != k)))
+                        .await;
                 if !self.release(&key).await {
                     tracing::info!(container = %key.container_id, ifname = %key.ifname, "queued port release done");
                 }
@@ -502,27 +667,45 @@ impl Attacher {
 
 #[tonic::async_trait]
 impl pb::attach_server::Attach for Attacher {
-    async fn attach_interface(&self, r: Request<pb::AttachRequest>) -> Result<Response<pb::Attachment>, Status> {
+    async fn attach_interface(
+        &self,
+        r: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::Attachment>, Status> {
         self.attach(r.into_inner()).await.map(Response::new)
     }
 
-    async fn detach_interface(&self, r: Request<pb::DetachRequest>) -> Result<Response<pb::DetachReply>, Status> {
+    async fn detach_interface(
+        &self,
+        r: Request<pb::DetachRequest>,
+    ) -> Result<Response<pb::DetachReply>, Status> {
         self.detach(r.into_inner()).await.map(Response::new)
     }
 
-    async fn query_pod_network(&self, r: Request<pb::QueryPodRequest>) -> Result<Response<pb::PodNetwork>, Status> {
+    async fn query_pod_network(
+        &self,
+        r: Request<pb::QueryPodRequest>,
+    ) -> Result<Response<pb::PodNetwork>, Status> {
         self.query(r.into_inner()).await.map(Response::new)
     }
 
-    async fn query_node_networks(&self, _: Request<pb::QueryNodeNetworksRequest>) -> Result<Response<pb::NodeNetworks>, Status> {
+    async fn query_node_networks(
+        &self,
+        _: Request<pb::QueryNodeNetworksRequest>,
+    ) -> Result<Response<pb::NodeNetworks>, Status> {
         Ok(Response::new(self.node_networks()))
     }
 
-    async fn garbage_collect(&self, r: Request<pb::GcRequest>) -> Result<Response<pb::GcReply>, Status> {
+    async fn garbage_collect(
+        &self,
+        r: Request<pb::GcRequest>,
+    ) -> Result<Response<pb::GcReply>, Status> {
         self.gc(r.into_inner()).await.map(Response::new)
     }
 
-    async fn status(&self, _: Request<pb::AttachStatusRequest>) -> Result<Response<pb::AttachStatus>, Status> {
+    async fn status(
+        &self,
+        _: Request<pb::AttachStatusRequest>,
+    ) -> Result<Response<pb::AttachStatus>, Status> {
         Ok(Response::new(self.status().await))
     }
 }
@@ -535,7 +718,9 @@ const CARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 fn vf_status(e: VfError) -> Status {
     let msg = e.to_string();
     match e {
-        VfError::NoPool | VfError::UnknownPool(..) | VfError::Unusable { .. } => Status::failed_precondition(msg),
+        VfError::NoPool | VfError::UnknownPool(..) | VfError::Unusable { .. } => {
+            Status::failed_precondition(msg)
+        }
         VfError::NotInPool { .. } => Status::permission_denied(msg),
         VfError::Exhausted { .. } => Status::resource_exhausted(msg),
         VfError::Held { .. } => Status::already_exists(msg),

@@ -28,21 +28,33 @@ pub fn capture(sw: Arc<Switch>, r: pb::CaptureRequest) -> Result<CaptureStream, 
         return Err(Status::invalid_argument("port: name the port to capture"));
     }
     let snap = sw.snapshot();
-    let port = snap.port_id(&r.port).ok_or_else(|| Status::not_found(format!("port {}: no such port", r.port)))?;
+    let port = snap
+        .port_id(&r.port)
+        .ok_or_else(|| Status::not_found(format!("port {}: no such port", r.port)))?;
     let (rx, tx) = match pb::CaptureDirection::try_from(r.direction) {
         Ok(pb::CaptureDirection::Both) => (true, true),
         Ok(pb::CaptureDirection::Rx) => (true, false),
         Ok(pb::CaptureDirection::Tx) => (false, true),
-        Err(_) => return Err(Status::invalid_argument(format!("direction {}: BOTH, RX or TX", r.direction))),
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "direction {}: BOTH, RX or TX",
+                r.direction
+            )));
+        }
     };
     let filter = if r.filter.is_empty() { None } else { Some(program(&r.filter)?) };
-    let session = sw.capture().start(Request { port, rx, tx, count: r.count, snaplen: r.snaplen, filter }).map_err(|e| match e {
-        CaptureError::Busy(id) => {
-            let name = snap.port(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
-            Status::failed_precondition(format!("a capture of port {name} is running; one capture at a time"))
-        }
-        e => Status::invalid_argument(e.to_string()),
-    })?;
+    let session = sw
+        .capture()
+        .start(Request { port, rx, tx, count: r.count, snaplen: r.snaplen, filter })
+        .map_err(|e| match e {
+            CaptureError::Busy(id) => {
+                let name = snap.port(id).map_or_else(|| format!("#{id}"), |p| p.name.clone());
+                Status::failed_precondition(format!(
+                    "a capture of port {name} is running; one capture at a time"
+                ))
+            }
+            e => Status::invalid_argument(e.to_string()),
+        })?;
     tracing::info!(port = %r.port, rx, tx, count = r.count, snaplen = session.snaplen, filtered = !r.filter.is_empty(), "capture started");
     let (out, stream) = mpsc::channel(8);
     let running = Running { sw, session };
@@ -58,7 +70,9 @@ fn program(insns: &[pb::BpfInstruction]) -> Result<Program, Status> {
         .enumerate()
         .map(|(at, i)| match (u16::try_from(i.code), u8::try_from(i.jt), u8::try_from(i.jf)) {
             (Ok(code), Ok(jt), Ok(jf)) => Ok(Insn { code, jt, jf, k: i.k }),
-            _ => Err(Status::invalid_argument(format!("filter: instruction {at} has a field out of range"))),
+            _ => Err(Status::invalid_argument(format!(
+                "filter: instruction {at} has a field out of range"
+            ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     Program::new(insns).map_err(|e| Status::invalid_argument(format!("filter: {e}")))
@@ -77,16 +91,25 @@ impl Drop for Running {
     }
 }
 
-async fn stream_frames(run: Running, port: String, duration: Option<Duration>, summary: bool, out: mpsc::Sender<Result<pb::CaptureChunk, Status>>) {
+async fn stream_frames(
+    run: Running,
+    port: String,
+    duration: Option<Duration>,
+    summary: bool,
+    out: mpsc::Sender<Result<pb::CaptureChunk, Status>>,
+) {
     let s = run.session.clone();
     let deadline = duration.map(|d| Instant::now() + d);
-    let chunk = |frames, lost| pb::CaptureChunk { frames, lost, port: port.clone(), snaplen: s.snaplen };
+    let chunk =
+        |frames, lost| pb::CaptureChunk { frames, lost, port: port.clone(), snaplen: s.snaplen };
     // A client that stops reading holds the capture only until the deadline, if there is one.
     let send = |c: Result<pb::CaptureChunk, Status>| {
         let out = out.clone();
         async move {
             match deadline {
-                Some(d) => matches!(tokio::time::timeout_at(d.into(), out.send(c)).await, Ok(Ok(()))),
+                Some(d) => {
+                    matches!(tokio::time::timeout_at(d.into(), out.send(c)).await, Ok(Ok(())))
+                }
                 None => out.send(c).await.is_ok(),
             }
         }
@@ -117,7 +140,10 @@ async fn stream_frames(run: Running, port: String, duration: Option<Duration>, s
         }
         if ending {
             if s.port_gone() {
-                let _ = send(Err(Status::aborted(format!("port {port} was removed: the capture ended")))).await;
+                let _ = send(Err(Status::aborted(format!(
+                    "port {port} was removed: the capture ended"
+                ))))
+                .await;
             }
             return;
         }
@@ -152,6 +178,10 @@ fn frame_to(f: &Slot, summary: bool) -> pb::CapturedFrame {
         data: f.bytes().to_vec(),
         drop_reason: f.reason.map(|r| r.name().to_owned()).unwrap_or_default(),
         thread: f.thread as u32,
-        summary: if summary { vswitch::trace::describe_frame(f.bytes(), f.orig_len) } else { String::new() },
+        summary: if summary {
+            vswitch::trace::describe_frame(f.bytes(), f.orig_len)
+        } else {
+            String::new()
+        },
     }
 }

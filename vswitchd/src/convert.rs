@@ -6,10 +6,11 @@ use crate::state::{Device, Owner, PortSpec};
 use knitter_api::node as pb;
 use std::net::IpAddr;
 use vswitch::config::{
-    AddressPair, BridgeConfig, GatewayConfig, Neighbor, PeerConfig, PortConfig, PortMode, PortSecurity, StaticMac, VtepConfig,
+    AddressPair, BridgeConfig, GatewayConfig, Neighbor, PeerConfig, PortConfig, PortMode,
+    PortSecurity, StaticMac, VtepConfig,
 };
-use vswitch::wire::MacAddr;
 use vswitch::policer::PolicerConfig;
+use vswitch::wire::MacAddr;
 
 /// A field that did not parse, with why.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +75,9 @@ pub fn bridge_from(b: &pb::Bridge) -> Result<BridgeConfig, FieldError> {
     c.neighbors = b
         .neighbors
         .iter()
-        .map(|n| Ok(Neighbor { ip: ip("neighbors.ip", &n.ip)?, mac: mac("neighbors.mac", &n.mac)? }))
+        .map(|n| {
+            Ok(Neighbor { ip: ip("neighbors.ip", &n.ip)?, mac: mac("neighbors.mac", &n.mac)? })
+        })
         .collect::<Result<_, FieldError>>()?;
     c.static_macs = b
         .static_macs
@@ -112,11 +115,19 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
         mac_age_secs: Some(c.mac_age_secs),
         mac_limit: Some(c.mac_limit),
         arp_suppression: c.arp_suppression,
-        neighbors: c.neighbors.iter().map(|n| pb::Neighbor { ip: n.ip.to_string(), mac: n.mac.to_string() }).collect(),
+        neighbors: c
+            .neighbors
+            .iter()
+            .map(|n| pb::Neighbor { ip: n.ip.to_string(), mac: n.mac.to_string() })
+            .collect(),
         static_macs: c
             .static_macs
             .iter()
-            .map(|m| pb::StaticMac { mac: m.mac.to_string(), port: m.port.clone(), remote: m.remote.map(|r| r.to_string()) })
+            .map(|m| pb::StaticMac {
+                mac: m.mac.to_string(),
+                port: m.port.clone(),
+                remote: m.remote.map(|r| r.to_string()),
+            })
             .collect(),
         owner: owner_to(owner),
         dscp: c.dscp.map(u32::from),
@@ -133,11 +144,21 @@ pub fn bridge_to(c: &BridgeConfig, owner: Owner) -> pb::Bridge {
 }
 
 pub fn policer_from(x: &pb::Policer) -> PolicerConfig {
-    PolicerConfig { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }
+    PolicerConfig {
+        pps: x.pps,
+        bps: x.bps,
+        burst_packets: x.burst_packets,
+        burst_bytes: x.burst_bytes,
+    }
 }
 
 pub fn policer_to(x: &PolicerConfig) -> pb::Policer {
-    pb::Policer { pps: x.pps, bps: x.bps, burst_packets: x.burst_packets, burst_bytes: x.burst_bytes }
+    pb::Policer {
+        pps: x.pps,
+        bps: x.bps,
+        burst_packets: x.burst_packets,
+        burst_bytes: x.burst_bytes,
+    }
 }
 
 fn netns(s: &str) -> Option<String> {
@@ -147,10 +168,22 @@ fn netns(s: &str) -> Option<String> {
 pub fn device_from(d: Option<&pb::Device>) -> Result<Device, FieldError> {
     use pb::device::Kind;
     match d.and_then(|d| d.kind.as_ref()) {
-        Some(Kind::AfXdp(k)) => Ok(Device::AfXdp { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
-        Some(Kind::AfPacket(k)) => Ok(Device::AfPacket { ifname: k.ifname.clone(), netns: netns(&k.netns) }),
-        Some(Kind::VhostUser(v)) => Ok(Device::VhostUser { socket: v.socket.clone().into(), client: v.client, mode: v.mode, owner: v.owner, group: v.group }),
-        Some(Kind::Dpdk(d)) if d.devargs.trim().is_empty() => Err(bad("device.dpdk.devargs", "missing: a PCI address or a vdev")),
+        Some(Kind::AfXdp(k)) => {
+            Ok(Device::AfXdp { ifname: k.ifname.clone(), netns: netns(&k.netns) })
+        }
+        Some(Kind::AfPacket(k)) => {
+            Ok(Device::AfPacket { ifname: k.ifname.clone(), netns: netns(&k.netns) })
+        }
+        Some(Kind::VhostUser(v)) => Ok(Device::VhostUser {
+            socket: v.socket.clone().into(),
+            client: v.client,
+            mode: v.mode,
+            owner: v.owner,
+            group: v.group,
+        }),
+        Some(Kind::Dpdk(d)) if d.devargs.trim().is_empty() => {
+            Err(bad("device.dpdk.devargs", "missing: a PCI address or a vdev"))
+        }
         Some(Kind::Dpdk(d)) => {
             let queues = match d.queues {
                 0 => None,
@@ -159,25 +192,43 @@ pub fn device_from(d: Option<&pb::Device>) -> Result<Device, FieldError> {
             };
             Ok(Device::Dpdk { devargs: d.devargs.clone(), queues })
         }
-        Some(Kind::Host(h)) => Ok(Device::Host { ifname: h.ifname.clone(), addresses: h.addresses.clone(), masquerade: h.masquerade.unwrap_or(true) }),
+        Some(Kind::Host(h)) => Ok(Device::Host {
+            ifname: h.ifname.clone(),
+            addresses: h.addresses.clone(),
+            masquerade: h.masquerade.unwrap_or(true),
+        }),
         None => Err(bad("device", "missing: one of af_xdp, af_packet, vhost_user, dpdk, host")),
     }
 }
 
 pub fn device_to(d: &Device) -> pb::Device {
     use pb::device::Kind;
-    let kernel = |ifname: &String, ns: &Option<String>| pb::KernelPort { ifname: ifname.clone(), netns: ns.clone().unwrap_or_default() };
+    let kernel = |ifname: &String, ns: &Option<String>| pb::KernelPort {
+        ifname: ifname.clone(),
+        netns: ns.clone().unwrap_or_default(),
+    };
     pb::Device {
         kind: Some(match d {
             Device::AfXdp { ifname, netns } => Kind::AfXdp(kernel(ifname, netns)),
             Device::AfPacket { ifname, netns } => Kind::AfPacket(kernel(ifname, netns)),
             Device::VhostUser { socket, client, mode, owner, group } => {
-                Kind::VhostUser(pb::VhostUser { socket: socket.display().to_string(), client: *client, mode: *mode, owner: *owner, group: *group })
+                Kind::VhostUser(pb::VhostUser {
+                    socket: socket.display().to_string(),
+                    client: *client,
+                    mode: *mode,
+                    owner: *owner,
+                    group: *group,
+                })
             }
-            Device::Dpdk { devargs, queues } => Kind::Dpdk(pb::DpdkDevice { devargs: devargs.clone(), queues: queues.unwrap_or(0) as u32 }),
-            Device::Host { ifname, addresses, masquerade } => {
-                Kind::Host(pb::HostPort { ifname: ifname.clone(), addresses: addresses.clone(), masquerade: Some(*masquerade) })
-            }
+            Device::Dpdk { devargs, queues } => Kind::Dpdk(pb::DpdkDevice {
+                devargs: devargs.clone(),
+                queues: queues.unwrap_or(0) as u32,
+            }),
+            Device::Host { ifname, addresses, masquerade } => Kind::Host(pb::HostPort {
+                ifname: ifname.clone(),
+                addresses: addresses.clone(),
+                masquerade: Some(*masquerade),
+            }),
         }),
     }
 }
@@ -187,7 +238,11 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
     let mode = match &p.mode {
         Some(Mode::Access(a)) => PortMode::Access { bridge: a.bridge.clone() },
         Some(Mode::Trunk(t)) => PortMode::Trunk {
-            allowed: t.allowed.iter().map(|v| u16_of("trunk.allowed", *v)).collect::<Result<_, _>>()?,
+            allowed: t
+                .allowed
+                .iter()
+                .map(|v| u16_of("trunk.allowed", *v))
+                .collect::<Result<_, _>>()?,
             native: t.native.map(|v| u16_of("trunk.native", v)).transpose()?,
         },
         Some(Mode::Underlay(_)) => PortMode::Underlay,
@@ -212,7 +267,11 @@ pub fn port_from(p: &pb::Port) -> Result<PortSpec, FieldError> {
                     .map(|a| {
                         Ok(AddressPair {
                             mac: mac("security.allowed_address_pairs.mac", &a.mac)?,
-                            ip: a.ip.as_deref().map(|i| ip("security.allowed_address_pairs.ip", i)).transpose()?,
+                            ip: a
+                                .ip
+                                .as_deref()
+                                .map(|i| ip("security.allowed_address_pairs.ip", i))
+                                .transpose()?,
                         })
                     })
                     .collect::<Result<_, FieldError>>()?,
@@ -249,7 +308,10 @@ pub fn port_to(p: &PortSpec, owner: Owner) -> pb::Port {
             allowed_address_pairs: s
                 .allowed_address_pairs
                 .iter()
-                .map(|a| pb::AddressPair { mac: a.mac.to_string(), ip: a.ip.map(|i| i.to_string()) })
+                .map(|a| pb::AddressPair {
+                    mac: a.mac.to_string(),
+                    ip: a.ip.map(|i| i.to_string()),
+                })
                 .collect(),
             allow_router: s.allow_router,
             allow_dhcp_server: s.allow_dhcp_server,
@@ -272,7 +334,11 @@ pub fn vtep_from(v: &pb::Vtep) -> Result<VtepConfig, FieldError> {
         .map(|p| {
             Ok(PeerConfig {
                 ip: ip("peers.ip", &p.ip)?,
-                next_hop_mac: p.next_hop_mac.as_deref().map(|m| mac("peers.next_hop_mac", m)).transpose()?,
+                next_hop_mac: p
+                    .next_hop_mac
+                    .as_deref()
+                    .map(|m| mac("peers.next_hop_mac", m))
+                    .transpose()?,
                 next_hop: p.next_hop.as_deref().map(|i| ip("peers.next_hop", i)).transpose()?,
             })
         })
@@ -308,14 +374,29 @@ mod tests {
     #[test]
     fn objects_round_trip_through_messages() {
         let mut b = BridgeConfig::new("red").vni(5001).flood(&["198.51.100.2".parse().unwrap()]);
-        b.neighbors.push(Neighbor { ip: "192.0.2.1".parse().unwrap(), mac: "02:00:00:00:00:01".parse().unwrap() });
+        b.neighbors.push(Neighbor {
+            ip: "192.0.2.1".parse().unwrap(),
+            mac: "02:00:00:00:00:01".parse().unwrap(),
+        });
         assert_eq!(bridge_from(&bridge_to(&b, Owner::Local)).unwrap(), b);
         let p = PortSpec {
-            device: Device::VhostUser { socket: "/run/knitter/vnf0.sock".into(), client: true, mode: Some(0o660), owner: None, group: Some(1000) },
-            config: PortConfig::pod("vnf0", "red", "02:00:00:00:00:02".parse().unwrap(), &["192.0.2.2".parse().unwrap()]),
+            device: Device::VhostUser {
+                socket: "/run/knitter/vnf0.sock".into(),
+                client: true,
+                mode: Some(0o660),
+                owner: None,
+                group: Some(1000),
+            },
+            config: PortConfig::pod(
+                "vnf0",
+                "red",
+                "02:00:00:00:00:02".parse().unwrap(),
+                &["192.0.2.2".parse().unwrap()],
+            ),
         };
         assert_eq!(port_from(&port_to(&p, Owner::Manager)).unwrap(), p);
-        let v = VtepConfig::new("198.51.100.1".parse().unwrap(), "ul0").peer_resolved("198.51.100.2".parse().unwrap(), None);
+        let v = VtepConfig::new("198.51.100.1".parse().unwrap(), "ul0")
+            .peer_resolved("198.51.100.2".parse().unwrap(), None);
         assert_eq!(vtep_from(&vtep_to(&v, Owner::Local)).unwrap(), v);
     }
 
@@ -323,7 +404,10 @@ mod tests {
     fn a_bad_field_is_named() {
         let mut b = bridge_to(&BridgeConfig::new("red"), Owner::Local);
         b.flood.push("198.51.100.300".into());
-        assert_eq!(bridge_from(&b).unwrap_err().to_string(), "flood: \"198.51.100.300\" is not an IPv4 or IPv6 address");
+        assert_eq!(
+            bridge_from(&b).unwrap_err().to_string(),
+            "flood: \"198.51.100.300\" is not an IPv4 or IPv6 address"
+        );
         let p = pb::Port { name: "p".into(), ..Default::default() };
         assert!(port_from(&p).unwrap_err().to_string().starts_with("mode: missing"));
     }

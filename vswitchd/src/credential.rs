@@ -51,7 +51,9 @@ pub fn stored(file: &Path) -> Result<Option<String>> {
         Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_string())),
         Ok(_) => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading the node's credential {}", file.display())),
+        Err(e) => {
+            Err(e).with_context(|| format!("reading the node's credential {}", file.display()))
+        }
     }
 }
 
@@ -63,7 +65,12 @@ fn store(file: &Path, token: &str) -> Result<()> {
     }
     let tmp = file.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
     writeln!(f, "{token}")?;
     f.sync_all()?;
     std::fs::rename(&tmp, file).with_context(|| format!("writing {}", file.display()))?;
@@ -76,7 +83,12 @@ async fn join_once(manager: &Manager, join: &Join) -> Result<String> {
     match manager.join(&join.bootstrap).await {
         Ok(token) => Ok(token),
         Err(s) if s.code() == tonic::Code::AlreadyExists => {
-            let hint = format!("put the token it issues into {} (knitterctl manager node token {} > {})", join.file.display(), link.node_name, join.file.display());
+            let hint = format!(
+                "put the token it issues into {} (knitterctl manager node token {} > {})",
+                join.file.display(),
+                link.node_name,
+                join.file.display()
+            );
             Err(s).context(hint)
         }
         Err(s) => Err(s).context("joining"),
@@ -89,7 +101,8 @@ async fn join_once(manager: &Manager, join: &Join) -> Result<String> {
 pub fn refusal(e: &anyhow::Error, joining: bool) -> Option<String> {
     use tonic::Code::{AlreadyExists, PermissionDenied, Unauthenticated};
     let s = e.chain().find_map(|c| c.downcast_ref::<tonic::Status>())?;
-    let refused = matches!(s.code(), Unauthenticated | PermissionDenied) || (joining && s.code() == AlreadyExists);
+    let refused = matches!(s.code(), Unauthenticated | PermissionDenied)
+        || (joining && s.code() == AlreadyExists);
     refused.then(|| format!("{:?}: {}", s.code(), s.message()))
 }
 

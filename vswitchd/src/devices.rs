@@ -4,13 +4,13 @@
 //! is opened is closed when the [`OpenPort`] is dropped.
 
 use crate::state::Device;
+use kernel_ports::afpacket::AfPacketPort;
+use kernel_ports::afxdp::{AfXdpPort, UnderlayFilter};
 use knitter_vhost::backend::{self, Server};
 use knitter_vhost::port::VhostPort;
 use std::sync::{Arc, OnceLock};
 use vswitch::Pool;
 use vswitch::port::Port;
-use kernel_ports::afpacket::AfPacketPort;
-use kernel_ports::afxdp::{AfXdpPort, UnderlayFilter};
 
 /// A port whose device is open; the vhost-user server thread (if any) stops on drop.
 pub struct OpenPort {
@@ -31,7 +31,16 @@ pub struct OpenPort {
 
 impl OpenPort {
     fn plain(port: Arc<dyn Port>) -> OpenPort {
-        OpenPort { port, vhost: None, afxdp: None, fallback: None, trunk_fallback: false, filter: None, host: None, _server: None }
+        OpenPort {
+            port,
+            vhost: None,
+            afxdp: None,
+            fallback: None,
+            trunk_fallback: false,
+            filter: None,
+            host: None,
+            _server: None,
+        }
     }
 
     /// Makes an AF_XDP port take only its VTEP's traffic (or, with `None`, every frame),
@@ -69,12 +78,18 @@ pub struct DeviceError {
 }
 
 /// Runs `f` on a fresh thread inside the network namespace `netns` (as in /run/netns).
-fn in_netns<R: Send + 'static>(netns: &str, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
+fn in_netns<R: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> std::io::Result<R> + Send + 'static,
+) -> std::io::Result<R> {
     plumbing::link::in_netns(&format!("/run/netns/{netns}"), f)
 }
 
 /// Runs `f` in the network namespace `netns` (as in /run/netns), or here for `None`.
-pub fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std::io::Result<R> + Send + 'static) -> std::io::Result<R> {
+pub fn kernel<R: Send + 'static>(
+    netns: &Option<String>,
+    f: impl FnOnce() -> std::io::Result<R> + Send + 'static,
+) -> std::io::Result<R> {
     match netns {
         Some(ns) => in_netns(ns, f),
         None => f(),
@@ -93,7 +108,14 @@ pub fn kernel<R: Send + 'static>(netns: &Option<String>, f: impl FnOnce() -> std
 ///
 /// A `host` device is made first ([`crate::host`], with the port's `mtu`), then served as
 /// an `af_xdp` device on its switch end.
-pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<UnderlayFilter>, trunk: bool, mtu: u16) -> Result<OpenPort, DeviceError> {
+pub fn open(
+    name: &str,
+    device: &Device,
+    pool: &Arc<Pool>,
+    underlay: Option<UnderlayFilter>,
+    trunk: bool,
+    mtu: u16,
+) -> Result<OpenPort, DeviceError> {
     let fail = |what: String| move |source| DeviceError { port: name.into(), what, source };
     let (n, pool) = (name.to_string(), pool.clone());
     match device {
@@ -108,20 +130,38 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
                     Err(why) if trunk => (hidden_tags(&why), true),
                     _ => {
                         let port = Arc::new(port);
-                        return Ok(OpenPort { afxdp: Some(port.clone()), filter: underlay, ..OpenPort::plain(port) });
+                        return Ok(OpenPort {
+                            afxdp: Some(port.clone()),
+                            filter: underlay,
+                            ..OpenPort::plain(port)
+                        });
                     }
                 },
-                Err(e) if underlay.is_some_and(|f| f.shared) => return Err(fail(format!("AF_XDP on {ifname} (an underlay on the node's own address needs it)"))(e)),
+                Err(e) if underlay.is_some_and(|f| f.shared) => {
+                    return Err(fail(format!(
+                        "AF_XDP on {ifname} (an underlay on the node's own address needs it)"
+                    ))(e));
+                }
                 Err(e) => (format!("AF_XDP did not open: {e}"), false),
             };
             fall_back(name, ifname, netns, why_not, trunk_fallback)
         }
-        Device::AfPacket { ifname, netns } => open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}")),
+        Device::AfPacket { ifname, netns } => {
+            open_af_packet(name, ifname, netns, format!("AF_PACKET on {ifname}"))
+        }
         Device::Dpdk { devargs, queues } => {
             if let Some(dev) = pci_device(device) {
-                crate::vf::prepare_switch_port(dev).map_err(|e| DeviceError { port: name.into(), what: format!("DPDK device {devargs} (an SR-IOV VF)"), source: std::io::Error::other(e) })?;
+                crate::vf::prepare_switch_port(dev).map_err(|e| DeviceError {
+                    port: name.into(),
+                    what: format!("DPDK device {devargs} (an SR-IOV VF)"),
+                    source: std::io::Error::other(e),
+                })?;
             }
-            let fail = |e: dpdk::DpdkError| DeviceError { port: name.into(), what: format!("DPDK device {devargs}"), source: std::io::Error::other(e) };
+            let fail = |e: dpdk::DpdkError| DeviceError {
+                port: name.into(),
+                what: format!("DPDK device {devargs}"),
+                source: std::io::Error::other(e),
+            };
             dpdk_eal(devargs).map_err(fail)?;
             let opts = dpdk::PortOptions { queues: queues.unwrap_or(1), ..Default::default() };
             let port = dpdk::DpdkPort::open(name, devargs, &opts).map_err(fail)?;
@@ -130,14 +170,28 @@ pub fn open(name: &str, device: &Device, pool: &Arc<Pool>, underlay: Option<Unde
         Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));
             if let Some(dir) = socket.parent() {
-                std::fs::create_dir_all(dir).map_err(fail(format!("socket directory {}", dir.display())))?;
+                std::fs::create_dir_all(dir)
+                    .map_err(fail(format!("socket directory {}", dir.display())))?;
             }
-            let server = if *client { backend::connect(socket, port.clone()) } else { backend::serve_with(socket, port.clone(), backend::SocketPerms { mode: *mode, owner: *owner, group: *group }) }
-                .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
-            Ok(OpenPort { vhost: Some(port.clone()), _server: Some(server), ..OpenPort::plain(port) })
+            let server = if *client {
+                backend::connect(socket, port.clone())
+            } else {
+                backend::serve_with(
+                    socket,
+                    port.clone(),
+                    backend::SocketPerms { mode: *mode, owner: *owner, group: *group },
+                )
+            }
+            .map_err(fail(format!("vhost-user socket {}", socket.display())))?;
+            Ok(OpenPort {
+                vhost: Some(port.clone()),
+                _server: Some(server),
+                ..OpenPort::plain(port)
+            })
         }
         Device::Host { ifname, addresses, masquerade } => {
-            let fresh = crate::host::make(ifname, addresses, mtu.into(), *masquerade).map_err(fail(format!("host port {ifname}")))?;
+            let fresh = crate::host::make(ifname, addresses, mtu.into(), *masquerade)
+                .map_err(fail(format!("host port {ifname}")))?;
             let served = Device::AfXdp { ifname: crate::host::switch_end(ifname), netns: None };
             let open = open(name, &served, &pool, None, trunk, mtu);
             // Only what this call made goes again: a running port may be on it.
@@ -189,10 +243,18 @@ use plumbing::sriov::is_pci_address;
 /// Opens an `af_xdp` device with AF_PACKET for a trunk where its running AF_XDP port hides
 /// tags (`why`), as [`open`] would: without trying AF_XDP first, whose queue the running
 /// socket still holds.
-pub fn open_trunk_on_af_packet(name: &str, device: &Device, why: &str) -> Result<OpenPort, DeviceError> {
+pub fn open_trunk_on_af_packet(
+    name: &str,
+    device: &Device,
+    why: &str,
+) -> Result<OpenPort, DeviceError> {
     match device {
         Device::AfXdp { ifname, netns } => fall_back(name, ifname, netns, hidden_tags(why), true),
-        _ => Err(DeviceError { port: name.into(), what: "AF_PACKET for a trunk".into(), source: std::io::Error::other("not an af_xdp device") }),
+        _ => Err(DeviceError {
+            port: name.into(),
+            what: "AF_PACKET for a trunk".into(),
+            source: std::io::Error::other("not an af_xdp device"),
+        }),
     }
 }
 
@@ -201,16 +263,36 @@ fn hidden_tags(why: &str) -> String {
 }
 
 /// Serves an `af_xdp` device with AF_PACKET, saying why (`why_not`) in the log and the port.
-fn fall_back(name: &str, ifname: &str, netns: &Option<String>, why_not: String, trunk_fallback: bool) -> Result<OpenPort, DeviceError> {
-    let open = open_af_packet(name, ifname, netns, format!("AF_XDP on {ifname} ({why_not}), then AF_PACKET"))?;
+fn fall_back(
+    name: &str,
+    ifname: &str,
+    netns: &Option<String>,
+    why_not: String,
+    trunk_fallback: bool,
+) -> Result<OpenPort, DeviceError> {
+    let open = open_af_packet(
+        name,
+        ifname,
+        netns,
+        format!("AF_XDP on {ifname} ({why_not}), then AF_PACKET"),
+    )?;
     tracing::warn!(port = name, ifname = %ifname, reason = %why_not, "serving the interface with AF_PACKET instead of AF_XDP");
     Ok(OpenPort { trunk_fallback, fallback: Some(why_not), ..open })
 }
 
 /// Opens `ifname` with AF_PACKET; `what` names the attempt in an error.
-fn open_af_packet(name: &str, ifname: &str, netns: &Option<String>, what: String) -> Result<OpenPort, DeviceError> {
+fn open_af_packet(
+    name: &str,
+    ifname: &str,
+    netns: &Option<String>,
+    what: String,
+) -> Result<OpenPort, DeviceError> {
     let (n, i) = (name.to_string(), ifname.to_string());
-    let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(|source| DeviceError { port: name.into(), what, source })?;
+    let port = kernel(netns, move || AfPacketPort::open(&n, &i)).map_err(|source| DeviceError {
+        port: name.into(),
+        what,
+        source,
+    })?;
     Ok(OpenPort::plain(Arc::new(port)))
 }
 
@@ -234,11 +316,21 @@ mod tests {
         assert!(fallback.afxdp.is_none(), "not AF_XDP");
         let why = fallback.fallback.as_deref().unwrap_or_default();
         assert!(why.contains("AF_XDP did not open"), "the port says why: {why}");
-        let shared = UnderlayFilter { vtep: "192.0.2.1".parse().unwrap(), udp_port: 4789, vlan: None, shared: true };
-        let refused = open("u", &device, &pool, Some(shared), false, 1500).err().expect("a shared underlay does not fall back");
+        let shared = UnderlayFilter {
+            vtep: "192.0.2.1".parse().unwrap(),
+            udp_port: 4789,
+            vlan: None,
+            shared: true,
+        };
+        let refused = open("u", &device, &pool, Some(shared), false, 1500)
+            .err()
+            .expect("a shared underlay does not fall back");
         assert!(refused.to_string().contains("node's own address"), "{refused}");
         let missing = Device::AfXdp { ifname: "nosuch0".into(), netns: Some(a.name.clone()) };
-        let gone = open("m", &missing, &pool, None, false, 1500).err().expect("no device, no port").to_string();
+        let gone = open("m", &missing, &pool, None, false, 1500)
+            .err()
+            .expect("no device, no port")
+            .to_string();
         assert!(gone.contains("AF_XDP on nosuch0") && gone.contains("then AF_PACKET"), "{gone}");
         drop(holder);
         let again = open("p2", &device, &pool, None, false, 1500).expect("AF_XDP serves it");
@@ -256,11 +348,13 @@ mod tests {
         ns.run(&["ip", "link", "set", "tap0", "up"]).unwrap();
         let pool = Pool::new(4096, false).unwrap();
         let device = Device::AfXdp { ifname: "tap0".into(), netns: Some(ns.name.clone()) };
-        let trunk = open("t", &device, &pool, None, true, 1500).expect("AF_PACKET serves the trunk");
+        let trunk =
+            open("t", &device, &pool, None, true, 1500).expect("AF_PACKET serves the trunk");
         let why = trunk.fallback.clone().unwrap_or_default();
         assert!(trunk.afxdp.is_none() && why.contains("no rx VLAN hint"), "{why}");
         drop(trunk);
-        let access = open("a", &device, &pool, None, false, 1500).expect("AF_XDP serves an access port");
+        let access =
+            open("a", &device, &pool, None, false, 1500).expect("AF_XDP serves an access port");
         assert!(access.afxdp.is_some() && access.fallback.is_none());
     }
 }

@@ -20,14 +20,23 @@ impl Default for Events {
 }
 
 fn now_nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 impl Events {
     /// Sends an event to every subscriber (none: dropped).
     pub fn emit(&self, kind: &str, port: &str, detail: impl Into<String>, generation: u64) {
         tracing::debug!(kind, port, "event");
-        let _ = self.tx.send(NodeEvent { at_unix_nanos: now_nanos(), kind: kind.into(), port: port.into(), detail: detail.into(), generation });
+        let _ = self.tx.send(NodeEvent {
+            at_unix_nanos: now_nanos(),
+            kind: kind.into(),
+            port: port.into(),
+            detail: detail.into(),
+            generation,
+        });
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<NodeEvent> {
@@ -37,5 +46,10 @@ impl Events {
 
 /// The event a subscriber gets instead of `n` it was too slow for.
 pub fn lost(n: u64) -> NodeEvent {
-    NodeEvent { at_unix_nanos: now_nanos(), kind: "events_lost".into(), detail: format!("{n} events lost: read faster"), ..Default::default() }
+    NodeEvent {
+        at_unix_nanos: now_nanos(),
+        kind: "events_lost".into(),
+        detail: format!("{n} events lost: read faster"),
+        ..Default::default()
+    }
 }

@@ -34,6 +34,10 @@ pub fn switch_status(e: vswitch::switch::SwitchError) -> Status {
 }
 
 /// Runs a blocking node operation (device opens, PMD hand-over) off the async workers.
-pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("operation panicked: {e}")))
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("operation panicked: {e}")))
 }

@@ -117,30 +117,41 @@ pub fn layout(place: Place, ifname: &str) -> io::Result<Layout> {
     let dir = match &place {
         Place::Shared { base, container_id } => {
             if !base.is_absolute() {
-                return Err(invalid(format!("the vhost-user directory {} must be an absolute path", base.display())));
+                return Err(invalid(format!(
+                    "the vhost-user directory {} must be an absolute path",
+                    base.display()
+                )));
             }
             let short: String = container_id.chars().take(12).collect();
             if short.is_empty() || short.contains(['/', '\0']) || short.starts_with('.') {
-                return Err(invalid(format!("container id {container_id:?} cannot name a directory")));
+                return Err(invalid(format!(
+                    "container id {container_id:?} cannot name a directory"
+                )));
             }
             base.join(short)
         }
         Place::Volume { pods, uid, volume } => {
             if !pods.is_absolute() {
-                return Err(invalid(format!("the kubelet's pods directory {} must be an absolute path", pods.display())));
+                return Err(invalid(format!(
+                    "the kubelet's pods directory {} must be an absolute path",
+                    pods.display()
+                )));
             }
             if !uid_ok(uid) {
                 return Err(invalid(format!("pod UID {uid:?} is not a UID")));
             }
             if !volume_name_ok(volume) {
-                return Err(invalid(format!("volume name {volume:?} is not a Kubernetes volume name")));
+                return Err(invalid(format!(
+                    "volume name {volume:?} is not a Kubernetes volume name"
+                )));
             }
             pods.join(uid).join(EMPTY_DIR[0]).join(EMPTY_DIR[1]).join(volume)
         }
     };
     let socket = dir.join(format!("{ifname}.sock"));
     if matches!(place, Place::Shared { .. }) {
-        knitter_vhost::backend::check_socket_path(&socket).map_err(|e| io::Error::new(e.kind(), format!("{e}: use a shorter directory")))?;
+        knitter_vhost::backend::check_socket_path(&socket)
+            .map_err(|e| io::Error::new(e.kind(), format!("{e}: use a shorter directory")))?;
     }
     let info = dir.join(format!("{ifname}.json"));
     Ok(Layout { place, dir, socket, info, ifname: ifname.to_string() })
@@ -165,7 +176,11 @@ impl Layout {
                     std::fs::create_dir_all(base)?;
                 }
                 let b = Dir::open_trusted(base)?;
-                let name = self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = self
+                    .dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 if let Some(mode) = make {
                     b.make_dir(&name, mode)?;
                 }
@@ -240,7 +255,16 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn info() -> Info {
-        Info { interface: "net1".into(), socket: "net1.sock".into(), mode: "server", mac: "0a:58:0a:00:00:02".into(), mtu: 1450, ips: vec!["10.0.0.2/24".into()], gateways: vec![], routes: vec![] }
+        Info {
+            interface: "net1".into(),
+            socket: "net1.sock".into(),
+            mode: "server",
+            mac: "0a:58:0a:00:00:02".into(),
+            mtu: 1450,
+            ips: vec!["10.0.0.2/24".into()],
+            gateways: vec![],
+            routes: vec![],
+        }
     }
 
     fn shared(base: &Path, id: &str) -> Place {
@@ -249,19 +273,45 @@ mod tests {
 
     #[test]
     fn layout_is_short_and_checked() {
-        let l = layout(shared(Path::new("/run/knitter/vhost"), "0123456789abcdef0123"), "net1").unwrap();
+        let l = layout(shared(Path::new("/run/knitter/vhost"), "0123456789abcdef0123"), "net1")
+            .unwrap();
         assert_eq!(l.socket, Path::new("/run/knitter/vhost/0123456789ab/net1.sock"));
         assert_eq!(l.info, Path::new("/run/knitter/vhost/0123456789ab/net1.json"));
         let long = format!("/{}", "d".repeat(100));
         let e = layout(shared(Path::new(&long), "0123456789ab"), "net1").unwrap_err();
-        assert!(e.to_string().contains("at most 107") && e.to_string().contains("bytes long"), "{e}");
-        assert!(layout(shared(Path::new("vhost"), "abc"), "net1").is_err(), "a relative directory is refused");
-        assert!(layout(shared(Path::new("/x"), "../etc"), "net1").is_err(), "a container id cannot climb out");
+        assert!(
+            e.to_string().contains("at most 107") && e.to_string().contains("bytes long"),
+            "{e}"
+        );
+        assert!(
+            layout(shared(Path::new("vhost"), "abc"), "net1").is_err(),
+            "a relative directory is refused"
+        );
+        assert!(
+            layout(shared(Path::new("/x"), "../etc"), "net1").is_err(),
+            "a container id cannot climb out"
+        );
         assert!(layout(shared(Path::new("/x"), ""), "net1").is_err());
-        let v = |uid: &str, vol: &str| layout(Place::Volume { pods: "/var/lib/kubelet/pods".into(), uid: uid.into(), volume: vol.into() }, "net1");
+        let v = |uid: &str, vol: &str| {
+            layout(
+                Place::Volume {
+                    pods: "/var/lib/kubelet/pods".into(),
+                    uid: uid.into(),
+                    volume: vol.into(),
+                },
+                "net1",
+            )
+        };
         let uid = "8f0c3f5e-1b2a-4c3d-9e8f-0123456789ab";
-        assert_eq!(v(uid, "knitter-vhost").unwrap().socket, Path::new(&format!("/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/knitter-vhost/net1.sock")));
-        for (u, vol) in [("../x", "v"), (uid, "../../etc"), (uid, "a/b"), (uid, "Vol"), ("", "v"), (uid, "")] {
+        assert_eq!(
+            v(uid, "knitter-vhost").unwrap().socket,
+            Path::new(&format!(
+                "/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~empty-dir/knitter-vhost/net1.sock"
+            ))
+        );
+        for (u, vol) in
+            [("../x", "v"), (uid, "../../etc"), (uid, "a/b"), (uid, "Vol"), ("", "v"), (uid, "")]
+        {
             assert!(v(u, vol).is_err(), "{u} {vol}");
         }
     }
@@ -274,7 +324,8 @@ mod tests {
         std::fs::write(&l.socket, b"stale").unwrap();
         prepare(&l, Access { mode: Some(0o750), ..Default::default() }, &info()).unwrap();
         assert!(!l.socket.exists(), "a stale socket is removed");
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&l.info).unwrap()).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&l.info).unwrap()).unwrap();
         assert_eq!(v["mac"], "0a:58:0a:00:00:02");
         assert_eq!(v["socket"], "net1.sock");
         assert_eq!(v["mode"], "server");
@@ -305,13 +356,22 @@ mod tests {
             std::os::unix::fs::symlink(&victim, l.dir.join(name)).unwrap();
         }
         let foreign = std::os::unix::net::UnixListener::bind(&l.socket).unwrap();
-        prepare(&l, Access { mode: Some(0o770), owner: Some(4242), group: Some(4242) }, &info()).unwrap();
+        prepare(&l, Access { mode: Some(0o770), owner: Some(4242), group: Some(4242) }, &info())
+            .unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         let m = std::fs::metadata(&victim).unwrap();
         use std::os::unix::fs::MetadataExt;
-        assert_eq!((m.mode() & 0o777, m.uid()), (0o600, 0), "the target's mode and owner are untouched");
+        assert_eq!(
+            (m.mode() & 0o777, m.uid()),
+            (0o600, 0),
+            "the target's mode and owner are untouched"
+        );
         assert!(!l.socket.exists(), "the foreign socket is not taken");
-        assert_eq!(std::fs::symlink_metadata(&l.info).unwrap().uid(), 4242, "the JSON is a new file");
+        assert_eq!(
+            std::fs::symlink_metadata(&l.info).unwrap().uid(),
+            4242,
+            "the JSON is a new file"
+        );
         drop(foreign);
         // The pod's directory replaced with a symlink to somewhere else.
         let elsewhere = t.path().join("elsewhere");
@@ -326,7 +386,11 @@ mod tests {
     fn a_pods_own_volume_is_found_and_a_missing_one_named() {
         let t = tempfile::tempdir().unwrap();
         let uid = "8f0c3f5e-1b2a-4c3d-9e8f-0123456789ab";
-        let place = Place::Volume { pods: t.path().into(), uid: uid.into(), volume: "knitter-vhost".into() };
+        let place = Place::Volume {
+            pods: t.path().into(),
+            uid: uid.into(),
+            volume: "knitter-vhost".into(),
+        };
         let l = layout(place, "net1").unwrap();
         let e = prepare(&l, Access::default(), &info()).unwrap_err();
         assert!(e.to_string().contains("no emptyDir volume named \"knitter-vhost\""), "{e}");

@@ -16,8 +16,8 @@
 //! interfaces by their link group, [`GROUP`].
 
 use plumbing::link::{self, LinkChange, VethPeer};
-use std::io::{self, Write};
 use std::collections::BTreeMap;
+use std::io::{self, Write};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock, mpsc};
@@ -57,14 +57,21 @@ fn plan(ifname: &str, addresses: &[String]) -> io::Result<Plan> {
     }
     let addresses = addresses.iter().map(|a| cidr(a)).collect::<io::Result<Vec<_>>>()?;
     let Some((first, _)) = addresses.first() else {
-        return Err(invalid("a host port needs the node's address in the network (addresses = [\"10.1.0.254/24\"])".into()));
+        return Err(invalid(
+            "a host port needs the node's address in the network (addresses = [\"10.1.0.254/24\"])"
+                .into(),
+        ));
     };
     Ok(Plan { ifname: ifname.into(), mac: knitter_api::mac::mac_for(*first), addresses })
 }
 
 /// `10.1.0.254/24` → (address, prefix).
 fn cidr(s: &str) -> io::Result<(IpAddr, u8)> {
-    let bad = || invalid(format!("host port address {s:?} is not an address with its prefix (10.1.0.254/24)"));
+    let bad = || {
+        invalid(format!(
+            "host port address {s:?} is not an address with its prefix (10.1.0.254/24)"
+        ))
+    };
     let (ip, prefix) = s.split_once('/').ok_or_else(bad)?;
     let ip: IpAddr = ip.parse().map_err(|_| bad())?;
     let prefix: u8 = prefix.parse().map_err(|_| bad())?;
@@ -75,7 +82,6 @@ fn cidr(s: &str) -> io::Result<(IpAddr, u8)> {
     Ok((ip, prefix))
 }
 
-
 /// Makes (or brings back to its settings) host port `ifname` with `mtu`, its addresses,
 /// forwarding on and its table; returns whether it made the interface (and then removes it
 /// again when a step fails). An interface of that name that is not a host port (no
@@ -85,9 +91,16 @@ pub fn make(ifname: &str, addresses: &[String], mtu: u32, masquerade: bool) -> i
     let sw = switch_end(&p.ifname);
     let fresh = link::link(&p.ifname)?.is_none();
     if fresh {
-        link::add_veth_to(&sw, Some(mtu), &VethPeer { name: &p.ifname, netns: None, mac: Some(p.mac), mtu: Some(mtu) })?;
+        link::add_veth_to(
+            &sw,
+            Some(mtu),
+            &VethPeer { name: &p.ifname, netns: None, mac: Some(p.mac), mtu: Some(mtu) },
+        )?;
     } else if link::link(&sw)?.is_none() {
-        return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("interface {ifname} exists and is not a host port (no {sw} beside it)")));
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("interface {ifname} exists and is not a host port (no {sw} beside it)"),
+        ));
     }
     let made = configure(&p, &sw, mtu, masquerade);
     if made.is_err() && fresh {
@@ -98,7 +111,11 @@ pub fn make(ifname: &str, addresses: &[String], mtu: u32, masquerade: bool) -> i
 
 /// Two addresses of `a` and `b` whose subnets overlap, if any.
 pub fn overlap(a: &[String], b: &[String]) -> Option<(String, String)> {
-    let nets = |l: &[String]| l.iter().filter_map(|s| cidr(s).ok().map(|(ip, prefix)| (s.clone(), ip, prefix))).collect::<Vec<_>>();
+    let nets = |l: &[String]| {
+        l.iter()
+            .filter_map(|s| cidr(s).ok().map(|(ip, prefix)| (s.clone(), ip, prefix)))
+            .collect::<Vec<_>>()
+    };
     let within = |ip: IpAddr, net: IpAddr, prefix: u8| subnet(ip, prefix) == subnet(net, prefix);
     for (sa, ia, pa) in nets(a) {
         for (sb, ib, pb) in nets(b) {
@@ -122,8 +139,20 @@ fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
     // The node's addresses here are its own by configuration (or the manager's IPAM): no
     // duplicate address detection holding an IPv6 one back for a second.
     let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/accept_dad", p.ifname), "0");
-    link::change(sw, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() })?;
-    link::change(&p.ifname, &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, group: Some(GROUP), ..Default::default() })?;
+    link::change(
+        sw,
+        &LinkChange { mac: Some(p.mac), mtu: Some(mtu), up: true, ..Default::default() },
+    )?;
+    link::change(
+        &p.ifname,
+        &LinkChange {
+            mac: Some(p.mac),
+            mtu: Some(mtu),
+            up: true,
+            group: Some(GROUP),
+            ..Default::default()
+        },
+    )?;
     // Frames leave the host whole and checksummed: AF_XDP in copy mode finishes nothing.
     plumbing::ethtool::pod_offloads_off(&p.ifname)?;
     // A port an older daemon made has its link-local address failed: removed, and the
@@ -164,7 +193,9 @@ fn is_link_local(ip: IpAddr) -> bool {
 
 /// The host routes between its port and the rest (a node running pods has it on already).
 fn forwarding_on(p: &Plan) -> io::Result<()> {
-    let write = |path: &str| std::fs::write(path, "1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")));
+    let write = |path: &str| {
+        std::fs::write(path, "1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+    };
     if p.addresses.iter().any(|(ip, _)| ip.is_ipv4()) {
         write("/proc/sys/net/ipv4/ip_forward")?;
     }
@@ -181,8 +212,12 @@ fn table(ifname: &str) -> String {
 /// The subnet of `ip/prefix`, as nftables writes it.
 fn subnet(ip: IpAddr, prefix: u8) -> String {
     let net = match ip {
-        IpAddr::V4(a) => IpAddr::V4((u32::from(a) & u32::MAX.checked_shl(32 - prefix as u32).unwrap_or(0)).into()),
-        IpAddr::V6(a) => IpAddr::V6((u128::from(a) & u128::MAX.checked_shl(128 - prefix as u32).unwrap_or(0)).into()),
+        IpAddr::V4(a) => IpAddr::V4(
+            (u32::from(a) & u32::MAX.checked_shl(32 - prefix as u32).unwrap_or(0)).into(),
+        ),
+        IpAddr::V6(a) => IpAddr::V6(
+            (u128::from(a) & u128::MAX.checked_shl(128 - prefix as u32).unwrap_or(0)).into(),
+        ),
     };
     format!("{net}/{prefix}")
 }
@@ -190,7 +225,13 @@ fn subnet(ip: IpAddr, prefix: u8) -> String {
 /// The host port's table, as one nftables script that replaces it whole.
 fn nat_rules(p: &Plan, masquerade: bool) -> String {
     let (t, i) = (table(&p.ifname), &p.ifname);
-    let subnets = |v4: bool| p.addresses.iter().filter(|(ip, _)| ip.is_ipv4() == v4).map(|(ip, prefix)| subnet(*ip, *prefix)).collect::<Vec<_>>();
+    let subnets = |v4: bool| {
+        p.addresses
+            .iter()
+            .filter(|(ip, _)| ip.is_ipv4() == v4)
+            .map(|(ip, prefix)| subnet(*ip, *prefix))
+            .collect::<Vec<_>>()
+    };
     let mut forward = vec![
         // Never between two networks, either way.
         format!("iifname \"{i}\" oifgroup {GROUP} oifname != \"{i}\" drop"),
@@ -214,17 +255,26 @@ fn nat_rules(p: &Plan, masquerade: bool) -> String {
         // would leave there untranslated), the connection leaves from the node's address.
         // An outside client reaching a pod of this node keeps its address
         // (externalTrafficPolicy: Local): the pod answers through its node's gateway.
-        postrouting.push(format!("oifname \"{i}\" ct status dnat {family} saddr {{ {set} }} masquerade"));
-        postrouting.push(format!("oifname \"{i}\" ct status dnat {family} daddr != @{} masquerade", local_set(v4)));
+        postrouting
+            .push(format!("oifname \"{i}\" ct status dnat {family} saddr {{ {set} }} masquerade"));
+        postrouting.push(format!(
+            "oifname \"{i}\" ct status dnat {family} daddr != @{} masquerade",
+            local_set(v4)
+        ));
         // A pod on a port without port security must not send the network's way out
         // another network's addresses.
         forward.push(format!("iifname \"{i}\" {family} saddr != {{ {set} }} drop"));
         if masquerade {
-            postrouting.push(format!("iifname \"{i}\" oifname != \"{i}\" {family} saddr {{ {set} }} masquerade"));
+            postrouting.push(format!(
+                "iifname \"{i}\" oifname != \"{i}\" {family} saddr {{ {set} }} masquerade"
+            ));
         }
     }
     let chain = |name: &str, hook: &str, rules: &[String]| {
-        format!("  chain {name} {{\n    type {hook}; policy accept;\n{}  }}\n", rules.iter().map(|r| format!("    {r}\n")).collect::<String>())
+        format!(
+            "  chain {name} {{\n    type {hook}; policy accept;\n{}  }}\n",
+            rules.iter().map(|r| format!("    {r}\n")).collect::<String>()
+        )
     };
     format!(
         "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  set {} {{ type ipv4_addr; }}\n  set {} {{ type ipv6_addr; }}\n{}{}}}\n",
@@ -248,12 +298,14 @@ pub fn set_local(ifname: &str, addresses: &[IpAddr]) -> io::Result<()> {
     for v4 in [true, false] {
         let set = local_set(v4);
         script.push_str(&format!("flush set inet {t} {set}\n"));
-        let members: Vec<String> = addresses.iter().filter(|a| a.is_ipv4() == v4).map(IpAddr::to_string).collect();
+        let members: Vec<String> =
+            addresses.iter().filter(|a| a.is_ipv4() == v4).map(IpAddr::to_string).collect();
         if !members.is_empty() {
             script.push_str(&format!("add element inet {t} {set} {{ {} }}\n", members.join(", ")));
         }
     }
-    nft(&script).map_err(|e| io::Error::new(e.kind(), format!("host port {ifname} local pods: {e}")))
+    nft(&script)
+        .map_err(|e| io::Error::new(e.kind(), format!("host port {ifname} local pods: {e}")))
 }
 
 /// [`set_local`] on a thread of its own (the node calls it with its state locked, on every
@@ -305,7 +357,8 @@ fn local_pods_worker(rx: &mpsc::Receiver<LocalPods>) {
 }
 
 fn nat(p: &Plan, masquerade: bool) -> io::Result<()> {
-    nft(&nat_rules(p, masquerade)).map_err(|e| io::Error::new(e.kind(), format!("host port {} NAT rules: {e}", p.ifname)))
+    nft(&nat_rules(p, masquerade))
+        .map_err(|e| io::Error::new(e.kind(), format!("host port {} NAT rules: {e}", p.ifname)))
 }
 
 /// Runs an nftables script (`nft -f -`).
@@ -316,13 +369,18 @@ fn nft(script: &str) -> io::Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("nft (the nftables package) did not start: {e}")))?;
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("nft (the nftables package) did not start: {e}"))
+        })?;
     // A failed write (nft gone at once) still waits for it: the answer says why.
     let wrote = child.stdin.take().map(|mut stdin| stdin.write_all(script.as_bytes()));
     let out = child.wait_with_output()?;
     wrote.transpose()?;
     if !out.status.success() {
-        return Err(io::Error::other(format!("nft: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(io::Error::other(format!(
+            "nft: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }
@@ -354,16 +412,36 @@ mod tests {
         let p = plan("knitter0", &["10.1.0.254/24".into(), "fd00:1::fe/64".into()]).unwrap();
         assert_eq!(p.mac, [0x0a, 0x58, 10, 1, 0, 254]);
         let r = nat_rules(&p, true);
-        assert!(r.starts_with("add table inet knitter-knitter0\ndelete table inet knitter-knitter0\n"), "{r}");
-        assert!(r.contains("oifname \"knitter0\" ct status dnat ip saddr { 10.1.0.0/24 } masquerade"), "a Service's hairpin: {r}");
-        assert!(r.contains("oifname \"knitter0\" ct status dnat ip6 daddr != @local6 masquerade"), "a backend on another node: {r}");
+        assert!(
+            r.starts_with("add table inet knitter-knitter0\ndelete table inet knitter-knitter0\n"),
+            "{r}"
+        );
+        assert!(
+            r.contains("oifname \"knitter0\" ct status dnat ip saddr { 10.1.0.0/24 } masquerade"),
+            "a Service's hairpin: {r}"
+        );
+        assert!(
+            r.contains("oifname \"knitter0\" ct status dnat ip6 daddr != @local6 masquerade"),
+            "a backend on another node: {r}"
+        );
         assert!(r.contains("set local4 { type ipv4_addr; }"), "{r}");
-        assert!(r.contains("iifname \"knitter0\" oifgroup 27502 oifname != \"knitter0\" drop"), "no routing into another network: {r}");
+        assert!(
+            r.contains("iifname \"knitter0\" oifgroup 27502 oifname != \"knitter0\" drop"),
+            "no routing into another network: {r}"
+        );
         assert!(r.contains("ip saddr != { 10.1.0.0/24 } drop"), "no other network's sources: {r}");
-        assert!(r.contains("oifname \"knitter0\" ct state new ct status & dnat == 0 drop"), "only translated connections into the network: {r}");
+        assert!(
+            r.contains("oifname \"knitter0\" ct state new ct status & dnat == 0 drop"),
+            "only translated connections into the network: {r}"
+        );
         assert!(r.contains("ip saddr { 10.1.0.0/24 } masquerade"), "{r}");
         assert!(r.contains("ip6 saddr { fd00:1::/64 } masquerade"), "{r}");
-        assert!(!nat_rules(&p, false).lines().any(|l| l.contains("saddr {") && !l.contains("ct status dnat") && l.ends_with("masquerade")), "no masquerade asked for");
+        assert!(
+            !nat_rules(&p, false).lines().any(|l| l.contains("saddr {")
+                && !l.contains("ct status dnat")
+                && l.ends_with("masquerade")),
+            "no masquerade asked for"
+        );
         assert_eq!(subnet("10.1.2.3".parse().unwrap(), 0), "0.0.0.0/0");
     }
 
@@ -371,7 +449,10 @@ mod tests {
     fn overlapping_subnets_are_found_either_way() {
         let a = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert!(overlap(&a(&["10.1.0.254/24"]), &a(&["10.1.0.253/24"])).is_some());
-        assert!(overlap(&a(&["10.1.0.254/16"]), &a(&["10.1.7.1/24"])).is_some(), "one inside the other");
+        assert!(
+            overlap(&a(&["10.1.0.254/16"]), &a(&["10.1.7.1/24"])).is_some(),
+            "one inside the other"
+        );
         assert!(overlap(&a(&["10.1.7.1/24"]), &a(&["10.1.0.254/16"])).is_some());
         assert!(overlap(&a(&["10.1.0.254/24"]), &a(&["10.2.0.254/24", "fd00::1/64"])).is_none());
         assert!(overlap(&a(&["fd00:1::fe/64"]), &a(&["fd00:1::fd/64"])).is_some());

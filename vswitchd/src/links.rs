@@ -38,12 +38,19 @@ pub async fn watch_links(node: Arc<Node>, every: Duration) {
                     (false, true) => "interface up and running",
                     (false, false) => "interface down or without carrier",
                 };
-                node.events.emit(if up { "link_up" } else { "link_down" }, &p.name, detail, snap.generation);
+                node.events.emit(
+                    if up { "link_up" } else { "link_down" },
+                    &p.name,
+                    detail,
+                    snap.generation,
+                );
             }
             now.insert(p.name.clone(), up);
             let error = match node.switch.faults().get(&p.name) {
                 Some(why) => Some(format!("the switch put the port in error: {why}")),
-                None => node.vhost_ring_error(&p.name).map(|why| format!("vhost-user port in error: {why}")),
+                None => node
+                    .vhost_ring_error(&p.name)
+                    .map(|why| format!("vhost-user port in error: {why}")),
             };
             match error {
                 Some(why) if ring_errors.get(&p.name) != Some(&why) => {

@@ -47,14 +47,20 @@ fn main() -> Result<()> {
     };
     let start = settings::converge(persisted, &s.objects);
     knitter_vhost::port::set_single_copy_default(s.vhost.single_copy);
-    knitter_vhost::backend::set_max_guest_memory(s.vhost.max_guest_memory_mib.saturating_mul(1 << 20));
+    knitter_vhost::backend::set_max_guest_memory(
+        s.vhost.max_guest_memory_mib.saturating_mul(1 << 20),
+    );
     devices::set_eal_args(s.dpdk.eal_args.clone());
     let opts = node::NodeOptions {
         pmd: s.pmd.clone(),
         buffers: s.pool.buffers(),
         sized_for_pods: s.pool.sized_for_pods(),
         hugepages: s.pool.hugepages,
-        tables: vswitch::SwitchOptions { fdb_entries: s.tables.fdb_entries, emc_entries: s.tables.emc_entries as usize, ..Default::default() },
+        tables: vswitch::SwitchOptions {
+            fdb_entries: s.tables.fdb_entries,
+            emc_entries: s.tables.emc_entries as usize,
+            ..Default::default()
+        },
         state_file: s.state_file.clone(),
     };
     let vfs = vf::set_node_vfs(vf::Vfs::new(&s.sriov));
@@ -97,9 +103,15 @@ fn lock_socket(socket: &Path) -> Result<std::fs::File> {
                 "" => "another knitter-vswitchd".to_string(),
                 p => format!("another knitter-vswitchd (pid {p})"),
             };
-            anyhow::bail!("{who} already runs the node API on {} (it holds {}); stop it first", socket.display(), path.display());
+            anyhow::bail!(
+                "{who} already runs the node API on {} (it holds {}); stop it first",
+                socket.display(),
+                path.display()
+            );
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", path.display())),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", path.display()));
+        }
     }
     file.set_len(0)?;
     file.rewind()?;
@@ -164,14 +176,17 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     {
         tokio::spawn(credential::join(node.clone(), m.clone(), join.clone()));
     }
-    let attacher = attach::Attacher::new(node.clone(), manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone());
+    let attacher =
+        attach::Attacher::new(node.clone(), manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone());
     let releases = tokio::spawn(attacher.clone().retry_releases());
     let manager = manager.map(|m| {
         tracing::info!(manager = %m.link().address, node = %m.link().node_name, "syncing with the manager");
         tokio::spawn(sync::run(node.clone(), m))
     });
     if let Some(addr) = s.metrics {
-        let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics endpoint {addr}"))?;
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics endpoint {addr}"))?;
         tracing::info!(addr = %l.local_addr()?, "metrics on /metrics");
         let (node, stop) = (node.clone(), stopped(stop_rx.clone()));
         tokio::spawn(async move {
@@ -195,7 +210,9 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
         if let Some(ca) = &tls.client_ca {
             cfg = cfg.client_ca_root(Certificate::from_pem(ca));
         }
-        let tcp = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("node API on {addr}"))?;
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("node API on {addr}"))?;
         tracing::info!(addr = %tcp.local_addr()?, client_certs = tls.client_ca.is_some(), "node API on TCP with TLS");
         let server = tonic::transport::Server::builder()
             .tls_config(cfg)
@@ -203,7 +220,10 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
             .add_service(health_service.clone())
             .add_service(reflection.clone())
             .add_service(service.clone())
-            .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(tcp).with_nodelay(Some(true)), stopped(stop_rx.clone()));
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(tcp).with_nodelay(Some(true)),
+                stopped(stop_rx.clone()),
+            );
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "node API on TCP failed");
@@ -215,7 +235,10 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
         .add_service(reflection)
         .add_service(service)
         .add_service(knitter_api::node::attach_server::AttachServer::new(attacher))
-        .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            stopped(stop_rx.clone()),
+        );
     // The socket is bound and the state restored: systemd (Type=notify) may start what
     // waits for the node.
     knitter_api::systemd::ready();
@@ -243,4 +266,3 @@ const LINK_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How long a stop waits for API calls in flight.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-

@@ -50,21 +50,31 @@ impl Manager {
     fn request<T>(&self, msg: T) -> Result<Request<T>, Status> {
         let link = &self.link;
         if link.join.is_some() && link.token.get().is_none() {
-            return Err(Status::unavailable(format!("this node has not joined the manager at {} yet (the bootstrap token; see the daemon's log)", link.address)));
+            return Err(Status::unavailable(format!(
+                "this node has not joined the manager at {} yet (the bootstrap token; see the daemon's log)",
+                link.address
+            )));
         }
         let mut r = Request::new(msg);
         if let Some(t) = &link.token.get() {
-            knitter_api::process::bearer(&mut r, t).map_err(|e| Status::internal(format!("the manager token: {e}")))?;
+            knitter_api::process::bearer(&mut r, t)
+                .map_err(|e| Status::internal(format!("the manager token: {e}")))?;
         }
         Ok(r)
     }
 
     /// One unary call with `req`, bounded by `deadline`.
-    async fn call<T, R, Fut>(&self, req: Request<T>, deadline: Duration, f: impl FnOnce(ManagerClient<Channel>, Request<T>) -> Fut) -> Result<R, Status>
+    async fn call<T, R, Fut>(
+        &self,
+        req: Request<T>,
+        deadline: Duration,
+        f: impl FnOnce(ManagerClient<Channel>, Request<T>) -> Fut,
+    ) -> Result<R, Status>
     where
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        match tokio::time::timeout(deadline, f(ManagerClient::new(self.channel.clone()), req)).await {
+        match tokio::time::timeout(deadline, f(ManagerClient::new(self.channel.clone()), req)).await
+        {
             Ok(r) => r.map(Response::into_inner),
             Err(_) => Err(Status::deadline_exceeded(format!("no answer within {deadline:?}"))),
         }
@@ -73,14 +83,18 @@ impl Manager {
     /// The manager's port for a pod's interface (made, or the one it has).
     pub async fn create_port(&self, spec: pb::PortSpec) -> Result<pb::Port, Status> {
         let req = self.request(spec)?;
-        let made = self.call(req, CALL_DEADLINE, |mut c, r| async move { c.create_port(r).await }).await.map_err(|s| self.said(s))?;
+        let made = self
+            .call(req, CALL_DEADLINE, |mut c, r| async move { c.create_port(r).await })
+            .await
+            .map_err(|s| self.said(s))?;
         made.port.ok_or_else(|| Status::internal("the manager returned no port"))
     }
 
     /// Releases a pod interface's port (one the manager does not have is released).
     pub async fn delete_port(&self, name: pb::PortName) -> Result<(), Status> {
         let req = self.request(name)?;
-        match self.call(req, CALL_DEADLINE, |mut c, r| async move { c.delete_port(r).await }).await {
+        match self.call(req, CALL_DEADLINE, |mut c, r| async move { c.delete_port(r).await }).await
+        {
             Ok(_) => Ok(()),
             Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
             Err(s) => Err(s),
@@ -90,19 +104,28 @@ impl Manager {
     /// Whether the manager answers this node (a list it may read), or why not.
     pub async fn reachable(&self) -> Result<(), String> {
         let req = self.request(pb::ListRequest::default()).map_err(|s| s.message().to_string())?;
-        self.call(req, PROBE_DEADLINE, |mut c, r| async move { c.list_nodes(r).await }).await.map(drop).map_err(|s| s.message().to_string())
+        self.call(req, PROBE_DEADLINE, |mut c, r| async move { c.list_nodes(r).await })
+            .await
+            .map(drop)
+            .map_err(|s| s.message().to_string())
     }
 
     /// Joins as this node with the bootstrap token: the node's own token.
     pub async fn join(&self, bootstrap: &str) -> Result<String, Status> {
         let mut req = Request::new(pb::Name { name: self.link.node_name.clone() });
-        knitter_api::process::bearer(&mut req, bootstrap).map_err(|e| Status::internal(format!("the bootstrap token: {e}")))?;
-        Ok(self.call(req, CALL_DEADLINE, |mut c, r| async move { c.join_node(r).await }).await?.token)
+        knitter_api::process::bearer(&mut req, bootstrap)
+            .map_err(|e| Status::internal(format!("the bootstrap token: {e}")))?;
+        Ok(self
+            .call(req, CALL_DEADLINE, |mut c, r| async move { c.join_node(r).await })
+            .await?
+            .token)
     }
 
     /// Opens the sync stream, once the node has its token (waiting up to 30 s for a join).
     pub async fn sync(&self, msg: pb::SyncRequest) -> anyhow::Result<Streaming<pb::DesiredState>> {
-        if self.link.join.is_some() && self.link.token.ready(Duration::from_secs(30)).await.is_none() {
+        if self.link.join.is_some()
+            && self.link.token.ready(Duration::from_secs(30)).await.is_none()
+        {
             anyhow::bail!("not joined yet (the bootstrap token)");
         }
         let req = self.request(msg)?;
@@ -114,7 +137,10 @@ impl Manager {
     fn said(&self, s: Status) -> Status {
         let address = &self.link.address;
         let unreachable = std::error::Error::source(&s).is_some()
-            || matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown);
+            || matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+            );
         if unreachable {
             return Status::unavailable(format!(
                 "the manager at {address} is unreachable (is knitter-manager running, and is --manager right?): {}",
@@ -131,7 +157,12 @@ pub fn bridge(network: &str, kind: &str, segment: u32) -> Result<BridgeConfig, S
     let mut b = BridgeConfig::new(network);
     match kind {
         "vxlan" => b.vni = Some(segment),
-        "vlan" => b.vlan = Some(u16::try_from(segment).map_err(|_| format!("network {network}: VLAN {segment} is out of range"))?),
+        "vlan" => {
+            b.vlan = Some(
+                u16::try_from(segment)
+                    .map_err(|_| format!("network {network}: VLAN {segment} is out of range"))?,
+            )
+        }
         k => return Err(format!("network {network}: kind {k:?} is unknown")),
     }
     Ok(b)
@@ -139,5 +170,10 @@ pub fn bridge(network: &str, kind: &str, segment: u32) -> Result<BridgeConfig, S
 
 /// A policer as the manager sends it (a network's per-pod rate, on the network or the port).
 pub fn policer(p: &pb::Policer) -> PolicerConfig {
-    PolicerConfig { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }
+    PolicerConfig {
+        pps: p.pps,
+        bps: p.bps,
+        burst_packets: p.burst_packets,
+        burst_bytes: p.burst_bytes,
+    }
 }

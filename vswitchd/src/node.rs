@@ -5,11 +5,11 @@
 
 use crate::devices::{self, DeviceError, OpenPort};
 use crate::state::{Device, Document, NodeState, Owned, Owner, PortSpec, StateError};
+use kernel_ports::afxdp::UnderlayFilter;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use vswitch::config::{PeerConfig, BridgeConfig, PortMode, VtepConfig};
-use kernel_ports::afxdp::UnderlayFilter;
+use vswitch::config::{BridgeConfig, PeerConfig, PortMode, VtepConfig};
 use vswitch::snapshot::ConfigError;
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
@@ -90,13 +90,23 @@ pub struct Node {
 /// owner's, never applied (`false`): as the node has it (what `-o yaml` of a list prints),
 /// silently; otherwise (a saved document the pods or the manager moved on from) named in
 /// `skipped`. A local object that is another owner's on the node refuses the document.
-fn documents_local<T: PartialEq>(doc: &Owned<T>, node: Option<&Owned<T>>, kind: &'static str, name: &str, skipped: &mut Vec<String>) -> Result<bool, NodeError> {
+fn documents_local<T: PartialEq>(
+    doc: &Owned<T>,
+    node: Option<&Owned<T>>,
+    kind: &'static str,
+    name: &str,
+    skipped: &mut Vec<String>,
+) -> Result<bool, NodeError> {
     match (doc.owner, node) {
-        (Owner::Local, Some(o)) if o.owner != Owner::Local => Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by: Owner::Local }),
+        (Owner::Local, Some(o)) if o.owner != Owner::Local => {
+            Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by: Owner::Local })
+        }
         (Owner::Local, _) => Ok(true),
         (theirs, Some(o)) if o.owner == theirs && o.item == doc.item => Ok(false),
         (theirs, _) => {
-            skipped.push(format!("{kind} {name} ({theirs}'s in the document, not as the node has it)"));
+            skipped.push(format!(
+                "{kind} {name} ({theirs}'s in the document, not as the node has it)"
+            ));
             Ok(false)
         }
     }
@@ -136,12 +146,21 @@ fn carry_over<T: Clone>(
 }
 
 fn owned_by<T>(o: &Owned<T>, kind: &'static str, name: &str, by: Owner) -> Result<(), NodeError> {
-    if o.owner == by { Ok(()) } else { Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by }) }
+    if o.owner == by {
+        Ok(())
+    } else {
+        Err(NodeError::NotOwner { kind, name: name.into(), owner: o.owner, by })
+    }
 }
 
 /// The AF_XDP filter an underlay port needs for `vtep`.
 fn underlay_filter(vtep: &VtepConfig) -> UnderlayFilter {
-    UnderlayFilter { vtep: vtep.local_ip, udp_port: vtep.udp_port, vlan: vtep.underlay_vlan, shared: vtep.shared_address }
+    UnderlayFilter {
+        vtep: vtep.local_ip,
+        udp_port: vtep.udp_port,
+        vlan: vtep.underlay_vlan,
+        shared: vtep.shared_address,
+    }
 }
 
 impl Node {
@@ -152,8 +171,17 @@ impl Node {
         let pool = Pool::new(opts.buffers, opts.hugepages)?;
         tracing::info!(buffers = opts.buffers, backing = %pool.backing(), "buffer pool ready");
         let switch = Switch::new(pool.clone(), opts.tables);
-        tracing::info!(fdb_entries = opts.tables.fdb_entries, emc_entries = opts.tables.emc_entries, "forwarding tables ready");
-        let mut inner = Inner { state: NodeState::default(), open: BTreeMap::new(), failed: BTreeMap::new(), local_pods: BTreeMap::new() };
+        tracing::info!(
+            fdb_entries = opts.tables.fdb_entries,
+            emc_entries = opts.tables.emc_entries,
+            "forwarding tables ready"
+        );
+        let mut inner = Inner {
+            state: NodeState::default(),
+            open: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            local_pods: BTreeMap::new(),
+        };
         for p in &state.ports {
             let name = &p.item.config.name;
             match Self::open_device(&pool, &state, &p.item) {
@@ -175,15 +203,34 @@ impl Node {
         // The TSC's rate (100 ms to measure) is known before `pmd show` or a scrape asks.
         std::thread::spawn(vswitch::util::tsc_hz);
         let events = crate::events::Events::default();
-        Ok(Node { switch, events, pool, opts, pmd: Mutex::new(Some(pmd)), inner: Mutex::new(inner), manager_refusal: Mutex::new(None) })
+        Ok(Node {
+            switch,
+            events,
+            pool,
+            opts,
+            pmd: Mutex::new(Some(pmd)),
+            inner: Mutex::new(inner),
+            manager_refusal: Mutex::new(None),
+        })
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn open_device(pool: &Arc<Pool>, state: &NodeState, spec: &PortSpec) -> Result<OpenPort, DeviceError> {
-        devices::open(&spec.config.name, &spec.device, pool, wanted_filter(state, spec), is_trunk(spec), spec.config.mtu)
+    fn open_device(
+        pool: &Arc<Pool>,
+        state: &NodeState,
+        spec: &PortSpec,
+    ) -> Result<OpenPort, DeviceError> {
+        devices::open(
+            &spec.config.name,
+            &spec.device,
+            pool,
+            wanted_filter(state, spec),
+            is_trunk(spec),
+            spec.config.mtu,
+        )
     }
 
     /// Applies `candidate` (the ports in `open`), then makes it the state and persists it.
@@ -211,11 +258,22 @@ impl Node {
     }
 
     /// Adds a bridge domain, or with `replace` changes one the same owner has.
-    pub fn add_bridge(&self, bridge: BridgeConfig, owner: Owner, replace: bool) -> Result<u64, NodeError> {
+    pub fn add_bridge(
+        &self,
+        bridge: BridgeConfig,
+        owner: Owner,
+        replace: bool,
+    ) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let mut candidate = inner.state.clone();
         match candidate.bridges.iter_mut().find(|b| b.item.name == bridge.name) {
-            Some(b) if !replace => return Err(NodeError::Exists { kind: "bridge", name: bridge.name, owner: b.owner }),
+            Some(b) if !replace => {
+                return Err(NodeError::Exists {
+                    kind: "bridge",
+                    name: bridge.name,
+                    owner: b.owner,
+                });
+            }
             Some(b) => {
                 owned_by(b, "bridge", &bridge.name, owner)?;
                 b.item = bridge;
@@ -228,7 +286,9 @@ impl Node {
     pub fn delete_bridge(&self, name: &str, owner: Owner) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let mut candidate = inner.state.clone();
-        let b = candidate.bridge(name).ok_or_else(|| NodeError::NotFound { kind: "bridge", name: name.into() })?;
+        let b = candidate
+            .bridge(name)
+            .ok_or_else(|| NodeError::NotFound { kind: "bridge", name: name.into() })?;
         owned_by(b, "bridge", name, owner)?;
         candidate.bridges.retain(|b| b.item.name != name);
         self.commit(&mut inner, candidate)
@@ -253,7 +313,11 @@ impl Node {
 
     /// Attaches a pod's port (owner `attach`) and records its attachment, in one change; on
     /// refusal the device is closed again.
-    pub fn attach_port(&self, spec: PortSpec, record: crate::records::Record) -> Result<u64, NodeError> {
+    pub fn attach_port(
+        &self,
+        spec: PortSpec,
+        record: crate::records::Record,
+    ) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let name = spec.config.name.clone();
         if let Some(p) = inner.state.port(&name) {
@@ -272,9 +336,14 @@ impl Node {
     }
 
     /// Removes an attachment's port and record in one change; the record, if there was one.
-    pub fn detach_port(&self, key: &crate::records::Key) -> Result<Option<crate::records::Record>, NodeError> {
+    pub fn detach_port(
+        &self,
+        key: &crate::records::Key,
+    ) -> Result<Option<crate::records::Record>, NodeError> {
         let mut inner = self.inner();
-        let Some(record) = inner.state.attachments.iter().find(|a| a.key() == *key).cloned() else { return Ok(None) };
+        let Some(record) = inner.state.attachments.iter().find(|a| a.key() == *key).cloned() else {
+            return Ok(None);
+        };
         let mut candidate = inner.state.clone();
         candidate.attachments.retain(|a| a.key() != *key);
         let port = record.host_ifname.clone();
@@ -300,7 +369,9 @@ impl Node {
     /// Refuses a `dpdk` port on a PCI device something else holds (a pod's VF).
     fn check_not_held(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
         let Some(pci) = devices::pci_device(&spec.device) else { return Ok(()) };
-        match pci_holders(state).find(|(p, h)| *p == pci && !matches!(h, PciHolder::Port(n) if *n == spec.config.name)) {
+        match pci_holders(state)
+            .find(|(p, h)| *p == pci && !matches!(h, PciHolder::Port(n) if *n == spec.config.name))
+        {
             Some((_, h)) => Err(NodeError::VfHeld { pci: pci.to_string(), by: h.to_string() }),
             None => Ok(()),
         }
@@ -318,7 +389,9 @@ impl Node {
     pub fn add_vf_attachment(&self, record: crate::records::Record) -> Result<(), NodeError> {
         let mut inner = self.inner();
         if let Some(pci) = record.vf.as_ref().map(|v| &v.pci)
-            && let Some((_, h)) = pci_holders(&inner.state).find(|(p, h)| *p == pci && !matches!(h, PciHolder::Pod(a) if a.key() == record.key()))
+            && let Some((_, h)) = pci_holders(&inner.state).find(|(p, h)| {
+                *p == pci && !matches!(h, PciHolder::Pod(a) if a.key() == record.key())
+            })
         {
             return Err(NodeError::VfHeld { pci: pci.clone(), by: h.to_string() });
         }
@@ -357,7 +430,9 @@ impl Node {
     pub fn delete_port(&self, name: &str, owner: Owner) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let mut candidate = inner.state.clone();
-        let p = candidate.port(name).ok_or_else(|| NodeError::NotFound { kind: "port", name: name.into() })?;
+        let p = candidate
+            .port(name)
+            .ok_or_else(|| NodeError::NotFound { kind: "port", name: name.into() })?;
         owned_by(p, "port", name, owner)?;
         candidate.ports.retain(|p| p.item.config.name != name);
         let generation = self.commit(&mut inner, candidate)?;
@@ -366,21 +441,41 @@ impl Node {
     }
 
     /// Opens and registers the devices of `names` (ports of `candidate`), all or none.
-    fn open_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<(), NodeError> {
+    fn open_ports(
+        &self,
+        inner: &mut Inner,
+        candidate: &NodeState,
+        names: &[String],
+    ) -> Result<(), NodeError> {
         for (i, name) in names.iter().enumerate() {
             let Some(p) = candidate.port(name) else { continue };
             forget_local_pods(inner, &p.item);
-            let opened = Self::check_not_held(candidate, &p.item).and_then(|()| Self::check_host(candidate, &p.item)).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)).and_then(|open| {
-                self.switch.register_port(name, open.port.clone()).map_err(|e| {
-                    NodeError::Invalid(ConfigError::Duplicate { kind: "port", name: format!("{name} ({e})") })
-                })?;
-                inner.open.insert(name.clone(), open);
-                inner.failed.remove(name);
-                Ok(())
-            });
+            let opened = Self::check_not_held(candidate, &p.item)
+                .and_then(|()| Self::check_host(candidate, &p.item))
+                .and_then(|()| {
+                    Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
+                })
+                .and_then(|open| {
+                    self.switch.register_port(name, open.port.clone()).map_err(|e| {
+                        NodeError::Invalid(ConfigError::Duplicate {
+                            kind: "port",
+                            name: format!("{name} ({e})"),
+                        })
+                    })?;
+                    inner.open.insert(name.clone(), open);
+                    inner.failed.remove(name);
+                    Ok(())
+                });
             match &opened {
-                Ok(()) => self.events.emit("port_added", name, format!("{:?}", p.item.device), self.switch.generation()),
-                Err(e) => self.events.emit("port_error", name, e.to_string(), self.switch.generation()),
+                Ok(()) => self.events.emit(
+                    "port_added",
+                    name,
+                    format!("{:?}", p.item.device),
+                    self.switch.generation(),
+                ),
+                Err(e) => {
+                    self.events.emit("port_error", name, e.to_string(), self.switch.generation())
+                }
             }
             if let Err(e) = opened {
                 self.close_ports(inner, &names[..i], None);
@@ -397,7 +492,12 @@ impl Node {
     /// The new device opens while the old one runs, so traffic on the port pauses only
     /// between the two snapshots (AF_XDP's socket and AF_PACKET's share a device; the one
     /// case where they would compete, a vhost-user socket path, is refused before).
-    fn reopen_ports(&self, inner: &mut Inner, candidate: &NodeState, names: &[String]) -> Result<Vec<(String, OpenPort)>, NodeError> {
+    fn reopen_ports(
+        &self,
+        inner: &mut Inner,
+        candidate: &NodeState,
+        names: &[String],
+    ) -> Result<Vec<(String, OpenPort)>, NodeError> {
         let mut replaced = Vec::new();
         for name in names {
             let Some(p) = candidate.port(name) else { continue };
@@ -405,10 +505,21 @@ impl Node {
             let Some(running) = inner.open.get(name) else { continue };
             let opened = match running.hides_vlan_tags() {
                 // AF_XDP's queue is still the running socket's: straight to AF_PACKET.
-                Some(why) if is_trunk(&p.item) && inner.state.port(name).is_some_and(|o| o.item.device == p.item.device) => {
-                    devices::open_trunk_on_af_packet(name, &p.item.device, &why).map_err(NodeError::from)
+                Some(why)
+                    if is_trunk(&p.item)
+                        && inner
+                            .state
+                            .port(name)
+                            .is_some_and(|o| o.item.device == p.item.device) =>
+                {
+                    devices::open_trunk_on_af_packet(name, &p.item.device, &why)
+                        .map_err(NodeError::from)
                 }
-                _ => Self::check_not_held(candidate, &p.item).and_then(|()| Self::check_host(candidate, &p.item)).and_then(|()| Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)),
+                _ => Self::check_not_held(candidate, &p.item)
+                    .and_then(|()| Self::check_host(candidate, &p.item))
+                    .and_then(|()| {
+                        Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
+                    }),
             };
             match opened {
                 Ok(open) => {
@@ -452,7 +563,8 @@ impl Node {
             }
         }
         for (name, _) in &replaced {
-            let device = inner.state.port(name).map(|p| format!("{:?}", p.item.device)).unwrap_or_default();
+            let device =
+                inner.state.port(name).map(|p| format!("{:?}", p.item.device)).unwrap_or_default();
             let detail = match inner.open.get(name).and_then(|o| o.fallback.as_ref()) {
                 Some(why) => format!("{device}, on AF_PACKET: {why}"),
                 None => device,
@@ -478,7 +590,12 @@ impl Node {
     }
 
     /// [`Node::close_ports`], handing the devices to the caller to close.
-    fn take_ports(&self, inner: &mut Inner, names: &[String], generation: Option<u64>) -> Vec<(Option<Arc<dyn vswitch::port::Port>>, OpenPort)> {
+    fn take_ports(
+        &self,
+        inner: &mut Inner,
+        names: &[String],
+        generation: Option<u64>,
+    ) -> Vec<(Option<Arc<dyn vswitch::port::Port>>, OpenPort)> {
         if let Some(g) = generation {
             self.wait_adopted(g);
         }
@@ -506,14 +623,20 @@ impl Node {
     /// where AF_XDP hides tags), is opened again in place. An object another owner holds, or
     /// a vhost-user port moved to other settings on the same socket, refuses the whole
     /// document. With `dry_run`, only reports.
-    pub fn apply(&self, doc: Document, dry_run: bool, prune: bool) -> Result<ApplyReport, NodeError> {
+    pub fn apply(
+        &self,
+        doc: Document,
+        dry_run: bool,
+        prune: bool,
+    ) -> Result<ApplyReport, NodeError> {
         let Document { objects: doc, kinds } = doc;
         let mut inner = self.inner();
         let state = &inner.state;
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
         // What a document does not describe stays: the manager's peers, pods' attachments
         // (the records that say which ports and VFs pods hold), releases not yet acknowledged.
-        let mut candidate = NodeState { bridges: Vec::new(), ports: Vec::new(), vtep: None, ..state.clone() };
+        let mut candidate =
+            NodeState { bridges: Vec::new(), ports: Vec::new(), vtep: None, ..state.clone() };
         // Bridges: other owners' stay; the document's local ones are added or changed.
         for b in &doc.bridges {
             let name = &b.item.name;
@@ -525,7 +648,16 @@ impl Node {
             }
         }
         let lacked = |b: &BridgeConfig| doc.bridge(&b.name).is_none();
-        carry_over(&state.bridges, lacked, |b| &b.name, "bridge", prune && kinds.bridges, kinds.bridges, &mut report, &mut candidate.bridges);
+        carry_over(
+            &state.bridges,
+            lacked,
+            |b| &b.name,
+            "bridge",
+            prune && kinds.bridges,
+            kinds.bridges,
+            &mut report,
+            &mut candidate.bridges,
+        );
         candidate.bridges.extend(doc.bridges.iter().filter(|b| b.owner == Owner::Local).cloned());
         // Ports, the same way; a device changed is opened again.
         let (mut new_ports, mut reopened) = (Vec::new(), Vec::new());
@@ -535,7 +667,9 @@ impl Node {
                 o if !documents_local(p, o, "port", name, &mut report.skipped)? => {}
                 Some(o) if o.item != p.item => {
                     match inner.open.get(name) {
-                        Some(running) if reopens(running, &o.item, &p.item)? => reopened.push(name.clone()),
+                        Some(running) if reopens(running, &o.item, &p.item)? => {
+                            reopened.push(name.clone())
+                        }
                         // A port whose device did not open at start: its new device may.
                         None if o.item.device != p.item.device => new_ports.push(name.clone()),
                         _ => {}
@@ -550,11 +684,24 @@ impl Node {
             }
         }
         let lacked = |p: &PortSpec| doc.port(&p.config.name).is_none();
-        let gone_ports = carry_over(&state.ports, lacked, |p| &p.config.name, "port", prune && kinds.ports, kinds.ports, &mut report, &mut candidate.ports);
+        let gone_ports = carry_over(
+            &state.ports,
+            lacked,
+            |p| &p.config.name,
+            "port",
+            prune && kinds.ports,
+            kinds.ports,
+            &mut report,
+            &mut candidate.ports,
+        );
         candidate.ports.extend(doc.ports.iter().filter(|p| p.owner == Owner::Local).cloned());
         // The VTEP.
         candidate.vtep = match (&state.vtep, &doc.vtep) {
-            (old, Some(new)) if !documents_local(new, old.as_ref(), "vtep", "vtep", &mut report.skipped)? => old.clone(),
+            (old, Some(new))
+                if !documents_local(new, old.as_ref(), "vtep", "vtep", &mut report.skipped)? =>
+            {
+                old.clone()
+            }
             (Some(o), None) if o.owner != Owner::Local => Some(o.clone()),
             (Some(o), None) if !(prune && kinds.vtep) => {
                 if kinds.vtep {
@@ -572,7 +719,9 @@ impl Node {
                 new.clone()
             }
         };
-        if dry_run || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty()) {
+        if dry_run
+            || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty())
+        {
             return Ok(report);
         }
         self.open_ports(&mut inner, &candidate, &new_ports)?;
@@ -598,7 +747,12 @@ impl Node {
     /// same name wins and is reported as skipped; so is a port whose device does not open
     /// (with its bridge's gateway: the next state tries again). One atomic change; nothing
     /// happens when nothing differs.
-    pub fn converge_manager(&self, bridges: Vec<BridgeConfig>, peers: Vec<PeerConfig>, ports: Vec<PortSpec>) -> Result<ApplyReport, NodeError> {
+    pub fn converge_manager(
+        &self,
+        bridges: Vec<BridgeConfig>,
+        peers: Vec<PeerConfig>,
+        ports: Vec<PortSpec>,
+    ) -> Result<ApplyReport, NodeError> {
         let mut inner = self.inner();
         let state = inner.state.clone();
         let mut report = ApplyReport { generation: self.switch.generation(), ..Default::default() };
@@ -608,7 +762,10 @@ impl Node {
         for b in bridges {
             match state.bridge(&b.name) {
                 Some(o) if o.owner != Owner::Manager => {
-                    report.skipped.push(format!("bridge {} (a {} bridge of that name exists)", b.name, o.owner));
+                    report.skipped.push(format!(
+                        "bridge {} (a {} bridge of that name exists)",
+                        b.name, o.owner
+                    ));
                     shadowed.push(b.name);
                     continue;
                 }
@@ -629,13 +786,17 @@ impl Node {
             }
             match state.port(&name) {
                 Some(o) if o.owner != Owner::Manager => {
-                    report.skipped.push(format!("port {name} (a {} port of that name exists)", o.owner));
+                    report
+                        .skipped
+                        .push(format!("port {name} (a {} port of that name exists)", o.owner));
                     drop_gateway_of(&mut candidate, &name);
                     continue;
                 }
                 Some(o) if o.item != p => {
                     match inner.open.get(&name) {
-                        Some(running) if reopens(running, &o.item, &p)? => reopened.push(name.clone()),
+                        Some(running) if reopens(running, &o.item, &p)? => {
+                            reopened.push(name.clone())
+                        }
                         Some(_) => {}
                         None => new_ports.push(name.clone()),
                     }
@@ -665,7 +826,11 @@ impl Node {
                 report.removed.push(format!("bridge {}", b.item.name));
             } else {
                 // Ports still use it (a pod attached before the manager's next state): keep it.
-                report.skipped.push(format!("removing bridge {} (ports {} use it)", b.item.name, users.join(", ")));
+                report.skipped.push(format!(
+                    "removing bridge {} (ports {} use it)",
+                    b.item.name,
+                    users.join(", ")
+                ));
                 candidate.bridges.push(b.clone());
             }
         }
@@ -673,7 +838,11 @@ impl Node {
             report.changed.push("vtep peers".into());
             candidate.manager_peers = peers;
         }
-        if report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty() && new_ports.is_empty() {
+        if report.added.is_empty()
+            && report.changed.is_empty()
+            && report.removed.is_empty()
+            && new_ports.is_empty()
+        {
             return Ok(report);
         }
         let mut opened = Vec::new();
@@ -689,7 +858,12 @@ impl Node {
             }
         }
         // A gateway goes with its port (one left out above, or one kept bridge's port gone).
-        let portless: Vec<String> = candidate.bridges.iter().filter_map(|b| b.item.gateway.as_ref().map(|g| g.port.clone())).filter(|g| candidate.port(g).is_none()).collect();
+        let portless: Vec<String> = candidate
+            .bridges
+            .iter()
+            .filter_map(|b| b.item.gateway.as_ref().map(|g| g.port.clone()))
+            .filter(|g| candidate.port(g).is_none())
+            .collect();
         for port in &portless {
             drop_gateway_of(&mut candidate, port);
         }
@@ -701,7 +875,10 @@ impl Node {
                     // The running device stays, as it was.
                     report.skipped.push(format!("port {name}: {e}"));
                     report.retry = true;
-                    if let (Some(c), Some(old)) = (candidate.ports.iter_mut().find(|p| p.item.config.name == name), state.port(&name)) {
+                    if let (Some(c), Some(old)) = (
+                        candidate.ports.iter_mut().find(|p| p.item.config.name == name),
+                        state.port(&name),
+                    ) {
                         *c = old.clone();
                     }
                 }
@@ -724,7 +901,14 @@ impl Node {
     /// Commits `candidate`, whose new devices (`opened`) and devices opened again (`replaced`:
     /// the running ones they replace) are open. Refused: everything is put back as it ran.
     /// Published: the devices of `gone` and those replaced close once PMD threads moved on.
-    fn commit_ports(&self, inner: &mut Inner, candidate: NodeState, opened: &[String], replaced: Vec<(String, OpenPort)>, gone: &[String]) -> Result<u64, NodeError> {
+    fn commit_ports(
+        &self,
+        inner: &mut Inner,
+        candidate: NodeState,
+        opened: &[String],
+        replaced: Vec<(String, OpenPort)>,
+        gone: &[String],
+    ) -> Result<u64, NodeError> {
         let r = self.commit(inner, candidate);
         if refused(&r) {
             self.restore(inner, replaced);
@@ -765,7 +949,10 @@ impl Node {
     pub fn clear_vtep(&self, owner: Owner) -> Result<u64, NodeError> {
         let mut inner = self.inner();
         let mut candidate = inner.state.clone();
-        let v = candidate.vtep.as_ref().ok_or_else(|| NodeError::NotFound { kind: "vtep", name: "vtep".into() })?;
+        let v = candidate
+            .vtep
+            .as_ref()
+            .ok_or_else(|| NodeError::NotFound { kind: "vtep", name: "vtep".into() })?;
         owned_by(v, "vtep", "vtep", owner)?;
         candidate.vtep = None;
         let generation = self.commit(&mut inner, candidate)?;
@@ -838,12 +1025,22 @@ impl Node {
 
     /// PMD threads that ended without being stopped (see `PmdSet::dead_threads`).
     pub fn dead_pmd_threads(&self) -> Vec<usize> {
-        self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.dead_threads()).unwrap_or_default()
+        self.pmd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.dead_threads())
+            .unwrap_or_default()
     }
 
     /// Each PMD thread and the queues it polls (see `PmdSet::threads`).
     pub fn pmd_threads(&self) -> Vec<vswitch::pmd::PmdView> {
-        self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|p| p.threads()).unwrap_or_default()
+        self.pmd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|p| p.threads())
+            .unwrap_or_default()
     }
 
     /// Places the queues of ports without a pin by the load each took over `window` (see
@@ -852,7 +1049,13 @@ impl Node {
     pub fn rebalance_pmds(&self, window: std::time::Duration) -> Option<Vec<vswitch::pmd::Moved>> {
         let before = self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.sample();
         std::thread::sleep(window);
-        Some(self.pmd.lock().unwrap_or_else(|e| e.into_inner()).as_ref()?.rebalance(&self.switch, &before))
+        Some(
+            self.pmd
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()?
+                .rebalance(&self.switch, &before),
+        )
     }
 
     /// Whether the PMD threads run (until `stop`).
@@ -877,14 +1080,21 @@ fn refresh_local_pods(inner: &mut Inner) {
     let Inner { state, open, local_pods, .. } = inner;
     local_pods.retain(|ifname, _| open.values().any(|o| o.host.as_deref() == Some(ifname)));
     for p in &state.ports {
-        let (Device::Host { ifname, .. }, PortMode::Access { bridge }) = (&p.item.device, &p.item.config.mode) else { continue };
+        let (Device::Host { ifname, .. }, PortMode::Access { bridge }) =
+            (&p.item.device, &p.item.config.mode)
+        else {
+            continue;
+        };
         if !open.contains_key(&p.item.config.name) {
             continue;
         }
         let mut pods: Vec<std::net::IpAddr> = state
             .ports
             .iter()
-            .filter(|o| o.item.config.name != p.item.config.name && matches!(&o.item.config.mode, PortMode::Access { bridge: b } if b == bridge))
+            .filter(|o| {
+                o.item.config.name != p.item.config.name
+                    && matches!(&o.item.config.mode, PortMode::Access { bridge: b } if b == bridge)
+            })
             .filter_map(|o| o.item.config.security.as_ref().filter(|s| s.enabled))
             .flat_map(|s| s.ips.iter().copied())
             .collect();
@@ -923,7 +1133,9 @@ fn refused(r: &Result<u64, NodeError>) -> bool {
 /// The underlay filter a port of `state` wants: the VTEP's, on the VTEP's underlay port.
 fn wanted_filter(state: &NodeState, spec: &PortSpec) -> Option<UnderlayFilter> {
     match (&spec.config.mode, &state.vtep) {
-        (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => Some(underlay_filter(&v.item)),
+        (PortMode::Underlay, Some(v)) if v.item.underlay_port == spec.config.name => {
+            Some(underlay_filter(&v.item))
+        }
         _ => None,
     }
 }
@@ -951,8 +1163,13 @@ impl std::fmt::Display for PciHolder<'_> {
 
 /// Every PCI device `state` gives to someone: pods' VFs, then `dpdk` ports' devices.
 fn pci_holders(state: &NodeState) -> impl Iterator<Item = (&str, PciHolder<'_>)> {
-    let pods = state.attachments.iter().filter_map(|a| Some((a.vf.as_ref()?.pci.as_str(), PciHolder::Pod(a))));
-    let ports = state.ports.iter().filter_map(|p| Some((devices::pci_device(&p.item.device)?, PciHolder::Port(p.item.config.name.as_str()))));
+    let pods = state
+        .attachments
+        .iter()
+        .filter_map(|a| Some((a.vf.as_ref()?.pci.as_str(), PciHolder::Pod(a))));
+    let ports = state.ports.iter().filter_map(|p| {
+        Some((devices::pci_device(&p.item.device)?, PciHolder::Port(p.item.config.name.as_str())))
+    });
     pods.chain(ports)
 }
 
@@ -965,10 +1182,16 @@ fn reopens(running: &OpenPort, old: &PortSpec, new: &PortSpec) -> Result<bool, N
     match (&old.device, &new.device) {
         (a, b) if a == b => Ok(!running.serves(is_trunk(new))),
         (Device::VhostUser { socket: a, .. }, Device::VhostUser { socket: b, .. }) if a == b => {
-            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another vhost-user device on the running one's socket" })
+            Err(NodeError::DeviceKept {
+                port: new.config.name.clone(),
+                what: "another vhost-user device on the running one's socket",
+            })
         }
         (Device::Dpdk { devargs: a, .. }, Device::Dpdk { devargs: b, .. }) if a == b => {
-            Err(NodeError::DeviceKept { port: new.config.name.clone(), what: "another DPDK device with the same devargs as the running one (DPDK probes a device once)" })
+            Err(NodeError::DeviceKept {
+                port: new.config.name.clone(),
+                what: "another DPDK device with the same devargs as the running one (DPDK probes a device once)",
+            })
         }
         _ => Ok(true),
     }

@@ -4,9 +4,9 @@
 //! checksummed: AF_XDP in copy mode finishes nothing). Blocking (netlink); a failure
 //! removes what was made.
 
+use plumbing::link::{self, LinkChange, VethPeer};
 use std::io;
 use std::net::IpAddr;
-use plumbing::link::{self, LinkChange, VethPeer};
 
 /// What to make.
 #[derive(Debug, Clone)]
@@ -26,8 +26,13 @@ pub struct Plan {
 /// Makes the interface; refuses when the pod already has one of that name.
 pub fn plumb(p: &Plan) -> io::Result<()> {
     name_free_in_pod(&p.netns, &p.ifname)?;
-    let ns = std::fs::File::open(&p.netns).map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", p.netns)))?;
-    link::add_veth_to(&p.host, Some(p.mtu), &VethPeer { name: &p.ifname, netns: Some(&ns), mac: Some(p.mac), mtu: Some(p.mtu) })?;
+    let ns = std::fs::File::open(&p.netns)
+        .map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", p.netns)))?;
+    link::add_veth_to(
+        &p.host,
+        Some(p.mtu),
+        &VethPeer { name: &p.ifname, netns: Some(&ns), mac: Some(p.mac), mtu: Some(p.mtu) },
+    )?;
     let made = configure(p);
     if made.is_err() {
         let _ = link::delete(&p.host);
@@ -47,7 +52,8 @@ pub fn configure_in_pod(p: &Plan, offloads_off: bool) -> io::Result<()> {
     link::in_netns(&p.netns, move || {
         // The IPv6 link-local address from the MAC (modified EUI-64), whatever the pod's
         // defaults: the one port security lets the pod use. No IPv6 there: nothing to set.
-        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/addr_gen_mode", plan.ifname), "0");
+        let _ =
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{}/addr_gen_mode", plan.ifname), "0");
         link::change(&plan.ifname, &LinkChange { up: true, ..Default::default() })?;
         for (ip, prefix) in &plan.addresses {
             link::add_address(&plan.ifname, *ip, *prefix)?;
@@ -66,7 +72,10 @@ pub fn configure_in_pod(p: &Plan, offloads_off: bool) -> io::Result<()> {
 pub fn name_free_in_pod(netns: &str, ifname: &str) -> io::Result<()> {
     let name = ifname.to_string();
     if link::in_netns(netns, move || link::link(&name))?.is_some() {
-        return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("the pod already has an interface {ifname}")));
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("the pod already has an interface {ifname}"),
+        ));
     }
     Ok(())
 }
@@ -93,13 +102,20 @@ pub fn verify(p: &Plan) -> Vec<String> {
 pub fn verify_in_pod(p: &Plan) -> Vec<String> {
     let mut problems = Vec::new();
     let plan = p.clone();
-    let pod = link::in_netns(&p.netns, move || Ok((link::link(&plan.ifname)?, link::addresses(&plan.ifname).unwrap_or_default())));
+    let pod = link::in_netns(&p.netns, move || {
+        Ok((link::link(&plan.ifname)?, link::addresses(&plan.ifname).unwrap_or_default()))
+    });
     match pod {
         Err(e) => problems.push(e.to_string()),
         Ok((None, _)) => problems.push(format!("the pod has no interface {}", p.ifname)),
         Ok((Some(l), addrs)) => {
             if l.mac != p.mac {
-                problems.push(format!("{} has MAC {} instead of {}", p.ifname, mac_text(l.mac), mac_text(p.mac)));
+                problems.push(format!(
+                    "{} has MAC {} instead of {}",
+                    p.ifname,
+                    mac_text(l.mac),
+                    mac_text(p.mac)
+                ));
             }
             if l.mtu != p.mtu {
                 problems.push(format!("{} has MTU {} instead of {}", p.ifname, l.mtu, p.mtu));

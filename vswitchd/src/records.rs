@@ -96,8 +96,15 @@ impl VhostHandoff {
     /// Where its directory is, for container `container_id`.
     pub fn place(&self, container_id: &str) -> crate::handoff::Place {
         match &self.volume {
-            Some(v) => crate::handoff::Place::Volume { pods: v.pods.clone(), uid: v.uid.clone(), volume: v.name.clone() },
-            None => crate::handoff::Place::Shared { base: self.dir.clone(), container_id: container_id.to_string() },
+            Some(v) => crate::handoff::Place::Volume {
+                pods: v.pods.clone(),
+                uid: v.uid.clone(),
+                volume: v.name.clone(),
+            },
+            None => crate::handoff::Place::Shared {
+                base: self.dir.clone(),
+                container_id: container_id.to_string(),
+            },
         }
     }
 
@@ -105,7 +112,9 @@ impl VhostHandoff {
     pub fn path_in_pod(&self, container_id: &str, ifname: &str) -> Option<String> {
         match &self.volume {
             Some(v) => Some(format!("{}/{ifname}.sock", v.mount_path.trim_end_matches('/'))),
-            None => crate::handoff::layout(self.place(container_id), ifname).ok().map(|l| l.socket.display().to_string()),
+            None => crate::handoff::layout(self.place(container_id), ifname)
+                .ok()
+                .map(|l| l.socket.display().to_string()),
         }
     }
 }

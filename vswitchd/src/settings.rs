@@ -54,13 +54,19 @@ impl ApiSection {
     pub fn tcp_tls(&self) -> Result<Option<(std::net::SocketAddr, Tls)>> {
         let Some(addr) = self.tcp else { return Ok(None) };
         let read = |p: &Option<PathBuf>, what: &str| -> Result<Vec<u8>> {
-            let p = p.as_ref().with_context(|| format!("api.tcp needs api.{what} (the API is never served in the clear over TCP)"))?;
+            let p = p.as_ref().with_context(|| {
+                format!("api.tcp needs api.{what} (the API is never served in the clear over TCP)")
+            })?;
             std::fs::read(p).with_context(|| format!("reading api.{what} {}", p.display()))
         };
         let tls = Tls {
             cert: read(&self.tls_cert, "tls_cert")?,
             key: read(&self.tls_key, "tls_key")?,
-            client_ca: self.tls_client_ca.as_ref().map(|_| read(&self.tls_client_ca, "tls_client_ca")).transpose()?,
+            client_ca: self
+                .tls_client_ca
+                .as_ref()
+                .map(|_| read(&self.tls_client_ca, "tls_client_ca"))
+                .transpose()?,
         };
         Ok(Some((addr, tls)))
     }
@@ -175,7 +181,13 @@ pub struct SriovSection {
 
 impl Default for SriovSection {
     fn default() -> Self {
-        SriovSection { sysfs: "/sys".into(), pfs: Vec::new(), pools: Default::default(), pf_settings: true, spoof_check: true }
+        SriovSection {
+            sysfs: "/sys".into(),
+            pfs: Vec::new(),
+            pools: Default::default(),
+            pf_settings: true,
+            spoof_check: true,
+        }
     }
 }
 
@@ -413,7 +425,8 @@ pub struct Settings {
 }
 
 fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
     toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
 }
 
@@ -424,7 +437,12 @@ impl Settings {
             None if Path::new(DEFAULT_CONFIG).exists() => read_file(Path::new(DEFAULT_CONFIG))?,
             None => FileConfig::default(),
         };
-        let objects = NodeState { bridges: file.bridges, ports: file.ports, vtep: file.vtep, ..NodeState::default() };
+        let objects = NodeState {
+            bridges: file.bridges,
+            ports: file.ports,
+            vtep: file.vtep,
+            ..NodeState::default()
+        };
         if let Some(what) = objects.first_not_local() {
             bail!("the config file declares local objects only; {what} says otherwise");
         }
@@ -451,17 +469,29 @@ impl Settings {
         pool.buffers = args.buffers.or(pool.buffers);
         pool.pods = args.pods.unwrap_or(pool.pods);
         if !(1..=PoolSection::MAX_PODS).contains(&pool.pods) {
-            bail!("pool.pods {} is outside 1..{} (pod ports to size the buffer pool for)", pool.pods, PoolSection::MAX_PODS);
+            bail!(
+                "pool.pods {} is outside 1..{} (pod ports to size the buffer pool for)",
+                pool.pods,
+                PoolSection::MAX_PODS
+            );
         }
         pool.hugepages &= !args.no_hugepages;
         let mut tables = file.tables;
         tables.fdb_entries = args.fdb_entries.unwrap_or(tables.fdb_entries);
         tables.emc_entries = args.emc_entries.unwrap_or(tables.emc_entries);
         if !(16..=TablesSection::MAX_FDB).contains(&tables.fdb_entries) {
-            bail!("tables.fdb_entries {} is outside 16..{} (entries of the MAC table)", tables.fdb_entries, TablesSection::MAX_FDB);
+            bail!(
+                "tables.fdb_entries {} is outside 16..{} (entries of the MAC table)",
+                tables.fdb_entries,
+                TablesSection::MAX_FDB
+            );
         }
         if tables.emc_entries > TablesSection::MAX_EMC {
-            bail!("tables.emc_entries {} is above {} (entries of each PMD thread's cache; 0 turns it off)", tables.emc_entries, TablesSection::MAX_EMC);
+            bail!(
+                "tables.emc_entries {} is above {} (entries of each PMD thread's cache; 0 turns it off)",
+                tables.emc_entries,
+                TablesSection::MAX_EMC
+            );
         }
         let state_file = match (&args.state_file, args.no_state, file.state_file) {
             (_, true, _) => None,
@@ -473,7 +503,9 @@ impl Settings {
         let metrics = match (args.no_metrics, args.metrics_listen, file.metrics.listen.as_str()) {
             (true, _, _) | (false, None, "") => None,
             (false, Some(a), _) => Some(a),
-            (false, None, a) => Some(listen_address(a).map_err(|e| anyhow::anyhow!("metrics.listen: {e}"))?),
+            (false, None, a) => {
+                Some(listen_address(a).map_err(|e| anyhow::anyhow!("metrics.listen: {e}"))?)
+            }
         };
         let address = args.manager.clone().unwrap_or(file.manager.address);
         let manager = if address.is_empty() {
@@ -484,17 +516,35 @@ impl Settings {
                 n => n,
             };
             let token = match args.manager_token_file.clone().or(file.manager.token_file) {
-                Some(p) => Some(std::fs::read_to_string(&p).with_context(|| format!("reading the manager token {}", p.display()))?.trim().to_string()),
+                Some(p) => Some(
+                    std::fs::read_to_string(&p)
+                        .with_context(|| format!("reading the manager token {}", p.display()))?
+                        .trim()
+                        .to_string(),
+                ),
                 None => None,
             };
-            let join = match (&token, args.manager_bootstrap_token_file.clone().or(file.manager.bootstrap_token_file)) {
+            let join = match (
+                &token,
+                args.manager_bootstrap_token_file.clone().or(file.manager.bootstrap_token_file),
+            ) {
                 (None, Some(p)) => {
-                    let bootstrap = std::fs::read_to_string(&p).with_context(|| format!("reading the bootstrap token {}", p.display()))?.trim().to_string();
+                    let bootstrap = std::fs::read_to_string(&p)
+                        .with_context(|| format!("reading the bootstrap token {}", p.display()))?
+                        .trim()
+                        .to_string();
                     let default = match &state_file {
                         Some(s) => s.with_file_name("manager-token"),
                         None => PathBuf::from("/var/lib/knitter/manager-token"),
                     };
-                    Some(crate::credential::Join { bootstrap, file: args.manager_credential_file.clone().or(file.manager.credential_file.clone()).unwrap_or(default) })
+                    Some(crate::credential::Join {
+                        bootstrap,
+                        file: args
+                            .manager_credential_file
+                            .clone()
+                            .or(file.manager.credential_file.clone())
+                            .unwrap_or(default),
+                    })
                 }
                 _ => None,
             };
@@ -504,13 +554,18 @@ impl Settings {
                 (t, _) => t,
             };
             let ca = args.manager_ca.clone().or(file.manager.ca);
-            let identity = match (args.manager_cert.clone().or(file.manager.cert), args.manager_key.clone().or(file.manager.key)) {
+            let identity = match (
+                args.manager_cert.clone().or(file.manager.cert),
+                args.manager_key.clone().or(file.manager.key),
+            ) {
                 (Some(c), Some(k)) => Some((c, k)),
                 (None, None) => None,
                 _ => bail!("manager.cert and manager.key go together"),
             };
             if ca.is_none() && identity.is_some() {
-                bail!("a client certificate for the manager needs its CA too (--manager-ca / manager.ca)");
+                bail!(
+                    "a client certificate for the manager needs its CA too (--manager-ca / manager.ca)"
+                );
             }
             let server_name = args.manager_server_name.clone().unwrap_or(file.manager.server_name);
             let tls = match ca {
@@ -518,10 +573,19 @@ impl Settings {
                 Some(ca) => {
                     let name = Some(server_name.as_str()).filter(|n| !n.is_empty());
                     let identity = identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-                    Some(knitter_api::ClientTls::read(&address, &ca, name, identity).context("the manager's TLS files")?)
+                    Some(
+                        knitter_api::ClientTls::read(&address, &ca, name, identity)
+                            .context("the manager's TLS files")?,
+                    )
                 }
             };
-            Some(ManagerLink { address, node_name, token: crate::credential::Credential::given(token), join, tls })
+            Some(ManagerLink {
+                address,
+                node_name,
+                token: crate::credential::Credential::given(token),
+                join,
+                tls,
+            })
         };
         Ok(Settings {
             manager,
@@ -540,7 +604,8 @@ impl Settings {
 }
 
 fn host_name() -> Result<String> {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").context("reading the host name (give --node-name)")?;
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("reading the host name (give --node-name)")?;
     Ok(name.trim().to_string())
 }
 
@@ -551,20 +616,26 @@ pub fn converge(mut state: NodeState, file: &NodeState) -> NodeState {
     for b in &file.bridges {
         match state.bridges.iter_mut().find(|x| x.item.name == b.item.name) {
             Some(x) if x.owner == Owner::Local => *x = b.clone(),
-            Some(_) => tracing::warn!(bridge = %b.item.name, "config file's bridge skipped: the manager owns it"),
+            Some(_) => {
+                tracing::warn!(bridge = %b.item.name, "config file's bridge skipped: the manager owns it")
+            }
             None => state.bridges.push(b.clone()),
         }
     }
     for p in &file.ports {
         match state.ports.iter_mut().find(|x| x.item.config.name == p.item.config.name) {
             Some(x) if x.owner == Owner::Local => *x = p.clone(),
-            Some(_) => tracing::warn!(port = %p.item.config.name, "config file's port skipped: the manager owns it"),
+            Some(_) => {
+                tracing::warn!(port = %p.item.config.name, "config file's port skipped: the manager owns it")
+            }
             None => state.ports.push(p.clone()),
         }
     }
     if let Some(v) = &file.vtep {
         match &state.vtep {
-            Some(x) if x.owner == Owner::Manager => tracing::warn!("config file's vtep skipped: the manager owns it"),
+            Some(x) if x.owner == Owner::Manager => {
+                tracing::warn!("config file's vtep skipped: the manager owns it")
+            }
             _ => state.vtep = Some(v.clone()),
         }
     }
@@ -599,7 +670,8 @@ mod tests {
 
     #[test]
     fn no_file_and_no_flags_run_on_defaults() {
-        let args = <Args as clap::Parser>::parse_from(["knitter-vswitchd", "--config", "/dev/null"]);
+        let args =
+            <Args as clap::Parser>::parse_from(["knitter-vswitchd", "--config", "/dev/null"]);
         let s = Settings::from_args(&args).unwrap();
         assert_eq!(s.api.socket, Path::new(knitter_api::DEFAULT_NODE_SOCKET));
         assert_eq!((s.pmd.threads, s.pmd.idle), (1, IdlePolicy::default()));
@@ -613,7 +685,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vswitchd.toml");
         std::fs::write(&path, "[pmd]\nidle = { policy = \"adaptive\" }\n").unwrap();
-        let args = <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap(), "--no-state"]);
+        let args =
+            <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap(), "--no-state"]);
         assert_eq!(Settings::from_args(&args).unwrap().pmd.idle, IdlePolicy::default());
         std::fs::write(&path, "[pmd]\nidle = { policy = \"adaptive\", spin_us = 50 }\n").unwrap();
         let s = Settings::from_args(&args).unwrap();
@@ -624,11 +697,27 @@ mod tests {
     fn the_command_line_overrides_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.toml");
-        std::fs::write(&path, "[pmd]\nthreads = 2\nidle = { policy = \"busy\" }\n[pool]\nbuffers = 4096\n").unwrap();
+        std::fs::write(
+            &path,
+            "[pmd]\nthreads = 2\nidle = { policy = \"busy\" }\n[pool]\nbuffers = 4096\n",
+        )
+        .unwrap();
         let p = path.to_str().unwrap();
-        let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--pmd-threads", "1", "--idle", "adaptive", "--no-state"]);
+        let args = <Args as clap::Parser>::parse_from([
+            "x",
+            "-c",
+            p,
+            "--pmd-threads",
+            "1",
+            "--idle",
+            "adaptive",
+            "--no-state",
+        ]);
         let s = Settings::from_args(&args).unwrap();
-        assert_eq!((s.pmd.threads, s.pmd.idle, s.pool.buffers(), s.state_file), (1, IdlePolicy::default(), 4096, None));
+        assert_eq!(
+            (s.pmd.threads, s.pmd.idle, s.pool.buffers(), s.state_file),
+            (1, IdlePolicy::default(), 4096, None)
+        );
         assert_eq!(s.pool.sized_for_pods(), None, "buffers given");
     }
 
@@ -641,7 +730,9 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         let p = path.to_str().unwrap();
         let from = |extra: &[&str]| {
-            let args = <Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"].iter().chain(extra));
+            let args = <Args as clap::Parser>::parse_from(
+                ["x", "-c", p, "--no-state"].iter().chain(extra),
+            );
             Settings::from_args(&args).map(|s| (s.pool.buffers(), s.pool.sized_for_pods()))
         };
         assert_eq!(from(&[]).unwrap(), (32768, Some(110)));
@@ -666,11 +757,24 @@ mod tests {
         std::fs::write(dir.path().join("bootstrap"), "boot\n").unwrap();
         let (boot, state) = (dir.path().join("bootstrap"), dir.path().join("vswitchd.json"));
         let args = <Args as clap::Parser>::parse_from([
-            "x", "--config", "/dev/null", "--state-file", state.to_str().unwrap(), "--manager", "m:9481", "--node-name", "n1", "--manager-bootstrap-token-file", boot.to_str().unwrap(),
+            "x",
+            "--config",
+            "/dev/null",
+            "--state-file",
+            state.to_str().unwrap(),
+            "--manager",
+            "m:9481",
+            "--node-name",
+            "n1",
+            "--manager-bootstrap-token-file",
+            boot.to_str().unwrap(),
         ]);
         let link = Settings::from_args(&args).unwrap().manager.unwrap();
         let join = link.join.clone().unwrap();
-        assert_eq!((link.token.get(), join.bootstrap.as_str(), join.file.clone()), (None, "boot", dir.path().join("manager-token")));
+        assert_eq!(
+            (link.token.get(), join.bootstrap.as_str(), join.file.clone()),
+            (None, "boot", dir.path().join("manager-token"))
+        );
         std::fs::write(&join.file, "node.6e31.secret\n").unwrap();
         let link = Settings::from_args(&args).unwrap().manager.unwrap();
         assert_eq!(link.token.get().as_deref(), Some("node.6e31.secret"));
@@ -686,14 +790,30 @@ mod tests {
         let cfg = |tls: &str| {
             let path = dir.path().join("v.toml");
             std::fs::write(&path, format!("[manager]\naddress = \"mgr.example:9481\"\nnode_name = \"n1\"\ntoken_file = \"{d}/token\"\n{tls}")).unwrap();
-            Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap(), "--no-state"]))
+            Settings::from_args(&<Args as clap::Parser>::parse_from([
+                "x",
+                "-c",
+                path.to_str().unwrap(),
+                "--no-state",
+            ]))
         };
-        let s = cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n")).unwrap();
+        let s =
+            cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n"))
+                .unwrap();
         let tls = s.manager.and_then(|m| m.tls).expect("TLS to the manager");
-        assert_eq!(format!("{tls:?}"), r#"ClientTls { server_name: "mgr.example", client_certificate: true }"#);
-        let e = format!("{:#}", cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\n")).unwrap_err());
+        assert_eq!(
+            format!("{tls:?}"),
+            r#"ClientTls { server_name: "mgr.example", client_certificate: true }"#
+        );
+        let e = format!(
+            "{:#}",
+            cfg(&format!("ca = \"{d}/ca.pem\"\ncert = \"{d}/node.pem\"\n")).unwrap_err()
+        );
         assert!(e.contains("manager.cert and manager.key go together"), "{e}");
-        let e = format!("{:#}", cfg(&format!("cert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n")).unwrap_err());
+        let e = format!(
+            "{:#}",
+            cfg(&format!("cert = \"{d}/node.pem\"\nkey = \"{d}/node.key\"\n")).unwrap_err()
+        );
         assert!(e.contains("needs its CA too"), "{e}");
         assert!(cfg("").unwrap().manager.is_some_and(|m| m.tls.is_none()), "plain without a CA");
     }
@@ -704,17 +824,51 @@ mod tests {
     fn the_tables_are_sized_by_the_file_and_the_command_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("v.toml");
-        std::fs::write(&path, "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\n[vhost]\nsingle_copy = false\n").unwrap();
+        std::fs::write(
+            &path,
+            "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\n[vhost]\nsingle_copy = false\n",
+        )
+        .unwrap();
         let p = path.to_str().unwrap();
-        let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"])).unwrap();
+        let s =
+            Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"]))
+                .unwrap();
         assert_eq!(s.tables, TablesSection { fdb_entries: 1 << 20, emc_entries: 1 << 19 });
         assert!(!s.vhost.single_copy, "two copies, as the file says");
-        let s = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state", "--emc-entries", "0"])).unwrap();
+        let s = Settings::from_args(&<Args as clap::Parser>::parse_from([
+            "x",
+            "-c",
+            p,
+            "--no-state",
+            "--emc-entries",
+            "0",
+        ]))
+        .unwrap();
         assert_eq!(s.tables.emc_entries, 0, "the cache off");
-        let d = Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", "/dev/null", "--no-state"])).unwrap();
-        assert_eq!(d.tables, TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 18 }, "the defaults");
+        let d = Settings::from_args(&<Args as clap::Parser>::parse_from([
+            "x",
+            "-c",
+            "/dev/null",
+            "--no-state",
+        ]))
+        .unwrap();
+        assert_eq!(
+            d.tables,
+            TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 18 },
+            "the defaults"
+        );
         assert!(d.vhost.single_copy, "one copy by default");
-        let e = format!("{:#}", Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--fdb-entries", "33554432"])).unwrap_err());
+        let e = format!(
+            "{:#}",
+            Settings::from_args(&<Args as clap::Parser>::parse_from([
+                "x",
+                "-c",
+                p,
+                "--fdb-entries",
+                "33554432"
+            ]))
+            .unwrap_err()
+        );
         assert!(e.contains("fdb_entries 33554432 is outside 16..16777216"), "{e}");
     }
 
@@ -732,9 +886,15 @@ mod tests {
     fn the_file_converges_only_local_objects() {
         let mut managed = Owned::local(BridgeConfig::new("blue").vlan(200));
         managed.owner = Owner::Manager;
-        let state = NodeState { bridges: vec![Owned::local(BridgeConfig::new("red")), managed.clone()], ..Default::default() };
+        let state = NodeState {
+            bridges: vec![Owned::local(BridgeConfig::new("red")), managed.clone()],
+            ..Default::default()
+        };
         let file = NodeState {
-            bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001)), Owned::local(BridgeConfig::new("blue").vlan(300))],
+            bridges: vec![
+                Owned::local(BridgeConfig::new("red").vni(5001)),
+                Owned::local(BridgeConfig::new("blue").vlan(300)),
+            ],
             ..Default::default()
         };
         let s = converge(state, &file);
@@ -752,9 +912,13 @@ mod docs {
             let start = doc.find(fence).unwrap_or_else(|| panic!("no {fence} block")) + fence.len();
             &doc[start..start + doc[start..].find("```").unwrap()]
         };
-        let file: super::FileConfig = toml::from_str(&format!("state_file{}", block("```toml\nstate_file"))).unwrap();
+        let file: super::FileConfig =
+            toml::from_str(&format!("state_file{}", block("```toml\nstate_file"))).unwrap();
         assert_eq!((file.bridges.len(), file.ports.len(), file.pmd.cores.clone()), (2, 4, vec![1]));
-        assert!(file.ports.iter().any(|p| matches!(p.item.device, crate::state::Device::Dpdk { .. })), "the dpdk port example");
+        assert!(
+            file.ports.iter().any(|p| matches!(p.item.device, crate::state::Device::Dpdk { .. })),
+            "the dpdk port example"
+        );
         let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap().objects;
         assert_eq!((topo.bridges.len(), topo.ports.len()), (1, 2));
     }

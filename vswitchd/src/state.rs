@@ -107,7 +107,12 @@ impl<T> Owned<T> {
 }
 
 /// Serializes `inner` as a map with one more key.
-fn with_key<S: Serializer, T: Serialize, K: Serialize>(s: S, inner: &T, key: &str, value: &K) -> Result<S::Ok, S::Error> {
+fn with_key<S: Serializer, T: Serialize, K: Serialize>(
+    s: S,
+    inner: &T,
+    key: &str,
+    value: &K,
+) -> Result<S::Ok, S::Error> {
     use serde::ser::Error;
     let mut map = match serde_json::to_value(inner).map_err(S::Error::custom)? {
         Value::Object(m) => m,
@@ -142,7 +147,8 @@ impl<'de> Deserialize<'de> for PortSpec {
         let (device, rest) = split_key(d, "device")?;
         let device = device.ok_or_else(|| D::Error::missing_field("device"))?;
         Ok(PortSpec {
-            device: serde_json::from_value(device).map_err(|e| D::Error::custom(format!("device: {e}")))?,
+            device: serde_json::from_value(device)
+                .map_err(|e| D::Error::custom(format!("device: {e}")))?,
             config: serde_json::from_value(Value::Object(rest)).map_err(D::Error::custom)?,
         })
     }
@@ -160,9 +166,14 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Owned<T> {
         let (owner, rest) = split_key(d, "owner")?;
         let owner = match owner {
             None => Owner::Local,
-            Some(o) => serde_json::from_value(o).map_err(|e| D::Error::custom(format!("owner: {e}")))?,
+            Some(o) => {
+                serde_json::from_value(o).map_err(|e| D::Error::custom(format!("owner: {e}")))?
+            }
         };
-        Ok(Owned { owner, item: serde_json::from_value(Value::Object(rest)).map_err(D::Error::custom)? })
+        Ok(Owned {
+            owner,
+            item: serde_json::from_value(Value::Object(rest)).map_err(D::Error::custom)?,
+        })
     }
 }
 
@@ -308,10 +319,17 @@ impl NodeState {
         if name.is_some() && !matches!(key, Some("bridges" | "ports")) {
             return Err(DocumentError::NameWithoutKind);
         }
-        let keep = |owner: Owner, object: &str| (select.all_owners || owner == Owner::Local) && name.is_none_or(|n| n == object);
+        let keep = |owner: Owner, object: &str| {
+            (select.all_owners || owner == Owner::Local) && name.is_none_or(|n| n == object)
+        };
         let picked = NodeState {
             bridges: self.bridges.iter().filter(|b| keep(b.owner, &b.item.name)).cloned().collect(),
-            ports: self.ports.iter().filter(|p| keep(p.owner, &p.item.config.name)).cloned().collect(),
+            ports: self
+                .ports
+                .iter()
+                .filter(|p| keep(p.owner, &p.item.config.name))
+                .cloned()
+                .collect(),
             vtep: self.vtep.clone().filter(|v| select.all_owners || v.owner == Owner::Local),
             ..NodeState::default()
         };
@@ -340,9 +358,20 @@ impl NodeState {
 
     /// The first object another source than `local` owns, named.
     pub fn first_not_local(&self) -> Option<String> {
-        let bridge = self.bridges.iter().find(|b| b.owner != Owner::Local).map(|b| format!("bridge {:?}", b.item.name));
-        let port = || self.ports.iter().find(|p| p.owner != Owner::Local).map(|p| format!("port {:?}", p.item.config.name));
-        let vtep = || self.vtep.as_ref().filter(|v| v.owner != Owner::Local).map(|_| "the vtep".to_string());
+        let bridge = self
+            .bridges
+            .iter()
+            .find(|b| b.owner != Owner::Local)
+            .map(|b| format!("bridge {:?}", b.item.name));
+        let port = || {
+            self.ports
+                .iter()
+                .find(|p| p.owner != Owner::Local)
+                .map(|p| format!("port {:?}", p.item.config.name))
+        };
+        let vtep = || {
+            self.vtep.as_ref().filter(|v| v.owner != Owner::Local).map(|_| "the vtep".to_string())
+        };
         bridge.or_else(port).or_else(vtep)
     }
 
@@ -357,13 +386,21 @@ impl NodeState {
                 .iter()
                 .map(|b| {
                     let mut b = b.item.clone();
-                    if b.gateway.as_ref().is_some_and(|g| self.port(&g.port).is_some() && !open(&g.port)) {
+                    if b.gateway
+                        .as_ref()
+                        .is_some_and(|g| self.port(&g.port).is_some() && !open(&g.port))
+                    {
                         b.gateway = None;
                     }
                     b
                 })
                 .collect(),
-            ports: self.ports.iter().filter(|p| open(&p.item.config.name)).map(|p| p.item.config.clone()).collect(),
+            ports: self
+                .ports
+                .iter()
+                .filter(|p| open(&p.item.config.name))
+                .map(|p| p.item.config.clone())
+                .collect(),
             vtep: self.running_vtep(),
         }
     }
@@ -390,18 +427,32 @@ impl NodeState {
             return Some("a host port is an access port of one bridge domain (its network)".into());
         }
         let sw = crate::host::switch_end(ifname);
-        for other in self.ports.iter().map(|p| &p.item).filter(|p| p.config.name != spec.config.name) {
+        for other in
+            self.ports.iter().map(|p| &p.item).filter(|p| p.config.name != spec.config.name)
+        {
             match &other.device {
                 Device::Host { ifname: theirs, addresses: their_addresses, .. } => {
                     if theirs == ifname {
-                        return Some(format!("host interface {ifname} is port {:?}'s", other.config.name));
+                        return Some(format!(
+                            "host interface {ifname} is port {:?}'s",
+                            other.config.name
+                        ));
                     }
                     if let Some((a, b)) = crate::host::overlap(addresses, their_addresses) {
-                        return Some(format!("{a} overlaps {b} of host port {:?}: the node would route between the two networks", other.config.name));
+                        return Some(format!(
+                            "{a} overlaps {b} of host port {:?}: the node would route between the two networks",
+                            other.config.name
+                        ));
                     }
                 }
-                Device::AfXdp { ifname: theirs, netns: None } | Device::AfPacket { ifname: theirs, netns: None } if *theirs == *ifname || *theirs == sw => {
-                    return Some(format!("interface {theirs} is port {:?}'s device", other.config.name));
+                Device::AfXdp { ifname: theirs, netns: None }
+                | Device::AfPacket { ifname: theirs, netns: None }
+                    if *theirs == *ifname || *theirs == sw =>
+                {
+                    return Some(format!(
+                        "interface {theirs} is port {:?}'s device",
+                        other.config.name
+                    ));
                 }
                 _ => {}
             }
@@ -435,7 +486,12 @@ impl NodeState {
                 tracing::warn!(path = %path.display(), format, backup = %backup.display(), ours = FORMAT, "state file of a newer format: reading the copy in this daemon's format (a rollback)");
                 Ok(state)
             }
-            _ => Err(StateError::Newer { path: path.display().to_string(), format, ours: FORMAT, backup: backup.display().to_string() }),
+            _ => Err(StateError::Newer {
+                path: path.display().to_string(),
+                format,
+                ours: FORMAT,
+                backup: backup.display().to_string(),
+            }),
         }
     }
 
@@ -444,13 +500,17 @@ impl NodeState {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(StateError::Read { path: path.display().to_string(), source }),
+            Err(source) => {
+                return Err(StateError::Read { path: path.display().to_string(), source });
+            }
         };
         let parse = |source| StateError::Parse { path: path.display().to_string(), source };
         let mut value: Value = serde_json::from_str(&text).map_err(parse)?;
         let format = match value.as_object_mut().and_then(|m| m.remove("format")) {
             None => 1,
-            Some(f) => f.as_u64().filter(|f| *f >= 1).ok_or_else(|| parse(serde::de::Error::custom(format!("format {f} is not a format number"))))?,
+            Some(f) => f.as_u64().filter(|f| *f >= 1).ok_or_else(|| {
+                parse(serde::de::Error::custom(format!("format {f} is not a format number")))
+            })?,
         };
         if format > FORMAT as u64 {
             return Ok(Some((format, NodeState::default())));
@@ -510,7 +570,10 @@ mod tests {
         let s: NodeState = toml::from_str(text).unwrap();
         let p = &s.ports[0];
         assert_eq!(p.owner, Owner::Manager);
-        assert_eq!(p.item.device, Device::AfXdp { ifname: "veth1".into(), netns: Some("node1".into()) });
+        assert_eq!(
+            p.item.device,
+            Device::AfXdp { ifname: "veth1".into(), netns: Some("node1".into()) }
+        );
         assert_eq!(p.item.config, PortConfig::access("pod1", "red"));
         let back: NodeState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
@@ -520,7 +583,8 @@ mod tests {
     fn unknown_fields_are_refused_with_their_name() {
         let e = toml::from_str::<NodeState>("[[ports]]\nname = \"p\"\ndevice = { kind = \"af_packet\", ifname = \"x\" }\nmode = { kind = \"underlay\" }\nmtuu = 1\n").unwrap_err();
         assert!(e.to_string().contains("mtuu"), "{e}");
-        let e = toml::from_str::<NodeState>("[[bridges]]\nname = \"b\"\nowner = \"somebody\"\n").unwrap_err();
+        let e = toml::from_str::<NodeState>("[[bridges]]\nname = \"b\"\nowner = \"somebody\"\n")
+            .unwrap_err();
         assert!(e.to_string().contains("owner"), "{e}");
     }
 
@@ -530,14 +594,21 @@ mod tests {
     fn an_older_format_is_migrated_and_the_previous_one_kept_beside() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
-        let s = NodeState { bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001))], ..Default::default() };
+        let s = NodeState {
+            bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001))],
+            ..Default::default()
+        };
         std::fs::write(&path, serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(NodeState::load(&path).unwrap(), s);
         s.save(&path).unwrap();
         let main: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(main["format"], FORMAT);
         let old = std::fs::read_to_string(backup_path(&path, 1)).unwrap();
-        assert_eq!(serde_json::from_str::<NodeState>(&old).unwrap(), s, "a format-1 daemon reads the copy");
+        assert_eq!(
+            serde_json::from_str::<NodeState>(&old).unwrap(),
+            s,
+            "a format-1 daemon reads the copy"
+        );
         assert_eq!(NodeState::load(&path).unwrap(), s);
     }
 
@@ -547,10 +618,16 @@ mod tests {
     fn a_newer_format_reads_the_copy_in_ours_or_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
-        let s = NodeState { bridges: vec![Owned::local(BridgeConfig::new("blue").vlan(7))], ..Default::default() };
+        let s = NodeState {
+            bridges: vec![Owned::local(BridgeConfig::new("blue").vlan(7))],
+            ..Default::default()
+        };
         std::fs::write(&path, r#"{"format": 3, "bridges": [], "something_new": true}"#).unwrap();
         let e = NodeState::load(&path).unwrap_err().to_string();
-        assert!(e.contains("format 3") && e.contains("(2)") && e.contains("state.json.format-2"), "{e}");
+        assert!(
+            e.contains("format 3") && e.contains("(2)") && e.contains("state.json.format-2"),
+            "{e}"
+        );
         let mut ours = serde_json::to_value(&s).unwrap();
         ours["format"] = FORMAT.into();
         std::fs::write(backup_path(&path, FORMAT), ours.to_string()).unwrap();
@@ -562,7 +639,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         assert_eq!(NodeState::load(&path).unwrap(), NodeState::default());
-        let s = NodeState { bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001))], ..Default::default() };
+        let s = NodeState {
+            bridges: vec![Owned::local(BridgeConfig::new("red").vni(5001))],
+            ..Default::default()
+        };
         s.save(&path).unwrap();
         assert_eq!(NodeState::load(&path).unwrap(), s);
         std::fs::write(&path, "{").unwrap();

@@ -8,13 +8,13 @@
 
 use crate::manager::Manager;
 use crate::node::Node;
+use crate::state::{Device, PortSpec};
 use anyhow::{Context, Result, bail};
 use knitter_api::manager as pb;
 use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::state::{Device, PortSpec};
 use vswitch::config::{BridgeConfig, GatewayConfig, Neighbor, PeerConfig, PortConfig, StaticMac};
 use vswitch::wire::MacAddr;
 
@@ -39,7 +39,9 @@ pub async fn run(node: Arc<Node>, manager: Manager) {
         waiting_for_vtep = false;
         let before = revision;
         match session(&node, &manager, &mut revision).await {
-            Ok(()) => tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state"),
+            Ok(()) => {
+                tracing::warn!(manager = %link.address, "manager closed the sync stream; forwarding on the last desired state")
+            }
             Err(e) => {
                 tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state");
                 if let Some(why) = crate::credential::refusal(&e, false) {
@@ -59,7 +61,10 @@ pub async fn run(node: Arc<Node>, manager: Manager) {
 async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Result<()> {
     let link = manager.link();
     let me = registration(node, &link.node_name)?;
-    let mut stream = manager.sync(pb::SyncRequest { node: Some(me), revision: *revision }).await.context("opening the sync stream")?;
+    let mut stream = manager
+        .sync(pb::SyncRequest { node: Some(me), revision: *revision })
+        .await
+        .context("opening the sync stream")?;
     tracing::info!(manager = %link.address, node = %link.node_name, "sync stream open");
     node.set_manager_refusal(None);
     // A desired state some of whose ports did not open (a host port whose interface is
@@ -95,17 +100,27 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
         let n = node.clone();
         let (bridges, peers, ports) = want.clone();
         pending = None;
-        match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers, ports)).await? {
+        match tokio::task::spawn_blocking(move || n.converge_manager(bridges, peers, ports)).await?
+        {
             Ok(r) if r.retry => {
                 pending = Some((rev, want));
                 tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, retry_in = ?retry_in, "converged to the manager's state, some of it not yet")
             }
-            Ok(r) if r.added.is_empty() && r.changed.is_empty() && r.removed.is_empty() && r.skipped.is_empty() => retry_in = PORT_RETRY,
+            Ok(r)
+                if r.added.is_empty()
+                    && r.changed.is_empty()
+                    && r.removed.is_empty()
+                    && r.skipped.is_empty() =>
+            {
+                retry_in = PORT_RETRY
+            }
             Ok(r) => {
                 retry_in = PORT_RETRY;
                 tracing::info!(revision = rev, generation = r.generation, added = ?r.added, changed = ?r.changed, removed = ?r.removed, skipped = ?r.skipped, "converged to the manager's state")
             }
-            Err(e) => tracing::error!(revision = rev, error = %e, "the manager's state was refused; keeping the last one"),
+            Err(e) => {
+                tracing::error!(revision = rev, error = %e, "the manager's state was refused; keeping the last one")
+            }
         }
         *revision = rev;
     }
@@ -123,7 +138,11 @@ type Desired = (Vec<BridgeConfig>, Vec<PeerConfig>, Vec<PortSpec>);
 /// This node as it registers: its VTEP and its underlay's MTU.
 fn registration(node: &Node, name: &str) -> Result<pb::Node> {
     let state = node.state();
-    let Some(vtep) = &state.vtep else { bail!("no VTEP configured: the manager knows nodes by their VTEP address (set [vtep] or `knitterctl vtep set`)") };
+    let Some(vtep) = &state.vtep else {
+        bail!(
+            "no VTEP configured: the manager knows nodes by their VTEP address (set [vtep] or `knitterctl vtep set`)"
+        )
+    };
     let mtu = state.port(&vtep.item.underlay_port).map_or(1500, |p| p.item.config.mtu);
     Ok(pb::Node {
         name: name.into(),
@@ -143,7 +162,8 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<Desired> {
     let mut bridges = Vec::with_capacity(d.networks.len());
     let mut ports = Vec::new();
     for n in &d.networks {
-        let mut b = crate::manager::bridge(&n.name, &n.kind, n.segment).map_err(anyhow::Error::msg)?;
+        let mut b =
+            crate::manager::bridge(&n.name, &n.kind, n.segment).map_err(anyhow::Error::msg)?;
         let vxlan = b.vni.is_some();
         // The manager knows every pod's MAC: flood lists and static MACs replace learning
         // behind remote VTEPs.
@@ -155,7 +175,11 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<Desired> {
                 b.neighbors.push(Neighbor { ip: parse("address", ip)?, mac });
             }
             if vxlan && e.node != me {
-                b.static_macs.push(StaticMac { mac, port: None, remote: Some(parse("VTEP", &e.vtep)?) });
+                b.static_macs.push(StaticMac {
+                    mac,
+                    port: None,
+                    remote: Some(parse("VTEP", &e.vtep)?),
+                });
             }
         }
         if vxlan {
@@ -175,7 +199,11 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<Desired> {
         }
         bridges.push(b);
     }
-    let peers = d.peers.iter().map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None })).collect::<Result<_>>()?;
+    let peers = d
+        .peers
+        .iter()
+        .map(|p| Ok(PeerConfig { ip: parse("VTEP", p)?, next_hop_mac: None, next_hop: None }))
+        .collect::<Result<_>>()?;
     Ok((bridges, peers, ports))
 }
 
@@ -184,11 +212,20 @@ pub fn desired(d: &pb::DesiredState, me: &str) -> Result<Desired> {
 fn host_port(n: &pb::NetworkOnNode, h: &pb::HostPortOnNode, me: &str) -> Result<PortSpec> {
     let (_, ifname) = knitter_api::names::host_port(&n.name, me);
     if h.ifname != ifname {
-        bail!("network {}: host port {:?} is not the one this node makes for it ({ifname})", n.name, h.ifname);
+        bail!(
+            "network {}: host port {:?} is not the one this node makes for it ({ifname})",
+            n.name,
+            h.ifname
+        );
     }
-    let mtu = u16::try_from(n.mtu).map_err(|_| anyhow::anyhow!("network {}: MTU {} is out of range", n.name, n.mtu))?;
+    let mtu = u16::try_from(n.mtu)
+        .map_err(|_| anyhow::anyhow!("network {}: MTU {} is out of range", n.name, n.mtu))?;
     Ok(PortSpec {
-        device: Device::Host { ifname: ifname.clone(), addresses: h.addresses.clone(), masquerade: h.masquerade },
+        device: Device::Host {
+            ifname: ifname.clone(),
+            addresses: h.addresses.clone(),
+            masquerade: h.masquerade,
+        },
         config: PortConfig { mtu, ..PortConfig::access(&ifname, &n.name) },
     })
 }
@@ -212,11 +249,19 @@ mod tests {
                     segment: 5001,
                     mtu: 1450,
                     flood: vec!["192.0.2.2".into()],
-                    endpoints: vec![endpoint("0a:58:0a:00:00:01", "10.0.0.1", "n1", "192.0.2.1"), endpoint("0a:58:0a:00:00:02", "10.0.0.2", "n2", "192.0.2.2")],
+                    endpoints: vec![
+                        endpoint("0a:58:0a:00:00:01", "10.0.0.1", "n1", "192.0.2.1"),
+                        endpoint("0a:58:0a:00:00:02", "10.0.0.2", "n2", "192.0.2.2"),
+                    ],
                     dscp: Some(40),
                     pcp: Some(5),
                     priority: true,
-                    pod_policer: Some(pb::Policer { pps: 5000, bps: 0, burst_packets: 0, burst_bytes: 0 }),
+                    pod_policer: Some(pb::Policer {
+                        pps: 5000,
+                        bps: 0,
+                        burst_packets: 0,
+                        burst_bytes: 0,
+                    }),
                     gateways: vec![],
                     host: None,
                 },
@@ -232,30 +277,75 @@ mod tests {
                     priority: false,
                     pod_policer: None,
                     gateways: vec!["10.1.0.1".into()],
-                    host: Some(pb::HostPortOnNode { ifname: knitter_api::names::host_port("blue", "n1").1, addresses: vec!["10.1.0.9/24".into()], masquerade: true }),
+                    host: Some(pb::HostPortOnNode {
+                        ifname: knitter_api::names::host_port("blue", "n1").1,
+                        addresses: vec!["10.1.0.9/24".into()],
+                        masquerade: true,
+                    }),
                 },
             ],
             peers: vec!["192.0.2.2".into()],
         };
         let (bridges, peers, ports) = desired(&d, "n1").unwrap();
         let red = &bridges[0];
-        assert_eq!((red.vni, red.vlan, red.flood.clone()), (Some(5001), None, vec!["192.0.2.2".parse().unwrap()]));
-        assert!(red.arp_suppression && !red.remote_learning, "the manager's MACs replace learning behind VTEPs");
+        assert_eq!(
+            (red.vni, red.vlan, red.flood.clone()),
+            (Some(5001), None, vec!["192.0.2.2".parse().unwrap()])
+        );
+        assert!(
+            red.arp_suppression && !red.remote_learning,
+            "the manager's MACs replace learning behind VTEPs"
+        );
         assert_eq!(red.neighbors.len(), 2, "both pods' addresses are answered locally");
         assert_eq!(red.static_macs.len(), 1, "only the other node's pod is pinned to a VTEP");
         assert_eq!(red.static_macs[0].remote, Some("192.0.2.2".parse().unwrap()));
-        assert_eq!((red.dscp, red.pcp, red.priority), (Some(40), Some(5), true), "the plane's marking and priority");
-        assert_eq!(red.pod_policer.map(|p| (p.pps, p.bps)), Some((5000, 0)), "the network's per-pod rate");
+        assert_eq!(
+            (red.dscp, red.pcp, red.priority),
+            (Some(40), Some(5), true),
+            "the plane's marking and priority"
+        );
+        assert_eq!(
+            red.pod_policer.map(|p| (p.pps, p.bps)),
+            Some((5000, 0)),
+            "the network's per-pod rate"
+        );
         let blue = &bridges[1];
         assert_eq!((blue.dscp, blue.pcp), (None, None), "unmarked");
-        assert_eq!((blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning), (Some(200), None, 0, true));
-        assert_eq!(peers, vec![PeerConfig { ip: "192.0.2.2".parse().unwrap(), next_hop_mac: None, next_hop: None }]);
+        assert_eq!(
+            (blue.vlan, blue.vni, blue.static_macs.len(), blue.remote_learning),
+            (Some(200), None, 0, true)
+        );
+        assert_eq!(
+            peers,
+            vec![PeerConfig {
+                ip: "192.0.2.2".parse().unwrap(),
+                next_hop_mac: None,
+                next_hop: None
+            }]
+        );
         // The node gateway: blue's host port, and its gateway answered on the bridge.
         let kh = knitter_api::names::host_port("blue", "n1").1;
         assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].device, Device::Host { ifname: kh.clone(), addresses: vec!["10.1.0.9/24".into()], masquerade: true });
-        assert_eq!((ports[0].config.name.as_str(), ports[0].config.mtu, &ports[0].config.mode), (kh.as_str(), 1500, &vswitch::config::PortMode::Access { bridge: "blue".into() }));
-        assert_eq!(blue.gateway, Some(GatewayConfig { ips: vec!["10.1.0.1".parse().unwrap()], mac: None, port: kh.clone() }));
+        assert_eq!(
+            ports[0].device,
+            Device::Host {
+                ifname: kh.clone(),
+                addresses: vec!["10.1.0.9/24".into()],
+                masquerade: true
+            }
+        );
+        assert_eq!(
+            (ports[0].config.name.as_str(), ports[0].config.mtu, &ports[0].config.mode),
+            (kh.as_str(), 1500, &vswitch::config::PortMode::Access { bridge: "blue".into() })
+        );
+        assert_eq!(
+            blue.gateway,
+            Some(GatewayConfig {
+                ips: vec!["10.1.0.1".parse().unwrap()],
+                mac: None,
+                port: kh.clone()
+            })
+        );
         assert!(red.gateway.is_none());
 
         let bad = |f: &dyn Fn(&mut pb::DesiredState)| {
@@ -263,12 +353,24 @@ mod tests {
             f(&mut d);
             format!("{:#}", desired(&d, "n1").unwrap_err())
         };
-        assert!(bad(&|d| d.networks[0].kind = "geneve".into()).contains("kind \"geneve\" is unknown"));
+        assert!(
+            bad(&|d| d.networks[0].kind = "geneve".into()).contains("kind \"geneve\" is unknown")
+        );
         assert!(bad(&|d| d.networks[1].segment = 70000).contains("VLAN 70000 is out of range"));
-        assert!(bad(&|d| d.networks[0].endpoints[0].mac = "zz".into()).contains("MAC \"zz\" is malformed"));
-        assert!(bad(&|d| d.peers[0] = "not-an-ip".into()).contains("VTEP \"not-an-ip\" is malformed"));
+        assert!(
+            bad(&|d| d.networks[0].endpoints[0].mac = "zz".into())
+                .contains("MAC \"zz\" is malformed")
+        );
+        assert!(
+            bad(&|d| d.peers[0] = "not-an-ip".into()).contains("VTEP \"not-an-ip\" is malformed")
+        );
         // The manager names the node's own interface for the network, never another.
-        assert!(bad(&|d| d.networks[1].host.as_mut().unwrap().ifname = "eth0".into()).contains("host port \"eth0\" is not the one this node makes"));
-        assert!(bad(&|d| d.networks[1].gateways[0] = "x".into()).contains("gateway \"x\" is malformed"));
+        assert!(
+            bad(&|d| d.networks[1].host.as_mut().unwrap().ifname = "eth0".into())
+                .contains("host port \"eth0\" is not the one this node makes")
+        );
+        assert!(
+            bad(&|d| d.networks[1].gateways[0] = "x".into()).contains("gateway \"x\" is malformed")
+        );
     }
 }

@@ -20,14 +20,19 @@ pub async fn trace(sw: Arc<Switch>, r: pb::TraceRequest) -> Result<pb::TraceRepl
         return Err(Status::invalid_argument("port: name the ingress port to trace"));
     }
     if !r.synthetic.is_empty() {
-        let frame = vswitch::wire::spec::build(&r.synthetic).map_err(|e| Status::invalid_argument(format!("synthetic frame: {e}")))?;
+        let frame = vswitch::wire::spec::build(&r.synthetic)
+            .map_err(|e| Status::invalid_argument(format!("synthetic frame: {e}")))?;
         let t = sw.trace_synthetic(&r.port, &frame).map_err(switch_status)?;
         return Ok(pb::TraceReply { frames: vec![frame_to(&sw, &t)], lost: 0 });
     }
     let count = match r.count {
         0 => 1,
         n if n as usize <= MAX_TRACES => n,
-        n => return Err(Status::invalid_argument(format!("count {n}: at most {MAX_TRACES} frames are traced at once"))),
+        n => {
+            return Err(Status::invalid_argument(format!(
+                "count {n}: at most {MAX_TRACES} frames are traced at once"
+            )));
+        }
     };
     let timeout = match r.timeout_ms {
         0 => DEFAULT_TIMEOUT,
@@ -48,7 +53,10 @@ pub async fn trace(sw: Arc<Switch>, r: pb::TraceRequest) -> Result<pb::TraceRepl
     sw.tracing().disarm();
     got.extend(sw.traces());
     got.sort_by_key(|t| t.seq);
-    Ok(pb::TraceReply { frames: got.iter().map(|t| frame_to(&sw, t)).collect(), lost: sw.tracing().lost() - lost_before })
+    Ok(pb::TraceReply {
+        frames: got.iter().map(|t| frame_to(&sw, t)).collect(),
+        lost: sw.tracing().lost() - lost_before,
+    })
 }
 
 fn frame_to(sw: &Switch, t: &FrameTrace) -> pb::TraceFrame {
@@ -59,7 +67,10 @@ fn frame_to(sw: &Switch, t: &FrameTrace) -> pb::TraceFrame {
         thread: t.thread as u32,
         port: snap.port(t.port).map_or_else(|| format!("#{}", t.port), |p| p.name.clone()),
         frame,
-        steps: steps.into_iter().map(|(node, detail)| pb::TraceStep { node: node.into(), detail }).collect(),
+        steps: steps
+            .into_iter()
+            .map(|(node, detail)| pb::TraceStep { node: node.into(), detail })
+            .collect(),
         synthetic: t.dry,
     }
 }

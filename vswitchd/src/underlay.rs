@@ -34,7 +34,9 @@ pub async fn follow_kernel_neighbours(node: Arc<Node>) {
         let netns = want.clone();
         let started = tokio::task::spawn_blocking(move || {
             drop(old);
-            netns.map(|ns| crate::devices::kernel(&ns, move || KernelNeighbors::start(switch, RESYNC)))
+            netns.map(|ns| {
+                crate::devices::kernel(&ns, move || KernelNeighbors::start(switch, RESYNC))
+            })
         })
         .await;
         match started {

@@ -22,7 +22,9 @@ use vswitch::wire::MacAddr;
 /// Why a pod gets no VF.
 #[derive(Debug, thiserror::Error)]
 pub enum VfError {
-    #[error("the request names no VF (deviceID) and the node has no SR-IOV PFs to pick one from ([sriov] pfs): give the NAD the SR-IOV device plugin's resourceName, or configure the node's PFs")]
+    #[error(
+        "the request names no VF (deviceID) and the node has no SR-IOV PFs to pick one from ([sriov] pfs): give the NAD the SR-IOV device plugin's resourceName, or configure the node's PFs"
+    )]
     NoPool,
     #[error("the network's SR-IOV pool {0:?} is not on this node ([sriov.pools] has {1})")]
     UnknownPool(String, String),
@@ -32,7 +34,9 @@ pub enum VfError {
     Held { pci: String, by: String },
     #[error("VF {pci} {why}")]
     Unusable { pci: String, why: String },
-    #[error("VF {pci} is not one of the network's pool ({pfs}): a pod names only a VF of its network's pool")]
+    #[error(
+        "VF {pci} is not one of the network's pool ({pfs}): a pod names only a VF of its network's pool"
+    )]
     NotInPool { pci: String, pfs: String },
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -73,7 +77,15 @@ impl Vfs {
     }
 
     pub fn with_control(s: &SriovSection, pf: Box<dyn PfControl>) -> Vfs {
-        Vfs { sysfs: Sysfs::new(&s.sysfs), pfs: s.pfs.clone(), pools: s.pools.clone(), pf_settings: s.pf_settings, spoof_check: s.spoof_check, pf, choosing: Mutex::new(()) }
+        Vfs {
+            sysfs: Sysfs::new(&s.sysfs),
+            pfs: s.pfs.clone(),
+            pools: s.pools.clone(),
+            pf_settings: s.pf_settings,
+            spoof_check: s.spoof_check,
+            pf,
+            choosing: Mutex::new(()),
+        }
     }
 
     /// The NPWG device-info of the VF `device_id` names (`{"type":"pci",...}`, published in
@@ -84,7 +96,10 @@ impl Vfs {
             return None;
         }
         let (pf, vf) = self.sysfs.vf_by_pci(device_id).ok()?;
-        Some(knitter_api::device_info::pci(&vf.pci, &self.sysfs.pf_pci(&pf).unwrap_or_default()).to_string())
+        Some(
+            knitter_api::device_info::pci(&vf.pci, &self.sysfs.pf_pci(&pf).unwrap_or_default())
+                .to_string(),
+        )
     }
 
     /// Chooses a VF — `device_id`'s, or a free one of `pool`'s PFs (`None`: `[sriov] pfs`) —
@@ -103,14 +118,21 @@ impl Vfs {
         let pfs = match pool {
             None => &self.pfs,
             Some(p) => self.pools.get(p).ok_or_else(|| {
-                let have = if self.pools.is_empty() { "none".to_string() } else { self.pools.keys().cloned().collect::<Vec<_>>().join(", ") };
+                let have = if self.pools.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                };
                 VfError::UnknownPool(p.into(), have)
             })?,
         };
         let _one = self.choosing.lock().unwrap_or_else(|p| p.into_inner());
         let vf = self.choose(device_id, pfs, &held())?;
         if pods_choice && !pfs.contains(&vf.pf) {
-            return Err(VfError::NotInPool { pci: vf.pci, pfs: if pfs.is_empty() { "none".into() } else { pfs.join(", ") } });
+            return Err(VfError::NotInPool {
+                pci: vf.pci,
+                pfs: if pfs.is_empty() { "none".into() } else { pfs.join(", ") },
+            });
         }
         claim(vf)
     }
@@ -121,7 +143,10 @@ impl Vfs {
     fn choose(&self, device_id: &str, pfs: &[String], held: &[Holder]) -> Result<VfHeld, VfError> {
         let is_held = |pci: &str| held.iter().find(|(p, _)| p == pci).map(|(_, by)| by.clone());
         if !device_id.is_empty() {
-            let (pf, vf) = self.sysfs.vf_by_pci(device_id).map_err(|e| VfError::Unusable { pci: device_id.into(), why: format!("cannot be used: {e}") })?;
+            let (pf, vf) = self.sysfs.vf_by_pci(device_id).map_err(|e| VfError::Unusable {
+                pci: device_id.into(),
+                why: format!("cannot be used: {e}"),
+            })?;
             if let Some(by) = is_held(&vf.pci) {
                 return Err(VfError::Held { pci: vf.pci, by });
             }
@@ -148,7 +173,8 @@ impl Vfs {
                 return self.held(pf.clone(), vf);
             }
         }
-        let why = if problems.is_empty() { String::new() } else { format!(" ({})", problems.join("; ")) };
+        let why =
+            if problems.is_empty() { String::new() } else { format!(" ({})", problems.join("; ")) };
         Err(VfError::Exhausted { pfs: pfs.join(", "), held: taken, usable, why })
     }
 
@@ -161,10 +187,25 @@ impl Vfs {
             Some(name)
         };
         let netdev_mac = match &netdev {
-            Some(n) => Some(link::link(n)?.ok_or_else(|| VfError::Unusable { pci: vf.pci.clone(), why: format!("has no netdev {n} on the node (is it in another pod?)") })?.mac),
+            Some(n) => Some(
+                link::link(n)?
+                    .ok_or_else(|| VfError::Unusable {
+                        pci: vf.pci.clone(),
+                        why: format!("has no netdev {n} on the node (is it in another pod?)"),
+                    })?
+                    .mac,
+            ),
             None => None,
         };
-        Ok(VfHeld { pci: vf.pci, pf, pf_pci, index: vf.index, netdev, netdev_mac, pf_settings: self.pf_settings })
+        Ok(VfHeld {
+            pci: vf.pci,
+            pf,
+            pf_pci,
+            index: vf.index,
+            netdev,
+            netdev_mac,
+            pf_settings: self.pf_settings,
+        })
     }
 
     /// Gives `vf` to the pod as `plan` says (its MAC, MTU, addresses, routes), on VLAN `vlan`
@@ -173,16 +214,33 @@ impl Vfs {
         if let Some(netdev) = &vf.netdev {
             plumb::name_free_in_pod(&plan.netns, &plan.ifname)?;
             if link::link(netdev)?.is_none() {
-                return Err(io::Error::new(io::ErrorKind::NotFound, format!("VF {}'s netdev {netdev} is not on the node", vf.pci)));
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("VF {}'s netdev {netdev} is not on the node", vf.pci),
+                ));
             }
         }
         if vf.pf_settings {
-            let s = VfSettings { mac: Some(MacAddr(plan.mac)), vlan: Some((vlan, 0)), spoof_check: Some(self.spoof_check), ..Default::default() };
+            let s = VfSettings {
+                mac: Some(MacAddr(plan.mac)),
+                vlan: Some((vlan, 0)),
+                spoof_check: Some(self.spoof_check),
+                ..Default::default()
+            };
             self.pf.set_vf(&vf.pf, vf.index, &s)?;
         }
         let Some(netdev) = &vf.netdev else { return Ok(()) };
         let moved = std::fs::File::open(&plan.netns).and_then(|ns| {
-            link::change(netdev, &LinkChange { netns: Some(&ns), rename: Some(&plan.ifname), mac: Some(plan.mac), mtu: Some(plan.mtu), ..Default::default() })
+            link::change(
+                netdev,
+                &LinkChange {
+                    netns: Some(&ns),
+                    rename: Some(&plan.ifname),
+                    mac: Some(plan.mac),
+                    mtu: Some(plan.mtu),
+                    ..Default::default()
+                },
+            )
         });
         let given = moved.and_then(|()| plumb::configure_in_pod(plan, false));
         if let Err(e) = given {
@@ -207,7 +265,11 @@ impl Vfs {
             problems.push(e.to_string());
         }
         if vf.pf_settings {
-            let s = VfSettings { vlan: Some((0, 0)), mac: vf.netdev_mac.map(MacAddr), ..Default::default() };
+            let s = VfSettings {
+                vlan: Some((0, 0)),
+                mac: vf.netdev_mac.map(MacAddr),
+                ..Default::default()
+            };
             if let Err(e) = self.pf.set_vf(&vf.pf, vf.index, &s) {
                 problems.push(e.to_string());
             }
@@ -224,7 +286,17 @@ impl Vfs {
             if link::link(&pod_if)?.is_none() {
                 return Ok(false);
             }
-            link::change(&pod_if, &LinkChange { netns: Some(&home), rename: Some(&own), mac, down: true, ..Default::default() }).map(|()| true)
+            link::change(
+                &pod_if,
+                &LinkChange {
+                    netns: Some(&home),
+                    rename: Some(&own),
+                    mac,
+                    down: true,
+                    ..Default::default()
+                },
+            )
+            .map(|()| true)
         });
         match from_pod {
             Ok(true) => return Ok(()),
@@ -233,11 +305,33 @@ impl Vfs {
         }
         // The pod's namespace is gone (or the VF left it): the kernel brought the netdev back
         // to the node, perhaps under another name; sysfs says which.
-        let now = self.sysfs.vf_by_pci(&vf.pci).ok().and_then(|(_, v)| v.netdev).filter(|n| matches!(link::link(n), Ok(Some(_))));
+        let now = self
+            .sysfs
+            .vf_by_pci(&vf.pci)
+            .ok()
+            .and_then(|(_, v)| v.netdev)
+            .filter(|n| matches!(link::link(n), Ok(Some(_))));
         match now {
-            Some(n) => link::change(&n, &LinkChange { down: true, rename: (n != name).then_some(name), mac: vf.netdev_mac, ..Default::default() }),
-            None if matches!(link::link(name), Ok(Some(_))) => link::change(name, &LinkChange { down: true, mac: vf.netdev_mac, ..Default::default() }),
-            None => Err(io::Error::new(io::ErrorKind::NotFound, format!("VF {}'s netdev was found neither in the pod ({netns}, {ifname}) nor on the node", vf.pci))),
+            Some(n) => link::change(
+                &n,
+                &LinkChange {
+                    down: true,
+                    rename: (n != name).then_some(name),
+                    mac: vf.netdev_mac,
+                    ..Default::default()
+                },
+            ),
+            None if matches!(link::link(name), Ok(Some(_))) => link::change(
+                name,
+                &LinkChange { down: true, mac: vf.netdev_mac, ..Default::default() },
+            ),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "VF {}'s netdev was found neither in the pod ({netns}, {ifname}) nor on the node",
+                    vf.pci
+                ),
+            )),
         }
     }
 
@@ -249,7 +343,11 @@ impl Vfs {
         pfs.dedup();
         pfs.into_iter()
             .map(|pf| {
-                let mut out = pb::PhysicalFunction { name: pf.clone(), pci: self.sysfs.pf_pci(pf).unwrap_or_default(), ..Default::default() };
+                let mut out = pb::PhysicalFunction {
+                    name: pf.clone(),
+                    pci: self.sysfs.pf_pci(pf).unwrap_or_default(),
+                    ..Default::default()
+                };
                 match self.sysfs.total_vfs(pf).and_then(|t| Ok((t, self.sysfs.vfs(pf)?))) {
                     Err(e) => out.problem = e.to_string(),
                     Ok((total, vfs)) => {
@@ -257,7 +355,11 @@ impl Vfs {
                         out.vfs = vfs
                             .into_iter()
                             .map(|v| pb::VirtualFunction {
-                                attached_to: held.iter().find(|(p, _)| *p == v.pci).map(|(_, by)| by.clone()).unwrap_or_default(),
+                                attached_to: held
+                                    .iter()
+                                    .find(|(p, _)| *p == v.pci)
+                                    .map(|(_, by)| by.clone())
+                                    .unwrap_or_default(),
                                 index: v.index,
                                 pci: v.pci,
                                 netdev: v.netdev.unwrap_or_default(),
@@ -297,7 +399,8 @@ impl Vfs {
             tracing::info!(vf = pci, pf = %pf, was = ?vf.driver, "VF bound to vfio-pci for a dpdk switch port");
         }
         if self.pf_settings {
-            let s = VfSettings { trust: Some(true), spoof_check: Some(false), ..Default::default() };
+            let s =
+                VfSettings { trust: Some(true), spoof_check: Some(false), ..Default::default() };
             self.pf.set_vf(&pf, vf.index, &s)?;
         }
         Ok(())
@@ -341,15 +444,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fake_pf(dir.path(), "pf0", &[FakeVf { netdev: None, driver: Some("vfio-pci") }]);
         let pool = |pfs: &[&str]| {
-            let section = SriovSection { sysfs: dir.path().into(), pfs: pfs.iter().map(|p| p.to_string()).collect(), ..Default::default() };
+            let section = SriovSection {
+                sysfs: dir.path().into(),
+                pfs: pfs.iter().map(|p| p.to_string()).collect(),
+                ..Default::default()
+            };
             Vfs::with_control(&section, Box::new(Arc::new(Recorder::default())))
         };
         let (inside, outside) = (pool(&["pf0"]), pool(&[]));
-        assert_eq!(inside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok).unwrap().pci, "0000:01:00.1");
-        assert!(matches!(outside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok), Err(VfError::NotInPool { .. })));
-        assert_eq!(outside.choose_and_claim("0000:01:00.1", false, None, Vec::new, Ok).unwrap().pci, "0000:01:00.1", "the device plugin's");
+        assert_eq!(
+            inside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok).unwrap().pci,
+            "0000:01:00.1"
+        );
+        assert!(matches!(
+            outside.choose_and_claim("0000:01:00.1", true, None, Vec::new, Ok),
+            Err(VfError::NotInPool { .. })
+        ));
+        assert_eq!(
+            outside.choose_and_claim("0000:01:00.1", false, None, Vec::new, Ok).unwrap().pci,
+            "0000:01:00.1",
+            "the device plugin's"
+        );
         for bad in ["../../../../etc", "0000:01:00.1/../..", "x"] {
-            assert!(matches!(inside.choose_and_claim(bad, true, None, Vec::new, Ok), Err(VfError::Unusable { .. })), "{bad}");
+            assert!(
+                matches!(
+                    inside.choose_and_claim(bad, true, None, Vec::new, Ok),
+                    Err(VfError::Unusable { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 
@@ -359,11 +482,30 @@ mod tests {
     fn the_pf_is_asked_for_mac_and_vlan_and_to_reset_them() {
         let Some(_g) = netns::exclusive() else { return };
         let (node, pod) = (Netns::new("vfn").unwrap(), Netns::new("vfp").unwrap());
-        node.run(&["ip", "link", "add", "vfx0", "address", "02:00:00:00:0e:01", "type", "veth", "peer", "name", "vfw0"]).unwrap();
+        node.run(&[
+            "ip",
+            "link",
+            "add",
+            "vfx0",
+            "address",
+            "02:00:00:00:0e:01",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vfw0",
+        ])
+        .unwrap();
         let dir = tempfile::tempdir().unwrap();
         fake_pf(dir.path(), "pf0", &[FakeVf { netdev: Some("vfx0"), driver: Some("iavf") }]);
         let rec = Arc::new(Recorder::default());
-        let section = SriovSection { sysfs: dir.path().into(), pfs: vec!["pf0".into()], pf_settings: true, spoof_check: true, ..Default::default() };
+        let section = SriovSection {
+            sysfs: dir.path().into(),
+            pfs: vec!["pf0".into()],
+            pf_settings: true,
+            spoof_check: true,
+            ..Default::default()
+        };
         let vfs = Vfs::with_control(&section, Box::new(rec.clone()));
         let plan = Plan {
             host: String::new(),

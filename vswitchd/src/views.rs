@@ -48,7 +48,11 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
                 .collect(),
         }
     });
-    let failed = node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus { name, error, ..Default::default() });
+    let failed = node.failed_ports().into_iter().map(|(name, error)| pb::PortStatus {
+        name,
+        error,
+        ..Default::default()
+    });
     running.chain(failed).collect()
 }
 
@@ -57,8 +61,10 @@ pub fn stats_reply(node: &Node) -> pb::StatsReply {
     let sw = &node.switch;
     let snap = sw.snapshot();
     let totals = sw.stats();
-    let at_unix_nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let at_unix_nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let bridges = snap
         .bds
         .iter()
@@ -76,12 +82,24 @@ pub fn stats_reply(node: &Node) -> pb::StatsReply {
             }
         })
         .collect();
-    let event_count = |e: &Event| pb::Count { name: e.name().into(), value: totals.event(*e), node: vswitch::trace::Node::counting(*e).map_or("pmd", |n| n.name()).into() };
-    let drop_count = |r: &vswitch::DropReason| pb::Count { name: r.name().into(), value: totals.drop(*r), node: vswitch::trace::Node::dropping(*r).name().into() };
+    let event_count = |e: &Event| pb::Count {
+        name: e.name().into(),
+        value: totals.event(*e),
+        node: vswitch::trace::Node::counting(*e).map_or("pmd", |n| n.name()).into(),
+    };
+    let drop_count = |r: &vswitch::DropReason| pb::Count {
+        name: r.name().into(),
+        value: totals.drop(*r),
+        node: vswitch::trace::Node::dropping(*r).name().into(),
+    };
     pb::StatsReply {
         ports: port_status(node),
         bridges,
-        drops: vswitch::DropReason::ALL.iter().filter(|r| totals.drop(**r) > 0).map(drop_count).collect(),
+        drops: vswitch::DropReason::ALL
+            .iter()
+            .filter(|r| totals.drop(**r) > 0)
+            .map(drop_count)
+            .collect(),
         events: Event::ALL.iter().filter(|e| totals.event(**e) > 0).map(event_count).collect(),
         pmds: sw
             .thread_stats()
@@ -104,7 +122,8 @@ pub fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
     let snap = node.switch.snapshot();
     let neighbors = node.switch.neighbor_table();
     let now = vswitch::util::coarse_secs();
-    let configured = |ip| snap.config.vtep.as_ref()?.peers.iter().find(|p| p.ip == ip)?.next_hop_mac;
+    let configured =
+        |ip| snap.config.vtep.as_ref()?.peers.iter().find(|p| p.ip == ip)?.next_hop_mac;
     snap.peers
         .iter()
         .flatten()
@@ -114,7 +133,12 @@ pub fn peer_status(node: &Node) -> Vec<pb::PeerStatus> {
                 None => (configured(p.ip), None),
                 Some(_) => (st.mac, st.confirmed.map(|c| now.saturating_sub(c))),
             };
-            pb::PeerStatus { ip: p.ip.to_string(), next_hop_mac: mac.map(|m| m.to_string()), confirmed_secs_ago: confirmed, unanswered: st.unanswered }
+            pb::PeerStatus {
+                ip: p.ip.to_string(),
+                next_hop_mac: mac.map(|m| m.to_string()),
+                confirmed_secs_ago: confirmed,
+                unanswered: st.unanswered,
+            }
         })
         .collect()
 }
@@ -138,7 +162,16 @@ pub fn pmd_reply(node: &Node) -> pb::PmdShowReply {
                 queues: placed
                     .map(|p| {
                         let pinned = |id: u16| snap.port(id).is_some_and(|p| p.pmd.is_some());
-                        p.queues.iter().map(|q| pb::PolledQueue { port: name(q.port), queue: q.queue as u32, busy_cycles: q.busy_cycles(), packets: q.packets(), pinned: pinned(q.port) }).collect()
+                        p.queues
+                            .iter()
+                            .map(|q| pb::PolledQueue {
+                                port: name(q.port),
+                                queue: q.queue as u32,
+                                busy_cycles: q.busy_cycles(),
+                                packets: q.packets(),
+                                pinned: pinned(q.port),
+                            })
+                            .collect()
                     })
                     .unwrap_or_default(),
             }

@@ -5,9 +5,9 @@
 //! guests and the node API answers. Each attack breaks only the attacker's port, which says
 //! why. Runs in the `serial` nextest group (the daemon starts a PMD thread).
 
+mod common;
 #[path = "../../ports/vhost/tests/common/frontend.rs"]
 mod frontend;
-mod common;
 
 use common::{Daemon, add_bridge, add_port, bridge, vhost_port};
 use frontend::{Vm, frontend, memfd};
@@ -41,7 +41,15 @@ impl Bystanders {
     fn forward(&mut self, during: &str) {
         self.round += 1;
         let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
-        let f = frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(0xa), ip(10), ip(255), 1, 2, 100 + self.round);
+        let f = frames::udp4(
+            vswitch::wire::MacAddr::BROADCAST,
+            mac(0xa),
+            ip(10),
+            ip(255),
+            1,
+            2,
+            100 + self.round,
+        );
         let at = self.b.rx.post(&[Buf::Write(2048)]).1[0];
         let mut b = vec![0u8; HDR_LEN];
         b.extend_from_slice(&f);
@@ -61,7 +69,10 @@ impl Bystanders {
 async fn show(c: &mut NodeClient<Channel>, during: &str) -> pb::NodeView {
     let t = Instant::now();
     let v = tokio::time::timeout(API_DEADLINE, c.show(pb::ShowRequest {})).await;
-    let v = v.unwrap_or_else(|_| panic!("the node API did not answer in {API_DEADLINE:?} {during}")).unwrap().into_inner();
+    let v = v
+        .unwrap_or_else(|_| panic!("the node API did not answer in {API_DEADLINE:?} {during}"))
+        .unwrap()
+        .into_inner();
     assert!(t.elapsed() < API_DEADLINE, "{during}");
     v
 }
@@ -144,7 +155,12 @@ async fn hostile_frontends_break_only_their_port_and_the_node_answers() {
         let rogue = frontend(&sock("x"));
         let (_r, w) = pipe_end();
         rogue.fe.set_vring_call(0, &w).unwrap();
-        error_says(&mut c, "x", "the interrupt (call) descriptor is refused: it is a pipe, not an eventfd").await;
+        error_says(
+            &mut c,
+            "x",
+            "the interrupt (call) descriptor is refused: it is a pipe, not an eventfd",
+        )
+        .await;
         by.forward("beside a pipe as an interrupt descriptor");
     }
 
@@ -210,7 +226,11 @@ async fn hostile_frontends_break_only_their_port_and_the_node_answers() {
         }
         rogue.events[3].write(1).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
-        while status(&show(&mut c, "empty chains").await, "x").vhost_errors.map_or(0, |e| e.bad_chains) < 64 {
+        while status(&show(&mut c, "empty chains").await, "x")
+            .vhost_errors
+            .map_or(0, |e| e.bad_chains)
+            < 64
+        {
             assert!(Instant::now() < until, "the chains were not refused");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -250,14 +270,20 @@ async fn hostile_frontends_break_only_their_port_and_the_node_answers() {
         std::fs::create_dir_all(&pod_dir).unwrap();
         let victim = std::os::unix::net::UnixListener::bind(victim_dir.join("net1.sock")).unwrap();
         victim.set_nonblocking(true).unwrap();
-        std::os::unix::fs::symlink(victim_dir.join("net1.sock"), pod_dir.join("net1.sock")).unwrap();
+        std::os::unix::fs::symlink(victim_dir.join("net1.sock"), pod_dir.join("net1.sock"))
+            .unwrap();
         let mut y = vhost_port(&pod_dir, "y", "red");
-        if let Some(pb::device::Kind::VhostUser(v)) = y.device.as_mut().and_then(|d| d.kind.as_mut()) {
+        if let Some(pb::device::Kind::VhostUser(v)) =
+            y.device.as_mut().and_then(|d| d.kind.as_mut())
+        {
             (v.socket, v.client) = (pod_dir.join("net1.sock").display().to_string(), true);
         }
         add_port(&mut c, y).await.unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert!(victim.accept().is_err(), "the switch connected through the symlink to another VNF");
+        assert!(
+            victim.accept().is_err(),
+            "the switch connected through the symlink to another VNF"
+        );
         assert_eq!(status(&show(&mut c, "symlink").await, "y").vhost_connected, Some(false));
         by.forward("beside a planted symlink");
     }
@@ -265,7 +291,11 @@ async fn hostile_frontends_break_only_their_port_and_the_node_answers() {
     // The attacker's port works again for a frontend that behaves.
     let mut fine = frontend(&sock("x"));
     connected(&mut c, "x").await;
-    assert_eq!(status(&show(&mut c, "after the attacks").await, "x").ring_error, "", "a new connection clears the error");
+    assert_eq!(
+        status(&show(&mut c, "after the attacks").await, "x").ring_error,
+        "",
+        "a new connection clears the error"
+    );
     by.forward("after every attack");
     let _ = fine.rx.completions();
     assert!(d.child.id() > 0);

@@ -79,8 +79,24 @@ impl Lab {
             let o = Command::new("bash").arg(script).arg(dir.path()).output().unwrap();
             assert!(o.status.success(), "ci/test-certs.sh: {}", String::from_utf8_lossy(&o.stderr));
             let f = |n: &str| dir.path().join(n).display().to_string();
-            manager_tls = vec!["--tls-cert".into(), f("server.pem"), "--tls-key".into(), f("server.key"), "--tls-client-ca".into(), f("ca.pem")];
-            client_tls = vec!["--manager-ca".into(), f("ca.pem"), "--manager-server-name".into(), "localhost".into(), "--manager-cert".into(), f("client.pem"), "--manager-key".into(), f("client.key")];
+            manager_tls = vec![
+                "--tls-cert".into(),
+                f("server.pem"),
+                "--tls-key".into(),
+                f("server.key"),
+                "--tls-client-ca".into(),
+                f("ca.pem"),
+            ];
+            client_tls = vec![
+                "--manager-ca".into(),
+                f("ca.pem"),
+                "--manager-server-name".into(),
+                "localhost".into(),
+                "--manager-cert".into(),
+                f("client.pem"),
+                "--manager-key".into(),
+                f("client.key"),
+            ];
         }
         let mut lab = Lab { dir, node, grpc, manager: None, switch: None, manager_tls, client_tls };
         lab.start_manager();
@@ -98,7 +114,15 @@ impl Lab {
             .args(&config_args)
             .arg("--socket")
             .arg(&socket)
-            .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096", "--idle", "adaptive"])
+            .args([
+                "--no-state",
+                "--no-metrics",
+                "--no-hugepages",
+                "--buffers",
+                "4096",
+                "--idle",
+                "adaptive",
+            ])
             // As nodes are deployed: no admin token, a join with the bootstrap token.
             .args(["--manager", &lab.grpc, "--node-name", "n1", "--manager-bootstrap-token-file"])
             .arg(lab.dir.path().join("m/bootstrap"))
@@ -146,7 +170,10 @@ impl Lab {
                 // What a failed start leaves, to tell a slow start from one that ended.
                 let exited = self.manager.as_mut().and_then(|m| m.0.try_wait().ok().flatten());
                 let log = std::fs::read_to_string(data.join("stderr.log")).unwrap_or_default();
-                panic!("knitter-manager did not come up in 20 s (process: {exited:?}; knitterctl: {}); its log:\n{log}", String::from_utf8_lossy(&o.stderr).trim());
+                panic!(
+                    "knitter-manager did not come up in 20 s (process: {exited:?}; knitterctl: {}); its log:\n{log}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -171,7 +198,12 @@ impl Lab {
     }
 
     pub fn ctl(&self, args: &[&str]) -> String {
-        let o = Command::new(bin("knitterctl")).arg("--socket").arg(self.socket()).args(args).output().unwrap();
+        let o = Command::new(bin("knitterctl"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
@@ -180,17 +212,44 @@ impl Lab {
     }
 
     /// Runs knitter-cni; (success, what it printed).
-    pub fn cni(&self, cmd: &str, container: &str, netns: &str, ifname: &str, conf: &Value) -> (bool, Value) {
+    pub fn cni(
+        &self,
+        cmd: &str,
+        container: &str,
+        netns: &str,
+        ifname: &str,
+        conf: &Value,
+    ) -> (bool, Value) {
         cni_raw(cmd, container, netns, ifname, &conf.to_string())
     }
 }
 
-pub fn cni_raw(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str) -> (bool, Value) {
-    cni_args(cmd, container, netns, ifname, stdin, &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"))
+pub fn cni_raw(
+    cmd: &str,
+    container: &str,
+    netns: &str,
+    ifname: &str,
+    stdin: &str,
+) -> (bool, Value) {
+    cni_args(
+        cmd,
+        container,
+        netns,
+        ifname,
+        stdin,
+        &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=test;K8S_POD_NAME={container}"),
+    )
 }
 
 /// [`cni_raw`] with `CNI_ARGS` given.
-pub fn cni_args(cmd: &str, container: &str, netns: &str, ifname: &str, stdin: &str, args: &str) -> (bool, Value) {
+pub fn cni_args(
+    cmd: &str,
+    container: &str,
+    netns: &str,
+    ifname: &str,
+    stdin: &str,
+    args: &str,
+) -> (bool, Value) {
     let mut c = Command::new(bin("knitter-cni"))
         .env_clear()
         .env("CNI_COMMAND", cmd)
@@ -219,8 +278,11 @@ pub fn pod(tag: &str) -> (Netns, String) {
 }
 
 pub fn addr(result: &Value) -> String {
-    result["ips"][0]["address"].as_str().unwrap_or_default().split('/').next().unwrap_or_default().to_string()
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
-
-
-

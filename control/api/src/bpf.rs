@@ -25,8 +25,18 @@ pub fn parse_ddd(text: &str) -> Result<Vec<BpfInstruction>, DddError> {
         .map(|l| {
             let fields: Result<Vec<u64>, _> = l.split_whitespace().map(str::parse::<u64>).collect();
             match fields.as_deref() {
-                Ok(&[code, jt, jf, k]) if code <= u16::MAX as u64 && jt <= 255 && jf <= 255 && k <= u32::MAX as u64 => {
-                    Ok(BpfInstruction { code: code as u32, jt: jt as u32, jf: jf as u32, k: k as u32 })
+                Ok(&[code, jt, jf, k])
+                    if code <= u16::MAX as u64
+                        && jt <= 255
+                        && jf <= 255
+                        && k <= u32::MAX as u64 =>
+                {
+                    Ok(BpfInstruction {
+                        code: code as u32,
+                        jt: jt as u32,
+                        jf: jf as u32,
+                        k: k as u32,
+                    })
                 }
                 _ => Err(DddError::NotAnInstruction(l.to_string())),
             }
@@ -48,8 +58,14 @@ mod tests {
         assert_eq!(p[0], BpfInstruction { code: 40, jt: 0, jf: 0, k: 12 });
         assert_eq!(parse_ddd("2\n6 0 0 1\n"), Err(DddError::Count { announced: 2, given: 1 }));
         assert!(matches!(parse_ddd("1\n6 0 0 1 9\n"), Err(DddError::NotAnInstruction(_))));
-        assert!(matches!(parse_ddd("1\n6 0 256 1\n"), Err(DddError::NotAnInstruction(_))), "a jump past 255");
-        assert!(matches!(parse_ddd("1\n65536 0 0 1\n"), Err(DddError::NotAnInstruction(_))), "a code past 16 bits");
+        assert!(
+            matches!(parse_ddd("1\n6 0 256 1\n"), Err(DddError::NotAnInstruction(_))),
+            "a jump past 255"
+        );
+        assert!(
+            matches!(parse_ddd("1\n65536 0 0 1\n"), Err(DddError::NotAnInstruction(_))),
+            "a code past 16 bits"
+        );
         assert_eq!(parse_ddd(""), Err(DddError::NoCount));
     }
 }

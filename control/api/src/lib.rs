@@ -51,10 +51,16 @@ pub const DEFAULT_NODE_SOCKET: &str = "/run/knitter/vswitchd.sock";
 pub fn unix_channel(path: &Path) -> Channel {
     let path: PathBuf = path.to_path_buf();
     // The URI is required by the builder and ignored by the connector.
-    Endpoint::from_static("http://[::1]:50051").connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-        let path = path.clone();
-        async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-    }))
+    Endpoint::from_static("http://[::1]:50051").connect_with_connector_lazy(tower::service_fn(
+        move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        },
+    ))
 }
 
 /// A node API client over the daemon's unix socket.
@@ -76,20 +82,33 @@ pub struct ClientTls {
 /// Names the server and says whether a client certificate is shown; never prints the key.
 impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls").field("server_name", &self.server_name).field("client_certificate", &self.identity.is_some()).finish()
+        f.debug_struct("ClientTls")
+            .field("server_name", &self.server_name)
+            .field("client_certificate", &self.identity.is_some())
+            .finish()
     }
 }
 
 impl ClientTls {
     /// Reads the files for a server at `addr` (`host:port`); the name to check defaults to
     /// the host.
-    pub fn read(addr: &str, ca: &Path, server_name: Option<&str>, identity: Option<(&Path, &Path)>) -> std::io::Result<ClientTls> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", p.display())));
+    pub fn read(
+        addr: &str,
+        ca: &Path,
+        server_name: Option<&str>,
+        identity: Option<(&Path, &Path)>,
+    ) -> std::io::Result<ClientTls> {
+        let read = |p: &Path| {
+            std::fs::read(p)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", p.display())))
+        };
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_matches(['[', ']']);
         Ok(ClientTls {
             ca: read(ca)?,
             server_name: server_name.unwrap_or(host).to_string(),
-            identity: identity.map(|(c, k)| Ok::<_, std::io::Error>((read(c)?, read(k)?))).transpose()?,
+            identity: identity
+                .map(|(c, k)| Ok::<_, std::io::Error>((read(c)?, read(k)?)))
+                .transpose()?,
         })
     }
 }
@@ -98,7 +117,9 @@ impl ClientTls {
 pub fn endpoint(addr: &str, tls: Option<ClientTls>) -> Result<Endpoint, tonic::transport::Error> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
     let Some(tls) = tls else { return Endpoint::from_shared(format!("http://{addr}")) };
-    let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(tls.ca)).domain_name(tls.server_name);
+    let mut cfg = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(tls.ca))
+        .domain_name(tls.server_name);
     if let Some((cert, key)) = tls.identity {
         cfg = cfg.identity(Identity::from_pem(cert, key));
     }
@@ -114,10 +135,15 @@ pub fn tls_channel(addr: &str, tls: ClientTls) -> Result<Channel, tonic::transpo
 mod test {
     #[test]
     fn owners_are_named_in_json() {
-        let b = super::node::Bridge { name: "red".into(), owner: super::node::Owner::Attach as i32, ..Default::default() };
+        let b = super::node::Bridge {
+            name: "red".into(),
+            owner: super::node::Owner::Attach as i32,
+            ..Default::default()
+        };
         let v = serde_json::to_value(&b).unwrap();
         assert_eq!(v["owner"], "attach");
-        let p = super::node::Port { owner: super::node::Owner::Manager as i32, ..Default::default() };
+        let p =
+            super::node::Port { owner: super::node::Owner::Manager as i32, ..Default::default() };
         assert_eq!(serde_json::to_value(&p).unwrap()["owner"], "manager");
         // A vhost-user socket's owner is a user id, not an object's owner: still a number.
         let vu = super::node::VhostUser { owner: Some(1000), ..Default::default() };

@@ -55,11 +55,22 @@ impl std::fmt::Display for LogFormat {
 
 /// Installs the process's subscriber (once, at the start of `main`).
 pub fn init(format: LogFormat) {
-    let directives = std::env::var("RUST_LOG").ok().filter(|d| EnvFilter::try_new(d).is_ok()).unwrap_or_else(|| "info".into());
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|d| EnvFilter::try_new(d).is_ok())
+        .unwrap_or_else(|| "info".into());
     let (filter, handle) = reload::Layer::new(EnvFilter::new(&directives));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let installed = match format {
-        LogFormat::Text => tracing_subscriber::registry().with(filter).with(fmt.with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR")))).try_init(),
+        LogFormat::Text => {
+            tracing_subscriber::registry()
+                .with(filter)
+                .with(fmt.with_ansi(colour(
+                    std::io::stderr().is_terminal(),
+                    std::env::var_os("NO_COLOR"),
+                )))
+                .try_init()
+        }
         LogFormat::Json => tracing_subscriber::registry().with(filter).with(fmt.json()).try_init(),
     };
     if installed.is_ok() {
@@ -83,10 +94,17 @@ pub fn is_level(s: &str) -> bool {
 pub fn set_filter(directives: &str) -> Result<(), FilterError> {
     // RUST_LOG reads a bare word as a module to log everything of, and the rest not at all:
     // a mistyped level (`debgu`) would silence the daemon. A bare word must be a level.
-    if let Some(d) = directives.split(',').map(str::trim).find(|d| !d.contains('=') && !is_level(d)) {
-        return Err(FilterError::Parse(directives.into(), format!("{d:?} is not a level (error, warn, info, debug, trace, off); one module's level is MODULE=LEVEL")));
+    if let Some(d) = directives.split(',').map(str::trim).find(|d| !d.contains('=') && !is_level(d))
+    {
+        return Err(FilterError::Parse(
+            directives.into(),
+            format!(
+                "{d:?} is not a level (error, warn, info, debug, trace, off); one module's level is MODULE=LEVEL"
+            ),
+        ));
     }
-    let parsed = EnvFilter::try_new(directives).map_err(|e| FilterError::Parse(directives.into(), e.to_string()))?;
+    let parsed = EnvFilter::try_new(directives)
+        .map_err(|e| FilterError::Parse(directives.into(), e.to_string()))?;
     let (handle, current) = FILTER.get().ok_or(FilterError::NotInstalled)?;
     let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
     handle.reload(parsed).map_err(|e| FilterError::Reload(e.to_string()))?;

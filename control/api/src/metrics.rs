@@ -10,7 +10,14 @@ pub fn escape(v: &str) -> String {
 
 /// One metric family: its help, type and samples (value of `label`, value); an empty
 /// `label` writes each sample without one.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl IntoIterator<Item = (String, f64)>) {
+pub fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (String, f64)>,
+) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (l, v) in samples {
         if label.is_empty() {
@@ -25,6 +32,14 @@ pub fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str,
 /// `*_build_info` gauges), so dashboards can tell nodes that run another version.
 pub fn build_info(out: &mut String, component: &str, version: &str) {
     let name = "knitter_build_info";
-    let _ = writeln!(out, "# HELP {name} 1, labelled with the component and its version.\n# TYPE {name} gauge");
-    let _ = writeln!(out, "{name}{{component=\"{}\",version=\"{}\"}} 1", escape(component), escape(version));
+    let _ = writeln!(
+        out,
+        "# HELP {name} 1, labelled with the component and its version.\n# TYPE {name} gauge"
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{component=\"{}\",version=\"{}\"}} 1",
+        escape(component),
+        escape(version)
+    );
 }

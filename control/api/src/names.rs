@@ -4,8 +4,16 @@
 /// Whether `n` is a name Linux gives a network interface (`dev_valid_name`): 1–15 bytes,
 /// not `.` or `..`, no `/`, `:`, whitespace or NUL.
 pub fn interface_name(n: &str) -> Result<(), String> {
-    if n.is_empty() || n.len() > 15 || n.contains(['/', ':', '\0']) || n.chars().any(char::is_whitespace) || n == "." || n == ".." {
-        return Err(format!("interface name {n:?} must be 1-15 characters without '/', ':' or spaces, and not . or .."));
+    if n.is_empty()
+        || n.len() > 15
+        || n.contains(['/', ':', '\0'])
+        || n.chars().any(char::is_whitespace)
+        || n == "."
+        || n == ".."
+    {
+        return Err(format!(
+            "interface name {n:?} must be 1-15 characters without '/', ':' or spaces, and not . or .."
+        ));
     }
     Ok(())
 }
@@ -42,10 +50,12 @@ mod test {
     fn short_names_do_not_change() {
         // Running pods' ports carry these names; a changed hash would orphan them.
         assert_eq!(super::short_name("kn", &["abc", "eth0"]), "kne81be81b20");
-        assert_eq!(super::host_port("blue", "node1"), ("knitter-host.node1".to_string(), super::short_name("kh", &["blue"])));
+        assert_eq!(
+            super::host_port("blue", "node1"),
+            ("knitter-host.node1".to_string(), super::short_name("kh", &["blue"]))
+        );
         assert_eq!(super::host_port("blue", "n").1.len(), 12);
     }
-
 
     #[test]
     fn the_kernels_rule() {

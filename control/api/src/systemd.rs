@@ -45,7 +45,10 @@ mod test {
         let n = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"READY=1");
         let name = format!("knitter-notify-{}", std::process::id());
-        let rx = std::os::unix::net::UnixDatagram::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+        let rx = std::os::unix::net::UnixDatagram::bind_addr(
+            &std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap(),
+        )
+        .unwrap();
         super::send(&format!("@{name}"), "STOPPING=1").unwrap();
         let n = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"STOPPING=1");

@@ -87,9 +87,29 @@ pub(crate) enum BridgeCmd {
 
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd) -> Result<()> {
     match cmd {
-        BridgeCmd::Add { name, vlan, vni, flood, arp_suppression, dscp, pcp, priority, pod_pps, pod_bps, police_pps, police_bps, neighbor, static_mac, gateway, gateway_mac, gateway_port, replace } => {
+        BridgeCmd::Add {
+            name,
+            vlan,
+            vni,
+            flood,
+            arp_suppression,
+            dscp,
+            pcp,
+            priority,
+            pod_pps,
+            pod_bps,
+            police_pps,
+            police_bps,
+            neighbor,
+            static_mac,
+            gateway,
+            gateway_mac,
+            gateway_port,
+            replace,
+        } => {
             let pair = |s: &str, what: &str| -> Result<(String, String)> {
-                let (a, b) = s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
+                let (a, b) =
+                    s.split_once('=').with_context(|| format!("{what} {s:?}: expected A=B"))?;
                 Ok((a.to_string(), b.to_string()))
             };
             let neighbors = neighbor
@@ -107,15 +127,41 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: BridgeCmd
                 })
                 .collect::<Result<_>>()?;
             let rates = |pps: Option<u64>, bps: Option<u64>| {
-                (pps.is_some() || bps.is_some()).then(|| pb::Policer { pps: pps.unwrap_or(0), bps: bps.unwrap_or(0), ..Default::default() })
+                (pps.is_some() || bps.is_some()).then(|| pb::Policer {
+                    pps: pps.unwrap_or(0),
+                    bps: bps.unwrap_or(0),
+                    ..Default::default()
+                })
             };
             let (pod_policer, policer) = (rates(pod_pps, pod_bps), rates(police_pps, police_bps));
-            let gateway = gateway_port.map(|port| pb::Gateway { ips: gateway, mac: gateway_mac, port });
-            let bridge =
-                pb::Bridge { name, vlan, vni, flood, arp_suppression, neighbors, static_macs, dscp, pcp, priority, pod_policer, policer, gateway, ..Default::default() };
-            applied(out, c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace }).await?.into_inner())?
+            let gateway =
+                gateway_port.map(|port| pb::Gateway { ips: gateway, mac: gateway_mac, port });
+            let bridge = pb::Bridge {
+                name,
+                vlan,
+                vni,
+                flood,
+                arp_suppression,
+                neighbors,
+                static_macs,
+                dscp,
+                pcp,
+                priority,
+                pod_policer,
+                policer,
+                gateway,
+                ..Default::default()
+            };
+            applied(
+                out,
+                c.add_bridge(pb::AddBridgeRequest { bridge: Some(bridge), replace })
+                    .await?
+                    .into_inner(),
+            )?
         }
-        BridgeCmd::Del { name } => applied(out, c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+        BridgeCmd::Del { name } => {
+            applied(out, c.delete_bridge(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?
+        }
         BridgeCmd::List => list(c, out, None).await?,
         BridgeCmd::Show { name } => list(c, out, Some(name)).await?,
     }
@@ -127,14 +173,30 @@ async fn list(c: &mut NodeClient<Channel>, out: Output, name: Option<String>) ->
     if out != Output::Table {
         return document(c, out, "bridges", name).await;
     }
-    let bridges = named(c.list_bridges(pb::ListRequest {}).await?.into_inner().bridges, name, "bridge", |b| &b.name)?;
+    let bridges = named(
+        c.list_bridges(pb::ListRequest {}).await?.into_inner().bridges,
+        name,
+        "bridge",
+        |b| &b.name,
+    )?;
     print_bridges(&bridges);
     Ok(())
 }
 
 pub(crate) fn print_bridges(b: &[pb::Bridge]) {
     table(
-        &["name", "vlan", "vni", "flood", "arp-suppression", "gateway", "marking", "owner", "policer", "pod policer"],
+        &[
+            "name",
+            "vlan",
+            "vni",
+            "flood",
+            "arp-suppression",
+            "gateway",
+            "marking",
+            "owner",
+            "policer",
+            "pod policer",
+        ],
         b.iter()
             .map(|b| {
                 vec![
@@ -143,10 +205,17 @@ pub(crate) fn print_bridges(b: &[pb::Bridge]) {
                     opt(b.vni),
                     if b.flood.is_empty() { "-".into() } else { b.flood.join(",") },
                     if b.arp_suppression { "on" } else { "off" }.into(),
-                    b.gateway.as_ref().map_or("-".into(), |g| format!("{} via {}", g.ips.join(","), g.port)),
+                    b.gateway
+                        .as_ref()
+                        .map_or("-".into(), |g| format!("{} via {}", g.ips.join(","), g.port)),
                     match (b.dscp, b.pcp, b.priority) {
                         (None, None, false) => "-".into(),
-                        (d, p, first) => format!("dscp {} pcp {}{}", d.unwrap_or(0), p.unwrap_or(0), if first { " priority" } else { "" }),
+                        (d, p, first) => format!(
+                            "dscp {} pcp {}{}",
+                            d.unwrap_or(0),
+                            p.unwrap_or(0),
+                            if first { " priority" } else { "" }
+                        ),
                     },
                     owner(b.owner).into(),
                     policer(b.policer.as_ref()),

@@ -51,11 +51,21 @@ fn compile(expr: &str, snaplen: u32) -> Result<Vec<pb::BpfInstruction>> {
     let out = std::process::Command::new("tcpdump")
         .args(["-ddd", "-y", "EN10MB", "-s", &snaplen.to_string(), "--", expr])
         .output()
-        .map_err(|e| anyhow::anyhow!("compiling the filter needs tcpdump (apt-get install tcpdump): {e}"))?;
+        .map_err(|e| {
+            anyhow::anyhow!("compiling the filter needs tcpdump (apt-get install tcpdump): {e}")
+        })?;
     if !out.status.success() {
-        bail!("filter {expr:?}: {}", String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.starts_with("Warning")).collect::<Vec<_>>().join("; "));
+        bail!(
+            "filter {expr:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| !l.starts_with("Warning"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
     }
-    knitter_api::bpf::parse_ddd(&String::from_utf8_lossy(&out.stdout)).map_err(|e| anyhow::anyhow!("tcpdump -ddd: {e}"))
+    knitter_api::bpf::parse_ddd(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| anyhow::anyhow!("tcpdump -ddd: {e}"))
 }
 
 /// Where frames go: pcapng, or a line each.
@@ -79,7 +89,13 @@ fn say(args: std::fmt::Arguments) {
 
 fn clock(ns: u64) -> String {
     let secs = ns / 1_000_000_000;
-    format!("{:02}:{:02}:{:02}.{:06}", (secs / 3600) % 24, (secs / 60) % 60, secs % 60, (ns / 1000) % 1_000_000)
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60,
+        (ns / 1000) % 1_000_000
+    )
 }
 
 fn hex(b: &[u8]) -> String {
@@ -89,7 +105,11 @@ fn hex(b: &[u8]) -> String {
 pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -> Result<()> {
     let snaplen = a.snaplen.unwrap_or(0);
     let expr = a.filter.join(" ");
-    let filter = if expr.trim().is_empty() { Vec::new() } else { compile(&expr, if snaplen == 0 { 262_144 } else { snaplen })? };
+    let filter = if expr.trim().is_empty() {
+        Vec::new()
+    } else {
+        compile(&expr, if snaplen == 0 { 262_144 } else { snaplen })?
+    };
     let direction = match a.direction {
         Direction::Rx => pb::CaptureDirection::Rx,
         Direction::Tx => pb::CaptureDirection::Tx,
@@ -100,22 +120,42 @@ pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -
         Some(d) => bail!("--duration {d}: seconds, more than 0"),
         None => 0,
     };
-    let req = pb::CaptureRequest { port: a.port.clone(), direction: direction as i32, count: a.count.unwrap_or(0), snaplen, filter, duration_ms, summary: a.write.is_none() };
+    let req = pb::CaptureRequest {
+        port: a.port.clone(),
+        direction: direction as i32,
+        count: a.count.unwrap_or(0),
+        snaplen,
+        filter,
+        duration_ms,
+        summary: a.write.is_none(),
+    };
     let mut stream = c.capture(req).await?.into_inner();
     // The first chunk says the capture runs (and its snap length).
     let first = stream.message().await?.context("the daemon ended the capture before it began")?;
     let mut sink = match &a.write {
         Some(p) => {
-            let w: Box<dyn Write> = if p.as_os_str() == "-" { Box::new(std::io::stdout()) } else { Box::new(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)) };
+            let w: Box<dyn Write> = if p.as_os_str() == "-" {
+                Box::new(std::io::stdout())
+            } else {
+                Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("creating {}", p.display()))?,
+                ))
+            };
             let mut w = pcapng::Writer::new(w, &first.port, first.snaplen)?;
             written(w.flush())?;
             Sink::Pcap(w)
         }
         None => Sink::Lines(out),
     };
-    let filtered = if expr.trim().is_empty() { String::new() } else { format!(", filter {expr:?}") };
-    let direction = a.direction.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-    say(format_args!("capturing on {} ({direction}{filtered}), snap length {}", first.port, first.snaplen));
+    let filtered =
+        if expr.trim().is_empty() { String::new() } else { format!(", filter {expr:?}") };
+    let direction =
+        a.direction.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+    say(format_args!(
+        "capturing on {} ({direction}{filtered}), snap length {}",
+        first.port, first.snaplen
+    ));
     let (mut got, mut lost) = (0u64, 0u64);
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
@@ -129,9 +169,16 @@ pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -
         for f in chunk.frames {
             got += 1;
             let outbound = f.direction == pb::CaptureDirection::Tx as i32;
-            let dropped = (!f.drop_reason.is_empty()).then(|| format!("dropped: {}", f.drop_reason));
+            let dropped =
+                (!f.drop_reason.is_empty()).then(|| format!("dropped: {}", f.drop_reason));
             match &mut sink {
-                Sink::Pcap(w) => written(w.frame(f.timestamp_ns, outbound, f.original_length, &f.data, dropped.as_deref()))?,
+                Sink::Pcap(w) => written(w.frame(
+                    f.timestamp_ns,
+                    outbound,
+                    f.original_length,
+                    &f.data,
+                    dropped.as_deref(),
+                ))?,
                 Sink::Lines(out @ (Output::Json | Output::Yaml)) => record(
                     *out,
                     &serde_json::json!({
@@ -142,7 +189,13 @@ pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -
                 Sink::Lines(Output::Table) => {
                     let dir = if outbound { "tx" } else { "rx" };
                     let drop = dropped.map(|d| format!("  [{d}]")).unwrap_or_default();
-                    line(format_args!("{} UTC {dir} {} pmd {}: {}{drop}", clock(f.timestamp_ns), first.port, f.thread, f.summary))
+                    line(format_args!(
+                        "{} UTC {dir} {} pmd {}: {}{drop}",
+                        clock(f.timestamp_ns),
+                        first.port,
+                        f.thread,
+                        f.summary
+                    ))
                 }
             }
         }
@@ -155,7 +208,11 @@ pub(crate) async fn capture(c: &mut NodeClient<Channel>, out: Output, a: Args) -
         written(w.stats(crate::unix_now().saturating_mul(1_000_000_000), got, lost))?;
         written(w.flush())?;
     }
-    let behind = if lost > 0 { " (frames the daemon could not keep: the reader fell behind; filter, or write to a file)" } else { "" };
+    let behind = if lost > 0 {
+        " (frames the daemon could not keep: the reader fell behind; filter, or write to a file)"
+    } else {
+        ""
+    };
     say(format_args!("{got} frames captured, {lost} lost{behind}"));
     Ok(())
 }

@@ -26,7 +26,10 @@ pub(crate) enum FdbCmd {
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: FdbCmd) -> Result<()> {
     match cmd {
         FdbCmd::Show { bridge } => {
-            let f = c.fdb_dump(pb::FdbRequest { bridge: bridge.unwrap_or_default() }).await?.into_inner();
+            let f = c
+                .fdb_dump(pb::FdbRequest { bridge: bridge.unwrap_or_default() })
+                .await?
+                .into_inner();
             if out != Output::Table {
                 return structured(out, &f);
             }
@@ -36,15 +39,30 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: FdbCmd) -
                     .iter()
                     .map(|e| {
                         let age = if e.is_static { "-".into() } else { format!("{}s", e.age_secs) };
-                        vec![e.bridge.clone(), e.mac.clone(), e.dest.clone(), if e.is_static { "static" } else { "learned" }.into(), age]
+                        vec![
+                            e.bridge.clone(),
+                            e.mac.clone(),
+                            e.dest.clone(),
+                            if e.is_static { "static" } else { "learned" }.into(),
+                            age,
+                        ]
                     })
                     .collect(),
             );
         }
         FdbCmd::Flush { bridge, port } => {
-            let r = c.fdb_flush(pb::FdbFlushRequest { bridge: bridge.unwrap_or_default(), port: port.unwrap_or_default() }).await?;
+            let r = c
+                .fdb_flush(pb::FdbFlushRequest {
+                    bridge: bridge.unwrap_or_default(),
+                    port: port.unwrap_or_default(),
+                })
+                .await?;
             let r = r.into_inner();
-            if out != Output::Table { structured(out, &r)? } else { println!("{} entries removed", r.removed) }
+            if out != Output::Table {
+                structured(out, &r)?
+            } else {
+                println!("{} entries removed", r.removed)
+            }
         }
     }
     Ok(())

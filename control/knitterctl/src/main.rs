@@ -20,12 +20,12 @@ mod out;
 
 mod bridge;
 mod capture;
-mod pcapng;
-mod pmd;
 mod fdb;
 mod manager;
 mod manifest;
 mod node;
+mod pcapng;
+mod pmd;
 mod port;
 mod stats;
 mod vtep;
@@ -117,7 +117,12 @@ const MANAGER_EXAMPLES: &str = "Examples:
 fn command() -> clap::Command {
     use clap::CommandFactory;
     let cmd = Cli::command();
-    let hidden = |ids: &[&str]| -> Vec<clap::Arg> { cmd.get_arguments().filter(|a| ids.contains(&a.get_id().as_str())).map(|a| a.clone().hide(true)).collect() };
+    let hidden = |ids: &[&str]| -> Vec<clap::Arg> {
+        cmd.get_arguments()
+            .filter(|a| ids.contains(&a.get_id().as_str()))
+            .map(|a| a.clone().hide(true))
+            .collect()
+    };
     let (node, manager) = (hidden(&NODE_OPTIONS), hidden(&manager::TARGET_OPTIONS));
     let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
     subs.into_iter().fold(cmd, |cmd, name| {
@@ -152,7 +157,10 @@ enum LogCmd {
 
 /// The filter `current` with `module` at `level`: that module's earlier directives replaced.
 fn with_module_level(current: &str, module: &str, level: &str) -> String {
-    let kept = current.split(',').map(str::trim).filter(|d| !d.is_empty() && d.split('=').next() != Some(module));
+    let kept = current
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && d.split('=').next() != Some(module));
     kept.chain(std::iter::once(format!("{module}={level}").as_str())).collect::<Vec<_>>().join(",")
 }
 
@@ -266,9 +274,7 @@ enum Cmd {
     },
     /// Man pages (knitterctl.1 and one for each subcommand, knitterctl-port-add.1 …) into a
     /// directory (`man -l DIR/knitterctl.1`, or install them under /usr/share/man/man1).
-    Man {
-        dir: PathBuf,
-    },
+    Man { dir: PathBuf },
     /// Counters; with --interval, repeated with rates (like `vppctl show int`).
     Stats {
         /// Seconds between reports.
@@ -287,7 +293,12 @@ enum Cmd {
 fn client(cli: &Cli) -> Result<NodeClient<Channel>> {
     let Some(addr) = &cli.tcp else { return Ok(knitter_api::node_client(&cli.socket)) };
     let identity = cli.cert.as_deref().zip(cli.key.as_deref());
-    let tls = knitter_api::ClientTls::read(addr, cli.ca.as_deref().context("--tcp needs --ca")?, cli.server_name.as_deref(), identity)?;
+    let tls = knitter_api::ClientTls::read(
+        addr,
+        cli.ca.as_deref().context("--tcp needs --ca")?,
+        cli.server_name.as_deref(),
+        identity,
+    )?;
     Ok(NodeClient::new(knitter_api::tls_channel(addr, tls)?))
 }
 
@@ -304,12 +315,28 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Port { cmd } => port::run(&mut c, out, cmd).await,
         Cmd::Vtep { cmd } => vtep::run(&mut c, out, cmd).await,
         Cmd::Fdb { cmd } => fdb::run(&mut c, out, cmd).await,
-        Cmd::Apply { source, dry_run, prune } => node::apply(&mut c, out, &source, dry_run, prune).await,
-        Cmd::Node { cmd: node::NodeCmd::Export { format, all_owners } } => node::export(&mut c, &format, all_owners).await,
+        Cmd::Apply { source, dry_run, prune } => {
+            node::apply(&mut c, out, &source, dry_run, prune).await
+        }
+        Cmd::Node { cmd: node::NodeCmd::Export { format, all_owners } } => {
+            node::export(&mut c, &format, all_owners).await
+        }
         Cmd::Vf { cmd: node::VfCmd::List } => node::vfs(&cli.socket, cli.tcp.is_some(), out).await,
-        Cmd::Stats { interval, count, queues } => stats::stats(&mut c, out, interval, count, queues).await,
+        Cmd::Stats { interval, count, queues } => {
+            stats::stats(&mut c, out, interval, count, queues).await
+        }
         Cmd::Trace { port, count, timeout, synthetic } => {
-            node::trace(&mut c, out, pb::TraceRequest { port, count, timeout_ms: timeout.saturating_mul(1000), synthetic: synthetic.unwrap_or_default() }).await
+            node::trace(
+                &mut c,
+                out,
+                pb::TraceRequest {
+                    port,
+                    count,
+                    timeout_ms: timeout.saturating_mul(1000),
+                    synthetic: synthetic.unwrap_or_default(),
+                },
+            )
+            .await
         }
         Cmd::Pmd { cmd } => pmd::run(&mut c, out, cmd).await,
         Cmd::Capture(a) => capture::capture(&mut c, out, a).await,
@@ -319,9 +346,17 @@ async fn run(cli: Cli) -> Result<()> {
                 LogCmd::Show => String::new(),
                 LogCmd::Set { filter, module: None } => filter,
                 LogCmd::Set { filter, module: Some(m) } => {
-                    anyhow::ensure!(!m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "--module {m:?}: a module path (letters, digits, _ and ::)");
-                    anyhow::ensure!(knitter_api::logging::is_level(&filter), "{filter:?} is not a level (error, warn, info, debug, trace, off)");
-                    let now = c.log_filter(pb::LogFilterRequest::default()).await?.into_inner().filter;
+                    anyhow::ensure!(
+                        !m.is_empty()
+                            && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+                        "--module {m:?}: a module path (letters, digits, _ and ::)"
+                    );
+                    anyhow::ensure!(
+                        knitter_api::logging::is_level(&filter),
+                        "{filter:?} is not a level (error, warn, info, debug, trace, off)"
+                    );
+                    let now =
+                        c.log_filter(pb::LogFilterRequest::default()).await?.into_inner().filter;
                     with_module_level(&now, &m, &filter)
                 }
             };
@@ -332,7 +367,9 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Manager { .. } | Cmd::Completion { .. } | Cmd::Man { .. } => unreachable!("run in main"),
+        Cmd::Manager { .. } | Cmd::Completion { .. } | Cmd::Man { .. } => {
+            unreachable!("run in main")
+        }
     }
 }
 
@@ -345,11 +382,18 @@ fn write_man_pages(cmd: &clap::Command, dir: &std::path::Path) -> Result<usize> 
     while let Some((c, name)) = todo.pop() {
         let c = c.display_name(name.clone()).bin_name(name.replace('-', " "));
         let mut page = Vec::new();
-        clap_mangen::Man::new(c.clone()).title(name.clone()).render(&mut page).with_context(|| format!("rendering {name}.1"))?;
+        clap_mangen::Man::new(c.clone())
+            .title(name.clone())
+            .render(&mut page)
+            .with_context(|| format!("rendering {name}.1"))?;
         let path = dir.join(format!("{name}.1"));
         std::fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
         written += 1;
-        todo.extend(c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help").map(|s| (s.clone(), format!("{name}-{}", s.get_name()))));
+        todo.extend(
+            c.get_subcommands()
+                .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+                .map(|s| (s.clone(), format!("{name}-{}", s.get_name()))),
+        );
     }
     Ok(written)
 }
@@ -364,11 +408,14 @@ fn main() {
             println!("{}", String::from_utf8_lossy(&out).trim_end());
             return;
         }
-        Cmd::Man { dir } => match write_man_pages(&{
-            let mut c = command();
-            c.build(); // the global options propagated into every subcommand's page
-            c
-        }, dir) {
+        Cmd::Man { dir } => match write_man_pages(
+            &{
+                let mut c = command();
+                c.build(); // the global options propagated into every subcommand's page
+                c
+            },
+            dir,
+        ) {
             Ok(n) => return println!("{n} man pages written to {}", dir.display()),
             Err(e) => {
                 eprintln!("knitterctl: {e:#}");
@@ -380,7 +427,9 @@ fn main() {
     // A TLS peer that wants a client certificate hangs up on a client without one: the
     // options that would give it one, when none was given.
     let cert_options = match &cli.cmd {
-        Cmd::Manager { .. } => (cli.target.manager_ca.is_some() && cli.target.manager_cert.is_none()).then_some("--manager-cert, --manager-key"),
+        Cmd::Manager { .. } => (cli.target.manager_ca.is_some()
+            && cli.target.manager_cert.is_none())
+        .then_some("--manager-cert, --manager-key"),
         _ => (cli.tcp.is_some() && cli.cert.is_none()).then_some("--cert, --key"),
     };
     let socket = match &cli.tcp {
@@ -397,9 +446,18 @@ fn main() {
     let (what, target, result) = match cli.cmd {
         Cmd::Manager { cmd } => {
             let t = cli.target.manager.clone();
-            ("knitter-manager", t.clone(), rt.block_on(manager::run(&cli.target, cli.output, cmd)).with_context(|| format!("manager API at {t}")))
+            (
+                "knitter-manager",
+                t.clone(),
+                rt.block_on(manager::run(&cli.target, cli.output, cmd))
+                    .with_context(|| format!("manager API at {t}")),
+            )
         }
-        _ => ("knitter-vswitchd", socket.display().to_string(), rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display()))),
+        _ => (
+            "knitter-vswitchd",
+            socket.display().to_string(),
+            rt.block_on(run(cli)).with_context(|| format!("node API at {}", socket.display())),
+        ),
     };
     if let Err(e) = result {
         match e.chain().find_map(|c| c.downcast_ref::<tonic::Status>()) {
@@ -409,10 +467,15 @@ fn main() {
                 while let Some(next) = cause.source() {
                     cause = next;
                 }
-                if let Some(options) = cert_options.filter(|_| s.code() != tonic::Code::Unavailable) {
-                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; it may want a client certificate ({options})");
+                if let Some(options) = cert_options.filter(|_| s.code() != tonic::Code::Unavailable)
+                {
+                    eprintln!(
+                        "knitterctl: cannot reach {what} at {target}: {cause}; it may want a client certificate ({options})"
+                    );
                 } else {
-                    eprintln!("knitterctl: cannot reach {what} at {target}: {cause}; is it running?");
+                    eprintln!(
+                        "knitterctl: cannot reach {what} at {target}: {cause}; is it running?"
+                    );
                 }
                 std::process::exit(EXIT_UNREACHABLE);
             }
@@ -430,7 +493,13 @@ fn main() {
 mod tests {
     #[test]
     fn a_modules_level_replaces_its_earlier_directives_only() {
-        assert_eq!(super::with_module_level("info", "knitter_vhost", "debug"), "info,knitter_vhost=debug");
-        assert_eq!(super::with_module_level("knitter_vhost=trace, info", "knitter_vhost", "warn"), "info,knitter_vhost=warn");
+        assert_eq!(
+            super::with_module_level("info", "knitter_vhost", "debug"),
+            "info,knitter_vhost=debug"
+        );
+        assert_eq!(
+            super::with_module_level("knitter_vhost=trace, info", "knitter_vhost", "warn"),
+            "info,knitter_vhost=warn"
+        );
     }
 }

@@ -23,7 +23,12 @@ pub struct Target {
     #[arg(long, global = true, env = "KNITTER_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// File holding the bearer token.
-    #[arg(long, global = true, env = "KNITTER_TOKEN_FILE", default_value = "/var/lib/knitter/manager/token")]
+    #[arg(
+        long,
+        global = true,
+        env = "KNITTER_TOKEN_FILE",
+        default_value = "/var/lib/knitter/manager/token"
+    )]
     token_file: PathBuf,
     /// Reach the manager over TLS: the CA (PEM) its certificate must chain to.
     #[arg(long, global = true, env = "KNITTER_MANAGER_CA")]
@@ -40,13 +45,26 @@ pub struct Target {
 }
 
 /// Every option of [`Target`] (`knitterctl node ...` and the other node commands hide them).
-pub const TARGET_OPTIONS: [&str; 7] = ["manager", "token", "token_file", "manager_ca", "manager_server_name", "manager_cert", "manager_key"];
+pub const TARGET_OPTIONS: [&str; 7] = [
+    "manager",
+    "token",
+    "token_file",
+    "manager_ca",
+    "manager_server_name",
+    "manager_cert",
+    "manager_key",
+];
 
 impl Target {
     fn channel(&self) -> Result<Channel> {
         let tls = match &self.manager_ca {
             None => None,
-            Some(ca) => Some(knitter_api::ClientTls::read(&self.manager, ca, self.manager_server_name.as_deref(), self.manager_cert.as_deref().zip(self.manager_key.as_deref()))?),
+            Some(ca) => Some(knitter_api::ClientTls::read(
+                &self.manager,
+                ca,
+                self.manager_server_name.as_deref(),
+                self.manager_cert.as_deref().zip(self.manager_key.as_deref()),
+            )?),
         };
         Ok(knitter_api::endpoint(&self.manager, tls)?.connect_lazy())
     }
@@ -99,7 +117,9 @@ const APPLY_EXAMPLES: &str = "Examples:
 #[derive(Debug, Subcommand)]
 pub enum TenantCmd {
     List,
-    Show { name: String },
+    Show {
+        name: String,
+    },
     Create {
         name: String,
         /// Networks the tenant may own (default: the manager's).
@@ -110,11 +130,19 @@ pub enum TenantCmd {
         #[arg(long, value_delimiter = ',')]
         namespaces: Vec<String>,
     },
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
     /// Set how many networks the tenant may own.
-    Quota { name: String, networks: u32 },
+    Quota {
+        name: String,
+        networks: u32,
+    },
     /// Set the namespaces that belong to the tenant without a label (none: clears them).
-    Namespaces { name: String, namespaces: Vec<String> },
+    Namespaces {
+        name: String,
+        namespaces: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,9 +155,13 @@ pub enum NetworkCmd {
         #[arg(long)]
         kind: Option<String>,
     },
-    Show { name: String },
+    Show {
+        name: String,
+    },
     Create(Box<NetworkCreate>),
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -197,7 +229,10 @@ pub enum GroupCmd {
         #[arg(long)]
         network: Option<String>,
     },
-    Show { network: String, name: String },
+    Show {
+        network: String,
+        name: String,
+    },
     Create {
         network: String,
         name: String,
@@ -211,7 +246,10 @@ pub enum GroupCmd {
         #[arg(long)]
         grace: Option<u64>,
     },
-    Delete { network: String, name: String },
+    Delete {
+        network: String,
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -227,7 +265,10 @@ pub enum PortCmd {
         #[arg(long)]
         tenant: Option<String>,
     },
-    Show { container: String, interface: String },
+    Show {
+        container: String,
+        interface: String,
+    },
     Create {
         #[arg(long)]
         network: String,
@@ -249,13 +290,18 @@ pub enum PortCmd {
         #[arg(long)]
         mac: Option<String>,
     },
-    Delete { container: String, interface: String },
+    Delete {
+        container: String,
+        interface: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCmd {
     List,
-    Show { name: String },
+    Show {
+        name: String,
+    },
     /// Register a node by hand (nodes register themselves through their sync stream).
     Register {
         name: String,
@@ -264,25 +310,38 @@ pub enum NodeCmd {
         #[arg(long)]
         underlay_mtu: Option<u32>,
     },
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
     /// Issue a node its own token (a new one, revoking the old): for a node that lost its
     /// credential, or nodes set up by hand instead of with the bootstrap token.
-    Token { name: String },
+    Token {
+        name: String,
+    },
 }
 
 fn pool(s: &str) -> Result<pb::Pool> {
-    let (start, end) = s.split_once('-').with_context(|| format!("pool {s:?} is not FIRST-LAST"))?;
+    let (start, end) =
+        s.split_once('-').with_context(|| format!("pool {s:?} is not FIRST-LAST"))?;
     Ok(pb::Pool { start: start.trim().into(), end: end.trim().into() })
 }
 
-fn subnet(cidr: Option<String>, gateway: Option<String>, pools: &[String]) -> Result<Option<pb::SubnetSpec>> {
+fn subnet(
+    cidr: Option<String>,
+    gateway: Option<String>,
+    pools: &[String],
+) -> Result<Option<pb::SubnetSpec>> {
     let Some(cidr) = cidr else {
         if gateway.is_some() || !pools.is_empty() {
             bail!("a gateway or pool needs its subnet (--ipv4 / --ipv6)");
         }
         return Ok(None);
     };
-    Ok(Some(pb::SubnetSpec { cidr, gateway, pools: pools.iter().map(|p| pool(p)).collect::<Result<_>>()? }))
+    Ok(Some(pb::SubnetSpec {
+        cidr,
+        gateway,
+        pools: pools.iter().map(|p| pool(p)).collect::<Result<_>>()?,
+    }))
 }
 
 /// A request with the bearer token, when there is one.
@@ -299,7 +358,15 @@ pub(crate) fn authed<T>(t: &Target, msg: T) -> Result<tonic::Request<T>> {
 }
 
 fn print_networks(items: &[pb::Network]) {
-    let family = |s: &Option<pb::SubnetSpec>| s.as_ref().map(|s| format!("{}{}", s.cidr, s.gateway.as_ref().map_or(String::new(), |g| format!(" gw {g}"))));
+    let family = |s: &Option<pb::SubnetSpec>| {
+        s.as_ref().map(|s| {
+            format!(
+                "{}{}",
+                s.cidr,
+                s.gateway.as_ref().map_or(String::new(), |g| format!(" gw {g}"))
+            )
+        })
+    };
     table(
         &["name", "tenant", "kind", "segment", "plane", "ipv4", "ipv6", "mtu", "shared"],
         items
@@ -327,9 +394,21 @@ fn print_ports(items: &[pb::Port]) {
         items
             .iter()
             .map(|p| {
-                let addrs: Vec<String> = p.addresses.iter().map(|a| format!("{}/{}", a.address, a.prefix)).collect();
-                let addrs = if addrs.is_empty() { "(being created)".into() } else { addrs.join(",") };
-                vec![p.container.clone(), p.interface.clone(), p.network.clone(), p.pod.clone(), p.node.clone(), addrs, p.mac.clone(), p.segment.to_string(), p.mtu.to_string()]
+                let addrs: Vec<String> =
+                    p.addresses.iter().map(|a| format!("{}/{}", a.address, a.prefix)).collect();
+                let addrs =
+                    if addrs.is_empty() { "(being created)".into() } else { addrs.join(",") };
+                vec![
+                    p.container.clone(),
+                    p.interface.clone(),
+                    p.network.clone(),
+                    p.pod.clone(),
+                    p.node.clone(),
+                    addrs,
+                    p.mac.clone(),
+                    p.segment.to_string(),
+                    p.mtu.to_string(),
+                ]
             })
             .collect(),
     );
@@ -338,7 +417,17 @@ fn print_ports(items: &[pb::Port]) {
 fn print_groups(items: &[pb::IpGroup]) {
     table(
         &["network", "name", "members", "grace"],
-        items.iter().map(|g| vec![g.network.clone(), g.name.clone(), g.members.join(","), format!("{}s", g.grace_secs)]).collect(),
+        items
+            .iter()
+            .map(|g| {
+                vec![
+                    g.network.clone(),
+                    g.name.clone(),
+                    g.members.join(","),
+                    format!("{}s", g.grace_secs),
+                ]
+            })
+            .collect(),
     );
 }
 
@@ -348,7 +437,11 @@ fn print_nodes(items: &[pb::Node]) {
         items
             .iter()
             .map(|n| {
-                let seen = if n.last_seen == 0 { "-".into() } else { format!("{}s ago", crate::unix_now().saturating_sub(n.last_seen)) };
+                let seen = if n.last_seen == 0 {
+                    "-".into()
+                } else {
+                    format!("{}s ago", crate::unix_now().saturating_sub(n.last_seen))
+                };
                 vec![n.name.clone(), n.vtep.clone(), opt(n.underlay_mtu), n.state.clone(), seen]
             })
             .collect(),
@@ -356,11 +449,22 @@ fn print_nodes(items: &[pb::Node]) {
 }
 
 fn print_tenants(items: &[pb::Tenant]) {
-    table(&["name", "network quota", "namespaces"], items.iter().map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks)), t.namespaces.join(",")]).collect());
+    table(
+        &["name", "network quota", "namespaces"],
+        items
+            .iter()
+            .map(|t| vec![t.name.clone(), opt(t.quota.map(|q| q.networks)), t.namespaces.join(",")])
+            .collect(),
+    );
 }
 
 /// Prints the objects of `kind` as a document `manager apply -f` takes back, or as a table.
-fn objects<T: serde::Serialize>(out: Output, kind: &str, items: Vec<T>, print: impl FnOnce(&[T])) -> Result<()> {
+fn objects<T: serde::Serialize>(
+    out: Output,
+    kind: &str,
+    items: Vec<T>,
+    print: impl FnOnce(&[T]),
+) -> Result<()> {
     if out != Output::Table {
         return manifest::print(out, kind, &items);
     }
@@ -377,7 +481,14 @@ fn show<T: serde::Serialize>(out: Output, v: T, print: impl FnOnce(&T)) -> Resul
     Ok(())
 }
 
-fn created(out: Output, what: &str, name: &str, new: bool, v: impl serde::Serialize, print: impl FnOnce()) -> Result<()> {
+fn created(
+    out: Output,
+    what: &str,
+    name: &str,
+    new: bool,
+    v: impl serde::Serialize,
+    print: impl FnOnce(),
+) -> Result<()> {
     if out != Output::Table {
         return structured(out, &v);
     }
@@ -386,7 +497,13 @@ fn created(out: Output, what: &str, name: &str, new: bool, v: impl serde::Serial
     Ok(())
 }
 
-fn list(tenant: Option<String>, network: Option<String>, node: Option<String>, pod: Option<String>, kind: Option<String>) -> pb::ListRequest {
+fn list(
+    tenant: Option<String>,
+    network: Option<String>,
+    node: Option<String>,
+    pod: Option<String>,
+    kind: Option<String>,
+) -> pb::ListRequest {
     pb::ListRequest {
         tenant: tenant.unwrap_or_default(),
         network: network.unwrap_or_default(),
@@ -400,41 +517,106 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
     let mut c = ManagerClient::new(t.channel()?);
     let none = || list(None, None, None, None, None);
     match cmd {
-        ManagerCmd::Status => show(out, c.get_kubernetes_status(authed(t, none())?).await?.into_inner(), |s| {
-            let role = if s.leader { "leader (holds the Lease)" } else { "standby" };
-            println!("kubernetes controller: {} as {:?}", role, s.identity);
-            println!("  pods {}, nodes {} in view; lists taken {}; watch errors {}", s.pods, s.nodes, s.relists, s.watch_errors);
-            println!("  released: {} ports, {} nodes; last reconcile {:.1} ms", s.released_ports, s.released_nodes, s.last_reconcile_micros as f64 / 1000.0);
-            if s.events > 0 || s.events_failed > 0 {
-                println!("  events: {} published, {} not", s.events, s.events_failed);
-            }
-            if s.held_ports > 0 {
-                println!("  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)", s.held_ports);
-            }
-            if s.network_resources > 0 || s.attachment_definitions > 0 {
-                println!("  Network resources {} ({} ready); NetworkAttachmentDefinitions {} (writes {})", s.network_resources, s.network_resources_ready, s.attachment_definitions, s.attachment_definition_writes);
-            }
-        })?,
+        ManagerCmd::Status => {
+            show(out, c.get_kubernetes_status(authed(t, none())?).await?.into_inner(), |s| {
+                let role = if s.leader { "leader (holds the Lease)" } else { "standby" };
+                println!("kubernetes controller: {} as {:?}", role, s.identity);
+                println!(
+                    "  pods {}, nodes {} in view; lists taken {}; watch errors {}",
+                    s.pods, s.nodes, s.relists, s.watch_errors
+                );
+                println!(
+                    "  released: {} ports, {} nodes; last reconcile {:.1} ms",
+                    s.released_ports,
+                    s.released_nodes,
+                    s.last_reconcile_micros as f64 / 1000.0
+                );
+                if s.events > 0 || s.events_failed > 0 {
+                    println!("  events: {} published, {} not", s.events, s.events_failed);
+                }
+                if s.held_ports > 0 {
+                    println!(
+                        "  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)",
+                        s.held_ports
+                    );
+                }
+                if s.network_resources > 0 || s.attachment_definitions > 0 {
+                    println!(
+                        "  Network resources {} ({} ready); NetworkAttachmentDefinitions {} (writes {})",
+                        s.network_resources,
+                        s.network_resources_ready,
+                        s.attachment_definitions,
+                        s.attachment_definition_writes
+                    );
+                }
+            })?
+        }
         ManagerCmd::Tenant { cmd } => match cmd {
-            TenantCmd::List => objects(out, "tenants", c.list_tenants(authed(t, none())?).await?.into_inner().items, print_tenants)?,
-            TenantCmd::Show { name } => objects(out, "tenants", vec![c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner()], print_tenants)?,
+            TenantCmd::List => objects(
+                out,
+                "tenants",
+                c.list_tenants(authed(t, none())?).await?.into_inner().items,
+                print_tenants,
+            )?,
+            TenantCmd::Show { name } => objects(
+                out,
+                "tenants",
+                vec![c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner()],
+                print_tenants,
+            )?,
             TenantCmd::Create { name, quota, namespaces } => {
-                let r = c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: quota.map(|networks| pb::Quota { networks }), namespaces })?).await?.into_inner();
+                let r = c
+                    .create_tenant(authed(
+                        t,
+                        pb::TenantSpec {
+                            name: name.clone(),
+                            quota: quota.map(|networks| pb::Quota { networks }),
+                            namespaces,
+                        },
+                    )?)
+                    .await?
+                    .into_inner();
                 created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
             }
-            TenantCmd::Delete { name } => show(out, c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("tenant {name} deleted"))?,
+            TenantCmd::Delete { name } => show(
+                out,
+                c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+                |_| println!("tenant {name} deleted"),
+            )?,
             TenantCmd::Quota { name, networks } => {
-                let r = c.set_quota(authed(t, pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) })?).await?.into_inner();
+                let r = c
+                    .set_quota(authed(
+                        t,
+                        pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) },
+                    )?)
+                    .await?
+                    .into_inner();
                 show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
             }
             TenantCmd::Namespaces { name, namespaces } => {
-                let r = c.set_namespaces(authed(t, pb::SetNamespacesRequest { name, namespaces })?).await?.into_inner();
+                let r = c
+                    .set_namespaces(authed(t, pb::SetNamespacesRequest { name, namespaces })?)
+                    .await?
+                    .into_inner();
                 show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
             }
         },
         ManagerCmd::Network { cmd } => match cmd {
-            NetworkCmd::List { tenant, kind } => objects(out, "networks", c.list_networks(authed(t, list(tenant, None, None, None, kind))?).await?.into_inner().items, print_networks)?,
-            NetworkCmd::Show { name } => objects(out, "networks", vec![c.get_network(authed(t, pb::Name { name })?).await?.into_inner()], print_networks)?,
+            NetworkCmd::List { tenant, kind } => objects(
+                out,
+                "networks",
+                c.list_networks(authed(t, list(tenant, None, None, None, kind))?)
+                    .await?
+                    .into_inner()
+                    .items,
+                print_networks,
+            )?,
+            NetworkCmd::Show { name } => objects(
+                out,
+                "networks",
+                vec![c.get_network(authed(t, pb::Name { name })?).await?.into_inner()],
+                print_networks,
+            )?,
             NetworkCmd::Create(n) => {
                 let spec = pb::Network {
                     name: n.name.clone(),
@@ -446,56 +628,157 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
                     ipv6: subnet(n.ipv6, n.gateway6, &n.pool6)?,
                     mtu: n.mtu,
                     shared: n.shared,
-                    pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer { pps: n.pod_pps.unwrap_or(0), bps: n.pod_bps.unwrap_or(0), ..Default::default() }),
+                    pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| {
+                        pb::Policer {
+                            pps: n.pod_pps.unwrap_or(0),
+                            bps: n.pod_bps.unwrap_or(0),
+                            ..Default::default()
+                        }
+                    }),
                     sriov_pool: n.sriov_pool,
                     pod_chooses_vf: n.pod_chooses_vf,
                     node_gateway: n.node_gateway,
                     masquerade: n.masquerade,
                 };
                 let r = c.create_network(authed(t, spec)?).await?.into_inner();
-                created(out, "network", &n.name, r.created, &r, || print_networks(r.network.as_slice()))?
+                created(out, "network", &n.name, r.created, &r, || {
+                    print_networks(r.network.as_slice())
+                })?
             }
-            NetworkCmd::Delete { name } => show(out, c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("network {name} deleted"))?,
+            NetworkCmd::Delete { name } => show(
+                out,
+                c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+                |_| println!("network {name} deleted"),
+            )?,
         },
         ManagerCmd::Ipgroup { cmd } => match cmd {
-            GroupCmd::List { network } => objects(out, "ipgroups", c.list_ip_groups(authed(t, list(None, network, None, None, None))?).await?.into_inner().items, print_groups)?,
-            GroupCmd::Show { network, name } => objects(out, "ipgroups", vec![c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner()], print_groups)?,
+            GroupCmd::List { network } => objects(
+                out,
+                "ipgroups",
+                c.list_ip_groups(authed(t, list(None, network, None, None, None))?)
+                    .await?
+                    .into_inner()
+                    .items,
+                print_groups,
+            )?,
+            GroupCmd::Show { network, name } => objects(
+                out,
+                "ipgroups",
+                vec![
+                    c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner(),
+                ],
+                print_groups,
+            )?,
             GroupCmd::Create { network, name, members, size, grace } => {
-                let r = c.create_ip_group(authed(t, pb::IpGroupSpec { name: name.clone(), network, members, size, grace_secs: grace })?).await?.into_inner();
+                let r = c
+                    .create_ip_group(authed(
+                        t,
+                        pb::IpGroupSpec {
+                            name: name.clone(),
+                            network,
+                            members,
+                            size,
+                            grace_secs: grace,
+                        },
+                    )?)
+                    .await?
+                    .into_inner();
                 created(out, "IP group", &name, r.created, &r, || print_groups(r.group.as_slice()))?
             }
-            GroupCmd::Delete { network, name } => {
-                show(out, c.delete_ip_group(authed(t, pb::GroupName { network, name: name.clone() })?).await?.into_inner(), |_| println!("IP group {name} deleted"))?
-            }
+            GroupCmd::Delete { network, name } => show(
+                out,
+                c.delete_ip_group(authed(t, pb::GroupName { network, name: name.clone() })?)
+                    .await?
+                    .into_inner(),
+                |_| println!("IP group {name} deleted"),
+            )?,
         },
         ManagerCmd::Port { cmd } => match cmd {
-            PortCmd::List { network, node, pod, tenant } => show(out, c.list_ports(authed(t, list(tenant, network, node, pod, None))?).await?.into_inner().items, |v| print_ports(v))?,
-            PortCmd::Show { container, interface } => show(out, c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |v| print_ports(std::slice::from_ref(v)))?,
+            PortCmd::List { network, node, pod, tenant } => show(
+                out,
+                c.list_ports(authed(t, list(tenant, network, node, pod, None))?)
+                    .await?
+                    .into_inner()
+                    .items,
+                |v| print_ports(v),
+            )?,
+            PortCmd::Show { container, interface } => show(
+                out,
+                c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(),
+                |v| print_ports(std::slice::from_ref(v)),
+            )?,
             PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
                 let id = format!("{container}/{interface}");
-                let r = c.create_port(authed(t, pb::PortSpec { network, container, interface, pod, node, ips: ip, ip_group, requested_mac: mac, pod_uid: String::new(), device_info: None })?).await?.into_inner();
+                let r = c
+                    .create_port(authed(
+                        t,
+                        pb::PortSpec {
+                            network,
+                            container,
+                            interface,
+                            pod,
+                            node,
+                            ips: ip,
+                            ip_group,
+                            requested_mac: mac,
+                            pod_uid: String::new(),
+                            device_info: None,
+                        },
+                    )?)
+                    .await?
+                    .into_inner();
                 created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
             }
             PortCmd::Delete { container, interface } => {
                 let id = format!("{container}/{interface}");
-                show(out, c.delete_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(), |_| println!("port {id} deleted"))?
+                show(
+                    out,
+                    c.delete_port(authed(t, pb::PortName { container, interface })?)
+                        .await?
+                        .into_inner(),
+                    |_| println!("port {id} deleted"),
+                )?
             }
         },
         ManagerCmd::Node { cmd } => match cmd {
-            NodeCmd::List => show(out, c.list_nodes(authed(t, none())?).await?.into_inner().items, |v| print_nodes(v))?,
-            NodeCmd::Show { name } => show(out, c.get_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| print_nodes(std::slice::from_ref(v)))?,
+            NodeCmd::List => {
+                show(out, c.list_nodes(authed(t, none())?).await?.into_inner().items, |v| {
+                    print_nodes(v)
+                })?
+            }
+            NodeCmd::Show { name } => {
+                show(out, c.get_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
+                    print_nodes(std::slice::from_ref(v))
+                })?
+            }
             NodeCmd::Register { name, vtep, underlay_mtu } => {
-                let r = c.register_node(authed(t, pb::Node { name, vtep, underlay_mtu, ..Default::default() })?).await?.into_inner();
+                let r = c
+                    .register_node(authed(
+                        t,
+                        pb::Node { name, vtep, underlay_mtu, ..Default::default() },
+                    )?)
+                    .await?
+                    .into_inner();
                 show(out, r, |v| print_nodes(std::slice::from_ref(v)))?
             }
-            NodeCmd::Delete { name } => show(out, c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(), |_| println!("node {name} deleted"))?,
-            NodeCmd::Token { name } => show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| println!("{}", v.token))?,
+            NodeCmd::Delete { name } => show(
+                out,
+                c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+                |_| println!("node {name} deleted"),
+            )?,
+            NodeCmd::Token { name } => {
+                show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
+                    println!("{}", v.token)
+                })?
+            }
         },
         ManagerCmd::Apply(source) => {
             let (text, format) = source.read()?;
             manifest::apply(&mut c, t, out, manifest::Document::parse(&text, &format)?).await?
         }
-        ManagerCmd::Health => show(out, c.health(authed(t, none())?).await?.into_inner(), |v| println!("{} (store revision {})", v.status, v.revision))?,
+        ManagerCmd::Health => show(out, c.health(authed(t, none())?).await?.into_inner(), |v| {
+            println!("{} (store revision {})", v.status, v.revision)
+        })?,
     }
     Ok(())
 }

@@ -37,7 +37,9 @@ impl Document {
             f => bail!("unknown document format {f:?}: yaml or json"),
         };
         let mut doc = Document::default();
-        let Value::Object(map) = v else { bail!("a document is a map of tenants, networks and ipgroups") };
+        let Value::Object(map) = v else {
+            bail!("a document is a map of tenants, networks and ipgroups")
+        };
         for (key, items) in map {
             if !matches!(key.as_str(), "tenants" | "networks" | "ipgroups") {
                 bail!("unknown kind {key:?}: tenants, networks or ipgroups");
@@ -88,7 +90,12 @@ fn unknown_field(given: &Value, known: &Value, path: &str) -> Option<String> {
 /// Applies `doc`: tenants first, then networks, then IP groups (each may need the one
 /// before). Each object's outcome is printed as it is known; a refusal stops there, with
 /// the manager's reason (what came before it stays applied).
-pub(crate) async fn apply(c: &mut ManagerClient<Channel>, t: &Target, out: Output, doc: Document) -> Result<()> {
+pub(crate) async fn apply(
+    c: &mut ManagerClient<Channel>,
+    t: &Target,
+    out: Output,
+    doc: Document,
+) -> Result<()> {
     let mut report = Report::default();
     for (want, namespaces) in doc.tenants {
         let name = want.name.clone();
@@ -97,17 +104,30 @@ pub(crate) async fn apply(c: &mut ManagerClient<Channel>, t: &Target, out: Outpu
             r => Some(r?.into_inner()),
         };
         let Some(have) = have else {
-            c.create_tenant(authed(t, pb::TenantSpec { name: name.clone(), quota: want.quota, namespaces: want.namespaces })?).await?;
+            c.create_tenant(authed(
+                t,
+                pb::TenantSpec {
+                    name: name.clone(),
+                    quota: want.quota,
+                    namespaces: want.namespaces,
+                },
+            )?)
+            .await?;
             report.note(out, "tenant", &name, Outcome::Created);
             continue;
         };
         let mut outcome = Outcome::Unchanged;
         if want.quota.is_some() && want.quota != have.quota {
-            c.set_quota(authed(t, pb::SetQuotaRequest { name: name.clone(), quota: want.quota })?).await?;
+            c.set_quota(authed(t, pb::SetQuotaRequest { name: name.clone(), quota: want.quota })?)
+                .await?;
             outcome = Outcome::Changed;
         }
         if namespaces && want.namespaces != have.namespaces {
-            c.set_namespaces(authed(t, pb::SetNamespacesRequest { name: name.clone(), namespaces: want.namespaces })?).await?;
+            c.set_namespaces(authed(
+                t,
+                pb::SetNamespacesRequest { name: name.clone(), namespaces: want.namespaces },
+            )?)
+            .await?;
             outcome = Outcome::Changed;
         }
         report.note(out, "tenant", &name, outcome);
@@ -117,16 +137,34 @@ pub(crate) async fn apply(c: &mut ManagerClient<Channel>, t: &Target, out: Outpu
     for want in doc.networks {
         let name = want.name.clone();
         let r = c.create_network(authed(t, want)?).await?.into_inner();
-        report.note(out, "network", &name, if r.created { Outcome::Created } else { Outcome::Unchanged });
+        report.note(
+            out,
+            "network",
+            &name,
+            if r.created { Outcome::Created } else { Outcome::Unchanged },
+        );
     }
     for want in doc.ipgroups {
         let name = format!("{}/{}", want.network, want.name);
-        let spec = pb::IpGroupSpec { name: want.name, network: want.network, members: want.members, size: None, grace_secs: (want.grace_secs > 0).then_some(want.grace_secs) };
+        let spec = pb::IpGroupSpec {
+            name: want.name,
+            network: want.network,
+            members: want.members,
+            size: None,
+            grace_secs: (want.grace_secs > 0).then_some(want.grace_secs),
+        };
         let r = c.create_ip_group(authed(t, spec)?).await?.into_inner();
-        report.note(out, "ipgroup", &name, if r.created { Outcome::Created } else { Outcome::Unchanged });
+        report.note(
+            out,
+            "ipgroup",
+            &name,
+            if r.created { Outcome::Created } else { Outcome::Unchanged },
+        );
     }
     match out {
-        Output::Table if report.created.is_empty() && report.changed.is_empty() => line(format_args!("nothing to change")),
+        Output::Table if report.created.is_empty() && report.changed.is_empty() => {
+            line(format_args!("nothing to change"))
+        }
         Output::Table => {}
         out => structured(out, &report)?,
     }
@@ -171,13 +209,20 @@ mod tests {
     fn a_field_the_api_lacks_is_refused_at_any_depth() {
         let ok = Document::parse("tenants:\n  - {name: red, quota: {networks: 3}}\nnetworks:\n  - {name: n, tenant: red, kind: vxlan, ipv4: {cidr: 10.0.0.0/24}}\n", "yaml").unwrap();
         assert_eq!((ok.tenants.len(), ok.networks.len()), (1, 1));
-        let e = Document::parse("networks:\n  - {name: n, ipv4: {cidr: 10.0.0.0/24, gatway: 10.0.0.1}}\n", "yaml").unwrap_err();
+        let e = Document::parse(
+            "networks:\n  - {name: n, ipv4: {cidr: 10.0.0.0/24, gatway: 10.0.0.1}}\n",
+            "yaml",
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").contains("network \"n\": unknown field \"ipv4.gatway\""), "{e:#}");
-        let e = Document::parse("ipgroups:\n  - {name: g, network: n, size: 4}\n", "yaml").unwrap_err();
+        let e =
+            Document::parse("ipgroups:\n  - {name: g, network: n, size: 4}\n", "yaml").unwrap_err();
         assert!(format!("{e:#}").contains("unknown field \"size\""), "{e:#}");
         let e = Document::parse("tenant: []\n", "yaml").unwrap_err();
         assert!(format!("{e:#}").contains("unknown kind \"tenant\""), "{e:#}");
-        let quota_only = Document::parse("tenants:\n  - {name: red, quota: {networks: 8}}\nnetworks:\n", "yaml").unwrap();
+        let quota_only =
+            Document::parse("tenants:\n  - {name: red, quota: {networks: 8}}\nnetworks:\n", "yaml")
+                .unwrap();
         assert!(!quota_only.tenants[0].1, "namespaces not given: left as they are");
     }
 }

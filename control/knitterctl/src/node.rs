@@ -78,7 +78,10 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
         })
         .collect();
     if !starved.is_empty() {
-        println!("buffers ran out on: {} (raise --buffers or --pods; knitterctl stats --queues)", starved.join(", "));
+        println!(
+            "buffers ran out on: {} (raise --buffers or --pods; knitterctl stats --queues)",
+            starved.join(", ")
+        );
     }
     // Ports lending receive buffers (AF_XDP) beyond what the pool was sized for: the
     // later ones got smaller rings, and traffic may starve them.
@@ -102,8 +105,13 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
 
 /// Prints the node's local objects (with `all_owners`, everyone's) as a topology document
 /// `apply -f` takes back.
-pub(crate) async fn export(c: &mut NodeClient<Channel>, format: &str, all_owners: bool) -> Result<()> {
-    print_export(c, pb::ExportRequest { format: format.into(), all_owners, ..Default::default() }).await
+pub(crate) async fn export(
+    c: &mut NodeClient<Channel>,
+    format: &str,
+    all_owners: bool,
+) -> Result<()> {
+    print_export(c, pb::ExportRequest { format: format.into(), all_owners, ..Default::default() })
+        .await
 }
 
 async fn print_export(c: &mut NodeClient<Channel>, req: pb::ExportRequest) -> Result<()> {
@@ -115,14 +123,33 @@ async fn print_export(c: &mut NodeClient<Channel>, req: pb::ExportRequest) -> Re
 /// What an object command's `-o json|yaml` prints: the objects of `kind` (`bridges`,
 /// `ports`, `vtep`; one if `name`), every owner's, as a topology document `apply -f` takes
 /// back unchanged.
-pub(crate) async fn document(c: &mut NodeClient<Channel>, out: Output, kind: &str, name: Option<String>) -> Result<()> {
+pub(crate) async fn document(
+    c: &mut NodeClient<Channel>,
+    out: Output,
+    kind: &str,
+    name: Option<String>,
+) -> Result<()> {
     let format = if out == Output::Yaml { "yaml" } else { "json" };
-    print_export(c, pb::ExportRequest { format: format.into(), kind: kind.into(), name: name.unwrap_or_default(), all_owners: true }).await
+    print_export(
+        c,
+        pb::ExportRequest {
+            format: format.into(),
+            kind: kind.into(),
+            name: name.unwrap_or_default(),
+            all_owners: true,
+        },
+    )
+    .await
 }
 
 /// `items`, or only the one called `name` (refused as NOT_FOUND, as the daemon would, when
 /// there is none).
-pub(crate) fn named<T>(mut items: Vec<T>, name: Option<String>, kind: &str, name_of: impl Fn(&T) -> &str) -> Result<Vec<T>> {
+pub(crate) fn named<T>(
+    mut items: Vec<T>,
+    name: Option<String>,
+    kind: &str,
+    name_of: impl Fn(&T) -> &str,
+) -> Result<Vec<T>> {
     if let Some(name) = name {
         items.retain(|i| name_of(i) == name);
         if items.is_empty() {
@@ -150,15 +177,24 @@ impl Source {
         let text = if self.file.as_os_str() == "-" {
             std::io::read_to_string(std::io::stdin()).context("reading standard input")?
         } else {
-            std::fs::read_to_string(&self.file).with_context(|| format!("reading {}", self.file.display()))?
+            std::fs::read_to_string(&self.file)
+                .with_context(|| format!("reading {}", self.file.display()))?
         };
-        let format = self.format.clone().unwrap_or_else(|| self.file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string());
+        let format = self.format.clone().unwrap_or_else(|| {
+            self.file.extension().and_then(|e| e.to_str()).unwrap_or("yaml").to_string()
+        });
         Ok((text, format))
     }
 }
 
 /// Applies the document of `source` to the node's local objects.
-pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, source: &Source, dry_run: bool, prune: bool) -> Result<()> {
+pub(crate) async fn apply(
+    c: &mut NodeClient<Channel>,
+    out: Output,
+    source: &Source,
+    dry_run: bool,
+    prune: bool,
+) -> Result<()> {
     let (document, format) = source.read()?;
     let r = c.apply(pb::ApplyRequest { document, format, dry_run, prune }).await?.into_inner();
     if out != Output::Table {
@@ -186,14 +222,26 @@ pub(crate) async fn apply(c: &mut NodeClient<Channel>, out: Output, source: &Sou
 
 /// The node's VFs, over its unix socket (where its attach API is).
 pub(crate) async fn vfs(socket: &Path, tcp: bool, out: Output) -> Result<()> {
-    anyhow::ensure!(!tcp, "the node's VFs are shown over its unix socket (--socket), where its attach API is");
-    let mut a = knitter_api::node::attach_client::AttachClient::new(knitter_api::unix_channel(socket));
+    anyhow::ensure!(
+        !tcp,
+        "the node's VFs are shown over its unix socket (--socket), where its attach API is"
+    );
+    let mut a =
+        knitter_api::node::attach_client::AttachClient::new(knitter_api::unix_channel(socket));
     let r = a.query_node_networks(pb::QueryNodeNetworksRequest {}).await?.into_inner();
-    if out != Output::Table { structured(out, &r.pfs)? } else { print_vfs(&r.pfs) }
+    if out != Output::Table {
+        structured(out, &r.pfs)?
+    } else {
+        print_vfs(&r.pfs)
+    }
     Ok(())
 }
 
-pub(crate) async fn trace(c: &mut NodeClient<Channel>, out: Output, req: pb::TraceRequest) -> Result<()> {
+pub(crate) async fn trace(
+    c: &mut NodeClient<Channel>,
+    out: Output,
+    req: pb::TraceRequest,
+) -> Result<()> {
     let r = c.trace(req).await?.into_inner();
     if out != Output::Table {
         return structured(out, &r);
@@ -203,7 +251,11 @@ pub(crate) async fn trace(c: &mut NodeClient<Channel>, out: Output, req: pb::Tra
 }
 
 /// Follows the node's events (`count` of them, or until Ctrl-C).
-pub(crate) async fn events(c: &mut NodeClient<Channel>, out: Output, count: Option<u64>) -> Result<()> {
+pub(crate) async fn events(
+    c: &mut NodeClient<Channel>,
+    out: Output,
+    count: Option<u64>,
+) -> Result<()> {
     let mut stream = c.events(pb::EventsRequest {}).await?.into_inner();
     let mut seen = 0;
     while count.is_none_or(|n| seen < n) {
@@ -213,7 +265,12 @@ pub(crate) async fn events(c: &mut NodeClient<Channel>, out: Output, count: Opti
             record(out, &e)?;
         } else {
             let secs = e.at_unix_nanos / 1_000_000_000;
-            let (h, m, s, ms) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60, (e.at_unix_nanos / 1_000_000) % 1000);
+            let (h, m, s, ms) = (
+                (secs / 3600) % 24,
+                (secs / 60) % 60,
+                secs % 60,
+                (e.at_unix_nanos / 1_000_000) % 1000,
+            );
             let port = if e.port.is_empty() { "-" } else { e.port.as_str() };
             println!("{h:02}:{m:02}:{s:02}.{ms:03} UTC  {:<15} {port:<12} {}", e.kind, e.detail);
         }
@@ -223,7 +280,9 @@ pub(crate) async fn events(c: &mut NodeClient<Channel>, out: Output, count: Opti
 
 fn print_vfs(pfs: &[pb::PhysicalFunction]) {
     if pfs.is_empty() {
-        println!("no SR-IOV PFs configured ([sriov] pfs); VFs named by a device plugin are still given to pods");
+        println!(
+            "no SR-IOV PFs configured ([sriov] pfs); VFs named by a device plugin are still given to pods"
+        );
     }
     let dash = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
     for pf in pfs {
@@ -232,10 +291,27 @@ fn print_vfs(pfs: &[pb::PhysicalFunction]) {
             continue;
         }
         let held = pf.vfs.iter().filter(|v| !v.attached_to.is_empty()).count();
-        println!("{} ({}): {} VFs of {} possible, {held} attached", pf.name, pf.pci, pf.vfs.len(), pf.total_vfs);
+        println!(
+            "{} ({}): {} VFs of {} possible, {held} attached",
+            pf.name,
+            pf.pci,
+            pf.vfs.len(),
+            pf.total_vfs
+        );
         table(
             &["vf", "pci", "driver", "netdev", "attached to"],
-            pf.vfs.iter().map(|v| vec![v.index.to_string(), v.pci.clone(), dash(&v.driver), dash(&v.netdev), dash(&v.attached_to)]).collect(),
+            pf.vfs
+                .iter()
+                .map(|v| {
+                    vec![
+                        v.index.to_string(),
+                        v.pci.clone(),
+                        dash(&v.driver),
+                        dash(&v.netdev),
+                        dash(&v.attached_to),
+                    ]
+                })
+                .collect(),
         );
     }
 }
@@ -245,7 +321,11 @@ fn print_traces(r: &pb::TraceReply) {
         println!("no frame was traced (none arrived on the port before the timeout)");
     }
     for f in &r.frames {
-        let what = if f.synthetic { "synthetic frame".to_string() } else { format!("trace {} (pmd {})", f.seq, f.thread) };
+        let what = if f.synthetic {
+            "synthetic frame".to_string()
+        } else {
+            format!("trace {} (pmd {})", f.seq, f.thread)
+        };
         println!("{what} in port {}: {}", f.port, f.frame);
         let width = f.steps.iter().map(|s| s.node.len()).max().unwrap_or(0);
         for s in &f.steps {

@@ -29,7 +29,8 @@ pub(crate) fn table(head: &[&str], rows: Vec<Vec<String>>) {
         }
     }
     let line = |cells: Vec<String>| {
-        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<0$}", w[i])).collect();
+        let s: Vec<String> =
+            cells.iter().enumerate().map(|(i, c)| format!("{c:<0$}", w[i])).collect();
         println!("{}", s.join("  ").trim_end());
     };
     line(head.iter().map(|h| h.to_uppercase()).collect());

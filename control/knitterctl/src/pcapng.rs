@@ -73,7 +73,14 @@ impl<W: Write> Writer<W> {
     }
 
     /// One frame: `outbound` it left the port; `comment` (a drop's reason) if any.
-    pub fn frame(&mut self, ts_ns: u64, outbound: bool, orig_len: u32, data: &[u8], comment: Option<&str>) -> io::Result<()> {
+    pub fn frame(
+        &mut self,
+        ts_ns: u64,
+        outbound: bool,
+        orig_len: u32,
+        data: &[u8],
+        comment: Option<&str>,
+    ) -> io::Result<()> {
         let mut epb = Vec::with_capacity(data.len() + 64);
         epb.extend_from_slice(&0u32.to_ne_bytes());
         epb.extend_from_slice(&split_ts(ts_ns));
@@ -123,7 +130,8 @@ mod tests {
     #[test]
     fn blocks_are_framed_and_padded() {
         let mut w = Writer::new(Vec::new(), "pod-a", 9216).unwrap();
-        w.frame(1_700_000_000_123_456_789, false, 61, &[0xab; 61], Some("dropped: security_ip")).unwrap();
+        w.frame(1_700_000_000_123_456_789, false, 61, &[0xab; 61], Some("dropped: security_ip"))
+            .unwrap();
         w.stats(1_700_000_000_200_000_000, 1, 0).unwrap();
         let b = w.w;
         let mut at = 0;
@@ -132,7 +140,10 @@ mod tests {
             let kind = u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
             let len = u32::from_ne_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
             assert_eq!(len % 4, 0);
-            assert_eq!(u32::from_ne_bytes(b[at + len - 4..at + len].try_into().unwrap()) as usize, len);
+            assert_eq!(
+                u32::from_ne_bytes(b[at + len - 4..at + len].try_into().unwrap()) as usize,
+                len
+            );
             kinds.push(kind);
             at += len;
         }

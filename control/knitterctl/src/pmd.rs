@@ -33,12 +33,19 @@ fn delta(now: &pb::PmdShowReply, before: &pb::PmdShowReply) -> pb::PmdShowReply 
     let mut d = now.clone();
     for t in &mut d.threads {
         let Some(b) = before.threads.iter().find(|b| b.index == t.index) else { continue };
-        (t.busy_cycles, t.idle_cycles) = (t.busy_cycles.saturating_sub(b.busy_cycles), t.idle_cycles.saturating_sub(b.idle_cycles));
+        (t.busy_cycles, t.idle_cycles) = (
+            t.busy_cycles.saturating_sub(b.busy_cycles),
+            t.idle_cycles.saturating_sub(b.idle_cycles),
+        );
         for q in &mut t.queues {
-            if let Some(bq) = b.queues.iter().find(|bq| (bq.port.as_str(), bq.queue) == (q.port.as_str(), q.queue))
+            if let Some(bq) = b
+                .queues
+                .iter()
+                .find(|bq| (bq.port.as_str(), bq.queue) == (q.port.as_str(), q.queue))
                 && bq.busy_cycles <= q.busy_cycles
             {
-                (q.busy_cycles, q.packets) = (q.busy_cycles - bq.busy_cycles, q.packets.saturating_sub(bq.packets));
+                (q.busy_cycles, q.packets) =
+                    (q.busy_cycles - bq.busy_cycles, q.packets.saturating_sub(bq.packets));
             }
         }
     }
@@ -68,15 +75,31 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
     for t in &r.threads {
         let core = if t.core < 0 { "not pinned".to_owned() } else { format!("core {}", t.core) };
         let dead = if t.alive { "" } else { ", ENDED (see the daemon's log)" };
-        println!("pmd {} ({core}{dead}): {} busy {over}, {} queues", t.index, percent(t.busy_cycles, t.busy_cycles + t.idle_cycles), t.queues.len());
+        println!(
+            "pmd {} ({core}{dead}): {} busy {over}, {} queues",
+            t.index,
+            percent(t.busy_cycles, t.busy_cycles + t.idle_cycles),
+            t.queues.len()
+        );
         let polled: u64 = t.queues.iter().map(|q| q.busy_cycles).sum();
         let rows = t
             .queues
             .iter()
             .map(|q| {
-                let per = q.busy_cycles.checked_div(q.packets).map_or("-".into(), |c| c.to_string());
-                let port = if q.pinned { format!("  {} (pinned)", q.port) } else { format!("  {}", q.port) };
-                vec![port, q.queue.to_string(), percent(q.busy_cycles, polled), q.packets.to_string(), per]
+                let per =
+                    q.busy_cycles.checked_div(q.packets).map_or("-".into(), |c| c.to_string());
+                let port = if q.pinned {
+                    format!("  {} (pinned)", q.port)
+                } else {
+                    format!("  {}", q.port)
+                };
+                vec![
+                    port,
+                    q.queue.to_string(),
+                    percent(q.busy_cycles, polled),
+                    q.packets.to_string(),
+                    per,
+                ]
             })
             .collect();
         table(&["  port", "queue", "share", "packets", "cycles/packet"], rows);
@@ -85,8 +108,14 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PmdCmd) -
 }
 
 async fn rebalance(c: &mut NodeClient<Channel>, out: Output, window: f64) -> Result<()> {
-    anyhow::ensure!(window.is_finite() && window > 0.0 && window <= 60.0, "--window {window}: seconds, more than 0, at most 60");
-    let r = c.pmd_rebalance(pb::PmdRebalanceRequest { window_ms: (window * 1000.0).max(1.0) as u32 }).await?.into_inner();
+    anyhow::ensure!(
+        window.is_finite() && window > 0.0 && window <= 60.0,
+        "--window {window}: seconds, more than 0, at most 60"
+    );
+    let r = c
+        .pmd_rebalance(pb::PmdRebalanceRequest { window_ms: (window * 1000.0).max(1.0) as u32 })
+        .await?
+        .into_inner();
     if out != Output::Table {
         return structured(out, &r);
     }
@@ -96,7 +125,14 @@ async fn rebalance(c: &mut NodeClient<Channel>, out: Output, window: f64) -> Res
         .iter()
         .map(|q| {
             let moved = if q.from == q.to { "stays" } else { "moved" };
-            vec![q.port.clone(), q.queue.to_string(), q.busy_cycles.to_string(), thread(q.from), thread(q.to), moved.into()]
+            vec![
+                q.port.clone(),
+                q.queue.to_string(),
+                q.busy_cycles.to_string(),
+                thread(q.from),
+                thread(q.to),
+                moved.into(),
+            ]
         })
         .collect();
     table(&["port", "queue", "busy cycles", "from pmd", "to pmd", ""], rows);

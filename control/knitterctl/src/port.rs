@@ -111,8 +111,13 @@ pub(crate) struct PortAdd {
 
 pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: PortCmd) -> Result<()> {
     match cmd {
-        PortCmd::Add(a) => applied(out, c.add_port(pb::AddPortRequest { port: Some(port_request(*a)) }).await?.into_inner())?,
-        PortCmd::Del { name } => applied(out, c.delete_port(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?,
+        PortCmd::Add(a) => applied(
+            out,
+            c.add_port(pb::AddPortRequest { port: Some(port_request(*a)) }).await?.into_inner(),
+        )?,
+        PortCmd::Del { name } => {
+            applied(out, c.delete_port(pb::DeleteRequest { name, owner: 0 }).await?.into_inner())?
+        }
         PortCmd::List => list(c, out, None).await?,
         PortCmd::Show { name } => list(c, out, Some(name)).await?,
     }
@@ -124,14 +129,18 @@ async fn list(c: &mut NodeClient<Channel>, out: Output, name: Option<String>) ->
     if out != Output::Table {
         return document(c, out, "ports", name).await;
     }
-    let ports = named(c.list_ports(pb::ListRequest {}).await?.into_inner().ports, name, "port", |p| &p.name)?;
+    let ports =
+        named(c.list_ports(pb::ListRequest {}).await?.into_inner().ports, name, "port", |p| {
+            &p.name
+        })?;
     let status = c.show(pb::ShowRequest {}).await?.into_inner().status;
     print_ports(&ports, &status);
     Ok(())
 }
 
 fn octal(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s.trim_start_matches("0o"), 8).map_err(|_| format!("{s:?} is not an octal mode such as 0660"))
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{s:?} is not an octal mode such as 0660"))
 }
 
 fn port_request(a: PortAdd) -> pb::Port {
@@ -139,11 +148,24 @@ fn port_request(a: PortAdd) -> pb::Port {
     use pb::port::Mode;
     let netns = a.netns.unwrap_or_default();
     let kind = match (a.af_xdp, a.af_packet, a.vhost_user) {
-        _ if a.host.is_some() => Kind::Host(pb::HostPort { ifname: a.host.unwrap_or_default(), addresses: a.address, masquerade: Some(!a.no_masquerade) }),
-        _ if a.dpdk.is_some() => Kind::Dpdk(pb::DpdkDevice { devargs: a.dpdk.unwrap_or_default(), queues: a.queues.unwrap_or(0) }),
+        _ if a.host.is_some() => Kind::Host(pb::HostPort {
+            ifname: a.host.unwrap_or_default(),
+            addresses: a.address,
+            masquerade: Some(!a.no_masquerade),
+        }),
+        _ if a.dpdk.is_some() => Kind::Dpdk(pb::DpdkDevice {
+            devargs: a.dpdk.unwrap_or_default(),
+            queues: a.queues.unwrap_or(0),
+        }),
         (Some(i), _, _) => Kind::AfXdp(pb::KernelPort { ifname: i, netns }),
         (_, Some(i), _) => Kind::AfPacket(pb::KernelPort { ifname: i, netns }),
-        (_, _, s) => Kind::VhostUser(pb::VhostUser { socket: s.unwrap_or_default(), client: a.client, mode: a.socket_mode, owner: a.socket_owner, group: a.socket_group }),
+        (_, _, s) => Kind::VhostUser(pb::VhostUser {
+            socket: s.unwrap_or_default(),
+            client: a.client,
+            mode: a.socket_mode,
+            owner: a.socket_owner,
+            group: a.socket_group,
+        }),
     };
     let mode = match (a.access, a.trunk) {
         (Some(b), _) => Mode::Access(pb::Access { bridge: b }),
@@ -156,14 +178,20 @@ fn port_request(a: PortAdd) -> pb::Port {
         mode: Some(mode),
         mtu: a.mtu,
         pmd: a.pmd,
-        security: a.mac.map(|m| pb::PortSecurity { macs: vec![m], ips: a.ip, ..Default::default() }),
-        policer: (a.police_pps.is_some() || a.police_bps.is_some() || a.police_burst_packets.is_some() || a.police_burst_bytes.is_some()).then(|| {
-            pb::Policer {
-                pps: a.police_pps.unwrap_or(0),
-                bps: a.police_bps.unwrap_or(0),
-                burst_packets: a.police_burst_packets.unwrap_or(0),
-                burst_bytes: a.police_burst_bytes.unwrap_or(0),
-            }
+        security: a.mac.map(|m| pb::PortSecurity {
+            macs: vec![m],
+            ips: a.ip,
+            ..Default::default()
+        }),
+        policer: (a.police_pps.is_some()
+            || a.police_bps.is_some()
+            || a.police_burst_packets.is_some()
+            || a.police_burst_bytes.is_some())
+        .then(|| pb::Policer {
+            pps: a.police_pps.unwrap_or(0),
+            bps: a.police_bps.unwrap_or(0),
+            burst_packets: a.police_burst_packets.unwrap_or(0),
+            burst_bytes: a.police_burst_bytes.unwrap_or(0),
         }),
         ..Default::default()
     }
@@ -178,16 +206,28 @@ pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
                 let link = match s {
                     Some(s) if !s.error.is_empty() => format!("not running: {}", s.error),
                     Some(s) if !s.ring_error.is_empty() => format!("error: {}", s.ring_error),
-                    Some(s) if s.vhost_connected == Some(false) => "waiting for the frontend".into(),
+                    Some(s) if s.vhost_connected == Some(false) => {
+                        "waiting for the frontend".into()
+                    }
                     Some(s) if s.link_up => "up".into(),
                     Some(_) => "down".into(),
                     None => "?".into(),
                 };
                 let link = match s {
-                    Some(s) if !s.fallback.is_empty() => format!("{link}, on AF_PACKET: {}", s.fallback),
+                    Some(s) if !s.fallback.is_empty() => {
+                        format!("{link}, on AF_PACKET: {}", s.fallback)
+                    }
                     _ => link,
                 };
-                vec![p.name.clone(), device(&p.device), mode(p), opt(p.mtu), link, owner(p.owner).into(), policer(p.policer.as_ref())]
+                vec![
+                    p.name.clone(),
+                    device(&p.device),
+                    mode(p),
+                    opt(p.mtu),
+                    link,
+                    owner(p.owner).into(),
+                    policer(p.policer.as_ref()),
+                ]
             })
             .collect(),
     );
@@ -207,7 +247,9 @@ fn device(d: &Option<pb::Device>) -> String {
     match d.as_ref().and_then(|d| d.kind.as_ref()) {
         Some(Kind::AfXdp(k)) => format!("af_xdp {}{}", k.ifname, ns(&k.netns)),
         Some(Kind::AfPacket(k)) => format!("af_packet {}{}", k.ifname, ns(&k.netns)),
-        Some(Kind::VhostUser(v)) => format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" }),
+        Some(Kind::VhostUser(v)) => {
+            format!("vhost-user {}{}", v.socket, if v.client { " (client)" } else { "" })
+        }
         Some(Kind::Dpdk(d)) if d.queues > 1 => format!("dpdk {} ({} queues)", d.devargs, d.queues),
         Some(Kind::Dpdk(d)) => format!("dpdk {}", d.devargs),
         Some(Kind::Host(h)) => format!("host {} ({})", h.ifname, h.addresses.join(", ")),
@@ -221,7 +263,11 @@ fn mode(p: &pb::Port) -> String {
         Some(Mode::Access(a)) => format!("access {}", a.bridge),
         Some(Mode::Trunk(t)) => {
             let v: Vec<String> = t.allowed.iter().map(|v| v.to_string()).collect();
-            format!("trunk {}{}", v.join(","), t.native.map(|n| format!(" native {n}")).unwrap_or_default())
+            format!(
+                "trunk {}{}",
+                v.join(","),
+                t.native.map(|n| format!(" native {n}")).unwrap_or_default()
+            )
         }
         Some(Mode::Underlay(_)) => "underlay".into(),
         None => "-".into(),

@@ -9,7 +9,13 @@ use pb::node_client::NodeClient;
 use std::time::Duration;
 use tonic::transport::Channel;
 
-pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Option<f64>, count: u32, queues: bool) -> Result<()> {
+pub(crate) async fn stats(
+    c: &mut NodeClient<Channel>,
+    out: Output,
+    interval: Option<f64>,
+    count: u32,
+    queues: bool,
+) -> Result<()> {
     let mut prev: Option<pb::StatsReply> = None;
     let reports = if interval.is_some() { count.max(1) } else { 1 };
     for i in 0..reports {
@@ -19,7 +25,11 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
         let s = c.stats(pb::StatsRequest {}).await?.into_inner();
         if out != Output::Table {
             // Repeated: a stream of reports, a JSON line or a YAML document each.
-            if interval.is_some() { record(out, &s)? } else { structured(out, &s)? }
+            if interval.is_some() {
+                record(out, &s)?
+            } else {
+                structured(out, &s)?
+            }
             prev = Some(s);
             continue;
         }
@@ -27,10 +37,24 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
             let Some(p) = &prev else { return "-".into() };
             let secs = (s.at_unix_nanos.saturating_sub(p.at_unix_nanos)) as f64 / 1e9;
             let before = p.ports.iter().find(|x| x.name == name).map(f).unwrap_or(0);
-            if secs > 0.0 { format!("{:.0}", now.saturating_sub(before) as f64 / secs) } else { "-".into() }
+            if secs > 0.0 {
+                format!("{:.0}", now.saturating_sub(before) as f64 / secs)
+            } else {
+                "-".into()
+            }
         };
         table(
-            &["port", "rx packets", "rx bytes", "tx packets", "tx bytes", "drops", "policed", "rx pps", "tx pps"],
+            &[
+                "port",
+                "rx packets",
+                "rx bytes",
+                "tx packets",
+                "tx bytes",
+                "drops",
+                "policed",
+                "rx pps",
+                "tx pps",
+            ],
             s.ports
                 .iter()
                 .map(|p| {
@@ -70,7 +94,19 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
         if queues {
             println!();
             table(
-                &["port", "queue", "rx packets", "rx dropped", "rx starved", "rx lent", "tx packets", "tx full", "tx dropped", "rx gso", "rx csum"],
+                &[
+                    "port",
+                    "queue",
+                    "rx packets",
+                    "rx dropped",
+                    "rx starved",
+                    "rx lent",
+                    "tx packets",
+                    "tx full",
+                    "tx dropped",
+                    "rx gso",
+                    "rx csum",
+                ],
                 s.ports
                     .iter()
                     .flat_map(|p| {
@@ -98,7 +134,16 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
             &["bridge", "packets", "flooded", "learned", "fdb entries", "policed"],
             s.bridges
                 .iter()
-                .map(|b| vec![b.name.clone(), b.packets.to_string(), b.flooded.to_string(), b.learned.to_string(), b.fdb_entries.to_string(), b.policed.to_string()])
+                .map(|b| {
+                    vec![
+                        b.name.clone(),
+                        b.packets.to_string(),
+                        b.flooded.to_string(),
+                        b.learned.to_string(),
+                        b.fdb_entries.to_string(),
+                        b.policed.to_string(),
+                    ]
+                })
                 .collect(),
         );
         println!();
@@ -119,11 +164,23 @@ pub(crate) async fn stats(c: &mut NodeClient<Channel>, out: Output, interval: Op
         );
         if !s.drops.is_empty() {
             println!();
-            table(&["node", "drop reason", "count"], s.drops.iter().map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()]).collect());
+            table(
+                &["node", "drop reason", "count"],
+                s.drops
+                    .iter()
+                    .map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()])
+                    .collect(),
+            );
         }
         if !s.events.is_empty() {
             println!();
-            table(&["node", "event", "count"], s.events.iter().map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()]).collect());
+            table(
+                &["node", "event", "count"],
+                s.events
+                    .iter()
+                    .map(|d| vec![d.node.clone(), d.name.clone(), d.value.to_string()])
+                    .collect(),
+            );
         }
         if i + 1 < reports {
             println!("--");

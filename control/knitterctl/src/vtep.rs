@@ -49,7 +49,9 @@ pub(crate) async fn run(c: &mut NodeClient<Channel>, out: Output, cmd: VtepCmd) 
             };
             applied(out, c.set_vtep(pb::SetVtepRequest { vtep: Some(vtep) }).await?.into_inner())?
         }
-        VtepCmd::Clear => applied(out, c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await?.into_inner())?,
+        VtepCmd::Clear => {
+            applied(out, c.clear_vtep(pb::ClearVtepRequest { owner: 0 }).await?.into_inner())?
+        }
         VtepCmd::Show if out != Output::Table => document(c, out, "vtep", None).await?,
         VtepCmd::Show => {
             let view = c.show(pb::ShowRequest {}).await?.into_inner();

@@ -43,7 +43,18 @@ fn network() -> NetworkSpec {
 }
 
 fn port(name: String) -> PortSpec {
-    PortSpec { network: "bench".into(), container: name, interface: "eth0".into(), pod: String::new(), node: String::new(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new(), device_info: None }
+    PortSpec {
+        network: "bench".into(),
+        container: name,
+        interface: "eth0".into(),
+        pod: String::new(),
+        node: String::new(),
+        ips: vec![],
+        ip_group: None,
+        requested_mac: None,
+        pod_uid: String::new(),
+        device_info: None,
+    }
 }
 
 /// Latencies of one run, sorted, and its wall time.
@@ -88,7 +99,8 @@ fn run(tag: &str, managers: &[Arc<Manager>], clients: usize, ports: usize) -> Ru
             })
         })
         .collect();
-    let mut lat: Vec<Duration> = threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
+    let mut lat: Vec<Duration> =
+        threads.into_iter().flat_map(|t| t.join().expect("client")).collect();
     let wall = start.elapsed();
     lat.sort();
     Run { lat, wall }
@@ -111,7 +123,11 @@ impl Drop for EtcdProc {
 /// (two create-revision compares, two puts) a pair, as a claim does.
 fn raw_txns(url: &str, clients: usize, per: usize) -> Run {
     use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         let client = Client::connect([url], None).await.expect("etcd client");
         let start = Instant::now();
@@ -123,8 +139,14 @@ fn raw_txns(url: &str, clients: usize, per: usize) -> Run {
                     for i in 0..per {
                         let (a, b) = (format!("/raw/a/{t}/{i}"), format!("/raw/o/{t}/{i}"));
                         let txn = Txn::new()
-                            .when(vec![Compare::create_revision(a.as_str(), CompareOp::Equal, 0), Compare::create_revision(b.as_str(), CompareOp::Equal, 0)])
-                            .and_then(vec![TxnOp::put(a.as_str(), "x", None), TxnOp::put(b.as_str(), "y", None)]);
+                            .when(vec![
+                                Compare::create_revision(a.as_str(), CompareOp::Equal, 0),
+                                Compare::create_revision(b.as_str(), CompareOp::Equal, 0),
+                            ])
+                            .and_then(vec![
+                                TxnOp::put(a.as_str(), "x", None),
+                                TxnOp::put(b.as_str(), "y", None),
+                            ]);
                         let t0 = Instant::now();
                         c.txn(txn).await.expect("txn");
                         lat.push(t0.elapsed());
@@ -158,7 +180,15 @@ fn connect(url: &str, prefix: &str) -> Arc<dyn Store> {
 fn print_with_requests(r: &Run, label: &str, url: &str, before: Requests) {
     let d = requests(url) - before;
     let n = r.lat.len() as f64;
-    r.print(label, &format!("  per alloc: {:.2} txn {:.2} range {:.2} writes", d.txn / n, d.range / n, d.proposals / n));
+    r.print(
+        label,
+        &format!(
+            "  per alloc: {:.2} txn {:.2} range {:.2} writes",
+            d.txn / n,
+            d.range / n,
+            d.proposals / n
+        ),
+    );
 }
 
 fn main() {
@@ -166,7 +196,8 @@ fn main() {
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir on disk");
     for clients in [1, 16] {
         let path = dir.path().join(format!("embedded-{clients}.redb"));
-        let store = knitter_manager::store::embedded::Embedded::open(&path).expect("embedded store");
+        let store =
+            knitter_manager::store::embedded::Embedded::open(&path).expect("embedded store");
         let m = manager(Arc::new(store));
         m.create_network(network()).expect("network");
         run("e", &[m], clients, ports).print(&format!("embedded, {clients} clients"), "");
@@ -176,13 +207,32 @@ fn main() {
         return;
     }
     let offset = |p: u16| p + (std::process::id() % 1000) as u16;
-    let (url, peer) = (format!("http://127.0.0.1:{}", offset(42379)), format!("http://127.0.0.1:{}", offset(42380)));
+    let (url, peer) = (
+        format!("http://127.0.0.1:{}", offset(42379)),
+        format!("http://127.0.0.1:{}", offset(42380)),
+    );
     let _etcd = EtcdProc(
         Command::new("etcd")
             .args(["--name", "bench", "--data-dir"])
             .arg(dir.path().join("etcd"))
-            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url, "--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("bench={peer}"), "--log-level", "error", "--quota-backend-bytes", "8589934592"])
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("bench={peer}"),
+                "--log-level",
+                "error",
+                "--quota-backend-bytes",
+                "8589934592",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -218,7 +268,13 @@ fn main() {
     let (got, _) = fresh.create_port(port("fresh-0".into())).expect("first create");
     let first = t0.elapsed();
     let d = requests(&url) - before;
-    println!("a new replica, 10 000 taken:  first allocation {:.2} ms ({}; {} txn, {} range)", first.as_secs_f64() * 1e3, got.addresses[0].address, d.txn, d.range);
+    println!(
+        "a new replica, 10 000 taken:  first allocation {:.2} ms ({}; {} txn, {} range)",
+        first.as_secs_f64() * 1e3,
+        got.addresses[0].address,
+        d.txn,
+        d.range
+    );
     let next = run("n", &[fresh], 1, 100);
     next.print("  its next 100 (1 client)", "");
 }

@@ -21,7 +21,9 @@ pub enum IpamError {
     Outside { what: &'static str, ip: IpAddr, subnet: String },
     #[error("allocation pool {start}-{end} is empty (start after end)")]
     EmptyPool { start: IpAddr, end: IpAddr },
-    #[error("IPv6 allocation pool {start}-{end} spans more than one /96: ports' MACs come from the last 32 bits of their address, so a pool must stay within one /96")]
+    #[error(
+        "IPv6 allocation pool {start}-{end} spans more than one /96: ports' MACs come from the last 32 bits of their address, so a pool must stay within one /96"
+    )]
     PoolTooWide { start: IpAddr, end: IpAddr },
     #[error("allocation pools {a} and {b} overlap")]
     PoolsOverlap { a: String, b: String },
@@ -167,10 +169,19 @@ pub struct Addressing {
 impl Addressing {
     /// Checks a subnet with its gateway, pools (none: every host address) and reserved
     /// addresses.
-    pub fn new(subnet: Subnet, gateway: Option<IpAddr>, pools: &[Pool], reserved: &[IpAddr]) -> Result<Addressing, IpamError> {
+    pub fn new(
+        subnet: Subnet,
+        gateway: Option<IpAddr>,
+        pools: &[Pool],
+        reserved: &[IpAddr],
+    ) -> Result<Addressing, IpamError> {
         let (hlo, hhi) = subnet.hosts().ok_or_else(|| IpamError::TooSmall(subnet.to_string()))?;
         let inside = |what, ip: IpAddr| {
-            if subnet.contains(ip) { Ok(bits(ip).0) } else { Err(IpamError::Outside { what, ip, subnet: subnet.to_string() }) }
+            if subnet.contains(ip) {
+                Ok(bits(ip).0)
+            } else {
+                Err(IpamError::Outside { what, ip, subnet: subnet.to_string() })
+            }
         };
         if let Some(g) = gateway {
             inside("gateway", g)?;
@@ -217,7 +228,11 @@ impl Addressing {
     /// Why `ip` may not be handed out, if it may not.
     pub fn check(&self, ip: IpAddr) -> Result<(), IpamError> {
         if !self.subnet.contains(ip) {
-            return Err(IpamError::Outside { what: "address", ip, subnet: self.subnet.to_string() });
+            return Err(IpamError::Outside {
+                what: "address",
+                ip,
+                subnet: self.subnet.to_string(),
+            });
         }
         let n = bits(ip).0;
         let (lo, hi) = self.subnet.span();
@@ -243,9 +258,17 @@ impl Addressing {
     pub fn candidates(&self, after: u128) -> impl Iterator<Item = IpAddr> + '_ {
         let v4 = self.subnet.is_ipv4();
         // The ranges from just after `after` to the end, then from the start up to `after`.
-        let tail = self.pools.iter().filter(move |p| p.1 > after).map(move |&(s, e)| (s.max(after.saturating_add(1)), e));
-        let head = self.pools.iter().filter(move |p| p.0 <= after).map(move |&(s, e)| (s, e.min(after)));
-        tail.chain(head).flat_map(|(s, e)| s..=e).map(move |n| addr(v4, n)).filter(|ip| self.check(*ip).is_ok())
+        let tail = self
+            .pools
+            .iter()
+            .filter(move |p| p.1 > after)
+            .map(move |&(s, e)| (s.max(after.saturating_add(1)), e));
+        let head =
+            self.pools.iter().filter(move |p| p.0 <= after).map(move |&(s, e)| (s, e.min(after)));
+        tail.chain(head)
+            .flat_map(|(s, e)| s..=e)
+            .map(move |n| addr(v4, n))
+            .filter(|ip| self.check(*ip).is_ok())
     }
 
     /// The pools' beginning, as a `candidates` start.
@@ -287,14 +310,27 @@ const JUMPS: usize = 8;
 /// the search moves to a random place of the pools and goes on in order from there. So
 /// replicas sharing a store separate after their first collision instead of racing address
 /// by address, and nobody walks a long taken run.
-pub fn allocate(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128) -> Result<IpAddr, IpamError> {
+pub fn allocate(
+    store: &dyn Store,
+    network: &str,
+    a: &Addressing,
+    owner: &OwnerKey,
+    hint: u128,
+) -> Result<IpAddr, IpamError> {
     allocate_with(store, network, a, owner, hint, &nothing)
 }
 
 /// As [`allocate`], writing the records `with` makes for the address in the claim's own
 /// transaction: the address and the records exist together or not at all
 /// ([`IpamError::RecordsChanged`] when a record was not as its op expected).
-pub fn allocate_with(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, hint: u128, with: With) -> Result<IpAddr, IpamError> {
+pub fn allocate_with(
+    store: &dyn Store,
+    network: &str,
+    a: &Addressing,
+    owner: &OwnerKey,
+    hint: u128,
+    with: With,
+) -> Result<IpAddr, IpamError> {
     let near = store.claim_near(network, &mut a.candidates(hint).take(NEAR), owner, with)?;
     match near {
         First::Claimed(ip) => return Ok(ip),
@@ -331,17 +367,30 @@ pub fn allocate_with(store: &dyn Store, network: &str, a: &Addressing, owner: &O
 /// per thread and moves on with every instance.
 fn random_u128() -> u128 {
     use std::hash::BuildHasher;
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let (hi, lo) = (std::hash::RandomState::new().hash_one(nanos), std::hash::RandomState::new().hash_one(nanos));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let (hi, lo) = (
+        std::hash::RandomState::new().hash_one(nanos),
+        std::hash::RandomState::new().hash_one(nanos),
+    );
     (hi as u128) << 64 | lo as u128
 }
 
 /// Allocates exactly `ip` for `owner` (a fixed address, an IP group member).
-pub fn allocate_fixed(store: &dyn Store, network: &str, a: &Addressing, owner: &OwnerKey, ip: IpAddr) -> Result<IpAddr, IpamError> {
+pub fn allocate_fixed(
+    store: &dyn Store,
+    network: &str,
+    a: &Addressing,
+    owner: &OwnerKey,
+    ip: IpAddr,
+) -> Result<IpAddr, IpamError> {
     a.check(ip)?;
     match store.claim(network, ip, owner)? {
         Claim::Claimed | Claim::AlreadyYours => Ok(ip),
-        Claim::OwnerHas(other) => Err(IpamError::Taken { ip: other, by: format!("{owner} (it already holds {other})") }),
+        Claim::OwnerHas(other) => {
+            Err(IpamError::Taken { ip: other, by: format!("{owner} (it already holds {other})") })
+        }
         Claim::Taken(by) => Err(IpamError::Taken { ip, by: by.to_string() }),
     }
 }
@@ -364,7 +413,12 @@ pub struct IpGroup {
 
 impl IpGroup {
     /// Checks every member against the network's addressing.
-    pub fn new(name: &str, a: &Addressing, members: &[IpAddr], grace_secs: u64) -> Result<IpGroup, IpamError> {
+    pub fn new(
+        name: &str,
+        a: &Addressing,
+        members: &[IpAddr],
+        grace_secs: u64,
+    ) -> Result<IpGroup, IpamError> {
         for m in members {
             a.check(*m)?;
         }
@@ -374,7 +428,14 @@ impl IpGroup {
     /// An address of the group for `owner` of `pod` at time `now` (Unix seconds): the one it
     /// holds; else the member remembered for this pod; else a member nobody else's grace
     /// holds; else one whose grace ran out.
-    pub fn allocate(&self, store: &dyn Store, network: &str, owner: &OwnerKey, pod: &str, now: u64) -> Result<IpAddr, IpamError> {
+    pub fn allocate(
+        &self,
+        store: &dyn Store,
+        network: &str,
+        owner: &OwnerKey,
+        pod: &str,
+        now: u64,
+    ) -> Result<IpAddr, IpamError> {
         if let Some(ip) = store.owned(network, owner)? {
             return Ok(ip);
         }
@@ -396,7 +457,14 @@ impl IpGroup {
     }
 
     /// Releases `owner`'s address and keeps it for `pod` for the group's grace period.
-    pub fn release(&self, store: &dyn Store, network: &str, owner: &OwnerKey, pod: &str, now: u64) -> Result<Option<IpAddr>, IpamError> {
+    pub fn release(
+        &self,
+        store: &dyn Store,
+        network: &str,
+        owner: &OwnerKey,
+        pod: &str,
+        now: u64,
+    ) -> Result<Option<IpAddr>, IpamError> {
         let ip = store.release(network, owner)?;
         if let Some(ip) = ip.filter(|ip| self.members.contains(ip)) {
             store.remember(network, ip, pod, now + self.grace_secs)?;

@@ -5,11 +5,11 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use knitter_manager::manager::cluster::{self, lease::LeaseOptions};
+use knitter_manager::manager::limits::{Gate, GatedListener, Limits as ServerLimits};
 use knitter_manager::manager::objects::Quota;
 use knitter_manager::manager::sync::Liveness;
-use knitter_manager::manager::limits::{Gate, GatedListener, Limits as ServerLimits};
 use knitter_manager::manager::tls::{ServerTls, TlsListener};
-use knitter_manager::manager::cluster::{self, lease::LeaseOptions};
 use knitter_manager::manager::{Config, Manager, grpc, rest};
 use knitter_manager::network::Limits;
 use knitter_manager::store::Store;
@@ -18,7 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Debug, Parser)]
-#[command(name = "knitter-manager", version, about = "Knitter's manager: tenants, networks, IP addresses, nodes")]
+#[command(
+    name = "knitter-manager",
+    version,
+    about = "Knitter's manager: tenants, networks, IP addresses, nodes"
+)]
 struct Args {
     /// Log lines as `text` (coloured only on a terminal; `NO_COLOR` honoured) or `json`.
     #[arg(long, env = "KNITTER_LOG_FORMAT", default_value_t = knitter_api::logging::LogFormat::Text)]
@@ -155,16 +159,28 @@ struct Args {
 
 /// The etcd TLS files and credentials of the flags, read.
 fn etcd_access(a: &Args) -> Result<knitter_manager::store::etcd::EtcdAccess> {
-    let read = |p: &PathBuf, what: &str| std::fs::read(p).with_context(|| format!("reading the etcd {what} {}", p.display()));
+    let read = |p: &PathBuf, what: &str| {
+        std::fs::read(p).with_context(|| format!("reading the etcd {what} {}", p.display()))
+    };
     let identity = match (&a.etcd_cert, &a.etcd_key) {
         (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),
         _ => None,
     };
     let user = match (&a.etcd_user, &a.etcd_password_file) {
-        (Some(u), Some(p)) => Some((u.clone(), String::from_utf8(read(p, "password")?).context("the etcd password is not UTF-8")?.trim_end_matches(['\n', '\r']).to_string())),
+        (Some(u), Some(p)) => Some((
+            u.clone(),
+            String::from_utf8(read(p, "password")?)
+                .context("the etcd password is not UTF-8")?
+                .trim_end_matches(['\n', '\r'])
+                .to_string(),
+        )),
         _ => None,
     };
-    Ok(knitter_manager::store::etcd::EtcdAccess { ca: a.etcd_ca.as_ref().map(|p| read(p, "CA")).transpose()?, identity, user })
+    Ok(knitter_manager::store::etcd::EtcdAccess {
+        ca: a.etcd_ca.as_ref().map(|p| read(p, "CA")).transpose()?,
+        identity,
+        user,
+    })
 }
 
 /// How often the gRPC server pings a connection (a live sync stream is never idle), and how
@@ -176,8 +192,12 @@ const GRPC_STREAMS: u32 = 64;
 const GRPC_HEADERS: u32 = 16 << 10;
 
 fn range(s: &str) -> Result<RangeInclusive<u32>, String> {
-    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?} is not a range like 5000-15000"))?;
-    let (a, b): (u32, u32) = (a.trim().parse().map_err(|e| format!("{a:?}: {e}"))?, b.trim().parse().map_err(|e| format!("{b:?}: {e}"))?);
+    let (a, b) =
+        s.split_once('-').ok_or_else(|| format!("{s:?} is not a range like 5000-15000"))?;
+    let (a, b): (u32, u32) = (
+        a.trim().parse().map_err(|e| format!("{a:?}: {e}"))?,
+        b.trim().parse().map_err(|e| format!("{b:?}: {e}"))?,
+    );
     if a > b {
         return Err(format!("range {s:?} is empty"));
     }
@@ -196,12 +216,19 @@ fn token(path: &Path) -> Result<String> {
         return Ok(t);
     }
     let mut raw = [0u8; 24];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut raw)).context("reading /dev/urandom")?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .context("reading /dev/urandom")?;
     let t: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).with_context(|| format!("writing {}", path.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
     std::io::Write::write_all(&mut f, format!("{t}\n").as_bytes())?;
     tracing::info!(file = %path.display(), "generated a bearer token");
     Ok(t)
@@ -211,21 +238,44 @@ fn token(path: &Path) -> Result<String> {
 async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controller> {
     let config = match &a.kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.context("the kubeconfig")?
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .context("the kubeconfig")?
         }
-        None => kube::Config::infer().await.context("no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
     };
     let client = kube::Client::try_from(config).context("a Kubernetes client")?;
-    let (namespace, name) = a.lease.split_once('/').with_context(|| format!("--lease {:?} is not namespace/name", a.lease))?;
+    let (namespace, name) = a
+        .lease
+        .split_once('/')
+        .with_context(|| format!("--lease {:?} is not namespace/name", a.lease))?;
     let identity = match &a.identity {
         Some(i) => i.clone(),
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).context("the host name (set --identity)")?,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .context("the host name (set --identity)")?,
     };
-    let lease = LeaseOptions::timed(namespace, name, &identity, std::time::Duration::from_secs(a.lease_secs.max(3)));
-    Ok(cluster::Controller::new(manager, client, cluster::Options { lease, release_nodes: !a.keep_deleted_nodes, network_status: a.network_status, network_resources: a.network_resources }))
+    let lease = LeaseOptions::timed(
+        namespace,
+        name,
+        &identity,
+        std::time::Duration::from_secs(a.lease_secs.max(3)),
+    );
+    Ok(cluster::Controller::new(
+        manager,
+        client,
+        cluster::Options {
+            lease,
+            release_nodes: !a.keep_deleted_nodes,
+            network_status: a.network_status,
+            network_resources: a.network_resources,
+        },
+    ))
 }
-
 
 /// Removes the records of port creates that a crash or a kill cut off (never served; their
 /// addresses given back), and mends the nodes' host ports.
@@ -245,7 +295,8 @@ fn sweep(manager: &Manager) {
 fn main() -> Result<()> {
     let a = Args::parse();
     knitter_api::logging::init(a.log_format);
-    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
+    std::fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("creating {}", a.data_dir.display()))?;
     let token = token(&a.token_file.clone().unwrap_or_else(|| a.data_dir.join("token")))?;
     let store: Arc<dyn Store> = if a.etcd.is_empty() {
         let path = a.data_dir.join("store.redb");
@@ -253,10 +304,19 @@ fn main() -> Result<()> {
         Arc::new(knitter_manager::store::embedded::Embedded::open(&path)?)
     } else {
         tracing::info!(endpoints = ?a.etcd, prefix = %a.etcd_prefix, tls = a.etcd_ca.is_some(), user = ?a.etcd_user, "etcd store");
-        Arc::new(knitter_manager::store::etcd::Etcd::connect_with(&a.etcd, &a.etcd_prefix, &etcd_access(&a)?)?)
+        Arc::new(knitter_manager::store::etcd::Etcd::connect_with(
+            &a.etcd,
+            &a.etcd_prefix,
+            &etcd_access(&a)?,
+        )?)
     };
     let config = Config {
-        limits: Limits { vni_range: a.vni_range.clone(), vlan_range: a.vlan_range.clone(), underlay_mtu: a.underlay_mtu, ..Limits::default() },
+        limits: Limits {
+            vni_range: a.vni_range.clone(),
+            vlan_range: a.vlan_range.clone(),
+            underlay_mtu: a.underlay_mtu,
+            ..Limits::default()
+        },
         default_quota: Quota { networks: a.network_quota },
         liveness: Liveness { lease_secs: a.node_lease.max(1), grace_secs: a.node_grace },
         plane_markings: a.plane_marking,
@@ -270,7 +330,10 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let bootstrap = match &a.bootstrap_token_file {
         Some(p) => {
-            let t = std::fs::read_to_string(p).with_context(|| format!("reading the bootstrap token {}", p.display()))?.trim().to_string();
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the bootstrap token {}", p.display()))?
+                .trim()
+                .to_string();
             if t.is_empty() || t == token {
                 bail!("the bootstrap token in {} is empty or the admin's", p.display());
             }
@@ -278,16 +341,26 @@ fn main() -> Result<()> {
         }
         None => None,
     };
-    let mut auth = knitter_manager::manager::auth::Auth::new(token.clone(), bootstrap.clone(), a.loopback_reads);
+    let mut auth = knitter_manager::manager::auth::Auth::new(
+        token.clone(),
+        bootstrap.clone(),
+        a.loopback_reads,
+    );
     match a.metrics_token_file.as_deref().map(|p| (p, std::fs::read_to_string(p))) {
         None => {}
         Some((p, Err(e))) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::warn!(file = %p.display(), "no metrics token: /metrics reads need the admin's token");
         }
         Some((p, read)) => {
-            let t = read.with_context(|| format!("reading the metrics token {}", p.display()))?.trim().to_string();
+            let t = read
+                .with_context(|| format!("reading the metrics token {}", p.display()))?
+                .trim()
+                .to_string();
             if t.is_empty() || t == token || bootstrap.as_deref() == Some(t.as_str()) {
-                bail!("the metrics token in {} is empty, the admin's or the bootstrap token", p.display());
+                bail!(
+                    "the metrics token in {} is empty, the admin's or the bootstrap token",
+                    p.display()
+                );
             }
             auth = auth.with_metrics_token(t);
         }
@@ -302,8 +375,12 @@ fn main() -> Result<()> {
         ..ServerLimits::default()
     };
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("binding {}", a.listen))?;
-        let grpc_listener = tokio::net::TcpListener::bind(&a.grpc_listen).await.with_context(|| format!("binding {}", a.grpc_listen))?;
+        let listener = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("binding {}", a.listen))?;
+        let grpc_listener = tokio::net::TcpListener::bind(&a.grpc_listen)
+            .await
+            .with_context(|| format!("binding {}", a.grpc_listen))?;
         tracing::info!(
             rest = %listener.local_addr()?,
             grpc = %grpc_listener.local_addr()?,
@@ -337,11 +414,15 @@ fn main() -> Result<()> {
             elected = Some(tokio::spawn(c.run(stop_rx.clone())));
         }
         let metrics = Arc::new(knitter_manager::manager::metrics::Metrics::default());
-        let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone()).with_metrics(metrics.clone());
+        let mut service =
+            grpc::Grpc::with_auth(manager.clone(), auth.clone()).with_metrics(metrics.clone());
         if let Some(s) = &cluster {
             service = service.with_cluster(s.clone());
         }
-        let service = service.server().max_decoding_message_size(limits.message).max_encoding_message_size(limits.message);
+        let service = service
+            .server()
+            .max_decoding_message_size(limits.message)
+            .max_encoding_message_size(limits.message);
         let service = knitter_manager::manager::metrics::CountedGrpc::new(service, metrics.clone());
         let mut builder = tonic::transport::Server::builder()
             .timeout(limits.request)
@@ -353,17 +434,23 @@ fn main() -> Result<()> {
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.tonic()).context("gRPC TLS")?;
         }
-        let grpc = builder
-            .add_service(service)
-            .serve_with_incoming_shutdown(knitter_manager::manager::limits::incoming(grpc_listener, Gate::new(limits)), stopped(stop_rx.clone()));
+        let grpc = builder.add_service(service).serve_with_incoming_shutdown(
+            knitter_manager::manager::limits::incoming(grpc_listener, Gate::new(limits)),
+            stopped(stop_rx.clone()),
+        );
         let api = rest::Api { manager, auth: Arc::new(auth), cluster, metrics };
         let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
         let rest_stop = stopped(stop_rx.clone());
         let rest = async move {
             let gate = Gate::new(limits);
             match rest_tls {
-                Some(cfg) => rest::serve(TlsListener::new(listener, gate, cfg)?, api, limits, rest_stop).await,
-                None => rest::serve(GatedListener { tcp: listener, gate }, api, limits, rest_stop).await,
+                Some(cfg) => {
+                    rest::serve(TlsListener::new(listener, gate, cfg)?, api, limits, rest_stop)
+                        .await
+                }
+                None => {
+                    rest::serve(GatedListener { tcp: listener, gate }, api, limits, rest_stop).await
+                }
             }
         };
         knitter_api::systemd::ready();
@@ -384,7 +471,10 @@ fn main() -> Result<()> {
         if let Some(task) = elected {
             let bound = cluster::CALL_TIMEOUT + std::time::Duration::from_secs(1);
             if tokio::time::timeout(bound, task).await.is_err() {
-                tracing::warn!("the Kubernetes controller did not stop within {} s", bound.as_secs());
+                tracing::warn!(
+                    "the Kubernetes controller did not stop within {} s",
+                    bound.as_secs()
+                );
             }
         }
         tracing::info!("stopped");

@@ -85,14 +85,28 @@ impl PlaneMarkings {
     pub fn parse(spec: &str) -> Result<PlaneMarkings, String> {
         let mut m = PlaneMarkings::default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (plane, value) = item.split_once('=').ok_or_else(|| format!("{item:?} is not plane=DSCP/PCP or plane=none"))?;
-            let p = Plane::ALL.into_iter().find(|p| p.name() == plane.trim()).ok_or_else(|| format!("plane {plane:?} is not one of std, control, media, eio, oam"))?;
+            let (plane, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not plane=DSCP/PCP or plane=none"))?;
+            let p = Plane::ALL.into_iter().find(|p| p.name() == plane.trim()).ok_or_else(|| {
+                format!("plane {plane:?} is not one of std, control, media, eio, oam")
+            })?;
             m.0[p as usize] = match value.trim() {
                 "none" => None,
                 v => {
-                    let (d, c) = v.split_once('/').ok_or_else(|| format!("{item:?}: give DSCP/PCP, like 40/5"))?;
-                    let dscp: u8 = d.trim().parse().ok().filter(|d| *d <= 63).ok_or_else(|| format!("{item:?}: DSCP {d:?} is not 0..=63"))?;
-                    let pcp: u8 = c.trim().parse().ok().filter(|c| *c <= 7).ok_or_else(|| format!("{item:?}: 802.1p priority {c:?} is not 0..=7"))?;
+                    let (d, c) = v
+                        .split_once('/')
+                        .ok_or_else(|| format!("{item:?}: give DSCP/PCP, like 40/5"))?;
+                    let dscp: u8 = d
+                        .trim()
+                        .parse()
+                        .ok()
+                        .filter(|d| *d <= 63)
+                        .ok_or_else(|| format!("{item:?}: DSCP {d:?} is not 0..=63"))?;
+                    let pcp: u8 =
+                        c.trim().parse().ok().filter(|c| *c <= 7).ok_or_else(|| {
+                            format!("{item:?}: 802.1p priority {c:?} is not 0..=7")
+                        })?;
                     Some(Marking { dscp, pcp })
                 }
             };
@@ -189,7 +203,12 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         // Knitter's embedded VNI range; VLANs 1 and 4095 are never ours.
-        Limits { vni_range: 5000..=15000, vlan_range: 2..=4094, underlay_mtu: 1500, vxlan_overhead: 50 }
+        Limits {
+            vni_range: 5000..=15000,
+            vlan_range: 2..=4094,
+            underlay_mtu: 1500,
+            vxlan_overhead: 50,
+        }
     }
 }
 
@@ -209,25 +228,38 @@ pub enum NetworkError {
     SegmentOutOfRange { name: String, what: &'static str, segment: u32, lo: u32, hi: u32 },
     #[error("network {0:?}: a pod policer needs a rate: pps or bps")]
     PolicerWithoutRate(String),
-    #[error("network {0:?}: an SR-IOV pool backs VLAN networks only (a VF's frames leave on its PF's wire, tagged by the PF)")]
+    #[error(
+        "network {0:?}: an SR-IOV pool backs VLAN networks only (a VF's frames leave on its PF's wire, tagged by the PF)"
+    )]
     SriovPoolNotVlan(String),
     #[error("network {name:?}: {what} {segment} is already used by network {other:?}")]
     SegmentTaken { name: String, what: &'static str, segment: u32, other: String },
     #[error("no free {what} left in {lo}-{hi} (the range networks that name none get theirs from)")]
     SegmentsExhausted { what: &'static str, lo: u32, hi: u32 },
-    #[error("network {name:?}: MTU {mtu} is larger than the underlay allows ({max}: the smallest node underlay MTU {underlay} minus {overhead} bytes of encapsulation)")]
+    #[error(
+        "network {name:?}: MTU {mtu} is larger than the underlay allows ({max}: the smallest node underlay MTU {underlay} minus {overhead} bytes of encapsulation)"
+    )]
     MtuTooLarge { name: String, mtu: u32, max: u32, underlay: u32, overhead: u32 },
     #[error("network {name:?}: MTU {mtu} is below 576 (IPv4) or 1280 (IPv6)")]
     MtuTooSmall { name: String, mtu: u32 },
-    #[error("network {name:?}: a node gateway needs the {family} subnet's gateway address (give {field}.gateway)")]
+    #[error(
+        "network {name:?}: a node gateway needs the {family} subnet's gateway address (give {field}.gateway)"
+    )]
     NodeGatewayWithoutAddress { name: String, family: &'static str, field: &'static str },
     #[error("network {0:?}: masquerade goes through the node gateway: set node_gateway too")]
     MasqueradeWithoutGateway(String),
-    #[error("network {0:?}: a node gateway routes through the node's stack, an SR-IOV VF's frames never reach the switch")]
+    #[error(
+        "network {0:?}: a node gateway routes through the node's stack, an SR-IOV VF's frames never reach the switch"
+    )]
     NodeGatewayOnVfs(String),
 }
 
-fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Result<Addressing, NetworkError> {
+fn addressing(
+    name: &str,
+    family: &'static str,
+    v4: bool,
+    s: &SubnetSpec,
+) -> Result<Addressing, NetworkError> {
     let wrap = |source| NetworkError::Addressing { name: name.into(), source };
     let subnet: Subnet = s.cidr.parse().map_err(wrap)?;
     if subnet.is_ipv4() != v4 {
@@ -238,7 +270,9 @@ fn addressing(name: &str, family: &'static str, v4: bool, s: &SubnetSpec) -> Res
 
 impl Network {
     /// The name and each family's addressing of `spec`, checked.
-    fn addressings(spec: &NetworkSpec) -> Result<(Option<Addressing>, Option<Addressing>), NetworkError> {
+    fn addressings(
+        spec: &NetworkSpec,
+    ) -> Result<(Option<Addressing>, Option<Addressing>), NetworkError> {
         let name = &spec.name;
         let valid_name = !name.is_empty()
             && name.len() <= 63
@@ -271,7 +305,11 @@ impl Network {
     /// Whether `spec` asks for what this network is (an idempotent create): the same
     /// definition, with the segment and MTU either left open or as decided.
     pub fn matches(&self, spec: &NetworkSpec) -> bool {
-        let decided = NetworkSpec { segment: spec.segment.or(Some(self.segment)), mtu: spec.mtu.or(Some(self.mtu)), ..spec.clone() };
+        let decided = NetworkSpec {
+            segment: spec.segment.or(Some(self.segment)),
+            mtu: spec.mtu.or(Some(self.mtu)),
+            ..spec.clone()
+        };
         decided == self.record()
     }
 
@@ -281,7 +319,11 @@ impl Network {
     }
 
     /// Checks `spec` against the networks that exist and decides its segment and MTU.
-    pub fn define(spec: NetworkSpec, existing: &[Network], limits: &Limits) -> Result<Network, NetworkError> {
+    pub fn define(
+        spec: NetworkSpec,
+        existing: &[Network],
+        limits: &Limits,
+    ) -> Result<Network, NetworkError> {
         let (ipv4, ipv6) = Network::addressings(&spec)?;
         let name = spec.name.clone();
         if spec.pod_policer.is_some_and(|p| p.pps == 0 && p.bps == 0) {
@@ -306,7 +348,12 @@ impl Network {
         // Overlap: with the tenant's own networks and with shared ones (a pod may join both),
         // and between networks with node gateways whoever owns them (their host ports share
         // each node's routing table).
-        let may_meet = |o: &Network| o.spec.tenant == spec.tenant || o.spec.shared || spec.shared || (o.spec.node_gateway && spec.node_gateway);
+        let may_meet = |o: &Network| {
+            o.spec.tenant == spec.tenant
+                || o.spec.shared
+                || spec.shared
+                || (o.spec.node_gateway && spec.node_gateway)
+        };
         for other in existing.iter().filter(|o| o.spec.name != name && may_meet(o)) {
             for (mine, theirs) in [(&ipv4, &other.ipv4), (&ipv6, &other.ipv6)] {
                 if let (Some(m), Some(t)) = (mine, theirs)
@@ -327,28 +374,47 @@ impl Network {
             Kind::Vxlan => ("VNI", &limits.vni_range, 1..=0xff_ffff),
             Kind::Vlan => ("VLAN", &limits.vlan_range, 1..=4094),
         };
-        let taken = |seg: u32| existing.iter().find(|o| o.spec.kind == spec.kind && o.segment == seg && o.spec.name != spec.name);
+        let taken = |seg: u32| {
+            existing
+                .iter()
+                .find(|o| o.spec.kind == spec.kind && o.segment == seg && o.spec.name != spec.name)
+        };
         let segment = match spec.segment {
             Some(seg) => {
                 if !valid.contains(&seg) {
-                    return Err(NetworkError::SegmentOutOfRange { name, what, segment: seg, lo: *valid.start(), hi: *valid.end() });
+                    return Err(NetworkError::SegmentOutOfRange {
+                        name,
+                        what,
+                        segment: seg,
+                        lo: *valid.start(),
+                        hi: *valid.end(),
+                    });
                 }
                 if let Some(o) = taken(seg) {
-                    return Err(NetworkError::SegmentTaken { name, what, segment: seg, other: o.spec.name.clone() });
+                    return Err(NetworkError::SegmentTaken {
+                        name,
+                        what,
+                        segment: seg,
+                        other: o.spec.name.clone(),
+                    });
                 }
                 seg
             }
-            None => range.clone().find(|s| taken(*s).is_none()).ok_or(NetworkError::SegmentsExhausted {
-                what,
-                lo: *range.start(),
-                hi: *range.end(),
-            })?,
+            None => range.clone().find(|s| taken(*s).is_none()).ok_or(
+                NetworkError::SegmentsExhausted { what, lo: *range.start(), hi: *range.end() },
+            )?,
         };
         let overhead = if spec.kind == Kind::Vxlan { limits.vxlan_overhead } else { 0 };
         let max = limits.underlay_mtu.saturating_sub(overhead);
         let mtu = spec.mtu.unwrap_or(max);
         if mtu > max {
-            return Err(NetworkError::MtuTooLarge { name, mtu, max, underlay: limits.underlay_mtu, overhead });
+            return Err(NetworkError::MtuTooLarge {
+                name,
+                mtu,
+                max,
+                underlay: limits.underlay_mtu,
+                overhead,
+            });
         }
         if mtu < if ipv6.is_some() { 1280 } else { 576 } {
             return Err(NetworkError::MtuTooSmall { name, mtu });
@@ -371,9 +437,18 @@ mod tests {
         assert_eq!((d.of(Plane::Std), d.of(Plane::Eio)), (None, None));
         assert_eq!(PlaneMarkings::parse("").unwrap(), d);
         let m = PlaneMarkings::parse("media=46/5, eio=10/1,control=none").unwrap();
-        assert_eq!((m.of(Plane::Media), m.of(Plane::Eio), m.of(Plane::Control)), (Some(Marking { dscp: 46, pcp: 5 }), Some(Marking { dscp: 10, pcp: 1 }), None));
+        assert_eq!(
+            (m.of(Plane::Media), m.of(Plane::Eio), m.of(Plane::Control)),
+            (Some(Marking { dscp: 46, pcp: 5 }), Some(Marking { dscp: 10, pcp: 1 }), None)
+        );
         assert_eq!(m.of(Plane::Oam), d.of(Plane::Oam), "the rest keep their defaults");
-        for (bad, why) in [("voice=1/1", "is not one of"), ("media=64/1", "DSCP \"64\" is not 0..=63"), ("media=1/8", "priority \"8\" is not 0..=7"), ("media", "is not plane=DSCP/PCP"), ("media=46", "give DSCP/PCP")] {
+        for (bad, why) in [
+            ("voice=1/1", "is not one of"),
+            ("media=64/1", "DSCP \"64\" is not 0..=63"),
+            ("media=1/8", "priority \"8\" is not 0..=7"),
+            ("media", "is not plane=DSCP/PCP"),
+            ("media=46", "give DSCP/PCP"),
+        ] {
             let e = PlaneMarkings::parse(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
@@ -403,53 +478,155 @@ mod tests {
     #[test]
     fn node_gateways_need_gateway_addresses_and_their_own_subnets() {
         let l = Limits::default();
-        let gw = |cidr: &str, g: &str| Some(SubnetSpec { cidr: cidr.into(), gateway: Some(g.parse().unwrap()), pools: vec![] });
-        let a = Network::define(NetworkSpec { node_gateway: true, masquerade: true, ipv4: gw("10.0.0.0/24", "10.0.0.1"), ..spec("a", "t1", Kind::Vlan, "") }, &[], &l).unwrap();
+        let gw = |cidr: &str, g: &str| {
+            Some(SubnetSpec { cidr: cidr.into(), gateway: Some(g.parse().unwrap()), pools: vec![] })
+        };
+        let a = Network::define(
+            NetworkSpec {
+                node_gateway: true,
+                masquerade: true,
+                ipv4: gw("10.0.0.0/24", "10.0.0.1"),
+                ..spec("a", "t1", Kind::Vlan, "")
+            },
+            &[],
+            &l,
+        )
+        .unwrap();
         let existing = [a];
         let err = |s: NetworkSpec| Network::define(s, &existing, &l).unwrap_err().to_string();
-        assert_eq!(err(NetworkSpec { node_gateway: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") }), "network \"b\": a node gateway needs the IPv4 subnet's gateway address (give ipv4.gateway)");
-        assert!(err(NetworkSpec { masquerade: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") }).contains("set node_gateway too"));
-        assert!(err(NetworkSpec { node_gateway: true, ipv4: gw("10.1.0.0/24", "10.1.0.1"), sriov_pool: Some("p".into()), ..spec("b", "t2", Kind::Vlan, "") }).contains("SR-IOV VF"));
-        assert!(err(NetworkSpec { node_gateway: true, ipv4: gw("10.0.0.0/25", "10.0.0.1"), ..spec("b", "t2", Kind::Vlan, "") }).contains("overlaps 10.0.0.0/24 of network \"a\""), "another tenant's, but both meet in every node's routing table");
-        assert!(Network::define(spec("b", "t2", Kind::Vlan, "10.0.0.0/24"), &existing, &l).is_ok(), "without a node gateway another tenant's subnet may repeat");
+        assert_eq!(
+            err(NetworkSpec { node_gateway: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") }),
+            "network \"b\": a node gateway needs the IPv4 subnet's gateway address (give ipv4.gateway)"
+        );
+        assert!(
+            err(NetworkSpec { masquerade: true, ..spec("b", "t2", Kind::Vlan, "10.1.0.0/24") })
+                .contains("set node_gateway too")
+        );
+        assert!(
+            err(NetworkSpec {
+                node_gateway: true,
+                ipv4: gw("10.1.0.0/24", "10.1.0.1"),
+                sriov_pool: Some("p".into()),
+                ..spec("b", "t2", Kind::Vlan, "")
+            })
+            .contains("SR-IOV VF")
+        );
+        assert!(
+            err(NetworkSpec {
+                node_gateway: true,
+                ipv4: gw("10.0.0.0/25", "10.0.0.1"),
+                ..spec("b", "t2", Kind::Vlan, "")
+            })
+            .contains("overlaps 10.0.0.0/24 of network \"a\""),
+            "another tenant's, but both meet in every node's routing table"
+        );
+        assert!(
+            Network::define(spec("b", "t2", Kind::Vlan, "10.0.0.0/24"), &existing, &l).is_ok(),
+            "without a node gateway another tenant's subnet may repeat"
+        );
     }
 
     #[test]
     fn segments_and_mtu_are_decided() {
         let l = Limits::default();
-        let a = Network::define(spec("media-a", "t1", Kind::Vxlan, "10.0.0.0/24"), &[], &l).unwrap();
-        assert_eq!((a.segment, a.mtu), (5000, 1450), "the first VNI of the range; the underlay MTU minus VXLAN");
-        let b = Network::define(spec("media-b", "t1", Kind::Vxlan, "10.0.1.0/24"), std::slice::from_ref(&a), &l).unwrap();
+        let a =
+            Network::define(spec("media-a", "t1", Kind::Vxlan, "10.0.0.0/24"), &[], &l).unwrap();
+        assert_eq!(
+            (a.segment, a.mtu),
+            (5000, 1450),
+            "the first VNI of the range; the underlay MTU minus VXLAN"
+        );
+        let b = Network::define(
+            spec("media-b", "t1", Kind::Vxlan, "10.0.1.0/24"),
+            std::slice::from_ref(&a),
+            &l,
+        )
+        .unwrap();
         assert_eq!(b.segment, 5001);
-        let v = Network::define(spec("oam", "t1", Kind::Vlan, "10.0.2.0/24"), &[a.clone(), b.clone()], &l).unwrap();
+        let v = Network::define(
+            spec("oam", "t1", Kind::Vlan, "10.0.2.0/24"),
+            &[a.clone(), b.clone()],
+            &l,
+        )
+        .unwrap();
         assert_eq!((v.segment, v.mtu), (2, 1500), "VLANs have no encapsulation to subtract");
     }
 
     #[test]
     fn bad_networks_are_refused_with_the_reason() {
         let l = Limits::default();
-        let a = Network::define(NetworkSpec { segment: Some(7000), ..spec("a", "t1", Kind::Vxlan, "10.0.0.0/24") }, &[], &l).unwrap();
+        let a = Network::define(
+            NetworkSpec { segment: Some(7000), ..spec("a", "t1", Kind::Vxlan, "10.0.0.0/24") },
+            &[],
+            &l,
+        )
+        .unwrap();
         let existing = [a];
         let err = |s: NetworkSpec| Network::define(s, &existing, &l).unwrap_err().to_string();
-        assert_eq!(err(spec("b", "t1", Kind::Vxlan, "10.0.0.128/25")), "network \"b\": subnet 10.0.0.128/25 overlaps 10.0.0.0/24 of network \"a\"");
-        assert!(Network::define(spec("b", "t2", Kind::Vxlan, "10.0.0.0/24"), &existing, &l).is_ok(), "another tenant's private subnet may repeat");
-        assert_eq!(err(NetworkSpec { segment: Some(7000), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }), "network \"b\": VNI 7000 is already used by network \"a\"");
+        assert_eq!(
+            err(spec("b", "t1", Kind::Vxlan, "10.0.0.128/25")),
+            "network \"b\": subnet 10.0.0.128/25 overlaps 10.0.0.0/24 of network \"a\""
+        );
+        assert!(
+            Network::define(spec("b", "t2", Kind::Vxlan, "10.0.0.0/24"), &existing, &l).is_ok(),
+            "another tenant's private subnet may repeat"
+        );
+        assert_eq!(
+            err(NetworkSpec { segment: Some(7000), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }),
+            "network \"b\": VNI 7000 is already used by network \"a\""
+        );
         // The configured range is for networks that name no segment; a named one may be any
         // the protocol allows.
-        assert!(Network::define(NetworkSpec { segment: Some(1), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }, &existing, &l).is_ok());
-        assert_eq!(err(NetworkSpec { segment: Some(0), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }), "network \"b\": VNI 0 is not a valid VNI (1-16777215)");
-        assert!(err(NetworkSpec { segment: Some(1 << 24), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("not a valid VNI"));
-        assert!(err(NetworkSpec { segment: Some(4095), ..spec("b", "t1", Kind::Vlan, "10.9.0.0/24") }).contains("VLAN 4095 is not a valid VLAN (1-4094)"));
-        assert!(err(NetworkSpec { mtu: Some(1500), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }).contains("MTU 1500 is larger than the underlay allows (1450"));
+        assert!(
+            Network::define(
+                NetworkSpec { segment: Some(1), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") },
+                &existing,
+                &l
+            )
+            .is_ok()
+        );
+        assert_eq!(
+            err(NetworkSpec { segment: Some(0), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") }),
+            "network \"b\": VNI 0 is not a valid VNI (1-16777215)"
+        );
+        assert!(
+            err(NetworkSpec {
+                segment: Some(1 << 24),
+                ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24")
+            })
+            .contains("not a valid VNI")
+        );
+        assert!(
+            err(NetworkSpec { segment: Some(4095), ..spec("b", "t1", Kind::Vlan, "10.9.0.0/24") })
+                .contains("VLAN 4095 is not a valid VLAN (1-4094)")
+        );
+        assert!(
+            err(NetworkSpec { mtu: Some(1500), ..spec("b", "t1", Kind::Vxlan, "10.9.0.0/24") })
+                .contains("MTU 1500 is larger than the underlay allows (1450")
+        );
         assert!(err(spec("B_", "t1", Kind::Vxlan, "10.9.0.0/24")).contains("network name"));
-        assert!(err(NetworkSpec { ipv4: None, ..spec("b", "t1", Kind::Vxlan, "") }).contains("no subnet"));
+        assert!(
+            err(NetworkSpec { ipv4: None, ..spec("b", "t1", Kind::Vxlan, "") })
+                .contains("no subnet")
+        );
         assert!(err(spec("b", "t1", Kind::Vxlan, "2001:db8::/64")).contains("is not IPv4"));
         assert!(err(spec("b", "t1", Kind::Vxlan, "10.9.0.1/24")).contains("host bits are set"));
-        let gw = SubnetSpec { cidr: "10.9.0.0/24".into(), gateway: Some("10.8.0.1".parse().unwrap()), pools: vec![] };
-        assert!(err(NetworkSpec { ipv4: Some(gw), ..spec("b", "t1", Kind::Vxlan, "") }).contains("gateway 10.8.0.1 is outside subnet 10.9.0.0/24"));
+        let gw = SubnetSpec {
+            cidr: "10.9.0.0/24".into(),
+            gateway: Some("10.8.0.1".parse().unwrap()),
+            pools: vec![],
+        };
+        assert!(
+            err(NetworkSpec { ipv4: Some(gw), ..spec("b", "t1", Kind::Vxlan, "") })
+                .contains("gateway 10.8.0.1 is outside subnet 10.9.0.0/24")
+        );
         let tiny = Limits { vlan_range: 10..=10, ..Limits::default() };
         let v = Network::define(spec("v", "t1", Kind::Vlan, "10.5.0.0/24"), &[], &tiny).unwrap();
-        let e = Network::define(spec("w", "t1", Kind::Vlan, "10.6.0.0/24"), &[v], &tiny).unwrap_err();
-        assert_eq!(e.to_string(), "no free VLAN left in 10-10 (the range networks that name none get theirs from)");
+        let e =
+            Network::define(spec("w", "t1", Kind::Vlan, "10.6.0.0/24"), &[v], &tiny).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no free VLAN left in 10-10 (the range networks that name none get theirs from)"
+        );
     }
 }

@@ -19,9 +19,13 @@ fn ip(s: &str) -> IpAddr {
 #[test]
 fn two_replicas_and_fifty_clients_never_share_or_lose_an_address() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else { return };
+    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else {
+        return;
+    };
     let replicas = [Arc::new(etcd.store()), Arc::new(etcd.store())];
-    let a = Arc::new(Addressing::new("10.20.0.0/20".parse().unwrap(), Some(ip("10.20.0.1")), &[], &[]).unwrap());
+    let a = Arc::new(
+        Addressing::new("10.20.0.0/20".parse().unwrap(), Some(ip("10.20.0.1")), &[], &[]).unwrap(),
+    );
     let clients: Vec<_> = (0..50)
         .map(|t| {
             let (s, a) = (replicas[t % 2].clone(), a.clone());
@@ -39,7 +43,8 @@ fn two_replicas_and_fifty_clients_never_share_or_lose_an_address() {
             })
         })
         .collect();
-    let all: Vec<(OwnerKey, IpAddr)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let all: Vec<(OwnerKey, IpAddr)> =
+        clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
     let distinct: HashSet<IpAddr> = all.iter().map(|(_, ip)| *ip).collect();
     assert_eq!((all.len(), distinct.len()), (2000, 2000), "no address twice");
     assert_eq!(replicas[0].allocations("red").unwrap().len(), 2000, "none lost");
@@ -59,13 +64,18 @@ fn state_survives_an_etcd_kill_and_ip_groups_stick() {
     let dir = tempfile::tempdir().unwrap();
     let (data, client, peer) = (dir.path().join("data"), free_port(), free_port());
     let Some(etcd) = EtcdServer::start(&data, client, peer) else { return };
-    let a = Addressing::new("10.30.0.0/24".parse().unwrap(), Some(ip("10.30.0.1")), &[], &[]).unwrap();
-    let g = IpGroup::new("sip", &a, &[ip("10.30.0.10"), ip("10.30.0.11"), ip("10.30.0.12")], 300).unwrap();
+    let a =
+        Addressing::new("10.30.0.0/24".parse().unwrap(), Some(ip("10.30.0.1")), &[], &[]).unwrap();
+    let g = IpGroup::new("sip", &a, &[ip("10.30.0.10"), ip("10.30.0.11"), ip("10.30.0.12")], 300)
+        .unwrap();
     let pods = ["ims/sip-0", "ims/sip-1", "ims/sip-2"];
     let owner = |p: &str, generation: u32| OwnerKey::new(&format!("{p}-{generation}"), "net1");
     let first: Vec<IpAddr> = {
         let s = etcd.store();
-        let first = pods.iter().map(|p| g.allocate(&s, "media", &owner(p, 0), p, 1000).unwrap()).collect::<Vec<_>>();
+        let first = pods
+            .iter()
+            .map(|p| g.allocate(&s, "media", &owner(p, 0), p, 1000).unwrap())
+            .collect::<Vec<_>>();
         for p in pods {
             g.release(&s, "media", &owner(p, 0), p, 1001).unwrap();
         }
@@ -77,7 +87,11 @@ fn state_survives_an_etcd_kill_and_ip_groups_stick() {
     let s = etcd.store();
     assert_eq!(s.allocations("media").unwrap().len(), 1, "the one held address is still held");
     for (i, p) in pods.iter().enumerate().rev() {
-        assert_eq!(g.allocate(&s, "media", &owner(p, 1), p, 1010).unwrap(), first[i], "{p} got its own address back");
+        assert_eq!(
+            g.allocate(&s, "media", &owner(p, 1), p, 1010).unwrap(),
+            first[i],
+            "{p} got its own address back"
+        );
     }
 }
 
@@ -88,9 +102,12 @@ fn state_survives_an_etcd_kill_and_ip_groups_stick() {
 #[test]
 fn a_new_replica_claims_with_one_transaction_past_six_hundred_held() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else { return };
+    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else {
+        return;
+    };
     let s = etcd.store();
-    let a = Addressing::new("10.30.0.0/22".parse().unwrap(), Some(ip("10.30.0.1")), &[], &[]).unwrap();
+    let a =
+        Addressing::new("10.30.0.0/22".parse().unwrap(), Some(ip("10.30.0.1")), &[], &[]).unwrap();
     let mut hint = a.start_point();
     let held: Vec<(OwnerKey, IpAddr)> = (0..600)
         .map(|i| {
@@ -105,15 +122,20 @@ fn a_new_replica_claims_with_one_transaction_past_six_hundred_held() {
 
     let fresh = etcd.store();
     let before = requests(&etcd.client_url);
-    let got = ipam::allocate(&fresh, "red", &a, &OwnerKey::new("new0", "eth0"), a.start_point()).unwrap();
+    let got =
+        ipam::allocate(&fresh, "red", &a, &OwnerKey::new("new0", "eth0"), a.start_point()).unwrap();
     let cost = requests(&etcd.client_url) - before;
     assert_eq!(got, ip("10.30.0.101"), "the hole near the start");
     assert_eq!((cost.txn, cost.range), (1.0, 1.0), "one window read, one claim");
 
     let before = requests(&etcd.client_url);
-    let got = ipam::allocate(&fresh, "red", &a, &OwnerKey::new("new1", "eth0"), a.start_point()).unwrap();
+    let got =
+        ipam::allocate(&fresh, "red", &a, &OwnerKey::new("new1", "eth0"), a.start_point()).unwrap();
     let cost = requests(&etcd.client_url) - before;
-    assert!(held.iter().all(|(_, h)| *h != got) && a.check(got).is_ok(), "{got} is free and allocatable");
+    assert!(
+        held.iter().all(|(_, h)| *h != got) && a.check(got).is_ok(),
+        "{got} is free and allocatable"
+    );
     assert_eq!(cost.txn, 1.0, "past the held run: a random place, one claim");
     // A random place inside the held run (one in three) is left for another: a window each,
     // at most 9 places, the last walking at most 3 windows to the run's end.
@@ -124,7 +146,9 @@ fn a_new_replica_claims_with_one_transaction_past_six_hundred_held() {
 #[test]
 fn the_manager_scenarios_pass_on_etcd() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else { return };
+    let Some(etcd) = EtcdServer::start(&dir.path().join("data"), free_port(), free_port()) else {
+        return;
+    };
     let manager = |prefix: &str| {
         let config = knitter_manager::manager::Config::default();
         knitter_manager::manager::Manager::new(Arc::new(etcd.store_at(prefix)), config).unwrap()
@@ -151,19 +175,44 @@ fn the_manager_reaches_an_etcd_with_tls_a_client_certificate_and_a_password() {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
         let (cert, key) = etcd.access.identity.clone().unwrap();
-        let tls = TlsOptions::new().ca_certificate(Certificate::from_pem(etcd.access.ca.clone().unwrap())).identity(Identity::from_pem(cert, key));
-        let mut c = etcd_client::Client::connect([etcd.client_url.clone()], Some(ConnectOptions::new().with_tls(tls))).await.unwrap();
+        let tls = TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(etcd.access.ca.clone().unwrap()))
+            .identity(Identity::from_pem(cert, key));
+        let mut c = etcd_client::Client::connect(
+            [etcd.client_url.clone()],
+            Some(ConnectOptions::new().with_tls(tls)),
+        )
+        .await
+        .unwrap();
         c.user_add("root", "s3cret", None).await.unwrap();
         c.user_grant_role("root", "root").await.unwrap();
         c.auth_enable().await.unwrap();
     });
     let f = |n: &str| dir.path().join(n).display().to_string();
     std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
-    let tls = ["--etcd", &etcd.client_url, "--etcd-ca", &f("ca.pem"), "--etcd-cert", &f("client.pem"), "--etcd-key", &f("client.key")];
+    let tls = [
+        "--etcd",
+        &etcd.client_url,
+        "--etcd-ca",
+        &f("ca.pem"),
+        "--etcd-cert",
+        &f("client.pem"),
+        "--etcd-key",
+        &f("client.key"),
+    ];
     let user = ["--etcd-user", "root", "--etcd-password-file", &f("password")];
     let m = common::ManagerProc::start(&dir.path().join("m"), &[&tls[..], &user[..]].concat());
     let o = std::process::Command::new(common::knitterctl())
-        .args(["--manager", &m.grpc, "--token-file", &f("m/token"), "manager", "tenant", "create", "red"])
+        .args([
+            "--manager",
+            &m.grpc,
+            "--token-file",
+            &f("m/token"),
+            "manager",
+            "tenant",
+            "create",
+            "red",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -5,12 +5,14 @@
 
 use knitter_manager::ipam::{self, Addressing, IpamError, Pool, Subnet};
 use knitter_manager::store::embedded::Embedded;
-use knitter_manager::store::{Claim, First, Op as StoreOp, OwnerKey, Store, StoreError, Versioned, With};
-use std::sync::atomic::Ordering::SeqCst;
+use knitter_manager::store::{
+    Claim, First, Op as StoreOp, OwnerKey, Store, StoreError, Versioned, With,
+};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -28,31 +30,68 @@ fn store() -> (tempfile::TempDir, Embedded) {
 
 #[test]
 fn subnets_pools_and_reserved_addresses_are_checked() {
-    assert_eq!("10.0.0.1/24".parse::<Subnet>().unwrap_err().to_string(), "subnet 10.0.0.1/24: host bits are set (did you mean 10.0.0.0/24?)");
+    assert_eq!(
+        "10.0.0.1/24".parse::<Subnet>().unwrap_err().to_string(),
+        "subnet 10.0.0.1/24: host bits are set (did you mean 10.0.0.0/24?)"
+    );
     assert!(matches!("10.0.0.0/33".parse::<Subnet>(), Err(IpamError::BadCidr(_))));
     assert!(matches!("fish".parse::<Subnet>(), Err(IpamError::BadCidr(_))));
     let s: Subnet = "10.0.0.0/24".parse().unwrap();
-    assert!(s.overlaps(&"10.0.0.128/25".parse().unwrap()) && !s.overlaps(&"10.0.1.0/24".parse().unwrap()));
+    assert!(
+        s.overlaps(&"10.0.0.128/25".parse().unwrap())
+            && !s.overlaps(&"10.0.1.0/24".parse().unwrap())
+    );
     assert!(!s.overlaps(&"::/0".parse().unwrap()), "families never overlap");
     let e = Addressing::new(s, Some(ip("10.0.1.1")), &[], &[]).unwrap_err();
     assert_eq!(e.to_string(), "gateway 10.0.1.1 is outside subnet 10.0.0.0/24");
     let pool = |a: &str, b: &str| Pool { start: ip(a), end: ip(b) };
-    let e = Addressing::new(s, None, &[pool("10.0.0.10", "10.0.0.20"), pool("10.0.0.20", "10.0.0.30")], &[]).unwrap_err();
+    let e = Addressing::new(
+        s,
+        None,
+        &[pool("10.0.0.10", "10.0.0.20"), pool("10.0.0.20", "10.0.0.30")],
+        &[],
+    )
+    .unwrap_err();
     assert!(matches!(e, IpamError::PoolsOverlap { .. }), "{e}");
-    assert!(matches!(Addressing::new(s, None, &[pool("10.0.0.9", "10.0.0.2")], &[]), Err(IpamError::EmptyPool { .. })));
-    assert!(matches!(Addressing::new("10.0.0.0/32".parse().unwrap(), None, &[], &[]), Err(IpamError::TooSmall(_))));
+    assert!(matches!(
+        Addressing::new(s, None, &[pool("10.0.0.9", "10.0.0.2")], &[]),
+        Err(IpamError::EmptyPool { .. })
+    ));
+    assert!(matches!(
+        Addressing::new("10.0.0.0/32".parse().unwrap(), None, &[], &[]),
+        Err(IpamError::TooSmall(_))
+    ));
 
     let a = Addressing::new(s, Some(ip("10.0.0.1")), &[], &[ip("10.0.0.2")]).unwrap();
-    assert_eq!(a.check(ip("10.0.0.1")).unwrap_err().to_string(), "10.0.0.1 cannot be allocated: it is the subnet's gateway");
-    assert!(matches!(a.check(ip("10.0.0.0")), Err(IpamError::Reserved { what: "network address", .. })));
-    assert!(matches!(a.check(ip("10.0.0.255")), Err(IpamError::Reserved { what: "broadcast address", .. })));
-    assert!(matches!(a.check(ip("10.0.0.2")), Err(IpamError::Reserved { what: "reserved address", .. })));
+    assert_eq!(
+        a.check(ip("10.0.0.1")).unwrap_err().to_string(),
+        "10.0.0.1 cannot be allocated: it is the subnet's gateway"
+    );
+    assert!(matches!(
+        a.check(ip("10.0.0.0")),
+        Err(IpamError::Reserved { what: "network address", .. })
+    ));
+    assert!(matches!(
+        a.check(ip("10.0.0.255")),
+        Err(IpamError::Reserved { what: "broadcast address", .. })
+    ));
+    assert!(matches!(
+        a.check(ip("10.0.0.2")),
+        Err(IpamError::Reserved { what: "reserved address", .. })
+    ));
     assert!(matches!(a.check(ip("10.0.1.5")), Err(IpamError::Outside { .. })));
     let c: Vec<IpAddr> = a.candidates(0).collect();
-    assert_eq!((c.len(), c[0], c[251]), (252, ip("10.0.0.3"), ip("10.0.0.254")), "254 hosts but the gateway and .2");
+    assert_eq!(
+        (c.len(), c[0], c[251]),
+        (252, ip("10.0.0.3"), ip("10.0.0.254")),
+        "254 hosts but the gateway and .2"
+    );
     // After a hint, wrapping.
     let c: Vec<IpAddr> = a.candidates(ipam::hint_of(ip("10.0.0.250"))).take(6).collect();
-    assert_eq!(c, ["10.0.0.251", "10.0.0.252", "10.0.0.253", "10.0.0.254", "10.0.0.3", "10.0.0.4"].map(ip));
+    assert_eq!(
+        c,
+        ["10.0.0.251", "10.0.0.252", "10.0.0.253", "10.0.0.254", "10.0.0.3", "10.0.0.4"].map(ip)
+    );
     // IPv6: the subnet-router anycast address is not handed out; there is no broadcast.
     let a6 = net("2001:db8::/120", Some("2001:db8::1"));
     assert_eq!(a6.candidates(0).next(), Some(ip("2001:db8::2")));
@@ -76,21 +115,31 @@ fn allocation_is_idempotent_exclusive_and_survives_reopening() {
         // A retry (the first answer lost to a timeout) gets the same address back.
         assert_eq!(ipam::allocate(&s, "red", &a, &owners[2], 0).unwrap(), got[&owners[2]]);
         let extra = OwnerKey::new("c9", "eth0");
-        assert_eq!(ipam::allocate(&s, "red", &a, &extra, 0).unwrap_err().to_string(), "subnet 192.0.2.0/29 has no free address left");
+        assert_eq!(
+            ipam::allocate(&s, "red", &a, &extra, 0).unwrap_err().to_string(),
+            "subnet 192.0.2.0/29 has no free address left"
+        );
         // Another network has its own addresses.
         assert_eq!(ipam::allocate(&s, "blue", &a, &extra, 0).unwrap(), ip("192.0.2.2"));
         // A fixed address: taken, reserved, or free.
         let e = ipam::allocate_fixed(&s, "red", &a, &extra, got[&owners[0]]).unwrap_err();
         assert!(e.to_string().contains("already allocated to c0/eth0"), "{e}");
-        assert!(matches!(ipam::allocate_fixed(&s, "red", &a, &extra, ip("192.0.2.1")), Err(IpamError::Reserved { .. })));
+        assert!(matches!(
+            ipam::allocate_fixed(&s, "red", &a, &extra, ip("192.0.2.1")),
+            Err(IpamError::Reserved { .. })
+        ));
         assert_eq!(s.release("red", &owners[0]).unwrap(), Some(got[&owners[0]]));
         assert_eq!(s.release("red", &owners[0]).unwrap(), None, "releasing twice changes nothing");
-        assert_eq!(ipam::allocate_fixed(&s, "red", &a, &extra, got[&owners[0]]).unwrap(), got[&owners[0]]);
+        assert_eq!(
+            ipam::allocate_fixed(&s, "red", &a, &extra, got[&owners[0]]).unwrap(),
+            got[&owners[0]]
+        );
         got.remove(&owners[0]);
         got.insert(extra.clone(), ipam::allocate(&s, "red", &a, &extra, 0).unwrap());
     }
     let s = Embedded::open(&path).unwrap();
-    let now: BTreeMap<OwnerKey, IpAddr> = s.allocations("red").unwrap().into_iter().map(|(ip, o)| (o, ip)).collect();
+    let now: BTreeMap<OwnerKey, IpAddr> =
+        s.allocations("red").unwrap().into_iter().map(|(ip, o)| (o, ip)).collect();
     assert_eq!(now, got, "every allocation is there after reopening, nothing else");
     assert!(s.revision().unwrap() >= 8);
 }
@@ -114,7 +163,8 @@ fn concurrent_allocators_never_share_an_address() {
             })
         })
         .collect();
-    let all: Vec<(OwnerKey, IpAddr)> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let all: Vec<(OwnerKey, IpAddr)> =
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
     let distinct: HashSet<IpAddr> = all.iter().map(|(_, ip)| *ip).collect();
     assert_eq!((all.len(), distinct.len()), (2000, 2000), "no address twice");
     let stored = s.allocations("red").unwrap();
@@ -197,25 +247,46 @@ fn an_ip_group_gives_each_pod_its_address_back() {
     use knitter_manager::ipam::IpGroup;
     let (_dir, s) = store();
     let a = net("10.9.0.0/24", Some("10.9.0.1"));
-    let g = IpGroup::new("sip", &a, &[ip("10.9.0.10"), ip("10.9.0.11"), ip("10.9.0.12")], 300).unwrap();
-    assert!(matches!(IpGroup::new("bad", &a, &[ip("10.9.0.1")], 300), Err(IpamError::Reserved { .. })));
+    let g =
+        IpGroup::new("sip", &a, &[ip("10.9.0.10"), ip("10.9.0.11"), ip("10.9.0.12")], 300).unwrap();
+    assert!(matches!(
+        IpGroup::new("bad", &a, &[ip("10.9.0.1")], 300),
+        Err(IpamError::Reserved { .. })
+    ));
     let pods = ["ims/sip-0", "ims/sip-1", "ims/sip-2"];
-    let owner = |pod: &str, generation: u32| OwnerKey::new(&format!("{pod}-container-{generation}"), "net1");
+    let owner = |pod: &str, generation: u32| {
+        OwnerKey::new(&format!("{pod}-container-{generation}"), "net1")
+    };
     let t0 = 1_000_000;
-    let first: Vec<IpAddr> = pods.iter().map(|p| g.allocate(&s, "media", &owner(p, 0), p, t0).unwrap()).collect();
+    let first: Vec<IpAddr> =
+        pods.iter().map(|p| g.allocate(&s, "media", &owner(p, 0), p, t0).unwrap()).collect();
     assert_eq!(first.iter().collect::<HashSet<_>>().len(), 3);
-    assert!(matches!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0), Err(IpamError::Exhausted(_))));
+    assert!(matches!(
+        g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0),
+        Err(IpamError::Exhausted(_))
+    ));
     for p in pods {
         assert!(g.release(&s, "media", &owner(p, 0), p, t0 + 1).unwrap().is_some());
     }
     // New containers (new ids), the pods in reverse order.
     for (i, p) in pods.iter().enumerate().rev() {
-        assert_eq!(g.allocate(&s, "media", &owner(p, 1), p, t0 + 5).unwrap(), first[i], "{p} got its own address back");
+        assert_eq!(
+            g.allocate(&s, "media", &owner(p, 1), p, t0 + 5).unwrap(),
+            first[i],
+            "{p} got its own address back"
+        );
     }
     // sip-1 goes for good; within its grace nobody else takes its address.
     g.release(&s, "media", &owner(pods[1], 1), pods[1], t0 + 10).unwrap();
-    assert!(matches!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 20), Err(IpamError::Exhausted(_))));
-    assert_eq!(g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 311).unwrap(), first[1], "after the grace");
+    assert!(matches!(
+        g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 20),
+        Err(IpamError::Exhausted(_))
+    ));
+    assert_eq!(
+        g.allocate(&s, "media", &owner("ims/other", 0), "ims/other", t0 + 311).unwrap(),
+        first[1],
+        "after the grace"
+    );
 }
 
 /// A port's MAC follows its address: unique in the network, and the same when a pod gets its
@@ -232,7 +303,11 @@ fn macs_follow_addresses() {
     assert_eq!(a.size(), 0xffff_ffff);
     let (_dir, s) = store();
     let macs: HashSet<[u8; 6]> = (0..300)
-        .map(|i| ipam::mac_for(ipam::allocate(&s, "v6", &a, &OwnerKey::new(&format!("c{i}"), "eth0"), 0).unwrap()))
+        .map(|i| {
+            ipam::mac_for(
+                ipam::allocate(&s, "v6", &a, &OwnerKey::new(&format!("c{i}"), "eth0"), 0).unwrap(),
+            )
+        })
         .collect();
     assert_eq!(macs.len(), 300);
 }
@@ -245,7 +320,13 @@ struct Contended {
 }
 
 impl Store for Contended {
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
+    fn claim_near(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+        with: With,
+    ) -> Result<First, StoreError> {
         let lose = self.races.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
         if lose {
             return Ok(First::Raced);
@@ -306,7 +387,11 @@ fn allocations_go_in_order_and_move_away_from_held_runs_and_races() {
             got
         })
         .collect();
-    assert_eq!((run[0], run[299]), (ip("10.40.0.2"), ip("10.40.1.45")), "in order from the pools' start");
+    assert_eq!(
+        (run[0], run[299]),
+        (ip("10.40.0.2"), ip("10.40.1.45")),
+        "in order from the pools' start"
+    );
     // Past the run (longer than NEAR): somewhere free, not the run's end.
     let away = ipam::allocate(&s, "n", &a, &owner(300), a.start_point()).unwrap();
     assert!(!run.contains(&away) && a.check(away).is_ok(), "{away}");
@@ -320,12 +405,20 @@ fn allocations_go_in_order_and_move_away_from_held_runs_and_races() {
     s.races.store(usize::MAX, SeqCst);
     let e = ipam::allocate(&s, "n", &a, &owner(302), hint).unwrap_err();
     assert_eq!(e, IpamError::Contended("10.40.0.0/22".into()));
-    assert_eq!(e.to_string(), "allocating in subnet 10.40.0.0/22 kept losing races to other allocators");
+    assert_eq!(
+        e.to_string(),
+        "allocating in subnet 10.40.0.0/22 kept losing races to other allocators"
+    );
     assert_eq!(s.inner.owned("n", &owner(302)).unwrap(), None);
     s.races.store(0, SeqCst);
     // A /29 filled: exhausted, and a retry of the last request still gets its address.
     let small = net("192.0.2.0/29", None);
-    let got: Vec<IpAddr> = (0..6).map(|i| ipam::allocate(&s, "small", &small, &owner(i), small.start_point()).unwrap()).collect();
+    let got: Vec<IpAddr> = (0..6)
+        .map(|i| ipam::allocate(&s, "small", &small, &owner(i), small.start_point()).unwrap())
+        .collect();
     assert_eq!(ipam::allocate(&s, "small", &small, &owner(5), 0).unwrap(), got[5]);
-    assert!(matches!(ipam::allocate(&s, "small", &small, &owner(9), 0), Err(IpamError::Exhausted(_))));
+    assert!(matches!(
+        ipam::allocate(&s, "small", &small, &owner(9), 0),
+        Err(IpamError::Exhausted(_))
+    ));
 }

@@ -9,9 +9,9 @@
 //! NetworkAttachmentDefinition in each namespace of the network's tenant, statuses that say
 //! why when the manager refuses, and what a deleted resource made deleted with it.
 
-mod common;
 #[path = "common/apiserver.rs"]
 mod apiserver;
+mod common;
 
 use apiserver::{ApiServer, Rbac};
 use common::scenarios::{ip, net, port};
@@ -64,7 +64,10 @@ fn start_through(m: &Arc<Manager>, client: kube::Client, opts: Options) -> Runni
 impl Running {
     async fn stop(self) {
         self.stop.send_replace(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("the controller stops").expect("no panic");
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the controller stops")
+            .expect("no panic");
     }
 }
 
@@ -79,11 +82,24 @@ fn pod_with_port(m: &Manager, api: &ApiServer, name: &str, node: &str) {
 
 /// A node registered with the manager, as its agent registers.
 fn register(m: &Manager, name: &str, vtep: &str) {
-    m.register_node(Node { name: name.into(), vtep: ip(vtep), underlay_mtu: 1600, capabilities: vec![], registered: 0, last_seen: 0, state: String::new() }).unwrap();
+    m.register_node(Node {
+        name: name.into(),
+        vtep: ip(vtep),
+        underlay_mtu: 1600,
+        capabilities: vec![],
+        registered: 0,
+        last_seen: 0,
+        state: String::new(),
+    })
+    .unwrap();
 }
 
 fn port_pods(m: &Manager) -> BTreeSet<String> {
-    m.list_ports(&Filter::default()).unwrap().into_iter().map(|p| p.spec.pod.trim_start_matches("apps/").to_string()).collect()
+    m.list_ports(&Filter::default())
+        .unwrap()
+        .into_iter()
+        .map(|p| p.spec.pod.trim_start_matches("apps/").to_string())
+        .collect()
 }
 
 async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
@@ -111,7 +127,10 @@ async fn pods_gone_while_no_controller_watched_are_released_and_live_ones_kept()
     // An operator's port (no pod) and a port whose pod is unknown to the cluster.
     m.create_port(port("red", "operator", "")).unwrap();
     let c = start(&m, &api, "m1");
-    eventually("the controller leads and has listed", || api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0).await;
+    eventually("the controller leads and has listed", || {
+        api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0
+    })
+    .await;
     assert_eq!(port_pods(&m).len(), 201, "nothing released: every pod lives");
 
     // 50 pods deleted while it watches.
@@ -141,9 +160,14 @@ async fn pods_gone_while_no_controller_watched_are_released_and_live_ones_kept()
     // The relist collects only ports made before it started (to the second): these were.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let c = start(&m, &api, "m1");
-    let want: BTreeSet<String> = names(100..220).into_iter().chain([String::new(), "p70".to_string()]).collect();
-    eventually("a restarted controller releases what went while it was away", || port_pods(&m) == want).await;
-    let p70: Vec<_> = m.list_ports(&Filter { pod: "apps/p70".into(), ..Default::default() }).unwrap();
+    let want: BTreeSet<String> =
+        names(100..220).into_iter().chain([String::new(), "p70".to_string()]).collect();
+    eventually("a restarted controller releases what went while it was away", || {
+        port_pods(&m) == want
+    })
+    .await;
+    let p70: Vec<_> =
+        m.list_ports(&Filter { pod: "apps/p70".into(), ..Default::default() }).unwrap();
     assert_eq!(p70.len(), 1);
     assert_eq!(p70[0].spec.pod_uid, "uid-p70-again", "the new pod's port stayed");
     c.stop().await;
@@ -158,10 +182,15 @@ async fn a_watch_that_expired_is_closed_by_a_new_list() {
         pod_with_port(&m, &api, &format!("p{i}"), "n1");
     }
     let c = start(&m, &api, "m1");
-    let lists = || api.requests(|r| r.starts_with("GET /api/v1/pods?") && !r.contains("watch=true"));
-    eventually("listed and watching", || api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0).await;
+    let lists =
+        || api.requests(|r| r.starts_with("GET /api/v1/pods?") && !r.contains("watch=true"));
+    eventually("listed and watching", || {
+        api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0
+    })
+    .await;
     assert_eq!(lists(), 1);
-    let gone: Vec<(String, String)> = (0..5).map(|i| ("apps".to_string(), format!("p{i}"))).collect();
+    let gone: Vec<(String, String)> =
+        (0..5).map(|i| ("apps".to_string(), format!("p{i}"))).collect();
     tokio::time::sleep(Duration::from_millis(1100)).await; // the ports predate the coming list
     api.delete_pods_unseen(&gone);
     eventually("the gap's deletions found by a new list", || port_pods(&m) == names(5..20)).await;
@@ -181,18 +210,32 @@ async fn a_standby_manager_takes_the_lease_when_the_leader_dies() {
     eventually("one leads", || api.lease_holder("knitter", "knitter-manager").is_some()).await;
     let first = api.lease_holder("knitter", "knitter-manager").unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(api.lease_holder("knitter", "knitter-manager").as_deref(), Some(first.as_str()), "the leader keeps the Lease by renewing it");
+    assert_eq!(
+        api.lease_holder("knitter", "knitter-manager").as_deref(),
+        Some(first.as_str()),
+        "the leader keeps the Lease by renewing it"
+    );
     let watches = api.requests(|r| r.contains("watch=true"));
     assert!(watches <= 2, "only the leader watches: {watches} watches");
     let (dead, standby) = if first == "a" { (a, b) } else { (b, a) };
     dead.task.abort();
     let other = if first == "a" { "b" } else { "a" };
-    eventually("the standby takes the Lease", || api.lease_holder("knitter", "knitter-manager").as_deref() == Some(other)).await;
+    eventually("the standby takes the Lease", || {
+        api.lease_holder("knitter", "knitter-manager").as_deref() == Some(other)
+    })
+    .await;
     api.delete_pod("apps", "p0");
-    eventually("the new leader releases a deleted pod's port", || port_pods(&m) == names(1..4)).await;
+    eventually("the new leader releases a deleted pod's port", || port_pods(&m) == names(1..4))
+        .await;
     // And says so on the pod, in its namespace.
     eventually("an Event on the pod", || {
-        api.events().iter().any(|e| e["regarding"]["kind"] == "Pod" && e["regarding"]["name"] == "p0" && e["regarding"]["uid"] == "uid-p0" && e["reason"] == "PortReleased" && e["metadata"]["namespace"] == "apps")
+        api.events().iter().any(|e| {
+            e["regarding"]["kind"] == "Pod"
+                && e["regarding"]["name"] == "p0"
+                && e["regarding"]["uid"] == "uid-p0"
+                && e["reason"] == "PortReleased"
+                && e["metadata"]["namespace"] == "apps"
+        })
     })
     .await;
     standby.stop().await;
@@ -200,7 +243,11 @@ async fn a_standby_manager_takes_the_lease_when_the_leader_dies() {
 
 /// Samples whether each controller acts (leads) every 2 ms until `done`; the first moment
 /// both did, if any.
-fn watch_for_two_leaders(a: Arc<knitter_manager::manager::cluster::Status>, b: Arc<knitter_manager::manager::cluster::Status>, done: watch::Receiver<bool>) -> tokio::task::JoinHandle<Option<std::time::Instant>> {
+fn watch_for_two_leaders(
+    a: Arc<knitter_manager::manager::cluster::Status>,
+    b: Arc<knitter_manager::manager::cluster::Status>,
+    done: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Option<std::time::Instant>> {
     use std::sync::atomic::Ordering::SeqCst;
     tokio::spawn(async move {
         while !*done.borrow() {
@@ -228,13 +275,17 @@ async fn a_leader_cut_off_from_the_apiserver_stops_acting_before_another_takes_o
     let (done, watching) = watch::channel(false);
     let overlap = watch_for_two_leaders(a.status.clone(), b.status.clone(), watching);
     eventually("one leads", || a.status.leader.load(SeqCst) || b.status.leader.load(SeqCst)).await;
-    let (cut, other, door) = if a.status.leader.load(SeqCst) { (&a, &b, &doors[0]) } else { (&b, &a, &doors[1]) };
+    let (cut, other, door) =
+        if a.status.leader.load(SeqCst) { (&a, &b, &doors[0]) } else { (&b, &a, &doors[1]) };
     // Its connections hang: the Lease's renewals and every other call wait for ever.
     door.stall(true);
     let stalled = std::time::Instant::now();
     eventually("the leader cut off stops acting", || !cut.status.leader.load(SeqCst)).await;
     let stepped_down = stalled.elapsed();
-    assert!(stepped_down < Duration::from_millis(2500), "it stops within its 2 s renew deadline: {stepped_down:?}");
+    assert!(
+        stepped_down < Duration::from_millis(2500),
+        "it stops within its 2 s renew deadline: {stepped_down:?}"
+    );
     eventually("the other takes over", || other.status.leader.load(SeqCst)).await;
     let took_over = stalled.elapsed();
     assert!(took_over >= Duration::from_secs(3), "not before the lease ran out: {took_over:?}");
@@ -257,7 +308,8 @@ async fn a_leader_that_stops_hands_the_lease_over_at_once() {
     let (m, api) = (manager(&dir), ApiServer::start().await);
     let (a, b) = (start(&m, &api, "a"), start(&m, &api, "b"));
     eventually("one leads", || a.status.leader.load(SeqCst) || b.status.leader.load(SeqCst)).await;
-    let ((leader, leader_name), standby) = if a.status.leader.load(SeqCst) { ((a, "a"), b) } else { ((b, "b"), a) };
+    let ((leader, leader_name), standby) =
+        if a.status.leader.load(SeqCst) { ((a, "a"), b) } else { ((b, "b"), a) };
     let (done, watching) = watch::channel(false);
     let overlap = watch_for_two_leaders(leader.status.clone(), standby.status.clone(), watching);
     let stopping = std::time::Instant::now();
@@ -293,7 +345,10 @@ async fn a_list_without_the_nodes_pods_releases_nothing() {
     // Ports made in the second a list starts are left to the next one.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let c = start(&m, &api, "m1");
-    eventually("the pods listed", || c.status.relists.load(SeqCst) >= 1 && c.status.held_ports.load(SeqCst) == 3).await;
+    eventually("the pods listed", || {
+        c.status.relists.load(SeqCst) >= 1 && c.status.held_ports.load(SeqCst) == 3
+    })
+    .await;
     assert_eq!(port_pods(&m), names(0..3), "nothing released on an empty list");
     assert_eq!(c.status.released_ports.load(SeqCst), 0);
     // The node's pods seen again (its DaemonSet pod, by the watch): at the next look at the
@@ -334,12 +389,25 @@ async fn a_deleted_node_gives_back_its_ports_and_leaves_the_flood_lists() {
         pod_with_port(&m, &api, &format!("p{i}"), if i % 2 == 0 { "n1" } else { "n2" });
     }
     let c = start_with(&m, &api, Options { network_status: false, ..options("m1") });
-    eventually("watching nodes", || api.requests(|r| r.starts_with("GET /api/v1/nodes?") && r.contains("watch=true")) > 0).await;
+    eventually("watching nodes", || {
+        api.requests(|r| r.starts_with("GET /api/v1/nodes?") && r.contains("watch=true")) > 0
+    })
+    .await;
     api.delete_node("n1");
-    eventually("n1's ports released", || port_pods(&m) == ["p1", "p3", "p5"].map(String::from).into()).await;
-    eventually("n1 forgotten", || m.list_nodes().unwrap().iter().map(|n| n.name.clone()).collect::<Vec<_>>() == ["n2"]).await;
+    eventually("n1's ports released", || {
+        port_pods(&m) == ["p1", "p3", "p5"].map(String::from).into()
+    })
+    .await;
+    eventually("n1 forgotten", || {
+        m.list_nodes().unwrap().iter().map(|n| n.name.clone()).collect::<Vec<_>>() == ["n2"]
+    })
+    .await;
     c.stop().await;
-    assert_eq!(api.requests(|r| r.starts_with("PATCH")), 0, "network-status off (Multus writes it): no pod patched");
+    assert_eq!(
+        api.requests(|r| r.starts_with("PATCH")),
+        0,
+        "network-status off (Multus writes it): no pod patched"
+    );
 }
 
 /// Standalone mode: each pod's `network-status` lists its interfaces as the manager holds
@@ -356,11 +424,20 @@ async fn standalone_pods_get_a_current_network_status() {
     pod_with_port(&m, &api, "vnf", "n1");
     let mut dp = port("red", "ctr-vnf", "apps/vnf");
     (dp.interface, dp.pod_uid, dp.node) = ("net1".into(), "uid-vnf".into(), "n1".into());
-    dp.device_info = Some(knitter_api::device_info::vhost_user("/run/knitter/vhost/ctr-vnf/net1.sock", false).to_string());
+    dp.device_info = Some(
+        knitter_api::device_info::vhost_user("/run/knitter/vhost/ctr-vnf/net1.sock", false)
+            .to_string(),
+    );
     m.create_port(dp).unwrap();
     let c = start(&m, &api, "m1");
-    let status = || api.pod_annotation("apps", "vnf", NETWORK_STATUS).map(|s| serde_json::from_str::<serde_json::Value>(&s).unwrap());
-    eventually("the pod's network-status written", || status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 2))).await;
+    let status = || {
+        api.pod_annotation("apps", "vnf", NETWORK_STATUS)
+            .map(|s| serde_json::from_str::<serde_json::Value>(&s).unwrap())
+    };
+    eventually("the pod's network-status written", || {
+        status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 2))
+    })
+    .await;
     let s = status().unwrap();
     let ports = m.list_ports(&Filter { pod: "apps/vnf".into(), ..Default::default() }).unwrap();
     let eth1 = ports.iter().find(|p| p.spec.interface == "eth1").unwrap();
@@ -371,13 +448,23 @@ async fn standalone_pods_get_a_current_network_status() {
     assert_eq!(s[0]["mtu"], eth1.mtu);
     assert!(s[0].get("device-info").is_none());
     assert_eq!(s[1]["interface"], "net1");
-    assert_eq!(s[1]["device-info"], serde_json::json!({"type": "vhost-user", "version": "1.1.0", "vhost-user": {"mode": "server", "path": "/run/knitter/vhost/ctr-vnf/net1.sock"}}));
+    assert_eq!(
+        s[1]["device-info"],
+        serde_json::json!({"type": "vhost-user", "version": "1.1.0", "vhost-user": {"mode": "server", "path": "/run/knitter/vhost/ctr-vnf/net1.sock"}})
+    );
     m.delete_port("ctr-vnf", "net1").unwrap();
-    eventually("kept current: one interface left", || status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 1))).await;
+    eventually("kept current: one interface left", || {
+        status().is_some_and(|s| s.as_array().is_some_and(|a| a.len() == 1))
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let patches = api.requests(|r| r.starts_with("PATCH"));
     assert_eq!(patches, 2, "one patch per change, none while nothing changes");
-    assert_eq!(api.requests(|r| r == "PATCH pod apps/plain"), 0, "a pod without ports is left alone");
+    assert_eq!(
+        api.requests(|r| r == "PATCH pod apps/plain"),
+        0,
+        "a pod without ports is left alone"
+    );
     c.stop().await;
 }
 
@@ -403,11 +490,29 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     let kc = kubeconfig.to_str().unwrap().to_string();
     let m = tokio::task::spawn_blocking(move || {
         // Loopback reads without a token, as Prometheus on the manager's host scrapes.
-        common::ManagerProc::start(&mdir, &["--kubernetes", "--kubeconfig", &kc, "--identity", "m1", "--lease-secs", "3", "--lease", "knitter/leader", "--network-resources", "--loopback-reads"])
+        common::ManagerProc::start(
+            &mdir,
+            &[
+                "--kubernetes",
+                "--kubeconfig",
+                &kc,
+                "--identity",
+                "m1",
+                "--lease-secs",
+                "3",
+                "--lease",
+                "knitter/leader",
+                "--network-resources",
+                "--loopback-reads",
+            ],
+        )
     })
     .await
     .unwrap();
-    eventually("the manager takes the Lease", || api.lease_holder("knitter", "leader").as_deref() == Some("m1")).await;
+    eventually("the manager takes the Lease", || {
+        api.lease_holder("knitter", "leader").as_deref() == Some("m1")
+    })
+    .await;
     let ctl = {
         let (grpc, token) = (m.grpc.clone(), dir.path().join("m/token"));
         move |args: &[&str]| {
@@ -417,25 +522,61 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
                 .args(args)
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "knitterctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "knitterctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8_lossy(&out.stdout).to_string()
         }
     };
     ctl(&["manager", "network", "create", "red", "--ipv4", "10.1.0.0/16"]);
-    ctl(&["manager", "port", "create", "--network", "red", "--container", "c0", "--pod", "apps/p0", "--node", "n1"]);
-    eventually("watching pods", || api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0).await;
+    ctl(&[
+        "manager",
+        "port",
+        "create",
+        "--network",
+        "red",
+        "--container",
+        "c0",
+        "--pod",
+        "apps/p0",
+        "--node",
+        "n1",
+    ]);
+    eventually("watching pods", || {
+        api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0
+    })
+    .await;
     api.delete_pod("apps", "p0");
-    let status = || serde_json::from_str::<serde_json::Value>(&ctl(&["-o", "json", "manager", "status"])).unwrap();
+    let status = || {
+        serde_json::from_str::<serde_json::Value>(&ctl(&["-o", "json", "manager", "status"]))
+            .unwrap()
+    };
     eventually("the port released, as the status says", || status()["released_ports"] == 1).await;
     let s = status();
     assert_eq!((s["identity"].as_str(), s["leader"].as_bool()), (Some("m1"), Some(true)), "{s}");
     api.add_namespace("apps", &[("knitter.io/tenant", "admin")]);
-    api.apply_resource(apiserver::Kind::Networks, "oam", "uid-oam", serde_json::json!({"kind": "vlan", "ipv4": {"cidr": "10.2.0.0/16"}}));
-    eventually("the Network resource made, its NAD written", || status()["attachment_definitions"] == 1).await;
+    api.apply_resource(
+        apiserver::Kind::Networks,
+        "oam",
+        "uid-oam",
+        serde_json::json!({"kind": "vlan", "ipv4": {"cidr": "10.2.0.0/16"}}),
+    );
+    eventually("the Network resource made, its NAD written", || {
+        status()["attachment_definitions"] == 1
+    })
+    .await;
     let text = ctl(&["manager", "status"]);
-    assert!(text.contains("Network resources 1 (1 ready); NetworkAttachmentDefinitions 1 (writes 1)"), "{text}");
+    assert!(
+        text.contains("Network resources 1 (1 ready); NetworkAttachmentDefinitions 1 (writes 1)"),
+        "{text}"
+    );
     assert!(ctl(&["manager", "network", "list"]).contains("oam"));
-    assert!(ctl(&["manager", "port", "list"]).lines().count() <= 1, "the port list is empty but for its header");
+    assert!(
+        ctl(&["manager", "port", "list"]).lines().count() <= 1,
+        "the port list is empty but for its header"
+    );
     let get = |path: &str| {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(&m.rest).unwrap();
@@ -445,12 +586,19 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
         body
     };
     let metrics = get("/metrics");
-    assert!(metrics.contains("knitter_manager_kubernetes_leader 1") && metrics.contains("knitter_manager_kubernetes_released_ports_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("knitter_manager_kubernetes_leader 1")
+            && metrics.contains("knitter_manager_kubernetes_released_ports_total 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("knitter_manager_kubernetes_network_resources_ready 1"), "{metrics}");
     assert!(get("/v1/kubernetes").contains("\"leader\":true"));
     // Stopped as a rolling update stops it, it gives the Lease up on the way out.
     let mut m = m;
-    assert!(tokio::task::block_in_place(|| m.terminate(Duration::from_secs(15))), "the manager stops on SIGTERM");
+    assert!(
+        tokio::task::block_in_place(|| m.terminate(Duration::from_secs(15))),
+        "the manager stops on SIGTERM"
+    );
     assert_eq!(api.lease_holder("knitter", "leader").as_deref(), Some(""), "the Lease released");
 }
 
@@ -489,7 +637,13 @@ fn validate(crd: &str, objects: Vec<Value>) {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), serde_json::to_vec(&objects).unwrap()).unwrap();
-    let out = std::process::Command::new("python3").arg(format!("{root}/ci/k8s-validate.py")).arg("objects").arg(format!("{root}/{crd}")).arg(file.path()).output().expect("python3");
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/ci/k8s-validate.py"))
+        .arg("objects")
+        .arg(format!("{root}/{crd}"))
+        .arg(file.path())
+        .output()
+        .expect("python3");
     assert!(
         out.status.success(),
         "{crd}: {}{} (needs `pip install kubernetes-validate==1.37.0`, as ci/setup.sh does)",
@@ -501,13 +655,16 @@ fn validate(crd: &str, objects: Vec<Value>) {
 /// A NAD's `spec.config` read as a runtime reads a conflist: each plugin, with the list's
 /// `cniVersion` and `name`, parsed by the Knitter plugin's own parser.
 fn nad_network(nad: &Value) -> String {
-    let list: Value = serde_json::from_str(nad["spec"]["config"].as_str().expect("spec.config is a string")).expect("spec.config is JSON");
+    let list: Value =
+        serde_json::from_str(nad["spec"]["config"].as_str().expect("spec.config is a string"))
+            .expect("spec.config is JSON");
     let plugins = list["plugins"].as_array().expect("a conflist has plugins");
     assert_eq!(plugins.len(), 1);
     let mut conf = plugins[0].clone();
     conf["cniVersion"] = list["cniVersion"].clone();
     conf["name"] = list["name"].clone();
-    let parsed = knitter_cni::spec::NetConf::parse(conf.to_string().as_bytes()).expect("the plugin's configuration parses");
+    let parsed = knitter_cni::spec::NetConf::parse(conf.to_string().as_bytes())
+        .expect("the plugin's configuration parses");
     assert_eq!(parsed.kind, "knitter-cni");
     parsed.network().to_string()
 }
@@ -528,33 +685,83 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
     api.add_namespace("blue", &[]);
     api.apply_resource(Kind::Networks, "media", "uid-media", json!({"tenant": "red", "kind": "vxlan", "plane": "media", "segment": 7100, "ipv4": {"cidr": "10.71.0.0/24", "gateway": "10.71.0.1", "pools": [{"start": "10.71.0.10", "end": "10.71.0.200"}]}}));
     api.apply_resource(Kind::Networks, "oam", "uid-oam", json!({"kind": "vlan", "plane": "oam", "segment": 300, "shared": true, "ipv4": {"cidr": "10.72.0.0/24"}}));
-    api.apply_resource(Kind::IpGroups, "media-sts", "uid-sts", json!({"network": "media", "size": 3, "graceSeconds": 60}));
+    api.apply_resource(
+        Kind::IpGroups,
+        "media-sts",
+        "uid-sts",
+        json!({"network": "media", "size": 3, "graceSeconds": 60}),
+    );
     let c = start_with(&m, &api, with_resources("m1"));
 
-    eventually("both networks and the group ready", || is_ready(&api, Kind::Networks, "media") && is_ready(&api, Kind::Networks, "oam") && is_ready(&api, Kind::IpGroups, "media-sts")).await;
+    eventually("both networks and the group ready", || {
+        is_ready(&api, Kind::Networks, "media")
+            && is_ready(&api, Kind::Networks, "oam")
+            && is_ready(&api, Kind::IpGroups, "media-sts")
+    })
+    .await;
     let media = m.get_network("media").unwrap();
-    assert_eq!((media.tenant.as_str(), media.segment), ("red", Some(7100)), "the tenant is made on the manager too");
+    assert_eq!(
+        (media.tenant.as_str(), media.segment),
+        ("red", Some(7100)),
+        "the tenant is made on the manager too"
+    );
     let st = api.object(Kind::Networks, "media").unwrap()["status"].clone();
-    assert_eq!((st["segment"].clone(), st["mtu"].clone(), st["observedGeneration"].clone()), (json!(7100), json!(media.mtu), json!(1)));
+    assert_eq!(
+        (st["segment"].clone(), st["mtu"].clone(), st["observedGeneration"].clone()),
+        (json!(7100), json!(media.mtu), json!(1))
+    );
     let group = m.get_group("media", "media-sts").unwrap();
-    assert_eq!(api.object(Kind::IpGroups, "media-sts").unwrap()["status"]["members"], json!(group.members));
+    assert_eq!(
+        api.object(Kind::IpGroups, "media-sts").unwrap()["status"]["members"],
+        json!(group.members)
+    );
     // A namespace merely named "red" is not red's (no label, not listed on the tenant): admin's.
-    eventually("a NAD in each namespace that may use each network", || nads(&api) == set(&["blue/oam", "red-dev/media", "red-dev/oam", "red/oam"])).await;
-    eventually("the status lists them", || api.object(Kind::Networks, "media").unwrap()["status"]["networkAttachmentDefinitions"] == json!(["red-dev/media"])).await;
-    assert_eq!((m.tenant_of_namespace("red-dev").unwrap(), m.tenant_of_namespace("red").unwrap()), ("red".into(), "admin".into()), "the labels are recorded for pods' attachments");
+    eventually("a NAD in each namespace that may use each network", || {
+        nads(&api) == set(&["blue/oam", "red-dev/media", "red-dev/oam", "red/oam"])
+    })
+    .await;
+    eventually("the status lists them", || {
+        api.object(Kind::Networks, "media").unwrap()["status"]["networkAttachmentDefinitions"]
+            == json!(["red-dev/media"])
+    })
+    .await;
+    assert_eq!(
+        (m.tenant_of_namespace("red-dev").unwrap(), m.tenant_of_namespace("red").unwrap()),
+        ("red".into(), "admin".into()),
+        "the labels are recorded for pods' attachments"
+    );
     for (key, nad) in api.objects(Kind::Nads) {
         let net = key.split_once('/').unwrap().1;
         assert_eq!(nad_network(&nad), net, "{key}");
         let owner = &nad["metadata"]["ownerReferences"][0];
-        assert_eq!((owner["kind"].as_str(), owner["uid"].as_str(), owner["controller"].as_bool()), (Some("Network"), Some(format!("uid-{net}").as_str()), Some(true)), "{key}");
+        assert_eq!(
+            (owner["kind"].as_str(), owner["uid"].as_str(), owner["controller"].as_bool()),
+            (Some("Network"), Some(format!("uid-{net}").as_str()), Some(true)),
+            "{key}"
+        );
         assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
     }
-    for (kind, name) in [(Kind::Networks, "media"), (Kind::Networks, "oam"), (Kind::IpGroups, "media-sts")] {
-        eventually("the finalizer on each resource", || api.object(kind, name).is_some_and(|o| o["metadata"]["finalizers"] == json!(["knitter.io/cleanup"]))).await;
+    for (kind, name) in
+        [(Kind::Networks, "media"), (Kind::Networks, "oam"), (Kind::IpGroups, "media-sts")]
+    {
+        eventually("the finalizer on each resource", || {
+            api.object(kind, name)
+                .is_some_and(|o| o["metadata"]["finalizers"] == json!(["knitter.io/cleanup"]))
+        })
+        .await;
     }
-    validate("control/manager/tests/fixtures/multus-nad-crd.yaml", api.objects(Kind::Nads).into_values().collect());
-    validate("deploy/kubernetes/base/crds/networks.knitter.io.yaml", api.objects(Kind::Networks).into_values().collect());
-    validate("deploy/kubernetes/base/crds/ipgroups.knitter.io.yaml", api.objects(Kind::IpGroups).into_values().collect());
+    validate(
+        "control/manager/tests/fixtures/multus-nad-crd.yaml",
+        api.objects(Kind::Nads).into_values().collect(),
+    );
+    validate(
+        "deploy/kubernetes/base/crds/networks.knitter.io.yaml",
+        api.objects(Kind::Networks).into_values().collect(),
+    );
+    validate(
+        "deploy/kubernetes/base/crds/ipgroups.knitter.io.yaml",
+        api.objects(Kind::IpGroups).into_values().collect(),
+    );
 
     let e = m.delete_network("oam").unwrap_err().to_string();
     assert!(e.contains("kubectl delete networks.knitter.io oam"), "{e}");
@@ -562,23 +769,48 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
 
     api.add_namespace("red-dev", &[]); // unlabelled: admin's
     api.add_namespace("red-prod", &[("knitter.io/tenant", "red")]);
-    eventually("NADs follow the namespaces", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/media", "red-prod/oam", "red/oam"])).await;
-    assert_eq!(m.tenant_of_namespace("red-dev").unwrap(), "admin", "unlabelled, it is admin's again");
+    eventually("NADs follow the namespaces", || {
+        nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/media", "red-prod/oam", "red/oam"])
+    })
+    .await;
+    assert_eq!(
+        m.tenant_of_namespace("red-dev").unwrap(),
+        "admin",
+        "unlabelled, it is admin's again"
+    );
     api.delete(Kind::Nads, "red-prod/media");
     eventually("a NAD deleted by hand comes back", || nads(&api).contains("red-prod/media")).await;
 
     api.delete_gracefully(Kind::IpGroups, "media-sts");
-    eventually("the group deleted with its resource", || m.get_group("media", "media-sts").is_err() && api.object(Kind::IpGroups, "media-sts").is_none()).await;
+    eventually("the group deleted with its resource", || {
+        m.get_group("media", "media-sts").is_err()
+            && api.object(Kind::IpGroups, "media-sts").is_none()
+    })
+    .await;
     api.delete_gracefully(Kind::Networks, "media");
-    eventually("the network deleted with its resource", || m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()).await;
-    eventually("its NADs deleted", || nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/oam", "red/oam"])).await;
+    eventually("the network deleted with its resource", || {
+        m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()
+    })
+    .await;
+    eventually("its NADs deleted", || {
+        nads(&api) == set(&["blue/oam", "red-dev/oam", "red-prod/oam", "red/oam"])
+    })
+    .await;
     assert!(m.get_network("red").is_ok(), "a network made over the API is not the cluster's");
     // A namespace being deleted gets no new NAD (the apiserver refuses one there, every
     // pass) and keeps its own until it goes.
     api.terminate_namespace("red-prod");
     api.apply_resource(Kind::Networks, "ops", "uid-ops", json!({"kind": "vlan", "plane": "oam", "segment": 301, "shared": true, "ipv4": {"cidr": "10.73.0.0/24"}}));
-    eventually("the shared network ready, its NADs in the other namespaces", || is_ready(&api, Kind::Networks, "ops") && nads(&api).is_superset(&set(&["blue/ops", "red-dev/ops", "red/ops"]))).await;
-    assert!(!nads(&api).contains("red-prod/ops") && nads(&api).contains("red-prod/oam"), "{:?}", nads(&api));
+    eventually("the shared network ready, its NADs in the other namespaces", || {
+        is_ready(&api, Kind::Networks, "ops")
+            && nads(&api).is_superset(&set(&["blue/ops", "red-dev/ops", "red/ops"]))
+    })
+    .await;
+    assert!(
+        !nads(&api).contains("red-prod/ops") && nads(&api).contains("red-prod/oam"),
+        "{:?}",
+        nads(&api)
+    );
     assert_eq!(api.requests(|r| r == "POST nad red-prod/ops"), 0, "not asked for");
     c.stop().await;
 }
@@ -592,12 +824,31 @@ async fn a_refused_network_resource_says_why() {
     let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
     let taken = m.get_network("red").unwrap().segment.unwrap();
     api.add_namespace("admin", &[]);
-    api.apply_resource(Kind::Networks, "clash", "uid-clash", json!({"kind": "vxlan", "segment": taken, "ipv4": {"cidr": "10.80.0.0/24"}}));
-    api.apply_resource(Kind::Networks, "red", "uid-red", json!({"kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/16"}}));
+    api.apply_resource(
+        Kind::Networks,
+        "clash",
+        "uid-clash",
+        json!({"kind": "vxlan", "segment": taken, "ipv4": {"cidr": "10.80.0.0/24"}}),
+    );
+    api.apply_resource(
+        Kind::Networks,
+        "red",
+        "uid-red",
+        json!({"kind": "vxlan", "ipv4": {"cidr": "10.1.0.0/16"}}),
+    );
     api.apply_resource(Kind::Networks, "odd", "uid-odd", json!({"kind": "gre"}));
-    api.apply_resource(Kind::IpGroups, "orphans", "uid-orphans", json!({"network": "nowhere", "size": 2}));
+    api.apply_resource(
+        Kind::IpGroups,
+        "orphans",
+        "uid-orphans",
+        json!({"network": "nowhere", "size": 2}),
+    );
     let c = start_with(&m, &api, with_resources("m1"));
-    eventually("all four refused", || ["clash", "red", "odd"].iter().all(|n| ready(&api, Kind::Networks, n).is_some()) && ready(&api, Kind::IpGroups, "orphans").is_some()).await;
+    eventually("all four refused", || {
+        ["clash", "red", "odd"].iter().all(|n| ready(&api, Kind::Networks, n).is_some())
+            && ready(&api, Kind::IpGroups, "orphans").is_some()
+    })
+    .await;
     let (status, reason, message) = ready(&api, Kind::Networks, "clash").unwrap();
     assert_eq!((status.as_str(), reason.as_str()), ("False", "Conflict"));
     assert!(message.contains(&taken.to_string()), "{message}");
@@ -608,22 +859,53 @@ async fn a_refused_network_resource_says_why() {
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("gre"), "{message}");
     assert_eq!(ready(&api, Kind::IpGroups, "orphans").unwrap().1, "NotFound");
-    validate("deploy/kubernetes/base/crds/networks.knitter.io.yaml", ["clash", "red"].iter().map(|n| api.object(Kind::Networks, n).unwrap()).collect());
+    validate(
+        "deploy/kubernetes/base/crds/networks.knitter.io.yaml",
+        ["clash", "red"].iter().map(|n| api.object(Kind::Networks, n).unwrap()).collect(),
+    );
     assert!(nads(&api).is_empty(), "no NAD for a refused network: {:?}", nads(&api));
-    assert_eq!(m.get_network("red").unwrap().ipv4.unwrap().cidr, "10.1.0.0/16", "the API's network untouched");
+    assert_eq!(
+        m.get_network("red").unwrap().ipv4.unwrap().cidr,
+        "10.1.0.0/16",
+        "the API's network untouched"
+    );
 
-    api.apply_resource(Kind::Networks, "clash", "uid-clash", json!({"kind": "vxlan", "segment": taken + 1, "ipv4": {"cidr": "10.80.0.0/24"}}));
+    api.apply_resource(
+        Kind::Networks,
+        "clash",
+        "uid-clash",
+        json!({"kind": "vxlan", "segment": taken + 1, "ipv4": {"cidr": "10.80.0.0/24"}}),
+    );
     eventually("fixed, it is made", || is_ready(&api, Kind::Networks, "clash")).await;
-    assert_eq!(api.object(Kind::Networks, "clash").unwrap()["status"]["conditions"][0]["observedGeneration"], 2);
+    assert_eq!(
+        api.object(Kind::Networks, "clash").unwrap()["status"]["conditions"][0]["observedGeneration"],
+        2
+    );
     eventually("and gets its NAD", || nads(&api) == set(&["admin/clash"])).await;
     // Each refusal is an Event on its resource (cluster-scoped: in `default`), and so is
     // being made once fixed, as `kubectl describe network clash` shows them.
     let about = |name: &str, reason: &str| {
-        api.events().into_iter().any(|e| e["regarding"]["kind"] == "Network" && e["regarding"]["name"] == name && e["reason"] == reason && e["metadata"]["namespace"] == "default")
+        api.events().into_iter().any(|e| {
+            e["regarding"]["kind"] == "Network"
+                && e["regarding"]["name"] == name
+                && e["reason"] == reason
+                && e["metadata"]["namespace"] == "default"
+        })
     };
-    eventually("events for the refusals and the fix", || about("clash", "Conflict") && about("odd", "InvalidSpec") && about("clash", "Ready")).await;
-    let e = api.events().into_iter().find(|e| e["regarding"]["name"] == "clash" && e["reason"] == "Conflict").unwrap();
-    assert_eq!((e["type"].as_str(), e["reportingController"].as_str()), (Some("Warning"), Some("knitter-manager")), "{e}");
+    eventually("events for the refusals and the fix", || {
+        about("clash", "Conflict") && about("odd", "InvalidSpec") && about("clash", "Ready")
+    })
+    .await;
+    let e = api
+        .events()
+        .into_iter()
+        .find(|e| e["regarding"]["name"] == "clash" && e["reason"] == "Conflict")
+        .unwrap();
+    assert_eq!(
+        (e["type"].as_str(), e["reportingController"].as_str()),
+        (Some("Warning"), Some("knitter-manager")),
+        "{e}"
+    );
     assert!(e["note"].as_str().unwrap_or_default().contains(&taken.to_string()), "{e}");
     c.stop().await;
 }
@@ -637,12 +919,24 @@ async fn a_deleted_resource_waits_for_its_pods_and_goes_even_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
     api.add_namespace("admin", &[]);
-    for (name, cidr) in [("media", "10.71.0.0/24"), ("oam", "10.72.0.0/24"), ("stale", "10.73.0.0/24")] {
-        api.apply_resource(Kind::Networks, name, &format!("uid-{name}"), json!({"kind": "vxlan", "ipv4": {"cidr": cidr}}));
+    for (name, cidr) in
+        [("media", "10.71.0.0/24"), ("oam", "10.72.0.0/24"), ("stale", "10.73.0.0/24")]
+    {
+        api.apply_resource(
+            Kind::Networks,
+            name,
+            &format!("uid-{name}"),
+            json!({"kind": "vxlan", "ipv4": {"cidr": cidr}}),
+        );
     }
     let c = start_with(&m, &api, with_resources("m1"));
     eventually("all made, finalizers on", || {
-        ["media", "oam", "stale"].iter().all(|n| is_ready(&api, Kind::Networks, n) && api.object(Kind::Networks, n).is_some_and(|o| !o["metadata"]["finalizers"].is_null()))
+        ["media", "oam", "stale"].iter().all(|n| {
+            is_ready(&api, Kind::Networks, n)
+                && api
+                    .object(Kind::Networks, n)
+                    .is_some_and(|o| !o["metadata"]["finalizers"].is_null())
+        })
     })
     .await;
     c.stop().await;
@@ -651,18 +945,35 @@ async fn a_deleted_resource_waits_for_its_pods_and_goes_even_across_restarts() {
     api.delete(Kind::Networks, "stale"); // its finalizer forced off
     let (held, _) = m.create_port(port("media", "ctr-a", "")).unwrap();
     api.delete_gracefully(Kind::Networks, "media");
-    assert!(api.object(Kind::Networks, "oam").is_some(), "the finalizer keeps it while no controller runs");
+    assert!(
+        api.object(Kind::Networks, "oam").is_some(),
+        "the finalizer keeps it while no controller runs"
+    );
     let c = start_with(&m, &api, with_resources("m1"));
-    eventually("oam, unused, deleted at the start", || m.get_network("oam").is_err() && api.object(Kind::Networks, "oam").is_none()).await;
+    eventually("oam, unused, deleted at the start", || {
+        m.get_network("oam").is_err() && api.object(Kind::Networks, "oam").is_none()
+    })
+    .await;
     eventually("stale's network found and deleted", || m.get_network("stale").is_err()).await;
-    eventually("media kept, saying why", || ready(&api, Kind::Networks, "media").is_some_and(|r| r.1 == "InUse")).await;
-    eventually("an InUse Event on it", || api.events().iter().any(|e| e["regarding"]["name"] == "media" && e["reason"] == "InUse" && e["type"] == "Warning")).await;
+    eventually("media kept, saying why", || {
+        ready(&api, Kind::Networks, "media").is_some_and(|r| r.1 == "InUse")
+    })
+    .await;
+    eventually("an InUse Event on it", || {
+        api.events().iter().any(|e| {
+            e["regarding"]["name"] == "media" && e["reason"] == "InUse" && e["type"] == "Warning"
+        })
+    })
+    .await;
     let (_, _, message) = ready(&api, Kind::Networks, "media").unwrap();
     assert!(message.contains("ctr-a"), "{message}");
     assert!(m.get_network("media").is_ok());
     assert!(nads(&api).is_empty(), "no NAD for a network being deleted: {:?}", nads(&api));
     m.delete_port("ctr-a", &held.spec.interface).unwrap();
-    eventually("media deleted once its port went, its resource with it", || m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()).await;
+    eventually("media deleted once its port went, its resource with it", || {
+        m.get_network("media").is_err() && api.object(Kind::Networks, "media").is_none()
+    })
+    .await;
     assert!(m.managed().unwrap().is_empty());
     c.stop().await;
 }
@@ -682,11 +993,16 @@ async fn the_stand_ins_answers_round_trip_through_k8s_openapi() {
 
     fn round_trip<T: DeserializeOwned + Serialize>(text: &str) -> T {
         let raw: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
-        let typed: T = serde_json::from_value(raw.clone()).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let typed: T =
+            serde_json::from_value(raw.clone()).unwrap_or_else(|e| panic!("{e}: {text}"));
         // A bookmark is read, not written back alike: k8s-openapi writes one without the
         // `kind` and `apiVersion` the API server sends (and the stand-in does).
         if raw["type"] != "BOOKMARK" {
-            assert_eq!(serde_json::to_value(&typed).unwrap(), raw, "k8s-openapi writes back what the stand-in sent");
+            assert_eq!(
+                serde_json::to_value(&typed).unwrap(),
+                raw,
+                "k8s-openapi writes back what the stand-in sent"
+            );
         }
         typed
     }
@@ -704,43 +1020,80 @@ async fn the_stand_ins_answers_round_trip_through_k8s_openapi() {
 
     let pods: k8s_openapi::List<Pod> = round_trip(&get("/api/v1/pods".into()).await.unwrap());
     assert_eq!(pods.items.len(), 1);
-    let nodes: k8s_openapi::List<KubeNode> = round_trip(&get("/api/v1/nodes".into()).await.unwrap());
+    let nodes: k8s_openapi::List<KubeNode> =
+        round_trip(&get("/api/v1/nodes".into()).await.unwrap());
     assert_eq!(nodes.items[0].metadata.name.as_deref(), Some("n1"));
-    let ns: k8s_openapi::List<Namespace> = round_trip(&get("/api/v1/namespaces?labelSelector=knitter.io/tenant%3Dred".into()).await.unwrap());
+    let ns: k8s_openapi::List<Namespace> = round_trip(
+        &get("/api/v1/namespaces?labelSelector=knitter.io/tenant%3Dred".into()).await.unwrap(),
+    );
     assert_eq!(ns.items.len(), 1);
     let pod: Pod = round_trip(&get("/api/v1/namespaces/apps/pods/p0".into()).await.unwrap());
     assert_eq!(pod.metadata.uid.as_deref(), Some("uid-p0"));
 
     // Every event since the start, then a bookmark after a quiet second, then the timeout.
-    let text = get("/api/v1/pods?watch=true&resourceVersion=0&allowWatchBookmarks=true&timeoutSeconds=4".into()).await.unwrap();
+    let text =
+        get("/api/v1/pods?watch=true&resourceVersion=0&allowWatchBookmarks=true&timeoutSeconds=4"
+            .into())
+        .await
+        .unwrap();
     let events: Vec<WatchEvent<Pod>> = text.lines().map(round_trip).collect();
-    assert!(matches!(events[..], [WatchEvent::Added(_), WatchEvent::Added(_), WatchEvent::Deleted(_), WatchEvent::Bookmark { .. }, ..]), "{text}");
+    assert!(
+        matches!(
+            events[..],
+            [
+                WatchEvent::Added(_),
+                WatchEvent::Added(_),
+                WatchEvent::Deleted(_),
+                WatchEvent::Bookmark { .. },
+                ..
+            ]
+        ),
+        "{text}"
+    );
 
     let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l", "namespace": "knitter"}, "spec": {"holderIdentity": "m1", "leaseDurationSeconds": 15}});
-    let post = axum::http::Request::post("/apis/coordination.k8s.io/v1/namespaces/knitter/leases").header("content-type", "application/json").body(serde_json::to_vec(&lease).unwrap()).unwrap();
+    let post = axum::http::Request::post("/apis/coordination.k8s.io/v1/namespaces/knitter/leases")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&lease).unwrap())
+        .unwrap();
     let created: Lease = round_trip(&client.request_text(post).await.unwrap());
     assert_eq!(created.spec.and_then(|s| s.holder_identity).as_deref(), Some("m1"));
-    let _: Lease = round_trip(&get("/apis/coordination.k8s.io/v1/namespaces/knitter/leases/l".into()).await.unwrap());
+    let _: Lease = round_trip(
+        &get("/apis/coordination.k8s.io/v1/namespaces/knitter/leases/l".into()).await.unwrap(),
+    );
     match get("/apis/coordination.k8s.io/v1/namespaces/knitter/leases/none".into()).await {
         Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (404, "NotFound")),
         other => panic!("a missing Lease is a 404 Status: {other:?}"),
     }
     // What the shipped RBAC does not grant the manager is refused, as the apiserver would:
     // deleting a pod; a Lease outside the manager's namespace.
-    let delete = axum::http::Request::delete("/api/v1/namespaces/apps/pods/p0").body(vec![]).unwrap();
+    let delete =
+        axum::http::Request::delete("/api/v1/namespaces/apps/pods/p0").body(vec![]).unwrap();
     match client.request_text(delete).await {
         Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden")),
         other => panic!("a pod delete is refused: {other:?}"),
     }
-    assert!(get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l".into()).await.is_err());
-    assert_eq!(api.take_denied(), vec!["delete pods in group \"\" in namespace apps".to_string(), "get leases in group \"coordination.k8s.io\" in namespace kube-system".to_string()]);
+    assert!(
+        get("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/l".into()).await.is_err()
+    );
+    assert_eq!(
+        api.take_denied(),
+        vec![
+            "delete pods in group \"\" in namespace apps".to_string(),
+            "get leases in group \"coordination.k8s.io\" in namespace kube-system".to_string()
+        ]
+    );
 
     // The history compacted: a watch from before it gets the ERROR event with the 410 Status.
     api.delete_pods_unseen(&[("apps".into(), "p0".into())]);
-    let text = get("/api/v1/pods?watch=true&resourceVersion=1&timeoutSeconds=2".into()).await.unwrap();
+    let text =
+        get("/api/v1/pods?watch=true&resourceVersion=1&timeoutSeconds=2".into()).await.unwrap();
     let events: Vec<WatchEvent<Pod>> = text.lines().map(round_trip).collect();
     match &events[..] {
-        [WatchEvent::ErrorStatus(s)] => assert_eq!((s.code, s.reason.as_deref(), s.status.as_deref()), (Some(410), Some("Expired"), Some("Failure"))),
+        [WatchEvent::ErrorStatus(s)] => assert_eq!(
+            (s.code, s.reason.as_deref(), s.status.as_deref()),
+            (Some(410), Some("Expired"), Some("Failure"))
+        ),
         other => panic!("{other:?}"),
     }
 }

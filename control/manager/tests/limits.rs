@@ -34,14 +34,31 @@ async fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
 }
 
 async fn curl(args: &[&str]) -> (bool, String) {
-    let o = tokio::process::Command::new("curl").args(["-sS", "--max-time", "10"]).args(args).output().await.expect("curl (ci/setup.sh installs it)");
-    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    let o = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .await
+        .expect("curl (ci/setup.sh installs it)");
+    (
+        o.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_holding_connections_starves_nobody() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = ["--max-client-connections", "8", "--header-timeout", "2", "--idle-timeout", "2", "--request-timeout", "1"];
+    let limits = [
+        "--max-client-connections",
+        "8",
+        "--header-timeout",
+        "2",
+        "--idle-timeout",
+        "2",
+        "--request-timeout",
+        "1",
+    ];
     let m = ManagerProc::start(&dir.path().join("m"), &limits);
     let (rest, grpc): (SocketAddr, SocketAddr) = (m.rest.parse().unwrap(), m.grpc.parse().unwrap());
 
@@ -59,19 +76,29 @@ async fn a_client_holding_connections_starves_nobody() {
             open[usize::from(*api == "grpc")] += 1;
         }
     }
-    assert!(open[0] <= 8 && open[1] <= 8, "kept open beyond the client's share (REST, gRPC): {open:?}");
+    assert!(
+        open[0] <= 8 && open[1] <= 8,
+        "kept open beyond the client's share (REST, gRPC): {open:?}"
+    );
 
     // Others are served at once, on both APIs.
     let started = Instant::now();
     let (ok, out) = curl(&[&format!("http://{rest}/v1/health")]).await;
     assert!(ok && out.contains("serving"), "{out}");
-    let o = tokio::process::Command::new(common::knitterctl()).args(["--manager", &m.grpc, "manager", "health"]).output().await.unwrap();
+    let o = tokio::process::Command::new(common::knitterctl())
+        .args(["--manager", &m.grpc, "manager", "health"])
+        .output()
+        .await
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(started.elapsed() < Duration::from_secs(2), "answered in {:?}", started.elapsed());
 
     // The client's share is closed by the header and idle timeouts (2 s each here).
     for (api, c) in &mut held {
-        assert!(closed_within(c, Duration::from_secs(5)).await, "a {api} connection was still open after its timeout");
+        assert!(
+            closed_within(c, Duration::from_secs(5)).await,
+            "a {api} connection was still open after its timeout"
+        );
     }
 
     // Bodies: over the limit, and trickled in.
@@ -79,10 +106,25 @@ async fn a_client_holding_connections_starves_nobody() {
     let big = format!("{{\"name\":\"{}\"}}", "x".repeat(2 << 20));
     let path = dir.path().join("big.json");
     std::fs::write(&path, big).unwrap();
-    let (_, out) = curl(&["-o", "/dev/null", "-w", "%{http_code}", "-H", &auth, "-H", "Content-Type: application/json", "--data-binary", &format!("@{}", path.display()), &format!("http://{rest}/v1/tenants")]).await;
+    let (_, out) = curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "-H",
+        &auth,
+        "-H",
+        "Content-Type: application/json",
+        "--data-binary",
+        &format!("@{}", path.display()),
+        &format!("http://{rest}/v1/tenants"),
+    ])
+    .await;
     assert!(out.starts_with("413"), "a 2 MiB body: {out}");
     let mut slow = TcpStream::connect(rest).await.unwrap();
-    let head = format!("POST /v1/tenants HTTP/1.1\r\nHost: x\r\n{auth}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\":");
+    let head = format!(
+        "POST /v1/tenants HTTP/1.1\r\nHost: x\r\n{auth}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\":"
+    );
     slow.write_all(head.as_bytes()).await.unwrap();
     let mut reply = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(6), async {

@@ -45,7 +45,10 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
         move || {
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("metrics-token"), SCRAPER).unwrap();
-            ManagerProc::start(&d, &["--metrics-token-file", &d.join("metrics-token").display().to_string()])
+            ManagerProc::start(
+                &d,
+                &["--metrics-token-file", &d.join("metrics-token").display().to_string()],
+            )
         }
     })
     .await
@@ -61,12 +64,17 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
     let port = r#"{"network": "red", "container": "c1", "interface": "eth1", "pod": "ns/a", "node": "n1"}"#;
     assert_eq!(call("POST", "/v1/ports", Some(port)).await.unwrap().0, 201);
 
-    let mut grpc = pb::manager_client::ManagerClient::connect(format!("http://{}", m.grpc)).await.unwrap();
+    let mut grpc =
+        pb::manager_client::ManagerClient::connect(format!("http://{}", m.grpc)).await.unwrap();
     grpc.list_networks(request(pb::ListRequest::default())).await.unwrap();
     let missing = grpc.get_network(request(pb::Name { name: "nope".into() })).await.unwrap_err();
     assert_eq!(missing.code(), tonic::Code::NotFound);
     let node = pb::Node { name: "n1".into(), vtep: "192.0.2.1".into(), ..Default::default() };
-    let mut stream = grpc.sync(request(pb::SyncRequest { node: Some(node), revision: 0 })).await.unwrap().into_inner();
+    let mut stream = grpc
+        .sync(request(pb::SyncRequest { node: Some(node), revision: 0 }))
+        .await
+        .unwrap()
+        .into_inner();
     stream.message().await.unwrap().expect("a first desired state");
 
     let as_scraper = |method: &'static str, path: &'static str| {
@@ -78,10 +86,19 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
         assert_eq!(status, 200, "{text}");
         text
     };
-    assert_eq!(as_scraper("GET", "/v1/networks").await.unwrap().0, 403, "the metrics token reads /metrics only");
+    assert_eq!(
+        as_scraper("GET", "/v1/networks").await.unwrap().0,
+        403,
+        "the metrics token reads /metrics only"
+    );
     assert_eq!(as_scraper("DELETE", "/v1/networks/red").await.unwrap().0, 403);
-    let refused = grpc.list_networks(request_as(SCRAPER, pb::ListRequest::default())).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "the metrics token reads nothing over gRPC: {refused}");
+    let refused =
+        grpc.list_networks(request_as(SCRAPER, pb::ListRequest::default())).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::PermissionDenied,
+        "the metrics token reads nothing over gRPC: {refused}"
+    );
     // A method nobody defined is one series, whatever it is called.
     for m in ["BREW", "FOO123", "X"] {
         let rest = rest.clone();
@@ -99,12 +116,21 @@ async fn metrics_count_requests_addresses_and_sync_streams() {
         r#"knitter_manager_api_requests_total{api="rest",operation="OTHER /v1/tenants",code="405"} 3"#,
         r#"knitter_manager_network_addresses_used{network="red",family="ipv4"} 1"#,
         "knitter_manager_sync_streams 1",
-        concat!("knitter_build_info{component=\"knitter-manager\",version=\"", env!("CARGO_PKG_VERSION"), "\"} 1"),
+        concat!(
+            "knitter_build_info{component=\"knitter-manager\",version=\"",
+            env!("CARGO_PKG_VERSION"),
+            "\"} 1"
+        ),
         "knitter_manager_address_use_errors 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
     }
-    assert!(text.lines().any(|l| l.starts_with(r#"knitter_manager_network_addresses{network="red",family="ipv4"} "#)), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l
+                .starts_with(r#"knitter_manager_network_addresses{network="red",family="ipv4"} "#)),
+        "{text}"
+    );
 
     // The stream closed by the node: the gauge goes back (address use is read at most every
     // 15 s, so only the stream is looked at again).

@@ -20,7 +20,13 @@ use tonic::transport::Channel;
 type Client = pb::manager_client::ManagerClient<Channel>;
 
 fn client(addr: &str) -> Client {
-    Client::new(Channel::from_shared(format!("http://{addr}")).unwrap().connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(10)).connect_lazy())
+    Client::new(
+        Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(10))
+            .connect_lazy(),
+    )
 }
 
 fn authed<T>(msg: T) -> tonic::Request<T> {
@@ -30,7 +36,14 @@ fn authed<T>(msg: T) -> tonic::Request<T> {
 }
 
 fn spec(container: &str) -> pb::PortSpec {
-    pb::PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: "n1".into(), ..Default::default() }
+    pb::PortSpec {
+        network: "red".into(),
+        container: container.into(),
+        interface: "eth0".into(),
+        pod: format!("ns/{container}"),
+        node: "n1".into(),
+        ..Default::default()
+    }
 }
 
 /// Creates the port through `replicas[first]`, moving to the next replica after each
@@ -51,7 +64,11 @@ async fn create(replicas: &[Client], first: usize, container: &str) -> pb::Port 
 }
 
 /// 50 clients × `per` ports over `replicas`; `at_half` runs once half are made.
-async fn load(replicas: Vec<Client>, per: usize, at_half: impl FnOnce() + Send + 'static) -> Vec<pb::Port> {
+async fn load(
+    replicas: Vec<Client>,
+    per: usize,
+    at_half: impl FnOnce() + Send + 'static,
+) -> Vec<pb::Port> {
     let done = Arc::new(AtomicUsize::new(0));
     let total = 50 * per;
     let replicas = Arc::new(replicas);
@@ -88,10 +105,14 @@ async fn load(replicas: Vec<Client>, per: usize, at_half: impl FnOnce() + Send +
 /// Every port has an address of its own, and the store holds exactly those.
 fn check_invariants(ports: &[pb::Port], store: &dyn Store, expected: usize) {
     assert_eq!(ports.len(), expected);
-    let addrs: Vec<IpAddr> = ports.iter().map(|p| p.addresses.first().expect("an address").address.parse().unwrap()).collect();
+    let addrs: Vec<IpAddr> = ports
+        .iter()
+        .map(|p| p.addresses.first().expect("an address").address.parse().unwrap())
+        .collect();
     let distinct: HashSet<IpAddr> = addrs.iter().copied().collect();
     assert_eq!(distinct.len(), expected, "no address twice");
-    let held: HashSet<IpAddr> = store.allocations("red.v4").unwrap().into_iter().map(|(ip, _)| ip).collect();
+    let held: HashSet<IpAddr> =
+        store.allocations("red.v4").unwrap().into_iter().map(|(ip, _)| ip).collect();
     assert_eq!(held, distinct, "the store holds exactly the ports' addresses");
 }
 
@@ -100,7 +121,11 @@ async fn define_red(c: &Client) {
         name: "red".into(),
         tenant: "admin".into(),
         kind: "vxlan".into(),
-        ipv4: Some(pb::SubnetSpec { cidr: "10.50.0.0/20".into(), gateway: Some("10.50.0.1".into()), pools: vec![] }),
+        ipv4: Some(pb::SubnetSpec {
+            cidr: "10.50.0.0/20".into(),
+            gateway: Some("10.50.0.1".into()),
+            pools: vec![],
+        }),
         ..Default::default()
     };
     c.clone().create_network(authed(red)).await.unwrap();
@@ -110,7 +135,11 @@ async fn define_red(c: &Client) {
 async fn two_replicas_on_etcd_serve_fifty_clients_through_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     // The etcd store client runs its own runtime: build and drop it outside this one's tasks.
-    let Some(etcd) = tokio::task::block_in_place(|| EtcdServer::start(&dir.path().join("etcd"), free_port(), free_port())) else { return };
+    let Some(etcd) = tokio::task::block_in_place(|| {
+        EtcdServer::start(&dir.path().join("etcd"), free_port(), free_port())
+    }) else {
+        return;
+    };
     let args = ["--etcd", etcd.client_url.as_str(), "--etcd-prefix", "/kt"];
     let a = ManagerProc::start(&dir.path().join("a"), &args);
     let b = ManagerProc::start(&dir.path().join("b"), &args);
@@ -126,21 +155,38 @@ async fn two_replicas_on_etcd_serve_fifty_clients_through_a_kill() {
         let mut a = killed.lock().unwrap();
         a.kill();
         std::thread::sleep(Duration::from_secs(1));
-        *a = ManagerProc::start_on(&a_dir, &["--etcd", &url, "--etcd-prefix", "/kt"], &a_rest, &a_grpc);
+        *a = ManagerProc::start_on(
+            &a_dir,
+            &["--etcd", &url, "--etcd-prefix", "/kt"],
+            &a_rest,
+            &a_grpc,
+        );
     })
     .await;
     tokio::task::block_in_place(|| check_invariants(&ports, &etcd.store_at("/kt"), 2000));
 
     // A request whose answer was lost, retried through the other replica: the same port.
     for (i, p) in ports.iter().enumerate().take(50) {
-        let again = replicas[(i + 1) % 2].clone().create_port(authed(spec(&p.container))).await.unwrap().into_inner();
+        let again = replicas[(i + 1) % 2]
+            .clone()
+            .create_port(authed(spec(&p.container)))
+            .await
+            .unwrap()
+            .into_inner();
         assert!(!again.created);
         assert_eq!(again.port.unwrap().addresses, p.addresses);
     }
     // Both replicas list the same ports.
     let listed = |c: &Client| {
         let mut c = c.clone();
-        async move { c.list_ports(authed(pb::ListRequest { network: "red".into(), ..Default::default() })).await.unwrap().into_inner().items.len() }
+        async move {
+            c.list_ports(authed(pb::ListRequest { network: "red".into(), ..Default::default() }))
+                .await
+                .unwrap()
+                .into_inner()
+                .items
+                .len()
+        }
     };
     assert_eq!((listed(&replicas[0]).await, listed(&replicas[1]).await), (2000, 2000));
     drop(b);
@@ -166,7 +212,12 @@ async fn the_embedded_manager_keeps_its_invariants_across_kill_9() {
     // Deletes release: half the ports go, through the restarted manager.
     let mut c = replicas[0].clone();
     for p in ports.iter().step_by(2) {
-        c.delete_port(authed(pb::PortName { container: p.container.clone(), interface: "eth0".into() })).await.unwrap();
+        c.delete_port(authed(pb::PortName {
+            container: p.container.clone(),
+            interface: "eth0".into(),
+        }))
+        .await
+        .unwrap();
     }
     let left = c.list_ports(authed(pb::ListRequest::default())).await.unwrap().into_inner().items;
     m.lock().unwrap().kill();
@@ -180,7 +231,11 @@ async fn the_embedded_manager_keeps_its_invariants_across_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_without_its_etcd_is_alive_but_not_ready() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = tokio::task::block_in_place(|| EtcdServer::start(&dir.path().join("etcd"), free_port(), free_port())) else { return };
+    let Some(etcd) = tokio::task::block_in_place(|| {
+        EtcdServer::start(&dir.path().join("etcd"), free_port(), free_port())
+    }) else {
+        return;
+    };
     let args = ["--etcd", etcd.client_url.as_str(), "--etcd-prefix", "/kt"];
     let m = ManagerProc::start(&dir.path().join("m"), &args);
     let get = |path: &'static str| {

@@ -42,7 +42,8 @@ impl Served {
 
     async fn with_auth(store: Arc<dyn Store>, live: Liveness, auth: Auth) -> Served {
         let config = Config { liveness: live, ..Config::default() };
-        let manager = Arc::new(tokio::task::block_in_place(|| Manager::new(store, config)).unwrap());
+        let manager =
+            Arc::new(tokio::task::block_in_place(|| Manager::new(store, config)).unwrap());
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -72,8 +73,18 @@ impl Served {
         pb::manager_client::ManagerClient::connect(format!("http://{}", self.addr)).await.unwrap()
     }
 
-    async fn sync(&self, node: &str, vtep: &str, token: Option<&str>) -> Result<Streaming<pb::DesiredState>, tonic::Status> {
-        let me = pb::Node { name: node.into(), vtep: vtep.into(), underlay_mtu: Some(1600), ..Default::default() };
+    async fn sync(
+        &self,
+        node: &str,
+        vtep: &str,
+        token: Option<&str>,
+    ) -> Result<Streaming<pb::DesiredState>, tonic::Status> {
+        let me = pb::Node {
+            name: node.into(),
+            vtep: vtep.into(),
+            underlay_mtu: Some(1600),
+            ..Default::default()
+        };
         let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: 0 });
         if let Some(t) = token {
             req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
@@ -95,7 +106,11 @@ async fn open_when_free(path: &Path) -> Embedded {
 }
 
 /// The next state on `s` that satisfies `ok`, within 15 s.
-async fn until(s: &mut Streaming<pb::DesiredState>, what: &str, ok: impl Fn(&pb::DesiredState) -> bool) -> pb::DesiredState {
+async fn until(
+    s: &mut Streaming<pb::DesiredState>,
+    what: &str,
+    ok: impl Fn(&pb::DesiredState) -> bool,
+) -> pb::DesiredState {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -127,7 +142,18 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
 }
 
 fn port(container: &str, node: &str) -> PortSpec {
-    PortSpec { network: "red".into(), container: container.into(), interface: "eth0".into(), pod: format!("ns/{container}"), node: node.into(), ips: vec![], ip_group: None, requested_mac: None, pod_uid: String::new(), device_info: None }
+    PortSpec {
+        network: "red".into(),
+        container: container.into(),
+        interface: "eth0".into(),
+        pod: format!("ns/{container}"),
+        node: node.into(),
+        ips: vec![],
+        ip_group: None,
+        requested_mac: None,
+        pod_uid: String::new(),
+        device_info: None,
+    }
 }
 
 fn as_<T>(msg: T, token: &str) -> tonic::Request<T> {
@@ -143,24 +169,61 @@ fn as_<T>(msg: T, token: &str) -> tonic::Request<T> {
 async fn a_node_token_syncs_only_as_its_own_node() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(Embedded::open(&dir.path().join("store.redb")).unwrap());
-    let s = Served::with_auth(store, Liveness::default(), Auth::new(TOKEN, Some("sync-bootstrap".into()), false)).await;
+    let s = Served::with_auth(
+        store,
+        Liveness::default(),
+        Auth::new(TOKEN, Some("sync-bootstrap".into()), false),
+    )
+    .await;
     let mut c = s.client().await;
-    let t1 = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap().into_inner().token;
-    let again = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap_err();
+    let t1 = c
+        .join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap"))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let again =
+        c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap_err();
     assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
     let as_n2 = s.sync("n2", "192.0.2.2", Some(&t1)).await.unwrap_err();
     assert_eq!(as_n2.code(), tonic::Code::PermissionDenied, "{as_n2:?}");
     let mut own = s.sync("n1", "192.0.2.1", Some(&t1)).await.unwrap();
     until(&mut own, "n1's first state", |_| true).await;
-    let e = c.register_node(as_(pb::Node { name: "n2".into(), vtep: "192.0.2.2".into(), ..Default::default() }, &t1)).await.unwrap_err();
+    let e = c
+        .register_node(as_(
+            pb::Node { name: "n2".into(), vtep: "192.0.2.2".into(), ..Default::default() },
+            &t1,
+        ))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-    let net = pb::Network { name: "evil".into(), tenant: "admin".into(), kind: "vxlan".into(), ..Default::default() };
-    assert_eq!(c.create_network(as_(net, &t1)).await.unwrap_err().code(), tonic::Code::PermissionDenied);
-    assert_eq!(c.delete_node(as_(pb::Name { name: "n1".into() }, &t1)).await.unwrap_err().code(), tonic::Code::PermissionDenied);
+    let net = pb::Network {
+        name: "evil".into(),
+        tenant: "admin".into(),
+        kind: "vxlan".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        c.create_network(as_(net, &t1)).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
+    );
+    assert_eq!(
+        c.delete_node(as_(pb::Name { name: "n1".into() }, &t1)).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
+    );
     drop(own);
     c.delete_node(as_(pb::Name { name: "n1".into() }, TOKEN)).await.unwrap();
-    assert_eq!(c.list_nodes(as_(pb::ListRequest::default(), &t1)).await.unwrap_err().code(), tonic::Code::Unauthenticated, "the deleted node's token");
-    let t1b = c.join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap")).await.unwrap().into_inner().token;
+    assert_eq!(
+        c.list_nodes(as_(pb::ListRequest::default(), &t1)).await.unwrap_err().code(),
+        tonic::Code::Unauthenticated,
+        "the deleted node's token"
+    );
+    let t1b = c
+        .join_node(as_(pb::Name { name: "n1".into() }, "sync-bootstrap"))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
     assert_ne!(t1, t1b);
     s.stop().await;
 }
@@ -176,30 +239,62 @@ async fn node_gateway_networks_give_each_node_a_host_port() {
     let path = dir.path().join("store.redb");
     {
         let m = Manager::new(Arc::new(Embedded::open(&path).unwrap()), Config::default()).unwrap();
-        let ipv4 = Some(SubnetSpec { cidr: "10.42.0.0/24".into(), gateway: Some("10.42.0.1".parse().unwrap()), pools: vec![] });
-        m.create_network(NetworkSpec { node_gateway: true, masquerade: true, ipv4, ..network("red", "") }).unwrap();
+        let ipv4 = Some(SubnetSpec {
+            cidr: "10.42.0.0/24".into(),
+            gateway: Some("10.42.0.1".parse().unwrap()),
+            pools: vec![],
+        });
+        m.create_network(NetworkSpec {
+            node_gateway: true,
+            masquerade: true,
+            ipv4,
+            ..network("red", "")
+        })
+        .unwrap();
         let (a, _) = m.create_port(port("a", "n1")).unwrap();
         assert_eq!(a.addresses[0].address.to_string(), "10.42.0.2", "the pod first");
         m.create_port(port("b", "n2")).unwrap();
         m.create_port(port("c", "n2")).unwrap();
-        let hosts: Vec<_> = m.list_ports(&Default::default()).unwrap().into_iter().filter(|p| knitter_manager::manager::host_port_node(p).is_some()).collect();
+        let hosts: Vec<_> = m
+            .list_ports(&Default::default())
+            .unwrap()
+            .into_iter()
+            .filter(|p| knitter_manager::manager::host_port_node(p).is_some())
+            .collect();
         assert_eq!(hosts.len(), 2, "one per node, not per pod: {hosts:?}");
         let (container, interface) = knitter_api::names::host_port("red", "n1");
-        let e = m.create_port(PortSpec { container: container.clone(), interface: interface.clone(), ..port("x", "n1") }).unwrap_err();
+        let e = m
+            .create_port(PortSpec {
+                container: container.clone(),
+                interface: interface.clone(),
+                ..port("x", "n1")
+            })
+            .unwrap_err();
         assert!(e.to_string().contains("host ports"), "{e}");
-        assert!(m.delete_port(&container, &interface).unwrap_err().to_string().contains("host port"));
+        assert!(
+            m.delete_port(&container, &interface).unwrap_err().to_string().contains("host port")
+        );
         assert_eq!(m.sweep_host_ports().unwrap(), (0, 0), "nothing to mend");
     }
     let served = Served::start(&path, Liveness::default()).await;
     let mut n1 = served.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
     let n2 = served.sync("n2", "192.0.2.2", Some(TOKEN)).await.unwrap();
-    let d = until(&mut n1, "n1's state with n2's endpoints", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 5)).await;
+    let d = until(&mut n1, "n1's state with n2's endpoints", |d| {
+        d.networks.first().is_some_and(|n| n.endpoints.len() == 5)
+    })
+    .await;
     let red = &d.networks[0];
     assert_eq!(red.gateways, ["10.42.0.1"]);
     let host = red.host.as_ref().expect("n1's host port");
-    assert_eq!((host.ifname.as_str(), host.masquerade), (knitter_api::names::host_port("red", "n1").1.as_str(), true));
+    assert_eq!(
+        (host.ifname.as_str(), host.masquerade),
+        (knitter_api::names::host_port("red", "n1").1.as_str(), true)
+    );
     assert_eq!(host.addresses.len(), 1);
-    assert!(host.addresses[0].starts_with("10.42.0.") && host.addresses[0].ends_with("/24"), "{host:?}");
+    assert!(
+        host.addresses[0].starts_with("10.42.0.") && host.addresses[0].ends_with("/24"),
+        "{host:?}"
+    );
     let n2_host = red.endpoints.iter().filter(|e| e.node == "n2").count();
     assert_eq!(n2_host, 3, "n2's two pods and its host port, behind its VTEP");
     drop((n1, n2));
@@ -214,7 +309,11 @@ async fn node_gateway_networks_give_each_node_a_host_port() {
     let (container, interface) = knitter_api::names::host_port("red", "n1");
     let lost = m.get_port(&container, &interface).unwrap();
     m.create_port(port("d", "n1")).unwrap();
-    assert_eq!(m.get_port(&container, &interface).unwrap(), lost, "the node keeps its host port and its address");
+    assert_eq!(
+        m.get_port(&container, &interface).unwrap(),
+        lost,
+        "the node keeps its host port and its address"
+    );
     m.delete_port("a", "eth0").unwrap();
     m.delete_port("d", "eth0").unwrap();
     m.delete_network("red").unwrap().expect("the network goes, and n1's host port with it");
@@ -228,29 +327,52 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     let live = Liveness { lease_secs: 1, grace_secs: 1 };
     {
         let m = Manager::new(Arc::new(Embedded::open(&path).unwrap()), Config::default()).unwrap();
-        let pod_policer = Some(knitter_manager::network::PodPolicer { pps: 2000, ..Default::default() });
+        let pod_policer =
+            Some(knitter_manager::network::PodPolicer { pps: 2000, ..Default::default() });
         m.create_network(NetworkSpec { pod_policer, ..network("red", "10.40.0.0/24") }).unwrap();
-        m.create_network(NetworkSpec { segment: Some(7002), ..network("idle", "10.41.0.0/24") }).unwrap();
+        m.create_network(NetworkSpec { segment: Some(7002), ..network("idle", "10.41.0.0/24") })
+            .unwrap();
         m.create_port(port("a", "n1")).unwrap();
         m.create_port(port("b", "n2")).unwrap();
     }
     let served = Served::start(&path, live).await;
-    assert_eq!(served.sync("n1", "192.0.2.1", None).await.err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+    assert_eq!(
+        served.sync("n1", "192.0.2.1", None).await.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
 
     let mut n1 = served.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
     let mut n2 = served.sync("n2", "192.0.2.2", Some(TOKEN)).await.unwrap();
     let d = until(&mut n1, "n2 in n1's flood list", |d| d.peers == ["192.0.2.2"]).await;
     assert_eq!(d.networks.len(), 1, "only networks with pods on the node: {d:?}");
     let red = &d.networks[0];
-    assert_eq!((red.name.as_str(), red.kind.as_str(), red.segment, red.mtu), ("red", "vxlan", 7001, 1450));
+    assert_eq!(
+        (red.name.as_str(), red.kind.as_str(), red.segment, red.mtu),
+        ("red", "vxlan", 7001, 1450)
+    );
     assert_eq!(red.flood, ["192.0.2.2"]);
-    assert_eq!((red.dscp, red.pcp, red.priority), (Some(34), Some(4), false), "a media network's default marking (AF41, priority 4), no egress priority");
-    assert_eq!(red.pod_policer.as_ref().map(|p| (p.pps, p.bps)), Some((2000, 0)), "the network's per-pod rate");
-    let mut eps: Vec<_> = red.endpoints.iter().map(|e| (e.node.as_str(), e.vtep.as_str(), e.ips.clone(), e.mac.as_str())).collect();
+    assert_eq!(
+        (red.dscp, red.pcp, red.priority),
+        (Some(34), Some(4), false),
+        "a media network's default marking (AF41, priority 4), no egress priority"
+    );
+    assert_eq!(
+        red.pod_policer.as_ref().map(|p| (p.pps, p.bps)),
+        Some((2000, 0)),
+        "the network's per-pod rate"
+    );
+    let mut eps: Vec<_> = red
+        .endpoints
+        .iter()
+        .map(|e| (e.node.as_str(), e.vtep.as_str(), e.ips.clone(), e.mac.as_str()))
+        .collect();
     eps.sort();
     assert_eq!(
         eps,
-        [("n1", "192.0.2.1", vec!["10.40.0.1".to_string()], "0a:58:0a:28:00:01"), ("n2", "192.0.2.2", vec!["10.40.0.2".to_string()], "0a:58:0a:28:00:02")]
+        [
+            ("n1", "192.0.2.1", vec!["10.40.0.1".to_string()], "0a:58:0a:28:00:01"),
+            ("n2", "192.0.2.2", vec!["10.40.0.2".to_string()], "0a:58:0a:28:00:02")
+        ]
     );
     until(&mut n2, "n1 in n2's flood list", |d| d.peers == ["192.0.2.1"]).await;
 
@@ -258,7 +380,11 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
     drop(n2);
     let quiet = Instant::now();
     let d = until(&mut n1, "n2 out of n1's flood list", |d| d.peers.is_empty()).await;
-    assert!(quiet.elapsed() >= Duration::from_secs(2) - Duration::from_millis(300), "left after {:?}", quiet.elapsed());
+    assert!(
+        quiet.elapsed() >= Duration::from_secs(2) - Duration::from_millis(300),
+        "left after {:?}",
+        quiet.elapsed()
+    );
     assert!(d.networks[0].flood.is_empty() && d.networks[0].endpoints.len() == 1, "{d:?}");
     let mut req = tonic::Request::new(pb::ListRequest::default());
     req.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
@@ -279,10 +405,17 @@ async fn nodes_get_their_planes_peers_leave_after_the_grace_and_a_restart_resume
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serial_two_replicas_on_etcd_stream_each_others_changes_through_a_compaction() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(etcd) = tokio::task::block_in_place(|| common::EtcdServer::start(&dir.path().join("etcd"), common::free_port(), common::free_port())) else {
+    let Some(etcd) = tokio::task::block_in_place(|| {
+        common::EtcdServer::start(
+            &dir.path().join("etcd"),
+            common::free_port(),
+            common::free_port(),
+        )
+    }) else {
         return;
     };
-    let store = |p: &str| -> Arc<dyn Store> { Arc::new(tokio::task::block_in_place(|| etcd.store_at(p))) };
+    let store =
+        |p: &str| -> Arc<dyn Store> { Arc::new(tokio::task::block_in_place(|| etcd.store_at(p))) };
     let live = Liveness { lease_secs: 5, grace_secs: 5 };
     let a = Served::on(store("/sync"), live).await;
     let b = Served::on(store("/sync"), live).await;
@@ -303,7 +436,13 @@ async fn serial_two_replicas_on_etcd_stream_each_others_changes_through_a_compac
     });
     req.metadata_mut().insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
     ca.create_network(req).await.unwrap();
-    let port = |c: &str, node: &str| pb::PortSpec { network: "red".into(), container: c.into(), interface: "eth0".into(), node: node.into(), ..Default::default() };
+    let port = |c: &str, node: &str| pb::PortSpec {
+        network: "red".into(),
+        container: c.into(),
+        interface: "eth0".into(),
+        node: node.into(),
+        ..Default::default()
+    };
     created(&mut ca, port("a", "n1")).await;
     created(&mut ca, port("b", "n2")).await;
 
@@ -318,14 +457,20 @@ async fn serial_two_replicas_on_etcd_stream_each_others_changes_through_a_compac
     let compacted = tokio::task::block_in_place(|| etcd.store_at("/sync").compact()).unwrap();
     assert!(compacted > 0);
     created(&mut ca, port("c", "n1")).await;
-    let d = until(&mut n2, "the new port on n2's stream (replica b)", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 3)).await;
+    let d = until(&mut n2, "the new port on n2's stream (replica b)", |d| {
+        d.networks.first().is_some_and(|n| n.endpoints.len() == 3)
+    })
+    .await;
     assert_eq!(d.networks[0].flood, ["192.0.2.1"]);
 
     // Replica a goes; n1 reconnects to b and gets its whole state.
     drop(n1);
     a.stop().await;
     let mut n1 = b.sync("n1", "192.0.2.1", Some(TOKEN)).await.unwrap();
-    let d = until(&mut n1, "n1's state from replica b", |d| d.networks.first().is_some_and(|n| n.endpoints.len() == 3)).await;
+    let d = until(&mut n1, "n1's state from replica b", |d| {
+        d.networks.first().is_some_and(|n| n.endpoints.len() == 3)
+    })
+    .await;
     assert_eq!(d.peers, ["192.0.2.2"]);
     drop((n1, n2));
     b.stop().await;

@@ -16,7 +16,18 @@ static EAL: OnceLock<Result<(), DpdkError>> = OnceLock::new();
 /// devices in `pci` (`-a` each; none: `--no-pci`, so the EAL never touches a NIC the host
 /// uses).
 pub fn default_args(prefix: &str, pci: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = ["knitter", "-l", "0", "--no-telemetry", "--file-prefix", prefix, "--log-level", "lib.eal:warning"].map(String::from).into();
+    let mut a: Vec<String> = [
+        "knitter",
+        "-l",
+        "0",
+        "--no-telemetry",
+        "--file-prefix",
+        prefix,
+        "--log-level",
+        "lib.eal:warning",
+    ]
+    .map(String::from)
+    .into();
     if pci.is_empty() {
         a.push("--no-pci".into());
     }
@@ -44,7 +55,11 @@ pub fn initialised() -> bool {
 
 fn init_once(args: &[String]) -> Result<(), DpdkError> {
     let err = |reason: String| DpdkError::Eal { args: args.join(" "), reason };
-    let c: Vec<CString> = args.iter().map(|a| CString::new(a.as_str())).collect::<Result<_, _>>().map_err(|e| err(e.to_string()))?;
+    let c: Vec<CString> = args
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(e.to_string()))?;
     let mut argv: Vec<*mut libc::c_char> = c.iter().map(|a| a.as_ptr().cast_mut()).collect();
     argv.push(std::ptr::null_mut());
     let cpus = affinity();
@@ -80,7 +95,8 @@ fn affinity() -> Option<libc::cpu_set_t> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then_some(set)
     }
 }
 

@@ -26,7 +26,11 @@ pub use unavailable::{DpdkPort, eal};
 pub fn free_huge_pages() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0))))
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                l.strip_prefix("HugePages_Free:").map(|v| v.trim().parse().unwrap_or(0))
+            })
+        })
         .unwrap_or(0)
 }
 
@@ -66,7 +70,9 @@ pub struct DeviceStats {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DpdkError {
-    #[error("this knitter was built without DPDK (install libdpdk-dev and libclang-dev, then rebuild)")]
+    #[error(
+        "this knitter was built without DPDK (install libdpdk-dev and libclang-dev, then rebuild)"
+    )]
     NotBuilt,
     #[error("EAL initialisation failed ({args}): {reason}")]
     Eal { args: String, reason: String },

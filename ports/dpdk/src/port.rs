@@ -12,8 +12,8 @@
 //! outnumber tx queues. mbuf data is read through `shim_mbuf_data` for
 //! `shim_mbuf_data_len` bytes, which DPDK guarantees inside the mbuf's data room.
 
-use crate::{DpdkError, PortOptions};
 use crate::eal::{self, errno_text, ret_text};
+use crate::{DpdkError, PortOptions};
 use std::ffi::CString;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -108,7 +108,12 @@ impl DpdkPort {
         }
     }
 
-    fn configure(name: &str, dev: &str, port_id: u16, opts: &PortOptions) -> Result<DpdkPort, DpdkError> {
+    fn configure(
+        name: &str,
+        dev: &str,
+        port_id: u16,
+        opts: &PortOptions,
+    ) -> Result<DpdkPort, DpdkError> {
         let fail = |what: &'static str, r: libc::c_int| dev_err(what, dev, ret_text(r));
         let mut info = dpdk_sys::rte_eth_dev_info::default();
         // SAFETY: out pointer to a default-initialised struct.
@@ -124,7 +129,9 @@ impl DpdkPort {
         }
         // Jumbo frames: as large an MTU as the device and the switch take, received into
         // chained mbufs and sent from them where the device can.
-        let max_mtu = (vswitch::buf::MAX_FRAME as u32 - FRAME_OVERHEAD).min(info.max_mtu as u32).min(info.max_rx_pktlen.saturating_sub(FRAME_OVERHEAD));
+        let max_mtu = (vswitch::buf::MAX_FRAME as u32 - FRAME_OVERHEAD)
+            .min(info.max_mtu as u32)
+            .min(info.max_rx_pktlen.saturating_sub(FRAME_OVERHEAD));
         if max_mtu > 1500 {
             conf.rxmode.mtu = max_mtu;
         }
@@ -142,9 +149,19 @@ impl DpdkPort {
         }
         // SAFETY: plain query.
         let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(port_id) };
-        let pool_name = CString::new(format!("knitter_p{port_id}")).map_err(|_| DpdkError::Devargs(dev.into()))?;
+        let pool_name = CString::new(format!("knitter_p{port_id}"))
+            .map_err(|_| DpdkError::Devargs(dev.into()))?;
         // SAFETY: valid name; sizes within range (the data room fits a u16).
-        let mp = unsafe { dpdk_sys::rte_pktmbuf_pool_create(pool_name.as_ptr(), opts.mbufs, 256, 0, dpdk_sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16, socket) };
+        let mp = unsafe {
+            dpdk_sys::rte_pktmbuf_pool_create(
+                pool_name.as_ptr(),
+                opts.mbufs,
+                256,
+                0,
+                dpdk_sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+                socket,
+            )
+        };
         if mp.is_null() {
             return Err(dev_err("mempool for", dev, errno_text()));
         }
@@ -160,12 +177,21 @@ impl DpdkPort {
             up: Box::new(AtomicBool::new(false)),
             lsc,
             mac: None,
-            max_frame: ((conf.rxmode.mtu.max(1500) + FRAME_OVERHEAD) as usize).min(info.max_rx_pktlen as usize).clamp(64, vswitch::buf::MAX_FRAME),
+            max_frame: ((conf.rxmode.mtu.max(1500) + FRAME_OVERHEAD) as usize)
+                .min(info.max_rx_pktlen as usize)
+                .clamp(64, vswitch::buf::MAX_FRAME),
         };
         if lsc {
             // SAFETY: the callback gets the address of `up`, boxed in the port and alive
             // until the callback is unregistered in `drop`, before the box goes.
-            let r = unsafe { dpdk_sys::rte_eth_dev_callback_register(port_id, dpdk_sys::RTE_ETH_EVENT_INTR_LSC, Some(link_changed), port.up_ptr()) };
+            let r = unsafe {
+                dpdk_sys::rte_eth_dev_callback_register(
+                    port_id,
+                    dpdk_sys::RTE_ETH_EVENT_INTR_LSC,
+                    Some(link_changed),
+                    port.up_ptr(),
+                )
+            };
             if r != 0 {
                 port.lsc = false;
             }
@@ -174,12 +200,29 @@ impl DpdkPort {
         for q in 0..queues {
             // SAFETY: our port, a queue below the configured count, our mempool; null confs
             // take the driver's defaults.
-            let r = unsafe { dpdk_sys::rte_eth_rx_queue_setup(port_id, q, opts.descriptors, socket, std::ptr::null(), mp) };
+            let r = unsafe {
+                dpdk_sys::rte_eth_rx_queue_setup(
+                    port_id,
+                    q,
+                    opts.descriptors,
+                    socket,
+                    std::ptr::null(),
+                    mp,
+                )
+            };
             if r != 0 {
                 return Err(fail("rx queue setup of", r));
             }
             // SAFETY: as above.
-            let r = unsafe { dpdk_sys::rte_eth_tx_queue_setup(port_id, q, opts.descriptors, socket, std::ptr::null()) };
+            let r = unsafe {
+                dpdk_sys::rte_eth_tx_queue_setup(
+                    port_id,
+                    q,
+                    opts.descriptors,
+                    socket,
+                    std::ptr::null(),
+                )
+            };
             if r != 0 {
                 return Err(fail("tx queue setup of", r));
             }
@@ -221,16 +264,18 @@ impl DpdkPort {
     pub fn device_stats(&self) -> Option<crate::DeviceStats> {
         let mut s = dpdk_sys::rte_eth_stats::default();
         // SAFETY: out pointer.
-        (unsafe { dpdk_sys::rte_eth_stats_get(self.port_id, &mut s) } == 0).then_some(crate::DeviceStats {
-            ipackets: s.ipackets,
-            opackets: s.opackets,
-            ibytes: s.ibytes,
-            obytes: s.obytes,
-            imissed: s.imissed,
-            ierrors: s.ierrors,
-            oerrors: s.oerrors,
-            rx_nombuf: s.rx_nombuf,
-        })
+        (unsafe { dpdk_sys::rte_eth_stats_get(self.port_id, &mut s) } == 0).then_some(
+            crate::DeviceStats {
+                ipackets: s.ipackets,
+                opackets: s.opackets,
+                ibytes: s.ibytes,
+                obytes: s.obytes,
+                imissed: s.imissed,
+                ierrors: s.ierrors,
+                oerrors: s.oerrors,
+                rx_nombuf: s.rx_nombuf,
+            },
+        )
     }
 
     /// Copies a received mbuf chain into a switch buffer (the caller frees the chain).
@@ -240,19 +285,33 @@ impl DpdkPort {
         while !seg.is_null() && k < MAX_SEGS {
             // SAFETY: `seg` is a segment of a chain the rx burst gave us; its data is
             // `data_len` bytes inside its data room, valid until the chain is freed below.
-            parts[k] = unsafe { std::slice::from_raw_parts(dpdk_sys::shim_mbuf_data(seg), dpdk_sys::shim_mbuf_data_len(seg) as usize) };
+            parts[k] = unsafe {
+                std::slice::from_raw_parts(
+                    dpdk_sys::shim_mbuf_data(seg),
+                    dpdk_sys::shim_mbuf_data_len(seg) as usize,
+                )
+            };
             total += parts[k].len();
             k += 1;
             // SAFETY: as above.
             seg = unsafe { dpdk_sys::shim_mbuf_next(seg) };
         }
-        if seg.is_null() && total <= self.max_frame.max(vswitch::buf::MAX_FRAME) { cache.alloc_gather(&parts[..k]) } else { None }
+        if seg.is_null() && total <= self.max_frame.max(vswitch::buf::MAX_FRAME) {
+            cache.alloc_gather(&parts[..k])
+        } else {
+            None
+        }
     }
 
     /// Copies a switch packet into `head` (a fresh mbuf of the port's mempool), chaining more
     /// mbufs as it needs; false when the mempool runs dry (`head` is then the caller's to
     /// free, with whatever was chained to it).
-    fn transmit_copy(&self, pool: &vswitch::Pool, b: &vswitch::BufId, head: *mut dpdk_sys::rte_mbuf) -> bool {
+    fn transmit_copy(
+        &self,
+        pool: &vswitch::Pool,
+        b: &vswitch::BufId,
+        head: *mut dpdk_sys::rte_mbuf,
+    ) -> bool {
         let mut last = head;
         for mut piece in pool.segments(b) {
             while !piece.is_empty() {
@@ -290,7 +349,12 @@ impl DpdkPort {
 }
 
 /// The link-state callback (the EAL's interrupt thread): reads the link and stores it.
-unsafe extern "C" fn link_changed(port_id: u16, _event: dpdk_sys::rte_eth_event_type, arg: *mut libc::c_void, _ret: *mut libc::c_void) -> libc::c_int {
+unsafe extern "C" fn link_changed(
+    port_id: u16,
+    _event: dpdk_sys::rte_eth_event_type,
+    arg: *mut libc::c_void,
+    _ret: *mut libc::c_void,
+) -> libc::c_int {
     let mut link = dpdk_sys::rte_eth_link::default();
     // SAFETY: out pointer; the nowait variant does not block.
     let ok = unsafe { dpdk_sys::rte_eth_link_get_nowait(port_id, &mut link) } == 0;
@@ -303,7 +367,11 @@ unsafe extern "C" fn link_changed(port_id: u16, _event: dpdk_sys::rte_eth_event_
 
 /// Removes a probed device from its bus (vdevs, so the name can be probed again).
 fn remove_device(dev: &str) {
-    let (Ok(bus), Ok(name)) = (CString::new(if dev.contains(':') { "pci" } else { "vdev" }), CString::new(dev)) else { return };
+    let (Ok(bus), Ok(name)) =
+        (CString::new(if dev.contains(':') { "pci" } else { "vdev" }), CString::new(dev))
+    else {
+        return;
+    };
     // SAFETY: valid strings.
     unsafe { dpdk_sys::rte_eal_hotplug_remove(bus.as_ptr(), name.as_ptr()) };
 }
@@ -313,7 +381,15 @@ impl Drop for DpdkPort {
         if self.lsc {
             // SAFETY: unregisters the callback registered with this argument. The EAL
             // refuses (-EAGAIN) while it runs: retried until it is out, so `up` outlives it.
-            while unsafe { dpdk_sys::rte_eth_dev_callback_unregister(self.port_id, dpdk_sys::RTE_ETH_EVENT_INTR_LSC, Some(link_changed), self.up_ptr()) } == -libc::EAGAIN {
+            while unsafe {
+                dpdk_sys::rte_eth_dev_callback_unregister(
+                    self.port_id,
+                    dpdk_sys::RTE_ETH_EVENT_INTR_LSC,
+                    Some(link_changed),
+                    self.up_ptr(),
+                )
+            } == -libc::EAGAIN
+            {
                 std::thread::yield_now();
             }
         }
@@ -353,16 +429,28 @@ impl Port for DpdkPort {
         let room = batch.room().min(BATCH) as u16;
         // SAFETY: our port and queue (polled by this thread alone: `rx_locks`), room for
         // `room` pointers.
-        let n = unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
+        let n =
+            unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
         let c = &self.counters[q as usize];
-        let (mut data, mut lens, mut segs) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH], [0u16; BATCH]);
+        let (mut data, mut lens, mut segs) =
+            ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH], [0u16; BATCH]);
         if n > 0 {
             // SAFETY: the burst's `n` mbufs; the out arrays hold BATCH >= n entries.
-            unsafe { dpdk_sys::shim_rx_views(mbufs.as_ptr(), n as u16, data.as_mut_ptr(), lens.as_mut_ptr(), segs.as_mut_ptr()) };
+            unsafe {
+                dpdk_sys::shim_rx_views(
+                    mbufs.as_ptr(),
+                    n as u16,
+                    data.as_mut_ptr(),
+                    lens.as_mut_ptr(),
+                    segs.as_mut_ptr(),
+                )
+            };
         }
         let mut got = 0;
         for (i, &m) in mbufs[..n].iter().enumerate() {
-            let b = if segs[i] == 1 && lens[i] as usize <= self.max_frame.max(vswitch::buf::MAX_FRAME) {
+            let b = if segs[i] == 1
+                && lens[i] as usize <= self.max_frame.max(vswitch::buf::MAX_FRAME)
+            {
                 // SAFETY: the only segment's data, `lens[i]` bytes inside its data room, valid
                 // until the burst's mbufs are freed below.
                 cache.alloc_frame(unsafe { std::slice::from_raw_parts(data[i], lens[i] as usize) })
@@ -401,7 +489,10 @@ impl Port for DpdkPort {
         // One allocation for the burst (all or none: then as many as the mempool has, one
         // by one).
         // SAFETY: room for `want` pointers; the mbufs are ours until sent or freed.
-        let bulk = want > 0 && unsafe { dpdk_sys::shim_pktmbuf_alloc_bulk(self.mp, mbufs.as_mut_ptr(), want as u32) } == 0;
+        let bulk = want > 0
+            && unsafe {
+                dpdk_sys::shim_pktmbuf_alloc_bulk(self.mp, mbufs.as_mut_ptr(), want as u32)
+            } == 0;
         let mut have = if bulk { want } else { 0 };
         while have < want && !bulk {
             // SAFETY: allocation from our mempool.
@@ -426,15 +517,22 @@ impl Port for DpdkPort {
             }
             // SAFETY: `have` fresh mbufs of ours and as many frames, each `lens[i]` bytes at
             // `data[i]` in the pool (borrowed for this call).
-            k = unsafe { dpdk_sys::shim_tx_fill(mbufs.as_ptr(), have as u16, data.as_ptr(), lens.as_ptr()) } as usize;
+            k = unsafe {
+                dpdk_sys::shim_tx_fill(mbufs.as_ptr(), have as u16, data.as_ptr(), lens.as_ptr())
+            } as usize;
         }
-        k += frames[k..].iter().zip(&mbufs[k..have]).take_while(|(b, m)| self.transmit_copy(pool, b, **m)).count();
+        k += frames[k..]
+            .iter()
+            .zip(&mbufs[k..have])
+            .take_while(|(b, m)| self.transmit_copy(pool, b, **m))
+            .count();
         for &m in &mbufs[k..have] {
             // SAFETY: allocated above and not sent: freed once (with anything chained).
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };
         }
         // SAFETY: our port and queue (held by the lock), `k` valid mbuf chains.
-        let sent = unsafe { dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), k as u16) } as usize;
+        let sent = unsafe { dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), k as u16) }
+            as usize;
         for &m in &mbufs[sent..k] {
             // SAFETY: chains the device did not take are still ours; freed once.
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };

@@ -23,7 +23,11 @@ pub mod eal {
 pub enum DpdkPort {}
 
 impl DpdkPort {
-    pub fn open(_name: &str, _devargs: &str, _opts: &PortOptions) -> Result<Arc<DpdkPort>, DpdkError> {
+    pub fn open(
+        _name: &str,
+        _devargs: &str,
+        _opts: &PortOptions,
+    ) -> Result<Arc<DpdkPort>, DpdkError> {
         Err(DpdkError::NotBuilt)
     }
 

@@ -22,9 +22,16 @@ fn main() {
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect::<Vec<_>>())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
     else {
-        println!("cargo:warning=DPDK (libdpdk-dev) not found by pkg-config: knitter-dpdk-sys builds without it");
+        println!(
+            "cargo:warning=DPDK (libdpdk-dev) not found by pkg-config: knitter-dpdk-sys builds without it"
+        );
         return;
     };
     if let Err(e) = pkg_config::Config::new().probe("libdpdk") {

@@ -14,7 +14,10 @@ use vswitch::testkit::{Harness, frames, mac, one_bridge, pcap};
 fn eal() -> bool {
     if !dpdk::AVAILABLE {
         eprintln!("skipped: built without DPDK (libdpdk-dev, libclang-dev)");
-        assert!(std::env::var_os("CI").is_none(), "CI installs DPDK: the dpdk port must be tested there");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI installs DPDK: the dpdk port must be tested there"
+        );
         return false;
     }
     let prefix = format!("knitter-test-{}", std::process::id());
@@ -31,10 +34,17 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     std::fs::create_dir_all(&dir).unwrap();
     let (rx, tx) = (dir.join("in.pcap"), dir.join("out.pcap"));
     let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
-    let inbound: Vec<Vec<u8>> = [60usize, 200, 1514].iter().enumerate().map(|(i, &size)| frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1000 + i as u16, 2000, size)).collect();
+    let inbound: Vec<Vec<u8>> = [60usize, 200, 1514]
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1000 + i as u16, 2000, size)
+        })
+        .collect();
     pcap::write(&rx, &inbound).unwrap();
     let devargs = format!("net_pcap_bx,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
-    let port = dpdk::DpdkPort::open("d", &devargs, &dpdk::PortOptions::default()).expect("net_pcap opens");
+    let port =
+        dpdk::DpdkPort::open("d", &devargs, &dpdk::PortOptions::default()).expect("net_pcap opens");
     port.refresh_link();
     assert!(port.link_up(), "a started net_pcap device reports its link up");
     let mut h = Harness::new();
@@ -43,7 +53,10 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     h.step();
     assert_eq!(h.recv("r"), inbound, "frames from the pcap reach the ring port unchanged");
     // Back: to the MAC learnt on the dpdk port.
-    let outbound: Vec<Vec<u8>> = [64usize, 1000, 1514].iter().map(|&size| frames::udp4(mac(0x11), mac(0x22), ip(2), ip(1), 2000, 1000, size)).collect();
+    let outbound: Vec<Vec<u8>> = [64usize, 1000, 1514]
+        .iter()
+        .map(|&size| frames::udp4(mac(0x11), mac(0x22), ip(2), ip(1), 2000, 1000, size))
+        .collect();
     for f in &outbound {
         h.send("r", f);
     }
@@ -74,7 +87,12 @@ fn jumbo_frames_cross_in_chains() {
     let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
     let inbound = vec![frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1, 2, 9000)];
     pcap::write(&rx, &inbound).unwrap();
-    let port = dpdk::DpdkPort::open("d", &format!("net_pcap_jx,rx_pcap={},tx_pcap={}", rx.display(), tx.display()), &dpdk::PortOptions::default()).unwrap();
+    let port = dpdk::DpdkPort::open(
+        "d",
+        &format!("net_pcap_jx,rx_pcap={},tx_pcap={}", rx.display(), tx.display()),
+        &dpdk::PortOptions::default(),
+    )
+    .unwrap();
     assert!(port.max_frame() >= 9018, "{}", port.max_frame());
     let mut h = Harness::new();
     h.ring("r").register("d", port.clone());
@@ -116,7 +134,10 @@ fn several_queues_are_configured_and_counted() {
         assert!(batch.is_empty());
     }
     let st = port.queue_stats();
-    assert_eq!(st.iter().map(|s| (s.rx_packets, s.tx_packets)).collect::<Vec<_>>(), vec![(32, 32), (32, 32)]);
+    assert_eq!(
+        st.iter().map(|s| (s.rx_packets, s.tx_packets)).collect::<Vec<_>>(),
+        vec![(32, 32), (32, 32)]
+    );
     drop(cache);
     assert_eq!(pool.free_count(), free, "every buffer back");
 }
@@ -126,14 +147,21 @@ fn bad_devices_are_refused_with_dpdks_reason() {
     if !eal() {
         return;
     }
-    let e = dpdk::DpdkPort::open("x", "net_nonesuch0", &dpdk::PortOptions::default()).err().expect("refused").to_string();
+    let e = dpdk::DpdkPort::open("x", "net_nonesuch0", &dpdk::PortOptions::default())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(e.contains("net_nonesuch0"), "{e}");
-    let e = dpdk::DpdkPort::open("x", "", &dpdk::PortOptions::default()).err().expect("refused").to_string();
+    let e = dpdk::DpdkPort::open("x", "", &dpdk::PortOptions::default())
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(e.contains("devargs"), "{e}");
     // The name is free again after a failed or closed open.
     let p = dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default()).unwrap();
     drop(p);
-    dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default()).expect("probed again after close");
+    dpdk::DpdkPort::open("n", "net_null_again", &dpdk::PortOptions::default())
+        .expect("probed again after close");
 }
 
 /// Two pods (network namespaces) on DPDK TAP devices, each made inside its pod's namespace,
@@ -148,7 +176,16 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     let (pa, pb) = (Netns::new("dta").unwrap(), Netns::new("dtb").unwrap());
     let tag = std::process::id() % 100_000;
     let open = |ns: &Netns, vdev: &str, iface: &str, addr: &str| {
-        let port = ns.enter(|| dpdk::DpdkPort::open(vdev, &format!("{vdev},iface={iface}"), &dpdk::PortOptions::default())).unwrap().expect("net_tap opens");
+        let port = ns
+            .enter(|| {
+                dpdk::DpdkPort::open(
+                    vdev,
+                    &format!("{vdev},iface={iface}"),
+                    &dpdk::PortOptions::default(),
+                )
+            })
+            .unwrap()
+            .expect("net_tap opens");
         ns.run(&["ip", "addr", "add", addr, "dev", iface]).unwrap();
         ns.run(&["ip", "link", "set", iface, "up"]).unwrap();
         port.refresh_link();
@@ -161,7 +198,11 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     switch.register_port("a", a.clone()).unwrap();
     switch.register_port("b", b.clone()).unwrap();
     switch.apply(one_bridge(&["a", "b"])).unwrap();
-    let pmd = vswitch::PmdSet::start(switch.clone(), &vswitch::PmdConfig { threads: 1, cores: vec![], idle: vswitch::IdlePolicy::default() }).unwrap();
+    let pmd = vswitch::PmdSet::start(
+        switch.clone(),
+        &vswitch::PmdConfig { threads: 1, cores: vec![], idle: vswitch::IdlePolicy::default() },
+    )
+    .unwrap();
     let r = netns::ping(&pa, "10.9.0.2");
     pmd.stop();
     r.expect("the pods reach each other through the dpdk ports");
@@ -204,12 +245,15 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
     }
     let Some(_g) = netns::exclusive() else { return };
     let (local, remote) = ("198.51.100.1", "198.51.100.2");
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, "24", local).unwrap();
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } =
+        netns::linux_vxlan_peer(remote, "24", local).unwrap();
     let peer: IpAddr = remote.parse().unwrap();
     let peer_mac = netns::mac_of(&node_b, "ul1").unwrap();
     let open = |name: &str, _pool: &Arc<vswitch::Pool>| -> std::io::Result<Arc<dyn Port>> {
         let devargs = format!("net_af_packet_{name},iface={name}");
-        dpdk::DpdkPort::open(name, &devargs, &dpdk::PortOptions::default()).map(|p| p as Arc<dyn Port>).map_err(std::io::Error::other)
+        dpdk::DpdkPort::open(name, &devargs, &dpdk::PortOptions::default())
+            .map(|p| p as Arc<dyn Port>)
+            .map_err(std::io::Error::other)
     };
     let node = SwitchNode::start(
         sw,
@@ -222,10 +266,15 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
         },
     )
     .unwrap();
-    netns::ping(&pod_a, "192.0.2.2").expect("pod A reaches pod B through the dpdk underlay and Linux VXLAN");
+    netns::ping(&pod_a, "192.0.2.2")
+        .expect("pod A reaches pod B through the dpdk underlay and Linux VXLAN");
     netns::ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
     let s = node.switch.stats();
-    assert!(s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6, "{:?}", s.events);
+    assert!(
+        s.event(Event::Encapsulated) >= 6 && s.event(Event::Decapsulated) >= 6,
+        "{:?}",
+        s.events
+    );
 }
 
 /// A `net_memif` client port against DPDK's testpmd as the memif server, forwarding in
@@ -241,7 +290,11 @@ fn memif_frames_go_to_testpmd_and_come_back() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("memif.sock");
     let server = format!("net_memif0,role=server,socket={},socket-abstract=no", sock.display());
-    let Some(mut tp) = ListeningVnf::start_vdevs(std::process::Command::new("dpdk-testpmd"), &[server], &["--forward-mode=macswap", "--total-num-mbufs=2048"]) else {
+    let Some(mut tp) = ListeningVnf::start_vdevs(
+        std::process::Command::new("dpdk-testpmd"),
+        &[server],
+        &["--forward-mode=macswap", "--total-num-mbufs=2048"],
+    ) else {
         return;
     };
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -254,7 +307,8 @@ fn memif_frames_go_to_testpmd_and_come_back() {
     // the socket appears (a client that connects before is refused and not retried).
     std::thread::sleep(Duration::from_secs(2));
     let devargs = format!("net_memif_tx,role=client,socket={},socket-abstract=no", sock.display());
-    let port = dpdk::DpdkPort::open("m", &devargs, &dpdk::PortOptions::default()).expect("the memif client opens");
+    let port = dpdk::DpdkPort::open("m", &devargs, &dpdk::PortOptions::default())
+        .expect("the memif client opens");
     while !port.link_up() {
         assert!(Instant::now() < deadline, "the memif link never came up");
         port.refresh_link();
@@ -275,14 +329,20 @@ fn memif_frames_go_to_testpmd_and_come_back() {
         let mut last = Instant::now() - Duration::from_secs(1);
         let mut back = false;
         while !back {
-            assert!(Instant::now() < deadline + Duration::from_secs(10), "frame {i} never came back from testpmd");
+            assert!(
+                Instant::now() < deadline + Duration::from_secs(10),
+                "frame {i} never came back from testpmd"
+            );
             if last.elapsed() > Duration::from_millis(300) {
                 h.send("r", &f);
                 last = Instant::now();
             }
             h.step();
             for got in h.recv("r") {
-                assert!(sent.contains(&got), "frame {i} ({size} bytes): something else came back: {got:02x?}");
+                assert!(
+                    sent.contains(&got),
+                    "frame {i} ({size} bytes): something else came back: {got:02x?}"
+                );
                 back |= got == swapped(&f);
             }
         }

@@ -8,12 +8,12 @@
 //! cycles per packet. Pod veths get the offloads the CNI will set (no tx checksum, TSO, GSO).
 
 use anyhow::{Context, Result};
+use kernel_ports::afpacket::AfPacketPort;
+use kernel_ports::afxdp::AfXdpPort;
 use std::sync::Arc;
 use std::time::Duration;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::port::Port;
-use kernel_ports::afpacket::AfPacketPort;
-use kernel_ports::afxdp::AfXdpPort;
 use vswitch::testkit::netns::{self, Netns};
 use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
@@ -64,7 +64,11 @@ fn iperf(t: &Topology, udp: bool, secs: u32) -> Result<f64> {
     Ok(bps / 1e6)
 }
 
-fn with_switch<R>(t: &Topology, xdp: bool, f: impl FnOnce() -> Result<R>) -> Result<(R, Option<f64>)> {
+fn with_switch<R>(
+    t: &Topology,
+    xdp: bool,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<(R, Option<f64>)> {
     let pool = Pool::new(16384, true)?;
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
     for p in ["ma", "mb"] {
@@ -80,7 +84,10 @@ fn with_switch<R>(t: &Topology, xdp: bool, f: impl FnOnce() -> Result<R>) -> Res
         ports: vec![PortConfig::access("ma", "red"), PortConfig::access("mb", "red")],
         vtep: None,
     })?;
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::Busy })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![1], idle: IdlePolicy::Busy },
+    )?;
     let r = f();
     pmd.stop();
     Ok((r?, switch.stats().cycles_per_packet()))
@@ -105,8 +112,12 @@ fn main() -> Result<()> {
     println!("round  kind        TCP Mb/s  UDP-64 Mb/s  PMD busy cycles/pkt");
     for r in 0..rounds {
         for (kind, xdp) in [("AF_XDP", true), ("AF_PACKET", false)] {
-            let ((tcp, udp), cpp) = with_switch(&t, xdp, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
-            println!("{r:>5}  {kind:<10}  {tcp:>8.0}  {udp:>11.1}  {:>19.0}", cpp.unwrap_or(f64::NAN));
+            let ((tcp, udp), cpp) =
+                with_switch(&t, xdp, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
+            println!(
+                "{r:>5}  {kind:<10}  {tcp:>8.0}  {udp:>11.1}  {:>19.0}",
+                cpp.unwrap_or(f64::NAN)
+            );
         }
         let (tcp, udp) = with_bridge(&t, || Ok((iperf(&t, false, secs)?, iperf(&t, true, secs)?)))?;
         println!("{r:>5}  {:<10}  {tcp:>8.0}  {udp:>11.1}", "bridge");

@@ -36,15 +36,15 @@
 //!   release store, after which it never touches it again;
 //! - every offset read from a header is checked against the block/frame bounds before use.
 
-use plumbing::sys::{check, if_mac, if_mtu, if_running, ifindex, setopt};
-use vswitch::port::{Port, QueueCounters, QueueStats};
-use vswitch::batch::Batch;
-use vswitch::buf::{BufId, PoolCache};
 use crate::offload::{MAX_HEADERS, Segmenter, VNET_HDR_LEN, VnetHdr, finish_checksum};
-use vswitch::wire::MacAddr;
+use plumbing::sys::{check, if_mac, if_mtu, if_running, ifindex, setopt};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering::*};
+use vswitch::batch::Batch;
+use vswitch::buf::{BufId, PoolCache};
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::wire::MacAddr;
 
 const TPACKET_V2: libc::c_int = 1;
 const PACKET_RX_RING: libc::c_int = 5;
@@ -128,7 +128,14 @@ impl Mapping {
         // SAFETY: a shared mapping of a packet socket's ring; the kernel validated the ring
         // size when the ring was set up, and we map exactly that size.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
@@ -227,7 +234,11 @@ unsafe impl Sync for AfPacketPort {}
 fn packet_socket(protocol: u16) -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the result is checked.
     let fd = check(unsafe {
-        libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, protocol.to_be() as i32)
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            protocol.to_be() as i32,
+        )
     })?;
     // SAFETY: a fresh descriptor owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -256,7 +267,11 @@ fn bind(fd: RawFd, ifindex: i32, protocol: u16) -> io::Result<()> {
     sll.sll_ifindex = ifindex;
     // SAFETY: binds to a sockaddr_ll we own, with its size.
     check(unsafe {
-        libc::bind(fd, (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as u32)
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
     })
     .map(drop)
 }
@@ -284,8 +299,16 @@ impl AfPacketPort {
         let tx = map_ring(&tx_fd, PACKET_TX_RING, rings.frame, rings.tx_frames)?;
         bind(tx_fd.as_raw_fd(), ifindex, 0)?;
         let mac = if_mac(rx_fd.as_raw_fd(), ifname);
-        let link = std::sync::atomic::AtomicBool::new(if_running(rx_fd.as_raw_fd(), ifname).unwrap_or(false));
-        tracing::info!(port = name, ifname, slot = rings.frame, ring_kib = rings.bytes() >> 10, "AF_PACKET port open (TPACKET_V2 rings)");
+        let link = std::sync::atomic::AtomicBool::new(
+            if_running(rx_fd.as_raw_fd(), ifname).unwrap_or(false),
+        );
+        tracing::info!(
+            port = name,
+            ifname,
+            slot = rings.frame,
+            ring_kib = rings.bytes() >> 10,
+            "AF_PACKET port open (TPACKET_V2 rings)"
+        );
         Ok(AfPacketPort {
             name: name.into(),
             ifname: ifname.into(),
@@ -323,8 +346,11 @@ impl AfPacketPort {
         let vnet = VnetHdr::parse(&vnet);
         let tag = (status & TP_STATUS_VLAN_VALID != 0).then(|| {
             let tci = self.rx.u16_at(hdr + v2::VLAN_TCI);
-            let tpid =
-                if status & TP_STATUS_VLAN_TPID_VALID != 0 { self.rx.u16_at(hdr + v2::VLAN_TPID) } else { 0x8100 };
+            let tpid = if status & TP_STATUS_VLAN_TPID_VALID != 0 {
+                self.rx.u16_at(hdr + v2::VLAN_TPID)
+            } else {
+                0x8100
+            };
             let mut tag = [0u8; 4];
             tag[..2].copy_from_slice(&tpid.to_be_bytes());
             tag[2..].copy_from_slice(&tci.to_be_bytes());
@@ -381,7 +407,12 @@ impl AfPacketPort {
     /// Reads the `len`-byte frame the kernel queued whole into the scratch buffer (after its
     /// virtio-net header, which the slot already gave), putting `tag` back in front of its
     /// EtherType; the frame's range there.
-    fn recv_whole(&self, st: &mut RxState, len: usize, tag: Option<[u8; 4]>) -> Option<std::ops::Range<usize>> {
+    fn recv_whole(
+        &self,
+        st: &mut RxState,
+        len: usize,
+        tag: Option<[u8; 4]>,
+    ) -> Option<std::ops::Range<usize>> {
         // SAFETY: receives into the scratch buffer we own, at most its length.
         let n = unsafe {
             libc::recv(
@@ -407,7 +438,12 @@ impl AfPacketPort {
     }
 
     /// Delivers segments of the staged super-frame while the batch has room.
-    fn deliver_segments(&self, st: &mut RxState, cache: &mut PoolCache, batch: &mut Batch) -> usize {
+    fn deliver_segments(
+        &self,
+        st: &mut RxState,
+        cache: &mut PoolCache,
+        batch: &mut Batch,
+    ) -> usize {
         let RxState { pending, scratch, staged, headers, .. } = st;
         let Some(seg) = pending.as_mut() else { return 0 };
         let frame = &scratch[staged.clone()];
@@ -435,7 +471,12 @@ impl AfPacketPort {
 
 /// Stages the super-frame at `range` of the scratch buffer for cutting; refused (dropped) when
 /// its headers do not say how.
-fn stage(st: &mut RxState, counters: &QueueCounters, range: std::ops::Range<usize>, vnet: &VnetHdr) -> Taken {
+fn stage(
+    st: &mut RxState,
+    counters: &QueueCounters,
+    range: std::ops::Range<usize>,
+    vnet: &VnetHdr,
+) -> Taken {
     match Segmenter::new(&st.scratch[range.clone()], vnet) {
         Ok(seg) => {
             counters.rx_gso.add(1);
@@ -532,7 +573,16 @@ impl Port for AfPacketPort {
         if sent > oversize {
             // One kick per burst. EAGAIN/ENOBUFS leave frames queued for the next kick.
             // SAFETY: sendto with no buffer on our own packet socket flushes its tx ring.
-            unsafe { libc::sendto(self.tx_fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+            unsafe {
+                libc::sendto(
+                    self.tx_fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
         }
         for i in 0..sent {
             let b = batch.take(i);
@@ -556,7 +606,10 @@ impl Port for AfPacketPort {
             return false;
         }
         let Ok(st) = self.rx_state.try_lock() else { return true };
-        st.pending.is_some() || self.rx.status(st.frame * self.rings.frame + v2::STATUS).load(Acquire) & TP_STATUS_USER != 0
+        st.pending.is_some()
+            || self.rx.status(st.frame * self.rings.frame + v2::STATUS).load(Acquire)
+                & TP_STATUS_USER
+                != 0
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
@@ -592,7 +645,10 @@ mod tests {
         assert_eq!(Rings::for_mtu(68).frame, 2048, "never below 2 KiB");
         for mtu in [68, 1500, 4000, 9000, 65535] {
             let r = Rings::for_mtu(mtu);
-            assert!(r.frame.is_power_of_two() && r.frame >= 64 + 10 + 22 + mtu as usize, "{mtu}: {r:?}");
+            assert!(
+                r.frame.is_power_of_two() && r.frame >= 64 + 10 + 22 + mtu as usize,
+                "{mtu}: {r:?}"
+            );
         }
     }
 }

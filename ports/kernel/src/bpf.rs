@@ -113,7 +113,8 @@ impl Asm {
     }
     fn finish(mut self) -> Vec<Insn> {
         for (at, to) in &self.fixups {
-            let target = self.labels.iter().find(|(n, _)| n == to).map(|(_, p)| *p).expect("label defined");
+            let target =
+                self.labels.iter().find(|(n, _)| n == to).map(|(_, p)| *p).expect("label defined");
             self.insns[*at].off = (target as isize - *at as isize - 1) as i16;
         }
         self.insns
@@ -158,7 +159,12 @@ fn redirect_tail(a: &mut Asm, map: RawFd) {
 /// The program: with `vlan_hint` (the BTF id of the rx VLAN hint), first the tag
 /// restore ([`restore_tag`]); then the underlay filter for `f` (or nothing: every frame);
 /// then the redirect to the queue's socket.
-fn assemble(map: RawFd, f: Option<&UnderlayFilter>, vlan_hint: Option<u32>, drops: RawFd) -> Vec<Insn> {
+fn assemble(
+    map: RawFd,
+    f: Option<&UnderlayFilter>,
+    vlan_hint: Option<u32>,
+    drops: RawFd,
+) -> Vec<Insn> {
     let mut a = Asm::new();
     if let Some(id) = vlan_hint {
         restore_tag(&mut a, id);
@@ -254,7 +260,8 @@ fn vlan_tag_kfunc() -> io::Result<u32> {
 /// The underlay filter's checks; frames it passes jump to "pass", the rest fall through to
 /// the redirect (r6 holds the context).
 fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
-    let (arp, icmp, nd) = if f.shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
+    let (arp, icmp, nd) =
+        if f.shared { ("pass", "pass", "pass") } else { ("arp", "redirect", "nd") };
     // Loads are in host byte order: compare against the wire bytes read the same way.
     let be = |t: u16| u16::from_ne_bytes(t.to_be_bytes()) as i32;
     let port = be(f.udp_port);
@@ -302,9 +309,11 @@ fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
         }
         std::net::IpAddr::V6(ip) => {
             let o = ip.octets();
-            let words: Vec<i32> = o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let words: Vec<i32> =
+                o.chunks(4).map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
             // IPv6 + the larger of UDP (8) and a solicitation up to its target (24).
-            a.op(insn(ADD64_K, 4, 0, 0, (l2 + 40 + 24) as i32)).jump(insn(JGT_X, 4, 3, 0, 0), "pass");
+            a.op(insn(ADD64_K, 4, 0, 0, (l2 + 40 + 24) as i32))
+                .jump(insn(JGT_X, 4, 3, 0, 0), "pass");
             tag_check(a);
             a.op(insn(LDXH, 5, 2, l2 - 2, 0))
                 .jump(insn(JNE32_K, 5, 0, 0, be(0x86dd)), "pass")
@@ -313,7 +322,8 @@ fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
                 .jump(insn(JNE32_K, 5, 0, 0, 17), "pass");
             let address_is_vtep = |a: &mut Asm, at: i16| {
                 for (k, w) in words.iter().enumerate() {
-                    a.op(insn(LDXW, 5, 2, at + 4 * k as i16, 0)).jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
+                    a.op(insn(LDXW, 5, 2, at + 4 * k as i16, 0))
+                        .jump(insn(JNE32_K, 5, 0, 0, *w), "pass");
                 }
             };
             address_is_vtep(a, l2 + 24); // destination address
@@ -333,7 +343,10 @@ fn underlay_head(a: &mut Asm, f: &UnderlayFilter) {
             }
         }
     }
-    a.label("pass").op(insn(MOV64_K, 0, 0, 0, XDP_PASS)).op(insn(EXIT, 0, 0, 0, 0)).label("redirect");
+    a.label("pass")
+        .op(insn(MOV64_K, 0, 0, 0, XDP_PASS))
+        .op(insn(EXIT, 0, 0, 0, 0))
+        .label("redirect");
 }
 
 /// Loads an XDP program, frags-aware where the kernel knows the flag (Linux ≥ 5.18: it
@@ -348,7 +361,8 @@ fn load_program(prog: &[Insn]) -> io::Result<OwnedFd> {
 /// metadata kfuncs; it attaches to that device only, natively).
 fn load_bound_program(prog: &[Insn], ifindex: u32) -> io::Result<OwnedFd> {
     let bound = BPF_F_XDP_DEV_BOUND_ONLY;
-    load_program_with(prog, bound | BPF_F_XDP_HAS_FRAGS, ifindex).or_else(|_| load_program_with(prog, bound, ifindex))
+    load_program_with(prog, bound | BPF_F_XDP_HAS_FRAGS, ifindex)
+        .or_else(|_| load_program_with(prog, bound, ifindex))
 }
 
 fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<OwnedFd> {
@@ -370,7 +384,10 @@ fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<Owne
         Ok(r) => Ok(fd(r)),
         Err(e) => {
             let msg = String::from_utf8_lossy(&log);
-            Err(io::Error::other(format!("XDP program refused: {e}: {}", msg.trim_end_matches('\0'))))
+            Err(io::Error::other(format!(
+                "XDP program refused: {e}: {}",
+                msg.trim_end_matches('\0')
+            )))
         }
     }
 }
@@ -378,12 +395,22 @@ fn load_program_with(prog: &[Insn], flags: u32, ifindex: u32) -> io::Result<Owne
 /// Loads the program for `f` (`None`: every frame) to attach to `ifindex` in mode `flags`:
 /// natively, bound to the device with the tag restore where the kernel and the device's
 /// driver have the rx VLAN hint; otherwise without it, and why.
-fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>, drops: RawFd) -> io::Result<(OwnedFd, Option<String>)> {
+fn program(
+    map: RawFd,
+    ifindex: u32,
+    flags: u32,
+    f: Option<&UnderlayFilter>,
+    drops: RawFd,
+) -> io::Result<(OwnedFd, Option<String>)> {
     if flags & XDP_FLAGS_DRV_MODE == 0 {
-        return Ok((load_program(&assemble(map, f, None, drops))?, Some("generic XDP has no metadata hints".into())));
+        return Ok((
+            load_program(&assemble(map, f, None, drops))?,
+            Some("generic XDP has no metadata hints".into()),
+        ));
     }
     let restoring = vlan_tag_kfunc().and_then(|id| {
-        let hints = plumbing::netdev::xdp_rx_metadata(ifindex).map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
+        let hints = plumbing::netdev::xdp_rx_metadata(ifindex)
+            .map_err(|e| io::Error::other(format!("the driver's hints unknown: {e}")))?;
         if hints & plumbing::netdev::RX_METADATA_VLAN_TAG == 0 {
             return Err(io::Error::other("the device's driver has none"));
         }
@@ -391,7 +418,10 @@ fn program(map: RawFd, ifindex: u32, flags: u32, f: Option<&UnderlayFilter>, dro
     });
     match restoring {
         Ok(prog) => Ok((prog, None)),
-        Err(e) => Ok((load_program(&assemble(map, f, None, drops))?, Some(format!("no rx VLAN hint: {e}")))),
+        Err(e) => Ok((
+            load_program(&assemble(map, f, None, drops))?,
+            Some(format!("no rx VLAN hint: {e}")),
+        )),
     }
 }
 
@@ -487,7 +517,12 @@ impl XdpRedirect {
     /// sent to it, and ICMP to an IPv4 VTEP go to the socket; everything else to the kernel.
     /// With `shared` only VXLAN is taken: ARP, ND and ICMP for the address stay with the
     /// kernel. With `vlan`, only frames carrying that 802.1Q tag are considered.
-    pub fn attach_underlay(ifindex: u32, flags: u32, max_queues: u32, f: &UnderlayFilter) -> io::Result<XdpRedirect> {
+    pub fn attach_underlay(
+        ifindex: u32,
+        flags: u32,
+        max_queues: u32,
+        f: &UnderlayFilter,
+    ) -> io::Result<XdpRedirect> {
         Self::load(ifindex, flags, max_queues, Some(f))
     }
 
@@ -495,11 +530,14 @@ impl XdpRedirect {
     /// for `f`, or redirect-everything. The kernel swaps it atomically: no frame goes
     /// through neither.
     pub fn set_filter(&mut self, f: Option<&UnderlayFilter>) -> io::Result<()> {
-        let (map, ifindex, flags, f, drops) = (self.map.as_raw_fd(), self.ifindex, self.flags, f.copied(), self.drops.as_raw_fd());
+        let (map, ifindex, flags, f, drops) =
+            (self.map.as_raw_fd(), self.ifindex, self.flags, f.copied(), self.drops.as_raw_fd());
         // Loaded in the device's namespace: the caller may be elsewhere (the daemon's control
         // thread, for a device in a pod's or a node's namespace).
         let netns = format!("/proc/self/fd/{}", self.netns.as_raw_fd());
-        let (prog, tags_hidden) = plumbing::link::in_netns(&netns, move || program(map, ifindex, flags, f.as_ref(), drops))?;
+        let (prog, tags_hidden) = plumbing::link::in_netns(&netns, move || {
+            program(map, ifindex, flags, f.as_ref(), drops)
+        })?;
         let mut a: Attr = [0; 128];
         put_u32(&mut a, 0, self.link.as_raw_fd() as u32);
         put_u32(&mut a, 4, prog.as_raw_fd() as u32);
@@ -510,7 +548,12 @@ impl XdpRedirect {
     }
 
     /// Creates the XSKMAP, loads the program for `f` and attaches it.
-    fn load(ifindex: u32, flags: u32, max_queues: u32, f: Option<&UnderlayFilter>) -> io::Result<XdpRedirect> {
+    fn load(
+        ifindex: u32,
+        flags: u32,
+        max_queues: u32,
+        f: Option<&UnderlayFilter>,
+    ) -> io::Result<XdpRedirect> {
         let (map, drops) = (xskmap(max_queues)?, drop_counter()?);
         let (prog, tags_hidden) = program(map.as_raw_fd(), ifindex, flags, f, drops.as_raw_fd())?;
         let link = link(&prog, ifindex, flags)?;
@@ -563,7 +606,9 @@ mod test {
         put_u32(&mut a, 32, 1);
         // SAFETY: as in `bpf`, and the kernel writes the result back into `a`, which is
         // mutable here; `frame` and `out` outlive the call.
-        let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, a.as_mut_ptr(), a.len() as u32) };
+        let r = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, a.as_mut_ptr(), a.len() as u32)
+        };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -575,7 +620,12 @@ mod test {
     #[test]
     fn dropped_frames_are_counted() {
         // SAFETY: geteuid has no preconditions.
-        if !vswitch::testkit::peer_available(unsafe { libc::geteuid() } == 0, "root (for bpf(2))", "running the tests as root") {
+        let root = unsafe { libc::geteuid() } == 0;
+        if !vswitch::testkit::peer_available(
+            root,
+            "root (for bpf(2))",
+            "running the tests as root",
+        ) {
             return;
         }
         let drops = drop_counter().expect("an array map");

@@ -22,19 +22,30 @@ fn bad(what: &str) -> io::Error {
 /// as the kernel exports it).
 pub fn func_id(data: &[u8], name: &str) -> io::Result<u32> {
     let u16_at = |o: usize| data.get(o..o + 2).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    let u32_at = |o: usize| data.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    let u32_at =
+        |o: usize| data.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
     if u16_at(0) != Some(MAGIC) {
         return Err(bad("not a BTF blob (or not in this machine's byte order)"));
     }
-    let header = |i: usize| u32_at(4 + 4 * i).map(|v| v as usize).ok_or_else(|| bad("short header"));
-    let (hdr_len, type_off, type_len, str_off, str_len) = (header(0)?, header(1)?, header(2)?, header(3)?, header(4)?);
-    let types = data.get(hdr_len + type_off..hdr_len + type_off + type_len).ok_or_else(|| bad("type section out of bounds"))?;
-    let strings = data.get(hdr_len + str_off..hdr_len + str_off + str_len).ok_or_else(|| bad("string section out of bounds"))?;
-    let name_at = |off: usize| strings.get(off..).map(|s| s.split(|&c| c == 0).next().unwrap_or(&[]));
+    let header =
+        |i: usize| u32_at(4 + 4 * i).map(|v| v as usize).ok_or_else(|| bad("short header"));
+    let (hdr_len, type_off, type_len, str_off, str_len) =
+        (header(0)?, header(1)?, header(2)?, header(3)?, header(4)?);
+    let types = data
+        .get(hdr_len + type_off..hdr_len + type_off + type_len)
+        .ok_or_else(|| bad("type section out of bounds"))?;
+    let strings = data
+        .get(hdr_len + str_off..hdr_len + str_off + str_len)
+        .ok_or_else(|| bad("string section out of bounds"))?;
+    let name_at =
+        |off: usize| strings.get(off..).map(|s| s.split(|&c| c == 0).next().unwrap_or(&[]));
     let t32 = |o: usize| types.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
     let (mut at, mut id) = (0usize, 1u32);
     while at < types.len() {
-        let (name_off, info) = (t32(at).ok_or_else(|| bad("short type"))?, t32(at + 4).ok_or_else(|| bad("short type"))?);
+        let (name_off, info) = (
+            t32(at).ok_or_else(|| bad("short type"))?,
+            t32(at + 4).ok_or_else(|| bad("short type"))?,
+        );
         let (kind, vlen) = ((info >> 24) & 0x1f, (info & 0xffff) as usize);
         if kind == KIND_FUNC && name_at(name_off as usize) == Some(name.as_bytes()) {
             return Ok(id);
@@ -48,11 +59,11 @@ pub fn func_id(data: &[u8], name: &str) -> io::Result<u32> {
 /// Bytes following a type's 12-byte common part, by kind (linux/btf.h).
 fn trailer_len(kind: u32, vlen: usize) -> Option<usize> {
     Some(match kind {
-        1 | 14 | 17 => 4,           // INT, VAR, DECL_TAG
-        3 => 12,                    // ARRAY
+        1 | 14 | 17 => 4,             // INT, VAR, DECL_TAG
+        3 => 12,                      // ARRAY
         4 | 5 | 15 | 19 => 12 * vlen, // STRUCT, UNION, DATASEC, ENUM64
-        6 | 13 => 8 * vlen,         // ENUM, FUNC_PROTO
-        2 | 7..=12 | 16 | 18 => 0,  // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
+        6 | 13 => 8 * vlen,           // ENUM, FUNC_PROTO
+        2 | 7..=12 | 16 | 18 => 0, // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
         _ => return None,
     })
 }
@@ -90,7 +101,11 @@ mod tests {
         let d = blob();
         assert_eq!(func_id(&d, "f_one").unwrap(), 3);
         assert_eq!(func_id(&d, "f_two").unwrap(), 4);
-        assert_eq!(func_id(&d, "int").unwrap_err().kind(), io::ErrorKind::NotFound, "an INT is not a function");
+        assert_eq!(
+            func_id(&d, "int").unwrap_err().kind(),
+            io::ErrorKind::NotFound,
+            "an INT is not a function"
+        );
     }
 
     #[test]

@@ -15,9 +15,6 @@
 //! up, a MAC forgotten) then work as in the dedicated mode.
 
 use plumbing::netlink::{self, Msg, NETLINK_ROUTE, NLM_F_ACK, NLM_F_DUMP, Socket};
-use vswitch::Switch;
-use vswitch::util::coarse_secs;
-use vswitch::wire::MacAddr;
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
@@ -25,6 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vswitch::Switch;
+use vswitch::util::coarse_secs;
+use vswitch::wire::MacAddr;
 
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
@@ -82,12 +82,19 @@ pub fn kernel_route_gateway(dst: IpAddr) -> io::Result<Option<IpAddr>> {
     };
     let mut rtmsg = [0u8; RTMSG_LEN];
     (rtmsg[0], rtmsg[1]) = (family, bits);
-    let replies = match sock.request(Msg::new(RTM_GETROUTE, NLM_F_ACK, &rtmsg).attr(RTA_DST, &addr)) {
+    let replies = match sock.request(Msg::new(RTM_GETROUTE, NLM_F_ACK, &rtmsg).attr(RTA_DST, &addr))
+    {
         Ok(r) => r,
-        Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) || e.raw_os_error() == Some(libc::EHOSTUNREACH) => return Ok(None),
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENETUNREACH)
+                || e.raw_os_error() == Some(libc::EHOSTUNREACH) =>
+        {
+            return Ok(None);
+        }
         Err(e) => return Err(e),
     };
-    let gateway = replies.iter().filter_map(|r| netlink::find(r.get(RTMSG_LEN..)?, RTA_GATEWAY)).next();
+    let gateway =
+        replies.iter().filter_map(|r| netlink::find(r.get(RTMSG_LEN..)?, RTA_GATEWAY)).next();
     Ok(gateway.and_then(ip_of))
 }
 
@@ -105,7 +112,8 @@ fn ip_of(b: &[u8]) -> Option<IpAddr> {
 
 /// Makes the kernel resolve `ip`: a zero-length UDP datagram to its discard port.
 fn kick_kernel(ip: IpAddr) -> io::Result<()> {
-    let any: IpAddr = if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let any: IpAddr =
+        if ip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
     UdpSocket::bind((any, 0))?.send_to(&[], (ip, 9)).map(drop)
 }
 
@@ -213,7 +221,14 @@ impl Follower {
         let slots = switch.neighbor_table();
         for nh in &self.unresolved {
             // Every peer's slot counts the request (no short circuit).
-            let due = snap.next_hops.get(nh).into_iter().flatten().filter(|p| slots.request_due(**p, now)).count() > 0;
+            let due = snap
+                .next_hops
+                .get(nh)
+                .into_iter()
+                .flatten()
+                .filter(|p| slots.request_due(**p, now))
+                .count()
+                > 0;
             if due && let Err(e) = kick_kernel(*nh) {
                 tracing::debug!(next_hop = %nh, error = %e, "could not make the kernel resolve a next hop");
             }

@@ -15,9 +15,9 @@
 //! All offsets are checked against the frame before use: a header that lies is refused with
 //! a [`GsoError`], never a panic.
 
+use std::ops::Range;
 use vswitch::wire::checksum::{accumulate, fold};
 use vswitch::wire::{be16, be32, put16};
-use std::ops::Range;
 
 /// Bytes of the virtio-net header (`struct virtio_net_hdr`, no `num_buffers`).
 pub const VNET_HDR_LEN: usize = 10;
@@ -74,7 +74,9 @@ impl VnetHdr {
 /// pseudo-header sum; the one's-complement sum of `frame[start..]` is stored there (a UDP
 /// result of 0 sent as 0xffff, as the kernel does). `false` if the field lies outside.
 pub fn finish_checksum(frame: &mut [u8], start: usize, offset: usize) -> bool {
-    let Some(field) = start.checked_add(offset).filter(|f| f + 2 <= frame.len()) else { return false };
+    let Some(field) = start.checked_add(offset).filter(|f| f + 2 <= frame.len()) else {
+        return false;
+    };
     let c = !fold(accumulate(0, &frame[start..], &mut false));
     put16(frame, field, if c == 0 { 0xffff } else { c });
     true
@@ -92,7 +94,11 @@ pub fn finish_checksum(frame: &mut [u8], start: usize, offset: usize) -> bool {
 /// being told.
 pub fn finish_if_partial(frame: &mut [u8], vxlan: Option<u16>) -> bool {
     let Some((mut ip, mut proto, mut l4)) = walk_ip(frame, 0) else { return false };
-    if proto == 17 && vxlan.is_some() && frame.get(l4 + 3).is_some() && vxlan == Some(be16(frame, l4 + 2)) {
+    if proto == 17
+        && vxlan.is_some()
+        && frame.get(l4 + 3).is_some()
+        && vxlan == Some(be16(frame, l4 + 2))
+    {
         let Some(inner) = walk_ip(frame, l4 + 16) else { return false };
         (ip, proto, l4) = inner;
     }
@@ -200,7 +206,8 @@ impl Segmenter {
             if proto != 17 || s.n_ips == 2 || next > l4 {
                 return Err(GsoError::Headers);
             }
-            let csum = be16(frame.get(..next + 8).ok_or(GsoError::Headers)?, next + 6) != 0 || !ip.v4;
+            let csum =
+                be16(frame.get(..next + 8).ok_or(GsoError::Headers)?, next + 6) != 0 || !ip.v4;
             s.tunnel_udp = Some((next, csum));
             eth = next + 16;
         }
@@ -235,7 +242,11 @@ impl Segmenter {
 
     /// Writes the headers of the next segment into `hdr` and returns their length and the
     /// range of `frame` that is its payload; `None` once the frame is all cut.
-    pub fn next(&mut self, frame: &[u8], hdr: &mut [u8; MAX_HEADERS]) -> Option<(usize, Range<usize>)> {
+    pub fn next(
+        &mut self,
+        frame: &[u8],
+        hdr: &mut [u8; MAX_HEADERS],
+    ) -> Option<(usize, Range<usize>)> {
         if self.is_done(frame) {
             return None;
         }
@@ -261,7 +272,8 @@ impl Segmenter {
         let data = &frame[payload.clone()];
         let (l4, inner) = (self.l4, self.ips[self.n_ips - 1]);
         if self.tcp {
-            h[l4 + 4..l4 + 8].copy_from_slice(&self.seq.wrapping_add(self.done as u32).to_be_bytes());
+            h[l4 + 4..l4 + 8]
+                .copy_from_slice(&self.seq.wrapping_add(self.done as u32).to_be_bytes());
             const FIN: u8 = 0x01;
             const PSH: u8 = 0x08;
             const CWR: u8 = 0x80;
@@ -309,7 +321,11 @@ fn walk_ip(frame: &[u8], eth: usize) -> Option<(Ip, u8, usize)> {
         0x0800 => {
             let h = frame.get(ip..ip + 20)?;
             let ihl = ((h[0] & 0x0f) as usize) * 4;
-            (h[0] >> 4 == 4 && ihl >= 20).then_some((Ip { at: ip, v4: true, id: be16(h, 4) }, h[9], ip + ihl))
+            (h[0] >> 4 == 4 && ihl >= 20).then_some((
+                Ip { at: ip, v4: true, id: be16(h, 4) },
+                h[9],
+                ip + ihl,
+            ))
         }
         0x86dd => {
             let h = frame.get(ip..ip + 40)?;
@@ -323,8 +339,11 @@ fn walk_ip(frame: &[u8], eth: usize) -> Option<(Ip, u8, usize)> {
 /// pseudo-header of `ip` and the payload `data`.
 fn l4_checksum(h: &[u8], ip: Ip, l4: usize, data: &[u8]) -> u16 {
     let len = (h.len() - l4 + data.len()) as u64;
-    let (proto, addrs) =
-        if ip.v4 { (h[ip.at + 9], &h[ip.at + 12..ip.at + 20]) } else { (h[ip.at + 6], &h[ip.at + 8..ip.at + 40]) };
+    let (proto, addrs) = if ip.v4 {
+        (h[ip.at + 9], &h[ip.at + 12..ip.at + 20])
+    } else {
+        (h[ip.at + 6], &h[ip.at + 8..ip.at + 40])
+    };
     let mut odd = false;
     let mut sum = accumulate(proto as u64 + len, addrs, &mut odd);
     sum = accumulate(sum, &h[l4..], &mut odd);
@@ -334,11 +353,11 @@ fn l4_checksum(h: &[u8], ip: Ip, l4: usize, data: &[u8]) -> u16 {
 #[cfg(test)]
 mod test {
     use super::*;
+    use proptest::prelude::*;
+    use std::net::IpAddr;
     use vswitch::testkit::frames::{self as frame, Outer};
     use vswitch::testkit::mac;
     use vswitch::wire::{ipv4, ipv6};
-    use proptest::prelude::*;
-    use std::net::IpAddr;
 
     /// A TCP super-frame as Linux hands it over: lengths of the whole, the checksum field
     /// holding the pseudo-header sum (without the length: GSO frames are summed per segment).
@@ -356,8 +375,15 @@ mod test {
         let (et, l3) = match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let mut h = vec![0u8; 20];
-                ipv4::Repr { src: s, dst: d, protocol: ipv4::PROTO_TCP, ttl: 64, payload_len: len, dont_fragment: true }
-                    .emit(&mut h);
+                ipv4::Repr {
+                    src: s,
+                    dst: d,
+                    protocol: ipv4::PROTO_TCP,
+                    ttl: 64,
+                    payload_len: len,
+                    dont_fragment: true,
+                }
+                .emit(&mut h);
                 put16(&mut h, 4, 0x7ffe);
                 h[10..12].fill(0);
                 let c = vswitch::wire::checksum::of(&h);
@@ -366,7 +392,8 @@ mod test {
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 let mut h = vec![0u8; 40];
-                ipv6::Repr { src: s, dst: d, next_header: 6, hop_limit: 64, payload_len: len }.emit(&mut h);
+                ipv6::Repr { src: s, dst: d, next_header: 6, hop_limit: 64, payload_len: len }
+                    .emit(&mut h);
                 (0x86dd, h)
             }
             _ => unreachable!(),
@@ -392,7 +419,11 @@ mod test {
         loop {
             let (ip, proto, next) = walk_ip(seg, eth).expect("a valid IP header");
             let end = if ip.v4 {
-                assert_eq!(vswitch::wire::checksum::of(&seg[ip.at..next]), 0, "IPv4 header checksum");
+                assert_eq!(
+                    vswitch::wire::checksum::of(&seg[ip.at..next]),
+                    0,
+                    "IPv4 header checksum"
+                );
                 ip.at + be16(seg, ip.at + 2) as usize
             } else {
                 next + be16(seg, ip.at + 4) as usize
@@ -427,7 +458,13 @@ mod test {
     }
 
     fn tcp_hdr(gso_type: u8, mss: u16, csum_start: usize) -> VnetHdr {
-        VnetHdr { needs_csum: true, gso_type, gso_size: mss, csum_start: csum_start as u16, csum_offset: 16 }
+        VnetHdr {
+            needs_csum: true,
+            gso_type,
+            gso_size: mss,
+            csum_start: csum_start as u16,
+            csum_offset: 16,
+        }
     }
 
     #[test]
@@ -491,8 +528,18 @@ mod test {
     fn cuts_tcp_inside_vxlan_with_and_without_an_outer_checksum() {
         let payload: Vec<u8> = (0..30000u32).map(|i| (i * 13) as u8).collect();
         let inner = tcp_super(v4(1), v4(2), &payload, 0x18);
-        for (src, dst, vlan) in [(v4(10), v4(20), None), (v6(10), v6(20), Some(7)), (v4(10), v4(20), Some(7))] {
-            let o = Outer { dst_mac: mac(9), src_mac: mac(8), src, dst, sport: 49152, dport: 4789, vlan };
+        for (src, dst, vlan) in
+            [(v4(10), v4(20), None), (v6(10), v6(20), Some(7)), (v4(10), v4(20), Some(7))]
+        {
+            let o = Outer {
+                dst_mac: mac(9),
+                src_mac: mac(8),
+                src,
+                dst,
+                sport: 49152,
+                dport: 4789,
+                vlan,
+            };
             let f = frame::vxlan(&o, 5001, &inner, false);
             let l4 = f.len() - inner.len() + 34;
             let segs = cut(&f, &tcp_hdr(GSO_TCPV4, 1398, l4));
@@ -501,7 +548,11 @@ mod test {
             for s in &segs {
                 assert_eq!(check_segment(s), l4);
                 let outer_udp = l4 - 34 - 16;
-                assert_eq!(be16(s, outer_udp + 6) != 0, src.is_ipv6(), "outer checksum kept as the sender chose");
+                assert_eq!(
+                    be16(s, outer_udp + 6) != 0,
+                    src.is_ipv6(),
+                    "outer checksum kept as the sender chose"
+                );
                 got.extend_from_slice(&s[l4 + 20..]);
             }
             assert_eq!(got, payload);
@@ -511,13 +562,30 @@ mod test {
     #[test]
     fn cuts_udp_datagrams() {
         let payload = vec![0x5au8; 5000];
-        let o = Outer { dst_mac: mac(9), src_mac: mac(8), src: v4(1), dst: v4(2), sport: 1000, dport: 2000, vlan: None };
+        let o = Outer {
+            dst_mac: mac(9),
+            src_mac: mac(8),
+            src: v4(1),
+            dst: v4(2),
+            sport: 1000,
+            dport: 2000,
+            vlan: None,
+        };
         let f = frame::vxlan(&o, 0, &[], false); // an IPv4/UDP header chain; cut its tail
         let mut f = f[..42].to_vec();
         f.extend_from_slice(&payload);
-        let h = VnetHdr { needs_csum: true, gso_type: GSO_UDP_L4, gso_size: 1200, csum_start: 34, csum_offset: 6 };
+        let h = VnetHdr {
+            needs_csum: true,
+            gso_type: GSO_UDP_L4,
+            gso_size: 1200,
+            csum_start: 34,
+            csum_offset: 6,
+        };
         let segs = cut(&f, &h);
-        assert_eq!(segs.iter().map(|s| s.len() - 42).collect::<Vec<_>>(), [1200, 1200, 1200, 1200, 200]);
+        assert_eq!(
+            segs.iter().map(|s| s.len() - 42).collect::<Vec<_>>(),
+            [1200, 1200, 1200, 1200, 200]
+        );
         for s in &segs {
             check_segment(s);
         }
@@ -527,11 +595,23 @@ mod test {
     fn refuses_headers_that_lie() {
         let f = tcp_super(v4(1), v4(2), &[0u8; 3000], 0x10);
         assert_eq!(Segmenter::new(&f, &tcp_hdr(3, 1448, 34)).unwrap_err(), GsoError::Type(3));
-        assert_eq!(Segmenter::new(&f, &tcp_hdr(GSO_TCPV4, 1448, 30)).unwrap_err(), GsoError::Headers);
-        assert_eq!(Segmenter::new(&f, &tcp_hdr(GSO_TCPV6, 1448, 34)).unwrap_err(), GsoError::Headers);
+        assert_eq!(
+            Segmenter::new(&f, &tcp_hdr(GSO_TCPV4, 1448, 30)).unwrap_err(),
+            GsoError::Headers
+        );
+        assert_eq!(
+            Segmenter::new(&f, &tcp_hdr(GSO_TCPV6, 1448, 34)).unwrap_err(),
+            GsoError::Headers
+        );
         assert_eq!(Segmenter::new(&f, &tcp_hdr(GSO_TCPV4, 0, 34)).unwrap_err(), GsoError::Size(0));
-        assert_eq!(Segmenter::new(&f, &tcp_hdr(GSO_TCPV4, 9200, 34)).unwrap_err(), GsoError::Size(9200));
-        assert_eq!(Segmenter::new(&f[..40], &tcp_hdr(GSO_TCPV4, 1448, 34)).unwrap_err(), GsoError::Headers);
+        assert_eq!(
+            Segmenter::new(&f, &tcp_hdr(GSO_TCPV4, 9200, 34)).unwrap_err(),
+            GsoError::Size(9200)
+        );
+        assert_eq!(
+            Segmenter::new(&f[..40], &tcp_hdr(GSO_TCPV4, 1448, 34)).unwrap_err(),
+            GsoError::Headers
+        );
     }
 
     #[test]
@@ -555,7 +635,15 @@ mod test {
         // Inside VXLAN over IPv4 and IPv6, padded.
         for src in [v4(10), v6(10)] {
             let dst = if src.is_ipv4() { v4(20) } else { v6(20) };
-            let o = Outer { dst_mac: mac(9), src_mac: mac(8), src, dst, sport: 49152, dport: 4789, vlan: None };
+            let o = Outer {
+                dst_mac: mac(9),
+                src_mac: mac(8),
+                src,
+                dst,
+                sport: 49152,
+                dport: 4789,
+                vlan: None,
+            };
             let mut f = frame::vxlan(&o, 5001, &partial, true);
             let want = frame::vxlan(&o, 5001, &whole, true);
             f.extend_from_slice(&[0; 4]);

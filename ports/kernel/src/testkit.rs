@@ -9,18 +9,18 @@
 //! VLAN offload off) or hands it to its peer out of band (on) — where a port that reads only
 //! the frame's bytes would take it for untagged.
 
-use vswitch::testkit::frames;
-use vswitch::testkit::mac;
-use vswitch::testkit::netns::{self, Netns, SwitchNode};
+use crate::afpacket::AfPacketPort;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vswitch::batch::Batch;
 use vswitch::buf::{Pool, PoolCache};
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
 use vswitch::counters::DropReason;
 use vswitch::port::Port;
-use crate::afpacket::AfPacketPort;
-use std::io;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use vswitch::testkit::frames;
+use vswitch::testkit::mac;
+use vswitch::testkit::netns::{self, Netns, SwitchNode};
 
 pub use vswitch::testkit::netns::exclusive;
 
@@ -47,7 +47,11 @@ impl Raw {
         let mut b = Batch::new();
         let buf = self.cache.alloc_frame(frame).expect("a buffer for a test frame");
         b.push(buf).expect("room in an empty batch");
-        assert_eq!(self.port.tx_burst(0, &mut self.cache, &mut b), 1, "the raw endpoint sent its frame");
+        assert_eq!(
+            self.port.tx_burst(0, &mut self.cache, &mut b),
+            1,
+            "the raw endpoint sent its frame"
+        );
     }
 
     /// Frames received within `wait` (the kernel's own multicast chatter left out).
@@ -117,15 +121,24 @@ pub fn trunk_through_a_linux_bridge(
         },
     )?;
     let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
-    let plain = |dst: u32, src: u32| frames::udp4(mac(dst), mac(src), ip(1), ip(2), 1000, 2000, 100);
+    let plain =
+        |dst: u32, src: u32| frames::udp4(mac(dst), mac(src), ip(1), ip(2), 1000, 2000, 100);
     // Tagged from the far side of the bridge → untagged out of the right access port only.
     t.send(&frames::add_tag(&plain(0xa1, 0x11), 0x8100, 100));
     t.send(&frames::add_tag(&plain(0xb1, 0x12), 0x8100, 200));
     let (got_a, got_b) = (a.recv(Duration::from_millis(500)), b.recv(Duration::from_millis(200)));
     let untagged_drops = node.switch.stats().drop(DropReason::UntaggedNotAllowed);
     assert_eq!(untagged_drops, 0, "a tagged frame was taken for untagged (txvlan {onoff})");
-    assert_eq!(got_a, vec![plain(0xa1, 0x11)], "VLAN 100 frame, untagged, at the VLAN 100 pod only");
-    assert_eq!(got_b, vec![plain(0xb1, 0x12)], "VLAN 200 frame, untagged, at the VLAN 200 pod only");
+    assert_eq!(
+        got_a,
+        vec![plain(0xa1, 0x11)],
+        "VLAN 100 frame, untagged, at the VLAN 100 pod only"
+    );
+    assert_eq!(
+        got_b,
+        vec![plain(0xb1, 0x12)],
+        "VLAN 200 frame, untagged, at the VLAN 200 pod only"
+    );
     // Untagged in on the access ports → tagged out of the trunk, across the bridge.
     a.send(&plain(0x11, 0xa1));
     b.send(&plain(0x12, 0xb1));

@@ -7,13 +7,12 @@
 //! fails instead). Starts PMD threads, so it runs in the `serial` nextest group, one test at a
 //! time.
 
+use kernel_ports::afpacket::AfPacketPort;
 use std::sync::Arc;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
 use vswitch::port::Port;
-use kernel_ports::afpacket::AfPacketPort;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
 use vswitch::{DropReason, Event, Pool};
-
 
 fn open(name: &str, _pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
     Ok(Arc::new(AfPacketPort::open(name, name)?))
@@ -74,7 +73,14 @@ fn vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: PortConf
 }
 
 /// [`vtep_node`] with the bridge marked with DSCP `dscp` (and so the inner ECN copied).
-fn marked_vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: PortConfig, dscp: Option<u8>) -> SwitchNode {
+fn marked_vtep_node(
+    sw: Netns,
+    node_b: &Netns,
+    local: &str,
+    remote: &str,
+    pod: PortConfig,
+    dscp: Option<u8>,
+) -> SwitchNode {
     let peer: std::net::IpAddr = remote.parse().unwrap();
     let mut red = BridgeConfig::new("red").vni(5001).flood(&[peer]);
     red.dscp = dscp;
@@ -87,7 +93,10 @@ fn marked_vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: P
             ports: vec![pod, PortConfig::underlay("ul0")],
             // The switch's own next hop toward node B is configuration (resolution comes with
             // the rest of the underlay host stack).
-            vtep: Some(VtepConfig::new(local.parse().unwrap(), "ul0").peer(peer, netns::mac_of(node_b, "ul1").unwrap())),
+            vtep: Some(
+                VtepConfig::new(local.parse().unwrap(), "ul0")
+                    .peer(peer, netns::mac_of(node_b, "ul1").unwrap()),
+            ),
         },
     )
     .unwrap()
@@ -98,9 +107,13 @@ fn marked_vtep_node(sw: Netns, node_b: &Netns, local: &str, remote: &str, pod: P
 /// Pods on both sides ping each other; Linux resolves the VTEP by ARP/ND, which the switch
 /// answers, and learns the switch's inner MACs.
 fn vxlan_with_linux(v6: bool) {
-    let (local, remote, plen) =
-        if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
+    let (local, remote, plen) = if v6 {
+        ("2001:db8::1", "2001:db8::2", "64")
+    } else {
+        ("198.51.100.1", "198.51.100.2", "24")
+    };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } =
+        netns::linux_vxlan_peer(remote, plen, local).unwrap();
     let node = vtep_node(sw, &node_b, local, remote, PortConfig::access("pa0", "red"));
     ping(&pod_a, "192.0.2.2").expect("pod A reaches pod B through the switch and Linux VXLAN");
     ping(&pod_b, "192.0.2.1").expect("pod B reaches pod A");
@@ -132,9 +145,17 @@ fn vxlan_interop_with_linux_ipv6() {
 #[test]
 fn marked_vxlan_interop_with_linux() {
     let Some(_g) = netns::exclusive() else { return };
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b: _pod_b } = netns::linux_vxlan_peer("198.51.100.2", "24", "198.51.100.1").unwrap();
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b: _pod_b } =
+        netns::linux_vxlan_peer("198.51.100.2", "24", "198.51.100.1").unwrap();
     node_b.run(&["ip", "link", "set", "dev", "vxlan0", "type", "vxlan", "tos", "inherit"]).unwrap();
-    let node = marked_vtep_node(sw, &node_b, "198.51.100.1", "198.51.100.2", PortConfig::access("pa0", "red"), Some(40));
+    let node = marked_vtep_node(
+        sw,
+        &node_b,
+        "198.51.100.1",
+        "198.51.100.2",
+        PortConfig::access("pa0", "red"),
+        Some(40),
+    );
     ping(&pod_a, "192.0.2.2").expect("pods across marked VXLAN");
     // The outer and inner TOS of the first ICMP echo from pod A seen on node B's underlay.
     let capture = r#"
@@ -149,9 +170,13 @@ while True:
         sys.exit(0)
 "#;
     let name = node_b.name.clone();
-    let cap = std::thread::spawn(move || netns::run(&["ip", "netns", "exec", &name, "timeout", "10", "python3", "-c", capture]));
+    let cap = std::thread::spawn(move || {
+        netns::run(&["ip", "netns", "exec", &name, "timeout", "10", "python3", "-c", capture])
+    });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    pod_a.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", "-Q", "2", "192.0.2.2"]).expect("ECN-capable pings across");
+    pod_a
+        .run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", "-Q", "2", "192.0.2.2"])
+        .expect("ECN-capable pings across");
     let seen = cap.join().unwrap().expect("an echo request seen on node B's underlay");
     assert_eq!(seen.trim(), "162 2", "outer TOS CS5 + ECT(0) (0xa2) over the inner ECT(0)");
     let s = node.switch.stats();
@@ -192,7 +217,11 @@ fn two_switches_as_vteps_keep_vnis_apart() {
                     BridgeConfig::new("red").vni(1001).flood(&[ip(other)]),
                     BridgeConfig::new("blue").vni(1002).flood(&[ip(other)]),
                 ],
-                ports: vec![PortConfig::underlay("ul"), PortConfig::access(&red, "red"), PortConfig::access(&blue, "blue")],
+                ports: vec![
+                    PortConfig::underlay("ul"),
+                    PortConfig::access(&red, "red"),
+                    PortConfig::access(&blue, "blue"),
+                ],
                 vtep: Some(VtepConfig::new(ip(side), "ul").peer(ip(other), peer_mac)),
             },
         )
@@ -200,11 +229,16 @@ fn two_switches_as_vteps_keep_vnis_apart() {
     };
     let n1 = start(sw1, 1, mac2);
     let n2 = start(sw2, 2, mac1);
-    let pod = |side: u8, name: &str| &pods.iter().find(|(s, n, _)| *s == side && *n == name).unwrap().2;
+    let pod =
+        |side: u8, name: &str| &pods.iter().find(|(s, n, _)| *s == side && *n == name).unwrap().2;
     ping(pod(1, "red"), "192.0.2.20").expect("red 1 reaches red 2");
     ping(pod(1, "blue"), "192.0.2.21").expect("blue 1 reaches blue 2");
     // red 1 looking for blue 2's address: the ARP request floods in VNI 1001 only.
-    assert!(pod(1, "red").run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "-q", "192.0.2.21"]).is_err());
+    assert!(
+        pod(1, "red")
+            .run(&["ping", "-c", "2", "-i", "0.2", "-W", "1", "-q", "192.0.2.21"])
+            .is_err()
+    );
     for n in [&n1, &n2] {
         let s = n.switch.stats();
         assert!(s.event(Event::Decapsulated) > 0);
@@ -222,23 +256,41 @@ fn ethtool_netlink_turns_pod_offloads_off() {
     ns.run(&["ip", "link", "add", "ea", "type", "veth", "peer", "name", "eb"]).unwrap();
     let shown = |name: &str| -> String {
         let out = ns.run(&["ethtool", "-k", "ea"]).unwrap();
-        out.lines().find_map(|l| l.trim().strip_prefix(&format!("{name}: "))).unwrap_or("absent").to_string()
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("{name}: ")))
+            .unwrap_or("absent")
+            .to_string()
     };
-    assert!(shown("tx-checksum-ip-generic").starts_with("on"), "veth starts with tx checksum offload");
+    assert!(
+        shown("tx-checksum-ip-generic").starts_with("on"),
+        "veth starts with tx checksum offload"
+    );
     let kept = ns.enter(|| pod_offloads_off("ea")).unwrap().unwrap();
     assert!(kept.is_empty(), "veth lets every pod offload go: {kept:?}");
     // `ethtool -k` shows some features under their legacy names.
-    for name in ["tx-checksum-ip-generic", "tx-tcp-segmentation", "generic-segmentation-offload", "tx-vlan-offload"] {
+    for name in [
+        "tx-checksum-ip-generic",
+        "tx-tcp-segmentation",
+        "generic-segmentation-offload",
+        "tx-vlan-offload",
+    ] {
         assert!(shown(name).starts_with("off"), "{name} is {}", shown(name));
     }
     let f = ns.enter(|| Ethtool::open().and_then(|mut e| e.features("ea"))).unwrap().unwrap();
     assert!(POD_OFFLOADS.iter().all(|n| !f.is_on(n)));
     assert!(f.is_on("tx-scatter-gather"), "other features untouched");
     // And back on, as `ethtool -K ea tx on` would.
-    let still = ns.enter(|| Ethtool::open().and_then(|mut e| e.set("ea", &[("tx-checksum-ip-generic", true)]))).unwrap().unwrap();
+    let still = ns
+        .enter(|| {
+            Ethtool::open().and_then(|mut e| e.set("ea", &[("tx-checksum-ip-generic", true)]))
+        })
+        .unwrap()
+        .unwrap();
     assert!(still.is_empty());
     assert!(shown("tx-checksum-ip-generic").starts_with("on"));
-    assert!(ns.enter(|| Ethtool::open().and_then(|mut e| e.features("no-such-dev"))).unwrap().is_err());
+    assert!(
+        ns.enter(|| Ethtool::open().and_then(|mut e| e.features("no-such-dev"))).unwrap().is_err()
+    );
 }
 
 /// TCP between a pod and a pod behind Linux's own VXLAN device with the kernel's default
@@ -247,15 +299,32 @@ fn ethtool_netlink_turns_pod_offloads_off() {
 /// the port finishes the inner checksum and cuts them (over IPv6 with the outer UDP checksum
 /// Linux asks for). 1 MiB each way.
 fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
-    let (local, remote, plen) =
-        if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, local).unwrap();
+    let (local, remote, plen) = if v6 {
+        ("2001:db8::1", "2001:db8::2", "64")
+    } else {
+        ("198.51.100.1", "198.51.100.2", "24")
+    };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } =
+        netns::linux_vxlan_peer(remote, plen, local).unwrap();
     kernel_ports::testkit::cni_offloads(&pod_a, "eth0").unwrap();
-    let pod = PortConfig::pod("pa0", "red", netns::mac_of(&pod_a, "eth0").unwrap(), &["192.0.2.1".parse().unwrap()]);
+    let pod = PortConfig::pod(
+        "pa0",
+        "red",
+        netns::mac_of(&pod_a, "eth0").unwrap(),
+        &["192.0.2.1".parse().unwrap()],
+    );
     let node = vtep_node(sw, &node_b, local, remote, pod);
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
-    assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");
-    assert_eq!(netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(), 1024 * 1024, "pod A sends");
+    assert_eq!(
+        netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(),
+        1024 * 1024,
+        "Linux side sends"
+    );
+    assert_eq!(
+        netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(),
+        1024 * 1024,
+        "pod A sends"
+    );
     let snap = node.switch.snapshot();
     let q = snap.port(snap.port_id("ul0").unwrap()).unwrap().port.queue_stats()[0];
     assert!(q.rx_gso > 0, "Linux sent super-frames and the port cut them: {q:?}");
@@ -277,7 +346,10 @@ fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads_ipv6() {
 
 fn vm_rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
 /// Pod ports cost what a pod needs: rings sized from the veth's MTU (2 KiB slots for 1500),
@@ -297,7 +369,11 @@ fn pod_ports_rings_fit_the_mtu() {
     let mut cache = vswitch::PoolCache::new(pool.clone());
     let mut batch = vswitch::Batch::new();
     let before = vm_rss_kib();
-    let ports: Vec<AfPacketPort> = (0..PORTS).map(|i| a.enter(|| AfPacketPort::open(&format!("p{i}"), &format!("p{i}"))).unwrap().unwrap()).collect();
+    let ports: Vec<AfPacketPort> = (0..PORTS)
+        .map(|i| {
+            a.enter(|| AfPacketPort::open(&format!("p{i}"), &format!("p{i}"))).unwrap().unwrap()
+        })
+        .collect();
     // Touch every ring page the kernel maps (RSS counts mapped pages once used).
     for p in &ports {
         p.rx_burst(0, &mut cache, &mut batch);
@@ -310,9 +386,14 @@ fn pod_ports_rings_fit_the_mtu() {
     assert!(per_port < 1024, "{per_port} KiB per AF_PACKET pod port");
 
     let port = &ports[0];
-    let sent = || -> u64 { a.run(&["cat", "/sys/class/net/p0/statistics/tx_packets"]).unwrap().trim().parse().unwrap() };
+    let sent = || -> u64 {
+        a.run(&["cat", "/sys/class/net/p0/statistics/tx_packets"]).unwrap().trim().parse().unwrap()
+    };
     let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
-    let (fits, too_long) = (frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 1400), frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 3000));
+    let (fits, too_long) = (
+        frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 1400),
+        frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 3000),
+    );
     let before = sent();
     batch.push(cache.alloc_frame(&too_long).unwrap()).unwrap();
     batch.push(cache.alloc_frame(&fits).unwrap()).unwrap();

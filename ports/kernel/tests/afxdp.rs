@@ -2,19 +2,18 @@
 //! removes), Knitter's XDP programs attached in generic mode, the buffer pool as UMEM.
 //! Needs root (skipped without, failed under CI); runs in the `serial` nextest group.
 
-use std::sync::Arc;
-use std::time::Duration;
-use kernel_ports::kernel_neigh::KernelNeighbors;
-use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
-use vswitch::port::Port;
-use vswitch::wire::MacAddr;
 use kernel_ports::afpacket::AfPacketPort;
 use kernel_ports::afxdp::{AfXdpPort, Binding};
 use kernel_ports::bpf::UnderlayFilter;
+use kernel_ports::kernel_neigh::KernelNeighbors;
+use std::sync::Arc;
+use std::time::Duration;
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig, VtepConfig};
+use vswitch::port::Port;
 use vswitch::testkit::eventually;
 use vswitch::testkit::netns::{self, Netns, SwitchNode, ping};
+use vswitch::wire::MacAddr;
 use vswitch::{DropReason, Event, Pool};
-
 
 fn open(name: &str, pool: &Arc<Pool>) -> std::io::Result<Arc<dyn Port>> {
     Ok(Arc::new(AfXdpPort::open(name, name, pool.clone())?))
@@ -65,13 +64,24 @@ kernel_ports::trunk_tests!(open);
 /// Node A's switch in `sw`: pod port `pa0` and underlay `ul0` (AF_XDP) in one VNI-5001
 /// bridge flooding to `peer`, its VTEP at `vtep` (the node's own address when `shared`,
 /// whose next hops then come from the kernel's tables: the follower is returned too).
-fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: bool, resync: Duration) -> (SwitchNode, Option<KernelNeighbors>) {
+fn vtep_node(
+    sw: Netns,
+    vtep: std::net::IpAddr,
+    peer: std::net::IpAddr,
+    shared: bool,
+    resync: Duration,
+) -> (SwitchNode, Option<KernelNeighbors>) {
     let node = SwitchNode::start(
         sw,
         &["pa0", "ul0"],
         |name, pool| -> std::io::Result<Arc<dyn Port>> {
             Ok(if name == "ul0" {
-                Arc::new(AfXdpPort::open_underlay(name, name, pool.clone(), UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared })?)
+                Arc::new(AfXdpPort::open_underlay(
+                    name,
+                    name,
+                    pool.clone(),
+                    UnderlayFilter { vtep, udp_port: 4789, vlan: None, shared },
+                )?)
             } else {
                 Arc::new(AfXdpPort::open(name, name, pool.clone())?)
             })
@@ -79,7 +89,10 @@ fn vtep_node(sw: Netns, vtep: std::net::IpAddr, peer: std::net::IpAddr, shared: 
         SwitchConfig {
             bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
             ports: vec![PortConfig::access("pa0", "red"), PortConfig::underlay("ul0")],
-            vtep: Some(VtepConfig { shared_address: shared, ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None) }),
+            vtep: Some(VtepConfig {
+                shared_address: shared,
+                ..VtepConfig::new(vtep, "ul0").peer_resolved(peer, None)
+            }),
         },
     )
     .unwrap();
@@ -102,7 +115,8 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
         ("198.51.100.10", "198.51.100.1", "198.51.100.2", "24")
     };
     let vtep = if shared { own } else { vtep };
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b, pod_b } =
+        netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
     // Node A's own address on the underlay, owned by its kernel; the VTEP's is separate.
     sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
     let vtep: std::net::IpAddr = vtep.parse().unwrap();
@@ -112,14 +126,28 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     ping(&node_b, own).expect("node A's own address");
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
     if !v6 && !shared {
-        ping(&node_b, &vtep.to_string()).expect("the switch answers ICMP echo for its VTEP address");
+        ping(&node_b, &vtep.to_string())
+            .expect("the switch answers ICMP echo for its VTEP address");
     }
     // A TCP session to node A's own address while pods keep pinging across VXLAN.
     let pinger = {
         let name = pod_b.name.clone();
         std::thread::spawn(move || {
             std::process::Command::new("ip")
-                .args(["netns", "exec", &name, "ping", "-c", "5", "-i", "0.2", "-W", "2", "-q", "192.0.2.1"])
+                .args([
+                    "netns",
+                    "exec",
+                    &name,
+                    "ping",
+                    "-c",
+                    "5",
+                    "-i",
+                    "0.2",
+                    "-W",
+                    "2",
+                    "-q",
+                    "192.0.2.1",
+                ])
                 .status()
         })
     };
@@ -138,7 +166,11 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
         assert!(s.event(Event::NeighborRequests) >= 1 && s.event(Event::NeighborLearned) >= 1);
     }
     let n = node.switch.neighbors();
-    assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to node B's MAC");
+    assert_eq!(
+        n[0].2.mac,
+        Some(netns::mac_of(&node_b, "ul1").unwrap()),
+        "resolved to node B's MAC"
+    );
     assert_eq!(s.drop(DropReason::UnderlayNotVxlan), 0, "the filter let only VTEP traffic through");
 }
 
@@ -149,14 +181,20 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
 fn a_changed_neighbour_is_followed_at_once() {
     let Some(_g) = netns::exclusive() else { return };
     let (own, remote, plen) = ("198.51.100.10", "198.51.100.2", "24");
-    let netns::LinuxVxlanPeer { sw, node_b, pod_a: _pod_a, pod_b: _pod_b } = netns::linux_vxlan_peer(remote, plen, own).unwrap();
+    let netns::LinuxVxlanPeer { sw, node_b, pod_a: _pod_a, pod_b: _pod_b } =
+        netns::linux_vxlan_peer(remote, plen, own).unwrap();
     sw.run(&["ip", "addr", "add", &format!("{own}/{plen}"), "dev", "ul0", "nodad"]).unwrap();
-    let (node, _follower) = vtep_node(sw, own.parse().unwrap(), remote.parse().unwrap(), true, Duration::from_secs(60));
+    let (node, _follower) =
+        vtep_node(sw, own.parse().unwrap(), remote.parse().unwrap(), true, Duration::from_secs(60));
     let mac = || node.switch.neighbors().first().and_then(|n| n.2.mac);
     let followed = |want: MacAddr| {
         let t0 = std::time::Instant::now();
         while mac() != Some(want) {
-            assert!(t0.elapsed() < Duration::from_secs(2), "the switch still has {:?}, not {want}", mac());
+            assert!(
+                t0.elapsed() < Duration::from_secs(2),
+                "the switch still has {:?}, not {want}",
+                mac()
+            );
             std::thread::sleep(Duration::from_micros(100));
         }
         t0.elapsed()
@@ -165,9 +203,24 @@ fn a_changed_neighbour_is_followed_at_once() {
     node.ns.run(&["ping", "-c", "1", "-W", "1", remote]).unwrap();
     let learned = followed(netns::mac_of(&node_b, "ul1").unwrap());
     let moved: MacAddr = "02:00:00:00:99:01".parse().unwrap();
-    node.ns.run(&["ip", "neigh", "replace", remote, "lladdr", &moved.to_string(), "dev", "ul0", "nud", "permanent"]).unwrap();
+    node.ns
+        .run(&[
+            "ip",
+            "neigh",
+            "replace",
+            remote,
+            "lladdr",
+            &moved.to_string(),
+            "dev",
+            "ul0",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
     let replaced = followed(moved);
-    eprintln!("next hop followed {learned:?} after the ping, {replaced:?} after `ip neigh replace`");
+    eprintln!(
+        "next hop followed {learned:?} after the ping, {replaced:?} after `ip neigh replace`"
+    );
 }
 
 #[test]
@@ -207,7 +260,8 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     // from its underlay address (arp_announce 2): node A's kernel never learns the peer's
     // own address as a neighbour, only the gateway.
     let sw = Netns::quiet("ra").unwrap();
-    let (pod_a, node_b, pod_b) = (Netns::quiet("rp").unwrap(), Netns::quiet("rb").unwrap(), Netns::quiet("rq").unwrap());
+    let (pod_a, node_b, pod_b) =
+        (Netns::quiet("rp").unwrap(), Netns::quiet("rb").unwrap(), Netns::quiet("rq").unwrap());
     node_b.run(&["sysctl", "-qw", "net.ipv4.conf.all.arp_announce=2"]).unwrap();
     netns::veth(&pod_a, "eth0", &sw, "pa0").unwrap();
     netns::veth(&node_b, "ul1", &sw, "ul0").unwrap();
@@ -221,17 +275,30 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     node_b.run(&["ip", "addr", "add", &format!("{remote}/32"), "dev", "lo"]).unwrap();
     netns::linux_vtep(&node_b, "ul1", remote, own, 5001, "vb0").unwrap();
     assert_eq!(
-        sw.enter(|| kernel_ports::kernel_neigh::kernel_route_gateway(remote.parse().unwrap())).unwrap().unwrap(),
+        sw.enter(|| kernel_ports::kernel_neigh::kernel_route_gateway(remote.parse().unwrap()))
+            .unwrap()
+            .unwrap(),
         Some(gateway.parse().unwrap()),
         "the route lookup finds the gateway"
     );
-    assert_eq!(sw.enter(|| kernel_ports::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap())).unwrap().unwrap(), None, "on-link");
-    let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) = (own.parse().unwrap(), remote.parse().unwrap());
+    assert_eq!(
+        sw.enter(|| kernel_ports::kernel_neigh::kernel_route_gateway(gateway.parse().unwrap()))
+            .unwrap()
+            .unwrap(),
+        None,
+        "on-link"
+    );
+    let (vtep, peer): (std::net::IpAddr, std::net::IpAddr) =
+        (own.parse().unwrap(), remote.parse().unwrap());
     let (node, _follower) = vtep_node(sw, vtep, peer, true, Duration::from_millis(100));
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN through the gateway");
     ping(&pod_b, "192.0.2.1").expect("and back");
     let n = node.switch.neighbors();
-    assert_eq!(n[0].2.mac, Some(netns::mac_of(&node_b, "ul1").unwrap()), "resolved to the gateway's MAC");
+    assert_eq!(
+        n[0].2.mac,
+        Some(netns::mac_of(&node_b, "ul1").unwrap()),
+        "resolved to the gateway's MAC"
+    );
     assert!(node.switch.stats().event(Event::Decapsulated) >= 5);
     let neigh = node.ns.run(&["ip", "neigh"]).unwrap();
     assert!(!neigh.contains(remote), "the kernel never held the peer itself: {neigh}");
@@ -268,11 +335,15 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     // The nodes' own (untagged) addresses on the shared interface.
     na.run(&["ip", "addr", "add", "198.51.100.10/24", "dev", "ul0"]).unwrap();
     nb.run(&["ip", "addr", "add", "198.51.100.20/24", "dev", "ul1"]).unwrap();
-    let (va, vb): (std::net::IpAddr, std::net::IpAddr) = ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
+    let (va, vb): (std::net::IpAddr, std::net::IpAddr) =
+        ("203.0.113.1".parse().unwrap(), "203.0.113.2".parse().unwrap());
     let cfg = |pod: &str, ul: &str, me, peer| SwitchConfig {
         bridges: vec![BridgeConfig::new("red").vni(5001).flood(&[peer])],
         ports: vec![PortConfig::access(pod, "red"), PortConfig::underlay(ul)],
-        vtep: Some(VtepConfig { underlay_vlan: Some(100), ..VtepConfig::new(me, ul).peer_resolved(peer, None) }),
+        vtep: Some(VtepConfig {
+            underlay_vlan: Some(100),
+            ..VtepConfig::new(me, ul).peer_resolved(peer, None)
+        }),
     };
     // The underlay opens taking every frame (as when its VTEP is not known yet); the filter
     // is swapped in once the switch runs, with the socket bound throughout.
@@ -300,7 +371,9 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     let b = SwitchNode::start(
         nb,
         &["pb0", "ul1"],
-        |name, _pool| -> std::io::Result<Arc<dyn Port>> { Ok(Arc::new(AfPacketPort::open(name, name)?)) },
+        |name, _pool| -> std::io::Result<Arc<dyn Port>> {
+            Ok(Arc::new(AfPacketPort::open(name, name)?))
+        },
         cfg("pb0", "ul1", vb, va),
     )
     .unwrap();
@@ -312,7 +385,11 @@ fn underlay_in_a_vlan(through_bridge: bool) {
     // reached node A's switch through its filter: A answered B's request or learned from
     // B's answer.
     assert!(s.event(Event::VtepAnswered) + s.event(Event::NeighborLearned) >= 1);
-    assert_eq!(s.drop(DropReason::UnderlayNotVxlan), before_filter, "the filter let only the VTEP's frames through");
+    assert_eq!(
+        s.drop(DropReason::UnderlayNotVxlan),
+        before_filter,
+        "the filter let only the VTEP's frames through"
+    );
 }
 
 #[test]
@@ -347,7 +424,9 @@ fn jumbo_frames_cross_af_xdp_ports_in_pieces() {
         p.mtu = 9000;
     }
     node.switch.apply(cfg.clone()).expect("MTU 9000 on AF_XDP ports");
-    let jumbo = |from: &Netns, to: &str| from.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", "-M", "do", "-s", "8000", to]);
+    let jumbo = |from: &Netns, to: &str| {
+        from.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", "-M", "do", "-s", "8000", to])
+    };
     jumbo(&pa, "192.0.2.2").expect("8 000-byte pings from pa");
     jumbo(&pb, "192.0.2.1").expect("and from pb");
     assert!(port.queue_stats()[0].rx_packets >= 3 && port.queue_stats()[0].tx_packets >= 3);
@@ -377,7 +456,13 @@ fn a_burst_of_jumbo_frames_leaves_in_one_tx_burst() {
     let pool = Pool::new(4096, false).unwrap();
     let port = a.enter(|| AfXdpPort::open("ja", "eth0", pool.clone())).unwrap().unwrap();
     assert!(port.binding().multi_buffer, "this kernel has multi-buffer AF_XDP");
-    let received = || -> u64 { b.run(&["cat", "/sys/class/net/eth0/statistics/rx_packets"]).unwrap().trim().parse().unwrap() };
+    let received = || -> u64 {
+        b.run(&["cat", "/sys/class/net/eth0/statistics/rx_packets"])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
     let before = received();
     let ip = |n: u8| std::net::Ipv4Addr::new(192, 0, 2, n);
     let frame = frames::udp4(mac(2), mac(1), ip(1), ip(2), 1000, 2000, 8000);
@@ -402,7 +487,18 @@ fn idle_ports_lend_a_share_of_the_pool_and_a_starved_port_is_reported() {
     let ns = Netns::new("fl").unwrap();
     const PORTS: usize = 14;
     for i in 0..PORTS {
-        ns.run(&["ip", "link", "add", &format!("fa{i}"), "type", "veth", "peer", "name", &format!("fb{i}")]).unwrap();
+        ns.run(&[
+            "ip",
+            "link",
+            "add",
+            &format!("fa{i}"),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("fb{i}"),
+        ])
+        .unwrap();
         ns.run(&["ip", "link", "set", &format!("fa{i}"), "up"]).unwrap();
         ns.run(&["ip", "link", "set", &format!("fb{i}"), "up"]).unwrap();
     }
@@ -415,7 +511,11 @@ fn idle_ports_lend_a_share_of_the_pool_and_a_starved_port_is_reported() {
         .collect();
     assert_eq!(ports[0].fill_target(0), 128, "the first port: the pool stays more than half free");
     assert!(ports[1..].iter().all(|p| p.fill_target(0) == 32), "the others a burst's worth");
-    assert_eq!(pool.free_count(), 0, "511 = 128 + 11 × 32 + 31: the 13th got what was left, the 14th none");
+    assert_eq!(
+        pool.free_count(),
+        0,
+        "511 = 128 + 11 × 32 + 31: the 13th got what was left, the 14th none"
+    );
     let starved = |p: &AfXdpPort| p.queue_stats()[0].rx_starved;
     assert_eq!(ports[..PORTS - 1].iter().map(starved).sum::<u64>(), 0);
     assert_eq!(starved(&ports[PORTS - 1]), 1, "the port that got no buffer is reported");
@@ -423,7 +523,10 @@ fn idle_ports_lend_a_share_of_the_pool_and_a_starved_port_is_reported() {
     // veth has no zero-copy: the unforced bind falls back to copy mode, with need_wakeup
     // (Linux ≥ 5.4), whose transmit flag copy mode keeps set (so every burst still kicks:
     // the ping and TCP tests above fail otherwise).
-    assert_eq!(ports[0].binding(), Binding { zero_copy: false, need_wakeup: true, multi_buffer: true });
+    assert_eq!(
+        ports[0].binding(),
+        Binding { zero_copy: false, need_wakeup: true, multi_buffer: true }
+    );
     // The first port goes: its buffers come back, and the starved port takes its share at
     // its next poll; once, not again.
     drop(ports.remove(0));
@@ -437,7 +540,11 @@ fn idle_ports_lend_a_share_of_the_pool_and_a_starved_port_is_reported() {
     assert_eq!(pool.free_count(), 128 - 32, "the starved port took 32");
     assert_eq!(starved(last), 1);
     drop(ports);
-    assert_eq!(pool.free_count(), pool.capacity() as usize, "and every buffer comes back when the ports close");
+    assert_eq!(
+        pool.free_count(),
+        pool.capacity() as usize,
+        "and every buffer comes back when the ports close"
+    );
 }
 
 /// A pod port whose traffic empties its fill ring between two polls (its PMD missed a few
@@ -493,12 +600,32 @@ fn a_multi_queue_device_is_read_on_every_queue() {
     let Some(_g) = netns::exclusive() else { return };
     // Quiet: the kernel's own router solicitations and MLD reports would be counted too.
     let ns = Netns::quiet("mq").unwrap();
-    ns.run(&["ip", "link", "add", "mqa", "numrxqueues", "4", "numtxqueues", "4", "type", "veth", "peer", "name", "mqb", "numrxqueues", "4", "numtxqueues", "4"]).unwrap();
+    ns.run(&[
+        "ip",
+        "link",
+        "add",
+        "mqa",
+        "numrxqueues",
+        "4",
+        "numtxqueues",
+        "4",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "mqb",
+        "numrxqueues",
+        "4",
+        "numtxqueues",
+        "4",
+    ])
+    .unwrap();
     for dev in ["mqa", "mqb"] {
         ns.run(&["ip", "link", "set", dev, "up"]).unwrap();
     }
     ns.run(&["ip", "addr", "add", "192.0.2.2/24", "dev", "mqb"]).unwrap();
-    ns.run(&["ip", "neigh", "add", "192.0.2.1", "lladdr", "02:00:00:00:00:01", "dev", "mqb"]).unwrap();
+    ns.run(&["ip", "neigh", "add", "192.0.2.1", "lladdr", "02:00:00:00:00:01", "dev", "mqb"])
+        .unwrap();
     let pool = Pool::new(2048, false).unwrap();
     let p = pool.clone();
     let port = ns.enter(move || AfXdpPort::open("mqa", "mqa", p)).unwrap().unwrap();
@@ -525,17 +652,31 @@ fn a_multi_queue_device_is_read_on_every_queue() {
         per_queue.iter().sum::<usize>() >= 64
     });
     assert_eq!(per_queue.iter().sum::<usize>(), 64, "every datagram arrived: {per_queue:?}");
-    assert!(per_queue.iter().filter(|n| **n > 0).count() >= 2, "spread over the queues: {per_queue:?}");
+    assert!(
+        per_queue.iter().filter(|n| **n > 0).count() >= 2,
+        "spread over the queues: {per_queue:?}"
+    );
     let stats = port.queue_stats();
     assert_eq!(stats.iter().map(|s| s.rx_packets as usize).collect::<Vec<_>>(), per_queue.to_vec());
     // Queue 2 transmits (the frames reach the peer).
-    let rx_before: u64 = ns.run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"]).unwrap().trim().parse().unwrap();
+    let rx_before: u64 = ns
+        .run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let frame = [[0xffu8; 6].as_slice(), &[2, 0, 0, 0, 0, 1], &[0x88, 0xb5], &[0u8; 46]].concat();
     for _ in 0..8 {
         batch.push(cache.alloc_frame(&frame).unwrap()).unwrap();
     }
     assert_eq!(port.tx_burst(2, &mut cache, &mut batch), 8);
-    let peer_received = || -> u64 { ns.run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"]).unwrap().trim().parse().unwrap() };
+    let peer_received = || -> u64 {
+        ns.run(&["cat", "/sys/class/net/mqb/statistics/rx_packets"])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
     eventually(Duration::from_secs(2), || peer_received() - rx_before >= 8);
     assert_eq!(peer_received() - rx_before, 8);
     assert_eq!(port.queue_stats()[2].tx_packets, 8);
@@ -550,14 +691,32 @@ fn a_multi_queue_device_is_read_on_every_queue() {
 /// partial are recognised and finished by the underlay port (a software device: it looks
 /// inside VXLAN frames; see `kernel_ports::offload::finish_if_partial`).
 fn tcp_with_a_linux_vxlan_peer_keeping_default_offloads(v6: bool) {
-    let (vtep, remote, plen) =
-        if v6 { ("2001:db8::1", "2001:db8::2", "64") } else { ("198.51.100.1", "198.51.100.2", "24") };
-    let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } = netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
+    let (vtep, remote, plen) = if v6 {
+        ("2001:db8::1", "2001:db8::2", "64")
+    } else {
+        ("198.51.100.1", "198.51.100.2", "24")
+    };
+    let netns::LinuxVxlanPeer { sw, pod_a, node_b: _node_b, pod_b } =
+        netns::linux_vxlan_peer(remote, plen, vtep).unwrap();
     kernel_ports::testkit::cni_offloads(&pod_a, "eth0").unwrap();
-    let (node, _) = vtep_node(sw, vtep.parse().unwrap(), remote.parse().unwrap(), false, Duration::from_millis(100));
+    let (node, _) = vtep_node(
+        sw,
+        vtep.parse().unwrap(),
+        remote.parse().unwrap(),
+        false,
+        Duration::from_millis(100),
+    );
     ping(&pod_a, "192.0.2.2").expect("pods across VXLAN");
-    assert_eq!(netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(), 1024 * 1024, "Linux side sends");
-    assert_eq!(netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(), 1024 * 1024, "pod A sends");
+    assert_eq!(
+        netns::tcp_transfer(&pod_a, &pod_b, "192.0.2.1", 5011, 1024).unwrap(),
+        1024 * 1024,
+        "Linux side sends"
+    );
+    assert_eq!(
+        netns::tcp_transfer(&pod_b, &pod_a, "192.0.2.2", 5012, 1024).unwrap(),
+        1024 * 1024,
+        "pod A sends"
+    );
     let snap = node.switch.snapshot();
     let q = snap.port(snap.port_id("ul0").unwrap()).unwrap().port.queue_stats()[0];
     assert!(q.rx_csum > 0, "Linux left checksums partial and the port finished them: {q:?}");

@@ -18,7 +18,12 @@ use vswitch::{Batch, Pool, Switch, SwitchOptions};
 
 /// One burst through the switch: what is measured.
 #[inline(never)]
-fn measured_poll(pipe: &mut vswitch::pipeline::Pipeline, snap: &vswitch::snapshot::Snapshot, port: u16, batch: &mut Batch) -> usize {
+fn measured_poll(
+    pipe: &mut vswitch::pipeline::Pipeline,
+    snap: &vswitch::snapshot::Snapshot,
+    port: u16,
+    batch: &mut Batch,
+) -> usize {
     pipe.poll(snap, port, 0, batch)
 }
 

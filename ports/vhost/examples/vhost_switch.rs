@@ -17,7 +17,10 @@ use vswitch::port::Port;
 use vswitch::{IdlePolicy, PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().unwrap_or_else(|| "/tmp/knitter".into()));
     let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
@@ -31,7 +34,9 @@ fn main() -> anyhow::Result<()> {
         let name = format!("vu{i}");
         let port = Arc::new(VhostPort::new(&name, pool.clone()));
         let path = dir.join(format!("{name}.sock"));
-        servers.push(serve(&path, port.clone()).with_context(|| format!("serving {}", path.display()))?);
+        servers.push(
+            serve(&path, port.clone()).with_context(|| format!("serving {}", path.display()))?,
+        );
         switch.register_port(&name, port.clone())?;
         ports.push((name, port));
         println!("listening on {}", path.display());
@@ -41,7 +46,10 @@ fn main() -> anyhow::Result<()> {
         ports: ports.iter().map(|(n, _)| PortConfig::access(n, "red")).collect(),
         vtep: None,
     })?;
-    let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::Busy })?;
+    let pmd = PmdSet::start(
+        switch.clone(),
+        &PmdConfig { threads: 1, cores: vec![], idle: IdlePolicy::Busy },
+    )?;
     for _ in 0..secs {
         std::thread::sleep(Duration::from_secs(1));
         let line: Vec<String> = ports

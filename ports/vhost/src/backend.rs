@@ -32,13 +32,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use vhost::vhost_user::message::{
-    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight, VhostUserLog,
-    VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig, VhostUserSharedMsg,
-    VhostUserSingleMemoryRegion, VhostUserVirtioFeatures, VhostUserVringAddrFlags, VhostUserVringState,
-};
-use vhost::vhost_user::{BackendReqHandler, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut};
 use vhost::VhostUserMemoryRegionBase;
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    BackendReqHandler, Error, GpuBackend, Result, VhostUserBackendReqHandlerMut,
+};
 
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
@@ -115,7 +118,14 @@ pub struct NetBackend {
 
 impl NetBackend {
     pub fn new(port: Arc<VhostPort>) -> NetBackend {
-        NetBackend { port, owned: false, acked: 0, protocol: 0, memory: None, vrings: [VringConfig::default(); VQS] }
+        NetBackend {
+            port,
+            owned: false,
+            acked: 0,
+            protocol: 0,
+            memory: None,
+            vrings: [VringConfig::default(); VQS],
+        }
     }
 
     fn vring(&mut self, index: u32) -> Result<&mut VringConfig> {
@@ -129,7 +139,10 @@ impl NetBackend {
     fn apply(&mut self, i: usize) -> Result<()> {
         let c = self.vrings[i];
         tracing::debug!(port = %port_name(&self.port), ring = i, num = c.num, addrs = c.addrs.is_some(), kicked = c.kicked, enabled = c.enabled, memory = self.memory.is_some(), "ring state");
-        let features = (self.acked & VIRTIO_RING_F_EVENT_IDX != 0, self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0);
+        let features = (
+            self.acked & VIRTIO_RING_F_EVENT_IDX != 0,
+            self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0,
+        );
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
         let (place, started, result) = self.port.configure(|d| {
@@ -185,14 +198,22 @@ impl NetBackend {
 
     /// A kick or call descriptor of ring `index` if it is an eventfd (made non-blocking);
     /// anything else puts the port in error and is refused.
-    fn frontend_eventfd(&self, fd: Option<File>, role: &str, index: u8) -> Result<Option<Arc<EventFd>>> {
+    fn frontend_eventfd(
+        &self,
+        fd: Option<File>,
+        role: &str,
+        index: u8,
+    ) -> Result<Option<Arc<EventFd>>> {
         let Some(fd) = fd else { return Ok(None) };
         match EventFd::from_frontend(OwnedFd::from(fd)) {
             Ok(e) => Ok(Some(Arc::new(e))),
             Err(e) => {
                 let why = format!("virtqueue {index}: the {role} descriptor is refused: {e}");
                 self.port.fault(why.clone());
-                Err(Error::ReqHandlerError(std::io::Error::new(std::io::ErrorKind::InvalidInput, why)))
+                Err(Error::ReqHandlerError(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    why,
+                )))
             }
         }
     }
@@ -268,17 +289,27 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             Error::ReqHandlerError(std::io::Error::new(std::io::ErrorKind::InvalidInput, why))
         };
         if ctx.len() > MAX_REGIONS {
-            return Err(refuse(&self.port, format!("{} regions; at most {MAX_REGIONS}", ctx.len())));
+            return Err(refuse(
+                &self.port,
+                format!("{} regions; at most {MAX_REGIONS}", ctx.len()),
+            ));
         }
-        let total = ctx.iter().try_fold(0u64, |t, r| t.checked_add(r.memory_size)).unwrap_or(u64::MAX);
+        let total =
+            ctx.iter().try_fold(0u64, |t, r| t.checked_add(r.memory_size)).unwrap_or(u64::MAX);
         let limit = MAX_GUEST_MEMORY.load(Ordering::Relaxed);
         if total > limit {
-            return Err(refuse(&self.port, format!("{total} bytes of guest memory; this node maps at most {limit} a frontend ([vhost] max_guest_memory_mib)")));
+            return Err(refuse(
+                &self.port,
+                format!(
+                    "{total} bytes of guest memory; this node maps at most {limit} a frontend ([vhost] max_guest_memory_mib)"
+                ),
+            ));
         }
         let mut regions = Vec::new();
         for (r, f) in ctx.iter().zip(&files) {
             let len = usize::try_from(r.memory_size).map_err(|_| Error::InvalidParam)?;
-            let map = Mapping::shared(f.as_fd(), r.mmap_offset, len).map_err(|e| refuse(&self.port, e.to_string()))?;
+            let map = Mapping::shared(f.as_fd(), r.mmap_offset, len)
+                .map_err(|e| refuse(&self.port, e.to_string()))?;
             regions.push((r.guest_phys_addr, r.user_addr, map));
         }
         let table = GuestMemory::new(regions).map_err(|e| refuse(&self.port, e.to_string()))?;
@@ -293,7 +324,9 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
         if num == 0 || num > MAX_QUEUE || !num.is_power_of_two() {
             // Said where the user looks (the port's status), not only in the daemon's log:
             // the frontend's driver may carry on with its link up and nothing moving.
-            self.port.fault(format!("ring {index}: {num} entries refused (a power of two up to {MAX_QUEUE})"));
+            self.port.fault(format!(
+                "ring {index}: {num} entries refused (a power of two up to {MAX_QUEUE})"
+            ));
             return Err(Error::InvalidParam);
         }
         self.vring(index)?.num = num;
@@ -367,11 +400,21 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
         self.apply(index as usize)
     }
 
-    fn get_config(&mut self, _offset: u32, _size: u32, _flags: VhostUserConfigFlags) -> Result<Vec<u8>> {
+    fn get_config(
+        &mut self,
+        _offset: u32,
+        _size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> Result<Vec<u8>> {
         Err(Error::InvalidOperation("no config space"))
     }
 
-    fn set_config(&mut self, _offset: u32, _buf: &[u8], _flags: VhostUserConfigFlags) -> Result<()> {
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> Result<()> {
         Err(Error::InvalidOperation("no config space"))
     }
 
@@ -383,7 +426,10 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
         Err(Error::InvalidOperation("no shared objects"))
     }
 
-    fn get_inflight_fd(&mut self, _inflight: &VhostUserInflight) -> Result<(VhostUserInflight, File)> {
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> Result<(VhostUserInflight, File)> {
         Err(Error::InvalidOperation("no inflight descriptors"))
     }
 
@@ -478,7 +524,10 @@ pub fn check_socket_path(path: &Path) -> std::io::Result<()> {
     if n > MAX_SOCKET_PATH {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            format!("vhost-user socket path {} is {n} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}", path.display()),
+            format!(
+                "vhost-user socket path {} is {n} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}",
+                path.display()
+            ),
         ));
     }
     Ok(())
@@ -492,7 +541,11 @@ pub fn serve(path: &Path, port: Arc<VhostPort>) -> std::io::Result<Server> {
 
 /// [`serve`] with the socket's mode and owner set (on the socket itself: a symlink the pod
 /// put in its place is replaced, never followed; see `socket.rs`).
-pub fn serve_with(path: &Path, port: Arc<VhostPort>, perms: SocketPerms) -> std::io::Result<Server> {
+pub fn serve_with(
+    path: &Path,
+    port: Arc<VhostPort>,
+    perms: SocketPerms,
+) -> std::io::Result<Server> {
     let listener = crate::socket::listen(path, perms)?;
     listener.set_nonblocking(true)?;
     let mut server = spawn(port, ACCEPT_POLL, move |name| match listener.accept() {
@@ -541,7 +594,11 @@ const FAULT_BACKOFF: Duration = Duration::from_secs(1);
 /// The connection thread: `next` yields a connection to serve (or none yet, tried again
 /// shortly); each is served until it ends, then the port's rings stop.
 /// Waits between fruitless tries start at 20 ms and double up to `max_wait`.
-fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static) -> std::io::Result<Server> {
+fn spawn(
+    port: Arc<VhostPort>,
+    max_wait: Duration,
+    mut next: impl FnMut(&str) -> Option<UnixStream> + Send + 'static,
+) -> std::io::Result<Server> {
     let stop = Arc::new(AtomicBool::new(false));
     let connection = Arc::new(Connection::default());
     let (flag, conn) = (stop.clone(), connection.clone());
@@ -553,7 +610,9 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
                 // In steps of at most 20 ms, so a stop is seen promptly.
                 let until = std::time::Instant::now() + wait;
                 while std::time::Instant::now() < until && !flag.load(Ordering::Acquire) {
-                    std::thread::sleep(ACCEPT_POLL.min(until.saturating_duration_since(std::time::Instant::now())));
+                    std::thread::sleep(
+                        ACCEPT_POLL.min(until.saturating_duration_since(std::time::Instant::now())),
+                    );
                 }
                 wait = (wait * 2).min(max_wait);
                 continue;
@@ -579,7 +638,13 @@ fn spawn(port: Arc<VhostPort>, max_wait: Duration, mut next: impl FnMut(&str) ->
 /// only once all of it is there (its first bytes, then the rest within
 /// [`MESSAGE_DEADLINE`]), so no read of the handler's can wait on the frontend. A frontend
 /// that sends part of a message and stops is put in error and disconnected.
-fn serve_connection(stream: UnixStream, port: &Arc<VhostPort>, stop: &AtomicBool, name: &str, conn: &Connection) {
+fn serve_connection(
+    stream: UnixStream,
+    port: &Arc<VhostPort>,
+    stop: &AtomicBool,
+    name: &str,
+    conn: &Connection,
+) {
     let _ = stream.set_nonblocking(false);
     // Replies to a frontend that does not read them: the write gives up after a while (a
     // stop ends it at once).
@@ -659,7 +724,9 @@ fn whole_message(fd: libc::c_int, stop: &AtomicBool) -> std::result::Result<bool
     let mut hdr = [0u8; HEADER];
     loop {
         // SAFETY: a peek into our 12-byte buffer from the connection's descriptor.
-        let n = unsafe { libc::recv(fd, hdr.as_mut_ptr().cast(), HEADER, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+        let n = unsafe {
+            libc::recv(fd, hdr.as_mut_ptr().cast(), HEADER, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        };
         let mut queued: libc::c_int = 0;
         // SAFETY: FIONREAD writes the bytes queued on the socket into our c_int.
         let q = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
@@ -678,12 +745,19 @@ fn whole_message(fd: libc::c_int, stop: &AtomicBool) -> std::result::Result<bool
         }
         let mut p = libc::pollfd { fd, events: libc::POLLRDHUP, revents: 0 };
         // SAFETY: poll of one pollfd, without waiting.
-        let closed = unsafe { libc::poll(&mut p, 1, 0) } > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0;
+        let closed = unsafe { libc::poll(&mut p, 1, 0) } > 0
+            && p.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0;
         if closed {
-            return Err(format!("the frontend closed its socket {} bytes into a message", queued.max(0)));
+            return Err(format!(
+                "the frontend closed its socket {} bytes into a message",
+                queued.max(0)
+            ));
         }
         if std::time::Instant::now() >= deadline {
-            return Err(format!("the frontend sent {} bytes of a message and nothing more for {MESSAGE_DEADLINE:?}", queued.max(0)));
+            return Err(format!(
+                "the frontend sent {} bytes of a message and nothing more for {MESSAGE_DEADLINE:?}",
+                queued.max(0)
+            ));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -713,7 +787,9 @@ fn wait_for_message(fd: libc::c_int, port: &VhostPort) -> bool {
         if p.revents & libc::POLLIN != 0 {
             // A port whose frontend once stalled the switch on an eventfd has its kicks seen
             // (poll never waits longer than asked) but not read.
-            if !port.distrusted() && crate::eventfd::drain_raw(p.fd) == crate::eventfd::Outcome::Stalled {
+            if !port.distrusted()
+                && crate::eventfd::drain_raw(p.fd) == crate::eventfd::Outcome::Stalled
+            {
                 port.stalled("a kick descriptor");
             }
             port.rx_kicked(*pair);
@@ -739,10 +815,16 @@ const NEED_REPLY: u32 = 0x8;
 /// as the specification allows) — each a 12-byte header and 8 bytes; `None` leaves the
 /// message to the handler. SEND_RARP and NET_SET_MTU are refused unless their protocol
 /// feature was acknowledged; every one is answered when the frontend asks.
-fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -> Option<std::io::Result<()>> {
+fn net_request(
+    fd: libc::c_int,
+    backend: &Mutex<NetBackend>,
+    port: &VhostPort,
+) -> Option<std::io::Result<()>> {
     let mut hdr = [0u8; 12];
     // SAFETY: a peek into our 12-byte buffer from the connection's descriptor.
-    let n = unsafe { libc::recv(fd, hdr.as_mut_ptr().cast(), hdr.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let n = unsafe {
+        libc::recv(fd, hdr.as_mut_ptr().cast(), hdr.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
     if n != hdr.len() as isize {
         return None;
     }
@@ -756,7 +838,10 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
         _ => return None,
     };
     if size != 8 {
-        return Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("request {request} with a {size}-byte body"))));
+        return Some(Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("request {request} with a {size}-byte body"),
+        )));
     }
     let mut msg = [0u8; 20];
     if let Err(e) = read_whole(fd, &mut msg) {
@@ -790,7 +875,8 @@ fn net_request(fd: libc::c_int, backend: &Mutex<NetBackend>, port: &VhostPort) -
         reply[8..12].copy_from_slice(&8u32.to_le_bytes());
         reply[12..].copy_from_slice(&u64::from(!ok).to_le_bytes());
         // SAFETY: a send of our 20-byte buffer on the connection's descriptor.
-        let sent = unsafe { libc::send(fd, reply.as_ptr().cast(), reply.len(), libc::MSG_NOSIGNAL) };
+        let sent =
+            unsafe { libc::send(fd, reply.as_ptr().cast(), reply.len(), libc::MSG_NOSIGNAL) };
         if sent != reply.len() as isize {
             return Some(Err(std::io::Error::last_os_error()));
         }

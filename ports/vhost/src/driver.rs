@@ -66,9 +66,14 @@ pub struct Shared {
 impl Shared {
     /// `len` bytes, on hugepages when `huge` (rounded up to 2 MiB), else plain pages.
     pub fn new(len: usize, huge: bool) -> std::io::Result<Shared> {
-        let (flags, len) = if huge { (libc::MFD_HUGETLB, len.next_multiple_of(2 << 20)) } else { (0, len.next_multiple_of(4096)) };
+        let (flags, len) = if huge {
+            (libc::MFD_HUGETLB, len.next_multiple_of(2 << 20))
+        } else {
+            (0, len.next_multiple_of(4096))
+        };
         // SAFETY: memfd_create with a static name; the descriptor is owned at once.
-        let raw = unsafe { libc::memfd_create(c"knitter-perf".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        let raw =
+            unsafe { libc::memfd_create(c"knitter-perf".as_ptr(), libc::MFD_CLOEXEC | flags) };
         if raw < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -102,7 +107,11 @@ impl Shared {
     /// The queue whose rings live in ring area `k` (areas start at offset 0, one
     /// [`RING_AREA`] each; buffers go after the last one the caller uses).
     pub fn queue(&self, k: usize, size: u16) -> Option<Queue> {
-        if size == 0 || size > MAX_SIZE || !size.is_power_of_two() || (k + 1) * RING_AREA > self.len() {
+        if size == 0
+            || size > MAX_SIZE
+            || !size.is_power_of_two()
+            || (k + 1) * RING_AREA > self.len()
+        {
             return None;
         }
         let base = k * RING_AREA;

@@ -57,7 +57,10 @@ impl EventFd {
                     return Err(io::Error::last_os_error().into());
                 }
                 if st.st_mode & libc::S_IFMT != 0 {
-                    return Err(EventFdError::NotEventfd(format!("a file of mode {:o}", st.st_mode)));
+                    return Err(EventFdError::NotEventfd(format!(
+                        "a file of mode {:o}",
+                        st.st_mode
+                    )));
                 }
             }
         }
@@ -77,7 +80,9 @@ impl EventFd {
     pub fn signal(&self) -> Outcome {
         let one = 1u64.to_ne_bytes();
         // SAFETY: an 8-byte write from our u64 to a descriptor we own.
-        let n = crate::stall::guarded(|| unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8) });
+        let n = crate::stall::guarded(|| unsafe {
+            libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8)
+        });
         outcome(n)
     }
 

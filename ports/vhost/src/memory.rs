@@ -83,7 +83,8 @@ fn file_system(fd: BorrowedFd<'_>) -> std::io::Result<(i64, u64)> {
 /// Filesystems guest memory may live on: memfds and `/dev/shm` (tmpfs) and hugetlbfs. Pages
 /// of any other file would be read from (and written back to) a disk — by the PMD thread
 /// that touches them.
-const SHARED_MEMORY: [(i64, &str); 2] = [(libc::TMPFS_MAGIC, "tmpfs"), (libc::HUGETLBFS_MAGIC, "hugetlbfs")];
+const SHARED_MEMORY: [(i64, &str); 2] =
+    [(libc::TMPFS_MAGIC, "tmpfs"), (libc::HUGETLBFS_MAGIC, "hugetlbfs")];
 
 impl Mapping {
     /// Maps the `len` bytes at `offset` of a frontend's memory file (vhost-user
@@ -98,29 +99,46 @@ impl Mapping {
     /// mapping the guard table has no room for is refused.
     pub fn shared(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<Mapping> {
         let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
-        let off = usize::try_from(offset).map_err(|_| invalid(format!("region offset {offset} is too large")))?;
-        let end = len.checked_add(off).ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
+        let off = usize::try_from(offset)
+            .map_err(|_| invalid(format!("region offset {offset} is too large")))?;
+        let end = len
+            .checked_add(off)
+            .ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
         let (fs, page) = file_system(fd)?;
         let page = page.max(4096);
         let Some((_, kind)) = SHARED_MEMORY.iter().find(|(t, _)| *t == fs) else {
-            return Err(invalid(format!("guest memory must be shared memory (a memfd, tmpfs or hugetlbfs), not a file on a file system of type {fs:#x}")));
+            return Err(invalid(format!(
+                "guest memory must be shared memory (a memfd, tmpfs or hugetlbfs), not a file on a file system of type {fs:#x}"
+            )));
         };
         let size = file_size(fd)?;
         if (size as u128) < end as u128 {
-            return Err(invalid(format!("memory region of {len} bytes at offset {off} extends past its file ({size} bytes)")));
+            return Err(invalid(format!(
+                "memory region of {len} bytes at offset {off} extends past its file ({size} bytes)"
+            )));
         }
         // Only the pages the region is in: from the page its offset falls in (a frontend's
         // offset of terabytes into a sparse file maps nothing more than its region).
         let delta = off % page as usize;
-        let mapped = ((delta + len) as u64).div_ceil(page).checked_mul(page).and_then(|m| usize::try_from(m).ok());
-        let mapped = mapped.ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
-        let at = libc::off_t::try_from(off - delta).map_err(|_| invalid(format!("region offset {off} is too large")))?;
-        let mut m = Self::map(mapped, libc::MAP_SHARED, fd.as_raw_fd(), at).map_err(|e| std::io::Error::new(e.kind(), format!("mapping {mapped} bytes of a {kind} file: {e}")))?;
+        let mapped = ((delta + len) as u64)
+            .div_ceil(page)
+            .checked_mul(page)
+            .and_then(|m| usize::try_from(m).ok());
+        let mapped = mapped
+            .ok_or_else(|| invalid(format!("region of {len} bytes at offset {off} overflows")))?;
+        let at = libc::off_t::try_from(off - delta)
+            .map_err(|_| invalid(format!("region offset {off} is too large")))?;
+        let mut m = Self::map(mapped, libc::MAP_SHARED, fd.as_raw_fd(), at).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("mapping {mapped} bytes of a {kind} file: {e}"))
+        })?;
         // SAFETY: `delta + len <= mapped`: the region lies inside the mapping just made.
         m.ptr = unsafe { m.base.add(delta) };
         m.len = len;
         m.guard = Some(crate::sigbus::Guard::register(m.base, m.mapped).ok_or_else(|| {
-            std::io::Error::other(format!("the switch guards at most {} frontend memory regions at once, all taken", crate::sigbus::SLOTS))
+            std::io::Error::other(format!(
+                "the switch guards at most {} frontend memory regions at once, all taken",
+                crate::sigbus::SLOTS
+            ))
         })?);
         Ok(m)
     }
@@ -132,10 +150,22 @@ impl Mapping {
 
     fn map(len: usize, flags: i32, fd: i32, off: libc::off_t) -> std::io::Result<Mapping> {
         if len == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty memory region"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "empty memory region",
+            ));
         }
         // SAFETY: a fresh mapping chosen by the kernel; checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, off) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                off,
+            )
+        };
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
@@ -193,8 +223,10 @@ impl GuestMemory {
     /// A table of `(guest address, frontend address, mapping)` regions, which must not
     /// overlap in guest space.
     pub fn new(regions: Vec<(u64, u64, Mapping)>) -> Result<GuestMemory, MemError> {
-        let mut rs: Vec<Region> =
-            regions.into_iter().map(|(guest, user, map)| Region { guest, len: map.len as u64, user, map }).collect();
+        let mut rs: Vec<Region> = regions
+            .into_iter()
+            .map(|(guest, user, map)| Region { guest, len: map.len as u64, user, map })
+            .collect();
         rs.sort_by_key(|r| r.guest);
         for w in rs.windows(2) {
             if w[0].guest.checked_add(w[0].len).is_none_or(|end| end > w[1].guest) {
@@ -239,7 +271,10 @@ impl GuestMemory {
 
     /// The guest address of a frontend virtual address (vhost-user SET_VRING_ADDR).
     pub fn guest_of_user(&self, user: u64) -> Option<GuestAddr> {
-        self.regions.iter().find(|r| user >= r.user && user - r.user < r.len).map(|r| GuestAddr(r.guest + (user - r.user)))
+        self.regions
+            .iter()
+            .find(|r| user >= r.user && user - r.user < r.len)
+            .map(|r| GuestAddr(r.guest + (user - r.user)))
     }
 
     /// A guest field of `size` bytes aligned to `align`, as a host pointer.
@@ -264,7 +299,8 @@ pub struct GuestSlice<'m> {
 
 impl<'m> GuestSlice<'m> {
     /// An empty range (a placeholder).
-    pub const EMPTY: GuestSlice<'static> = GuestSlice { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, _mem: PhantomData };
+    pub const EMPTY: GuestSlice<'static> =
+        GuestSlice { ptr: std::ptr::NonNull::dangling().as_ptr(), len: 0, _mem: PhantomData };
 
     /// # Safety
     /// `len` bytes at `ptr` must stay mapped for `'m` (inside a mapping of the memory table
@@ -395,13 +431,19 @@ mod test {
         let m = mem();
         assert_eq!(m.guest_of_user(0x7f00_0001_0010), Some(GuestAddr(0x10010)));
         assert_eq!(m.guest_of_user(0x7f00_0000_0fff), None);
-        assert_eq!(m.field(GuestAddr(0x1002), 4, 4), Err(MemError::Misaligned { addr: 0x1002, align: 4 }));
+        assert_eq!(
+            m.field(GuestAddr(0x1002), 4, 4),
+            Err(MemError::Misaligned { addr: 0x1002, align: 4 })
+        );
         assert!(m.field(GuestAddr(0x1004), 4, 4).is_ok());
     }
 
     #[test]
     fn overlapping_regions_are_refused() {
-        let r = GuestMemory::new(vec![(0x1000, 0, Mapping::anonymous(0x2000).unwrap()), (0x2000, 0, Mapping::anonymous(0x1000).unwrap())]);
+        let r = GuestMemory::new(vec![
+            (0x1000, 0, Mapping::anonymous(0x2000).unwrap()),
+            (0x2000, 0, Mapping::anonymous(0x1000).unwrap()),
+        ]);
         assert!(r.is_err());
     }
 }

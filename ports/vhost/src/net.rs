@@ -51,7 +51,12 @@ pub struct Offloads {
 
 /// Copies the frame of a transmit chain (header and frame, device-readable, the header
 /// possibly in its own buffer) into a new packet.
-pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+pub fn from_guest(
+    mem: &GuestMemory,
+    chain: &Chain,
+    cache: &mut PoolCache,
+    offloads: Offloads,
+) -> Result<BufId, NetError> {
     // The common case (DPDK's virtio-user, Linux with VERSION_1): header and frame in one
     // buffer.
     if let [s] = chain.segments()
@@ -64,7 +69,11 @@ pub fn from_guest(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offlo
 
 /// Copies the frame of a transmit chain of one buffer (header and frame) into a new packet.
 #[inline]
-pub fn from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+pub fn from_buffer(
+    b: GuestSlice<'_>,
+    cache: &mut PoolCache,
+    offloads: Offloads,
+) -> Result<BufId, NetError> {
     if b.len() < HDR_LEN + ETH_HLEN {
         return Err(NetError::Runt);
     }
@@ -96,7 +105,11 @@ pub const LENT_HEAD: usize = 128;
 /// `b` must stay mapped and its descriptor unreturned until the port's `rx_done` for this
 /// burst (see `vswitch::LentTail`).
 #[inline]
-pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offloads: Offloads) -> Result<(BufId, bool), NetError> {
+pub unsafe fn lend_from_buffer(
+    b: GuestSlice<'_>,
+    cache: &mut PoolCache,
+    offloads: Offloads,
+) -> Result<(BufId, bool), NetError> {
     if b.read_array::<2>() != Some([0, VIRTIO_NET_HDR_GSO_NONE]) || b.len() < HDR_LEN + LENT_HEAD {
         return from_buffer(b, cache, offloads).map(|b| (b, false));
     }
@@ -107,7 +120,9 @@ pub unsafe fn lend_from_buffer(b: GuestSlice<'_>, cache: &mut PoolCache, offload
     let tail = frame.from(LENT_HEAD);
     let tail = vswitch::LentTail { ptr: tail.as_ptr(), len: tail.len() as u32 };
     // SAFETY: the tail is inside `b`, which the caller keeps as the function requires.
-    unsafe { cache.alloc_lent(LENT_HEAD, |dst| _ = frame.read(dst), tail) }.map(|b| (b, true)).ok_or(NetError::NoBuffer)
+    unsafe { cache.alloc_lent(LENT_HEAD, |dst| _ = frame.read(dst), tail) }
+        .map(|b| (b, true))
+        .ok_or(NetError::NoBuffer)
 }
 
 /// What a transmit header asks for, against what was negotiated.
@@ -124,7 +139,12 @@ fn check_header(flags_gso: [u8; 2], offloads: Offloads) -> Result<(), NetError> 
 
 /// `from_guest` for a chain of several buffers.
 #[cold]
-fn from_guest_gathered(mem: &GuestMemory, chain: &Chain, cache: &mut PoolCache, offloads: Offloads) -> Result<BufId, NetError> {
+fn from_guest_gathered(
+    mem: &GuestMemory,
+    chain: &Chain,
+    cache: &mut PoolCache,
+    offloads: Offloads,
+) -> Result<BufId, NetError> {
     let mut parts = [GuestSlice::EMPTY; MAX_SEGS];
     let (mut n, mut hdr, mut got) = (0, [0u8; HDR_LEN], 0);
     for s in chain.segments().iter().filter(|s| !s.writable) {
@@ -249,7 +269,11 @@ impl<'a, I: Iterator<Item = &'a [u8]>> Source<'a, I> {
 }
 
 /// Fills a chain's writable buffers from `src`; returns the bytes written.
-fn fill<'a, I: Iterator<Item = &'a [u8]>>(mem: &GuestMemory, chain: &Chain, src: &mut Source<'a, I>) -> Result<u32, NetError> {
+fn fill<'a, I: Iterator<Item = &'a [u8]>>(
+    mem: &GuestMemory,
+    chain: &Chain,
+    src: &mut Source<'a, I>,
+) -> Result<u32, NetError> {
     let mut written = 0;
     for s in chain.segments().iter().filter(|s| s.writable) {
         if src.is_empty() {
@@ -266,7 +290,12 @@ fn fill<'a, I: Iterator<Item = &'a [u8]>>(mem: &GuestMemory, chain: &Chain, src:
 /// and the chains already filled go back to the guest empty (its driver drops them).
 /// `chain` is scratch space the caller keeps across packets (it is large: setting up a new
 /// one per packet cost ~30 instructions).
-pub fn to_guest_merged(ring: &mut Ring<'_>, pool: &Pool, b: &BufId, chain: &mut Chain) -> Result<(), NetError> {
+pub fn to_guest_merged(
+    ring: &mut Ring<'_>,
+    pool: &Pool,
+    b: &BufId,
+    chain: &mut Chain,
+) -> Result<(), NetError> {
     // The common case: the first chain holds the whole frame (`to_guest`, with its fast path).
     match ring.pop(chain) {
         None => return Err(NetError::GuestBufferTooSmall),
@@ -334,7 +363,12 @@ pub fn to_guest_merged(ring: &mut Ring<'_>, pool: &Pool, b: &BufId, chain: &mut 
 }
 
 /// Writes `bytes` at logical offset `at` of a chain's writable buffers.
-fn write_at(mem: &GuestMemory, chain: &Chain, mut at: usize, mut bytes: &[u8]) -> Result<(), NetError> {
+fn write_at(
+    mem: &GuestMemory,
+    chain: &Chain,
+    mut at: usize,
+    mut bytes: &[u8],
+) -> Result<(), NetError> {
     for s in chain.segments().iter().filter(|s| s.writable) {
         let len = s.len as usize;
         if at >= len {

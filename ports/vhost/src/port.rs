@@ -339,7 +339,9 @@ impl VhostPort {
         match call.signal() {
             eventfd::Outcome::Done => {}
             eventfd::Outcome::WouldBlock => self.net.interrupts_full.add(1),
-            eventfd::Outcome::Stalled | eventfd::Outcome::Failed => self.stalled("an interrupt (call) descriptor"),
+            eventfd::Outcome::Stalled | eventfd::Outcome::Failed => {
+                self.stalled("an interrupt (call) descriptor")
+            }
         }
     }
 
@@ -392,14 +394,19 @@ impl VhostPort {
 
     /// Changes the device state (control side; may wait for PMD threads' bursts to end).
     pub fn configure<R>(&self, f: impl FnOnce(&mut Device) -> R) -> R {
-        let mut d = Device { pairs: self.pairs.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner())).collect() };
+        let mut d = Device {
+            pairs: self.pairs.iter().map(|p| p.lock().unwrap_or_else(|e| e.into_inner())).collect(),
+        };
         let r = f(&mut d);
-        let pairs_where = |f: &dyn Fn(&Pair) -> bool| d.pairs.iter().enumerate().filter(|(_, p)| f(p)).fold(0, |m, (i, _)| m | 1 << i);
+        let pairs_where = |f: &dyn Fn(&Pair) -> bool| {
+            d.pairs.iter().enumerate().filter(|(_, p)| f(p)).fold(0, |m, (i, _)| m | 1 << i)
+        };
         let rx = pairs_where(&|p| p.rx_runs() && p.rx_ready);
         let tx = pairs_where(&|p| p.memory.is_some() && p.queues[TXQ].is_some());
         let waiting = pairs_where(&|p| p.rx_runs() && !p.rx_ready);
         // A frontend in error runs nothing until it connects again.
-        let (rx, tx, waiting) = if self.faulted.load(Ordering::SeqCst) { (0, 0, 0) } else { (rx, tx, waiting) };
+        let (rx, tx, waiting) =
+            if self.faulted.load(Ordering::SeqCst) { (0, 0, 0) } else { (rx, tx, waiting) };
         self.rx_waiting.store(waiting, Ordering::SeqCst);
         self.rx_running.store(rx, Ordering::SeqCst);
         self.tx_running.store(tx, Ordering::SeqCst);
@@ -485,7 +492,8 @@ impl VhostPort {
 
     /// Queue pairs whose both rings run.
     pub fn running_pairs(&self) -> usize {
-        (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire)).count_ones() as usize
+        (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire))
+            .count_ones() as usize
     }
 
     /// Counts and logs (once) a ring its driver broke, and stops one whose memory the
@@ -619,7 +627,9 @@ impl Port for VhostPort {
         }
         let Some(mut guard) = try_pair(&self.pairs[p]) else { return got };
         let pair = &mut *guard;
-        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return got };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else {
+            return got;
+        };
         // Another PMD thread's lent burst from this ring (both poll it for a moment while
         // they rebalance) is not back yet: descriptors go back in ring order, so wait.
         if pair.lent.n > 0 {
@@ -682,7 +692,10 @@ impl Port for VhostPort {
         while !lent && batch.room() > 0 {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
-            match r.map_err(|_| None).and_then(|()| net::from_guest(mem, &chain, cache, pair.offloads).map_err(Some)) {
+            match r
+                .map_err(|_| None)
+                .and_then(|()| net::from_guest(mem, &chain, cache, pair.offloads).map_err(Some))
+            {
                 Ok(b) => {
                     let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
                     got += 1;
@@ -692,7 +705,8 @@ impl Port for VhostPort {
             }
             ring.push_used(chain.head, 0);
         }
-        let call = if used > 0 && !lent && ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
+        let call =
+            if used > 0 && !lent && ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
         drop(ring);
         self.check_broken(queue, mem, p, TXQ);
         if used > 0 && !pair.rx_ready {
@@ -709,7 +723,9 @@ impl Port for VhostPort {
         // Another PMD thread sending on this pair holds the lock for one burst: wait for it.
         let mut guard = self.pairs[p].lock().unwrap_or_else(|e| e.into_inner());
         let pair = &mut *guard;
-        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) else { return 0 };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) else {
+            return 0;
+        };
         let Ok(mut ring) = queue.ring(mem) else { return 0 };
         // Unchained packets into receive chains of one buffer that holds them: every chain
         // popped first (their buffers prefetched), then the copies, then the completions.
@@ -717,7 +733,9 @@ impl Port for VhostPort {
         let mut n = 0;
         for b in batch.as_slice().iter().take(flats.len()) {
             let Some(f) = ring.pop_flat(true) else { break };
-            if (self.pool.is_chained(b) && self.pool.lent_tail(b).is_none()) || f.len() < net::HDR_LEN + self.pool.pkt_len(b) {
+            if (self.pool.is_chained(b) && self.pool.lent_tail(b).is_none())
+                || f.len() < net::HDR_LEN + self.pool.pkt_len(b)
+            {
                 ring.unpop();
                 break;
             }
@@ -734,7 +752,8 @@ impl Port for VhostPort {
         // pool first; from one that finds no buffer on, the rest stay (unsent, dropped).
         let mut end = batch.len();
         if cache.lending()
-            && let Some(i) = batch.as_mut_slice()[n..].iter_mut().position(|b| !self.pool.linearize(b, cache))
+            && let Some(i) =
+                batch.as_mut_slice()[n..].iter_mut().position(|b| !self.pool.linearize(b, cache))
         {
             end = n + i;
         }
@@ -809,7 +828,9 @@ impl Port for VhostPort {
         // (a new table since — SET_MEM_TABLE while the rings run — maps the same rings).
         let _lent_from = std::mem::take(&mut pair.lent.memory);
         let n = std::mem::take(&mut pair.lent.n);
-        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else {
+            return;
+        };
         // A ring set up again meanwhile (the frontend restarted it) has other descriptors.
         if n == 0 || queue.id() != pair.lent.queue {
             return;
@@ -850,7 +871,9 @@ impl Port for VhostPort {
         let Some(lock) = self.pairs.get(q as usize) else { return false };
         let Some(mut guard) = try_pair(lock) else { return armed };
         let pair = &mut *guard;
-        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else { return false };
+        let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[TXQ].as_mut()) else {
+            return false;
+        };
         let Ok(mut ring) = queue.ring(mem) else { return false };
         ring.set_kicks(armed);
         if !armed {

@@ -20,7 +20,11 @@ pub struct LogLimit {
 
 impl LogLimit {
     pub const fn new() -> LogLimit {
-        LogLimit { window: AtomicU64::new(0), lines: AtomicU32::new(0), suppressed: AtomicU32::new(0) }
+        LogLimit {
+            window: AtomicU64::new(0),
+            lines: AtomicU32::new(0),
+            suppressed: AtomicU32::new(0),
+        }
     }
 
     /// Whether a line may be written now (`Some`: with how many were left out before it).
@@ -32,7 +36,10 @@ impl LogLimit {
     fn allow_at(&self, now: u64) -> Option<u32> {
         let start = self.window.load(Ordering::Relaxed);
         if now >= start + WINDOW.as_secs()
-            && self.window.compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            && self
+                .window
+                .compare_exchange(start, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
         {
             self.lines.store(0, Ordering::Relaxed);
         }

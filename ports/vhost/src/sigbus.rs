@@ -33,8 +33,9 @@ struct Slot {
     faulted: AtomicBool,
 }
 
-static TABLE: [Slot; SLOTS] =
-    [const { Slot { start: AtomicUsize::new(0), end: AtomicUsize::new(0), faulted: AtomicBool::new(false) } }; SLOTS];
+static TABLE: [Slot; SLOTS] = [const {
+    Slot { start: AtomicUsize::new(0), end: AtomicUsize::new(0), faulted: AtomicBool::new(false) }
+}; SLOTS];
 
 /// The SIGBUS disposition before ours (set once, when the handler is installed).
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
@@ -64,7 +65,10 @@ impl Guard {
                 return Some(Guard { slot: i });
             }
         }
-        tracing::warn!(slots = SLOTS, "SIGBUS guard table full: a frontend memory region is refused");
+        tracing::warn!(
+            slots = SLOTS,
+            "SIGBUS guard table full: a frontend memory region is refused"
+        );
         None
     }
 
@@ -151,7 +155,8 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         f if prev.sa_flags & libc::SA_SIGINFO != 0 => {
             // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this
             // signature; we pass it what the kernel passed us.
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(f) };
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                unsafe { std::mem::transmute(f) };
             f(sig, info, ctx)
         }
         f => {
@@ -185,7 +190,16 @@ mod test {
         // SAFETY: our own descriptor.
         assert_eq!(unsafe { libc::ftruncate(fd, len as i64) }, 0);
         // SAFETY: a fresh shared mapping of the file, checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
         assert_ne!(p, libc::MAP_FAILED);
         let p = p.cast::<u8>();
         // SAFETY: inside the mapping, backed by the file.

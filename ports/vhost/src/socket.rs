@@ -35,7 +35,8 @@ pub struct SocketPerms {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn cstr(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
+    CString::new(s)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
 }
 
 fn check(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -50,7 +51,10 @@ fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
 /// A name in a directory: one path component, never `.`, `..` or empty.
 fn name(n: &str) -> io::Result<CString> {
     if n.is_empty() || n == "." || n == ".." || n.contains('/') {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{n:?} is not a file name")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{n:?} is not a file name"),
+        ));
     }
     cstr(n)
 }
@@ -86,18 +90,33 @@ impl Dir {
     fn open_with(path: &Path, flags: libc::c_int, says: &str) -> io::Result<Dir> {
         let p = cstr(&path.to_string_lossy())?;
         // SAFETY: open of a NUL-terminated path.
-        owned(unsafe { libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | flags | libc::O_CLOEXEC) })
-            .map(Dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening the directory {}{says}: {e}", path.display())))
+        owned(unsafe {
+            libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | flags | libc::O_CLOEXEC)
+        })
+        .map(Dir)
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("opening the directory {}{says}: {e}", path.display()))
+        })
     }
 
     /// The directory `n` in this one (not a symlink).
     pub fn open_dir(&self, n: &str) -> io::Result<Dir> {
         let c = name(n)?;
         // SAFETY: openat relative to our directory.
-        owned(unsafe { libc::openat(self.fd(), c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) })
-            .map(Dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("opening the directory {n} (a symlink is not followed): {e}")))
+        owned(unsafe {
+            libc::openat(
+                self.fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })
+        .map(Dir)
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("opening the directory {n} (a symlink is not followed): {e}"),
+            )
+        })
     }
 
     /// Makes the directory `n` (mode `mode`, less the umask); one already there is fine.
@@ -116,7 +135,9 @@ impl Dir {
         // SAFETY: stat is plain data; fstatat fills it, not following a symlink at `n`.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        match check(unsafe { libc::fstatat(self.fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) }) {
+        match check(unsafe {
+            libc::fstatat(self.fd(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+        }) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Kind::Missing),
             Err(e) => Err(e),
             Ok(_) => Ok(match st.st_mode & libc::S_IFMT {
@@ -156,7 +177,13 @@ impl Dir {
         }
         if perms.owner.is_some() || perms.group.is_some() {
             // SAFETY: fchown of our own descriptor; -1 keeps an id.
-            check(unsafe { libc::fchown(self.fd(), perms.owner.unwrap_or(u32::MAX), perms.group.unwrap_or(u32::MAX)) })?;
+            check(unsafe {
+                libc::fchown(
+                    self.fd(),
+                    perms.owner.unwrap_or(u32::MAX),
+                    perms.group.unwrap_or(u32::MAX),
+                )
+            })?;
         }
         Ok(())
     }
@@ -171,7 +198,18 @@ impl Dir {
         let create = || {
             // SAFETY: openat relative to our directory; O_EXCL with O_CREAT fails on any name
             // already there, a symlink included.
-            owned(unsafe { libc::openat(self.fd(), c.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC, 0o600) })
+            owned(unsafe {
+                libc::openat(
+                    self.fd(),
+                    c.as_ptr(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC,
+                    0o600,
+                )
+            })
         };
         let fd = match create() {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -187,7 +225,11 @@ impl Dir {
         unsafe {
             check(libc::fchmod(f.as_raw_fd(), file.mode.unwrap_or(0o644) as libc::mode_t))?;
             if file.owner.is_some() || file.group.is_some() {
-                check(libc::fchown(f.as_raw_fd(), file.owner.unwrap_or(u32::MAX), file.group.unwrap_or(u32::MAX)))?;
+                check(libc::fchown(
+                    f.as_raw_fd(),
+                    file.owner.unwrap_or(u32::MAX),
+                    file.group.unwrap_or(u32::MAX),
+                ))?;
             }
         }
         let to = name(n)?;
@@ -200,13 +242,19 @@ impl Dir {
     fn socket_inode(&self, n: &str) -> io::Result<OwnedFd> {
         let c = name(n)?;
         // SAFETY: openat relative to our directory descriptor.
-        let fd = owned(unsafe { libc::openat(self.fd(), c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) })?;
+        let fd = owned(unsafe {
+            libc::openat(self.fd(), c.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        })?;
         // SAFETY: fstat into our zeroed buffer, of a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
         if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-            let what = if st.st_mode & libc::S_IFMT == libc::S_IFLNK { "a symlink" } else { "not a socket" };
+            let what = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                "a symlink"
+            } else {
+                "not a socket"
+            };
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{n} is {what}")));
         }
         Ok(fd)
@@ -221,7 +269,10 @@ impl Dir {
 /// the socket's name in it.
 fn dir_of(path: &Path) -> io::Result<(Dir, String)> {
     let (Some(dir), Some(n)) = (path.parent(), path.file_name()) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a file in a directory", path.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a file in a directory", path.display()),
+        ));
     };
     let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
     Ok((Dir::open(dir)?, n.to_string_lossy().into_owned()))
@@ -232,7 +283,8 @@ pub fn listen(path: &Path, perms: SocketPerms) -> io::Result<UnixListener> {
     let (dir, n) = dir_of(path)?;
     dir.unlink(&n)?;
     let via = format!("/proc/self/fd/{}/{n}", dir.fd());
-    let listener = UnixListener::bind(&via).map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+    let listener = UnixListener::bind(&via)
+        .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
     if perms.mode.is_some() || perms.owner.is_some() || perms.group.is_some() {
         // The socket as bound, unless the pod replaced it meanwhile (then its own file).
         let inode = dir.socket_inode(&n)?;
@@ -244,7 +296,9 @@ pub fn listen(path: &Path, perms: SocketPerms) -> io::Result<UnixListener> {
         if perms.owner.is_some() || perms.group.is_some() {
             let (uid, gid) = (perms.owner.unwrap_or(u32::MAX), perms.group.unwrap_or(u32::MAX));
             // SAFETY: fchownat of the O_PATH descriptor itself (AT_EMPTY_PATH); -1 keeps an id.
-            check(unsafe { libc::fchownat(inode.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })?;
+            check(unsafe {
+                libc::fchownat(inode.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH)
+            })?;
         }
     }
     Ok(listener)
@@ -257,7 +311,9 @@ pub fn connect(path: &Path) -> io::Result<UnixStream> {
     let inode = dir.socket_inode(&n)?;
     let via = cstr(&format!("/proc/self/fd/{}", inode.as_raw_fd()))?;
     // SAFETY: a fresh non-blocking unix stream socket.
-    let s = owned(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
+    let s = owned(unsafe {
+        libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+    })?;
     // SAFETY: sockaddr_un is plain data; zeroed is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -269,7 +325,13 @@ pub fn connect(path: &Path) -> io::Result<UnixStream> {
         *d = *b as libc::c_char;
     }
     // SAFETY: connect with our sockaddr_un and its size.
-    let r = unsafe { libc::connect(s.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t) };
+    let r = unsafe {
+        libc::connect(
+            s.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINPROGRESS) && e.raw_os_error() != Some(libc::EAGAIN) {
@@ -277,14 +339,26 @@ pub fn connect(path: &Path) -> io::Result<UnixStream> {
         }
         let mut p = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
         // SAFETY: poll of one pollfd we own.
-        let n = check(unsafe { libc::poll(&mut p, 1, CONNECT_TIMEOUT.as_millis() as libc::c_int) })?;
+        let n =
+            check(unsafe { libc::poll(&mut p, 1, CONNECT_TIMEOUT.as_millis() as libc::c_int) })?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "the frontend did not accept the connection"));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the frontend did not accept the connection",
+            ));
         }
         let mut err: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: getsockopt into our c_int and its length.
-        check(unsafe { libc::getsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len) })?;
+        check(unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        })?;
         if err != 0 {
             return Err(io::Error::from_raw_os_error(err));
         }
@@ -319,7 +393,11 @@ mod tests {
         std::os::unix::fs::symlink(&target, &sock).unwrap();
         let l = listen(&sock, SocketPerms { mode: Some(0o666), owner: None, group: None }).unwrap();
         assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
-        assert_eq!(std::fs::metadata(&target).unwrap().mode() & 0o777, 0o600, "the target kept its mode");
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().mode() & 0o777,
+            0o600,
+            "the target kept its mode"
+        );
         assert_eq!(std::fs::metadata(&sock).unwrap().mode() & 0o777, 0o666);
         let _c = connect(&sock).unwrap();
         drop(l);

@@ -40,7 +40,8 @@ struct Slot {
     since: AtomicU64,
 }
 
-static TABLE: [Slot; SLOTS] = [const { Slot { thread: AtomicU64::new(0), since: AtomicU64::new(0) } }; SLOTS];
+static TABLE: [Slot; SLOTS] =
+    [const { Slot { thread: AtomicU64::new(0), since: AtomicU64::new(0) } }; SLOTS];
 /// Slots handed out so far (the watchdog looks at these only).
 static HIGH: AtomicUsize = AtomicUsize::new(0);
 
@@ -111,7 +112,14 @@ fn watch() {
                 // before the thread entered the call interrupted nothing.
                 // SAFETY: tgkill of a thread id of this process (see `Slot::thread`); the
                 // handler does nothing.
-                unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), thread as libc::pid_t, interrupt_signal()) };
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_tgkill,
+                        libc::getpid(),
+                        thread as libc::pid_t,
+                        interrupt_signal(),
+                    )
+                };
             }
         }
     }
@@ -133,7 +141,12 @@ fn slot() -> Option<usize> {
             }
         }
         static FULL: std::sync::Once = std::sync::Once::new();
-        FULL.call_once(|| tracing::warn!(slots = SLOTS, "watchdog table full: this thread's calls on frontend descriptors are not bounded"));
+        FULL.call_once(|| {
+            tracing::warn!(
+                slots = SLOTS,
+                "watchdog table full: this thread's calls on frontend descriptors are not bounded"
+            )
+        });
         None
     })
     .ok()

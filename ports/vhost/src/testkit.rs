@@ -44,8 +44,12 @@ pub enum Buf {
 
 impl Guest {
     pub fn new(size: u16) -> Guest {
-        let mem = GuestMemory::new(vec![(0, 0x7f00_0000_0000, Mapping::anonymous(MEM_LEN).expect("guest memory"))])
-            .expect("one region");
+        let mem = GuestMemory::new(vec![(
+            0,
+            0x7f00_0000_0000,
+            Mapping::anonymous(MEM_LEN).expect("guest memory"),
+        )])
+        .expect("one region");
         Self::queue_in(Arc::new(mem), size, 0)
     }
 
@@ -55,7 +59,18 @@ impl Guest {
         let [desc, avail, used] = driver::layout(DESC_AT + k * 0x4_0000, size);
         let area = (MEM_LEN as u64 - BUFS_AT) / 4;
         let bufs = (BUFS_AT + k * area, BUFS_AT + (k + 1) * area);
-        Guest { mem, size, desc, avail, used, next_free: 0, avail_idx: 0, used_seen: 0, buf_top: bufs.0, bufs }
+        Guest {
+            mem,
+            size,
+            desc,
+            avail,
+            used,
+            next_free: 0,
+            avail_idx: 0,
+            used_seen: 0,
+            buf_top: bufs.0,
+            bufs,
+        }
     }
 
     /// Queue `k` (1..4) of the same guest, in the same memory.
@@ -65,7 +80,14 @@ impl Guest {
 
     /// The device's view of this queue.
     pub fn queue(&self) -> SplitQueue {
-        SplitQueue::new(self.size, GuestAddr(self.desc), GuestAddr(self.avail), GuestAddr(self.used), 0).expect("valid queue")
+        SplitQueue::new(
+            self.size,
+            GuestAddr(self.desc),
+            GuestAddr(self.avail),
+            GuestAddr(self.used),
+            0,
+        )
+        .expect("valid queue")
     }
 
     pub fn write(&self, at: u64, bytes: &[u8]) {
@@ -198,7 +220,11 @@ impl Vm {
         for (_head, len) in self.rx.completions() {
             let at = addrs.pop_front().expect("a buffer for each completion");
             let bytes = self.rx.read(at, len as usize);
-            assert_eq!(&bytes[..HDR_LEN], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "header: no offload, one buffer");
+            assert_eq!(
+                &bytes[..HDR_LEN],
+                &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+                "header: no offload, one buffer"
+            );
             out.push(bytes[HDR_LEN..].to_vec());
         }
         out

@@ -94,7 +94,13 @@ pub struct Chain {
 
 impl Default for Chain {
     fn default() -> Chain {
-        Chain { head: 0, segs: [Segment { addr: GuestAddr(0), len: 0, writable: false }; MAX_SEGS], n: 0, readable: 0, writable: 0 }
+        Chain {
+            head: 0,
+            segs: [Segment { addr: GuestAddr(0), len: 0, writable: false }; MAX_SEGS],
+            n: 0,
+            readable: 0,
+            writable: 0,
+        }
     }
 }
 
@@ -196,7 +202,13 @@ static NEXT_QUEUE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 impl SplitQueue {
     /// A queue of `size` descriptors with its rings at these guest addresses, starting at
     /// `base` (the frontend's SET_VRING_BASE). The rings are checked when first used.
-    pub fn new(size: u16, desc: GuestAddr, avail: GuestAddr, used: GuestAddr, base: u16) -> Result<SplitQueue, QueueError> {
+    pub fn new(
+        size: u16,
+        desc: GuestAddr,
+        avail: GuestAddr,
+        used: GuestAddr,
+        base: u16,
+    ) -> Result<SplitQueue, QueueError> {
         if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
             return Err(QueueError::Size(size));
         }
@@ -372,7 +384,9 @@ impl<'m> Ring<'m> {
         }
         let (addr, len, flags, _) = Self::read_desc(self.desc, head);
         let want = if writable { VIRTQ_DESC_F_WRITE } else { 0 };
-        if flags & (VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_WRITE) != want || len == 0 {
+        if flags & (VIRTQ_DESC_F_NEXT | VIRTQ_DESC_F_INDIRECT | VIRTQ_DESC_F_WRITE) != want
+            || len == 0
+        {
             return None;
         }
         let buf = self.mem.slice(GuestAddr(addr), len as usize).ok()?;
@@ -414,14 +428,22 @@ impl<'m> Ring<'m> {
             budget = budget.checked_sub(1).ok_or(ChainError::TooManyDescriptors)?;
             let (addr, len, flags, next) = Self::read_desc(table, i);
             if flags & VIRTQ_DESC_F_INDIRECT != 0 {
-                if !self.q.indirect || indirect || flags & VIRTQ_DESC_F_NEXT != 0 || len == 0 || !(len as u64).is_multiple_of(DESC) {
+                if !self.q.indirect
+                    || indirect
+                    || flags & VIRTQ_DESC_F_NEXT != 0
+                    || len == 0
+                    || !(len as u64).is_multiple_of(DESC)
+                {
                     return Err(ChainError::Indirect);
                 }
                 let n = len as u64 / DESC;
                 if n > MAX_QUEUE_SIZE as u64 {
                     return Err(ChainError::Indirect);
                 }
-                table = self.mem.field(GuestAddr(addr), len as u64, DESC).map_err(|_| ChainError::Indirect)?;
+                table = self
+                    .mem
+                    .field(GuestAddr(addr), len as u64, DESC)
+                    .map_err(|_| ChainError::Indirect)?;
                 (table_len, i, seen, indirect) = (n as u16, 0, 0, true);
                 continue;
             }
@@ -477,7 +499,8 @@ impl<'m> Ring<'m> {
             let event = Self::load16(self.avail, 4 + 2 * self.q.size as usize, Ordering::Relaxed);
             new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
-            new != old && Self::load16(self.avail, 0, Ordering::Relaxed) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
+            new != old
+                && Self::load16(self.avail, 0, Ordering::Relaxed) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
         };
         if want {
             self.q.signalled = new;
@@ -491,7 +514,12 @@ impl<'m> Ring<'m> {
     pub fn set_kicks(&mut self, on: bool) {
         if self.q.event_idx {
             if on {
-                Self::store16(self.used, 4 + 8 * self.q.size as usize, self.q.last_avail, Ordering::Relaxed);
+                Self::store16(
+                    self.used,
+                    4 + 8 * self.q.size as usize,
+                    self.q.last_avail,
+                    Ordering::Relaxed,
+                );
             }
         } else {
             let f = Self::load16(self.used, 0, Ordering::Relaxed);

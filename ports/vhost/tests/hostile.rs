@@ -4,10 +4,10 @@
 //! (a ring port "r0" and a well-behaved guest in one bridge domain, stepped by the test: a
 //! step that hung would be the switch's PMD thread hanging).
 
-#[path = "common/frontend.rs"]
-mod frontend;
 #[path = "common/bridged.rs"]
 mod bridged;
+#[path = "common/frontend.rs"]
+mod frontend;
 
 use bridged::{bridged, exchange, scratch, wait_for};
 use frontend::{frontend, memfd, set_up_on};
@@ -40,17 +40,29 @@ fn descriptors_that_are_not_eventfds_are_refused() {
     let dir = scratch("hostile-fd");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let _servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     exchange(&mut h, &good, &mut vm, 0);
     for (i, role) in [(0usize, "interrupt (call)"), (1, "kick")] {
         let rogue = frontend(&dir.join("bad.sock"));
         let (_read_end, write_end) = pipe_end();
         rogue.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-        let r = if i == 0 { rogue.fe.set_vring_call(0, &write_end) } else { rogue.fe.set_vring_kick(1, &write_end) };
+        let r = if i == 0 {
+            rogue.fe.set_vring_call(0, &write_end)
+        } else {
+            rogue.fe.set_vring_kick(1, &write_end)
+        };
         assert!(r.is_err(), "the frontend is told (REPLY_ACK)");
         let why = bad.ring_error().expect("the port is in error");
-        assert!(why.contains(&format!("the {role} descriptor is refused: it is a pipe, not an eventfd")), "{why}");
+        assert!(
+            why.contains(&format!(
+                "the {role} descriptor is refused: it is a pipe, not an eventfd"
+            )),
+            "{why}"
+        );
         assert!(!bad.link_up());
         exchange(&mut h, &good, &mut vm, 1 + i);
         drop(rogue);
@@ -71,7 +83,10 @@ fn an_interrupt_descriptor_made_to_block_cannot_hold_the_switch() {
     let dir = scratch("hostile-call");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let _servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     let mut rogue = frontend(&dir.join("bad.sock"));
     exchange(&mut h, &bad, &mut rogue, 0);
@@ -87,7 +102,10 @@ fn an_interrupt_descriptor_made_to_block_cannot_hold_the_switch() {
     rogue.rx.post(&[Buf::Write(2048)]);
     rogue.rx.set_used_event(1); // an interrupt for the next completion (EVENT_IDX)
     let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
-    h.send("r0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), ip(9), ip(255), 1, 2, 100));
+    h.send(
+        "r0",
+        &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), ip(9), ip(255), 1, 2, 100),
+    );
     let t = Instant::now();
     h.step();
     assert!(t.elapsed() < Duration::from_secs(1), "the step took {:?}", t.elapsed());
@@ -111,7 +129,10 @@ fn an_interrupt_descriptor_made_to_block_cannot_hold_the_switch() {
     }
     again.rx.post(&[Buf::Write(2048)]);
     again.rx.set_used_event(1);
-    h.send("r0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), ip(9), ip(255), 1, 2, 100));
+    h.send(
+        "r0",
+        &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), ip(9), ip(255), 1, 2, 100),
+    );
     let t = Instant::now();
     h.step();
     assert!(t.elapsed() < Duration::from_millis(40), "a second stall: {:?}", t.elapsed());
@@ -159,7 +180,10 @@ fn memory_tables_beyond_the_limits_are_refused() {
     let dir = scratch("hostile-mem");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let _servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     let start = |files: &[OwnedFd], size: u64| {
         let mut fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
@@ -198,7 +222,10 @@ fn memory_tables_beyond_the_limits_are_refused() {
     let huge = memfd(0);
     // SAFETY: ftruncate on the test's own descriptor.
     assert_eq!(unsafe { libc::ftruncate(huge.as_raw_fd(), 1 << 40) }, 0);
-    let limit = format!("this node maps at most {} a frontend", knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY);
+    let limit = format!(
+        "this node maps at most {} a frontend",
+        knitter_vhost::backend::DEFAULT_MAX_GUEST_MEMORY
+    );
     refused("1 TiB", &limit, start(&[huge], 1 << 40));
     // A small region a terabyte into the file: the offset is no way around the limit (only
     // the region's pages are mapped).
@@ -212,16 +239,27 @@ fn memory_tables_beyond_the_limits_are_refused() {
     fe.get_protocol_features().unwrap();
     fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
     fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
-    let region = VhostUserMemoryRegionInfo { guest_phys_addr: 0, memory_size: MEM_LEN as u64, userspace_addr: 0x7000_0000_0000, mmap_offset: 1 << 40, mmap_handle: far.as_raw_fd() };
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: MEM_LEN as u64,
+        userspace_addr: 0x7000_0000_0000,
+        mmap_offset: 1 << 40,
+        mmap_handle: far.as_raw_fd(),
+    };
     fe.set_mem_table(&[region]).unwrap();
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let vm_kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmSize:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
     assert!(vm_kib < 1 << 30, "the switch mapped {vm_kib} KiB: more than the region");
     drop(fe);
     wait_for("the frontend to go", || !bad.link_up());
     exchange(&mut h, &good, &mut vm, 1);
     // A file on a disk (the build directory's file system), unless that is a tmpfs.
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("guest-{}", std::process::id()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("guest-{}", std::process::id()));
     let file = std::fs::File::create(&path).unwrap();
     file.set_len(MEM_LEN as u64).unwrap();
     let _ = std::fs::remove_file(&path);
@@ -230,7 +268,11 @@ fn memory_tables_beyond_the_limits_are_refused() {
     // SAFETY: as above, of our own file.
     assert_eq!(unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) }, 0);
     if st.f_type != libc::TMPFS_MAGIC {
-        refused("a file on a disk", "must be shared memory", start(&[OwnedFd::from(file)], MEM_LEN as u64));
+        refused(
+            "a file on a disk",
+            "must be shared memory",
+            start(&[OwnedFd::from(file)], MEM_LEN as u64),
+        );
     }
     exchange(&mut h, &good, &mut vm, 2);
     let _ = std::fs::remove_dir_all(&dir);
@@ -255,7 +297,8 @@ fn free_huge_pages() -> u64 {
 #[test]
 fn serial_a_hugetlbfs_frontend_that_truncates_its_memory_leaks_nothing() {
     const NR: &str = "/proc/sys/vm/nr_hugepages";
-    let before_nr: u64 = std::fs::read_to_string(NR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    let before_nr: u64 =
+        std::fs::read_to_string(NR).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
     let reserve = free_huge_pages() < 2;
     if reserve {
         let _ = std::fs::write(NR, format!("{}", before_nr + 2));
@@ -276,10 +319,15 @@ fn serial_a_hugetlbfs_frontend_that_truncates_its_memory_leaks_nothing() {
         let dir = scratch("hostile-huge");
         let (mut h, ports) = bridged(&["good", "bad"]);
         let (good, bad) = (ports[0].clone(), ports[1].clone());
-        let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+        let _servers = [
+            serve(&dir.join("good.sock"), good.clone()).unwrap(),
+            serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+        ];
         let mut vm = frontend(&dir.join("good.sock"));
         // SAFETY: memfd_create with a static name; checked and owned below.
-        let fd = unsafe { libc::memfd_create(c"knitter-huge".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_HUGETLB) };
+        let fd = unsafe {
+            libc::memfd_create(c"knitter-huge".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_HUGETLB)
+        };
         assert!(fd >= 0, "memfd_create(MFD_HUGETLB): {}", std::io::Error::last_os_error());
         // SAFETY: a fresh descriptor; ftruncate to two huge pages.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -305,7 +353,8 @@ fn serial_a_hugetlbfs_frontend_that_truncates_its_memory_leaks_nothing() {
         h.flush_caches();
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let ok = vswitch::testkit::eventually(Duration::from_secs(5), || free_huge_pages() == free_before);
+    let ok =
+        vswitch::testkit::eventually(Duration::from_secs(5), || free_huge_pages() == free_before);
     let free_after = free_huge_pages();
     restore();
     assert!(ok, "huge pages free before {free_before}, after {free_after}");
@@ -319,7 +368,10 @@ fn a_ring_size_is_taken_up_to_the_specs_limit_and_a_refused_one_is_shown() {
     let dir = scratch("hostile-ring-size");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let _servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let _servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     for size in [2048, 4096, 32768] {
         let fe = frontend(&dir.join("bad.sock"));

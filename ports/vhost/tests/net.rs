@@ -48,18 +48,34 @@ fn frames_leave_the_guest_whole() {
     let f = frame(1514);
     let mut joined = hdr(0, 0);
     joined.extend_from_slice(&f);
-    assert_eq!(transmit(&[Buf::Read(joined)], Offloads::default()).unwrap(), f, "header and frame in one buffer");
     assert_eq!(
-        transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(f[..100].to_vec()), Buf::Read(f[100..].to_vec())], Offloads::default()).unwrap(),
+        transmit(&[Buf::Read(joined)], Offloads::default()).unwrap(),
+        f,
+        "header and frame in one buffer"
+    );
+    assert_eq!(
+        transmit(
+            &[Buf::Read(hdr(0, 0)), Buf::Read(f[..100].to_vec()), Buf::Read(f[100..].to_vec())],
+            Offloads::default()
+        )
+        .unwrap(),
         f,
         "header alone, frame in two buffers"
     );
     let split_hdr = hdr(0, 0)[..5].to_vec();
     let mut rest = hdr(0, 0)[5..].to_vec();
     rest.extend_from_slice(&f[..60]);
-    assert_eq!(transmit(&[Buf::Read(split_hdr), Buf::Read(rest)], Offloads::default()).unwrap(), f[..60].to_vec(), "header across buffers");
+    assert_eq!(
+        transmit(&[Buf::Read(split_hdr), Buf::Read(rest)], Offloads::default()).unwrap(),
+        f[..60].to_vec(),
+        "header across buffers"
+    );
     let jumbo = frame(9000);
-    assert_eq!(transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(jumbo.clone())], Offloads::default()).unwrap(), jumbo, "jumbo, chained in the pool");
+    assert_eq!(
+        transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(jumbo.clone())], Offloads::default()).unwrap(),
+        jumbo,
+        "jumbo, chained in the pool"
+    );
 }
 
 #[test]
@@ -69,9 +85,15 @@ fn bad_transmit_chains_are_refused() {
     assert_eq!(transmit(&with(hdr(1, 0)), Offloads::default()), Err(NetError::CsumNotNegotiated));
     assert!(transmit(&with(hdr(1, 0)), Offloads { csum: true, gso: false }).is_ok());
     assert_eq!(transmit(&with(hdr(0, 1)), Offloads::default()), Err(NetError::GsoNotNegotiated));
-    assert_eq!(transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(vec![0; 13])], Offloads::default()), Err(NetError::Runt));
+    assert_eq!(
+        transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(vec![0; 13])], Offloads::default()),
+        Err(NetError::Runt)
+    );
     assert_eq!(transmit(&[Buf::Read(vec![0; 8])], Offloads::default()), Err(NetError::Runt));
-    assert_eq!(transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(vec![0; 9217])], Offloads::default()), Err(NetError::TooLong));
+    assert_eq!(
+        transmit(&[Buf::Read(hdr(0, 0)), Buf::Read(vec![0; 9217])], Offloads::default()),
+        Err(NetError::TooLong)
+    );
 }
 
 #[test]
@@ -79,7 +101,11 @@ fn frames_reach_the_guest_behind_a_header() {
     let (pool, mut cache) = pool();
     let f = frame(1514);
     let b = cache.alloc_frame(&f).unwrap();
-    for layout in [vec![Buf::Write(2048)], vec![Buf::Write(12), Buf::Write(1514)], vec![Buf::Write(7), Buf::Write(700), Buf::Write(900)]] {
+    for layout in [
+        vec![Buf::Write(2048)],
+        vec![Buf::Write(12), Buf::Write(1514)],
+        vec![Buf::Write(7), Buf::Write(700), Buf::Write(900)],
+    ] {
         let mut g = Guest::new(8);
         let mut q = g.queue();
         let (head, addrs) = g.post(&layout);
@@ -136,13 +162,17 @@ fn mergeable_receive_buffers() {
     let mut g = Guest::new(16);
     let mut q = g.queue();
     // Three chains of 600 bytes hold the 12-byte header and 1514 bytes; a fourth is spare.
-    let posted: Vec<(u16, u64)> = (0..4).map(|_| g.post(&[Buf::Write(600)])).map(|(h, a)| (h, a[0])).collect();
+    let posted: Vec<(u16, u64)> =
+        (0..4).map(|_| g.post(&[Buf::Write(600)])).map(|(h, a)| (h, a[0])).collect();
     {
         let mut r = q.ring(&g.mem).unwrap();
         net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()).unwrap();
     }
     let done = g.completions();
-    assert_eq!(done, vec![(posted[0].0, 600), (posted[1].0, 600), (posted[2].0, (HDR_LEN + 1514 - 1200) as u32)]);
+    assert_eq!(
+        done,
+        vec![(posted[0].0, 600), (posted[1].0, 600), (posted[2].0, (HDR_LEN + 1514 - 1200) as u32)]
+    );
     let mut got = Vec::new();
     for (i, (_, len)) in done.iter().enumerate() {
         got.extend(g.read(posted[i].1, *len as usize));
@@ -152,7 +182,10 @@ fn mergeable_receive_buffers() {
     // One 600-byte chain left: not enough for the next 1514-byte frame.
     {
         let mut r = q.ring(&g.mem).unwrap();
-        assert_eq!(net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()), Err(NetError::GuestBufferTooSmall));
+        assert_eq!(
+            net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()),
+            Err(NetError::GuestBufferTooSmall)
+        );
         assert_eq!(r.pending(), 1, "the chain is put back");
     }
     assert_eq!(g.completions(), vec![]);
@@ -172,7 +205,10 @@ fn a_bad_chain_mid_frame_returns_every_chain_in_ring_order() {
     g.put_desc(heads[2], 0x7e00_0000_0000, 600, 2, 0);
     {
         let mut r = q.ring(&g.mem).unwrap();
-        assert_eq!(net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()), Err(NetError::BadChain));
+        assert_eq!(
+            net::to_guest_merged(&mut r, &pool, &b, &mut Default::default()),
+            Err(NetError::BadChain)
+        );
     }
     assert_eq!(g.completions(), vec![(heads[0], 0), (heads[1], 0), (heads[2], 0)]);
     cache.free(b);

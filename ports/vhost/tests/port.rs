@@ -47,12 +47,16 @@ fn frames_cross_between_two_guests() {
 fn a_guest_without_receive_buffers_loses_only_its_frames() {
     let pool = Pool::new(4096, false).unwrap();
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
-    let (mut a, mut b, mut c) = (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64), Vm::new("vm-c", &pool, 64));
-    h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone()).register("vm-c", c.port.clone());
+    let (mut a, mut b, mut c) =
+        (Vm::new("vm-a", &pool, 64), Vm::new("vm-b", &pool, 64), Vm::new("vm-c", &pool, 64));
+    h.register("vm-a", a.port.clone())
+        .register("vm-b", b.port.clone())
+        .register("vm-c", c.port.clone());
     h.apply(testkit::one_bridge(&["vm-a", "vm-b", "vm-c"])).unwrap();
     let mut c_bufs: std::collections::VecDeque<u64> = c.give_rx_buffers(8).into();
     // vm-b posts none.
-    let bcast = frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(1), ip(1), ip(255), 68, 67, 300);
+    let bcast =
+        frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(1), ip(1), ip(255), 68, 67, 300);
     for _ in 0..4 {
         a.send(&bcast);
     }
@@ -79,9 +83,7 @@ fn running_pairs_spread_over_pmd_threads() {
     let (g2, g3) = (vm.rx.another_queue(2), vm.rx.another_queue(3));
     vm.port.configure(|d| d.run_pair(2, g2.queue(), g3.queue()));
     switch.register_port("vm", vm.port.clone()).unwrap();
-    switch
-        .apply(testkit::one_bridge(&["r0", "vm"]))
-        .unwrap();
+    switch.apply(testkit::one_bridge(&["r0", "vm"])).unwrap();
     let snap = switch.snapshot();
     let (r, v) = (snap.port_id("r0").unwrap(), snap.port_id("vm").unwrap());
     let threads = |s: &vswitch::snapshot::Snapshot| (assignment(s, 0, 2), assignment(s, 1, 2));
@@ -108,8 +110,13 @@ fn a_port_over_another_pool_is_refused() {
     let foreign = std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", other));
     let err = switch.register_port("vm", foreign.clone()).unwrap_err();
     assert!(matches!(err, vswitch::switch::SwitchError::ForeignPool(_)), "{err}");
-    switch.register_port("vm", std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", pool))).unwrap();
-    assert!(matches!(switch.replace_port("vm", foreign), Err(vswitch::switch::SwitchError::ForeignPool(_))));
+    switch
+        .register_port("vm", std::sync::Arc::new(knitter_vhost::port::VhostPort::new("vm", pool)))
+        .unwrap();
+    assert!(matches!(
+        switch.replace_port("vm", foreign),
+        Err(vswitch::switch::SwitchError::ForeignPool(_))
+    ));
 }
 
 /// The single-copy path: frames of `LEND_MIN` bytes or more cross from one guest to another
@@ -143,8 +150,14 @@ fn large_frames_cross_with_one_copy_and_reach_other_ports_whole() {
         let free = pool.free_count();
 
         let sizes = [100, 511, 512, 513, 1000, 1514, 2000];
-        let to_b: Vec<Vec<u8>> = sizes.iter().map(|&n| frames::udp4(mac(2), mac(1), ip(1), ip(2), 5, n as u16, n)).collect();
-        let to_r0: Vec<Vec<u8>> = [1514, 4000, 9014].iter().map(|&n| frames::udp4(mac(3), mac(1), ip(1), ip(3), 5, n as u16, n)).collect();
+        let to_b: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| frames::udp4(mac(2), mac(1), ip(1), ip(2), 5, n as u16, n))
+            .collect();
+        let to_r0: Vec<Vec<u8>> = [1514, 4000, 9014]
+            .iter()
+            .map(|&n| frames::udp4(mac(3), mac(1), ip(1), ip(3), 5, n as u16, n))
+            .collect();
         let flooded = frames::udp4(mac(7), mac(1), ip(1), ip(7), 5, 7, 1400);
         let mut posted = Vec::new();
         for f in to_b.iter().chain(&to_r0).chain([&flooded]) {
@@ -153,7 +166,12 @@ fn large_frames_cross_with_one_copy_and_reach_other_ports_whole() {
             posted.push(a.tx.post(&[knitter_vhost::testkit::Buf::Read(buf)]).0);
         }
         h.step();
-        assert_eq!(h.stats().total_drops(), 0, "{:?} (single copy {single_copy})", h.stats().nonzero_drops());
+        assert_eq!(
+            h.stats().total_drops(),
+            0,
+            "{:?} (single copy {single_copy})",
+            h.stats().nonzero_drops()
+        );
         let mut want_b = to_b.clone();
         want_b.push(flooded.clone());
         assert_eq!(b.received(&mut b_bufs), want_b, "guest to guest (single copy {single_copy})");

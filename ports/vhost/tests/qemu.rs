@@ -9,6 +9,7 @@
 //! Needs `qemu-system-x86_64`, root and iproute2 (fails under CI without them, skips
 //! elsewhere); runs in the `serial` nextest group.
 
+use kernel_ports::afpacket::AfPacketPort;
 use knitter_vhost::backend::connect;
 use knitter_vhost::port::VhostPort;
 use std::io::{BufRead, BufReader};
@@ -17,9 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vswitch::port::Port;
-use kernel_ports::afpacket::AfPacketPort;
-use vswitch::testkit::netns::{self, Netns};
 use vswitch::testkit;
+use vswitch::testkit::netns::{self, Netns};
 use vswitch::{PmdConfig, PmdSet, Pool, Switch, SwitchOptions};
 
 /// The guest's kernel and initramfs, when built.
@@ -42,15 +42,15 @@ impl Node {
     fn start(sw: &Netns, socket: &Path) -> Node {
         let pool = Pool::new(8192, false).unwrap();
         let switch = Switch::new(pool.clone(), SwitchOptions::default());
-        let pod: Arc<dyn Port> = sw.enter(|| AfPacketPort::open("pod", "pod")).unwrap().map(Arc::new).unwrap();
+        let pod: Arc<dyn Port> =
+            sw.enter(|| AfPacketPort::open("pod", "pod")).unwrap().map(Arc::new).unwrap();
         switch.register_port("pod", pod).unwrap();
         let port = Arc::new(VhostPort::new("vm", pool));
         switch.register_port("vm", port.clone()).unwrap();
-        switch
-            .apply(testkit::one_bridge(&["pod", "vm"]))
-            .unwrap();
+        switch.apply(testkit::one_bridge(&["pod", "vm"])).unwrap();
         let client = connect(socket, port.clone()).unwrap();
-        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
+        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads: 1, ..PmdConfig::default() })
+            .unwrap();
         Node { pmd: Some(pmd), _client: client, port, _switch: switch }
     }
 }
@@ -72,14 +72,33 @@ struct Qemu {
 impl Qemu {
     fn start(kernel: &Path, initrd: &Path, socket: &Path) -> Qemu {
         let mut child = Command::new("qemu-system-x86_64")
-            .args(["-machine", "q35,accel=tcg", "-m", "256", "-smp", "2", "-display", "none", "-monitor", "none"])
+            .args([
+                "-machine",
+                "q35,accel=tcg",
+                "-m",
+                "256",
+                "-smp",
+                "2",
+                "-display",
+                "none",
+                "-monitor",
+                "none",
+            ])
             .args(["-serial", "stdio", "-no-reboot"])
             .arg("-kernel")
             .arg(kernel)
             .arg("-initrd")
             .arg(initrd)
-            .args(["-append", "console=ttyS0 quiet panic=-1 knitter.ip=10.99.0.2/24 knitter.peer=10.99.0.1"])
-            .args(["-object", "memory-backend-memfd,id=mem,size=256M,share=on", "-numa", "node,memdev=mem"])
+            .args([
+                "-append",
+                "console=ttyS0 quiet panic=-1 knitter.ip=10.99.0.2/24 knitter.peer=10.99.0.1",
+            ])
+            .args([
+                "-object",
+                "memory-backend-memfd,id=mem,size=256M,share=on",
+                "-numa",
+                "node,memdev=mem",
+            ])
             // QEMU listens (client mode for the switch) and starts without waiting for it.
             .arg("-chardev")
             .arg(format!("socket,id=c0,path={},server=on,wait=off", socket.display()))
@@ -114,7 +133,11 @@ impl Qemu {
             if let Some(i) = self.lines().iter().skip(from).position(|l| l.contains(what)) {
                 return from + i;
             }
-            assert!(t.elapsed() < within, "the guest never said {what:?}; its console:\n{}", self.lines().join("\n"));
+            assert!(
+                t.elapsed() < within,
+                "the guest never said {what:?}; its console:\n{}",
+                self.lines().join("\n")
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -131,7 +154,11 @@ impl Drop for Qemu {
 fn a_linux_guest_pings_through_the_switch_and_survives_its_restart() {
     let image = guest_image();
     let ready = vswitch::testkit::runs("qemu-system-x86_64") && image.is_some();
-    if !vswitch::testkit::peer_available(ready, "qemu-system-x86_64 or the guest image", "ci/setup.sh and ci/guest.sh") {
+    if !vswitch::testkit::peer_available(
+        ready,
+        "qemu-system-x86_64 or the guest image",
+        "ci/setup.sh and ci/guest.sh",
+    ) {
         return;
     }
     let Some(_g) = netns::exclusive() else { return };
@@ -153,7 +180,11 @@ fn a_linux_guest_pings_through_the_switch_and_survives_its_restart() {
     }
     let node = Node::start(&sw, &socket);
     let queues = qemu.wait_for("KNITTER-QUEUES", 0, Duration::from_secs(90));
-    assert!(qemu.lines()[queues].contains("rx-1"), "the guest has two queue pairs: {}", qemu.lines()[queues]);
+    assert!(
+        qemu.lines()[queues].contains("rx-1"),
+        "the guest has two queue pairs: {}",
+        qemu.lines()[queues]
+    );
     let up = qemu.wait_for("KNITTER-UP", queues, Duration::from_secs(60));
     // The guest's driver enabled its second pair (one per vCPU) through the control queue;
     // `ethtool -L eth0 combined 1` takes it away (the switch must then send on the first
@@ -161,7 +192,11 @@ fn a_linux_guest_pings_through_the_switch_and_survives_its_restart() {
     let pairs_become = |n: usize| {
         let t = Instant::now();
         while node.port.running_pairs() != n {
-            assert!(t.elapsed() < Duration::from_secs(10), "the port runs {} pairs, not {n}", node.port.running_pairs());
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the port runs {} pairs, not {n}",
+                node.port.running_pairs()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };

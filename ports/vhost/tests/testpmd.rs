@@ -92,10 +92,15 @@ impl Rig {
 
     /// [`Rig::new`] with `threads` PMD threads idling as `idle` says.
     fn with_threads(tag: &str, threads: usize, idle: vswitch::IdlePolicy) -> Option<Rig> {
-        if !testkit::peer_available(testkit::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
+        if !testkit::peer_available(
+            testkit::runs("dpdk-testpmd"),
+            "dpdk-testpmd",
+            "ci/setup.sh (dpdk-dev)",
+        ) {
             return None;
         }
-        let dir = std::env::temp_dir().join(format!("knitter-testpmd-{}-{tag}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("knitter-testpmd-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let pool = Pool::new(16384, false).unwrap();
         let switch = Switch::new(pool.clone(), SwitchOptions::default());
@@ -106,17 +111,22 @@ impl Rig {
             switch.register_port(name, port.clone()).unwrap();
             ports.push(port);
         }
-        switch
-            .apply(testkit::one_bridge(&["vu0", "vu1"]))
-            .unwrap();
-        let pmd = PmdSet::start(switch.clone(), &PmdConfig { threads, idle, ..PmdConfig::default() }).unwrap();
+        switch.apply(testkit::one_bridge(&["vu0", "vu1"])).unwrap();
+        let pmd =
+            PmdSet::start(switch.clone(), &PmdConfig { threads, idle, ..PmdConfig::default() })
+                .unwrap();
         Some(Rig { dir, pool, switch, ports, servers, pmd: Some(pmd) })
     }
 
     /// Starts testpmd on both ports: `virtio_user` options `opts` (after the path),
     /// `queues` queue pairs, DPDK runtime files under `prefix`.
     fn testpmd(&self, opts: &str, queues: usize, prefix: &str) -> Testpmd {
-        let vdev = |i: usize| format!("--vdev=net_virtio_user{i},path={},queues={queues}{opts}", self.dir.join(format!("vu{i}.sock")).display());
+        let vdev = |i: usize| {
+            format!(
+                "--vdev=net_virtio_user{i},path={},queues={queues}{opts}",
+                self.dir.join(format!("vu{i}.sock")).display()
+            )
+        };
         let child = Command::new("dpdk-testpmd")
             .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
             .arg(format!("--file-prefix={prefix}"))
@@ -137,9 +147,18 @@ impl Rig {
     /// Waits until both ports run `queues` pairs (or, with 0, until both links are down).
     fn wait_pairs(&self, queues: usize) {
         let t = std::time::Instant::now();
-        let ok = || if queues == 0 { self.ports.iter().all(|p| !p.link_up()) } else { self.ports.iter().all(|p| p.link_up() && p.running_pairs() == queues) };
+        let ok = || {
+            if queues == 0 {
+                self.ports.iter().all(|p| !p.link_up())
+            } else {
+                self.ports.iter().all(|p| p.link_up() && p.running_pairs() == queues)
+            }
+        };
         while !ok() {
-            assert!(t.elapsed() < Duration::from_secs(20), "ports did not reach {queues} running pairs");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "ports did not reach {queues} running pairs"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -172,7 +191,10 @@ impl Testpmd {
     fn writes(&self) -> u64 {
         let pid = self.child.as_ref().map(|c| c.id()).expect("running");
         let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
-        io.lines().find_map(|l| l.strip_prefix("syscw:")).and_then(|v| v.trim().parse().ok()).expect("/proc/PID/io")
+        io.lines()
+            .find_map(|l| l.strip_prefix("syscw:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("/proc/PID/io")
     }
 
     fn stdin(&mut self) -> std::process::ChildStdin {
@@ -183,7 +205,8 @@ impl Testpmd {
     /// (standard output, then standard error when piped).
     fn output(mut self) -> String {
         let child = self.child.take().expect("running");
-        let (pid, done) = (child.id() as libc::pid_t, Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (pid, done) =
+            (child.id() as libc::pid_t, Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let flag = done.clone();
         let watchdog = std::thread::spawn(move || {
             let t = std::time::Instant::now();
@@ -247,8 +270,11 @@ fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> 
     // Busy polling, as a VNF's node runs it: a PMD thread that another test's process
     // descheduled would otherwise find its rings empty, sleep and ask for kicks.
     let tag = format!("{queues}{}-{len}-{threads}", opts.len());
-    let Some(mut rig) = Rig::with_threads(&tag, threads, vswitch::IdlePolicy::Busy) else { return u64::MAX };
-    let mut tp = rig.testpmd(opts, queues, &format!("knitter{}-{queues}-{len}", std::process::id()));
+    let Some(mut rig) = Rig::with_threads(&tag, threads, vswitch::IdlePolicy::Busy) else {
+        return u64::MAX;
+    };
+    let mut tp =
+        rig.testpmd(opts, queues, &format!("knitter{}-{queues}-{len}", std::process::id()));
     let mut stdin = tp.stdin();
     // Connected and both links up before traffic.
     rig.wait_pairs(queues);
@@ -266,7 +292,10 @@ fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> 
     let (rx, tx) = (accumulated(&out, "RX-packets:"), accumulated(&out, "TX-packets:"));
     let (rx, tx) = (rx.expect("testpmd's statistics"), tx.expect("testpmd's statistics"));
     let ours: Vec<_> = rig.ports.iter().flat_map(|p| p.queue_stats()).collect();
-    let (our_rx, our_tx) = (ours.iter().map(|q| q.rx_packets).sum::<u64>(), ours.iter().map(|q| q.tx_packets).sum::<u64>());
+    let (our_rx, our_tx) = (
+        ours.iter().map(|q| q.rx_packets).sum::<u64>(),
+        ours.iter().map(|q| q.tx_packets).sum::<u64>(),
+    );
     // tx_first sends a burst on every queue: each pair's transmit ring was received from.
     for p in &rig.ports {
         let used = p.queue_stats().iter().filter(|q| q.rx_packets > 0).count();
@@ -277,12 +306,18 @@ fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> 
     // polls (a kick per burst, the bug this guards against, is one per ~32). The slack: its
     // command line's own output, and with EVENT_IDX the one kick per ring each time its
     // 16-bit avail index wraps (the switch leaves avail_event behind, as DPDK's vhost does).
-    assert!(writes <= rx / 10_000 + 64, "testpmd ({opts:?}, {queues} pairs, {len} B, {threads} threads) made {writes} write system calls for {rx} packets");
+    assert!(
+        writes <= rx / 10_000 + 64,
+        "testpmd ({opts:?}, {queues} pairs, {len} B, {threads} threads) made {writes} write system calls for {rx} packets"
+    );
     assert_eq!(our_rx, tx, "the switch took every packet testpmd sent");
     // Packets the switch delivered after testpmd stopped counting (those in flight when
     // it stopped) are not in its statistics: at most what its receive rings hold.
     let in_rings = 2 * 4096.max(ring_size(opts) * queues) as u64;
-    assert!(our_tx >= rx && our_tx - rx <= in_rings, "testpmd received what the switch sent: {our_tx} sent, {rx} counted");
+    assert!(
+        our_tx >= rx && our_tx - rx <= in_rings,
+        "testpmd received what the switch sent: {our_tx} sent, {rx} counted"
+    );
     assert_eq!(accumulated(&out, "RX-dropped:"), Some(0));
     assert_eq!(rig.switch.stats().total_drops(), 0, "{:?}", rig.switch.stats().nonzero_drops());
     rig.ports.iter().map(|p| p.net.lent_frames.get()).sum()
@@ -310,11 +345,17 @@ fn testpmd_killed_and_restarted_twenty_times() {
         let mut tp = rig.testpmd("", 1, &format!("knitter{}-kill", std::process::id()));
         let mut stdin = tp.stdin();
         rig.wait_pairs(1);
-        let before: u64 = rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum();
+        let before: u64 =
+            rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum();
         writeln!(stdin, "set fwd io\nstart tx_first").unwrap();
         let t = std::time::Instant::now();
-        while rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum::<u64>() < before + 1000 {
-            assert!(t.elapsed() < Duration::from_secs(10), "round {round}: no traffic after a restart");
+        while rig.ports.iter().flat_map(|p| p.queue_stats()).map(|q| q.rx_packets).sum::<u64>()
+            < before + 1000
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "round {round}: no traffic after a restart"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         tp.kill();
@@ -336,7 +377,9 @@ fn testpmd_killed_and_restarted_twenty_times() {
 #[test]
 #[ignore = "the child process of a_killed_switch_comes_back_in_client_mode"]
 fn switch_process() {
-    let Some(dir) = std::env::var_os("KNITTER_SWITCH_DIR").map(std::path::PathBuf::from) else { return };
+    let Some(dir) = std::env::var_os("KNITTER_SWITCH_DIR").map(std::path::PathBuf::from) else {
+        return;
+    };
     let pool = Pool::new(16384, false).unwrap();
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
     let mut clients = Vec::new();
@@ -345,9 +388,7 @@ fn switch_process() {
         clients.push(connect(&dir.join(format!("{name}.sock")), port.clone()).unwrap());
         switch.register_port(name, port).unwrap();
     }
-    switch
-        .apply(testkit::one_bridge(&["vu0", "vu1"]))
-        .unwrap();
+    switch.apply(testkit::one_bridge(&["vu0", "vu1"])).unwrap();
     let pmd = PmdSet::start(switch, &PmdConfig { threads: 1, ..PmdConfig::default() }).unwrap();
     std::thread::sleep(Duration::from_secs(60));
     pmd.stop();
@@ -387,7 +428,12 @@ fn a_killed_switch_comes_back_in_client_mode() {
     std::fs::create_dir_all(&dir).unwrap();
     let first = SwitchProcess::start(&dir);
     let prefix = format!("knitter{}-client", std::process::id());
-    let vdev = |i: usize| format!("--vdev=net_virtio_user{i},path={},server=1,queues=1", dir.join(format!("vu{i}.sock")).display());
+    let vdev = |i: usize| {
+        format!(
+            "--vdev=net_virtio_user{i},path={},server=1,queues=1",
+            dir.join(format!("vu{i}.sock")).display()
+        )
+    };
     let mut cmd = Command::new("dpdk-testpmd");
     // DPDK's virtio-user writes to the vhost-user socket without MSG_NOSIGNAL: an app that
     // is to outlive its switch must ignore SIGPIPE (testpmd does not; VNFs should).
@@ -411,25 +457,32 @@ fn a_killed_switch_comes_back_in_client_mode() {
         .expect("start dpdk-testpmd");
     // Its output as it comes, to wait for what it says.
     let out = Arc::new(std::sync::Mutex::new(String::new()));
-    let readers: Vec<_> = [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as _)]
-        .into_iter()
-        .flatten()
-        .map(|mut r| {
-            let out = out.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n @ 1..) = r.read(&mut buf) {
-                    out.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            })
+    let readers: Vec<_> = [
+        child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as _),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|mut r| {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = r.read(&mut buf) {
+                out.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
         })
-        .collect();
+    })
+    .collect();
     let mut stdin = child.stdin.take().unwrap();
     let tp = Testpmd { child: Some(child), prefix };
     let wait_for = |what: &str, n: usize| {
         let t = std::time::Instant::now();
         while out.lock().unwrap().matches(what).count() < n {
-            assert!(t.elapsed() < Duration::from_secs(20), "testpmd never said {what:?} {n} times: {}", out.lock().unwrap());
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "testpmd never said {what:?} {n} times: {}",
+                out.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     };
@@ -444,7 +497,11 @@ fn a_killed_switch_comes_back_in_client_mode() {
     // virtio-user reconnects when it next checks the link; testpmd checks on "show port info".
     let t = std::time::Instant::now();
     while out.lock().unwrap().matches("reconnection succeeds").count() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(20), "testpmd did not reconnect: {}", out.lock().unwrap());
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "testpmd did not reconnect: {}",
+            out.lock().unwrap()
+        );
         writeln!(stdin, "show port info all").unwrap();
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -472,7 +529,11 @@ fn a_killed_switch_comes_back_in_client_mode() {
 #[test]
 fn testpmd_answers_the_moment_its_port_is_connected() {
     use vswitch::testkit::{Harness, frames};
-    if !testkit::peer_available(testkit::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
+    if !testkit::peer_available(
+        testkit::runs("dpdk-testpmd"),
+        "dpdk-testpmd",
+        "ci/setup.sh (dpdk-dev)",
+    ) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("knitter-testpmd-{}-ready", std::process::id()));
@@ -484,17 +545,28 @@ fn testpmd_answers_the_moment_its_port_is_connected() {
     h.ring("pod").register("vnf", port.clone());
     h.apply(testkit::one_bridge(&["pod", "vnf"])).unwrap();
     let (pod, vnf) = (testkit::mac(1), vswitch::wire::MacAddr([0x02, 0, 0, 0, 0, 0x09]));
-    let (pod_ip, vnf_ip) = (std::net::Ipv4Addr::new(10, 0, 0, 1), std::net::Ipv4Addr::new(10, 0, 0, 9));
+    let (pod_ip, vnf_ip) =
+        (std::net::Ipv4Addr::new(10, 0, 0, 1), std::net::Ipv4Addr::new(10, 0, 0, 9));
     for round in 0..6 {
         let _busy = (round >= 3).then(|| testkit::BusyCpu::start(0));
         let prefix = format!("knitter{}-ready", std::process::id());
         let child = Command::new("dpdk-testpmd")
             .args(["-l", "0,1", "--no-pci", "--no-huge", "-m", "512", "--single-file-segments"])
             .arg(format!("--file-prefix={prefix}"))
-            .arg(format!("--vdev=net_virtio_user0,path={},mac={vnf}", dir.join("vnf.sock").display()))
+            .arg(format!(
+                "--vdev=net_virtio_user0,path={},mac={vnf}",
+                dir.join("vnf.sock").display()
+            ))
             // --no-flush-rx: testpmd itself throws away what its receive queues hold when
             // forwarding starts, which a VNF does not do (nor the demo's).
-            .args(["--", "--forward-mode=icmpecho", "--no-flush-rx", "--nb-cores=1", "--total-num-mbufs=4096", "--stats-period=3600"])
+            .args([
+                "--",
+                "--forward-mode=icmpecho",
+                "--no-flush-rx",
+                "--nb-cores=1",
+                "--total-num-mbufs=4096",
+                "--stats-period=3600",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -502,7 +574,10 @@ fn testpmd_answers_the_moment_its_port_is_connected() {
             .expect("start dpdk-testpmd");
         let tp = Testpmd { child: Some(child), prefix };
         let before = h.stats().total_drops();
-        assert!(testkit::eventually(Duration::from_secs(30), || port.link_up()), "round {round}: the port never came up");
+        assert!(
+            testkit::eventually(Duration::from_secs(30), || port.link_up()),
+            "round {round}: the port never came up"
+        );
         h.send("pod", &frames::arp_request(pod, pod_ip, vnf_ip));
         for _ in 0..3 {
             h.send("pod", &frames::icmp_echo(vnf, pod, pod_ip, vnf_ip, false, 64));
@@ -514,13 +589,26 @@ fn testpmd_answers_the_moment_its_port_is_connected() {
             answers.len() >= 4
         });
         let drops = h.stats().nonzero_drops();
-        assert!(done, "round {round}: {} of 4 answers (ARP and three pings); drops {drops:?}; vnf {:?}", answers.len(), port.queue_stats()[0]);
-        assert_eq!(h.stats().total_drops(), before, "round {round}: frames lost after the port came up: {drops:?}");
+        assert!(
+            done,
+            "round {round}: {} of 4 answers (ARP and three pings); drops {drops:?}; vnf {:?}",
+            answers.len(),
+            port.queue_stats()[0]
+        );
+        assert_eq!(
+            h.stats().total_drops(),
+            before,
+            "round {round}: frames lost after the port came up: {drops:?}"
+        );
         let arp = answers.iter().filter(|f| f.get(12..14) == Some(&[0x08, 0x06][..])).count();
-        let echo = answers.iter().filter(|f| f.get(23) == Some(&1) && f.get(34) == Some(&0)).count();
+        let echo =
+            answers.iter().filter(|f| f.get(23) == Some(&1) && f.get(34) == Some(&0)).count();
         assert_eq!((arp, echo), (1, 3), "round {round}: an ARP reply and three echo replies");
         tp.kill();
-        assert!(testkit::eventually(Duration::from_secs(10), || !port.link_up()), "round {round}: the port stayed up");
+        assert!(
+            testkit::eventually(Duration::from_secs(10), || !port.link_up()),
+            "round {round}: the port stayed up"
+        );
         // What came in between (nothing should) is not the next round's business.
         h.step();
         h.recv("pod");

@@ -3,10 +3,10 @@
 //! and enables them; a simulated guest in that memory then exchanges frames with a ring port
 //! through the switch. The frontend goes away and comes back: the port follows.
 
-#[path = "common/frontend.rs"]
-mod frontend;
 #[path = "common/bridged.rs"]
 mod bridged;
+#[path = "common/frontend.rs"]
+mod frontend;
 
 use bridged::{bridged, exchange, scratch, wait_for};
 use frontend::{frontend, memfd, negotiate, set_up, set_up_pairs, set_up_with};
@@ -21,8 +21,8 @@ use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
-use vswitch::port::Port;
 use vswitch::Pool;
+use vswitch::port::Port;
 use vswitch::testkit::{frames, mac};
 
 #[test]
@@ -91,7 +91,10 @@ fn two_queue_pairs() {
     let ip = |n| std::net::Ipv4Addr::new(192, 0, 2, n);
     let with_header = |f: &[u8]| [vec![0u8; HDR_LEN], f.to_vec()].concat();
     // One frame on each transmit ring.
-    let (f0, f1) = (frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100), frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 3, 100));
+    let (f0, f1) = (
+        frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 2, 100),
+        frames::udp4(mac(9), mac(1), ip(1), ip(9), 1, 3, 100),
+    );
     vm.tx.post(&[Buf::Read(with_header(&f0))]);
     vm.more[1].post(&[Buf::Read(with_header(&f1))]);
     h.step();
@@ -175,7 +178,10 @@ fn a_bad_frontend_harms_only_its_port() {
     let dir = scratch("vub");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     exchange(&mut h, &good, &mut vm, 0);
 
@@ -229,7 +235,10 @@ fn a_bad_frontend_harms_only_its_port() {
         exchange(&mut h, &good, &mut vm, round);
     }
     assert_eq!(bad.net.broken_rings.get(), 1, "the broken ring is counted once");
-    assert_eq!(bad.ring_error().as_deref(), Some("virtqueue 1: the guest made more than a queue's worth of chains available"));
+    assert_eq!(
+        bad.ring_error().as_deref(),
+        Some("virtqueue 1: the guest made more than a queue's worth of chains available")
+    );
     assert_eq!(bad.queue_stats()[0].rx_packets, 0);
     drop(rogue);
     wait_for("the bad port to stop", || !bad.link_up());
@@ -252,7 +261,10 @@ fn a_frontend_truncating_its_memory_takes_down_only_its_port() {
     let dir = scratch("vut");
     let (mut h, ports) = bridged(&["good", "bad"]);
     let (good, bad) = (ports[0].clone(), ports[1].clone());
-    let servers = [serve(&dir.join("good.sock"), good.clone()).unwrap(), serve(&dir.join("bad.sock"), bad.clone()).unwrap()];
+    let servers = [
+        serve(&dir.join("good.sock"), good.clone()).unwrap(),
+        serve(&dir.join("bad.sock"), bad.clone()).unwrap(),
+    ];
     let mut vm = frontend(&dir.join("good.sock"));
     exchange(&mut h, &good, &mut vm, 0);
 
@@ -265,7 +277,18 @@ fn a_frontend_truncating_its_memory_takes_down_only_its_port() {
         exchange(&mut h, &good, &mut vm, round);
     }
     // A broadcast reaches the bad port's receive ring too.
-    h.send("r0", &frames::udp4(vswitch::wire::MacAddr::BROADCAST, mac(9), [192, 0, 2, 9].into(), [192, 0, 2, 255].into(), 1, 2, 64));
+    h.send(
+        "r0",
+        &frames::udp4(
+            vswitch::wire::MacAddr::BROADCAST,
+            mac(9),
+            [192, 0, 2, 9].into(),
+            [192, 0, 2, 255].into(),
+            1,
+            2,
+            64,
+        ),
+    );
     h.step();
     assert_eq!(vm.rx.completions().len(), 0, "the good guest gave no receive buffer this time");
     assert_eq!(bad.net.memory_faults.get(), 2, "both of the bad port's rings stopped");
@@ -358,7 +381,12 @@ fn socket_permissions_and_path_length() {
     let pool = Pool::new(1024, false).unwrap();
     let port = Arc::new(VhostPort::new("vu0", pool));
     let path = dir.join("vu0.sock");
-    let server = serve_with(&path, port.clone(), SocketPerms { mode: Some(0o660), owner: None, group: Some(100) }).unwrap();
+    let server = serve_with(
+        &path,
+        port.clone(),
+        SocketPerms { mode: Some(0o660), owner: None, group: Some(100) },
+    )
+    .unwrap();
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o660);
     assert_eq!(meta.gid(), 100);

@@ -4,7 +4,9 @@
 
 use knitter_vhost::memory::GuestAddr;
 use knitter_vhost::testkit::{BUFS_AT, Buf, Guest, MEM_LEN};
-use knitter_vhost::vring::{Chain, ChainError, MAX_SEGS, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use knitter_vhost::vring::{
+    Chain, ChainError, MAX_SEGS, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+};
 use proptest::prelude::*;
 
 #[test]
@@ -45,7 +47,10 @@ fn the_queue_wraps_around() {
         let (h, _) = g.post(&[Buf::Read(round.to_le_bytes().to_vec())]);
         let mut r = q.ring(&g.mem).unwrap();
         assert_eq!(r.pop(&mut c), Some(Ok(())));
-        assert_eq!(r.memory().slice(c.segments()[0].addr, 4).unwrap().to_vec(), round.to_le_bytes());
+        assert_eq!(
+            r.memory().slice(c.segments()[0].addr, 4).unwrap().to_vec(),
+            round.to_le_bytes()
+        );
         r.push_used(h, 0);
         drop(r);
         assert_eq!(g.completions(), vec![(h, 0)]);
@@ -58,7 +63,11 @@ fn malformed_chains_are_refused_and_consumed() {
     let mut q = g.queue();
     type Setup = Box<dyn Fn(&Guest)>;
     let cases: Vec<(&str, Setup, ChainError)> = vec![
-        ("next outside the table", Box::new(|g: &Guest| g.put_desc(0, BUFS_AT, 8, VIRTQ_DESC_F_NEXT, 9)), ChainError::Index(9)),
+        (
+            "next outside the table",
+            Box::new(|g: &Guest| g.put_desc(0, BUFS_AT, 8, VIRTQ_DESC_F_NEXT, 9)),
+            ChainError::Index(9),
+        ),
         (
             "a loop",
             Box::new(|g: &Guest| {
@@ -75,7 +84,11 @@ fn malformed_chains_are_refused_and_consumed() {
             }),
             ChainError::ReadAfterWrite,
         ),
-        ("indirect not negotiated", Box::new(|g: &Guest| g.put_desc(0, BUFS_AT, 32, VIRTQ_DESC_F_INDIRECT, 0)), ChainError::Indirect),
+        (
+            "indirect not negotiated",
+            Box::new(|g: &Guest| g.put_desc(0, BUFS_AT, 32, VIRTQ_DESC_F_INDIRECT, 0)),
+            ChainError::Indirect,
+        ),
     ];
     let mut c = Chain::default();
     for (what, setup, want) in cases {
@@ -258,10 +271,16 @@ fn kicks_are_suppressed_while_polling() {
 fn rings_outside_memory_or_misaligned_are_refused() {
     use knitter_vhost::vring::SplitQueue;
     let g = Guest::new(8);
-    assert!(SplitQueue::new(6, GuestAddr(0), GuestAddr(0), GuestAddr(0), 0).is_err(), "size not a power of two");
-    let mut q = SplitQueue::new(8, GuestAddr(MEM_LEN as u64 - 64), GuestAddr(0x100), GuestAddr(0x200), 0).unwrap();
+    assert!(
+        SplitQueue::new(6, GuestAddr(0), GuestAddr(0), GuestAddr(0), 0).is_err(),
+        "size not a power of two"
+    );
+    let mut q =
+        SplitQueue::new(8, GuestAddr(MEM_LEN as u64 - 64), GuestAddr(0x100), GuestAddr(0x200), 0)
+            .unwrap();
     assert!(q.ring(&g.mem).is_err(), "descriptor table past the end");
-    let mut q = SplitQueue::new(8, GuestAddr(0x1008), GuestAddr(0x100), GuestAddr(0x200), 0).unwrap();
+    let mut q =
+        SplitQueue::new(8, GuestAddr(0x1008), GuestAddr(0x100), GuestAddr(0x200), 0).unwrap();
     assert!(q.ring(&g.mem).is_err(), "descriptor table not 16-aligned");
 }
 

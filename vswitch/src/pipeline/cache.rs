@@ -6,10 +6,10 @@
 //! costs ~110 instructions where the full path costs ~320 (docs/perf.md), and the trace
 //! reports the cache's decision and then the full path for traced frames.
 
-use super::{BdRun, Ctx, Pipeline};
 use super::classify::classify_port;
 use super::rewrite::tci_of;
-use crate::batch::{Batch, BATCH};
+use super::{BdRun, Ctx, Pipeline};
+use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, PoolView};
 use crate::counters::{DropReason, Event};
 use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
@@ -24,7 +24,13 @@ use crate::vtep::{self, VtepEntry};
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Cache,
     name: "cache",
-    nexts: &[graph::Next::Node(Node::Classify), graph::Next::Node(Node::Decap), graph::Next::Node(Node::Vtep), graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap)],
+    nexts: &[
+        graph::Next::Node(Node::Classify),
+        graph::Next::Node(Node::Decap),
+        graph::Next::Node(Node::Vtep),
+        graph::Next::Node(Node::VlanRewrite),
+        graph::Next::Node(Node::Encap),
+    ],
     drops: &[],
     counts: &[Event::CacheHits],
 };
@@ -53,24 +59,43 @@ pub(super) const SAMPLE_EVERY: u8 = 64;
 /// path's hottest code, compiled the same whatever its callers grow (inlined, its lookups
 /// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping).
 #[inline(never)]
-pub(super) fn probe_trusted_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+pub(super) fn probe_trusted_burst(
+    pool: PoolView,
+    emc: EmcView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
     probe_burst::<false>(pool, emc, port, bufs, found)
 }
 
 /// [`probe_burst`] for a pod port (port security), out of line for the same reason (inline,
 /// it cost 6 instructions a frame more once the burst's entry grew a trace check).
 #[inline(never)]
-pub(super) fn probe_secured_burst(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+pub(super) fn probe_secured_burst(
+    pool: PoolView,
+    emc: EmcView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
     probe_burst::<true>(pool, emc, port, bufs, found)
 }
 
 #[inline(always)]
-pub(super) fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+pub(super) fn probe_burst<const SECURED: bool>(
+    pool: PoolView,
+    emc: EmcView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);
     for (b, f) in bufs.iter().zip(found.iter_mut()) {
         let (h, len) = pool.head_and_len(b);
         bytes += len as u64;
-        let key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        let key =
+            if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
         let hit = key.and_then(|k| emc.lookup(&k)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
@@ -82,14 +107,21 @@ pub(super) fn probe_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, por
 /// a first pass makes every frame's key and requests its set, a second looks them up, so the
 /// burst's waits on memory overlap instead of coming one after another.
 #[inline(never)]
-pub(super) fn probe_spread_burst<const SECURED: bool>(pool: PoolView, emc: EmcView, port: u16, bufs: &[BufId], found: &mut [(Hit, u32); BATCH]) -> (u64, u64) {
+pub(super) fn probe_spread_burst<const SECURED: bool>(
+    pool: PoolView,
+    emc: EmcView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
     let mut keys = [(0usize, None::<Key>); BATCH];
     let mut bytes = 0u64;
     for ((b, f), (set, key)) in bufs.iter().zip(found.iter_mut()).zip(keys.iter_mut()) {
         let (h, len) = pool.head_and_len(b);
         bytes += len as u64;
         f.1 = len as u32;
-        *key = if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        *key =
+            if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
         if let Some(k) = key {
             *set = emc.set_of(k);
             emc.prefetch_set(*set);
@@ -196,13 +228,22 @@ impl Pipeline {
     /// hits and misses in order (or stages 1-2 for the whole burst when nothing hit).
     /// Returns the bytes received.
     #[inline(always)]
-    pub(super) fn forward_port_cached(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+    pub(super) fn forward_port_cached(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> u64 {
         let mut found = [(Hit::default(), 0u32); BATCH];
         let secured = port.security.is_some();
         let (pool, emc) = (self.pool.view(), self.flows.emc.view());
         let (bytes, hits) = match (emc.spread, secured) {
-            (true, true) => probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found),
-            (true, false) => probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found),
+            (true, true) => {
+                probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
+            (true, false) => {
+                probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
             (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
             (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
         };
@@ -254,7 +295,8 @@ impl Pipeline {
     /// slows a cold start a hundredfold.
     #[inline(always)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample_burst(port)
+        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW
+            || self.sample_burst(port)
     }
 
     /// One burst in [`SAMPLE_EVERY`] of a port off the cache.
@@ -282,7 +324,8 @@ impl Pipeline {
             *c = (*c).max(0);
             return;
         }
-        *c = (*c as i32 + HIT_WORTH * hits - (misses - invested)).clamp(-CREDIT_CAP, CREDIT_CAP) as i16;
+        *c = (*c as i32 + HIT_WORTH * hits - (misses - invested)).clamp(-CREDIT_CAP, CREDIT_CAP)
+            as i16;
     }
 
     /// After a burst of `n` frames from `port`, every one of which hit the cache.
@@ -311,7 +354,13 @@ impl Pipeline {
     /// Once a missed frame changed the FDB (a MAC moved), the hits after it take stages 1
     /// and 2 too. Returns how many hits did.
     #[inline(always)]
-    pub(super) fn forward_cached<const ACCESS: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &mut [(Hit, u32); BATCH]) -> u64 {
+    pub(super) fn forward_cached<const ACCESS: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+        found: &mut [(Hit, u32); BATCH],
+    ) -> u64 {
         let mut run = BdRun::new(if ACCESS { port.untagged_bd } else { NO_BD });
         let n = batch.len();
         let mut demoted = 0;
@@ -335,7 +384,15 @@ impl Pipeline {
 
     /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
     #[inline(always)]
-    pub(super) fn forward_hit<const PER_NODE: bool>(&mut self, snap: &Snapshot, b: BufId, hit: Hit, run: &mut BdRun, bd: u16, len: usize) {
+    pub(super) fn forward_hit<const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        b: BufId,
+        hit: Hit,
+        run: &mut BdRun,
+        bd: u16,
+        len: usize,
+    ) {
         if let Some(done) = run.add(bd, len) {
             self.count_run(done);
         }
@@ -344,7 +401,9 @@ impl Pipeline {
         }
         let tagged = hit.tagged_in();
         match hit.action() {
-            Action::Port { port: p, want } if PER_NODE => self.hit_to_rewrite(snap, b, p, tagged, want),
+            Action::Port { port: p, want } if PER_NODE => {
+                self.hit_to_rewrite(snap, b, p, tagged, want)
+            }
             Action::Port { port: p, want } => {
                 let mut b = b;
                 let pcp = if tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
@@ -384,11 +443,21 @@ impl Pipeline {
     /// changed the FDB, the hits of the frames after it in `found` become misses; returns how
     /// many did.
     #[inline(never)]
-    pub(super) fn forward_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, i: usize, found: &mut [(Hit, u32)]) -> u64 {
+    pub(super) fn forward_missed(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        mut b: BufId,
+        i: usize,
+        found: &mut [(Hit, u32)],
+    ) -> u64 {
         self.flush_pending(snap);
-        self.flows.miss_keys[i & (BATCH - 1)] = port_key(port.id, port.security.is_some(), self.pool.head(&b));
+        self.flows.miss_keys[i & (BATCH - 1)] =
+            port_key(port.id, port.security.is_some(), self.pool.head(&b));
         let (mut ctx, mut bytes) = (Ctx::default(), 0);
-        if let Err(r) = classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx) {
+        if let Err(r) =
+            classify_port(&self.pool, &self.fdb, port, snap, &mut b, &mut bytes, &mut ctx)
+        {
             ctx.drop = Some(r);
         }
         self.forward_ctx(snap, port, b, &ctx, i);
@@ -411,11 +480,24 @@ impl Pipeline {
     /// the whole decapsulation again and stages 1 and 2. Returns the bytes received and the
     /// lookups that hit.
     #[inline(never)]
-    pub(super) fn forward_underlay_cached<const PER_NODE: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, port: &PortEntry, batch: &mut Batch) -> (u64, u64) {
+    pub(super) fn forward_underlay_cached<const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> (u64, u64) {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
         let mut found = [Stripped::default(); BATCH];
-        let (bytes, hits) = strip_hits(self.pool.view(), self.flows.emc.view(), &self.decap_cache, vtep, batch, &mut found);
+        let (bytes, hits) = strip_hits(
+            self.pool.view(),
+            self.flows.emc.view(),
+            &self.decap_cache,
+            vtep,
+            batch,
+            &mut found,
+        );
         let mut decapsulated = 0;
         if hits == n as u64 {
             self.forward_hits::<PER_NODE>(snap, batch, &found);
@@ -436,7 +518,13 @@ impl Pipeline {
                 self.forward_hit::<PER_NODE>(snap, b, hit, &mut run, hit.bd(), len as usize);
                 continue;
             }
-            decapsulated += self.forward_underlay_missed(snap, port, b, (stripped != 0).then_some(stripped_from), i);
+            decapsulated += self.forward_underlay_missed(
+                snap,
+                port,
+                b,
+                (stripped != 0).then_some(stripped_from),
+                i,
+            );
             demoted += self.forget_outdated(&mut found[..n], i);
         }
         batch.clear_taken();
@@ -451,11 +539,19 @@ impl Pipeline {
     /// bridge domain and peer, counted as decapsulated already). Returns whether this call
     /// decapsulated it.
     #[inline(never)]
-    pub(super) fn forward_underlay_missed(&mut self, snap: &Snapshot, port: &PortEntry, mut b: BufId, stripped: Option<(u16, u16)>, i: usize) -> u64 {
+    pub(super) fn forward_underlay_missed(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        mut b: BufId,
+        stripped: Option<(u16, u16)>,
+        i: usize,
+    ) -> u64 {
         self.flush_pending(snap);
         let r = stripped.ok_or(()).or_else(|()| self.decap(snap, &mut b));
         let decapsulated = (stripped.is_none() && r.is_ok()) as u64;
-        self.flows.miss_keys[i & (BATCH - 1)] = r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
+        self.flows.miss_keys[i & (BATCH - 1)] =
+            r.ok().and_then(|(bd, peer)| Key::from_peer(peer, bd, self.pool.head(&b)));
         let mut ctx = Ctx::default();
         self.underlay_ctx(snap, &mut b, r, &mut ctx);
         self.forward_ctx(snap, port, b, &ctx, i);
@@ -465,7 +561,12 @@ impl Pipeline {
     /// The second pass of [`Pipeline::forward_underlay_cached`] when every frame hit (and
     /// lost its outer headers in the first): each goes to egress.
     #[inline(never)]
-    pub(super) fn forward_hits<const PER_NODE: bool>(&mut self, snap: &Snapshot, batch: &mut Batch, found: &[Stripped; BATCH]) {
+    pub(super) fn forward_hits<const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        batch: &mut Batch,
+        found: &[Stripped; BATCH],
+    ) {
         let mut run = BdRun::new(NO_BD);
         for i in 0..batch.len() {
             let b = batch.take(i);
@@ -485,17 +586,30 @@ impl Pipeline {
 /// registers are then allocated for it alone, not shifted by what the rest of the burst's
 /// path (or the pipeline's layout) does.
 #[inline(never)]
-fn strip_hits(view: PoolView<'_>, emc: EmcView<'_>, decap_cache: &vtep::DecapCache, vtep: &VtepEntry, batch: &mut Batch, found: &mut [Stripped; BATCH]) -> (u64, u64) {
+fn strip_hits(
+    view: PoolView<'_>,
+    emc: EmcView<'_>,
+    decap_cache: &vtep::DecapCache,
+    vtep: &VtepEntry,
+    batch: &mut Batch,
+    found: &mut [Stripped; BATCH],
+) -> (u64, u64) {
     let (mut bytes, mut hits) = (0u64, 0u64);
     for (b, f) in batch.as_mut_slice().iter_mut().zip(found.iter_mut()) {
         let (h, total) = view.head_and_len(b);
         bytes += total as u64;
         // One bounds check for the outer headers and the inner frame's key.
-        let Some((outer, inner)) = h.first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>().map(|h| h.split_at(vtep::PLAIN_OUTER)) else {
+        let Some((outer, inner)) = h
+            .first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>()
+            .map(|h| h.split_at(vtep::PLAIN_OUTER))
+        else {
             continue;
         };
         // The first frame of a (source, VNI) takes the slow path, which fills the cache.
-        let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, decap_cache)) else { continue };
+        let Some(d) = outer.first_chunk().and_then(|o| vtep.classify_plain(o, total, decap_cache))
+        else {
+            continue;
+        };
         if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
             && hit.admits(d.inner_len)
             && d.strip(view, b).is_ok()

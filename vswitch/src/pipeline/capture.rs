@@ -23,7 +23,12 @@ pub(super) struct Staged {
 
 impl Staged {
     fn new() -> Staged {
-        Staged { session: None, slots: std::array::from_fn(|_| None), bufs: [u32::MAX; BATCH], n: 0 }
+        Staged {
+            session: None,
+            slots: std::array::from_fn(|_| None),
+            bufs: [u32::MAX; BATCH],
+            n: 0,
+        }
     }
 
     /// Copies the frames of `batch` the session's filter takes.
@@ -104,7 +109,12 @@ pub(super) struct Taps {
 
 impl Taps {
     pub(super) fn new() -> Taps {
-        Taps { requests: Arc::new(Capture::default()), on: false, rx: Box::new(Staged::new()), tx: Box::new(Staged::new()) }
+        Taps {
+            requests: Arc::new(Capture::default()),
+            on: false,
+            rx: Box::new(Staged::new()),
+            tx: Box::new(Staged::new()),
+        }
     }
 }
 
@@ -121,7 +131,9 @@ impl Taps {
 impl Pipeline {
     /// Copies a received burst of captured port `port`; the copies wait for the burst's end.
     pub(super) fn capture_rx(&mut self, port: u16, batch: &Batch) {
-        let Some(s) = self.taps.requests.session().filter(|s| s.serves(port, false)) else { return };
+        let Some(s) = self.taps.requests.session().filter(|s| s.serves(port, false)) else {
+            return;
+        };
         self.taps.rx.copy(s, &self.pool, batch, Direction::Rx, self.thread);
         self.taps.on = true;
     }
@@ -161,8 +173,17 @@ impl Taps {
     /// [`Taps::sent`] after.
     #[cold]
     #[inline(never)]
-    pub(super) fn copy_tx(&mut self, snap: &Snapshot, port: u16, pool: &Pool, batch: &Batch, thread: usize) -> bool {
-        let Some(s) = self.requests.session().filter(|s| s.serves(port, true)) else { return false };
+    pub(super) fn copy_tx(
+        &mut self,
+        snap: &Snapshot,
+        port: u16,
+        pool: &Pool,
+        batch: &Batch,
+        thread: usize,
+    ) -> bool {
+        let Some(s) = self.requests.session().filter(|s| s.serves(port, true)) else {
+            return false;
+        };
         self.tx.copy(s, pool, batch, Direction::Tx, thread);
         // A gateway's port gets the frames for the gateway addressed to its own MAC (done by
         // `send_batch`, after this copy): so do their copies.

@@ -4,7 +4,7 @@
 //! `forward`.
 
 use super::{Ctx, NO_PEER};
-use crate::batch::{Batch, BATCH};
+use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool};
 use crate::counters::DropReason;
 use crate::fdb::{self, Fdb};
@@ -19,8 +19,21 @@ use crate::wire::ethernet::{self, ethertype};
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Classify,
     name: "classify",
-    nexts: &[graph::Next::Node(Node::PortSecurity), graph::Next::Node(Node::Learn), graph::Next::Drop],
-    drops: &[DropReason::Runt, DropReason::Oversize, DropReason::TaggedOnAccess, DropReason::WrongTpid, DropReason::VlanNotAllowed, DropReason::UntaggedNotAllowed, DropReason::NoBridgeDomain, DropReason::SrcMacGroup],
+    nexts: &[
+        graph::Next::Node(Node::PortSecurity),
+        graph::Next::Node(Node::Learn),
+        graph::Next::Drop,
+    ],
+    drops: &[
+        DropReason::Runt,
+        DropReason::Oversize,
+        DropReason::TaggedOnAccess,
+        DropReason::WrongTpid,
+        DropReason::VlanNotAllowed,
+        DropReason::UntaggedNotAllowed,
+        DropReason::NoBridgeDomain,
+        DropReason::SrcMacGroup,
+    ],
     counts: &[],
 };
 
@@ -29,7 +42,14 @@ pub(crate) const PORT_SECURITY: Descriptor = Descriptor {
     node: Node::PortSecurity,
     name: "port-security",
     nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
-    drops: &[DropReason::SecurityMac, DropReason::SecurityIp, DropReason::SecurityArp, DropReason::SecurityNd, DropReason::SecurityRa, DropReason::SecurityDhcp],
+    drops: &[
+        DropReason::SecurityMac,
+        DropReason::SecurityIp,
+        DropReason::SecurityArp,
+        DropReason::SecurityNd,
+        DropReason::SecurityRa,
+        DropReason::SecurityDhcp,
+    ],
     counts: &[],
 };
 
@@ -78,7 +98,17 @@ pub(super) fn classify_port(
         if len - ethernet::HEADER_LEN > port.mtu as usize {
             return Err(DropReason::Oversize);
         }
-        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, port.security.as_ref(), false, 0, len);
+        return fill_l2(
+            fdb,
+            ctx,
+            h,
+            port.untagged_bd,
+            NO_PEER,
+            port.security.as_ref(),
+            false,
+            0,
+            len,
+        );
     }
     let tci = u16::from_be_bytes([h[14], h[15]]);
     let vid = tci & 0x0fff;
@@ -92,7 +122,17 @@ pub(super) fn classify_port(
         if len - ethernet::HEADER_LEN > port.mtu as usize {
             return Err(DropReason::Oversize);
         }
-        return fill_l2(fdb, ctx, h, port.untagged_bd, NO_PEER, port.security.as_ref(), false, tci & 0xf000, len);
+        return fill_l2(
+            fdb,
+            ctx,
+            h,
+            port.untagged_bd,
+            NO_PEER,
+            port.security.as_ref(),
+            false,
+            tci & 0xf000,
+            len,
+        );
     }
     if port.kind != PortKind::Trunk {
         return Err(DropReason::TaggedOnAccess);
@@ -115,7 +155,13 @@ pub(super) fn classify_port(
 
 /// A head too short to hold a tag: untagged if it holds an Ethernet header at all.
 #[cold]
-pub(super) fn fill_untagged_or_runt(fdb: &Fdb, port: &PortEntry, h: &[u8], len: usize, ctx: &mut Ctx) -> Result<(), DropReason> {
+pub(super) fn fill_untagged_or_runt(
+    fdb: &Fdb,
+    port: &PortEntry,
+    h: &[u8],
+    len: usize,
+    ctx: &mut Ctx,
+) -> Result<(), DropReason> {
     if h.len() < ethernet::HEADER_LEN {
         return Err(DropReason::Runt);
     }
@@ -151,7 +197,8 @@ pub(super) fn fill_l2(
     }
     // Two 8-byte loads hold both addresses: bytes 0..8 start with the destination, bytes
     // 4..12 end with the source.
-    let (Some(a), Some(b)) = (h.first_chunk::<8>(), h.get(4..).and_then(|t| t.first_chunk::<8>())) else {
+    let (Some(a), Some(b)) = (h.first_chunk::<8>(), h.get(4..).and_then(|t| t.first_chunk::<8>()))
+    else {
         return Err(DropReason::Runt);
     };
     let (w0, w1) = (u64::from_be_bytes(*a), u64::from_be_bytes(*b));
@@ -166,6 +213,19 @@ pub(super) fn fill_l2(
     let (src_loc, dst_loc) = (fdb.locate(src_key), fdb.locate(dst_key));
     fdb.prefetch(dst_loc);
     fdb.prefetch(src_loc);
-    *ctx = Ctx { len: len as u32, reply: false, taken: false, bd, drop: None, from_peer, tagged, pcp, src_key, dst_key, src_loc, dst_loc };
+    *ctx = Ctx {
+        len: len as u32,
+        reply: false,
+        taken: false,
+        bd,
+        drop: None,
+        from_peer,
+        tagged,
+        pcp,
+        src_key,
+        dst_key,
+        src_loc,
+        dst_loc,
+    };
     Ok(())
 }

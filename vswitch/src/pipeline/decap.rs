@@ -2,9 +2,9 @@
 //! ([`crate::vtep`]), (source, VNI) → bridge domain; the VTEP's own neighbour traffic
 //! (answers to its requests learned, requests for its address answered).
 
-use super::{Ctx, Pipeline};
 use super::classify::fill_l2;
-use crate::batch::{Batch, BATCH};
+use super::{Ctx, Pipeline};
+use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool};
 use crate::counters::{DropReason, Event};
 use crate::graph::{self, Descriptor};
@@ -19,7 +19,16 @@ pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Decap,
     name: "vxlan-decap",
     nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
-    drops: &[DropReason::UnderlayNotVxlan, DropReason::UnderlayForeignMac, DropReason::VxlanMalformed, DropReason::VxlanBadChecksum, DropReason::VxlanBadFlags, DropReason::VxlanUnknownVni, DropReason::VxlanUnknownVtep, DropReason::VxlanCeNotEct],
+    drops: &[
+        DropReason::UnderlayNotVxlan,
+        DropReason::UnderlayForeignMac,
+        DropReason::VxlanMalformed,
+        DropReason::VxlanBadChecksum,
+        DropReason::VxlanBadFlags,
+        DropReason::VxlanUnknownVni,
+        DropReason::VxlanUnknownVtep,
+        DropReason::VxlanCeNotEct,
+    ],
     counts: &[Event::Decapsulated],
 };
 
@@ -34,7 +43,12 @@ pub(crate) const VTEP: Descriptor = Descriptor {
 
 impl Pipeline {
     /// Stage 1 for a burst from the underlay: VXLAN decap, then the inner frames' keys.
-    pub(super) fn classify_underlay_burst(&mut self, snap: &Snapshot, batch: &mut Batch, ctxs: &mut [Ctx; BATCH]) -> u64 {
+    pub(super) fn classify_underlay_burst(
+        &mut self,
+        snap: &Snapshot,
+        batch: &mut Batch,
+        ctxs: &mut [Ctx; BATCH],
+    ) -> u64 {
         self.decap_cache.sync(snap.generation);
         let (mut bytes, mut decapsulated) = (0u64, 0u64);
         for (b, ctx) in batch.as_mut_slice().iter_mut().zip(ctxs.iter_mut()) {
@@ -51,7 +65,11 @@ impl Pipeline {
 
     /// Validates and strips the outer headers of an underlay frame: (bridge domain, peer).
     #[inline(always)]
-    pub(super) fn decap(&mut self, snap: &Snapshot, b: &mut BufId) -> Result<(u16, u16), DropReason> {
+    pub(super) fn decap(
+        &mut self,
+        snap: &Snapshot,
+        b: &mut BufId,
+    ) -> Result<(u16, u16), DropReason> {
         match snap.vtep.as_ref() {
             None => Err(DropReason::UnderlayNotVxlan),
             Some(vtep) => vtep.decap(snap, &self.pool, b, &mut self.decap_cache),
@@ -61,7 +79,13 @@ impl Pipeline {
     /// Stage 1 for an underlay frame after [`Pipeline::decap`]: the inner frame's keys, or an
     /// answer for a neighbour asking for the VTEP's address, or a drop.
     #[inline(always)]
-    pub(super) fn underlay_ctx(&self, snap: &Snapshot, b: &mut BufId, r: Result<(u16, u16), DropReason>, ctx: &mut Ctx) {
+    pub(super) fn underlay_ctx(
+        &self,
+        snap: &Snapshot,
+        b: &mut BufId,
+        r: Result<(u16, u16), DropReason>,
+        ctx: &mut Ctx,
+    ) {
         let pool = &*self.pool;
         let r = r.and_then(|(bd, peer)| {
             let (h, len) = pool.head_and_len(b);
@@ -87,7 +111,13 @@ impl Pipeline {
 
     /// Learns a next hop's MAC from an ARP packet or neighbour advertisement in `b`.
     #[cold]
-    pub(super) fn learn_next_hop(&self, snap: &Snapshot, pool: &Pool, b: &BufId, local: IpAddr) -> bool {
+    pub(super) fn learn_next_hop(
+        &self,
+        snap: &Snapshot,
+        pool: &Pool,
+        b: &BufId,
+        local: IpAddr,
+    ) -> bool {
         if self.dry() {
             return false;
         }

@@ -35,7 +35,12 @@ impl Pipeline {
     /// more (another thread took the last).
     #[cold]
     #[inline(never)]
-    pub(super) fn process_traced(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> bool {
+    pub(super) fn process_traced(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> bool {
         self.begin_trace(snap, port, batch, false);
         if !self.trace.on {
             return false;
@@ -48,7 +53,12 @@ impl Pipeline {
     /// [`Pipeline::process`] for an existing port; `TRACE`: the burst is traced (it takes
     /// the slow path, compiled to record what each node decides).
     #[inline(always)]
-    pub(super) fn process_port<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) {
+    pub(super) fn process_port<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) {
         let (in_port, n) = (port.id, batch.len());
         self.flows.emc.sync(snap.generation, self.fdb.generation(), self.now);
         // The cache serves every port (a port with port security only for the frames whose
@@ -58,7 +68,11 @@ impl Pipeline {
         let cache_on = !TRACE && self.flows.emc.capacity() > 0 && self.worth_looking_up(in_port);
         let bytes = if port.kind != PortKind::Underlay {
             self.flows.cached = cache_on;
-            if cache_on { self.forward_port_cached(snap, port, batch) } else { self.forward_slow::<TRACE>(snap, port, batch) }
+            if cache_on {
+                self.forward_port_cached(snap, port, batch)
+            } else {
+                self.forward_slow::<TRACE>(snap, port, batch)
+            }
         } else {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
@@ -89,7 +103,9 @@ impl Pipeline {
         if self.known > 0 {
             self.stats.event(Event::KnownUnicast, std::mem::take(&mut self.known));
         }
-        if !self.hold.parked.is_empty() && self.hold.parked.due(self.hold.shared.generation(), self.now) {
+        if !self.hold.parked.is_empty()
+            && self.hold.parked.due(self.hold.shared.generation(), self.now)
+        {
             self.retry_parked(snap);
         }
         self.flush(snap);
@@ -98,7 +114,12 @@ impl Pipeline {
     /// Stages 1 and 2 for a whole burst; returns its bytes. `TRACE`: record what each node
     /// decides (a traced burst; untraced ones compile without a check).
     #[inline(never)]
-    pub(super) fn forward_slow<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+    pub(super) fn forward_slow<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> u64 {
         if !TRACE && self.nodes.on() {
             return self.forward_slow_per_node(snap, port, batch);
         }
@@ -107,14 +128,24 @@ impl Pipeline {
 
     /// [`Pipeline::forward_slow`] by the per-node dispatcher ([`nodes`]).
     #[inline(never)]
-    pub(super) fn forward_slow_per_node(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+    pub(super) fn forward_slow_per_node(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> u64 {
         self.stages_1_2::<false, true>(snap, port, batch)
     }
 
     /// [`Pipeline::forward_slow`]'s work; `PER_NODE`: `l2-forward` hands frames onto the
     /// egress nodes' frames, run at the end ([`nodes`]).
     #[inline(always)]
-    pub(super) fn stages_1_2<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch) -> u64 {
+    pub(super) fn stages_1_2<const TRACE: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+    ) -> u64 {
         let in_port = port.id;
         let n = batch.len();
         let mut ctxs = [Ctx::default(); BATCH];
@@ -191,7 +222,14 @@ impl Pipeline {
 
     /// After stage 1 of one frame: its drop, its answer, or stage 2 in its bridge domain.
     #[inline(always)]
-    pub(super) fn forward_ctx(&mut self, snap: &Snapshot, port: &PortEntry, b: BufId, c: &Ctx, i: usize) {
+    pub(super) fn forward_ctx(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        b: BufId,
+        c: &Ctx,
+        i: usize,
+    ) {
         if let Some(r) = c.drop {
             return self.discard(b, r, port.id);
         }

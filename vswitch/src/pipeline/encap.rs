@@ -4,7 +4,7 @@
 //! underlay (priority networks' frames ahead).
 
 use super::{BdRun, Pipeline};
-use crate::batch::{Batch, BATCH};
+use crate::batch::{BATCH, Batch};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
 use crate::emc::{Action, Hit};
@@ -50,8 +50,16 @@ impl LastPeer<'_> {
 impl Pipeline {
     /// Egress to a remote VTEP: untag, encapsulate, enqueue on the underlay port.
     #[inline(always)]
-    pub(super) fn hand_to_encap<const TRACE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, mut b: BufId, tagged: bool, peer: u16) {
-        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni) else {
+    pub(super) fn hand_to_encap<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        bd: &BdEntry,
+        mut b: BufId,
+        tagged: bool,
+        peer: u16,
+    ) {
+        let (Some(vtep), Some(pe), Some(vni)) = (snap.vtep.as_ref(), snap.peer(peer), bd.vni)
+        else {
             return self.discard(b, DropReason::VxlanNoRoute, 0);
         };
         if let Err(r) = self.untag(&mut b, tagged) {
@@ -73,7 +81,14 @@ impl Pipeline {
     /// Queues an encapsulated frame on the underlay port (to the resolved next hop `mac`,
     /// when given), or drops it for the reason the encapsulation gave; true if queued.
     #[inline(always)]
-    pub(super) fn sent_encapsulated(&mut self, snap: &Snapshot, vtep: &VtepEntry, mut b: BufId, r: Result<(), DropReason>, (mac, first): (Option<MacAddr>, bool)) -> bool {
+    pub(super) fn sent_encapsulated(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        mut b: BufId,
+        r: Result<(), DropReason>,
+        (mac, first): (Option<MacAddr>, bool),
+    ) -> bool {
         match r {
             Ok(()) => {
                 if let Some(m) = mac {
@@ -114,7 +129,16 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    pub(super) fn encap_pending_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry) {
+    pub(super) fn encap_pending_as<
+        const V4: bool,
+        const L2: usize,
+        const OUTER: usize,
+        const MARK: bool,
+    >(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+    ) {
         let (mut last, mut out) = (LastPeer::default(), [Batch::new(), Batch::new()]);
         for i in 0..self.flows.to_peer.len() {
             let b = self.flows.to_peer.take(i);
@@ -129,7 +153,14 @@ impl Pipeline {
     /// common case of a pod talking across nodes): straight from the probe to encapsulation,
     /// without the in-order pass and the encapsulation queue. `bytes`: the burst's.
     #[inline(never)]
-    pub(super) fn encap_burst(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, found: &[(Hit, u32); BATCH], bytes: u64) {
+    pub(super) fn encap_burst(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+        found: &[(Hit, u32); BATCH],
+        bytes: u64,
+    ) {
         // Bridge domain counters first, apart from the loop: an access port's frames all
         // belong to its one domain.
         let burst = &found[..batch.len()];
@@ -147,14 +178,30 @@ impl Pipeline {
             self.count_run(run);
         }
         match snap.vtep.as_ref().map(|v| (v, v.layout(), snap.marked)) {
-            Some((vtep, Layout::V4, false)) => self.encap_burst_as::<true, 14, 50, false>(snap, vtep, batch, found),
-            Some((vtep, Layout::V4Tagged, false)) => self.encap_burst_as::<true, 18, 54, false>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6, false)) => self.encap_burst_as::<false, 14, 70, false>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6Tagged, false)) => self.encap_burst_as::<false, 18, 74, false>(snap, vtep, batch, found),
-            Some((vtep, Layout::V4, true)) => self.encap_burst_as::<true, 14, 50, true>(snap, vtep, batch, found),
-            Some((vtep, Layout::V4Tagged, true)) => self.encap_burst_as::<true, 18, 54, true>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6, true)) => self.encap_burst_as::<false, 14, 70, true>(snap, vtep, batch, found),
-            Some((vtep, Layout::V6Tagged, true)) => self.encap_burst_as::<false, 18, 74, true>(snap, vtep, batch, found),
+            Some((vtep, Layout::V4, false)) => {
+                self.encap_burst_as::<true, 14, 50, false>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V4Tagged, false)) => {
+                self.encap_burst_as::<true, 18, 54, false>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V6, false)) => {
+                self.encap_burst_as::<false, 14, 70, false>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V6Tagged, false)) => {
+                self.encap_burst_as::<false, 18, 74, false>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V4, true)) => {
+                self.encap_burst_as::<true, 14, 50, true>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V4Tagged, true)) => {
+                self.encap_burst_as::<true, 18, 54, true>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V6, true)) => {
+                self.encap_burst_as::<false, 14, 70, true>(snap, vtep, batch, found)
+            }
+            Some((vtep, Layout::V6Tagged, true)) => {
+                self.encap_burst_as::<false, 18, 74, true>(snap, vtep, batch, found)
+            }
             None => {
                 for b in batch.drain() {
                     self.discard(b, DropReason::VxlanNoRoute, 0);
@@ -164,7 +211,12 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    pub(super) fn encap_burst_as<const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
+    pub(super) fn encap_burst_as<
+        const V4: bool,
+        const L2: usize,
+        const OUTER: usize,
+        const MARK: bool,
+    >(
         &mut self,
         snap: &Snapshot,
         vtep: &VtepEntry,
@@ -174,7 +226,14 @@ impl Pipeline {
         let (mut last, mut out) = (LastPeer::default(), [Batch::new(), Batch::new()]);
         for i in 0..batch.len() {
             let b = batch.take(i);
-            self.encap_hit::<V4, L2, OUTER, MARK>(snap, vtep, &mut last, b, found[i & (BATCH - 1)].0, &mut out);
+            self.encap_hit::<V4, L2, OUTER, MARK>(
+                snap,
+                vtep,
+                &mut last,
+                b,
+                found[i & (BATCH - 1)].0,
+                &mut out,
+            );
         }
         batch.clear_taken();
         self.send_encapsulated::<MARK>(snap, vtep, &mut out);
@@ -184,7 +243,13 @@ impl Pipeline {
     /// looked up again only when it changes) and adds it to `out`, for the underlay; true if
     /// added.
     #[inline(always)]
-    pub(super) fn encap_hit<'s, const V4: bool, const L2: usize, const OUTER: usize, const MARK: bool>(
+    pub(super) fn encap_hit<
+        's,
+        const V4: bool,
+        const L2: usize,
+        const OUTER: usize,
+        const MARK: bool,
+    >(
         &mut self,
         snap: &'s Snapshot,
         vtep: &VtepEntry,
@@ -251,7 +316,12 @@ impl Pipeline {
     /// Queues a burst's encapsulated frames on the underlay port at once: `out[0]` in its tx
     /// batch, `out[1]` (priority domains') ahead of it.
     #[inline(always)]
-    pub(super) fn send_encapsulated<const MARK: bool>(&mut self, snap: &Snapshot, vtep: &VtepEntry, out: &mut [Batch; 2]) {
+    pub(super) fn send_encapsulated<const MARK: bool>(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        out: &mut [Batch; 2],
+    ) {
         self.stats.event(Event::Encapsulated, out[0].len() as u64);
         self.hand_batch_to_tx(snap, vtep.underlay_port, &mut out[0]);
         if MARK && !out[1].is_empty() {

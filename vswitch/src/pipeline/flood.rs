@@ -2,7 +2,7 @@
 //! VTEPs unless the frame came from one (split horizon); small frames copied, large ones a
 //! private header over a shared payload. Each copy goes to `vlan-rewrite` or `vxlan-encap`.
 
-use super::{Ctx, NO_PEER, nodes, Pipeline};
+use super::{Ctx, NO_PEER, Pipeline, nodes};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
 use crate::graph::{self, Descriptor};
@@ -13,7 +13,11 @@ use crate::trace::{Node, Step};
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Flood,
     name: "flood",
-    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Drop],
+    nexts: &[
+        graph::Next::Node(Node::VlanRewrite),
+        graph::Next::Node(Node::Encap),
+        graph::Next::Drop,
+    ],
     drops: &[],
     counts: &[Event::Flooded, Event::FloodCopies, Event::FloodCopyFailed],
 };
@@ -33,7 +37,14 @@ impl Pipeline {
     /// one (split horizon). Every egress but the last gets a copy (small frames) or a private
     /// header segment over the shared payload (large ones); the last gets the original.
     #[inline(never)]
-    pub(super) fn flood<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, in_port: u16, mut b: BufId, c: &Ctx) {
+    pub(super) fn flood<const TRACE: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        bd: &BdEntry,
+        in_port: u16,
+        mut b: BufId,
+        c: &Ctx,
+    ) {
         // Copies share the payload: it must be in the pool.
         if !self.pool.linearize(&mut b, &mut self.cache) {
             return self.discard(b, DropReason::NoBuffer, in_port);
@@ -112,17 +123,45 @@ impl Pipeline {
 
     /// A copy to one egress: straight to its node, or (`PER_NODE`) onto the node's frame.
     #[inline(always)]
-    pub(super) fn hand_copy_to<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, bd: &BdEntry, b: BufId, c: &Ctx, t: Target, len: usize) {
+    pub(super) fn hand_copy_to<const TRACE: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        bd: &BdEntry,
+        b: BufId,
+        c: &Ctx,
+        t: Target,
+        len: usize,
+    ) {
         if PER_NODE {
-            let m = nodes::Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, len: len as u32, ..nodes::Meta::default() };
+            let m = nodes::Meta {
+                bd: bd.id,
+                tagged: c.tagged,
+                pcp: c.pcp,
+                len: len as u32,
+                ..nodes::Meta::default()
+            };
             return match t {
-                Target::Port(p, want) => self.hand_to_frame(snap, Node::Flood, Node::VlanRewrite, b, nodes::Meta { port: p, want, ..m }),
-                Target::Peer(p) => self.hand_to_frame(snap, Node::Flood, Node::Encap, b, nodes::Meta { port: p, ..m }),
+                Target::Port(p, want) => self.hand_to_frame(
+                    snap,
+                    Node::Flood,
+                    Node::VlanRewrite,
+                    b,
+                    nodes::Meta { port: p, want, ..m },
+                ),
+                Target::Peer(p) => self.hand_to_frame(
+                    snap,
+                    Node::Flood,
+                    Node::Encap,
+                    b,
+                    nodes::Meta { port: p, ..m },
+                ),
             };
         }
         match t {
             Target::Port(p, want) => match snap.port(p) {
-                Some(pe) => self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
+                Some(pe) => {
+                    self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len)
+                }
                 None => self.discard(b, DropReason::NoEgress, p),
             },
             Target::Peer(p) => self.hand_to_encap::<TRACE>(snap, bd, b, c.tagged, p),

@@ -4,9 +4,9 @@
 //! their frames): `vlan-rewrite` + `tx` for a local port, `vxlan-encap` for a peer, `flood`
 //! for an unknown or group destination.
 
-use super::{Ctx, NO_PEER, Pipeline};
 use super::rewrite::leaves_first;
 use super::trace::key_mac;
+use super::{Ctx, NO_PEER, Pipeline};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
 use crate::emc::Hit;
@@ -21,7 +21,12 @@ use crate::wire::ethernet::ethertype;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Forward,
     name: "l2-forward",
-    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Node(Node::Flood), graph::Next::Drop],
+    nexts: &[
+        graph::Next::Node(Node::VlanRewrite),
+        graph::Next::Node(Node::Encap),
+        graph::Next::Node(Node::Flood),
+        graph::Next::Drop,
+    ],
     drops: &[DropReason::Reflect, DropReason::NoEgress],
     counts: &[Event::KnownUnicast, Event::StaleFdb],
 };
@@ -30,7 +35,11 @@ pub(crate) const NODE: Descriptor = Descriptor {
 pub(crate) const SUPPRESS: Descriptor = Descriptor {
     node: Node::Suppress,
     name: "arp-nd-suppress",
-    nexts: &[graph::Next::Node(Node::VlanRewrite), graph::Next::Node(Node::Encap), graph::Next::Drop],
+    nexts: &[
+        graph::Next::Node(Node::VlanRewrite),
+        graph::Next::Node(Node::Encap),
+        graph::Next::Drop,
+    ],
     drops: &[],
     counts: &[Event::ArpSuppressed, Event::NdSuppressed],
 };
@@ -49,7 +58,15 @@ pub(super) enum Verdict<'s> {
 impl Pipeline {
     /// Stage 2 of the `i`th packet: learning, then suppression, lookup and egress.
     #[inline(always)]
-    pub(super) fn forward<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, i: usize) {
+    pub(super) fn forward<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        bd: &BdEntry,
+        b: BufId,
+        c: &Ctx,
+        i: usize,
+    ) {
         let learnt = self.learn_source::<TRACE>(port, bd, c);
         self.decide::<TRACE, false>(snap, port, bd, b, c, i, learnt);
     }
@@ -57,7 +74,12 @@ impl Pipeline {
     /// Node `learn`: whether the FDB now holds the frame's source as learning wants it (else
     /// its forwarding is not cacheable).
     #[inline(always)]
-    pub(super) fn learn_source<const TRACE: bool>(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx) -> bool {
+    pub(super) fn learn_source<const TRACE: bool>(
+        &mut self,
+        port: &PortEntry,
+        bd: &BdEntry,
+        c: &Ctx,
+    ) -> bool {
         let from_peer = c.from_peer != NO_PEER;
         let src = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
         let learning = if from_peer { bd.remote_learning } else { bd.learning };
@@ -65,7 +87,11 @@ impl Pipeline {
             return self.learn(port, bd, c, src);
         }
         if TRACE {
-            self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome: if learning { Learned::Fresh } else { Learned::Off } });
+            self.record(Step::Learn {
+                bd: bd.id,
+                mac: key_mac(c.src_key),
+                outcome: if learning { Learned::Fresh } else { Learned::Off },
+            });
         }
         true
     }
@@ -75,7 +101,16 @@ impl Pipeline {
     /// (`PER_NODE`) onto its frame. A known unicast frame fills the cache here.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decide<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, mut b: BufId, c: &Ctx, i: usize, learnt: bool) {
+    pub(super) fn decide<const TRACE: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        bd: &BdEntry,
+        mut b: BufId,
+        c: &Ctx,
+        i: usize,
+        learnt: bool,
+    ) {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = if c.tagged { 18 } else { 14 };
 
@@ -83,71 +118,132 @@ impl Pipeline {
             let h = self.pool.head(&b);
             let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
             if (et == ethertype::ARP || et == ethertype::IPV6)
-                && let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et) {
-                    self.stats.event(if a == Answer::Arp { Event::ArpSuppressed } else { Event::NdSuppressed }, 1);
-                    if TRACE {
-                        self.record(Step::Suppress { arp: a == Answer::Arp });
-                    }
-                    let back = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
-                    let v = self.to_dest(snap, bd, &b, back);
-                    return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, v);
+                && let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et)
+            {
+                self.stats.event(
+                    if a == Answer::Arp { Event::ArpSuppressed } else { Event::NdSuppressed },
+                    1,
+                );
+                if TRACE {
+                    self.record(Step::Suppress { arp: a == Answer::Arp });
                 }
+                let back = if from_peer { Dest::Peer(c.from_peer) } else { Dest::Port(port.id) };
+                let v = self.to_dest(snap, bd, &b, back);
+                return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, v);
+            }
         }
 
         if c.dst_key & (1 << 40) == 0
-            && let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc) {
-                if TRACE {
-                    self.record(Step::Forward { mac: key_mac(c.dst_key), found: Some(v.dest()) });
-                }
-                match v.dest() {
-                    Dest::Port(p) if p == port.id && !from_peer => return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
-                    Dest::Peer(_) if from_peer => return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Drop(DropReason::Reflect, port.id)),
-                    Dest::Port(p) => {
-                        if let Some(pe) = snap.port(p)
-                            && let Some(want) = pe.egress_tag(bd.id, bd.vlan) {
-                                self.known += 1;
-                                if learnt && !leaves_first(snap, bd.id, pe) {
-                                    // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
-                                    let max = l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
-                                    let want = want.map(|v| (pe.tpid, v));
-                                    self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
-                                }
-                                return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Port(pe, want, c.len as usize));
-                            }
-                    }
-                    Dest::Peer(p) => {
-                        if bd.peers.contains(&p) {
-                            self.known += 1;
-                            if learnt && let Some(vni) = bd.vni {
-                                let max = l2 + port.mtu as usize;
-                                self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
-                            }
-                            return self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Peer(p));
-                        }
-                    }
-                }
-                // The entry points somewhere no longer in this bridge domain: flood.
-                self.stats.event(Event::StaleFdb, 1);
-                if TRACE {
-                    self.record(Step::Stale { mac: key_mac(c.dst_key) });
-                }
-            } else if TRACE {
-                self.record(Step::Forward { mac: key_mac(c.dst_key), found: None });
+            && let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc)
+        {
+            if TRACE {
+                self.record(Step::Forward { mac: key_mac(c.dst_key), found: Some(v.dest()) });
             }
+            match v.dest() {
+                Dest::Port(p) if p == port.id && !from_peer => {
+                    return self.hand_on::<TRACE, PER_NODE>(
+                        snap,
+                        port,
+                        bd,
+                        b,
+                        c,
+                        Verdict::Drop(DropReason::Reflect, port.id),
+                    );
+                }
+                Dest::Peer(_) if from_peer => {
+                    return self.hand_on::<TRACE, PER_NODE>(
+                        snap,
+                        port,
+                        bd,
+                        b,
+                        c,
+                        Verdict::Drop(DropReason::Reflect, port.id),
+                    );
+                }
+                Dest::Port(p) => {
+                    if let Some(pe) = snap.port(p)
+                        && let Some(want) = pe.egress_tag(bd.id, bd.vlan)
+                    {
+                        self.known += 1;
+                        if learnt && !leaves_first(snap, bd.id, pe) {
+                            // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
+                            let max =
+                                l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
+                            let want = want.map(|v| (pe.tpid, v));
+                            self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
+                        }
+                        return self.hand_on::<TRACE, PER_NODE>(
+                            snap,
+                            port,
+                            bd,
+                            b,
+                            c,
+                            Verdict::Port(pe, want, c.len as usize),
+                        );
+                    }
+                }
+                Dest::Peer(p) => {
+                    if bd.peers.contains(&p) {
+                        self.known += 1;
+                        if learnt && let Some(vni) = bd.vni {
+                            let max = l2 + port.mtu as usize;
+                            self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
+                        }
+                        return self.hand_on::<TRACE, PER_NODE>(
+                            snap,
+                            port,
+                            bd,
+                            b,
+                            c,
+                            Verdict::Peer(p),
+                        );
+                    }
+                }
+            }
+            // The entry points somewhere no longer in this bridge domain: flood.
+            self.stats.event(Event::StaleFdb, 1);
+            if TRACE {
+                self.record(Step::Stale { mac: key_mac(c.dst_key) });
+            }
+        } else if TRACE {
+            self.record(Step::Forward { mac: key_mac(c.dst_key), found: None });
+        }
         self.hand_on::<TRACE, PER_NODE>(snap, port, bd, b, c, Verdict::Flood)
     }
 
     #[inline(always)]
-    fn hand_on<const TRACE: bool, const PER_NODE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
-        if PER_NODE { self.hand_on_per_node(snap, port, bd, b, c, v) } else { self.hand_on_fused::<TRACE>(snap, port, bd, b, c, v) }
+    fn hand_on<const TRACE: bool, const PER_NODE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        bd: &BdEntry,
+        b: BufId,
+        c: &Ctx,
+        v: Verdict,
+    ) {
+        if PER_NODE {
+            self.hand_on_per_node(snap, port, bd, b, c, v)
+        } else {
+            self.hand_on_fused::<TRACE>(snap, port, bd, b, c, v)
+        }
     }
 
     /// Hands a frame to the node `decide` chose.
     #[inline(always)]
-    pub(super) fn hand_on_fused<const TRACE: bool>(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
+    pub(super) fn hand_on_fused<const TRACE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        bd: &BdEntry,
+        b: BufId,
+        c: &Ctx,
+        v: Verdict,
+    ) {
         match v {
             Verdict::Drop(r, p) => self.discard(b, r, p),
-            Verdict::Port(pe, want, len) => self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len),
+            Verdict::Port(pe, want, len) => {
+                self.hand_to_rewrite::<TRACE>(snap, pe, bd.id, b, c.tagged, c.pcp, want, len)
+            }
             Verdict::Peer(p) => self.hand_to_encap::<TRACE>(snap, bd, b, c.tagged, p),
             Verdict::Flood => self.flood::<TRACE, false>(snap, bd, port.id, b, c),
         }
@@ -155,7 +251,13 @@ impl Pipeline {
 
     /// The verdict for a frame going to `d` (an answer back to where its question came from).
     #[inline(always)]
-    pub(super) fn to_dest<'s>(&self, snap: &'s Snapshot, bd: &BdEntry, b: &BufId, d: Dest) -> Verdict<'s> {
+    pub(super) fn to_dest<'s>(
+        &self,
+        snap: &'s Snapshot,
+        bd: &BdEntry,
+        b: &BufId,
+        d: Dest,
+    ) -> Verdict<'s> {
         match d {
             Dest::Port(p) => match snap.port(p).map(|pe| (pe, pe.egress_tag(bd.id, bd.vlan))) {
                 Some((pe, Some(want))) => Verdict::Port(pe, want, self.pool.pkt_len(b)),

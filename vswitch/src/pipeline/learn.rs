@@ -1,8 +1,8 @@
 //! Node `learn`: MAC learning beyond the common case (the source already known here and
 //! refreshed this second is checked inline by `forward`, without a write).
 
-use super::{Ctx, NO_PEER, Pipeline};
 use super::trace::key_mac;
+use super::{Ctx, NO_PEER, Pipeline};
 use crate::counters::Event;
 use crate::fdb::{Dest, Learn, Limits};
 use crate::graph::{self, Descriptor};
@@ -15,7 +15,13 @@ pub(crate) const NODE: Descriptor = Descriptor {
     name: "learn",
     nexts: &[graph::Next::Node(Node::Suppress), graph::Next::Node(Node::Forward)],
     drops: &[],
-    counts: &[Event::Learned, Event::MacMoved, Event::StaticMoveRefused, Event::LearnLimit, Event::LearnBusy],
+    counts: &[
+        Event::Learned,
+        Event::MacMoved,
+        Event::StaticMoveRefused,
+        Event::LearnLimit,
+        Event::LearnBusy,
+    ],
 };
 
 impl Pipeline {
@@ -26,9 +32,16 @@ impl Pipeline {
     #[inline(never)]
     pub(super) fn learn(&mut self, port: &PortEntry, bd: &BdEntry, c: &Ctx, src: Dest) -> bool {
         let from_peer = c.from_peer != NO_PEER;
-        let limits = Limits { bd_max: bd.mac_limit, port_max: if from_peer { u32::MAX } else { port.mac_limit } };
+        let limits = Limits {
+            bd_max: bd.mac_limit,
+            port_max: if from_peer { u32::MAX } else { port.mac_limit },
+        };
         if self.dry() {
-            self.record(Step::Learn { bd: bd.id, mac: key_mac(c.src_key), outcome: Learned::WouldLearn });
+            self.record(Step::Learn {
+                bd: bd.id,
+                mac: key_mac(c.src_key),
+                outcome: Learned::WouldLearn,
+            });
             return true;
         }
         let learned = self.fdb.learn(c.src_key, c.src_loc, src, self.now, limits);

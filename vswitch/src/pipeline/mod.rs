@@ -154,7 +154,13 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// `emc_entries` sizes the exact-match cache (0: none).
-    pub fn new(thread: usize, pool: Arc<Pool>, fdb: Arc<Fdb>, stats: Arc<ThreadStats>, emc_entries: usize) -> Pipeline {
+    pub fn new(
+        thread: usize,
+        pool: Arc<Pool>,
+        fdb: Arc<Fdb>,
+        stats: Arc<ThreadStats>,
+        emc_entries: usize,
+    ) -> Pipeline {
         Pipeline {
             thread,
             cache: PoolCache::new(pool.clone()),
@@ -239,7 +245,13 @@ impl Pipeline {
     /// A received burst through the policers and the graph; the port gets back what its guest
     /// lent.
     #[inline(always)]
-    fn forward_burst<const CAPTURE: bool>(&mut self, snap: &Snapshot, pe: &PortEntry, queue: u16, batch: &mut Batch) {
+    fn forward_burst<const CAPTURE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        pe: &PortEntry,
+        queue: u16,
+        batch: &mut Batch,
+    ) {
         let n = batch.len();
         if let Some(bucket) = &pe.policer
             && n > 0

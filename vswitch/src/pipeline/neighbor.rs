@@ -40,7 +40,12 @@ impl Pipeline {
     /// the resolved one, `Err` not known yet (the caller parks the frame). Sends this
     /// second's request when this thread is elected.
     #[inline(always)]
-    pub(super) fn next_hop(&mut self, snap: &Snapshot, vtep: &VtepEntry, pe: &PeerEntry) -> Result<Option<MacAddr>, ()> {
+    pub(super) fn next_hop(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        pe: &PeerEntry,
+    ) -> Result<Option<MacAddr>, ()> {
         let Some(target) = pe.resolve else {
             return Ok(None);
         };
@@ -72,13 +77,20 @@ impl Pipeline {
     /// now, if any.
     #[cold]
     #[inline(never)]
-    pub(super) fn resolve(&mut self, snap: &Snapshot, vtep: &VtepEntry, peer: u16, target: IpAddr) -> Option<MacAddr> {
+    pub(super) fn resolve(
+        &mut self,
+        snap: &Snapshot,
+        vtep: &VtepEntry,
+        peer: u16,
+        target: IpAddr,
+    ) -> Option<MacAddr> {
         if self.dry() {
             return None; // a synthetic frame asks nobody
         }
         let (next, ask) = self.hold.shared.next(peer, self.now, !vtep.shared);
         if ask {
-            match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target) {
+            match neigh::request(&mut self.cache, vtep.local, vtep.mac, vtep.underlay_vlan, target)
+            {
                 Some(req) => {
                     self.stats.event(Event::NeighborRequests, 1);
                     self.hand_to_tx(snap, vtep.underlay_port, req);
@@ -115,7 +127,8 @@ impl Pipeline {
                 Some(m) => {
                     let (mut b, mark) = (w.b, snap.marking_of_vni(w.vni));
                     let r = vtep.encap(&self.pool, &mut b, pe, w.vni, mark);
-                    sent += self.sent_encapsulated(snap, vtep, b, r, (Some(m), mark.priority)) as u64;
+                    sent +=
+                        self.sent_encapsulated(snap, vtep, b, r, (Some(m), mark.priority)) as u64;
                     None
                 }
                 None if self.hold.shared.given_up(w.peer, w.since, self.now) => {

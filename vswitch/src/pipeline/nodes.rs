@@ -15,10 +15,10 @@
 //! frame goes (a flood became a reflect drop against the reference model). Traced bursts
 //! and the misses of a burst the cache partly hit take the fused path.
 
-use super::{Ctx, Pipeline};
 use super::forward::Verdict;
 use super::rewrite::tci_of;
-use crate::batch::{Batch, BATCH};
+use super::{Ctx, Pipeline};
+use crate::batch::{BATCH, Batch};
 use crate::buf::BufId;
 use crate::counters::DropReason;
 use crate::snapshot::{BdEntry, PortEntry, Snapshot};
@@ -109,7 +109,13 @@ impl Frames {
             let mut mine = all.into_iter().filter(|n| order.contains(n));
             order = std::array::from_fn(|i| mine.next().unwrap_or(order[i]));
         }
-        Frames { flood: Frame::new(), rewrite: Frame::new(), encap: Frame::new(), order, last: None }
+        Frames {
+            flood: Frame::new(),
+            rewrite: Frame::new(),
+            encap: Frame::new(),
+            order,
+            last: None,
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -135,7 +141,9 @@ impl Pipeline {
     /// pipeline stays fused and says so in the log.
     pub fn set_dispatch(&mut self, d: Dispatch) {
         if d == Dispatch::PerNode && !cfg!(feature = "per-node") {
-            tracing::warn!("the per-node dispatcher is not built in (feature per-node): the pipeline stays fused");
+            tracing::warn!(
+                "the per-node dispatcher is not built in (feature per-node): the pipeline stays fused"
+            );
         }
         self.nodes.on = d == Dispatch::PerNode && cfg!(feature = "per-node");
     }
@@ -143,7 +151,14 @@ impl Pipeline {
     /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
     /// hit path around it stays as it compiles without it).
     #[inline(never)]
-    pub(super) fn hit_to_rewrite(&mut self, snap: &Snapshot, b: BufId, port: u16, tagged: bool, want: Option<(u16, u16)>) {
+    pub(super) fn hit_to_rewrite(
+        &mut self,
+        snap: &Snapshot,
+        b: BufId,
+        port: u16,
+        tagged: bool,
+        want: Option<(u16, u16)>,
+    ) {
         // The hit's TPID is its port's (filled from it; the cache empties when the snapshot
         // changes): vlan-rewrite reads it from the port, as for the slow path's frames.
         let m = Meta { port, tagged, want: want.map(|(_, v)| v), cached: true, ..Meta::default() };
@@ -153,11 +168,28 @@ impl Pipeline {
 
     /// Puts a frame on the frame of the node `l2-forward` chose for it.
     #[inline(always)]
-    pub(super) fn hand_on_per_node(&mut self, snap: &Snapshot, port: &PortEntry, bd: &BdEntry, b: BufId, c: &Ctx, v: Verdict) {
-        let m = Meta { bd: bd.id, tagged: c.tagged, pcp: c.pcp, from_peer: c.from_peer, len: c.len, ..Meta::default() };
+    pub(super) fn hand_on_per_node(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        bd: &BdEntry,
+        b: BufId,
+        c: &Ctx,
+        v: Verdict,
+    ) {
+        let m = Meta {
+            bd: bd.id,
+            tagged: c.tagged,
+            pcp: c.pcp,
+            from_peer: c.from_peer,
+            len: c.len,
+            ..Meta::default()
+        };
         let (to, m) = match v {
             Verdict::Drop(r, p) => return self.discard(b, r, p),
-            Verdict::Port(pe, want, len) => (Node::VlanRewrite, Meta { port: pe.id, want, len: len as u32, ..m }),
+            Verdict::Port(pe, want, len) => {
+                (Node::VlanRewrite, Meta { port: pe.id, want, len: len as u32, ..m })
+            }
             Verdict::Peer(p) => (Node::Encap, Meta { port: p, ..m }),
             Verdict::Flood => (Node::Flood, Meta { port: port.id, ..m }),
         };
@@ -181,8 +213,20 @@ impl Pipeline {
     /// Hands a frame from node `from` to node `to`'s frame (an edge of the graph), running
     /// `to` first if its frame is full.
     #[inline(always)]
-    pub(super) fn hand_to_frame(&mut self, snap: &Snapshot, from: Node, to: Node, b: BufId, m: Meta) {
-        debug_assert!(from.next_index(crate::graph::Next::Node(to)).is_some(), "{} → {} is not an edge of the graph", from.name(), to.name());
+    pub(super) fn hand_to_frame(
+        &mut self,
+        snap: &Snapshot,
+        from: Node,
+        to: Node,
+        b: BufId,
+        m: Meta,
+    ) {
+        debug_assert!(
+            from.next_index(crate::graph::Next::Node(to)).is_some(),
+            "{} → {} is not an edge of the graph",
+            from.name(),
+            to.name()
+        );
         let Some(f) = self.nodes.frames.of(to) else {
             return self.discard(b, DropReason::NoEgress, m.port); // not a node with a frame: unreachable
         };
@@ -222,12 +266,21 @@ impl Pipeline {
     /// Node `flood` over its frame.
     fn run_flood(&mut self, snap: &Snapshot) {
         for i in 0..self.nodes.frames.flood.bufs.len() {
-            let (b, m) = (self.nodes.frames.flood.bufs.take(i), self.nodes.frames.flood.meta[i & (BATCH - 1)]);
+            let (b, m) = (
+                self.nodes.frames.flood.bufs.take(i),
+                self.nodes.frames.flood.meta[i & (BATCH - 1)],
+            );
             let Some(bd) = snap.bd(m.bd) else {
                 self.discard(b, DropReason::NoBridgeDomain, m.port);
                 continue;
             };
-            let c = Ctx { tagged: m.tagged, pcp: m.pcp, from_peer: m.from_peer, len: m.len, ..Ctx::default() };
+            let c = Ctx {
+                tagged: m.tagged,
+                pcp: m.pcp,
+                from_peer: m.from_peer,
+                len: m.len,
+                ..Ctx::default()
+            };
             self.flood::<false, true>(snap, bd, m.port, b, &c);
         }
         self.nodes.frames.flood.bufs.clear_taken();
@@ -236,13 +289,25 @@ impl Pipeline {
     /// Node `vlan-rewrite` over its frame, handing each frame to `tx`.
     fn run_rewrite(&mut self, snap: &Snapshot) {
         for i in 0..self.nodes.frames.rewrite.bufs.len() {
-            let (mut b, m) = (self.nodes.frames.rewrite.bufs.take(i), self.nodes.frames.rewrite.meta[i & (BATCH - 1)]);
+            let (mut b, m) = (
+                self.nodes.frames.rewrite.bufs.take(i),
+                self.nodes.frames.rewrite.meta[i & (BATCH - 1)],
+            );
             let Some(pe) = snap.port(m.port) else {
                 self.discard(b, DropReason::NoEgress, m.port);
                 continue;
             };
             if !m.cached {
-                self.hand_to_rewrite::<false>(snap, pe, m.bd, b, m.tagged, m.pcp, m.want, m.len as usize);
+                self.hand_to_rewrite::<false>(
+                    snap,
+                    pe,
+                    m.bd,
+                    b,
+                    m.tagged,
+                    m.pcp,
+                    m.want,
+                    m.len as usize,
+                );
                 continue;
             }
             let pcp = if m.tagged { tci_of(self.pool.head(&b)) & 0xf000 } else { 0 };
@@ -259,7 +324,10 @@ impl Pipeline {
     /// their own, [`Pipeline::encap_pending`]).
     fn run_encap(&mut self, snap: &Snapshot) {
         for i in 0..self.nodes.frames.encap.bufs.len() {
-            let (b, m) = (self.nodes.frames.encap.bufs.take(i), self.nodes.frames.encap.meta[i & (BATCH - 1)]);
+            let (b, m) = (
+                self.nodes.frames.encap.bufs.take(i),
+                self.nodes.frames.encap.meta[i & (BATCH - 1)],
+            );
             match snap.bd(m.bd) {
                 Some(bd) => self.hand_to_encap::<false>(snap, bd, b, m.tagged, m.port),
                 None => self.discard(b, DropReason::NoBridgeDomain, m.port),

@@ -3,7 +3,7 @@
 //! share), before the burst enters the graph; what they do not admit is dropped as `policed`.
 
 use super::Pipeline;
-use crate::batch::{Batch, BATCH};
+use crate::batch::{BATCH, Batch};
 use crate::buf::{PoolCache, PoolView};
 use crate::counters::{DropReason, ThreadStats};
 use crate::policer;
@@ -11,7 +11,14 @@ use crate::snapshot::PortEntry;
 
 /// Drops the frames of `batch` (from port `port`) that `keep` refuses, given each frame's
 /// length in order; counts them as received, policed and dropped. Returns how many.
-fn drop_policed(pool: PoolView, cache: &mut PoolCache, stats: &ThreadStats, port: u16, batch: &mut Batch, mut keep: impl FnMut(u32) -> bool) -> u64 {
+fn drop_policed(
+    pool: PoolView,
+    cache: &mut PoolCache,
+    stats: &ThreadStats,
+    port: u16,
+    batch: &mut Batch,
+    mut keep: impl FnMut(u32) -> bool,
+) -> u64 {
     let (mut dropped, mut bytes) = (0u64, 0u64);
     batch.retain(
         |b| keep(pool.head_and_len(b).1 as u32),
@@ -37,14 +44,25 @@ impl Pipeline {
     /// every thread that polls one of its queues) does not admit; they count as received and
     /// as dropped (`policed`).
     #[inline(never)]
-    pub(super) fn police(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, batch: &mut Batch) {
+    pub(super) fn police(
+        &mut self,
+        pe: &PortEntry,
+        bucket: &policer::SharedBucket,
+        batch: &mut Batch,
+    ) {
         self.take_or_drop(pe, bucket, batch);
     }
 
     /// Drops the frames of a burst from `pe` that its network's policer (shared by the
     /// network's ports and every thread) does not admit; they count on the bridge too.
     #[inline(never)]
-    pub(super) fn police_network(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, bd: u16, batch: &mut Batch) {
+    pub(super) fn police_network(
+        &mut self,
+        pe: &PortEntry,
+        bucket: &policer::SharedBucket,
+        bd: u16,
+        batch: &mut Batch,
+    ) {
         let dropped = self.take_or_drop(pe, bucket, batch);
         if dropped > 0 {
             self.stats.bd(bd).policed.add(dropped);
@@ -54,7 +72,12 @@ impl Pipeline {
     /// Takes a burst's tokens from `bucket` (whole when they are there, else frame by frame)
     /// and drops the frames it does not admit; returns how many.
     #[inline(always)]
-    fn take_or_drop(&mut self, pe: &PortEntry, bucket: &policer::SharedBucket, batch: &mut Batch) -> u64 {
+    fn take_or_drop(
+        &mut self,
+        pe: &PortEntry,
+        bucket: &policer::SharedBucket,
+        batch: &mut Batch,
+    ) -> u64 {
         bucket.refill((self.clock)());
         let pool = self.pool.view();
         let burst_bytes: u64 = batch.as_slice().iter().map(|b| pool.head_and_len(b).1 as u64).sum();

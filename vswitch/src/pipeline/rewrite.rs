@@ -78,7 +78,13 @@ impl Pipeline {
     /// Gives a frame the tagging of its egress: `want` is the (TPID, VLAN ID) it leaves with,
     /// or none; `pcp` is the priority of a pushed tag. False if the frame is too short.
     #[inline(always)]
-    pub(super) fn retag(&self, b: &mut BufId, tagged: bool, pcp: u16, want: Option<(u16, u16)>) -> bool {
+    pub(super) fn retag(
+        &self,
+        b: &mut BufId,
+        tagged: bool,
+        pcp: u16,
+        want: Option<(u16, u16)>,
+    ) -> bool {
         match (tagged, want) {
             (false, None) => true,
             (false, Some((tpid, v))) => vlan::push(&self.pool, b, tpid, pcp | v),

@@ -5,7 +5,7 @@
 //! something new (paths shared with the cache's).
 
 use super::{Ctx, NO_PEER, Pipeline};
-use crate::batch::{Batch, BATCH};
+use crate::batch::{BATCH, Batch};
 use crate::buf::BufId;
 use crate::emc::{self, Action, Hit, Key};
 use crate::fdb::Dest;
@@ -27,7 +27,12 @@ pub(super) struct Traces {
 
 impl Traces {
     pub(super) fn new() -> Traces {
-        let burst = Box::new(BurstTrace { frames: std::array::from_fn(|_| FrameTrace::default()), k: 0, cur: 0, dry: false });
+        let burst = Box::new(BurstTrace {
+            frames: std::array::from_fn(|_| FrameTrace::default()),
+            k: 0,
+            cur: 0,
+            dry: false,
+        });
         Traces { requests: Arc::new(Tracing::default()), on: false, burst }
     }
 }
@@ -97,7 +102,13 @@ impl Pipeline {
     /// or every one of a synthetic `batch`): their heads, and what the cache would decide.
     #[cold]
     #[inline(never)]
-    pub(super) fn begin_trace(&mut self, snap: &Snapshot, port: &PortEntry, batch: &Batch, dry: bool) {
+    pub(super) fn begin_trace(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &Batch,
+        dry: bool,
+    ) {
         let k = if dry { batch.len() } else { self.trace.requests.claim(batch.len()) };
         if k == 0 {
             return;
@@ -131,12 +142,20 @@ impl Pipeline {
                     .first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>()
                     .map(|h| h.split_at(vtep::PLAIN_OUTER))
                     .and_then(|(outer, inner)| {
-                        let d = outer.first_chunk().and_then(|o| vtep.classify_plain(o, len, &decap_cache))?;
-                        Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(d.inner_len))
+                        let d = outer
+                            .first_chunk()
+                            .and_then(|o| vtep.classify_plain(o, len, &decap_cache))?;
+                        Key::from_peer(d.peer, d.bd, inner)
+                            .and_then(|k| emc.lookup(&k))
+                            .filter(|hit| hit.admits(d.inner_len))
                     }),
                 None if port.kind == PortKind::Underlay => None,
                 None => {
-                    let key = if port.security.is_some() { Key::lookup_from_secured_port(port.id, h) } else { Key::from_port(port.id, h) };
+                    let key = if port.security.is_some() {
+                        Key::lookup_from_secured_port(port.id, h)
+                    } else {
+                        Key::from_port(port.id, h)
+                    };
                     key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32))
                 }
             };
@@ -158,7 +177,12 @@ impl Pipeline {
     /// are recorded where stage 2 acts on them).
     #[cold]
     #[inline(never)]
-    pub(super) fn trace_classified(&mut self, snap: &Snapshot, port: &PortEntry, ctxs: &[Ctx; BATCH]) {
+    pub(super) fn trace_classified(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        ctxs: &[Ctx; BATCH],
+    ) {
         let t = &mut *self.trace.burst;
         for (c, f) in ctxs.iter().zip(t.frames.iter_mut()).take(t.k) {
             match c.drop {
@@ -168,7 +192,9 @@ impl Pipeline {
                 }
                 Some(_) => {}
                 None if c.reply || c.taken => {}
-                None if c.from_peer != NO_PEER => f.push(Step::Decap { peer: c.from_peer, bd: c.bd }),
+                None if c.from_peer != NO_PEER => {
+                    f.push(Step::Decap { peer: c.from_peer, bd: c.bd })
+                }
                 None => {
                     let vid = if c.tagged { snap.bd(c.bd).map_or(0, |b| b.vlan) } else { 0 };
                     f.push(Step::Classify { bd: c.bd, vid, pcp: (c.pcp >> 13) as u8 });

@@ -17,8 +17,19 @@ pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Tx,
     name: "tx",
     nexts: &[graph::Next::Drop],
-    drops: &[DropReason::PortDown, DropReason::TxFull, DropReason::EgressMtu, DropReason::NoBuffer, DropReason::Policed],
-    counts: &[Event::PriorityFirst, Event::PriorityHeld, Event::PriorityGuard, Event::PriorityNoSlot],
+    drops: &[
+        DropReason::PortDown,
+        DropReason::TxFull,
+        DropReason::EgressMtu,
+        DropReason::NoBuffer,
+        DropReason::Policed,
+    ],
+    counts: &[
+        Event::PriorityFirst,
+        Event::PriorityHeld,
+        Event::PriorityGuard,
+        Event::PriorityNoSlot,
+    ],
 };
 
 /// Flushes that sent priority frames and lost every ordinary one, with no ordinary frame
@@ -110,7 +121,12 @@ pub(super) struct TxQueues {
 
 impl TxQueues {
     pub(super) fn new() -> TxQueues {
-        TxQueues { batches: super::boxed_array(Batch::new), first: Box::default(), dirty: Box::new([0; fdb::MAX_PORTS]), n_dirty: 0 }
+        TxQueues {
+            batches: super::boxed_array(Batch::new),
+            first: Box::default(),
+            dirty: Box::new([0; fdb::MAX_PORTS]),
+            n_dirty: 0,
+        }
     }
 }
 
@@ -157,7 +173,15 @@ impl FirstQueues {
 /// port that may keep buffers beyond the burst) and counts what went; what the ring did not
 /// take stays in `batch`. `None`: the port is down or gone (nothing sent).
 #[inline(always)]
-pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, thread: usize, snap: &Snapshot, p: u16, batch: &mut Batch) -> Option<usize> {
+pub(super) fn send_batch(
+    pool: &Pool,
+    cache: &mut PoolCache,
+    stats: &ThreadStats,
+    thread: usize,
+    snap: &Snapshot,
+    p: u16,
+    batch: &mut Batch,
+) -> Option<usize> {
     let pe = snap.port(p).filter(|pe| pe.port.link_up())?;
     if cache.lending() && !pe.port.takes_lent() {
         Pipeline::linearize_all(pool, cache, stats, p, batch);
@@ -171,7 +195,8 @@ pub(super) fn send_batch(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats
     crate::faults::entering_tx(p);
     let sent = pe.port.tx_burst(q, cache, batch);
     crate::faults::left_tx();
-    let unsent: usize = if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
+    let unsent: usize =
+        if sent < n { batch.as_slice().iter().map(|b| pool.pkt_len(b)).sum() } else { 0 };
     let pc = stats.port(p);
     pc.tx_packets.add(sent as u64);
     pc.tx_bytes.add((bytes - unsent) as u64);
@@ -227,7 +252,9 @@ impl Pipeline {
             self.stats.event(Event::PriorityNoSlot, 1);
             return self.hand_to_tx(snap, port, b);
         };
-        if self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].is_empty() && self.tx.first.queues[i].is_empty() {
+        if self.tx.batches[port as usize & (fdb::MAX_PORTS - 1)].is_empty()
+            && self.tx.first.queues[i].is_empty()
+        {
             self.tx.dirty[self.tx.n_dirty & (fdb::MAX_PORTS - 1)] = port;
             self.tx.n_dirty += 1;
         }
@@ -314,17 +341,23 @@ impl Pipeline {
     }
 
     #[inline(always)]
-    fn flush_ordinary_with<const CAPTURE: bool>(&mut self, snap: &Snapshot, p: u16) -> (usize, usize) {
+    fn flush_ordinary_with<const CAPTURE: bool>(
+        &mut self,
+        snap: &Snapshot,
+        p: u16,
+    ) -> (usize, usize) {
         let batch = &mut self.tx.batches[p as usize & (fdb::MAX_PORTS - 1)];
         let n = batch.len();
         if n == 0 {
             return (0, 0);
         }
         let captured = CAPTURE && self.taps.copy_tx(snap, p, &self.pool, batch, self.thread);
-        let (reason, left) = match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch) {
-            Some(_) => (DropReason::TxFull, batch.len()),
-            None => (DropReason::PortDown, batch.len()),
-        };
+        let (reason, left) =
+            match send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, batch)
+            {
+                Some(_) => (DropReason::TxFull, batch.len()),
+                None => (DropReason::PortDown, batch.len()),
+            };
         if captured {
             self.taps.sent(batch, Some(reason));
         }
@@ -381,8 +414,17 @@ impl Pipeline {
         let mut total = 0;
         while !q.is_empty() {
             let n = q.front().len();
-            let captured = self.taps.requests.tx_armed(p) && self.taps.copy_tx(snap, p, &self.pool, q.front(), self.thread);
-            let result = send_batch(&self.pool, &mut self.cache, &self.stats, self.thread, snap, p, q.front());
+            let captured = self.taps.requests.tx_armed(p)
+                && self.taps.copy_tx(snap, p, &self.pool, q.front(), self.thread);
+            let result = send_batch(
+                &self.pool,
+                &mut self.cache,
+                &self.stats,
+                self.thread,
+                snap,
+                p,
+                q.front(),
+            );
             if captured {
                 // Frames the ring had no room for wait, first in line: copied when they go.
                 self.taps.sent(q.front(), result.is_none().then_some(DropReason::PortDown));
@@ -435,7 +477,13 @@ impl Pipeline {
     /// burst (kernel ports, rings); a packet that finds no buffer is dropped.
     #[cold]
     #[inline(never)]
-    pub(super) fn linearize_all(pool: &Pool, cache: &mut PoolCache, stats: &ThreadStats, port: u16, batch: &mut Batch) {
+    pub(super) fn linearize_all(
+        pool: &Pool,
+        cache: &mut PoolCache,
+        stats: &ThreadStats,
+        port: u16,
+        batch: &mut Batch,
+    ) {
         let mut kept = Batch::new();
         for mut b in batch.drain() {
             if pool.linearize(&mut b, cache) {

@@ -46,7 +46,8 @@ impl RingPort {
         let mut qs = Vec::new();
         let mut peer = RingPeer { rx: Vec::new(), tx: Vec::new() };
         for _ in 0..queues.max(1) {
-            let ((to_switch, switch_rx), (switch_tx, from_switch)) = (spsc::channel(size)?, spsc::channel(size)?);
+            let ((to_switch, switch_rx), (switch_tx, from_switch)) =
+                (spsc::channel(size)?, spsc::channel(size)?);
             peer.tx.push(to_switch);
             peer.rx.push(from_switch);
             qs.push(Queue::new(switch_rx, switch_tx));
@@ -83,7 +84,12 @@ impl RingPort {
 
 impl Queue {
     fn new(rx: Consumer, tx: Producer) -> Queue {
-        Queue { rx_ring: rx.ring().clone(), rx: Mutex::new(rx), tx: Mutex::new(tx), counters: QueueCounters::default() }
+        Queue {
+            rx_ring: rx.ring().clone(),
+            rx: Mutex::new(rx),
+            tx: Mutex::new(tx),
+            counters: QueueCounters::default(),
+        }
     }
 }
 
@@ -213,7 +219,10 @@ mod test {
         for x in back.drain() {
             c.free(x);
         }
-        assert_eq!(port.queue_stats()[0], QueueStats { rx_packets: 3, tx_packets: 3, ..Default::default() });
+        assert_eq!(
+            port.queue_stats()[0],
+            QueueStats { rx_packets: 3, tx_packets: 3, ..Default::default() }
+        );
     }
 
     /// Two threads transmitting on one queue: the loser of the try-lock counts its burst

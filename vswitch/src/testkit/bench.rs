@@ -93,7 +93,12 @@ impl Scenario {
             Scenario::VxlanDecap => "vxlan-decap".into(),
             Scenario::Flood8 => "flood-8".into(),
             Scenario::PodL2 { hosts, policed, net_policed } => {
-                format!("l2-pod-{}k{}{}", hosts / 1000, if *policed { "-policed" } else { "" }, if *net_policed { "-net-policed" } else { "" })
+                format!(
+                    "l2-pod-{}k{}{}",
+                    hosts / 1000,
+                    if *policed { "-policed" } else { "" },
+                    if *net_policed { "-net-policed" } else { "" }
+                )
             }
             Scenario::PodEncap => "vxlan-encap-pod".into(),
             Scenario::PodEncapMarked => "vxlan-encap-pod-marked".into(),
@@ -106,7 +111,8 @@ impl Scenario {
 
     /// Workloads too large for the CI test of every scenario, measured by hand
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain.
-    pub const SCALE: [Scenario; 2] = [Scenario::L2 { macs: 1_000_000 }, Scenario::FullMesh { hosts: 1000 }];
+    pub const SCALE: [Scenario; 2] =
+        [Scenario::L2 { macs: 1_000_000 }, Scenario::FullMesh { hosts: 1000 }];
 
     pub fn parse(s: &str) -> Option<Scenario> {
         Scenario::ALL.iter().chain(&Scenario::SCALE).copied().find(|x| x.name() == s)
@@ -195,31 +201,60 @@ impl Bench {
                 ring("a", None);
                 ring("b", None);
                 let n = (macs / 2).max(1);
-                let f = (0..n).map(|i| frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)).collect();
-                back_frames = (0..n).map(|i| frames::udp4(mac(i + 1), mac(n + i + 1), ip(i + 1), ip(i), 2000, 1000, 60)).collect();
-                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+                let f = (0..n)
+                    .map(|i| {
+                        frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)
+                    })
+                    .collect();
+                back_frames = (0..n)
+                    .map(|i| {
+                        frames::udp4(mac(i + 1), mac(n + i + 1), ip(i + 1), ip(i), 2000, 1000, 60)
+                    })
+                    .collect();
+                (
+                    many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]),
+                    "a",
+                    f,
+                )
             }
             Scenario::L2 { macs } => {
                 ring("a", None);
                 ring("b", None);
                 let n = (macs / 2).max(1);
                 let f = (0..n)
-                    .map(|i| frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60))
+                    .map(|i| {
+                        frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)
+                    })
                     .collect();
-                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+                (
+                    many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]),
+                    "a",
+                    f,
+                )
             }
             Scenario::VlanPush | Scenario::VlanPop => {
                 ring("a", None);
                 ring("t", None);
                 let cfg = SwitchConfig {
                     bridges: vec![red()],
-                    ports: vec![PortConfig::access("a", "red"), PortConfig::trunk("t", &[100], None)],
+                    ports: vec![
+                        PortConfig::access("a", "red"),
+                        PortConfig::trunk("t", &[100], None),
+                    ],
                     vtep: None,
                 };
                 let push = s == Scenario::VlanPush;
                 let f = (0..256u32)
                     .map(|i| {
-                        let f = frames::udp4(mac(if push { 2000 } else { 1000 }), mac(i + 1), ip(i), ip(1), 1000 + i as u16, 2000, 60);
+                        let f = frames::udp4(
+                            mac(if push { 2000 } else { 1000 }),
+                            mac(i + 1),
+                            ip(i),
+                            ip(1),
+                            1000 + i as u16,
+                            2000,
+                            60,
+                        );
                         if push { f } else { frames::add_tag(&f[..60], 0x8100, 100) }
                     })
                     .collect();
@@ -231,10 +266,22 @@ impl Bench {
                 let f = (0..hosts)
                     .map(|i| {
                         let dst = Ipv4Addr::from(0x0a01_0000 | i);
-                        frames::udp4(manager_mac(i), manager_mac(0xff01), POD_IP, dst, 1000, 2000, 60)
+                        frames::udp4(
+                            manager_mac(i),
+                            manager_mac(0xff01),
+                            POD_IP,
+                            dst,
+                            1000,
+                            2000,
+                            60,
+                        )
                     })
                     .collect();
-                let never = PolicerConfig { pps: 1_000_000_000, bps: 1_000_000_000_000, ..Default::default() };
+                let never = PolicerConfig {
+                    pps: 1_000_000_000,
+                    bps: 1_000_000_000_000,
+                    ..Default::default()
+                };
                 let mut pod = pod_port("a", "red");
                 if policed {
                     pod = pod.policed(never);
@@ -249,13 +296,25 @@ impl Bench {
                 ring("t1", None);
                 ring("t2", None);
                 let vlans: Vec<u16> = (1..=bds).collect();
-                let bridges = vlans.iter().map(|v| BridgeConfig::new(&format!("bd{v}")).vlan(*v)).collect();
-                let ports = vec![PortConfig::trunk("t1", &vlans, None), PortConfig::trunk("t2", &vlans, None)];
+                let bridges =
+                    vlans.iter().map(|v| BridgeConfig::new(&format!("bd{v}")).vlan(*v)).collect();
+                let ports = vec![
+                    PortConfig::trunk("t1", &vlans, None),
+                    PortConfig::trunk("t2", &vlans, None),
+                ];
                 // Flow k in VLAN k % bds + 1, from host k behind t1 to host 10 000 + k % bds behind t2.
                 let f = (0..4096u32)
                     .map(|k| {
                         let vlan = (k % bds as u32) as u16 + 1;
-                        let inner = frames::udp4(mac(10_000 + k % bds as u32), mac(k + 1), ip(k), ip(1), 1000, 2000, 60);
+                        let inner = frames::udp4(
+                            mac(10_000 + k % bds as u32),
+                            mac(k + 1),
+                            ip(k),
+                            ip(1),
+                            1000,
+                            2000,
+                            60,
+                        );
                         frames::add_tag(&inner[..60], 0x8100, vlan)
                     })
                     .collect();
@@ -269,10 +328,22 @@ impl Bench {
                 let f = (0..4096u32)
                     .map(|k| {
                         let (src, dst) = (k % hosts, hosts + (k * 7 + k / hosts) % hosts);
-                        frames::udp4(manager_mac(dst), manager_mac(src), Ipv4Addr::from(0x0a01_0000 | src), Ipv4Addr::from(0x0a01_0000 | dst), 1000, 2000, 60)
+                        frames::udp4(
+                            manager_mac(dst),
+                            manager_mac(src),
+                            Ipv4Addr::from(0x0a01_0000 | src),
+                            Ipv4Addr::from(0x0a01_0000 | dst),
+                            1000,
+                            2000,
+                            60,
+                        )
                     })
                     .collect();
-                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+                (
+                    many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]),
+                    "a",
+                    f,
+                )
             }
             Scenario::FullMesh { hosts } => {
                 ring("a", None);
@@ -284,17 +355,33 @@ impl Bench {
                     .map(|k| {
                         let src = k % hosts;
                         let dst = hosts + (k / hosts + src) % half;
-                        frames::udp4(manager_mac(dst), manager_mac(src), Ipv4Addr::from(0x0a01_0000 | src), Ipv4Addr::from(0x0a01_0000 | dst), 1000, 2000, 60)
+                        frames::udp4(
+                            manager_mac(dst),
+                            manager_mac(src),
+                            Ipv4Addr::from(0x0a01_0000 | src),
+                            Ipv4Addr::from(0x0a01_0000 | dst),
+                            1000,
+                            2000,
+                            60,
+                        )
                     })
                     .collect();
-                (many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]), "a", f)
+                (
+                    many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]),
+                    "a",
+                    f,
+                )
             }
             Scenario::PodDecap => {
                 ring("a", None);
                 ring("up", Some(mac(0xa0)));
                 let peer = IpAddr::V4(PEER);
                 let mut b = red().vni(5001).flood(&[peer]);
-                b.static_macs.push(StaticMac { mac: manager_mac(0xff01), port: Some("a".into()), remote: None });
+                b.static_macs.push(StaticMac {
+                    mac: manager_mac(0xff01),
+                    port: Some("a".into()),
+                    remote: None,
+                });
                 let cfg = SwitchConfig {
                     bridges: vec![b],
                     ports: vec![pod_port("a", "red"), PortConfig::underlay("up")],
@@ -302,8 +389,24 @@ impl Bench {
                 };
                 let f = (0..256u32)
                     .map(|i| {
-                        let inner = frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1000 + i as u16, 2000, 60);
-                        let o = frames::Outer { dst_mac: mac(0xa0), src_mac: mac(0xb0), src: peer, dst: IpAddr::V4(LOCAL), sport: 49152 + i as u16, dport: 4789, vlan: None };
+                        let inner = frames::udp4(
+                            manager_mac(0xff01),
+                            manager_mac(i),
+                            Ipv4Addr::from(0x0a01_0000 | i),
+                            POD_IP,
+                            1000 + i as u16,
+                            2000,
+                            60,
+                        );
+                        let o = frames::Outer {
+                            dst_mac: mac(0xa0),
+                            src_mac: mac(0xb0),
+                            src: peer,
+                            dst: IpAddr::V4(LOCAL),
+                            sport: 49152 + i as u16,
+                            dport: 4789,
+                            vlan: None,
+                        };
                         frames::vxlan(&o, 5001, &inner, false)
                     })
                     .collect();
@@ -324,7 +427,17 @@ impl Bench {
                     vtep: Some(VtepConfig::new(IpAddr::V4(LOCAL), "up").peer(peer, mac(0xb0))),
                 };
                 let f = (0..256u32)
-                    .map(|i| frames::udp4(mac(2000), manager_mac(0xff01), POD_IP, ip(1), 1000 + i as u16, 2000, 60))
+                    .map(|i| {
+                        frames::udp4(
+                            mac(2000),
+                            manager_mac(0xff01),
+                            POD_IP,
+                            ip(1),
+                            1000 + i as u16,
+                            2000,
+                            60,
+                        )
+                    })
                     .collect();
                 (cfg, "a", f)
             }
@@ -334,7 +447,11 @@ impl Bench {
                 let peer = IpAddr::V4(PEER);
                 let mut b = red().vni(5001).flood(&[peer]);
                 b.static_macs.push(StaticMac { mac: mac(2000), port: None, remote: Some(peer) });
-                b.static_macs.push(StaticMac { mac: mac(1000), port: Some("a".into()), remote: None });
+                b.static_macs.push(StaticMac {
+                    mac: mac(1000),
+                    port: Some("a".into()),
+                    remote: None,
+                });
                 b.mac_learning = true;
                 let cfg = SwitchConfig {
                     bridges: vec![b],
@@ -345,9 +462,25 @@ impl Bench {
                 let f = (0..256u32)
                     .map(|i| {
                         if encap {
-                            frames::udp4(mac(2000), mac(i + 1), ip(i), ip(1), 1000 + i as u16, 2000, 60)
+                            frames::udp4(
+                                mac(2000),
+                                mac(i + 1),
+                                ip(i),
+                                ip(1),
+                                1000 + i as u16,
+                                2000,
+                                60,
+                            )
                         } else {
-                            let inner = frames::udp4(mac(1000), mac(3000 + i), ip(i), ip(1), 1000 + i as u16, 2000, 60);
+                            let inner = frames::udp4(
+                                mac(1000),
+                                mac(3000 + i),
+                                ip(i),
+                                ip(1),
+                                1000 + i as u16,
+                                2000,
+                                60,
+                            );
                             let o = frames::Outer {
                                 dst_mac: mac(0xa0),
                                 src_mac: mac(0xb0),
@@ -371,7 +504,9 @@ impl Bench {
                     ports.push(PortConfig::access(&n, "red"));
                 }
                 let f = (0..256u32)
-                    .map(|i| frames::udp4(MacAddr::BROADCAST, mac(i + 1), ip(i), ip(255), 68, 67, 60))
+                    .map(|i| {
+                        frames::udp4(MacAddr::BROADCAST, mac(i + 1), ip(i), ip(255), 68, 67, 60)
+                    })
                     .collect();
                 (SwitchConfig { bridges: vec![red()], ports, vtep: None }, "p0", f)
             }
@@ -409,28 +544,76 @@ impl Bench {
         let back: Vec<Vec<u8>> = match s {
             Scenario::L2 { macs } => {
                 let n = (macs / 2).max(1);
-                (0..n).map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60)).collect()
+                (0..n)
+                    .map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60))
+                    .collect()
             }
             Scenario::PodL2 { hosts, .. } => (0..hosts)
-                .map(|i| frames::udp4(manager_mac(0xff01), manager_mac(i), Ipv4Addr::from(0x0a01_0000 | i), POD_IP, 1, 2, 60))
+                .map(|i| {
+                    frames::udp4(
+                        manager_mac(0xff01),
+                        manager_mac(i),
+                        Ipv4Addr::from(0x0a01_0000 | i),
+                        POD_IP,
+                        1,
+                        2,
+                        60,
+                    )
+                })
                 .collect(),
             Scenario::Trunk { bds } => (0..bds as u32)
-                .map(|i| frames::add_tag(&frames::udp4(mac(1), mac(10_000 + i), ip(9), ip(1), 1, 2, 60)[..60], 0x8100, i as u16 + 1))
+                .map(|i| {
+                    frames::add_tag(
+                        &frames::udp4(mac(1), mac(10_000 + i), ip(9), ip(1), 1, 2, 60)[..60],
+                        0x8100,
+                        i as u16 + 1,
+                    )
+                })
                 .collect(),
             Scenario::FullMesh { hosts } => (hosts..hosts + (hosts / 2).max(1))
-                .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
+                .map(|d| {
+                    frames::udp4(
+                        manager_mac(0),
+                        manager_mac(d),
+                        Ipv4Addr::from(0x0a01_0000 | d),
+                        Ipv4Addr::from(0x0a01_0000),
+                        1,
+                        2,
+                        60,
+                    )
+                })
                 .collect(),
             Scenario::Mesh { hosts } => (hosts..2 * hosts)
-                .map(|d| frames::udp4(manager_mac(0), manager_mac(d), Ipv4Addr::from(0x0a01_0000 | d), Ipv4Addr::from(0x0a01_0000), 1, 2, 60))
+                .map(|d| {
+                    frames::udp4(
+                        manager_mac(0),
+                        manager_mac(d),
+                        Ipv4Addr::from(0x0a01_0000 | d),
+                        Ipv4Addr::from(0x0a01_0000),
+                        1,
+                        2,
+                        60,
+                    )
+                })
                 .collect(),
-            Scenario::VlanPush => vec![frames::add_tag(&frames::udp4(mac(1), mac(2000), ip(9), ip(1), 1, 2, 60), 0x8100, 100)],
+            Scenario::VlanPush => vec![frames::add_tag(
+                &frames::udp4(mac(1), mac(2000), ip(9), ip(1), 1, 2, 60),
+                0x8100,
+                100,
+            )],
             Scenario::VlanPop => vec![frames::udp4(mac(1), mac(1000), ip(9), ip(1), 1, 2, 60)],
             _ => vec![],
         };
         let snap = self.snap.clone();
         for chunk in back.chunks(32) {
             // Learning frames enter on the port that is not the input.
-            let port = snap.ports.iter().flatten().find(|p| p.id != self.in_port).map(|p| p.id).unwrap_or(0);
+            let port = snap
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.id != self.in_port)
+                .map(|p| p.id)
+                .unwrap_or(0);
             for f in chunk {
                 if let Some(b) = self.cache.alloc_frame(f) {
                     let _ = self.batch.push(b);

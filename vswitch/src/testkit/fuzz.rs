@@ -21,7 +21,10 @@ pub fn harness() -> Harness {
 /// [`harness`] whose pipeline runs its nodes as `dispatch` says.
 pub fn harness_with(dispatch: crate::pipeline::Dispatch) -> Harness {
     let pool = crate::buf::Pool::new(2048, false).expect("buffer pool");
-    let mut h = Harness::with_pool(pool, crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, dispatch });
+    let mut h = Harness::with_pool(
+        pool,
+        crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, dispatch },
+    );
     for p in PORTS {
         h.ring_with_mac(p, Some(mac(0xa0)));
     }
@@ -45,7 +48,13 @@ pub fn harness_with(dispatch: crate::pipeline::Dispatch) -> Harness {
     qinq.tpid = 0x88a8;
     let cfg = SwitchConfig {
         bridges: vec![red, BridgeConfig::new("blue").vlan(200).vni(5002).flood(&[peer])],
-        ports: vec![pod, PortConfig::access("access", "blue"), PortConfig::trunk("trunk", &[100, 200], None), qinq, up],
+        ports: vec![
+            pod,
+            PortConfig::access("access", "blue"),
+            PortConfig::trunk("trunk", &[100, 200], None),
+            qinq,
+            up,
+        ],
         vtep: Some(VtepConfig::new(local, "up").peer(peer, mac(0xb0))),
     };
     h.apply(cfg).expect("fuzz configuration is valid");
@@ -102,13 +111,25 @@ pub fn samples() -> Vec<(&'static str, u8, Vec<u8>)> {
     let (a, b) = ("192.0.2.9".parse().expect("literal"), "192.0.2.1".parse().expect("literal"));
     let inner = frames::udp4(mac(1), mac(9), a, b, 1, 2, 80);
     vec![
-        ("udp4", 0, frames::udp4(mac(2), mac(1), b, "192.0.2.2".parse().expect("literal"), 1, 2, 64)),
+        (
+            "udp4",
+            0,
+            frames::udp4(mac(2), mac(1), b, "192.0.2.2".parse().expect("literal"), 1, 2, 64),
+        ),
         ("tagged", 2, frames::add_tag(&inner, 0x8100, 100)),
         ("qinq", 3, frames::add_tag(&inner, 0x88a8, 200)),
         ("arp", 0, frames::arp_request(mac(1), b, "192.0.2.2".parse().expect("literal"))),
-        ("ns", 0, frames::ns(mac(1), frames::link_local(mac(1)), "fd00::2".parse().expect("literal"))),
+        (
+            "ns",
+            0,
+            frames::ns(mac(1), frames::link_local(mac(1)), "fd00::2".parse().expect("literal")),
+        ),
         ("vxlan4", 4, frames::vxlan(&o, 5001, &inner, false)),
-        ("vxlan4-blue", 4, frames::vxlan(&o, 5002, &frames::udp4(mac(1), mac(9), a, b, 1, 2, 1400), false)),
+        (
+            "vxlan4-blue",
+            4,
+            frames::vxlan(&o, 5002, &frames::udp4(mac(1), mac(9), a, b, 1, 2, 1400), false),
+        ),
     ]
 }
 

@@ -38,7 +38,10 @@ pub fn exclusive() -> Option<std::sync::MutexGuard<'static, ()>> {
     let guard = EXCLUSIVE.lock().unwrap_or_else(|e| e.into_inner());
     if !available() {
         let why = "needs root and iproute2 to create network namespaces";
-        assert!(std::env::var_os("CI").is_none(), "{why}: CI must provide both (ci/setup.sh installs iproute2)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{why}: CI must provide both (ci/setup.sh installs iproute2)"
+        );
         eprintln!("skipped: {why}");
         return None;
     }
@@ -84,7 +87,12 @@ impl Netns {
     /// their own.
     pub fn quiet(tag: &str) -> io::Result<Netns> {
         let ns = Netns::new(tag)?;
-        ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])?;
+        ns.run(&[
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ])?;
         Ok(ns)
     }
 
@@ -153,11 +161,15 @@ impl SwitchNode {
     pub fn start(
         ns: Netns,
         ports: &[&str],
-        open: impl Fn(&str, &std::sync::Arc<crate::buf::Pool>) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
+        open: impl Fn(
+            &str,
+            &std::sync::Arc<crate::buf::Pool>,
+        ) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
         cfg: crate::config::SwitchConfig,
     ) -> io::Result<SwitchNode> {
         let pool = crate::buf::Pool::new(8192, false).map_err(io::Error::other)?;
-        let switch = crate::switch::Switch::new(pool.clone(), crate::switch::SwitchOptions::default());
+        let switch =
+            crate::switch::Switch::new(pool.clone(), crate::switch::SwitchOptions::default());
         for p in ports {
             let port = ns.enter(|| open(p, &pool))??;
             switch.register_port(p, port).map_err(io::Error::other)?;
@@ -165,7 +177,11 @@ impl SwitchNode {
         switch.apply(cfg).map_err(io::Error::other)?;
         let pmd = crate::pmd::PmdSet::start(
             switch.clone(),
-            &crate::pmd::PmdConfig { threads: 1, cores: vec![], idle: crate::pmd::IdlePolicy::default() },
+            &crate::pmd::PmdConfig {
+                threads: 1,
+                cores: vec![],
+                idle: crate::pmd::IdlePolicy::default(),
+            },
         )?;
         Ok(SwitchNode { switch, pool, pmd: Some(pmd), ns })
     }
@@ -186,13 +202,26 @@ pub fn ping(ns: &Netns, to: &str) -> io::Result<String> {
 
 /// Sends `kib` KiB over TCP from `client` to a server on `ip`:`port` in `server` (Python's
 /// socket module on both ends, bounded to 30 s); returns the bytes the server received.
-pub fn tcp_transfer(server: &Netns, client: &Netns, ip: &str, port: u16, kib: usize) -> io::Result<usize> {
+pub fn tcp_transfer(
+    server: &Netns,
+    client: &Netns,
+    ip: &str,
+    port: u16,
+    kib: usize,
+) -> io::Result<usize> {
     tcp_transfer_via(server, ip, client, ip, port, kib)
 }
 
 /// [`tcp_transfer`] to a server on `ip` reached at `via` (a Service's address that a NAT
 /// rule on the way translates to `ip`).
-pub fn tcp_transfer_via(server: &Netns, ip: &str, client: &Netns, via: &str, port: u16, kib: usize) -> io::Result<usize> {
+pub fn tcp_transfer_via(
+    server: &Netns,
+    ip: &str,
+    client: &Netns,
+    via: &str,
+    port: u16,
+    kib: usize,
+) -> io::Result<usize> {
     let srv = format!(
         r#"
 import socket
@@ -231,7 +260,13 @@ c.close()
 
 /// Sends `count` 1000-byte UDP datagrams from `client` to `ip`:`port` in `server`; returns
 /// how many the server's stack accepted (a bad checksum is dropped by the receiver).
-pub fn udp_burst(server: &Netns, client: &Netns, ip: &str, port: u16, count: usize) -> io::Result<usize> {
+pub fn udp_burst(
+    server: &Netns,
+    client: &Netns,
+    ip: &str,
+    port: u16,
+    count: usize,
+) -> io::Result<usize> {
     let srv = format!(
         r#"
 import socket
@@ -266,7 +301,9 @@ for i in range({count}):
 fn run_pair(server: &Netns, srv: &str, client: &Netns, cli: &str) -> io::Result<usize> {
     let (name, srv) = (server.name.clone(), srv.to_owned());
     let handle = std::thread::spawn(move || {
-        Command::new("ip").args(["netns", "exec", &name, "timeout", "30", "python3", "-c", &srv]).output()
+        Command::new("ip")
+            .args(["netns", "exec", &name, "timeout", "30", "python3", "-c", &srv])
+            .output()
     });
     let sent = client.run(&["timeout", "30", "python3", "-c", cli]);
     let out = handle.join().map_err(|_| io::Error::other("server thread panicked"))??;
@@ -278,11 +315,18 @@ fn run_pair(server: &Netns, srv: &str, client: &Netns, cli: &str) -> io::Result<
 
 /// Linux's own VXLAN endpoint in `node`: a `vxlan` device for `vni` from `local` to
 /// `remote` (port 4789) over `dev`, bridged with `pod_dev` (the node's end of a pod veth).
-pub fn linux_vtep(node: &Netns, dev: &str, local: &str, remote: &str, vni: u32, pod_dev: &str) -> io::Result<()> {
+pub fn linux_vtep(
+    node: &Netns,
+    dev: &str,
+    local: &str,
+    remote: &str,
+    vni: u32,
+    pod_dev: &str,
+) -> io::Result<()> {
     let vni = vni.to_string();
     node.run(&[
-        "ip", "link", "add", "vxlan0", "type", "vxlan", "id", &vni, "local", local, "remote", remote, "dstport",
-        "4789", "dev", dev,
+        "ip", "link", "add", "vxlan0", "type", "vxlan", "id", &vni, "local", local, "remote",
+        remote, "dstport", "4789", "dev", dev,
     ])?;
     node.run(&["ip", "link", "add", "br0", "type", "bridge"])?;
     for d in ["vxlan0", pod_dev] {
@@ -327,7 +371,10 @@ pub fn mac_of(ns: &Netns, dev: &str) -> io::Result<crate::wire::MacAddr> {
 /// Two pods (192.0.2.1 and .2 on `eth0`) on access ports `swa` and `swb` of one bridge
 /// domain of a switch whose ports `open` makes.
 pub fn two_pods(
-    open: impl Fn(&str, &std::sync::Arc<crate::buf::Pool>) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
+    open: impl Fn(
+        &str,
+        &std::sync::Arc<crate::buf::Pool>,
+    ) -> io::Result<std::sync::Arc<dyn crate::port::Port>>,
 ) -> io::Result<(SwitchNode, Netns, Netns)> {
     use crate::config::{BridgeConfig, PortConfig, SwitchConfig};
     let sw = Netns::new("sw")?;

@@ -24,8 +24,13 @@ pub fn write(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
 
 pub fn read(path: &Path) -> io::Result<Vec<Vec<u8>>> {
     let b = std::fs::read(path)?;
-    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {what}", path.display()));
-    let magic = b.get(..4).map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]])).ok_or_else(|| bad("no header"))?;
+    let bad = |what: &str| {
+        io::Error::new(io::ErrorKind::InvalidData, format!("{}: {what}", path.display()))
+    };
+    let magic = b
+        .get(..4)
+        .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]))
+        .ok_or_else(|| bad("no header"))?;
     if magic != 0xa1b2_c3d4 && magic != 0xa1b2_3c4d {
         return Err(bad("not a little-endian pcap file"));
     }

@@ -33,7 +33,11 @@ impl ListeningVnf {
     /// testpmd through `cmd` with `vdevs` (each a `--vdev` value) and `app`, its arguments
     /// after `--` beside `-i`.
     pub fn start_vdevs(mut cmd: Command, vdevs: &[String], app: &[&str]) -> Option<ListeningVnf> {
-        if !super::peer_available(super::runs("dpdk-testpmd"), "dpdk-testpmd", "ci/setup.sh (dpdk-dev)") {
+        if !super::peer_available(
+            super::runs("dpdk-testpmd"),
+            "dpdk-testpmd",
+            "ci/setup.sh (dpdk-dev)",
+        ) {
             return None;
         }
         static N: AtomicU32 = AtomicU32::new(0);

@@ -32,7 +32,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if s.len() < PACKET_LEN {
             return Err(WireError::Truncated);
         }
-        if be16(s, field::HTYPE) != 1 || be16(s, field::PTYPE) != 0x0800 || s[field::HLEN] != 6 || s[field::PLEN] != 4
+        if be16(s, field::HTYPE) != 1
+            || be16(s, field::PTYPE) != 0x0800
+            || s[field::HLEN] != 6
+            || s[field::PLEN] != 4
         {
             return Err(WireError::BadLength);
         }

@@ -19,7 +19,24 @@ impl MacAddr {
     /// modified EUI-64 of the MAC, RFC 4291 appendix A).
     pub fn link_local(&self) -> std::net::Ipv6Addr {
         let m = self.0;
-        std::net::Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+        std::net::Ipv6Addr::from([
+            0xfe,
+            0x80,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            m[0] ^ 0x02,
+            m[1],
+            m[2],
+            0xff,
+            0xfe,
+            m[3],
+            m[4],
+            m[5],
+        ])
     }
 
     /// Group (multicast or broadcast) address: the I/G bit.
@@ -174,7 +191,11 @@ impl<T: AsRef<[u8]>> Frame<T> {
 
     /// The EtherType after the outer tag (if any).
     pub fn inner_ethertype(&self) -> u16 {
-        if self.is_tagged_raw() { be16(self.b.as_ref(), field::INNER_TYPE) } else { self.ethertype() }
+        if self.is_tagged_raw() {
+            be16(self.b.as_ref(), field::INNER_TYPE)
+        } else {
+            self.ethertype()
+        }
     }
 
     /// Length of the L2 header including the outer tag.
@@ -192,7 +213,11 @@ impl<T: AsRef<[u8]>> Frame<T> {
         let b = self.b.as_ref();
         let et = be16(b, field::ETHERTYPE);
         if is_tpid(et) {
-            (Some((et, be16(b, field::TCI))), be16(b, field::INNER_TYPE), &b[HEADER_LEN + TAG_LEN..])
+            (
+                Some((et, be16(b, field::TCI))),
+                be16(b, field::INNER_TYPE),
+                &b[HEADER_LEN + TAG_LEN..],
+            )
         } else {
             (None, et, &b[HEADER_LEN..])
         }
@@ -250,7 +275,8 @@ mod test {
     use super::*;
 
     static TAGGED: [u8; 22] = [
-        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0, 0, 0, 0, 1, 0x81, 0x00, 0x20, 0x64, 0x08, 0x06, 1, 2, 3, 4,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02, 0, 0, 0, 0, 1, 0x81, 0x00, 0x20, 0x64, 0x08,
+        0x06, 1, 2, 3, 4,
     ];
 
     #[test]
@@ -284,6 +310,9 @@ mod test {
         assert!("02:00:00:00:00".parse::<MacAddr>().is_err());
         assert!("02:00:00:00:00:01:03".parse::<MacAddr>().is_err());
         assert!("zz:00:00:00:00:01".parse::<MacAddr>().is_err());
-        assert_eq!(MacAddr::from_u64(MacAddr([1, 2, 3, 4, 5, 6]).to_u64()), MacAddr([1, 2, 3, 4, 5, 6]));
+        assert_eq!(
+            MacAddr::from_u64(MacAddr([1, 2, 3, 4, 5, 6]).to_u64()),
+            MacAddr([1, 2, 3, 4, 5, 6])
+        );
     }
 }

@@ -71,7 +71,16 @@ pub fn emit_ns(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, 
 
 /// An NS or NA with one link-layer address option (`NA_LEN` bytes), checksum included.
 #[allow(clippy::too_many_arguments)]
-fn emit(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, ty: u8, flags: u8, target: &Ipv6Addr, opt: u8, mac: MacAddr) {
+fn emit(
+    b: &mut [u8],
+    src: &Ipv6Addr,
+    dst: &Ipv6Addr,
+    ty: u8,
+    flags: u8,
+    target: &Ipv6Addr,
+    opt: u8,
+    mac: MacAddr,
+) {
     b[..NA_LEN].fill(0);
     b[0] = ty;
     b[4] = flags;

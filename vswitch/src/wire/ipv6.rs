@@ -200,18 +200,30 @@ mod test {
         let mut p = vec![60, 0, 0, 0, 0, 0, 0, 0, 58, 1];
         p.resize(24, 0);
         p.extend_from_slice(&[134, 0, 0, 0]);
-        assert_eq!(upper_layer(&p, NEXT_HOP_BY_HOP), UpperLayer::At { proto: 58, offset: 24, fragmented: false });
+        assert_eq!(
+            upper_layer(&p, NEXT_HOP_BY_HOP),
+            UpperLayer::At { proto: 58, offset: 24, fragmented: false }
+        );
         // A first fragment (offset 0, more fragments), then UDP.
         let frag = [17, 0, 0, 1, 0, 0, 0, 7];
-        assert_eq!(upper_layer(&frag, NEXT_FRAGMENT), UpperLayer::At { proto: 17, offset: 8, fragmented: true });
+        assert_eq!(
+            upper_layer(&frag, NEXT_FRAGMENT),
+            UpperLayer::At { proto: 17, offset: 8, fragmented: true }
+        );
         // A later fragment.
-        assert_eq!(upper_layer(&[17, 0, 0, 8, 0, 0, 0, 7], NEXT_FRAGMENT), UpperLayer::LaterFragment);
+        assert_eq!(
+            upper_layer(&[17, 0, 0, 8, 0, 0, 0, 7], NEXT_FRAGMENT),
+            UpperLayer::LaterFragment
+        );
         // A chain that runs out, one that never ends, ESP.
         assert_eq!(upper_layer(&p[..9], NEXT_HOP_BY_HOP), UpperLayer::Unknown);
         let endless: Vec<u8> = (0..16).flat_map(|_| [60u8, 0, 0, 0, 0, 0, 0, 0]).collect();
         assert_eq!(upper_layer(&endless, DEST_OPTIONS), UpperLayer::Unknown);
         assert_eq!(upper_layer(&p, ESP), UpperLayer::Opaque);
-        assert_eq!(upper_layer(&p, NEXT_ICMPV6), UpperLayer::At { proto: 58, offset: 0, fragmented: false });
+        assert_eq!(
+            upper_layer(&p, NEXT_ICMPV6),
+            UpperLayer::At { proto: 58, offset: 0, fragmented: false }
+        );
     }
 
     #[test]

@@ -23,7 +23,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub enum SpecError {
     #[error("expected `name(key=value,...)` at {0:?}")]
     Syntax(String),
-    #[error("unknown layer {0:?} (eth, vlan, arp, ipv4, ipv6, udp, tcp, icmp, icmpv6, vxlan, payload)")]
+    #[error(
+        "unknown layer {0:?} (eth, vlan, arp, ipv4, ipv6, udp, tcp, icmp, icmpv6, vxlan, payload)"
+    )]
     Layer(String),
     #[error("{layer}: unknown field {field:?}")]
     Field { layer: &'static str, field: String },
@@ -55,17 +57,32 @@ struct Fields {
 }
 
 impl Fields {
-    fn take<T: std::str::FromStr>(&mut self, field: &'static str, want: &'static str) -> Result<Option<T>, SpecError> {
+    fn take<T: std::str::FromStr>(
+        &mut self,
+        field: &'static str,
+        want: &'static str,
+    ) -> Result<Option<T>, SpecError> {
         let Some(v) = self.kv.remove(field) else { return Ok(None) };
         let parsed = match v.strip_prefix("0x") {
             // Numbers may be hex.
-            Some(hex) if want.contains("number") => u64::from_str_radix(hex, 16).ok().and_then(|n| n.to_string().parse().ok()),
+            Some(hex) if want.contains("number") => {
+                u64::from_str_radix(hex, 16).ok().and_then(|n| n.to_string().parse().ok())
+            }
             _ => v.parse().ok(),
         };
-        parsed.map(Some).ok_or(SpecError::Value { layer: self.layer, field: field.into(), value: v, want })
+        parsed.map(Some).ok_or(SpecError::Value {
+            layer: self.layer,
+            field: field.into(),
+            value: v,
+            want,
+        })
     }
 
-    fn need<T: std::str::FromStr>(&mut self, field: &'static str, want: &'static str) -> Result<T, SpecError> {
+    fn need<T: std::str::FromStr>(
+        &mut self,
+        field: &'static str,
+        want: &'static str,
+    ) -> Result<T, SpecError> {
         self.take(field, want)?.ok_or(SpecError::Missing { layer: self.layer, field })
     }
 
@@ -105,12 +122,21 @@ fn parse_layer(name: &str, body: &str) -> Result<Layer, SpecError> {
     }
     let mut f = Fields { layer, kv };
     let l = match layer {
-        "eth" => Layer::Eth { src: f.need("src", MAC)?, dst: f.need("dst", MAC)?, ethertype: f.take("type", U16)? },
+        "eth" => Layer::Eth {
+            src: f.need("src", MAC)?,
+            dst: f.need("dst", MAC)?,
+            ethertype: f.take("type", U16)?,
+        },
         "vlan" => {
             let vid: u16 = f.need("vid", "a VLAN ID 0-4095")?;
             let pcp: u16 = f.take("pcp", "a priority 0-7")?.unwrap_or(0);
             if vid > 4095 || pcp > 7 {
-                return Err(SpecError::Value { layer, field: "vid/pcp".into(), value: format!("{vid}/{pcp}"), want: "vid 0-4095, pcp 0-7" });
+                return Err(SpecError::Value {
+                    layer,
+                    field: "vid/pcp".into(),
+                    value: format!("{vid}/{pcp}"),
+                    want: "vid 0-4095, pcp 0-7",
+                });
             }
             Layer::Vlan { tci: pcp << 13 | vid, tpid: f.take("tpid", U16)?.unwrap_or(0x8100) }
         }
@@ -118,29 +144,75 @@ fn parse_layer(name: &str, body: &str) -> Result<Layer, SpecError> {
             let op = match f.kv.remove("op").as_deref() {
                 None | Some("request") | Some("1") => 1,
                 Some("reply") | Some("2") => 2,
-                Some(v) => return Err(SpecError::Value { layer, field: "op".into(), value: v.into(), want: "request or reply" }),
+                Some(v) => {
+                    return Err(SpecError::Value {
+                        layer,
+                        field: "op".into(),
+                        value: v.into(),
+                        want: "request or reply",
+                    });
+                }
             };
-            Layer::Arp { op, sha: f.take("sha", MAC)?, spa: f.need("spa", V4)?, tha: f.take("tha", MAC)?.unwrap_or_default(), tpa: f.need("tpa", V4)? }
+            Layer::Arp {
+                op,
+                sha: f.take("sha", MAC)?,
+                spa: f.need("spa", V4)?,
+                tha: f.take("tha", MAC)?.unwrap_or_default(),
+                tpa: f.need("tpa", V4)?,
+            }
         }
-        "ipv4" => Layer::Ipv4 { src: f.need("src", V4)?, dst: f.need("dst", V4)?, proto: f.take("proto", U8)?, tos: f.take("tos", U8)?.unwrap_or(0), ttl: f.take("ttl", U8)?.unwrap_or(64) },
-        "ipv6" => Layer::Ipv6 { src: f.need("src", V6)?, dst: f.need("dst", V6)?, nh: f.take("nh", U8)?, tc: f.take("tc", U8)?.unwrap_or(0), hlim: f.take("hlim", U8)?.unwrap_or(64) },
-        "udp" => Layer::Udp { src: f.take("src", U16)?.unwrap_or(49152), dst: f.take("dst", U16)?.unwrap_or(9) },
-        "tcp" => Layer::Tcp { src: f.take("src", U16)?.unwrap_or(49152), dst: f.take("dst", U16)?.unwrap_or(80), flags: f.take("flags", U8)?.unwrap_or(0x02) },
+        "ipv4" => Layer::Ipv4 {
+            src: f.need("src", V4)?,
+            dst: f.need("dst", V4)?,
+            proto: f.take("proto", U8)?,
+            tos: f.take("tos", U8)?.unwrap_or(0),
+            ttl: f.take("ttl", U8)?.unwrap_or(64),
+        },
+        "ipv6" => Layer::Ipv6 {
+            src: f.need("src", V6)?,
+            dst: f.need("dst", V6)?,
+            nh: f.take("nh", U8)?,
+            tc: f.take("tc", U8)?.unwrap_or(0),
+            hlim: f.take("hlim", U8)?.unwrap_or(64),
+        },
+        "udp" => Layer::Udp {
+            src: f.take("src", U16)?.unwrap_or(49152),
+            dst: f.take("dst", U16)?.unwrap_or(9),
+        },
+        "tcp" => Layer::Tcp {
+            src: f.take("src", U16)?.unwrap_or(49152),
+            dst: f.take("dst", U16)?.unwrap_or(80),
+            flags: f.take("flags", U8)?.unwrap_or(0x02),
+        },
         "icmp" | "icmpv6" => {
             let v6 = layer == "icmpv6";
-            Layer::Icmp { v6, ty: f.take("type", U8)?.unwrap_or(if v6 { 128 } else { 8 }), code: f.take("code", U8)?.unwrap_or(0) }
+            Layer::Icmp {
+                v6,
+                ty: f.take("type", U8)?.unwrap_or(if v6 { 128 } else { 8 }),
+                code: f.take("code", U8)?.unwrap_or(0),
+            }
         }
         "vxlan" => {
             let vni: u32 = f.need("vni", "a VNI 0-16777215")?;
             if vni >= 1 << 24 {
-                return Err(SpecError::Value { layer, field: "vni".into(), value: vni.to_string(), want: "a VNI 0-16777215" });
+                return Err(SpecError::Value {
+                    layer,
+                    field: "vni".into(),
+                    value: vni.to_string(),
+                    want: "a VNI 0-16777215",
+                });
             }
             Layer::Vxlan { vni }
         }
         _ => {
             let len: usize = f.need("len", "a length 0-1500")?;
             if len > 1500 {
-                return Err(SpecError::Value { layer, field: "len".into(), value: len.to_string(), want: "a length 0-1500" });
+                return Err(SpecError::Value {
+                    layer,
+                    field: "len".into(),
+                    value: len.to_string(),
+                    want: "a length 0-1500",
+                });
             }
             Layer::Payload { len }
         }
@@ -154,7 +226,10 @@ fn parse(spec: &str) -> Result<Vec<Layer>, SpecError> {
     let mut rest = spec.trim();
     while !rest.is_empty() {
         let open = rest.find('(').ok_or_else(|| SpecError::Syntax(rest.into()))?;
-        let close = rest[open..].find(')').map(|c| open + c).ok_or_else(|| SpecError::Syntax(rest.into()))?;
+        let close = rest[open..]
+            .find(')')
+            .map(|c| open + c)
+            .ok_or_else(|| SpecError::Syntax(rest.into()))?;
         layers.push(parse_layer(rest[..open].trim(), &rest[open + 1..close])?);
         rest = rest[close + 1..].trim_start();
     }
@@ -185,7 +260,14 @@ fn emit(layers: &[Layer], ip: Option<(IpAddr, IpAddr)>) -> Result<Vec<u8>, SpecE
         Layer::Eth { src, dst, ethertype } => {
             out.extend(dst.0);
             out.extend(src.0);
-            if let Some(Layer::Eth { .. } | Layer::Udp { .. } | Layer::Tcp { .. } | Layer::Icmp { .. } | Layer::Vxlan { .. }) = next {
+            if let Some(
+                Layer::Eth { .. }
+                | Layer::Udp { .. }
+                | Layer::Tcp { .. }
+                | Layer::Icmp { .. }
+                | Layer::Vxlan { .. },
+            ) = next
+            {
                 return Err(order("this layer"));
             }
             let inner = emit(rest, None)?;
@@ -268,7 +350,9 @@ fn emit(layers: &[Layer], ip: Option<(IpAddr, IpAddr)>) -> Result<Vec<u8>, SpecE
         }
         Layer::Vxlan { vni } => {
             if !matches!(next, Some(Layer::Eth { .. })) {
-                return Err(SpecError::Order("vxlan(...) is followed by the inner eth(...)".into()));
+                return Err(SpecError::Order(
+                    "vxlan(...) is followed by the inner eth(...)".into(),
+                ));
             }
             out.extend([0x08, 0, 0, 0]);
             out.extend((vni << 8).to_be_bytes());

@@ -26,9 +26,14 @@ impl Daemon {
     /// daemon makes there: host ports, their NAT rules).
     pub async fn start_in(dir: &Path, netns: Option<&str>, args: &[&str]) -> Daemon {
         let socket = dir.join("api.sock");
-        let log = dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
+        let log =
+            dir.join(format!("daemon-{}.log", Instant::now().elapsed().as_nanos() ^ rand_tag()));
         let metrics = if args.contains(&"--metrics-listen") { None } else { Some("--no-metrics") };
-        let buffers = if args.contains(&"--buffers") || args.contains(&"--pods") { None } else { Some(["--buffers", "4096"]) };
+        let buffers = if args.contains(&"--buffers") || args.contains(&"--pods") {
+            None
+        } else {
+            Some(["--buffers", "4096"])
+        };
         let bin = env!("CARGO_BIN_EXE_knitter-vswitchd");
         let mut cmd = match netns {
             // `ip netns exec` execs the daemon in place: the child's pid is the daemon's.
@@ -55,9 +60,16 @@ impl Daemon {
                 return d;
             }
             if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("daemon exited ({status}): {}", std::fs::read_to_string(&d.log).unwrap_or_default());
+                panic!(
+                    "daemon exited ({status}): {}",
+                    std::fs::read_to_string(&d.log).unwrap_or_default()
+                );
             }
-            assert!(Instant::now() < deadline, "daemon not ready: {}", std::fs::read_to_string(&d.log).unwrap_or_default());
+            assert!(
+                Instant::now() < deadline,
+                "daemon not ready: {}",
+                std::fs::read_to_string(&d.log).unwrap_or_default()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -112,7 +124,9 @@ pub fn vhost_port(dir: &Path, name: &str, bridge: &str) -> pb::Port {
 }
 
 pub async fn add_bridge(c: &mut NodeClient<Channel>, b: pb::Bridge) -> Result<u64, tonic::Status> {
-    c.add_bridge(pb::AddBridgeRequest { bridge: Some(b), replace: false }).await.map(|r| r.into_inner().generation)
+    c.add_bridge(pb::AddBridgeRequest { bridge: Some(b), replace: false })
+        .await
+        .map(|r| r.into_inner().generation)
 }
 
 pub async fn add_port(c: &mut NodeClient<Channel>, p: pb::Port) -> Result<u64, tonic::Status> {
@@ -124,4 +138,3 @@ pub fn refused<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, says
     assert_eq!(e.code(), code, "{}", e.message());
     assert!(e.message().contains(says), "{:?} does not say {says:?}", e.message());
 }
-

@@ -77,7 +77,11 @@ pub(super) fn credential_key(node: &str) -> String {
 }
 
 fn sha256_hex(b: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, b).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    ring::digest::digest(&ring::digest::SHA256, b)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The node a token names and its secret part, if it is a node token.
@@ -87,13 +91,25 @@ fn parse_node_token(token: &str) -> Option<(String, &str)> {
     if kind != "node" || name.len() % 2 != 0 || secret.len() != 64 {
         return None;
     }
-    let bytes: Option<Vec<u8>> = (0..name.len()).step_by(2).map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok()).collect();
+    let bytes: Option<Vec<u8>> = (0..name.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(name.get(i..i + 2)?, 16).ok())
+        .collect();
     Some((String::from_utf8(bytes?).ok()?, secret))
 }
 
 impl Auth {
-    pub fn new(admin: impl Into<std::sync::Arc<str>>, bootstrap: Option<String>, loopback_reads: bool) -> Auth {
-        Auth { admin: admin.into(), bootstrap: bootstrap.map(Into::into), scraper: None, loopback_reads }
+    pub fn new(
+        admin: impl Into<std::sync::Arc<str>>,
+        bootstrap: Option<String>,
+        loopback_reads: bool,
+    ) -> Auth {
+        Auth {
+            admin: admin.into(),
+            bootstrap: bootstrap.map(Into::into),
+            scraper: None,
+            loopback_reads,
+        }
     }
 
     /// Lets `token` read `/metrics` (and nothing else).
@@ -118,15 +134,26 @@ impl Auth {
         if super::rest::same_bytes(t.as_bytes(), self.admin.as_bytes()) {
             return Ok(Caller::Admin);
         }
-        if self.bootstrap.as_ref().is_some_and(|b| super::rest::same_bytes(t.as_bytes(), b.as_bytes())) {
+        if self
+            .bootstrap
+            .as_ref()
+            .is_some_and(|b| super::rest::same_bytes(t.as_bytes(), b.as_bytes()))
+        {
             return Ok(Caller::Bootstrap);
         }
-        if self.scraper.as_ref().is_some_and(|s| super::rest::same_bytes(t.as_bytes(), s.as_bytes())) {
+        if self
+            .scraper
+            .as_ref()
+            .is_some_and(|s| super::rest::same_bytes(t.as_bytes(), s.as_bytes()))
+        {
             return Ok(Caller::Scraper);
         }
         if let Some((node, secret)) = parse_node_token(t)
             && let Some((c, _)) = m.load::<Credential>(&credential_key(&node))?
-            && super::rest::same_bytes(sha256_hex(secret.as_bytes()).as_bytes(), c.sha256.as_bytes())
+            && super::rest::same_bytes(
+                sha256_hex(secret.as_bytes()).as_bytes(),
+                c.sha256.as_bytes(),
+            )
         {
             return Ok(Caller::Node(node));
         }
@@ -138,8 +165,12 @@ impl Auth {
     pub fn check(&self, caller: &Caller, access: Access, loopback: bool, read: bool) -> Result<()> {
         let ok = match (access, caller) {
             (Access::Open, _) | (_, Caller::Admin) => true,
-            (Access::Node, Caller::Node(_)) | (Access::Join, Caller::Bootstrap) | (Access::Metrics, Caller::Scraper) => true,
-            (Access::Read | Access::Node | Access::Metrics, Caller::Nobody) => read && loopback && self.loopback_reads,
+            (Access::Node, Caller::Node(_))
+            | (Access::Join, Caller::Bootstrap)
+            | (Access::Metrics, Caller::Scraper) => true,
+            (Access::Read | Access::Node | Access::Metrics, Caller::Nobody) => {
+                read && loopback && self.loopback_reads
+            }
             _ => false,
         };
         if ok {
@@ -170,16 +201,23 @@ impl Manager {
             )));
         }
         let mut secret = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret).map_err(|_| ManagerError::Busy("no random bytes".into()))?;
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .map_err(|_| ManagerError::Busy("no random bytes".into()))?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
         let by = if *caller == Caller::Bootstrap { "bootstrap" } else { "admin" };
-        let c = json(&Credential { sha256: sha256_hex(secret.as_bytes()), issued: now(), by: by.into() })?;
+        let c = json(&Credential {
+            sha256: sha256_hex(secret.as_bytes()),
+            issued: now(),
+            by: by.into(),
+        })?;
         let op = match &have {
             Some(v) => Op::replace(&key, Some(v.version), c),
             None => Op::create(&key, c),
         };
         if !self.store().commit(&[op])? {
-            return Err(ManagerError::Busy(format!("node {node:?}'s credential changed meanwhile")));
+            return Err(ManagerError::Busy(format!(
+                "node {node:?}'s credential changed meanwhile"
+            )));
         }
         tracing::info!(node, by, "issued a node token");
         let name: String = node.bytes().map(|b| format!("{b:02x}")).collect();
@@ -201,7 +239,10 @@ impl Manager {
                 spec.node = n.clone();
             }
             if spec.node != *n {
-                return Err(ManagerError::Forbidden(format!("node {n:?} may not create a port on node {:?}", spec.node)));
+                return Err(ManagerError::Forbidden(format!(
+                    "node {n:?} may not create a port on node {:?}",
+                    spec.node
+                )));
             }
             if spec.pod.is_empty() {
                 let (net, _) = self.network(&spec.network)?;
@@ -212,12 +253,20 @@ impl Manager {
     }
 
     /// Deletes a port for `caller`: a node, only one on itself.
-    pub fn delete_port_as(&self, caller: &Caller, container: &str, interface: &str) -> Result<Option<Port>> {
+    pub fn delete_port_as(
+        &self,
+        caller: &Caller,
+        container: &str,
+        interface: &str,
+    ) -> Result<Option<Port>> {
         if let Caller::Node(n) = caller
             && let Ok(p) = self.get_port(container, interface)
             && p.spec.node != *n
         {
-            return Err(ManagerError::Forbidden(format!("node {n:?} may not delete a port of node {:?}", p.spec.node)));
+            return Err(ManagerError::Forbidden(format!(
+                "node {n:?} may not delete a port of node {:?}",
+                p.spec.node
+            )));
         }
         self.delete_port(container, interface)
     }
@@ -226,7 +275,10 @@ impl Manager {
     pub fn get_port_as(&self, caller: &Caller, container: &str, interface: &str) -> Result<Port> {
         let p = self.get_port(container, interface)?;
         match caller {
-            Caller::Node(n) if p.spec.node != *n => Err(ManagerError::Forbidden(format!("node {n:?} may not read a port of node {:?}", p.spec.node))),
+            Caller::Node(n) if p.spec.node != *n => Err(ManagerError::Forbidden(format!(
+                "node {n:?} may not read a port of node {:?}",
+                p.spec.node
+            ))),
             _ => Ok(p),
         }
     }
@@ -234,7 +286,9 @@ impl Manager {
     /// Lists ports for `caller`: a node sees its own only.
     pub fn list_ports_as(&self, caller: &Caller, f: &super::Filter) -> Result<Vec<Port>> {
         match caller {
-            Caller::Node(n) => Ok(self.list_ports(f)?.into_iter().filter(|p| p.spec.node == *n).collect()),
+            Caller::Node(n) => {
+                Ok(self.list_ports(f)?.into_iter().filter(|p| p.spec.node == *n).collect())
+            }
             _ => self.list_ports(f),
         }
     }
@@ -244,7 +298,10 @@ impl Manager {
         if let Caller::Node(n) = caller
             && node.name != *n
         {
-            return Err(ManagerError::Forbidden(format!("node {n:?} may not register as {:?}", node.name)));
+            return Err(ManagerError::Forbidden(format!(
+                "node {n:?} may not register as {:?}",
+                node.name
+            )));
         }
         self.register_node(node)
     }
@@ -258,7 +315,10 @@ mod tests {
     fn node_tokens_name_their_node() {
         let name: String = "n1.example".bytes().map(|b| format!("{b:02x}")).collect();
         let t = format!("node.{name}.{}", "ab".repeat(32));
-        assert_eq!(parse_node_token(&t).map(|(n, s)| (n, s.len())), Some(("n1.example".to_string(), 64)));
+        assert_eq!(
+            parse_node_token(&t).map(|(n, s)| (n, s.len())),
+            Some(("n1.example".to_string(), 64))
+        );
         for bad in ["node.zz.x", "admin-token", "node.6e31", "node.6e3.".to_string().as_str()] {
             assert!(parse_node_token(bad).is_none(), "{bad}");
         }

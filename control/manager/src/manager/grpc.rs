@@ -6,6 +6,7 @@
 
 use super::auth::{Access, Auth, Caller};
 use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
+use super::sync::{ClusterView, Desired};
 use super::{Filter, Manager, ManagerError};
 use crate::network::NetworkSpec;
 use knitter_api::manager as pb;
@@ -13,7 +14,6 @@ use knitter_api::manager::manager_server::ManagerServer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use super::sync::{ClusterView, Desired};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,9 @@ impl From<ManagerError> for Status {
 /// REST defaults apply).
 fn drop_nulls(v: Value) -> Value {
     match v {
-        Value::Object(m) => Value::Object(m.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, drop_nulls(v))).collect()),
+        Value::Object(m) => Value::Object(
+            m.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, drop_nulls(v))).collect(),
+        ),
         Value::Array(a) => Value::Array(a.into_iter().map(drop_nulls).collect()),
         v => v,
     }
@@ -39,7 +41,8 @@ fn drop_nulls(v: Value) -> Value {
 /// A message as another type with the same JSON shape.
 pub fn convert<A: Serialize, B: DeserializeOwned>(a: &A) -> Result<B, ManagerError> {
     let v = serde_json::to_value(a).map_err(|e| ManagerError::Invalid(e.to_string()))?;
-    serde_json::from_value(drop_nulls(v)).map_err(|e| ManagerError::Invalid(format!("request: {e}")))
+    serde_json::from_value(drop_nulls(v))
+        .map_err(|e| ManagerError::Invalid(format!("request: {e}")))
 }
 
 #[derive(Clone)]
@@ -74,13 +77,15 @@ impl Grpc {
             let mut seen = None;
             while !tx.is_closed() {
                 let m2 = m.clone();
-                let read = tokio::task::spawn_blocking(move || -> Result<Option<ClusterView>, ManagerError> {
-                    let rev = match seen {
-                        Some(s) => m2.store().wait_change(s, VIEW_WAIT)?,
-                        None => m2.store().revision()?,
-                    };
-                    if Some(rev) == seen { Ok(None) } else { m2.cluster_view().map(Some) }
-                })
+                let read = tokio::task::spawn_blocking(
+                    move || -> Result<Option<ClusterView>, ManagerError> {
+                        let rev = match seen {
+                            Some(s) => m2.store().wait_change(s, VIEW_WAIT)?,
+                            None => m2.store().revision()?,
+                        };
+                        if Some(rev) == seen { Ok(None) } else { m2.cluster_view().map(Some) }
+                    },
+                )
                 .await;
                 match read {
                     Ok(Ok(Some(view))) => {
@@ -116,11 +121,23 @@ impl Grpc {
     }
 
     /// Who sent `req`, allowed `access` (`write`: it changes something).
-    async fn caller<T>(&self, req: &Request<T>, access: Access, write: bool) -> Result<Caller, Status> {
-        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
+    async fn caller<T>(
+        &self,
+        req: &Request<T>,
+        access: Access,
+        write: bool,
+    ) -> Result<Caller, Status> {
+        let given = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
         let loopback = req.remote_addr().is_some_and(|a| a.ip().is_loopback());
         let (m, auth) = (self.manager.clone(), self.auth.clone());
-        let caller = tokio::task::spawn_blocking(move || auth.identify(&m, given.as_deref())).await.map_err(|e| Status::internal(e.to_string()))??;
+        let caller = tokio::task::spawn_blocking(move || auth.identify(&m, given.as_deref()))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
         self.auth.check(&caller, access, loopback, !write)?;
         Ok(caller)
     }
@@ -158,8 +175,12 @@ impl Grpc {
         let caller = self.caller(&req, access, write).await?;
         let input: In = convert(req.get_ref())?;
         let m = self.manager.clone();
-        let out = tokio::task::spawn_blocking(move || f(&m, &caller, input)).await.map_err(|e| Status::internal(e.to_string()))??;
-        Ok(Response::new(serde_json::from_value(out).map_err(|e| Status::internal(format!("reply: {e}")))?))
+        let out = tokio::task::spawn_blocking(move || f(&m, &caller, input))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        Ok(Response::new(
+            serde_json::from_value(out).map_err(|e| Status::internal(format!("reply: {e}")))?,
+        ))
     }
 }
 
@@ -176,18 +197,33 @@ fn items<T: Serialize>(v: Vec<T>) -> Result<Value, ManagerError> {
 }
 
 /// A delete's reply: what was deleted, or NOT_FOUND.
-fn deleted<T: Serialize>(what: &'static str, name: String, v: Option<T>) -> Result<Value, ManagerError> {
+fn deleted<T: Serialize>(
+    what: &'static str,
+    name: String,
+    v: Option<T>,
+) -> Result<Value, ManagerError> {
     value(v.ok_or(ManagerError::NotFound { what, name })?)
 }
 
 fn filter(r: &pb::ListRequest) -> Result<Filter, ManagerError> {
     let kind = if r.kind.is_empty() { None } else { Some(convert(&r.kind)?) };
-    Ok(Filter { tenant: r.tenant.clone(), network: r.network.clone(), node: r.node.clone(), pod: r.pod.clone(), kind })
+    Ok(Filter {
+        tenant: r.tenant.clone(),
+        network: r.network.clone(),
+        node: r.node.clone(),
+        pod: r.pod.clone(),
+        kind,
+    })
 }
 
 /// Feeds one node's sync stream until it closes: its desired state whenever it changes
 /// (the view changed, or a peer's lease or grace ran out), and its heartbeats.
-async fn stream_desired(m: Arc<Manager>, mut views: watch::Receiver<Option<Arc<ClusterView>>>, node: String, tx: mpsc::Sender<Result<pb::DesiredState, Status>>) {
+async fn stream_desired(
+    m: Arc<Manager>,
+    mut views: watch::Receiver<Option<Arc<ClusterView>>>,
+    node: String,
+    tx: mpsc::Sender<Result<pb::DesiredState, Status>>,
+) {
     let (live, marks) = (m.liveness(), m.plane_markings());
     let mut beat = tokio::time::interval(live.heartbeat_every());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -223,81 +259,162 @@ async fn stream_desired(m: Arc<Manager>, mut views: watch::Receiver<Option<Arc<C
     tracing::info!(node = %node, "node sync stream closed");
 }
 
-type SyncStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DesiredState, Status>> + Send>>;
+type SyncStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::DesiredState, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl pb::manager_server::Manager for Grpc {
-    async fn create_tenant(&self, r: Request<pb::TenantSpec>) -> Result<Response<pb::TenantReply>, Status> {
-        self.call(r, Access::Admin, |m, _, t: TenantSpec| created("tenant", m.create_tenant_with(t)?)).await
+    async fn create_tenant(
+        &self,
+        r: Request<pb::TenantSpec>,
+    ) -> Result<Response<pb::TenantReply>, Status> {
+        self.call(r, Access::Admin, |m, _, t: TenantSpec| {
+            created("tenant", m.create_tenant_with(t)?)
+        })
+        .await
     }
 
     async fn get_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
         self.call(r, Access::Read, |m, _, n: pb::Name| value(m.tenant(&n.name)?)).await
     }
 
-    async fn list_tenants(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::TenantList>, Status> {
+    async fn list_tenants(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::TenantList>, Status> {
         self.call(r, Access::Read, |m, _, _: pb::ListRequest| items(m.tenants()?)).await
     }
 
     async fn delete_tenant(&self, r: Request<pb::Name>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| {
+            deleted("tenant", n.name.clone(), m.delete_tenant(&n.name)?)
+        })
+        .await
     }
 
-    async fn set_namespaces(&self, r: Request<pb::SetNamespacesRequest>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, Access::Admin, |m, _, q: pb::SetNamespacesRequest| value(m.set_tenant_namespaces(&q.name, q.namespaces)?)).await
+    async fn set_namespaces(
+        &self,
+        r: Request<pb::SetNamespacesRequest>,
+    ) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, Access::Admin, |m, _, q: pb::SetNamespacesRequest| {
+            value(m.set_tenant_namespaces(&q.name, q.namespaces)?)
+        })
+        .await
     }
 
-    async fn set_quota(&self, r: Request<pb::SetQuotaRequest>) -> Result<Response<pb::Tenant>, Status> {
-        self.call(r, Access::Admin, |m, _, q: pb::SetQuotaRequest| value(m.set_quota(&q.name, convert::<_, Quota>(&q.quota.unwrap_or_default())?)?)).await
+    async fn set_quota(
+        &self,
+        r: Request<pb::SetQuotaRequest>,
+    ) -> Result<Response<pb::Tenant>, Status> {
+        self.call(r, Access::Admin, |m, _, q: pb::SetQuotaRequest| {
+            value(m.set_quota(&q.name, convert::<_, Quota>(&q.quota.unwrap_or_default())?)?)
+        })
+        .await
     }
 
-    async fn create_network(&self, r: Request<pb::Network>) -> Result<Response<pb::NetworkReply>, Status> {
-        self.call(r, Access::Admin, |m, _, spec: NetworkSpec| created("network", m.create_network(spec)?)).await
+    async fn create_network(
+        &self,
+        r: Request<pb::Network>,
+    ) -> Result<Response<pb::NetworkReply>, Status> {
+        self.call(r, Access::Admin, |m, _, spec: NetworkSpec| {
+            created("network", m.create_network(spec)?)
+        })
+        .await
     }
 
     async fn get_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
         self.call(r, Access::Read, |m, _, n: pb::Name| value(m.get_network(&n.name)?)).await
     }
 
-    async fn list_networks(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NetworkList>, Status> {
-        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_networks(&filter(&l)?)?)).await
+    async fn list_networks(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::NetworkList>, Status> {
+        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_networks(&filter(&l)?)?))
+            .await
     }
 
     async fn delete_network(&self, r: Request<pb::Name>) -> Result<Response<pb::Network>, Status> {
-        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("network", n.name.clone(), m.delete_network(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| {
+            deleted("network", n.name.clone(), m.delete_network(&n.name)?)
+        })
+        .await
     }
 
-    async fn create_ip_group(&self, r: Request<pb::IpGroupSpec>) -> Result<Response<pb::IpGroupReply>, Status> {
-        self.call(r, Access::Admin, |m, _, g: IpGroupSpec| created("group", m.create_group(g)?)).await
+    async fn create_ip_group(
+        &self,
+        r: Request<pb::IpGroupSpec>,
+    ) -> Result<Response<pb::IpGroupReply>, Status> {
+        self.call(r, Access::Admin, |m, _, g: IpGroupSpec| created("group", m.create_group(g)?))
+            .await
     }
 
-    async fn get_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
-        self.call(r, Access::Read, |m, _, g: pb::GroupName| value(m.get_group(&g.network, &g.name)?)).await
+    async fn get_ip_group(
+        &self,
+        r: Request<pb::GroupName>,
+    ) -> Result<Response<pb::IpGroup>, Status> {
+        self.call(r, Access::Read, |m, _, g: pb::GroupName| {
+            value(m.get_group(&g.network, &g.name)?)
+        })
+        .await
     }
 
-    async fn list_ip_groups(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::IpGroupList>, Status> {
-        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_groups(&l.network)?)).await
+    async fn list_ip_groups(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::IpGroupList>, Status> {
+        self.call(r, Access::Read, |m, _, l: pb::ListRequest| items(m.list_groups(&l.network)?))
+            .await
     }
 
-    async fn delete_ip_group(&self, r: Request<pb::GroupName>) -> Result<Response<pb::IpGroup>, Status> {
-        self.call(r, Access::Admin, |m, _, g: pb::GroupName| deleted("IP group", format!("{}/{}", g.network, g.name), m.delete_group(&g.network, &g.name)?)).await
+    async fn delete_ip_group(
+        &self,
+        r: Request<pb::GroupName>,
+    ) -> Result<Response<pb::IpGroup>, Status> {
+        self.call(r, Access::Admin, |m, _, g: pb::GroupName| {
+            deleted(
+                "IP group",
+                format!("{}/{}", g.network, g.name),
+                m.delete_group(&g.network, &g.name)?,
+            )
+        })
+        .await
     }
 
-    async fn create_port(&self, r: Request<pb::PortSpec>) -> Result<Response<pb::PortReply>, Status> {
-        self.call(r, Access::Node, |m, c, p: PortSpec| created("port", m.create_port_as(c, p)?)).await
+    async fn create_port(
+        &self,
+        r: Request<pb::PortSpec>,
+    ) -> Result<Response<pb::PortReply>, Status> {
+        self.call(r, Access::Node, |m, c, p: PortSpec| created("port", m.create_port_as(c, p)?))
+            .await
     }
 
     async fn get_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
-        self.call(r, Access::Node, |m, c, p: pb::PortName| value(m.get_port_as(c, &p.container, &p.interface)?)).await
+        self.call(r, Access::Node, |m, c, p: pb::PortName| {
+            value(m.get_port_as(c, &p.container, &p.interface)?)
+        })
+        .await
     }
 
-    async fn list_ports(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::PortList>, Status> {
-        self.call_as(r, Access::Node, false, |m, c, l: pb::ListRequest| items(m.list_ports_as(c, &filter(&l)?)?)).await
+    async fn list_ports(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::PortList>, Status> {
+        self.call_as(r, Access::Node, false, |m, c, l: pb::ListRequest| {
+            items(m.list_ports_as(c, &filter(&l)?)?)
+        })
+        .await
     }
 
     async fn delete_port(&self, r: Request<pb::PortName>) -> Result<Response<pb::Port>, Status> {
-        self.call(r, Access::Node, |m, c, p: pb::PortName| deleted("port", format!("{}/{}", p.container, p.interface), m.delete_port_as(c, &p.container, &p.interface)?))
-            .await
+        self.call(r, Access::Node, |m, c, p: pb::PortName| {
+            deleted(
+                "port",
+                format!("{}/{}", p.container, p.interface),
+                m.delete_port_as(c, &p.container, &p.interface)?,
+            )
+        })
+        .await
     }
 
     async fn register_node(&self, r: Request<pb::Node>) -> Result<Response<pb::Node>, Status> {
@@ -308,25 +425,46 @@ impl pb::manager_server::Manager for Grpc {
         self.call_as(r, Access::Node, false, |m, _, n: pb::Name| value(m.get_node(&n.name)?)).await
     }
 
-    async fn list_nodes(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::NodeList>, Status> {
-        self.call_as(r, Access::Node, false, |m, _, _: pb::ListRequest| items(m.list_nodes()?)).await
+    async fn list_nodes(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::NodeList>, Status> {
+        self.call_as(r, Access::Node, false, |m, _, _: pb::ListRequest| items(m.list_nodes()?))
+            .await
     }
 
     async fn delete_node(&self, r: Request<pb::Name>) -> Result<Response<pb::Node>, Status> {
-        self.call(r, Access::Admin, |m, _, n: pb::Name| deleted("node", n.name.clone(), m.delete_node(&n.name)?)).await
+        self.call(r, Access::Admin, |m, _, n: pb::Name| {
+            deleted("node", n.name.clone(), m.delete_node(&n.name)?)
+        })
+        .await
     }
 
     async fn join_node(&self, r: Request<pb::Name>) -> Result<Response<pb::NodeToken>, Status> {
-        self.call(r, Access::Join, |m, c, n: pb::Name| Ok(json!({ "node": n.name, "token": m.issue_node_token(&n.name, c)? }))).await
+        self.call(r, Access::Join, |m, c, n: pb::Name| {
+            Ok(json!({ "node": n.name, "token": m.issue_node_token(&n.name, c)? }))
+        })
+        .await
     }
 
-    async fn health(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::HealthReply>, Status> {
-        self.call(r, Access::Open, |m, _, _: pb::ListRequest| Ok(json!({ "status": "serving", "revision": m.store().revision()? }))).await
+    async fn health(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::HealthReply>, Status> {
+        self.call(r, Access::Open, |m, _, _: pb::ListRequest| {
+            Ok(json!({ "status": "serving", "revision": m.store().revision()? }))
+        })
+        .await
     }
 
-    async fn get_kubernetes_status(&self, r: Request<pb::ListRequest>) -> Result<Response<pb::KubernetesStatus>, Status> {
+    async fn get_kubernetes_status(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::KubernetesStatus>, Status> {
         self.caller(&r, Access::Read, false).await?;
-        let status = self.cluster.as_ref().ok_or_else(|| Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller"))?;
+        let status = self.cluster.as_ref().ok_or_else(|| {
+            Status::not_found("knitter-manager runs without --kubernetes: no Kubernetes controller")
+        })?;
         Ok(Response::new(convert(&status.report())?))
     }
 
@@ -339,7 +477,11 @@ impl pb::manager_server::Manager for Grpc {
         if let Caller::Node(n) = &caller
             && *n != node.name
         {
-            return Err(ManagerError::Forbidden(format!("node {n:?} may not sync as {:?}", node.name)).into());
+            return Err(ManagerError::Forbidden(format!(
+                "node {n:?} may not sync as {:?}",
+                node.name
+            ))
+            .into());
         }
         let name = node.name.clone();
         let m = self.manager.clone();
@@ -363,7 +505,6 @@ impl pb::manager_server::Manager for Grpc {
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
-
 }
 
 #[cfg(test)]
@@ -374,7 +515,12 @@ mod tests {
 
     /// A Rust object through its proto message and back is unchanged: the two APIs carry
     /// the same objects.
-    fn round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug, P: Serialize + DeserializeOwned>(v: T) {
+    fn round_trip<
+        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+        P: Serialize + DeserializeOwned,
+    >(
+        v: T,
+    ) {
         let p: P = convert(&v).unwrap();
         let back: T = convert(&p).unwrap();
         assert_eq!(back, v);
@@ -389,18 +535,38 @@ mod tests {
             kind: Kind::Vlan,
             plane: Plane::Eio,
             segment: Some(7),
-            ipv4: Some(SubnetSpec { cidr: "10.0.0.0/24".into(), gateway: Some(ip("10.0.0.1")), pools: vec![crate::ipam::Pool { start: ip("10.0.0.10"), end: ip("10.0.0.20") }] }),
+            ipv4: Some(SubnetSpec {
+                cidr: "10.0.0.0/24".into(),
+                gateway: Some(ip("10.0.0.1")),
+                pools: vec![crate::ipam::Pool { start: ip("10.0.0.10"), end: ip("10.0.0.20") }],
+            }),
             ipv6: None,
             mtu: Some(1400),
             shared: true,
-            pod_policer: Some(crate::network::PodPolicer { pps: 100_000, bps: 0, burst_packets: 0, burst_bytes: 9000 }),
+            pod_policer: Some(crate::network::PodPolicer {
+                pps: 100_000,
+                bps: 0,
+                burst_packets: 0,
+                burst_bytes: 9000,
+            }),
             sriov_pool: Some("fast".into()),
             pod_chooses_vf: true,
             node_gateway: true,
             masquerade: true,
         };
         round_trip::<_, pb::Network>(net);
-        let spec = PortSpec { network: "red".into(), container: "c".into(), interface: "eth1".into(), pod: "ns/p".into(), node: "n".into(), ips: vec![ip("10.0.0.5")], ip_group: Some("g".into()), requested_mac: Some("02:00:00:00:72:50".into()), pod_uid: "1f0e2d3c-uid".into(), device_info: Some(r#"{"type":"vhost-user"}"#.into()) };
+        let spec = PortSpec {
+            network: "red".into(),
+            container: "c".into(),
+            interface: "eth1".into(),
+            pod: "ns/p".into(),
+            node: "n".into(),
+            ips: vec![ip("10.0.0.5")],
+            ip_group: Some("g".into()),
+            requested_mac: Some("02:00:00:00:72:50".into()),
+            pod_uid: "1f0e2d3c-uid".into(),
+            device_info: Some(r#"{"type":"vhost-user"}"#.into()),
+        };
         round_trip::<_, pb::PortSpec>(spec.clone());
         let port = Port {
             spec,
@@ -412,22 +578,60 @@ mod tests {
             addresses: vec![PortIp { address: ip("10.0.0.5"), prefix: 24, gateway: None }],
             mac: "0a:58:0a:00:00:05".into(),
             created: 1,
-            policer: Some(crate::network::PodPolicer { pps: 0, bps: 1_000_000_000, burst_packets: 64, burst_bytes: 0 }),
+            policer: Some(crate::network::PodPolicer {
+                pps: 0,
+                bps: 1_000_000_000,
+                burst_packets: 64,
+                burst_bytes: 0,
+            }),
             sriov_pool: Some("fast".into()),
             pod_chooses_vf: true,
         };
         round_trip::<_, pb::Port>(port);
-        round_trip::<_, pb::Tenant>(Tenant { name: "t".into(), quota: Quota { networks: 3 }, created: 2, namespaces: vec!["t-prod".into()] });
-        round_trip::<_, pb::IpGroup>(IpGroupRecord { name: "g".into(), network: "red".into(), members: vec![ip("10.0.0.9")], grace_secs: 30 });
-        round_trip::<_, pb::IpGroupSpec>(IpGroupSpec { name: "g".into(), network: "red".into(), members: vec![], size: Some(2), grace_secs: None });
-        let node = Node { name: "n".into(), vtep: ip("192.0.2.1"), underlay_mtu: 9000, capabilities: vec!["af-xdp".into()], registered: 3, last_seen: 4, state: "alive".into() };
+        round_trip::<_, pb::Tenant>(Tenant {
+            name: "t".into(),
+            quota: Quota { networks: 3 },
+            created: 2,
+            namespaces: vec!["t-prod".into()],
+        });
+        round_trip::<_, pb::IpGroup>(IpGroupRecord {
+            name: "g".into(),
+            network: "red".into(),
+            members: vec![ip("10.0.0.9")],
+            grace_secs: 30,
+        });
+        round_trip::<_, pb::IpGroupSpec>(IpGroupSpec {
+            name: "g".into(),
+            network: "red".into(),
+            members: vec![],
+            size: Some(2),
+            grace_secs: None,
+        });
+        let node = Node {
+            name: "n".into(),
+            vtep: ip("192.0.2.1"),
+            underlay_mtu: 9000,
+            capabilities: vec!["af-xdp".into()],
+            registered: 3,
+            last_seen: 4,
+            state: "alive".into(),
+        };
         round_trip::<_, pb::Node>(node);
         // Defaults apply to what a gRPC client leaves out.
-        let n: Node = convert(&pb::Node { name: "n".into(), vtep: "192.0.2.1".into(), ..Default::default() }).unwrap();
+        let n: Node =
+            convert(&pb::Node { name: "n".into(), vtep: "192.0.2.1".into(), ..Default::default() })
+                .unwrap();
         assert_eq!(n.underlay_mtu, 1500);
-        let g: IpGroupSpec = convert(&pb::IpGroupSpec { name: "g".into(), network: "red".into(), size: Some(1), ..Default::default() }).unwrap();
+        let g: IpGroupSpec = convert(&pb::IpGroupSpec {
+            name: "g".into(),
+            network: "red".into(),
+            size: Some(1),
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(g.grace(), 300);
-        let bad: Result<NetworkSpec, _> = convert(&pb::Network { name: "x".into(), kind: "geneve".into(), ..Default::default() });
+        let bad: Result<NetworkSpec, _> =
+            convert(&pb::Network { name: "x".into(), kind: "geneve".into(), ..Default::default() });
         assert!(bad.unwrap_err().to_string().contains("unknown variant `geneve`"));
     }
 }

@@ -66,17 +66,31 @@ impl Manager {
     /// its record is as the sweep read it: a port created meanwhile keeps its node's host
     /// port ([`Manager::ensure_host_port`] writes the record again).
     pub fn sweep_host_ports(&self) -> Result<(usize, usize)> {
-        let networks: BTreeMap<String, Network> = self.networks()?.into_iter().filter(|n| n.spec.node_gateway).map(|n| (n.spec.name.clone(), n)).collect();
+        let networks: BTreeMap<String, Network> = self
+            .networks()?
+            .into_iter()
+            .filter(|n| n.spec.node_gateway)
+            .map(|n| (n.spec.name.clone(), n))
+            .collect();
         let ports: Vec<(Port, u64)> = self.load_all("ports/")?;
         let (needed, held) = needs(&ports, &networks);
         let mut made = 0;
         for (network, node) in &needed {
-            if !held.iter().any(|(h, _)| h.spec.network == *network && h.spec.node == *node && h.is_complete()) && self.ensure_host_port(&networks[network], node) {
+            if !held
+                .iter()
+                .any(|(h, _)| h.spec.network == *network && h.spec.node == *node && h.is_complete())
+                && self.ensure_host_port(&networks[network], node)
+            {
                 made += 1;
             }
         }
         // Records of creates in progress are left to their create (or the placeholder sweep).
-        let unneeded: Vec<(&Port, u64)> = held.into_iter().filter(|(h, _)| h.is_complete() && !needed.contains(&(h.spec.network.clone(), h.spec.node.clone()))).collect();
+        let unneeded: Vec<(&Port, u64)> = held
+            .into_iter()
+            .filter(|(h, _)| {
+                h.is_complete() && !needed.contains(&(h.spec.network.clone(), h.spec.node.clone()))
+            })
+            .collect();
         if unneeded.is_empty() {
             return Ok((made, 0));
         }
@@ -102,12 +116,25 @@ impl Manager {
     /// Unlike a pod's port (released first, so a delete always finds what to release), a
     /// crash between the two leaves the addresses with the host port's owner, and the
     /// node's next host port on the network gets them back (claims are per owner).
-    pub(super) fn remove_host_port(&self, net: Option<&Network>, port: &Port, v: u64) -> Result<bool> {
-        if !self.store.commit(&[Op::delete(port_key(&port.spec.container, &port.spec.interface), v)])? {
+    pub(super) fn remove_host_port(
+        &self,
+        net: Option<&Network>,
+        port: &Port,
+        v: u64,
+    ) -> Result<bool> {
+        if !self
+            .store
+            .commit(&[Op::delete(port_key(&port.spec.container, &port.spec.interface), v)])?
+        {
             return Ok(false);
         }
         if let Some(net) = net {
-            self.release_addresses(net, port, None, &OwnerKey::new(&port.spec.container, &port.spec.interface))?;
+            self.release_addresses(
+                net,
+                port,
+                None,
+                &OwnerKey::new(&port.spec.container, &port.spec.interface),
+            )?;
         }
         Ok(true)
     }
@@ -118,7 +145,10 @@ type Held<'p> = Vec<(&'p Port, u64)>;
 
 /// The (network, node) pairs that need a host port (a node with a port of a network with a
 /// node gateway), and the host ports held.
-fn needs<'p>(ports: &'p [(Port, u64)], networks: &BTreeMap<String, Network>) -> (BTreeSet<(String, String)>, Held<'p>) {
+fn needs<'p>(
+    ports: &'p [(Port, u64)],
+    networks: &BTreeMap<String, Network>,
+) -> (BTreeSet<(String, String)>, Held<'p>) {
     let mut needed = BTreeSet::new();
     let mut held = Vec::new();
     for (p, v) in ports {

@@ -84,7 +84,11 @@ impl Drop for Ticket {
 
 impl Gate {
     pub fn new(limits: Limits) -> Gate {
-        Gate { limits, total: Arc::new(Semaphore::new(limits.connections.max(1))), clients: Arc::default() }
+        Gate {
+            limits,
+            total: Arc::new(Semaphore::new(limits.connections.max(1))),
+            clients: Arc::default(),
+        }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -145,7 +149,11 @@ impl<IO> Guarded<IO> {
     }
 
     /// What a write came back with: progress resets the idle deadline, waiting runs it.
-    fn wrote(&mut self, r: Poll<io::Result<usize>>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    fn wrote(
+        &mut self,
+        r: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
         match r {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
@@ -162,14 +170,21 @@ impl<IO> Guarded<IO> {
     /// (the deadline's waker brings the server back here when it passes).
     fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         match self.deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the connection was idle too long"))),
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was idle too long",
+            ))),
             Poll::Pending => Poll::Pending,
         }
     }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
@@ -186,13 +201,21 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.io).poll_write(cx, buf);
         this.wrote(r, cx)
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
         this.wrote(r, cx)
@@ -240,7 +263,10 @@ impl axum::serve::Listener for GatedListener {
 }
 
 /// The admitted connections of `tcp`, as tonic takes them.
-pub fn incoming(tcp: TcpListener, gate: Gate) -> impl futures_util::Stream<Item = io::Result<Guarded<TcpStream>>> {
+pub fn incoming(
+    tcp: TcpListener,
+    gate: Gate,
+) -> impl futures_util::Stream<Item = io::Result<Guarded<TcpStream>>> {
     futures_util::stream::unfold((tcp, gate), |(tcp, gate)| async move {
         let (c, _) = gate.accept(&tcp).await;
         Some((Ok(c), (tcp, gate)))
@@ -263,6 +289,9 @@ mod tests {
         drop(a1);
         assert!(g.admit(a).is_some(), "a's place came back");
         drop(b1);
-        assert!(g.clients.lock().unwrap().get(&b).is_none(), "no count kept for a client with none open");
+        assert!(
+            g.clients.lock().unwrap().get(&b).is_none(),
+            "no count kept for a client with none open"
+        );
     }
 }

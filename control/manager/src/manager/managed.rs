@@ -47,7 +47,8 @@ impl Manager {
         let rows = self.store.list("managed/")?;
         rows.into_iter()
             .map(|(k, v)| {
-                let by: ManagedBy = serde_json::from_str(&v.value).map_err(|e| crate::store::StoreError(format!("corrupt record {k}: {e}")))?;
+                let by: ManagedBy = serde_json::from_str(&v.value)
+                    .map_err(|e| crate::store::StoreError(format!("corrupt record {k}: {e}")))?;
                 Ok((k.trim_start_matches("managed/").to_string(), by))
             })
             .collect()
@@ -55,18 +56,33 @@ impl Manager {
 
     /// Refuses a create for `by` of an object that exists but was made by someone else (an
     /// API create of a resource's object is answered as before: the same definition is a no-op).
-    pub(super) fn check_made_by(&self, key: &str, what: &str, name: &str, by: Option<&ManagedBy>) -> Result<()> {
+    pub(super) fn check_made_by(
+        &self,
+        key: &str,
+        what: &str,
+        name: &str,
+        by: Option<&ManagedBy>,
+    ) -> Result<()> {
         let Some(by) = by else { return Ok(()) };
         let have = self.load::<ManagedBy>(&managed_key(key))?.map(|(m, _)| m);
         if have.as_ref().is_some_and(|h| h.uid == by.uid) {
             return Ok(());
         }
-        Err(ManagerError::Conflict(format!("{what} {name:?} exists, made by {}", describe(have.as_ref()))))
+        Err(ManagerError::Conflict(format!(
+            "{what} {name:?} exists, made by {}",
+            describe(have.as_ref())
+        )))
     }
 
     /// Refuses a delete of a resource's object by anyone but that resource; the op that
     /// removes the owner record with the object, if it has one.
-    pub(super) fn check_deleted_by(&self, key: &str, what: &str, name: &str, by: Option<&ManagedBy>) -> Result<Option<Op>> {
+    pub(super) fn check_deleted_by(
+        &self,
+        key: &str,
+        what: &str,
+        name: &str,
+        by: Option<&ManagedBy>,
+    ) -> Result<Option<Op>> {
         let have = self.load::<ManagedBy>(&managed_key(key))?;
         match (have, by) {
             (None, None) => Ok(None),
@@ -77,7 +93,11 @@ impl Manager {
                 h.resource,
                 h.name
             ))),
-            (None, Some(b)) => Err(ManagerError::Conflict(format!("{what} {name:?} was made by {}, not by {}", describe(None), b.describe()))),
+            (None, Some(b)) => Err(ManagerError::Conflict(format!(
+                "{what} {name:?} was made by {}, not by {}",
+                describe(None),
+                b.describe()
+            ))),
         }
     }
 }
@@ -121,19 +141,34 @@ mod test {
     fn a_resources_network_is_written_and_deleted_only_by_that_resource() {
         let (_dir, m) = manager();
         assert!(m.create_network_by(net("media", 7000), Some(&by("u1"))).unwrap().1);
-        assert!(!m.create_network_by(net("media", 7000), Some(&by("u1"))).unwrap().1, "again: a no-op");
+        assert!(
+            !m.create_network_by(net("media", 7000), Some(&by("u1"))).unwrap().1,
+            "again: a no-op"
+        );
         assert_eq!(m.managed().unwrap(), [("networks/media".to_string(), by("u1"))]);
         let e = m.create_network_by(net("media", 7000), Some(&by("u2"))).unwrap_err();
         assert!(matches!(e, ManagerError::Conflict(ref s) if s.contains("uid u1")), "{e}");
         let e = m.delete_network("media").unwrap_err();
-        assert!(matches!(e, ManagerError::Conflict(ref s) if s.contains("kubectl delete networks.knitter.io media")), "{e}");
-        assert!(m.delete_network_by("media", Some(&by("u2"))).is_err(), "a namesake resource cannot delete it");
+        assert!(
+            matches!(e, ManagerError::Conflict(ref s) if s.contains("kubectl delete networks.knitter.io media")),
+            "{e}"
+        );
+        assert!(
+            m.delete_network_by("media", Some(&by("u2"))).is_err(),
+            "a namesake resource cannot delete it"
+        );
         assert!(m.delete_network_by("media", Some(&by("u1"))).unwrap().is_some());
         assert!(m.managed().unwrap().is_empty(), "the owner record goes with the network");
         assert!(m.create_network(net("media", 7000)).unwrap().1);
         let e = m.create_network_by(net("media", 7000), Some(&by("u1"))).unwrap_err();
-        assert!(matches!(e, ManagerError::Conflict(ref s) if s.contains("the manager's API")), "{e}");
-        assert!(m.delete_network_by("media", Some(&by("u1"))).is_err(), "a resource cannot delete an API network");
+        assert!(
+            matches!(e, ManagerError::Conflict(ref s) if s.contains("the manager's API")),
+            "{e}"
+        );
+        assert!(
+            m.delete_network_by("media", Some(&by("u1"))).is_err(),
+            "a resource cannot delete an API network"
+        );
         assert!(m.delete_network("media").unwrap().is_some());
     }
 }

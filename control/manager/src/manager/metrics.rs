@@ -33,9 +33,32 @@ pub const ADDRESS_USE_EVERY: Duration = Duration::from_secs(15);
 
 /// The gRPC service's methods (the operations counted by name).
 const GRPC_METHODS: &[&str] = &[
-    "CreateTenant", "GetTenant", "ListTenants", "DeleteTenant", "SetQuota", "JoinNode", "Health", "SetNamespaces", "CreateNetwork",
-    "GetNetwork", "ListNetworks", "DeleteNetwork", "CreateIpGroup", "GetIpGroup", "ListIpGroups", "DeleteIpGroup", "CreatePort", "GetPort",
-    "ListPorts", "DeletePort", "RegisterNode", "GetNode", "ListNodes", "DeleteNode", "Sync", "GetKubernetesStatus",
+    "CreateTenant",
+    "GetTenant",
+    "ListTenants",
+    "DeleteTenant",
+    "SetQuota",
+    "JoinNode",
+    "Health",
+    "SetNamespaces",
+    "CreateNetwork",
+    "GetNetwork",
+    "ListNetworks",
+    "DeleteNetwork",
+    "CreateIpGroup",
+    "GetIpGroup",
+    "ListIpGroups",
+    "DeleteIpGroup",
+    "CreatePort",
+    "GetPort",
+    "ListPorts",
+    "DeletePort",
+    "RegisterNode",
+    "GetNode",
+    "ListNodes",
+    "DeleteNode",
+    "Sync",
+    "GetKubernetesStatus",
 ];
 
 #[derive(Default)]
@@ -74,10 +97,19 @@ impl Metrics {
         out.push_str("# HELP knitter_manager_api_requests_total Requests answered, by API, operation and outcome (HTTP status or gRPC code).\n");
         out.push_str("# TYPE knitter_manager_api_requests_total counter\n");
         for ((api, op, code), n) in self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "knitter_manager_api_requests_total{{api=\"{api}\",operation=\"{}\",code=\"{}\"}} {n}", escape(op), escape(code));
+            let _ = writeln!(
+                out,
+                "knitter_manager_api_requests_total{{api=\"{api}\",operation=\"{}\",code=\"{}\"}} {n}",
+                escape(op),
+                escape(code)
+            );
         }
         out.push_str("# HELP knitter_manager_sync_streams Nodes' sync streams open on this manager.\n# TYPE knitter_manager_sync_streams gauge\n");
-        let _ = writeln!(out, "knitter_manager_sync_streams {}", self.sync_streams.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "knitter_manager_sync_streams {}",
+            self.sync_streams.load(Ordering::Relaxed)
+        );
         out.push_str(&self.address_use(manager));
         out
     }
@@ -89,20 +121,39 @@ impl Metrics {
         {
             return text.clone();
         }
-        let rows = manager.address_use().inspect_err(|e| tracing::warn!(error = %e, "address use not read"));
+        let rows = manager
+            .address_use()
+            .inspect_err(|e| tracing::warn!(error = %e, "address use not read"));
         let mut out = String::new();
         for (name, help, used) in [
-            ("knitter_manager_network_addresses", "Addresses a network's pools hold, by family.", false),
-            ("knitter_manager_network_addresses_used", "Addresses of a network held by ports and IP groups, by family.", true),
+            (
+                "knitter_manager_network_addresses",
+                "Addresses a network's pools hold, by family.",
+                false,
+            ),
+            (
+                "knitter_manager_network_addresses_used",
+                "Addresses of a network held by ports and IP groups, by family.",
+                true,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
             for r in rows.iter().flatten() {
                 let value = if used { r.used as u128 } else { r.size };
-                let _ = writeln!(out, "{name}{{network=\"{}\",family=\"{}\"}} {value}", escape(&r.network), r.family);
+                let _ = writeln!(
+                    out,
+                    "{name}{{network=\"{}\",family=\"{}\"}} {value}",
+                    escape(&r.network),
+                    r.family
+                );
             }
         }
         out.push_str("# HELP knitter_manager_address_use_errors Whether the last reading of the address use failed (the store).\n");
-        let _ = writeln!(out, "# TYPE knitter_manager_address_use_errors gauge\nknitter_manager_address_use_errors {}", u8::from(rows.is_err()));
+        let _ = writeln!(
+            out,
+            "# TYPE knitter_manager_address_use_errors gauge\nknitter_manager_address_use_errors {}",
+            u8::from(rows.is_err())
+        );
         *cached = Some((Instant::now(), out.clone()));
         out
     }
@@ -162,7 +213,8 @@ where
         Box::pin(async move {
             let r = answer.await;
             if let Ok(resp) = &r {
-                let code = resp.headers().get("grpc-status").and_then(|v| v.to_str().ok()).unwrap_or("0");
+                let code =
+                    resp.headers().get("grpc-status").and_then(|v| v.to_str().ok()).unwrap_or("0");
                 metrics.count("grpc", op, code);
             }
             r
@@ -177,7 +229,12 @@ mod tests {
     #[test]
     fn every_method_of_the_service_is_counted_by_name() {
         let proto = include_str!("../../../api/proto/knitter/manager/v1/manager.proto");
-        let rpcs: Vec<&str> = proto.lines().filter_map(|l| l.trim().strip_prefix("rpc ")).filter_map(|l| l.split('(').next()).map(str::trim).collect();
+        let rpcs: Vec<&str> = proto
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .filter_map(|l| l.split('(').next())
+            .map(str::trim)
+            .collect();
         assert_eq!(rpcs.len(), GRPC_METHODS.len(), "{rpcs:?}");
         for r in rpcs {
             assert!(GRPC_METHODS.contains(&r), "{r} is missing from GRPC_METHODS");
@@ -189,7 +246,14 @@ mod tests {
         let m = Metrics::default();
         m.count("rest", "GET /v1/networks/{name}", "200");
         m.count("rest", "a\"b", "404");
-        let text: String = m.requests.lock().unwrap().keys().map(|(_, o, _)| escape(o)).collect::<Vec<_>>().join(" ");
+        let text: String = m
+            .requests
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|(_, o, _)| escape(o))
+            .collect::<Vec<_>>()
+            .join(" ");
         assert_eq!(text, "GET /v1/networks/{name} a\\\"b");
     }
 }

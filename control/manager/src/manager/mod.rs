@@ -12,8 +12,8 @@
 
 pub mod auth;
 pub mod cluster;
-pub mod grpc;
 mod groups;
+pub mod grpc;
 mod hostports;
 pub use hostports::host_port_node;
 pub mod limits;
@@ -93,7 +93,9 @@ impl ManagerError {
 impl From<NetworkError> for ManagerError {
     fn from(e: NetworkError) -> Self {
         match e {
-            NetworkError::Overlap { .. } | NetworkError::SegmentTaken { .. } => ManagerError::Conflict(e.to_string()),
+            NetworkError::Overlap { .. } | NetworkError::SegmentTaken { .. } => {
+                ManagerError::Conflict(e.to_string())
+            }
             NetworkError::SegmentsExhausted { .. } => ManagerError::Exhausted(e.to_string()),
             _ => ManagerError::Invalid(e.to_string()),
         }
@@ -106,7 +108,9 @@ impl From<IpamError> for ManagerError {
             IpamError::Taken { .. } => ManagerError::Conflict(e.to_string()),
             IpamError::Exhausted(_) => ManagerError::Exhausted(e.to_string()),
             IpamError::Store(s) => ManagerError::Store(s),
-            IpamError::Contended(_) | IpamError::RecordsChanged => ManagerError::Busy(e.to_string()),
+            IpamError::Contended(_) | IpamError::RecordsChanged => {
+                ManagerError::Busy(e.to_string())
+            }
             _ => ManagerError::Invalid(e.to_string()),
         }
     }
@@ -115,8 +119,7 @@ impl From<IpamError> for ManagerError {
 pub type Result<T, E = ManagerError> = std::result::Result<T, E>;
 
 /// The manager's settings that shape new objects.
-#[derive(Debug, Clone)]
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Config {
     pub limits: Limits,
     pub default_quota: Quota,
@@ -160,8 +163,16 @@ pub(crate) fn now() -> u64 {
 
 /// Names become store keys: 1-253 characters, none of them '/', whitespace or control.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty() && name.len() <= 253 && !name.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control());
-    if ok { Ok(()) } else { Err(ManagerError::Invalid(format!("{what} {name:?} must be 1-253 characters without '/', spaces or control characters"))) }
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && !name.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(())
+    } else {
+        Err(ManagerError::Invalid(format!(
+            "{what} {name:?} must be 1-253 characters without '/', spaces or control characters"
+        )))
+    }
 }
 
 fn json<T: Serialize>(v: &T) -> Result<String> {
@@ -200,8 +211,13 @@ fn family(ip: &IpAddr) -> &'static str {
 /// A requested MAC in its canonical form (lower case, colons), or why it cannot be one.
 fn requested_mac(text: &str) -> Result<String> {
     let bad = |why: &str| Err(ManagerError::Invalid(format!("requested MAC {text:?} {why}")));
-    let bytes: Option<Vec<u8>> = text.split(':').map(|b| (b.len() == 2).then(|| u8::from_str_radix(b, 16).ok()).flatten()).collect();
-    let Some(&[a, b, c, d, e, f]) = bytes.as_deref() else { return bad("is not six hexadecimal bytes separated by colons") };
+    let bytes: Option<Vec<u8>> = text
+        .split(':')
+        .map(|b| (b.len() == 2).then(|| u8::from_str_radix(b, 16).ok()).flatten())
+        .collect();
+    let Some(&[a, b, c, d, e, f]) = bytes.as_deref() else {
+        return bad("is not six hexadecimal bytes separated by colons");
+    };
     if a & 1 != 0 {
         return bad("is a group (multicast) address");
     }
@@ -268,7 +284,12 @@ impl Manager {
                 return Ok(());
             }
         };
-        let format: u64 = v.value.trim().parse().map_err(|_| ManagerError::Store(StoreError(format!("the store's format {:?} ({FORMAT_KEY}) is not a number", v.value))))?;
+        let format: u64 = v.value.trim().parse().map_err(|_| {
+            ManagerError::Store(StoreError(format!(
+                "the store's format {:?} ({FORMAT_KEY}) is not a number",
+                v.value
+            )))
+        })?;
         if format > STORE_FORMAT {
             return Err(ManagerError::Store(StoreError(format!(
                 "the store is in format {format}, newer than this knitter-manager's ({STORE_FORMAT}): run the knitter-manager that wrote it, or a newer one"
@@ -291,7 +312,8 @@ impl Manager {
 
     fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>> {
         let Some(v) = self.store.get(key)? else { return Ok(None) };
-        let t = serde_json::from_str(&v.value).map_err(|e| StoreError(format!("corrupt record {key}: {e}")))?;
+        let t = serde_json::from_str(&v.value)
+            .map_err(|e| StoreError(format!("corrupt record {key}: {e}")))?;
         Ok(Some((t, v.version)))
     }
 
@@ -299,7 +321,8 @@ impl Manager {
         let rows = self.store.list(prefix)?;
         rows.into_iter()
             .map(|(k, v)| {
-                let t = serde_json::from_str(&v.value).map_err(|e| StoreError(format!("corrupt record {k}: {e}")))?;
+                let t = serde_json::from_str(&v.value)
+                    .map_err(|e| StoreError(format!("corrupt record {k}: {e}")))?;
                 Ok((t, v.version))
             })
             .collect()

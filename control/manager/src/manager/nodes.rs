@@ -1,32 +1,46 @@
 //! The manager's nodes: registered (their VTEPs unique), listed with their liveness,
 //! forgotten.
 
-use super::{Manager, ManagerError, ROUNDS, Result, auth, check_name, json, now};
 use super::objects::{Node, alive_key, node_key};
+use super::{Manager, ManagerError, ROUNDS, Result, auth, check_name, json, now};
 use crate::network::Kind;
 use crate::store::Op;
 
 impl Manager {
-
     /// Registers (or updates) a node. Refused when its underlay could not carry a network
     /// that exists, or its VTEP address is another node's.
     pub fn register_node(&self, mut node: Node) -> Result<Node> {
         check_name("node", &node.name)?;
         if node.vtep.is_unspecified() || node.vtep.is_multicast() {
-            return Err(ManagerError::Invalid(format!("node {:?}: VTEP address {} is not a unicast address", node.name, node.vtep)));
+            return Err(ManagerError::Invalid(format!(
+                "node {:?}: VTEP address {} is not a unicast address",
+                node.name, node.vtep
+            )));
         }
         if !(576..=65535).contains(&node.underlay_mtu) {
-            return Err(ManagerError::Invalid(format!("node {:?}: underlay MTU {} is outside 576..=65535", node.name, node.underlay_mtu)));
+            return Err(ManagerError::Invalid(format!(
+                "node {:?}: underlay MTU {} is outside 576..=65535",
+                node.name, node.underlay_mtu
+            )));
         }
         let key = node_key(&node.name);
         for _ in 0..ROUNDS {
             let guard = self.guard()?;
             let nodes: Vec<(Node, u64)> = self.load_all("nodes/")?;
-            if let Some((other, _)) = nodes.iter().find(|(n, _)| n.vtep == node.vtep && n.name != node.name) {
-                return Err(ManagerError::Conflict(format!("VTEP address {} is node {:?}'s", node.vtep, other.name)));
+            if let Some((other, _)) =
+                nodes.iter().find(|(n, _)| n.vtep == node.vtep && n.name != node.name)
+            {
+                return Err(ManagerError::Conflict(format!(
+                    "VTEP address {} is node {:?}'s",
+                    node.vtep, other.name
+                )));
             }
             for net in self.networks()? {
-                let overhead = if net.spec.kind == Kind::Vxlan { self.config.limits.vxlan_overhead } else { 0 };
+                let overhead = if net.spec.kind == Kind::Vxlan {
+                    self.config.limits.vxlan_overhead
+                } else {
+                    0
+                };
                 if net.mtu + overhead > node.underlay_mtu {
                     return Err(ManagerError::Conflict(format!(
                         "node {:?}: underlay MTU {} cannot carry network {:?} (MTU {} + {overhead} bytes of encapsulation); raise the underlay MTU or recreate the network smaller",
@@ -37,7 +51,10 @@ impl Manager {
             let have = nodes.iter().find(|(n, _)| n.name == node.name);
             node.registered = have.map_or_else(now, |(n, _)| n.registered);
             (node.last_seen, node.state) = (0, String::new());
-            if self.store.commit(&[self.bump_guard(guard), Op::replace(&key, have.map(|(_, v)| *v), json(&node)?)])? {
+            if self.store.commit(&[
+                self.bump_guard(guard),
+                Op::replace(&key, have.map(|(_, v)| *v), json(&node)?),
+            ])? {
                 return Ok(self.with_liveness(node, &self.heartbeats()?));
             }
         }
@@ -46,13 +63,19 @@ impl Manager {
 
     /// A node with its liveness.
     pub fn get_node(&self, name: &str) -> Result<Node> {
-        let (n, _) = self.load::<Node>(&node_key(name))?.ok_or_else(|| ManagerError::NotFound { what: "node", name: name.into() })?;
+        let (n, _) = self
+            .load::<Node>(&node_key(name))?
+            .ok_or_else(|| ManagerError::NotFound { what: "node", name: name.into() })?;
         Ok(self.with_liveness(n, &self.heartbeats()?))
     }
 
     pub fn list_nodes(&self) -> Result<Vec<Node>> {
         let seen = self.heartbeats()?;
-        Ok(self.load_all("nodes/")?.into_iter().map(|(n, _)| self.with_liveness(n, &seen)).collect())
+        Ok(self
+            .load_all("nodes/")?
+            .into_iter()
+            .map(|(n, _)| self.with_liveness(n, &seen))
+            .collect())
     }
 
     /// Forgets a node (it leaves flood lists at once); `None` if there was none.
@@ -67,6 +90,10 @@ impl Manager {
         if let Some(c) = self.store.get(&auth::credential_key(name))? {
             ops.push(Op::delete(auth::credential_key(name), c.version));
         }
-        if self.store.commit(&ops)? { Ok(Some(n)) } else { Err(ManagerError::Busy(format!("node {name:?} changed meanwhile"))) }
+        if self.store.commit(&ops)? {
+            Ok(Some(n))
+        } else {
+            Err(ManagerError::Busy(format!("node {name:?} changed meanwhile")))
+        }
     }
 }

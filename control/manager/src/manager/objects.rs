@@ -1,7 +1,7 @@
 //! The manager's objects as the APIs and the store see them (JSON), and the store keys they
 //! live under. Networks are stored as their [`NetworkSpec`] with the segment and MTU decided.
 
-use crate::network::{Kind, PodPolicer, Plane};
+use crate::network::{Kind, Plane, PodPolicer};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 

@@ -2,22 +2,28 @@
 //! (a delete always finds what to release, a retried create finishes the first), its MAC,
 //! placeholders swept.
 
-use super::{Filter, Manager, ManagerError, PLACEHOLDER_AGE_SECS, ROUNDS, Result, another_request, check_name, family, group_space, json, mac_text, now, requested_mac, space, tenancy};
 use super::objects::{IpGroupRecord, Port, PortIp, PortSpec, mac_key, port_key};
+use super::{
+    Filter, Manager, ManagerError, PLACEHOLDER_AGE_SECS, ROUNDS, Result, another_request,
+    check_name, family, group_space, json, mac_text, now, requested_mac, space, tenancy,
+};
 use crate::ipam::{self, Addressing, IpGroup, IpamError};
 use crate::network::Network;
 use crate::store::{Op, OwnerKey, StoreError, nothing};
 use std::net::IpAddr;
 
 impl Manager {
-
     /// Creates a port: addresses (fixed, from an IP group, or the next free ones), a MAC
     /// derived from the first. The same request again returns the same port (`false`).
     /// On a network with a node gateway, the port's node gets its host port on it too
     /// (`hostports.rs`; best effort: the sweep mends a failure).
     pub fn create_port(&self, spec: PortSpec) -> Result<(Port, bool)> {
         if spec.container.starts_with(knitter_api::names::HOST_PORT_PREFIX) {
-            return Err(ManagerError::Invalid(format!("container {:?}: names starting with {:?} are the nodes' host ports, which the manager makes itself", spec.container, knitter_api::names::HOST_PORT_PREFIX)));
+            return Err(ManagerError::Invalid(format!(
+                "container {:?}: names starting with {:?} are the nodes' host ports, which the manager makes itself",
+                spec.container,
+                knitter_api::names::HOST_PORT_PREFIX
+            )));
         }
         let (net, _) = self.network(&spec.network)?;
         let (port, new) = self.create_port_in(&net, spec)?;
@@ -35,21 +41,30 @@ impl Manager {
         if let Some(info) = &spec.device_info
             && !serde_json::from_str::<serde_json::Value>(info).is_ok_and(|v| v.is_object())
         {
-            return Err(ManagerError::Invalid(format!("device_info {info:?} is not a JSON object (NPWG device-info)")));
+            return Err(ManagerError::Invalid(format!(
+                "device_info {info:?} is not a JSON object (NPWG device-info)"
+            )));
         }
         if !spec.pod.is_empty() {
             self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec, &spec)?;
         }
         for (i, ip) in spec.ips.iter().enumerate() {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
-                return Err(ManagerError::Invalid(format!("at most one fixed {} address per port", family(ip))));
+                return Err(ManagerError::Invalid(format!(
+                    "at most one fixed {} address per port",
+                    family(ip)
+                )));
             }
             Self::addressing_for(net, ip.is_ipv4())?;
         }
-        let group = spec.ip_group.as_deref().map(|g| self.get_group(&spec.network, g)).transpose()?;
+        let group =
+            spec.ip_group.as_deref().map(|g| self.get_group(&spec.network, g)).transpose()?;
         let group_v4 = group.as_ref().map(|g| g.members.first().is_none_or(IpAddr::is_ipv4));
         if let Some(ip) = spec.ips.iter().find(|ip| Some(ip.is_ipv4()) == group_v4) {
-            return Err(ManagerError::Invalid(format!("a fixed {} address and an IP group of that family are exclusive", family(ip))));
+            return Err(ManagerError::Invalid(format!(
+                "a fixed {} address and an IP group of that family are exclusive",
+                family(ip)
+            )));
         }
         let key = port_key(&spec.container, &spec.interface);
         let mut pending = None;
@@ -58,7 +73,10 @@ impl Manager {
         for _ in 0..ROUNDS {
             match self.load::<Port>(&key)? {
                 // A create cut off long ago: whatever it asked for, it is nobody's now.
-                Some((have, v)) if !have.is_complete() && now().saturating_sub(have.created) >= PLACEHOLDER_AGE_SECS => {
+                Some((have, v))
+                    if !have.is_complete()
+                        && now().saturating_sub(have.created) >= PLACEHOLDER_AGE_SECS =>
+                {
                     self.remove_port(&key, &have, v)?;
                 }
                 Some((have, _)) if have.spec.network != spec.network => {
@@ -114,12 +132,15 @@ impl Manager {
                 }
             }
         }
-        let Some((mut port, v)) = pending else { return Err(ManagerError::Busy(format!("port {key} kept changing"))) };
+        let Some((mut port, v)) = pending else {
+            return Err(ManagerError::Busy(format!("port {key} kept changing")));
+        };
         let owner = OwnerKey::new(&spec.container, &spec.interface);
-        let claimed = self.claim_addresses(net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
-            let mac = self.mac_claim(&port.spec, &key)?;
-            Ok((addresses, mac))
-        });
+        let claimed =
+            self.claim_addresses(net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
+                let mac = self.mac_claim(&port.spec, &key)?;
+                Ok((addresses, mac))
+            });
         let mac_claim = match claimed {
             Ok((addresses, mac_claim)) => {
                 port.mac = match &port.spec.requested_mac {
@@ -161,7 +182,12 @@ impl Manager {
     /// The addressing of a port that gets exactly one address, dynamic, from its network
     /// (one family, no fixed address, no IP group, no requested MAC): its claim can carry
     /// the whole record ([`Manager::create_whole`]).
-    pub(super) fn single_dynamic<'n>(&self, net: &'n Network, spec: &PortSpec, group: Option<&IpGroupRecord>) -> Option<&'n Addressing> {
+    pub(super) fn single_dynamic<'n>(
+        &self,
+        net: &'n Network,
+        spec: &PortSpec,
+        group: Option<&IpGroupRecord>,
+    ) -> Option<&'n Addressing> {
         let mut families = net.families();
         let (Some(a), None) = (families.next(), families.next()) else { return None };
         (spec.ips.is_empty() && group.is_none() && spec.requested_mac.is_none()).then_some(a)
@@ -171,11 +197,25 @@ impl Manager {
     /// its address's claim: it exists with its address or not at all (no placeholder to
     /// finish or sweep), one write instead of three. `None` when the record appeared
     /// meanwhile (nothing claimed).
-    pub(super) fn create_whole(&self, key: &str, port: &Port, a: &Addressing) -> Result<Option<Port>> {
+    pub(super) fn create_whole(
+        &self,
+        key: &str,
+        port: &Port,
+        a: &Addressing,
+    ) -> Result<Option<Port>> {
         let owner = OwnerKey::new(&port.spec.container, &port.spec.interface);
-        let whole = |ip: IpAddr| Port { addresses: vec![PortIp { address: ip, prefix: a.subnet().prefix(), gateway: a.gateway() }], mac: mac_text(ip), ..port.clone() };
+        let whole = |ip: IpAddr| Port {
+            addresses: vec![PortIp {
+                address: ip,
+                prefix: a.subnet().prefix(),
+                gateway: a.gateway(),
+            }],
+            mac: mac_text(ip),
+            ..port.clone()
+        };
         let record = |ip: IpAddr| -> Result<Vec<Op>, StoreError> {
-            let v = serde_json::to_string(&whole(ip)).map_err(|e| StoreError(format!("port record: {e}")))?;
+            let v = serde_json::to_string(&whole(ip))
+                .map_err(|e| StoreError(format!("port record: {e}")))?;
             Ok(vec![Op::create(key, v)])
         };
         match self.allocate(&space(&port.spec.network, a.subnet().is_ipv4()), a, &owner, &record) {
@@ -185,17 +225,36 @@ impl Manager {
         }
     }
 
-    pub(super) fn claim_addresses(&self, net: &Network, spec: &PortSpec, group: Option<&IpGroupRecord>, owner: &OwnerKey) -> Result<Vec<PortIp>> {
+    pub(super) fn claim_addresses(
+        &self,
+        net: &Network,
+        spec: &PortSpec,
+        group: Option<&IpGroupRecord>,
+        owner: &OwnerKey,
+    ) -> Result<Vec<PortIp>> {
         let mut out = Vec::new();
         for a in net.families() {
             let v4 = a.subnet().is_ipv4();
             let sp = space(&net.spec.name, v4);
             let fixed = spec.ips.iter().find(|ip| ip.is_ipv4() == v4);
-            let ip = match (fixed, group.filter(|g| g.members.first().is_none_or(|m| m.is_ipv4() == v4))) {
+            let ip = match (
+                fixed,
+                group.filter(|g| g.members.first().is_none_or(|m| m.is_ipv4() == v4)),
+            ) {
                 (Some(ip), _) => ipam::allocate_fixed(self.store.as_ref(), &sp, a, owner, *ip)?,
                 (None, Some(g)) => {
-                    let ipg = IpGroup { name: g.name.clone(), members: g.members.clone(), grace_secs: g.grace_secs };
-                    ipg.allocate(self.store.as_ref(), &group_space(&net.spec.name, v4, &g.name), owner, &spec.pod, now())?
+                    let ipg = IpGroup {
+                        name: g.name.clone(),
+                        members: g.members.clone(),
+                        grace_secs: g.grace_secs,
+                    };
+                    ipg.allocate(
+                        self.store.as_ref(),
+                        &group_space(&net.spec.name, v4, &g.name),
+                        owner,
+                        &spec.pod,
+                        now(),
+                    )?
                 }
                 (None, None) => self.allocate(&sp, a, owner, &nothing)?,
             };
@@ -206,13 +265,29 @@ impl Manager {
 
     /// Gives back whatever `owner` holds for `port` (idempotent): plain addresses to the
     /// network, a group member to its group (kept for the pod for the group's grace).
-    pub(super) fn release_addresses(&self, net: &Network, port: &Port, group: Option<&IpGroupRecord>, owner: &OwnerKey) -> Result<()> {
+    pub(super) fn release_addresses(
+        &self,
+        net: &Network,
+        port: &Port,
+        group: Option<&IpGroupRecord>,
+        owner: &OwnerKey,
+    ) -> Result<()> {
         for a in net.families() {
             let v4 = a.subnet().is_ipv4();
             self.store.release(&space(&net.spec.name, v4), owner)?;
             if let Some(g) = group.filter(|g| g.members.first().is_none_or(|m| m.is_ipv4() == v4)) {
-                let ipg = IpGroup { name: g.name.clone(), members: g.members.clone(), grace_secs: g.grace_secs };
-                ipg.release(self.store.as_ref(), &group_space(&net.spec.name, v4, &g.name), owner, &port.spec.pod, now())?;
+                let ipg = IpGroup {
+                    name: g.name.clone(),
+                    members: g.members.clone(),
+                    grace_secs: g.grace_secs,
+                };
+                ipg.release(
+                    self.store.as_ref(),
+                    &group_space(&net.spec.name, v4, &g.name),
+                    owner,
+                    &port.spec.pod,
+                    now(),
+                )?;
             }
         }
         Ok(())
@@ -222,7 +297,10 @@ impl Manager {
         self.load::<Port>(&port_key(container, interface))?
             .map(|(p, _)| p)
             .filter(Port::is_complete)
-            .ok_or_else(|| ManagerError::NotFound { what: "port", name: format!("{container}/{interface}") })
+            .ok_or_else(|| ManagerError::NotFound {
+                what: "port",
+                name: format!("{container}/{interface}"),
+            })
     }
 
     /// The ports created whole (not the records of creates in progress or cut off).
@@ -278,12 +356,18 @@ impl Manager {
 
     pub fn delete_port(&self, container: &str, interface: &str) -> Result<Option<Port>> {
         if container.starts_with(knitter_api::names::HOST_PORT_PREFIX) {
-            return Err(ManagerError::Invalid(format!("container {container:?} is a node's host port: the manager removes it when the node's last port of the network goes")));
+            return Err(ManagerError::Invalid(format!(
+                "container {container:?} is a node's host port: the manager removes it when the node's last port of the network goes"
+            )));
         }
         self.delete_port_record(container, interface)
     }
 
-    pub(super) fn delete_port_record(&self, container: &str, interface: &str) -> Result<Option<Port>> {
+    pub(super) fn delete_port_record(
+        &self,
+        container: &str,
+        interface: &str,
+    ) -> Result<Option<Port>> {
         let key = port_key(container, interface);
         for _ in 0..ROUNDS {
             let Some((port, v)) = self.load::<Port>(&key)? else { return Ok(None) };
@@ -299,11 +383,21 @@ impl Manager {
     pub(super) fn remove_port(&self, key: &str, port: &Port, v: u64) -> Result<bool> {
         match self.network(&port.spec.network) {
             Ok((net, _)) => {
-                let group = match port.spec.ip_group.as_deref().map(|g| self.get_group(&port.spec.network, g)) {
+                let group = match port
+                    .spec
+                    .ip_group
+                    .as_deref()
+                    .map(|g| self.get_group(&port.spec.network, g))
+                {
                     Some(Err(ManagerError::NotFound { .. })) | None => None,
                     Some(r) => Some(r?),
                 };
-                self.release_addresses(&net, port, group.as_ref(), &OwnerKey::new(&port.spec.container, &port.spec.interface))?;
+                self.release_addresses(
+                    &net,
+                    port,
+                    group.as_ref(),
+                    &OwnerKey::new(&port.spec.container, &port.spec.interface),
+                )?;
             }
             Err(ManagerError::NotFound { .. }) => {}
             Err(e) => return Err(e),

@@ -46,9 +46,11 @@ impl IntoResponse for ManagerError {
     fn into_response(self) -> Response {
         let (code, status, _) = self.codes();
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut r = (status, axum::Json(ErrorBody { code, reason: self.to_string() })).into_response();
+        let mut r =
+            (status, axum::Json(ErrorBody { code, reason: self.to_string() })).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
         r
     }
@@ -57,9 +59,14 @@ impl IntoResponse for ManagerError {
 type Reply = Result<Response, ManagerError>;
 
 /// Runs `f` on a blocking thread.
-async fn blocking<T: Send + 'static>(api: &Api, f: impl FnOnce(&Manager) -> Result<T, ManagerError> + Send + 'static) -> Result<T, ManagerError> {
+async fn blocking<T: Send + 'static>(
+    api: &Api,
+    f: impl FnOnce(&Manager) -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
     let m = api.manager.clone();
-    tokio::task::spawn_blocking(move || f(&m)).await.map_err(|e| ManagerError::Busy(format!("request failed: {e}")))?
+    tokio::task::spawn_blocking(move || f(&m))
+        .await
+        .map_err(|e| ManagerError::Busy(format!("request failed: {e}")))?
 }
 
 fn ok<T: Serialize>(v: T) -> Reply {
@@ -83,10 +90,16 @@ fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ManagerError> {
     let invalid = |e: serde_json::Error| ManagerError::Invalid(format!("request body: {e}"));
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(b);
-    let v = serde_ignored::deserialize(&mut de, |path| unknown.push(format!("{path:?}", path = path.to_string()))).map_err(invalid)?;
+    let v = serde_ignored::deserialize(&mut de, |path| {
+        unknown.push(format!("{path:?}", path = path.to_string()))
+    })
+    .map_err(invalid)?;
     de.end().map_err(invalid)?;
     if !unknown.is_empty() {
-        return Err(ManagerError::Invalid(format!("request body: unknown field {}", unknown.join(", "))));
+        return Err(ManagerError::Invalid(format!(
+            "request body: unknown field {}",
+            unknown.join(", ")
+        )));
     }
     Ok(v)
 }
@@ -95,16 +108,23 @@ fn body<T: DeserializeOwned>(b: &Bytes) -> Result<T, ManagerError> {
 /// does not know, as [`body`] does.
 fn strict<T: DeserializeOwned>(v: serde_json::Value) -> Result<T, ManagerError> {
     let mut unknown = Vec::new();
-    let t = serde_ignored::deserialize(v, |path| unknown.push(format!("{path:?}", path = path.to_string()))).map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
+    let t = serde_ignored::deserialize(v, |path| {
+        unknown.push(format!("{path:?}", path = path.to_string()))
+    })
+    .map_err(|e| ManagerError::Invalid(format!("request body: {e}")))?;
     if !unknown.is_empty() {
-        return Err(ManagerError::Invalid(format!("request body: unknown field {}", unknown.join(", "))));
+        return Err(ManagerError::Invalid(format!(
+            "request body: unknown field {}",
+            unknown.join(", ")
+        )));
     }
     Ok(t)
 }
 
 /// List filters from the query string (`?network=red&node=n1`), refused when malformed.
 fn filter(RawQuery(q): RawQuery) -> Result<Filter, ManagerError> {
-    serde_urlencoded::from_str(q.as_deref().unwrap_or("")).map_err(|e| ManagerError::Invalid(format!("query: {e}")))
+    serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
+        .map_err(|e| ManagerError::Invalid(format!("query: {e}")))
 }
 
 pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
@@ -131,10 +151,20 @@ fn access(method: &Method, path: &str) -> Access {
     }
 }
 
-async fn auth(State(api): State<Api>, ConnectInfo(peer): ConnectInfo<SocketAddr>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
+async fn auth(
+    State(api): State<Api>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let read = matches!(*req.method(), Method::GET | Method::HEAD);
     let access = access(req.method(), req.uri().path());
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
     let (m, a) = (api.manager.clone(), api.auth.clone());
     let caller = match tokio::task::spawn_blocking(move || a.identify(&m, given.as_deref())).await {
         Ok(Ok(c)) => c,
@@ -162,7 +192,10 @@ async fn health(State(api): State<Api>) -> Reply {
 
 /// The Kubernetes controller's state; 404 when this manager runs none.
 async fn kubernetes(State(api): State<Api>) -> Reply {
-    let status = api.cluster.as_ref().ok_or_else(|| ManagerError::NotFound { what: "Kubernetes controller", name: "(knitter-manager runs without --kubernetes)".into() })?;
+    let status = api.cluster.as_ref().ok_or_else(|| ManagerError::NotFound {
+        what: "Kubernetes controller",
+        name: "(knitter-manager runs without --kubernetes)".into(),
+    })?;
     ok(status.report())
 }
 
@@ -170,7 +203,8 @@ async fn kubernetes(State(api): State<Api>) -> Reply {
 /// ([`super::metrics`]) and the Kubernetes controller's (none without one).
 async fn metrics(State(api): State<Api>) -> Response {
     let (m, manager) = (api.metrics.clone(), api.manager.clone());
-    let mut text = tokio::task::spawn_blocking(move || m.render(&manager)).await.unwrap_or_default();
+    let mut text =
+        tokio::task::spawn_blocking(move || m.render(&manager)).await.unwrap_or_default();
     text.push_str(&api.cluster.as_ref().map(|s| s.report().metrics()).unwrap_or_default());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
@@ -241,7 +275,9 @@ async fn create_group(State(api): State<Api>, Path(network): Path<String>, b: By
     if let Some(o) = v.as_object_mut() {
         let given = o.entry("network").or_insert_with(|| network.clone().into());
         if given.as_str() != Some(network.as_str()) {
-            return Err(ManagerError::Invalid(format!("the body names network {given}, the path {network:?}")));
+            return Err(ManagerError::Invalid(format!(
+                "the body names network {given}, the path {network:?}"
+            )));
         }
     }
     let spec: IpGroupSpec = strict(v)?;
@@ -252,26 +288,45 @@ async fn get_group(State(api): State<Api>, Path((network, name)): Path<(String, 
     ok(blocking(&api, move |m| m.get_group(&network, &name)).await?)
 }
 
-async fn delete_group(State(api): State<Api>, Path((network, name)): Path<(String, String)>) -> Reply {
+async fn delete_group(
+    State(api): State<Api>,
+    Path((network, name)): Path<(String, String)>,
+) -> Reply {
     let id = format!("{network}/{name}");
     deleted("IP group", id, blocking(&api, move |m| m.delete_group(&network, &name)).await?)
 }
 
-async fn list_ports(State(api): State<Api>, Extension(caller): Extension<Caller>, q: RawQuery) -> Reply {
+async fn list_ports(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    q: RawQuery,
+) -> Reply {
     let f = filter(q)?;
     ok(blocking(&api, move |m| m.list_ports_as(&caller, &f)).await?)
 }
 
-async fn create_port(State(api): State<Api>, Extension(caller): Extension<Caller>, b: Bytes) -> Reply {
+async fn create_port(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    b: Bytes,
+) -> Reply {
     let spec: PortSpec = body(&b)?;
     created(blocking(&api, move |m| m.create_port_as(&caller, spec)).await?)
 }
 
-async fn get_port(State(api): State<Api>, Extension(caller): Extension<Caller>, Path((c, i)): Path<(String, String)>) -> Reply {
+async fn get_port(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path((c, i)): Path<(String, String)>,
+) -> Reply {
     ok(blocking(&api, move |m| m.get_port_as(&caller, &c, &i)).await?)
 }
 
-async fn delete_port(State(api): State<Api>, Extension(caller): Extension<Caller>, Path((c, i)): Path<(String, String)>) -> Reply {
+async fn delete_port(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path((c, i)): Path<(String, String)>,
+) -> Reply {
     let id = format!("{c}/{i}");
     deleted("port", id, blocking(&api, move |m| m.delete_port_as(&caller, &c, &i)).await?)
 }
@@ -280,7 +335,12 @@ async fn list_nodes(State(api): State<Api>) -> Reply {
     ok(blocking(&api, |m| m.list_nodes()).await?)
 }
 
-async fn register_node(State(api): State<Api>, Extension(caller): Extension<Caller>, Path(name): Path<String>, b: Bytes) -> Reply {
+async fn register_node(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    b: Bytes,
+) -> Reply {
     let mut v: serde_json::Value = body(&b)?;
     if let Some(o) = v.as_object_mut() {
         o.insert("name".into(), name.into());
@@ -291,7 +351,11 @@ async fn register_node(State(api): State<Api>, Extension(caller): Extension<Call
 
 /// A node token: `{"node", "token"}` (the admin's: a new one; the bootstrap token's: for a
 /// name that has none).
-async fn node_token(State(api): State<Api>, Extension(caller): Extension<Caller>, Path(name): Path<String>) -> Reply {
+async fn node_token(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Reply {
     let n = name.clone();
     let token = blocking(&api, move |m| m.issue_node_token(&n, &caller)).await?;
     ok(serde_json::json!({ "node": name, "token": token }))
@@ -373,12 +437,19 @@ pub fn router(api: Api) -> Router {
 /// Serves the API on the connections `listener` hands out until `stop` resolves, then lets
 /// requests in flight finish (5 s at most). HTTP/1.1 with the [`Limits`]: headers within
 /// `header`, a whole request within `request`, bodies of `body` bytes at most.
-pub async fn serve<L>(mut listener: L, api: Api, limits: Limits, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()>
+pub async fn serve<L>(
+    mut listener: L,
+    api: Api,
+    limits: Limits,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
 where
     L: axum::serve::Listener<Addr = SocketAddr>,
 {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let app = router(api).layer(DefaultBodyLimit::max(limits.body)).layer(middleware::from_fn_with_state(limits.request, deadline));
+    let app = router(api)
+        .layer(DefaultBodyLimit::max(limits.body))
+        .layer(middleware::from_fn_with_state(limits.request, deadline));
     let (closing, _) = tokio::sync::watch::channel(false);
     let mut connections = tokio::task::JoinSet::new();
     let mut stop = std::pin::pin!(stop);
@@ -391,10 +462,12 @@ where
         let app = app.clone();
         let mut closing = closing.subscribe();
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ConnectInfo(peer));
-                tower::ServiceExt::oneshot(app.clone(), req)
-            });
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    tower::ServiceExt::oneshot(app.clone(), req)
+                },
+            );
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(limits.header);
             let mut conn = std::pin::pin!(http.serve_connection(TokioIo::new(io), service));
@@ -415,7 +488,10 @@ where
         });
     }
     let _ = closing.send(true);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async { while connections.join_next().await.is_some() {} }).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
     Ok(())
 }
 
@@ -424,6 +500,10 @@ where
 async fn deadline(State(limit): State<std::time::Duration>, req: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => ManagerError::Busy(format!("the request was not answered within {} s (--request-timeout)", limit.as_secs())).into_response(),
+        Err(_) => ManagerError::Busy(format!(
+            "the request was not answered within {} s (--request-timeout)",
+            limit.as_secs()
+        ))
+        .into_response(),
     }
 }

@@ -113,12 +113,28 @@ pub struct ClusterView {
 
 impl ClusterView {
     /// What `node` should run at time `now`.
-    pub fn desired_for(&self, node: &str, now: u64, live: &Liveness, marks: &PlaneMarkings) -> Desired {
-        let in_flood = |n: &Node| n.name != node && live.in_flood_lists(self.seen.get(&n.name).copied(), now);
-        let vtep_of: HashMap<&str, IpAddr> = self.nodes.iter().filter(|n| n.name == node || in_flood(n)).map(|n| (n.name.as_str(), n.vtep)).collect();
+    pub fn desired_for(
+        &self,
+        node: &str,
+        now: u64,
+        live: &Liveness,
+        marks: &PlaneMarkings,
+    ) -> Desired {
+        let in_flood =
+            |n: &Node| n.name != node && live.in_flood_lists(self.seen.get(&n.name).copied(), now);
+        let vtep_of: HashMap<&str, IpAddr> = self
+            .nodes
+            .iter()
+            .filter(|n| n.name == node || in_flood(n))
+            .map(|n| (n.name.as_str(), n.vtep))
+            .collect();
         let mut networks = Vec::new();
         for net in &self.networks {
-            let ports: Vec<&Port> = self.ports.iter().filter(|p| p.spec.network == net.name && !p.addresses.is_empty()).collect();
+            let ports: Vec<&Port> = self
+                .ports
+                .iter()
+                .filter(|p| p.spec.network == net.name && !p.addresses.is_empty())
+                .collect();
             if !ports.iter().any(|p| p.spec.node == node) {
                 continue;
             }
@@ -126,16 +142,34 @@ impl ClusterView {
                 .iter()
                 .filter_map(|p| {
                     let vtep = *vtep_of.get(p.spec.node.as_str())?;
-                    Some(Endpoint { mac: p.mac.clone(), ips: p.addresses.iter().map(|a| a.address).collect(), node: p.spec.node.clone(), vtep })
+                    Some(Endpoint {
+                        mac: p.mac.clone(),
+                        ips: p.addresses.iter().map(|a| a.address).collect(),
+                        node: p.spec.node.clone(),
+                        vtep,
+                    })
                 })
                 .collect();
-            let flood: BTreeSet<IpAddr> = endpoints.iter().filter(|e| e.node != node).map(|e| e.vtep).collect();
-            let host = ports.iter().find(|p| p.spec.node == node && super::host_port_node(p) == Some(node)).filter(|_| net.node_gateway).map(|p| HostPortOnNode {
-                ifname: p.spec.interface.clone(),
-                addresses: p.addresses.iter().map(|a| format!("{}/{}", a.address, a.prefix)).collect(),
-                masquerade: net.masquerade,
-            });
-            let gateways = if net.node_gateway { [&net.ipv4, &net.ipv6].into_iter().flatten().filter_map(|s| s.gateway).collect() } else { vec![] };
+            let flood: BTreeSet<IpAddr> =
+                endpoints.iter().filter(|e| e.node != node).map(|e| e.vtep).collect();
+            let host = ports
+                .iter()
+                .find(|p| p.spec.node == node && super::host_port_node(p) == Some(node))
+                .filter(|_| net.node_gateway)
+                .map(|p| HostPortOnNode {
+                    ifname: p.spec.interface.clone(),
+                    addresses: p
+                        .addresses
+                        .iter()
+                        .map(|a| format!("{}/{}", a.address, a.prefix))
+                        .collect(),
+                    masquerade: net.masquerade,
+                });
+            let gateways = if net.node_gateway {
+                [&net.ipv4, &net.ipv6].into_iter().flatten().filter_map(|s| s.gateway).collect()
+            } else {
+                vec![]
+            };
             networks.push(NetworkOnNode {
                 name: net.name.clone(),
                 kind: net.kind,
@@ -165,7 +199,12 @@ impl Manager {
             let view = ClusterView {
                 revision,
                 networks: self.load_all("networks/")?.into_iter().map(|(n, _)| n).collect(),
-                ports: self.load_all::<Port>("ports/")?.into_iter().map(|(p, _)| p).filter(Port::is_complete).collect(),
+                ports: self
+                    .load_all::<Port>("ports/")?
+                    .into_iter()
+                    .map(|(p, _)| p)
+                    .filter(Port::is_complete)
+                    .collect(),
                 nodes: self.load_all("nodes/")?.into_iter().map(|(n, _)| n).collect(),
                 seen: self.heartbeats()?,
             };
@@ -177,14 +216,23 @@ impl Manager {
 
     pub(super) fn heartbeats(&self) -> Result<HashMap<String, u64>> {
         let rows = self.store.list("alive/")?;
-        Ok(rows.into_iter().filter_map(|(k, v)| Some((k.strip_prefix("alive/")?.to_string(), v.value.parse().ok()?))).collect())
+        Ok(rows
+            .into_iter()
+            .filter_map(|(k, v)| {
+                Some((k.strip_prefix("alive/")?.to_string(), v.value.parse().ok()?))
+            })
+            .collect())
     }
 
     /// Records that `node` was heard from now. The record expires (an etcd lease) an hour
     /// after the node is `gone`, so nodes that never come back leave no heartbeat behind.
     pub fn heartbeat(&self, node: &str) -> Result<()> {
         let live = self.config.liveness;
-        self.store.put_expiring(&alive_key(node), &super::now().to_string(), live.lease_secs + live.grace_secs + 3600)?;
+        self.store.put_expiring(
+            &alive_key(node),
+            &super::now().to_string(),
+            live.lease_secs + live.grace_secs + 3600,
+        )?;
         Ok(())
     }
 

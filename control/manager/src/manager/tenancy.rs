@@ -28,7 +28,11 @@ pub fn pod_namespace(pod: &str) -> &str {
 /// The tenant of namespace `ns` given its label's tenant (`labelled`) and the tenants (rule
 /// above).
 pub fn tenant_for<'a>(ns: &str, labelled: Option<&'a str>, tenants: &'a [Tenant]) -> &'a str {
-    labelled.or_else(|| tenants.iter().find(|t| t.namespaces.iter().any(|n| n == ns)).map(|t| t.name.as_str())).unwrap_or(ADMIN)
+    labelled
+        .or_else(|| {
+            tenants.iter().find(|t| t.namespaces.iter().any(|n| n == ns)).map(|t| t.name.as_str())
+        })
+        .unwrap_or(ADMIN)
 }
 
 /// What a port request chooses for itself, if anything (fixed addresses, an IP group, a MAC).
@@ -56,14 +60,26 @@ impl Manager {
     /// the network's and the network is not shared; the reason names all three. On another
     /// tenant's shared network a pod takes what the network gives: it may not choose
     /// (`spec`) a fixed address, an IP group or a MAC — those the owner plans.
-    pub(super) fn check_attachment(&self, ns: &str, net: &NetworkSpec, spec: &PortSpec) -> Result<()> {
+    pub(super) fn check_attachment(
+        &self,
+        ns: &str,
+        net: &NetworkSpec,
+        spec: &PortSpec,
+    ) -> Result<()> {
         let tenant = self.tenant_of_namespace(ns)?;
         if tenant == net.tenant {
             return Ok(());
         }
-        let who = if ns.is_empty() { "a port without a pod namespace belongs to tenant \"admin\"".to_string() } else { format!("namespace {ns:?} belongs to tenant {tenant:?}") };
+        let who = if ns.is_empty() {
+            "a port without a pod namespace belongs to tenant \"admin\"".to_string()
+        } else {
+            format!("namespace {ns:?} belongs to tenant {tenant:?}")
+        };
         if !net.shared {
-            return Err(ManagerError::Forbidden(format!("{who}; network {:?} is tenant {:?}'s and not shared", net.name, net.tenant)));
+            return Err(ManagerError::Forbidden(format!(
+                "{who}; network {:?} is tenant {:?}'s and not shared",
+                net.name, net.tenant
+            )));
         }
         if let Some(what) = chosen(spec) {
             return Err(ManagerError::Forbidden(format!(
@@ -78,12 +94,19 @@ impl Manager {
     /// controller sees them: labels added or changed are written, ones gone removed. Returns
     /// how many records changed.
     pub fn set_labelled_namespaces(&self, labelled: &BTreeMap<String, String>) -> Result<usize> {
-        let have: Vec<(String, String, u64)> = self.store().list("namespaces/")?.into_iter().map(|(k, v)| (k["namespaces/".len()..].to_string(), v.value, v.version)).collect();
+        let have: Vec<(String, String, u64)> = self
+            .store()
+            .list("namespaces/")?
+            .into_iter()
+            .map(|(k, v)| (k["namespaces/".len()..].to_string(), v.value, v.version))
+            .collect();
         let mut ops = Vec::new();
         for (ns, tenant, version) in &have {
             match labelled.get(ns) {
                 Some(t) if t == tenant => {}
-                Some(t) => ops.push(Op::replace(labelled_namespace_key(ns), Some(*version), t.clone())),
+                Some(t) => {
+                    ops.push(Op::replace(labelled_namespace_key(ns), Some(*version), t.clone()))
+                }
                 None => ops.push(Op::delete(labelled_namespace_key(ns), *version)),
             }
         }
@@ -107,7 +130,9 @@ impl Manager {
         }
         let key = super::objects::tenant_key(name);
         for _ in 0..ROUNDS {
-            let (mut t, v) = self.load::<Tenant>(&key)?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
+            let (mut t, v) = self
+                .load::<Tenant>(&key)?
+                .ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
             self.check_unlisted(name, &namespaces)?;
             t.namespaces = namespaces.clone();
             if self.store().commit(&[Op::replace(&key, Some(v), json(&t)?)])? {
@@ -120,8 +145,12 @@ impl Manager {
     /// Refuses namespaces another tenant than `name` lists.
     pub(super) fn check_unlisted(&self, name: &str, namespaces: &[String]) -> Result<()> {
         for t in self.tenants()? {
-            if let Some(ns) = t.namespaces.iter().find(|n| t.name != name && namespaces.contains(n)) {
-                return Err(ManagerError::Conflict(format!("namespace {ns:?} belongs to tenant {:?} already", t.name)));
+            if let Some(ns) = t.namespaces.iter().find(|n| t.name != name && namespaces.contains(n))
+            {
+                return Err(ManagerError::Conflict(format!(
+                    "namespace {ns:?} belongs to tenant {:?} already",
+                    t.name
+                )));
             }
         }
         Ok(())
@@ -133,7 +162,12 @@ mod tests {
     use super::*;
 
     fn tenant(name: &str, namespaces: &[&str]) -> Tenant {
-        Tenant { name: name.into(), quota: Default::default(), created: 0, namespaces: namespaces.iter().map(|s| s.to_string()).collect() }
+        Tenant {
+            name: name.into(),
+            quota: Default::default(),
+            created: 0,
+            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     #[test]
@@ -143,6 +177,9 @@ mod tests {
         assert_eq!(tenant_for("red-prod", None, &tenants), "red", "listed");
         assert_eq!(tenant_for("red-prod", Some("blue"), &tenants), "blue", "the label wins");
         assert_eq!(tenant_for("", None, &tenants), "admin");
-        assert_eq!((pod_namespace("ns/pod"), pod_namespace("pod"), pod_namespace("")), ("ns", "", ""));
+        assert_eq!(
+            (pod_namespace("ns/pod"), pod_namespace("pod"), pod_namespace("")),
+            ("ns", "", "")
+        );
     }
 }

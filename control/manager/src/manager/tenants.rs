@@ -1,12 +1,11 @@
 //! The manager's tenants: created (with a quota), listed, their quotas changed, deleted
 //! once they own no network.
 
-use super::{ADMIN, Manager, ManagerError, ROUNDS, Result, check_name, json, now};
 use super::objects::{Quota, Tenant, TenantSpec, tenant_key};
+use super::{ADMIN, Manager, ManagerError, ROUNDS, Result, check_name, json, now};
 use crate::store::Op;
 
 impl Manager {
-
     /// Creates a tenant (with the configured default quota unless given); the same tenant
     /// again is a no-op (`false`), another quota a conflict.
     pub fn create_tenant(&self, name: &str, quota: Option<Quota>) -> Result<(Tenant, bool)> {
@@ -22,15 +21,24 @@ impl Manager {
         for ns in &namespaces {
             check_name("namespace", ns)?;
         }
-        let t = Tenant { name: name.into(), quota: quota.unwrap_or(self.config.default_quota), created: now(), namespaces: namespaces.clone() };
+        let t = Tenant {
+            name: name.into(),
+            quota: quota.unwrap_or(self.config.default_quota),
+            created: now(),
+            namespaces: namespaces.clone(),
+        };
         let key = tenant_key(name);
         for _ in 0..ROUNDS {
             if let Some((have, _)) = self.load::<Tenant>(&key)? {
                 if quota.is_some_and(|q| q != have.quota) {
-                    return Err(ManagerError::Conflict(format!("tenant {name:?} exists with another quota (change it with a quota update)")));
+                    return Err(ManagerError::Conflict(format!(
+                        "tenant {name:?} exists with another quota (change it with a quota update)"
+                    )));
                 }
                 if !namespaces.is_empty() && namespaces != have.namespaces {
-                    return Err(ManagerError::Conflict(format!("tenant {name:?} exists with other namespaces (change them with a namespaces update)")));
+                    return Err(ManagerError::Conflict(format!(
+                        "tenant {name:?} exists with other namespaces (change them with a namespaces update)"
+                    )));
                 }
                 return Ok((have, false));
             }
@@ -43,7 +51,9 @@ impl Manager {
     }
 
     pub fn tenant(&self, name: &str) -> Result<Tenant> {
-        self.load(&tenant_key(name))?.map(|(t, _)| t).ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })
+        self.load(&tenant_key(name))?
+            .map(|(t, _)| t)
+            .ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })
     }
 
     pub fn tenants(&self) -> Result<Vec<Tenant>> {
@@ -53,7 +63,9 @@ impl Manager {
     pub fn set_quota(&self, name: &str, quota: Quota) -> Result<Tenant> {
         let key = tenant_key(name);
         for _ in 0..ROUNDS {
-            let (mut t, v) = self.load::<Tenant>(&key)?.ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
+            let (mut t, v) = self
+                .load::<Tenant>(&key)?
+                .ok_or_else(|| ManagerError::NotFound { what: "tenant", name: name.into() })?;
             t.quota = quota;
             if self.store.commit(&[Op::replace(&key, Some(v), json(&t)?)])? {
                 return Ok(t);
@@ -70,9 +82,17 @@ impl Manager {
         for _ in 0..ROUNDS {
             let guard = self.guard()?;
             let Some((t, v)) = self.load::<Tenant>(&tenant_key(name))? else { return Ok(None) };
-            let owned: Vec<String> = self.networks()?.into_iter().filter(|n| n.spec.tenant == name).map(|n| n.spec.name).collect();
+            let owned: Vec<String> = self
+                .networks()?
+                .into_iter()
+                .filter(|n| n.spec.tenant == name)
+                .map(|n| n.spec.name)
+                .collect();
             if !owned.is_empty() {
-                return Err(ManagerError::InUse(format!("tenant {name:?} still owns networks {}: delete them first", owned.join(", "))));
+                return Err(ManagerError::InUse(format!(
+                    "tenant {name:?} still owns networks {}: delete them first",
+                    owned.join(", ")
+                )));
             }
             if self.store.commit(&[self.bump_guard(guard), Op::delete(tenant_key(name), v)])? {
                 return Ok(Some(t));

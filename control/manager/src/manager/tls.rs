@@ -4,11 +4,11 @@
 //! handshakes run in their own tasks (a client that stalls its handshake holds up nobody
 //! else, and gives up after 10 s), axum gets connections whose handshake finished.
 
+use super::limits::{Gate, Guarded};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use super::limits::{Gate, Guarded};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
 use tokio_rustls::server::TlsStream;
@@ -29,8 +29,14 @@ pub struct ServerTls {
 impl ServerTls {
     /// Reads the certificate chain, its key and the client CA; checks that rustls takes them.
     pub fn read(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTls, TlsError> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| TlsError(format!("reading {}: {e}", p.display())));
-        let tls = ServerTls { cert: read(cert)?, key: read(key)?, client_ca: client_ca.map(read).transpose()? };
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|e| TlsError(format!("reading {}: {e}", p.display())))
+        };
+        let tls = ServerTls {
+            cert: read(cert)?,
+            key: read(key)?,
+            client_ca: client_ca.map(read).transpose()?,
+        };
         tls.rustls()?;
         Ok(tls)
     }
@@ -43,7 +49,9 @@ impl ServerTls {
     /// For the gRPC server.
     pub fn tonic(&self) -> tonic::transport::ServerTlsConfig {
         use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-        let cfg = ServerTlsConfig::new().identity(Identity::from_pem(&self.cert, &self.key)).timeout(HANDSHAKE);
+        let cfg = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert, &self.key))
+            .timeout(HANDSHAKE);
         match &self.client_ca {
             Some(ca) => cfg.client_ca_root(Certificate::from_pem(ca)),
             None => cfg,
@@ -56,24 +64,36 @@ impl ServerTls {
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let bad = |what: &str, e: &dyn std::fmt::Display| TlsError(format!("{what}: {e}"));
-        let certs = CertificateDer::pem_slice_iter(&self.cert).collect::<Result<Vec<_>, _>>().map_err(|e| bad("the certificate", &e))?;
+        let certs = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("the certificate", &e))?;
         if certs.is_empty() {
             return Err(TlsError("the certificate file holds no certificate".into()));
         }
         let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| bad("the key", &e))?;
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().map_err(|e| bad("protocol versions", &e))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("protocol versions", &e))?;
         let builder = match &self.client_ca {
             None => builder.with_no_client_auth(),
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for c in CertificateDer::pem_slice_iter(ca) {
-                    roots.add(c.map_err(|e| bad("the client CA", &e))?).map_err(|e| bad("the client CA", &e))?;
+                    roots
+                        .add(c.map_err(|e| bad("the client CA", &e))?)
+                        .map_err(|e| bad("the client CA", &e))?;
                 }
-                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().map_err(|e| bad("the client CA", &e))?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| bad("the client CA", &e))?;
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let mut cfg = builder.with_single_cert(certs, key).map_err(|e| bad("the certificate and key", &e))?;
+        let mut cfg =
+            builder.with_single_cert(certs, key).map_err(|e| bad("the certificate and key", &e))?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(cfg))
     }
@@ -92,7 +112,11 @@ pub struct TlsListener {
 impl TlsListener {
     /// Accepts what `gate` admits on `tcp` (within a runtime); a failed handshake is logged
     /// and dropped.
-    pub fn new(tcp: TcpListener, gate: Gate, config: Arc<rustls::ServerConfig>) -> std::io::Result<TlsListener> {
+    pub fn new(
+        tcp: TcpListener,
+        gate: Gate,
+        config: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let tls = tokio_rustls::TlsAcceptor::from(config);

@@ -5,7 +5,10 @@
 //! changes. Records are a third table, each value kept with the revision that wrote it (its
 //! version).
 
-use super::{Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With, holds, nothing, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
+use super::{
+    Claim, First, Op, OwnerKey, Store, StoreError, Versioned, With, holds, ip_key, nothing,
+    owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value,
+};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::net::IpAddr;
 use std::path::Path;
@@ -42,7 +45,8 @@ fn owner_key(network: &str, o: &OwnerKey) -> String {
 impl Embedded {
     /// Opens (or creates) the store file.
     pub fn open(path: &Path) -> Result<Embedded, StoreError> {
-        let db = Database::create(path).map_err(|e| StoreError(format!("opening {}: {e}", path.display())))?;
+        let db = Database::create(path)
+            .map_err(|e| StoreError(format!("opening {}: {e}", path.display())))?;
         let tx = db.begin_write().map_err(StoreError::from)?;
         {
             tx.open_table(ADDRS).map_err(StoreError::from)?;
@@ -57,7 +61,13 @@ impl Embedded {
     }
 
     /// Runs `f` in one write transaction; commits (and counts a revision) when it says so.
-    fn write<R>(&self, f: impl FnOnce(&mut redb::Table<&str, &str>, &mut redb::Table<&str, &str>) -> Result<(R, bool), StoreError>) -> Result<R, StoreError> {
+    fn write<R>(
+        &self,
+        f: impl FnOnce(
+            &mut redb::Table<&str, &str>,
+            &mut redb::Table<&str, &str>,
+        ) -> Result<(R, bool), StoreError>,
+    ) -> Result<R, StoreError> {
         let tx = self.db.begin_write().map_err(StoreError::from)?;
         let (r, changed) = {
             let mut addrs = tx.open_table(ADDRS).map_err(StoreError::from)?;
@@ -120,7 +130,10 @@ impl Store for Embedded {
         self.write(|addrs, owners| {
             if let Some(held) = owners.get(ok.as_str()).map_err(StoreError::from)? {
                 let held = parse_ip(held.value())?;
-                return Ok((if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) }, false));
+                return Ok((
+                    if held == ip { Claim::AlreadyYours } else { Claim::OwnerHas(held) },
+                    false,
+                ));
             }
             if let Some(by) = addrs.get(ak.as_str()).map_err(StoreError::from)? {
                 return Ok((Claim::Taken(parse_owner(by.value())), false));
@@ -131,7 +144,12 @@ impl Store for Embedded {
         })
     }
 
-    fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+    fn claim_first(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+    ) -> Result<Option<IpAddr>, StoreError> {
         match self.claim_near(network, candidates, owner, &nothing)? {
             First::Claimed(ip) => Ok(Some(ip)),
             First::AllTaken | First::Raced | First::Refused => Ok(None),
@@ -140,13 +158,23 @@ impl Store for Embedded {
 
     /// One write transaction: the owner's key, then candidates until a free one, then the
     /// records `with` makes for it (one writer at a time: no race is ever lost here).
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
+    fn claim_near(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+        with: With,
+    ) -> Result<First, StoreError> {
         let ok = owner_key(network, owner);
         let tx = self.db.begin_write().map_err(StoreError::from)?;
         let found = {
             let mut addrs = tx.open_table(ADDRS).map_err(StoreError::from)?;
             let mut owners = tx.open_table(OWNERS).map_err(StoreError::from)?;
-            let held = owners.get(ok.as_str()).map_err(StoreError::from)?.map(|v| parse_ip(v.value())).transpose()?;
+            let held = owners
+                .get(ok.as_str())
+                .map_err(StoreError::from)?
+                .map(|v| parse_ip(v.value()))
+                .transpose()?;
             match held {
                 Some(ip) => Some((ip, false)),
                 None => {
@@ -154,8 +182,12 @@ impl Store for Embedded {
                     for ip in candidates {
                         let ak = addr_key(network, ip);
                         if addrs.get(ak.as_str()).map_err(StoreError::from)?.is_none() {
-                            addrs.insert(ak.as_str(), owner_value(owner).as_str()).map_err(StoreError::from)?;
-                            owners.insert(ok.as_str(), ip.to_string().as_str()).map_err(StoreError::from)?;
+                            addrs
+                                .insert(ak.as_str(), owner_value(owner).as_str())
+                                .map_err(StoreError::from)?;
+                            owners
+                                .insert(ok.as_str(), ip.to_string().as_str())
+                                .map_err(StoreError::from)?;
                             free = Some((ip, true));
                             break;
                         }
@@ -175,7 +207,10 @@ impl Store for Embedded {
             return Ok(First::Refused);
         }
         if claimed || !ops.is_empty() {
-            tx.open_table(META).map_err(StoreError::from)?.insert(REVISION, rev).map_err(StoreError::from)?;
+            tx.open_table(META)
+                .map_err(StoreError::from)?
+                .insert(REVISION, rev)
+                .map_err(StoreError::from)?;
             tx.commit().map_err(StoreError::from)?;
         } else {
             tx.abort().map_err(StoreError::from)?;
@@ -193,12 +228,17 @@ impl Store for Embedded {
     fn release(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
         let ok = owner_key(network, owner);
         self.write(|addrs, owners| {
-            let Some(held) = owners.remove(ok.as_str()).map_err(StoreError::from)? else { return Ok((None, false)) };
+            let Some(held) = owners.remove(ok.as_str()).map_err(StoreError::from)? else {
+                return Ok((None, false));
+            };
             let ip = parse_ip(held.value())?;
             drop(held);
             // Guarded by the owner: the address key goes only if it names this owner.
             let ak = addr_key(network, ip);
-            let mine = addrs.get(ak.as_str()).map_err(StoreError::from)?.is_some_and(|v| parse_owner(v.value()) == *owner);
+            let mine = addrs
+                .get(ak.as_str())
+                .map_err(StoreError::from)?
+                .is_some_and(|v| parse_owner(v.value()) == *owner);
             if mine {
                 addrs.remove(ak.as_str()).map_err(StoreError::from)?;
             }
@@ -210,7 +250,9 @@ impl Store for Embedded {
         let tx = self.db.begin_write().map_err(StoreError::from)?;
         {
             let mut sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
-            sticky.insert(addr_key(network, ip).as_str(), sticky_value(pod, until).as_str()).map_err(StoreError::from)?;
+            sticky
+                .insert(addr_key(network, ip).as_str(), sticky_value(pod, until).as_str())
+                .map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)
     }
@@ -218,7 +260,9 @@ impl Store for Embedded {
     fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
         let tx = self.db.begin_read().map_err(StoreError::from)?;
         let sticky = tx.open_table(STICKY).map_err(StoreError::from)?;
-        let Some(v) = sticky.get(addr_key(network, ip).as_str()).map_err(StoreError::from)? else { return Ok(None) };
+        let Some(v) = sticky.get(addr_key(network, ip).as_str()).map_err(StoreError::from)? else {
+            return Ok(None);
+        };
         parse_sticky(v.value()).map(Some)
     }
 
@@ -278,8 +322,14 @@ impl Store for Embedded {
             let mut meta = tx.open_table(META).map_err(StoreError::from)?;
             let rev = meta.get(REVISION).map_err(StoreError::from)?.map_or(0, |v| v.value()) + 1;
             meta.insert(REVISION, rev).map_err(StoreError::from)?;
-            tx.open_table(RECORDS).map_err(StoreError::from)?.insert(key, (rev, value)).map_err(StoreError::from)?;
-            tx.open_table(EXPIRES).map_err(StoreError::from)?.insert(key, unix_now() + ttl_secs).map_err(StoreError::from)?;
+            tx.open_table(RECORDS)
+                .map_err(StoreError::from)?
+                .insert(key, (rev, value))
+                .map_err(StoreError::from)?;
+            tx.open_table(EXPIRES)
+                .map_err(StoreError::from)?
+                .insert(key, unix_now() + ttl_secs)
+                .map_err(StoreError::from)?;
         }
         tx.commit().map_err(StoreError::from)
     }
@@ -291,7 +341,10 @@ impl Store for Embedded {
             tx.abort().map_err(StoreError::from)?;
             return Ok(None);
         }
-        tx.open_table(META).map_err(StoreError::from)?.insert(REVISION, rev).map_err(StoreError::from)?;
+        tx.open_table(META)
+            .map_err(StoreError::from)?
+            .insert(REVISION, rev)
+            .map_err(StoreError::from)?;
         tx.commit().map_err(StoreError::from)?;
         Ok(Some(rev))
     }

@@ -14,8 +14,13 @@
 //! while they still name each other. The trait is synchronous: calls run on the store's own
 //! small runtime (call them from blocking threads, not from async tasks).
 
-use super::{Claim, Cond, First, Op, OwnerKey, Store, StoreError, Versioned, With, nothing, ip_key, owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use super::{
+    Claim, Cond, First, Op, OwnerKey, Store, StoreError, Versioned, With, ip_key, nothing,
+    owner_value, parse_ip, parse_ip_key, parse_owner, parse_sticky, sticky_value,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
 use std::net::IpAddr;
 
 pub struct Etcd {
@@ -36,7 +41,8 @@ fn err(e: etcd_client::Error) -> StoreError {
 }
 
 fn text(v: &[u8]) -> Result<&str, StoreError> {
-    std::str::from_utf8(v).map_err(|_| StoreError("etcd: a value that is not UTF-8 under the prefix".into()))
+    std::str::from_utf8(v)
+        .map_err(|_| StoreError("etcd: a value that is not UTF-8 under the prefix".into()))
 }
 
 /// How the manager proves itself to etcd: TLS (the CA etcd's certificate chains to, a client
@@ -58,10 +64,20 @@ impl Etcd {
     }
 
     /// As [`Etcd::connect`], with TLS and credentials (`https://` endpoints with `access.ca`).
-    pub fn connect_with(endpoints: &[String], prefix: &str, access: &EtcdAccess) -> Result<Etcd, StoreError> {
+    pub fn connect_with(
+        endpoints: &[String],
+        prefix: &str,
+        access: &EtcdAccess,
+    ) -> Result<Etcd, StoreError> {
         use etcd_client::{Certificate, Identity, TlsOptions};
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(StoreError::from)?;
-        let mut opts = etcd_client::ConnectOptions::new().with_connect_timeout(std::time::Duration::from_secs(5)).with_timeout(std::time::Duration::from_secs(10));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(StoreError::from)?;
+        let mut opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(std::time::Duration::from_secs(5))
+            .with_timeout(std::time::Duration::from_secs(10));
         if access.ca.is_some() || access.identity.is_some() {
             let mut tls = TlsOptions::new();
             if let Some(ca) = &access.ca {
@@ -76,7 +92,12 @@ impl Etcd {
             opts = opts.with_user(user.clone(), password.clone());
         }
         let client = rt.block_on(Client::connect(endpoints, Some(opts))).map_err(err)?;
-        Ok(Etcd { rt: Some(rt), client, prefix: prefix.trim_end_matches('/').to_string(), leases: Default::default() })
+        Ok(Etcd {
+            rt: Some(rt),
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            leases: Default::default(),
+        })
     }
 
     fn addr_key(&self, network: &str, ip: IpAddr) -> String {
@@ -108,7 +129,9 @@ fn gets(r: &etcd_client::TxnResponse) -> Vec<Option<String>> {
     r.op_responses()
         .iter()
         .map(|op| match op {
-            TxnOpResponse::Get(g) => g.kvs().first().and_then(|kv| text(kv.value()).ok().map(str::to_string)),
+            TxnOpResponse::Get(g) => {
+                g.kvs().first().and_then(|kv| text(kv.value()).ok().map(str::to_string))
+            }
             _ => None,
         })
         .collect()
@@ -117,17 +140,30 @@ fn gets(r: &etcd_client::TxnResponse) -> Vec<Option<String>> {
 impl Store for Etcd {
     fn claim(&self, network: &str, ip: IpAddr, owner: &OwnerKey) -> Result<Claim, StoreError> {
         // Without records to write nothing but the claim's own keys can refuse it.
-        Ok(self.claim_with(network, ip, owner, &[])?.unwrap_or(Claim::Taken(OwnerKey::new("(released meanwhile)", ""))))
+        Ok(self
+            .claim_with(network, ip, owner, &[])?
+            .unwrap_or(Claim::Taken(OwnerKey::new("(released meanwhile)", ""))))
     }
 
-    fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+    fn claim_first(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+    ) -> Result<Option<IpAddr>, StoreError> {
         match self.scan_and_claim(network, candidates, owner, false, &nothing)? {
             First::Claimed(ip) => Ok(Some(ip)),
             First::AllTaken | First::Raced | First::Refused => Ok(None),
         }
     }
 
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError> {
+    fn claim_near(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+        with: With,
+    ) -> Result<First, StoreError> {
         self.scan_and_claim(network, candidates, owner, true, with)
     }
 
@@ -173,7 +209,10 @@ impl Store for Etcd {
 
     fn remember(&self, network: &str, ip: IpAddr, pod: &str, until: u64) -> Result<(), StoreError> {
         let mut c = self.client.clone();
-        self.rt().block_on(c.put(self.sticky_key(network, ip), sticky_value(pod, until), None)).map_err(err).map(drop)
+        self.rt()
+            .block_on(c.put(self.sticky_key(network, ip), sticky_value(pod, until), None))
+            .map_err(err)
+            .map(drop)
     }
 
     fn remembered(&self, network: &str, ip: IpAddr) -> Result<Option<(String, u64)>, StoreError> {
@@ -183,7 +222,10 @@ impl Store for Etcd {
     fn allocations(&self, network: &str) -> Result<Vec<(IpAddr, OwnerKey)>, StoreError> {
         let from = format!("{}/addrs/{network}/", self.prefix);
         let mut c = self.client.clone();
-        let r = self.rt().block_on(c.get(from.as_str(), Some(GetOptions::new().with_prefix()))).map_err(err)?;
+        let r = self
+            .rt()
+            .block_on(c.get(from.as_str(), Some(GetOptions::new().with_prefix())))
+            .map_err(err)?;
         let mut out = Vec::with_capacity(r.kvs().len());
         for kv in r.kvs() {
             let k = text(kv.key())?;
@@ -195,7 +237,10 @@ impl Store for Etcd {
 
     fn revision(&self) -> Result<u64, StoreError> {
         let mut c = self.client.clone();
-        let r = self.rt().block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only()))).map_err(err)?;
+        let r = self
+            .rt()
+            .block_on(c.get(format!("{}/", self.prefix), Some(GetOptions::new().with_count_only())))
+            .map_err(err)?;
         Ok(r.header().map_or(0, |h| h.revision().max(0) as u64))
     }
 
@@ -298,7 +343,9 @@ impl Etcd {
             .zip(&keys)
             .filter_map(|(op, k)| match op.cond? {
                 Cond::Absent => Some(Compare::create_revision(k.as_str(), CompareOp::Equal, 0)),
-                Cond::Version(v) => Some(Compare::mod_revision(k.as_str(), CompareOp::Equal, v as i64)),
+                Cond::Version(v) => {
+                    Some(Compare::mod_revision(k.as_str(), CompareOp::Equal, v as i64))
+                }
             })
             .collect();
         let then = ops
@@ -316,12 +363,27 @@ impl Etcd {
     /// One transaction that creates `ip`'s and `owner`'s keys, and applies the record `ops`,
     /// only if neither key exists and every op's condition holds; otherwise reads the keys
     /// back. `None`: the keys were free but an op's condition failed (nothing written).
-    fn claim_with(&self, network: &str, ip: IpAddr, owner: &OwnerKey, ops: &[Op]) -> Result<Option<Claim>, StoreError> {
+    fn claim_with(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        owner: &OwnerKey,
+        ops: &[Op],
+    ) -> Result<Option<Claim>, StoreError> {
         let (ak, ok) = (self.addr_key(network, ip), self.owner_key(network, owner));
         let (mut when, mut then) = self.txn_parts(ops);
-        when.extend([Compare::create_revision(ak.as_str(), CompareOp::Equal, 0), Compare::create_revision(ok.as_str(), CompareOp::Equal, 0)]);
-        then.extend([TxnOp::put(ak.as_str(), owner_value(owner), None), TxnOp::put(ok.as_str(), ip.to_string(), None)]);
-        let txn = Txn::new().when(when).and_then(then).or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
+        when.extend([
+            Compare::create_revision(ak.as_str(), CompareOp::Equal, 0),
+            Compare::create_revision(ok.as_str(), CompareOp::Equal, 0),
+        ]);
+        then.extend([
+            TxnOp::put(ak.as_str(), owner_value(owner), None),
+            TxnOp::put(ok.as_str(), ip.to_string(), None),
+        ]);
+        let txn = Txn::new()
+            .when(when)
+            .and_then(then)
+            .or_else(vec![TxnOp::get(ok.as_str(), None), TxnOp::get(ak.as_str(), None)]);
         let mut c = self.client.clone();
         let r = self.rt().block_on(c.txn(txn)).map_err(err)?;
         if r.succeeded() {
@@ -340,7 +402,13 @@ impl Etcd {
 
     /// Applies the record `ops` for an address `owner` already holds, only while it holds
     /// it and every op's condition holds.
-    fn records_for_held(&self, network: &str, owner: &OwnerKey, held: IpAddr, ops: &[Op]) -> Result<bool, StoreError> {
+    fn records_for_held(
+        &self,
+        network: &str,
+        owner: &OwnerKey,
+        held: IpAddr,
+        ops: &[Op],
+    ) -> Result<bool, StoreError> {
         if ops.is_empty() {
             return Ok(true);
         }
@@ -348,7 +416,11 @@ impl Etcd {
         let (mut when, then) = self.txn_parts(ops);
         when.push(Compare::value(ok.as_str(), CompareOp::Equal, held.to_string()));
         let mut c = self.client.clone();
-        Ok(self.rt().block_on(c.txn(Txn::new().when(when).and_then(then))).map_err(err)?.succeeded())
+        Ok(self
+            .rt()
+            .block_on(c.txn(Txn::new().when(when).and_then(then)))
+            .map_err(err)?
+            .succeeded())
     }
 
     /// Claims the first free address of `candidates` for `owner`, reading which are held a
@@ -358,7 +430,14 @@ impl Etcd {
     /// transaction each (3 003 for a replica's first allocation with 3 000 taken). A
     /// candidate read as free but claimed first by another allocator is a lost race: with
     /// `stop_on_race` the scan ends there ([`First::Raced`]); else it goes on.
-    fn scan_and_claim(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, stop_on_race: bool, with: With) -> Result<First, StoreError> {
+    fn scan_and_claim(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+        stop_on_race: bool,
+        with: With,
+    ) -> Result<First, StoreError> {
         let mut window = Vec::with_capacity(WINDOW);
         let mut next = candidates.next();
         while let Some(first) = next.take() {
@@ -379,14 +458,20 @@ impl Etcd {
                     Some(Claim::Claimed) => return Ok(First::Claimed(ip)),
                     Some(Claim::AlreadyYours) => ip,
                     Some(Claim::OwnerHas(held)) => held,
-                    Some(Claim::Taken(_)) if stop_on_race && ip <= read_up_to => return Ok(First::Raced),
+                    Some(Claim::Taken(_)) if stop_on_race && ip <= read_up_to => {
+                        return Ok(First::Raced);
+                    }
                     Some(Claim::Taken(_)) => continue,
                     None if ops.is_empty() => continue,
                     None => return Ok(First::Refused),
                 };
                 // A retry: the owner holds an address already; its records go with it.
                 let ops = if owned == ip { ops } else { with(owned)? };
-                return Ok(if self.records_for_held(network, owner, owned, &ops)? { First::Claimed(owned) } else { First::Refused });
+                return Ok(if self.records_for_held(network, owner, owned, &ops)? {
+                    First::Claimed(owned)
+                } else {
+                    First::Refused
+                });
             }
         }
         Ok(First::AllTaken)
@@ -394,14 +479,25 @@ impl Etcd {
 
     /// The held addresses among an ascending `window` (sorted), and up to which address the
     /// read is complete (a read cut short by its limit knows nothing past its last key).
-    fn held_between(&self, network: &str, window: &[IpAddr]) -> Result<(Vec<IpAddr>, IpAddr), StoreError> {
-        let (Some(&first), Some(&last)) = (window.first(), window.last()) else { return Err(StoreError("etcd: an empty window".into())) };
-        let (from, to) = (self.addr_key(network, first), format!("{}\0", self.addr_key(network, last)));
+    fn held_between(
+        &self,
+        network: &str,
+        window: &[IpAddr],
+    ) -> Result<(Vec<IpAddr>, IpAddr), StoreError> {
+        let (Some(&first), Some(&last)) = (window.first(), window.last()) else {
+            return Err(StoreError("etcd: an empty window".into()));
+        };
+        let (from, to) =
+            (self.addr_key(network, first), format!("{}\0", self.addr_key(network, last)));
         let base = format!("{}/addrs/{network}/", self.prefix);
         let opts = GetOptions::new().with_range(to).with_keys_only().with_limit(4 * WINDOW as i64);
         let mut c = self.client.clone();
         let r = self.rt().block_on(c.get(from, Some(opts))).map_err(err)?;
-        let held = r.kvs().iter().map(|kv| parse_ip_key(&text(kv.key())?[base.len()..])).collect::<Result<Vec<_>, _>>()?;
+        let held = r
+            .kvs()
+            .iter()
+            .map(|kv| parse_ip_key(&text(kv.key())?[base.len()..]))
+            .collect::<Result<Vec<_>, _>>()?;
         let read_up_to = if r.more() { held.last().copied().unwrap_or(first) } else { last };
         Ok((held, read_up_to))
     }
@@ -414,7 +510,10 @@ impl Etcd {
         r.kvs()
             .iter()
             .map(|kv| {
-                let v = Versioned { value: text(kv.value())?.to_string(), version: kv.mod_revision().max(0) as u64 };
+                let v = Versioned {
+                    value: text(kv.value())?.to_string(),
+                    version: kv.mod_revision().max(0) as u64,
+                };
                 Ok((text(kv.key())?.to_string(), v))
             })
             .collect()

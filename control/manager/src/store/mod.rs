@@ -159,7 +159,12 @@ impl Op {
     }
     /// Writes `key` only if it is still at `version` (`None`: only if it is absent).
     pub fn replace(key: impl Into<String>, version: Option<u64>, value: impl Into<String>) -> Op {
-        Op { key: key.into(), cond: Some(version.map_or(Cond::Absent, Cond::Version)), put: Some(value.into()), delete: false }
+        Op {
+            key: key.into(),
+            cond: Some(version.map_or(Cond::Absent, Cond::Version)),
+            put: Some(value.into()),
+            delete: false,
+        }
     }
     /// Deletes `key` only if it is still at `version`.
     pub fn delete(key: impl Into<String>, version: u64) -> Op {
@@ -188,7 +193,12 @@ pub trait Store: Send + Sync {
     /// Claims for `owner` the first of `candidates` nobody holds, or returns the address the
     /// owner already holds; `None` when every candidate is taken. Backends that can look
     /// at many keys in one transaction do so; the default claims one candidate at a time.
-    fn claim_first(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError> {
+    fn claim_first(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+    ) -> Result<Option<IpAddr>, StoreError> {
         for ip in candidates {
             match self.claim(network, ip, owner)? {
                 Claim::Claimed | Claim::AlreadyYours => return Ok(Some(ip)),
@@ -202,7 +212,13 @@ pub trait Store: Send + Sync {
     /// instead of following the winner address by address, and writes the records `with`
     /// makes for the address in the claim's transaction (for an address the owner already
     /// holds too): they happen together or not at all ([`First::Refused`]).
-    fn claim_near(&self, network: &str, candidates: &mut dyn Iterator<Item = IpAddr>, owner: &OwnerKey, with: With) -> Result<First, StoreError>;
+    fn claim_near(
+        &self,
+        network: &str,
+        candidates: &mut dyn Iterator<Item = IpAddr>,
+        owner: &OwnerKey,
+        with: With,
+    ) -> Result<First, StoreError>;
     /// The address `owner` holds in `network`.
     fn owned(&self, network: &str, owner: &OwnerKey) -> Result<Option<IpAddr>, StoreError>;
     /// Deletes both keys of `owner`'s address, if it holds one; returns the address.

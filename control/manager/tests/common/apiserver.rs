@@ -65,7 +65,11 @@ impl Kind {
             Kind::Namespaces => ("/api/v1/namespaces", "NamespaceList", "Namespace"),
             Kind::Networks => ("/apis/knitter.io/v1alpha1/networks", "NetworkList", "Network"),
             Kind::IpGroups => ("/apis/knitter.io/v1alpha1/ipgroups", "IPGroupList", "IPGroup"),
-            Kind::Nads => ("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", "NetworkAttachmentDefinitionList", "NetworkAttachmentDefinition"),
+            Kind::Nads => (
+                "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
+                "NetworkAttachmentDefinitionList",
+                "NetworkAttachmentDefinition",
+            ),
         }
     }
 
@@ -81,7 +85,10 @@ impl Kind {
 /// Whether `object`'s labels satisfy a `labelSelector` of `key=value` terms.
 fn selected(object: &Value, selector: Option<&String>) -> bool {
     let Some(sel) = selector.filter(|s| !s.is_empty()) else { return true };
-    sel.split(',').all(|term| term.split_once('=').is_some_and(|(k, v)| object["metadata"]["labels"][k.trim()].as_str() == Some(v.trim())))
+    sel.split(',').all(|term| {
+        term.split_once('=')
+            .is_some_and(|(k, v)| object["metadata"]["labels"][k.trim()].as_str() == Some(v.trim()))
+    })
 }
 
 struct Event {
@@ -164,15 +171,27 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{f}: {e}"));
         for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap_or_else(|e| panic!("{f}: {e}"));
+            let v: Value =
+                serde::Deserialize::deserialize(doc).unwrap_or_else(|e| panic!("{f}: {e}"));
             let namespace = match v["kind"].as_str() {
                 Some("ClusterRole") => None,
-                Some("Role") => Some(v["metadata"]["namespace"].as_str().unwrap_or(MANAGER_NAMESPACE).to_string()),
+                Some("Role") => Some(
+                    v["metadata"]["namespace"].as_str().unwrap_or(MANAGER_NAMESPACE).to_string(),
+                ),
                 _ => continue,
             };
-            let strings = |x: &Value| x.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default();
+            let strings = |x: &Value| {
+                x.as_array()
+                    .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                    .unwrap_or_default()
+            };
             for r in v["rules"].as_array().into_iter().flatten() {
-                out.push(Rule { namespace: namespace.clone(), groups: strings(&r["apiGroups"]), resources: strings(&r["resources"]), verbs: strings(&r["verbs"]) });
+                out.push(Rule {
+                    namespace: namespace.clone(),
+                    groups: strings(&r["apiGroups"]),
+                    resources: strings(&r["resources"]),
+                    verbs: strings(&r["verbs"]),
+                });
             }
         }
     }
@@ -181,7 +200,10 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
 
 /// A request's RBAC attributes: (verb, API group, resource with its subresource, namespace),
 /// as the apiserver derives them from the method and the path.
-fn attributes(method: &axum::http::Method, uri: &axum::http::Uri) -> Option<(String, String, String, Option<String>)> {
+fn attributes(
+    method: &axum::http::Method,
+    uri: &axum::http::Uri,
+) -> Option<(String, String, String, Option<String>)> {
     let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
     let (group, rest) = match segments.as_slice() {
         ["api", "v1", rest @ ..] => ("", rest),
@@ -189,11 +211,14 @@ fn attributes(method: &axum::http::Method, uri: &axum::http::Uri) -> Option<(Str
         _ => return None,
     };
     let (namespace, rest) = match rest {
-        ["namespaces", ns, resource, rest @ ..] => (Some(ns.to_string()), [&[*resource][..], rest].concat()),
+        ["namespaces", ns, resource, rest @ ..] => {
+            (Some(ns.to_string()), [&[*resource][..], rest].concat())
+        }
         _ => (None, rest.to_vec()),
     };
     let (resource, name, sub) = (rest.first()?, rest.get(1), rest.get(2));
-    let watch = uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let watch =
+        uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
     let verb = match (method.as_str(), name) {
         ("GET", None) if watch => "watch",
         ("GET", None) => "list",
@@ -214,8 +239,14 @@ fn attributes(method: &axum::http::Method, uri: &axum::http::Uri) -> Option<(Str
 
 /// Refuses (403, as the apiserver's RBAC authorizer words it) what the shipped RBAC does not
 /// grant the manager's service account, and records it.
-async fn authorize(axum::extract::State(s): axum::extract::State<Shared>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else { return next.run(req).await };
+async fn authorize(
+    axum::extract::State(s): axum::extract::State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else {
+        return next.run(req).await;
+    };
     let allowed = s.rules.iter().any(|r| {
         r.namespace.as_ref().is_none_or(|ns| namespace.as_ref() == Some(ns))
             && r.groups.contains(&group)
@@ -225,9 +256,16 @@ async fn authorize(axum::extract::State(s): axum::extract::State<Shared>, req: a
     if allowed {
         return next.run(req).await;
     }
-    let what = format!("{verb} {resource} in group {group:?}{}", namespace.as_ref().map(|ns| format!(" in namespace {ns}")).unwrap_or_default());
+    let what = format!(
+        "{verb} {resource} in group {group:?}{}",
+        namespace.as_ref().map(|ns| format!(" in namespace {ns}")).unwrap_or_default()
+    );
     s.denied.lock().unwrap().push(what.clone());
-    status(403, "Forbidden", format!("User \"system:serviceaccount:knitter:knitter-manager\" cannot {what}"))
+    status(
+        403,
+        "Forbidden",
+        format!("User \"system:serviceaccount:knitter:knitter-manager\" cannot {what}"),
+    )
 }
 
 pub struct ApiServer {
@@ -241,7 +279,10 @@ impl Drop for ApiServer {
         self.task.abort();
         let denied = std::mem::take(&mut *self.shared.denied.lock().unwrap());
         if !std::thread::panicking() {
-            assert!(denied.is_empty(), "the controller did what the shipped RBAC does not allow (deploy/kubernetes): {denied:?}");
+            assert!(
+                denied.is_empty(),
+                "the controller did what the shipped RBAC does not allow (deploy/kubernetes): {denied:?}"
+            );
         }
     }
 }
@@ -272,7 +313,11 @@ impl Drop for Door {
 
 /// Copies one direction of a relayed connection, holding what it read while the door is
 /// stalled.
-async fn relay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut open: watch::Receiver<bool>) {
+async fn relay(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut open: watch::Receiver<bool>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -280,7 +325,9 @@ async fn relay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if open.wait_for(|stalled| !*stalled).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        if open.wait_for(|stalled| !*stalled).await.is_err()
+            || to.write_all(&buf[..n]).await.is_err()
+        {
             break;
         }
     }
@@ -289,7 +336,8 @@ async fn relay(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp
 
 fn status(code: u16, reason: &str, message: String) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code});
-    (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body)).into_response()
+    (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(body))
+        .into_response()
 }
 
 impl ApiServer {
@@ -303,26 +351,72 @@ impl ApiServer {
     pub async fn start_with(rbac: Rbac) -> ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr: SocketAddr = listener.local_addr().expect("address");
-        let shared = Shared { objects: Arc::default(), changed: watch::channel(0).0, rules: Arc::new(rules(rbac)), denied: Arc::default() };
+        let shared = Shared {
+            objects: Arc::default(),
+            changed: watch::channel(0).0,
+            rules: Arc::new(rules(rbac)),
+            denied: Arc::default(),
+        };
         let app = Router::new()
             .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
             .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
             .route("/api/v1/namespaces", get(|s, q| collection(s, q, Kind::Namespaces)))
-            .route("/apis/knitter.io/v1alpha1/networks", get(|s, q| collection(s, q, Kind::Networks)))
-            .route("/apis/knitter.io/v1alpha1/ipgroups", get(|s, q| collection(s, q, Kind::IpGroups)))
-            .route("/apis/knitter.io/v1alpha1/networks/{name}", axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::Networks)))
-            .route("/apis/knitter.io/v1alpha1/ipgroups/{name}", axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::IpGroups)))
-            .route("/apis/knitter.io/v1alpha1/networks/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks)))
-            .route("/apis/knitter.io/v1alpha1/ipgroups/{name}/status", axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups)))
-            .route("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions", get(|s, q| collection(s, q, Kind::Nads)))
-            .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions", axum::routing::post(create_nad))
-            .route("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}", get(get_nad).put(replace_nad).delete(delete_nad))
+            .route(
+                "/apis/knitter.io/v1alpha1/networks",
+                get(|s, q| collection(s, q, Kind::Networks)),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/ipgroups",
+                get(|s, q| collection(s, q, Kind::IpGroups)),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/networks/{name}",
+                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::Networks)),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/ipgroups/{name}",
+                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::IpGroups)),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/networks/{name}/status",
+                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks)),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/ipgroups/{name}/status",
+                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups)),
+            )
+            .route(
+                "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
+                get(|s, q| collection(s, q, Kind::Nads)),
+            )
+            .route(
+                "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
+                axum::routing::post(create_nad),
+            )
+            .route(
+                "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}",
+                get(get_nad).put(replace_nad).delete(delete_nad),
+            )
             .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod))
-            .route("/apis/events.k8s.io/v1/namespaces/{ns}/events", axum::routing::post(create_event))
-            .route("/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}", axum::routing::patch(patch_event))
-            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", axum::routing::post(create_lease))
-            .route("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}", get(get_lease).put(replace_lease))
-            .fallback(|uri: axum::http::Uri| async move { status(404, "NotFound", format!("the stand-in does not serve {uri}")) })
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+                axum::routing::post(create_event),
+            )
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
+                axum::routing::patch(patch_event),
+            )
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                axum::routing::post(create_lease),
+            )
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                get(get_lease).put(replace_lease),
+            )
+            .fallback(|uri: axum::http::Uri| async move {
+                status(404, "NotFound", format!("the stand-in does not serve {uri}"))
+            })
             .layer(axum::middleware::from_fn_with_state(shared.clone(), authorize))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
@@ -341,7 +435,9 @@ impl ApiServer {
             while let Ok((conn, _)) = listener.accept().await {
                 let (upstream, open) = (upstream.clone(), open.clone());
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
                     let ((cr, cw), (sr, sw)) = (conn.into_split(), server.into_split());
                     tokio::join!(relay(cr, sw, open.clone()), relay(sr, cw, open));
                 });
@@ -373,8 +469,21 @@ impl ApiServer {
 
     pub fn add_pod(&self, namespace: &str, name: &str, uid: &str, node: &str) {
         let pod = Pod {
-            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), uid: Some(uid.into()), ..Default::default() },
-            spec: Some(PodSpec { node_name: Some(node.into()), containers: vec![Container { name: "app".into(), image: Some("app:1".into()), ..Default::default() }], ..Default::default() }),
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("app:1".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             status: None,
         };
         let v = serde_json::to_value(&pod).expect("a pod serialises");
@@ -383,25 +492,65 @@ impl ApiServer {
 
     pub fn delete_pod(&self, namespace: &str, name: &str) {
         let key = format!("{namespace}/{name}");
-        let Some(v) = self.shared.objects.lock().unwrap().objects.get(&(Kind::Pods, key.clone())).cloned() else { return };
+        let Some(v) =
+            self.shared.objects.lock().unwrap().objects.get(&(Kind::Pods, key.clone())).cloned()
+        else {
+            return;
+        };
         self.put(Kind::Pods, key, v, "DELETED");
     }
 
     pub fn add_node(&self, name: &str) {
-        let node = Node { metadata: ObjectMeta { name: Some(name.into()), uid: Some(format!("node-{name}")), ..Default::default() }, ..Default::default() };
-        self.put(Kind::Nodes, name.into(), serde_json::to_value(&node).expect("a node serialises"), "ADDED");
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("node-{name}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        self.put(
+            Kind::Nodes,
+            name.into(),
+            serde_json::to_value(&node).expect("a node serialises"),
+            "ADDED",
+        );
     }
 
     pub fn delete_node(&self, name: &str) {
-        let Some(v) = self.shared.objects.lock().unwrap().objects.get(&(Kind::Nodes, name.to_string())).cloned() else { return };
+        let Some(v) = self
+            .shared
+            .objects
+            .lock()
+            .unwrap()
+            .objects
+            .get(&(Kind::Nodes, name.to_string()))
+            .cloned()
+        else {
+            return;
+        };
         self.put(Kind::Nodes, name.into(), v, "DELETED");
     }
 
     pub fn add_namespace(&self, name: &str, labels: &[(&str, &str)]) {
-        let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), uid: Some(format!("ns-{name}")), labels: Some(labels), ..Default::default() }, ..Default::default() };
+        let labels: BTreeMap<String, String> =
+            labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("ns-{name}")),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         let typ = if self.object(Kind::Namespaces, name).is_some() { "MODIFIED" } else { "ADDED" };
-        self.put(Kind::Namespaces, name.into(), serde_json::to_value(&ns).expect("a namespace serialises"), typ);
+        self.put(
+            Kind::Namespaces,
+            name.into(),
+            serde_json::to_value(&ns).expect("a namespace serialises"),
+            typ,
+        );
     }
 
     /// Starts deleting a namespace, as `kubectl delete namespace` does while its contents go:
@@ -461,7 +610,15 @@ impl ApiServer {
 
     /// Every object of `kind`, by key.
     pub fn objects(&self, kind: Kind) -> BTreeMap<String, Value> {
-        self.shared.objects.lock().unwrap().objects.iter().filter(|((k, _), _)| *k == kind).map(|((_, key), v)| (key.clone(), v.clone())).collect()
+        self.shared
+            .objects
+            .lock()
+            .unwrap()
+            .objects
+            .iter()
+            .filter(|((k, _), _)| *k == kind)
+            .map(|((_, key), v)| (key.clone(), v.clone()))
+            .collect()
     }
 
     /// Deletes pods with no event anyone can see, then forgets the history and ends every
@@ -487,13 +644,17 @@ impl ApiServer {
     /// The Lease's holder, if any.
     pub fn lease_holder(&self, namespace: &str, name: &str) -> Option<String> {
         let o = self.shared.objects.lock().unwrap();
-        o.leases.get(&format!("{namespace}/{name}"))?["spec"]["holderIdentity"].as_str().map(str::to_string)
+        o.leases.get(&format!("{namespace}/{name}"))?["spec"]["holderIdentity"]
+            .as_str()
+            .map(str::to_string)
     }
 
     /// A pod's annotation, if it has it.
     pub fn pod_annotation(&self, namespace: &str, name: &str, key: &str) -> Option<String> {
         let o = self.shared.objects.lock().unwrap();
-        o.objects.get(&(Kind::Pods, format!("{namespace}/{name}")))?["metadata"]["annotations"][key].as_str().map(str::to_string)
+        o.objects.get(&(Kind::Pods, format!("{namespace}/{name}")))?["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_string)
     }
 
     /// How many requests matched `pred` so far.
@@ -507,7 +668,11 @@ impl ApiServer {
     }
 }
 
-async fn collection(State(s): State<Shared>, Query(q): Query<HashMap<String, String>>, kind: Kind) -> Response {
+async fn collection(
+    State(s): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+    kind: Kind,
+) -> Response {
     let mut query: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
     query.sort();
     let (path, list_kind, _) = kind.names();
@@ -515,12 +680,18 @@ async fn collection(State(s): State<Shared>, Query(q): Query<HashMap<String, Str
     let selector = q.get("labelSelector").cloned();
     if q.get("watch").map(String::as_str) != Some("true") {
         let o = s.objects.lock().unwrap();
-        let items: Vec<Value> = o.objects.iter().filter(|((k, _), v)| *k == kind && selected(v, selector.as_ref())).map(|(_, v)| v.clone()).collect();
+        let items: Vec<Value> = o
+            .objects
+            .iter()
+            .filter(|((k, _), v)| *k == kind && selected(v, selector.as_ref()))
+            .map(|(_, v)| v.clone())
+            .collect();
         return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": {"resourceVersion": o.rv.to_string()}, "items": items})).into_response();
     }
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
-    let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
+    let timeout =
+        Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
     tokio::spawn(stream_watch(s, kind, selector, from, bookmarks, timeout, tx));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -529,7 +700,15 @@ async fn collection(State(s): State<Shared>, Query(q): Query<HashMap<String, Str
 
 /// Sends `kind`'s events after version `from` as they come, until the watch is cut or times
 /// out or the client goes.
-async fn stream_watch(s: Shared, kind: Kind, selector: Option<String>, mut from: u64, bookmarks: bool, timeout: Duration, tx: tokio::sync::mpsc::Sender<Result<String, std::convert::Infallible>>) {
+async fn stream_watch(
+    s: Shared,
+    kind: Kind,
+    selector: Option<String>,
+    mut from: u64,
+    bookmarks: bool,
+    timeout: Duration,
+    tx: tokio::sync::mpsc::Sender<Result<String, std::convert::Infallible>>,
+) {
     let mut changed = s.changed.subscribe();
     let (cut, kind_name) = (s.objects.lock().unwrap().cut, kind.names().2);
     let end = tokio::time::Instant::now() + timeout;
@@ -541,7 +720,14 @@ async fn stream_watch(s: Shared, kind: Kind, selector: Option<String>, mut from:
                     "message": format!("too old resource version: {from} ({})", o.oldest - 1), "reason": "Expired", "code": 410}});
                 (vec![gone.to_string()], o.rv, true, false)
             } else {
-                let lines: Vec<String> = o.log.iter().filter(|e| e.kind == kind && e.rv > from && selected(&e.object, selector.as_ref())).map(|e| json!({"type": e.typ, "object": e.object}).to_string()).collect();
+                let lines: Vec<String> = o
+                    .log
+                    .iter()
+                    .filter(|e| {
+                        e.kind == kind && e.rv > from && selected(&e.object, selector.as_ref())
+                    })
+                    .map(|e| json!({"type": e.typ, "object": e.object}).to_string())
+                    .collect();
                 (lines, o.rv, false, o.cut != cut)
             }
         };
@@ -595,14 +781,25 @@ fn merge(target: &mut Value, patch: &Value) {
 
 /// The body of a merge patch, or the answer refusing it.
 fn merge_patch_body(headers: &axum::http::HeaderMap, body: &[u8]) -> Result<Value, Box<Response>> {
-    let kind = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let kind =
+        headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     if kind != "application/merge-patch+json" {
-        return Err(Box::new(status(415, "UnsupportedMediaType", format!("the stand-in takes merge patches only, not {kind:?}"))));
+        return Err(Box::new(status(
+            415,
+            "UnsupportedMediaType",
+            format!("the stand-in takes merge patches only, not {kind:?}"),
+        )));
     }
-    serde_json::from_slice::<Value>(body).map_err(|_| Box::new(status(400, "BadRequest", "the patch is not JSON".into())))
+    serde_json::from_slice::<Value>(body)
+        .map_err(|_| Box::new(status(400, "BadRequest", "the patch is not JSON".into())))
 }
 
-async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+async fn patch_pod(
+    State(s): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let patch = match merge_patch_body(&headers, &body) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -611,7 +808,9 @@ async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, Stri
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PATCH pod {ns}/{name}"));
         let key = (Kind::Pods, format!("{ns}/{name}"));
-        let Some(mut pod) = o.objects.get(&key).cloned() else { return status(404, "NotFound", format!("pods \"{name}\" not found")) };
+        let Some(mut pod) = o.objects.get(&key).cloned() else {
+            return status(404, "NotFound", format!("pods \"{name}\" not found"));
+        };
         merge(&mut pod, &patch);
         o.write(Kind::Pods, key.1, pod, "MODIFIED")
     };
@@ -622,7 +821,13 @@ async fn patch_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, Stri
 /// A merge patch of a custom resource (its status subresource excepted: `status` is not
 /// taken here), refused with 409 when it names a `metadata.resourceVersion` that is not the
 /// object's; an object being deleted whose last finalizer the patch removes goes.
-async fn patch_resource(State(s): State<Shared>, Path(name): Path<String>, headers: axum::http::HeaderMap, body: axum::body::Bytes, kind: Kind) -> Response {
+async fn patch_resource(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+    kind: Kind,
+) -> Response {
     let mut patch = match merge_patch_body(&headers, &body) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -630,10 +835,22 @@ async fn patch_resource(State(s): State<Shared>, Path(name): Path<String>, heade
     let updated = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PATCH {} {name}", kind.names().2));
-        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else { return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2)) };
-        let precondition = patch["metadata"].as_object_mut().and_then(|m| m.remove("resourceVersion")).filter(|v| !v.is_null());
+        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else {
+            return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2));
+        };
+        let precondition = patch["metadata"]
+            .as_object_mut()
+            .and_then(|m| m.remove("resourceVersion"))
+            .filter(|v| !v.is_null());
         if precondition.is_some_and(|v| v != object["metadata"]["resourceVersion"]) {
-            return status(409, "Conflict", format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", kind.names().2));
+            return status(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                    kind.names().2
+                ),
+            );
         }
         if let Some(p) = patch.as_object_mut() {
             p.remove("status");
@@ -641,9 +858,11 @@ async fn patch_resource(State(s): State<Shared>, Path(name): Path<String>, heade
         let spec = object["spec"].clone();
         merge(&mut object, &patch);
         if object["spec"] != spec {
-            object["metadata"]["generation"] = json!(object["metadata"]["generation"].as_i64().unwrap_or(1) + 1);
+            object["metadata"]["generation"] =
+                json!(object["metadata"]["generation"].as_i64().unwrap_or(1) + 1);
         }
-        let done = !object["metadata"]["deletionTimestamp"].is_null() && object["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty());
+        let done = !object["metadata"]["deletionTimestamp"].is_null()
+            && object["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty());
         o.write(kind, name, object, if done { "DELETED" } else { "MODIFIED" })
     };
     s.changed.send_modify(|c| *c += 1);
@@ -651,7 +870,13 @@ async fn patch_resource(State(s): State<Shared>, Path(name): Path<String>, heade
 }
 
 /// A merge patch of a custom resource's status subresource: only `status` is taken.
-async fn patch_status(State(s): State<Shared>, Path(name): Path<String>, headers: axum::http::HeaderMap, body: axum::body::Bytes, kind: Kind) -> Response {
+async fn patch_status(
+    State(s): State<Shared>,
+    Path(name): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+    kind: Kind,
+) -> Response {
     let patch = match merge_patch_body(&headers, &body) {
         Ok(p) => p,
         Err(r) => return *r,
@@ -659,9 +884,14 @@ async fn patch_status(State(s): State<Shared>, Path(name): Path<String>, headers
     let updated = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PATCH {} {name}/status", kind.names().2));
-        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else { return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2)) };
+        let Some(mut object) = o.objects.get(&(kind, name.clone())).cloned() else {
+            return status(404, "NotFound", format!("{} \"{name}\" not found", kind.names().2));
+        };
         if let Some(st) = patch.get("status") {
-            merge(object.as_object_mut().expect("an object").entry("status").or_insert(json!({})), st);
+            merge(
+                object.as_object_mut().expect("an object").entry("status").or_insert(json!({})),
+                st,
+            );
         }
         o.write(kind, name, object, "MODIFIED")
     };
@@ -669,17 +899,34 @@ async fn patch_status(State(s): State<Shared>, Path(name): Path<String>, headers
     axum::Json(updated).into_response()
 }
 
-async fn create_nad(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut nad): axum::Json<Value>) -> Response {
+async fn create_nad(
+    State(s): State<Shared>,
+    Path(ns): Path<String>,
+    axum::Json(mut nad): axum::Json<Value>,
+) -> Response {
     let name = nad["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let created = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("POST nad {ns}/{name}"));
         let key = format!("{ns}/{name}");
         if o.objects.contains_key(&(Kind::Nads, key.clone())) {
-            return status(409, "AlreadyExists", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"));
+            return status(
+                409,
+                "AlreadyExists",
+                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"),
+            );
         }
-        if o.objects.get(&(Kind::Namespaces, ns.clone())).is_some_and(|n| !n["metadata"]["deletionTimestamp"].is_null()) {
-            return status(403, "Forbidden", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"));
+        if o.objects
+            .get(&(Kind::Namespaces, ns.clone()))
+            .is_some_and(|n| !n["metadata"]["deletionTimestamp"].is_null())
+        {
+            return status(
+                403,
+                "Forbidden",
+                format!(
+                    "network-attachment-definitions.k8s.cni.cncf.io \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"
+                ),
+            );
         }
         let uid = format!("nad-{}", o.rv + 1);
         nad["metadata"]["namespace"] = json!(ns);
@@ -694,26 +941,45 @@ async fn create_nad(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(
 async fn get_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
     match s.objects.lock().unwrap().objects.get(&(Kind::Nads, format!("{ns}/{name}"))) {
         Some(n) => axum::Json(n.clone()).into_response(),
-        None => status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found")),
+        None => status(
+            404,
+            "NotFound",
+            format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
+        ),
     }
 }
 
-async fn replace_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, axum::Json(mut nad): axum::Json<Value>) -> Response {
+async fn replace_nad(
+    State(s): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::Json(mut nad): axum::Json<Value>,
+) -> Response {
     let replaced = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PUT nad {ns}/{name}"));
         let key = format!("{ns}/{name}");
         let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
-            return status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"));
+            return status(
+                404,
+                "NotFound",
+                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
+            );
         };
         let rv = &nad["metadata"]["resourceVersion"];
         if !rv.is_null() && *rv != have["metadata"]["resourceVersion"] {
-            return status(409, "Conflict", format!("Operation cannot be fulfilled on network-attachment-definitions.k8s.cni.cncf.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"));
+            return status(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on network-attachment-definitions.k8s.cni.cncf.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                ),
+            );
         }
         nad["metadata"]["uid"] = have["metadata"]["uid"].clone();
         nad["metadata"]["namespace"] = json!(ns);
         let generation = have["metadata"]["generation"].as_i64().unwrap_or(1);
-        nad["metadata"]["generation"] = json!(if nad["spec"] != have["spec"] { generation + 1 } else { generation });
+        nad["metadata"]["generation"] =
+            json!(if nad["spec"] != have["spec"] { generation + 1 } else { generation });
         o.write(Kind::Nads, key, nad, "MODIFIED")
     };
     s.changed.send_modify(|c| *c += 1);
@@ -726,7 +992,11 @@ async fn delete_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, Str
         o.requests.push(format!("DELETE nad {ns}/{name}"));
         let key = format!("{ns}/{name}");
         let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
-            return status(404, "NotFound", format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"));
+            return status(
+                404,
+                "NotFound",
+                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
+            );
         };
         o.write(Kind::Nads, key, have, "DELETED")
     };
@@ -743,13 +1013,21 @@ async fn get_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, Stri
     }
 }
 
-async fn create_lease(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut lease): axum::Json<Value>) -> Response {
+async fn create_lease(
+    State(s): State<Shared>,
+    Path(ns): Path<String>,
+    axum::Json(mut lease): axum::Json<Value>,
+) -> Response {
     let mut o = s.objects.lock().unwrap();
     let name = lease["metadata"]["name"].as_str().unwrap_or_default().to_string();
     o.requests.push(format!("POST lease {ns}/{name}"));
     let key = format!("{ns}/{name}");
     if o.leases.contains_key(&key) {
-        return status(409, "AlreadyExists", format!("leases.coordination.k8s.io \"{name}\" already exists"));
+        return status(
+            409,
+            "AlreadyExists",
+            format!("leases.coordination.k8s.io \"{name}\" already exists"),
+        );
     }
     o.rv += 1;
     lease["metadata"]["resourceVersion"] = json!(o.rv.to_string());
@@ -760,13 +1038,25 @@ async fn create_lease(State(s): State<Shared>, Path(ns): Path<String>, axum::Jso
     (StatusCode::CREATED, axum::Json(lease)).into_response()
 }
 
-async fn replace_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, axum::Json(mut lease): axum::Json<Value>) -> Response {
+async fn replace_lease(
+    State(s): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    axum::Json(mut lease): axum::Json<Value>,
+) -> Response {
     let mut o = s.objects.lock().unwrap();
     o.requests.push(format!("PUT lease {ns}/{name}"));
     let key = format!("{ns}/{name}");
-    let Some(have) = o.leases.get(&key) else { return status(404, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found")) };
+    let Some(have) = o.leases.get(&key) else {
+        return status(404, "NotFound", format!("leases.coordination.k8s.io \"{name}\" not found"));
+    };
     if lease["metadata"]["resourceVersion"] != have["metadata"]["resourceVersion"] {
-        return status(409, "Conflict", format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"));
+        return status(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        );
     }
     o.rv += 1;
     lease["metadata"]["resourceVersion"] = json!(o.rv.to_string());
@@ -774,16 +1064,28 @@ async fn replace_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, 
     axum::Json(lease).into_response()
 }
 
-async fn create_event(State(s): State<Shared>, Path(ns): Path<String>, axum::Json(mut event): axum::Json<Value>) -> Response {
+async fn create_event(
+    State(s): State<Shared>,
+    Path(ns): Path<String>,
+    axum::Json(mut event): axum::Json<Value>,
+) -> Response {
     let mut o = s.objects.lock().unwrap();
     let name = event["metadata"]["name"].as_str().unwrap_or_default().to_string();
     o.requests.push(format!("POST event {ns}/{name}"));
     if name.is_empty() || event["metadata"]["namespace"].as_str().is_some_and(|n| n != ns) {
-        return status(422, "Invalid", format!("Event {name:?} is invalid: metadata.name and namespace"));
+        return status(
+            422,
+            "Invalid",
+            format!("Event {name:?} is invalid: metadata.name and namespace"),
+        );
     }
     let key = format!("{ns}/{name}");
     if o.events.contains_key(&key) {
-        return status(409, "AlreadyExists", format!("events.events.k8s.io \"{name}\" already exists"));
+        return status(
+            409,
+            "AlreadyExists",
+            format!("events.events.k8s.io \"{name}\" already exists"),
+        );
     }
     o.rv += 1;
     event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
@@ -792,14 +1094,21 @@ async fn create_event(State(s): State<Shared>, Path(ns): Path<String>, axum::Jso
     (StatusCode::CREATED, axum::Json(event)).into_response()
 }
 
-async fn patch_event(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>, headers: axum::http::HeaderMap, body: axum::body::Bytes) -> Response {
+async fn patch_event(
+    State(s): State<Shared>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let patch = match merge_patch_body(&headers, &body) {
         Ok(p) => p,
         Err(r) => return *r,
     };
     let mut o = s.objects.lock().unwrap();
     o.requests.push(format!("PATCH event {ns}/{name}"));
-    let Some(have) = o.events.get(&format!("{ns}/{name}")).cloned() else { return status(404, "NotFound", format!("events.events.k8s.io \"{name}\" not found")) };
+    let Some(have) = o.events.get(&format!("{ns}/{name}")).cloned() else {
+        return status(404, "NotFound", format!("events.events.k8s.io \"{name}\" not found"));
+    };
     let mut event = have;
     merge(&mut event, &patch);
     o.rv += 1;

@@ -15,7 +15,11 @@ pub struct Requests {
 impl std::ops::Sub for Requests {
     type Output = Requests;
     fn sub(self, o: Requests) -> Requests {
-        Requests { txn: self.txn - o.txn, range: self.range - o.range, proposals: self.proposals - o.proposals }
+        Requests {
+            txn: self.txn - o.txn,
+            range: self.range - o.range,
+            proposals: self.proposals - o.proposals,
+        }
     }
 }
 
@@ -28,11 +32,18 @@ pub fn requests(client_url: &str) -> Requests {
         let _ = s.read_to_string(&mut body);
     }
     let sum = |pred: &dyn Fn(&str) -> bool| -> f64 {
-        body.lines().filter(|l| !l.starts_with('#') && pred(l)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+        body.lines()
+            .filter(|l| !l.starts_with('#') && pred(l))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     };
     let handled = |method: &str| {
         let m = format!("grpc_method=\"{method}\"");
         sum(&|l: &str| l.starts_with("grpc_server_handled_total") && l.contains(&m))
     };
-    Requests { txn: handled("Txn"), range: handled("Range"), proposals: sum(&|l: &str| l.starts_with("etcd_server_proposals_committed_total")) }
+    Requests {
+        txn: handled("Txn"),
+        range: handled("Range"),
+        proposals: sum(&|l: &str| l.starts_with("etcd_server_proposals_committed_total")),
+    }
 }

@@ -36,7 +36,10 @@ impl EtcdServer {
 
     fn start_with(data: &Path, client: u16, peer: u16, tls: Option<&Path>) -> Option<EtcdServer> {
         if Command::new("etcd").arg("--version").output().is_err() {
-            assert!(std::env::var_os("CI").is_none(), "etcd is missing (ci/setup.sh installs etcd-server)");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "etcd is missing (ci/setup.sh installs etcd-server)"
+            );
             eprintln!("skipped: etcd not installed");
             return None;
         }
@@ -51,10 +54,27 @@ impl EtcdServer {
                 None => (c.clone(), c, vec![], EtcdAccess::default()),
                 Some(d) => {
                     let f = |n: &str| d.join(n).display().to_string();
-                    let args = vec!["--cert-file".to_string(), f("server.pem"), "--key-file".into(), f("server.key"), "--trusted-ca-file".into(), f("ca.pem"), "--client-cert-auth".into()];
+                    let args = vec![
+                        "--cert-file".to_string(),
+                        f("server.pem"),
+                        "--key-file".into(),
+                        f("server.key"),
+                        "--trusted-ca-file".into(),
+                        f("ca.pem"),
+                        "--client-cert-auth".into(),
+                    ];
                     let read = |n: &str| std::fs::read(d.join(n)).unwrap();
-                    let access = EtcdAccess { ca: Some(read("ca.pem")), identity: Some((read("client.pem"), read("client.key"))), user: None };
-                    (format!("https://127.0.0.1:{client}"), format!("https://localhost:{client}"), args, access)
+                    let access = EtcdAccess {
+                        ca: Some(read("ca.pem")),
+                        identity: Some((read("client.pem"), read("client.key"))),
+                        user: None,
+                    };
+                    (
+                        format!("https://127.0.0.1:{client}"),
+                        format!("https://localhost:{client}"),
+                        args,
+                        access,
+                    )
                 }
             };
             let child = Command::new("etcd")
@@ -71,14 +91,24 @@ impl EtcdServer {
             let mut s = EtcdServer { child, client_url: url, access };
             let deadline = Instant::now() + Duration::from_secs(40);
             loop {
-                if Etcd::connect_with(std::slice::from_ref(&s.client_url), "/probe", &s.access).and_then(|e| e.revision()).is_ok() {
+                if Etcd::connect_with(std::slice::from_ref(&s.client_url), "/probe", &s.access)
+                    .and_then(|e| e.revision())
+                    .is_ok()
+                {
                     return Some(s);
                 }
                 if let Ok(Some(status)) = s.child.try_wait() {
-                    eprintln!("etcd exited ({status}) on ports {client}/{peer}: {}", std::fs::read_to_string(&log).unwrap_or_default());
+                    eprintln!(
+                        "etcd exited ({status}) on ports {client}/{peer}: {}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    );
                     break;
                 }
-                assert!(Instant::now() < deadline, "etcd did not come up: {}", std::fs::read_to_string(&log).unwrap_or_default());
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd did not come up: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
                 std::thread::sleep(Duration::from_millis(100));
             }
             (client, peer) = (free_port(), free_port());
@@ -103,7 +133,6 @@ impl Drop for EtcdServer {
     }
 }
 
-
 /// A knitter-manager process (the workspace's build), killed with SIGKILL on drop.
 pub struct ManagerProc {
     child: Child,
@@ -114,7 +143,12 @@ pub struct ManagerProc {
 impl ManagerProc {
     /// Starts a manager with `args` (store options) and the token in `dir/token`.
     pub fn start(dir: &Path, args: &[&str]) -> ManagerProc {
-        Self::start_on(dir, args, &format!("127.0.0.1:{}", free_port()), &format!("127.0.0.1:{}", free_port()))
+        Self::start_on(
+            dir,
+            args,
+            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{}", free_port()),
+        )
     }
 
     /// The same, on given REST and gRPC addresses (a restart where clients expect it).
@@ -182,5 +216,9 @@ pub fn knitterctl() -> std::path::PathBuf {
 pub fn certificates(dir: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ci/test-certs.sh");
     let o = Command::new("bash").arg(script).arg(dir).output().expect("bash");
-    assert!(o.status.success(), "ci/test-certs.sh (needs openssl: ci/setup.sh installs it): {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "ci/test-certs.sh (needs openssl: ci/setup.sh installs it): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -11,7 +11,13 @@
 pub const AVAILABLE: bool = cfg!(dpdk);
 
 #[cfg(dpdk)]
-#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unnecessary_transmutes)]
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code,
+    unnecessary_transmutes
+)]
 #[allow(clippy::all, clippy::undocumented_unsafe_blocks, clippy::pedantic)]
 mod bindings {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

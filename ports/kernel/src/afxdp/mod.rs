@@ -34,16 +34,24 @@ mod ring;
 pub use crate::bpf::UnderlayFilter;
 use crate::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
 use lent::Lent;
-use ring::{AF_XDP, MmapOffsets, PGOFF_COMPLETION, PGOFF_FILL, PGOFF_RX, PGOFF_TX, Ring, SOL_XDP, SockaddrXdp, UmemReg, XDP_MMAP_OFFSETS, XDP_OPTIONS, XDP_OPTIONS_ZEROCOPY, XDP_PACKET_HEADROOM, XDP_PKT_CONTD, XDP_RX_RING, XDP_TX_RING, XDP_UMEM_COMPLETION_RING, XDP_UMEM_FILL_RING, XDP_UMEM_REG, XDP_USE_NEED_WAKEUP, XDP_USE_SG};
-use plumbing::sys::{check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues, setopt};
-use vswitch::port::{Port, QueueCounters, QueueStats};
-use vswitch::batch::Batch;
-use vswitch::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
-use vswitch::wire::MacAddr;
+use plumbing::sys::{
+    check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues,
+    setopt,
+};
+use ring::{
+    AF_XDP, MmapOffsets, PGOFF_COMPLETION, PGOFF_FILL, PGOFF_RX, PGOFF_TX, Ring, SOL_XDP,
+    SockaddrXdp, UmemReg, XDP_MMAP_OFFSETS, XDP_OPTIONS, XDP_OPTIONS_ZEROCOPY, XDP_PACKET_HEADROOM,
+    XDP_PKT_CONTD, XDP_RX_RING, XDP_TX_RING, XDP_UMEM_COMPLETION_RING, XDP_UMEM_FILL_RING,
+    XDP_UMEM_REG, XDP_USE_NEED_WAKEUP, XDP_USE_SG,
+};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Mutex};
+use vswitch::batch::Batch;
+use vswitch::buf::{BUF_SIZE, BufId, Chain, Pool, PoolCache};
+use vswitch::port::{Port, QueueCounters, QueueStats};
+use vswitch::wire::MacAddr;
 
 /// Descriptors one frame may take at most (a 9 216-byte frame in 2 KiB buffers takes 5).
 const MAX_FRAGS: usize = 8;
@@ -160,17 +168,41 @@ impl Bound {
     /// `ifindex`: zero-copy where the driver has it, with `need_wakeup` where the kernel has it.
     fn new(ifindex: u32, queue: u32, pool: &Pool) -> io::Result<Bound> {
         // SAFETY: plain socket creation, checked.
-        let sock = unsafe { OwnedFd::from_raw_fd(check(libc::socket(AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0))?) };
+        let sock = unsafe {
+            OwnedFd::from_raw_fd(check(libc::socket(
+                AF_XDP,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                0,
+            ))?)
+        };
         let fd = sock.as_raw_fd();
         let (addr, len) = pool.region();
-        setopt(fd, SOL_XDP, XDP_UMEM_REG, &UmemReg { addr: addr as u64, len: len as u64, chunk_size: BUF_SIZE as u32, headroom: 0 })?;
+        setopt(
+            fd,
+            SOL_XDP,
+            XDP_UMEM_REG,
+            &UmemReg {
+                addr: addr as u64,
+                len: len as u64,
+                chunk_size: BUF_SIZE as u32,
+                headroom: 0,
+            },
+        )?;
         for opt in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
             setopt(fd, SOL_XDP, opt, &RING)?;
         }
         let mut off = MmapOffsets::default();
         let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `olen` bytes into `off`.
-        check(unsafe { libc::getsockopt(fd, SOL_XDP, XDP_MMAP_OFFSETS, (&mut off as *mut MmapOffsets).cast(), &mut olen) })?;
+        check(unsafe {
+            libc::getsockopt(
+                fd,
+                SOL_XDP,
+                XDP_MMAP_OFFSETS,
+                (&mut off as *mut MmapOffsets).cast(),
+                &mut olen,
+            )
+        })?;
         // Older kernels report offsets without the flags words.
         let with_flags = olen as usize == std::mem::size_of::<MmapOffsets>();
         let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16, with_flags)?;
@@ -178,22 +210,38 @@ impl Bound {
         let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
         let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
         // No mode forced: zero-copy where the driver has it, copy otherwise.
-        let mut sa = SockaddrXdp { family: AF_XDP as u16, flags: XDP_USE_NEED_WAKEUP | XDP_USE_SG, ifindex, queue_id: queue, shared_umem_fd: 0 };
+        let mut sa = SockaddrXdp {
+            family: AF_XDP as u16,
+            flags: XDP_USE_NEED_WAKEUP | XDP_USE_SG,
+            ifindex,
+            queue_id: queue,
+            shared_umem_fd: 0,
+        };
         // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
         let mut tries = 0;
         loop {
             // SAFETY: binds to a sockaddr_xdp we own, with its size.
             let r = unsafe {
-                libc::bind(fd, (&sa as *const SockaddrXdp).cast(), std::mem::size_of::<SockaddrXdp>() as u32)
+                libc::bind(
+                    fd,
+                    (&sa as *const SockaddrXdp).cast(),
+                    std::mem::size_of::<SockaddrXdp>() as u32,
+                )
             };
             match check(r) {
                 Ok(_) => break,
                 // A kernel (or zero-copy driver) without multi-buffer refuses it: one buffer
                 // per frame there. A kernel without need_wakeup: kick every burst there.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) && sa.flags & XDP_USE_SG != 0 => {
+                Err(e)
+                    if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+                        && sa.flags & XDP_USE_SG != 0 =>
+                {
                     sa.flags &= !XDP_USE_SG;
                 }
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && sa.flags & XDP_USE_NEED_WAKEUP != 0 => {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINVAL)
+                        && sa.flags & XDP_USE_NEED_WAKEUP != 0 =>
+                {
                     sa.flags &= !XDP_USE_NEED_WAKEUP;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
@@ -223,8 +271,11 @@ const MAX_KICKS: u32 = 8;
 fn kick_tx(fd: RawFd, tx: &Ring) {
     for _ in 0..MAX_KICKS {
         // SAFETY: sendto with no data on our own socket.
-        let r = unsafe { libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
-        let stopped_at_budget = r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
+        let r = unsafe {
+            libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
+        };
+        let stopped_at_budget =
+            r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
         if !stopped_at_budget || tx.cons().load(Acquire) == tx.prod().load(Relaxed) {
             break;
         }
@@ -244,13 +295,23 @@ impl AfXdpPort {
     /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
     /// the node keeps every other frame of the interface (its own address, SSH, the API
     /// server...).
-    pub fn open_underlay(name: &str, ifname: &str, pool: Arc<Pool>, filter: UnderlayFilter) -> io::Result<AfXdpPort> {
+    pub fn open_underlay(
+        name: &str,
+        ifname: &str,
+        pool: Arc<Pool>,
+        filter: UnderlayFilter,
+    ) -> io::Result<AfXdpPort> {
         Self::open_with(name, ifname, pool, Some(filter))
     }
 
     /// Buffers queue `q` keeps in its fill ring now (it grows with traffic).
     pub fn fill_target(&self, q: u16) -> u32 {
-        self.queues.get(q as usize).and_then(|x| x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.fill_target)).unwrap_or(0)
+        self.queues
+            .get(q as usize)
+            .and_then(|x| {
+                x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.fill_target)
+            })
+            .unwrap_or(0)
     }
 
     /// The mode the kernel bound the sockets in.
@@ -280,7 +341,11 @@ impl AfXdpPort {
         let n = self.queues.len() as u32;
         for x in self.queues.iter() {
             if let Some(side) = x.rx.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                side.fill_target = if filter.is_some() { side.fill_target.max(underlay_fill(n)) } else { side.fill_target.min(FILL_POD) };
+                side.fill_target = if filter.is_some() {
+                    side.fill_target.max(underlay_fill(n))
+                } else {
+                    side.fill_target.min(FILL_POD)
+                };
             }
         }
         match self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
@@ -298,7 +363,8 @@ impl AfXdpPort {
         let ifindex = ifindex(ifname)?;
         let control = control_socket()?;
         let n = rx_queues(control.as_raw_fd(), ifname).unwrap_or(1).clamp(1, MAX_QUEUES);
-        let bound = (0..n).map(|q| Bound::new(ifindex, q, &pool)).collect::<io::Result<Vec<_>>>()?;
+        let bound =
+            (0..n).map(|q| Bound::new(ifindex, q, &pool)).collect::<io::Result<Vec<_>>>()?;
         // Native XDP where the driver has it (veth does), generic otherwise.
         let attach = |flags| match underlay {
             None => XdpRedirect::attach(ifindex, flags, n),
@@ -333,13 +399,26 @@ impl AfXdpPort {
         let mut queues = Vec::with_capacity(n as usize);
         for b in bound {
             let wakeup = b.binding.need_wakeup;
-            let mut rx = RxSide { rx: b.rx, fill: b.fill, lent: Lent::new(capacity), fill_target, elastic: false, starved: false, wakeup: wakeup && b.binding.zero_copy };
+            let mut rx = RxSide {
+                rx: b.rx,
+                fill: b.fill,
+                lent: Lent::new(capacity),
+                fill_target,
+                elastic: false,
+                starved: false,
+                wakeup: wakeup && b.binding.zero_copy,
+            };
             let counters = QueueCounters::default();
             Self::refill(&mut rx, &mut cache, &counters, name);
             rx.elastic = true;
             queues.push(Xsk {
                 rx: Mutex::new(Some(rx)),
-                tx: Mutex::new(Some(TxSide { tx: b.tx, comp: b.comp, lent: Lent::new(capacity), wakeup })),
+                tx: Mutex::new(Some(TxSide {
+                    tx: b.tx,
+                    comp: b.comp,
+                    lent: Lent::new(capacity),
+                    wakeup,
+                })),
                 fd: b.sock.as_raw_fd(),
                 sock: Some(b.sock),
                 counters,
@@ -351,7 +430,9 @@ impl AfXdpPort {
             queues: queues.into(),
             mac,
             ifname: ifname.into(),
-            link: std::sync::atomic::AtomicBool::new(if_running(control.as_raw_fd(), ifname).unwrap_or(false)),
+            link: std::sync::atomic::AtomicBool::new(
+                if_running(control.as_raw_fd(), ifname).unwrap_or(false),
+            ),
             control,
             xdp: Mutex::new(Some(xdp)),
             binding,
@@ -376,7 +457,9 @@ impl AfXdpPort {
             PartialChecksums::Frames => None,
             PartialChecksums::InVxlan(port) => Some(port),
         };
-        if !self.pool.is_chained(b) && crate::offload::finish_if_partial(self.pool.head_mut(b), vxlan) {
+        if !self.pool.is_chained(b)
+            && crate::offload::finish_if_partial(self.pool.head_mut(b), vxlan)
+        {
             counters.rx_csum.add(1);
         }
     }
@@ -475,7 +558,11 @@ const STARVED: u32 = 8;
 /// pod's ring still doubles while the pool is more than half free ([`RxSide::grow`]).
 fn pod_fill(pool: &Pool, queues: u32) -> u32 {
     let lent = FILL_POD as usize * queues as usize;
-    if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 { FILL_POD } else { FILL_MIN }
+    if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 {
+        FILL_POD
+    } else {
+        FILL_MIN
+    }
 }
 
 /// The buffers a pool needs for `pods` single-queue AF_XDP pod ports and an underlay to each
@@ -612,7 +699,16 @@ impl Port for AfXdpPort {
         if n == 0 && side.wakeup && side.fill.needs_wakeup() {
             // A zero-copy driver went to sleep with our fill ring empty: wake it.
             // SAFETY: recvfrom with no buffer on our own socket.
-            unsafe { libc::recvfrom(xsk.fd, std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+            unsafe {
+                libc::recvfrom(
+                    xsk.fd,
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
         }
         xsk.counters.rx_packets.add(got as u64);
         got
@@ -720,13 +816,18 @@ impl Port for AfXdpPort {
     }
 
     fn arm_wake(&self, q: u16, armed: bool) -> bool {
-        armed && self.queues.get(q as usize).is_some_and(|x| x.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending)))
+        armed
+            && self.queues.get(q as usize).is_some_and(|x| {
+                x.rx.try_lock().map_or(true, |s| s.as_ref().is_some_and(Self::rx_pending))
+            })
     }
 
     fn queue_stats(&self) -> Vec<QueueStats> {
         let mut stats: Vec<QueueStats> = self.queues.iter().map(|x| x.counters.read()).collect();
         // What the XDP program dropped never reached a queue: counted on the first.
-        if let (Some(first), Some(x)) = (stats.first_mut(), self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref()) {
+        if let (Some(first), Some(x)) =
+            (stats.first_mut(), self.xdp.lock().unwrap_or_else(|e| e.into_inner()).as_ref())
+        {
             first.rx_dropped += x.dropped();
         }
         stats
@@ -745,13 +846,18 @@ impl Port for AfXdpPort {
     }
 
     fn refresh_link(&self) {
-        self.link.store(if_running(self.control.as_raw_fd(), &self.ifname).unwrap_or(false), Relaxed);
+        self.link
+            .store(if_running(self.control.as_raw_fd(), &self.ifname).unwrap_or(false), Relaxed);
     }
 
     /// Jumbo frames with multi-buffer AF_XDP; else one UMEM chunk after the kernel's XDP
     /// headroom.
     fn max_frame(&self) -> usize {
-        if self.binding.multi_buffer { vswitch::buf::MAX_FRAME } else { BUF_SIZE - XDP_PACKET_HEADROOM }
+        if self.binding.multi_buffer {
+            vswitch::buf::MAX_FRAME
+        } else {
+            BUF_SIZE - XDP_PACKET_HEADROOM
+        }
     }
 }
 
@@ -760,7 +866,9 @@ fn zero_copy(fd: RawFd) -> bool {
     let mut opts = 0u32;
     let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `opts`.
-    let r = unsafe { libc::getsockopt(fd, SOL_XDP, XDP_OPTIONS, (&mut opts as *mut u32).cast(), &mut len) };
+    let r = unsafe {
+        libc::getsockopt(fd, SOL_XDP, XDP_OPTIONS, (&mut opts as *mut u32).cast(), &mut len)
+    };
     r == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
 }
 
@@ -782,11 +890,15 @@ impl Drop for AfXdpPort {
         }
         let mut lent: Vec<Lent> = Vec::new();
         for x in self.queues.iter_mut() {
-            if let Some(RxSide { rx, fill, lent: l, .. }) = x.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(RxSide { rx, fill, lent: l, .. }) =
+                x.rx.get_mut().unwrap_or_else(|e| e.into_inner()).take()
+            {
                 drop((rx, fill));
                 lent.push(l);
             }
-            if let Some(TxSide { tx, comp, lent: l, .. }) = x.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(TxSide { tx, comp, lent: l, .. }) =
+                x.tx.get_mut().unwrap_or_else(|e| e.into_inner()).take()
+            {
                 drop((tx, comp));
                 lent.push(l);
             }
@@ -795,7 +907,8 @@ impl Drop for AfXdpPort {
         for x in self.queues.iter_mut() {
             drop(x.sock.take());
         }
-        let grace = if self.binding.zero_copy { ZERO_COPY_GRACE } else { std::time::Duration::ZERO };
+        let grace =
+            if self.binding.zero_copy { ZERO_COPY_GRACE } else { std::time::Duration::ZERO };
         return_lent(self.pool.clone(), lent, grace);
     }
 }
@@ -830,8 +943,8 @@ fn return_lent(pool: Arc<Pool>, mut lent: Vec<Lent>, grace: std::time::Duration)
 #[cfg(test)]
 mod test {
     use super::{Lent, return_lent};
-    use vswitch::buf::Pool;
     use std::time::Duration;
+    use vswitch::buf::Pool;
 
     #[test]
     fn zero_copy_buffers_come_back_only_after_the_grace_period() {
@@ -846,7 +959,8 @@ mod test {
         return_lent(pool.clone(), vec![lent], Duration::from_millis(300));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(pool.free_count(), before, "still the driver's during the grace period");
-        assert!(vswitch::testkit::eventually(Duration::from_secs(3), || pool.free_count() == before + 8));
+        assert!(vswitch::testkit::eventually(Duration::from_secs(3), || pool.free_count()
+            == before + 8));
     }
 
     #[test]

@@ -84,7 +84,13 @@ pub(super) struct Ring {
 
 impl Ring {
     /// `with_flags`: the kernel's offsets include the flags word (Linux ≥ 5.4).
-    pub(super) fn map(fd: RawFd, off: &RingOffsets, pgoff: i64, entry: usize, with_flags: bool) -> io::Result<Ring> {
+    pub(super) fn map(
+        fd: RawFd,
+        off: &RingOffsets,
+        pgoff: i64,
+        entry: usize,
+        with_flags: bool,
+    ) -> io::Result<Ring> {
         let len = off.desc as usize + RING as usize * entry;
         // SAFETY: maps the ring the kernel created for this socket at its page offset; the
         // length covers the descriptor array the kernel reported.
@@ -162,7 +168,11 @@ impl Ring {
         let s = self.slot(i);
         // SAFETY: a 16-byte xdp_desc slot the kernel published.
         unsafe {
-            (s.cast::<u64>().read_unaligned(), s.add(8).cast::<u32>().read_unaligned(), s.add(12).cast::<u32>().read_unaligned())
+            (
+                s.cast::<u64>().read_unaligned(),
+                s.add(8).cast::<u32>().read_unaligned(),
+                s.add(12).cast::<u32>().read_unaligned(),
+            )
         }
     }
 }

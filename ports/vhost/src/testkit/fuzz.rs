@@ -87,9 +87,14 @@ fn descriptor(data: &mut &[u8]) -> OwnedFd {
 /// Sends `bytes` with `fds` attached (SCM_RIGHTS), as one message.
 fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) {
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = if raw.is_empty() { 0 } else { (unsafe { libc::CMSG_SPACE((raw.len() * 4) as u32) }) as usize };
+    let mut iov =
+        libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let space = if raw.is_empty() {
+        0
+    } else {
+        // SAFETY: CMSG_SPACE only computes a size.
+        (unsafe { libc::CMSG_SPACE((raw.len() * 4) as u32) }) as usize
+    };
     let mut cbuf = vec![0u8; space];
     // SAFETY: msghdr is plain data; every pointer below is to our locals, which outlive the
     // call; the control buffer has CMSG_SPACE for the descriptors.
@@ -104,7 +109,11 @@ fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) {
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN((raw.len() * 4) as u32) as _;
-            std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), raw.len());
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                raw.len(),
+            );
         }
         libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
     }
@@ -158,7 +167,8 @@ pub fn messages(mut data: &[u8]) {
         let request = byte(d) as u32;
         let len = (u16_of(d) % 513) as usize;
         let body = take(d, len);
-        let bytes = if flags & 8 != 0 { body.to_vec() } else { message(request, flags & 16 != 0, body) };
+        let bytes =
+            if flags & 8 != 0 { body.to_vec() } else { message(request, flags & 16 != 0, body) };
         sent += bytes.len();
         send_with_fds(&theirs, &bytes, &fds);
     }
@@ -177,7 +187,8 @@ pub fn virtqueue(mut data: &[u8]) {
     let d = &mut data;
     let size = 1u16 << (byte(d) % 9);
     let mut addr = || GuestAddr((u16_of(d) as u64 * 16) % FUZZ_MEM as u64);
-    let (rx_desc, rx_avail, rx_used, tx_desc, tx_avail, tx_used) = (addr(), addr(), addr(), addr(), addr(), addr());
+    let (rx_desc, rx_avail, rx_used, tx_desc, tx_avail, tx_used) =
+        (addr(), addr(), addr(), addr(), addr(), addr());
     let features = byte(d);
     let map = Mapping::anonymous(FUZZ_MEM).expect("guest memory");
     let mem = Arc::new(GuestMemory::new(vec![(0, 0x7000_0000_0000, map)]).expect("one region"));
@@ -199,7 +210,11 @@ pub fn virtqueue(mut data: &[u8]) {
         q.set_features(features & 1 != 0, features & 2 != 0);
         Some(q)
     };
-    let (Some(rx), Some(tx)) = (queue(rx_desc, rx_avail, rx_used), queue(tx_desc, tx_avail, tx_used)) else { return };
+    let (Some(rx), Some(tx)) =
+        (queue(rx_desc, rx_avail, rx_used), queue(tx_desc, tx_avail, tx_used))
+    else {
+        return;
+    };
     port.configure(|dev| {
         dev.set_memory(Some(mem.clone()));
         dev.set_mrg_rxbuf(features & 4 != 0);

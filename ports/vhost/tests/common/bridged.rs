@@ -21,7 +21,8 @@ pub fn wait_for(what: &str, ok: impl FnMut() -> bool) {
 /// domain.
 pub fn bridged(names: &[&str]) -> (Harness, Vec<Arc<VhostPort>>) {
     let pool = Pool::new(4096, false).unwrap();
-    let ports: Vec<Arc<VhostPort>> = names.iter().map(|n| Arc::new(VhostPort::new(n, pool.clone()))).collect();
+    let ports: Vec<Arc<VhostPort>> =
+        names.iter().map(|n| Arc::new(VhostPort::new(n, pool.clone()))).collect();
     let mut h = Harness::with_pool(pool, SwitchOptions::default());
     h.ring("r0");
     for (n, p) in names.iter().zip(&ports) {
@@ -57,4 +58,3 @@ pub fn exchange(h: &mut Harness, port: &VhostPort, vm: &mut Vm, round: usize) {
     assert_eq!(vm.rx.read(rx_buf + HDR_LEN as u64, back.len()), back);
     assert_eq!(vm.tx.completions().len(), 1);
 }
-

@@ -59,11 +59,18 @@ pub fn set_up_with(fe: Frontend, pairs: usize, after_mem_table: impl FnOnce(&Own
 
 /// `set_up_with` on the memory file `fd` (at least `MEM_LEN` bytes), of which the memory
 /// table names the first `region_len` bytes.
-pub fn set_up_on(mut fe: Frontend, fd: OwnedFd, region_len: usize, pairs: usize, after_mem_table: impl FnOnce(&OwnedFd)) -> Vm {
+pub fn set_up_on(
+    mut fe: Frontend,
+    fd: OwnedFd,
+    region_len: usize,
+    pairs: usize,
+    after_mem_table: impl FnOnce(&OwnedFd),
+) -> Vm {
     let map = Mapping::shared(fd.as_fd(), 0, MEM_LEN).unwrap();
     let user = map.as_ptr() as u64;
     let mem = Arc::new(GuestMemory::new(vec![(0, user, map)]).unwrap());
-    let mut queues: Vec<Guest> = (0..2 * pairs as u64).map(|k| Guest::queue_in(mem.clone(), 64, k)).collect();
+    let mut queues: Vec<Guest> =
+        (0..2 * pairs as u64).map(|k| Guest::queue_in(mem.clone(), 64, k)).collect();
     let region = VhostUserMemoryRegionInfo {
         guest_phys_addr: 0,
         memory_size: region_len as u64,
@@ -71,7 +78,8 @@ pub fn set_up_on(mut fe: Frontend, fd: OwnedFd, region_len: usize, pairs: usize,
         mmap_offset: 0,
         mmap_handle: fd.as_raw_fd(),
     };
-    let events = negotiate(&mut fe, &region, &queues.iter().collect::<Vec<_>>(), || after_mem_table(&fd));
+    let events =
+        negotiate(&mut fe, &region, &queues.iter().collect::<Vec<_>>(), || after_mem_table(&fd));
     let more = queues.split_off(2);
     let tx = queues.pop().unwrap();
     let rx = queues.pop().unwrap();
@@ -80,7 +88,12 @@ pub fn set_up_on(mut fe: Frontend, fd: OwnedFd, region_len: usize, pairs: usize,
 
 /// The protocol from SET_OWNER to enabled rings, for `queues` in `region` (each ring from
 /// base 0, as DPDK's virtio-user always sends). Returns the call and kick eventfds.
-pub fn negotiate(fe: &mut Frontend, region: &VhostUserMemoryRegionInfo, queues: &[&Guest], after_mem_table: impl FnOnce()) -> Vec<EventFd> {
+pub fn negotiate(
+    fe: &mut Frontend,
+    region: &VhostUserMemoryRegionInfo,
+    queues: &[&Guest],
+    after_mem_table: impl FnOnce(),
+) -> Vec<EventFd> {
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
@@ -126,4 +139,3 @@ pub fn start_driver(events: &[EventFd]) {
         kick.write(1).unwrap();
     }
 }
-

@@ -30,11 +30,15 @@ impl Events {
     /// (it ends when every `Events` is dropped).
     pub fn start(client: kube::Client, identity: &str, status: Arc<Status>) -> Events {
         let (tx, mut rx) = mpsc::channel::<(Event, ObjectReference)>(QUEUE);
-        let recorder = Recorder::new(client, Reporter { controller: "knitter-manager".into(), instance: Some(identity.into()) });
+        let recorder = Recorder::new(
+            client,
+            Reporter { controller: "knitter-manager".into(), instance: Some(identity.into()) },
+        );
         let counters = status.clone();
         tokio::spawn(async move {
             while let Some((event, reference)) = rx.recv().await {
-                match tokio::time::timeout(CALL_TIMEOUT, recorder.publish(&event, &reference)).await {
+                match tokio::time::timeout(CALL_TIMEOUT, recorder.publish(&event, &reference)).await
+                {
                     Ok(Ok(())) => {
                         counters.events.fetch_add(1, Relaxed);
                     }
@@ -51,10 +55,27 @@ impl Events {
         Events { tx, status }
     }
 
-    fn send(&self, reference: ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+    fn send(
+        &self,
+        reference: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         // The API's limit on a note is 1 kB.
-        let note = if note.len() > 1000 { format!("{}…", &note[..note.floor_char_boundary(997)]) } else { note };
-        let event = Event { type_, reason: reason.into(), note: Some(note), action: action.into(), secondary: None };
+        let note = if note.len() > 1000 {
+            format!("{}…", &note[..note.floor_char_boundary(997)])
+        } else {
+            note
+        };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
         if self.tx.try_send((event, reference)).is_err() {
             self.status.events_failed.fetch_add(1, Relaxed);
         }

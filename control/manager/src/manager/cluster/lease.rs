@@ -71,7 +71,12 @@ pub struct Elector {
 
 impl Elector {
     pub fn new(client: Client, opts: LeaseOptions) -> Elector {
-        Elector { api: Api::namespaced(client, &opts.namespace), opts, observed: None, renewed: None }
+        Elector {
+            api: Api::namespaced(client, &opts.namespace),
+            opts,
+            observed: None,
+            renewed: None,
+        }
     }
 
     /// Looks at the Lease once, bounded: takes or renews it when it may. A leader whose
@@ -80,7 +85,9 @@ impl Elector {
         // A leader may wait until its deadline; a candidate, one call's time but no longer
         // than a renew deadline (an answer later than that would make it a leader whose
         // term is already over).
-        let bound = self.deadline().map_or(CALL_TIMEOUT.min(self.opts.renew_deadline), |d| d.saturating_duration_since(Instant::now()));
+        let bound = self.deadline().map_or(CALL_TIMEOUT.min(self.opts.renew_deadline), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
         let error = match tokio::time::timeout(bound, self.try_step()).await {
             Ok(Ok(role)) => return role,
             Ok(Err(e)) => e.to_string(),
@@ -113,7 +120,11 @@ impl Elector {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let Some(mut lease) = self.api.get_opt(&self.opts.name).await? else {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(self.opts.name.clone()), namespace: Some(self.opts.namespace.clone()), ..Default::default() },
+                metadata: ObjectMeta {
+                    name: Some(self.opts.name.clone()),
+                    namespace: Some(self.opts.namespace.clone()),
+                    ..Default::default()
+                },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.opts.identity.clone()),
                     lease_duration_seconds: Some(self.opts.duration.as_secs() as i32),
@@ -135,7 +146,9 @@ impl Elector {
             spec.renew_time = Some(now);
             spec.lease_duration_seconds = Some(self.opts.duration.as_secs() as i32);
         } else {
-            let held_for = spec.lease_duration_seconds.map_or(self.opts.duration, |s| Duration::from_secs(s.max(1) as u64));
+            let held_for = spec
+                .lease_duration_seconds
+                .map_or(self.opts.duration, |s| Duration::from_secs(s.max(1) as u64));
             let unchanged = self.observed.as_ref().map_or(Duration::ZERO, |(_, at)| at.elapsed());
             if !holder.is_empty() && unchanged < held_for {
                 self.renewed = None;
@@ -153,7 +166,11 @@ impl Elector {
         self.written(r, sent)
     }
 
-    fn written(&mut self, r: Result<Lease, kube::Error>, sent: Instant) -> Result<Role, kube::Error> {
+    fn written(
+        &mut self,
+        r: Result<Lease, kube::Error>,
+        sent: Instant,
+    ) -> Result<Role, kube::Error> {
         match r {
             Ok(l) => {
                 let rv = l.metadata.resource_version.unwrap_or_default();
@@ -175,7 +192,11 @@ impl Elector {
     /// Runs the election until `stop` is set, publishing whether this candidate leads; a
     /// leader wakes at its renew deadline at the latest, to step down on time. Returns the
     /// elector, for [`Elector::release`] once nothing acts on its leadership any more.
-    pub async fn run(mut self, leader: watch::Sender<bool>, mut stop: watch::Receiver<bool>) -> Elector {
+    pub async fn run(
+        mut self,
+        leader: watch::Sender<bool>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Elector {
         loop {
             // A stop does not wait for a look in flight.
             let role = tokio::select! {
@@ -183,7 +204,9 @@ impl Elector {
                 _ = stop.changed() => break,
             };
             leader.send_if_modified(|l| std::mem::replace(l, role) != role);
-            let wait = self.deadline().map_or(self.opts.retry, |d| self.opts.retry.min(d.saturating_duration_since(Instant::now())));
+            let wait = self.deadline().map_or(self.opts.retry, |d| {
+                self.opts.retry.min(d.saturating_duration_since(Instant::now()))
+            });
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => break,
@@ -216,7 +239,9 @@ impl Elector {
         match bounded(released).await {
             Ok(true) => tracing::info!(lease = %name, "released the Lease"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, lease = %name, "could not release the Lease: it runs out instead"),
+            Err(e) => {
+                tracing::warn!(error = %e, lease = %name, "could not release the Lease: it runs out instead")
+            }
         }
     }
 }

@@ -126,22 +126,102 @@ impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
         let rows: [(&str, &str, &str, f64); 16] = [
-            ("knitter_manager_kubernetes_leader", "gauge", "1 while this manager leads (holds the Lease)", f64::from(u8::from(self.leader))),
-            ("knitter_manager_kubernetes_relists_total", "counter", "complete lists of pods or nodes taken (start, and every watch gap)", self.relists as f64),
-            ("knitter_manager_kubernetes_released_ports_total", "counter", "ports released because their pod or node went", self.released_ports as f64),
-            ("knitter_manager_kubernetes_released_nodes_total", "counter", "nodes forgotten because the cluster deleted them", self.released_nodes as f64),
-            ("knitter_manager_kubernetes_held_ports", "gauge", "ports of pods the last list did not show, held because it showed no pod on their node either", self.held_ports as f64),
-            ("knitter_manager_kubernetes_watch_errors_total", "counter", "watch errors (the watchers retry with a backoff)", self.watch_errors as f64),
-            ("knitter_manager_kubernetes_pods", "gauge", "pods in the controller's view", self.pods as f64),
-            ("knitter_manager_kubernetes_nodes", "gauge", "nodes in the controller's view", self.nodes as f64),
-            ("knitter_manager_kubernetes_last_reconcile_seconds", "gauge", "how long the last reconcile after a list took", self.last_reconcile_micros as f64 / 1e6),
-            ("knitter_manager_kubernetes_network_status_patches_total", "counter", "pods' network-status annotations written", self.status_patches as f64),
-            ("knitter_manager_kubernetes_network_resources", "gauge", "Network resources in view", self.network_resources as f64),
-            ("knitter_manager_kubernetes_network_resources_ready", "gauge", "Network resources made on the manager (Ready)", self.network_resources_ready as f64),
-            ("knitter_manager_kubernetes_attachment_definitions", "gauge", "Knitter's NetworkAttachmentDefinitions in place", self.attachment_definitions as f64),
-            ("knitter_manager_kubernetes_attachment_definition_writes_total", "counter", "NetworkAttachmentDefinitions created, replaced or deleted", self.attachment_definition_writes as f64),
-            ("knitter_manager_kubernetes_events_total", "counter", "Kubernetes Events published", self.events as f64),
-            ("knitter_manager_kubernetes_events_failed_total", "counter", "Kubernetes Events not published (refused, timed out, or dropped from a full queue)", self.events_failed as f64),
+            (
+                "knitter_manager_kubernetes_leader",
+                "gauge",
+                "1 while this manager leads (holds the Lease)",
+                f64::from(u8::from(self.leader)),
+            ),
+            (
+                "knitter_manager_kubernetes_relists_total",
+                "counter",
+                "complete lists of pods or nodes taken (start, and every watch gap)",
+                self.relists as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_released_ports_total",
+                "counter",
+                "ports released because their pod or node went",
+                self.released_ports as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_released_nodes_total",
+                "counter",
+                "nodes forgotten because the cluster deleted them",
+                self.released_nodes as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_held_ports",
+                "gauge",
+                "ports of pods the last list did not show, held because it showed no pod on their node either",
+                self.held_ports as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_watch_errors_total",
+                "counter",
+                "watch errors (the watchers retry with a backoff)",
+                self.watch_errors as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_pods",
+                "gauge",
+                "pods in the controller's view",
+                self.pods as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_nodes",
+                "gauge",
+                "nodes in the controller's view",
+                self.nodes as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_last_reconcile_seconds",
+                "gauge",
+                "how long the last reconcile after a list took",
+                self.last_reconcile_micros as f64 / 1e6,
+            ),
+            (
+                "knitter_manager_kubernetes_network_status_patches_total",
+                "counter",
+                "pods' network-status annotations written",
+                self.status_patches as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_network_resources",
+                "gauge",
+                "Network resources in view",
+                self.network_resources as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_network_resources_ready",
+                "gauge",
+                "Network resources made on the manager (Ready)",
+                self.network_resources_ready as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_attachment_definitions",
+                "gauge",
+                "Knitter's NetworkAttachmentDefinitions in place",
+                self.attachment_definitions as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_attachment_definition_writes_total",
+                "counter",
+                "NetworkAttachmentDefinitions created, replaced or deleted",
+                self.attachment_definition_writes as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_events_total",
+                "counter",
+                "Kubernetes Events published",
+                self.events as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_events_failed_total",
+                "counter",
+                "Kubernetes Events not published (refused, timed out, or dropped from a full queue)",
+                self.events_failed as f64,
+            ),
         ];
         let mut out = String::new();
         for (name, kind, help, v) in rows {
@@ -168,7 +248,8 @@ struct Relist<T> {
 
 impl Controller {
     pub fn new(manager: Arc<Manager>, client: Client, opts: Options) -> Controller {
-        let status = Arc::new(Status { identity: opts.lease.identity.clone(), ..Default::default() });
+        let status =
+            Arc::new(Status { identity: opts.lease.identity.clone(), ..Default::default() });
         Controller { manager, client, opts, status, events: std::sync::OnceLock::new() }
     }
 
@@ -180,9 +261,14 @@ impl Controller {
     /// (both in this one future: whatever ends it ends both).
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let (leader_tx, leader) = watch::channel(false);
-        let _ = self.events.set(events::Events::start(self.client.clone(), &self.opts.lease.identity, self.status.clone()));
+        let _ = self.events.set(events::Events::start(
+            self.client.clone(),
+            &self.opts.lease.identity,
+            self.status.clone(),
+        ));
         let elector = Elector::new(self.client.clone(), self.opts.lease.clone());
-        let (elector, ()) = tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
+        let (elector, ()) =
+            tokio::join!(elector.run(leader_tx, stop.clone()), self.serve(leader, stop));
         // Nothing acts any more: the next manager may take over at once.
         elector.release().await;
     }
@@ -232,8 +318,10 @@ impl Controller {
     /// Watches pods and nodes and acts on them until leadership is lost or `stop` is set.
     async fn lead_pods(&self, mut leader: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
         let config = watcher::Config::default();
-        let mut pods = watcher(Api::<Pod>::all(self.client.clone()), config.clone()).default_backoff().boxed();
-        let mut nodes = watcher(Api::<KubeNode>::all(self.client.clone()), config).default_backoff().boxed();
+        let mut pods =
+            watcher(Api::<Pod>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        let mut nodes =
+            watcher(Api::<KubeNode>::all(self.client.clone()), config).default_backoff().boxed();
         let mut cluster = Cluster::default();
         let (mut pod_list, mut node_list) = (None, None);
         let mut published = None;
@@ -296,7 +384,11 @@ impl Controller {
     /// Writes the `network-status` of every pod whose ports changed (or whose annotation
     /// says something else) since `published` (the store revision and pods' generation of
     /// the last pass).
-    async fn publish_network_status(&self, cluster: &mut Cluster, published: &mut Option<(u64, u64)>) {
+    async fn publish_network_status(
+        &self,
+        cluster: &mut Cluster,
+        published: &mut Option<(u64, u64)>,
+    ) {
         let revision = match self.blocking(|m| Ok(m.store().revision()?)).await {
             Ok(r) => r,
             Err(e) => {
@@ -332,7 +424,13 @@ impl Controller {
             let Some((ns, pod)) = name.split_once('/') else { continue };
             let patch = serde_json::json!({ "metadata": { "annotations": { reconcile::NETWORK_STATUS: want } } });
             let api = Api::<Pod>::namespaced(self.client.clone(), ns);
-            match bounded(api.patch(pod, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))).await {
+            match bounded(api.patch(
+                pod,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            ))
+            .await
+            {
                 Ok(_) => {
                     self.status.status_patches.fetch_add(1, Relaxed);
                     cluster.set_network_status(&uid, want);
@@ -357,9 +455,17 @@ impl Controller {
 
     /// Handles one pod event; a deleted pod joins `deleted` (UID, name, whether another pod
     /// has the name now) for [`Controller::release_deleted`].
-    async fn on_pod(&self, e: watcher::Event<Pod>, cluster: &mut Cluster, list: &mut Option<Relist<(String, PodRef)>>, deleted: &mut Vec<(String, String, bool)>) {
+    async fn on_pod(
+        &self,
+        e: watcher::Event<Pod>,
+        cluster: &mut Cluster,
+        list: &mut Option<Relist<(String, PodRef)>>,
+        deleted: &mut Vec<(String, String, bool)>,
+    ) {
         match e {
-            watcher::Event::Init => *list = Some(Relist { items: Vec::new(), started: crate::manager::now() }),
+            watcher::Event::Init => {
+                *list = Some(Relist { items: Vec::new(), started: crate::manager::now() })
+            }
             watcher::Event::InitApply(p) => {
                 if let (Some(l), Some(p)) = (list.as_mut(), pod_ref(&p)) {
                     l.items.push(p);
@@ -373,7 +479,11 @@ impl Controller {
                 let t = Instant::now();
                 let released = self.reconcile_orphans(cluster, l.started).await;
                 self.status.last_reconcile_micros.store(t.elapsed().as_micros() as u64, Relaxed);
-                tracing::info!(pods = cluster.pod_count(), released, "pods listed and ports reconciled");
+                tracing::info!(
+                    pods = cluster.pod_count(),
+                    released,
+                    "pods listed and ports reconciled"
+                );
             }
             watcher::Event::Apply(p) => {
                 if let Some((uid, r)) = pod_ref(&p) {
@@ -389,9 +499,16 @@ impl Controller {
         }
     }
 
-    async fn on_node(&self, e: watcher::Event<KubeNode>, cluster: &mut Cluster, list: &mut Option<Relist<String>>) {
+    async fn on_node(
+        &self,
+        e: watcher::Event<KubeNode>,
+        cluster: &mut Cluster,
+        list: &mut Option<Relist<String>>,
+    ) {
         match e {
-            watcher::Event::Init => *list = Some(Relist { items: Vec::new(), started: crate::manager::now() }),
+            watcher::Event::Init => {
+                *list = Some(Relist { items: Vec::new(), started: crate::manager::now() })
+            }
             watcher::Event::InitApply(n) => {
                 if let (Some(l), Some(name)) = (list.as_mut(), n.metadata.name) {
                     l.items.push(name);
@@ -412,11 +529,16 @@ impl Controller {
                         return;
                     }
                 };
-                let gone: Vec<String> = known.iter().filter(|n| !cluster.has_node(n)).cloned().collect();
+                let gone: Vec<String> =
+                    known.iter().filter(|n| !cluster.has_node(n)).cloned().collect();
                 // A list that has none of the manager's nodes is another cluster's (a wrong
                 // kubeconfig) or a filtered one, not every node deleted at once.
                 if !known.is_empty() && gone.len() == known.len() {
-                    tracing::warn!(nodes = known.len(), listed = cluster.node_count(), "the cluster lists none of the manager's nodes (another cluster?): releasing none");
+                    tracing::warn!(
+                        nodes = known.len(),
+                        listed = cluster.node_count(),
+                        "the cluster lists none of the manager's nodes (another cluster?): releasing none"
+                    );
                     return;
                 }
                 for name in gone {
@@ -463,9 +585,14 @@ impl Controller {
             return;
         }
         self.release(move |m| {
-            let pod = if let [(_, name, _)] = deleted.as_slice() { name.clone() } else { String::new() };
+            let pod =
+                if let [(_, name, _)] = deleted.as_slice() { name.clone() } else { String::new() };
             let ports = m.list_ports(&Filter { pod, ..Default::default() })?;
-            Ok(deleted.iter().flat_map(|(uid, name, held)| reconcile::of_deleted_pod(&ports, uid, name, *held)).cloned().collect())
+            Ok(deleted
+                .iter()
+                .flat_map(|(uid, name, held)| reconcile::of_deleted_pod(&ports, uid, name, *held))
+                .cloned()
+                .collect())
         })
         .await;
     }
@@ -475,7 +602,8 @@ impl Controller {
             return;
         }
         let node = name.clone();
-        self.release(move |m| m.list_ports(&Filter { node: node.clone(), ..Default::default() })).await;
+        self.release(move |m| m.list_ports(&Filter { node: node.clone(), ..Default::default() }))
+            .await;
         let node = name.clone();
         match self.blocking(move |m| m.delete_node(&node)).await {
             Ok(Some(_)) => {
@@ -483,13 +611,20 @@ impl Controller {
                 tracing::info!(node = %name, "node gone from the cluster: forgotten");
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(node = %name, error = %e, "forgetting a node gone from the cluster"),
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "forgetting a node gone from the cluster")
+            }
         }
     }
 
     /// Deletes the ports `pick` chooses (on a blocking thread: the store may be etcd); how
     /// many went.
-    async fn release(&self, pick: impl FnOnce(&Manager) -> crate::manager::Result<Vec<crate::manager::objects::Port>> + Send + 'static) -> usize {
+    async fn release(
+        &self,
+        pick: impl FnOnce(&Manager) -> crate::manager::Result<Vec<crate::manager::objects::Port>>
+        + Send
+        + 'static,
+    ) -> usize {
         let leading = self.status.clone();
         let r = self
             .blocking(move |m| {
@@ -512,16 +647,39 @@ impl Controller {
             Ok(gone) => {
                 // One Event per pod, naming all its ports (the recorder folds a pod's events of
                 // one reason into one, keeping the first message).
-                let mut by_pod: std::collections::BTreeMap<(&str, &str), Vec<String>> = Default::default();
+                let mut by_pod: std::collections::BTreeMap<(&str, &str), Vec<String>> =
+                    Default::default();
                 for p in &gone {
                     tracing::info!(port = %format!("{}/{}", p.spec.container, p.spec.interface), pod = %p.spec.pod, uid = %p.spec.pod_uid, node = %p.spec.node, "released: its pod is gone");
-                    let addresses: Vec<String> = p.addresses.iter().map(|a| a.address.to_string()).collect();
-                    let what = format!("{} on network {} ({})", p.spec.interface, p.spec.network, if addresses.is_empty() { "no address".into() } else { addresses.join(", ") });
-                    by_pod.entry((p.spec.pod.as_str(), p.spec.pod_uid.as_str())).or_default().push(what);
+                    let addresses: Vec<String> =
+                        p.addresses.iter().map(|a| a.address.to_string()).collect();
+                    let what = format!(
+                        "{} on network {} ({})",
+                        p.spec.interface,
+                        p.spec.network,
+                        if addresses.is_empty() {
+                            "no address".into()
+                        } else {
+                            addresses.join(", ")
+                        }
+                    );
+                    by_pod
+                        .entry((p.spec.pod.as_str(), p.spec.pod_uid.as_str()))
+                        .or_default()
+                        .push(what);
                 }
                 if let Some(events) = self.events.get() {
-                    for ((pod, uid), ports) in by_pod.into_iter().filter(|((pod, _), _)| !pod.is_empty()) {
-                        events.port_released(pod, uid, format!("Knitter released {}: its pod or its node is gone", ports.join("; ")));
+                    for ((pod, uid), ports) in
+                        by_pod.into_iter().filter(|((pod, _), _)| !pod.is_empty())
+                    {
+                        events.port_released(
+                            pod,
+                            uid,
+                            format!(
+                                "Knitter released {}: its pod or its node is gone",
+                                ports.join("; ")
+                            ),
+                        );
                     }
                 }
                 self.status.released_ports.fetch_add(gone.len() as u64, Relaxed);
@@ -534,11 +692,14 @@ impl Controller {
         }
     }
 
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Manager) -> crate::manager::Result<T> + Send + 'static) -> crate::manager::Result<T> {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Manager) -> crate::manager::Result<T> + Send + 'static,
+    ) -> crate::manager::Result<T> {
         let m = self.manager.clone();
-        tokio::task::spawn_blocking(move || f(&m))
-            .await
-            .unwrap_or_else(|e| Err(crate::manager::ManagerError::Busy(format!("controller task: {e}"))))
+        tokio::task::spawn_blocking(move || f(&m)).await.unwrap_or_else(|e| {
+            Err(crate::manager::ManagerError::Busy(format!("controller task: {e}")))
+        })
     }
 }
 
@@ -548,7 +709,9 @@ pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// An apiserver call bounded by [`CALL_TIMEOUT`]; running out is an error like the
 /// transport's own.
-pub async fn bounded<T>(call: impl std::future::Future<Output = Result<T, kube::Error>>) -> Result<T, kube::Error> {
+pub async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(r) => r,
         Err(elapsed) => Err(kube::Error::Service(Box::new(elapsed))),
@@ -578,6 +741,7 @@ fn pod_ref(p: &Pod) -> Option<(String, PodRef)> {
     let (uid, name) = (m.uid.clone()?, m.name.as_deref()?);
     let ns = m.namespace.as_deref().unwrap_or("default");
     let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    let network_status = m.annotations.as_ref().and_then(|a| a.get(reconcile::NETWORK_STATUS)).cloned();
+    let network_status =
+        m.annotations.as_ref().and_then(|a| a.get(reconcile::NETWORK_STATUS)).cloned();
     Some((uid, PodRef { name: format!("{ns}/{name}"), node, network_status }))
 }

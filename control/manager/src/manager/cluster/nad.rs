@@ -42,8 +42,14 @@ pub fn labelled_tenant(ns: &Namespace) -> Option<&str> {
 }
 
 /// The namespaces (of `namespaces`: name → tenant) that get `net`'s NAD.
-pub fn namespaces_for<'a>(net: &NetworkSpec, namespaces: &'a BTreeMap<String, String>) -> impl Iterator<Item = &'a str> {
-    namespaces.iter().filter(move |(_, tenant)| net.shared || **tenant == net.tenant).map(|(ns, _)| ns.as_str())
+pub fn namespaces_for<'a>(
+    net: &NetworkSpec,
+    namespaces: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = &'a str> {
+    namespaces
+        .iter()
+        .filter(move |(_, tenant)| net.shared || **tenant == net.tenant)
+        .map(|(ns, _)| ns.as_str())
 }
 
 /// The CNI configuration a NAD carries: a conflist of the Knitter plugin on `network`, in
@@ -62,7 +68,10 @@ pub fn cni_config(network: &str) -> String {
 
 /// `net`'s NAD in `namespace`, owned by `owner`.
 pub fn nad(net: &NetworkSpec, owner: &NetworkResource, namespace: &str) -> DynamicObject {
-    let labels = BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()), (NETWORK_LABEL.to_string(), net.name.clone())]);
+    let labels = BTreeMap::from([
+        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+        (NETWORK_LABEL.to_string(), net.name.clone()),
+    ]);
     let owner_ref = OwnerReference {
         api_version: format!("{GROUP}/{VERSION}"),
         kind: "Network".into(),
@@ -78,14 +87,17 @@ pub fn nad(net: &NetworkSpec, owner: &NetworkResource, namespace: &str) -> Dynam
         owner_references: Some(vec![owner_ref]),
         ..Default::default()
     };
-    let mut d = DynamicObject::new(&net.name, &api_resource()).data(json!({ "spec": { "config": cni_config(&net.name) } }));
+    let mut d = DynamicObject::new(&net.name, &api_resource())
+        .data(json!({ "spec": { "config": cni_config(&net.name) } }));
     d.metadata = metadata;
     d
 }
 
 /// Whether `have` already says what `want` does (configuration, labels, owner).
 pub fn same(have: &DynamicObject, want: &DynamicObject) -> bool {
-    have.data["spec"] == want.data["spec"] && have.metadata.labels == want.metadata.labels && have.metadata.owner_references == want.metadata.owner_references
+    have.data["spec"] == want.data["spec"]
+        && have.metadata.labels == want.metadata.labels
+        && have.metadata.owner_references == want.metadata.owner_references
 }
 
 #[cfg(test)]
@@ -95,37 +107,89 @@ mod test {
 
     fn ns(name: &str, tenant: Option<&str>) -> Namespace {
         let labels = tenant.map(|t| BTreeMap::from([(TENANT_LABEL.to_string(), t.to_string())]));
-        Namespace { metadata: ObjectMeta { name: Some(name.into()), labels, ..Default::default() }, ..Default::default() }
+        Namespace {
+            metadata: ObjectMeta { name: Some(name.into()), labels, ..Default::default() },
+            ..Default::default()
+        }
     }
 
     fn net(tenant: &str, shared: bool) -> NetworkSpec {
-        NetworkSpec { name: "media".into(), tenant: tenant.into(), kind: Kind::Vxlan, plane: Default::default(), segment: None, ipv4: None, ipv6: None, mtu: None, shared, pod_policer: None, sriov_pool: None, pod_chooses_vf: false, node_gateway: false, masquerade: false }
+        NetworkSpec {
+            name: "media".into(),
+            tenant: tenant.into(),
+            kind: Kind::Vxlan,
+            plane: Default::default(),
+            segment: None,
+            ipv4: None,
+            ipv6: None,
+            mtu: None,
+            shared,
+            pod_policer: None,
+            sriov_pool: None,
+            pod_chooses_vf: false,
+            node_gateway: false,
+            masquerade: false,
+        }
     }
 
     #[test]
     fn a_network_goes_to_its_tenants_namespaces_and_a_shared_one_everywhere() {
-        let tenants = [crate::manager::objects::Tenant { name: "blue".into(), quota: Default::default(), created: 0, namespaces: vec!["blue-ops".into()] }];
-        let all: BTreeMap<String, String> = [ns("red", None), ns("red-dev", Some("red")), ns("blue", None), ns("blue-ops", None)]
-            .iter()
-            .map(|n| {
-                let name = n.metadata.name.clone().unwrap();
-                let tenant = crate::manager::tenancy::tenant_for(&name, labelled_tenant(n), &tenants).to_string();
-                (name, tenant)
-            })
-            .collect();
-        assert_eq!(namespaces_for(&net("red", false), &all).collect::<Vec<_>>(), ["red-dev"], "a namespace merely named red gets nothing of red's");
-        assert_eq!(namespaces_for(&net("blue", false), &all).collect::<Vec<_>>(), ["blue-ops"], "listed on the tenant");
-        assert_eq!(namespaces_for(&net("admin", false), &all).collect::<Vec<_>>(), ["blue", "red"], "unclaimed namespaces are admin's");
-        assert_eq!(namespaces_for(&net("admin", true), &all).collect::<Vec<_>>(), ["blue", "blue-ops", "red", "red-dev"]);
+        let tenants = [crate::manager::objects::Tenant {
+            name: "blue".into(),
+            quota: Default::default(),
+            created: 0,
+            namespaces: vec!["blue-ops".into()],
+        }];
+        let all: BTreeMap<String, String> =
+            [ns("red", None), ns("red-dev", Some("red")), ns("blue", None), ns("blue-ops", None)]
+                .iter()
+                .map(|n| {
+                    let name = n.metadata.name.clone().unwrap();
+                    let tenant =
+                        crate::manager::tenancy::tenant_for(&name, labelled_tenant(n), &tenants)
+                            .to_string();
+                    (name, tenant)
+                })
+                .collect();
+        assert_eq!(
+            namespaces_for(&net("red", false), &all).collect::<Vec<_>>(),
+            ["red-dev"],
+            "a namespace merely named red gets nothing of red's"
+        );
+        assert_eq!(
+            namespaces_for(&net("blue", false), &all).collect::<Vec<_>>(),
+            ["blue-ops"],
+            "listed on the tenant"
+        );
+        assert_eq!(
+            namespaces_for(&net("admin", false), &all).collect::<Vec<_>>(),
+            ["blue", "red"],
+            "unclaimed namespaces are admin's"
+        );
+        assert_eq!(
+            namespaces_for(&net("admin", true), &all).collect::<Vec<_>>(),
+            ["blue", "blue-ops", "red", "red-dev"]
+        );
         assert_eq!(namespaces_for(&net("green", false), &all).count(), 0);
     }
 
     #[test]
     fn the_nad_carries_the_conflist_its_owner_and_labels() {
-        let owner = NetworkResource { metadata: ObjectMeta { name: Some("media".into()), uid: Some("u1".into()), ..Default::default() }, ..Default::default() };
+        let owner = NetworkResource {
+            metadata: ObjectMeta {
+                name: Some("media".into()),
+                uid: Some("u1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         let d = nad(&net("red", false), &owner, "red");
-        assert_eq!((d.metadata.namespace.as_deref(), d.metadata.name.as_deref()), (Some("red"), Some("media")));
-        let conf: serde_json::Value = serde_json::from_str(d.data["spec"]["config"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            (d.metadata.namespace.as_deref(), d.metadata.name.as_deref()),
+            (Some("red"), Some("media"))
+        );
+        let conf: serde_json::Value =
+            serde_json::from_str(d.data["spec"]["config"].as_str().unwrap()).unwrap();
         assert_eq!(conf["plugins"][0]["network"], "media");
         let o = &d.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((o.kind.as_str(), o.uid.as_str(), o.controller), ("Network", "u1", Some(true)));

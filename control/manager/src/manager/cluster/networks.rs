@@ -153,7 +153,8 @@ pub fn deleting(meta: &kube::api::ObjectMeta) -> bool {
 fn delete_made(m: &Manager, key: &str, by: &ManagedBy) -> Result<(), Refusal> {
     let r = if let Some(name) = key.strip_prefix("networks/") {
         m.delete_network_by(name, Some(by)).map(|_| ())
-    } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/')) {
+    } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/'))
+    {
         m.delete_group_by(net, name, Some(by)).map(|_| ())
     } else {
         Ok(())
@@ -175,15 +176,17 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
         }
     };
     let made_by = |by: &ManagedBy| owned.iter().find(|(_, b)| b == by).map(|(k, _)| k.clone());
-    let release = |out: &mut Applied, resource: &'static str, name: &str, by: ManagedBy| match made_by(&by).map_or(Ok(()), |key| delete_made(m, &key, &by)) {
-        Ok(()) => out.released.push((resource, name.to_string())),
-        Err(e) => {
-            tracing::info!(resource = %format!("{resource} {name}"), reason = %e.message, "being deleted; what it made is still in use (tried again)");
-            out.retry = true;
-            if resource == IpGroupResource::RESOURCE {
-                out.groups.insert(name.to_string(), Err(e));
-            } else {
-                out.networks.insert(name.to_string(), Err(e));
+    let release = |out: &mut Applied, resource: &'static str, name: &str, by: ManagedBy| {
+        match made_by(&by).map_or(Ok(()), |key| delete_made(m, &key, &by)) {
+            Ok(()) => out.released.push((resource, name.to_string())),
+            Err(e) => {
+                tracing::info!(resource = %format!("{resource} {name}"), reason = %e.message, "being deleted; what it made is still in use (tried again)");
+                out.retry = true;
+                if resource == IpGroupResource::RESOURCE {
+                    out.groups.insert(name.to_string(), Err(e));
+                } else {
+                    out.networks.insert(name.to_string(), Err(e));
+                }
             }
         }
     };
@@ -196,23 +199,36 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
     for r in networks.iter().filter(|r| !deleting(&r.metadata)) {
         let made = r.network_spec().and_then(|spec| {
             m.create_tenant(&spec.tenant, None).map_err(|e| Refusal::from(&e))?;
-            m.create_network_by(spec, Some(&r.managed_by())).map(|(n, _)| n).map_err(|e| Refusal::from(&e))
+            m.create_network_by(spec, Some(&r.managed_by()))
+                .map(|(n, _)| n)
+                .map_err(|e| Refusal::from(&e))
         });
         out.retry |= made.as_ref().is_err_and(transient);
         out.networks.insert(r.name().to_string(), made);
     }
     for r in groups.iter().filter(|r| !deleting(&r.metadata)) {
-        let made = r.group_spec().and_then(|spec| m.create_group_by(spec, Some(&r.managed_by())).map(|(g, _)| g).map_err(|e| Refusal::from(&e)));
+        let made = r.group_spec().and_then(|spec| {
+            m.create_group_by(spec, Some(&r.managed_by()))
+                .map(|(g, _)| g)
+                .map_err(|e| Refusal::from(&e))
+        });
         // A group of a network not made yet (or refused) is made when that one is.
         out.retry |= made.as_ref().is_err_and(|e| transient(e) || e.reason == "NotFound");
         out.groups.insert(r.name().to_string(), made);
     }
-    let in_view: HashSet<ManagedBy> = networks.iter().map(|r| r.managed_by()).chain(groups.iter().map(|r| r.managed_by())).collect();
-    let mut gone: Vec<&(String, ManagedBy)> = owned.iter().filter(|(_, by)| !in_view.contains(by)).collect();
+    let in_view: HashSet<ManagedBy> = networks
+        .iter()
+        .map(|r| r.managed_by())
+        .chain(groups.iter().map(|r| r.managed_by()))
+        .collect();
+    let mut gone: Vec<&(String, ManagedBy)> =
+        owned.iter().filter(|(_, by)| !in_view.contains(by)).collect();
     gone.sort_by_key(|(key, _)| !key.starts_with("ipgroups/"));
     for (key, by) in gone {
         match delete_made(m, key, by) {
-            Ok(()) => tracing::info!(object = %key, resource = %format!("{} {}", by.resource, by.name), "its resource was deleted: deleted"),
+            Ok(()) => {
+                tracing::info!(object = %key, resource = %format!("{} {}", by.resource, by.name), "its resource was deleted: deleted")
+            }
             Err(e) => {
                 out.retry = true;
                 tracing::warn!(object = %key, error = %e.message, "its resource was deleted; deleting it (tried again)");
@@ -232,19 +248,35 @@ fn ready_of(status: Option<&serde_json::Value>) -> Option<(String, String, Strin
 impl Controller {
     /// Watches `Network`s, `IPGroup`s and namespaces and runs a pass whenever they changed
     /// (and every [`RESYNC`]), until `stop` resolves.
-    pub(super) async fn serve_resources(&self, mut stop: impl std::future::Future<Output = ()> + Unpin) {
+    pub(super) async fn serve_resources(
+        &self,
+        mut stop: impl std::future::Future<Output = ()> + Unpin,
+    ) {
         use futures_util::StreamExt;
         use kube::runtime::WatchStreamExt;
         let config = watcher::Config::default();
-        let mut networks = watcher(Api::<NetworkResource>::all(self.client.clone()), config.clone()).default_backoff().boxed();
-        let mut groups = watcher(Api::<IpGroupResource>::all(self.client.clone()), config.clone()).default_backoff().boxed();
-        let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone()).default_backoff().boxed();
+        let mut networks =
+            watcher(Api::<NetworkResource>::all(self.client.clone()), config.clone())
+                .default_backoff()
+                .boxed();
+        let mut groups = watcher(Api::<IpGroupResource>::all(self.client.clone()), config.clone())
+            .default_backoff()
+            .boxed();
+        let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone())
+            .default_backoff()
+            .boxed();
         // Knitter's own NADs: one edited or deleted by hand is put back at once.
         let ours = config.labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-        let mut nads = watcher(Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()), ours).default_backoff().boxed();
+        let mut nads = watcher(
+            Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()),
+            ours,
+        )
+        .default_backoff()
+        .boxed();
         let mut r = Resources::default();
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let (mut last, mut backoff, mut wait) = (tokio::time::Instant::now(), Backoff::default(), RESYNC);
+        let (mut last, mut backoff, mut wait) =
+            (tokio::time::Instant::now(), Backoff::default(), RESYNC);
         loop {
             tokio::select! {
                 _ = tick.tick() => {
@@ -296,18 +328,41 @@ impl Controller {
         // Finalizers first: they are written with the resource version in view (a status
         // written before would move it).
         let mut retry = applied.retry;
-        let released = |resource: &str, name: &str| applied.released.iter().any(|(r, n)| *r == resource && n == name);
+        let released = |resource: &str, name: &str| {
+            applied.released.iter().any(|(r, n)| *r == resource && n == name)
+        };
         for res in &nets {
-            retry |= !self.finalize(Api::<NetworkResource>::all(self.client.clone()), &res.metadata, released(NetworkResource::RESOURCE, res.name())).await;
+            retry |= !self
+                .finalize(
+                    Api::<NetworkResource>::all(self.client.clone()),
+                    &res.metadata,
+                    released(NetworkResource::RESOURCE, res.name()),
+                )
+                .await;
         }
         for res in &groups {
-            retry |= !self.finalize(Api::<IpGroupResource>::all(self.client.clone()), &res.metadata, released(IpGroupResource::RESOURCE, res.name())).await;
+            retry |= !self
+                .finalize(
+                    Api::<IpGroupResource>::all(self.client.clone()),
+                    &res.metadata,
+                    released(IpGroupResource::RESOURCE, res.name()),
+                )
+                .await;
         }
         // Namespaces' labels go into the store (every replica checks pods' attachments by
         // them), then each namespace's tenant by the one rule (`tenancy.rs`).
-        let labelled: BTreeMap<String, String> =
-            r.namespaces.items.values().filter_map(|ns| Some((ns.metadata.name.clone()?, nad::labelled_tenant(ns)?.to_string()))).collect();
-        let known = match self.blocking(move |m| Ok((m.set_labelled_namespaces(&labelled)?, m.tenants()?))).await {
+        let labelled: BTreeMap<String, String> = r
+            .namespaces
+            .items
+            .values()
+            .filter_map(|ns| {
+                Some((ns.metadata.name.clone()?, nad::labelled_tenant(ns)?.to_string()))
+            })
+            .collect();
+        let known = match self
+            .blocking(move |m| Ok((m.set_labelled_namespaces(&labelled)?, m.tenants()?)))
+            .await
+        {
             Ok((_, known)) => known,
             Err(e) => {
                 tracing::warn!(error = %e, "recording the namespaces' tenants");
@@ -316,7 +371,13 @@ impl Controller {
         };
         // A namespace being deleted takes no new NAD (the apiserver refuses it, every pass)
         // and its NADs go with it.
-        let terminating: BTreeSet<String> = r.namespaces.items.values().filter(|ns| deleting(&ns.metadata)).filter_map(|ns| ns.metadata.name.clone()).collect();
+        let terminating: BTreeSet<String> = r
+            .namespaces
+            .items
+            .values()
+            .filter(|ns| deleting(&ns.metadata))
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
         let tenants: BTreeMap<String, String> = r
             .namespaces
             .items
@@ -324,7 +385,9 @@ impl Controller {
             .filter(|ns| !deleting(&ns.metadata))
             .filter_map(|ns| {
                 let name = ns.metadata.name.clone()?;
-                let tenant = crate::manager::tenancy::tenant_for(&name, nad::labelled_tenant(ns), &known).to_string();
+                let tenant =
+                    crate::manager::tenancy::tenant_for(&name, nad::labelled_tenant(ns), &known)
+                        .to_string();
                 Some((name, tenant))
             })
             .collect();
@@ -343,13 +406,31 @@ impl Controller {
         for res in &nets {
             let Some(outcome) = applied.networks.get(res.name()) else { continue };
             ready += outcome.is_ok() as u64;
-            let mine: Vec<String> = in_place.iter().filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name())).cloned().collect();
-            retry |= !self.write_status(Api::<NetworkResource>::all(self.client.clone()), res, res.status.as_ref(), resources::network_status(res, outcome, &mine)).await;
+            let mine: Vec<String> = in_place
+                .iter()
+                .filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name()))
+                .cloned()
+                .collect();
+            retry |= !self
+                .write_status(
+                    Api::<NetworkResource>::all(self.client.clone()),
+                    res,
+                    res.status.as_ref(),
+                    resources::network_status(res, outcome, &mine),
+                )
+                .await;
         }
         self.status.network_resources_ready.store(ready, Relaxed);
         for res in &groups {
             let Some(outcome) = applied.groups.get(res.name()) else { continue };
-            retry |= !self.write_status(Api::<IpGroupResource>::all(self.client.clone()), res, res.status.as_ref(), resources::group_status(res, outcome)).await;
+            retry |= !self
+                .write_status(
+                    Api::<IpGroupResource>::all(self.client.clone()),
+                    res,
+                    res.status.as_ref(),
+                    resources::group_status(res, outcome),
+                )
+                .await;
         }
         retry
     }
@@ -384,14 +465,21 @@ impl Controller {
 
     /// Writes a resource's status (a merge patch of its status subresource) when it differs,
     /// and an Event when its `Ready` condition changed; false when the write failed.
-    async fn write_status<K>(&self, api: Api<K>, res: &K, current: Option<&serde_json::Value>, want: serde_json::Value) -> bool
+    async fn write_status<K>(
+        &self,
+        api: Api<K>,
+        res: &K,
+        current: Option<&serde_json::Value>,
+        want: serde_json::Value,
+    ) -> bool
     where
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let name = res.meta().name.clone().unwrap_or_default();
         let (before, after) = (ready_of(current), ready_of(Some(&want)));
         let Some(patch) = resources::status_patch(current, want) else { return true };
-        match bounded(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))).await {
+        match bounded(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))).await
+        {
             Ok(_) => {
                 if let (Some((status, reason, message)), Some(events)) = (after, self.events.get())
                     && before.as_ref().is_none_or(|(s, r, _)| (s, r) != (&status, &reason))
@@ -411,7 +499,11 @@ impl Controller {
     /// Makes the cluster's Knitter NADs what `want` says (by `namespace/name`): creates,
     /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them).
     /// Returns the ones in place and whether something failed.
-    async fn sync_nads(&self, want: BTreeMap<String, DynamicObject>, terminating: &BTreeSet<String>) -> (BTreeSet<String>, bool) {
+    async fn sync_nads(
+        &self,
+        want: BTreeMap<String, DynamicObject>,
+        terminating: &BTreeSet<String>,
+    ) -> (BTreeSet<String>, bool) {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
@@ -419,7 +511,9 @@ impl Controller {
             Ok(l) => l.items,
             // No NAD CRD (no Multus): nothing to make, and nothing to retry before a change.
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                tracing::warn!("the cluster has no NetworkAttachmentDefinition CRD (Multus installs it): no NADs made");
+                tracing::warn!(
+                    "the cluster has no NetworkAttachmentDefinition CRD (Multus installs it): no NADs made"
+                );
                 return (BTreeSet::new(), false);
             }
             Err(e) => {
@@ -427,8 +521,15 @@ impl Controller {
                 return (BTreeSet::new(), true);
             }
         };
-        let key = |d: &DynamicObject| format!("{}/{}", d.metadata.namespace.as_deref().unwrap_or_default(), d.metadata.name.as_deref().unwrap_or_default());
-        let have: BTreeMap<String, DynamicObject> = have.into_iter().map(|d| (key(&d), d)).collect();
+        let key = |d: &DynamicObject| {
+            format!(
+                "{}/{}",
+                d.metadata.namespace.as_deref().unwrap_or_default(),
+                d.metadata.name.as_deref().unwrap_or_default()
+            )
+        };
+        let have: BTreeMap<String, DynamicObject> =
+            have.into_iter().map(|d| (key(&d), d)).collect();
         let (mut in_place, mut failed) = (BTreeSet::new(), false);
         let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
         for k in have.keys().filter(|k| !want.contains_key(*k)) {

@@ -195,7 +195,12 @@ pub fn network_status(ports: &[&Port]) -> String {
                 "mac": p.mac,
                 "mtu": p.mtu,
             });
-            if let Some(info) = p.spec.device_info.as_deref().and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok()) {
+            if let Some(info) = p
+                .spec
+                .device_info
+                .as_deref()
+                .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+            {
                 e["device-info"] = info;
             }
             e
@@ -206,14 +211,32 @@ pub fn network_status(ports: &[&Port]) -> String {
 
 /// The ports of `ports` no pod of `cluster` holds, made before `cutoff` (Unix seconds):
 /// those to release (their node vouched for), and those held (no pod listed on their node).
-pub fn orphans<'a>(ports: &'a [Port], cluster: &Cluster, cutoff: u64) -> (Vec<&'a Port>, Vec<&'a Port>) {
-    ports.iter().filter(|p| p.created < cutoff && !cluster.holds(p)).partition(|p| cluster.vouches_for(&p.spec.node))
+pub fn orphans<'a>(
+    ports: &'a [Port],
+    cluster: &Cluster,
+    cutoff: u64,
+) -> (Vec<&'a Port>, Vec<&'a Port>) {
+    ports
+        .iter()
+        .filter(|p| p.created < cutoff && !cluster.holds(p))
+        .partition(|p| cluster.vouches_for(&p.spec.node))
 }
 
 /// The ports of a pod just deleted (UID `uid`, `name`): those that recorded its UID, and
 /// those without a UID that name it unless another pod has the name now (`name_held`).
-pub fn of_deleted_pod<'a>(ports: &'a [Port], uid: &str, name: &str, name_held: bool) -> Vec<&'a Port> {
-    ports.iter().filter(|p| p.spec.pod == name && (p.spec.pod_uid == uid || (p.spec.pod_uid.is_empty() && !name_held))).collect()
+pub fn of_deleted_pod<'a>(
+    ports: &'a [Port],
+    uid: &str,
+    name: &str,
+    name_held: bool,
+) -> Vec<&'a Port> {
+    ports
+        .iter()
+        .filter(|p| {
+            p.spec.pod == name
+                && (p.spec.pod_uid == uid || (p.spec.pod_uid.is_empty() && !name_held))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -259,14 +282,15 @@ mod test {
         let mut c = Cluster::default();
         c.set_pods([("u1".to_string(), pod("ns/web-0")), ("u3".to_string(), pod("ns/old"))]);
         let ports = [
-            port("a", "ns/web-0", "u1", 10),  // its pod lives
-            port("b", "ns/web-0", "u0", 10),  // the same name, an earlier pod: gone
-            port("c", "ns/old", "", 10),      // no UID, a pod has the name
-            port("d", "ns/gone", "", 10),     // no UID, no pod has the name
-            port("e", "", "", 10),            // an operator's port
-            port("f", "ns/gone", "u9", 100),  // made after the list started
+            port("a", "ns/web-0", "u1", 10), // its pod lives
+            port("b", "ns/web-0", "u0", 10), // the same name, an earlier pod: gone
+            port("c", "ns/old", "", 10),     // no UID, a pod has the name
+            port("d", "ns/gone", "", 10),    // no UID, no pod has the name
+            port("e", "", "", 10),           // an operator's port
+            port("f", "ns/gone", "u9", 100), // made after the list started
         ];
-        let out: Vec<&str> = orphans(&ports, &c, 50).0.iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> =
+            orphans(&ports, &c, 50).0.iter().map(|p| p.spec.container.as_str()).collect();
         assert_eq!(out, ["b", "d"]);
     }
 
@@ -276,17 +300,27 @@ mod test {
             p.spec.node = node.into();
             p
         };
-        let ports = [on("n1", port("a", "ns/gone-1", "u1", 1)), on("n2", port("b", "ns/gone-2", "u2", 1)), on("", port("c", "ns/gone-3", "u3", 1))];
+        let ports = [
+            on("n1", port("a", "ns/gone-1", "u1", 1)),
+            on("n2", port("b", "ns/gone-2", "u2", 1)),
+            on("", port("c", "ns/gone-3", "u3", 1)),
+        ];
         let names = |ps: &[&Port]| ps.iter().map(|p| p.spec.container.clone()).collect::<Vec<_>>();
         // An empty list (another cluster, a broken apiserver): nothing is evidence.
         let (gone, held) = orphans(&ports, &Cluster::default(), 50);
-        assert_eq!((names(&gone), names(&held)), (vec![], vec!["a".to_string(), "b".into(), "c".into()]));
+        assert_eq!(
+            (names(&gone), names(&held)),
+            (vec![], vec!["a".to_string(), "b".into(), "c".into()])
+        );
         // Pods on n1 only: n1's orphan goes, n2's is held; a port naming no node goes with
         // any pod listed.
         let mut c = Cluster::default();
         c.set_pods([("u7".to_string(), pod("kube-system/kube-proxy-x"))]);
         let (gone, held) = orphans(&ports, &c, 50);
-        assert_eq!((names(&gone), names(&held)), (vec!["a".to_string(), "c".into()], vec!["b".to_string()]));
+        assert_eq!(
+            (names(&gone), names(&held)),
+            (vec!["a".to_string(), "c".into()], vec!["b".to_string()])
+        );
         // The node's last pod deleted: no longer vouched for.
         c.pod_deleted("u7");
         assert!(!c.vouches_for("n1") && !c.vouches_for(""));
@@ -297,12 +331,22 @@ mod test {
         let mut c = Cluster::default();
         c.pod_applied("u1", pod("ns/web-0"));
         c.pod_applied("u2", pod("ns/web-0")); // its replacement, briefly beside it
-        let ports = [port("a", "ns/web-0", "u1", 1), port("b", "ns/web-0", "u2", 1), port("c", "ns/web-0", "", 1)];
+        let ports = [
+            port("a", "ns/web-0", "u1", 1),
+            port("b", "ns/web-0", "u2", 1),
+            port("c", "ns/web-0", "", 1),
+        ];
         assert_eq!(c.pod_deleted("u1"), Some(pod("ns/web-0")));
-        let out: Vec<&str> = of_deleted_pod(&ports, "u1", "ns/web-0", c.has_pod_named("ns/web-0")).iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> = of_deleted_pod(&ports, "u1", "ns/web-0", c.has_pod_named("ns/web-0"))
+            .iter()
+            .map(|p| p.spec.container.as_str())
+            .collect();
         assert_eq!(out, ["a"], "the name is still held: the port without a UID stays");
         c.pod_deleted("u2");
-        let out: Vec<&str> = of_deleted_pod(&ports, "u2", "ns/web-0", c.has_pod_named("ns/web-0")).iter().map(|p| p.spec.container.as_str()).collect();
+        let out: Vec<&str> = of_deleted_pod(&ports, "u2", "ns/web-0", c.has_pod_named("ns/web-0"))
+            .iter()
+            .map(|p| p.spec.container.as_str())
+            .collect();
         assert_eq!(out, ["b", "c"]);
     }
 }

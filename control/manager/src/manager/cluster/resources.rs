@@ -165,13 +165,17 @@ impl From<&ManagerError> for Refusal {
 }
 
 fn invalid_spec(e: serde_json::Error) -> Refusal {
-    Refusal { reason: "InvalidSpec".into(), message: format!("the spec does not follow the CRD: {e}") }
+    Refusal {
+        reason: "InvalidSpec".into(),
+        message: format!("the spec does not follow the CRD: {e}"),
+    }
 }
 
 impl NetworkResource {
     /// The manager network this resource asks for.
     pub fn network_spec(&self) -> Result<NetworkSpec, Refusal> {
-        let s: NetworkResourceSpec = serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
+        let s: NetworkResourceSpec =
+            serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
         Ok(NetworkSpec {
             name: self.name().into(),
             tenant: s.tenant.unwrap_or_else(|| DEFAULT_TENANT.into()),
@@ -182,7 +186,12 @@ impl NetworkResource {
             ipv6: s.ipv6,
             mtu: s.mtu,
             shared: s.shared,
-            pod_policer: s.pod_policer.map(|p| PodPolicer { pps: p.pps, bps: p.bps, burst_packets: p.burst_packets, burst_bytes: p.burst_bytes }),
+            pod_policer: s.pod_policer.map(|p| PodPolicer {
+                pps: p.pps,
+                bps: p.bps,
+                burst_packets: p.burst_packets,
+                burst_bytes: p.burst_bytes,
+            }),
             sriov_pool: s.sriov_pool,
             pod_chooses_vf: s.pod_chooses_vf,
             node_gateway: s.node_gateway,
@@ -194,14 +203,25 @@ impl NetworkResource {
 impl IpGroupResource {
     /// The manager IP group this resource asks for.
     pub fn group_spec(&self) -> Result<IpGroupSpec, Refusal> {
-        let s: IpGroupResourceSpec = serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
-        Ok(IpGroupSpec { name: self.name().into(), network: s.network, members: s.members, size: s.size, grace_secs: s.grace_seconds })
+        let s: IpGroupResourceSpec =
+            serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
+        Ok(IpGroupSpec {
+            name: self.name().into(),
+            network: s.network,
+            members: s.members,
+            size: s.size,
+            grace_secs: s.grace_seconds,
+        })
     }
 }
 
 /// A `Ready` condition as Kubernetes wants it (`metav1.Condition`), keeping the transition
 /// time of `current` while the status stays what it was.
-fn ready(current: Option<&Value>, generation: Option<i64>, outcome: Result<(), &Refusal>) -> Condition {
+fn ready(
+    current: Option<&Value>,
+    generation: Option<i64>,
+    outcome: Result<(), &Refusal>,
+) -> Condition {
     let (status, reason, message) = match outcome {
         Ok(()) => ("True", "Created".to_string(), "made on the manager".to_string()),
         Err(r) => ("False", r.reason.clone(), r.message.clone()),
@@ -211,13 +231,26 @@ fn ready(current: Option<&Value>, generation: Option<i64>, outcome: Result<(), &
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" && c["status"] == status))
         .and_then(|c| serde_json::from_value::<Time>(c["lastTransitionTime"].clone()).ok());
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let at = previous.unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default()));
-    Condition { type_: "Ready".into(), status: status.into(), reason, message, observed_generation: generation, last_transition_time: at }
+    let at = previous.unwrap_or_else(|| {
+        Time(k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default())
+    });
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason,
+        message,
+        observed_generation: generation,
+        last_transition_time: at,
+    }
 }
 
 /// The status a `Network` should carry: the segment and MTU the manager decided, the
 /// NetworkAttachmentDefinitions made from it (`namespace/name`), and `Ready`.
-pub fn network_status(r: &NetworkResource, outcome: &Result<NetworkSpec, Refusal>, attachments: &[String]) -> Value {
+pub fn network_status(
+    r: &NetworkResource,
+    outcome: &Result<NetworkSpec, Refusal>,
+    attachments: &[String],
+) -> Value {
     let generation = r.metadata.generation;
     let cond = ready(r.status.as_ref(), generation, outcome.as_ref().map(|_| ()));
     let mut s = json!({ "observedGeneration": generation, "conditions": [cond], "networkAttachmentDefinitions": attachments });
@@ -249,23 +282,49 @@ mod test {
     use super::*;
 
     fn network(spec: Value) -> NetworkResource {
-        NetworkResource { metadata: ObjectMeta { name: Some("media".into()), uid: Some("u1".into()), generation: Some(2), ..Default::default() }, spec, status: None }
+        NetworkResource {
+            metadata: ObjectMeta {
+                name: Some("media".into()),
+                uid: Some("u1".into()),
+                generation: Some(2),
+                ..Default::default()
+            },
+            spec,
+            status: None,
+        }
     }
 
     #[test]
     fn a_network_resource_reads_as_the_managers_network_or_says_why_not() {
-        let r = network(json!({"kind": "vxlan", "plane": "media", "segment": 7000, "ipv4": {"cidr": "10.7.0.0/24", "pools": [{"start": "10.7.0.10", "end": "10.7.0.99"}]}}));
+        let r = network(
+            json!({"kind": "vxlan", "plane": "media", "segment": 7000, "ipv4": {"cidr": "10.7.0.0/24", "pools": [{"start": "10.7.0.10", "end": "10.7.0.99"}]}}),
+        );
         let n = r.network_spec().unwrap();
-        assert_eq!((n.name.as_str(), n.tenant.as_str(), n.kind, n.plane, n.segment), ("media", "admin", Kind::Vxlan, Plane::Media, Some(7000)));
+        assert_eq!(
+            (n.name.as_str(), n.tenant.as_str(), n.kind, n.plane, n.segment),
+            ("media", "admin", Kind::Vxlan, Plane::Media, Some(7000))
+        );
         let e = network(json!({"kind": "gre"})).network_spec().unwrap_err();
         assert_eq!(e.reason, "InvalidSpec");
         assert!(e.message.contains("gre"), "{}", e.message);
-        assert_eq!(network(json!({"kind": "vlan", "vni": 5})).network_spec().unwrap_err().reason, "InvalidSpec", "unknown fields are refused");
-        let n = network(json!({"kind": "vxlan", "podPolicer": {"pps": 20000, "burstBytes": 30000}})).network_spec().unwrap();
-        assert_eq!(n.pod_policer, Some(PodPolicer { pps: 20_000, bps: 0, burst_packets: 0, burst_bytes: 30_000 }));
+        assert_eq!(
+            network(json!({"kind": "vlan", "vni": 5})).network_spec().unwrap_err().reason,
+            "InvalidSpec",
+            "unknown fields are refused"
+        );
+        let n =
+            network(json!({"kind": "vxlan", "podPolicer": {"pps": 20000, "burstBytes": 30000}}))
+                .network_spec()
+                .unwrap();
+        assert_eq!(
+            n.pod_policer,
+            Some(PodPolicer { pps: 20_000, bps: 0, burst_packets: 0, burst_bytes: 30_000 })
+        );
         let n = network(json!({"kind": "vlan", "sriovPool": "fast"})).network_spec().unwrap();
         assert_eq!(n.sriov_pool.as_deref(), Some("fast"));
-        let n = network(json!({"kind": "vlan", "nodeGateway": true, "masquerade": true})).network_spec().unwrap();
+        let n = network(json!({"kind": "vlan", "nodeGateway": true, "masquerade": true}))
+            .network_spec()
+            .unwrap();
         assert!(n.node_gateway && n.masquerade);
     }
 
@@ -274,8 +333,15 @@ mod test {
         let r = network(json!({"kind": "vxlan"}));
         let refused = Err(Refusal::from(&ManagerError::Conflict("VNI 7000 is taken".into())));
         let s = network_status(&r, &refused, &[]);
-        assert_eq!((s["conditions"][0]["reason"].as_str(), s["conditions"][0]["status"].as_str()), (Some("Conflict"), Some("False")));
+        assert_eq!(
+            (s["conditions"][0]["reason"].as_str(), s["conditions"][0]["status"].as_str()),
+            (Some("Conflict"), Some("False"))
+        );
         let r = NetworkResource { status: Some(s.clone()), ..r };
-        assert_eq!(status_patch(r.status.as_ref(), network_status(&r, &refused, &[])), None, "nothing changed: no write");
+        assert_eq!(
+            status_patch(r.status.as_ref(), network_status(&r, &refused, &[])),
+            None,
+            "nothing changed: no write"
+        );
     }
 }
