@@ -422,3 +422,278 @@ async fn a_nodes_credential_reaches_only_its_own_objects() {
     );
     assert_eq!(c.call("GET", "/v1/health", None, None, "127.0.0.1:5000").await.0, StatusCode::OK);
 }
+
+/// The OpenAPI document describes what the API takes and gives, field by field: every
+/// request below (each optional field used somewhere) and every answer is checked against
+/// the document's schema for its route and status, and every property the document names
+/// must have been seen. A field the code grows without the document, or the document
+/// without the code, fails here.
+#[tokio::test]
+async fn the_openapi_document_describes_every_body() {
+    let c = Client::new();
+    let mut check = Conformance::new();
+    let policer = json!({"pps": 1000, "bps": 8_000_000, "burst_packets": 64, "burst_bytes": 65536});
+    let calls: Vec<(u16, &str, &str, &str, Option<Value>)> = vec![
+        (
+            201,
+            "POST",
+            "/v1/tenants",
+            "/v1/tenants",
+            Some(json!({"name": "t1", "quota": {"networks": 3}, "namespaces": ["ns1"]})),
+        ),
+        (
+            200,
+            "PUT",
+            "/v1/tenants/{name}/quota",
+            "/v1/tenants/t1/quota",
+            Some(json!({"networks": 4})),
+        ),
+        (
+            200,
+            "PUT",
+            "/v1/tenants/{name}/namespaces",
+            "/v1/tenants/t1/namespaces",
+            Some(json!(["ns1", "ns2"])),
+        ),
+        (200, "GET", "/v1/tenants", "/v1/tenants", None),
+        (200, "GET", "/v1/tenants/{name}", "/v1/tenants/t1", None),
+        (
+            200,
+            "PUT",
+            "/v1/nodes/{name}",
+            "/v1/nodes/n1",
+            Some(
+                json!({"vtep": "192.0.2.1", "underlay_mtu": 9000, "capabilities": ["vhost-user"]}),
+            ),
+        ),
+        (
+            201,
+            "POST",
+            "/v1/networks",
+            "/v1/networks",
+            Some(json!({
+            "name": "red", "tenant": "t1", "kind": "vxlan", "plane": "media", "segment": 7, "mtu": 1400,
+            "ipv4": {"cidr": "10.1.0.0/24", "gateway": "10.1.0.1", "pools": [{"start": "10.1.0.10", "end": "10.1.0.100"}]},
+            "ipv6": {"cidr": "fd00:1::/64", "gateway": "fd00:1::1"},
+            "shared": false, "node_gateway": true, "masquerade": true,
+            "pod_policer": policer})),
+        ),
+        (
+            201,
+            "POST",
+            "/v1/networks",
+            "/v1/networks",
+            Some(
+                json!({"name": "blue", "tenant": "t1", "kind": "vlan", "ipv4": {"cidr": "10.2.0.0/24"}, "sriov_pool": "pool-a", "pod_chooses_vf": true}),
+            ),
+        ),
+        (200, "GET", "/v1/networks", "/v1/networks", None),
+        (200, "GET", "/v1/networks/{name}", "/v1/networks/red", None),
+        (
+            201,
+            "POST",
+            "/v1/networks/{network}/ipgroups",
+            "/v1/networks/red/ipgroups",
+            Some(json!({"name": "g", "members": ["10.1.0.50"], "grace_secs": 60})),
+        ),
+        (
+            201,
+            "POST",
+            "/v1/networks/{network}/ipgroups",
+            "/v1/networks/red/ipgroups",
+            Some(json!({"name": "h", "network": "red", "size": 2})),
+        ),
+        (200, "GET", "/v1/ipgroups", "/v1/ipgroups", None),
+        (200, "GET", "/v1/networks/{network}/ipgroups", "/v1/networks/red/ipgroups", None),
+        (200, "GET", "/v1/networks/{network}/ipgroups/{name}", "/v1/networks/red/ipgroups/g", None),
+        (
+            201,
+            "POST",
+            "/v1/ports",
+            "/v1/ports",
+            Some(json!({
+            "network": "red", "container": "c1", "interface": "eth0", "pod": "ns1/a", "node": "n1",
+            "ip_group": "g", "requested_mac": "02:00:00:00:00:01", "pod_uid": "uid-1",
+            "device_info": "{\"type\":\"vhost-user\"}"})),
+        ),
+        (
+            201,
+            "POST",
+            "/v1/ports",
+            "/v1/ports",
+            Some(
+                json!({"network": "blue", "container": "c2", "interface": "net1", "ips": ["10.2.0.9"]}),
+            ),
+        ),
+        (200, "GET", "/v1/ports", "/v1/ports?network=red", None),
+        (200, "GET", "/v1/ports/{container}/{interface}", "/v1/ports/c1/eth0", None),
+        (200, "GET", "/v1/nodes", "/v1/nodes", None),
+        (200, "GET", "/v1/nodes/{name}", "/v1/nodes/n1", None),
+        (200, "POST", "/v1/nodes/{name}/token", "/v1/nodes/n1/token", None),
+        (200, "GET", "/v1/health", "/v1/health", None),
+        (200, "GET", "/v1/live", "/v1/live", None),
+        (404, "GET", "/v1/kubernetes", "/v1/kubernetes", None),
+        (404, "GET", "/v1/tenants/{name}", "/v1/tenants/nobody", None),
+        (200, "DELETE", "/v1/ports/{container}/{interface}", "/v1/ports/c1/eth0", None),
+        (200, "DELETE", "/v1/ports/{container}/{interface}", "/v1/ports/c2/net1", None),
+        (
+            200,
+            "DELETE",
+            "/v1/networks/{network}/ipgroups/{name}",
+            "/v1/networks/red/ipgroups/g",
+            None,
+        ),
+        (200, "DELETE", "/v1/networks/{name}", "/v1/networks/blue", None),
+        (200, "DELETE", "/v1/nodes/{name}", "/v1/nodes/n1", None),
+    ];
+    for (expected, method, route, path, body) in calls {
+        let op = format!("{method} {path}");
+        let spec = &check.doc["paths"][route][method.to_lowercase()].clone();
+        assert!(spec.is_object(), "{method} {route} is not in the document");
+        if let Some(b) = &body {
+            let schema = spec["requestBody"]["content"]["application/json"]["schema"].clone();
+            check.check(&schema, b, &format!("{op} request"), "");
+        }
+        let (status, answer) = c.send(method, path, body.unwrap_or(Value::Null)).await;
+        assert_eq!(status.as_u16(), expected, "{op}: {answer}");
+        let responses = &spec["responses"];
+        let by_status = &responses[status.as_u16().to_string()];
+        let response = if by_status.is_object() { by_status } else { &responses["default"] };
+        let schema = response["content"]["application/json"]["schema"].clone();
+        assert!(schema.is_object(), "{op}: status {status} is not documented: {answer}");
+        check.check(&schema, &answer, &format!("{op} answer ({status})"), "");
+    }
+    assert!(
+        check.errors.is_empty(),
+        "the document and the API differ:\n{}",
+        check.errors.join("\n")
+    );
+    let unseen = check.unseen();
+    assert!(unseen.is_empty(), "properties the document names that no body carried: {unseen:?}");
+}
+
+/// A small checker of JSON bodies against the OpenAPI document's schemas (the subset the
+/// document uses: `$ref`, `allOf`, `type`, `properties`, `required`, `items`, `enum`).
+/// Unlike JSON Schema's default, a property the schema does not name is an error: the point
+/// is that the document names every field.
+struct Conformance {
+    doc: Value,
+    seen: std::collections::BTreeSet<String>,
+    errors: Vec<String>,
+}
+
+impl Conformance {
+    fn new() -> Conformance {
+        Conformance {
+            doc: serde_json::from_str(OPENAPI).unwrap(),
+            seen: Default::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Follows a `$ref`: the schema and the component's name (what `seen` is kept under).
+    fn resolve(&self, schema: &Value, owner: &str) -> (Value, String) {
+        match schema["$ref"].as_str() {
+            Some(r) => {
+                let name = r.trim_start_matches("#/components/schemas/");
+                (self.doc["components"]["schemas"][name].clone(), name.to_string())
+            }
+            None => (schema.clone(), owner.to_string()),
+        }
+    }
+
+    /// `(property, its schema, the name it is seen under)` and the required names of an
+    /// object schema, `allOf`'s parts merged.
+    fn members(&self, schema: &Value, owner: &str) -> (Vec<(String, Value, String)>, Vec<String>) {
+        let (schema, owner) = self.resolve(schema, owner);
+        let (mut props, mut required) = (Vec::new(), Vec::new());
+        for part in schema["allOf"].as_array().into_iter().flatten() {
+            let (p, r) = self.members(part, &owner);
+            props.extend(p);
+            required.extend(r);
+        }
+        for (k, v) in schema["properties"].as_object().into_iter().flatten() {
+            props.push((k.clone(), v.clone(), format!("{owner}.{k}")));
+        }
+        for r in schema["required"].as_array().into_iter().flatten() {
+            required.push(r.as_str().unwrap_or_default().to_string());
+        }
+        (props, required)
+    }
+
+    fn check(&mut self, schema: &Value, v: &Value, at: &str, owner: &str) {
+        let (resolved, owner) = self.resolve(schema, owner);
+        if v.is_null() && resolved["nullable"] == true {
+            return;
+        }
+        if let Some(allowed) = resolved["enum"].as_array()
+            && !allowed.contains(v)
+        {
+            self.errors.push(format!("{at}: {v} is not one of {allowed:?}"));
+        }
+        let ty = resolved["type"].as_str().unwrap_or(if resolved["allOf"].is_array() {
+            "object"
+        } else {
+            ""
+        });
+        let fits = match ty {
+            "object" => v.is_object(),
+            "array" => v.is_array(),
+            "string" => v.is_string(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "number" => v.is_number(),
+            "boolean" => v.is_boolean(),
+            _ => true,
+        };
+        if !fits {
+            self.errors.push(format!("{at}: {v} is not {ty}"));
+            return;
+        }
+        if let Some(items) = v.as_array() {
+            for (i, item) in items.iter().enumerate() {
+                self.check(&resolved["items"], item, &format!("{at}[{i}]"), &format!("{owner}[]"));
+            }
+        }
+        let Some(object) = v.as_object() else { return };
+        let (props, required) = self.members(&resolved, &owner);
+        if props.is_empty() && resolved["allOf"].is_null() {
+            return; // a free-form object (health, the controller's state)
+        }
+        for r in &required {
+            if !object.contains_key(r) {
+                self.errors.push(format!("{at}: required {r:?} missing"));
+            }
+        }
+        for (k, value) in object {
+            match props.iter().find(|(name, ..)| name == k) {
+                Some((_, schema, seen_as)) => {
+                    self.seen.insert(seen_as.clone());
+                    let (schema, seen_as) = (schema.clone(), seen_as.clone());
+                    self.check(&schema, value, &format!("{at}.{k}"), &seen_as);
+                }
+                None => self.errors.push(format!("{at}: {k:?} is not in the document")),
+            }
+        }
+    }
+
+    /// Every property of every component schema (nested ones by path) not yet seen.
+    fn unseen(&self) -> Vec<String> {
+        fn walk(s: &Value, owner: &str, out: &mut Vec<String>) {
+            for (k, v) in s["properties"].as_object().into_iter().flatten() {
+                let name = format!("{owner}.{k}");
+                walk(v, &name, out);
+                walk(&v["items"], &format!("{name}[]"), out);
+                out.push(name);
+            }
+            for part in s["allOf"].as_array().into_iter().flatten() {
+                walk(part, owner, out);
+            }
+        }
+        let mut all = Vec::new();
+        for (name, s) in self.doc["components"]["schemas"].as_object().unwrap() {
+            walk(s, name, &mut all);
+        }
+        all.retain(|p| !self.seen.contains(p));
+        all
+    }
+}

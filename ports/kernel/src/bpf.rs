@@ -621,11 +621,8 @@ mod test {
     fn dropped_frames_are_counted() {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        if !vswitch::testkit::peer_available(
-            root,
-            "root (for bpf(2))",
-            "running the tests as root",
-        ) {
+        if !vswitch::testkit::peer_available(root, "root (for bpf(2))", "running the tests as root")
+        {
             return;
         }
         let drops = drop_counter().expect("an array map");

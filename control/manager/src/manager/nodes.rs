@@ -78,9 +78,11 @@ impl Manager {
             .collect())
     }
 
-    /// Forgets a node (it leaves flood lists at once); `None` if there was none.
+    /// Forgets a node (it leaves flood lists at once); `None` if there was none. The node
+    /// comes back as it was, its liveness filled in as `get_node` does.
     pub fn delete_node(&self, name: &str) -> Result<Option<Node>> {
         let Some((n, v)) = self.load::<Node>(&node_key(name))? else { return Ok(None) };
+        let n = self.with_liveness(n, &self.heartbeats()?);
         let mut ops = vec![Op::delete(node_key(name), v)];
         if let Some(a) = self.store.get(&alive_key(name))? {
             ops.push(Op::delete(alive_key(name), a.version));
