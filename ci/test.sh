@@ -38,6 +38,9 @@ cargo fmt --all -- --check
 for d in vswitch/fuzz ports/vhost/fuzz; do (cd "$d" && cargo fmt -- --check); done
 cargo clippy -q --workspace --all-targets -- -D warnings
 
+echo "== dependency policy (deny.toml: licences, bans, sources, advisories)"
+bash ci/deny.sh
+
 echo "== demo (in-process data plane)"
 timeout 300 cargo run --release -q -p knitter-vswitch --example demo
 

@@ -227,7 +227,9 @@ pub const FORMAT: u32 = 2;
 #[derive(Debug, thiserror::Error)]
 pub enum DocumentError {
     #[error("topology document (YAML): {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] knitter_api::yaml::Error),
+    #[error("topology document (YAML): {0}")]
+    YamlOut(#[from] knitter_api::yaml::SerializeError),
     #[error("topology document (TOML): {0}")]
     Toml(#[from] toml::de::Error),
     #[error("topology document (JSON): {0}")]
@@ -297,7 +299,9 @@ impl NodeState {
     /// three it names.
     pub fn parse(text: &str, format: &str) -> Result<Document, DocumentError> {
         let (objects, kinds): (Objects, Kinds) = match format {
-            "" | "yaml" | "yml" => (serde_yaml::from_str(text)?, serde_yaml::from_str(text)?),
+            "" | "yaml" | "yml" => {
+                (knitter_api::yaml::from_str(text)?, knitter_api::yaml::from_str(text)?)
+            }
             "toml" => (toml::from_str(text)?, toml::from_str(text)?),
             "json" => (serde_json::from_str(text)?, serde_json::from_str(text)?),
             f => return Err(DocumentError::Format(f.into())),
@@ -348,7 +352,7 @@ impl NodeState {
             map.retain(|k, _| k == key);
         }
         Ok(match format {
-            "" | "yaml" | "yml" => serde_yaml::to_string(&doc)?,
+            "" | "yaml" | "yml" => knitter_api::yaml::to_string(&doc)?,
             // Some objects hold unit variants, which TOML cannot write (it reads them).
             "toml" => return Err(DocumentError::ExportFormat),
             "json" => serde_json::to_string_pretty(&doc)? + "\n",

@@ -1,6 +1,10 @@
-//! Knitter's gRPC API: the protos under `proto/` compiled by tonic, and a client that
-//! reaches a daemon over its unix socket. A leaf crate: the data plane, the CNI plugin and
-//! the control plane all depend on it, and it on none of them.
+//! What Knitter's programs share: the gRPC API (the protos under `proto/` compiled by tonic)
+//! with its clients (a daemon's unix socket; TCP with TLS and a bearer token), and the
+//! pieces every program needs alike: interface and host-port names ([`names`]), MACs
+//! ([`mac`]), NPWG device-info ([`device_info`]), logging, metrics, signals and systemd
+//! ([`logging`], [`metrics`], [`process`], [`systemd`]), capture filters ([`bpf`]) and YAML
+//! ([`yaml`]). A leaf crate: the data plane, the CNI plugin and the control plane all depend
+//! on it, and it on none of them.
 
 #![forbid(unsafe_code)]
 
@@ -12,6 +16,7 @@ pub mod metrics;
 pub mod names;
 pub mod process;
 pub mod systemd;
+pub mod yaml;
 
 use std::path::{Path, PathBuf};
 use tonic::transport::{Channel, Endpoint, Uri};

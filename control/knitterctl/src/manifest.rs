@@ -32,7 +32,9 @@ impl Document {
     /// the API does not have (a typo) is refused, not ignored.
     pub(crate) fn parse(text: &str, format: &str) -> Result<Document> {
         let v: Value = match format {
-            "" | "yaml" | "yml" => serde_yaml::from_str(text).context("the document (YAML)")?,
+            "" | "yaml" | "yml" => {
+                knitter_api::yaml::from_str(text).context("the document (YAML)")?
+            }
             "json" => serde_json::from_str(text).context("the document (JSON)")?,
             f => bail!("unknown document format {f:?}: yaml or json"),
         };

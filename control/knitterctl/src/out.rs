@@ -44,7 +44,7 @@ pub(crate) fn opt<T: ToString>(v: Option<T>) -> String {
 /// Prints `v` as `-o json` or `-o yaml` asks.
 pub(crate) fn structured<T: serde::Serialize>(out: Output, v: &T) -> Result<()> {
     match out {
-        Output::Yaml => line(format_args!("{}", serde_yaml::to_string(v)?.trim_end())),
+        Output::Yaml => line(format_args!("{}", knitter_api::yaml::to_string(v)?.trim_end())),
         _ => line(format_args!("{}", serde_json::to_string_pretty(v)?)),
     }
     Ok(())
@@ -54,7 +54,7 @@ pub(crate) fn structured<T: serde::Serialize>(out: Output, v: &T) -> Result<()> 
 /// document of its own (`---` first).
 pub(crate) fn record<T: serde::Serialize>(out: Output, v: &T) -> Result<()> {
     match out {
-        Output::Yaml => line(format_args!("---\n{}", serde_yaml::to_string(v)?.trim_end())),
+        Output::Yaml => line(format_args!("---\n{}", knitter_api::yaml::to_string(v)?.trim_end())),
         _ => line(format_args!("{}", serde_json::to_string(v)?)),
     }
     Ok(())

@@ -170,9 +170,9 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{f}: {e}"));
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value =
-                serde::Deserialize::deserialize(doc).unwrap_or_else(|e| panic!("{f}: {e}"));
+        let docs: Vec<Value> =
+            knitter_api::yaml::from_multiple(&text).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for v in docs {
             let namespace = match v["kind"].as_str() {
                 Some("ClusterRole") => None,
                 Some("Role") => Some(
