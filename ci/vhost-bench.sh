@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vhost-user ↔ vhost-user L2 through Knitter against the yardstick (testpmd's own net_vhost
 # io forwarding: no switching, two copies per frame), interleaved in one time window as
-# ../shared/notes/perf-lab.md asks. Not a CI job: run it by hand on a quiet machine.
+# docs/perf/README.md explains (this VM's CPU supply swings). Not a CI job: run it by hand on a quiet machine.
 #   ci/vhost-bench.sh [cycles] [sizes...]        (default: 3 cycles, 64 and 512 bytes)
 # Layout: the switch under test forwards on CPU 1 (Knitter: one busy PMD thread; the
 # yardstick: one testpmd forwarding lcore); the generator forwards on CPU 0: a pcap port

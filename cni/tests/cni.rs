@@ -301,7 +301,7 @@ fn a_networks_pod_policer_polices_each_pods_port() {
     // rest not.
     assert!(
         b.run(&["ping", "-c", "1", "-W", "1", &addr(&ra)]).is_ok(),
-        "the pods reach each other (and their neighbours are resolved)"
+        "the pods reach each other (and their neighbors are resolved)"
     );
     let _ = b.run(&["ping", "-q", "-c", "300", "-l", "300", "-w", "2", &addr(&ra)]);
     let stats = lab.ctl(&["stats"]);
@@ -537,7 +537,7 @@ fn a_node_gateway_network_reaches_the_node_and_beyond() {
         "a UDP Service (DNS) answers through the node"
     );
 
-    // IPv6 the same way: the switch answers the gateway's neighbour solicitations.
+    // IPv6 the same way: the switch answers the gateway's neighbor solicitations.
     let deadline = Instant::now() + Duration::from_secs(10);
     while netns::ping(&lab.node, &pod_ip6).is_err() {
         assert!(Instant::now() < deadline, "the node does not reach its pod {pod_ip6}");

@@ -138,9 +138,9 @@ impl Vgen {
             frame.len()
         );
         let addr = buf_addr(k, i);
-        let b = self
-            .mem
-            .buffer(addr, HDR_LEN + frame.len())
+        // SAFETY: buffer `i` is not posted (it is being filled before `set_desc`), so the
+        // switch does not touch it; `b` ends before it is posted.
+        let b = unsafe { self.mem.buffer(addr, HDR_LEN + frame.len()) }
             .context("buffer outside the generator's memory")?;
         b[..HDR_LEN].fill(0);
         b[HDR_LEN..].copy_from_slice(frame);
@@ -151,7 +151,10 @@ impl Vgen {
 
     #[inline]
     fn stamp(&self, h: u16, t: u64) {
-        if let Some(b) = self.mem.buffer(buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64, 8) {
+        let at = buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64;
+        // SAFETY: `h` is about to be posted, not yet: the switch does not read it until then.
+        let stamp = unsafe { self.mem.buffer(at, 8) };
+        if let Some(b) = stamp {
             b.copy_from_slice(&t.to_le_bytes());
         }
     }
@@ -216,8 +219,10 @@ impl Wire for Vgen {
             bytes += (len as usize).saturating_sub(HDR_LEN) as u64;
             if let Some(ages) = ages.as_deref_mut()
                 && len as usize >= HDR_LEN + self.stamps[1] + 8
-                && let Some(b) =
+                // SAFETY: `h` came back in the used ring and is posted again only below.
+                && let Some(b) = unsafe {
                     self.mem.buffer(buf_addr(B_RX, h) + (HDR_LEN + self.stamps[1]) as u64, 8)
+                }
             {
                 ages.record(b, now);
             }

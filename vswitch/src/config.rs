@@ -110,7 +110,7 @@ pub struct BridgeConfig {
     pub mac_age_secs: u32,
     #[serde(default = "default_bd_limit")]
     pub mac_limit: u32,
-    /// Answer ARP requests (and IPv6 neighbour solicitations) for addresses in `neighbors`.
+    /// Answer ARP requests (and IPv6 neighbor solicitations) for addresses in `neighbors`.
     #[serde(default)]
     pub arp_suppression: bool,
     #[serde(default)]
@@ -145,8 +145,8 @@ pub struct BridgeConfig {
     pub gateway: Option<GatewayConfig>,
 }
 
-/// A bridge domain's distributed gateway: the switch answers ARP and neighbour
-/// solicitations for `ips` with `mac` (the same on every node, so a pod's neighbour entry
+/// A bridge domain's distributed gateway: the switch answers ARP and neighbor
+/// solicitations for `ips` with `mac` (the same on every node, so a pod's neighbor entry
 /// holds wherever it runs), and frames to `mac` go to the local `port`, addressed to that
 /// port's own MAC: the node's host port, whose kernel routes them (to the host itself, a
 /// Service, the outside world). Pods keep talking to each other switched, as before.
@@ -351,7 +351,7 @@ pub struct VtepConfig {
     #[serde(default)]
     pub peers: Vec<PeerConfig>,
     /// The VTEP's address is the node's own (the kernel answers ARP/ND for it and resolves
-    /// next hops; the switch follows the kernel's neighbour table, see
+    /// next hops; the switch follows the kernel's neighbor table, see
     /// `kernel_ports::kernel_neigh::KernelNeighbors` (knitter-kernel-ports)). Default: a dedicated address the switch answers for
     /// and resolves from.
     #[serde(default)]
@@ -359,7 +359,7 @@ pub struct VtepConfig {
 }
 
 /// A remote VTEP and how its frames reach it on the underlay: to a configured next-hop MAC,
-/// or to the MAC that ARP / neighbour discovery finds for `next_hop` (default: the peer's own
+/// or to the MAC that ARP / neighbor discovery finds for `next_hop` (default: the peer's own
 /// address, for a peer on the underlay's subnet; a gateway's address otherwise).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -55,7 +55,7 @@ pub enum Next {
 
 /// The nodes a received burst enters at: the cache, or (cache off, missed, traced) the local
 /// port's classification or the underlay's decapsulation, or — an underlay frame that is not
-/// VXLAN (ARP, neighbour discovery) — the VTEP's own neighbour handling.
+/// VXLAN (ARP, neighbor discovery) — the VTEP's own neighbor handling.
 pub const ENTRIES: &[Node] = &[Node::Cache, Node::Classify, Node::Decap, Node::Vtep];
 
 impl Node {

@@ -1,5 +1,5 @@
 //! Next-hop resolution for VTEP peers whose next-hop MAC is not configured (the dedicated
-//! VTEP address mode): ARP over IPv4 and neighbour discovery over IPv6, sent from the VTEP's
+//! VTEP address mode): ARP over IPv4 and neighbor discovery over IPv6, sent from the VTEP's
 //! own address, with Linux's timers in miniature.
 //!
 //! The state is one slot per peer, shared by the PMD threads and written without locks:
@@ -15,7 +15,7 @@
 //!   forget it.
 //!
 //! Answers are learned from any ARP packet (reply, or request) whose sender is a next hop and
-//! whose target is the VTEP's address, and from neighbour advertisements for a next hop's
+//! whose target is the VTEP's address, and from neighbor advertisements for a next hop's
 //! address sent to the VTEP's address.
 
 use crate::buf::{BufId, Pool, PoolCache};
@@ -191,7 +191,7 @@ impl Neighbors {
     }
 }
 
-/// An ARP request or neighbour solicitation for `target` from the VTEP (`local`, `mac`),
+/// An ARP request or neighbor solicitation for `target` from the VTEP (`local`, `mac`),
 /// tagged when the underlay is, in a fresh buffer.
 pub fn request(
     cache: &mut PoolCache,
@@ -212,7 +212,7 @@ pub fn request(
         ethertype: et,
     };
     eth.emit(&mut f);
-    let l2 = if vlan.is_some() { 18 } else { 14 };
+    let l2 = ethernet::header_len(vlan.is_some());
     let len = match (local, target) {
         (IpAddr::V4(spa), IpAddr::V4(tpa)) => {
             arp::Repr { op: arp::OP_REQUEST, sha: mac, spa, tha: MacAddr([0; 6]), tpa }
@@ -238,7 +238,7 @@ pub fn request(
 }
 
 /// The answer in an underlay frame addressed to the VTEP at `local`: the sender's address
-/// and MAC of an ARP packet targeting `local`, or the target and its MAC of a neighbour
+/// and MAC of an ARP packet targeting `local`, or the target and its MAC of a neighbor
 /// advertisement sent to `local`. The frame is untagged or carries one tag.
 pub fn answer_in(pool: &Pool, b: &BufId, local: IpAddr) -> Option<(IpAddr, MacAddr)> {
     let h = pool.head(b);
@@ -397,7 +397,7 @@ mod test {
             // The request, as seen by the target: an ARP request or a solicitation for it.
             let h = pool.head(&b).to_vec();
             c.free(b);
-            let l2 = if vlan.is_some() { 18 } else { 14 };
+            let l2 = ethernet::header_len(vlan.is_some());
             let answer = match (local, target) {
                 (IpAddr::V4(l), IpAddr::V4(t)) => {
                     let p = arp::Packet::new_checked(&h[l2..]).unwrap();

@@ -1,13 +1,6 @@
 //! Poll-mode driver threads: each polls its share of the (port, rx queue) pairs and runs
-//! the pipeline, adopting new configuration snapshots between bursts.
-//!
-//! Idle policies:
-//! - `busy`: spin forever (benchmarks, dedicated cores);
-//! - `adaptive` (the default): spin for `spin_us` after the last packet, then arm every polled
-//!   queue's wake descriptor, re-check the queues (a packet that arrived meanwhile cancels the
-//!   sleep, so no wake-up is lost), and sleep in `poll(2)` until a queue or the thread's own
-//!   eventfd (stop) is signalled, or `max_sleep_us` passes — like OVS's `pmd-maxsleep`.
-//!   Queues without a wake descriptor cap the sleep at `max_sleep_us`.
+//! the pipeline, adopting new configuration snapshots between bursts. What a thread does
+//! when its queues are empty is its [`IdlePolicy`].
 //!
 //! Busy and idle TSC cycles are counted so cycles/packet can be reported the way
 //! `ovs-appctl dpif-netdev/pmd-stats-show` does. Stopping is prompt: a flag plus a write to
@@ -30,7 +23,14 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "policy")]
 pub enum IdlePolicy {
+    /// Spin forever (benchmarks, dedicated cores).
     Busy,
+    /// The default: spin for `spin_us` after the last packet, then arm every polled queue's
+    /// wake descriptor, look at the queues again (a packet that arrived meanwhile cancels the
+    /// sleep, so no wake-up is lost), and sleep in `poll(2)` until a queue or the thread's own
+    /// eventfd (stop) is signalled, or `max_sleep_us` passes, like OVS's `pmd-maxsleep`. A
+    /// polled queue without a wake descriptor cuts each sleep to 1 ms.
+    ///
     /// Either field may be left out (`{ policy = "adaptive" }`): the defaults apply.
     Adaptive {
         #[serde(default = "default_spin_us")]
@@ -478,7 +478,8 @@ fn guarded<R>(
     }
 }
 
-/// How often a PMD thread looks again at which dynamic queues are active.
+/// How often a PMD thread looks again at which of its dynamic queues are active (its own
+/// placement; not [`PmdSet::rebalance`], which moves queues between threads).
 const REBALANCE: Duration = Duration::from_millis(100);
 
 /// Publishes `queues` as the thread's placement (with `stats`, the thread's counters) if

@@ -18,8 +18,8 @@
 
 use crate::counters::DropReason;
 use crate::snapshot::Security;
-use crate::wire::ethernet::{self, ethertype};
-use crate::wire::{arp, icmpv6, ipv6};
+use crate::wire::ethernet::{self, ethertype, field};
+use crate::wire::{arp, icmpv6, ipv4, ipv6};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// UDP source ports of DHCP servers and relays.
@@ -39,8 +39,8 @@ pub fn check(sec: &Security, frame: &[u8], l2: usize, mac: u64) -> Result<(), Dr
     if let Some((own_mac, own_ip)) = sec.one_v4
         && l2 == ethernet::HEADER_LEN
         && let Some((eth, l3)) = frame.split_first_chunk::<{ ethernet::HEADER_LEN }>()
-        && let Some(ip) = l3.first_chunk::<20>()
-        && eth[12..14] == ethertype::IPV4.to_be_bytes()
+        && let Some(ip) = l3.first_chunk::<{ ipv4::HEADER_LEN }>()
+        && eth[field::ETHERTYPE..field::ETHERTYPE + 2] == ethertype::IPV4.to_be_bytes()
     {
         check_one_v4(own_mac, own_ip, mac, ip)?;
         return dhcp_guard_v4(sec, l3);
@@ -59,7 +59,7 @@ fn check_general(sec: &Security, frame: &[u8], l2: usize, mac: u64) -> Result<()
     };
     match u16::from_be_bytes(*et) {
         ethertype::IPV4 => {
-            if l3.len() < 20 || l3[0] >> 4 != 4 {
+            if l3.len() < ipv4::HEADER_LEN || l3[0] >> 4 != 4 {
                 return Err(DropReason::SecurityIp);
             }
             let src = Ipv4Addr::new(l3[12], l3[13], l3[14], l3[15]);
@@ -161,7 +161,12 @@ fn dhcp_guard_v4(sec: &Security, l3: &[u8]) -> Result<(), DropReason> {
 /// from a port allowing one MAC and one IPv4 address: the same verdicts as the general path
 /// for that configuration (the DHCP guard aside, which the caller runs).
 #[inline(always)]
-fn check_one_v4(own_mac: u64, own_ip: u32, mac: u64, ip: &[u8; 20]) -> Result<(), DropReason> {
+fn check_one_v4(
+    own_mac: u64,
+    own_ip: u32,
+    mac: u64,
+    ip: &[u8; ipv4::HEADER_LEN],
+) -> Result<(), DropReason> {
     if mac != own_mac {
         return Err(DropReason::SecurityMac);
     }

@@ -170,7 +170,7 @@ pub struct BdEntry {
     pub arp_suppression: bool,
     pub arp: FxMap<Ipv4Addr, MacAddr>,
     pub nd: FxMap<Ipv6Addr, MacAddr>,
-    /// The FDB key of the gateway's MAC in this domain (0: no gateway): neighbour requests
+    /// The FDB key of the gateway's MAC in this domain (0: no gateway): neighbor requests
     /// sent to it unicast (a pod confirming its entry) are answered like broadcast ones.
     pub gateway_key: u64,
 }

@@ -18,7 +18,7 @@ pub enum Answer {
     Echo,
 }
 
-/// Turns an ARP request or neighbour solicitation in `b` into the reply, when `bd` knows the
+/// Turns an ARP request or neighbor solicitation in `b` into the reply, when `bd` knows the
 /// address. `l2` is the Ethernet header length (with tag).
 pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> Option<Answer> {
     match et {
@@ -32,7 +32,7 @@ pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> O
     }
 }
 
-/// Answers an ARP request, neighbour solicitation or ICMP echo request for `ip` itself, from
+/// Answers an ARP request, neighbor solicitation or ICMP echo request for `ip` itself, from
 /// `mac` (the VTEP's own address on the underlay): untagged, or tagged in `vlan` (the
 /// underlay's VLAN; the reply keeps the tag).
 pub fn answer_for(
@@ -45,7 +45,7 @@ pub fn answer_for(
     let h = pool.head(b);
     let mut et = u16::from_be_bytes([*h.get(12)?, *h.get(13)?]);
     let mut l2 = 14;
-    // On a tagged underlay the neighbours ask in its VLAN; the reply keeps the tag.
+    // On a tagged underlay the neighbors ask in its VLAN; the reply keeps the tag.
     if crate::wire::ethernet::is_tpid(et) {
         let vid = u16::from_be_bytes([*h.get(14)?, *h.get(15)?]) & 0xfff;
         if vlan != Some(vid) {

@@ -240,7 +240,7 @@ pub mod frames {
         (g, MacAddr([0x33, 0x33, go[12], go[13], go[14], go[15]]))
     }
 
-    /// A neighbour solicitation from (mac, src) for target, to the solicited-node group.
+    /// A neighbor solicitation from (mac, src) for target, to the solicited-node group.
     pub fn ns(src_mac: MacAddr, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
         let (group, gmac) = solicited_node(target);
         let mut l3 = vec![0u8; 40 + icmpv6::NA_LEN];
@@ -256,7 +256,7 @@ pub mod frames {
         eth(gmac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
 
-    /// A solicited neighbour advertisement for `target` from (mac, src) to (dst_mac, dst).
+    /// A solicited neighbor advertisement for `target` from (mac, src) to (dst_mac, dst).
     pub fn na(
         src_mac: MacAddr,
         src: Ipv6Addr,

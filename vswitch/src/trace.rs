@@ -57,7 +57,7 @@ pub enum Node {
     NeighborHold,
     /// Queued on a port's tx batch.
     Tx,
-    /// The VTEP's own neighbour traffic (answers to it, requests for its address).
+    /// The VTEP's own neighbor traffic (answers to it, requests for its address).
     Vtep,
 }
 
@@ -183,9 +183,9 @@ pub enum Step {
         first: bool,
         sent: bool,
     },
-    /// The VTEP answered a neighbour asking for its address (sent back out of the ingress).
+    /// The VTEP answered a neighbor asking for its address (sent back out of the ingress).
     VtepAnswer,
-    /// An answer to the VTEP's own neighbour request, learned and done with.
+    /// An answer to the VTEP's own neighbor request, learned and done with.
     VtepLearned,
     Drop {
         reason: DropReason,
@@ -360,10 +360,10 @@ impl Names<'_> {
             }
             Step::Suppress { arp } => format!(
                 "{} answered from the bridge's table, back to the ingress",
-                if arp { "ARP request" } else { "neighbour solicitation" }
+                if arp { "ARP request" } else { "neighbor solicitation" }
             ),
             Step::Forward { mac, found: Some(d) } => format!("dst {mac} → {}", self.dest(d)),
-            Step::Forward { mac, found: None } if mac.0[0] & 1 != 0 => {
+            Step::Forward { mac, found: None } if mac.is_group() => {
                 format!("dst {mac}: group address → flood")
             }
             Step::Forward { mac, found: None } => format!("dst {mac}: unknown → flood"),
@@ -396,7 +396,7 @@ impl Names<'_> {
                     format!("port {} (synthetic: not sent)", self.port(port))
                 }
             }
-            Step::VtepAnswer => "a neighbour asked for the VTEP's address: answered".into(),
+            Step::VtepAnswer => "a neighbor asked for the VTEP's address: answered".into(),
             Step::VtepLearned => "an answer to the VTEP's next-hop request: learned".into(),
             Step::Drop { reason, port } => {
                 format!("DROP {} (port {})", reason.name(), self.port(port))

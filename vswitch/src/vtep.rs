@@ -19,10 +19,15 @@ use crate::wire::{MacAddr, checksum, ethernet, ipv4, ipv6, udp, vxlan};
 use std::net::IpAddr;
 
 /// The outer header [`VtepEntry::classify_plain`] reads: Ethernet + IPv4 + UDP + VXLAN.
-pub const PLAIN_OUTER: usize = 14 + 20 + 8 + 8;
+pub const PLAIN_OUTER: usize =
+    ethernet::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN + vxlan::HEADER_LEN;
 
 /// Maximum outer header: Ethernet + tag + IPv6 + UDP + VXLAN.
-pub const MAX_OUTER: usize = 14 + 4 + 40 + 8 + 8;
+pub const MAX_OUTER: usize = ethernet::HEADER_LEN
+    + ethernet::TAG_LEN
+    + ipv6::HEADER_LEN
+    + udp::HEADER_LEN
+    + vxlan::HEADER_LEN;
 
 /// How a bridge domain's encapsulated frames are marked for the underlay (its network's
 /// plane): the outer header's DSCP, and the 802.1p priority on a tagged underlay. The
@@ -204,7 +209,7 @@ impl VtepEntry {
         if v.local_ip.is_unspecified() || v.local_ip.is_multicast() {
             return Err(err(format!("local address {} is not a unicast address", v.local_ip)));
         }
-        let l2_len = if v.underlay_vlan.is_some() { 18 } else { 14 };
+        let l2_len = ethernet::header_len(v.underlay_vlan.is_some());
         let l3 = if v.local_ip.is_ipv4() { ipv4::HEADER_LEN } else { ipv6::HEADER_LEN };
         Ok(VtepEntry {
             local: v.local_ip,

@@ -105,7 +105,7 @@ fn a_per_thread_counter_shared_loses_counts() {
 const LIMITS: Limits = Limits { bd_max: 1000, port_max: 1000 };
 
 /// A key whose first bucket is `key_a`'s, for a MAC other than `a`'s.
-fn neighbour_of(fdb: &Fdb, a: u64) -> u64 {
+fn neighbor_of(fdb: &Fdb, a: u64) -> u64 {
     let want = fdb.first_bucket(fdb.locate(a));
     (1..)
         .map(|m| key(1, 0x0200_0000_0000 + m))
@@ -122,7 +122,7 @@ fn fdb_readers_never_see_another_macs_destination() {
     model(|| {
         let fdb = Arc::new(Fdb::new(16));
         let a = key(1, 0x0200_0000_0001);
-        let b = neighbour_of(&fdb, a);
+        let b = neighbor_of(&fdb, a);
         assert_eq!(fdb.learn(a, fdb.locate(a), Dest::Port(1), 0, LIMITS), Learn::Learned);
         let r = fdb.clone();
         let reader = thread::spawn(move || r.lookup(a, r.locate(a)).map(|v| v.dest()));
@@ -142,7 +142,7 @@ fn fdb_concurrent_learners_lose_nothing_they_report_learned() {
     model(|| {
         let fdb = Arc::new(Fdb::new(16));
         let a = key(1, 0x0200_0000_0001);
-        let b = neighbour_of(&fdb, a);
+        let b = neighbor_of(&fdb, a);
         let f2 = fdb.clone();
         let t = thread::spawn(move || f2.learn(b, f2.locate(b), Dest::Port(2), 0, LIMITS));
         let ra = fdb.learn(a, fdb.locate(a), Dest::Port(1), 0, LIMITS);

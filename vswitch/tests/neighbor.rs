@@ -1,4 +1,4 @@
-//! Next-hop resolution for VTEP peers without a configured next-hop MAC: ARP and neighbour
+//! Next-hop resolution for VTEP peers without a configured next-hop MAC: ARP and neighbor
 //! discovery from the VTEP's address, frames waiting for the answer and leaving in order
 //! after it, one request per second, unanswered requests, a bounded waiting queue, a gateway
 //! as next hop, and re-confirmation.
@@ -128,7 +128,7 @@ fn arp_resolves_a_gateway_for_a_peer_elsewhere() {
 }
 
 #[test]
-fn neighbour_discovery_resolves_an_ipv6_peer() {
+fn neighbor_discovery_resolves_an_ipv6_peer() {
     resolves_then_sends_in_order(v6(1), v6(2), None);
 }
 

@@ -147,9 +147,9 @@ fn a_policer_that_could_never_pass_a_frame_is_refused() {
 
 /// Fairness on a PMD thread: each round polls every queue once and takes at most a burst
 /// (`BATCH` frames) from it, so a pod offering a thousand frames gets one burst a round, as
-/// does its quiet neighbour, whose frames all pass in the first round.
+/// does its quiet neighbor, whose frames all pass in the first round.
 #[test]
-fn a_flooding_pod_takes_one_burst_a_round_and_its_neighbour_loses_nothing() {
+fn a_flooding_pod_takes_one_burst_a_round_and_its_neighbor_loses_nothing() {
     let mut h = Harness::new();
     h.ring("loud").ring("quiet").ring("out");
     let ports = ["loud", "quiet", "out"].iter().map(|p| PortConfig::access(p, "red")).collect();

@@ -1,7 +1,7 @@
 //! Packet trace: a live trace names every logical node a frame passed (and the frame is
 //! still forwarded as usual); drops are traced at the node that dropped; the cache's
 //! decision is reported for frames it knows; synthetic frames (an encapsulation, a
-//! decapsulation, a trunk's tagged frame, ARP suppression, the VTEP's own neighbour
+//! decapsulation, a trunk's tagged frame, ARP suppression, the VTEP's own neighbor
 //! traffic, a frame waiting for a next hop) run through the configuration without learning
 //! or sending anything; and together the traces cover every node and take every edge of
 //! the node graph ([`vswitch::graph`]), and no edge it does not list.

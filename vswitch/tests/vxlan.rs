@@ -658,7 +658,7 @@ proptest::proptest! {
     }
 }
 
-/// On a tagged underlay the VTEP answers ARP, neighbour solicitations and pings asked in
+/// On a tagged underlay the VTEP answers ARP, neighbor solicitations and pings asked in
 /// the underlay's VLAN, with the tag kept; asked in another VLAN, it does not.
 #[test]
 fn vtep_answers_on_a_tagged_underlay() {

@@ -130,7 +130,7 @@ pub fn overlap(a: &[String], b: &[String]) -> Option<(String, String)> {
 fn configure(p: &Plan, sw: &str, mtu: u32, masquerade: bool) -> io::Result<()> {
     // The switch's end is no host interface: with IPv6 on it would take the same link-local
     // address as the host end (the same MAC), and each end's duplicate address detection
-    // would see the other's: the host end's link-local failed, and with it every neighbour
+    // would see the other's: the host end's link-local failed, and with it every neighbor
     // solicitation the node sends for traffic it forwards to a pod (their source), so pods'
     // IPv6 replies from beyond the node never came back. Before the ends come up.
     if let Err(e) = std::fs::write(format!("/proc/sys/net/ipv6/conf/{sw}/disable_ipv6"), "1") {

@@ -169,7 +169,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
         })
     };
     let links = tokio::spawn(links::watch_links(node.clone(), LINK_POLL));
-    let neighbours = tokio::spawn(underlay::follow_kernel_neighbours(node.clone()));
+    let neighbors = tokio::spawn(underlay::follow_kernel_neighbors(node.clone()));
     let manager = s.manager.clone().map(manager::Manager::new).transpose()?;
     if let Some(m) = &manager
         && let Some(join) = &m.link().join
@@ -253,7 +253,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     };
     aging.abort();
     links.abort();
-    neighbours.abort();
+    neighbors.abort();
     releases.abort();
     if let Some(m) = manager {
         m.abort();

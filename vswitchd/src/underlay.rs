@@ -1,6 +1,6 @@
 //! The shared-address VTEP's next hops, followed from the kernel: when the VTEP's address
 //! is the node's own (`shared_address`), the kernel answers ARP/ND for it and resolves the
-//! peers, and the switch copies the MACs of their next hops from the kernel's neighbour
+//! peers, and the switch copies the MACs of their next hops from the kernel's neighbor
 //! and route tables (`kernel_ports::kernel_neigh`: rtnetlink notifications, a full read on
 //! route changes and every [`RESYNC`]), in the underlay device's network namespace. Without
 //! this the daemon never resolved a peer in that mode and sent nothing.
@@ -18,7 +18,7 @@ const CHECK: Duration = Duration::from_secs(1);
 
 /// Follows the kernel's tables for as long as the daemon runs, in the namespace of the
 /// shared-address VTEP's underlay; does nothing while the VTEP is not in that mode.
-pub async fn follow_kernel_neighbours(node: Arc<Node>) {
+pub async fn follow_kernel_neighbors(node: Arc<Node>) {
     let mut following: Option<(Option<String>, KernelNeighbors)> = None;
     let mut tick = tokio::time::interval(CHECK);
     let mut warned = false;
@@ -46,11 +46,11 @@ pub async fn follow_kernel_neighbours(node: Arc<Node>) {
                 warned = false;
             }
             Ok(Some(Err(e))) if !warned => {
-                tracing::warn!(error = %e, "cannot follow the kernel's neighbour table for the shared-address VTEP");
+                tracing::warn!(error = %e, "cannot follow the kernel's neighbor table for the shared-address VTEP");
                 warned = true;
             }
             Ok(Some(Err(_))) => {}
-            Err(e) => tracing::error!(error = %e, "the kernel-neighbour follower failed"),
+            Err(e) => tracing::error!(error = %e, "the kernel-neighbor follower failed"),
         }
     }
 }

@@ -1918,7 +1918,7 @@ async fn a_vf_given_to_the_switch_is_bound_to_vfio_pci_first() {
 
 /// A bridge's distributed gateway and the node's host port, as a node running plain pods
 /// uses them (the daemon in the node's own namespace): the switch answers the pods' ARP and
-/// neighbour solicitations for their gateway, the node reaches its pods (a kubelet's
+/// neighbor solicitations for their gateway, the node reaches its pods (a kubelet's
 /// probe), a pod reaches the outside through the host (masqueraded: the outside has no
 /// route back to pods), over IPv4 and IPv6, and a Service whose NAT rule kube-proxy would
 /// write (DNAT to a backend pod) answers, its replies coming back through the node that
@@ -1997,7 +1997,7 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
         "and for its IPv6 address: {neigh}"
     );
     // A pod the node never reached first: the node resolves it for the replies it forwards
-    // (its neighbour solicitations need the host port's link-local address as their source).
+    // (its neighbor solicitations need the host port's link-local address as their source).
     netns::ping(&pb_, "fd00:99::2").expect("a second pod reaches the outside over IPv6");
     let ll = node
         .run(&["ip", "-6", "addr", "show", "dev", "knitter0", "scope", "link"])

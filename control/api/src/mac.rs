@@ -7,7 +7,7 @@ use std::net::IpAddr;
 /// (IPv4: `0a:58` and its 4 bytes, as OVN-Kubernetes does; IPv6: `0a:59` and its last 4
 /// bytes). An address is unique in its network, so its MAC is unique in the network's bridge
 /// domain, and a pod that gets its address back (IP groups, restarts) gets its MAC back:
-/// neighbours' ARP/ND caches stay right. For IPv6 this needs every address of the network
+/// neighbors' ARP/ND caches stay right. For IPv6 this needs every address of the network
 /// to differ only in its last 32 bits (the manager refuses pools that span more).
 pub fn mac_for(ip: IpAddr) -> [u8; 6] {
     match ip {

@@ -170,12 +170,17 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) }
     }
 
+    /// Bytes `[off, off + len)` to write, which must be in bounds (checked).
+    ///
+    /// # Safety
+    /// The bytes are the caller's alone for the slice's life: a tx frame while its status is
+    /// AVAILABLE and the caller is the single tx user (under the port's tx lock); an rx frame
+    /// while its status says USER and the caller is the single poller (under the rx lock). No
+    /// other slice of the same bytes may be alive.
     #[allow(clippy::mut_from_ref)]
-    fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+    unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
-        // SAFETY: in bounds (checked); a tx frame is ours while its status is AVAILABLE and
-        // only the single tx user (under the port's tx lock) writes it; an rx frame is ours
-        // while its status says USER and only the single poller (under the rx lock) touches it.
+        // SAFETY: in bounds (checked); the bytes are the caller's alone (the contract).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
 }
@@ -373,7 +378,9 @@ impl AfPacketPort {
         if snap != len {
             return Taken::Dropped; // truncated and no copy queued (the receive buffer was full)
         }
-        let frame = self.rx.bytes_mut(hdr + mac, snap);
+        // SAFETY: the frame's status says USER and this is the port's single poller (the rx
+        // lock is held); the slice ends before the block goes back.
+        let frame = unsafe { self.rx.bytes_mut(hdr + mac, snap) };
         if vnet.is_gso() {
             let n = frame.len() + shift as usize;
             let out = &mut st.scratch[..n];
@@ -555,14 +562,18 @@ impl Port for AfPacketPort {
             // Longer than a slot (the MTU raised since the port opened): dropped below,
             // counted, never sent cut short.
             if len <= room {
-                let out = self.tx.bytes_mut(base + TX_DATA, len);
+                // SAFETY: the slot's status is AVAILABLE and this is the single tx user (the
+                // tx lock is held); the kernel reads it only after SEND_REQUEST below.
+                let out = unsafe { self.tx.bytes_mut(base + TX_DATA, len) };
                 let mut at = 0;
                 for seg in pool.segments(b) {
                     let n = seg.len().min(out.len() - at);
                     out[at..at + n].copy_from_slice(&seg[..n]);
                     at += n;
                 }
-                self.tx.bytes_mut(base + v2::LEN, 4).copy_from_slice(&(at as u32).to_ne_bytes());
+                // SAFETY: as above: the same slot's header, `out` no longer used.
+                let header = unsafe { self.tx.bytes_mut(base + v2::LEN, 4) };
+                header.copy_from_slice(&(at as u32).to_ne_bytes());
                 status.store(TP_STATUS_SEND_REQUEST, Release);
                 st.frame = (st.frame + 1) % self.rings.tx_frames;
             } else {

@@ -513,7 +513,7 @@ impl XdpRedirect {
 
     /// Loads the underlay filter (see [`UnderlayFilter`]): VXLAN (UDP to the VTEP's port;
     /// IPv4 without options or IPv6 without extension headers), ARP targeting the VTEP
-    /// (requests for it and replies to it), neighbour solicitations for it and advertisements
+    /// (requests for it and replies to it), neighbor solicitations for it and advertisements
     /// sent to it, and ICMP to an IPv4 VTEP go to the socket; everything else to the kernel.
     /// With `shared` only VXLAN is taken: ARP, ND and ICMP for the address stay with the
     /// kernel. With `vlan`, only frames carrying that 802.1Q tag are considered.

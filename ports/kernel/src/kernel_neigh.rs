@@ -1,9 +1,9 @@
 //! Next hops in the shared-address mode: the VTEP's address is the node's own, so the kernel
-//! answers ARP/ND for it and resolves neighbours; the switch follows the kernel's neighbour
+//! answers ARP/ND for it and resolves neighbors; the switch follows the kernel's neighbor
 //! table (as OVS's tnl-neigh and VPP's linux-cp do) instead of asking itself.
 //!
-//! A control thread subscribes to the kernel's neighbour and route notifications (rtnetlink
-//! `RTMGRP_NEIGH`, `RTMGRP_IPV4_ROUTE`, `RTMGRP_IPV6_ROUTE`): a neighbour that becomes usable
+//! A control thread subscribes to the kernel's neighbor and route notifications (rtnetlink
+//! `RTMGRP_NEIGH`, `RTMGRP_IPV4_ROUTE`, `RTMGRP_IPV6_ROUTE`): a neighbor that becomes usable
 //! is copied at once into the next-hop slots of the peers behind it (which the PMD threads
 //! read per frame); a route change, a new configuration, lost notifications and a periodic
 //! resync (a safety net) read the whole view again. A next hop is where the kernel's
@@ -45,7 +45,7 @@ const NDMSG_LEN: usize = 12;
 /// NOARP, PERMANENT).
 const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
 
-/// The kernel's neighbour table of one address family: address → link-layer address, for
+/// The kernel's neighbor table of one address family: address → link-layer address, for
 /// entries in a usable state.
 pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
     let mut sock = Socket::open(NETLINK_ROUTE)?;
@@ -56,7 +56,7 @@ pub fn kernel_neighbors(v4: bool) -> io::Result<HashMap<IpAddr, MacAddr>> {
     Ok(replies.iter().filter_map(|r| usable_neighbor(r, family)).collect())
 }
 
-/// A neighbour message's (address, link-layer address) when it is of address family
+/// A neighbor message's (address, link-layer address) when it is of address family
 /// `family` (not a bridge's forwarding entry, `AF_BRIDGE`, which a kernel VXLAN device's
 /// remote MACs are) and its state makes the address usable.
 fn usable_neighbor(r: &[u8], family: u8) -> Option<(IpAddr, MacAddr)> {
@@ -162,7 +162,7 @@ impl Follower {
 }
 
 impl Follower {
-    /// Reads the routes of every next hop and the neighbour table; copies what is known,
+    /// Reads the routes of every next hop and the neighbor table; copies what is known,
     /// asks the kernel for the rest. Returns how many next hops were known.
     fn full(&mut self, switch: &Switch, now: u32) -> io::Result<usize> {
         let snap = switch.snapshot();
@@ -201,7 +201,7 @@ impl Follower {
         Ok(known)
     }
 
-    /// A neighbour the kernel now holds usable: the peers whose next hop it is learn its MAC.
+    /// A neighbor the kernel now holds usable: the peers whose next hop it is learn its MAC.
     fn neighbor(&mut self, switch: &Switch, ip: IpAddr, mac: MacAddr, now: u32) {
         let snap = switch.snapshot();
         let slots = switch.neighbor_table();
@@ -236,7 +236,7 @@ impl Follower {
     }
 }
 
-/// The control thread following the kernel's neighbour and route tables for a switch, in the
+/// The control thread following the kernel's neighbor and route tables for a switch, in the
 /// network namespace it was started in (the underlay's); stops on drop.
 pub struct KernelNeighbors {
     stop: Arc<AtomicBool>,
@@ -263,7 +263,7 @@ impl KernelNeighbors {
                     match read {
                         Ok(_) => warned = false,
                         Err(e) if !warned => {
-                            tracing::warn!(error = %e, "cannot read the kernel's neighbour table");
+                            tracing::warn!(error = %e, "cannot read the kernel's neighbor table");
                             warned = true;
                         }
                         Err(_) => {}

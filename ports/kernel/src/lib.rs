@@ -3,7 +3,7 @@
 //! program of [`bpf`], loaded through bpf(2) with kernel BTF) and [`afpacket`] (TPACKET_V3
 //! rings with virtio-net headers, for devices XDP cannot serve); beside them [`offload`] (the checksums and segmentation
 //! kernel senders leave to the device) and [`kernel_neigh`] (for an underlay whose address
-//! is the kernel's: its neighbour table followed into the switch's next hops).
+//! is the kernel's: its neighbor table followed into the switch's next hops).
 
 pub mod afpacket;
 pub mod afxdp;

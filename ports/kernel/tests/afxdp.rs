@@ -107,7 +107,7 @@ fn vtep_node(
 /// VTEP address carries VXLAN to Linux's own `vxlan` device, ARP/ND for it is answered by
 /// the switch, and the switch resolves the peer's MAC itself (Linux answers its ARP/NS).
 /// With `shared`, the VTEP's address is node A's own: its kernel answers ARP/ND, and the
-/// switch takes the peer's MAC from the kernel's neighbour table.
+/// switch takes the peer's MAC from the kernel's neighbor table.
 fn underlay_shared_with_the_node(v6: bool, shared: bool) {
     let (own, vtep, remote, plen) = if v6 {
         ("2001:db8::10", "2001:db8::1", "2001:db8::2", "64")
@@ -175,10 +175,10 @@ fn underlay_shared_with_the_node(v6: bool, shared: bool) {
 }
 
 /// The shared-address VTEP follows the kernel's notifications, not a clock: with the full
-/// read once a minute only, a neighbour the kernel learns, then one an operator replaces, is
+/// read once a minute only, a neighbor the kernel learns, then one an operator replaces, is
 /// in the switch's next-hop slot at once (the time it took is printed).
 #[test]
-fn a_changed_neighbour_is_followed_at_once() {
+fn a_changed_neighbor_is_followed_at_once() {
     let Some(_g) = netns::exclusive() else { return };
     let (own, remote, plen) = ("198.51.100.10", "198.51.100.2", "24");
     let netns::LinuxVxlanPeer { sw, node_b, pod_a: _pod_a, pod_b: _pod_b } =
@@ -249,7 +249,7 @@ fn vtep_on_the_nodes_own_address_ipv6() {
 
 /// Shared-address mode with the peer VTEP in another subnet: node A's kernel routes it via
 /// a gateway, so the next hop whose MAC VXLAN frames need is the gateway's, found by
-/// following the kernel's route (as `ip route get` does), not the peer's own neighbour
+/// following the kernel's route (as `ip route get` does), not the peer's own neighbor
 /// entry (which never exists). Node B plays the router: it owns the gateway address on the
 /// underlay and its VTEP address on its loopback (this kernel has no dummy devices).
 #[test]
@@ -258,7 +258,7 @@ fn shared_address_follows_the_route_to_a_peer_behind_a_router() {
     // Nothing reaches node A from node B before node A asks (quiet: no IPv6 solicitations or
     // MLD reports flooded over VXLAN), and node B, as a router does, asks for node A's MAC
     // from its underlay address (arp_announce 2): node A's kernel never learns the peer's
-    // own address as a neighbour, only the gateway.
+    // own address as a neighbor, only the gateway.
     let sw = Netns::quiet("ra").unwrap();
     let (pod_a, node_b, pod_b) =
         (Netns::quiet("rp").unwrap(), Netns::quiet("rb").unwrap(), Netns::quiet("rq").unwrap());

@@ -140,16 +140,20 @@ impl Shared {
         (rings * RING_AREA) as u64
     }
 
-    /// `len` bytes at guest address `addr`, inside the mapping.
+    /// `len` bytes at guest address `addr`; `None` outside the mapping.
+    ///
+    /// # Safety
+    /// The memory is shared with the switch: the caller may hold the slice only while the
+    /// switch does not touch those bytes (a buffer whose descriptor is not posted, or one the
+    /// switch has returned in the used ring), and no other slice of them may be alive.
     #[allow(clippy::mut_from_ref)] // memory shared with the switch; see the module doc
-    pub fn buffer(&self, addr: u64, len: usize) -> Option<&mut [u8]> {
+    pub unsafe fn buffer(&self, addr: u64, len: usize) -> Option<&mut [u8]> {
         let end = (addr as usize).checked_add(len)?;
         if end > self.len() {
             return None;
         }
-        // SAFETY: in bounds of the live mapping; bytes, so every value is valid. The switch
-        // touches a buffer only while its descriptor is posted, and callers write a buffer
-        // only while it is not.
+        // SAFETY: in bounds of the live mapping; bytes, so every value is valid; the bytes are
+        // the caller's alone while the slice lives (the contract).
         Some(unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr().add(addr as usize), len) })
     }
 }
@@ -262,10 +266,13 @@ mod tests {
         q.set_desc(3, 0x1000, 64, 0);
         q.post(3);
         assert!(q.publish(), "the device has not asked for silence");
-        let avail = m.buffer(a, 6).unwrap();
+        // SAFETY: no device runs in this test; the queue reads these rings through raw
+        // pointers only, and each slice is the only one of its bytes.
+        let avail = unsafe { m.buffer(a, 6) }.unwrap();
         assert_eq!(&avail[..6], &[1, 0, 1, 0, 3, 0], "no interrupts, index 1, head 3");
         // The device completes head 3 and, wrongly, head 5000.
-        let used = m.buffer(u, 20).unwrap();
+        // SAFETY: as above.
+        let used = unsafe { m.buffer(u, 20) }.unwrap();
         used[4..12].copy_from_slice(&[3, 0, 0, 0, 64, 0, 0, 0]);
         used[12..20].copy_from_slice(&[0x88, 0x13, 0, 0, 0, 0, 0, 0]);
         used[2] = 2;
@@ -277,6 +284,8 @@ mod tests {
         used[2..4].copy_from_slice(&5000u16.to_le_bytes());
         assert_eq!(q.completed(), 0);
         assert_eq!(q.bad_completions, 2);
-        assert!(m.buffer(m.len() as u64 - 4, 8).is_none());
+        // SAFETY: refused before any slice is made.
+        let outside = unsafe { m.buffer(m.len() as u64 - 4, 8) };
+        assert!(outside.is_none());
     }
 }

@@ -1,13 +1,16 @@
 //! Knitter's vhost-user virtio-net backend, the port VNF pods live on.
 //!
-//! This crate owns the fast path the rust-vmm crates leave to the device: guest memory as
-//! host mappings with every guest-named range checked once ([`memory`]), split virtqueues
-//! polled in batches with each descriptor chain validated before use ([`vring`]), and the
-//! virtio-net header with the copies between guest buffers and pool packets ([`net`]), the
-//! vhost-user protocol ([`backend`]) and the switch port ([`port`]). Everything a frontend
-//! controls is hostile input: its descriptors are checked ([`eventfd`]) and every call on
-//! them bounded ([`stall`]), its socket directory is never followed through ([`socket`]),
-//! its memory file may shrink ([`sigbus`]). With the `testkit` feature, `driver` is the
+//! rust-vmm's `vhost` crate parses the vhost-user protocol; [`backend`] answers its messages
+//! (features, memory tables, rings) on the daemon's side, and the PMD threads never see a
+//! message. This crate owns the fast path the rust-vmm crates leave to the device: guest
+//! memory as host mappings with every guest-named range checked once ([`memory`]), split
+//! virtqueues polled in batches with each descriptor chain validated before use
+//! ([`vring`]), the virtio-net header with the copies between guest buffers and pool
+//! packets ([`net`]), and the switch port ([`port`]). Everything a frontend controls is
+//! hostile input: its descriptors are checked ([`eventfd`]) and every call on them bounded
+//! ([`stall`]), its socket directory is never followed through ([`socket`]), its memory
+//! file may shrink ([`sigbus`]), and what it makes the port log is rate-limited per port
+//! ([`ratelimit`]). With the `testkit` feature, `driver` is the
 //! driver side of split virtqueues (the perf lab's generator) and `testkit` a simulated
 //! guest for tests built on its layout.
 

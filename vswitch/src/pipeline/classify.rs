@@ -13,7 +13,7 @@ use crate::security;
 use crate::snapshot::{NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::trace::Node;
 use crate::vlan;
-use crate::wire::ethernet::{self, ethertype};
+use crate::wire::ethernet::{self, MacAddr, ethertype};
 
 /// Node `classify`, as [`crate::graph`] collects it.
 pub(crate) const NODE: Descriptor = Descriptor {
@@ -110,7 +110,7 @@ pub(super) fn classify_port(
             len,
         );
     }
-    let tci = u16::from_be_bytes([h[14], h[15]]);
+    let tci = u16::from_be_bytes([h[ethernet::field::TCI], h[ethernet::field::TCI + 1]]);
     let vid = tci & 0x0fff;
     if vid == 0 {
         // A priority tag: the frame is untagged for VLAN purposes.
@@ -203,7 +203,7 @@ pub(super) fn fill_l2(
     };
     let (w0, w1) = (u64::from_be_bytes(*a), u64::from_be_bytes(*b));
     let (dst, src) = (w0 >> 16, w1 & 0xffff_ffff_ffff);
-    if src & (1 << 40) != 0 {
+    if src & MacAddr::GROUP_BIT_U64 != 0 {
         return Err(DropReason::SrcMacGroup);
     }
     if let Some(sec) = sec {

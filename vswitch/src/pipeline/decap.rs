@@ -1,5 +1,5 @@
 //! Node `vxlan-decap` (stage 1, the underlay): outer headers checked and stripped
-//! ([`crate::vtep`]), (source, VNI) → bridge domain; the VTEP's own neighbour traffic
+//! ([`crate::vtep`]), (source, VNI) → bridge domain; the VTEP's own neighbor traffic
 //! (answers to its requests learned, requests for its address answered).
 
 use super::classify::fill_l2;
@@ -77,7 +77,7 @@ impl Pipeline {
     }
 
     /// Stage 1 for an underlay frame after [`Pipeline::decap`]: the inner frame's keys, or an
-    /// answer for a neighbour asking for the VTEP's address, or a drop.
+    /// answer for a neighbor asking for the VTEP's address, or a drop.
     #[inline(always)]
     pub(super) fn underlay_ctx(
         &self,
@@ -93,7 +93,7 @@ impl Pipeline {
         });
         match (r, snap.vtep.as_ref()) {
             (Ok(()), _) => {}
-            // Not VXLAN: maybe a next hop's answer, or a neighbour asking for the VTEP's own
+            // Not VXLAN: maybe a next hop's answer, or a neighbor asking for the VTEP's own
             // address (a next hop's request teaches its MAC too).
             (Err(DropReason::UnderlayNotVxlan), Some(v)) if !v.shared => {
                 let learned = self.learn_next_hop(snap, pool, b, v.local);
@@ -109,7 +109,7 @@ impl Pipeline {
         }
     }
 
-    /// Learns a next hop's MAC from an ARP packet or neighbour advertisement in `b`.
+    /// Learns a next hop's MAC from an ARP packet or neighbor advertisement in `b`.
     #[cold]
     pub(super) fn learn_next_hop(
         &self,

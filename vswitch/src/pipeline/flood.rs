@@ -8,6 +8,7 @@ use crate::counters::{DropReason, Event};
 use crate::graph::{self, Descriptor};
 use crate::snapshot::{BdEntry, Snapshot};
 use crate::trace::{Node, Step};
+use crate::wire::ethernet;
 
 /// Node `flood`, as [`crate::graph`] collects it.
 pub(crate) const NODE: Descriptor = Descriptor {
@@ -96,7 +97,7 @@ impl Pipeline {
             return;
         }
         // Large frame: each egress gets a private header segment; the payload is shared.
-        let l2 = if c.tagged { 18 } else { 14 };
+        let l2 = ethernet::header_len(c.tagged);
         let mut hdr = [0u8; 18];
         hdr[..l2].copy_from_slice(&self.pool.head(&b)[..l2]);
         let mut payload = b;

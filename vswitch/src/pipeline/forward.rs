@@ -15,7 +15,7 @@ use crate::graph::{self, Descriptor};
 use crate::snapshot::{BdEntry, PortEntry, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::trace::{Learned, Node, Step};
-use crate::wire::ethernet::ethertype;
+use crate::wire::ethernet::{self, MacAddr, ethertype};
 
 /// Node `l2-forward`, as [`crate::graph`] collects it.
 pub(crate) const NODE: Descriptor = Descriptor {
@@ -112,9 +112,11 @@ impl Pipeline {
         learnt: bool,
     ) {
         let from_peer = c.from_peer != NO_PEER;
-        let l2 = if c.tagged { 18 } else { 14 };
+        let l2 = ethernet::header_len(c.tagged);
 
-        if bd.arp_suppression && (c.dst_key & (1 << 40) != 0 || c.dst_key == bd.gateway_key) {
+        if bd.arp_suppression
+            && (c.dst_key & MacAddr::GROUP_BIT_U64 != 0 || c.dst_key == bd.gateway_key)
+        {
             let h = self.pool.head(&b);
             let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
             if (et == ethertype::ARP || et == ethertype::IPV6)
@@ -133,7 +135,7 @@ impl Pipeline {
             }
         }
 
-        if c.dst_key & (1 << 40) == 0
+        if c.dst_key & MacAddr::GROUP_BIT_U64 == 0
             && let Some(v) = self.fdb.lookup(c.dst_key, c.dst_loc)
         {
             if TRACE {

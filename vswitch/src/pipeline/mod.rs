@@ -78,7 +78,7 @@ struct Ctx {
     /// The frame was turned into an answer (ARP/ND for the VTEP address) to send back out of
     /// the ingress port.
     reply: bool,
-    /// The frame was an answer to the VTEP's neighbour requests, learned and done with.
+    /// The frame was an answer to the VTEP's neighbor requests, learned and done with.
     taken: bool,
     bd: u16,
     drop: Option<DropReason>,

@@ -9,6 +9,7 @@ use crate::graph::{self, Descriptor};
 use crate::snapshot::{PortEntry, PortKind, Snapshot};
 use crate::trace::{Node, Retag, Step};
 use crate::vlan;
+use crate::wire::ethernet;
 
 /// Node `vlan-rewrite`, as [`crate::graph`] collects it.
 pub(crate) const NODE: Descriptor = Descriptor {
@@ -22,7 +23,8 @@ pub(crate) const NODE: Descriptor = Descriptor {
 /// The TCI of a tagged frame whose head holds its tag.
 #[inline(always)]
 pub(super) fn tci_of(h: &[u8]) -> u16 {
-    h.get(14..16).map_or(0, |t| u16::from_be_bytes([t[0], t[1]]))
+    let tci = ethernet::field::TCI;
+    h.get(tci..tci + 2).map_or(0, |t| u16::from_be_bytes([t[0], t[1]]))
 }
 
 /// Whether a frame of bridge domain `bd` leaves port `pe` ahead of the others: a priority
@@ -61,7 +63,7 @@ impl Pipeline {
             return self.discard(b, DropReason::Runt, pe.id);
         }
         // The L3 length is the same whatever the tagging: `len` less the ingress L2 header.
-        let l3 = len - if tagged { 18 } else { 14 };
+        let l3 = len - ethernet::header_len(tagged);
         if l3 > pe.mtu as usize {
             return self.discard(b, DropReason::EgressMtu, pe.id);
         }

@@ -8,6 +8,11 @@ pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
     pub const BROADCAST: MacAddr = MacAddr([0xff; 6]);
+    /// The I/G bit of the first byte: set in group (multicast and broadcast) addresses.
+    pub const GROUP_BIT: u8 = 0x01;
+    /// The I/G bit in [`MacAddr::to_u64`]'s form (and in FDB keys, whose low 48 bits are
+    /// the MAC).
+    pub const GROUP_BIT_U64: u64 = (Self::GROUP_BIT as u64) << 40;
 
     pub fn from_bytes(b: &[u8]) -> MacAddr {
         let mut m = [0; 6];
@@ -18,31 +23,24 @@ impl MacAddr {
     /// The IPv6 link-local address an interface with this MAC takes (`fe80::` and the
     /// modified EUI-64 of the MAC, RFC 4291 appendix A).
     pub fn link_local(&self) -> std::net::Ipv6Addr {
-        let m = self.0;
-        std::net::Ipv6Addr::from([
-            0xfe,
-            0x80,
+        let [a, b, c, d, e, f] = self.0;
+        let word = |hi: u8, lo: u8| u16::from_be_bytes([hi, lo]);
+        std::net::Ipv6Addr::new(
+            0xfe80,
             0,
             0,
             0,
-            0,
-            0,
-            0,
-            m[0] ^ 0x02,
-            m[1],
-            m[2],
-            0xff,
-            0xfe,
-            m[3],
-            m[4],
-            m[5],
-        ])
+            word(a ^ 0x02, b),
+            word(c, 0xff),
+            word(0xfe, d),
+            word(e, f),
+        )
     }
 
     /// Group (multicast or broadcast) address: the I/G bit.
     #[inline(always)]
     pub fn is_group(&self) -> bool {
-        self.0[0] & 1 != 0
+        self.0[0] & Self::GROUP_BIT != 0
     }
 
     /// The address as the low 48 bits of a `u64`.
@@ -125,7 +123,9 @@ pub mod ethertype {
     pub const IPV6: u16 = 0x86dd;
 }
 
-mod field {
+/// Where the header's fields sit in a frame (the tag's, `TCI` and `INNER_TYPE`, in a tagged
+/// one).
+pub mod field {
     use super::Field;
     pub const DST: Field = 0..6;
     pub const SRC: Field = 6..12;
@@ -138,6 +138,12 @@ mod field {
 pub const HEADER_LEN: usize = 14;
 /// Length of one VLAN tag.
 pub const TAG_LEN: usize = 4;
+
+/// The Ethernet header's length with one 802.1Q tag or none.
+#[inline(always)]
+pub const fn header_len(tagged: bool) -> usize {
+    HEADER_LEN + if tagged { TAG_LEN } else { 0 }
+}
 
 /// Whether an EtherType value is a VLAN TPID (802.1Q, 802.1ad or the old 0x9100).
 #[inline(always)]

@@ -1,4 +1,4 @@
-//! ICMPv6 neighbour discovery (RFC 4861): solicitations and advertisements, what ND
+//! ICMPv6 neighbor discovery (RFC 4861): solicitations and advertisements, what ND
 //! suppression answers and the ND guard checks.
 
 use super::{Result, WireError, checksum, ethernet::MacAddr, ipv6};
@@ -56,15 +56,15 @@ impl<T: AsRef<[u8]>> Ndp<T> {
     }
 }
 
-/// Length of the neighbour advertisement `emit_na` writes (with a target link-layer option).
+/// Length of the neighbor advertisement `emit_na` writes (with a target link-layer option).
 pub const NA_LEN: usize = NDP_LEN + 8;
 
-/// Writes a solicited neighbour advertisement for `target` at `mac`, checksum included.
+/// Writes a solicited neighbor advertisement for `target` at `mac`, checksum included.
 pub fn emit_na(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, mac: MacAddr) {
     emit(b, src, dst, TYPE_NA, NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE, target, OPT_TARGET_LL, mac);
 }
 
-/// Writes a neighbour solicitation for `target` with a source link-layer option (tests, VTEP).
+/// Writes a neighbor solicitation for `target` with a source link-layer option (tests, VTEP).
 pub fn emit_ns(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, mac: MacAddr) {
     emit(b, src, dst, TYPE_NS, 0, target, OPT_SOURCE_LL, mac);
 }

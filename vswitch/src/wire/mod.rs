@@ -1,5 +1,5 @@
 //! Wire formats the switch reads and writes: Ethernet with 802.1Q/802.1ad tags, ARP, IPv4,
-//! IPv6, UDP, VXLAN and the ICMPv6 neighbour discovery messages.
+//! IPv6, UDP, VXLAN and the ICMPv6 neighbor discovery messages.
 //!
 //! Each protocol has a zero-copy view (`Frame<T>` / `Packet<T>`) over any `T: AsRef<[u8]>`
 //! whose offsets live in a `field` module. `new_checked` checks every length the accessors

@@ -292,7 +292,7 @@ impl AfXdpPort {
     }
 
     /// Opens an underlay port for a VTEP: only what `filter` takes (VXLAN to the VTEP, ARP /
-    /// neighbour solicitations asking for it, in its VLAN when it has one) comes to the port;
+    /// neighbor solicitations asking for it, in its VLAN when it has one) comes to the port;
     /// the node keeps every other frame of the interface (its own address, SSH, the API
     /// server...).
     pub fn open_underlay(
