@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idle CPU of knitter-vswitchd following the kernel for a shared-address VTEP with N peers
 # (all resolved: permanent neighbors in a namespace the script makes and deletes), per
-# thread, over S seconds (docs/perf.md "Following the kernel's neighbors"). As root:
+# thread, over S seconds (docs/perf/control-plane.md "Following the kernel's neighbors"). As root:
 #   cargo build --release -p knitter-vswitchd -p knitterctl
 #   ci/neigh-bench.sh target/release [N=10000] [S=20]
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pod → Service → pod beside pod → pod and node → pod on one node (docs/perf.md "Services:
+# Pod → Service → pod beside pod → pod and node → pod on one node (docs/perf/pods.md "Services:
 # the host's hop"): what the host's hop costs a pod network's traffic. Not a CI job: run it by hand
 # on a quiet machine, as root, after `cargo build --release`.
 #   ci/service-bench.sh [seconds]            (default 5 s a measurement)

@@ -44,7 +44,7 @@ bash ci/deny.sh
 echo "== demo (in-process data plane)"
 timeout 300 cargo run --release -q -p knitter-vswitch --example demo
 
-echo "== configuration changes at scale (small: keeps the benchmark working; docs/perf.md 'Scale')"
+echo "== configuration changes at scale (small: keeps the benchmark working; docs/perf/scale.md)"
 timeout 120 cargo run --release -q -p knitter-vswitch --example apply_bench -- --bds 512 --peers 2048 --applies 20
 
 echo "== demo (two nodes, knitter-vswitchd + knitterctl)"

@@ -2,7 +2,7 @@
 //! runtime runs it (a process per call, the configuration on stdin) against a release
 //! knitter-vswitchd and knitter-manager in a node namespace: each ADD gets a port from the
 //! manager, plumbs a veth into a pod namespace and attaches an AF_XDP port. Then the same
-//! for DEL. Not a test: run by hand (root), numbers go to docs/perf.md.
+//! for DEL. Not a test: run by hand (root), numbers go to docs/perf/control-plane.md.
 //!
 //!     cargo build --release --workspace && cargo bench -p knitter-cni --bench attach [-- PODS]
 

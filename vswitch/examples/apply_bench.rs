@@ -6,7 +6,7 @@
 //!   cargo run --release -p knitter-vswitch --example apply_bench -- [--bds N] [--peers N]
 //!       [--flood N] [--ports N] [--applies N]
 //!
-//! A benchmark, run by hand (numbers in docs/perf.md "Scale"); CI runs it once, small, to
+//! A benchmark, run by hand (numbers in docs/perf/scale.md "Scale"); CI runs it once, small, to
 //! keep it compiling and working.
 
 use std::net::{IpAddr, Ipv4Addr};

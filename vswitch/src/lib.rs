@@ -7,7 +7,7 @@
 //! the shared [`fdb`], and emits per-port tx batches with VLAN rewrite or VXLAN encapsulation,
 //! flooding with split horizon where the destination is unknown. Configuration is an
 //! immutable [`snapshot`] built and validated by the control side ([`switch`]) and adopted by
-//! PMD threads ([`pmd`]) between batches. See `docs/architecture.md`.
+//! PMD threads ([`pmd`]) between batches. See `docs/architecture/data-plane.md`.
 
 pub mod batch;
 pub mod bpf;

@@ -423,7 +423,7 @@ impl Snapshot {
     /// entry while its configuration and its local members do too (and the peers were
     /// taken). What is taken is not validated again: the same configuration passed before.
     /// A change therefore costs the validation of the names, VLANs and VNIs of the whole
-    /// configuration and the compilation of what it touched (docs/perf.md "Scale").
+    /// configuration and the compilation of what it touched (docs/perf/scale.md "Scale").
     pub fn build(
         cfg: SwitchConfig,
         ids: &Ids,

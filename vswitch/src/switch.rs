@@ -49,7 +49,8 @@ pub struct SwitchOptions {
     pub fdb_entries: u32,
     /// Entries of each PMD thread's exact-match cache (32 bytes each; 0 turns it off). The
     /// default, 256 Ki entries (8 MiB per thread), keeps 97 % of 100 000 flows (100 000 MACs
-    /// talking both ways) cached in its 2-way sets; half of it kept 75 % (docs/perf.md).
+    /// talking both ways) cached in its 2-way sets; half of it kept 75 %
+    /// (docs/perf/instructions.md).
     pub emc_entries: usize,
     /// How PMD threads run the pipeline's nodes (fused by default; per node to measure what
     /// fusing saves).

@@ -132,7 +132,7 @@ pub struct VhostSection {
     /// The most guest memory one frontend may share with the switch (the sum of its memory
     /// table's regions), in MiB; a larger table is refused with the port in error. Pages of
     /// a guest's memory the switch touches before the guest did are charged to the switch
-    /// (docs/architecture.md "What a frontend controls").
+    /// (docs/architecture/vhost-user.md "What a frontend controls").
     pub max_guest_memory_mib: u64,
     /// Where the kubelet keeps its pods' volumes: a pod's vhost-user sockets are handed over
     /// in its own emptyDir volume, found here by the pod's UID.

@@ -938,7 +938,8 @@ async fn a_port_moved_to_another_device_is_opened_again_in_place() {
         .and_then(|s| s.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    // Measured here: 299 of 300 (docs/perf.md); the bound leaves room for a VM's stalls.
+    // Measured here: 299 of 300 (docs/perf/control-plane.md); the bound leaves room for a
+    // VM's stalls.
     eprintln!("echoes across two reopens: {out}");
     assert!(received >= 270, "two reopens cost more than a pause: {out}");
     // A document the switch refuses (pb0 in a bridge that does not exist) reopens nothing:

@@ -6,7 +6,7 @@
 //! (its first allocation's latency). Beside the manager's numbers, etcd's own rate for the
 //! same work without the IPAM (50 clients each creating two keys in one transaction) and the
 //! etcd requests each allocation cost (from etcd's metrics). Not a test: run by hand, the
-//! numbers go to docs/perf.md.
+//! numbers go to docs/perf/control-plane.md.
 //!
 //!     cargo bench -p knitter-manager --bench alloc [-- PORTS]
 

@@ -82,7 +82,8 @@ static MAX_GUEST_MEMORY: AtomicU64 = AtomicU64::new(DEFAULT_MAX_GUEST_MEMORY);
 
 /// Sets the most guest memory (the sum of a memory table's regions) one frontend may map:
 /// the node's `[vhost] max_guest_memory_mib`. Pages of it that the switch touches before the
-/// guest did are charged to the switch (docs/architecture.md "What a frontend controls").
+/// guest did are charged to the switch (docs/architecture/vhost-user.md "What a frontend
+/// controls").
 pub fn set_max_guest_memory(bytes: u64) {
     MAX_GUEST_MEMORY.store(bytes, Ordering::Relaxed);
 }

@@ -19,7 +19,7 @@
 //!   `&mut [u8]` would promise exclusivity the guest does not grant). It copies in and out
 //!   with `copy_nonoverlapping` between raw guest pointers and the switch's own buffers, as
 //!   vm-memory's `VolatileSlice` does for bulk copies; measured against the slices it
-//!   replaced: the same instructions per packet (docs/perf.md).
+//!   replaced: the same instructions per packet (docs/perf/vhost-user.md).
 
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, BorrowedFd};

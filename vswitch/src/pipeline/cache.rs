@@ -3,8 +3,8 @@
 //! misses through `classify`/`decap` and `forward` in their place; for an underlay, the outer
 //! headers checked and the inner frame looked up in place. It fuses the logical nodes a hit
 //! skips (classify, port security, learn, forward, encap for a burst all to peers): a hit
-//! costs ~110 instructions where the full path costs ~320 (docs/perf.md), and the trace
-//! reports the cache's decision and then the full path for traced frames.
+//! costs ~110 instructions where the full path costs ~320 (docs/perf/instructions.md), and the
+//! trace reports the cache's decision and then the full path for traced frames.
 
 use super::classify::classify_port;
 use super::rewrite::tci_of;
@@ -36,8 +36,8 @@ pub(crate) const NODE: Descriptor = Descriptor {
 };
 
 /// What a hit saves against what a miss costs, in misses: a hit skips ~210 instructions of
-/// the slow path, a miss adds ~67 to it (its key, lookup and fill; docs/perf.md), so the
-/// cache pays for itself from about a quarter of hits.
+/// the slow path, a miss adds ~67 to it (its key, lookup and fill; docs/perf/vhost-user.md
+/// "A mesh the cache cannot hold"), so the cache pays for itself from about a quarter of hits.
 const HIT_WORTH: i32 = 3;
 /// Bounds of a port's account with the cache (see [`Pipeline::worth_looking_up`]), in misses'
 /// worth: a port that was on the cache for long leaves it after a few bursts of churn, one

@@ -25,7 +25,7 @@
 //!
 //! The graph's nodes and next nodes are data in [`crate::graph`]. By default the nodes are
 //! fused, as measured against the per-node dispatcher ([`nodes`], [`Dispatch::PerNode`]:
-//! docs/perf.md "Fused or per-node"): stage 1 runs over the whole burst, stage 2 frame by
+//! docs/perf/pipeline.md "Fused or per-node"): stage 1 runs over the whole burst, stage 2 frame by
 //! frame in order (a frame may change the FDB the next one is forwarded with), the cache's
 //! hits skip stages 1 and 2, and egress is a direct call except where a batch per next node
 //! pays (tx per port, the cache's hits to peers). The fused dispatcher is

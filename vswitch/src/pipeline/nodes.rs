@@ -6,7 +6,7 @@
 //! early). The cache's hits that need a new tag go through `vlan-rewrite`'s frame too.
 //!
 //! It is the yardstick for fusing: `ci/insn-count.sh` with `PER_NODE=1` counts what the
-//! per-node frames cost each workload (docs/perf.md "Fused or per-node"). The fused
+//! per-node frames cost each workload (docs/perf/pipeline.md "Fused or per-node"). The fused
 //! dispatcher ([`Dispatch::Fused`]) is the default. A port's frames of one burst leave in
 //! the order they came, not in node order as in VPP: a frame for another node than the
 //! frame before it runs the pending nodes first (a burst to one node stays one vector).
