@@ -10,12 +10,13 @@
 //! (`vf.rs`) goes into the pod, or stays bound to vfio-pci for its DPDK app, and has no
 //! switch port.
 
+use crate::from_manager;
 use crate::grpc::{blocking, status as node_status};
 use crate::handoff::{self, Layout};
 use crate::manager::Manager;
 use crate::node::Node;
 use crate::plumb::{self, Plan};
-use crate::records::{Address, Key, PodVolume, Record, Route, VhostHandoff};
+use crate::records::{Key, PodVolume, Record, Route, VhostHandoff};
 use crate::state::{Device, Owner, PortSpec};
 use crate::vf::{VfError, Vfs};
 use knitter_api::manager as mpb;
@@ -234,23 +235,8 @@ impl Attacher {
         port: &mpb::Port,
         mac: Option<MacAddr>,
     ) -> Result<pb::Attachment, Status> {
-        let bad = |what: &str, v: &str| {
-            Status::internal(format!("the manager sent a malformed {what} {v:?}"))
-        };
-        let mac = match mac {
-            Some(m) => m,
-            None => port.mac.parse::<MacAddr>().map_err(|_| bad("MAC", &port.mac))?,
-        };
-        let mut addresses = Vec::new();
-        for a in &port.addresses {
-            let ip: IpAddr = a.address.parse().map_err(|_| bad("address", &a.address))?;
-            let gateway = a
-                .gateway
-                .as_deref()
-                .map(|g| g.parse::<IpAddr>().map_err(|_| bad("gateway", g)))
-                .transpose()?;
-            addresses.push(Address { ip, prefix: a.prefix as u8, gateway });
-        }
+        let (mac, addresses) = from_manager::port_addressing(port, mac)
+            .map_err(|e| Status::internal(format!("the manager sent a malformed port: {e}")))?;
         let routes = if r.default_route {
             addresses
                 .iter()
@@ -287,7 +273,7 @@ impl Attacher {
         if let Some(sriov) = &r.sriov {
             return self.attach_vf(record, sriov, port).await;
         }
-        let bridge = crate::manager::bridge(&r.network, &port.kind, port.segment)
+        let bridge = from_manager::bridge(&r.network, &port.kind, port.segment)
             .map_err(|why| Status::internal(format!("the manager sent {why}")))?;
         let node = self.node.clone();
         blocking(move || node.ensure_manager_bridge(bridge)).await?.map_err(node_status)?;
@@ -296,7 +282,7 @@ impl Attacher {
         let mut config = PortConfig::pod(&record.host_ifname, &record.network, mac, &ips);
         config.mtu = u16::try_from(record.mtu).unwrap_or(u16::MAX);
         // The network's pod policer, as the manager recorded it on the port.
-        config.policer = port.policer.as_ref().map(crate::manager::policer);
+        config.policer = port.policer.as_ref().map(from_manager::policer);
         let spec = PortSpec { device, config };
         let (node, rec) = (self.node.clone(), record.clone());
         let attached = blocking(move || node.attach_port(spec, rec)).await?;

@@ -26,9 +26,6 @@ use std::time::Duration;
 /// The link group of every host end: the rules that keep networks apart match it.
 pub const GROUP: u32 = 0x6b6e;
 
-/// The longest host-end name: the switch's end adds `-sw` within the kernel's 15.
-const MAX_IFNAME: usize = 12;
-
 /// The switch's end of host port `ifname`.
 pub fn switch_end(ifname: &str) -> String {
     format!("{ifname}-sw")
@@ -46,15 +43,7 @@ fn invalid(why: String) -> io::Error {
 }
 
 fn plan(ifname: &str, addresses: &[String]) -> io::Result<Plan> {
-    let name_ok = !ifname.is_empty()
-        && ifname.len() <= MAX_IFNAME
-        && ifname.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
-        && ifname.as_bytes()[0].is_ascii_alphabetic();
-    if !name_ok {
-        return Err(invalid(format!(
-            "host interface name {ifname:?}: 1 to {MAX_IFNAME} letters, digits, '-' or '_', starting with a letter"
-        )));
-    }
+    knitter_api::names::host_port_name(ifname).map_err(invalid)?;
     let addresses = addresses.iter().map(|a| cidr(a)).collect::<io::Result<Vec<_>>>()?;
     let Some((first, _)) = addresses.first() else {
         return Err(invalid(

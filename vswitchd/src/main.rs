@@ -11,6 +11,7 @@ mod convert;
 mod credential;
 mod devices;
 mod events;
+mod from_manager;
 mod grpc;
 mod handoff;
 mod host;

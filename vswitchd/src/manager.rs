@@ -14,8 +14,6 @@ use std::future::Future;
 use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
-use vswitch::config::BridgeConfig;
-use vswitch::policer::PolicerConfig;
 
 /// How long a unary call (a port created or released, a join) may take, connecting included.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
@@ -148,32 +146,5 @@ impl Manager {
             ));
         }
         Status::new(s.code(), format!("the manager at {address} refused: {}", s.message()))
-    }
-}
-
-/// A network's bridge domain on this node, as the manager names the network: its kind
-/// ("vxlan": a VNI; "vlan": a VLAN, 1-4094 checked by the switch) and segment.
-pub fn bridge(network: &str, kind: &str, segment: u32) -> Result<BridgeConfig, String> {
-    let mut b = BridgeConfig::new(network);
-    match kind {
-        "vxlan" => b.vni = Some(segment),
-        "vlan" => {
-            b.vlan = Some(
-                u16::try_from(segment)
-                    .map_err(|_| format!("network {network}: VLAN {segment} is out of range"))?,
-            )
-        }
-        k => return Err(format!("network {network}: kind {k:?} is unknown")),
-    }
-    Ok(b)
-}
-
-/// A policer as the manager sends it (a network's per-pod rate, on the network or the port).
-pub fn policer(p: &pb::Policer) -> PolicerConfig {
-    PolicerConfig {
-        pps: p.pps,
-        bps: p.bps,
-        burst_packets: p.burst_packets,
-        burst_bytes: p.burst_bytes,
     }
 }

@@ -18,6 +18,26 @@ pub fn interface_name(n: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest name of a host port's host end: the switch's end adds `-sw` within the
+/// kernel's 15 bytes.
+pub const HOST_PORT_NAME_MAX: usize = 12;
+
+/// Whether `n` may name a host port (an interface the node makes in the host's namespace,
+/// from its settings or the manager's record): 1 to [`HOST_PORT_NAME_MAX`] letters, digits,
+/// `-` or `_`, starting with a letter. Stricter than [`interface_name`]: its switch end is
+/// `n` and `-sw`, and both are routed to by the host's tools.
+pub fn host_port_name(n: &str) -> Result<(), String> {
+    let ok = n.len() <= HOST_PORT_NAME_MAX
+        && n.as_bytes().first().is_some_and(u8::is_ascii_alphabetic)
+        && n.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+    if !ok {
+        return Err(format!(
+            "host interface name {n:?}: 1 to {HOST_PORT_NAME_MAX} letters, digits, '-' or '_', starting with a letter"
+        ));
+    }
+    interface_name(n)
+}
+
 /// A short stable interface name (≤ 15 bytes for a prefix of ≤ 5): `prefix` and 10 hex
 /// digits of an FNV-1a hash of `parts` joined by NUL bytes. Names of running pods' ports are
 /// made this way: the hash must never change.
@@ -55,6 +75,15 @@ mod test {
             ("knitter-host.node1".to_string(), super::short_name("kh", &["blue"]))
         );
         assert_eq!(super::host_port("blue", "n").1.len(), 12);
+        let made = super::host_port("blue", "n").1;
+        assert_eq!(
+            super::host_port_name(&made),
+            Ok(()),
+            "the manager's names pass the node's check"
+        );
+        for bad in ["", "1abc", "thirteen-byte", "a/b", "a b", "kh.x"] {
+            assert!(super::host_port_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Grpc {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(knitter_api::process::bearer_token)
             .map(str::to_string);
         let loopback = req.remote_addr().is_some_and(|a| a.ip().is_loopback());
         let (m, auth) = (self.manager.clone(), self.auth.clone());

@@ -163,7 +163,7 @@ async fn auth(
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(knitter_api::process::bearer_token)
         .map(str::to_string);
     let (m, a) = (api.manager.clone(), api.auth.clone());
     let caller = match tokio::task::spawn_blocking(move || a.identify(&m, given.as_deref())).await {
