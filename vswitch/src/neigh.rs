@@ -433,7 +433,7 @@ mod test {
                         payload_len: icmpv6::NA_LEN as u16,
                     }
                     .emit(&mut r[14..]);
-                    icmpv6::emit_na(&mut r[14 + ipv6::HEADER_LEN..], &t, &l, &t, peer);
+                    icmpv6::emit_na(&mut r[14 + ipv6::HEADER_LEN..], &t, &l, &t, peer, false);
                     r
                 }
                 _ => unreachable!(),

@@ -26,7 +26,12 @@ pub fn answer(pool: &Pool, bd: &BdEntry, b: &mut BufId, l2: usize, et: u16) -> O
             arp_reply(pool, b, l2, |ip| bd.arp.get(&ip).copied()).then_some(Answer::Arp)
         }
         ethertype::IPV6 if !bd.nd.is_empty() => {
-            nd_reply(pool, b, l2, |ip| bd.nd.get(&ip).copied()).then_some(Answer::Nd)
+            // The gateway's addresses are a router's: its answers carry the Router flag.
+            let known = |ip| {
+                let mac = *bd.nd.get(&ip)?;
+                Some((mac, crate::fdb::key(bd.id, mac.to_u64()) == bd.gateway_key))
+            };
+            nd_reply(pool, b, l2, known).then_some(Answer::Nd)
         }
         _ => None,
     }
@@ -59,7 +64,7 @@ pub fn answer_for(
             arp_reply(pool, b, l2, |q| (q == a).then_some(mac)).then_some(Answer::Arp)
         }
         (ethertype::IPV6, std::net::IpAddr::V6(a)) => {
-            nd_reply(pool, b, l2, |q| (q == a).then_some(mac)).then_some(Answer::Nd)
+            nd_reply(pool, b, l2, |q| (q == a).then_some((mac, false))).then_some(Answer::Nd)
         }
         (ethertype::IPV4, std::net::IpAddr::V4(a)) => {
             echo_reply(pool, b, l2, a, mac).then_some(Answer::Echo)
@@ -123,7 +128,7 @@ fn nd_reply(
     pool: &Pool,
     b: &mut BufId,
     l2: usize,
-    known: impl Fn(std::net::Ipv6Addr) -> Option<MacAddr>,
+    known: impl Fn(std::net::Ipv6Addr) -> Option<(MacAddr, bool)>,
 ) -> bool {
     let h = pool.head_mut(b);
     let Some(l3) = h.get(l2..) else { return false };
@@ -136,7 +141,7 @@ fn nd_reply(
         return false;
     }
     let target = ns.target();
-    let Some(mac) = known(target) else { return false };
+    let Some((mac, router)) = known(target) else { return false };
     let requester = ip.src();
     if l3.len() < ipv6::HEADER_LEN + icmpv6::NA_LEN {
         return false;
@@ -150,7 +155,7 @@ fn nd_reply(
         payload_len: icmpv6::NA_LEN as u16,
     }
     .emit(l3);
-    icmpv6::emit_na(&mut l3[ipv6::HEADER_LEN..], &target, &requester, &target, mac);
+    icmpv6::emit_na(&mut l3[ipv6::HEADER_LEN..], &target, &requester, &target, mac, router);
     swap_to_reply(h, mac);
     pool.truncate(b, l2 + ipv6::HEADER_LEN + icmpv6::NA_LEN);
     true

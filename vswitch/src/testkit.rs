@@ -264,6 +264,28 @@ pub mod frames {
         dst_mac: MacAddr,
         dst: Ipv6Addr,
     ) -> Vec<u8> {
+        advertisement(src_mac, src, target, dst_mac, dst, false)
+    }
+
+    /// [`na`] from a router (the Router flag set): what a gateway answers.
+    pub fn router_na(
+        src_mac: MacAddr,
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        dst_mac: MacAddr,
+        dst: Ipv6Addr,
+    ) -> Vec<u8> {
+        advertisement(src_mac, src, target, dst_mac, dst, true)
+    }
+
+    fn advertisement(
+        src_mac: MacAddr,
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        dst_mac: MacAddr,
+        dst: Ipv6Addr,
+        router: bool,
+    ) -> Vec<u8> {
         let mut l3 = vec![0u8; 40 + icmpv6::NA_LEN];
         ipv6::Repr {
             src,
@@ -273,7 +295,7 @@ pub mod frames {
             payload_len: icmpv6::NA_LEN as u16,
         }
         .emit(&mut l3);
-        icmpv6::emit_na(&mut l3[40..], &src, &dst, &target, src_mac);
+        icmpv6::emit_na(&mut l3[40..], &src, &dst, &target, src_mac, router);
         eth(dst_mac, src_mac, ethernet::ethertype::IPV6, &l3)
     }
 

@@ -426,8 +426,8 @@ fn a_gateway_is_answered_and_its_frames_reach_its_port_addressed_to_the_port() {
         let out = h.recv_all();
         assert_eq!(
             out["p0"],
-            vec![frames::na(gw_mac, target, target, mac(1), pod6)],
-            "{target} answered"
+            vec![frames::router_na(gw_mac, target, target, mac(1), pod6)],
+            "{target} answered, as a router"
         );
         assert!(out["host"].is_empty() && out["p1"].is_empty(), "{target}: not flooded");
     }

@@ -11,6 +11,7 @@ pub const NDP_LEN: usize = 24;
 const OPT_SOURCE_LL: u8 = 1;
 const OPT_TARGET_LL: u8 = 2;
 /// Router, solicited and override flags of an advertisement.
+pub const NA_FLAG_ROUTER: u8 = 0x80;
 pub const NA_FLAG_SOLICITED: u8 = 0x40;
 pub const NA_FLAG_OVERRIDE: u8 = 0x20;
 
@@ -59,9 +60,19 @@ impl<T: AsRef<[u8]>> Ndp<T> {
 /// Length of the neighbor advertisement `emit_na` writes (with a target link-layer option).
 pub const NA_LEN: usize = NDP_LEN + 8;
 
-/// Writes a solicited neighbor advertisement for `target` at `mac`, checksum included.
-pub fn emit_na(b: &mut [u8], src: &Ipv6Addr, dst: &Ipv6Addr, target: &Ipv6Addr, mac: MacAddr) {
-    emit(b, src, dst, TYPE_NA, NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE, target, OPT_TARGET_LL, mac);
+/// Writes a solicited neighbor advertisement for `target` at `mac`, checksum included;
+/// `router`: the Router flag set, as a router's advertisements have it (RFC 4861 §4.4: a host
+/// that learns its default router's address so keeps it as a router).
+pub fn emit_na(
+    b: &mut [u8],
+    src: &Ipv6Addr,
+    dst: &Ipv6Addr,
+    target: &Ipv6Addr,
+    mac: MacAddr,
+    router: bool,
+) {
+    let flags = NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE | if router { NA_FLAG_ROUTER } else { 0 };
+    emit(b, src, dst, TYPE_NA, flags, target, OPT_TARGET_LL, mac);
 }
 
 /// Writes a neighbor solicitation for `target` with a source link-layer option (tests, VTEP).
@@ -108,7 +119,7 @@ mod test {
         let (s, d, t): (Ipv6Addr, Ipv6Addr, Ipv6Addr) =
             ("fd00::2".parse().unwrap(), "fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
         let mut b = [0u8; NA_LEN];
-        emit_na(&mut b, &s, &d, &t, MacAddr([2, 0, 0, 0, 0, 2]));
+        emit_na(&mut b, &s, &d, &t, MacAddr([2, 0, 0, 0, 0, 2]), false);
         assert!(checksum_ok(&s, &d, &b));
         let n = Ndp::new_checked(&b[..]).unwrap();
         assert_eq!(n.msg_type(), TYPE_NA);
