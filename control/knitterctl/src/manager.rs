@@ -513,265 +513,18 @@ fn list(
     }
 }
 
+type Client = ManagerClient<Channel>;
+
 pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
     let mut c = ManagerClient::new(t.channel()?);
     let none = || list(None, None, None, None, None);
     match cmd {
-        ManagerCmd::Status => {
-            show(out, c.get_kubernetes_status(authed(t, none())?).await?.into_inner(), |s| {
-                let role = if s.leader { "leader (holds the Lease)" } else { "standby" };
-                println!("kubernetes controller: {} as {:?}", role, s.identity);
-                println!(
-                    "  pods {}, nodes {} in view; lists taken {}; watch errors {}",
-                    s.pods, s.nodes, s.relists, s.watch_errors
-                );
-                println!(
-                    "  released: {} ports, {} nodes; last reconcile {:.1} ms",
-                    s.released_ports,
-                    s.released_nodes,
-                    s.last_reconcile_micros as f64 / 1000.0
-                );
-                if s.events > 0 || s.events_failed > 0 {
-                    println!("  events: {} published, {} not", s.events, s.events_failed);
-                }
-                if s.held_ports > 0 {
-                    println!(
-                        "  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)",
-                        s.held_ports
-                    );
-                }
-                if s.network_resources > 0 || s.attachment_definitions > 0 {
-                    println!(
-                        "  Network resources {} ({} ready); NetworkAttachmentDefinitions {} (writes {})",
-                        s.network_resources,
-                        s.network_resources_ready,
-                        s.attachment_definitions,
-                        s.attachment_definition_writes
-                    );
-                }
-            })?
-        }
-        ManagerCmd::Tenant { cmd } => match cmd {
-            TenantCmd::List => objects(
-                out,
-                "tenants",
-                c.list_tenants(authed(t, none())?).await?.into_inner().items,
-                print_tenants,
-            )?,
-            TenantCmd::Show { name } => objects(
-                out,
-                "tenants",
-                vec![c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner()],
-                print_tenants,
-            )?,
-            TenantCmd::Create { name, quota, namespaces } => {
-                let r = c
-                    .create_tenant(authed(
-                        t,
-                        pb::TenantSpec {
-                            name: name.clone(),
-                            quota: quota.map(|networks| pb::Quota { networks }),
-                            namespaces,
-                        },
-                    )?)
-                    .await?
-                    .into_inner();
-                created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
-            }
-            TenantCmd::Delete { name } => show(
-                out,
-                c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
-                |_| println!("tenant {name} deleted"),
-            )?,
-            TenantCmd::Quota { name, networks } => {
-                let r = c
-                    .set_quota(authed(
-                        t,
-                        pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) },
-                    )?)
-                    .await?
-                    .into_inner();
-                show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
-            }
-            TenantCmd::Namespaces { name, namespaces } => {
-                let r = c
-                    .set_namespaces(authed(t, pb::SetNamespacesRequest { name, namespaces })?)
-                    .await?
-                    .into_inner();
-                show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
-            }
-        },
-        ManagerCmd::Network { cmd } => match cmd {
-            NetworkCmd::List { tenant, kind } => objects(
-                out,
-                "networks",
-                c.list_networks(authed(t, list(tenant, None, None, None, kind))?)
-                    .await?
-                    .into_inner()
-                    .items,
-                print_networks,
-            )?,
-            NetworkCmd::Show { name } => objects(
-                out,
-                "networks",
-                vec![c.get_network(authed(t, pb::Name { name })?).await?.into_inner()],
-                print_networks,
-            )?,
-            NetworkCmd::Create(n) => {
-                let spec = pb::Network {
-                    name: n.name.clone(),
-                    tenant: n.tenant,
-                    kind: n.kind,
-                    plane: n.plane,
-                    segment: n.segment,
-                    ipv4: subnet(n.ipv4, n.gateway4, &n.pool4)?,
-                    ipv6: subnet(n.ipv6, n.gateway6, &n.pool6)?,
-                    mtu: n.mtu,
-                    shared: n.shared,
-                    pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| {
-                        pb::Policer {
-                            pps: n.pod_pps.unwrap_or(0),
-                            bps: n.pod_bps.unwrap_or(0),
-                            ..Default::default()
-                        }
-                    }),
-                    sriov_pool: n.sriov_pool,
-                    pod_chooses_vf: n.pod_chooses_vf,
-                    node_gateway: n.node_gateway,
-                    masquerade: n.masquerade,
-                };
-                let r = c.create_network(authed(t, spec)?).await?.into_inner();
-                created(out, "network", &n.name, r.created, &r, || {
-                    print_networks(r.network.as_slice())
-                })?
-            }
-            NetworkCmd::Delete { name } => show(
-                out,
-                c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
-                |_| println!("network {name} deleted"),
-            )?,
-        },
-        ManagerCmd::Ipgroup { cmd } => match cmd {
-            GroupCmd::List { network } => objects(
-                out,
-                "ipgroups",
-                c.list_ip_groups(authed(t, list(None, network, None, None, None))?)
-                    .await?
-                    .into_inner()
-                    .items,
-                print_groups,
-            )?,
-            GroupCmd::Show { network, name } => objects(
-                out,
-                "ipgroups",
-                vec![
-                    c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner(),
-                ],
-                print_groups,
-            )?,
-            GroupCmd::Create { network, name, members, size, grace } => {
-                let r = c
-                    .create_ip_group(authed(
-                        t,
-                        pb::IpGroupSpec {
-                            name: name.clone(),
-                            network,
-                            members,
-                            size,
-                            grace_secs: grace,
-                        },
-                    )?)
-                    .await?
-                    .into_inner();
-                created(out, "IP group", &name, r.created, &r, || print_groups(r.group.as_slice()))?
-            }
-            GroupCmd::Delete { network, name } => show(
-                out,
-                c.delete_ip_group(authed(t, pb::GroupName { network, name: name.clone() })?)
-                    .await?
-                    .into_inner(),
-                |_| println!("IP group {name} deleted"),
-            )?,
-        },
-        ManagerCmd::Port { cmd } => match cmd {
-            PortCmd::List { network, node, pod, tenant } => show(
-                out,
-                c.list_ports(authed(t, list(tenant, network, node, pod, None))?)
-                    .await?
-                    .into_inner()
-                    .items,
-                |v| print_ports(v),
-            )?,
-            PortCmd::Show { container, interface } => show(
-                out,
-                c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(),
-                |v| print_ports(std::slice::from_ref(v)),
-            )?,
-            PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
-                let id = format!("{container}/{interface}");
-                let r = c
-                    .create_port(authed(
-                        t,
-                        pb::PortSpec {
-                            network,
-                            container,
-                            interface,
-                            pod,
-                            node,
-                            ips: ip,
-                            ip_group,
-                            requested_mac: mac,
-                            pod_uid: String::new(),
-                            device_info: None,
-                        },
-                    )?)
-                    .await?
-                    .into_inner();
-                created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
-            }
-            PortCmd::Delete { container, interface } => {
-                let id = format!("{container}/{interface}");
-                show(
-                    out,
-                    c.delete_port(authed(t, pb::PortName { container, interface })?)
-                        .await?
-                        .into_inner(),
-                    |_| println!("port {id} deleted"),
-                )?
-            }
-        },
-        ManagerCmd::Node { cmd } => match cmd {
-            NodeCmd::List => {
-                show(out, c.list_nodes(authed(t, none())?).await?.into_inner().items, |v| {
-                    print_nodes(v)
-                })?
-            }
-            NodeCmd::Show { name } => {
-                show(out, c.get_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
-                    print_nodes(std::slice::from_ref(v))
-                })?
-            }
-            NodeCmd::Register { name, vtep, underlay_mtu } => {
-                let r = c
-                    .register_node(authed(
-                        t,
-                        pb::Node { name, vtep, underlay_mtu, ..Default::default() },
-                    )?)
-                    .await?
-                    .into_inner();
-                show(out, r, |v| print_nodes(std::slice::from_ref(v)))?
-            }
-            NodeCmd::Delete { name } => show(
-                out,
-                c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
-                |_| println!("node {name} deleted"),
-            )?,
-            NodeCmd::Token { name } => {
-                show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
-                    println!("{}", v.token)
-                })?
-            }
-        },
+        ManagerCmd::Status => status(&mut c, t, out).await?,
+        ManagerCmd::Tenant { cmd } => tenant(&mut c, t, out, cmd).await?,
+        ManagerCmd::Network { cmd } => network(&mut c, t, out, cmd).await?,
+        ManagerCmd::Ipgroup { cmd } => ipgroup(&mut c, t, out, cmd).await?,
+        ManagerCmd::Port { cmd } => port(&mut c, t, out, cmd).await?,
+        ManagerCmd::Node { cmd } => node(&mut c, t, out, cmd).await?,
         ManagerCmd::Apply(source) => {
             let (text, format) = source.read()?;
             manifest::apply(&mut c, t, out, manifest::Document::parse(&text, &format)?).await?
@@ -779,6 +532,288 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
         ManagerCmd::Health => show(out, c.health(authed(t, none())?).await?.into_inner(), |v| {
             println!("{} (store revision {})", v.status, v.revision)
         })?,
+    }
+    Ok(())
+}
+
+/// `manager status`: the Kubernetes controller's state.
+async fn status(c: &mut Client, t: &Target, out: Output) -> Result<()> {
+    let none = || list(None, None, None, None, None);
+    show(out, c.get_kubernetes_status(authed(t, none())?).await?.into_inner(), |s| {
+        let role = if s.leader { "leader (holds the Lease)" } else { "standby" };
+        println!("kubernetes controller: {} as {:?}", role, s.identity);
+        println!(
+            "  pods {}, nodes {} in view; lists taken {}; watch errors {}",
+            s.pods, s.nodes, s.relists, s.watch_errors
+        );
+        println!(
+            "  released: {} ports, {} nodes; last reconcile {:.1} ms",
+            s.released_ports,
+            s.released_nodes,
+            s.last_reconcile_micros as f64 / 1000.0
+        );
+        if s.events > 0 || s.events_failed > 0 {
+            println!("  events: {} published, {} not", s.events, s.events_failed);
+        }
+        if s.held_ports > 0 {
+            println!(
+                "  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)",
+                s.held_ports
+            );
+        }
+        if s.network_resources > 0 || s.attachment_definitions > 0 {
+            println!(
+                "  Network resources {} ({} ready); NetworkAttachmentDefinitions {} (writes {})",
+                s.network_resources,
+                s.network_resources_ready,
+                s.attachment_definitions,
+                s.attachment_definition_writes
+            );
+        }
+    })?;
+    Ok(())
+}
+
+/// `manager tenant …`.
+async fn tenant(c: &mut Client, t: &Target, out: Output, cmd: TenantCmd) -> Result<()> {
+    let none = || list(None, None, None, None, None);
+    match cmd {
+        TenantCmd::List => objects(
+            out,
+            "tenants",
+            c.list_tenants(authed(t, none())?).await?.into_inner().items,
+            print_tenants,
+        )?,
+        TenantCmd::Show { name } => objects(
+            out,
+            "tenants",
+            vec![c.get_tenant(authed(t, pb::Name { name })?).await?.into_inner()],
+            print_tenants,
+        )?,
+        TenantCmd::Create { name, quota, namespaces } => {
+            let r = c
+                .create_tenant(authed(
+                    t,
+                    pb::TenantSpec {
+                        name: name.clone(),
+                        quota: quota.map(|networks| pb::Quota { networks }),
+                        namespaces,
+                    },
+                )?)
+                .await?
+                .into_inner();
+            created(out, "tenant", &name, r.created, &r, || print_tenants(r.tenant.as_slice()))?
+        }
+        TenantCmd::Delete { name } => show(
+            out,
+            c.delete_tenant(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+            |_| println!("tenant {name} deleted"),
+        )?,
+        TenantCmd::Quota { name, networks } => {
+            let r = c
+                .set_quota(authed(
+                    t,
+                    pb::SetQuotaRequest { name, quota: Some(pb::Quota { networks }) },
+                )?)
+                .await?
+                .into_inner();
+            show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
+        }
+        TenantCmd::Namespaces { name, namespaces } => {
+            let r = c
+                .set_namespaces(authed(t, pb::SetNamespacesRequest { name, namespaces })?)
+                .await?
+                .into_inner();
+            show(out, r, |v| print_tenants(std::slice::from_ref(v)))?
+        }
+    }
+    Ok(())
+}
+
+/// `manager network …`.
+async fn network(c: &mut Client, t: &Target, out: Output, cmd: NetworkCmd) -> Result<()> {
+    match cmd {
+        NetworkCmd::List { tenant, kind } => objects(
+            out,
+            "networks",
+            c.list_networks(authed(t, list(tenant, None, None, None, kind))?)
+                .await?
+                .into_inner()
+                .items,
+            print_networks,
+        )?,
+        NetworkCmd::Show { name } => objects(
+            out,
+            "networks",
+            vec![c.get_network(authed(t, pb::Name { name })?).await?.into_inner()],
+            print_networks,
+        )?,
+        NetworkCmd::Create(n) => {
+            let spec = pb::Network {
+                name: n.name.clone(),
+                tenant: n.tenant,
+                kind: n.kind,
+                plane: n.plane,
+                segment: n.segment,
+                ipv4: subnet(n.ipv4, n.gateway4, &n.pool4)?,
+                ipv6: subnet(n.ipv6, n.gateway6, &n.pool6)?,
+                mtu: n.mtu,
+                shared: n.shared,
+                pod_policer: (n.pod_pps.is_some() || n.pod_bps.is_some()).then(|| pb::Policer {
+                    pps: n.pod_pps.unwrap_or(0),
+                    bps: n.pod_bps.unwrap_or(0),
+                    ..Default::default()
+                }),
+                sriov_pool: n.sriov_pool,
+                pod_chooses_vf: n.pod_chooses_vf,
+                node_gateway: n.node_gateway,
+                masquerade: n.masquerade,
+            };
+            let r = c.create_network(authed(t, spec)?).await?.into_inner();
+            created(out, "network", &n.name, r.created, &r, || {
+                print_networks(r.network.as_slice())
+            })?
+        }
+        NetworkCmd::Delete { name } => show(
+            out,
+            c.delete_network(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+            |_| println!("network {name} deleted"),
+        )?,
+    }
+    Ok(())
+}
+
+/// `manager ipgroup …`.
+async fn ipgroup(c: &mut Client, t: &Target, out: Output, cmd: GroupCmd) -> Result<()> {
+    match cmd {
+        GroupCmd::List { network } => objects(
+            out,
+            "ipgroups",
+            c.list_ip_groups(authed(t, list(None, network, None, None, None))?)
+                .await?
+                .into_inner()
+                .items,
+            print_groups,
+        )?,
+        GroupCmd::Show { network, name } => objects(
+            out,
+            "ipgroups",
+            vec![c.get_ip_group(authed(t, pb::GroupName { network, name })?).await?.into_inner()],
+            print_groups,
+        )?,
+        GroupCmd::Create { network, name, members, size, grace } => {
+            let r = c
+                .create_ip_group(authed(
+                    t,
+                    pb::IpGroupSpec {
+                        name: name.clone(),
+                        network,
+                        members,
+                        size,
+                        grace_secs: grace,
+                    },
+                )?)
+                .await?
+                .into_inner();
+            created(out, "IP group", &name, r.created, &r, || print_groups(r.group.as_slice()))?
+        }
+        GroupCmd::Delete { network, name } => show(
+            out,
+            c.delete_ip_group(authed(t, pb::GroupName { network, name: name.clone() })?)
+                .await?
+                .into_inner(),
+            |_| println!("IP group {name} deleted"),
+        )?,
+    }
+    Ok(())
+}
+
+/// `manager port …`.
+async fn port(c: &mut Client, t: &Target, out: Output, cmd: PortCmd) -> Result<()> {
+    match cmd {
+        PortCmd::List { network, node, pod, tenant } => show(
+            out,
+            c.list_ports(authed(t, list(tenant, network, node, pod, None))?)
+                .await?
+                .into_inner()
+                .items,
+            |v| print_ports(v),
+        )?,
+        PortCmd::Show { container, interface } => show(
+            out,
+            c.get_port(authed(t, pb::PortName { container, interface })?).await?.into_inner(),
+            |v| print_ports(std::slice::from_ref(v)),
+        )?,
+        PortCmd::Create { network, container, interface, pod, node, ip, ip_group, mac } => {
+            let id = format!("{container}/{interface}");
+            let r = c
+                .create_port(authed(
+                    t,
+                    pb::PortSpec {
+                        network,
+                        container,
+                        interface,
+                        pod,
+                        node,
+                        ips: ip,
+                        ip_group,
+                        requested_mac: mac,
+                        pod_uid: String::new(),
+                        device_info: None,
+                    },
+                )?)
+                .await?
+                .into_inner();
+            created(out, "port", &id, r.created, &r, || print_ports(r.port.as_slice()))?
+        }
+        PortCmd::Delete { container, interface } => {
+            let id = format!("{container}/{interface}");
+            show(
+                out,
+                c.delete_port(authed(t, pb::PortName { container, interface })?)
+                    .await?
+                    .into_inner(),
+                |_| println!("port {id} deleted"),
+            )?
+        }
+    }
+    Ok(())
+}
+
+/// `manager node …`.
+async fn node(c: &mut Client, t: &Target, out: Output, cmd: NodeCmd) -> Result<()> {
+    let none = || list(None, None, None, None, None);
+    match cmd {
+        NodeCmd::List => {
+            show(out, c.list_nodes(authed(t, none())?).await?.into_inner().items, |v| {
+                print_nodes(v)
+            })?
+        }
+        NodeCmd::Show { name } => {
+            show(out, c.get_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
+                print_nodes(std::slice::from_ref(v))
+            })?
+        }
+        NodeCmd::Register { name, vtep, underlay_mtu } => {
+            let r = c
+                .register_node(authed(
+                    t,
+                    pb::Node { name, vtep, underlay_mtu, ..Default::default() },
+                )?)
+                .await?
+                .into_inner();
+            show(out, r, |v| print_nodes(std::slice::from_ref(v)))?
+        }
+        NodeCmd::Delete { name } => show(
+            out,
+            c.delete_node(authed(t, pb::Name { name: name.clone() })?).await?.into_inner(),
+            |_| println!("node {name} deleted"),
+        )?,
+        NodeCmd::Token { name } => {
+            show(out, c.join_node(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
+                println!("{}", v.token)
+            })?
+        }
     }
     Ok(())
 }

@@ -28,24 +28,23 @@
 //! Unsafe code is confined to the ring mappings ([`ring`], with its invariants) and the
 //! socket calls around them; [`lent`] keeps which pool buffers the kernel holds.
 
+mod fill;
 mod lent;
 mod ring;
+mod socket;
 
 pub use crate::bpf::UnderlayFilter;
 use crate::bpf::{XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE, XdpRedirect};
+pub use fill::pool_for_pods;
+use fill::{FILL_POD, pod_fill, underlay_fill};
 use lent::Lent;
 use plumbing::sys::{
-    check, control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues,
-    setopt,
+    control_socket, if_running, ifindex, interface_mac, is_software_device, rx_queues,
 };
-use ring::{
-    AF_XDP, MmapOffsets, PGOFF_COMPLETION, PGOFF_FILL, PGOFF_RX, PGOFF_TX, Ring, SOL_XDP,
-    SockaddrXdp, UmemReg, XDP_MMAP_OFFSETS, XDP_OPTIONS, XDP_OPTIONS_ZEROCOPY, XDP_PACKET_HEADROOM,
-    XDP_PKT_CONTD, XDP_RX_RING, XDP_TX_RING, XDP_UMEM_COMPLETION_RING, XDP_UMEM_FILL_RING,
-    XDP_UMEM_REG, XDP_USE_NEED_WAKEUP, XDP_USE_SG,
-};
+use ring::{Ring, XDP_PACKET_HEADROOM, XDP_PKT_CONTD};
+use socket::{Bound, MAX_QUEUES, kick_tx};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Mutex};
 use vswitch::batch::Batch;
@@ -56,16 +55,6 @@ use vswitch::wire::MacAddr;
 /// Descriptors one frame may take at most (a 9 216-byte frame in 2 KiB buffers takes 5).
 const MAX_FRAGS: usize = 8;
 const RING: u32 = 1024;
-/// Buffers a pod-facing port keeps in its fill ring at first. Every port lends them from the
-/// shared pool while idle, so this bounds what idle pods hold (see [`pool_for_pods`]); a
-/// polled port refills every burst, so a few bursts' worth is enough while its PMD
-/// runs. A port whose fill ring runs dry drops what arrives (the kernel counts it on the
-/// interface): when its traffic empties the ring by half between two refills, the ring
-/// grows (see [`RxSide::grow`]).
-const FILL_POD: u32 = 128;
-/// A pod queue's fill ring when the pool is already half lent out (see [`pod_fill`]): a
-/// burst's worth, refilled every time a PMD thread polls it.
-const FILL_MIN: u32 = 32;
 
 /// The receive side: rx and fill rings and the buffers lent through the fill ring.
 struct RxSide {
@@ -149,138 +138,6 @@ enum PartialChecksums {
 unsafe impl Send for AfXdpPort {}
 // SAFETY: as above.
 unsafe impl Sync for AfXdpPort {}
-
-/// Sockets per port at most (a NIC with more queues gets its first 64 read).
-const MAX_QUEUES: u32 = 64;
-
-/// A socket bound to one queue, its rings mapped, before any buffer is lent.
-struct Bound {
-    sock: OwnedFd,
-    rx: Ring,
-    tx: Ring,
-    fill: Ring,
-    comp: Ring,
-    binding: Binding,
-}
-
-impl Bound {
-    /// Creates an AF_XDP socket over `pool`'s region and binds it to queue `queue` of
-    /// `ifindex`: zero-copy where the driver has it, with `need_wakeup` where the kernel has it.
-    fn new(ifindex: u32, queue: u32, pool: &Pool) -> io::Result<Bound> {
-        // SAFETY: plain socket creation, checked.
-        let sock = unsafe {
-            OwnedFd::from_raw_fd(check(libc::socket(
-                AF_XDP,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                0,
-            ))?)
-        };
-        let fd = sock.as_raw_fd();
-        let (addr, len) = pool.region();
-        setopt(
-            fd,
-            SOL_XDP,
-            XDP_UMEM_REG,
-            &UmemReg {
-                addr: addr as u64,
-                len: len as u64,
-                chunk_size: BUF_SIZE as u32,
-                headroom: 0,
-            },
-        )?;
-        for opt in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
-            setopt(fd, SOL_XDP, opt, &RING)?;
-        }
-        let mut off = MmapOffsets::default();
-        let mut olen = std::mem::size_of::<MmapOffsets>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `olen` bytes into `off`.
-        check(unsafe {
-            libc::getsockopt(
-                fd,
-                SOL_XDP,
-                XDP_MMAP_OFFSETS,
-                (&mut off as *mut MmapOffsets).cast(),
-                &mut olen,
-            )
-        })?;
-        // Older kernels report offsets without the flags words.
-        let with_flags = olen as usize == std::mem::size_of::<MmapOffsets>();
-        let rx = Ring::map(fd, &off.rx, PGOFF_RX, 16, with_flags)?;
-        let tx = Ring::map(fd, &off.tx, PGOFF_TX, 16, with_flags)?;
-        let fill = Ring::map(fd, &off.fr, PGOFF_FILL, 8, with_flags)?;
-        let comp = Ring::map(fd, &off.cr, PGOFF_COMPLETION, 8, with_flags)?;
-        // No mode forced: zero-copy where the driver has it, copy otherwise.
-        let mut sa = SockaddrXdp {
-            family: AF_XDP as u16,
-            flags: XDP_USE_NEED_WAKEUP | XDP_USE_SG,
-            ifindex,
-            queue_id: queue,
-            shared_umem_fd: 0,
-        };
-        // A previous socket on this queue may still be tearing down: retry EBUSY briefly.
-        let mut tries = 0;
-        loop {
-            // SAFETY: binds to a sockaddr_xdp we own, with its size.
-            let r = unsafe {
-                libc::bind(
-                    fd,
-                    (&sa as *const SockaddrXdp).cast(),
-                    std::mem::size_of::<SockaddrXdp>() as u32,
-                )
-            };
-            match check(r) {
-                Ok(_) => break,
-                // A kernel (or zero-copy driver) without multi-buffer refuses it: one buffer
-                // per frame there. A kernel without need_wakeup: kick every burst there.
-                Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
-                        && sa.flags & XDP_USE_SG != 0 =>
-                {
-                    sa.flags &= !XDP_USE_SG;
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EINVAL)
-                        && sa.flags & XDP_USE_NEED_WAKEUP != 0 =>
-                {
-                    sa.flags &= !XDP_USE_NEED_WAKEUP;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 20 => {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(10 << tries.min(4)));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let binding = Binding {
-            zero_copy: zero_copy(fd),
-            need_wakeup: sa.flags & XDP_USE_NEED_WAKEUP != 0,
-            multi_buffer: sa.flags & XDP_USE_SG != 0,
-        };
-        Ok(Bound { sock, rx, tx, fill, comp, binding })
-    }
-}
-
-/// At most this many `sendto` kicks per burst: enough for a burst of jumbo frames in pieces
-/// (32 × 8 descriptors at 32 a kick), few enough that a device answering "busy" is not
-/// spun on.
-const MAX_KICKS: u32 = 8;
-
-/// Makes the kernel transmit what the tx ring holds. In copy mode it sends only inside
-/// `sendto`, at most 32 descriptors a call (`TX_BATCH_SIZE`), answering `EAGAIN` when it
-/// stops with descriptors left; kicked again then, while the ring still holds some.
-fn kick_tx(fd: RawFd, tx: &Ring) {
-    for _ in 0..MAX_KICKS {
-        // SAFETY: sendto with no data on our own socket.
-        let r = unsafe {
-            libc::sendto(fd, std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0)
-        };
-        let stopped_at_budget =
-            r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN);
-        if !stopped_at_budget || tx.cons().load(Acquire) == tx.prod().load(Relaxed) {
-            break;
-        }
-    }
-}
 
 impl AfXdpPort {
     /// Opens every receive queue of `ifname` (in the calling thread's network namespace)
@@ -482,49 +339,6 @@ impl AfXdpPort {
         (parts, k)
     }
 
-    /// Tops the fill ring up with fresh pool buffers. A ring the pool could not keep above
-    /// [`STARVED`] buffers starves: frames arriving then are dropped by the kernel, so the
-    /// queue counts it (`rx_starved`, once per time it runs short) and says it once.
-    fn refill(side: &mut RxSide, cache: &mut PoolCache, counters: &QueueCounters, port: &str) {
-        let prod = side.fill.prod().load(Relaxed);
-        let held = prod.wrapping_sub(side.fill.cons().load(Acquire));
-        if side.elastic && side.fill_target < RING && held < side.fill_target / 2 {
-            side.grow(cache);
-        }
-        let free = side.fill_target.saturating_sub(held);
-        let mut n = 0;
-        while n < free {
-            let Some(b) = cache.alloc() else { break };
-            let idx = b.into_index();
-            side.lent.set(idx);
-            side.fill.write_addr(prod.wrapping_add(n), (idx as u64) * BUF_SIZE as u64);
-            n += 1;
-        }
-        if n > 0 {
-            side.fill.prod().store(prod.wrapping_add(n), Release);
-        }
-        counters.rx_lent.set((held + n) as u64);
-        let starved = n < free && held + n < STARVED;
-        if starved != side.starved {
-            side.starved = starved;
-            if starved {
-                Self::starving(counters, cache, port);
-            }
-        }
-    }
-
-    #[cold]
-    fn starving(counters: &QueueCounters, cache: &PoolCache, port: &str) {
-        counters.rx_starved.add(1);
-        let pool = cache.pool();
-        tracing::warn!(
-            port,
-            free = pool.free_count(),
-            buffers = pool.capacity(),
-            "an AF_XDP queue's fill ring ran dry with the buffer pool empty: frames arriving on it are dropped until buffers come back (raise --pods, or --buffers: 256 per pod queue, 2 048 per underlay)"
-        );
-    }
-
     fn rx_pending(side: &RxSide) -> bool {
         side.rx.prod().load(Acquire) != side.rx.cons().load(Relaxed)
     }
@@ -544,56 +358,6 @@ impl AfXdpPort {
             }
         }
         if frames == 0 && avail >= RING { avail } else { end }
-    }
-}
-
-/// A fill ring holding fewer buffers than this, with the pool unable to top it up, starves.
-const STARVED: u32 = 8;
-
-/// A pod port's fill ring per queue at first: [`FILL_POD`] while the pool keeps more than
-/// half its buffers free after lending them, else [`FILL_MIN`]. Idle pods keep what their
-/// rings hold (the kernel owns it until frames arrive), so the share given at open is what
-/// many pods hold for good: on the default 16 384 buffers the first ~60 pods get 128 and the
-/// rest 32 (200 pods hold ~12 000, where 128 each, 25 600, left the last 72 none). A busy
-/// pod's ring still doubles while the pool is more than half free ([`RxSide::grow`]).
-fn pod_fill(pool: &Pool, queues: u32) -> u32 {
-    let lent = FILL_POD as usize * queues as usize;
-    if pool.free_count().saturating_sub(lent) > pool.capacity() as usize / 2 {
-        FILL_POD
-    } else {
-        FILL_MIN
-    }
-}
-
-/// The buffers a pool needs for `pods` single-queue AF_XDP pod ports and an underlay to each
-/// keep their full first fill ring ([`pod_fill`] gives [`FILL_POD`] only while the pool stays
-/// more than half free): twice what the rings take, the other half for frames in flight,
-/// rounded up to a power of two. 110 pods (Kubernetes' default): 32 768 buffers (64 MiB).
-/// A UMEM cannot grow once sockets are bound to it, so the pool is sized up front.
-pub fn pool_for_pods(pods: u32) -> u32 {
-    let rings = pods as u64 * FILL_POD as u64 + RING as u64;
-    (2 * rings).next_power_of_two().min(1 << 30) as u32
-}
-
-/// An underlay's fill ring per queue: a full ring on one queue, less per queue on many
-/// (traffic spreads), growing with it.
-fn underlay_fill(queues: u32) -> u32 {
-    (RING / queues.max(1)).max(2 * FILL_POD)
-}
-
-impl RxSide {
-    /// The kernel took more than half the fill ring since the last refill: a PMD that
-    /// misses a few turns (preempted, or a VM's vCPU stopped for milliseconds) would see it
-    /// run dry and the kernel drop frames. The ring doubles, up to `RING`, while the pool
-    /// has more than half its buffers free: buffers in a fill ring stay lent until frames
-    /// arrive in them, so growth is bounded by what the pool can spare, and idle pods,
-    /// which never grow, keep `FILL_POD` each.
-    #[cold]
-    fn grow(&mut self, cache: &PoolCache) {
-        let pool = cache.pool();
-        if pool.free_count() > pool.capacity() as usize / 2 {
-            self.fill_target = (self.fill_target * 2).min(RING);
-        }
     }
 }
 
@@ -859,17 +623,6 @@ impl Port for AfXdpPort {
             BUF_SIZE - XDP_PACKET_HEADROOM
         }
     }
-}
-
-/// Whether the bound socket runs in zero-copy mode (`XDP_OPTIONS`, Linux ≥ 5.3).
-fn zero_copy(fd: RawFd) -> bool {
-    let mut opts = 0u32;
-    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `opts`.
-    let r = unsafe {
-        libc::getsockopt(fd, SOL_XDP, XDP_OPTIONS, (&mut opts as *mut u32).cast(), &mut len)
-    };
-    r == 0 && opts & XDP_OPTIONS_ZEROCOPY != 0
 }
 
 /// How long buffers a zero-copy driver had in its fill ring stay out of the pool after the
