@@ -5,6 +5,7 @@
 use crate::node::Node;
 use crate::views::stats_reply;
 use knitter_api::metrics::{escape, family};
+use knitter_api::node as pb;
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -13,157 +14,8 @@ pub fn render(node: &Node) -> String {
     let s = stats_reply(node);
     let mut o = String::with_capacity(4096);
     knitter_api::metrics::build_info(&mut o, "knitter-vswitchd", env!("CARGO_PKG_VERSION"));
-    let ports = |f: fn(&knitter_api::node::PortStatus) -> f64| {
-        s.ports.iter().map(move |p| (p.name.clone(), f(p)))
-    };
-    family(
-        &mut o,
-        "knitter_port_rx_packets_total",
-        "counter",
-        "Frames received from the port.",
-        "port",
-        ports(|p| p.rx_packets as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_rx_bytes_total",
-        "counter",
-        "Bytes received from the port.",
-        "port",
-        ports(|p| p.rx_bytes as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_tx_packets_total",
-        "counter",
-        "Frames sent to the port.",
-        "port",
-        ports(|p| p.tx_packets as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_tx_bytes_total",
-        "counter",
-        "Bytes sent to the port.",
-        "port",
-        ports(|p| p.tx_bytes as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_drops_total",
-        "counter",
-        "Frames of the port dropped (any reason).",
-        "port",
-        ports(|p| p.drops as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_policed_total",
-        "counter",
-        "Frames the port's ingress policer dropped (also in drops).",
-        "port",
-        ports(|p| p.policed as f64),
-    );
-    let name = "knitter_port_tx_class_packets_total";
-    let _ = writeln!(
-        o,
-        "# HELP {name} Frames sent to the port by class: priority networks' (ahead of the others on a shared egress) and ordinary.\n# TYPE {name} counter"
-    );
-    for p in &s.ports {
-        let (port, ordinary) = (escape(&p.name), p.tx_packets.saturating_sub(p.tx_priority));
-        let _ = writeln!(
-            o,
-            "{name}{{port=\"{port}\",class=\"priority\"}} {}\n{name}{{port=\"{port}\",class=\"ordinary\"}} {ordinary}",
-            p.tx_priority
-        );
-    }
-    family(
-        &mut o,
-        "knitter_port_priority_held_total",
-        "counter",
-        "Priority frames the port's ring had no room for, held for its next flush (each counted once).",
-        "port",
-        ports(|p| p.priority_held as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_priority_dropped_total",
-        "counter",
-        "Priority frames dropped on the port (also in drops).",
-        "port",
-        ports(|p| p.priority_dropped as f64),
-    );
-    family(
-        &mut o,
-        "knitter_port_up",
-        "gauge",
-        "1 when the port runs, its link is up and no vhost-user ring is stopped.",
-        "port",
-        ports(|p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64),
-    );
-    let vhost =
-        s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
-    family(
-        &mut o,
-        "knitter_vhost_user_connected",
-        "gauge",
-        "1 when a vhost-user frontend is connected and its rings run.",
-        "port",
-        vhost,
-    );
-    let vhost_errors = |f: fn(&knitter_api::node::VhostErrors) -> u64| {
-        s.ports
-            .iter()
-            .filter_map(move |p| Some((p.name.clone(), f(p.vhost_errors.as_ref()?) as f64)))
-    };
-    family(
-        &mut o,
-        "knitter_vhost_user_broken_rings_total",
-        "counter",
-        "Rings stopped: a driver claiming more than a queue's worth, or a memory file that shrank.",
-        "port",
-        vhost_errors(|e| e.broken_rings),
-    );
-    family(
-        &mut o,
-        "knitter_vhost_user_bad_chains_total",
-        "counter",
-        "Descriptor chains from the guest refused as malformed.",
-        "port",
-        vhost_errors(|e| e.bad_chains),
-    );
-    family(
-        &mut o,
-        "knitter_vhost_user_refused_frames_total",
-        "counter",
-        "Frames from the guest refused (runt, oversize, offload not negotiated, no buffer).",
-        "port",
-        vhost_errors(|e| e.refused_frames),
-    );
-    family(
-        &mut o,
-        "knitter_vhost_user_guest_buffer_too_small_total",
-        "counter",
-        "Frames for the guest that its receive buffers could not hold.",
-        "port",
-        vhost_errors(|e| e.guest_buffer_too_small),
-    );
-    family(
-        &mut o,
-        "knitter_vhost_user_memory_faults_total",
-        "counter",
-        "Rings stopped because the frontend's memory file shrank under its memory table.",
-        "port",
-        vhost_errors(|e| e.memory_faults),
-    );
-    family(
-        &mut o,
-        "knitter_vhost_user_interrupts_full_total",
-        "counter",
-        "Interrupts not sent because the guest's eventfd counter was full.",
-        "port",
-        vhost_errors(|e| e.interrupts_full),
-    );
+    port_families(&mut o, &s);
+    vhost_families(&mut o, &s);
     // Per queue: (port, queue) as one label pair.
     let queue_family =
         |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
@@ -451,4 +303,136 @@ pub async fn serve(
         .route("/healthz", get(move || probe(healthz.clone(), "ok\n", false)))
         .route("/readyz", get(move || probe(readyz.clone(), "ready\n", true)));
     axum::serve(listener, app).with_graceful_shutdown(stop).await
+}
+
+/// A port's value in a family.
+type PortValue = fn(&pb::PortStatus) -> f64;
+/// A vhost-user port's count of one kind of frontend error.
+type VhostErrorCount = fn(&pb::VhostErrors) -> u64;
+
+/// Per port, labelled `port`: traffic, drops, priority classes, state.
+fn port_families(o: &mut String, s: &pb::StatsReply) {
+    let per_port = |o: &mut String, rows: &[(&str, &str, &str, PortValue)]| {
+        for &(name, kind, help, value) in rows {
+            family(o, name, kind, help, "port", s.ports.iter().map(|p| (p.name.clone(), value(p))));
+        }
+    };
+    per_port(
+        o,
+        &[
+            ("knitter_port_rx_packets_total", "counter", "Frames received from the port.", |p| {
+                p.rx_packets as f64
+            }),
+            ("knitter_port_rx_bytes_total", "counter", "Bytes received from the port.", |p| {
+                p.rx_bytes as f64
+            }),
+            ("knitter_port_tx_packets_total", "counter", "Frames sent to the port.", |p| {
+                p.tx_packets as f64
+            }),
+            ("knitter_port_tx_bytes_total", "counter", "Bytes sent to the port.", |p| {
+                p.tx_bytes as f64
+            }),
+            (
+                "knitter_port_drops_total",
+                "counter",
+                "Frames of the port dropped (any reason).",
+                |p| p.drops as f64,
+            ),
+            (
+                "knitter_port_policed_total",
+                "counter",
+                "Frames the port's ingress policer dropped (also in drops).",
+                |p| p.policed as f64,
+            ),
+        ],
+    );
+    let name = "knitter_port_tx_class_packets_total";
+    let _ = writeln!(
+        o,
+        "# HELP {name} Frames sent to the port by class: priority networks' (ahead of the others on a shared egress) and ordinary.\n# TYPE {name} counter"
+    );
+    for p in &s.ports {
+        let (port, ordinary) = (escape(&p.name), p.tx_packets.saturating_sub(p.tx_priority));
+        let _ = writeln!(
+            o,
+            "{name}{{port=\"{port}\",class=\"priority\"}} {}\n{name}{{port=\"{port}\",class=\"ordinary\"}} {ordinary}",
+            p.tx_priority
+        );
+    }
+    per_port(
+        o,
+        &[
+            (
+                "knitter_port_priority_held_total",
+                "counter",
+                "Priority frames the port's ring had no room for, held for its next flush (each counted once).",
+                |p| p.priority_held as f64,
+            ),
+            (
+                "knitter_port_priority_dropped_total",
+                "counter",
+                "Priority frames dropped on the port (also in drops).",
+                |p| p.priority_dropped as f64,
+            ),
+            (
+                "knitter_port_up",
+                "gauge",
+                "1 when the port runs, its link is up and no vhost-user ring is stopped.",
+                |p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64,
+            ),
+        ],
+    );
+}
+
+/// Per vhost-user port, labelled `port`: the frontend connected, and what it did wrong.
+fn vhost_families(o: &mut String, s: &pb::StatsReply) {
+    let vhost =
+        s.ports.iter().filter_map(|p| Some((p.name.clone(), p.vhost_connected? as u8 as f64)));
+    family(
+        o,
+        "knitter_vhost_user_connected",
+        "gauge",
+        "1 when a vhost-user frontend is connected and its rings run.",
+        "port",
+        vhost,
+    );
+    let rows: [(&str, &str, VhostErrorCount); 6] = [
+        (
+            "knitter_vhost_user_broken_rings_total",
+            "Rings stopped: a driver claiming more than a queue's worth, or a memory file that shrank.",
+            |e| e.broken_rings,
+        ),
+        (
+            "knitter_vhost_user_bad_chains_total",
+            "Descriptor chains from the guest refused as malformed.",
+            |e| e.bad_chains,
+        ),
+        (
+            "knitter_vhost_user_refused_frames_total",
+            "Frames from the guest refused (runt, oversize, offload not negotiated, no buffer).",
+            |e| e.refused_frames,
+        ),
+        (
+            "knitter_vhost_user_guest_buffer_too_small_total",
+            "Frames for the guest that its receive buffers could not hold.",
+            |e| e.guest_buffer_too_small,
+        ),
+        (
+            "knitter_vhost_user_memory_faults_total",
+            "Rings stopped because the frontend's memory file shrank under its memory table.",
+            |e| e.memory_faults,
+        ),
+        (
+            "knitter_vhost_user_interrupts_full_total",
+            "Interrupts not sent because the guest's eventfd counter was full.",
+            |e| e.interrupts_full,
+        ),
+    ];
+    for (name, help, value) in rows {
+        let samples = s
+            .ports
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), value(p.vhost_errors.as_ref()?) as f64)));
+        family(o, name, "counter", help, "port", samples);
+    }
 }

@@ -402,7 +402,7 @@ impl Pipeline {
         let tagged = hit.tagged_in();
         match hit.action() {
             Action::Port { port: p, want } if PER_NODE => {
-                self.hit_to_rewrite(snap, b, p, tagged, want)
+                self.hand_hit_to_rewrite(snap, b, p, tagged, want)
             }
             Action::Port { port: p, want } => {
                 let mut b = b;

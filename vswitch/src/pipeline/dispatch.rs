@@ -175,7 +175,7 @@ impl Pipeline {
                 if TRACE {
                     self.record(Step::VtepAnswer);
                 }
-                self.deliver(snap, in_port, b, false);
+                self.hand_to_port(snap, in_port, b, false);
                 continue;
             }
             if c.taken {

@@ -70,7 +70,7 @@ impl Pipeline {
             self.record(Step::Encap { peer, vni, dscp: mark.dscp, priority: mark.priority });
         }
         let Ok(mac) = self.next_hop(snap, vtep, pe) else {
-            return self.park(vtep, b, peer, vni);
+            return self.hand_to_hold(vtep, b, peer, vni);
         };
         let r = vtep.encap(&self.pool, &mut b, pe, vni, mark);
         if self.sent_encapsulated(snap, vtep, b, r, (mac, mark.priority)) {
@@ -94,7 +94,7 @@ impl Pipeline {
                 if let Some(m) = mac {
                     self.set_next_hop(&mut b, m);
                 }
-                self.deliver(snap, vtep.underlay_port, b, first);
+                self.hand_to_port(snap, vtep.underlay_port, b, first);
                 true
             }
             Err(r) => {
@@ -281,7 +281,7 @@ impl Pipeline {
             match self.next_hop(snap, vtep, pe) {
                 Ok(mac) => mac,
                 Err(()) => {
-                    self.park(vtep, b, peer, vni);
+                    self.hand_to_hold(vtep, b, peer, vni);
                     return false;
                 }
             }
@@ -327,7 +327,7 @@ impl Pipeline {
         if MARK && !out[1].is_empty() {
             self.stats.event(Event::Encapsulated, out[1].len() as u64);
             for b in out[1].drain() {
-                self.queue_first(snap, vtep.underlay_port, b);
+                self.hand_to_tx_first(snap, vtep.underlay_port, b);
             }
         }
     }

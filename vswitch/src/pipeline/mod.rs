@@ -34,9 +34,14 @@
 //!
 //! Each node file declares its node ([`crate::graph::Descriptor`]: name, next nodes, drop
 //! reasons, events; [`crate::graph::NODES`] collects them), owns its state (one struct of it
-//! in [`Pipeline`]) and names what it uses in its imports; a node hands a frame on with
-//! `hand_to_<next node>` (fused) or onto the next node's frame (`hand_to_frame`, per node).
-//! The per-node dispatcher is built only with the `per-node` feature (the test kit's).
+//! in [`Pipeline`]) and names what it uses in its imports. A frame moves on by one verb,
+//! `hand_*`: `hand_to_<next>` (`rewrite`, `encap`, `hold` for neighbor-hold, `tx`, `tx_first`
+//! ahead of a shared egress's batch, `port` for either), `hand_on` (what `l2-forward`
+//! decided), `hand_copy_to` (a flood's copies), `hand_hit_to_rewrite` (a cache hit that needs
+//! a new tag), and `hand_to_frame` onto the next node's frame (per node). The per-node
+//! dispatcher runs only with the `per-node` feature (the test kit's): without it its code
+//! is compiled but never reached (its branches test a `cfg!` constant, which the compiler
+//! folds away).
 //!
 //! Every drop has a named reason ([`DropReason`]); counters are per thread. Nothing here
 //! allocates, locks or makes a syscall per packet (ports may make one per burst).

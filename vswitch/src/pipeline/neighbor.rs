@@ -59,7 +59,7 @@ impl Pipeline {
     /// Leaves an (untagged, not yet encapsulated) frame waiting for its peer's next hop, or
     /// drops it when too many wait.
     #[cold]
-    pub(super) fn park(&mut self, vtep: &VtepEntry, mut b: BufId, peer: u16, vni: u32) {
+    pub(super) fn hand_to_hold(&mut self, vtep: &VtepEntry, mut b: BufId, peer: u16, vni: u32) {
         self.note(Step::NeighborHold { peer });
         if self.dry() {
             return self.cache.free(b);

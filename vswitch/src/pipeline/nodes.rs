@@ -151,7 +151,7 @@ impl Pipeline {
     /// A cache hit that needs a new tag, onto `vlan-rewrite`'s frame (out of line: the fused
     /// hit path around it stays as it compiles without it).
     #[inline(never)]
-    pub(super) fn hit_to_rewrite(
+    pub(super) fn hand_hit_to_rewrite(
         &mut self,
         snap: &Snapshot,
         b: BufId,

@@ -69,10 +69,10 @@ impl Pipeline {
         }
         let first = leaves_first(snap, bd, pe);
         if TRACE {
-            return self.deliver_traced(snap, pe.id, b, first);
+            return self.hand_to_port_traced(snap, pe.id, b, first);
         }
         if first {
-            return self.queue_first(snap, pe.id, b);
+            return self.hand_to_tx_first(snap, pe.id, b);
         }
         self.hand_to_tx(snap, pe.id, b);
     }

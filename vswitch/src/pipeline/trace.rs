@@ -79,21 +79,27 @@ impl Pipeline {
     /// Queues a frame the slow path forwards on `port` (`first`: ahead of its tx batch); a
     /// synthetic frame is recorded and freed instead.
     #[inline(always)]
-    pub(super) fn deliver(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+    pub(super) fn hand_to_port(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
         if self.trace.on {
-            return self.deliver_traced(snap, port, b, first);
+            return self.hand_to_port_traced(snap, port, b, first);
         }
-        if first { self.queue_first(snap, port, b) } else { self.hand_to_tx(snap, port, b) }
+        if first { self.hand_to_tx_first(snap, port, b) } else { self.hand_to_tx(snap, port, b) }
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn deliver_traced(&mut self, snap: &Snapshot, port: u16, b: BufId, first: bool) {
+    pub(super) fn hand_to_port_traced(
+        &mut self,
+        snap: &Snapshot,
+        port: u16,
+        b: BufId,
+        first: bool,
+    ) {
         let dry = self.trace.burst.dry;
         self.record(Step::Tx { port, first, sent: !dry });
         match (dry, first) {
             (true, _) => self.cache.free(b),
-            (false, true) => self.queue_first(snap, port, b),
+            (false, true) => self.hand_to_tx_first(snap, port, b),
             (false, false) => self.hand_to_tx(snap, port, b),
         }
     }

@@ -247,7 +247,7 @@ impl Pipeline {
     /// holds frames for other ports, the frame joins the ordinary batch (`priority_no_slot`).
     #[cold]
     #[inline(never)]
-    pub(super) fn queue_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
+    pub(super) fn hand_to_tx_first(&mut self, snap: &Snapshot, port: u16, b: BufId) {
         let Some(i) = self.tx.first.slot_for(port) else {
             self.stats.event(Event::PriorityNoSlot, 1);
             return self.hand_to_tx(snap, port, b);
