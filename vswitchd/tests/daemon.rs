@@ -2048,6 +2048,26 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
         "the host port is a port like the others"
     );
 
+    // MTU on every hop: the switch never routes, the node does, so the node's kernel tells a
+    // pod what does not fit on its way out (an uplink narrower than the pod network) with
+    // ICMP "fragmentation needed" and "packet too big", back through the host port and the
+    // switch; the pod's stack takes the path's MTU and its traffic goes on at that size.
+    node.run(&["ip", "link", "set", "up0", "mtu", "1400"]).unwrap();
+    out.run(&["ip", "link", "set", "eth0", "mtu", "1400"]).unwrap();
+    for (ping, size, dst, route_get) in [
+        ("-4", "1472", "203.0.113.2", ["ip", "-4", "route", "get", "203.0.113.2"]),
+        ("-6", "1452", "fd00:99::2", ["ip", "-6", "route", "get", "fd00:99::2"]),
+    ] {
+        let too_big =
+            ["ping", ping, "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", size, dst];
+        assert!(pa.run(&too_big).is_err(), "{dst}: a frame of 1500 bytes does not pass");
+        let route = pa.run(&route_get).unwrap_or_default();
+        assert!(route.contains("mtu 1400"), "{dst}: the pod learned the path's MTU: {route}");
+        let fits = ["ping", ping, "-c", "1", "-W", "2", "-M", "do", "-s", "1300", dst];
+        pa.run(&fits).unwrap_or_else(|e| panic!("{dst}: a frame that fits passes: {e}"));
+    }
+    node.run(&["ip", "link", "set", "up0", "mtu", "1500"]).unwrap();
+
     // Refused: a second host port on a subnet the node routes already, or on the same
     // interface; an interface of that name that is not a host port is never touched.
     let overlapping = format!("{doc}{}", host("knitter2", "other", "10.1.0.250/24"));
