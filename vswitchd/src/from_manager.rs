@@ -55,14 +55,13 @@ pub fn port_addressing(
     };
     let mut addresses = Vec::with_capacity(port.addresses.len());
     for a in &port.addresses {
+        let ip: IpAddr = parse("address", &a.address)?;
         let gateway = a.gateway.as_deref().map(|g| parse("gateway", g)).transpose()?;
         let prefix = u8::try_from(a.prefix)
             .ok()
-            .filter(|p| *p <= if a.address.contains(':') { 128 } else { 32 })
-            .ok_or_else(|| {
-                anyhow::anyhow!("prefix {} of {} is out of range", a.prefix, a.address)
-            })?;
-        addresses.push(Address { ip: parse("address", &a.address)?, prefix, gateway });
+            .filter(|p| *p <= if ip.is_ipv6() { 128 } else { 32 })
+            .ok_or_else(|| anyhow::anyhow!("prefix {} of {ip} is out of range", a.prefix))?;
+        addresses.push(Address { ip, prefix, gateway });
     }
     Ok((mac, addresses))
 }
@@ -146,6 +145,46 @@ fn host_port(n: &pb::NetworkOnNode, h: &pb::HostPortOnNode, me: &str) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port's addresses as the manager recorded them; a prefix longer than its family's
+    /// or a malformed field is refused, naming it.
+    #[test]
+    fn a_ports_addressing_is_parsed_and_checked() {
+        let ip = |address: &str, prefix: u32, gateway: Option<&str>| pb::PortIp {
+            address: address.into(),
+            prefix,
+            gateway: gateway.map(String::from),
+        };
+        let mut port = pb::Port {
+            mac: "0a:58:0a:01:00:02".into(),
+            addresses: vec![ip("10.1.0.2", 24, Some("10.1.0.1")), ip("fd00:1::2", 64, None)],
+            ..Default::default()
+        };
+        let (mac, addresses) = port_addressing(&port, None).unwrap();
+        assert_eq!(mac.to_string(), "0a:58:0a:01:00:02");
+        assert_eq!(
+            addresses.iter().map(|a| (a.ip.to_string(), a.prefix, a.gateway)).collect::<Vec<_>>(),
+            vec![
+                ("10.1.0.2".into(), 24, Some("10.1.0.1".parse().unwrap())),
+                ("fd00:1::2".into(), 64, None)
+            ]
+        );
+        let asked = MacAddr([2, 0, 0, 0, 0, 1]);
+        assert_eq!(port_addressing(&port, Some(asked)).unwrap().0, asked, "the pod's own MAC");
+        for (bad, says) in [
+            (ip("10.1.0.2", 33, None), "prefix 33 of 10.1.0.2 is out of range"),
+            (ip("fd00:1::2", 129, None), "prefix 129 of fd00:1::2 is out of range"),
+            (ip("10.1.0.2", 300, None), "prefix 300 of 10.1.0.2 is out of range"),
+            (ip("10.1.0.x", 24, None), "address \"10.1.0.x\" is malformed"),
+            (ip("10.1.0.2", 24, Some("gw")), "gateway \"gw\" is malformed"),
+        ] {
+            port.addresses = vec![bad];
+            let e = port_addressing(&port, None).unwrap_err().to_string();
+            assert_eq!(e, says);
+        }
+        port.mac = "not-a-mac".into();
+        assert!(port_addressing(&port, None).unwrap_err().to_string().contains("MAC"));
+    }
 
     fn endpoint(mac: &str, ip: &str, node: &str, vtep: &str) -> pb::Endpoint {
         pb::Endpoint { mac: mac.into(), ips: vec![ip.into()], node: node.into(), vtep: vtep.into() }

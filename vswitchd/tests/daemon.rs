@@ -2067,6 +2067,9 @@ async fn a_gateway_and_host_port_connect_pods_to_the_node_services_and_the_outsi
         pa.run(&fits).unwrap_or_else(|e| panic!("{dst}: a frame that fits passes: {e}"));
     }
     node.run(&["ip", "link", "set", "up0", "mtu", "1500"]).unwrap();
+    out.run(&["ip", "link", "set", "eth0", "mtu", "1500"]).unwrap();
+    let _ = pa.run(&["ip", "route", "flush", "cache"]);
+    let _ = pa.run(&["ip", "-6", "route", "flush", "cache"]);
 
     // Refused: a second host port on a subnet the node routes already, or on the same
     // interface; an interface of that name that is not a host port is never touched.

@@ -53,6 +53,19 @@ mod tests {
         assert_eq!(docs, vec![json!({"a": 1}), json!({"b": 2})]);
     }
 
+    /// A socket's mode written with a leading zero (`0660`: octal to a person, YAML 1.1 and
+    /// Kubernetes; decimal 660 to YAML 1.2) is refused, never read as the other number;
+    /// `0o660` is the octal one.
+    #[test]
+    fn a_leading_zero_number_is_refused_where_a_number_is_wanted() {
+        #[derive(serde::Deserialize)]
+        struct Socket {
+            mode: u32,
+        }
+        assert!(super::from_str::<Socket>("mode: 0660").is_err());
+        assert_eq!(super::from_str::<Socket>("mode: 0o660").unwrap().mode, 0o660);
+    }
+
     /// An alias bomb (each level doubles the last) is refused, not expanded.
     #[test]
     fn an_alias_bomb_is_refused() {

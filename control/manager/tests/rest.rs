@@ -545,6 +545,15 @@ async fn the_openapi_document_describes_every_body() {
         ),
         (200, "DELETE", "/v1/networks/{name}", "/v1/networks/blue", None),
         (200, "DELETE", "/v1/nodes/{name}", "/v1/nodes/n1", None),
+        (
+            200,
+            "DELETE",
+            "/v1/networks/{network}/ipgroups/{name}",
+            "/v1/networks/red/ipgroups/h",
+            None,
+        ),
+        (200, "DELETE", "/v1/networks/{name}", "/v1/networks/red", None),
+        (200, "DELETE", "/v1/tenants/{name}", "/v1/tenants/t1", None),
     ];
     for (expected, method, route, path, body) in calls {
         let op = format!("{method} {path}");
@@ -552,6 +561,8 @@ async fn the_openapi_document_describes_every_body() {
         assert!(spec.is_object(), "{method} {route} is not in the document");
         if let Some(b) = &body {
             let schema = spec["requestBody"]["content"]["application/json"]["schema"].clone();
+            assert!(schema.is_object(), "{op}: its request body is not documented");
+            check.answer = false;
             check.check(&schema, b, &format!("{op} request"), "");
         }
         let (status, answer) = c.send(method, path, body.unwrap_or(Value::Null)).await;
@@ -561,6 +572,7 @@ async fn the_openapi_document_describes_every_body() {
         let response = if by_status.is_object() { by_status } else { &responses["default"] };
         let schema = response["content"]["application/json"]["schema"].clone();
         assert!(schema.is_object(), "{op}: status {status} is not documented: {answer}");
+        check.answer = true;
         check.check(&schema, &answer, &format!("{op} answer ({status})"), "");
     }
     assert!(
@@ -570,6 +582,7 @@ async fn the_openapi_document_describes_every_body() {
     );
     let unseen = check.unseen();
     assert!(unseen.is_empty(), "properties the document names that no body carried: {unseen:?}");
+    assert!(check.seen.len() > 60, "the bodies were checked field by field: {:?}", check.seen);
 }
 
 /// A small checker of JSON bodies against the OpenAPI document's schemas (the subset the
@@ -578,7 +591,10 @@ async fn the_openapi_document_describes_every_body() {
 /// is that the document names every field.
 struct Conformance {
     doc: Value,
-    seen: std::collections::BTreeSet<String>,
+    /// Whether the bodies checked now are answers (else requests).
+    answer: bool,
+    /// `(answer, property)` for every documented property a body carried.
+    seen: std::collections::BTreeSet<(bool, String)>,
     errors: Vec<String>,
 }
 
@@ -586,6 +602,7 @@ impl Conformance {
     fn new() -> Conformance {
         Conformance {
             doc: serde_json::from_str(OPENAPI).unwrap(),
+            answer: true,
             seen: Default::default(),
             errors: Vec::new(),
         }
@@ -667,7 +684,15 @@ impl Conformance {
         for (k, value) in object {
             match props.iter().find(|(name, ..)| name == k) {
                 Some((_, schema, seen_as)) => {
-                    self.seen.insert(seen_as.clone());
+                    if !self.answer && schema["readOnly"] == true {
+                        self.errors
+                            .push(format!("{at}: {k:?} is read-only, yet a request carries it"));
+                    }
+                    if self.answer && schema["writeOnly"] == true {
+                        self.errors
+                            .push(format!("{at}: {k:?} is write-only, yet an answer carries it"));
+                    }
+                    self.seen.insert((self.answer, seen_as.clone()));
                     let (schema, seen_as) = (schema.clone(), seen_as.clone());
                     self.check(&schema, value, &format!("{at}.{k}"), &seen_as);
                 }
@@ -676,24 +701,64 @@ impl Conformance {
         }
     }
 
-    /// Every property of every component schema (nested ones by path) not yet seen.
+    /// What no body carried: every property of a schema answers use (but a write-only one)
+    /// not seen in an answer, and of a schema requests use (but a read-only one) not seen in
+    /// a request; nested ones by path.
     fn unseen(&self) -> Vec<String> {
-        fn walk(s: &Value, owner: &str, out: &mut Vec<String>) {
+        fn refs(v: &Value, out: &mut std::collections::BTreeSet<String>) {
+            match v {
+                Value::Object(m) => {
+                    if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                        out.insert(r.trim_start_matches("#/components/schemas/").to_string());
+                    }
+                    m.values().for_each(|x| refs(x, out));
+                }
+                Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+                _ => {}
+            }
+        }
+        fn props(s: &Value, owner: &str, out: &mut Vec<(String, bool, bool)>) {
             for (k, v) in s["properties"].as_object().into_iter().flatten() {
                 let name = format!("{owner}.{k}");
-                walk(v, &name, out);
-                walk(&v["items"], &format!("{name}[]"), out);
-                out.push(name);
+                props(v, &name, out);
+                props(&v["items"], &format!("{name}[]"), out);
+                out.push((name, v["readOnly"] == true, v["writeOnly"] == true));
             }
             for part in s["allOf"].as_array().into_iter().flatten() {
-                walk(part, owner, out);
+                props(part, owner, out);
             }
         }
-        let mut all = Vec::new();
-        for (name, s) in self.doc["components"]["schemas"].as_object().unwrap() {
-            walk(s, name, &mut all);
+        let schemas = &self.doc["components"]["schemas"];
+        let (mut requests, mut answers) = (Default::default(), Default::default());
+        for item in self.doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                refs(&op["requestBody"], &mut requests);
+                refs(&op["responses"], &mut answers);
+            }
         }
-        all.retain(|p| !self.seen.contains(p));
-        all
+        let mut missing = Vec::new();
+        for (used, answer) in [(requests, false), (answers, true)] {
+            let mut all = used;
+            loop {
+                let before = all.len();
+                for name in all.clone() {
+                    refs(&schemas[&name], &mut all);
+                }
+                if all.len() == before {
+                    break;
+                }
+            }
+            for name in all {
+                let mut all_props = Vec::new();
+                props(&schemas[&name], &name, &mut all_props);
+                for (p, read_only, write_only) in all_props {
+                    let applies = if answer { !write_only } else { !read_only };
+                    if applies && !self.seen.contains(&(answer, p.clone())) {
+                        missing.push(format!("{} {p}", if answer { "answer" } else { "request" }));
+                    }
+                }
+            }
+        }
+        missing
     }
 }

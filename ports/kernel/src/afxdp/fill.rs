@@ -16,10 +16,10 @@ use vswitch::port::QueueCounters;
 pub(super) const FILL_POD: u32 = 128;
 /// A pod queue's fill ring when the pool is already half lent out (see [`pod_fill`]): a
 /// burst's worth, refilled every time a PMD thread polls it.
-pub(super) const FILL_MIN: u32 = 32;
+const FILL_MIN: u32 = 32;
 
 /// A fill ring holding fewer buffers than this, with the pool unable to top it up, starves.
-pub(super) const STARVED: u32 = 8;
+const STARVED: u32 = 8;
 
 /// A pod port's fill ring per queue at first: [`FILL_POD`] while the pool keeps more than
 /// half its buffers free after lending them, else [`FILL_MIN`]. Idle pods keep what their

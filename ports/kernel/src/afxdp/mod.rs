@@ -65,7 +65,8 @@ struct RxSide {
     fill_target: u32,
     /// Whether `fill_target` may grow with the port's traffic (pod ports).
     elastic: bool,
-    /// The pool could not keep the fill ring above [`STARVED`] at the last refill.
+    /// The pool could not keep the fill ring above its starving mark (`fill.rs`) at the last
+    /// refill.
     starved: bool,
     /// Zero-copy with `need_wakeup`: the driver may sleep, and is kicked when the fill
     /// ring's flag asks (copy mode receives in the kernel's own softirq: never kicked).
