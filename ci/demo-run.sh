@@ -2,10 +2,10 @@
 # The Knitter demo: two nodes (network namespaces), each with its own knitter-vswitchd
 # (idle policy adaptive), joined by a VXLAN underlay and an 802.1Q trunk, and
 # knitter-manager (embedded store) on node1. Pods are namespaces with veth interfaces on a
-# VXLAN plane ("red", VNI 5001: defined on the manager, which gives the pods their
-# addresses and MACs and pushes the plane to the nodes; a pod network: each node its pods'
-# gateway through a host port the manager gives it, so probes from the node, a Service with
-# a backend on each node and the way out work) and a VLAN plane ("blue", VLAN 200:
+# VXLAN plane ("red", VNI 5001, dual-stack: defined on the manager, which gives the pods
+# their addresses and MACs and pushes the plane to the nodes; a pod network: each node its
+# pods' gateway through a host port the manager gives it, so probes from the node, a Service
+# with a backend on each node over IPv4 and IPv6, and the way out work) and a VLAN plane ("blue", VLAN 200:
 # configured on the nodes by hand); with dpdk-testpmd installed, a VNF on a vhost-user port
 # answers too. Everything is configured with knitterctl, checked, shown and torn down (also
 # on Ctrl-C). No etcd, no Kubernetes. Needs root and the release binaries (ci/demo.sh).
@@ -34,8 +34,12 @@ ctl() { local node=$1; shift; "$BIN/knitterctl" --socket "$RUN/$node.sock" "$@";
 MANAGER=198.51.100.1:9481
 # The manager's CLI, from node1 (where the manager listens), with the manager's token.
 mctl() { ip netns exec $N1 "$BIN/knitterctl" --manager $MANAGER --token-file "$RUN/manager/token" manager "$@"; }
-# A manager port's address or MAC: mport CONTAINER FIELD
-mport() { mctl -o json port show "$1" eth0 | python3 -c "import json,sys; p=json.load(sys.stdin); print(p['addresses'][0]['address'] if sys.argv[1]=='ip' else p['mac'])" "$2"; }
+# A manager port's IPv4 or IPv6 address or its MAC: mport CONTAINER ip|ip6|mac
+mport() { mctl -o json port show "$1" eth0 | python3 -c "
+import json, sys
+p, f = json.load(sys.stdin), sys.argv[1]
+if f == 'mac': print(p['mac'])
+else: print(next(a['address'] for a in p['addresses'] if (':' in a['address']) == (f == 'ip6')))" "$2"; }
 in_ns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 cleanup() {
@@ -113,7 +117,7 @@ done
 
 step 4/9 "the manager: the red plane (a pod network: the nodes its gateway), the red pods' ports"
 mctl network create red --kind vxlan --segment 5001 --plane media --ipv4 10.0.0.0/24 --gateway4 10.0.0.1 \
-  --node-gateway --masquerade | sed 's/^/  /'
+  --ipv6 fd00:10::/64 --gateway6 fd00:10::1 --node-gateway --masquerade | sed 's/^/  /'
 for p in a:node1 c:node2 e:node1; do
   mctl port create --network red --container "kdemo-${p%%:*}" --interface eth0 --pod "demo/${p%%:*}" --node "${p#*:}" >/dev/null || exit 1
 done
@@ -123,8 +127,8 @@ for i in 1 2; do   # the nodes' sync streams bring the plane
 done
 
 step 5/9 "pods: namespaces with a veth each, plugged into the nodes' switches"
-pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
-  local name=$1 node=$2 bridge=$3 ip=$4 mtu=$5 port=${1#kdemo-}
+pod() { # pod NAME NODE BRIDGE IP MTU [MAC [IPV6]]
+  local name=$1 node=$2 bridge=$3 ip=$4 mtu=$5 port=${1#kdemo-} ip6=${7:-}
   ip netns add "$name"; in_ns "$name" ip link set lo up
   ip link add "kdemo-$port" type veth peer name "kdemo-$port-p"
   ip link set "kdemo-$port-p" netns "$name"; in_ns "$name" ip link set "kdemo-$port-p" name eth0
@@ -133,28 +137,34 @@ pod() { # pod NAME NODE BRIDGE IP MTU [MAC]
   [ -n "${6:-}" ] && in_ns "$name" ip link set eth0 address "$6"
   in_ns "$name" ip addr add "$ip/24" dev eth0; in_ns "$name" ip link set eth0 mtu "$mtu" up
   [ "$bridge" = red ] && in_ns "$name" ip route add default via 10.0.0.1   # its node (step 7)
+  if [ -n "$ip6" ]; then
+    in_ns "$name" ip -6 addr add "$ip6/64" dev eth0 nodad
+    in_ns "$name" ip -6 route add default via fd00:10::1
+  fi
   # As the CNI does: no offloads, so frames leave the pod whole and checksummed.
   in_ns "$name" ethtool -K eth0 tx off tso off gso off >/dev/null 2>&1
   local mac; mac=$(in_ns "$name" cat /sys/class/net/eth0/address)
   ctl "$node" port add "pod-$port" --af-xdp "pod-$port" --access "$bridge" --mac "$mac" --ip "$ip" \
-    --mtu "$mtu" >/dev/null || exit 1
-  printf '  %-5s on %s, %-4s  %s  MTU %s  (port security: %s)\n' "${name#kdemo-}" "$node" "$bridge" "$ip" "$mtu" "$mac"
+    ${ip6:+--ip "$ip6"} --mtu "$mtu" >/dev/null || exit 1
+  printf '  %-5s on %s, %-4s  %s%s  MTU %s  (port security: %s)\n' "${name#kdemo-}" "$node" "$bridge" "$ip" "${ip6:+ $ip6}" "$mtu" "$mac"
 }
 # Red pods take what the manager gave them (the network's MTU is the underlay's minus the
 # 50 bytes of VXLAN); blue pods are set by hand.
 IP_A=$(mport kdemo-a ip) IP_C=$(mport kdemo-c ip) IP_E=$(mport kdemo-e ip)
+IP6_A=$(mport kdemo-a ip6) IP6_C=$(mport kdemo-c ip6) IP6_E=$(mport kdemo-e ip6)
 export IP_A
-pod kdemo-a node1 red "$IP_A" 1450 "$(mport kdemo-a mac)"
+pod kdemo-a node1 red "$IP_A" 1450 "$(mport kdemo-a mac)" "$IP6_A"
 pod kdemo-b node1 blue 10.0.0.103 1500
-pod kdemo-c node2 red "$IP_C" 1450 "$(mport kdemo-c mac)"
+pod kdemo-c node2 red "$IP_C" 1450 "$(mport kdemo-c mac)" "$IP6_C"
 pod kdemo-d node2 blue 10.0.0.104 1500
-pod kdemo-e node1 red "$IP_E" 1450 "$(mport kdemo-e mac)"
+pod kdemo-e node1 red "$IP_E" 1450 "$(mport kdemo-e mac)" "$IP6_E"
 step 6/9 "checks"
 from_manager() { for i in 1 2; do ctl node$i bridge list | grep -w red | grep -qw manager || return 1; done; }
 both_alive() { [ "$(mctl node list | grep -cw alive)" = 2 ]; }
 check "the manager's red plane reached both nodes (bridge red, owner manager)" from_manager
 check "both nodes are alive on the manager (their sync streams)" both_alive
 check "red: pod a (node1) pings pod c (node2) across VXLAN" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$IP_C"
+check "red over IPv6: pod a pings pod c across VXLAN" in_ns kdemo-a ping -6 -c 3 -i 0.2 -W 2 "$IP6_C"
 check "blue: pod b (node1) pings pod d (node2) across the VLAN 200 trunk" in_ns kdemo-b ping -c 3 -i 0.2 -W 2 10.0.0.104
 # tcp_ok SERVER-NS BIND-IP CLIENT-NS CONNECT-IP PORT: 4 MiB over TCP, every byte received.
 tcp_ok() {
@@ -219,25 +229,34 @@ table ip kdemo_proxy {
   chain service-demo { numgen random mod 2 vmap { 0 : goto endpoint-a, 1 : goto endpoint-c }; }
   chain services { type nat hook prerouting priority dstnat; ip daddr 10.96.0.10 tcp dport 5202 goto service-demo; }
 }
+table ip6 kdemo_proxy6 {
+  chain endpoint-a { meta l4proto tcp dnat to [$IP6_A]:5202; }
+  chain endpoint-c { meta l4proto tcp dnat to [$IP6_C]:5202; }
+  chain service-demo { numgen random mod 2 vmap { 0 : goto endpoint-a, 1 : goto endpoint-c }; }
+  chain services { type nat hook prerouting priority dstnat; ip6 daddr fd00:96::10 tcp dport 5202 goto service-demo; }
+}
 NFT
-echo "  node1: a Service 10.96.0.10:5202 → pod a (node1) or pod c (node2), as kube-proxy would write it"
-# both_backends: pod e connects to the Service until pod a and pod c have each answered.
+echo "  node1: a dual-stack Service 10.96.0.10 and [fd00:96::10], port 5202 → pod a (node1) or pod c (node2), as kube-proxy would write it"
+# both_backends SERVICE BACKEND-A BACKEND-C: pod e connects to the Service until pod a and
+# pod c have each answered.
 both_backends() {
-  python3 - "$IP_A" "$IP_C" <<'PY'
+  python3 - "$@" <<'PY'
 import subprocess, sys
+service = sys.argv[1]
 servers = [subprocess.Popen(["ip", "netns", "exec", ns, "timeout", "20", "python3", "-c", f"""
 import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s = socket.socket(socket.AF_INET6 if ':' in '{ip}' else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('{ip}', 5202)); s.listen(8)
 while True:
     c, _ = s.accept(); c.sendall(b'{ns}'); c.close()
-"""]) for ns, ip in (("kdemo-a", sys.argv[1]), ("kdemo-c", sys.argv[2]))]
-out = subprocess.run(["ip", "netns", "exec", "kdemo-e", "python3", "-c", """
+"""]) for ns, ip in (("kdemo-a", sys.argv[2]), ("kdemo-c", sys.argv[3]))]
+out = subprocess.run(["ip", "netns", "exec", "kdemo-e", "python3", "-c", f"""
 import socket, time
 seen = set()
 for _ in range(200):
     try:
-        c = socket.create_connection(('10.96.0.10', 5202), timeout=3); seen.add(c.recv(16).decode()); c.close()
+        c = socket.create_connection(('{service}', 5202), timeout=3); seen.add(c.recv(16).decode()); c.close()
     except OSError: time.sleep(0.1)
     if len(seen) == 2: break
 print(' '.join(sorted(seen)))
@@ -272,7 +291,10 @@ PY
 }
 check "pod c reaches beyond the plane through node2, masqueraded (node1's underlay address sees node2's)" \
   seen_as $N1 198.51.100.1 kdemo-c 198.51.100.2
-check "a Service: pod e → 10.96.0.10:5202 reaches both backends, pod a on node1 and pod c on node2" both_backends
+check "a Service: pod e → 10.96.0.10:5202 reaches both backends, pod a on node1 and pod c on node2" \
+  both_backends 10.96.0.10 "$IP_A" "$IP_C"
+check "the Service over IPv6: pod e → [fd00:96::10]:5202 reaches pod a on node1 and pod c on node2" \
+  both_backends fd00:96::10 "$IP6_A" "$IP6_C"
 check "pods still talk to each other directly: pod e pings pod c" in_ns kdemo-e ping -c 3 -i 0.2 -W 2 "$IP_C"
 
 step 8/9 "a DPDK VNF on a vhost-user port; then the manager goes away and comes back"
