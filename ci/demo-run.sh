@@ -80,6 +80,7 @@ for i in 1 2; do
   in_ns "$ns" ip link set ul0 up; in_ns "$ns" ip link set trunk0 up
   # The node's own address on the underlay: its kernel keeps it while the switch shares the link.
   in_ns "$ns" ip addr add 198.51.100.$i/24 dev ul0
+  in_ns "$ns" ip -6 addr add 2001:db8:100::$i/64 dev ul0 nodad
 done
 echo "  underlay 198.51.100.0/24 (nodes .1 and .2, VTEPs .11 and .12), trunk carrying VLAN 200"
 
@@ -267,6 +268,7 @@ PY
 }
 check "node1 probes its pod a from its own address, as a kubelet does" in_ns $N1 ping -c 3 -i 0.2 -W 2 "$IP_A"
 check "node2 probes its pod c" in_ns $N2 ping -c 3 -i 0.2 -W 2 "$IP_C"
+check "node1 probes its pod a over IPv6" in_ns $N1 ping -6 -c 3 -i 0.2 -W 2 "$IP6_A"
 check "pod a reaches its node's address in the plane" in_ns kdemo-a ping -c 3 -i 0.2 -W 2 "$HOST1"
 # seen_as SERVER-NS BIND-IP CLIENT-NS EXPECTED: a TCP connection's source, as the server sees it.
 seen_as() {
@@ -275,7 +277,8 @@ import subprocess, sys
 server_ns, bind, client_ns, expected = sys.argv[1:5]
 srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "timeout", "20", "python3", "-c", f"""
 import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s = socket.socket(socket.AF_INET6 if ':' in '{bind}' else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('{bind}', 5203)); s.listen(1); c, a = s.accept(); print(a[0])
 """], stdout=subprocess.PIPE, text=True)
 subprocess.run(["ip", "netns", "exec", client_ns, "python3", "-c", f"""
@@ -291,6 +294,8 @@ PY
 }
 check "pod c reaches beyond the plane through node2, masqueraded (node1's underlay address sees node2's)" \
   seen_as $N1 198.51.100.1 kdemo-c 198.51.100.2
+check "and over IPv6: node1's underlay address 2001:db8:100::1 sees node2's" \
+  seen_as $N1 2001:db8:100::1 kdemo-c 2001:db8:100::2
 check "a Service: pod e → 10.96.0.10:5202 reaches both backends, pod a on node1 and pod c on node2" \
   both_backends 10.96.0.10 "$IP_A" "$IP_C"
 check "the Service over IPv6: pod e → [fd00:96::10]:5202 reaches pod a on node1 and pod c on node2" \
