@@ -173,6 +173,36 @@ async fn pods_gone_while_no_controller_watched_are_released_and_live_ones_kept()
     c.stop().await;
 }
 
+/// A big cluster's apiserver: the pod list comes in pages (`limit`, `continue`: 1,200 pods
+/// in pages of 500, as kube's watcher asks), and a busy one answers 429 Too Many Requests
+/// with `Retry-After`. The controller waits, tries again, reads every page, and releases
+/// exactly the ports of the pods that are gone: none of a pod on a later page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paged_and_throttled_pod_list_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_node("n1");
+    for i in 0..1200 {
+        pod_with_port(&m, &api, &format!("p{i:04}"), "n1");
+    }
+    for i in (0..1200).step_by(100) {
+        api.delete_pod("apps", &format!("p{i:04}"));
+    }
+    // The relist collects only ports made before it started (to the second).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    api.throttle_lists(3);
+    let c = start(&m, &api, "m1");
+    let want: BTreeSet<String> =
+        (0..1200).filter(|i| i % 100 != 0).map(|i| format!("p{i:04}")).collect();
+    eventually("the gone pods' ports released, every other kept", || port_pods(&m) == want).await;
+    assert_eq!(api.throttled(), 3, "three lists answered 429");
+    assert!(
+        api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("continue=")) >= 2,
+        "the pod list was read in pages"
+    );
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_expired_is_closed_by_a_new_list() {
     let dir = tempfile::tempdir().unwrap();

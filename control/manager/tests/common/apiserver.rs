@@ -138,6 +138,9 @@ struct Shared {
     rules: Arc<Vec<Rule>>,
     /// Requests the RBAC refused (403): each fails the test when the server is dropped.
     denied: Arc<Mutex<Vec<String>>>,
+    /// Lists still to answer with 429 Too Many Requests, and how many were.
+    throttle: Arc<std::sync::atomic::AtomicU32>,
+    throttled: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// The shipped RBAC the stand-in enforces for every request: `deploy/kubernetes/base/rbac.yaml`
@@ -356,6 +359,8 @@ impl ApiServer {
             changed: watch::channel(0).0,
             rules: Arc::new(rules(rbac)),
             denied: Arc::default(),
+            throttle: Arc::default(),
+            throttled: Arc::default(),
         };
         let app = Router::new()
             .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
@@ -663,6 +668,17 @@ impl ApiServer {
         std::mem::take(&mut *self.shared.denied.lock().unwrap())
     }
 
+    /// The next `n` lists (not watches) are answered as an apiserver under load answers:
+    /// 429 Too Many Requests with `Retry-After: 1`.
+    pub fn throttle_lists(&self, n: u32) {
+        self.shared.throttle.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many lists were answered 429.
+    pub fn throttled(&self) -> u32 {
+        self.shared.throttled.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn requests(&self, pred: impl Fn(&str) -> bool) -> usize {
         self.shared.objects.lock().unwrap().requests.iter().filter(|r| pred(r)).count()
     }
@@ -679,14 +695,35 @@ async fn collection(
     s.objects.lock().unwrap().requests.push(format!("GET {path}?{}", query.join("&")));
     let selector = q.get("labelSelector").cloned();
     if q.get("watch").map(String::as_str) != Some("true") {
+        use std::sync::atomic::Ordering::SeqCst;
+        if s.throttle.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
+            s.throttled.fetch_add(1, SeqCst);
+            let mut r = status(429, "TooManyRequests", "the server is busy: try again".into());
+            r.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            return r;
+        }
+        // Paging as the apiserver pages (`limit`, then `continue` with the token given): in
+        // key order, the token the last key given. Unlike the apiserver's, later pages are
+        // read from the objects as they are then, not from the first page's snapshot.
+        let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0);
+        let after = q.get("continue").cloned().unwrap_or_default();
         let o = s.objects.lock().unwrap();
-        let items: Vec<Value> = o
+        let mut keys_and_items = o
             .objects
             .iter()
-            .filter(|((k, _), v)| *k == kind && selected(v, selector.as_ref()))
-            .map(|(_, v)| v.clone())
-            .collect();
-        return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": {"resourceVersion": o.rv.to_string()}, "items": items})).into_response();
+            .filter(|((k, key), v)| {
+                *k == kind && key.as_str() > after.as_str() && selected(v, selector.as_ref())
+            })
+            .map(|((_, key), v)| (key.clone(), v.clone()));
+        let items: Vec<(String, Value)> =
+            keys_and_items.by_ref().take(limit.unwrap_or(usize::MAX)).collect();
+        let more = keys_and_items.next().is_some();
+        let mut metadata = json!({"resourceVersion": o.rv.to_string()});
+        if let (true, Some((last, _))) = (more, items.last()) {
+            metadata["continue"] = json!(last);
+        }
+        let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
+        return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": metadata, "items": items})).into_response();
     }
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let bookmarks = q.get("allowWatchBookmarks").map(String::as_str) == Some("true");
