@@ -848,6 +848,33 @@ async fn network_resources_become_networks_with_attachments_in_their_tenants_nam
 /// A resource the manager refuses says why in its `Ready` condition and gets no NAD: a VNI
 /// another network holds, a name a network made over the API holds, a spec the CRD does not
 /// allow. Fixed (a new generation), it becomes Ready.
+/// Clusters that check owner references (the OwnerReferencesPermissionEnforcement
+/// admission plugin, as OpenShift's) refuse a NAD that names its Network with
+/// `blockOwnerDeletion` unless the manager may update `networks/finalizers`: the stand-in
+/// checks it, so the shipped RBAC passes the other tests and one without that rule fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nad_owned_with_block_owner_deletion_needs_the_finalizers_permission() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::WithoutFinalizers).await);
+    api.add_namespace("blue", &[]);
+    api.apply_resource(
+        Kind::Networks,
+        "oam",
+        "uid-oam",
+        json!({"kind": "vlan", "plane": "oam", "segment": 300, "shared": true, "ipv4": {"cidr": "10.72.0.0/24"}}),
+    );
+    let c = start_with(&m, &api, with_resources("m1"));
+    let mut denied = Vec::new();
+    eventually("the NAD refused for want of the finalizers permission", || {
+        denied.extend(api.take_denied());
+        denied.iter().any(|d| d.contains("update networks/finalizers"))
+    })
+    .await;
+    c.stop().await;
+    api.take_denied();
+    assert!(nads(&api).is_empty(), "no NAD was written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_network_resource_says_why() {
     let dir = tempfile::tempdir().unwrap();

@@ -143,13 +143,53 @@ struct Shared {
     throttled: Arc<std::sync::atomic::AtomicU32>,
 }
 
+impl Shared {
+    /// Whether the shipped RBAC lets the manager do `verb` on `resource` of `group`.
+    fn allows(&self, verb: &str, group: &str, resource: &str, namespace: Option<&str>) -> bool {
+        self.rules.iter().any(|r| {
+            r.namespace.as_deref().is_none_or(|ns| namespace == Some(ns))
+                && r.groups.iter().any(|g| g == group)
+                && r.resources.iter().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    }
+
+    /// The apiserver's OwnerReferencesPermissionEnforcement admission: an object naming an
+    /// owner with `blockOwnerDeletion` may be written only by who may update that owner's
+    /// `finalizers` subresource. A refusal (the answer, `Some`) is recorded as the RBAC's are.
+    fn refuse_owner_references(&self, what: &str, object: &Value) -> Option<Response> {
+        for r in object["metadata"]["ownerReferences"].as_array().into_iter().flatten() {
+            if r["blockOwnerDeletion"] != true {
+                continue;
+            }
+            let api_version = r["apiVersion"].as_str().unwrap_or_default();
+            let group = api_version.split_once('/').map_or("", |(g, _)| g);
+            let kind = r["kind"].as_str().unwrap_or_default().to_lowercase();
+            let resource = format!("{kind}s/finalizers");
+            if !self.allows("update", group, &resource, None) {
+                self.denied.lock().unwrap().push(format!("update {resource} in group {group:?}"));
+                return Some(status(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "{what} is forbidden: cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: , <nil>"
+                    ),
+                ));
+            }
+        }
+        None
+    }
+}
+
 /// The shipped RBAC the stand-in enforces for every request: `deploy/kubernetes/base/rbac.yaml`
 /// (the manager's ClusterRole, and its Lease Role in the `knitter` namespace), and with
-/// `Standalone` the standalone overlay's pod patch (`--network-status`).
+/// `Standalone` the standalone overlay's pod patch (`--network-status`); `WithoutFinalizers`
+/// is `Base` less its `networks/finalizers` rule (what the owner-reference check needs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rbac {
     Base,
     Standalone,
+    WithoutFinalizers,
 }
 
 /// One RBAC rule, as a ClusterRole (every namespace) or a Role (its namespace) grants it.
@@ -189,6 +229,11 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
                     .unwrap_or_default()
             };
             for r in v["rules"].as_array().into_iter().flatten() {
+                if rbac == Rbac::WithoutFinalizers
+                    && strings(&r["resources"]) == vec!["networks/finalizers".to_string()]
+                {
+                    continue;
+                }
                 out.push(Rule {
                     namespace: namespace.clone(),
                     groups: strings(&r["apiGroups"]),
@@ -250,13 +295,7 @@ async fn authorize(
     let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else {
         return next.run(req).await;
     };
-    let allowed = s.rules.iter().any(|r| {
-        r.namespace.as_ref().is_none_or(|ns| namespace.as_ref() == Some(ns))
-            && r.groups.contains(&group)
-            && r.resources.contains(&resource)
-            && r.verbs.contains(&verb)
-    });
-    if allowed {
+    if s.allows(&verb, &group, &resource, namespace.as_deref()) {
         return next.run(req).await;
     }
     let what = format!(
@@ -942,6 +981,10 @@ async fn create_nad(
     axum::Json(mut nad): axum::Json<Value>,
 ) -> Response {
     let name = nad["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let what = format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\"");
+    if let Some(refused) = s.refuse_owner_references(&what, &nad) {
+        return refused;
+    }
     let created = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("POST nad {ns}/{name}"));
@@ -991,6 +1034,10 @@ async fn replace_nad(
     Path((ns, name)): Path<(String, String)>,
     axum::Json(mut nad): axum::Json<Value>,
 ) -> Response {
+    let what = format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\"");
+    if let Some(refused) = s.refuse_owner_references(&what, &nad) {
+        return refused;
+    }
     let replaced = {
         let mut o = s.objects.lock().unwrap();
         o.requests.push(format!("PUT nad {ns}/{name}"));
