@@ -203,6 +203,31 @@ async fn a_paged_and_throttled_pod_list_is_read_whole() {
     c.stop().await;
 }
 
+/// A pod deleted with a grace period keeps its port (and its addresses, which no other pod
+/// may take while its containers may still use them) until the pod object is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_pod_keeps_its_port_until_it_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start().await);
+    api.add_node("n1");
+    for i in 0..3 {
+        pod_with_port(&m, &api, &format!("p{i}"), "n1");
+    }
+    let c = start(&m, &api, "m1");
+    eventually("the controller watches", || {
+        api.requests(|r| r.starts_with("GET /api/v1/pods?") && r.contains("watch=true")) > 0
+    })
+    .await;
+    api.terminate_pod("apps", "p1");
+    api.delete_pod("apps", "p2");
+    eventually("the deleted pod's port released", || port_pods(&m) == names(0..2)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(port_pods(&m), names(0..2), "the terminating pod keeps its port");
+    api.delete_pod("apps", "p1");
+    eventually("released once the pod is gone", || port_pods(&m) == names(0..1)).await;
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_expired_is_closed_by_a_new_list() {
     let dir = tempfile::tempdir().unwrap();

@@ -534,6 +534,17 @@ impl ApiServer {
         self.put(Kind::Pods, format!("{namespace}/{name}"), v, "ADDED");
     }
 
+    /// Deletes a pod as the apiserver does with a grace period: first marked
+    /// (`deletionTimestamp`, `deletionGracePeriodSeconds`; a MODIFIED event) while its
+    /// containers stop; [`ApiServer::delete_pod`] ends it.
+    pub fn terminate_pod(&self, namespace: &str, name: &str) {
+        let key = format!("{namespace}/{name}");
+        let Some(mut v) = self.object(Kind::Pods, &key) else { return };
+        v["metadata"]["deletionTimestamp"] = json!("2026-11-29T12:00:00Z");
+        v["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+        self.put(Kind::Pods, key, v, "MODIFIED");
+    }
+
     pub fn delete_pod(&self, namespace: &str, name: &str) {
         let key = format!("{namespace}/{name}");
         let Some(v) =
@@ -635,7 +646,12 @@ impl ApiServer {
             return self.put(kind, key.into(), v, "DELETED");
         }
         if v["metadata"]["deletionTimestamp"].is_null() {
+            // As the apiserver does for an object that has a generation: marking it for
+            // deletion is a change of its desired state.
             v["metadata"]["deletionTimestamp"] = json!("2026-11-26T12:00:00Z");
+            if let Some(g) = v["metadata"]["generation"].as_u64() {
+                v["metadata"]["generation"] = json!(g + 1);
+            }
             self.put(kind, key.into(), v, "MODIFIED");
         }
     }
