@@ -33,6 +33,9 @@ RUSTFLAGS="--cfg loom" cargo test -q -p knitter-vswitch --test loom --release --
 echo "== Kubernetes manifests (rendered, against Kubernetes' schemas)"
 python3 ci/k8s-validate.py manifests
 
+echo "== no module cycles (ci/module-cycles.py)"
+python3 ci/module-cycles.py
+
 echo "== format (rustfmt.toml) and clippy"
 cargo fmt --all -- --check
 for d in vswitch/fuzz ports/vhost/fuzz; do (cd "$d" && cargo fmt -- --check); done

@@ -60,7 +60,8 @@ pub enum Running {
     Pair(Box<[Running; 2]>),
 }
 
-/// Where the binaries are: next to this one (`cargo build --release --workspace`).
+/// Where the binaries are: next to this one (`cargo build --release -p knitter-vswitchd`, a
+/// build of its own: built with the perf lab it would get the test kits' features).
 pub fn sibling(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -275,7 +276,7 @@ impl Running {
             .spawn()
             .map_err(|e| {
                 anyhow::anyhow!(
-                    "starting {}: {e} (cargo build --release --workspace)",
+                    "starting {}: {e} (cargo build --release -p knitter-vswitchd)",
                     bin.display()
                 )
             })?;

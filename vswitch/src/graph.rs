@@ -8,24 +8,11 @@
 //! checks that traces take every edge and no other).
 
 use crate::counters::{DropReason, Event};
+pub use crate::descriptor::{Descriptor, Next};
 use crate::pipeline::{
     cache, classify, decap, encap, flood, forward, learn, neighbor, rewrite, tx,
 };
 use crate::trace::{FrameTrace, Node, Step};
-
-/// A node as its file declares it (VPP's `VLIB_REGISTER_NODE`).
-#[derive(Debug)]
-pub struct Descriptor {
-    pub node: Node,
-    /// Its name in traces, counters and metrics.
-    pub name: &'static str,
-    /// Where it hands frames, in next-index order.
-    pub nexts: &'static [Next],
-    /// The drop reasons counted against it.
-    pub drops: &'static [DropReason],
-    /// The events it counts.
-    pub counts: &'static [Event],
-}
 
 /// Every node, in [`Node`]'s order (adding a node: its file's descriptor and a line here).
 pub const NODES: [&Descriptor; Node::ALL.len()] = [
@@ -44,15 +31,6 @@ pub const NODES: [&Descriptor; Node::ALL.len()] = [
     &decap::VTEP,
 ];
 
-/// Where a node hands a frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Next {
-    Node(Node),
-    /// Dropped, counted by reason ([`crate::DropReason`]; [`Node::dropping`] names the
-    /// node whose counter it is).
-    Drop,
-}
-
 /// The nodes a received burst enters at: the cache, or (cache off, missed, traced) the local
 /// port's classification or the underlay's decapsulation, or — an underlay frame that is not
 /// VXLAN (ARP, neighbor discovery) — the VTEP's own neighbor handling.
@@ -67,6 +45,18 @@ impl Node {
     /// This node's next nodes, in next-index order.
     pub fn nexts(self) -> &'static [Next] {
         self.descriptor().nexts
+    }
+
+    /// The node whose counter event `e` is (`None`: the PMD thread's, not a node's), as the
+    /// nodes' descriptors say ([`check`]: at most one).
+    pub fn counting(e: Event) -> Option<Node> {
+        NODES.iter().find(|d| d.counts.contains(&e)).map(|d| d.node)
+    }
+
+    /// The node that drops a frame for `r`, as the nodes' descriptors say
+    /// ([`check`]: exactly one).
+    pub fn dropping(r: DropReason) -> Node {
+        NODES.iter().find(|d| d.drops.contains(&r)).map_or(Node::Tx, |d| d.node)
     }
 
     /// The next index of `to` from this node.

@@ -15,6 +15,7 @@ pub mod buf;
 pub mod capture;
 pub mod config;
 pub mod counters;
+pub mod descriptor;
 pub mod emc;
 pub mod faults;
 pub mod fdb;

@@ -9,6 +9,7 @@
 use crate::batch::Batch;
 use crate::counters::Event;
 use crate::snapshot::Snapshot;
+pub use crate::switch::Moves;
 use crate::switch::Switch;
 use crate::util::{coarse_secs, cycles};
 use arc_swap::ArcSwapOption;
@@ -375,15 +376,6 @@ impl Drop for PmdSet {
 /// two threads polling one queue for a moment take turns).
 pub fn assignment(snap: &Snapshot, idx: usize, n: usize) -> Vec<(u16, u16)> {
     assignment_with(snap, idx, n, &Moves::default())
-}
-
-/// Queues a rebalance placed on a thread ([`PmdSet::rebalance`]): they stay there (a pinned
-/// port's queues excepted) until the next rebalance; queues it did not place are dealt as
-/// [`assignment`] deals them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Moves {
-    pub generation: u64,
-    pub placed: std::collections::BTreeMap<(u16, u16), usize>,
 }
 
 /// [`assignment`] after a rebalance's `moves`.

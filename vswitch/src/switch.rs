@@ -102,7 +102,7 @@ pub struct Switch {
     /// refused. 0: none started (a test driving pipelines itself), nothing checked.
     pmd_threads: std::sync::atomic::AtomicUsize,
     /// Queues a rebalance placed ([`crate::pmd::PmdSet::rebalance`]) and its generation.
-    moves: ArcSwap<crate::pmd::Moves>,
+    moves: ArcSwap<Moves>,
     faults: crate::faults::Faults,
 }
 
@@ -127,7 +127,7 @@ impl Switch {
             tracing: Arc::new(Tracing::default()),
             capture: Arc::default(),
             pmd_threads: Default::default(),
-            moves: ArcSwap::from_pointee(crate::pmd::Moves::default()),
+            moves: ArcSwap::from_pointee(Moves::default()),
             faults: Default::default(),
         })
     }
@@ -279,8 +279,7 @@ impl Switch {
                 .filter(|((p, _), _)| same_port(*p))
                 .map(|(k, v)| (*k, *v))
                 .collect();
-            self.moves
-                .store(Arc::new(crate::pmd::Moves { generation: moves.generation + 1, placed }));
+            self.moves.store(Arc::new(Moves { generation: moves.generation + 1, placed }));
         }
         self.current.store(Arc::new(snap));
         self.generation.store(generation, Release);
@@ -372,7 +371,7 @@ impl Switch {
     }
 
     /// Where a rebalance placed queues (PMD threads follow when its generation changes).
-    pub fn moves(&self) -> Arc<crate::pmd::Moves> {
+    pub fn moves(&self) -> Arc<Moves> {
         self.moves.load_full()
     }
 
@@ -382,7 +381,7 @@ impl Switch {
         self.moves.load().generation
     }
 
-    pub(crate) fn set_moves(&self, m: crate::pmd::Moves) {
+    pub(crate) fn set_moves(&self, m: Moves) {
         self.moves.store(Arc::new(m));
     }
 
@@ -578,4 +577,13 @@ impl Flush {
         });
         tracing::debug!(removed = n, "FDB entries flushed by configuration change");
     }
+}
+
+/// Queues a rebalance placed on a thread ([`crate::pmd::PmdSet::rebalance`]): they stay there (a pinned
+/// port's queues excepted) until the next rebalance; queues it did not place are dealt as
+/// [`crate::pmd::assignment`] deals them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Moves {
+    pub generation: u64,
+    pub placed: std::collections::BTreeMap<(u16, u16), usize>,
 }

@@ -81,18 +81,6 @@ impl Node {
     pub fn name(self) -> &'static str {
         self.descriptor().name
     }
-
-    /// The node whose counter event `e` is (`None`: the PMD thread's, not a node's), as the
-    /// nodes' descriptors say ([`crate::graph::check`]: at most one).
-    pub fn counting(e: crate::Event) -> Option<Node> {
-        crate::graph::NODES.iter().find(|d| d.counts.contains(&e)).map(|d| d.node)
-    }
-
-    /// The node that drops a frame for `r`, as the nodes' descriptors say
-    /// ([`crate::graph::check`]: exactly one).
-    pub fn dropping(r: DropReason) -> Node {
-        crate::graph::NODES.iter().find(|d| d.drops.contains(&r)).map_or(Node::Tx, |d| d.node)
-    }
 }
 
 /// What learning did with a frame's source.

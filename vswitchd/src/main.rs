@@ -15,6 +15,7 @@ mod from_manager;
 mod grpc;
 mod handoff;
 mod host;
+mod join;
 mod links;
 mod manager;
 mod metrics;
@@ -175,7 +176,7 @@ async fn serve(node: Arc<node::Node>, vfs: Arc<vf::Vfs>, s: &settings::Settings)
     if let Some(m) = &manager
         && let Some(join) = &m.link().join
     {
-        tokio::spawn(credential::join(node.clone(), m.clone(), join.clone()));
+        tokio::spawn(join::run(node.clone(), m.clone(), join.clone()));
     }
     let attacher =
         attach::Attacher::new(node.clone(), manager.clone(), vfs, s.vhost.kubelet_pods_dir.clone());

@@ -40,7 +40,7 @@ pub async fn run(node: Arc<Node>, manager: Manager) {
             }
             Err(e) => {
                 tracing::warn!(manager = %link.address, error = %format!("{e:#}"), "no sync stream; forwarding on the last desired state");
-                if let Some(why) = crate::credential::refusal(&e, false) {
+                if let Some(why) = crate::join::refusal(&e, false) {
                     node.set_manager_refusal(Some(format!("syncing: {why}")));
                 }
             }

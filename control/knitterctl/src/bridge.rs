@@ -1,9 +1,8 @@
 //! `knitterctl bridge`: the node's bridge domains (one per network on the node).
 
 use crate::Output;
-use crate::node::{applied, document, named};
+use crate::objects::{applied, document, named, owner, policer};
 use crate::out::{opt, table};
-use crate::port::owner;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use knitter_api::node as pb;
@@ -224,17 +223,4 @@ pub(crate) fn print_bridges(b: &[pb::Bridge]) {
             })
             .collect(),
     );
-}
-
-/// A policer's rates, as `knitterctl port add` takes them ("-": none).
-pub(crate) fn policer(p: Option<&pb::Policer>) -> String {
-    let Some(p) = p else { return "-".into() };
-    let mut parts = Vec::new();
-    if p.pps > 0 {
-        parts.push(format!("{} pps", p.pps));
-    }
-    if p.bps > 0 {
-        parts.push(format!("{} bps", p.bps));
-    }
-    parts.join(", ")
 }

@@ -24,10 +24,12 @@ mod fdb;
 mod manager;
 mod manifest;
 mod node;
+mod objects;
 mod pcapng;
 mod pmd;
 mod port;
 mod stats;
+mod target;
 mod vtep;
 
 use anyhow::{Context, Result};
@@ -62,7 +64,7 @@ struct Cli {
     #[arg(long, short, global = true, value_enum, default_value = "table")]
     output: Output,
     #[command(flatten)]
-    target: manager::Target,
+    target: target::Target,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -123,7 +125,7 @@ fn command() -> clap::Command {
             .map(|a| a.clone().hide(true))
             .collect()
     };
-    let (node, manager) = (hidden(&NODE_OPTIONS), hidden(&manager::TARGET_OPTIONS));
+    let (node, manager) = (hidden(&NODE_OPTIONS), hidden(&target::TARGET_OPTIONS));
     let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
     subs.into_iter().fold(cmd, |cmd, name| {
         let copies = if name == "manager" { node.clone() } else { manager.clone() };

@@ -4,8 +4,8 @@
 //! a tenant's quota and namespaces changed in place, an object as it is left alone.
 
 use crate::Output;
-use crate::manager::{Target, authed};
 use crate::out::{line, structured};
+use crate::target::{Target, authed};
 use anyhow::{Context, Result, bail};
 use knitter_api::manager as pb;
 use pb::manager_client::ManagerClient;

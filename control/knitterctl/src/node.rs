@@ -3,7 +3,8 @@
 
 use crate::Output;
 use crate::bridge::print_bridges;
-use crate::out::{line, record, structured, table};
+use crate::objects::print_export;
+use crate::out::{record, structured, table};
 use crate::port::print_ports;
 use crate::vtep::print_vtep;
 use anyhow::{Context, Result};
@@ -34,15 +35,6 @@ pub(crate) enum NodeCmd {
 pub(crate) enum VfCmd {
     /// Each PF's VFs.
     List,
-}
-
-/// A change the daemon applied: its configuration generation.
-pub(crate) fn applied(out: Output, a: pb::Applied) -> Result<()> {
-    if out != Output::Table {
-        return structured(out, &a);
-    }
-    println!("ok (configuration generation {})", a.generation);
-    Ok(())
 }
 
 pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()> {
@@ -112,51 +104,6 @@ pub(crate) async fn export(
 ) -> Result<()> {
     print_export(c, pb::ExportRequest { format: format.into(), all_owners, ..Default::default() })
         .await
-}
-
-async fn print_export(c: &mut NodeClient<Channel>, req: pb::ExportRequest) -> Result<()> {
-    let r = c.export(req).await?.into_inner();
-    line(format_args!("{}", r.document.trim_end()));
-    Ok(())
-}
-
-/// What an object command's `-o json|yaml` prints: the objects of `kind` (`bridges`,
-/// `ports`, `vtep`; one if `name`), every owner's, as a topology document `apply -f` takes
-/// back unchanged.
-pub(crate) async fn document(
-    c: &mut NodeClient<Channel>,
-    out: Output,
-    kind: &str,
-    name: Option<String>,
-) -> Result<()> {
-    let format = if out == Output::Yaml { "yaml" } else { "json" };
-    print_export(
-        c,
-        pb::ExportRequest {
-            format: format.into(),
-            kind: kind.into(),
-            name: name.unwrap_or_default(),
-            all_owners: true,
-        },
-    )
-    .await
-}
-
-/// `items`, or only the one called `name` (refused as NOT_FOUND, as the daemon would, when
-/// there is none).
-pub(crate) fn named<T>(
-    mut items: Vec<T>,
-    name: Option<String>,
-    kind: &str,
-    name_of: impl Fn(&T) -> &str,
-) -> Result<Vec<T>> {
-    if let Some(name) = name {
-        items.retain(|i| name_of(i) == name);
-        if items.is_empty() {
-            return Err(tonic::Status::not_found(format!("no {kind} {name:?}")).into());
-        }
-    }
-    Ok(items)
 }
 
 /// A document to apply: a file (its format by extension) or standard input.

@@ -1,8 +1,7 @@
 //! `knitterctl port`: the node's ports (one device, one mode each).
 
 use crate::Output;
-use crate::bridge::policer;
-use crate::node::{applied, document, named};
+use crate::objects::{applied, document, named, owner, policer};
 use crate::out::{opt, table};
 use anyhow::Result;
 use clap::Subcommand;
@@ -231,14 +230,6 @@ pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
             })
             .collect(),
     );
-}
-
-pub(crate) fn owner(o: i32) -> &'static str {
-    match pb::Owner::try_from(o) {
-        Ok(pb::Owner::Manager) => "manager",
-        Ok(pb::Owner::Attach) => "attach",
-        _ => "local",
-    }
 }
 
 fn device(d: &Option<pb::Device>) -> String {

@@ -1,9 +1,9 @@
 //! `knitterctl vtep`: the node's VXLAN tunnel endpoint and its peers' next hops.
 
 use crate::Output;
-use crate::node::{applied, document};
+use crate::objects::owner;
+use crate::objects::{applied, document};
 use crate::out::opt;
-use crate::port::owner;
 use anyhow::Result;
 use clap::Subcommand;
 use knitter_api::node as pb;

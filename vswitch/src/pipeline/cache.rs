@@ -12,9 +12,9 @@ use super::{BdRun, Ctx, Pipeline};
 use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, PoolView};
 use crate::counters::{DropReason, Event};
+use crate::descriptor::{Descriptor, Next};
 use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
 use crate::fdb;
-use crate::graph::{self, Descriptor};
 use crate::snapshot::{NO_BD, PortEntry, PortKind, Snapshot};
 use crate::trace::Node;
 use crate::vtep::{self, VtepEntry};
@@ -25,11 +25,11 @@ pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Cache,
     name: "cache",
     nexts: &[
-        graph::Next::Node(Node::Classify),
-        graph::Next::Node(Node::Decap),
-        graph::Next::Node(Node::Vtep),
-        graph::Next::Node(Node::VlanRewrite),
-        graph::Next::Node(Node::Encap),
+        Next::Node(Node::Classify),
+        Next::Node(Node::Decap),
+        Next::Node(Node::Vtep),
+        Next::Node(Node::VlanRewrite),
+        Next::Node(Node::Encap),
     ],
     drops: &[],
     counts: &[Event::CacheHits],

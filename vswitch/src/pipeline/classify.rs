@@ -7,8 +7,8 @@ use super::{Ctx, NO_PEER};
 use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool};
 use crate::counters::DropReason;
+use crate::descriptor::{Descriptor, Next};
 use crate::fdb::{self, Fdb};
-use crate::graph::{self, Descriptor};
 use crate::security;
 use crate::snapshot::{NO_BD, PortEntry, PortKind, Security, Snapshot};
 use crate::trace::Node;
@@ -19,11 +19,7 @@ use crate::wire::ethernet::{self, MacAddr, ethertype};
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Classify,
     name: "classify",
-    nexts: &[
-        graph::Next::Node(Node::PortSecurity),
-        graph::Next::Node(Node::Learn),
-        graph::Next::Drop,
-    ],
+    nexts: &[Next::Node(Node::PortSecurity), Next::Node(Node::Learn), Next::Drop],
     drops: &[
         DropReason::Runt,
         DropReason::Oversize,
@@ -41,7 +37,7 @@ pub(crate) const NODE: Descriptor = Descriptor {
 pub(crate) const PORT_SECURITY: Descriptor = Descriptor {
     node: Node::PortSecurity,
     name: "port-security",
-    nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
+    nexts: &[Next::Node(Node::Learn), Next::Drop],
     drops: &[
         DropReason::SecurityMac,
         DropReason::SecurityIp,

@@ -7,7 +7,7 @@ use super::{Ctx, Pipeline};
 use crate::batch::{BATCH, Batch};
 use crate::buf::{BufId, Pool};
 use crate::counters::{DropReason, Event};
-use crate::graph::{self, Descriptor};
+use crate::descriptor::{Descriptor, Next};
 use crate::neigh;
 use crate::snapshot::Snapshot;
 use crate::suppress;
@@ -18,7 +18,7 @@ use std::net::IpAddr;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Decap,
     name: "vxlan-decap",
-    nexts: &[graph::Next::Node(Node::Learn), graph::Next::Drop],
+    nexts: &[Next::Node(Node::Learn), Next::Drop],
     drops: &[
         DropReason::UnderlayNotVxlan,
         DropReason::UnderlayForeignMac,
@@ -36,7 +36,7 @@ pub(crate) const NODE: Descriptor = Descriptor {
 pub(crate) const VTEP: Descriptor = Descriptor {
     node: Node::Vtep,
     name: "vtep",
-    nexts: &[graph::Next::Node(Node::Tx)],
+    nexts: &[Next::Node(Node::Tx)],
     drops: &[],
     counts: &[Event::VtepAnswered, Event::NeighborLearned],
 };

@@ -7,8 +7,8 @@ use super::{BdRun, Pipeline};
 use crate::batch::{BATCH, Batch};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
+use crate::descriptor::{Descriptor, Next};
 use crate::emc::{Action, Hit};
-use crate::graph::{self, Descriptor};
 use crate::snapshot::{BdEntry, NO_BD, PortEntry, PortKind, Snapshot};
 use crate::trace::{Node, Step};
 use crate::vtep::{Layout, Marking, PeerEntry, VtepEntry};
@@ -18,7 +18,7 @@ use crate::wire::MacAddr;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Encap,
     name: "vxlan-encap",
-    nexts: &[graph::Next::Node(Node::NeighborHold), graph::Next::Node(Node::Tx), graph::Next::Drop],
+    nexts: &[Next::Node(Node::NeighborHold), Next::Node(Node::Tx), Next::Drop],
     drops: &[DropReason::EncapTooBig, DropReason::VxlanNoRoute],
     counts: &[Event::Encapsulated],
 };

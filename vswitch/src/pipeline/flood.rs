@@ -5,7 +5,7 @@
 use super::{Ctx, NO_PEER, Pipeline, nodes};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
-use crate::graph::{self, Descriptor};
+use crate::descriptor::{Descriptor, Next};
 use crate::snapshot::{BdEntry, Snapshot};
 use crate::trace::{Node, Step};
 use crate::wire::ethernet;
@@ -14,11 +14,7 @@ use crate::wire::ethernet;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Flood,
     name: "flood",
-    nexts: &[
-        graph::Next::Node(Node::VlanRewrite),
-        graph::Next::Node(Node::Encap),
-        graph::Next::Drop,
-    ],
+    nexts: &[Next::Node(Node::VlanRewrite), Next::Node(Node::Encap), Next::Drop],
     drops: &[],
     counts: &[Event::Flooded, Event::FloodCopies, Event::FloodCopyFailed],
 };

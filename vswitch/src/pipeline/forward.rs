@@ -9,9 +9,9 @@ use super::trace::key_mac;
 use super::{Ctx, NO_PEER, Pipeline};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
+use crate::descriptor::{Descriptor, Next};
 use crate::emc::Hit;
 use crate::fdb::Dest;
-use crate::graph::{self, Descriptor};
 use crate::snapshot::{BdEntry, PortEntry, Snapshot};
 use crate::suppress::{self, Answer};
 use crate::trace::{Learned, Node, Step};
@@ -22,10 +22,10 @@ pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Forward,
     name: "l2-forward",
     nexts: &[
-        graph::Next::Node(Node::VlanRewrite),
-        graph::Next::Node(Node::Encap),
-        graph::Next::Node(Node::Flood),
-        graph::Next::Drop,
+        Next::Node(Node::VlanRewrite),
+        Next::Node(Node::Encap),
+        Next::Node(Node::Flood),
+        Next::Drop,
     ],
     drops: &[DropReason::Reflect, DropReason::NoEgress],
     counts: &[Event::KnownUnicast, Event::StaleFdb],
@@ -35,11 +35,7 @@ pub(crate) const NODE: Descriptor = Descriptor {
 pub(crate) const SUPPRESS: Descriptor = Descriptor {
     node: Node::Suppress,
     name: "arp-nd-suppress",
-    nexts: &[
-        graph::Next::Node(Node::VlanRewrite),
-        graph::Next::Node(Node::Encap),
-        graph::Next::Drop,
-    ],
+    nexts: &[Next::Node(Node::VlanRewrite), Next::Node(Node::Encap), Next::Drop],
     drops: &[],
     counts: &[Event::ArpSuppressed, Event::NdSuppressed],
 };

@@ -4,8 +4,8 @@
 use super::trace::key_mac;
 use super::{Ctx, NO_PEER, Pipeline};
 use crate::counters::Event;
+use crate::descriptor::{Descriptor, Next};
 use crate::fdb::{Dest, Learn, Limits};
-use crate::graph::{self, Descriptor};
 use crate::snapshot::{BdEntry, PortEntry};
 use crate::trace::{Learned, Node, Step};
 
@@ -13,7 +13,7 @@ use crate::trace::{Learned, Node, Step};
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Learn,
     name: "learn",
-    nexts: &[graph::Next::Node(Node::Suppress), graph::Next::Node(Node::Forward)],
+    nexts: &[Next::Node(Node::Suppress), Next::Node(Node::Forward)],
     drops: &[],
     counts: &[
         Event::Learned,

@@ -4,7 +4,7 @@
 use super::Pipeline;
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
-use crate::graph::{self, Descriptor};
+use crate::descriptor::{self, Descriptor};
 use crate::neigh::{self, Neighbors, Next, Parked, Waiting};
 use crate::snapshot::Snapshot;
 use crate::trace::{Node, Step};
@@ -17,7 +17,7 @@ use std::sync::Arc;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::NeighborHold,
     name: "neighbor-hold",
-    nexts: &[graph::Next::Node(Node::Encap), graph::Next::Drop],
+    nexts: &[descriptor::Next::Node(Node::Encap), descriptor::Next::Drop],
     drops: &[DropReason::NeighborQueueFull, DropReason::NeighborUnresolved],
     counts: &[Event::NeighborRequests],
 };

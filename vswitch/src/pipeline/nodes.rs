@@ -90,8 +90,12 @@ impl PerNode {
     }
 }
 
+/// The order the nodes with frames run in: the graph's ([`crate::graph::check`], which a
+/// test compares it with; `flood` hands frames to the other two).
+const ORDER: [Node; 3] = [Node::Flood, Node::VlanRewrite, Node::Encap];
+
 /// The frames of the nodes `l2-forward`, `flood` and the cache hand frames to, and the
-/// order to run them in (the graph's: [`crate::graph::check`]).
+/// order to run them in ([`ORDER`]).
 pub(super) struct Frames {
     flood: Frame,
     rewrite: Frame,
@@ -104,16 +108,11 @@ pub(super) struct Frames {
 
 impl Frames {
     pub(super) fn new() -> Frames {
-        let mut order = [Node::Flood, Node::VlanRewrite, Node::Encap];
-        if let Ok(all) = crate::graph::check() {
-            let mut mine = all.into_iter().filter(|n| order.contains(n));
-            order = std::array::from_fn(|i| mine.next().unwrap_or(order[i]));
-        }
         Frames {
             flood: Frame::new(),
             rewrite: Frame::new(),
             encap: Frame::new(),
-            order,
+            order: ORDER,
             last: None,
         }
     }
@@ -222,7 +221,7 @@ impl Pipeline {
         m: Meta,
     ) {
         debug_assert!(
-            from.next_index(crate::graph::Next::Node(to)).is_some(),
+            from.next_index(crate::descriptor::Next::Node(to)).is_some(),
             "{} → {} is not an edge of the graph",
             from.name(),
             to.name()
@@ -334,5 +333,16 @@ impl Pipeline {
             }
         }
         self.nodes.frames.encap.bufs.clear_taken();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The nodes with frames run in the graph's order.
+    #[test]
+    fn the_frames_run_in_the_graphs_order() {
+        let all = crate::graph::check().expect("one graph");
+        let graphs: Vec<_> = all.into_iter().filter(|n| super::ORDER.contains(n)).collect();
+        assert_eq!(graphs, super::ORDER);
     }
 }

@@ -5,7 +5,7 @@
 use super::Pipeline;
 use crate::buf::BufId;
 use crate::counters::DropReason;
-use crate::graph::{self, Descriptor};
+use crate::descriptor::{Descriptor, Next};
 use crate::snapshot::{PortEntry, PortKind, Snapshot};
 use crate::trace::{Node, Retag, Step};
 use crate::vlan;
@@ -15,7 +15,7 @@ use crate::wire::ethernet;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::VlanRewrite,
     name: "vlan-rewrite",
-    nexts: &[graph::Next::Node(Node::Tx), graph::Next::Drop],
+    nexts: &[Next::Node(Node::Tx), Next::Drop],
     drops: &[],
     counts: &[],
 };

@@ -6,8 +6,8 @@ use super::Pipeline;
 use crate::batch::Batch;
 use crate::buf::{BufId, Pool, PoolCache};
 use crate::counters::{DropReason, Event, ThreadStats};
+use crate::descriptor::{Descriptor, Next};
 use crate::fdb;
-use crate::graph::{self, Descriptor};
 use crate::snapshot::Snapshot;
 use crate::trace::Node;
 use crate::wire::MacAddr;
@@ -16,7 +16,7 @@ use crate::wire::MacAddr;
 pub(crate) const NODE: Descriptor = Descriptor {
     node: Node::Tx,
     name: "tx",
-    nexts: &[graph::Next::Drop],
+    nexts: &[Next::Drop],
     drops: &[
         DropReason::PortDown,
         DropReason::TxFull,
