@@ -12,7 +12,7 @@ if ! cargo deny --version 2>/dev/null | grep -q "$DENY_VERSION"; then
   echo "== installing cargo-deny $DENY_VERSION"
   cargo install -q cargo-deny --locked --version "$DENY_VERSION"
 fi
-cargo deny check licenses bans sources
+cargo deny check --hide-inclusion-graph licenses bans sources
 timeout 120 cargo deny --log-level error fetch db >/dev/null 2>&1 || true
 db=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/advisory-dbs/advisory-db-* 2>/dev/null | head -n 1 || true)
 if [ -z "$db" ] || ! newest=$(git -C "$db" log -1 --format=%ct 2>/dev/null); then
