@@ -258,6 +258,31 @@ def monitoring(base, rendered):
     return problems
 
 
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+
+
+def outside_the_namespace(path):
+    """Namespaced objects a rendered overlay leaves without `namespace: knitter` (kubectl
+    would put them in the current context's namespace, away from their Secrets and service
+    accounts)."""
+    with open(path) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    return [f"{path}: {d['kind']} {d['metadata']['name']} is not in the namespace knitter"
+            for d in docs if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") != "knitter"]
+
+
+def unselected_services(path):
+    """Services of a rendered overlay whose selector matches no workload's pods (a Service
+    with no endpoints: nodes would never reach the manager)."""
+    with open(path) as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d]
+    pods = [d["spec"]["template"]["metadata"].get("labels", {}) for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    return [f"{path}: Service {d['metadata']['name']} selects no workload's pods ({d['spec']['selector']})"
+            for d in docs if d["kind"] == "Service" and d["spec"].get("selector")
+            and not any(all(p.get(k) == v for k, v in d["spec"]["selector"].items()) for p in pods)]
+
+
 def manifests():
     base = os.path.join(ROOT, "deploy", "kubernetes")
     crd_files = sorted(glob.glob(os.path.join(base, "base", "crds", "*.yaml")))
@@ -268,7 +293,7 @@ def manifests():
         for v in crd["spec"]["versions"]:
             jsonschema.Draft7Validator.check_schema(v["schema"]["openAPIV3Schema"])
         crds[(crd["spec"]["group"], crd["spec"]["names"]["kind"])] = crd
-    builtin, custom = [], []
+    builtin, custom, rendered = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         def render(directory, name):
             out = subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True, text=True).stdout
@@ -276,6 +301,7 @@ def manifests():
             with open(path, "w") as fh:
                 fh.write(out)
             builtin.append(path)
+            rendered.append(path)
 
         for overlay in sorted(glob.glob(os.path.join(base, "overlays", "*"))):
             render(overlay, os.path.basename(overlay))
@@ -300,10 +326,11 @@ def manifests():
                 builtin.append(f)
         kubernetes_validate(builtin)
         broken = [p for f in builtin for p in policy(f)] + monitoring(base, builtin)
+        broken += [p for f in rendered for p in outside_the_namespace(f) + unselected_services(f)]
         for p in broken:
             print(p, file=sys.stderr)
         if broken:
-            sys.exit(f"{len(broken)} problems: manifests that grant or mount more than they should, or monitoring objects that select nothing")
+            sys.exit(f"{len(broken)} problems: manifests that grant or mount more than they should, objects outside the namespace, or monitoring objects that select nothing")
     with open(os.path.join(ROOT, "control", "manager", "tests", "fixtures", "multus-nad-crd.yaml")) as fh:
         nad = next(d for d in yaml.safe_load_all(fh) if d)
     crds[(nad["spec"]["group"], nad["spec"]["names"]["kind"])] = nad

@@ -36,7 +36,8 @@ if [ "${KNITTER_FUZZ:-1}" = 1 ] && ! command -v cargo-fuzz >/dev/null; then
 fi
 
 # kubectl renders the kustomizations (Debian's is 1.20, kustomize v2: the manifests keep to
-# its syntax); a machine that has one already keeps it.
+# its syntax) and runs docs/kubernetes.md's install and uninstall against the API server
+# stand-in (control/manager/tests/install.rs); a machine that has one already keeps it.
 if [ "${KNITTER_TEST_DEPS:-0}" = 1 ] && ! command -v kubectl >/dev/null; then
   echo "== installing kubectl (Debian's kubernetes-client)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null ||

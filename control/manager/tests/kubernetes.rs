@@ -9,6 +9,7 @@
 //! NetworkAttachmentDefinition in each namespace of the network's tenant, statuses that say
 //! why when the manager refuses, and what a deleted resource made deleted with it.
 
+#[allow(dead_code)] // kubectl's parts (the install test's)
 #[path = "common/apiserver.rs"]
 mod apiserver;
 mod common;

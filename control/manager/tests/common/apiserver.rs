@@ -1,35 +1,50 @@
-//! A Kubernetes API server stand-in for the controller's tests (no kube-apiserver runs on
-//! these machines): pods and nodes with list and watch, Leases with `resourceVersion`
-//! preconditions, over plain HTTP, answering the real `kube` client as an API server does.
+//! A Kubernetes API server stand-in for the controller's tests and for `kubectl` (no
+//! kube-apiserver runs on these machines), over plain HTTP, answering the real `kube` client
+//! and kubectl as an API server does; `examples/apiserver.rs` serves it as a program.
 //!
-//! What it models: one `resourceVersion` counter across objects; lists of pods, nodes,
-//! namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
-//! `network-attachment-definitions.k8s.cni.cncf.io` (any `limit` is ignored: everything in
-//! one page, no `continue`; `labelSelector` of `key=value` terms, ANDed, on lists and
-//! watches); `?watch=true` streams newline-delimited watch events after the given version
-//! (`ADDED`, `MODIFIED`, `DELETED`; a `BOOKMARK` after a quiet second when
-//! `allowWatchBookmarks`), and a watch from a version older than the history it keeps gets
-//! the `ERROR` event with the `Expired` Status and code 410, as the API server sends it;
-//! `timeoutSeconds` ends a watch. `GET` and JSON merge `PATCH` (RFC 7386,
-//! `application/merge-patch+json` only) of one pod; the custom resources' `status`
-//! subresource by merge patch (only `status` is taken; `metadata.generation` moves only when
-//! a write changes `spec`); the custom resources themselves by merge patch with a
-//! `metadata.resourceVersion` precondition (409), finalizers honoured (a delete with
-//! finalizers sets `deletionTimestamp`; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`; 403 `Forbidden` in a
-//! namespace being terminated, as the apiserver's lifecycle admission answers), `PUT` (409 `Conflict` on a
-//! stale `resourceVersion`), `GET` and `DELETE` (404 `NotFound`); `GET`/`POST`/`PUT` of
-//! `coordination.k8s.io/v1` Leases: 404 `NotFound`, 409 `AlreadyExists`, 409 `Conflict` on a
-//! stale `resourceVersion`; `events.k8s.io/v1` Events by `POST` and merge `PATCH`. Objects are k8s-openapi's own serialisations (custom resources as
-//! `kubectl apply` sends them). Every request is authorized against the shipped RBAC
-//! ([`Rbac`]: the manager's ClusterRole and Lease Role from `deploy/kubernetes`): one the
-//! manifests do not grant is answered 403 as the apiserver's RBAC authorizer would, and
-//! fails the test when the server is dropped, so the manifests cannot drift from what the
-//! controller does. What it does not model: authentication, field selectors and
-//! set-based label selectors, paging, other resources, `sendInitialEvents`, admission and
-//! CRD schema validation (the tests check what the controller writes against the CRDs'
-//! schemas separately), server-side defaulting, and the garbage collector (owner references
-//! are kept, never acted on). A [`Door`] is a way in that can be stalled: its connections
-//! stop passing bytes, as a hung apiserver connection or a partition does.
+//! The controller's routes (this file): one `resourceVersion` counter across objects; lists
+//! of pods, nodes, namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
+//! `network-attachment-definitions.k8s.cni.cncf.io`, paged as the apiserver pages (`limit`,
+//! `continue`), with 429 and `Retry-After` when told to ([`ApiServer::throttle_lists`]);
+//! `labelSelector` and `fieldSelector` (`metadata.name`, `metadata.namespace`) of
+//! `key=value` terms, ANDed, on lists and watches; `?watch=true` streams newline-delimited
+//! watch events after the given version (`ADDED`, `MODIFIED`, `DELETED`; a `BOOKMARK` after
+//! a quiet second when `allowWatchBookmarks`), and a watch from a version older than the
+//! history it keeps gets the `ERROR` event with the `Expired` Status and code 410;
+//! `timeoutSeconds` ends a watch. `GET` and JSON merge `PATCH` (RFC 7386) of one pod; the
+//! custom resources' `status` subresource by merge patch (only `status` is taken;
+//! `metadata.generation` moves only when a write changes `spec`); the custom resources
+//! themselves by merge patch with a `metadata.resourceVersion` precondition (409),
+//! finalizers honoured (a delete with finalizers sets `deletionTimestamp` and moves the
+//! generation; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`; 403
+//! `Forbidden` in a namespace being terminated, as the lifecycle admission answers; the
+//! owner-reference permission check), `PUT` (409 `Conflict` on a stale `resourceVersion`),
+//! `GET` and `DELETE`; `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases (404, 409
+//! `AlreadyExists`, 409 `Conflict`); `events.k8s.io/v1` Events by `POST` and merge `PATCH`.
+//!
+//! Everything else (`apiserver/kubectl.rs`): discovery, every resource in [`RESOURCES`]
+//! (what an install writes) created, read, listed, watched, replaced, merge- and
+//! strategic-merge-patched and deleted, kubectl's protobuf bodies read
+//! (`apiserver/protobuf.rs`), namespaces and CRDs that terminate, workloads reported rolled
+//! out.
+//!
+//! Every request on [`ApiServer::url`] is authorized against the shipped RBAC ([`Rbac`]:
+//! the manager's ClusterRole and Lease Role from `deploy/kubernetes`): one the manifests do
+//! not grant is answered 403 as the apiserver's RBAC authorizer would, and fails the test
+//! when the server is dropped, so the manifests cannot drift from what the controller does.
+//! [`ApiServer::admin_url`] is the cluster admin's. What it does not model: authentication,
+//! set-based label selectors, other field selectors, `sendInitialEvents`, admission beyond
+//! the namespace lifecycle and owner references, CRD schema validation (the tests check what
+//! the controller writes against the CRDs' schemas separately), most server-side defaulting,
+//! server-side apply, tables (`kubectl get` shows names and ages only), the garbage collector
+//! (owner references are kept, never acted on) and a kubelet (no pod runs). A [`Door`] is a
+//! way in that can be stalled: its connections stop passing bytes, as a hung apiserver
+//! connection or a partition does.
+
+#[path = "apiserver/kubectl.rs"]
+mod kubectl;
+#[path = "apiserver/protobuf.rs"]
+mod protobuf;
 
 use axum::Router;
 use axum::body::Body;
@@ -54,41 +69,266 @@ pub enum Kind {
     Networks,
     IpGroups,
     Nads,
+    // What an install writes (kubectl against the stand-in: `kubectl.rs`).
+    Secrets,
+    ConfigMaps,
+    ServiceAccounts,
+    Services,
+    Pvcs,
+    DaemonSets,
+    Deployments,
+    StatefulSets,
+    Pdbs,
+    ClusterRoles,
+    ClusterRoleBindings,
+    Roles,
+    RoleBindings,
+    Crds,
+    PodMonitors,
+    ServiceMonitors,
 }
+
+/// A resource the stand-in serves: where it lives and what its objects are called.
+pub struct Resource {
+    pub kind: Kind,
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub object_kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    /// Served only while its CustomResourceDefinition is stored (Knitter's own CRDs; the
+    /// NADs' and the monitors' are taken as installed by Multus and the Prometheus Operator).
+    pub defined_by_crd: bool,
+}
+
+const fn resource(
+    kind: Kind,
+    group: &'static str,
+    version: &'static str,
+    (plural, singular, object_kind): (&'static str, &'static str, &'static str),
+    namespaced: bool,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        kind,
+        group,
+        version,
+        plural,
+        singular,
+        object_kind,
+        namespaced,
+        short_names,
+        defined_by_crd: false,
+    }
+}
+
+/// Every resource the stand-in serves.
+pub const RESOURCES: &[Resource] = &[
+    resource(Kind::Pods, "", "v1", ("pods", "pod", "Pod"), true, &["po"]),
+    resource(Kind::Nodes, "", "v1", ("nodes", "node", "Node"), false, &["no"]),
+    resource(Kind::Namespaces, "", "v1", ("namespaces", "namespace", "Namespace"), false, &["ns"]),
+    resource(Kind::Secrets, "", "v1", ("secrets", "secret", "Secret"), true, &[]),
+    resource(Kind::ConfigMaps, "", "v1", ("configmaps", "configmap", "ConfigMap"), true, &["cm"]),
+    resource(
+        Kind::ServiceAccounts,
+        "",
+        "v1",
+        ("serviceaccounts", "serviceaccount", "ServiceAccount"),
+        true,
+        &["sa"],
+    ),
+    resource(Kind::Services, "", "v1", ("services", "service", "Service"), true, &["svc"]),
+    resource(
+        Kind::Pvcs,
+        "",
+        "v1",
+        ("persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim"),
+        true,
+        &["pvc"],
+    ),
+    resource(
+        Kind::DaemonSets,
+        "apps",
+        "v1",
+        ("daemonsets", "daemonset", "DaemonSet"),
+        true,
+        &["ds"],
+    ),
+    resource(
+        Kind::Deployments,
+        "apps",
+        "v1",
+        ("deployments", "deployment", "Deployment"),
+        true,
+        &["deploy"],
+    ),
+    resource(
+        Kind::StatefulSets,
+        "apps",
+        "v1",
+        ("statefulsets", "statefulset", "StatefulSet"),
+        true,
+        &["sts"],
+    ),
+    resource(
+        Kind::Pdbs,
+        "policy",
+        "v1",
+        ("poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget"),
+        true,
+        &["pdb"],
+    ),
+    resource(
+        Kind::ClusterRoles,
+        "rbac.authorization.k8s.io",
+        "v1",
+        ("clusterroles", "clusterrole", "ClusterRole"),
+        false,
+        &[],
+    ),
+    resource(
+        Kind::ClusterRoleBindings,
+        "rbac.authorization.k8s.io",
+        "v1",
+        ("clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding"),
+        false,
+        &[],
+    ),
+    resource(Kind::Roles, "rbac.authorization.k8s.io", "v1", ("roles", "role", "Role"), true, &[]),
+    resource(
+        Kind::RoleBindings,
+        "rbac.authorization.k8s.io",
+        "v1",
+        ("rolebindings", "rolebinding", "RoleBinding"),
+        true,
+        &[],
+    ),
+    resource(
+        Kind::Crds,
+        "apiextensions.k8s.io",
+        "v1",
+        ("customresourcedefinitions", "customresourcedefinition", "CustomResourceDefinition"),
+        false,
+        &["crd", "crds"],
+    ),
+    Resource {
+        defined_by_crd: true,
+        ..resource(
+            Kind::Networks,
+            "knitter.io",
+            "v1alpha1",
+            ("networks", "network", "Network"),
+            false,
+            &["knet"],
+        )
+    },
+    Resource {
+        defined_by_crd: true,
+        ..resource(
+            Kind::IpGroups,
+            "knitter.io",
+            "v1alpha1",
+            ("ipgroups", "ipgroup", "IPGroup"),
+            false,
+            &["ipg"],
+        )
+    },
+    resource(
+        Kind::Nads,
+        "k8s.cni.cncf.io",
+        "v1",
+        (
+            "network-attachment-definitions",
+            "network-attachment-definition",
+            "NetworkAttachmentDefinition",
+        ),
+        true,
+        &["net-attach-def"],
+    ),
+    resource(
+        Kind::PodMonitors,
+        "monitoring.coreos.com",
+        "v1",
+        ("podmonitors", "podmonitor", "PodMonitor"),
+        true,
+        &["pmon"],
+    ),
+    resource(
+        Kind::ServiceMonitors,
+        "monitoring.coreos.com",
+        "v1",
+        ("servicemonitors", "servicemonitor", "ServiceMonitor"),
+        true,
+        &["smon"],
+    ),
+];
 
 impl Kind {
-    /// The collection's path (cluster-wide), its list kind and its objects' kind.
-    fn names(self) -> (&'static str, &'static str, &'static str) {
-        match self {
-            Kind::Pods => ("/api/v1/pods", "PodList", "Pod"),
-            Kind::Nodes => ("/api/v1/nodes", "NodeList", "Node"),
-            Kind::Namespaces => ("/api/v1/namespaces", "NamespaceList", "Namespace"),
-            Kind::Networks => ("/apis/knitter.io/v1alpha1/networks", "NetworkList", "Network"),
-            Kind::IpGroups => ("/apis/knitter.io/v1alpha1/ipgroups", "IPGroupList", "IPGroup"),
-            Kind::Nads => (
-                "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
-                "NetworkAttachmentDefinitionList",
-                "NetworkAttachmentDefinition",
-            ),
-        }
+    pub fn resource(self) -> &'static Resource {
+        RESOURCES.iter().find(|r| r.kind == self).expect("every kind is in RESOURCES")
     }
 
-    fn api_version(self) -> &'static str {
-        match self {
-            Kind::Networks | Kind::IpGroups => "knitter.io/v1alpha1",
-            Kind::Nads => "k8s.cni.cncf.io/v1",
-            _ => "v1",
+    /// The collection's path (cluster-wide), its list kind and its objects' kind.
+    fn names(self) -> (String, String, &'static str) {
+        let r = self.resource();
+        let path = match r.group {
+            "" => format!("/api/v1/{}", r.plural),
+            g => format!("/apis/{g}/{}/{}", r.version, r.plural),
+        };
+        (path, format!("{}List", r.object_kind), r.object_kind)
+    }
+
+    fn api_version(self) -> String {
+        let r = self.resource();
+        match r.group {
+            "" => r.version.to_string(),
+            g => format!("{g}/{}", r.version),
         }
     }
 }
 
-/// Whether `object`'s labels satisfy a `labelSelector` of `key=value` terms.
-fn selected(object: &Value, selector: Option<&String>) -> bool {
-    let Some(sel) = selector.filter(|s| !s.is_empty()) else { return true };
-    sel.split(',').all(|term| {
-        term.split_once('=')
-            .is_some_and(|(k, v)| object["metadata"]["labels"][k.trim()].as_str() == Some(v.trim()))
-    })
+/// Which objects a list or watch wants: a `labelSelector` and a `fieldSelector` of
+/// `key=value` terms (ANDed; fields `metadata.name` and `metadata.namespace`), and the
+/// namespace of the path.
+struct Selector {
+    labels: Option<String>,
+    fields: Option<String>,
+    namespace: Option<String>,
+}
+
+impl Selector {
+    fn terms(selector: &Option<String>) -> impl Iterator<Item = (&str, &str)> {
+        let terms = selector.as_deref().unwrap_or_default().split(',').filter(|t| !t.is_empty());
+        terms.map(|t| t.split_once('=').map_or((t, ""), |(k, v)| (k.trim(), v.trim())))
+    }
+
+    /// The answer refusing a selector the stand-in cannot evaluate, as the apiserver refuses
+    /// a field it does not index.
+    fn refuse(&self) -> Option<Response> {
+        let unknown = Self::terms(&self.fields)
+            .find(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))?;
+        Some(status(
+            400,
+            "BadRequest",
+            format!(
+                "field label not supported: {} (the stand-in selects by metadata.name and metadata.namespace)",
+                unknown.0
+            ),
+        ))
+    }
+
+    fn selects(&self, object: &Value) -> bool {
+        let meta = &object["metadata"];
+        let field = |k: &str| match k {
+            "metadata.name" => meta["name"].as_str(),
+            _ => meta["namespace"].as_str(),
+        };
+        self.namespace.as_ref().is_none_or(|ns| meta["namespace"].as_str() == Some(ns))
+            && Self::terms(&self.labels).all(|(k, v)| meta["labels"][k].as_str() == Some(v))
+            && Self::terms(&self.fields).all(|(k, v)| field(k) == Some(v))
+    }
 }
 
 struct Event {
@@ -112,6 +352,10 @@ struct Objects {
     cut: u64,
     /// Requests seen, as "METHOD path?query".
     requests: Vec<String>,
+    /// Namespaces and CRDs deleted through the API: what they hold is deleted, then they go
+    /// (the namespace controller's and the apiextensions finalizer's work).
+    reaping: std::collections::BTreeSet<(Kind, String)>,
+    settling: bool,
 }
 
 impl Objects {
@@ -120,13 +364,98 @@ impl Objects {
     fn write(&mut self, kind: Kind, key: String, mut object: Value, typ: &'static str) -> Value {
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        if typ == "ADDED" && object["metadata"]["creationTimestamp"].is_null() {
+            object["metadata"]["creationTimestamp"] = json!(kubectl::now());
+        }
         if typ == "DELETED" {
             self.objects.remove(&(kind, key));
         } else {
             self.objects.insert((kind, key), object.clone());
         }
         self.log.push(Event { rv: self.rv, kind, typ, object: object.clone() });
+        if typ == "DELETED" && !self.settling {
+            self.settling = true;
+            self.settle();
+            self.settling = false;
+        }
         object
+    }
+
+    /// Deletes an object as the apiserver does: one with finalizers gets a
+    /// `deletionTimestamp` (and, having a generation, a new one: its desired state changed)
+    /// and stays until they are removed; one without goes. The object as it is now, if any.
+    fn delete_gracefully(&mut self, kind: Kind, key: &str) -> Option<Value> {
+        let mut v = self.objects.get(&(kind, key.to_string())).cloned()?;
+        if v["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty()) {
+            return Some(self.write(kind, key.into(), v, "DELETED"));
+        }
+        if !v["metadata"]["deletionTimestamp"].is_null() {
+            return Some(v);
+        }
+        v["metadata"]["deletionTimestamp"] = json!("2026-11-26T12:00:00Z");
+        if let Some(g) = v["metadata"]["generation"].as_u64() {
+            v["metadata"]["generation"] = json!(g + 1);
+        }
+        Some(self.write(kind, key.into(), v, "MODIFIED"))
+    }
+
+    /// Deletes through the API: a namespace or a CRD is marked Terminating and reaped
+    /// ([`Objects::settle`]); anything else goes as [`Objects::delete_gracefully`] says.
+    fn delete_through_api(&mut self, kind: Kind, key: &str) -> Option<Value> {
+        if !matches!(kind, Kind::Namespaces | Kind::Crds) {
+            return self.delete_gracefully(kind, key);
+        }
+        let mut v = self.objects.get(&(kind, key.to_string())).cloned()?;
+        if v["metadata"]["deletionTimestamp"].is_null() {
+            v["metadata"]["deletionTimestamp"] = json!("2026-11-26T12:00:00Z");
+            if kind == Kind::Namespaces {
+                v["status"]["phase"] = json!("Terminating");
+            }
+            v = self.write(kind, key.into(), v, "MODIFIED");
+        }
+        self.reaping.insert((kind, key.to_string()));
+        self.settle();
+        Some(self.objects.get(&(kind, key.to_string())).cloned().unwrap_or(v))
+    }
+
+    /// What a reaped namespace or CRD still holds.
+    fn contents(&self, kind: Kind, key: &str) -> Vec<(Kind, String)> {
+        let served = match kind {
+            Kind::Crds => RESOURCES
+                .iter()
+                .find(|r| format!("{}.{}", r.plural, r.group) == key)
+                .map(|r| r.kind),
+            _ => None,
+        };
+        let prefix = format!("{key}/");
+        self.objects
+            .keys()
+            .filter(|(k, name)| match kind {
+                Kind::Namespaces => k.resource().namespaced && name.starts_with(&prefix),
+                _ => Some(*k) == served,
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Runs the namespace controller and the CRD finalizer over what is being reaped: the
+    /// contents are deleted (those with finalizers wait for them), and a namespace or CRD
+    /// left empty goes.
+    fn settle(&mut self) {
+        let was = std::mem::replace(&mut self.settling, true);
+        for (kind, key) in self.reaping.clone() {
+            let contents = self.contents(kind, &key);
+            for (k, name) in &contents {
+                self.delete_gracefully(*k, name);
+            }
+            if self.contents(kind, &key).is_empty() {
+                self.reaping.remove(&(kind, key.clone()));
+                if let Some(v) = self.objects.get(&(kind, key.clone())).cloned() {
+                    self.write(kind, key, v, "DELETED");
+                }
+            }
+        }
+        self.settling = was;
     }
 }
 
@@ -246,29 +575,58 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
     out
 }
 
+/// What a resource path names: `/api/v1/...` or `/apis/GROUP/VERSION/...`, then
+/// `namespaces/NS/` for a namespaced resource, the resource, a name and a subresource.
+struct Target {
+    group: String,
+    version: String,
+    namespace: Option<String>,
+    resource: String,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+impl Target {
+    fn parse(path: &str) -> Option<Target> {
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, version, rest) = match segments.as_slice() {
+            ["api", "v1", rest @ ..] => ("", "v1", rest),
+            ["apis", group, version, rest @ ..] => (*group, *version, rest),
+            _ => return None,
+        };
+        let (namespace, rest) = match rest {
+            // `namespaces/NS` alone is the namespace itself, not a collection in it.
+            ["namespaces", ns, resource, rest @ ..] => {
+                (Some(ns.to_string()), [&[*resource][..], rest].concat())
+            }
+            _ => (None, rest.to_vec()),
+        };
+        let string = |s: Option<&&str>| s.map(|s| s.to_string());
+        Some(Target {
+            group: group.into(),
+            version: version.into(),
+            namespace,
+            resource: rest.first()?.to_string(),
+            name: string(rest.get(1)),
+            sub: string(rest.get(2)),
+        })
+    }
+}
+
+/// Whether a request is a watch (`?watch=true`).
+fn is_watch(uri: &axum::http::Uri) -> bool {
+    uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"))
+}
+
 /// A request's RBAC attributes: (verb, API group, resource with its subresource, namespace),
 /// as the apiserver derives them from the method and the path.
 fn attributes(
     method: &axum::http::Method,
     uri: &axum::http::Uri,
 ) -> Option<(String, String, String, Option<String>)> {
-    let segments: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
-    let (group, rest) = match segments.as_slice() {
-        ["api", "v1", rest @ ..] => ("", rest),
-        ["apis", group, _version, rest @ ..] => (*group, rest),
-        _ => return None,
-    };
-    let (namespace, rest) = match rest {
-        ["namespaces", ns, resource, rest @ ..] => {
-            (Some(ns.to_string()), [&[*resource][..], rest].concat())
-        }
-        _ => (None, rest.to_vec()),
-    };
-    let (resource, name, sub) = (rest.first()?, rest.get(1), rest.get(2));
-    let watch =
-        uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
-    let verb = match (method.as_str(), name) {
-        ("GET", None) if watch => "watch",
+    let t = Target::parse(uri.path())?;
+    let verb = match (method.as_str(), &t.name) {
+        ("GET", None) if is_watch(uri) => "watch",
         ("GET", None) => "list",
         ("GET", Some(_)) => "get",
         ("POST", _) => "create",
@@ -278,23 +636,28 @@ fn attributes(
         ("DELETE", Some(_)) => "delete",
         _ => return None,
     };
-    let resource = match sub {
-        Some(sub) => format!("{resource}/{sub}"),
-        None => resource.to_string(),
+    let resource = match t.sub {
+        Some(sub) => format!("{}/{sub}", t.resource),
+        None => t.resource,
     };
-    Some((verb.into(), group.into(), resource, namespace))
+    Some((verb.into(), t.group, resource, t.namespace))
 }
 
 /// Refuses (403, as the apiserver's RBAC authorizer words it) what the shipped RBAC does not
-/// grant the manager's service account, and records it.
+/// grant the manager's service account, and records it. The cluster admin's way in
+/// ([`ApiServer::admin_url`]) is not checked: kubectl sends no credentials over plain HTTP,
+/// so who asks is told by the address asked.
 async fn authorize(
-    axum::extract::State(s): axum::extract::State<Shared>,
+    axum::extract::State((s, admin)): axum::extract::State<(Shared, bool)>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else {
         return next.run(req).await;
     };
+    if admin {
+        return next.run(req).await;
+    }
     if s.allows(&verb, &group, &resource, namespace.as_deref()) {
         return next.run(req).await;
     }
@@ -312,6 +675,8 @@ async fn authorize(
 
 pub struct ApiServer {
     pub url: String,
+    /// The cluster admin's way in: anything goes (kubectl, in the install test).
+    pub admin_url: String,
     shared: Shared,
     task: tokio::task::JoinHandle<()>,
 }
@@ -392,7 +757,19 @@ impl ApiServer {
     /// A stand-in enforcing `rbac`.
     pub async fn start_with(rbac: Rbac) -> ApiServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve(listener, admin, rbac)
+    }
+
+    /// A stand-in enforcing `rbac` on `listener`, and nothing on `admin` (the cluster
+    /// admin's way in).
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        admin: tokio::net::TcpListener,
+        rbac: Rbac,
+    ) -> ApiServer {
         let addr: SocketAddr = listener.local_addr().expect("address");
+        let admin_addr: SocketAddr = admin.local_addr().expect("address");
         let shared = Shared {
             objects: Arc::default(),
             changed: watch::channel(0).0,
@@ -402,71 +779,90 @@ impl ApiServer {
             throttled: Arc::default(),
         };
         let app = Router::new()
-            .route("/api/v1/pods", get(|s, q| collection(s, q, Kind::Pods)))
-            .route("/api/v1/nodes", get(|s, q| collection(s, q, Kind::Nodes)))
-            .route("/api/v1/namespaces", get(|s, q| collection(s, q, Kind::Namespaces)))
+            .route(
+                "/api/v1/pods",
+                get(|s, q| collection(s, q, Kind::Pods)).fallback(kubectl::serve),
+            )
+            .route(
+                "/api/v1/nodes",
+                get(|s, q| collection(s, q, Kind::Nodes)).fallback(kubectl::serve),
+            )
+            .route(
+                "/api/v1/namespaces",
+                get(|s, q| collection(s, q, Kind::Namespaces)).fallback(kubectl::serve),
+            )
             .route(
                 "/apis/knitter.io/v1alpha1/networks",
-                get(|s, q| collection(s, q, Kind::Networks)),
+                get(|s, q| collection(s, q, Kind::Networks)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/ipgroups",
-                get(|s, q| collection(s, q, Kind::IpGroups)),
+                get(|s, q| collection(s, q, Kind::IpGroups)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/networks/{name}",
-                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::Networks)),
+                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::Networks))
+                    .fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/ipgroups/{name}",
-                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::IpGroups)),
+                axum::routing::patch(|s, p, h, b| patch_resource(s, p, h, b, Kind::IpGroups))
+                    .fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/networks/{name}/status",
-                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks)),
+                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::Networks))
+                    .fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/ipgroups/{name}/status",
-                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups)),
+                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::IpGroups))
+                    .fallback(kubectl::serve),
             )
             .route(
                 "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
-                get(|s, q| collection(s, q, Kind::Nads)),
+                get(|s, q| collection(s, q, Kind::Nads)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
-                axum::routing::post(create_nad),
+                axum::routing::post(create_nad).fallback(kubectl::serve),
             )
             .route(
                 "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}",
-                get(get_nad).put(replace_nad).delete(delete_nad),
+                get(get_nad).put(replace_nad).delete(delete_nad).fallback(kubectl::serve),
             )
-            .route("/api/v1/namespaces/{ns}/pods/{name}", get(get_pod).patch(patch_pod))
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}",
+                get(get_pod).patch(patch_pod).fallback(kubectl::serve),
+            )
             .route(
                 "/apis/events.k8s.io/v1/namespaces/{ns}/events",
-                axum::routing::post(create_event),
+                axum::routing::post(create_event).fallback(kubectl::serve),
             )
             .route(
                 "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
-                axum::routing::patch(patch_event),
+                axum::routing::patch(patch_event).fallback(kubectl::serve),
             )
             .route(
                 "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                axum::routing::post(create_lease),
+                axum::routing::post(create_lease).fallback(kubectl::serve),
             )
             .route(
                 "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
-                get(get_lease).put(replace_lease),
+                get(get_lease).put(replace_lease).fallback(kubectl::serve),
             )
-            .fallback(|uri: axum::http::Uri| async move {
-                status(404, "NotFound", format!("the stand-in does not serve {uri}"))
-            })
-            .layer(axum::middleware::from_fn_with_state(shared.clone(), authorize))
+            .fallback(kubectl::serve)
             .with_state(shared.clone());
+        let checked = |admin: bool| {
+            let state = (shared.clone(), admin);
+            app.clone().layer(axum::middleware::from_fn_with_state(state, authorize))
+        };
+        let (app, admin_app) = (checked(false), checked(true));
         let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            let _ = tokio::join!(axum::serve(listener, app), axum::serve(admin, admin_app));
         });
-        ApiServer { url: format!("http://{addr}"), shared, task }
+        let (url, admin_url) = (format!("http://{addr}"), format!("http://{admin_addr}"));
+        ApiServer { url, admin_url, shared, task }
     }
 
     /// A way in of its own (a TCP relay), for one client that the test may cut off.
@@ -488,6 +884,17 @@ impl ApiServer {
             }
         });
         Door { url, stalled, task }
+    }
+
+    /// A kubeconfig for this server: the cluster admin's with `admin`, else the manager's
+    /// service account's (the shipped RBAC applies).
+    pub fn kubeconfig(&self, admin: bool) -> String {
+        let url = if admin { &self.admin_url } else { &self.url };
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster: {{server: \"{url}\"}}\n\
+             users:\n- name: user\n  user: {{}}\ncontexts:\n- name: stand-in\n  context: {{cluster: stand-in, user: user}}\n\
+             current-context: stand-in\n"
+        )
     }
 
     /// A client of this server, as the controller makes one from a kubeconfig.
@@ -641,19 +1048,9 @@ impl ApiServer {
     /// Deletes an object as `kubectl delete` does: one with finalizers gets a
     /// `deletionTimestamp` and stays until they are removed; one without goes.
     pub fn delete_gracefully(&self, kind: Kind, key: &str) {
-        let Some(mut v) = self.object(kind, key) else { return };
-        if v["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty()) {
-            return self.put(kind, key.into(), v, "DELETED");
-        }
-        if v["metadata"]["deletionTimestamp"].is_null() {
-            // As the apiserver does for an object that has a generation: marking it for
-            // deletion is a change of its desired state.
-            v["metadata"]["deletionTimestamp"] = json!("2026-11-26T12:00:00Z");
-            if let Some(g) = v["metadata"]["generation"].as_u64() {
-                v["metadata"]["generation"] = json!(g + 1);
-            }
-            self.put(kind, key.into(), v, "MODIFIED");
-        }
+        self.change(|o| {
+            o.delete_gracefully(kind, key);
+        });
     }
 
     /// Deletes an object at once, finalizers or not (`namespace/name` or a cluster-scoped
@@ -744,11 +1141,28 @@ async fn collection(
     Query(q): Query<HashMap<String, String>>,
     kind: Kind,
 ) -> Response {
+    collection_in(s, q, kind, None)
+}
+
+/// Lists or watches `kind` (in `namespace`, or everywhere).
+fn collection_in(
+    s: Shared,
+    q: HashMap<String, String>,
+    kind: Kind,
+    namespace: Option<String>,
+) -> Response {
     let mut query: Vec<String> = q.iter().map(|(k, v)| format!("{k}={v}")).collect();
     query.sort();
     let (path, list_kind, _) = kind.names();
     s.objects.lock().unwrap().requests.push(format!("GET {path}?{}", query.join("&")));
-    let selector = q.get("labelSelector").cloned();
+    let selector = Selector {
+        labels: q.get("labelSelector").cloned(),
+        fields: q.get("fieldSelector").cloned(),
+        namespace,
+    };
+    if let Some(refused) = selector.refuse() {
+        return refused;
+    }
     if q.get("watch").map(String::as_str) != Some("true") {
         use std::sync::atomic::Ordering::SeqCst;
         if s.throttle.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
@@ -767,7 +1181,7 @@ async fn collection(
             .objects
             .iter()
             .filter(|((k, key), v)| {
-                *k == kind && key.as_str() > after.as_str() && selected(v, selector.as_ref())
+                *k == kind && key.as_str() > after.as_str() && selector.selects(v)
             })
             .map(|((_, key), v)| (key.clone(), v.clone()));
         let items: Vec<(String, Value)> =
@@ -795,7 +1209,7 @@ async fn collection(
 async fn stream_watch(
     s: Shared,
     kind: Kind,
-    selector: Option<String>,
+    selector: Selector,
     mut from: u64,
     bookmarks: bool,
     timeout: Duration,
@@ -815,9 +1229,7 @@ async fn stream_watch(
                 let lines: Vec<String> = o
                     .log
                     .iter()
-                    .filter(|e| {
-                        e.kind == kind && e.rv > from && selected(&e.object, selector.as_ref())
-                    })
+                    .filter(|e| e.kind == kind && e.rv > from && selector.selects(&e.object))
                     .map(|e| json!({"type": e.typ, "object": e.object}).to_string())
                     .collect();
                 (lines, o.rv, false, o.cut != cut)
@@ -1012,17 +1424,8 @@ async fn create_nad(
                 format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"),
             );
         }
-        if o.objects
-            .get(&(Kind::Namespaces, ns.clone()))
-            .is_some_and(|n| !n["metadata"]["deletionTimestamp"].is_null())
-        {
-            return status(
-                403,
-                "Forbidden",
-                format!(
-                    "network-attachment-definitions.k8s.cni.cncf.io \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"
-                ),
-            );
+        if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, false) {
+            return refused;
         }
         let uid = format!("nad-{}", o.rv + 1);
         nad["metadata"]["namespace"] = json!(ns);

@@ -1,0 +1,300 @@
+//! docs/kubernetes.md as an operator runs it: every command block of "Installing on a
+//! cluster", "Uninstalling" and "Knitter as the cluster's pod network", in order and as
+//! written, with a real `kubectl` (`$KNITTER_KUBECTL`, else the one on `PATH`: Debian's 1.20
+//! and a current one both pass) against the API server stand-in (`common/apiserver.rs`), and
+//! a real knitter-manager process (`--kubernetes --network-resources`) as the cluster's
+//! manager, so the uninstall's first step is answered as in a cluster. The kustomizations the
+//! docs show as YAML are written where their comment says. What cannot run here is skipped,
+//! saying why: the images' build (ci/images.sh builds and runs them) and what needs a
+//! running pod (the stand-in has no kubelet). The walk ends with nothing of Knitter left.
+
+#[allow(dead_code)]
+#[path = "common/apiserver.rs"]
+mod apiserver;
+mod common;
+
+use apiserver::{ApiServer, Kind, Rbac};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Lines that cannot run here, by what they contain, and why.
+const SKIPPED: &[(&str, &str)] = &[
+    (
+        "deploy/images/build.sh",
+        "the images: ci/images.sh builds them and runs them as the manifests do",
+    ),
+    ("port-forward", "no pod runs here (the stand-in has no kubelet)"),
+    ("--manager 127.0.0.1:9481", "no pod runs here (the stand-in has no kubelet)"),
+];
+
+/// A fenced block of the docs: its language and its text.
+struct Block {
+    language: String,
+    text: String,
+}
+
+/// The fenced blocks of the sections whose titles start with one of `sections`, in order.
+fn blocks(doc: &str, sections: &[&str]) -> Vec<Block> {
+    let (mut out, mut inside, mut fence) = (Vec::new(), false, None::<Block>);
+    for line in doc.lines() {
+        if let Some(mut b) = fence.take() {
+            if line.starts_with("```") {
+                out.push(b);
+            } else {
+                b.text += line;
+                b.text.push('\n');
+                fence = Some(b);
+            }
+            continue;
+        }
+        if let Some(title) = line.strip_prefix("## ") {
+            inside = sections.iter().any(|s| title.starts_with(s));
+        } else if let Some(language) = line.strip_prefix("```").filter(|_| inside) {
+            fence = Some(Block { language: language.trim().into(), text: String::new() });
+        }
+    }
+    out
+}
+
+fn kubectl() -> Option<PathBuf> {
+    if let Some(k) = std::env::var_os("KNITTER_KUBECTL") {
+        return Some(k.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("kubectl")).find(|k| k.exists())
+}
+
+/// Where a walk runs: a copy of `deploy/` (the docs' relative paths), the kubeconfigs, a
+/// `kubectl` on `PATH`, and a home of its own (kubectl's discovery cache).
+struct Walk {
+    dir: tempfile::TempDir,
+    api: ApiServer,
+    path: String,
+}
+
+impl Walk {
+    fn new(api: ApiServer, kubectl: &Path) -> Walk {
+        let dir = tempfile::tempdir().unwrap();
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy");
+        let copied = Command::new("cp").args(["-r", root]).arg(dir.path()).status().unwrap();
+        assert!(copied.success());
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::os::unix::fs::symlink(kubectl, bin.join("kubectl")).unwrap();
+        std::fs::write(dir.path().join("admin.kubeconfig"), api.kubeconfig(true)).unwrap();
+        std::fs::write(dir.path().join("manager.kubeconfig"), api.kubeconfig(false)).unwrap();
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        Walk { dir, api, path }
+    }
+
+    /// Runs a shell script in the walk's directory as the cluster admin; its output.
+    fn sh(&self, script: &str) -> Result<String, String> {
+        let out = Command::new("timeout")
+            .args(["300", "bash", "-euo", "pipefail", "-c", script])
+            .current_dir(self.dir.path())
+            .env("KUBECONFIG", self.dir.path().join("admin.kubeconfig"))
+            .env("HOME", self.dir.path())
+            .env("PATH", &self.path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        if out.status.success() { Ok(text) } else { Err(text) }
+    }
+
+    /// Runs the docs' blocks: shell ones line by line as a script (skipped lines said), a
+    /// YAML block headed `# DIR/kustomization.yaml, beside a copy of FILE` written there
+    /// with the patch beside it.
+    fn run(&self, blocks: &[Block]) {
+        for b in blocks {
+            match b.language.as_str() {
+                "sh" => {
+                    let mut script = String::new();
+                    for line in b.text.replace("\\\n", " ").lines() {
+                        match SKIPPED.iter().find(|(what, _)| line.contains(what)) {
+                            Some((_, why)) => eprintln!("skipped: {line}\n  ({why})"),
+                            None => script += &format!("{line}\n"),
+                        }
+                    }
+                    eprintln!("$ {}", script.trim_end().replace('\n', "\n$ "));
+                    match self.sh(&script) {
+                        Ok(out) => eprintln!("{out}"),
+                        Err(out) => {
+                            panic!("a block of docs/kubernetes.md failed:\n{script}\n{out}")
+                        }
+                    }
+                }
+                "yaml" => {
+                    let Some((file, patch)) = b.text.lines().next().and_then(|l| {
+                        let l = l.strip_prefix("# ")?;
+                        let (file, rest) = l.split_once(", beside a copy of ")?;
+                        Some((file.to_string(), rest.trim().to_string()))
+                    }) else {
+                        eprintln!(
+                            "not a file of the walk's: a YAML block starting {:?}",
+                            b.text.lines().next()
+                        );
+                        continue;
+                    };
+                    let file = self.dir.path().join(file);
+                    let dir = file.parent().unwrap();
+                    std::fs::create_dir_all(dir).unwrap();
+                    std::fs::write(&file, &b.text).unwrap();
+                    let from = self.dir.path().join("deploy/kubernetes/patches").join(&patch);
+                    std::fs::copy(&from, dir.join(&patch)).unwrap();
+                    // Each is applied by a later block, or rendered here.
+                    let rendered = self.sh(&format!("kubectl kustomize {}", dir.display()));
+                    assert!(rendered.is_ok(), "{}: {rendered:?}", file.display());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The manager the manifests run (`--kubernetes --network-resources`, the Lease in
+    /// `knitter`, `extra` flags), as their service account: a process of this build.
+    fn manager(&self, extra: &[&str]) -> common::ManagerProc {
+        let kubeconfig = self.dir.path().join("manager.kubeconfig");
+        let mut args = vec![
+            "--kubernetes",
+            "--network-resources",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--lease",
+            "knitter/knitter-manager",
+            "--identity",
+            "knitter-manager-0",
+        ];
+        args.extend(extra);
+        common::ManagerProc::start(&self.dir.path().join("manager"), &args)
+    }
+
+    fn eventually(&self, what: &str, ok: impl Fn(&ApiServer) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ok(&self.api) {
+            assert!(Instant::now() < deadline, "not within 30 s: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What Knitter left in the cluster: any object but the nodes and the namespaces the
+    /// cluster had.
+    fn left(&self, had: &[&str]) -> Vec<String> {
+        let kinds = apiserver::RESOURCES.iter().map(|r| r.kind).filter(|k| *k != Kind::Nodes);
+        kinds
+            .flat_map(|k| self.api.objects(k).into_keys().map(move |key| format!("{k:?} {key}")))
+            .filter(|o| !had.iter().any(|h| *o == format!("Namespaces {h}")))
+            .collect()
+    }
+}
+
+/// A cluster as a new one is: its namespaces and two nodes.
+async fn cluster(rbac: Rbac) -> ApiServer {
+    let api = ApiServer::start_with(rbac).await;
+    for ns in CLUSTER_NAMESPACES {
+        api.add_namespace(ns, &[("kubernetes.io/metadata.name", ns)]);
+    }
+    api.add_node("node-1");
+    api.add_node("node-2");
+    api
+}
+
+const CLUSTER_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+fn doc() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/kubernetes.md"))
+        .unwrap()
+}
+
+/// kubectl, or (outside CI only) a reason to skip.
+fn kubectl_or_skip() -> Option<PathBuf> {
+    let k = kubectl();
+    if k.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no kubectl: ci/setup.sh installs kubernetes-client"
+        );
+        eprintln!("skipped: no kubectl (apt install kubernetes-client)");
+    }
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_install_upgrade_and_uninstall_run_as_written() {
+    let Some(kubectl) = kubectl_or_skip() else { return };
+    let walk = Walk::new(cluster(Rbac::Base).await, &kubectl);
+    // Your etcd's credentials, which the etcd overlay's block reads.
+    for f in ["etcd-ca.crt", "etcd-client.crt", "etcd-client.key"] {
+        std::fs::write(walk.dir.path().join(f), "placeholder\n").unwrap();
+    }
+    let doc = doc();
+    let (install, uninstall) = (blocks(&doc, &["Installing"]), blocks(&doc, &["Uninstalling"]));
+    assert!(install.len() >= 5 && uninstall.len() == 1, "the docs' sections moved");
+    tokio::task::block_in_place(|| walk.run(&install));
+
+    let ns = walk.api.object(Kind::Namespaces, "knitter").expect("the namespace");
+    assert_eq!(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged");
+    for (kind, key) in [
+        (Kind::StatefulSets, "knitter/knitter-manager"),
+        (Kind::Deployments, "knitter/knitter-manager"),
+        (Kind::DaemonSets, "knitter/knitter-node"),
+        (Kind::Secrets, "knitter/knitter-token"),
+        (Kind::Secrets, "knitter/knitter-etcd"),
+        (Kind::Crds, "networks.knitter.io"),
+        (Kind::PodMonitors, "knitter/knitter-node"),
+    ] {
+        assert!(walk.api.object(kind, key).is_some(), "{kind:?} {key} was not made");
+    }
+
+    // The manager the StatefulSet runs, with the manifests' flags, as its service account;
+    // then a network of tenant red (as the example's comment says), so that the uninstall's
+    // first step waits for the manager to let it go.
+    let mut manager = walk.manager(&[]);
+    tokio::task::block_in_place(|| {
+        walk.sh("kubectl create namespace red && kubectl label namespace red knitter.io/tenant=red && kubectl apply -f deploy/kubernetes/examples/networks.yaml")
+            .unwrap();
+        walk.eventually("the manager makes the network's NAD and holds the network", |api| {
+            api.object(Kind::Nads, "red/media").is_some()
+                && api.object(Kind::Networks, "media").is_some_and(|n| {
+                    n["metadata"]["finalizers"].to_string().contains("knitter.io/cleanup")
+                })
+        });
+        walk.run(&uninstall);
+    });
+    assert!(manager.terminate(Duration::from_secs(10)), "the manager stops");
+    let left = walk.left(&[CLUSTER_NAMESPACES, &["red"]].concat());
+    assert!(left.is_empty(), "the uninstall left {left:?}");
+}
+
+/// "Knitter as the cluster's pod network": the standalone overlay and the pod network, with
+/// its manager (`--network-status`, under the standalone overlay's RBAC), then uninstalled
+/// with that overlay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_pod_network_installs_and_uninstalls() {
+    let Some(kubectl) = kubectl_or_skip() else { return };
+    let walk = Walk::new(cluster(Rbac::Standalone).await, &kubectl);
+    let doc = doc();
+    let (install, pod_network) =
+        (blocks(&doc, &["Installing"]), blocks(&doc, &["Knitter as the cluster's pod network"]));
+    assert_eq!(pod_network.len(), 1, "the docs' section moved");
+    let mut manager = walk.manager(&["--network-status"]);
+    tokio::task::block_in_place(|| {
+        // The Secrets first, as "Installing on a cluster" makes them.
+        walk.run(&install[..1]);
+        walk.run(&pod_network);
+        walk.eventually("the manager holds the pod network", |api| {
+            api.object(Kind::Networks, "default").is_some_and(|n| {
+                n["metadata"]["finalizers"].to_string().contains("knitter.io/cleanup")
+                    && n["status"]["conditions"].to_string().contains("\"True\"")
+            })
+        });
+        let out = walk.sh(
+            "bash deploy/kubernetes/uninstall.sh --overlay deploy/kubernetes/overlays/standalone",
+        );
+        assert!(out.is_ok(), "{out:?}");
+    });
+    assert!(manager.terminate(Duration::from_secs(10)), "the manager stops");
+    let left = walk.left(CLUSTER_NAMESPACES);
+    assert!(left.is_empty(), "the uninstall left {left:?}");
+}
