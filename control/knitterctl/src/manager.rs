@@ -484,6 +484,12 @@ async fn status(c: &mut Client, t: &Target, out: Output) -> Result<()> {
         if s.events > 0 || s.events_failed > 0 {
             println!("  events: {} published, {} not", s.events, s.events_failed);
         }
+        if s.writes_backing_off > 0 {
+            println!(
+                "  writes refused by the apiserver, backing off: {} (see the manager's log)",
+                s.writes_backing_off
+            );
+        }
         if s.held_ports > 0 {
             println!(
                 "  held: {} ports of pods not listed, on nodes the list showed no pod on (see the manager's log)",

@@ -901,6 +901,86 @@ async fn a_nad_owned_with_block_owner_deletion_needs_the_finalizers_permission()
     assert!(nads(&api).is_empty(), "no NAD was written");
 }
 
+/// A NAD of Knitter's edited by hand is brought back by server-side apply under the
+/// controller's field manager: its configuration put back, a label another client added kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nad_edited_by_hand_is_applied_back_keeping_what_others_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
+    api.add_namespace("red-dev", &[("knitter.io/tenant", "red")]);
+    api.apply_resource(
+        Kind::Networks,
+        "media",
+        "uid-media",
+        json!({"tenant": "red", "kind": "vxlan", "ipv4": {"cidr": "10.71.0.0/24"}}),
+    );
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("the NAD", || nads(&api).contains("red-dev/media")).await;
+    let config = api.object(Kind::Nads, "red-dev/media").unwrap()["spec"]["config"].clone();
+    api.edit(Kind::Nads, "red-dev/media", |n| {
+        n["spec"]["config"] = json!("{}");
+        n["metadata"]["labels"]["team"] = json!("media");
+    });
+    eventually("its configuration put back", || {
+        api.object(Kind::Nads, "red-dev/media").unwrap()["spec"]["config"] == config
+    })
+    .await;
+    let nad = api.object(Kind::Nads, "red-dev/media").unwrap();
+    assert_eq!(nad["metadata"]["labels"]["team"], "media", "another client's label kept");
+    assert_eq!(nad["metadata"]["managedFields"][0]["manager"], "knitter-manager");
+    assert_eq!(api.requests(|r| r.starts_with("PUT nad")), 0, "applied, not replaced");
+    // Kept as it is now: the label another client added does not make it differ.
+    let writes = api.requests(|r| r.starts_with("PATCH /apis/k8s.cni.cncf.io"));
+    api.add_namespace("blue", &[]);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(api.requests(|r| r.starts_with("PATCH /apis/k8s.cni.cncf.io")), writes);
+    c.stop().await;
+}
+
+/// One object whose writes the apiserver keeps refusing (a failing admission webhook) backs
+/// off on its own: the others' changes do not make the controller write it again each time,
+/// and they are not kept waiting; `knitter_manager_kubernetes_writes_backing_off` counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_apiserver_keeps_refusing_backs_off_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
+    let spec = |cidr: &str| json!({"kind": "vxlan", "ipv4": {"cidr": cidr}});
+    api.refuse_writes("/networks/stuck/status");
+    api.apply_resource(Kind::Networks, "stuck", "uid-stuck", spec("10.80.0.0/24"));
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("the refused write tried", || api.refusals("/networks/stuck/status") >= 1).await;
+    eventually("counted as backing off", || {
+        c.status.writes_backing_off.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    // Other networks come, one every 300 ms for 6 s: each change runs a pass at once.
+    let started = std::time::Instant::now();
+    for i in 0..20 {
+        let name = format!("n{i}");
+        api.apply_resource(
+            Kind::Networks,
+            &name,
+            &format!("uid-{name}"),
+            spec(&format!("10.81.{i}.0/24")),
+        );
+        eventually("a new network ready within its own pass", || {
+            is_ready(&api, Kind::Networks, &name)
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let (tries, took) = (api.refusals("/networks/stuck/status"), started.elapsed().as_secs());
+    let passes = api.requests(|r| {
+        r.starts_with("GET /apis/k8s.cni.cncf.io/v1/network-attachment-definitions?")
+            && !r.contains("watch=true")
+    });
+    eprintln!("{tries} tries of the refused write in {took} s, over {passes} passes");
+    // 2 s, then 4, 8, 16: at most one try every two seconds, however many passes ran.
+    assert!(tries <= 1 + took.div_ceil(2) as u32 && tries <= 5, "{tries} tries in {took} s");
+    assert!(!is_ready(&api, Kind::Networks, "stuck"), "its status never written");
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_network_resource_says_why() {
     let dir = tempfile::tempdir().unwrap();

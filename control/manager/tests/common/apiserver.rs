@@ -24,7 +24,7 @@
 //!
 //! Everything else (`apiserver/kubectl.rs`): discovery, every resource in [`RESOURCES`]
 //! (what an install writes) created, read, listed, watched, replaced, merge- and
-//! strategic-merge-patched and deleted, kubectl's protobuf bodies read
+//! strategic-merge-patched, applied (server-side, as a merge) and deleted, kubectl's protobuf bodies read
 //! (`apiserver/protobuf.rs`), namespaces and CRDs that terminate, workloads reported rolled
 //! out.
 //!
@@ -36,7 +36,7 @@
 //! set-based label selectors, other field selectors, `sendInitialEvents`, admission beyond
 //! the namespace lifecycle and owner references, CRD schema validation (the tests check what
 //! the controller writes against the CRDs' schemas separately), most server-side defaulting,
-//! server-side apply, tables (`kubectl get` shows names and ages only), the garbage collector
+//! field ownership in server-side apply, tables (`kubectl get` shows names and ages only), the garbage collector
 //! (owner references are kept, never acted on) and a kubelet (no pod runs). A [`Door`] is a
 //! way in that can be stalled: its connections stop passing bytes, as a hung apiserver
 //! connection or a partition does.
@@ -470,6 +470,10 @@ struct Shared {
     /// Lists still to answer with 429 Too Many Requests, and how many were.
     throttle: Arc<std::sync::atomic::AtomicU32>,
     throttled: Arc<std::sync::atomic::AtomicU32>,
+    /// Writes refused with 500 (a failing admission webhook), by what their path contains;
+    /// and how many were.
+    refused: Arc<Mutex<Vec<String>>>,
+    refusals: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl Shared {
@@ -643,15 +647,29 @@ fn attributes(
     Some((verb.into(), t.group, resource, t.namespace))
 }
 
+/// Who made a request: the cluster admin, or the manager's service account.
+#[derive(Clone, Copy, Debug, Default)]
+struct Caller {
+    admin: bool,
+}
+
 /// Refuses (403, as the apiserver's RBAC authorizer words it) what the shipped RBAC does not
 /// grant the manager's service account, and records it. The cluster admin's way in
 /// ([`ApiServer::admin_url`]) is not checked: kubectl sends no credentials over plain HTTP,
 /// so who asks is told by the address asked.
 async fn authorize(
     axum::extract::State((s, admin)): axum::extract::State<(Shared, bool)>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    req.extensions_mut().insert(Caller { admin });
+    let path = req.uri().path().to_string();
+    let refused = s.refused.lock().unwrap().iter().find(|p| path.contains(p.as_str())).cloned();
+    if let Some(p) = refused.filter(|_| req.method() != axum::http::Method::GET) {
+        *s.refusals.lock().unwrap().entry(p).or_default() += 1;
+        let message = "Internal error occurred: failed calling webhook \"validate.example.com\": the server is unavailable";
+        return status(500, "InternalError", message.into());
+    }
     let Some((verb, group, resource, namespace)) = attributes(req.method(), req.uri()) else {
         return next.run(req).await;
     };
@@ -777,6 +795,8 @@ impl ApiServer {
             denied: Arc::default(),
             throttle: Arc::default(),
             throttled: Arc::default(),
+            refused: Arc::default(),
+            refusals: Arc::default(),
         };
         let app = Router::new()
             .route(
@@ -1114,7 +1134,24 @@ impl ApiServer {
             .map(str::to_string)
     }
 
-    /// How many requests matched `pred` so far.
+    /// Every write (not a read) whose path contains `path` is answered 500 from now on, as
+    /// when an admission webhook for it fails.
+    pub fn refuse_writes(&self, path: &str) {
+        self.shared.refused.lock().unwrap().push(path.to_string());
+    }
+
+    /// How many writes [`ApiServer::refuse_writes`] for `path` refused.
+    pub fn refusals(&self, path: &str) -> u32 {
+        self.shared.refusals.lock().unwrap().get(path).copied().unwrap_or_default()
+    }
+
+    /// Changes an object as another client would (a MODIFIED event).
+    pub fn edit(&self, kind: Kind, key: &str, f: impl FnOnce(&mut Value)) {
+        let Some(mut v) = self.object(kind, key) else { return };
+        f(&mut v);
+        self.put(kind, key.into(), v, "MODIFIED");
+    }
+
     /// The requests the RBAC refused so far, forgotten (a test that provokes one takes it).
     pub fn take_denied(&self) -> Vec<String> {
         std::mem::take(&mut *self.shared.denied.lock().unwrap())
@@ -1131,6 +1168,7 @@ impl ApiServer {
         self.shared.throttled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How many requests matched `pred` so far.
     pub fn requests(&self, pred: impl Fn(&str) -> bool) -> usize {
         self.shared.objects.lock().unwrap().requests.iter().filter(|r| pred(r)).count()
     }

@@ -12,6 +12,7 @@ pub mod nad;
 pub mod networks;
 pub mod reconcile;
 pub mod resources;
+pub mod retries;
 
 use crate::manager::{Filter, Manager};
 use futures_util::{FutureExt, StreamExt};
@@ -66,6 +67,9 @@ pub struct Status {
     /// Knitter's NetworkAttachmentDefinitions in place, and how many were written.
     pub attachment_definitions: AtomicU64,
     pub attachment_definition_writes: AtomicU64,
+    /// Writes to the apiserver that failed and wait to be tried again (each object backs off
+    /// on its own: `retries.rs`).
+    pub writes_backing_off: AtomicU64,
     /// Kubernetes Events published, and those that were not (refused, timed out, or
     /// dropped from a full queue).
     pub events: AtomicU64,
@@ -96,6 +100,8 @@ pub struct StatusReport {
     pub events: u64,
     #[serde(default)]
     pub events_failed: u64,
+    #[serde(default)]
+    pub writes_backing_off: u64,
 }
 
 impl Status {
@@ -118,6 +124,7 @@ impl Status {
             attachment_definition_writes: self.attachment_definition_writes.load(Relaxed),
             events: self.events.load(Relaxed),
             events_failed: self.events_failed.load(Relaxed),
+            writes_backing_off: self.writes_backing_off.load(Relaxed),
         }
     }
 }
@@ -125,7 +132,7 @@ impl Status {
 impl StatusReport {
     /// The report as Prometheus metrics (text exposition format).
     pub fn metrics(&self) -> String {
-        let rows: [(&str, &str, &str, f64); 16] = [
+        let rows: [(&str, &str, &str, f64); 17] = [
             (
                 "knitter_manager_kubernetes_leader",
                 "gauge",
@@ -221,6 +228,12 @@ impl StatusReport {
                 "counter",
                 "Kubernetes Events not published (refused, timed out, or dropped from a full queue)",
                 self.events_failed as f64,
+            ),
+            (
+                "knitter_manager_kubernetes_writes_backing_off",
+                "gauge",
+                "Writes to the apiserver that failed, waiting to be tried again (each object on its own backoff)",
+                self.writes_backing_off as f64,
             ),
         ];
         let mut out = String::new();

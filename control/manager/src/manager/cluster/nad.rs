@@ -22,6 +22,9 @@ use std::collections::BTreeMap;
 pub const TENANT_LABEL: &str = "knitter.io/tenant";
 /// The label every NAD the controller makes carries (and the selector it lists them by).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "knitter-manager");
+/// The field manager of the controller's server-side applies (NADs brought back to what
+/// they should be).
+pub const FIELD_MANAGER: &str = "knitter-manager";
 /// The label naming a NAD's network.
 pub const NETWORK_LABEL: &str = "knitter.io/network";
 
@@ -93,11 +96,19 @@ pub fn nad(net: &NetworkSpec, owner: &NetworkResource, namespace: &str) -> Dynam
     d
 }
 
-/// Whether `have` already says what `want` does (configuration, labels, owner).
+/// Whether `have` already says what `want` does: its configuration, and Knitter's labels and
+/// owner reference among its own (what other clients added beside them is theirs).
 pub fn same(have: &DynamicObject, want: &DynamicObject) -> bool {
+    let labels = have.metadata.labels.as_ref();
+    let owners = have.metadata.owner_references.as_deref().unwrap_or_default();
     have.data["spec"] == want.data["spec"]
-        && have.metadata.labels == want.metadata.labels
-        && have.metadata.owner_references == want.metadata.owner_references
+        && want
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        && want.metadata.owner_references.iter().flatten().all(|o| owners.contains(o))
 }
 
 #[cfg(test)]
@@ -194,5 +205,16 @@ mod test {
         let o = &d.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((o.kind.as_str(), o.uid.as_str(), o.controller), ("Network", "u1", Some(true)));
         assert!(same(&d, &d.clone()));
+        // What another client added beside Knitter's labels and owner is theirs (server-side
+        // apply keeps it); a changed configuration or a label of Knitter's gone is not.
+        let mut theirs = d.clone();
+        theirs.metadata.labels.get_or_insert_default().insert("team".into(), "media".into());
+        assert!(same(&theirs, &d));
+        let mut edited = d.clone();
+        edited.data["spec"]["config"] = "{}".into();
+        assert!(!same(&edited, &d));
+        let mut unlabelled = d.clone();
+        unlabelled.metadata.labels.get_or_insert_default().remove(NETWORK_LABEL);
+        assert!(!same(&unlabelled, &d));
     }
 }

@@ -6,15 +6,16 @@
 //! what it made.
 //!
 //! One pass does it all, over complete views of the resources and namespaces: after any of
-//! them changed, after a pass left something to do (a deletion refused while pods still use
-//! a network, a write the apiserver refused) with a [`Backoff`] from [`RETRY`] to
-//! [`MAX_RETRY`] while passes keep leaving it, and at least every [`RESYNC`]. Knitter's own
-//! NADs are watched too: one edited or deleted by hand is put back at once. Namespaces being
-//! deleted get no NAD (the apiserver refuses new objects there) and keep theirs until they
-//! go.
+//! them changed, after a pass left something to do on the manager (a deletion refused while
+//! pods still use a network) with a [`Backoff`] from [`RETRY`] to [`MAX_RETRY`] while passes
+//! keep leaving it, when a write the apiserver refused is due again (each object's writes
+//! back off on their own: [`Retries`]), and at least every [`RESYNC`]. Knitter's own NADs are
+//! watched too: one edited or deleted by hand is put back at once. Namespaces being deleted
+//! get no NAD (the apiserver refuses new objects there) and keep theirs until they go.
 
 use super::nad::{self, MANAGED_BY};
 use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
+use super::retries::Retries;
 use super::{Controller, bounded};
 use crate::manager::Manager;
 use crate::manager::managed::ManagedBy;
@@ -25,7 +26,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The longest a pass waits when nothing changed.
 pub const RESYNC: Duration = Duration::from_secs(30);
@@ -38,8 +39,9 @@ pub const RETRY: Duration = Duration::from_secs(2);
 /// the manager's API).
 pub const MAX_RETRY: Duration = RESYNC;
 
-/// When the next pass is due after passes that left something to do: [`RETRY`], doubled for
-/// each one in a row, at most [`MAX_RETRY`]; back to nothing once a pass left nothing.
+/// When the next pass is due after passes that left something to do on the manager:
+/// [`RETRY`], doubled for each one in a row, at most [`MAX_RETRY`]; back to nothing once a
+/// pass left nothing.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     failed: u32,
@@ -238,6 +240,26 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
     out
 }
 
+/// Runs `write` (a write to the apiserver that says whether it succeeded) if `retries` says
+/// the write `key` of the object `meta` is due, and records how it went; the key goes into
+/// `seen` (what is still in view). Whether the write was made and succeeded.
+async fn attempt(
+    retries: &mut Retries,
+    seen: &mut HashSet<String>,
+    key: String,
+    meta: &kube::api::ObjectMeta,
+    write: impl std::future::Future<Output = bool>,
+) -> bool {
+    let version = meta.resource_version.as_deref();
+    let due = retries.due(&key, version, Instant::now());
+    let ok = due && write.await;
+    if due {
+        retries.record(&key, version, ok, Instant::now());
+    }
+    seen.insert(key);
+    ok
+}
+
 /// A status's `Ready` condition: (status, reason, message).
 fn ready_of(status: Option<&serde_json::Value>) -> Option<(String, String, String)> {
     let c = status?["conditions"].as_array()?.iter().find(|c| c["type"] == "Ready")?;
@@ -273,17 +295,17 @@ impl Controller {
         )
         .default_backoff()
         .boxed();
-        let mut r = Resources::default();
+        let (mut r, mut retries) = (Resources::default(), Retries::default());
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let (mut last, mut backoff, mut wait) =
-            (tokio::time::Instant::now(), Backoff::default(), RESYNC);
+        let (mut next, mut backoff) = (Instant::now() + RESYNC, Backoff::default());
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    if r.listed() && (r.due || last.elapsed() >= wait) {
+                    if r.listed() && (r.due || Instant::now() >= next) {
                         r.due = false;
-                        wait = backoff.after(self.pass(&r).await);
-                        last = tokio::time::Instant::now();
+                        let manager = backoff.after(self.pass(&r, &mut retries).await);
+                        let apiserver = retries.next(Instant::now()).unwrap_or(RESYNC);
+                        next = Instant::now() + manager.min(apiserver);
                     }
                 }
                 e = networks.next() => match e {
@@ -313,8 +335,9 @@ impl Controller {
         }
     }
 
-    /// One pass over everything in view; whether another is due soon (something to retry).
-    async fn pass(&self, r: &Resources) -> bool {
+    /// One pass over everything in view, each write to the apiserver when `retries` says it
+    /// is due; whether something is left to do on the manager.
+    async fn pass(&self, r: &Resources, retries: &mut Retries) -> bool {
         let nets: Vec<NetworkResource> = r.networks.items.values().cloned().collect();
         let groups: Vec<IpGroupResource> = r.groups.items.values().cloned().collect();
         let (n, g) = (nets.clone(), groups.clone());
@@ -327,27 +350,28 @@ impl Controller {
         };
         // Finalizers first: they are written with the resource version in view (a status
         // written before would move it).
-        let mut retry = applied.retry;
+        let retry = applied.retry;
         let released = |resource: &str, name: &str| {
             applied.released.iter().any(|(r, n)| *r == resource && n == name)
         };
+        let mut seen = HashSet::new();
         for res in &nets {
-            retry |= !self
-                .finalize(
-                    Api::<NetworkResource>::all(self.client.clone()),
-                    &res.metadata,
-                    released(NetworkResource::RESOURCE, res.name()),
-                )
-                .await;
+            let write = self.finalize(
+                Api::<NetworkResource>::all(self.client.clone()),
+                &res.metadata,
+                released(NetworkResource::RESOURCE, res.name()),
+            );
+            let key = format!("{} {} finalizers", NetworkResource::RESOURCE, res.name());
+            attempt(retries, &mut seen, key, &res.metadata, write).await;
         }
         for res in &groups {
-            retry |= !self
-                .finalize(
-                    Api::<IpGroupResource>::all(self.client.clone()),
-                    &res.metadata,
-                    released(IpGroupResource::RESOURCE, res.name()),
-                )
-                .await;
+            let write = self.finalize(
+                Api::<IpGroupResource>::all(self.client.clone()),
+                &res.metadata,
+                released(IpGroupResource::RESOURCE, res.name()),
+            );
+            let key = format!("{} {} finalizers", IpGroupResource::RESOURCE, res.name());
+            attempt(retries, &mut seen, key, &res.metadata, write).await;
         }
         // Namespaces' labels go into the store (every replica checks pods' attachments by
         // them), then each namespace's tenant by the one rule (`tenancy.rs`).
@@ -399,9 +423,8 @@ impl Controller {
                 }
             }
         }
-        let (in_place, nads_retry) = self.sync_nads(want, &terminating).await;
+        let in_place = self.sync_nads(want, &terminating, retries, &mut seen).await;
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
-        retry |= nads_retry;
         let mut ready = 0;
         for res in &nets {
             let Some(outcome) = applied.networks.get(res.name()) else { continue };
@@ -411,27 +434,29 @@ impl Controller {
                 .filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name()))
                 .cloned()
                 .collect();
-            retry |= !self
-                .write_status(
-                    Api::<NetworkResource>::all(self.client.clone()),
-                    res,
-                    res.status.as_ref(),
-                    resources::network_status(res, outcome, &mine),
-                )
-                .await;
+            let write = self.write_status(
+                Api::<NetworkResource>::all(self.client.clone()),
+                res,
+                res.status.as_ref(),
+                resources::network_status(res, outcome, &mine),
+            );
+            let key = format!("{} {} status", NetworkResource::RESOURCE, res.name());
+            attempt(retries, &mut seen, key, &res.metadata, write).await;
         }
         self.status.network_resources_ready.store(ready, Relaxed);
         for res in &groups {
             let Some(outcome) = applied.groups.get(res.name()) else { continue };
-            retry |= !self
-                .write_status(
-                    Api::<IpGroupResource>::all(self.client.clone()),
-                    res,
-                    res.status.as_ref(),
-                    resources::group_status(res, outcome),
-                )
-                .await;
+            let write = self.write_status(
+                Api::<IpGroupResource>::all(self.client.clone()),
+                res,
+                res.status.as_ref(),
+                resources::group_status(res, outcome),
+            );
+            let key = format!("{} {} status", IpGroupResource::RESOURCE, res.name());
+            attempt(retries, &mut seen, key, &res.metadata, write).await;
         }
+        retries.retain(|k| seen.contains(k));
+        self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);
         retry
     }
 
@@ -497,13 +522,16 @@ impl Controller {
     }
 
     /// Makes the cluster's Knitter NADs what `want` says (by `namespace/name`): creates,
-    /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them).
-    /// Returns the ones in place and whether something failed.
+    /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them),
+    /// each write when `retries` says it is due (its key recorded in `seen`). Returns the
+    /// ones in place.
     async fn sync_nads(
         &self,
         want: BTreeMap<String, DynamicObject>,
         terminating: &BTreeSet<String>,
-    ) -> (BTreeSet<String>, bool) {
+        retries: &mut Retries,
+        seen: &mut HashSet<String>,
+    ) -> BTreeSet<String> {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
@@ -514,11 +542,13 @@ impl Controller {
                 tracing::warn!(
                     "the cluster has no NetworkAttachmentDefinition CRD (Multus installs it): no NADs made"
                 );
-                return (BTreeSet::new(), false);
+                return BTreeSet::new();
             }
             Err(e) => {
                 tracing::warn!(error = %e, "listing Knitter's NetworkAttachmentDefinitions");
-                return (BTreeSet::new(), true);
+                // Each NAD's writes keep their place in `retries` until the list answers.
+                seen.extend(want.keys().map(|k| format!("nad {k}")));
+                return BTreeSet::new();
             }
         };
         let key = |d: &DynamicObject| {
@@ -530,50 +560,68 @@ impl Controller {
         };
         let have: BTreeMap<String, DynamicObject> =
             have.into_iter().map(|d| (key(&d), d)).collect();
-        let (mut in_place, mut failed) = (BTreeSet::new(), false);
+        let mut in_place = BTreeSet::new();
         let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
-        for k in have.keys().filter(|k| !want.contains_key(*k)) {
+        for (k, h) in have.iter().filter(|(k, _)| !want.contains_key(*k)) {
             let (ns, name) = k.split_once('/').unwrap_or_default();
             if terminating.contains(ns) {
                 continue;
             }
-            match bounded(api(ns).delete(name, &DeleteParams::default())).await {
-                Ok(_) => self.status.attachment_definition_writes.fetch_add(1, Relaxed),
-                Err(kube::Error::Api(s)) if s.code == 404 => 0,
-                Err(e) => {
-                    failed = true;
-                    tracing::warn!(nad = %k, error = %e, "deleting a NetworkAttachmentDefinition no longer wanted");
-                    continue;
-                }
-            };
-        }
-        for (k, mut d) in want {
-            let (ns, name) = k.split_once('/').unwrap_or_default();
-            let r = match have.get(&k) {
-                Some(h) if nad::same(h, &d) => Ok(()),
-                Some(h) => {
-                    d.metadata.resource_version = h.metadata.resource_version.clone();
-                    bounded(api(ns).replace(name, &PostParams::default(), &d)).await.map(|_| ())
-                }
-                None => bounded(api(ns).create(&PostParams::default(), &d)).await.map(|_| ()),
-            };
-            match r {
-                Ok(()) => {
-                    if have.get(&k).is_none_or(|h| !nad::same(h, &d)) {
+            let delete = async {
+                match bounded(api(ns).delete(name, &DeleteParams::default())).await {
+                    Ok(_) => {
                         self.status.attachment_definition_writes.fetch_add(1, Relaxed);
+                        true
                     }
-                    in_place.insert(k);
+                    Err(kube::Error::Api(s)) if s.code == 404 => true,
+                    Err(e) => {
+                        tracing::warn!(nad = %k, error = %e, "deleting a NetworkAttachmentDefinition no longer wanted (tried again)");
+                        false
+                    }
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 && !have.contains_key(&k) => {
-                    tracing::warn!(nad = %k, "a NetworkAttachmentDefinition of that name exists and is not Knitter's: left alone");
+            };
+            attempt(retries, seen, format!("nad {k}"), &h.metadata, delete).await;
+        }
+        for (k, d) in want {
+            let (ns, name) = k.split_once('/').unwrap_or_default();
+            let have = have.get(&k);
+            if have.is_some_and(|h| nad::same(h, &d)) {
+                seen.insert(format!("nad {k}"));
+                in_place.insert(k);
+                continue;
+            }
+            // One of Knitter's is brought back to what it should be by server-side apply
+            // (fields others added are kept); a new one is created, so that a NAD of that
+            // name not Knitter's is refused (409) and left alone, never taken over.
+            let write = async {
+                let r = match have {
+                    Some(_) => {
+                        let apply = PatchParams::apply(nad::FIELD_MANAGER).force();
+                        bounded(api(ns).patch(name, &apply, &Patch::Apply(&d))).await.map(|_| ())
+                    }
+                    None => bounded(api(ns).create(&PostParams::default(), &d)).await.map(|_| ()),
+                };
+                match r {
+                    Ok(()) => {
+                        self.status.attachment_definition_writes.fetch_add(1, Relaxed);
+                        true
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 && have.is_none() => {
+                        tracing::warn!(nad = %k, "a NetworkAttachmentDefinition of that name exists and is not Knitter's: left alone");
+                        false
+                    }
+                    Err(e) => {
+                        tracing::warn!(nad = %k, error = %e, "writing a NetworkAttachmentDefinition (tried again)");
+                        false
+                    }
                 }
-                Err(e) => {
-                    failed = true;
-                    tracing::warn!(nad = %k, error = %e, "writing a NetworkAttachmentDefinition (tried again)");
-                }
+            };
+            let meta = have.map(|h| h.metadata.clone()).unwrap_or_default();
+            if attempt(retries, seen, format!("nad {k}"), &meta, write).await {
+                in_place.insert(k);
             }
         }
-        (in_place, failed)
+        in_place
     }
 }
 

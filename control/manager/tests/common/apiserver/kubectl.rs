@@ -4,10 +4,12 @@
 //! patch, and delete. A namespace or CRD deleted terminates: what it holds is deleted first
 //! (`Objects::settle`). A kubelet and the workload controllers do not run here, so a
 //! DaemonSet, Deployment or StatefulSet is reported rolled out on the stand-in's nodes as
-//! soon as it is written (its pods are not made). What it does not do: server-side apply,
-//! JSON patch, `dryRun`, `deletecollection`, the defaulting and validation of schemas.
+//! soon as it is written (its pods are not made). A server-side apply is taken as a merge of
+//! the applied object (made when missing), its field manager recorded. What it does not do:
+//! field ownership and apply conflicts, JSON patch, `dryRun`, `deletecollection`, the
+//! defaulting and validation of schemas.
 
-use super::{Kind, Objects, RESOURCES, Resource, Shared, Target, collection_in, status};
+use super::{Caller, Kind, Objects, RESOURCES, Resource, Shared, Target, collection_in, status};
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
@@ -18,6 +20,7 @@ use std::collections::HashMap;
 /// Any request the controller's routes do not take.
 pub(super) async fn serve(
     State(s): State<Shared>,
+    caller: Option<axum::Extension<Caller>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
@@ -43,12 +46,16 @@ pub(super) async fn serve(
     }
     let query =
         Query::<HashMap<String, String>>::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
+    let admin = caller.is_some_and(|c| c.admin);
     let answer = match (&method, &t.name) {
         (&Method::GET, None) => return collection_in(s, query, r.kind, t.namespace),
-        (&Method::POST, None) => create(&s, r, t.namespace.as_deref(), &headers, &body),
+        (&Method::POST, None) => json_body(&headers, &body)
+            .and_then(|object| create(&s, r, t.namespace.as_deref(), object, admin)),
         (&Method::GET, Some(name)) => get(&s, r, &key(&t, name)),
-        (&Method::PUT, Some(name)) => replace(&s, r, &t, name, &headers, &body),
-        (&Method::PATCH, Some(name)) => patch(&s, r, &t, name, &headers, &body),
+        (&Method::PUT, Some(name)) => {
+            json_body(&headers, &body).and_then(|object| replace(&s, r, &t, name, object, admin))
+        }
+        (&Method::PATCH, Some(name)) => patch(&s, r, &t, name, &headers, &body, &query, admin),
         (&Method::DELETE, Some(name)) => delete(&s, r, &key(&t, name)),
         _ => Err(refuse(405, "MethodNotAllowed", format!("the stand-in does not {method} {uri}"))),
     };
@@ -205,8 +212,25 @@ pub(super) fn refuse_in_namespace(
     ))
 }
 
-fn create(s: &Shared, r: &Resource, ns: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Answer {
-    let mut object = json_body(headers, body)?;
+/// The admission the stand-in runs on a write (the namespace lifecycle aside): the
+/// owner-reference permission check, for the manager's writes.
+fn admit(
+    s: &Shared,
+    admin: bool,
+    r: &Resource,
+    name: &str,
+    object: &Value,
+) -> Result<(), Box<Response>> {
+    match admin {
+        true => Ok(()),
+        false => match s.refuse_owner_references(&format!("{} \"{name}\"", qualified(r)), object) {
+            Some(refused) => Err(Box::new(refused)),
+            None => Ok(()),
+        },
+    }
+}
+
+fn create(s: &Shared, r: &Resource, ns: Option<&str>, mut object: Value, admin: bool) -> Answer {
     let mut o = s.objects.lock().unwrap();
     o.rv += 1;
     let meta = &mut object["metadata"];
@@ -237,6 +261,7 @@ fn create(s: &Shared, r: &Resource, ns: Option<&str>, headers: &HeaderMap, body:
             return Err(Box::new(refused));
         }
     }
+    admit(s, admin, r, &name, &object)?;
     let key = ns.map_or(name.clone(), |ns| format!("{ns}/{name}"));
     if o.objects.contains_key(&(r.kind, key.clone())) {
         return Err(refuse(
@@ -365,15 +390,8 @@ fn update(
     o.write(r.kind, key, new, if done { "DELETED" } else { "MODIFIED" })
 }
 
-fn replace(
-    s: &Shared,
-    r: &Resource,
-    t: &Target,
-    name: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Answer {
-    let new = json_body(headers, body)?;
+fn replace(s: &Shared, r: &Resource, t: &Target, name: &str, new: Value, admin: bool) -> Answer {
+    admit(s, admin, r, name, &new)?;
     let mut o = s.objects.lock().unwrap();
     let key = key(t, name);
     let have = o.objects.get(&(r.kind, key.clone())).cloned().ok_or_else(|| not_found(r, name))?;
@@ -391,6 +409,11 @@ fn replace(
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
 }
 
+/// A merge patch, a strategic merge patch (built-in kinds only, as the apiserver), or a
+/// server-side apply, which the stand-in takes as a merge of the applied object (creating it
+/// when missing) recording the field manager in `managedFields` — without field ownership:
+/// what a manager stops applying stays, and no conflicts are found.
+#[allow(clippy::too_many_arguments)]
 fn patch(
     s: &Shared,
     r: &Resource,
@@ -398,38 +421,58 @@ fn patch(
     name: &str,
     headers: &HeaderMap,
     body: &[u8],
+    query: &HashMap<String, String>,
+    admin: bool,
 ) -> Answer {
     let content_type =
         headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let strategic = match content_type {
-        "application/merge-patch+json" => false,
-        // As the apiserver: custom resources take no strategic merge patch.
-        "application/strategic-merge-patch+json"
-            if r.group != "knitter.io"
-                && !matches!(r.kind, Kind::Nads | Kind::PodMonitors | Kind::ServiceMonitors) =>
-        {
-            true
+    let custom = r.group == "knitter.io"
+        || matches!(r.kind, Kind::Nads | Kind::PodMonitors | Kind::ServiceMonitors);
+    let patch = json_body(&HeaderMap::new(), body)?;
+    let key = key(t, name);
+    let mut o = s.objects.lock().unwrap();
+    let have = o.objects.get(&(r.kind, key.clone())).cloned();
+    let new = match (content_type, have.clone()) {
+        ("application/apply-patch+yaml", have) => {
+            let Some(manager) = query.get("fieldManager") else {
+                return Err(refuse(
+                    400,
+                    "BadRequest",
+                    "PATCH with an apply patch requires fieldManager".into(),
+                ));
+            };
+            let mut applied = patch;
+            applied["metadata"]["managedFields"] = json!([{"manager": manager, "operation": "Apply",
+                "apiVersion": r.kind.api_version(), "time": now(), "fieldsType": "FieldsV1"}]);
+            let Some(mut new) = have else {
+                applied["metadata"]["name"] = json!(name);
+                drop(o);
+                return create(s, r, t.namespace.as_deref(), applied, admin);
+            };
+            super::merge(&mut new, &applied);
+            new
+        }
+        (_, None) => return Err(not_found(r, name)),
+        ("application/merge-patch+json", Some(mut new)) => {
+            super::merge(&mut new, &patch);
+            new
+        }
+        ("application/strategic-merge-patch+json", Some(mut new)) if !custom => {
+            strategic_merge(&mut new, &patch);
+            new
         }
         _ => {
             return Err(refuse(
                 415,
                 "UnsupportedMediaType",
                 format!(
-                    "the stand-in takes merge patches (and strategic merge patches of built-in kinds), not {content_type:?}"
+                    "the stand-in takes merge patches, server-side applies and strategic merge patches of built-in kinds, not {content_type:?}"
                 ),
             ));
         }
     };
-    let patch = json_body(&HeaderMap::new(), body)?;
-    let mut o = s.objects.lock().unwrap();
-    let key = key(t, name);
-    let have = o.objects.get(&(r.kind, key.clone())).cloned().ok_or_else(|| not_found(r, name))?;
-    let mut new = have.clone();
-    if strategic {
-        strategic_merge(&mut new, &patch);
-    } else {
-        super::merge(&mut new, &patch);
-    }
+    admit(s, admin, r, name, &new)?;
+    let have = have.unwrap_or_default();
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
 }
 

@@ -1,0 +1,97 @@
+//! Per-object backoff for the controller's writes to the apiserver (what kube-runtime's
+//! `Controller` gives each object): a write that failed is tried again after
+//! [`RETRY`](super::networks::RETRY), twice as long after each failure in a row, up to
+//! [`MAX_RETRY`](super::networks::MAX_RETRY) — or at once when the object itself changed
+//! (its `resourceVersion` moved) — so one object the apiserver keeps refusing (a permanent
+//! 403, an admission webhook) is not written again on every change of the others, and the
+//! others are not made to wait for it.
+
+use super::networks::{MAX_RETRY, RETRY};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// One object's failed write: how many in a row, over which version, and when it is due.
+#[derive(Debug, Clone)]
+struct Failure {
+    count: u32,
+    version: Option<String>,
+    due: Instant,
+}
+
+/// The writes that failed, by a key naming the object and the write (`networks/media
+/// status`, `nad red/media`).
+#[derive(Debug, Default)]
+pub struct Retries {
+    failed: HashMap<String, Failure>,
+}
+
+impl Retries {
+    /// Whether the write `key` of the object at `version` may be tried now: it never failed,
+    /// its wait is over, or the object changed since.
+    pub fn due(&self, key: &str, version: Option<&str>, now: Instant) -> bool {
+        self.failed.get(key).is_none_or(|f| now >= f.due || f.version.as_deref() != version)
+    }
+
+    /// Takes a write's outcome.
+    pub fn record(&mut self, key: &str, version: Option<&str>, ok: bool, now: Instant) {
+        if ok {
+            self.failed.remove(key);
+            return;
+        }
+        let count = self.failed.get(key).map_or(0, |f| f.count);
+        let wait = RETRY.saturating_mul(1 << count.min(16)).min(MAX_RETRY);
+        let failure = Failure {
+            count: count.saturating_add(1),
+            version: version.map(str::to_string),
+            due: now + wait,
+        };
+        self.failed.insert(key.to_string(), failure);
+    }
+
+    /// How long until the first failed write is due again, if any failed.
+    pub fn next(&self, now: Instant) -> Option<Duration> {
+        self.failed.values().map(|f| f.due.saturating_duration_since(now)).min()
+    }
+
+    /// Forgets writes of objects no longer in view (`keep` says which keys still are).
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.failed.retain(|k, _| keep(k));
+    }
+
+    /// How many writes are waiting to be tried again.
+    pub fn waiting(&self) -> usize {
+        self.failed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Retries;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_failing_write_waits_longer_each_time_unless_its_object_changed() {
+        let (mut r, t0) = (Retries::default(), Instant::now());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(r.due("networks/a status", Some("1"), t0));
+        r.record("networks/a status", Some("1"), false, t0);
+        assert!(!r.due("networks/a status", Some("1"), at(1)), "waits 2 s");
+        assert!(r.due("networks/a status", Some("1"), at(2)));
+        assert!(r.due("networks/a status", Some("2"), at(1)), "a changed object: at once");
+        assert!(r.due("networks/b status", Some("1"), at(1)), "others never wait for it");
+        let mut t = at(2);
+        let mut waits = vec![];
+        for _ in 0..6 {
+            r.record("networks/a status", Some("1"), false, t);
+            let wait = r.next(t).unwrap();
+            waits.push(wait.as_secs());
+            t += wait;
+        }
+        assert_eq!(waits, vec![4, 8, 16, 30, 30, 30]);
+        r.record("networks/a status", Some("1"), true, t);
+        assert_eq!(r.next(t), None);
+        r.record("nad x/a", None, false, t);
+        r.retain(|k| k != "nad x/a");
+        assert_eq!(r.waiting(), 0);
+    }
+}
