@@ -179,11 +179,14 @@ impl Walk {
     }
 
     /// What Knitter left in the cluster: any object but the nodes and the namespaces the
-    /// cluster had.
+    /// cluster had, and Leases (Events expire on their own, an hour after their last).
     fn left(&self, had: &[&str]) -> Vec<String> {
         let kinds = apiserver::RESOURCES.iter().map(|r| r.kind).filter(|k| *k != Kind::Nodes);
-        kinds
-            .flat_map(|k| self.api.objects(k).into_keys().map(move |key| format!("{k:?} {key}")))
+        let objects = kinds
+            .flat_map(|k| self.api.objects(k).into_keys().map(move |key| format!("{k:?} {key}")));
+        let leases = self.api.leases_and_events().into_iter().filter(|o| o.starts_with("Lease"));
+        objects
+            .chain(leases)
             .filter(|o| !had.iter().any(|h| *o == format!("Namespaces {h}")))
             .collect()
     }
@@ -192,6 +195,7 @@ impl Walk {
 /// A cluster as a new one is: its namespaces and two nodes.
 async fn cluster(rbac: Rbac) -> ApiServer {
     let api = ApiServer::start_with(rbac).await;
+    api.require_namespaces();
     for ns in CLUSTER_NAMESPACES {
         api.add_namespace(ns, &[("kubernetes.io/metadata.name", ns)]);
     }

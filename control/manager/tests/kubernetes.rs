@@ -937,6 +937,39 @@ async fn a_nad_edited_by_hand_is_applied_back_keeping_what_others_added() {
     c.stop().await;
 }
 
+/// A write that failed and then stopped being needed (someone else put the NAD right) leaves
+/// nothing backing off, and no pass runs for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_no_longer_needed_leaves_nothing_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
+    api.add_namespace("red-dev", &[("knitter.io/tenant", "red")]);
+    let spec = json!({"tenant": "red", "kind": "vxlan", "ipv4": {"cidr": "10.71.0.0/24"}});
+    api.apply_resource(Kind::Networks, "media", "uid-media", spec);
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("the NAD", || nads(&api).contains("red-dev/media")).await;
+    let path = "/namespaces/red-dev/network-attachment-definitions/media";
+    let config = api.object(Kind::Nads, "red-dev/media").unwrap()["spec"]["config"].clone();
+    api.refuse_writes(path);
+    api.edit(Kind::Nads, "red-dev/media", |n| n["spec"]["config"] = json!("{}"));
+    let backing_off = || c.status.writes_backing_off.load(std::sync::atomic::Ordering::SeqCst);
+    eventually("the write refused, backing off", || api.refusals(path) >= 1 && backing_off() == 1)
+        .await;
+    api.edit(Kind::Nads, "red-dev/media", |n| n["spec"]["config"] = config.clone());
+    api.allow_writes(path);
+    eventually("nothing backing off", || backing_off() == 0).await;
+    let lists = || {
+        api.requests(|r| {
+            r.starts_with("GET /apis/k8s.cni.cncf.io/v1/network-attachment-definitions?")
+                && !r.contains("watch=true")
+        })
+    };
+    let before = lists();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert!(lists() <= before + 1, "passes ran back to back: {} lists in 3 s", lists() - before);
+    c.stop().await;
+}
+
 /// One object whose writes the apiserver keeps refusing (a failing admission webhook) backs
 /// off on its own: the others' changes do not make the controller write it again each time,
 /// and they are not kept waiting; `knitter_manager_kubernetes_writes_backing_off` counts it.

@@ -21,6 +21,8 @@
 //! owner-reference permission check), `PUT` (409 `Conflict` on a stale `resourceVersion`),
 //! `GET` and `DELETE`; `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases (404, 409
 //! `AlreadyExists`, 409 `Conflict`); `events.k8s.io/v1` Events by `POST` and merge `PATCH`.
+//! These routes answer whether or not the CRDs are stored (the controller's tests store
+//! none); kubectl's discovery shows Knitter's kinds only once they are.
 //!
 //! Everything else (`apiserver/kubectl.rs`): discovery, every resource in [`RESOURCES`]
 //! (what an install writes) created, read, listed, watched, replaced, merge- and
@@ -307,6 +309,14 @@ impl Selector {
     /// The answer refusing a selector the stand-in cannot evaluate, as the apiserver refuses
     /// a field it does not index.
     fn refuse(&self) -> Option<Response> {
+        let labels = self.labels.as_deref().unwrap_or_default();
+        if labels.contains('!') || labels.contains(" in ") || labels.contains("==") {
+            return Some(status(
+                400,
+                "BadRequest",
+                format!("the stand-in reads equality label selectors only, not {labels:?}"),
+            ));
+        }
         let unknown = Self::terms(&self.fields)
             .find(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))?;
         Some(status(
@@ -356,6 +366,9 @@ struct Objects {
     /// (the namespace controller's and the apiextensions finalizer's work).
     reaping: std::collections::BTreeSet<(Kind, String)>,
     settling: bool,
+    /// Whether objects may be made only in namespaces that exist (the NamespaceLifecycle
+    /// admission in full: [`ApiServer::require_namespaces`]).
+    namespaces_required: bool,
 }
 
 impl Objects {
@@ -449,6 +462,11 @@ impl Objects {
                 self.delete_gracefully(*k, name);
             }
             if self.contents(kind, &key).is_empty() {
+                if kind == Kind::Namespaces {
+                    let prefix = format!("{key}/");
+                    self.leases.retain(|k, _| !k.starts_with(&prefix));
+                    self.events.retain(|k, _| !k.starts_with(&prefix));
+                }
                 self.reaping.remove(&(kind, key.clone()));
                 if let Some(v) = self.objects.get(&(kind, key.clone())).cloned() {
                     self.write(kind, key, v, "DELETED");
@@ -1134,10 +1152,32 @@ impl ApiServer {
             .map(str::to_string)
     }
 
+    /// Objects may be made only in namespaces that exist (Leases, Events and NADs too), as
+    /// in a whole cluster; the controller's tests leave it off and do not make namespaces
+    /// for their Leases.
+    pub fn require_namespaces(&self) {
+        self.change(|o| o.namespaces_required = true);
+    }
+
+    /// The Leases and Events stored, by `namespace/name`.
+    pub fn leases_and_events(&self) -> Vec<String> {
+        let o = self.shared.objects.lock().unwrap();
+        o.leases
+            .keys()
+            .map(|k| format!("Lease {k}"))
+            .chain(o.events.keys().map(|k| format!("Event {k}")))
+            .collect()
+    }
+
     /// Every write (not a read) whose path contains `path` is answered 500 from now on, as
     /// when an admission webhook for it fails.
     pub fn refuse_writes(&self, path: &str) {
         self.shared.refused.lock().unwrap().push(path.to_string());
+    }
+
+    /// Takes back [`ApiServer::refuse_writes`] for `path`.
+    pub fn allow_writes(&self, path: &str) {
+        self.shared.refused.lock().unwrap().retain(|p| p != path);
     }
 
     /// How many writes [`ApiServer::refuse_writes`] for `path` refused.
@@ -1307,17 +1347,17 @@ async fn get_pod(State(s): State<Shared>, Path((ns, name)): Path<(String, String
 
 /// A JSON merge patch (RFC 7386: objects merge, `null` removes, anything else replaces).
 fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
+    let Value::Object(p) = patch else { return *target = patch.clone() };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let Value::Object(t) = target else { return };
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
         }
-        (t, p) => *t = p.clone(),
     }
 }
 
@@ -1462,7 +1502,8 @@ async fn create_nad(
                 format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"),
             );
         }
-        if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, false) {
+        let must_exist = o.namespaces_required;
+        if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, must_exist) {
             return refused;
         }
         let uid = format!("nad-{}", o.rv + 1);
@@ -1562,6 +1603,11 @@ async fn create_lease(
     let mut o = s.objects.lock().unwrap();
     let name = lease["metadata"]["name"].as_str().unwrap_or_default().to_string();
     o.requests.push(format!("POST lease {ns}/{name}"));
+    let what = format!("leases.coordination.k8s.io \"{name}\"");
+    let must_exist = o.namespaces_required;
+    if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, must_exist) {
+        return refused;
+    }
     let key = format!("{ns}/{name}");
     if o.leases.contains_key(&key) {
         return status(
@@ -1613,6 +1659,11 @@ async fn create_event(
     let mut o = s.objects.lock().unwrap();
     let name = event["metadata"]["name"].as_str().unwrap_or_default().to_string();
     o.requests.push(format!("POST event {ns}/{name}"));
+    let what = format!("events.events.k8s.io \"{name}\"");
+    let must_exist = o.namespaces_required;
+    if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, must_exist) {
+        return refused;
+    }
     if name.is_empty() || event["metadata"]["namespace"].as_str().is_some_and(|n| n != ns) {
         return status(
             422,

@@ -111,6 +111,33 @@ pub fn same(have: &DynamicObject, want: &DynamicObject) -> bool {
         && want.metadata.owner_references.iter().flatten().all(|o| owners.contains(o))
 }
 
+/// Whether `have` is owned (as controller) by another object than `want` says: its Network
+/// was deleted and made again under the same name.
+pub fn owner_replaced(have: &DynamicObject, want: &DynamicObject) -> bool {
+    let controller = |d: &DynamicObject| {
+        d.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone())
+    };
+    controller(have).is_some_and(|uid| Some(uid) != controller(want))
+}
+
+/// A merge patch making `have` what `want` says, its owner references replaced, over the
+/// version in view.
+pub fn replacing_patch(have: &DynamicObject, want: &DynamicObject) -> serde_json::Value {
+    json!({
+        "metadata": {
+            "resourceVersion": have.metadata.resource_version,
+            "labels": want.metadata.labels,
+            "ownerReferences": want.metadata.owner_references,
+        },
+        "spec": want.data["spec"],
+    })
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -216,5 +243,15 @@ mod test {
         let mut unlabelled = d.clone();
         unlabelled.metadata.labels.get_or_insert_default().remove(NETWORK_LABEL);
         assert!(!same(&unlabelled, &d));
+        // The Network made again under its name: another owner, replaced by a merge patch.
+        assert!(!owner_replaced(&theirs, &d));
+        let made_again = NetworkResource {
+            metadata: ObjectMeta { uid: Some("u2".into()), ..owner.metadata.clone() },
+            ..Default::default()
+        };
+        let want = nad(&net("red", false), &made_again, "red");
+        assert!(owner_replaced(&d, &want) && !same(&d, &want));
+        let patch = replacing_patch(&d, &want);
+        assert_eq!(patch["metadata"]["ownerReferences"][0]["uid"], "u2");
     }
 }

@@ -55,7 +55,7 @@ impl Backoff {
             self.failed = 0;
             return RESYNC;
         }
-        let wait = RETRY.saturating_mul(1 << self.failed.min(16)).min(MAX_RETRY);
+        let wait = super::retries::retry_wait(self.failed);
         self.failed = self.failed.saturating_add(1);
         wait
     }
@@ -240,10 +240,13 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
     out
 }
 
+/// In `seen`, every NAD's writes: the NAD list failed, so which are still wanted is unknown.
+const EVERY_NAD: &str = "nad *";
+
 /// Runs `write` (a write to the apiserver that says whether it succeeded) if `retries` says
 /// the write `key` of the object `meta` is due, and records how it went; the key goes into
 /// `seen` (what is still in view). Whether the write was made and succeeded.
-async fn attempt(
+async fn write_when_due(
     retries: &mut Retries,
     seen: &mut HashSet<String>,
     key: String,
@@ -362,7 +365,7 @@ impl Controller {
                 released(NetworkResource::RESOURCE, res.name()),
             );
             let key = format!("{} {} finalizers", NetworkResource::RESOURCE, res.name());
-            attempt(retries, &mut seen, key, &res.metadata, write).await;
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
         for res in &groups {
             let write = self.finalize(
@@ -371,7 +374,7 @@ impl Controller {
                 released(IpGroupResource::RESOURCE, res.name()),
             );
             let key = format!("{} {} finalizers", IpGroupResource::RESOURCE, res.name());
-            attempt(retries, &mut seen, key, &res.metadata, write).await;
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
         // Namespaces' labels go into the store (every replica checks pods' attachments by
         // them), then each namespace's tenant by the one rule (`tenancy.rs`).
@@ -441,7 +444,7 @@ impl Controller {
                 resources::network_status(res, outcome, &mine),
             );
             let key = format!("{} {} status", NetworkResource::RESOURCE, res.name());
-            attempt(retries, &mut seen, key, &res.metadata, write).await;
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
         self.status.network_resources_ready.store(ready, Relaxed);
         for res in &groups {
@@ -453,9 +456,9 @@ impl Controller {
                 resources::group_status(res, outcome),
             );
             let key = format!("{} {} status", IpGroupResource::RESOURCE, res.name());
-            attempt(retries, &mut seen, key, &res.metadata, write).await;
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
-        retries.retain(|k| seen.contains(k));
+        retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));
         self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);
         retry
     }
@@ -535,7 +538,10 @@ impl Controller {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-        let have = match bounded(all.list(&ListParams::default().labels(&selector))).await {
+        let listed = bounded(all.list(&ListParams::default().labels(&selector))).await;
+        retries.record("nad list", None, listed.is_ok(), Instant::now());
+        seen.insert("nad list".into());
+        let have = match listed {
             Ok(l) => l.items,
             // No NAD CRD (no Multus): nothing to make, and nothing to retry before a change.
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -545,9 +551,9 @@ impl Controller {
                 return BTreeSet::new();
             }
             Err(e) => {
-                tracing::warn!(error = %e, "listing Knitter's NetworkAttachmentDefinitions");
-                // Each NAD's writes keep their place in `retries` until the list answers.
-                seen.extend(want.keys().map(|k| format!("nad {k}")));
+                tracing::warn!(error = %e, "listing Knitter's NetworkAttachmentDefinitions (tried again)");
+                // Every NAD's writes keep their place in `retries` until the list answers.
+                seen.insert(EVERY_NAD.into());
                 return BTreeSet::new();
             }
         };
@@ -580,22 +586,42 @@ impl Controller {
                     }
                 }
             };
-            attempt(retries, seen, format!("nad {k}"), &h.metadata, delete).await;
+            write_when_due(retries, seen, format!("nad {k}"), &h.metadata, delete).await;
         }
         for (k, d) in want {
             let (ns, name) = k.split_once('/').unwrap_or_default();
             let have = have.get(&k);
-            if have.is_some_and(|h| nad::same(h, &d)) {
+            if let Some(h) = have.filter(|h| nad::same(h, &d)) {
+                // In place, whatever failed before (a write that timed out but landed, a NAD
+                // someone else put right).
+                retries.record(
+                    &format!("nad {k}"),
+                    h.metadata.resource_version.as_deref(),
+                    true,
+                    Instant::now(),
+                );
                 seen.insert(format!("nad {k}"));
                 in_place.insert(k);
                 continue;
             }
-            // One of Knitter's is brought back to what it should be by server-side apply
-            // (fields others added are kept); a new one is created, so that a NAD of that
-            // name not Knitter's is refused (409) and left alone, never taken over.
+            // One of Knitter's is brought back to what it should be by server-side apply over
+            // the version in view (fields others added are kept; one deleted and made again by
+            // someone else meanwhile is not taken over: 409), or by a merge patch where its
+            // owner is another Network's (apply would add a second controller reference); a
+            // new one is created, so that a NAD of that name not Knitter's is refused (409)
+            // and left alone.
             let write = async {
                 let r = match have {
-                    Some(_) => {
+                    Some(h) if nad::owner_replaced(h, &d) => {
+                        let patch = nad::replacing_patch(h, &d);
+                        let merge = Patch::Merge(&patch);
+                        bounded(api(ns).patch(name, &PatchParams::default(), &merge))
+                            .await
+                            .map(|_| ())
+                    }
+                    Some(h) => {
+                        let mut d = d.clone();
+                        d.metadata.resource_version = h.metadata.resource_version.clone();
                         let apply = PatchParams::apply(nad::FIELD_MANAGER).force();
                         bounded(api(ns).patch(name, &apply, &Patch::Apply(&d))).await.map(|_| ())
                     }
@@ -617,7 +643,7 @@ impl Controller {
                 }
             };
             let meta = have.map(|h| h.metadata.clone()).unwrap_or_default();
-            if attempt(retries, seen, format!("nad {k}"), &meta, write).await {
+            if write_when_due(retries, seen, format!("nad {k}"), &meta, write).await {
                 in_place.insert(k);
             }
         }

@@ -10,6 +10,12 @@ use super::networks::{MAX_RETRY, RETRY};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// The wait after `failures` failures in a row (the first one: none before it): [`RETRY`],
+/// doubled for each, at most [`MAX_RETRY`].
+pub fn retry_wait(failures: u32) -> Duration {
+    RETRY.saturating_mul(1 << failures.min(16)).min(MAX_RETRY)
+}
+
 /// One object's failed write: how many in a row, over which version, and when it is due.
 #[derive(Debug, Clone)]
 struct Failure {
@@ -18,8 +24,8 @@ struct Failure {
     due: Instant,
 }
 
-/// The writes that failed, by a key naming the object and the write (`networks/media
-/// status`, `nad red/media`).
+/// The writes that failed, by a key naming the object and the write
+/// (`networks.knitter.io media status`, `nad red/media`, `nad list`).
 #[derive(Debug, Default)]
 pub struct Retries {
     failed: HashMap<String, Failure>,
@@ -39,7 +45,7 @@ impl Retries {
             return;
         }
         let count = self.failed.get(key).map_or(0, |f| f.count);
-        let wait = RETRY.saturating_mul(1 << count.min(16)).min(MAX_RETRY);
+        let wait = retry_wait(count);
         let failure = Failure {
             count: count.saturating_add(1),
             version: version.map(str::to_string),
@@ -48,9 +54,11 @@ impl Retries {
         self.failed.insert(key.to_string(), failure);
     }
 
-    /// How long until the first failed write is due again, if any failed.
+    /// How long until the first failed write is due again, if any failed: at least
+    /// [`RETRY`], so that a write due but not tried in the pass just run (its object out of
+    /// view for now, the list before it failed) never makes the passes run back to back.
     pub fn next(&self, now: Instant) -> Option<Duration> {
-        self.failed.values().map(|f| f.due.saturating_duration_since(now)).min()
+        self.failed.values().map(|f| f.due.saturating_duration_since(now).max(RETRY)).min()
     }
 
     /// Forgets writes of objects no longer in view (`keep` says which keys still are).
@@ -77,6 +85,7 @@ mod tests {
         r.record("networks/a status", Some("1"), false, t0);
         assert!(!r.due("networks/a status", Some("1"), at(1)), "waits 2 s");
         assert!(r.due("networks/a status", Some("1"), at(2)));
+        assert_eq!(r.next(at(5)), Some(Duration::from_secs(2)), "past due: not back to back");
         assert!(r.due("networks/a status", Some("2"), at(1)), "a changed object: at once");
         assert!(r.due("networks/b status", Some("1"), at(1)), "others never wait for it");
         let mut t = at(2);

@@ -41,7 +41,9 @@ pub(super) async fn serve(
     else {
         return not_served();
     };
-    if r.namespaced != t.namespace.is_some() && t.name.is_some() {
+    // A namespaced resource is listed across namespaces too; anything else goes to its scope.
+    let listing = method == Method::GET && t.name.is_none();
+    if r.namespaced != t.namespace.is_some() && !(listing && r.namespaced) {
         return not_served();
     }
     let query =
@@ -221,6 +223,17 @@ fn admit(
     name: &str,
     object: &Value,
 ) -> Result<(), Box<Response>> {
+    let owners = object["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+    if owners.iter().filter(|o| o["controller"] == true).count() > 1 {
+        return Err(refuse(
+            422,
+            "Invalid",
+            format!(
+                "{} \"{name}\" is invalid: metadata.ownerReferences: Invalid value: Only one reference can have Controller set to true",
+                qualified(r)
+            ),
+        ));
+    }
     match admin {
         true => Ok(()),
         false => match s.refuse_owner_references(&format!("{} \"{name}\"", qualified(r)), object) {
@@ -429,6 +442,7 @@ fn patch(
     let custom = r.group == "knitter.io"
         || matches!(r.kind, Kind::Nads | Kind::PodMonitors | Kind::ServiceMonitors);
     let patch = json_body(&HeaderMap::new(), body)?;
+    let patch_version = patch["metadata"]["resourceVersion"].clone();
     let key = key(t, name);
     let mut o = s.objects.lock().unwrap();
     let have = o.objects.get(&(r.kind, key.clone())).cloned();
@@ -445,11 +459,16 @@ fn patch(
             applied["metadata"]["managedFields"] = json!([{"manager": manager, "operation": "Apply",
                 "apiVersion": r.kind.api_version(), "time": now(), "fieldsType": "FieldsV1"}]);
             let Some(mut new) = have else {
+                if !applied["metadata"]["resourceVersion"].is_null() {
+                    return Err(not_found(r, name));
+                }
                 applied["metadata"]["name"] = json!(name);
                 drop(o);
                 return create(s, r, t.namespace.as_deref(), applied, admin);
             };
-            super::merge(&mut new, &applied);
+            // Lists keyed as the built-in types' (owner references by UID, containers by
+            // name): as server-side apply merges them.
+            strategic_merge(&mut new, &applied);
             new
         }
         (_, None) => return Err(not_found(r, name)),
@@ -473,6 +492,17 @@ fn patch(
     };
     admit(s, admin, r, name, &new)?;
     let have = have.unwrap_or_default();
+    let precondition = &patch_version;
+    if !precondition.is_null() && *precondition != have["metadata"]["resourceVersion"] {
+        return Err(refuse(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                qualified(r)
+            ),
+        ));
+    }
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
 }
 
@@ -504,7 +534,8 @@ fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     }
 }
 
-/// Drops patch directives (`$patch`, `$retainKeys`, ...) from a value taken as a whole.
+/// Drops patch directives (`$patch`, `$retainKeys`, ...) from a value taken as a whole, and
+/// the list elements they say to delete.
 fn without_directives(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
@@ -513,7 +544,12 @@ fn without_directives(v: &Value) -> Value {
                 .map(|(k, v)| (k.clone(), without_directives(v)))
                 .collect(),
         ),
-        Value::Array(a) => Value::Array(a.iter().map(without_directives).collect()),
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .filter(|i| i.get("$patch").and_then(Value::as_str) != Some("delete"))
+                .map(without_directives)
+                .collect(),
+        ),
         v => v.clone(),
     }
 }
@@ -566,6 +602,12 @@ fn strategic_merge(target: &mut Value, patch: &Value) {
 }
 
 fn merge_list(field: &str, have: &mut Vec<Value>, items: &[Value]) {
+    let directive = |i: &Value, d: &str| i.get("$patch").and_then(Value::as_str) == Some(d);
+    if items.iter().any(|i| directive(i, "replace")) {
+        let kept = items.iter().filter(|i| !directive(i, "replace"));
+        *have = kept.map(without_directives).collect();
+        return;
+    }
     if field == "finalizers" {
         for i in items {
             if !have.contains(i) {

@@ -114,7 +114,7 @@ fn metadata(buf: &[u8]) -> Result<Value, String> {
                 continue;
             }
             // What a create carries empty or the server sets (uid, resourceVersion, ...).
-            4..=10 | 13 | 15..=17 => continue,
+            4..=10 | 15..=17 => continue,
             _ => return Err(format!("ObjectMeta field {n}")),
         };
         m.insert(name.into(), json!(string(&f)?));
