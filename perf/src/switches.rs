@@ -256,8 +256,7 @@ impl Running {
         let _ = std::fs::remove_file(&api);
         let conf = work.join(format!("{tag}.toml"));
         match (kind, setup.baseline_toml) {
-            // Dotted keys are valid only before the first table.
-            (Kind::Baseline, Some(t)) => std::fs::write(&conf, format!("{t}\n{config}"))?,
+            (Kind::Baseline, Some(t)) => std::fs::write(&conf, with_settings(config, t)?)?,
             _ => std::fs::write(&conf, config)?,
         }
         let bin = match (kind, setup.baseline) {
@@ -411,6 +410,27 @@ fn daemon_config(api: &Path, mem: Memory, layout: Layout) -> String {
 }
 
 /// The same with PMD idle policy `idle` (a TOML inline table).
+/// `config` with `settings` (TOML: dotted keys or tables) merged in, the settings winning
+/// key by key (`pmd.idle.policy = "adaptive"` changes the generated `[pmd]` table's idle
+/// policy and keeps the rest of it).
+fn with_settings(config: &str, settings: &str) -> anyhow::Result<String> {
+    fn merge(into: &mut toml::Table, from: toml::Table) {
+        for (k, v) in from {
+            match (into.get_mut(&k), v) {
+                (Some(toml::Value::Table(t)), toml::Value::Table(v)) => merge(t, v),
+                (_, v) => {
+                    into.insert(k, v);
+                }
+            }
+        }
+    }
+    let mut merged: toml::Table = toml::from_str(config)?;
+    let settings: toml::Table = toml::from_str(settings)
+        .map_err(|e| anyhow::anyhow!("--baseline-toml is not TOML: {e}"))?;
+    merge(&mut merged, settings);
+    Ok(toml::to_string(&merged)?)
+}
+
 fn daemon_config_idle(api: &Path, mem: Memory, layout: Layout, idle: &str) -> String {
     format!(
         r#"state_file = ""
@@ -513,5 +533,24 @@ mod tests {
         assert_eq!(Own::cycles_per_packet(a, b), Some(200.0));
         assert_eq!(Own::cycles_per_packet(b, b), None);
         assert_eq!(Own::cycles_per_packet(b, a), None);
+    }
+
+    #[test]
+    fn baseline_settings_change_the_generated_tables_key_by_key() {
+        let config = daemon_config_idle(
+            Path::new("/run/x.sock"),
+            Memory::Hugepages,
+            Layout { generator_cpu: 0, switch_cpu: 1, second_switch_cpu: None },
+            r#"{ policy = "busy" }"#,
+        ) + L2_BRIDGE;
+        let merged =
+            with_settings(&config, "pmd.idle.policy = \"adaptive\"\nvhost.single_copy = false")
+                .unwrap();
+        let t: toml::Table = toml::from_str(&merged).unwrap();
+        assert_eq!(t["pmd"]["idle"]["policy"].as_str(), Some("adaptive"));
+        assert_eq!(t["pmd"]["threads"].as_integer(), Some(1), "the rest of [pmd] kept");
+        assert_eq!(t["vhost"]["single_copy"].as_bool(), Some(false));
+        assert_eq!(t["bridges"][0]["name"].as_str(), Some("l2"));
+        assert!(with_settings(&config, "pmd.idle = ").is_err());
     }
 }
