@@ -302,3 +302,19 @@ async fn the_documented_pod_network_installs_and_uninstalls() {
     let left = walk.left(CLUSTER_NAMESPACES);
     assert!(left.is_empty(), "the uninstall left {left:?}");
 }
+
+/// `kubectl get -w` against the stand-in: what is made and deleted while it watches shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_watches_what_changes() {
+    let Some(kubectl) = kubectl_or_skip() else { return };
+    let walk = Walk::new(cluster(Rbac::Base).await, &kubectl);
+    let out = tokio::task::block_in_place(|| {
+        walk.sh("kubectl get namespaces --watch-only -o name > watch.out & w=$!
+             sleep 1
+             kubectl create namespace watched && kubectl delete namespace watched
+             sleep 1; kill $w; cat watch.out")
+    });
+    let out = out.expect("the watch ran");
+    let seen = out.lines().filter(|l| *l == "namespace/watched").count();
+    assert!(seen >= 2, "made and deleted, seen {seen} times: {out}");
+}
