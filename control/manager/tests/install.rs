@@ -1,5 +1,6 @@
-//! docs/kubernetes.md as an operator runs it: every command block of "Installing on a
-//! cluster", "Uninstalling" and "Knitter as the cluster's pod network", in order and as
+//! docs/kubernetes.md as an operator runs it: every command block of "Network and IPGroup
+//! resources", "Installing on a cluster", "Uninstalling" and "Knitter as the cluster's pod
+//! network", in order and as
 //! written, with a real `kubectl` (`$KNITTER_KUBECTL`, else the one on `PATH`: Debian's 1.20
 //! and a current one both pass) against the API server stand-in (`common/apiserver.rs`), and
 //! a real knitter-manager process (`--kubernetes --network-resources`) as the cluster's
@@ -181,7 +182,10 @@ impl Walk {
     /// What Knitter left in the cluster: any object but the nodes and the namespaces the
     /// cluster had, and Leases (Events expire on their own, an hour after their last).
     fn left(&self, had: &[&str]) -> Vec<String> {
-        let kinds = apiserver::RESOURCES.iter().map(|r| r.kind).filter(|k| *k != Kind::Nodes);
+        let kinds = apiserver::RESOURCES
+            .iter()
+            .map(|r| r.kind)
+            .filter(|k| !matches!(k, Kind::Nodes | Kind::Events));
         let objects = kinds
             .flat_map(|k| self.api.objects(k).into_keys().map(move |key| format!("{k:?} {key}")));
         let leases = self.api.leases_and_events().into_iter().filter(|o| o.starts_with("Lease"));
@@ -317,4 +321,42 @@ async fn kubectl_watches_what_changes() {
     let out = out.expect("the watch ran");
     let seen = out.lines().filter(|l| *l == "namespace/watched").count();
     assert!(seen >= 2, "made and deleted, seen {seen} times: {out}");
+}
+
+/// "Network and IPGroup resources": the CRDs, a tenant's namespace, a Network and an IPGroup
+/// written as the docs write them, made by the manager (NAD, `Ready`), and their Events
+/// seen the way the docs look at them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_network_resources_are_made_and_seen() {
+    let Some(kubectl) = kubectl_or_skip() else { return };
+    let walk = Walk::new(cluster(Rbac::Base).await, &kubectl);
+    walk.sh("kubectl create namespace knitter").unwrap();
+    let blocks: Vec<Block> = blocks(&doc(), &["Network and IPGroup resources"])
+        .into_iter()
+        .filter(|b| b.language == "sh")
+        .collect();
+    assert_eq!(blocks.len(), 2, "the docs' section moved");
+    let mut manager = walk.manager(&[]);
+    tokio::task::block_in_place(|| {
+        walk.run(&blocks[..1]);
+        walk.eventually("the network and the group ready, with the NAD", |api| {
+            let ready = |kind, name| {
+                api.object(kind, name)
+                    .is_some_and(|o| o["status"]["conditions"][0]["status"] == "True")
+            };
+            ready(Kind::Networks, "media")
+                && ready(Kind::IpGroups, "media-sts")
+                && api.object(Kind::Nads, "red-dev/media").is_some()
+        });
+        walk.eventually("the Network's Ready event", |api| {
+            api.objects(Kind::Events).values().any(|e| e["involvedObject"]["name"] == "media")
+        });
+        let events = walk.sh(&blocks[1].text).expect("the Events block runs");
+        let shown = events.lines().skip_while(|l| !l.starts_with("Events:")).collect::<Vec<_>>();
+        assert!(
+            shown.iter().any(|l| l.contains("Normal") && l.contains("Ready")),
+            "kubectl describe shows the Ready event: {events}"
+        );
+    });
+    assert!(manager.terminate(Duration::from_secs(10)), "the manager stops");
 }

@@ -6,7 +6,7 @@
 //! of pods, nodes, namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
 //! `network-attachment-definitions.k8s.cni.cncf.io`, paged as the apiserver pages (`limit`,
 //! `continue`), with 429 and `Retry-After` when told to ([`ApiServer::throttle_lists`]);
-//! `labelSelector` and `fieldSelector` (`metadata.name`, `metadata.namespace`) of
+//! `labelSelector` and `fieldSelector` (any field by its dotted path) of
 //! `key=value` terms, ANDed, on lists and watches; `?watch=true` streams newline-delimited
 //! watch events after the given version (`ADDED`, `MODIFIED`, `DELETED`; a `BOOKMARK` after
 //! a quiet second when `allowWatchBookmarks`), and a watch from a version older than the
@@ -35,7 +35,7 @@
 //! not grant is answered 403 as the apiserver's RBAC authorizer would, and fails the test
 //! when the server is dropped, so the manifests cannot drift from what the controller does.
 //! [`ApiServer::admin_url`] is the cluster admin's. What it does not model: authentication,
-//! set-based label selectors, other field selectors, `sendInitialEvents`, admission beyond
+//! set-based label selectors, `sendInitialEvents`, admission beyond
 //! the namespace lifecycle and owner references, CRD schema validation (the tests check what
 //! the controller writes against the CRDs' schemas separately), most server-side defaulting,
 //! field ownership in server-side apply, tables (`kubectl get` shows names and ages only), the garbage collector
@@ -88,6 +88,9 @@ pub enum Kind {
     Crds,
     PodMonitors,
     ServiceMonitors,
+    /// `v1` Events: the `events.k8s.io/v1` Events the controller writes, as the core API
+    /// shows them (`kubectl get events`, `kubectl describe`).
+    Events,
 }
 
 /// A resource the stand-in serves: where it lives and what its objects are called.
@@ -132,6 +135,7 @@ pub const RESOURCES: &[Resource] = &[
     resource(Kind::Nodes, "", "v1", ("nodes", "node", "Node"), false, &["no"]),
     resource(Kind::Namespaces, "", "v1", ("namespaces", "namespace", "Namespace"), false, &["ns"]),
     resource(Kind::Secrets, "", "v1", ("secrets", "secret", "Secret"), true, &[]),
+    resource(Kind::Events, "", "v1", ("events", "event", "Event"), true, &["ev"]),
     resource(Kind::ConfigMaps, "", "v1", ("configmaps", "configmap", "ConfigMap"), true, &["cm"]),
     resource(
         Kind::ServiceAccounts,
@@ -292,8 +296,9 @@ impl Kind {
 }
 
 /// Which objects a list or watch wants: a `labelSelector` and a `fieldSelector` of
-/// `key=value` terms (ANDed; fields `metadata.name` and `metadata.namespace`), and the
-/// namespace of the path.
+/// `key=value` terms (ANDed; fields by their dotted path, `metadata.name`, `reason`,
+/// `involvedObject.name`: any, where the apiserver takes a few per kind), and the namespace
+/// of the path.
 struct Selector {
     labels: Option<String>,
     fields: Option<String>,
@@ -317,24 +322,22 @@ impl Selector {
                 format!("the stand-in reads equality label selectors only, not {labels:?}"),
             ));
         }
-        let unknown = Self::terms(&self.fields)
-            .find(|(k, _)| !matches!(*k, "metadata.name" | "metadata.namespace"))?;
-        Some(status(
-            400,
-            "BadRequest",
-            format!(
-                "field label not supported: {} (the stand-in selects by metadata.name and metadata.namespace)",
-                unknown.0
-            ),
-        ))
+        let fields = self.fields.as_deref().unwrap_or_default();
+        if fields.contains('!') {
+            return Some(status(
+                400,
+                "BadRequest",
+                format!("the stand-in reads equality field selectors only, not {fields:?}"),
+            ));
+        }
+        None
     }
 
     fn selects(&self, object: &Value) -> bool {
         let meta = &object["metadata"];
-        let field = |k: &str| match k {
-            "metadata.name" => meta["name"].as_str(),
-            _ => meta["namespace"].as_str(),
-        };
+        // A field the object lacks reads as empty, as the apiserver's field sets give it.
+        let field =
+            |k: &str| Some(k.split('.').fold(object, |v, part| &v[part]).as_str().unwrap_or(""));
         self.namespace.as_ref().is_none_or(|ns| meta["namespace"].as_str() == Some(ns))
             && Self::terms(&self.labels).all(|(k, v)| meta["labels"][k].as_str() == Some(v))
             && Self::terms(&self.fields).all(|(k, v)| field(k) == Some(v))
@@ -1682,8 +1685,31 @@ async fn create_event(
     o.rv += 1;
     event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
     event["metadata"]["namespace"] = json!(ns);
-    o.events.insert(key, event.clone());
+    o.events.insert(key.clone(), event.clone());
+    o.write(Kind::Events, key, core_event(&event), "ADDED");
+    drop(o);
+    s.changed.send_modify(|c| *c += 1);
     (StatusCode::CREATED, axum::Json(event)).into_response()
+}
+
+/// An `events.k8s.io/v1` Event as the core `v1` API shows it (the apiserver serves one
+/// object under both).
+fn core_event(e: &Value) -> Value {
+    let count = e["series"]["count"].as_i64().or(e["deprecatedCount"].as_i64()).unwrap_or(1);
+    let first = e["deprecatedFirstTimestamp"].as_str().or(e["eventTime"].as_str());
+    let last = e["series"]["lastObservedTime"]
+        .as_str()
+        .or(e["deprecatedLastTimestamp"].as_str())
+        .or(e["eventTime"].as_str());
+    json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": e["metadata"]["name"], "namespace": e["metadata"]["namespace"]},
+        "involvedObject": e["regarding"], "related": e["related"],
+        "reason": e["reason"], "message": e["note"], "type": e["type"], "action": e["action"],
+        "source": {"component": e["reportingController"]},
+        "reportingComponent": e["reportingController"], "reportingInstance": e["reportingInstance"],
+        "count": count, "firstTimestamp": first, "lastTimestamp": last, "eventTime": e["eventTime"],
+    })
 }
 
 async fn patch_event(
@@ -1705,6 +1731,10 @@ async fn patch_event(
     merge(&mut event, &patch);
     o.rv += 1;
     event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
-    o.events.insert(format!("{ns}/{name}"), event.clone());
+    let key = format!("{ns}/{name}");
+    o.events.insert(key.clone(), event.clone());
+    o.write(Kind::Events, key, core_event(&event), "MODIFIED");
+    drop(o);
+    s.changed.send_modify(|c| *c += 1);
     axum::Json(event).into_response()
 }
