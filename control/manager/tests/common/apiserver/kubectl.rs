@@ -408,18 +408,28 @@ fn replace(s: &Shared, r: &Resource, t: &Target, name: &str, new: Value, admin: 
     let mut o = s.objects.lock().unwrap();
     let key = key(t, name);
     let have = o.objects.get(&(r.kind, key.clone())).cloned().ok_or_else(|| not_found(r, name))?;
-    let rv = &new["metadata"]["resourceVersion"];
-    if !rv.is_null() && *rv != have["metadata"]["resourceVersion"] {
-        return Err(refuse(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                qualified(r)
-            ),
-        ));
-    }
+    precondition(r, name, &new["metadata"]["resourceVersion"], &have)?;
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
+}
+
+/// 409 when a write names a `resourceVersion` (`version`, not null) that is not the object's.
+fn precondition(
+    r: &Resource,
+    name: &str,
+    version: &Value,
+    have: &Value,
+) -> Result<(), Box<Response>> {
+    if version.is_null() || *version == have["metadata"]["resourceVersion"] {
+        return Ok(());
+    }
+    Err(refuse(
+        409,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            qualified(r)
+        ),
+    ))
 }
 
 /// A merge patch, a strategic merge patch (built-in kinds only, as the apiserver), or a
@@ -492,17 +502,7 @@ fn patch(
     };
     admit(s, admin, r, name, &new)?;
     let have = have.unwrap_or_default();
-    let precondition = &patch_version;
-    if !precondition.is_null() && *precondition != have["metadata"]["resourceVersion"] {
-        return Err(refuse(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                qualified(r)
-            ),
-        ));
-    }
+    precondition(r, name, &patch_version, &have)?;
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
 }
 
