@@ -16,19 +16,19 @@
 //! `metadata.generation` moves only when a write changes `spec`); the custom resources
 //! themselves by merge patch with a `metadata.resourceVersion` precondition (409),
 //! finalizers honoured (a delete with finalizers sets `deletionTimestamp` and moves the
-//! generation; removing the last one deletes); NADs by `POST` (409 `AlreadyExists`; 403
-//! `Forbidden` in a namespace being terminated, as the lifecycle admission answers; the
-//! owner-reference permission check), `PUT` (409 `Conflict` on a stale `resourceVersion`),
-//! `GET` and `DELETE`; `GET`/`POST`/`PUT` of `coordination.k8s.io/v1` Leases (404, 409
-//! `AlreadyExists`, 409 `Conflict`); `events.k8s.io/v1` Events by `POST` and merge `PATCH`.
+//! generation; removing the last one deletes); `GET`/`POST`/`PUT` of
+//! `coordination.k8s.io/v1` Leases (404, 409 `AlreadyExists`, 409 `Conflict`);
+//! `events.k8s.io/v1` Events by `POST` and merge `PATCH` (shown as core `v1` Events too).
 //! These routes answer whether or not the CRDs are stored (the controller's tests store
 //! none); kubectl's discovery shows Knitter's kinds only once they are.
 //!
-//! Everything else (`apiserver/kubectl.rs`): discovery, every resource in [`RESOURCES`]
-//! (what an install writes) created, read, listed, watched, replaced, merge- and
-//! strategic-merge-patched, applied (server-side, as a merge) and deleted, kubectl's protobuf bodies read
-//! (`apiserver/protobuf.rs`), namespaces and CRDs that terminate, workloads reported rolled
-//! out.
+//! Everything else (`apiserver/kubectl.rs`), NADs included: discovery, every resource in
+//! [`RESOURCES`] created (409 `AlreadyExists`; 404 in a namespace that does not exist, 403
+//! in one being terminated, as the lifecycle admission answers; the owner-reference
+//! permission check), read, listed, watched, replaced (409 `Conflict` on a stale
+//! `resourceVersion`), merge- and strategic-merge-patched, applied (server-side, as a
+//! merge) and deleted; kubectl's protobuf bodies read (`apiserver/protobuf.rs`); namespaces
+//! and CRDs that terminate; workloads reported rolled out.
 //!
 //! Every request on [`ApiServer::url`] is authorized against the shipped RBAC ([`Rbac`]:
 //! the manager's ClusterRole and Lease Role from `deploy/kubernetes`): one the manifests do
@@ -369,7 +369,7 @@ struct Objects {
     /// (the namespace controller's and the apiextensions finalizer's work).
     reaping: std::collections::BTreeSet<(Kind, String)>,
     settling: bool,
-    /// Whether objects may be made only in namespaces that exist (the NamespaceLifecycle
+    /// Whether Leases and Events too may be made only in namespaces that exist (the NamespaceLifecycle
     /// admission in full: [`ApiServer::require_namespaces`]).
     namespaces_required: bool,
 }
@@ -865,14 +865,6 @@ impl ApiServer {
                 get(|s, q| collection(s, q, Kind::Nads)).fallback(kubectl::serve),
             )
             .route(
-                "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions",
-                axum::routing::post(create_nad).fallback(kubectl::serve),
-            )
-            .route(
-                "/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}",
-                get(get_nad).put(replace_nad).delete(delete_nad).fallback(kubectl::serve),
-            )
-            .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
                 get(get_pod).patch(patch_pod).fallback(kubectl::serve),
             )
@@ -1155,7 +1147,7 @@ impl ApiServer {
             .map(str::to_string)
     }
 
-    /// Objects may be made only in namespaces that exist (Leases, Events and NADs too), as
+    /// Leases and Events too may be made only in namespaces that exist (other objects always), as
     /// in a whole cluster; the controller's tests leave it off and do not make namespaces
     /// for their Leases.
     pub fn require_namespaces(&self) {
@@ -1482,111 +1474,6 @@ async fn patch_status(
     };
     s.changed.send_modify(|c| *c += 1);
     axum::Json(updated).into_response()
-}
-
-async fn create_nad(
-    State(s): State<Shared>,
-    Path(ns): Path<String>,
-    axum::Json(mut nad): axum::Json<Value>,
-) -> Response {
-    let name = nad["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let what = format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\"");
-    if let Some(refused) = s.refuse_owner_references(&what, &nad) {
-        return refused;
-    }
-    let created = {
-        let mut o = s.objects.lock().unwrap();
-        o.requests.push(format!("POST nad {ns}/{name}"));
-        let key = format!("{ns}/{name}");
-        if o.objects.contains_key(&(Kind::Nads, key.clone())) {
-            return status(
-                409,
-                "AlreadyExists",
-                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" already exists"),
-            );
-        }
-        let must_exist = o.namespaces_required;
-        if let Some(refused) = kubectl::refuse_in_namespace(&o, &ns, &what, must_exist) {
-            return refused;
-        }
-        let uid = format!("nad-{}", o.rv + 1);
-        nad["metadata"]["namespace"] = json!(ns);
-        nad["metadata"]["uid"] = json!(uid);
-        nad["metadata"]["generation"] = json!(1);
-        o.write(Kind::Nads, key, nad, "ADDED")
-    };
-    s.changed.send_modify(|c| *c += 1);
-    (StatusCode::CREATED, axum::Json(created)).into_response()
-}
-
-async fn get_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
-    match s.objects.lock().unwrap().objects.get(&(Kind::Nads, format!("{ns}/{name}"))) {
-        Some(n) => axum::Json(n.clone()).into_response(),
-        None => status(
-            404,
-            "NotFound",
-            format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
-        ),
-    }
-}
-
-async fn replace_nad(
-    State(s): State<Shared>,
-    Path((ns, name)): Path<(String, String)>,
-    axum::Json(mut nad): axum::Json<Value>,
-) -> Response {
-    let what = format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\"");
-    if let Some(refused) = s.refuse_owner_references(&what, &nad) {
-        return refused;
-    }
-    let replaced = {
-        let mut o = s.objects.lock().unwrap();
-        o.requests.push(format!("PUT nad {ns}/{name}"));
-        let key = format!("{ns}/{name}");
-        let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
-            return status(
-                404,
-                "NotFound",
-                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
-            );
-        };
-        let rv = &nad["metadata"]["resourceVersion"];
-        if !rv.is_null() && *rv != have["metadata"]["resourceVersion"] {
-            return status(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on network-attachment-definitions.k8s.cni.cncf.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-                ),
-            );
-        }
-        nad["metadata"]["uid"] = have["metadata"]["uid"].clone();
-        nad["metadata"]["namespace"] = json!(ns);
-        let generation = have["metadata"]["generation"].as_i64().unwrap_or(1);
-        nad["metadata"]["generation"] =
-            json!(if nad["spec"] != have["spec"] { generation + 1 } else { generation });
-        o.write(Kind::Nads, key, nad, "MODIFIED")
-    };
-    s.changed.send_modify(|c| *c += 1);
-    axum::Json(replaced).into_response()
-}
-
-async fn delete_nad(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
-    let deleted = {
-        let mut o = s.objects.lock().unwrap();
-        o.requests.push(format!("DELETE nad {ns}/{name}"));
-        let key = format!("{ns}/{name}");
-        let Some(have) = o.objects.get(&(Kind::Nads, key.clone())).cloned() else {
-            return status(
-                404,
-                "NotFound",
-                format!("network-attachment-definitions.k8s.cni.cncf.io \"{name}\" not found"),
-            );
-        };
-        o.write(Kind::Nads, key, have, "DELETED")
-    };
-    s.changed.send_modify(|c| *c += 1);
-    axum::Json(deleted).into_response()
 }
 
 async fn get_lease(State(s): State<Shared>, Path((ns, name)): Path<(String, String)>) -> Response {
