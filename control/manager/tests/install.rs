@@ -351,6 +351,16 @@ async fn the_documented_network_resources_are_made_and_seen() {
         walk.eventually("the Network's Ready event", |api| {
             api.objects(Kind::Events).values().any(|e| e["involvedObject"]["name"] == "media")
         });
+        // The CRD's printer columns, over the status the controller wrote.
+        let listed = walk.sh("kubectl get knet").unwrap();
+        let (header, row) = (listed.lines().next().unwrap_or_default(), listed.lines().nth(1));
+        let cells: Vec<&str> = row.unwrap_or_default().split_whitespace().collect();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            ["NAME", "KIND", "TENANT", "SEGMENT", "MTU", "READY", "REASON", "AGE"],
+            "{listed}"
+        );
+        assert_eq!(cells[..6], ["media", "vxlan", "red", "7100", "1450", "True"], "{listed}");
         let events = walk.sh(&blocks[1].text).expect("the Events block runs");
         let shown = events.lines().skip_while(|l| !l.starts_with("Events:")).collect::<Vec<_>>();
         assert!(

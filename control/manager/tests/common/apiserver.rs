@@ -38,7 +38,7 @@
 //! set-based label selectors, `sendInitialEvents`, admission beyond
 //! the namespace lifecycle and owner references, CRD schema validation (the tests check what
 //! the controller writes against the CRDs' schemas separately), most server-side defaulting,
-//! field ownership in server-side apply, tables (`kubectl get` shows names and ages only), the garbage collector
+//! field ownership in server-side apply, tables of built-in kinds (`kubectl get` shows their names and ages only; Knitter's kinds get their printer columns), the garbage collector
 //! (owner references are kept, never acted on) and a kubelet (no pod runs). A [`Door`] is a
 //! way in that can be stalled: its connections stop passing bytes, as a hung apiserver
 //! connection or a partition does.
@@ -822,23 +822,23 @@ impl ApiServer {
         let app = Router::new()
             .route(
                 "/api/v1/pods",
-                get(|s, q| collection(s, q, Kind::Pods)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::Pods)).fallback(kubectl::serve),
             )
             .route(
                 "/api/v1/nodes",
-                get(|s, q| collection(s, q, Kind::Nodes)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::Nodes)).fallback(kubectl::serve),
             )
             .route(
                 "/api/v1/namespaces",
-                get(|s, q| collection(s, q, Kind::Namespaces)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::Namespaces)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/networks",
-                get(|s, q| collection(s, q, Kind::Networks)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::Networks)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/ipgroups",
-                get(|s, q| collection(s, q, Kind::IpGroups)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::IpGroups)).fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/networks/{name}",
@@ -862,7 +862,7 @@ impl ApiServer {
             )
             .route(
                 "/apis/k8s.cni.cncf.io/v1/network-attachment-definitions",
-                get(|s, q| collection(s, q, Kind::Nads)).fallback(kubectl::serve),
+                get(|s, q, h| collection(s, q, h, Kind::Nads)).fallback(kubectl::serve),
             )
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
@@ -1212,15 +1212,18 @@ impl ApiServer {
 async fn collection(
     State(s): State<Shared>,
     Query(q): Query<HashMap<String, String>>,
+    headers: axum::http::HeaderMap,
     kind: Kind,
 ) -> Response {
-    collection_in(s, q, kind, None)
+    collection_in(s, q, &headers, kind, None)
 }
 
-/// Lists or watches `kind` (in `namespace`, or everywhere).
+/// Lists or watches `kind` (in `namespace`, or everywhere); a list as a Table when asked for
+/// one (`kubectl get`) and the kind's CRD names columns.
 fn collection_in(
     s: Shared,
     q: HashMap<String, String>,
+    headers: &axum::http::HeaderMap,
     kind: Kind,
     namespace: Option<String>,
 ) -> Response {
@@ -1265,6 +1268,9 @@ fn collection_in(
             metadata["continue"] = json!(last);
         }
         let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
+        if let Some(table) = kubectl::table(&o, headers, kind, &items) {
+            return axum::Json(table).into_response();
+        }
         return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": metadata, "items": items})).into_response();
     }
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);

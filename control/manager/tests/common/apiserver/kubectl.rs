@@ -50,10 +50,10 @@ pub(super) async fn serve(
         Query::<HashMap<String, String>>::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
     let admin = caller.is_some_and(|c| c.admin);
     let answer = match (&method, &t.name) {
-        (&Method::GET, None) => return collection_in(s, query, r.kind, t.namespace),
+        (&Method::GET, None) => return collection_in(s, query, &headers, r.kind, t.namespace),
         (&Method::POST, None) => json_body(&headers, &body)
             .and_then(|object| create(&s, r, t.namespace.as_deref(), object, admin)),
-        (&Method::GET, Some(name)) => get(&s, r, &key(&t, name)),
+        (&Method::GET, Some(name)) => get(&s, r, &key(&t, name), &headers),
         (&Method::PUT, Some(name)) => {
             json_body(&headers, &body).and_then(|object| replace(&s, r, &t, name, object, admin))
         }
@@ -356,11 +356,111 @@ fn roll_out(o: &Objects, kind: Kind, object: &mut Value) {
     };
 }
 
-fn get(s: &Shared, r: &Resource, key: &str) -> Answer {
+fn get(s: &Shared, r: &Resource, key: &str, headers: &HeaderMap) -> Answer {
     let o = s.objects.lock().unwrap();
     let name = key.rsplit('/').next().unwrap_or(key);
     let object = o.objects.get(&(r.kind, key.to_string())).ok_or_else(|| not_found(r, name))?;
+    if let Some(table) = table(&o, headers, r.kind, std::slice::from_ref(object)) {
+        return Ok(axum::Json(table).into_response());
+    }
     Ok(axum::Json(object.clone()).into_response())
+}
+
+/// `objects` as the `meta.k8s.io/v1` Table `kubectl get` asks for (`Accept: ...;as=Table`),
+/// when `kind`'s stored CRD names printer columns: the name, then each column's JSONPath
+/// evaluated as the apiserver does (dates as ages). None otherwise (kubectl then prints
+/// names and ages itself).
+pub(super) fn table(
+    o: &Objects,
+    headers: &HeaderMap,
+    kind: Kind,
+    objects: &[Value],
+) -> Option<Value> {
+    let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let r = kind.resource();
+    if !accept.contains("as=Table") || !r.defined_by_crd {
+        return None;
+    }
+    let crd = o.objects.get(&(Kind::Crds, format!("{}.{}", r.plural, r.group)))?;
+    let version = crd["spec"]["versions"].as_array()?.iter().find(|v| v["name"] == r.version)?;
+    let columns = version["additionalPrinterColumns"].as_array()?;
+    let mut definitions = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}),
+    ];
+    definitions.extend(columns.iter().map(|c| {
+        json!({"name": c["name"], "type": c["type"], "format": "", "description": "", "priority": c["priority"].as_i64().unwrap_or(0)})
+    }));
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|object| {
+            let mut cells = vec![object["metadata"]["name"].clone()];
+            cells.extend(columns.iter().map(|c| {
+                let value = json_path(object, c["jsonPath"].as_str().unwrap_or_default());
+                match (c["type"].as_str(), value) {
+                    (Some("date"), Value::String(t)) => json!(age(&t)),
+                    (_, v) => v,
+                }
+            }));
+            let metadata = object["metadata"].clone();
+            json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata}})
+        })
+        .collect();
+    Some(
+        json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": o.rv.to_string()},
+        "columnDefinitions": definitions, "rows": rows}),
+    )
+}
+
+/// The JSONPath printer columns use: `.a.b.c`, and `[?(@.key=="value")]` picking a list's
+/// element. A path that finds nothing gives null (an empty cell).
+fn json_path(object: &Value, path: &str) -> Value {
+    // Steps split at dots outside brackets (a filter holds dots of its own).
+    let (mut steps, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in path.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            '.' if depth == 0 => {
+                steps.push(&path[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    steps.push(&path[start..]);
+    let mut at = object.clone();
+    for step in steps.into_iter().filter(|s| !s.is_empty()) {
+        let (field, filter) = match step.split_once("[?(@") {
+            Some((field, filter)) => (field, Some(filter)),
+            None => (step, None),
+        };
+        at = at[field].clone();
+        if let Some(filter) = filter {
+            // `.type=="Ready")]`: the key, then the quoted value.
+            let Some((key, value)) = filter.trim_start_matches('.').split_once("==") else {
+                return Value::Null;
+            };
+            let value = value.trim_end_matches(")]").trim_matches('"');
+            at = at
+                .as_array()
+                .and_then(|a| a.iter().find(|e| e[key] == value))
+                .cloned()
+                .unwrap_or_default();
+        }
+    }
+    at
+}
+
+/// How long ago an RFC 3339 time was, as kubectl shows ages (`45s`, `12m`, `3h`, `2d`).
+fn age(time: &str) -> String {
+    let Ok(then) = time.parse::<k8s_openapi::jiff::Timestamp>() else { return "<unknown>".into() };
+    let secs = k8s_openapi::jiff::Timestamp::now().duration_since(then).as_secs().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
 }
 
 /// Whether writes to the object itself leave its `status` alone (a status subresource).
@@ -630,5 +730,26 @@ fn merge_list(field: &str, have: &mut Vec<Value>, items: &[Value]) {
             (Some(i), _) => strategic_merge(&mut have[i], item),
             (None, _) => have.push(without_directives(item)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn printer_column_paths_read_as_the_apiserver_reads_them() {
+        let o = json!({"spec": {"kind": "vxlan"}, "status": {"conditions": [
+            {"type": "Other", "status": "False"}, {"type": "Ready", "status": "True", "reason": "Created"}]}});
+        assert_eq!(super::json_path(&o, ".spec.kind"), "vxlan");
+        assert_eq!(
+            super::json_path(&o, r#".status.conditions[?(@.type=="Ready")].status"#),
+            "True"
+        );
+        assert_eq!(
+            super::json_path(&o, r#".status.conditions[?(@.type=="Ready")].reason"#),
+            "Created"
+        );
+        assert!(super::json_path(&o, ".status.segment").is_null());
     }
 }
