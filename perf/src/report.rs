@@ -128,7 +128,7 @@ fn baseline_line(
     let bin = binary.map(|b| b.display().to_string()).unwrap_or_else(|| "—".into());
     match toml {
         Some(t) => {
-            format!("The `baseline` switch: {bin} with `{t}` at the top of its config file.\n\n")
+            format!("The `baseline` switch: {bin} with `{t}` merged into its config file.\n\n")
         }
         None => format!("The `baseline` switch: {bin}.\n\n"),
     }

@@ -409,7 +409,6 @@ fn daemon_config(api: &Path, mem: Memory, layout: Layout) -> String {
     daemon_config_idle(api, mem, layout, r#"{ policy = "busy" }"#)
 }
 
-/// The same with PMD idle policy `idle` (a TOML inline table).
 /// `config` with `settings` (TOML: dotted keys or tables) merged in, the settings winning
 /// key by key (`pmd.idle.policy = "adaptive"` changes the generated `[pmd]` table's idle
 /// policy and keeps the rest of it).
@@ -431,6 +430,7 @@ fn with_settings(config: &str, settings: &str) -> anyhow::Result<String> {
     Ok(toml::to_string(&merged)?)
 }
 
+/// The same with PMD idle policy `idle` (a TOML inline table).
 fn daemon_config_idle(api: &Path, mem: Memory, layout: Layout, idle: &str) -> String {
     format!(
         r#"state_file = ""

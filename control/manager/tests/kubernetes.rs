@@ -949,6 +949,24 @@ async fn a_nad_edited_by_hand_is_applied_back_keeping_what_others_added() {
     c.stop().await;
 }
 
+/// A cluster without Multus (no NAD CRD): the networks are made and ready, no NAD is, and
+/// nothing waits to be retried (the list's 404 is an answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_nad_crd_gets_networks_and_nothing_to_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, api) = (manager(&dir), ApiServer::start_with(Rbac::Base).await);
+    api.without_nad_crd();
+    api.add_namespace("red-dev", &[("knitter.io/tenant", "red")]);
+    let spec = json!({"tenant": "red", "kind": "vxlan", "ipv4": {"cidr": "10.71.0.0/24"}});
+    api.apply_resource(Kind::Networks, "media", "uid-media", spec);
+    let c = start_with(&m, &api, with_resources("m1"));
+    eventually("the network ready", || is_ready(&api, Kind::Networks, "media")).await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(nads(&api).is_empty());
+    assert_eq!(c.status.writes_backing_off.load(std::sync::atomic::Ordering::SeqCst), 0);
+    c.stop().await;
+}
+
 /// A write that failed and then stopped being needed (someone else put the NAD right) leaves
 /// nothing backing off, and no pass runs for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

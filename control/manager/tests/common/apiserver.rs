@@ -6,7 +6,7 @@
 //! of pods, nodes, namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
 //! `network-attachment-definitions.k8s.cni.cncf.io`, paged as the apiserver pages (`limit`,
 //! `continue`), with 429 and `Retry-After` when told to ([`ApiServer::throttle_lists`]);
-//! `labelSelector` and `fieldSelector` (any field by its dotted path) of
+//! `labelSelector` and `fieldSelector` (the fields the apiserver selects by, per kind) of
 //! `key=value` terms, ANDed, on lists and watches; `?watch=true` streams newline-delimited
 //! watch events after the given version (`ADDED`, `MODIFIED`, `DELETED`; a `BOOKMARK` after
 //! a quiet second when `allowWatchBookmarks`), and a watch from a version older than the
@@ -296,10 +296,10 @@ impl Kind {
 }
 
 /// Which objects a list or watch wants: a `labelSelector` and a `fieldSelector` of
-/// `key=value` terms (ANDed; fields by their dotted path, `metadata.name`, `reason`,
-/// `involvedObject.name`: any, where the apiserver takes a few per kind), and the namespace
-/// of the path.
+/// `key=value` terms (ANDed; fields by their dotted path, those the apiserver selects by for
+/// the kind: [`Selector::field_indexed`]), and the namespace of the path.
 struct Selector {
+    kind: Kind,
     labels: Option<String>,
     fields: Option<String>,
     namespace: Option<String>,
@@ -330,14 +330,53 @@ impl Selector {
                 format!("the stand-in reads equality field selectors only, not {fields:?}"),
             ));
         }
-        None
+        let unknown = Self::terms(&self.fields).find(|(k, _)| !self.field_indexed(k))?;
+        Some(status(400, "BadRequest", format!("field label not supported: {}", unknown.0)))
+    }
+
+    /// The fields the apiserver selects by for this kind: every kind's name and namespace,
+    /// and a few of Pods', Nodes', Namespaces', Secrets' and Events'.
+    fn field_indexed(&self, field: &str) -> bool {
+        let by_kind: &[&str] = match self.kind {
+            Kind::Pods => &[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            ],
+            Kind::Nodes => &["spec.unschedulable"],
+            Kind::Namespaces => &["status.phase"],
+            Kind::Secrets => &["type"],
+            Kind::Events => &[
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            _ => &[],
+        };
+        matches!(field, "metadata.name" | "metadata.namespace") || by_kind.contains(&field)
     }
 
     fn selects(&self, object: &Value) -> bool {
         let meta = &object["metadata"];
         // A field the object lacks reads as empty, as the apiserver's field sets give it.
-        let field =
-            |k: &str| Some(k.split('.').fold(object, |v, part| &v[part]).as_str().unwrap_or(""));
+        let field = |k: &str| {
+            // An Event's `source` is its component, as the apiserver's field set gives it.
+            let k = if k == "source" { "source.component" } else { k };
+            Some(k.split('.').fold(object, |v, part| &v[part]).as_str().unwrap_or(""))
+        };
         self.namespace.as_ref().is_none_or(|ns| meta["namespace"].as_str() == Some(ns))
             && Self::terms(&self.labels).all(|(k, v)| meta["labels"][k].as_str() == Some(v))
             && Self::terms(&self.fields).all(|(k, v)| field(k) == Some(v))
@@ -372,6 +411,8 @@ struct Objects {
     /// Whether Leases and Events too may be made only in namespaces that exist (the NamespaceLifecycle
     /// admission in full: [`ApiServer::require_namespaces`]).
     namespaces_required: bool,
+    /// No NetworkAttachmentDefinition CRD (a cluster without Multus): NADs answer 404.
+    no_nad_crd: bool,
 }
 
 impl Objects {
@@ -1154,6 +1195,12 @@ impl ApiServer {
         self.change(|o| o.namespaces_required = true);
     }
 
+    /// Makes the cluster one without Multus: no NetworkAttachmentDefinition CRD, so NADs
+    /// answer 404 (and kubectl's discovery does not show them).
+    pub fn without_nad_crd(&self) {
+        self.change(|o| o.no_nad_crd = true);
+    }
+
     /// The Leases and Events stored, by `namespace/name`.
     pub fn leases_and_events(&self) -> Vec<String> {
         let o = self.shared.objects.lock().unwrap();
@@ -1231,7 +1278,11 @@ fn collection_in(
     query.sort();
     let (path, list_kind, _) = kind.names();
     s.objects.lock().unwrap().requests.push(format!("GET {path}?{}", query.join("&")));
+    if kind == Kind::Nads && s.objects.lock().unwrap().no_nad_crd {
+        return status(404, "NotFound", "the server could not find the requested resource".into());
+    }
     let selector = Selector {
+        kind,
         labels: q.get("labelSelector").cloned(),
         fields: q.get("fieldSelector").cloned(),
         namespace,
@@ -1268,7 +1319,7 @@ fn collection_in(
             metadata["continue"] = json!(last);
         }
         let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
-        if let Some(table) = kubectl::table(&o, headers, kind, &items) {
+        if let Some(table) = kubectl::table(&o, headers, kind, &items, metadata.clone()) {
             return axum::Json(table).into_response();
         }
         return axum::Json(json!({"apiVersion": kind.api_version(), "kind": list_kind, "metadata": metadata, "items": items})).into_response();

@@ -125,17 +125,30 @@ pub fn owner_replaced(have: &DynamicObject, want: &DynamicObject) -> bool {
     controller(have).is_some_and(|uid| Some(uid) != controller(want))
 }
 
-/// A merge patch making `have` what `want` says, its owner references replaced, over the
-/// version in view.
+/// A merge patch making `have` what `want` says over the version in view: its controller
+/// owner replaced by `want`'s (the other owner references, other clients', kept).
 pub fn replacing_patch(have: &DynamicObject, want: &DynamicObject) -> serde_json::Value {
+    let others =
+        have.metadata.owner_references.iter().flatten().filter(|o| o.controller != Some(true));
+    let owners: Vec<&OwnerReference> =
+        want.metadata.owner_references.iter().flatten().chain(others).collect();
     json!({
         "metadata": {
             "resourceVersion": have.metadata.resource_version,
             "labels": want.metadata.labels,
-            "ownerReferences": want.metadata.owner_references,
+            "ownerReferences": owners,
         },
         "spec": want.data["spec"],
     })
+}
+
+/// A digest of what `want` says (configuration, labels, owner): a NAD's write is keyed by it.
+pub fn digest(want: &DynamicObject) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    want.data["spec"].to_string().hash(&mut h);
+    format!("{:?}{:?}", want.metadata.labels, want.metadata.owner_references).hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ use crate::manager::managed::ManagedBy;
 use crate::manager::objects::IpGroupRecord;
 use crate::network::NetworkSpec;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -240,6 +242,11 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
     out
 }
 
+/// Whether a call was answered 404.
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
 /// In `seen`, every NAD's writes: the NAD list failed, so which are still wanted is unknown.
 const EVERY_NAD: &str = "nad *";
 
@@ -307,6 +314,7 @@ impl Controller {
                     if r.listed() && (r.due || Instant::now() >= next) {
                         r.due = false;
                         let manager = backoff.after(self.pass(&r, &mut retries).await);
+                        retries.defer_overdue(Instant::now());
                         let apiserver = retries.next(Instant::now()).unwrap_or(RESYNC);
                         next = Instant::now() + manager.min(apiserver);
                     }
@@ -539,7 +547,9 @@ impl Controller {
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let listed = bounded(all.list(&ListParams::default().labels(&selector))).await;
-        retries.record("nad list", None, listed.is_ok(), Instant::now());
+        // No NAD CRD (404) is an answer, not a failure: nothing to retry before a change.
+        let answered = !matches!(&listed, Err(e) if !is_not_found(e));
+        retries.record("nad list", None, answered, Instant::now());
         seen.insert("nad list".into());
         let have = match listed {
             Ok(l) => l.items,
@@ -573,8 +583,17 @@ impl Controller {
             if terminating.contains(ns) {
                 continue;
             }
+            // Only the NAD listed as Knitter's: one deleted and made again by someone else
+            // meanwhile (another UID) is refused (409) and not Knitter's to delete.
+            let only_this = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: h.metadata.uid.clone(),
+                    resource_version: h.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
             let delete = async {
-                match bounded(api(ns).delete(name, &DeleteParams::default())).await {
+                match bounded(api(ns).delete(name, &only_this)).await {
                     Ok(_) => {
                         self.status.attachment_definition_writes.fetch_add(1, Relaxed);
                         true
@@ -586,21 +605,20 @@ impl Controller {
                     }
                 }
             };
-            write_when_due(retries, seen, format!("nad {k}"), &h.metadata, delete).await;
+            write_when_due(retries, seen, format!("nad {k} delete"), &h.metadata, delete).await;
         }
         for (k, d) in want {
             let (ns, name) = k.split_once('/').unwrap_or_default();
             let have = have.get(&k);
+            // The key names what is wanted too: a NAD wanted otherwise than when its write
+            // failed (its Network made again) is written at once, not after the old backoff.
+            let key = format!("nad {k} {:016x}", nad::digest(&d));
             if let Some(h) = have.filter(|h| nad::same(h, &d)) {
                 // In place, whatever failed before (a write that timed out but landed, a NAD
                 // someone else put right).
-                retries.record(
-                    &format!("nad {k}"),
-                    h.metadata.resource_version.as_deref(),
-                    true,
-                    Instant::now(),
-                );
-                seen.insert(format!("nad {k}"));
+                let version = h.metadata.resource_version.as_deref();
+                retries.record(&key, version, true, Instant::now());
+                seen.insert(key);
                 in_place.insert(k);
                 continue;
             }
@@ -643,7 +661,7 @@ impl Controller {
                 }
             };
             let meta = have.map(|h| h.metadata.clone()).unwrap_or_default();
-            if write_when_due(retries, seen, format!("nad {k}"), &meta, write).await {
+            if write_when_due(retries, seen, key, &meta, write).await {
                 in_place.insert(k);
             }
         }

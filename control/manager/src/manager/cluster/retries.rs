@@ -54,11 +54,18 @@ impl Retries {
         self.failed.insert(key.to_string(), failure);
     }
 
-    /// How long until the first failed write is due again, if any failed: at least
-    /// [`RETRY`], so that a write due but not tried in the pass just run (its object out of
-    /// view for now, the list before it failed) never makes the passes run back to back.
+    /// How long until the first failed write is due again, if any failed.
     pub fn next(&self, now: Instant) -> Option<Duration> {
-        self.failed.values().map(|f| f.due.saturating_duration_since(now).max(RETRY)).min()
+        self.failed.values().map(|f| f.due.saturating_duration_since(now)).min()
+    }
+
+    /// Gives the writes that were due but not tried (the pass stopped before them: the NAD
+    /// list or the manager's store failed) their wait again from `now`, so that they keep
+    /// their place on the backoff schedule and never make the passes run back to back.
+    pub fn defer_overdue(&mut self, now: Instant) {
+        for f in self.failed.values_mut().filter(|f| f.due <= now) {
+            f.due = now + retry_wait(f.count.saturating_sub(1));
+        }
     }
 
     /// Forgets writes of objects no longer in view (`keep` says which keys still are).
@@ -85,7 +92,11 @@ mod tests {
         r.record("networks/a status", Some("1"), false, t0);
         assert!(!r.due("networks/a status", Some("1"), at(1)), "waits 2 s");
         assert!(r.due("networks/a status", Some("1"), at(2)));
-        assert_eq!(r.next(at(5)), Some(Duration::from_secs(2)), "past due: not back to back");
+        let mut overdue = Retries::default();
+        overdue.record("nad a/b", None, false, t0);
+        overdue.record("nad a/b", None, false, t0);
+        overdue.defer_overdue(at(10));
+        assert_eq!(overdue.next(at(10)), Some(Duration::from_secs(4)), "its own wait, from now");
         assert!(r.due("networks/a status", Some("2"), at(1)), "a changed object: at once");
         assert!(r.due("networks/b status", Some("1"), at(1)), "others never wait for it");
         let mut t = at(2);

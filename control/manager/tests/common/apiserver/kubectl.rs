@@ -58,7 +58,7 @@ pub(super) async fn serve(
             json_body(&headers, &body).and_then(|object| replace(&s, r, &t, name, object, admin))
         }
         (&Method::PATCH, Some(name)) => patch(&s, r, &t, name, &headers, &body, &query, admin),
-        (&Method::DELETE, Some(name)) => delete(&s, r, &key(&t, name)),
+        (&Method::DELETE, Some(name)) => delete(&s, r, &key(&t, name), &body),
         _ => Err(refuse(405, "MethodNotAllowed", format!("the stand-in does not {method} {uri}"))),
     };
     s.changed.send_modify(|c| *c += 1);
@@ -77,8 +77,10 @@ fn served(o: &Objects) -> Vec<&'static Resource> {
     RESOURCES
         .iter()
         .filter(|r| {
-            !r.defined_by_crd
-                || o.objects.contains_key(&(Kind::Crds, format!("{}.{}", r.plural, r.group)))
+            let crd_missing = r.defined_by_crd
+                && !o.objects.contains_key(&(Kind::Crds, format!("{}.{}", r.plural, r.group)));
+            let multus_missing = r.kind == Kind::Nads && o.no_nad_crd;
+            !crd_missing && !multus_missing
         })
         .collect()
 }
@@ -360,7 +362,8 @@ fn get(s: &Shared, r: &Resource, key: &str, headers: &HeaderMap) -> Answer {
     let o = s.objects.lock().unwrap();
     let name = key.rsplit('/').next().unwrap_or(key);
     let object = o.objects.get(&(r.kind, key.to_string())).ok_or_else(|| not_found(r, name))?;
-    if let Some(table) = table(&o, headers, r.kind, std::slice::from_ref(object)) {
+    let metadata = json!({"resourceVersion": o.rv.to_string()});
+    if let Some(table) = table(&o, headers, r.kind, std::slice::from_ref(object), metadata) {
         return Ok(axum::Json(table).into_response());
     }
     Ok(axum::Json(object.clone()).into_response())
@@ -369,12 +372,13 @@ fn get(s: &Shared, r: &Resource, key: &str, headers: &HeaderMap) -> Answer {
 /// `objects` as the `meta.k8s.io/v1` Table `kubectl get` asks for (`Accept: ...;as=Table`),
 /// when `kind`'s stored CRD names printer columns: the name, then each column's JSONPath
 /// evaluated as the apiserver does (dates as ages). None otherwise (kubectl then prints
-/// names and ages itself).
+/// names and ages itself). `metadata` is the list's (its `continue`).
 pub(super) fn table(
     o: &Objects,
     headers: &HeaderMap,
     kind: Kind,
     objects: &[Value],
+    metadata: Value,
 ) -> Option<Value> {
     let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or_default();
     let r = kind.resource();
@@ -405,10 +409,8 @@ pub(super) fn table(
             json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata}})
         })
         .collect();
-    Some(
-        json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": o.rv.to_string()},
-        "columnDefinitions": definitions, "rows": rows}),
-    )
+    Some(json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata,
+        "columnDefinitions": definitions, "rows": rows}))
 }
 
 /// The JSONPath printer columns use: `.a.b.c`, and `[?(@.key=="value")]` picking a list's
@@ -606,9 +608,25 @@ fn patch(
     Ok(axum::Json(update(&mut o, r, key, have, new, t.sub.as_deref())).into_response())
 }
 
-fn delete(s: &Shared, r: &Resource, key: &str) -> Answer {
+/// A delete, with the `DeleteOptions` body's preconditions (UID, `resourceVersion`: 409
+/// when the object is not the one named).
+fn delete(s: &Shared, r: &Resource, key: &str, body: &[u8]) -> Answer {
     let mut o = s.objects.lock().unwrap();
     let name = key.rsplit('/').next().unwrap_or(key);
+    let have = o.objects.get(&(r.kind, key.to_string())).ok_or_else(|| not_found(r, name))?;
+    let options: Value = serde_json::from_slice(body).unwrap_or_default();
+    let wanted = &options["preconditions"];
+    if !wanted["uid"].is_null() && wanted["uid"] != have["metadata"]["uid"] {
+        return Err(refuse(
+            409,
+            "Conflict",
+            format!(
+                "Precondition failed: UID in precondition: {}, UID in object meta: {}",
+                wanted["uid"], have["metadata"]["uid"]
+            ),
+        ));
+    }
+    precondition(r, name, &wanted["resourceVersion"], &have.clone())?;
     let object = o.delete_through_api(r.kind, key).ok_or_else(|| not_found(r, name))?;
     Ok(axum::Json(object).into_response())
 }
