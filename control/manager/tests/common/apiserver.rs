@@ -430,12 +430,23 @@ impl Objects {
             self.objects.insert((kind, key), object.clone());
         }
         self.log.push(Event { rv: self.rv, kind, typ, object: object.clone() });
+        // Not from inside `settle`, which deletes what it reaps through here.
         if typ == "DELETED" && !self.settling {
-            self.settling = true;
             self.settle();
-            self.settling = false;
         }
         object
+    }
+
+    /// Stores an `events.k8s.io/v1` Event and its core `v1` view as one object: one version,
+    /// one creation time. The Event as stored.
+    fn write_event(&mut self, key: String, event: Value, typ: &'static str) -> Value {
+        let core = self.write(Kind::Events, key.clone(), core_event(&event), typ);
+        let mut event = event;
+        for field in ["resourceVersion", "creationTimestamp"] {
+            event["metadata"][field] = core["metadata"][field].clone();
+        }
+        self.events.insert(key, event.clone());
+        event
     }
 
     /// Deletes an object as the apiserver does: one with finalizers gets a
@@ -1626,11 +1637,8 @@ async fn create_event(
             format!("events.events.k8s.io \"{name}\" already exists"),
         );
     }
-    o.rv += 1;
-    event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
     event["metadata"]["namespace"] = json!(ns);
-    o.events.insert(key.clone(), event.clone());
-    o.write(Kind::Events, key, core_event(&event), "ADDED");
+    let event = o.write_event(key, event, "ADDED");
     drop(o);
     s.changed.send_modify(|c| *c += 1);
     (StatusCode::CREATED, axum::Json(event)).into_response()
@@ -1647,7 +1655,7 @@ fn core_event(e: &Value) -> Value {
         .or(e["eventTime"].as_str());
     json!({
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": e["metadata"]["name"], "namespace": e["metadata"]["namespace"]},
+        "metadata": e["metadata"],
         "involvedObject": e["regarding"], "related": e["related"],
         "reason": e["reason"], "message": e["note"], "type": e["type"], "action": e["action"],
         "source": {"component": e["reportingController"]},
@@ -1673,11 +1681,7 @@ async fn patch_event(
     };
     let mut event = have;
     merge(&mut event, &patch);
-    o.rv += 1;
-    event["metadata"]["resourceVersion"] = json!(o.rv.to_string());
-    let key = format!("{ns}/{name}");
-    o.events.insert(key.clone(), event.clone());
-    o.write(Kind::Events, key, core_event(&event), "MODIFIED");
+    let event = o.write_event(format!("{ns}/{name}"), event, "MODIFIED");
     drop(o);
     s.changed.send_modify(|c| *c += 1);
     axum::Json(event).into_response()

@@ -2,8 +2,10 @@
 //! sends (its typed clients speak protobuf to built-in kinds and do not fall back to JSON),
 //! read into the JSON the rest of the stand-in keeps: the `k8s\0` envelope
 //! (`runtime.Unknown`: type, raw object), then `Namespace`, `Secret` or `ConfigMap` with
-//! their `ObjectMeta` (name, generateName, namespace, labels, annotations, finalizers). Any
-//! other kind, or a field it does not know, is refused: nothing is silently dropped.
+//! their `ObjectMeta` (name, generateName, namespace, labels, annotations, owner references
+//! refused, finalizers). The fields the server sets (uid, resourceVersion, timestamps,
+//! managedFields) and a Namespace's status are passed over; any other kind or field is
+//! refused, so nothing a client asks for is silently dropped.
 
 use serde_json::{Map, Value, json};
 
