@@ -20,7 +20,7 @@ fn main() {
     let packets: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(320_000);
     // `--no-cache`: the slow path alone (stages 1-2 for every frame); `--emc-entries N`: a
     // cache of N entries (2: every flow of a 1k workload misses, and the cost of a miss
-    // shows).
+    // shows); `--megaflow-entries N`: each half of the second level (0: none).
     // `--per-node`: the per-node dispatcher (what fusing saves shows against the default).
     // `--capture`: a packet capture of every frame the input port receives (what copying
     // costs the PMD thread; the copies are drained outside the counted burst).
@@ -28,15 +28,18 @@ fn main() {
     let mut capture = false;
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--no-cache" => opts.emc_entries = 0,
+            "--no-cache" => (opts.emc_entries, opts.megaflow_entries) = (0, 0),
             "--emc-entries" => {
                 opts.emc_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(2)
+            }
+            "--megaflow-entries" => {
+                opts.megaflow_entries = args.next().and_then(|n| n.parse().ok()).unwrap_or(0)
             }
             "--per-node" => opts.dispatch = vswitch::Dispatch::PerNode,
             "--capture" => capture = true,
             other => {
                 eprintln!(
-                    "unknown option {other:?}: --no-cache, --emc-entries N, --per-node, --capture"
+                    "unknown option {other:?}: --no-cache, --emc-entries N, --megaflow-entries N, --per-node, --capture"
                 );
                 std::process::exit(2);
             }
@@ -59,6 +62,7 @@ fn main() {
     let mut out = 0;
     let mut cycles = 0u64;
     let mut best = u64::MAX;
+    let megaflow_before = b.stats().event(vswitch::Event::MegaflowHits);
     let hits_before = b.stats().event(vswitch::Event::CacheHits);
     for _ in 0..packets / 32 {
         b.inject();
@@ -83,11 +87,13 @@ fn main() {
     }
     let st = b.stats();
     let hits = st.event(vswitch::Event::CacheHits) - hits_before;
+    let megaflow_hits = st.event(vswitch::Event::MegaflowHits) - megaflow_before;
     println!(
-        "scenario={} packets={got} out={out} drops={} cache_hits={:.1}% tsc_cycles_per_packet={:.1} best_burst={:.1}",
+        "scenario={} packets={got} out={out} drops={} cache_hits={:.1}% megaflow_hits={:.1}% tsc_cycles_per_packet={:.1} best_burst={:.1}",
         s.name(),
         st.total_drops(),
         100.0 * hits as f64 / got.max(1) as f64,
+        100.0 * megaflow_hits as f64 / got.max(1) as f64,
         cycles as f64 / got.max(1) as f64,
         best as f64 / 32.0
     );

@@ -77,6 +77,9 @@ named_enum! {
         KnownUnicast => "known_unicast",
         // Known-unicast frames forwarded from the exact-match cache (a subset of the above).
         CacheHits => "emc_hits",
+        // Known-unicast frames forwarded from the second-level cache's two halves
+        // (`megaflow`), for ports the exact-match cache churns on.
+        MegaflowHits => "megaflow_hits",
         Flooded => "flooded",
         FloodCopies => "flood_copies",
         FloodCopyFailed => "flood_copy_failed",

@@ -257,6 +257,30 @@ impl Key {
         Some(Key { k0, k1, k2 })
     }
 
+    /// The key split into what a known-unicast decision depends on, for
+    /// [`crate::megaflow`]: the source half (the ingress, the source MAC, the EtherType and
+    /// the two bytes after it; from a port with port security also the IP version, header
+    /// length, DSCP and source address the check reads) and the destination half (the
+    /// ingress, the destination MAC, the EtherType and what follows it that tells a tag; from
+    /// a port with port security, the EtherType, IP version and header length). Each half
+    /// holds everything its side of the slow path reads: what it classifies on (the ingress
+    /// and the tag) is in both. `secured`: the key is [`Key::from_secured_port`]'s or
+    /// [`Key::lookup_from_secured_port`]'s.
+    #[inline(always)]
+    pub fn halves(&self, secured: bool) -> (Key, Key) {
+        let source = Key { k0: self.k0 & 0xffff, k1: self.k1, k2: self.k2 };
+        let destination = if secured {
+            // k0: the destination (bits 16..64) over the source's first two bytes; k1's top
+            // half: the EtherType, the IP version (with the DHCP guard's mark) and the DSCP;
+            // k2: the port under the source address.
+            Key { k0: self.k0 & !0xffff, k1: self.k1 & !0xffff_ffff, k2: self.k2 & 0xffff }
+        } else {
+            // k1's top 16 bits: the EtherType; k2: the ingress and the tag.
+            Key { k0: self.k0, k1: self.k1 & !0xffff_ffff_ffff, k2: self.k2 }
+        };
+        (source, destination)
+    }
+
     /// The third key word as entries of `epoch` hold it.
     #[inline(always)]
     fn with_epoch(&self, epoch: u32) -> u64 {
@@ -448,13 +472,16 @@ impl Emc {
     }
 
     /// Called once per burst: starts a new epoch if the configuration, the FDB or the second
-    /// changed since the entries were made.
+    /// changed since the entries were made. A disabled cache keeps the sources too: the
+    /// second level's hits are checked against them ([`Emc::outdated_by`]).
     #[inline(always)]
     pub fn sync(&mut self, snapshot: u64, fdb: u32, now: u32) {
         let s = Some(Sources { snapshot, fdb, now });
-        if s != self.sources && self.epoch != 0 {
+        if s != self.sources {
             self.sources = s;
-            self.next_epoch();
+            if self.epoch != 0 {
+                self.next_epoch();
+            }
         }
     }
 

@@ -20,6 +20,7 @@ pub mod emc;
 pub mod faults;
 pub mod fdb;
 pub mod graph;
+pub mod megaflow;
 pub mod neigh;
 pub mod pipeline;
 pub mod pmd;

@@ -52,6 +52,10 @@ pub struct SwitchOptions {
     /// talking both ways) cached in its 2-way sets; half of it kept 75 %
     /// (docs/perf/instructions.md).
     pub emc_entries: usize,
+    /// Entries of each half of each PMD thread's second-level cache (32 bytes each; 0 turns
+    /// it off): the sources and the destinations of the flows the exact-match cache cannot
+    /// hold (`megaflow`). The default, 64 Ki (4 MiB a thread), holds 65,536 MACs a side.
+    pub megaflow_entries: usize,
     /// How PMD threads run the pipeline's nodes (fused by default; per node to measure what
     /// fusing saves).
     pub dispatch: crate::pipeline::Dispatch,
@@ -62,6 +66,7 @@ impl Default for SwitchOptions {
         SwitchOptions {
             fdb_entries: 1 << 18,
             emc_entries: 1 << 18,
+            megaflow_entries: 1 << 16,
             dispatch: crate::pipeline::Dispatch::Fused,
         }
     }
@@ -350,6 +355,7 @@ impl Switch {
             self.fdb.clone(),
             stats,
             self.opts.emc_entries,
+            self.opts.megaflow_entries,
         );
         p.set_neighbors(self.neighbors.clone());
         p.set_tracing(self.tracing.clone());
@@ -417,8 +423,14 @@ impl Switch {
         }
         // A private pipeline: its counters join no total, it has no cache, and it resolves
         // next hops only from what the PMD threads learned.
-        let mut p =
-            Pipeline::new(0, self.pool.clone(), self.fdb.clone(), Arc::new(ThreadStats::new()), 0);
+        let mut p = Pipeline::new(
+            0,
+            self.pool.clone(),
+            self.fdb.clone(),
+            Arc::new(ThreadStats::new()),
+            0,
+            0,
+        );
         p.set_neighbors(self.neighbors.clone());
         p.set_now(crate::util::coarse_secs());
         p.trace_dry(&snap, id, frame).ok_or(SwitchError::NoBuffer)

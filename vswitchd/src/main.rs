@@ -61,6 +61,7 @@ fn main() -> Result<()> {
         tables: vswitch::SwitchOptions {
             fdb_entries: s.tables.fdb_entries,
             emc_entries: s.tables.emc_entries as usize,
+            megaflow_entries: s.tables.megaflow_entries as usize,
             ..Default::default()
         },
         state_file: s.state_file.clone(),

@@ -174,6 +174,7 @@ impl Node {
         tracing::info!(
             fdb_entries = opts.tables.fdb_entries,
             emc_entries = opts.tables.emc_entries,
+            megaflow_entries = opts.tables.megaflow_entries,
             "forwarding tables ready"
         );
         let mut inner = Inner {

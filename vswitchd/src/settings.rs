@@ -202,6 +202,10 @@ pub struct TablesSection {
     /// Entries of each PMD thread's exact-match cache, 32 bytes each (0: none): the
     /// default, 262 144 (8 MiB per thread), keeps ~97 % of 100 000 flows cached.
     pub emc_entries: u32,
+    /// Entries of each half of each PMD thread's second-level cache, 32 bytes each (0:
+    /// none): the sources and the destinations of flows the exact-match cache cannot hold
+    /// (a mesh of pods). The default, 65 536 (4 MiB per thread), holds 65 536 MACs a side.
+    pub megaflow_entries: u32,
 }
 
 impl TablesSection {
@@ -214,7 +218,11 @@ impl TablesSection {
 impl Default for TablesSection {
     fn default() -> Self {
         let d = vswitch::SwitchOptions::default();
-        TablesSection { fdb_entries: d.fdb_entries, emc_entries: d.emc_entries as u32 }
+        TablesSection {
+            fdb_entries: d.fdb_entries,
+            emc_entries: d.emc_entries as u32,
+            megaflow_entries: d.megaflow_entries as u32,
+        }
     }
 }
 
@@ -369,6 +377,9 @@ pub struct Args {
     /// Entries of each PMD thread's exact-match cache (32 bytes each; 0: none).
     #[arg(long)]
     pub emc_entries: Option<u32>,
+    /// Entries of each half of each PMD thread's second-level cache (32 bytes each; 0: none).
+    #[arg(long)]
+    pub megaflow_entries: Option<u32>,
     /// Address of the Prometheus endpoint (default 127.0.0.1:9477; in a DaemonSet,
     /// `$(POD_IP):9477` makes it reachable: deploy/kubernetes/patches/node-metrics.yaml).
     #[arg(long, env = "KNITTER_METRICS_LISTEN", conflicts_with = "no_metrics", value_parser = listen_address)]
@@ -479,6 +490,7 @@ impl Settings {
         let mut tables = file.tables;
         tables.fdb_entries = args.fdb_entries.unwrap_or(tables.fdb_entries);
         tables.emc_entries = args.emc_entries.unwrap_or(tables.emc_entries);
+        tables.megaflow_entries = args.megaflow_entries.unwrap_or(tables.megaflow_entries);
         if !(16..=TablesSection::MAX_FDB).contains(&tables.fdb_entries) {
             bail!(
                 "tables.fdb_entries {} is outside 16..{} (entries of the MAC table)",
@@ -490,6 +502,13 @@ impl Settings {
             bail!(
                 "tables.emc_entries {} is above {} (entries of each PMD thread's cache; 0 turns it off)",
                 tables.emc_entries,
+                TablesSection::MAX_EMC
+            );
+        }
+        if tables.megaflow_entries > TablesSection::MAX_EMC {
+            bail!(
+                "tables.megaflow_entries {} is above {} (entries of each half of each PMD thread's second-level cache; 0 turns it off)",
+                tables.megaflow_entries,
                 TablesSection::MAX_EMC
             );
         }
@@ -826,14 +845,17 @@ mod tests {
         let path = dir.path().join("v.toml");
         std::fs::write(
             &path,
-            "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\n[vhost]\nsingle_copy = false\n",
+            "[tables]\nfdb_entries = 1048576\nemc_entries = 524288\nmegaflow_entries = 1024\n[vhost]\nsingle_copy = false\n",
         )
         .unwrap();
         let p = path.to_str().unwrap();
         let s =
             Settings::from_args(&<Args as clap::Parser>::parse_from(["x", "-c", p, "--no-state"]))
                 .unwrap();
-        assert_eq!(s.tables, TablesSection { fdb_entries: 1 << 20, emc_entries: 1 << 19 });
+        assert_eq!(
+            s.tables,
+            TablesSection { fdb_entries: 1 << 20, emc_entries: 1 << 19, megaflow_entries: 1024 }
+        );
         assert!(!s.vhost.single_copy, "two copies, as the file says");
         let s = Settings::from_args(&<Args as clap::Parser>::parse_from([
             "x",
@@ -842,9 +864,12 @@ mod tests {
             "--no-state",
             "--emc-entries",
             "0",
+            "--megaflow-entries",
+            "0",
         ]))
         .unwrap();
         assert_eq!(s.tables.emc_entries, 0, "the cache off");
+        assert_eq!(s.tables.megaflow_entries, 0, "the second level off");
         let d = Settings::from_args(&<Args as clap::Parser>::parse_from([
             "x",
             "-c",
@@ -854,7 +879,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             d.tables,
-            TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 18 },
+            TablesSection { fdb_entries: 1 << 18, emc_entries: 1 << 18, megaflow_entries: 1 << 16 },
             "the defaults"
         );
         assert!(d.vhost.single_copy, "one copy by default");

@@ -15,6 +15,7 @@ use crate::counters::{DropReason, Event};
 use crate::descriptor::{Descriptor, Next};
 use crate::emc::{self, Action, Emc, EmcView, Hit, Key};
 use crate::fdb;
+use crate::megaflow::{MegaflowView, Megaflows};
 use crate::snapshot::{NO_BD, PortEntry, PortKind, Snapshot};
 use crate::trace::Node;
 use crate::vtep::{self, VtepEntry};
@@ -32,13 +33,19 @@ pub(crate) const NODE: Descriptor = Descriptor {
         Next::Node(Node::Encap),
     ],
     drops: &[],
-    counts: &[Event::CacheHits],
+    counts: &[Event::CacheHits, Event::MegaflowHits],
 };
 
 /// What a hit saves against what a miss costs, in misses: a hit skips ~210 instructions of
 /// the slow path, a miss adds ~67 to it (its key, lookup and fill; docs/perf/vhost-user.md
 /// "A mesh the cache cannot hold"), so the cache pays for itself from about a quarter of hits.
 const HIT_WORTH: i32 = 3;
+/// What an exact-match cache miss that the second level then found costs, in misses: against
+/// the second level alone (~140 instructions a frame in a mesh), an exact-match hit saves
+/// ~27 and such a miss adds ~73 (its lookup, the fill; docs/perf/vhost-user.md "A mesh the
+/// cache cannot hold"), three times a hit's worth: the exact-match cache pays for itself in
+/// front of the second level from about three quarters of hits.
+const HALVED_MISS: i32 = 3 * HIT_WORTH;
 /// Bounds of a port's account with the cache (see [`Pipeline::worth_looking_up`]), in misses'
 /// worth: a port that was on the cache for long leaves it after a few bursts of churn, one
 /// that left it comes back after a sampled burst with half its frames hit.
@@ -66,7 +73,7 @@ pub(super) fn probe_trusted_burst(
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
 ) -> (u64, u64) {
-    probe_burst::<false>(pool, emc, port, bufs, found)
+    probe_burst::<false, _>(pool, emc, port, bufs, found)
 }
 
 /// [`probe_burst`] for a pod port (port security), out of line for the same reason (inline,
@@ -79,13 +86,92 @@ pub(super) fn probe_secured_burst(
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
 ) -> (u64, u64) {
-    probe_burst::<true>(pool, emc, port, bufs, found)
+    probe_burst::<true, _>(pool, emc, port, bufs, found)
+}
+
+/// [`probe_burst`] in the second-level cache, for a port without port security.
+#[inline(never)]
+pub(super) fn probe_trusted_halves(
+    pool: PoolView,
+    mega: MegaflowView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
+    probe_burst::<false, _>(pool, mega, port, bufs, found)
+}
+
+/// [`probe_burst`] in the second-level cache, for a pod port (port security).
+#[inline(never)]
+pub(super) fn probe_secured_halves(
+    pool: PoolView,
+    mega: MegaflowView,
+    port: u16,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> (u64, u64) {
+    probe_burst::<true, _>(pool, mega, port, bufs, found)
+}
+
+/// The second level for the frames of a burst the exact-match cache missed (their `found`
+/// admits none): a hit there is taken, and written into the exact-match cache, where the
+/// flow's next frames find it (as OVS's dpcls hits fill its EMC). Returns how many hit.
+#[inline(never)]
+fn halve_misses(
+    pool: PoolView,
+    mega: MegaflowView,
+    emc: &mut Emc,
+    port: u16,
+    secured: bool,
+    bufs: &[BufId],
+    found: &mut [(Hit, u32); BATCH],
+) -> u64 {
+    let mut hits = 0;
+    for (b, f) in bufs.iter().zip(found.iter_mut()) {
+        if f.0.admits(f.1) {
+            continue;
+        }
+        let (h, _) = pool.head_and_len(b);
+        let key =
+            if secured { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
+        if let Some(k) = key
+            && let Some(hit) = mega.lookup(&k, secured)
+            && hit.admits(f.1)
+        {
+            // A key the second level knows is one the slow path filled (a secured port's:
+            // `Key::from_secured_port`'s), so the exact-match cache may hold it too.
+            emc.insert(&k, hit);
+            f.0 = hit;
+            hits += 1;
+        }
+    }
+    hits
+}
+
+/// A cache a burst's frames are looked up in: the exact-match cache, or the second level.
+pub(super) trait Lookup: Copy {
+    /// The decision for key `k` (`SECURED`: a key of a port with port security).
+    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit>;
+}
+
+impl Lookup for EmcView<'_> {
+    #[inline(always)]
+    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit> {
+        self.lookup(k)
+    }
+}
+
+impl Lookup for MegaflowView<'_> {
+    #[inline(always)]
+    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit> {
+        self.lookup(k, SECURED)
+    }
 }
 
 #[inline(always)]
-pub(super) fn probe_burst<const SECURED: bool>(
+pub(super) fn probe_burst<const SECURED: bool, L: Lookup>(
     pool: PoolView,
-    emc: EmcView,
+    cache: L,
     port: u16,
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
@@ -96,7 +182,7 @@ pub(super) fn probe_burst<const SECURED: bool>(
         bytes += len as u64;
         let key =
             if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
-        let hit = key.and_then(|k| emc.lookup(&k)).unwrap_or_default();
+        let hit = key.and_then(|k| cache.find::<SECURED>(&k)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
@@ -191,129 +277,104 @@ pub(super) fn all_to_peers(found: &[(Hit, u32)]) -> bool {
     found.iter().all(|(h, _)| h.is_peer())
 }
 
+/// What a burst's lookups found when the exact-match cache did not find it all
+/// ([`Pipeline::look_up_misses`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tally {
+    /// Hits in the exact-match cache, and in the second level.
+    exact: u64,
+    halves: u64,
+    /// Frames looked up in the second level.
+    halved: usize,
+    /// The caches' free fills before the burst ([`Emc::free_fills`],
+    /// [`Megaflows::free_fills`]).
+    before: u32,
+    halves_before: u32,
+    /// The burst was looked up in the second level alone.
+    only_halves: bool,
+}
+
+impl Tally {
+    /// A burst the exact-match cache found all of.
+    #[inline(always)]
+    fn exact(hits: u64) -> Tally {
+        Tally { exact: hits, halves: 0, halved: 0, before: 0, halves_before: 0, only_halves: false }
+    }
+
+    #[inline(always)]
+    fn hits(&self) -> u64 {
+        self.exact + self.halves
+    }
+}
+
 /// Node `cache`'s state beyond the cache itself.
 pub(super) struct Flows {
     pub(super) emc: Emc,
     /// Cache hits of this burst for remote VTEPs, encapsulated together.
     pub(super) to_peer: Batch,
     pub(super) to_peer_hits: [Hit; BATCH],
-    /// This burst went through the exact-match cache; `miss_keys[i]` is then the key of the
-    /// `i`th frame the cache missed (the slow path's `i`th).
+    /// The second-level cache (see [`crate::megaflow`]).
+    pub(super) mega: Megaflows,
+    /// This burst went through a cache; `miss_keys[i]` is then the key of the `i`th frame the
+    /// cache missed (the slow path's `i`th).
     pub(super) cached: bool,
+    /// The slow path's decisions fill the exact-match cache (`exact`), the second level
+    /// (`halves`; `secured`: for a port with port security), or both: the caches the burst
+    /// looked its frames up in.
+    pub(super) exact: bool,
+    pub(super) halves: bool,
+    pub(super) secured: bool,
     pub(super) miss_keys: [Option<Key>; BATCH],
-    /// Per ingress port, what the cache saved it less what it cost, in misses' worth (see
-    /// [`Pipeline::worth_looking_up`]).
-    pub(super) credit: Box<[i16; fdb::MAX_PORTS]>,
+    /// Per ingress port, what the exact-match cache saved it against what it cost.
+    pub(super) account: Account,
+    /// The same for the second level.
+    pub(super) halves_account: Account,
+}
+
+/// Per ingress port, what a cache saved it less what it cost, in misses' worth (see
+/// [`Account::worth`]).
+pub(super) struct Account {
+    credit: Box<[i16; fdb::MAX_PORTS]>,
     /// Per ingress port off the cache, its bursts that skipped it, to sample one in
     /// [`SAMPLE_EVERY`] (per port: a shared count could keep landing on the same ports).
-    pub(super) sampled: Box<[u8; fdb::MAX_PORTS]>,
+    sampled: Box<[u8; fdb::MAX_PORTS]>,
 }
 
-impl Flows {
-    pub(super) fn new(emc_entries: usize) -> Flows {
-        Flows {
-            emc: Emc::new(emc_entries),
-            to_peer: Batch::new(),
-            to_peer_hits: [Hit::default(); BATCH],
-            cached: false,
-            miss_keys: [None; BATCH],
-            credit: Box::new([0; fdb::MAX_PORTS]),
-            sampled: Box::new([0; fdb::MAX_PORTS]),
-        }
-    }
-}
-
-impl Pipeline {
-    /// Stage 0 for a burst from a local port: a read-only lookup of every frame, then the
-    /// hits and misses in order (or stages 1-2 for the whole burst when nothing hit).
-    /// Returns the bytes received.
-    #[inline(always)]
-    pub(super) fn forward_port_cached(
-        &mut self,
-        snap: &Snapshot,
-        port: &PortEntry,
-        batch: &mut Batch,
-    ) -> u64 {
-        let mut found = [(Hit::default(), 0u32); BATCH];
-        let secured = port.security.is_some();
-        let (pool, emc) = (self.pool.view(), self.flows.emc.view());
-        let (bytes, hits) = match (emc.spread, secured) {
-            (true, true) => {
-                probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
-            }
-            (true, false) => {
-                probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found)
-            }
-            (false, true) => probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found),
-            (false, false) => probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found),
-        };
-        let n = batch.len();
-        if hits == 0 {
-            let before = self.flows.emc.free_fills();
-            for (k, b) in self.flows.miss_keys.iter_mut().zip(batch.as_slice()) {
-                *k = port_key(port.id, secured, self.pool.head(b));
-            }
-            self.forward_slow::<false>(snap, port, batch);
-            self.note_burst(port.id, 0, n, before);
-            return bytes;
-        }
-        if hits == n as u64 {
-            self.note_hit_burst(port.id, n);
-        }
-        // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
-        // need no in-order pass. A burst to local ports stops at its first frame.
-        if hits == batch.len() as u64 && all_to_peers(&found[..batch.len()]) {
-            self.encap_burst(snap, port, batch, &found, bytes);
-            return bytes;
-        }
-        let before = self.flows.emc.free_fills();
-        // An access port's frames all belong to its one bridge domain.
-        let demoted = match (port.kind == PortKind::Access, self.nodes.on()) {
-            (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
-            (false, false) => self.forward_cached::<false, false>(snap, port, batch, &mut found),
-            (true, true) => self.forward_cached::<true, true>(snap, port, batch, &mut found),
-            (false, true) => self.forward_cached::<false, true>(snap, port, batch, &mut found),
-        };
-        self.count_hits(hits - demoted);
-        if hits < n as u64 {
-            self.note_burst(port.id, hits, n, before);
-        }
-        bytes
+impl Account {
+    fn new() -> Account {
+        Account { credit: Box::new([0; fdb::MAX_PORTS]), sampled: Box::new([0; fdb::MAX_PORTS]) }
     }
 
     /// Whether this burst from `port` goes through the cache: while the cache has saved the
-    /// port about what it cost it (its credit, [`Flows::credit`], is not below
-    /// [`OFF_BELOW`]), and otherwise one burst in [`SAMPLE_EVERY`], to notice when flows
-    /// repeat again. A burst
-    /// earns [`HIT_WORTH`] for each hit and loses one for each miss, so a port whose frames
-    /// hit less than a quarter of the time — a churn of flows the cache cannot hold (a
-    /// thousand pods talking to all the others), floods, which are never cached — stops
-    /// paying for lookups and fills that save nothing. A miss that filled a free entry (a
-    /// cold start, new flows that fit) costs nothing: a port on the cache stays on while it
-    /// fills it, one off it fills it through its sampled bursts and comes back once they hit.
-    /// OVS's EMC answers the same churn by filling only one miss in a hundred, which also
-    /// slows a cold start a hundredfold.
+    /// port about what it cost it (its credit is not below [`OFF_BELOW`]), and otherwise
+    /// one burst in [`SAMPLE_EVERY`], to notice when flows repeat again. A burst earns
+    /// [`HIT_WORTH`] for each hit and loses one for each miss, so a port whose frames hit
+    /// less than a quarter of the time — a churn of flows the cache cannot hold (a thousand
+    /// pods talking to all the others, for the exact-match cache), floods, which are never
+    /// cached — stops paying for lookups and fills that save nothing. A miss that filled a
+    /// free entry (a cold start, new flows that fit) costs nothing: a port on the cache
+    /// stays on while it fills it, one off it fills it through its sampled bursts and comes
+    /// back once they hit. OVS's EMC answers the same churn by filling only one miss in a
+    /// hundred, which also slows a cold start a hundredfold.
     #[inline(always)]
-    pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW
-            || self.sample_burst(port)
+    pub(super) fn worth(&mut self, port: u16) -> bool {
+        self.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample(port)
     }
 
     /// One burst in [`SAMPLE_EVERY`] of a port off the cache.
     #[inline(never)]
-    fn sample_burst(&mut self, port: u16) -> bool {
-        let s = &mut self.flows.sampled[port as usize & (fdb::MAX_PORTS - 1)];
+    fn sample(&mut self, port: u16) -> bool {
+        let s = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)];
         *s = s.wrapping_add(1) % SAMPLE_EVERY;
         *s == 0
     }
 
-    /// After a burst of `n` frames from `port` whose lookups hit `hits` times, not all of
-    /// them: its worth to the port's credit (see [`Pipeline::worth_looking_up`]); `before` is
-    /// the cache's [`Emc::free_fills`] at the burst's start.
+    /// After `n` lookups for frames from `port` that hit `hits` times, not all of them: their
+    /// worth to the port's credit; `free` of the misses filled a free entry, `halved` found
+    /// their decision in the second level (a miss that cost [`HALVED_MISS`] times more).
     #[inline(never)]
-    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: u32) {
-        let free = self.flows.emc.free_fills().wrapping_sub(before);
-        let c = &mut self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)];
+    pub(super) fn note(&mut self, port: u16, hits: u64, n: usize, free: u32, halved: u64) {
+        let c = &mut self.credit[port as usize & (fdb::MAX_PORTS - 1)];
         let (hits, misses) = (hits as i32, n as i32 - hits as i32);
         // A miss that filled a free entry is an investment (the flow may come again), not
         // waste: a cold start costs nothing. (Rewrites of a key the cache holds are not.)
@@ -324,25 +385,257 @@ impl Pipeline {
             *c = (*c).max(0);
             return;
         }
-        *c = (*c as i32 + HIT_WORTH * hits - (misses - invested)).clamp(-CREDIT_CAP, CREDIT_CAP)
-            as i16;
+        let wasted = misses - invested;
+        let dear = (halved as i32).min(wasted) * (HALVED_MISS - 1);
+        *c = (*c as i32 + HIT_WORTH * hits - wasted - dear).clamp(-CREDIT_CAP, CREDIT_CAP) as i16;
     }
 
-    /// After a burst of `n` frames from `port`, every one of which hit the cache.
+    /// After `n` lookups for frames from `port`, every one of which hit.
     #[inline(always)]
-    pub(super) fn note_hit_burst(&mut self, port: u16, n: usize) {
-        let c = &mut self.flows.credit[port as usize & (fdb::MAX_PORTS - 1)];
+    pub(super) fn note_hits(&mut self, port: u16, n: usize) {
+        let c = &mut self.credit[port as usize & (fdb::MAX_PORTS - 1)];
         *c = (*c as i32 + HIT_WORTH * n as i32).min(CREDIT_CAP) as i16;
     }
+}
 
+impl Flows {
+    /// Before a burst's first lookup in (or fill of) the second level, from a port with
+    /// port security or not: it starts a new epoch when the exact-match cache's would.
+    /// (Bursts that all hit the exact-match cache never look there, and skip this.)
+    #[inline(never)]
+    fn sync_halves(&mut self, snapshot: u64, fdb: u32, now: u32, secured: bool) {
+        self.mega.sync(snapshot, fdb, now);
+        self.secured = secured;
+    }
+
+    pub(super) fn new(emc_entries: usize, megaflow_entries: usize) -> Flows {
+        Flows {
+            emc: Emc::new(emc_entries),
+            mega: Megaflows::new(megaflow_entries),
+            exact: false,
+            halves: false,
+            secured: false,
+            to_peer: Batch::new(),
+            to_peer_hits: [Hit::default(); BATCH],
+            cached: false,
+            miss_keys: [None; BATCH],
+            account: Account::new(),
+            halves_account: Account::new(),
+        }
+    }
+}
+
+impl Pipeline {
+    /// Stage 0 for a burst from a local port: a read-only lookup of every frame in the
+    /// exact-match cache (or, `halves`, in the second level alone), the exact-match cache's
+    /// misses in the second level, then the hits and misses in order (or stages 1-2 for the
+    /// whole burst when nothing hit). Returns the bytes received. One in-order pass for both
+    /// levels: a second copy of it (and of the egress code it inlines) cost the all-hit
+    /// burst's path 2-10 instructions a frame in what the compiler then left out of line.
     #[inline(always)]
-    pub(super) fn count_hits(&mut self, hits: u64) {
+    pub(super) fn forward_port_cached(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+        halves: bool,
+    ) -> u64 {
+        let mut found = [(Hit::default(), 0u32); BATCH];
+        let secured = port.security.is_some();
+        let (pool, emc) = (self.pool.view(), self.flows.emc.view());
+        let (bytes, hits) = match (halves, emc.spread, secured) {
+            (true, _, _) => self.probe_halves(snap, port, batch, &mut found),
+            (false, true, true) => {
+                probe_spread_burst::<true>(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
+            (false, true, false) => {
+                probe_spread_burst::<false>(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
+            (false, false, true) => {
+                probe_secured_burst(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
+            (false, false, false) => {
+                probe_trusted_burst(pool, emc, port.id, batch.as_slice(), &mut found)
+            }
+        };
+        let n = batch.len();
+        let partial = halves || hits < n as u64;
+        let tally = if partial {
+            let t = self.look_up_misses(snap, port, batch, &mut found, hits, halves);
+            if t.hits() == 0 {
+                self.forward_none(snap, port, batch, &t);
+                return bytes;
+            }
+            t
+        } else {
+            self.note_hit_burst(port.id, n);
+            Tally::exact(hits)
+        };
+        // Every frame hit (so each fits its hit's length): if all go to remote VTEPs, they
+        // need no in-order pass. A burst to local ports stops at its first frame.
+        let demoted = if tally.hits() == n as u64 && all_to_peers(&found[..n]) {
+            self.encap_burst(snap, port, batch, &found, bytes);
+            0
+        } else {
+            // An access port's frames all belong to its one bridge domain.
+            match (port.kind == PortKind::Access, self.nodes.on()) {
+                (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
+                (false, false) => {
+                    self.forward_cached::<false, false>(snap, port, batch, &mut found)
+                }
+                (true, true) => self.forward_cached::<true, true>(snap, port, batch, &mut found),
+                (false, true) => self.forward_cached::<false, true>(snap, port, batch, &mut found),
+            }
+        };
+        if partial {
+            self.settle(port.id, n, &tally, demoted);
+        } else {
+            self.count_hits(hits - demoted, Event::CacheHits);
+        }
+        bytes
+    }
+
+    /// The first pass of a burst from a local port off the exact-match cache, in the second
+    /// level alone (see [`Pipeline::forward_port_cached`]); returns the burst's bytes and hits.
+    #[inline(never)]
+    fn probe_halves(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &Batch,
+        found: &mut [(Hit, u32); BATCH],
+    ) -> (u64, u64) {
+        let secured = port.security.is_some();
+        self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now, secured);
+        let (pool, mega, bufs) = (self.pool.view(), self.flows.mega.view(), batch.as_slice());
+        if secured {
+            probe_secured_halves(pool, mega, port.id, bufs, found)
+        } else {
+            probe_trusted_halves(pool, mega, port.id, bufs, found)
+        }
+    }
+
+    /// For a burst not all of whose frames the exact-match cache found (`hits` did), or
+    /// (`halves`) whose frames were looked up in the second level alone: which caches the
+    /// slow path's decisions fill, and the exact-match cache's misses looked up in the second
+    /// level (whose hits are written into the exact-match cache, as OVS's dpcls hits fill
+    /// its EMC). Out of line: the all-hit burst's path keeps its registers.
+    #[inline(never)]
+    fn look_up_misses(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &Batch,
+        found: &mut [(Hit, u32); BATCH],
+        hits: u64,
+        halves: bool,
+    ) -> Tally {
+        let (n, secured) = (batch.len(), port.security.is_some());
+        self.flows.exact = !halves;
+        if !halves {
+            self.flows.halves = self.worth_halving(port.id);
+            if self.flows.halves {
+                self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now, secured);
+            }
+        }
+        // What either cache had filled before this burst: the exact-match cache's fills from
+        // the second level's hits are investments too (a cold start whose halves are known).
+        let (before, halves_before) = (self.flows.emc.free_fills(), self.flows.mega.free_fills());
+        let (exact, found_halves, halved) = if halves {
+            (0, hits, n)
+        } else if self.flows.halves {
+            let (pool, mega) = (self.pool.view(), self.flows.mega.view());
+            let emc = &mut self.flows.emc;
+            let m = halve_misses(pool, mega, emc, port.id, secured, batch.as_slice(), found);
+            (hits, m, n - hits as usize)
+        } else {
+            (hits, 0, 0)
+        };
+        Tally { exact, halves: found_halves, halved, before, halves_before, only_halves: halves }
+    }
+
+    /// A burst nothing of which any cache found: stages 1-2 for all of it, each frame's key
+    /// kept for the fills.
+    #[inline(never)]
+    fn forward_none(&mut self, snap: &Snapshot, port: &PortEntry, batch: &mut Batch, t: &Tally) {
+        let (n, secured) = (batch.len(), port.security.is_some());
+        for (k, b) in self.flows.miss_keys.iter_mut().zip(batch.as_slice()) {
+            *k = port_key(port.id, secured, self.pool.head(b));
+        }
+        self.forward_slow::<false>(snap, port, batch);
+        self.settle(port.id, n, t, 0);
+    }
+
+    /// After a burst of `n` frames that [`Pipeline::look_up_misses`] tallied: the hits
+    /// counted (`demoted`: those a mid-burst MAC move turned into misses, counted against the
+    /// exact-match cache's first, since a frame's cache is not kept), and the burst's worth
+    /// to the port's accounts with both caches.
+    #[inline(never)]
+    fn settle(&mut self, port: u16, n: usize, t: &Tally, demoted: u64) {
+        let exact_demoted = demoted.min(t.exact);
+        self.count_hits(t.exact - exact_demoted, Event::CacheHits);
+        if t.halves > 0 {
+            self.count_hits(t.halves - (demoted - exact_demoted), Event::MegaflowHits);
+        }
+        if !t.only_halves {
+            self.note_burst(port, t.exact, n, t.before, t.halves);
+        }
+        self.note_halves(port, t.halves, t.halved, t.halves_before);
+    }
+
+    /// After `n` lookups of a burst from `port` in the second level, `hits` of which hit:
+    /// their worth to the port's account with it; `before` is its
+    /// [`Megaflows::free_fills`] at the burst's start.
+    #[inline(always)]
+    fn note_halves(&mut self, port: u16, hits: u64, n: usize, before: u32) {
+        if n == 0 {
+        } else if hits == n as u64 {
+            self.flows.halves_account.note_hits(port, n);
+        } else {
+            let free = self.flows.mega.free_fills().wrapping_sub(before);
+            self.flows.halves_account.note(port, hits, n, free, 0);
+        }
+    }
+
+    /// Whether this burst from `port` goes through the exact-match cache ([`Account::worth`]).
+    #[inline(always)]
+    pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
+        self.flows.account.worth(port)
+    }
+
+    /// Whether this burst from `port` may look frames up in the second level.
+    #[inline(always)]
+    pub(super) fn worth_halving(&mut self, port: u16) -> bool {
+        self.flows.mega.capacity() > 0 && self.flows.halves_account.worth(port)
+    }
+
+    /// After a burst of `n` frames from `port` whose lookups in the exact-match cache hit
+    /// `hits` times, not all of them: its worth to the port's credit; `before` is the cache's
+    /// [`Emc::free_fills`] at the burst's start, `halved` of its misses the second level
+    /// found.
+    #[inline(always)]
+    pub(super) fn note_burst(&mut self, port: u16, hits: u64, n: usize, before: u32, halved: u64) {
+        let free = self.flows.emc.free_fills().wrapping_sub(before);
+        self.flows.account.note(port, hits, n, free, halved);
+    }
+
+    /// After a burst of `n` frames from `port`, every one of which hit the exact-match cache.
+    #[inline(always)]
+    pub(super) fn note_hit_burst(&mut self, port: u16, n: usize) {
+        self.flows.account.note_hits(port, n);
+    }
+
+    /// Counts `hits` known-unicast frames that a cache forwarded (`event`: which cache).
+    #[inline(always)]
+    pub(super) fn count_hits(&mut self, hits: u64, event: Event) {
         self.known += hits;
-        self.stats.event(Event::CacheHits, hits);
+        self.stats.event(event, hits);
     }
 
     /// After a frame of the burst took the slow path: whether it changed the FDB, so the
-    /// burst's remaining lookups can no longer be trusted.
+    /// burst's remaining lookups can no longer be trusted. (The exact-match cache is synced
+    /// at every burst's start, even when it is off, so this holds for the second level's
+    /// lookups too.)
     #[inline(always)]
     pub(super) fn lookups_outdated(&self) -> bool {
         self.flows.emc.outdated_by(self.fdb.generation())
@@ -501,7 +794,7 @@ impl Pipeline {
         let mut decapsulated = 0;
         if hits == n as u64 {
             self.forward_hits::<PER_NODE>(snap, batch, &found);
-            self.count_hits(hits);
+            self.count_hits(hits, Event::CacheHits);
             self.stats.event(Event::Decapsulated, hits);
             return (bytes, hits);
         }
@@ -529,7 +822,7 @@ impl Pipeline {
         }
         batch.clear_taken();
         self.end_hits(snap, run);
-        self.count_hits(hits - demoted);
+        self.count_hits(hits - demoted, Event::CacheHits);
         self.stats.event(Event::Decapsulated, decapsulated);
         (bytes, hits)
     }

@@ -66,17 +66,26 @@ impl Pipeline {
         // VTEP. When set, every path below fills `miss_keys` for the frames it hands to
         // stage 2.
         let cache_on = !TRACE && self.flows.emc.capacity() > 0 && self.worth_looking_up(in_port);
+        // A local port's frames the exact-match cache misses, or all of them when it churns
+        // there (or is off), are looked up by halves in the second level (`megaflow`), while
+        // that pays (`forward_port_partly` decides for the misses).
+        // (`exact`, `halves`: which of them the slow path's decisions fill, set where a
+        // burst may take the slow path.)
         let bytes = if port.kind != PortKind::Underlay {
-            self.flows.cached = cache_on;
             if cache_on {
-                self.forward_port_cached(snap, port, batch)
+                self.flows.cached = true;
+                self.forward_port_cached(snap, port, batch, false)
+            } else if !TRACE && self.worth_halving(in_port) {
+                (self.flows.cached, self.flows.halves) = (true, true);
+                self.forward_port_cached(snap, port, batch, true)
             } else {
+                self.flows.cached = false;
                 self.forward_slow::<TRACE>(snap, port, batch)
             }
         } else {
             match snap.vtep.as_ref().filter(|_| cache_on) {
                 Some(vtep) => {
-                    self.flows.cached = true;
+                    (self.flows.cached, self.flows.exact, self.flows.halves) = (true, true, false);
                     let before = self.flows.emc.free_fills();
                     let (bytes, hits) = if self.nodes.on() {
                         self.forward_underlay_cached::<true>(snap, vtep, port, batch)
@@ -86,7 +95,7 @@ impl Pipeline {
                     if hits == n as u64 {
                         self.note_hit_burst(port.id, n);
                     } else {
-                        self.note_burst(port.id, hits, n, before);
+                        self.note_burst(port.id, hits, n, before, 0);
                     }
                     bytes
                 }
@@ -207,7 +216,8 @@ impl Pipeline {
         bytes
     }
 
-    /// Remembers the slow path's decision for its `i`th frame in the exact-match cache.
+    /// Remembers the slow path's decision for its `i`th frame in the caches the burst looked
+    /// up (the exact-match cache, the second level, or both).
     #[inline(always)]
     pub(super) fn remember(&mut self, i: usize, hit: impl FnOnce() -> Option<Hit>) {
         if self.flows.cached
@@ -216,7 +226,12 @@ impl Pipeline {
             && !(ethernet::is_tpid(k.ethertype()) && k.tci() & 0xfff == 0)
             && let Some(h) = hit()
         {
-            self.flows.emc.insert(&k, h);
+            if self.flows.exact {
+                self.flows.emc.insert(&k, h);
+            }
+            if self.flows.halves {
+                self.flows.mega.insert(&k, self.flows.secured, h);
+            }
         }
     }
 

@@ -151,7 +151,8 @@ impl Pipeline {
 
     /// A burst from a local port whose every frame the cache sends to a remote VTEP (the
     /// common case of a pod talking across nodes): straight from the probe to encapsulation,
-    /// without the in-order pass and the encapsulation queue. `bytes`: the burst's.
+    /// without the in-order pass and the encapsulation queue. `bytes`: the burst's. (The
+    /// caller counts the hits.)
     #[inline(never)]
     pub(super) fn encap_burst(
         &mut self,
@@ -164,8 +165,6 @@ impl Pipeline {
         // Bridge domain counters first, apart from the loop: an access port's frames all
         // belong to its one domain.
         let burst = &found[..batch.len()];
-        self.known += burst.len() as u64;
-        self.stats.event(Event::CacheHits, burst.len() as u64);
         if port.kind == PortKind::Access {
             self.count_bd(port.untagged_bd, burst.len() as u64, bytes);
         } else {

@@ -158,13 +158,15 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// `emc_entries` sizes the exact-match cache (0: none).
+    /// `emc_entries` sizes the exact-match cache, `megaflow_entries` each half of the second
+    /// level (0: none).
     pub fn new(
         thread: usize,
         pool: Arc<Pool>,
         fdb: Arc<Fdb>,
         stats: Arc<ThreadStats>,
         emc_entries: usize,
+        megaflow_entries: usize,
     ) -> Pipeline {
         Pipeline {
             thread,
@@ -177,7 +179,7 @@ impl Pipeline {
             decap_cache: DecapCache::default(),
             now: 0,
             hold: neighbor::Hold::new(),
-            flows: cache::Flows::new(emc_entries),
+            flows: cache::Flows::new(emc_entries, megaflow_entries),
             clock: crate::util::monotonic_ns,
             trace: trace::Traces::new(),
             nodes: nodes::PerNode::new(),

@@ -23,7 +23,12 @@ pub fn harness_with(dispatch: crate::pipeline::Dispatch) -> Harness {
     let pool = crate::buf::Pool::new(2048, false).expect("buffer pool");
     let mut h = Harness::with_pool(
         pool,
-        crate::switch::SwitchOptions { fdb_entries: 4096, emc_entries: 64, dispatch },
+        crate::switch::SwitchOptions {
+            fdb_entries: 4096,
+            emc_entries: 64,
+            megaflow_entries: 64,
+            dispatch,
+        },
     );
     for p in PORTS {
         h.ring_with_mac(p, Some(mac(0xa0)));

@@ -1,0 +1,188 @@
+//! The second-level cache (`megaflow`): a mesh the exact-match cache cannot hold rides its
+//! halves, from a trusted port and from a pod port with port security, and nothing a pod
+//! spoofs rides them. (That it decides as the slow path does over random traffic, MAC moves
+//! and flushes is `tests/model.rs`'s.)
+
+use std::net::Ipv4Addr;
+use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::testkit::{Harness, frames, mac};
+use vswitch::wire::MacAddr;
+use vswitch::{DropReason, Event, Pool, SwitchOptions};
+
+fn ip(n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(0xc000_0200 + n)
+}
+
+/// Sources and destinations of the mesh (their MACs and addresses: `mac(SRC + i)`,
+/// `mac(DST + j)`).
+const SRC: u32 = 1000;
+const DST: u32 = 2000;
+
+/// A switch whose exact-match cache holds 64 entries, far fewer than the mesh's pairs.
+fn small_cache() -> Harness {
+    let mut h = Harness::with_pool(
+        Pool::new(8192, false).expect("a pool"),
+        SwitchOptions { emc_entries: 64, ..Default::default() },
+    );
+    h.set_now(1);
+    h
+}
+
+/// `n` destinations behind `net`, learned.
+fn learn_destinations(h: &mut Harness, n: u32) {
+    for j in 0..n {
+        h.send("net", &frames::udp4(mac(1), mac(DST + j), ip(DST + j), ip(1), 1, 2, 64));
+        if j % 32 == 31 {
+            h.step();
+        }
+    }
+    h.step();
+    h.recv_all();
+}
+
+/// Every frame of `frames` sent from `port` in bursts of 32; returns how many left on `to`.
+fn send_all(h: &mut Harness, port: &str, frames: &[Vec<u8>], to: &str) -> usize {
+    let mut got = 0;
+    for burst in frames.chunks(32) {
+        for f in burst {
+            h.send(port, f);
+        }
+        h.step();
+        got += h.recv(to).len();
+        h.recv_all();
+    }
+    got
+}
+
+/// 40 sources behind one access port each talking to all of 40 destinations behind another,
+/// every pair in turn (1,600 flows through 64 exact-match entries): after the first round,
+/// nearly every frame is a second-level hit and reaches its destination.
+#[test]
+fn a_mesh_the_exact_match_cache_cannot_hold_rides_the_halves() {
+    let mut h = small_cache();
+    h.ring("a").ring("net");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .expect("config");
+    learn_destinations(&mut h, 40);
+    let mesh: Vec<Vec<u8>> = (0..40u32)
+        .flat_map(|d| {
+            (0..40u32).map(move |s| {
+                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
+            })
+        })
+        .collect();
+    assert_eq!(send_all(&mut h, "a", &mesh, "net"), mesh.len(), "the first round, learning");
+    let before = h.stats().event(Event::MegaflowHits);
+    for _ in 0..3 {
+        assert_eq!(send_all(&mut h, "a", &mesh, "net"), mesh.len(), "every frame forwarded");
+    }
+    let s = h.stats();
+    let halves = s.event(Event::MegaflowHits) - before;
+    assert!(halves >= 3 * 1600 * 9 / 10, "second-level hits: {halves} of {}", 3 * 1600);
+    assert_eq!(s.total_drops(), 0, "{:?}", s.nonzero_drops());
+}
+
+/// A pod port (port security) talking to 200 destinations, more than the exact-match
+/// cache holds: its good frames ride the second level, while frames with its MAC but
+/// another source address, another IP version, or ARP for a foreign address, sent between
+/// them, are dropped for the slow path's reasons.
+#[test]
+fn a_pods_mesh_rides_the_halves_and_nothing_spoofed_does() {
+    let mut h = small_cache();
+    h.ring("pod").ring("net");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![
+            PortConfig::pod("pod", "red", mac(SRC), &[ip(SRC).into()]),
+            PortConfig::access("net", "red"),
+        ],
+        vtep: None,
+    })
+    .expect("config");
+    learn_destinations(&mut h, 200);
+    let good: Vec<Vec<u8>> = (0..200u32)
+        .map(|d| frames::udp4(mac(DST + d), mac(SRC), ip(SRC), ip(DST + d), 1, 2, 64))
+        .collect();
+    assert_eq!(send_all(&mut h, "pod", &good, "net"), 200, "the first round, learning");
+    assert_eq!(send_all(&mut h, "pod", &good, "net"), 200);
+    let before = h.stats().event(Event::MegaflowHits);
+    // Good frames with the spoofed ones among them, to destinations whose halves are known.
+    let mut mixed = Vec::new();
+    for (d, g) in good.iter().enumerate().take(64) {
+        mixed.push(g.clone());
+        match d % 4 {
+            0 => mixed.push(frames::udp4(
+                mac(DST + d as u32),
+                mac(SRC),
+                ip(SRC + 1),
+                ip(DST + d as u32),
+                1,
+                2,
+                64,
+            )),
+            1 => {
+                let mut v6 = g.clone();
+                v6[14] = 0x65;
+                mixed.push(v6);
+            }
+            2 => {
+                let mut arp = frames::arp_request(mac(SRC), ip(SRC), ip(DST + d as u32));
+                arp[28..32].copy_from_slice(&ip(SRC + 1).octets());
+                mixed.push(arp);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(send_all(&mut h, "pod", &mixed, "net"), 64, "the good frames, only they");
+    let s = h.stats();
+    assert_eq!(s.drop(DropReason::SecurityIp), 32, "{:?}", s.nonzero_drops());
+    assert_eq!(s.drop(DropReason::SecurityArp), 16);
+    assert!(
+        s.event(Event::MegaflowHits) - before >= 56,
+        "the good frames rode the halves: {}",
+        s.event(Event::MegaflowHits) - before
+    );
+}
+
+/// A port whose frames the second level never finds (broadcasts) stops paying for its
+/// lookups, as for the exact-match cache: after a flood of them, a mesh from the same port
+/// still comes back to the halves (a sampled burst finds them).
+#[test]
+fn a_port_that_floods_leaves_the_halves_and_comes_back() {
+    let mut h = small_cache();
+    h.ring("a").ring("net").ring("other");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![
+            PortConfig::access("a", "red"),
+            PortConfig::access("net", "red"),
+            PortConfig::access("other", "red"),
+        ],
+        vtep: None,
+    })
+    .expect("config");
+    learn_destinations(&mut h, 40);
+    let broadcast: Vec<Vec<u8>> = (0..32 * 20u32)
+        .map(|s| frames::udp4(MacAddr([0xff; 6]), mac(SRC + s % 40), ip(SRC), ip(1), 1, 2, 64))
+        .collect();
+    send_all(&mut h, "a", &broadcast, "net");
+    let mesh: Vec<Vec<u8>> = (0..40u32)
+        .flat_map(|d| {
+            (0..40u32).map(move |s| {
+                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
+            })
+        })
+        .collect();
+    let before = h.stats().event(Event::MegaflowHits);
+    let mut got = 0;
+    for _ in 0..4 {
+        got += send_all(&mut h, "a", &mesh, "net");
+    }
+    assert_eq!(got, 4 * mesh.len(), "every frame forwarded");
+    let halves = h.stats().event(Event::MegaflowHits) - before;
+    assert!(halves >= 2 * 1600, "the mesh came back to the halves: {halves} hits");
+}
