@@ -81,6 +81,7 @@ impl NodeApi for Api {
             fdb_entries: self.node.switch.fdb().len() as u32,
             fdb_capacity: self.node.switch.fdb().capacity(),
             emc_entries: self.node.opts.tables.emc_entries as u32,
+            megaflow_entries: self.node.opts.tables.megaflow_entries as u32,
             buffers_lent: buffers_lent.min(u32::MAX as u64) as u32,
             pool_sized_for_pods: self.node.opts.sized_for_pods.unwrap_or(0),
         }))

@@ -43,7 +43,7 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
         return structured(out, &v);
     }
     println!(
-        "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{} ({} lent to receive rings{}), FDB {}/{} entries, cache {} entries per thread",
+        "knitter-vswitchd {}: configuration generation {}, {} PMD thread(s), idle {}, buffers {}/{} free{} ({} lent to receive rings{}), FDB {}/{} entries, cache {} entries per thread (second level {} a half)",
         v.version,
         v.generation,
         v.pmd_threads,
@@ -58,7 +58,8 @@ pub(crate) async fn show(c: &mut NodeClient<Channel>, out: Output) -> Result<()>
         },
         v.fdb_entries,
         v.fdb_capacity,
-        v.emc_entries
+        v.emc_entries,
+        v.megaflow_entries
     );
     // Ports whose receive buffers ran out with the pool empty (frames were lost).
     let starved: Vec<String> = v
