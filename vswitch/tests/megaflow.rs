@@ -5,7 +5,9 @@
 
 use std::net::Ipv4Addr;
 use vswitch::config::{BridgeConfig, PortConfig, SwitchConfig};
+use vswitch::fdb::Dest;
 use vswitch::testkit::{Harness, frames, mac};
+use vswitch::trace::Step;
 use vswitch::wire::MacAddr;
 use vswitch::{DropReason, Event, Pool, SwitchOptions};
 
@@ -185,4 +187,35 @@ fn a_port_that_floods_leaves_the_halves_and_comes_back() {
     assert_eq!(got, 4 * mesh.len(), "every frame forwarded");
     let halves = h.stats().event(Event::MegaflowHits) - before;
     assert!(halves >= 2 * 1600, "the mesh came back to the halves: {halves} hits");
+}
+
+/// A traced frame whose flow only the second level knows (its source and its destination
+/// were each seen with others) reports that decision as the cache's, as `knitterctl trace`
+/// shows it, and then takes the slow path, which forwards it the same way.
+#[test]
+fn a_trace_reports_the_halves_decision() {
+    let mut h = small_cache();
+    h.ring("a").ring("net");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .expect("config");
+    learn_destinations(&mut h, 2);
+    let pair = |s: u32, d: u32| {
+        frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
+    };
+    // (0, 0) and (1, 1), twice: both sources and both destinations are known by halves.
+    assert_eq!(send_all(&mut h, "a", &[pair(0, 0), pair(1, 1), pair(0, 0), pair(1, 1)], "net"), 4);
+    h.switch.trace("a", 1).expect("trace");
+    assert_eq!(send_all(&mut h, "a", &[pair(0, 1)], "net"), 1, "forwarded");
+    let net = h.switch.snapshot().port_id("net").expect("port");
+    let t = h.switch.traces();
+    assert_eq!(
+        t[0].steps()[0],
+        Step::Cache { hit: Some((0, Dest::Port(net))) },
+        "{:?}",
+        t[0].steps()
+    );
 }

@@ -105,7 +105,8 @@ impl Pipeline {
     }
 
     /// Starts tracing the frames of a burst from `port` (the first the request still wants,
-    /// or every one of a synthetic `batch`): their heads, and what the cache would decide.
+    /// or every one of a synthetic `batch`): their heads, and what the caches would decide
+    /// (the exact-match cache's decision, or the second level's by the frame's halves).
     #[cold]
     #[inline(never)]
     pub(super) fn begin_trace(
@@ -124,6 +125,12 @@ impl Pipeline {
         let t = &mut *self.trace.burst;
         (t.k, t.cur, t.dry) = (k, 0, dry);
         let emc = (self.flows.emc.capacity() > 0).then(|| self.flows.emc.view());
+        // A local port's frames the exact-match cache misses may be found by halves.
+        let local = port.kind != PortKind::Underlay;
+        if local && self.flows.mega.capacity() > 0 {
+            self.flows.mega.sync(snap.generation, self.fdb.generation(), self.now);
+        }
+        let mega = (local && self.flows.mega.capacity() > 0).then(|| self.flows.mega.view());
         // An underlay's frames are looked up by their inner frame, when their outer headers
         // are what the cache's decapsulation admits.
         let underlay = snap.vtep.as_ref().filter(|_| port.kind == PortKind::Underlay);
@@ -142,7 +149,9 @@ impl Pipeline {
             let (h, len) = self.pool.head_and_len(b);
             f.start(port.id, len, h);
             (f.thread, f.dry, f.seq) = (self.thread, dry, self.trace.requests.next_seq());
-            let Some(emc) = &emc else { continue };
+            if emc.is_none() && mega.is_none() {
+                continue;
+            }
             let hit = match underlay {
                 Some(vtep) => h
                     .first_chunk::<{ vtep::PLAIN_OUTER + emc::KEY_BYTES }>()
@@ -152,17 +161,23 @@ impl Pipeline {
                             .first_chunk()
                             .and_then(|o| vtep.classify_plain(o, len, &decap_cache))?;
                         Key::from_peer(d.peer, d.bd, inner)
-                            .and_then(|k| emc.lookup(&k))
+                            .and_then(|k| emc.as_ref()?.lookup(&k))
                             .filter(|hit| hit.admits(d.inner_len))
                     }),
                 None if port.kind == PortKind::Underlay => None,
                 None => {
-                    let key = if port.security.is_some() {
+                    let secured = port.security.is_some();
+                    let key = if secured {
                         Key::lookup_from_secured_port(port.id, h)
                     } else {
                         Key::from_port(port.id, h)
                     };
-                    key.and_then(|k| emc.lookup(&k)).filter(|hit| hit.admits(len as u32))
+                    key.and_then(|k| {
+                        emc.as_ref()
+                            .and_then(|e| e.lookup(&k))
+                            .or_else(|| mega.as_ref()?.lookup(&k, secured))
+                    })
+                    .filter(|hit| hit.admits(len as u32))
                 }
             };
             f.push(Step::Cache { hit: hit.map(dest) });
