@@ -270,10 +270,12 @@ impl Key {
     pub fn halves(&self, secured: bool) -> (Key, Key) {
         let source = Key { k0: self.k0 & 0xffff, k1: self.k1, k2: self.k2 };
         let destination = if secured {
-            // k0: the destination (bits 16..64) over the source's first two bytes; k1's top
-            // half: the EtherType, the IP version (with the DHCP guard's mark) and the DSCP;
-            // k2: the port under the source address.
-            Key { k0: self.k0 & !0xffff, k1: self.k1 & !0xffff_ffff, k2: self.k2 & 0xffff }
+            // k0: the destination (bits 16..64) over the source's first two bytes; k1's bits
+            // 32..56: the EtherType and the IP version (with the DHCP guard's mark), not the
+            // DSCP and ECN above them, which the destination's side never reads (a pod
+            // varying them would otherwise fill a destination half for each); k2: the port
+            // under the source address.
+            Key { k0: self.k0 & !0xffff, k1: self.k1 & 0x00ff_ffff_0000_0000, k2: self.k2 & 0xffff }
         } else {
             // k1's top 16 bits: the EtherType; k2: the ingress and the tag.
             Key { k0: self.k0, k1: self.k1 & !0xffff_ffff_ffff, k2: self.k2 }

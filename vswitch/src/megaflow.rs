@@ -28,6 +28,9 @@ use crate::emc::{Emc, EmcView, Hit, Key};
 pub struct Megaflows {
     sources: Emc,
     destinations: Emc,
+    /// Fills of which at least one half took an empty or stale place (running count,
+    /// wrapping).
+    free_fills: u32,
 }
 
 impl std::fmt::Debug for Megaflows {
@@ -39,7 +42,7 @@ impl std::fmt::Debug for Megaflows {
 impl Megaflows {
     /// Tables of at least `entries` halves each (0 turns the cache off).
     pub fn new(entries: usize) -> Megaflows {
-        Megaflows { sources: Emc::new(entries), destinations: Emc::new(entries) }
+        Megaflows { sources: Emc::new(entries), destinations: Emc::new(entries), free_fills: 0 }
     }
 
     /// Entries of each half's table (0: off).
@@ -60,19 +63,23 @@ impl Megaflows {
         MegaflowView { sources: self.sources.view(), destinations: self.destinations.view() }
     }
 
-    /// Halves filled into an empty or stale place so far, in either table (running count,
-    /// wrapping; see [`Emc::free_fills`]).
+    /// Fills so far of which at least one half took an empty or stale place: flows whose
+    /// source or destination the cache had room for (running count, wrapping; see
+    /// [`Emc::free_fills`]).
     #[inline(always)]
     pub fn free_fills(&self) -> u32 {
-        self.sources.free_fills().wrapping_add(self.destinations.free_fills())
+        self.free_fills
     }
 
     /// Remembers the slow path's known-unicast decision `hit` for the frame of key `k`
     /// (`secured`: a key of a port with port security), one half in each table.
     pub fn insert(&mut self, k: &Key, secured: bool, hit: Hit) {
         let (source, destination) = k.halves(secured);
+        let before = (self.sources.free_fills(), self.destinations.free_fills());
         self.sources.insert(&source, Hit::default());
         self.destinations.insert(&destination, hit);
+        let after = (self.sources.free_fills(), self.destinations.free_fills());
+        self.free_fills = self.free_fills.wrapping_add((after != before) as u32);
     }
 }
 
@@ -189,6 +196,24 @@ mod test {
         let mut arp = frame(1, 2, 0x0806, 1);
         arp[26..30].copy_from_slice(&[10, 0, 0, 2]);
         assert_eq!(look(&m, &arp), None, "not IPv4");
+    }
+
+    /// A pod port's destination half does not hold the DSCP and ECN bits, which only the
+    /// source's side reads: a pod varying them shares one destination half per destination.
+    #[test]
+    fn a_secured_destination_half_ignores_dscp() {
+        let k = |tos: u8| {
+            let mut f = ipv4(1, 2, [10, 0, 0, 2]);
+            f[15] = tos;
+            Key::from_secured_port(3, &f).expect("a key")
+        };
+        assert_ne!(k(0).halves(true).0, k(0xb8).halves(true).0, "the source half holds it");
+        assert_eq!(k(0).halves(true).1, k(0xb8).halves(true).1, "the destination half not");
+        let mut m = Megaflows::new(64);
+        sync(&mut m, 1);
+        m.insert(&k(0), true, to(4));
+        m.insert(&k(0xb8), true, to(4));
+        assert_eq!(m.free_fills(), 2, "a new source half each, one destination half");
     }
 
     #[test]

@@ -323,6 +323,54 @@ fn arp_and_nd_suppression_answer_known_addresses() {
     assert_eq!((s.event(Event::ArpSuppressed), s.event(Event::NdSuppressed)), (1, 1));
 }
 
+/// ARP to the gateway's MAC that suppression does not answer (a reply) is forwarded to the
+/// gateway's port, but never cached: the next frame with the same key may be a request,
+/// which the switch answers, from whichever cache — the exact-match cache or the second
+/// level — would otherwise have replayed the reply's decision.
+#[test]
+fn unanswered_arp_to_the_gateway_is_never_cached() {
+    for (emc_entries, megaflow_entries) in [(1 << 10, 0), (0, 1 << 10), (1 << 10, 1 << 10)] {
+        let host = mac(0xfe);
+        let mut h = Harness::with_pool(
+            vswitch::Pool::new(2048, false).unwrap(),
+            vswitch::SwitchOptions { emc_entries, megaflow_entries, ..Default::default() },
+        );
+        h.ring("p0").ring("p1").ring_with_mac("host", Some(host));
+        let gw = GatewayConfig { ips: vec![ip(1).into()], mac: None, port: "host".into() };
+        h.apply(SwitchConfig {
+            bridges: vec![BridgeConfig { gateway: Some(gw), ..BridgeConfig::new("red") }],
+            ports: vec![
+                PortConfig::access("p0", "red"),
+                PortConfig::access("p1", "red"),
+                PortConfig::access("host", "red"),
+            ],
+            vtep: None,
+        })
+        .unwrap();
+        let gw_mac = vswitch::wire::MacAddr([0x0a, 0x58, 192, 0, 2, 1]);
+        // Another source on p0 has its halves known to the gateway (for the second level).
+        for _ in 0..3 {
+            h.send("p0", &frames::arp_reply(gw_mac, mac(3), ip(12), ip(1)));
+            h.send("p0", &frames::arp_reply(gw_mac, mac(1), ip(10), ip(1)));
+            h.step();
+        }
+        h.recv_all();
+        let mut probe = frames::arp_request(mac(1), ip(10), ip(1));
+        probe[..6].copy_from_slice(&gw_mac.0);
+        h.send("p0", &probe);
+        h.step();
+        let out = h.recv_all();
+        assert_eq!(
+            out["p0"],
+            vec![frames::arp_reply(mac(1), gw_mac, ip(1), ip(10))],
+            "caches ({emc_entries}, {megaflow_entries}): answered, not replayed"
+        );
+        assert!(out["host"].is_empty(), "not handed to the host");
+        let s = h.stats();
+        assert_eq!(s.event(Event::CacheHits) + s.event(Event::MegaflowHits), 0);
+    }
+}
+
 /// A distributed gateway: the switch answers ARP for it with its MAC; frames to that MAC go
 /// to the gateway's port addressed to the port's own MAC, every time (the cache's hits
 /// too); pod-to-pod frames stay switched; a port without a MAC, or not in the bridge, is

@@ -271,10 +271,12 @@ proptest! {
         prop_assert_eq!(&without.0, &with.0);
         prop_assert_eq!(&without.1, &with.1);
         prop_assert_eq!(&without.2, &with.2);
-        let halves = run(HALVES_2, Dispatch::Fused);
-        prop_assert_eq!(&without.0, &halves.0, "the second level");
-        prop_assert_eq!(&without.1, &halves.1);
-        prop_assert_eq!(&without.2, &halves.2);
+        for caches in [HALVES_2, BOTH_2] {
+            let halves = run(caches, Dispatch::Fused);
+            prop_assert_eq!(&without.0, &halves.0, "caches {:?}", caches);
+            prop_assert_eq!(&without.1, &halves.1);
+            prop_assert_eq!(&without.2, &halves.2);
+        }
         let mut per_node = run(EXACT_2, Dispatch::PerNode);
         let mut sorted = with.0.clone();
         sorted.iter_mut().flat_map(|m| m.values_mut()).for_each(|v| v.sort());
@@ -299,8 +301,10 @@ proptest! {
         let without = two_switches(&pods, &traffic, NO_CACHE, Dispatch::Fused)?;
         let mut with = two_switches(&pods, &traffic, EXACT_2, Dispatch::Fused)?;
         prop_assert_eq!(&without, &with);
-        let halves = two_switches(&pods, &traffic, HALVES_2, Dispatch::Fused)?;
-        prop_assert_eq!(&without, &halves, "the second level");
+        for caches in [HALVES_2, BOTH_2] {
+            let halves = two_switches(&pods, &traffic, caches, Dispatch::Fused)?;
+            prop_assert_eq!(&without, &halves, "caches {:?}", caches);
+        }
         let mut per_node = two_switches(&pods, &traffic, EXACT_2, Dispatch::PerNode)?;
         with.0.iter_mut().for_each(|v| v.sort());
         per_node.0.iter_mut().for_each(|v| v.sort());
@@ -319,7 +323,7 @@ proptest! {
     fn bursts_match_the_reference_model(
         modes in proptest::collection::vec(prop_oneof![3 => (0..2usize).prop_map(Mode::Access), 2 => (0..2usize).prop_map(Mode::Pod), 1 => mode()], 2..4),
         bursts in proptest::collection::vec((0..3usize, proptest::collection::vec(burst_frame(), 1..8)), 1..40),
-        (emc_entries, megaflow_entries) in prop_oneof![Just(NO_CACHE), Just(EXACT_2), Just(HALVES_2)],
+        (emc_entries, megaflow_entries) in prop_oneof![Just(NO_CACHE), Just(EXACT_2), Just(HALVES_2), Just(BOTH_2)],
         per_node in any::<bool>(),
     ) {
         let dispatch = if per_node { Dispatch::PerNode } else { Dispatch::Fused };
@@ -390,6 +394,8 @@ const EXACT_2: Caches = (2, 0);
 /// The second level alone (it then serves every burst from a local port), two entries a
 /// half.
 const HALVES_2: Caches = (0, 2);
+/// Both, two entries each: the exact-match cache's misses found by halves and written back.
+const BOTH_2: Caches = (2, 2);
 
 /// Whether `e` counts a cache's hits (which differ with the cache; nothing else may).
 fn is_cache_hit(e: vswitch::Event) -> bool {

@@ -572,6 +572,9 @@ impl Pipeline {
     /// to the port's accounts with both caches.
     #[inline(never)]
     fn settle(&mut self, port: u16, n: usize, t: &Tally, demoted: u64) {
+        // Outside a burst that looked there, nothing fills the second level (whose
+        // `secured` flag is this burst's port's).
+        self.flows.halves = false;
         let exact_demoted = demoted.min(t.exact);
         self.count_hits(t.exact - exact_demoted, Event::CacheHits);
         if t.halves > 0 {

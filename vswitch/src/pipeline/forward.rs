@@ -109,12 +109,19 @@ impl Pipeline {
     ) {
         let from_peer = c.from_peer != NO_PEER;
         let l2 = ethernet::header_len(c.tagged);
+        // Whether the decision below may be cached: learning left nothing to do, and no
+        // byte outside the caches' keys decided it.
+        let mut cacheable = learnt;
 
         if bd.arp_suppression
             && (c.dst_key & MacAddr::GROUP_BIT_U64 != 0 || c.dst_key == bd.gateway_key)
         {
             let h = self.pool.head(&b);
             let et = u16::from_be_bytes([h[l2 - 2], h[l2 - 1]]);
+            // An ARP or IPv6 frame to the gateway that suppression did not answer (a reply,
+            // TCP to the router) is forwarded, but the next one with the same key may be a
+            // request it answers: its payload decides, so it is never cached.
+            cacheable &= et != ethertype::ARP && et != ethertype::IPV6;
             if (et == ethertype::ARP || et == ethertype::IPV6)
                 && let Some(a) = suppress::answer(&self.pool, bd, &mut b, l2, et)
             {
@@ -163,7 +170,7 @@ impl Pipeline {
                         && let Some(want) = pe.egress_tag(bd.id, bd.vlan)
                     {
                         self.known += 1;
-                        if learnt && !leaves_first(snap, bd.id, pe) {
+                        if cacheable && !leaves_first(snap, bd.id, pe) {
                             // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
                             let max =
                                 l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
@@ -183,7 +190,7 @@ impl Pipeline {
                 Dest::Peer(p) => {
                     if bd.peers.contains(&p) {
                         self.known += 1;
-                        if learnt && let Some(vni) = bd.vni {
+                        if cacheable && let Some(vni) = bd.vni {
                             let max = l2 + port.mtu as usize;
                             self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
                         }
