@@ -60,6 +60,10 @@ pub enum Scenario {
     /// talking to all of `hosts / 2` destinations behind another, every pair in turn —
     /// `hosts² / 2` distinct keys (500 000 for 1 000), 1.5 × `hosts` MACs.
     FullMesh { hosts: u32 },
+    /// The same mesh from pod ports, as the CNI makes them (port security): `pods` pods, each
+    /// behind its own port, each talking to all of `hosts` destinations behind another port,
+    /// a burst from each pod in turn — `pods × hosts` keys (512,000 for 512 × 1,000).
+    PodMesh { pods: u32, hosts: u32 },
 }
 
 impl Scenario {
@@ -105,14 +109,18 @@ impl Scenario {
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
             Scenario::FullMesh { hosts } => format!("l2-fullmesh-{}k", hosts / 1000),
+            Scenario::PodMesh { pods, hosts } => format!("l2-pod-mesh-{pods}x{}k", hosts / 1000),
             Scenario::Trunk { bds } => format!("trunk-{bds}bd"),
         }
     }
 
     /// Workloads too large for the CI test of every scenario, measured by hand
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain.
-    pub const SCALE: [Scenario; 2] =
-        [Scenario::L2 { macs: 1_000_000 }, Scenario::FullMesh { hosts: 1000 }];
+    pub const SCALE: [Scenario; 3] = [
+        Scenario::L2 { macs: 1_000_000 },
+        Scenario::FullMesh { hosts: 1000 },
+        Scenario::PodMesh { pods: 512, hosts: 1000 },
+    ];
 
     pub fn parse(s: &str) -> Option<Scenario> {
         Scenario::ALL.iter().chain(&Scenario::SCALE).copied().find(|x| x.name() == s)
@@ -130,11 +138,11 @@ pub struct Bench {
     sinks: Vec<RingPeer>,
     frames: Vec<Vec<u8>>,
     next: usize,
-    /// A second input taking every other burst: its port, its index in `sinks`, its frames
-    /// and the next of them.
-    back: Option<(u16, usize, Vec<Vec<u8>>, usize)>,
-    /// Whether the next burst is the second input's.
-    turn: bool,
+    /// More inputs, taking bursts in turn after the first: each one's port, its index in
+    /// `sinks`, its frames and the next of them.
+    others: Vec<(u16, usize, Vec<Vec<u8>>, usize)>,
+    /// Whose the next burst is: 0 the first input's, `k` the `k`th of `others`.
+    turn: usize,
     cache: PoolCache,
     batch: Batch,
 }
@@ -195,7 +203,8 @@ impl Bench {
             peers.insert(name.to_owned(), peer);
         };
         let red = || BridgeConfig::new("red").vlan(100);
-        let mut back_frames = Vec::new();
+        // Inputs after the first: their names and frames.
+        let mut other_inputs: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
         let (cfg, input, frames_): (SwitchConfig, &str, Vec<Vec<u8>>) = match s {
             Scenario::L2Both { macs } => {
                 ring("a", None);
@@ -206,11 +215,12 @@ impl Bench {
                         frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)
                     })
                     .collect();
-                back_frames = (0..n)
+                let back = (0..n)
                     .map(|i| {
                         frames::udp4(mac(i + 1), mac(n + i + 1), ip(i + 1), ip(i), 2000, 1000, 60)
                     })
                     .collect();
+                other_inputs.push(("b".into(), back));
                 (
                     many_macs(vec![PortConfig::access("a", "red"), PortConfig::access("b", "red")]),
                     "a",
@@ -319,6 +329,32 @@ impl Bench {
                     })
                     .collect();
                 (SwitchConfig { bridges, ports, vtep: None }, "t1", f)
+            }
+            Scenario::PodMesh { pods, hosts } => {
+                ring("b", None);
+                let mut ports = vec![PortConfig::access("b", "red")];
+                let mut first = Vec::new();
+                for p in 0..pods {
+                    let name = format!("pod{p:04}");
+                    ring(&name, None);
+                    let me = 0x8000 + p;
+                    let addr = Ipv4Addr::from(0x0a01_0000 | me);
+                    ports.push(PortConfig::pod(&name, "red", manager_mac(me), &[IpAddr::V4(addr)]));
+                    // Every destination in turn, each pod starting elsewhere.
+                    let f: Vec<Vec<u8>> = (0..hosts)
+                        .map(|j| {
+                            let d = (j + p * 7) % hosts;
+                            let dst = Ipv4Addr::from(0x0a01_0000 | d);
+                            frames::udp4(manager_mac(d), manager_mac(me), addr, dst, 1000, 2000, 60)
+                        })
+                        .collect();
+                    if p == 0 {
+                        first = f;
+                    } else {
+                        other_inputs.push((name, f));
+                    }
+                }
+                (many_macs(ports), "pod0000", first)
             }
             Scenario::Mesh { hosts } => {
                 ring("a", None);
@@ -515,10 +551,13 @@ impl Bench {
         let snap = switch.snapshot();
         let in_port = snap.port_id(input).expect("input port");
         let input_peer = peers.remove(input).expect("input peer");
-        let back = (!back_frames.is_empty()).then(|| {
-            let idx = peers.keys().position(|k| k == "b").expect("the second input is b");
-            (snap.port_id("b").expect("port b"), idx, back_frames, 0)
-        });
+        let others = other_inputs
+            .into_iter()
+            .map(|(name, frames)| {
+                let idx = peers.keys().position(|k| *k == name).expect("an input's ring");
+                (snap.port_id(&name).expect("an input's port"), idx, frames, 0)
+            })
+            .collect();
         let mut b = Bench {
             pipe: switch.pipeline(0),
             cache: PoolCache::new(pool.clone()),
@@ -530,8 +569,8 @@ impl Bench {
             sinks: peers.into_values().collect(),
             frames: frames_,
             next: 0,
-            back,
-            turn: false,
+            others,
+            turn: 0,
             batch: Batch::new(),
         };
         b.pipe.set_now(1);
@@ -548,6 +587,19 @@ impl Bench {
                     .map(|i| frames::udp4(mac(1), mac(n + i + 1), ip(i), ip(1), 1, 2, 60))
                     .collect()
             }
+            Scenario::PodMesh { hosts, .. } => (0..hosts)
+                .map(|i| {
+                    frames::udp4(
+                        manager_mac(0x8000),
+                        manager_mac(i),
+                        Ipv4Addr::from(0x0a01_0000 | i),
+                        Ipv4Addr::from(0x0a01_0000 | 0x8000),
+                        1,
+                        2,
+                        60,
+                    )
+                })
+                .collect(),
             Scenario::PodL2 { hosts, .. } => (0..hosts)
                 .map(|i| {
                     frames::udp4(
@@ -606,13 +658,13 @@ impl Bench {
         };
         let snap = self.snap.clone();
         for chunk in back.chunks(32) {
-            // Learning frames enter on the port that is not the input.
+            // Learning frames enter on port b, or else the first that is not the input.
             let port = snap
-                .ports
-                .iter()
-                .flatten()
-                .find(|p| p.id != self.in_port)
-                .map(|p| p.id)
+                .port_id("b")
+                .filter(|b| *b != self.in_port)
+                .or_else(|| {
+                    snap.ports.iter().flatten().find(|p| p.id != self.in_port).map(|p| p.id)
+                })
                 .unwrap_or(0);
             for f in chunk {
                 if let Some(b) = self.cache.alloc_frame(f) {
@@ -624,41 +676,43 @@ impl Bench {
             self.batch = batch;
             self.drain();
         }
-        // One pass over the input frames learns their sources. With two inputs, two passes
-        // over both: the first one's frames flood until the second has answered (floods are
-        // not cached), so only the second pass leaves the steady state measured.
-        let bursts = self.frames.len().div_ceil(32) * if self.back.is_some() { 4 } else { 1 };
-        for _ in 0..bursts {
+        // One pass over the input frames learns their sources. With several inputs, two
+        // passes over each: the first one's frames flood until the second has answered
+        // (floods are not cached), so only the second pass leaves the steady state measured.
+        let inputs = self.others.len() + 1;
+        let passes = if inputs > 1 { 2 } else { 1 };
+        for _ in 0..self.frames.len().div_ceil(32) * inputs * passes {
             self.inject();
             // Not `self.poll()`: the instruction counter measures that function only.
             let port = self.next_port();
             self.pipe.poll(&snap, port, 0, &mut self.batch);
-            self.turn = self.back.is_some() && !self.turn;
+            self.turn = (self.turn + 1) % inputs;
             self.drain();
         }
     }
 
     /// The port whose burst is next.
     fn next_port(&self) -> u16 {
-        match &self.back {
-            Some((port, ..)) if self.turn => *port,
-            _ => self.in_port,
+        match self.turn {
+            0 => self.in_port,
+            k => self.others[k - 1].0,
         }
     }
 
     /// Puts one burst of prepared frames on the ingress ring (of the input whose turn it is).
     pub fn inject(&mut self) {
         for _ in 0..32 {
-            let (f, peer) = match &mut self.back {
-                Some((_, idx, frames, next)) if self.turn => {
-                    let f = &frames[*next];
-                    *next = (*next + 1) % frames.len();
-                    (f, &mut self.sinks[*idx])
-                }
-                _ => {
+            let (f, peer) = match self.turn {
+                0 => {
                     let f = &self.frames[self.next];
                     self.next = (self.next + 1) % self.frames.len();
                     (f, &mut self.input)
+                }
+                k => {
+                    let (_, idx, frames, next) = &mut self.others[k - 1];
+                    let f = &frames[*next];
+                    *next = (*next + 1) % frames.len();
+                    (f, &mut self.sinks[*idx])
                 }
             };
             if let Some(b) = self.cache.alloc_frame(f)
@@ -678,7 +732,7 @@ impl Bench {
     #[inline(never)]
     pub fn poll(&mut self) -> usize {
         let port = self.next_port();
-        self.turn = self.back.is_some() && !self.turn;
+        self.turn = (self.turn + 1) % (self.others.len() + 1);
         self.pipe.poll(&self.snap, port, 0, &mut self.batch)
     }
 
@@ -696,7 +750,7 @@ impl Bench {
         }
         // The learning frames' floods may have gone back to the input port; with two inputs
         // it is where the second one's frames go.
-        let count = self.back.is_some();
+        let count = !self.others.is_empty();
         while self.input.recv(0, &mut b) > 0 {
             for x in b.drain() {
                 n += count as usize;
