@@ -82,6 +82,33 @@ impl Hit {
         Self::pack(bd, port, tagged_in, out, max_len)
     }
 
+    /// What a source half of the second level holds ([`crate::megaflow`]): the frame's bridge
+    /// domain, whether it arrived tagged, and the longest frame its ingress allows.
+    pub fn from_source(bd: u16, tagged_in: bool, max_len: usize) -> Option<Hit> {
+        Self::pack(bd, 0, tagged_in, 0, max_len)
+    }
+
+    /// The bridge domain and whether the frame arrived tagged, as the decision's bits hold
+    /// them (what a destination half is keyed by besides the MAC).
+    #[inline(always)]
+    pub fn domain(self) -> u64 {
+        self.0 & ((ID_MAX as u64) << 12 | TAGGED_IN)
+    }
+
+    /// This decision for a frame whose ingress allows at most what `source` (a
+    /// [`Hit::from_source`]) does: the shorter of the two longest frames.
+    #[inline(always)]
+    pub fn within(self, source: Hit) -> Hit {
+        let limit = (self.0 >> 50).min(source.0 >> 50);
+        Hit(self.0 & ((1 << 50) - 1) | limit << 50)
+    }
+
+    /// Whether it sends the frame back out of local port `port`.
+    #[inline(always)]
+    pub fn reflects_to(self, port: u16) -> bool {
+        self.0 & (PEER | ID_MAX as u64) == port as u64
+    }
+
     /// The decision to send a frame of bridge domain `bd` to a remote VTEP.
     pub fn to_peer(bd: u16, peer: u16, tagged_in: bool, vni: u32, max_len: usize) -> Option<Hit> {
         if vni > 0xff_ffff {
@@ -138,6 +165,53 @@ impl Hit {
         let want = (self.0 & TAGGED_OUT != 0)
             .then(|| (TPIDS[(self.0 >> 27) as usize & 3], (self.0 >> 32) as u16 & ID_MAX));
         Action::Port { port: id, want }
+    }
+}
+
+/// A known-unicast decision of the slow path as the caches keep it: whole, for the
+/// exact-match cache, and as its two halves, for the second level ([`crate::megaflow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub hit: Hit,
+    /// The ingress's side: bridge domain, tagged or not, the ingress's longest frame.
+    pub source: Hit,
+    /// The egress's side: everything but the ingress's MTU.
+    pub destination: Hit,
+}
+
+impl Decision {
+    /// Out of local port `port` of bridge domain `bd`, from an ingress that allows
+    /// `ingress_max` bytes (`None`: a decapsulated frame, which has no ingress MTU) to an
+    /// egress that allows `egress_max`.
+    pub fn to_port(
+        bd: u16,
+        port: u16,
+        tagged_in: bool,
+        want: Option<(u16, u16)>,
+        ingress_max: Option<usize>,
+        egress_max: usize,
+    ) -> Option<Decision> {
+        let both = ingress_max.map_or(egress_max, |i| i.min(egress_max));
+        Some(Decision {
+            hit: Hit::to_port(bd, port, tagged_in, want, both)?,
+            source: Hit::from_source(bd, tagged_in, ingress_max.unwrap_or(MAX_LEN))?,
+            destination: Hit::to_port(bd, port, tagged_in, want, egress_max)?,
+        })
+    }
+
+    /// To remote VTEP `peer` in VNI `vni`, from an ingress that allows `ingress_max` bytes.
+    pub fn to_peer(
+        bd: u16,
+        peer: u16,
+        tagged_in: bool,
+        vni: u32,
+        ingress_max: usize,
+    ) -> Option<Decision> {
+        Some(Decision {
+            hit: Hit::to_peer(bd, peer, tagged_in, vni, ingress_max)?,
+            source: Hit::from_source(bd, tagged_in, ingress_max)?,
+            destination: Hit::to_peer(bd, peer, tagged_in, vni, MAX_LEN)?,
+        })
     }
 }
 
@@ -257,30 +331,32 @@ impl Key {
         Some(Key { k0, k1, k2 })
     }
 
-    /// The key split into what a known-unicast decision depends on, for
-    /// [`crate::megaflow`]: the source half (the ingress, the source MAC, the EtherType and
-    /// the two bytes after it; from a port with port security also the IP version, header
-    /// length, DSCP and source address the check reads) and the destination half (the
-    /// ingress, the destination MAC, the EtherType and what follows it that tells a tag; from
-    /// a port with port security, the EtherType, IP version and header length). Each half
-    /// holds everything its side of the slow path reads: what it classifies on (the ingress
-    /// and the tag) is in both. `secured`: the key is [`Key::from_secured_port`]'s or
-    /// [`Key::lookup_from_secured_port`]'s.
+    /// The source half of the key, for [`crate::megaflow`]: everything classification, port
+    /// security and learning read — the ingress, the source MAC, the EtherType and the two
+    /// bytes after it, and from a port with port security also the IP version, header length,
+    /// DSCP, the DHCP guard's mark and the source address. Only the destination is left out
+    /// (both layouts keep it in `k0`'s bits 16..64; their low 16 bits hold the bridge domain,
+    /// 0 from a port, or a secured key's source bytes, which stay).
     #[inline(always)]
-    pub fn halves(&self, secured: bool) -> (Key, Key) {
-        let source = Key { k0: self.k0 & 0xffff, k1: self.k1, k2: self.k2 };
-        let destination = if secured {
-            // k0: the destination (bits 16..64) over the source's first two bytes; k1's bits
-            // 32..56: the EtherType and the IP version (with the DHCP guard's mark), not the
-            // DSCP and ECN above them, which the destination's side never reads (a pod
-            // varying them would otherwise fill a destination half for each); k2: the port
-            // under the source address.
-            Key { k0: self.k0 & !0xffff, k1: self.k1 & 0x00ff_ffff_0000_0000, k2: self.k2 & 0xffff }
-        } else {
-            // k1's top 16 bits: the EtherType; k2: the ingress and the tag.
-            Key { k0: self.k0, k1: self.k1 & !0xffff_ffff_ffff, k2: self.k2 }
-        };
-        (source, destination)
+    pub fn source_half(&self) -> Key {
+        Key { k0: self.k0 & 0xffff, k1: self.k1, k2: self.k2 }
+    }
+
+    /// The destination half of the key: its destination MAC in the bridge domain of `source`
+    /// (its source half's decision, [`Hit::from_source`]), for a frame that arrived tagged or
+    /// not — what the FDB's decision reads. The ingress is left out, so
+    /// the half serves every port of the domain: its bridge domain and tag come from the
+    /// source half's decision, and whether the egress is the ingress and the ingress MTU are
+    /// checked at each hit ([`crate::megaflow`]).
+    #[inline(always)]
+    pub fn destination_half(&self, source: Hit) -> Key {
+        Key { k0: self.k0 & !0xffff, k1: source.domain(), k2: 0 }
+    }
+
+    /// The ingress port of a key from a local port (both layouts keep it in `k2`'s low bits).
+    #[inline(always)]
+    pub fn port(&self) -> u16 {
+        self.k2 as u16
     }
 
     /// The third key word as entries of `epoch` hold it.

@@ -2,25 +2,30 @@
 //! halves it depends on, so flows the exact-match cache cannot hold still skip the slow path.
 //!
 //! A thousand pods each talking to all the others make 10^6 (source, destination) pairs but
-//! only 2,000 halves: whether a source may send from its ingress as it does (classification,
+//! only 2,000 halves. Whether a source may send from its ingress as it does (classification,
 //! port security, learning with nothing to change) depends on the ingress, the source MAC and
-//! the tag, never on the destination; where a frame goes (the FDB's egress, its tag and MTU)
-//! depends on the ingress, the destination MAC and the tag, never on the source. The split
-//! is [`Key::halves`]; each half lives in a table of its own, an [`Emc`] keyed by it (the
-//! sources' entries carry no decision, the destinations' the whole [`Hit`]). A frame hits
-//! when both halves do, in the same epoch. Both halves are written by the slow path only, at
-//! once, from one frame it forwarded as known unicast with learning having nothing to change
-//! (as the exact-match cache's entries are); since every source half says "this source
-//! passes on its own" and every destination half "a frame to here goes there", any pair of
-//! them is a decision the slow path would make again. They stay true only as long as the
-//! exact-match cache's entries do (the snapshot, the FDB's generation and the second:
-//! [`Megaflows::sync`]), and a burst whose slow-path frame moved a MAC drops the hits after
-//! it the same way.
+//! the tag, never on the destination: the **source half** ([`Key::source_half`]) holds that,
+//! and its entry holds what it decided — the bridge domain, whether the frame came tagged,
+//! the ingress's longest frame ([`Hit::from_source`]). Where a frame of that bridge domain
+//! goes (the FDB's egress, its tag, the egress's MTU) depends on the destination MAC and
+//! whether the frame came tagged, never on the source: the **destination half**
+//! ([`Key::destination_half`], keyed by the source half's bridge domain, not the ingress)
+//! holds the rest of the [`Hit`]. What the decision reads of both — the egress must not be
+//! the ingress (a reflection), the frame must fit both MTUs — is checked at each hit
+//! ([`MegaflowView::lookup`]). Each half lives in a table of its own, an [`Emc`] keyed by it;
+//! a frame hits when both halves do, in the same epoch.
+//!
+//! Both halves are written by the slow path only, at once, from one frame it forwarded as
+//! known unicast with learning having nothing to change (as the exact-match cache's entries
+//! are), so any source half with any destination half of its bridge domain is a decision the
+//! slow path would make again. They stay true only as long as the exact-match cache's
+//! entries do (the snapshot, the FDB's generation and the second: [`Megaflows::sync`]), and a
+//! burst whose slow-path frame moved a MAC drops the hits after it the same way.
 //!
 //! OVS's dpcls reaches the same end with masks (the megaflows' wildcards) and a subtable per
 //! mask; Knitter's L2 decision has one shape, so two exact tables do it with two lookups.
-//! Only bursts from local ports the exact-match cache does not serve (it churns there, see
-//! `pipeline/cache.rs`) look here: a hit costs one lookup more than the exact-match cache's.
+//! Only bursts from local ports look here: the exact-match cache's misses, and all the
+//! frames of a port it churns on (see `pipeline/cache.rs`).
 
 use crate::emc::{Emc, EmcView, Hit, Key};
 
@@ -71,13 +76,12 @@ impl Megaflows {
         self.free_fills
     }
 
-    /// Remembers the slow path's known-unicast decision `hit` for the frame of key `k`
-    /// (`secured`: a key of a port with port security), one half in each table.
-    pub fn insert(&mut self, k: &Key, secured: bool, hit: Hit) {
-        let (source, destination) = k.halves(secured);
+    /// Remembers the slow path's known-unicast decision for the frame of key `k` (from a
+    /// local port), its halves `source` and `destination` ([`crate::emc::Decision`]).
+    pub fn insert(&mut self, k: &Key, source: Hit, destination: Hit) {
         let before = (self.sources.free_fills(), self.destinations.free_fills());
-        self.sources.insert(&source, Hit::default());
-        self.destinations.insert(&destination, hit);
+        self.sources.insert(&k.source_half(), source);
+        self.destinations.insert(&k.destination_half(source), destination);
         let after = (self.sources.free_fills(), self.destinations.free_fills());
         self.free_fills = self.free_fills.wrapping_add((after != before) as u32);
     }
@@ -91,13 +95,24 @@ pub struct MegaflowView<'a> {
 }
 
 impl MegaflowView<'_> {
-    /// The decision for the frame of key `k` (`secured` as for [`Megaflows::insert`]): its
-    /// destination half's, when its source half is known too.
+    /// The decision for the frame of key `k` (from a local port): its source half's bridge
+    /// domain's destination half, unless that sends it back out of its ingress, for frames
+    /// as long as both the ingress and the egress allow.
     #[inline(always)]
-    pub fn lookup(self, k: &Key, secured: bool) -> Option<Hit> {
-        let (source, destination) = k.halves(secured);
-        self.sources.lookup(&source)?;
-        self.destinations.lookup(&destination)
+    pub fn lookup(self, k: &Key) -> Option<Hit> {
+        let source = self.sources.lookup(&k.source_half())?;
+        let d = self.destinations.lookup(&k.destination_half(source))?;
+        (!d.reflects_to(k.port())).then(|| d.within(source))
+    }
+
+    /// [`MegaflowView::lookup`] for a frame of `len` bytes, the burst's first pass: `None`
+    /// also when the ingress does not allow the frame, and the decision as the destination
+    /// half holds it (which `len` fits; for other lengths, [`MegaflowView::lookup`]'s).
+    #[inline(always)]
+    pub fn lookup_for(self, k: &Key, len: u32) -> Option<Hit> {
+        let source = self.sources.lookup(&k.source_half()).filter(|s| s.admits(len))?;
+        let d = self.destinations.lookup(&k.destination_half(source))?;
+        (!d.reflects_to(k.port())).then_some(d)
     }
 }
 
@@ -120,6 +135,11 @@ mod test {
         f
     }
 
+    /// Bridge domain 1, untagged, 1,514 bytes at most on the ingress.
+    fn source(bd: u16, tagged: bool, max: usize) -> Hit {
+        Hit::from_source(bd, tagged, max).unwrap_or_default()
+    }
+
     fn to(port: u16) -> Hit {
         Hit::to_port(1, port, false, None, 1514).unwrap_or_default()
     }
@@ -137,32 +157,34 @@ mod test {
         let key = |s: u16, d: u16| Key::from_port(3, &frame(d, s, 0x0800, 0x4500));
         for s in 0..1000u16 {
             let k = key(s, s % 500).expect("a key");
-            m.insert(&k, false, to(7 + s % 500));
+            m.insert(&k, source(1, false, 1514), to(7 + s % 500));
         }
         let v = m.view();
         let mut hits = 0;
         for s in 0..1000u16 {
             for d in 0..500u16 {
                 let k = key(s, d).expect("a key");
-                assert_eq!(v.lookup(&k, false), Some(to(7 + d)), "{s} to {d}");
+                assert_eq!(v.lookup(&k), Some(to(7 + d)), "{s} to {d}");
                 hits += 1;
             }
         }
         assert_eq!(hits, 500_000);
     }
 
-    /// Both halves must be known, from the same ingress, with the same tag, in this epoch.
+    /// The source half must be known from that ingress with that tag, the destination half in
+    /// the source's bridge domain for a frame tagged as it is, both in this epoch.
     #[test]
     fn a_frame_hits_only_where_both_halves_were_seen() {
         let mut m = Megaflows::new(64);
         sync(&mut m, 1);
         let f = frame(1, 2, 0x8100, 10);
         let k = Key::from_port(3, &f).expect("a key");
-        m.insert(&k, false, to(4));
+        let tagged_to_4 = Hit::to_port(1, 4, true, None, 1518).unwrap_or_default();
+        m.insert(&k, source(1, true, 1518), tagged_to_4);
         let look = |m: &Megaflows, port: u16, f: &[u8]| {
-            Key::from_port(port, f).and_then(|k| m.view().lookup(&k, false))
+            Key::from_port(port, f).and_then(|k| m.view().lookup(&k))
         };
-        assert_eq!(look(&m, 3, &f), Some(to(4)));
+        assert_eq!(look(&m, 3, &f), Some(tagged_to_4));
         assert_eq!(look(&m, 5, &f), None, "another ingress");
         assert_eq!(look(&m, 3, &frame(1, 2, 0x8100, 11)), None, "another VLAN");
         assert_eq!(look(&m, 3, &frame(1, 2, 0x0800, 10)), None, "untagged");
@@ -172,19 +194,62 @@ mod test {
         assert_eq!(look(&m, 3, &f), None, "a new second");
     }
 
+    /// Pods behind ports of their own share the destination halves of their bridge domain:
+    /// 512 pods to 1,000 destinations are 1,512 halves. A destination half never sends a
+    /// frame back out of its ingress, never serves another bridge domain, and a hit allows
+    /// the shorter of the two ports' longest frames.
+    #[test]
+    fn a_destination_half_serves_every_port_of_its_bridge_domain() {
+        let mut m = Megaflows::new(4096);
+        sync(&mut m, 1);
+        let key = |pod: u16, d: u16| Key::from_port(100 + pod, &frame(d, pod, 0x0800, 0x4500));
+        for pod in 0..512u16 {
+            let k = key(pod, pod % 100).expect("a key");
+            m.insert(&k, source(1, false, 1514), to(7));
+        }
+        for d in 100..1000u16 {
+            m.insert(&key(0, d).expect("a key"), source(1, false, 1514), to(7));
+        }
+        for pod in 0..512u16 {
+            for d in (0..1000u16).step_by(37) {
+                assert_eq!(m.view().lookup(&key(pod, d).expect("a key")), Some(to(7)));
+            }
+        }
+        // A source behind port 7 to a destination behind port 7: a reflection, not a hit.
+        let from_7 = Key::from_port(7, &frame(2000, 900, 0x0800, 0x4500)).expect("a key");
+        m.insert(&from_7, source(1, false, 1514), to(9));
+        let back = Key::from_port(7, &frame(3, 900, 0x0800, 0x4500)).expect("a key");
+        assert_eq!(m.view().lookup(&back), None, "out of its own ingress");
+        // Another bridge domain's source does not see domain 1's destinations.
+        let other = Key::from_port(9, &frame(1, 901, 0x0800, 0x4500)).expect("a key");
+        let other_d = Key::from_port(9, &frame(2, 901, 0x0800, 0x4500)).expect("a key");
+        m.insert(
+            &other_d,
+            source(2, false, 1514),
+            Hit::to_port(2, 4, false, None, 1514).unwrap_or_default(),
+        );
+        assert_eq!(m.view().lookup(&other), None, "destination 1 is domain 1's");
+        // A small ingress MTU narrows the hit.
+        let small = Key::from_port(10, &frame(3, 902, 0x0800, 0x4500)).expect("a key");
+        m.insert(&small, source(1, false, 600), to(7));
+        let hit = m.view().lookup(&small).expect("a hit");
+        assert!(hit.admits(600) && !hit.admits(601), "the ingress's 600 bytes, not 1,514");
+        assert_eq!(m.view().lookup(&key(0, 3).expect("a key")).map(|h| h.admits(1514)), Some(true));
+    }
+
     /// From a port with port security, a source's half holds its address: a spoofed one
-    /// misses, and a DHCP server's frame (UDP source port 67) never hits; the destination
-    /// half does not hold the source's address, so a mesh still shares it.
+    /// misses, and a DHCP server's frame (UDP source port 67) never hits; DSCP and ECN are in
+    /// the source half only.
     #[test]
     fn a_secured_ports_source_half_holds_what_the_check_reads() {
         let mut m = Megaflows::new(64);
         sync(&mut m, 1);
         let fill = |m: &mut Megaflows, f: &[u8]| {
             let k = Key::from_secured_port(3, f).expect("a key");
-            m.insert(&k, true, to(4));
+            m.insert(&k, source(1, false, 1514), to(4));
         };
         let look = |m: &Megaflows, f: &[u8]| {
-            Key::lookup_from_secured_port(3, f).and_then(|k| m.view().lookup(&k, true))
+            Key::lookup_from_secured_port(3, f).and_then(|k| m.view().lookup(&k))
         };
         fill(&mut m, &ipv4(1, 2, [10, 0, 0, 2]));
         fill(&mut m, &ipv4(5, 6, [10, 0, 0, 6]));
@@ -196,24 +261,13 @@ mod test {
         let mut arp = frame(1, 2, 0x0806, 1);
         arp[26..30].copy_from_slice(&[10, 0, 0, 2]);
         assert_eq!(look(&m, &arp), None, "not IPv4");
-    }
-
-    /// A pod port's destination half does not hold the DSCP and ECN bits, which only the
-    /// source's side reads: a pod varying them shares one destination half per destination.
-    #[test]
-    fn a_secured_destination_half_ignores_dscp() {
-        let k = |tos: u8| {
-            let mut f = ipv4(1, 2, [10, 0, 0, 2]);
-            f[15] = tos;
-            Key::from_secured_port(3, &f).expect("a key")
-        };
-        assert_ne!(k(0).halves(true).0, k(0xb8).halves(true).0, "the source half holds it");
-        assert_eq!(k(0).halves(true).1, k(0xb8).halves(true).1, "the destination half not");
-        let mut m = Megaflows::new(64);
-        sync(&mut m, 1);
-        m.insert(&k(0), true, to(4));
-        m.insert(&k(0xb8), true, to(4));
-        assert_eq!(m.free_fills(), 2, "a new source half each, one destination half");
+        let mut marked = ipv4(1, 2, [10, 0, 0, 2]);
+        marked[15] = 0xb8;
+        assert_eq!(look(&m, &marked), None, "another DSCP: a source half of its own");
+        let before = m.free_fills();
+        fill(&mut m, &marked);
+        assert_eq!(m.free_fills(), before + 1, "its source half new, its destination's not");
+        assert_eq!(look(&m, &marked), Some(to(4)));
     }
 
     #[test]
@@ -222,7 +276,7 @@ mod test {
         assert_eq!(m.capacity(), 0);
         sync(&mut m, 1);
         let k = Key::from_port(3, &frame(1, 2, 0x0800, 0)).expect("a key");
-        m.insert(&k, false, to(4));
-        assert_eq!(m.view().lookup(&k, false), None);
+        m.insert(&k, source(1, false, 1514), to(4));
+        assert_eq!(m.view().lookup(&k), None);
     }
 }

@@ -41,10 +41,12 @@ pub(crate) const NODE: Descriptor = Descriptor {
 /// "A mesh the cache cannot hold"), so the cache pays for itself from about a quarter of hits.
 const HIT_WORTH: i32 = 3;
 /// What an exact-match cache miss that the second level then found costs, in misses: against
-/// the second level alone (~140 instructions a frame in a mesh), an exact-match hit saves
-/// ~27 and such a miss adds ~73 (its lookup, the fill; docs/perf/vhost-user.md "A mesh the
-/// cache cannot hold"), three times a hit's worth: the exact-match cache pays for itself in
-/// front of the second level from about three quarters of hits.
+/// the second level alone, an exact-match hit saves a few dozen instructions and such a miss
+/// adds more (its lookup, the fill): measured when the destination half was keyed by
+/// ingress, ~27 against ~73 (docs/perf/vhost-user.md "A mesh the cache cannot hold: the
+/// second level"), three times a hit's worth, so the exact-match cache pays for itself in
+/// front of the second level from about three quarters of hits. (Keyed by bridge domain,
+/// the second level costs ~157 a frame, the hit saves ~44: the weight leans to the halves.)
 const HALVED_MISS: i32 = 3 * HIT_WORTH;
 /// Bounds of a port's account with the cache (see [`Pipeline::worth_looking_up`]), in misses'
 /// worth: a port that was on the cache for long leaves it after a few bursts of churn, one
@@ -135,7 +137,7 @@ fn halve_misses(
         let key =
             if secured { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
         if let Some(k) = key
-            && let Some(hit) = mega.lookup(&k, secured)
+            && let Some(hit) = mega.lookup(&k)
             && hit.admits(f.1)
         {
             // A key the second level knows is one the slow path filled (a secured port's:
@@ -150,21 +152,22 @@ fn halve_misses(
 
 /// A cache a burst's frames are looked up in: the exact-match cache, or the second level.
 pub(super) trait Lookup: Copy {
-    /// The decision for key `k` (`SECURED`: a key of a port with port security).
-    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit>;
+    /// The decision for key `k`, for a frame of `len` bytes (a decision that does not fit
+    /// `len` is a miss all the same).
+    fn find(self, k: &Key, len: u32) -> Option<Hit>;
 }
 
 impl Lookup for EmcView<'_> {
     #[inline(always)]
-    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit> {
+    fn find(self, k: &Key, _: u32) -> Option<Hit> {
         self.lookup(k)
     }
 }
 
 impl Lookup for MegaflowView<'_> {
     #[inline(always)]
-    fn find<const SECURED: bool>(self, k: &Key) -> Option<Hit> {
-        self.lookup(k, SECURED)
+    fn find(self, k: &Key, len: u32) -> Option<Hit> {
+        self.lookup_for(k, len)
     }
 }
 
@@ -182,7 +185,7 @@ pub(super) fn probe_burst<const SECURED: bool, L: Lookup>(
         bytes += len as u64;
         let key =
             if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
-        let hit = key.and_then(|k| cache.find::<SECURED>(&k)).unwrap_or_default();
+        let hit = key.and_then(|k| cache.find(&k, len as u32)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
@@ -319,11 +322,9 @@ pub(super) struct Flows {
     /// cache missed (the slow path's `i`th).
     pub(super) cached: bool,
     /// The slow path's decisions fill the exact-match cache (`exact`), the second level
-    /// (`halves`; `secured`: for a port with port security), or both: the caches the burst
-    /// looked its frames up in.
+    /// (`halves`), or both: the caches the burst looked its frames up in.
     pub(super) exact: bool,
     pub(super) halves: bool,
-    pub(super) secured: bool,
     pub(super) miss_keys: [Option<Key>; BATCH],
     /// Per ingress port, what the exact-match cache saved it against what it cost.
     pub(super) account: Account,
@@ -403,9 +404,8 @@ impl Flows {
     /// port security or not: it starts a new epoch when the exact-match cache's would.
     /// (Bursts that all hit the exact-match cache never look there, and skip this.)
     #[inline(never)]
-    fn sync_halves(&mut self, snapshot: u64, fdb: u32, now: u32, secured: bool) {
+    fn sync_halves(&mut self, snapshot: u64, fdb: u32, now: u32) {
         self.mega.sync(snapshot, fdb, now);
-        self.secured = secured;
     }
 
     pub(super) fn new(emc_entries: usize, megaflow_entries: usize) -> Flows {
@@ -414,7 +414,6 @@ impl Flows {
             mega: Megaflows::new(megaflow_entries),
             exact: false,
             halves: false,
-            secured: false,
             to_peer: Batch::new(),
             to_peer_hits: [Hit::default(); BATCH],
             cached: false,
@@ -506,7 +505,7 @@ impl Pipeline {
         found: &mut [(Hit, u32); BATCH],
     ) -> (u64, u64) {
         let secured = port.security.is_some();
-        self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now, secured);
+        self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now);
         let (pool, mega, bufs) = (self.pool.view(), self.flows.mega.view(), batch.as_slice());
         if secured {
             probe_secured_halves(pool, mega, port.id, bufs, found)
@@ -535,7 +534,7 @@ impl Pipeline {
         if !halves {
             self.flows.halves = self.worth_halving(port.id);
             if self.flows.halves {
-                self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now, secured);
+                self.flows.sync_halves(snap.generation, self.fdb.generation(), self.now);
             }
         }
         // What either cache had filled before this burst: the exact-match cache's fills from
@@ -572,8 +571,7 @@ impl Pipeline {
     /// to the port's accounts with both caches.
     #[inline(never)]
     fn settle(&mut self, port: u16, n: usize, t: &Tally, demoted: u64) {
-        // Outside a burst that looked there, nothing fills the second level (whose
-        // `secured` flag is this burst's port's).
+        // Outside a burst that looked there, nothing fills the second level.
         self.flows.halves = false;
         let exact_demoted = demoted.min(t.exact);
         self.count_hits(t.exact - exact_demoted, Event::CacheHits);

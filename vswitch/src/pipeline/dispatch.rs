@@ -9,7 +9,7 @@ use super::{BdRun, Ctx, Pipeline};
 use crate::batch::{BATCH, Batch};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
-use crate::emc::Hit;
+use crate::emc::Decision;
 use crate::snapshot::{NO_BD, PortEntry, PortKind, Snapshot};
 use crate::trace::Step;
 use crate::wire::ethernet;
@@ -219,18 +219,18 @@ impl Pipeline {
     /// Remembers the slow path's decision for its `i`th frame in the caches the burst looked
     /// up (the exact-match cache, the second level, or both).
     #[inline(always)]
-    pub(super) fn remember(&mut self, i: usize, hit: impl FnOnce() -> Option<Hit>) {
+    pub(super) fn remember(&mut self, i: usize, decision: impl FnOnce() -> Option<Decision>) {
         if self.flows.cached
             && let Some(k) = self.flows.miss_keys[i & (BATCH - 1)]
             // A priority-tagged frame was classified after its tag was removed.
             && !(ethernet::is_tpid(k.ethertype()) && k.tci() & 0xfff == 0)
-            && let Some(h) = hit()
+            && let Some(d) = decision()
         {
             if self.flows.exact {
-                self.flows.emc.insert(&k, h);
+                self.flows.emc.insert(&k, d.hit);
             }
             if self.flows.halves {
-                self.flows.mega.insert(&k, self.flows.secured, h);
+                self.flows.mega.insert(&k, d.source, d.destination);
             }
         }
     }

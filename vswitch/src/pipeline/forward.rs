@@ -10,7 +10,7 @@ use super::{Ctx, NO_PEER, Pipeline};
 use crate::buf::BufId;
 use crate::counters::{DropReason, Event};
 use crate::descriptor::{Descriptor, Next};
-use crate::emc::Hit;
+use crate::emc::Decision;
 use crate::fdb::Dest;
 use crate::snapshot::{BdEntry, PortEntry, Snapshot};
 use crate::suppress::{self, Answer};
@@ -172,10 +172,12 @@ impl Pipeline {
                         self.known += 1;
                         if cacheable && !leaves_first(snap, bd.id, pe) {
                             // Decapsulated frames have no ingress MTU (the underlay's bounds the outer frame).
-                            let max =
-                                l2 + if from_peer { pe.mtu } else { port.mtu.min(pe.mtu) } as usize;
+                            let ingress = (!from_peer).then_some(l2 + port.mtu as usize);
+                            let egress = l2 + pe.mtu as usize;
                             let want = want.map(|v| (pe.tpid, v));
-                            self.remember(i, || Hit::to_port(bd.id, p, c.tagged, want, max));
+                            self.remember(i, || {
+                                Decision::to_port(bd.id, p, c.tagged, want, ingress, egress)
+                            });
                         }
                         return self.hand_on::<TRACE, PER_NODE>(
                             snap,
@@ -192,7 +194,7 @@ impl Pipeline {
                         self.known += 1;
                         if cacheable && let Some(vni) = bd.vni {
                             let max = l2 + port.mtu as usize;
-                            self.remember(i, || Hit::to_peer(bd.id, p, c.tagged, vni, max));
+                            self.remember(i, || Decision::to_peer(bd.id, p, c.tagged, vni, max));
                         }
                         return self.hand_on::<TRACE, PER_NODE>(
                             snap,

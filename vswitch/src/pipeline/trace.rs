@@ -175,7 +175,7 @@ impl Pipeline {
                     key.and_then(|k| {
                         emc.as_ref()
                             .and_then(|e| e.lookup(&k))
-                            .or_else(|| mega.as_ref()?.lookup(&k, secured))
+                            .or_else(|| mega.as_ref()?.lookup(&k))
                     })
                     .filter(|hit| hit.admits(len as u32))
                 }
