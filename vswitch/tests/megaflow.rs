@@ -219,3 +219,51 @@ fn a_trace_reports_the_halves_decision() {
         t[0].steps()
     );
 }
+
+/// What a hit reads of both halves is checked at each hit: a destination half filled from
+/// one port never sends another port's frame back out of that port (`reflect`, as the slow
+/// path drops it), nor lets a frame longer than its own ingress allows through (`oversize`).
+#[test]
+fn a_hit_neither_reflects_nor_outgrows_its_ingress() {
+    for (emc_entries, megaflow_entries) in [(0, 1 << 10), (64, 1 << 10)] {
+        let mut h = Harness::with_pool(
+            Pool::new(8192, false).expect("a pool"),
+            SwitchOptions { emc_entries, megaflow_entries, ..Default::default() },
+        );
+        h.set_now(1);
+        h.ring("a").ring("b").ring("small");
+        let mut small = PortConfig::access("small", "red");
+        small.mtu = 500;
+        h.apply(SwitchConfig {
+            bridges: vec![BridgeConfig::new("red")],
+            ports: vec![PortConfig::access("a", "red"), PortConfig::access("b", "red"), small],
+            vtep: None,
+        })
+        .expect("config");
+        let udp =
+            |d: u32, s: u32, len: usize| frames::udp4(mac(d), mac(s), ip(s), ip(d), 1, 2, len);
+        // Hosts 1 and 2 behind a, 3 behind b, 4 behind small; everyone talks to 3 (long
+        // frames from a), and 3 to 1, so the halves know 1, 2, 3 and 4 as sources and 1 and
+        // 3 as destinations.
+        for _ in 0..3 {
+            send_all(&mut h, "a", &[udp(3, 1, 1000), udp(3, 2, 1000)], "b");
+            send_all(&mut h, "small", &[udp(3, 4, 100)], "b");
+            send_all(&mut h, "b", &[udp(1, 3, 100)], "a");
+        }
+        let hits = h.stats().event(Event::MegaflowHits) + h.stats().event(Event::CacheHits);
+        assert!(hits > 0, "caches ({emc_entries}, {megaflow_entries}): halves in use");
+        // 2 to 1: both behind a. Its source half and 1's destination half are known.
+        for _ in 0..2 {
+            h.send("a", &udp(1, 2, 100));
+            h.step();
+        }
+        let out = h.recv_all();
+        assert!(out.values().all(|v| v.is_empty()), "nothing sent anywhere: {out:?}");
+        assert_eq!(h.stats().drop(DropReason::Reflect), 2, "dropped as the slow path drops it");
+        // A frame from small as long as a's were: its own MTU refuses it.
+        h.send("small", &udp(3, 4, 1000));
+        h.step();
+        assert!(h.recv("b").is_empty(), "not let through by a's longer MTU");
+        assert_eq!(h.stats().drop(DropReason::Oversize), 1);
+    }
+}
