@@ -83,16 +83,19 @@ impl Hit {
     }
 
     /// What a source half of the second level holds ([`crate::megaflow`]): the frame's bridge
-    /// domain, whether it arrived tagged, and the longest frame its ingress allows.
-    pub fn from_source(bd: u16, tagged_in: bool, max_len: usize) -> Option<Hit> {
-        Self::pack(bd, 0, tagged_in, 0, max_len)
+    /// domain, whether it arrived tagged, whether it is ARP or IPv6 (`neighbor`: to the
+    /// gateway's MAC those are answered or not by their payload, never cached, while IPv4
+    /// is), and the longest frame its ingress allows.
+    pub fn from_source(bd: u16, tagged_in: bool, neighbor: bool, max_len: usize) -> Option<Hit> {
+        Self::pack(bd, neighbor as u16, tagged_in, 0, max_len)
     }
 
-    /// The bridge domain and whether the frame arrived tagged, as the decision's bits hold
-    /// them (what a destination half is keyed by besides the MAC).
+    /// The bridge domain, whether the frame arrived tagged and whether it is ARP or IPv6, as
+    /// a [`Hit::from_source`]'s bits hold them: what a destination half is keyed by besides
+    /// the MAC.
     #[inline(always)]
     pub fn domain(self) -> u64 {
-        self.0 & ((ID_MAX as u64) << 12 | TAGGED_IN)
+        self.0 & ((ID_MAX as u64) << 12 | TAGGED_IN | 1)
     }
 
     /// This decision for a frame whose ingress allows at most what `source` (a
@@ -173,7 +176,8 @@ impl Hit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub hit: Hit,
-    /// The ingress's side: bridge domain, tagged or not, the ingress's longest frame.
+    /// The ingress's side: bridge domain, tagged or not, ARP or IPv6 or not, the ingress's
+    /// longest frame.
     pub source: Hit,
     /// The egress's side: everything but the ingress's MTU.
     pub destination: Hit,
@@ -182,19 +186,21 @@ pub struct Decision {
 impl Decision {
     /// Out of local port `port` of bridge domain `bd`, from an ingress that allows
     /// `ingress_max` bytes (`None`: a decapsulated frame, which has no ingress MTU) to an
-    /// egress that allows `egress_max`.
+    /// egress that allows `egress_max`; `neighbor`: the frame is ARP or IPv6.
     pub fn to_port(
         bd: u16,
         port: u16,
         tagged_in: bool,
+        neighbor: bool,
         want: Option<(u16, u16)>,
         ingress_max: Option<usize>,
         egress_max: usize,
     ) -> Option<Decision> {
         let both = ingress_max.map_or(egress_max, |i| i.min(egress_max));
+        let source_max = ingress_max.unwrap_or(MAX_LEN);
         Some(Decision {
             hit: Hit::to_port(bd, port, tagged_in, want, both)?,
-            source: Hit::from_source(bd, tagged_in, ingress_max.unwrap_or(MAX_LEN))?,
+            source: Hit::from_source(bd, tagged_in, neighbor, source_max)?,
             destination: Hit::to_port(bd, port, tagged_in, want, egress_max)?,
         })
     }
@@ -204,12 +210,13 @@ impl Decision {
         bd: u16,
         peer: u16,
         tagged_in: bool,
+        neighbor: bool,
         vni: u32,
         ingress_max: usize,
     ) -> Option<Decision> {
         Some(Decision {
             hit: Hit::to_peer(bd, peer, tagged_in, vni, ingress_max)?,
-            source: Hit::from_source(bd, tagged_in, ingress_max)?,
+            source: Hit::from_source(bd, tagged_in, neighbor, ingress_max)?,
             destination: Hit::to_peer(bd, peer, tagged_in, vni, MAX_LEN)?,
         })
     }

@@ -137,7 +137,7 @@ mod test {
 
     /// Bridge domain 1, untagged, 1,514 bytes at most on the ingress.
     fn source(bd: u16, tagged: bool, max: usize) -> Hit {
-        Hit::from_source(bd, tagged, max).unwrap_or_default()
+        Hit::from_source(bd, tagged, false, max).unwrap_or_default()
     }
 
     fn to(port: u16) -> Hit {
@@ -235,6 +235,33 @@ mod test {
         let hit = m.view().lookup(&small).expect("a hit");
         assert!(hit.admits(600) && !hit.admits(601), "the ingress's 600 bytes, not 1,514");
         assert_eq!(m.view().lookup(&key(0, 3).expect("a key")).map(|h| h.admits(1514)), Some(true));
+    }
+
+    /// A destination half is kept apart by whether its frames came tagged and whether they
+    /// are ARP or IPv6: an untagged source does not find a tagged frame's destination, nor
+    /// an ARP source an IPv4 frame's.
+    #[test]
+    fn a_destination_half_is_kept_apart_by_tag_and_neighbor_protocol() {
+        let mut m = Megaflows::new(64);
+        sync(&mut m, 1);
+        // Port 3 (a trunk): a tagged frame to 1 in domain 1; port 4: an untagged IPv4 frame
+        // to 2, and an ARP frame from the same source to someone else.
+        let tagged = Key::from_port(3, &frame(1, 10, 0x8100, 5)).expect("a key");
+        m.insert(
+            &tagged,
+            source(1, true, 1518),
+            Hit::to_port(1, 7, true, None, 1518).unwrap_or_default(),
+        );
+        let v4 = Key::from_port(4, &frame(2, 11, 0x0800, 0x4500)).expect("a key");
+        m.insert(&v4, source(1, false, 1514), to(7));
+        let arp = Key::from_port(4, &frame(9, 11, 0x0806, 1)).expect("a key");
+        let arp_source = Hit::from_source(1, false, true, 1514).unwrap_or_default();
+        m.insert(&arp, arp_source, to(8));
+        let look = |port: u16, f: &[u8]| Key::from_port(port, f).and_then(|k| m.view().lookup(&k));
+        assert_eq!(look(4, &frame(1, 11, 0x0800, 0x4500)), None, "1 is known tagged only");
+        assert_eq!(look(4, &frame(2, 11, 0x0806, 1)), None, "2 is known to IPv4 only");
+        assert_eq!(look(4, &frame(9, 11, 0x0806, 1)), Some(to(8)));
+        assert_eq!(look(4, &frame(2, 11, 0x0800, 0x4500)), Some(to(7)));
     }
 
     /// From a port with port security, a source's half holds its address: a spoofed one

@@ -348,10 +348,18 @@ fn unanswered_arp_to_the_gateway_is_never_cached() {
         })
         .unwrap();
         let gw_mac = vswitch::wire::MacAddr([0x0a, 0x58, 192, 0, 2, 1]);
-        // Another source on p0 has its halves known to the gateway (for the second level).
+        let outside = Ipv4Addr::new(203, 0, 113, 2);
+        // mac(2) behind p1; from p0, mac(1) and mac(3) send IPv4 to the gateway (known
+        // unicast, cached) and ARP replies to it and to mac(2): every half a request from
+        // mac(1) to the gateway could combine is known.
+        h.send("p1", &frames::udp4(mac(1), mac(2), ip(11), ip(10), 1, 2, 64));
+        h.step();
         for _ in 0..3 {
+            h.send("p0", &frames::udp4(gw_mac, mac(1), ip(10), outside, 1, 2, 64));
+            h.send("p0", &frames::udp4(gw_mac, mac(3), ip(12), outside, 1, 2, 64));
             h.send("p0", &frames::arp_reply(gw_mac, mac(3), ip(12), ip(1)));
             h.send("p0", &frames::arp_reply(gw_mac, mac(1), ip(10), ip(1)));
+            h.send("p0", &frames::arp_reply(mac(2), mac(1), ip(10), ip(11)));
             h.step();
         }
         h.recv_all();
@@ -366,8 +374,6 @@ fn unanswered_arp_to_the_gateway_is_never_cached() {
             "caches ({emc_entries}, {megaflow_entries}): answered, not replayed"
         );
         assert!(out["host"].is_empty(), "not handed to the host");
-        let s = h.stats();
-        assert_eq!(s.event(Event::CacheHits) + s.event(Event::MegaflowHits), 0);
     }
 }
 

@@ -92,6 +92,16 @@ impl Pipeline {
         true
     }
 
+    /// Whether the frame (an L2 header of `l2` bytes) is ARP or IPv6: to the gateway's MAC,
+    /// those are answered by their payload, so the second level keeps their destination
+    /// halves apart from IPv4's (see [`crate::emc::Hit::from_source`]).
+    #[inline(always)]
+    fn is_neighbor_protocol(&self, b: &BufId, l2: usize) -> bool {
+        let h = self.pool.head(b);
+        let et = h.get(l2 - 2..l2).map_or(0, |e| u16::from_be_bytes([e[0], e[1]]));
+        et == ethertype::ARP || et == ethertype::IPV6
+    }
+
     /// Nodes `arp-nd-suppress` and `l2-forward`: where the `i`th frame goes (`learnt`: see
     /// [`Pipeline::learn_source`]), handed on there: straight to the next node, or
     /// (`PER_NODE`) onto its frame. A known unicast frame fills the cache here.
@@ -175,8 +185,9 @@ impl Pipeline {
                             let ingress = (!from_peer).then_some(l2 + port.mtu as usize);
                             let egress = l2 + pe.mtu as usize;
                             let want = want.map(|v| (pe.tpid, v));
+                            let (tagged, nb) = (c.tagged, self.is_neighbor_protocol(&b, l2));
                             self.remember(i, || {
-                                Decision::to_port(bd.id, p, c.tagged, want, ingress, egress)
+                                Decision::to_port(bd.id, p, tagged, nb, want, ingress, egress)
                             });
                         }
                         return self.hand_on::<TRACE, PER_NODE>(
@@ -194,7 +205,10 @@ impl Pipeline {
                         self.known += 1;
                         if cacheable && let Some(vni) = bd.vni {
                             let max = l2 + port.mtu as usize;
-                            self.remember(i, || Decision::to_peer(bd.id, p, c.tagged, vni, max));
+                            let nb = self.is_neighbor_protocol(&b, l2);
+                            self.remember(i, || {
+                                Decision::to_peer(bd.id, p, c.tagged, nb, vni, max)
+                            });
                         }
                         return self.hand_on::<TRACE, PER_NODE>(
                             snap,
