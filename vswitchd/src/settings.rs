@@ -247,6 +247,9 @@ pub struct ManagerSection {
     pub address: String,
     /// This node's name to the manager (default: the host name).
     pub node_name: String,
+    /// The Kubernetes cluster this node is in, as the manager names it (`knitterctl
+    /// manager cluster add`); `""`: the manager's own cluster (the default).
+    pub cluster: String,
     /// File holding this node's token to the manager (a node token; the admin's on a
     /// trusted node).
     pub token_file: Option<PathBuf>,
@@ -271,6 +274,8 @@ pub struct ManagerLink {
     /// host:port of the manager's gRPC API.
     pub address: String,
     pub node_name: String,
+    /// The cluster the node registers in (`""`: the manager's own).
+    pub cluster: String,
     /// The node's token, given or got by joining.
     pub token: crate::credential::Credential,
     /// How the node joins when it has no token: the bootstrap token and the credential file.
@@ -393,6 +398,10 @@ pub struct Args {
     /// This node's name to the manager (default: the host name).
     #[arg(long)]
     pub node_name: Option<String>,
+    /// The Kubernetes cluster this node is in, as the manager names it (`knitterctl manager
+    /// cluster add`; default: the manager's own cluster).
+    #[arg(long)]
+    pub cluster: Option<String>,
     /// File holding this node's token to the manager.
     #[arg(long)]
     pub manager_token_file: Option<PathBuf>,
@@ -601,6 +610,7 @@ impl Settings {
             Some(ManagerLink {
                 address,
                 node_name,
+                cluster: args.cluster.clone().unwrap_or(file.manager.cluster),
                 token: crate::credential::Credential::given(token),
                 join,
                 tls,

@@ -9,6 +9,7 @@
 use crate::from_manager::{Desired, desired};
 use crate::manager::Manager;
 use crate::node::Node;
+use crate::settings::ManagerLink;
 use anyhow::{Context, Result, bail};
 use knitter_api::manager as pb;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ pub async fn run(node: Arc<Node>, manager: Manager) {
     let mut waiting_for_vtep = false;
     loop {
         // Nothing to register before the VTEP is set: check each second, quietly.
-        if let Err(e) = registration(&node, &link.node_name) {
+        if let Err(e) = registration(&node, &link) {
             if !waiting_for_vtep {
                 tracing::info!(reason = %e, "not syncing with the manager yet");
                 waiting_for_vtep = true;
@@ -56,7 +57,7 @@ pub async fn run(node: Arc<Node>, manager: Manager) {
 /// One stream: register, then apply each desired state until the stream ends.
 async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Result<()> {
     let link = manager.link();
-    let me = registration(node, &link.node_name)?;
+    let me = registration(node, link)?;
     let mut stream = manager
         .sync(pb::SyncRequest { node: Some(me), revision: *revision })
         .await
@@ -128,8 +129,8 @@ async fn session(node: &Arc<Node>, manager: &Manager, revision: &mut u64) -> Res
 const PORT_RETRY: Duration = Duration::from_secs(5);
 const MAX_PORT_RETRY: Duration = Duration::from_secs(80);
 
-/// This node as it registers: its VTEP and its underlay's MTU.
-fn registration(node: &Node, name: &str) -> Result<pb::Node> {
+/// This node as it registers: its VTEP, its underlay's MTU, its cluster.
+fn registration(node: &Node, link: &ManagerLink) -> Result<pb::Node> {
     let state = node.state();
     let Some(vtep) = &state.vtep else {
         bail!(
@@ -138,7 +139,8 @@ fn registration(node: &Node, name: &str) -> Result<pb::Node> {
     };
     let mtu = state.port(&vtep.item.underlay_port).map_or(1500, |p| p.item.config.mtu);
     Ok(pb::Node {
-        name: name.into(),
+        name: link.node_name.clone(),
+        cluster: link.cluster.clone(),
         vtep: vtep.item.local_ip.to_string(),
         underlay_mtu: Some(u32::from(mtu)),
         capabilities: vec!["vhost-user".into(), "af-xdp".into(), "af-packet".into()],

@@ -39,6 +39,12 @@ pub enum ManagerCmd {
         #[command(subcommand)]
         cmd: NodeCmd,
     },
+    /// Kubernetes clusters the manager serves besides its own ("local"): each gets its own
+    /// controller (watches, Lease); its nodes register with `knitter-vswitchd --cluster`.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
     /// The manager's Kubernetes controller: leader or standby, lists taken, what it released.
     Status,
     /// Apply a document of tenants, networks and IP groups (what `manager tenant|network|
@@ -163,6 +169,10 @@ pub struct NetworkCreate {
     /// Pods' traffic for anything but the pod networks leaves their node with its address.
     #[arg(long, requires = "node_gateway")]
     masquerade: bool,
+    /// Only these clusters' nodes may attach pods to it (comma separated; "local" is the
+    /// manager's own; default: every cluster's).
+    #[arg(long, value_delimiter = ',')]
+    clusters: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -251,6 +261,9 @@ pub enum NodeCmd {
         vtep: String,
         #[arg(long)]
         underlay_mtu: Option<u32>,
+        /// The cluster the node is in (default: the manager's own).
+        #[arg(long)]
+        cluster: Option<String>,
     },
     Delete {
         name: String,
@@ -259,6 +272,28 @@ pub enum NodeCmd {
     /// credential, or nodes set up by hand instead of with the bootstrap token.
     Token {
         name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCmd {
+    List,
+    Show {
+        name: String,
+    },
+    /// Add a cluster: its controller starts at once with the kubeconfig (a file the
+    /// manager reads; in Kubernetes, a Secret mounted into the manager's pod).
+    Add {
+        name: String,
+        #[arg(long)]
+        kubeconfig: String,
+    },
+    /// Delete a cluster. Refused while its nodes hold ports, unless --release: its ports
+    /// are released (addresses given back) and its nodes forgotten.
+    Delete {
+        name: String,
+        #[arg(long)]
+        release: bool,
     },
 }
 
@@ -377,6 +412,38 @@ fn print_nodes(items: &[pb::Node]) {
     );
 }
 
+fn print_clusters(items: &[pb::Cluster]) {
+    table(
+        &["name", "id", "nodes", "ports", "controller", "pods", "watch errors", "kubeconfig"],
+        items
+            .iter()
+            .map(|c| {
+                let (state, pods, errors) = match (&c.controller, &c.error) {
+                    (Some(k), _) => (
+                        if k.leader { "leading" } else { "standby" }.to_string(),
+                        k.pods.to_string(),
+                        k.watch_errors.to_string(),
+                    ),
+                    (None, Some(e)) => (format!("not running: {e}"), "-".into(), "-".into()),
+                    (None, None) => ("none".into(), "-".into(), "-".into()),
+                };
+                let id = if c.own { "(own)".to_string() } else { c.id.clone() };
+                let kc = if c.kubeconfig.is_empty() { "-".into() } else { c.kubeconfig.clone() };
+                vec![
+                    c.name.clone(),
+                    id,
+                    c.nodes.to_string(),
+                    c.ports.to_string(),
+                    state,
+                    pods,
+                    errors,
+                    kc,
+                ]
+            })
+            .collect(),
+    );
+}
+
 fn print_tenants(items: &[pb::Tenant]) {
     table(
         &["name", "network quota", "namespaces"],
@@ -454,6 +521,7 @@ pub async fn run(t: &Target, out: Output, cmd: ManagerCmd) -> Result<()> {
         ManagerCmd::Ipgroup { cmd } => ipgroup(&mut c, t, out, cmd).await?,
         ManagerCmd::Port { cmd } => port(&mut c, t, out, cmd).await?,
         ManagerCmd::Node { cmd } => node(&mut c, t, out, cmd).await?,
+        ManagerCmd::Cluster { cmd } => cluster(&mut c, t, out, cmd).await?,
         ManagerCmd::Apply(source) => {
             let (text, format) = source.read()?;
             manifest::apply(&mut c, t, out, manifest::Document::parse(&text, &format)?).await?
@@ -603,6 +671,7 @@ async fn network(c: &mut Client, t: &Target, out: Output, cmd: NetworkCmd) -> Re
                 pod_chooses_vf: n.pod_chooses_vf,
                 node_gateway: n.node_gateway,
                 masquerade: n.masquerade,
+                clusters: n.clusters,
             };
             let r = c.create_network(authed(t, spec)?).await?.into_inner();
             created(out, "network", &n.name, r.created, &r, || {
@@ -716,6 +785,40 @@ async fn port(c: &mut Client, t: &Target, out: Output, cmd: PortCmd) -> Result<(
 }
 
 /// `manager node …`.
+async fn cluster(c: &mut Client, t: &Target, out: Output, cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::List => {
+            let none = || list(None, None, None, None, None);
+            show(out, c.list_clusters(authed(t, none())?).await?.into_inner().items, |v| {
+                print_clusters(v)
+            })?
+        }
+        ClusterCmd::Show { name } => {
+            show(out, c.get_cluster(authed(t, pb::Name { name })?).await?.into_inner(), |v| {
+                print_clusters(std::slice::from_ref(v))
+            })?
+        }
+        ClusterCmd::Add { name, kubeconfig } => {
+            let spec = pb::ClusterSpec { name: name.clone(), kubeconfig };
+            let r = c.create_cluster(authed(t, spec)?).await?.into_inner();
+            created(out, "cluster", &name, r.created, &r, || print_clusters(r.cluster.as_slice()))?
+        }
+        ClusterCmd::Delete { name, release } => show(
+            out,
+            c.delete_cluster(authed(t, pb::DeleteClusterRequest { name: name.clone(), release })?)
+                .await?
+                .into_inner(),
+            |v| {
+                println!(
+                    "cluster {name} deleted ({} ports released, {} nodes forgotten)",
+                    v.ports, v.nodes
+                )
+            },
+        )?,
+    }
+    Ok(())
+}
+
 async fn node(c: &mut Client, t: &Target, out: Output, cmd: NodeCmd) -> Result<()> {
     let none = || list(None, None, None, None, None);
     match cmd {
@@ -729,11 +832,12 @@ async fn node(c: &mut Client, t: &Target, out: Output, cmd: NodeCmd) -> Result<(
                 print_nodes(std::slice::from_ref(v))
             })?
         }
-        NodeCmd::Register { name, vtep, underlay_mtu } => {
+        NodeCmd::Register { name, vtep, underlay_mtu, cluster } => {
+            let cluster = cluster.unwrap_or_default();
             let r = c
                 .register_node(authed(
                     t,
-                    pb::Node { name, vtep, underlay_mtu, ..Default::default() },
+                    pb::Node { name, vtep, underlay_mtu, cluster, ..Default::default() },
                 )?)
                 .await?
                 .into_inner();

@@ -39,6 +39,8 @@ fn network() -> NetworkSpec {
         pod_chooses_vf: false,
         node_gateway: false,
         masquerade: false,
+
+        clusters: vec![],
     }
 }
 

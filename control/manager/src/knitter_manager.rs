@@ -236,6 +236,7 @@ fn token(path: &Path) -> Result<String> {
 
 /// The Kubernetes controller of `--kubernetes`.
 async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controller> {
+    let opts = controller_options(a)?;
     let config = match &a.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -249,6 +250,12 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
             .context("no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config)")?,
     };
     let client = kube::Client::try_from(config).context("a Kubernetes client")?;
+    Ok(cluster::Controller::new(manager, client, opts))
+}
+
+/// How every cluster's controller runs (the own cluster's, and those `knitterctl manager
+/// cluster add` adds).
+fn controller_options(a: &Args) -> Result<cluster::Options> {
     let (namespace, name) = a
         .lease
         .split_once('/')
@@ -265,16 +272,13 @@ async fn controller(a: &Args, manager: Arc<Manager>) -> Result<cluster::Controll
         &identity,
         std::time::Duration::from_secs(a.lease_secs.max(3)),
     );
-    Ok(cluster::Controller::new(
-        manager,
-        client,
-        cluster::Options {
-            lease,
-            release_nodes: !a.keep_deleted_nodes,
-            network_status: a.network_status,
-            network_resources: a.network_resources,
-        },
-    ))
+    Ok(cluster::Options {
+        cluster: knitter_manager::manager::objects::LOCAL_CLUSTER.into(),
+        lease,
+        release_nodes: !a.keep_deleted_nodes,
+        network_status: a.network_status,
+        network_resources: a.network_resources,
+    })
 }
 
 /// Removes the records of port creates that a crash or a kill cut off (never served; their
@@ -413,9 +417,13 @@ fn main() -> Result<()> {
             cluster = Some(c.status());
             elected = Some(tokio::spawn(c.run(stop_rx.clone())));
         }
+        let fleet =
+            cluster::fleet::Fleet::new(manager.clone(), controller_options(&a)?, cluster.clone());
+        let fleet_task = tokio::spawn(fleet.clone().run(stop_rx.clone()));
         let metrics = Arc::new(knitter_manager::manager::metrics::Metrics::default());
-        let mut service =
-            grpc::Grpc::with_auth(manager.clone(), auth.clone()).with_metrics(metrics.clone());
+        let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone())
+            .with_metrics(metrics.clone())
+            .with_fleet(fleet.clone());
         if let Some(s) = &cluster {
             service = service.with_cluster(s.clone());
         }
@@ -438,7 +446,7 @@ fn main() -> Result<()> {
             knitter_manager::manager::limits::incoming(grpc_listener, Gate::new(limits)),
             stopped(stop_rx.clone()),
         );
-        let api = rest::Api { manager, auth: Arc::new(auth), cluster, metrics };
+        let api = rest::Api { manager, auth: Arc::new(auth), cluster, fleet: Some(fleet), metrics };
         let rest_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
         let rest_stop = stopped(stop_rx.clone());
         let rest = async move {
@@ -468,6 +476,13 @@ fn main() -> Result<()> {
         }
         // The controller stops acting, then gives the Lease up (one bounded call), so a
         // rolling update hands over at the standby's next look.
+        let bound = cluster::CALL_TIMEOUT + std::time::Duration::from_secs(2);
+        if tokio::time::timeout(bound, fleet_task).await.is_err() {
+            tracing::warn!(
+                "the added clusters' controllers did not stop within {} s",
+                bound.as_secs()
+            );
+        }
         if let Some(task) = elected {
             let bound = cluster::CALL_TIMEOUT + std::time::Duration::from_secs(1);
             if tokio::time::timeout(bound, task).await.is_err() {

@@ -165,6 +165,12 @@ pub struct NetworkSpec {
     /// address (needs `node_gateway`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub masquerade: bool,
+    /// The clusters whose nodes may attach pods to it ([`LOCAL_CLUSTER`] for the manager's
+    /// own); empty: every cluster's.
+    ///
+    /// [`LOCAL_CLUSTER`]: crate::manager::objects::LOCAL_CLUSTER
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
 }
 
 /// A pod port's ingress policer, as the node applies it (`vswitch::policer`): packets and
@@ -248,6 +254,10 @@ pub enum NetworkError {
     NodeGatewayWithoutAddress { name: String, family: &'static str, field: &'static str },
     #[error("network {0:?}: masquerade goes through the node gateway: set node_gateway too")]
     MasqueradeWithoutGateway(String),
+    #[error(
+        "network {name:?}: cluster {cluster:?} must be 1-253 characters without '/', spaces or control characters"
+    )]
+    ClusterName { name: String, cluster: String },
     #[error(
         "network {0:?}: a node gateway routes through the node's stack, an SR-IOV VF's frames never reach the switch"
     )]
@@ -334,6 +344,9 @@ impl Network {
         }
         if spec.masquerade && !spec.node_gateway {
             return Err(NetworkError::MasqueradeWithoutGateway(name));
+        }
+        if let Some(c) = spec.clusters.iter().find(|c| !crate::manager::valid_name(c)) {
+            return Err(NetworkError::ClusterName { name, cluster: c.clone() });
         }
         if spec.node_gateway {
             if spec.sriov_pool.is_some() || spec.pod_chooses_vf {
@@ -472,6 +485,7 @@ mod tests {
             pod_chooses_vf: false,
             node_gateway: false,
             masquerade: false,
+            clusters: vec![],
         }
     }
 

@@ -15,10 +15,10 @@ mod apiserver;
 mod common;
 
 use apiserver::{ApiServer, Rbac};
-use common::scenarios::{ip, net, port};
+use common::controllers::{Running, eventually, register_in, start_through};
+use common::scenarios::{net, port};
+use knitter_manager::manager::cluster::Options;
 use knitter_manager::manager::cluster::lease::LeaseOptions;
-use knitter_manager::manager::cluster::{Controller, Options};
-use knitter_manager::manager::objects::Node;
 use knitter_manager::manager::{Config, Filter, Manager};
 use knitter_manager::store::embedded::Embedded;
 use std::collections::BTreeSet;
@@ -37,39 +37,22 @@ fn options(identity: &str) -> Options {
     // Renew deadline 2 s, a look every 400 ms.
     // In the manager's namespace, where the shipped Role lets it hold a Lease.
     let lease = LeaseOptions::timed("knitter", "knitter-manager", identity, Duration::from_secs(3));
-    Options { lease, release_nodes: true, network_status: true, network_resources: false }
+    Options {
+        cluster: "local".into(),
+        lease,
+        release_nodes: true,
+        network_status: true,
+        network_resources: false,
+    }
 }
 
 /// A controller running on its own task; `stop` ends it gracefully, aborting the task kills it.
-struct Running {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-    status: Arc<knitter_manager::manager::cluster::Status>,
-}
-
 fn start(m: &Arc<Manager>, api: &ApiServer, identity: &str) -> Running {
     start_with(m, api, options(identity))
 }
 
 fn start_with(m: &Arc<Manager>, api: &ApiServer, opts: Options) -> Running {
     start_through(m, api.client(), opts)
-}
-
-fn start_through(m: &Arc<Manager>, client: kube::Client, opts: Options) -> Running {
-    let (stop, rx) = watch::channel(false);
-    let c = Controller::new(m.clone(), client, opts);
-    let status = c.status();
-    Running { stop, task: tokio::spawn(c.run(rx)), status }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.stop.send_replace(true);
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("the controller stops")
-            .expect("no panic");
-    }
 }
 
 /// A pod in the cluster with a port in the manager, as the CNI would have made it.
@@ -83,16 +66,7 @@ fn pod_with_port(m: &Manager, api: &ApiServer, name: &str, node: &str) {
 
 /// A node registered with the manager, as its agent registers.
 fn register(m: &Manager, name: &str, vtep: &str) {
-    m.register_node(Node {
-        name: name.into(),
-        vtep: ip(vtep),
-        underlay_mtu: 1600,
-        capabilities: vec![],
-        registered: 0,
-        last_seen: 0,
-        state: String::new(),
-    })
-    .unwrap();
+    register_in(m, name, vtep, "");
 }
 
 fn port_pods(m: &Manager) -> BTreeSet<String> {
@@ -101,16 +75,6 @@ fn port_pods(m: &Manager) -> BTreeSet<String> {
         .into_iter()
         .map(|p| p.spec.pod.trim_start_matches("apps/").to_string())
         .collect()
-}
-
-async fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("not within 20 s: {what}");
 }
 
 fn names(range: std::ops::Range<usize>) -> BTreeSet<String> {

@@ -44,6 +44,7 @@ impl Client {
                 manager: Arc::new(m),
                 auth: Arc::new(auth),
                 cluster: None,
+                fleet: None,
                 metrics: Default::default(),
             }),
             _dir: dir,

@@ -138,6 +138,7 @@ fn network(name: &str, cidr: &str) -> NetworkSpec {
         pod_chooses_vf: false,
         node_gateway: false,
         masquerade: false,
+        clusters: vec![],
     }
 }
 

@@ -51,6 +51,8 @@ pub struct Grpc {
     auth: Arc<Auth>,
     /// The Kubernetes controller's state, when this manager runs one.
     cluster: Option<Arc<super::cluster::Status>>,
+    /// The controllers of the added clusters.
+    fleet: Option<Arc<super::cluster::fleet::Fleet>>,
     /// The latest cluster view, for every sync stream.
     views: watch::Receiver<Option<Arc<ClusterView>>>,
     /// Where open sync streams are counted.
@@ -101,7 +103,7 @@ impl Grpc {
                 }
             }
         });
-        Grpc { manager, auth, views, cluster: None, metrics: Arc::default() }
+        Grpc { manager, auth, views, cluster: None, fleet: None, metrics: Arc::default() }
     }
 
     /// Counts its sync streams in `metrics` (the REST API's `/metrics` shows them).
@@ -113,6 +115,13 @@ impl Grpc {
     /// Serves the Kubernetes controller's state too.
     pub fn with_cluster(mut self, status: Arc<super::cluster::Status>) -> Grpc {
         self.cluster = Some(status);
+        self
+    }
+
+    /// Reports the added clusters' controllers, and starts or stops them as clusters are
+    /// added or deleted.
+    pub fn with_fleet(mut self, fleet: Arc<super::cluster::fleet::Fleet>) -> Grpc {
+        self.fleet = Some(fleet);
         self
     }
 
@@ -468,6 +477,69 @@ impl pb::manager_server::Manager for Grpc {
         Ok(Response::new(convert(&status.report())?))
     }
 
+    async fn create_cluster(
+        &self,
+        r: Request<pb::ClusterSpec>,
+    ) -> Result<Response<pb::ClusterReply>, Status> {
+        let reply = self
+            .call(r, Access::Admin, |m, _, spec: super::objects::ClusterSpec| {
+                created("cluster", m.create_cluster(spec)?)
+            })
+            .await;
+        if let Some(f) = &self.fleet {
+            f.changed();
+        }
+        reply
+    }
+
+    async fn get_cluster(&self, r: Request<pb::Name>) -> Result<Response<pb::Cluster>, Status> {
+        let fleet = self.fleet.clone();
+        self.call(r, Access::Read, move |m, _, n: pb::Name| {
+            let mut c = m.get_cluster(&n.name)?;
+            if let Some(f) = &fleet {
+                f.annotate(&mut c);
+            }
+            value(c)
+        })
+        .await
+    }
+
+    async fn list_clusters(
+        &self,
+        r: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ClusterList>, Status> {
+        let fleet = self.fleet.clone();
+        self.call(r, Access::Read, move |m, _, _: pb::ListRequest| {
+            let mut all = m.list_clusters()?;
+            if let Some(f) = &fleet {
+                all.iter_mut().for_each(|c| f.annotate(c));
+            }
+            items(all)
+        })
+        .await
+    }
+
+    async fn delete_cluster(
+        &self,
+        r: Request<pb::DeleteClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        #[derive(serde::Deserialize)]
+        struct Delete {
+            name: String,
+            #[serde(default)]
+            release: bool,
+        }
+        let reply = self
+            .call(r, Access::Admin, |m, _, d: Delete| {
+                deleted("cluster", d.name.clone(), m.delete_cluster(&d.name, d.release)?)
+            })
+            .await;
+        if let Some(f) = &self.fleet {
+            f.changed();
+        }
+        reply
+    }
+
     type SyncStream = SyncStream;
 
     async fn sync(&self, r: Request<pb::SyncRequest>) -> Result<Response<SyncStream>, Status> {
@@ -553,8 +625,13 @@ mod tests {
             pod_chooses_vf: true,
             node_gateway: true,
             masquerade: true,
+            clusters: vec!["local".into(), "east".into()],
         };
         round_trip::<_, pb::Network>(net);
+        round_trip::<_, pb::ClusterSpec>(crate::manager::objects::ClusterSpec {
+            name: "east".into(),
+            kubeconfig: "/etc/knitter/clusters/east".into(),
+        });
         let spec = PortSpec {
             network: "red".into(),
             container: "c".into(),
@@ -586,6 +663,7 @@ mod tests {
             }),
             sriov_pool: Some("fast".into()),
             pod_chooses_vf: true,
+            cluster: "east".into(),
         };
         round_trip::<_, pb::Port>(port);
         round_trip::<_, pb::Tenant>(Tenant {
@@ -615,6 +693,7 @@ mod tests {
             registered: 3,
             last_seen: 4,
             state: "alive".into(),
+            cluster: "east".into(),
         };
         round_trip::<_, pb::Node>(node);
         // Defaults apply to what a gRPC client leaves out.

@@ -130,6 +130,7 @@ mod test {
             pod_chooses_vf: false,
             node_gateway: false,
             masquerade: false,
+            clusters: vec![],
         }
     }
 

@@ -59,6 +59,10 @@ const GRPC_METHODS: &[&str] = &[
     "DeleteNode",
     "Sync",
     "GetKubernetesStatus",
+    "CreateCluster",
+    "GetCluster",
+    "ListClusters",
+    "DeleteCluster",
 ];
 
 #[derive(Default)]

@@ -49,6 +49,7 @@ impl Manager {
                 }
             }
             let have = nodes.iter().find(|(n, _)| n.name == node.name);
+            node.cluster = self.check_node_cluster(&node, have.map(|(n, _)| n))?;
             node.registered = have.map_or_else(now, |(n, _)| n.registered);
             (node.last_seen, node.state) = (0, String::new());
             if self.store.commit(&[

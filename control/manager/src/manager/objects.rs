@@ -41,6 +41,10 @@ pub fn node_key(name: &str) -> String {
     format!("nodes/{name}")
 }
 
+pub fn cluster_key(name: &str) -> String {
+    format!("clusters/{name}")
+}
+
 /// A node's last heartbeat (Unix seconds), written while its sync stream is open.
 pub fn alive_key(name: &str) -> String {
     format!("alive/{name}")
@@ -180,9 +184,28 @@ pub struct Port {
     /// its VF).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pod_chooses_vf: bool,
+    /// The cluster of the port's node when the port was created (empty: the manager's own):
+    /// its pod is (cluster, namespace/name, UID).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
 }
 
 impl Port {
+    /// The port's pod across clusters: `namespace/name` in the manager's own cluster,
+    /// `cluster/namespace/name` in another (what an IP group's member sticks to).
+    pub fn pod_identity(&self) -> String {
+        if self.cluster.is_empty() {
+            self.spec.pod.clone()
+        } else {
+            format!("{}/{}", self.cluster, self.spec.pod)
+        }
+    }
+
+    /// Whether the port is cluster `name`'s ([`LOCAL_CLUSTER`]: the manager's own).
+    pub fn in_cluster(&self, name: &str) -> bool {
+        if self.cluster.is_empty() { name == LOCAL_CLUSTER } else { self.cluster == name }
+    }
+
     /// Whether the port was created whole. Every network has a subnet, so a finished port
     /// has an address; one without is a create in progress, or one a crash cut off (it is
     /// never served: not listed, not found, not sent to nodes; `Manager::sweep_placeholders`
@@ -209,6 +232,56 @@ pub struct Node {
     /// alive, down, gone or unknown (filled in when read).
     #[serde(default)]
     pub state: String,
+    /// The Kubernetes cluster the node is in ([`Cluster`]); empty: the manager's own
+    /// ([`LOCAL_CLUSTER`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+}
+
+/// The name the manager's own cluster goes by (its nodes register without one).
+pub const LOCAL_CLUSTER: &str = "local";
+
+/// A Kubernetes cluster the manager serves besides its own, as asked for: how the manager
+/// reaches its apiserver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub name: String,
+    /// A kubeconfig file the manager reads (in Kubernetes: a Secret mounted into its pod),
+    /// read again whenever the cluster's controller starts. Empty for the own cluster.
+    #[serde(default)]
+    pub kubeconfig: String,
+}
+
+/// A cluster as the manager keeps it, with what it holds (filled in when read).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cluster {
+    #[serde(flatten)]
+    pub spec: ClusterSpec,
+    /// A random id given at creation (the original Knitter's `cluster_uuid`).
+    pub id: String,
+    pub created: u64,
+    /// The manager's own cluster (`--kubernetes`): not stored, not deletable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own: bool,
+    /// Nodes registered in it and their ports (filled in when read).
+    #[serde(default)]
+    pub nodes: u64,
+    #[serde(default)]
+    pub ports: u64,
+    /// Its controller's state (filled in when read; absent while none runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<super::cluster::StatusReport>,
+    /// Why its controller does not run (its credentials could not be read or used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Node {
+    /// The cluster the node is in, by name.
+    pub fn cluster_name(&self) -> &str {
+        if self.cluster.is_empty() { LOCAL_CLUSTER } else { &self.cluster }
+    }
 }
 
 fn default_underlay_mtu() -> u32 {

@@ -66,6 +66,7 @@ impl Manager {
                 family(ip)
             )));
         }
+        let cluster = self.port_cluster(net, &spec.node)?;
         let key = port_key(&spec.container, &spec.interface);
         let mut pending = None;
         // One dynamic address: the claim writes the whole port in its transaction.
@@ -112,6 +113,7 @@ impl Manager {
                         policer: net.spec.pod_policer,
                         sriov_pool: net.spec.sriov_pool.clone(),
                         pod_chooses_vf: net.spec.pod_chooses_vf,
+                        cluster: cluster.clone(),
                     };
                     if let Some(a) = whole {
                         match self.create_whole(&key, &port, a)? {
@@ -137,7 +139,7 @@ impl Manager {
         };
         let owner = OwnerKey::new(&spec.container, &spec.interface);
         let claimed =
-            self.claim_addresses(net, &port.spec, group.as_ref(), &owner).and_then(|addresses| {
+            self.claim_addresses(net, &port, group.as_ref(), &owner).and_then(|addresses| {
                 let mac = self.mac_claim(&port.spec, &key)?;
                 Ok((addresses, mac))
             });
@@ -228,10 +230,11 @@ impl Manager {
     pub(super) fn claim_addresses(
         &self,
         net: &Network,
-        spec: &PortSpec,
+        port: &Port,
         group: Option<&IpGroupRecord>,
         owner: &OwnerKey,
     ) -> Result<Vec<PortIp>> {
+        let spec = &port.spec;
         let mut out = Vec::new();
         for a in net.families() {
             let v4 = a.subnet().is_ipv4();
@@ -252,7 +255,7 @@ impl Manager {
                         self.store.as_ref(),
                         &group_space(&net.spec.name, v4, &g.name),
                         owner,
-                        &spec.pod,
+                        &port.pod_identity(),
                         now(),
                     )?
                 }
@@ -285,7 +288,7 @@ impl Manager {
                     self.store.as_ref(),
                     &group_space(&net.spec.name, v4, &g.name),
                     owner,
-                    &port.spec.pod,
+                    &port.pod_identity(),
                     now(),
                 )?;
             }

@@ -6,7 +6,7 @@
 
 use super::auth::{Access, Auth, Caller};
 use super::limits::Limits;
-use super::objects::{IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
+use super::objects::{ClusterSpec, IpGroupSpec, Node, PortSpec, Quota, TenantSpec};
 use super::{Filter, Manager, ManagerError};
 use crate::network::NetworkSpec;
 use axum::Router;
@@ -32,6 +32,9 @@ pub struct Api {
     pub auth: Arc<Auth>,
     /// The Kubernetes controller's state, when this manager runs one.
     pub cluster: Option<Arc<super::cluster::Status>>,
+    /// The controllers of the clusters added besides the own one (none in tests that run
+    /// no controllers: clusters are then listed without their controllers' state).
+    pub fleet: Option<Arc<super::cluster::fleet::Fleet>>,
     /// The APIs' requests and the sync streams (shared with the gRPC service).
     pub metrics: Arc<super::metrics::Metrics>,
 }
@@ -206,6 +209,7 @@ async fn metrics(State(api): State<Api>) -> Response {
     let mut text =
         tokio::task::spawn_blocking(move || m.render(&manager)).await.unwrap_or_default();
     text.push_str(&api.cluster.as_ref().map(|s| s.report().metrics()).unwrap_or_default());
+    text.push_str(&api.fleet.as_ref().map(|f| f.metrics()).unwrap_or_default());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -370,6 +374,56 @@ async fn delete_node(State(api): State<Api>, Path(name): Path<String>) -> Reply 
     deleted("node", name, blocking(&api, move |m| m.delete_node(&n)).await?)
 }
 
+/// Clusters as listed, with their controllers' state.
+fn annotated(
+    api: &Api,
+    mut clusters: Vec<super::objects::Cluster>,
+) -> Vec<super::objects::Cluster> {
+    if let Some(f) = &api.fleet {
+        clusters.iter_mut().for_each(|c| f.annotate(c));
+    }
+    clusters
+}
+
+async fn list_clusters(State(api): State<Api>) -> Reply {
+    let clusters = blocking(&api, |m| m.list_clusters()).await?;
+    ok(annotated(&api, clusters))
+}
+
+async fn get_cluster(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let c = blocking(&api, move |m| m.get_cluster(&name)).await?;
+    ok(annotated(&api, vec![c]).pop())
+}
+
+async fn create_cluster(State(api): State<Api>, b: Bytes) -> Reply {
+    let spec: ClusterSpec = body(&b)?;
+    let (c, new) = blocking(&api, move |m| m.create_cluster(spec)).await?;
+    if let Some(f) = &api.fleet {
+        f.changed();
+    }
+    created((c, new))
+}
+
+/// `?release=true` releases what the cluster's nodes hold (refused without it while they
+/// hold ports).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteCluster {
+    #[serde(default)]
+    release: bool,
+}
+
+async fn delete_cluster(State(api): State<Api>, Path(name): Path<String>, q: RawQuery) -> Reply {
+    let d: DeleteCluster = serde_urlencoded::from_str(q.0.as_deref().unwrap_or(""))
+        .map_err(|e| ManagerError::Invalid(format!("query: {e}")))?;
+    let n = name.clone();
+    let gone = blocking(&api, move |m| m.delete_cluster(&n, d.release)).await?;
+    if let Some(f) = &api.fleet {
+        f.changed();
+    }
+    deleted("cluster", name, gone)
+}
+
 async fn no_route(method: Method, uri: axum::http::Uri) -> ManagerError {
     ManagerError::NotFound { what: "route", name: format!("{method} {}", uri.path()) }
 }
@@ -400,6 +454,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/ports"),
     ("get", "/v1/ports/{container}/{interface}"),
     ("delete", "/v1/ports/{container}/{interface}"),
+    ("get", "/v1/clusters"),
+    ("post", "/v1/clusters"),
+    ("get", "/v1/clusters/{name}"),
+    ("delete", "/v1/clusters/{name}"),
     ("get", "/v1/nodes"),
     ("get", "/v1/nodes/{name}"),
     ("put", "/v1/nodes/{name}"),
@@ -425,6 +483,8 @@ pub fn router(api: Api) -> Router {
         .route("/v1/networks/{network}/ipgroups/{name}", get(get_group).delete(delete_group))
         .route("/v1/ports", get(list_ports).post(create_port))
         .route("/v1/ports/{container}/{interface}", get(get_port).delete(delete_port))
+        .route("/v1/clusters", get(list_clusters).post(create_cluster))
+        .route("/v1/clusters/{name}", get(get_cluster).delete(delete_cluster))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", get(get_node).put(register_node).delete(delete_node))
         .route("/v1/nodes/{name}/token", axum::routing::post(node_token))

@@ -2,6 +2,7 @@
 //! SIGKILL on drop), free ports, and knitter-manager processes.
 #![allow(dead_code)]
 
+pub mod controllers;
 pub mod etcd_requests;
 pub mod scenarios;
 

@@ -29,6 +29,7 @@ pub fn net(name: &str, tenant: &str, cidr: &str) -> NetworkSpec {
         pod_chooses_vf: false,
         node_gateway: false,
         masquerade: false,
+        clusters: vec![],
     }
 }
 
@@ -173,6 +174,7 @@ pub fn refusals(m: &Manager) {
         registered: 0,
         last_seen: 0,
         state: String::new(),
+        cluster: String::new(),
     };
     assert!(
         reason(m.register_node(node("n1", "192.168.0.1", 1400)))

@@ -7,6 +7,7 @@
 //! ([`lease`]); only the leader acts, the others serve their APIs and wait.
 
 pub mod events;
+pub mod fleet;
 pub mod lease;
 pub mod nad;
 pub mod networks;
@@ -29,6 +30,11 @@ use tokio::sync::watch;
 /// How the controller runs.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The cluster it watches, by name ([`LOCAL_CLUSTER`]: the manager's own): it acts on
+    /// that cluster's nodes and their ports only.
+    ///
+    /// [`LOCAL_CLUSTER`]: crate::manager::objects::LOCAL_CLUSTER
+    pub cluster: String,
     pub lease: LeaseOptions,
     /// Release the ports and flood-list place of nodes the cluster no longer has.
     pub release_nodes: bool,
@@ -413,7 +419,8 @@ impl Controller {
             return;
         }
         // A change after the revision was read is seen at the next pass (the revision moved).
-        let ports = match self.blocking(|m| m.list_ports(&Filter::default())).await {
+        let scope = self.scope();
+        let ports = match self.blocking(move |m| scope.ports(m, &Filter::default())).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "reading ports for the pods' network-status");
@@ -535,8 +542,13 @@ impl Controller {
                     tracing::warn!("the cluster lists no nodes: releasing none");
                     return;
                 }
-                let known: Vec<String> = match self.blocking(|m| m.list_nodes()).await {
-                    Ok(nodes) => nodes.into_iter().map(|n| n.name).collect(),
+                let scope = self.scope();
+                let known: Vec<String> = match self.blocking(move |m| m.list_nodes()).await {
+                    Ok(nodes) => nodes
+                        .into_iter()
+                        .filter(|n| n.cluster_name() == scope.0)
+                        .map(|n| n.name)
+                        .collect(),
                     Err(e) => {
                         tracing::warn!(error = %e, "listing the manager's nodes");
                         return;
@@ -575,9 +587,9 @@ impl Controller {
     /// Releases the ports no pod of `cluster` holds, made before `cutoff` (when the list the
     /// view started from began), on nodes the view vouches for; counts the rest as held.
     async fn reconcile_orphans(&self, cluster: &Cluster, cutoff: u64) -> usize {
-        let (view, status) = (cluster.clone(), self.status.clone());
+        let (view, status, scope) = (cluster.clone(), self.status.clone(), self.scope());
         self.release(move |m| {
-            let ports = m.list_ports(&Filter::default())?;
+            let ports = scope.ports(m, &Filter::default())?;
             let (gone, held) = reconcile::orphans(&ports, &view, cutoff);
             status.held_ports.store(held.len() as u64, Relaxed);
             if !held.is_empty() {
@@ -597,10 +609,11 @@ impl Controller {
         if deleted.is_empty() {
             return;
         }
+        let scope = self.scope();
         self.release(move |m| {
             let pod =
                 if let [(_, name, _)] = deleted.as_slice() { name.clone() } else { String::new() };
-            let ports = m.list_ports(&Filter { pod, ..Default::default() })?;
+            let ports = scope.ports(m, &Filter { pod, ..Default::default() })?;
             Ok(deleted
                 .iter()
                 .flat_map(|(uid, name, held)| reconcile::of_deleted_pod(&ports, uid, name, *held))
@@ -614,8 +627,18 @@ impl Controller {
         if !self.opts.release_nodes {
             return;
         }
-        let node = name.clone();
-        self.release(move |m| m.list_ports(&Filter { node: node.clone(), ..Default::default() }))
+        let (node, scope) = (name.clone(), self.scope());
+        match self.blocking(move |m| scope.has_node(m, &node)).await {
+            Ok(true) => {}
+            // Another cluster's node of the same name: not this cluster's to release.
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "reading the node gone from the cluster (retried at the next list)");
+                return;
+            }
+        }
+        let (node, scope) = (name.clone(), self.scope());
+        self.release(move |m| scope.ports(m, &Filter { node: node.clone(), ..Default::default() }))
             .await;
         let node = name.clone();
         match self.blocking(move |m| m.delete_node(&node)).await {
@@ -705,6 +728,10 @@ impl Controller {
         }
     }
 
+    fn scope(&self) -> Scope {
+        Scope(self.opts.cluster.clone())
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Manager) -> crate::manager::Result<T> + Send + 'static,
@@ -713,6 +740,31 @@ impl Controller {
         tokio::task::spawn_blocking(move || f(&m)).await.unwrap_or_else(|e| {
             Err(crate::manager::ManagerError::Busy(format!("controller task: {e}")))
         })
+    }
+}
+
+/// The cluster a controller acts on, by name: its nodes, and the ports made on them.
+#[derive(Debug, Clone)]
+struct Scope(String);
+
+impl Scope {
+    /// The ports `f` picks that are this cluster's.
+    fn ports(
+        &self,
+        m: &Manager,
+        f: &Filter,
+    ) -> crate::manager::Result<Vec<crate::manager::objects::Port>> {
+        Ok(m.list_ports(f)?.into_iter().filter(|p| p.in_cluster(&self.0)).collect())
+    }
+
+    /// Whether node `name` may be this cluster's: registered in it, or not registered (its
+    /// ports, if any, say their cluster themselves).
+    fn has_node(&self, m: &Manager, name: &str) -> crate::manager::Result<bool> {
+        match m.get_node(name) {
+            Ok(n) => Ok(n.cluster_name() == self.0),
+            Err(crate::manager::ManagerError::NotFound { .. }) => Ok(true),
+            Err(e) => Err(e),
+        }
     }
 }
 

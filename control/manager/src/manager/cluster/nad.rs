@@ -180,6 +180,8 @@ mod test {
             pod_chooses_vf: false,
             node_gateway: false,
             masquerade: false,
+
+            clusters: vec![],
         }
     }
 

@@ -270,6 +270,7 @@ mod test {
             policer: None,
             sriov_pool: None,
             pod_chooses_vf: false,
+            cluster: String::new(),
         }
     }
 

@@ -196,6 +196,9 @@ impl NetworkResource {
             pod_chooses_vf: s.pod_chooses_vf,
             node_gateway: s.node_gateway,
             masquerade: s.masquerade,
+            // A Network resource's network reaches every cluster (a cluster-limited network
+            // is made through the APIs: `knitterctl manager network create --clusters`).
+            clusters: vec![],
         })
     }
 }

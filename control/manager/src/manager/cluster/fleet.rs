@@ -1,0 +1,275 @@
+//! The controller once per added cluster ([`crate::manager::objects::Cluster`]): each with
+//! its own client, watches, Lease and task, so a cluster whose apiserver hangs or refuses
+//! holds none of the others. Clusters added or deleted through the APIs start or stop
+//! theirs at once ([`Fleet::changed`]); the store is looked at again every
+//! [`RESCAN`] (another replica's changes, a kubeconfig that could not be read before).
+//! The manager's own cluster (`--kubernetes`) keeps the controller `knitter-manager` starts
+//! itself; the fleet only reports it.
+
+use super::{Controller, Options, Status, StatusReport, stop_set, until};
+use crate::manager::Manager;
+use crate::manager::objects::{Cluster, LOCAL_CLUSTER};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+/// How often the fleet looks at the stored clusters without being told.
+pub const RESCAN: Duration = Duration::from_secs(10);
+
+/// The controllers of the added clusters.
+pub struct Fleet {
+    manager: Arc<Manager>,
+    /// What every added cluster's controller runs with (its cluster's name set in).
+    template: Options,
+    /// The own cluster's controller, when the manager runs one.
+    own: Option<Arc<Status>>,
+    members: Mutex<BTreeMap<String, Member>>,
+    wake: Notify,
+}
+
+/// One added cluster's controller, or why it does not run.
+struct Member {
+    id: String,
+    kubeconfig: String,
+    running: Option<Running>,
+    error: Option<String>,
+}
+
+struct Running {
+    status: Arc<Status>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Fleet {
+    /// `template`: the own controller's options (the Lease's name, identity and timing, and
+    /// what to release); added clusters' controllers make no network resources.
+    pub fn new(manager: Arc<Manager>, template: Options, own: Option<Arc<Status>>) -> Arc<Fleet> {
+        Arc::new(Fleet {
+            manager,
+            template: Options { network_resources: false, ..template },
+            own,
+            members: Mutex::default(),
+            wake: Notify::new(),
+        })
+    }
+
+    /// A cluster was added or deleted: look at the store now.
+    pub fn changed(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Fills in `c`'s controller state, or why none runs.
+    pub fn annotate(&self, c: &mut Cluster) {
+        if c.own {
+            c.controller = self.own.as_ref().map(|s| s.report());
+            return;
+        }
+        let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        match members.get(&c.spec.name).filter(|m| m.id == c.id) {
+            Some(m) => {
+                c.controller = m.running.as_ref().map(|r| r.status.report());
+                c.error.clone_from(&m.error);
+            }
+            None => c.error = Some("its controller starts at the next look (within 10 s)".into()),
+        }
+    }
+
+    /// The added clusters' controllers as Prometheus metrics, labelled by cluster (the own
+    /// cluster's are `knitter_manager_kubernetes_*`).
+    pub fn metrics(&self) -> String {
+        let reports: Vec<(String, Option<StatusReport>)> = {
+            let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            members
+                .iter()
+                .map(|(name, m)| (name.clone(), m.running.as_ref().map(|r| r.status.report())))
+                .collect()
+        };
+        let mut out = String::new();
+        if reports.is_empty() {
+            return out;
+        }
+        type Pick = fn(&StatusReport) -> f64;
+        let rows: [(&str, &str, &str, Pick); 7] = [
+            (
+                "knitter_manager_cluster_controller_running",
+                "gauge",
+                "1 while the cluster's controller runs (0: its kubeconfig could not be read or used)",
+                |_| 1.0,
+            ),
+            (
+                "knitter_manager_cluster_leader",
+                "gauge",
+                "1 while this manager leads in the cluster (holds its Lease)",
+                |r| f64::from(u8::from(r.leader)),
+            ),
+            (
+                "knitter_manager_cluster_relists_total",
+                "counter",
+                "complete lists of the cluster's pods or nodes taken",
+                |r| r.relists as f64,
+            ),
+            (
+                "knitter_manager_cluster_watch_errors_total",
+                "counter",
+                "watch errors on the cluster's apiserver",
+                |r| r.watch_errors as f64,
+            ),
+            (
+                "knitter_manager_cluster_released_ports_total",
+                "counter",
+                "ports released because their pod or node went from the cluster",
+                |r| r.released_ports as f64,
+            ),
+            (
+                "knitter_manager_cluster_held_ports",
+                "gauge",
+                "the cluster's ports held because the last list did not vouch for their node",
+                |r| r.held_ports as f64,
+            ),
+            (
+                "knitter_manager_cluster_pods",
+                "gauge",
+                "the cluster's pods in its controller's view",
+                |r| r.pods as f64,
+            ),
+        ];
+        for (i, (name, kind, help, pick)) in rows.into_iter().enumerate() {
+            let samples = reports.iter().map(|(c, r)| {
+                let v = match (i, r) {
+                    (0, r) => f64::from(u8::from(r.is_some())),
+                    (_, Some(r)) => pick(r),
+                    (_, None) => 0.0,
+                };
+                (c.clone(), v)
+            });
+            knitter_api::metrics::family(&mut out, name, kind, help, "cluster", samples);
+        }
+        out
+    }
+
+    /// Keeps one controller per stored cluster until `stop` is set, then stops them all
+    /// (each gives its Lease up).
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            self.align().await;
+            tokio::select! {
+                () = tokio::time::sleep(RESCAN) => {}
+                () = self.wake.notified() => {}
+                _ = until(&mut stop, true) => break,
+            }
+            if stop_set(&stop) {
+                break;
+            }
+        }
+        let running: Vec<Running> = {
+            let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut *members).into_values().filter_map(|m| m.running).collect()
+        };
+        stop_all(running).await;
+    }
+
+    /// Starts the controllers of clusters that have none running (new ones, and ones whose
+    /// kubeconfig failed before), stops those of clusters deleted or re-added.
+    async fn align(&self) {
+        let m = self.manager.clone();
+        let clusters = match tokio::task::spawn_blocking(move || m.list_clusters()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "listing the clusters (looked at again soon)");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the clusters");
+                return;
+            }
+        };
+        let wanted: BTreeMap<String, Cluster> = clusters
+            .into_iter()
+            .filter(|c| !c.own && c.spec.name != LOCAL_CLUSTER)
+            .map(|c| (c.spec.name.clone(), c))
+            .collect();
+        let gone: Vec<Running> = {
+            let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            let stale: Vec<String> = members
+                .iter()
+                .filter(|(n, m)| {
+                    wanted.get(*n).is_none_or(|c| c.id != m.id || c.spec.kubeconfig != m.kubeconfig)
+                })
+                .map(|(n, _)| n.clone())
+                .collect();
+            stale.iter().filter_map(|n| members.remove(n)).filter_map(|m| m.running).collect()
+        };
+        if !gone.is_empty() {
+            tracing::info!(
+                controllers = gone.len(),
+                "stopping the controllers of clusters deleted or changed"
+            );
+            stop_all(gone).await;
+        }
+        for (name, c) in wanted {
+            let idle = {
+                let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+                members.get(&name).is_none_or(|m| m.running.is_none())
+            };
+            if !idle {
+                continue;
+            }
+            let member = match self.start(&c).await {
+                Ok(running) => {
+                    tracing::info!(cluster = %name, id = %c.id, "cluster's controller started");
+                    Member {
+                        id: c.id,
+                        kubeconfig: c.spec.kubeconfig,
+                        running: Some(running),
+                        error: None,
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(cluster = %name, error = %error, "cluster's controller not started (tried again within 10 s)");
+                    Member {
+                        id: c.id,
+                        kubeconfig: c.spec.kubeconfig,
+                        running: None,
+                        error: Some(error),
+                    }
+                }
+            };
+            self.members.lock().unwrap_or_else(|p| p.into_inner()).insert(name, member);
+        }
+    }
+
+    /// Starts `c`'s controller, its kubeconfig read now.
+    async fn start(&self, c: &Cluster) -> Result<Running, String> {
+        let path = &c.spec.kubeconfig;
+        let kc = kube::config::Kubeconfig::read_from(path)
+            .map_err(|e| format!("reading the kubeconfig {path}: {e}"))?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| format!("the kubeconfig {path}: {e}"))?;
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("a client from {path}: {e}"))?;
+        let opts = Options { cluster: c.spec.name.clone(), ..self.template.clone() };
+        let controller = Controller::new(self.manager.clone(), client, opts);
+        let status = controller.status();
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(controller.run(rx));
+        Ok(Running { status, stop, task })
+    }
+}
+
+/// Stops controllers and waits for them, each bounded (a hung apiserver call ends at
+/// [`super::CALL_TIMEOUT`]).
+async fn stop_all(running: Vec<Running>) {
+    for r in &running {
+        let _ = r.stop.send(true);
+    }
+    let bound = super::CALL_TIMEOUT + Duration::from_secs(1);
+    for r in running {
+        if tokio::time::timeout(bound, r.task).await.is_err() {
+            tracing::warn!("a cluster's controller did not stop within {} s", bound.as_secs());
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The Kubernetes clusters the manager serves besides its own: added (a name, a random id,
+//! the kubeconfig that reaches its apiserver), listed with what each holds, deleted (refused
+//! while its nodes hold ports, unless they are released with it). Which cluster a node
+//! joins, and a port's pod as (cluster, namespace/name, UID): `objects.rs`. The controller
+//! that runs once per cluster: `cluster/fleet.rs`.
+
+use super::objects::{Cluster, ClusterSpec, LOCAL_CLUSTER, Node, Port, cluster_key, node_key};
+use super::{Filter, Manager, ManagerError, Result, check_name, json, now};
+use crate::network::Network;
+use crate::store::Op;
+
+impl Manager {
+    /// Adds a cluster; the same request again returns it (`false`).
+    pub fn create_cluster(&self, spec: ClusterSpec) -> Result<(Cluster, bool)> {
+        check_name("cluster", &spec.name)?;
+        if spec.name == LOCAL_CLUSTER {
+            return Err(ManagerError::Invalid(format!(
+                "cluster {LOCAL_CLUSTER:?} is the manager's own (knitter-manager --kubernetes): give the other cluster another name"
+            )));
+        }
+        if spec.kubeconfig.trim().is_empty() {
+            return Err(ManagerError::Invalid(format!(
+                "cluster {:?}: give the kubeconfig file that reaches its apiserver",
+                spec.name
+            )));
+        }
+        let key = cluster_key(&spec.name);
+        if let Some((have, _)) = self.load::<Cluster>(&key)? {
+            return if have.spec == spec {
+                Ok((self.counted(have)?, false))
+            } else {
+                Err(ManagerError::Conflict(format!(
+                    "cluster {:?} exists with kubeconfig {:?}; delete it to change it",
+                    spec.name, have.spec.kubeconfig
+                )))
+            };
+        }
+        let c = Cluster {
+            spec,
+            id: random_id(),
+            created: now(),
+            own: false,
+            nodes: 0,
+            ports: 0,
+            controller: None,
+            error: None,
+        };
+        if self.store.commit(&[Op::create(&key, json(&c)?)])? {
+            Ok((c, true))
+        } else {
+            // Added meanwhile by another request: the same answer as a retry's.
+            let (have, _) = self.load::<Cluster>(&key)?.ok_or_else(|| {
+                ManagerError::Busy(format!("cluster {:?} changed meanwhile", c.spec.name))
+            })?;
+            if have.spec == c.spec {
+                Ok((self.counted(have)?, false))
+            } else {
+                Err(ManagerError::Conflict(format!(
+                    "cluster {:?} was added meanwhile",
+                    c.spec.name
+                )))
+            }
+        }
+    }
+
+    /// A cluster with what it holds; [`LOCAL_CLUSTER`] is the manager's own.
+    pub fn get_cluster(&self, name: &str) -> Result<Cluster> {
+        if name == LOCAL_CLUSTER {
+            return self.counted(local_cluster());
+        }
+        let (c, _) = self
+            .load::<Cluster>(&cluster_key(name))?
+            .ok_or_else(|| ManagerError::NotFound { what: "cluster", name: name.into() })?;
+        self.counted(c)
+    }
+
+    /// The manager's own cluster first, then the others by name.
+    pub fn list_clusters(&self) -> Result<Vec<Cluster>> {
+        let (nodes, ports) = (self.list_nodes()?, self.list_ports(&Filter::default())?);
+        let mut out = vec![local_cluster()];
+        out.extend(self.load_all::<Cluster>("clusters/")?.into_iter().map(|(c, _)| c));
+        for c in &mut out {
+            count(c, &nodes, &ports);
+        }
+        Ok(out)
+    }
+
+    /// Deletes a cluster. While its nodes hold ports it is refused, unless `release`: then
+    /// its ports are released (their addresses given back) and its nodes forgotten (they
+    /// leave every flood list) first. `None` if there was none.
+    pub fn delete_cluster(&self, name: &str, release: bool) -> Result<Option<Cluster>> {
+        if name == LOCAL_CLUSTER {
+            return Err(ManagerError::Invalid(format!(
+                "cluster {LOCAL_CLUSTER:?} is the manager's own: it cannot be deleted"
+            )));
+        }
+        let key = cluster_key(name);
+        let Some((c, _)) = self.load::<Cluster>(&key)? else { return Ok(None) };
+        let c = self.counted(c)?;
+        if (c.ports > 0 || c.nodes > 0) && !release {
+            return Err(ManagerError::InUse(format!(
+                "cluster {name:?} holds {} ports on {} nodes: delete it with release (knitterctl manager cluster delete {name} --release) to release them and forget its nodes",
+                c.ports, c.nodes
+            )));
+        }
+        // Twice: a node that registered into the cluster while the first pass ran is
+        // released by the second, after the record is gone (no new one can join).
+        self.release_cluster(name)?;
+        if let Some((_, v)) = self.load::<Cluster>(&key)?
+            && !self.store.commit(&[Op::delete(&key, v)])?
+        {
+            return Err(ManagerError::Busy(format!("cluster {name:?} changed meanwhile")));
+        }
+        self.release_cluster(name)?;
+        Ok(Some(c))
+    }
+
+    /// Releases the ports of cluster `name` and forgets its nodes.
+    fn release_cluster(&self, name: &str) -> Result<()> {
+        for p in self.list_ports(&Filter::default())?.iter().filter(|p| p.in_cluster(name)) {
+            self.delete_port_record(&p.spec.container, &p.spec.interface)?;
+        }
+        for n in self.list_nodes()?.iter().filter(|n| n.cluster_name() == name) {
+            self.delete_node(&n.name)?;
+        }
+        Ok(())
+    }
+
+    /// Checks a node's cluster as it registers: one that exists, the one it registered in
+    /// before (node names are unique across the manager's clusters). Returns the name as
+    /// the node keeps it (empty for the own cluster).
+    pub(super) fn check_node_cluster(&self, node: &Node, have: Option<&Node>) -> Result<String> {
+        let cluster =
+            if node.cluster == LOCAL_CLUSTER { String::new() } else { node.cluster.clone() };
+        if !cluster.is_empty() && self.load::<Cluster>(&cluster_key(&cluster))?.is_none() {
+            return Err(ManagerError::NotFound { what: "cluster", name: cluster });
+        }
+        if let Some(have) = have
+            && have.cluster != cluster
+        {
+            return Err(ManagerError::Conflict(format!(
+                "node {:?} is registered in cluster {:?}: node names are unique across the manager's clusters (delete the node first to move it, or give this one another name)",
+                node.name,
+                have.cluster_name()
+            )));
+        }
+        Ok(cluster)
+    }
+
+    /// The cluster a port on `node` is created in (its node's; the own cluster for a node
+    /// not registered), if `net` reaches that cluster.
+    pub(super) fn port_cluster(&self, net: &Network, node: &str) -> Result<String> {
+        let cluster = if node.is_empty() {
+            String::new()
+        } else {
+            self.load::<Node>(&node_key(node))?.map(|(n, _)| n.cluster).unwrap_or_default()
+        };
+        let name = if cluster.is_empty() { LOCAL_CLUSTER } else { cluster.as_str() };
+        if !net.spec.clusters.is_empty() && !net.spec.clusters.iter().any(|c| c == name) {
+            return Err(ManagerError::Forbidden(format!(
+                "network {:?} spans clusters {:?}; node {node:?} is in cluster {name:?}",
+                net.spec.name, net.spec.clusters
+            )));
+        }
+        Ok(cluster)
+    }
+
+    fn counted(&self, mut c: Cluster) -> Result<Cluster> {
+        count(&mut c, &self.list_nodes()?, &self.list_ports(&Filter::default())?);
+        Ok(c)
+    }
+}
+
+/// The manager's own cluster as listed (it is not stored).
+fn local_cluster() -> Cluster {
+    Cluster {
+        spec: ClusterSpec { name: LOCAL_CLUSTER.into(), kubeconfig: String::new() },
+        id: String::new(),
+        created: 0,
+        own: true,
+        nodes: 0,
+        ports: 0,
+        controller: None,
+        error: None,
+    }
+}
+
+fn count(c: &mut Cluster, nodes: &[Node], ports: &[Port]) {
+    let name = c.spec.name.as_str();
+    c.nodes = nodes.iter().filter(|n| n.cluster_name() == name).count() as u64;
+    c.ports = ports.iter().filter(|p| p.in_cluster(name)).count() as u64;
+}
+
+/// A random UUID (version 4) from the OS's generator.
+fn random_id() -> String {
+    use std::hash::BuildHasher;
+    // RandomState is seeded from the OS; two of them and the time make 128 bits that do
+    // not repeat across managers (an id, not a secret).
+    let t = now();
+    let (a, b) = (
+        std::hash::RandomState::new().hash_one(t),
+        std::hash::RandomState::new().hash_one(t.wrapping_add(1)),
+    );
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&a.to_be_bytes());
+    bytes[8..].copy_from_slice(&b.to_be_bytes());
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}

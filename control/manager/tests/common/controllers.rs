@@ -1,0 +1,65 @@
+//! Controllers run on their own tasks against the API server stand-in, nodes registered as
+//! their agents register, and polling for what the controllers do (the Kubernetes and
+//! multi-cluster tests share these).
+
+use knitter_manager::manager::Manager;
+use knitter_manager::manager::cluster::{Controller, Options};
+use knitter_manager::manager::objects::Node;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// A controller running on its own task; `stop` ends it gracefully, aborting the task kills it.
+pub struct Running {
+    pub stop: watch::Sender<bool>,
+    pub task: tokio::task::JoinHandle<()>,
+    pub status: Arc<knitter_manager::manager::cluster::Status>,
+}
+
+pub fn start_through(m: &Arc<Manager>, client: kube::Client, opts: Options) -> Running {
+    let (stop, rx) = watch::channel(false);
+    let c = Controller::new(m.clone(), client, opts);
+    let status = c.status();
+    Running { stop, task: tokio::spawn(c.run(rx)), status }
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.stop.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("the controller stops")
+            .expect("no panic");
+    }
+}
+
+/// A node registered with the manager in `cluster` (`""`: the manager's own), as its
+/// agent registers.
+pub fn register_in(m: &Manager, name: &str, vtep: &str, cluster: &str) {
+    m.register_node(Node {
+        name: name.into(),
+        vtep: vtep.parse().unwrap(),
+        underlay_mtu: 1600,
+        capabilities: vec![],
+        registered: 0,
+        last_seen: 0,
+        state: String::new(),
+        cluster: cluster.into(),
+    })
+    .unwrap();
+}
+
+pub async fn eventually(what: &str, ok: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(20), ok).await
+}
+
+pub async fn eventually_within(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not within {within:?}: {what}");
+}
