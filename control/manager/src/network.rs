@@ -125,6 +125,14 @@ pub struct SubnetSpec {
     pub pools: Vec<Pool>,
 }
 
+/// Whether `name` may name an object (it becomes part of store keys): 1-253 characters,
+/// none of them '/', whitespace or control.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control())
+}
+
 /// A network as asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetworkSpec {
@@ -345,7 +353,7 @@ impl Network {
         if spec.masquerade && !spec.node_gateway {
             return Err(NetworkError::MasqueradeWithoutGateway(name));
         }
-        if let Some(c) = spec.clusters.iter().find(|c| !crate::manager::valid_name(c)) {
+        if let Some(c) = spec.clusters.iter().find(|c| !valid_name(c)) {
             return Err(NetworkError::ClusterName { name, cluster: c.clone() });
         }
         if spec.node_gateway {

@@ -164,20 +164,13 @@ pub(crate) fn now() -> u64 {
 
 /// Names become store keys: 1-253 characters, none of them '/', whitespace or control.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if valid_name(name) {
+    if crate::network::valid_name(name) {
         Ok(())
     } else {
         Err(ManagerError::Invalid(format!(
             "{what} {name:?} must be 1-253 characters without '/', spaces or control characters"
         )))
     }
-}
-
-/// 1-253 characters, none of them '/', whitespace or control ([`check_name`]).
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && !name.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control())
 }
 
 fn json<T: Serialize>(v: &T) -> Result<String> {
