@@ -377,3 +377,30 @@ async fn an_operator_adds_a_cluster_and_deletes_it_with_knitterctl() {
     );
     assert_eq!(local.lease_holder("knitter", "leader").as_deref(), Some(""), "the Lease released");
 }
+
+/// A tenant's namespace is its own cluster's: the same name in another cluster is another
+/// namespace, which the tenant claims only by listing it as `cluster/namespace`.
+#[test]
+fn a_tenants_namespace_in_another_cluster_is_claimed_only_by_name_with_its_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(&dir);
+    register_in(&m, "a1", "192.0.2.1", "");
+    register_in(&m, "b1", "192.0.2.2", EAST);
+    m.create_tenant("red", None).unwrap();
+    m.set_tenant_namespaces("red", vec!["red".into()]).unwrap();
+    m.create_network(net("red-net", "red", "10.3.0.0/16")).unwrap();
+    let web = |node: &str, uid: &str| {
+        let mut s = pod_port("web", uid, node);
+        s.network = "red-net".into();
+        s.pod = "red/web".into();
+        s
+    };
+    m.create_port(web("a1", "uid-a")).unwrap();
+    let why = refused(m.create_port(web("b1", "uid-b")));
+    assert!(
+        why.contains("namespace \"red\" of cluster \"east\" belongs to tenant \"admin\""),
+        "{why}"
+    );
+    m.set_tenant_namespaces("red", vec!["red".into(), "east/red".into()]).unwrap();
+    assert_eq!(m.create_port(web("b1", "uid-b")).unwrap().0.cluster, EAST);
+}

@@ -246,7 +246,7 @@ impl Manager {
             }
             if spec.pod.is_empty() {
                 let (net, _) = self.network(&spec.network)?;
-                self.check_attachment("", &net.spec, &spec)?;
+                self.check_attachment("", "", &net.spec, &spec)?;
             }
         }
         self.create_port(spec)

@@ -45,8 +45,10 @@ impl Manager {
                 "device_info {info:?} is not a JSON object (NPWG device-info)"
             )));
         }
+        let cluster = self.port_cluster(net, &spec.node)?;
         if !spec.pod.is_empty() {
-            self.check_attachment(tenancy::pod_namespace(&spec.pod), &net.spec, &spec)?;
+            let ns = tenancy::pod_namespace(&spec.pod);
+            self.check_attachment(&cluster, ns, &net.spec, &spec)?;
         }
         for (i, ip) in spec.ips.iter().enumerate() {
             if spec.ips[..i].iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
@@ -66,7 +68,6 @@ impl Manager {
                 family(ip)
             )));
         }
-        let cluster = self.port_cluster(net, &spec.node)?;
         let key = port_key(&spec.container, &spec.interface);
         let mut pending = None;
         // One dynamic address: the claim writes the whole port in its transaction.

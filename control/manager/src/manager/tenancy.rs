@@ -9,6 +9,11 @@
 //!    Kubernetes, or namespaces nobody labels);
 //! 3. `admin`, for a namespace no tenant claims (and for ports without a pod).
 //!
+//! In a cluster other than the manager's own (`clusters.rs`) the same name is another
+//! namespace: the own cluster's labels say nothing there, and a tenant claims it only by
+//! listing it as `cluster/namespace` (`east/red`). Rule 2 then applies; rule 1 does not
+//! (the controller reads the own cluster's labels only).
+//!
 //! A namespace's own name says nothing: a namespace merely called `red` is `admin`'s unless
 //! labelled or listed for `red`. The check holds for every port with a pod, through every
 //! path (the node's attach API for Multus NADs and Knitter's standalone annotations, the
@@ -35,6 +40,33 @@ pub fn tenant_for<'a>(ns: &str, labelled: Option<&'a str>, tenants: &'a [Tenant]
         .unwrap_or(ADMIN)
 }
 
+/// The tenant of namespace `ns` in cluster `cluster` (empty: the manager's own, where
+/// [`tenant_for`] decides; in another only a `cluster/namespace` entry claims it).
+pub fn tenant_in<'a>(
+    cluster: &str,
+    ns: &str,
+    labelled: Option<&'a str>,
+    tenants: &'a [Tenant],
+) -> &'a str {
+    if cluster.is_empty() {
+        return tenant_for(ns, labelled, tenants);
+    }
+    let qualified = format!("{cluster}/{ns}");
+    tenants.iter().find(|t| t.namespaces.contains(&qualified)).map_or(ADMIN, |t| t.name.as_str())
+}
+
+/// Checks a tenant's namespace entry: a namespace, or `cluster/namespace` for one of
+/// another cluster.
+pub(super) fn check_namespace_entry(entry: &str) -> Result<()> {
+    match entry.split_once('/') {
+        Some((cluster, ns)) => {
+            super::check_name("cluster", cluster)?;
+            super::check_name("namespace", ns)
+        }
+        None => super::check_name("namespace", entry),
+    }
+}
+
 /// What a port request chooses for itself, if anything (fixed addresses, an IP group, a MAC).
 fn chosen(spec: &PortSpec) -> Option<&'static str> {
     if !spec.ips.is_empty() {
@@ -49,11 +81,20 @@ fn chosen(spec: &PortSpec) -> Option<&'static str> {
 }
 
 impl Manager {
-    /// The tenant namespace `ns` belongs to (rule above).
+    /// The tenant namespace `ns` of the manager's own cluster belongs to (rule above).
     pub fn tenant_of_namespace(&self, ns: &str) -> Result<String> {
-        let labelled = self.store().get(&labelled_namespace_key(ns))?.map(|v| v.value);
+        self.tenant_of_namespace_in("", ns)
+    }
+
+    /// The tenant namespace `ns` of cluster `cluster` (empty: the own) belongs to.
+    pub fn tenant_of_namespace_in(&self, cluster: &str, ns: &str) -> Result<String> {
+        let labelled = if cluster.is_empty() {
+            self.store().get(&labelled_namespace_key(ns))?.map(|v| v.value)
+        } else {
+            None
+        };
         let tenants = self.tenants()?;
-        Ok(tenant_for(ns, labelled.as_deref(), &tenants).to_string())
+        Ok(tenant_in(cluster, ns, labelled.as_deref(), &tenants).to_string())
     }
 
     /// Refuses a port for a pod of namespace `ns` on `net` when the namespace's tenant is not
@@ -62,18 +103,21 @@ impl Manager {
     /// (`spec`) a fixed address, an IP group or a MAC — those the owner plans.
     pub(super) fn check_attachment(
         &self,
+        cluster: &str,
         ns: &str,
         net: &NetworkSpec,
         spec: &PortSpec,
     ) -> Result<()> {
-        let tenant = self.tenant_of_namespace(ns)?;
+        let tenant = self.tenant_of_namespace_in(cluster, ns)?;
         if tenant == net.tenant {
             return Ok(());
         }
         let who = if ns.is_empty() {
             "a port without a pod namespace belongs to tenant \"admin\"".to_string()
-        } else {
+        } else if cluster.is_empty() {
             format!("namespace {ns:?} belongs to tenant {tenant:?}")
+        } else {
+            format!("namespace {ns:?} of cluster {cluster:?} belongs to tenant {tenant:?}")
         };
         if !net.shared {
             return Err(ManagerError::Forbidden(format!(
@@ -126,7 +170,7 @@ impl Manager {
     /// another tenant lists one of them.
     pub fn set_tenant_namespaces(&self, name: &str, namespaces: Vec<String>) -> Result<Tenant> {
         for ns in &namespaces {
-            super::check_name("namespace", ns)?;
+            check_namespace_entry(ns)?;
         }
         let key = super::objects::tenant_key(name);
         for _ in 0..ROUNDS {
@@ -181,5 +225,21 @@ mod tests {
             (pod_namespace("ns/pod"), pod_namespace("pod"), pod_namespace("")),
             ("ns", "", "")
         );
+    }
+
+    #[test]
+    fn in_another_cluster_only_a_qualified_listing_claims_a_namespace() {
+        let tenants = [tenant("red", &["red-prod"]), tenant("blue", &["east/blue-prod"])];
+        let in_east = |ns, label| tenant_in("east", ns, label, &tenants);
+        assert_eq!(in_east("red-prod", None), "admin", "the own cluster's listing");
+        assert_eq!(in_east("red-prod", Some("red")), "admin", "the own cluster's label");
+        assert_eq!(in_east("blue-prod", None), "blue", "listed as east/blue-prod");
+        assert_eq!(tenant_in("west", "blue-prod", None, &tenants), "admin", "east's, not west's");
+        assert_eq!(tenant_in("", "blue-prod", None, &tenants), "admin", "east's, not the own");
+        assert_eq!(tenant_in("", "red-prod", None, &tenants), "red");
+        assert!(check_namespace_entry("east/blue-prod").is_ok());
+        for bad in ["east/", "/blue", "a/b/c", "east/ x"] {
+            assert!(check_namespace_entry(bad).is_err(), "{bad}");
+        }
     }
 }

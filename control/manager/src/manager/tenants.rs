@@ -19,7 +19,7 @@ impl Manager {
         let name = name.as_str();
         check_name("tenant", name)?;
         for ns in &namespaces {
-            check_name("namespace", ns)?;
+            super::tenancy::check_namespace_entry(ns)?;
         }
         let t = Tenant {
             name: name.into(),
