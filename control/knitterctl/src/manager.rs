@@ -366,7 +366,13 @@ fn print_ports(items: &[pb::Port]) {
                     p.container.clone(),
                     p.interface.clone(),
                     p.network.clone(),
-                    p.pod.clone(),
+                    // Another cluster's pod is named with its cluster, as the manager tells
+                    // pods apart.
+                    if p.cluster.is_empty() {
+                        p.pod.clone()
+                    } else {
+                        format!("{}/{}", p.cluster, p.pod)
+                    },
                     p.node.clone(),
                     addrs,
                     p.mac.clone(),
@@ -397,7 +403,7 @@ fn print_groups(items: &[pb::IpGroup]) {
 
 fn print_nodes(items: &[pb::Node]) {
     table(
-        &["name", "vtep", "underlay mtu", "state", "last seen"],
+        &["name", "cluster", "vtep", "underlay mtu", "state", "last seen"],
         items
             .iter()
             .map(|n| {
@@ -406,7 +412,15 @@ fn print_nodes(items: &[pb::Node]) {
                 } else {
                     format!("{}s ago", crate::unix_now().saturating_sub(n.last_seen))
                 };
-                vec![n.name.clone(), n.vtep.clone(), opt(n.underlay_mtu), n.state.clone(), seen]
+                let cluster = if n.cluster.is_empty() { "local" } else { n.cluster.as_str() };
+                vec![
+                    n.name.clone(),
+                    cluster.into(),
+                    n.vtep.clone(),
+                    opt(n.underlay_mtu),
+                    n.state.clone(),
+                    seen,
+                ]
             })
             .collect(),
     );

@@ -120,6 +120,8 @@ struct NetworkResourceSpec {
     node_gateway: bool,
     #[serde(default)]
     masquerade: bool,
+    #[serde(default)]
+    clusters: Vec<String>,
 }
 
 /// A `Network`'s `podPolicer`, as the CRD defines it.
@@ -196,9 +198,7 @@ impl NetworkResource {
             pod_chooses_vf: s.pod_chooses_vf,
             node_gateway: s.node_gateway,
             masquerade: s.masquerade,
-            // A Network resource's network reaches every cluster (a cluster-limited network
-            // is made through the APIs: `knitterctl manager network create --clusters`).
-            clusters: vec![],
+            clusters: s.clusters,
         })
     }
 }
@@ -329,6 +329,10 @@ mod test {
             .network_spec()
             .unwrap();
         assert!(n.node_gateway && n.masquerade);
+        let n = network(json!({"kind": "vxlan", "clusters": ["local", "east"]}))
+            .network_spec()
+            .unwrap();
+        assert_eq!(n.clusters, ["local", "east"]);
     }
 
     #[test]
