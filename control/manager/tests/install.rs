@@ -1,6 +1,6 @@
 //! docs/kubernetes.md as an operator runs it: every command block of "Network and IPGroup
-//! resources", "Installing on a cluster", "Uninstalling" and "Knitter as the cluster's pod
-//! network", in order and as
+//! resources", "Installing on a cluster", "Uninstalling", "Knitter as the cluster's pod
+//! network" and "Several clusters" (a second stand-in as the member cluster), in order and as
 //! written, with a real `kubectl` (`$KNITTER_KUBECTL`, else the one on `PATH`: Debian's 1.20
 //! and a current one both pass) against the API server stand-in (`common/apiserver.rs`), and
 //! a real knitter-manager process (`--kubernetes --network-resources`) as the cluster's
@@ -369,4 +369,77 @@ async fn the_documented_network_resources_are_made_and_seen() {
         );
     });
     assert!(manager.terminate(Duration::from_secs(10)), "the manager stops");
+}
+
+/// "Several clusters" as an operator runs it: the manager's cluster installed, a member
+/// cluster (a second stand-in, kubectl's context `east`) given the bootstrap token, the CA and
+/// `overlays/member`, its kubeconfig written by `member-kubeconfig.sh` (the stand-in has no
+/// token controller: the test fills the token Secret as one would), the `knitter-clusters`
+/// Secret made; then the cluster added to the manager with the kubeconfig the script wrote,
+/// whose controller takes its Lease in the member cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_member_cluster_joins_the_manager() {
+    let Some(kubectl) = kubectl_or_skip() else { return };
+    let member = cluster(Rbac::Base).await;
+    let walk = Walk::new(cluster(Rbac::Base).await, &kubectl);
+    // kubectl's contexts: the manager's cluster (current) and `east`.
+    std::fs::write(
+        walk.dir.path().join("admin.kubeconfig"),
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: home\n  cluster: {{server: \"{}\"}}\n- name: east\n  cluster: {{server: \"{}\"}}\nusers:\n- name: admin\n  user: {{}}\ncontexts:\n- name: home\n  context: {{cluster: home, user: admin}}\n- name: east\n  context: {{cluster: east, user: admin}}\ncurrent-context: home\n",
+            walk.api.admin_url, member.admin_url
+        ),
+    )
+    .unwrap();
+    let doc = doc();
+    let (install, clusters) = (blocks(&doc, &["Installing"]), blocks(&doc, &["Several clusters"]));
+    assert_eq!(clusters.len(), 3, "the docs' section moved");
+    // The token controller's part: the member's service-account token Secret filled.
+    let filled = std::sync::atomic::AtomicBool::new(false);
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let deadline = Instant::now() + Duration::from_secs(240);
+                while Instant::now() < deadline && !filled.load(std::sync::atomic::Ordering::SeqCst)
+                {
+                    if member.object(Kind::Secrets, "knitter/knitter-manager-token").is_some() {
+                        member.edit(Kind::Secrets, "knitter/knitter-manager-token", |v| {
+                            v["data"] = serde_json::json!({"token": "c2VjcmV0", "ca.crt": "Q0E="});
+                        });
+                        filled.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+            walk.run(&install[..1]);
+            walk.run(&clusters);
+            filled.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    });
+    let kubeconfig = std::fs::read_to_string(walk.dir.path().join("east.kubeconfig")).unwrap();
+    for want in [member.admin_url.as_str(), "token: secret", "certificate-authority-data: Q0E="] {
+        assert!(kubeconfig.contains(want), "{want} in {kubeconfig}");
+    }
+    let node = member.object(Kind::DaemonSets, "knitter/knitter-node").expect("the node agent");
+    assert!(node.to_string().contains("--cluster=east"), "{node}");
+    assert!(member.object(Kind::Services, "knitter/knitter-manager").is_none(), "no manager there");
+    assert!(walk.api.object(Kind::Secrets, "knitter/knitter-clusters").is_some());
+
+    // The managers then read the file the Secret holds: here, the script's own.
+    let mut manager = walk.manager(&[]);
+    let out = std::process::Command::new(common::knitterctl())
+        .args(["--manager", &manager.grpc, "--token-file"])
+        .arg(walk.dir.path().join("manager/token"))
+        .args(["manager", "cluster", "add", "east", "--kubeconfig"])
+        .arg(walk.dir.path().join("east.kubeconfig"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while member.lease_holder("knitter", "knitter-manager").as_deref() != Some("knitter-manager-0")
+    {
+        assert!(Instant::now() < deadline, "the member's Lease not taken within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(manager.terminate(Duration::from_secs(15)), "the manager stops");
 }

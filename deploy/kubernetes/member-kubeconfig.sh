@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Writes the kubeconfig the manager reaches a member cluster's apiserver with: its server
+# and CA as kubectl's context CONTEXT knows them, and the token of the knitter-manager
+# service account there (the Secret knitter-manager-token, which
+# overlays/member makes and the cluster's token controller fills; waited for up to 60 s).
+#
+#   bash deploy/kubernetes/member-kubeconfig.sh CONTEXT > east.kubeconfig
+set -euo pipefail
+context=${1:?usage: $0 CONTEXT, the member cluster as a kubectl context}
+k() { kubectl --context "$context" "$@"; }
+cluster=$(kubectl config view -o jsonpath="{.contexts[?(@.name=='$context')].context.cluster}")
+server=$(kubectl config view -o jsonpath="{.clusters[?(@.name=='$cluster')].cluster.server}")
+[ -n "$server" ] || { echo "context $context names no cluster with a server" >&2; exit 1; }
+token=
+for _ in $(seq 60); do
+  token=$(k -n knitter get secret knitter-manager-token -o jsonpath='{.data.token}' 2>/dev/null || true)
+  [ -n "$token" ] && break
+  sleep 1
+done
+[ -n "$token" ] || { echo "the Secret knitter/knitter-manager-token has no token in $context (is overlays/member applied?)" >&2; exit 1; }
+ca=$(k -n knitter get secret knitter-manager-token -o jsonpath='{.data.ca\.crt}')
+cat <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters:
+- name: $context
+  cluster:
+    server: $server
+    certificate-authority-data: $ca
+users:
+- name: knitter-manager
+  user:
+    token: $(printf %s "$token" | base64 -d)
+contexts:
+- name: $context
+  context: {cluster: $context, user: knitter-manager}
+current-context: $context
+KUBECONFIG
