@@ -78,11 +78,16 @@ impl Manager {
     pub fn list_clusters(&self) -> Result<Vec<Cluster>> {
         let (nodes, ports) = (self.list_nodes()?, self.list_ports(&Filter::default())?);
         let mut out = vec![local_cluster()];
-        out.extend(self.load_all::<Cluster>("clusters/")?.into_iter().map(|(c, _)| c));
+        out.extend(self.stored_clusters()?);
         for c in &mut out {
             count(c, &nodes, &ports);
         }
         Ok(out)
+    }
+
+    /// The added clusters as stored (without what they hold: no read of every port).
+    pub fn stored_clusters(&self) -> Result<Vec<Cluster>> {
+        Ok(self.load_all::<Cluster>("clusters/")?.into_iter().map(|(c, _)| c).collect())
     }
 
     /// Deletes a cluster. While its nodes hold ports it is refused, unless `release`: then

@@ -8,7 +8,7 @@
 
 use super::{Controller, Options, Status, StatusReport, stop_set, until};
 use crate::manager::Manager;
-use crate::manager::objects::{Cluster, LOCAL_CLUSTER};
+use crate::manager::objects::Cluster;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,11 +45,13 @@ struct Running {
 
 impl Fleet {
     /// `template`: the own controller's options (the Lease's name, identity and timing, and
-    /// what to release); added clusters' controllers make no network resources.
+    /// what to release); added clusters' controllers make no network resources and write no
+    /// pod's network-status (a member cluster's RBAC, `overlays/member`, lets the manager
+    /// read pods, not patch them).
     pub fn new(manager: Arc<Manager>, template: Options, own: Option<Arc<Status>>) -> Arc<Fleet> {
         Arc::new(Fleet {
             manager,
-            template: Options { network_resources: false, ..template },
+            template: Options { network_resources: false, network_status: false, ..template },
             own,
             members: Mutex::default(),
             wake: Notify::new(),
@@ -175,7 +177,7 @@ impl Fleet {
     /// kubeconfig failed before), stops those of clusters deleted or re-added.
     async fn align(&self) {
         let m = self.manager.clone();
-        let clusters = match tokio::task::spawn_blocking(move || m.list_clusters()).await {
+        let clusters = match tokio::task::spawn_blocking(move || m.stored_clusters()).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "listing the clusters (looked at again soon)");
@@ -186,11 +188,8 @@ impl Fleet {
                 return;
             }
         };
-        let wanted: BTreeMap<String, Cluster> = clusters
-            .into_iter()
-            .filter(|c| !c.own && c.spec.name != LOCAL_CLUSTER)
-            .map(|c| (c.spec.name.clone(), c))
-            .collect();
+        let wanted: BTreeMap<String, Cluster> =
+            clusters.into_iter().map(|c| (c.spec.name.clone(), c)).collect();
         let gone: Vec<Running> = {
             let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
             let stale: Vec<String> = members
