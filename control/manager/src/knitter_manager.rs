@@ -274,6 +274,7 @@ fn controller_options(a: &Args) -> Result<cluster::Options> {
     );
     Ok(cluster::Options {
         cluster: knitter_manager::manager::objects::LOCAL_CLUSTER.into(),
+        cluster_id: String::new(),
         lease,
         release_nodes: !a.keep_deleted_nodes,
         network_status: a.network_status,

@@ -66,6 +66,7 @@ fn controller(m: &Arc<Manager>, client: kube::Client, cluster: &str) -> Running 
     let lease = LeaseOptions::timed("knitter", "knitter-manager", "m1", Duration::from_secs(3));
     let opts = Options {
         cluster: cluster.into(),
+        cluster_id: m.cluster_id(cluster).unwrap().unwrap_or_default(),
         lease,
         release_nodes: true,
         network_status: false,
@@ -116,6 +117,11 @@ fn clusters_are_objects_that_nodes_join_networks_limit_and_deletion_releases() {
     node.cluster = String::new();
     assert!(refused(m.register_node(node)).contains("registered in cluster \"east\""));
 
+    // Once the manager serves another cluster, a node says its cluster before its pods
+    // attach: an unknown node may be another cluster's.
+    let why = refused(m.create_port(pod_port("web", "uid-x", "unknown-node")));
+    assert!(why.contains("node \"unknown-node\" is not registered"), "{why}");
+
     // A network limited to the manager's own cluster: east's nodes cannot attach to it.
     let mut limited = net("own-only", "admin", "10.2.0.0/16");
     limited.clusters = vec!["local".into()];
@@ -162,7 +168,7 @@ fn clusters_are_objects_that_nodes_join_networks_limit_and_deletion_releases() {
 
     // Deleted only when told to release what it holds.
     let why = refused(m.delete_cluster(EAST, false));
-    assert!(why.contains("holds 1 ports on 1 nodes") && why.contains("--release"), "{why}");
+    assert!(why.contains("has 1 nodes holding 1 ports") && why.contains("--release"), "{why}");
     assert!(m.delete_cluster("local", true).is_err(), "the own cluster stays");
     let gone = m.delete_cluster(EAST, true).unwrap().unwrap();
     assert_eq!((gone.nodes, gone.ports), (1, 1));
@@ -362,7 +368,7 @@ async fn an_operator_adds_a_cluster_and_deletes_it_with_knitterctl() {
     );
 
     let (deleted, _, why) = ctl(&["manager", "cluster", "delete", EAST]);
-    assert!(!deleted && why.contains("holds 1 ports on 1 nodes"), "{why}");
+    assert!(!deleted && why.contains("has 1 nodes holding 1 ports"), "{why}");
     let out = ok(&["manager", "cluster", "delete", EAST, "--release"]);
     assert!(out.contains("1 ports released, 1 nodes forgotten"), "{out}");
     assert!(!ok(&["manager", "node", "list"]).contains("b1"));
@@ -403,4 +409,28 @@ fn a_tenants_namespace_in_another_cluster_is_claimed_only_by_name_with_its_clust
     );
     m.set_tenant_namespaces("red", vec!["red".into(), "east/red".into()]).unwrap();
     assert_eq!(m.create_port(web("b1", "uid-b")).unwrap().0.cluster, EAST);
+}
+
+/// A cluster deleted and added again under its name is another cluster: a controller
+/// started for the first (as another replica's may still run for a moment) acts on
+/// nothing of the second's; the second's own controller does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_of_a_cluster_added_again_acts_on_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(&dir);
+    let (_local, east) = two_clusters(&m).await;
+    let old = controller(&m, east.client(), EAST);
+    eventually("the first east listed", || old.status.relists.load(SeqCst) >= 2).await;
+    m.delete_cluster(EAST, true).unwrap();
+    m.create_cluster(ClusterSpec { name: EAST.into(), kubeconfig: "/dev/null".into() }).unwrap();
+    register_in(&m, "b1", "192.0.2.2", EAST);
+    m.create_port(pod_port("web", "uid-web-b", "b1")).unwrap();
+    east.delete_pod("apps", "web");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(pods(&m), set(&["east:apps/web", "local:apps/web"]), "the old one acted");
+    let new = controller(&m, east.client(), EAST);
+    eventually("the new east's controller releases web", || pods(&m) == set(&["local:apps/web"]))
+        .await;
+    old.stop().await;
+    new.stop().await;
 }

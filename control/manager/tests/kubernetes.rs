@@ -39,6 +39,7 @@ fn options(identity: &str) -> Options {
     let lease = LeaseOptions::timed("knitter", "knitter-manager", identity, Duration::from_secs(3));
     Options {
         cluster: "local".into(),
+        cluster_id: String::new(),
         lease,
         release_nodes: true,
         network_status: true,

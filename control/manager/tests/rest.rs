@@ -39,12 +39,34 @@ impl Client {
             Some(BOOTSTRAP.into()),
             loopback_reads,
         );
+        let m = Arc::new(m);
+        // Clusters listed with their controllers' state: the own one's (a controller's
+        // status that never ran), added ones' waiting (the fleet does not run here).
+        let lease = knitter_manager::manager::cluster::lease::LeaseOptions::timed(
+            "knitter",
+            "knitter-manager",
+            "m1",
+            std::time::Duration::from_secs(15),
+        );
+        let template = knitter_manager::manager::cluster::Options {
+            cluster: "local".into(),
+            cluster_id: String::new(),
+            lease,
+            release_nodes: true,
+            network_status: false,
+            network_resources: false,
+        };
+        let fleet = knitter_manager::manager::cluster::fleet::Fleet::new(
+            m.clone(),
+            template,
+            Some(Arc::default()),
+        );
         Client {
             app: rest::router(Api {
-                manager: Arc::new(m),
+                manager: m,
                 auth: Arc::new(auth),
                 cluster: None,
-                fleet: None,
+                fleet: Some(fleet),
                 metrics: Default::default(),
             }),
             _dir: dir,
@@ -454,19 +476,27 @@ async fn the_openapi_document_describes_every_body() {
             "PUT",
             "/v1/tenants/{name}/namespaces",
             "/v1/tenants/t1/namespaces",
-            Some(json!(["ns1", "ns2"])),
+            Some(json!(["ns1", "ns2", "east/ns1"])),
         ),
         (200, "GET", "/v1/tenants", "/v1/tenants", None),
         (200, "GET", "/v1/tenants/{name}", "/v1/tenants/t1", None),
+        (
+            201,
+            "POST",
+            "/v1/clusters",
+            "/v1/clusters",
+            Some(json!({"name": "east", "kubeconfig": "/etc/knitter/clusters/east"})),
+        ),
         (
             200,
             "PUT",
             "/v1/nodes/{name}",
             "/v1/nodes/n1",
             Some(
-                json!({"vtep": "192.0.2.1", "underlay_mtu": 9000, "capabilities": ["vhost-user"]}),
+                json!({"vtep": "192.0.2.1", "underlay_mtu": 9000, "capabilities": ["vhost-user"], "cluster": "east"}),
             ),
         ),
+        (200, "GET", "/v1/clusters", "/v1/clusters", None),
         (
             201,
             "POST",
@@ -477,7 +507,7 @@ async fn the_openapi_document_describes_every_body() {
             "ipv4": {"cidr": "10.1.0.0/24", "gateway": "10.1.0.1", "pools": [{"start": "10.1.0.10", "end": "10.1.0.100"}]},
             "ipv6": {"cidr": "fd00:1::/64", "gateway": "fd00:1::1"},
             "shared": false, "node_gateway": true, "masquerade": true,
-            "pod_policer": policer})),
+            "pod_policer": policer, "clusters": ["local", "east"]})),
         ),
         (
             201,
@@ -530,6 +560,7 @@ async fn the_openapi_document_describes_every_body() {
         (200, "GET", "/v1/ports/{container}/{interface}", "/v1/ports/c1/eth0", None),
         (200, "GET", "/v1/nodes", "/v1/nodes", None),
         (200, "GET", "/v1/nodes/{name}", "/v1/nodes/n1", None),
+        (200, "GET", "/v1/clusters/{name}", "/v1/clusters/east", None),
         (200, "POST", "/v1/nodes/{name}/token", "/v1/nodes/n1/token", None),
         (200, "GET", "/v1/health", "/v1/health", None),
         (200, "GET", "/v1/live", "/v1/live", None),
@@ -555,6 +586,7 @@ async fn the_openapi_document_describes_every_body() {
         ),
         (200, "DELETE", "/v1/networks/{name}", "/v1/networks/red", None),
         (200, "DELETE", "/v1/tenants/{name}", "/v1/tenants/t1", None),
+        (200, "DELETE", "/v1/clusters/{name}", "/v1/clusters/east?release=true", None),
     ];
     for (expected, method, route, path, body) in calls {
         let op = format!("{method} {path}");

@@ -7,7 +7,7 @@
 use super::objects::{Cluster, ClusterSpec, LOCAL_CLUSTER, Node, Port, cluster_key, node_key};
 use super::{Filter, Manager, ManagerError, Result, check_name, json, now};
 use crate::network::Network;
-use crate::store::Op;
+use crate::store::{Cond, Op};
 
 impl Manager {
     /// Adds a cluster; the same request again returns it (`false`).
@@ -85,6 +85,11 @@ impl Manager {
         Ok(out)
     }
 
+    /// The id of added cluster `name`, if there is one.
+    pub fn cluster_id(&self, name: &str) -> Result<Option<String>> {
+        Ok(self.load::<Cluster>(&cluster_key(name))?.map(|(c, _)| c.id))
+    }
+
     /// The added clusters as stored (without what they hold: no read of every port).
     pub fn stored_clusters(&self) -> Result<Vec<Cluster>> {
         Ok(self.load_all::<Cluster>("clusters/")?.into_iter().map(|(c, _)| c).collect())
@@ -104,8 +109,8 @@ impl Manager {
         let c = self.counted(c)?;
         if (c.ports > 0 || c.nodes > 0) && !release {
             return Err(ManagerError::InUse(format!(
-                "cluster {name:?} holds {} ports on {} nodes: delete it with release (knitterctl manager cluster delete {name} --release) to release them and forget its nodes",
-                c.ports, c.nodes
+                "cluster {name:?} has {} nodes holding {} ports: delete it with release (knitterctl manager cluster delete {name} --release) to release them and forget its nodes",
+                c.nodes, c.ports
             )));
         }
         // Twice: a node that registered into the cluster while the first pass ran is
@@ -133,13 +138,25 @@ impl Manager {
 
     /// Checks a node's cluster as it registers: one that exists, the one it registered in
     /// before (node names are unique across the manager's clusters). Returns the name as
-    /// the node keeps it (empty for the own cluster).
-    pub(super) fn check_node_cluster(&self, node: &Node, have: Option<&Node>) -> Result<String> {
+    /// the node keeps it (empty for the own cluster), and for another cluster a check that
+    /// its record is still there, for the registration's commit (a cluster deleted
+    /// meanwhile fails it: no node joins a cluster being deleted).
+    pub(super) fn check_node_cluster(
+        &self,
+        node: &Node,
+        have: Option<&Node>,
+    ) -> Result<(String, Option<Op>)> {
         let cluster =
             if node.cluster == LOCAL_CLUSTER { String::new() } else { node.cluster.clone() };
-        if !cluster.is_empty() && self.load::<Cluster>(&cluster_key(&cluster))?.is_none() {
-            return Err(ManagerError::NotFound { what: "cluster", name: cluster });
-        }
+        let still = if cluster.is_empty() {
+            None
+        } else {
+            let key = cluster_key(&cluster);
+            let Some((_, v)) = self.load::<Cluster>(&key)? else {
+                return Err(ManagerError::NotFound { what: "cluster", name: cluster });
+            };
+            Some(Op::check(key, Cond::Version(v)))
+        };
         if let Some(have) = have
             && have.cluster != cluster
         {
@@ -149,21 +166,37 @@ impl Manager {
                 have.cluster_name()
             )));
         }
-        Ok(cluster)
+        Ok((cluster, still))
     }
 
-    /// The cluster a port on `node` is created in (its node's; the own cluster for a node
-    /// not registered), if `net` reaches that cluster.
+    /// The cluster a port on `node` is created in (its node's), if `net` reaches that
+    /// cluster. A port without a node is the own cluster's; so is one on a node not
+    /// registered while the manager serves no other cluster. Once it does, a node must
+    /// have registered (saying its cluster) before ports are made on it: an unknown node
+    /// may be another cluster's, and its pods would be judged as the own cluster's.
     pub(super) fn port_cluster(&self, net: &Network, node: &str) -> Result<String> {
         let cluster = if node.is_empty() {
             String::new()
         } else {
-            self.load::<Node>(&node_key(node))?.map(|(n, _)| n.cluster).unwrap_or_default()
+            match self.load::<Node>(&node_key(node))? {
+                Some((n, _)) => n.cluster,
+                None if self.store.list("clusters/")?.is_empty() => String::new(),
+                None => {
+                    return Err(ManagerError::Forbidden(format!(
+                        "node {node:?} is not registered: the manager serves several clusters, and a node's pods attach once it has registered in its own (knitter-vswitchd registers when its VTEP is set)"
+                    )));
+                }
+            }
         };
         let name = if cluster.is_empty() { LOCAL_CLUSTER } else { cluster.as_str() };
         if !net.spec.clusters.is_empty() && !net.spec.clusters.iter().any(|c| c == name) {
+            let whose = if node.is_empty() {
+                "a port without a node is the manager's own cluster's (\"local\")".to_string()
+            } else {
+                format!("node {node:?} is in cluster {name:?}")
+            };
             return Err(ManagerError::Forbidden(format!(
-                "network {:?} spans clusters {:?}; node {node:?} is in cluster {name:?}",
+                "network {:?} spans clusters {:?}; {whose}",
                 net.spec.name, net.spec.clusters
             )));
         }

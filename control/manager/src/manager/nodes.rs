@@ -49,13 +49,16 @@ impl Manager {
                 }
             }
             let have = nodes.iter().find(|(n, _)| n.name == node.name);
-            node.cluster = self.check_node_cluster(&node, have.map(|(n, _)| n))?;
+            let (cluster, still) = self.check_node_cluster(&node, have.map(|(n, _)| n))?;
+            node.cluster = cluster;
             node.registered = have.map_or_else(now, |(n, _)| n.registered);
             (node.last_seen, node.state) = (0, String::new());
-            if self.store.commit(&[
+            let mut ops = vec![
                 self.bump_guard(guard),
                 Op::replace(&key, have.map(|(_, v)| *v), json(&node)?),
-            ])? {
+            ];
+            ops.extend(still);
+            if self.store.commit(&ops)? {
                 return Ok(self.with_liveness(node, &self.heartbeats()?));
             }
         }

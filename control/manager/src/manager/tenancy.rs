@@ -59,6 +59,9 @@ pub fn tenant_in<'a>(
 /// another cluster.
 pub(super) fn check_namespace_entry(entry: &str) -> Result<()> {
     match entry.split_once('/') {
+        Some((super::objects::LOCAL_CLUSTER, _)) => Err(ManagerError::Invalid(format!(
+            "namespace {entry:?}: the manager's own cluster's namespaces are listed by name alone"
+        ))),
         Some((cluster, ns)) => {
             super::check_name("cluster", cluster)?;
             super::check_name("namespace", ns)
@@ -238,7 +241,7 @@ mod tests {
         assert_eq!(tenant_in("", "blue-prod", None, &tenants), "admin", "east's, not the own");
         assert_eq!(tenant_in("", "red-prod", None, &tenants), "red");
         assert!(check_namespace_entry("east/blue-prod").is_ok());
-        for bad in ["east/", "/blue", "a/b/c", "east/ x"] {
+        for bad in ["east/", "/blue", "a/b/c", "east/ x", "local/red"] {
             assert!(check_namespace_entry(bad).is_err(), "{bad}");
         }
     }

@@ -209,9 +209,22 @@ impl Fleet {
             stop_all(gone).await;
         }
         for (name, c) in wanted {
+            // None running, or one that ended by itself (it stops only when told: it
+            // failed): start one.
             let idle = {
-                let members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-                members.get(&name).is_none_or(|m| m.running.is_none())
+                let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+                match members.get_mut(&name) {
+                    None => true,
+                    Some(m) => match &m.running {
+                        None => true,
+                        Some(r) if r.task.is_finished() => {
+                            tracing::warn!(cluster = %name, "cluster's controller ended; starting it again");
+                            m.running = None;
+                            true
+                        }
+                        Some(_) => false,
+                    },
+                }
             };
             if !idle {
                 continue;
@@ -240,17 +253,29 @@ impl Fleet {
         }
     }
 
-    /// Starts `c`'s controller, its kubeconfig read now.
+    /// Starts `c`'s controller, its kubeconfig read now. The error said to readers names
+    /// the step, not the parser's words (they may quote the file); the log has them.
     async fn start(&self, c: &Cluster) -> Result<Running, String> {
-        let path = &c.spec.kubeconfig;
-        let kc = kube::config::Kubeconfig::read_from(path)
-            .map_err(|e| format!("reading the kubeconfig {path}: {e}"))?;
+        let path = c.spec.kubeconfig.clone();
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            tracing::warn!(cluster = %c.spec.name, kubeconfig = %path, error = %e, "{what}");
+            format!("{what} (the manager's log says why)")
+        };
+        let file = path.clone();
+        let kc = tokio::task::spawn_blocking(move || kube::config::Kubeconfig::read_from(&file))
+            .await
+            .map_err(|e| failed("reading the kubeconfig", &e))?
+            .map_err(|e| failed(&format!("reading the kubeconfig {path}"), &e))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
-            .map_err(|e| format!("the kubeconfig {path}: {e}"))?;
-        let client =
-            kube::Client::try_from(config).map_err(|e| format!("a client from {path}: {e}"))?;
-        let opts = Options { cluster: c.spec.name.clone(), ..self.template.clone() };
+            .map_err(|e| failed(&format!("using the kubeconfig {path}"), &e))?;
+        let client = kube::Client::try_from(config)
+            .map_err(|e| failed(&format!("a client from the kubeconfig {path}"), &e))?;
+        let opts = Options {
+            cluster: c.spec.name.clone(),
+            cluster_id: c.id.clone(),
+            ..self.template.clone()
+        };
         let controller = Controller::new(self.manager.clone(), client, opts);
         let status = controller.status();
         let (stop, rx) = watch::channel(false);
@@ -266,9 +291,13 @@ async fn stop_all(running: Vec<Running>) {
         let _ = r.stop.send(true);
     }
     let bound = super::CALL_TIMEOUT + Duration::from_secs(1);
-    for r in running {
-        if tokio::time::timeout(bound, r.task).await.is_err() {
-            tracing::warn!("a cluster's controller did not stop within {} s", bound.as_secs());
+    for mut r in running {
+        if tokio::time::timeout(bound, &mut r.task).await.is_err() {
+            tracing::warn!(
+                "a cluster's controller did not stop within {} s: aborted",
+                bound.as_secs()
+            );
+            r.task.abort();
         }
     }
 }

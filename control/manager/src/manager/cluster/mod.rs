@@ -35,6 +35,10 @@ pub struct Options {
     ///
     /// [`LOCAL_CLUSTER`]: crate::manager::objects::LOCAL_CLUSTER
     pub cluster: String,
+    /// An added cluster's id: the controller acts only while the stored cluster of its name
+    /// has this id (one deleted and added again under the name is another cluster, whose
+    /// own controller takes over). Empty for the own cluster.
+    pub cluster_id: String,
     pub lease: LeaseOptions,
     /// Release the ports and flood-list place of nodes the cluster no longer has.
     pub release_nodes: bool,
@@ -546,7 +550,7 @@ impl Controller {
                 let known: Vec<String> = match self.blocking(move |m| m.list_nodes()).await {
                     Ok(nodes) => nodes
                         .into_iter()
-                        .filter(|n| n.cluster_name() == scope.0)
+                        .filter(|n| n.cluster_name() == scope.name)
                         .map(|n| n.name)
                         .collect(),
                     Err(e) => {
@@ -729,7 +733,7 @@ impl Controller {
     }
 
     fn scope(&self) -> Scope {
-        Scope(self.opts.cluster.clone())
+        Scope { name: self.opts.cluster.clone(), id: self.opts.cluster_id.clone() }
     }
 
     async fn blocking<T: Send + 'static>(
@@ -743,25 +747,40 @@ impl Controller {
     }
 }
 
-/// The cluster a controller acts on, by name: its nodes, and the ports made on them.
+/// The cluster a controller acts on: its nodes, and the ports made on them.
 #[derive(Debug, Clone)]
-struct Scope(String);
+struct Scope {
+    name: String,
+    /// An added cluster's id ([`Options::cluster_id`]; empty for the own cluster).
+    id: String,
+}
 
 impl Scope {
-    /// The ports `f` picks that are this cluster's.
+    /// Whether the cluster is still the one this controller was started for.
+    fn current(&self, m: &Manager) -> crate::manager::Result<bool> {
+        Ok(self.id.is_empty() || m.cluster_id(&self.name)?.as_deref() == Some(self.id.as_str()))
+    }
+
+    /// The ports `f` picks that are this cluster's (none once the cluster is not current).
     fn ports(
         &self,
         m: &Manager,
         f: &Filter,
     ) -> crate::manager::Result<Vec<crate::manager::objects::Port>> {
-        Ok(m.list_ports(f)?.into_iter().filter(|p| p.in_cluster(&self.0)).collect())
+        if !self.current(m)? {
+            return Ok(Vec::new());
+        }
+        Ok(m.list_ports(f)?.into_iter().filter(|p| p.in_cluster(&self.name)).collect())
     }
 
     /// Whether node `name` may be this cluster's: registered in it, or not registered (its
     /// ports, if any, say their cluster themselves).
     fn has_node(&self, m: &Manager, name: &str) -> crate::manager::Result<bool> {
+        if !self.current(m)? {
+            return Ok(false);
+        }
         match m.get_node(name) {
-            Ok(n) => Ok(n.cluster_name() == self.0),
+            Ok(n) => Ok(n.cluster_name() == self.name),
             Err(crate::manager::ManagerError::NotFound { .. }) => Ok(true),
             Err(e) => Err(e),
         }
