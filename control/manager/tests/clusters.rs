@@ -12,7 +12,7 @@
 mod apiserver;
 mod common;
 
-use apiserver::ApiServer;
+use apiserver::{ApiServer, Kind, Rbac};
 use common::controllers::{Running, eventually, eventually_within, register_in, start_through};
 use common::scenarios::{ip, net, port};
 use knitter_manager::manager::cluster::Options;
@@ -79,7 +79,7 @@ fn controller(m: &Arc<Manager>, client: kube::Client, cluster: &str) -> Running 
 /// every node: a list that shows a node's pods vouches for it), and the manager with a port
 /// for each `web`.
 async fn two_clusters(m: &Manager) -> (ApiServer, ApiServer) {
-    let (local, east) = (ApiServer::start().await, ApiServer::start().await);
+    let (local, east) = (ApiServer::start().await, ApiServer::start_with(Rbac::Member).await);
     register_in(m, "a1", "192.0.2.1", "");
     register_in(m, "b1", "192.0.2.2", EAST);
     for (api, node, c) in [(&local, "a1", "a"), (&east, "b1", "b")] {
@@ -262,7 +262,7 @@ async fn a_cluster_cut_off_releases_nothing_and_holds_no_other_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_adds_a_cluster_and_deletes_it_with_knitterctl() {
     let dir = tempfile::tempdir().unwrap();
-    let (local, east) = (ApiServer::start().await, ApiServer::start().await);
+    let (local, east) = (ApiServer::start().await, ApiServer::start_with(Rbac::Member).await);
     east.add_node("b1");
     east.add_pod("apps", "web", "uid-web", "b1");
     east.add_pod("apps", "keeper", "uid-keeper", "b1");
@@ -433,4 +433,46 @@ async fn a_controller_of_a_cluster_added_again_acts_on_nothing() {
         .await;
     old.stop().await;
     new.stop().await;
+}
+
+/// A network marked for a member cluster gets a NetworkAttachmentDefinition there in each
+/// namespace its tenant claims in that cluster (a shared one's in every namespace), without
+/// an owner (its Network resource, if any, is another cluster's); an unmarked network gets
+/// none; a namespace the tenant no longer claims loses its NAD. Under the member overlay's
+/// RBAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn networks_marked_for_a_member_get_their_nads_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(&dir);
+    let east = ApiServer::start_with(Rbac::Member).await;
+    for ns in ["red-ns", "blue-ns"] {
+        east.add_namespace(ns, &[]);
+    }
+    m.create_tenant("red", None).unwrap();
+    m.set_tenant_namespaces("red", vec!["east/red-ns".into()]).unwrap();
+    let marked = |name: &str, cidr: &str, shared: bool, clusters: &[&str]| {
+        let mut n = net(name, "red", cidr);
+        n.shared = shared;
+        n.clusters = clusters.iter().map(|c| c.to_string()).collect();
+        m.create_network(n).unwrap();
+    };
+    marked("media", "10.4.0.0/16", false, &["local", EAST]);
+    marked("everywhere", "10.5.0.0/16", false, &[]);
+    marked("common", "10.6.0.0/16", true, &[EAST]);
+    let nads = || east.objects(Kind::Nads).into_keys().collect::<BTreeSet<String>>();
+    let c = controller(&m, east.client(), EAST);
+    eventually("east's NADs", || {
+        nads() == set(&["blue-ns/common", "red-ns/common", "red-ns/media"])
+    })
+    .await;
+    let nad = east.object(Kind::Nads, "red-ns/media").unwrap();
+    assert!(nad["metadata"]["ownerReferences"].is_null(), "{nad}");
+    assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
+    assert!(nad["spec"]["config"].as_str().unwrap().contains("\"network\":\"media\""), "{nad}");
+    m.set_tenant_namespaces("red", vec![]).unwrap();
+    eventually("red-ns no longer red's: its media NAD gone", || {
+        nads() == set(&["blue-ns/common", "red-ns/common"])
+    })
+    .await;
+    c.stop().await;
 }

@@ -416,7 +416,13 @@ async fn the_documented_member_cluster_joins_the_manager() {
             filled.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     });
-    let kubeconfig = std::fs::read_to_string(walk.dir.path().join("east.kubeconfig")).unwrap();
+    // What the managers' pods find at /etc/knitter/clusters/east: the Secret's key.
+    let mounted = tokio::task::block_in_place(|| {
+        walk.sh("kubectl -n knitter get secret knitter-clusters -o jsonpath='{.data.east}' | base64 -d > mounted-east")
+    });
+    assert!(mounted.is_ok(), "{mounted:?}");
+    assert!(!walk.dir.path().join("east.kubeconfig").exists(), "the docs remove the file");
+    let kubeconfig = std::fs::read_to_string(walk.dir.path().join("mounted-east")).unwrap();
     for want in [member.admin_url.as_str(), "token: secret", "certificate-authority-data: Q0E="] {
         assert!(kubeconfig.contains(want), "{want} in {kubeconfig}");
     }
@@ -425,13 +431,13 @@ async fn the_documented_member_cluster_joins_the_manager() {
     assert!(member.object(Kind::Services, "knitter/knitter-manager").is_none(), "no manager there");
     assert!(walk.api.object(Kind::Secrets, "knitter/knitter-clusters").is_some());
 
-    // The managers then read the file the Secret holds: here, the script's own.
+    // The managers then read the file the Secret holds (here: its content, as mounted).
     let mut manager = walk.manager(&[]);
     let out = std::process::Command::new(common::knitterctl())
         .args(["--manager", &manager.grpc, "--token-file"])
         .arg(walk.dir.path().join("manager/token"))
         .args(["manager", "cluster", "add", "east", "--kubeconfig"])
-        .arg(walk.dir.path().join("east.kubeconfig"))
+        .arg(walk.dir.path().join("mounted-east"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

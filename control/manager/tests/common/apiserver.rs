@@ -590,10 +590,12 @@ impl Shared {
 /// The shipped RBAC the stand-in enforces for every request: `deploy/kubernetes/base/rbac.yaml`
 /// (the manager's ClusterRole, and its Lease Role in the `knitter` namespace), and with
 /// `Standalone` the standalone overlay's pod patch (`--network-status`); `WithoutFinalizers`
-/// is `Base` less its `networks/finalizers` rule (what the owner-reference check needs).
+/// is `Base` less its `networks/finalizers` rule (what the owner-reference check needs);
+/// `Member` is a member cluster's (`overlays/member`: its ClusterRole instead of the base's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rbac {
     Base,
+    Member,
     Standalone,
     WithoutFinalizers,
 }
@@ -616,13 +618,19 @@ fn rules(rbac: Rbac) -> Vec<Rule> {
     if rbac == Rbac::Standalone {
         files.push(format!("{root}/overlays/standalone/rbac-network-status.yaml"));
     }
+    if rbac == Rbac::Member {
+        files.push(format!("{root}/overlays/member/manager-rbac.yaml"));
+    }
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{f}: {e}"));
         let docs: Vec<Value> =
             knitter_api::yaml::from_multiple(&text).unwrap_or_else(|e| panic!("{f}: {e}"));
+        // The member overlay's ClusterRole replaces the base's.
+        let replaced = rbac == Rbac::Member && f.ends_with("base/rbac.yaml");
         for v in docs {
             let namespace = match v["kind"].as_str() {
+                Some("ClusterRole") if replaced => continue,
                 Some("ClusterRole") => None,
                 Some("Role") => Some(
                     v["metadata"]["namespace"].as_str().unwrap_or(MANAGER_NAMESPACE).to_string(),

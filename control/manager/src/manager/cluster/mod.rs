@@ -9,6 +9,7 @@
 pub mod events;
 pub mod fleet;
 pub mod lease;
+pub mod member;
 pub mod nad;
 pub mod networks;
 pub mod reconcile;
@@ -323,9 +324,12 @@ impl Controller {
 
     /// Acts on the cluster until leadership is lost or `stop` is set: pods and nodes, and
     /// with `network_resources` the `Network` and `IPGroup` resources.
+    /// A member cluster's controller (an added cluster's: it has an id) keeps the cluster's
+    /// NADs ([`member`]) beside.
     async fn lead(&self, leader: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
         let pods = self.lead_pods(leader.clone(), stop.clone());
-        if !self.opts.network_resources {
+        let member = !self.opts.cluster_id.is_empty();
+        if !self.opts.network_resources && !member {
             return pods.await;
         }
         let (mut leader, mut stop) = (leader, stop);
@@ -335,7 +339,11 @@ impl Controller {
                 _ = until(&mut stop, true) => {}
             }
         });
-        tokio::join!(pods, self.serve_resources(end));
+        if member {
+            tokio::join!(pods, self.serve_member_nads(end));
+        } else {
+            tokio::join!(pods, self.serve_resources(end));
+        }
     }
 
     /// Watches pods and nodes and acts on them until leadership is lost or `stop` is set.

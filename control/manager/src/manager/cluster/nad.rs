@@ -69,25 +69,26 @@ pub fn cni_config(network: &str) -> String {
     .to_string()
 }
 
-/// `net`'s NAD in `namespace`, owned by `owner`.
-pub fn nad(net: &NetworkSpec, owner: &NetworkResource, namespace: &str) -> DynamicObject {
+/// `net`'s NAD in `namespace`, owned by `owner` (its `Network` resource in this cluster;
+/// `None` in a member cluster, where it has none).
+pub fn nad(net: &NetworkSpec, owner: Option<&NetworkResource>, namespace: &str) -> DynamicObject {
     let labels = BTreeMap::from([
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
         (NETWORK_LABEL.to_string(), net.name.clone()),
     ]);
-    let owner_ref = OwnerReference {
+    let owner_ref = owner.map(|owner| OwnerReference {
         api_version: format!("{GROUP}/{VERSION}"),
         kind: "Network".into(),
         name: owner.name().into(),
         uid: owner.metadata.uid.clone().unwrap_or_default(),
         controller: Some(true),
         block_owner_deletion: Some(true),
-    };
+    });
     let metadata = ObjectMeta {
         name: Some(net.name.clone()),
         namespace: Some(namespace.into()),
         labels: Some(labels),
-        owner_references: Some(vec![owner_ref]),
+        owner_references: owner_ref.map(|o| vec![o]),
         ..Default::default()
     };
     let mut d = DynamicObject::new(&net.name, &api_resource())
@@ -236,7 +237,7 @@ mod test {
             },
             ..Default::default()
         };
-        let d = nad(&net("red", false), &owner, "red");
+        let d = nad(&net("red", false), Some(&owner), "red");
         assert_eq!(
             (d.metadata.namespace.as_deref(), d.metadata.name.as_deref()),
             (Some("red"), Some("media"))
@@ -264,7 +265,7 @@ mod test {
             metadata: ObjectMeta { uid: Some("u2".into()), ..owner.metadata.clone() },
             ..Default::default()
         };
-        let want = nad(&net("red", false), &made_again, "red");
+        let want = nad(&net("red", false), Some(&made_again), "red");
         assert!(owner_replaced(&d, &want) && !same(&d, &want));
         let patch = replacing_patch(&d, &want);
         assert_eq!(patch["metadata"]["ownerReferences"][0]["uid"], "u2");

@@ -248,7 +248,7 @@ fn is_not_found(e: &kube::Error) -> bool {
 }
 
 /// In `seen`, every NAD's writes: the NAD list failed, so which are still wanted is unknown.
-const EVERY_NAD: &str = "nad *";
+pub(super) const EVERY_NAD: &str = "nad *";
 
 /// Runs `write` (a write to the apiserver that says whether it succeeded) if `retries` says
 /// the write `key` of the object `meta` is due, and records how it went; the key goes into
@@ -430,7 +430,7 @@ impl Controller {
         for res in &nets {
             if let Some(Ok(spec)) = applied.networks.get(res.name()) {
                 for ns in nad::namespaces_for(spec, &tenants) {
-                    want.insert(format!("{ns}/{}", spec.name), nad::nad(spec, res, ns));
+                    want.insert(format!("{ns}/{}", spec.name), nad::nad(spec, Some(res), ns));
                 }
             }
         }
@@ -536,7 +536,7 @@ impl Controller {
     /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them),
     /// each write when `retries` says it is due (its key recorded in `seen`). Returns the
     /// ones in place.
-    async fn sync_nads(
+    pub(super) async fn sync_nads(
         &self,
         want: BTreeMap<String, DynamicObject>,
         terminating: &BTreeSet<String>,

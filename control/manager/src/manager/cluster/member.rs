@@ -1,0 +1,123 @@
+//! NetworkAttachmentDefinitions in a member cluster (one the manager serves besides its own,
+//! `fleet.rs`): every network marked for the cluster (its `clusters` naming it) gets a NAD
+//! in each of the cluster's namespaces its tenant claims there (`cluster/namespace`,
+//! `tenancy.rs`; a shared network's in every namespace), kept in step as namespaces,
+//! tenants and networks change — the namespaces by their watch, the manager's side looked
+//! at every [`MEMBER_RESYNC`]. The NADs carry Knitter's labels and no owner reference (a
+//! network's `Network` resource, if any, is the own cluster's: an owner missing here would
+//! have the garbage collector delete them); one no longer wanted is deleted, as in the own
+//! cluster (`networks.rs`, whose NAD writes these share).
+
+use super::Controller;
+use super::nad::{self, MANAGED_BY};
+use super::networks::{EVERY_NAD, Listed, deleting};
+use super::retries::Retries;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::DynamicObject;
+use kube::runtime::watcher;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// How often a member's NADs are brought in step with the manager's networks and tenants
+/// when nothing in the cluster changed.
+pub const MEMBER_RESYNC: Duration = Duration::from_secs(5);
+
+impl Controller {
+    /// Keeps the member cluster's NADs in step until `stop` resolves.
+    pub(super) async fn serve_member_nads(
+        &self,
+        mut stop: impl std::future::Future<Output = ()> + Unpin,
+    ) {
+        use futures_util::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let config = watcher::Config::default();
+        let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone())
+            .default_backoff()
+            .boxed();
+        let ours = config.labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let mut nads = watcher(
+            Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()),
+            ours,
+        )
+        .default_backoff()
+        .boxed();
+        let (mut listed, mut retries) = (Listed::<Namespace>::default(), Retries::default());
+        let mut tick = tokio::time::interval(MEMBER_RESYNC);
+        let mut due = true;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => due = true,
+                e = namespaces.next() => match e {
+                    Some(Ok(e)) => due |= listed.on(e),
+                    Some(Err(e)) => self.watch_error("namespaces", e),
+                    None => break,
+                },
+                e = nads.next() => match e {
+                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => due = true,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => self.watch_error("network-attachment-definitions", e),
+                    None => break,
+                },
+                _ = &mut stop => break,
+            }
+            if due && listed.listed {
+                due = false;
+                self.member_pass(&listed, &mut retries).await;
+            }
+        }
+    }
+
+    /// One pass: the NADs the member cluster should have, written or deleted where they
+    /// differ (each write on its own backoff).
+    async fn member_pass(&self, namespaces: &Listed<Namespace>, retries: &mut Retries) {
+        let scope = self.scope();
+        let read = self
+            .blocking(move |m| {
+                // A cluster deleted or added again meanwhile is not this controller's.
+                if !scope.current(m)? {
+                    return Ok(None);
+                }
+                Ok(Some((m.networks()?, m.tenants()?)))
+            })
+            .await;
+        let (networks, tenants) = match read {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(cluster = %self.opts.cluster, error = %e, "reading the networks for the cluster's NADs (tried again)");
+                return;
+            }
+        };
+        let cluster = self.opts.cluster.as_str();
+        let terminating: BTreeSet<String> = namespaces
+            .items
+            .values()
+            .filter(|ns| deleting(&ns.metadata))
+            .filter_map(|ns| ns.metadata.name.clone())
+            .collect();
+        let by_namespace: BTreeMap<String, String> = namespaces
+            .items
+            .values()
+            .filter(|ns| !deleting(&ns.metadata))
+            .filter_map(|ns| {
+                let name = ns.metadata.name.clone()?;
+                let tenant =
+                    crate::manager::tenancy::tenant_in(cluster, &name, None, &tenants).to_string();
+                Some((name, tenant))
+            })
+            .collect();
+        let mut want = BTreeMap::new();
+        for net in networks.iter().filter(|n| n.spec.clusters.iter().any(|c| c == cluster)) {
+            for ns in nad::namespaces_for(&net.spec, &by_namespace) {
+                want.insert(format!("{ns}/{}", net.spec.name), nad::nad(&net.spec, None, ns));
+            }
+        }
+        let mut seen = HashSet::new();
+        let in_place = self.sync_nads(want, &terminating, retries, &mut seen).await;
+        self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
+        retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));
+        self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);
+    }
+}
