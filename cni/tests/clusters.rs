@@ -1,7 +1,8 @@
 //! Pods in two Kubernetes clusters on one manager's network (issue 52), end to end: two node
 //! namespaces joined by an underlay link, knitter-manager on the first, knitter-vswitchd on
 //! each — the second registered in cluster `east` (`--cluster east`), added with
-//! `knitterctl manager cluster add` — and pods attached through knitter-cni on each node.
+//! `knitterctl manager cluster add`, joined with east's own bootstrap token (`knitterctl
+//! manager cluster token`) — and pods attached through knitter-cni on each node.
 //! A network of every cluster carries ping and a TCP transfer across the clusters; a
 //! network limited to the manager's own cluster refuses east's pod with a CNI error and
 //! stays unreachable from east. East's kubeconfig names an apiserver that does not answer:
@@ -24,7 +25,16 @@ fn node(i: u8) -> Netns {
     ns
 }
 
-fn switch(ns: &Netns, dir: &Path, name: &str, grpc: &str, cluster: Option<&str>) -> Proc {
+/// knitter-vswitchd on `ns` as node `name`, joining with the bootstrap token in `bootstrap`
+/// (in `dir`), in `cluster` (`None`: the manager's own).
+fn switch(
+    ns: &Netns,
+    dir: &Path,
+    name: &str,
+    grpc: &str,
+    bootstrap: &str,
+    cluster: Option<&str>,
+) -> Proc {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &ns.name])
         .arg(bin("knitter-vswitchd"))
@@ -33,7 +43,7 @@ fn switch(ns: &Netns, dir: &Path, name: &str, grpc: &str, cluster: Option<&str>)
         .args(["--no-state", "--no-metrics", "--no-hugepages", "--buffers", "4096"])
         .args(["--idle", "adaptive", "--manager", grpc, "--node-name", name])
         .arg("--manager-bootstrap-token-file")
-        .arg(dir.join("m/bootstrap"))
+        .arg(dir.join(bootstrap))
         .arg("--manager-credential-file")
         .arg(dir.join(format!("{name}-token")))
         .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
@@ -127,10 +137,14 @@ fn serial_pods_in_two_clusters_share_a_network_and_not_a_limited_one() {
     let (ok, _, err) =
         mctl(&["cluster", "add", "east", "--kubeconfig", kubeconfig.to_str().unwrap()]);
     assert!(ok, "{err}");
+    // East's nodes join with east's own bootstrap token, which binds them to east.
+    let (ok, token, err) = mctl(&["cluster", "token", "east"]);
+    assert!(ok, "{err}");
+    std::fs::write(dir.path().join("east-bootstrap"), token.trim()).unwrap();
 
     let _switches = [
-        switch(&n1, dir.path(), "n1", &grpc, None),
-        switch(&n2, dir.path(), "n2", &grpc, Some("east")),
+        switch(&n1, dir.path(), "n1", &grpc, "m/bootstrap", None),
+        switch(&n2, dir.path(), "n2", &grpc, "east-bootstrap", Some("east")),
     ];
     for (ns, name, vtep) in [(&n1, "n1", "198.51.100.11"), (&n2, "n2", "198.51.100.12")] {
         let socket = dir.path().join(format!("{name}.sock")).display().to_string();

@@ -288,7 +288,12 @@ pub enum ClusterCmd {
         #[arg(long)]
         kubeconfig: String,
     },
-    /// Delete a cluster. Refused while its nodes hold ports, unless --release: its ports
+    /// A new bootstrap token for the cluster's nodes (the old one revoked): a node joining
+    /// with it is bound to the cluster (its knitter-bootstrap Secret).
+    Token {
+        name: String,
+    },
+    /// Delete a cluster. Refused while it has nodes or ports, unless --release: its ports
     /// are released (addresses given back) and its nodes forgotten.
     Delete {
         name: String,
@@ -817,6 +822,11 @@ async fn cluster(c: &mut Client, t: &Target, out: Output, cmd: ClusterCmd) -> Re
             let r = c.create_cluster(authed(t, spec)?).await?.into_inner();
             created(out, "cluster", &name, r.created, &r, || print_clusters(r.cluster.as_slice()))?
         }
+        ClusterCmd::Token { name } => show(
+            out,
+            c.issue_cluster_token(authed(t, pb::Name { name })?).await?.into_inner(),
+            |v| println!("{}", v.token),
+        )?,
         ClusterCmd::Delete { name, release } => show(
             out,
             c.delete_cluster(authed(t, pb::DeleteClusterRequest { name: name.clone(), release })?)

@@ -13,7 +13,9 @@ mod apiserver;
 mod common;
 
 use apiserver::{ApiServer, Kind, Rbac};
-use common::controllers::{Running, eventually, eventually_within, register_in, start_through};
+use common::controllers::{
+    Running, eventually, eventually_within, node_record, register_in, start_through,
+};
 use common::scenarios::{ip, net, port};
 use knitter_manager::manager::cluster::Options;
 use knitter_manager::manager::cluster::lease::LeaseOptions;
@@ -475,4 +477,34 @@ async fn networks_marked_for_a_member_get_their_nads_there() {
     })
     .await;
     c.stop().await;
+}
+
+/// A node that joined with a cluster's bootstrap token registers in that cluster only; one
+/// that joined with the manager's own registers in the own cluster only; a cluster's token
+/// issued again, or the cluster deleted, joins no node any more.
+#[test]
+fn a_node_joined_with_a_clusters_token_registers_in_that_cluster_only() {
+    use knitter_manager::manager::auth::{Auth, Caller};
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(&dir);
+    let auth = Auth::new("admin-token", Some("own-bootstrap".into()), false);
+    let token = m.issue_cluster_token(EAST).unwrap();
+    let joining = auth.identify(&m, Some(&token)).unwrap();
+    assert_eq!(joining, Caller::ClusterBootstrap(EAST.into()));
+    let b1 = auth.identify(&m, Some(&m.issue_node_token("b1", &joining).unwrap())).unwrap();
+    let why = refused(m.register_node_as(&b1, node_record("b1", "192.0.2.2", "")));
+    assert!(why.contains("joined with cluster \"east\"'s bootstrap token"), "{why}");
+    m.register_node_as(&b1, node_record("b1", "192.0.2.2", EAST)).unwrap();
+
+    let own = auth.identify(&m, Some("own-bootstrap")).unwrap();
+    let a1 = auth.identify(&m, Some(&m.issue_node_token("a1", &own).unwrap())).unwrap();
+    let why = refused(m.register_node_as(&a1, node_record("a1", "192.0.2.1", EAST)));
+    assert!(why.contains("joined with cluster \"local\"'s bootstrap token"), "{why}");
+    m.register_node_as(&a1, node_record("a1", "192.0.2.1", "local")).unwrap();
+
+    let again = m.issue_cluster_token(EAST).unwrap();
+    assert!(auth.identify(&m, Some(&token)).is_err(), "the old token is revoked");
+    m.delete_cluster(EAST, true).unwrap();
+    assert!(auth.identify(&m, Some(&again)).is_err(), "a deleted cluster's token joins nothing");
+    assert!(matches!(m.issue_cluster_token(EAST), Err(ManagerError::NotFound { .. })));
 }

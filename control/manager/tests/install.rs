@@ -393,6 +393,10 @@ async fn the_documented_member_cluster_joins_the_manager() {
     .unwrap();
     let doc = doc();
     let (install, clusters) = (blocks(&doc, &["Installing"]), blocks(&doc, &["Several clusters"]));
+    // What the skipped `knitterctl manager cluster token east` writes (the test checks the
+    // token itself in tests/clusters.rs and cni/tests/clusters.rs).
+    let token = format!("cluster.{}.{}", "65617374", "ab".repeat(32));
+    std::fs::write(walk.dir.path().join("east-bootstrap-token"), &token).unwrap();
     assert_eq!(clusters.len(), 3, "the docs' section moved");
     // The token controller's part: the member's service-account token Secret filled.
     let filled = std::sync::atomic::AtomicBool::new(false);
@@ -426,6 +430,9 @@ async fn the_documented_member_cluster_joins_the_manager() {
     for want in [member.admin_url.as_str(), "token: secret", "certificate-authority-data: Q0E="] {
         assert!(kubeconfig.contains(want), "{want} in {kubeconfig}");
     }
+    let bootstrap = member.object(Kind::Secrets, "knitter/knitter-bootstrap").expect("a token");
+    assert!(bootstrap.to_string().contains("token"), "{bootstrap}");
+    assert!(!walk.dir.path().join("east-bootstrap-token").exists(), "the docs remove the file");
     let node = member.object(Kind::DaemonSets, "knitter/knitter-node").expect("the node agent");
     assert!(node.to_string().contains("--cluster=east"), "{node}");
     assert!(member.object(Kind::Services, "knitter/knitter-manager").is_none(), "no manager there");

@@ -561,6 +561,7 @@ async fn the_openapi_document_describes_every_body() {
         (200, "GET", "/v1/nodes", "/v1/nodes", None),
         (200, "GET", "/v1/nodes/{name}", "/v1/nodes/n1", None),
         (200, "GET", "/v1/clusters/{name}", "/v1/clusters/east", None),
+        (200, "POST", "/v1/clusters/{name}/token", "/v1/clusters/east/token", None),
         (200, "POST", "/v1/nodes/{name}/token", "/v1/nodes/n1/token", None),
         (200, "GET", "/v1/health", "/v1/health", None),
         (200, "GET", "/v1/live", "/v1/live", None),

@@ -9,13 +9,20 @@
 //! - **the bootstrap token** (`--bootstrap-token-file`, kubeadm's idea): one thing only,
 //!   joining — a node token for a name that has none yet (a name that joined before gets a
 //!   new token from the admin only, so a compromised node cannot take over another's);
+//! - **a cluster's bootstrap token** (`knitterctl manager cluster token NAME`, for the nodes
+//!   of a cluster the manager serves besides its own): joining too, and the node token it
+//!   gives binds the node to that cluster — it registers in no other. A node that joined
+//!   with the manager's own bootstrap token is bound to the own cluster. (Tokens the admin
+//!   issues, and credentials from before clusters, bind nothing.)
 //! - **the metrics token** (`--metrics-token-file`, for Prometheus): `GET /metrics` and
 //!   nothing else;
 //! - **nobody** (no token): `GET /v1/health` and the gRPC `Health`; with `--loopback-reads`,
 //!   reads from the manager's own host too.
 //!
-//! Node tokens are `node.<hex of the node name>.<64 hex digits>`; the store keeps only the
-//! secret part's SHA-256 (`node_credentials/<name>`), compared in constant time. Issuing a
+//! Node tokens are `node.<hex of the node name>.<64 hex digits>`, a cluster's bootstrap token
+//! `cluster.<hex of its name>.<64 hex digits>`; the store keeps only the secret part's
+//! SHA-256 (`node_credentials/<name>`, `cluster_credentials/<name>`), compared in constant
+//! time. Issuing a
 //! node a new token revokes its old one; deleting the node forgets it.
 
 use super::objects::{Node, Port, PortSpec};
@@ -29,6 +36,8 @@ pub enum Caller {
     Admin,
     Node(String),
     Bootstrap,
+    /// A cluster's bootstrap token (the cluster's name): joins its nodes.
+    ClusterBootstrap(String),
     /// The metrics token: scrapes `/metrics`.
     Scraper,
     /// No token (or none of the above on a read that allows it).
@@ -70,6 +79,14 @@ struct Credential {
     issued: u64,
     /// `admin` or `bootstrap`.
     by: String,
+    /// The cluster the node is bound to (joined with its bootstrap token; `""`: the
+    /// manager's own); absent: none (issued by the admin, or before clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
+}
+
+pub(super) fn cluster_credential_key(cluster: &str) -> String {
+    format!("cluster_credentials/{cluster}")
 }
 
 pub(super) fn credential_key(node: &str) -> String {
@@ -86,9 +103,14 @@ fn sha256_hex(b: &[u8]) -> String {
 
 /// The node a token names and its secret part, if it is a node token.
 fn parse_node_token(token: &str) -> Option<(String, &str)> {
+    parse_token("node", token)
+}
+
+/// The name a `KIND.<hex name>.<64 hex digits>` token names and its secret part.
+fn parse_token<'t>(want: &str, token: &'t str) -> Option<(String, &'t str)> {
     let mut parts = token.splitn(3, '.');
     let (kind, name, secret) = (parts.next()?, parts.next()?, parts.next()?);
-    if kind != "node" || name.len() % 2 != 0 || secret.len() != 64 {
+    if kind != want || name.len() % 2 != 0 || secret.len() != 64 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..name.len())
@@ -148,6 +170,12 @@ impl Auth {
         {
             return Ok(Caller::Scraper);
         }
+        if let Some((cluster, secret)) = parse_token("cluster", t)
+            && let Some(v) = m.store().get(&cluster_credential_key(&cluster))?
+            && super::rest::same_bytes(sha256_hex(secret.as_bytes()).as_bytes(), v.value.as_bytes())
+        {
+            return Ok(Caller::ClusterBootstrap(cluster));
+        }
         if let Some((node, secret)) = parse_node_token(t)
             && let Some((c, _)) = m.load::<Credential>(&credential_key(&node))?
             && super::rest::same_bytes(
@@ -166,7 +194,7 @@ impl Auth {
         let ok = match (access, caller) {
             (Access::Open, _) | (_, Caller::Admin) => true,
             (Access::Node, Caller::Node(_))
-            | (Access::Join, Caller::Bootstrap)
+            | (Access::Join, Caller::Bootstrap | Caller::ClusterBootstrap(_))
             | (Access::Metrics, Caller::Scraper) => true,
             (Access::Read | Access::Node | Access::Metrics, Caller::Nobody) => {
                 read && loopback && self.loopback_reads
@@ -181,7 +209,7 @@ impl Auth {
                 (if read { "reads need a bearer token (Authorization: Bearer <token>)" } else { "changes need a bearer token (Authorization: Bearer <token>; see the manager's token file)" }).into(),
             ),
             Caller::Node(n) => ManagerError::Forbidden(format!("node {n:?}'s credential may not do this (the admin's may)")),
-            Caller::Bootstrap => ManagerError::Forbidden("the bootstrap token may only join a node (knitter-vswitchd --manager-bootstrap-token-file)".into()),
+            Caller::Bootstrap | Caller::ClusterBootstrap(_) => ManagerError::Forbidden("a bootstrap token may only join a node (knitter-vswitchd --manager-bootstrap-token-file)".into()),
             Caller::Scraper => ManagerError::Forbidden("the metrics token may only read /metrics".into()),
             Caller::Admin => unreachable!("the admin may do anything"),
         })
@@ -195,7 +223,8 @@ impl Manager {
         super::check_name("node", node)?;
         let key = credential_key(node);
         let have = self.store().get(&key)?;
-        if have.is_some() && *caller == Caller::Bootstrap {
+        let joining = matches!(caller, Caller::Bootstrap | Caller::ClusterBootstrap(_));
+        if have.is_some() && joining {
             return Err(ManagerError::Conflict(format!(
                 "node {node:?} joined already; the admin issues it a new token (knitterctl manager node token {node})"
             )));
@@ -204,11 +233,17 @@ impl Manager {
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .map_err(|_| ManagerError::Busy("no random bytes".into()))?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        let by = if *caller == Caller::Bootstrap { "bootstrap" } else { "admin" };
+        let by = if joining { "bootstrap" } else { "admin" };
+        let cluster = match caller {
+            Caller::Bootstrap => Some(String::new()),
+            Caller::ClusterBootstrap(c) => Some(c.clone()),
+            _ => None,
+        };
         let c = json(&Credential {
             sha256: sha256_hex(secret.as_bytes()),
             issued: now(),
             by: by.into(),
+            cluster,
         })?;
         let op = match &have {
             Some(v) => Op::replace(&key, Some(v.version), c),
@@ -295,15 +330,59 @@ impl Manager {
 
     /// Registers a node for `caller`: a node, only itself.
     pub fn register_node_as(&self, caller: &Caller, node: Node) -> Result<Node> {
-        if let Caller::Node(n) = caller
-            && node.name != *n
-        {
-            return Err(ManagerError::Forbidden(format!(
-                "node {n:?} may not register as {:?}",
-                node.name
-            )));
+        if let Caller::Node(n) = caller {
+            if node.name != *n {
+                return Err(ManagerError::Forbidden(format!(
+                    "node {n:?} may not register as {:?}",
+                    node.name
+                )));
+            }
+            let bound = self.load::<Credential>(&credential_key(n))?.and_then(|(c, _)| c.cluster);
+            let asked =
+                if node.cluster == super::objects::LOCAL_CLUSTER { "" } else { &node.cluster };
+            if let Some(b) = bound
+                && b != asked
+            {
+                let name = |c: &str| {
+                    if c.is_empty() {
+                        super::objects::LOCAL_CLUSTER.to_string()
+                    } else {
+                        c.to_string()
+                    }
+                };
+                return Err(ManagerError::Forbidden(format!(
+                    "node {n:?} joined with cluster {:?}'s bootstrap token and registers in it only, not in {:?} (a member cluster's nodes join with its own: knitterctl manager cluster token NAME)",
+                    name(&b),
+                    name(asked)
+                )));
+            }
         }
         self.register_node(node)
+    }
+
+    /// Issues cluster `cluster` a new bootstrap token (revoking its old one): its nodes join
+    /// with it and are bound to it.
+    pub fn issue_cluster_token(&self, cluster: &str) -> Result<String> {
+        if self.load::<super::objects::Cluster>(&super::objects::cluster_key(cluster))?.is_none() {
+            return Err(ManagerError::NotFound { what: "cluster", name: cluster.into() });
+        }
+        let mut secret = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .map_err(|_| ManagerError::Busy("no random bytes".into()))?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let key = cluster_credential_key(cluster);
+        let op = match self.store().get(&key)? {
+            Some(v) => Op::replace(&key, Some(v.version), sha256_hex(secret.as_bytes())),
+            None => Op::create(&key, sha256_hex(secret.as_bytes())),
+        };
+        if !self.store().commit(&[op])? {
+            return Err(ManagerError::Busy(format!(
+                "cluster {cluster:?}'s token changed meanwhile"
+            )));
+        }
+        tracing::info!(cluster, "issued a cluster bootstrap token");
+        let name: String = cluster.bytes().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("cluster.{name}.{secret}"))
     }
 }
 

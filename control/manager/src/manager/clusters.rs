@@ -122,6 +122,11 @@ impl Manager {
             return Err(ManagerError::Busy(format!("cluster {name:?} changed meanwhile")));
         }
         self.release_cluster(name)?;
+        // Its bootstrap token joins no node any more.
+        let token = super::auth::cluster_credential_key(name);
+        if let Some(v) = self.store.get(&token)? {
+            let _ = self.store.commit(&[Op::delete(&token, v.version)])?;
+        }
         Ok(Some(c))
     }
 

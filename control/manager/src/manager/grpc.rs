@@ -540,6 +540,16 @@ impl pb::manager_server::Manager for Grpc {
         reply
     }
 
+    async fn issue_cluster_token(
+        &self,
+        r: Request<pb::Name>,
+    ) -> Result<Response<pb::ClusterToken>, Status> {
+        self.call(r, Access::Admin, |m, _, n: pb::Name| {
+            Ok(json!({ "cluster": n.name, "token": m.issue_cluster_token(&n.name)? }))
+        })
+        .await
+    }
+
     type SyncStream = SyncStream;
 
     async fn sync(&self, r: Request<pb::SyncRequest>) -> Result<Response<SyncStream>, Status> {

@@ -63,6 +63,7 @@ const GRPC_METHODS: &[&str] = &[
     "GetCluster",
     "ListClusters",
     "DeleteCluster",
+    "IssueClusterToken",
 ];
 
 #[derive(Default)]

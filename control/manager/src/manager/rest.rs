@@ -424,6 +424,13 @@ async fn delete_cluster(State(api): State<Api>, Path(name): Path<String>, q: Raw
     deleted("cluster", name, gone)
 }
 
+/// A new bootstrap token for the cluster's nodes: `{"cluster", "token"}`.
+async fn cluster_token(State(api): State<Api>, Path(name): Path<String>) -> Reply {
+    let n = name.clone();
+    let token = blocking(&api, move |m| m.issue_cluster_token(&n)).await?;
+    ok(serde_json::json!({ "cluster": name, "token": token }))
+}
+
 async fn no_route(method: Method, uri: axum::http::Uri) -> ManagerError {
     ManagerError::NotFound { what: "route", name: format!("{method} {}", uri.path()) }
 }
@@ -458,6 +465,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/clusters"),
     ("get", "/v1/clusters/{name}"),
     ("delete", "/v1/clusters/{name}"),
+    ("post", "/v1/clusters/{name}/token"),
     ("get", "/v1/nodes"),
     ("get", "/v1/nodes/{name}"),
     ("put", "/v1/nodes/{name}"),
@@ -485,6 +493,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/ports/{container}/{interface}", get(get_port).delete(delete_port))
         .route("/v1/clusters", get(list_clusters).post(create_cluster))
         .route("/v1/clusters/{name}", get(get_cluster).delete(delete_cluster))
+        .route("/v1/clusters/{name}/token", axum::routing::post(cluster_token))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/nodes/{name}", get(get_node).put(register_node).delete(delete_node))
         .route("/v1/nodes/{name}/token", axum::routing::post(node_token))

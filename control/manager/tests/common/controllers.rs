@@ -36,7 +36,12 @@ impl Running {
 /// A node registered with the manager in `cluster` (`""`: the manager's own), as its
 /// agent registers.
 pub fn register_in(m: &Manager, name: &str, vtep: &str, cluster: &str) {
-    m.register_node(Node {
+    m.register_node(node_record(name, vtep, cluster)).unwrap();
+}
+
+/// A node as its agent registers it.
+pub fn node_record(name: &str, vtep: &str, cluster: &str) -> Node {
+    Node {
         name: name.into(),
         vtep: vtep.parse().unwrap(),
         underlay_mtu: 1600,
@@ -45,8 +50,7 @@ pub fn register_in(m: &Manager, name: &str, vtep: &str, cluster: &str) {
         last_seen: 0,
         state: String::new(),
         cluster: cluster.into(),
-    })
-    .unwrap();
+    }
 }
 
 pub async fn eventually(what: &str, ok: impl FnMut() -> bool) {
