@@ -469,6 +469,7 @@ async fn networks_marked_for_a_member_get_their_nads_there() {
     .await;
     let nad = east.object(Kind::Nads, "red-ns/media").unwrap();
     assert!(nad["metadata"]["ownerReferences"].is_null(), "{nad}");
+    assert_eq!(nad["metadata"]["labels"]["knitter.io/cluster"], EAST, "{nad}");
     assert_eq!(nad["metadata"]["labels"]["app.kubernetes.io/managed-by"], "knitter-manager");
     assert!(nad["spec"]["config"].as_str().unwrap().contains("\"network\":\"media\""), "{nad}");
     m.set_tenant_namespaces("red", vec![]).unwrap();
@@ -507,4 +508,46 @@ fn a_node_joined_with_a_clusters_token_registers_in_that_cluster_only() {
     m.delete_cluster(EAST, true).unwrap();
     assert!(auth.identify(&m, Some(&again)).is_err(), "a deleted cluster's token joins nothing");
     assert!(matches!(m.issue_cluster_token(EAST), Err(ManagerError::NotFound { .. })));
+}
+
+/// A member's kubeconfig that reaches the manager's own apiserver (a mistake) does not set
+/// the two controllers on each other: each keeps only its own NADs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_and_a_members_controller_on_one_apiserver_keep_each_others_nads() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = manager(&dir);
+    let api = ApiServer::start().await;
+    api.add_namespace("red-ns", &[]);
+    m.create_tenant("red", None).unwrap();
+    m.set_tenant_namespaces("red", vec!["east/red-ns".into()]).unwrap();
+    let mut media = net("media", "red", "10.4.0.0/16");
+    media.clusters = vec![EAST.into()];
+    m.create_network(media).unwrap();
+    let member = controller(&m, api.client(), EAST);
+    let nads = || api.objects(Kind::Nads).into_keys().collect::<BTreeSet<String>>();
+    eventually("the member's NAD", || nads() == set(&["red-ns/media"])).await;
+    let lease = LeaseOptions::timed("knitter", "own-lease", "m1", Duration::from_secs(3));
+    let own = start_through(
+        &m,
+        api.client(),
+        Options {
+            cluster: "local".into(),
+            cluster_id: String::new(),
+            lease,
+            release_nodes: true,
+            network_status: false,
+            network_resources: true,
+        },
+    );
+    eventually("the own controller made a pass", || {
+        own.status.relists.load(SeqCst) >= 2
+            && api.requests(|r| r.contains("network-attachment-definitions?")) > 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(nads(), set(&["red-ns/media"]));
+    let deletes = api.requests(|r| r.starts_with("DELETE") && r.contains("network-attachment"));
+    assert_eq!(deletes, 0, "a controller deleted the other's NAD");
+    own.stop().await;
+    member.stop().await;
 }

@@ -229,6 +229,74 @@ async fn a_node_token_syncs_only_as_its_own_node() {
     s.stop().await;
 }
 
+/// Through the sync stream, as knitter-vswitchd registers: a node that joined with a
+/// cluster's bootstrap token syncs in that cluster only (not in the own one, not without
+/// one), a node that joined with the manager's own token not in another cluster; and a
+/// cluster's token may not join a name another cluster's node holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_syncs_only_in_the_cluster_its_bootstrap_token_bound_it_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(Embedded::open(&dir.path().join("store.redb")).unwrap());
+    let s = Served::with_auth(
+        store,
+        Liveness::default(),
+        Auth::new(TOKEN, Some("sync-bootstrap".into()), false),
+    )
+    .await;
+    let mut c = s.client().await;
+    let spec = pb::ClusterSpec { name: "east".into(), kubeconfig: "/dev/null".into() };
+    c.create_cluster(as_(spec, TOKEN)).await.unwrap();
+    let east = c
+        .issue_cluster_token(as_(pb::Name { name: "east".into() }, TOKEN))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let join = |name: &str, with: &str| {
+        let mut c = c.clone();
+        let (name, with) = (name.to_string(), with.to_string());
+        async move { c.join_node(as_(pb::Name { name }, &with)).await.map(|r| r.into_inner().token) }
+    };
+    let b1 = join("b1", &east).await.unwrap();
+    let a1 = join("a1", "sync-bootstrap").await.unwrap();
+    let sync_in = |node: &str, vtep: &str, cluster: &str, token: &str| {
+        let me = pb::Node {
+            name: node.into(),
+            vtep: vtep.into(),
+            underlay_mtu: Some(1600),
+            cluster: cluster.into(),
+            ..Default::default()
+        };
+        let mut c = c.clone();
+        let req = as_(pb::SyncRequest { node: Some(me), revision: 0 }, token);
+        async move { c.sync(req).await.map(|r| r.into_inner()) }
+    };
+    for cluster in ["", "local"] {
+        let e = sync_in("b1", "192.0.2.2", cluster, &b1).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("joined with cluster \"east\"'s bootstrap token"), "{e:?}");
+    }
+    let e = sync_in("a1", "192.0.2.1", "east", &a1).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    let mut b = sync_in("b1", "192.0.2.2", "east", &b1).await.unwrap();
+    until(&mut b, "b1's first state", |_| true).await;
+    let mut a = sync_in("a1", "192.0.2.1", "", &a1).await.unwrap();
+    until(&mut a, "a1's first state", |_| true).await;
+    // The admin registers a3 in the own cluster; east's token may not take its name.
+    s.client()
+        .await
+        .register_node(as_(
+            pb::Node { name: "a3".into(), vtep: "192.0.2.3".into(), ..Default::default() },
+            TOKEN,
+        ))
+        .await
+        .unwrap();
+    let e = join("a3", &east).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    drop((a, b));
+    s.stop().await;
+}
+
 /// A network with a node gateway: each node with a port on it gets a host port (an address
 /// from the network, held by no pod) and the gateway addresses in its state; the other node
 /// sees that host port as an endpoint behind its VTEP. The host port is the manager's: the

@@ -237,8 +237,25 @@ impl Manager {
         let cluster = match caller {
             Caller::Bootstrap => Some(String::new()),
             Caller::ClusterBootstrap(c) => Some(c.clone()),
-            _ => None,
+            // The admin's new token keeps the node's binding (the recovery for a node that
+            // lost its credential must not free it from its cluster).
+            _ => match &have {
+                Some(v) => {
+                    serde_json::from_str::<Credential>(&v.value).ok().and_then(|c| c.cluster)
+                }
+                None => None,
+            },
         };
+        // A name a node of another cluster holds is not a joining node's to take.
+        if let Some(bound) = cluster.as_deref().filter(|_| joining)
+            && let Some((n, _)) = self.load::<Node>(&super::objects::node_key(node))?
+            && n.cluster != bound
+        {
+            return Err(ManagerError::Forbidden(format!(
+                "node {node:?} is registered in cluster {:?}: a bootstrap token of another may not join it",
+                n.cluster_name()
+            )));
+        }
         let c = json(&Credential {
             sha256: sha256_hex(secret.as_bytes()),
             issued: now(),
@@ -257,6 +274,28 @@ impl Manager {
         tracing::info!(node, by, "issued a node token");
         let name: String = node.bytes().map(|b| format!("{b:02x}")).collect();
         Ok(format!("node.{name}.{secret}"))
+    }
+
+    /// Revokes what joins or holds cluster `cluster`: its bootstrap token, and the node
+    /// tokens bound to it (of nodes that joined and never registered, or were forgotten):
+    /// a cluster added again under the name is another, whose nodes join anew.
+    pub(super) fn revoke_cluster_credentials(&self, cluster: &str) -> Result<()> {
+        let mut ops = Vec::new();
+        if let Some(v) = self.store().get(&cluster_credential_key(cluster))? {
+            ops.push(Op::delete(cluster_credential_key(cluster), v.version));
+        }
+        for (k, v) in self.store().list("node_credentials/")? {
+            let bound = serde_json::from_str::<Credential>(&v.value).ok().and_then(|c| c.cluster);
+            if bound.as_deref() == Some(cluster) {
+                ops.push(Op::delete(k, v.version));
+            }
+        }
+        if !ops.is_empty() && !self.store().commit(&ops)? {
+            return Err(ManagerError::Busy(format!(
+                "cluster {cluster:?}'s credentials changed meanwhile"
+            )));
+        }
+        Ok(())
     }
 
     /// Forgets node `node`'s credential (its token stops working); whether it had one.
@@ -363,9 +402,10 @@ impl Manager {
     /// Issues cluster `cluster` a new bootstrap token (revoking its old one): its nodes join
     /// with it and are bound to it.
     pub fn issue_cluster_token(&self, cluster: &str) -> Result<String> {
-        if self.load::<super::objects::Cluster>(&super::objects::cluster_key(cluster))?.is_none() {
+        let record = super::objects::cluster_key(cluster);
+        let Some((_, version)) = self.load::<super::objects::Cluster>(&record)? else {
             return Err(ManagerError::NotFound { what: "cluster", name: cluster.into() });
-        }
+        };
         let mut secret = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .map_err(|_| ManagerError::Busy("no random bytes".into()))?;
@@ -375,7 +415,9 @@ impl Manager {
             Some(v) => Op::replace(&key, Some(v.version), sha256_hex(secret.as_bytes())),
             None => Op::create(&key, sha256_hex(secret.as_bytes())),
         };
-        if !self.store().commit(&[op])? {
+        // Only while the cluster is there: a token must not outlive a delete running now.
+        let there = Op::check(record, crate::store::Cond::Version(version));
+        if !self.store().commit(&[op, there])? {
             return Err(ManagerError::Busy(format!(
                 "cluster {cluster:?}'s token changed meanwhile"
             )));

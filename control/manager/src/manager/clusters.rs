@@ -122,11 +122,8 @@ impl Manager {
             return Err(ManagerError::Busy(format!("cluster {name:?} changed meanwhile")));
         }
         self.release_cluster(name)?;
-        // Its bootstrap token joins no node any more.
-        let token = super::auth::cluster_credential_key(name);
-        if let Some(v) = self.store.get(&token)? {
-            let _ = self.store.commit(&[Op::delete(&token, v.version)])?;
-        }
+        // Its bootstrap token joins no node any more, nor does a token bound to it.
+        self.revoke_cluster_credentials(name)?;
         Ok(Some(c))
     }
 

@@ -570,7 +570,8 @@ impl pb::manager_server::Manager for Grpc {
         let registered = {
             let n = name.clone();
             tokio::task::spawn_blocking(move || {
-                let node = m.register_node(node)?;
+                // As a registration: a node bound to a cluster registers in it only.
+                let node = m.register_node_as(&caller, node)?;
                 m.heartbeat(&n)?;
                 Ok::<_, ManagerError>(node)
             })

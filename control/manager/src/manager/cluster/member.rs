@@ -9,7 +9,7 @@
 //! cluster (`networks.rs`, whose NAD writes these share).
 
 use super::Controller;
-use super::nad::{self, MANAGED_BY};
+use super::nad;
 use super::networks::{EVERY_NAD, Listed, deleting};
 use super::retries::Retries;
 use k8s_openapi::api::core::v1::Namespace;
@@ -36,7 +36,8 @@ impl Controller {
         let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone())
             .default_backoff()
             .boxed();
-        let ours = config.labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+        let cluster = self.opts.cluster.clone();
+        let ours = config.labels(&nad::selector(Some(&cluster)));
         let mut nads = watcher(
             Api::<DynamicObject>::all_with(self.client.clone(), &nad::api_resource()),
             ours,
@@ -44,11 +45,21 @@ impl Controller {
         .default_backoff()
         .boxed();
         let (mut listed, mut retries) = (Listed::<Namespace>::default(), Retries::default());
-        let mut tick = tokio::time::interval(MEMBER_RESYNC);
-        let mut due = true;
+        // Events gather for a tick (a pass's own writes come back as events); a pass runs
+        // at least every MEMBER_RESYNC.
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut due, mut next) = (true, tokio::time::Instant::now());
         loop {
             tokio::select! {
-                _ = tick.tick() => due = true,
+                _ = tick.tick() => {
+                    due |= tokio::time::Instant::now() >= next;
+                    if due && listed.listed {
+                        due = false;
+                        self.member_pass(&listed, &mut retries).await;
+                        next = tokio::time::Instant::now() + MEMBER_RESYNC;
+                    }
+                }
                 e = namespaces.next() => match e {
                     Some(Ok(e)) => due |= listed.on(e),
                     Some(Err(e)) => self.watch_error("namespaces", e),
@@ -61,10 +72,6 @@ impl Controller {
                     None => break,
                 },
                 _ = &mut stop => break,
-            }
-            if due && listed.listed {
-                due = false;
-                self.member_pass(&listed, &mut retries).await;
             }
         }
     }
@@ -111,11 +118,12 @@ impl Controller {
         let mut want = BTreeMap::new();
         for net in networks.iter().filter(|n| n.spec.clusters.iter().any(|c| c == cluster)) {
             for ns in nad::namespaces_for(&net.spec, &by_namespace) {
-                want.insert(format!("{ns}/{}", net.spec.name), nad::nad(&net.spec, None, ns));
+                let nad = nad::nad(&net.spec, None, Some(cluster), ns);
+                want.insert(format!("{ns}/{}", net.spec.name), nad);
             }
         }
         let mut seen = HashSet::new();
-        let in_place = self.sync_nads(want, &terminating, retries, &mut seen).await;
+        let in_place = self.sync_nads(want, Some(cluster), &terminating, retries, &mut seen).await;
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
         retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));
         self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);

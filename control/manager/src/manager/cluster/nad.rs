@@ -27,6 +27,10 @@ pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "knitter-m
 pub const FIELD_MANAGER: &str = "knitter-manager";
 /// The label naming a NAD's network.
 pub const NETWORK_LABEL: &str = "knitter.io/network";
+/// The label naming the member cluster a NAD was made for (`member.rs`): each controller
+/// keeps only its own, so two that reach one apiserver (a kubeconfig that names the own
+/// cluster, or two members' that name one) never delete each other's.
+pub const CLUSTER_LABEL: &str = "knitter.io/cluster";
 
 /// NetworkAttachmentDefinitions (`k8s.cni.cncf.io/v1`).
 pub fn api_resource() -> ApiResource {
@@ -55,6 +59,15 @@ pub fn namespaces_for<'a>(
         .map(|(ns, _)| ns.as_str())
 }
 
+/// The label selector of the NADs `maker` keeps (the own cluster's also lists members' —
+/// an apiserver's equality selectors cannot exclude a label — and leaves them alone).
+pub fn selector(maker: Maker<'_>) -> String {
+    match maker {
+        None => format!("{}={}", MANAGED_BY.0, MANAGED_BY.1),
+        Some(c) => format!("{}={},{CLUSTER_LABEL}={c}", MANAGED_BY.0, MANAGED_BY.1),
+    }
+}
+
 /// The CNI configuration a NAD carries: a conflist of the Knitter plugin on `network`, in
 /// the versions docs/cni.md installs (1.0.0 for libcni before 1.2, 1.1.0 after), taking the
 /// network selection's `ips` and `mac`, and asking Multus for a device-info file (a
@@ -69,13 +82,24 @@ pub fn cni_config(network: &str) -> String {
     .to_string()
 }
 
+/// Whose NADs a controller keeps: the own cluster's (`None`), or a member's.
+pub type Maker<'a> = Option<&'a str>;
+
 /// `net`'s NAD in `namespace`, owned by `owner` (its `Network` resource in this cluster;
-/// `None` in a member cluster, where it has none).
-pub fn nad(net: &NetworkSpec, owner: Option<&NetworkResource>, namespace: &str) -> DynamicObject {
-    let labels = BTreeMap::from([
+/// `None` in a member cluster, where it has none), made by `maker`.
+pub fn nad(
+    net: &NetworkSpec,
+    owner: Option<&NetworkResource>,
+    maker: Maker<'_>,
+    namespace: &str,
+) -> DynamicObject {
+    let mut labels = BTreeMap::from([
         (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
         (NETWORK_LABEL.to_string(), net.name.clone()),
     ]);
+    if let Some(cluster) = maker {
+        labels.insert(CLUSTER_LABEL.to_string(), cluster.to_string());
+    }
     let owner_ref = owner.map(|owner| OwnerReference {
         api_version: format!("{GROUP}/{VERSION}"),
         kind: "Network".into(),
@@ -237,7 +261,7 @@ mod test {
             },
             ..Default::default()
         };
-        let d = nad(&net("red", false), Some(&owner), "red");
+        let d = nad(&net("red", false), Some(&owner), None, "red");
         assert_eq!(
             (d.metadata.namespace.as_deref(), d.metadata.name.as_deref()),
             (Some("red"), Some("media"))
@@ -265,7 +289,7 @@ mod test {
             metadata: ObjectMeta { uid: Some("u2".into()), ..owner.metadata.clone() },
             ..Default::default()
         };
-        let want = nad(&net("red", false), Some(&made_again), "red");
+        let want = nad(&net("red", false), Some(&made_again), None, "red");
         assert!(owner_replaced(&d, &want) && !same(&d, &want));
         let patch = replacing_patch(&d, &want);
         assert_eq!(patch["metadata"]["ownerReferences"][0]["uid"], "u2");

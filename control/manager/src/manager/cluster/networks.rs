@@ -430,11 +430,11 @@ impl Controller {
         for res in &nets {
             if let Some(Ok(spec)) = applied.networks.get(res.name()) {
                 for ns in nad::namespaces_for(spec, &tenants) {
-                    want.insert(format!("{ns}/{}", spec.name), nad::nad(spec, Some(res), ns));
+                    want.insert(format!("{ns}/{}", spec.name), nad::nad(spec, Some(res), None, ns));
                 }
             }
         }
-        let in_place = self.sync_nads(want, &terminating, retries, &mut seen).await;
+        let in_place = self.sync_nads(want, None, &terminating, retries, &mut seen).await;
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
         let mut ready = 0;
         for res in &nets {
@@ -539,13 +539,14 @@ impl Controller {
     pub(super) async fn sync_nads(
         &self,
         want: BTreeMap<String, DynamicObject>,
+        maker: nad::Maker<'_>,
         terminating: &BTreeSet<String>,
         retries: &mut Retries,
         seen: &mut HashSet<String>,
     ) -> BTreeSet<String> {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
-        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+        let selector = nad::selector(maker);
         let listed = bounded(all.list(&ListParams::default().labels(&selector))).await;
         // No NAD CRD (404) is an answer, not a failure: nothing to retry before a change.
         let answered = !matches!(&listed, Err(e) if !is_not_found(e));
@@ -574,8 +575,13 @@ impl Controller {
                 d.metadata.name.as_deref().unwrap_or_default()
             )
         };
+        // The own cluster's controller keeps no member's (a member's selector names it).
+        let mine = |d: &DynamicObject| {
+            maker.is_some()
+                || !d.metadata.labels.as_ref().is_some_and(|l| l.contains_key(nad::CLUSTER_LABEL))
+        };
         let have: BTreeMap<String, DynamicObject> =
-            have.into_iter().map(|d| (key(&d), d)).collect();
+            have.into_iter().filter(mine).map(|d| (key(&d), d)).collect();
         let mut in_place = BTreeSet::new();
         let api = |ns: &str| Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
         for (k, h) in have.iter().filter(|(k, _)| !want.contains_key(*k)) {
