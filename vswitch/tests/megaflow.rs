@@ -150,11 +150,12 @@ fn a_pods_mesh_rides_the_halves_and_nothing_spoofed_does() {
     );
 }
 
-/// A port whose frames the second level never finds (broadcasts) stops paying for its
-/// lookups, as for the exact-match cache: after a flood of them, a mesh from the same port
-/// still comes back to the halves (a sampled burst finds them).
+/// After a flood of frames the second level never finds (broadcasts, which run its account
+/// with the port down), a mesh from the same port still comes back to the halves (a sampled
+/// burst finds them). That the flood stops paying for lookups is not observable here: the
+/// instruction count of `flood-8` shows it (docs/perf/vhost-user.md).
 #[test]
-fn a_port_that_floods_leaves_the_halves_and_comes_back() {
+fn a_port_back_from_a_flood_finds_the_halves_again() {
     let mut h = small_cache();
     h.ring("a").ring("net").ring("other");
     h.apply(SwitchConfig {

@@ -19,7 +19,7 @@ use common::controllers::{
 use common::scenarios::{ip, net, port};
 use knitter_manager::manager::cluster::Options;
 use knitter_manager::manager::cluster::lease::LeaseOptions;
-use knitter_manager::manager::objects::{ClusterSpec, IpGroupSpec, PortSpec};
+use knitter_manager::manager::objects::{ClusterSpec, IpGroupSpec, PortSpec, shown_cluster};
 use knitter_manager::manager::{Config, Filter, Manager, ManagerError};
 use knitter_manager::store::embedded::Embedded;
 use std::collections::BTreeSet;
@@ -52,10 +52,7 @@ fn pods(m: &Manager) -> BTreeSet<String> {
     m.list_ports(&Filter::default())
         .unwrap()
         .into_iter()
-        .map(|p| {
-            let c = if p.cluster.is_empty() { "local" } else { p.cluster.as_str() };
-            format!("{c}:{}", p.spec.pod)
-        })
+        .map(|p| format!("{}:{}", shown_cluster(&p.cluster), p.spec.pod))
         .collect()
 }
 
@@ -277,21 +274,7 @@ async fn an_operator_adds_a_cluster_and_deletes_it_with_knitterctl() {
         (kubeconfig("local.kubeconfig", &local), kubeconfig("east.kubeconfig", &east));
     let mdir = dir.path().join("m");
     let m = tokio::task::spawn_blocking(move || {
-        common::ManagerProc::start(
-            &mdir,
-            &[
-                "--kubernetes",
-                "--kubeconfig",
-                &own,
-                "--identity",
-                "m1",
-                "--lease-secs",
-                "3",
-                "--lease",
-                "knitter/leader",
-                "--loopback-reads",
-            ],
-        )
+        common::ManagerProc::start_kubernetes(&mdir, &own, &[])
     })
     .await
     .unwrap();

@@ -510,23 +510,7 @@ async fn the_manager_process_runs_the_controller_and_reports_it() {
     let mdir = dir.path().join("m");
     let kc = kubeconfig.to_str().unwrap().to_string();
     let m = tokio::task::spawn_blocking(move || {
-        // Loopback reads without a token, as Prometheus on the manager's host scrapes.
-        common::ManagerProc::start(
-            &mdir,
-            &[
-                "--kubernetes",
-                "--kubeconfig",
-                &kc,
-                "--identity",
-                "m1",
-                "--lease-secs",
-                "3",
-                "--lease",
-                "knitter/leader",
-                "--network-resources",
-                "--loopback-reads",
-            ],
-        )
+        common::ManagerProc::start_kubernetes(&mdir, &kc, &["--network-resources"])
     })
     .await
     .unwrap();

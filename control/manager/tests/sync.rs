@@ -79,10 +79,22 @@ impl Served {
         vtep: &str,
         token: Option<&str>,
     ) -> Result<Streaming<pb::DesiredState>, tonic::Status> {
+        self.sync_in(node, vtep, "", token).await
+    }
+
+    /// [`Served::sync`] of a node registering in `cluster`.
+    async fn sync_in(
+        &self,
+        node: &str,
+        vtep: &str,
+        cluster: &str,
+        token: Option<&str>,
+    ) -> Result<Streaming<pb::DesiredState>, tonic::Status> {
         let me = pb::Node {
             name: node.into(),
             vtep: vtep.into(),
             underlay_mtu: Some(1600),
+            cluster: cluster.into(),
             ..Default::default()
         };
         let mut req = tonic::Request::new(pb::SyncRequest { node: Some(me), revision: 0 });
@@ -259,28 +271,16 @@ async fn a_node_syncs_only_in_the_cluster_its_bootstrap_token_bound_it_to() {
     };
     let b1 = join("b1", &east).await.unwrap();
     let a1 = join("a1", "sync-bootstrap").await.unwrap();
-    let sync_in = |node: &str, vtep: &str, cluster: &str, token: &str| {
-        let me = pb::Node {
-            name: node.into(),
-            vtep: vtep.into(),
-            underlay_mtu: Some(1600),
-            cluster: cluster.into(),
-            ..Default::default()
-        };
-        let mut c = c.clone();
-        let req = as_(pb::SyncRequest { node: Some(me), revision: 0 }, token);
-        async move { c.sync(req).await.map(|r| r.into_inner()) }
-    };
     for cluster in ["", "local"] {
-        let e = sync_in("b1", "192.0.2.2", cluster, &b1).await.unwrap_err();
+        let e = s.sync_in("b1", "192.0.2.2", cluster, Some(&b1)).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         assert!(e.message().contains("joined with cluster \"east\"'s bootstrap token"), "{e:?}");
     }
-    let e = sync_in("a1", "192.0.2.1", "east", &a1).await.unwrap_err();
+    let e = s.sync_in("a1", "192.0.2.1", "east", Some(&a1)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-    let mut b = sync_in("b1", "192.0.2.2", "east", &b1).await.unwrap();
+    let mut b = s.sync_in("b1", "192.0.2.2", "east", Some(&b1)).await.unwrap();
     until(&mut b, "b1's first state", |_| true).await;
-    let mut a = sync_in("a1", "192.0.2.1", "", &a1).await.unwrap();
+    let mut a = s.sync_in("a1", "192.0.2.1", "", Some(&a1)).await.unwrap();
     until(&mut a, "a1's first state", |_| true).await;
     // The admin registers a3 in the own cluster; east's token may not take its name.
     s.client()

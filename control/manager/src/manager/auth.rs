@@ -377,22 +377,15 @@ impl Manager {
                 )));
             }
             let bound = self.load::<Credential>(&credential_key(n))?.and_then(|(c, _)| c.cluster);
-            let asked =
-                if node.cluster == super::objects::LOCAL_CLUSTER { "" } else { &node.cluster };
+            let asked = super::objects::stored_cluster(&node.cluster);
             if let Some(b) = bound
                 && b != asked
             {
-                let name = |c: &str| {
-                    if c.is_empty() {
-                        super::objects::LOCAL_CLUSTER.to_string()
-                    } else {
-                        c.to_string()
-                    }
-                };
+                use super::objects::shown_cluster;
                 return Err(ManagerError::Forbidden(format!(
                     "node {n:?} joined with cluster {:?}'s bootstrap token and registers in it only, not in {:?} (a member cluster's nodes join with its own: knitterctl manager cluster token NAME)",
-                    name(&b),
-                    name(asked)
+                    shown_cluster(&b),
+                    shown_cluster(asked)
                 )));
             }
         }

@@ -4,7 +4,10 @@
 //! joins, and a port's pod as (cluster, namespace/name, UID): `objects.rs`. The controller
 //! that runs once per cluster: `cluster/fleet.rs`.
 
-use super::objects::{Cluster, ClusterSpec, LOCAL_CLUSTER, Node, Port, cluster_key, node_key};
+use super::objects::{
+    Cluster, ClusterSpec, LOCAL_CLUSTER, Node, Port, cluster_key, node_key, shown_cluster,
+    stored_cluster,
+};
 use super::{Filter, Manager, ManagerError, Result, check_name, json, now};
 use crate::network::Network;
 use crate::store::{Cond, Op};
@@ -148,8 +151,7 @@ impl Manager {
         node: &Node,
         have: Option<&Node>,
     ) -> Result<(String, Option<Op>)> {
-        let cluster =
-            if node.cluster == LOCAL_CLUSTER { String::new() } else { node.cluster.clone() };
+        let cluster = stored_cluster(&node.cluster).to_string();
         let still = if cluster.is_empty() {
             None
         } else {
@@ -190,7 +192,7 @@ impl Manager {
                 }
             }
         };
-        let name = if cluster.is_empty() { LOCAL_CLUSTER } else { cluster.as_str() };
+        let name = shown_cluster(&cluster);
         if !net.spec.clusters.is_empty() && !net.spec.clusters.iter().any(|c| c == name) {
             let whose = if node.is_empty() {
                 "a port without a node is the manager's own cluster's (\"local\")".to_string()

@@ -203,7 +203,7 @@ impl Port {
 
     /// Whether the port is cluster `name`'s ([`LOCAL_CLUSTER`]: the manager's own).
     pub fn in_cluster(&self, name: &str) -> bool {
-        if self.cluster.is_empty() { name == LOCAL_CLUSTER } else { self.cluster == name }
+        shown_cluster(&self.cluster) == name
     }
 
     /// Whether the port was created whole. Every network has a subnet, so a finished port
@@ -240,6 +240,17 @@ pub struct Node {
 
 /// The name the manager's own cluster goes by (its nodes register without one).
 pub const LOCAL_CLUSTER: &str = "local";
+
+/// A cluster's name as records keep it: the own cluster's as `""` (what records from
+/// before clusters have).
+pub fn stored_cluster(name: &str) -> &str {
+    if name == LOCAL_CLUSTER { "" } else { name }
+}
+
+/// A cluster's name as records keep it, as users name it ([`LOCAL_CLUSTER`] for `""`).
+pub fn shown_cluster(stored: &str) -> &str {
+    if stored.is_empty() { LOCAL_CLUSTER } else { stored }
+}
 
 /// A Kubernetes cluster the manager serves besides its own, as asked for: how the manager
 /// reaches its apiserver.
@@ -280,7 +291,7 @@ pub struct Cluster {
 impl Node {
     /// The cluster the node is in, by name.
     pub fn cluster_name(&self) -> &str {
-        if self.cluster.is_empty() { LOCAL_CLUSTER } else { &self.cluster }
+        shown_cluster(&self.cluster)
     }
 }
 

@@ -152,6 +152,26 @@ impl ManagerProc {
         )
     }
 
+    /// A manager running its own cluster's controller as the tests do: the cluster at
+    /// `kubeconfig`, identity `m1`, a 3 s Lease `knitter/leader`, loopback reads without a
+    /// token (as Prometheus on the manager's host scrapes), and `extra` flags.
+    pub fn start_kubernetes(dir: &Path, kubeconfig: &str, extra: &[&str]) -> ManagerProc {
+        let mut args = vec![
+            "--kubernetes",
+            "--kubeconfig",
+            kubeconfig,
+            "--identity",
+            "m1",
+            "--lease-secs",
+            "3",
+            "--lease",
+            "knitter/leader",
+            "--loopback-reads",
+        ];
+        args.extend(extra);
+        Self::start(dir, &args)
+    }
+
     /// The same, on given REST and gRPC addresses (a restart where clients expect it).
     pub fn start_on(dir: &Path, args: &[&str], rest: &str, grpc: &str) -> ManagerProc {
         let bin = env!("CARGO_BIN_EXE_knitter-manager");

@@ -93,60 +93,54 @@ impl Fleet {
         if reports.is_empty() {
             return out;
         }
-        type Pick = fn(&StatusReport) -> f64;
+        // Each row reads a controller's report; none while it does not run.
+        type Pick = fn(Option<&StatusReport>) -> f64;
         let rows: [(&str, &str, &str, Pick); 7] = [
             (
                 "knitter_manager_cluster_controller_running",
                 "gauge",
                 "1 while the cluster's controller runs (0: its kubeconfig could not be read or used)",
-                |_| 1.0,
+                |r| f64::from(u8::from(r.is_some())),
             ),
             (
                 "knitter_manager_cluster_leader",
                 "gauge",
                 "1 while this manager leads in the cluster (holds its Lease)",
-                |r| f64::from(u8::from(r.leader)),
+                |r| f64::from(u8::from(r.is_some_and(|r| r.leader))),
             ),
             (
                 "knitter_manager_cluster_relists_total",
                 "counter",
                 "complete lists of the cluster's pods or nodes taken",
-                |r| r.relists as f64,
+                |r| r.map_or(0, |r| r.relists) as f64,
             ),
             (
                 "knitter_manager_cluster_watch_errors_total",
                 "counter",
                 "watch errors on the cluster's apiserver",
-                |r| r.watch_errors as f64,
+                |r| r.map_or(0, |r| r.watch_errors) as f64,
             ),
             (
                 "knitter_manager_cluster_released_ports_total",
                 "counter",
                 "ports released because their pod or node went from the cluster",
-                |r| r.released_ports as f64,
+                |r| r.map_or(0, |r| r.released_ports) as f64,
             ),
             (
                 "knitter_manager_cluster_held_ports",
                 "gauge",
                 "the cluster's ports held because the last list did not vouch for their node",
-                |r| r.held_ports as f64,
+                |r| r.map_or(0, |r| r.held_ports) as f64,
             ),
             (
                 "knitter_manager_cluster_pods",
                 "gauge",
                 "the cluster's pods in its controller's view",
-                |r| r.pods as f64,
+                |r| r.map_or(0, |r| r.pods) as f64,
             ),
         ];
-        for (i, (name, kind, help, pick)) in rows.into_iter().enumerate() {
-            let samples = reports.iter().map(|(c, r)| {
-                let v = match (i, r) {
-                    (0, r) => f64::from(u8::from(r.is_some())),
-                    (_, Some(r)) => pick(r),
-                    (_, None) => 0.0,
-                };
-                (c.clone(), v)
-            });
+        for (name, kind, help, pick) in rows {
+            let samples = reports.iter().map(|(c, r)| (c.clone(), pick(r.as_ref())));
             knitter_api::metrics::family(&mut out, name, kind, help, "cluster", samples);
         }
         out
