@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Uninstalls Knitter from the cluster kubectl points at, in the order that leaves nothing
 # stuck in Terminating and nothing on the hosts:
-#   1. Network and IPGroup resources are deleted while the manager still runs: it takes each
-#      one's finalizer (knitter.io/cleanup) off once what it made is gone (and the garbage
-#      collector takes the NADs). One whose network pods still use is held (Ready=False,
-#      InUse): the script shows them and stops, changing nothing more; delete those pods
-#      first, or run with --force to take the finalizers off (the manager's store goes in 3).
+#   1. Network, IPGroup and Cluster resources are deleted while the manager still runs: it
+#      takes each one's finalizer (knitter.io/cleanup) off once what it made is gone (and the
+#      garbage collector takes the NADs). One whose network pods still use is held
+#      (Ready=False, InUse): the script shows them and stops, changing nothing more; delete
+#      those pods first, or run with --force to take the finalizers off (the manager's store
+#      goes in 3). Clusters are released with their resources (releaseOnDelete is set: the
+#      manager that served them goes).
 #   2. The node DaemonSet goes (pods on Knitter networks lose them), then a cleanup
 #      DaemonSet (uninstall/cleanup.yaml) runs the node image's installer in `uninstall`
 #      mode on every node: knitter-cni and Knitter's conflist removed from the hosts; with
@@ -35,9 +37,15 @@ while [ $# -gt 0 ]; do
   shift
 done
 ns=knitter
-resources=networks.knitter.io,ipgroups.knitter.io
 
-echo "== 1. Network and IPGroup resources (the manager cleans up after each)"
+echo "== 1. Network, IPGroup and Cluster resources (the manager cleans up after each)"
+resources=networks.knitter.io,ipgroups.knitter.io
+if kubectl get crd clusters.knitter.io >/dev/null 2>&1; then
+  resources=$resources,clusters.knitter.io
+  for c in $(kubectl get clusters.knitter.io -o name); do
+    kubectl patch "$c" --type=merge -p '{"spec":{"releaseOnDelete":true}}'
+  done
+fi
 if kubectl get crd networks.knitter.io >/dev/null 2>&1; then
   kubectl delete "$resources" --all --wait=false
   deadline=$((SECONDS + timeout))

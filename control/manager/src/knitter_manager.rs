@@ -145,11 +145,16 @@ struct Args {
     /// mode; where Multus runs it writes that annotation itself: leave this off).
     #[arg(long, requires = "kubernetes")]
     network_status: bool,
-    /// Make the cluster's Network and IPGroup resources (networks.knitter.io,
-    /// ipgroups.knitter.io; the CRDs in deploy/kubernetes/base/crds/) on the manager, with a
-    /// NetworkAttachmentDefinition per network in its tenant's namespaces.
+    /// Make the cluster's Network, IPGroup and Cluster resources (networks.knitter.io,
+    /// ipgroups.knitter.io, clusters.knitter.io; the CRDs in deploy/kubernetes/base/crds/)
+    /// on the manager, with a NetworkAttachmentDefinition per network in its tenant's
+    /// namespaces.
     #[arg(long, env = "KNITTER_NETWORK_RESOURCES", requires = "kubernetes")]
     network_resources: bool,
+    /// Where a Cluster resource's kubeconfigKey names a file: the directory the
+    /// knitter-clusters Secret is mounted on.
+    #[arg(long, env = "KNITTER_CLUSTER_KUBECONFIGS", default_value = cluster::KUBECONFIGS)]
+    cluster_kubeconfigs: PathBuf,
     /// How planes are marked on the underlay, changes to the defaults (control=40/5,
     /// media=34/4, oam=16/2; std and eio unmarked): `plane=DSCP/PCP` or `plane=none`,
     /// comma-separated.
@@ -279,6 +284,7 @@ fn controller_options(a: &Args) -> Result<cluster::Options> {
         release_nodes: !a.keep_deleted_nodes,
         network_status: a.network_status,
         network_resources: a.network_resources,
+        kubeconfigs: a.cluster_kubeconfigs.clone(),
     })
 }
 
@@ -412,14 +418,14 @@ fn main() -> Result<()> {
                 let _ = tokio::task::spawn_blocking(move || sweep(&m)).await;
             }
         });
-        let (mut cluster, mut elected) = (None, None);
-        if a.kubernetes {
-            let c = controller(&a, manager.clone()).await?;
-            cluster = Some(c.status());
-            elected = Some(tokio::spawn(c.run(stop_rx.clone())));
-        }
+        let own = match a.kubernetes {
+            true => Some(controller(&a, manager.clone()).await?),
+            false => None,
+        };
+        let cluster = own.as_ref().map(|c| c.status());
         let fleet =
             cluster::fleet::Fleet::new(manager.clone(), controller_options(&a)?, cluster.clone());
+        let elected = own.map(|c| tokio::spawn(c.with_fleet(fleet.clone()).run(stop_rx.clone())));
         let fleet_task = tokio::spawn(fleet.clone().run(stop_rx.clone()));
         let metrics = Arc::new(knitter_manager::manager::metrics::Metrics::default());
         let mut service = grpc::Grpc::with_auth(manager.clone(), auth.clone())

@@ -14,7 +14,7 @@ mod common;
 
 use apiserver::{ApiServer, Kind, Rbac};
 use common::controllers::{
-    Running, eventually, eventually_within, node_record, register_in, start_through,
+    Running, eventually, eventually_within, node_record, register_in, start_through, validate,
 };
 use common::scenarios::{ip, net, port};
 use knitter_manager::manager::cluster::Options;
@@ -70,6 +70,7 @@ fn controller(m: &Arc<Manager>, client: kube::Client, cluster: &str) -> Running 
         release_nodes: true,
         network_status: false,
         network_resources: false,
+        kubeconfigs: "/etc/knitter/clusters".into(),
     };
     start_through(m, client, opts)
 }
@@ -520,6 +521,7 @@ async fn the_own_and_a_members_controller_on_one_apiserver_keep_each_others_nads
             release_nodes: true,
             network_status: false,
             network_resources: true,
+            kubeconfigs: "/etc/knitter/clusters".into(),
         },
     );
     eventually("the own controller made a pass", || {
@@ -533,4 +535,146 @@ async fn the_own_and_a_members_controller_on_one_apiserver_keep_each_others_nads
     assert_eq!(deletes, 0, "a controller deleted the other's NAD");
     own.stop().await;
     member.stop().await;
+}
+
+/// A `Cluster` resource (`clusters.knitter.io`) in the manager's own cluster adds the
+/// cluster as `knitterctl manager cluster add` does, with its kubeconfig read from a key of
+/// the `knitter-clusters` Secret (never a path the resource's writer picks); its status says
+/// what the manager made of it; the APIs do not delete it; deleting it waits, with the
+/// reason, until `releaseOnDelete` confirms what goes with it. One whose finalizer was taken
+/// off by hand leaves its cluster to the APIs' delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_resource_adds_the_cluster_and_its_deletion_waits_for_the_confirmation() {
+    use knitter_manager::manager::cluster::{Controller, fleet::Fleet};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let m = Arc::new(
+        Manager::new(
+            Arc::new(Embedded::open(&dir.path().join("store.redb")).unwrap()),
+            Config::default(),
+        )
+        .unwrap(),
+    );
+    m.create_network(net("red", "admin", "10.1.0.0/16")).unwrap();
+    let (local, east) = (ApiServer::start().await, ApiServer::start_with(Rbac::Member).await);
+    east.add_node("b1");
+    east.add_pod("apps", "web", "uid-web", "b1");
+    let secret = dir.path().join("clusters");
+    std::fs::create_dir(&secret).unwrap();
+    std::fs::write(secret.join("east"), east.kubeconfig(false)).unwrap();
+    let opts = Options {
+        cluster: "local".into(),
+        cluster_id: String::new(),
+        lease: LeaseOptions::timed("knitter", "knitter-manager", "m1", Duration::from_secs(3)),
+        release_nodes: true,
+        network_status: false,
+        network_resources: true,
+        kubeconfigs: secret.clone(),
+    };
+    let own = Controller::new(m.clone(), local.client(), opts.clone());
+    let fleet = Fleet::new(m.clone(), opts, Some(own.status()));
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let fleet_task = tokio::spawn(fleet.clone().run(rx.clone()));
+    let own_task = tokio::spawn(own.with_fleet(fleet).run(rx));
+    let status =
+        |name: &str| local.object(Kind::KnitterClusters, name).map(|o| o["status"].clone());
+    let ready = |name: &str| {
+        status(name).map(|s| {
+            let c = &s["conditions"][0];
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    };
+
+    local.apply_resource(Kind::KnitterClusters, EAST, "uid-east", json!({"kubeconfigKey": "east"}));
+    eventually("east added from its resource", || m.get_cluster(EAST).is_ok()).await;
+    eventually("east's controller leads there", || {
+        east.lease_holder("knitter", "knitter-manager").as_deref() == Some("m1")
+    })
+    .await;
+    let id = m.get_cluster(EAST).unwrap().id;
+    assert_eq!(m.get_cluster(EAST).unwrap().spec.kubeconfig, secret.join("east").to_str().unwrap());
+    local.add_namespace("poke", &[]); // a pass now, not at the next resync
+    eventually("the status says what the manager made of it", || {
+        status(EAST).is_some_and(|s| s["id"] == id.as_str() && s["leader"] == true)
+            && ready(EAST) == Some(("True".into(), "Created".into()))
+    })
+    .await;
+    let e = refused(m.delete_cluster(EAST, true));
+    assert!(e.contains("kubectl delete clusters.knitter.io east"), "{e}");
+
+    // A key that is a path is refused, whatever the CRD's pattern let through.
+    local.apply_resource(
+        Kind::KnitterClusters,
+        "west",
+        "uid-west",
+        json!({"kubeconfigKey": "../store.redb"}),
+    );
+    eventually("a path is not a key", || {
+        ready("west") == Some(("False".into(), "InvalidSpec".into()))
+    })
+    .await;
+    assert!(m.get_cluster("west").is_err());
+
+    register_in(&m, "b1", "192.0.2.2", EAST);
+    m.create_port(pod_port("web", "uid-web", "b1")).unwrap();
+    local.delete_gracefully(Kind::KnitterClusters, EAST);
+    eventually("held while its node holds a port, with the reason", || {
+        ready(EAST) == Some(("False".into(), "InUse".into()))
+            && status(EAST).is_some_and(|s| {
+                s["conditions"][0]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("releaseOnDelete")
+            })
+    })
+    .await;
+    assert_eq!(pods(&m), set(&["east:apps/web"]), "nothing released without the confirmation");
+    validate(
+        "deploy/kubernetes/base/crds/clusters.knitter.io.yaml",
+        vec![local.object(Kind::KnitterClusters, EAST).unwrap()], // west's spec is not the CRD's
+    );
+    local.apply_resource(
+        Kind::KnitterClusters,
+        EAST,
+        "uid-east",
+        json!({"kubeconfigKey": "east", "releaseOnDelete": true}),
+    );
+    eventually("confirmed: the cluster, its port and its node gone, the resource too", || {
+        m.get_cluster(EAST).is_err()
+            && pods(&m).is_empty()
+            && m.list_nodes().unwrap().is_empty()
+            && local.object(Kind::KnitterClusters, EAST).is_none()
+    })
+    .await;
+    eventually("east's controller stopped: its Lease given up", || {
+        east.lease_holder("knitter", "knitter-manager").as_deref() == Some("")
+    })
+    .await;
+
+    // Its finalizer taken off by hand: the cluster stays (no one confirmed a release) and
+    // is the APIs' to delete.
+    std::fs::write(secret.join("north"), east.kubeconfig(false)).unwrap();
+    local.apply_resource(
+        Kind::KnitterClusters,
+        "north",
+        "uid-north",
+        json!({"kubeconfigKey": "north"}),
+    );
+    eventually("north added", || m.get_cluster("north").is_ok()).await;
+    register_in(&m, "n1", "192.0.2.3", "north");
+    local.delete(Kind::KnitterClusters, "north");
+    eventually("north left to the APIs", || {
+        m.delete_cluster("north", false).is_err_and(|e| e.to_string().contains("--release"))
+    })
+    .await;
+    assert_eq!(m.list_nodes().unwrap().len(), 1, "nothing released");
+    m.delete_cluster("north", true).unwrap();
+
+    stop.send_replace(true);
+    for task in [own_task, fleet_task] {
+        tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
+    }
 }

@@ -27,6 +27,10 @@ const SKIPPED: &[(&str, &str)] = &[
     ),
     ("port-forward", "no pod runs here (the stand-in has no kubelet)"),
     ("--manager 127.0.0.1:9481", "no pod runs here (the stand-in has no kubelet)"),
+    (
+        "kubectl wait --for=condition=Ready clusters.knitter.io",
+        "no manager runs while the docs are walked: the test waits for the Cluster's Ready once it starts one",
+    ),
 ];
 
 /// A fenced block of the docs: its language and its text.
@@ -422,11 +426,11 @@ async fn the_documented_member_cluster_joins_the_manager() {
     });
     // What the managers' pods find at /etc/knitter/clusters/east: the Secret's key.
     let mounted = tokio::task::block_in_place(|| {
-        walk.sh("kubectl -n knitter get secret knitter-clusters -o jsonpath='{.data.east}' | base64 -d > mounted-east")
+        walk.sh("mkdir -p mounted && kubectl -n knitter get secret knitter-clusters -o jsonpath='{.data.east}' | base64 -d > mounted/east")
     });
     assert!(mounted.is_ok(), "{mounted:?}");
     assert!(!walk.dir.path().join("east.kubeconfig").exists(), "the docs remove the file");
-    let kubeconfig = std::fs::read_to_string(walk.dir.path().join("mounted-east")).unwrap();
+    let kubeconfig = std::fs::read_to_string(walk.dir.path().join("mounted/east")).unwrap();
     for want in [member.admin_url.as_str(), "token: secret", "certificate-authority-data: Q0E="] {
         assert!(kubeconfig.contains(want), "{want} in {kubeconfig}");
     }
@@ -437,17 +441,17 @@ async fn the_documented_member_cluster_joins_the_manager() {
     assert!(node.to_string().contains("--cluster=east"), "{node}");
     assert!(member.object(Kind::Services, "knitter/knitter-manager").is_none(), "no manager there");
     assert!(walk.api.object(Kind::Secrets, "knitter/knitter-clusters").is_some());
+    assert!(walk.api.object(Kind::KnitterClusters, "east").is_some(), "the Cluster resource");
 
-    // The managers then read the file the Secret holds (here: its content, as mounted).
-    let mut manager = walk.manager(&[]);
-    let out = std::process::Command::new(common::knitterctl())
-        .args(["--manager", &manager.grpc, "--token-file"])
-        .arg(walk.dir.path().join("manager/token"))
-        .args(["manager", "cluster", "add", "east", "--kubeconfig"])
-        .arg(walk.dir.path().join("mounted-east"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The managers then add the cluster from its resource, reading the file the Secret
+    // holds (here: its content, as mounted).
+    let mounted = walk.dir.path().join("mounted");
+    let mut manager = walk.manager(&["--cluster-kubeconfigs", mounted.to_str().unwrap()]);
+    walk.eventually("the resource made a cluster of the manager's", |api| {
+        api.object(Kind::KnitterClusters, "east").is_some_and(|c| {
+            c["status"]["conditions"][0]["reason"] == "Created" && c["status"]["id"].is_string()
+        })
+    });
     let deadline = Instant::now() + Duration::from_secs(30);
     while member.lease_holder("knitter", "knitter-manager").as_deref() != Some("knitter-manager-0")
     {

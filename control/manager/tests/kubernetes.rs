@@ -15,7 +15,7 @@ mod apiserver;
 mod common;
 
 use apiserver::{ApiServer, Rbac};
-use common::controllers::{Running, eventually, register_in, start_through};
+use common::controllers::{Running, eventually, register_in, start_through, validate};
 use common::scenarios::{net, port};
 use knitter_manager::manager::cluster::Options;
 use knitter_manager::manager::cluster::lease::LeaseOptions;
@@ -44,6 +44,7 @@ fn options(identity: &str) -> Options {
         release_nodes: true,
         network_status: true,
         network_resources: false,
+        kubeconfigs: "/etc/knitter/clusters".into(),
     }
 }
 
@@ -634,27 +635,6 @@ fn nads(api: &ApiServer) -> BTreeSet<String> {
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
-}
-
-/// Checks `objects` against a CRD's schema with ci/k8s-validate.py (Kubernetes' own rules
-/// through the `jsonschema` package kubernetes-validate brings).
-fn validate(crd: &str, objects: Vec<Value>) {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_json::to_vec(&objects).unwrap()).unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(format!("{root}/ci/k8s-validate.py"))
-        .arg("objects")
-        .arg(format!("{root}/{crd}"))
-        .arg(file.path())
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{crd}: {}{} (needs `pip install kubernetes-validate==1.37.0`, as ci/setup.sh does)",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A NAD's `spec.config` read as a runtime reads a conflist: each plugin, with the list's

@@ -55,6 +55,7 @@ impl Client {
             release_nodes: true,
             network_status: false,
             network_resources: false,
+            kubeconfigs: "/etc/knitter/clusters".into(),
         };
         let fleet = knitter_manager::manager::cluster::fleet::Fleet::new(
             m.clone(),

@@ -2,8 +2,11 @@
 //! the kubeconfig that reaches its apiserver), listed with what each holds, deleted (refused
 //! while its nodes hold ports, unless they are released with it). Which cluster a node
 //! joins, and a port's pod as (cluster, namespace/name, UID): `objects.rs`. The controller
-//! that runs once per cluster: `cluster/fleet.rs`.
+//! that runs once per cluster: `cluster/fleet.rs`. A cluster a `Cluster` resource made
+//! (`clusters.knitter.io`, `cluster/networks.rs`) is that resource's: the APIs do not
+//! delete it (`managed.rs`).
 
+use super::managed::ManagedBy;
 use super::objects::{
     Cluster, ClusterSpec, LOCAL_CLUSTER, Node, Port, cluster_key, node_key, shown_cluster,
     stored_cluster,
@@ -15,6 +18,17 @@ use crate::store::{Cond, Op};
 impl Manager {
     /// Adds a cluster; the same request again returns it (`false`).
     pub fn create_cluster(&self, spec: ClusterSpec) -> Result<(Cluster, bool)> {
+        self.create_cluster_by(spec, None)
+    }
+
+    /// Adds a cluster for `by` (the `Cluster` resource that asks for it) or over the API
+    /// (`None`); the same request again returns it (`false`), for a resource only if that
+    /// resource made it.
+    pub fn create_cluster_by(
+        &self,
+        spec: ClusterSpec,
+        by: Option<&ManagedBy>,
+    ) -> Result<(Cluster, bool)> {
         check_name("cluster", &spec.name)?;
         if spec.name == LOCAL_CLUSTER {
             return Err(ManagerError::Invalid(format!(
@@ -29,6 +43,7 @@ impl Manager {
         }
         let key = cluster_key(&spec.name);
         if let Some((have, _)) = self.load::<Cluster>(&key)? {
+            self.check_made_by(&key, "cluster", &spec.name, by)?;
             return if have.spec == spec {
                 Ok((self.counted(have)?, false))
             } else {
@@ -48,14 +63,17 @@ impl Manager {
             controller: None,
             error: None,
         };
-        if self.store.commit(&[Op::create(&key, json(&c)?)])? {
+        let mut ops = vec![Op::create(&key, json(&c)?)];
+        ops.extend(by.map(|b| b.record(&key)).transpose()?);
+        if self.store.commit(&ops)? {
             Ok((c, true))
         } else {
             // Added meanwhile by another request: the same answer as a retry's.
             let (have, _) = self.load::<Cluster>(&key)?.ok_or_else(|| {
                 ManagerError::Busy(format!("cluster {:?} changed meanwhile", c.spec.name))
             })?;
-            if have.spec == c.spec {
+            if have.spec == c.spec && self.check_made_by(&key, "cluster", &c.spec.name, by).is_ok()
+            {
                 Ok((self.counted(have)?, false))
             } else {
                 Err(ManagerError::Conflict(format!(
@@ -102,6 +120,17 @@ impl Manager {
     /// its ports are released (their addresses given back) and its nodes forgotten (they
     /// leave every flood list) first. `None` if there was none.
     pub fn delete_cluster(&self, name: &str, release: bool) -> Result<Option<Cluster>> {
+        self.delete_cluster_by(name, release, None)
+    }
+
+    /// Deletes a cluster for `by` (the `Cluster` resource that made it) or over the API
+    /// (`None`: refused for a resource's cluster), as [`Manager::delete_cluster`] says.
+    pub fn delete_cluster_by(
+        &self,
+        name: &str,
+        release: bool,
+        by: Option<&ManagedBy>,
+    ) -> Result<Option<Cluster>> {
         if name == LOCAL_CLUSTER {
             return Err(ManagerError::Invalid(format!(
                 "cluster {LOCAL_CLUSTER:?} is the manager's own: it cannot be deleted"
@@ -109,20 +138,31 @@ impl Manager {
         }
         let key = cluster_key(name);
         let Some((c, _)) = self.load::<Cluster>(&key)? else { return Ok(None) };
+        self.check_deleted_by(&key, "cluster", name, by)?;
         let c = self.counted(c)?;
         if (c.ports > 0 || c.nodes > 0) && !release {
+            let how = match by {
+                None => format!(
+                    "delete it with release (knitterctl manager cluster delete {name} --release)"
+                ),
+                Some(_) => format!(
+                    "set releaseOnDelete on its resource (kubectl patch clusters.knitter.io {name} --type merge -p '{{\"spec\":{{\"releaseOnDelete\":true}}}}')"
+                ),
+            };
             return Err(ManagerError::InUse(format!(
-                "cluster {name:?} has {} nodes holding {} ports: delete it with release (knitterctl manager cluster delete {name} --release) to release them and forget its nodes",
+                "cluster {name:?} has {} nodes holding {} ports: {how} to release them and forget its nodes",
                 c.nodes, c.ports
             )));
         }
         // Twice: a node that registered into the cluster while the first pass ran is
         // released by the second, after the record is gone (no new one can join).
         self.release_cluster(name)?;
-        if let Some((_, v)) = self.load::<Cluster>(&key)?
-            && !self.store.commit(&[Op::delete(&key, v)])?
-        {
-            return Err(ManagerError::Busy(format!("cluster {name:?} changed meanwhile")));
+        if let Some((_, v)) = self.load::<Cluster>(&key)? {
+            let mut ops = vec![Op::delete(&key, v)];
+            ops.extend(self.check_deleted_by(&key, "cluster", name, by)?);
+            if !self.store.commit(&ops)? {
+                return Err(ManagerError::Busy(format!("cluster {name:?} changed meanwhile")));
+            }
         }
         self.release_cluster(name)?;
         // Its bootstrap token joins no node any more, nor does a token bound to it.

@@ -1,5 +1,5 @@
-//! Which manager objects a Kubernetes custom resource owns. A network or IP group the
-//! controller makes from a `Network` or `IPGroup` resource is written in one commit with a
+//! Which manager objects a Kubernetes custom resource owns. A network, IP group or cluster
+//! the controller makes from a `Network`, `IPGroup` or `Cluster` resource is written in one commit with a
 //! record `managed/<object key>` naming that resource (its UID). The rule that keeps the two
 //! views from fighting (docs/kubernetes.md): the resource is the object's only writer — the
 //! APIs refuse to delete it, another resource cannot claim it, and the controller deletes it
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// The resource that made a manager object.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ManagedBy {
-    /// `networks.knitter.io` or `ipgroups.knitter.io`.
+    /// `networks.knitter.io`, `ipgroups.knitter.io` or `clusters.knitter.io`.
     pub resource: String,
     /// The resource's name (cluster-scoped).
     pub name: String,
@@ -72,6 +72,18 @@ impl Manager {
             "{what} {name:?} exists, made by {}",
             describe(have.as_ref())
         )))
+    }
+
+    /// Forgets that `by` made the object `key`: the APIs may delete it from now on (an
+    /// object its resource no longer asks for, left because deleting it needs a
+    /// confirmation no one gave). `false` if `by` was not its owner.
+    pub fn disown(&self, key: &str, by: &ManagedBy) -> Result<bool> {
+        match self.load::<ManagedBy>(&managed_key(key))? {
+            Some((h, v)) if h.uid == by.uid => {
+                Ok(self.store.commit(&[Op::delete(managed_key(key), v)])?)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Refuses a delete of a resource's object by anyone but that resource; the op that

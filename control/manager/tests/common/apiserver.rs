@@ -3,7 +3,8 @@
 //! and kubectl as an API server does; `examples/apiserver.rs` serves it as a program.
 //!
 //! The controller's routes (this file): one `resourceVersion` counter across objects; lists
-//! of pods, nodes, namespaces, `networks.knitter.io`, `ipgroups.knitter.io` and
+//! of pods, nodes, namespaces, `networks.knitter.io`, `ipgroups.knitter.io`,
+//! `clusters.knitter.io` and
 //! `network-attachment-definitions.k8s.cni.cncf.io`, paged as the apiserver pages (`limit`,
 //! `continue`), with 429 and `Retry-After` when told to ([`ApiServer::throttle_lists`]);
 //! `labelSelector` and `fieldSelector` (the fields the apiserver selects by, per kind) of
@@ -70,6 +71,8 @@ pub enum Kind {
     Namespaces,
     Networks,
     IpGroups,
+    /// `clusters.knitter.io`.
+    KnitterClusters,
     Nads,
     // What an install writes (kubectl against the stand-in: `kubectl.rs`).
     Secrets,
@@ -239,6 +242,17 @@ pub const RESOURCES: &[Resource] = &[
             ("ipgroups", "ipgroup", "IPGroup"),
             false,
             &["ipg"],
+        )
+    },
+    Resource {
+        defined_by_crd: true,
+        ..resource(
+            Kind::KnitterClusters,
+            "knitter.io",
+            "v1alpha1",
+            ("clusters", "cluster", "Cluster"),
+            false,
+            &["kcluster"],
         )
     },
     resource(
@@ -899,6 +913,22 @@ impl ApiServer {
             .route(
                 "/apis/knitter.io/v1alpha1/ipgroups",
                 get(|s, q, h| collection(s, q, h, Kind::IpGroups)).fallback(kubectl::serve),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/clusters",
+                get(|s, q, h| collection(s, q, h, Kind::KnitterClusters)).fallback(kubectl::serve),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/clusters/{name}",
+                axum::routing::patch(|s, p, h, b| {
+                    patch_resource(s, p, h, b, Kind::KnitterClusters)
+                })
+                .fallback(kubectl::serve),
+            )
+            .route(
+                "/apis/knitter.io/v1alpha1/clusters/{name}/status",
+                axum::routing::patch(|s, p, h, b| patch_status(s, p, h, b, Kind::KnitterClusters))
+                    .fallback(kubectl::serve),
             )
             .route(
                 "/apis/knitter.io/v1alpha1/networks/{name}",

@@ -67,3 +67,24 @@ pub async fn eventually_within(what: &str, within: Duration, mut ok: impl FnMut(
     }
     panic!("not within {within:?}: {what}");
 }
+
+/// Checks `objects` against a CRD's schema with ci/k8s-validate.py (Kubernetes' own rules
+/// through the `jsonschema` package kubernetes-validate brings).
+pub fn validate(crd: &str, objects: Vec<serde_json::Value>) {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::to_vec(&objects).unwrap()).unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/ci/k8s-validate.py"))
+        .arg("objects")
+        .arg(format!("{root}/{crd}"))
+        .arg(file.path())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{crd}: {}{} (needs `pip install kubernetes-validate==1.37.0`, as ci/setup.sh does)",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -46,10 +46,16 @@ pub struct Options {
     /// Keep each pod's `network-status` annotation current (standalone mode: where Multus
     /// runs, it writes that annotation itself and this stays off).
     pub network_status: bool,
-    /// Make `Network` and `IPGroup` resources on the manager and their
+    /// Make `Network`, `IPGroup` and `Cluster` resources on the manager, and the networks'
     /// NetworkAttachmentDefinitions ([`networks`]).
     pub network_resources: bool,
+    /// Where a `Cluster` resource's `kubeconfigKey` is a file: the `knitter-clusters`
+    /// Secret mounted into the manager's pod.
+    pub kubeconfigs: std::path::PathBuf,
 }
+
+/// Where the manager's pod mounts the `knitter-clusters` Secret (deploy/kubernetes overlays).
+pub const KUBECONFIGS: &str = "/etc/knitter/clusters";
 
 /// What the controller has done, for the API and metrics.
 #[derive(Debug, Default)]
@@ -262,6 +268,9 @@ pub struct Controller {
     status: Arc<Status>,
     /// Made when the controller runs (its publishing task needs the runtime).
     events: std::sync::OnceLock<events::Events>,
+    /// The added clusters' controllers: told when a `Cluster` resource adds or deletes one,
+    /// and asked for their state (the own cluster's controller only).
+    fleet: Option<Arc<fleet::Fleet>>,
 }
 
 /// A list in progress: its objects so far, and when it started (Unix seconds).
@@ -274,7 +283,21 @@ impl Controller {
     pub fn new(manager: Arc<Manager>, client: Client, opts: Options) -> Controller {
         let status =
             Arc::new(Status { identity: opts.lease.identity.clone(), ..Default::default() });
-        Controller { manager, client, opts, status, events: std::sync::OnceLock::new() }
+        Controller {
+            manager,
+            client,
+            opts,
+            status,
+            events: std::sync::OnceLock::new(),
+            fleet: None,
+        }
+    }
+
+    /// Lets the `Cluster` resources start and stop the added clusters' controllers at once
+    /// (without it they do within the fleet's rescan) and show their state.
+    pub fn with_fleet(mut self, fleet: Arc<fleet::Fleet>) -> Controller {
+        self.fleet = Some(fleet);
+        self
     }
 
     pub fn status(&self) -> Arc<Status> {

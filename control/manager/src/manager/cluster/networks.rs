@@ -1,9 +1,11 @@
-//! The controller's side of the `Network` and `IPGroup` resources (with
+//! The controller's side of the `Network`, `IPGroup` and `Cluster` resources (with
 //! `--network-resources`): each resource made on the manager (owned by it, see
-//! `manager::managed`), its status written back, its NetworkAttachmentDefinitions kept in
-//! step ([`nad`](super::nad)), and what a deleted resource made deleted with it — a
+//! `manager::managed`), its status written back, a Network's NetworkAttachmentDefinitions
+//! kept in step ([`nad`](super::nad)), and what a deleted resource made deleted with it — a
 //! [`FINALIZER`] keeps the resource, with the reason in its status, while pods still use
-//! what it made.
+//! what it made (a Cluster: while its nodes hold ports, unless `releaseOnDelete`). A
+//! cluster without the `clusters.knitter.io` CRD (installed before it) still gets its
+//! networks: Clusters are handled once their list answers.
 //!
 //! One pass does it all, over complete views of the resources and namespaces: after any of
 //! them changed, after a pass left something to do on the manager (a deletion refused while
@@ -14,12 +16,12 @@
 //! get no NAD (the apiserver refuses new objects there) and keep theirs until they go.
 
 use super::nad::{self, MANAGED_BY};
-use super::resources::{self, IpGroupResource, NetworkResource, Refusal};
+use super::resources::{self, ClusterResource, IpGroupResource, NetworkResource, Refusal};
 use super::retries::Retries;
 use super::{Controller, bounded};
 use crate::manager::Manager;
 use crate::manager::managed::ManagedBy;
-use crate::manager::objects::IpGroupRecord;
+use crate::manager::objects::{Cluster, IpGroupRecord};
 use crate::network::NetworkSpec;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{
@@ -117,12 +119,19 @@ pub struct Resources {
     pub networks: Listed<NetworkResource>,
     pub groups: Listed<IpGroupResource>,
     pub namespaces: Listed<Namespace>,
+    /// Not waited for: a cluster installed before the CRD has none to list.
+    pub clusters: Listed<ClusterResource>,
     pub due: bool,
 }
 
 impl Resources {
     pub fn listed(&self) -> bool {
         self.networks.listed && self.groups.listed && self.namespaces.listed
+    }
+
+    /// The `Cluster` resources, once listed.
+    fn clusters(&self) -> Option<Vec<ClusterResource>> {
+        self.clusters.listed.then(|| self.clusters.items.values().cloned().collect())
     }
 }
 
@@ -135,11 +144,14 @@ pub const FINALIZER: &str = "knitter.io/cleanup";
 pub struct Applied {
     pub networks: BTreeMap<String, Result<NetworkSpec, Refusal>>,
     pub groups: BTreeMap<String, Result<IpGroupRecord, Refusal>>,
-    /// Resources being deleted whose objects are gone: (`networks.knitter.io` or
-    /// `ipgroups.knitter.io`, name). Their finalizer may go.
+    pub clusters: BTreeMap<String, Result<Cluster, Refusal>>,
+    /// Resources being deleted whose objects are gone: (`networks.knitter.io`,
+    /// `ipgroups.knitter.io` or `clusters.knitter.io`, name). Their finalizer may go.
     pub released: Vec<(&'static str, String)>,
     /// Something to try again (a transient refusal, a deletion refused while in use).
     pub retry: bool,
+    /// A cluster was added or deleted: its controller starts or stops.
+    pub clusters_changed: bool,
 }
 
 /// Refusals that may pass on their own.
@@ -152,11 +164,14 @@ pub fn deleting(meta: &kube::api::ObjectMeta) -> bool {
     meta.deletion_timestamp.is_some()
 }
 
-/// Deletes the manager object `key` (`networks/<name>` or `ipgroups/<network>/<name>`) for
-/// `by`, the resource that made it.
-fn delete_made(m: &Manager, key: &str, by: &ManagedBy) -> Result<(), Refusal> {
+/// Deletes the manager object `key` (`networks/<name>`, `ipgroups/<network>/<name>` or
+/// `clusters/<name>`) for `by`, the resource that made it; a cluster's nodes and ports
+/// are released with it only if `release`.
+fn delete_made(m: &Manager, key: &str, by: &ManagedBy, release: bool) -> Result<(), Refusal> {
     let r = if let Some(name) = key.strip_prefix("networks/") {
         m.delete_network_by(name, Some(by)).map(|_| ())
+    } else if let Some(name) = key.strip_prefix("clusters/") {
+        m.delete_cluster_by(name, release, Some(by)).map(|_| ())
     } else if let Some((net, name)) = key.strip_prefix("ipgroups/").and_then(|k| k.split_once('/'))
     {
         m.delete_group_by(net, name, Some(by)).map(|_| ())
@@ -166,10 +181,22 @@ fn delete_made(m: &Manager, key: &str, by: &ManagedBy) -> Result<(), Refusal> {
     r.map_err(|e| Refusal::from(&e))
 }
 
+/// The resources a pass makes on the manager.
+pub struct InView<'a> {
+    pub networks: &'a [NetworkResource],
+    pub groups: &'a [IpGroupResource],
+    /// `None` until the `Cluster`s are listed: the clusters they made are left as they are.
+    pub clusters: Option<&'a [ClusterResource]>,
+    /// Where the `knitter-clusters` Secret's keys are files (a Cluster's `kubeconfigKey`).
+    pub kubeconfigs: &'a std::path::Path,
+}
+
 /// Makes every resource's object on the manager (its tenant too); deletes what resources
 /// being deleted made (IP groups before networks: a network with groups is in use), and
 /// what resources no longer in view made (deleted without the finalizer's wait).
-pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResource]) -> Applied {
+pub fn apply(m: &Manager, view: &InView<'_>) -> Applied {
+    let (networks, groups) = (view.networks, view.groups);
+    let clusters = view.clusters.unwrap_or_default();
     let mut out = Applied::default();
     let owned = match m.managed() {
         Ok(o) => o,
@@ -180,25 +207,41 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
         }
     };
     let made_by = |by: &ManagedBy| owned.iter().find(|(_, b)| b == by).map(|(k, _)| k.clone());
-    let release = |out: &mut Applied, resource: &'static str, name: &str, by: ManagedBy| {
-        match made_by(&by).map_or(Ok(()), |key| delete_made(m, &key, &by)) {
-            Ok(()) => out.released.push((resource, name.to_string())),
+    let release = |out: &mut Applied, resource: &'static str, name: &str, by: ManagedBy, all| {
+        match made_by(&by).map_or(Ok(()), |key| delete_made(m, &key, &by, all)) {
+            Ok(()) => {
+                out.clusters_changed |= resource == ClusterResource::RESOURCE;
+                out.released.push((resource, name.to_string()))
+            }
             Err(e) => {
                 tracing::info!(resource = %format!("{resource} {name}"), reason = %e.message, "being deleted; what it made is still in use (tried again)");
                 out.retry = true;
-                if resource == IpGroupResource::RESOURCE {
-                    out.groups.insert(name.to_string(), Err(e));
-                } else {
-                    out.networks.insert(name.to_string(), Err(e));
+                let name = name.to_string();
+                match resource {
+                    IpGroupResource::RESOURCE => drop(out.groups.insert(name, Err(e))),
+                    ClusterResource::RESOURCE => drop(out.clusters.insert(name, Err(e))),
+                    _ => drop(out.networks.insert(name, Err(e))),
                 }
             }
         }
     };
     for r in groups.iter().filter(|r| deleting(&r.metadata)) {
-        release(&mut out, IpGroupResource::RESOURCE, r.name(), r.managed_by());
+        release(&mut out, IpGroupResource::RESOURCE, r.name(), r.managed_by(), false);
     }
     for r in networks.iter().filter(|r| deleting(&r.metadata)) {
-        release(&mut out, NetworkResource::RESOURCE, r.name(), r.managed_by());
+        release(&mut out, NetworkResource::RESOURCE, r.name(), r.managed_by(), false);
+    }
+    for r in clusters.iter().filter(|r| deleting(&r.metadata)) {
+        let all = r.release_on_delete();
+        release(&mut out, ClusterResource::RESOURCE, r.name(), r.managed_by(), all);
+    }
+    for r in clusters.iter().filter(|r| !deleting(&r.metadata)) {
+        let made = r.cluster_spec(view.kubeconfigs).and_then(|spec| {
+            m.create_cluster_by(spec, Some(&r.managed_by())).map_err(|e| Refusal::from(&e))
+        });
+        out.retry |= made.as_ref().is_err_and(transient);
+        out.clusters_changed |= made.as_ref().is_ok_and(|(_, new)| *new);
+        out.clusters.insert(r.name().to_string(), made.map(|(c, _)| c));
     }
     for r in networks.iter().filter(|r| !deleting(&r.metadata)) {
         let made = r.network_spec().and_then(|spec| {
@@ -224,14 +267,34 @@ pub fn apply(m: &Manager, networks: &[NetworkResource], groups: &[IpGroupResourc
         .iter()
         .map(|r| r.managed_by())
         .chain(groups.iter().map(|r| r.managed_by()))
+        .chain(clusters.iter().map(|r| r.managed_by()))
         .collect();
-    let mut gone: Vec<&(String, ManagedBy)> =
-        owned.iter().filter(|(_, by)| !in_view.contains(by)).collect();
+    let mut gone: Vec<&(String, ManagedBy)> = owned
+        .iter()
+        .filter(|(_, by)| !in_view.contains(by))
+        .filter(|(key, _)| view.clusters.is_some() || !key.starts_with("clusters/"))
+        .collect();
     gone.sort_by_key(|(key, _)| !key.starts_with("ipgroups/"));
     for (key, by) in gone {
-        match delete_made(m, key, by) {
+        // A cluster whose resource went without the finalizer's wait releases nothing: no
+        // one confirmed it.
+        match delete_made(m, key, by, false) {
             Ok(()) => {
+                out.clusters_changed |= key.starts_with("clusters/");
                 tracing::info!(object = %key, resource = %format!("{} {}", by.resource, by.name), "its resource was deleted: deleted")
+            }
+            Err(e) if e.reason == "InUse" && key.starts_with("clusters/") => {
+                // Its resource went without the finalizer's wait (taken off by hand): the
+                // cluster is handed to the APIs, whose delete asks for the confirmation.
+                match m.disown(key, by) {
+                    Ok(_) => {
+                        tracing::warn!(object = %key, reason = %e.message, "its Cluster resource was deleted without the controller's cleanup; left in place: knitterctl manager cluster delete --release removes it")
+                    }
+                    Err(e) => {
+                        out.retry = true;
+                        tracing::warn!(object = %key, error = %e, "handing a cluster whose resource went to the APIs (tried again)");
+                    }
+                }
             }
             Err(e) => {
                 out.retry = true;
@@ -278,7 +341,7 @@ fn ready_of(status: Option<&serde_json::Value>) -> Option<(String, String, Strin
 }
 
 impl Controller {
-    /// Watches `Network`s, `IPGroup`s and namespaces and runs a pass whenever they changed
+    /// Watches `Network`s, `IPGroup`s, `Cluster`s and namespaces and runs a pass whenever they changed
     /// (and every [`RESYNC`]), until `stop` resolves.
     pub(super) async fn serve_resources(
         &self,
@@ -297,6 +360,10 @@ impl Controller {
         let mut namespaces = watcher(Api::<Namespace>::all(self.client.clone()), config.clone())
             .default_backoff()
             .boxed();
+        let mut clusters =
+            watcher(Api::<ClusterResource>::all(self.client.clone()), config.clone())
+                .default_backoff()
+                .boxed();
         // Knitter's own NADs: one edited or deleted by hand is put back at once.
         let ours = config.labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
         let mut nads = watcher(
@@ -334,6 +401,11 @@ impl Controller {
                     Some(Err(e)) => self.watch_error("namespaces", e),
                     None => break,
                 },
+                e = clusters.next() => match e {
+                    Some(Ok(e)) => r.due |= r.clusters.on(e),
+                    Some(Err(e)) => self.watch_error(ClusterResource::RESOURCE, e),
+                    None => break,
+                },
                 e = nads.next() => match e {
                     Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => r.due = true,
                     Some(Ok(_)) => {}
@@ -351,14 +423,32 @@ impl Controller {
     async fn pass(&self, r: &Resources, retries: &mut Retries) -> bool {
         let nets: Vec<NetworkResource> = r.networks.items.values().cloned().collect();
         let groups: Vec<IpGroupResource> = r.groups.items.values().cloned().collect();
-        let (n, g) = (nets.clone(), groups.clone());
-        let applied = match self.blocking(move |m| Ok(apply(m, &n, &g))).await {
+        let clusters = r.clusters();
+        let (n, g, c) = (nets.clone(), groups.clone(), clusters.clone());
+        let dir = self.opts.kubeconfigs.clone();
+        let mut applied = match self
+            .blocking(move |m| {
+                let view =
+                    InView { networks: &n, groups: &g, clusters: c.as_deref(), kubeconfigs: &dir };
+                Ok(apply(m, &view))
+            })
+            .await
+        {
             Ok(a) => a,
             Err(e) => {
-                tracing::warn!(error = %e, "making the Network and IPGroup resources");
+                tracing::warn!(error = %e, "making the Network, IPGroup and Cluster resources");
                 return true;
             }
         };
+        if let Some(fleet) = &self.fleet {
+            if applied.clusters_changed {
+                fleet.changed();
+            }
+            for c in applied.clusters.values_mut().filter_map(|c| c.as_mut().ok()) {
+                fleet.annotate(c);
+            }
+        }
+        let clusters = clusters.unwrap_or_default();
         // Finalizers first: they are written with the resource version in view (a status
         // written before would move it).
         let retry = applied.retry;
@@ -382,6 +472,15 @@ impl Controller {
                 released(IpGroupResource::RESOURCE, res.name()),
             );
             let key = format!("{} {} finalizers", IpGroupResource::RESOURCE, res.name());
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
+        }
+        for res in &clusters {
+            let write = self.finalize(
+                Api::<ClusterResource>::all(self.client.clone()),
+                &res.metadata,
+                released(ClusterResource::RESOURCE, res.name()),
+            );
+            let key = format!("{} {} finalizers", ClusterResource::RESOURCE, res.name());
             write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
         // Namespaces' labels go into the store (every replica checks pods' attachments by
@@ -464,6 +563,17 @@ impl Controller {
                 resources::group_status(res, outcome),
             );
             let key = format!("{} {} status", IpGroupResource::RESOURCE, res.name());
+            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
+        }
+        for res in &clusters {
+            let Some(outcome) = applied.clusters.get(res.name()) else { continue };
+            let write = self.write_status(
+                Api::<ClusterResource>::all(self.client.clone()),
+                res,
+                res.status.as_ref(),
+                resources::cluster_status(res, outcome),
+            );
+            let key = format!("{} {} status", ClusterResource::RESOURCE, res.name());
             write_when_due(retries, &mut seen, key, &res.metadata, write).await;
         }
         retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));

@@ -1,8 +1,9 @@
-//! The `Network` and `IPGroup` custom resources (`networks.knitter.io`,
-//! `ipgroups.knitter.io`, version `v1alpha1`; manifests in deploy/kubernetes/base/crds/): what their specs
-//! ask of the manager and the status the controller writes back.
+//! The `Network`, `IPGroup` and `Cluster` custom resources (`networks.knitter.io`,
+//! `ipgroups.knitter.io`, `clusters.knitter.io`, version `v1alpha1`; manifests in
+//! deploy/kubernetes/base/crds/): what their specs ask of the manager and the status the
+//! controller writes back.
 //!
-//! Both are **cluster-scoped**: the manager names networks and IP groups cluster-wide (a
+//! All are **cluster-scoped**: the manager names networks and IP groups cluster-wide (a
 //! namespaced resource would let two namespaces ask for one name), and the
 //! NetworkAttachmentDefinitions made from a network live in many namespaces, which may name
 //! only a cluster-scoped owner (Kubernetes refuses owner references across namespaces).
@@ -11,7 +12,7 @@
 
 use crate::manager::ManagerError;
 use crate::manager::managed::ManagedBy;
-use crate::manager::objects::{IpGroupRecord, IpGroupSpec};
+use crate::manager::objects::{Cluster, ClusterSpec, IpGroupRecord, IpGroupSpec};
 use crate::network::{Kind, NetworkSpec, Plane, PodPolicer, SubnetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::ObjectMeta;
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::borrow::Cow;
 use std::net::IpAddr;
+use std::path::Path;
 
 pub const GROUP: &str = "knitter.io";
 pub const VERSION: &str = "v1alpha1";
@@ -63,7 +65,7 @@ macro_rules! cluster_resource {
         }
 
         impl $ty {
-            /// `networks.knitter.io` or `ipgroups.knitter.io`.
+            /// `networks.knitter.io`, `ipgroups.knitter.io` or `clusters.knitter.io`.
             pub const RESOURCE: &'static str = concat!($plural, ".knitter.io");
 
             pub fn name(&self) -> &str {
@@ -89,6 +91,14 @@ cluster_resource!(
     IpGroupResource,
     "IPGroup",
     "ipgroups"
+);
+
+cluster_resource!(
+    /// A `Cluster` (`clusters.knitter.io`): one other Kubernetes cluster the manager serves,
+    /// of the same name.
+    ClusterResource,
+    "Cluster",
+    "clusters"
 );
 
 /// A `Network`'s spec as the CRD defines it.
@@ -149,6 +159,15 @@ struct IpGroupResourceSpec {
     size: Option<u32>,
     #[serde(default)]
     grace_seconds: Option<u64>,
+}
+
+/// A `Cluster`'s spec as the CRD defines it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ClusterResourceSpec {
+    kubeconfig_key: String,
+    #[serde(default)]
+    release_on_delete: bool,
 }
 
 /// Why a resource is not ready: a condition's reason (CamelCase) and message.
@@ -218,6 +237,43 @@ impl IpGroupResource {
     }
 }
 
+impl ClusterResource {
+    /// The manager cluster this resource asks for: its kubeconfig is the file named by
+    /// `kubeconfigKey` in `kubeconfigs` (where the manager's pod mounts the
+    /// `knitter-clusters` Secret). A key is a Secret's key (letters, digits, `-`, `_`, `.`),
+    /// never a path: whoever may write Cluster resources names no other file the manager
+    /// can read.
+    pub fn cluster_spec(&self, kubeconfigs: &Path) -> Result<ClusterSpec, Refusal> {
+        let s: ClusterResourceSpec =
+            serde_json::from_value(self.spec.clone()).map_err(invalid_spec)?;
+        let key = s.kubeconfig_key;
+        let secret_key = !key.is_empty()
+            && key.len() <= 253
+            && key != "."
+            && key != ".."
+            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !secret_key {
+            return Err(Refusal {
+                reason: "InvalidSpec".into(),
+                message: format!(
+                    "kubeconfigKey {key:?} is not a Secret key (letters, digits, '-', '_', '.'): name the key of the knitter-clusters Secret that holds the cluster's kubeconfig"
+                ),
+            });
+        }
+        Ok(ClusterSpec {
+            name: self.name().into(),
+            kubeconfig: kubeconfigs.join(key).to_string_lossy().into_owned(),
+        })
+    }
+
+    /// Whether deleting this resource may release what the cluster holds (its ports, its
+    /// nodes' place): the confirmation `knitterctl manager cluster delete --release` asks for.
+    pub fn release_on_delete(&self) -> bool {
+        serde_json::from_value::<ClusterResourceSpec>(self.spec.clone())
+            .is_ok_and(|s| s.release_on_delete)
+    }
+}
+
 /// A `Ready` condition as Kubernetes wants it (`metav1.Condition`), keeping the transition
 /// time of `current` while the status stays what it was.
 fn ready(
@@ -271,6 +327,24 @@ pub fn group_status(r: &IpGroupResource, outcome: &Result<IpGroupRecord, Refusal
     let mut s = json!({ "observedGeneration": generation, "conditions": [cond] });
     if let Ok(g) = outcome {
         s["members"] = json!(g.members);
+    }
+    s
+}
+
+/// The status a `Cluster` should carry: the id the manager gave it, its nodes and their
+/// ports, whether this manager leads there, why its controller does not run, and `Ready`.
+pub fn cluster_status(r: &ClusterResource, outcome: &Result<Cluster, Refusal>) -> Value {
+    let generation = r.metadata.generation;
+    let cond = ready(r.status.as_ref(), generation, outcome.as_ref().map(|_| ()));
+    let mut s = json!({ "observedGeneration": generation, "conditions": [cond] });
+    if let Ok(c) = outcome {
+        s["id"] = json!(c.id);
+        s["nodes"] = json!(c.nodes);
+        s["ports"] = json!(c.ports);
+        s["leader"] = json!(c.controller.as_ref().is_some_and(|c| c.leader));
+        if let Some(e) = &c.error {
+            s["controllerError"] = json!(e);
+        }
     }
     s
 }
@@ -333,6 +407,28 @@ mod test {
             .network_spec()
             .unwrap();
         assert_eq!(n.clusters, ["local", "east"]);
+    }
+
+    #[test]
+    fn a_cluster_resource_names_a_key_of_the_secret_never_a_path() {
+        let r = |spec: Value| ClusterResource {
+            metadata: ObjectMeta { name: Some("east".into()), ..Default::default() },
+            spec,
+            status: None,
+        };
+        let dir = Path::new("/etc/knitter/clusters");
+        let c = r(json!({"kubeconfigKey": "east.kubeconfig"})).cluster_spec(dir).unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.kubeconfig.as_str()),
+            ("east", "/etc/knitter/clusters/east.kubeconfig")
+        );
+        for key in ["../../../etc/knitter/tls/key.pem", "/etc/shadow", "..", ".", "", "a/b"] {
+            let e = r(json!({"kubeconfigKey": key})).cluster_spec(dir).unwrap_err();
+            assert_eq!(e.reason, "InvalidSpec", "{key}");
+        }
+        assert_eq!(r(json!({})).cluster_spec(dir).unwrap_err().reason, "InvalidSpec");
+        assert!(!r(json!({"kubeconfigKey": "east"})).release_on_delete());
+        assert!(r(json!({"kubeconfigKey": "east", "releaseOnDelete": true})).release_on_delete());
     }
 
     #[test]
