@@ -29,6 +29,12 @@ impl From<Child> for Proc {
     }
 }
 
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();

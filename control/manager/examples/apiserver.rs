@@ -28,27 +28,53 @@ struct Args {
     /// Where to write admin.kubeconfig and manager.kubeconfig.
     #[arg(long)]
     kubeconfig_dir: PathBuf,
-    /// How many nodes the cluster has (node-1, node-2, ...).
+    /// How many nodes the cluster has (node-1, node-2, ...), unless named with --node.
     #[arg(long, default_value_t = 2)]
     nodes: usize,
+    /// A node of the cluster, by name (repeat for more; instead of --nodes).
+    #[arg(long = "node")]
+    node_names: Vec<String>,
+    /// A pod running on a node: NAMESPACE/NAME@NODE (its UID `uid-NAMESPACE-NAME`; repeat
+    /// for more).
+    #[arg(long = "pod")]
+    pods: Vec<String>,
     /// Enforce the standalone overlay's RBAC (the pod patch of --network-status) too.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "member")]
     standalone: bool,
+    /// Enforce the member overlay's RBAC (overlays/member: the manager's controller in a
+    /// cluster it serves besides its own) instead of the base's.
+    #[arg(long)]
+    member: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let listener = tokio::net::TcpListener::bind(&a.listen).await.context("--listen")?;
-    let rbac = if a.standalone { apiserver::Rbac::Standalone } else { apiserver::Rbac::Base };
+    let rbac = match (a.standalone, a.member) {
+        (true, _) => apiserver::Rbac::Standalone,
+        (_, true) => apiserver::Rbac::Member,
+        _ => apiserver::Rbac::Base,
+    };
     let admin = tokio::net::TcpListener::bind(&a.admin_listen).await.context("--admin-listen")?;
     let api = apiserver::ApiServer::serve(listener, admin, rbac);
     // As a new cluster has them.
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         api.add_namespace(ns, &[("kubernetes.io/metadata.name", ns)]);
     }
-    for i in 1..=a.nodes {
-        api.add_node(&format!("node-{i}"));
+    let nodes = match a.node_names.is_empty() {
+        true => (1..=a.nodes).map(|i| format!("node-{i}")).collect(),
+        false => a.node_names.clone(),
+    };
+    for node in &nodes {
+        api.add_node(node);
+    }
+    for pod in &a.pods {
+        let parsed = pod.split_once('@').and_then(|(p, node)| Some((p.split_once('/')?, node)));
+        let Some(((namespace, name), node)) = parsed else {
+            anyhow::bail!("--pod {pod:?} is not NAMESPACE/NAME@NODE");
+        };
+        api.add_pod(namespace, name, &format!("uid-{namespace}-{name}"), node);
     }
     std::fs::create_dir_all(&a.kubeconfig_dir).context("--kubeconfig-dir")?;
     for (file, admin) in [("admin.kubeconfig", true), ("manager.kubeconfig", false)] {
