@@ -3,14 +3,15 @@
 //! in each of the cluster's namespaces its tenant claims there (`cluster/namespace`,
 //! `tenancy.rs`; a shared network's in every namespace), kept in step as namespaces,
 //! tenants and networks change — the namespaces by their watch, the manager's side looked
-//! at every [`MEMBER_RESYNC`]. The NADs carry Knitter's labels and no owner reference (a
+//! at every [`MEMBER_RESYNC`] (from 2 s up to 30 s apart while the cluster's NADs cannot be
+//! listed: no NAD CRD there, or the list fails). The NADs carry Knitter's labels and no owner reference (a
 //! network's `Network` resource, if any, is the own cluster's: an owner missing here would
 //! have the garbage collector delete them); one no longer wanted is deleted, as in the own
 //! cluster (`networks.rs`, whose NAD writes these share).
 
 use super::Controller;
 use super::nad;
-use super::networks::{EVERY_NAD, Listed, deleting};
+use super::networks::{Backoff, EVERY_NAD, Listed, deleting};
 use super::retries::Retries;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -50,14 +51,17 @@ impl Controller {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut due, mut next) = (true, tokio::time::Instant::now());
+        let mut backoff = Backoff::default();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     due |= tokio::time::Instant::now() >= next;
                     if due && listed.listed {
                         due = false;
-                        self.member_pass(&listed, &mut retries).await;
-                        next = tokio::time::Instant::now() + MEMBER_RESYNC;
+                        let unlisted = !self.member_pass(&listed, &mut retries).await;
+                        let backing_off = backoff.after(unlisted);
+                        let wait = if unlisted { backing_off } else { MEMBER_RESYNC };
+                        next = tokio::time::Instant::now() + wait;
                     }
                 }
                 e = namespaces.next() => match e {
@@ -77,8 +81,9 @@ impl Controller {
     }
 
     /// One pass: the NADs the member cluster should have, written or deleted where they
-    /// differ (each write on its own backoff).
-    async fn member_pass(&self, namespaces: &Listed<Namespace>, retries: &mut Retries) {
+    /// differ (each write on its own backoff). False when the cluster's NADs could not be
+    /// listed.
+    async fn member_pass(&self, namespaces: &Listed<Namespace>, retries: &mut Retries) -> bool {
         let scope = self.scope();
         let read = self
             .blocking(move |m| {
@@ -91,10 +96,10 @@ impl Controller {
             .await;
         let (networks, tenants) = match read {
             Ok(Some(r)) => r,
-            Ok(None) => return,
+            Ok(None) => return true,
             Err(e) => {
                 tracing::warn!(cluster = %self.opts.cluster, error = %e, "reading the networks for the cluster's NADs (tried again)");
-                return;
+                return true;
             }
         };
         let cluster = self.opts.cluster.as_str();
@@ -124,8 +129,11 @@ impl Controller {
         }
         let mut seen = HashSet::new();
         let in_place = self.sync_nads(want, Some(cluster), &terminating, retries, &mut seen).await;
+        let listed = in_place.is_some();
+        let in_place = in_place.unwrap_or_default();
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
         retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));
         self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);
+        listed
     }
 }

@@ -533,7 +533,8 @@ impl Controller {
                 }
             }
         }
-        let in_place = self.sync_nads(want, None, &terminating, retries, &mut seen).await;
+        let in_place =
+            self.sync_nads(want, None, &terminating, retries, &mut seen).await.unwrap_or_default();
         self.status.attachment_definitions.store(in_place.len() as u64, Relaxed);
         let mut ready = 0;
         for res in &nets {
@@ -645,7 +646,8 @@ impl Controller {
     /// Makes the cluster's Knitter NADs what `want` says (by `namespace/name`): creates,
     /// replaces, deletes (not in the `terminating` namespaces: their deletion takes them),
     /// each write when `retries` says it is due (its key recorded in `seen`). Returns the
-    /// ones in place.
+    /// ones in place, `None` when the NADs could not be listed (no NAD CRD, or the list
+    /// failed).
     pub(super) async fn sync_nads(
         &self,
         want: BTreeMap<String, DynamicObject>,
@@ -653,7 +655,7 @@ impl Controller {
         terminating: &BTreeSet<String>,
         retries: &mut Retries,
         seen: &mut HashSet<String>,
-    ) -> BTreeSet<String> {
+    ) -> Option<BTreeSet<String>> {
         let ar = nad::api_resource();
         let all: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
         let selector = nad::selector(maker);
@@ -667,15 +669,16 @@ impl Controller {
             // No NAD CRD (no Multus): nothing to make, and nothing to retry before a change.
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 tracing::warn!(
+                    cluster = %self.opts.cluster,
                     "the cluster has no NetworkAttachmentDefinition CRD (Multus installs it): no NADs made"
                 );
-                return BTreeSet::new();
+                return None;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "listing Knitter's NetworkAttachmentDefinitions (tried again)");
                 // Every NAD's writes keep their place in `retries` until the list answers.
                 seen.insert(EVERY_NAD.into());
-                return BTreeSet::new();
+                return None;
             }
         };
         let key = |d: &DynamicObject| {
@@ -781,7 +784,7 @@ impl Controller {
                 in_place.insert(k);
             }
         }
-        in_place
+        Some(in_place)
     }
 }
 
