@@ -6,8 +6,8 @@
 #      garbage collector takes the NADs). One whose network pods still use is held
 #      (Ready=False, InUse): the script shows them and stops, changing nothing more; delete
 #      those pods first, or run with --force to take the finalizers off (the manager's store
-#      goes in 3). Clusters are released with their resources (releaseOnDelete is set: the
-#      manager that served them goes).
+#      goes in 3). Then the Cluster resources, with releaseOnDelete set (the manager that
+#      served the member clusters goes): only once no Network or IPGroup is held.
 #   2. The node DaemonSet goes (pods on Knitter networks lose them), then a cleanup
 #      DaemonSet (uninstall/cleanup.yaml) runs the node image's installer in `uninstall`
 #      mode on every node: knitter-cni and Knitter's conflist removed from the hosts; with
@@ -39,14 +39,10 @@ done
 ns=knitter
 
 echo "== 1. Network, IPGroup and Cluster resources (the manager cleans up after each)"
-resources=networks.knitter.io,ipgroups.knitter.io
-if kubectl get crd clusters.knitter.io >/dev/null 2>&1; then
-  resources=$resources,clusters.knitter.io
-  for c in $(kubectl get clusters.knitter.io -o name); do
-    kubectl patch "$c" --type=merge -p '{"spec":{"releaseOnDelete":true}}'
-  done
-fi
-if kubectl get crd networks.knitter.io >/dev/null 2>&1; then
+# Clusters last, once nothing else is held: an uninstall that stops at a held Network has
+# released no member cluster.
+delete_held() {
+  local resources=$1
   kubectl delete "$resources" --all --wait=false
   deadline=$((SECONDS + timeout))
   while left=$(kubectl get "$resources" -o name 2>/dev/null) && [ -n "$left" ]; do
@@ -59,13 +55,22 @@ if kubectl get crd networks.knitter.io >/dev/null 2>&1; then
         break
       fi
       kubectl get "$resources"
-      echo "uninstall.sh: these are still held (REASON InUse: pods use their networks; delete those pods), or the manager is not running; nothing else was changed. Run again, or with --force." >&2
+      echo "uninstall.sh: these are still held (REASON InUse: pods use their networks; delete those pods), or the manager is not running; nothing after them was changed. Run again, or with --force." >&2
       exit 1
     fi
     sleep 2
   done
+}
+if kubectl get crd networks.knitter.io >/dev/null 2>&1; then
+  delete_held networks.knitter.io,ipgroups.knitter.io
 else
   echo "no CRDs: nothing to delete"
+fi
+if kubectl get crd clusters.knitter.io >/dev/null 2>&1; then
+  for c in $(kubectl get clusters.knitter.io -o name); do
+    kubectl patch "$c" --type=merge -p '{"spec":{"releaseOnDelete":true}}'
+  done
+  delete_held clusters.knitter.io
 fi
 
 echo "== 2. the node agents, then the hosts' CNI files"

@@ -597,9 +597,20 @@ async fn a_cluster_resource_adds_the_cluster_and_its_deletion_waits_for_the_conf
     let id = m.get_cluster(EAST).unwrap().id;
     assert_eq!(m.get_cluster(EAST).unwrap().spec.kubeconfig, secret.join("east").to_str().unwrap());
     local.add_namespace("poke", &[]); // a pass now, not at the next resync
-    eventually("the status says what the manager made of it", || {
-        status(EAST).is_some_and(|s| s["id"] == id.as_str() && s["leader"] == true)
+    let running = |name: &str| {
+        status(name).and_then(|s| {
+            let c = s["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "ControllerRunning")?
+                .clone();
+            Some((c["status"].as_str()?.to_string(), c["reason"].as_str()?.to_string()))
+        })
+    };
+    eventually("the status says what the manager made of it, its controller running", || {
+        status(EAST).is_some_and(|s| s["id"] == id.as_str() && s.get("controllerError").is_none())
             && ready(EAST) == Some(("True".into(), "Created".into()))
+            && running(EAST) == Some(("True".into(), "Running".into()))
     })
     .await;
     let e = refused(m.delete_cluster(EAST, true));
@@ -654,9 +665,14 @@ async fn a_cluster_resource_adds_the_cluster_and_its_deletion_waits_for_the_conf
     })
     .await;
 
-    // Its finalizer taken off by hand: the cluster stays (no one confirmed a release) and
-    // is the APIs' to delete.
-    std::fs::write(secret.join("north"), east.kubeconfig(false)).unwrap();
+    // A kubeconfig that runs a command for its credentials: the cluster made, its
+    // controller not run, and the status says why.
+    let exec = east.kubeconfig(false).replace(
+        "users:\n",
+        "users:\n- name: runs\n  user:\n    exec: {apiVersion: client.authentication.k8s.io/v1, command: touch, args: [/tmp/knitter-pwned]}\n",
+    );
+    assert!(exec.contains("exec:"), "{exec}");
+    std::fs::write(secret.join("north"), exec).unwrap();
     local.apply_resource(
         Kind::KnitterClusters,
         "north",
@@ -664,6 +680,22 @@ async fn a_cluster_resource_adds_the_cluster_and_its_deletion_waits_for_the_conf
         json!({"kubeconfigKey": "north"}),
     );
     eventually("north added", || m.get_cluster("north").is_ok()).await;
+    local.add_namespace("poke-2", &[]);
+    eventually_within(
+        "north's controller refused, with the reason",
+        Duration::from_secs(40),
+        || {
+            local.add_namespace("poke-3", &[]);
+            running("north").is_some_and(|(s, r)| s == "False" && r == "ControllerNotRunning")
+                && status("north").is_some_and(|s| {
+                    s["controllerError"].as_str().unwrap_or_default().contains("runs a command")
+                })
+        },
+    )
+    .await;
+
+    // Its finalizer taken off by hand: the cluster stays (no one confirmed a release) and
+    // is the APIs' to delete.
     register_in(&m, "n1", "192.0.2.3", "north");
     local.delete(Kind::KnitterClusters, "north");
     eventually("north left to the APIs", || {

@@ -53,6 +53,14 @@ impl Manager {
                 )))
             };
         }
+        if let Some(other) =
+            self.stored_clusters()?.into_iter().find(|c| c.spec.kubeconfig == spec.kubeconfig)
+        {
+            return Err(ManagerError::Conflict(format!(
+                "cluster {:?} reaches its apiserver with kubeconfig {:?} already: one cluster a kubeconfig (two would run two controllers on one cluster)",
+                other.spec.name, spec.kubeconfig
+            )));
+        }
         let c = Cluster {
             spec,
             id: random_id(),

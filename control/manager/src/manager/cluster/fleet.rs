@@ -260,6 +260,8 @@ impl Fleet {
             .await
             .map_err(|e| failed("reading the kubeconfig", &e))?
             .map_err(|e| failed(&format!("reading the kubeconfig {path}"), &e))?;
+        let dir = std::path::Path::new(&path).parent().unwrap_or(std::path::Path::new("/"));
+        confined(&kc, dir).map_err(|e| format!("the kubeconfig {path}: {e}"))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .map_err(|e| failed(&format!("using the kubeconfig {path}"), &e))?;
@@ -278,6 +280,47 @@ impl Fleet {
     }
 }
 
+/// Refuses what a kubeconfig could make the manager do besides reaching an apiserver with
+/// credentials it holds: run a command (`exec`, an `auth-provider`'s `cmd-path`) or read a
+/// file outside its own directory (`tokenFile`, `client-certificate`, `client-key`,
+/// `certificate-authority`: the manager's own service-account token, sent to a server the
+/// file names). Whoever writes the `knitter-clusters` Secret, or a `Cluster` resource that
+/// picks one of its keys, gets no more than that. `member-kubeconfig.sh`'s kubeconfigs
+/// embed everything.
+pub fn confined(kc: &kube::config::Kubeconfig, dir: &std::path::Path) -> Result<(), String> {
+    let inside = |what: &str, file: &Option<String>| match file {
+        Some(f) => {
+            let p = std::path::Path::new(f);
+            let up = p.components().any(|c| matches!(c, std::path::Component::ParentDir));
+            if up || !p.starts_with(dir) {
+                return Err(format!(
+                    "{what} {f:?} is outside the kubeconfig's directory (embed it: {what}-data)"
+                ));
+            }
+            Ok(())
+        }
+        None => Ok(()),
+    };
+    for a in &kc.auth_infos {
+        let Some(info) = &a.auth_info else { continue };
+        if info.exec.is_some() || info.auth_provider.is_some() {
+            return Err(format!(
+                "user {:?} runs a command for its credentials (exec or auth-provider): give a token or a client certificate instead",
+                a.name
+            ));
+        }
+        inside("tokenFile", &info.token_file)?;
+        inside("client-certificate", &info.client_certificate)?;
+        inside("client-key", &info.client_key)?;
+    }
+    for c in &kc.clusters {
+        if let Some(cluster) = &c.cluster {
+            inside("certificate-authority", &cluster.certificate_authority)?;
+        }
+    }
+    Ok(())
+}
+
 /// Stops controllers and waits for them, each bounded (a hung apiserver call ends at
 /// [`super::CALL_TIMEOUT`]).
 async fn stop_all(running: Vec<Running>) {
@@ -292,6 +335,42 @@ async fn stop_all(running: Vec<Running>) {
                 bound.as_secs()
             );
             r.task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::confined;
+    use std::path::Path;
+
+    fn kubeconfig(user: &str, cluster: &str) -> kube::config::Kubeconfig {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: east\n  cluster:\n    server: https://192.0.2.1:6443\n{cluster}users:\n- name: knitter\n  user:\n{user}contexts:\n- name: east\n  context: {{cluster: east, user: knitter}}\ncurrent-context: east\n"
+        );
+        kube::config::Kubeconfig::from_yaml(&yaml).unwrap()
+    }
+
+    #[test]
+    fn a_kubeconfig_runs_no_command_and_reads_no_file_outside_its_directory() {
+        let dir = Path::new("/etc/knitter/clusters");
+        let ok = |user: &str, cluster: &str| confined(&kubeconfig(user, cluster), dir);
+        assert!(ok("    token: abc\n", "    certificate-authority-data: Q0E=\n").is_ok());
+        assert!(ok("    tokenFile: /etc/knitter/clusters/east-token\n", "").is_ok());
+        let exec = "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: sh\n      args: [-c, id]\n";
+        assert!(ok(exec, "").unwrap_err().contains("runs a command"));
+        let provider = "    auth-provider:\n      name: gcp\n      config: {cmd-path: /bin/sh}\n";
+        assert!(ok(provider, "").unwrap_err().contains("runs a command"));
+        for file in [
+            "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "/etc/knitter/clusters/../tls/tls.key",
+        ] {
+            let e = ok(&format!("    tokenFile: {file}\n"), "").unwrap_err();
+            assert!(e.contains("outside the kubeconfig's directory"), "{e}");
+            let e = ok(&format!("    client-key: {file}\n"), "").unwrap_err();
+            assert!(e.contains("client-key"), "{e}");
+            let e = ok("    token: abc\n", &format!("    certificate-authority: {file}\n"));
+            assert!(e.unwrap_err().contains("certificate-authority"));
         }
     }
 }

@@ -250,7 +250,7 @@ impl ClusterResource {
         let secret_key = !key.is_empty()
             && key.len() <= 253
             && key != "."
-            && key != ".."
+            && !key.starts_with("..")
             && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
         if !secret_key {
             return Err(Refusal {
@@ -281,20 +281,32 @@ fn ready(
     generation: Option<i64>,
     outcome: Result<(), &Refusal>,
 ) -> Condition {
+    condition(current, "Ready", generation, outcome, "Created", "made on the manager")
+}
+
+/// A condition of type `kind`: True with `reason` and `message`, or False with the refusal's.
+fn condition(
+    current: Option<&Value>,
+    kind: &str,
+    generation: Option<i64>,
+    outcome: Result<(), &Refusal>,
+    reason: &str,
+    message: &str,
+) -> Condition {
     let (status, reason, message) = match outcome {
-        Ok(()) => ("True", "Created".to_string(), "made on the manager".to_string()),
+        Ok(()) => ("True", reason.to_string(), message.to_string()),
         Err(r) => ("False", r.reason.clone(), r.message.clone()),
     };
     let previous = current
         .and_then(|s| s["conditions"].as_array())
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" && c["status"] == status))
+        .and_then(|cs| cs.iter().find(|c| c["type"] == kind && c["status"] == status))
         .and_then(|c| serde_json::from_value::<Time>(c["lastTransitionTime"].clone()).ok());
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     let at = previous.unwrap_or_else(|| {
         Time(k8s_openapi::jiff::Timestamp::from_second(now).unwrap_or_default())
     });
     Condition {
-        type_: "Ready".into(),
+        type_: kind.into(),
         status: status.into(),
         reason,
         message,
@@ -332,26 +344,48 @@ pub fn group_status(r: &IpGroupResource, outcome: &Result<IpGroupRecord, Refusal
 }
 
 /// The status a `Cluster` should carry: the id the manager gave it, its nodes and their
-/// ports, whether this manager leads there, why its controller does not run, and `Ready`.
+/// ports, `Ready` (made on the manager) and `ControllerRunning` (the manager's controller
+/// for it runs on the replica writing this: its kubeconfig was read and used), why not in
+/// `controllerError`. Fields that do not apply are `null`, so a merge patch removes them.
 pub fn cluster_status(r: &ClusterResource, outcome: &Result<Cluster, Refusal>) -> Value {
     let generation = r.metadata.generation;
-    let cond = ready(r.status.as_ref(), generation, outcome.as_ref().map(|_| ()));
-    let mut s = json!({ "observedGeneration": generation, "conditions": [cond] });
+    let current = r.status.as_ref();
+    let made = ready(current, generation, outcome.as_ref().map(|_| ()));
+    let mut s = json!({ "observedGeneration": generation, "id": null, "nodes": null, "ports": null, "controllerError": null });
+    let mut conditions = vec![made];
     if let Ok(c) = outcome {
         s["id"] = json!(c.id);
         s["nodes"] = json!(c.nodes);
         s["ports"] = json!(c.ports);
-        s["leader"] = json!(c.controller.as_ref().is_some_and(|c| c.leader));
-        if let Some(e) = &c.error {
-            s["controllerError"] = json!(e);
-        }
+        s["controllerError"] = json!(c.error);
+        let running = match (&c.controller, &c.error) {
+            (Some(_), None) => Ok(()),
+            (_, error) => Err(Refusal {
+                reason: "ControllerNotRunning".into(),
+                message: error.clone().unwrap_or_else(|| "its controller is not running".into()),
+            }),
+        };
+        conditions.push(condition(
+            current,
+            "ControllerRunning",
+            generation,
+            running.as_ref().map(|_| ()),
+            "Running",
+            "its controller runs",
+        ));
     }
+    s["conditions"] = json!(conditions);
     s
 }
 
-/// The patch that brings `current` to `want`, if they differ.
+/// The patch that brings `current` to `want`, if they differ. A `null` in `want` removes
+/// the field (a merge patch), and the apiserver keeps no nulls: compared without them.
 pub fn status_patch(current: Option<&Value>, want: Value) -> Option<Value> {
-    (current != Some(&want)).then(|| json!({ "status": want }))
+    let mut kept = want.clone();
+    if let Some(fields) = kept.as_object_mut() {
+        fields.retain(|_, v| !v.is_null());
+    }
+    (current != Some(&kept)).then(|| json!({ "status": want }))
 }
 
 #[cfg(test)]
@@ -418,6 +452,10 @@ mod test {
         };
         let dir = Path::new("/etc/knitter/clusters");
         let c = r(json!({"kubeconfigKey": "east.kubeconfig"})).cluster_spec(dir).unwrap();
+        for key in ["..data", "..2026_11_29_12_00_00.123"] {
+            let e = r(json!({"kubeconfigKey": key})).cluster_spec(dir).unwrap_err();
+            assert_eq!(e.reason, "InvalidSpec", "{key}: the Secret volume's own entries");
+        }
         assert_eq!(
             (c.name.as_str(), c.kubeconfig.as_str()),
             ("east", "/etc/knitter/clusters/east.kubeconfig")
