@@ -384,9 +384,10 @@ impl Key {
         ((self.k2 >> 16) as u16).swap_bytes()
     }
 
-    /// The set of a cache of `mask + 1` sets, `shift` being 64 less their bit count.
+    /// The set of a cache of `2^(64 - shift)` sets (`shift` in 1..=63: a cache has at least
+    /// two sets): below that count, with no mask to apply.
     #[inline(always)]
-    fn bucket(&self, mask: u32, shift: u32) -> usize {
+    fn bucket(&self, shift: u32) -> usize {
         // k2's ingress and tag bits lie under k0's zeroed low bits and the destination's
         // lowest bytes (or, for a port with port security, the source address's under the
         // EtherType and the destination's first bytes): a plain XOR keeps them. Fibonacci
@@ -395,9 +396,9 @@ impl Key {
         // bits 48..63 — the destination MAC's last two bytes, all that tells apart the
         // manager's MACs (0a:58 + IPv4) within a /16). The bytes are swapped first so the
         // MACs' last bytes, which vary most, are the low, numerically counting bits that
-        // this hashing spreads evenly. One set: shift 64, which wraps to 0; the mask keeps 0.
+        // this hashing spreads evenly. The top bits alone: no mask to keep in a register.
         let h = (self.k0 ^ self.k1 ^ self.k2).swap_bytes().wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (h.wrapping_shr(shift) as u32 & mask) as usize
+        h.wrapping_shr(shift) as usize
     }
 }
 
@@ -470,11 +471,47 @@ pub struct EmcView<'a> {
     pub spread: bool,
 }
 
+/// An [`EmcView`]'s entries alone, looked up with another view's mask, shift and epoch
+/// ([`EmcView::over`]): two tables made alike and synced together need one set of them, and
+/// a burst loop keeps fewer registers.
+#[derive(Clone, Copy)]
+pub struct EmcEntries<'a>(&'a [[Entry; 2]]);
+
+impl<'a> EmcView<'a> {
+    /// This view's entries, for [`EmcView::over`].
+    #[inline(always)]
+    pub fn entries(self) -> EmcEntries<'a> {
+        EmcEntries(self.sets)
+    }
+
+    /// Whether `other` looks its entries up as this view does (the same mask, shift and
+    /// epoch): then [`EmcView::over`] its entries is its own view.
+    #[inline(always)]
+    pub fn alike(self, other: EmcView<'_>) -> bool {
+        (self.mask, self.shift, self.epoch) == (other.mask, other.shift, other.epoch)
+    }
+
+    /// `entries` looked up as this view looks up its own. Only for entries of a view
+    /// [`EmcView::alike`] this one (its sets must be as many), or of any table after
+    /// [`EmcView::missing`].
+    #[inline(always)]
+    pub fn over(self, entries: EmcEntries<'a>) -> EmcView<'a> {
+        EmcView { sets: entries.0, ..self }
+    }
+
+    /// A view that finds nothing (epoch 0 is never a filled entry's), in the first two sets
+    /// of any table (every table has two): for tables that went out of step.
+    #[inline(always)]
+    pub fn missing(self) -> EmcView<'a> {
+        EmcView { mask: 1, shift: 63, epoch: 0, ..self }
+    }
+}
+
 impl EmcView<'_> {
     /// The set `k` lies in (for [`EmcView::prefetch_set`] and [`EmcView::lookup_in`]).
     #[inline(always)]
     pub fn set_of(self, k: &Key) -> usize {
-        k.bucket(self.mask, self.shift)
+        k.bucket(self.shift)
     }
 
     /// Hints the CPU to fetch set `set` of [`EmcView::set_of`] (a burst ahead of the lookups).
@@ -496,7 +533,8 @@ impl EmcView<'_> {
     /// As [`Emc::lookup`].
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
-        // SAFETY: `sets.len() == mask + 1`, and the set is masked.
+        // SAFETY: `sets.len() == 2^(64 - shift)`, and the set is the hash's top `64 - shift`
+        // bits.
         Self::lookup_set(unsafe { self.sets.get_unchecked(self.set_of(k)) }, k, self.epoch)
     }
 
@@ -533,7 +571,8 @@ impl std::fmt::Debug for Emc {
 impl Emc {
     /// A cache of at least `entries` entries (rounded up to a power of two; 0 disables it).
     pub fn new(entries: usize) -> Emc {
-        let sets = entries.div_ceil(2).next_power_of_two().clamp(1, 1 << 24);
+        // At least two sets: `shift` stays below 64 (see `Key::bucket`).
+        let sets = entries.div_ceil(2).next_power_of_two().clamp(2, 1 << 24);
         let enabled = entries > 0;
         Emc {
             sets: zeroed(sets),
@@ -636,7 +675,7 @@ impl Emc {
         }
         let epoch = self.epoch;
         let k2 = k.with_epoch(epoch);
-        let set = &mut self.sets[k.bucket(self.mask, self.shift)];
+        let set = &mut self.sets[k.bucket(self.shift)];
         let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
         let current = |x: &Entry| (x.k2 >> EPOCH_SHIFT) as u32 == epoch;
         self.fills = self.fills.wrapping_add(1);
@@ -930,10 +969,14 @@ mod test {
 
     #[test]
     fn colliding_keys_share_a_set_of_two() {
-        let mut c = Emc::new(2); // one set: every key collides
+        let mut c = Emc::new(4); // two sets, the fewest a cache has
         c.sync(0, 0, 0);
+        let set = |k: &Key| c.view().set_of(k);
+        let all: Vec<Key> =
+            (0..64).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
         let keys: Vec<Key> =
-            (0..3).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
+            all.iter().filter(|k| set(k) == set(&all[0])).take(3).copied().collect();
+        assert_eq!(keys.len(), 3, "three keys of one set");
         c.insert(&keys[0], to_3());
         c.insert(&keys[1], to_3());
         assert!(c.lookup(&keys[0]).is_some() && c.lookup(&keys[1]).is_some());

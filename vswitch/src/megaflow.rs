@@ -27,7 +27,7 @@
 //! Only bursts from local ports look here: the exact-match cache's misses, and all the
 //! frames of a port it churns on (see `pipeline/cache.rs`).
 
-use crate::emc::{Emc, EmcView, Hit, Key};
+use crate::emc::{Emc, EmcEntries, EmcView, Hit, Key};
 
 /// The two halves' tables.
 pub struct Megaflows {
@@ -65,7 +65,11 @@ impl Megaflows {
     /// What lookups read, by value (see [`EmcView`]).
     #[inline(always)]
     pub fn view(&self) -> MegaflowView<'_> {
-        MegaflowView { sources: self.sources.view(), destinations: self.destinations.view() }
+        let (sources, destinations) = (self.sources.view(), self.destinations.view());
+        // Made alike (`new`) and synced together (`sync`): the sources' mask, shift and epoch
+        // serve both tables. Were they ever out of step, nothing would hit.
+        let sources = if sources.alike(destinations) { sources } else { sources.missing() };
+        MegaflowView { sources, destinations: destinations.entries() }
     }
 
     /// Fills so far of which at least one half took an empty or stale place: flows whose
@@ -91,7 +95,8 @@ impl Megaflows {
 #[derive(Clone, Copy)]
 pub struct MegaflowView<'a> {
     sources: EmcView<'a>,
-    destinations: EmcView<'a>,
+    /// Looked up with the sources' mask, shift and epoch ([`Megaflows::view`]).
+    destinations: EmcEntries<'a>,
 }
 
 impl MegaflowView<'_> {
@@ -101,7 +106,7 @@ impl MegaflowView<'_> {
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
         let source = self.sources.lookup(&k.source_half())?;
-        let d = self.destinations.lookup(&k.destination_half(source))?;
+        let d = self.sources.over(self.destinations).lookup(&k.destination_half(source))?;
         (!d.reflects_to(k.port())).then(|| d.within(source))
     }
 
@@ -111,7 +116,7 @@ impl MegaflowView<'_> {
     #[inline(always)]
     pub fn lookup_for(self, k: &Key, len: u32) -> Option<Hit> {
         let source = self.sources.lookup(&k.source_half()).filter(|s| s.admits(len))?;
-        let d = self.destinations.lookup(&k.destination_half(source))?;
+        let d = self.sources.over(self.destinations).lookup(&k.destination_half(source))?;
         (!d.reflects_to(k.port())).then_some(d)
     }
 }
