@@ -600,13 +600,21 @@ impl Emc {
     /// second level's hits are checked against them ([`Emc::outdated_by`]).
     #[inline(always)]
     pub fn sync(&mut self, snapshot: u64, fdb: u32, now: u32) {
+        self.synced(snapshot, fdb, now);
+    }
+
+    /// [`Emc::sync`], saying whether the sources changed.
+    #[inline(always)]
+    pub fn synced(&mut self, snapshot: u64, fdb: u32, now: u32) -> bool {
         let s = Some(Sources { snapshot, fdb, now });
-        if s != self.sources {
-            self.sources = s;
-            if self.epoch != 0 {
-                self.next_epoch();
-            }
+        if s == self.sources {
+            return false;
         }
+        self.sources = s;
+        if self.epoch != 0 {
+            self.next_epoch();
+        }
+        true
     }
 
     /// Whether the FDB changed since this burst's [`Emc::sync`]: a frame of the burst that

@@ -55,11 +55,13 @@ impl Megaflows {
         self.sources.capacity()
     }
 
-    /// As [`Emc::sync`], for both halves (their epochs move together).
+    /// As [`Emc::sync`], for both halves (their epochs move together: the destinations'
+    /// sources are the sources' whenever these did not change).
     #[inline(always)]
     pub fn sync(&mut self, snapshot: u64, fdb: u32, now: u32) {
-        self.sources.sync(snapshot, fdb, now);
-        self.destinations.sync(snapshot, fdb, now);
+        if self.sources.synced(snapshot, fdb, now) {
+            self.destinations.sync(snapshot, fdb, now);
+        }
     }
 
     /// What lookups read, by value (see [`EmcView`]).

@@ -618,10 +618,9 @@ impl Pipeline {
     /// [`Megaflows::free_fills`] at the burst's start.
     #[inline(always)]
     fn note_halves(&mut self, port: u16, hits: u64, n: usize, before: u32) {
-        if n == 0 {
-        } else if hits == n as u64 {
+        if n > 0 && hits == n as u64 {
             self.flows.halves_account.note_hits(port, n);
-        } else {
+        } else if n > 0 {
             let free = self.flows.mega.free_fills().wrapping_sub(before);
             self.flows.halves_account.note(port, hits, n, free, 0);
         }
