@@ -16,7 +16,9 @@
 //! get no NAD (the apiserver refuses new objects there) and keep theirs until they go.
 
 use super::nad::{self, MANAGED_BY};
-use super::resources::{self, ClusterResource, IpGroupResource, NetworkResource, Refusal};
+use super::resources::{
+    self, ClusterResource, IpGroupResource, Knitters, NetworkResource, Refusal,
+};
 use super::retries::Retries;
 use super::{Controller, bounded};
 use crate::manager::Manager;
@@ -456,33 +458,9 @@ impl Controller {
             applied.released.iter().any(|(r, n)| *r == resource && n == name)
         };
         let mut seen = HashSet::new();
-        for res in &nets {
-            let write = self.finalize(
-                Api::<NetworkResource>::all(self.client.clone()),
-                &res.metadata,
-                released(NetworkResource::RESOURCE, res.name()),
-            );
-            let key = format!("{} {} finalizers", NetworkResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
-        }
-        for res in &groups {
-            let write = self.finalize(
-                Api::<IpGroupResource>::all(self.client.clone()),
-                &res.metadata,
-                released(IpGroupResource::RESOURCE, res.name()),
-            );
-            let key = format!("{} {} finalizers", IpGroupResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
-        }
-        for res in &clusters {
-            let write = self.finalize(
-                Api::<ClusterResource>::all(self.client.clone()),
-                &res.metadata,
-                released(ClusterResource::RESOURCE, res.name()),
-            );
-            let key = format!("{} {} finalizers", ClusterResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
-        }
+        self.finalize_each(&nets, &released, retries, &mut seen).await;
+        self.finalize_each(&groups, &released, retries, &mut seen).await;
+        self.finalize_each(&clusters, &released, retries, &mut seen).await;
         // Namespaces' labels go into the store (every replica checks pods' attachments by
         // them), then each namespace's tenant by the one rule (`tenancy.rs`).
         let labelled: BTreeMap<String, String> = r
@@ -545,41 +523,54 @@ impl Controller {
                 .filter(|k| k.rsplit_once('/').is_some_and(|(_, n)| n == res.name()))
                 .cloned()
                 .collect();
-            let write = self.write_status(
-                Api::<NetworkResource>::all(self.client.clone()),
-                res,
-                res.status.as_ref(),
-                resources::network_status(res, outcome, &mine),
-            );
-            let key = format!("{} {} status", NetworkResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
+            let want = resources::network_status(res, outcome, &mine);
+            self.status_when_due(res, want, retries, &mut seen).await;
         }
         self.status.network_resources_ready.store(ready, Relaxed);
         for res in &groups {
             let Some(outcome) = applied.groups.get(res.name()) else { continue };
-            let write = self.write_status(
-                Api::<IpGroupResource>::all(self.client.clone()),
-                res,
-                res.status.as_ref(),
-                resources::group_status(res, outcome),
-            );
-            let key = format!("{} {} status", IpGroupResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
+            let want = resources::group_status(res, outcome);
+            self.status_when_due(res, want, retries, &mut seen).await;
         }
         for res in &clusters {
             let Some(outcome) = applied.clusters.get(res.name()) else { continue };
-            let write = self.write_status(
-                Api::<ClusterResource>::all(self.client.clone()),
-                res,
-                res.status.as_ref(),
-                resources::cluster_status(res, outcome),
-            );
-            let key = format!("{} {} status", ClusterResource::RESOURCE, res.name());
-            write_when_due(retries, &mut seen, key, &res.metadata, write).await;
+            let want = resources::cluster_status(res, outcome);
+            self.status_when_due(res, want, retries, &mut seen).await;
         }
         retries.retain(|k| seen.contains(k) || (k.starts_with("nad ") && seen.contains(EVERY_NAD)));
         self.status.writes_backing_off.store(retries.waiting() as u64, Relaxed);
         retry
+    }
+
+    /// [`Controller::finalize`] for each of `items`, when `retries` says each is due;
+    /// `released(resource, name)`: what that resource made is gone.
+    async fn finalize_each<K: Knitters>(
+        &self,
+        items: &[K],
+        released: &(dyn Fn(&str, &str) -> bool + Sync),
+        retries: &mut Retries,
+        seen: &mut HashSet<String>,
+    ) {
+        for res in items {
+            let meta = res.meta();
+            let gone = released(K::RESOURCE, res.named());
+            let write = self.finalize(Api::<K>::all(self.client.clone()), meta, gone);
+            let key = format!("{} {} finalizers", K::RESOURCE, res.named());
+            write_when_due(retries, seen, key, meta, write).await;
+        }
+    }
+
+    /// [`Controller::write_status`] of `want` for `res`, when `retries` says it is due.
+    async fn status_when_due<K: Knitters>(
+        &self,
+        res: &K,
+        want: serde_json::Value,
+        retries: &mut Retries,
+        seen: &mut HashSet<String>,
+    ) {
+        let write = self.write_status(Api::<K>::all(self.client.clone()), res, res.status(), want);
+        let key = format!("{} {} status", K::RESOURCE, res.named());
+        write_when_due(retries, seen, key, res.meta(), write).await;
     }
 
     /// Puts [`FINALIZER`] on a resource that lacks it, or takes it off one being deleted whose

@@ -77,7 +77,30 @@ macro_rules! cluster_resource {
                 ManagedBy { resource: Self::RESOURCE.into(), name: self.name().into(), uid: self.metadata.uid.clone().unwrap_or_default() }
             }
         }
+
+        impl Knitters for $ty {
+            const RESOURCE: &'static str = concat!($plural, ".knitter.io");
+            fn named(&self) -> &str {
+                self.name()
+            }
+            fn status(&self) -> Option<&Value> {
+                self.status.as_ref()
+            }
+        }
     };
+}
+
+/// What the controller's writes read of any of Knitter's resources.
+pub trait Knitters:
+    kube::Resource<DynamicType = (), Scope = ClusterResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+    /// `networks.knitter.io`, `ipgroups.knitter.io` or `clusters.knitter.io`.
+    const RESOURCE: &'static str;
+    fn named(&self) -> &str;
+    fn status(&self) -> Option<&Value>;
 }
 
 cluster_resource!(
