@@ -471,39 +471,36 @@ pub struct EmcView<'a> {
     pub spread: bool,
 }
 
-/// An [`EmcView`]'s entries alone, looked up with another view's mask, shift and epoch
-/// ([`EmcView::over`]): two tables made alike and synced together need one set of them, and
-/// a burst loop keeps fewer registers.
+/// Two tables' views that share one mask, shift and epoch ([`EmcPair::new`]): the second's
+/// lookups use the first's, so a burst loop over both keeps one set of them in registers.
 #[derive(Clone, Copy)]
-pub struct EmcEntries<'a>(&'a [[Entry; 2]]);
+pub struct EmcPair<'a> {
+    first: EmcView<'a>,
+    second: &'a [[Entry; 2]],
+}
 
-impl<'a> EmcView<'a> {
-    /// This view's entries, for [`EmcView::over`].
+impl<'a> EmcPair<'a> {
+    /// `first` and `second`, if they look their entries up alike (the same mask, shift and
+    /// epoch: tables made with one size and synced together); otherwise a pair that finds
+    /// nothing in either (epoch 0 in their first two sets, which every table has).
     #[inline(always)]
-    pub fn entries(self) -> EmcEntries<'a> {
-        EmcEntries(self.sets)
+    pub fn new(first: EmcView<'a>, second: EmcView<'a>) -> EmcPair<'a> {
+        let alike =
+            (first.mask, first.shift, first.epoch) == (second.mask, second.shift, second.epoch);
+        let first = if alike { first } else { EmcView { mask: 1, shift: 63, epoch: 0, ..first } };
+        EmcPair { first, second: second.sets }
     }
 
-    /// Whether `other` looks its entries up as this view does (the same mask, shift and
-    /// epoch): then [`EmcView::over`] its entries is its own view.
     #[inline(always)]
-    pub fn alike(self, other: EmcView<'_>) -> bool {
-        (self.mask, self.shift, self.epoch) == (other.mask, other.shift, other.epoch)
+    pub fn first(self) -> EmcView<'a> {
+        self.first
     }
 
-    /// `entries` looked up as this view looks up its own. Only for entries of a view
-    /// [`EmcView::alike`] this one (its sets must be as many), or of any table after
-    /// [`EmcView::missing`].
+    /// The second table's view, with the first's mask, shift and epoch: its own, or (tables
+    /// out of step) the first two sets', which it has.
     #[inline(always)]
-    pub fn over(self, entries: EmcEntries<'a>) -> EmcView<'a> {
-        EmcView { sets: entries.0, ..self }
-    }
-
-    /// A view that finds nothing (epoch 0 is never a filled entry's), in the first two sets
-    /// of any table (every table has two): for tables that went out of step.
-    #[inline(always)]
-    pub fn missing(self) -> EmcView<'a> {
-        EmcView { mask: 1, shift: 63, epoch: 0, ..self }
+    pub fn second(self) -> EmcView<'a> {
+        EmcView { sets: self.second, ..self.first }
     }
 }
 
@@ -569,7 +566,8 @@ impl std::fmt::Debug for Emc {
 }
 
 impl Emc {
-    /// A cache of at least `entries` entries (rounded up to a power of two; 0 disables it).
+    /// A cache of at least `entries` entries (rounded up to a power of two, four at least:
+    /// two sets of two; 0 disables it).
     pub fn new(entries: usize) -> Emc {
         // At least two sets: `shift` stays below 64 (see `Key::bucket`).
         let sets = entries.div_ceil(2).next_power_of_two().clamp(2, 1 << 24);
@@ -973,6 +971,25 @@ mod test {
             c.sync(s, f, n);
             assert_eq!(c.lookup(&k), None, "after a change to {:?}", (s, f, n));
         }
+    }
+
+    #[test]
+    fn two_tables_out_of_step_find_nothing() {
+        let (mut a, mut b) = (Emc::new(64), Emc::new(4096));
+        a.sync(0, 0, 0);
+        b.sync(0, 0, 0);
+        let k = Key::from_port(1, &frame(1, 2, 0x0800, 0)).unwrap();
+        a.insert(&k, to_3());
+        b.insert(&k, to_3());
+        let pair = EmcPair::new(a.view(), b.view());
+        assert_eq!((pair.first().lookup(&k), pair.second().lookup(&k)), (None, None));
+        let mut c = Emc::new(64);
+        c.sync(0, 0, 0);
+        c.insert(&k, to_3());
+        let pair = EmcPair::new(a.view(), c.view());
+        assert_eq!(pair.second().lookup(&k), Some(to_3()), "alike: the second's own view");
+        c.sync(1, 0, 0);
+        assert_eq!(EmcPair::new(a.view(), c.view()).first().lookup(&k), None, "epochs apart");
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! Only bursts from local ports look here: the exact-match cache's misses, and all the
 //! frames of a port it churns on (see `pipeline/cache.rs`).
 
-use crate::emc::{Emc, EmcEntries, EmcView, Hit, Key};
+use crate::emc::{Emc, EmcPair, Hit, Key};
 
 /// The two halves' tables.
 pub struct Megaflows {
@@ -64,14 +64,12 @@ impl Megaflows {
         }
     }
 
-    /// What lookups read, by value (see [`EmcView`]).
+    /// What lookups read, by value (see [`crate::emc::EmcView`]).
     #[inline(always)]
     pub fn view(&self) -> MegaflowView<'_> {
-        let (sources, destinations) = (self.sources.view(), self.destinations.view());
         // Made alike (`new`) and synced together (`sync`): the sources' mask, shift and epoch
         // serve both tables. Were they ever out of step, nothing would hit.
-        let sources = if sources.alike(destinations) { sources } else { sources.missing() };
-        MegaflowView { sources, destinations: destinations.entries() }
+        MegaflowView { tables: EmcPair::new(self.sources.view(), self.destinations.view()) }
     }
 
     /// Fills so far of which at least one half took an empty or stale place: flows whose
@@ -96,9 +94,8 @@ impl Megaflows {
 /// [`Megaflows`]' fields lookups read.
 #[derive(Clone, Copy)]
 pub struct MegaflowView<'a> {
-    sources: EmcView<'a>,
-    /// Looked up with the sources' mask, shift and epoch ([`Megaflows::view`]).
-    destinations: EmcEntries<'a>,
+    /// The sources' table first.
+    tables: EmcPair<'a>,
 }
 
 impl MegaflowView<'_> {
@@ -107,8 +104,8 @@ impl MegaflowView<'_> {
     /// as long as both the ingress and the egress allow.
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
-        let source = self.sources.lookup(&k.source_half())?;
-        let d = self.sources.over(self.destinations).lookup(&k.destination_half(source))?;
+        let source = self.tables.first().lookup(&k.source_half())?;
+        let d = self.tables.second().lookup(&k.destination_half(source))?;
         (!d.reflects_to(k.port())).then(|| d.within(source))
     }
 
@@ -117,8 +114,8 @@ impl MegaflowView<'_> {
     /// half holds it (which `len` fits; for other lengths, [`MegaflowView::lookup`]'s).
     #[inline(always)]
     pub fn lookup_for(self, k: &Key, len: u32) -> Option<Hit> {
-        let source = self.sources.lookup(&k.source_half()).filter(|s| s.admits(len))?;
-        let d = self.sources.over(self.destinations).lookup(&k.destination_half(source))?;
+        let source = self.tables.first().lookup(&k.source_half()).filter(|s| s.admits(len))?;
+        let d = self.tables.second().lookup(&k.destination_half(source))?;
         (!d.reflects_to(k.port())).then_some(d)
     }
 }

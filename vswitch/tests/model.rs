@@ -389,12 +389,14 @@ type Seen = (Vec<Vec<Vec<u8>>>, Vec<(&'static str, u64)>, Vec<(&'static str, u64
 type Caches = (usize, usize);
 /// No cache: the slow path for every frame.
 const NO_CACHE: Caches = (0, 0);
-/// An exact-match cache of two entries (flows evict each other), no second level.
+/// The smallest exact-match cache, two sets of two entries (flows evict each other), no
+/// second level.
 const EXACT_2: Caches = (2, 0);
-/// The second level alone (it then serves every burst from a local port), two entries a
-/// half.
+/// The second level alone (it then serves every burst from a local port), the smallest
+/// tables (two sets of two a half).
 const HALVES_2: Caches = (0, 2);
-/// Both, two entries each: the exact-match cache's misses found by halves and written back.
+/// Both, the smallest tables: the exact-match cache's misses found by halves and written
+/// back.
 const BOTH_2: Caches = (2, 2);
 
 /// Whether `e` counts a cache's hits (which differ with the cache; nothing else may).
