@@ -221,6 +221,22 @@ pub fn reserve(need_mib: u64) -> Result<Reservation, Unprepared> {
     Ok(Reservation { pool: Pool::read()?, did })
 }
 
+/// Waits (at most `within`) until `mib` MiB of hugepages are free: a DPDK process of the
+/// round before may still be giving its pages back as the next one starts, and DPDK then
+/// fails with "Not enough memory available" inside a reservation that had room for both.
+/// Returns the pool as last read; the caller starts its process either way (DPDK's own error
+/// says what was short).
+pub fn await_free(mib: u64, within: std::time::Duration) -> std::io::Result<Pool> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let pool = Pool::read()?;
+        if pool.free >= pool.pages_for(mib) || std::time::Instant::now() >= deadline {
+            return Ok(pool);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 fn mount_hugetlbfs(at: &Path, page_kib: u64) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |s: &[u8]| std::ffi::CString::new(s).map_err(std::io::Error::other);

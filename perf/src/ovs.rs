@@ -186,6 +186,7 @@ impl Ovs {
                 .spawn()?,
         );
         ovs.wait_path(&dir.join("db.sock"))?;
+        mem.await_room();
         let extra = match mem {
             Memory::Hugepages => {
                 "--no-pci --in-memory --single-file-segments -m 1024 --file-prefix=kp-ovs"

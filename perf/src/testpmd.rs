@@ -20,6 +20,14 @@ pub enum Memory {
 }
 
 impl Memory {
+    /// Before a DPDK process starts: with hugepages, waits (up to 5 s) for its `-m` to be
+    /// free — the previous round's processes may still be giving theirs back.
+    pub fn await_room(self) {
+        if self == Memory::Hugepages {
+            let _ = crate::machine::await_free(crate::machine::DPDK_MIB, Duration::from_secs(5));
+        }
+    }
+
     fn eal(self) -> &'static [&'static str] {
         match self {
             Memory::Hugepages => &["--in-memory", "-m", "1024", "--single-file-segments"],
@@ -313,6 +321,7 @@ impl Generator {
             "--no-pci".into(),
         ];
         args.extend(mem.eal().iter().map(|s| s.to_string()));
+        mem.await_room();
         // io forwarding pairs ports 0↔1 and 2↔3: the offered frames go 0 → 1 (into the
         // switch); what the switch sends to port 2 goes to port 3, a pcap port with no
         // transmit file, which drops it for nothing (a pcap writing /dev/null cost the
@@ -539,6 +548,7 @@ fn io_forwarding(
         "--no-pci".into(),
     ];
     args.extend(mem.eal().iter().map(|s| s.to_string()));
+    mem.await_room();
     args.extend(vdevs.iter().map(|v| format!("--vdev={v}")));
     args.extend(
         ["--", "-i", "--nb-cores=1", "--forward-mode=io", "--total-num-mbufs=16384"]
