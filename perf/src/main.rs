@@ -7,7 +7,7 @@ use knitter_perf::progress::Progress;
 use knitter_perf::scenario::Scenario;
 use knitter_perf::switches::Kind;
 use knitter_perf::testpmd::{Layout, Memory, Vnf};
-use knitter_perf::{doctor, machine, mrr, ndr, report};
+use knitter_perf::{doctor, machine, mrr, ndr, report, sweep};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -191,17 +191,21 @@ enum Cmd {
         #[arg(long)]
         vnf_queues_used: Option<u16>,
         /// Entries of the VNF's virtqueues and its descriptors a queue (`queue_size`,
-        /// `--rxd/--txd`): 256 is DPDK's default, NFV set-ups use 1024 and more.
-        #[arg(long, default_value_t = 256)]
-        vnf_ring: u16,
+        /// `--rxd/--txd`): 256 is DPDK's default, NFV set-ups use 1024 and more. Several
+        /// (`256,1024,4096`): a sweep, each round through every size in turn, with one table
+        /// and a plot across them (`sweep.md`, `sweep-<size>.svg`) and each size's report in
+        /// `ring-<entries>/`.
+        #[arg(long, value_delimiter = ',', default_value = "256")]
+        vnf_ring: Vec<u16>,
         /// More `net_virtio_user` options for the VNF's ports (`in_order=0`, `packed_vq=1`).
         #[arg(long, default_value = "")]
         vnf_devargs: String,
         /// The VNF's transmit free threshold (testpmd's `--txfreet`, a DPDK application's
         /// `tx_free_thresh`): the ring's size less 32 makes DPDK's virtio driver free sent
-        /// buffers at once rather than when the ring is nearly all used (0: its default).
-        #[arg(long, default_value_t = 0)]
-        vnf_tx_free: u16,
+        /// buffers at once rather than when the ring is nearly all used (0: its default;
+        /// `ring-32`: that at every ring size).
+        #[arg(long, default_value = "0")]
+        vnf_tx_free: sweep::TxFree,
         /// A policer on Knitter's offering pod port, as a TOML inline table's body
         /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
         #[arg(long)]
@@ -248,7 +252,8 @@ enum Cmd {
         #[arg(long)]
         mrr: bool,
     },
-    /// Writes report.md again from a run's results.json (after the report's format changed).
+    /// Writes report.md again from a run's results.json (after the report's format changed),
+    /// or a sweep's tables, plots and reports from its sweep.json.
     Report {
         results: PathBuf,
         #[arg(long)]
@@ -290,6 +295,13 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 report::write_ndr(&out, &r)?;
                 return Ok(ExitCode::SUCCESS);
             }
+            if let Ok(mut runs) = serde_json::from_slice::<Vec<mrr::Results>>(&text) {
+                for r in &mut runs {
+                    r.summary = mrr::summarize(&r.config, &r.samples);
+                }
+                sweep::write(&out, &runs)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| {
                 format!("{} is not a knitter-perf results file", results.display())
             })?;
@@ -318,7 +330,18 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr",
                 scenario.name()
             );
+            anyhow::ensure!(!vnf_ring.is_empty(), "--vnf-ring: at least one ring size");
             let lab = common.lab(scenario, true)?;
+            let vnfs: Vec<Vnf> = vnf_ring
+                .iter()
+                .map(|&ring| Vnf {
+                    queues: vnf_queues,
+                    queues_used: vnf_queues_used.unwrap_or(vnf_queues),
+                    ring,
+                    devargs: vnf_devargs.clone(),
+                    tx_free: vnf_tx_free.at(ring),
+                })
+                .collect();
             let cfg = mrr::Config {
                 scenario,
                 layout: common.layout(),
@@ -334,17 +357,24 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 retries,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
-                vnf: Vnf {
-                    queues: vnf_queues,
-                    queues_used: vnf_queues_used.unwrap_or(vnf_queues),
-                    ring: vnf_ring,
-                    devargs: vnf_devargs,
-                    tx_free: vnf_tx_free,
-                },
+                vnf: vnfs[0].clone(),
                 police,
                 work: lab.work.path().to_path_buf(),
             };
-            let progress = Progress::new(mrr::planned(&cfg));
+            let progress = Progress::new(mrr::planned(&cfg) * vnfs.len() as u32);
+            if vnfs.len() > 1 {
+                let r = mrr::run_each(&cfg, &vnfs, &progress);
+                progress.finish();
+                let runs = lab.finish(r)?;
+                std::fs::create_dir_all(&common.out)?;
+                sweep::write(&common.out, &runs)?;
+                print!("{}", sweep::markdown(&runs));
+                eprintln!(
+                    "results: {0}/sweep.json, {0}/sweep.md, {0}/sweep-<size>.svg, {0}/ring-<entries>/",
+                    common.out.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             let r = mrr::run(&cfg, &progress);
             progress.finish();
             let results = lab.finish(r)?;

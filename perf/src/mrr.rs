@@ -129,6 +129,40 @@ fn trial_time(cfg: &Config) -> Duration {
 
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
+    prepare(cfg)?;
+    let mut samples = Vec::new();
+    for round in 0..cfg.pairs {
+        run_round(cfg, round, progress, &mut samples)?;
+    }
+    let summary = summarize(cfg, &samples);
+    Ok(Results { config: cfg.clone(), samples, summary })
+}
+
+/// Runs every round over several VNF set-ups (`vnfs`, ring sizes say), each round going
+/// through all of them in turn, so that the machine's drift over the run falls on every
+/// set-up alike: one [`Results`] a set-up, in their order.
+pub fn run_each(cfg: &Config, vnfs: &[Vnf], progress: &Progress) -> anyhow::Result<Vec<Results>> {
+    prepare(cfg)?;
+    let cfgs: Vec<Config> = vnfs.iter().map(|v| Config { vnf: v.clone(), ..cfg.clone() }).collect();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); cfgs.len()];
+    for round in 0..cfg.pairs {
+        for (c, mine) in cfgs.iter().zip(&mut samples) {
+            progress.line(&format!("round {round}: the VNF with {}", c.vnf.describe()));
+            run_round(c, round, progress, mine)?;
+        }
+    }
+    Ok(cfgs
+        .into_iter()
+        .zip(samples)
+        .map(|(config, samples)| {
+            let summary = summarize(&config, &samples);
+            Results { config, samples, summary }
+        })
+        .collect())
+}
+
+/// The run's pcap files.
+fn prepare(cfg: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.work)?;
     anyhow::ensure!(
         cfg.scenario.on_two_vhost_user_sockets(),
@@ -143,41 +177,47 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
             frames::write_pcap(&back, &[t.back])?;
         }
     }
-    let mut samples = Vec::new();
-    for round in 0..cfg.pairs {
-        for &size in &cfg.sizes {
-            for &switch in &cfg.switches {
-                let mut repeated = 0;
-                let sample = loop {
-                    let s = trial(cfg, switch, size, round, repeated)?;
-                    progress.advance(trial_time(cfg));
-                    let starved = s.supply.iter().any(|c| c.fraction < cfg.min_supply);
-                    if !starved || repeated >= cfg.retries {
-                        break s;
-                    }
-                    progress.line(&format!(
-                        "round {round} {}@{size}: CPU supply {:.0} % — repeating",
-                        switch.name(),
-                        min_supply(&s) * 100.0
-                    ));
-                    repeated += 1;
-                };
+    Ok(())
+}
+
+/// Round `round`: every switch at every size, appended to `samples`.
+fn run_round(
+    cfg: &Config,
+    round: usize,
+    progress: &Progress,
+    samples: &mut Vec<Sample>,
+) -> anyhow::Result<()> {
+    for &size in &cfg.sizes {
+        for &switch in &cfg.switches {
+            let mut repeated = 0;
+            let sample = loop {
+                let s = trial(cfg, switch, size, round, repeated)?;
+                progress.advance(trial_time(cfg));
+                let starved = s.supply.iter().any(|c| c.fraction < cfg.min_supply);
+                if !starved || repeated >= cfg.retries {
+                    break s;
+                }
                 progress.line(&format!(
-                    "round {round} {}@{size}: {:.2} Mpps received of {:.2} offered{}",
+                    "round {round} {}@{size}: CPU supply {:.0} % — repeating",
                     switch.name(),
-                    sample.received_mpps,
-                    sample.offered_mpps,
-                    sample
-                        .switch_cycles_per_packet
-                        .map(|c| format!(", {c:.0} cycles/packet"))
-                        .unwrap_or_default()
+                    min_supply(&s) * 100.0
                 ));
-                samples.push(sample);
-            }
+                repeated += 1;
+            };
+            progress.line(&format!(
+                "round {round} {}@{size}: {:.2} Mpps received of {:.2} offered{}",
+                switch.name(),
+                sample.received_mpps,
+                sample.offered_mpps,
+                sample
+                    .switch_cycles_per_packet
+                    .map(|c| format!(", {c:.0} cycles/packet"))
+                    .unwrap_or_default()
+            ));
+            samples.push(sample);
         }
     }
-    let summary = summarize(cfg, &samples);
-    Ok(Results { config: cfg.clone(), samples, summary })
+    Ok(())
 }
 
 /// The frames offered (replayed forever) and the learning frame the counting side sends
@@ -212,7 +252,7 @@ fn trial(
         police: cfg.police.as_deref(),
     };
     let (running, sockets) = Running::start(switch, &setup)?;
-    let tag = format!("{}-{size}-{round}-{repeated}", switch.name());
+    let tag = format!("{}-{size}-q{}-{round}-{repeated}", switch.name(), cfg.vnf.ring);
     let switching = switch != Kind::Yardstick;
     let (offer_pcap, back_pcap) = pcaps(cfg, size, switching);
     // Decapsulation and tag popping are offered on the second socket (the underlay, the

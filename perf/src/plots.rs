@@ -1,5 +1,6 @@
-//! The NDR report's plots, as SVG (plotters): throughput against frame size (NDR solid,
-//! MRR thin) and latency against offered load (p99 solid, p50 thin), one colour per switch.
+//! The reports' plots, as SVG (plotters), one colour per switch: an NDR run's throughput
+//! against frame size (NDR solid, MRR thin) and latency against offered load (p99 solid, p50
+//! thin); an MRR sweep's rate against the VNF's ring size.
 
 use crate::ndr::{Latency, Measured, Results};
 use plotters::prelude::*;
@@ -119,6 +120,67 @@ pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyh
             c.iter().map(|l| (l.load / 1e6, l.p50)),
             color.stroke_width(1),
         ))?;
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// The median rate (thick) and the rounds' range (thin bars) against the ring size, one
+/// line a switch, at frame size `size`.
+pub fn across_rings(
+    runs: &[crate::mrr::Results],
+    size: crate::frames::FrameSize,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let Some(first) = runs.first() else { return Ok(()) };
+    // The x axis is log2 of the ring size, labelled with the sizes (powers of two).
+    let x = |r: &crate::mrr::Results| f64::from(r.config.vnf.ring).log2();
+    let rings: Vec<f64> = runs.iter().map(x).collect();
+    let lo = rings.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = rings.iter().copied().fold(0.0, f64::max);
+    let top = runs
+        .iter()
+        .flat_map(|r| {
+            first.config.switches.iter().filter_map(move |&k| crate::sweep::at(r, size, k))
+        })
+        .map(|w| w.mpps.max)
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{}, {size} B: Mpps against the VNF's ring size", first.config.scenario.name()),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(lo - 0.5..hi + 0.5, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("entries of each virtqueue (queue_size, --rxd/--txd)")
+        .x_labels((hi - lo) as usize + 2)
+        .x_label_formatter(&|v| format!("{:.0}", v.exp2()))
+        .y_desc("Mpps")
+        .draw()?;
+    for (i, &k) in first.config.switches.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let points: Vec<(f64, crate::stats::Summary)> =
+            runs.iter().filter_map(|r| Some((x(r), crate::sweep::at(r, size, k)?.mpps))).collect();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|(x, m)| (*x, m.median)),
+                color.stroke_width(3),
+            ))?
+            .label(k.name())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
+        chart.draw_series(
+            points.iter().map(|(x, m)| PathElement::new(vec![(*x, m.min), (*x, m.max)], color)),
+        )?;
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
     root.present()?;

@@ -101,6 +101,41 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
     );
 }
 
+/// A sweep over the VNF's ring sizes, as a perf lab compares switches across what VNFs
+/// configure: each size forwards, the threshold follows the ring (`ring-32`), and one table,
+/// a plot and each size's own report are written.
+#[test]
+fn a_sweep_over_ring_sizes_reports_every_size_in_one_table() {
+    if !can_run(true) {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_knitter-perf"))
+        .args(["mrr", "--switches", "knitter", "--sizes", "64", "--rounds", "1"])
+        .args(["--warmup", "0.5", "--window", "0.5", "--retries", "0"])
+        .args(["--vnf-ring", "256,4096", "--vnf-tx-free", "ring-32", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let runs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("sweep.json")).unwrap()).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2, "one result a ring size");
+    for (r, (ring, free)) in runs.iter().zip([(256, 224), (4096, 4064)]) {
+        assert_eq!(r["config"]["vnf"]["ring"].as_u64(), Some(ring), "{}", r["config"]);
+        assert_eq!(r["config"]["vnf"]["tx_free"].as_u64(), Some(free), "{}", r["config"]);
+        let s = &r["samples"][0];
+        assert!(s["received_mpps"].as_f64().unwrap() > 0.0, "nothing came through: {s}");
+        assert!(out.path().join(format!("ring-{ring}/report.md")).exists());
+    }
+    let md = std::fs::read_to_string(out.path().join("sweep.md")).unwrap();
+    assert!(md.contains("| 256 | 224 | 64 | knitter |"), "{md}");
+    assert!(md.contains("| 4096 | 4064 | 64 | knitter |"), "{md}");
+    let svg = std::fs::read_to_string(out.path().join("sweep-64.svg")).unwrap();
+    assert!(svg.contains("4096") && svg.contains("knitter"), "the plot labels sizes and switches");
+}
+
 /// The MRR comparison in the VLAN and VXLAN scenarios, testpmd's `net_virtio_user` as the
 /// generator: the learning frame (tagged on the trunk, from the remote VTEP on the underlay)
 /// teaches the switch where the counting side is, so frames come out of the scenario's size
