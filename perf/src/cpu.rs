@@ -2,6 +2,13 @@
 //! counts the gaps longer than 10 µs (time it was not running). `steal` in /proc/stat does
 //! not show the host taking the vCPU away here; this does. A trial taken while the supply
 //! was low is repeated.
+//!
+//! And where the host put the two vCPUs: a cache line passed back and forth between the
+//! generator's CPU and the switch's ([`round_trip`]). Here it takes ~50 ns a round trip for
+//! minutes, then ~330 ns for minutes (the host moved the vCPUs apart: another core complex),
+//! and every vhost-user switch's rate and the VNF's cycles a packet move with it (~2×), since
+//! both sides pass every frame's lines between the two cores. A trial is compared only with
+//! trials in the same placement (`mrr.rs`).
 
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -48,6 +55,54 @@ pub fn probe(cpu: usize, dur: Duration) -> std::io::Result<Supply> {
     })
 }
 
+/// Nanoseconds a cache line takes to go from CPU `a` to CPU `b` and back, the mean over
+/// `dur` of round trips (two threads pinned, one atomic on a line of its own).
+pub fn round_trip(a: usize, b: usize, dur: Duration) -> std::io::Result<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let (line, stop) = (Line(AtomicU64::new(0)), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let answer = s.spawn(|| {
+            let pinned = pin(b);
+            // Answers every odd value with the next even one until told to stop.
+            while !stop.load(Relaxed) {
+                let v = line.0.load(Acquire);
+                if v & 1 == 1 {
+                    line.0.store(v + 1, Release);
+                }
+                std::hint::spin_loop();
+            }
+            pinned
+        });
+        let ask = s.spawn(|| -> std::io::Result<f64> {
+            let pinned = pin(a);
+            let start = Instant::now();
+            let mut trips = 0u64;
+            // Bounded even if the other side never answers (its CPU taken away for good).
+            while pinned.is_ok() && start.elapsed() < dur {
+                for _ in 0..256 {
+                    let v = line.0.load(Relaxed) + 1;
+                    line.0.store(v, Release);
+                    while line.0.load(Acquire) == v {
+                        if start.elapsed() > dur * 4 {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+                trips += 256;
+            }
+            pinned?;
+            Ok(start.elapsed().as_secs_f64() * 1e9 / trips.max(1) as f64)
+        });
+        let ns = ask.join().unwrap_or_else(|_| Err(std::io::Error::other("the probe panicked")));
+        stop.store(true, Relaxed);
+        answer.join().unwrap_or_else(|_| Err(std::io::Error::other("the probe panicked")))?;
+        ns
+    })
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for
@@ -74,5 +129,16 @@ mod tests {
         let s = probe(0, Duration::from_millis(20)).unwrap();
         assert!(s.fraction > 0.0 && s.fraction <= 1.0, "{s:?}");
         assert!(pin(100_000).is_err());
+    }
+
+    #[test]
+    fn a_round_trip_takes_time_and_ends() {
+        let ns = round_trip(0, 1.min(num_cpus() - 1), Duration::from_millis(20)).unwrap();
+        assert!(ns > 0.0 && ns < 1e6, "{ns}");
+        assert!(round_trip(0, 100_000, Duration::from_millis(5)).is_err());
+    }
+
+    fn num_cpus() -> usize {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     }
 }

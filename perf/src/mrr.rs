@@ -81,6 +81,11 @@ pub struct Sample {
     pub vnf: crate::testpmd::VnfCost,
     /// The CPU supply measured right after the trial, per CPU of the layout.
     pub supply: Vec<Supply>,
+    /// A cache line's round trip between the generator's CPU and the switch's, ns, right
+    /// before the trial and right after it: where the host had put the two vCPUs
+    /// (`cpu::round_trip`).
+    #[serde(default)]
+    pub round_trip_ns: Option<(f64, f64)>,
     /// Earlier attempts of this trial thrown away because the machine was starved.
     pub repeated: usize,
 }
@@ -105,6 +110,10 @@ pub struct SwitchSummary {
 pub struct SizeSummary {
     pub size: FrameSize,
     pub switches: Vec<SwitchSummary>,
+    /// Trials left out of the summary: the host had the two CPUs farther apart than in the
+    /// run's nearest placement (while every switch had a trial in it).
+    #[serde(default)]
+    pub far_trials: usize,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -127,12 +136,17 @@ fn trial_time(cfg: &Config) -> Duration {
     SETUP + cfg.warmup + cfg.window
 }
 
+/// A trial is in the run's nearest placement when both its round trips are within this
+/// factor of the fastest seen in the run (here ~50 ns near, ~330 ns far).
+pub const NEAR: f64 = 1.6;
+
 /// Runs every round; `progress` hears about each trial.
 pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     prepare(cfg)?;
     let mut samples = Vec::new();
+    let mut fastest = f64::INFINITY;
     for round in 0..cfg.pairs {
-        run_round(cfg, round, progress, &mut samples)?;
+        run_round(cfg, round, progress, &mut fastest, &mut samples)?;
     }
     let summary = summarize(cfg, &samples);
     Ok(Results { config: cfg.clone(), samples, summary })
@@ -145,10 +159,11 @@ pub fn run_each(cfg: &Config, vnfs: &[Vnf], progress: &Progress) -> anyhow::Resu
     prepare(cfg)?;
     let cfgs: Vec<Config> = vnfs.iter().map(|v| Config { vnf: v.clone(), ..cfg.clone() }).collect();
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); cfgs.len()];
+    let mut fastest = f64::INFINITY;
     for round in 0..cfg.pairs {
         for (c, mine) in cfgs.iter().zip(&mut samples) {
             progress.line(&format!("round {round}: the VNF with {}", c.vnf.describe()));
-            run_round(c, round, progress, mine)?;
+            run_round(c, round, progress, &mut fastest, mine)?;
         }
     }
     Ok(cfgs
@@ -180,11 +195,14 @@ fn prepare(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Round `round`: every switch at every size, appended to `samples`.
+/// Round `round`: every switch at every size, appended to `samples`. `fastest` is the run's
+/// fastest round trip between the two CPUs so far: a trial the host ran farther apart is
+/// repeated, as a starved one is.
 fn run_round(
     cfg: &Config,
     round: usize,
     progress: &Progress,
+    fastest: &mut f64,
     samples: &mut Vec<Sample>,
 ) -> anyhow::Result<()> {
     for &size in &cfg.sizes {
@@ -194,14 +212,27 @@ fn run_round(
                 let s = trial(cfg, switch, size, round, repeated)?;
                 progress.advance(trial_time(cfg));
                 let starved = s.supply.iter().any(|c| c.fraction < cfg.min_supply);
-                if !starved || repeated >= cfg.retries {
+                if let Some((b, a)) = s.round_trip_ns {
+                    *fastest = fastest.min(b).min(a);
+                }
+                let far = !near(&s, *fastest);
+                if !(starved || far) || repeated >= cfg.retries {
                     break s;
                 }
-                progress.line(&format!(
-                    "round {round} {}@{size}: CPU supply {:.0} % — repeating",
-                    switch.name(),
-                    min_supply(&s) * 100.0
-                ));
+                progress.line(&if starved {
+                    format!(
+                        "round {round} {}@{size}: CPU supply {:.0} % — repeating",
+                        switch.name(),
+                        min_supply(&s) * 100.0
+                    )
+                } else {
+                    let (b, a) = s.round_trip_ns.unwrap_or_default();
+                    format!(
+                        "round {round} {}@{size}: the CPUs {b:.0} / {a:.0} ns apart (the run's \
+                         nearest {fastest:.0}): the host moved them — repeating",
+                        switch.name(),
+                    )
+                });
                 repeated += 1;
             };
             progress.line(&format!(
@@ -230,6 +261,12 @@ fn pcaps(cfg: &Config, size: FrameSize, switching: bool) -> (PathBuf, PathBuf) {
     )
 }
 
+/// Whether `s` ran with the two CPUs as near as the run's `fastest` round trip (within
+/// [`NEAR`]); a trial without the probe counts as near.
+pub fn near(s: &Sample, fastest: f64) -> bool {
+    s.round_trip_ns.is_none_or(|(b, a)| b.max(a) <= NEAR * fastest)
+}
+
 fn min_supply(s: &Sample) -> f64 {
     s.supply.iter().map(|c| c.fraction).fold(1.0, f64::min)
 }
@@ -251,6 +288,9 @@ fn trial(
         port_security: cfg.port_security,
         police: cfg.police.as_deref(),
     };
+    let pair = (cfg.layout.generator_cpu, cfg.layout.switch_cpu);
+    let apart = || cpu::round_trip(pair.0, pair.1, Duration::from_millis(50));
+    let before = apart()?;
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-q{}-{round}-{repeated}", switch.name(), cfg.vnf.ring);
     let switching = switch != Kind::Yardstick;
@@ -271,7 +311,7 @@ fn trial(
     let mut generator =
         Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
     std::thread::sleep(cfg.warmup);
-    let before = running.own();
+    let own_before = running.own();
     generator.clear();
     std::thread::sleep(cfg.window);
     let after = running.own();
@@ -283,7 +323,8 @@ fn trial(
         .iter()
         .map(|&c| cpu::probe(c, Duration::from_millis(200)))
         .collect::<Result<Vec<_>, _>>()?;
-    let own = before.zip(after);
+    let round_trip_ns = Some((before, apart()?));
+    let own = own_before.zip(after);
     let busy = own.and_then(|(b, a)| Own::busy_fraction(b, a));
     Ok(Sample {
         switch,
@@ -299,26 +340,44 @@ fn trial(
         switch_flooded: own.and_then(|(b, a)| Some(a.flooded?.saturating_sub(b.flooded?))),
         switch_was_bottleneck: busy.map(|b| b >= 0.95),
         supply,
+        round_trip_ns,
         repeated,
     })
 }
 
-/// The per-size summaries of `samples`.
+/// The per-size summaries of `samples`: of the trials in the run's nearest placement of the
+/// two CPUs when every switch has one at that size (a rate measured with the CPUs apart is
+/// another machine's: ratios across placements mislead), of all of them otherwise.
 pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
+    let fastest = samples
+        .iter()
+        .filter_map(|s| s.round_trip_ns)
+        .map(|(b, a)| b.min(a))
+        .fold(f64::INFINITY, f64::min);
     cfg.sizes
         .iter()
         .map(|&size| {
+            let here = |s: &&Sample| s.size == size;
+            let only_near = cfg
+                .switches
+                .iter()
+                .all(|&k| samples.iter().filter(here).any(|s| s.switch == k && near(s, fastest)));
+            let counted = |s: &Sample| !only_near || near(s, fastest);
+            let far_trials = samples.iter().filter(here).filter(|s| !counted(s)).count();
             let of = |k: Kind| -> Vec<&Sample> {
                 samples.iter().filter(|s| s.size == size && s.switch == k).collect()
             };
-            let rates = |k: Kind| -> Vec<f64> { of(k).iter().map(|s| s.received_mpps).collect() };
+            // Far trials keep their place (NaN): ratios pair trials of one round.
+            let rates = |k: Kind| -> Vec<f64> {
+                of(k).iter().map(|s| if counted(s) { s.received_mpps } else { f64::NAN }).collect()
+            };
             let (yard, ovs) = (rates(Kind::Yardstick), rates(Kind::Ovs));
             let switches = cfg
                 .switches
                 .iter()
                 .filter_map(|&k| {
-                    let mine = of(k);
-                    let mpps: Vec<f64> = mine.iter().map(|s| s.received_mpps).collect();
+                    let mpps = rates(k);
+                    let mine: Vec<&Sample> = of(k).into_iter().filter(|s| counted(s)).collect();
                     let cycles: Vec<f64> =
                         mine.iter().filter_map(|s| s.switch_cycles_per_packet).collect();
                     Some(SwitchSummary {
@@ -347,7 +406,86 @@ pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
                     })
                 })
                 .collect();
-            SizeSummary { size, switches }
+            SizeSummary { size, switches, far_trials }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config {
+            switches: vec![Kind::Knitter, Kind::Ovs],
+            sizes: vec![FrameSize::Bytes(64)],
+            flows: 1,
+            pairs: 2,
+            warmup: Duration::ZERO,
+            window: Duration::ZERO,
+            layout: Layout { generator_cpu: 0, switch_cpu: 1, second_switch_cpu: None },
+            memory: Memory::Plain,
+            min_supply: 0.85,
+            retries: 2,
+            baseline: None,
+            baseline_toml: None,
+            port_security: true,
+            scenario: Scenario::L2,
+            vnf: Vnf::default(),
+            police: None,
+            work: PathBuf::new(),
+        }
+    }
+
+    fn sample(switch: Kind, round: usize, mpps: f64, apart_ns: f64) -> Sample {
+        Sample {
+            switch,
+            size: FrameSize::Bytes(64),
+            round,
+            offered_mpps: mpps,
+            received_mpps: mpps,
+            received_frame_bytes: None,
+            switch_cycles_per_packet: None,
+            switch_busy: None,
+            switch_drops: None,
+            switch_flooded: None,
+            switch_was_bottleneck: None,
+            vnf: Default::default(),
+            supply: vec![],
+            round_trip_ns: Some((apart_ns, apart_ns)),
+            repeated: 0,
+        }
+    }
+
+    #[test]
+    fn trials_with_the_cpus_apart_are_left_out_while_each_switch_has_a_near_one() {
+        // Round 1 ran with the CPUs apart for Knitter only: its ratio pairs nothing.
+        let samples = [
+            sample(Kind::Knitter, 0, 16.0, 50.0),
+            sample(Kind::Ovs, 0, 10.0, 55.0),
+            sample(Kind::Knitter, 1, 8.0, 330.0),
+            sample(Kind::Ovs, 1, 9.0, 60.0),
+        ];
+        let s = &summarize(&cfg(), &samples)[0];
+        assert_eq!(s.far_trials, 1);
+        let knitter = &s.switches[0];
+        assert_eq!((knitter.mpps.n, knitter.mpps.median), (1, 16.0));
+        let r = knitter.vs_ovs.unwrap();
+        assert_eq!((r.n, r.median), (1, 1.6));
+        assert_eq!(s.switches[1].mpps.n, 2, "OVS's two near trials both count");
+    }
+
+    #[test]
+    fn a_switch_never_near_keeps_every_trial() {
+        let samples = [
+            sample(Kind::Knitter, 0, 16.0, 50.0),
+            sample(Kind::Ovs, 0, 5.0, 330.0),
+            sample(Kind::Knitter, 1, 8.0, 330.0),
+            sample(Kind::Ovs, 1, 4.0, 340.0),
+        ];
+        let s = &summarize(&cfg(), &samples)[0];
+        assert_eq!(s.far_trials, 0);
+        assert_eq!(s.switches[0].mpps.n, 2);
+        assert!(near(&samples[0], 50.0) && !near(&samples[2], 50.0));
+    }
 }

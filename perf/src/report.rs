@@ -172,7 +172,12 @@ pub fn markdown(r: &Results) -> String {
          more than the switch forwards; \
          the rate received on the counting port is the MRR. Ratios are per round (both switches measured back to \
          back), then the median. A trial is repeated when a CPU got < {:.0} % of its time \
-         (a TSC spin probe after it). The yardstick is testpmd's own `net_vhost` io forwarding: \
+         (a TSC spin probe after it), and when the host had the generator's and the switch's \
+         CPUs farther apart than in the run's nearest placement (a cache line passed between \
+         them before and after the trial takes more than {:.1}× the run's fastest round trip: \
+         here ~50 ns near, ~330 ns apart, and every vhost-user switch and the VNF pay ~2× a \
+         packet apart); such trials are left out of the summary when every switch has a nearer \
+         one. The yardstick is testpmd's own `net_vhost` io forwarding: \
          no switching, two copies per frame. The generator is the VNF (DPDK's own \
          `net_virtio_user` driver): what each switch costs it is read over the same window — \
          its forwarding cycles per frame received (testpmd `--record-core-cycles`; its pcap \
@@ -180,7 +185,8 @@ pub fn markdown(r: &Results) -> String {
          (kicks to the switch are eventfd writes; /proc/PID/io). On two vCPUs a DPDK generator \
          cannot outrun a switch, so these trials compare what each switch forwards plus what it \
          costs the VNF; the switches' ceilings come from `ndr` (Knitter's own generator).\n",
-        c.min_supply * 100.0
+        c.min_supply * 100.0,
+        crate::mrr::NEAR
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {}\n", heading(s.size));
@@ -211,6 +217,16 @@ pub fn markdown(r: &Results) -> String {
                     .unwrap_or_else(|| "—".into()),
             );
         }
+        if s.far_trials > 0 {
+            let _ = writeln!(
+                o,
+                "\n{} trial(s) left out: the host had the generator's and the switch's CPUs farther \
+                 apart than in the run's nearest placement (a cache line's round trip more than \
+                 {:.1}× the fastest; see every trial).",
+                s.far_trials,
+                crate::mrr::NEAR
+            );
+        }
         let _ = writeln!(o);
     }
     for t in r.samples.iter().filter(|t| {
@@ -231,15 +247,21 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "## Every trial\n");
     let _ = writeln!(
         o,
-        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | repeated |"
+        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | CPUs apart, ns before / after | repeated |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let fastest = r
+        .samples
+        .iter()
+        .filter_map(|t| t.round_trip_ns)
+        .map(|(b, a)| b.min(a))
+        .fold(f64::INFINITY, f64::min);
     for t in &r.samples {
         let supply: Vec<String> =
             t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             t.round,
             t.size,
             t.switch.name(),
@@ -256,6 +278,11 @@ pub fn markdown(r: &Results) -> String {
             t.vnf.cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
             t.vnf.writes_per_s.map(|w| format!("{w:.0}")).unwrap_or_else(|| "—".into()),
             supply.join(", "),
+            match t.round_trip_ns {
+                Some((b, a)) if crate::mrr::near(t, fastest) => format!("{b:.0} / {a:.0}"),
+                Some((b, a)) => format!("**{b:.0} / {a:.0}** (far)"),
+                None => "—".into(),
+            },
             t.repeated
         );
     }

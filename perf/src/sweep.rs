@@ -102,7 +102,9 @@ pub fn markdown(runs: &[Results]) -> String {
         o,
         "Medians over the rounds; ratios per round (both switches in the same minute), their \
          median and the rounds' range. The VNF's cycles a packet received (its pcap replay \
-         included) and write system calls a second are what each switch cost it.\n"
+         included) and write system calls a second are what each switch cost it. Trials the \
+         host ran with the generator's and the switch's CPUs farther apart than in the run's \
+         nearest placement are repeated, and left out when every switch has one nearer.\n"
     );
     let _ = writeln!(
         o,
@@ -130,6 +132,16 @@ pub fn markdown(runs: &[Results]) -> String {
                     median(w.vnf_writes_per_s, 0),
                 );
             }
+        }
+    }
+    for r in runs {
+        for f in r.summary.iter().filter(|f| f.far_trials > 0) {
+            let _ = writeln!(
+                o,
+                "\nRing {}, {} B: {} trial(s) left out, the host had the two CPUs farther apart \
+                 than in the run's nearest placement (`ring-{}/report.md`).",
+                r.config.vnf.ring, f.size, f.far_trials, r.config.vnf.ring
+            );
         }
     }
     o

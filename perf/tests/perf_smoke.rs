@@ -92,6 +92,12 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
         );
     }
     assert!(md.contains("VNF cycles/packet"), "{md}");
+    // Where the host had the two CPUs: a cache line's round trip before and after each trial.
+    for s in &samples {
+        let apart = s["round_trip_ns"].as_array().expect("the CPUs' round trip was probed");
+        assert!(apart.iter().all(|ns| ns.as_f64().is_some_and(|ns| ns > 0.0)), "{s}");
+    }
+    assert!(md.contains("CPUs apart, ns"), "{md}");
     // Knitter learned B from the generator's learning frame (B's own MAC and IP, through B's
     // port security): nothing is flooded in the window.
     assert_eq!(samples[0]["switch_flooded"].as_u64(), Some(0), "{}", samples[0]);
