@@ -143,7 +143,51 @@ pub fn checks(plan: &Plan) -> Vec<Check> {
         ));
     }
     out.push(hugepages(plan, root));
+    out.push(placement(plan.cpus));
     out
+}
+
+/// Where the host has the generator's and the switch's CPUs now: a cache line's round trip
+/// between them, a few probes over half a second. A warning, never a stop: `mrr` probes it
+/// around every trial and repeats the ones run farther apart.
+fn placement([a, b]: [usize; 2]) -> Check {
+    let what = "CPU placement";
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        match crate::cpu::round_trip(a, b, std::time::Duration::from_millis(20)) {
+            Ok(ns) => seen.push(ns),
+            Err(e) => {
+                return Check {
+                    what,
+                    ok: false,
+                    detail: format!("CPUs {a} and {b}: {e}"),
+                    optional: true,
+                };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(80));
+    }
+    let lo = seen.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = seen.iter().copied().fold(0.0, f64::max);
+    let steady = hi <= crate::mrr::NEAR * lo;
+    Check {
+        what,
+        ok: steady,
+        detail: if steady {
+            format!(
+                "CPUs {a} and {b} {lo:.0}–{hi:.0} ns apart (a cache line's round trip); a host \
+                 that moves vCPUs changes it for minutes at a time (here ~50 ↔ ~330 ns, every \
+                 vhost-user switch ~2× slower apart): mrr probes it around every trial"
+            )
+        } else {
+            format!(
+                "CPUs {a} and {b} {lo:.0}–{hi:.0} ns apart within half a second: the host is \
+                 moving them; mrr repeats the trials run apart, but pinned, dedicated vCPUs \
+                 give steadier numbers"
+            )
+        },
+        optional: true,
+    }
 }
 
 /// Whether the run can have the hugepages it wants.
