@@ -79,19 +79,20 @@ pub fn round_trip(a: usize, b: usize, dur: Duration) -> std::io::Result<f64> {
             let pinned = pin(a);
             let start = Instant::now();
             let mut trips = 0u64;
-            // Bounded even if the other side never answers (its CPU taken away for good).
-            while pinned.is_ok() && start.elapsed() < dur {
+            // Bounded even if the other side never answers (its CPU taken away for good);
+            // only answered trips count, and none answered reads as the whole wait.
+            'probe: while pinned.is_ok() && start.elapsed() < dur {
                 for _ in 0..256 {
                     let v = line.0.load(Relaxed) + 1;
                     line.0.store(v, Release);
                     while line.0.load(Acquire) == v {
                         if start.elapsed() > dur * 4 {
-                            break;
+                            break 'probe;
                         }
                         std::hint::spin_loop();
                     }
+                    trips += 1;
                 }
-                trips += 256;
             }
             pinned?;
             Ok(start.elapsed().as_secs_f64() * 1e9 / trips.max(1) as f64)

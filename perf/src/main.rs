@@ -296,8 +296,11 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             if let Ok(mut runs) = serde_json::from_slice::<Vec<mrr::Results>>(&text) {
+                // One nearest placement for the whole sweep.
+                let fastest = runs.iter().map(|r| r.fastest()).fold(f64::INFINITY, f64::min);
                 for r in &mut runs {
-                    r.summary = mrr::summarize(&r.config, &r.samples);
+                    r.summary = mrr::summarize(&r.config, &r.samples, fastest);
+                    r.fastest_round_trip_ns = fastest.is_finite().then_some(fastest);
                 }
                 sweep::write(&out, &runs)?;
                 return Ok(ExitCode::SUCCESS);
@@ -305,7 +308,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let mut r: mrr::Results = serde_json::from_slice(&text).with_context(|| {
                 format!("{} is not a knitter-perf results file", results.display())
             })?;
-            r.summary = mrr::summarize(&r.config, &r.samples);
+            r.summary = mrr::summarize(&r.config, &r.samples, r.fastest());
             report::write(&out, &r)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -330,7 +333,18 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr",
                 scenario.name()
             );
+            let mut vnf_ring = vnf_ring;
+            vnf_ring.dedup();
             anyhow::ensure!(!vnf_ring.is_empty(), "--vnf-ring: at least one ring size");
+            if let Some(bad) = vnf_ring.iter().find(|r| !r.is_power_of_two() || **r < 64) {
+                anyhow::bail!(
+                    "--vnf-ring {bad}: a split virtqueue's size is a power of two (64 or more)"
+                );
+            }
+            let mut seen = vnf_ring.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            anyhow::ensure!(seen.len() == vnf_ring.len(), "--vnf-ring: each ring size once");
             let lab = common.lab(scenario, true)?;
             let vnfs: Vec<Vnf> = vnf_ring
                 .iter()

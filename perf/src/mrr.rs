@@ -10,7 +10,7 @@ use crate::scenario::Scenario;
 use crate::stats::{self, Summary};
 use crate::sut::{Own, SwitchUnderTest};
 use crate::switches::{Kind, Running, Setup};
-use crate::testpmd::{Generator, Layout, Memory, Vnf, Wiring};
+use crate::testpmd::{Generator, Layout, Memory, Rates, Vnf, Wiring};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -86,7 +86,12 @@ pub struct Sample {
     /// (`cpu::round_trip`).
     #[serde(default)]
     pub round_trip_ns: Option<(f64, f64)>,
-    /// Earlier attempts of this trial thrown away because the machine was starved.
+    /// The rate received in each half of the window, Mpps: a placement that changed during
+    /// the window and back shows as halves apart.
+    #[serde(default)]
+    pub halves_mpps: Option<(f64, f64)>,
+    /// Earlier attempts of this trial thrown away: the machine starved it, or it was not
+    /// settled ([`settled`]).
     pub repeated: usize,
 }
 
@@ -110,8 +115,9 @@ pub struct SwitchSummary {
 pub struct SizeSummary {
     pub size: FrameSize,
     pub switches: Vec<SwitchSummary>,
-    /// Trials left out of the summary: the host had the two CPUs farther apart than in the
-    /// run's nearest placement (while every switch had a trial in it).
+    /// Trials left out of the summary as not settled ([`settled`]: the CPUs farther apart
+    /// than in the run's nearest placement, or moved during the window), while every switch
+    /// had a settled trial at this size.
     #[serde(default)]
     pub far_trials: usize,
 }
@@ -121,6 +127,26 @@ pub struct Results {
     pub config: Config,
     pub samples: Vec<Sample>,
     pub summary: Vec<SizeSummary>,
+    /// The fastest round trip between the two CPUs the run saw (thrown-away attempts and,
+    /// in a sweep, every ring size's trials included): what "near" is measured against.
+    #[serde(default)]
+    pub fastest_round_trip_ns: Option<f64>,
+}
+
+impl Results {
+    /// The run's fastest round trip: as recorded, or (older results) its samples' fastest.
+    pub fn fastest(&self) -> f64 {
+        self.fastest_round_trip_ns.unwrap_or_else(|| fastest_of(&self.samples))
+    }
+}
+
+/// The fastest round trip of `samples`' probes (infinite when none was probed).
+pub fn fastest_of(samples: &[Sample]) -> f64 {
+    samples
+        .iter()
+        .filter_map(|s| s.round_trip_ns)
+        .map(|(b, a)| b.min(a))
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// About what one trial takes beyond its warm-up and window: starting the switch and
@@ -148,8 +174,9 @@ pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     for round in 0..cfg.pairs {
         run_round(cfg, round, progress, &mut fastest, &mut samples)?;
     }
-    let summary = summarize(cfg, &samples);
-    Ok(Results { config: cfg.clone(), samples, summary })
+    let summary = summarize(cfg, &samples, fastest);
+    let fastest_round_trip_ns = fastest.is_finite().then_some(fastest);
+    Ok(Results { config: cfg.clone(), samples, summary, fastest_round_trip_ns })
 }
 
 /// Runs every round over several VNF set-ups (`vnfs`, ring sizes say), each round going
@@ -170,8 +197,9 @@ pub fn run_each(cfg: &Config, vnfs: &[Vnf], progress: &Progress) -> anyhow::Resu
         .into_iter()
         .zip(samples)
         .map(|(config, samples)| {
-            let summary = summarize(&config, &samples);
-            Results { config, samples, summary }
+            let summary = summarize(&config, &samples, fastest);
+            let fastest_round_trip_ns = fastest.is_finite().then_some(fastest);
+            Results { config, samples, summary, fastest_round_trip_ns }
         })
         .collect())
 }
@@ -215,7 +243,7 @@ fn run_round(
                 if let Some((b, a)) = s.round_trip_ns {
                     *fastest = fastest.min(b).min(a);
                 }
-                let far = !near(&s, *fastest);
+                let far = !settled(&s, *fastest);
                 if !(starved || far) || repeated >= cfg.retries {
                     break s;
                 }
@@ -227,9 +255,11 @@ fn run_round(
                     )
                 } else {
                     let (b, a) = s.round_trip_ns.unwrap_or_default();
+                    let (x, y) = s.halves_mpps.unwrap_or_default();
                     format!(
                         "round {round} {}@{size}: the CPUs {b:.0} / {a:.0} ns apart (the run's \
-                         nearest {fastest:.0}): the host moved them — repeating",
+                         nearest {fastest:.0}), {x:.2} / {y:.2} Mpps in the window's halves: \
+                         the host moved them — repeating",
                         switch.name(),
                     )
                 });
@@ -261,10 +291,17 @@ fn pcaps(cfg: &Config, size: FrameSize, switching: bool) -> (PathBuf, PathBuf) {
     )
 }
 
+/// The halves of a trial's window whose rates are further apart than this ran in
+/// different placements (or the machine changed otherwise): the trial is repeated.
+pub const STEADY: f64 = 1.2;
+
 /// Whether `s` ran with the two CPUs as near as the run's `fastest` round trip (within
-/// [`NEAR`]); a trial without the probe counts as near.
-pub fn near(s: &Sample, fastest: f64) -> bool {
+/// [`NEAR`]) before and after it, and at one rate throughout (its window's halves within
+/// [`STEADY`] of each other): a change of placement during the window and back is seen only
+/// there. A trial without the probes counts as settled.
+pub fn settled(s: &Sample, fastest: f64) -> bool {
     s.round_trip_ns.is_none_or(|(b, a)| b.max(a) <= NEAR * fastest)
+        && s.halves_mpps.is_none_or(|(x, y)| x.max(y) <= STEADY * x.min(y))
 }
 
 fn min_supply(s: &Sample) -> f64 {
@@ -313,9 +350,17 @@ fn trial(
     std::thread::sleep(cfg.warmup);
     let own_before = running.own();
     generator.clear();
-    std::thread::sleep(cfg.window);
+    // testpmd's rates are since its previous report: one for each half of the window.
+    std::thread::sleep(cfg.window / 2);
+    let first = generator.read()?;
+    std::thread::sleep(cfg.window - cfg.window / 2);
     let after = running.own();
-    let rates = generator.read()?;
+    let second = generator.read()?;
+    let rates = Rates {
+        offered: (first.offered + second.offered) / 2.0,
+        received: (first.received + second.received) / 2.0,
+        received_frame_bytes: second.received_frame_bytes.or(first.received_frame_bytes),
+    };
     let vnf = generator.cost();
     drop(generator);
     drop(running);
@@ -341,28 +386,23 @@ fn trial(
         switch_was_bottleneck: busy.map(|b| b >= 0.95),
         supply,
         round_trip_ns,
+        halves_mpps: Some((first.received / 1e6, second.received / 1e6)),
         repeated,
     })
 }
 
-/// The per-size summaries of `samples`: of the trials in the run's nearest placement of the
-/// two CPUs when every switch has one at that size (a rate measured with the CPUs apart is
+/// The per-size summaries of `samples` (`fastest`: the run's fastest round trip between the
+/// two CPUs): of the trials in the run's nearest placement of the two CPUs when every switch has one at that size (a rate measured with the CPUs apart is
 /// another machine's: ratios across placements mislead), of all of them otherwise.
-pub fn summarize(cfg: &Config, samples: &[Sample]) -> Vec<SizeSummary> {
-    let fastest = samples
-        .iter()
-        .filter_map(|s| s.round_trip_ns)
-        .map(|(b, a)| b.min(a))
-        .fold(f64::INFINITY, f64::min);
+pub fn summarize(cfg: &Config, samples: &[Sample], fastest: f64) -> Vec<SizeSummary> {
     cfg.sizes
         .iter()
         .map(|&size| {
             let here = |s: &&Sample| s.size == size;
-            let only_near = cfg
-                .switches
-                .iter()
-                .all(|&k| samples.iter().filter(here).any(|s| s.switch == k && near(s, fastest)));
-            let counted = |s: &Sample| !only_near || near(s, fastest);
+            let only_near = cfg.switches.iter().all(|&k| {
+                samples.iter().filter(here).any(|s| s.switch == k && settled(s, fastest))
+            });
+            let counted = |s: &Sample| !only_near || settled(s, fastest);
             let far_trials = samples.iter().filter(here).filter(|s| !counted(s)).count();
             let of = |k: Kind| -> Vec<&Sample> {
                 samples.iter().filter(|s| s.size == size && s.switch == k).collect()
@@ -453,6 +493,7 @@ mod tests {
             vnf: Default::default(),
             supply: vec![],
             round_trip_ns: Some((apart_ns, apart_ns)),
+            halves_mpps: Some((mpps, mpps)),
             repeated: 0,
         }
     }
@@ -466,7 +507,7 @@ mod tests {
             sample(Kind::Knitter, 1, 8.0, 330.0),
             sample(Kind::Ovs, 1, 9.0, 60.0),
         ];
-        let s = &summarize(&cfg(), &samples)[0];
+        let s = &summarize(&cfg(), &samples, fastest_of(&samples))[0];
         assert_eq!(s.far_trials, 1);
         let knitter = &s.switches[0];
         assert_eq!((knitter.mpps.n, knitter.mpps.median), (1, 16.0));
@@ -483,9 +524,11 @@ mod tests {
             sample(Kind::Knitter, 1, 8.0, 330.0),
             sample(Kind::Ovs, 1, 4.0, 340.0),
         ];
-        let s = &summarize(&cfg(), &samples)[0];
+        let s = &summarize(&cfg(), &samples, fastest_of(&samples))[0];
         assert_eq!(s.far_trials, 0);
         assert_eq!(s.switches[0].mpps.n, 2);
-        assert!(near(&samples[0], 50.0) && !near(&samples[2], 50.0));
+        assert!(settled(&samples[0], 50.0) && !settled(&samples[2], 50.0));
+        let moved = Sample { halves_mpps: Some((6.0, 13.0)), ..samples[0].clone() };
+        assert!(!settled(&moved, 50.0), "near before and after, but not during");
     }
 }

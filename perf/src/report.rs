@@ -176,8 +176,9 @@ pub fn markdown(r: &Results) -> String {
          CPUs farther apart than in the run's nearest placement (a cache line passed between \
          them before and after the trial takes more than {:.1}× the run's fastest round trip: \
          here ~50 ns near, ~330 ns apart, and every vhost-user switch and the VNF pay ~2× a \
-         packet apart); such trials are left out of the summary when every switch has a nearer \
-         one. The yardstick is testpmd's own `net_vhost` io forwarding: \
+         packet apart), or when the rates of its window's two halves differ by more than {:.1}× \
+         (the placement changed during the window); such trials are left out of the summary \
+         when every switch has a settled one. The yardstick is testpmd's own `net_vhost` io forwarding: \
          no switching, two copies per frame. The generator is the VNF (DPDK's own \
          `net_virtio_user` driver): what each switch costs it is read over the same window — \
          its forwarding cycles per frame received (testpmd `--record-core-cycles`; its pcap \
@@ -186,7 +187,8 @@ pub fn markdown(r: &Results) -> String {
          cannot outrun a switch, so these trials compare what each switch forwards plus what it \
          costs the VNF; the switches' ceilings come from `ndr` (Knitter's own generator).\n",
         c.min_supply * 100.0,
-        crate::mrr::NEAR
+        crate::mrr::NEAR,
+        crate::mrr::STEADY
     );
     for s in &r.summary {
         let _ = writeln!(o, "## {}\n", heading(s.size));
@@ -222,9 +224,11 @@ pub fn markdown(r: &Results) -> String {
                 o,
                 "\n{} trial(s) left out: the host had the generator's and the switch's CPUs farther \
                  apart than in the run's nearest placement (a cache line's round trip more than \
-                 {:.1}× the fastest; see every trial).",
+                 {:.1}× the fastest), or moved them during the window (its halves' rates more than \
+                 {:.1}× apart); see every trial.",
                 s.far_trials,
-                crate::mrr::NEAR
+                crate::mrr::NEAR,
+                crate::mrr::STEADY
             );
         }
         let _ = writeln!(o);
@@ -247,15 +251,10 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "## Every trial\n");
     let _ = writeln!(
         o,
-        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | CPUs apart, ns before / after | repeated |"
+        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | CPUs apart, ns before / after; Mpps in the window's halves | repeated |"
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let fastest = r
-        .samples
-        .iter()
-        .filter_map(|t| t.round_trip_ns)
-        .map(|(b, a)| b.min(a))
-        .fold(f64::INFINITY, f64::min);
+    let fastest = r.fastest();
     for t in &r.samples {
         let supply: Vec<String> =
             t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
@@ -278,10 +277,13 @@ pub fn markdown(r: &Results) -> String {
             t.vnf.cycles_per_packet.map(|c| format!("{c:.0}")).unwrap_or_else(|| "—".into()),
             t.vnf.writes_per_s.map(|w| format!("{w:.0}")).unwrap_or_else(|| "—".into()),
             supply.join(", "),
-            match t.round_trip_ns {
-                Some((b, a)) if crate::mrr::near(t, fastest) => format!("{b:.0} / {a:.0}"),
-                Some((b, a)) => format!("**{b:.0} / {a:.0}** (far)"),
-                None => "—".into(),
+            {
+                let apart = match (t.round_trip_ns, t.halves_mpps) {
+                    (Some((b, a)), Some((x, y))) => format!("{b:.0} / {a:.0}; {x:.2} / {y:.2}"),
+                    (Some((b, a)), None) => format!("{b:.0} / {a:.0}"),
+                    _ => "—".into(),
+                };
+                if crate::mrr::settled(t, fastest) { apart } else { format!("**{apart}** (moved)") }
             },
             t.repeated
         );

@@ -104,7 +104,8 @@ pub fn markdown(runs: &[Results]) -> String {
          median and the rounds' range. The VNF's cycles a packet received (its pcap replay \
          included) and write system calls a second are what each switch cost it. Trials the \
          host ran with the generator's and the switch's CPUs farther apart than in the run's \
-         nearest placement are repeated, and left out when every switch has one nearer.\n"
+         nearest placement, or moved during the window (its halves' rates apart), are \
+         repeated, and left out when every switch has a settled one.\n"
     );
     let _ = writeln!(
         o,
@@ -139,7 +140,8 @@ pub fn markdown(runs: &[Results]) -> String {
             let _ = writeln!(
                 o,
                 "\nRing {}, {} B: {} trial(s) left out, the host had the two CPUs farther apart \
-                 than in the run's nearest placement (`ring-{}/report.md`).",
+                 than in the run's nearest placement or moved them during the window \
+                 (`ring-{}/report.md`).",
                 r.config.vnf.ring, f.size, f.far_trials, r.config.vnf.ring
             );
         }

@@ -96,6 +96,8 @@ fn a_short_l2_run_forwards_through_both_switches_and_reports() {
     for s in &samples {
         let apart = s["round_trip_ns"].as_array().expect("the CPUs' round trip was probed");
         assert!(apart.iter().all(|ns| ns.as_f64().is_some_and(|ns| ns > 0.0)), "{s}");
+        let halves = s["halves_mpps"].as_array().expect("the window's halves were read");
+        assert!(halves.iter().all(|m| m.as_f64().is_some_and(|m| m > 0.0)), "{s}");
     }
     assert!(md.contains("CPUs apart, ns"), "{md}");
     // Knitter learned B from the generator's learning frame (B's own MAC and IP, through B's
