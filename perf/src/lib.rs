@@ -1,7 +1,7 @@
 //! knitter-perf: the perf lab. `frames.rs` makes the offered frames, `testpmd.rs` drives
 //! dpdk-testpmd as generator and yardstick, `switches.rs` starts the switches under test (`ovs.rs`: Open vSwitch with DPDK),
 //! `cpu.rs` measures the CPU the VM really gives, `machine.rs` reserves the hugepages a run
-//! needs and `doctor.rs` checks the rest before it starts, `progress.rs` shows how far it is, `stats.rs` holds medians, ratios and the
+//! needs (`hugepages.rs`: the kernel's pool, and waiting for pages to come back) and `doctor.rs` checks the rest before it starts, `progress.rs` shows how far it is, `stats.rs` holds medians, ratios and the
 //! NDR/PDR search, `mrr.rs` runs the interleaved maximum-receive-rate comparison,
 //! `report.rs` writes its JSON and Markdown and `sweep.rs` one table across the VNF's ring sizes. `vgen.rs` is Knitter's own generator (a
 //! vhost-user frontend offering frames at a set rate, timing each), on `driver.rs` (the
@@ -14,6 +14,7 @@ pub mod doctor;
 /// The split-virtqueue driver the generator runs (shared with the vhost test kit).
 pub use knitter_vhost::driver;
 pub mod frames;
+pub mod hugepages;
 pub mod interrupt;
 pub mod machine;
 pub mod mrr;

@@ -134,6 +134,11 @@ pub struct Results {
 }
 
 impl Results {
+    /// One switch's summary at one frame size.
+    pub fn switch_at(&self, size: FrameSize, k: Kind) -> Option<&SwitchSummary> {
+        self.summary.iter().find(|s| s.size == size)?.switches.iter().find(|w| w.switch == k)
+    }
+
     /// The run's fastest round trip: as recorded, or (older results) its samples' fastest.
     pub fn fastest(&self) -> f64 {
         self.fastest_round_trip_ns.unwrap_or_else(|| fastest_of(&self.samples))

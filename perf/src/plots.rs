@@ -141,9 +141,7 @@ pub fn across_rings(
     let hi = rings.iter().copied().fold(0.0, f64::max);
     let top = runs
         .iter()
-        .flat_map(|r| {
-            first.config.switches.iter().filter_map(move |&k| crate::sweep::at(r, size, k))
-        })
+        .flat_map(|r| first.config.switches.iter().filter_map(move |&k| r.switch_at(size, k)))
         .map(|w| w.mpps.max)
         .fold(1.0, f64::max)
         * 1.15;
@@ -168,7 +166,7 @@ pub fn across_rings(
     for (i, &k) in first.config.switches.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let points: Vec<(f64, crate::stats::Summary)> =
-            runs.iter().filter_map(|r| Some((x(r), crate::sweep::at(r, size, k)?.mpps))).collect();
+            runs.iter().filter_map(|r| Some((x(r), r.switch_at(size, k)?.mpps))).collect();
         chart
             .draw_series(LineSeries::new(
                 points.iter().map(|(x, m)| (*x, m.median)),

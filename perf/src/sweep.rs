@@ -3,9 +3,8 @@
 //! cost the VNF — as `sweep.md`, a plot of the rate against the ring size per frame size
 //! (`sweep-<size>.svg`), and every ring's own report under `ring-<entries>/`.
 
-use crate::mrr::{Results, SwitchSummary};
+use crate::mrr::Results;
 use crate::stats::Summary;
-use crate::switches::Kind;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -69,11 +68,6 @@ fn ratio(s: Option<Summary>) -> String {
     }
 }
 
-/// Each ring size's summary for one frame size and switch.
-pub(crate) fn at(r: &Results, size: crate::frames::FrameSize, k: Kind) -> Option<&SwitchSummary> {
-    r.summary.iter().find(|s| s.size == size)?.switches.iter().find(|w| w.switch == k)
-}
-
 pub fn markdown(runs: &[Results]) -> String {
     let mut o = String::new();
     let Some(first) = runs.first() else { return o };
@@ -119,7 +113,7 @@ pub fn markdown(runs: &[Results]) -> String {
         };
         for &size in &r.config.sizes {
             for &k in &r.config.switches {
-                let Some(w) = at(r, size, k) else { continue };
+                let Some(w) = r.switch_at(size, k) else { continue };
                 let _ = writeln!(
                     o,
                     "| {} | {free} | {size} | {} | {:.2} | {} | {} | {} | {} | {} |",

@@ -24,7 +24,8 @@ impl Memory {
     /// free — the previous round's processes may still be giving theirs back.
     pub fn await_room(self) {
         if self == Memory::Hugepages {
-            let _ = crate::machine::await_free(crate::machine::DPDK_MIB, Duration::from_secs(5));
+            let _ =
+                crate::hugepages::await_free(crate::hugepages::DPDK_MIB, Duration::from_secs(5));
         }
     }
 
