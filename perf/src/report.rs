@@ -178,7 +178,7 @@ pub fn markdown(r: &Results) -> String {
          here ~50 ns near, ~330 ns apart, and every vhost-user switch and the VNF pay ~2× a \
          packet apart), or when the rates of its window's two halves differ by more than {:.1}× \
          (the placement changed during the window); such trials are left out of the summary \
-         when every switch has a settled one. The yardstick is testpmd's own `net_vhost` io forwarding: \
+         while every switch has one that passes that check. The yardstick is testpmd's own `net_vhost` io forwarding: \
          no switching, two copies per frame. The generator is the VNF (DPDK's own \
          `net_virtio_user` driver): what each switch costs it is read over the same window — \
          its forwarding cycles per frame received (testpmd `--record-core-cycles`; its pcap \
@@ -283,7 +283,11 @@ pub fn markdown(r: &Results) -> String {
                     (Some((b, a)), None) => format!("{b:.0} / {a:.0}"),
                     _ => "—".into(),
                 };
-                if crate::mrr::settled(t, fastest) { apart } else { format!("**{apart}** (moved)") }
+                if crate::mrr::counted_at(&r.config, &r.samples, t.size, fastest)(t) {
+                    apart
+                } else {
+                    format!("**{apart}** (left out)")
+                }
             },
             t.repeated
         );
