@@ -58,8 +58,18 @@ const CREDIT_CAP: i32 = 96;
 const OFF_BELOW: i16 = -64;
 
 /// One burst in this many of a thrashing port still goes through the cache, to notice flows
-/// that repeat again.
-pub(super) const SAMPLE_EVERY: u8 = 64;
+/// that repeat again. After each sampled burst that did not bring the port back and whose
+/// misses the second level found, twice as many, up to [`SAMPLE_EVERY`] << [`MAX_FAILED`]
+/// (1,024 bursts: a couple of milliseconds at line rate): a port whose churn the second
+/// level serves loses little between samples, and stops paying for samples that all miss
+/// (each a burst's lookups, its misses' halves and fills: in l2-fullmesh-1k, a sample in 64
+/// cost ~1 instruction a frame). The price: a sample's misses fill the cache from the second
+/// level, so the first sample after the port's flows start to repeat misses and only the
+/// next one, twice as late, brings it back. A port whose misses take the slow path (floods,
+/// a cold FDB) keeps sampling one burst in 64; each time a port leaves, it starts there.
+pub(super) const SAMPLE_EVERY: u16 = 64;
+/// How many times the interval between samples doubles (see [`SAMPLE_EVERY`]).
+const MAX_FAILED: u8 = 4;
 
 /// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
 /// their bytes and how many were found. It only reads, so the pool's and the cache's fields
@@ -365,19 +375,25 @@ pub(super) struct Flows {
 /// [`Account::worth`]).
 pub(super) struct Account {
     credit: Box<[i16; fdb::MAX_PORTS]>,
-    /// Per ingress port off the cache, its bursts that skipped it, to sample one in
-    /// [`SAMPLE_EVERY`] (per port: a shared count could keep landing on the same ports).
-    sampled: Box<[u8; fdb::MAX_PORTS]>,
+    /// Per ingress port off the cache, its bursts that skipped it since the last sampled one
+    /// (per port: a shared count could keep landing on the same ports), and how many sampled
+    /// bursts in a row failed to bring it back while the second level served it
+    /// ([`SAMPLE_EVERY`]).
+    sampled: Box<[(u16, u8); fdb::MAX_PORTS]>,
 }
 
 impl Account {
     fn new() -> Account {
-        Account { credit: Box::new([0; fdb::MAX_PORTS]), sampled: Box::new([0; fdb::MAX_PORTS]) }
+        Account {
+            credit: Box::new([0; fdb::MAX_PORTS]),
+            sampled: Box::new([(0, 0); fdb::MAX_PORTS]),
+        }
     }
 
     /// Whether this burst from `port` goes through the cache: while the cache has saved the
     /// port about what it cost it (its credit is not below [`OFF_BELOW`]), and otherwise
-    /// one burst in [`SAMPLE_EVERY`], to notice when flows repeat again. A burst earns
+    /// one burst in [`SAMPLE_EVERY`] (fewer while samples fail), to notice when flows repeat
+    /// again. A burst earns
     /// [`HIT_WORTH`] for each hit and loses one for each miss, so a port whose frames hit
     /// less than a quarter of the time — a churn of flows the cache cannot hold (a thousand
     /// pods talking to all the others, for the exact-match cache), floods, which are never
@@ -391,12 +407,35 @@ impl Account {
         self.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample(port)
     }
 
-    /// One burst in [`SAMPLE_EVERY`] of a port off the cache.
+    /// One burst in [`SAMPLE_EVERY`] of a port off the cache, fewer while the second level
+    /// serves it ([`Account::sampled_off`]).
     #[inline(never)]
     fn sample(&mut self, port: u16) -> bool {
-        let s = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)];
-        *s = s.wrapping_add(1) % SAMPLE_EVERY;
-        *s == 0
+        let (skipped, failed) = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)];
+        *skipped += 1;
+        if *skipped < SAMPLE_EVERY << *failed {
+            return false;
+        }
+        *skipped = 0;
+        true
+    }
+
+    /// A port left the cache (only a burst with misses takes it off, here): its samples
+    /// start at the first interval. (Not when a sample brings it back, which an all-hit
+    /// burst may do: that path stays as short as it was.)
+    #[cold]
+    #[inline(never)]
+    fn left(&mut self, port: u16) {
+        self.sampled[port as usize & (fdb::MAX_PORTS - 1)] = (0, 0);
+    }
+
+    /// A sampled burst left the port off the cache: one more failed sample when the second
+    /// level found most of its misses (`served`), none when they took the slow path.
+    #[cold]
+    #[inline(never)]
+    fn sampled_off(&mut self, port: u16, served: bool) {
+        let failed = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)].1;
+        *failed = if served { (*failed + 1).min(MAX_FAILED) } else { 0 };
     }
 
     /// After `n` lookups for frames from `port` that hit `hits` times, not all of them: their
@@ -405,6 +444,7 @@ impl Account {
     #[inline(never)]
     pub(super) fn note(&mut self, port: u16, hits: u64, n: usize, free: u32, halved: u64) {
         let c = &mut self.credit[port as usize & (fdb::MAX_PORTS - 1)];
+        let was_on = *c >= OFF_BELOW;
         let (hits, misses) = (hits as i32, n as i32 - hits as i32);
         // A miss that filled a free entry is an investment (the flow may come again), not
         // waste: a cold start costs nothing. (Rewrites of a key the cache holds are not.)
@@ -413,11 +453,17 @@ impl Account {
         // new epoch), so it goes on the cache to fill it at once.
         if 2 * invested >= misses {
             *c = (*c).max(0);
-            return;
+        } else {
+            let wasted = misses - invested;
+            let dear = (halved as i32).min(wasted) * (HALVED_MISS - 1);
+            *c = (*c as i32 + HIT_WORTH * hits - wasted - dear).clamp(-CREDIT_CAP, CREDIT_CAP)
+                as i16;
         }
-        let wasted = misses - invested;
-        let dear = (halved as i32).min(wasted) * (HALVED_MISS - 1);
-        *c = (*c as i32 + HIT_WORTH * hits - wasted - dear).clamp(-CREDIT_CAP, CREDIT_CAP) as i16;
+        match (was_on, *c >= OFF_BELOW) {
+            (true, false) => self.left(port),
+            (false, false) => self.sampled_off(port, 2 * halved as i32 >= misses),
+            _ => {}
+        }
     }
 
     /// After `n` lookups for frames from `port`, every one of which hit.
@@ -941,4 +987,68 @@ fn strip_hits(
         }
     }
     (bytes, hits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bursts of `port` until the account samples one (it is off the cache).
+    fn until_sampled(a: &mut Account, port: u16) -> u32 {
+        (1..=4096).find(|_| a.worth(port)).expect("a sampled burst")
+    }
+
+    /// Takes `port` off: a burst of nothing but misses, none of them filled or halved.
+    fn take_off(a: &mut Account, port: u16) {
+        for _ in 0..3 {
+            a.note(port, 0, BATCH, 0, 0);
+        }
+        assert!(a.credit[port as usize] < OFF_BELOW);
+    }
+
+    #[test]
+    fn samples_thin_out_while_the_second_level_serves_the_port() {
+        let mut a = Account::new();
+        take_off(&mut a, 3);
+        let mut gaps = vec![];
+        for _ in 0..6 {
+            gaps.push(until_sampled(&mut a, 3));
+            // The sample missed everything, and the halves found every miss.
+            a.note(3, 0, BATCH, 0, BATCH as u64);
+        }
+        assert_eq!(gaps, [64, 128, 256, 512, 1024, 1024]);
+    }
+
+    #[test]
+    fn a_port_whose_misses_take_the_slow_path_keeps_sampling_often() {
+        let mut a = Account::new();
+        take_off(&mut a, 3);
+        for _ in 0..2 {
+            let _ = until_sampled(&mut a, 3);
+            a.note(3, 0, BATCH, 0, BATCH as u64);
+        }
+        assert_eq!(until_sampled(&mut a, 3), 256);
+        // A sample whose misses the second level did not find: back to the first interval.
+        a.note(3, 0, BATCH, 0, 0);
+        assert_eq!(until_sampled(&mut a, 3), 64);
+        assert_eq!(until_sampled(&mut a, 3), 64);
+    }
+
+    #[test]
+    fn a_port_that_came_back_and_left_again_samples_at_the_first_interval() {
+        let mut a = Account::new();
+        take_off(&mut a, 5);
+        for _ in 0..3 {
+            let _ = until_sampled(&mut a, 5);
+            a.note(5, 0, BATCH, 0, BATCH as u64);
+        }
+        let _ = until_sampled(&mut a, 5);
+        a.note_hits(5, BATCH);
+        assert!(a.worth(5), "an all-hit sample brings it back");
+        take_off(&mut a, 5);
+        assert_eq!(until_sampled(&mut a, 5), 64);
+        // Other ports keep their own intervals.
+        take_off(&mut a, 6);
+        assert_eq!(until_sampled(&mut a, 6), 64);
+    }
 }
