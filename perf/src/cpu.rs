@@ -9,6 +9,12 @@
 //! and every vhost-user switch's rate and the VNF's cycles a packet move with it (~2×), since
 //! both sides pass every frame's lines between the two cores. A trial is compared only with
 //! trials in the same placement (`mrr.rs`).
+//!
+//! And how fast each vCPU runs while it runs ([`speed`]): a chain of dependent multiplies
+//! (the core's own speed: slower when the host runs something on its other hyperthread or
+//! lowers its clock) and a chain of dependent loads over more memory than any cache holds
+//! (the memory's latency: slower when the host's other tenants load it). A trial at half its
+//! usual rate with the CPUs near is looked for there.
 
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -104,6 +110,72 @@ pub fn round_trip(a: usize, b: usize, dur: Duration) -> std::io::Result<f64> {
     })
 }
 
+/// How fast a CPU ran a fixed piece of work ([`speed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct Speed {
+    pub cpu: usize,
+    /// Nanoseconds a dependent 64-bit multiply-add took.
+    pub alu_ns: f64,
+    /// Nanoseconds a dependent load from a random line of [`CHASE_BYTES`] took.
+    pub memory_ns: f64,
+}
+
+/// The memory [`speed`]'s loads chase through: more than the host's last-level cache.
+pub const CHASE_BYTES: usize = 64 << 20;
+
+/// A random cycle through [`CHASE_BYTES`] of lines: each line's first word is the index of
+/// the next line's (made once, on first use: ~0.3 s).
+fn chase() -> &'static [u64] {
+    static CHASE: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+    CHASE.get_or_init(|| {
+        const WORDS: usize = 8; // a 64-byte line
+        let lines = CHASE_BYTES / 64;
+        let mut order: Vec<usize> = (0..lines).collect();
+        // Sattolo's shuffle (one cycle through every line), from a fixed xorshift.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in (1..lines).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % i as u64) as usize);
+        }
+        let mut v = vec![0u64; lines * WORDS];
+        for (i, &next) in order.iter().enumerate() {
+            v[i * WORDS] = (next * WORDS) as u64;
+        }
+        v
+    })
+}
+
+/// Runs [`Speed`]'s two chains on `cpu` for about `dur` each.
+pub fn speed(cpu: usize, dur: Duration) -> std::io::Result<Speed> {
+    let mem = chase();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin(cpu)?;
+            let (mut x, mut ops, start) = (1u64, 0u64, Instant::now());
+            while start.elapsed() < dur {
+                for _ in 0..4096 {
+                    x = std::hint::black_box(x.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1));
+                }
+                ops += 4096;
+            }
+            let alu_ns = start.elapsed().as_secs_f64() * 1e9 / ops as f64;
+            let (mut at, mut loads, start) = (0usize, 0u64, Instant::now());
+            while start.elapsed() < dur {
+                for _ in 0..1024 {
+                    at = std::hint::black_box(mem[at] as usize);
+                }
+                loads += 1024;
+            }
+            let memory_ns = start.elapsed().as_secs_f64() * 1e9 / loads as f64;
+            Ok(Speed { cpu, alu_ns, memory_ns })
+        })
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the speed probe panicked")))
+    })
+}
+
 /// Pins the calling thread to `cpu`.
 pub fn pin(cpu: usize) -> std::io::Result<()> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it for
@@ -124,6 +196,14 @@ pub fn pin(cpu: usize) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_speed_probe_times_both_chains() {
+        let s = speed(0, Duration::from_millis(10)).unwrap();
+        assert!(s.alu_ns > 0.0 && s.alu_ns < 100.0, "{s:?}");
+        assert!(s.memory_ns > s.alu_ns, "a load from memory is slower than a multiply: {s:?}");
+        assert!(speed(100_000, Duration::from_millis(1)).is_err());
+    }
 
     #[test]
     fn a_probe_reports_a_fraction() {

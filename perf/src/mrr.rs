@@ -90,6 +90,11 @@ pub struct Sample {
     /// the window and back shows as halves apart.
     #[serde(default)]
     pub halves_mpps: Option<(f64, f64)>,
+    /// How fast the generator's CPU and the switch's ran a fixed piece of work right before
+    /// the trial's processes started ([`cpu::speed`]): a core slowed by its host (its other
+    /// hyperthread, its clock, the memory's other tenants) shows there.
+    #[serde(default)]
+    pub speed: Vec<cpu::Speed>,
     /// Earlier attempts of this trial thrown away: the machine starved it, or it was not
     /// settled ([`settled`]).
     pub repeated: usize,
@@ -373,6 +378,10 @@ fn trial(
     let pair = (cfg.layout.generator_cpu, cfg.layout.switch_cpu);
     let apart = || cpu::round_trip(pair.0, pair.1, Duration::from_millis(50));
     let before = apart()?;
+    let speed = [pair.0, pair.1]
+        .iter()
+        .map(|&c| cpu::speed(c, Duration::from_millis(30)))
+        .collect::<Result<Vec<_>, _>>()?;
     let (running, sockets) = Running::start(switch, &setup)?;
     let tag = format!("{}-{size}-q{}-{round}-{repeated}", switch.name(), cfg.vnf.ring);
     let switching = switch != Kind::Yardstick;
@@ -432,6 +441,7 @@ fn trial(
         supply,
         round_trip_ns,
         halves_mpps: Some((first.received / 1e6, second.received / 1e6)),
+        speed,
         repeated,
     })
 }
@@ -536,6 +546,7 @@ mod tests {
             supply: vec![],
             round_trip_ns: Some((apart_ns, apart_ns)),
             halves_mpps: Some((mpps, mpps)),
+            speed: vec![],
             repeated: 0,
         }
     }

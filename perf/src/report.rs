@@ -251,16 +251,16 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "## Every trial\n");
     let _ = writeln!(
         o,
-        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | CPUs apart, ns before / after; Mpps in the window's halves | repeated |"
+        "| round | size | switch | offered Mpps | received Mpps | bytes/frame out | cycles/packet | PMD busy | bottleneck | VNF cycles/packet | VNF writes/s | CPU supply | CPUs apart, ns before / after; Mpps in the window's halves | CPU speed before: ns a multiply / a load from memory | repeated |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let fastest = r.fastest();
     for t in &r.samples {
         let supply: Vec<String> =
             t.supply.iter().map(|s| format!("cpu{} {:.0} %", s.cpu, s.fraction * 100.0)).collect();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             t.round,
             t.size,
             t.switch.name(),
@@ -289,10 +289,24 @@ pub fn markdown(r: &Results) -> String {
                     format!("**{apart}** (left out)")
                 }
             },
+            speeds(&t.speed),
             t.repeated
         );
     }
     o
+}
+
+/// A trial's [`crate::cpu::Speed`]s as the every-trial table shows them: per CPU, ns a
+/// multiply and ns a load from memory.
+fn speeds(speed: &[crate::cpu::Speed]) -> String {
+    if speed.is_empty() {
+        return "—".into();
+    }
+    let each: Vec<String> = speed
+        .iter()
+        .map(|s| format!("cpu{} {:.2} / {:.0}", s.cpu, s.alu_ns, s.memory_ns))
+        .collect();
+    each.join(", ")
 }
 
 /// Writes an NDR run's `results.json` and `report.md`.
