@@ -58,15 +58,18 @@ const CREDIT_CAP: i32 = 96;
 const OFF_BELOW: i16 = -64;
 
 /// One burst in this many of a thrashing port still goes through the cache, to notice flows
-/// that repeat again. After each sampled burst that did not bring the port back and whose
-/// misses the second level found, twice as many, up to [`SAMPLE_EVERY`] << [`MAX_FAILED`]
-/// (1,024 bursts: a couple of milliseconds at line rate): a port whose churn the second
-/// level serves loses little between samples, and stops paying for samples that all miss
-/// (each a burst's lookups, its misses' halves and fills: in l2-fullmesh-1k, a sample in 64
-/// cost ~1 instruction a frame). The price: a sample's misses fill the cache from the second
-/// level, so the first sample after the port's flows start to repeat misses and only the
-/// next one, twice as late, brings it back. A port whose misses take the slow path (floods,
-/// a cold FDB) keeps sampling one burst in 64; each time a port leaves, it starts there.
+/// that repeat again. After each sampled burst that did not bring the port back and at
+/// least half of whose misses the second level found, twice as many, up to
+/// [`SAMPLE_EVERY`] << [`MAX_FAILED`] (1,024 bursts: a couple of milliseconds at line rate):
+/// a port whose churn the second level serves loses little between samples, and stops
+/// paying for samples that all miss (each a burst's lookups, its misses' halves and fills:
+/// in l2-fullmesh-1k, a sample in 64 cost ~1 instruction a frame). The price: a sample's
+/// misses fill the cache from the second level, so the first sample after the port's flows
+/// start to repeat misses and only the next one, twice as late (at most 1,024 bursts, so
+/// ~2,048 in all after a long churn), brings it back. A port whose misses take the slow
+/// path (floods, a cold FDB) keeps sampling one burst in 64, as does a port whose last
+/// sample earned credit (its hits outweighed its misses); each time a port leaves, it
+/// starts there.
 pub(super) const SAMPLE_EVERY: u16 = 64;
 /// How many times the interval between samples doubles (see [`SAMPLE_EVERY`]).
 const MAX_FAILED: u8 = 4;
@@ -383,18 +386,28 @@ pub(super) struct Flows {
 /// [`Account::worth`]).
 pub(super) struct Account {
     credit: Box<[i16; fdb::MAX_PORTS]>,
-    /// Per ingress port off the cache, its bursts that skipped it since the last sampled one
-    /// (per port: a shared count could keep landing on the same ports), and how many sampled
-    /// bursts in a row failed to bring it back while the second level served it
-    /// ([`SAMPLE_EVERY`]).
-    sampled: Box<[(u16, u8); fdb::MAX_PORTS]>,
+    /// Per ingress port off the cache, how it is sampled (per port: a shared count could
+    /// keep landing on the same ports).
+    sampled: Box<[Sampling; fdb::MAX_PORTS]>,
+}
+
+/// How a port off a cache is sampled ([`SAMPLE_EVERY`]).
+#[derive(Clone, Copy, Default)]
+struct Sampling {
+    /// Bursts that skipped the cache since the last sampled one.
+    skipped: u16,
+    /// Sampled bursts in a row that left the port off while the second level served it.
+    failed: u8,
+    /// The port's credit at its previous burst off the cache: only sampled bursts change
+    /// it, so a rise is a sample that earned (its frames hit).
+    credit: i16,
 }
 
 impl Account {
     fn new() -> Account {
         Account {
             credit: Box::new([0; fdb::MAX_PORTS]),
-            sampled: Box::new([(0, 0); fdb::MAX_PORTS]),
+            sampled: Box::new([Sampling::default(); fdb::MAX_PORTS]),
         }
     }
 
@@ -416,33 +429,42 @@ impl Account {
     }
 
     /// One burst in [`SAMPLE_EVERY`] of a port off the cache, fewer while the second level
-    /// serves it ([`Account::sampled_off`]).
+    /// serves it ([`Account::sampled_off`]). A sample that earned credit without bringing
+    /// the port back (hits of bursts too short to make up for its debt) is not a failure:
+    /// the interval starts again. (Seen here, not where the hits are counted: that is the
+    /// all-hit burst's path, which stays as short as it was.)
     #[inline(never)]
     fn sample(&mut self, port: u16) -> bool {
-        let (skipped, failed) = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)];
-        *skipped += 1;
-        if *skipped < SAMPLE_EVERY << *failed {
+        let i = port as usize & (fdb::MAX_PORTS - 1);
+        let (credit, s) = (self.credit[i], &mut self.sampled[i]);
+        if credit > s.credit {
+            s.failed = 0;
+        }
+        s.credit = credit;
+        s.skipped += 1;
+        if s.skipped < SAMPLE_EVERY << s.failed {
             return false;
         }
-        *skipped = 0;
+        s.skipped = 0;
         true
     }
 
     /// A port left the cache (only a burst with misses takes it off, here): its samples
-    /// start at the first interval. (Not when a sample brings it back, which an all-hit
-    /// burst may do: that path stays as short as it was.)
+    /// start at the first interval.
     #[cold]
     #[inline(never)]
     fn left(&mut self, port: u16) {
-        self.sampled[port as usize & (fdb::MAX_PORTS - 1)] = (0, 0);
+        let i = port as usize & (fdb::MAX_PORTS - 1);
+        self.sampled[i] = Sampling { credit: self.credit[i], ..Sampling::default() };
     }
 
     /// A sampled burst left the port off the cache: one more failed sample when the second
-    /// level found most of its misses (`served`), none when they took the slow path.
+    /// level found at least half of its misses (`served`), none when they took the slow
+    /// path.
     #[cold]
     #[inline(never)]
     fn sampled_off(&mut self, port: u16, served: bool) {
-        let failed = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)].1;
+        let failed = &mut self.sampled[port as usize & (fdb::MAX_PORTS - 1)].failed;
         *failed = if served { (*failed + 1).min(MAX_FAILED) } else { 0 };
     }
 
@@ -1040,6 +1062,21 @@ mod tests {
         a.note(3, 0, BATCH, 0, 0);
         assert_eq!(until_sampled(&mut a, 3), 64);
         assert_eq!(until_sampled(&mut a, 3), 64);
+    }
+
+    #[test]
+    fn a_sample_that_earned_without_bringing_the_port_back_restarts_the_interval() {
+        let mut a = Account::new();
+        take_off(&mut a, 4);
+        for _ in 0..3 {
+            let _ = until_sampled(&mut a, 4);
+            a.note(4, 0, BATCH, 0, BATCH as u64);
+        }
+        assert_eq!(until_sampled(&mut a, 4), 512);
+        // A short burst, all hits: +12, not enough to come back from the floor.
+        a.note_hits(4, 4);
+        assert!(a.credit[4] < OFF_BELOW);
+        assert_eq!(until_sampled(&mut a, 4), 64);
     }
 
     #[test]
