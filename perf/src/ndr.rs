@@ -10,6 +10,12 @@
 //! A switch with its own counters (Knitter, OVS) tells whether it was the bottleneck in the
 //! MRR trial (its forwarding thread ≥ 95 % busy); the generator's own ceiling is the
 //! yardstick's MRR.
+//!
+//! Where the host put the generator's and the switch's CPUs (`cpu::round_trip`, as in
+//! `mrr`): probed around every alternated round's trial, which is repeated when the CPUs ran
+//! farther apart than the run's nearest placement (more than [`crate::mrr::NEAR`] × its
+//! fastest round trip), and around each switch's search, which the report marks when it ran
+//! apart (a search takes too many trials to repeat whole).
 
 use crate::cpu::{self, Supply};
 use crate::frames::FrameSize;
@@ -171,6 +177,10 @@ pub struct Measured {
     /// not, its cycles per packet, the CPU supply).
     #[serde(default)]
     pub round_trials: Vec<RoundTrial>,
+    /// A cache line's round trip between the generator's CPU and the switch's, ns, right
+    /// before the MRR trial and search and right after them.
+    #[serde(default)]
+    pub search_round_trip_ns: Option<(f64, f64)>,
 }
 
 /// A round's trial is repeated (up to [`RETRIES`] times, then dropped) when the spin probe
@@ -260,10 +270,23 @@ impl Bench {
 pub fn run(cfg: &Config, progress: &Progress) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&cfg.work)?;
     let mut measured = Vec::new();
+    let mut placement = Placement::new(cfg);
     for &size in &cfg.sizes {
-        let rounds = alternated_mrr(cfg, size, progress)?;
+        let rounds = alternated_mrr(cfg, size, progress, &mut placement)?;
         for (i, &switch) in cfg.switches.iter().enumerate() {
+            let before = placement.probe()?;
             let mut m = throughput(cfg, switch, size, progress)?;
+            let trips = (before, placement.probe()?);
+            m.search_round_trip_ns = Some(trips);
+            if placement.apart(trips) {
+                progress.line(&format!(
+                    "{}@{size}: the search ran with the CPUs {:.0} / {:.0} ns apart (the run's nearest {:.0}): the host moved them; its rates are not comparable",
+                    switch.name(),
+                    trips.0,
+                    trips.1,
+                    placement.fastest
+                ));
+            }
             m.mrr_rounds = rounds.iter().map(|r| r[i].mpps).collect();
             m.rounds_repeated = rounds.iter().map(|r| r[i].tries.len() - 1).sum();
             m.rounds_dropped = rounds.iter().filter(|r| r[i].mpps.is_none()).count();
@@ -323,8 +346,43 @@ pub struct RoundTrial {
     pub bad_completions: u64,
     /// The CPU given the least of its time in the probe right after.
     pub supply: Supply,
+    /// The CPUs' round trip, ns, right before the trial and right after it.
+    #[serde(default)]
+    pub round_trip_ns: Option<(f64, f64)>,
     /// Kept for the headline (false: repeated or, after the last try, dropped).
     pub kept: bool,
+    /// The CPUs ran farther apart than the run's nearest placement: repeated, or kept (and
+    /// so marked) when every try was.
+    #[serde(default)]
+    pub apart: bool,
+}
+
+/// The run's nearest placement of the generator's and the switch's CPUs so far: the
+/// fastest round trip probed.
+struct Placement {
+    pair: (usize, usize),
+    fastest: f64,
+}
+
+impl Placement {
+    fn new(cfg: &Config) -> Placement {
+        Placement {
+            pair: (cfg.layout.generator_cpu, cfg.layout.switch_cpu),
+            fastest: f64::INFINITY,
+        }
+    }
+
+    /// Probes the round trip now (50 ms), keeping the fastest.
+    fn probe(&mut self) -> anyhow::Result<f64> {
+        let ns = cpu::round_trip(self.pair.0, self.pair.1, Duration::from_millis(50))?;
+        self.fastest = self.fastest.min(ns);
+        Ok(ns)
+    }
+
+    /// Whether a trial probed `before` and `after` ran apart.
+    fn apart(&self, (before, after): (f64, f64)) -> bool {
+        before.max(after) > crate::mrr::NEAR * self.fastest
+    }
 }
 
 /// One switch in one round: the rate kept (none when every try was starved) and its tries.
@@ -342,6 +400,7 @@ fn alternated_mrr(
     cfg: &Config,
     size: FrameSize,
     progress: &Progress,
+    placement: &mut Placement,
 ) -> anyhow::Result<Vec<Vec<Round>>> {
     if cfg.rounds <= 1 {
         return Ok(Vec::new());
@@ -352,14 +411,17 @@ fn alternated_mrr(
         for &switch in &cfg.switches {
             let mut tries = Vec::new();
             let mpps = loop {
+                let near_before = placement.probe()?;
                 let mut b = Bench::start(cfg, switch, size)?;
                 let before = b.running.own();
                 let o = b.generator.trial(None, cfg.trial, false)?;
                 let own = before.zip(b.running.own());
                 drop(b);
                 let supply = lowest_supply(cfg)?;
+                let trips = (near_before, placement.probe()?);
                 progress.advance(START + cfg.trial + 2 * PROBE);
                 let starved = supply.fraction < MIN_SUPPLY;
+                let apart = !starved && placement.apart(trips);
                 let t = RoundTrial {
                     round,
                     received: o.received_pps(),
@@ -369,7 +431,9 @@ fn alternated_mrr(
                     frame_bytes: o.frame_bytes(),
                     bad_completions: o.bad_completions,
                     supply,
-                    kept: !starved,
+                    round_trip_ns: Some(trips),
+                    kept: !starved && !apart,
+                    apart,
                 };
                 progress.line(&format!(
                     "round {round} {}@{size}: MRR {:.2} Mpps{}{}",
@@ -385,15 +449,26 @@ fn alternated_mrr(
                             supply.cpu,
                             supply.fraction * 100.0
                         )
+                    } else if apart {
+                        format!(
+                            " — the CPUs {:.0} / {:.0} ns apart (the run's nearest {:.0}): repeating",
+                            trips.0, trips.1, placement.fastest
+                        )
                     } else {
                         String::new()
                     }
                 ));
                 tries.push(t);
-                if !starved {
+                if !starved && !apart {
                     break Some(o.received_pps());
                 }
                 if tries.len() > RETRIES {
+                    // Apart every time (the host keeps them apart for minutes): the last
+                    // try is kept, marked; a round starved every time is dropped.
+                    if let Some(t) = tries.last_mut().filter(|t| t.apart) {
+                        t.kept = true;
+                        break Some(t.received);
+                    }
                     progress.line(&format!(
                         "round {round} {}@{size}: dropped, starved {} times",
                         switch.name(),
@@ -515,5 +590,6 @@ fn throughput(
         rounds_repeated: 0,
         rounds_dropped: 0,
         round_trials: Vec::new(),
+        search_round_trip_ns: None,
     })
 }

@@ -296,6 +296,11 @@ pub fn markdown(r: &Results) -> String {
     o
 }
 
+/// Round trips before and after, ns, or a dash.
+fn trips(t: Option<(f64, f64)>) -> String {
+    t.map(|(b, a)| format!("{b:.0} / {a:.0}")).unwrap_or_else(|| "—".into())
+}
+
 /// A trial's [`crate::cpu::Speed`]s as the every-trial table shows them: per CPU, ns a
 /// multiply and ns a load from memory.
 fn speeds(speed: &[crate::cpu::Speed]) -> String {
@@ -472,14 +477,14 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         let _ = writeln!(o, "## Every round\n");
         let _ = writeln!(
             o,
-            "| size | round | switch | MRR Mpps | bytes/frame out | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | kept |"
+            "| size | round | switch | MRR Mpps | bytes/frame out | switch busy | switch cycles/packet | generator's longest stall µs | lowest CPU supply after | CPUs apart, ns before / after | kept |"
         );
-        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|");
         for m in &r.measured {
             for t in &m.round_trials {
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {:.2} | {}{} | {} | {} | {:.0} | {:.0} % (CPU {}) | {} |",
+                    "| {} | {} | {} | {:.2} | {}{} | {} | {} | {:.0} | {:.0} % (CPU {}) | {} | {} |",
                     m.size,
                     t.round,
                     m.switch.name(),
@@ -499,9 +504,42 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                     t.longest_gap_us,
                     t.supply.fraction * 100.0,
                     t.supply.cpu,
-                    if t.kept { "yes" } else { "no: starved" }
+                    trips(t.round_trip_ns),
+                    match (t.kept, t.apart) {
+                        (true, false) => "yes",
+                        (true, true) => "yes, **apart** (every try was)",
+                        (false, true) => "no: apart",
+                        (false, false) => "no: starved",
+                    }
                 );
             }
+        }
+        let _ = writeln!(o);
+    }
+    if r.measured.iter().any(|m| m.search_round_trip_ns.is_some()) {
+        // The run's nearest placement: the fastest round trip of any probe it kept.
+        let fastest = r
+            .measured
+            .iter()
+            .flat_map(|m| {
+                m.round_trials.iter().filter_map(|t| t.round_trip_ns).chain(m.search_round_trip_ns)
+            })
+            .flat_map(|(b, a)| [b, a])
+            .fold(f64::INFINITY, f64::min);
+        let _ = writeln!(o, "## Where the CPUs were during each search\n");
+        let _ = writeln!(
+            o,
+            "A cache line's round trip between the generator's CPU and the switch's before the MRR trial and search and after them; **bold**: farther apart than {:.1}× the run's nearest ({fastest:.0} ns), so its rates are not comparable with searches run near.\n",
+            crate::mrr::NEAR
+        );
+        let _ = writeln!(o, "| size | switch | CPUs apart, ns before / after |");
+        let _ = writeln!(o, "|---|---|---|");
+        for m in &r.measured {
+            let t = trips(m.search_round_trip_ns);
+            let far =
+                m.search_round_trip_ns.is_some_and(|(b, a)| b.max(a) > crate::mrr::NEAR * fastest);
+            let t = if far { format!("**{t}**") } else { t };
+            let _ = writeln!(o, "| {} | {} | {t} |", m.size, m.switch.name());
         }
         let _ = writeln!(o);
     }

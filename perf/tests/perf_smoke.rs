@@ -256,6 +256,15 @@ fn a_short_ndr_run_finds_rates_and_latency_with_knitters_generator() {
     );
     assert_eq!(m["latency_curve"].as_array().unwrap().len(), 3, "{m}");
     assert!(md.contains("| knitter |") && md.contains("Latency at"), "{md}");
+    // Where the host had the two CPUs: around every round's trial and every search.
+    for m in r["measured"].as_array().unwrap() {
+        let trips = m["search_round_trip_ns"].as_array().expect("the search's round trips");
+        assert!(trips.iter().all(|t| t.as_f64().is_some_and(|ns| ns > 0.0)), "{m}");
+        for t in m["round_trials"].as_array().unwrap() {
+            assert!(t["round_trip_ns"].as_array().is_some_and(|a| a.len() == 2), "{t}");
+        }
+    }
+    assert!(md.contains("## Where the CPUs were during each search"), "{md}");
 }
 
 /// VLAN access → trunk and back, VXLAN encapsulation and decapsulation through Knitter (its
