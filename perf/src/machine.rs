@@ -13,9 +13,15 @@ use std::sync::Mutex;
 /// rings and buffers, rounded up, MiB.
 const KNITTER_MIB: u64 = 48;
 const VGEN_MIB: u64 = 16;
+/// Beyond what the run's processes take: pages a process of the previous trial has not
+/// given back yet, and what others on the machine map while they are free (a
+/// knitter-vswitchd's pool takes `MAP_HUGETLB` pages when there are some). Without it a
+/// testpmd generator beside the yardstick's testpmd, 1 GiB each, needed every page of the
+/// reservation and once failed in CI with "Cannot init memory".
+const HEADROOM_MIB: u64 = 128;
 
 /// Hugepage memory a run holds at once, MiB: the generator and the hungriest switch run
-/// together (one switch at a time), each DPDK process with its `-m`.
+/// together (one switch at a time), each DPDK process with its `-m`, and [`HEADROOM_MIB`].
 pub fn mib_needed(switches: &[Kind], scenario: Scenario, testpmd_generator: bool) -> u64 {
     let generator = if testpmd_generator { DPDK_MIB } else { VGEN_MIB };
     let switch = switches
@@ -32,7 +38,7 @@ pub fn mib_needed(switches: &[Kind], scenario: Scenario, testpmd_generator: bool
         })
         .max()
         .unwrap_or(0);
-    generator + switch
+    generator + switch + HEADROOM_MIB
 }
 
 /// Whether a switch of the run cannot run without hugepages (OVS's DPDK with `--no-huge`
@@ -248,18 +254,18 @@ mod tests {
         use Kind::*;
         assert_eq!(
             mib_needed(&[Knitter, Yardstick], Scenario::L2, true),
-            2048,
+            2048 + HEADROOM_MIB,
             "testpmd generating, testpmd forwarding"
         );
         assert_eq!(
             mib_needed(&[Knitter, Ovs], Scenario::L2, false),
-            1040,
+            1040 + HEADROOM_MIB,
             "Knitter's generator beside OVS"
         );
-        assert_eq!(mib_needed(&[Knitter], Scenario::L2, false), 64);
+        assert_eq!(mib_needed(&[Knitter], Scenario::L2, false), 64 + HEADROOM_MIB);
         assert_eq!(
             mib_needed(&[Knitter], Scenario::VxlanTwoVteps, false),
-            112,
+            112 + HEADROOM_MIB,
             "two switches at once"
         );
         assert!(hugepages_required(&[Knitter, Ovs]) && !hugepages_required(&[Knitter, Yardstick]));
