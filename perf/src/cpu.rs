@@ -114,7 +114,8 @@ pub fn round_trip(a: usize, b: usize, dur: Duration) -> std::io::Result<f64> {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Speed {
     pub cpu: usize,
-    /// Nanoseconds a dependent 64-bit multiply-add took.
+    /// Nanoseconds a dependent 64-bit multiply-add took (with `black_box`'s store and
+    /// reload: a relative measure, compared across trials, not a multiply's latency).
     pub alu_ns: f64,
     /// Nanoseconds a dependent load from a random line of [`CHASE_BYTES`] took.
     pub memory_ns: f64,

@@ -1036,6 +1036,15 @@ mod tests {
         assert!(a.credit[port as usize] < OFF_BELOW);
     }
 
+    /// `k` samples of `port`, each missing everything while the second level found every
+    /// miss.
+    fn fail_samples(a: &mut Account, port: u16, k: usize) {
+        for _ in 0..k {
+            let _ = until_sampled(a, port);
+            a.note(port, 0, BATCH, 0, BATCH as u64);
+        }
+    }
+
     #[test]
     fn samples_thin_out_while_the_second_level_serves_the_port() {
         let mut a = Account::new();
@@ -1053,10 +1062,7 @@ mod tests {
     fn a_port_whose_misses_take_the_slow_path_keeps_sampling_often() {
         let mut a = Account::new();
         take_off(&mut a, 3);
-        for _ in 0..2 {
-            let _ = until_sampled(&mut a, 3);
-            a.note(3, 0, BATCH, 0, BATCH as u64);
-        }
+        fail_samples(&mut a, 3, 2);
         assert_eq!(until_sampled(&mut a, 3), 256);
         // A sample whose misses the second level did not find: back to the first interval.
         a.note(3, 0, BATCH, 0, 0);
@@ -1068,10 +1074,7 @@ mod tests {
     fn a_sample_that_earned_without_bringing_the_port_back_restarts_the_interval() {
         let mut a = Account::new();
         take_off(&mut a, 4);
-        for _ in 0..3 {
-            let _ = until_sampled(&mut a, 4);
-            a.note(4, 0, BATCH, 0, BATCH as u64);
-        }
+        fail_samples(&mut a, 4, 3);
         assert_eq!(until_sampled(&mut a, 4), 512);
         // A short burst, all hits: +12, not enough to come back from the floor.
         a.note_hits(4, 4);
@@ -1083,10 +1086,7 @@ mod tests {
     fn a_port_that_came_back_and_left_again_samples_at_the_first_interval() {
         let mut a = Account::new();
         take_off(&mut a, 5);
-        for _ in 0..3 {
-            let _ = until_sampled(&mut a, 5);
-            a.note(5, 0, BATCH, 0, BATCH as u64);
-        }
+        fail_samples(&mut a, 5, 3);
         let _ = until_sampled(&mut a, 5);
         a.note_hits(5, BATCH);
         assert!(a.worth(5), "an all-hit sample brings it back");
