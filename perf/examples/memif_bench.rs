@@ -6,11 +6,12 @@
 //! NORMAL action and two `type=dpdk` interfaces), so every frame testpmd sends crosses the
 //! switch and comes back to testpmd, which sends it again. testpmd's forwarding lcore on one
 //! core, the switch's PMD thread on the other; each switch's packets per second and busy TSC
-//! cycles per packet (Knitter: rx copy into its pool, pipeline, tx copy into mbufs; OVS: its
-//! `dpif-netdev/pmd-stats-show` processing cycles) are printed. A fresh testpmd for every
-//! round.
+//! cycles per packet (Knitter: its ports' mempools carry the switch's buffers, so frames
+//! cross the edge without a copy; `knitter-copy`: each frame copied into the pool and back
+//! into an mbuf; OVS: its `dpif-netdev/pmd-stats-show` processing cycles) are printed. A
+//! fresh testpmd for every round.
 //!
-//!     cargo run --release -p knitter-perf --example memif_bench -- [seconds] [rounds] [knitter|ovs|both]
+//!     cargo run --release -p knitter-perf --example memif_bench -- [seconds] [rounds] [knitter,knitter-copy,ovs|both|all] [frame bytes, 60]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,8 +72,10 @@ impl Testpmd {
         format!("{name},role=client,socket={},socket-abstract=no", self.sockets[i].display())
     }
 
-    /// Starts forwarding, seeding the loop with 4 bursts per port.
-    fn go(&mut self) {
+    /// Starts forwarding, seeding the loop with 4 bursts per port of `frame`-byte frames
+    /// (without the FCS: 60 for 64 B on the wire).
+    fn go(&mut self, frame: usize) {
+        self.vnf.say(&format!("set txpkts {frame}"));
         self.vnf.say("start tx_first 4");
     }
 }
@@ -106,17 +109,29 @@ impl Window {
 }
 
 /// Knitter in this process: two memif clients in one bridge domain, a PMD thread on core 0.
-fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Error> {
+fn knitter_round(
+    tp: &mut Testpmd,
+    round: u32,
+    secs: u64,
+    frame: usize,
+    copy: bool,
+) -> Result<Window, Error> {
     let mut eal = dpdk::eal::default_args(&format!("kn-{}", std::process::id()), &[]);
     if std::env::var_os("MEMIF_DEBUG").is_some() {
         eal.extend(["--log-level".into(), "pmd.net.memif:debug".into()]);
     }
     dpdk::eal::init(&eal)?;
-    let pool = vswitch::Pool::new(16384, false)?;
-    let switch = vswitch::Switch::new(pool, vswitch::SwitchOptions::default());
-    let opts = dpdk::PortOptions::default();
-    let p0 = dpdk::DpdkPort::open("m0", &tp.client(&format!("net_memif_k{round}a"), 0), &opts)?;
-    let p1 = dpdk::DpdkPort::open("m1", &tp.client(&format!("net_memif_k{round}b"), 1), &opts)?;
+    let pool = vswitch::Pool::new(32768, true)?;
+    let switch = vswitch::Switch::new(pool.clone(), vswitch::SwitchOptions::default());
+    let opts = dpdk::PortOptions { zero_copy: (!copy).then_some(pool), ..Default::default() };
+    let tag = if copy { "c" } else { "" };
+    let p0 =
+        dpdk::DpdkPort::open("m0", &tp.client(&format!("net_memif_k{tag}{round}a"), 0), &opts)?;
+    let p1 =
+        dpdk::DpdkPort::open("m1", &tp.client(&format!("net_memif_k{tag}{round}b"), 1), &opts)?;
+    if p0.zero_copy() == copy || p1.zero_copy() == copy {
+        return Err(format!("zero copy: asked {}, got {}", !copy, p0.zero_copy()).into());
+    }
     switch.register_port("m0", p0.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.register_port("m1", p1.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.apply(one_bridge(&["m0", "m1"]))?;
@@ -130,7 +145,7 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
         p0.link_up() && p1.link_up()
     });
     let measured = up.map(|()| {
-        tp.go();
+        tp.go(frame);
         std::thread::sleep(Duration::from_secs(2)); // learn, settle
         let before = switch.stats();
         let t = Instant::now();
@@ -151,7 +166,13 @@ fn knitter_round(tp: &mut Testpmd, round: u32, secs: u64) -> Result<Window, Erro
 
 /// Open vSwitch with DPDK: the same two memif clients as `type=dpdk` ports of a NORMAL
 /// bridge, its PMD on core 0 and its main lcore on core 1 (perf's launcher).
-fn ovs_round(tp: &mut Testpmd, work: &Path, round: u32, secs: u64) -> Result<Window, Error> {
+fn ovs_round(
+    tp: &mut Testpmd,
+    work: &Path,
+    round: u32,
+    secs: u64,
+    frame: usize,
+) -> Result<Window, Error> {
     use knitter_perf::sut::SwitchUnderTest as _;
     let layout =
         knitter_perf::testpmd::Layout { generator_cpu: 1, switch_cpu: 0, second_switch_cpu: None };
@@ -164,7 +185,7 @@ fn ovs_round(tp: &mut Testpmd, work: &Path, round: u32, secs: u64) -> Result<Win
     wait_for(Duration::from_secs(30), "OVS's memif links did not come up", || {
         ovs.link_up("m0") && ovs.link_up("m1")
     })?;
-    tp.go();
+    tp.go(frame);
     std::thread::sleep(Duration::from_secs(2));
     let before = ovs.own().ok_or("OVS's pmd-stats-show")?;
     let t = Instant::now();
@@ -193,12 +214,18 @@ fn main() -> Result<(), Error> {
     let secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(10);
     let rounds: u32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
     let which = args.next().unwrap_or_else(|| "knitter".into());
-    let switches: &[&str] = match which.as_str() {
-        "knitter" => &["knitter"],
-        "ovs" => &["ovs"],
-        "both" => &["knitter", "ovs"],
-        other => return Err(format!("which switch: knitter, ovs or both, not {other:?}").into()),
+    let frame: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(60);
+    let switches: Vec<&str> = match which.as_str() {
+        "both" => vec!["knitter", "ovs"],
+        "all" => vec!["knitter", "knitter-copy", "ovs"],
+        list => list.split(',').collect(),
     };
+    if let Some(other) = switches.iter().find(|s| !["knitter", "knitter-copy", "ovs"].contains(s)) {
+        return Err(format!(
+            "which switches: knitter, knitter-copy, ovs (comma-separated), both or all, not {other:?}"
+        )
+        .into());
+    }
     if !dpdk::AVAILABLE {
         return Err("built without DPDK".into());
     }
@@ -210,15 +237,16 @@ fn main() -> Result<(), Error> {
     }
     let dir = std::env::temp_dir().join(format!("knitter-memif-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    println!("{:>6} {:>8} {:>10} {:>10} {:>10}", "round", "switch", "Mpps", "cycles/pkt", "drops");
+    println!("{:>6} {:>12} {:>10} {:>10} {:>10}", "round", "switch", "Mpps", "cycles/pkt", "drops");
     for r in 0..rounds {
-        for s in switches {
+        for s in &switches {
             let mut tp = Testpmd::start(&dir, &format!("{s}{r}"))?;
             let w = match *s {
-                "knitter" => knitter_round(&mut tp, r, secs)?,
-                _ => ovs_round(&mut tp, &dir, r, secs)?,
+                "knitter" => knitter_round(&mut tp, r, secs, frame, false)?,
+                "knitter-copy" => knitter_round(&mut tp, r, secs, frame, true)?,
+                _ => ovs_round(&mut tp, &dir, r, secs, frame)?,
             };
-            println!("{:>6} {:>8} {:>10.3} {:>10.1} {:>10}", r + 1, s, w.mpps, w.cycles, w.drops);
+            println!("{:>6} {:>12} {:>10.3} {:>10.1} {:>10}", r + 1, s, w.mpps, w.cycles, w.drops);
         }
     }
     std::fs::remove_dir_all(&dir).ok();

@@ -163,7 +163,16 @@ pub fn open(
                 source: std::io::Error::other(e),
             };
             dpdk_eal(devargs).map_err(fail)?;
-            let opts = dpdk::PortOptions { queues: queues.unwrap_or(1), ..Default::default() };
+            let queues = queues.unwrap_or(1);
+            let descriptors = dpdk::PortOptions::default().descriptors;
+            // With zero copy each mbuf holds one of the switch's buffers: as many as the
+            // queues' rings hold, and 1 024 for the mempool's caches and bursts in flight.
+            let opts = dpdk::PortOptions {
+                queues,
+                mbufs: 2 * descriptors as u32 * queues as u32 + 1024,
+                zero_copy: Some(pool.clone()),
+                ..Default::default()
+            };
             let port = dpdk::DpdkPort::open(name, devargs, &opts).map_err(fail)?;
             Ok(OpenPort::plain(port))
         }

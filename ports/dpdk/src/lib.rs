@@ -2,12 +2,17 @@
 //! vdevs (`net_tap`, `net_pcap`, `net_ring`, `net_null`, `net_memif`, `net_af_packet`...),
 //! NICs and VFs bound to vfio-pci — as the switch's `dpdk` port kind ([`DpdkPort`]).
 //!
-//! Buffers: frames are copied at the edge between DPDK's mbufs (a mempool per port) and
-//! the switch's buffer pool, one copy each way; the PMD threads stay Knitter's, registered
-//! with the EAL (`rte_thread_register`) on their first burst so mempool caches work.
+//! Buffers: a port's mempool (one per port) carries the switch's own buffers when its driver
+//! copies frames with the CPU (vdevs such as `net_memif`, `net_tap`, `net_ring`): frames
+//! cross the edge without a copy (`zerocopy.rs`). Other devices (NICs, VFs) get a mempool of
+//! their own and frames are copied at the edge, one copy each way. The PMD threads stay
+//! Knitter's, registered with the EAL (`rte_thread_register`) on their first burst so
+//! mempool caches work.
 //!
 //! Built without DPDK (`dpdk_sys::AVAILABLE` false: no libdpdk-dev, or `KNITTER_NO_DPDK=1`)
 //! every entry point returns [`DpdkError::NotBuilt`].
+
+use std::sync::Arc;
 
 #[cfg(dpdk)]
 pub mod eal;
@@ -15,6 +20,8 @@ pub mod eal;
 mod port;
 #[cfg(not(dpdk))]
 mod unavailable;
+#[cfg(dpdk)]
+mod zerocopy;
 
 #[cfg(dpdk)]
 pub use port::DpdkPort;
@@ -40,14 +47,30 @@ pub struct PortOptions {
     pub queues: u16,
     /// Descriptors per queue.
     pub descriptors: u16,
-    /// mbufs in the port's mempool.
+    /// mbufs in the port's mempool (with zero copy, each holds one of the switch's buffers).
     pub mbufs: u32,
+    /// The switch's pool, to share its buffers with the device when its driver copies frames
+    /// with the CPU ([`device_copies`]): no copy at the edge. `None`, or a device that DMAs:
+    /// the port has a mempool of its own and copies every frame.
+    pub zero_copy: Option<Arc<vswitch::Pool>>,
 }
 
 impl Default for PortOptions {
     fn default() -> Self {
-        PortOptions { queues: 1, descriptors: 1024, mbufs: 8191 }
+        PortOptions { queues: 1, descriptors: 1024, mbufs: 8191, zero_copy: None }
     }
+}
+
+/// Whether a device's driver copies frames with the CPU through the mbufs' virtual addresses,
+/// so its mempool can carry the switch's buffers as they are ([`PortOptions::zero_copy`]).
+/// DMA-capable devices (PCI addresses) and vdevs that hand mbufs' addresses to another
+/// process or the kernel (`net_virtio_user`, `net_af_xdp`) are not listed; nor is `net_null`,
+/// which delivers mbufs it never wrote (whatever bytes a buffer last held would reach the
+/// switch).
+pub fn device_copies(dev: &str) -> bool {
+    const COPYING: [&str; 6] =
+        ["net_memif", "net_ring", "net_tap", "net_af_packet", "net_pcap", "net_vhost"];
+    COPYING.iter().any(|p| dev.starts_with(p))
 }
 
 /// Whether this build has DPDK.

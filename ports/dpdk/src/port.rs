@@ -1,10 +1,12 @@
 //! The `dpdk` port kind: one ethdev (a vdev, a NIC or a VF), configured with `queues` rx/tx
 //! queue pairs (RSS over them when more than one), a mempool of its own, started
-//! promiscuous; frames copied between mbufs and the switch's buffers at the edge.
+//! promiscuous. Frames cross the edge without a copy when the mempool carries the switch's
+//! buffers (`zerocopy.rs`), else they are copied between mbufs and the switch's buffers.
 //!
 //! # Safety
 //! The port owns its ethdev (`port_id`, probed by [`DpdkPort::open`], stopped and closed on
-//! drop) and its mempool (`mp`, freed after the device closes). mbuf pointers come only from
+//! drop) and its mempool (`mp`, freed after the device closes; with zero copy, its mbufs'
+//! buffers are returned to the switch's pool first). mbuf pointers come only from
 //! the device's rx burst or from `mp`, and each is freed or handed to tx exactly once within
 //! the burst that got it. An rx queue is polled by one PMD thread at a time: each is behind
 //! a try-lock (a queue moves between threads when the configuration changes, and the two may
@@ -13,6 +15,7 @@
 //! `shim_mbuf_data_len` bytes, which DPDK guarantees inside the mbuf's data room.
 
 use crate::eal::{self, errno_text, ret_text};
+use crate::zerocopy::ZeroCopy;
 use crate::{DpdkError, PortOptions};
 use std::ffi::CString;
 use std::ptr::null_mut;
@@ -38,6 +41,8 @@ pub struct DpdkPort {
     dev: String,
     port_id: u16,
     mp: *mut dpdk_sys::rte_mempool,
+    /// The mempool's mbufs carry the switch's buffers (`None`: frames are copied).
+    zc: Option<ZeroCopy>,
     queues: u16,
     tx_locks: Box<[QueueLock]>,
     /// Per rx queue, taken while a thread polls it: a queue moves between PMD threads when
@@ -103,6 +108,21 @@ impl DpdkPort {
                     dpdk_sys::rte_eth_dev_close(port_id);
                 }
                 remove_device(&dev);
+                // A driver may want more room in an mbuf than a switch buffer has
+                // (net_af_packet: its whole frame size): then it gets a mempool of its own.
+                if opts.zero_copy.is_some() && crate::device_copies(&dev) {
+                    tracing::warn!(
+                        port = name,
+                        dev,
+                        error = %e,
+                        "the device refused the switch's buffers: opened again, frames copied"
+                    );
+                    return Self::open(
+                        name,
+                        devargs,
+                        &PortOptions { zero_copy: None, ..opts.clone() },
+                    );
+                }
                 Err(e)
             }
         }
@@ -151,16 +171,37 @@ impl DpdkPort {
         let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(port_id) };
         let pool_name = CString::new(format!("knitter_p{port_id}"))
             .map_err(|_| DpdkError::Devargs(dev.into()))?;
-        // SAFETY: valid name; sizes within range (the data room fits a u16).
-        let mp = unsafe {
-            dpdk_sys::rte_pktmbuf_pool_create(
-                pool_name.as_ptr(),
-                opts.mbufs,
-                256,
-                0,
-                dpdk_sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
-                socket,
-            )
+        let shared = match &opts.zero_copy {
+            Some(pool) if crate::device_copies(dev) => {
+                ZeroCopy::create(&pool_name, pool, opts.mbufs, socket)
+                    .inspect_err(|why| {
+                        tracing::warn!(
+                            port = name,
+                            dev,
+                            why,
+                            "zero copy refused: frames are copied"
+                        )
+                    })
+                    .ok()
+            }
+            _ => None,
+        };
+        let (mp, zc) = match shared {
+            Some((mp, zc)) => (mp, Some(zc)),
+            // SAFETY: valid name; sizes within range (the data room fits a u16).
+            None => (
+                unsafe {
+                    dpdk_sys::rte_pktmbuf_pool_create(
+                        pool_name.as_ptr(),
+                        opts.mbufs,
+                        256,
+                        0,
+                        dpdk_sys::RTE_MBUF_DEFAULT_BUF_SIZE as u16,
+                        socket,
+                    )
+                },
+                None,
+            ),
         };
         if mp.is_null() {
             return Err(dev_err("mempool for", dev, errno_text()));
@@ -170,6 +211,7 @@ impl DpdkPort {
             dev: dev.into(),
             port_id,
             mp,
+            zc,
             queues,
             tx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
             rx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
@@ -241,7 +283,8 @@ impl DpdkPort {
             port.mac = Some(MacAddr(addr.addr_bytes));
         }
         port.refresh_link();
-        tracing::info!(port = name, dev, port_id, queues, "dpdk port started");
+        let zero_copy = port.zc.is_some();
+        tracing::info!(port = name, dev, port_id, queues, zero_copy, "dpdk port started");
         Ok(port)
     }
 
@@ -253,6 +296,12 @@ impl DpdkPort {
     /// refresh reads them).
     pub fn has_link_events(&self) -> bool {
         self.lsc
+    }
+
+    /// Whether frames cross the edge without a copy (the mempool carries the switch's
+    /// buffers).
+    pub fn zero_copy(&self) -> bool {
+        self.zc.is_some()
     }
 
     /// The ethdev's port id.
@@ -276,6 +325,14 @@ impl DpdkPort {
                 rx_nombuf: s.rx_nombuf,
             },
         )
+    }
+
+    /// Frees a received burst's mbufs (their frames taken or copied).
+    fn free_burst(&self, mbufs: &mut [*mut dpdk_sys::rte_mbuf]) {
+        if !mbufs.is_empty() {
+            // SAFETY: the burst's chains, ours, each freed once.
+            unsafe { dpdk_sys::rte_pktmbuf_free_bulk(mbufs.as_mut_ptr(), mbufs.len() as u32) };
+        }
     }
 
     /// Copies a received mbuf chain into a switch buffer (the caller frees the chain).
@@ -346,6 +403,72 @@ impl DpdkPort {
         }
         true
     }
+    /// Fresh mbufs for a burst: one allocation for all of them, else as many as the mempool
+    /// has, one by one. Returns how many of `mbufs` were filled.
+    fn alloc_mbufs(&self, mbufs: &mut [*mut dpdk_sys::rte_mbuf]) -> usize {
+        let want = mbufs.len();
+        if want == 0 {
+            return 0;
+        }
+        // SAFETY: room for `want` pointers; the mbufs are ours until sent or freed.
+        let bulk =
+            unsafe { dpdk_sys::shim_pktmbuf_alloc_bulk(self.mp, mbufs.as_mut_ptr(), want as u32) };
+        if bulk == 0 {
+            return want;
+        }
+        let mut have = 0;
+        while have < want {
+            // SAFETY: allocation from our mempool.
+            let m = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
+            if m.is_null() {
+                break;
+            }
+            mbufs[have] = m;
+            have += 1;
+        }
+        have
+    }
+
+    /// Copies `frames` into the fresh `mbufs`, in order, until one does not fit; returns how
+    /// many were filled. Unchained frames (all but jumbo ones) are copied in one call for the
+    /// burst; the rest, and any that did not fit, segment by segment.
+    fn fill_copies(
+        &self,
+        pool: &vswitch::Pool,
+        frames: &[vswitch::BufId],
+        mbufs: &[*mut dpdk_sys::rte_mbuf],
+    ) -> usize {
+        let have = frames.len().min(mbufs.len()).min(BATCH);
+        let mut k = 0;
+        if frames.iter().all(|b| !pool.is_chained(b)) {
+            let (mut data, mut lens) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH]);
+            for (i, b) in frames[..have].iter().enumerate() {
+                let head = pool.head(b);
+                data[i] = head.as_ptr();
+                lens[i] = head.len().min(u16::MAX as usize) as u16;
+            }
+            // SAFETY: `have` fresh mbufs of ours and as many frames, each `lens[i]` bytes at
+            // `data[i]` in the pool (borrowed for this call).
+            k = unsafe {
+                dpdk_sys::shim_tx_fill(mbufs.as_ptr(), have as u16, data.as_ptr(), lens.as_ptr())
+            } as usize;
+        }
+        k + frames[k..have]
+            .iter()
+            .zip(&mbufs[k..have])
+            .take_while(|(b, m)| self.transmit_copy(pool, b, **m))
+            .count()
+    }
+
+    /// Hands `mbufs` to the device's tx queue `q` (held by the caller); returns how many it
+    /// took. Those it did not take are still the caller's.
+    fn send(&self, q: u16, mbufs: &mut [*mut dpdk_sys::rte_mbuf]) -> usize {
+        // SAFETY: our port and queue (the caller holds its lock), valid mbuf chains.
+        let sent = unsafe {
+            dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), mbufs.len() as u16)
+        };
+        sent as usize
+    }
 }
 
 /// The link-state callback (the EAL's interrupt thread): reads the link and stores it.
@@ -400,8 +523,13 @@ impl Drop for DpdkPort {
             dpdk_sys::rte_eth_dev_close(self.port_id);
         }
         remove_device(&self.dev);
-        // SAFETY: our mempool, no mbuf of it left (the device closed, bursts returned theirs).
-        unsafe { dpdk_sys::rte_mempool_free(self.mp) };
+        match &self.zc {
+            // SAFETY: the mempool `create` made; the device closed and bursts returned their
+            // mbufs, so every mbuf is back in it.
+            Some(zc) => unsafe { zc.release(self.mp) },
+            // SAFETY: our mempool, no mbuf of it left (the device closed, bursts returned theirs).
+            None => unsafe { dpdk_sys::rte_mempool_free(self.mp) },
+        }
     }
 }
 
@@ -432,6 +560,19 @@ impl Port for DpdkPort {
         let n =
             unsafe { dpdk_sys::shim_rx_burst(self.port_id, q, mbufs.as_mut_ptr(), room) } as usize;
         let c = &self.counters[q as usize];
+        if let Some(zc) = self.zc.as_ref().filter(|zc| zc.serves(cache)) {
+            let got = zc.receive(
+                self.mp,
+                &mbufs[..n],
+                cache,
+                batch,
+                |m, cache| self.receive(m, cache),
+                || c.rx_dropped.add(1),
+            );
+            self.free_burst(&mut mbufs[..n]);
+            c.rx_packets.add(got as u64);
+            return got;
+        }
         let (mut data, mut lens, mut segs) =
             ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH], [0u16; BATCH]);
         if n > 0 {
@@ -468,10 +609,7 @@ impl Port for DpdkPort {
                 None => c.rx_dropped.add(1),
             }
         }
-        if n > 0 {
-            // SAFETY: the burst's chains, ours, copied above and freed once.
-            unsafe { dpdk_sys::rte_pktmbuf_free_bulk(mbufs.as_mut_ptr(), n as u32) };
-        }
+        self.free_burst(&mut mbufs[..n]);
         c.rx_packets.add(got as u64);
         got
     }
@@ -485,60 +623,31 @@ impl Port for DpdkPort {
         };
         eal::register_thread();
         let mut mbufs = [null_mut::<dpdk_sys::rte_mbuf>(); BATCH];
-        let want = batch.len().min(BATCH);
-        // One allocation for the burst (all or none: then as many as the mempool has, one
-        // by one).
-        // SAFETY: room for `want` pointers; the mbufs are ours until sent or freed.
-        let bulk = want > 0
-            && unsafe {
-                dpdk_sys::shim_pktmbuf_alloc_bulk(self.mp, mbufs.as_mut_ptr(), want as u32)
-            } == 0;
-        let mut have = if bulk { want } else { 0 };
-        while have < want && !bulk {
-            // SAFETY: allocation from our mempool.
-            let m = unsafe { dpdk_sys::shim_pktmbuf_alloc(self.mp) };
-            if m.is_null() {
-                break;
+        let have = self.alloc_mbufs(&mut mbufs[..batch.len().min(BATCH)]);
+        let sent = match self.zc.as_ref().filter(|zc| zc.serves(cache)) {
+            Some(zc) => {
+                let mut old = [u32::MAX; BATCH];
+                let pool = cache.pool();
+                let k = zc.lend(&batch.as_slice()[..have], &mbufs[..have], &mut old, |b, m| {
+                    self.transmit_copy(pool, b, m)
+                });
+                let sent = self.send(q, &mut mbufs[..k]);
+                zc.settle(&mbufs[..k], &old, k, sent, cache, batch);
+                sent
             }
-            mbufs[have] = m;
-            have += 1;
-        }
-        let pool = cache.pool();
-        let frames = &batch.as_slice()[..have];
-        // Unchained frames (all but jumbo ones) are copied in one call for the burst; the rest,
-        // and any that did not fit, segment by segment.
-        let mut k = 0;
-        if frames.iter().all(|b| !pool.is_chained(b)) {
-            let (mut data, mut lens) = ([std::ptr::null::<u8>(); BATCH], [0u16; BATCH]);
-            for (i, b) in frames.iter().enumerate() {
-                let head = pool.head(b);
-                data[i] = head.as_ptr();
-                lens[i] = head.len().min(u16::MAX as usize) as u16;
+            None => {
+                let k = self.fill_copies(cache.pool(), &batch.as_slice()[..have], &mbufs[..have]);
+                let sent = self.send(q, &mut mbufs[..k]);
+                for i in 0..sent {
+                    cache.free(batch.take(i));
+                }
+                sent
             }
-            // SAFETY: `have` fresh mbufs of ours and as many frames, each `lens[i]` bytes at
-            // `data[i]` in the pool (borrowed for this call).
-            k = unsafe {
-                dpdk_sys::shim_tx_fill(mbufs.as_ptr(), have as u16, data.as_ptr(), lens.as_ptr())
-            } as usize;
-        }
-        k += frames[k..]
-            .iter()
-            .zip(&mbufs[k..have])
-            .take_while(|(b, m)| self.transmit_copy(pool, b, **m))
-            .count();
-        for &m in &mbufs[k..have] {
-            // SAFETY: allocated above and not sent: freed once (with anything chained).
+        };
+        for &m in &mbufs[sent..have] {
+            // SAFETY: allocated above and not sent (with their own buffers, after zero copy's
+            // `settle`): freed once, with anything chained.
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };
-        }
-        // SAFETY: our port and queue (held by the lock), `k` valid mbuf chains.
-        let sent = unsafe { dpdk_sys::shim_tx_burst(self.port_id, q, mbufs.as_mut_ptr(), k as u16) }
-            as usize;
-        for &m in &mbufs[sent..k] {
-            // SAFETY: chains the device did not take are still ours; freed once.
-            unsafe { dpdk_sys::shim_pktmbuf_free(m) };
-        }
-        for i in 0..sent {
-            cache.free(batch.take(i));
         }
         batch.handed_on(sent);
         c.tx_packets.add(sent as u64);

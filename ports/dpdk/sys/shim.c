@@ -39,5 +39,65 @@ uint16_t shim_tx_fill(struct rte_mbuf *const *m, uint16_t n, const uint8_t *cons
 	}
 	return n;
 }
+/* Zero copy: every mbuf of a port's pinned external-buffer pool carries one chunk of the
+ * switch's pool at `base` (chunks of `size` bytes). The chunk an mbuf carries is read back
+ * from its buf_addr; rebasing writes buf_addr and buf_iova (iova_base + the same offset, or
+ * RTE_BAD_IOVA when iova_base is). */
+static void rebase(struct rte_mbuf *m, uint8_t *base, uint64_t iova_base, uint32_t chunk, uint32_t size) {
+	uint64_t at = (uint64_t)chunk * size;
+	m->buf_addr = base + at;
+	rte_mbuf_iova_set(m, iova_base == RTE_BAD_IOVA ? RTE_BAD_IOVA : iova_base + at);
+}
+static uint32_t carried(const struct rte_mbuf *m, const uint8_t *base, uint32_t size) {
+	return (uint32_t)(((const uint8_t *)m->buf_addr - base) / size);
+}
+struct chunks_arg { uint8_t *base; uint64_t iova_base; uint32_t *idx; uint32_t n; uint32_t size; int give; };
+static void each_chunk(struct rte_mempool *mp, void *opaque, void *obj, unsigned int i) {
+	(void)mp;
+	struct chunks_arg *a = opaque;
+	if (i >= a->n)
+		return;
+	if (a->give)
+		rebase(obj, a->base, a->iova_base, a->idx[i], a->size);
+	else
+		a->idx[i] = carried(obj, a->base, a->size);
+}
+uint32_t shim_pool_give_chunks(struct rte_mempool *mp, uint8_t *base, uint64_t iova_base, const uint32_t *idx, uint32_t n, uint32_t size) {
+	struct chunks_arg a = { base, iova_base, (uint32_t *)idx, n, size, 1 };
+	return rte_mempool_obj_iter(mp, each_chunk, &a);
+}
+uint32_t shim_pool_take_chunks(struct rte_mempool *mp, uint8_t *base, uint32_t *idx, uint32_t n, uint32_t size) {
+	struct chunks_arg a = { base, 0, idx, n, size, 0 };
+	return rte_mempool_obj_iter(mp, each_chunk, &a);
+}
+void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uint16_t n, const uint8_t *base, uint32_t size, uint32_t *chunk, uint16_t *off, uint16_t *len, uint16_t *segs) {
+	for (uint16_t i = 0; i < n; i++) {
+		/* An mbuf of another mempool (a vdev that passes mbufs between ports, as net_ring
+		 * does) carries no chunk of ours. */
+		chunk[i] = m[i]->pool == mp ? carried(m[i], base, size) : UINT32_MAX;
+		off[i] = m[i]->data_off;
+		len[i] = m[i]->data_len;
+		segs[i] = m[i]->nb_segs;
+	}
+}
+void shim_rebase(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, const uint32_t *chunk, uint32_t size) {
+	for (uint16_t i = 0; i < n; i++)
+		if (chunk[i] != UINT32_MAX)
+			rebase(m[i], base, iova_base, chunk[i], size);
+}
+void shim_tx_lend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, uint32_t size, const uint32_t *chunk, const uint16_t *off, const uint16_t *len, uint32_t *old) {
+	for (uint16_t i = 0; i < n; i++) {
+		if (chunk[i] == UINT32_MAX) {
+			old[i] = UINT32_MAX;
+			continue;
+		}
+		old[i] = carried(m[i], base, size);
+		rebase(m[i], base, iova_base, chunk[i], size);
+		m[i]->data_off = off[i];
+		m[i]->data_len = len[i];
+		m[i]->pkt_len = len[i];
+	}
+}
+int shim_iova_is_va(void) { return rte_eal_iova_mode() == RTE_IOVA_VA; }
 unsigned int shim_lcore_id(void) { return rte_lcore_id(); }
 int shim_errno(void) { return rte_errno; }

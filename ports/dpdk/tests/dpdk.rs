@@ -1,7 +1,9 @@
 //! The `dpdk` port kind against DPDK's own vdevs (no NIC here): `net_pcap` frames in both
 //! directions byte for byte through the switch, `net_null` on several queues with the
 //! device's counters, refusals with DPDK's reason, `net_tap` pods, the underlay on
-//! `net_af_packet`, a `net_memif` client against testpmd. Skipped, saying so, when this build has
+//! `net_af_packet`, a `net_memif` client against testpmd, a `net_ring` loopback. Ports on
+//! vdevs that copy with the CPU share the switch's buffers (zero copy), as knitter-vswitchd
+//! opens them; `net_null` and the copying edge are tested too. Skipped, saying so, when this build has
 //! no DPDK. Every test initialises the EAL of its own process (`--no-huge` without huge
 //! pages, a file prefix of its own).
 
@@ -10,6 +12,12 @@ use vswitch::config::SwitchConfig;
 use vswitch::port::Port;
 use vswitch::testkit::vnf::ListeningVnf;
 use vswitch::testkit::{Harness, frames, mac, one_bridge, pcap};
+
+/// Port options as knitter-vswitchd's: the switch's buffers shared with the device (2 047
+/// mbufs, so that two ports fit the test switches' pools).
+fn shared(pool: &Arc<vswitch::Pool>) -> dpdk::PortOptions {
+    dpdk::PortOptions { zero_copy: Some(pool.clone()), mbufs: 2047, ..Default::default() }
+}
 
 fn eal() -> bool {
     if !dpdk::AVAILABLE {
@@ -43,11 +51,13 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
         .collect();
     pcap::write(&rx, &inbound).unwrap();
     let devargs = format!("net_pcap_bx,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
-    let port =
-        dpdk::DpdkPort::open("d", &devargs, &dpdk::PortOptions::default()).expect("net_pcap opens");
+    let pool = vswitch::Pool::new(16384, false).unwrap();
+    let free = pool.free_count();
+    let port = dpdk::DpdkPort::open("d", &devargs, &shared(&pool)).expect("net_pcap opens");
+    assert!(port.zero_copy(), "net_pcap's mbufs carry the switch's buffers");
     port.refresh_link();
     assert!(port.link_up(), "a started net_pcap device reports its link up");
-    let mut h = Harness::new();
+    let mut h = Harness::with_pool(pool.clone(), vswitch::SwitchOptions::default());
     h.ring("r").register("d", port.clone());
     h.apply(one_bridge(&["r", "d"])).unwrap();
     h.step();
@@ -72,6 +82,7 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     assert_eq!(Arc::strong_count(&port), 1);
     drop(port);
     assert_eq!(pcap::read(&tx).unwrap(), outbound, "frames to the dpdk port leave unchanged");
+    assert_eq!(pool.free_count(), free, "every buffer the mbufs carried is back in the pool");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -87,14 +98,15 @@ fn jumbo_frames_cross_in_chains() {
     let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
     let inbound = vec![frames::udp4(mac(0x22), mac(0x11), ip(1), ip(2), 1, 2, 9000)];
     pcap::write(&rx, &inbound).unwrap();
+    let pool = vswitch::Pool::new(16384, false).unwrap();
     let port = dpdk::DpdkPort::open(
         "d",
         &format!("net_pcap_jx,rx_pcap={},tx_pcap={}", rx.display(), tx.display()),
-        &dpdk::PortOptions::default(),
+        &shared(&pool),
     )
     .unwrap();
     assert!(port.max_frame() >= 9018, "{}", port.max_frame());
-    let mut h = Harness::new();
+    let mut h = Harness::with_pool(pool.clone(), vswitch::SwitchOptions::default());
     h.ring("r").register("d", port.clone());
     let mut cfg = one_bridge(&["r", "d"]);
     for p in &mut cfg.ports {
@@ -175,15 +187,10 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     let Some(_g) = netns::exclusive() else { return };
     let (pa, pb) = (Netns::new("dta").unwrap(), Netns::new("dtb").unwrap());
     let tag = std::process::id() % 100_000;
+    let pool = vswitch::Pool::new(8192, false).unwrap();
     let open = |ns: &Netns, vdev: &str, iface: &str, addr: &str| {
         let port = ns
-            .enter(|| {
-                dpdk::DpdkPort::open(
-                    vdev,
-                    &format!("{vdev},iface={iface}"),
-                    &dpdk::PortOptions::default(),
-                )
-            })
+            .enter(|| dpdk::DpdkPort::open(vdev, &format!("{vdev},iface={iface}"), &shared(&pool)))
             .unwrap()
             .expect("net_tap opens");
         ns.run(&["ip", "addr", "add", addr, "dev", iface]).unwrap();
@@ -193,7 +200,7 @@ fn pods_on_tap_devices_ping_through_the_switch() {
     };
     let a = open(&pa, &format!("net_tap_a{tag}"), &format!("dta{tag}"), "10.9.0.1/24");
     let b = open(&pb, &format!("net_tap_b{tag}"), &format!("dtb{tag}"), "10.9.0.2/24");
-    let pool = vswitch::Pool::new(4096, false).unwrap();
+    assert!(a.zero_copy() && b.zero_copy());
     let switch = vswitch::Switch::new(pool, vswitch::SwitchOptions::default());
     switch.register_port("a", a.clone()).unwrap();
     switch.register_port("b", b.clone()).unwrap();
@@ -249,9 +256,9 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
         netns::linux_vxlan_peer(remote, "24", local).unwrap();
     let peer: IpAddr = remote.parse().unwrap();
     let peer_mac = netns::mac_of(&node_b, "ul1").unwrap();
-    let open = |name: &str, _pool: &Arc<vswitch::Pool>| -> std::io::Result<Arc<dyn Port>> {
+    let open = |name: &str, pool: &Arc<vswitch::Pool>| -> std::io::Result<Arc<dyn Port>> {
         let devargs = format!("net_af_packet_{name},iface={name}");
-        dpdk::DpdkPort::open(name, &devargs, &dpdk::PortOptions::default())
+        dpdk::DpdkPort::open(name, &devargs, &shared(pool))
             .map(|p| p as Arc<dyn Port>)
             .map_err(std::io::Error::other)
     };
@@ -307,14 +314,15 @@ fn memif_frames_go_to_testpmd_and_come_back() {
     // the socket appears (a client that connects before is refused and not retried).
     std::thread::sleep(Duration::from_secs(2));
     let devargs = format!("net_memif_tx,role=client,socket={},socket-abstract=no", sock.display());
-    let port = dpdk::DpdkPort::open("m", &devargs, &dpdk::PortOptions::default())
-        .expect("the memif client opens");
+    let mut h = Harness::new();
+    let port =
+        dpdk::DpdkPort::open("m", &devargs, &shared(&h.pool)).expect("the memif client opens");
+    assert!(port.zero_copy(), "the memif client's mbufs carry the switch's buffers");
     while !port.link_up() {
         assert!(Instant::now() < deadline, "the memif link never came up");
         port.refresh_link();
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut h = Harness::new();
     h.ring("r").register("m", port.clone());
     h.apply(one_bridge(&["r", "m"])).unwrap();
     let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
@@ -351,4 +359,99 @@ fn memif_frames_go_to_testpmd_and_come_back() {
     assert!(st[0].tx_packets >= 3 && st[0].rx_packets >= 3, "{st:?}");
     h.apply(SwitchConfig::default()).unwrap();
     h.switch.unregister_port("m").unwrap();
+}
+
+/// Zero copy both ways over a `net_ring` loopback (its tx queue feeds its own rx queue, so
+/// the port receives the very mbufs it sent): frames from the ring port leave the dpdk port
+/// (a trunk: each gets a VLAN tag in front, its data moving within its buffer) and come back
+/// in, tag removed, to the ring port byte for byte — small, full-size and chained jumbo
+/// frames in one burst. Every buffer the port's mbufs carried is back in the switch's pool
+/// once the port is gone.
+#[test]
+fn zero_copy_frames_loop_through_a_ring_vdev_and_every_buffer_comes_back() {
+    use vswitch::config::{BridgeConfig, PortConfig};
+    if !eal() {
+        return;
+    }
+    let pool = vswitch::Pool::new(8192, false).unwrap();
+    let free = pool.free_count();
+    let port = dpdk::DpdkPort::open("d", "net_ring_zc", &shared(&pool)).expect("net_ring opens");
+    assert!(port.zero_copy());
+    assert_eq!(pool.free_count(), free - 2047, "one buffer for each mbuf");
+    let mut h = Harness::with_pool(pool.clone(), vswitch::SwitchOptions::default());
+    h.ring("r").register("d", port.clone());
+    let mut trunk = PortConfig::trunk("d", &[100], None);
+    trunk.mtu = 9000;
+    let mut access = PortConfig::access("r", "red");
+    access.mtu = 9000;
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red").vlan(100)],
+        ports: vec![access, trunk],
+        vtep: None,
+    })
+    .unwrap();
+    let ip = |n| std::net::Ipv4Addr::new(10, 0, 0, n);
+    for round in 0..3u16 {
+        let sent: Vec<Vec<u8>> = [60usize, 1514, 200, 4000, 64]
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                frames::udp4(mac(0x11), mac(0x22), ip(1), ip(2), round * 10 + i as u16, 9, size)
+            })
+            .collect();
+        for f in &sent {
+            h.send("r", f);
+        }
+        let mut back = Vec::new();
+        for _ in 0..20 {
+            h.step();
+            back.extend(h.recv("r"));
+            if back.len() >= sent.len() {
+                break;
+            }
+        }
+        assert_eq!(back, sent, "round {round}: each frame back once, as it was sent");
+    }
+    let st = port.queue_stats();
+    assert_eq!((st[0].tx_packets, st[0].rx_packets, st[0].rx_dropped), (15, 15, 0), "{st:?}");
+    assert_eq!(h.stats().total_drops(), 0);
+    h.apply(SwitchConfig::default()).unwrap();
+    h.switch.unregister_port("d").unwrap();
+    drop(h);
+    assert_eq!(Arc::strong_count(&port), 1);
+    drop(port);
+    assert_eq!(pool.free_count(), free, "every buffer the mbufs carried is back in the pool");
+}
+
+/// A port that asks for more of the switch's buffers than the pool has free, or for so many
+/// that less than a quarter of the pool would stay free for other ports, copies at the edge
+/// instead, and works; the pool keeps every buffer.
+#[test]
+fn zero_copy_that_does_not_fit_the_pool_falls_back_to_copies() {
+    if !eal() {
+        return;
+    }
+    // 2 047 mbufs: more than the first pool has; every free buffer of the second, which
+    // would leave none of the quarter other ports keep.
+    for (i, size) in [1024u32, 2048].into_iter().enumerate() {
+        let pool = vswitch::Pool::new(size, false).unwrap();
+        let free = pool.free_count();
+        let port = dpdk::DpdkPort::open("d", &format!("net_ring_full{i}"), &shared(&pool))
+            .expect("net_ring opens");
+        assert!(!port.zero_copy(), "2 047 mbufs do not fit a pool of {size} buffers");
+        assert_eq!(pool.free_count(), free);
+        let mut cache = vswitch::PoolCache::new(pool.clone());
+        let mut batch = vswitch::Batch::new();
+        let (a, b) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let f = frames::udp4(mac(1), mac(2), a, b, 1, 2, 100);
+        assert!(batch.push(cache.alloc_frame(&f).unwrap()).is_ok());
+        assert_eq!(port.tx_burst(0, &mut cache, &mut batch), 1);
+        assert_eq!(port.rx_burst(0, &mut cache, &mut batch), 1, "the loopback returns it");
+        assert_eq!(pool.head(&batch.as_slice()[0]), &f[..]);
+        cache.free(batch.take(0));
+        batch.handed_on(1);
+        drop(cache);
+        drop(port);
+        assert_eq!(pool.free_count(), free);
+    }
 }

@@ -1,0 +1,330 @@
+//! Zero copy at a `dpdk` port's edge: the port's mempool is a pinned external-buffer pool
+//! (`rte_pktmbuf_pool_create_extbuf`) whose every mbuf carries one chunk of the switch's
+//! buffer pool. A received frame becomes a switch packet by trading chunks — the packet
+//! keeps the chunk the device filled, the mbuf takes a fresh one before it goes back to the
+//! mempool — and a packet is sent by lending its chunk to a fresh mbuf, whose own chunk goes
+//! back to the switch's pool. No frame byte is copied at the edge either way; frames in
+//! several segments (jumbo) are still copied.
+//!
+//! Which devices: those whose drivers read and write mbuf data with the CPU through its
+//! virtual address (vdevs: [`crate::device_copies`]). A device that DMAs (a NIC, a VF) would need
+//! the switch's region mapped for it (`rte_extmem_register`, `rte_dev_dma_map`): not built,
+//! such ports copy at the edge.
+//!
+//! # Safety
+//! Invariant: a chunk index an mbuf of the mempool carries (its `buf_addr`, see the shim's
+//! `carried`) was taken off the switch's pool (`BufId::into_index`) and is owned by that
+//! mbuf alone: no `BufId` of it exists, and no other mbuf carries it. It is kept by
+//! - [`ZeroCopy::create`]: each object gets a distinct chunk fresh from the pool before the
+//!   device can take any;
+//! - [`ZeroCopy::receive`]: an mbuf of the rx burst (the port's until freed) hands its chunk
+//!   to a packet (`claim_filled`) only in exchange for a fresh one, written before the
+//!   burst's mbufs are freed;
+//! - [`ZeroCopy::lend`] / [`ZeroCopy::settle`]: a fresh mbuf takes a packet's chunk (the
+//!   packet's `BufId` forgotten once the device took the mbuf) and its old chunk becomes a
+//!   packet again; an mbuf the device refused gets its old chunk back before it is freed;
+//! - [`ZeroCopy::release`]: after the device closed (every mbuf back in the mempool), each
+//!   object's chunk returns to the pool, then the mempool is freed.
+//!
+//! The `Arc<Pool>` held here keeps the region mapped while any mbuf points into it.
+
+use std::ffi::CStr;
+use std::sync::Arc;
+use vswitch::batch::{BATCH, Batch};
+use vswitch::buf::{BUF_SIZE, HEADROOM};
+use vswitch::{BufId, Pool, PoolCache};
+
+/// `UINT32_MAX` in the shim's arrays: "no chunk here" (the mbuf is left as it is).
+const NONE: u32 = u32::MAX;
+/// Per-lcore mbuf cache of the mempool (DPDK's default for pktmbuf pools).
+const MEMPOOL_CACHE: u32 = 256;
+/// `RTE_BAD_IOVA`, which bindgen does not expand (`(rte_iova_t)-1`).
+const BAD_IOVA: u64 = u64::MAX;
+
+/// The switch's pool as a port's mempool's buffers.
+pub struct ZeroCopy {
+    pool: Arc<Pool>,
+    base: *mut u8,
+    /// The region's IO address (IOVA as VA) or [`BAD_IOVA`].
+    iova: u64,
+    /// Chunks in the pool: an index an mbuf reports at or above it is not one of ours.
+    chunks: u32,
+    mbufs: u32,
+}
+
+// SAFETY: `base` is the address of the pool's region, which the held `Arc<Pool>` keeps
+// mapped; it is only used to compute chunk addresses.
+unsafe impl Send for ZeroCopy {}
+// SAFETY: as above; every other field is Sync.
+unsafe impl Sync for ZeroCopy {}
+
+impl ZeroCopy {
+    /// Creates a mempool of `n` mbufs named `name`, each carrying a chunk taken from `pool`.
+    /// `Err` (with the reason) leaves the pool as it was.
+    pub fn create(
+        name: &CStr,
+        pool: &Arc<Pool>,
+        n: u32,
+        socket: i32,
+    ) -> Result<(*mut dpdk_sys::rte_mempool, ZeroCopy), String> {
+        let (base, len) = pool.region();
+        let chunks = pool.capacity();
+        // Other ports (AF_XDP pods' fill rings, frames in flight) keep at least a quarter.
+        let keep = chunks as usize / 4;
+        if pool.free_count() < n as usize + keep {
+            return Err(format!(
+                "{n} of the switch's buffers for the port's mbufs would leave fewer than {keep} \
+                 of {chunks} free ({} free now)",
+                pool.free_count()
+            ));
+        }
+        let mut cache = PoolCache::new(pool.clone());
+        let mut taken = Vec::with_capacity(n as usize);
+        while taken.len() < n as usize {
+            match cache.alloc() {
+                Some(b) => taken.push(b.into_index()),
+                None => break,
+            }
+        }
+        let give_back = |cache: &mut PoolCache, taken: &[u32]| {
+            for &i in taken {
+                // SAFETY: taken off this pool above and given to no one.
+                cache.free(unsafe { BufId::from_index(i) });
+            }
+        };
+        if taken.len() < n as usize {
+            give_back(&mut cache, &taken);
+            return Err(format!(
+                "the switch's buffer pool has fewer than {n} free buffers for the port's mbufs"
+            ));
+        }
+        // The pool's constructor points object i at the region's i-th chunk; every object is
+        // rebased to a chunk of its own below, before the mempool is used.
+        let ext = dpdk_sys::rte_pktmbuf_extmem {
+            buf_ptr: base.cast(),
+            buf_iova: BAD_IOVA,
+            buf_len: (n as usize * BUF_SIZE).min(len),
+            elt_size: BUF_SIZE as u16,
+        };
+        // SAFETY: a valid name and one extmem descriptor alive for the call; its memory (the
+        // pool's region) outlives the mempool (`pool` is held by the returned ZeroCopy).
+        let mp = unsafe {
+            dpdk_sys::rte_pktmbuf_pool_create_extbuf(
+                name.as_ptr(),
+                n,
+                MEMPOOL_CACHE,
+                0,
+                BUF_SIZE as u16,
+                socket,
+                &ext,
+                1,
+            )
+        };
+        if mp.is_null() {
+            give_back(&mut cache, &taken);
+            return Err(crate::eal::errno_text());
+        }
+        // SAFETY: plain query.
+        let iova = if unsafe { dpdk_sys::shim_iova_is_va() } != 0 { base as u64 } else { BAD_IOVA };
+        // SAFETY: our fresh mempool, not yet given to a device; `taken` holds `n` chunks.
+        let seen = unsafe {
+            dpdk_sys::shim_pool_give_chunks(mp, base, iova, taken.as_ptr(), n, BUF_SIZE as u32)
+        };
+        if seen != n {
+            // SAFETY: no device has the mempool; its objects carry nothing we must get back
+            // (every chunk is still in `taken`).
+            unsafe { dpdk_sys::rte_mempool_free(mp) };
+            give_back(&mut cache, &taken);
+            return Err(format!("the mempool has {seen} mbufs, not {n}"));
+        }
+        Ok((mp, ZeroCopy { pool: pool.clone(), base, iova, chunks, mbufs: n }))
+    }
+
+    /// Whether `cache` serves the pool the mbufs' chunks come from.
+    pub fn serves(&self, cache: &PoolCache) -> bool {
+        Arc::ptr_eq(cache.pool(), &self.pool)
+    }
+
+    /// Turns an rx burst into packets: each single-segment frame in an mbuf of `mp` (the
+    /// mempool [`ZeroCopy::create`] made) keeps the chunk the device filled and its mbuf
+    /// takes a fresh chunk; other frames go through `copy`. The caller
+    /// frees the mbufs afterwards. Returns the packets pushed; `dropped` counts the rest.
+    pub fn receive(
+        &self,
+        mp: *const dpdk_sys::rte_mempool,
+        mbufs: &[*mut dpdk_sys::rte_mbuf],
+        cache: &mut PoolCache,
+        batch: &mut Batch,
+        mut copy: impl FnMut(*mut dpdk_sys::rte_mbuf, &mut PoolCache) -> Option<BufId>,
+        mut dropped: impl FnMut(),
+    ) -> usize {
+        let n = mbufs.len().min(BATCH);
+        let (mut chunk, mut off, mut len, mut segs) =
+            ([NONE; BATCH], [0u16; BATCH], [0u16; BATCH], [0u16; BATCH]);
+        // SAFETY: `n` mbufs of an rx burst, ours until freed; the out arrays hold BATCH. Only
+        // mbufs of `mp` (the port's mempool, the caller's) report a chunk.
+        unsafe {
+            dpdk_sys::shim_rx_chunks(
+                mp,
+                mbufs.as_ptr(),
+                n as u16,
+                self.base,
+                BUF_SIZE as u32,
+                chunk.as_mut_ptr(),
+                off.as_mut_ptr(),
+                len.as_mut_ptr(),
+                segs.as_mut_ptr(),
+            )
+        };
+        let mut fresh = [NONE; BATCH];
+        let mut got = 0;
+        for i in 0..n {
+            let b = if segs[i] == 1 && chunk[i] < self.chunks {
+                cache.alloc().and_then(|f| {
+                    fresh[i] = f.into_index();
+                    // SAFETY: mbuf i carried chunk[i], owned by it alone (module invariant);
+                    // from here it carries fresh[i] instead (rebased below, before the caller
+                    // frees it), so chunk[i] is claimed once.
+                    unsafe { self.pool.claim_filled(chunk[i], off[i] as usize, len[i] as usize) }
+                        .map_err(|b| cache.free(b))
+                        .ok()
+                })
+            } else {
+                copy(mbufs[i], cache)
+            };
+            match b.map(|b| batch.push(b)) {
+                Some(Ok(())) => got += 1,
+                Some(Err(b)) => cache.free(b), // the burst asked for no more than the room
+                None => dropped(),
+            }
+        }
+        // SAFETY: the burst's mbufs, ours; fresh[i] was taken off the pool for mbuf i.
+        unsafe {
+            dpdk_sys::shim_rebase(
+                mbufs.as_ptr(),
+                n as u16,
+                self.base,
+                self.iova,
+                fresh.as_ptr(),
+                BUF_SIZE as u32,
+            )
+        };
+        got
+    }
+
+    /// Lends each unchained packet's chunk to its fresh mbuf (`mbufs[i]` for `frames[i]`)
+    /// and copies the others with `copy` (false: stop there). Returns how many mbufs are
+    /// ready to send; `old` gets each lending mbuf's own chunk ([`NONE`] for copies), which
+    /// [`ZeroCopy::settle`] needs.
+    pub fn lend(
+        &self,
+        frames: &[BufId],
+        mbufs: &[*mut dpdk_sys::rte_mbuf],
+        old: &mut [u32; BATCH],
+        mut copy: impl FnMut(&BufId, *mut dpdk_sys::rte_mbuf) -> bool,
+    ) -> usize {
+        let (mut chunk, mut off, mut len) = ([NONE; BATCH], [0u16; BATCH], [0u16; BATCH]);
+        let mut k = 0;
+        for (i, (b, &m)) in frames.iter().zip(mbufs).take(BATCH).enumerate() {
+            if !self.pool.is_chained(b) {
+                let (at, l) = self.pool.head_addr(b);
+                chunk[i] = (at / BUF_SIZE as u64) as u32;
+                off[i] = (at % BUF_SIZE as u64) as u16;
+                len[i] = l as u16;
+            } else if !copy(b, m) {
+                break;
+            }
+            k = i + 1;
+        }
+        // SAFETY: `k` fresh mbufs of ours; each lending one reports its chunk into `old` and
+        // points at its packet's bytes (inside the packet's chunk), which stay the packet's
+        // until `settle`.
+        unsafe {
+            dpdk_sys::shim_tx_lend(
+                mbufs.as_ptr(),
+                k as u16,
+                self.base,
+                self.iova,
+                BUF_SIZE as u32,
+                chunk.as_ptr(),
+                off.as_ptr(),
+                len.as_ptr(),
+                old.as_mut_ptr(),
+            )
+        };
+        k
+    }
+
+    /// After the device took the first `sent` of `k` lent-or-copied mbufs: each sent packet
+    /// that lent its chunk gives its handle up (the mbuf carries the chunk now) and the mbuf's
+    /// old chunk goes back to the pool; copied packets are freed. Mbufs the device refused get
+    /// their old chunks back (the caller frees them; their packets stay in the batch).
+    pub fn settle(
+        &self,
+        mbufs: &[*mut dpdk_sys::rte_mbuf],
+        old: &[u32; BATCH],
+        k: usize,
+        sent: usize,
+        cache: &mut PoolCache,
+        batch: &mut Batch,
+    ) {
+        if sent < k {
+            // SAFETY: mbufs the device did not take, still ours; old[i] is the chunk each
+            // carried before `lend` (or NONE: left alone).
+            unsafe {
+                dpdk_sys::shim_rebase(
+                    mbufs[sent..].as_ptr(),
+                    (k - sent) as u16,
+                    self.base,
+                    self.iova,
+                    old[sent..].as_ptr(),
+                    BUF_SIZE as u32,
+                )
+            };
+        }
+        for (i, &o) in old[..sent].iter().enumerate() {
+            let b = batch.take(i);
+            if o == NONE {
+                cache.free(b);
+                continue;
+            }
+            // The sent mbuf carries the packet's chunk from here.
+            let _ = b.into_index();
+            // SAFETY: o was the chunk the mbuf carried, owned by it alone; the mbuf carries
+            // the packet's chunk now, so o is claimed once.
+            let freed = match unsafe { self.pool.claim_filled(o, HEADROOM, 0) } {
+                Ok(b) | Err(b) => b,
+            };
+            cache.free(freed);
+        }
+    }
+
+    /// Returns every object's chunk to the pool and frees the mempool.
+    ///
+    /// # Safety
+    /// `mp` is the mempool [`ZeroCopy::create`] made, no device uses it any more and every
+    /// mbuf is back in it; nothing uses it after this call.
+    pub unsafe fn release(&self, mp: *mut dpdk_sys::rte_mempool) {
+        let mut idx = vec![NONE; self.mbufs as usize];
+        // SAFETY: our mempool (caller's contract), room for `mbufs` indices.
+        unsafe {
+            dpdk_sys::shim_pool_take_chunks(
+                mp,
+                self.base,
+                idx.as_mut_ptr(),
+                self.mbufs,
+                BUF_SIZE as u32,
+            )
+        };
+        let mut cache = PoolCache::new(self.pool.clone());
+        for i in idx.into_iter().filter(|&i| i < self.chunks) {
+            // SAFETY: each object's chunk, owned by it alone; the mempool goes below.
+            let b = match unsafe { self.pool.claim_filled(i, HEADROOM, 0) } {
+                Ok(b) | Err(b) => b,
+            };
+            cache.free(b);
+        }
+        // SAFETY: our mempool, its chunks returned; nothing uses it after this.
+        unsafe { dpdk_sys::rte_mempool_free(mp) };
+    }
+}
