@@ -130,7 +130,8 @@ fn knitter_round(
     let p1 =
         dpdk::DpdkPort::open("m1", &tp.client(&format!("net_memif_k{tag}{round}b"), 1), &opts)?;
     if p0.zero_copy() == copy || p1.zero_copy() == copy {
-        return Err(format!("zero copy: asked {}, got {}", !copy, p0.zero_copy()).into());
+        let got = (p0.zero_copy(), p1.zero_copy());
+        return Err(format!("zero copy: asked {}, got {got:?}", !copy).into());
     }
     switch.register_port("m0", p0.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.register_port("m1", p1.clone() as Arc<dyn vswitch::port::Port>)?;

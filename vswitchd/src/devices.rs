@@ -164,15 +164,17 @@ pub fn open(
             };
             dpdk_eal(devargs).map_err(fail)?;
             let queues = queues.unwrap_or(1);
-            let descriptors = dpdk::PortOptions::default().descriptors;
+            let defaults = dpdk::PortOptions::default();
             // With zero copy each mbuf holds one of the switch's buffers: as many as the
-            // queues' rings hold, and 1 024 for the mempool's caches and bursts in flight.
-            let opts = dpdk::PortOptions {
-                queues,
-                mbufs: 2 * descriptors as u32 * queues as u32 + 1024,
-                zero_copy: Some(pool.clone()),
-                ..Default::default()
+            // queues' rings hold, and 1 024 for the mempool's per-thread caches (up to 192
+            // idle mbufs each) and bursts in flight.
+            let mbufs = if dpdk::device_copies(devargs) {
+                2 * defaults.descriptors as u32 * queues as u32 + 1024
+            } else {
+                defaults.mbufs
             };
+            let opts =
+                dpdk::PortOptions { queues, mbufs, zero_copy: Some(pool.clone()), ..defaults };
             let port = dpdk::DpdkPort::open(name, devargs, &opts).map_err(fail)?;
             Ok(OpenPort::plain(port))
         }

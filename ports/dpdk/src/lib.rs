@@ -61,16 +61,51 @@ impl Default for PortOptions {
     }
 }
 
-/// Whether a device's driver copies frames with the CPU through the mbufs' virtual addresses,
-/// so its mempool can carry the switch's buffers as they are ([`PortOptions::zero_copy`]).
-/// DMA-capable devices (PCI addresses) and vdevs that hand mbufs' addresses to another
-/// process or the kernel (`net_virtio_user`, `net_af_xdp`) are not listed; nor is `net_null`,
-/// which delivers mbufs it never wrote (whatever bytes a buffer last held would reach the
-/// switch).
-pub fn device_copies(dev: &str) -> bool {
+/// Whether a device, as `devargs` configure it, copies frames with the CPU through the mbufs'
+/// virtual addresses and gives back the mbufs it holds when it closes, so that its mempool
+/// can carry the switch's buffers ([`PortOptions::zero_copy`]). Not: DMA-capable devices
+/// (PCI addresses); vdevs that hand buffer addresses to another process or the kernel
+/// (`net_virtio_user`, `net_af_xdp`, `net_memif` with `zero-copy=yes`); `net_vhost` with
+/// `ext-buffer` (it attaches buffers of its own to the mbufs); `net_ring` attached to rings
+/// another port shares (`nodeaction`: mbufs outlive the port in them); `net_null`, which
+/// delivers mbufs it never wrote (whatever bytes a buffer last held would reach the switch).
+pub fn device_copies(devargs: &str) -> bool {
     const COPYING: [&str; 6] =
         ["net_memif", "net_ring", "net_tap", "net_af_packet", "net_pcap", "net_vhost"];
+    const NOT_WITH: [(&str, &str); 3] =
+        [("net_memif", "zero-copy=yes"), ("net_vhost", "ext-buffer"), ("net_ring", "nodeaction")];
+    let mut args = devargs.split(',').map(str::trim);
+    let dev = args.next().unwrap_or_default();
     COPYING.iter().any(|p| dev.starts_with(p))
+        && !args.any(|a| NOT_WITH.iter().any(|(d, opt)| dev.starts_with(d) && a.starts_with(opt)))
+}
+
+#[cfg(test)]
+mod test {
+    #[test]
+    fn zero_copy_is_for_devices_that_copy_as_configured() {
+        for yes in [
+            "net_memif0,role=client,socket=/run/m.sock",
+            "net_memif0,zero-copy=no",
+            "net_tap0,iface=t0",
+            "net_ring0",
+            "net_pcap0,rx_pcap=a.pcap",
+            "net_vhost0,iface=/tmp/v.sock",
+        ] {
+            assert!(super::device_copies(yes), "{yes}");
+        }
+        for no in [
+            "0000:3b:00.0",
+            "net_null0",
+            "net_virtio_user0,path=/tmp/v.sock",
+            "net_af_xdp0,iface=eth0",
+            "net_memif0,role=client,zero-copy=yes",
+            "net_vhost0,iface=/tmp/v.sock,ext-buffer=1",
+            "net_ring0,nodeaction=r0:0:ATTACH",
+        ] {
+            assert!(!super::device_copies(no), "{no}");
+        }
+    }
 }
 
 /// Whether this build has DPDK.

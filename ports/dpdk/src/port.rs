@@ -98,7 +98,9 @@ impl DpdkPort {
             remove_device(&dev);
             return Err(dev_err("device", &dev, "probed, but it is not an ethdev".into()));
         }
-        match Self::configure(name, &dev, port_id, opts) {
+        let share = opts.zero_copy.as_ref().filter(|_| crate::device_copies(devargs));
+        let mut shared = false;
+        match Self::configure(name, &dev, port_id, opts, share, &mut shared) {
             Ok(p) => Ok(Arc::new(p)),
             Err(e) => {
                 // SAFETY: our port id; stopping/closing a device that is not started is
@@ -110,7 +112,7 @@ impl DpdkPort {
                 remove_device(&dev);
                 // A driver may want more room in an mbuf than a switch buffer has
                 // (net_af_packet: its whole frame size): then it gets a mempool of its own.
-                if opts.zero_copy.is_some() && crate::device_copies(&dev) {
+                if shared {
                     tracing::warn!(
                         port = name,
                         dev,
@@ -128,11 +130,15 @@ impl DpdkPort {
         }
     }
 
+    /// Configures and starts the probed device; `shared` says whether its mempool carried the
+    /// switch's buffers (`share`) when it failed.
     fn configure(
         name: &str,
         dev: &str,
         port_id: u16,
         opts: &PortOptions,
+        share: Option<&Arc<vswitch::Pool>>,
+        shared: &mut bool,
     ) -> Result<DpdkPort, DpdkError> {
         let fail = |what: &'static str, r: libc::c_int| dev_err(what, dev, ret_text(r));
         let mut info = dpdk_sys::rte_eth_dev_info::default();
@@ -171,22 +177,15 @@ impl DpdkPort {
         let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(port_id) };
         let pool_name = CString::new(format!("knitter_p{port_id}"))
             .map_err(|_| DpdkError::Devargs(dev.into()))?;
-        let shared = match &opts.zero_copy {
-            Some(pool) if crate::device_copies(dev) => {
-                ZeroCopy::create(&pool_name, pool, opts.mbufs, socket)
-                    .inspect_err(|why| {
-                        tracing::warn!(
-                            port = name,
-                            dev,
-                            why,
-                            "zero copy refused: frames are copied"
-                        )
-                    })
-                    .ok()
-            }
-            _ => None,
-        };
-        let (mp, zc) = match shared {
+        let zero_copy = share.and_then(|pool| {
+            ZeroCopy::create(&pool_name, pool, opts.mbufs, socket)
+                .inspect_err(|why| {
+                    tracing::warn!(port = name, dev, why, "zero copy refused: frames are copied")
+                })
+                .ok()
+        });
+        *shared = zero_copy.is_some();
+        let (mp, zc) = match zero_copy {
             Some((mp, zc)) => (mp, Some(zc)),
             // SAFETY: valid name; sizes within range (the data room fits a u16).
             None => (
@@ -628,9 +627,10 @@ impl Port for DpdkPort {
             Some(zc) => {
                 let mut old = [u32::MAX; BATCH];
                 let pool = cache.pool();
-                let k = zc.lend(&batch.as_slice()[..have], &mbufs[..have], &mut old, |b, m| {
-                    self.transmit_copy(pool, b, m)
-                });
+                let frames = &batch.as_slice()[..have];
+                let k = zc
+                    .lend(frames, &mbufs[..have], &mut old, |b, m| self.transmit_copy(pool, b, m))
+                    .unwrap_or_else(|| self.fill_copies(pool, frames, &mbufs[..have]));
                 let sent = self.send(q, &mut mbufs[..k]);
                 zc.settle(&mbufs[..k], &old, k, sent, cache, batch);
                 sent

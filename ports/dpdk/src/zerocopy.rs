@@ -1,19 +1,22 @@
-//! Zero copy at a `dpdk` port's edge: the port's mempool is a pinned external-buffer pool
-//! (`rte_pktmbuf_pool_create_extbuf`) whose every mbuf carries one chunk of the switch's
-//! buffer pool. A received frame becomes a switch packet by trading chunks — the packet
+//! Zero copy at a `dpdk` port's edge: the port's mempool holds bare mbuf headers (no data
+//! room of their own, as VPP's dpdk plugin lays mbufs over its own buffers), each carrying one
+//! chunk of the switch's buffer pool as its buffer (`buf_addr`, `buf_len` of a chunk; the
+//! pool tells drivers a data room of [`BUF_SIZE`], headroom included). A received frame becomes a switch packet by trading chunks — the packet
 //! keeps the chunk the device filled, the mbuf takes a fresh one before it goes back to the
 //! mempool — and a packet is sent by lending its chunk to a fresh mbuf, whose own chunk goes
-//! back to the switch's pool. No frame byte is copied at the edge either way; frames in
-//! several segments (jumbo) are still copied.
+//! back to the switch's pool. Frames in several segments (jumbo mbufs, chained or flooded
+//! switch packets) and mbufs of another mempool are copied.
 //!
 //! Which devices: those whose drivers read and write mbuf data with the CPU through its
-//! virtual address (vdevs: [`crate::device_copies`]). A device that DMAs (a NIC, a VF) would need
+//! virtual address and give back every mbuf when they close (vdevs, as their devargs
+//! configure them: [`crate::device_copies`]). A device that DMAs (a NIC, a VF) would need
 //! the switch's region mapped for it (`rte_extmem_register`, `rte_dev_dma_map`): not built,
 //! such ports copy at the edge.
 //!
 //! # Safety
-//! Invariant: a chunk index an mbuf of the mempool carries (its `buf_addr`, see the shim's
-//! `carried`) was taken off the switch's pool (`BufId::into_index`) and is owned by that
+//! Invariant: a chunk index an mbuf of the mempool carries (its `buf_addr`, when it is one
+//! whole chunk of the region: the shim's `carried`; a buffer a driver attached is never
+//! taken for one) was taken off the switch's pool (`BufId::into_index`) and is owned by that
 //! mbuf alone: no `BufId` of it exists, and no other mbuf carries it. It is kept by
 //! - [`ZeroCopy::create`]: each object gets a distinct chunk fresh from the pool before the
 //!   device can take any;
@@ -22,11 +25,22 @@
 //!   burst's mbufs are freed;
 //! - [`ZeroCopy::lend`] / [`ZeroCopy::settle`]: a fresh mbuf takes a packet's chunk (the
 //!   packet's `BufId` forgotten once the device took the mbuf) and its old chunk becomes a
-//!   packet again; an mbuf the device refused gets its old chunk back before it is freed;
-//! - [`ZeroCopy::release`]: after the device closed (every mbuf back in the mempool), each
+//!   packet again; an mbuf the device refused gets its old chunk back before it is freed.
+//!   Between the device taking the mbuf and `settle` both name the chunk; nothing reads or
+//!   writes it through the `BufId` in that window (a loopback may already deliver it);
+//! - [`ZeroCopy::release`]: after the device closed (every mbuf back in the mempool: devices
+//!   whose mbufs outlive them, such as rings shared with another port, are not shared), each
 //!   object's chunk returns to the pool, then the mempool is freed.
 //!
 //! The `Arc<Pool>` held here keeps the region mapped while any mbuf points into it.
+//!
+//! Why bare headers rather than DPDK's pinned external-buffer pools
+//! (`rte_pktmbuf_pool_create_extbuf`, which a first version used): their mbufs are not
+//! "direct", and every free takes the external-buffer path (the pool's flags, the shared
+//! info's reference count on a third cache line): ~46 more instructions a frame out and back
+//! in, 5–6 more cycles (`perf/examples/dpdk_edge.rs`). A bare header is freed as any mbuf.
+//! DPDK never moves a direct mbuf's buffer; one that a driver attaches elsewhere (cloning)
+//! is not taken for a chunk (`carried`), and its chunk is then lost to the pool, not shared.
 
 use std::ffi::CStr;
 use std::sync::Arc;
@@ -36,8 +50,9 @@ use vswitch::{BufId, Pool, PoolCache};
 
 /// `UINT32_MAX` in the shim's arrays: "no chunk here" (the mbuf is left as it is).
 const NONE: u32 = u32::MAX;
-/// Per-lcore mbuf cache of the mempool (DPDK's default for pktmbuf pools).
-const MEMPOOL_CACHE: u32 = 256;
+/// Per-lcore mbuf cache of the mempool: every idle mbuf in a thread's cache (up to 1.5× this)
+/// holds one of the switch's buffers, so it is smaller than DPDK's usual 256.
+const MEMPOOL_CACHE: u32 = 128;
 /// `RTE_BAD_IOVA`, which bindgen does not expand (`(rte_iova_t)-1`).
 const BAD_IOVA: u64 = u64::MAX;
 
@@ -67,7 +82,7 @@ impl ZeroCopy {
         n: u32,
         socket: i32,
     ) -> Result<(*mut dpdk_sys::rte_mempool, ZeroCopy), String> {
-        let (base, len) = pool.region();
+        let (base, _) = pool.region();
         let chunks = pool.capacity();
         // Other ports (AF_XDP pods' fill rings, frames in flight) keep at least a quarter.
         let keep = chunks as usize / 4;
@@ -98,26 +113,15 @@ impl ZeroCopy {
                 "the switch's buffer pool has fewer than {n} free buffers for the port's mbufs"
             ));
         }
-        // The pool's constructor points object i at the region's i-th chunk; every object is
-        // rebased to a chunk of its own below, before the mempool is used.
-        let ext = dpdk_sys::rte_pktmbuf_extmem {
-            buf_ptr: base.cast(),
-            buf_iova: BAD_IOVA,
-            buf_len: (n as usize * BUF_SIZE).min(len),
-            elt_size: BUF_SIZE as u16,
-        };
-        // SAFETY: a valid name and one extmem descriptor alive for the call; its memory (the
-        // pool's region) outlives the mempool (`pool` is held by the returned ZeroCopy).
+        // SAFETY: a valid name; the pool's objects are bare mbuf headers, each rebased to a
+        // chunk of its own below, before the mempool is used.
         let mp = unsafe {
-            dpdk_sys::rte_pktmbuf_pool_create_extbuf(
+            dpdk_sys::shim_pool_create_bare(
                 name.as_ptr(),
                 n,
                 MEMPOOL_CACHE,
-                0,
                 BUF_SIZE as u16,
                 socket,
-                &ext,
-                1,
             )
         };
         if mp.is_null() {
@@ -169,6 +173,7 @@ impl ZeroCopy {
                 mbufs.as_ptr(),
                 n as u16,
                 self.base,
+                self.chunks,
                 BUF_SIZE as u32,
                 chunk.as_mut_ptr(),
                 off.as_mut_ptr(),
@@ -213,38 +218,40 @@ impl ZeroCopy {
     }
 
     /// Lends each unchained packet's chunk to its fresh mbuf (`mbufs[i]` for `frames[i]`)
-    /// and copies the others with `copy` (false: stop there). Returns how many mbufs are
-    /// ready to send; `old` gets each lending mbuf's own chunk ([`NONE`] for copies), which
-    /// [`ZeroCopy::settle`] needs.
+    /// and copies the chained ones with `copy` (false: stop there). Returns how many mbufs
+    /// are ready to send; `old` gets each lending mbuf's own chunk ([`NONE`] for copies),
+    /// which [`ZeroCopy::settle`] needs. `None` (nothing lent, every mbuf as fresh): an
+    /// mbuf's buffer is not a chunk of ours, and the caller copies the burst.
     pub fn lend(
         &self,
         frames: &[BufId],
         mbufs: &[*mut dpdk_sys::rte_mbuf],
         old: &mut [u32; BATCH],
         mut copy: impl FnMut(&BufId, *mut dpdk_sys::rte_mbuf) -> bool,
-    ) -> usize {
+    ) -> Option<usize> {
+        let have = frames.len().min(mbufs.len()).min(BATCH);
         let (mut chunk, mut off, mut len) = ([NONE; BATCH], [0u16; BATCH], [0u16; BATCH]);
-        let mut k = 0;
-        for (i, (b, &m)) in frames.iter().zip(mbufs).take(BATCH).enumerate() {
-            if !self.pool.is_chained(b) {
-                let (at, l) = self.pool.head_addr(b);
-                chunk[i] = (at / BUF_SIZE as u64) as u32;
-                off[i] = (at % BUF_SIZE as u64) as u16;
-                len[i] = l as u16;
-            } else if !copy(b, m) {
-                break;
+        let mut chained = false;
+        for (i, b) in frames[..have].iter().enumerate() {
+            if self.pool.is_chained(b) {
+                chained = true;
+                continue;
             }
-            k = i + 1;
+            let (at, l) = self.pool.head_addr(b);
+            chunk[i] = (at / BUF_SIZE as u64) as u32;
+            off[i] = (at % BUF_SIZE as u64) as u16;
+            len[i] = l as u16;
         }
-        // SAFETY: `k` fresh mbufs of ours; each lending one reports its chunk into `old` and
+        // SAFETY: `have` fresh mbufs of ours; each lending one reports its chunk into `old` and
         // points at its packet's bytes (inside the packet's chunk), which stay the packet's
         // until `settle`.
-        unsafe {
+        let foreign = unsafe {
             dpdk_sys::shim_tx_lend(
                 mbufs.as_ptr(),
-                k as u16,
+                have as u16,
                 self.base,
                 self.iova,
+                self.chunks,
                 BUF_SIZE as u32,
                 chunk.as_ptr(),
                 off.as_ptr(),
@@ -252,7 +259,41 @@ impl ZeroCopy {
                 old.as_mut_ptr(),
             )
         };
-        k
+        if foreign > 0 {
+            self.unlend(&mbufs[..have], &mut old[..have]);
+            return None;
+        }
+        let k = if chained {
+            frames[..have]
+                .iter()
+                .zip(&mbufs[..have])
+                .position(|(b, &m)| self.pool.is_chained(b) && !copy(b, m))
+                .unwrap_or(have)
+        } else {
+            have
+        };
+        if k < have {
+            self.unlend(&mbufs[k..have], &mut old[k..have]);
+        }
+        Some(k)
+    }
+
+    /// Gives mbufs that lent their chunks back their own and resets them (`old` then says
+    /// nothing was lent).
+    fn unlend(&self, mbufs: &[*mut dpdk_sys::rte_mbuf], old: &mut [u32]) {
+        // SAFETY: fresh mbufs of ours that `shim_tx_lend` went over, not given to the device;
+        // old[i] is the chunk mbuf i carried before it (or NONE: it lent nothing).
+        unsafe {
+            dpdk_sys::shim_unlend(
+                mbufs.as_ptr(),
+                mbufs.len() as u16,
+                self.base,
+                self.iova,
+                old.as_ptr(),
+                BUF_SIZE as u32,
+            )
+        };
+        old.fill(NONE);
     }
 
     /// After the device took the first `sent` of `k` lent-or-copied mbufs: each sent packet
@@ -311,6 +352,7 @@ impl ZeroCopy {
             dpdk_sys::shim_pool_take_chunks(
                 mp,
                 self.base,
+                self.chunks,
                 idx.as_mut_ptr(),
                 self.mbufs,
                 BUF_SIZE as u32,

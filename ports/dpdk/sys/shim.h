@@ -26,18 +26,24 @@ void shim_rx_views(struct rte_mbuf *const *m, uint16_t n, const uint8_t **data, 
 /* Copies frame i (`data[i]`, `len[i]` bytes) into fresh mbuf `m[i]`, in order, while each
  * fits its mbuf's tailroom; returns how many were filled. */
 uint16_t shim_tx_fill(struct rte_mbuf *const *m, uint16_t n, const uint8_t *const *data, const uint16_t *len);
-/* Zero copy over the switch's pool (chunks of `size` bytes from `base`; an mbuf's chunk is
- * (buf_addr - base) / size). give/take: every object of a pinned external-buffer mempool
- * gets chunk idx[i] / reports its chunk into idx[i] (i < n); they return the objects seen.
- * rx_chunks: each mbuf's chunk (UINT32_MAX for an mbuf not of mp), data offset in it,
- * length and segments. rebase: mbuf i gets
- * chunk[i] unless that is UINT32_MAX. tx_lend: mbuf i (fresh) reports its chunk in old[i]
- * and gets chunk[i] with its frame (len[i] bytes at off[i]); UINT32_MAX: left alone. */
+/* Zero copy over the switch's pool (`chunks` chunks of `size` bytes from `base`; an mbuf
+ * carries chunk (buf_addr - base) / size when its buffer is exactly one of them, else none:
+ * UINT32_MAX). give/take: every object of a pinned external-buffer mempool gets chunk idx[i]
+ * / reports its chunk into idx[i] (i < n); they return the objects seen. rx_chunks: each
+ * mbuf's chunk (none for an mbuf not of mp), data offset in it, length and segments.
+ * rebase: mbuf i gets chunk[i] unless that is UINT32_MAX. tx_lend: fresh mbuf i reports its
+ * chunk in old[i] and gets chunk[i] with its frame (len[i] bytes at off[i]); left alone
+ * when chunk[i] is UINT32_MAX or when it carries none (counted: the return value). unlend:
+ * mbuf i gets old[i] back (unless UINT32_MAX) and is reset to a fresh, empty mbuf. */
 uint32_t shim_pool_give_chunks(struct rte_mempool *mp, uint8_t *base, uint64_t iova_base, const uint32_t *idx, uint32_t n, uint32_t size);
-uint32_t shim_pool_take_chunks(struct rte_mempool *mp, uint8_t *base, uint32_t *idx, uint32_t n, uint32_t size);
-void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uint16_t n, const uint8_t *base, uint32_t size, uint32_t *chunk, uint16_t *off, uint16_t *len, uint16_t *segs);
+uint32_t shim_pool_take_chunks(struct rte_mempool *mp, uint8_t *base, uint32_t chunks, uint32_t *idx, uint32_t n, uint32_t size);
+void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uint16_t n, const uint8_t *base, uint32_t chunks, uint32_t size, uint32_t *chunk, uint16_t *off, uint16_t *len, uint16_t *segs);
 void shim_rebase(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, const uint32_t *chunk, uint32_t size);
-void shim_tx_lend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, uint32_t size, const uint32_t *chunk, const uint16_t *off, const uint16_t *len, uint32_t *old);
+uint16_t shim_tx_lend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, uint32_t chunks, uint32_t size, const uint32_t *chunk, const uint16_t *off, const uint16_t *len, uint32_t *old);
+void shim_unlend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, const uint32_t *old, uint32_t size);
+/* A pktmbuf pool of `n` bare mbuf headers (no data room of their own; the pool says `room`
+ * bytes to drivers): each gets its buffer by rebasing. NULL with rte_errno on failure. */
+struct rte_mempool *shim_pool_create_bare(const char *name, unsigned int n, unsigned int cache, uint16_t room, int socket);
 /* Whether the EAL runs with IOVA as VA (an mbuf's iova is then its address). */
 int shim_iova_is_va(void);
 unsigned int shim_lcore_id(void);

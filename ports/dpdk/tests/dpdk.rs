@@ -259,6 +259,10 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
     let open = |name: &str, pool: &Arc<vswitch::Pool>| -> std::io::Result<Arc<dyn Port>> {
         let devargs = format!("net_af_packet_{name},iface={name}");
         dpdk::DpdkPort::open(name, &devargs, &shared(pool))
+            .inspect(|p| {
+                // It wants room for its 2 048-byte frames: opened again with mbufs of its own.
+                assert!(!p.zero_copy(), "net_af_packet refuses the switch's 2 KiB buffers");
+            })
             .map(|p| p as Arc<dyn Port>)
             .map_err(std::io::Error::other)
     };
