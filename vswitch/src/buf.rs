@@ -880,6 +880,31 @@ impl PoolCache {
         self.release(b.into_index());
     }
 
+    /// A free chunk's index, its metadata left as it was: for a port that lends chunks bare
+    /// to a device (a packet is made of one by [`Pool::claim_filled`]).
+    #[inline]
+    pub fn alloc_index(&mut self) -> Option<u32> {
+        match self.stack.pop() {
+            Some(i) => Some(i),
+            None => self.refill(),
+        }
+    }
+
+    /// Gives back a chunk no packet is made of: one from [`PoolCache::alloc_index`], or a
+    /// packet's given up with [`BufId::into_index`] (its metadata is not read: what was
+    /// chained to it is not freed).
+    ///
+    /// # Safety
+    /// `idx` is a chunk of this pool that no `BufId`, shared segment or device refers to any
+    /// more, given back once.
+    #[inline]
+    pub unsafe fn free_index(&mut self, idx: u32) {
+        if self.stack.len() == CACHE_MAX {
+            self.spill();
+        }
+        self.stack.push(idx);
+    }
+
     /// Drops the maker's reference on a shared segment.
     pub fn release_shared(&mut self, s: SharedSeg) {
         self.release(s.0);
@@ -1005,6 +1030,30 @@ mod test {
             c.free(b);
             proptest::prop_assert_eq!(p.free_count() + c.stack.len(), free);
         }
+    }
+
+    /// A chunk lent bare (a port's device holds it by index) comes back by index, and a
+    /// packet claimed from it is whole; the pool counts every chunk back.
+    #[test]
+    fn chunks_lent_by_index_come_back_whole() {
+        let p = pool(64);
+        let free = p.free_count();
+        let mut c = PoolCache::new(p.clone());
+        let idx: Vec<u32> = (0..40).map(|_| c.alloc_index().unwrap()).collect();
+        let mut uniq = idx.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), 40, "each chunk handed out once");
+        // SAFETY: taken above, given back once each; the first becomes a packet first.
+        let b = unsafe { p.claim_filled(idx[0], HEADROOM + 2, 60) }.unwrap();
+        assert_eq!((p.pkt_len(&b), p.headroom(&b), p.is_chained(&b)), (60, HEADROOM + 2, false));
+        c.free(b);
+        for &i in &idx[1..] {
+            // SAFETY: as above.
+            unsafe { c.free_index(i) };
+        }
+        drop(c);
+        assert_eq!(p.free_count(), free);
     }
 
     /// A lent packet reads as the whole frame; linearized it is an ordinary packet (in its

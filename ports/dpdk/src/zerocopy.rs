@@ -45,7 +45,7 @@
 use std::ffi::CStr;
 use std::sync::Arc;
 use vswitch::batch::{BATCH, Batch};
-use vswitch::buf::{BUF_SIZE, HEADROOM};
+use vswitch::buf::BUF_SIZE;
 use vswitch::{BufId, Pool, PoolCache};
 
 /// `UINT32_MAX` in the shim's arrays: "no chunk here" (the mbuf is left as it is).
@@ -96,15 +96,15 @@ impl ZeroCopy {
         let mut cache = PoolCache::new(pool.clone());
         let mut taken = Vec::with_capacity(n as usize);
         while taken.len() < n as usize {
-            match cache.alloc() {
-                Some(b) => taken.push(b.into_index()),
+            match cache.alloc_index() {
+                Some(i) => taken.push(i),
                 None => break,
             }
         }
         let give_back = |cache: &mut PoolCache, taken: &[u32]| {
             for &i in taken {
                 // SAFETY: taken off this pool above and given to no one.
-                cache.free(unsafe { BufId::from_index(i) });
+                unsafe { cache.free_index(i) };
             }
         };
         if taken.len() < n as usize {
@@ -185,8 +185,8 @@ impl ZeroCopy {
         let mut got = 0;
         for i in 0..n {
             let b = if segs[i] == 1 && chunk[i] < self.chunks {
-                cache.alloc().and_then(|f| {
-                    fresh[i] = f.into_index();
+                cache.alloc_index().and_then(|f| {
+                    fresh[i] = f;
                     // SAFETY: mbuf i carried chunk[i], owned by it alone (module invariant);
                     // from here it carries fresh[i] instead (rebased below, before the caller
                     // frees it), so chunk[i] is claimed once.
@@ -332,11 +332,8 @@ impl ZeroCopy {
             // The sent mbuf carries the packet's chunk from here.
             let _ = b.into_index();
             // SAFETY: o was the chunk the mbuf carried, owned by it alone; the mbuf carries
-            // the packet's chunk now, so o is claimed once.
-            let freed = match unsafe { self.pool.claim_filled(o, HEADROOM, 0) } {
-                Ok(b) | Err(b) => b,
-            };
-            cache.free(freed);
+            // the packet's chunk now, so o goes back once, and nothing refers to it.
+            unsafe { cache.free_index(o) };
         }
     }
 
@@ -361,10 +358,7 @@ impl ZeroCopy {
         let mut cache = PoolCache::new(self.pool.clone());
         for i in idx.into_iter().filter(|&i| i < self.chunks) {
             // SAFETY: each object's chunk, owned by it alone; the mempool goes below.
-            let b = match unsafe { self.pool.claim_filled(i, HEADROOM, 0) } {
-                Ok(b) | Err(b) => b,
-            };
-            cache.free(b);
+            unsafe { cache.free_index(i) };
         }
         // SAFETY: our mempool, its chunks returned; nothing uses it after this.
         unsafe { dpdk_sys::rte_mempool_free(mp) };
