@@ -35,6 +35,10 @@ impl DpdkPort {
         match *self {}
     }
 
+    pub fn zero_copy(&self) -> bool {
+        match *self {}
+    }
+
     pub fn has_link_events(&self) -> bool {
         match *self {}
     }
