@@ -122,6 +122,9 @@ fn knitter_round(
     }
     dpdk::eal::init(&eal)?;
     let pool = vswitch::Pool::new(32768, true)?;
+    if round == 0 {
+        println!("{:>6} the switch's buffers: {}", "", pool.backing());
+    }
     let switch = vswitch::Switch::new(pool.clone(), vswitch::SwitchOptions::default());
     let opts = dpdk::PortOptions { zero_copy: (!copy).then_some(pool), ..Default::default() };
     let tag = if copy { "c" } else { "" };

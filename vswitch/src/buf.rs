@@ -515,8 +515,8 @@ impl Pool {
     /// caller frees: the chunk comes back to the pool either way.
     ///
     /// # Safety
-    /// `idx` must come from `BufId::into_index` of this pool (given to the kernel) and be
-    /// claimed once.
+    /// `idx` must come from `BufId::into_index` or [`PoolCache::alloc_index`] of this pool
+    /// (given to the kernel or a device) and be claimed once.
     pub unsafe fn claim_filled(&self, idx: u32, off: usize, len: usize) -> Result<BufId, BufId> {
         let fits = off.checked_add(len).is_some_and(|end| end <= BUF_SIZE);
         let (off, len) = if fits { (off, len) } else { (HEADROOM, 0) };

@@ -72,12 +72,22 @@ impl Default for PortOptions {
 pub fn device_copies(devargs: &str) -> bool {
     const COPYING: [&str; 6] =
         ["net_memif", "net_ring", "net_tap", "net_af_packet", "net_pcap", "net_vhost"];
-    const NOT_WITH: [(&str, &str); 3] =
-        [("net_memif", "zero-copy=yes"), ("net_vhost", "ext-buffer"), ("net_ring", "nodeaction")];
+    // (device, key, values that make it so: "" any). memif turns zero copy on when the value
+    // merely contains "yes" (its parser's `strstr`).
+    const NOT_WITH: [(&str, &str, &str); 3] = [
+        ("net_memif", "zero-copy", "yes"),
+        ("net_vhost", "ext-buffer", ""),
+        ("net_ring", "nodeaction", ""),
+    ];
     let mut args = devargs.split(',').map(str::trim);
     let dev = args.next().unwrap_or_default();
     COPYING.iter().any(|p| dev.starts_with(p))
-        && !args.any(|a| NOT_WITH.iter().any(|(d, opt)| dev.starts_with(d) && a.starts_with(opt)))
+        && !args.any(|a| {
+            let (key, value) = a.split_once('=').unwrap_or((a, ""));
+            NOT_WITH
+                .iter()
+                .any(|(d, k, v)| dev.starts_with(d) && key.trim() == *k && value.contains(v))
+        })
 }
 
 #[cfg(test)]
@@ -100,6 +110,7 @@ mod test {
             "net_virtio_user0,path=/tmp/v.sock",
             "net_af_xdp0,iface=eth0",
             "net_memif0,role=client,zero-copy=yes",
+            "net_memif0,zero-copy= yes",
             "net_vhost0,iface=/tmp/v.sock,ext-buffer=1",
             "net_ring0,nodeaction=r0:0:ATTACH",
         ] {

@@ -562,13 +562,21 @@ impl Port for DpdkPort {
         if let Some(zc) = self.zc.as_ref().filter(|zc| zc.serves(cache)) {
             let got = zc.receive(
                 self.mp,
-                &mbufs[..n],
+                &mut mbufs[..n],
                 cache,
                 batch,
                 |m, cache| self.receive(m, cache),
                 || c.rx_dropped.add(1),
             );
-            self.free_burst(&mut mbufs[..n]);
+            // An astray mbuf that could not be mended is kept (null): not freed.
+            let mut kept = 0;
+            for i in 0..n {
+                if !mbufs[i].is_null() {
+                    mbufs[kept] = mbufs[i];
+                    kept += 1;
+                }
+            }
+            self.free_burst(&mut mbufs[..kept]);
             c.rx_packets.add(got as u64);
             return got;
         }
@@ -626,10 +634,12 @@ impl Port for DpdkPort {
         let sent = match self.zc.as_ref().filter(|zc| zc.serves(cache)) {
             Some(zc) => {
                 let mut old = [u32::MAX; BATCH];
-                let pool = cache.pool();
+                let pool = zc.pool();
                 let frames = &batch.as_slice()[..have];
                 let k = zc
-                    .lend(frames, &mbufs[..have], &mut old, |b, m| self.transmit_copy(pool, b, m))
+                    .lend(frames, &mut mbufs[..have], &mut old, cache, |b, m| {
+                        self.transmit_copy(pool, b, m)
+                    })
                     .unwrap_or_else(|| self.fill_copies(pool, frames, &mbufs[..have]));
                 let sent = self.send(q, &mut mbufs[..k]);
                 zc.settle(&mbufs[..k], &old, k, sent, cache, batch);
@@ -644,9 +654,10 @@ impl Port for DpdkPort {
                 sent
             }
         };
-        for &m in &mbufs[sent..have] {
+        for &m in mbufs[sent..have].iter().filter(|m| !m.is_null()) {
             // SAFETY: allocated above and not sent (with their own buffers, after zero copy's
-            // `settle`): freed once, with anything chained.
+            // `settle`; an astray one zero copy kept is null): freed once, with anything
+            // chained.
             unsafe { dpdk_sys::shim_pktmbuf_free(m) };
         }
         batch.handed_on(sent);

@@ -50,6 +50,10 @@ use vswitch::{BufId, Pool, PoolCache};
 
 /// `UINT32_MAX` in the shim's arrays: "no chunk here" (the mbuf is left as it is).
 const NONE: u32 = u32::MAX;
+/// The shim's "astray": an mbuf of the port's own mempool whose buffer is not a chunk (DPDK
+/// or a driver moved it; none of the devices zero copy serves does). It is never written
+/// into nor taken for a chunk: it gets a fresh chunk, or is kept out of the mempool.
+const ASTRAY: u32 = u32::MAX - 1;
 /// Per-lcore mbuf cache of the mempool: every idle mbuf in a thread's cache (up to 1.5× this)
 /// holds one of the switch's buffers, so it is smaller than DPDK's usual 256.
 const MEMPOOL_CACHE: u32 = 128;
@@ -65,6 +69,8 @@ pub struct ZeroCopy {
     /// Chunks in the pool: an index an mbuf reports at or above it is not one of ours.
     chunks: u32,
     mbufs: u32,
+    /// mbufs found astray (see [`ASTRAY`]): their chunks are lost to the pool.
+    astray: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: `base` is the address of the pool's region, which the held `Arc<Pool>` keeps
@@ -119,7 +125,8 @@ impl ZeroCopy {
             dpdk_sys::shim_pool_create_bare(
                 name.as_ptr(),
                 n,
-                MEMPOOL_CACHE,
+                // DPDK refuses a cache larger than n / 1.5.
+                MEMPOOL_CACHE.min(n / 2),
                 BUF_SIZE as u16,
                 socket,
             )
@@ -141,7 +148,28 @@ impl ZeroCopy {
             give_back(&mut cache, &taken);
             return Err(format!("the mempool has {seen} mbufs, not {n}"));
         }
-        Ok((mp, ZeroCopy { pool: pool.clone(), base, iova, chunks, mbufs: n }))
+        let astray = Default::default();
+        Ok((mp, ZeroCopy { pool: pool.clone(), base, iova, chunks, mbufs: n, astray }))
+    }
+
+    /// Gives an astray mbuf a fresh chunk; without one, keeps it out of the mempool for good
+    /// (`*m` becomes null: the caller must not free or use it).
+    fn repair(&self, m: &mut *mut dpdk_sys::rte_mbuf, cache: &mut PoolCache) {
+        if self.astray.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            tracing::warn!("an mbuf's buffer is not one of the switch's: given a fresh one");
+        }
+        match cache.alloc_index() {
+            // SAFETY: our mbuf, not in the device's hands; `f` was taken off the pool for it.
+            Some(f) => unsafe {
+                dpdk_sys::shim_rebase(m, 1, self.base, self.iova, &f, BUF_SIZE as u32)
+            },
+            None => *m = std::ptr::null_mut(),
+        }
+    }
+
+    /// The switch's pool the mbufs' buffers come from.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// Whether `cache` serves the pool the mbufs' chunks come from.
@@ -151,12 +179,13 @@ impl ZeroCopy {
 
     /// Turns an rx burst into packets: each single-segment frame in an mbuf of `mp` (the
     /// mempool [`ZeroCopy::create`] made) keeps the chunk the device filled and its mbuf
-    /// takes a fresh chunk; other frames go through `copy`. The caller
-    /// frees the mbufs afterwards. Returns the packets pushed; `dropped` counts the rest.
+    /// takes a fresh chunk; other frames go through `copy`. The caller frees the mbufs
+    /// afterwards, but for any made null (astray ones kept). Returns the packets pushed;
+    /// `dropped` counts the rest.
     pub fn receive(
         &self,
         mp: *const dpdk_sys::rte_mempool,
-        mbufs: &[*mut dpdk_sys::rte_mbuf],
+        mbufs: &mut [*mut dpdk_sys::rte_mbuf],
         cache: &mut PoolCache,
         batch: &mut Batch,
         mut copy: impl FnMut(*mut dpdk_sys::rte_mbuf, &mut PoolCache) -> Option<BufId>,
@@ -184,6 +213,12 @@ impl ZeroCopy {
         let mut fresh = [NONE; BATCH];
         let mut got = 0;
         for i in 0..n {
+            if chunk[i] == ASTRAY {
+                // Its bytes are not where a chunk is: not read; the mbuf is mended.
+                dropped();
+                self.repair(&mut mbufs[i], cache);
+                continue;
+            }
             let b = if segs[i] == 1 && chunk[i] < self.chunks {
                 cache.alloc_index().and_then(|f| {
                     fresh[i] = f;
@@ -220,13 +255,15 @@ impl ZeroCopy {
     /// Lends each unchained packet's chunk to its fresh mbuf (`mbufs[i]` for `frames[i]`)
     /// and copies the chained ones with `copy` (false: stop there). Returns how many mbufs
     /// are ready to send; `old` gets each lending mbuf's own chunk ([`NONE`] for copies),
-    /// which [`ZeroCopy::settle`] needs. `None` (nothing lent, every mbuf as fresh): an
-    /// mbuf's buffer is not a chunk of ours, and the caller copies the burst.
+    /// which [`ZeroCopy::settle`] needs. `None` (nothing lent, every mbuf as fresh): an mbuf
+    /// was astray, has a fresh chunk now, and the caller copies the burst; `Some(0)` with a
+    /// null mbuf: one astray could not be mended, and is kept (the caller skips nulls).
     pub fn lend(
         &self,
         frames: &[BufId],
-        mbufs: &[*mut dpdk_sys::rte_mbuf],
+        mbufs: &mut [*mut dpdk_sys::rte_mbuf],
         old: &mut [u32; BATCH],
+        cache: &mut PoolCache,
         mut copy: impl FnMut(&BufId, *mut dpdk_sys::rte_mbuf) -> bool,
     ) -> Option<usize> {
         let have = frames.len().min(mbufs.len()).min(BATCH);
@@ -245,7 +282,7 @@ impl ZeroCopy {
         // SAFETY: `have` fresh mbufs of ours; each lending one reports its chunk into `old` and
         // points at its packet's bytes (inside the packet's chunk), which stay the packet's
         // until `settle`.
-        let foreign = unsafe {
+        let astray = unsafe {
             dpdk_sys::shim_tx_lend(
                 mbufs.as_ptr(),
                 have as u16,
@@ -259,9 +296,16 @@ impl ZeroCopy {
                 old.as_mut_ptr(),
             )
         };
-        if foreign > 0 {
+        if astray > 0 {
             self.unlend(&mbufs[..have], &mut old[..have]);
-            return None;
+            for (m, o) in mbufs[..have].iter_mut().zip(&mut old[..have]) {
+                if *o == ASTRAY {
+                    self.repair(m, cache);
+                    *o = NONE;
+                }
+            }
+            // Copied whole once every mbuf has a chunk; none sent if one is kept.
+            return if mbufs[..have].iter().all(|m| !m.is_null()) { None } else { Some(0) };
         }
         let k = if chained {
             frames[..have]
@@ -279,7 +323,7 @@ impl ZeroCopy {
     }
 
     /// Gives mbufs that lent their chunks back their own and resets them (`old` then says
-    /// nothing was lent).
+    /// nothing was lent; astray ones are left as they are).
     fn unlend(&self, mbufs: &[*mut dpdk_sys::rte_mbuf], old: &mut [u32]) {
         // SAFETY: fresh mbufs of ours that `shim_tx_lend` went over, not given to the device;
         // old[i] is the chunk mbuf i carried before it (or NONE: it lent nothing).
@@ -293,7 +337,9 @@ impl ZeroCopy {
                 BUF_SIZE as u32,
             )
         };
-        old.fill(NONE);
+        for o in old.iter_mut().filter(|o| **o != ASTRAY) {
+            *o = NONE;
+        }
     }
 
     /// After the device took the first `sent` of `k` lent-or-copied mbufs: each sent packet
@@ -362,5 +408,90 @@ impl ZeroCopy {
         }
         // SAFETY: our mempool, its chunks returned; nothing uses it after this.
         unsafe { dpdk_sys::rte_mempool_free(mp) };
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use vswitch::Batch;
+
+    /// An mbuf whose buffer something moved off its chunk is never written into nor taken
+    /// for a chunk, on either path: it is mended with a fresh chunk (the frame it held
+    /// dropped; a burst it would send in copied), and every other chunk comes back.
+    #[test]
+    fn an_astray_mbuf_is_mended_not_trusted() {
+        // Plain pages: no huge page taken from tests that reserve them for their peers.
+        let prefix = format!("knitter-zc-unit-{}", std::process::id());
+        let args = ["knitter", "-l", "0", "--no-telemetry", "--no-pci", "--no-huge", "-m", "64"];
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string())
+            .chain(["--no-shconf".into(), "--file-prefix".into(), prefix])
+            .collect();
+        crate::eal::init(&args).expect("EAL");
+        crate::eal::register_thread();
+        let pool = vswitch::Pool::new(1024, false).unwrap();
+        let free = pool.free_count();
+        let name = std::ffi::CString::new(format!("zc_unit_{}", std::process::id())).unwrap();
+        let (mp, zc) = ZeroCopy::create(&name, &pool, 64, 0).expect("the mempool");
+        let mut cache = PoolCache::new(pool.clone());
+        let mut mbufs = [std::ptr::null_mut::<dpdk_sys::rte_mbuf>(); 4];
+        // SAFETY: our mempool, room for four.
+        assert_eq!(unsafe { dpdk_sys::shim_pktmbuf_alloc_bulk(mp, mbufs.as_mut_ptr(), 4) }, 0);
+        let move_off = |m: *mut dpdk_sys::rte_mbuf| {
+            // SAFETY: our mbuf; its buffer moved 100 bytes into its chunk, as a driver that
+            // attached one of its own would leave it.
+            unsafe { (*m).buf_addr = (*m).buf_addr.cast::<u8>().add(100).cast() };
+        };
+        // Transmit: four packets, the second mbuf astray.
+        move_off(mbufs[1]);
+        let mut batch = Batch::new();
+        for _ in 0..4 {
+            let b = cache.alloc_frame(&[0x11; 60]).unwrap();
+            assert!(batch.push(b).is_ok());
+        }
+        let mut old = [NONE; BATCH];
+        let lent = zc.lend(batch.as_slice(), &mut mbufs, &mut old, &mut cache, |_, _| true);
+        assert_eq!(lent, None, "nothing lent: the burst is copied");
+        assert!(old.iter().all(|&o| o == NONE));
+        let (mut chunk, mut off, mut len, mut segs) = ([0; 4], [0u16; 4], [0u16; 4], [0u16; 4]);
+        // SAFETY: four mbufs of ours; the out arrays hold four.
+        unsafe {
+            dpdk_sys::shim_rx_chunks(
+                mp,
+                mbufs.as_ptr(),
+                4,
+                zc.base,
+                zc.chunks,
+                BUF_SIZE as u32,
+                chunk.as_mut_ptr(),
+                off.as_mut_ptr(),
+                len.as_mut_ptr(),
+                segs.as_mut_ptr(),
+            )
+        };
+        assert!(chunk.iter().all(|&c| c < zc.chunks), "each carries a chunk again: {chunk:?}");
+        // Receive: the third astray; its frame is dropped, the others become packets.
+        move_off(mbufs[2]);
+        for i in 0..batch.len() {
+            cache.free(batch.take(i));
+        }
+        batch.handed_on(4);
+        let mut dropped = 0;
+        let got = zc.receive(mp, &mut mbufs, &mut cache, &mut batch, |_, _| None, || dropped += 1);
+        assert_eq!((got, dropped), (3, 1));
+        assert!(mbufs.iter().all(|m| !m.is_null()), "mended, not kept");
+        // SAFETY: the four mbufs, ours, each freed once.
+        unsafe { dpdk_sys::rte_pktmbuf_free_bulk(mbufs.as_mut_ptr(), 4) };
+        for i in 0..batch.len() {
+            cache.free(batch.take(i));
+        }
+        batch.handed_on(3);
+        assert_eq!(zc.astray.load(std::sync::atomic::Ordering::Relaxed), 2);
+        drop(cache);
+        // SAFETY: no device used the mempool; every mbuf is back in it.
+        unsafe { zc.release(mp) };
+        assert_eq!(pool.free_count(), free - 2, "all back but the two chunks moved off");
     }
 }

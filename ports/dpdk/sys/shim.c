@@ -61,6 +61,9 @@ static uint32_t carried(const struct rte_mbuf *m, const uint8_t *base, uint32_t 
 		return UINT32_MAX;
 	return (uint32_t)idx;
 }
+/* An mbuf of the port's own mempool whose buffer is not a chunk (DPDK or a driver moved it):
+ * never written into, never taken for a chunk; the port gives it a fresh one or keeps it. */
+#define ASTRAY (UINT32_MAX - 1)
 struct chunks_arg { uint8_t *base; uint64_t iova_base; uint32_t *idx; uint32_t n; uint32_t size; uint32_t chunks; int give; };
 static void each_chunk(struct rte_mempool *mp, void *opaque, void *obj, unsigned int i) {
 	(void)mp;
@@ -84,7 +87,8 @@ void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uin
 	for (uint16_t i = 0; i < n; i++) {
 		/* An mbuf of another mempool (a vdev that passes mbufs between ports, as net_ring
 		 * does) carries no chunk of ours. */
-		chunk[i] = m[i]->pool == mp ? carried(m[i], base, size, chunks) : UINT32_MAX;
+		uint32_t c = m[i]->pool == mp ? carried(m[i], base, size, chunks) : UINT32_MAX;
+		chunk[i] = m[i]->pool == mp && c == UINT32_MAX ? ASTRAY : c;
 		off[i] = m[i]->data_off;
 		len[i] = m[i]->data_len;
 		segs[i] = m[i]->nb_segs;
@@ -92,46 +96,51 @@ void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uin
 }
 void shim_rebase(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, const uint32_t *chunk, uint32_t size) {
 	for (uint16_t i = 0; i < n; i++)
-		if (chunk[i] != UINT32_MAX)
+		if (chunk[i] < ASTRAY)
 			rebase(m[i], base, iova_base, chunk[i], size);
 }
 uint16_t shim_tx_lend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, uint32_t chunks, uint32_t size, const uint32_t *chunk, const uint16_t *off, const uint16_t *len, uint32_t *old) {
-	uint16_t foreign = 0;
+	uint16_t astray = 0;
 	for (uint16_t i = 0; i < n; i++) {
+		uint32_t c = carried(m[i], base, size, chunks);
 		old[i] = UINT32_MAX;
-		if (chunk[i] == UINT32_MAX)
-			continue;
-		old[i] = carried(m[i], base, size, chunks);
-		if (old[i] == UINT32_MAX) {
-			foreign++;
+		if (c == UINT32_MAX) {
+			old[i] = ASTRAY;
+			astray++;
 			continue;
 		}
+		if (chunk[i] == UINT32_MAX)
+			continue;
+		old[i] = c;
 		rebase(m[i], base, iova_base, chunk[i], size);
 		m[i]->data_off = off[i];
 		m[i]->data_len = len[i];
 		m[i]->pkt_len = len[i];
 	}
-	return foreign;
+	return astray;
 }
 void shim_unlend(struct rte_mbuf *const *m, uint16_t n, uint8_t *base, uint64_t iova_base, const uint32_t *old, uint32_t size) {
 	for (uint16_t i = 0; i < n; i++) {
-		if (old[i] != UINT32_MAX)
+		if (old[i] < ASTRAY) {
 			rebase(m[i], base, iova_base, old[i], size);
-		rte_pktmbuf_reset(m[i]);
+			rte_pktmbuf_reset(m[i]);
+		}
 	}
 }
 struct rte_mempool *shim_pool_create_bare(const char *name, unsigned int n, unsigned int cache, uint16_t room, int socket) {
 	struct rte_pktmbuf_pool_private priv;
 	memset(&priv, 0, sizeof(priv));
-	priv.mbuf_data_room_size = room;
 	/* As rte_pktmbuf_pool_create, but each object is an mbuf header alone: its buffer
-	 * (`room` bytes, as drivers read from the pool) is wherever buf_addr says. */
+	 * (`room` bytes, as drivers read from the pool) is wherever buf_addr says. The pool is
+	 * initialised with no room (a DPDK built with assertions checks objects hold theirs),
+	 * then told `room`. */
 	struct rte_mempool *mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf), cache, sizeof(priv), socket, 0);
 	if (mp == NULL)
 		return NULL;
 	int r = rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), NULL);
 	if (r == 0) {
 		rte_pktmbuf_pool_init(mp, &priv);
+		((struct rte_pktmbuf_pool_private *)rte_mempool_get_priv(mp))->mbuf_data_room_size = room;
 		r = rte_mempool_populate_default(mp);
 	}
 	if (r < 0) {

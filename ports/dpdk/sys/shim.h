@@ -27,14 +27,16 @@ void shim_rx_views(struct rte_mbuf *const *m, uint16_t n, const uint8_t **data, 
  * fits its mbuf's tailroom; returns how many were filled. */
 uint16_t shim_tx_fill(struct rte_mbuf *const *m, uint16_t n, const uint8_t *const *data, const uint16_t *len);
 /* Zero copy over the switch's pool (`chunks` chunks of `size` bytes from `base`; an mbuf
- * carries chunk (buf_addr - base) / size when its buffer is exactly one of them, else none:
- * UINT32_MAX). give/take: every object of a pinned external-buffer mempool gets chunk idx[i]
- * / reports its chunk into idx[i] (i < n); they return the objects seen. rx_chunks: each
- * mbuf's chunk (none for an mbuf not of mp), data offset in it, length and segments.
- * rebase: mbuf i gets chunk[i] unless that is UINT32_MAX. tx_lend: fresh mbuf i reports its
- * chunk in old[i] and gets chunk[i] with its frame (len[i] bytes at off[i]); left alone
- * when chunk[i] is UINT32_MAX or when it carries none (counted: the return value). unlend:
- * mbuf i gets old[i] back (unless UINT32_MAX) and is reset to a fresh, empty mbuf. */
+ * carries chunk (buf_addr - base) / size when its buffer is exactly one of them). In the
+ * arrays, UINT32_MAX is "none" and UINT32_MAX - 1 "astray": an mbuf of the port's own
+ * mempool whose buffer is not a chunk (never written into or taken for one).
+ * give/take: every object of the mempool gets chunk idx[i] / reports its chunk (or none)
+ * into idx[i] (i < n); they return the objects seen. rx_chunks: each mbuf's chunk (none for
+ * an mbuf not of mp, astray), data offset, length and segments. rebase: mbuf i gets chunk[i]
+ * (unless none or astray). tx_lend: fresh mbuf i reports its chunk in old[i] and gets
+ * chunk[i] with its frame (len[i] bytes at off[i]); left alone when chunk[i] is none, or when
+ * it is astray (old[i] says so; counted: the return value). unlend: each mbuf with a chunk
+ * in old[i] gets it back and is reset to a fresh, empty mbuf. */
 uint32_t shim_pool_give_chunks(struct rte_mempool *mp, uint8_t *base, uint64_t iova_base, const uint32_t *idx, uint32_t n, uint32_t size);
 uint32_t shim_pool_take_chunks(struct rte_mempool *mp, uint8_t *base, uint32_t chunks, uint32_t *idx, uint32_t n, uint32_t size);
 void shim_rx_chunks(const struct rte_mempool *mp, struct rte_mbuf *const *m, uint16_t n, const uint8_t *base, uint32_t chunks, uint32_t size, uint32_t *chunk, uint16_t *off, uint16_t *len, uint16_t *segs);
