@@ -72,11 +72,13 @@ impl Testpmd {
         format!("{name},role=client,socket={},socket-abstract=no", self.sockets[i].display())
     }
 
-    /// Starts forwarding, seeding the loop with 4 bursts per port of `frame`-byte frames
+    /// Starts forwarding, seeding the loop with 4 bursts per port (`MEMIF_SEED`) of `frame`-byte frames
     /// (without the FCS: 60 for 64 B on the wire).
     fn go(&mut self, frame: usize) {
         self.vnf.say(&format!("set txpkts {frame}"));
-        self.vnf.say("start tx_first 4");
+        // MEMIF_SEED: bursts per port in flight (4 by default).
+        let seed = std::env::var("MEMIF_SEED").unwrap_or_else(|_| "4".into());
+        self.vnf.say(&format!("start tx_first {seed}"));
     }
 }
 
