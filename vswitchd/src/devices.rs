@@ -17,6 +17,8 @@ pub struct OpenPort {
     pub port: Arc<dyn Port>,
     /// The vhost-user port, for its connection state.
     pub vhost: Option<Arc<VhostPort>>,
+    /// The dpdk port, for whether frames cross its edge without a copy.
+    pub dpdk: Option<Arc<dpdk::DpdkPort>>,
     afxdp: Option<Arc<AfXdpPort>>,
     /// Why an `af_xdp` device runs on AF_PACKET, when it does.
     pub fallback: Option<String>,
@@ -34,6 +36,7 @@ impl OpenPort {
         OpenPort {
             port,
             vhost: None,
+            dpdk: None,
             afxdp: None,
             fallback: None,
             trunk_fallback: false,
@@ -164,19 +167,9 @@ pub fn open(
             };
             dpdk_eal(devargs).map_err(fail)?;
             let queues = queues.unwrap_or(1);
-            let defaults = dpdk::PortOptions::default();
-            // With zero copy each mbuf holds one of the switch's buffers: as many as the
-            // queues' rings hold, and 1 024 for the mempool's per-thread caches (up to 192
-            // idle mbufs each) and bursts in flight.
-            let mbufs = if dpdk::device_copies(devargs) {
-                2 * defaults.descriptors as u32 * queues as u32 + 1024
-            } else {
-                defaults.mbufs
-            };
-            let opts =
-                dpdk::PortOptions { queues, mbufs, zero_copy: Some(pool.clone()), ..defaults };
+            let opts = dpdk::PortOptions::for_device(devargs, queues, pool.clone());
             let port = dpdk::DpdkPort::open(name, devargs, &opts).map_err(fail)?;
-            Ok(OpenPort::plain(port))
+            Ok(OpenPort { dpdk: Some(port.clone()), ..OpenPort::plain(port) })
         }
         Device::VhostUser { socket, client, mode, owner, group } => {
             let port = Arc::new(VhostPort::new(name, pool));

@@ -16,6 +16,7 @@ pub fn render(node: &Node) -> String {
     knitter_api::metrics::build_info(&mut o, "knitter-vswitchd", env!("CARGO_PKG_VERSION"));
     port_families(&mut o, &s);
     vhost_families(&mut o, &s);
+    dpdk_families(&mut o, &s);
     // Per queue: (port, queue) as one label pair.
     let queue_family =
         |o: &mut String, name: &str, help: &str, f: fn(&knitter_api::node::QueueStats) -> u64| {
@@ -381,6 +382,19 @@ fn port_families(o: &mut String, s: &pb::StatsReply) {
                 |p| (p.error.is_empty() && p.ring_error.is_empty() && p.link_up) as u8 as f64,
             ),
         ],
+    );
+}
+
+/// Per dpdk port, labelled `port`: whether frames cross its edge without a copy.
+fn dpdk_families(o: &mut String, s: &pb::StatsReply) {
+    let dpdk = s.ports.iter().filter_map(|p| Some((p.name.clone(), p.zero_copy? as u8 as f64)));
+    family(
+        o,
+        "knitter_dpdk_zero_copy",
+        "gauge",
+        "1 when frames cross the dpdk port's edge without a copy.",
+        "port",
+        dpdk,
     );
 }
 

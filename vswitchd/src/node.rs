@@ -961,13 +961,19 @@ impl Node {
         Ok(generation)
     }
 
+    /// Whether frames cross the edge of the dpdk port `name` without a copy, and why not
+    /// when zero copy was offered and refused (`None`: not a dpdk port).
+    pub fn dpdk_zero_copy(&self, name: &str) -> Option<(bool, Option<String>)> {
+        let inner = self.inner();
+        let port = inner.open.get(name)?.dpdk.as_ref()?;
+        Some((port.zero_copy(), port.copy_reason().map(str::to_string)))
+    }
+
     /// Why the `af_xdp` port `name` runs on AF_PACKET, when it does.
     pub fn fallback(&self, name: &str) -> Option<String> {
         self.inner().open.get(name)?.fallback.clone()
     }
 
-    /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
-    /// vhost-user port).
     /// Why a ring of the vhost-user port `name` is stopped, while one is.
     pub fn vhost_ring_error(&self, name: &str) -> Option<String> {
         let vhost = self.inner().open.get(name)?.vhost.clone()?;
@@ -988,6 +994,8 @@ impl Node {
         })
     }
 
+    /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
+    /// vhost-user port).
     pub fn vhost_connected(&self, name: &str) -> Option<bool> {
         let inner = self.inner();
         let v = inner.open.get(name)?.vhost.as_ref()?;

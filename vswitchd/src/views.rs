@@ -11,6 +11,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
     let totals = node.switch.stats();
     let running = snap.ports.iter().flatten().map(|p| {
         let t = totals.ports.get(p.id as usize).cloned().unwrap_or_default();
+        let zero_copy = node.dpdk_zero_copy(&p.name);
         pb::PortStatus {
             name: p.name.clone(),
             link_up: p.port.link_up(),
@@ -25,6 +26,8 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             priority_dropped: t.priority_dropped,
             error: node.switch.faults().get(&p.name).unwrap_or_default(),
             vhost_connected: node.vhost_connected(&p.name),
+            zero_copy: zero_copy.as_ref().map(|(on, _)| *on),
+            copy_reason: zero_copy.and_then(|(_, why)| why).unwrap_or_default(),
             fallback: node.fallback(&p.name).unwrap_or_default(),
             ring_error: node.vhost_ring_error(&p.name).unwrap_or_default(),
             vhost_errors: node.vhost_errors(&p.name),

@@ -1774,7 +1774,9 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
         })
         .collect();
     vswitch::testkit::pcap::write(&rx, &inbound).unwrap();
-    let d = Daemon::start(dir.path(), &["--no-state"]).await;
+    let addr =
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let d = Daemon::start(dir.path(), &["--no-state", "--metrics-listen", &addr]).await;
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
     add_port(&mut c, vhost_port(dir.path(), "v0", "red")).await.unwrap();
@@ -1805,6 +1807,13 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
         "{:?}",
         s.drops
     );
+    // net_pcap copies with the CPU: its mbufs carry the switch's buffers, and the port says so.
+    let v = c.show(pb::ShowRequest {}).await.unwrap().into_inner();
+    let d0 = v.status.iter().find(|s| s.name == "d0").unwrap();
+    assert_eq!((d0.zero_copy, d0.copy_reason.as_str()), (Some(true), ""), "{d0:?}");
+    assert_eq!(v.status.iter().find(|s| s.name == "v0").map(|s| s.zero_copy), Some(None));
+    let body = tokio::task::spawn_blocking(move || scrape(&addr)).await.unwrap();
+    assert!(body.contains("knitter_dpdk_zero_copy{port=\"d0\"} 1"), "{body}");
     let ports = c.list_ports(pb::ListRequest {}).await.unwrap().into_inner().ports;
     let p = ports.iter().find(|p| p.name == "d0").unwrap();
     assert!(

@@ -216,6 +216,10 @@ pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
                     Some(s) if !s.fallback.is_empty() => {
                         format!("{link}, on AF_PACKET: {}", s.fallback)
                     }
+                    Some(s) if !s.copy_reason.is_empty() => {
+                        format!("{link}, frames copied: {}", s.copy_reason)
+                    }
+                    Some(s) if s.zero_copy == Some(true) => format!("{link}, zero copy"),
                     _ => link,
                 };
                 vec![

@@ -61,6 +61,24 @@ impl Default for PortOptions {
     }
 }
 
+impl PortOptions {
+    /// Options for the device `devargs` with `queues` queue pairs, sharing `pool`'s buffers
+    /// when its driver copies ([`device_copies`]). Then each mbuf holds one of the switch's
+    /// buffers, so the mempool is sized to what the device can hold: both rings of every
+    /// queue, and 1 024 for the mempool's per-thread caches (up to 192 idle mbufs each) and
+    /// bursts in flight (3 072 for one queue pair). A device that DMAs keeps 8 191 mbufs of
+    /// its own memory.
+    pub fn for_device(devargs: &str, queues: u16, pool: Arc<vswitch::Pool>) -> PortOptions {
+        let defaults = PortOptions { queues, ..PortOptions::default() };
+        let mbufs = if device_copies(devargs) {
+            2 * defaults.descriptors as u32 * queues as u32 + 1024
+        } else {
+            defaults.mbufs
+        };
+        PortOptions { mbufs, zero_copy: Some(pool), ..defaults }
+    }
+}
+
 /// Whether a device, as `devargs` configure it, copies frames with the CPU through the mbufs'
 /// virtual addresses and gives back the mbufs it holds when it closes, so that its mempool
 /// can carry the switch's buffers ([`PortOptions::zero_copy`]). Not: DMA-capable devices
@@ -116,6 +134,15 @@ mod test {
         ] {
             assert!(!super::device_copies(no), "{no}");
         }
+    }
+
+    #[test]
+    fn a_copying_device_gets_as_many_mbufs_as_its_rings_hold() {
+        let pool = vswitch::Pool::new(64, false).expect("a small pool");
+        let memif = super::PortOptions::for_device("net_memif0,role=client", 2, pool.clone());
+        assert_eq!((memif.queues, memif.mbufs, memif.zero_copy.is_some()), (2, 5120, true));
+        let nic = super::PortOptions::for_device("0000:3b:00.0", 1, pool);
+        assert_eq!(nic.mbufs, 8191);
     }
 }
 

@@ -43,6 +43,9 @@ pub struct DpdkPort {
     mp: *mut dpdk_sys::rte_mempool,
     /// The mempool's mbufs carry the switch's buffers (`None`: frames are copied).
     zc: Option<ZeroCopy>,
+    /// Why frames are copied though the switch's buffers were offered to a device that
+    /// could use them (the fallback a user should see); `None` otherwise.
+    copying: Option<String>,
     queues: u16,
     tx_locks: Box<[QueueLock]>,
     /// Per rx queue, taken while a thread polls it: a queue moves between PMD threads when
@@ -78,6 +81,17 @@ impl DpdkPort {
     /// Probes `devargs` (a PCI address or a vdev: `net_tap0,iface=dtap0`) and opens it as
     /// port `name`. The EAL must be initialised ([`eal::init`]).
     pub fn open(name: &str, devargs: &str, opts: &PortOptions) -> Result<Arc<DpdkPort>, DpdkError> {
+        Self::open_copying(name, devargs, opts, None)
+    }
+
+    /// [`DpdkPort::open`]; `refused` says why the switch's buffers were refused in an earlier
+    /// attempt (then `opts` offers none).
+    fn open_copying(
+        name: &str,
+        devargs: &str,
+        opts: &PortOptions,
+        refused: Option<String>,
+    ) -> Result<Arc<DpdkPort>, DpdkError> {
         if !eal::initialised() {
             return Err(dev_err("device", devargs, "the DPDK EAL is not initialised".into()));
         }
@@ -100,7 +114,7 @@ impl DpdkPort {
         }
         let share = opts.zero_copy.as_ref().filter(|_| crate::device_copies(devargs));
         let mut shared = false;
-        match Self::configure(name, &dev, port_id, opts, share, &mut shared) {
+        match Self::configure(name, &dev, port_id, opts, share, &mut shared, refused) {
             Ok(p) => Ok(Arc::new(p)),
             Err(e) => {
                 // SAFETY: our port id; stopping/closing a device that is not started is
@@ -119,10 +133,11 @@ impl DpdkPort {
                         error = %e,
                         "the device refused the switch's buffers: opened again, frames copied"
                     );
-                    return Self::open(
+                    return Self::open_copying(
                         name,
                         devargs,
                         &PortOptions { zero_copy: None, ..opts.clone() },
+                        Some(format!("the device refused the switch's 2 KiB buffers ({e})")),
                     );
                 }
                 Err(e)
@@ -131,7 +146,7 @@ impl DpdkPort {
     }
 
     /// Configures and starts the probed device; `shared` says whether its mempool carried the
-    /// switch's buffers (`share`) when it failed.
+    /// switch's buffers (`share`) when it failed; `copying` why an earlier attempt copies.
     fn configure(
         name: &str,
         dev: &str,
@@ -139,6 +154,7 @@ impl DpdkPort {
         opts: &PortOptions,
         share: Option<&Arc<vswitch::Pool>>,
         shared: &mut bool,
+        mut copying: Option<String>,
     ) -> Result<DpdkPort, DpdkError> {
         let fail = |what: &'static str, r: libc::c_int| dev_err(what, dev, ret_text(r));
         let mut info = dpdk_sys::rte_eth_dev_info::default();
@@ -177,13 +193,16 @@ impl DpdkPort {
         let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(port_id) };
         let pool_name = CString::new(format!("knitter_p{port_id}"))
             .map_err(|_| DpdkError::Devargs(dev.into()))?;
-        let zero_copy = share.and_then(|pool| {
-            ZeroCopy::create(&pool_name, pool, opts.mbufs, socket)
-                .inspect_err(|why| {
-                    tracing::warn!(port = name, dev, why, "zero copy refused: frames are copied")
-                })
-                .ok()
-        });
+        let zero_copy =
+            match share.map(|pool| ZeroCopy::create(&pool_name, pool, opts.mbufs, socket)) {
+                Some(Err(why)) => {
+                    tracing::warn!(port = name, dev, why, "zero copy refused: frames are copied");
+                    copying = Some(why);
+                    None
+                }
+                Some(Ok(zc)) => Some(zc),
+                None => None,
+            };
         *shared = zero_copy.is_some();
         let (mp, zc) = match zero_copy {
             Some((mp, zc)) => (mp, Some(zc)),
@@ -211,6 +230,7 @@ impl DpdkPort {
             port_id,
             mp,
             zc,
+            copying,
             queues,
             tx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
             rx_locks: (0..queues).map(|_| QueueLock::default()).collect(),
@@ -301,6 +321,13 @@ impl DpdkPort {
     /// buffers).
     pub fn zero_copy(&self) -> bool {
         self.zc.is_some()
+    }
+
+    /// Why frames are copied at the edge though the port was offered the switch's buffers
+    /// for a device that copies with the CPU (the pool could not spare them, the device
+    /// refused their size); `None` with zero copy, and for devices that DMA.
+    pub fn copy_reason(&self) -> Option<&str> {
+        self.copying.as_deref()
     }
 
     /// The ethdev's port id.

@@ -39,6 +39,10 @@ impl DpdkPort {
         match *self {}
     }
 
+    pub fn copy_reason(&self) -> Option<&str> {
+        match *self {}
+    }
+
     pub fn has_link_events(&self) -> bool {
         match *self {}
     }

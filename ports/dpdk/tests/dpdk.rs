@@ -55,6 +55,7 @@ fn pcap_frames_cross_the_switch_byte_for_byte_both_ways() {
     let free = pool.free_count();
     let port = dpdk::DpdkPort::open("d", &devargs, &shared(&pool)).expect("net_pcap opens");
     assert!(port.zero_copy(), "net_pcap's mbufs carry the switch's buffers");
+    assert_eq!(port.copy_reason(), None);
     port.refresh_link();
     assert!(port.link_up(), "a started net_pcap device reports its link up");
     let mut h = Harness::with_pool(pool.clone(), vswitch::SwitchOptions::default());
@@ -262,6 +263,8 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
             .inspect(|p| {
                 // It wants room for its 2 048-byte frames: opened again with mbufs of its own.
                 assert!(!p.zero_copy(), "net_af_packet refuses the switch's 2 KiB buffers");
+                let why = p.copy_reason().unwrap_or_default();
+                assert!(why.contains("refused the switch's 2 KiB buffers"), "{why:?}");
             })
             .map(|p| p as Arc<dyn Port>)
             .map_err(std::io::Error::other)
@@ -443,6 +446,7 @@ fn zero_copy_that_does_not_fit_the_pool_falls_back_to_copies() {
         let port = dpdk::DpdkPort::open("d", &format!("net_ring_full{i}"), &shared(&pool))
             .expect("net_ring opens");
         assert!(!port.zero_copy(), "2 047 mbufs do not fit a pool of {size} buffers");
+        assert!(port.copy_reason().is_some_and(|why| !why.is_empty()));
         assert_eq!(pool.free_count(), free);
         let mut cache = vswitch::PoolCache::new(pool.clone());
         let mut batch = vswitch::Batch::new();
