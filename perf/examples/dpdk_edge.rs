@@ -45,13 +45,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("pool backing: {}", pool.backing());
     let frame = vec![0x5au8; size];
     for (round, copy) in modes.into_iter().enumerate() {
-        let opts = dpdk::PortOptions {
-            zero_copy: (!copy).then(|| pool.clone()),
-            mbufs: 3072,
-            ..Default::default()
-        };
-        let port: Arc<dpdk::DpdkPort> =
-            dpdk::DpdkPort::open("e", &format!("net_ring_e{round}"), &opts)?;
+        let devargs = format!("net_ring_e{round}");
+        let mut opts = dpdk::PortOptions::for_device(&devargs, 1, pool.clone());
+        if copy {
+            opts.zero_copy = None;
+        }
+        let port: Arc<dpdk::DpdkPort> = dpdk::DpdkPort::open("e", &devargs, &opts)?;
         let mut cache = vswitch::PoolCache::new(pool.clone());
         let mut batch = vswitch::Batch::new();
         for _ in 0..32 {

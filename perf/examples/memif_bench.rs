@@ -11,7 +11,13 @@
 //! into an mbuf; OVS: its `dpif-netdev/pmd-stats-show` processing cycles) are printed. A
 //! fresh testpmd for every round.
 //!
-//!     cargo run --release -p knitter-perf --example memif_bench -- [seconds] [rounds] [knitter,knitter-copy,ovs|both|all] [frame bytes, 60]
+//! With `vhost[:QUEUE SIZE]` as the pair, testpmd's second port is DPDK's `net_virtio_user`
+//! instead (a VNF listening with `server=1`, two queue pairs of QUEUE SIZE entries, 256 by
+//! default, and as many descriptors), which the switch joins as a vhost-user client
+//! (Knitter: a vhost-user port; OVS: `dpdkvhostuserclient`): the path a `dpdk` port ↔ a VNF
+//! pod takes.
+//!
+//!     cargo run --release -p knitter-perf --example memif_bench -- [seconds] [rounds] [knitter,knitter-copy,ovs|both|all] [frame bytes, 60] [memif|vhost[:QUEUE SIZE]]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,39 +32,74 @@ type Error = Box<dyn std::error::Error>;
 const MAC_A: &str = "02:00:00:00:00:0a";
 const MAC_B: &str = "02:00:00:00:00:0b";
 
-/// testpmd with two memif servers, forwarding once told to start.
+/// What testpmd's second port is: a memif server like the first, or a VNF's virtio-user
+/// listening for a vhost-user backend with `queue_size`-entry virtqueues.
+#[derive(Clone, Copy)]
+enum Pair {
+    Memif,
+    Vhost { queue_size: u16 },
+}
+
+impl Pair {
+    fn parse(s: &str) -> Result<Pair, Error> {
+        match s.split_once(':') {
+            None if s == "memif" => Ok(Pair::Memif),
+            None if s == "vhost" => Ok(Pair::Vhost { queue_size: 256 }),
+            Some(("vhost", n)) => Ok(Pair::Vhost { queue_size: n.parse()? }),
+            _ => Err(format!("the pair: memif, vhost or vhost:QUEUE_SIZE, not {s:?}").into()),
+        }
+    }
+}
+
+/// testpmd with a memif server and a second port (`Pair`), forwarding once told to start.
 struct Testpmd {
     vnf: ListeningVnf,
     sockets: [PathBuf; 2],
 }
 
 impl Testpmd {
-    fn start(dir: &Path, tag: &str) -> Result<Testpmd, Error> {
+    fn start(dir: &Path, tag: &str, pair: Pair) -> Result<Testpmd, Error> {
         let sockets = [dir.join(format!("{tag}0.sock")), dir.join(format!("{tag}1.sock"))];
-        let servers = [(0, MAC_A), (1, MAC_B)].map(|(i, mac)| {
+        let memif = |i: usize, mac: &str| {
             format!(
                 "net_memif{i},role=server,socket={},socket-abstract=no,mac={mac}",
                 sockets[i].display()
             )
-        });
+        };
+        let second = match pair {
+            Pair::Memif => memif(1, MAC_B),
+            Pair::Vhost { queue_size } => format!(
+                "net_virtio_user1,path={},server=1,queues=2,queue_size={queue_size},mac={MAC_B}",
+                sockets[1].display()
+            ),
+        };
+        let servers = [memif(0, MAC_A), second];
+        let descriptors = match pair {
+            Pair::Memif => vec![],
+            Pair::Vhost { queue_size } => {
+                vec![format!("--rxd={queue_size}"), format!("--txd={queue_size}")]
+            }
+        };
         let (peer0, peer1) = (format!("--eth-peer=0,{MAC_B}"), format!("--eth-peer=1,{MAC_A}"));
         // Two rings each way: OVS's client asks for a tx queue per PMD thread plus one (a
         // server with fewer refuses it, "Invalid ring index"), and sends on the second;
         // testpmd answers on the ring it received on, so OVS polls two rx queues. The same
         // testpmd for both switches (Knitter sends and polls one).
-        let app = [
+        // The VNF's queues at 4 096 entries hold 2 × 2 × 4 096 mbufs.
+        let mut app = vec![
             "--nb-cores=1",
             "--rxq=2",
             "--txq=2",
-            "--total-num-mbufs=8192",
+            "--total-num-mbufs=32768",
             "--forward-mode=mac",
             &peer0,
             &peer1,
         ];
+        app.extend(descriptors.iter().map(String::as_str));
         let vnf = ListeningVnf::start_vdevs(Command::new("dpdk-testpmd"), &servers, &app)
             .ok_or("dpdk-testpmd is not installed")?;
         let tp = Testpmd { vnf, sockets };
-        wait_for(Duration::from_secs(10), "testpmd made no memif sockets", || {
+        wait_for(Duration::from_secs(10), "testpmd made no sockets", || {
             tp.sockets.iter().all(|s| s.exists())
         })?;
         // The servers' interfaces join their sockets when testpmd starts its ports, a moment
@@ -70,6 +111,11 @@ impl Testpmd {
     /// The client devargs for server `i`.
     fn client(&self, name: &str, i: usize) -> String {
         format!("{name},role=client,socket={},socket-abstract=no", self.sockets[i].display())
+    }
+
+    /// The second port's vhost-user socket (with `Pair::Vhost`).
+    fn vhost_socket(&self) -> &Path {
+        &self.sockets[1]
     }
 
     /// Starts forwarding, seeding the loop with 4 bursts per port (`MEMIF_SEED`) of `frame`-byte frames
@@ -110,9 +156,38 @@ impl Window {
     }
 }
 
-/// Knitter in this process: two memif clients in one bridge domain, a PMD thread on core 0.
+/// Knitter's second port: a memif client, or a vhost-user port connected to the VNF (with
+/// its connection thread).
+enum Second {
+    Memif(Arc<dpdk::DpdkPort>),
+    /// The server is kept for its connection thread (stopped when dropped).
+    Vhost(Arc<knitter_vhost::port::VhostPort>, #[allow(dead_code)] knitter_vhost::backend::Server),
+}
+
+impl Second {
+    fn port(&self) -> Arc<dyn vswitch::port::Port> {
+        match self {
+            Second::Memif(p) => p.clone(),
+            Second::Vhost(p, _) => p.clone(),
+        }
+    }
+
+    fn up(&self) -> bool {
+        match self {
+            Second::Memif(p) => {
+                p.refresh_link();
+                p.link_up()
+            }
+            Second::Vhost(p, _) => p.running_pairs() > 0,
+        }
+    }
+}
+
+/// Knitter in this process: a memif client and the second port in one bridge domain, a PMD
+/// thread on core 0.
 fn knitter_round(
     tp: &mut Testpmd,
+    pair: Pair,
     round: u32,
     secs: u64,
     frame: usize,
@@ -128,27 +203,58 @@ fn knitter_round(
         println!("{:>6} the switch's buffers: {}", "", pool.backing());
     }
     let switch = vswitch::Switch::new(pool.clone(), vswitch::SwitchOptions::default());
-    let opts = dpdk::PortOptions { zero_copy: (!copy).then_some(pool), ..Default::default() };
     let tag = if copy { "c" } else { "" };
-    let p0 =
-        dpdk::DpdkPort::open("m0", &tp.client(&format!("net_memif_k{tag}{round}a"), 0), &opts)?;
-    let p1 =
-        dpdk::DpdkPort::open("m1", &tp.client(&format!("net_memif_k{tag}{round}b"), 1), &opts)?;
-    if p0.zero_copy() == copy || p1.zero_copy() == copy {
-        let got = (p0.zero_copy(), p1.zero_copy());
-        return Err(format!("zero copy: asked {}, got {got:?}", !copy).into());
-    }
+    let memif = |i: usize, end: &str| -> Result<Arc<dpdk::DpdkPort>, Error> {
+        let devargs = tp.client(&format!("net_memif_k{tag}{round}{end}"), i);
+        // As many rings as testpmd's servers have (and OVS's clients take): a client with
+        // fewer leaves the server's other queues reading ring 0 again (DPDK 22.11's memif
+        // server sets up no ring of its own for a queue past the rings the client asked for),
+        // so the VNF forwards frames twice. `MEMIF_QUEUES` for another count.
+        let queues = std::env::var("MEMIF_QUEUES").ok().and_then(|q| q.parse().ok()).unwrap_or(2);
+        let mut opts = dpdk::PortOptions::for_device(&devargs, queues, pool.clone());
+        if copy {
+            opts.zero_copy = None;
+        }
+        let port = dpdk::DpdkPort::open(&format!("m{i}"), &devargs, &opts)?;
+        if port.zero_copy() == copy {
+            return Err(format!("zero copy: asked {}, got {}", !copy, port.zero_copy()).into());
+        }
+        Ok(port)
+    };
+    let p1 = match pair {
+        Pair::Memif => Second::Memif(memif(1, "b")?),
+        Pair::Vhost { .. } => {
+            let port = Arc::new(knitter_vhost::port::VhostPort::new("m1", pool.clone()));
+            let server = knitter_vhost::backend::connect(tp.vhost_socket(), port.clone())?;
+            // testpmd probes its virtio-user until a backend connects and starts its ports
+            // only then: a memif client that came before would be told "ID not found".
+            wait_for(Duration::from_secs(10), "the VNF's virtio-user did not start", || {
+                port.running_pairs() > 0
+            })?;
+            std::thread::sleep(Duration::from_secs(2));
+            Second::Vhost(port, server)
+        }
+    };
+    let p0 = memif(0, "a")?;
     switch.register_port("m0", p0.clone() as Arc<dyn vswitch::port::Port>)?;
-    switch.register_port("m1", p1.clone() as Arc<dyn vswitch::port::Port>)?;
+    switch.register_port("m1", p1.port())?;
     switch.apply(one_bridge(&["m0", "m1"]))?;
     let pmd = vswitch::PmdSet::start(
         switch.clone(),
         &vswitch::PmdConfig { threads: 1, cores: vec![0], idle: vswitch::IdlePolicy::Busy },
     )?;
-    let up = wait_for(Duration::from_secs(10), "Knitter's memif links did not come up", || {
+    let mut polls = 0u32;
+    let up = wait_for(Duration::from_secs(10), "Knitter's links did not come up", || {
+        // virtio-user takes a backend that came after it started when it checks its link.
+        polls += 1;
+        if polls.is_multiple_of(10) {
+            tp.vnf.poke();
+        }
         p0.refresh_link();
-        p1.refresh_link();
-        p0.link_up() && p1.link_up()
+        p0.link_up() && p1.up()
+    })
+    .map_err(|e| -> Error {
+        format!("{e} (the memif client: {}, the second port: {})", p0.link_up(), p1.up()).into()
     });
     let measured = up.map(|()| {
         tp.go(frame);
@@ -157,7 +263,26 @@ fn knitter_round(
         let t = Instant::now();
         std::thread::sleep(Duration::from_secs(secs));
         let after = switch.stats();
+        tp.vnf.say("show port stats all");
         let drops = after.drops.iter().sum::<u64>() - before.drops.iter().sum::<u64>();
+        let why: Vec<String> = vswitch::counters::DropReason::ALL
+            .iter()
+            .map(|r| (r.name(), after.drops[*r as usize] - before.drops[*r as usize]))
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
+        if !why.is_empty() {
+            eprintln!("{:>6} Knitter's drops: {}", "", why.join(", "));
+            for (i, (a, b)) in after.ports.iter().zip(&before.ports).enumerate().take(2) {
+                eprintln!(
+                    "{:>6} port {i}: rx {} tx {} drops {}",
+                    "",
+                    a.rx_packets - b.rx_packets,
+                    a.tx_packets - b.tx_packets,
+                    a.drops - b.drops
+                );
+            }
+        }
         Window::of(
             after.packets - before.packets,
             after.busy_cycles - before.busy_cycles,
@@ -174,6 +299,7 @@ fn knitter_round(
 /// bridge, its PMD on core 0 and its main lcore on core 1 (perf's launcher).
 fn ovs_round(
     tp: &mut Testpmd,
+    pair: Pair,
     work: &Path,
     round: u32,
     secs: u64,
@@ -182,13 +308,29 @@ fn ovs_round(
     use knitter_perf::sut::SwitchUnderTest as _;
     let layout =
         knitter_perf::testpmd::Layout { generator_cpu: 1, switch_cpu: 0, second_switch_cpu: None };
-    let ports = [
-        ("m0", tp.client(&format!("net_memif_o{round}a"), 0)),
-        ("m1", tp.client(&format!("net_memif_o{round}b"), 1)),
-    ];
-    let ovs = knitter_perf::ovs::Ovs::start_dpdk_ports(work, memory(), layout, &ports, 2)
+    use knitter_perf::ovs::OvsPort;
+    let memif = |i: usize, end: &str| OvsPort::Dpdk {
+        name: format!("m{i}"),
+        devargs: tp.client(&format!("net_memif_o{round}{end}"), i),
+    };
+    let second = match pair {
+        Pair::Memif => memif(1, "b"),
+        Pair::Vhost { .. } => {
+            OvsPort::VhostUserClient { name: "m1".into(), socket: tp.vhost_socket().into() }
+        }
+    };
+    // The second port first: testpmd starts its ports once a vhost-user backend connected.
+    let ovs = knitter_perf::ovs::Ovs::start_bridge(work, memory(), layout)
         .map_err(|e| format!("{e:#}"))?;
-    wait_for(Duration::from_secs(30), "OVS's memif links did not come up", || {
+    ovs.add_port(&second, 2).map_err(|e| format!("{e:#}"))?;
+    if let Pair::Vhost { .. } = pair {
+        wait_for(Duration::from_secs(30), "OVS's vhost-user port did not come up", || {
+            ovs.link_up("m1")
+        })?;
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    ovs.add_port(&memif(0, "a"), 2).map_err(|e| format!("{e:#}"))?;
+    wait_for(Duration::from_secs(30), "OVS's links did not come up", || {
         ovs.link_up("m0") && ovs.link_up("m1")
     })?;
     tp.go(frame);
@@ -216,11 +358,20 @@ fn memory() -> knitter_perf::testpmd::Memory {
 }
 
 fn main() -> Result<(), Error> {
+    // The ports' and the vhost-user connection's warnings (`RUST_LOG=debug` for more).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let mut args = std::env::args().skip(1);
     let secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(10);
     let rounds: u32 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
     let which = args.next().unwrap_or_else(|| "knitter".into());
     let frame: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(60);
+    let pair = Pair::parse(&args.next().unwrap_or_else(|| "memif".into()))?;
     let switches: Vec<&str> = match which.as_str() {
         "both" => vec!["knitter", "ovs"],
         "all" => vec!["knitter", "knitter-copy", "ovs"],
@@ -246,11 +397,11 @@ fn main() -> Result<(), Error> {
     println!("{:>6} {:>12} {:>10} {:>10} {:>10}", "round", "switch", "Mpps", "cycles/pkt", "drops");
     for r in 0..rounds {
         for s in &switches {
-            let mut tp = Testpmd::start(&dir, &format!("{s}{r}"))?;
+            let mut tp = Testpmd::start(&dir, &format!("{s}{r}"), pair)?;
             let w = match *s {
-                "knitter" => knitter_round(&mut tp, r, secs, frame, false)?,
-                "knitter-copy" => knitter_round(&mut tp, r, secs, frame, true)?,
-                _ => ovs_round(&mut tp, &dir, r, secs, frame)?,
+                "knitter" => knitter_round(&mut tp, pair, r, secs, frame, false)?,
+                "knitter-copy" => knitter_round(&mut tp, pair, r, secs, frame, true)?,
+                _ => ovs_round(&mut tp, pair, &dir, r, secs, frame)?,
             };
             println!("{:>6} {:>12} {:>10.3} {:>10.1} {:>10}", r + 1, s, w.mpps, w.cycles, w.drops);
         }

@@ -30,6 +30,14 @@ pub fn netns_name() -> String {
     format!("kp-ovs-{}", std::process::id())
 }
 
+/// A port of [`Ovs::start_ports`]'s bridge.
+pub enum OvsPort {
+    /// A DPDK ethdev (`type=dpdk`) on `devargs`.
+    Dpdk { name: String, devargs: String },
+    /// A vhost-user client (`type=dpdkvhostuserclient`) of the VNF listening on `socket`.
+    VhostUserClient { name: String, socket: std::path::PathBuf },
+}
+
 pub struct Ovs {
     dir: PathBuf,
     netns: String,
@@ -101,39 +109,55 @@ impl Ovs {
         Ok(ovs)
     }
 
-    /// OVS in a namespace of its own with one bridge (NORMAL) of DPDK ethdev ports
-    /// (`type=dpdk`, `rxq` receive queues each), each `(name, devargs)`: a vdev such as
-    /// `net_memif0,role=client,...`.
-    pub fn start_dpdk_ports(
+    /// OVS in a namespace of its own with one bridge (NORMAL) of `ports` ([`Ovs::add_port`]).
+    pub fn start_ports(
         work: &Path,
         mem: Memory,
         layout: Layout,
-        ports: &[(&str, String)],
+        ports: &[OvsPort],
         rxq: u32,
     ) -> anyhow::Result<Ovs> {
+        let ovs = Ovs::start_bridge(work, mem, layout)?;
+        for port in ports {
+            ovs.add_port(port, rxq)?;
+        }
+        Ok(ovs)
+    }
+
+    /// OVS in a namespace of its own with one empty bridge (`br0`, NORMAL).
+    pub fn start_bridge(work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Ovs> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
         let ovs = Ovs::launch(work, mem, layout, netns, true)?;
         ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
-        for (name, devargs) in ports {
-            let (devargs, rxq) =
-                (format!("options:dpdk-devargs={devargs}"), format!("options:n_rxq={rxq}"));
-            ovs.vsctl(&[
-                "add-port",
-                "br0",
-                name,
-                "--",
-                "set",
-                "Interface",
-                name,
-                "type=dpdk",
-                &devargs,
-                &rxq,
-            ])?;
-        }
-        ovs.wait_ports(&ports.iter().map(|(n, _)| *n).collect::<Vec<_>>(), "dpdk")?;
         Ok(ovs)
+    }
+
+    /// Adds `port` to `br0` and waits until the datapath has it: a DPDK ethdev (`rxq`
+    /// receive queues) or a vhost-user client (the VNF's queue count sets its queues).
+    pub fn add_port(&self, port: &OvsPort, rxq: u32) -> anyhow::Result<()> {
+        let (name, options) = match port {
+            OvsPort::Dpdk { name, devargs } => (
+                name,
+                vec![
+                    "type=dpdk".to_string(),
+                    format!("options:dpdk-devargs={devargs}"),
+                    format!("options:n_rxq={rxq}"),
+                ],
+            ),
+            OvsPort::VhostUserClient { name, socket } => (
+                name,
+                vec![
+                    "type=dpdkvhostuserclient".to_string(),
+                    format!("options:vhost-server-path={}", socket.display()),
+                ],
+            ),
+        };
+        let mut args = vec!["add-port", "br0", name, "--", "set", "Interface", name];
+        args.extend(options.iter().map(String::as_str));
+        self.vsctl(&args)?;
+        self.wait_ports(&[name], "dpdk")
     }
 
     /// Waits until the datapath has each of `ports` as a `kind` port (OVS adds them

@@ -49,7 +49,7 @@ impl ListeningVnf {
             .args(["--", "-i"])
             .args(app)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(log_to())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting dpdk-testpmd (or its wrapper)");
@@ -67,6 +67,14 @@ impl ListeningVnf {
     pub fn poke(&mut self) {
         self.say("show port info all");
     }
+}
+
+/// Where testpmd's output goes: the file `KNITTER_VNF_LOG` names (appended), for a
+/// diagnosis (`show port stats all` at its prompt), or nowhere.
+fn log_to() -> Stdio {
+    std::env::var_os("KNITTER_VNF_LOG")
+        .and_then(|path| std::fs::OpenOptions::new().create(true).append(true).open(path).ok())
+        .map_or_else(Stdio::null, Stdio::from)
 }
 
 impl Drop for ListeningVnf {
