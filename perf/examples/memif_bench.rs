@@ -9,7 +9,7 @@
 //! cycles per packet (Knitter: its ports' mempools carry the switch's buffers, so frames
 //! cross the edge without a copy; `knitter-copy`: each frame copied into the pool and back
 //! into an mbuf; OVS: its `dpif-netdev/pmd-stats-show` processing cycles) are printed. A
-//! fresh testpmd for every round.
+//! fresh testpmd for every switch, and each round starts with the next switch.
 //!
 //! With `vhost[:QUEUE SIZE]` as the pair, testpmd's second port is DPDK's `net_virtio_user`
 //! instead (a VNF listening with `server=1`, two queue pairs of QUEUE SIZE entries, 256 by
@@ -396,7 +396,10 @@ fn main() -> Result<(), Error> {
     std::fs::create_dir_all(&dir)?;
     println!("{:>6} {:>12} {:>10} {:>10} {:>10}", "round", "switch", "Mpps", "cycles/pkt", "drops");
     for r in 0..rounds {
-        for s in &switches {
+        // Each round starts with the next switch, so none always runs first (or last).
+        let mut order = switches.clone();
+        order.rotate_left(r as usize % switches.len());
+        for s in &order {
             let mut tp = Testpmd::start(&dir, &format!("{s}{r}"), pair)?;
             let w = match *s {
                 "knitter" => knitter_round(&mut tp, pair, r, secs, frame, false)?,
