@@ -15,7 +15,9 @@
 //! instead (a VNF listening with `server=1`, two queue pairs of QUEUE SIZE entries, 256 by
 //! default, and as many descriptors), which the switch joins as a vhost-user client
 //! (Knitter: a vhost-user port; OVS: `dpdkvhostuserclient`): the path a `dpdk` port ↔ a VNF
-//! pod takes.
+//! pod takes. Knitter's vhost-user port has port security as the CNI sets it on a pod's port
+//! (the VNF's MAC and source address; `MEMIF_NO_SECURITY=1` without); OVS's NORMAL bridge
+//! has none.
 //!
 //!     cargo run --release -p knitter-perf --example memif_bench -- [seconds] [rounds] [knitter,knitter-copy,ovs|both|all] [frame bytes, 60] [memif|vhost[:QUEUE SIZE]]
 
@@ -31,6 +33,8 @@ type Error = Box<dyn std::error::Error>;
 
 const MAC_A: &str = "02:00:00:00:00:0a";
 const MAC_B: &str = "02:00:00:00:00:0b";
+/// testpmd's source address in the frames it seeds (`txonly`'s default, 198.18.0.1).
+const VNF_IP: &str = "198.18.0.1";
 
 /// What testpmd's second port is: a memif server like the first, or a VNF's virtio-user
 /// listening for a vhost-user backend with `queue_size`-entry virtqueues.
@@ -238,7 +242,20 @@ fn knitter_round(
     let p0 = memif(0, "a")?;
     switch.register_port("m0", p0.clone() as Arc<dyn vswitch::port::Port>)?;
     switch.register_port("m1", p1.port())?;
-    switch.apply(one_bridge(&["m0", "m1"]))?;
+    let mut config = one_bridge(&["m0", "m1"]);
+    if let Pair::Vhost { .. } = pair
+        && std::env::var_os("MEMIF_NO_SECURITY").is_none()
+    {
+        // A pod's port as the CNI makes it: the VNF's MAC, and the source address testpmd's
+        // frames carry (its txonly seed, kept by `mac` forwarding).
+        config.ports[1].security = Some(vswitch::config::PortSecurity {
+            enabled: true,
+            macs: vec![MAC_B.parse()?],
+            ips: vec![VNF_IP.parse()?],
+            ..Default::default()
+        });
+    }
+    switch.apply(config)?;
     let pmd = vswitch::PmdSet::start(
         switch.clone(),
         &vswitch::PmdConfig { threads: 1, cores: vec![0], idle: vswitch::IdlePolicy::Busy },
