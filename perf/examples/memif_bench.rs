@@ -88,7 +88,7 @@ impl Testpmd {
         // Two rings each way: OVS's client asks for a tx queue per PMD thread plus one (a
         // server with fewer refuses it, "Invalid ring index"), and sends on the second;
         // testpmd answers on the ring it received on, so OVS polls two rx queues. The same
-        // testpmd for both switches (Knitter sends and polls one).
+        // testpmd for both switches; Knitter's clients take two rings too (sending on one).
         // The VNF's queues at 4 096 entries hold 2 × 2 × 4 096 mbufs.
         let mut app = vec![
             "--nb-cores=1",

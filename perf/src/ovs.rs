@@ -30,7 +30,7 @@ pub fn netns_name() -> String {
     format!("kp-ovs-{}", std::process::id())
 }
 
-/// A port of [`Ovs::start_ports`]'s bridge.
+/// A port of [`Ovs::start_bridge`]'s bridge ([`Ovs::add_port`]).
 pub enum OvsPort {
     /// A DPDK ethdev (`type=dpdk`) on `devargs`.
     Dpdk { name: String, devargs: String },
@@ -106,21 +106,6 @@ impl Ovs {
             ])?;
         }
         ovs.wait_ports(&[a, b], "afxdp")?;
-        Ok(ovs)
-    }
-
-    /// OVS in a namespace of its own with one bridge (NORMAL) of `ports` ([`Ovs::add_port`]).
-    pub fn start_ports(
-        work: &Path,
-        mem: Memory,
-        layout: Layout,
-        ports: &[OvsPort],
-        rxq: u32,
-    ) -> anyhow::Result<Ovs> {
-        let ovs = Ovs::start_bridge(work, mem, layout)?;
-        for port in ports {
-            ovs.add_port(port, rxq)?;
-        }
         Ok(ovs)
     }
 

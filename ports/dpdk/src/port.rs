@@ -137,7 +137,7 @@ impl DpdkPort {
                         name,
                         devargs,
                         &PortOptions { zero_copy: None, ..opts.clone() },
-                        Some(format!("the device refused the switch's 2 KiB buffers ({e})")),
+                        Some(format!("the device failed with the switch's 2 KiB buffers ({e})")),
                     );
                 }
                 Err(e)

@@ -264,7 +264,7 @@ fn the_underlay_on_a_dpdk_port_interoperates_with_linux_vxlan() {
                 // It wants room for its 2 048-byte frames: opened again with mbufs of its own.
                 assert!(!p.zero_copy(), "net_af_packet refuses the switch's 2 KiB buffers");
                 let why = p.copy_reason().unwrap_or_default();
-                assert!(why.contains("refused the switch's 2 KiB buffers"), "{why:?}");
+                assert!(why.contains("failed with the switch's 2 KiB buffers"), "{why:?}");
             })
             .map(|p| p as Arc<dyn Port>)
             .map_err(std::io::Error::other)
