@@ -3,6 +3,8 @@
 //! thin); an MRR sweep's rate against the VNF's ring size.
 
 use crate::ndr::{Latency, Measured, Results};
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -17,6 +19,45 @@ const COLORS: [RGBColor; 5] = [
 /// The switches of a run, in the order asked, with their colour.
 fn switches(r: &Results) -> impl Iterator<Item = (crate::switches::Kind, RGBColor)> + '_ {
     r.config.switches.iter().enumerate().map(|(i, k)| (*k, COLORS[i % COLORS.len()]))
+}
+
+/// A drawing area of the reports' size on a white SVG at `path`.
+fn canvas(path: &Path) -> anyhow::Result<DrawingArea<SVGBackend<'_>, Shift>> {
+    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// A chart of the reports' layout over `x` and `y`.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The reports' chart on `root`, captioned, over `x` and `y`.
+fn chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: String,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    Ok(ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(x, y)?)
+}
+
+/// The legend's mark for a thick line of `color`.
+fn thick(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+}
+
+/// Draws the legend and writes the file.
+fn finish<'a, 'b: 'a>(
+    mut chart: Chart<'a, 'b>,
+    root: &DrawingArea<SVGBackend<'b>, Shift>,
+) -> anyhow::Result<()> {
+    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    Ok(root.present()?)
 }
 
 /// A range around `lo..hi` with room at both ends (and some width when they are equal).
@@ -34,17 +75,13 @@ pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
         .fold((f64::INFINITY, 0f64), |(lo, hi), m| (lo.min(m), hi.max(m)));
     let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (64.0, 64.0) };
     let top = r.measured.iter().map(|m| m.mrr.received / 1e6).fold(1.0, f64::max) * 1.15;
-    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}: NDR (thick) and MRR (thin), Mpps", r.config.scenario.name()),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(padded(lo, hi), 0f64..top)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!("{}: NDR (thick) and MRR (thin), Mpps", r.config.scenario.name()),
+        padded(lo, hi),
+        0f64..top,
+    )?;
     chart
         .configure_mesh()
         .x_desc("frame size on the wire, bytes (IMIX at its mean)")
@@ -65,14 +102,10 @@ pub fn throughput(r: &Results, path: &Path) -> anyhow::Result<()> {
         chart
             .draw_series(LineSeries::new(of(&|m| m.ndr), color.stroke_width(3)))?
             .label(format!("{} NDR", kind.name()))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
+            .legend(thick(color));
         chart.draw_series(LineSeries::new(of(&|m| Some(m.mrr.received)), color.stroke_width(1)))?;
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
-    root.present()?;
-    Ok(())
+    finish(chart, &root)
 }
 
 /// p50 and p99 latency (µs) against offered load (Mpps) at one frame size.
@@ -89,20 +122,13 @@ pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyh
     }
     let right = all.iter().map(|l| l.load / 1e6).fold(0.0, f64::max) * 1.1;
     let top = all.iter().map(|l| l.p99).fold(1.0, f64::max) * 1.15;
-    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "{}, {size} B: latency p99 (thick) and p50 (thin), µs",
-                r.config.scenario.name()
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..right, 0f64..top)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!("{}, {size} B: latency p99 (thick) and p50 (thin), µs", r.config.scenario.name()),
+        0f64..right,
+        0f64..top,
+    )?;
     chart.configure_mesh().x_desc("offered load, Mpps").y_desc("µs").draw()?;
     for (kind, color) in switches(r) {
         let Some(m) = here.iter().find(|m| m.switch == kind) else { continue };
@@ -113,17 +139,13 @@ pub fn latency(r: &Results, size: crate::frames::FrameSize, path: &Path) -> anyh
                 color.stroke_width(3),
             ))?
             .label(kind.name())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
+            .legend(thick(color));
         chart.draw_series(LineSeries::new(
             c.iter().map(|l| (l.load / 1e6, l.p50)),
             color.stroke_width(1),
         ))?;
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
-    root.present()?;
-    Ok(())
+    finish(chart, &root)
 }
 
 /// The median rate (thick) and the rounds' range (thin bars) against the ring size, one
@@ -145,17 +167,13 @@ pub fn across_rings(
         .map(|w| w.mpps.max)
         .fold(1.0, f64::max)
         * 1.15;
-    let root = SVGBackend::new(path, (760, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{}, {size} B: Mpps against the VNF's ring size", first.config.scenario.name()),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(lo - 0.5..hi + 0.5, 0f64..top)?;
+    let root = canvas(path)?;
+    let mut chart = chart(
+        &root,
+        format!("{}, {size} B: Mpps against the VNF's ring size", first.config.scenario.name()),
+        lo - 0.5..hi + 0.5,
+        0f64..top,
+    )?;
     chart
         .configure_mesh()
         .x_desc("entries of each virtqueue (queue_size, --rxd/--txd)")
@@ -173,14 +191,10 @@ pub fn across_rings(
                 color.stroke_width(3),
             ))?
             .label(k.name())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
+            .legend(thick(color));
         chart.draw_series(
             points.iter().map(|(x, m)| PathElement::new(vec![(*x, m.min), (*x, m.max)], color)),
         )?;
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
-    root.present()?;
-    Ok(())
+    finish(chart, &root)
 }
