@@ -442,6 +442,9 @@ pub struct Emc {
     free_fills: u32,
     /// Entries filled in this epoch (saturating): about the flows seen since it began.
     epoch_fills: u32,
+    /// [`OUTGROWN_FILLS`] for a table that holds more, never for one that does not (its
+    /// fills past that evicted: it stays in the core's caches).
+    outgrows_past: u32,
     /// This epoch's recent fills and evictions, to tell whether the cache thrashes.
     window: (u16, u16),
     /// Thrashing: only one miss in [`SPARSE_EVERY`] fills an entry (see [`Emc::insert`]).
@@ -456,6 +459,13 @@ const SPARSE_EVERY: u32 = 16;
 /// Fills in one epoch past which lookups are prefetched: their sets (a line each, 16 384
 /// lines = 1 MiB) no longer fit beside everything else in a core's 1–2 MiB L2.
 const SPREAD_FILLS: u32 = 16 * 1024;
+/// Fills in one epoch past which a lookup, prefetched, still costs more than a hit of the
+/// second level, whose two small tables stay in the core's own caches: natively, meshes
+/// that hit the exact-match cache every time cost 28–30 TSC cycles a frame against the
+/// halves' 35 with 31,250 flows, 33–52 against 35–36 with 61,250 and 36–53 against 36–37
+/// with 125,000 (docs/perf/vhost-user.md "An exact-match cache that outgrew the core"; this
+/// machine: 1 MiB of L2 a core, 32 MiB of L3).
+pub const OUTGROWN_FILLS: u32 = 40 * 1024;
 
 /// What a lookup reads, by value: a burst loop that also stores to memory (buffer metadata)
 /// keeps it in registers or on its stack, where `&Emc`'s fields would be read again after
@@ -583,6 +593,11 @@ impl Emc {
             fills: 0,
             free_fills: 0,
             epoch_fills: 0,
+            outgrows_past: if sets * 2 > OUTGROWN_FILLS as usize {
+                OUTGROWN_FILLS
+            } else {
+                u32::MAX
+            },
             window: (0, 0),
             sparse: false,
             skipped: 0,
@@ -658,6 +673,13 @@ impl Emc {
     pub fn view(&self) -> EmcView<'_> {
         let spread = self.epoch_fills > SPREAD_FILLS;
         EmcView { sets: &self.sets, mask: self.mask, shift: self.shift, epoch: self.epoch, spread }
+    }
+
+    /// Whether this epoch filled more entries than [`OUTGROWN_FILLS`] into a table that
+    /// holds more: even hits then cost more than the second level's.
+    #[inline(always)]
+    pub fn outgrown(&self) -> bool {
+        self.epoch_fills > self.outgrows_past
     }
 
     /// Remembers a decision. The newer entry of a set sits first; a third key replaces the

@@ -36,6 +36,7 @@ fn learn_destinations(h: &mut Harness, n: u32) {
         h.send("net", &frames::udp4(mac(1), mac(DST + j), ip(DST + j), ip(1), 1, 2, 64));
         if j % 32 == 31 {
             h.step();
+            h.recv_all();
         }
     }
     h.step();
@@ -267,4 +268,96 @@ fn a_hit_neither_reflects_nor_outgrows_its_ingress() {
         assert!(h.recv("b").is_empty(), "not let through by a's longer MTU");
         assert_eq!(h.stats().drop(DropReason::Oversize), 1);
     }
+}
+
+/// A switch with `emc_entries` exact-match entries and `megaflow_entries` a half, whose
+/// `a` meets `sources` × `destinations` pairs behind `net` (every pair in turn, a
+/// destination's sources one after another); returns it and the mesh, after a first round
+/// that learned the sources and filled the caches.
+fn outgrown_mesh(
+    emc_entries: usize,
+    megaflow_entries: usize,
+    sources: u32,
+    destinations: u32,
+) -> (Harness, Vec<Vec<u8>>) {
+    let mut h = Harness::with_pool(
+        Pool::new(8192, false).expect("a pool"),
+        SwitchOptions { emc_entries, megaflow_entries, ..Default::default() },
+    );
+    h.set_now(1);
+    h.ring("a").ring("net");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .expect("config");
+    learn_destinations(&mut h, destinations);
+    let mesh: Vec<Vec<u8>> = (0..destinations)
+        .flat_map(|d| {
+            (0..sources).map(move |s| {
+                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
+            })
+        })
+        .collect();
+    assert_eq!(send_all(&mut h, "a", &mesh, "net"), mesh.len(), "the first round, learning");
+    (h, mesh)
+}
+
+/// Hits of each cache over one more round of `mesh` from `a`, all of it delivered.
+fn round_hits(h: &mut Harness, mesh: &[Vec<u8>]) -> (u64, u64) {
+    let before = h.stats();
+    assert_eq!(send_all(h, "a", mesh, "net"), mesh.len(), "every frame forwarded");
+    let s = h.stats();
+    assert_eq!(s.total_drops(), 0, "{:?}", s.nonzero_drops());
+    (
+        s.event(Event::CacheHits) - before.event(Event::CacheHits),
+        s.event(Event::MegaflowHits) - before.event(Event::MegaflowHits),
+    )
+}
+
+/// 220 sources × 200 destinations (44,000 flows): the exact-match cache holds them all, but
+/// they are more than `emc::OUTGROWN_FILLS`, so its hits would cost more than the halves',
+/// which hold the 420 halves: the port leaves it for the second level, though the exact-match
+/// cache would find every frame.
+#[test]
+fn a_port_leaves_an_exact_match_cache_that_outgrew_the_core_for_the_halves() {
+    let (mut h, mesh) = outgrown_mesh(1 << 17, 1 << 16, 220, 200);
+    assert!(mesh.len() > vswitch::emc::OUTGROWN_FILLS as usize);
+    let (exact, halves) = round_hits(&mut h, &mesh);
+    assert!(halves >= mesh.len() as u64 * 99 / 100, "second-level hits {halves}, exact {exact}");
+}
+
+/// 50,000 sources each talking to one destination of its own (100,000 MACs, as
+/// `l2-100k`): the exact-match cache holds every flow, the halves (65,536 entries a half)
+/// only some: the port stays on the exact-match cache, whose hits, though dearer than the
+/// halves' would be, save the slow path the halves would leave it.
+#[test]
+fn a_port_the_halves_fail_stays_on_an_exact_match_cache_that_outgrew_the_core() {
+    let mut h = Harness::with_pool(
+        Pool::new(8192, false).expect("a pool"),
+        SwitchOptions { emc_entries: 1 << 17, ..Default::default() },
+    );
+    h.set_now(1);
+    h.ring("a").ring("net");
+    // Room in the FDB for every MAC (a bridge and a port learn 4,096 by default).
+    let mut bridge = BridgeConfig::new("red");
+    let mut ports = vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")];
+    bridge.mac_limit = 1 << 20;
+    for p in &mut ports {
+        p.mac_limit = 1 << 20;
+    }
+    h.apply(SwitchConfig { bridges: vec![bridge], ports, vtep: None }).expect("config");
+    const PAIRS: u32 = 50_000;
+    const SOURCES: u32 = 100_000;
+    learn_destinations(&mut h, PAIRS);
+    let flows: Vec<Vec<u8>> = (0..PAIRS)
+        .map(|i| frames::udp4(mac(DST + i), mac(SOURCES + i), ip(i), ip(PAIRS + i), 1, 2, 64))
+        .collect();
+    // The first round learns the sources, the second fills both caches in one epoch.
+    for round in ["learning", "filling"] {
+        assert_eq!(send_all(&mut h, "a", &flows, "net"), flows.len(), "the {round} round");
+    }
+    let (exact, halves) = round_hits(&mut h, &flows);
+    assert!(exact >= flows.len() as u64 * 99 / 100, "exact hits {exact}, second-level {halves}");
 }

@@ -425,7 +425,7 @@ impl Account {
     /// hundred, which also slows a cold start a hundredfold.
     #[inline(always)]
     pub(super) fn worth(&mut self, port: u16) -> bool {
-        self.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW || self.sample(port)
+        self.serves(port) || self.sample(port)
     }
 
     /// One burst in [`SAMPLE_EVERY`] of a port off the cache, fewer while the second level
@@ -494,6 +494,32 @@ impl Account {
             (false, false) => self.sampled_off(port, 2 * halved as i32 >= misses),
             _ => {}
         }
+    }
+
+    /// Whether the cache has found `port`'s frames for a while: its credit is at least half
+    /// [`CREDIT_CAP`] (a miss that filled a free entry only brings it to 0, so a port the
+    /// cache missed a burst ago is not proven again by the next fill).
+    #[inline(always)]
+    fn proven(&self, port: u16) -> bool {
+        self.credit[port as usize & (fdb::MAX_PORTS - 1)] as i32 >= CREDIT_CAP / 2
+    }
+
+    /// Whether `port` is on the cache: its credit is not below [`OFF_BELOW`].
+    #[inline(always)]
+    fn serves(&self, port: u16) -> bool {
+        self.credit[port as usize & (fdb::MAX_PORTS - 1)] >= OFF_BELOW
+    }
+
+    /// Takes `port` off the cache for another that serves it better (it is not sampled
+    /// meanwhile: see [`Pipeline::sample_exact`]).
+    fn stand_aside(&mut self, port: u16) {
+        self.credit[port as usize & (fdb::MAX_PORTS - 1)] = -CREDIT_CAP as i16;
+    }
+
+    /// Puts `port` back on the cache, at no credit.
+    fn recall(&mut self, port: u16) {
+        let i = port as usize & (fdb::MAX_PORTS - 1);
+        self.credit[i] = self.credit[i].max(0);
     }
 
     /// After `n` lookups for frames from `port`, every one of which hit.
@@ -686,26 +712,76 @@ impl Pipeline {
         if !t.only_halves {
             self.note_burst(port, t.exact, n, t.before, t.halves);
         }
-        self.note_halves(port, t.halves, t.halved, t.halves_before);
+        // Chosen over the exact-match cache, the halves' misses cost what its hits would have
+        // saved (judged before this burst's worth moves the account).
+        let first = self.halves_first(port);
+        self.note_halves(port, t.halves, t.halved, t.halves_before, t.only_halves && first);
+        // Only a change calls out: a port the halves serve first looks up nothing else.
+        if first != self.halves_first(port) || (first && !t.only_halves) {
+            self.choose_first(port, first);
+        }
     }
 
     /// After `n` lookups of a burst from `port` in the second level, `hits` of which hit:
     /// their worth to the port's account with it; `before` is its
-    /// [`Megaflows::free_fills`] at the burst's start.
+    /// [`Megaflows::free_fills`] at the burst's start. `dear`: the burst skipped the
+    /// exact-match cache for them ([`Pipeline::halves_first`]), so each miss that filled no
+    /// free entry weighs [`HALVED_MISS`], as an exact-match miss the halves found does: a
+    /// port stays there while the halves find about three frames in four.
     #[inline(always)]
-    fn note_halves(&mut self, port: u16, hits: u64, n: usize, before: u32) {
+    fn note_halves(&mut self, port: u16, hits: u64, n: usize, before: u32, dear: bool) {
         if n > 0 && hits == n as u64 {
             self.flows.halves_account.note_hits(port, n);
         } else if n > 0 {
             let free = self.flows.mega.free_fills().wrapping_sub(before);
-            self.flows.halves_account.note(port, hits, n, free, 0);
+            // Misses that filled free entries (halves the port had not needed yet) are the
+            // halves learning, not failing it.
+            let weighed = if dear && free == 0 { n as u64 } else { 0 };
+            self.flows.halves_account.note(port, hits, n, free, weighed);
         }
     }
 
-    /// Whether this burst from `port` goes through the exact-match cache ([`Account::worth`]).
+    /// Whether this burst from `port` goes through the exact-match cache ([`Account::worth`]),
+    /// which a port the halves serve first ([`Pipeline::halves_first`]) does not sample.
     #[inline(always)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
-        self.flows.account.worth(port)
+        self.flows.account.serves(port) || self.sample_exact(port)
+    }
+
+    /// A burst of `port`, off the exact-match cache, that may sample it ([`Account::sample`]).
+    #[inline(never)]
+    fn sample_exact(&mut self, port: u16) -> bool {
+        !self.halves_first(port) && self.flows.account.sample(port)
+    }
+
+    /// After a burst of local `port` while the exact-match cache has outgrown the core
+    /// ([`Pipeline::halves_first`]; `was`: whether the halves came first before it): a port the
+    /// halves have now proven themselves to leaves the exact-match cache for them, and one
+    /// they failed while first goes straight back to it (not at its next sample).
+    #[cold]
+    #[inline(never)]
+    fn choose_first(&mut self, port: u16, was: bool) {
+        match (was, self.halves_first(port)) {
+            (_, true) if self.flows.account.serves(port) => self.flows.account.stand_aside(port),
+            (true, false) => self.flows.account.recall(port),
+            _ => {}
+        }
+    }
+
+    /// Whether local `port` skips the exact-match cache for the second level because the
+    /// first has outgrown the core's caches ([`Emc::outgrown`]) while the second has found
+    /// the port's frames for a while ([`Account::proven`]; a port that never looked there has
+    /// not): the exact-match cache's hits, though it found every frame, would cost more than
+    /// the halves' (`emc::OUTGROWN_FILLS`). Such a port stands aside from the exact-match
+    /// cache and is not sampled there ([`Pipeline::choose_first`], [`Pipeline::sample_exact`]:
+    /// both off the all-hit burst's path); the halves' misses then weigh as much as the
+    /// exact-match cache's hits would have saved ([`Pipeline::settle`]), so a port the halves
+    /// fail goes back at once, and leaves again only once they have found its frames for a
+    /// while (a miss that filled a free entry restores a port's account to 0, not to proven).
+    /// A new epoch (the table emptied, the fills counted afresh) lets every port choose again.
+    #[inline(always)]
+    pub(super) fn halves_first(&self, port: u16) -> bool {
+        self.flows.emc.outgrown() && self.flows.halves_account.proven(port)
     }
 
     /// Whether this burst from `port` may look frames up in the second level.

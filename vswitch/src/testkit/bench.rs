@@ -108,16 +108,25 @@ impl Scenario {
             Scenario::PodEncapMarked => "vxlan-encap-pod-marked".into(),
             Scenario::PodDecap => "vxlan-decap-pod".into(),
             Scenario::Mesh { hosts } => format!("l2-mesh-{}k", hosts / 1000),
-            Scenario::FullMesh { hosts } => format!("l2-fullmesh-{}k", hosts / 1000),
+            Scenario::FullMesh { hosts } if hosts % 1000 == 0 => {
+                format!("l2-fullmesh-{}k", hosts / 1000)
+            }
+            Scenario::FullMesh { hosts } => format!("l2-fullmesh-{hosts}"),
             Scenario::PodMesh { pods, hosts } => format!("l2-pod-mesh-{pods}x{}k", hosts / 1000),
             Scenario::Trunk { bds } => format!("trunk-{bds}bd"),
         }
     }
 
     /// Workloads too large for the CI test of every scenario, measured by hand
-    /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain.
-    pub const SCALE: [Scenario; 3] = [
+    /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain, meshes of
+    /// 31,250 to 500,000 flows (where the exact-match cache outgrows the core: `emc.rs`
+    /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations.
+    pub const SCALE: [Scenario; 7] = [
         Scenario::L2 { macs: 1_000_000 },
+        Scenario::FullMesh { hosts: 250 },
+        Scenario::FullMesh { hosts: 350 },
+        Scenario::FullMesh { hosts: 400 },
+        Scenario::FullMesh { hosts: 500 },
         Scenario::FullMesh { hosts: 1000 },
         Scenario::PodMesh { pods: 512, hosts: 1000 },
     ];
