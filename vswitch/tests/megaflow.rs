@@ -20,14 +20,43 @@ fn ip(n: u32) -> Ipv4Addr {
 const SRC: u32 = 1000;
 const DST: u32 = 2000;
 
-/// A switch whose exact-match cache holds 64 entries, far fewer than the mesh's pairs.
-fn small_cache() -> Harness {
-    let mut h = Harness::with_pool(
-        Pool::new(8192, false).expect("a pool"),
-        SwitchOptions { emc_entries: 64, ..Default::default() },
-    );
+/// A switch with these options, its clock at one second.
+fn switch(options: SwitchOptions) -> Harness {
+    let mut h = Harness::with_pool(Pool::new(8192, false).expect("a pool"), options);
     h.set_now(1);
     h
+}
+
+/// A switch whose exact-match cache holds 64 entries, far fewer than the mesh's pairs.
+fn small_cache() -> Harness {
+    switch(SwitchOptions { emc_entries: 64, ..Default::default() })
+}
+
+/// Access ports `a` and `net` in bridge domain `red`, each and the domain learning up to
+/// `mac_limit` MACs (None: the defaults).
+fn a_and_net(h: &mut Harness, mac_limit: Option<u32>) {
+    h.ring("a").ring("net");
+    let mut bridge = BridgeConfig::new("red");
+    let mut ports = vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")];
+    if let Some(limit) = mac_limit {
+        bridge.mac_limit = limit;
+        for p in &mut ports {
+            p.mac_limit = limit;
+        }
+    }
+    h.apply(SwitchConfig { bridges: vec![bridge], ports, vtep: None }).expect("config");
+}
+
+/// `sources` behind `a` each to every one of `destinations` behind `net`, every pair in turn
+/// (a destination's sources one after another).
+fn mesh(sources: u32, destinations: u32) -> Vec<Vec<u8>> {
+    (0..destinations)
+        .flat_map(|d| {
+            (0..sources).map(move |s| {
+                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
+            })
+        })
+        .collect()
 }
 
 /// `n` destinations behind `net`, learned.
@@ -63,21 +92,9 @@ fn send_all(h: &mut Harness, port: &str, frames: &[Vec<u8>], to: &str) -> usize 
 #[test]
 fn a_mesh_the_exact_match_cache_cannot_hold_rides_the_halves() {
     let mut h = small_cache();
-    h.ring("a").ring("net");
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
-        vtep: None,
-    })
-    .expect("config");
+    a_and_net(&mut h, None);
     learn_destinations(&mut h, 40);
-    let mesh: Vec<Vec<u8>> = (0..40u32)
-        .flat_map(|d| {
-            (0..40u32).map(move |s| {
-                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
-            })
-        })
-        .collect();
+    let mesh = mesh(40, 40);
     assert_eq!(send_all(&mut h, "a", &mesh, "net"), mesh.len(), "the first round, learning");
     let before = h.stats().event(Event::MegaflowHits);
     for _ in 0..3 {
@@ -197,13 +214,7 @@ fn a_port_back_from_a_flood_finds_the_halves_again() {
 #[test]
 fn a_trace_reports_the_halves_decision() {
     let mut h = small_cache();
-    h.ring("a").ring("net");
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
-        vtep: None,
-    })
-    .expect("config");
+    a_and_net(&mut h, None);
     learn_destinations(&mut h, 2);
     let pair = |s: u32, d: u32| {
         frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
@@ -228,11 +239,7 @@ fn a_trace_reports_the_halves_decision() {
 #[test]
 fn a_hit_neither_reflects_nor_outgrows_its_ingress() {
     for (emc_entries, megaflow_entries) in [(0, 1 << 10), (64, 1 << 10)] {
-        let mut h = Harness::with_pool(
-            Pool::new(8192, false).expect("a pool"),
-            SwitchOptions { emc_entries, megaflow_entries, ..Default::default() },
-        );
-        h.set_now(1);
+        let mut h = switch(SwitchOptions { emc_entries, megaflow_entries, ..Default::default() });
         h.ring("a").ring("b").ring("small");
         let mut small = PortConfig::access("small", "red");
         small.mtu = 500;
@@ -280,26 +287,10 @@ fn outgrown_mesh(
     sources: u32,
     destinations: u32,
 ) -> (Harness, Vec<Vec<u8>>) {
-    let mut h = Harness::with_pool(
-        Pool::new(8192, false).expect("a pool"),
-        SwitchOptions { emc_entries, megaflow_entries, ..Default::default() },
-    );
-    h.set_now(1);
-    h.ring("a").ring("net");
-    h.apply(SwitchConfig {
-        bridges: vec![BridgeConfig::new("red")],
-        ports: vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")],
-        vtep: None,
-    })
-    .expect("config");
+    let mut h = switch(SwitchOptions { emc_entries, megaflow_entries, ..Default::default() });
+    a_and_net(&mut h, None);
     learn_destinations(&mut h, destinations);
-    let mesh: Vec<Vec<u8>> = (0..destinations)
-        .flat_map(|d| {
-            (0..sources).map(move |s| {
-                frames::udp4(mac(DST + d), mac(SRC + s), ip(SRC + s), ip(DST + d), 1, 2, 64)
-            })
-        })
-        .collect();
+    let mesh = mesh(sources, destinations);
     assert_eq!(send_all(&mut h, "a", &mesh, "net"), mesh.len(), "the first round, learning");
     (h, mesh)
 }
@@ -334,20 +325,9 @@ fn a_port_leaves_an_exact_match_cache_that_outgrew_the_core_for_the_halves() {
 /// halves' would be, save the slow path the halves would leave it.
 #[test]
 fn a_port_the_halves_fail_stays_on_an_exact_match_cache_that_outgrew_the_core() {
-    let mut h = Harness::with_pool(
-        Pool::new(8192, false).expect("a pool"),
-        SwitchOptions { emc_entries: 1 << 17, ..Default::default() },
-    );
-    h.set_now(1);
-    h.ring("a").ring("net");
-    // Room in the FDB for every MAC (a bridge and a port learn 4,096 by default).
-    let mut bridge = BridgeConfig::new("red");
-    let mut ports = vec![PortConfig::access("a", "red"), PortConfig::access("net", "red")];
-    bridge.mac_limit = 1 << 20;
-    for p in &mut ports {
-        p.mac_limit = 1 << 20;
-    }
-    h.apply(SwitchConfig { bridges: vec![bridge], ports, vtep: None }).expect("config");
+    let mut h = switch(SwitchOptions { emc_entries: 1 << 17, ..Default::default() });
+    // Room in the FDB for every MAC (a domain learns 65,536 by default, a port 8,192).
+    a_and_net(&mut h, Some(1 << 20));
     const PAIRS: u32 = 50_000;
     const SOURCES: u32 = 100_000;
     learn_destinations(&mut h, PAIRS);
