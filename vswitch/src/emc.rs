@@ -462,9 +462,10 @@ const SPREAD_FILLS: u32 = 16 * 1024;
 /// Fills in one epoch past which a lookup, prefetched, still costs more than a hit of the
 /// second level, whose two small tables stay in the core's own caches: natively, meshes
 /// that hit the exact-match cache every time cost 28–30 TSC cycles a frame against the
-/// halves' 35 with 31,250 flows, 33–52 against 35–36 with 61,250 and 36–53 against 36–37
-/// with 125,000 (docs/perf/vhost-user.md "An exact-match cache that outgrew the core"; this
-/// machine: 1 MiB of L2 a core, 32 MiB of L3).
+/// halves' 35 with 31,250 flows, 33–52 against 35–36 with 61,250 and 36–53 against
+/// 35.8–37.5 with 125,000 (docs/perf/vhost-user.md "An exact-match cache that outgrew the
+/// core"; this machine: 1 MiB of L2 a core, 32 MiB of L3). It counts fills, not the flows
+/// that are hot: within an epoch (a second at most), keys that came once count too.
 pub const OUTGROWN_FILLS: u32 = 40 * 1024;
 
 /// What a lookup reads, by value: a burst loop that also stores to memory (buffer metadata)

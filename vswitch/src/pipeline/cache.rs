@@ -511,9 +511,11 @@ impl Account {
     }
 
     /// Takes `port` off the cache for another that serves it better (it is not sampled
-    /// meanwhile: see [`Pipeline::sample_exact`]).
+    /// meanwhile: see [`Pipeline::sample_exact`]; once it may be again, its samples start
+    /// at the first interval).
     fn stand_aside(&mut self, port: u16) {
         self.credit[port as usize & (fdb::MAX_PORTS - 1)] = -CREDIT_CAP as i16;
+        self.left(port);
     }
 
     /// Puts `port` back on the cache, at no credit.
@@ -724,10 +726,12 @@ impl Pipeline {
 
     /// After `n` lookups of a burst from `port` in the second level, `hits` of which hit:
     /// their worth to the port's account with it; `before` is its
-    /// [`Megaflows::free_fills`] at the burst's start. `dear`: the burst skipped the
-    /// exact-match cache for them ([`Pipeline::halves_first`]), so each miss that filled no
-    /// free entry weighs [`HALVED_MISS`], as an exact-match miss the halves found does: a
-    /// port stays there while the halves find about three frames in four.
+    /// [`Megaflows::free_fills`] at the burst's start. `dear`: the halves came first for the
+    /// port ([`Pipeline::halves_first`]), so in a burst whose misses filled no free entry each
+    /// miss weighs [`HALVED_MISS`], what an exact-match hit would have saved: a port stays
+    /// there while the halves find about three frames in four. A burst whose misses filled
+    /// some is the halves learning, not failing the port (several of its frames can miss a
+    /// half the first of them then filled), and weighs as in front of the slow path.
     #[inline(always)]
     fn note_halves(&mut self, port: u16, hits: u64, n: usize, before: u32, dear: bool) {
         if n > 0 && hits == n as u64 {
@@ -741,8 +745,9 @@ impl Pipeline {
         }
     }
 
-    /// Whether this burst from `port` goes through the exact-match cache ([`Account::worth`]),
-    /// which a port the halves serve first ([`Pipeline::halves_first`]) does not sample.
+    /// Whether this burst from `port` goes through the exact-match cache: as
+    /// [`Account::worth`], but a port the halves serve first ([`Pipeline::halves_first`]) is
+    /// not sampled there.
     #[inline(always)]
     pub(super) fn worth_looking_up(&mut self, port: u16) -> bool {
         self.flows.account.serves(port) || self.sample_exact(port)
@@ -754,14 +759,15 @@ impl Pipeline {
         !self.halves_first(port) && self.flows.account.sample(port)
     }
 
-    /// After a burst of local `port` while the exact-match cache has outgrown the core
-    /// ([`Pipeline::halves_first`]; `was`: whether the halves came first before it): a port the
-    /// halves have now proven themselves to leaves the exact-match cache for them, and one
-    /// they failed while first goes straight back to it (not at its next sample).
+    /// After a burst of local `port` that changed whether the halves come first for it
+    /// ([`Pipeline::halves_first`]; `first_before`: whether they did before it): a port the
+    /// halves have now proven themselves to, while the exact-match cache has outgrown the
+    /// core, leaves that cache for them, and one they failed goes straight back to it (not at
+    /// its next sample).
     #[cold]
     #[inline(never)]
-    fn choose_first(&mut self, port: u16, was: bool) {
-        match (was, self.halves_first(port)) {
+    fn choose_first(&mut self, port: u16, first_before: bool) {
+        match (first_before, self.halves_first(port)) {
             (_, true) if self.flows.account.serves(port) => self.flows.account.stand_aside(port),
             (true, false) => self.flows.account.recall(port),
             _ => {}
