@@ -17,6 +17,7 @@ pub fn status(e: NodeError) -> Status {
         NodeError::State(_) => Status::internal(msg),
         NodeError::VfHeld { .. } => Status::already_exists(msg),
         NodeError::HostPort { .. } => Status::failed_precondition(msg),
+        NodeError::PodPath { .. } => Status::invalid_argument(msg),
     }
 }
 

@@ -21,6 +21,7 @@ mod manager;
 mod metrics;
 mod node;
 mod plumb;
+mod pod_dirs;
 mod records;
 mod settings;
 mod state;
@@ -65,6 +66,7 @@ fn main() -> Result<()> {
             ..Default::default()
         },
         state_file: s.state_file.clone(),
+        pod_dirs: vec![s.vhost.kubelet_pods_dir.clone(), handoff::DEFAULT_DIR.into()],
     };
     let vfs = vf::set_node_vfs(vf::Vfs::new(&s.sriov));
     let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);

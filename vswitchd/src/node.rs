@@ -34,6 +34,11 @@ pub enum NodeError {
     VfHeld { pci: String, by: String },
     #[error("port {port:?}: {why}")]
     HostPort { port: String, why: String },
+    #[error(
+        "port {port:?}: devargs {arg} lie in {}, a directory pods can write: a pod could stand in for the device's peer (give the switch's dpdk devices sockets and files of their own)",
+        dir.display()
+    )]
+    PodPath { port: String, arg: String, dir: PathBuf },
 }
 
 /// What an apply changed (or, dry, would change).
@@ -63,6 +68,10 @@ pub struct NodeOptions {
     pub tables: SwitchOptions,
     /// Where the state is persisted; `None`: nowhere (tests, the demo).
     pub state_file: Option<PathBuf>,
+    /// Directories pods can write beside every attachment's own (the kubelet's pods
+    /// directory, the shared vhost-user hand-off directory): no `dpdk` port's devargs may name
+    /// a file there ([`crate::pod_dirs`]).
+    pub pod_dirs: Vec<PathBuf>,
 }
 
 struct Inner {
@@ -185,7 +194,10 @@ impl Node {
         };
         for p in &state.ports {
             let name = &p.item.config.name;
-            match Self::open_device(&pool, &state, &p.item) {
+            // A port kept from before the guard on pods' directories is left out too.
+            let opened = Self::check_not_in_pods(&state, &p.item, &opts.pod_dirs)
+                .and_then(|()| Self::open_device(&pool, &state, &p.item).map_err(NodeError::from));
+            match opened {
                 Ok(open) => {
                     switch.register_port(name, open.port.clone())?;
                     inner.open.insert(name.clone(), open);
@@ -378,6 +390,28 @@ impl Node {
         }
     }
 
+    /// Refuses a `dpdk` port whose devargs name a socket or file in a directory pods can
+    /// write: `dirs` and every attachment's hand-off directory.
+    fn check_not_in_pods(
+        state: &NodeState,
+        spec: &PortSpec,
+        dirs: &[PathBuf],
+    ) -> Result<(), NodeError> {
+        let Device::Dpdk { devargs, .. } = &spec.device else { return Ok(()) };
+        let handoffs =
+            state.attachments.iter().filter_map(|a| a.vhost.as_ref()).map(|v| match &v.volume {
+                Some(volume) => volume.pods.clone(),
+                None => v.dir.clone(),
+            });
+        let dirs: Vec<PathBuf> = dirs.iter().cloned().chain(handoffs).collect();
+        match crate::pod_dirs::devargs_in(devargs, &dirs) {
+            Some((arg, dir)) => {
+                Err(NodeError::PodPath { port: spec.config.name.clone(), arg, dir })
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
     /// attachment or a switch port holds; persisted.
     fn check_host(state: &NodeState, spec: &PortSpec) -> Result<(), NodeError> {
@@ -453,6 +487,7 @@ impl Node {
             forget_local_pods(inner, &p.item);
             let opened = Self::check_not_held(candidate, &p.item)
                 .and_then(|()| Self::check_host(candidate, &p.item))
+                .and_then(|()| Self::check_not_in_pods(candidate, &p.item, &self.opts.pod_dirs))
                 .and_then(|()| {
                     Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
                 })
@@ -518,6 +553,7 @@ impl Node {
                 }
                 _ => Self::check_not_held(candidate, &p.item)
                     .and_then(|()| Self::check_host(candidate, &p.item))
+                    .and_then(|()| Self::check_not_in_pods(candidate, &p.item, &self.opts.pod_dirs))
                     .and_then(|()| {
                         Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
                     }),

@@ -1780,14 +1780,6 @@ async fn a_dpdk_device_is_a_port_like_any_other() {
     let mut c = d.client();
     add_bridge(&mut c, bridge("red")).await.unwrap();
     add_port(&mut c, vhost_port(dir.path(), "v0", "red")).await.unwrap();
-    let dpdk_port = |name: &str, devargs: String| pb::Port {
-        name: name.into(),
-        device: Some(pb::Device {
-            kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs, queues: 0 })),
-        }),
-        mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
-        ..Default::default()
-    };
     let devargs = format!("net_pcap_d0,rx_pcap={},tx_pcap={}", rx.display(), tx.display());
     add_port(&mut c, dpdk_port("d0", devargs.clone())).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1885,6 +1877,65 @@ async fn a_vf_a_pod_holds_is_refused_as_a_switch_port() {
         "(null)\n",
         "the VF was left alone"
     );
+}
+
+/// A `dpdk` port `name` in bridge `red` on the device `devargs` name.
+fn dpdk_port(name: &str, devargs: String) -> pb::Port {
+    pb::Port {
+        name: name.into(),
+        device: Some(pb::Device {
+            kind: Some(pb::device::Kind::Dpdk(pb::DpdkDevice { devargs, queues: 0 })),
+        }),
+        mode: Some(pb::port::Mode::Access(pb::Access { bridge: "red".into() })),
+        ..Default::default()
+    }
+}
+
+/// A `dpdk` port whose devargs name a socket or file in a directory pods can write — the
+/// kubelet's pods directory (here also through a symlink and a `..`), the shared hand-off
+/// directory — is refused with the argument and the directory named: a pod could replace
+/// the socket with its own and stand in for the device's trusted peer. Checked before DPDK
+/// opens anything, so it needs no DPDK.
+#[tokio::test]
+async fn dpdk_devargs_in_a_pods_directory_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("pods");
+    std::fs::create_dir_all(pods.join("uid/volumes")).unwrap();
+    std::os::unix::fs::symlink(&pods, dir.path().join("kubelet")).unwrap();
+    let cfg = dir.path().join("vswitchd.toml");
+    std::fs::write(&cfg, format!("[vhost]\nkubelet_pods_dir = \"{}\"\n", pods.display())).unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state", "--config", cfg.to_str().unwrap()]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    let t = dir.path().display();
+    for (devargs, arg) in [
+        (format!("net_memif_p0,socket={t}/kubelet/uid/m.sock,socket-abstract=no"), "socket="),
+        (format!("net_pcap_p0,rx_pcap={t}/in.pcap,tx_pcap={t}/x/../pods/out.pcap"), "tx_pcap="),
+        ("net_virtio_user_p0,path=/run/knitter/vhost/c0ffee/net1.sock".to_string(), "path="),
+    ] {
+        let e = add_port(&mut c, dpdk_port("p0", devargs)).await.expect_err("refused");
+        assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+        for says in [&format!("devargs {arg}"), "a directory pods can write"] {
+            assert!(e.message().contains(says), "{:?} does not say {says:?}", e.message());
+        }
+    }
+    let (_, ports) = names(&mut c).await;
+    assert!(!ports.contains(&"p0".to_string()), "nothing added: {ports:?}");
+    d.stop_with(libc::SIGTERM).await;
+    // A port declared (or kept in the state from before) with such devargs is left out at
+    // start, with the reason in its status.
+    std::fs::write(
+        &cfg,
+        format!(
+            "state_file = \"\"\n[vhost]\nkubelet_pods_dir = \"{}\"\n[[bridges]]\nname = \"red\"\n[[ports]]\nname = \"p1\"\ndevice = {{ kind = \"dpdk\", devargs = \"net_memif_p1,socket={t}/kubelet/m.sock,socket-abstract=no\" }}\nmode = {{ kind = \"access\", bridge = \"red\" }}\n",
+            pods.display()
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(dir.path(), &["--config", cfg.to_str().unwrap()]).await;
+    let v = d.client().show(pb::ShowRequest {}).await.unwrap().into_inner();
+    let errors: Vec<_> = v.status.iter().filter(|s| s.name == "p1").map(|s| &s.error).collect();
+    assert!(errors.len() == 1 && errors[0].contains("a directory pods can write"), "{errors:?}");
 }
 
 /// A `dpdk` port `vf0` in bridge `red` on the fake PF's first VF.
