@@ -684,6 +684,48 @@ fn dpdk_pod(
     Some(app)
 }
 
+/// A network whose vhost-user hand-off directory holds a file of one of the switch's `dpdk`
+/// ports is refused at ADD, the port and the directory named: the pod could replace the
+/// file (a memif or virtio-user socket, here a pcap) and stand in for the port's trusted
+/// peer. (The other order, a dpdk port into a directory pods write, is the daemon's test.)
+#[test]
+fn a_pod_is_not_handed_a_directory_holding_a_dpdk_ports_file() {
+    let Some(_g) = netns::exclusive() else { return };
+    let lab = Lab::start();
+    let network =
+        ["network", "create", "media", "--ipv4", "10.67.0.0/24", "--gateway4", "10.67.0.1"];
+    assert!(lab.mctl(&network).status.success());
+    let vhost_dir = lab.dir.path().join("vhost");
+    std::fs::create_dir_all(&vhost_dir).unwrap();
+    let rx = lab.dir.path().join("in.pcap");
+    vswitch::testkit::pcap::write(&rx, &[]).unwrap();
+    let ctl = |args: &[&str]| {
+        std::process::Command::new(lab::bin("knitterctl"))
+            .arg("--socket")
+            .arg(lab.socket())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(ctl(&["bridge", "add", "op"]).status.success());
+    let devargs =
+        format!("net_pcap_op0,rx_pcap={},tx_pcap={}/op.pcap", rx.display(), vhost_dir.display());
+    let added = ctl(&["port", "add", "op0", "--dpdk", &devargs, "--access", "op"]);
+    if !added.status.success() {
+        let why = String::from_utf8_lossy(&added.stderr);
+        assert!(std::env::var_os("CI").is_none(), "CI installs DPDK: {why}");
+        eprintln!("skipped: the dpdk port did not open ({why})");
+        return;
+    }
+    let mut conf = lab.conf("1.1.0", "media");
+    conf["interfaceType"] = "vhost-user".into();
+    conf["vhostUser"] = json!({ "dir": vhost_dir });
+    let (_pod, pod_path) = pod("pg");
+    let (ok, r) = lab.cni("ADD", "ctr-guard-0123456789abcdef", &pod_path, "net1", &conf);
+    let msg = r["msg"].as_str().unwrap_or_default();
+    assert!(!ok && msg.contains("op0") && msg.contains("a directory pods can write"), "{r}");
+}
+
 /// Tenancy through the whole path (CNI → node → manager): a pod of a namespace that is not
 /// the network's tenant's is refused with a CNI error naming the namespace, its tenant and
 /// the network — a namespace merely named as the tenant included; listed on the tenant, it

@@ -34,11 +34,8 @@ pub enum NodeError {
     VfHeld { pci: String, by: String },
     #[error("port {port:?}: {why}")]
     HostPort { port: String, why: String },
-    #[error(
-        "port {port:?}: devargs {arg} lie in {}, a directory pods can write: a pod could stand in for the device's peer (give the switch's dpdk devices sockets and files of their own)",
-        dir.display()
-    )]
-    PodPath { port: String, arg: String, dir: PathBuf },
+    #[error("port {port:?}: {why}")]
+    PodPath { port: String, why: crate::pod_dirs::Refusal },
 }
 
 /// What an apply changed (or, dry, would change).
@@ -203,7 +200,7 @@ impl Node {
                     inner.open.insert(name.clone(), open);
                 }
                 Err(e) => {
-                    tracing::error!(port = %name, error = %e, "port left out: its device did not open");
+                    tracing::error!(port = %name, error = %e, "port left out");
                     inner.failed.insert(name.clone(), e.to_string());
                 }
             }
@@ -338,6 +335,7 @@ impl Node {
         }
         let mut candidate = inner.state.clone();
         candidate.ports.push(Owned { owner: Owner::Attach, item: spec });
+        Self::check_handoff_clear(&inner.state, &record)?;
         candidate.attachments.retain(|a| a.key() != record.key());
         candidate.attachments.push(record);
         self.open_ports(&mut inner, &candidate, std::slice::from_ref(&name))?;
@@ -398,18 +396,28 @@ impl Node {
         dirs: &[PathBuf],
     ) -> Result<(), NodeError> {
         let Device::Dpdk { devargs, .. } = &spec.device else { return Ok(()) };
-        let handoffs =
-            state.attachments.iter().filter_map(|a| a.vhost.as_ref()).map(|v| match &v.volume {
-                Some(volume) => volume.pods.clone(),
-                None => v.dir.clone(),
-            });
+        let handoffs = state.attachments.iter().filter_map(handoff_dir);
         let dirs: Vec<PathBuf> = dirs.iter().cloned().chain(handoffs).collect();
-        match crate::pod_dirs::devargs_in(devargs, &dirs) {
-            Some((arg, dir)) => {
-                Err(NodeError::PodPath { port: spec.config.name.clone(), arg, dir })
+        crate::pod_dirs::check(devargs, &dirs)
+            .map_err(|why| NodeError::PodPath { port: spec.config.name.clone(), why })
+    }
+
+    /// Refuses an attachment whose hand-off directory holds a `dpdk` port's socket or file
+    /// (its pod could replace it): the port and the directory named.
+    fn check_handoff_clear(
+        state: &NodeState,
+        record: &crate::records::Record,
+    ) -> Result<(), NodeError> {
+        let Some(dir) = handoff_dir(record) else { return Ok(()) };
+        for p in &state.ports {
+            let Device::Dpdk { devargs, .. } = &p.item.device else { continue };
+            if let Err(why @ crate::pod_dirs::Refusal::InPods { .. }) =
+                crate::pod_dirs::check(devargs, std::slice::from_ref(&dir))
+            {
+                return Err(NodeError::PodPath { port: p.item.config.name.clone(), why });
             }
-            None => Ok(()),
         }
+        Ok(())
     }
 
     /// Records an attachment that has no switch port (an SR-IOV VF), refusing a VF another
@@ -756,6 +764,10 @@ impl Node {
                 new.clone()
             }
         };
+        // Refused the same whether tried or applied.
+        for p in new_ports.iter().chain(&reopened).filter_map(|n| candidate.port(n)) {
+            Self::check_not_in_pods(&candidate, &p.item, &self.opts.pod_dirs)?;
+        }
         if dry_run
             || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty())
         {
@@ -1204,6 +1216,16 @@ impl std::fmt::Display for PciHolder<'_> {
             PciHolder::Port(n) => write!(f, "switch port {n}"),
         }
     }
+}
+
+/// The directory attachment `a`'s pod writes its vhost-user hand-off in (for a pod's own
+/// volume, the kubelet's pods directory), if it has one.
+fn handoff_dir(a: &crate::records::Record) -> Option<PathBuf> {
+    let v = a.vhost.as_ref()?;
+    Some(match &v.volume {
+        Some(volume) => volume.pods.clone(),
+        None => v.dir.clone(),
+    })
 }
 
 /// Every PCI device `state` gives to someone: pods' VFs, then `dpdk` ports' devices.

@@ -7,66 +7,87 @@
 //! its vhost-user backend, and a pcap port reads and writes the files it is given. Devargs
 //! naming a socket or file in a directory a pod can write would let that pod stand in for the
 //! peer (replace the socket with its own) or point the root daemon's writes elsewhere (a
-//! symlink), so such a port is refused with the directory named. Paths are compared after
-//! `.` and `..` are resolved and the longest existing ancestor's symlinks followed, on both
-//! sides (`/var/run` is `/run` on most hosts).
+//! symlink), so such a port is refused with the directory named. Every value with a `/` is
+//! taken for a path, whatever its key; a path is compared as the kernel resolves it (its
+//! longest existing ancestor canonicalized, on both sides: `/var/run` is `/run` on most
+//! hosts). What DPDK could read otherwise than the check does (a second `=` in an argument,
+//! `exec(...)`, `..` beyond what exists) is refused.
 
 use std::path::{Component, Path, PathBuf};
 
-/// Devargs keys whose value names a file or socket, across the drivers users give the switch:
-/// `net_memif`'s `socket` (a file unless `socket-abstract` is left on), `net_virtio_user`'s
-/// `path`, `net_vhost`'s `iface`, `net_pcap`'s `rx_pcap` and `tx_pcap`. (`net_pcap`'s `iface`
-/// names an interface: no `/` in it, so it is never taken for a path.)
-const PATH_KEYS: [&str; 5] = ["socket", "path", "iface", "rx_pcap", "tx_pcap"];
-
-/// The first of `devargs`' paths that lies in one of `dirs`, with that directory:
-/// (`key=value`, directory).
-pub fn devargs_in(devargs: &str, dirs: &[PathBuf]) -> Option<(String, PathBuf)> {
-    let dirs: Vec<PathBuf> = dirs.iter().map(|d| resolved(d)).collect();
-    devargs.split(',').skip(1).find_map(|arg| {
-        let (key, value) = arg.split_once('=')?;
-        let key = key.trim();
-        if !PATH_KEYS.contains(&key) || !value.contains('/') {
-            return None;
-        }
-        let path = resolved(Path::new(value.trim()));
-        let dir = dirs.iter().find(|d| path.starts_with(d))?;
-        Some((format!("{key}={}", value.trim()), dir.clone()))
-    })
+/// Why a `dpdk` port's devargs are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// `arg` names a file in `dir`, which pods can write.
+    InPods { arg: String, dir: PathBuf },
+    /// `arg` is spelled so that DPDK may read a key the guard did not (a second `=`, an empty
+    /// key), runs or nests something (`exec(...)`, `dev(...)` of `net_failsafe`), or names a
+    /// path through `..` beyond what exists.
+    Unclear { arg: String },
 }
 
-/// `p` with `.` and `..` resolved in order, then its longest existing ancestor's symlinks
-/// followed (the rest may not exist yet: a socket a peer will make). A relative path is taken
-/// from the daemon's working directory, as DPDK takes it.
-fn resolved(p: &Path) -> PathBuf {
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::InPods { arg, dir } => write!(
+                f,
+                "devargs {arg} lie in {}, a directory pods can write: a pod could stand in for the device's peer (give the switch's dpdk devices sockets and files of their own)",
+                dir.display()
+            ),
+            Refusal::Unclear { arg } => write!(
+                f,
+                "devargs {arg:?} are refused: one key=value an argument, no (...), no '..' beyond what exists (the switch checks every path its dpdk devices name against the directories pods can write)"
+            ),
+        }
+    }
+}
+
+/// Checks `devargs` (a device name, then `key=value` arguments) against `dirs`: every value
+/// with a `/` in it, whatever its key (a socket, a pcap file, a BPF object, a firmware
+/// script), must lie outside them.
+pub fn check(devargs: &str, dirs: &[PathBuf]) -> Result<(), Refusal> {
+    let dirs: Vec<PathBuf> = dirs.iter().filter_map(|d| resolved(d)).collect();
+    for arg in devargs.split(',').skip(1) {
+        let unclear = || Refusal::Unclear { arg: arg.to_string() };
+        if arg.contains(['(', ')']) || arg.matches('=').count() > 1 || arg.starts_with('=') {
+            return Err(unclear());
+        }
+        let value = arg.split_once('=').map_or(arg, |(_, v)| v);
+        if !value.contains('/') {
+            continue;
+        }
+        let path = resolved(Path::new(value)).ok_or_else(unclear)?;
+        if let Some(dir) = dirs.iter().find(|d| path.starts_with(d)) {
+            return Err(Refusal::InPods { arg: arg.to_string(), dir: dir.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// Where `p` leads: its longest existing ancestor as the kernel resolves it (symlinks
+/// followed before the `..` after them), then the rest, which may not exist yet (a socket a
+/// peer will make) and so may hold no `.` or `..` (None). A relative path is taken from the
+/// daemon's working directory, as DPDK takes it.
+fn resolved(p: &Path) -> Option<PathBuf> {
     let absolute = if p.is_absolute() {
         p.to_path_buf()
     } else {
         std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")).join(p)
     };
-    let mut lexical = PathBuf::new();
-    for c in absolute.components() {
-        match c {
-            Component::ParentDir => {
-                lexical.pop();
-            }
-            Component::CurDir => {}
-            c => lexical.push(c),
-        }
-    }
     let mut rest = Vec::new();
-    let mut existing = lexical.as_path();
+    let mut existing = absolute.as_path();
     loop {
         if let Ok(mut real) = existing.canonicalize() {
             real.extend(rest.iter().rev());
-            return real;
+            return Some(real);
         }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
+        let mut components = existing.components();
+        match components.next_back() {
+            Some(Component::Normal(name)) => {
                 rest.push(name.to_os_string());
-                existing = parent;
+                existing = components.as_path();
             }
-            _ => return lexical,
+            _ => return None,
         }
     }
 }
@@ -75,45 +96,77 @@ fn resolved(p: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    #[test]
-    fn paths_in_a_pods_directory_are_found_however_spelled() {
+    /// A temporary directory with `pods/uid/` and `other/` in it, `link` pointing at `pods`
+    /// and `other/deep` at `pods/uid`.
+    fn layout() -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let pods = tmp.path().join("pods");
         std::fs::create_dir_all(pods.join("uid")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("other")).unwrap();
         std::os::unix::fs::symlink(&pods, tmp.path().join("link")).unwrap();
-        let dirs = [pods.clone()];
+        std::os::unix::fs::symlink(pods.join("uid"), tmp.path().join("other/deep")).unwrap();
+        (tmp, pods)
+    }
+
+    #[test]
+    fn paths_in_a_pods_directory_are_found_however_spelled() {
+        let (tmp, pods) = layout();
         let t = tmp.path().display();
         for devargs in [
             format!("net_memif0,socket={t}/pods/uid/memif.sock,socket-abstract=no"),
             format!("net_virtio_user0,path={t}/pods/uid/vhost.sock,queues=2"),
             format!("net_pcap0,rx_pcap={t}/in.pcap,tx_pcap={t}/pods/out.pcap"),
             format!("net_vhost0,iface={t}/link/uid/x.sock"),
-            format!("net_memif0,socket={t}/other/../pods/new/not-yet.sock"),
-            format!("net_memif0, socket = {t}/pods/a.sock"),
+            format!("net_af_xdp0,iface=eth0,xdp_prog={t}/pods/uid/prog.o"),
+            format!("net_memif0,socket={t}/other/../pods/new.sock"),
+            // The kernel follows `deep` before the `..` after it: pods/uid/.. is pods (taken
+            // the other way round, other/m.sock: as `/var/run/../var/lib/kubelet/...`).
+            format!("net_memif0,socket={t}/other/deep/../m.sock"),
         ] {
-            let (arg, dir) = devargs_in(&devargs, &dirs).unwrap_or_else(|| panic!("{devargs}"));
-            assert_eq!(dir, pods.canonicalize().unwrap(), "{devargs}");
-            assert!(arg.contains("pods") || arg.contains("link"), "{arg}");
+            match check(&devargs, std::slice::from_ref(&pods)) {
+                Err(Refusal::InPods { dir, .. }) => {
+                    assert_eq!(dir, pods.canonicalize().unwrap(), "{devargs}")
+                }
+                other => panic!("{devargs}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn spellings_dpdk_could_read_otherwise_are_refused() {
+        let (tmp, pods) = layout();
+        let t = tmp.path().display();
+        for devargs in [
+            format!("net_memif0,=socket={t}/pods/uid/m.sock"),
+            format!("net_virtio_user0,queues=path={t}/pods/uid/v.sock"),
+            format!("net_failsafe0,exec({t}/pods/uid/x.sh)"),
+            format!("net_failsafe0,dev(net_memif0,socket={t}/pods/m.sock)"),
+            format!("net_memif0,socket={t}/pods/new/../../x.sock"),
+        ] {
+            assert!(
+                matches!(
+                    check(&devargs, std::slice::from_ref(&pods)),
+                    Err(Refusal::Unclear { .. })
+                ),
+                "{devargs}"
+            );
         }
     }
 
     #[test]
     fn paths_elsewhere_and_other_arguments_pass() {
-        let tmp = tempfile::tempdir().unwrap();
-        let pods = tmp.path().join("pods");
-        std::fs::create_dir_all(&pods).unwrap();
-        let dirs = [pods];
+        let (tmp, pods) = layout();
         let t = tmp.path().display();
         for devargs in [
             format!("net_memif0,socket={t}/switch/memif.sock"),
             format!("net_memif0,socket={t}/podsx/memif.sock"),
+            format!("net_memif0,socket={t}/other/deep/../../other/m.sock"),
             "net_memif0,socket=knitter-memif".to_string(),
             "net_pcap0,iface=eth0".to_string(),
-            "0000:01:00.1".to_string(),
-            format!("net_ring0,nodeaction={t}/pods/x:0:CREATE"),
-            format!("{t}/pods/first-is-the-device-name"),
+            "0000:01:00.1,representor=[0-3]".to_string(),
+            "net_tap0,iface=dtap0".to_string(),
         ] {
-            assert_eq!(devargs_in(&devargs, &dirs), None, "{devargs}");
+            assert_eq!(check(&devargs, std::slice::from_ref(&pods)), Ok(()), "{devargs}");
         }
     }
 }

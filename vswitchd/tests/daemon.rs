@@ -1894,8 +1894,9 @@ fn dpdk_port(name: &str, devargs: String) -> pb::Port {
 /// A `dpdk` port whose devargs name a socket or file in a directory pods can write — the
 /// kubelet's pods directory (here also through a symlink and a `..`), the shared hand-off
 /// directory — is refused with the argument and the directory named: a pod could replace
-/// the socket with its own and stand in for the device's trusted peer. Checked before DPDK
-/// opens anything, so it needs no DPDK.
+/// the socket with its own and stand in for the device's trusted peer. So are devargs DPDK
+/// could read otherwise than the check, in a dry run as in an apply, and such a port is left
+/// out at start. Checked before DPDK opens anything, so it needs no DPDK.
 #[tokio::test]
 async fn dpdk_devargs_in_a_pods_directory_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -1910,7 +1911,7 @@ async fn dpdk_devargs_in_a_pods_directory_are_refused() {
     let t = dir.path().display();
     for (devargs, arg) in [
         (format!("net_memif_p0,socket={t}/kubelet/uid/m.sock,socket-abstract=no"), "socket="),
-        (format!("net_pcap_p0,rx_pcap={t}/in.pcap,tx_pcap={t}/x/../pods/out.pcap"), "tx_pcap="),
+        (format!("net_pcap_p0,rx_pcap={t}/in.pcap,tx_pcap={t}/pods/uid/../out.pcap"), "tx_pcap="),
         ("net_virtio_user_p0,path=/run/knitter/vhost/c0ffee/net1.sock".to_string(), "path="),
     ] {
         let e = add_port(&mut c, dpdk_port("p0", devargs)).await.expect_err("refused");
@@ -1919,6 +1920,20 @@ async fn dpdk_devargs_in_a_pods_directory_are_refused() {
             assert!(e.message().contains(says), "{:?} does not say {says:?}", e.message());
         }
     }
+    // Spelled so that DPDK could read another key than the check (every `=` ends a key in
+    // its parser), or running something: refused as unclear.
+    for devargs in [
+        format!("net_memif_p0,=socket={t}/kubelet/uid/m.sock,socket-abstract=no"),
+        format!("net_virtio_user_p0,queues=path={t}/pods/uid/v.sock"),
+        format!("net_failsafe_p0,exec({t}/pods/uid/x.sh)"),
+    ] {
+        refused(add_port(&mut c, dpdk_port("p0", devargs)).await, Code::InvalidArgument, "refused");
+    }
+    // A dry run of a document says what the apply would.
+    let doc = format!(
+        "bridges:\n  - {{name: red}}\nports:\n  - name: p0\n    device: {{kind: dpdk, devargs: 'net_memif_p0,socket={t}/pods/m.sock,socket-abstract=no'}}\n    mode: {{kind: access, bridge: red}}\n"
+    );
+    refused(apply(&mut c, &doc, true).await, Code::InvalidArgument, "a directory pods can write");
     let (_, ports) = names(&mut c).await;
     assert!(!ports.contains(&"p0".to_string()), "nothing added: {ports:?}");
     d.stop_with(libc::SIGTERM).await;
