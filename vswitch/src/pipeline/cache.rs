@@ -786,7 +786,7 @@ impl Pipeline {
     /// while (a miss that filled a free entry restores a port's account to 0, not to proven).
     /// A new epoch (the table emptied, the fills counted afresh) lets every port choose again.
     #[inline(always)]
-    pub(super) fn halves_first(&self, port: u16) -> bool {
+    fn halves_first(&self, port: u16) -> bool {
         self.flows.emc.outgrown() && self.flows.halves_account.proven(port)
     }
 
