@@ -105,18 +105,31 @@ impl MegaflowView<'_> {
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
         let source = self.tables.first().lookup(&k.source_half())?;
-        let d = self.tables.second().lookup(&k.destination_half(source))?;
+        let d = self.destination(k, source)?;
         (!d.reflects_to(k.port())).then(|| d.within(source))
     }
 
     /// [`MegaflowView::lookup`] for a frame of `len` bytes, the burst's first pass: `None`
     /// also when the ingress does not allow the frame, and the decision as the destination
     /// half holds it (which `len` fits; for other lengths, [`MegaflowView::lookup`]'s).
+    ///
+    /// `SECURED`: `k` is a key of a port with port security. A port without has source halves
+    /// whose `k0` is 0, and so has every entry of the sources' table that holds its ingress
+    /// (in `k2`) in this epoch: a port's keys change layout only with its port security,
+    /// which a new snapshot, and so a new epoch, brings. Its lookups leave `k0` out.
     #[inline(always)]
-    pub fn lookup_for(self, k: &Key, len: u32) -> Option<Hit> {
-        let source = self.tables.first().lookup(&k.source_half()).filter(|s| s.admits(len))?;
-        let d = self.tables.second().lookup(&k.destination_half(source))?;
+    pub fn lookup_for<const SECURED: bool>(self, k: &Key, len: u32) -> Option<Hit> {
+        let source = self.tables.first().lookup_comparing::<SECURED, true>(&k.source_half());
+        let source = source.filter(|s| s.admits(len))?;
+        let d = self.destination(k, source)?;
         (!d.reflects_to(k.port())).then_some(d)
+    }
+
+    /// The destination half of `k` in `source`'s domain. Every entry of the destinations'
+    /// table has a `k1` of 0 ([`Key::destination_half`]): lookups leave it out.
+    #[inline(always)]
+    fn destination(self, k: &Key, source: Hit) -> Option<Hit> {
+        self.tables.second().lookup_comparing::<true, false>(&k.destination_half(source))
     }
 }
 
@@ -280,7 +293,10 @@ mod test {
             m.insert(&k, source(1, false, 1514), to(4));
         };
         let look = |m: &Megaflows, f: &[u8]| {
-            Key::lookup_from_secured_port(3, f).and_then(|k| m.view().lookup(&k))
+            let k = Key::lookup_from_secured_port(3, f)?;
+            let found = m.view().lookup(&k);
+            assert_eq!(m.view().lookup_for::<true>(&k, 60), found, "the burst's lookup agrees");
+            found
         };
         fill(&mut m, &ipv4(1, 2, [10, 0, 0, 2]));
         fill(&mut m, &ipv4(5, 6, [10, 0, 0, 6]));
@@ -299,6 +315,45 @@ mod test {
         fill(&mut m, &marked);
         assert_eq!(m.free_fills(), before + 1, "its source half new, its destination's not");
         assert_eq!(look(&m, &marked), Some(to(4)));
+    }
+
+    /// A port without port security looks its source halves up without their first word
+    /// (always 0 in its layout). A secured port's source half can match such a key in every
+    /// other word: it is never found, because a port's layout changes only with a new
+    /// snapshot, which starts a new epoch.
+    #[test]
+    fn a_source_half_of_another_layout_is_of_another_epoch() {
+        let mut secured = ipv4(7, 0x0101, [10, 1, 0, 0]);
+        secured[14] = 0x45;
+        let mut trusted = [0u8; 36];
+        trusted[..6].copy_from_slice(&secured[..6]);
+        trusted[6..14].copy_from_slice(&secured[8..16]);
+        trusted[14..16].copy_from_slice(&secured[26..28]);
+        let kt = Key::from_port(3, &trusted).expect("a key");
+        let mut m = Megaflows::new(64);
+        sync(&mut m, 1);
+        // The source MAC's first two bytes, the secured half's first word, chosen so both
+        // halves share a set.
+        let set = |k: &Key| m.view().tables.first().set_of(&k.source_half());
+        let ks = (1..=u16::MAX)
+            .filter_map(|b| {
+                secured[6..8].copy_from_slice(&b.to_be_bytes());
+                Key::from_secured_port(3, &secured)
+            })
+            .find(|ks| set(ks) == set(&kt))
+            .expect("a secured key in the trusted key's set");
+        assert_ne!(ks.source_half(), kt.source_half(), "apart in the first word only");
+        m.insert(&ks, source(1, false, 1514), to(4));
+        assert_eq!(m.view().lookup_for::<true>(&ks, 60), Some(to(4)));
+        assert_eq!(m.view().lookup(&kt), None, "the first word tells them apart");
+        assert_eq!(
+            m.view().lookup_for::<false>(&kt, 60),
+            Some(to(4)),
+            "a lookup that leaves it out would take the secured port's source half"
+        );
+        // Port 3 loses its port security: a new snapshot.
+        m.sync(2, 1, 1);
+        assert_eq!(m.view().lookup_for::<false>(&kt, 60), None);
     }
 
     #[test]

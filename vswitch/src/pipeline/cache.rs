@@ -74,9 +74,6 @@ pub(super) const SAMPLE_EVERY: u16 = 64;
 /// How many times the interval between samples doubles (see [`SAMPLE_EVERY`]).
 const MAX_FAILED: u8 = 4;
 
-/// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
-/// their bytes and how many were found. It only reads, so the pool's and the cache's fields
-/// stay in registers.
 /// [`probe_burst`] for a port without port security, out of line: its loop is the hit
 /// path's hottest code, compiled the same whatever its callers grow (inlined, its lookups
 /// cost ~6 instructions more a frame after an unrelated change to the burst's bookkeeping).
@@ -88,7 +85,7 @@ pub(super) fn probe_trusted_burst(
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
 ) -> (u64, u64) {
-    probe_burst::<false, _>(pool, emc, port, bufs, found)
+    probe_burst::<false>(pool, emc, port, bufs, found)
 }
 
 /// [`probe_burst`] for a pod port (port security), out of line for the same reason (inline,
@@ -101,7 +98,7 @@ pub(super) fn probe_secured_burst(
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
 ) -> (u64, u64) {
-    probe_burst::<true, _>(pool, emc, port, bufs, found)
+    probe_burst::<true>(pool, emc, port, bufs, found)
 }
 
 /// [`probe_burst`] in the second-level cache, for a port without port security.
@@ -144,7 +141,7 @@ fn probe_uncounted<const SECURED: bool>(
         let (h, len) = pool.head_and_len(b);
         let key =
             if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
-        let hit = key.and_then(|k| mega.lookup_for(&k, len as u32)).unwrap_or_default();
+        let hit = key.and_then(|k| mega.lookup_for::<SECURED>(&k, len as u32)).unwrap_or_default();
         *f = (hit, len as u32);
     }
 }
@@ -192,31 +189,13 @@ fn halve_misses(
     hits
 }
 
-/// A cache a burst's frames are looked up in: the exact-match cache, or the second level.
-pub(super) trait Lookup: Copy {
-    /// The decision for key `k`, for a frame of `len` bytes (a decision that does not fit
-    /// `len` is a miss all the same).
-    fn find(self, k: &Key, len: u32) -> Option<Hit>;
-}
-
-impl Lookup for EmcView<'_> {
-    #[inline(always)]
-    fn find(self, k: &Key, _: u32) -> Option<Hit> {
-        self.lookup(k)
-    }
-}
-
-impl Lookup for MegaflowView<'_> {
-    #[inline(always)]
-    fn find(self, k: &Key, len: u32) -> Option<Hit> {
-        self.lookup_for(k, len)
-    }
-}
-
+/// Stage 0, first pass: the cached decision (or none) and the length of every frame; returns
+/// their bytes and how many were found. It only reads, so the pool's and the cache's fields
+/// stay in registers.
 #[inline(always)]
-pub(super) fn probe_burst<const SECURED: bool, L: Lookup>(
+pub(super) fn probe_burst<const SECURED: bool>(
     pool: PoolView,
-    cache: L,
+    emc: EmcView,
     port: u16,
     bufs: &[BufId],
     found: &mut [(Hit, u32); BATCH],
@@ -227,7 +206,7 @@ pub(super) fn probe_burst<const SECURED: bool, L: Lookup>(
         bytes += len as u64;
         let key =
             if SECURED { Key::lookup_from_secured_port(port, h) } else { Key::from_port(port, h) };
-        let hit = key.and_then(|k| cache.find(&k, len as u32)).unwrap_or_default();
+        let hit = key.and_then(|k| emc.lookup(&k)).unwrap_or_default();
         hits += hit.admits(len as u32) as u64;
         *f = (hit, len as u32);
     }
