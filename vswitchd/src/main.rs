@@ -66,7 +66,10 @@ fn main() -> Result<()> {
             ..Default::default()
         },
         state_file: s.state_file.clone(),
-        pod_dirs: vec![s.vhost.kubelet_pods_dir.clone(), handoff::DEFAULT_DIR.into()],
+        dpdk_dirs: pod_dirs::Dirs {
+            pods: vec![s.vhost.kubelet_pods_dir.clone(), handoff::DEFAULT_DIR.into()],
+            allowed: s.dpdk.dirs.clone(),
+        },
     };
     let vfs = vf::set_node_vfs(vf::Vfs::new(&s.sriov));
     let node = Arc::new(node::Node::start(opts, start).context("starting the switch")?);

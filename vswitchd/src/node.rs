@@ -67,8 +67,9 @@ pub struct NodeOptions {
     pub state_file: Option<PathBuf>,
     /// Directories pods can write beside every attachment's own (the kubelet's pods
     /// directory, the shared vhost-user hand-off directory): no `dpdk` port's devargs may name
-    /// a file there ([`crate::pod_dirs`]).
-    pub pod_dirs: Vec<PathBuf>,
+    /// a file there; and `[dpdk] dirs`, the only ones they may when given
+    /// ([`crate::pod_dirs`]).
+    pub dpdk_dirs: crate::pod_dirs::Dirs,
 }
 
 struct Inner {
@@ -192,7 +193,7 @@ impl Node {
         for p in &state.ports {
             let name = &p.item.config.name;
             // A port kept from before the guard on pods' directories is left out too.
-            let opened = Self::check_not_in_pods(&state, &p.item, &opts.pod_dirs)
+            let opened = Self::check_not_in_pods(&state, &p.item, &opts.dpdk_dirs)
                 .and_then(|()| Self::open_device(&pool, &state, &p.item).map_err(NodeError::from));
             match opened {
                 Ok(open) => {
@@ -389,15 +390,17 @@ impl Node {
     }
 
     /// Refuses a `dpdk` port whose devargs name a socket or file in a directory pods can
-    /// write: `dirs` and every attachment's hand-off directory.
+    /// write (`dirs.pods` and every attachment's hand-off directory) or, when `dirs.allowed`
+    /// lists any, outside those.
     fn check_not_in_pods(
         state: &NodeState,
         spec: &PortSpec,
-        dirs: &[PathBuf],
+        dirs: &crate::pod_dirs::Dirs,
     ) -> Result<(), NodeError> {
         let Device::Dpdk { devargs, .. } = &spec.device else { return Ok(()) };
         let handoffs = state.attachments.iter().filter_map(handoff_dir);
-        let dirs: Vec<PathBuf> = dirs.iter().cloned().chain(handoffs).collect();
+        let pods = dirs.pods.iter().cloned().chain(handoffs).collect();
+        let dirs = crate::pod_dirs::Dirs { pods, allowed: dirs.allowed.clone() };
         crate::pod_dirs::check(devargs, &dirs)
             .map_err(|why| NodeError::PodPath { port: spec.config.name.clone(), why })
     }
@@ -412,7 +415,7 @@ impl Node {
         for p in &state.ports {
             let Device::Dpdk { devargs, .. } = &p.item.device else { continue };
             if let Err(why @ crate::pod_dirs::Refusal::InPods { .. }) =
-                crate::pod_dirs::check(devargs, std::slice::from_ref(&dir))
+                crate::pod_dirs::check(devargs, &crate::pod_dirs::Dirs::pods(vec![dir.clone()]))
             {
                 return Err(NodeError::PodPath { port: p.item.config.name.clone(), why });
             }
@@ -495,7 +498,7 @@ impl Node {
             forget_local_pods(inner, &p.item);
             let opened = Self::check_not_held(candidate, &p.item)
                 .and_then(|()| Self::check_host(candidate, &p.item))
-                .and_then(|()| Self::check_not_in_pods(candidate, &p.item, &self.opts.pod_dirs))
+                .and_then(|()| Self::check_not_in_pods(candidate, &p.item, &self.opts.dpdk_dirs))
                 .and_then(|()| {
                     Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
                 })
@@ -561,7 +564,9 @@ impl Node {
                 }
                 _ => Self::check_not_held(candidate, &p.item)
                     .and_then(|()| Self::check_host(candidate, &p.item))
-                    .and_then(|()| Self::check_not_in_pods(candidate, &p.item, &self.opts.pod_dirs))
+                    .and_then(|()| {
+                        Self::check_not_in_pods(candidate, &p.item, &self.opts.dpdk_dirs)
+                    })
                     .and_then(|()| {
                         Self::open_device(&self.pool, candidate, &p.item).map_err(NodeError::from)
                     }),
@@ -766,7 +771,7 @@ impl Node {
         };
         // Refused the same whether tried or applied.
         for p in new_ports.iter().chain(&reopened).filter_map(|n| candidate.port(n)) {
-            Self::check_not_in_pods(&candidate, &p.item, &self.opts.pod_dirs)?;
+            Self::check_not_in_pods(&candidate, &p.item, &self.opts.dpdk_dirs)?;
         }
         if dry_run
             || (report.added.is_empty() && report.changed.is_empty() && report.removed.is_empty())

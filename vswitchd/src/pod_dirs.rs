@@ -12,14 +12,36 @@
 //! longest existing ancestor canonicalized, on both sides: `/var/run` is `/run` on most
 //! hosts). What DPDK could read otherwise than the check does (a second `=` in an argument,
 //! `exec(...)`, `..` beyond what exists) is refused.
+//!
+//! The directories pods can write are a list the switch knows of; a pod's root filesystem
+//! (the runtime's snapshots) or a hostPath volume is not on it. A node that wants more sets
+//! `[dpdk] dirs`: then every path must also lie in one of those ([`Dirs::allowed`]).
 
 use std::path::{Component, Path, PathBuf};
+
+/// Where a `dpdk` port's devargs may name files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dirs {
+    /// Directories pods can write: never there.
+    pub pods: Vec<PathBuf>,
+    /// The node's `[dpdk] dirs`: only there, when any are given (empty: anywhere else).
+    pub allowed: Vec<PathBuf>,
+}
+
+impl Dirs {
+    /// Never in `pods`; anywhere else.
+    pub fn pods(pods: Vec<PathBuf>) -> Dirs {
+        Dirs { pods, allowed: Vec::new() }
+    }
+}
 
 /// Why a `dpdk` port's devargs are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// `arg` names a file in `dir`, which pods can write.
     InPods { arg: String, dir: PathBuf },
+    /// `arg` names a file outside every directory of `[dpdk] dirs` (`allowed`).
+    Outside { arg: String, allowed: Vec<PathBuf> },
     /// `arg` is spelled so that DPDK may read a key the guard did not (a second `=`, an empty
     /// key), runs or nests something (`exec(...)`, `dev(...)` of `net_failsafe`), or names a
     /// path through `..` beyond what exists.
@@ -34,6 +56,14 @@ impl std::fmt::Display for Refusal {
                 "devargs {arg} lie in {}, a directory pods can write: a pod could stand in for the device's peer (give the switch's dpdk devices sockets and files of their own)",
                 dir.display()
             ),
+            Refusal::Outside { arg, allowed } => {
+                let allowed: Vec<_> = allowed.iter().map(|d| d.display().to_string()).collect();
+                write!(
+                    f,
+                    "devargs {arg} lie outside the node's [dpdk] dirs ({}): put the device's sockets and files there",
+                    allowed.join(", ")
+                )
+            }
             Refusal::Unclear { arg } => write!(
                 f,
                 "devargs {arg:?} are refused: one key=value an argument, no (...), no '..' beyond what exists (the switch checks every path its dpdk devices name against the directories pods can write)"
@@ -44,9 +74,11 @@ impl std::fmt::Display for Refusal {
 
 /// Checks `devargs` (a device name, then `key=value` arguments) against `dirs`: every value
 /// with a `/` in it, whatever its key (a socket, a pcap file, a BPF object, a firmware
-/// script), must lie outside them.
-pub fn check(devargs: &str, dirs: &[PathBuf]) -> Result<(), Refusal> {
-    let dirs: Vec<PathBuf> = dirs.iter().filter_map(|d| resolved(d)).collect();
+/// script), must lie outside the pods' directories and, when some are given, in an allowed
+/// one.
+pub fn check(devargs: &str, dirs: &Dirs) -> Result<(), Refusal> {
+    let pods: Vec<PathBuf> = dirs.pods.iter().filter_map(|d| resolved(d)).collect();
+    let allowed: Vec<PathBuf> = dirs.allowed.iter().filter_map(|d| resolved(d)).collect();
     for arg in devargs.split(',').skip(1) {
         let unclear = || Refusal::Unclear { arg: arg.to_string() };
         if arg.contains(['(', ')']) || arg.matches('=').count() > 1 || arg.starts_with('=') {
@@ -57,8 +89,11 @@ pub fn check(devargs: &str, dirs: &[PathBuf]) -> Result<(), Refusal> {
             continue;
         }
         let path = resolved(Path::new(value)).ok_or_else(unclear)?;
-        if let Some(dir) = dirs.iter().find(|d| path.starts_with(d)) {
+        if let Some(dir) = pods.iter().find(|d| path.starts_with(d)) {
             return Err(Refusal::InPods { arg: arg.to_string(), dir: dir.clone() });
+        }
+        if !dirs.allowed.is_empty() && !allowed.iter().any(|d| path.starts_with(d)) {
+            return Err(Refusal::Outside { arg: arg.to_string(), allowed: dirs.allowed.clone() });
         }
     }
     Ok(())
@@ -123,7 +158,7 @@ mod tests {
             // the other way round, other/m.sock: as `/var/run/../var/lib/kubelet/...`).
             format!("net_memif0,socket={t}/other/deep/../m.sock"),
         ] {
-            match check(&devargs, std::slice::from_ref(&pods)) {
+            match check(&devargs, &Dirs::pods(vec![pods.clone()])) {
                 Err(Refusal::InPods { dir, .. }) => {
                     assert_eq!(dir, pods.canonicalize().unwrap(), "{devargs}")
                 }
@@ -145,7 +180,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    check(&devargs, std::slice::from_ref(&pods)),
+                    check(&devargs, &Dirs::pods(vec![pods.clone()])),
                     Err(Refusal::Unclear { .. })
                 ),
                 "{devargs}"
@@ -166,7 +201,37 @@ mod tests {
             "0000:01:00.1,representor=[0-3]".to_string(),
             "net_tap0,iface=dtap0".to_string(),
         ] {
-            assert_eq!(check(&devargs, std::slice::from_ref(&pods)), Ok(()), "{devargs}");
+            assert_eq!(check(&devargs, &Dirs::pods(vec![pods.clone()])), Ok(()), "{devargs}");
         }
+    }
+
+    /// With `[dpdk] dirs` set, a path must lie in one of them (as the kernel resolves it), and
+    /// never in a pods' directory, even one inside an allowed directory.
+    #[test]
+    fn allowed_directories_are_the_only_ones() {
+        let (tmp, pods) = layout();
+        let t = tmp.path().display();
+        let dirs = Dirs { pods: vec![pods.clone()], allowed: vec![tmp.path().join("other")] };
+        for devargs in [
+            format!("net_memif0,socket={t}/other/m.sock"),
+            format!("net_pcap0,rx_pcap={t}/other/in.pcap,tx_pcap={t}/other/new.pcap"),
+            "net_memif0,socket=knitter-memif".to_string(),
+            "net_tap0,iface=dtap0".to_string(),
+        ] {
+            assert_eq!(check(&devargs, &dirs), Ok(()), "{devargs}");
+        }
+        for devargs in [
+            format!("net_memif0,socket={t}/switch/m.sock"),
+            format!("net_memif0,socket={t}/other/../m.sock"),
+            format!("net_pcap0,rx_pcap={t}/other/in.pcap,tx_pcap=/tmp/out.pcap"),
+        ] {
+            assert!(matches!(check(&devargs, &dirs), Err(Refusal::Outside { .. })), "{devargs}");
+        }
+        // `other/deep` leads into the pods' directory: refused as such, allowed or not.
+        let deep = format!("net_memif0,socket={t}/other/deep/m.sock");
+        assert!(matches!(check(&deep, &dirs), Err(Refusal::InPods { .. })), "{deep}");
+        let inside = Dirs { pods: vec![pods.clone()], allowed: vec![tmp.path().to_path_buf()] };
+        let pod = format!("net_memif0,socket={t}/pods/uid/m.sock");
+        assert!(matches!(check(&pod, &inside), Err(Refusal::InPods { .. })), "{pod}");
     }
 }

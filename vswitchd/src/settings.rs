@@ -157,6 +157,10 @@ pub struct DpdkSection {
     /// --file-prefix knitter-vswitchd-PID` and `--in-memory` with free huge pages (else
     /// `--no-huge -m 512 --no-shconf`), `--no-pci` unless the first device is a PCI address.
     pub eal_args: Vec<String>,
+    /// The only directories `dpdk` ports' devargs may name sockets and files in; empty:
+    /// anywhere but the directories pods can write, which are refused either way
+    /// (docs/operations.md "DPDK ports").
+    pub dirs: Vec<PathBuf>,
 }
 
 /// SR-IOV VFs for pods (`nic_type: direct`; docs/operations.md "SR-IOV VFs in pods").

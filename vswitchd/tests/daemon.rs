@@ -1953,6 +1953,33 @@ async fn dpdk_devargs_in_a_pods_directory_are_refused() {
     assert!(errors.len() == 1 && errors[0].contains("a directory pods can write"), "{errors:?}");
 }
 
+/// With `[dpdk] dirs` set, a dpdk port's devargs may name files only there.
+#[tokio::test]
+async fn dpdk_devargs_outside_the_nodes_dpdk_dirs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().display();
+    std::fs::create_dir_all(dir.path().join("dpdk")).unwrap();
+    let cfg = dir.path().join("vswitchd.toml");
+    std::fs::write(&cfg, format!("[dpdk]\ndirs = [\"{t}/dpdk\"]\n")).unwrap();
+    let d = Daemon::start(dir.path(), &["--no-state", "--config", cfg.to_str().unwrap()]).await;
+    let mut c = d.client();
+    add_bridge(&mut c, bridge("red")).await.unwrap();
+    let devargs = |sock: &str| format!("net_memif_p0,socket={t}/{sock},socket-abstract=no");
+    let e = add_port(&mut c, dpdk_port("p0", devargs("run/m.sock"))).await.expect_err("refused");
+    assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+    assert!(e.message().contains("outside the node's [dpdk] dirs"), "{}", e.message());
+    let doc = |sock: &str| {
+        format!(
+            "bridges:\n  - {{name: red}}\nports:\n  - name: p0\n    device: {{kind: dpdk, devargs: '{}'}}\n    mode: {{kind: access, bridge: red}}\n",
+            devargs(sock)
+        )
+    };
+    let outside = apply(&mut c, &doc("dpdk/../m.sock"), true).await;
+    refused(outside, Code::InvalidArgument, "outside the node's [dpdk] dirs");
+    apply(&mut c, &doc("dpdk/m.sock"), true).await.expect("a socket in [dpdk] dirs passes");
+    d.stop_with(libc::SIGTERM).await;
+}
+
 /// A `dpdk` port `vf0` in bridge `red` on the fake PF's first VF.
 fn vf_port() -> pb::Port {
     pb::Port {
