@@ -72,20 +72,36 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// memif's socket when `socket-abstract=no` names none (DPDK's `ETH_MEMIF_DEFAULT_SOCKET_FILENAME`).
+const MEMIF_DEFAULT_SOCKET: &str = "socket=/run/memif.sock";
+
 /// Checks `devargs` (a device name, then `key=value` arguments) against `dirs`: every value
 /// with a `/` in it, whatever its key (a socket, a pcap file, a BPF object, a firmware
-/// script), must lie outside the pods' directories and, when some are given, in an allowed
-/// one.
+/// script), and every value DPDK opens as a file without one (relative to the working
+/// directory: [`names_a_file`]; memif's default socket file), must lie outside the pods'
+/// directories and, when some are given, in an allowed one.
 pub fn check(devargs: &str, dirs: &Dirs) -> Result<(), Refusal> {
     let pods: Vec<PathBuf> = dirs.pods.iter().filter_map(|d| resolved(d)).collect();
     let allowed: Vec<PathBuf> = dirs.allowed.iter().filter_map(|d| resolved(d)).collect();
-    for arg in devargs.split(',').skip(1) {
+    let mut args = devargs.split(',');
+    let dev = args.next().unwrap_or_default().trim();
+    let args: Vec<&str> = args.collect();
+    let memif = dev.starts_with("net_memif");
+    let key_value =
+        |a: &'static str| move |arg: &&str| arg.split_once('=').map(|(k, _)| k.trim()) == Some(a);
+    // memif's parser takes any value holding "yes" for yes; its default is an abstract socket.
+    let abstract_socket = !args.iter().any(|a| {
+        a.split_once('=').is_some_and(|(k, v)| k.trim() == "socket-abstract" && !v.contains("yes"))
+    });
+    let default_socket = (memif && !abstract_socket && !args.iter().any(key_value("socket")))
+        .then_some(MEMIF_DEFAULT_SOCKET);
+    for arg in args.iter().copied().chain(default_socket) {
         let unclear = || Refusal::Unclear { arg: arg.to_string() };
         if arg.contains(['(', ')']) || arg.matches('=').count() > 1 || arg.starts_with('=') {
             return Err(unclear());
         }
-        let value = arg.split_once('=').map_or(arg, |(_, v)| v);
-        if !value.contains('/') {
+        let (key, value) = arg.split_once('=').map_or((arg, arg), |(k, v)| (k.trim(), v));
+        if !value.contains('/') && !names_a_file(dev, key, memif && abstract_socket) {
             continue;
         }
         let path = resolved(Path::new(value)).ok_or_else(unclear)?;
@@ -97,6 +113,19 @@ pub fn check(devargs: &str, dirs: &Dirs) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// Whether DPDK opens the value of `key` of device `dev` as a file even when it has no `/`
+/// (relative to the daemon's working directory): memif's `socket` unless it is an abstract
+/// socket's name (`abstract_memif`), virtio-user's `path`, pcap's files, AF_XDP's program,
+/// `net_vhost`'s `iface` (elsewhere an interface's name).
+fn names_a_file(dev: &str, key: &str, abstract_memif: bool) -> bool {
+    match key {
+        "socket" => !abstract_memif,
+        "path" | "rx_pcap" | "tx_pcap" | "xdp_prog" => true,
+        "iface" => dev.starts_with("net_vhost"),
+        _ => false,
+    }
 }
 
 /// Where `p` leads: its longest existing ancestor as the kernel resolves it (symlinks
@@ -217,10 +246,16 @@ mod tests {
             format!("net_pcap0,rx_pcap={t}/other/in.pcap,tx_pcap={t}/other/new.pcap"),
             "net_memif0,socket=knitter-memif".to_string(),
             "net_tap0,iface=dtap0".to_string(),
+            "net_pcap0,iface=eth0".to_string(),
         ] {
             assert_eq!(check(&devargs, &dirs), Ok(()), "{devargs}");
         }
+        // Files without a `/` in their names are made in the working directory.
         for devargs in [
+            "net_memif0,socket-abstract=no,socket=m.sock".to_string(),
+            "net_memif0,socket-abstract=no".to_string(),
+            "net_pcap0,tx_pcap=out.pcap".to_string(),
+            "net_vhost0,iface=v.sock".to_string(),
             format!("net_memif0,socket={t}/switch/m.sock"),
             format!("net_memif0,socket={t}/other/../m.sock"),
             format!("net_pcap0,rx_pcap={t}/other/in.pcap,tx_pcap=/tmp/out.pcap"),

@@ -628,7 +628,14 @@ impl Settings {
             pool,
             tables,
             vhost: file.vhost,
-            dpdk: file.dpdk,
+            dpdk: {
+                if let Some(d) = file.dpdk.dirs.iter().find(|d| {
+                    !d.is_absolute() || d.components().any(|c| c == std::path::Component::ParentDir)
+                }) {
+                    bail!("dpdk.dirs: {} must be an absolute path without '..'", d.display());
+                }
+                file.dpdk
+            },
             sriov: file.sriov,
             state_file,
             objects,
@@ -922,6 +929,22 @@ mod tests {
     }
 
     #[test]
+    fn dpdk_dirs_are_absolute() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.toml");
+        for bad in ["\"dpdk\"", "\"\"", "\"/run/knitter/../kubelet\""] {
+            std::fs::write(&path, format!("[dpdk]\ndirs = [{bad}]\n")).unwrap();
+            let args = <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap()]);
+            let e = format!("{:#}", Settings::from_args(&args).unwrap_err());
+            assert!(e.contains("dpdk.dirs") && e.contains("absolute"), "{bad}: {e}");
+        }
+        std::fs::write(&path, "[dpdk]\ndirs = [\"/run/knitter/dpdk\"]\n").unwrap();
+        let args = <Args as clap::Parser>::parse_from(["x", "-c", path.to_str().unwrap()]);
+        let s = Settings::from_args(&args).unwrap();
+        assert_eq!(s.dpdk.dirs, vec![std::path::PathBuf::from("/run/knitter/dpdk")]);
+    }
+
+    #[test]
     fn the_file_converges_only_local_objects() {
         let mut managed = Owned::local(BridgeConfig::new("blue").vlan(200));
         managed.owner = Owner::Manager;
@@ -958,6 +981,9 @@ mod docs {
             file.ports.iter().any(|p| matches!(p.item.device, crate::state::Device::Dpdk { .. })),
             "the dpdk port example"
         );
+        let dpdk: super::FileConfig =
+            toml::from_str(&format!("[dpdk]{}", block("```toml\n[dpdk]"))).unwrap();
+        assert_eq!(dpdk.dpdk.dirs, vec![std::path::PathBuf::from("/run/knitter/dpdk")]);
         let topo = crate::state::NodeState::parse(block("```yaml\n"), "yaml").unwrap().objects;
         assert_eq!((topo.bridges.len(), topo.ports.len()), (1, 2));
     }
