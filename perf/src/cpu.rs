@@ -200,9 +200,12 @@ mod tests {
 
     #[test]
     fn a_speed_probe_times_both_chains() {
+        // Both chains timed, nothing about how fast: CI runs this beside other tests on the
+        // same two cores, where a preempted chain took 100 ns a multiply (debug build).
         let s = speed(0, Duration::from_millis(10)).unwrap();
-        assert!(s.alu_ns > 0.0 && s.alu_ns < 100.0, "{s:?}");
-        assert!(s.memory_ns > s.alu_ns, "a load from memory is slower than a multiply: {s:?}");
+        for ns in [s.alu_ns, s.memory_ns] {
+            assert!(ns > 0.0 && ns.is_finite(), "{s:?}");
+        }
         assert!(speed(100_000, Duration::from_millis(1)).is_err());
     }
 
