@@ -271,7 +271,7 @@ fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Re
     );
     let features =
         offered & (VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MRG_RXBUF | VHOST_USER_F_PROTOCOL_FEATURES);
-    fe.set_features(features)?;
+    fe.set_features(features & !knitter_vhost::backend::VIRTIO_F_RING_PACKED)?; // it drives split rings
     if features & VHOST_USER_F_PROTOCOL_FEATURES != 0 {
         let pf = fe.get_protocol_features()?;
         fe.set_protocol_features(pf & VhostUserProtocolFeatures::REPLY_ACK)?;

@@ -116,7 +116,7 @@ fn memory_table(sock: &Path, files: &[OwnedFd], size: u64) -> Frontend {
     let mut fe = Frontend::connect(sock, 2).unwrap();
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
-    fe.set_features(features).unwrap();
+    fe.set_features(features & !knitter_vhost::backend::VIRTIO_F_RING_PACKED).unwrap(); // drives split rings
     fe.get_protocol_features().unwrap();
     fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
     fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);

@@ -3,7 +3,8 @@
 //! rings, enabled queues, interrupt descriptors). The PMD threads never see a message: they
 //! poll the rings the last message set up.
 //!
-//! What is offered: `VERSION_1`, `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `IN_ORDER`, `CTRL_VQ` and
+//! What is offered: `VERSION_1`, `RING_PACKED` (split or packed virtqueues, as the frontend
+//! asks), `MRG_RXBUF`, `EVENT_IDX`, `INDIRECT_DESC`, `IN_ORDER`, `CTRL_VQ` and
 //! `MQ` ([`MAX_PAIRS`] queue pairs; the frontend owns the control queue and enables rings
 //! with SET_VRING_ENABLE), `MTU` and `GUEST_ANNOUNCE` (both the frontend's: it keeps the
 //! config space and asks the guest to announce itself) and `VHOST_USER_F_PROTOCOL_FEATURES`
@@ -11,8 +12,7 @@
 //! `REPLY_ACK`, `NET_MTU` (NET_SET_MTU: recorded, refused above the port's longest frame)
 //! and `RARP` (SEND_RARP: a RARP frame from the guest's MAC goes into its bridge domain).
 //! rust-vmm's handler does not know the last two messages; [`serve_connection`] reads them
-//! itself. Not offered (not built yet): offloads, packed rings, inflight
-//! descriptors, dirty logging.
+//! itself. Not offered (not built yet): offloads, inflight descriptors, dirty logging.
 //!
 //! [`serve`] runs the server side of a unix socket (the frontend connects, as QEMU with
 //! `server=off` or DPDK's virtio-user do), one connection at a time, and takes the next when
@@ -22,7 +22,9 @@
 
 use crate::eventfd::EventFd;
 use crate::memory::{GuestMemory, Mapping};
+use crate::packed::PackedQueue;
 use crate::port::{MAX_PAIRS, RXQ, TXQ, VhostPort};
+use crate::queue::{self, Virtqueue};
 use crate::vring::SplitQueue;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -56,6 +58,8 @@ const VIRTIO_NET_F_MQ: u64 = 1 << 22;
 /// returned in its place with length 0); offering it lets DPDK's virtio-user take its
 /// in-order paths, which read descriptors and used entries by position.
 const VIRTIO_F_IN_ORDER: u64 = 1 << 35;
+/// Packed virtqueues (virtio 1.1): what DPDK's virtio-user asks for with `packed_vq=1`.
+pub const VIRTIO_F_RING_PACKED: u64 = 1 << 34;
 /// Virtqueues of the data path (two per pair; the control queue stays with the frontend).
 const VQS: usize = 2 * MAX_PAIRS;
 /// The features this device offers.
@@ -68,6 +72,7 @@ pub const FEATURES: u64 = VIRTIO_F_VERSION_1
     | VIRTIO_RING_F_INDIRECT_DESC
     | VIRTIO_RING_F_EVENT_IDX
     | VIRTIO_F_IN_ORDER
+    | VIRTIO_F_RING_PACKED
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// Largest queue accepted: what the virtio spec allows a split ring (DPDK's vhost library
 /// and OVS accept as much; VNFs set 1,024 to 4,096 and more to absorb bursts).
@@ -144,6 +149,7 @@ impl NetBackend {
             self.acked & VIRTIO_RING_F_EVENT_IDX != 0,
             self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0,
         );
+        let packed = self.acked & VIRTIO_F_RING_PACKED != 0;
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
         let (place, started, result) = self.port.configure(|d| {
@@ -154,11 +160,17 @@ impl NetBackend {
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
             // A ring set up afresh whose driver ran it before: a base other than 0 (QEMU
             // gives back what GET_VRING_BASE said), or used entries the base does not know.
-            let mut resumed = c.fresh_base && base != 0;
+            let mut resumed = c.fresh_base && base != queue::fresh_base(packed);
             let queue = match (&mem, c.addrs) {
                 (Some(mem), Some((desc, used, avail))) if run => (|| {
                     let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
-                    let mut q = SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?;
+                    // A packed ring's "available" and "used" addresses are the driver's and the
+                    // device's event-suppression areas.
+                    let mut q: Virtqueue = if packed {
+                        PackedQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?.into()
+                    } else {
+                        SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?.into()
+                    };
                     q.set_features(features.0, features.1);
                     if c.fresh_base && let Some(at) = q.resume_from_used(mem).map_err(|_| Error::InvalidParam)? {
                         tracing::warn!(port = %port_name(&self.port), ring = i, base, resumed = at, "ring base and used index disagree: resuming from the used index");
@@ -322,12 +334,13 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     }
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
-        if num == 0 || num > MAX_QUEUE || !num.is_power_of_two() {
+        // Packed rings may have any size (features come before the rings' sizes).
+        let packed = self.acked & VIRTIO_F_RING_PACKED != 0;
+        if num == 0 || num > MAX_QUEUE || !(num.is_power_of_two() || packed) {
             // Said where the user looks (the port's status), not only in the daemon's log:
             // the frontend's driver may carry on with its link up and nothing moving.
-            self.port.fault(format!(
-                "ring {index}: {num} entries refused (a power of two up to {MAX_QUEUE})"
-            ));
+            let sizes = if packed { "up to" } else { "a power of two up to" };
+            self.port.fault(format!("ring {index}: {num} entries refused ({sizes} {MAX_QUEUE})"));
             return Err(Error::InvalidParam);
         }
         self.vring(index)?.num = num;

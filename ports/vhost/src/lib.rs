@@ -4,8 +4,8 @@
 //! (features, memory tables, rings) on the daemon's side, and the PMD threads never see a
 //! message. This crate owns the fast path the rust-vmm crates leave to the device: guest
 //! memory as host mappings with every guest-named range checked once ([`memory`]), split
-//! virtqueues polled in batches with each descriptor chain validated before use
-//! ([`vring`]), the virtio-net header with the copies between guest buffers and pool
+//! and packed virtqueues polled in batches with each descriptor chain validated before use
+//! ([`vring`], [`packed`], one type for both in [`queue`]), the virtio-net header with the copies between guest buffers and pool
 //! packets ([`net`]), and the switch port ([`port`]). Everything a frontend controls is
 //! hostile input: its descriptors are checked ([`eventfd`]) and every call on them bounded
 //! ([`stall`]), its socket directory is never followed through ([`socket`]), its memory
@@ -20,7 +20,9 @@ pub mod driver;
 pub mod eventfd;
 pub mod memory;
 pub mod net;
+pub mod packed;
 pub mod port;
+pub mod queue;
 pub mod ratelimit;
 pub mod sigbus;
 pub mod socket;

@@ -9,7 +9,8 @@
 //! header or longer than the switch's largest.
 
 use crate::memory::{GuestMemory, GuestSlice, MemError};
-use crate::vring::{Chain, MAX_SEGS, Ring};
+use crate::queue::Ring;
+use crate::vring::{Chain, MAX_SEGS};
 use vswitch::buf::MAX_FRAME;
 use vswitch::{BufId, Pool, PoolCache};
 

@@ -33,7 +33,8 @@
 use crate::eventfd::{self, EventFd};
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
-use crate::vring::{Chain, Flat, SplitQueue};
+use crate::queue::Virtqueue;
+use crate::vring::{Chain, Flat};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -55,7 +56,7 @@ pub struct Pair {
     /// The guest memory the rings live in (every pair holds the current table).
     pub memory: Option<Arc<GuestMemory>>,
     /// The receive (RXQ) and transmit (TXQ) rings, when set up and enabled.
-    pub queues: [Option<SplitQueue>; 2],
+    pub queues: [Option<Virtqueue>; 2],
     /// Where to signal the guest that a ring has completions, when it asks for interrupts
     /// (an eventfd from SET_VRING_CALL). Shared so that a PMD thread signals after it let
     /// go of the pair's lock: no lock is held across a system call on a frontend's
@@ -91,7 +92,7 @@ pub struct Pair {
 struct Lent {
     heads: [u16; vswitch::batch::BATCH],
     n: usize,
-    /// The queue they came from ([`SplitQueue::id`]) and its memory.
+    /// The queue they came from ([`Virtqueue::id`]) and its memory.
     queue: u64,
     memory: Option<Arc<GuestMemory>>,
 }
@@ -155,9 +156,9 @@ impl Device<'_> {
 
     /// Runs pair `p` on these rings with a driver already running them (a simulated guest,
     /// or a ring resumed after a reconnect): its receive ring is ready at once.
-    pub fn run_pair(&mut self, p: usize, rx: SplitQueue, tx: SplitQueue) {
+    pub fn run_pair(&mut self, p: usize, rx: impl Into<Virtqueue>, tx: impl Into<Virtqueue>) {
         let pair = &mut *self.pairs[p];
-        pair.queues = [Some(rx), Some(tx)];
+        pair.queues = [Some(rx.into()), Some(tx.into())];
         pair.make_rx_ready();
     }
 
@@ -490,6 +491,15 @@ impl VhostPort {
         }
     }
 
+    /// Whether the frontend's rings are packed (`VIRTIO_F_RING_PACKED`), once one is set up
+    /// (control path: takes the pairs' locks).
+    pub fn packed_rings(&self) -> bool {
+        self.pairs.iter().any(|p| {
+            let p = p.lock().unwrap_or_else(|e| e.into_inner());
+            p.queues.iter().flatten().any(|q| q.is_packed())
+        })
+    }
+
     /// Queue pairs whose both rings run.
     pub fn running_pairs(&self) -> usize {
         (self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire))
@@ -498,7 +508,7 @@ impl VhostPort {
 
     /// Counts and logs (once) a ring its driver broke, and stops one whose memory the
     /// frontend took away (its file shrank: the memory reads as zeroes since).
-    fn check_broken(&self, queue: &mut SplitQueue, mem: &GuestMemory, pair: usize, dir: usize) {
+    fn check_broken(&self, queue: &mut Virtqueue, mem: &GuestMemory, pair: usize, dir: usize) {
         // Checked first: zeroes where the rings were may also look like a broken driver.
         if mem.faulted() {
             if queue.stop(MEMORY_FAULT) {
@@ -510,7 +520,7 @@ impl VhostPort {
         }
         if queue.newly_broken() {
             self.net.broken_rings.add(1);
-            tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "{}: ring stopped until it reconnects", crate::vring::OVERRUN);
+            tracing::warn!(port = %self.name, virtqueue = 2 * pair + dir, "{}: ring stopped until it reconnects", queue.broken_reason().unwrap_or(crate::vring::OVERRUN));
         }
     }
 

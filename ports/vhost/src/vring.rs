@@ -41,13 +41,17 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 /// refuses more than 256), and a queue of 32,768 entries would otherwise let every chain of
 /// a burst walk 32,768 empty descriptors.
 pub const MAX_CHAIN: u32 = 1024;
-const DESC: u64 = 16;
+pub(crate) const DESC: u64 = 16;
 
 /// Why a queue cannot be set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum QueueError {
     #[error("queue size {0} is not a power of two in 1..=32768")]
     Size(u16),
+    #[error("packed queue size {0} is not in 1..=32768")]
+    PackedSize(u16),
+    #[error("ring base {0:#x} names a descriptor outside the queue")]
+    Base(u16),
     #[error(transparent)]
     Memory(#[from] MemError),
 }
@@ -109,11 +113,11 @@ impl Chain {
         &self.segs[..self.n]
     }
 
-    fn clear(&mut self, head: u16) {
+    pub(crate) fn clear(&mut self, head: u16) {
         (self.head, self.n, self.readable, self.writable) = (head, 0, 0, 0);
     }
 
-    fn push(&mut self, s: Segment) -> Result<(), ChainError> {
+    pub(crate) fn push(&mut self, s: Segment) -> Result<(), ChainError> {
         if s.writable {
             self.writable += s.len as u64;
         } else if self.writable > 0 {
@@ -133,8 +137,8 @@ impl Chain {
 #[derive(Debug, Clone, Copy)]
 pub struct Flat<'m> {
     pub head: u16,
-    addr: GuestAddr,
-    buf: GuestSlice<'m>,
+    pub(crate) addr: GuestAddr,
+    pub(crate) buf: GuestSlice<'m>,
 }
 
 impl<'m> Flat<'m> {
@@ -163,7 +167,7 @@ impl<'m> Flat<'m> {
 
 /// Asks for the cache line at `p` ahead of its use (no memory effect, never faults).
 #[inline(always)]
-fn prefetch(p: *const u8) {
+pub(crate) fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
@@ -172,6 +176,21 @@ fn prefetch(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Descriptor `i` of a table of 16-byte descriptors as its four fields, in the split
+/// layout's order (address, length, flags, next) — the packed layout's (address, length,
+/// buffer id, flags) are the same words.
+pub(crate) fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {
+    // SAFETY: `i` is below the table's length (checked by every caller), the table was
+    // checked for its whole size and 16-byte alignment; volatile because the guest owns
+    // it. Two 8-byte loads: the address, then length and the two 16-bit fields.
+    let (a, b) = unsafe {
+        let p = table.add(i as usize * DESC as usize) as *const u64;
+        (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)))
+    };
+    let (a, b) = (u64::from_le(a), u64::from_le(b));
+    (a, b as u32, (b >> 32) as u16, (b >> 48) as u16)
 }
 
 /// A split virtqueue's device-side state: where its rings are and how far it got.
@@ -187,17 +206,51 @@ pub struct SplitQueue {
     used_idx: u16,
     /// The used index when the guest was last notified (for `EVENT_IDX`).
     signalled: u16,
-    broken: bool,
-    /// `broken` was reported (see [`SplitQueue::newly_broken`]).
-    reported: bool,
-    /// Why the queue stopped, when a caller said ([`SplitQueue::stop`]).
-    why: Option<&'static str>,
+    pub(crate) health: Health,
     /// Which queue this is (see [`SplitQueue::id`]).
     id: u64,
 }
 
-/// The next [`SplitQueue::id`].
+/// Whether a queue stopped, why, and whether that was reported: the same for both ring
+/// layouts.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Health {
+    pub(crate) broken: bool,
+    /// `broken` was reported (see [`Health::newly_broken`]).
+    reported: bool,
+    /// Why the queue stopped, when a caller said ([`Health::stop`]).
+    why: Option<&'static str>,
+}
+
+impl Health {
+    /// The driver broke the queue: stopped, to be counted and logged once.
+    pub(crate) fn fail(&mut self, why: &'static str) {
+        (self.broken, self.why) = (true, Some(why));
+    }
+
+    pub(crate) fn stop(&mut self, why: &'static str) -> bool {
+        let new = !self.reported;
+        (self.broken, self.reported, self.why) = (true, true, Some(why));
+        new
+    }
+
+    pub(crate) fn broken_reason(&self) -> Option<&'static str> {
+        self.broken.then(|| self.why.unwrap_or(OVERRUN))
+    }
+
+    pub(crate) fn newly_broken(&mut self) -> bool {
+        let new = self.broken && !self.reported;
+        self.reported |= self.broken;
+        new
+    }
+}
+
+/// The next queue id (see [`SplitQueue::id`]), for queues of either layout.
 static NEXT_QUEUE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+pub(crate) fn next_queue_id() -> u64 {
+    NEXT_QUEUE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 impl SplitQueue {
     /// A queue of `size` descriptors with its rings at these guest addresses, starting at
@@ -222,10 +275,8 @@ impl SplitQueue {
             last_avail: base,
             used_idx: base,
             signalled: base,
-            broken: false,
-            reported: false,
-            why: None,
-            id: NEXT_QUEUE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            health: Health::default(),
+            id: next_queue_id(),
         })
     }
 
@@ -246,30 +297,24 @@ impl SplitQueue {
 
     /// The driver made more than a queue's worth available: the queue has stopped.
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.health.broken
     }
 
     /// Stops the queue for a reason the caller reports itself (its memory went away);
     /// whether that is news (the stop was not reported before).
     pub fn stop(&mut self, why: &'static str) -> bool {
-        let new = !self.reported;
-        self.broken = true;
-        self.reported = true;
-        self.why = Some(why);
-        new
+        self.health.stop(why)
     }
 
     /// Why the queue stopped, while it is stopped.
     pub fn broken_reason(&self) -> Option<&'static str> {
-        self.broken.then(|| self.why.unwrap_or(OVERRUN))
+        self.health.broken_reason()
     }
 
     /// True once, the first time it is asked after the queue stopped (to count and log a
     /// broken driver once, not every burst).
     pub fn newly_broken(&mut self) -> bool {
-        let new = self.broken && !self.reported;
-        self.reported |= self.broken;
-        new
+        self.health.newly_broken()
     }
 
     /// The next available index to read (what GET_VRING_BASE returns).
@@ -285,7 +330,7 @@ impl SplitQueue {
     /// taken when it differed from `base`.
     pub fn resume_from_used(&mut self, mem: &GuestMemory) -> Result<Option<u16>, QueueError> {
         let ring = self.ring(mem)?;
-        let used = Ring::load16(ring.used, 2, Ordering::Acquire);
+        let used = load16(ring.used, 2, Ordering::Acquire);
         drop(ring);
         if used == self.last_avail {
             return Ok(None);
@@ -319,24 +364,25 @@ pub struct Ring<'m> {
     seen: u16,
 }
 
+fn atomic16<'a>(area: *mut u8, off: usize) -> &'a AtomicU16 {
+    // SAFETY: callers (both ring layouts) pass offsets inside a ring area checked for its
+    // whole size when their ring was made (`SplitQueue::ring`, `PackedQueue::ring`), at even
+    // offsets of 2-aligned areas; AtomicU16 has u16's layout. Callers use the reference at
+    // once, within their ring's (and so the memory's) life.
+    unsafe { &*(area.add(off) as *const AtomicU16) }
+}
+
+pub(crate) fn load16(area: *mut u8, off: usize, o: Ordering) -> u16 {
+    atomic16(area, off).load(o)
+}
+
+pub(crate) fn store16(area: *mut u8, off: usize, v: u16, o: Ordering) {
+    atomic16(area, off).store(v, o)
+}
+
 impl<'m> Ring<'m> {
-    fn atomic16<'a>(area: *mut u8, off: usize) -> &'a AtomicU16 {
-        // SAFETY: callers pass offsets inside a ring area checked for its whole size in
-        // `SplitQueue::ring`, at even offsets of 2-aligned areas; AtomicU16 has u16's layout.
-        // Callers use the reference at once, within the Ring's (and so the memory's) life.
-        unsafe { &*(area.add(off) as *const AtomicU16) }
-    }
-
-    fn load16(area: *mut u8, off: usize, o: Ordering) -> u16 {
-        Self::atomic16(area, off).load(o)
-    }
-
-    fn store16(area: *mut u8, off: usize, v: u16, o: Ordering) {
-        Self::atomic16(area, off).store(v, o)
-    }
-
     fn avail_idx(&self) -> u16 {
-        Self::load16(self.avail, 2, Ordering::Acquire)
+        load16(self.avail, 2, Ordering::Acquire)
     }
 
     /// Chains the guest has made available and the device has not taken yet; 0 (and the
@@ -345,8 +391,8 @@ impl<'m> Ring<'m> {
     pub fn pending(&mut self) -> u16 {
         let seen = self.avail_idx();
         let n = seen.wrapping_sub(self.q.last_avail);
-        if n > self.q.size || self.q.broken {
-            self.q.broken = true;
+        if n > self.q.size || self.q.health.broken {
+            self.q.health.broken = true;
             return 0;
         }
         self.seen = seen;
@@ -361,7 +407,7 @@ impl<'m> Ring<'m> {
             return None;
         }
         let slot = (self.q.last_avail & (self.q.size - 1)) as usize;
-        let head = Self::load16(self.avail, 4 + 2 * slot, Ordering::Relaxed);
+        let head = load16(self.avail, 4 + 2 * slot, Ordering::Relaxed);
         self.q.last_avail = self.q.last_avail.wrapping_add(1);
         chain.clear(head);
         Some(self.walk(head, chain))
@@ -378,7 +424,7 @@ impl<'m> Ring<'m> {
             return None;
         }
         let slot = (self.q.last_avail & (self.q.size - 1)) as usize;
-        let head = Self::load16(self.avail, 4 + 2 * slot, Ordering::Relaxed);
+        let head = load16(self.avail, 4 + 2 * slot, Ordering::Relaxed);
         if head >= self.q.size {
             return None;
         }
@@ -397,15 +443,7 @@ impl<'m> Ring<'m> {
     }
 
     fn read_desc(table: *const u8, i: u16) -> (u64, u32, u16, u16) {
-        // SAFETY: `i` is below the table's length (checked by the caller), the table was
-        // checked for its whole size and 16-byte alignment; volatile because the guest owns
-        // it. Two 8-byte loads: the address, then length, flags and next.
-        let (a, b) = unsafe {
-            let p = table.add(i as usize * DESC as usize) as *const u64;
-            (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1)))
-        };
-        let (a, b) = (u64::from_le(a), u64::from_le(b));
-        (a, b as u32, (b >> 32) as u16, (b >> 48) as u16)
+        read_desc(table, i)
     }
 
     #[inline]
@@ -483,7 +521,7 @@ impl<'m> Ring<'m> {
     pub fn publish(&mut self) {
         if !self.published {
             // The entries before the index: release ordering on the index store.
-            Self::store16(self.used, 2, self.q.used_idx, Ordering::Release);
+            store16(self.used, 2, self.q.used_idx, Ordering::Release);
             self.published = true;
         }
     }
@@ -496,11 +534,10 @@ impl<'m> Ring<'m> {
         fence(Ordering::SeqCst);
         let (new, old) = (self.q.used_idx, self.q.signalled);
         let want = if self.q.event_idx {
-            let event = Self::load16(self.avail, 4 + 2 * self.q.size as usize, Ordering::Relaxed);
+            let event = load16(self.avail, 4 + 2 * self.q.size as usize, Ordering::Relaxed);
             new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
-            new != old
-                && Self::load16(self.avail, 0, Ordering::Relaxed) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
+            new != old && load16(self.avail, 0, Ordering::Relaxed) & VIRTQ_AVAIL_F_NO_INTERRUPT == 0
         };
         if want {
             self.q.signalled = new;
@@ -514,7 +551,7 @@ impl<'m> Ring<'m> {
     pub fn set_kicks(&mut self, on: bool) {
         if self.q.event_idx {
             if on {
-                Self::store16(
+                store16(
                     self.used,
                     4 + 8 * self.q.size as usize,
                     self.q.last_avail,
@@ -522,9 +559,9 @@ impl<'m> Ring<'m> {
                 );
             }
         } else {
-            let f = Self::load16(self.used, 0, Ordering::Relaxed);
+            let f = load16(self.used, 0, Ordering::Relaxed);
             let f = if on { f & !VIRTQ_USED_F_NO_NOTIFY } else { f | VIRTQ_USED_F_NO_NOTIFY };
-            Self::store16(self.used, 0, f, Ordering::Relaxed);
+            store16(self.used, 0, f, Ordering::Relaxed);
         }
         if on {
             fence(Ordering::SeqCst);

@@ -189,7 +189,7 @@ fn memory_tables_beyond_the_limits_are_refused() {
         let mut fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
         fe.set_owner().unwrap();
         let features = fe.get_features().unwrap();
-        fe.set_features(features).unwrap();
+        fe.set_features(features & !knitter_vhost::backend::VIRTIO_F_RING_PACKED).unwrap(); // drives split rings
         fe.get_protocol_features().unwrap();
         fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
         fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
@@ -235,7 +235,7 @@ fn memory_tables_beyond_the_limits_are_refused() {
     let mut fe = Frontend::connect(dir.join("bad.sock"), 2).unwrap();
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
-    fe.set_features(features).unwrap();
+    fe.set_features(features & !knitter_vhost::backend::VIRTIO_F_RING_PACKED).unwrap(); // drives split rings
     fe.get_protocol_features().unwrap();
     fe.set_protocol_features(VhostUserProtocolFeatures::REPLY_ACK).unwrap();
     fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);

@@ -4,6 +4,7 @@
 //! guest → pool → guest byte for byte.
 
 use knitter_vhost::net::{self, HDR_LEN, NetError, Offloads};
+use knitter_vhost::queue::Virtqueue;
 use knitter_vhost::testkit::{Buf, Guest};
 use knitter_vhost::vring::Chain;
 use vswitch::{Pool, PoolCache};
@@ -160,7 +161,7 @@ fn mergeable_receive_buffers() {
     let f = frame(1514);
     let b = cache.alloc_frame(&f).unwrap();
     let mut g = Guest::new(16);
-    let mut q = g.queue();
+    let mut q = Virtqueue::from(g.queue());
     // Three chains of 600 bytes hold the 12-byte header and 1514 bytes; a fourth is spare.
     let posted: Vec<(u16, u64)> =
         (0..4).map(|_| g.post(&[Buf::Write(600)])).map(|(h, a)| (h, a[0])).collect();
@@ -199,7 +200,7 @@ fn a_bad_chain_mid_frame_returns_every_chain_in_ring_order() {
     let (pool, mut cache) = pool();
     let b = cache.alloc_frame(&frame(1514)).unwrap();
     let mut g = Guest::new(16);
-    let mut q = g.queue();
+    let mut q = Virtqueue::from(g.queue());
     let heads: Vec<u16> = (0..3).map(|_| g.post(&[Buf::Write(600)]).0).collect();
     // The third chain points outside guest memory.
     g.put_desc(heads[2], 0x7e00_0000_0000, 600, 2, 0);

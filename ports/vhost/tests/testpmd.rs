@@ -3,7 +3,8 @@
 //! testpmd → switch → testpmd for a few seconds. Both sides must agree on every count and
 //! nothing may be dropped. Run with mergeable buffers on and off, with `in_order=0` (the
 //! port offers IN_ORDER and virtio-user takes it by default: this is the other path) and
-//! with `packed_vq=1` asked for (not offered: negotiated down), and with two queue pairs. Needs `dpdk-testpmd` (Debian's dpdk-dev; fails under CI without
+//! with `packed_vq=1` (packed virtqueues: with and without `IN_ORDER` and mergeable buffers,
+//! 4,096 entries, a size not a power of two, large frames), and with two queue pairs. Needs `dpdk-testpmd` (Debian's dpdk-dev; fails under CI without
 //! it, skips elsewhere); runs in the `serial` nextest group.
 
 use knitter_vhost::backend::{connect, serve};
@@ -37,8 +38,20 @@ fn testpmd_without_mergeable_buffers() {
 }
 
 #[test]
-fn testpmd_asking_for_in_order_and_packed_rings() {
+fn testpmd_with_packed_rings() {
     testpmd_loop(",in_order=1,packed_vq=1", 1);
+}
+
+#[test]
+fn testpmd_with_packed_rings_out_of_order_without_mergeable_buffers() {
+    testpmd_loop(",in_order=0,packed_vq=1,mrg_rxbuf=0", 1);
+}
+
+/// Packed rings may have any size up to 32,768: 4,096 entries, and 1,000.
+#[test]
+fn testpmd_with_large_and_odd_sized_packed_rings() {
+    testpmd_loop(",packed_vq=1,queue_size=4096", 1);
+    testpmd_loop(",packed_vq=1,queue_size=1000", 2);
 }
 
 #[test]
@@ -72,6 +85,8 @@ fn testpmd_large_frames_cross_with_one_copy() {
     // other transmits into the same port (both take the pair's lock).
     let lent = testpmd_loop_sized("", 2, 1500, 2);
     assert!(lent > 10_000, "two threads: frames took the single-copy path: {lent}");
+    let lent = testpmd_loop_sized(",packed_vq=1", 1, 1500, 1);
+    assert!(lent > 10_000, "packed rings: frames took the single-copy path: {lent}");
 }
 
 /// A switch with two vhost-user ports (server mode) in one bridge domain and one PMD thread.
@@ -278,6 +293,9 @@ fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> 
     let mut stdin = tp.stdin();
     // Connected and both links up before traffic.
     rig.wait_pairs(queues);
+    for p in &rig.ports {
+        assert_eq!(p.packed_rings(), opts.contains("packed_vq=1"), "{opts}: the ring layout");
+    }
     let writes_before = tp.writes();
     writeln!(stdin, "set txpkts {len}\nset fwd io\nstart tx_first").unwrap();
     std::thread::sleep(Duration::from_secs(3));

@@ -12,7 +12,9 @@
 //!   leaked.
 
 use crate::memory::{GuestAddr, GuestMemory, Mapping};
+use crate::packed::PackedQueue;
 use crate::port::VhostPort;
+use crate::queue::Virtqueue;
 use crate::vring::SplitQueue;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -181,7 +183,8 @@ pub fn messages(mut data: &[u8]) {
 /// Runs a port's queue pair on rings the fuzzer laid out in a guest memory of its bytes.
 /// Input: queue size (a power of two up to 256), ring addresses (three per ring, two bytes
 /// each, in 16-byte units), features (bit 0: EVENT_IDX, 1: indirect, 2: mergeable receive
-/// buffers, 3: single copy), the memory's first bytes, then what the guest writes into its
+/// buffers, 3: single copy, 4: packed rings, of any size up to 256 and any base), the
+/// memory's first bytes, then what the guest writes into its
 /// memory before each of four rounds (a burst from the guest, one to it, completions).
 pub fn virtqueue(mut data: &[u8]) {
     let d = &mut data;
@@ -205,8 +208,14 @@ pub fn virtqueue(mut data: &[u8]) {
     let before = pool.free_count();
     let port = Arc::new(VhostPort::new("fuzz", pool.clone()));
     port.set_single_copy(features & 8 != 0);
+    let base = u16_of(d);
     let queue = |desc, avail, used| {
-        let mut q = SplitQueue::new(size, desc, avail, used, 0).ok()?;
+        let mut q: Virtqueue = if features & 16 != 0 {
+            let size = (base >> 8).max(1);
+            PackedQueue::new(size, desc, avail, used, (base & 0x8000) | (base % size)).ok()?.into()
+        } else {
+            SplitQueue::new(size, desc, avail, used, 0).ok()?.into()
+        };
         q.set_features(features & 1 != 0, features & 2 != 0);
         Some(q)
     };

@@ -97,7 +97,7 @@ pub fn negotiate(
     fe.set_owner().unwrap();
     let features = fe.get_features().unwrap();
     assert_eq!(features, FEATURES);
-    fe.set_features(features).unwrap();
+    fe.set_features(features & !knitter_vhost::backend::VIRTIO_F_RING_PACKED).unwrap(); // drives split rings
     let pf = fe.get_protocol_features().unwrap();
     assert!(pf.contains(VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MQ));
     fe.set_protocol_features(pf).unwrap();

@@ -1,0 +1,168 @@
+//! A virtqueue of either layout the frontend negotiated — split ([`crate::vring`]) or packed
+//! ([`crate::packed`], `VIRTIO_F_RING_PACKED`) — behind one type, so the port's bursts and the
+//! virtio-net copies are written once. Both layouts keep the same contract: chains popped
+//! and returned in ring order, a popped chain's `head` handed back to `push_used`, completions
+//! published once per burst and when the ring is dropped.
+
+use crate::memory::GuestMemory;
+use crate::packed::{self, PackedQueue};
+use crate::vring::{self, Chain, ChainError, Flat, QueueError, SplitQueue};
+
+/// A virtqueue's device-side state, in the layout its frontend negotiated.
+#[derive(Debug, Clone)]
+pub enum Virtqueue {
+    Split(SplitQueue),
+    Packed(PackedQueue),
+}
+
+impl From<SplitQueue> for Virtqueue {
+    fn from(q: SplitQueue) -> Virtqueue {
+        Virtqueue::Split(q)
+    }
+}
+
+impl From<PackedQueue> for Virtqueue {
+    fn from(q: PackedQueue) -> Virtqueue {
+        Virtqueue::Packed(q)
+    }
+}
+
+/// `$e` on whichever layout `$q` has, as `$v`.
+macro_rules! either {
+    ($q:expr, $v:ident => $e:expr) => {
+        match $q {
+            Virtqueue::Split($v) => $e,
+            Virtqueue::Packed($v) => $e,
+        }
+    };
+}
+
+/// The same for a [`Ring`].
+macro_rules! either_ring {
+    ($r:expr, $v:ident => $e:expr) => {
+        match $r {
+            Ring::Split($v) => $e,
+            Ring::Packed($v) => $e,
+        }
+    };
+}
+
+impl Virtqueue {
+    /// See [`SplitQueue::id`].
+    pub fn id(&self) -> u64 {
+        either!(self, q => q.id())
+    }
+
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Virtqueue::Packed(_))
+    }
+
+    pub fn set_features(&mut self, event_idx: bool, indirect: bool) {
+        either!(self, q => q.set_features(event_idx, indirect))
+    }
+
+    pub fn size(&self) -> u16 {
+        either!(self, q => q.size())
+    }
+
+    /// The driver broke the queue, or a caller stopped it: it stays stopped until the
+    /// frontend sets it up again.
+    pub fn is_broken(&self) -> bool {
+        either!(self, q => q.health.broken)
+    }
+
+    /// See [`SplitQueue::stop`].
+    pub fn stop(&mut self, why: &'static str) -> bool {
+        either!(self, q => q.health.stop(why))
+    }
+
+    /// Why the queue stopped, while it is stopped.
+    pub fn broken_reason(&self) -> Option<&'static str> {
+        either!(self, q => q.health.broken_reason())
+    }
+
+    /// See [`SplitQueue::newly_broken`].
+    pub fn newly_broken(&mut self) -> bool {
+        either!(self, q => q.health.newly_broken())
+    }
+
+    /// Where the device got, as GET_VRING_BASE returns it (for a packed ring with its wrap
+    /// counter in bit 15).
+    pub fn next_avail(&self) -> u16 {
+        either!(self, q => q.next_avail())
+    }
+
+    /// See [`SplitQueue::resume_from_used`]. A packed ring starts where SET_VRING_BASE says
+    /// (its used descriptors do not say where a device stopped; DPDK's virtio-user resets
+    /// its packed rings when it reconnects).
+    pub fn resume_from_used(&mut self, mem: &GuestMemory) -> Result<Option<u16>, QueueError> {
+        match self {
+            Virtqueue::Split(q) => q.resume_from_used(mem),
+            Virtqueue::Packed(_) => Ok(None),
+        }
+    }
+
+    /// One burst's access to the rings (see [`SplitQueue::ring`]).
+    #[inline]
+    pub fn ring<'m>(&'m mut self, mem: &'m GuestMemory) -> Result<Ring<'m>, QueueError> {
+        Ok(match self {
+            Virtqueue::Split(q) => Ring::Split(q.ring(mem)?),
+            Virtqueue::Packed(q) => Ring::Packed(q.ring(mem)?),
+        })
+    }
+}
+
+/// What SET_VRING_BASE gives a ring of this layout that starts afresh.
+pub fn fresh_base(packed: bool) -> u16 {
+    if packed { packed::FRESH_BASE } else { 0 }
+}
+
+/// One burst's access to a queue's rings, of either layout; publishes when dropped.
+pub enum Ring<'m> {
+    Split(vring::Ring<'m>),
+    Packed(packed::Ring<'m>),
+}
+
+impl<'m> Ring<'m> {
+    /// Chains available (a packed ring says only whether there is one: 0 or 1).
+    #[inline]
+    pub fn pending(&mut self) -> u16 {
+        either_ring!(self, r => r.pending())
+    }
+
+    #[inline]
+    pub fn pop(&mut self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
+        either_ring!(self, r => r.pop(chain))
+    }
+
+    #[inline]
+    pub fn pop_flat(&mut self, writable: bool) -> Option<Flat<'m>> {
+        either_ring!(self, r => r.pop_flat(writable))
+    }
+
+    #[inline]
+    pub fn unpop(&mut self) {
+        either_ring!(self, r => r.unpop())
+    }
+
+    #[inline]
+    pub fn push_used(&mut self, head: u16, len: u32) {
+        either_ring!(self, r => r.push_used(head, len))
+    }
+
+    pub fn publish(&mut self) {
+        either_ring!(self, r => r.publish())
+    }
+
+    pub fn needs_interrupt(&mut self) -> bool {
+        either_ring!(self, r => r.needs_interrupt())
+    }
+
+    pub fn set_kicks(&mut self, on: bool) {
+        either_ring!(self, r => r.set_kicks(on))
+    }
+
+    pub fn memory(&self) -> &GuestMemory {
+        either_ring!(self, r => r.memory())
+    }
+}
