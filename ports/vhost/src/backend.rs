@@ -150,13 +150,15 @@ impl NetBackend {
             self.acked & VIRTIO_RING_F_INDIRECT_DESC != 0,
         );
         let packed = self.acked & VIRTIO_F_RING_PACKED != 0;
+        let in_order = self.acked & VIRTIO_F_IN_ORDER != 0;
         let mem = self.memory.clone();
         let run = c.kicked && c.enabled;
         let (place, started, result) = self.port.configure(|d| {
             d.set_memory(mem.clone());
             let Some(pair) = d.pair_of(i) else { return (c.base, false, Err(Error::InvalidParam)) };
             let slot = &mut pair.queues[i % 2];
-            let progress = slot.take().map(|q| q.next_avail());
+            let old = slot.take();
+            let progress = old.as_ref().map(|q| q.next_avail());
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
             // A ring set up afresh whose driver ran it before: a base other than 0 (QEMU
             // gives back what GET_VRING_BASE said), or used entries the base does not know.
@@ -166,12 +168,24 @@ impl NetBackend {
                     let g = |a| mem.guest_of_user(a).ok_or(Error::InvalidParam);
                     // A packed ring's "available" and "used" addresses are the driver's and the
                     // device's event-suppression areas.
+                    let refused = |e| {
+                        // Said where the user looks (a size SET_VRING_NUM took before the
+                        // features said the rings are split, say).
+                        self.port.fault(format!("ring {i}: {e}"));
+                        Error::InvalidParam
+                    };
                     let mut q: Virtqueue = if packed {
-                        PackedQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?.into()
+                        PackedQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(refused)?.into()
                     } else {
-                        SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(|_| Error::InvalidParam)?.into()
+                        SplitQueue::new(c.num as u16, g(desc)?, g(avail)?, g(used)?, base).map_err(refused)?.into()
                     };
                     q.set_features(features.0, features.1);
+                    q.set_in_order(in_order);
+                    // The same ring rebuilt while it ran: what the device took and has not
+                    // returned yet (a burst's lent descriptors) goes back in its place.
+                    if let (false, Some(old)) = (c.fresh_base, &old) {
+                        q.continue_from(old);
+                    }
                     if c.fresh_base && let Some(at) = q.resume_from_used(mem).map_err(|_| Error::InvalidParam)? {
                         tracing::warn!(port = %port_name(&self.port), ring = i, base, resumed = at, "ring base and used index disagree: resuming from the used index");
                         resumed = true;
@@ -274,6 +288,13 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
     fn set_features(&mut self, features: u64) -> Result<()> {
         tracing::debug!(port = %port_name(&self.port), features = format!("{features:#x}"), "SET_FEATURES");
         if features & !FEATURES != 0 {
+            return Err(Error::InvalidParam);
+        }
+        // The ring layout cannot change under running rings (their places would be read in
+        // the other layout's encoding).
+        if (features ^ self.acked) & VIRTIO_F_RING_PACKED != 0
+            && self.vrings.iter().any(|v| v.kicked)
+        {
             return Err(Error::InvalidParam);
         }
         self.acked = features;

@@ -21,8 +21,9 @@
 //! readable before writable, indirect tables only when negotiated, 16-byte aligned, whole
 //! descriptors, not with `NEXT`, never nested; no more descriptors in all than the queue has
 //! entries or [`MAX_CHAIN`]); a chain that fails is consumed whole (returned with length 0)
-//! so the device stays in step with the driver. A chain whose `NEXT` flags run round the
-//! whole ring never ends: the queue stops ([`crate::queue::Virtqueue::is_broken`]).
+//! so the device stays in step with the driver. A chain whose `NEXT` flags run on past
+//! [`MAX_CHAIN`] descriptors (or round the whole ring) stops the queue
+//! ([`crate::queue::Virtqueue::is_broken`]); nothing is returned on a stopped queue.
 //!
 //! # Safety
 //! [`Ring`] holds host pointers to the descriptor ring and both event areas, obtained from
@@ -44,8 +45,10 @@ const F_USED: u16 = 1 << 15;
 const EVENT_ENABLE: u16 = 0;
 const EVENT_DISABLE: u16 = 1;
 const EVENT_DESC: u16 = 2;
-/// Why a queue stops when a chain's `NEXT` flags never end.
-pub const ENDLESS: &str = "a packed chain's NEXT flags run round the whole ring";
+/// Why a queue stops when a chain's `NEXT` flags run on past [`MAX_CHAIN`] descriptors (or
+/// round the whole ring): walking them would let each pop cost the PMD thread thousands of
+/// descriptor reads; DPDK's vhost library gives such a queue up too.
+pub const ENDLESS: &str = "a packed chain's NEXT flags run on past 1,024 descriptors";
 /// Pops one burst can take back ([`Ring::unpop`]): a merged frame's chains and its first.
 const UNPOP_DEPTH: usize = 32;
 /// What SET_VRING_BASE gives a packed ring that starts afresh: slot 0, wrap counter 1.
@@ -95,10 +98,14 @@ pub struct PackedQueue {
     device: GuestAddr,
     event_idx: bool,
     indirect: bool,
+    /// `VIRTIO_F_IN_ORDER`: read-only chains may go back a burst at a time.
+    in_order: bool,
     avail: Position,
     used: Position,
-    /// The used position when the driver's wish for an interrupt was last checked.
+    /// The used position when the driver's wish for an interrupt was last checked, and the
+    /// descriptors returned since (a lap or more makes the positions ambiguous: notify).
     signalled: Position,
+    since_signal: u32,
     /// Per slot, for the chain popped with its head there: the driver's buffer id and the
     /// chain's length in ring descriptors (where the next used descriptor goes after it).
     meta: Box<[(u16, u16)]>,
@@ -132,9 +139,11 @@ impl PackedQueue {
             device,
             event_idx: false,
             indirect: false,
+            in_order: false,
             avail: at,
             used: at,
             signalled: at,
+            since_signal: 0,
             meta: vec![(0, 1); size as usize].into_boxed_slice(),
             health: Health::default(),
             id: crate::vring::next_queue_id(),
@@ -150,8 +159,23 @@ impl PackedQueue {
         (self.event_idx, self.indirect) = (event_idx, indirect);
     }
 
+    /// `VIRTIO_F_IN_ORDER` was negotiated (see [`Ring::push_read`]).
+    pub fn set_in_order(&mut self, on: bool) {
+        self.in_order = on;
+    }
+
     pub fn size(&self) -> u16 {
         self.size
+    }
+
+    /// Takes over `old`'s progress (see [`crate::queue::Virtqueue::continue_from`]).
+    pub fn continue_from(&mut self, old: &PackedQueue) {
+        if old.size == self.size {
+            (self.avail, self.used, self.signalled) = (old.avail, old.used, old.signalled);
+            self.since_signal = old.since_signal;
+            self.meta.copy_from_slice(&old.meta);
+            self.id = old.id;
+        }
     }
 
     /// The next descriptor to read, encoded as GET_VRING_BASE returns it.
@@ -171,6 +195,7 @@ impl PackedQueue {
             driver,
             device,
             first_used: None,
+            merged: None,
             history: [Position { slot: 0, wrap: true }; UNPOP_DEPTH],
             popped: 0,
         })
@@ -188,6 +213,9 @@ pub struct Ring<'m> {
     /// ([`Ring::publish`]): the driver, which polls that descriptor, then finds the burst's
     /// others complete (DPDK's vhost library returns bursts so too).
     first_used: Option<(u16, u16)>,
+    /// Read-only chains returned as one used descriptor ([`Ring::push_read`]): its slot,
+    /// flags and the last chain's buffer id.
+    merged: Option<(u16, u16, u16)>,
     /// Where the burst's last pops started, for [`Ring::unpop`].
     history: [Position; UNPOP_DEPTH],
     popped: usize,
@@ -231,7 +259,7 @@ impl<'m> Ring<'m> {
         let mut budget = (self.q.size as u32).min(MAX_CHAIN);
         let mut result = Ok(());
         loop {
-            if n == self.q.size {
+            if n == self.q.size || n as u32 == MAX_CHAIN {
                 self.q.health.fail(ENDLESS);
                 return Some(Err(ChainError::Loop));
             }
@@ -336,11 +364,55 @@ impl<'m> Ring<'m> {
     /// Visible to the guest once published.
     #[inline]
     pub fn push_used(&mut self, head: u16, len: u32) {
-        let (id, n) = self.q.meta.get(head as usize).copied().unwrap_or((head, 1));
-        let slot = self.q.used.slot;
-        let flags = if self.q.used.wrap { F_AVAIL | F_USED } else { 0 };
-        // SAFETY: the ring was checked for 16 * size bytes and slot < size; the length and id
-        // words (bytes 8..14 of the descriptor) are written before its flags.
+        if self.q.health.broken {
+            return; // where its chains end is not known
+        }
+        self.flush_merged();
+        let (id, n) = self.meta(head);
+        let (slot, flags) = (self.q.used.slot, self.used_flags());
+        self.write_used(slot, id, len, flags);
+        self.advance_used(n);
+    }
+
+    /// Returns a chain the device only read (a transmit chain, length 0). With `IN_ORDER`, a
+    /// burst of them goes back as one used descriptor — the last one's id where the first
+    /// one's head was, the used position past them all (virtio 1.1, 2.8.9) — which the
+    /// driver reads once instead of once a frame; without, as [`Ring::push_used`].
+    #[inline]
+    pub fn push_read(&mut self, head: u16) {
+        if !self.q.in_order {
+            return self.push_used(head, 0);
+        }
+        if self.q.health.broken {
+            return;
+        }
+        let (id, n) = self.meta(head);
+        match &mut self.merged {
+            Some(m) => m.2 = id,
+            None => self.merged = Some((self.q.used.slot, self.used_flags(), id)),
+        }
+        self.advance_used(n);
+    }
+
+    fn meta(&self, head: u16) -> (u16, u16) {
+        self.q.meta.get(head as usize).copied().unwrap_or((head, 1))
+    }
+
+    fn used_flags(&self) -> u16 {
+        if self.q.used.wrap { F_AVAIL | F_USED } else { 0 }
+    }
+
+    fn advance_used(&mut self, n: u16) {
+        self.q.used.advance(n, self.q.size);
+        self.q.since_signal = self.q.since_signal.saturating_add(n as u32);
+    }
+
+    /// Writes one used descriptor; its flags wait for [`Ring::publish`] if it is the burst's
+    /// first.
+    fn write_used(&mut self, slot: u16, id: u16, len: u32, flags: u16) {
+        // SAFETY: the ring was checked for 16 * size bytes and slot < size (a used position);
+        // the length and id words (bytes 8..14 of the descriptor) are written before its
+        // flags.
         unsafe {
             let d = self.desc.add(slot as usize * DESC as usize);
             std::ptr::write_volatile(d.add(8) as *mut [u8; 4], len.to_le_bytes());
@@ -351,12 +423,19 @@ impl<'m> Ring<'m> {
         } else {
             store16(self.desc, slot as usize * DESC as usize + 14, flags, Ordering::Release);
         }
-        self.q.used.advance(n, self.q.size);
+    }
+
+    /// Writes the used descriptor [`Ring::push_read`] was gathering, if any.
+    fn flush_merged(&mut self) {
+        if let Some((slot, flags, id)) = self.merged.take() {
+            self.write_used(slot, id, 0, flags);
+        }
     }
 
     /// Makes every pushed completion visible to the guest: the burst's first used
     /// descriptor's flags, after every other's.
     pub fn publish(&mut self) {
+        self.flush_merged();
         if let Some((slot, flags)) = self.first_used.take() {
             store16(self.desc, slot as usize * DESC as usize + 14, flags, Ordering::Release);
         }
@@ -369,13 +448,14 @@ impl<'m> Ring<'m> {
         // The flags' stores before reading the driver's wish (virtio's full barrier).
         fence(Ordering::SeqCst);
         let (new, old) = (self.q.used, self.q.signalled);
-        if new == old {
+        let moved = std::mem::take(&mut self.q.since_signal);
+        if moved == 0 {
             return false;
         }
         self.q.signalled = new;
         match load16(self.driver, 2, Ordering::Relaxed) {
             EVENT_DISABLE => false,
-            EVENT_DESC if self.q.event_idx => {
+            EVENT_DESC if self.q.event_idx && moved < self.q.size as u32 => {
                 let off_wrap = load16(self.driver, 0, Ordering::Relaxed);
                 let size = self.q.size;
                 let event = Position::decode(off_wrap);
@@ -496,6 +576,33 @@ mod tests {
         assert_eq!(q.next_avail(), 1, "slot 1, wrap counter 0");
     }
 
+    /// With IN_ORDER, read-only chains go back a burst at a time: one used descriptor with
+    /// the last one's id where the first one's head was; written ones go back each.
+    #[test]
+    fn in_order_read_chains_go_back_as_one_used_descriptor() {
+        let mem = memory();
+        let mut q = queue(4);
+        q.set_in_order(true);
+        post(&mem, 0, BUFS, 60, 10, 0, true);
+        post(&mem, 1, BUFS, 60, 11, VIRTQ_DESC_F_NEXT, true);
+        post(&mem, 2, BUFS, 60, 12, 0, true);
+        post(&mem, 3, BUFS, 60, 13, VIRTQ_DESC_F_WRITE, true);
+        let mut r = q.ring(&mem).unwrap();
+        let a = r.pop_flat(false).unwrap().head;
+        let mut chain = Chain::default();
+        assert_eq!(r.pop(&mut chain), Some(Ok(())));
+        let w = r.pop_flat(true).unwrap().head;
+        r.push_read(a);
+        r.push_read(chain.head);
+        r.push_used(w, 9);
+        drop(r);
+        let both = F_AVAIL | F_USED;
+        assert_eq!(used(&mem, 0), (12, 0, both), "the last read chain's id, at the first's slot");
+        assert_eq!(used(&mem, 1).2 & F_USED, 0, "skipped: not written");
+        assert_eq!(used(&mem, 3), (13, 9, both));
+        assert_eq!(q.next_avail(), 0, "a lap later");
+    }
+
     #[test]
     fn a_refused_chain_is_consumed_whole() {
         let mem = memory();
@@ -525,11 +632,68 @@ mod tests {
             post(&mem, slot, BUFS, 60, slot, VIRTQ_DESC_F_NEXT, true);
         }
         let mut r = q.ring(&mem).unwrap();
-        assert_eq!(r.pop(&mut Chain::default()), Some(Err(ChainError::Loop)));
+        let mut chain = Chain::default();
+        assert_eq!(r.pop(&mut chain), Some(Err(ChainError::Loop)));
         assert_eq!(r.pending(), 0);
+        r.push_used(chain.head, 0);
         drop(r);
+        assert_eq!(used(&mem, 0).2, VIRTQ_DESC_F_NEXT | F_AVAIL, "nothing returned");
         assert_eq!(q.health.broken_reason(), Some(ENDLESS));
         assert!(q.health.newly_broken() && !q.health.newly_broken());
+    }
+
+    /// A chain may be as long as its ring, but not longer than MAX_CHAIN descriptors: in a
+    /// large ring, each pop would otherwise read thousands of them.
+    #[test]
+    fn a_chain_past_max_chain_stops_the_queue() {
+        let mem = memory();
+        let size = MAX_CHAIN as u16 + 100;
+        let mut q = PackedQueue::new(
+            size,
+            GuestAddr(RING),
+            GuestAddr(0xf000),
+            GuestAddr(0xf010),
+            FRESH_BASE,
+        )
+        .unwrap();
+        for slot in 0..size {
+            let next = if slot < MAX_CHAIN as u16 + 10 { VIRTQ_DESC_F_NEXT } else { 0 };
+            post(&mem, slot, BUFS + 0x4000, 0, slot, next, true);
+        }
+        let mut r = q.ring(&mem).unwrap();
+        assert_eq!(r.pop(&mut Chain::default()), Some(Err(ChainError::Loop)));
+        drop(r);
+        assert_eq!(q.health.broken_reason(), Some(ENDLESS));
+    }
+
+    /// The same ring set up again while it runs (a new memory table, say) keeps what the
+    /// device took: chains popped before are returned in their places after.
+    #[test]
+    fn a_ring_set_up_again_returns_what_it_took_before() {
+        let mem = memory();
+        let mut q = queue(8);
+        post(&mem, 0, BUFS, 60, 7, VIRTQ_DESC_F_NEXT, true);
+        post(&mem, 1, BUFS, 60, 8, 0, true);
+        post(&mem, 2, BUFS, 60, 9, 0, true);
+        let mut r = q.ring(&mem).unwrap();
+        assert_eq!(r.pop(&mut Chain::default()), Some(Ok(())));
+        assert_eq!(r.pop_flat(false).map(|f| f.head), Some(2));
+        drop(r);
+        let mut again = PackedQueue::new(
+            8,
+            GuestAddr(RING),
+            GuestAddr(DRIVER),
+            GuestAddr(DEVICE),
+            q.next_avail(),
+        )
+        .unwrap();
+        again.continue_from(&q);
+        assert_eq!(again.id(), q.id(), "lent descriptors come back to it");
+        let mut r = again.ring(&mem).unwrap();
+        r.push_used(0, 1);
+        r.push_used(2, 2);
+        drop(r);
+        assert_eq!((used(&mem, 0).0, used(&mem, 2).0), (8, 9));
     }
 
     #[test]
@@ -619,6 +783,21 @@ mod tests {
         assert!(!r.needs_interrupt());
         let f = r.pop_flat(false).unwrap();
         r.push_used(f.head, 0);
+        assert!(r.needs_interrupt());
+        // A whole lap returned since the last check (slots 2, 3, then 0, 1 of the third lap):
+        // the positions alone cannot say whether the event passed; notify.
+        for slot in 0..2 {
+            post(&mem, slot, BUFS, 60, slot, 0, true);
+        }
+        set_driver_event(&mem, 3, EVENT_DESC);
+        let mut heads = vec![];
+        while let Some(f) = r.pop_flat(false) {
+            heads.push(f.head);
+        }
+        assert_eq!(heads.len(), 4);
+        for h in heads {
+            r.push_used(h, 0);
+        }
         assert!(r.needs_interrupt());
         // Kicks: asked for and suppressed through the device's area.
         r.set_kicks(true);

@@ -696,10 +696,12 @@ impl Port for VhostPort {
             self.net.lent_frames.add(lent_frames);
         } else {
             for f in &flats[..n] {
-                ring.push_used(f.head, 0);
+                ring.push_read(f.head);
             }
         }
-        while !lent && batch.room() > 0 {
+        // Refused chains take no room in the batch: at most a batch of them a burst, so a
+        // driver that keeps posting bad ones cannot hold the PMD thread.
+        while !lent && batch.room() > 0 && used < n + vswitch::batch::BATCH {
             let Some(r) = ring.pop(&mut chain) else { break };
             used += 1;
             match r
@@ -713,7 +715,7 @@ impl Port for VhostPort {
                 Err(None) => self.net.bad_chains.add(1),
                 Err(Some(e)) => self.refuse_from_guest(p, e),
             }
-            ring.push_used(chain.head, 0);
+            ring.push_read(chain.head);
         }
         let call =
             if used > 0 && !lent && ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
@@ -757,6 +759,8 @@ impl Port for VhostPort {
             ring.push_used(f.head, len);
         }
         let mut chain = Chain::default();
+        // Malformed chains met this burst: at most a batch of them (see `rx_burst`).
+        let mut bad = 0;
         let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
         // The general path reads a packet by its pool segments: a lent one is copied into the
         // pool first; from one that finds no buffer on, the rest stay (unsent, dropped).
@@ -805,6 +809,10 @@ impl Port for VhostPort {
                     break o;
                 }
                 self.net.bad_chains.add(1);
+                bad += 1;
+                if bad == vswitch::batch::BATCH {
+                    break o;
+                }
             };
             match outcome {
                 Outcome::Sent => sent += 1,
@@ -847,7 +855,7 @@ impl Port for VhostPort {
         }
         let Ok(mut ring) = queue.ring(mem) else { return };
         for &h in &pair.lent.heads[..n] {
-            ring.push_used(h, 0);
+            ring.push_read(h);
         }
         let call = if ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
         drop(ring);

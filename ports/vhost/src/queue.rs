@@ -61,6 +61,14 @@ impl Virtqueue {
         either!(self, q => q.set_features(event_idx, indirect))
     }
 
+    /// `VIRTIO_F_IN_ORDER` was negotiated: a packed ring returns read-only chains a burst at
+    /// a time ([`Ring::push_read`]); a split ring returns every chain alike.
+    pub fn set_in_order(&mut self, on: bool) {
+        if let Virtqueue::Packed(q) = self {
+            q.set_in_order(on);
+        }
+    }
+
     pub fn size(&self) -> u16 {
         either!(self, q => q.size())
     }
@@ -99,6 +107,17 @@ impl Virtqueue {
         match self {
             Virtqueue::Split(q) => q.resume_from_used(mem),
             Virtqueue::Packed(_) => Ok(None),
+        }
+    }
+
+    /// Takes over `old`'s progress (where the device got, what it took and has not returned,
+    /// its identity) when the same ring is set up again while it runs: a new memory table,
+    /// new addresses, enabled again. Nothing when the layout or size changed.
+    pub fn continue_from(&mut self, old: &Virtqueue) {
+        match (self, old) {
+            (Virtqueue::Split(q), Virtqueue::Split(o)) => q.continue_from(o),
+            (Virtqueue::Packed(q), Virtqueue::Packed(o)) => q.continue_from(o),
+            _ => {}
         }
     }
 
@@ -148,6 +167,15 @@ impl<'m> Ring<'m> {
     #[inline]
     pub fn push_used(&mut self, head: u16, len: u32) {
         either_ring!(self, r => r.push_used(head, len))
+    }
+
+    /// Returns a chain the device only read (see [`packed::Ring::push_read`]).
+    #[inline]
+    pub fn push_read(&mut self, head: u16) {
+        match self {
+            Ring::Split(r) => r.push_used(head, 0),
+            Ring::Packed(r) => r.push_read(head),
+        }
     }
 
     pub fn publish(&mut self) {

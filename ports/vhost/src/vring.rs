@@ -317,6 +317,15 @@ impl SplitQueue {
         self.health.newly_broken()
     }
 
+    /// Takes over `old`'s progress (see [`crate::queue::Virtqueue::continue_from`]).
+    pub fn continue_from(&mut self, old: &SplitQueue) {
+        if old.size == self.size {
+            (self.last_avail, self.used_idx, self.signalled) =
+                (old.last_avail, old.used_idx, old.signalled);
+            self.id = old.id;
+        }
+    }
+
     /// The next available index to read (what GET_VRING_BASE returns).
     pub fn next_avail(&self) -> u16 {
         self.last_avail

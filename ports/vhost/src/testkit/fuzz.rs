@@ -183,7 +183,8 @@ pub fn messages(mut data: &[u8]) {
 /// Runs a port's queue pair on rings the fuzzer laid out in a guest memory of its bytes.
 /// Input: queue size (a power of two up to 256), ring addresses (three per ring, two bytes
 /// each, in 16-byte units), features (bit 0: EVENT_IDX, 1: indirect, 2: mergeable receive
-/// buffers, 3: single copy, 4: packed rings, of any size up to 256 and any base), the
+/// buffers, 3: single copy, 4: packed rings, of any size up to 256 and any base, 5: in
+/// order), the
 /// memory's first bytes, then what the guest writes into its
 /// memory before each of four rounds (a burst from the guest, one to it, completions).
 pub fn virtqueue(mut data: &[u8]) {
@@ -217,6 +218,7 @@ pub fn virtqueue(mut data: &[u8]) {
             SplitQueue::new(size, desc, avail, used, 0).ok()?.into()
         };
         q.set_features(features & 1 != 0, features & 2 != 0);
+        q.set_in_order(features & 32 != 0);
         Some(q)
     };
     let (Some(rx), Some(tx)) =
