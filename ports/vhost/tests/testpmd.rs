@@ -440,15 +440,26 @@ impl Drop for SwitchProcess {
 /// restarted, reconnects and traffic flows again (its rings resume from the used index).
 #[test]
 fn a_killed_switch_comes_back_in_client_mode() {
-    let Some(rig) = Rig::new("client") else { return };
+    killed_switch_comes_back("", "client");
+}
+
+/// The same with packed virtqueues: they start afresh where virtio-user's SET_VRING_BASE says
+/// (it resets its packed rings when it reconnects).
+#[test]
+fn a_killed_switch_comes_back_in_client_mode_with_packed_rings() {
+    killed_switch_comes_back(",packed_vq=1", "client-packed");
+}
+
+fn killed_switch_comes_back(opts: &str, tag: &str) {
+    let Some(rig) = Rig::new(tag) else { return };
     // Only the directory: the switch runs in the child processes.
     let dir = rig.dir.join("client");
     std::fs::create_dir_all(&dir).unwrap();
     let first = SwitchProcess::start(&dir);
-    let prefix = format!("knitter{}-client", std::process::id());
+    let prefix = format!("knitter{}-{tag}", std::process::id());
     let vdev = |i: usize| {
         format!(
-            "--vdev=net_virtio_user{i},path={},server=1,queues=1",
+            "--vdev=net_virtio_user{i},path={},server=1,queues=1{opts}",
             dir.join(format!("vu{i}.sock")).display()
         )
     };
