@@ -156,8 +156,7 @@ impl NetBackend {
         let (place, started, result) = self.port.configure(|d| {
             d.set_memory(mem.clone());
             let Some(pair) = d.pair_of(i) else { return (c.base, false, Err(Error::InvalidParam)) };
-            let slot = &mut pair.queues[i % 2];
-            let old = slot.take();
+            let old = pair.queues[i % 2].take().or_else(|| pair.parked[i % 2].take());
             let progress = old.as_ref().map(|q| q.next_avail());
             let base = if c.fresh_base { c.base } else { progress.unwrap_or(c.base) };
             // A ring set up afresh whose driver ran it before: a base other than 0 (QEMU
@@ -195,6 +194,11 @@ impl NetBackend {
                 _ => Ok(None),
             };
             let started = matches!(queue, Ok(Some(_)));
+            // Disabled while it ran: parked, to go on from its place when enabled again
+            // (stopped, or set up afresh, it is dropped).
+            if c.kicked && !c.enabled && !c.fresh_base && matches!(queue, Ok(None)) {
+                pair.parked[i % 2] = old;
+            }
             pair.kicks_on |= i % 2 == TXQ && started;
             let result = match queue {
                 Ok(q) => {

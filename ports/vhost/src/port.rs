@@ -57,6 +57,9 @@ pub struct Pair {
     pub memory: Option<Arc<GuestMemory>>,
     /// The receive (RXQ) and transmit (TXQ) rings, when set up and enabled.
     pub queues: [Option<Virtqueue>; 2],
+    /// A ring the frontend disabled while it ran (SET_VRING_ENABLE 0, as QEMU does when the
+    /// guest changes its number of queue pairs): enabled again, it goes on from here.
+    pub parked: [Option<Virtqueue>; 2],
     /// Where to signal the guest that a ring has completions, when it asks for interrupts
     /// (an eventfd from SET_VRING_CALL). Shared so that a PMD thread signals after it let
     /// go of the pair's lock: no lock is held across a system call on a frontend's
@@ -95,6 +98,9 @@ struct Lent {
     /// The queue they came from ([`Virtqueue::id`]) and its memory.
     queue: u64,
     memory: Option<Arc<GuestMemory>>,
+    /// `rx_done` found the ring disabled: the next burst on the ring, enabled again as
+    /// itself, returns them.
+    orphaned: bool,
 }
 
 /// Why the rings of a memory table stop when its file shrank under it.
@@ -642,11 +648,21 @@ impl Port for VhostPort {
         };
         // Another PMD thread's lent burst from this ring (both poll it for a moment while
         // they rebalance) is not back yet: descriptors go back in ring order, so wait.
-        if pair.lent.n > 0 {
+        if pair.lent.n > 0 && !pair.lent.orphaned {
             return got;
         }
         let queue_id = queue.id();
         let Ok(mut ring) = queue.ring(mem) else { return got };
+        if pair.lent.n > 0 {
+            // Lent while the ring was disabled: back in their places if it is the same ring.
+            let l = &mut pair.lent;
+            if l.queue == queue_id {
+                for &h in &l.heads[..l.n] {
+                    ring.push_read(h);
+                }
+            }
+            (l.n, l.orphaned, l.memory) = (0, false, None);
+        }
         if pair.kicks_on {
             ring.set_kicks(false); // polled: kicks would only cost the guest system calls
             pair.kicks_on = false;
@@ -842,6 +858,11 @@ impl Port for VhostPort {
         // thread transmitting on the pair holds the lock for a moment).
         let mut guard = self.pairs[p].lock().unwrap_or_else(|e| e.into_inner());
         let pair = &mut *guard;
+        // The ring disabled meanwhile: kept for the burst that finds it enabled again.
+        if pair.queues[TXQ].is_none() && pair.parked[TXQ].is_some() {
+            pair.lent.orphaned = pair.lent.n > 0;
+            return;
+        }
         // The memory table the tails were read from; the burst is sent, so it may go now
         // (a new table since — SET_MEM_TABLE while the rings run — maps the same rings).
         let _lent_from = std::mem::take(&mut pair.lent.memory);

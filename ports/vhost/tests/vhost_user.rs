@@ -17,7 +17,7 @@ use knitter_vhost::testkit::{Buf, MEM_LEN};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
@@ -42,6 +42,11 @@ fn a_vhost_user_frontend_talks_through_the_switch() {
         let region = vm.region;
         vm.fe.set_mem_table(&[region]).unwrap();
         exchange(&mut h, &port, &mut vm, round + 10);
+        // The ring layout cannot change under running rings: refused, and they go on.
+        vm.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        assert!(vm.fe.set_features(knitter_vhost::backend::FEATURES).is_err(), "packed rings now");
+        vm.fe.set_hdr_flags(VhostUserHeaderFlag::empty());
+        exchange(&mut h, &port, &mut vm, round + 20);
         // The frontend goes away: the port stops; the next round reconnects.
         vm.fe.get_vring_base(0).unwrap();
         drop(vm);
