@@ -603,6 +603,36 @@ mod tests {
         assert_eq!(q.next_avail(), 0, "a lap later");
     }
 
+    /// A burst of read chains that crosses the ring's end goes back as one used descriptor
+    /// with the flags of the lap its first chain is in.
+    #[test]
+    fn a_merged_return_across_the_wrap_keeps_its_first_laps_flags() {
+        let mem = memory();
+        let mut q = queue(4);
+        q.set_in_order(true);
+        for slot in 0..4 {
+            post(&mem, slot, BUFS, 60, 10 + slot, 0, true);
+        }
+        let mut r = q.ring(&mem).unwrap();
+        for _ in 0..2 {
+            let f = r.pop_flat(false).unwrap();
+            r.push_used(f.head, 1);
+        }
+        drop(r);
+        post(&mem, 0, BUFS, 60, 20, 0, false); // the next lap
+        let mut r = q.ring(&mem).unwrap();
+        let heads: Vec<u16> = std::iter::from_fn(|| r.pop_flat(false).map(|f| f.head)).collect();
+        assert_eq!(heads, [2, 3, 0]);
+        for h in heads {
+            r.push_read(h);
+        }
+        drop(r);
+        assert_eq!(used(&mem, 2), (20, 0, F_AVAIL | F_USED), "the last id, the first lap's flags");
+        assert_eq!(used(&mem, 3).2, F_AVAIL, "skipped: as the driver left it");
+        assert_eq!(used(&mem, 0).2, F_USED, "skipped: as the driver left it");
+        assert_eq!(q.next_avail(), 1, "slot 1 of the lap with wrap counter 0");
+    }
+
     #[test]
     fn a_refused_chain_is_consumed_whole() {
         let mem = memory();
