@@ -256,7 +256,7 @@ impl NetBackend {
         self.memory = None;
         self.port.configure(|d| {
             d.set_memory(None);
-            d.forget_rx_ready();
+            d.forget_frontend();
             for p in &mut d.pairs {
                 (p.call, p.kick) = Default::default();
             }

@@ -181,10 +181,15 @@ impl Device<'_> {
         pair.set_rx_kicks(true);
     }
 
-    /// The frontend is gone: no receive ring is ready.
-    pub fn forget_rx_ready(&mut self) {
+    /// The frontend is gone: no receive ring is ready, and descriptors lent while a ring
+    /// was disabled (see `Lent::orphaned`) are forgotten with the memory table they keep
+    /// mapped (their burst is done; a burst still in flight keeps its table until `rx_done`).
+    pub fn forget_frontend(&mut self) {
         for p in &mut self.pairs {
             (p.rx_ready, p.rx_posted_since) = (false, None);
+            if p.lent.orphaned {
+                (p.lent.n, p.lent.orphaned, p.lent.memory) = (0, false, None);
+            }
         }
     }
 }

@@ -227,3 +227,32 @@ fn descriptors_lent_while_a_ring_is_disabled_come_back_when_it_is_enabled() {
         cache.free(b);
     }
 }
+
+/// The frontend goes while descriptors lent from a disabled ring wait for it: they are
+/// forgotten with the memory table they kept mapped (nothing of a gone frontend stays mapped).
+#[test]
+fn descriptors_lent_while_a_ring_is_disabled_go_with_their_frontend() {
+    let pool = Pool::new(256, false).unwrap();
+    let mut a = Vm::new("vm-a", &pool, 16);
+    a.port.set_single_copy(true);
+    a.send(&frames::udp4(mac(2), mac(1), ip(1), ip(2), 5, 6, 1000));
+    let mut cache = vswitch::PoolCache::new(pool.clone());
+    let mut batch = vswitch::Batch::new();
+    assert_eq!(a.port.rx_burst(0, &mut cache, &mut batch), 1);
+    a.port.configure(|d| {
+        let p = d.pair_of(1).unwrap();
+        p.parked[1] = p.queues[1].take();
+    });
+    for b in batch.drain() {
+        cache.free(b);
+    }
+    cache.end_lending();
+    a.port.rx_done(0);
+    a.port.configure(|d| {
+        d.pair_of(1).unwrap().parked = Default::default();
+        d.set_memory(None);
+        d.forget_frontend();
+    });
+    // Only the simulated guest's two queues hold its memory now.
+    assert_eq!(std::sync::Arc::strong_count(&a.rx.mem), 2, "the lent table is let go");
+}
