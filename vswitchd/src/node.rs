@@ -1047,6 +1047,20 @@ impl Node {
         })
     }
 
+    /// How the frontend of the vhost-user port `name` set up its rings, while a pair runs.
+    pub fn vhost_rings(&self, name: &str) -> Option<knitter_api::node::VhostRings> {
+        let vhost = self.inner().open.get(name)?.vhost.clone()?;
+        let r = vhost.rings()?;
+        Some(knitter_api::node::VhostRings {
+            packed: r.packed,
+            rx_size: r.rx_size.into(),
+            tx_size: r.tx_size.into(),
+            queue_pairs: r.pairs,
+            in_order: r.in_order,
+            mergeable_buffers: r.mrg_rxbuf,
+        })
+    }
+
     /// Whether the vhost-user port `name` has a frontend whose rings run (`None`: not a
     /// vhost-user port).
     pub fn vhost_connected(&self, name: &str) -> Option<bool> {

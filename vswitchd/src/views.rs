@@ -31,6 +31,7 @@ pub fn port_status(node: &Node) -> Vec<pb::PortStatus> {
             fallback: node.fallback(&p.name).unwrap_or_default(),
             ring_error: node.vhost_ring_error(&p.name).unwrap_or_default(),
             vhost_errors: node.vhost_errors(&p.name),
+            vhost_rings: node.vhost_rings(&p.name),
             queues: p
                 .port
                 .queue_stats()

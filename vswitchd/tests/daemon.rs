@@ -112,8 +112,8 @@ async fn every_call_round_trips_and_refusals_say_why() {
         "a queue per pair"
     );
     assert_eq!(
-        (st.ring_error.as_str(), st.vhost_errors),
-        ("", Some(pb::VhostErrors::default())),
+        (st.ring_error.as_str(), st.vhost_errors, st.vhost_rings),
+        ("", Some(pb::VhostErrors::default()), None),
         "a vhost-user port's error state"
     );
     assert_eq!(
@@ -1252,6 +1252,18 @@ async fn a_rogue_frontend_breaks_only_its_port_and_every_view_says_so() {
     let rogue = frontend::frontend(&sock);
     let v = connected(&mut c).await;
     assert_eq!(status(&v).ring_error, "", "a well-behaved start");
+    assert_eq!(
+        status(&v).vhost_rings,
+        Some(pb::VhostRings {
+            packed: false,
+            rx_size: 64,
+            tx_size: 64,
+            queue_pairs: 1,
+            in_order: true,
+            mergeable_buffers: true,
+        }),
+        "how the frontend set up its rings"
+    );
 
     rogue.tx.write(rogue.tx.avail + 2, &500u16.to_le_bytes());
     rogue.events[3].write(1).unwrap(); // the transmit ring's kick, for a PMD thread asleep

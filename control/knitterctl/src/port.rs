@@ -220,6 +220,9 @@ pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
                         format!("{link}, frames copied: {}", s.copy_reason)
                     }
                     Some(s) if s.zero_copy == Some(true) => format!("{link}, zero copy"),
+                    Some(pb::PortStatus { vhost_rings: Some(r), .. }) => {
+                        format!("{link}, {}", rings(r))
+                    }
                     _ => link,
                 };
                 vec![
@@ -234,6 +237,26 @@ pub(crate) fn print_ports(p: &[pb::Port], status: &[pb::PortStatus]) {
             })
             .collect(),
     );
+}
+
+/// A vhost-user frontend's rings as the link column says them: "packed rings of 1024
+/// entries, 1 pair, in order".
+fn rings(r: &pb::VhostRings) -> String {
+    let layout = if r.packed { "packed" } else { "split" };
+    let sizes = if r.rx_size == r.tx_size {
+        format!("{} entries", r.rx_size)
+    } else {
+        format!("{} (rx) and {} (tx) entries", r.rx_size, r.tx_size)
+    };
+    let pairs = if r.queue_pairs == 1 { "pair" } else { "pairs" };
+    let mut s = format!("{layout} rings of {sizes}, {} {pairs}", r.queue_pairs);
+    if r.in_order {
+        s.push_str(", in order");
+    }
+    if r.mergeable_buffers {
+        s.push_str(", mergeable buffers");
+    }
+    s
 }
 
 fn device(d: &Option<pb::Device>) -> String {
@@ -266,5 +289,35 @@ fn mode(p: &pb::Port) -> String {
         }
         Some(Mode::Underlay(_)) => "underlay".into(),
         None => "-".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frontends_rings_read_as_a_user_compares_them() {
+        let r = pb::VhostRings {
+            packed: true,
+            rx_size: 1024,
+            tx_size: 1024,
+            queue_pairs: 1,
+            in_order: true,
+            mergeable_buffers: false,
+        };
+        assert_eq!(rings(&r), "packed rings of 1024 entries, 1 pair, in order");
+        let r = pb::VhostRings {
+            packed: false,
+            rx_size: 1024,
+            tx_size: 256,
+            queue_pairs: 2,
+            in_order: false,
+            mergeable_buffers: true,
+        };
+        assert_eq!(
+            rings(&r),
+            "split rings of 1024 (rx) and 256 (tx) entries, 2 pairs, mergeable buffers"
+        );
     }
 }

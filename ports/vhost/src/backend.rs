@@ -254,6 +254,7 @@ impl NetBackend {
     fn disconnected(&mut self) {
         self.stop_all();
         self.memory = None;
+        self.port.set_in_order(false);
         self.port.configure(|d| {
             d.set_memory(None);
             d.forget_frontend();
@@ -302,6 +303,7 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             return Err(Error::InvalidParam);
         }
         self.acked = features;
+        self.port.set_in_order(features & VIRTIO_F_IN_ORDER != 0);
         self.port.configure(|d| d.set_mrg_rxbuf(features & VIRTIO_NET_F_MRG_RXBUF != 0));
         // Without protocol features a ring is enabled as soon as it is started; with them,
         // SET_VRING_ENABLE decides (and may have come before this message).

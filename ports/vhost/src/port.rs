@@ -251,6 +251,25 @@ pub struct VhostPort {
     /// frontend's eventfds on it (a VNF that reconnects to stall the switch again gets
     /// nothing from it; a well-behaved one works polled).
     distrusted: AtomicBool,
+    /// See [`VhostPort::set_in_order`].
+    in_order: AtomicBool,
+}
+
+/// How a frontend set up a vhost-user port's rings (see [`VhostPort::rings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rings {
+    /// `VIRTIO_F_RING_PACKED`; split rings otherwise.
+    pub packed: bool,
+    /// Entries of the first running pair's receive ring (the guest's: the port sends into it)
+    /// and transmit ring.
+    pub rx_size: u16,
+    pub tx_size: u16,
+    /// Queue pairs whose both rings run.
+    pub pairs: u32,
+    /// `VIRTIO_F_IN_ORDER`.
+    pub in_order: bool,
+    /// `VIRTIO_NET_F_MRG_RXBUF`.
+    pub mrg_rxbuf: bool,
 }
 
 /// Whether ports made from now on take the single-copy path (see
@@ -285,6 +304,7 @@ impl VhostPort {
             faulted: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             distrusted: AtomicBool::new(false),
+            in_order: AtomicBool::new(false),
         }
     }
 
@@ -502,12 +522,26 @@ impl VhostPort {
         }
     }
 
-    /// Whether the frontend's rings are packed (`VIRTIO_F_RING_PACKED`), once one is set up
-    /// (control path: takes the pairs' locks).
-    pub fn packed_rings(&self) -> bool {
-        self.pairs.iter().any(|p| {
-            let p = p.lock().unwrap_or_else(|e| e.into_inner());
-            p.queues.iter().flatten().any(|q| q.is_packed())
+    /// The connected frontend acked `VIRTIO_F_IN_ORDER` (SET_FEATURES); false once it is gone.
+    pub fn set_in_order(&self, on: bool) {
+        self.in_order.store(on, Ordering::Relaxed);
+    }
+
+    /// How the frontend set up its rings while a pair runs (control path: takes the first
+    /// running pair's lock): what a user compares the port's figures by.
+    pub fn rings(&self) -> Option<Rings> {
+        let running =
+            self.rx_running.load(Ordering::Acquire) & self.tx_running.load(Ordering::Acquire);
+        let first = self.pairs.get(running.trailing_zeros() as usize)?;
+        let pair = first.lock().unwrap_or_else(|e| e.into_inner());
+        let [Some(rx), Some(tx)] = &pair.queues else { return None };
+        Some(Rings {
+            packed: rx.is_packed(),
+            rx_size: rx.size(),
+            tx_size: tx.size(),
+            pairs: running.count_ones(),
+            in_order: self.in_order.load(Ordering::Relaxed),
+            mrg_rxbuf: pair.mrg_rxbuf,
         })
     }
 

@@ -294,7 +294,10 @@ fn testpmd_loop_sized(opts: &str, queues: usize, len: usize, threads: usize) -> 
     // Connected and both links up before traffic.
     rig.wait_pairs(queues);
     for p in &rig.ports {
-        assert_eq!(p.packed_rings(), opts.contains("packed_vq=1"), "{opts}: the ring layout");
+        let rings = p.rings().expect("a pair runs");
+        assert_eq!(rings.packed, opts.contains("packed_vq=1"), "{opts}: the ring layout");
+        assert_eq!(rings.pairs as usize, queues, "{opts}: the pairs");
+        assert_eq!(rings.in_order, !opts.contains("in_order=0"), "{opts}: in order");
     }
     let writes_before = tp.writes();
     writeln!(stdin, "set txpkts {len}\nset fwd io\nstart tx_first").unwrap();
