@@ -9,7 +9,7 @@
 //! header or longer than the switch's largest.
 
 use crate::memory::{GuestMemory, GuestSlice, MemError};
-use crate::queue::Ring;
+use crate::queue::Burst;
 use crate::vring::{Chain, MAX_SEGS};
 use vswitch::buf::MAX_FRAME;
 use vswitch::{BufId, Pool, PoolCache};
@@ -291,8 +291,8 @@ fn fill<'a, I: Iterator<Item = &'a [u8]>>(
 /// and the chains already filled go back to the guest empty (its driver drops them).
 /// `chain` is scratch space the caller keeps across packets (it is large: setting up a new
 /// one per packet cost ~30 instructions).
-pub fn to_guest_merged(
-    ring: &mut Ring<'_>,
+pub fn to_guest_merged<'m>(
+    ring: &mut impl Burst<'m>,
     pool: &Pool,
     b: &BufId,
     chain: &mut Chain,

@@ -33,7 +33,7 @@
 use crate::eventfd::{self, EventFd};
 use crate::memory::GuestMemory;
 use crate::net::{self, NetError, Offloads};
-use crate::queue::Virtqueue;
+use crate::queue::{Burst, Ring, Virtqueue};
 use crate::vring::{Chain, Flat};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -637,6 +637,208 @@ enum Outcome {
     BadChain,
 }
 
+/// What a receive burst uses of its pair beside the ring (borrowed apart from its queue).
+struct RxSide<'a> {
+    p: usize,
+    /// The ring's [`Virtqueue::id`].
+    queue_id: u64,
+    mem: &'a Arc<GuestMemory>,
+    lent: &'a mut Lent,
+    kicks_on: &'a mut bool,
+    offloads: Offloads,
+}
+
+impl VhostPort {
+    /// The receive burst on the guest's transmit ring, compiled for each ring layout (see
+    /// [`Burst`]): frames received, chains taken, and whether the guest wants an interrupt.
+    #[inline(never)]
+    fn receive<'m, R: Burst<'m>>(
+        &self,
+        mut ring: R,
+        side: RxSide<'_>,
+        cache: &mut PoolCache,
+        batch: &mut Batch,
+    ) -> (usize, usize, bool) {
+        let mut got = 0;
+        if side.lent.n > 0 {
+            // Lent while the ring was disabled: back in their places if it is the same ring.
+            let l = &mut *side.lent;
+            if l.queue == side.queue_id {
+                for &h in &l.heads[..l.n] {
+                    ring.push_read(h);
+                }
+            }
+            (l.n, l.orphaned, l.memory) = (0, false, None);
+        }
+        if *side.kicks_on {
+            ring.set_kicks(false); // polled: kicks would only cost the guest system calls
+            *side.kicks_on = false;
+        }
+        // Chains of one buffer (every frame from DPDK's virtio-user and most from Linux): all
+        // popped first, their buffers prefetched, then copied, then returned.
+        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
+        let mut n = 0;
+        while n < batch.room().min(flats.len())
+            && let Some(f) = ring.pop_flat(false)
+        {
+            flats[n] = f;
+            n += 1;
+        }
+        let lend = self.single_copy.load(Ordering::Relaxed);
+        let mut lent_frames = 0;
+        for f in &flats[..n] {
+            let lends = lend && f.len() >= net::HDR_LEN + net::LEND_MIN;
+            let r = if lends {
+                // SAFETY: the burst's descriptors are kept (`side.lent`, with the memory
+                // table) until `rx_done`, which the pipeline calls once it processed them.
+                unsafe { net::lend_from_buffer(f.buffer(), cache, side.offloads) }
+            } else {
+                net::from_buffer(f.buffer(), cache, side.offloads).map(|b| (b, false))
+            };
+            match r {
+                Ok((b, lent)) => {
+                    // Frames asking for offload work were copied whole: not counted.
+                    lent_frames += lent as u64;
+                    let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
+                    got += 1;
+                }
+                Err(e) => self.refuse_from_guest(side.p, e),
+            }
+        }
+        let (mut chain, mut used) = (Chain::default(), n);
+        // The pipeline calls `rx_done` when the cache lent (it starts every poll not lending).
+        let lent = cache.lending();
+        if lent {
+            // Given back at `rx_done`, all of them in ring order; longer chains wait for
+            // the next burst (they would be returned ahead of these).
+            let l = &mut *side.lent;
+            for (h, f) in l.heads.iter_mut().zip(&flats[..n]) {
+                *h = f.head;
+            }
+            (l.n, l.queue, l.memory) = (n, side.queue_id, Some(side.mem.clone()));
+            self.net.lent_frames.add(lent_frames);
+        } else {
+            for f in &flats[..n] {
+                ring.push_read(f.head);
+            }
+        }
+        // Refused chains take no room in the batch: at most a batch of them a burst, so a
+        // driver that keeps posting bad ones cannot hold the PMD thread.
+        while !lent && batch.room() > 0 && used < n + vswitch::batch::BATCH {
+            let Some(r) = ring.pop(&mut chain) else { break };
+            used += 1;
+            match r.map_err(|_| None).and_then(|()| {
+                net::from_guest(side.mem, &chain, cache, side.offloads).map_err(Some)
+            }) {
+                Ok(b) => {
+                    let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
+                    got += 1;
+                }
+                Err(None) => self.net.bad_chains.add(1),
+                Err(Some(e)) => self.refuse_from_guest(side.p, e),
+            }
+            ring.push_read(chain.head);
+        }
+        (got, used, used > 0 && !lent && ring.needs_interrupt())
+    }
+
+    /// The transmit burst into the guest's receive ring, compiled for each ring layout (see
+    /// [`Burst`]): packets taken from the front of `batch` (sent or refused), packets sent,
+    /// and whether the guest wants an interrupt.
+    #[inline(never)]
+    fn transmit<'m, R: Burst<'m>>(
+        &self,
+        mut ring: R,
+        mrg_rxbuf: bool,
+        cache: &mut PoolCache,
+        batch: &mut Batch,
+    ) -> (usize, usize, bool) {
+        // Unchained packets into receive chains of one buffer that holds them: every chain
+        // popped first (their buffers prefetched), then the copies, then the completions.
+        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
+        let mut n = 0;
+        for b in batch.as_slice().iter().take(flats.len()) {
+            let Some(f) = ring.pop_flat(true) else { break };
+            if (self.pool.is_chained(b) && self.pool.lent_tail(b).is_none())
+                || f.len() < net::HDR_LEN + self.pool.pkt_len(b)
+            {
+                ring.unpop();
+                break;
+            }
+            flats[n] = f;
+            n += 1;
+        }
+        for (f, b) in flats[..n].iter_mut().zip(batch.as_slice()) {
+            let len = net::to_buffer(f.buffer(), &self.pool, b).unwrap_or(0); // the size was checked
+            ring.push_used(f.head, len);
+        }
+        let mut chain = Chain::default();
+        // Malformed chains met this burst: at most a batch of them (see `rx_burst`).
+        let mut bad = 0;
+        let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
+        // The general path reads a packet by its pool segments: a lent one is copied into the
+        // pool first; from one that finds no buffer on, the rest stay (unsent, dropped).
+        let mut end = batch.len();
+        if cache.lending()
+            && let Some(i) =
+                batch.as_mut_slice()[n..].iter_mut().position(|b| !self.pool.linearize(b, cache))
+        {
+            end = n + i;
+        }
+        'packets: for b in &batch.as_slice()[n..end] {
+            // A malformed chain is returned empty and the same frame tries the next one.
+            let outcome = loop {
+                let o = if mrg_rxbuf {
+                    match net::to_guest_merged(&mut ring, &self.pool, b, &mut chain) {
+                        Ok(()) => Outcome::Sent,
+                        Err(NetError::GuestBufferTooSmall) => Outcome::NoRoom,
+                        Err(NetError::BadChain) => Outcome::BadChain,
+                        Err(_) => Outcome::Refused,
+                    }
+                } else {
+                    match ring.pop(&mut chain) {
+                        None => Outcome::NoRoom,
+                        Some(Err(_)) => {
+                            ring.push_used(chain.head, 0);
+                            Outcome::BadChain
+                        }
+                        Some(Ok(())) => match net::to_guest(ring.memory(), &chain, &self.pool, b) {
+                            Ok(n) => {
+                                ring.push_used(chain.head, n);
+                                Outcome::Sent
+                            }
+                            Err(NetError::GuestBufferTooSmall) => {
+                                ring.unpop(); // the chain may fit a smaller frame
+                                self.net.guest_buffer_too_small.add(1);
+                                Outcome::Refused
+                            }
+                            Err(_) => {
+                                ring.push_used(chain.head, 0);
+                                Outcome::Refused
+                            }
+                        },
+                    }
+                };
+                if o != Outcome::BadChain {
+                    break o;
+                }
+                self.net.bad_chains.add(1);
+                bad += 1;
+                if bad == vswitch::batch::BATCH {
+                    break o;
+                }
+            };
+            match outcome {
+                Outcome::Sent => sent += 1,
+                Outcome::Refused => self.net.refused_frames.add(1),
+                Outcome::NoRoom | Outcome::BadChain => break 'packets,
+            }
+            done += 1;
+        }
+        (done, sent, sent > 0 && ring.needs_interrupt())
+    }
+}
+
 impl Port for VhostPort {
     fn pool(&self) -> Option<&Arc<Pool>> {
         Some(&self.pool)
@@ -690,91 +892,21 @@ impl Port for VhostPort {
         if pair.lent.n > 0 && !pair.lent.orphaned {
             return got;
         }
-        let queue_id = queue.id();
-        let Ok(mut ring) = queue.ring(mem) else { return got };
-        if pair.lent.n > 0 {
-            // Lent while the ring was disabled: back in their places if it is the same ring.
-            let l = &mut pair.lent;
-            if l.queue == queue_id {
-                for &h in &l.heads[..l.n] {
-                    ring.push_read(h);
-                }
-            }
-            (l.n, l.orphaned, l.memory) = (0, false, None);
-        }
-        if pair.kicks_on {
-            ring.set_kicks(false); // polled: kicks would only cost the guest system calls
-            pair.kicks_on = false;
-        }
-        // Chains of one buffer (every frame from DPDK's virtio-user and most from Linux): all
-        // popped first, their buffers prefetched, then copied, then returned.
-        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
-        let mut n = 0;
-        while n < batch.room().min(flats.len())
-            && let Some(f) = ring.pop_flat(false)
-        {
-            flats[n] = f;
-            n += 1;
-        }
-        let lend = self.single_copy.load(Ordering::Relaxed);
-        let mut lent_frames = 0;
-        for f in &flats[..n] {
-            let lends = lend && f.len() >= net::HDR_LEN + net::LEND_MIN;
-            let r = if lends {
-                // SAFETY: the burst's descriptors are kept (`pair.lent`, with the memory
-                // table) until `rx_done`, which the pipeline calls once it processed them.
-                unsafe { net::lend_from_buffer(f.buffer(), cache, pair.offloads) }
-            } else {
-                net::from_buffer(f.buffer(), cache, pair.offloads).map(|b| (b, false))
-            };
-            match r {
-                Ok((b, lent)) => {
-                    // Frames asking for offload work were copied whole: not counted.
-                    lent_frames += lent as u64;
-                    let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
-                    got += 1;
-                }
-                Err(e) => self.refuse_from_guest(p, e),
-            }
-        }
-        let (mut chain, mut used) = (Chain::default(), n);
-        // The pipeline calls `rx_done` when the cache lent (it starts every poll not lending).
-        let lent = cache.lending();
-        if lent {
-            // Given back at `rx_done`, all of them in ring order; longer chains wait for
-            // the next burst (they would be returned ahead of these).
-            let l = &mut pair.lent;
-            for (h, f) in l.heads.iter_mut().zip(&flats[..n]) {
-                *h = f.head;
-            }
-            (l.n, l.queue, l.memory) = (n, queue_id, Some(mem.clone()));
-            self.net.lent_frames.add(lent_frames);
-        } else {
-            for f in &flats[..n] {
-                ring.push_read(f.head);
-            }
-        }
-        // Refused chains take no room in the batch: at most a batch of them a burst, so a
-        // driver that keeps posting bad ones cannot hold the PMD thread.
-        while !lent && batch.room() > 0 && used < n + vswitch::batch::BATCH {
-            let Some(r) = ring.pop(&mut chain) else { break };
-            used += 1;
-            match r
-                .map_err(|_| None)
-                .and_then(|()| net::from_guest(mem, &chain, cache, pair.offloads).map_err(Some))
-            {
-                Ok(b) => {
-                    let _ = batch.push(b).map_err(|b| cache.free(b)); // room was checked
-                    got += 1;
-                }
-                Err(None) => self.net.bad_chains.add(1),
-                Err(Some(e)) => self.refuse_from_guest(p, e),
-            }
-            ring.push_read(chain.head);
-        }
-        let call =
-            if used > 0 && !lent && ring.needs_interrupt() { pair.call[TXQ].clone() } else { None };
-        drop(ring);
+        let side = RxSide {
+            p,
+            queue_id: queue.id(),
+            mem,
+            lent: &mut pair.lent,
+            kicks_on: &mut pair.kicks_on,
+            offloads: pair.offloads,
+        };
+        let (received, used, interrupt) = match queue.ring(mem) {
+            Ok(Ring::Split(r)) => self.receive(r, side, cache, batch),
+            Ok(Ring::Packed(r)) => self.receive(r, side, cache, batch),
+            Err(_) => return got,
+        };
+        got += received;
+        let call = if interrupt { pair.call[TXQ].clone() } else { None };
         self.check_broken(queue, mem, p, TXQ);
         if used > 0 && !pair.rx_ready {
             self.rx_ready_by_transmission(pair, p);
@@ -793,91 +925,12 @@ impl Port for VhostPort {
         let (Some(mem), Some(queue)) = (pair.memory.as_ref(), pair.queues[RXQ].as_mut()) else {
             return 0;
         };
-        let Ok(mut ring) = queue.ring(mem) else { return 0 };
-        // Unchained packets into receive chains of one buffer that holds them: every chain
-        // popped first (their buffers prefetched), then the copies, then the completions.
-        let mut flats = [Flat::EMPTY; vswitch::batch::BATCH];
-        let mut n = 0;
-        for b in batch.as_slice().iter().take(flats.len()) {
-            let Some(f) = ring.pop_flat(true) else { break };
-            if (self.pool.is_chained(b) && self.pool.lent_tail(b).is_none())
-                || f.len() < net::HDR_LEN + self.pool.pkt_len(b)
-            {
-                ring.unpop();
-                break;
-            }
-            flats[n] = f;
-            n += 1;
-        }
-        for (f, b) in flats[..n].iter_mut().zip(batch.as_slice()) {
-            let len = net::to_buffer(f.buffer(), &self.pool, b).unwrap_or(0); // the size was checked
-            ring.push_used(f.head, len);
-        }
-        let mut chain = Chain::default();
-        // Malformed chains met this burst: at most a batch of them (see `rx_burst`).
-        let mut bad = 0;
-        let (mut done, mut sent) = (n, n); // packets taken from the front (sent or refused); sent
-        // The general path reads a packet by its pool segments: a lent one is copied into the
-        // pool first; from one that finds no buffer on, the rest stay (unsent, dropped).
-        let mut end = batch.len();
-        if cache.lending()
-            && let Some(i) =
-                batch.as_mut_slice()[n..].iter_mut().position(|b| !self.pool.linearize(b, cache))
-        {
-            end = n + i;
-        }
-        'packets: for b in &batch.as_slice()[n..end] {
-            // A malformed chain is returned empty and the same frame tries the next one.
-            let outcome = loop {
-                let o = if pair.mrg_rxbuf {
-                    match net::to_guest_merged(&mut ring, &self.pool, b, &mut chain) {
-                        Ok(()) => Outcome::Sent,
-                        Err(NetError::GuestBufferTooSmall) => Outcome::NoRoom,
-                        Err(NetError::BadChain) => Outcome::BadChain,
-                        Err(_) => Outcome::Refused,
-                    }
-                } else {
-                    match ring.pop(&mut chain) {
-                        None => Outcome::NoRoom,
-                        Some(Err(_)) => {
-                            ring.push_used(chain.head, 0);
-                            Outcome::BadChain
-                        }
-                        Some(Ok(())) => match net::to_guest(mem, &chain, &self.pool, b) {
-                            Ok(n) => {
-                                ring.push_used(chain.head, n);
-                                Outcome::Sent
-                            }
-                            Err(NetError::GuestBufferTooSmall) => {
-                                ring.unpop(); // the chain may fit a smaller frame
-                                self.net.guest_buffer_too_small.add(1);
-                                Outcome::Refused
-                            }
-                            Err(_) => {
-                                ring.push_used(chain.head, 0);
-                                Outcome::Refused
-                            }
-                        },
-                    }
-                };
-                if o != Outcome::BadChain {
-                    break o;
-                }
-                self.net.bad_chains.add(1);
-                bad += 1;
-                if bad == vswitch::batch::BATCH {
-                    break o;
-                }
-            };
-            match outcome {
-                Outcome::Sent => sent += 1,
-                Outcome::Refused => self.net.refused_frames.add(1),
-                Outcome::NoRoom | Outcome::BadChain => break 'packets,
-            }
-            done += 1;
-        }
-        let call = if sent > 0 && ring.needs_interrupt() { pair.call[RXQ].clone() } else { None };
-        drop(ring);
+        let (done, sent, interrupt) = match queue.ring(mem) {
+            Ok(Ring::Split(r)) => self.transmit(r, pair.mrg_rxbuf, cache, batch),
+            Ok(Ring::Packed(r)) => self.transmit(r, pair.mrg_rxbuf, cache, batch),
+            Err(_) => return 0,
+        };
+        let call = if interrupt { pair.call[RXQ].clone() } else { None };
         self.check_broken(queue, mem, p, RXQ);
         drop(guard);
         self.interrupt(call);
