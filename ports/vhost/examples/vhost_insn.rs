@@ -7,8 +7,9 @@
 //!     valgrind --tool=callgrind --toggle-collect='*measured_poll*' \
 //!         target/release/examples/vhost_insn 64 64000
 //!
-//! Arguments: frame size (bytes), packets, and `mrg` to negotiate mergeable receive buffers
-//! (as DPDK's virtio-user and Linux do by default).
+//! Arguments: frame size (bytes), packets, then `mrg` to negotiate mergeable receive buffers
+//! (as DPDK's virtio-user and Linux do by default) and `packed` for packed rings with
+//! `IN_ORDER` (virtio-user's `packed_vq=1`).
 
 use knitter_vhost::net::HDR_LEN;
 use knitter_vhost::testkit::{Buf, Vm};
@@ -31,10 +32,13 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let size: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let packets: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64_000);
-    let mrg = args.next().is_some_and(|a| a == "mrg");
+    let flags: Vec<String> = args.collect();
+    let mrg = flags.iter().any(|a| a == "mrg");
+    let packed = flags.iter().any(|a| a == "packed");
     let pool = Pool::new(8192, true).expect("pool");
     let switch = Switch::new(pool.clone(), SwitchOptions::default());
-    let (mut a, mut b) = (Vm::new("vm-a", &pool, 256), Vm::new("vm-b", &pool, 256));
+    let (mut a, mut b) =
+        (Vm::with_layout("vm-a", &pool, 256, packed), Vm::with_layout("vm-b", &pool, 256, packed));
     for vm in [&a, &b] {
         vm.port.configure(|d| d.set_mrg_rxbuf(mrg));
     }
@@ -87,7 +91,7 @@ fn main() {
     }
     let st = switch.stats();
     println!(
-        "size={size} packets={got} drops={} cache_hits={} tsc_cycles_per_packet={:.1}",
+        "size={size} packed={packed} mrg={mrg} packets={got} drops={} cache_hits={} tsc_cycles_per_packet={:.1}",
         st.total_drops(),
         st.event(vswitch::Event::CacheHits),
         cycles as f64 / got as f64

@@ -39,8 +39,8 @@ use crate::vring::{
 };
 use std::sync::atomic::{Ordering, fence};
 
-const F_AVAIL: u16 = 1 << 7;
-const F_USED: u16 = 1 << 15;
+pub const F_AVAIL: u16 = 1 << 7;
+pub const F_USED: u16 = 1 << 15;
 /// Event-suppression flags (`desc_event_flags`): always notify, never, at one descriptor.
 const EVENT_ENABLE: u16 = 0;
 const EVENT_DISABLE: u16 = 1;
@@ -329,7 +329,7 @@ impl<'m> Ring<'m> {
 
     /// Pops the next available chain if it is one buffer (see
     /// [`crate::vring::Ring::pop_flat`]).
-    #[inline]
+    #[inline(always)]
     pub fn pop_flat(&mut self, writable: bool) -> Option<Flat<'m>> {
         if self.pending() == 0 {
             return None;
@@ -362,7 +362,7 @@ impl<'m> Ring<'m> {
     /// Returns the chain popped at slot `head` with `len` bytes written into it: one used
     /// descriptor with its buffer id where the used position is, which moves past the chain.
     /// Visible to the guest once published.
-    #[inline]
+    #[inline(always)]
     pub fn push_used(&mut self, head: u16, len: u32) {
         if self.q.health.broken {
             return; // where its chains end is not known
@@ -378,7 +378,7 @@ impl<'m> Ring<'m> {
     /// burst of them goes back as one used descriptor — the last one's id where the first
     /// one's head was, the used position past them all (virtio 1.1, 2.8.9) — which the
     /// driver reads once instead of once a frame; without, as [`Ring::push_used`].
-    #[inline]
+    #[inline(always)]
     pub fn push_read(&mut self, head: u16) {
         if !self.q.in_order {
             return self.push_used(head, 0);
