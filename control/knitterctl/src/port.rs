@@ -246,7 +246,7 @@ fn rings(r: &pb::VhostRings) -> String {
     let sizes = if r.rx_size == r.tx_size {
         format!("{} entries", r.rx_size)
     } else {
-        format!("{} (rx) and {} (tx) entries", r.rx_size, r.tx_size)
+        format!("{} (guest rx) and {} (guest tx) entries", r.rx_size, r.tx_size)
     };
     let pairs = if r.queue_pairs == 1 { "pair" } else { "pairs" };
     let mut s = format!("{layout} rings of {sizes}, {} {pairs}", r.queue_pairs);
@@ -317,7 +317,7 @@ mod tests {
         };
         assert_eq!(
             rings(&r),
-            "split rings of 1024 (rx) and 256 (tx) entries, 2 pairs, mergeable buffers"
+            "split rings of 1024 (guest rx) and 256 (guest tx) entries, 2 pairs, mergeable buffers"
         );
     }
 }

@@ -180,6 +180,9 @@ impl NetBackend {
                     };
                     q.set_features(features.0, features.1);
                     q.set_in_order(in_order);
+                    // What the running rings do, for `VhostPort::rings` (features acked
+                    // later reach them only when they are set up again).
+                    self.port.set_in_order(in_order);
                     // The same ring rebuilt while it ran: what the device took and has not
                     // returned yet (a burst's lent descriptors) goes back in its place.
                     if let (false, Some(old)) = (c.fresh_base, &old) {
@@ -303,7 +306,6 @@ impl VhostUserBackendReqHandlerMut for NetBackend {
             return Err(Error::InvalidParam);
         }
         self.acked = features;
-        self.port.set_in_order(features & VIRTIO_F_IN_ORDER != 0);
         self.port.configure(|d| d.set_mrg_rxbuf(features & VIRTIO_NET_F_MRG_RXBUF != 0));
         // Without protocol features a ring is enabled as soon as it is started; with them,
         // SET_VRING_ENABLE decides (and may have come before this message).

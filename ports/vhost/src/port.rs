@@ -522,7 +522,7 @@ impl VhostPort {
         }
     }
 
-    /// The connected frontend acked `VIRTIO_F_IN_ORDER` (SET_FEATURES); false once it is gone.
+    /// The frontend's rings were set up with `VIRTIO_F_IN_ORDER` acked; false once it is gone.
     pub fn set_in_order(&self, on: bool) {
         self.in_order.store(on, Ordering::Relaxed);
     }

@@ -44,12 +44,20 @@ pub struct Guest {
 
 /// What a packed ring's driver keeps: its wrap counters (the available one for the slots it
 /// writes, the used one for the descriptors it reads back; `next_free` and `used_seen` are
-/// the slots) and the buffers in flight, oldest first: (id = head slot, descriptors).
+/// the slots) and the buffers in flight, oldest first: (head slot, buffer id, descriptors).
+/// It negotiates `IN_ORDER` (as [`Vm::with_layout`] sets the port up): a used descriptor may
+/// return every buffer up to the one it names.
 #[derive(Default)]
 struct PackedDriver {
     avail_wrap: bool,
     used_wrap: bool,
-    in_flight: VecDeque<(u16, u16)>,
+    in_flight: VecDeque<(u16, u16, u16)>,
+}
+
+/// The buffer id a packed-ring guest gives the chain at `slot`: not the slot itself (a
+/// device that returned slots instead of ids would go unseen), one id per slot.
+fn buffer_id(slot: u16) -> u16 {
+    slot ^ 0x5a5a
 }
 
 /// One buffer a guest posts: bytes for the device to read, or room for it to write.
@@ -202,7 +210,8 @@ impl Guest {
     }
 
     /// [`Guest::post`] on a packed ring: the chain's descriptors at the next slots, its
-    /// head's flags written last (what makes it available), its id the head's slot.
+    /// head's flags written last (what makes it available), its id [`buffer_id`] of the
+    /// head's slot in every descriptor (the device reads the last one's).
     fn post_packed(&mut self, bufs: &[Buf]) -> (u16, Vec<u64>) {
         let head = self.next_free;
         let wrap = self.packed.as_ref().is_none_or(|p| p.avail_wrap);
@@ -215,7 +224,7 @@ impl Guest {
             let mut d = [0u8; 16];
             d[..8].copy_from_slice(&at.to_le_bytes());
             d[8..12].copy_from_slice(&len.to_le_bytes());
-            d[12..14].copy_from_slice(&head.to_le_bytes());
+            d[12..14].copy_from_slice(&buffer_id(head).to_le_bytes());
             let at_desc = self.desc + 16 * slot as u64;
             if k == 0 {
                 head_flags = flags;
@@ -235,7 +244,7 @@ impl Guest {
         self.next_free = slot;
         if let Some(p) = self.packed.as_mut() {
             p.avail_wrap = lap;
-            p.in_flight.push_back((head, bufs.len() as u16));
+            p.in_flight.push_back((head, buffer_id(head), bufs.len() as u16));
         }
         (head, addrs)
     }
@@ -254,15 +263,15 @@ impl Guest {
             }
             let id = u16::from_le_bytes([d[12], d[13]]);
             let len = u32::from_le_bytes([d[8], d[9], d[10], d[11]]);
-            assert!(p.in_flight.iter().any(|&(h, _)| h == id), "used id {id} not in flight");
-            while let Some((h, n)) = p.in_flight.pop_front() {
-                out.push((h, if h == id { len } else { 0 }));
+            assert!(p.in_flight.iter().any(|&(_, b, _)| b == id), "used id {id} not in flight");
+            while let Some((h, b, n)) = p.in_flight.pop_front() {
+                out.push((h, if b == id { len } else { 0 }));
                 self.used_seen += n;
                 if self.used_seen >= self.size {
                     self.used_seen -= self.size;
                     p.used_wrap = !p.used_wrap;
                 }
-                if h == id {
+                if b == id {
                     break;
                 }
             }
@@ -339,6 +348,7 @@ impl Vm {
             d.set_memory(Some(rx.mem.clone()));
             d.run_pair(0, rx.virtqueue(packed), tx.virtqueue(packed));
         });
+        port.set_in_order(packed);
         Vm { rx, tx, port }
     }
 

@@ -28,7 +28,7 @@ fn frames_cross(packed: bool) {
     let mut h = Harness::with_pool(pool.clone(), SwitchOptions::default());
     let (mut a, mut b) =
         (Vm::with_layout("vm-a", &pool, 64, packed), Vm::with_layout("vm-b", &pool, 64, packed));
-    assert_eq!(a.port.rings().map(|r| r.packed), Some(packed));
+    assert_eq!(a.port.rings().map(|r| (r.packed, r.in_order)), Some((packed, packed)));
     h.register("vm-a", a.port.clone()).register("vm-b", b.port.clone());
     h.apply(testkit::one_bridge(&["vm-a", "vm-b"])).unwrap();
     let mut a_bufs: std::collections::VecDeque<u64> = a.give_rx_buffers(32).into();
