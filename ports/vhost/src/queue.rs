@@ -137,10 +137,10 @@ pub fn fresh_base(packed: bool) -> u16 {
 }
 
 /// One burst's work on a ring: implemented by each layout's ring, so that the port's burst
-/// loops are compiled once for each ([`Ring`] dispatches once a burst, not once a chain:
-/// dispatching per call put both layouts' code in every loop, and a split ring's burst paid
-/// ~20 cycles a packet more in one thread, from instruction-cache misses and branches), and
-/// by [`Ring`] itself for the paths that are not hot.
+/// loops are compiled once for each (the port matches on [`Ring`] once a burst, not once a
+/// chain: dispatching per call put both layouts' code in every loop, and a split ring's
+/// burst paid ~20 cycles a packet more in one thread, from instruction-cache misses and
+/// branches), and by [`Ring`] itself, dispatching per call, for the paths that are not hot.
 pub trait Burst<'m> {
     /// Chains available (a packed ring says only whether there is one: 0 or 1).
     fn pending(&mut self) -> u16;
@@ -203,7 +203,6 @@ macro_rules! burst_by_inherent {
 
 burst_by_inherent!(vring::Ring<'m>, r, head => r.push_used(head, 0));
 burst_by_inherent!(packed::Ring<'m>, r, head => r.push_read(head));
-burst_by_inherent!(Ring<'m>, r, head => r.push_read(head));
 
 /// One burst's access to a queue's rings, of either layout; publishes when dropped.
 pub enum Ring<'m> {
@@ -211,55 +210,42 @@ pub enum Ring<'m> {
     Packed(packed::Ring<'m>),
 }
 
-impl<'m> Ring<'m> {
-    /// Chains available (a packed ring says only whether there is one: 0 or 1).
-    #[inline]
-    pub fn pending(&mut self) -> u16 {
+/// Each call dispatches on the layout: for the paths that are not hot (the hot bursts are
+/// compiled for each layout, see [`Burst`]).
+impl<'m> Burst<'m> for Ring<'m> {
+    fn pending(&mut self) -> u16 {
         either_ring!(self, r => r.pending())
     }
 
-    #[inline]
-    pub fn pop(&mut self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
+    fn pop(&mut self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
         either_ring!(self, r => r.pop(chain))
     }
 
-    #[inline]
-    pub fn pop_flat(&mut self, writable: bool) -> Option<Flat<'m>> {
+    fn pop_flat(&mut self, writable: bool) -> Option<Flat<'m>> {
         either_ring!(self, r => r.pop_flat(writable))
     }
 
-    #[inline]
-    pub fn unpop(&mut self) {
+    fn unpop(&mut self) {
         either_ring!(self, r => r.unpop())
     }
 
-    #[inline]
-    pub fn push_used(&mut self, head: u16, len: u32) {
+    fn push_used(&mut self, head: u16, len: u32) {
         either_ring!(self, r => r.push_used(head, len))
     }
 
-    /// Returns a chain the device only read (see [`packed::Ring::push_read`]).
-    #[inline]
-    pub fn push_read(&mut self, head: u16) {
-        match self {
-            Ring::Split(r) => r.push_used(head, 0),
-            Ring::Packed(r) => r.push_read(head),
-        }
+    fn push_read(&mut self, head: u16) {
+        either_ring!(self, r => Burst::push_read(r, head))
     }
 
-    pub fn publish(&mut self) {
-        either_ring!(self, r => r.publish())
-    }
-
-    pub fn needs_interrupt(&mut self) -> bool {
+    fn needs_interrupt(&mut self) -> bool {
         either_ring!(self, r => r.needs_interrupt())
     }
 
-    pub fn set_kicks(&mut self, on: bool) {
+    fn set_kicks(&mut self, on: bool) {
         either_ring!(self, r => r.set_kicks(on))
     }
 
-    pub fn memory(&self) -> &GuestMemory {
+    fn memory(&self) -> &GuestMemory {
         either_ring!(self, r => r.memory())
     }
 }

@@ -4,7 +4,7 @@
 //! guest → pool → guest byte for byte.
 
 use knitter_vhost::net::{self, HDR_LEN, NetError, Offloads};
-use knitter_vhost::queue::Virtqueue;
+use knitter_vhost::queue::{Burst, Virtqueue};
 use knitter_vhost::testkit::{Buf, Guest};
 use knitter_vhost::vring::Chain;
 use vswitch::{Pool, PoolCache};
