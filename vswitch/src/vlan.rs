@@ -3,7 +3,7 @@
 //! Push prepends 4 bytes into the headroom and moves only the 12 bytes of MAC addresses;
 //! pop moves them back. The payload never moves.
 
-use crate::buf::{BufId, Pool};
+use crate::buf::{BufId, Pool, PoolView};
 
 /// Inserts a tag (TPID, TCI) after the MAC addresses; false if headroom or data is short.
 #[inline]
@@ -22,7 +22,7 @@ pub fn push(pool: &Pool, b: &mut BufId, tpid: u16, tci: u16) -> bool {
 /// inlined: the cache's hit path pops with it, and out of line it cost ~10 instructions a
 /// frame more (the inliner dropped it once the hit path's caller grew).
 #[inline(always)]
-pub fn pop(pool: &Pool, b: &mut BufId) -> bool {
+pub fn pop(pool: PoolView, b: &mut BufId) -> bool {
     let h = pool.head_mut(b);
     if h.len() < 18 {
         return false;
@@ -71,7 +71,7 @@ mod test {
         assert_eq!(&h[16..], &frame[12..]);
         set_tpid(&pool, &mut b, 0x88a8);
         assert_eq!(&pool.head(&b)[12..14], &[0x88, 0xa8]);
-        assert!(pop(&pool, &mut b));
+        assert!(pop(pool.view(), &mut b));
         assert_eq!(pool.head(&b), &frame[..]);
         c.free(b);
     }

@@ -55,12 +55,15 @@ fn a_cached_flow_is_forwarded_byte_exact() {
         h.send("p0", &f);
     }
     h.step();
-    assert_eq!(h.recv("p1"), vec![f; 40]);
+    assert_eq!(h.recv("p1"), vec![f.clone(); 40]);
     assert!(h.recv("p2").is_empty());
     let s = h.stats();
     assert_eq!(s.event(Event::CacheHits), 41);
     assert_eq!(s.ports[0].rx_packets, 43);
     assert_eq!(s.total_drops(), 0);
+    // The bridge domain counts every frame, hit or not (an all-hit burst counts once).
+    let red = h.switch.snapshot().bd_id("red").expect("red") as usize;
+    assert_eq!((s.bds[red].packets, s.bds[red].bytes), (44, 44 * f.len() as u64));
 }
 
 #[test]
@@ -237,6 +240,10 @@ fn tagged_flows_are_cached_with_their_priority() {
     assert_eq!(h.recv("a"), vec![frames::udp4(mac(1), mac(2), ip(2), ip(1), 1, 2, 60); 3]);
     assert_eq!(h.recv("t"), vec![frames::add_tag(&to_trunk, 0x8100, 100); 3]);
     assert!(hits(&h) >= 4, "both directions cached");
+    // Every frame counted in the bridge domain, hits from the trunk with their tag.
+    let red = h.switch.snapshot().bd_id("red").expect("red") as usize;
+    let bytes = 4 * (to_trunk.len() + from_trunk(5).len()) as u64;
+    assert_eq!((h.stats().bds[red].packets, h.stats().bds[red].bytes), (8, bytes));
     // Another priority is another key: the tag's bytes are part of it.
     h.send("t", &from_trunk(3));
     h.step();

@@ -589,7 +589,16 @@ impl Pipeline {
             0
         } else {
             // An access port's frames all belong to its one bridge domain.
+            let all = tally.hits() == n as u64;
             match (port.kind == PortKind::Access, self.nodes.on()) {
+                (true, false) if all => {
+                    self.forward_all_hits::<true>(snap, port, batch, &found, bytes);
+                    0
+                }
+                (false, false) if all => {
+                    self.forward_all_hits::<false>(snap, port, batch, &found, bytes);
+                    0
+                }
                 (true, false) => self.forward_cached::<true, false>(snap, port, batch, &mut found),
                 (false, false) => {
                     self.forward_cached::<false, false>(snap, port, batch, &mut found)
@@ -841,6 +850,36 @@ impl Pipeline {
         demoted
     }
 
+    /// [`Pipeline::forward_cached`] for a burst all of whose frames hit (so each fits its
+    /// hit's length, none takes the slow path and no hit is outdated): no length is checked.
+    /// From an access port (`ACCESS`) the burst is one run of the port's bridge domain,
+    /// `bytes` long, counted after the loop. Out of line, so its registers are its own.
+    #[inline(never)]
+    pub(super) fn forward_all_hits<const ACCESS: bool>(
+        &mut self,
+        snap: &Snapshot,
+        port: &PortEntry,
+        batch: &mut Batch,
+        found: &[(Hit, u32); BATCH],
+        bytes: u64,
+    ) {
+        let n = batch.len();
+        let mut run = BdRun::new(NO_BD);
+        for i in 0..n {
+            let b = batch.take(i);
+            let (hit, len) = found[i & (BATCH - 1)];
+            if !ACCESS && let Some(done) = run.add(hit.bd(), len as usize) {
+                self.count_run(done);
+            }
+            self.egress_hit::<false>(snap, b, hit);
+        }
+        batch.clear_taken();
+        if ACCESS {
+            run = BdRun { bd: port.untagged_bd, packets: n as u64, bytes };
+        }
+        self.end_hits(snap, run);
+    }
+
     /// Egress of a frame the cache knows, counted in `run` (bridge domain `bd`, `len` bytes).
     #[inline(always)]
     pub(super) fn forward_hit<const PER_NODE: bool>(
@@ -855,6 +894,13 @@ impl Pipeline {
         if let Some(done) = run.add(bd, len) {
             self.count_run(done);
         }
+        self.egress_hit::<PER_NODE>(snap, b, hit);
+    }
+
+    /// Where a frame the cache knows goes: its egress's tx batch (retagged as the hit says),
+    /// or the queue for encapsulation.
+    #[inline(always)]
+    fn egress_hit<const PER_NODE: bool>(&mut self, snap: &Snapshot, b: BufId, hit: Hit) {
         if let Some(p) = hit.plain_port() {
             return self.hand_to_tx(snap, p, b);
         }

@@ -113,7 +113,7 @@ pub(super) fn classify_port(
         if port.untagged_bd == NO_BD {
             return Err(DropReason::UntaggedNotAllowed);
         }
-        vlan::pop(pool, b);
+        vlan::pop(pool.view(), b);
         let (h, len) = pool.head_and_len(b);
         if len - ethernet::HEADER_LEN > port.mtu as usize {
             return Err(DropReason::Oversize);

@@ -90,7 +90,7 @@ impl Pipeline {
         match (tagged, want) {
             (false, None) => true,
             (false, Some((tpid, v))) => vlan::push(&self.pool, b, tpid, pcp | v),
-            (true, None) => vlan::pop(&self.pool, b),
+            (true, None) => vlan::pop(self.pool.view(), b),
             (true, Some((tpid, _))) => {
                 vlan::set_tpid(&self.pool, b, tpid);
                 true
@@ -101,6 +101,6 @@ impl Pipeline {
     /// Removes the tag of a frame that arrived tagged (VXLAN carries inner frames untagged).
     #[inline(always)]
     pub(super) fn untag(&self, b: &mut BufId, tagged: bool) -> Result<(), DropReason> {
-        if tagged && !vlan::pop(&self.pool, b) { Err(DropReason::Runt) } else { Ok(()) }
+        if tagged && !vlan::pop(self.pool.view(), b) { Err(DropReason::Runt) } else { Ok(()) }
     }
 }
