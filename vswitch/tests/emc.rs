@@ -250,6 +250,60 @@ fn tagged_flows_are_cached_with_their_priority() {
     assert_eq!(h.recv("a").len(), 1);
 }
 
+/// A trunk's burst that all hit, over two bridge domains in runs (100, 100, 200, 100, 200,
+/// 200): each domain counts its own frames and bytes, tag included, as the frames take
+/// their own ways out.
+#[test]
+fn a_trunks_burst_that_all_hit_counts_each_bridge_domain() {
+    let mut h = Harness::new();
+    h.ring("a").ring("b").ring("t");
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red").vlan(100), BridgeConfig::new("blue").vlan(200)],
+        ports: vec![
+            PortConfig::access("a", "red"),
+            PortConfig::access("b", "blue"),
+            PortConfig::trunk("t", &[100, 200], None),
+        ],
+        vtep: None,
+    })
+    .unwrap();
+    let snap = h.switch.snapshot();
+    let (red, blue) = (snap.bd_id("red").expect("red"), snap.bd_id("blue").expect("blue"));
+    // mac(1) behind a, mac(3) behind b; mac(2) and mac(4) behind the trunk, in 100 and 200.
+    let untagged = |vid: u16, len: usize| {
+        let (dst, src) = if vid == 100 { (1u8, 2u8) } else { (3, 4) };
+        frames::udp4(mac(dst.into()), mac(src.into()), ip(src), ip(dst), 1, 2, len)
+    };
+    let tagged = |vid: u16, len: usize| frames::add_tag(&untagged(vid, len), 0x8100, vid);
+    h.send("a", &frames::udp4(mac(2), mac(1), ip(1), ip(2), 2, 1, 60));
+    h.send("b", &frames::udp4(mac(4), mac(3), ip(3), ip(4), 2, 1, 60));
+    h.step();
+    for _ in 0..2 {
+        h.send("t", &tagged(100, 60));
+        h.send("t", &tagged(200, 80));
+        h.step();
+    }
+    h.recv_all();
+    let before = (h.stats(), hits(&h));
+    let burst = [(100, 60), (100, 70), (200, 80), (100, 60), (200, 90), (200, 80)];
+    for (vid, len) in burst {
+        h.send("t", &tagged(vid, len));
+    }
+    h.step();
+    assert_eq!(hits(&h) - before.1, 6, "the whole burst hit");
+    let to =
+        |vid| burst.iter().filter(|b| b.0 == vid).map(|&(v, l)| untagged(v, l)).collect::<Vec<_>>();
+    assert_eq!(h.recv("a"), to(100));
+    assert_eq!(h.recv("b"), to(200));
+    let after = h.stats();
+    for (bd, vid) in [(red, 100), (blue, 200)] {
+        let bytes: usize =
+            burst.iter().filter(|b| b.0 == vid).map(|&(v, l)| tagged(v, l).len()).sum();
+        let (b0, b1) = (&before.0.bds[bd as usize], &after.bds[bd as usize]);
+        assert_eq!((b1.packets - b0.packets, b1.bytes - b0.bytes), (3, bytes as u64), "VLAN {vid}");
+    }
+}
+
 /// An empty frame (a hostile guest can offer one) has no key: it must not take the cache's
 /// "no decision" for a hit, which would send it to port 0.
 #[test]

@@ -541,8 +541,9 @@ impl Pipeline {
     /// exact-match cache (or, `halves`, in the second level alone), the exact-match cache's
     /// misses in the second level, then the hits and misses in order (or stages 1-2 for the
     /// whole burst when nothing hit). Returns the bytes received. One in-order pass for both
-    /// levels: a second copy of it (and of the egress code it inlines) cost the all-hit
-    /// burst's path 2-10 instructions a frame in what the compiler then left out of line.
+    /// levels (a second copy of it inline, and of the egress code it inlines, cost the
+    /// all-hit burst's path 2-10 instructions a frame in what the compiler then left out of
+    /// line); a burst that all hit takes [`Pipeline::forward_all_hits`], out of line.
     #[inline(always)]
     pub(super) fn forward_port_cached(
         &mut self,
@@ -588,7 +589,8 @@ impl Pipeline {
             self.encap_burst(snap, port, batch, &found, bytes);
             0
         } else {
-            // An access port's frames all belong to its one bridge domain.
+            // An access port's frames all belong to its one bridge domain; a burst that all
+            // hit needs no in-order pass that can take a frame to the slow path.
             let all = tally.hits() == n as u64;
             match (port.kind == PortKind::Access, self.nodes.on()) {
                 (true, false) if all => {
