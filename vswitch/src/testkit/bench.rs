@@ -22,8 +22,10 @@ pub enum Scenario {
     /// Known unicast between two access ports with learning on, over `macs` MACs in the FDB.
     L2 { macs: u32 },
     /// The same both ways: `macs / 2` flows from one port and `macs / 2` answering them from
-    /// the other, bursts taken from each port in turn (`macs` MACs, `macs` flows).
-    L2Both { macs: u32 },
+    /// the other, bursts taken from each port in turn (`macs` MACs, `macs` flows). `random`:
+    /// MACs drawn at random (as a VNF's or a generator's are), not counted up; either way
+    /// the flows come in turn, as a generator replays them.
+    L2Both { macs: u32, random: bool },
     /// Access → trunk (tag pushed).
     VlanPush,
     /// Trunk → access (tag popped).
@@ -72,7 +74,7 @@ impl Scenario {
         Scenario::Trunk { bds: 4094 },
         Scenario::L2 { macs: 1000 },
         Scenario::L2 { macs: 100_000 },
-        Scenario::L2Both { macs: 100_000 },
+        Scenario::L2Both { macs: 100_000, random: false },
         Scenario::VlanPush,
         Scenario::VlanPop,
         Scenario::VxlanEncap,
@@ -90,7 +92,8 @@ impl Scenario {
     pub fn name(&self) -> String {
         match self {
             Scenario::L2 { macs } => format!("l2-{}k", macs / 1000),
-            Scenario::L2Both { macs } => format!("l2-{}k-both", macs / 1000),
+            Scenario::L2Both { macs, random: false } => format!("l2-{}k-both", macs / 1000),
+            Scenario::L2Both { macs, random: true } => format!("l2-{}k-both-random", macs / 1000),
             Scenario::VlanPush => "vlan-push".into(),
             Scenario::VlanPop => "vlan-pop".into(),
             Scenario::VxlanEncap => "vxlan-encap".into(),
@@ -120,8 +123,8 @@ impl Scenario {
     /// Workloads too large for the CI test of every scenario, measured by hand
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain, meshes of
     /// 31,250 to 500,000 flows (where the exact-match cache outgrows the core: `emc.rs`
-    /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations.
-    pub const SCALE: [Scenario; 7] = [
+    /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations, 100,000 random MACs both ways.
+    pub const SCALE: [Scenario; 8] = [
         Scenario::L2 { macs: 1_000_000 },
         Scenario::FullMesh { hosts: 250 },
         Scenario::FullMesh { hosts: 350 },
@@ -129,6 +132,7 @@ impl Scenario {
         Scenario::FullMesh { hosts: 500 },
         Scenario::FullMesh { hosts: 1000 },
         Scenario::PodMesh { pods: 512, hosts: 1000 },
+        Scenario::L2Both { macs: 100_000, random: true },
     ];
 
     pub fn parse(s: &str) -> Option<Scenario> {
@@ -170,6 +174,15 @@ fn manager_mac(n: u32) -> MacAddr {
     MacAddr([0x0a, 0x58, b[0], b[1], b[2], b[3]])
 }
 
+/// Host `n`'s MAC drawn at random (a fixed draw: splitmix64 of `n`), locally administered.
+fn random_mac(n: u32) -> MacAddr {
+    let mut z = (n as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let b = (z ^ (z >> 31)).to_be_bytes();
+    MacAddr([0x02, b[0], b[1], b[2], b[3], b[4]])
+}
+
 /// The pod of the pod scenarios: its MAC and address.
 const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 255, 1);
 
@@ -196,7 +209,7 @@ impl Bench {
     /// measure the slow path).
     pub fn with_options(s: Scenario, mut opts: SwitchOptions) -> Bench {
         // The MAC table sized for the workload, as an operator sizes `[tables] fdb_entries`.
-        if let Scenario::L2 { macs } | Scenario::L2Both { macs } = s {
+        if let Scenario::L2 { macs } | Scenario::L2Both { macs, .. } = s {
             opts.fdb_entries = opts.fdb_entries.max((2 * macs).next_power_of_two());
         }
         let pool = Pool::new(65536, true).expect("buffer pool");
@@ -215,10 +228,11 @@ impl Bench {
         // Inputs after the first: their names and frames.
         let mut other_inputs: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
         let (cfg, input, frames_): (SwitchConfig, &str, Vec<Vec<u8>>) = match s {
-            Scenario::L2Both { macs } => {
+            Scenario::L2Both { macs, random } => {
                 ring("a", None);
                 ring("b", None);
                 let n = (macs / 2).max(1);
+                let mac = |i: u32| if random { random_mac(i) } else { mac(i) };
                 let f = (0..n)
                     .map(|i| {
                         frames::udp4(mac(n + i + 1), mac(i + 1), ip(i), ip(i + 1), 1000, 2000, 60)
