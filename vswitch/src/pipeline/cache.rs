@@ -870,10 +870,11 @@ impl Pipeline {
         for i in 0..n {
             let b = batch.take(i);
             let (hit, len) = found[i & (BATCH - 1)];
-            if !ACCESS && let Some(done) = run.add(hit.bd(), len as usize) {
-                self.count_run(done);
+            if ACCESS {
+                self.egress_hit::<false>(snap, b, hit);
+            } else {
+                self.forward_hit::<false>(snap, b, hit, &mut run, hit.bd(), len as usize);
             }
-            self.egress_hit::<false>(snap, b, hit);
         }
         batch.clear_taken();
         if ACCESS {
