@@ -19,7 +19,9 @@
 //! and take the slow path too. What each hit still checks per frame
 //! (ingress MTU; egress MTU and tagging happen in the shared egress code) stays per frame.
 //!
-//! Two entries of 32 bytes per 64-byte line; a key may sit in either (set-associative).
+//! Two entries of 32 bytes per 64-byte line; a key may sit in either (set-associative), and
+//! when both hold live entries, in the adjacent line's set (the other of its pair), which
+//! only a second look finds: the burst's misses get it, the hits' lookups stay one line's.
 
 /// What a hit forwards to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,6 +364,12 @@ impl Key {
         Key { k0: self.k0 & !0xffff, k1: 0, k2: source.domain() }
     }
 
+    /// Whether the key is a decapsulated frame's (its ingress a remote VTEP).
+    #[inline(always)]
+    fn of_decapsulated(&self) -> bool {
+        self.k2 & FROM_PEER != 0
+    }
+
     /// The ingress port of a key from a local port (both layouts keep it in `k2`'s low bits).
     #[inline(always)]
     pub fn port(&self) -> u16 {
@@ -446,6 +454,12 @@ struct Sources {
 
 pub struct Emc {
     sets: Box<[[Entry; 2]]>,
+    /// Whether a key whose own set is full may sit in the other set of its pair (sets `2i`
+    /// and `2i + 1`: four ways, on two adjacent lines) — see [`Emc::insert`].
+    pairs: bool,
+    /// Whether this epoch put a key in the other set of its pair (when not, a miss in the
+    /// own set needs no second look).
+    partnered: bool,
     mask: u32,
     /// 64 less the bits of `mask` (see [`Key::bucket`]).
     shift: u32,
@@ -562,10 +576,28 @@ impl EmcView<'_> {
         let _ = set;
     }
 
-    /// As [`Emc::lookup`].
+    /// As [`Emc::lookup`]: in the key's own set. (A key whose own set was full may sit in
+    /// the other set of its pair: [`EmcView::lookup_partner`] finds it there.)
     #[inline(always)]
     pub fn lookup(self, k: &Key) -> Option<Hit> {
         self.lookup_comparing::<true, true>(k)
+    }
+
+    /// The decision for `k` in the other set of its set's pair (see [`Emc::insert`]): where a
+    /// burst's misses in their own sets are looked up again (`pipeline/cache.rs`), off the
+    /// hits' path.
+    #[inline(always)]
+    pub fn lookup_partner(self, k: &Key) -> Option<Hit> {
+        // SAFETY: the own set is in bounds (see `lookup_comparing`), and so is its partner:
+        // the table has an even number of sets (two at least).
+        let set = unsafe { self.sets.get_unchecked(self.set_of(k) ^ 1) };
+        Self::lookup_set::<true, true>(set, k, self.epoch)
+    }
+
+    /// [`EmcView::lookup`], then [`EmcView::lookup_partner`]: everything the pipeline's
+    /// lookups find, for a single frame (a trace).
+    pub fn lookup_either(self, k: &Key) -> Option<Hit> {
+        self.lookup(k).or_else(|| self.lookup_partner(k))
     }
 
     /// [`EmcView::lookup`] comparing, besides the third key word (the ingress or bridge
@@ -579,6 +611,18 @@ impl EmcView<'_> {
         // bits.
         let set = unsafe { self.sets.get_unchecked(self.set_of(k)) };
         Self::lookup_set::<K0, K1>(set, k, self.epoch)
+    }
+
+    /// As [`EmcView::lookup_in`], then (a miss there) in the other set of the pair.
+    #[inline(always)]
+    pub fn lookup_pair_in(self, set: usize, k: &Key) -> Option<Hit> {
+        let set = set & self.mask as usize;
+        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds, and so is its
+        // partner: the table has an even number of sets (two at least).
+        let (own, other) =
+            unsafe { (self.sets.get_unchecked(set), self.sets.get_unchecked(set ^ 1)) };
+        Self::lookup_set::<true, true>(own, k, self.epoch)
+            .or_else(|| Self::lookup_set::<true, true>(other, k, self.epoch))
     }
 
     /// As [`EmcView::lookup`], `set` being [`EmcView::set_of`] `k`.
@@ -624,6 +668,8 @@ impl Emc {
         let enabled = entries > 0;
         Emc {
             sets: zeroed(sets),
+            pairs: true,
+            partnered: false,
             mask: sets as u32 - 1,
             shift: 64 - sets.trailing_zeros(),
             // Epoch 0 never matches a key (it marks empty entries); a disabled cache stays there.
@@ -644,6 +690,12 @@ impl Emc {
             waiting: zeroed_bytes(if enabled { 2 * sets } else { 0 }),
             deferred: 0,
         }
+    }
+
+    /// A table whose keys sit in their own set only (its lookups need look nowhere else:
+    /// [`EmcView::lookup_comparing`]).
+    pub fn one_set_a_key(entries: usize) -> Emc {
+        Emc { pairs: false, ..Emc::new(entries) }
     }
 
     pub fn capacity(&self) -> usize {
@@ -690,7 +742,7 @@ impl Emc {
     #[cold]
     fn next_epoch(&mut self) {
         // Every entry is stale: the cache has room again.
-        (self.window, self.sparse, self.epoch_fills) = ((0, 0), false, 0);
+        (self.window, self.sparse, self.epoch_fills, self.partnered) = ((0, 0), false, 0, false);
         let step = self.sets.len().div_ceil(SWEEP_EPOCHS);
         let end = (self.sweep + step).min(self.sets.len());
         self.sets[self.sweep..end].fill([Entry::default(); 2]); // no allocation on a PMD thread
@@ -698,10 +750,10 @@ impl Emc {
         self.epoch = self.epoch % (EPOCHS - 1) + 1;
     }
 
-    /// The cached decision for `k`, if one of this epoch exists.
-    #[inline(always)]
+    /// The cached decision for `k`, if one of this epoch exists (in its own set or the other
+    /// of the pair).
     pub fn lookup(&self, k: &Key) -> Option<Hit> {
-        self.view().lookup(k)
+        self.view().lookup_either(k)
     }
 
     /// The fields lookups read, by value (see [`EmcView`]).
@@ -717,6 +769,13 @@ impl Emc {
         EmcView { sets: &self.sets, mask: self.mask, shift: self.shift, epoch: self.epoch, spread }
     }
 
+    /// Whether this epoch put a key in the other set of its pair, so a miss in a key's own
+    /// set may still find it there ([`EmcView::lookup_partner`]).
+    #[inline(always)]
+    pub fn partnered(&self) -> bool {
+        self.partnered
+    }
+
     /// Whether this epoch filled more entries than [`OUTGROWN_FILLS`] into a table that
     /// holds more: even hits then cost more than the second level's.
     #[inline(always)]
@@ -724,9 +783,11 @@ impl Emc {
         self.epoch_fills > self.outgrows_past
     }
 
-    /// Remembers a decision. The newer entry of a set sits first; a third key replaces the
-    /// older one (stale entries count as free) on its second miss in the epoch: the first
-    /// only marks it as waiting. Flows a generator or a VNF replays in turn, three or more of
+    /// Remembers a decision. The newer entry of a set sits first; a third key goes to the
+    /// other set of the pair when that has room ([`Emc::new`]'s tables; lookups find it there
+    /// with [`EmcView::lookup_partner`]), else replaces the older entry of its own set (stale
+    /// entries count as free) on its second miss in the epoch: the first only marks it as
+    /// waiting. Flows a generator or a VNF replays in turn, three or more of
     /// which share a set, otherwise push each other out at every fill and all miss (100,000
     /// random MACs through 256 Ki entries: 18 % of the flows); with newcomers waiting a miss,
     /// half of them hit, and a newcomer behind entries no longer used still gets in a miss
@@ -752,20 +813,36 @@ impl Emc {
         }
         let epoch = self.epoch;
         let k2 = k.with_epoch(epoch);
-        let set = &mut self.sets[k.bucket(self.shift)];
+        let own = k.bucket(self.shift);
         let e = Entry { k0: k.k0, k1: k.k1, k2, hit: hit.0 };
         let current = |x: &Entry| (x.k2 >> EPOCH_SHIFT) as u32 == epoch;
+        let ours = |x: &Entry| x.matches::<true, true>(k.k0, k.k1, k2);
         let (mut evicted, mut free, mut admitted) = (false, false, false);
-        if set[0].matches::<true, true>(k.k0, k.k1, k2) {
+        let set = &mut self.sets[own];
+        if ours(&set[0]) {
             set[0] = e;
         } else if !current(&set[0]) {
             set[0] = e;
             free = true;
-        } else if set[1].matches::<true, true>(k.k0, k.k1, k2) {
+        } else if ours(&set[1]) {
             set[1] = e;
+        } else if !current(&set[1]) {
+            set[1] = set[0];
+            set[0] = e;
+            free = true;
+        } else if let Some(slot) = (self.pairs && !k.of_decapsulated())
+            .then(|| self.sets[own ^ 1].iter_mut().find(|x| ours(x) || !current(x)))
+            .flatten()
+        {
+            // The own set full of this epoch's entries: the other set of the pair, where the
+            // key then has its only copy (its own set's entries stay until the epoch ends).
+            // Not a decapsulated frame's: the underlay's lookups look in the own set only.
+            free = !current(slot);
+            *slot = e;
+            self.partnered = true;
         } else {
-            evicted = current(&set[1]);
-            if evicted && !self.sparse {
+            evicted = true;
+            if !self.sparse {
                 if !admit(&mut self.waiting, k.waiting_slot(self.shift), epoch) {
                     self.deferred = self.deferred.wrapping_add(1);
                     self.note_window(true);
@@ -773,7 +850,7 @@ impl Emc {
                 }
                 admitted = true;
             }
-            free = !evicted;
+            let set = &mut self.sets[own];
             set[1] = set[0];
             set[0] = e;
         }
@@ -1110,16 +1187,22 @@ mod test {
         assert_eq!(EmcPair::new(a.view(), c.view()).first().lookup(&k), None, "epochs apart");
     }
 
-    #[test]
-    fn colliding_keys_share_a_set_of_two() {
-        let mut c = Emc::new(4); // two sets, the fewest a cache has
-        c.sync(0, 0, 0);
-        let set = |k: &Key| c.view().set_of(k);
+    /// `n` keys (of frames from port 1) that fall in one set of `c`.
+    fn keys_of_one_set(c: &Emc, n: usize) -> Vec<Key> {
         let all: Vec<Key> =
             (0..64).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
+        let own = c.view().set_of(&all[0]);
         let keys: Vec<Key> =
-            all.iter().filter(|k| set(k) == set(&all[0])).take(3).copied().collect();
-        assert_eq!(keys.len(), 3, "three keys of one set");
+            all.iter().filter(|k| c.view().set_of(k) == own).take(n).copied().collect();
+        assert_eq!(keys.len(), n, "{n} keys of one set");
+        keys
+    }
+
+    #[test]
+    fn colliding_keys_share_a_set_of_two() {
+        let mut c = Emc::one_set_a_key(4); // two sets, the fewest a cache has
+        c.sync(0, 0, 0);
+        let keys = keys_of_one_set(&c, 3);
         c.insert(&keys[0], to_3());
         c.insert(&keys[1], to_3());
         assert!(c.lookup(&keys[0]).is_some() && c.lookup(&keys[1]).is_some());
@@ -1137,19 +1220,51 @@ mod test {
         assert_eq!(c.lookup(&keys[2]), None, "a mark of the epoch before does not count");
     }
 
+    /// A key whose own set is full goes to the other set of the pair while it has room, where
+    /// only a second look finds it; once both are full, a newcomer waits and then replaces
+    /// the older entry of its own set. A decapsulated frame's key stays in its own set (the
+    /// underlay's lookups look nowhere else).
+    #[test]
+    fn a_full_sets_keys_go_to_the_other_set_of_its_pair() {
+        let mut c = Emc::new(4); // one pair of sets
+        c.sync(0, 0, 0);
+        let keys = keys_of_one_set(&c, 5);
+        for k in &keys[..4] {
+            c.insert(k, to_3());
+        }
+        assert!(keys[..4].iter().all(|k| c.lookup(k).is_some()), "four ways");
+        assert!(c.partnered());
+        for k in &keys[2..4] {
+            assert_eq!(c.view().lookup(k), None, "not in its own set");
+            assert!(c.view().lookup_partner(k).is_some(), "in the other of its pair");
+        }
+        c.insert(&keys[4], to_3());
+        assert_eq!(c.lookup(&keys[4]), None, "both sets full: the newcomer waits");
+        c.insert(&keys[4], to_3());
+        assert!(c.view().lookup(&keys[4]).is_some(), "then takes its own set's older place");
+        assert_eq!(c.lookup(&keys[0]), None);
+        c.sync(1, 0, 0);
+        assert!(!c.partnered(), "a new epoch");
+        let peer: Vec<Key> =
+            (0..64).filter_map(|i| Key::from_peer(3, 1, &frame(i, 2, 0x0800, 0))).collect();
+        let own = c.view().set_of(&peer[0]);
+        let peer: Vec<Key> = peer.into_iter().filter(|k| c.view().set_of(k) == own).collect();
+        for k in &peer[..3] {
+            c.insert(k, to_3());
+        }
+        assert!(!c.partnered(), "a decapsulated frame's key waits in its own set");
+        assert_eq!(c.lookup(&peer[2]), None);
+    }
+
     /// Three flows of one set met in turn (as a generator replays them): with each fill
     /// replacing the older entry they would all miss every time; with a newcomer let in on
     /// its second miss, half of them hit (the waiting flow, let in, pushes out the one met
     /// next; the best a set of two can do is two in three).
     #[test]
     fn three_flows_of_a_set_met_in_turn_mostly_hit() {
-        let mut c = Emc::new(4);
+        let mut c = Emc::one_set_a_key(4);
         c.sync(0, 0, 0);
-        let all: Vec<Key> =
-            (0..64).map(|i| Key::from_port(1, &frame(i, 2, 0x0800, 0)).unwrap()).collect();
-        let first = c.view().set_of(&all[0]);
-        let keys: Vec<Key> =
-            all.iter().filter(|k| c.view().set_of(k) == first).take(3).copied().collect();
+        let keys = keys_of_one_set(&c, 3);
         let mut hits = 0;
         for _round in 0..100 {
             for k in &keys {

@@ -47,7 +47,12 @@ impl std::fmt::Debug for Megaflows {
 impl Megaflows {
     /// Tables of at least `entries` halves each (0 turns the cache off).
     pub fn new(entries: usize) -> Megaflows {
-        Megaflows { sources: Emc::new(entries), destinations: Emc::new(entries), free_fills: 0 }
+        // One set a key: the halves' lookups look nowhere else (`EmcView::lookup_comparing`).
+        Megaflows {
+            sources: Emc::one_set_a_key(entries),
+            destinations: Emc::one_set_a_key(entries),
+            free_fills: 0,
+        }
     }
 
     /// Entries of each half's table (0: off).

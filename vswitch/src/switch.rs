@@ -48,9 +48,9 @@ pub struct SwitchOptions {
     /// Global FDB limit.
     pub fdb_entries: u32,
     /// Entries of each PMD thread's exact-match cache (32 bytes each; 0 turns it off). The
-    /// default, 256 Ki entries (8 MiB per thread), keeps 97 % of 100 000 flows (100 000 MACs
-    /// talking both ways) cached in its 2-way sets; half of it kept 75 %
-    /// (docs/perf/instructions.md).
+    /// default, 256 Ki entries (8 MiB per thread), keeps 98 % of 100 000 flows (100 000 random
+    /// MACs talking both ways) cached in its 2-way sets and their pairs; half of it kept 75 %
+    /// of counted MACs before sets had pairs (docs/perf/instructions.md).
     pub emc_entries: usize,
     /// Entries of each half of each PMD thread's second-level cache (32 bytes each; 0 turns
     /// it off): the sources and the destinations of the flows the exact-match cache cannot

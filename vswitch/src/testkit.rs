@@ -101,6 +101,17 @@ pub fn mac(n: u32) -> MacAddr {
     MacAddr([0x02, 0x00, b[0], b[1], b[2], b[3]])
 }
 
+/// Host `n`'s MAC drawn at random (a fixed draw: splitmix64 of `n`), locally administered:
+/// such MACs crowd some of a hash table's sets, as a generator's or a VNF's do (counted ones,
+/// [`mac`], spread evenly).
+pub fn random_mac(n: u32) -> MacAddr {
+    let mut z = (n as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let b = (z ^ (z >> 31)).to_be_bytes();
+    MacAddr([0x02, b[0], b[1], b[2], b[3], b[4]])
+}
+
 /// Asserts two lists of frames are equal, describing the first difference briefly (frames
 /// can be 9 KB long: never print them whole).
 #[track_caller]

@@ -5,7 +5,7 @@
 use std::net::Ipv4Addr;
 use vswitch::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig};
 use vswitch::fdb::Dest;
-use vswitch::testkit::{Harness, frames, mac};
+use vswitch::testkit::{Harness, frames, mac, random_mac};
 use vswitch::wire::MacAddr;
 use vswitch::{DropReason, Event};
 
@@ -511,4 +511,81 @@ fn a_dhcp_reply_never_rides_a_cached_flow() {
     assert_eq!(h.recv("p0"), vec![flow.clone()], "the offer is dropped, the flow goes on");
     assert_eq!(h.stats().drop(DropReason::SecurityDhcp), 1);
     assert_eq!(hits(&h), before + 1, "only the flow's frame hit");
+}
+
+/// Flows whose own sets are full sit in the other set of the pair: a burst's second look
+/// finds them, and they are forwarded byte-exact and counted as the cache's hits, from a pod
+/// port (port security) and an access port alike — more hits than the sets alone could hold.
+#[test]
+fn flows_of_crowded_sets_hit_in_the_other_set_of_their_pair() {
+    use vswitch::emc::{Emc, Key};
+    const DESTS: u32 = 24;
+    const ENTRIES: usize = 64;
+    let opts =
+        vswitch::SwitchOptions { emc_entries: ENTRIES, megaflow_entries: 0, ..Default::default() };
+    let mut h = Harness::with_pool(vswitch::Pool::new(8192, false).expect("a pool"), opts);
+    for p in ["pod", "p0", "net"] {
+        h.ring(p);
+    }
+    let pod = PortConfig::pod("pod", "red", mac(1), &[ip(1).into()]);
+    h.apply(SwitchConfig {
+        bridges: vec![BridgeConfig::new("red")],
+        ports: vec![pod, PortConfig::access("p0", "red"), PortConfig::access("net", "red")],
+        vtep: None,
+    })
+    .unwrap();
+    h.set_now(1);
+    let dest = |d: u32| random_mac(d);
+    h.send("pod", &frames::udp4(MacAddr::BROADCAST, mac(1), ip(1), ip(3), 1, 2, 64));
+    h.send("p0", &frames::udp4(MacAddr::BROADCAST, mac(3), ip(3), ip(1), 1, 2, 64));
+    for d in 0..DESTS {
+        h.send("net", &frames::udp4(MacAddr::BROADCAST, dest(d), ip(2), ip(1), 1, 2, 64));
+    }
+    h.step();
+    h.recv_all();
+    let frames_of = |d: u32| {
+        let from_pod = frames::udp4(dest(d), mac(1), ip(1), ip(2), 1, 2, 64 + (d % 16) as usize);
+        let from_p0 = frames::udp4(dest(d), mac(3), ip(3), ip(2), 3, 4, 64);
+        (from_pod, from_p0)
+    };
+    // How many of the flows their own sets could hold (two a set).
+    let snap = h.switch.snapshot();
+    let (pod, p0) = (snap.port_id("pod").unwrap(), snap.port_id("p0").unwrap());
+    let sets = Emc::new(ENTRIES);
+    let mut per_set = std::collections::HashMap::<usize, u64>::new();
+    for d in 0..DESTS {
+        let (a, b) = frames_of(d);
+        for k in [Key::from_secured_port(pod, &a).unwrap(), Key::from_port(p0, &b).unwrap()] {
+            *per_set.entry(sets.view().set_of(&k)).or_default() += 1;
+        }
+    }
+    let own_sets_hold: u64 = per_set.values().map(|n| (*n).min(2)).sum();
+    assert!(own_sets_hold < 2 * DESTS as u64, "some sets crowded: {per_set:?}");
+    let mut last = 0;
+    for round in 0..4 {
+        let before = hits(&h);
+        for d in 0..DESTS {
+            let (a, b) = frames_of(d);
+            h.send("pod", &a);
+            h.send("p0", &b);
+        }
+        h.step();
+        let mut got = h.recv("net");
+        let mut want: Vec<Vec<u8>> = (0..DESTS)
+            .flat_map(|d| {
+                let (a, b) = frames_of(d);
+                [a, b]
+            })
+            .collect();
+        got.sort();
+        want.sort();
+        assert!(got == want, "round {round}: every frame forwarded once, byte exact");
+        assert!(h.recv("pod").is_empty() && h.recv("p0").is_empty(), "nothing flooded back");
+        last = hits(&h) - before;
+    }
+    assert!(
+        last > own_sets_hold,
+        "{last} hits in the last round; the own sets alone hold {own_sets_hold}"
+    );
+    assert_eq!(h.stats().total_drops(), 0, "{:?}", h.stats().nonzero_drops());
 }

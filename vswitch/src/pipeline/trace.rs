@@ -174,7 +174,7 @@ impl Pipeline {
                     };
                     key.and_then(|k| {
                         emc.as_ref()
-                            .and_then(|e| e.lookup(&k))
+                            .and_then(|e| e.lookup_either(&k))
                             .or_else(|| mega.as_ref()?.lookup(&k))
                     })
                     .filter(|hit| hit.admits(len as u32))

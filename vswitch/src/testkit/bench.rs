@@ -3,7 +3,7 @@
 //! pipeline, tx burst), and the sinks free what came out. Criterion times `poll` alone;
 //! `examples/pipeline_insn.rs` counts its instructions under callgrind.
 
-use super::{frames, mac};
+use super::{frames, mac, random_mac};
 use crate::batch::Batch;
 use crate::buf::{Pool, PoolCache};
 use crate::config::{BridgeConfig, PortConfig, StaticMac, SwitchConfig, VtepConfig};
@@ -172,15 +172,6 @@ fn manager_mac(n: u32) -> MacAddr {
     let a = 0x0a01_0000u32 | (n & 0xffff);
     let b = a.to_be_bytes();
     MacAddr([0x0a, 0x58, b[0], b[1], b[2], b[3]])
-}
-
-/// Host `n`'s MAC drawn at random (a fixed draw: splitmix64 of `n`), locally administered.
-fn random_mac(n: u32) -> MacAddr {
-    let mut z = (n as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    let b = (z ^ (z >> 31)).to_be_bytes();
-    MacAddr([0x02, b[0], b[1], b[2], b[3], b[4]])
 }
 
 /// The pod of the pod scenarios: its MAC and address.
