@@ -484,7 +484,9 @@ pub struct Emc {
     sparse: bool,
     skipped: u32,
     /// Newcomers turned away once this epoch (see [`Emc::insert`]): a mark per slot, two
-    /// slots a set, chosen by the key's hash (keys that share a slot share a mark).
+    /// slots a set, chosen by the key's hash. Keys that share a slot share its mark, so one
+    /// lets the next in: with a mark of its own (a fingerprint), two keys that overwrite each
+    /// other's marks never got in (random MACs: 92.7 % hits against 98.0 %).
     waiting: Box<[u8]>,
     /// Fills turned away so far (running count, wrapping).
     deferred: u32,
@@ -687,7 +689,7 @@ impl Emc {
             window: (0, 0),
             sparse: false,
             skipped: 0,
-            waiting: zeroed_bytes(if enabled { 2 * sets } else { 0 }),
+            waiting: zeroed_marks(if enabled { 2 * sets } else { 0 }),
             deferred: 0,
         }
     }
@@ -843,7 +845,7 @@ impl Emc {
         } else {
             evicted = true;
             if !self.sparse {
-                if !admit(&mut self.waiting, k.waiting_slot(self.shift), epoch) {
+                if !admit(&mut self.waiting, k.waiting_slot(self.shift), epoch as u8) {
                     self.deferred = self.deferred.wrapping_add(1);
                     self.note_window(true);
                     return;
@@ -901,23 +903,26 @@ impl Emc {
     }
 }
 
-/// Whether a newcomer whose fill would push out a live entry gets in: on its second try in
-/// `epoch` (its slot of `waiting` marked by the first, and cleared for the next newcomer), not
-/// on its first. Marks of an older epoch are stale; one that wrapped round to this epoch's
-/// number (256 epochs on, or a zeroed slot) only lets a newcomer in a miss early.
+/// Whether a newcomer whose fill would push out a live entry gets in: on the second try in
+/// an epoch from its slot of `waiting` (marked with the epoch's low byte, `mark`, by the
+/// first; cleared for the next newcomer), not on the first. Marks of an older epoch are
+/// stale; one that wrapped round to this epoch (256 epochs on, or a zeroed slot) only lets a
+/// newcomer in a miss early.
 #[inline(always)]
-fn admit(waiting: &mut [u8], slot: usize, epoch: u32) -> bool {
-    let mark = epoch as u8;
+fn admit(waiting: &mut [u8], slot: usize, mark: u8) -> bool {
     let Some(w) = waiting.get_mut(slot) else { return true };
     let second = *w == mark;
     *w = if second { mark.wrapping_sub(1) } else { mark };
     second
 }
 
-/// Zeroed bytes straight from zeroed pages (untouched until used).
-fn zeroed_bytes(n: usize) -> Box<[u8]> {
+/// Zeroed marks straight from zeroed pages (untouched until used), on huge pages where the
+/// table is large (as the entries: the marks are read at random too).
+fn zeroed_marks(n: usize) -> Box<[u8]> {
     // SAFETY: zero is a valid u8.
-    unsafe { Box::<[u8]>::new_zeroed_slice(n).assume_init() }
+    let b = unsafe { Box::<[u8]>::new_zeroed_slice(n).assume_init() };
+    crate::util::back_with_huge_pages(&b);
+    b
 }
 
 /// A table of empty entries straight from zeroed pages (untouched until used).

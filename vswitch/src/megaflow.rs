@@ -48,6 +48,9 @@ impl Megaflows {
     /// Tables of at least `entries` halves each (0 turns the cache off).
     pub fn new(entries: usize) -> Megaflows {
         // One set a key: the halves' lookups look nowhere else (`EmcView::lookup_comparing`).
+        // A newcomer waits a miss here too (`Emc::insert`), each half on its own: letting it in
+        // at once cost random MACs 209.4 instructions a frame against 185.2 (halves overloaded
+        // by 100,000 MACs thrash; docs/perf/instructions.md).
         Megaflows {
             sources: Emc::one_set_a_key(entries),
             destinations: Emc::one_set_a_key(entries),

@@ -343,6 +343,18 @@ pub(super) fn all_to_peers(found: &[(Hit, u32)]) -> bool {
     }
 }
 
+/// Which lookups a burst's first pass made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Probed {
+    /// The second level's alone.
+    Halves,
+    /// The exact-match cache's, in the keys' own sets.
+    Exact,
+    /// The exact-match cache's, in the keys' own sets and their partners
+    /// ([`probe_spread_burst`]).
+    Paired,
+}
+
 /// What a burst's lookups found when the exact-match cache did not find it all
 /// ([`Pipeline::look_up_misses`]).
 #[derive(Debug, Clone, Copy)]
@@ -589,6 +601,12 @@ impl Pipeline {
         let mut found = [(Hit::default(), 0u32); BATCH];
         let secured = port.security.is_some();
         let (pool, emc) = (self.pool.view(), self.flows.emc.view());
+        // A spread burst's probe looks in the partner sets too.
+        let probed = match (halves, emc.spread) {
+            (true, _) => Probed::Halves,
+            (false, true) => Probed::Paired,
+            (false, false) => Probed::Exact,
+        };
         let (bytes, hits) = match (halves, emc.spread, secured) {
             (true, _, _) => self.probe_halves(snap, port, batch, &mut found),
             (false, true, true) => {
@@ -607,7 +625,7 @@ impl Pipeline {
         let n = batch.len();
         let partial = halves || hits < n as u64;
         let tally = if partial {
-            let t = self.look_up_misses(snap, port, batch, &mut found, hits, halves);
+            let t = self.look_up_misses(snap, port, batch, &mut found, hits, probed);
             if t.hits() == 0 {
                 self.forward_none(snap, port, batch, &t);
                 return bytes;
@@ -684,9 +702,10 @@ impl Pipeline {
         batch: &Batch,
         found: &mut [(Hit, u32); BATCH],
         hits: u64,
-        halves: bool,
+        probed: Probed,
     ) -> Tally {
         let (n, secured) = (batch.len(), port.security.is_some());
+        let (halves, paired) = (probed == Probed::Halves, probed == Probed::Paired);
         self.flows.exact = !halves;
         if !halves {
             self.flows.halves = self.worth_halving(port.id);
@@ -698,9 +717,9 @@ impl Pipeline {
         // the second level's hits are investments too (a cold start whose halves are known).
         let (before, halves_before) = (self.flows.emc.free_fills(), self.flows.mega.free_fills());
         // Keys whose own sets were full sit in the other set of the pair: looked up there
-        // only for a burst's misses, so the hits' lookups stay one set's (but for a spread
-        // burst's, which looked there already: `probe_spread_burst`).
-        let hits = if !halves && self.flows.emc.partnered() && !self.flows.emc.view().spread {
+        // only for a burst's misses, so the hits' lookups stay one set's (but for a burst the
+        // probe looked there already, `paired`: `probe_spread_burst`).
+        let hits = if !halves && !paired && self.flows.emc.partnered() {
             let (pool, emc) = (self.pool.view(), self.flows.emc.view());
             hits + partner_misses(pool, emc, port.id, secured, batch.as_slice(), found)
         } else {
