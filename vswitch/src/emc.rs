@@ -832,13 +832,15 @@ impl Emc {
             set[1] = set[0];
             set[0] = e;
             free = true;
-        } else if let Some(slot) = (self.pairs && !k.of_decapsulated())
+        } else if let Some(slot) = (self.pairs && (!k.of_decapsulated() || self.view().spread))
             .then(|| self.sets[own ^ 1].iter_mut().find(|x| ours(x) || !current(x)))
             .flatten()
         {
             // The own set full of this epoch's entries: the other set of the pair, where the
             // key then has its only copy (its own set's entries stay until the epoch ends).
-            // Not a decapsulated frame's: the underlay's lookups look in the own set only.
+            // A decapsulated frame's only while the table is spread: the underlay's lookups
+            // look in the partner then only (`pipeline/cache.rs` `strip_hits`), and a table
+            // stays spread until the epoch ends.
             free = !current(slot);
             *slot = e;
             self.partnered = true;
@@ -1227,8 +1229,8 @@ mod test {
 
     /// A key whose own set is full goes to the other set of the pair while it has room, where
     /// only a second look finds it; once both are full, a newcomer waits and then replaces
-    /// the older entry of its own set. A decapsulated frame's key stays in its own set (the
-    /// underlay's lookups look nowhere else).
+    /// the older entry of its own set. A decapsulated frame's key stays in its own set while
+    /// the table is not spread (the underlay's lookups look nowhere else then).
     #[test]
     fn a_full_sets_keys_go_to_the_other_set_of_its_pair() {
         let mut c = Emc::new(4); // one pair of sets

@@ -1060,14 +1060,12 @@ impl Pipeline {
         self.decap_cache.sync(snap.generation);
         let n = batch.len();
         let mut found = [Stripped::default(); BATCH];
-        let (bytes, hits) = strip_hits(
-            self.pool.view(),
-            self.flows.emc.view(),
-            &self.decap_cache,
-            vtep,
-            batch,
-            &mut found,
-        );
+        let (pool, emc) = (self.pool.view(), self.flows.emc.view());
+        let (bytes, hits) = if emc.spread {
+            strip_hits::<true>(pool, emc, &self.decap_cache, vtep, batch, &mut found)
+        } else {
+            strip_hits::<false>(pool, emc, &self.decap_cache, vtep, batch, &mut found)
+        };
         let mut decapsulated = 0;
         if hits == n as u64 {
             self.forward_hits::<PER_NODE>(snap, batch, &found);
@@ -1154,9 +1152,11 @@ impl Pipeline {
 /// its inputs as views: the stores to buffer metadata cannot be proved not to touch the
 /// pipeline, whose fields would otherwise be read again for every frame, and the loop's
 /// registers are then allocated for it alone, not shifted by what the rest of the burst's
-/// path (or the pipeline's layout) does.
+/// path (or the pipeline's layout) does. `PAIRED`: a table with many flows
+/// ([`EmcView::spread`]), whose decapsulated frames' keys may sit in the other set of their
+/// pair ([`Emc::insert`]), looked up there after a miss in their own.
 #[inline(never)]
-fn strip_hits(
+fn strip_hits<const PAIRED: bool>(
     view: PoolView<'_>,
     emc: EmcView<'_>,
     decap_cache: &vtep::DecapCache,
@@ -1180,7 +1180,11 @@ fn strip_hits(
         else {
             continue;
         };
-        if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(|k| emc.lookup(&k))
+        let lookup = |k: Key| match PAIRED {
+            true => emc.lookup_pair_in(emc.set_of(&k), &k),
+            false => emc.lookup(&k),
+        };
+        if let Some(hit) = Key::from_peer(d.peer, d.bd, inner).and_then(lookup)
             && hit.admits(d.inner_len)
             && d.strip(view, b).is_ok()
         {

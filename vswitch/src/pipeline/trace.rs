@@ -161,7 +161,7 @@ impl Pipeline {
                             .first_chunk()
                             .and_then(|o| vtep.classify_plain(o, len, &decap_cache))?;
                         Key::from_peer(d.peer, d.bd, inner)
-                            .and_then(|k| emc.as_ref()?.lookup(&k))
+                            .and_then(|k| emc.as_ref()?.lookup_either(&k))
                             .filter(|hit| hit.admits(d.inner_len))
                     }),
                 None if port.kind == PortKind::Underlay => None,

@@ -34,6 +34,9 @@ pub enum Scenario {
     VxlanEncap,
     /// Remote VTEP → access.
     VxlanDecap,
+    /// Remote VTEP → access from `macs` remote hosts with MACs drawn at random, each a flow
+    /// to one local host, met in turn: decapsulated flows at scale.
+    VxlanDecapRandom { macs: u32 },
     /// Broadcast from one port to 8 others.
     Flood8,
     /// A pod port as the CNI makes it (port security on: its one MAC and IPv4 address)
@@ -98,6 +101,7 @@ impl Scenario {
             Scenario::VlanPop => "vlan-pop".into(),
             Scenario::VxlanEncap => "vxlan-encap".into(),
             Scenario::VxlanDecap => "vxlan-decap".into(),
+            Scenario::VxlanDecapRandom { macs } => format!("vxlan-decap-{}k-random", macs / 1000),
             Scenario::Flood8 => "flood-8".into(),
             Scenario::PodL2 { hosts, policed, net_policed } => {
                 format!(
@@ -124,7 +128,7 @@ impl Scenario {
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain, meshes of
     /// 31,250 to 500,000 flows (where the exact-match cache outgrows the core: `emc.rs`
     /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations, 100,000 random MACs both ways.
-    pub const SCALE: [Scenario; 8] = [
+    pub const SCALE: [Scenario; 9] = [
         Scenario::L2 { macs: 1_000_000 },
         Scenario::FullMesh { hosts: 250 },
         Scenario::FullMesh { hosts: 350 },
@@ -133,6 +137,7 @@ impl Scenario {
         Scenario::FullMesh { hosts: 1000 },
         Scenario::PodMesh { pods: 512, hosts: 1000 },
         Scenario::L2Both { macs: 100_000, random: true },
+        Scenario::VxlanDecapRandom { macs: 100_000 },
     ];
 
     pub fn parse(s: &str) -> Option<Scenario> {
@@ -200,7 +205,10 @@ impl Bench {
     /// measure the slow path).
     pub fn with_options(s: Scenario, mut opts: SwitchOptions) -> Bench {
         // The MAC table sized for the workload, as an operator sizes `[tables] fdb_entries`.
-        if let Scenario::L2 { macs } | Scenario::L2Both { macs, .. } = s {
+        if let Scenario::L2 { macs }
+        | Scenario::L2Both { macs, .. }
+        | Scenario::VxlanDecapRandom { macs } = s
+        {
             opts.fdb_entries = opts.fdb_entries.max((2 * macs).next_power_of_two());
         }
         let pool = Pool::new(65536, true).expect("buffer pool");
@@ -491,7 +499,7 @@ impl Bench {
                     .collect();
                 (cfg, "a", f)
             }
-            Scenario::VxlanEncap | Scenario::VxlanDecap => {
+            Scenario::VxlanEncap | Scenario::VxlanDecap | Scenario::VxlanDecapRandom { .. } => {
                 ring("a", None);
                 ring("up", Some(mac(0xa0)));
                 let peer = IpAddr::V4(PEER);
@@ -503,15 +511,29 @@ impl Bench {
                     remote: None,
                 });
                 b.mac_learning = true;
+                if let Scenario::VxlanDecapRandom { .. } = s {
+                    b.mac_limit = 1 << 20;
+                }
                 let cfg = SwitchConfig {
                     bridges: vec![b],
                     ports: vec![PortConfig::access("a", "red"), PortConfig::underlay("up")],
                     vtep: Some(VtepConfig::new(IpAddr::V4(LOCAL), "up").peer(peer, mac(0xb0))),
                 };
-                let encap = s == Scenario::VxlanEncap;
-                let f = (0..256u32)
-                    .map(|i| {
-                        if encap {
+                let from_peer = |i: u32, inner: &[u8]| {
+                    let o = frames::Outer {
+                        dst_mac: mac(0xa0),
+                        src_mac: mac(0xb0),
+                        src: peer,
+                        dst: IpAddr::V4(LOCAL),
+                        sport: 49152 + (i % 16384) as u16,
+                        dport: 4789,
+                        vlan: None,
+                    };
+                    frames::vxlan(&o, 5001, inner, false)
+                };
+                let f = match s {
+                    Scenario::VxlanEncap => (0..256u32)
+                        .map(|i| {
                             frames::udp4(
                                 mac(2000),
                                 mac(i + 1),
@@ -521,7 +543,17 @@ impl Bench {
                                 2000,
                                 60,
                             )
-                        } else {
+                        })
+                        .collect(),
+                    Scenario::VxlanDecapRandom { macs } => (0..macs)
+                        .map(|i| {
+                            let inner =
+                                frames::udp4(mac(1000), random_mac(i), ip(i), ip(1), 1, 2, 60);
+                            from_peer(i, &inner)
+                        })
+                        .collect(),
+                    _ => (0..256u32)
+                        .map(|i| {
                             let inner = frames::udp4(
                                 mac(1000),
                                 mac(3000 + i),
@@ -531,20 +563,11 @@ impl Bench {
                                 2000,
                                 60,
                             );
-                            let o = frames::Outer {
-                                dst_mac: mac(0xa0),
-                                src_mac: mac(0xb0),
-                                src: peer,
-                                dst: IpAddr::V4(LOCAL),
-                                sport: 49152 + i as u16,
-                                dport: 4789,
-                                vlan: None,
-                            };
-                            frames::vxlan(&o, 5001, &inner, false)
-                        }
-                    })
-                    .collect();
-                (cfg, if encap { "a" } else { "up" }, f)
+                            from_peer(i, &inner)
+                        })
+                        .collect(),
+                };
+                (cfg, if s == Scenario::VxlanEncap { "a" } else { "up" }, f)
             }
             Scenario::Flood8 => {
                 let mut ports = Vec::new();
@@ -694,7 +717,10 @@ impl Bench {
         // passes over each: the first one's frames flood until the second has answered
         // (floods are not cached), so only the second pass leaves the steady state measured.
         let inputs = self.others.len() + 1;
-        let passes = if inputs > 1 { 2 } else { 1 };
+        // A scenario of many flows from one input learns in the first pass and fills the
+        // caches in a second, so the measured frames are the steady state too.
+        let many = matches!(s, Scenario::VxlanDecapRandom { .. });
+        let passes = if inputs > 1 || many { 2 } else { 1 };
         for _ in 0..self.frames.len().div_ceil(32) * inputs * passes {
             self.inject();
             // Not `self.poll()`: the instruction counter measures that function only.
