@@ -1263,6 +1263,50 @@ mod test {
         assert_eq!(c.lookup(&peer[2]), None);
     }
 
+    /// Once a table is spread (more fills this epoch than a core's caches hold lines), a
+    /// decapsulated frame's key may sit in the partner set too: the underlay's probe then
+    /// looks there, and the table stays spread until the epoch ends.
+    #[test]
+    fn a_spread_tables_decapsulated_keys_go_to_the_partner_too() {
+        let mut c = Emc::new(1 << 16);
+        c.sync(0, 0, 0);
+        let local = |n: u32| {
+            let mut f = frame(0, 0, 0x0800, 0);
+            f[2..6].copy_from_slice(&n.to_be_bytes());
+            Key::from_port(2, &f).unwrap()
+        };
+        for n in 0..=SPREAD_FILLS {
+            c.insert(&local(n), to_3());
+        }
+        assert!(c.view().spread);
+        let peer: Vec<Key> = (0..65_536u32)
+            .filter_map(|n| {
+                let mut f = frame(0, 0, 0x0800, 0);
+                f[6..12].copy_from_slice(&crate::testkit::random_mac(n).0);
+                Key::from_peer(3, 1, &f)
+            })
+            .collect();
+        // Three decapsulated keys of one set that holds nothing yet, whose partner has room.
+        let free = |c: &Emc, set: usize| {
+            c.sets[set].iter().filter(|e| (e.k2 >> EPOCH_SHIFT) as u32 != c.epoch).count()
+        };
+        let mut by_set = std::collections::HashMap::<usize, Vec<Key>>::new();
+        for k in peer {
+            by_set.entry(c.view().set_of(&k)).or_default().push(k);
+        }
+        let (_, keys) = by_set
+            .into_iter()
+            .filter(|(set, keys)| keys.len() >= 3 && free(&c, *set) == 2 && free(&c, set ^ 1) > 0)
+            .min_by_key(|(set, _)| *set)
+            .expect("an empty set with three keys and room in its partner");
+        for k in &keys[..3] {
+            c.insert(k, to_3());
+        }
+        assert_eq!(c.view().lookup(&keys[2]), None, "not in its own set");
+        assert!(c.view().lookup_partner(&keys[2]).is_some(), "in the partner");
+        assert!(c.view().lookup_pair_in(c.view().set_of(&keys[2]), &keys[2]).is_some());
+    }
+
     /// Three flows of one set met in turn (as a generator replays them): with each fill
     /// replacing the older entry they would all miss every time; with a newcomer let in on
     /// its second miss, half of them hit (the waiting flow, let in, pushes out the one met

@@ -127,7 +127,8 @@ impl Scenario {
     /// Workloads too large for the CI test of every scenario, measured by hand
     /// (`ci/insn-count.sh 320000 l2-1000k`): a million MACs in one bridge domain, meshes of
     /// 31,250 to 500,000 flows (where the exact-match cache outgrows the core: `emc.rs`
-    /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations, 100,000 random MACs both ways.
+    /// `OUTGROWN_FILLS`), 512 pods each to 1,000 destinations, 100,000 random MACs both ways,
+    /// 100,000 random MACs behind a remote VTEP.
     pub const SCALE: [Scenario; 9] = [
         Scenario::L2 { macs: 1_000_000 },
         Scenario::FullMesh { hosts: 250 },
