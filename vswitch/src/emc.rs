@@ -555,7 +555,7 @@ impl<'a> EmcPair<'a> {
     }
 }
 
-impl EmcView<'_> {
+impl<'a> EmcView<'a> {
     /// The set `k` lies in (for [`EmcView::prefetch_set`] and [`EmcView::lookup_in`]).
     #[inline(always)]
     pub fn set_of(self, k: &Key) -> usize {
@@ -590,16 +590,13 @@ impl EmcView<'_> {
     /// hits' path.
     #[inline(always)]
     pub fn lookup_partner(self, k: &Key) -> Option<Hit> {
-        // SAFETY: the own set is in bounds (see `lookup_comparing`), and so is its partner:
-        // the table has an even number of sets (two at least).
-        let set = unsafe { self.sets.get_unchecked(self.set_of(k) ^ 1) };
-        Self::lookup_set::<true, true>(set, k, self.epoch)
+        Self::lookup_set::<true, true>(self.set_at(self.set_of(k) ^ 1), k, self.epoch)
     }
 
     /// [`EmcView::lookup`], then [`EmcView::lookup_partner`]: everything the pipeline's
     /// lookups find, for a single frame (a trace).
     pub fn lookup_either(self, k: &Key) -> Option<Hit> {
-        self.lookup(k).or_else(|| self.lookup_partner(k))
+        self.lookup_pair_in(self.set_of(k), k)
     }
 
     /// [`EmcView::lookup`] comparing, besides the third key word (the ingress or bridge
@@ -618,24 +615,22 @@ impl EmcView<'_> {
     /// As [`EmcView::lookup_in`], then (a miss there) in the other set of the pair.
     #[inline(always)]
     pub fn lookup_pair_in(self, set: usize, k: &Key) -> Option<Hit> {
-        let set = set & self.mask as usize;
-        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds, and so is its
-        // partner: the table has an even number of sets (two at least).
-        let (own, other) =
-            unsafe { (self.sets.get_unchecked(set), self.sets.get_unchecked(set ^ 1)) };
-        Self::lookup_set::<true, true>(own, k, self.epoch)
-            .or_else(|| Self::lookup_set::<true, true>(other, k, self.epoch))
+        Self::lookup_set::<true, true>(self.set_at(set), k, self.epoch)
+            .or_else(|| Self::lookup_set::<true, true>(self.set_at(set ^ 1), k, self.epoch))
     }
 
     /// As [`EmcView::lookup`], `set` being [`EmcView::set_of`] `k`.
     #[inline(always)]
     pub fn lookup_in(self, set: usize, k: &Key) -> Option<Hit> {
-        // SAFETY: `sets.len() == mask + 1`, so the masked index is in bounds.
-        Self::lookup_set::<true, true>(
-            unsafe { self.sets.get_unchecked(set & self.mask as usize) },
-            k,
-            self.epoch,
-        )
+        Self::lookup_set::<true, true>(self.set_at(set), k, self.epoch)
+    }
+
+    /// Set `set` of the table, masked into it (so any index is safe: a set's partner,
+    /// `set ^ 1`, included).
+    #[inline(always)]
+    fn set_at(self, set: usize) -> &'a [Entry; 2] {
+        // SAFETY: `sets.len() == mask + 1` (a power of two), so the masked index is in bounds.
+        unsafe { self.sets.get_unchecked(set & self.mask as usize) }
     }
 
     #[inline(always)]
