@@ -206,6 +206,39 @@ pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<V
         .collect()
 }
 
+/// Host `i` behind `side`: a locally administered unicast MAC of its own, spread as real
+/// NICs' addresses are (not counted up: a switch's hash would see an easier set), and
+/// `side`'s IP address (the L2 path reads no address).
+pub fn host(side: Endpoint, i: u32) -> Endpoint {
+    let mut z = (u64::from(side.mac[5]) << 32 | u64::from(i)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let b = (z ^ (z >> 31)).to_be_bytes();
+    Endpoint { mac: [b[0] & 0xfc | 0x02, b[1], b[2], b[3], b[4], b[5]], ip: side.ip }
+}
+
+/// `hosts` hosts behind `src` talking to as many behind `dst`, host `j` to host `j`: the
+/// frames offered (frame `j` of `sizes[j % len]` bytes on the wire, UDP source port
+/// `j % flows`; one frame a pair, met in turn) and the frames each host behind `dst` sends
+/// first, so a learning switch knows where every destination is.
+pub fn host_pairs(
+    src: Endpoint,
+    dst: Endpoint,
+    sizes: &[usize],
+    flows: u16,
+    hosts: u32,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let (k, flows) = (sizes.len().max(1), flows.max(1) as usize);
+    let offered = (0..hosts as usize)
+        .map(|j| {
+            let size = sizes.get(j % k).copied().unwrap_or(MIN_SIZE);
+            udp(host(src, j as u32), host(dst, j as u32), size, 1024 + (j % flows) as u16)
+        })
+        .collect();
+    let back = (0..hosts).map(|j| udp(host(dst, j), host(src, j), MIN_SIZE, 1024)).collect();
+    (offered, back)
+}
+
 /// Writes `frames` as a classic pcap file (microsecond timestamps, Ethernet).
 pub fn write_pcap(path: &Path, frames: &[Vec<u8>]) -> io::Result<()> {
     let mut o = io::BufWriter::new(std::fs::File::create(path)?);
@@ -269,6 +302,16 @@ mod tests {
         }
         assert_eq!(udp(A, B, 10, 1).len(), 60, "never below the minimum");
         assert_eq!(flows(A, B, &[64], 4).len(), 4);
+        let (offered, back) = host_pairs(A, B, &[64, 1518], 3, 1000);
+        assert_eq!((offered.len(), back.len()), (1000, 1000));
+        let macs = |fs: &[Vec<u8>], at: usize| {
+            fs.iter().map(|f| f[at..at + 6].to_vec()).collect::<std::collections::HashSet<_>>()
+        };
+        assert_eq!(macs(&offered, 6).len(), 1000, "a source MAC each");
+        assert_eq!(macs(&offered, 0), macs(&back, 6), "every destination speaks first");
+        assert!(macs(&offered, 6).is_disjoint(&macs(&offered, 0)));
+        assert!(offered.iter().all(|f| f[0] & 3 == 2 && f[6] & 3 == 2), "local unicast");
+        assert_eq!((offered[1].len(), offered[2][34..36].to_vec()), (1514, vec![4, 2]));
     }
 
     #[test]

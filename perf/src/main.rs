@@ -162,6 +162,10 @@ impl Common {
     }
 }
 
+/// The most hosts a side `mrr --macs` takes: the switch's FDB (262,144 entries) holds both
+/// sides', and the VNF's 1 GiB holds an mbuf for each frame it replays.
+const MAX_MACS: i64 = 100_000;
+
 #[derive(Subcommand)]
 enum Cmd {
     /// The maximum receive rate of each switch, alternated, with DPDK's testpmd and its
@@ -210,6 +214,12 @@ enum Cmd {
         /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
         #[arg(long)]
         police: Option<String>,
+        /// Hosts on each side (L2, with --no-port-security: a pod port allows one MAC):
+        /// host j behind the offering port sends to host j behind the other, each with a
+        /// random MAC of its own, one frame a pair in turn; every destination speaks first so
+        /// the switch learns it. The switches' MAC limits are raised to hold them all.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_MACS))]
+        macs: u32,
         /// Repeat a trial when a CPU got less than this share of its time.
         #[arg(long, default_value_t = 0.85)]
         min_supply: f64,
@@ -326,12 +336,18 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             vnf_devargs,
             vnf_tx_free,
             police,
+            macs,
         } => {
             let common = common.resolved();
             anyhow::ensure!(
                 scenario.on_two_vhost_user_sockets(),
                 "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr",
                 scenario.name()
+            );
+            anyhow::ensure!(
+                macs == 1 || (scenario == Scenario::L2 && common.no_port_security),
+                "--macs {macs}: hosts on each side need --scenario l2 and --no-port-security \
+                 (a pod port allows its pod's MAC only)"
             );
             let mut vnf_ring = vnf_ring;
             vnf_ring.dedup();
@@ -363,6 +379,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 switches: common.switches.clone(),
                 sizes: common.sizes.clone(),
                 flows: common.flows,
+                macs,
                 pairs: rounds,
                 port_security: !common.no_port_security,
                 warmup: Duration::from_secs_f64(warmup),

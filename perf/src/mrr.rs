@@ -21,6 +21,10 @@ pub struct Config {
     /// Frame sizes on the wire (FCS counted).
     pub sizes: Vec<FrameSize>,
     pub flows: u16,
+    /// Hosts on each side (`--macs`; 0 or 1: the two endpoints A and B): host `j` behind A
+    /// sends to host `j` behind B, each with a MAC of its own.
+    #[serde(default)]
+    pub macs: u32,
     /// Rounds of every switch at every size.
     pub pairs: usize,
     pub warmup: Duration,
@@ -224,13 +228,39 @@ fn prepare(cfg: &Config) -> anyhow::Result<()> {
     );
     for &size in &cfg.sizes {
         for switching in [true, false] {
-            let t = cfg.scenario.traffic(switching, size, cfg.flows);
+            let (offered, back_frames) = offered_and_back(cfg, size, switching);
             let (offer, back) = pcaps(cfg, size, switching);
-            frames::write_pcap(&offer, &t.offered)?;
-            frames::write_pcap(&back, &[t.back])?;
+            frames::write_pcap(&offer, &offered)?;
+            frames::write_pcap(&back, &back_frames)?;
         }
     }
     Ok(())
+}
+
+/// The frames offered and those the counting side sends first: the scenario's, or with
+/// `--macs` those of as many hosts a side ([`frames::host_pairs`], L2 only).
+fn offered_and_back(
+    cfg: &Config,
+    size: FrameSize,
+    switching: bool,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    if cfg.macs > 1 {
+        return frames::host_pairs(A, B, &size.pattern(), cfg.flows, cfg.macs);
+    }
+    let t = cfg.scenario.traffic(switching, size, cfg.flows);
+    (t.offered, vec![t.back])
+}
+
+/// What a report says of the frames' flows and hosts.
+pub fn flows_text(c: &Config) -> String {
+    match c.macs {
+        0 | 1 => format!("{} flow(s)", c.flows),
+        n => format!(
+            "{} flow(s) over {n} hosts a side (a random MAC each, host j to host j in turn; \
+             every destination speaks first)",
+            c.flows
+        ),
+    }
 }
 
 /// Round `round`: every switch at every size, appended to `samples`. `fastest` is the run's
@@ -374,6 +404,7 @@ fn trial(
         scenario: cfg.scenario,
         port_security: cfg.port_security,
         police: cfg.police.as_deref(),
+        macs: cfg.macs,
     };
     let pair = (cfg.layout.generator_cpu, cfg.layout.switch_cpu);
     let apart = || cpu::round_trip(pair.0, pair.1, Duration::from_millis(50));
@@ -398,6 +429,8 @@ fn trial(
         back_pcap: &back_pcap,
         offer_mac: &A.mac_text(),
         count_mac: &B.mac_text(),
+        offered_frames: cfg.macs.max(1) as usize,
+        back_frames: cfg.macs.max(1) as usize,
     };
     let mut generator =
         Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
@@ -512,6 +545,7 @@ mod tests {
             switches: vec![Kind::Knitter, Kind::Ovs],
             sizes: vec![FrameSize::Bytes(64)],
             flows: 1,
+            macs: 0,
             pairs: 2,
             warmup: Duration::ZERO,
             window: Duration::ZERO,

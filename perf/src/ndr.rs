@@ -235,6 +235,7 @@ impl Bench {
             baseline_toml: cfg.baseline_toml.as_deref(),
             scenario: cfg.scenario,
             port_security: cfg.port_security,
+            macs: 0,
             police: None,
         };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);

@@ -59,12 +59,14 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 impl Ovs {
-    /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own.
+    /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own; with
+    /// `macs` hosts a side, a MAC table that holds them all.
     pub fn start(
         work: &Path,
         mem: Memory,
         layout: Layout,
         scenario: Scenario,
+        macs: u32,
     ) -> anyhow::Result<(Ovs, Sockets)> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
@@ -75,6 +77,11 @@ impl Ovs {
         } else {
             ovs.l2_bridge(scenario.is_vlan())?
         };
+        if macs > 1 {
+            // OVS's NORMAL bridge learns 8,192 MACs by default (`mac-table-size`).
+            let size = format!("other_config:mac-table-size={}", 2 * macs + 64);
+            ovs.vsctl(&["set", "bridge", "br0", &size])?;
+        }
         ovs.wait_path(&s.a)?;
         ovs.wait_path(&s.b)?;
         Ok((ovs, s))

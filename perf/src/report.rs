@@ -142,7 +142,7 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
-         {} round(s), switches alternated in each; {} s warm-up, {} s window; {} flow(s); \
+         {} round(s), switches alternated in each; {} s warm-up, {} s window; {}; \
          frame sizes count the FCS.\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         cpu_model(),
@@ -153,7 +153,7 @@ pub fn markdown(r: &Results) -> String {
         c.pairs,
         c.warmup.as_secs_f64(),
         c.window.as_secs_f64(),
-        c.flows
+        crate::mrr::flows_text(c)
     );
     let _ = writeln!(
         o,

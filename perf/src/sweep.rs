@@ -81,13 +81,13 @@ pub fn markdown(runs: &[Results]) -> String {
     let _ = writeln!(
         o,
         "Ring sizes {} (each round goes through them all in turn); {} round(s), {} s warm-up, {} s \
-         window; {} flow(s); Knitter's pod ports {}; memory {:?}. The VNF at the first ring size: \
+         window; {}; Knitter's pod ports {}; memory {:?}. The VNF at the first ring size: \
          {}. Each ring size's own report, with every trial: `ring-<entries>/report.md`.\n",
         rings.join(", "),
         c.pairs,
         c.warmup.as_secs_f64(),
         c.window.as_secs_f64(),
-        c.flows,
+        crate::mrr::flows_text(c),
         if c.port_security { "with port security" } else { "without port security" },
         c.memory,
         c.vnf.describe()

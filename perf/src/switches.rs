@@ -85,6 +85,8 @@ pub struct Setup<'a> {
     /// A policer on Knitter's first pod port (A), the body of a TOML inline table
     /// (`pps = 1000000`).
     pub police: Option<&'a str>,
+    /// Hosts a side (`--macs`): the MACs each port and the bridge learn, L2.
+    pub macs: u32,
 }
 
 impl Running {
@@ -97,7 +99,8 @@ impl Running {
         }
         let (running, s) = match kind {
             Kind::Ovs => {
-                let (ovs, s) = crate::ovs::Ovs::start(work, mem, layout, setup.scenario)?;
+                let (ovs, s) =
+                    crate::ovs::Ovs::start(work, mem, layout, setup.scenario, setup.macs)?;
                 (Running::Ovs(ovs), s)
             }
             Kind::Yardstick => {
@@ -484,7 +487,8 @@ fn knitter_config(api: &Path, s: &Sockets, setup: &Setup) -> String {
             "a",
             &format!(r#"kind = "vhost_user", socket = "{}""#, s.a.display()),
             setup.pod(frames::A),
-        );
+        )
+        + &mac_limit(setup.macs, 1);
     if let Some(p) = setup.police {
         c += &format!("policer = {{ {p} }}\n");
     }
@@ -512,13 +516,26 @@ mode = {{ kind = "trunk", allowed = [{vlan}] }}
         );
     } else {
         c += L2_BRIDGE;
+        c += &mac_limit(setup.macs, 2);
         c += &access_port(
             "b",
             &format!(r#"kind = "vhost_user", socket = "{b}""#),
             setup.pod(frames::B),
         );
+        c += &mac_limit(setup.macs, 1);
     }
     c
+}
+
+/// With many hosts a side (`--macs`), a `mac_limit` line that lets a port (`per` 1) or the
+/// bridge (`per` 2: both sides' hosts) learn them all, for the table it follows — as an
+/// operator sets them for a VNF with many hosts behind it (by default a port learns 8,192
+/// MACs, a bridge domain 65,536). Nothing otherwise.
+fn mac_limit(macs: u32, per: u32) -> String {
+    if macs <= 1 {
+        return String::new();
+    }
+    format!("mac_limit = {}\n", per * macs + 64)
 }
 
 #[cfg(test)]

@@ -301,6 +301,10 @@ pub struct Wiring<'a> {
     pub back_pcap: &'a Path,
     pub offer_mac: &'a str,
     pub count_mac: &'a str,
+    /// Frames in the offer's pcap, each held in an mbuf of its own while it is replayed.
+    pub offered_frames: usize,
+    /// Frames in the back pcap (one a host behind the counting side, `mrr --macs`).
+    pub back_frames: usize,
 }
 
 impl Generator {
@@ -312,7 +316,16 @@ impl Generator {
         layout: Layout,
         vnf: Vnf,
     ) -> anyhow::Result<Generator> {
-        let Wiring { offer_sock, count_sock, offer_pcap, back_pcap, offer_mac, count_mac } = w;
+        let Wiring {
+            offer_sock,
+            count_sock,
+            offer_pcap,
+            back_pcap,
+            offer_mac,
+            count_mac,
+            offered_frames,
+            back_frames,
+        } = w;
         let other = layout.switch_cpu;
         let mut args: Vec<String> = vec![
             "-l".into(),
@@ -352,7 +365,7 @@ impl Generator {
             vnf.queues.max(1)
         ));
         args.push(format!("--vdev=net_pcap1,{}", vec![format!("rx_pcap={back}"); used].join(",")));
-        let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192);
+        let mbufs = (16384usize).max(4 * 2 * used * ring as usize + 8192) + used * offered_frames;
         args.extend(
             ["--", "-i", "--nb-cores=1", "--no-flush-rx", "--record-core-cycles"].map(String::from),
         );
@@ -387,6 +400,19 @@ impl Generator {
             None,
         )?;
         t.wait_for("testpmd>", Duration::from_secs(30))?;
+        if *back_frames > 1 {
+            // Many hosts speak first: io forwarding drops what a full transmit ring does not
+            // take, and a switch that floods their frames (their destinations not yet known)
+            // takes them slower than a pcap replays them, so most would never arrive and
+            // their hosts never be learned. Forwarding that retries a full ring (1 µs, up to
+            // 64 times) while they go, then plain io forwarding for the trial.
+            t.say("set fwd io retry");
+            t.say("start");
+            std::thread::sleep(
+                Duration::from_secs(1) + Duration::from_micros(*back_frames as u64 * 40),
+            );
+            t.say("stop");
+        }
         t.say("set fwd io");
         t.say("start");
         Ok(Generator { pmd: t, start: None })
