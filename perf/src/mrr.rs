@@ -420,6 +420,11 @@ fn trial(
     // Decapsulation and tag popping are offered on the second socket (the underlay, the
     // trunk) and counted on the pod's.
     let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
+    // As many as `prepare` wrote into the two pcaps.
+    let (frames_offered, frames_back) = {
+        let (offered, back) = offered_and_back(cfg, size, switching);
+        (offered.len(), back.len())
+    };
     let (offer_sock, count_sock) =
         if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };
     let wiring = Wiring {
@@ -429,8 +434,8 @@ fn trial(
         back_pcap: &back_pcap,
         offer_mac: &A.mac_text(),
         count_mac: &B.mac_text(),
-        offered_frames: cfg.macs.max(1) as usize,
-        back_frames: cfg.macs.max(1) as usize,
+        offered_frames: frames_offered,
+        back_frames: frames_back,
     };
     let mut generator =
         Generator::start(&cfg.work, &tag, &wiring, cfg.memory, cfg.layout, cfg.vnf.clone())?;
