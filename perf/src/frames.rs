@@ -206,15 +206,19 @@ pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<V
         .collect()
 }
 
-/// Host `i` behind `side`: a locally administered unicast MAC of its own, spread as real
-/// NICs' addresses are (not counted up: a switch's hash would see an easier set), and
-/// `side`'s IP address (the L2 path reads no address).
+/// Host `i` behind `side` (`i` < 2^20): a locally administered unicast MAC of its own, spread
+/// as real NICs' addresses are (not counted up: a switch's hash would see an easier set), and
+/// an IPv4 address of its own in `10.(16 × side's last octet + i / 2^16).x.y`. The L2 path
+/// reads no address, but a switch may hash one: OVS's exact-match and signature caches are
+/// indexed by a hash of the 5-tuple, so hosts sharing one address all fall into one slot.
 pub fn host(side: Endpoint, i: u32) -> Endpoint {
     let mut z = (u64::from(side.mac[5]) << 32 | u64::from(i)).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     let b = (z ^ (z >> 31)).to_be_bytes();
-    Endpoint { mac: [b[0] & 0xfc | 0x02, b[1], b[2], b[3], b[4], b[5]], ip: side.ip }
+    let n = (i + 1).to_be_bytes();
+    let ip = [10, side.ip[3].wrapping_mul(16).wrapping_add(n[1] & 0x0f), n[2], n[3]];
+    Endpoint { mac: [b[0] & 0xfc | 0x02, b[1], b[2], b[3], b[4], b[5]], ip }
 }
 
 /// `hosts` hosts behind `src` talking to as many behind `dst`, host `j` to host `j`: the
@@ -311,6 +315,13 @@ mod tests {
         assert_eq!(macs(&offered, 0), macs(&back, 6), "every destination speaks first");
         assert!(macs(&offered, 6).is_disjoint(&macs(&offered, 0)));
         assert!(offered.iter().all(|f| f[0] & 3 == 2 && f[6] & 3 == 2), "local unicast");
+        let ips = |fs: &[Vec<u8>], at: usize| {
+            fs.iter().map(|f| f[at..at + 4].to_vec()).collect::<std::collections::HashSet<_>>()
+        };
+        assert_eq!(ips(&offered, 26).len(), 1000, "an IP address each");
+        assert!(ips(&offered, 26).is_disjoint(&ips(&offered, 30)));
+        assert_eq!(ips(&offered, 30), ips(&back, 26));
+        assert_ne!(host(A, 0x1_0000).ip, host(A, 0).ip);
         assert_eq!((offered[1].len(), offered[2][34..36].to_vec()), (1514, vec![4, 2]));
     }
 

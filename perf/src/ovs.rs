@@ -58,6 +58,17 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
+/// Settings a diagnosis or a fair comparison adds to OVS's `Open_vSwitch` row
+/// (`KNITTER_PERF_OVS_CONFIG="smc-enable=true emc-insert-inv-prob=10"`: each becomes
+/// `other_config:KEY=VALUE`); the report names them.
+pub fn tuning() -> Vec<String> {
+    std::env::var("KNITTER_PERF_OVS_CONFIG")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|kv| format!("other_config:{kv}"))
+        .collect()
+}
+
 impl Ovs {
     /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own; with
     /// `macs` hosts a side, a MAC table that holds them all.
@@ -227,6 +238,12 @@ impl Ovs {
             &format!("other_config:pmd-cpu-mask={:#x}", 1u64 << layout.switch_cpu),
             &format!("other_config:dpdk-extra={extra}"),
         ])?;
+        let tuning = tuning();
+        if !tuning.is_empty() {
+            let mut args = vec!["--no-wait", "set", "Open_vSwitch", "."];
+            args.extend(tuning.iter().map(String::as_str));
+            ovs.vsctl(&args)?;
+        }
         ovs.vswitchd = Some(
             ovs.in_netns(VSWITCHD)
                 .arg(format!("unix:{}", dir.join("db.sock").display()))

@@ -164,6 +164,10 @@ pub fn markdown(r: &Results) -> String {
             .map(|p| format!(" Knitter's offering pod port is policed: `policer = {{ {p} }}`."))
             .unwrap_or_default()
     );
+    let tuning = crate::ovs::tuning();
+    if c.switches.contains(&crate::switches::Kind::Ovs) && !tuning.is_empty() {
+        let _ = writeln!(o, "OVS also given `{}`.\n", tuning.join(" "));
+    }
     let _ = writeln!(
         o,
         "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into one virtio-user \
