@@ -390,6 +390,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 baseline_toml: common.baseline_toml.clone(),
                 vnf: vnfs[0].clone(),
                 police,
+                ovs_config: knitter_perf::ovs::tuning(),
                 work: lab.work.path().to_path_buf(),
             };
             let progress = Progress::new(mrr::planned(&cfg) * vnfs.len() as u32);
@@ -435,6 +436,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 port_security: !common.no_port_security,
                 baseline: common.baseline.clone(),
                 baseline_toml: common.baseline_toml.clone(),
+                ovs_config: knitter_perf::ovs::tuning(),
                 work: lab.work.path().to_path_buf(),
             };
             let progress = Progress::new(ndr::planned(&cfg));

@@ -52,6 +52,9 @@ pub struct Config {
     /// A policer on Knitter's offering pod port (`--police`).
     #[serde(default)]
     pub police: Option<String>,
+    /// OVS's extra `other_config` settings (`KNITTER_PERF_OVS_CONFIG`), named in the report.
+    #[serde(default)]
+    pub ovs_config: Vec<String>,
     #[serde(skip)]
     pub work: PathBuf,
 }
@@ -564,6 +567,7 @@ mod tests {
             scenario: Scenario::L2,
             vnf: Vnf::default(),
             police: None,
+            ovs_config: Vec::new(),
             work: PathBuf::new(),
         }
     }

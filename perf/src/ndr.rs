@@ -59,6 +59,9 @@ pub struct Config {
     /// Knitter's pod ports with port security (MAC and IP), as the CNI makes them.
     #[serde(default)]
     pub port_security: bool,
+    /// OVS's extra `other_config` settings (`KNITTER_PERF_OVS_CONFIG`), named in the report.
+    #[serde(default)]
+    pub ovs_config: Vec<String>,
     #[serde(skip)]
     pub work: PathBuf,
 }

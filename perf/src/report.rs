@@ -134,6 +134,14 @@ fn baseline_line(
     }
 }
 
+/// The settings OVS was given beyond the lab's own, when it ran with any.
+fn ovs_line(switches: &[crate::switches::Kind], config: &[String]) -> String {
+    if !switches.contains(&crate::switches::Kind::Ovs) || config.is_empty() {
+        return String::new();
+    }
+    format!("OVS also given `{}`.\n\n", config.join(" "))
+}
+
 pub fn markdown(r: &Results) -> String {
     let c = &r.config;
     let mut o = String::new();
@@ -164,10 +172,7 @@ pub fn markdown(r: &Results) -> String {
             .map(|p| format!(" Knitter's offering pod port is policed: `policer = {{ {p} }}`."))
             .unwrap_or_default()
     );
-    let tuning = crate::ovs::tuning();
-    if c.switches.contains(&crate::switches::Kind::Ovs) && !tuning.is_empty() {
-        let _ = writeln!(o, "OVS also given `{}`.\n", tuning.join(" "));
-    }
+    o += &ovs_line(&c.switches, &c.ovs_config);
     let _ = writeln!(
         o,
         "Method: the generator (dpdk-testpmd, a pcap port replaying the frames into one virtio-user \
@@ -359,6 +364,7 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     let what = c.scenario.describe();
     let _ = writeln!(o, "# knitter-perf: {what}, NDR, PDR and latency\n");
     o += &baseline_line(&c.switches, c.baseline.as_deref(), c.baseline_toml.as_deref());
+    o += &ovs_line(&c.switches, &c.ovs_config);
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
@@ -573,4 +579,21 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::switches::Kind;
+
+    #[test]
+    fn the_report_names_what_ovs_was_given_only_when_ovs_ran() {
+        let given = ["other_config:smc-enable=true".to_string()];
+        assert_eq!(
+            ovs_line(&[Kind::Knitter, Kind::Ovs], &given),
+            "OVS also given `other_config:smc-enable=true`.\n\n"
+        );
+        assert_eq!(ovs_line(&[Kind::Knitter], &given), "");
+        assert_eq!(ovs_line(&[Kind::Ovs], &[]), "");
+    }
 }
