@@ -208,9 +208,10 @@ pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<V
 
 /// Host `i` behind `side` (`i` < 2^20): a locally administered unicast MAC of its own, spread
 /// as real NICs' addresses are (not counted up: a switch's hash would see an easier set), and
-/// an IPv4 address of its own in `10.(16 × side's last octet + i / 2^16).x.y`. The L2 path
-/// reads no address, but a switch may hash one: OVS's exact-match and signature caches are
-/// indexed by a hash of the 5-tuple, so hosts sharing one address all fall into one slot.
+/// an IPv4 address of its own: `10.a.b.c` with `a` = 16 × side's last octet + the high 4 of
+/// the 20 bits of `i + 1`, `b.c` its low 16. The L2 path reads no address, but a switch may
+/// hash one: OVS's exact-match and signature caches are indexed by a hash of the 5-tuple,
+/// so hosts sharing one address all fall into one slot.
 pub fn host(side: Endpoint, i: u32) -> Endpoint {
     let mut z = (u64::from(side.mac[5]) << 32 | u64::from(i)).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

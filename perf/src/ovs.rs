@@ -60,7 +60,8 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 
 /// Settings a diagnosis or a fair comparison adds to OVS's `Open_vSwitch` row
 /// (`KNITTER_PERF_OVS_CONFIG="smc-enable=true emc-insert-inv-prob=10"`: each becomes
-/// `other_config:KEY=VALUE`); the report names them.
+/// `other_config:KEY=VALUE`); every OVS this program starts gets them (examples/memif_bench.rs's
+/// too), and the `mrr` and `ndr` reports name them.
 pub fn tuning() -> Vec<String> {
     std::env::var("KNITTER_PERF_OVS_CONFIG")
         .unwrap_or_default()
