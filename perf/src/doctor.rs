@@ -30,6 +30,8 @@ pub struct Plan<'a> {
     /// `--memory`: hugepages required (`Some(true)`), never (`Some(false)`), or when they can
     /// be had (`None`, auto).
     pub hugepages: Option<bool>,
+    /// Hosts a side (`--macs`): Knitter's generator keeps a buffer for each one's frames.
+    pub hosts: u32,
 }
 
 fn check(what: &'static str, ok: bool, detail: impl Into<String>) -> Check {
@@ -207,8 +209,12 @@ fn hugepages(plan: &Plan, root: bool) -> Check {
         );
     }
     let Ok(pool) = Pool::read() else { return check(what, !required, "/proc/meminfo unreadable") };
-    let need =
-        pool.pages_for(machine::mib_needed(plan.switches, plan.scenario, plan.testpmd_generator));
+    let need = pool.pages_for(machine::mib_needed(
+        plan.switches,
+        plan.scenario,
+        plan.testpmd_generator,
+        plan.hosts,
+    ));
     let state =
         format!("{} of {} KiB free (of {}), {need} needed", pool.free, pool.page_kib, pool.total);
     if pool.free >= need {
@@ -282,6 +288,7 @@ mod tests {
             cpus: [0, 0],
             baseline: None,
             hugepages: Some(false),
+            hosts: 1,
         };
         let c = checks(&plan);
         let by = |w: &str| c.iter().find(|c| c.what == w).cloned();
@@ -304,6 +311,7 @@ mod tests {
             cpus: [0, 1],
             baseline: Some(Path::new("/nonexistent/knitter-vswitchd")),
             hugepages: None,
+            hosts: 1,
         };
         let c = checks(&yard);
         assert!(

@@ -21,9 +21,16 @@ const VGEN_MIB: u64 = 16;
 const HEADROOM_MIB: u64 = 128;
 
 /// Hugepage memory a run holds at once, MiB: the generator and the hungriest switch run
-/// together (one switch at a time), each DPDK process with its `-m`, and [`HEADROOM_MIB`].
-pub fn mib_needed(switches: &[Kind], scenario: Scenario, testpmd_generator: bool) -> u64 {
-    let generator = if testpmd_generator { DPDK_MIB } else { VGEN_MIB };
+/// together (one switch at a time), each DPDK process with its `-m`, Knitter's generator
+/// with a buffer for every host's frame (`hosts` a side), and [`HEADROOM_MIB`].
+pub fn mib_needed(
+    switches: &[Kind],
+    scenario: Scenario,
+    testpmd_generator: bool,
+    hosts: u32,
+) -> u64 {
+    let generator =
+        if testpmd_generator { DPDK_MIB } else { VGEN_MIB + crate::vgen::hosts_mib(hosts) };
     let switch = switches
         .iter()
         .map(|k| match k {
@@ -253,20 +260,25 @@ mod tests {
     fn what_a_run_needs() {
         use Kind::*;
         assert_eq!(
-            mib_needed(&[Knitter, Yardstick], Scenario::L2, true),
+            mib_needed(&[Knitter, Yardstick], Scenario::L2, true, 1),
             2048 + HEADROOM_MIB,
             "testpmd generating, testpmd forwarding"
         );
         assert_eq!(
-            mib_needed(&[Knitter, Ovs], Scenario::L2, false),
+            mib_needed(&[Knitter, Ovs], Scenario::L2, false, 1),
             1040 + HEADROOM_MIB,
             "Knitter's generator beside OVS"
         );
-        assert_eq!(mib_needed(&[Knitter], Scenario::L2, false), 64 + HEADROOM_MIB);
+        assert_eq!(mib_needed(&[Knitter], Scenario::L2, false, 1), 64 + HEADROOM_MIB);
         assert_eq!(
-            mib_needed(&[Knitter], Scenario::VxlanTwoVteps, false),
+            mib_needed(&[Knitter], Scenario::VxlanTwoVteps, false, 1),
             112 + HEADROOM_MIB,
             "two switches at once"
+        );
+        assert_eq!(
+            mib_needed(&[Knitter], Scenario::L2, false, 100_000),
+            64 + 387 + HEADROOM_MIB,
+            "a 2 KiB buffer a host beyond the 1,024 a side the generator has anyway"
         );
         assert!(hugepages_required(&[Knitter, Ovs]) && !hugepages_required(&[Knitter, Yardstick]));
     }

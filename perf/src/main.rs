@@ -57,6 +57,12 @@ struct Common {
     /// pod's MAC and IP address only, as the CNI makes them).
     #[arg(long)]
     no_port_security: bool,
+    /// Hosts on each side (L2, with --no-port-security: a pod port allows one MAC):
+    /// host j behind the offering port sends to host j behind the other, each with a
+    /// random MAC of its own, one frame a pair in turn; every destination speaks first so
+    /// the switch learns it. The switches' MAC limits are raised to hold them all.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_MACS))]
+    macs: u32,
     /// Where results.json and report.md go.
     #[arg(long, default_value = "perf-results")]
     out: PathBuf,
@@ -106,6 +112,17 @@ impl Common {
         }
     }
 
+    /// `--macs`: hosts behind a port need plain L2 ports that allow any MAC.
+    fn check_hosts(&self, scenario: Scenario) -> anyhow::Result<()> {
+        let macs = self.macs;
+        anyhow::ensure!(
+            macs == 1 || (scenario == Scenario::L2 && self.no_port_security),
+            "--macs {macs}: hosts on each side need --scenario l2 and --no-port-security \
+             (a pod port allows its pod's MAC only)"
+        );
+        Ok(())
+    }
+
     /// With `--baseline-toml` and no `--baseline`, the baseline is this build's daemon.
     fn resolved(mut self) -> Common {
         if self.baseline.is_none() && self.baseline_toml.is_some() {
@@ -126,6 +143,7 @@ impl Common {
             cpus: [self.generator_cpu, self.switch_cpu],
             baseline: self.baseline.as_deref(),
             hugepages: self.wants_hugepages()?,
+            hosts: self.macs,
         })
     }
 
@@ -141,7 +159,7 @@ impl Common {
         // Before any thread starts: an interrupted run still removes what it made and gives
         // back the hugepages it reserved.
         knitter_perf::interrupt::install(work.path().to_path_buf()).context("signal handling")?;
-        let need = machine::mib_needed(&self.switches, scenario, testpmd_generator);
+        let need = machine::mib_needed(&self.switches, scenario, testpmd_generator, self.macs);
         let (memory, hugepages) = match plan.hugepages {
             Some(false) => (Memory::Plain, None),
             wanted => match machine::reserve(need) {
@@ -162,8 +180,9 @@ impl Common {
     }
 }
 
-/// The most hosts a side `mrr --macs` takes: the switch's FDB (262,144 entries) holds both
-/// sides', and the VNF's 1 GiB holds an mbuf for each frame it replays.
+/// The most hosts a side `--macs` takes: the switch's FDB (262,144 entries) holds both
+/// sides', the VNF's 1 GiB (`mrr`) an mbuf for each frame it replays; Knitter's generator
+/// (`ndr`) takes a 2 KiB buffer for each.
 const MAX_MACS: i64 = 100_000;
 
 #[derive(Subcommand)]
@@ -214,12 +233,6 @@ enum Cmd {
         /// (`pps = 1000000` or `bps = 1000000000, burst_bytes = 100000`).
         #[arg(long)]
         police: Option<String>,
-        /// Hosts on each side (L2, with --no-port-security: a pod port allows one MAC):
-        /// host j behind the offering port sends to host j behind the other, each with a
-        /// random MAC of its own, one frame a pair in turn; every destination speaks first so
-        /// the switch learns it. The switches' MAC limits are raised to hold them all.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_MACS))]
-        macs: u32,
         /// Repeat a trial when a CPU got less than this share of its time.
         #[arg(long, default_value_t = 0.85)]
         min_supply: f64,
@@ -336,7 +349,6 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             vnf_devargs,
             vnf_tx_free,
             police,
-            macs,
         } => {
             let common = common.resolved();
             anyhow::ensure!(
@@ -344,11 +356,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "mrr measures l2, vlan-push, vlan-pop, vxlan-encap and vxlan-decap; --scenario {} runs with ndr",
                 scenario.name()
             );
-            anyhow::ensure!(
-                macs == 1 || (scenario == Scenario::L2 && common.no_port_security),
-                "--macs {macs}: hosts on each side need --scenario l2 and --no-port-security \
-                 (a pod port allows its pod's MAC only)"
-            );
+            common.check_hosts(scenario)?;
             let mut vnf_ring = vnf_ring;
             vnf_ring.dedup();
             anyhow::ensure!(!vnf_ring.is_empty(), "--vnf-ring: at least one ring size");
@@ -379,7 +387,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 switches: common.switches.clone(),
                 sizes: common.sizes.clone(),
                 flows: common.flows,
-                macs,
+                macs: common.macs,
                 pairs: rounds,
                 port_security: !common.no_port_security,
                 warmup: Duration::from_secs_f64(warmup),
@@ -421,6 +429,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
         }
         Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
             let common = common.resolved();
+            common.check_hosts(scenario)?;
             let lab = common.lab(scenario, false)?;
             let cfg = ndr::Config {
                 scenario,
@@ -429,6 +438,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 switches: common.switches.clone(),
                 sizes: common.sizes.clone(),
                 flows: common.flows,
+                macs: common.macs,
                 trial: Duration::from_secs_f64(trial),
                 confirm: Duration::from_secs_f64(confirm),
                 precision,

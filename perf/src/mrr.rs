@@ -231,37 +231,22 @@ fn prepare(cfg: &Config) -> anyhow::Result<()> {
     );
     for &size in &cfg.sizes {
         for switching in [true, false] {
-            let (offered, back_frames) = offered_and_back(cfg, size, switching);
+            let t = cfg.scenario.traffic(switching, size, cfg.flows, cfg.macs);
             let (offer, back) = pcaps(cfg, size, switching);
-            frames::write_pcap(&offer, &offered)?;
-            frames::write_pcap(&back, &back_frames)?;
+            frames::write_pcap(&offer, &t.offered)?;
+            frames::write_pcap(&back, &t.back)?;
         }
     }
     Ok(())
 }
 
-/// The frames offered and those the counting side sends first: the scenario's, or with
-/// `--macs` those of as many hosts a side ([`frames::host_pairs`], L2 only).
-fn offered_and_back(
-    cfg: &Config,
-    size: FrameSize,
-    switching: bool,
-) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    if cfg.macs > 1 {
-        return frames::host_pairs(A, B, &size.pattern(), cfg.flows, cfg.macs);
-    }
-    let t = cfg.scenario.traffic(switching, size, cfg.flows);
-    (t.offered, vec![t.back])
-}
-
 /// What a report says of the frames' flows and hosts.
-pub fn flows_text(c: &Config) -> String {
-    match c.macs {
-        0 | 1 => format!("{} flow(s)", c.flows),
+pub fn flows_text(flows: u16, macs: u32) -> String {
+    match macs {
+        0 | 1 => format!("{flows} flow(s)"),
         n => format!(
-            "{} flow(s) over {n} hosts a side (a random MAC each, host j to host j in turn; \
-             every destination speaks first)",
-            c.flows
+            "{flows} flow(s) over {n} hosts a side (a random MAC each, host j to host j in turn; \
+             every destination speaks first)"
         ),
     }
 }
@@ -420,13 +405,11 @@ fn trial(
     let tag = format!("{}-{size}-q{}-{round}-{repeated}", switch.name(), cfg.vnf.ring);
     let switching = switch != Kind::Yardstick;
     let (offer_pcap, back_pcap) = pcaps(cfg, size, switching);
-    // Decapsulation and tag popping are offered on the second socket (the underlay, the
-    // trunk) and counted on the pod's.
-    let reversed = cfg.scenario.traffic(switching, size, 1).reversed;
-    // As many as `prepare` wrote into the two pcaps.
-    let (frames_offered, frames_back) = {
-        let (offered, back) = offered_and_back(cfg, size, switching);
-        (offered.len(), back.len())
+    // As many as `prepare` wrote into the two pcaps. Decapsulation and tag popping are
+    // offered on the second socket (the underlay, the trunk) and counted on the pod's.
+    let (frames_offered, frames_back, reversed) = {
+        let t = cfg.scenario.traffic(switching, size, cfg.flows, cfg.macs);
+        (t.offered.len(), t.back.len(), t.reversed)
     };
     let (offer_sock, count_sock) =
         if reversed { (&sockets.b, &sockets.a) } else { (&sockets.a, &sockets.b) };

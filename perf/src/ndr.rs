@@ -40,6 +40,9 @@ pub struct Config {
     pub switches: Vec<Kind>,
     pub sizes: Vec<FrameSize>,
     pub flows: u16,
+    /// Hosts on each side (`--macs`; 0 or 1: the two endpoints A and B), as in `mrr`.
+    #[serde(default)]
+    pub macs: u32,
     /// One search trial.
     pub trial: Duration,
     /// The NDR's confirmation trial (zero: none).
@@ -238,10 +241,10 @@ impl Bench {
             baseline_toml: cfg.baseline_toml.as_deref(),
             scenario: cfg.scenario,
             port_security: cfg.port_security,
-            macs: 0,
+            macs: cfg.macs,
             police: None,
         };
-        let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows);
+        let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows, cfg.macs);
         let (mut veths, mut underlay) = (None, None);
         let (wire, running): (Box<dyn Wire>, Running) = if cfg.scenario.is_kernel() {
             let v = veths.insert(Veths::new()?);

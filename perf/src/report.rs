@@ -161,7 +161,7 @@ pub fn markdown(r: &Results) -> String {
         c.pairs,
         c.warmup.as_secs_f64(),
         c.window.as_secs_f64(),
-        crate::mrr::flows_text(c)
+        crate::mrr::flows_text(c.flows, c.macs)
     );
     let _ = writeln!(
         o,
@@ -368,14 +368,14 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
     let _ = writeln!(
         o,
         "Machine: {} vCPUs, {}. Memory: {:?}. Knitter's pod ports: {}. Switch forwarding thread on CPU {}, generator on CPU {}. \
-         {} flow(s); frame sizes count the FCS.\n",
+         {}; frame sizes count the FCS.\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         cpu_model(),
         c.memory,
         security(c.port_security),
         c.layout.switch_cpu,
         c.layout.generator_cpu,
-        c.flows
+        crate::mrr::flows_text(c.flows, c.macs)
     );
     let generator = if c.scenario.is_kernel() {
         format!(

@@ -48,8 +48,9 @@ const OVERHEAD: usize = 50;
 /// pod port (L2) or the underlay (VXLAN).
 pub struct Traffic {
     pub offered: Vec<Vec<u8>>,
-    /// What the receiving side sends first, so a learning switch knows where it is.
-    pub back: Vec<u8>,
+    /// What the receiving side sends first, so a learning switch knows where it is: one
+    /// frame, or one a host behind it (`--macs`).
+    pub back: Vec<Vec<u8>>,
     /// Offered on socket `b` and counted on `a` (decapsulation), not the other way round.
     pub reversed: bool,
     /// Where the inner UDP payload starts in an offered and in a received frame: the
@@ -114,16 +115,29 @@ impl Scenario {
 
     /// The frames for a switch (`switching`: false for the yardstick), `size` on the wire
     /// (the inner frames' in VXLAN scenarios), over `flows` UDP source ports (the outer
-    /// one too in VXLAN, as a VTEP hashes the inner flow into it).
-    pub fn traffic(self, switching: bool, size: FrameSize, flows: u16) -> Traffic {
+    /// one too in VXLAN, as a VTEP hashes the inner flow into it). With `hosts` > 1 (L2
+    /// only: `--macs`), as many hosts a side ([`frames::host_pairs`]), every one behind the
+    /// receiving side speaking first.
+    pub fn traffic(self, switching: bool, size: FrameSize, flows: u16, hosts: u32) -> Traffic {
         let wrap = |inner: &[u8], i: usize| {
             frames::vxlan(PEER, LOCAL, VNI, 49152 + (i % flows.max(1) as usize) as u16, inner)
         };
         let sizes = size.pattern();
+        let hello = |from, to| frames::udp(from, to, frames::MIN_SIZE, 1024);
         match self {
+            Scenario::L2 if hosts > 1 => {
+                let (offered, back) = frames::host_pairs(A, B, &sizes, flows, hosts);
+                Traffic {
+                    offered,
+                    back,
+                    reversed: false,
+                    stamp_offered: UDP_PAYLOAD,
+                    stamp_received: UDP_PAYLOAD,
+                }
+            }
             Scenario::L2 | Scenario::Veth | Scenario::VxlanTwoVteps => Traffic {
                 offered: frames::flows(A, B, &sizes, flows),
-                back: frames::udp(B, A, frames::MIN_SIZE, 1024),
+                back: vec![hello(B, A)],
                 reversed: false,
                 stamp_offered: UDP_PAYLOAD,
                 stamp_received: UDP_PAYLOAD,
@@ -132,7 +146,7 @@ impl Scenario {
                 let grown = if self.is_vlan() { 4 } else { OVERHEAD };
                 Traffic {
                     offered: frames::flows(A, B, &size.grown(grown), flows),
-                    back: frames::udp(B, A, frames::MIN_SIZE, 1024),
+                    back: vec![hello(B, A)],
                     reversed: false,
                     stamp_offered: UDP_PAYLOAD,
                     stamp_received: UDP_PAYLOAD,
@@ -141,7 +155,7 @@ impl Scenario {
             Scenario::VlanPush => Traffic {
                 offered: frames::flows(A, B, &sizes, flows),
                 // B speaks first, tagged, on the trunk.
-                back: frames::tagged(&frames::udp(B, A, frames::MIN_SIZE, 1024), VLAN),
+                back: vec![frames::tagged(&hello(B, A), VLAN)],
                 reversed: false,
                 stamp_offered: UDP_PAYLOAD,
                 stamp_received: UDP_PAYLOAD + 4,
@@ -152,7 +166,7 @@ impl Scenario {
                     .map(|f| frames::tagged(f, VLAN))
                     .collect(),
                 // A speaks first, untagged, on its access port.
-                back: frames::udp(A, B, frames::MIN_SIZE, 1024),
+                back: vec![hello(A, B)],
                 reversed: true,
                 stamp_offered: UDP_PAYLOAD + 4,
                 stamp_received: UDP_PAYLOAD,
@@ -161,7 +175,7 @@ impl Scenario {
                 offered: frames::flows(A, B, &sizes, flows),
                 // From B behind the remote VTEP: the switch learns B there, and (OVS) the
                 // remote VTEP's MAC on the underlay.
-                back: wrap(&frames::udp(B, A, frames::MIN_SIZE, 1024), 0),
+                back: vec![wrap(&hello(B, A), 0)],
                 reversed: false,
                 stamp_offered: UDP_PAYLOAD,
                 stamp_received: OVERHEAD + UDP_PAYLOAD,
@@ -172,7 +186,7 @@ impl Scenario {
                     .enumerate()
                     .map(|(i, f)| wrap(f, i))
                     .collect(),
-                back: frames::udp(A, B, frames::MIN_SIZE, 1024),
+                back: vec![hello(A, B)],
                 reversed: true,
                 stamp_offered: OVERHEAD + UDP_PAYLOAD,
                 stamp_received: UDP_PAYLOAD,
@@ -187,13 +201,13 @@ mod tests {
 
     #[test]
     fn each_scenario_offers_what_its_side_expects() {
-        let l2 = Scenario::L2.traffic(true, FrameSize::Bytes(64), 2);
+        let l2 = Scenario::L2.traffic(true, FrameSize::Bytes(64), 2, 1);
         assert_eq!((l2.offered.len(), l2.offered[0].len(), l2.reversed), (2, 60, false));
-        let encap = Scenario::VxlanEncap.traffic(true, FrameSize::Bytes(64), 1);
+        let encap = Scenario::VxlanEncap.traffic(true, FrameSize::Bytes(64), 1, 1);
         assert_eq!(encap.offered[0].len(), 60, "inner frames into the pod port");
-        assert_eq!(encap.back.len(), 110, "the remote VTEP speaks VXLAN");
-        assert_eq!(&encap.back[0..6], &LOCAL.mac);
-        let decap = Scenario::VxlanDecap.traffic(true, FrameSize::Bytes(64), 3);
+        assert_eq!(encap.back[0].len(), 110, "the remote VTEP speaks VXLAN");
+        assert_eq!(&encap.back[0][0..6], &LOCAL.mac);
+        let decap = Scenario::VxlanDecap.traffic(true, FrameSize::Bytes(64), 3, 1);
         assert!(decap.reversed);
         // The stamps land in the inner UDP payload, never on a header the switch reads.
         for t in [&l2, &encap, &decap] {
@@ -211,16 +225,16 @@ mod tests {
             "flows differ in the outer source port"
         );
         assert_eq!(&decap.offered[0][50..56], &A.mac, "inner frames to the pod");
-        let vlan = Scenario::VlanPush.traffic(true, FrameSize::Bytes(64), 1);
+        let vlan = Scenario::VlanPush.traffic(true, FrameSize::Bytes(64), 1, 1);
         assert_eq!(
-            (vlan.offered[0].len(), vlan.back.len()),
+            (vlan.offered[0].len(), vlan.back[0].len()),
             (60, 64),
             "untagged in, B tagged on the trunk"
         );
-        assert_eq!(&vlan.back[12..16], &[0x81, 0, 0, 100]);
-        let pop = Scenario::VlanPop.traffic(true, FrameSize::Bytes(64), 1);
+        assert_eq!(&vlan.back[0][12..16], &[0x81, 0, 0, 100]);
+        let pop = Scenario::VlanPop.traffic(true, FrameSize::Bytes(64), 1, 1);
         assert_eq!(
-            (pop.offered[0].len(), pop.back.len(), pop.reversed),
+            (pop.offered[0].len(), pop.back[0].len(), pop.reversed),
             (64, 60, true),
             "tagged in on the trunk, A untagged"
         );
@@ -230,7 +244,14 @@ mod tests {
             pop.offered[0][pop.stamp_offered - 8..pop.stamp_offered - 6],
             1024u16.to_be_bytes()[..]
         );
-        let yard = Scenario::VxlanDecap.traffic(false, FrameSize::Bytes(64), 1);
+        let hosts = Scenario::L2.traffic(true, FrameSize::Bytes(64), 1, 8000);
+        assert_eq!(
+            (hosts.offered.len(), hosts.back.len()),
+            (8000, 8000),
+            "a frame a host each way"
+        );
+        assert_eq!(&hosts.back[7][0..6], &hosts.offered[7][6..12], "host 7 answers host 7");
+        let yard = Scenario::VxlanDecap.traffic(false, FrameSize::Bytes(64), 1, 1);
         assert_eq!(
             (yard.offered[0].len(), yard.reversed),
             (110, false),

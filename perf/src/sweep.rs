@@ -87,7 +87,7 @@ pub fn markdown(runs: &[Results]) -> String {
         c.pairs,
         c.warmup.as_secs_f64(),
         c.window.as_secs_f64(),
-        crate::mrr::flows_text(c),
+        crate::mrr::flows_text(c.flows, c.macs),
         if c.port_security { "with port security" } else { "without port security" },
         c.memory,
         c.vnf.describe()

@@ -8,7 +8,9 @@
 //! Cheaper per frame than testpmd replaying a pcap (no mbufs, no copies: the frames sit in
 //! their buffers and only their descriptors go round), so a fast switch is the bottleneck
 //! more often; its own ceiling is what the yardstick (testpmd's `io` forwarding) measures
-//! through it.
+//! through it. With more frames than descriptors (`--macs`: thousands of hosts a side) each
+//! frame has a buffer of its own and every post points its descriptor at the next one
+//! ([`Frames`]), so every host's frame takes its turn and the switch reads them all.
 //!
 //! Features offered to every switch alike: `VERSION_1` and `MRG_RXBUF` (what virtio-user
 //! asks for), protocol features `REPLY_ACK` when the switch has them; one queue pair of
@@ -22,6 +24,7 @@ use knitter_vhost::backend::{VIRTIO_F_VERSION_1, VIRTIO_NET_F_MRG_RXBUF};
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -67,6 +70,9 @@ pub struct Vgen {
     free: VecDeque<u16>,
     /// B's, for the learning frames.
     b_free: Vec<u16>,
+    /// The frames A offers and B sends so the switch learns where its hosts are.
+    offered: Frames,
+    back: Frames,
     /// Where the latency stamp goes in an offered frame and is read in a received one
     /// (the inner UDP payload: the frames carry no UDP checksum, so it keeps them valid).
     stamps: [usize; 2],
@@ -89,7 +95,11 @@ impl Vgen {
             frames.iter().all(|f| f.len() >= stamps[0] + 8),
             "frames too short for the latency stamp"
         );
-        let len = Shared::buffers_from(4) + 4 * QUEUE as u64 * BUF;
+        // A's and B's receive buffers, then a buffer for each frame A offers and B sends.
+        let (n_offered, n_back) = (buffers_for(frames.len()), buffers_for(back.len()));
+        let offered_from = Shared::buffers_from(4) + 2 * QUEUE as u64 * BUF;
+        let back_from = offered_from + n_offered as u64 * BUF;
+        let len = back_from + n_back as u64 * BUF;
         // No quiet fallback to plain pages: every copy a switch makes from or to this memory
         // would miss the TLB more, and the run would measure something else than it says.
         let mem = Shared::new(len as usize, huge).with_context(|| {
@@ -99,23 +109,23 @@ impl Vgen {
                 if huge { " of hugepages" } else { "" }
             )
         })?;
-        let a = port(&mem, a_sock, A_RX, A_TX)
+        let mut a = port(&mem, a_sock, A_RX, A_TX)
             .with_context(|| format!("connecting to {}", a_sock.display()))?;
-        let b = port(&mem, b_sock, B_RX, B_TX)
+        let mut b = port(&mem, b_sock, B_RX, B_TX)
             .with_context(|| format!("connecting to {}", b_sock.display()))?;
+        let offered = Frames::write(&mem, &mut a.tx, offered_from, frames)?;
+        let back = Frames::write(&mem, &mut b.tx, back_from, back)?;
         let mut g = Vgen {
             mem,
             a,
             b,
-            free: VecDeque::with_capacity(QUEUE as usize),
-            b_free: Vec::new(),
+            free: (0..QUEUE).collect(),
+            b_free: (0..QUEUE).collect(),
+            offered,
+            back,
             stamps,
         };
         for i in 0..QUEUE {
-            let f = &frames[i as usize % frames.len()];
-            let (a, b) = (g.fill(A_TX, i, f)?, g.fill(B_TX, i, back)?);
-            g.free.push_back(a);
-            g.b_free.push(b);
             for (k, q) in [(A_RX, &mut g.a.rx), (B_RX, &mut g.b.rx)] {
                 q.set_desc(i, buf_addr(k, i), BUF as u32, VIRTQ_DESC_F_WRITE);
                 q.post(i);
@@ -129,50 +139,41 @@ impl Vgen {
         Ok(g)
     }
 
-    /// Writes `frame` behind a zero header into transmit buffer `i` of queue area `k` and
-    /// points descriptor `i` at it; returns `i`.
-    fn fill(&mut self, k: usize, i: u16, frame: &[u8]) -> anyhow::Result<u16> {
-        anyhow::ensure!(
-            frame.len() + HDR_LEN <= BUF as usize,
-            "a {}-byte frame does not fit a buffer",
-            frame.len()
-        );
-        let addr = buf_addr(k, i);
-        // SAFETY: buffer `i` is not posted (it is being filled before `set_desc`), so the
-        // switch does not touch it; `b` ends before it is posted.
-        let b = unsafe { self.mem.buffer(addr, HDR_LEN + frame.len()) }
-            .context("buffer outside the generator's memory")?;
-        b[..HDR_LEN].fill(0);
-        b[HDR_LEN..].copy_from_slice(frame);
-        let q = if k == A_TX { &mut self.a.tx } else { &mut self.b.tx };
-        q.set_desc(i, addr, (HDR_LEN + frame.len()) as u32, 0);
-        Ok(i)
-    }
-
-    #[inline]
-    fn stamp(&self, h: u16, t: u64) {
-        let at = buf_addr(A_TX, h) + (HDR_LEN + self.stamps[0]) as u64;
-        // SAFETY: `h` is about to be posted, not yet: the switch does not read it until then.
-        let stamp = unsafe { self.mem.buffer(at, 8) };
-        if let Some(b) = stamp {
-            b.copy_from_slice(&t.to_le_bytes());
+    /// B's transmit descriptors the switch is done with.
+    fn reclaim_back(&mut self) {
+        let n = self.b.tx.completed();
+        for _ in 0..n {
+            if let Some((h, _)) = self.b.tx.take_used() {
+                self.back.returned(h);
+                self.b_free.push(h);
+            }
         }
     }
 }
 
 impl Wire for Vgen {
-    /// One frame from B, so a learning switch knows where B is (and keeps knowing).
+    /// B's frames, each once (one, or one a host behind B), so a learning switch knows
+    /// where B's hosts are (and keeps knowing); given up after [`learning_time`].
     fn learn(&mut self) {
-        let n = self.b.tx.completed();
-        for _ in 0..n {
-            if let Some((h, _)) = self.b.tx.take_used() {
-                self.b_free.push(h);
+        let deadline = Instant::now() + learning_time(self.back.len());
+        let mut left = self.back.len();
+        while left > 0 {
+            self.reclaim_back();
+            let mut posted = false;
+            while left > 0 {
+                let Some(h) = self.b_free.pop() else { break };
+                self.back.point(&mut self.b.tx, h);
+                self.b.tx.post(h);
+                (left, posted) = (left - 1, true);
             }
-        }
-        if let Some(h) = self.b_free.pop() {
-            self.b.tx.post(h);
-            if self.b.tx.publish() {
+            if posted && self.b.tx.publish() {
                 self.b.kick(1);
+            }
+            // What B's frames flood towards A, so A's ring has room for the rest.
+            self.drain_stray();
+            if left > 0 && Instant::now() > deadline {
+                tracing::debug!(left, "the switch did not take every learning frame in time");
+                break;
             }
         }
     }
@@ -183,6 +184,7 @@ impl Wire for Vgen {
         let n = self.a.tx.completed();
         for _ in 0..n {
             if let Some((h, _)) = self.a.tx.take_used() {
+                self.offered.returned(h);
                 self.free.push_back(h);
             }
         }
@@ -194,8 +196,14 @@ impl Wire for Vgen {
         let mut sent = 0;
         for _ in 0..k {
             let Some(h) = self.free.pop_front() else { break };
-            if stamp {
-                self.stamp(h, tsc());
+            let j = self.offered.point(&mut self.a.tx, h);
+            if stamp && self.offered.only_post(j) {
+                let at = self.offered.addr(j) + (HDR_LEN + self.stamps[0]) as u64;
+                // SAFETY: buffer `j` is in no descriptor the switch holds (`only_post`: the
+                // one pointed at it is posted below, after the write).
+                if let Some(b) = unsafe { self.mem.buffer(at, 8) } {
+                    b.copy_from_slice(&tsc().to_le_bytes());
+                }
             }
             self.a.tx.post(h);
             sent += 1;
@@ -254,9 +262,124 @@ impl Wire for Vgen {
     }
 }
 
-/// Buffer `i` of queue area `k`.
+/// Receive buffer `i` of queue area `k` (A's, then B's).
 fn buf_addr(k: usize, i: u16) -> u64 {
-    Shared::buffers_from(4) + (k as u64 * QUEUE as u64 + i as u64) * BUF
+    let side = if k == A_RX { 0 } else { 1 };
+    Shared::buffers_from(4) + (side * QUEUE as u64 + i as u64) * BUF
+}
+
+/// Buffers a transmit queue's `frames` take: one a descriptor (the frames in turn), or one a
+/// frame when there are more frames than descriptors.
+fn buffers_for(frames: usize) -> usize {
+    frames.max(QUEUE as usize)
+}
+
+/// Hugepage memory the generator's frames take beyond [`QUEUE`] a side, MiB, with `hosts`
+/// a side (`--macs`: a frame each way each).
+pub fn hosts_mib(hosts: u32) -> u64 {
+    let extra = buffers_for(hosts as usize) - QUEUE as usize;
+    (2 * extra as u64 * BUF).div_ceil(1 << 20)
+}
+
+/// How long the switch gets to take `frames` learning frames (OVS learns each new MAC in
+/// its slow path).
+fn learning_time(frames: usize) -> Duration {
+    Duration::from_micros(100 + 20 * frames as u64)
+}
+
+/// A transmit queue's frames, each behind a zero virtio-net header in a buffer of its own
+/// from guest address `base`, and which one the next post carries. With no more frames than
+/// descriptors, descriptor `i` keeps buffer `i` (frame `i % frames`) for good; with more,
+/// each post points its descriptor at the next frame's buffer, so all of them take turns.
+struct Frames {
+    base: u64,
+    /// Each buffer's bytes (header and frame).
+    lens: Vec<u32>,
+    /// The buffer the next post carries (rotating).
+    next: usize,
+    /// The buffer each descriptor carries while the switch holds it (rotating).
+    carried: Vec<u32>,
+    /// Descriptors carrying each buffer (rotating): a buffer posted again while the switch
+    /// still holds it (a switch may return descriptors out of order) is not written to.
+    posts: Vec<u16>,
+}
+
+impl Frames {
+    /// Writes `frames` into their buffers and, not rotating, points the descriptors of `q`
+    /// at them.
+    fn write(mem: &Shared, q: &mut Queue, base: u64, frames: &[Vec<u8>]) -> anyhow::Result<Frames> {
+        anyhow::ensure!(!frames.is_empty(), "no frames to send");
+        let n = buffers_for(frames.len());
+        let mut lens = Vec::with_capacity(n);
+        for j in 0..n {
+            let frame = &frames[j % frames.len()];
+            let len = HDR_LEN + frame.len();
+            anyhow::ensure!(
+                len <= BUF as usize,
+                "a {}-byte frame does not fit a buffer",
+                frame.len()
+            );
+            let addr = base + j as u64 * BUF;
+            // SAFETY: no descriptor is posted yet: the switch does not touch the buffer, and
+            // `b` ends here.
+            let b = unsafe { mem.buffer(addr, len) }
+                .context("buffer outside the generator's memory")?;
+            b[..HDR_LEN].fill(0);
+            b[HDR_LEN..].copy_from_slice(frame);
+            lens.push(len as u32);
+        }
+        let rotating = n > QUEUE as usize;
+        if !rotating {
+            for i in 0..QUEUE {
+                q.set_desc(i, base + i as u64 * BUF, lens[i as usize], 0);
+            }
+        }
+        let (carried, posts) =
+            if rotating { (vec![0; QUEUE as usize], vec![0; n]) } else { (Vec::new(), Vec::new()) };
+        Ok(Frames { base, lens, next: 0, carried, posts })
+    }
+
+    /// Frames (buffers) in turn.
+    fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    fn rotating(&self) -> bool {
+        !self.posts.is_empty()
+    }
+
+    fn addr(&self, j: usize) -> u64 {
+        self.base + j as u64 * BUF
+    }
+
+    /// The buffer descriptor `h` of `q` carries in its next post (pointing it there when
+    /// rotating).
+    #[inline]
+    fn point(&mut self, q: &mut Queue, h: u16) -> usize {
+        if !self.rotating() {
+            return h as usize;
+        }
+        let j = self.next;
+        self.next = if j + 1 == self.len() { 0 } else { j + 1 };
+        q.set_desc(h, self.addr(j), self.lens[j], 0);
+        self.carried[h as usize] = j as u32;
+        self.posts[j] += 1;
+        j
+    }
+
+    /// Descriptor `h` came back from the switch.
+    #[inline]
+    fn returned(&mut self, h: u16) {
+        if let Some(&j) = self.carried.get(h as usize) {
+            self.posts[j as usize] = self.posts[j as usize].saturating_sub(1);
+        }
+    }
+
+    /// Whether buffer `j`, just pointed at, is in no other descriptor the switch holds.
+    #[inline]
+    fn only_post(&self, j: usize) -> bool {
+        self.posts.get(j).is_none_or(|&n| n <= 1)
+    }
 }
 
 /// Connects a frontend to `sock` and sets up its queue pair in ring areas `rx_area`,
@@ -310,4 +433,72 @@ fn port(mem: &Shared, sock: &Path, rx_area: usize, tx_area: usize) -> anyhow::Re
         }
     }
     Ok(Port { _fe: fe, rx, tx, kicks, _calls: calls })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Descriptor `h`'s buffer address and length, as the switch reads them.
+    fn desc(mem: &Shared, q: &Queue, h: u16) -> (u64, u32) {
+        // SAFETY: the table is this test's alone (no switch).
+        let d = unsafe { mem.buffer(q.offsets[0] + 16 * h as u64, 16) }.unwrap();
+        (
+            u64::from_le_bytes(d[..8].try_into().unwrap()),
+            u32::from_le_bytes(d[8..12].try_into().unwrap()),
+        )
+    }
+
+    #[test]
+    fn more_frames_than_descriptors_each_take_their_turn() {
+        let hosts = 3 * QUEUE as usize / 2;
+        let frames: Vec<Vec<u8>> = (0..hosts).map(|j| vec![j as u8; 60 + j % 3]).collect();
+        let base = Shared::buffers_from(1);
+        let mem = Shared::new((base + hosts as u64 * BUF) as usize, false).unwrap();
+        let mut q = mem.queue(0, QUEUE).unwrap();
+        let mut f = Frames::write(&mem, &mut q, base, &frames).unwrap();
+        assert!(f.rotating() && f.len() == hosts);
+        // Two laps of posts, every descriptor returned after its post but the first one.
+        for post in 0..2 * hosts {
+            let h = (post % QUEUE as usize) as u16;
+            let j = f.point(&mut q, h);
+            assert_eq!(j, post % hosts, "frames in turn");
+            let (addr, len) = desc(&mem, &q, h);
+            assert_eq!((addr, len as usize), (f.addr(j), HDR_LEN + frames[j].len()));
+            // SAFETY: as above.
+            let b = unsafe { mem.buffer(addr, len as usize) }.unwrap();
+            assert_eq!(&b[HDR_LEN..], &frames[j][..], "the frame behind its header");
+            assert_eq!(f.only_post(j), post != hosts, "buffer 0 is still held at its second post");
+            if post != 0 {
+                f.returned(h);
+            }
+        }
+        assert_eq!(
+            hosts_mib(hosts as u32),
+            (2 * (hosts - QUEUE as usize) as u64 * BUF).div_ceil(1 << 20)
+        );
+    }
+
+    #[test]
+    fn no_more_frames_than_descriptors_stay_in_their_descriptors() {
+        let frames = vec![vec![1u8; 60], vec![2u8; 1514]];
+        let base = Shared::buffers_from(1);
+        let mem = Shared::new((base + QUEUE as u64 * BUF) as usize, false).unwrap();
+        let mut q = mem.queue(0, QUEUE).unwrap();
+        let mut f = Frames::write(&mem, &mut q, base, &frames).unwrap();
+        assert!(!f.rotating());
+        for h in [0, 1, 7, QUEUE - 1] {
+            assert_eq!(f.point(&mut q, h), h as usize);
+            let (addr, len) = desc(&mem, &q, h);
+            assert_eq!(
+                (addr, len as usize),
+                (f.addr(h as usize), HDR_LEN + frames[h as usize % 2].len())
+            );
+            assert!(f.only_post(h as usize));
+            f.returned(h);
+        }
+        assert_eq!(hosts_mib(1), 0);
+        let big = vec![vec![0u8; BUF as usize]];
+        assert!(Frames::write(&mem, &mut q, base, &big).is_err(), "a frame larger than a buffer");
+    }
 }

@@ -27,7 +27,8 @@ pub struct Xgen {
     cache: PoolCache,
     batch: Batch,
     frames: Vec<Vec<u8>>,
-    back: Vec<u8>,
+    /// What B sends first (one frame: `--macs` is not for veths).
+    back: Vec<Vec<u8>>,
     /// The next frame to offer.
     next: usize,
     stamps: [usize; 2],
@@ -72,10 +73,12 @@ impl Xgen {
 
 impl Wire for Xgen {
     fn learn(&mut self) {
-        if let Some(b) = self.cache.alloc_frame(&self.back) {
-            let _ = self.batch.push(b);
-            self.b.tx_burst(0, &mut self.cache, &mut self.batch);
-            self.free_rest();
+        for i in 0..self.back.len() {
+            if let Some(b) = self.cache.alloc_frame(&self.back[i]) {
+                let _ = self.batch.push(b);
+                self.b.tx_burst(0, &mut self.cache, &mut self.batch);
+                self.free_rest();
+            }
         }
     }
 
