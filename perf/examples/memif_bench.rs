@@ -337,8 +337,9 @@ fn ovs_round(
         }
     };
     // The second port first: testpmd starts its ports once a vhost-user backend connected.
-    let ovs = knitter_perf::ovs::Ovs::start_bridge(work, memory(), layout)
-        .map_err(|e| format!("{e:#}"))?;
+    let settings = knitter_perf::ovs::tuning();
+    let at = knitter_perf::ovs::Start { work, mem: memory(), layout, settings: &settings };
+    let ovs = knitter_perf::ovs::Ovs::start_bridge(at).map_err(|e| format!("{e:#}"))?;
     ovs.add_port(&second, 2).map_err(|e| format!("{e:#}"))?;
     if let Pair::Vhost { .. } = pair {
         wait_for(Duration::from_secs(30), "OVS's vhost-user port did not come up", || {

@@ -393,6 +393,7 @@ fn trial(
         port_security: cfg.port_security,
         police: cfg.police.as_deref(),
         macs: cfg.macs,
+        ovs_config: &cfg.ovs_config,
     };
     let pair = (cfg.layout.generator_cpu, cfg.layout.switch_cpu);
     let apart = || cpu::round_trip(pair.0, pair.1, Duration::from_millis(50));

@@ -243,6 +243,7 @@ impl Bench {
             port_security: cfg.port_security,
             macs: cfg.macs,
             police: None,
+            ovs_config: &cfg.ovs_config,
         };
         let t = cfg.scenario.traffic(switch != Kind::Yardstick, size, cfg.flows, cfg.macs);
         let (mut veths, mut underlay) = (None, None);

@@ -60,8 +60,8 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 
 /// Settings a diagnosis or a fair comparison adds to OVS's `Open_vSwitch` row
 /// (`KNITTER_PERF_OVS_CONFIG="smc-enable=true emc-insert-inv-prob=10"`: each becomes
-/// `other_config:KEY=VALUE`); every OVS this program starts gets them (examples/memif_bench.rs's
-/// too), and the `mrr` and `ndr` reports name them.
+/// `other_config:KEY=VALUE`), read once by a run: its config keeps them (the `mrr` and `ndr`
+/// reports name them) and every OVS it starts is given them ([`Start::settings`]).
 pub fn tuning() -> Vec<String> {
     std::env::var("KNITTER_PERF_OVS_CONFIG")
         .unwrap_or_default()
@@ -70,20 +70,25 @@ pub fn tuning() -> Vec<String> {
         .collect()
 }
 
+/// What every OVS a run starts is given: where its files go, its memory, its CPUs and the
+/// run's extra settings ([`tuning`]).
+#[derive(Clone, Copy)]
+pub struct Start<'a> {
+    pub work: &'a Path,
+    pub mem: Memory,
+    pub layout: Layout,
+    /// `other_config:KEY=VALUE` settings for its `Open_vSwitch` row.
+    pub settings: &'a [String],
+}
+
 impl Ovs {
     /// OVS with two vhost-user ports (or the VXLAN bridges) in a namespace of its own; with
     /// `macs` hosts a side, a MAC table that holds them all.
-    pub fn start(
-        work: &Path,
-        mem: Memory,
-        layout: Layout,
-        scenario: Scenario,
-        macs: u32,
-    ) -> anyhow::Result<(Ovs, Sockets)> {
+    pub fn start(at: Start, scenario: Scenario, macs: u32) -> anyhow::Result<(Ovs, Sockets)> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
-        let ovs = Ovs::launch(work, mem, layout, netns, true)?;
+        let ovs = Ovs::launch(at, netns, true)?;
         let s = if scenario.is_vxlan() {
             ovs.vxlan_bridges()?
         } else {
@@ -101,15 +106,8 @@ impl Ovs {
 
     /// OVS in namespace `netns` bridging kernel interfaces `a` and `b` with its AF_XDP
     /// netdev (`type=afxdp`, one queue each).
-    pub fn start_afxdp(
-        work: &Path,
-        mem: Memory,
-        layout: Layout,
-        netns: &str,
-        a: &str,
-        b: &str,
-    ) -> anyhow::Result<Ovs> {
-        let ovs = Ovs::launch(work, mem, layout, netns.to_string(), false)?;
+    pub fn start_afxdp(at: Start, netns: &str, a: &str, b: &str) -> anyhow::Result<Ovs> {
+        let ovs = Ovs::launch(at, netns.to_string(), false)?;
         ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
         for p in [a, b] {
             ovs.vsctl(&[
@@ -129,11 +127,11 @@ impl Ovs {
     }
 
     /// OVS in a namespace of its own with one empty bridge (`br0`, NORMAL).
-    pub fn start_bridge(work: &Path, mem: Memory, layout: Layout) -> anyhow::Result<Ovs> {
+    pub fn start_bridge(at: Start) -> anyhow::Result<Ovs> {
         let netns = netns_name();
         let _ = run(Command::new("ip").args(["netns", "del", &netns]));
         run(Command::new("ip").args(["netns", "add", &netns]))?;
-        let ovs = Ovs::launch(work, mem, layout, netns, true)?;
+        let ovs = Ovs::launch(at, netns, true)?;
         ovs.vsctl(&["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev"])?;
         Ok(ovs)
     }
@@ -186,13 +184,8 @@ impl Ovs {
     }
 
     /// ovsdb-server and ovs-vswitchd-dpdk in `netns`, DPDK initialised, no bridges yet.
-    fn launch(
-        work: &Path,
-        mem: Memory,
-        layout: Layout,
-        netns: String,
-        own_netns: bool,
-    ) -> anyhow::Result<Ovs> {
+    fn launch(at: Start, netns: String, own_netns: bool) -> anyhow::Result<Ovs> {
+        let Start { work, mem, layout, settings } = at;
         anyhow::ensure!(
             available(),
             "Open vSwitch with DPDK is not installed (apt-get install openvswitch-switch-dpdk)"
@@ -239,10 +232,9 @@ impl Ovs {
             &format!("other_config:pmd-cpu-mask={:#x}", 1u64 << layout.switch_cpu),
             &format!("other_config:dpdk-extra={extra}"),
         ])?;
-        let tuning = tuning();
-        if !tuning.is_empty() {
+        if !settings.is_empty() {
             let mut args = vec!["--no-wait", "set", "Open_vSwitch", "."];
-            args.extend(tuning.iter().map(String::as_str));
+            args.extend(settings.iter().map(String::as_str));
             ovs.vsctl(&args)?;
         }
         ovs.vswitchd = Some(

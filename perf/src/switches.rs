@@ -87,6 +87,20 @@ pub struct Setup<'a> {
     pub police: Option<&'a str>,
     /// Hosts a side (`--macs`): the MACs each port and the bridge learn, L2.
     pub macs: u32,
+    /// OVS's extra settings ([`crate::ovs::tuning`]).
+    pub ovs_config: &'a [String],
+}
+
+impl Setup<'_> {
+    /// What an OVS of this run is started with.
+    fn ovs(&self) -> crate::ovs::Start<'_> {
+        crate::ovs::Start {
+            work: self.work,
+            mem: self.memory,
+            layout: self.layout,
+            settings: self.ovs_config,
+        }
+    }
 }
 
 impl Running {
@@ -99,8 +113,7 @@ impl Running {
         }
         let (running, s) = match kind {
             Kind::Ovs => {
-                let (ovs, s) =
-                    crate::ovs::Ovs::start(work, mem, layout, setup.scenario, setup.macs)?;
+                let (ovs, s) = crate::ovs::Ovs::start(setup.ovs(), setup.scenario, setup.macs)?;
                 (Running::Ovs(ovs), s)
             }
             Kind::Yardstick => {
@@ -153,7 +166,7 @@ impl Running {
                 work, ns, SW_A, SW_B, mem, layout,
             )?)),
             Kind::Ovs => {
-                Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(work, mem, layout, ns, SW_A, SW_B)?))
+                Ok(Running::Ovs(crate::ovs::Ovs::start_afxdp(setup.ovs(), ns, SW_A, SW_B)?))
             }
             Kind::Knitter | Kind::Baseline | Kind::KnitterAfpacket => {
                 let device = if kind == Kind::KnitterAfpacket { "af_packet" } else { "af_xdp" };
