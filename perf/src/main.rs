@@ -256,6 +256,10 @@ enum Cmd {
         /// Seconds per search trial (FD.io CSIT: 10).
         #[arg(long, default_value_t = 10.0)]
         trial: f64,
+        /// Seconds of traffic after each start of a switch, before its first trial (OVS
+        /// needs a minute to grow its flow limit past tens of thousands of hosts).
+        #[arg(long, default_value_t = 0.0)]
+        warmup: f64,
         /// Seconds of the NDR's confirmation trial (0: none).
         #[arg(long, default_value_t = 60.0)]
         confirm: f64,
@@ -427,7 +431,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Ndr { common, scenario, rounds, trial, confirm, precision } => {
+        Cmd::Ndr { common, scenario, rounds, trial, warmup, confirm, precision } => {
             let common = common.resolved();
             common.check_hosts(scenario)?;
             let lab = common.lab(scenario, false)?;
@@ -439,6 +443,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 sizes: common.sizes.clone(),
                 flows: common.flows,
                 macs: common.macs,
+                warmup: Duration::from_secs_f64(warmup),
                 trial: Duration::from_secs_f64(trial),
                 confirm: Duration::from_secs_f64(confirm),
                 precision,

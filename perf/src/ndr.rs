@@ -43,6 +43,11 @@ pub struct Config {
     /// Hosts on each side (`--macs`; 0 or 1: the two endpoints A and B), as in `mrr`.
     #[serde(default)]
     pub macs: u32,
+    /// Traffic offered after a switch starts, before any trial (`--warmup`): time for a
+    /// switch whose caches or flow limits grow to hold many hosts (OVS's datapath starts at
+    /// 10,000 flows).
+    #[serde(default)]
+    pub warmup: Duration,
     /// One search trial.
     pub trial: Duration,
     /// The NDR's confirmation trial (zero: none).
@@ -201,13 +206,14 @@ const START: Duration = Duration::from_secs(3);
 pub fn planned(cfg: &Config) -> Duration {
     let t = cfg.trial;
     let n = cfg.switches.len() as u32;
+    let start = START + cfg.warmup;
     let rounds = if cfg.rounds > 1 {
-        (START + t + 2 * PROBE) * (cfg.rounds as u32 * n)
+        (start + t + 2 * PROBE) * (cfg.rounds as u32 * n)
     } else {
         Duration::ZERO
     };
-    let throughput = (START + t + t * search_trials(cfg.precision) + cfg.confirm) * n;
-    let latency = (START + t * 4) * n;
+    let throughput = (start + t + t * search_trials(cfg.precision) + cfg.confirm) * n;
+    let latency = (start + t * 4) * n;
     (rounds + throughput + latency) * cfg.sizes.len() as u32
 }
 
@@ -269,6 +275,9 @@ impl Bench {
             if generator.trial(None, Duration::from_millis(500), false)?.received > 0 {
                 break;
             }
+        }
+        if !cfg.warmup.is_zero() {
+            generator.trial(None, cfg.warmup, false)?;
         }
         Ok(Bench { generator, running, _veths: veths, _underlay: underlay })
     }

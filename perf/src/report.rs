@@ -394,10 +394,18 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         )
     };
     let reference = if c.scenario.is_kernel() { Kind::Bridge } else { Kind::Ovs };
+    let warmup = if c.warmup.is_zero() {
+        String::new()
+    } else {
+        format!(
+            " Each switch, once started, is offered {} s of traffic before its first trial.",
+            c.warmup.as_secs_f64()
+        )
+    };
     let _ = writeln!(
         o,
         "Method: Knitter's own generator ({generator}; one pinned thread) offers frames on A and counts \
-         them on B. MRR: offering as fast as the switch takes frames, {} s. NDR (no loss) and PDR \
+         them on B.{warmup} MRR: offering as fast as the switch takes frames, {} s. NDR (no loss) and PDR \
          (≤ 0.5 % loss) by binary search over {} s trials to {:.1} %, the NDR confirmed by one {} s \
          trial. Latency: every frame stamped with the TSC when offered, its age recorded on arrival \
          (HDR histogram), at half the size's lowest NDR for every switch alike. The generator's own \
