@@ -30,8 +30,9 @@ pub struct Plan<'a> {
     /// `--memory`: hugepages required (`Some(true)`), never (`Some(false)`), or when they can
     /// be had (`None`, auto).
     pub hugepages: Option<bool>,
-    /// Hosts a side (`--macs`): Knitter's generator keeps a buffer for each one's frames.
-    pub hosts: u32,
+    /// The most distinct frames a side (`--macs`, or `--flows` and the sizes): Knitter's
+    /// generator keeps a buffer for each.
+    pub frames: usize,
 }
 
 fn check(what: &'static str, ok: bool, detail: impl Into<String>) -> Check {
@@ -213,7 +214,7 @@ fn hugepages(plan: &Plan, root: bool) -> Check {
         plan.switches,
         plan.scenario,
         plan.testpmd_generator,
-        plan.hosts,
+        plan.frames,
     ));
     let state =
         format!("{} of {} KiB free (of {}), {need} needed", pool.free, pool.page_kib, pool.total);
@@ -288,7 +289,7 @@ mod tests {
             cpus: [0, 0],
             baseline: None,
             hugepages: Some(false),
-            hosts: 1,
+            frames: 1,
         };
         let c = checks(&plan);
         let by = |w: &str| c.iter().find(|c| c.what == w).cloned();
@@ -311,7 +312,7 @@ mod tests {
             cpus: [0, 1],
             baseline: Some(Path::new("/nonexistent/knitter-vswitchd")),
             hugepages: None,
-            hosts: 1,
+            frames: 1,
         };
         let c = checks(&yard);
         assert!(

@@ -189,21 +189,29 @@ impl<'de> serde::Deserialize<'de> for FrameSize {
 /// Frames from `src` to `dst`: frame `j` is `sizes[j % len]` bytes on the wire, in flow
 /// (UDP source port) `j % flows`, so every size meets every flow; one period of both.
 pub fn flows(src: Endpoint, dst: Endpoint, sizes: &[usize], flows: u16) -> Vec<Vec<u8>> {
-    let flows = flows.max(1) as usize;
     let k = sizes.len().max(1);
-    // lcm(k, flows): the period after which size and flow repeat together.
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    let n = k / gcd(k, flows) * flows;
+    let n = distinct(k, flows, 1);
+    let flows = flows.max(1) as usize;
     (0..n)
         .map(|j| {
             udp(src, dst, sizes.get(j % k).copied().unwrap_or(MIN_SIZE), 1024 + (j % flows) as u16)
         })
         .collect()
+}
+
+/// How many distinct frames a side offers with `sizes` sizes in turn, `flows` flows and
+/// `hosts` hosts a side: one a host ([`host_pairs`]), else lcm(sizes, flows), the period
+/// after which size and flow repeat together ([`flows`]).
+pub fn distinct(sizes: usize, flows: u16, hosts: u32) -> usize {
+    if hosts > 1 {
+        return hosts as usize;
+    }
+    let (k, flows) = (sizes.max(1), flows.max(1) as usize);
+    let (mut a, mut b) = (k, flows);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    k / a * flows
 }
 
 /// Host `i` behind `side` (`i` < 2^20): a locally administered unicast MAC of its own, spread
@@ -284,6 +292,9 @@ mod tests {
         assert_eq!((count(64), count(570), count(1518)), (7, 4, 1));
         assert_eq!(flows(A, B, &[64], 5).len(), 5);
         assert_eq!(flows(A, B, &FrameSize::Imix.pattern(), 8).len(), 24);
+        assert_eq!(distinct(12, 8, 1), 24, "what flows() makes, for the memory sum");
+        assert_eq!(distinct(12, 65535, 0), 262_140);
+        assert_eq!(distinct(1, 1, 8000), 8000, "one a host");
         for s in [FrameSize::Imix, FrameSize::Bytes(64)] {
             let json = serde_json::to_string(&s).unwrap();
             assert_eq!(serde_json::from_str::<FrameSize>(&json).unwrap(), s);

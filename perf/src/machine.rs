@@ -22,15 +22,15 @@ const HEADROOM_MIB: u64 = 128;
 
 /// Hugepage memory a run holds at once, MiB: the generator and the hungriest switch run
 /// together (one switch at a time), each DPDK process with its `-m`, Knitter's generator
-/// with a buffer for every host's frame (`hosts` a side), and [`HEADROOM_MIB`].
+/// with a buffer for every distinct frame (`frames` a side), and [`HEADROOM_MIB`].
 pub fn mib_needed(
     switches: &[Kind],
     scenario: Scenario,
     testpmd_generator: bool,
-    hosts: u32,
+    frames: usize,
 ) -> u64 {
     let generator =
-        if testpmd_generator { DPDK_MIB } else { VGEN_MIB + crate::vgen::hosts_mib(hosts) };
+        if testpmd_generator { DPDK_MIB } else { VGEN_MIB + crate::vgen::frames_mib(frames) };
     let switch = switches
         .iter()
         .map(|k| match k {
@@ -278,7 +278,12 @@ mod tests {
         assert_eq!(
             mib_needed(&[Knitter], Scenario::L2, false, 100_000),
             64 + 387 + HEADROOM_MIB,
-            "a 2 KiB buffer a host beyond the 1,024 a side the generator has anyway"
+            "a 2 KiB buffer a frame beyond the 1,024 a side the generator has anyway"
+        );
+        let imix_flows = crate::frames::distinct(12, 65535, 1);
+        assert!(
+            mib_needed(&[Knitter], Scenario::L2, false, imix_flows) > 64 + 1000 + HEADROOM_MIB,
+            "IMIX over 65,535 flows: 262,140 frames a side"
         );
         assert!(hugepages_required(&[Knitter, Ovs]) && !hugepages_required(&[Knitter, Yardstick]));
     }

@@ -143,8 +143,17 @@ impl Common {
             cpus: [self.generator_cpu, self.switch_cpu],
             baseline: self.baseline.as_deref(),
             hugepages: self.wants_hugepages()?,
-            hosts: self.macs,
+            frames: self.frames_a_side(),
         })
+    }
+
+    /// The most distinct frames a side Knitter's generator offers in this run (a buffer each).
+    fn frames_a_side(&self) -> usize {
+        self.sizes
+            .iter()
+            .map(|s| knitter_perf::frames::distinct(s.pattern().len(), self.flows, self.macs))
+            .max()
+            .unwrap_or(1)
     }
 
     /// Checks the machine (stopping with what is missing), makes the work directory,
@@ -159,7 +168,8 @@ impl Common {
         // Before any thread starts: an interrupted run still removes what it made and gives
         // back the hugepages it reserved.
         knitter_perf::interrupt::install(work.path().to_path_buf()).context("signal handling")?;
-        let need = machine::mib_needed(&self.switches, scenario, testpmd_generator, self.macs);
+        let need =
+            machine::mib_needed(&self.switches, scenario, testpmd_generator, self.frames_a_side());
         let (memory, hugepages) = match plan.hugepages {
             Some(false) => (Memory::Plain, None),
             wanted => match machine::reserve(need) {
@@ -178,6 +188,26 @@ impl Common {
         };
         Ok(Lab { work, memory, _hugepages: hugepages })
     }
+}
+
+/// The longest trial, window or warm-up an option takes, seconds (an hour).
+const MAX_SECONDS: f64 = 3600.0;
+
+/// A warm-up or confirmation: seconds from 0 to [`MAX_SECONDS`] (a negative, NaN or endless
+/// one fits no `Duration`).
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if (0.0..=MAX_SECONDS).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s}: seconds from 0 to {MAX_SECONDS}"))
+    }
+}
+
+/// A trial or window: more than 0 seconds, at most [`MAX_SECONDS`].
+fn some_seconds(s: &str) -> Result<f64, String> {
+    let v = seconds(s)?;
+    if v > 0.0 { Ok(v) } else { Err(format!("{s}: more than 0 seconds")) }
 }
 
 /// The most hosts a side `--macs` takes: the switch's FDB (262,144 entries) holds both
@@ -201,10 +231,10 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// Seconds of traffic before the window.
-        #[arg(long, default_value_t = 3.0)]
+        #[arg(long, default_value_t = 3.0, value_parser = seconds)]
         warmup: f64,
         /// Seconds measured.
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, value_parser = some_seconds)]
         window: f64,
         /// Queue pairs the VNF's virtio-user ports are created with (others than Knitter
         /// offer one).
@@ -254,14 +284,14 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         rounds: usize,
         /// Seconds per search trial (FD.io CSIT: 10).
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, value_parser = some_seconds)]
         trial: f64,
         /// Seconds of traffic after each start of a switch, before its first trial (OVS
         /// needs a minute to grow its flow limit past tens of thousands of hosts).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = seconds)]
         warmup: f64,
         /// Seconds of the NDR's confirmation trial (0: none).
-        #[arg(long, default_value_t = 60.0)]
+        #[arg(long, default_value_t = 60.0, value_parser = seconds)]
         confirm: f64,
         /// The searches stop when their bounds are this close (relative).
         #[arg(long, default_value_t = 0.005)]
@@ -470,5 +500,22 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_checked_before_they_become_one() {
+        assert_eq!(seconds("0"), Ok(0.0));
+        assert_eq!(some_seconds("2.5"), Ok(2.5));
+        for bad in ["-1", "NaN", "inf", "1e19", "soon"] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+        assert!(some_seconds("0").is_err());
+        let parsed = Cli::try_parse_from(["knitter-perf", "ndr", "--warmup", "-5"]);
+        assert!(parsed.is_err(), "a negative warm-up is refused by the parser, not a panic");
     }
 }

@@ -172,7 +172,7 @@ impl Wire for Vgen {
             // What B's frames flood towards A, so A's ring has room for the rest.
             self.drain_stray();
             if left > 0 && Instant::now() > deadline {
-                tracing::debug!(left, "the switch did not take every learning frame in time");
+                tracing::warn!(left, "the switch did not take every learning frame in time");
                 break;
             }
         }
@@ -274,10 +274,10 @@ fn buffers_for(frames: usize) -> usize {
     frames.max(QUEUE as usize)
 }
 
-/// Hugepage memory the generator's frames take beyond [`QUEUE`] a side, MiB, with `hosts`
-/// a side (`--macs`: a frame each way each).
-pub fn hosts_mib(hosts: u32) -> u64 {
-    let extra = buffers_for(hosts as usize) - QUEUE as usize;
+/// Hugepage memory the generator's frames take beyond [`QUEUE`] a side, MiB, with at most
+/// `frames` distinct frames a side ([`crate::frames::distinct`]; counted both ways).
+pub fn frames_mib(frames: usize) -> u64 {
+    let extra = buffers_for(frames) - QUEUE as usize;
     (2 * extra as u64 * BUF).div_ceil(1 << 20)
 }
 
@@ -353,13 +353,21 @@ impl Frames {
     }
 
     /// The buffer descriptor `h` of `q` carries in its next post (pointing it there when
-    /// rotating).
+    /// rotating): the next in turn that no descriptor the switch holds carries (one returned
+    /// out of order can leave one held; skipping it keeps every posted buffer's latency stamp
+    /// this post's). One is free among any [`QUEUE`] + 1 in turn: at most [`QUEUE`] are held.
     #[inline]
     fn point(&mut self, q: &mut Queue, h: u16) -> usize {
         if !self.rotating() {
             return h as usize;
         }
-        let j = self.next;
+        let mut j = self.next;
+        for _ in 0..self.len() {
+            if self.posts[j] == 0 {
+                break;
+            }
+            j = if j + 1 == self.len() { 0 } else { j + 1 };
+        }
         self.next = if j + 1 == self.len() { 0 } else { j + 1 };
         q.set_desc(h, self.addr(j), self.lens[j], 0);
         self.carried[h as usize] = j as u32;
@@ -458,23 +466,25 @@ mod tests {
         let mut q = mem.queue(0, QUEUE).unwrap();
         let mut f = Frames::write(&mem, &mut q, base, &frames).unwrap();
         assert!(f.rotating() && f.len() == hosts);
-        // Two laps of posts, every descriptor returned after its post but the first one.
+        // Two laps of posts, every descriptor returned after its post but the first one: buffer
+        // 0 stays held, so the second lap skips it (no buffer in two descriptors).
         for post in 0..2 * hosts {
             let h = (post % QUEUE as usize) as u16;
             let j = f.point(&mut q, h);
-            assert_eq!(j, post % hosts, "frames in turn");
+            let want = if post < hosts { post } else { 1 + (post - hosts) % (hosts - 1) };
+            assert_eq!(j, want, "frames in turn, the held one skipped");
             let (addr, len) = desc(&mem, &q, h);
             assert_eq!((addr, len as usize), (f.addr(j), HDR_LEN + frames[j].len()));
             // SAFETY: as above.
             let b = unsafe { mem.buffer(addr, len as usize) }.unwrap();
             assert_eq!(&b[HDR_LEN..], &frames[j][..], "the frame behind its header");
-            assert_eq!(f.only_post(j), post != hosts, "buffer 0 is still held at its second post");
+            assert!(f.only_post(j), "post {post}: buffer {j} is in no other descriptor");
             if post != 0 {
                 f.returned(h);
             }
         }
         assert_eq!(
-            hosts_mib(hosts as u32),
+            frames_mib(hosts),
             (2 * (hosts - QUEUE as usize) as u64 * BUF).div_ceil(1 << 20)
         );
     }
@@ -497,7 +507,7 @@ mod tests {
             assert!(f.only_post(h as usize));
             f.returned(h);
         }
-        assert_eq!(hosts_mib(1), 0);
+        assert_eq!(frames_mib(1), 0);
         let big = vec![vec![0u8; BUF as usize]];
         assert!(Frames::write(&mem, &mut q, base, &big).is_err(), "a frame larger than a buffer");
     }
