@@ -407,7 +407,8 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
         "Method: Knitter's own generator ({generator}; one pinned thread) offers frames on A and counts \
          them on B.{warmup} MRR: offering as fast as the switch takes frames, {} s. NDR (no loss) and PDR \
          (≤ 0.5 % loss) by binary search over {} s trials to {:.1} %, the NDR confirmed by one {} s \
-         trial. Latency: every frame stamped with the TSC when offered, its age recorded on arrival \
+         trial (NDR and PDR are the rates asked; the confirmation says what the generator offered: \
+         a stall leaves it a little behind). Latency: every frame stamped with the TSC when offered, its age recorded on arrival \
          (HDR histogram), at half the size's lowest NDR for every switch alike. The generator's own \
          ceiling is the yardstick's MRR (testpmd `io` forwarding: no switching).\n",
         c.trial.as_secs_f64(),
@@ -450,11 +451,12 @@ pub fn ndr_markdown(r: &crate::ndr::Results) -> String {
                 m.ndr_confirmed
                     .map(|p| match ((p.offered - p.received) * p.seconds).round() {
                         lost if lost >= 1.0 => format!(
-                            "{:.0} s: {lost:.0} frames lost ({:.5} %) — not confirmed",
+                            "{:.0} s, {:.2} offered: {lost:.0} frames lost ({:.5} %) — not confirmed",
                             p.seconds,
+                            p.offered / 1e6,
                             p.loss * 100.0
                         ),
-                        _ => format!("{:.0} s: no loss", p.seconds),
+                        _ => format!("{:.0} s, {:.2} offered: no loss", p.seconds, p.offered / 1e6),
                     })
                     .unwrap_or_else(|| "—".into()),
                 if m.switch == reference { "—".into() } else { times(m.ndr, ref_ndr) },
