@@ -515,7 +515,18 @@ mod tests {
             assert!(seconds(bad).is_err(), "{bad}");
         }
         assert!(some_seconds("0").is_err());
-        let parsed = Cli::try_parse_from(["knitter-perf", "ndr", "--warmup", "-5"]);
-        assert!(parsed.is_err(), "a negative warm-up is refused by the parser, not a panic");
+        // `--warmup=-5`: the value reaches the parser (`--warmup -5` is refused as an unknown
+        // flag before it).
+        let kind = |args: &[&str]| Cli::try_parse_from(args).err().map(|e| e.kind());
+        assert_eq!(
+            kind(&["knitter-perf", "ndr", "--warmup=-5"]),
+            Some(clap::error::ErrorKind::ValueValidation),
+            "a negative warm-up is refused by the parser, not a panic"
+        );
+        assert_eq!(
+            kind(&["knitter-perf", "ndr", "--trial=NaN"]),
+            Some(clap::error::ErrorKind::ValueValidation)
+        );
+        assert_eq!(kind(&["knitter-perf", "ndr", "--warmup=60", "--confirm=0"]), None);
     }
 }
